@@ -1,0 +1,83 @@
+package sim
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// naiveLRU is seed 000's OrderedDict: a slice in recency order.
+type naiveLRU struct {
+	order []uint64
+	cap   int
+}
+
+func (n *naiveLRU) match(keys []uint64) int {
+	for i, k := range keys {
+		if !slices.Contains(n.order, k) {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+func (n *naiveLRU) store(keys []uint64) {
+	for _, k := range keys {
+		if i := slices.Index(n.order, k); i >= 0 {
+			n.order = slices.Delete(n.order, i, i+1)
+		}
+		n.order = append(n.order, k)
+	}
+	for len(n.order) > n.cap {
+		n.order = n.order[1:]
+	}
+}
+
+func TestPrefixCacheAgreesWithNaive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	c := NewPrefixCache(50)
+	n := &naiveLRU{cap: 50}
+	for step := 0; step < 5000; step++ {
+		keys := make([]uint64, 1+rng.IntN(12))
+		base := uint64(rng.IntN(8)) * 100
+		for i := range keys {
+			keys[i] = base + uint64(i) + uint64(rng.IntN(3))*1000
+		}
+		if got, want := c.Match(keys), n.match(keys); got != want {
+			t.Fatalf("step %d: Match = %d, naive %d", step, got, want)
+		}
+		var stored, evicted []uint64
+		before := c.Len()
+		stored, evicted = c.Store(keys, []uint64{}, []uint64{})
+		n.store(keys)
+		if c.Len() != len(n.order) || before+len(stored)-len(evicted) != c.Len() {
+			t.Fatalf("step %d: Len = %d, naive %d (stored %d evicted %d)", step, c.Len(), len(n.order), len(stored), len(evicted))
+		}
+		for _, k := range n.order {
+			if !c.Contains(k) {
+				t.Fatalf("step %d: cache lost key %d", step, k)
+			}
+		}
+	}
+	c.Clear()
+	if c.Len() != 0 || c.Match([]uint64{1}) != 0 {
+		t.Fatal("Clear left blocks behind")
+	}
+}
+
+func TestPhysics(t *testing.T) {
+	p := DefaultPhysics()
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.PrefillSec(20000); got != 1 {
+		t.Fatalf("PrefillSec(20000) = %v, want 1", got)
+	}
+	if tps := p.DecodeTokensPerSec(64); tps < 2500 || tps > 3500 {
+		t.Fatalf("decode throughput at batch 64 = %v tokens/s, want about 3,000", tps)
+	}
+	p.MaxBatch = 0
+	if err := p.Validate(); err == nil {
+		t.Fatal("max_batch = 0 accepted")
+	}
+}
