@@ -1,0 +1,81 @@
+// Command pdlb is the one binary: the gateway, the simulated fleet, the
+// simulator, the planner and the load generator, one subcommand each. It only
+// wires flags to packages; every piece of logic lives in those packages.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+// command is one subcommand. run parses its own flags from args and returns
+// an error to print; flag.ErrHelp means --help was asked for and printed.
+type command struct {
+	name    string
+	summary string
+	run     func(args []string, stdout io.Writer) error
+}
+
+// commands is the table of subcommands, in the order --help lists them.
+var commands = []command{}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			err := c.run(args[1:], stdout)
+			switch {
+			case err == nil:
+				return 0
+			case errors.Is(err, flag.ErrHelp):
+				return 0
+			default:
+				fmt.Fprintf(stderr, "pdlb %s: %v\n", c.name, err)
+				return 1
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "pdlb: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `pdlb is an L7 load balancer for GPU inference fleets: it speaks the OpenAI
+HTTP API, routes each request to the pod (or prefill/decode pair) that will
+serve it soonest, and streams the tokens back.
+
+Usage: pdlb <command> [flags]
+
+Commands:
+`)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-7s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'pdlb <command> --help' for a command's flags.\n")
+}
+
+// newFlagSet returns a flag set whose --help prints a synopsis, what the
+// command does and its flags, to stdout, as a person running --help expects.
+func newFlagSet(name, synopsis, about string, stdout io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("pdlb "+name, flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	fs.Usage = func() {
+		fmt.Fprintf(stdout, "Usage: pdlb %s %s\n\n%s\n\nFlags:\n", name, synopsis, about)
+		fs.PrintDefaults()
+	}
+	return fs
+}
