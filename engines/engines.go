@@ -1,0 +1,148 @@
+// Package engines holds what differs between inference engines: names,
+// metric names, request shaping. The gateway asks this package, so no
+// engine-specific field or metric name appears in lb/.
+package engines
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+)
+
+// Kind names an engine as pods declare it (seed 001's model.aibrix.ai/engine
+// label values).
+type Kind string
+
+// The engines pdlb speaks to.
+const (
+	VLLM   Kind = "vllm"
+	SGLang Kind = "sglang"
+	TRTLLM Kind = "trtllm"
+)
+
+// Kinds lists every engine, in the order error messages name them.
+var Kinds = []Kind{VLLM, SGLang, TRTLLM}
+
+// ParseKind validates an engine name; the empty string means vLLM, seed 001's
+// default.
+func ParseKind(s string) (Kind, error) {
+	if s == "" {
+		return VLLM, nil
+	}
+	for _, k := range Kinds {
+		if string(k) == s {
+			return k, nil
+		}
+	}
+	return "", fmt.Errorf("unknown engine %q (known: vllm, sglang, trtllm)", s)
+}
+
+// Load is what the gateway reads from a pod's /metrics scrape.
+type Load struct {
+	Running float64 // requests in the running batch
+	Waiting float64 // requests queued in the engine
+	KVUsage float64 // fraction of KV cache in use, 0..1
+	// GeneratedTokens is the engine's cumulative generated-token counter;
+	// the scraper turns two scrapes into a throughput. Negative if the
+	// engine does not export one.
+	GeneratedTokens float64
+	// Throughput is the engine's own generation-throughput gauge (tokens/s),
+	// negative if it has none (the scraper then derives one).
+	Throughput float64
+}
+
+// metricNames maps an engine's metric names to Load fields.
+type metricNames struct {
+	running, waiting, kvUsage, kvUsageOld, generated, throughput string
+}
+
+var names = map[Kind]metricNames{
+	VLLM: {
+		running:    "vllm:num_requests_running",
+		waiting:    "vllm:num_requests_waiting",
+		kvUsage:    "vllm:kv_cache_usage_perc",
+		kvUsageOld: "vllm:gpu_cache_usage_perc", // before vLLM 0.10
+		generated:  "vllm:generation_tokens_total",
+	},
+	SGLang: {
+		running:    "sglang:num_running_reqs",
+		waiting:    "sglang:num_queue_reqs",
+		kvUsage:    "sglang:token_usage",
+		generated:  "sglang:generation_tokens_total",
+		throughput: "sglang:gen_throughput",
+	},
+}
+
+// ParseMetrics reads a Prometheus text exposition from an engine of kind k.
+// Samples of one name are summed over their label sets (an engine serving
+// several models or data-parallel ranks exports one series each). ok is false
+// when the engine exports none of the load metrics, as trtllm-serve, whose
+// /metrics is JSON iteration stats.
+//
+// This reads four names out of a few kilobytes once a second per pod; a full
+// exposition-format parser would cost more than it brings.
+func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
+	n, known := names[k]
+	if !known {
+		return Load{}, false
+	}
+	l.GeneratedTokens, l.Throughput = -1, -1
+	var seenGen, seenThr, seenKV bool
+	for len(text) > 0 {
+		var line []byte
+		if i := bytes.IndexByte(text, '\n'); i >= 0 {
+			line, text = text[:i], text[i+1:]
+		} else {
+			line, text = text, nil
+		}
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		end := bytes.IndexAny(line, "{ ")
+		if end <= 0 {
+			continue
+		}
+		name := line[:end]
+		sp := bytes.LastIndexByte(line, ' ')
+		if sp < end {
+			continue
+		}
+		v, err := strconv.ParseFloat(string(bytes.TrimSpace(line[sp+1:])), 64)
+		if err != nil {
+			continue
+		}
+		switch string(name) {
+		case n.running:
+			l.Running += v
+			ok = true
+		case n.waiting:
+			l.Waiting += v
+			ok = true
+		case n.kvUsage:
+			if !seenKV {
+				l.KVUsage = 0
+			}
+			l.KVUsage += v
+			seenKV = true
+			ok = true
+		case n.kvUsageOld:
+			if !seenKV {
+				l.KVUsage += v
+				ok = true
+			}
+		case n.generated:
+			if !seenGen {
+				l.GeneratedTokens = 0
+				seenGen = true
+			}
+			l.GeneratedTokens += v
+		case n.throughput:
+			if !seenThr {
+				l.Throughput = 0
+				seenThr = true
+			}
+			l.Throughput += v
+		}
+	}
+	return l, ok
+}

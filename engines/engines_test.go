@@ -1,0 +1,37 @@
+package engines
+
+import "testing"
+
+func TestParseMetrics(t *testing.T) {
+	f := func(k Kind, text string, want Load, wantOK bool) {
+		t.Helper()
+		got, ok := ParseMetrics(k, []byte(text))
+		if ok != wantOK || got != want {
+			t.Fatalf("ParseMetrics(%s) = %+v, %v; want %+v, %v", k, got, ok, want, wantOK)
+		}
+	}
+	f(VLLM, `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting{model_name="m"} 7
+vllm:kv_cache_usage_perc{model_name="m"} 0.25
+vllm:generation_tokens_total{model_name="m"} 1234
+`, Load{Running: 5, Waiting: 7, KVUsage: 0.25, GeneratedTokens: 1234, Throughput: -1}, true)
+	f(VLLM, "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\n", Load{KVUsage: 0.5, GeneratedTokens: -1, Throughput: -1}, true)
+	f(SGLang, `sglang:num_running_reqs{model_name="m"} 4
+sglang:num_queue_reqs{model_name="m"} 1
+sglang:token_usage{model_name="m"} 0.5
+sglang:gen_throughput{model_name="m"} 812.5`, Load{Running: 4, Waiting: 1, KVUsage: 0.5, GeneratedTokens: -1, Throughput: 812.5}, true)
+	f(VLLM, "garbage\n{\nvllm:num_requests_running notanumber\n", Load{GeneratedTokens: -1, Throughput: -1}, false)
+	f(TRTLLM, `[{"iter":1}]`, Load{}, false)
+}
+
+func TestParseKind(t *testing.T) {
+	if k, err := ParseKind(""); err != nil || k != VLLM {
+		t.Fatalf("ParseKind(\"\") = %v, %v", k, err)
+	}
+	if _, err := ParseKind("tgi"); err == nil {
+		t.Fatal("tgi accepted")
+	}
+}
