@@ -1,0 +1,378 @@
+// Package config is the gateway's configuration: defaults, then the YAML file
+// and flags, then Validate, then frozen. Validate names the field and quotes
+// the value it rejects and never corrects a value silently.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"pdlb/engines"
+	"pdlb/lb/route"
+)
+
+// Defaults, as named constants so the docs and the code cannot disagree.
+const (
+	DefaultListen             = ":8080"
+	DefaultAdmin              = "127.0.0.1:9090"
+	DefaultMaxBodyBytes       = 8 << 20
+	DefaultPolicy             = "least_request"
+	DefaultConnectTimeout     = 2 * time.Second
+	DefaultResponseTimeout    = 60 * time.Second
+	DefaultStreamIdleTimeout  = 120 * time.Second
+	DefaultRetries            = 1
+	DefaultHealthInterval     = 2 * time.Second
+	DefaultHealthTimeout      = time.Second
+	DefaultMetricsInterval    = time.Second
+	DefaultEjectAfterFailures = 3
+	DefaultEjectionTime       = 10 * time.Second
+	DefaultMaxConnsPerPod     = 1024
+)
+
+// Roles a pod can play (seed 001's role-name label; "combined" runs both
+// phases).
+const (
+	RoleCombined = "combined"
+	RolePrefill  = "prefill"
+	RoleDecode   = "decode"
+)
+
+// Config is the whole gateway configuration.
+type Config struct {
+	// Listen is the address of the OpenAI API (default ":8080").
+	Listen string `yaml:"listen"`
+	// Admin is the address of /metrics, /debug/pprof and /admin (default
+	// "127.0.0.1:9090"); empty disables it.
+	Admin string `yaml:"admin"`
+	// MaxBodyBytes is the largest request body accepted (default 8 MiB);
+	// larger ones get 413.
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// Upstream bounds the calls to pods.
+	Upstream Upstream `yaml:"upstream"`
+	// Health configures active checks, scrapes and passive ejection.
+	Health Health `yaml:"health"`
+	// Models lists per-model settings; a model served by some pod but not
+	// listed gets every default.
+	Models []Model `yaml:"models"`
+	// Pods is the static fleet.
+	Pods []Pod `yaml:"pods"`
+}
+
+// Upstream bounds the gateway's calls to pods.
+type Upstream struct {
+	// ConnectTimeout bounds dialing a pod (default 2s).
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// ResponseTimeout bounds the wait for a pod's response headers, and for
+	// the whole body of a non-streaming response (default 60s); past it the
+	// client gets 504.
+	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	// StreamIdleTimeout is the longest gap allowed between two chunks of a
+	// stream (default 120s); past it the stream is cut with an error event.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// Retries is how many other pods a request may be retried on when a pod
+	// refuses the connection, so nothing was sent (default 1).
+	Retries int `yaml:"retries"`
+	// MaxConnsPerPod caps the keep-alive pool to one pod (default 1024).
+	MaxConnsPerPod int `yaml:"max_conns_per_pod"`
+}
+
+// Health configures how pods are checked.
+type Health struct {
+	// Interval between active GET /health checks of each pod (default 2s).
+	Interval time.Duration `yaml:"interval"`
+	// Timeout of one check (default 1s).
+	Timeout time.Duration `yaml:"timeout"`
+	// MetricsInterval between scrapes of each pod's /metrics (default 1s);
+	// 0 turns scraping off.
+	MetricsInterval time.Duration `yaml:"metrics_interval"`
+	// EjectAfterFailures is how many consecutive failed requests or checks
+	// eject a pod (default 3).
+	EjectAfterFailures int `yaml:"eject_after_failures"`
+	// EjectionTime is how long an ejected pod receives no traffic before it
+	// is tried again (default 10s); a passing active check ends it sooner.
+	EjectionTime time.Duration `yaml:"ejection_time"`
+}
+
+// Model holds per-model routing settings.
+type Model struct {
+	// Name is the model name clients send.
+	Name string `yaml:"name"`
+	// Policy picks combined pods (default "least_request"; see route.Names).
+	Policy string `yaml:"policy"`
+}
+
+// Pod is one inference pod.
+type Pod struct {
+	// Name identifies the pod in metrics and headers (default: its address).
+	Name string `yaml:"name"`
+	// Model is the model the pod serves.
+	Model string `yaml:"model"`
+	// Address is host:port of its OpenAI API.
+	Address string `yaml:"address"`
+	// Engine is vllm (default), sglang or trtllm.
+	Engine string `yaml:"engine"`
+	// Role is combined (default), prefill or decode.
+	Role string `yaml:"role"`
+	// Roleset pairs prefill and decode pods.
+	Roleset string `yaml:"roleset"`
+	// BucketMin and BucketMax bound the prompt lengths (tokens, inclusive)
+	// the pod serves when bucketing is on; BucketMax 0 means unlimited.
+	BucketMin int `yaml:"bucket_min"`
+	BucketMax int `yaml:"bucket_max"`
+	// Weight scales the pod's share of traffic (default 1).
+	Weight float64 `yaml:"weight"`
+}
+
+// Default returns a configuration with every default and no pods.
+func Default() Config {
+	return Config{
+		Listen:       DefaultListen,
+		Admin:        DefaultAdmin,
+		MaxBodyBytes: DefaultMaxBodyBytes,
+		Upstream: Upstream{
+			ConnectTimeout:    DefaultConnectTimeout,
+			ResponseTimeout:   DefaultResponseTimeout,
+			StreamIdleTimeout: DefaultStreamIdleTimeout,
+			Retries:           DefaultRetries,
+			MaxConnsPerPod:    DefaultMaxConnsPerPod,
+		},
+		Health: Health{
+			Interval:           DefaultHealthInterval,
+			Timeout:            DefaultHealthTimeout,
+			MetricsInterval:    DefaultMetricsInterval,
+			EjectAfterFailures: DefaultEjectAfterFailures,
+			EjectionTime:       DefaultEjectionTime,
+		},
+	}
+}
+
+// ErrInvalid wraps every validation error.
+var ErrInvalid = errors.New("config: invalid")
+
+func invalid(field string, value any, why string) error {
+	return fmt.Errorf("%w: %s = %s %s", ErrInvalid, field, quote(value), why)
+}
+
+func quote(v any) string {
+	switch v := v.(type) {
+	case string:
+		return strconv.Quote(v)
+	default:
+		return fmt.Sprintf("%v", v)
+	}
+}
+
+// Load reads a YAML file over the defaults. Unknown fields are errors, so a
+// typo never leaves a setting silently at its default.
+func Load(path string) (Config, error) {
+	cfg := Default()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, err
+	}
+	if err := cfg.UnmarshalYAML(data); err != nil {
+		return cfg, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// UnmarshalYAML decodes data over c strictly.
+func (c *Config) UnmarshalYAML(data []byte) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+// Validate checks every field, then fills derived defaults of pods (name,
+// engine, role, weight) that are defined as "empty means X".
+func (c *Config) Validate() error {
+	if err := checkAddr("listen", c.Listen, false); err != nil {
+		return err
+	}
+	if err := checkAddr("admin", c.Admin, true); err != nil {
+		return err
+	}
+	if c.MaxBodyBytes <= 0 {
+		return invalid("max_body_bytes", c.MaxBodyBytes, "must be positive")
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"upstream.connect_timeout", c.Upstream.ConnectTimeout},
+		{"upstream.response_timeout", c.Upstream.ResponseTimeout},
+		{"upstream.stream_idle_timeout", c.Upstream.StreamIdleTimeout},
+		{"health.interval", c.Health.Interval},
+		{"health.timeout", c.Health.Timeout},
+		{"health.ejection_time", c.Health.EjectionTime},
+	} {
+		if d.v <= 0 {
+			return invalid(d.field, d.v.String(), "must be positive")
+		}
+	}
+	if c.Health.MetricsInterval < 0 {
+		return invalid("health.metrics_interval", c.Health.MetricsInterval.String(), "must not be negative (0 turns scraping off)")
+	}
+	if c.Upstream.Retries < 0 {
+		return invalid("upstream.retries", c.Upstream.Retries, "must not be negative")
+	}
+	if c.Upstream.MaxConnsPerPod <= 0 {
+		return invalid("upstream.max_conns_per_pod", c.Upstream.MaxConnsPerPod, "must be positive")
+	}
+	if c.Health.EjectAfterFailures <= 0 {
+		return invalid("health.eject_after_failures", c.Health.EjectAfterFailures, "must be positive")
+	}
+	models := map[string]bool{}
+	for i := range c.Models {
+		m := &c.Models[i]
+		field := fmt.Sprintf("models[%d]", i)
+		if m.Name == "" {
+			return invalid(field+".name", m.Name, "must not be empty")
+		}
+		if models[m.Name] {
+			return invalid(field+".name", m.Name, "is listed twice")
+		}
+		models[m.Name] = true
+		if m.Policy == "" {
+			m.Policy = DefaultPolicy
+		}
+		if _, err := route.New(m.Policy, route.Options{}); err != nil {
+			return invalid(field+".policy", m.Policy, "is not a policy (known: "+strings.Join(route.Names(), ", ")+")")
+		}
+	}
+	if len(c.Pods) == 0 {
+		return fmt.Errorf("%w: pods: no pods configured (give a config file with pods, or --pod)", ErrInvalid)
+	}
+	names := map[string]int{}
+	for i := range c.Pods {
+		if err := c.Pods[i].validate(fmt.Sprintf("pods[%d]", i)); err != nil {
+			return err
+		}
+		if j, dup := names[c.Pods[i].Name]; dup {
+			return invalid(fmt.Sprintf("pods[%d].name", i), c.Pods[i].Name, fmt.Sprintf("is also the name of pods[%d]", j))
+		}
+		names[c.Pods[i].Name] = i
+	}
+	return nil
+}
+
+func (p *Pod) validate(field string) error {
+	if p.Model == "" {
+		return invalid(field+".model", p.Model, "must not be empty")
+	}
+	if err := checkAddr(field+".address", p.Address, false); err != nil {
+		return err
+	}
+	if _, port, _ := net.SplitHostPort(p.Address); port == "0" {
+		return invalid(field+".address", p.Address, "needs a port")
+	}
+	if p.Name == "" {
+		p.Name = p.Address
+	}
+	k, err := engines.ParseKind(p.Engine)
+	if err != nil {
+		return invalid(field+".engine", p.Engine, "is not an engine (known: vllm, sglang, trtllm)")
+	}
+	p.Engine = string(k)
+	switch p.Role {
+	case "":
+		p.Role = RoleCombined
+	case RoleCombined, RolePrefill, RoleDecode:
+	default:
+		return invalid(field+".role", p.Role, "is not a role (known: combined, prefill, decode)")
+	}
+	if (p.Role == RolePrefill || p.Role == RoleDecode) && p.Roleset == "" {
+		return invalid(field+".roleset", p.Roleset, "must name the roleset of a "+p.Role+" pod")
+	}
+	if p.BucketMin < 0 {
+		return invalid(field+".bucket_min", p.BucketMin, "must not be negative")
+	}
+	if p.BucketMax < 0 || (p.BucketMax > 0 && p.BucketMax < p.BucketMin) {
+		return invalid(field+".bucket_max", p.BucketMax, fmt.Sprintf("must be 0 (unlimited) or at least bucket_min (%d)", p.BucketMin))
+	}
+	if p.Weight == 0 {
+		p.Weight = 1
+	}
+	if !(p.Weight > 0) {
+		return invalid(field+".weight", p.Weight, "must be positive")
+	}
+	return nil
+}
+
+func checkAddr(field, addr string, emptyOK bool) error {
+	if addr == "" {
+		if emptyOK {
+			return nil
+		}
+		return invalid(field, addr, "must be host:port")
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return invalid(field, addr, "must be host:port")
+	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return invalid(field, addr, "has no valid port")
+	}
+	return nil
+}
+
+// ParsePodFlag parses one --pod flag: comma-separated key=value pairs with
+// the keys of a pod in YAML (model, address, engine, role, roleset, name,
+// bucket_min, bucket_max, weight), e.g.
+// "model=llama,address=10.0.0.5:8000,engine=sglang".
+func ParsePodFlag(s string) (Pod, error) {
+	var p Pod
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return p, fmt.Errorf("%w: --pod %q: %q is not key=value", ErrInvalid, s, kv)
+		}
+		var err error
+		switch strings.TrimSpace(k) {
+		case "model":
+			p.Model = v
+		case "address", "addr":
+			p.Address = v
+		case "engine":
+			p.Engine = v
+		case "role":
+			p.Role = v
+		case "roleset":
+			p.Roleset = v
+		case "name":
+			p.Name = v
+		case "bucket_min":
+			p.BucketMin, err = strconv.Atoi(v)
+		case "bucket_max":
+			p.BucketMax, err = strconv.Atoi(v)
+		case "weight":
+			p.Weight, err = strconv.ParseFloat(v, 64)
+		default:
+			return p, fmt.Errorf("%w: --pod %q: unknown key %q (known: model, address, engine, role, roleset, name, bucket_min, bucket_max, weight)", ErrInvalid, s, k)
+		}
+		if err != nil {
+			return p, fmt.Errorf("%w: --pod %q: %s = %q is not a number", ErrInvalid, s, k, v)
+		}
+	}
+	return p, nil
+}
+
+// PolicyFor returns the configured policy name of model.
+func (c *Config) PolicyFor(model string) string {
+	for _, m := range c.Models {
+		if m.Name == model {
+			return m.Policy
+		}
+	}
+	return DefaultPolicy
+}

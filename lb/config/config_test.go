@@ -1,0 +1,87 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestValidateRejects(t *testing.T) {
+	f := func(yml, wantInMsg string) {
+		t.Helper()
+		c := Default()
+		err := c.UnmarshalYAML([]byte(yml))
+		if err == nil {
+			err = c.Validate()
+		}
+		if err == nil {
+			t.Fatalf("accepted:\n%s", yml)
+		}
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), wantInMsg) {
+			t.Fatalf("error %q does not mention %q", err, wantInMsg)
+		}
+	}
+	pod := "pods: [{model: m, address: '127.0.0.1:8001'}]\n"
+	f("listen: nope\n"+pod, `listen = "nope"`)
+	f("max_body_bytes: -1\n"+pod, "max_body_bytes = -1")
+	f("upstream: {response_timeout: 0s}\n"+pod, `upstream.response_timeout = "0s"`)
+	f("health: {eject_after_failures: 0}\n"+pod, "health.eject_after_failures = 0")
+	f("models: [{name: m, policy: fastest}]\n"+pod, `models[0].policy = "fastest"`)
+	f("models: [{name: m}, {name: m}]\n"+pod, `models[1].name = "m" is listed twice`)
+	f("pods: []\n", "no pods")
+	f("pods: [{address: '127.0.0.1:1'}]\n", `pods[0].model = ""`)
+	f("pods: [{model: m, address: 'x'}]\n", `pods[0].address = "x"`)
+	f("pods: [{model: m, address: 'h:1', engine: tgi}]\n", `pods[0].engine = "tgi"`)
+	f("pods: [{model: m, address: 'h:1', role: both}]\n", `pods[0].role = "both"`)
+	f("pods: [{model: m, address: 'h:1', role: prefill}]\n", `pods[0].roleset = ""`)
+	f("pods: [{model: m, address: 'h:1', bucket_min: 10, bucket_max: 5}]\n", "pods[0].bucket_max = 5")
+	f("pods: [{model: m, address: 'h:1', weight: -2}]\n", "pods[0].weight = -2")
+	f("pods: [{model: m, address: 'h:1'}, {model: m, address: 'h:1'}]\n", `pods[1].name = "h:1"`)
+	f("pods: [{model: m, adress: 'h:1'}]\n", "adress")
+}
+
+func TestLoadFillsDefaults(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "pdlb.yaml")
+	if err := os.WriteFile(path, []byte(`
+listen: "127.0.0.1:18080"
+upstream: {stream_idle_timeout: 5s}
+models: [{name: m, policy: round_robin}]
+pods:
+  - {model: m, address: "127.0.0.1:8001", engine: sglang}
+  - {name: p1, model: m, address: "127.0.0.1:8002", role: prefill, roleset: g0}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p := c.Pods[0]
+	if p.Name != "127.0.0.1:8001" || p.Engine != "sglang" || p.Role != RoleCombined || p.Weight != 1 {
+		t.Fatalf("pod defaults not filled: %+v", p)
+	}
+	if c.Admin != DefaultAdmin || c.Upstream.StreamIdleTimeout.String() != "5s" || c.Upstream.ResponseTimeout != DefaultResponseTimeout {
+		t.Fatalf("defaults lost: %+v", c)
+	}
+	if c.PolicyFor("m") != "round_robin" || c.PolicyFor("other") != DefaultPolicy {
+		t.Fatal("PolicyFor")
+	}
+}
+
+func TestParsePodFlag(t *testing.T) {
+	p, err := ParsePodFlag("model=m,address=127.0.0.1:9,engine=sglang,weight=2,bucket_max=100")
+	if err != nil || p.Model != "m" || p.Address != "127.0.0.1:9" || p.Engine != "sglang" || p.Weight != 2 || p.BucketMax != 100 {
+		t.Fatalf("got %+v, %v", p, err)
+	}
+	for _, bad := range []string{"model", "colour=red", "weight=heavy"} {
+		if _, err := ParsePodFlag(bad); err == nil {
+			t.Fatalf("--pod %q accepted", bad)
+		}
+	}
+}
