@@ -98,7 +98,7 @@ type Health struct {
 	// eject a pod (default 3).
 	EjectAfterFailures int `yaml:"eject_after_failures"`
 	// EjectionTime is how long an ejected pod receives no traffic before it
-	// is tried again (default 10s); a passing active check ends it sooner.
+	// is tried again (default 10s).
 	EjectionTime time.Duration `yaml:"ejection_time"`
 }
 

@@ -1,0 +1,117 @@
+package pool
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/lb/config"
+)
+
+// Checker runs the active health checks and metric scrapes of a snapshot's
+// pods: one goroutine per pod, each with its own small client so checks never
+// wait behind request traffic for a connection.
+type Checker struct {
+	cfg  config.Health
+	log  *slog.Logger
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// StartChecker starts checking every pod of s. One failed check marks a pod
+// unhealthy at once (a refused connection is a strong signal, and traffic
+// must leave a dead pod within one interval); one passing check marks it
+// healthy again. Passive ejection (Pod.ReportFailure) is separate and
+// expires on its own, so a pod that answers /health but fails requests stays
+// out for its ejection time.
+func StartChecker(s *Snapshot, cfg config.Health, log *slog.Logger) *Checker {
+	c := &Checker{cfg: cfg, log: log, stop: make(chan struct{})}
+	for _, p := range s.Pods {
+		c.wg.Add(1)
+		go c.run(p)
+	}
+	return c
+}
+
+// Close stops every check and waits for them to end.
+func (c *Checker) Close() {
+	close(c.stop)
+	c.wg.Wait()
+}
+
+func (c *Checker) run(p *Pod) {
+	defer c.wg.Done()
+	client := &fasthttp.HostClient{Addr: p.Config.Address, Name: "pdlb-health", MaxConns: 2, MaxIdemponentCallAttempts: 1}
+	defer client.CloseIdleConnections()
+	// Start at a random point of the interval so checks of many pods do not
+	// fire in lockstep.
+	check := time.NewTimer(time.Duration(rand.Int64N(int64(c.cfg.Interval))))
+	defer check.Stop()
+	var scrape <-chan time.Time
+	if c.cfg.MetricsInterval > 0 {
+		t := time.NewTicker(c.cfg.MetricsInterval)
+		defer t.Stop()
+		scrape = t.C
+		c.scrape(client, p)
+	}
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-check.C:
+			c.check(client, p)
+			check.Reset(c.cfg.Interval)
+		case <-scrape:
+			c.scrape(client, p)
+		}
+	}
+}
+
+func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + p.Config.Address + "/health")
+	err := client.DoTimeout(req, resp, c.cfg.Timeout)
+	ok := err == nil && resp.StatusCode() == fasthttp.StatusOK
+	if was := p.healthy.Swap(ok); was != ok {
+		if ok {
+			c.log.Info("pod healthy", "pod", p.Config.Name)
+		} else {
+			c.log.Warn("pod unhealthy", "pod", p.Config.Name, "err", errText(err, resp))
+		}
+	}
+}
+
+func (c *Checker) scrape(client *fasthttp.HostClient, p *Pod) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + p.Config.Address + "/metrics")
+	if err := client.DoTimeout(req, resp, c.cfg.Timeout); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+		return
+	}
+	load, ok := engines.ParseMetrics(p.Engine, resp.Body())
+	if !ok {
+		return
+	}
+	now := time.Now()
+	s := &Scraped{Load: load, At: now, TokensPerSec: load.Throughput}
+	if prev := p.scraped.Load(); s.TokensPerSec < 0 && prev != nil && load.GeneratedTokens >= prev.GeneratedTokens && prev.GeneratedTokens >= 0 {
+		if dt := now.Sub(prev.At).Seconds(); dt > 0 {
+			s.TokensPerSec = (load.GeneratedTokens - prev.GeneratedTokens) / dt
+		}
+	}
+	p.scraped.Store(s)
+}
+
+func errText(err error, resp *fasthttp.Response) string {
+	if err != nil {
+		return err.Error()
+	}
+	return "status " + fasthttp.StatusMessage(resp.StatusCode())
+}

@@ -1,0 +1,176 @@
+// Package pool holds the fleet as the gateway sees it: pods, their health,
+// their in-flight counts and their last scraped load.
+//
+// Membership and configuration change rarely compared with requests, so they
+// are published as an immutable Snapshot behind an atomic pointer (readers
+// never lock); what changes per request or per check lives in atomics on the
+// Pod itself.
+package pool
+
+import (
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/lb/config"
+	"pdlb/lb/route"
+)
+
+// Pod is one inference pod. Its configuration is immutable; its state fields
+// are atomics any goroutine may read.
+type Pod struct {
+	// ID is the pod's index in its snapshot's Pods: dense, so per-pod tables
+	// (metrics, ledgers, radix pod sets) are slices, not maps.
+	ID     int32
+	Config config.Pod
+	Engine engines.Kind
+	// Client is the keep-alive connection pool to the pod.
+	Client *fasthttp.HostClient
+
+	inFlight     atomic.Int64
+	healthy      atomic.Bool
+	fails        atomic.Int32
+	ejectedUntil atomic.Int64 // unix nanoseconds; at or before now means not ejected
+	ejections    atomic.Int64
+	scraped      atomic.Pointer[Scraped]
+}
+
+// Scraped is a pod's load as read from its /metrics.
+type Scraped struct {
+	engines.Load
+	// TokensPerSec is the pod's generation throughput: the engine's gauge
+	// when it has one, else derived from two scrapes of its token counter.
+	TokensPerSec float64
+	At           time.Time
+}
+
+// Available reports whether the pod may receive traffic at now: its last
+// active check passed and it is not ejected.
+func (p *Pod) Available(now int64) bool {
+	return p.healthy.Load() && p.ejectedUntil.Load() <= now
+}
+
+// Healthy reports the result of the pod's last active check.
+func (p *Pod) Healthy() bool { return p.healthy.Load() }
+
+// Ejected reports whether passive ejection keeps the pod out at now.
+func (p *Pod) Ejected(now int64) bool { return p.ejectedUntil.Load() > now }
+
+// Ejections counts how often the pod was ejected.
+func (p *Pod) Ejections() int64 { return p.ejections.Load() }
+
+// InFlight is the number of requests the gateway has sent to the pod and
+// not yet seen finish.
+func (p *Pod) InFlight() int64 { return p.inFlight.Load() }
+
+// Acquire counts a request against the pod; pair it with Release.
+func (p *Pod) Acquire() { p.inFlight.Add(1) }
+
+// Release ends a request counted by Acquire.
+func (p *Pod) Release() { p.inFlight.Add(-1) }
+
+// Scraped returns the last scrape, nil before the first.
+func (p *Pod) Scraped() *Scraped { return p.scraped.Load() }
+
+// ReportSuccess records a request or check the pod answered properly.
+func (p *Pod) ReportSuccess() { p.fails.Store(0) }
+
+// ReportFailure records a failed request or check at now; after threshold
+// consecutive failures the pod is ejected for d. It reports whether this
+// failure ejected it.
+func (p *Pod) ReportFailure(now int64, threshold int, d time.Duration) bool {
+	if int(p.fails.Add(1)) < threshold {
+		return false
+	}
+	p.fails.Store(0)
+	p.ejectedUntil.Store(now + int64(d))
+	p.ejections.Add(1)
+	return true
+}
+
+// Model is one model's pods and routing policy.
+type Model struct {
+	Name string
+	// Index is the model's position in Snapshot.Models, for per-model
+	// tables.
+	Index int
+	// Combined are the pods that run whole requests.
+	Combined []*Pod
+	Policy   route.Policy
+}
+
+// Snapshot is an immutable view of the fleet. Never modify one after it is
+// published; build a new one instead.
+type Snapshot struct {
+	Pods   []*Pod
+	Models []*Model
+	byName map[string]*Model
+}
+
+// Model returns the model called name, or nil. The []byte→string conversion
+// in the map index does not allocate.
+func (s *Snapshot) Model(name []byte) *Model { return s.byName[string(name)] }
+
+// Pool publishes the current Snapshot.
+type Pool struct{ snap atomic.Pointer[Snapshot] }
+
+// Load returns the current snapshot.
+func (p *Pool) Load() *Snapshot { return p.snap.Load() }
+
+// Build makes the snapshot of a validated configuration. Pods start healthy
+// (the first check corrects that within one interval) so a fresh gateway
+// serves at once.
+func Build(cfg *config.Config) (*Snapshot, error) {
+	s := &Snapshot{byName: map[string]*Model{}}
+	connectTimeout := cfg.Upstream.ConnectTimeout
+	for i := range cfg.Pods {
+		pc := cfg.Pods[i]
+		kind, err := engines.ParseKind(pc.Engine)
+		if err != nil {
+			return nil, err
+		}
+		pod := &Pod{
+			ID:     int32(i),
+			Config: pc,
+			Engine: kind,
+			Client: &fasthttp.HostClient{
+				Addr:                          pc.Address,
+				Name:                          "pdlb",
+				MaxConns:                      cfg.Upstream.MaxConnsPerPod,
+				MaxIdleConnDuration:           90 * time.Second,
+				StreamResponseBody:            true,
+				DisableHeaderNamesNormalizing: true,
+				DisablePathNormalizing:        true,
+				NoDefaultUserAgentHeader:      true,
+				// A request is retried by the gateway on another pod, not
+				// by the client on the same one.
+				MaxIdemponentCallAttempts: 1,
+				Dial: func(addr string) (net.Conn, error) {
+					return fasthttp.DialTimeout(addr, connectTimeout)
+				},
+			},
+		}
+		pod.healthy.Store(true)
+		s.Pods = append(s.Pods, pod)
+		m := s.byName[pc.Model]
+		if m == nil {
+			pol, err := route.New(cfg.PolicyFor(pc.Model), route.Options{})
+			if err != nil {
+				return nil, err
+			}
+			m = &Model{Name: pc.Model, Index: len(s.Models), Policy: pol}
+			s.byName[pc.Model] = m
+			s.Models = append(s.Models, m)
+		}
+		if pc.Role == config.RoleCombined {
+			m.Combined = append(m.Combined, pod)
+		}
+	}
+	return s, nil
+}
+
+// Publish makes s the current snapshot.
+func (p *Pool) Publish(s *Snapshot) { p.snap.Store(s) }
