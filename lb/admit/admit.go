@@ -1,0 +1,351 @@
+package admit
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// Class is a request's priority class. Each class has its own SLOs and its
+// own rule for a request that would miss them: interactive requests are
+// rejected at once (a fast 429 the client can retry elsewhere beats a slow
+// timeout), batch requests wait in the deferral queue.
+type Class uint8
+
+// The priority classes.
+const (
+	Interactive Class = iota
+	Batch
+	NumClasses
+)
+
+var classNames = [NumClasses]string{"interactive", "batch"}
+
+func (c Class) String() string {
+	if c < NumClasses {
+		return classNames[c]
+	}
+	return fmt.Sprintf("class(%d)", uint8(c))
+}
+
+// ErrUnknownClass is returned by ParseClass for a name that is no class.
+var ErrUnknownClass = errors.New("admit: unknown priority class")
+
+// ParseClass maps a request's priority name to its class; an empty name is
+// Interactive, the class of a request that says nothing.
+func ParseClass(name string) (Class, error) {
+	if name == "" {
+		return Interactive, nil
+	}
+	for i, n := range classNames {
+		if n == name {
+			return Class(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w %q (known: interactive, batch)", ErrUnknownClass, name)
+}
+
+// Defaults of the admission knobs. The interactive TTFT target is seed
+// 000's 2 s; its TPOT target of 100 ms is ten tokens a second, reading speed.
+const (
+	DefaultInteractiveTTFTSLO = 2.0
+	DefaultInteractiveTPOTSLO = 0.1
+	DefaultBatchTTFTSLO       = 60.0
+	DefaultBatchMaxWait       = 30.0
+	DefaultDeferQueue         = 1024
+)
+
+// ClassConfig is one class's targets. Times are in seconds.
+type ClassConfig struct {
+	// TTFTSLO is the time to first token the class is promised, counted
+	// from arrival (defaults: interactive 2, batch 60).
+	TTFTSLO float64 `yaml:"ttft_slo"`
+	// TPOTSLO is the time per output token the class is promised; 0 means
+	// none (defaults: interactive 0.1, batch 0).
+	TPOTSLO float64 `yaml:"tpot_slo"`
+	// MaxWait is how long a request of the class may wait in the deferral
+	// queue for a prediction that clears; 0 rejects at once instead
+	// (defaults: interactive 0, batch 30).
+	MaxWait float64 `yaml:"max_wait"`
+}
+
+// Config is the admission controller's configuration.
+type Config struct {
+	// Classes holds each class's targets, indexed by Class.
+	Classes [NumClasses]ClassConfig `yaml:"classes"`
+	// DeferQueue is the most requests the deferral queue holds (default
+	// 1,024); a request deferred when it is full is rejected.
+	DeferQueue int `yaml:"defer_queue"`
+}
+
+// DefaultConfig returns the configuration with every default.
+func DefaultConfig() Config {
+	return Config{
+		Classes: [NumClasses]ClassConfig{
+			Interactive: {TTFTSLO: DefaultInteractiveTTFTSLO, TPOTSLO: DefaultInteractiveTPOTSLO},
+			Batch:       {TTFTSLO: DefaultBatchTTFTSLO, MaxWait: DefaultBatchMaxWait},
+		},
+		DeferQueue: DefaultDeferQueue,
+	}
+}
+
+var errConfig = errors.New("admit: invalid config")
+
+// Validate rejects values the controller cannot run with, naming the field
+// and quoting the value.
+func (c Config) Validate() error {
+	for i, cc := range c.Classes {
+		name := Class(i).String()
+		switch {
+		case !(cc.TTFTSLO > 0):
+			return fmt.Errorf("%w: classes.%s.ttft_slo = %v must be positive", errConfig, name, cc.TTFTSLO)
+		case !(cc.TPOTSLO >= 0):
+			return fmt.Errorf("%w: classes.%s.tpot_slo = %v must not be negative", errConfig, name, cc.TPOTSLO)
+		case !(cc.MaxWait >= 0):
+			return fmt.Errorf("%w: classes.%s.max_wait = %v must not be negative", errConfig, name, cc.MaxWait)
+		}
+	}
+	if c.DeferQueue < 0 {
+		return fmt.Errorf("%w: defer_queue = %d must not be negative", errConfig, c.DeferQueue)
+	}
+	return nil
+}
+
+// Action is what the gateway does with a request.
+type Action uint8
+
+// The actions.
+const (
+	// Admit: send the request to the chosen pod now.
+	Admit Action = iota
+	// Reject: answer 429 with Retry-After now, before any pod spends work.
+	Reject
+	// Defer: the request waits in the deferral queue; see Controller.Head.
+	Defer
+)
+
+func (a Action) String() string {
+	switch a {
+	case Admit:
+		return "admit"
+	case Reject:
+		return "reject"
+	case Defer:
+		return "defer"
+	}
+	return fmt.Sprintf("action(%d)", uint8(a))
+}
+
+// Verdict is an admission decision. RetryAfter is the whole seconds a
+// rejected client should wait (the Retry-After header): how far the
+// prediction overshoots the target, which is how long the pod's queue needs
+// to drain enough, at least 1. It is 0 unless Action is Reject.
+type Verdict struct {
+	Action     Action
+	RetryAfter int
+}
+
+// Deferred is a request waiting in the deferral queue.
+type Deferred struct {
+	ID    uint64  // the caller's request id
+	Class Class   // its priority class
+	Since float64 // when it arrived, on the caller's clock (seconds)
+}
+
+// ClassStats are one class's counters, plain numbers for the gateway's
+// metrics. Every request ends in exactly one of Admitted or Rejected;
+// Deferred counts those that waited on the way (and Waiting those waiting
+// now); Met and Missed count admitted requests whose outcome the caller
+// reported through Observe.
+type ClassStats struct {
+	Admitted, Rejected, Deferred, Waiting, Met, Missed uint64
+}
+
+// Attainment is the fraction of decided requests that met the class's SLOs:
+// rejected requests count as misses, admitted ones still running are not
+// counted yet. It is 1 before any request.
+func (s ClassStats) Attainment() float64 {
+	total := s.Met + s.Missed + s.Rejected
+	if total == 0 {
+		return 1
+	}
+	return float64(s.Met) / float64(total)
+}
+
+// Controller makes admission decisions. All methods are safe for concurrent
+// use and allocate nothing. Decide needs no lock (counters are atomic); the
+// deferral queue is a fixed ring behind a mutex held for a few instructions.
+// The queue is drained by one goroutine at a time (Expired, Head, Retry),
+// typically whenever a pod finishes a prefill, because that is when a
+// prediction can clear.
+//
+// Times are seconds on the caller's clock: wall time in the gateway,
+// virtual time in bench/cluster.
+type Controller struct {
+	cfg   Config
+	stats [NumClasses]classCounters
+
+	mu    sync.Mutex
+	ring  []Deferred
+	head  int
+	count int
+}
+
+type classCounters struct {
+	admitted, rejected, deferred, met, missed atomic.Uint64
+}
+
+// New returns a controller for a configuration that Validate accepts.
+func New(cfg Config) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Controller{cfg: cfg, ring: make([]Deferred, cfg.DeferQueue)}, nil
+}
+
+// Config returns the controller's configuration.
+func (c *Controller) Config() Config { return c.cfg }
+
+// fits reports whether a request that has waited waited seconds meets its
+// class's targets if its predictions ttft and tpot (seconds) come true.
+func (c *Controller) fits(class Class, waited, ttft, tpot float64) bool {
+	cc := &c.cfg.Classes[class]
+	return waited+ttft <= cc.TTFTSLO && (cc.TPOTSLO == 0 || tpot <= cc.TPOTSLO)
+}
+
+// Decide admits, defers or rejects a newly arrived request of class, whose
+// id the caller chose, given the predicted TTFT and TPOT (seconds) on the
+// pod the router picked. A Defer verdict means the request is now in the
+// deferral queue; a request the full queue cannot take is rejected.
+func (c *Controller) Decide(class Class, id uint64, now, ttft, tpot float64) Verdict {
+	st := &c.stats[class]
+	if c.fits(class, 0, ttft, tpot) {
+		st.admitted.Add(1)
+		return Verdict{Action: Admit}
+	}
+	if c.cfg.Classes[class].MaxWait > 0 && c.push(Deferred{ID: id, Class: class, Since: now}) {
+		st.deferred.Add(1)
+		return Verdict{Action: Defer}
+	}
+	st.rejected.Add(1)
+	return Verdict{Action: Reject, RetryAfter: c.retryAfter(class, ttft)}
+}
+
+// retryAfter is how many whole seconds (at least 1) the prediction ttft
+// overshoots class's TTFT target by.
+func (c *Controller) retryAfter(class Class, ttft float64) int {
+	over := ttft - c.cfg.Classes[class].TTFTSLO
+	if !(over < 3600) { // also +Inf and NaN
+		return 3600
+	}
+	return max(1, int(math.Ceil(over)))
+}
+
+func (c *Controller) push(d Deferred) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.count == len(c.ring) {
+		return false
+	}
+	c.ring[(c.head+c.count)%len(c.ring)] = d
+	c.count++
+	return true
+}
+
+// Expired removes and returns the oldest deferred request whose wait has
+// run past its class's MaxWait at now, counting it rejected; ok is false
+// when none has. The caller answers it with 429 and calls Expired again
+// until ok is false. Retry-After for it is 1: the queue it waited in is
+// still full of work, but a slot may free up at any moment.
+func (c *Controller) Expired(now float64) (d Deferred, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// The ring is in arrival order but classes wait differently long, so
+	// look at every entry; the queue is short and this runs per completion,
+	// not per request.
+	for i := 0; i < c.count; i++ {
+		e := c.ring[(c.head+i)%len(c.ring)]
+		if now-e.Since <= c.cfg.Classes[e.Class].MaxWait {
+			continue
+		}
+		c.removeAt(i)
+		c.stats[e.Class].rejected.Add(1)
+		return e, true
+	}
+	return Deferred{}, false
+}
+
+// removeAt drops the i-th oldest entry, keeping the others in order; the
+// caller holds mu.
+func (c *Controller) removeAt(i int) {
+	for j := i; j > 0; j-- {
+		c.ring[(c.head+j)%len(c.ring)] = c.ring[(c.head+j-1)%len(c.ring)]
+	}
+	c.head = (c.head + 1) % len(c.ring)
+	c.count--
+}
+
+// Head returns the oldest deferred request without removing it; ok is false
+// when the queue is empty. The caller routes it again and passes the fresh
+// predictions to Retry.
+func (c *Controller) Head() (d Deferred, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.count == 0 {
+		return Deferred{}, false
+	}
+	return c.ring[c.head], true
+}
+
+// Retry re-decides the oldest deferred request, which must be id (else it
+// returns false and changes nothing: another goroutine got there first).
+// When the predictions now meet its class's targets, counting the time it
+// has already waited, it leaves the queue as admitted and Retry returns
+// true; otherwise it keeps waiting, and later requests wait behind it, so
+// the queue stays first come, first served.
+func (c *Controller) Retry(id uint64, now, ttft, tpot float64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.count == 0 || c.ring[c.head].ID != id {
+		return false
+	}
+	e := c.ring[c.head]
+	if !c.fits(e.Class, now-e.Since, ttft, tpot) {
+		return false
+	}
+	c.removeAt(0)
+	c.stats[e.Class].admitted.Add(1)
+	return true
+}
+
+// Observe records the outcome of an admitted request of class: its measured
+// TTFT and TPOT (seconds; TPOT 0 when it produced at most one token).
+func (c *Controller) Observe(class Class, ttft, tpot float64) {
+	if c.fits(class, 0, ttft, tpot) {
+		c.stats[class].met.Add(1)
+	} else {
+		c.stats[class].missed.Add(1)
+	}
+}
+
+// Stats returns class's counters.
+func (c *Controller) Stats(class Class) ClassStats {
+	st := &c.stats[class]
+	s := ClassStats{
+		Admitted: st.admitted.Load(),
+		Rejected: st.rejected.Load(),
+		Deferred: st.deferred.Load(),
+		Met:      st.met.Load(),
+		Missed:   st.missed.Load(),
+	}
+	c.mu.Lock()
+	for i := 0; i < c.count; i++ {
+		if c.ring[(c.head+i)%len(c.ring)].Class == class {
+			s.Waiting++
+		}
+	}
+	c.mu.Unlock()
+	return s
+}
