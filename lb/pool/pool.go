@@ -120,10 +120,14 @@ type Pool struct{ snap atomic.Pointer[Snapshot] }
 // Load returns the current snapshot.
 func (p *Pool) Load() *Snapshot { return p.snap.Load() }
 
-// Build makes the snapshot of a validated configuration. Pods start healthy
-// (the first check corrects that within one interval) so a fresh gateway
-// serves at once.
-func Build(cfg *config.Config) (*Snapshot, error) {
+// DialFunc opens a connection to a pod within timeout; the gateway supplies one
+// that lets it manage stream deadlines.
+type DialFunc func(addr string, timeout time.Duration) (net.Conn, error)
+
+// Build makes the snapshot of a validated configuration, dialing pods with
+// dial. Pods start healthy (the first check corrects that within one
+// interval) so a fresh gateway serves at once.
+func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
 	s := &Snapshot{byName: map[string]*Model{}}
 	connectTimeout := cfg.Upstream.ConnectTimeout
 	for i := range cfg.Pods {
@@ -148,9 +152,7 @@ func Build(cfg *config.Config) (*Snapshot, error) {
 				// A request is retried by the gateway on another pod, not
 				// by the client on the same one.
 				MaxIdemponentCallAttempts: 1,
-				Dial: func(addr string) (net.Conn, error) {
-					return fasthttp.DialTimeout(addr, connectTimeout)
-				},
+				Dial:                      func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) },
 			},
 		}
 		pod.healthy.Store(true)

@@ -1,0 +1,47 @@
+# pdlb — see README.md. `make demo` runs the gateway on a simulated fleet;
+# `make test` installs what the tests need and runs them all.
+
+GO       ?= go
+BIN      := bin/pdlb
+PKGS     := ./...
+FUZZTIME ?= 30s
+
+.PHONY: all build demo test test-deps vet fuzz bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./tools/pdlb
+
+demo: build
+	./$(BIN) demo
+
+# Tests need a real redis-server (shared ledger tests); install it from
+# Debian's packages when it is missing.
+test-deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		echo "installing redis-server (needed by the shared-ledger tests)"; \
+		(apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) || \
+		echo "WARNING: could not install redis-server; the Redis tests will be skipped"; }
+
+vet:
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed on:"; gofmt -l .; exit 1; }
+	$(GO) vet $(PKGS)
+
+test: test-deps vet
+	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+# Each fuzz target runs for FUZZTIME; a crasher lands in testdata/fuzz and
+# becomes a regression test of `make test`.
+fuzz:
+	@for t in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs grep -ho '^func Fuzz[A-Za-z0-9_]*' | sed 's/func //' | sort -u); do \
+		pkg=$$(grep -rl --include='*_test.go' "^func $$t(" . | head -1 | xargs dirname); \
+		echo "== $$t ($$pkg)"; \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
+
+bench: build
+	./bench/run.sh
+
+clean:
+	rm -rf bin
