@@ -1,0 +1,917 @@
+// Package vllm speaks vLLM's KV-cache event protocol on both sides of the
+// wire: the Go types and msgpack codec of its events (this file), a
+// Publisher with vLLM's PUB socket and replay ROUTER (kvpublisher.go), and a
+// per-pod Subscriber that follows a publisher, repairs sequence gaps through
+// replay and notices restarts (kvsubscriber.go).
+//
+// # Wire format
+//
+// vLLM (vllm/distributed/kv_events.py, ZmqEventPublisher) sends each batch as
+// a three-frame ZMQ message [topic, seq, payload]: seq is the batch's
+// sequence number as an 8-byte big-endian signed integer, counting from 0
+// when the publisher starts; payload is a KVEventBatch encoded by msgspec's
+// msgpack encoder. A KVEventBatch has ts (float seconds since the Unix
+// epoch), events (a list of tagged events) and, in later versions,
+// data_parallel_rank (default None). The events are msgspec Structs tagged
+// with their class name: BlockStored, BlockRemoved, AllBlocksCleared.
+//
+// vLLM has shipped three layouts of the same structs, all decoded here:
+//
+//   - EncodingArray: batch and events are arrays (array_like=True); an
+//     event's first element is its tag. Trailing fields at their defaults
+//     may be omitted, and arrays longer than the fields known are accepted.
+//   - EncodingArrayMapEvents: the batch is an array and each event is a map
+//     with the tag under "type".
+//   - EncodingMap: batch and events are maps (the current vLLM layout);
+//     fields at their defaults are omitted (omit_defaults=True), fields
+//     without a default are always present, possibly nil.
+//
+// Field order of BlockStored: block_hashes, parent_block_hash, token_ids,
+// block_size, lora_id, medium, lora_name, extra_keys, group_idx, then newer
+// optional fields; of BlockRemoved: block_hashes, medium, group_idx, ...;
+// AllBlocksCleared has none. Unknown map keys and extra trailing array
+// elements are skipped, so newer vLLM fields do not break decoding.
+//
+// # Block hashes
+//
+// A block hash is an integer (vLLM's default, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1;
+// older vLLM sent Python hash() values, which may be negative) or bytes (the
+// raw digest, when that variable is 0). Integers are kept as their 64-bit
+// two's-complement pattern. Bytes are folded exactly as vLLM folds them in
+// int mode (maybe_convert_block_hash: int.from_bytes(digest, "big") masked to
+// 64 bits, i.e. the last eight bytes read big-endian), so one block has one
+// uint64 name whichever way the engine was configured.
+package vllm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// Kind says which event an Event is.
+type Kind uint8
+
+// The event kinds, named after the msgspec tags (Python class names) vLLM
+// writes on the wire.
+const (
+	BlockStored Kind = iota + 1
+	BlockRemoved
+	AllBlocksCleared
+)
+
+// Tag names on the wire.
+const (
+	tagBlockStored      = "BlockStored"
+	tagBlockRemoved     = "BlockRemoved"
+	tagAllBlocksCleared = "AllBlocksCleared"
+)
+
+// MediumGPU is vLLM's MEDIUM_GPU, the medium of blocks in GPU memory.
+const MediumGPU = "GPU"
+
+// String returns the wire tag of k.
+func (k Kind) String() string {
+	switch k {
+	case BlockStored:
+		return tagBlockStored
+	case BlockRemoved:
+		return tagBlockRemoved
+	case AllBlocksCleared:
+		return tagAllBlocksCleared
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// Event is one KV-cache event. Fields a kind does not have stay zero. For
+// the optional integer fields vLLM's None and 0 are the same value here:
+// vLLM never sends lora_id 0 (LoRA ids start at 1) and sends group_idx None
+// where there is a single KV-cache group.
+type Event struct {
+	Kind Kind
+	// BlockHashes are the engine's hashes of the stored or removed blocks,
+	// in chain order for BlockStored.
+	BlockHashes []uint64
+	// ParentHash is the engine hash of the block preceding BlockHashes[0]
+	// in its prompt; HasParent is false when the first block starts the
+	// prompt (parent_block_hash None).
+	ParentHash uint64
+	HasParent  bool
+	// TokenIDs are the tokens of the stored blocks, concatenated:
+	// len(BlockHashes)*BlockSize of them.
+	TokenIDs []uint32
+	// BlockSize is the number of tokens one engine block holds.
+	BlockSize int
+	// LoraID is vLLM's lora_id (0: no adapter). LoraName is lora_name
+	// ("" for None).
+	LoraID   int64
+	LoraName string
+	// Medium is where the blocks live ("GPU", "CPU", ...; "" for None).
+	Medium string
+	// GroupIdx is the KV-cache group of hybrid models (0 for None).
+	GroupIdx int64
+}
+
+// Batch is a KVEventBatch: the events one publish call carried.
+type Batch struct {
+	// TS is the publisher's wall clock in seconds since the Unix epoch
+	// (Python's time.time()).
+	TS     float64
+	Events []Event
+	// DPRank is data_parallel_rank; HasDPRank is false for None (older
+	// vLLM has no such field).
+	DPRank    int64
+	HasDPRank bool
+}
+
+// Encoding selects one of the layouts vLLM has shipped (see the package
+// doc). All three decode with Decode.
+type Encoding uint8
+
+// The layouts.
+const (
+	EncodingArray Encoding = iota
+	EncodingArrayMapEvents
+	EncodingMap
+)
+
+// String names enc as configuration spells it.
+func (enc Encoding) String() string {
+	switch enc {
+	case EncodingArray:
+		return "array"
+	case EncodingArrayMapEvents:
+		return "array_map_events"
+	case EncodingMap:
+		return "map"
+	}
+	return fmt.Sprintf("Encoding(%d)", uint8(enc))
+}
+
+// ParseEncoding is the inverse of Encoding.String.
+func ParseEncoding(s string) (Encoding, error) {
+	for _, enc := range []Encoding{EncodingArray, EncodingArrayMapEvents, EncodingMap} {
+		if enc.String() == s {
+			return enc, nil
+		}
+	}
+	return 0, fmt.Errorf("vllm: unknown KV event encoding %q (known: array, array_map_events, map)", s)
+}
+
+// Sentinel errors of Decode; the messages wrapping them say where.
+var (
+	ErrMalformed = errors.New("vllm: malformed KV event batch")
+	errTrailing  = fmt.Errorf("%w: trailing bytes after the batch", ErrMalformed)
+)
+
+// maxDepth bounds the nesting of values Decode skips (extra_keys and unknown
+// future fields). vLLM nests a few levels; the bound keeps hostile input
+// from recursing as deep as it is long.
+const maxDepth = 32
+
+// Decode parses one KVEventBatch payload in any of the layouts vLLM has
+// shipped. It never panics on malformed input and allocates no more than the
+// payload's size justifies: every length is checked against the bytes left.
+func Decode(payload []byte) (Batch, error) {
+	d := decoder{buf: payload}
+	d.r.Reset(payload)
+	md := msgpack.GetDecoder()
+	defer msgpack.PutDecoder(md)
+	// A *bytes.Reader is an io.ByteScanner, so the msgpack decoder reads it
+	// directly, unbuffered: d.r.Len() is always the bytes not yet decoded,
+	// which the bounds checks and zero-copy string reads rely on.
+	md.Reset(&d.r)
+	d.d = md
+
+	b, err := d.batch()
+	if err != nil {
+		return Batch{}, err
+	}
+	if d.r.Len() != 0 {
+		return Batch{}, errTrailing
+	}
+	return b, nil
+}
+
+type decoder struct {
+	buf []byte
+	r   bytes.Reader
+	d   *msgpack.Decoder
+}
+
+func (d *decoder) fail(what string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("%w: %s at byte %d: %w", ErrMalformed, what, len(d.buf)-d.r.Len(), err)
+}
+
+func (d *decoder) failf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s at byte %d", ErrMalformed, fmt.Sprintf(format, args...), len(d.buf)-d.r.Len())
+}
+
+func (d *decoder) peek() (byte, error) {
+	c, err := d.d.PeekCode()
+	if err != nil {
+		return 0, d.fail("value", err)
+	}
+	return c, nil
+}
+
+// nilNext consumes a nil if one is next.
+func (d *decoder) nilNext() (bool, error) {
+	c, err := d.peek()
+	if err != nil || c != msgpcode.Nil {
+		return false, err
+	}
+	return true, d.d.Skip()
+}
+
+func isArray(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+
+func isMap(c byte) bool {
+	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+}
+
+func isInt(c byte) bool {
+	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Int64)
+}
+
+// arrayLen reads an array header; each element takes at least one byte, so a
+// count beyond the bytes left is a lie and is rejected before anything is
+// allocated for it.
+func (d *decoder) arrayLen(what string) (int, error) {
+	c, err := d.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !isArray(c) {
+		return 0, d.failf("%s: want array, got code 0x%02x", what, c)
+	}
+	n, err := d.d.DecodeArrayLen()
+	if err != nil {
+		return 0, d.fail(what, err)
+	}
+	if n > d.r.Len() {
+		return 0, d.failf("%s: array of %d elements in %d bytes", what, n, d.r.Len())
+	}
+	return n, nil
+}
+
+func (d *decoder) mapLen(what string) (int, error) {
+	c, err := d.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !isMap(c) {
+		return 0, d.failf("%s: want map, got code 0x%02x", what, c)
+	}
+	n, err := d.d.DecodeMapLen()
+	if err != nil {
+		return 0, d.fail(what, err)
+	}
+	if n > d.r.Len()/2 {
+		return 0, d.failf("%s: map of %d entries in %d bytes", what, n, d.r.Len())
+	}
+	return n, nil
+}
+
+// raw returns the bytes of the str or bin value next, as a slice of the
+// payload (no copy; callers copy what they keep).
+func (d *decoder) raw(what string) ([]byte, error) {
+	c, err := d.peek()
+	if err != nil {
+		return nil, err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return nil, d.failf("%s: want str or bin, got code 0x%02x", what, c)
+	}
+	n, err := d.d.DecodeBytesLen()
+	if err != nil {
+		return nil, d.fail(what, err)
+	}
+	if n > d.r.Len() {
+		return nil, d.failf("%s: %d bytes announced, %d left", what, n, d.r.Len())
+	}
+	off := len(d.buf) - d.r.Len()
+	if _, err := d.r.Seek(int64(n), io.SeekCurrent); err != nil {
+		return nil, d.fail(what, err)
+	}
+	return d.buf[off : off+n : off+n], nil
+}
+
+// str reads a str (or bin) value, nil as "". Common values are interned so
+// per-event strings do not allocate.
+func (d *decoder) str(what string) (string, error) {
+	if isNil, err := d.nilNext(); isNil || err != nil {
+		return "", err
+	}
+	b, err := d.raw(what)
+	if err != nil {
+		return "", err
+	}
+	if string(b) == MediumGPU {
+		return MediumGPU, nil
+	}
+	return string(b), nil
+}
+
+// int reads an integer (nil as 0).
+func (d *decoder) int(what string) (int64, error) {
+	c, err := d.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Nil {
+		return 0, d.d.Skip()
+	}
+	if !isInt(c) {
+		return 0, d.failf("%s: want integer, got code 0x%02x", what, c)
+	}
+	if c == msgpcode.Uint64 {
+		u, err := d.d.DecodeUint64()
+		if err != nil {
+			return 0, d.fail(what, err)
+		}
+		if u > math.MaxInt64 {
+			return 0, d.failf("%s: %d out of range", what, u)
+		}
+		return int64(u), nil
+	}
+	v, err := d.d.DecodeInt64()
+	if err != nil {
+		return 0, d.fail(what, err)
+	}
+	return v, nil
+}
+
+// hash reads one block hash: an integer of either sign, kept as its 64-bit
+// pattern, or bytes folded as vLLM folds them (see the package doc).
+func (d *decoder) hash(what string) (uint64, error) {
+	c, err := d.peek()
+	if err != nil {
+		return 0, err
+	}
+	if isInt(c) {
+		// DecodeUint64 returns the two's-complement bits of negative ints.
+		h, err := d.d.DecodeUint64()
+		if err != nil {
+			return 0, d.fail(what, err)
+		}
+		return h, nil
+	}
+	b, err := d.raw(what)
+	if err != nil {
+		return 0, err
+	}
+	return FoldHash(b), nil
+}
+
+// FoldHash maps a byte-string block hash to the uint64 vLLM would have sent
+// in int mode: the bytes as a big-endian integer, masked to 64 bits.
+func FoldHash(b []byte) uint64 {
+	if len(b) >= 8 {
+		return binary.BigEndian.Uint64(b[len(b)-8:])
+	}
+	var h uint64
+	for _, x := range b {
+		h = h<<8 | uint64(x)
+	}
+	return h
+}
+
+func (d *decoder) hashes(what string) ([]uint64, error) {
+	n, err := d.arrayLen(what)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		if out[i], err = d.hash(what); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (d *decoder) tokens() ([]uint32, error) {
+	n, err := d.arrayLen("token_ids")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint32, n)
+	for i := range out {
+		v, err := d.int("token_ids")
+		if err != nil {
+			return nil, err
+		}
+		if v < 0 || v > math.MaxUint32 {
+			return nil, d.failf("token_ids: token %d out of range", v)
+		}
+		out[i] = uint32(v)
+	}
+	return out, nil
+}
+
+func (d *decoder) float(what string) (float64, error) {
+	c, err := d.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c != msgpcode.Double && c != msgpcode.Float && !isInt(c) {
+		return 0, d.failf("%s: want number, got code 0x%02x", what, c)
+	}
+	f, err := d.d.DecodeFloat64()
+	if err != nil {
+		return 0, d.fail(what, err)
+	}
+	return f, nil
+}
+
+// skip steps over one value of any type, bounded in depth and checked in
+// length.
+func (d *decoder) skip(depth int) error {
+	if depth > maxDepth {
+		return d.failf("values nested deeper than %d", maxDepth)
+	}
+	c, err := d.peek()
+	if err != nil {
+		return err
+	}
+	switch {
+	case isArray(c):
+		n, err := d.arrayLen("value")
+		if err != nil {
+			return err
+		}
+		for range n {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case isMap(c):
+		n, err := d.mapLen("value")
+		if err != nil {
+			return err
+		}
+		for range 2 * n {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		_, err := d.raw("value")
+		return err
+	case msgpcode.IsExt(c):
+		return d.failf("msgpack extension type 0x%02x not used by vLLM", c)
+	}
+	if err := d.d.Skip(); err != nil {
+		return d.fail("value", err)
+	}
+	return nil
+}
+
+func (d *decoder) batch() (Batch, error) {
+	var b Batch
+	c, err := d.peek()
+	if err != nil {
+		return b, err
+	}
+	if isArray(c) {
+		n, err := d.arrayLen("batch")
+		if err != nil {
+			return b, err
+		}
+		if n < 2 {
+			return b, d.failf("batch: %d fields, want ts and events", n)
+		}
+		if b.TS, err = d.float("ts"); err != nil {
+			return b, err
+		}
+		if b.Events, err = d.events(); err != nil {
+			return b, err
+		}
+		if n >= 3 {
+			if b.DPRank, b.HasDPRank, err = d.optInt("data_parallel_rank"); err != nil {
+				return b, err
+			}
+		}
+		for i := 3; i < n; i++ {
+			if err := d.skip(1); err != nil {
+				return b, err
+			}
+		}
+		return b, nil
+	}
+	n, err := d.mapLen("batch")
+	if err != nil {
+		return b, err
+	}
+	var sawTS, sawEvents bool
+	for range n {
+		k, err := d.raw("batch key")
+		if err != nil {
+			return b, err
+		}
+		switch string(k) {
+		case "ts":
+			b.TS, err = d.float("ts")
+			sawTS = true
+		case "events":
+			b.Events, err = d.events()
+			sawEvents = true
+		case "data_parallel_rank":
+			b.DPRank, b.HasDPRank, err = d.optInt("data_parallel_rank")
+		default:
+			err = d.skip(1)
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	if !sawTS || !sawEvents {
+		return b, d.failf("batch: ts or events missing")
+	}
+	return b, nil
+}
+
+func (d *decoder) optInt(what string) (int64, bool, error) {
+	if isNil, err := d.nilNext(); isNil || err != nil {
+		return 0, false, err
+	}
+	v, err := d.int(what)
+	return v, err == nil, err
+}
+
+func (d *decoder) events() ([]Event, error) {
+	n, err := d.arrayLen("events")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Event, n)
+	for i := range out {
+		c, err := d.peek()
+		if err != nil {
+			return nil, err
+		}
+		if isArray(c) {
+			err = d.arrayEvent(&out[i])
+		} else {
+			err = d.mapEvent(&out[i])
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (d *decoder) kind(what string) (Kind, error) {
+	tag, err := d.raw(what)
+	if err != nil {
+		return 0, err
+	}
+	switch string(tag) {
+	case tagBlockStored:
+		return BlockStored, nil
+	case tagBlockRemoved:
+		return BlockRemoved, nil
+	case tagAllBlocksCleared:
+		return AllBlocksCleared, nil
+	}
+	return 0, d.failf("unknown event tag %q", tag)
+}
+
+// Positional fields of each kind after the tag, in vLLM's declaration order.
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
+)
+
+func fieldsOf(k Kind) []string {
+	switch k {
+	case BlockStored:
+		return storedFields
+	case BlockRemoved:
+		return removedFields
+	}
+	return nil
+}
+
+// required is how many leading fields an array event must carry: the ones
+// every vLLM version has and that have no default.
+func required(k Kind) int {
+	switch k {
+	case BlockStored:
+		return 4 // block_hashes, parent_block_hash, token_ids, block_size
+	case BlockRemoved:
+		return 1 // block_hashes
+	}
+	return 0
+}
+
+func (d *decoder) arrayEvent(ev *Event) error {
+	n, err := d.arrayLen("event")
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return d.failf("event: empty array, want tag first")
+	}
+	if ev.Kind, err = d.kind("event tag"); err != nil {
+		return err
+	}
+	n--
+	if n < required(ev.Kind) {
+		return d.failf("%s: %d fields, want at least %d", ev.Kind, n, required(ev.Kind))
+	}
+	fields := fieldsOf(ev.Kind)
+	for i := range n {
+		if i < len(fields) {
+			err = d.field(ev, fields[i])
+		} else {
+			err = d.skip(1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *decoder) mapEvent(ev *Event) error {
+	n, err := d.mapLen("event")
+	if err != nil {
+		return err
+	}
+	// The tag may come anywhere (msgspec writes it first), so fields are
+	// collected into the union Event and checked against the kind at the
+	// end.
+	var sawHashes, sawTokens, sawSize bool
+	for range n {
+		k, err := d.raw("event key")
+		if err != nil {
+			return err
+		}
+		key := string(k)
+		switch key {
+		case "type":
+			ev.Kind, err = d.kind("event type")
+		case "block_hashes", "parent_block_hash", "token_ids", "block_size",
+			"lora_id", "medium", "lora_name", "group_idx":
+			sawHashes = sawHashes || key == "block_hashes"
+			sawTokens = sawTokens || key == "token_ids"
+			sawSize = sawSize || key == "block_size"
+			err = d.field(ev, key)
+		default:
+			err = d.skip(1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	switch ev.Kind {
+	case BlockStored:
+		if !sawHashes || !sawTokens || !sawSize {
+			return d.failf("BlockStored: block_hashes, token_ids or block_size missing")
+		}
+	case BlockRemoved:
+		if !sawHashes {
+			return d.failf("BlockRemoved: block_hashes missing")
+		}
+	case AllBlocksCleared:
+	default:
+		return d.failf("event: no type")
+	}
+	return nil
+}
+
+// field decodes the value of one named field into ev.
+func (d *decoder) field(ev *Event, name string) error {
+	var err error
+	switch name {
+	case "block_hashes":
+		ev.BlockHashes, err = d.hashes(name)
+	case "parent_block_hash":
+		var isNil bool
+		if isNil, err = d.nilNext(); err == nil && !isNil {
+			ev.ParentHash, err = d.hash(name)
+			ev.HasParent = err == nil
+		}
+	case "token_ids":
+		ev.TokenIDs, err = d.tokens()
+	case "block_size":
+		var v int64
+		if v, err = d.int(name); err == nil {
+			if v <= 0 || v > math.MaxInt32 {
+				return d.failf("block_size %d out of range", v)
+			}
+			ev.BlockSize = int(v)
+		}
+	case "lora_id":
+		ev.LoraID, err = d.int(name)
+	case "medium":
+		ev.Medium, err = d.str(name)
+	case "lora_name":
+		ev.LoraName, err = d.str(name)
+	case "group_idx":
+		ev.GroupIdx, err = d.int(name)
+	default:
+		err = d.skip(1)
+	}
+	return err
+}
+
+// Encode appends b to dst in layout enc and returns the extended slice.
+// Fields are written as msgspec writes them: required fields always (None
+// as nil), defaulted fields only when they differ from their default.
+// Block hashes are written as integers (vLLM's int mode).
+func Encode(dst []byte, b *Batch, enc Encoding) ([]byte, error) {
+	if enc > EncodingMap {
+		return dst, fmt.Errorf("vllm: unknown KV event encoding %d", enc)
+	}
+	w := appendWriter{b: dst}
+	e := msgpack.GetEncoder()
+	defer msgpack.PutEncoder(e)
+	e.Reset(&w)
+	en := encoder{e: e}
+	en.batch(b, enc)
+	return w.b, en.err
+}
+
+// appendWriter is the io.Writer the msgpack encoder appends through; it
+// implements WriteByte and WriteString so the encoder uses it unbuffered.
+type appendWriter struct{ b []byte }
+
+func (w *appendWriter) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	return len(p), nil
+}
+
+func (w *appendWriter) WriteByte(c byte) error {
+	w.b = append(w.b, c)
+	return nil
+}
+
+func (w *appendWriter) WriteString(s string) (int, error) {
+	w.b = append(w.b, s...)
+	return len(s), nil
+}
+
+// encoder keeps the first error so the layout code reads as a sequence of
+// writes. (appendWriter never fails; an unknown Kind does.)
+type encoder struct {
+	e   *msgpack.Encoder
+	err error
+}
+
+func (en *encoder) keep(err error) {
+	if en.err == nil {
+		en.err = err
+	}
+}
+
+func (en *encoder) arrayLen(n int) { en.keep(en.e.EncodeArrayLen(n)) }
+func (en *encoder) mapLen(n int)   { en.keep(en.e.EncodeMapLen(n)) }
+func (en *encoder) str(s string)   { en.keep(en.e.EncodeString(s)) }
+func (en *encoder) int(v int64)    { en.keep(en.e.EncodeInt(v)) }
+func (en *encoder) null()          { en.keep(en.e.EncodeNil()) }
+
+// optStr writes s, or nil for "".
+func (en *encoder) optStr(s string) {
+	if s == "" {
+		en.null()
+		return
+	}
+	en.str(s)
+}
+
+// optInt writes v, or nil for 0.
+func (en *encoder) optInt(v int64) {
+	if v == 0 {
+		en.null()
+		return
+	}
+	en.int(v)
+}
+
+func (en *encoder) hashes(hs []uint64) {
+	en.arrayLen(len(hs))
+	for _, h := range hs {
+		en.keep(en.e.EncodeUint(h))
+	}
+}
+
+func (en *encoder) batch(b *Batch, enc Encoding) {
+	n := 2
+	if b.HasDPRank {
+		n = 3
+	}
+	if enc == EncodingMap {
+		en.mapLen(n)
+		en.str("ts")
+	} else {
+		en.arrayLen(n)
+	}
+	en.keep(en.e.EncodeFloat64(b.TS))
+	if enc == EncodingMap {
+		en.str("events")
+	}
+	en.arrayLen(len(b.Events))
+	for i := range b.Events {
+		en.event(&b.Events[i], enc == EncodingArray)
+	}
+	if b.HasDPRank {
+		if enc == EncodingMap {
+			en.str("data_parallel_rank")
+		}
+		en.int(b.DPRank)
+	}
+}
+
+// event writes ev as an array (tag first) or as a map (tag under "type").
+// In both, required fields are written and group_idx only when set; in the
+// array layout extra_keys is then written as nil to keep group_idx at its
+// position.
+func (en *encoder) event(ev *Event, array bool) {
+	var n int
+	switch ev.Kind {
+	case BlockStored:
+		n = 7 // block_hashes .. lora_name
+		if ev.GroupIdx != 0 {
+			n++ // group_idx
+			if array {
+				n++ // extra_keys before it
+			}
+		}
+	case BlockRemoved:
+		n = 2 // block_hashes, medium
+		if ev.GroupIdx != 0 {
+			n++
+		}
+	case AllBlocksCleared:
+	default:
+		en.keep(fmt.Errorf("vllm: cannot encode event of %v", ev.Kind))
+		return
+	}
+	key := func(string) {}
+	if array {
+		en.arrayLen(n + 1)
+		en.str(ev.Kind.String())
+	} else {
+		en.mapLen(n + 1)
+		en.str("type")
+		en.str(ev.Kind.String())
+		key = en.str
+	}
+	switch ev.Kind {
+	case BlockStored:
+		key("block_hashes")
+		en.hashes(ev.BlockHashes)
+		key("parent_block_hash")
+		if ev.HasParent {
+			en.keep(en.e.EncodeUint(ev.ParentHash))
+		} else {
+			en.null()
+		}
+		key("token_ids")
+		en.arrayLen(len(ev.TokenIDs))
+		for _, t := range ev.TokenIDs {
+			en.keep(en.e.EncodeUint(uint64(t)))
+		}
+		key("block_size")
+		en.int(int64(ev.BlockSize))
+		key("lora_id")
+		en.optInt(ev.LoraID)
+		key("medium")
+		en.optStr(ev.Medium)
+		key("lora_name")
+		en.optStr(ev.LoraName)
+		if ev.GroupIdx != 0 {
+			if array {
+				en.null() // extra_keys
+			}
+			key("group_idx")
+			en.int(ev.GroupIdx)
+		}
+	case BlockRemoved:
+		key("block_hashes")
+		en.hashes(ev.BlockHashes)
+		key("medium")
+		en.optStr(ev.Medium)
+		if ev.GroupIdx != 0 {
+			key("group_idx")
+			en.int(ev.GroupIdx)
+		}
+	}
+}

@@ -1,0 +1,319 @@
+package vllm
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// unhex turns a fixture written as commented hex (one msgpack item a line)
+// into bytes; everything after '#' on a line is a comment.
+func unhex(t testing.TB, s string) []byte {
+	t.Helper()
+	var clean strings.Builder
+	for line := range strings.SplitSeq(s, "\n") {
+		if i := strings.IndexByte(line, '#'); i >= 0 {
+			line = line[:i]
+		}
+		clean.WriteString(strings.Join(strings.Fields(line), ""))
+	}
+	b, err := hex.DecodeString(clean.String())
+	if err != nil {
+		t.Fatalf("fixture: %v", err)
+	}
+	return b
+}
+
+// hexStr is the hex of a string's bytes, for fixtures.
+func hexStr(s string) string { return hex.EncodeToString([]byte(s)) }
+
+// Fixture (a): the array layout of early vLLM (EventBatch and KVCacheEvent
+// both array_like=True; BlockStored with five fields ending at lora_id,
+// BlockRemoved with block_hashes only; Python hash() block hashes, which can
+// be negative).
+var fixtureArray = `
+92                          # EventBatch [ts, events]
+cb 3ff8000000000000         # ts 1.5
+93                          # events: 3
+ 96                         # BlockStored, 5 fields after the tag
+  ab ` + hexStr("BlockStored") + `
+  93                        # block_hashes
+   cf fedcba9876543210      #   uint64 above MaxInt64
+   fe                       #   -2 (negative fixint)
+   d3 8000000000000000      #   math.MinInt64
+  c0                        # parent_block_hash None
+  9c 01 02 03 04 05 06 07 08 cc c8 cd 0100 ce 00010000 7f   # token_ids: 12
+  04                        # block_size 4
+  c0                        # lora_id None
+ 92                         # BlockRemoved
+  ac ` + hexStr("BlockRemoved") + `
+  91 fe                     # block_hashes [-2]
+ 91 b0 ` + hexStr("AllBlocksCleared") + `
+`
+
+// Fixture (c): the map layout of current vLLM, with hashes as bytes (the
+// raw 32-byte digest) and fields newer than this decoder (extra_keys,
+// kv_cache_spec_kind) that must be skipped.
+var fixtureMap = `
+83                          # KVEventBatch {ts, events, data_parallel_rank}
+a2 ` + hexStr("ts") + ` cb 41d954fc40100000   # 1700000000.25
+a6 ` + hexStr("events") + `
+92
+ 8b                         # BlockStored: 11 entries
+  a4 ` + hexStr("type") + ` ab ` + hexStr("BlockStored") + `
+  ac ` + hexStr("block_hashes") + `
+   91 c4 20 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
+  b1 ` + hexStr("parent_block_hash") + `
+   c4 20 ffffffffffffffffffffffffffffffffffffffffffffffff0000000000000007
+  a9 ` + hexStr("token_ids") + ` 92 0a 0b
+  aa ` + hexStr("block_size") + ` 02
+  a7 ` + hexStr("lora_id") + ` 07
+  a6 ` + hexStr("medium") + ` a3 ` + hexStr("GPU") + `
+  a9 ` + hexStr("lora_name") + ` a5 ` + hexStr("sql-x") + `
+  aa ` + hexStr("extra_keys") + ` 91 92 a3 ` + hexStr("abc") + ` c0
+  a9 ` + hexStr("group_idx") + ` 01
+  b2 ` + hexStr("kv_cache_spec_kind") + ` ae ` + hexStr("full_attention") + `
+ 84                         # BlockRemoved: 4 entries, type not first
+  ac ` + hexStr("block_hashes") + ` 92 01 c4 03 010203
+  a4 ` + hexStr("type") + ` ac ` + hexStr("BlockRemoved") + `
+  a6 ` + hexStr("medium") + ` a3 ` + hexStr("CPU") + `
+  a9 ` + hexStr("group_idx") + ` 02
+b2 ` + hexStr("data_parallel_rank") + ` 03
+`
+
+// fixtureArrayMapEvents builds layout (b) (EventBatch array_like, events
+// tagged maps) with msgpack's low-level encoder, field by field in msgspec's
+// order, independently of Encode.
+func fixtureArrayMapEvents(t testing.TB) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(e.EncodeArrayLen(3)) // ts, events, data_parallel_rank
+	must(e.EncodeFloat64(42.0))
+	must(e.EncodeArrayLen(2))
+	// BlockStored with every required field and omitted defaults.
+	must(e.EncodeMapLen(8))
+	for _, kv := range []struct {
+		k string
+		v any
+	}{
+		{"type", "BlockStored"},
+		{"block_hashes", []int64{-7, 9}},
+		{"parent_block_hash", int64(-1)},
+		{"token_ids", []uint32{100, 200, 300, 400}},
+		{"block_size", 2},
+		{"lora_id", nil},
+		{"medium", "GPU"},
+		{"lora_name", nil},
+	} {
+		must(e.EncodeString(kv.k))
+		must(e.Encode(kv.v))
+	}
+	must(e.EncodeMapLen(1))
+	must(e.EncodeString("type"))
+	must(e.EncodeString("AllBlocksCleared"))
+	must(e.EncodeInt(0)) // data_parallel_rank 0
+	return buf.Bytes()
+}
+
+func TestDecodeFixtures(t *testing.T) {
+	f := func(name string, payload []byte, want Batch) {
+		t.Helper()
+		got, err := Decode(payload)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s:\n got %+v\nwant %+v", name, got, want)
+		}
+	}
+	minInt64 := uint64(1) << 63
+	f("array", unhex(t, fixtureArray), Batch{
+		TS: 1.5,
+		Events: []Event{
+			{
+				Kind:        BlockStored,
+				BlockHashes: []uint64{0xfedcba9876543210, ^uint64(1), minInt64},
+				TokenIDs:    []uint32{1, 2, 3, 4, 5, 6, 7, 8, 200, 256, 65536, 127},
+				BlockSize:   4,
+			},
+			{Kind: BlockRemoved, BlockHashes: []uint64{^uint64(1)}},
+			{Kind: AllBlocksCleared},
+		},
+	})
+	f("array_map_events", fixtureArrayMapEvents(t), Batch{
+		TS: 42,
+		Events: []Event{
+			{
+				Kind:        BlockStored,
+				BlockHashes: []uint64{^uint64(6), 9},
+				ParentHash:  ^uint64(0),
+				HasParent:   true,
+				TokenIDs:    []uint32{100, 200, 300, 400},
+				BlockSize:   2,
+				Medium:      MediumGPU,
+			},
+			{Kind: AllBlocksCleared},
+		},
+		HasDPRank: true,
+	})
+	f("map", unhex(t, fixtureMap), Batch{
+		TS: 1700000000.25,
+		Events: []Event{
+			{
+				Kind:        BlockStored,
+				BlockHashes: []uint64{0x18191a1b1c1d1e1f},
+				ParentHash:  7,
+				HasParent:   true,
+				TokenIDs:    []uint32{10, 11},
+				BlockSize:   2,
+				LoraID:      7,
+				LoraName:    "sql-x",
+				Medium:      MediumGPU,
+				GroupIdx:    1,
+			},
+			{Kind: BlockRemoved, BlockHashes: []uint64{1, 0x010203}, Medium: "CPU", GroupIdx: 2},
+		},
+		DPRank:    3,
+		HasDPRank: true,
+	})
+}
+
+func TestFoldHash(t *testing.T) {
+	f := func(in string, want uint64) {
+		t.Helper()
+		b, _ := hex.DecodeString(in)
+		if got := FoldHash(b); got != want {
+			t.Fatalf("FoldHash(%s) = %#x, want %#x", in, got, want)
+		}
+	}
+	f("", 0)
+	f("01", 1)
+	f("0102", 0x0102)
+	f("0102030405060708", 0x0102030405060708)
+	f("ff0102030405060708", 0x0102030405060708) // masked to 64 bits
+}
+
+func TestDecodeRejects(t *testing.T) {
+	f := func(name, payload string) {
+		t.Helper()
+		_, err := Decode(unhex(t, payload))
+		if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("%s: err = %v, want ErrMalformed", name, err)
+		}
+		t.Logf("%s: %v", name, err)
+	}
+	f("empty", "")
+	f("not a container", "05")
+	f("batch too short", "91 cb 3ff8000000000000")
+	f("ts not a number", "92 a1 78 90")
+	f("events not an array", "92 cb 3ff8000000000000 05")
+	f("array claims more than the payload", "92 cb 3ff8000000000000 dd ffffffff")
+	f("map claims more than the payload", "82 a2 "+hexStr("ts")+" 01 a1 78 df ffffffff")
+	f("string claims more than the payload", "92 cb 3ff8000000000000 91 91 db ffffffff 00")
+	f("unknown tag", "92 cb 3ff8000000000000 91 91 a3 666f6f")
+	f("tag not a string", "92 cb 3ff8000000000000 91 91 01")
+	f("empty event array", "92 cb 3ff8000000000000 91 90")
+	f("BlockStored missing fields", "92 cb 3ff8000000000000 91 92 ab "+hexStr("BlockStored")+" 90")
+	f("hash of wrong type", "92 cb 3ff8000000000000 91 92 ac "+hexStr("BlockRemoved")+" 91 c3")
+	f("negative token", "92 cb 3ff8000000000000 91 95 ab "+hexStr("BlockStored")+" 90 c0 91 ff 01")
+	f("zero block size", "92 cb 3ff8000000000000 91 95 ab "+hexStr("BlockStored")+" 90 c0 90 00")
+	f("map event without type", "92 cb 3ff8000000000000 91 81 ac "+hexStr("block_hashes")+" 90")
+	f("map BlockStored without tokens", "92 cb 3ff8000000000000 91 82 a4 "+hexStr("type")+" ab "+hexStr("BlockStored")+" ac "+hexStr("block_hashes")+" 90")
+	f("map batch without events", "81 a2 "+hexStr("ts")+" 01")
+	f("trailing bytes", "92 cb 3ff8000000000000 90 00")
+	f("extension type", "94 cb 3ff8000000000000 90 c0 d4 01 02")
+	f("truncated", "92 cb 3ff80000")
+	// 40 nested arrays inside an ignored trailing batch field.
+	f("too deep", "94 cb 3ff8000000000000 90 c0"+strings.Repeat(" 91", 40)+" 00")
+}
+
+func TestEncodeRoundTrip(t *testing.T) {
+	b := Batch{
+		TS: 1700000123.5,
+		Events: []Event{
+			{Kind: BlockStored, BlockHashes: []uint64{1, ^uint64(0)}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: MediumGPU},
+			{Kind: BlockStored, BlockHashes: []uint64{5}, ParentHash: 1 << 63, HasParent: true, TokenIDs: []uint32{9, 0xffffffff}, BlockSize: 2, LoraID: 3, LoraName: "a", GroupIdx: 4},
+			{Kind: BlockRemoved, BlockHashes: []uint64{5, 1}, Medium: MediumGPU},
+			{Kind: BlockRemoved, BlockHashes: []uint64{}, GroupIdx: 1},
+			{Kind: AllBlocksCleared},
+		},
+	}
+	withRank := b
+	withRank.DPRank, withRank.HasDPRank = 2, true
+	empty := Batch{TS: 0, Events: []Event{}}
+	f := func(in Batch, enc Encoding) {
+		t.Helper()
+		p, err := Encode(nil, &in, enc)
+		if err != nil {
+			t.Fatalf("%v: %v", enc, err)
+		}
+		got, err := Decode(p)
+		if err != nil {
+			t.Fatalf("%v: decode: %v", enc, err)
+		}
+		if !reflect.DeepEqual(got, in) {
+			t.Fatalf("%v:\n got %+v\nwant %+v", enc, got, in)
+		}
+	}
+	for _, enc := range []Encoding{EncodingArray, EncodingArrayMapEvents, EncodingMap} {
+		f(b, enc)
+		f(withRank, enc)
+		f(empty, enc)
+	}
+}
+
+// TestEncodeLayouts pins the bytes Encode writes against the fixtures'
+// layouts: the array layout of a batch equals fixture (a) where the fixture
+// is expressible (Encode always writes medium and lora_name, which (a)'s
+// vLLM did not have, so compare a BlockRemoved-only batch), and the map
+// layout puts the tag first as msgspec does.
+func TestEncodeLayouts(t *testing.T) {
+	b := Batch{TS: 1.5, Events: []Event{{Kind: AllBlocksCleared}}}
+	got, err := Encode(nil, &b, EncodingArray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := unhex(t, "92 cb 3ff8000000000000 91 91 b0 "+hexStr("AllBlocksCleared"))
+	if !bytes.Equal(got, want) {
+		t.Fatalf("array layout:\n got %x\nwant %x", got, want)
+	}
+	got, err = Encode(nil, &b, EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = unhex(t, "82 a2 "+hexStr("ts")+" cb 3ff8000000000000 a6 "+hexStr("events")+
+		" 91 81 a4 "+hexStr("type")+" b0 "+hexStr("AllBlocksCleared"))
+	if !bytes.Equal(got, want) {
+		t.Fatalf("map layout:\n got %x\nwant %x", got, want)
+	}
+	if _, err := Encode(nil, &Batch{Events: []Event{{}}}, EncodingMap); err == nil {
+		t.Fatal("Encode of an event without a kind succeeded")
+	}
+	if _, err := Encode(nil, &b, Encoding(9)); err == nil {
+		t.Fatal("Encode with an unknown encoding succeeded")
+	}
+}
+
+func TestParseEncoding(t *testing.T) {
+	for _, enc := range []Encoding{EncodingArray, EncodingArrayMapEvents, EncodingMap} {
+		got, err := ParseEncoding(enc.String())
+		if err != nil || got != enc {
+			t.Fatalf("ParseEncoding(%q) = %v, %v", enc.String(), got, err)
+		}
+	}
+	if _, err := ParseEncoding("json"); err == nil || !strings.Contains(err.Error(), `"json"`) {
+		t.Fatalf("ParseEncoding(json) err = %v, want it to quote the value", err)
+	}
+}
