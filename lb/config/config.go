@@ -56,6 +56,10 @@ type Config struct {
 	// MaxBodyBytes is the largest request body accepted (default 8 MiB);
 	// larger ones get 413.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// MaxInFlight caps the requests the gateway works on at once (default 0,
+	// no cap); past it requests are shed at once with 429 and Retry-After
+	// rather than queued until they time out.
+	MaxInFlight int `yaml:"max_in_flight"`
 	// Upstream bounds the calls to pods.
 	Upstream Upstream `yaml:"upstream"`
 	// Health configures active checks, scrapes and passive ejection.
@@ -207,6 +211,9 @@ func (c *Config) Validate() error {
 	if c.MaxBodyBytes <= 0 {
 		return invalid("max_body_bytes", c.MaxBodyBytes, "must be positive")
 	}
+	if c.MaxInFlight < 0 {
+		return invalid("max_in_flight", c.MaxInFlight, "must not be negative (0 means no cap)")
+	}
 	for _, d := range []struct {
 		field string
 		v     time.Duration
@@ -248,7 +255,7 @@ func (c *Config) Validate() error {
 		if m.Policy == "" {
 			m.Policy = DefaultPolicy
 		}
-		if _, err := route.New(m.Policy, route.Options{}); err != nil {
+		if _, err := route.New(m.Policy, route.DefaultOptions()); err != nil {
 			return invalid(field+".policy", m.Policy, "is not a policy (known: "+strings.Join(route.Names(), ", ")+")")
 		}
 	}

@@ -26,6 +26,7 @@ func TestValidateRejects(t *testing.T) {
 	pod := "pods: [{model: m, address: '127.0.0.1:8001'}]\n"
 	f("listen: nope\n"+pod, `listen = "nope"`)
 	f("max_body_bytes: -1\n"+pod, "max_body_bytes = -1")
+	f("max_in_flight: -1\n"+pod, "max_in_flight = -1")
 	f("upstream: {response_timeout: 0s}\n"+pod, `upstream.response_timeout = "0s"`)
 	f("health: {eject_after_failures: 0}\n"+pod, "health.eject_after_failures = 0")
 	f("models: [{name: m, policy: fastest}]\n"+pod, `models[0].policy = "fastest"`)

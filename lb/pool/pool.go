@@ -159,7 +159,7 @@ func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
 		s.Pods = append(s.Pods, pod)
 		m := s.byName[pc.Model]
 		if m == nil {
-			pol, err := route.New(cfg.PolicyFor(pc.Model), route.Options{})
+			pol, err := route.New(cfg.PolicyFor(pc.Model), route.DefaultOptions())
 			if err != nil {
 				return nil, err
 			}

@@ -50,6 +50,9 @@ type Candidate struct {
 	PrefillTokensPerSec float64
 	// Weight scales the pod's share of traffic (default 1).
 	Weight float64
+	// IndexedBlocks is how many blocks the prefix index believes the pod
+	// holds: how full its cache is, as the gateway sees it.
+	IndexedBlocks int
 
 	// Scraped from the engine's /metrics.
 	HasMetrics bool
@@ -120,8 +123,47 @@ func Argmin(s []float64, rnd uint64) int {
 var ErrUnknownPolicy = errors.New("route: unknown policy")
 
 // Options carries the knobs of every policy; New reads those of the policy
-// it builds. The zero value means "every default".
-type Options struct{}
+// it builds. Start from DefaultOptions: zero is a meaningful value for some
+// knobs.
+type Options struct {
+	// MinMatchPct: prefix matches below this percentage of the prompt count
+	// as no match (prefix_cache, hybrid_cache_load; seed 001's
+	// AIBRIX_MIN_MATCH_PCT, default 0 = off).
+	MinMatchPct float64
+	// StdDevFactor: prefix_cache skips pods whose in-flight count is more
+	// than this many standard deviations above the mean (default 1).
+	StdDevFactor float64
+	// CacheThreshold: cache_aware routes by cache only when the best match
+	// covers more than this fraction of the prompt (default 0.3).
+	CacheThreshold float64
+	// BalanceAbsThreshold and BalanceRelThreshold: cache_aware counts the
+	// load as imbalanced, and routes to the least loaded pod, when the
+	// in-flight spread exceeds the absolute threshold and the maximum
+	// exceeds the relative threshold times the minimum (defaults 64, 1.5).
+	BalanceAbsThreshold float64
+	BalanceRelThreshold float64
+}
+
+// Defaults of Options, as SGLang's model gateway (cache_aware) and seed 001
+// (prefix_cache) ship them.
+const (
+	DefaultMinMatchPct         = 0
+	DefaultStdDevFactor        = 1
+	DefaultCacheThreshold      = 0.3
+	DefaultBalanceAbsThreshold = 64
+	DefaultBalanceRelThreshold = 1.5
+)
+
+// DefaultOptions returns every knob at its default.
+func DefaultOptions() Options {
+	return Options{
+		MinMatchPct:         DefaultMinMatchPct,
+		StdDevFactor:        DefaultStdDevFactor,
+		CacheThreshold:      DefaultCacheThreshold,
+		BalanceAbsThreshold: DefaultBalanceAbsThreshold,
+		BalanceRelThreshold: DefaultBalanceRelThreshold,
+	}
+}
 
 // registry lists every policy by name: one explicit table rather than
 // init-time registration, so the set of policies is visible in one place.
@@ -132,6 +174,11 @@ var registry = []struct {
 	{"random", func(Options) Policy { return Random{} }},
 	{"round_robin", func(Options) Policy { return &RoundRobin{} }},
 	{"least_request", func(Options) Policy { return ScorePolicy{LeastRequest{}} }},
+	{"least_queue", func(Options) Policy { return ScorePolicy{LeastQueue{}} }},
+	{"cache_only", func(Options) Policy { return ScorePolicy{CacheOnly{}} }},
+	{"min_ttft", func(Options) Policy { return ScorePolicy{MinTTFT{}} }},
+	{"prefix_cache", func(o Options) Policy { return ScorePolicy{PrefixCache{o}} }},
+	{"cache_aware", func(o Options) Policy { return CacheAware{o} }},
 }
 
 // New builds the policy called name.
