@@ -1,0 +1,314 @@
+// Package ledger keeps the gateway's token ledgers: how many prompt tokens
+// each prefill pod is computing (active) and holding as KV (kv), and how many
+// each decode pod holds (decode), charged when the router picks a pod and
+// released as the request moves on. Seed 001's "Token Load Scoring Policy"
+// defines the charges, the lifecycle and the knobs; the scorers that read
+// these counters live in lb/route (token_load, hybrid_cache_load,
+// decode_token_load). The ledger keeps score, it never picks.
+//
+// Hot path: a charge is one clock read, one sharded-table insert and a few
+// atomic adds on the pod's own cache lines; a release is one table update
+// and atomic subtractions. Pods are addressed by the gateway's dense int32
+// index, so no request ever hashes a pod name.
+package ledger
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// podSlot is one pod's counters. Each slot is its own 128-byte allocation;
+// Go's 128-byte size class starts objects on 128-byte boundaries, so two
+// pods never share a cache line, nor the adjacent-line pair x86 prefetches
+// together, and charges on different pods never contend.
+type podSlot struct {
+	active     atomic.Int64 // prefill tokens being computed (tokens)
+	kv         atomic.Int64 // prefill tokens whose KV is still resident (tokens)
+	decode     atomic.Int64 // prompt tokens held by decode requests (tokens)
+	decodeReqs atomic.Int64 // outstanding decode charges
+	// routedMs is Σ routed_at over the outstanding decode charges, in
+	// milliseconds of the ledger clock: the output-growth term needs
+	// Σ (now − routed_at) = decodeReqs × now − routedMs. Milliseconds keep
+	// the sum far from overflow (2^63 ms is 292 million years).
+	routedMs atomic.Int64
+	// ops counts charges, so the janitor can tell "untouched" without a
+	// clock read on the hot path. Releases need not count: a pod seen at zero
+	// by two sweeps with no charge between them held nothing in between.
+	ops     atomic.Uint64
+	dropped atomic.Bool // janitor dropped the pod's series; the next charge revives it
+	// remote is the other gateway replicas' decode load on this pod, from
+	// the shared ledger's last sync; nil when there is none.
+	remote atomic.Pointer[remoteLoad]
+	_      [64]byte
+}
+
+// Compile-time check that podSlot fills its size class exactly.
+var _ [0]struct{} = [unsafe.Sizeof(podSlot{}) - 128]struct{}{}
+
+// remoteLoad is the other replicas' decode charges on one pod, as of the
+// local clock asOfMs.
+type remoteLoad struct {
+	tokens int64
+	reqs   int64
+	ageMs  int64 // Σ (asOf − routed_at) over their outstanding requests
+	asOfMs int64
+}
+
+// pod is the slow-path registry entry of a pod; slot is its hot part.
+type pod struct {
+	slot  *podSlot
+	name  string
+	index int32 // in the current table, -1 when the gateway no longer has it
+	// series are the metric names with this pod's label, built once.
+	series [3]string
+	// Janitor state: ops as last seen, and since when the pod is known to
+	// have sat at zero with no charge (-1: it is not).
+	seenOps   uint64
+	zeroSince int64
+}
+
+// Prompt is what a prefill charge is computed from. The caller owns it.
+type Prompt struct {
+	// Tokens is prompt_tokens (tokens).
+	Tokens int64
+	// Model and SessionKey key the session-delta rule; SessionKey is the
+	// caller-owned session header, "" for none. Both are copied when stored.
+	Model      string
+	SessionKey string
+	// Matched says the scorer looked the prompt up in the prefix index
+	// (hybrid_cache_load); MatchPct is then the selected pod's match, in
+	// percent of the prompt.
+	Matched  bool
+	MatchPct float64
+}
+
+// Env is what a Ledger needs from its surroundings; every field is
+// optional.
+type Env struct {
+	// Now returns monotonic nanoseconds (default: time since New). Tests
+	// inject a fake clock.
+	Now func() int64
+	// Logger receives the TTL force-release warnings (default slog.Default()).
+	Logger *slog.Logger
+	// OnDrop is called by the janitor, outside any lock, after it dropped a
+	// pod's counters, so the gateway can drop other per-pod state. The
+	// ledger's own series disappear from WritePrometheus by themselves.
+	OnDrop func(name string)
+}
+
+// Ledger is the prefill and decode token ledger of one gateway. Safe for
+// concurrent use.
+type Ledger struct {
+	requestCost int64
+	minMatchPct float64
+	ttl         int64 // ns
+	now         func() int64
+	log         *slog.Logger
+	onDrop      func(string)
+
+	table    atomic.Pointer[[]*podSlot] // gateway pod index → slot
+	charges  chargeTable
+	sessions sessionTable
+
+	// selection serializes a selection with its charge (LockSelection).
+	selection sync.Mutex
+
+	mu     sync.Mutex // guards byName and pods; slow path only
+	byName map[string]*pod
+	pods   []*pod // registration order, for stable metric output
+}
+
+// New returns an empty ledger. cfg must have passed Validate.
+func New(cfg Config, env Env) *Ledger {
+	l := &Ledger{
+		requestCost: cfg.RequestCost,
+		minMatchPct: cfg.MinMatchPct,
+		ttl:         int64(cfg.TTLSeconds) * int64(time.Second),
+		now:         env.Now,
+		log:         env.Logger,
+		onDrop:      env.OnDrop,
+		byName:      map[string]*pod{},
+	}
+	if l.now == nil {
+		start := time.Now()
+		l.now = func() int64 { return int64(time.Since(start)) }
+	}
+	if l.log == nil {
+		l.log = slog.Default()
+	}
+	l.charges.init()
+	l.sessions.init(int64(cfg.SessionTTLSeconds)*int64(time.Second), int64(cfg.MaxSessions))
+	empty := []*podSlot{}
+	l.table.Store(&empty)
+	return l
+}
+
+// Now returns the ledger clock (monotonic nanoseconds), the time base of
+// Charge and Decode. The gateway reads it once per selection and passes the
+// reading to both, so a charge costs no clock read of its own.
+func (l *Ledger) Now() int64 { return l.now() }
+
+// SetPods tells the ledger which pod each gateway index names: names[i] is
+// pod i. Call it whenever the gateway publishes a new pool snapshot; it is
+// the slow path (a lock and a map lookup per pod). Counters follow the name,
+// not the index: a pod that moves to another index keeps its load, and an
+// index reused for another pod starts from that pod's own counters, while
+// releases of charges taken before the change still reach the pod they
+// charged.
+func (l *Ledger) SetPods(names []string) {
+	now := l.now()
+	tab := make([]*podSlot, len(names))
+	l.mu.Lock()
+	for _, p := range l.pods {
+		p.index = -1
+	}
+	for i, name := range names {
+		p := l.byName[name]
+		if p == nil {
+			p = &pod{slot: new(podSlot), name: name, zeroSince: now}
+			label := `{pod="` + labelEscaper.Replace(name) + `"}`
+			for j, family := range seriesFamilies {
+				p.series[j] = family + label
+			}
+			l.byName[name] = p
+			l.pods = append(l.pods, p)
+		}
+		p.index = int32(i)
+		tab[i] = p.slot
+	}
+	l.table.Store(&tab)
+	l.mu.Unlock()
+}
+
+// LockSelection serializes selections: the gateway holds it from reading
+// the ledger into its candidates until Charge returns, so concurrent
+// selections see each other's charges (seed 001: "in the same critical
+// section as the selection"). Charges and releases themselves never take
+// it.
+func (l *Ledger) LockSelection() { l.selection.Lock() }
+
+// UnlockSelection ends what LockSelection began.
+func (l *Ledger) UnlockSelection() { l.selection.Unlock() }
+
+// Charge charges request id to prefill pod prefill and decode pod decode
+// (gateway indices; -1 for none) at now, the Now reading the selection was
+// made at, and returns the prefill charge in tokens:
+// request_cost + new_tokens, where new_tokens is the first rule that
+// applies of session delta, prefix match and whole prompt. The decode pod
+// is charged the whole prompt, since it receives all of the prompt's KV.
+// Charging an id that already holds a charge releases the old one first,
+// so a retry on another pod moves the charge.
+func (l *Ledger) Charge(id uint64, prefill, decode int32, p *Prompt, now int64) int64 {
+	tab := *l.table.Load()
+	c := charge{at: now}
+	if prefill >= 0 {
+		c.prefill = tab[prefill]
+		c.active = l.requestCost + l.newTokens(p, now)
+		c.kv = c.active
+		s := c.prefill
+		s.active.Add(c.active)
+		s.kv.Add(c.kv)
+		s.touch()
+	}
+	if decode >= 0 {
+		c.decode = tab[decode]
+		c.decodeTokens = p.Tokens
+		c.routedMs = now / int64(time.Millisecond)
+		s := c.decode
+		s.decode.Add(c.decodeTokens)
+		s.decodeReqs.Add(1)
+		s.routedMs.Add(c.routedMs)
+		s.touch()
+	}
+	if old, ok := l.charges.swap(id, c); ok {
+		old.release()
+	}
+	return c.active
+}
+
+// newTokens is seed 001's new_tokens: the growth since the session's last
+// shorter prompt, else the prompt less its (thresholded) prefix match, else
+// the whole prompt.
+func (l *Ledger) newTokens(p *Prompt, now int64) int64 {
+	if d, ok := l.sessions.delta(p.Model, p.SessionKey, p.Tokens, now); ok {
+		return d
+	}
+	if p.Matched && p.MatchPct > 0 && p.MatchPct >= l.minMatchPct {
+		return int64(math.Round(float64(p.Tokens) * (1 - min(p.MatchPct, 100)/100)))
+	}
+	return p.Tokens
+}
+
+// PrefillDone releases the active part of id's prefill charge: the prefill
+// call returned and the pod only holds the KV now. Idempotent; unknown ids
+// are ignored.
+func (l *Ledger) PrefillDone(id uint64) {
+	if s, n := l.charges.takeActive(id); n != 0 {
+		s.active.Add(-n)
+	}
+}
+
+// Finish releases everything left of id's charges: the request completed,
+// or failed. Idempotent; unknown ids are ignored.
+func (l *Ledger) Finish(id uint64) {
+	if c, ok := l.charges.take(id); ok {
+		c.release()
+	}
+}
+
+// Prefill returns pod's prefill counters (tokens): the token_load score is
+// active + kv_weight × kv.
+func (l *Ledger) Prefill(pod int32) (active, kv int64) {
+	s := (*l.table.Load())[pod]
+	return s.active.Load(), s.kv.Load()
+}
+
+// Decode returns pod's decode load at now (Now's clock): tokens is the
+// prompt tokens of its outstanding decode charges, ageSec is Σ (now −
+// routed_at) over them in seconds, the factor the output-growth term
+// multiplies by the pod's generation rate per request. Both include the
+// other replicas' charges when the ledger is shared.
+func (l *Ledger) Decode(pod int32, now int64) (tokens, ageSec float64) {
+	s := (*l.table.Load())[pod]
+	nowMs := now / int64(time.Millisecond)
+	t, ageMs := s.decode.Load(), s.decodeReqs.Load()*nowMs-s.routedMs.Load()
+	if r := s.remote.Load(); r != nil {
+		t += r.tokens
+		ageMs += r.ageMs + r.reqs*(nowMs-r.asOfMs)
+	}
+	return float64(t), float64(ageMs) / 1000
+}
+
+// RunJanitor sweeps once per JanitorInterval until ctx ends: it
+// force-releases charges older than the TTL, forgets expired sessions and
+// drops pods idle at zero for IdleDropAfter.
+func (l *Ledger) RunJanitor(ctx context.Context) {
+	t := time.NewTicker(JanitorInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			l.sweep()
+		}
+	}
+}
+
+// touch records a charge for the janitor and revives a dropped pod.
+func (s *podSlot) touch() {
+	s.ops.Add(1)
+	if s.dropped.Load() {
+		s.dropped.Store(false)
+	}
+}
+
+// zero reports whether the slot holds no local charge.
+func (s *podSlot) zero() bool {
+	return s.active.Load() == 0 && s.kv.Load() == 0 && s.decode.Load() == 0 && s.decodeReqs.Load() == 0
+}

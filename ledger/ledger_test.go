@@ -1,0 +1,362 @@
+package ledger
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// testLedger is a ledger on a fake clock with pods a, b, c at 0, 1, 2.
+type testLedger struct {
+	*Ledger
+	clock   *atomic.Int64
+	logs    *bytes.Buffer
+	dropped []string
+}
+
+func newTestLedger(t *testing.T, cfg Config) *testLedger {
+	t.Helper()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	tl := &testLedger{clock: new(atomic.Int64), logs: new(bytes.Buffer)}
+	tl.clock.Store(int64(time.Hour)) // any origin; not zero, to catch "0 means unset" bugs
+	tl.Ledger = New(cfg, Env{
+		Now:    tl.clock.Load,
+		Logger: slog.New(slog.NewTextHandler(tl.logs, nil)),
+		OnDrop: func(name string) { tl.dropped = append(tl.dropped, name) },
+	})
+	tl.SetPods([]string{"a", "b", "c"})
+	return tl
+}
+
+func (tl *testLedger) advance(d time.Duration) { tl.clock.Add(int64(d)) }
+
+func (tl *testLedger) prefill(t *testing.T, pod int32, wantActive, wantKV int64) {
+	t.Helper()
+	if a, kv := tl.Prefill(pod); a != wantActive || kv != wantKV {
+		t.Fatalf("pod %d: active, kv = %d, %d; want %d, %d", pod, a, kv, wantActive, wantKV)
+	}
+}
+
+func TestNewTokensRules(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MinMatchPct = 30
+	tl := newTestLedger(t, cfg)
+	id := uint64(0)
+	// f charges p to pod a and checks the prefill charge (request_cost +
+	// new_tokens); the charge is finished at once so charges never pile up.
+	f := func(p Prompt, wantNew int64) {
+		t.Helper()
+		id++
+		if got := tl.Charge(id, 0, -1, &p, tl.Now()); got != DefaultRequestCost+wantNew {
+			t.Fatalf("%+v: charge %d, want %d + %d", p, got, DefaultRequestCost, wantNew)
+		}
+		tl.prefill(t, 0, DefaultRequestCost+wantNew, DefaultRequestCost+wantNew)
+		tl.Finish(id)
+	}
+	// Whole prompt: no session, no lookup.
+	f(Prompt{Tokens: 1000}, 1000)
+	// Prefix match: prompt × (1 − match%), thresholded by min_match_pct.
+	f(Prompt{Tokens: 1000, Matched: true, MatchPct: 75}, 250)
+	f(Prompt{Tokens: 1000, Matched: true, MatchPct: 30}, 700)
+	f(Prompt{Tokens: 1000, Matched: true, MatchPct: 29.9}, 1000)
+	f(Prompt{Tokens: 1000, Matched: true, MatchPct: 100}, 0)
+	f(Prompt{Tokens: 1000, Matched: false, MatchPct: 75}, 1000)
+	// Session delta: the first turn is charged whole (or by its match), later
+	// longer turns by their growth, even when the prefix match says more.
+	f(Prompt{Tokens: 1000, Model: "m", SessionKey: "s1"}, 1000)
+	f(Prompt{Tokens: 1500, Model: "m", SessionKey: "s1", Matched: true, MatchPct: 50}, 500)
+	f(Prompt{Tokens: 1600, Model: "m", SessionKey: "s1"}, 100)
+	// Same key, other model: a session of its own.
+	f(Prompt{Tokens: 1700, Model: "m2", SessionKey: "s1"}, 1700)
+	// A prompt no longer than the last one falls through to rules 2 and 3,
+	// and becomes the new reference.
+	f(Prompt{Tokens: 1600, Model: "m", SessionKey: "s1", Matched: true, MatchPct: 50}, 800)
+	f(Prompt{Tokens: 1200, Model: "m", SessionKey: "s1"}, 1200)
+	f(Prompt{Tokens: 1300, Model: "m", SessionKey: "s1"}, 100)
+	// Past the session TTL the old size no longer counts.
+	tl.advance(DefaultSessionTTLSeconds*time.Second + time.Nanosecond)
+	f(Prompt{Tokens: 2000, Model: "m", SessionKey: "s1"}, 2000)
+	f(Prompt{Tokens: 2100, Model: "m", SessionKey: "s1"}, 100)
+}
+
+func TestSessionTTLZeroTurnsRuleOff(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.SessionTTLSeconds = 0
+	tl := newTestLedger(t, cfg)
+	for i, tokens := range []int64{1000, 1500} {
+		p := Prompt{Tokens: tokens, Model: "m", SessionKey: "s"}
+		if got := tl.Charge(uint64(i), 0, -1, &p, tl.Now()); got != DefaultRequestCost+tokens {
+			t.Fatalf("turn %d: charge %d, want whole prompt", i, got)
+		}
+	}
+	if n := tl.sessions.len(); n != 0 {
+		t.Fatalf("%d sessions stored with the rule off", n)
+	}
+}
+
+func TestSessionKeyLimits(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxSessions = 2
+	tl := newTestLedger(t, cfg)
+	id := uint64(0)
+	// f charges two turns of key (100 then 150 tokens) and checks the second.
+	f := func(key string, wantNew int64) {
+		t.Helper()
+		for _, tokens := range []int64{100, 150} {
+			id++
+			p := Prompt{Tokens: tokens, Model: "m", SessionKey: key}
+			got := tl.Charge(id, 0, -1, &p, tl.Now()) - DefaultRequestCost
+			tl.Finish(id)
+			if tokens == 150 && got != wantNew {
+				t.Fatalf("key %.10q… (%d bytes): second turn charged %d new, want %d", key, len(key), got, wantNew)
+			}
+		}
+	}
+	f(strings.Repeat("k", MaxSessionKeySize+1), 150) // too long: ignored, not stored
+	if n := tl.sessions.len(); n != 0 {
+		t.Fatalf("over-long key stored (%d sessions)", n)
+	}
+	f(strings.Repeat("k", MaxSessionKeySize), 50) // at the limit: kept
+	f("second", 50)
+	f("third", 150) // table full: charged without a delta
+	if n := tl.sessions.len(); n != 2 {
+		t.Fatalf("%d sessions, want the cap 2", n)
+	}
+	// The janitor forgets idle sessions; then new keys fit again.
+	tl.advance(DefaultSessionTTLSeconds*time.Second + time.Second)
+	tl.sweep()
+	if n := tl.sessions.len(); n != 0 {
+		t.Fatalf("%d sessions after expiry, want 0", n)
+	}
+	f("third", 50)
+}
+
+func TestLifecycleAndIdempotentRelease(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	p := Prompt{Tokens: 500}
+	c := tl.Charge(7, 1, -1, &p, tl.Now())
+	tl.prefill(t, 1, c, c)
+	tl.PrefillDone(7)
+	tl.prefill(t, 1, 0, c)
+	tl.PrefillDone(7) // idempotent
+	tl.prefill(t, 1, 0, c)
+	tl.Finish(7)
+	tl.prefill(t, 1, 0, 0)
+	tl.Finish(7) // idempotent
+	tl.PrefillDone(7)
+	tl.Finish(99) // unknown
+	tl.prefill(t, 1, 0, 0)
+
+	// A prefill that fails: Finish without PrefillDone releases both parts.
+	tl.Charge(8, 1, -1, &p, tl.Now())
+	tl.Finish(8)
+	tl.prefill(t, 1, 0, 0)
+
+	// Charging an id again (a retry on another pod) moves the charge.
+	tl.Charge(9, 0, -1, &p, tl.Now())
+	tl.Charge(9, 2, -1, &p, tl.Now())
+	tl.prefill(t, 0, 0, 0)
+	tl.prefill(t, 2, c, c)
+	tl.Finish(9)
+	tl.prefill(t, 2, 0, 0)
+}
+
+func TestDecodeChargeAndGrowthAge(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	// f checks pod's decode view at the fake clock's now.
+	f := func(pod int32, wantTokens, wantAgeSec float64) {
+		t.Helper()
+		if tok, age := tl.Decode(pod, tl.Now()); tok != wantTokens || age != wantAgeSec {
+			t.Fatalf("pod %d: decode %v tokens, age %v s; want %v, %v", pod, tok, age, wantTokens, wantAgeSec)
+		}
+	}
+	p := Prompt{Tokens: 3000, Matched: true, MatchPct: 90}
+	// Prefill on a, decode on b: b gets the whole prompt, no request cost.
+	c := tl.Charge(1, 0, 1, &p, tl.Now())
+	tl.prefill(t, 0, c, c)
+	f(1, 3000, 0)
+	tl.advance(2 * time.Second)
+	p.Tokens = 1000
+	tl.Charge(2, -1, 1, &p, tl.Now()) // decode only
+	tl.prefill(t, 1, 0, 0)
+	f(1, 4000, 2)
+	tl.advance(500 * time.Millisecond)
+	f(1, 4000, 2.5+0.5)
+	tl.PrefillDone(1) // the decode part stays until the request finishes
+	f(1, 4000, 3)
+	tl.Finish(1)
+	tl.prefill(t, 0, 0, 0)
+	f(1, 1000, 0.5)
+	tl.Finish(2)
+	f(1, 0, 0)
+}
+
+func TestTTLForceRelease(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	p := Prompt{Tokens: 100}
+	c := tl.Charge(1, 0, 1, &p, tl.Now())
+	tl.advance(time.Duration(DefaultTTLSeconds) * time.Second)
+	tl.Charge(2, 0, -1, &p, tl.Now())
+	tl.sweep() // charge 1 is exactly TTL old: not yet
+	tl.prefill(t, 0, 2*c, 2*c)
+	if tl.logs.Len() != 0 {
+		t.Fatalf("warning before the TTL passed: %s", tl.logs)
+	}
+	tl.advance(time.Nanosecond)
+	tl.sweep()
+	tl.prefill(t, 0, c, c)
+	if tok, _ := tl.Decode(1, tl.Now()); tok != 0 {
+		t.Fatalf("decode tokens %v after force release", tok)
+	}
+	log := tl.logs.String()
+	for _, want := range []string{"level=WARN", "force-released", "request_id=1", "prefill_pod=a", "decode_pod=b"} {
+		if !strings.Contains(log, want) {
+			t.Fatalf("log %q lacks %q", log, want)
+		}
+	}
+	// The late release of the forced charge changes nothing.
+	tl.PrefillDone(1)
+	tl.Finish(1)
+	tl.prefill(t, 0, c, c)
+	tl.Finish(2)
+	tl.prefill(t, 0, 0, 0)
+}
+
+func TestJanitorDropsIdlePods(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	series := func() string {
+		var b bytes.Buffer
+		tl.WritePrometheus(&b)
+		return b.String()
+	}
+	p := Prompt{Tokens: 100}
+	tl.Charge(1, 0, -1, &p, tl.Now()) // a busy
+	tl.advance(30 * time.Second)
+	tl.Charge(2, 1, -1, &p, tl.Now()) // b touched
+	tl.Finish(2)
+	tl.sweep() // b: at zero from now; c: at zero since SetPods, 30 s ago
+	tl.advance(30 * time.Second)
+	tl.sweep() // c idle a whole minute
+	if got := strings.Join(tl.dropped, ","); got != "c" {
+		t.Fatalf("dropped %q, want c", got)
+	}
+	if s := series(); strings.Contains(s, `pod="c"`) || !strings.Contains(s, `pod="b"`) {
+		t.Fatalf("series after dropping c:\n%s", s)
+	}
+	tl.advance(30 * time.Second)
+	tl.sweep() // b idle a minute since the sweep that saw it at zero
+	tl.advance(time.Hour - 90*time.Second)
+	tl.sweep() // a still holds its charge
+	if got := strings.Join(tl.dropped, ","); got != "c,b" {
+		t.Fatalf("dropped %q, want c,b", got)
+	}
+	// The next charge re-creates the pod from zero.
+	tl.Charge(3, 2, -1, &p, tl.Now())
+	if s := series(); !strings.Contains(s, `pd_token_load_active_tokens{pod="c"} 3600`) {
+		t.Fatalf("c not back after a charge:\n%s", s)
+	}
+	// A pod the gateway no longer has is forgotten once idle; its index is
+	// taken by another pod, which starts from its own counters.
+	tl.Finish(1)
+	tl.Finish(3)
+	tl.SetPods([]string{"d", "b", "c"})
+	tl.prefill(t, 0, 0, 0)
+	tl.advance(time.Minute)
+	tl.sweep()
+	tl.advance(time.Minute)
+	tl.sweep()
+	tl.mu.Lock()
+	_, hasA := tl.byName["a"]
+	tl.mu.Unlock()
+	if hasA {
+		t.Fatal("pod a still registered after leaving the pool and idling")
+	}
+}
+
+func TestCountersFollowNamesAcrossReindex(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	p := Prompt{Tokens: 100}
+	c := tl.Charge(1, 0, 2, &p, tl.Now())
+	tl.SetPods([]string{"c", "a"}) // a moves to 1, c to 0, b leaves
+	tl.prefill(t, 1, c, c)
+	if tok, _ := tl.Decode(0, tl.Now()); tok != 100 {
+		t.Fatalf("c's decode tokens %v after reindex, want 100", tok)
+	}
+	tl.Finish(1)
+	tl.prefill(t, 1, 0, 0)
+	if tok, _ := tl.Decode(0, tl.Now()); tok != 0 {
+		t.Fatalf("c's decode tokens %v after finish", tok)
+	}
+}
+
+// TestConcurrentChargesEndAtZero charges and releases from many goroutines
+// on shared pods, with duplicate releases, retries and janitor sweeps racing
+// them; every counter must end exactly at zero. Run it with -race.
+func TestConcurrentChargesEndAtZero(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	const goroutines, perG = 16, 2000
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				tl.sweep()
+				var b bytes.Buffer
+				tl.WritePrometheus(&b)
+			}
+		}
+	}()
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perG {
+				id := uint64(g*perG + i)
+				p := Prompt{Tokens: int64(1 + i%5000), Model: "m", SessionKey: []string{"", "x", "y"}[i%3], Matched: i%2 == 0, MatchPct: float64(i % 100)}
+				tl.Charge(id, int32(i%3), int32((i+1)%3), &p, tl.Now())
+				if i%7 == 0 {
+					tl.Charge(id, int32((i+2)%3), -1, &p, tl.Now()) // retry elsewhere
+				}
+				tl.PrefillDone(id)
+				tl.PrefillDone(id)
+				tl.Finish(id)
+				tl.Finish(id)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	for pod := range int32(3) {
+		tl.prefill(t, pod, 0, 0)
+		s := (*tl.table.Load())[pod]
+		if s.decode.Load() != 0 || s.decodeReqs.Load() != 0 || s.routedMs.Load() != 0 {
+			t.Fatalf("pod %d decode counters %d %d %d, want 0", pod, s.decode.Load(), s.decodeReqs.Load(), s.routedMs.Load())
+		}
+	}
+}
+
+func TestChargeReleaseAllocs(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	p := Prompt{Tokens: 2000, Matched: true, MatchPct: 40}
+	id := uint64(0)
+	allocs := testing.AllocsPerRun(1000, func() {
+		id++
+		now := tl.Now()
+		tl.Charge(id, int32(id%3), int32((id+1)%3), &p, now)
+		tl.PrefillDone(id)
+		tl.Decode(0, now)
+		tl.Finish(id)
+	})
+	if allocs != 0 {
+		t.Fatalf("charge + release: %v allocs/op, want 0", allocs)
+	}
+}
