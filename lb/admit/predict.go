@@ -50,8 +50,8 @@ type PrefillSpeed struct {
 }
 
 // NewPrefillSpeed returns a learner that starts at initial tokens/s (the
-// configured or default speed) and moves a fraction alpha (0 < alpha ≤ 1;
-// DefaultSpeedAlpha) of the way to each observation.
+// configured or default speed) and moves a fraction alpha (0 ≤ alpha ≤ 1;
+// DefaultSpeedAlpha; 0 never moves) of the way to each observation.
 func NewPrefillSpeed(initial, alpha float64) *PrefillSpeed {
 	s := &PrefillSpeed{alpha: alpha}
 	s.bits.Store(math.Float64bits(initial))

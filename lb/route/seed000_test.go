@@ -44,3 +44,53 @@ func TestSeed000Policies(t *testing.T) {
 	f("least_queue", 1) // no queue at all
 	f("min_ttft", 1)    // 0.30 s beats 0.35 s, 3.1 s and 4.1 s
 }
+
+func TestSLOCache(t *testing.T) {
+	p := SLOCache{SLO: 2, MissWeight: 4}
+	scratch := make([]float64, 3)
+	f := func(prompt int, cands []Candidate, want int) {
+		t.Helper()
+		req := &Request{PromptTokens: prompt, Rand: 1}
+		if got := (ScorePolicy{p}).Pick(req, cands, scratch); got != want {
+			t.Fatalf("picked %d, want %d (scores %v)", got, want, scratch[:len(cands)])
+		}
+	}
+	warmBusy := Candidate{CachedTokens: 7700, QueuedPrefillTokens: 20000, PrefillTokensPerSec: 20000} // 1.015 s, all hit
+	cold := Candidate{CachedTokens: 2048, PrefillTokensPerSec: 20000}                                 // 0.2826 s, all miss
+	// min_ttft would take the cold pod (0.28 s < 1.02 s); slo_cache keeps
+	// the session where its prefix is while that meets the SLO:
+	// 1.015 + 4×0.015 = 1.075 < 0.2826 × 5 = 1.413.
+	f(8000, []Candidate{cold, warmBusy}, 1)
+	// Once the warm pod's queue would break the SLO, the cold pod it is.
+	warmBusy.QueuedPrefillTokens = 40000 // 2.015 s
+	f(8000, []Candidate{cold, warmBusy}, 0)
+	// When every pod misses the SLO, the least predicted TTFT.
+	cold.QueuedPrefillTokens = 60000 // 3.28 s
+	f(8000, []Candidate{cold, warmBusy}, 1)
+	// Weight 0 is min_ttft.
+	p.MissWeight = 0
+	warmBusy.QueuedPrefillTokens = 20000
+	cold.QueuedPrefillTokens = 0
+	f(8000, []Candidate{cold, warmBusy}, 0)
+}
+
+func TestDefaultPolicyRegistered(t *testing.T) {
+	if _, err := New(DefaultPolicy, DefaultOptions()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSeed000Allocs(t *testing.T) {
+	cands := make([]Candidate, 64)
+	for i := range cands {
+		cands[i] = Candidate{CachedTokens: 64 * i, QueuedPrefillTokens: float64(1000 * (i % 7)), PrefillTokensPerSec: 20000}
+	}
+	scratch := make([]float64, len(cands))
+	req := &Request{PromptTokens: 8000}
+	for _, name := range []string{"least_queue", "cache_only", "min_ttft", "slo_cache"} {
+		p, _ := New(name, DefaultOptions())
+		if a := testing.AllocsPerRun(100, func() { req.Rand++; p.Pick(req, cands, scratch) }); a != 0 {
+			t.Fatalf("%s: %v allocations per pick", name, a)
+		}
+	}
+}
