@@ -1,0 +1,213 @@
+// Package route decides which pod serves a request.
+//
+// Policies see the world only through Request and Candidate values and never
+// touch sockets, clocks or pod objects, so one implementation serves both the
+// live gateway (which fills candidates from pods, the radix index and the
+// ledgers) and bench/cluster (which fills them from simulated pods in virtual
+// time). A policy's simulated attainment is therefore evidence about the
+// gateway, not about a copy of it.
+package route
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"pdlb/lb/admit"
+)
+
+// Request is what a policy knows of the request it places. The caller owns
+// it; policies must not keep it or its slices after Pick returns.
+type Request struct {
+	// PromptTokens is the prompt's length in tokens (estimated or counted).
+	PromptTokens int
+	// Keys are the prompt's chained block keys (radix.AppendBlockKeys); empty
+	// when the gateway has no index for the model.
+	Keys []uint64
+	// BlockSize is the number of tokens one key covers.
+	BlockSize int
+	// Rand is a random number the caller draws per request. Policies take
+	// every random choice and tie break from it, so a virtual-time run with a
+	// fixed seed is deterministic and the hot path needs no locked RNG.
+	Rand uint64
+}
+
+// Candidate is one pod as a policy sees it. Zero means "unknown" for every
+// scraped field; HasMetrics says whether the scraped ones are real.
+type Candidate struct {
+	// Pod is the caller's index of this pod; policies return positions in
+	// the candidate slice, and the caller maps them back through Pod.
+	Pod int32
+	// CachedTokens is how many leading prompt tokens the pod is believed to
+	// hold in its prefix cache (radix match depth × block size).
+	CachedTokens int
+	// InFlight is the number of requests the gateway has sent to the pod and
+	// not yet seen finish: exact and always current, unlike scraped metrics.
+	InFlight int
+	// QueuedPrefillTokens is the uncached prompt tokens charged to the pod
+	// whose prefill has not finished yet (tokens).
+	QueuedPrefillTokens float64
+	// PrefillTokensPerSec is the pod's prefill speed on uncached tokens,
+	// learned from observed timings (tokens/s). Zero means unknown.
+	PrefillTokensPerSec float64
+	// Weight scales the pod's share of traffic (default 1).
+	Weight float64
+	// IndexedBlocks is how many blocks the prefix index believes the pod
+	// holds: how full its cache is, as the gateway sees it.
+	IndexedBlocks int
+
+	// Scraped from the engine's /metrics.
+	HasMetrics bool
+	Running    int     // requests being decoded
+	Waiting    int     // requests queued in the engine
+	KVUsage    float64 // fraction of KV blocks in use, 0..1
+}
+
+// Policy picks a pod for a request. Pick returns the index in cands of the
+// chosen pod, or -1 when cands is empty. scratch has at least len(cands)
+// elements the policy may overwrite; the caller owns every slice, so a
+// policy allocates nothing per call. Policies are safe for concurrent use.
+type Policy interface {
+	Pick(req *Request, cands []Candidate, scratch []float64) int
+}
+
+// Scorer is the common shape of a policy: out[i] is the cost of sending req
+// to cands[i], lower is better. ScorePolicy turns a Scorer into a Policy.
+type Scorer interface {
+	Score(req *Request, cands []Candidate, out []float64)
+}
+
+// ScorePolicy picks the lowest-scoring candidate, breaking ties at random so
+// that equal pods share the traffic instead of it all landing on the first.
+type ScorePolicy struct{ Scorer Scorer }
+
+// Pick implements Policy.
+func (p ScorePolicy) Pick(req *Request, cands []Candidate, scratch []float64) int {
+	if len(cands) == 0 {
+		return -1
+	}
+	out := scratch[:len(cands)]
+	p.Scorer.Score(req, cands, out)
+	return Argmin(out, req.Rand)
+}
+
+// Argmin returns the index of the smallest value in s, choosing among equal
+// minima by rnd; -1 for an empty slice.
+func Argmin(s []float64, rnd uint64) int {
+	if len(s) == 0 {
+		return -1
+	}
+	best, ties := 0, 1
+	for i := 1; i < len(s); i++ {
+		switch {
+		case s[i] < s[best]:
+			best, ties = i, 1
+		case s[i] == s[best]:
+			ties++
+		}
+	}
+	if ties == 1 {
+		return best
+	}
+	k := int(rnd % uint64(ties))
+	for i := best; i < len(s); i++ {
+		if s[i] == s[best] {
+			if k == 0 {
+				return i
+			}
+			k--
+		}
+	}
+	panic("BUG: route: argmin lost a tie")
+}
+
+// ErrUnknownPolicy is returned by New for a name not in the registry.
+var ErrUnknownPolicy = errors.New("route: unknown policy")
+
+// Options carries the knobs of every policy; New reads those of the policy
+// it builds. Start from DefaultOptions: zero is a meaningful value for some
+// knobs.
+type Options struct {
+	// MinMatchPct: prefix matches below this percentage of the prompt count
+	// as no match (prefix_cache, hybrid_cache_load; seed 001's
+	// AIBRIX_MIN_MATCH_PCT, default 0 = off).
+	MinMatchPct float64
+	// StdDevFactor: prefix_cache skips pods whose in-flight count is more
+	// than this many standard deviations above the mean (default 1).
+	StdDevFactor float64
+	// CacheThreshold: cache_aware routes by cache only when the best match
+	// covers more than this fraction of the prompt (default 0.3).
+	CacheThreshold float64
+	// BalanceAbsThreshold and BalanceRelThreshold: cache_aware counts the
+	// load as imbalanced, and routes to the least loaded pod, when the
+	// in-flight spread exceeds the absolute threshold and the maximum
+	// exceeds the relative threshold times the minimum (defaults 64, 1.5).
+	BalanceAbsThreshold float64
+	BalanceRelThreshold float64
+	// TTFTSLO is the time-to-first-token target in seconds that slo_cache
+	// keeps its picks under (default admit.DefaultInteractiveTTFTSLO, 2).
+	TTFTSLO float64
+	// MissWeight is what slo_cache charges a missed prompt token beyond its
+	// own prefill time, in units of that time (default
+	// DefaultSLOCacheMissWeight).
+	MissWeight float64
+}
+
+// Defaults of Options, as SGLang's model gateway (cache_aware) and seed 001
+// (prefix_cache) ship them.
+const (
+	DefaultMinMatchPct         = 0
+	DefaultStdDevFactor        = 1
+	DefaultCacheThreshold      = 0.3
+	DefaultBalanceAbsThreshold = 64
+	DefaultBalanceRelThreshold = 1.5
+)
+
+// DefaultOptions returns every knob at its default.
+func DefaultOptions() Options {
+	return Options{
+		MinMatchPct:         DefaultMinMatchPct,
+		StdDevFactor:        DefaultStdDevFactor,
+		CacheThreshold:      DefaultCacheThreshold,
+		BalanceAbsThreshold: DefaultBalanceAbsThreshold,
+		BalanceRelThreshold: DefaultBalanceRelThreshold,
+		TTFTSLO:             admit.DefaultInteractiveTTFTSLO,
+		MissWeight:          DefaultSLOCacheMissWeight,
+	}
+}
+
+// registry lists every policy by name: one explicit table rather than
+// init-time registration, so the set of policies is visible in one place.
+var registry = []struct {
+	name  string
+	build func(Options) Policy
+}{
+	{"random", func(Options) Policy { return Random{} }},
+	{"round_robin", func(Options) Policy { return &RoundRobin{} }},
+	{"least_request", func(Options) Policy { return ScorePolicy{LeastRequest{}} }},
+	{"least_queue", func(Options) Policy { return ScorePolicy{LeastQueue{}} }},
+	{"cache_only", func(Options) Policy { return ScorePolicy{CacheOnly{}} }},
+	{"min_ttft", func(Options) Policy { return ScorePolicy{MinTTFT{}} }},
+	{"slo_cache", func(o Options) Policy { return ScorePolicy{SLOCache{SLO: o.TTFTSLO, MissWeight: o.MissWeight}} }},
+	{"prefix_cache", func(o Options) Policy { return ScorePolicy{PrefixCache{o}} }},
+	{"cache_aware", func(o Options) Policy { return CacheAware{o} }},
+}
+
+// New builds the policy called name.
+func New(name string, opts Options) (Policy, error) {
+	for _, r := range registry {
+		if r.name == name {
+			return r.build(opts), nil
+		}
+	}
+	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknownPolicy, name, strings.Join(Names(), ", "))
+}
+
+// Names lists the registered policies in table order.
+func Names() []string {
+	out := make([]string, len(registry))
+	for i, r := range registry {
+		out[i] = r.name
+	}
+	return out
+}
