@@ -1,0 +1,155 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"pdlb/engines"
+)
+
+// Defaults of a pod's Config.
+const (
+	DefaultModel       = "sim-model"
+	DefaultListen      = "127.0.0.1:0"
+	DefaultSpeedup     = 1.0
+	DefaultMaxTokens   = 128
+	DefaultMaxModelLen = 32768
+	DefaultTick        = 2 * time.Millisecond
+	DefaultRole        = RoleCombined
+	defaultNamePrefix  = "sim-"
+	maxSpeedup         = 1e6
+	maxModelNameLen    = 256
+)
+
+// RoleCombined is a pod that prefills and decodes its own requests; the only
+// role so far (prefill and decode roles come with PD disaggregation).
+const RoleCombined = "combined"
+
+// Config describes one simulated pod. Zero fields take their defaults in
+// Start; Validate checks a config after defaults.
+type Config struct {
+	// Name identifies the pod in logs and fleet listings (default "sim-" and
+	// the listen address).
+	Name string
+	// Model is the one model name the pod serves (default "sim-model");
+	// requests naming another get vLLM's 404.
+	Model string
+	// Engine is the engine the pod plays: its metric names, extra endpoints
+	// and /metrics format (default vllm).
+	Engine engines.Kind
+	// Listen is the host:port to listen on; port 0 picks a free port
+	// (default "127.0.0.1:0").
+	Listen string
+	// Physics is the timing model (default DefaultPhysics() when every
+	// field is zero).
+	Physics Physics
+	// Speedup divides every simulated duration: at 10 a 1 s prefill takes
+	// 100 ms of wall time (default 1). Metrics and usage report simulated
+	// seconds, as the engine being imitated would.
+	Speedup float64
+	// Seed selects the output text: pods with equal seeds answer equal
+	// prompts with equal text (default 0).
+	Seed uint64
+	// HashSeed salts the engine's KV block hashes, as PYTHONHASHSEED does
+	// vLLM's (default 0): pods with equal HashSeed and model report equal
+	// hashes for equal blocks. See engineSeed.
+	HashSeed uint64
+	// DefaultMaxTokens is the output length of a request that sets neither
+	// max_tokens nor max_completion_tokens: the simulated model's natural
+	// answer length, ending with finish_reason "stop" (default 128).
+	DefaultMaxTokens int
+	// MaxModelLen is the context window in tokens, prompt plus output
+	// (default 32,768); it must fit in the KV cache.
+	MaxModelLen int
+	// Tick is the least wall time between two wake-ups of the scheduler
+	// (default 2 ms). Tokens a pod produces within one tick reach a stream
+	// together in one chunk, as vLLM merges the deltas of a consumer that
+	// lags; simulated timings stay exact whatever the tick.
+	Tick time.Duration
+	// Role is reserved for prefill/decode disaggregation; only "combined"
+	// is accepted now (default "combined").
+	Role string
+	// KVEvents receives the prefix cache's stored, removed and cleared
+	// blocks (default nil: no events).
+	KVEvents KVEventSink
+}
+
+var errConfig = errors.New("sim: invalid config")
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.Engine == "" {
+		c.Engine = engines.VLLM
+	}
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.Physics == (Physics{}) {
+		c.Physics = DefaultPhysics()
+	}
+	if c.Speedup == 0 {
+		c.Speedup = DefaultSpeedup
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if c.MaxModelLen == 0 {
+		c.MaxModelLen = DefaultMaxModelLen
+	}
+	if c.Tick == 0 {
+		c.Tick = DefaultTick
+	}
+	if c.Role == "" {
+		c.Role = DefaultRole
+	}
+	if c.Name == "" {
+		c.Name = defaultNamePrefix + c.Listen
+	}
+	return c
+}
+
+// Validate rejects a config the pod cannot run with, naming the field and
+// quoting its value. It does not apply defaults: call it on a config whose
+// zero fields were filled (Start does both).
+func (c Config) Validate() error {
+	bad := func(field string, v any, why string) error {
+		return fmt.Errorf("%w: %s = %q %s", errConfig, field, fmt.Sprint(v), why)
+	}
+	if c.Model == "" || len(c.Model) > maxModelNameLen || strings.ContainsAny(c.Model, "\"\\\n") {
+		return bad("model", c.Model, "must be 1 to 256 characters without quotes, backslashes or newlines")
+	}
+	if _, err := engines.ParseKind(string(c.Engine)); err != nil || c.Engine == "" {
+		return bad("engine", c.Engine, "must be vllm, sglang or trtllm")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return bad("listen", c.Listen, "must be host:port")
+	}
+	if err := c.Physics.Validate(); err != nil {
+		return fmt.Errorf("%w: physics: %w", errConfig, err)
+	}
+	if !(c.Speedup > 0) || c.Speedup > maxSpeedup {
+		return bad("speedup", c.Speedup, "must be in (0, 1e6]")
+	}
+	if c.DefaultMaxTokens < 1 {
+		return bad("default_max_tokens", c.DefaultMaxTokens, "must be at least 1")
+	}
+	if c.MaxModelLen < 2 {
+		return bad("max_model_len", c.MaxModelLen, "must be at least 2")
+	}
+	if blocks := c.Physics.Blocks(c.MaxModelLen); blocks > c.Physics.CacheBlocks {
+		return bad("max_model_len", c.MaxModelLen, fmt.Sprintf("needs %d KV blocks, more than cache_blocks = %d", blocks, c.Physics.CacheBlocks))
+	}
+	if c.Tick <= 0 {
+		return bad("tick", c.Tick, "must be positive")
+	}
+	if c.Role != RoleCombined {
+		return bad("role", c.Role, "must be combined")
+	}
+	return nil
+}

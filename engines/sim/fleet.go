@@ -1,0 +1,219 @@
+package sim
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"pdlb/engines"
+)
+
+// A fleet file lists simulated pods. Every pod starts from the defaults
+// section and overrides what it sets; what neither sets takes Config's
+// defaults. Unknown fields are errors. Example (testdata/fleet.yaml):
+//
+//	defaults:
+//	  model: meta-llama/Llama-3.1-8B-Instruct
+//	  engine: vllm            # vllm | sglang | trtllm
+//	  speedup: 10             # simulated seconds per wall second
+//	  seed: 0                 # output text seed
+//	  hash_seed: 0            # KV block hash seed (PYTHONHASHSEED)
+//	  default_max_tokens: 128
+//	  max_model_len: 32768
+//	  tick: 2ms
+//	  role: combined
+//	  physics:                # seed 000's timing model
+//	    prefill_tokens_per_sec: 20000
+//	    decode_base_sec: 0.010
+//	    decode_per_seq_sec: 0.0002
+//	    max_batch: 64
+//	    block_size: 64
+//	    cache_blocks: 3000
+//	    kv_bytes_per_token: 131072
+//	    link_bytes_per_sec: 25e9
+//	    link_latency_sec: 0.0005
+//	pods:
+//	  - name: vllm-0
+//	    listen: 127.0.0.1:8100
+//	  - name: sglang-0
+//	    engine: sglang
+//	    listen: 127.0.0.1:8101
+type fleetFile struct {
+	Defaults podFile   `yaml:"defaults"`
+	Pods     []podFile `yaml:"pods"`
+}
+
+type podFile struct {
+	Name             string        `yaml:"name"`
+	Model            string        `yaml:"model"`
+	Engine           string        `yaml:"engine"`
+	Listen           string        `yaml:"listen"`
+	Speedup          float64       `yaml:"speedup"`
+	Seed             uint64        `yaml:"seed"`
+	HashSeed         uint64        `yaml:"hash_seed"`
+	DefaultMaxTokens int           `yaml:"default_max_tokens"`
+	MaxModelLen      int           `yaml:"max_model_len"`
+	Tick             time.Duration `yaml:"tick"`
+	Role             string        `yaml:"role"`
+	Physics          physicsFile   `yaml:"physics"`
+}
+
+// physicsFile is Physics with the snake_case names Physics.Validate uses.
+type physicsFile struct {
+	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
+	DecodeBaseSec       float64 `yaml:"decode_base_sec"`
+	DecodePerSeqSec     float64 `yaml:"decode_per_seq_sec"`
+	MaxBatch            int     `yaml:"max_batch"`
+	BlockSize           int     `yaml:"block_size"`
+	CacheBlocks         int     `yaml:"cache_blocks"`
+	KVBytesPerToken     float64 `yaml:"kv_bytes_per_token"`
+	LinkBytesPerSec     float64 `yaml:"link_bytes_per_sec"`
+	LinkLatencySec      float64 `yaml:"link_latency_sec"`
+}
+
+func physicsFileOf(p Physics) physicsFile {
+	return physicsFile{
+		PrefillTokensPerSec: p.PrefillTokensPerSec, DecodeBaseSec: p.DecodeBaseSec,
+		DecodePerSeqSec: p.DecodePerSeqSec, MaxBatch: p.MaxBatch, BlockSize: p.BlockSize,
+		CacheBlocks: p.CacheBlocks, KVBytesPerToken: p.KVBytesPerToken,
+		LinkBytesPerSec: p.LinkBytesPerSec, LinkLatencySec: p.LinkLatencySec,
+	}
+}
+
+func (p podFile) config() Config {
+	f := p.Physics
+	return Config{
+		Name: p.Name, Model: p.Model, Engine: engines.Kind(p.Engine), Listen: p.Listen,
+		Speedup: p.Speedup, Seed: p.Seed, HashSeed: p.HashSeed,
+		DefaultMaxTokens: p.DefaultMaxTokens, MaxModelLen: p.MaxModelLen, Tick: p.Tick, Role: p.Role,
+		Physics: Physics{
+			PrefillTokensPerSec: f.PrefillTokensPerSec, DecodeBaseSec: f.DecodeBaseSec,
+			DecodePerSeqSec: f.DecodePerSeqSec, MaxBatch: f.MaxBatch, BlockSize: f.BlockSize,
+			CacheBlocks: f.CacheBlocks, KVBytesPerToken: f.KVBytesPerToken,
+			LinkBytesPerSec: f.LinkBytesPerSec, LinkLatencySec: f.LinkLatencySec,
+		},
+	}
+}
+
+// FleetConfig is a parsed fleet: one Config per pod, defaults applied and
+// validated.
+type FleetConfig struct {
+	Pods []Config
+}
+
+var errFleet = errors.New("sim: invalid fleet")
+
+// LoadFleet reads and parses a fleet file.
+func LoadFleet(path string) (FleetConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return FleetConfig{}, fmt.Errorf("sim: fleet: %w", err)
+	}
+	fc, err := ParseFleet(data)
+	if err != nil {
+		return FleetConfig{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return fc, nil
+}
+
+// ParseFleet parses a fleet file's contents (format above).
+func ParseFleet(data []byte) (FleetConfig, error) {
+	// Pass one, strict: unknown fields and wrong types, with line numbers.
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var strict fleetFile
+	if err := dec.Decode(&strict); err != nil {
+		return FleetConfig{}, fmt.Errorf("%w: %w", errFleet, err)
+	}
+	// Pass two: each pod overlays the defaults, which overlay Physics'.
+	var nodes struct {
+		Defaults yaml.Node   `yaml:"defaults"`
+		Pods     []yaml.Node `yaml:"pods"`
+	}
+	if err := yaml.Unmarshal(data, &nodes); err != nil {
+		return FleetConfig{}, fmt.Errorf("%w: %w", errFleet, err)
+	}
+	if len(nodes.Pods) == 0 {
+		return FleetConfig{}, fmt.Errorf("%w: pods is empty", errFleet)
+	}
+	base := podFile{Physics: physicsFileOf(DefaultPhysics())}
+	if !nodes.Defaults.IsZero() {
+		if err := nodes.Defaults.Decode(&base); err != nil {
+			return FleetConfig{}, fmt.Errorf("%w: defaults: %w", errFleet, err)
+		}
+	}
+	var fc FleetConfig
+	names := map[string]int{}
+	listens := map[string]int{}
+	for i := range nodes.Pods {
+		pf := base
+		if err := nodes.Pods[i].Decode(&pf); err != nil {
+			return FleetConfig{}, fmt.Errorf("%w: pods[%d]: %w", errFleet, i, err)
+		}
+		if pf.Name == "" {
+			pf.Name = fmt.Sprintf("pod-%d", i)
+		}
+		c := pf.config().withDefaults()
+		if err := c.Validate(); err != nil {
+			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
+		}
+		if j, dup := names[c.Name]; dup {
+			return FleetConfig{}, fmt.Errorf("%w: pods[%d].name = %q repeats pods[%d].name", errFleet, i, c.Name, j)
+		}
+		names[c.Name] = i
+		if j, dup := listens[c.Listen]; dup && !hasZeroPort(c.Listen) {
+			return FleetConfig{}, fmt.Errorf("%w: pods[%d].listen = %q repeats pods[%d].listen", errFleet, i, c.Listen, j)
+		}
+		listens[c.Listen] = i
+		fc.Pods = append(fc.Pods, c)
+	}
+	return fc, nil
+}
+
+// hasZeroPort reports a listen address that picks a free port, which any
+// number of pods may share.
+func hasZeroPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	return err == nil && port == "0"
+}
+
+// Fleet is a set of running pods.
+type Fleet struct {
+	pods []*Pod
+}
+
+// StartFleet starts every pod of fc, in order; if one fails, it closes those
+// already started and returns the error.
+func StartFleet(fc FleetConfig) (*Fleet, error) {
+	f := &Fleet{}
+	for _, c := range fc.Pods {
+		p, err := Start(c)
+		if err != nil {
+			return nil, errors.Join(err, f.Close())
+		}
+		f.pods = append(f.pods, p)
+	}
+	return f, nil
+}
+
+// Pods returns the running pods in fleet-file order. The slice is the
+// fleet's own; do not modify it.
+func (f *Fleet) Pods() []*Pod { return f.pods }
+
+// Close closes every pod, concurrently (each waits for its streams to end),
+// and returns their errors joined.
+func (f *Fleet) Close() error {
+	errs := make([]error, len(f.pods))
+	var wg sync.WaitGroup
+	for i, p := range f.pods {
+		wg.Go(func() { errs[i] = p.Close() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

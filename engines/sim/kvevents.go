@@ -1,0 +1,69 @@
+package sim
+
+import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// KVEventSink receives a pod's prefix-cache changes, in the order they
+// happen, as vLLM publishes them on its KV-events socket. The pod's scheduler
+// goroutine calls it, holding no lock a request waits on; a slow sink slows
+// the pod's simulated clock, so a sink should queue and return. The slices
+// are the pod's scratch: valid only during the call.
+type KVEventSink interface {
+	// BlockStored reports blocks newly cached, in prompt order, each
+	// chained to the one before; parentHash is the block before the first
+	// (hasParent false when the first is the prompt's first block).
+	// tokenIDs holds the blocks' tokens concatenated, blockSize per block.
+	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int)
+	// BlockRemoved reports blocks evicted from the cache.
+	BlockRemoved(blockHashes []uint64)
+	// AllBlocksCleared reports that the whole cache was dropped.
+	AllBlocksCleared()
+}
+
+// engineSeed is the first link of the pod's block-hash chain. Real engines
+// hash blocks their own way (vLLM: sha256 or Python hash of the parent hash
+// and the token ids, salted by PYTHONHASHSEED), so the gateway must never
+// rely on an engine's hashes equalling its own keys; it rebuilds its keys
+// from the events' token ids. The sim keeps that honest: its hashes are
+// radix.AppendBlockKeys chains over the same tokens but from this seed,
+// xxhash of "sim-engine", the model and the pod's HashSeed, which differs
+// from radix.Seed(model). Pods with one model and HashSeed agree, as vLLM
+// pods with one PYTHONHASHSEED do.
+func engineSeed(model string, hashSeed uint64) uint64 {
+	d := xxhash.New()
+	_, _ = d.WriteString("sim-engine\x00")
+	_, _ = d.WriteString(model)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], hashSeed)
+	_, _ = d.Write(b[:])
+	return d.Sum64()
+}
+
+// publishStored reports the blocks of keys that Store inserted (stored, a
+// subsequence of keys in order) as one BlockStored per run of consecutive
+// blocks: a run's parent is the block before it, which the cache already
+// held. tokens are the prompt's tokens; scratch is reused between calls.
+func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, blockSize int, scratch []uint32) []uint32 {
+	j := 0
+	for i := 0; i < len(keys) && j < len(stored); {
+		if keys[i] != stored[j] {
+			i++
+			continue
+		}
+		start := i
+		for i < len(keys) && j < len(stored) && keys[i] == stored[j] {
+			i++
+			j++
+		}
+		scratch = append(scratch[:0], tokens[start*blockSize:i*blockSize]...)
+		var parent uint64
+		if start > 0 {
+			parent = keys[start-1]
+		}
+		sink.BlockStored(parent, start > 0, keys[start:i], scratch, blockSize)
+	}
+	return scratch
+}

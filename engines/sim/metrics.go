@@ -1,0 +1,284 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"pdlb/engines"
+)
+
+// Histogram bounds of the engines imitated, in seconds.
+var (
+	// vLLM v1, vllm/v1/metrics/loggers.py.
+	vllmTTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+		0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
+	vllmITLBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+		1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
+	vllmE2EBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+		40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
+	// SGLang, python/sglang/srt/metrics/collector.py (TokenizerMetricsCollector).
+	sglangTTFTBuckets = []float64{0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400}
+	sglangITLBuckets  = []float64{0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035,
+		0.040, 0.060, 0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000}
+	sglangE2EBuckets = []float64{0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200,
+		400, 600, 1200, 1800, 2400}
+)
+
+// finish reasons, as vLLM names them in finish_reason and in
+// request_success_total's finished_reason label.
+const (
+	finishNone uint8 = iota
+	finishStop
+	finishLength
+	finishAbort
+	numFinish
+)
+
+var finishNames = [numFinish]string{"", "stop", "length", "abort"}
+
+// podMetrics is one pod's counters: atomics that Stats and the trtllm JSON
+// read, and, for vllm and sglang, the Prometheus series of a metrics.Set of
+// the pod's own (many pods share a process, so never the global set). The
+// scheduler goroutine writes it; scrapes read it concurrently.
+type podMetrics struct {
+	// Gauges, published by the scheduler after each wake-up.
+	running, waiting, prefilling, usedBlocks atomic.Int64
+	// Counters, in tokens or requests.
+	promptTokens, generationTokens, queryTokens, hitTokens atomic.Int64
+	finished                                               [numFinish]atomic.Int64
+	steps                                                  atomic.Int64
+	lastStepNanos                                          atomic.Int64 // simulated
+
+	set *metrics.Set // nil for trtllm, whose /metrics is JSON
+	// Prometheus series; nil when set is.
+	promptC, genC, queryC, hitC *metrics.Counter
+	successC                    [numFinish]*metrics.Counter
+	ttft, itl, e2e              *metrics.PrometheusHistogram
+
+	// gen_throughput is measured between scrapes (simulated seconds).
+	thrMu           sync.Mutex
+	thrAt, thrValue float64
+	thrTokens       int64
+	cacheBlocks     int
+	blockSize       int
+	now             func() float64 // simulated seconds since start
+}
+
+// labelValue escapes a Prometheus label value. Config.Validate keeps quotes
+// and newlines out of model names, so only backslashes could need it.
+func labelValue(s string) string { return strings.ReplaceAll(s, `\`, `\\`) }
+
+func newPodMetrics(cfg Config, now func() float64) *podMetrics {
+	m := &podMetrics{cacheBlocks: cfg.Physics.CacheBlocks, blockSize: cfg.Physics.BlockSize, now: now}
+	model := labelValue(cfg.Model)
+	switch cfg.Engine {
+	case engines.VLLM:
+		// vLLM labels every series with the served model and the engine
+		// (data-parallel rank) index.
+		l := fmt.Sprintf(`{model_name=%q,engine="0"}`, model)
+		s := metrics.NewSet()
+		s.NewGauge("vllm:num_requests_running"+l, func() float64 { return float64(m.running.Load()) })
+		s.NewGauge("vllm:num_requests_waiting"+l, func() float64 { return float64(m.waiting.Load()) })
+		s.NewGauge("vllm:kv_cache_usage_perc"+l, m.kvUsage)
+		m.queryC = s.NewCounter("vllm:prefix_cache_queries_total" + l)
+		m.hitC = s.NewCounter("vllm:prefix_cache_hits_total" + l)
+		m.promptC = s.NewCounter("vllm:prompt_tokens_total" + l)
+		m.genC = s.NewCounter("vllm:generation_tokens_total" + l)
+		for r := finishStop; r < numFinish; r++ {
+			m.successC[r] = s.NewCounter(fmt.Sprintf(`vllm:request_success_total{model_name=%q,engine="0",finished_reason=%q}`, model, finishNames[r]))
+		}
+		m.ttft = s.NewPrometheusHistogramExt("vllm:time_to_first_token_seconds"+l, vllmTTFTBuckets)
+		m.itl = s.NewPrometheusHistogramExt("vllm:inter_token_latency_seconds"+l, vllmITLBuckets)
+		m.e2e = s.NewPrometheusHistogramExt("vllm:e2e_request_latency_seconds"+l, vllmE2EBuckets)
+		m.set = s
+	case engines.SGLang:
+		l := fmt.Sprintf(`{model_name=%q}`, model)
+		s := metrics.NewSet()
+		s.NewGauge("sglang:num_running_reqs"+l, func() float64 { return float64(m.running.Load()) })
+		s.NewGauge("sglang:num_queue_reqs"+l, func() float64 { return float64(m.waiting.Load()) })
+		s.NewGauge("sglang:num_used_tokens"+l, func() float64 { return float64(m.usedBlocks.Load()) * float64(m.blockSize) })
+		s.NewGauge("sglang:token_usage"+l, m.kvUsage)
+		s.NewGauge("sglang:gen_throughput"+l, m.genThroughput)
+		s.NewGauge("sglang:cache_hit_rate"+l, m.cacheHitRate)
+		m.promptC = s.NewCounter("sglang:prompt_tokens_total" + l)
+		m.genC = s.NewCounter("sglang:generation_tokens_total" + l)
+		m.hitC = s.NewCounter("sglang:cached_tokens_total" + l)
+		m.successC[finishStop] = s.NewCounter("sglang:num_requests_total" + l)
+		m.successC[finishLength] = m.successC[finishStop]
+		m.successC[finishAbort] = s.NewCounter("sglang:num_aborted_requests_total" + l)
+		m.ttft = s.NewPrometheusHistogramExt("sglang:time_to_first_token_seconds"+l, sglangTTFTBuckets)
+		m.itl = s.NewPrometheusHistogramExt("sglang:inter_token_latency_seconds"+l, sglangITLBuckets)
+		m.e2e = s.NewPrometheusHistogramExt("sglang:e2e_request_latency_seconds"+l, sglangE2EBuckets)
+		m.set = s
+	}
+	return m
+}
+
+func (m *podMetrics) kvUsage() float64 {
+	return float64(m.usedBlocks.Load()) / float64(m.cacheBlocks)
+}
+
+// cacheHitRate is hit tokens over queried prompt tokens since start (SGLang
+// reports it per logging interval; cumulative is steadier for a scraper).
+func (m *podMetrics) cacheHitRate() float64 {
+	q := m.queryTokens.Load()
+	if q == 0 {
+		return 0
+	}
+	return float64(m.hitTokens.Load()) / float64(q)
+}
+
+// genThroughput is generated tokens per simulated second since the previous
+// scrape at least one simulated second ago.
+func (m *podMetrics) genThroughput() float64 {
+	m.thrMu.Lock()
+	defer m.thrMu.Unlock()
+	now, gen := m.now(), m.generationTokens.Load()
+	if dt := now - m.thrAt; dt >= 1 {
+		m.thrValue = float64(gen-m.thrTokens) / dt
+		m.thrAt, m.thrTokens = now, gen
+	}
+	return m.thrValue
+}
+
+func addCounter(c *metrics.Counter, n int) {
+	if c != nil {
+		c.Add(n)
+	}
+}
+
+func observe(h *metrics.PrometheusHistogram, v float64) {
+	if h != nil {
+		h.Update(v)
+	}
+}
+
+// prefillStarted counts one prefix-cache lookup: prompt tokens queried and
+// the leading ones found cached, as vLLM counts at scheduling.
+func (m *podMetrics) prefillStarted(prompt, cached int) {
+	m.queryTokens.Add(int64(prompt))
+	m.hitTokens.Add(int64(cached))
+	addCounter(m.queryC, prompt)
+	addCounter(m.hitC, cached)
+}
+
+// firstToken records a finished prefill: the prompt processed and its first
+// output token, ttft simulated seconds after arrival.
+func (m *podMetrics) firstToken(prompt int, ttft float64) {
+	m.promptTokens.Add(int64(prompt))
+	m.generationTokens.Add(1)
+	addCounter(m.promptC, prompt)
+	addCounter(m.genC, 1)
+	observe(m.ttft, ttft)
+}
+
+// decodeStep records one step of batch sequences that took stepSec.
+func (m *podMetrics) decodeStep(batch int, stepSec float64) {
+	m.steps.Add(1)
+	m.lastStepNanos.Store(int64(stepSec * 1e9))
+	m.generationTokens.Add(int64(batch))
+	addCounter(m.genC, batch)
+}
+
+// token records one decoded token itl simulated seconds after the previous.
+func (m *podMetrics) token(itl float64) { observe(m.itl, itl) }
+
+// finish records a request leaving the pod after e2e simulated seconds.
+func (m *podMetrics) finish(reason uint8, e2e float64) {
+	m.finished[reason].Add(1)
+	addCounter(m.successC[reason], 1)
+	if reason != finishAbort {
+		observe(m.e2e, e2e)
+	}
+}
+
+// writePrometheus writes the text exposition; w gets nothing for trtllm.
+func (m *podMetrics) writePrometheus(w io.Writer) {
+	if m.set != nil {
+		m.set.WritePrometheus(w)
+	}
+}
+
+// trtllmStats is one entry of trtllm-serve's /metrics: a JSON list of
+// iteration statistics (tensorrt_llm IterationStats, camelCase fields). The
+// sim fills the fields a router reads; the GPU and CPU memory fields are 0.
+type trtllmStats struct {
+	Timestamp              string              `json:"timestamp"`
+	Iter                   int64               `json:"iter"`
+	IterLatencyMS          float64             `json:"iterLatencyMS"`
+	NewActiveRequestsQueue float64             `json:"newActiveRequestsQueueLatencyMS"`
+	NumActiveRequests      int64               `json:"numActiveRequests"`
+	NumQueuedRequests      int64               `json:"numQueuedRequests"`
+	NumCompletedRequests   int64               `json:"numCompletedRequests"`
+	MaxNumActiveRequests   int                 `json:"maxNumActiveRequests"`
+	GpuMemUsage            int64               `json:"gpuMemUsage"`
+	CPUMemUsage            int64               `json:"cpuMemUsage"`
+	PinnedMemUsage         int64               `json:"pinnedMemUsage"`
+	KvCacheStats           trtllmKVCacheStats  `json:"kvCacheStats"`
+	InflightBatchingStats  trtllmBatchingStats `json:"inflightBatchingStats"`
+	MaxBatchSizeRuntime    int                 `json:"maxBatchSizeRuntime"`
+	MaxNumTokensRuntime    int                 `json:"maxNumTokensRuntime"`
+	NumNewActiveRequests   int64               `json:"numNewActiveRequests"`
+	MaxBatchSizeStatic     int                 `json:"maxBatchSizeStatic"`
+	MaxNumTokensStatic     int                 `json:"maxNumTokensStatic"`
+}
+
+type trtllmKVCacheStats struct {
+	MaxNumBlocks   int     `json:"maxNumBlocks"`
+	FreeNumBlocks  int64   `json:"freeNumBlocks"`
+	UsedNumBlocks  int64   `json:"usedNumBlocks"`
+	TokensPerBlock int     `json:"tokensPerBlock"`
+	ReusedBlocks   int64   `json:"reusedBlocks"`
+	MissedBlocks   int64   `json:"missedBlocks"`
+	CacheHitRate   float64 `json:"cacheHitRate"`
+}
+
+type trtllmBatchingStats struct {
+	NumScheduledRequests       int64   `json:"numScheduledRequests"`
+	NumContextRequests         int64   `json:"numContextRequests"`
+	NumGenRequests             int64   `json:"numGenRequests"`
+	NumPausedRequests          int64   `json:"numPausedRequests"`
+	NumCtxTokens               int64   `json:"numCtxTokens"`
+	AvgNumDecodedTokensPerIter float64 `json:"avgNumDecodedTokensPerIter"`
+	MicroBatchID               int     `json:"microBatchId"`
+}
+
+// trtllm returns the pod's state as trtllm-serve's /metrics entry.
+func (m *podMetrics) trtllm(maxBatch int, timestamp string) trtllmStats {
+	running, prefilling, used := m.running.Load(), m.prefilling.Load(), m.usedBlocks.Load()
+	queried, hit := m.queryTokens.Load(), m.hitTokens.Load()
+	s := trtllmStats{
+		Timestamp:            timestamp,
+		Iter:                 m.steps.Load(),
+		IterLatencyMS:        float64(m.lastStepNanos.Load()) / 1e6,
+		NumActiveRequests:    running,
+		NumQueuedRequests:    m.waiting.Load(),
+		MaxNumActiveRequests: maxBatch,
+		MaxBatchSizeRuntime:  maxBatch,
+		MaxBatchSizeStatic:   maxBatch,
+		KvCacheStats: trtllmKVCacheStats{
+			MaxNumBlocks:   m.cacheBlocks,
+			FreeNumBlocks:  int64(m.cacheBlocks) - used,
+			UsedNumBlocks:  used,
+			TokensPerBlock: m.blockSize,
+			ReusedBlocks:   hit / int64(m.blockSize),
+			MissedBlocks:   (queried - hit) / int64(m.blockSize),
+			CacheHitRate:   m.cacheHitRate(),
+		},
+		InflightBatchingStats: trtllmBatchingStats{
+			NumScheduledRequests:       running,
+			NumContextRequests:         prefilling,
+			NumGenRequests:             running - prefilling,
+			AvgNumDecodedTokensPerIter: 1,
+		},
+	}
+	for r := finishStop; r < numFinish; r++ {
+		s.NumCompletedRequests += m.finished[r].Load()
+	}
+	return s
+}

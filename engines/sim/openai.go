@@ -1,0 +1,300 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"pdlb/engines/tokenize"
+)
+
+// genRequest is the part of an OpenAI chat or completions body the sim
+// reads. Fields it does not know are ignored, as vLLM ignores them (with a
+// warning).
+type genRequest struct {
+	Model               string          `json:"model"`
+	Messages            []chatMessage   `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
+	// RequestID is vLLM's request_id extra parameter; RID is SGLang's.
+	RequestID string `json:"request_id"`
+	RID       string `json:"rid"`
+	// AddGenerationPrompt is /tokenize's (default true).
+	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+}
+
+// streamOptions follows vLLM, where include_usage defaults to true once
+// stream_options is given at all.
+type streamOptions struct {
+	IncludeUsage         *bool `json:"include_usage"`
+	ContinuousUsageStats bool  `json:"continuous_usage_stats"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type contentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+var errBadRequest = errors.New("bad request")
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
+}
+
+// renderChat renders messages with the chat template the gateway uses
+// (engines/tokenize), so both sides compute the same tokens. Text parts of a
+// list content are concatenated; other parts (images) add nothing.
+func renderChat(dst []byte, msgs []chatMessage, generationPrompt bool) ([]byte, error) {
+	if len(msgs) == 0 {
+		return dst, badRequest("messages must not be empty")
+	}
+	for i, m := range msgs {
+		c := bytes.TrimSpace(m.Content)
+		switch {
+		case len(c) == 0 || string(c) == "null":
+			dst = tokenize.AppendTurn(dst, []byte(m.Role), nil)
+		case c[0] == '"':
+			var s string
+			if err := json.Unmarshal(c, &s); err != nil {
+				return dst, badRequest("messages[%d].content: %v", i, err)
+			}
+			dst = tokenize.AppendTurn(dst, []byte(m.Role), []byte(s))
+		case c[0] == '[':
+			var parts []contentPart
+			if err := json.Unmarshal(c, &parts); err != nil {
+				return dst, badRequest("messages[%d].content: %v", i, err)
+			}
+			dst = tokenize.AppendTurnOpen(dst, []byte(m.Role))
+			for _, p := range parts {
+				if p.Type == "text" {
+					dst = append(dst, p.Text...)
+				}
+			}
+			dst = tokenize.AppendTurnClose(dst)
+		default:
+			return dst, badRequest("messages[%d].content must be a string or a list of parts", i)
+		}
+	}
+	if generationPrompt {
+		dst = append(dst, tokenize.GenerationPrompt...)
+	}
+	return dst, nil
+}
+
+// promptTokens returns the tokens of a completions prompt: a string, a list
+// of token ids, or a one-element list of either (the sim serves one prompt
+// per request).
+func promptTokens(dst []uint32, raw json.RawMessage) ([]uint32, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return dst, badRequest("prompt is required")
+	}
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return dst, badRequest("prompt: %v", err)
+		}
+		return tokenize.Append(dst, []byte(s)), nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return dst, badRequest("prompt must be a string, a list of token ids or a list of one of them")
+	}
+	if len(list) == 0 {
+		return dst, badRequest("prompt must not be empty")
+	}
+	if first := bytes.TrimSpace(list[0]); len(first) > 0 && (first[0] == '"' || first[0] == '[') {
+		if len(list) != 1 {
+			return dst, badRequest("prompt: batches of %d prompts are not supported by the sim; send one per request", len(list))
+		}
+		return promptTokens(dst, list[0])
+	}
+	for i, e := range list {
+		id, err := strconv.ParseUint(string(bytes.TrimSpace(e)), 10, 32)
+		if err != nil {
+			return dst, badRequest("prompt[%d] = %s is not a token id", i, e)
+		}
+		dst = append(dst, uint32(id))
+	}
+	return dst, nil
+}
+
+// apiError is vLLM's error body (ErrorResponse with ErrorInfo).
+type apiError struct {
+	Error apiErrorInfo `json:"error"`
+}
+
+type apiErrorInfo struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+func errorBody(code int, typ, param, msg string) []byte {
+	e := apiError{Error: apiErrorInfo{Message: msg, Type: typ, Code: code}}
+	if param != "" {
+		e.Error.Param = &param
+	}
+	b, _ := json.Marshal(e) // a struct of strings and ints cannot fail
+	return b
+}
+
+// appendUsage appends vLLM's UsageInfo; non-streaming responses dump its
+// prompt_tokens_details too (null: the sim does not enable it).
+func appendUsage(dst []byte, prompt, completion int, details bool) []byte {
+	dst = append(dst, `{"prompt_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(prompt), 10)
+	dst = append(dst, `,"total_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(prompt+completion), 10)
+	dst = append(dst, `,"completion_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(completion), 10)
+	if details {
+		dst = append(dst, `,"prompt_tokens_details":null`...)
+	}
+	return append(dst, '}')
+}
+
+// sseWriter builds one response's SSE chunks in vLLM's shapes. vLLM streams
+// chunk models dumped with exclude_unset, so a chunk carries exactly the
+// fields it sets: the chat role chunk, then content deltas, the last with
+// finish_reason and stop_reason, then (with include_usage) a chunk with
+// empty choices and the usage, then [DONE].
+type sseWriter struct {
+	chat       bool
+	prefix     []byte // `data: {"id":…,"object":…,"created":…,"model":…,"choices":[`
+	usage      bool
+	continuous bool
+	prompt     int
+	sentRole   bool
+}
+
+func newSSEWriter(chat bool, id string, created int64, model string, usage, continuous bool, prompt int) *sseWriter {
+	object := "text_completion"
+	if chat {
+		object = "chat.completion.chunk"
+	}
+	p := append([]byte(nil), `data: {"id":`...)
+	p = strconv.AppendQuote(p, id)
+	p = append(p, `,"object":"`...)
+	p = append(p, object...)
+	p = append(p, `","created":`...)
+	p = strconv.AppendInt(p, created, 10)
+	p = append(p, `,"model":`...)
+	p = appendJSONString(p, model)
+	p = append(p, `,"choices":[`...)
+	return &sseWriter{chat: chat, prefix: p, usage: usage, continuous: continuous, prompt: prompt}
+}
+
+// appendDelta appends the chunks for new output text; completion is the
+// number of tokens produced so far and reason the finish reason, if any.
+func (w *sseWriter) appendDelta(dst []byte, text []byte, completion int, reason uint8) []byte {
+	if w.chat && !w.sentRole {
+		w.sentRole = true
+		dst = append(dst, w.prefix...)
+		dst = append(dst, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+		dst = w.closeChunk(dst, 0)
+	}
+	dst = append(dst, w.prefix...)
+	if w.chat {
+		dst = append(dst, `{"index":0,"delta":{"content":`...)
+		dst = appendJSONBytes(dst, text)
+		dst = append(dst, `},"logprobs":null,"finish_reason":`...)
+	} else {
+		dst = append(dst, `{"index":0,"text":`...)
+		dst = appendJSONBytes(dst, text)
+		dst = append(dst, `,"logprobs":null,"finish_reason":`...)
+	}
+	if reason == finishNone {
+		dst = append(dst, "null"...)
+	} else {
+		dst = append(dst, '"')
+		dst = append(dst, finishNames[reason]...)
+		dst = append(dst, '"')
+	}
+	if !w.chat || reason != finishNone {
+		dst = append(dst, `,"stop_reason":null`...)
+	}
+	dst = append(dst, "}]"...)
+	return w.closeChunk(dst, completion)
+}
+
+func (w *sseWriter) closeChunk(dst []byte, completion int) []byte {
+	if w.continuous {
+		dst = append(dst, `,"usage":`...)
+		dst = appendUsage(dst, w.prompt, completion, false)
+	}
+	return append(dst, "}\n\n"...)
+}
+
+// appendEnd appends the usage chunk, if asked for, and [DONE].
+func (w *sseWriter) appendEnd(dst []byte, completion int) []byte {
+	if w.usage {
+		dst = append(dst, w.prefix...)
+		dst = append(dst, `],"usage":`...)
+		dst = appendUsage(dst, w.prompt, completion, false)
+		dst = append(dst, "}\n\n"...)
+	}
+	return append(dst, "data: [DONE]\n\n"...)
+}
+
+// appendFullResponse appends a non-streaming chat.completion or
+// text_completion body, every field vLLM's response model has (it dumps
+// them all, nulls included).
+func appendFullResponse(dst []byte, chat bool, id string, created int64, model string, text []byte, reason uint8, prompt, completion int) []byte {
+	dst = append(dst, `{"id":`...)
+	dst = strconv.AppendQuote(dst, id)
+	if chat {
+		dst = append(dst, `,"object":"chat.completion"`...)
+	} else {
+		dst = append(dst, `,"object":"text_completion"`...)
+	}
+	dst = append(dst, `,"created":`...)
+	dst = strconv.AppendInt(dst, created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = appendJSONString(dst, model)
+	if chat {
+		dst = append(dst, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
+		dst = appendJSONBytes(dst, text)
+		dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"`...)
+		dst = append(dst, finishNames[reason]...)
+		dst = append(dst, `","stop_reason":null}]`...)
+	} else {
+		dst = append(dst, `,"choices":[{"index":0,"text":`...)
+		dst = appendJSONBytes(dst, text)
+		dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
+		dst = append(dst, finishNames[reason]...)
+		dst = append(dst, `","stop_reason":null,"prompt_logprobs":null}]`...)
+	}
+	dst = append(dst, `,"service_tier":null,"system_fingerprint":null,"usage":`...)
+	dst = appendUsage(dst, prompt, completion, true)
+	if chat {
+		dst = append(dst, `,"prompt_logprobs":null`...)
+	}
+	return append(dst, `,"kv_transfer_params":null}`...)
+}
+
+// appendJSONString appends s as a JSON string. The sim's own text is plain
+// ASCII words; json.Marshal handles what a client may send (model names).
+func appendJSONString(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s) // a string always marshals
+	return append(dst, b...)
+}
+
+// appendJSONBytes appends generated text, which is ASCII letters and spaces
+// only (words), as a JSON string without escaping work.
+func appendJSONBytes(dst, text []byte) []byte {
+	dst = append(dst, '"')
+	dst = append(dst, text...)
+	return append(dst, '"')
+}

@@ -1,0 +1,525 @@
+package sim
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/engines/tokenize"
+	"pdlb/radix"
+)
+
+// Pod is one live simulated engine: an HTTP server speaking the OpenAI API
+// the way the engine it plays does, in front of a scheduler that applies the
+// timing model to wall time divided by Speedup.
+type Pod struct {
+	cfg     Config
+	seed    uint64 // engineSeed(model, HashSeed)
+	created int64  // unix seconds, for /v1/models
+	routes  map[string]route
+	m       *podMetrics
+	sched   *scheduler
+	ln      net.Listener
+	srv     *fasthttp.Server
+	served  chan struct{} // closed when Serve returned
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type route struct {
+	get, post bool
+	h         func(ctx *fasthttp.RequestCtx)
+}
+
+// Timing of the HTTP side.
+const (
+	// disconnectPoll is how often a waiting handler checks whether its
+	// client hung up (wall time).
+	disconnectPoll = 20 * time.Millisecond
+	idleTimeout    = 60 * time.Second
+	// idleWorker is how long fasthttp keeps an idle worker goroutine, and
+	// how often its pool's cleaner wakes; the cleaner notices Close only
+	// then, so this bounds how long a pod's last goroutine outlives it.
+	idleWorker   = 250 * time.Millisecond
+	shutdownWait = 10 * time.Second
+	maxBodySize  = 64 << 20
+)
+
+// Start validates cfg (after defaults), listens and serves until Close.
+func Start(cfg Config) (*Pod, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("sim: pod %s: %w", cfg.Name, err)
+	}
+	if cfg.Name == defaultNamePrefix+DefaultListen {
+		cfg.Name = defaultNamePrefix + ln.Addr().String()
+	}
+	start := time.Now()
+	p := &Pod{
+		cfg:     cfg,
+		seed:    engineSeed(cfg.Model, cfg.HashSeed),
+		created: start.Unix(),
+		ln:      ln,
+		served:  make(chan struct{}),
+	}
+	p.m = newPodMetrics(cfg, func() float64 { return time.Since(start).Seconds() * cfg.Speedup })
+	p.sched = newScheduler(cfg, p.m, start)
+	p.routes = p.routeTable()
+	p.srv = &fasthttp.Server{
+		Handler:               p.serveHTTP,
+		Name:                  "pdlb-sim",
+		IdleTimeout:           idleTimeout,
+		MaxIdleWorkerDuration: idleWorker,
+		MaxRequestBodySize:    maxBodySize,
+		CloseOnShutdown:       true,
+		NoDefaultContentType:  true,
+	}
+	go p.sched.run()
+	go func() {
+		defer close(p.served)
+		_ = p.srv.Serve(ln) // returns nil on Shutdown; other errors end the pod the same way
+	}()
+	return p, nil
+}
+
+// Addr returns the host:port the pod listens on.
+func (p *Pod) Addr() string { return p.ln.Addr().String() }
+
+// Config returns the pod's configuration, defaults applied.
+func (p *Pod) Config() Config { return p.cfg }
+
+// Close aborts the requests in flight (streams end with finish_reason
+// "abort", as vLLM's do when it shuts down), waits for their responses to
+// be written, closes the listener and connections and stops every
+// goroutine. It is safe to call more than once.
+func (p *Pod) Close() error {
+	p.closeOnce.Do(func() {
+		close(p.sched.done)
+		<-p.sched.exited
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownWait)
+		defer cancel()
+		p.closeErr = p.srv.ShutdownWithContext(ctx)
+		<-p.served
+	})
+	return p.closeErr
+}
+
+// Stats is a snapshot of a pod's scheduler and counters.
+type Stats struct {
+	Running, Waiting int // requests admitted to the batch, and queued
+	UsedBlocks       int // KV blocks held by running requests
+	KVUsage          float64
+	PromptTokens     int64 // prompt tokens prefilled
+	GeneratedTokens  int64
+	QueriedTokens    int64 // prompt tokens looked up in the prefix cache
+	HitTokens        int64 // of which found cached
+	Finished         int64 // requests finished, aborted ones included
+	Aborted          int64
+}
+
+// Stats returns the pod's current state; the gauges are as of the
+// scheduler's last wake-up.
+func (p *Pod) Stats() Stats {
+	m := p.m
+	s := Stats{
+		Running:         int(m.running.Load()),
+		Waiting:         int(m.waiting.Load()),
+		UsedBlocks:      int(m.usedBlocks.Load()),
+		KVUsage:         m.kvUsage(),
+		PromptTokens:    m.promptTokens.Load(),
+		GeneratedTokens: m.generationTokens.Load(),
+		QueriedTokens:   m.queryTokens.Load(),
+		HitTokens:       m.hitTokens.Load(),
+		Aborted:         m.finished[finishAbort].Load(),
+	}
+	for r := finishStop; r < numFinish; r++ {
+		s.Finished += m.finished[r].Load()
+	}
+	return s
+}
+
+// ResetPrefixCache drops the pod's prefix cache, reporting AllBlocksCleared
+// to the KV event sink; false when the pod is closing.
+func (p *Pod) ResetPrefixCache() bool { return p.sched.send(schedMsg{kind: msgClearCache}) }
+
+func (p *Pod) routeTable() map[string]route {
+	post := func(h func(*fasthttp.RequestCtx)) route { return route{post: true, h: h} }
+	get := func(h func(*fasthttp.RequestCtx)) route { return route{get: true, h: h} }
+	rt := map[string]route{
+		"/v1/chat/completions": post(func(ctx *fasthttp.RequestCtx) { p.generate(ctx, true) }),
+		"/v1/completions":      post(func(ctx *fasthttp.RequestCtx) { p.generate(ctx, false) }),
+		"/v1/models":           get(p.models),
+		"/health":              get(func(*fasthttp.RequestCtx) {}),
+		"/metrics":             get(p.metrics),
+	}
+	switch p.cfg.Engine {
+	case engines.VLLM:
+		rt["/tokenize"] = post(p.tokenize)
+		rt["/reset_prefix_cache"] = post(p.resetPrefixCache)
+		rt["/version"] = get(p.version)
+	case engines.SGLang:
+		rt["/abort_request"] = post(p.abortRequest)
+		rt["/get_server_info"] = get(p.serverInfo)
+		rt["/flush_cache"] = route{get: true, post: true, h: p.resetPrefixCache}
+	case engines.TRTLLM:
+		rt["/version"] = get(p.version)
+	}
+	return rt
+}
+
+func (p *Pod) serveHTTP(ctx *fasthttp.RequestCtx) {
+	r, ok := p.routes[string(ctx.Path())]
+	if !ok {
+		// FastAPI's answers, which vLLM, SGLang and trtllm-serve share.
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		writeJSON(ctx, []byte(`{"detail":"Not Found"}`))
+		return
+	}
+	if !(r.get && (ctx.IsGet() || ctx.IsHead()) || r.post && ctx.IsPost()) {
+		ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+		writeJSON(ctx, []byte(`{"detail":"Method Not Allowed"}`))
+		return
+	}
+	r.h(ctx)
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, body []byte) {
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+func writeError(ctx *fasthttp.RequestCtx, code int, typ, param, msg string) {
+	ctx.SetStatusCode(code)
+	writeJSON(ctx, errorBody(code, typ, param, msg))
+}
+
+func (p *Pod) checkModel(ctx *fasthttp.RequestCtx, model string) bool {
+	if model == "" || model == p.cfg.Model {
+		return true
+	}
+	writeError(ctx, fasthttp.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", model))
+	return false
+}
+
+// parseBody decodes a JSON request body, answering 400 when it is not one.
+func parseBody(ctx *fasthttp.RequestCtx, v any) bool {
+	if err := json.Unmarshal(ctx.PostBody(), v); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", "invalid JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+// requestTokens renders and tokenizes the prompt of a chat or completions
+// request.
+func requestTokens(req *genRequest, chat bool) ([]uint32, error) {
+	if chat {
+		text, err := renderChat(nil, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+		if err != nil {
+			return nil, err
+		}
+		return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), nil
+	}
+	return promptTokens(nil, req.Prompt)
+}
+
+// generate serves /v1/chat/completions and /v1/completions.
+func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
+	var req genRequest
+	if !parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
+		return
+	}
+	tokens, err := requestTokens(&req, chat)
+	if err == nil && len(tokens) == 0 {
+		err = badRequest("the prompt is empty")
+	}
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
+		return
+	}
+	r := newRequest()
+	r.tokens = tokens
+	if !p.setMaxTokens(ctx, r, &req) {
+		return
+	}
+	r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), p.seed, tokens, p.cfg.Physics.BlockSize)
+	id := string(ctx.Request.Header.Peek("X-Request-Id"))
+	for _, alt := range []string{req.RequestID, req.RID} {
+		if id == "" {
+			id = alt
+		}
+	}
+	if id == "" {
+		id = fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	}
+	r.rid = id
+	respID := "cmpl-" + id
+	if chat {
+		respID = "chatcmpl-" + id
+	}
+	if !p.sched.send(schedMsg{kind: msgSubmit, req: r}) {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", "the engine is shutting down")
+		return
+	}
+	text := newTextStream(p.cfg.Seed, tokens)
+	created := time.Now().Unix()
+	conn := ctx.Conn()
+	if !req.Stream {
+		n, reason := p.wait(r, conn, nil)
+		if reason == finishNone {
+			return // the client is gone
+		}
+		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, len(tokens), n))
+		return
+	}
+	usage, continuous := false, false
+	if o := req.StreamOptions; o != nil {
+		usage = o.IncludeUsage == nil || *o.IncludeUsage
+		continuous = o.ContinuousUsageStats
+	}
+	sse := newSSEWriter(chat, respID, created, p.cfg.Model, usage, continuous, len(tokens))
+	ctx.SetContentType("text/event-stream; charset=utf-8")
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		var buf, piece []byte
+		sent := 0
+		p.wait(r, conn, func(n int, reason uint8) bool {
+			piece = text.appendText(piece[:0], sent, n)
+			buf = sse.appendDelta(buf[:0], piece, n, reason)
+			sent = n
+			if reason != finishNone {
+				buf = sse.appendEnd(buf, n)
+			}
+			_, err := w.Write(buf)
+			if err == nil {
+				err = w.Flush()
+			}
+			return err == nil
+		})
+	})
+}
+
+// setMaxTokens sets r's output length from the request, answering 400 as
+// vLLM does when it is not positive or the context cannot hold it.
+func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest) bool {
+	prompt, limit := len(r.tokens), p.cfg.MaxModelLen
+	mt := req.MaxCompletionTokens
+	if mt == nil {
+		mt = req.MaxTokens
+	}
+	switch {
+	case mt != nil && *mt < 1:
+		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", *mt))
+		return false
+	case mt != nil && prompt+*mt > limit || prompt >= limit:
+		want := prompt
+		if mt != nil {
+			want += *mt
+		}
+		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			limit, want, prompt, want-prompt))
+		return false
+	case mt != nil:
+		r.maxTokens, r.limitReason = *mt, finishLength
+	case prompt+p.cfg.DefaultMaxTokens > limit:
+		r.maxTokens, r.limitReason = limit-prompt, finishLength
+	default:
+		r.maxTokens, r.limitReason = p.cfg.DefaultMaxTokens, finishStop
+	}
+	return true
+}
+
+// wait follows r until it finishes or its client hangs up, calling deliver
+// (when not nil) with the tokens produced so far each time they change. A
+// false from deliver, or a closed connection, cancels the request. It returns
+// the tokens produced and the finish reason, finishNone if cancelled.
+func (p *Pod) wait(r *request, conn net.Conn, deliver func(produced int, reason uint8) bool) (int, uint8) {
+	poll := time.NewTicker(disconnectPoll)
+	defer poll.Stop()
+	delivered := 0
+	for {
+		select {
+		case <-r.notify:
+		case <-poll.C:
+			if connGone(conn) {
+				p.sched.send(schedMsg{kind: msgCancel, req: r})
+				return 0, finishNone
+			}
+			continue
+		case <-p.sched.exited:
+			// The scheduler finished everything it knew of; a request
+			// that reached it too late is aborted here.
+		}
+		n, reason := r.load()
+		if reason == finishNone && isClosed(p.sched.exited) {
+			reason = finishAbort
+		}
+		if deliver != nil && (n > delivered || reason != finishNone) {
+			if !deliver(n, reason) {
+				p.sched.send(schedMsg{kind: msgCancel, req: r})
+				return 0, finishNone
+			}
+			delivered = n
+		}
+		if reason != finishNone {
+			return n, reason
+		}
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// tokenize serves vLLM's POST /tokenize, with the tokens the sim computes for
+// the same prompt in a generation request.
+func (p *Pod) tokenize(ctx *fasthttp.RequestCtx) {
+	var req genRequest
+	if !parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
+		return
+	}
+	tokens, err := requestTokens(&req, req.Messages != nil)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
+		return
+	}
+	if tokens == nil {
+		tokens = []uint32{}
+	}
+	body, _ := json.Marshal(struct {
+		Count       int      `json:"count"`
+		MaxModelLen int      `json:"max_model_len"`
+		Tokens      []uint32 `json:"tokens"`
+		TokenStrs   []string `json:"token_strs"`
+	}{len(tokens), p.cfg.MaxModelLen, tokens, nil})
+	writeJSON(ctx, body)
+}
+
+// models serves GET /v1/models in vLLM's ModelList shape.
+func (p *Pod) models(ctx *fasthttp.RequestCtx) {
+	owner := map[engines.Kind]string{engines.VLLM: "vllm", engines.SGLang: "sglang", engines.TRTLLM: "tensorrt_llm"}[p.cfg.Engine]
+	type permission struct {
+		ID                 string  `json:"id"`
+		Object             string  `json:"object"`
+		Created            int64   `json:"created"`
+		AllowCreateEngine  bool    `json:"allow_create_engine"`
+		AllowSampling      bool    `json:"allow_sampling"`
+		AllowLogprobs      bool    `json:"allow_logprobs"`
+		AllowSearchIndices bool    `json:"allow_search_indices"`
+		AllowView          bool    `json:"allow_view"`
+		AllowFineTuning    bool    `json:"allow_fine_tuning"`
+		Organization       string  `json:"organization"`
+		Group              *string `json:"group"`
+		IsBlocking         bool    `json:"is_blocking"`
+	}
+	type card struct {
+		ID          string       `json:"id"`
+		Object      string       `json:"object"`
+		Created     int64        `json:"created"`
+		OwnedBy     string       `json:"owned_by"`
+		Root        string       `json:"root"`
+		Parent      *string      `json:"parent"`
+		MaxModelLen int          `json:"max_model_len"`
+		Permission  []permission `json:"permission"`
+	}
+	body, _ := json.Marshal(struct {
+		Object string `json:"object"`
+		Data   []card `json:"data"`
+	}{"list", []card{{
+		ID: p.cfg.Model, Object: "model", Created: p.created, OwnedBy: owner, Root: p.cfg.Model,
+		MaxModelLen: p.cfg.MaxModelLen,
+		Permission: []permission{{
+			ID: "modelperm-" + strconv.FormatUint(p.seed, 16), Object: "model_permission", Created: p.created,
+			AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
+		}},
+	}}})
+	writeJSON(ctx, body)
+}
+
+// metrics serves GET /metrics: Prometheus text for vllm and sglang, a JSON
+// list of iteration stats for trtllm.
+func (p *Pod) metrics(ctx *fasthttp.RequestCtx) {
+	if p.cfg.Engine == engines.TRTLLM {
+		body, _ := json.Marshal([]trtllmStats{p.m.trtllm(p.cfg.Physics.MaxBatch, time.Now().Format("01-02-2006 15:04:05"))})
+		writeJSON(ctx, body)
+		return
+	}
+	ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+	p.m.writePrometheus(ctx)
+}
+
+func (p *Pod) version(ctx *fasthttp.RequestCtx) {
+	writeJSON(ctx, []byte(`{"version":"pdlb-sim"}`))
+}
+
+// resetPrefixCache serves vLLM's POST /reset_prefix_cache and SGLang's
+// /flush_cache.
+func (p *Pod) resetPrefixCache(ctx *fasthttp.RequestCtx) {
+	if !p.ResetPrefixCache() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		return
+	}
+	if p.cfg.Engine == engines.SGLang {
+		ctx.SetContentType("text/plain; charset=utf-8")
+		ctx.SetBodyString("Cache flushed.\n")
+	}
+}
+
+// abortRequest serves SGLang's POST /abort_request {"rid": …, "abort_all": …}.
+func (p *Pod) abortRequest(ctx *fasthttp.RequestCtx) {
+	var req struct {
+		RID      string `json:"rid"`
+		AbortAll bool   `json:"abort_all"`
+	}
+	if !parseBody(ctx, &req) {
+		return
+	}
+	m := schedMsg{kind: msgAbortRID, rid: req.RID}
+	if req.AbortAll {
+		m.kind = msgAbortAll
+	}
+	if !p.sched.send(m) {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+	}
+}
+
+// serverInfo serves SGLang's GET /get_server_info: the server arguments a
+// router reads, and the scheduler's internal state.
+func (p *Pod) serverInfo(ctx *fasthttp.RequestCtx) {
+	host, port, _ := net.SplitHostPort(p.Addr())
+	portN, _ := strconv.Atoi(port)
+	body, _ := json.Marshal(map[string]any{
+		"model_path":           p.cfg.Model,
+		"served_model_name":    p.cfg.Model,
+		"tokenizer_path":       p.cfg.Model,
+		"host":                 host,
+		"port":                 portN,
+		"context_length":       p.cfg.MaxModelLen,
+		"max_running_requests": p.cfg.Physics.MaxBatch,
+		"max_total_num_tokens": p.cfg.Physics.CacheBlocks * p.cfg.Physics.BlockSize,
+		"page_size":            p.cfg.Physics.BlockSize,
+		"disaggregation_mode":  "null",
+		"internal_states":      []map[string]any{{"last_gen_throughput": p.m.genThroughput()}},
+		"version":              "pdlb-sim",
+	})
+	writeJSON(ctx, body)
+}

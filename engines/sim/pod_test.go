@@ -1,0 +1,319 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"pdlb/engines"
+	"pdlb/engines/tokenize"
+)
+
+// fast is a speedup at which the tests' requests take milliseconds.
+const fast = 1000
+
+// chatTokens renders one user message as the gateway does.
+func chatTokens(content string) []uint32 {
+	text := tokenize.AppendTurn(nil, []byte("user"), []byte(content))
+	text = append(text, tokenize.GenerationPrompt...)
+	return tokenize.Append(nil, text)
+}
+
+func TestChatNonStreaming(t *testing.T) {
+	p := testPod(t, Config{Model: "m1", Speedup: fast, Seed: 7})
+	c := testClient(t)
+	status, body := post(t, c, "http://"+p.Addr()+"/v1/chat/completions", chatBody("hello there", map[string]any{"model": "m1", "max_tokens": 9}))
+	if status != http.StatusOK {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	var resp struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		Model   string `json:"model"`
+		Choices []struct {
+			Index   int `json:"index"`
+			Message struct {
+				Role    string `json:"role"`
+				Content string `json:"content"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+			StopReason   any    `json:"stop_reason"`
+		} `json:"choices"`
+		Usage usageJSON `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		t.Fatalf("%v: %s", err, body)
+	}
+	prompt := chatTokens("hello there")
+	want := string(newTextStream(7, prompt).appendText(nil, 0, 9))
+	switch {
+	case !strings.HasPrefix(resp.ID, "chatcmpl-"), resp.Object != "chat.completion", resp.Model != "m1",
+		resp.Created < time.Now().Add(-time.Minute).Unix(), len(resp.Choices) != 1:
+		t.Fatalf("envelope: %s", body)
+	case resp.Choices[0].Message.Role != "assistant", resp.Choices[0].Message.Content != want,
+		resp.Choices[0].FinishReason != "length", resp.Choices[0].StopReason != nil:
+		t.Fatalf("choice: %s, want content %q", body, want)
+	case resp.Usage != usageJSON{PromptTokens: len(prompt), CompletionTokens: 9, TotalTokens: len(prompt) + 9}:
+		t.Fatalf("usage %+v, prompt has %d tokens", resp.Usage, len(prompt))
+	}
+}
+
+func TestCompletionsNonStreaming(t *testing.T) {
+	p := testPod(t, Config{Speedup: fast, DefaultMaxTokens: 5})
+	c := testClient(t)
+	url := "http://" + p.Addr() + "/v1/completions"
+	prompt := "The quick brown fox jumps"
+	ids := tokenize.Append(nil, []byte(prompt))
+	texts := map[string]string{}
+	for name, pr := range map[string]any{"string": prompt, "ids": ids, "list": []string{prompt}} {
+		status, body := post(t, c, url, map[string]any{"prompt": pr})
+		if status != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", name, status, body)
+		}
+		var resp struct {
+			ID      string `json:"id"`
+			Object  string `json:"object"`
+			Choices []struct {
+				Text         string `json:"text"`
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage usageJSON `json:"usage"`
+		}
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(resp.ID, "cmpl-") || resp.Object != "text_completion" || len(resp.Choices) != 1 ||
+			resp.Choices[0].FinishReason != "stop" || resp.Usage.PromptTokens != len(ids) || resp.Usage.CompletionTokens != 5 {
+			t.Fatalf("%s: %s", name, body)
+		}
+		texts[name] = resp.Choices[0].Text
+	}
+	if texts["string"] != texts["ids"] || texts["string"] != texts["list"] || len(texts["string"]) != 5*4 {
+		t.Fatalf("one prompt, three spellings, different answers: %q", texts)
+	}
+}
+
+func TestStreamingChunks(t *testing.T) {
+	p := testPod(t, Config{Speedup: fast, Seed: 3})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	f := func(path string, body map[string]any, chat, usage bool) {
+		t.Helper()
+		resp, events := stream(t, c, context.Background(), base+path, body)
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+			t.Fatalf("%s: Content-Type %q", path, ct)
+		}
+		chunks := parseChunks(t, events)
+		wantObject, prefix := "text_completion", "cmpl-"
+		if chat {
+			wantObject, prefix = "chat.completion.chunk", "chatcmpl-"
+		}
+		for i, ch := range chunks {
+			if !strings.HasPrefix(ch.ID, prefix) || ch.ID != chunks[0].ID || ch.Object != wantObject || ch.Model != DefaultModel || ch.Created == 0 {
+				t.Fatalf("%s: chunk %d envelope: %s", path, i, events[i].data)
+			}
+		}
+		last := chunks[len(chunks)-1]
+		if usage {
+			if len(last.Choices) != 0 || last.Usage == nil || last.Usage.CompletionTokens != 12 ||
+				last.Usage.TotalTokens != last.Usage.PromptTokens+12 {
+				t.Fatalf("%s: usage chunk %s", path, events[len(chunks)-1].data)
+			}
+			chunks = chunks[:len(chunks)-1]
+		}
+		for i, ch := range chunks {
+			if ch.Usage != nil || len(ch.Choices) != 1 || ch.Choices[0].Index != 0 {
+				t.Fatalf("%s: chunk %d: %s", path, i, events[i].data)
+			}
+			done := ch.Choices[0].FinishReason != nil
+			if done != (i == len(chunks)-1) {
+				t.Fatalf("%s: finish_reason on chunk %d of %d: %s", path, i, len(chunks), events[i].data)
+			}
+		}
+		if chat {
+			d := chunks[0].Choices[0].Delta
+			if d == nil || d.Role == nil || *d.Role != "assistant" || d.Content == nil || *d.Content != "" {
+				t.Fatalf("first chat chunk is not the role chunk: %s", events[0].data)
+			}
+		}
+		text, finish := streamedText(chunks)
+		if finish != "length" || len(text) != 12*4 {
+			t.Fatalf("%s: text %q finish %q", path, text, finish)
+		}
+	}
+	f("/v1/chat/completions", chatBody("stream me", map[string]any{"stream": true, "max_tokens": 12}), true, false)
+	f("/v1/chat/completions", chatBody("stream me", map[string]any{"stream": true, "max_completion_tokens": 12,
+		"stream_options": map[string]any{"include_usage": true}}), true, true)
+	// vLLM's include_usage defaults to true once stream_options is given.
+	f("/v1/completions", map[string]any{"prompt": "stream me", "stream": true, "max_tokens": 12,
+		"stream_options": map[string]any{}}, false, true)
+	f("/v1/completions", map[string]any{"prompt": "stream me", "stream": true, "max_tokens": 12}, false, false)
+
+	// Streamed and whole answers agree.
+	_, body := post(t, c, base+"/v1/chat/completions", chatBody("stream me", map[string]any{"max_tokens": 12}))
+	_, events := stream(t, c, context.Background(), base+"/v1/chat/completions", chatBody("stream me", map[string]any{"stream": true, "max_tokens": 12}))
+	text, _ := streamedText(parseChunks(t, events))
+	if !strings.Contains(string(body), `"content":"`+text+`"`) {
+		t.Fatalf("streamed %q, whole %s", text, body)
+	}
+}
+
+func TestIncrementalStreaming(t *testing.T) {
+	// 80 tokens at batch 1: 80 × 10.2 ms simulated, about 160 ms of wall
+	// time at speedup 5, against a first token after a 0.5 ms prefill.
+	p := testPod(t, Config{Speedup: 5})
+	c := testClient(t)
+	_, events := stream(t, c, context.Background(), "http://"+p.Addr()+"/v1/completions",
+		map[string]any{"prompt": "tell me a long story", "stream": true, "max_tokens": 80})
+	chunks := parseChunks(t, events)
+	if len(chunks) < 10 {
+		t.Fatalf("80 tokens came in %d chunks", len(chunks))
+	}
+	first, last := events[0].at, events[len(events)-2].at
+	if last < 100*time.Millisecond || first > last/4 {
+		t.Fatalf("first chunk after %v, last after %v: not incremental", first, last)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	p := testPod(t, Config{Model: "m1", Speedup: fast, MaxModelLen: 100})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	f := func(path string, body any, wantStatus int, wantType, wantIn string) {
+		t.Helper()
+		var status int
+		var out []byte
+		if s, ok := body.(string); ok {
+			resp, err := c.Post(base+path, "application/json", strings.NewReader(s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e apiError
+			_ = json.NewDecoder(resp.Body).Decode(&e)
+			resp.Body.Close()
+			out, _ = json.Marshal(e)
+			status = resp.StatusCode
+		} else {
+			status, out = post(t, c, base+path, body)
+		}
+		var e apiError
+		if err := json.Unmarshal(out, &e); err != nil || status != wantStatus || e.Error.Code != wantStatus ||
+			e.Error.Type != wantType || !strings.Contains(e.Error.Message, wantIn) {
+			t.Fatalf("%s %v: status %d body %s; want %d %s containing %q", path, body, status, out, wantStatus, wantType, wantIn)
+		}
+	}
+	f("/v1/chat/completions", chatBody("hi", map[string]any{"model": "other"}), 404, "NotFoundError", "The model `other` does not exist.")
+	f("/v1/completions", `{"prompt": "hi",`, 400, "BadRequestError", "invalid JSON")
+	f("/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 0}, 400, "BadRequestError", "max_tokens must be at least 1")
+	f("/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 100}, 400, "BadRequestError", "maximum context length is 100 tokens")
+	f("/v1/completions", map[string]any{"prompt": ""}, 400, "BadRequestError", "empty")
+	f("/v1/completions", map[string]any{"prompt": []string{"a", "b"}}, 400, "BadRequestError", "batches")
+	f("/v1/chat/completions", map[string]any{"messages": []any{}}, 400, "BadRequestError", "messages")
+
+	// A default output length that would overflow the context is cut to
+	// fit, ending as vLLM's default max_tokens does.
+	status, body := post(t, c, base+"/v1/completions", map[string]any{"prompt": strings.Repeat("abcd", 90)})
+	if status != 200 || !strings.Contains(string(body), `"completion_tokens":10`) || !strings.Contains(string(body), `"finish_reason":"length"`) {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	if status, _ := get(t, c, base+"/nowhere"); status != 404 {
+		t.Fatalf("unknown path: %d", status)
+	}
+	if status, _ := get(t, c, base+"/v1/completions"); status != 405 {
+		t.Fatalf("GET on a POST route: %d", status)
+	}
+}
+
+func TestHealthModelsVersion(t *testing.T) {
+	for _, eng := range engines.Kinds {
+		p := testPod(t, Config{Model: "org/model-" + string(eng), Engine: eng, Speedup: fast})
+		c := testClient(t)
+		base := "http://" + p.Addr()
+		if status, body := get(t, c, base+"/health"); status != 200 || len(body) != 0 {
+			t.Fatalf("%s /health: %d %q", eng, status, body)
+		}
+		status, body := get(t, c, base+"/v1/models")
+		var list struct {
+			Object string `json:"object"`
+			Data   []struct {
+				ID          string `json:"id"`
+				Object      string `json:"object"`
+				OwnedBy     string `json:"owned_by"`
+				MaxModelLen int    `json:"max_model_len"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(body, &list); err != nil || status != 200 || list.Object != "list" || len(list.Data) != 1 ||
+			list.Data[0].ID != "org/model-"+string(eng) || list.Data[0].Object != "model" || list.Data[0].MaxModelLen != DefaultMaxModelLen {
+			t.Fatalf("%s /v1/models: %d %s", eng, status, body)
+		}
+	}
+}
+
+func TestTokenizeAgreesWithTokenizer(t *testing.T) {
+	p := testPod(t, Config{Speedup: fast})
+	c := testClient(t)
+	url := "http://" + p.Addr() + "/tokenize"
+	type tokenized struct {
+		Count       int      `json:"count"`
+		MaxModelLen int      `json:"max_model_len"`
+		Tokens      []uint32 `json:"tokens"`
+	}
+	f := func(body map[string]any, want []uint32) {
+		t.Helper()
+		status, out := post(t, c, url, body)
+		var got tokenized
+		if err := json.Unmarshal(out, &got); err != nil || status != 200 {
+			t.Fatalf("%d %s", status, out)
+		}
+		if got.Count != len(want) || got.MaxModelLen != DefaultMaxModelLen || len(got.Tokens) != len(want) {
+			t.Fatalf("%v: got %+v, want %d tokens", body, got, len(want))
+		}
+		for i := range want {
+			if got.Tokens[i] != want[i] {
+				t.Fatalf("%v: token %d = %d, want %d", body, i, got.Tokens[i], want[i])
+			}
+		}
+	}
+	f(map[string]any{"prompt": "Hello, world! 12345"}, tokenize.Append(nil, []byte("Hello, world! 12345")))
+	f(chatBody("what is a GPU?", nil), chatTokens("what is a GPU?"))
+	parts := tokenize.AppendTurnOpen(nil, []byte("user"))
+	parts = append(parts, "part one, part two"...)
+	parts = tokenize.AppendTurnClose(parts)
+	f(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{
+		{"type": "text", "text": "part one, "}, {"type": "image_url", "image_url": map[string]any{"url": "x"}}, {"type": "text", "text": "part two"},
+	}}}, "add_generation_prompt": false}, tokenize.Append(nil, parts))
+}
+
+func TestDeterministicText(t *testing.T) {
+	a := testPod(t, Config{Name: "a", Speedup: fast, Seed: 11, HashSeed: 1})
+	b := testPod(t, Config{Name: "b", Speedup: fast, Seed: 11, HashSeed: 2, Engine: engines.SGLang})
+	other := testPod(t, Config{Name: "c", Speedup: fast, Seed: 12})
+	c := testClient(t)
+	answer := func(p *Pod, prompt string) string {
+		t.Helper()
+		status, body := post(t, c, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 16})
+		var resp struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(body, &resp); err != nil || status != 200 || len(resp.Choices) != 1 {
+			t.Fatalf("%d %s", status, body)
+		}
+		return resp.Choices[0].Text
+	}
+	x, y := answer(a, "same prompt"), answer(b, "same prompt")
+	if x != y {
+		t.Fatalf("equal seeds, different text: %q vs %q", x, y)
+	}
+	if x == answer(other, "same prompt") {
+		t.Fatal("different seeds, same text")
+	}
+	if x == answer(a, "another prompt") {
+		t.Fatal("different prompts, same text")
+	}
+}

@@ -1,0 +1,443 @@
+package sim
+
+import (
+	"math"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// request is one generation as the scheduler sees it. The handler fills the
+// fields of the first group before submitting and never writes them again;
+// the scheduler goroutine owns the last group. progress and notify are how
+// the scheduler tells the handler: it stores progress, then signals notify.
+type request struct {
+	rid         string
+	tokens      []uint32 // the prompt
+	keys        []uint64 // the prompt's engine block keys (engineSeed chain)
+	maxTokens   int
+	limitReason uint8 // finish reason at maxTokens: length when the client set it, stop for the sim's own length
+
+	// progress is tokens produced | finish reason<<32; the reason is set
+	// once, with the final count.
+	progress atomic.Uint64
+	notify   chan struct{} // capacity 1: progress changed
+	// cachedTokens is the prompt's prefix-cache hit, written before the
+	// first progress store and read by the handler after it.
+	cachedTokens int
+
+	state     reqState
+	arrival   float64 // simulated seconds
+	generated int
+	reserved  int // KV blocks reserved at admission: prompt plus maxTokens
+	held      int // KV blocks the sequence holds now
+	lastToken float64
+	dirty     bool
+}
+
+type reqState uint8
+
+const (
+	stateNew reqState = iota
+	stateWaiting
+	statePrefill
+	stateDecode
+	stateDone
+)
+
+func newRequest() *request { return &request{notify: make(chan struct{}, 1)} }
+
+// load returns the tokens produced so far and the finish reason (finishNone
+// while the request runs).
+func (r *request) load() (produced int, reason uint8) {
+	v := r.progress.Load()
+	return int(uint32(v)), uint8(v >> 32)
+}
+
+type msgKind uint8
+
+const (
+	msgSubmit msgKind = iota
+	msgCancel
+	msgAbortRID
+	msgAbortAll
+	msgClearCache
+)
+
+type schedMsg struct {
+	kind msgKind
+	at   float64 // simulated seconds when the message was sent
+	req  *request
+	rid  string
+}
+
+// scheduler is a pod's engine loop: continuous batching over seed 000's
+// timing model, run as a discrete-event simulation that keeps up with the
+// wall clock (times Speedup).
+//
+// Requests wait in FIFO order until a batch slot (at most MaxBatch admitted)
+// and KV room for prompt plus max tokens are free. Admitted requests prefill
+// one at a time in FIFO order, as seed 000's per-pod busy queue: the uncached
+// part, after a prefix-cache match at prefill start, at PrefillTokensPerSec.
+// A prefill's end produces the first token and stores the prompt's blocks in
+// the prefix cache. Decode runs beside prefill, in steps of
+// DecodeStepSec(batch) that advance every decoding sequence by one token; a
+// sequence that finishes prefill mid-step joins the next step.
+//
+// Events are applied at their exact simulated times even when the goroutine
+// wakes late, so the timings are those of the model whatever the load on
+// the machine; only delivery to clients lags, by at most Tick.
+type scheduler struct {
+	phys    Physics
+	speedup float64
+	tick    time.Duration
+	start   time.Time
+	cache   *PrefixCache
+	sink    KVEventSink
+	m       *podMetrics
+
+	inbox  chan schedMsg
+	done   chan struct{} // closed by Pod.Close: abort everything and return
+	exited chan struct{} // closed when run returns; progress is final then
+
+	clock       float64 // simulated time of the last event applied
+	waiting     []*request
+	prefill     []*request // admitted, FIFO; the head computes while prefillBusy
+	prefillBusy bool
+	prefillEnd  float64
+	decoding    []*request
+	batch       []*request // sequences of the decode step in flight
+	stepping    bool
+	stepStart   float64
+	stepEnd     float64
+	reserved    int // KV blocks reserved by admitted requests
+	held        int // KV blocks held by admitted requests
+	notifyQ     []*request
+
+	stored, evicted []uint64 // scratch for KV events
+	tokScratch      []uint32
+}
+
+// inboxSize bounds the messages in flight to the scheduler; senders block
+// beyond it, which only a burst of thousands of arrivals in one tick does.
+const inboxSize = 1024
+
+func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
+	s := &scheduler{
+		phys:    cfg.Physics,
+		speedup: cfg.Speedup,
+		tick:    cfg.Tick,
+		start:   start,
+		cache:   NewPrefixCache(cfg.Physics.CacheBlocks),
+		sink:    cfg.KVEvents,
+		m:       m,
+		inbox:   make(chan schedMsg, inboxSize),
+		done:    make(chan struct{}),
+		exited:  make(chan struct{}),
+	}
+	if s.sink != nil {
+		// PrefixCache.Store reports keys only into non-nil slices.
+		s.stored, s.evicted = make([]uint64, 0, 64), make([]uint64, 0, 64)
+	}
+	return s
+}
+
+// now is the simulated time in seconds since the pod started.
+func (s *scheduler) now() float64 { return time.Since(s.start).Seconds() * s.speedup }
+
+// send hands a message to the scheduler; false when the pod is closing.
+func (s *scheduler) send(m schedMsg) bool {
+	m.at = s.now()
+	select {
+	case <-s.done:
+		return false
+	default:
+	}
+	select {
+	case s.inbox <- m:
+		return true
+	case <-s.done:
+		return false
+	}
+}
+
+func (s *scheduler) run() {
+	defer close(s.exited)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		now := s.now()
+		s.advance(now)
+		s.publish()
+		if next := s.nextEvent(); !math.IsInf(next, 1) {
+			d := time.Duration((next - now) / s.speedup * float64(time.Second))
+			timer.Reset(max(d, s.tick))
+		} else {
+			timer.Stop()
+		}
+		select {
+		case m := <-s.inbox:
+			s.handle(m)
+			for more := true; more; {
+				select {
+				case m := <-s.inbox:
+					s.handle(m)
+				default:
+					more = false
+				}
+			}
+		case <-timer.C:
+		case <-s.done:
+			s.abortAll()
+			s.publish()
+			return
+		}
+	}
+}
+
+// nextEvent is the simulated time of the next prefill or step end, +Inf
+// when the pod is idle.
+func (s *scheduler) nextEvent() float64 {
+	t := math.Inf(1)
+	if s.prefillBusy {
+		t = s.prefillEnd
+	}
+	if s.stepping && s.stepEnd < t {
+		t = s.stepEnd
+	}
+	return t
+}
+
+// advance applies every event due by simulated time until, in time order.
+func (s *scheduler) advance(until float64) {
+	for {
+		t := s.nextEvent()
+		if t > until {
+			return
+		}
+		s.clock = t
+		if s.prefillBusy && s.prefillEnd == t {
+			s.endPrefill()
+		} else {
+			s.endStep()
+		}
+		s.admit()
+		s.kick()
+	}
+}
+
+func (s *scheduler) handle(m schedMsg) {
+	s.advance(m.at)
+	s.clock = max(s.clock, m.at)
+	switch m.kind {
+	case msgSubmit:
+		r := m.req
+		r.arrival = s.clock
+		r.state = stateWaiting
+		s.waiting = append(s.waiting, r)
+	case msgCancel:
+		s.cancel(m.req)
+	case msgAbortRID:
+		for _, q := range [][]*request{s.waiting, s.prefill, s.decoding} {
+			if i := slices.IndexFunc(q, func(r *request) bool { return r.rid == m.rid }); i >= 0 {
+				s.cancel(q[i])
+				break
+			}
+		}
+	case msgAbortAll:
+		s.abortRunning()
+	case msgClearCache:
+		s.cache.Clear()
+		if s.sink != nil {
+			s.sink.AllBlocksCleared()
+		}
+	}
+	s.admit()
+	s.kick()
+}
+
+// admit moves waiting requests into the batch in FIFO order while a slot and
+// KV room for their prompt and whole output are free. The head of the queue
+// blocks the rest, as in vLLM's first-come-first-served scheduling.
+func (s *scheduler) admit() {
+	for len(s.waiting) > 0 && len(s.prefill)+len(s.decoding) < s.phys.MaxBatch {
+		r := s.waiting[0]
+		need := s.phys.Blocks(len(r.tokens) + r.maxTokens)
+		if s.reserved+need > s.phys.CacheBlocks {
+			return
+		}
+		s.waiting[0] = nil
+		s.waiting = s.waiting[1:]
+		r.reserved = need
+		s.reserved += need
+		r.state = statePrefill
+		s.prefill = append(s.prefill, r)
+	}
+}
+
+// kick starts the head's prefill and a decode step when they are due.
+func (s *scheduler) kick() {
+	if !s.prefillBusy && len(s.prefill) > 0 {
+		r := s.prefill[0]
+		prompt := len(r.tokens)
+		r.cachedTokens = s.cache.Match(r.keys) * s.phys.BlockSize
+		r.held = s.phys.Blocks(prompt)
+		s.held += r.held
+		s.prefillBusy = true
+		s.prefillEnd = s.clock + s.phys.PrefillSec(prompt-r.cachedTokens)
+		s.m.prefillStarted(prompt, r.cachedTokens)
+	}
+	if !s.stepping && len(s.decoding) > 0 {
+		s.batch = append(s.batch[:0], s.decoding...)
+		s.stepping = true
+		s.stepStart = s.clock
+		s.stepEnd = s.clock + s.phys.DecodeStepSec(len(s.batch))
+	}
+}
+
+func (s *scheduler) endPrefill() {
+	r := s.prefill[0]
+	s.prefill = slices.Delete(s.prefill, 0, 1)
+	s.prefillBusy = false
+	s.storeBlocks(r)
+	r.generated = 1
+	r.lastToken = s.clock
+	s.m.firstToken(len(r.tokens), s.clock-r.arrival)
+	if r.generated >= r.maxTokens {
+		s.finish(r, r.limitReason)
+		return
+	}
+	s.setProgress(r, finishNone)
+	r.state = stateDecode
+	s.decoding = append(s.decoding, r)
+}
+
+func (s *scheduler) endStep() {
+	s.stepping = false
+	n := 0
+	for _, r := range s.batch {
+		if r.state != stateDecode {
+			continue // cancelled during the step
+		}
+		n++
+		r.generated++
+		blocks := s.phys.Blocks(len(r.tokens) + r.generated)
+		s.held += blocks - r.held
+		r.held = blocks
+		s.m.token(s.clock - r.lastToken)
+		r.lastToken = s.clock
+		if r.generated >= r.maxTokens {
+			s.finish(r, r.limitReason)
+		} else {
+			s.setProgress(r, finishNone)
+		}
+	}
+	s.m.decodeStep(n, s.stepEnd-s.stepStart)
+	clear(s.batch)
+	s.batch = s.batch[:0]
+	s.decoding = slices.DeleteFunc(s.decoding, func(r *request) bool { return r.state != stateDecode })
+}
+
+// storeBlocks puts a prefilled prompt's blocks in the prefix cache and
+// reports what changed to the sink.
+func (s *scheduler) storeBlocks(r *request) {
+	if len(r.keys) == 0 {
+		return
+	}
+	stored, evicted := s.cache.Store(r.keys, s.stored[:0], s.evicted[:0])
+	if s.sink == nil {
+		return
+	}
+	if len(stored) > 0 {
+		s.tokScratch = publishStored(s.sink, r.keys, stored, r.tokens, s.phys.BlockSize, s.tokScratch)
+	}
+	if len(evicted) > 0 {
+		s.sink.BlockRemoved(evicted)
+	}
+	s.stored, s.evicted = stored, evicted
+}
+
+// cancel removes a request wherever it is and finishes it as aborted.
+func (s *scheduler) cancel(r *request) {
+	remove := func(q []*request) []*request {
+		if i := slices.Index(q, r); i >= 0 {
+			return slices.Delete(q, i, i+1)
+		}
+		return q
+	}
+	switch r.state {
+	case stateWaiting:
+		s.waiting = remove(s.waiting)
+	case statePrefill:
+		if s.prefillBusy && s.prefill[0] == r {
+			s.prefillBusy = false
+		}
+		s.prefill = remove(s.prefill)
+	case stateDecode:
+		s.decoding = remove(s.decoding) // a step in flight skips it
+	default:
+		return
+	}
+	s.finish(r, finishAbort)
+}
+
+func (s *scheduler) finish(r *request, reason uint8) {
+	r.state = stateDone
+	s.reserved -= r.reserved
+	s.held -= r.held
+	r.reserved, r.held = 0, 0
+	s.setProgress(r, reason)
+	s.m.finish(reason, s.clock-r.arrival)
+}
+
+// abortRunning aborts every request the pod holds, as SGLang's abort_all.
+func (s *scheduler) abortRunning() {
+	for _, q := range [][]*request{s.waiting, s.prefill, s.decoding} {
+		for _, r := range slices.Clone(q) {
+			s.cancel(r)
+		}
+	}
+}
+
+// abortAll ends the pod: it aborts what it holds and what is still in the
+// inbox, so no handler waits on a request nobody will finish.
+func (s *scheduler) abortAll() {
+	s.clock = max(s.clock, s.now())
+	s.abortRunning()
+	for {
+		select {
+		case m := <-s.inbox:
+			if m.kind == msgSubmit {
+				s.finish(m.req, finishAbort)
+			}
+		default:
+			return
+		}
+	}
+}
+
+func (s *scheduler) setProgress(r *request, reason uint8) {
+	r.progress.Store(uint64(uint32(r.generated)) | uint64(reason)<<32)
+	if !r.dirty {
+		r.dirty = true
+		s.notifyQ = append(s.notifyQ, r)
+	}
+}
+
+// publish wakes the handlers whose requests progressed, once per wake-up
+// however many tokens they got, and updates the gauges scrapes read.
+func (s *scheduler) publish() {
+	for _, r := range s.notifyQ {
+		r.dirty = false
+		select {
+		case r.notify <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+	}
+	clear(s.notifyQ)
+	s.notifyQ = s.notifyQ[:0]
+	s.m.running.Store(int64(len(s.prefill) + len(s.decoding)))
+	s.m.waiting.Store(int64(len(s.waiting)))
+	s.m.prefilling.Store(int64(len(s.prefill)))
+	s.m.usedBlocks.Store(int64(s.held))
+}
