@@ -55,12 +55,24 @@ type Candidate struct {
 	// IndexedBlocks is how many blocks the prefix index believes the pod
 	// holds: how full its cache is, as the gateway sees it.
 	IndexedBlocks int
+	// ActiveTokens and KVTokens are the prefill token ledger's counters for
+	// the pod (tokens; ledger.Prefill): prompt tokens it is computing, and
+	// prompt tokens whose KV it still holds for a decode pod.
+	ActiveTokens float64
+	KVTokens     float64
+	// DecodeTokens and DecodeAgeSec are the decode token ledger's view of
+	// the pod (ledger.Decode): prompt tokens of its outstanding decode
+	// requests, and Σ (now − routed_at) over them in seconds.
+	DecodeTokens float64
+	DecodeAgeSec float64
 
 	// Scraped from the engine's /metrics.
 	HasMetrics bool
 	Running    int     // requests being decoded
 	Waiting    int     // requests queued in the engine
 	KVUsage    float64 // fraction of KV blocks in use, 0..1
+	// GenTokensPerSec is the pod's generation throughput (tokens/s).
+	GenTokensPerSec float64
 }
 
 // Policy picks a pod for a request. Pick returns the index in cands of the
@@ -144,6 +156,18 @@ type Options struct {
 	// exceeds the relative threshold times the minimum (defaults 64, 1.5).
 	BalanceAbsThreshold float64
 	BalanceRelThreshold float64
+	// TokenLoadKVWeight weighs resident KV tokens against active prefill
+	// tokens (token_load, hybrid_cache_load; AIBRIX_TOKEN_LOAD_KV_WEIGHT,
+	// default 0.3).
+	TokenLoadKVWeight float64
+	// HybridCacheLoadFactor is the discount a full prefix match applies to a
+	// pod's load, 0..1 (hybrid_cache_load; AIBRIX_HYBRID_CACHE_LOAD_FACTOR,
+	// default 0.5).
+	HybridCacheLoadFactor float64
+	// DecodeOutputGrowth adds the output generated so far to the decode
+	// score (decode_token_load; AIBRIX_DECODE_TOKEN_LOAD_OUTPUT_GROWTH,
+	// default true).
+	DecodeOutputGrowth bool
 	// TTFTSLO is the time-to-first-token target in seconds that slo_cache
 	// keeps its picks under (default admit.DefaultInteractiveTTFTSLO, 2).
 	TTFTSLO float64
@@ -161,6 +185,10 @@ const (
 	DefaultCacheThreshold      = 0.3
 	DefaultBalanceAbsThreshold = 64
 	DefaultBalanceRelThreshold = 1.5
+	// Seed 001's token_load and hybrid_cache_load defaults.
+	DefaultTokenLoadKVWeight     = 0.3
+	DefaultHybridCacheLoadFactor = 0.5
+	DefaultDecodeOutputGrowth    = true
 )
 
 // DefaultOptions returns every knob at its default.
@@ -173,6 +201,10 @@ func DefaultOptions() Options {
 		BalanceRelThreshold: DefaultBalanceRelThreshold,
 		TTFTSLO:             admit.DefaultInteractiveTTFTSLO,
 		MissWeight:          DefaultSLOCacheMissWeight,
+
+		TokenLoadKVWeight:     DefaultTokenLoadKVWeight,
+		HybridCacheLoadFactor: DefaultHybridCacheLoadFactor,
+		DecodeOutputGrowth:    DefaultDecodeOutputGrowth,
 	}
 }
 
@@ -191,6 +223,9 @@ var registry = []struct {
 	{"slo_cache", func(o Options) Policy { return ScorePolicy{SLOCache{SLO: o.TTFTSLO, MissWeight: o.MissWeight}} }},
 	{"prefix_cache", func(o Options) Policy { return ScorePolicy{PrefixCache{o}} }},
 	{"cache_aware", func(o Options) Policy { return CacheAware{o} }},
+	{"token_load", func(o Options) Policy { return ScorePolicy{TokenLoad{o}} }},
+	{"hybrid_cache_load", func(o Options) Policy { return ScorePolicy{HybridCacheLoad{o}} }},
+	{"decode_token_load", func(o Options) Policy { return ScorePolicy{DecodeTokenLoad{o}} }},
 }
 
 // New builds the policy called name.

@@ -1,0 +1,132 @@
+package route
+
+import (
+	"math"
+	"testing"
+
+	"pdlb/ledger"
+)
+
+// scoresNear checks out against want to 1e-9.
+func scoresNear(t *testing.T, name string, out, want []float64) {
+	t.Helper()
+	for i := range want {
+		if math.Abs(out[i]-want[i]) > 1e-9 {
+			t.Fatalf("%s: score[%d] = %v, want %v (all %v)", name, i, out[i], want[i], out)
+		}
+	}
+}
+
+func TestTokenLoadScore(t *testing.T) {
+	cands := []Candidate{
+		{ActiveTokens: 30000 + 3500},                         // one long prompt computing
+		{ActiveTokens: 8 * (100 + 3500)},                     // eight short ones
+		{ActiveTokens: 0, KVTokens: 4 * (30000 + 3500)},      // prefilled, KV held for decode
+		{InFlight: 50, ActiveTokens: 1000, KVTokens: 100000}, // in-flight count plays no part
+	}
+	out := make([]float64, len(cands))
+	TokenLoad{DefaultOptions()}.Score(&Request{}, cands, out)
+	scoresNear(t, "default", out, []float64{33500, 28800, 0.3 * 134000, 1000 + 0.3*100000})
+	o := DefaultOptions()
+	o.TokenLoadKVWeight = 1
+	TokenLoad{o}.Score(&Request{}, cands, out)
+	scoresNear(t, "kv weight 1", out, []float64{33500, 28800, 134000, 101000})
+}
+
+func TestHybridCacheLoadScore(t *testing.T) {
+	req := &Request{PromptTokens: 1000}
+	out := make([]float64, 4)
+	// f scores cands with o and checks the scores.
+	f := func(name string, o Options, cands []Candidate, want ...float64) {
+		t.Helper()
+		HybridCacheLoad{o}.Score(req, cands, out[:len(cands)])
+		scoresNear(t, name, out, want)
+	}
+	def := DefaultOptions()
+	// Idle pods: bare discounts, so the best match wins outright.
+	f("idle", def, []Candidate{{CachedTokens: 300}, {CachedTokens: 700}, {}, {ActiveTokens: 0.5, CachedTokens: 1000}},
+		1-0.09*0.5, 1-0.49*0.5, 1, 0.5)
+	// Busy pods: seed 001's figures, a 30% match discounts by 4.5%, a 70%
+	// match by 24.5%, a full match halves the load.
+	f("busy", def, []Candidate{{ActiveTokens: 1000, CachedTokens: 300}, {ActiveTokens: 1000, CachedTokens: 700}, {ActiveTokens: 1000, CachedTokens: 1000}, {KVTokens: 1000}},
+		955, 755, 500, 300)
+	// The pod holding the prefix loses once it carries more than twice the
+	// load of an unmatched neighbour.
+	f("affinity limit", def, []Candidate{{ActiveTokens: 2002, CachedTokens: 1000}, {ActiveTokens: 1000}}, 1001, 1000)
+	// min_match_pct: a 20% match under a 25% minimum is no match.
+	o := def
+	o.MinMatchPct = 25
+	f("min match", o, []Candidate{{ActiveTokens: 1000, CachedTokens: 200}, {ActiveTokens: 1000, CachedTokens: 250}}, 1000, 1000*(1-0.0625*0.5))
+	// factor 1: a full match scores 0 and always wins; factor 0: no discount.
+	o = def
+	o.HybridCacheLoadFactor = 1
+	f("factor 1", o, []Candidate{{ActiveTokens: 1e6, CachedTokens: 1000}, {}}, 0, 1)
+	o.HybridCacheLoadFactor = 0
+	f("factor 0", o, []Candidate{{ActiveTokens: 10, CachedTokens: 1000}, {ActiveTokens: 10}}, 10, 10)
+}
+
+func TestDecodeTokenLoadScore(t *testing.T) {
+	out := make([]float64, 4)
+	// f scores cands with o and checks the scores.
+	f := func(name string, o Options, cands []Candidate, want ...float64) {
+		t.Helper()
+		DecodeTokenLoad{o}.Score(&Request{}, cands, out[:len(cands)])
+		scoresNear(t, name, out, want)
+	}
+	def := DefaultOptions()
+	cands := []Candidate{
+		// 4 running at 200 tok/s: 50 tok/s each; 10 s of outstanding age.
+		{DecodeTokens: 8000, DecodeAgeSec: 10, HasMetrics: true, Running: 4, GenTokensPerSec: 200},
+		// 2 running at 60 tok/s: 30 tok/s each.
+		{DecodeTokens: 1000, DecodeAgeSec: 100, HasMetrics: true, Running: 2, GenTokensPerSec: 60},
+		// No scrape yet: the mean of the others' rates, 40 tok/s.
+		{DecodeTokens: 2000, DecodeAgeSec: 5},
+		// Scraped but idle: no rate of its own either.
+		{DecodeTokens: 0, DecodeAgeSec: 0, HasMetrics: true, Running: 0, GenTokensPerSec: 0},
+	}
+	f("growth", def, cands, 8000+50*10, 1000+30*100, 2000+40*5, 0)
+	o := def
+	o.DecodeOutputGrowth = false
+	f("prompts only", o, cands, 8000, 1000, 2000, 0)
+	// Nobody has a rate: growth is zero rather than made up.
+	f("no rates", def, []Candidate{{DecodeTokens: 5, DecodeAgeSec: 9}, {DecodeTokens: 7, DecodeAgeSec: 1}}, 5, 7)
+	// Long outputs: a pod holding fewer prompt tokens but old, fast-growing
+	// requests scores above a pod with a fresh long prompt.
+	p := ScorePolicy{DecodeTokenLoad{def}}
+	old := Candidate{DecodeTokens: 1000, DecodeAgeSec: 120, HasMetrics: true, Running: 2, GenTokensPerSec: 100}
+	fresh := Candidate{DecodeTokens: 4000, DecodeAgeSec: 0, HasMetrics: true, Running: 1, GenTokensPerSec: 50}
+	if got := p.Pick(&Request{}, []Candidate{old, fresh}, out); got != 1 {
+		t.Fatalf("picked %d, want the pod with the fresh prompt (1)", got)
+	}
+}
+
+func TestTokenLoadRegistryAndDefaults(t *testing.T) {
+	for _, name := range []string{"token_load", "hybrid_cache_load", "decode_token_load"} {
+		if _, err := New(name, DefaultOptions()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// route cannot import ledger at run time (the scorers read plain
+	// numbers); this test keeps the two copies of seed 001's defaults equal.
+	c, o := ledger.DefaultConfig(), DefaultOptions()
+	if o.TokenLoadKVWeight != c.KVWeight || o.HybridCacheLoadFactor != c.HybridCacheLoadFactor ||
+		o.MinMatchPct != c.MinMatchPct || o.DecodeOutputGrowth != c.DecodeOutputGrowth {
+		t.Fatalf("route defaults %+v disagree with ledger defaults %+v", o, c)
+	}
+}
+
+func TestTokenLoadPickAllocs(t *testing.T) {
+	cands := []Candidate{
+		{ActiveTokens: 100, KVTokens: 10, CachedTokens: 500, DecodeTokens: 300, DecodeAgeSec: 2, HasMetrics: true, Running: 1, GenTokensPerSec: 30},
+		{ActiveTokens: 50, KVTokens: 900, CachedTokens: 100, DecodeTokens: 100, DecodeAgeSec: 1},
+		{ActiveTokens: 70, CachedTokens: 900, DecodeTokens: 200, DecodeAgeSec: 4, HasMetrics: true, Running: 3, GenTokensPerSec: 90},
+	}
+	req := &Request{PromptTokens: 1000}
+	scratch := make([]float64, len(cands))
+	for _, name := range []string{"token_load", "hybrid_cache_load", "decode_token_load"} {
+		p, _ := New(name, DefaultOptions())
+		if a := testing.AllocsPerRun(100, func() { p.Pick(req, cands, scratch) }); a != 0 {
+			t.Fatalf("%s: %v allocs per pick", name, a)
+		}
+	}
+}
