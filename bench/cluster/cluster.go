@@ -107,10 +107,10 @@ type job struct {
 
 // pod is a simulated pod and the router's view of it.
 type pod struct {
-	cache  *sim.PrefixCache
-	speed  *admit.PrefillSpeed
-	jobs   []job // prefill FIFO; jobs[0] runs
-	busy   float64 // when the last queued prefill ends
+	cache *sim.PrefixCache
+	speed *admit.PrefillSpeed
+	jobs  []job   // prefill FIFO; jobs[0] runs
+	busy  float64 // when the last queued prefill ends
 }
 
 // run is the state of one simulation.
