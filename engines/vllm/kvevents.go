@@ -130,15 +130,33 @@ type Batch struct {
 	HasDPRank bool
 }
 
+// BlockEvents is a KV-cache event stream as calls, one per event. The
+// Publisher implements it (the simulated engine calls it as its prefix
+// cache stores and evicts blocks); a Subscriber calls it on its sink (the
+// gateway's index feed) with the events of the pod it follows, in order.
+// Callees must not keep the slices past the call: callers reuse them.
+type BlockEvents interface {
+	// BlockStored: the engine cached len(blockHashes) blocks of blockSize
+	// tokens each, chained after the block hashed parentHash (hasParent
+	// false: the first block starts a prompt). tokenIDs holds their tokens,
+	// len(blockHashes)*blockSize of them.
+	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int)
+	// BlockRemoved: the engine evicted these blocks.
+	BlockRemoved(blockHashes []uint64)
+	// AllBlocksCleared: the engine dropped its whole prefix cache.
+	AllBlocksCleared()
+}
+
 // Encoding selects one of the layouts vLLM has shipped (see the package
-// doc). All three decode with Decode.
+// doc). All three decode with Decode. The zero value is the layout current
+// vLLM sends.
 type Encoding uint8
 
-// The layouts.
+// The layouts, newest first.
 const (
-	EncodingArray Encoding = iota
+	EncodingMap Encoding = iota
 	EncodingArrayMapEvents
-	EncodingMap
+	EncodingArray
 )
 
 // String names enc as configuration spells it.
@@ -156,12 +174,12 @@ func (enc Encoding) String() string {
 
 // ParseEncoding is the inverse of Encoding.String.
 func ParseEncoding(s string) (Encoding, error) {
-	for _, enc := range []Encoding{EncodingArray, EncodingArrayMapEvents, EncodingMap} {
+	for _, enc := range []Encoding{EncodingMap, EncodingArrayMapEvents, EncodingArray} {
 		if enc.String() == s {
 			return enc, nil
 		}
 	}
-	return 0, fmt.Errorf("vllm: unknown KV event encoding %q (known: array, array_map_events, map)", s)
+	return 0, fmt.Errorf("vllm: unknown KV event encoding %q (known: map, array_map_events, array)", s)
 }
 
 // Sentinel errors of Decode; the messages wrapping them say where.
@@ -737,7 +755,7 @@ func (d *decoder) field(ev *Event, name string) error {
 // as nil), defaulted fields only when they differ from their default.
 // Block hashes are written as integers (vLLM's int mode).
 func Encode(dst []byte, b *Batch, enc Encoding) ([]byte, error) {
-	if enc > EncodingMap {
+	if enc > EncodingArray {
 		return dst, fmt.Errorf("vllm: unknown KV event encoding %d", enc)
 	}
 	w := appendWriter{b: dst}

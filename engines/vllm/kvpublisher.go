@@ -1,0 +1,425 @@
+package vllm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// Defaults of vLLM's KVEventsConfig and ZmqEventPublisher, and of the
+// publisher's batching.
+const (
+	// DefaultEventsPort is vLLM's PUB port (endpoint "tcp://*:5557").
+	DefaultEventsPort = 5557
+	// DefaultReplayPort is the replay ROUTER port deployments pair with it.
+	DefaultReplayPort = 5558
+	// DefaultBufferSteps is how many batches vLLM keeps for replay.
+	DefaultBufferSteps = 10_000
+	// DefaultHWM is vLLM's PUB high-water mark in messages: beyond it
+	// batches are dropped for the socket (subscribers see a gap and
+	// replay) instead of growing the send queue.
+	DefaultHWM = 100_000
+	// DefaultFlushInterval is how long events wait to be batched. vLLM
+	// publishes once per scheduler step (milliseconds); 5 ms keeps the
+	// index about as fresh without one message per call.
+	DefaultFlushInterval = 5 * time.Millisecond
+)
+
+// replayEnd is the seq of the frame that ends a replay (vLLM's END_SEQ,
+// (-1).to_bytes(8, "big", signed=True)); its payload is empty.
+const replayEnd = -1
+
+// PublisherConfig configures a Publisher. The zero value listens on vLLM's
+// default ports on loopback.
+type PublisherConfig struct {
+	// Endpoint is where the PUB socket listens, tcp://host:port (default
+	// "tcp://127.0.0.1:5557"). Port 0 picks a free port; Publisher.Endpoint
+	// reports it.
+	Endpoint string
+	// ReplayEndpoint is where the replay ROUTER listens (default
+	// "tcp://127.0.0.1:5558"; port 0 allowed).
+	ReplayEndpoint string
+	// Topic is the first frame of every message (default "", vLLM's).
+	Topic string
+	// BufferSteps is the number of recent batches kept for replay (default
+	// DefaultBufferSteps).
+	BufferSteps int
+	// HWM bounds the PUB send queue in messages (default DefaultHWM).
+	HWM int
+	// FlushInterval is how often pending events are sent as one batch
+	// (default DefaultFlushInterval).
+	FlushInterval time.Duration
+	// Encoding is the payload layout (default EncodingMap, current vLLM's).
+	Encoding Encoding
+	// DataParallelRank is written as the batches' data_parallel_rank
+	// (default 0, as vLLM fills it in).
+	DataParallelRank int64
+}
+
+func (c PublisherConfig) withDefaults() PublisherConfig {
+	if c.Endpoint == "" {
+		c.Endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", DefaultEventsPort)
+	}
+	if c.ReplayEndpoint == "" {
+		c.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", DefaultReplayPort)
+	}
+	if c.BufferSteps == 0 {
+		c.BufferSteps = DefaultBufferSteps
+	}
+	if c.HWM == 0 {
+		c.HWM = DefaultHWM
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = DefaultFlushInterval
+	}
+	return c
+}
+
+// Validate reports the first bad field of c (after defaults), naming it and
+// quoting its value.
+func (c PublisherConfig) Validate() error {
+	if err := validateTCP("Endpoint", c.Endpoint); err != nil {
+		return err
+	}
+	if err := validateTCP("ReplayEndpoint", c.ReplayEndpoint); err != nil {
+		return err
+	}
+	if c.BufferSteps < 0 {
+		return fmt.Errorf("vllm: PublisherConfig.BufferSteps %d is negative", c.BufferSteps)
+	}
+	if c.HWM < 0 {
+		return fmt.Errorf("vllm: PublisherConfig.HWM %d is negative", c.HWM)
+	}
+	if c.FlushInterval < 0 {
+		return fmt.Errorf("vllm: PublisherConfig.FlushInterval %q is negative", c.FlushInterval)
+	}
+	if c.Encoding > EncodingArray {
+		return fmt.Errorf("vllm: PublisherConfig.Encoding %d is unknown", c.Encoding)
+	}
+	return nil
+}
+
+// validateTCP checks that ep is tcp://host:port with a numeric port.
+func validateTCP(field, ep string) error {
+	hostPort, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return fmt.Errorf("vllm: %s %q is not tcp://host:port", field, ep)
+	}
+	if _, _, err := net.SplitHostPort(hostPort); err != nil {
+		return fmt.Errorf("vllm: %s %q is not tcp://host:port: %w", field, ep, err)
+	}
+	return nil
+}
+
+// discardLog silences zmq4's own logging; the counters and errors of this
+// package say what went wrong.
+var discardLog = log.New(io.Discard, "", 0)
+
+// Publisher is vLLM's ZmqEventPublisher in Go: events given to its
+// BlockEvents methods are batched for FlushInterval, encoded as one
+// KVEventBatch and sent on a PUB socket as [topic, seq, payload] with seq
+// counting from 0; the last BufferSteps batches are kept and re-sent to
+// whoever asks the replay ROUTER for them.
+//
+// The BlockEvents methods are safe for concurrent use and never wait on the
+// network: they copy the event into a pending batch under a mutex held for
+// the copy only. Encoding and sending happen on the Publisher's goroutine.
+type Publisher struct {
+	cfg    PublisherConfig
+	pub    zmq4.Socket
+	router zmq4.Socket
+	topic  []byte
+
+	mu      sync.Mutex
+	closed  bool
+	pending []Event
+	// hashes and tokens hold the pending events' slices back to back, so a
+	// steady stream of events allocates nothing; events slice into them
+	// with full slice expressions, and appends that grow them leave earlier
+	// events' data where it was.
+	hashes []uint64
+	tokens []uint32
+	// drop holds seqs to withhold from the PUB socket (still buffered for
+	// replay): a test hook for gap recovery.
+	drop map[int64]bool
+
+	nextSeq int64 // guarded by mu
+
+	// ring holds the last BufferSteps batches for replay (see remember);
+	// guarded by ringMu, shared by the flush and replay goroutines.
+	ringMu     sync.Mutex
+	ring       []buffered
+	ringLen    int
+	ringNewest int64
+
+	// The flush goroutine's swap buffers (see flush).
+	encoded  []Event
+	encHash  []uint64
+	encToken []uint32
+
+	done       chan struct{} // closed by Close
+	flushed    chan struct{} // closed when the flush goroutine has sent the last batch
+	replayDone chan struct{} // closed when the replay goroutine has returned
+}
+
+type buffered struct {
+	seq     int64
+	payload []byte
+}
+
+// NewPublisher validates cfg, binds both sockets and starts publishing.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p := &Publisher{
+		cfg:   cfg,
+		topic: []byte(cfg.Topic),
+		ring:       make([]buffered, cfg.BufferSteps),
+		ringNewest: -1,
+		done:       make(chan struct{}),
+		flushed:    make(chan struct{}),
+		replayDone: make(chan struct{}),
+	}
+	p.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(discardLog))
+	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
+		p.pub.Close()
+		return nil, fmt.Errorf("vllm: PUB high-water mark: %w", err)
+	}
+	if err := p.pub.Listen(cfg.Endpoint); err != nil {
+		p.pub.Close()
+		return nil, fmt.Errorf("vllm: KV events PUB: %w", err)
+	}
+	p.router = zmq4.NewRouter(context.Background(), zmq4.WithLogger(discardLog))
+	if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
+		p.pub.Close()
+		p.router.Close()
+		return nil, fmt.Errorf("vllm: KV events replay ROUTER: %w", err)
+	}
+	go p.flushLoop()
+	go p.replayLoop()
+	return p, nil
+}
+
+// Endpoint is the PUB socket's address, tcp://host:port, with the port
+// actually bound.
+func (p *Publisher) Endpoint() string { return "tcp://" + p.pub.Addr().String() }
+
+// ReplayEndpoint is the replay ROUTER's address, tcp://host:port.
+func (p *Publisher) ReplayEndpoint() string { return "tcp://" + p.router.Addr().String() }
+
+// BlockStored queues a BlockStored event (medium GPU).
+func (p *Publisher) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	h0, t0 := len(p.hashes), len(p.tokens)
+	p.hashes = append(p.hashes, blockHashes...)
+	p.tokens = append(p.tokens, tokenIDs...)
+	p.pending = append(p.pending, Event{
+		Kind:        BlockStored,
+		BlockHashes: p.hashes[h0:len(p.hashes):len(p.hashes)],
+		ParentHash:  parentHash,
+		HasParent:   hasParent,
+		TokenIDs:    p.tokens[t0:len(p.tokens):len(p.tokens)],
+		BlockSize:   blockSize,
+		Medium:      MediumGPU,
+	})
+}
+
+// BlockRemoved queues a BlockRemoved event (medium GPU).
+func (p *Publisher) BlockRemoved(blockHashes []uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	h0 := len(p.hashes)
+	p.hashes = append(p.hashes, blockHashes...)
+	p.pending = append(p.pending, Event{
+		Kind:        BlockRemoved,
+		BlockHashes: p.hashes[h0:len(p.hashes):len(p.hashes)],
+		Medium:      MediumGPU,
+	})
+}
+
+// AllBlocksCleared queues an AllBlocksCleared event.
+func (p *Publisher) AllBlocksCleared() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed {
+		p.pending = append(p.pending, Event{Kind: AllBlocksCleared})
+	}
+}
+
+// dropSeq makes the publisher withhold batch seq from the PUB socket while
+// keeping it for replay, as if the network had lost it. Test hook.
+func (p *Publisher) dropSeq(seq int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drop == nil {
+		p.drop = make(map[int64]bool)
+	}
+	p.drop[seq] = true
+}
+
+// Close sends what is pending, then closes both sockets and waits for the
+// Publisher's goroutines to return. Events given after Close are dropped.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	close(p.done)
+	<-p.flushed // the last batch is queued before the PUB socket closes
+	err := errors.Join(p.pub.Close(), p.router.Close())
+	<-p.replayDone
+	return err
+}
+
+func (p *Publisher) flushLoop() {
+	defer close(p.flushed)
+	t := time.NewTicker(p.cfg.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.done:
+			p.flush()
+			return
+		case <-t.C:
+			p.flush()
+		}
+	}
+}
+
+// flush sends the pending events as one batch. It swaps the pending buffers
+// with the flush goroutine's own under the mutex, so callers wait only for
+// the swap, never for encoding or the socket.
+func (p *Publisher) flush() {
+	p.mu.Lock()
+	if len(p.pending) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	events := p.pending
+	p.pending, p.encoded = p.encoded[:0], events
+	p.hashes, p.encHash = p.encHash[:0], p.hashes
+	p.tokens, p.encToken = p.encToken[:0], p.tokens
+	seq := p.nextSeq
+	p.nextSeq++
+	drop := p.drop[seq]
+	delete(p.drop, seq)
+	p.mu.Unlock()
+
+	b := Batch{
+		TS:        float64(time.Now().UnixNano()) / 1e9,
+		Events:    events,
+		DPRank:    p.cfg.DataParallelRank,
+		HasDPRank: true,
+	}
+	// The payload is kept in the ring and handed to the socket, so it gets
+	// its own allocation; Encode cannot fail for events built above.
+	payload, err := Encode(nil, &b, p.cfg.Encoding)
+	clear(events) // let the slices into the old arrays go
+	if err != nil {
+		panic("BUG: vllm: encoding a KV event batch: " + err.Error())
+	}
+	p.remember(seq, payload)
+	if drop {
+		return
+	}
+	var seqBytes [8]byte
+	binary.BigEndian.PutUint64(seqBytes[:], uint64(seq))
+	// A PUB send only queues the message (zmq4 writes from its own
+	// goroutine, dropping beyond HWM); an error means the socket is closed.
+	_ = p.pub.Send(zmq4.NewMsgFrom(p.topic, seqBytes[:], payload))
+}
+
+// remember adds a batch to the replay ring, overwriting the oldest once
+// BufferSteps are held. Batches arrive in seq order (one flush goroutine),
+// so the ring always holds the consecutive seqs ringNewest-ringLen+1 ..
+// ringNewest, batch seq at index seq % BufferSteps.
+func (p *Publisher) remember(seq int64, payload []byte) {
+	p.ringMu.Lock()
+	defer p.ringMu.Unlock()
+	if len(p.ring) == 0 {
+		return
+	}
+	p.ring[seq%int64(len(p.ring))] = buffered{seq, payload}
+	p.ringNewest = seq
+	p.ringLen = min(p.ringLen+1, len(p.ring))
+}
+
+// since returns the buffered batches with seq >= start, oldest first.
+func (p *Publisher) since(start int64) []buffered {
+	p.ringMu.Lock()
+	defer p.ringMu.Unlock()
+	var out []buffered
+	for seq := max(start, p.ringNewest-int64(p.ringLen)+1); seq <= p.ringNewest; seq++ {
+		out = append(out, p.ring[seq%int64(len(p.ring))])
+	}
+	return out
+}
+
+// replayLoop serves replay requests: a request is [identity, "", start]
+// (REQ, or DEALER with vLLM's empty delimiter) or [identity, start] (bare
+// DEALER), start being 8 bytes big-endian; the answer is one [seq, payload]
+// message per buffered batch from start on, then [-1, ""], each behind the
+// same envelope.
+func (p *Publisher) replayLoop() {
+	defer close(p.replayDone)
+	for {
+		msg, err := p.router.Recv()
+		if err != nil {
+			select {
+			case <-p.done:
+				return
+			default:
+				continue
+			}
+		}
+		f := msg.Frames
+		var envelope [][]byte
+		switch {
+		case len(f) == 3 && len(f[1]) == 0 && len(f[2]) == 8:
+			envelope = f[:2]
+		case len(f) == 2 && len(f[1]) == 8:
+			envelope = f[:1]
+		default:
+			continue // not a replay request
+		}
+		start := int64(binary.BigEndian.Uint64(f[len(f)-1]))
+		for _, b := range p.since(start) {
+			if p.sendReplay(envelope, b.seq, b.payload) != nil {
+				break
+			}
+		}
+		_ = p.sendReplay(envelope, replayEnd, []byte{})
+	}
+}
+
+func (p *Publisher) sendReplay(envelope [][]byte, seq int64, payload []byte) error {
+	var seqBytes [8]byte
+	binary.BigEndian.PutUint64(seqBytes[:], uint64(seq))
+	frames := make([][]byte, 0, len(envelope)+2)
+	frames = append(frames, envelope...)
+	frames = append(frames, seqBytes[:], payload)
+	return p.router.Send(zmq4.NewMsgFrom(frames...))
+}
+
+var _ BlockEvents = (*Publisher)(nil)

@@ -1,0 +1,297 @@
+package vllm
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain checks that no goroutine outlives the tests, except one zmq4
+// leaks by design: zmq4 v0.17.0 starts a sender goroutine per PUB socket
+// (pubMWriter.run) and its socket Close never stops it (nothing calls
+// pubMWriter.Close), so each Publisher leaves one parked goroutine behind.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
+
+// recorder is a BlockEvents sink that logs each call as a line.
+type recorder struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *recorder) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int) {
+	r.add(fmt.Sprintf("stored %d/%v %v %v %d", parent, hasParent, hashes, tokens, blockSize))
+}
+func (r *recorder) BlockRemoved(hashes []uint64) { r.add(fmt.Sprintf("removed %v", hashes)) }
+func (r *recorder) AllBlocksCleared()            { r.add("cleared") }
+
+func (r *recorder) add(s string) {
+	r.mu.Lock()
+	r.calls = append(r.calls, s)
+	r.mu.Unlock()
+}
+
+func (r *recorder) snapshot() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// waitFor polls cond until it holds or 5 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// manualPublisher starts a Publisher on free loopback ports whose batches
+// are cut by the test calling flush (the ticker never fires in a test).
+func manualPublisher(t *testing.T, endpoint, replay string, bufferSteps int) *Publisher {
+	t.Helper()
+	p, err := NewPublisher(PublisherConfig{
+		Endpoint:       endpoint,
+		ReplayEndpoint: replay,
+		FlushInterval:  time.Hour,
+		BufferSteps:    bufferSteps,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// joined publishes AllBlocksCleared batches until the subscriber delivers
+// one: PUB drops messages sent before a subscription reaches it, so this is
+// how a test knows the live stream is flowing.
+func joined(t *testing.T, p *Publisher, rec *recorder) {
+	t.Helper()
+	waitFor(t, "the subscription", func() bool {
+		if len(rec.snapshot()) > 0 {
+			return true
+		}
+		p.AllBlocksCleared()
+		p.flush()
+		time.Sleep(10 * time.Millisecond)
+		return false
+	})
+}
+
+// storeEvent publishes the i-th event of a chain of one-block stores and
+// returns the line recorder logs for it.
+func storeEvent(p *Publisher, i int) string {
+	hashes := []uint64{uint64(100 + i)}
+	tokens := []uint32{uint32(i), uint32(i + 1)}
+	var parent uint64 // None for the chain's first block
+	if i > 0 {
+		parent = uint64(99 + i)
+	}
+	p.BlockStored(parent, i > 0, hashes, tokens, 2)
+	return fmt.Sprintf("stored %d/%v %v %v %d", parent, i > 0, hashes, tokens, 2)
+}
+
+func TestPubSubGapReplayAndRestart(t *testing.T) {
+	p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
+	rec := &recorder{}
+	s, err := NewSubscriber(SubscriberConfig{
+		Endpoint:       p.Endpoint(),
+		ReplayEndpoint: p.ReplayEndpoint(),
+		RedialInterval: 10 * time.Millisecond,
+	}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	joined(t, p, rec)
+	waitFor(t, "warm-up replays", func() bool { return s.Counters.Batches.Load() == uint64(p.nextSeq) })
+	gaps, replayed := s.Counters.Gaps.Load(), s.Counters.Replayed.Load()
+	base := len(rec.snapshot())
+
+	// Six batches, one event each; the third never reaches the PUB socket.
+	p.dropSeq(p.nextSeq + 2)
+	var want []string
+	for i := range 6 {
+		want = append(want, storeEvent(p, i))
+		p.flush()
+	}
+	p.BlockRemoved([]uint64{101, 100})
+	p.flush()
+	want = append(want, "removed [101 100]")
+	waitFor(t, "all events", func() bool { return len(rec.snapshot()) == base+len(want) })
+	if got := rec.snapshot()[base:]; !slices.Equal(got, want) {
+		t.Fatalf("events:\n got %q\nwant %q", got, want)
+	}
+	if g := s.Counters.Gaps.Load() - gaps; g != 1 {
+		t.Fatalf("gaps = %d, want 1", g)
+	}
+	if r := s.Counters.Replayed.Load() - replayed; r != 1 {
+		t.Fatalf("replayed = %d, want 1", r)
+	}
+
+	// Restart: a new publisher on the same ports counts from 0 again. The
+	// subscriber must clear the pod, then deliver the new publisher's
+	// events from its seq 0 on, whichever batch it happens to see first.
+	ep, rp := p.Endpoint(), p.ReplayEndpoint()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2 := manualPublisher(t, ep, rp, 0)
+	defer p2.Close()
+	base = len(rec.snapshot())
+	want = want[:0]
+	restarts := s.Counters.Restarts.Load()
+	for i := 0; s.Counters.Restarts.Load() == restarts; i++ {
+		if i == 500 {
+			t.Fatal("restart not detected")
+		}
+		want = append(want, storeEvent(p2, i))
+		p2.flush()
+		time.Sleep(10 * time.Millisecond)
+	}
+	want = append([]string{"cleared"}, want...)
+	waitFor(t, "the new publisher's events", func() bool { return len(rec.snapshot()) >= base+len(want) })
+	if got := rec.snapshot()[base : base+len(want)]; !slices.Equal(got, want) {
+		t.Fatalf("after restart:\n got %q\nwant %q", got, want)
+	}
+	if n := s.Counters.Reconnects.Load(); n == 0 {
+		t.Fatal("no reconnect counted")
+	}
+}
+
+// subscriberAt builds a Subscriber that holds batch last (with a digest no
+// publisher will match) without running its goroutine, so a test can drive
+// onBatch against a real replay socket.
+func subscriberAt(t *testing.T, p *Publisher, rec *recorder, last int64) *Subscriber {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cfg := SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint()}.withDefaults()
+	return &Subscriber{cfg: cfg, sink: rec, ctx: ctx, last: last, lastDigest: 1}
+}
+
+func TestCatchUpRestartPastLastSeq(t *testing.T) {
+	p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
+	defer p.Close()
+	var want []string
+	for i := range 6 {
+		want = append(want, storeEvent(p, i))
+		p.flush()
+	}
+	rec := &recorder{}
+	s := subscriberAt(t, p, rec, 1)
+	// The subscriber held seq 1 of an earlier publisher; this one's seq 1
+	// has another payload, so live seq 5 is not a gap to fill but a new
+	// life: clear, then 0..4 by replay, then 5.
+	p.ringMu.Lock()
+	live := p.ring[5].payload
+	p.ringMu.Unlock()
+	s.onBatch(5, live)
+	if got, want := rec.snapshot(), append([]string{"cleared"}, want...); !slices.Equal(got, want) {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	if s.Counters.Restarts.Load() != 1 || s.Counters.Replayed.Load() != 5 || s.Counters.Gaps.Load() != 1 {
+		t.Fatalf("restarts %d replayed %d gaps %d, want 1 5 1",
+			s.Counters.Restarts.Load(), s.Counters.Replayed.Load(), s.Counters.Gaps.Load())
+	}
+}
+
+func TestCatchUpBufferOverrun(t *testing.T) {
+	p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 2)
+	defer p.Close()
+	var want []string
+	for i := range 6 {
+		want = append(want, storeEvent(p, i))
+		p.flush()
+	}
+	rec := &recorder{}
+	s := subscriberAt(t, p, rec, 1)
+	p.ringMu.Lock()
+	live := p.ring[5%2].payload
+	p.ringMu.Unlock()
+	// Batches 2..3 fell out of the two-batch buffer: the pod's history is
+	// unknown, so clear it and keep what the buffer still has.
+	s.onBatch(5, live)
+	if got, want := rec.snapshot(), []string{"cleared", want[4], want[5]}; !slices.Equal(got, want) {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	if s.Counters.Lost.Load() != 1 {
+		t.Fatalf("lost = %d, want 1", s.Counters.Lost.Load())
+	}
+}
+
+func TestReplayUnreachable(t *testing.T) {
+	p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
+	storeEvent(p, 0)
+	p.flush()
+	rec := &recorder{}
+	s := subscriberAt(t, p, rec, 3)
+	s.cfg.ReplayTimeout = 200 * time.Millisecond
+	p.ringMu.Lock()
+	live := p.ring[0].payload
+	p.ringMu.Unlock()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.onBatch(7, live) // a gap after 3 that nobody can fill
+	if got := rec.snapshot(); len(got) != 2 || got[0] != "cleared" || !strings.HasPrefix(got[1], "stored") {
+		t.Fatalf("got %q, want a clear then the live batch", got)
+	}
+	if s.Counters.Lost.Load() != 1 {
+		t.Fatalf("lost = %d, want 1", s.Counters.Lost.Load())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	f := func(err error, want string) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("err = %v, want it to mention %q", err, want)
+		}
+	}
+	f(PublisherConfig{Endpoint: "ipc:///tmp/x"}.withDefaults().Validate(), `Endpoint "ipc:///tmp/x"`)
+	f(PublisherConfig{ReplayEndpoint: "tcp://nohost"}.withDefaults().Validate(), `ReplayEndpoint "tcp://nohost"`)
+	f(PublisherConfig{BufferSteps: -1}.withDefaults().Validate(), "BufferSteps -1")
+	f(PublisherConfig{FlushInterval: -time.Second}.withDefaults().Validate(), `FlushInterval "-1s"`)
+	f(PublisherConfig{Encoding: 7}.withDefaults().Validate(), "Encoding 7")
+	f(SubscriberConfig{}.withDefaults().Validate(), `Endpoint ""`)
+	f(SubscriberConfig{Endpoint: "tcp://h:1", ReplayTimeout: -1}.withDefaults().Validate(), `ReplayTimeout "-1ns"`)
+	if err := (SubscriberConfig{Endpoint: "tcp://10.0.0.1:5557"}).withDefaults().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := (SubscriberConfig{Endpoint: "tcp://10.0.0.1:5557"}).withDefaults().ReplayEndpoint; got != "tcp://10.0.0.1:5558" {
+		t.Fatalf("default replay endpoint %q", got)
+	}
+	if _, err := NewSubscriber(SubscriberConfig{Endpoint: "x"}, &recorder{}); err == nil {
+		t.Fatal("NewSubscriber accepted a bad endpoint")
+	}
+	if _, err := NewPublisher(PublisherConfig{HWM: -1}); err == nil {
+		t.Fatal("NewPublisher accepted a negative HWM")
+	}
+}
+
+func TestPublisherCallsAfterCloseAreDropped(t *testing.T) {
+	p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p.BlockStored(0, false, []uint64{1}, []uint32{1}, 1)
+	p.BlockRemoved([]uint64{1})
+	p.AllBlocksCleared()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.pending) != 0 {
+		t.Fatalf("%d events pending after Close", len(p.pending))
+	}
+}

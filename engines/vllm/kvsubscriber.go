@@ -1,0 +1,360 @@
+package vllm
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/go-zeromq/zmq4"
+)
+
+// Subscriber defaults.
+const (
+	// DefaultReplayTimeout bounds one replay exchange, dial to end marker.
+	DefaultReplayTimeout = 2 * time.Second
+	// DefaultRedialInterval is the wait between dials while a pod's
+	// publisher is unreachable.
+	DefaultRedialInterval = 250 * time.Millisecond
+)
+
+// SubscriberConfig says where a pod publishes its KV events.
+type SubscriberConfig struct {
+	// Endpoint is the pod's PUB socket, tcp://host:port (the pod's
+	// kv_events setting; vLLM's default port is DefaultEventsPort).
+	Endpoint string
+	// ReplayEndpoint is the pod's replay ROUTER (default: Endpoint's host
+	// with port DefaultReplayPort).
+	ReplayEndpoint string
+	// Topic is the subscription prefix (default "": every topic).
+	Topic string
+	// ReplayTimeout bounds one replay exchange (default
+	// DefaultReplayTimeout).
+	ReplayTimeout time.Duration
+	// RedialInterval is the wait between dials (default
+	// DefaultRedialInterval).
+	RedialInterval time.Duration
+}
+
+func (c SubscriberConfig) withDefaults() SubscriberConfig {
+	if c.ReplayEndpoint == "" {
+		if host, _, err := net.SplitHostPort(strings.TrimPrefix(c.Endpoint, "tcp://")); err == nil {
+			c.ReplayEndpoint = "tcp://" + net.JoinHostPort(host, strconv.Itoa(DefaultReplayPort))
+		}
+	}
+	if c.ReplayTimeout == 0 {
+		c.ReplayTimeout = DefaultReplayTimeout
+	}
+	if c.RedialInterval == 0 {
+		c.RedialInterval = DefaultRedialInterval
+	}
+	return c
+}
+
+// Validate reports the first bad field of c (after defaults), naming it and
+// quoting its value.
+func (c SubscriberConfig) Validate() error {
+	if err := validateTCP("Endpoint", c.Endpoint); err != nil {
+		return err
+	}
+	if err := validateTCP("ReplayEndpoint", c.ReplayEndpoint); err != nil {
+		return err
+	}
+	if c.ReplayTimeout < 0 {
+		return fmt.Errorf("vllm: SubscriberConfig.ReplayTimeout %q is negative", c.ReplayTimeout)
+	}
+	if c.RedialInterval < 0 {
+		return fmt.Errorf("vllm: SubscriberConfig.RedialInterval %q is negative", c.RedialInterval)
+	}
+	return nil
+}
+
+// SubscriberCounters are a Subscriber's plain atomic counters, for the
+// gateway to export. They only grow.
+type SubscriberCounters struct {
+	// Batches and Events count what was delivered, live or replayed.
+	Batches atomic.Uint64
+	Events  atomic.Uint64
+	// Skipped counts events not meant for the GPU prefix index: another
+	// medium (CPU offload), another KV-cache group than 0, or a LoRA
+	// adapter's blocks (the gateway keys prompts per model, not per
+	// adapter).
+	Skipped atomic.Uint64
+	// Gaps counts sequence gaps seen on the live stream.
+	Gaps atomic.Uint64
+	// Replayed counts batches recovered through replay.
+	Replayed atomic.Uint64
+	// Restarts counts publisher restarts (seq going back, or a different
+	// batch under a seq already seen); each one cleared the pod.
+	Restarts atomic.Uint64
+	// Lost counts gaps replay could not fill (buffer overrun, replay
+	// unreachable); each one cleared the pod, whose history is unknown.
+	Lost atomic.Uint64
+	// Malformed counts messages dropped as undecodable.
+	Malformed atomic.Uint64
+	// Reconnects counts lost connections to the publisher.
+	Reconnects atomic.Uint64
+}
+
+// Subscriber follows one pod's KV events: it subscribes to the pod's PUB
+// socket, decodes every batch, detects sequence gaps and fills them from
+// the pod's replay socket, and calls its sink with the events in
+// publication order, from one goroutine. When the publisher restarts (its
+// seq starts again from 0) the sink is told AllBlocksCleared first. It
+// redials for as long as it runs.
+type Subscriber struct {
+	cfg      SubscriberConfig
+	sink     BlockEvents
+	Counters SubscriberCounters
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// Owned by the run goroutine.
+	last       int64  // seq of the last batch delivered; -1: none since the (re)start
+	lastDigest uint64 // xxhash of that batch's payload
+	// suspect is set by a reconnection: the publisher may have restarted,
+	// so the next batch is checked against the replay buffer even if its
+	// seq follows on.
+	suspect bool
+}
+
+// NewSubscriber validates cfg and starts following the pod; it returns at
+// once (the dial happens in the background, retried every RedialInterval).
+func NewSubscriber(cfg SubscriberConfig, sink BlockEvents) (*Subscriber, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Subscriber{cfg: cfg, sink: sink, ctx: ctx, cancel: cancel, done: make(chan struct{}), last: -1}
+	go s.run()
+	return s, nil
+}
+
+// Close stops following the pod and waits for the Subscriber's goroutine;
+// no sink call happens after it returns.
+func (s *Subscriber) Close() error {
+	s.cancel()
+	<-s.done
+	return nil
+}
+
+func (s *Subscriber) run() {
+	defer close(s.done)
+	for s.ctx.Err() == nil {
+		sub := zmq4.NewSub(s.ctx,
+			zmq4.WithLogger(discardLog),
+			zmq4.WithDialerRetry(s.cfg.RedialInterval),
+			zmq4.WithDialerMaxRetries(-1)) // until the pod is up or Close
+		// The subscription is kept by the socket and sent on each
+		// connection it makes.
+		if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err == nil {
+			if err := sub.Dial(s.cfg.Endpoint); err == nil {
+				s.follow(sub)
+			}
+		}
+		sub.Close()
+		if s.ctx.Err() != nil {
+			return
+		}
+		s.Counters.Reconnects.Add(1)
+		s.suspect = s.last >= 0
+		select {
+		case <-s.ctx.Done():
+		case <-time.After(s.cfg.RedialInterval):
+		}
+	}
+}
+
+// follow handles live messages until the connection fails.
+func (s *Subscriber) follow(sub zmq4.Socket) {
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			return
+		}
+		f := msg.Frames
+		if len(f) != 3 || len(f[1]) != 8 {
+			s.Counters.Malformed.Add(1)
+			continue
+		}
+		s.onBatch(int64(binary.BigEndian.Uint64(f[1])), f[2])
+	}
+}
+
+// onBatch delivers live batch seq after whatever must come first: a clear if
+// the publisher restarted, the missing batches if there is a gap.
+func (s *Subscriber) onBatch(seq int64, payload []byte) {
+	if seq < 0 {
+		s.Counters.Malformed.Add(1)
+		return
+	}
+	if seq <= s.last {
+		// A publisher counts up from 0 when it starts: seq going back
+		// means a new one.
+		s.reset(&s.Counters.Restarts)
+	}
+	if seq != s.last+1 || s.suspect {
+		if s.last >= 0 && seq > s.last+1 {
+			s.Counters.Gaps.Add(1)
+		}
+		s.catchUp(seq)
+	}
+	s.suspect = false
+	s.deliver(seq, payload)
+}
+
+// reset forgets the pod's state: the sink clears it, counted in c.
+func (s *Subscriber) reset(c *atomic.Uint64) {
+	c.Add(1)
+	s.sink.AllBlocksCleared()
+	s.last = -1
+}
+
+// catchUp replays the batches the subscriber lacks before live batch seq.
+//
+// Holding batch last, it asks from last, not last+1: the publisher must
+// still hold that very batch (same payload digest), else it restarted and
+// counted past last while we were away (clear, then replay from 0), or its
+// buffer overran (clear: the history in between is unknown). Holding
+// nothing, it takes whatever the buffer has from 0, e.g. a pod's history on
+// the gateway's first connect.
+func (s *Subscriber) catchUp(seq int64) {
+	for range 2 { // a second round only after a restart or overrun reset
+		if s.last < 0 && seq == 0 {
+			return
+		}
+		r := s.replay(max(s.last, 0), seq)
+		switch {
+		case r.mismatch:
+			s.reset(&s.Counters.Restarts)
+			continue
+		case r.gone:
+			s.reset(&s.Counters.Lost)
+			continue
+		case r.err != nil && s.last >= 0 && seq > s.last+1:
+			// Replay unreachable: the gap cannot be filled.
+			s.reset(&s.Counters.Lost)
+		case r.err == nil && s.last >= 0 && seq > s.last+1:
+			// The buffer ended or had a hole before seq.
+			s.reset(&s.Counters.Lost)
+		}
+		return
+	}
+}
+
+// replayResult says how a replay went; the delivered batches are already
+// with the sink.
+type replayResult struct {
+	mismatch bool  // the publisher's batch under seq last differs from ours
+	gone     bool  // the publisher no longer holds batch last
+	err      error // the exchange failed (dial, timeout)
+}
+
+// replay asks the pod's ROUTER for its batches from start on and delivers
+// those that continue s.last, up to (not including) seq, the live batch in
+// hand; later ones will come live. It always reads to the end marker:
+// zmq4 sockets must be drained before they close, or their reader
+// goroutine blocks on a full queue forever.
+func (s *Subscriber) replay(start, seq int64) replayResult {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTimeout)
+	defer cancel()
+	d := zmq4.NewDealer(ctx, zmq4.WithLogger(discardLog), zmq4.WithDialerMaxRetries(0))
+	defer d.Close()
+	if err := d.Dial(s.cfg.ReplayEndpoint); err != nil {
+		return replayResult{err: err}
+	}
+	var startBytes [8]byte
+	binary.BigEndian.PutUint64(startBytes[:], uint64(start))
+	// [empty delimiter, start]: what a REQ socket sends, so vLLM's ROUTER
+	// (which wants exactly [identity, "", start]) answers too.
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, startBytes[:])); err != nil {
+		return replayResult{err: err}
+	}
+	var r replayResult
+	verified := s.last < 0 // nothing held, nothing to verify
+	stopped := false
+	for {
+		msg, err := d.Recv()
+		if err != nil {
+			r.err = err
+			return r
+		}
+		f := msg.Frames
+		if len(f) > 0 && len(f[0]) == 0 {
+			f = f[1:] // the delimiter
+		}
+		if len(f) != 2 || len(f[0]) != 8 {
+			s.Counters.Malformed.Add(1)
+			continue
+		}
+		rs := int64(binary.BigEndian.Uint64(f[0]))
+		if rs == replayEnd {
+			return r
+		}
+		if stopped || rs >= seq {
+			continue
+		}
+		switch {
+		case !verified && rs < s.last:
+			continue // older than what we hold
+		case !verified && rs == s.last:
+			verified = xxhash.Sum64(f[1]) == s.lastDigest
+			r.mismatch = !verified
+			stopped = r.mismatch
+			continue
+		case !verified:
+			r.gone = true
+			stopped = true
+			continue
+		case s.last >= 0 && rs != s.last+1:
+			stopped = true // a hole in the buffer
+			continue
+		}
+		if s.deliver(rs, f[1]) {
+			s.Counters.Replayed.Add(1)
+		}
+	}
+}
+
+// deliver decodes batch seq and gives its events to the sink. A batch that
+// does not decode is counted and skipped (its seq still counts as seen, so
+// it does not look like a gap forever).
+func (s *Subscriber) deliver(seq int64, payload []byte) bool {
+	s.last, s.lastDigest = seq, xxhash.Sum64(payload)
+	b, err := Decode(payload)
+	if err != nil {
+		s.Counters.Malformed.Add(1)
+		return false
+	}
+	s.Counters.Batches.Add(1)
+	s.Counters.Events.Add(uint64(len(b.Events)))
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch {
+		case ev.Kind == AllBlocksCleared:
+			s.sink.AllBlocksCleared()
+		case !forGPUIndex(ev):
+			s.Counters.Skipped.Add(1)
+		case ev.Kind == BlockStored:
+			s.sink.BlockStored(ev.ParentHash, ev.HasParent, ev.BlockHashes, ev.TokenIDs, ev.BlockSize)
+		case ev.Kind == BlockRemoved:
+			s.sink.BlockRemoved(ev.BlockHashes)
+		}
+	}
+	return true
+}
+
+// forGPUIndex says whether a block event belongs in the gateway's prefix
+// index: GPU blocks (or medium unspecified) of KV-cache group 0 without a
+// LoRA adapter.
+func forGPUIndex(ev *Event) bool {
+	return (ev.Medium == "" || ev.Medium == MediumGPU) && ev.GroupIdx == 0 && ev.LoraID == 0 && ev.LoraName == ""
+}
