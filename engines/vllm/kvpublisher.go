@@ -183,8 +183,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, err
 	}
 	p := &Publisher{
-		cfg:   cfg,
-		topic: []byte(cfg.Topic),
+		cfg:        cfg,
+		topic:      []byte(cfg.Topic),
 		ring:       make([]buffered, cfg.BufferSteps),
 		ringNewest: -1,
 		done:       make(chan struct{}),
