@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -210,4 +211,60 @@ func (c classed) Next(a *Arrival) bool {
 	ok := c.Workload.Next(a)
 	a.Class = c.class
 	return ok
+}
+
+func TestTrace(t *testing.T) {
+	const text = "<|system|>\nYou are a careful assistant who answers briefly and to the point, always.\n"
+	trace := `{"t": 0.5, "session": "a", "prompt_tokens": 200, "output_tokens": 10}
+
+{"t": 0.1, "prompt": "` + strings.ReplaceAll(text, "\n", `\n`) + `", "priority": "batch"}
+{"t": 0.9, "session": "a", "prompt_tokens": 300}
+{"t": 1.2, "session": "b", "prompt_tokens": 300}
+{"t": 1.3, "prompt_tokens": 64}
+`
+	tr, err := ReadTrace(strings.NewReader(trace), 16, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []Arrival
+	run := tr.Start()
+	for a := (Arrival{}); run.Next(&a); {
+		got = append(got, a)
+	}
+	if len(got) != 5 || tr.Len() != 5 {
+		t.Fatalf("%d arrivals", len(got))
+	}
+	// Sorted by time: the text prompt first.
+	if got[0].Time != 0.1 || got[0].Class != admit.Batch || got[0].PromptTokens != (len(text)+3)/4 || len(got[0].Keys) != got[0].PromptTokens/16 {
+		t.Fatalf("text line %+v", got[0])
+	}
+	// Session a's second turn extends its first: 12 shared blocks.
+	a1, a2 := got[1], got[2]
+	if a1.OutputTokens != 10 || len(a1.Keys) != 12 || len(a2.Keys) != 18 || !slices.Equal(a1.Keys, a2.Keys[:12]) {
+		t.Fatalf("session a: %d and %d keys, shared prefix %v", len(a1.Keys), len(a2.Keys), slices.Equal(a1.Keys, a2.Keys[:12]))
+	}
+	// Another session and a sessionless prompt share nothing with it.
+	if got[3].Keys[0] == a2.Keys[0] || got[4].Keys[0] == a2.Keys[0] || got[4].PromptTokens != 64 {
+		t.Fatalf("unrelated prompts share a first block")
+	}
+	// A replay runs.
+	p, _ := route.New(route.DefaultPolicy, route.DefaultOptions())
+	res, err := Run(DefaultConfig(p), tr.Start())
+	if err != nil || res.Requests != 5 {
+		t.Fatalf("replay: %+v, %v", res, err)
+	}
+
+	bad := func(line, want string) {
+		t.Helper()
+		_, err := ReadTrace(strings.NewReader(line), 16, 1)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("ReadTrace(%s): %v, want an error mentioning %q", line, err, want)
+		}
+	}
+	bad(`{"t": 1}`, `exactly one of "prompt" and "prompt_tokens"`)
+	bad(`{"t": 1, "prompt": "x", "prompt_tokens": 3}`, `exactly one`)
+	bad(`{"prompt": "x"}`, `"t" must be`)
+	bad(`{"t": 1, "prompt_tokens": -3}`, `"prompt_tokens" = -3`)
+	bad(`{"t": 1, "prompt": "x", "priority": "gold"}`, `unknown priority class "gold"`)
+	bad("{\"t\": 1, \"prompt\": \"x\"}\n{nope", "line 2")
 }
