@@ -1,0 +1,108 @@
+package kvindex
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"pdlb/engines/tokenize"
+	"pdlb/engines/vllm"
+	"pdlb/radix"
+)
+
+// TestMain checks for leaked goroutines, except the one zmq4 v0.17.0 leaves
+// per PUB socket (see engines/vllm's TestMain).
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
+
+// TestFeedFromPublisher runs the whole path on loopback: an engine's
+// publisher sends vLLM-format events over ZMQ, a Subscriber decodes them and
+// feeds a Pod, and the index then holds exactly the keys the gateway
+// computes for the same chat prompt, though the engine hashes blocks with a
+// seed of its own.
+func TestFeedFromPublisher(t *testing.T) {
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{
+		Endpoint:       "tcp://127.0.0.1:0",
+		ReplayEndpoint: "tcp://127.0.0.1:0",
+		FlushInterval:  time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+
+	f := newFake()
+	ix, err := New(f, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := ix.Pod(3, model)
+	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{
+		Endpoint:       pub.Endpoint(),
+		ReplayEndpoint: pub.ReplayEndpoint(),
+	}, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	// Until the subscription reaches the PUB socket, batches are dropped;
+	// clears are harmless to repeat.
+	waitUntil(t, func() bool {
+		pub.AllBlocksCleared()
+		time.Sleep(5 * time.Millisecond)
+		return pod.Counters.Clears.Load() > 0
+	})
+
+	rendered := tokenize.AppendTurn(nil, []byte("system"), []byte("You are a terse assistant. Answer in one line."))
+	question := strings.Repeat("Explain prefix caching for LLM inference servers, with an example of two requests sharing a system prompt. ", 8)
+	rendered = tokenize.AppendTurn(rendered, []byte("user"), []byte(question))
+	rendered = append(rendered, tokenize.GenerationPrompt...)
+	tokens := tokenize.Append(nil, rendered)
+	const bs = radix.DefaultBlockSize
+	n := len(tokens) / bs
+	if n < 10 {
+		t.Fatalf("prompt too short: %d blocks", n)
+	}
+	engineHashes := radix.AppendBlockKeys(nil, 0xe16e, tokens, bs) // the engine's own seed
+	gateway := radix.AppendBlockKeys(nil, radix.Seed(model), tokens, bs)
+
+	// Prefill stores the first blocks, decode adds the rest one at a time.
+	pub.BlockStored(0, false, engineHashes[:2], tokens[:2*bs], bs)
+	for i := 2; i < n; i++ {
+		pub.BlockStored(engineHashes[i-1], true, engineHashes[i:i+1], tokens[i*bs:(i+1)*bs], bs)
+	}
+	waitUntil(t, func() bool { return pod.Blocks() == n })
+	if got := matchLocked(ix, f, 3, gateway); got != n {
+		t.Fatalf("gateway match = %d blocks, want %d", got, n)
+	}
+	pub.BlockRemoved(engineHashes[n-1:])
+	waitUntil(t, func() bool { return pod.Blocks() == n-1 })
+	if got := matchLocked(ix, f, 3, gateway); got != n-1 {
+		t.Fatalf("gateway match after eviction = %d blocks, want %d", got, n-1)
+	}
+	if sub.Counters.Malformed.Load() != 0 || pod.Counters.Orphans.Load() != 0 {
+		t.Fatalf("malformed %d orphans %d", sub.Counters.Malformed.Load(), pod.Counters.Orphans.Load())
+	}
+}
+
+// matchLocked reads the fake index under the Indexer's mutex, which the
+// subscriber's goroutine writes it under.
+func matchLocked(ix *Indexer, f *fakeIndex, pod int32, keys []uint64) int {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return f.match(pod, keys)
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,313 @@
+// Package kvindex turns a pod's KV-cache events into updates of the
+// gateway's prefix index.
+//
+// The index never depends on reproducing an engine's block hash. For each
+// BlockStored the feed computes the gateway's own block keys from the
+// event's token ids: radix.AppendBlockKeys chained from the gateway key of
+// the parent block (found through the pod's engine-hash → slot map), or
+// from radix.Seed(model) when the blocks start a prompt. Those are exactly
+// the keys the gateway computes for a prompt with the same tokens, so
+// radix.Match finds them. An engine block may hold a multiple of the
+// gateway's block size; it then maps to several gateway keys. The map is
+// kept to serve BlockRemoved, which names engine hashes only.
+//
+// Memory per pod is bounded by Config.MaxBlocks engine blocks (about
+// 40 + 8·k bytes each, k gateway keys per engine block). An engine cannot
+// hold more blocks than its KV cache has, so a pod over the bound means the
+// feed missed removals: the pod is cleared and rebuilt from later events.
+package kvindex
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"pdlb/radix"
+)
+
+// Index is what the feed writes into (the radix tree implements it).
+type Index interface {
+	// Insert: pod now holds the chain keys[0:len], keys[0] starting a
+	// prompt.
+	Insert(pod int32, keys []uint64)
+	// Remove: pod no longer holds these blocks (any set of keys).
+	Remove(pod int32, keys []uint64)
+	// RemovePod: pod holds nothing.
+	RemovePod(pod int32)
+}
+
+// DefaultMaxBlocks bounds the engine blocks tracked per pod: 2^18 blocks of
+// 16 tokens are 4M tokens, several times the KV cache of one GPU pod (an
+// 80 GB card holds well under 1M tokens of an 8B model's KV).
+const DefaultMaxBlocks = 1 << 18
+
+// Config is shared by the pods an Indexer feeds.
+type Config struct {
+	// BlockSize is the gateway's block size in tokens (default
+	// radix.DefaultBlockSize); engine block sizes must be multiples of it.
+	BlockSize int
+	// MaxBlocks bounds the engine blocks tracked per pod (default
+	// DefaultMaxBlocks).
+	MaxBlocks int
+}
+
+func (c Config) withDefaults() Config {
+	if c.BlockSize == 0 {
+		c.BlockSize = radix.DefaultBlockSize
+	}
+	if c.MaxBlocks == 0 {
+		c.MaxBlocks = DefaultMaxBlocks
+	}
+	return c
+}
+
+// Validate reports the first bad field of c (after defaults), naming it and
+// quoting its value.
+func (c Config) Validate() error {
+	if c.BlockSize < 0 {
+		return fmt.Errorf("kvindex: Config.BlockSize %d is negative", c.BlockSize)
+	}
+	if c.MaxBlocks < 0 {
+		return fmt.Errorf("kvindex: Config.MaxBlocks %d is negative", c.MaxBlocks)
+	}
+	return nil
+}
+
+// Indexer feeds many pods' events into one Index. Its mutex serialises the
+// Index writes of all its pods, so an Index need not take concurrent
+// writers (one uncontended lock per event where it does).
+type Indexer struct {
+	mu  sync.Mutex
+	idx Index
+	cfg Config
+}
+
+// New validates cfg and returns an Indexer writing into idx.
+func New(idx Index, cfg Config) (*Indexer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Indexer{idx: idx, cfg: cfg}, nil
+}
+
+// Pod returns the feed of one pod serving model: give it the pod's events
+// (it implements the engines' event-sink interface, e.g. as the sink of a
+// vllm.Subscriber). The pod's state in the index is not touched until its
+// first event.
+func (ix *Indexer) Pod(pod int32, model string) *Pod {
+	return &Pod{ix: ix, id: pod, seed: radix.Seed(model), byHash: make(map[uint64]int32)}
+}
+
+// PodCounters are a Pod's plain atomic counters, for the gateway to export.
+type PodCounters struct {
+	// Stored and Removed count engine blocks taken into and out of the
+	// index.
+	Stored  atomic.Uint64
+	Removed atomic.Uint64
+	// Orphans counts BlockStored events dropped because their parent block
+	// is unknown (stored before the feed started, or lost): their keys
+	// cannot be computed without the prefix.
+	Orphans atomic.Uint64
+	// Mismatched counts BlockStored events dropped because their block
+	// size is not a multiple of the gateway's, changed, or does not match
+	// the number of tokens.
+	Mismatched atomic.Uint64
+	// Overflows counts clears forced by MaxBlocks.
+	Overflows atomic.Uint64
+	// Clears counts AllBlocksCleared (including a restarted engine's).
+	Clears atomic.Uint64
+}
+
+// Pod keeps one pod's engine-hash → gateway-key map and writes its changes
+// into the index. Its event methods must be called from one goroutine at a
+// time (a Subscriber calls them from its own); Counters and Blocks may be
+// read from any.
+type Pod struct {
+	ix   *Indexer
+	id   int32
+	seed uint64
+
+	// perBlock is the number of gateway keys per engine block (engine
+	// block size / gateway block size), fixed by the first BlockStored
+	// after a clear; 0 before it.
+	perBlock int
+
+	// Engine blocks live in slots (an arena: parent links are slot
+	// indices, so walking a prompt's chain costs no map lookups). A slot's
+	// gateway keys are keys[s*perBlock : (s+1)*perBlock].
+	byHash map[uint64]int32
+	slots  []slot
+	keys   []uint64
+	free   []int32
+	blocks atomic.Int64 // live (not tombstoned) slots
+
+	// Scratch, reused across events.
+	chain []uint64
+	path  []int32
+	rm    []uint64
+
+	Counters PodCounters
+}
+
+type slot struct {
+	hash     uint64
+	parent   int32 // slot of the preceding block; -1 when it starts a prompt
+	children int32 // slots whose parent this is
+	// removed marks a block the engine evicted while blocks chained after
+	// it are still held: the slot stays (their chain walks through it)
+	// until its last child goes.
+	removed bool
+}
+
+// Blocks is the number of engine blocks the pod holds by its events.
+func (p *Pod) Blocks() int { return int(p.blocks.Load()) }
+
+// BlockStored indexes the blocks of one event (see the package doc).
+func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int) {
+	if len(blockHashes) == 0 {
+		return
+	}
+	gw := p.ix.cfg.BlockSize
+	if blockSize <= 0 || blockSize%gw != 0 || len(tokenIDs) != len(blockHashes)*blockSize ||
+		(p.perBlock != 0 && blockSize/gw != p.perBlock) {
+		p.Counters.Mismatched.Add(1)
+		return
+	}
+	if len(p.slots)-len(p.free)+len(blockHashes) > p.ix.cfg.MaxBlocks {
+		p.Counters.Overflows.Add(1)
+		p.clear()
+		if hasParent {
+			p.Counters.Orphans.Add(1) // its parent went with the clear
+			return
+		}
+	}
+	prev := int32(-1)
+	seed := p.seed
+	chain := p.chain[:0]
+	if hasParent {
+		s, ok := p.byHash[parentHash]
+		if !ok || p.slots[s].removed {
+			p.Counters.Orphans.Add(1)
+			return
+		}
+		prev = s
+		chain = p.appendPrefix(chain, s)
+		seed = chain[len(chain)-1]
+	}
+	p.perBlock = blockSize / gw
+	n0 := len(chain)
+	// Chaining from the parent's last key gives the same keys as hashing
+	// the whole prompt from the model's seed: the chain state is the last
+	// key.
+	chain = radix.AppendBlockKeys(chain, seed, tokenIDs, gw)
+	for j, h := range blockHashes {
+		prev = p.store(h, prev, chain[n0+j*p.perBlock:n0+(j+1)*p.perBlock])
+	}
+	p.chain = chain
+	p.Counters.Stored.Add(uint64(len(blockHashes)))
+
+	p.ix.mu.Lock()
+	p.ix.idx.Insert(p.id, chain)
+	p.ix.mu.Unlock()
+}
+
+// appendPrefix appends the gateway keys of the chain ending at slot s, from
+// the prompt's first block on.
+func (p *Pod) appendPrefix(dst []uint64, s int32) []uint64 {
+	path := p.path[:0]
+	for ; s >= 0; s = p.slots[s].parent {
+		path = append(path, s)
+	}
+	for i := len(path) - 1; i >= 0; i-- {
+		off := int(path[i]) * p.perBlock
+		dst = append(dst, p.keys[off:off+p.perBlock]...)
+	}
+	p.path = path
+	return dst
+}
+
+// store records engine block h chained after slot parent with the given
+// gateway keys, and returns its slot. A block already known keeps its slot
+// and parent (engine hashes chain their parent's, so the same hash means
+// the same prefix) and is revived if it was a tombstone.
+func (p *Pod) store(h uint64, parent int32, keys []uint64) int32 {
+	if s, ok := p.byHash[h]; ok {
+		if p.slots[s].removed {
+			p.slots[s].removed = false
+			p.blocks.Add(1)
+		}
+		return s
+	}
+	var s int32
+	if n := len(p.free); n > 0 {
+		s = p.free[n-1]
+		p.free = p.free[:n-1]
+		p.slots[s] = slot{hash: h, parent: parent}
+		copy(p.keys[int(s)*p.perBlock:], keys)
+	} else {
+		s = int32(len(p.slots))
+		p.slots = append(p.slots, slot{hash: h, parent: parent})
+		p.keys = append(p.keys, keys...)
+	}
+	if parent >= 0 {
+		p.slots[parent].children++
+	}
+	p.byHash[h] = s
+	p.blocks.Add(1)
+	return s
+}
+
+// BlockRemoved takes the named engine blocks out of the index; unknown
+// hashes are ignored.
+func (p *Pod) BlockRemoved(blockHashes []uint64) {
+	rm := p.rm[:0]
+	for _, h := range blockHashes {
+		s, ok := p.byHash[h]
+		if !ok || p.slots[s].removed {
+			continue
+		}
+		off := int(s) * p.perBlock
+		rm = append(rm, p.keys[off:off+p.perBlock]...)
+		p.slots[s].removed = true
+		p.blocks.Add(-1)
+		p.Counters.Removed.Add(1)
+		p.release(s)
+	}
+	p.rm = rm
+	if len(rm) > 0 {
+		p.ix.mu.Lock()
+		p.ix.idx.Remove(p.id, rm)
+		p.ix.mu.Unlock()
+	}
+}
+
+// release frees removed slot s once nothing chains through it, and then
+// its removed ancestors that this leaves childless.
+func (p *Pod) release(s int32) {
+	for s >= 0 && p.slots[s].removed && p.slots[s].children == 0 {
+		parent := p.slots[s].parent
+		delete(p.byHash, p.slots[s].hash)
+		p.free = append(p.free, s)
+		if parent >= 0 {
+			p.slots[parent].children--
+		}
+		s = parent
+	}
+}
+
+// AllBlocksCleared removes the pod from the index and forgets its blocks.
+func (p *Pod) AllBlocksCleared() {
+	p.Counters.Clears.Add(1)
+	p.clear()
+}
+
+func (p *Pod) clear() {
+	p.ix.mu.Lock()
+	p.ix.idx.RemovePod(p.id)
+	p.ix.mu.Unlock()
+	clear(p.byHash)
+	p.slots, p.keys, p.free = p.slots[:0], p.keys[:0], p.free[:0]
+	p.perBlock = 0
+	p.blocks.Store(0)
+}

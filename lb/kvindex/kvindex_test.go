@@ -1,0 +1,243 @@
+package kvindex
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"pdlb/radix"
+)
+
+// fakeIndex records the keys each pod holds and every call.
+type fakeIndex struct {
+	held    map[int32]map[uint64]bool
+	inserts [][]uint64
+	removes [][]uint64
+	podRems []int32
+}
+
+func newFake() *fakeIndex { return &fakeIndex{held: map[int32]map[uint64]bool{}} }
+
+func (f *fakeIndex) Insert(pod int32, keys []uint64) {
+	f.inserts = append(f.inserts, slices.Clone(keys))
+	if f.held[pod] == nil {
+		f.held[pod] = map[uint64]bool{}
+	}
+	for _, k := range keys {
+		f.held[pod][k] = true
+	}
+}
+
+func (f *fakeIndex) Remove(pod int32, keys []uint64) {
+	f.removes = append(f.removes, slices.Clone(keys))
+	for _, k := range keys {
+		delete(f.held[pod], k)
+	}
+}
+
+func (f *fakeIndex) RemovePod(pod int32) {
+	f.podRems = append(f.podRems, pod)
+	delete(f.held, pod)
+}
+
+// match is the naive Match: how many leading keys pod holds.
+func (f *fakeIndex) match(pod int32, keys []uint64) int {
+	for i, k := range keys {
+		if !f.held[pod][k] {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+const model = "m"
+
+// prompt returns n tokens, distinct per salt.
+func prompt(n int, salt uint32) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = salt<<16 | uint32(i)
+	}
+	return t
+}
+
+// gatewayKeys is what the gateway computes for tokens.
+func gatewayKeys(tokens []uint32, blockSize int) []uint64 {
+	return radix.AppendBlockKeys(nil, radix.Seed(model), tokens, blockSize)
+}
+
+func newPod(t *testing.T, cfg Config) (*fakeIndex, *Pod) {
+	t.Helper()
+	f := newFake()
+	ix, err := New(f, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, ix.Pod(7, model)
+}
+
+func TestStoredKeysAreTheGatewaysKeys(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	tokens := prompt(20, 1) // 5 blocks of 4
+	want := gatewayKeys(tokens, 4)
+
+	// The engine stores the prompt in two events: blocks 0-1 start it,
+	// blocks 2-4 chain after engine block 1. Engine hashes are arbitrary.
+	p.BlockStored(0, false, []uint64{900, 901}, tokens[:8], 4)
+	p.BlockStored(901, true, []uint64{902, 903, 904}, tokens[8:], 4)
+	if !slices.Equal(f.inserts[0], want[:2]) || !slices.Equal(f.inserts[1], want) {
+		t.Fatalf("inserted %x, want chains %x and %x", f.inserts, want[:2], want)
+	}
+	if got := f.match(7, want); got != 5 {
+		t.Fatalf("match = %d, want 5", got)
+	}
+	// A second prompt sharing the first 3 blocks branches from engine
+	// block 902.
+	other := append(slices.Clone(tokens[:12]), prompt(4, 2)...)
+	p.BlockStored(902, true, []uint64{950}, other[12:], 4)
+	if got := f.match(7, gatewayKeys(other, 4)); got != 4 {
+		t.Fatalf("branch match = %d, want 4", got)
+	}
+	if p.Blocks() != 6 || p.Counters.Stored.Load() != 6 {
+		t.Fatalf("blocks %d stored %d, want 6 6", p.Blocks(), p.Counters.Stored.Load())
+	}
+}
+
+func TestRemovalByEngineHash(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	tokens := prompt(12, 1)
+	keys := gatewayKeys(tokens, 4)
+	p.BlockStored(0, false, []uint64{10, 11, 12}, tokens, 4)
+
+	p.BlockRemoved([]uint64{12, 999}) // 999 is unknown: ignored
+	if !slices.Equal(f.removes[0], keys[2:3]) {
+		t.Fatalf("removed %x, want %x", f.removes[0], keys[2:3])
+	}
+	if got := f.match(7, keys); got != 2 {
+		t.Fatalf("match = %d, want 2", got)
+	}
+	p.BlockRemoved([]uint64{12}) // twice: nothing more
+	if len(f.removes) != 1 {
+		t.Fatalf("a second removal of the same block wrote %x", f.removes[1:])
+	}
+	if p.Blocks() != 2 || len(p.byHash) != 2 {
+		t.Fatalf("blocks %d map %d, want 2 2", p.Blocks(), len(p.byHash))
+	}
+}
+
+func TestBlockSizeSplitting(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	tokens := prompt(32, 3)
+	keys := gatewayKeys(tokens, 4) // 8 gateway blocks
+	// Engine blocks of 16 tokens: each maps to 4 gateway keys.
+	p.BlockStored(0, false, []uint64{1}, tokens[:16], 16)
+	p.BlockStored(1, true, []uint64{2}, tokens[16:], 16)
+	if got := f.match(7, keys); got != 8 {
+		t.Fatalf("match = %d, want 8", got)
+	}
+	p.BlockRemoved([]uint64{2})
+	if !slices.Equal(f.removes[0], keys[4:]) {
+		t.Fatalf("removed %x, want %x", f.removes[0], keys[4:])
+	}
+	if got := f.match(7, keys); got != 4 {
+		t.Fatalf("match after removal = %d, want 4", got)
+	}
+}
+
+func TestDroppedEvents(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	p.BlockStored(0, false, []uint64{1}, prompt(6, 1), 6) // 6 is not a multiple of 4
+	p.BlockStored(0, false, []uint64{1}, prompt(7, 1), 4) // 7 tokens for one block of 4
+	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4)
+	p.BlockStored(2, true, []uint64{3}, prompt(8, 2), 8) // block size changed
+	p.BlockStored(77, true, []uint64{4}, prompt(4, 3), 4) // parent unknown
+	if m, o := p.Counters.Mismatched.Load(), p.Counters.Orphans.Load(); m != 3 || o != 1 {
+		t.Fatalf("mismatched %d orphans %d, want 3 1", m, o)
+	}
+	if len(f.inserts) != 1 || p.Blocks() != 2 {
+		t.Fatalf("inserts %d blocks %d, want 1 2", len(f.inserts), p.Blocks())
+	}
+}
+
+func TestClear(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4)
+	p.AllBlocksCleared()
+	if !slices.Equal(f.podRems, []int32{7}) || len(f.held[7]) != 0 {
+		t.Fatalf("RemovePod calls %v, held %v", f.podRems, f.held[7])
+	}
+	if p.Blocks() != 0 || len(p.byHash) != 0 || len(p.slots) != 0 {
+		t.Fatalf("state left after clear: blocks %d map %d slots %d", p.Blocks(), len(p.byHash), len(p.slots))
+	}
+	// The old chain is gone: a child of block 2 cannot be keyed.
+	p.BlockStored(2, true, []uint64{3}, prompt(4, 2), 4)
+	if p.Counters.Orphans.Load() != 1 {
+		t.Fatalf("orphans = %d, want 1", p.Counters.Orphans.Load())
+	}
+	// After a clear the block size may change (a restarted engine).
+	p.BlockStored(0, false, []uint64{5}, prompt(8, 3), 8)
+	if p.Blocks() != 1 || p.Counters.Mismatched.Load() != 0 {
+		t.Fatalf("blocks %d mismatched %d after re-store", p.Blocks(), p.Counters.Mismatched.Load())
+	}
+}
+
+func TestParentRemovedBeforeChild(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	tokens := prompt(16, 1)
+	keys := gatewayKeys(tokens, 4)
+	p.BlockStored(0, false, []uint64{1, 2}, tokens[:8], 4)
+	p.BlockRemoved([]uint64{1}) // the root goes first: a tombstone keeps the chain
+	if p.Blocks() != 1 || len(p.slots)-len(p.free) != 2 {
+		t.Fatalf("blocks %d slots in use %d, want 1 2", p.Blocks(), len(p.slots)-len(p.free))
+	}
+	// A child of block 2 is still keyed through the tombstone.
+	p.BlockStored(2, true, []uint64{3}, tokens[8:12], 4)
+	if !slices.Equal(f.inserts[len(f.inserts)-1], keys[:3]) {
+		t.Fatalf("chain through tombstone %x, want %x", f.inserts[len(f.inserts)-1], keys[:3])
+	}
+	// Removing the leaves frees everything, tombstone included.
+	p.BlockRemoved([]uint64{3, 2})
+	if p.Blocks() != 0 || len(p.byHash) != 0 || len(p.slots) != len(p.free) {
+		t.Fatalf("blocks %d map %d slots %d free %d, want all released", p.Blocks(), len(p.byHash), len(p.slots), len(p.free))
+	}
+	// Freed slots are reused with their keys overwritten.
+	p.BlockStored(0, false, []uint64{4}, tokens[:4], 4)
+	if got := f.match(7, keys); got != 1 || len(p.slots) != 3 {
+		t.Fatalf("match %d slots %d after reuse, want 1 3", got, len(p.slots))
+	}
+}
+
+func TestMaxBlocks(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4, MaxBlocks: 3})
+	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4)
+	p.BlockStored(2, true, []uint64{3}, prompt(4, 2), 4)
+	p.BlockStored(0, false, []uint64{4}, prompt(4, 3), 4) // a fourth block: over the bound
+	if p.Counters.Overflows.Load() != 1 || !slices.Equal(f.podRems, []int32{7}) {
+		t.Fatalf("overflows %d RemovePod %v, want 1 [7]", p.Counters.Overflows.Load(), f.podRems)
+	}
+	if p.Blocks() != 1 || f.match(7, gatewayKeys(prompt(4, 3), 4)) != 1 {
+		t.Fatalf("blocks %d after overflow, want the new block alone", p.Blocks())
+	}
+	p.BlockStored(0, false, []uint64{5, 6}, prompt(8, 4), 4)
+	p.BlockStored(6, true, []uint64{7}, prompt(4, 5), 4) // over again, and its parent goes with the clear
+	if p.Counters.Overflows.Load() != 2 || p.Counters.Orphans.Load() != 1 || p.Blocks() != 0 {
+		t.Fatalf("overflows %d orphans %d blocks %d, want 2 1 0",
+			p.Counters.Overflows.Load(), p.Counters.Orphans.Load(), p.Blocks())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	f := func(cfg Config, want string) {
+		t.Helper()
+		_, err := New(newFake(), cfg)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("New(%+v) err = %v, want it to mention %q", cfg, err, want)
+		}
+	}
+	f(Config{BlockSize: -1}, "BlockSize -1")
+	f(Config{MaxBlocks: -2}, "MaxBlocks -2")
+	ix, err := New(newFake(), Config{})
+	if err != nil || ix.cfg.BlockSize != radix.DefaultBlockSize || ix.cfg.MaxBlocks != DefaultMaxBlocks {
+		t.Fatalf("defaults: %+v, %v", ix.cfg, err)
+	}
+}
