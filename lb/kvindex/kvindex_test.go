@@ -149,7 +149,7 @@ func TestDroppedEvents(t *testing.T) {
 	p.BlockStored(0, false, []uint64{1}, prompt(6, 1), 6) // 6 is not a multiple of 4
 	p.BlockStored(0, false, []uint64{1}, prompt(7, 1), 4) // 7 tokens for one block of 4
 	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4)
-	p.BlockStored(2, true, []uint64{3}, prompt(8, 2), 8) // block size changed
+	p.BlockStored(2, true, []uint64{3}, prompt(8, 2), 8)  // block size changed
 	p.BlockStored(77, true, []uint64{4}, prompt(4, 3), 4) // parent unknown
 	if m, o := p.Counters.Mismatched.Load(), p.Counters.Orphans.Load(); m != 3 || o != 1 {
 		t.Fatalf("mismatched %d orphans %d, want 3 1", m, o)
