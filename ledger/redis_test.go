@@ -1,0 +1,228 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisServer runs a real redis-server on a loopback port, without
+// persistence, so a restart comes back empty as a crashed one would.
+type redisServer struct {
+	t    *testing.T
+	port int
+	cmd  *exec.Cmd
+}
+
+func startRedis(t *testing.T, port int) *redisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server not on PATH (apt-get install -y redis-server; make test installs it)")
+	}
+	if port == 0 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &redisServer{t: t, port: port, cmd: cmd}
+	t.Cleanup(s.stop)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", s.addr(), 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s did not come up: %v", s.addr(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+func (s *redisServer) stop() {
+	if s.cmd.ProcessState == nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+}
+
+// syncBuffer is a log sink the sync loop and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.b.String(), s)
+}
+
+// replica is one gateway's ledger sharing its decode charges.
+type replica struct {
+	*Ledger
+	logs   *syncBuffer
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newReplica(t *testing.T, addr, id string, pods []string) *replica {
+	t.Helper()
+	logs := new(syncBuffer)
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	l := New(DefaultConfig(), Env{Logger: log})
+	l.SetPods(pods)
+	rdb := redis.NewClient(&redis.Options{
+		Addr:            addr,
+		DialTimeout:     100 * time.Millisecond,
+		ReadTimeout:     200 * time.Millisecond,
+		WriteTimeout:    200 * time.Millisecond,
+		MaxRetries:      -1,
+		DialerRetries:   1,
+		PoolSize:        2,
+		DisableIdentity: true,
+	})
+	t.Cleanup(func() { rdb.Close() })
+	sh := NewShared(l, rdb, SharedOptions{ReplicaID: id, KeyPrefix: t.Name(), Interval: 10 * time.Millisecond, Expiry: 500 * time.Millisecond, Logger: log})
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &replica{Ledger: l, logs: logs, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		sh.Run(ctx)
+	}()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *replica) stop() {
+	r.cancel()
+	<-r.done
+}
+
+// decodeTokens is r's decode view of its pod index i.
+func (r *replica) decodeTokens(i int32) float64 {
+	tok, _ := r.Decode(i, r.Now())
+	return tok
+}
+
+// eventually polls cond for up to 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
+	srv := startRedis(t, 0)
+	// The replicas index the pods differently: sharing goes by name.
+	a := newReplica(t, srv.addr(), "a", []string{"p0", "p1"})
+	b := newReplica(t, srv.addr(), "b", []string{"p1", "p0"})
+	const aP0, aP1, bP1, bP0 = 0, 1, 0, 1
+
+	a.Charge(1, -1, aP0, &Prompt{Tokens: 1000}, a.Now())
+	b.Charge(2, -1, bP1, &Prompt{Tokens: 300}, b.Now())
+	eventually(t, "each replica to see the other's decode charge", func() bool {
+		return b.decodeTokens(bP0) == 1000 && a.decodeTokens(aP1) == 300 &&
+			a.decodeTokens(aP0) == 1000 && b.decodeTokens(bP1) == 300
+	})
+	// The remote charge ages like a local one: Σ (now − routed_at) grows.
+	time.Sleep(50 * time.Millisecond)
+	if _, age := b.Decode(bP0, b.Now()); age < 0.04 || age > 5 {
+		t.Fatalf("remote age %v s, want about the 50+ ms since a charged", age)
+	}
+
+	// Redis goes away: nothing is lost, each replica keeps scoring its own
+	// charges and keeps charging.
+	srv.stop()
+	eventually(t, "both replicas to fall back to their own charges", func() bool {
+		return b.decodeTokens(bP0) == 0 && a.decodeTokens(aP1) == 0
+	})
+	a.Charge(3, -1, aP0, &Prompt{Tokens: 500}, a.Now())
+	if got := a.decodeTokens(aP0); got != 1500 {
+		t.Fatalf("a's local decode tokens %v while Redis is down, want 1500", got)
+	}
+	time.Sleep(50 * time.Millisecond) // several failed syncs
+	for name, r := range map[string]*replica{"a": a, "b": b} {
+		if n := r.logs.count("unreachable"); n != 1 {
+			t.Fatalf("replica %s logged unreachable %d times, want once", name, n)
+		}
+	}
+
+	// Redis comes back, empty: the replicas republish and share again.
+	startRedis(t, srv.port)
+	eventually(t, "sharing to resume after Redis restarted", func() bool {
+		return b.decodeTokens(bP0) == 1500 && a.decodeTokens(aP1) == 300
+	})
+	for name, r := range map[string]*replica{"a": a, "b": b} {
+		if n := r.logs.count("reachable again"); n != 1 {
+			t.Fatalf("replica %s logged the recovery %d times, want once", name, n)
+		}
+	}
+
+	// Releases propagate; a replica that stops withdraws its charges.
+	a.Finish(1)
+	eventually(t, "b to see a's release", func() bool { return b.decodeTokens(bP0) == 500 })
+	a.stop()
+	eventually(t, "b to drop a's charges once a stopped", func() bool { return b.decodeTokens(bP0) == 0 })
+	if got := b.decodeTokens(bP1); got != 300 {
+		t.Fatalf("b's own decode tokens %v, want 300", got)
+	}
+}
+
+func TestParseRemote(t *testing.T) {
+	// Two replicas' hashes for pod x; the second published 100 ms before the
+	// reply, so its 2 requests are 200 ms older now.
+	res := []any{int64(10_000),
+		[]any{"@at", "10000", "x", "100 1 50", "y", "7 1 0"},
+		[]any{"x", "200 2 300", "@at", "9900"},
+	}
+	got, err := parseRemote(res, 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]remoteLoad{
+		"x": {tokens: 300, reqs: 3, ageMs: 50 + 300 + 2*100, asOfMs: 42},
+		"y": {tokens: 7, reqs: 1, ageMs: 0, asOfMs: 42},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for _, bad := range [][]any{{}, {"x"}, {int64(1), []any{"x"}}, {int64(1), []any{"x", "1 2"}}, {int64(1), []any{"@at", "z"}}} {
+		if _, err := parseRemote(bad, 0); err == nil {
+			t.Fatalf("parsed malformed reply %v", bad)
+		}
+	}
+}

@@ -1,0 +1,259 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// syncScript is one sync round trip: replace this replica's published
+// decode charges, refresh its membership, and return every other live
+// replica's charges. TIME is Redis's, so the ages of all replicas are
+// extrapolated on one clock, whatever the replicas' clocks say.
+//
+//	KEYS[1] replica set (sorted set, score = expiry ms)
+//	KEYS[2] this replica's hash: field pod name, value "tokens reqs ageMs";
+//	        field "@at" = Redis ms when written
+//	ARGV[1] replica id, ARGV[2] expiry ms, ARGV[3] hash key prefix,
+//	ARGV[4..] field/value pairs
+//
+// It returns {now_ms, hash, hash, ...}, one flat field/value array per other
+// replica. Every key shares the {prefix} hash tag, so a cluster keeps them
+// in one slot. unpack bounds a replica to about 3,900 pods with load.
+var syncScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('DEL', KEYS[2])
+if #ARGV > 3 then
+  redis.call('HSET', KEYS[2], '@at', now, unpack(ARGV, 4))
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = {now}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if id ~= ARGV[1] then
+    local h = redis.call('HGETALL', ARGV[3] .. id)
+    if #h > 0 then out[#out + 1] = h end
+  end
+end
+return out
+`)
+
+// SharedOptions configures a Shared.
+type SharedOptions struct {
+	// ReplicaID names this gateway replica (default: 16 random hex digits).
+	// Replicas sharing a ledger need distinct ids.
+	ReplicaID string
+	// KeyPrefix namespaces the Redis keys (default "pdlb"); replicas of one
+	// gateway share it.
+	KeyPrefix string
+	// Interval and Expiry are Config's shared_sync_interval_ms and
+	// shared_expiry_ms (defaults 50 ms and 2 s).
+	Interval, Expiry time.Duration
+	// Logger receives the unreachable / reachable-again messages (default
+	// slog.Default()).
+	Logger *slog.Logger
+}
+
+// Shared shares the decode ledger with the other gateway replicas through
+// Redis. A background loop publishes this replica's per-pod decode charges
+// (with an expiry, so a dead replica's load vanishes) and reads the others'
+// in the same round trip; Decode adds them to the local counters. No
+// routing decision waits on Redis: while it is unreachable each replica
+// scores with its own charges only, and sharing resumes when it returns.
+type Shared struct {
+	l        *Ledger
+	rdb      redis.UniversalClient
+	id       string
+	keys     []string // replica set, own hash
+	hashPre  string
+	interval time.Duration
+	expiryMs int64
+	log      *slog.Logger
+	down     bool // last round trip failed; only the loop goroutine touches it
+}
+
+// NewShared shares l through rdb. Give rdb short timeouts (dial, read and
+// write of a few sync intervals), MaxRetries -1 and DialerRetries 1: a sync
+// that fails is simply tried again on the next tick, and Redis going away
+// should stop the sharing within a tick or two.
+func NewShared(l *Ledger, rdb redis.UniversalClient, o SharedOptions) *Shared {
+	if o.ReplicaID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		o.ReplicaID = hex.EncodeToString(b[:])
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "pdlb"
+	}
+	if o.Interval <= 0 {
+		o.Interval = DefaultSharedSyncIntervalMs * time.Millisecond
+	}
+	if o.Expiry <= 0 {
+		o.Expiry = DefaultSharedExpiryMs * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	pre := "{" + o.KeyPrefix + "}:decode:"
+	return &Shared{
+		l:        l,
+		rdb:      rdb,
+		id:       o.ReplicaID,
+		keys:     []string{pre + "replicas", pre + "r:" + o.ReplicaID},
+		hashPre:  pre + "r:",
+		interval: o.Interval,
+		expiryMs: o.Expiry.Milliseconds(),
+		log:      o.Logger,
+	}
+}
+
+// Run syncs every Interval until ctx ends, then withdraws this replica's
+// charges so the others stop counting them at once.
+func (s *Shared) Run(ctx context.Context) {
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	for {
+		s.sync(ctx)
+		select {
+		case <-ctx.Done():
+			s.withdraw()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sync is one round trip; on failure the remote view is cleared (stale
+// load is worse than none) and the failure logged once until a sync works.
+func (s *Shared) sync(ctx context.Context) {
+	nowMs := s.l.now() / int64(time.Millisecond)
+	res, err := syncScript.Run(ctx, s.rdb, s.keys, s.args(nowMs)...).Slice()
+	if err == nil {
+		var remote map[string]remoteLoad
+		if remote, err = parseRemote(res, nowMs); err == nil {
+			s.l.setRemote(remote)
+			if s.down {
+				s.down = false
+				s.log.Info("ledger: shared decode ledger reachable again", slog.String("replica", s.id))
+			}
+			return
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	s.l.setRemote(nil)
+	if !s.down {
+		s.down = true
+		s.log.Warn("ledger: shared decode ledger unreachable, scoring with this replica's charges only",
+			slog.String("replica", s.id), slog.Any("err", err))
+	}
+}
+
+// args builds the script's ARGV: this replica's decode load per pod as of
+// nowMs (ledger clock).
+func (s *Shared) args(nowMs int64) []any {
+	args := []any{s.id, s.expiryMs, s.hashPre}
+	s.l.mu.Lock()
+	for _, p := range s.l.pods {
+		sl := p.slot
+		tokens, reqs := sl.decode.Load(), sl.decodeReqs.Load()
+		if tokens == 0 && reqs == 0 {
+			continue
+		}
+		age := reqs*nowMs - sl.routedMs.Load()
+		args = append(args, p.name, fmt.Sprintf("%d %d %d", tokens, reqs, age))
+	}
+	s.l.mu.Unlock()
+	return args
+}
+
+var errBadReply = errors.New("ledger: malformed shared-ledger reply")
+
+// parseRemote sums the other replicas' hashes per pod, with their ages
+// brought forward to the reply's Redis time and stamped with the local
+// clock's asOfMs.
+func parseRemote(res []any, asOfMs int64) (map[string]remoteLoad, error) {
+	if len(res) == 0 {
+		return nil, errBadReply
+	}
+	now, ok := res[0].(int64)
+	if !ok {
+		return nil, errBadReply
+	}
+	out := map[string]remoteLoad{}
+	for _, h := range res[1:] {
+		kv, ok := h.([]any)
+		if !ok || len(kv)%2 != 0 {
+			return nil, errBadReply
+		}
+		at := now
+		for i := 0; i < len(kv); i += 2 {
+			if kv[i] == "@at" {
+				v, _ := kv[i+1].(string)
+				if at, ok = parseInt(v); !ok {
+					return nil, errBadReply
+				}
+			}
+		}
+		for i := 0; i < len(kv); i += 2 {
+			name, _ := kv[i].(string)
+			v, _ := kv[i+1].(string)
+			if name == "@at" {
+				continue
+			}
+			var tokens, reqs, age int64
+			if n, err := fmt.Sscanf(v, "%d %d %d", &tokens, &reqs, &age); n != 3 || err != nil {
+				return nil, errBadReply
+			}
+			r := out[name]
+			r.tokens += tokens
+			r.reqs += reqs
+			r.ageMs += age + reqs*(now-at)
+			r.asOfMs = asOfMs
+			out[name] = r
+		}
+	}
+	return out, nil
+}
+
+func parseInt(s string) (int64, bool) {
+	v, err := strconv.ParseInt(s, 10, 64)
+	return v, err == nil
+}
+
+// withdraw deletes this replica's published charges on shutdown.
+func (s *Shared) withdraw() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s.rdb.Del(ctx, s.keys[1])
+	s.rdb.ZRem(ctx, s.keys[0], s.id)
+}
+
+// setRemote installs the other replicas' decode load per pod name; nil
+// clears it.
+func (l *Ledger) setRemote(remote map[string]remoteLoad) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range l.pods {
+		r, ok := remote[p.name]
+		if !ok {
+			if p.slot.remote.Load() != nil {
+				p.slot.remote.Store(nil)
+			}
+			continue
+		}
+		p.slot.remote.Store(&r)
+	}
+}
