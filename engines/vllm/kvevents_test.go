@@ -317,3 +317,38 @@ func TestParseEncoding(t *testing.T) {
 		t.Fatalf("ParseEncoding(json) err = %v, want it to quote the value", err)
 	}
 }
+
+// TestIntAt checks the fast integer path against msgpack's encoder in
+// every integer format, at the edges of each width.
+func TestIntAt(t *testing.T) {
+	f := func(encode func(*msgpack.Encoder) error, wantBits uint64, wantU64 bool) {
+		t.Helper()
+		var buf bytes.Buffer
+		if err := encode(msgpack.NewEncoder(&buf)); err != nil {
+			t.Fatal(err)
+		}
+		bits, u64, n := intAt(buf.Bytes(), 0)
+		if n != buf.Len() || bits != wantBits || u64 != wantU64 {
+			t.Fatalf("%x: got %#x %v n=%d, want %#x %v n=%d", buf.Bytes(), bits, u64, n, wantBits, wantU64, buf.Len())
+		}
+		if _, _, n := intAt(buf.Bytes()[:buf.Len()-1], 0); buf.Len() > 1 && n != 0 {
+			t.Fatalf("%x truncated: n=%d, want 0", buf.Bytes(), n)
+		}
+	}
+	i := func(v int64) uint64 { return uint64(v) }
+	f(func(e *msgpack.Encoder) error { return e.EncodeInt(0) }, 0, false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeInt(127) }, 127, false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeInt(-32) }, i(-32), false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeUint8(255) }, 255, false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeUint16(65535) }, 65535, false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeUint32(1<<32 - 1) }, 1<<32-1, false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeUint64(1<<64 - 1) }, 1<<64-1, true)
+	f(func(e *msgpack.Encoder) error { return e.EncodeInt8(-128) }, i(-128), false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeInt16(-32768) }, i(-32768), false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeInt32(-1 << 31) }, i(-1<<31), false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeInt64(-1 << 63) }, i(-1<<63), false)
+	f(func(e *msgpack.Encoder) error { return e.EncodeInt8(5) }, 5, false)
+	if _, _, n := intAt([]byte{0xc0}, 0); n != -1 {
+		t.Fatalf("nil: n=%d, want -1", n)
+	}
+}
