@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math/bits"
 	"sync"
 	"unsafe"
 )
@@ -34,38 +35,109 @@ func (c *charge) release() {
 const (
 	chargeShardBits = 6
 	chargeShards    = 1 << chargeShardBits
+	// minSlots is a shard's initial size (a power of two).
+	minSlots = 16
 )
 
-// chargeTable maps request id → charge. It is a sharded Go map rather than
-// an xsync.MapOf: MapOf entries are immutable and every insert or update
-// allocates one, while a map that has grown to its working size inserts and
-// deletes without allocating, which keeps charge + release at zero
-// allocations.
+// chargeTable maps request id → charge. Each shard is a linear-probing
+// hash table under a mutex, holding charges inline: one probe finds the
+// slot a release updates in place. Not an xsync.MapOf: its entries are
+// immutable and every insert or update allocates one, where this table
+// allocates only when a shard grows, which keeps charge + release at zero
+// allocations (and a Go map would hash twice per update).
 type chargeTable [chargeShards]chargeShard
 
 type chargeShard struct {
-	mu sync.Mutex
-	m  map[uint64]charge
-	_  [64 - unsafe.Sizeof(sync.Mutex{}) - unsafe.Sizeof(map[uint64]charge(nil))]byte
+	mu    sync.Mutex
+	slots []chargeSlot // power-of-two length, at most 3/4 full
+	n     int
+	_     [64 - unsafe.Sizeof(sync.Mutex{}) - unsafe.Sizeof([]chargeSlot(nil)) - unsafe.Sizeof(0)]byte
+}
+
+type chargeSlot struct {
+	id   uint64
+	used bool
+	c    charge
 }
 
 func (t *chargeTable) init() {
 	for i := range t {
-		t[i].m = make(map[uint64]charge, 64)
+		t[i].slots = make([]chargeSlot, minSlots)
 	}
 }
 
-// shard picks id's shard by Fibonacci hashing, so sequential ids spread.
+// hash is Fibonacci hashing: its top bits pick the shard, the bits below
+// them the home slot, so sequential ids spread over both.
+func hash(id uint64) uint64 { return id * 0x9E3779B97F4A7C15 }
+
 func (t *chargeTable) shard(id uint64) *chargeShard {
-	return &t[(id*0x9E3779B97F4A7C15)>>(64-chargeShardBits)]
+	return &t[hash(id)>>(64-chargeShardBits)]
+}
+
+// home is id's first slot: the hash bits right below the shard bits.
+func (sh *chargeShard) home(id uint64) int {
+	return int(hash(id) << chargeShardBits >> (64 - bits.TrailingZeros(uint(len(sh.slots)))))
+}
+
+// find returns id's slot and true, or the empty slot where it would go and
+// false. Called with mu held.
+func (sh *chargeShard) find(id uint64) (int, bool) {
+	mask := len(sh.slots) - 1
+	i := sh.home(id)
+	for sh.slots[i].used {
+		if sh.slots[i].id == id {
+			return i, true
+		}
+		i = (i + 1) & mask
+	}
+	return i, false
+}
+
+// insert puts c under id into the empty slot i that find returned.
+func (sh *chargeShard) insert(i int, id uint64, c charge) {
+	sh.slots[i] = chargeSlot{id: id, used: true, c: c}
+	sh.n++
+	if 4*sh.n > 3*len(sh.slots) {
+		old := sh.slots
+		sh.slots = make([]chargeSlot, 2*len(old))
+		for k := range old {
+			if old[k].used {
+				j, _ := sh.find(old[k].id)
+				sh.slots[j] = old[k]
+			}
+		}
+	}
+}
+
+// remove empties slot i by backward-shift deletion: later entries of the
+// probe run move up, so lookups never need tombstones.
+func (sh *chargeShard) remove(i int) {
+	mask := len(sh.slots) - 1
+	for j := (i + 1) & mask; sh.slots[j].used; j = (j + 1) & mask {
+		// The entry at j may fill the hole at i unless its home lies
+		// cyclically in (i, j].
+		k := sh.home(sh.slots[j].id)
+		if (i <= j && i < k && k <= j) || (i > j && (i < k || k <= j)) {
+			continue
+		}
+		sh.slots[i] = sh.slots[j]
+		i = j
+	}
+	sh.slots[i] = chargeSlot{}
+	sh.n--
 }
 
 // swap stores c under id and returns the charge it replaced.
 func (t *chargeTable) swap(id uint64, c charge) (old charge, ok bool) {
 	sh := t.shard(id)
 	sh.mu.Lock()
-	old, ok = sh.m[id]
-	sh.m[id] = c
+	i, ok := sh.find(id)
+	if ok {
+		old = sh.slots[i].c
+		sh.slots[i].c = c
+	} else {
+		sh.insert(i, id, c)
+	}
 	sh.mu.Unlock()
 	return old, ok
 }
@@ -74,9 +146,10 @@ func (t *chargeTable) swap(id uint64, c charge) (old charge, ok bool) {
 func (t *chargeTable) take(id uint64) (c charge, ok bool) {
 	sh := t.shard(id)
 	sh.mu.Lock()
-	c, ok = sh.m[id]
+	i, ok := sh.find(id)
 	if ok {
-		delete(sh.m, id)
+		c = sh.slots[i].c
+		sh.remove(i)
 	}
 	sh.mu.Unlock()
 	return c, ok
@@ -87,10 +160,10 @@ func (t *chargeTable) take(id uint64) (c charge, ok bool) {
 func (t *chargeTable) takeActive(id uint64) (s *podSlot, n int64) {
 	sh := t.shard(id)
 	sh.mu.Lock()
-	if c, ok := sh.m[id]; ok && c.active != 0 {
+	if i, ok := sh.find(id); ok {
+		c := &sh.slots[i].c
 		s, n = c.prefill, c.active
 		c.active = 0
-		sh.m[id] = c
 	}
 	sh.mu.Unlock()
 	return s, n
@@ -99,14 +172,19 @@ func (t *chargeTable) takeActive(id uint64) (s *podSlot, n int64) {
 // takeOlder removes every charge taken before cutoff (ledger-clock
 // nanoseconds) and appends them, with their ids, to dst.
 func (t *chargeTable) takeOlder(cutoff int64, dst []expired) []expired {
-	for i := range t {
-		sh := &t[i]
+	for k := range t {
+		sh := &t[k]
 		sh.mu.Lock()
-		for id, c := range sh.m {
-			if c.at < cutoff {
-				dst = append(dst, expired{id, c})
-				delete(sh.m, id)
+		first := len(dst)
+		for i := range sh.slots {
+			if e := &sh.slots[i]; e.used && e.c.at < cutoff {
+				dst = append(dst, expired{e.id, e.c})
 			}
+		}
+		// Removing shifts entries, so remove by id after the scan.
+		for _, e := range dst[first:] {
+			i, _ := sh.find(e.id)
+			sh.remove(i)
 		}
 		sh.mu.Unlock()
 	}
