@@ -195,3 +195,7 @@ type expired struct {
 	id uint64
 	c  charge
 }
+
+// Compile-time check that a chargeTable is exactly 4 KiB, the size class
+// whose objects start on 4 KiB boundaries.
+var _ [0]struct{} = [unsafe.Sizeof(chargeTable{}) - 4096]struct{}{}

@@ -6,9 +6,10 @@
 // these counters live in lb/route (token_load, hybrid_cache_load,
 // decode_token_load). The ledger keeps score, it never picks.
 //
-// Hot path: a charge is one clock read, one sharded-table insert and a few
-// atomic adds on the pod's own cache lines; a release is one table update
-// and atomic subtractions. Pods are addressed by the gateway's dense int32
+// Hot path: a charge is one probe of a sharded hash table and a few atomic
+// adds on the pod's own cache lines; a release is one probe and atomic
+// subtractions; neither reads the clock (the caller passes the selection's
+// reading) nor allocates. Pods are addressed by the gateway's dense int32
 // index, so no request ever hashes a pod name.
 package ledger
 
@@ -111,8 +112,10 @@ type Ledger struct {
 	log         *slog.Logger
 	onDrop      func(string)
 
-	table    atomic.Pointer[[]*podSlot] // gateway pod index → slot
-	charges  chargeTable
+	table atomic.Pointer[[]*podSlot] // gateway pod index → slot
+	// charges is allocated on its own: at exactly 4 KiB it starts on a
+	// 4 KiB boundary, so each shard has its own cache line.
+	charges  *chargeTable
 	sessions sessionTable
 
 	// selection serializes a selection with its charge (LockSelection).
@@ -141,6 +144,7 @@ func New(cfg Config, env Env) *Ledger {
 	if l.log == nil {
 		l.log = slog.Default()
 	}
+	l.charges = new(chargeTable)
 	l.charges.init()
 	l.sessions.init(int64(cfg.SessionTTLSeconds)*int64(time.Second), int64(cfg.MaxSessions))
 	empty := []*podSlot{}
@@ -202,7 +206,8 @@ func (l *Ledger) UnlockSelection() { l.selection.Unlock() }
 // applies of session delta, prefix match and whole prompt. The decode pod
 // is charged the whole prompt, since it receives all of the prompt's KV.
 // Charging an id that already holds a charge releases the old one first,
-// so a retry on another pod moves the charge.
+// so a retry on another pod moves the charge. prefill and decode must be
+// indices of the last SetPods.
 func (l *Ledger) Charge(id uint64, prefill, decode int32, p *Prompt, now int64) int64 {
 	tab := *l.table.Load()
 	c := charge{at: now}

@@ -360,3 +360,31 @@ func TestChargeReleaseAllocs(t *testing.T) {
 		t.Fatalf("charge + release: %v allocs/op, want 0", allocs)
 	}
 }
+
+// TestSelectionsSeeEachOthersCharges runs concurrent least-loaded picks
+// under LockSelection: each must see the charges of those before it, so
+// equal requests spread exactly evenly.
+func TestSelectionsSeeEachOthersCharges(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	const perPod = 20
+	var wg sync.WaitGroup
+	for g := range 3 * perPod {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tl.LockSelection()
+			defer tl.UnlockSelection()
+			best, bestLoad := int32(0), int64(-1)
+			for pod := range int32(3) {
+				if a, _ := tl.Prefill(pod); bestLoad < 0 || a < bestLoad {
+					best, bestLoad = pod, a
+				}
+			}
+			tl.Charge(uint64(g), best, -1, &Prompt{Tokens: 1000}, tl.Now())
+		}()
+	}
+	wg.Wait()
+	for pod := range int32(3) {
+		tl.prefill(t, pod, perPod*(DefaultRequestCost+1000), perPod*(DefaultRequestCost+1000))
+	}
+}

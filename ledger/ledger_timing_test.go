@@ -19,7 +19,9 @@ func benchLedger(b *testing.B, pods int) *Ledger {
 
 // BenchmarkChargeRelease is one prefill charge and its two releases (active
 // when the prefill returns, KV when the request finishes) on one goroutine.
-// Target: ≤ 100 ns/op, 0 allocs/op.
+// The clock reading is the selection's (the gateway reads it once per
+// request anyway), so it is not timed here. Target: ≤ 100 ns/op, 0
+// allocs/op.
 func BenchmarkChargeRelease(b *testing.B) {
 	l := benchLedger(b, 8)
 	p := Prompt{Tokens: 2000}
