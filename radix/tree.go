@@ -1,0 +1,292 @@
+// Package radix is the gateway's prefix index: a compressed radix tree of
+// chained block keys (AppendBlockKeys) that tells, for a prompt, how many of
+// its leading blocks each pod holds in its KV cache.
+//
+// # Shape
+//
+// A key already depends on every key before it, so a key names one position
+// in the tree: a path of keys is a prompt prefix. Each node holds a run of
+// keys (its label; runs are compressed edges) and a bitset of the pods that
+// hold every block of that run; a pod holding only part of a run splits it,
+// and neighbours that agree again are merged back. Nodes, labels and the key
+// index live in arenas indexed by int32 (fixed-size chunks that never move,
+// plus free lists), so the tree has no per-node heap pointers for the GC to
+// scan and no allocation per operation once the arenas have grown.
+//
+// One open-addressing index maps every stored key to its position in the
+// label arena; an owner array maps a position to its node. Children are
+// found through that index by their first key, so a node needs no child
+// table, and Remove finds any block, even one in the middle of a run.
+//
+// # Recency and capacity
+//
+// Each pod has an LRU list over the runs it holds and a capacity in blocks.
+// Insert touches the chain deepest block first, so in every pod's order a
+// block is older than its ancestors and eviction (least recently used first,
+// deepest blocks of a run first) always drops a pod's leaves before their
+// parents, as engines do. Match does not change recency: it is a guess about
+// where to route, not a use of the cache; only the engine's own store (its
+// KV events, fed to Insert) says a block was used.
+//
+// # Concurrency
+//
+// Insert, Remove, RemovePod and Stats take an internal mutex, so writers may
+// call from several goroutines (one KV-event subscriber per pod). Match takes
+// no lock: every node carries a sequence number the writer makes odd while it
+// changes that node, and every field a reader looks at is read and written
+// with sync/atomic. A reader waits (spinning, then yielding) only while the
+// one node it is reading is mid-update, records the sequence of each node it
+// passes, and checks them again at the end; if a node on its path changed,
+// it walks again (at most matchAttempts times, then keeps its last answer,
+// so a reader is never starved by a busy writer). A Match that validates is
+// exact for one instant during the call.
+package radix
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+const (
+	// DefaultMaxPods is the number of pods a zero Options.MaxPods gives: one
+	// 64-bit bitset word per node.
+	DefaultMaxPods = 64
+	// MaxPodsLimit is the most pods one tree tracks. Match keeps one bit per
+	// pod in a fixed array on its stack (512 bytes at this width).
+	MaxPodsLimit = 4096
+	maxWords     = MaxPodsLimit / 64
+)
+
+// Options configure New. The zero value is a 64-pod tree without capacity
+// limits.
+type Options struct {
+	// MaxPods is the number of pods tracked, with ids 0..MaxPods-1; it fixes
+	// the width of every node's holder bitset (default 64, at most 4096).
+	MaxPods int
+	// PodCapacity is each pod's cache size in blocks: an Insert that takes a
+	// pod beyond it evicts that pod's least recently used blocks (default 0:
+	// unlimited).
+	PodCapacity int
+}
+
+// Validate reports the first bad field, naming it and quoting its value.
+// Zero fields are valid: they mean their defaults.
+func (o Options) Validate() error {
+	if o.MaxPods < 0 || o.MaxPods > MaxPodsLimit {
+		return fmt.Errorf("radix: Options.MaxPods = %d: want 1..%d, or 0 for %d", o.MaxPods, MaxPodsLimit, DefaultMaxPods)
+	}
+	if o.PodCapacity < 0 {
+		return fmt.Errorf("radix: Options.PodCapacity = %d: want a number of blocks, or 0 for unlimited", o.PodCapacity)
+	}
+	return nil
+}
+
+// Tree is the prefix index. Build it with New. Match is safe for any number
+// of concurrent callers alongside the writers; see the package doc.
+type Tree struct {
+	maxPods  int
+	words    int // holder bitset words per node: ceil(maxPods/64)
+	capacity int // blocks per pod; 0 = unlimited
+
+	// Published to readers. Directories are copied when they grow; the
+	// chunks they point to never move.
+	nodeDir atomic.Pointer[[]*nodeChunk]
+	poolDir atomic.Pointer[[]*poolChunk]
+	index   atomic.Pointer[keyIndex]
+	// moves is a sequence for relocations of keys: odd while a node's label
+	// moves out of a sparse chunk, bumped when a new index is published. A
+	// reader that misses a key looks again if it changed meanwhile.
+	moves atomic.Uint64
+
+	mu sync.Mutex // serialises writers; everything below is theirs alone
+
+	nodes     []*nodeChunk // the writer's view of nodeDir
+	nodeHigh  int          // nodes ever handed out from the chunks
+	nodeCount int          // nodes in the tree, root included
+	freeNode  int32        // head of the free node list, linked by nextSib
+
+	pool       []*poolChunk // the writer's view of poolDir
+	live       []int        // keys in use per pool chunk
+	fill       int32        // the chunk new labels are appended to; none before the first
+	fillOff    int          // next free position in the fill chunk
+	freeChunks []int32      // chunks with no key in use
+
+	entries   []entry // per-pod LRU entries, one per (pod, node) held
+	freeEntry int32   // head of the free entry list, linked by newer
+	pairs     pairTable
+	pods      []podState
+
+	path []int32 // Insert's scratch: the nodes the chain passes, root excluded
+}
+
+// root is the node every chain hangs from; it has no label and holds no key
+// (so owner 0 can mean "no node").
+const root int32 = 0
+
+// New returns an empty tree, or an error naming the bad option.
+func New(opts Options) (*Tree, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.MaxPods == 0 {
+		opts.MaxPods = DefaultMaxPods
+	}
+	t := &Tree{
+		maxPods:   opts.MaxPods,
+		words:     (opts.MaxPods + 63) / 64,
+		capacity:  opts.PodCapacity,
+		freeNode:  none,
+		fill:      none,
+		freeEntry: none,
+		pairs:     newPairTable(),
+		pods:      make([]podState, opts.MaxPods),
+	}
+	for i := range t.pods {
+		t.pods[i] = podState{oldest: none, newest: none}
+	}
+	t.nodeDir.Store(&t.nodes)
+	t.poolDir.Store(&t.pool)
+	t.index.Store(newKeyIndex(minIndexSlots))
+	if r := t.newNode(0, 0); r != root {
+		panic("BUG: radix: the root is not node 0")
+	}
+	return t, nil
+}
+
+// Insert records that pod holds the chain keys[0:len(keys)] and makes those
+// blocks its most recently used, then evicts the pod's least recently used
+// blocks beyond its capacity. A key already stored at another position (a
+// 64-bit collision, or keys that are not a chain) ends the insert there.
+// Insert panics if pod is outside 0..MaxPods-1.
+func (t *Tree) Insert(pod int32, keys []uint64) {
+	t.checkPod(pod)
+	if len(keys) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	path := t.path[:0]
+	parent, i := root, 0
+	for i < len(keys) {
+		c := t.childAt(parent, keys, i)
+		if c == elsewhere {
+			break
+		}
+		if c == none {
+			path = t.extend(pod, parent, keys, i, path)
+			break
+		}
+		s := t.spanOf(c)
+		m := t.commonPrefix(s, keys[i:])
+		if m < s.len() {
+			// The chain ends or leaves the run inside it: the pod now holds
+			// (or has just used) only the first m blocks.
+			t.split(c, m)
+		}
+		if !t.holds(c, pod) {
+			t.addPod(c, pod)
+		}
+		path = append(path, c)
+		parent, i = c, i+m
+	}
+	// Deepest first, so the chain's first block ends most recent.
+	for j := len(path) - 1; j >= 0; j-- {
+		t.touch(path[j], pod)
+	}
+	// Runs split apart earlier may agree again now that the pod holds them
+	// all: join each with its parent, deepest first so path stays valid.
+	for j := len(path) - 1; j > 0; j-- {
+		if t.onlyChild(path[j-1]) == path[j] && t.canMerge(path[j-1], path[j]) {
+			t.merge(path[j-1], path[j])
+		}
+	}
+	t.path = path
+	t.evict(pod)
+}
+
+// Remove records that pod no longer holds the blocks named by keys: any set
+// of blocks, as an engine's BlockRemoved event lists them. Keys the tree
+// does not hold for the pod are ignored. Remove panics if pod is outside
+// 0..MaxPods-1.
+func (t *Tree) Remove(pod int32, keys []uint64) {
+	t.checkPod(pod)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range keys {
+		pos, ok := t.find(k)
+		if !ok {
+			continue
+		}
+		c := t.ownerOf(pos)
+		if !t.holds(c, pod) {
+			continue
+		}
+		// Give the block a node of its own, so the pod can leave it alone.
+		if off := int(pos - t.spanOf(c).start()); off > 0 {
+			c = t.split(c, off)
+		}
+		if t.spanOf(c).len() > 1 {
+			t.split(c, 1)
+		}
+		t.dropPod(c, pod)
+		t.settle(c)
+	}
+}
+
+// RemovePod records that pod holds nothing: an engine restart, its
+// AllBlocksCleared event, or the pod leaving the pool. It panics if pod is
+// outside 0..MaxPods-1.
+func (t *Tree) RemovePod(pod int32) {
+	t.checkPod(pod)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for e := t.pods[pod].oldest; e != none; e = t.pods[pod].oldest {
+		c := t.entries[e].node
+		t.dropPod(c, pod)
+		t.settle(c)
+	}
+}
+
+// Stats describe the tree for GET /admin/index.
+type Stats struct {
+	// Nodes is the number of nodes (runs of keys), the root excluded.
+	Nodes int
+	// Blocks is the number of distinct block keys stored.
+	Blocks int
+	// PodBlocks[p] is the number of blocks pod p holds.
+	PodBlocks []int
+	// Bytes is the size of the arenas the tree has allocated: node and
+	// label chunks, the key index, LRU entries and the (pod, node) table.
+	// Arenas grow and are reused but never shrink.
+	Bytes int64
+}
+
+// Stats returns the tree's counts. It takes the writers' lock and allocates
+// PodBlocks, so it is for the admin page, not the request path.
+func (t *Tree) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := Stats{
+		Nodes:     t.nodeCount - 1,
+		Blocks:    t.index.Load().live,
+		PodBlocks: make([]int, t.maxPods),
+	}
+	for p := range t.pods {
+		st.PodBlocks[p] = t.pods[p].blocks
+	}
+	st.Bytes = int64(len(t.nodes))*int64(unsafe.Sizeof(nodeChunk{})+nodeLen*uintptr(t.words)*8) +
+		int64(len(t.pool))*int64(unsafe.Sizeof(poolChunk{})) +
+		int64(len(t.index.Load().slots))*8 +
+		int64(cap(t.entries))*int64(unsafe.Sizeof(entry{})) +
+		t.pairs.bytes() +
+		int64(len(t.pods))*int64(unsafe.Sizeof(podState{}))
+	return st
+}
+
+func (t *Tree) checkPod(pod int32) {
+	if pod < 0 || int(pod) >= t.maxPods {
+		panic(fmt.Sprintf("radix: pod %d outside 0..%d", pod, t.maxPods-1))
+	}
+}

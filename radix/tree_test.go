@@ -1,0 +1,469 @@
+package radix
+
+import (
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// chain returns the block keys of a prompt of one-token blocks, so tests
+// can write prompts as token lists and prefixes share keys.
+func chain(toks ...uint32) []uint64 { return AppendBlockKeys(nil, 1, toks, 1) }
+
+func seq(from, n uint32) []uint32 {
+	s := make([]uint32, n)
+	for i := range s {
+		s[i] = from + uint32(i)
+	}
+	return s
+}
+
+func cat(parts ...[]uint32) []uint32 {
+	var s []uint32
+	for _, p := range parts {
+		s = append(s, p...)
+	}
+	return s
+}
+
+func newTree(t testing.TB, opts Options) *Tree {
+	t.Helper()
+	tr, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func TestOptionsValidate(t *testing.T) {
+	f := func(o Options, want string) {
+		t.Helper()
+		_, err := New(o)
+		switch {
+		case want == "" && err != nil:
+			t.Fatalf("New(%+v) = %v, want no error", o, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Fatalf("New(%+v) = %v, want an error containing %q", o, err, want)
+		}
+	}
+	f(Options{}, "")
+	f(Options{MaxPods: 1, PodCapacity: 1}, "")
+	f(Options{MaxPods: 1024}, "")
+	f(Options{MaxPods: MaxPodsLimit}, "")
+	f(Options{MaxPods: -1}, "Options.MaxPods = -1")
+	f(Options{MaxPods: MaxPodsLimit + 1}, "Options.MaxPods = 4097")
+	f(Options{PodCapacity: -5}, "Options.PodCapacity = -5")
+}
+
+func TestDefaults(t *testing.T) {
+	tr := newTree(t, Options{})
+	if tr.maxPods != DefaultMaxPods || tr.words != 1 || tr.capacity != 0 {
+		t.Fatalf("zero Options gave %d pods, %d words, capacity %d", tr.maxPods, tr.words, tr.capacity)
+	}
+	if got := len(newTree(t, Options{MaxPods: 1024}).holders(root)); got != 16 {
+		t.Fatalf("a 1024-pod tree has %d words per node, want 16", got)
+	}
+}
+
+// op is one step of a scenario: insert, remove or clear a pod.
+type op struct {
+	kind byte // 'i', 'r', 'c'
+	pod  int32
+	toks []uint32 // the chain for 'i'; the blocks (by position in it) for 'r' come from pick
+	pick []int
+}
+
+func ins(pod int32, toks ...uint32) op { return op{kind: 'i', pod: pod, toks: toks} }
+func rem(pod int32, toks []uint32, pick ...int) op {
+	return op{kind: 'r', pod: pod, toks: toks, pick: pick}
+}
+func clr(pod int32) op { return op{kind: 'c', pod: pod} }
+
+// run applies ops to a fresh tree and to the model, checking invariants
+// after each, and returns the tree.
+func run(t *testing.T, opts Options, ops []op) (*Tree, *model) {
+	t.Helper()
+	tr := newTree(t, opts)
+	m := newModel(tr.maxPods, opts.PodCapacity)
+	for _, o := range ops {
+		keys := chain(o.toks...)
+		switch o.kind {
+		case 'i':
+			tr.Insert(o.pod, keys)
+			m.insert(o.pod, keys)
+		case 'r':
+			var sub []uint64
+			for _, i := range o.pick {
+				sub = append(sub, keys[i])
+			}
+			tr.Remove(o.pod, sub)
+			m.remove(o.pod, sub)
+		case 'c':
+			tr.RemovePod(o.pod)
+			m.removePod(o.pod)
+		}
+		check(t, tr, m)
+	}
+	return tr, m
+}
+
+func TestScenarios(t *testing.T) {
+	a := seq(100, 10)                  // a 10-block prompt
+	b := cat(seq(100, 5), seq(200, 5)) // shares a's first 5 blocks
+	c := seq(300, 3)
+	// f runs ops, then matches each query against the model and checks the
+	// tree's node and block counts.
+	f := func(name string, opts Options, ops []op, queries [][]uint32, nodes, blocks int) {
+		t.Helper()
+		t.Run(name, func(t *testing.T) {
+			tr, m := run(t, opts, ops)
+			for _, q := range queries {
+				agree(t, tr, m, chain(q...))
+			}
+			if st := tr.Stats(); st.Nodes != nodes || st.Blocks != blocks {
+				t.Fatalf("%d nodes, %d blocks; want %d, %d", st.Nodes, st.Blocks, nodes, blocks)
+			}
+		})
+	}
+	f("one chain is one node", Options{}, []op{ins(0, a...)}, [][]uint32{a, b, a[:3]}, 1, 10)
+	f("shorter insert splits for recency", Options{}, []op{ins(0, a...), ins(0, a[:4]...)}, [][]uint32{a}, 2, 10)
+	f("divergence splits the edge", Options{}, []op{ins(0, a...), ins(1, b...)}, [][]uint32{a, b}, 3, 15)
+	f("same chain, two pods, one node", Options{}, []op{ins(0, a...), ins(1, a...)}, [][]uint32{a}, 1, 10)
+	f("prefix held by another pod", Options{}, []op{ins(0, a...), ins(1, a[:6]...)}, [][]uint32{a, a[:8]}, 2, 10)
+	f("remove in the middle of an edge", Options{},
+		[]op{ins(0, a...), ins(1, a...), rem(0, a, 4)}, [][]uint32{a}, 3, 10)
+	f("removing the neighbour merges the gap", Options{},
+		[]op{ins(0, a...), ins(1, a...), rem(0, a, 4), rem(0, a, 5)}, [][]uint32{a}, 3, 10)
+	f("removes in any order merge back", Options{},
+		[]op{ins(0, a...), ins(1, a...), rem(0, a, 7, 5, 6, 4)}, [][]uint32{a}, 3, 10)
+	f("reinsert heals the split", Options{},
+		[]op{ins(0, a...), ins(1, a...), rem(0, a, 4), ins(0, a...)}, [][]uint32{a}, 1, 10)
+	f("gap keeps deeper blocks for later", Options{},
+		[]op{ins(0, a...), rem(0, a, 2), ins(0, a[:3]...)}, [][]uint32{a}, 2, 10)
+	f("last holder leaving frees the blocks", Options{},
+		[]op{ins(0, a...), ins(1, b...), rem(1, b, 5, 6, 7, 8, 9)}, [][]uint32{a, b}, 2, 10)
+	f("unknown keys are ignored", Options{},
+		[]op{ins(0, a...), rem(0, c, 0, 1, 2), rem(1, a, 0, 1)}, [][]uint32{a}, 1, 10)
+	// b's shared head and its tail now agree, but their labels were
+	// stored apart, so they stay two nodes (merges never copy keys).
+	f("RemovePod", Options{},
+		[]op{ins(0, a...), ins(1, b...), ins(2, c...), clr(0)}, [][]uint32{a, b, c}, 3, 13)
+	f("RemovePod of every pod empties the tree", Options{},
+		[]op{ins(0, a...), ins(1, b...), clr(1), clr(0)}, [][]uint32{a, b}, 0, 0)
+	f("eviction drops the oldest chain's deepest blocks", Options{PodCapacity: 12},
+		[]op{ins(0, a...), ins(0, c...)}, [][]uint32{a, c}, 2, 12)
+	f("eviction order follows use", Options{PodCapacity: 13},
+		[]op{ins(0, a...), ins(0, c...), ins(0, a[:2]...), ins(0, seq(400, 4)...)}, [][]uint32{a, c, seq(400, 4)}, 4, 13)
+	f("a chain longer than capacity keeps its head", Options{PodCapacity: 4},
+		[]op{ins(0, a...)}, [][]uint32{a}, 1, 4)
+	f("eviction of one pod leaves the others", Options{PodCapacity: 10},
+		[]op{ins(1, a...), ins(0, a...), ins(0, c...)}, [][]uint32{a, c}, 3, 13)
+	f("wide trees", Options{MaxPods: 1024},
+		[]op{ins(1000, a...), ins(64, b...), ins(1023, a[:3]...), rem(64, b, 0)}, [][]uint32{a, b}, 5, 15)
+}
+
+func TestMatchOutWidth(t *testing.T) {
+	tr := newTree(t, Options{MaxPods: 70})
+	a := chain(seq(1, 8)...)
+	tr.Insert(69, a)
+	tr.Insert(3, a[:2])
+	f := func(n int, want []int32) {
+		t.Helper()
+		out := make([]int32, n)
+		for i := range out {
+			out[i] = -7
+		}
+		tr.Match(a, out)
+		for p := range out {
+			if out[p] != want[p] {
+				t.Fatalf("out[%d] = %d, want %d (len(out) = %d)", p, out[p], want[p], n)
+			}
+		}
+	}
+	want := make([]int32, 80)
+	want[3], want[69] = 2, 8
+	f(0, want)
+	f(3, want)
+	f(4, want)
+	f(64, want)
+	f(70, want)
+	f(80, want) // pods beyond MaxPods hold nothing
+	out := make([]int32, 70)
+	tr.Match(nil, out)
+	for p, d := range out {
+		if d != 0 {
+			t.Fatalf("empty prompt: pod %d has %d", p, d)
+		}
+	}
+}
+
+func TestLongChainSpansNodes(t *testing.T) {
+	tr, m := run(t, Options{}, []op{ins(0, seq(0, 2*poolLen+5)...), ins(1, seq(0, poolLen+1)...)})
+	agree(t, tr, m, chain(seq(0, 2*poolLen+5)...))
+	if st := tr.Stats(); st.Nodes != 4 || st.Blocks != 2*poolLen+5 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestEvacuation(t *testing.T) {
+	// Fill several label chunks, then free 90% of each chain batch: sparse
+	// chunks must be emptied and reused, so the arena stops growing.
+	tr := newTree(t, Options{})
+	m := newModel(tr.maxPods, 0)
+	var keep [][]uint64
+	stored := 0
+	for round := range 6 {
+		var batch [][]uint64
+		for i := range 200 {
+			k := chain(uint32(round), uint32(i), 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7)
+			tr.Insert(int32(i%64), k)
+			m.insert(int32(i%64), k)
+			batch = append(batch, k)
+			stored += len(k)
+		}
+		for i, k := range batch {
+			if i%10 == 0 {
+				keep = append(keep, k)
+				continue
+			}
+			tr.Remove(int32(i%64), k)
+			m.remove(int32(i%64), k)
+		}
+		check(t, tr, m)
+	}
+	for _, k := range keep {
+		agree(t, tr, m, k)
+	}
+	// Chunks in use are the fill chunk and chunks at least a quarter full
+	// (or never released from since they stopped being filled).
+	blocks := tr.Stats().Blocks
+	inUse := len(tr.pool) - len(tr.freeChunks)
+	if inUse > 1+(blocks+evacuateBelow-1)/evacuateBelow || len(tr.pool) >= stored/poolLen {
+		t.Fatalf("%d label chunks (%d free) hold %d keys; %d keys were stored in all", len(tr.pool), len(tr.freeChunks), blocks, stored)
+	}
+}
+
+// TestRandomAgainstModel drives the tree and the naive model with 100,000
+// random operations over 64 pods and compares every Match.
+func TestRandomAgainstModel(t *testing.T) {
+	for _, capacity := range []int{0, 48} {
+		ops := 100_000
+		if testing.Short() {
+			ops = 10_000
+		}
+		t.Run("capacity="+strconv.Itoa(capacity), func(t *testing.T) {
+			randomOps(t, rand.New(rand.NewPCG(1, uint64(capacity))), Options{MaxPods: 64, PodCapacity: capacity}, ops)
+		})
+	}
+}
+
+// prompts makes random prompts that share prefixes: each new one copies a
+// random prefix of an earlier one and appends random tokens from a small
+// alphabet, so chains diverge at every depth and meet again in the tree.
+type prompts struct {
+	r    *rand.Rand
+	seen [][]uint32
+}
+
+func (g *prompts) next() []uint32 {
+	var p []uint32
+	if len(g.seen) > 0 && g.r.IntN(4) != 0 {
+		base := g.seen[g.r.IntN(len(g.seen))]
+		p = append(p, base[:g.r.IntN(len(base)+1)]...)
+	}
+	for n := 1 + g.r.IntN(12); n > 0; n-- {
+		p = append(p, uint32(g.r.IntN(4)))
+	}
+	if len(g.seen) < 500 {
+		g.seen = append(g.seen, p)
+	} else {
+		g.seen[g.r.IntN(len(g.seen))] = p
+	}
+	return p
+}
+
+func (g *prompts) old() []uint32 {
+	if len(g.seen) == 0 {
+		return g.next()
+	}
+	return g.seen[g.r.IntN(len(g.seen))]
+}
+
+func randomOps(t *testing.T, r *rand.Rand, opts Options, n int) {
+	tr := newTree(t, opts)
+	m := newModel(opts.MaxPods, opts.PodCapacity)
+	g := &prompts{r: r}
+	for i := range n {
+		// A few busy pods share most chains; the rest are spread thin.
+		pod := int32(r.IntN(8))
+		if r.IntN(4) == 0 {
+			pod = int32(r.IntN(opts.MaxPods))
+		}
+		switch k := r.IntN(100); {
+		case k < 55:
+			toks := g.old()
+			if r.IntN(3) == 0 {
+				toks = g.next()
+			}
+			keys := chain(toks...)
+			tr.Insert(pod, keys)
+			m.insert(pod, keys)
+		case k < 95:
+			keys := chain(g.old()...)
+			var sub []uint64
+			switch r.IntN(3) {
+			case 0: // a tail, as an engine evicts
+				sub = keys[r.IntN(len(keys)):]
+			case 1: // a stretch in the middle
+				from := r.IntN(len(keys))
+				sub = keys[from : from+r.IntN(len(keys)-from)+1]
+			default: // any blocks, in any order
+				for _, j := range r.Perm(len(keys)) {
+					if r.IntN(2) == 0 {
+						sub = append(sub, keys[j])
+					}
+				}
+			}
+			tr.Remove(pod, sub)
+			m.remove(pod, sub)
+		default:
+			tr.RemovePod(pod)
+			m.removePod(pod)
+		}
+		agree(t, tr, m, chain(g.old()...))
+		if i%5000 == 0 {
+			check(t, tr, m)
+		}
+	}
+	check(t, tr, m)
+}
+
+// TestConcurrentMatch runs readers against one busy writer (go test -race
+// checks the seqlock discipline). Pod 0 holds fixed chains the writer never
+// touches for pod 0, while other pods insert and remove chains that share
+// them, so pod 0's nodes split, merge and move under the readers: every
+// Match that validates must see what pod 0 held before the writer started.
+func TestConcurrentMatch(t *testing.T) {
+	tr := newTree(t, Options{MaxPods: 64, PodCapacity: 200})
+	r := rand.New(rand.NewPCG(7, 7))
+	g := &prompts{r: r}
+	var stable [][]uint64
+	for range 20 {
+		k := chain(g.next()...)
+		stable = append(stable, k)
+		tr.Insert(0, k)
+	}
+	// What pod 0 holds of each chain (capacity may have trimmed some).
+	want := make([]int32, len(stable))
+	out := make([]int32, 1)
+	for i, k := range stable {
+		tr.Match(k, out)
+		want[i] = out[0]
+	}
+	writes := 5_000
+	if testing.Short() {
+		writes = 1_000
+	}
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	var validated atomic.Int64
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := make([]int32, 64)
+			var st matchState
+			rr := rand.New(rand.NewPCG(uint64(w), 3))
+			for !done.Load() {
+				i := rr.IntN(len(stable))
+				k := stable[i]
+				ok := tr.matchOnce(k, out, &st)
+				for p, d := range out {
+					if d < 0 || int(d) > len(k) {
+						t.Errorf("pod %d matched %d of %d keys", p, d, len(k))
+						return
+					}
+				}
+				if ok {
+					validated.Add(1)
+					if out[0] != want[i] {
+						t.Errorf("validated Match gave pod 0 %d keys of chain %d, want %d", out[0], i, want[i])
+						return
+					}
+				}
+			}
+		}()
+	}
+	for range writes {
+		pod := int32(1 + r.IntN(63))
+		switch k := r.IntN(10); {
+		case k < 6:
+			tr.Insert(pod, chain(g.next()...))
+		case k < 9:
+			keys := chain(g.old()...)
+			tr.Remove(pod, keys[r.IntN(len(keys)):])
+		default:
+			tr.RemovePod(pod)
+		}
+	}
+	done.Store(true)
+	wg.Wait()
+	if validated.Load() == 0 {
+		t.Fatal("no Match validated")
+	}
+	check(t, tr, nil)
+}
+
+func TestKeysThatAreNotChains(t *testing.T) {
+	// A key already stored at another position (a hash collision, or a
+	// caller passing keys that are not a chain) ends the insert there, and
+	// the tree stays consistent.
+	tr := newTree(t, Options{})
+	f := func(pod int32, keys []uint64, match []uint64, want []int32) {
+		t.Helper()
+		if keys != nil {
+			tr.Insert(pod, keys)
+		}
+		if err := tr.verify(nil); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]int32, len(want))
+		tr.Match(match, out)
+		for p := range want {
+			if out[p] != want[p] {
+				t.Fatalf("after inserting %v for pod %d, Match(%v) = %v, want %v", keys, pod, match, out, want)
+			}
+		}
+	}
+	f(0, []uint64{1, 2, 3}, []uint64{1, 2, 3}, []int32{3, 0, 0})
+	f(1, []uint64{9, 2, 5}, []uint64{9, 2, 5}, []int32{0, 1, 0})
+	f(1, []uint64{5, 1}, []uint64{5, 1}, []int32{0, 1, 0})
+	f(2, []uint64{2}, []uint64{2}, []int32{0, 0, 0})
+	f(2, []uint64{1, 3}, []uint64{1, 2, 3}, []int32{3, 0, 1})
+	f(2, []uint64{7, 7}, []uint64{7, 7}, []int32{0, 0, 1})
+	tr.Remove(0, []uint64{1, 2, 3})
+	tr.Remove(1, []uint64{9, 2, 5, 1})
+	tr.Remove(2, []uint64{1, 7})
+	if st := tr.Stats(); st.Nodes != 0 || st.Blocks != 0 {
+		t.Fatalf("emptied tree has %+v", st)
+	}
+}
+
+func TestBadPodPanics(t *testing.T) {
+	tr := newTree(t, Options{MaxPods: 4})
+	f := func(name string, call func()) {
+		t.Helper()
+		defer func() {
+			if recover() == nil {
+				t.Fatalf("%s with a pod out of range did not panic", name)
+			}
+		}()
+		call()
+	}
+	f("Insert", func() { tr.Insert(4, chain(1)) })
+	f("Remove", func() { tr.Remove(-1, chain(1)) })
+	f("RemovePod", func() { tr.RemovePod(4) })
+}
