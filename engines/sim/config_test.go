@@ -1,0 +1,153 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"pdlb/engines"
+)
+
+func TestConfigValidate(t *testing.T) {
+	if err := (Config{}).withDefaults().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	f := func(mutate func(*Config), want string) {
+		t.Helper()
+		c := Config{}.withDefaults()
+		mutate(&c)
+		err := c.Validate()
+		if err == nil || !errors.Is(err, errConfig) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %v, want one containing %q", err, want)
+		}
+	}
+	f(func(c *Config) { c.Model = `a"b` }, `model = "a\"b"`)
+	f(func(c *Config) { c.Engine = "tgi" }, `engine = "tgi"`)
+	f(func(c *Config) { c.Listen = "8000" }, `listen = "8000"`)
+	f(func(c *Config) { c.Speedup = -1 }, `speedup = "-1"`)
+	f(func(c *Config) { c.DefaultMaxTokens = -5 }, `default_max_tokens = "-5"`)
+	f(func(c *Config) { c.MaxModelLen = 1 << 30 }, `max_model_len = "1073741824" needs 16777216 KV blocks`)
+	f(func(c *Config) { c.Tick = -time.Second }, `tick = "-1s"`)
+	f(func(c *Config) { c.Role = "prefill" }, `role = "prefill"`)
+	f(func(c *Config) { c.Physics.MaxBatch = 0 }, "max_batch = 0")
+
+	// Start refuses what Validate refuses.
+	if _, err := Start(Config{Engine: "tgi"}); err == nil {
+		t.Fatal("Start accepted an unknown engine")
+	}
+}
+
+func TestParseFleet(t *testing.T) {
+	fc, err := LoadFleet("testdata/fleet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fc.Pods) != 4 {
+		t.Fatalf("%d pods", len(fc.Pods))
+	}
+	wantEngine := []engines.Kind{engines.VLLM, engines.VLLM, engines.SGLang, engines.TRTLLM}
+	for i, c := range fc.Pods {
+		if c.Engine != wantEngine[i] || c.Speedup != 10 || c.Model != "meta-llama/Llama-3.1-8B-Instruct" ||
+			c.Tick != 2*time.Millisecond || c.Physics.LinkBytesPerSec != 25e9 {
+			t.Fatalf("pod %d: %+v", i, c)
+		}
+	}
+	if fc.Pods[3].Physics.PrefillTokensPerSec != 30000 || fc.Pods[3].Physics.MaxBatch != 64 || fc.Pods[0].Physics.PrefillTokensPerSec != 20000 {
+		t.Fatalf("physics overlay: %+v / %+v", fc.Pods[3].Physics, fc.Pods[0].Physics)
+	}
+	// A pod of a minimal file takes every default.
+	fc, err = ParseFleet([]byte("pods:\n  - listen: 127.0.0.1:0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Config{Name: "pod-0", Listen: "127.0.0.1:0"}).withDefaults(); fc.Pods[0] != want {
+		t.Fatalf("got %+v, want %+v", fc.Pods[0], want)
+	}
+
+	f := func(yaml, want string) {
+		t.Helper()
+		_, err := ParseFleet([]byte(yaml))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%q: error %v, want one containing %q", yaml, err, want)
+		}
+	}
+	f("pods:\n  - name: a\n    modle: x\n", "field modle not found")
+	f("defaults:\n  physics:\n    max_batsh: 3\npods:\n  - name: a\n", "field max_batsh not found")
+	f("pods: []\n", "pods is empty")
+	f("pods:\n  - name: a\n    engine: tgi\n", `pods[0] (name "a"): sim: invalid config: engine = "tgi"`)
+	f("pods:\n  - name: a\n    physics:\n      block_size: -1\n", "block_size = -1")
+	f("pods:\n  - name: a\n  - name: a\n", `pods[1].name = "a" repeats pods[0].name`)
+	f("pods:\n  - listen: 127.0.0.1:8000\n  - listen: 127.0.0.1:8000\n", `pods[1].listen = "127.0.0.1:8000" repeats`)
+	f("pods:\n  - speedup: fast\n", "cannot unmarshal")
+	f("pods: [", "yaml")
+	if _, err := LoadFleet("testdata/missing.yaml"); err == nil || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestStartFleet(t *testing.T) {
+	fc, err := LoadFleet("testdata/fleet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl, err := StartFleet(fc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testClient(t)
+	for _, p := range fl.Pods() {
+		if status, _ := get(t, c, "http://"+p.Addr()+"/health"); status != 200 {
+			t.Fatalf("%s: /health %d", p.Config().Name, status)
+		}
+	}
+	if err := fl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A pod that cannot listen stops the fleet and closes the others.
+	fc.Pods[1].Listen = "256.0.0.1:1"
+	if _, err := StartFleet(fc); err == nil {
+		t.Fatal("StartFleet with a bad address succeeded")
+	}
+}
+
+func FuzzParseFleet(f *testing.F) {
+	data, err := os.ReadFile("testdata/fleet.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	f.Add([]byte("pods:\n  - listen: 127.0.0.1:0\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fc, err := ParseFleet(data)
+		if err != nil {
+			return
+		}
+		for _, c := range fc.Pods {
+			if err := c.Validate(); err != nil {
+				t.Fatalf("ParseFleet returned an invalid pod: %v", err)
+			}
+		}
+	})
+}
+
+func FuzzRequestTokens(f *testing.F) {
+	f.Add([]byte(`{"prompt":"hello"}`), false)
+	f.Add([]byte(`{"prompt":[1,2,3]}`), false)
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`), true)
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		var req genRequest
+		if json.Unmarshal(body, &req) != nil {
+			return
+		}
+		tokens, err := requestTokens(&req, chat)
+		switch {
+		case err != nil && !errors.Is(err, errBadRequest):
+			t.Fatalf("error %v is not a bad request", err)
+		case err == nil && chat && len(tokens) == 0:
+			t.Fatal("a rendered chat has no tokens")
+		}
+	})
+}

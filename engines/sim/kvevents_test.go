@@ -1,0 +1,166 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+
+	"pdlb/radix"
+)
+
+// kvEvent is one sink call, copied out of the pod's scratch slices.
+type kvEvent struct {
+	kind      string // stored, removed, cleared
+	parent    uint64
+	hasParent bool
+	hashes    []uint64
+	tokens    []uint32
+	blockSize int
+}
+
+type recordingSink struct {
+	mu     sync.Mutex
+	events []kvEvent
+}
+
+func (s *recordingSink) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, kvEvent{"stored", parent, hasParent, slices.Clone(hashes), slices.Clone(tokens), blockSize})
+}
+
+func (s *recordingSink) BlockRemoved(hashes []uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, kvEvent{kind: "removed", hashes: slices.Clone(hashes)})
+}
+
+func (s *recordingSink) AllBlocksCleared() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, kvEvent{kind: "cleared"})
+}
+
+// take returns and forgets the events so far.
+func (s *recordingSink) take() []kvEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.events
+	s.events = nil
+	return e
+}
+
+// expectedEvents is what a pod whose cache is mirror must report when it
+// stores keys of tokens: computed independently, from the shared LRU and
+// the stored/evicted keys it reports.
+func expectedEvents(mirror *PrefixCache, keys []uint64, tokens []uint32, bs int) []kvEvent {
+	stored, evicted := mirror.Store(keys, []uint64{}, []uint64{})
+	var out []kvEvent
+	isNew := func(i int) bool { return slices.Contains(stored, keys[i]) }
+	for i := 0; i < len(keys); i++ {
+		if !isNew(i) {
+			continue
+		}
+		j := i
+		for j < len(keys) && isNew(j) {
+			j++
+		}
+		e := kvEvent{kind: "stored", hasParent: i > 0, hashes: keys[i:j], tokens: tokens[i*bs : j*bs], blockSize: bs}
+		if i > 0 {
+			e.parent = keys[i-1]
+		}
+		out = append(out, e)
+		i = j
+	}
+	if len(evicted) > 0 {
+		out = append(out, kvEvent{kind: "removed", hashes: evicted})
+	}
+	return out
+}
+
+func TestKVEventsFollowTheCache(t *testing.T) {
+	const bs, capacity, model, hashSeed = 16, 8, "m", 5
+	phys := DefaultPhysics()
+	phys.BlockSize, phys.CacheBlocks = bs, capacity
+	sink := &recordingSink{}
+	p := testPod(t, Config{Model: model, HashSeed: hashSeed, Physics: phys, MaxModelLen: bs * capacity, Speedup: fast, KVEvents: sink})
+	c := testClient(t)
+	url := "http://" + p.Addr() + "/v1/completions"
+	mirror := NewPrefixCache(capacity)
+	seed := engineSeed(model, hashSeed)
+
+	// Prompts share three prefixes of two blocks and differ after, so the
+	// cache hits, misses, evicts, and stores runs that start mid-prompt.
+	rng := rand.New(rand.NewPCG(1, 2))
+	prefixes := make([][]uint32, 3)
+	for i := range prefixes {
+		for range 2 * bs {
+			prefixes[i] = append(prefixes[i], rng.Uint32N(1000))
+		}
+	}
+	sawRemoved, sawParent := false, false
+	for step := range 40 {
+		tokens := slices.Clone(prefixes[rng.IntN(len(prefixes))])
+		for range rng.IntN(3 * bs) {
+			tokens = append(tokens, rng.Uint32N(1000))
+		}
+		if status, body := post(t, c, url, map[string]any{"prompt": tokens, "max_tokens": 1}); status != 200 {
+			t.Fatalf("step %d: %d %s", step, status, body)
+		}
+		keys := radix.AppendBlockKeys(nil, seed, tokens, bs)
+		gatewayKeys := radix.AppendBlockKeys(nil, radix.Seed(model), tokens, bs)
+		if slices.ContainsFunc(keys, func(k uint64) bool { return slices.Contains(gatewayKeys, k) }) {
+			t.Fatal("engine block hashes equal the gateway's keys")
+		}
+		want, got := expectedEvents(mirror, keys, tokens, bs), sink.take()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("step %d:\n got %v\nwant %v", step, got, want)
+		}
+		for _, e := range got {
+			sawRemoved = sawRemoved || e.kind == "removed"
+			sawParent = sawParent || e.hasParent
+		}
+	}
+	if !sawRemoved || !sawParent {
+		t.Fatalf("the scenario never evicted (%v) or stored a run after a cached block (%v)", sawRemoved, sawParent)
+	}
+
+	if status, _ := post(t, c, "http://"+p.Addr()+"/reset_prefix_cache", map[string]any{}); status != 200 {
+		t.Fatalf("reset_prefix_cache: %d", status)
+	}
+	mirror.Clear()
+	tokens := prefixes[0]
+	post(t, c, url, map[string]any{"prompt": tokens, "max_tokens": 1})
+	got := sink.take()
+	want := append([]kvEvent{{kind: "cleared"}}, expectedEvents(mirror, radix.AppendBlockKeys(nil, seed, tokens, bs), tokens, bs)...)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after reset:\n got %v\nwant %v", got, want)
+	}
+}
+
+func TestPublishStoredRuns(t *testing.T) {
+	sink := &recordingSink{}
+	keys := []uint64{10, 11, 12, 13, 14}
+	tokens := []uint32{0, 0, 1, 1, 2, 2, 3, 3, 4, 4}
+	publishStored(sink, keys, []uint64{11, 13, 14}, tokens, 2, nil)
+	want := []kvEvent{
+		{kind: "stored", parent: 10, hasParent: true, hashes: []uint64{11}, tokens: []uint32{1, 1}, blockSize: 2},
+		{kind: "stored", parent: 12, hasParent: true, hashes: []uint64{13, 14}, tokens: []uint32{3, 3, 4, 4}, blockSize: 2},
+	}
+	if got := sink.take(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	publishStored(sink, keys, keys[:2], tokens, 2, nil)
+	if got := sink.take(); len(got) != 1 || got[0].hasParent || len(got[0].hashes) != 2 {
+		t.Fatalf("first blocks: %v", got)
+	}
+}
+
+func TestEngineSeed(t *testing.T) {
+	if engineSeed("m", 0) == engineSeed("m", 1) || engineSeed("m", 0) == engineSeed("n", 0) ||
+		engineSeed("m", 0) != engineSeed("m", 0) || engineSeed("m", 0) == radix.Seed("m") {
+		t.Fatal("engineSeed must depend on model and hash seed, and differ from the gateway's seed")
+	}
+}

@@ -1,0 +1,223 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"pdlb/engines"
+)
+
+// metricValue returns the value of the series whose line starts with
+// prefix (name and labels) in a Prometheus text exposition.
+func metricValue(t *testing.T, text []byte, prefix string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(string(text), "\n") {
+		if strings.HasPrefix(line, prefix+" ") {
+			var v float64
+			if _, err := fmt.Sscan(line[len(prefix)+1:], &v); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("no series %s in\n%s", prefix, text)
+	return 0
+}
+
+func TestPrefixCacheHitShortensTTFT(t *testing.T) {
+	// A 20,000-token prompt takes 1 s of simulated prefill, 50 ms at
+	// speedup 20; the second time all but its last partial block is cached.
+	p := testPod(t, Config{Model: "m", Speedup: 20})
+	c := testClient(t)
+	content := strings.Repeat("0123456789abcdef", 5000)
+	prompt := chatTokens(content)
+	body := chatBody(content, map[string]any{"stream": true, "max_tokens": 2})
+	ttft := func() time.Duration {
+		_, events := stream(t, c, context.Background(), "http://"+p.Addr()+"/v1/chat/completions", body)
+		parseChunks(t, events)
+		return events[0].at
+	}
+	cold, warm := ttft(), ttft()
+	if cold < 40*time.Millisecond || warm > cold/3 {
+		t.Fatalf("TTFT cold %v, warm %v: the cache did not help", cold, warm)
+	}
+	_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+	l := `{model_name="m",engine="0"}`
+	hits := len(prompt) / DefaultBlockSize * DefaultBlockSize
+	if got := metricValue(t, text, "vllm:prefix_cache_hits_total"+l); got != float64(hits) {
+		t.Fatalf("prefix_cache_hits_total = %v, want %d", got, hits)
+	}
+	if got := metricValue(t, text, "vllm:prefix_cache_queries_total"+l); got != float64(2*len(prompt)) {
+		t.Fatalf("prefix_cache_queries_total = %v, want %d", got, 2*len(prompt))
+	}
+	if got := metricValue(t, text, "vllm:prompt_tokens_total"+l); got != float64(2*len(prompt)) {
+		t.Fatalf("prompt_tokens_total = %v, want %d", got, 2*len(prompt))
+	}
+	// Simulated TTFTs: the cold one is the whole prefill.
+	sum := metricValue(t, text, "vllm:time_to_first_token_seconds_sum"+l)
+	if want := DefaultPhysics().PrefillSec(len(prompt)); sum < want || sum > want+0.5 {
+		t.Fatalf("time_to_first_token_seconds_sum = %v, want about %v", sum, want)
+	}
+}
+
+func TestMetricNames(t *testing.T) {
+	want := map[engines.Kind][]string{
+		engines.VLLM: {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+			"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+			"vllm:generation_tokens_total", `vllm:request_success_total{model_name="m",engine="0",finished_reason="length"}`,
+			"vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+			"vllm:e2e_request_latency_seconds_bucket", `le="2560"`},
+		engines.SGLang: {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+			"sglang:gen_throughput", "sglang:cache_hit_rate", "sglang:prompt_tokens_total",
+			"sglang:generation_tokens_total", "sglang:time_to_first_token_seconds_bucket",
+			"sglang:inter_token_latency_seconds_bucket", `le="400"`},
+	}
+	for eng, names := range want {
+		p := testPod(t, Config{Model: "m", Engine: eng, Speedup: fast})
+		c := testClient(t)
+		if status, body := post(t, c, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": "count me", "max_tokens": 4}); status != 200 {
+			t.Fatalf("%s: %d %s", eng, status, body)
+		}
+		_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+		for _, n := range names {
+			if !bytes.Contains(text, []byte(n)) {
+				t.Errorf("%s: /metrics lacks %s", eng, n)
+			}
+		}
+		// The gateway's scraper reads it.
+		load, ok := engines.ParseMetrics(eng, text)
+		if !ok || load.Running != 0 || load.Waiting != 0 || load.GeneratedTokens != 4 {
+			t.Errorf("%s: ParseMetrics = %+v, %v", eng, load, ok)
+		}
+	}
+
+	p := testPod(t, Config{Engine: engines.TRTLLM, Speedup: fast})
+	c := testClient(t)
+	post(t, c, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": "count me", "max_tokens": 4})
+	_, body := get(t, c, "http://"+p.Addr()+"/metrics")
+	var stats []map[string]any
+	if err := json.Unmarshal(body, &stats); err != nil || len(stats) != 1 {
+		t.Fatalf("trtllm /metrics: %v %s", err, body)
+	}
+	kv, _ := stats[0]["kvCacheStats"].(map[string]any)
+	if stats[0]["numActiveRequests"] != 0.0 || stats[0]["numCompletedRequests"] != 1.0 || stats[0]["iter"] != 3.0 ||
+		kv["maxNumBlocks"] != float64(DefaultCacheBlocks) || kv["tokensPerBlock"] != float64(DefaultBlockSize) {
+		t.Fatalf("trtllm /metrics: %s", body)
+	}
+}
+
+func TestClientDisconnectFreesSlot(t *testing.T) {
+	// One batch slot; a 10,000-token answer would hold it for 100 s.
+	phys := DefaultPhysics()
+	phys.MaxBatch = 1
+	p := testPod(t, Config{Physics: phys, Speedup: 1})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, _ := json.Marshal(map[string]any{"prompt": "never ending", "stream": true, "max_tokens": 10000})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(b))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := resp.Body.Read(make([]byte, 64)); err != nil {
+		t.Fatal(err)
+	}
+	// A non-streaming request queued behind it gives up too.
+	qctx, qcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer qcancel()
+	qb, _ := json.Marshal(map[string]any{"prompt": "queued", "max_tokens": 3})
+	qreq, _ := http.NewRequestWithContext(qctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(qb))
+	if _, err := c.Do(qreq); err == nil {
+		t.Fatal("queued request answered while the slot was taken")
+	}
+	waitFor(t, "the queued request to be aborted", func() bool { return p.Stats().Aborted == 1 && p.Stats().Waiting == 0 })
+	if s := p.Stats(); s.Running != 1 {
+		t.Fatalf("stats %+v: the streaming request should still hold the slot", s)
+	}
+	cancel()
+	resp.Body.Close()
+	waitFor(t, "the streaming request to be aborted", func() bool { return p.Stats().Aborted == 2 && p.Stats().Running == 0 })
+	if s := p.Stats(); s.UsedBlocks != 0 {
+		t.Fatalf("stats %+v: blocks not freed", s)
+	}
+	start := time.Now()
+	if status, body := post(t, c, base+"/v1/completions", map[string]any{"prompt": "next", "max_tokens": 3}); status != 200 {
+		t.Fatalf("%d %s", status, body)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("next request took %v", d)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// firstChunkThen starts a long stream, runs action after its first chunk and
+// returns the rest of the stream's events.
+func firstChunkThen(t *testing.T, c *http.Client, url string, body map[string]any, action func()) []sseEvent {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := c.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(first, "data: ") {
+		t.Fatalf("first line %q: %v", first, err)
+	}
+	if blank, err := br.ReadString('\n'); blank != "\n" || err != nil {
+		t.Fatalf("line after the first event %q: %v", blank, err)
+	}
+	action()
+	return append([]sseEvent{{data: []byte(strings.TrimSpace(first[len("data: "):]))}}, readSSE(t, br, time.Now())...)
+}
+
+func TestSGLangAbortRequest(t *testing.T) {
+	p := testPod(t, Config{Engine: engines.SGLang, Speedup: 1})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	events := firstChunkThen(t, c, base+"/v1/chat/completions",
+		chatBody("abort me", map[string]any{"stream": true, "max_tokens": 10000, "rid": "req-42"}), func() {
+			if status, body := post(t, c, base+"/abort_request", map[string]any{"rid": "req-42"}); status != 200 {
+				t.Fatalf("abort_request: %d %s", status, body)
+			}
+		})
+	if _, finish := streamedText(parseChunks(t, events)); finish != "abort" {
+		t.Fatalf("finish_reason %q, want abort", finish)
+	}
+	var info map[string]any
+	_, body := get(t, c, base+"/get_server_info")
+	if err := json.Unmarshal(body, &info); err != nil || info["served_model_name"] != DefaultModel || info["max_running_requests"] != float64(DefaultMaxBatch) {
+		t.Fatalf("get_server_info: %v %s", err, body)
+	}
+}
+
+func TestCloseAbortsStreams(t *testing.T) {
+	p := testPod(t, Config{Speedup: 1})
+	c := testClient(t)
+	events := firstChunkThen(t, c, "http://"+p.Addr()+"/v1/completions",
+		map[string]any{"prompt": "interrupted", "stream": true, "max_tokens": 10000}, func() {
+			go p.Close()
+		})
+	if _, finish := streamedText(parseChunks(t, events)); finish != "abort" {
+		t.Fatalf("finish_reason %q, want abort", finish)
+	}
+}
