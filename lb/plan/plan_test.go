@@ -10,11 +10,7 @@ import (
 )
 
 // Seed 000's three phases and capacities (P_cap 20,000, D_cap 3,000).
-var (
-	chat      = Demand{Rate: 100, PromptTokens: 2000, OutputTokens: 500, HitRate: 0.6, PrefillCap: 20000, DecodeCap: 3000}
-	summaries = Demand{Rate: 30, PromptTokens: 16000, OutputTokens: 300, HitRate: 0.2, PrefillCap: 20000, DecodeCap: 3000}
-	agents    = Demand{Rate: 25, PromptTokens: 6000, OutputTokens: 2000, HitRate: 0.8, PrefillCap: 20000, DecodeCap: 3000}
-)
+var chat, summaries, agents = SeedPhases()[0].Demand, SeedPhases()[1].Demand, SeedPhases()[2].Demand
 
 // TestSeedTable checks Needed and Load against seed 000's printed table.
 func TestSeedTable(t *testing.T) {
