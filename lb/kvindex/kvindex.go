@@ -11,8 +11,10 @@
 // gateway's block size; it then maps to several gateway keys. The map is
 // kept to serve BlockRemoved, which names engine hashes only.
 //
-// Memory per pod is bounded by Config.MaxBlocks engine blocks (about
-// 40 + 8·k bytes each, k gateway keys per engine block). An engine cannot
+// Memory per pod is bounded by Config.MaxBlocks engine blocks, about 73
+// bytes each with one gateway key per block (BenchmarkMemoryPerBlock: map
+// entry, slot, key, and the slack of grown slices), 8 more per extra key;
+// the default bound is thus about 19 MB per pod at worst. An engine cannot
 // hold more blocks than its KV cache has, so a pod over the bound means the
 // feed missed removals: the pod is cleared and rebuilt from later events.
 package kvindex

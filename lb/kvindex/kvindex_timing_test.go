@@ -1,0 +1,89 @@
+package kvindex
+
+import (
+	"runtime"
+	"testing"
+
+	"pdlb/radix"
+)
+
+// nopIndex measures the feed alone.
+type nopIndex struct{}
+
+func (nopIndex) Insert(int32, []uint64) {}
+func (nopIndex) Remove(int32, []uint64) {}
+func (nopIndex) RemovePod(int32)        {}
+
+func benchPod(b *testing.B, maxBlocks int) *Pod {
+	b.Helper()
+	ix, err := New(nopIndex{}, Config{MaxBlocks: maxBlocks})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ix.Pod(0, model)
+}
+
+// BenchmarkStoredDecodeStep is the event a decoding sequence emits every
+// 16 tokens: one block chained after the previous one, so the feed walks
+// the whole prefix to build the chain it inserts. Sequences grow to 1,024
+// blocks (16k tokens); the op is one event at the average depth, 512.
+func BenchmarkStoredDecodeStep(b *testing.B) {
+	p := benchPod(b, 0)
+	tokens := prompt(radix.DefaultBlockSize, 1)
+	hash := []uint64{0}
+	depth := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		if depth == 1024 {
+			p.AllBlocksCleared()
+			depth = 0
+		}
+		parent := hash[0]
+		hash[0]++
+		p.BlockStored(parent, depth > 0, hash, tokens, radix.DefaultBlockSize)
+		depth++
+	}
+}
+
+// BenchmarkStoredPrefill is a 512-token prompt's prefill: 32 blocks in one
+// event, no parent; evicted again so the pod stays small.
+func BenchmarkStoredPrefill(b *testing.B) {
+	p := benchPod(b, 0)
+	tokens := prompt(32*radix.DefaultBlockSize, 2)
+	hashes := make([]uint64, 32)
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range hashes {
+			hashes[i]++
+		}
+		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
+		p.BlockRemoved(hashes)
+	}
+}
+
+// BenchmarkMemoryPerBlock reports the heap a pod's map takes per engine
+// block (runtime heap growth over 2^17 blocks in chains of 64).
+func BenchmarkMemoryPerBlock(b *testing.B) {
+	const blocks = 1 << 17
+	tokens := prompt(64*radix.DefaultBlockSize, 3)
+	hashes := make([]uint64, 64)
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		p := benchPod(b, blocks)
+		for c := range blocks / 64 {
+			for i := range hashes {
+				hashes[i] = uint64(c*64 + i + 1)
+			}
+			p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if p.Blocks() != blocks {
+			b.Fatalf("%d blocks held, want %d", p.Blocks(), blocks)
+		}
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/blocks, "B/block")
+		runtime.KeepAlive(p)
+	}
+}
