@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"go.uber.org/goleak"
 )
 
@@ -293,5 +295,49 @@ func TestPublisherCallsAfterCloseAreDropped(t *testing.T) {
 	}
 	if len(p.pending) != 0 {
 		t.Fatalf("%d events pending after Close", len(p.pending))
+	}
+}
+
+func TestSubscriberCloseWhileUnreachable(t *testing.T) {
+	// Nothing listens on port 1 of loopback: the subscriber keeps
+	// redialing until Close, which must stop it promptly.
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", RedialInterval: 5 * time.Millisecond}, &recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond)
+	start := time.Now()
+	s.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+}
+
+func TestSubscriberCountsMalformed(t *testing.T) {
+	pub := zmq4.NewPub(context.Background(), zmq4.WithLogger(discardLog))
+	defer pub.Close()
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	// No replay socket (port 1 refuses): gaps just cannot be filled.
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://" + pub.Addr().String(), ReplayEndpoint: "tcp://127.0.0.1:1"}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var seq uint64
+	waitFor(t, "malformed messages counted", func() bool {
+		// Rounds repeat until the subscription is up; seqs keep counting so
+		// no round looks like a publisher restart.
+		seqBytes := binary.BigEndian.AppendUint64(nil, seq)
+		seq++
+		_ = pub.Send(zmq4.NewMsgFrom([]byte(""), seqBytes, []byte{0xc1})) // not msgpack
+		_ = pub.Send(zmq4.NewMsgFrom([]byte(""), []byte{1}, []byte{}))    // seq not 8 bytes
+		time.Sleep(5 * time.Millisecond)
+		return s.Counters.Malformed.Load() >= 2
+	})
+	if len(rec.snapshot()) != 0 {
+		t.Fatalf("sink called for garbage: %q", rec.snapshot())
 	}
 }
