@@ -20,9 +20,9 @@ func TestMain(m *testing.M) {
 
 // TestFeedFromPublisher runs the whole path on loopback: an engine's
 // publisher sends vLLM-format events over ZMQ, a Subscriber decodes them and
-// feeds a Pod, and the index then holds exactly the keys the gateway
-// computes for the same chat prompt, though the engine hashes blocks with a
-// seed of its own.
+// feeds a Pod, and the index (a radix.Tree, and the naive fake beside it)
+// then holds exactly the keys the gateway computes for the same chat prompt,
+// though the engine hashes blocks with a seed of its own.
 func TestFeedFromPublisher(t *testing.T) {
 	pub, err := vllm.NewPublisher(vllm.PublisherConfig{
 		Endpoint:       "tcp://127.0.0.1:0",
@@ -35,7 +35,11 @@ func TestFeedFromPublisher(t *testing.T) {
 	defer pub.Close()
 
 	f := newFake()
-	ix, err := New(f, Config{})
+	tree, err := radix.New(radix.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := New(both{f, tree}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,27 +78,43 @@ func TestFeedFromPublisher(t *testing.T) {
 	for i := 2; i < n; i++ {
 		pub.BlockStored(engineHashes[i-1], true, engineHashes[i:i+1], tokens[i*bs:(i+1)*bs], bs)
 	}
-	waitUntil(t, func() bool { return pod.Blocks() == n })
-	if got := matchLocked(ix, f, 3, gateway); got != n {
-		t.Fatalf("gateway match = %d blocks, want %d", got, n)
+	match := func(want int) {
+		t.Helper()
+		out := make([]int32, 4)
+		tree.Match(gateway, out)
+		if got := f.match(3, gateway); got != want || out[3] != int32(want) {
+			t.Fatalf("gateway match = %d blocks (tree %d), want %d", got, out[3], want)
+		}
 	}
+	waitUntil(t, func() bool { return pod.Blocks() == n })
+	match(n)
 	pub.BlockRemoved(engineHashes[n-1:])
 	waitUntil(t, func() bool { return pod.Blocks() == n-1 })
-	if got := matchLocked(ix, f, 3, gateway); got != n-1 {
-		t.Fatalf("gateway match after eviction = %d blocks, want %d", got, n-1)
-	}
+	match(n - 1)
 	if sub.Counters.Malformed.Load() != 0 || pod.Counters.Orphans.Load() != 0 {
 		t.Fatalf("malformed %d orphans %d", sub.Counters.Malformed.Load(), pod.Counters.Orphans.Load())
 	}
 }
 
-// matchLocked reads the fake index under the Indexer's mutex, which the
-// subscriber's goroutine writes it under.
-func matchLocked(ix *Indexer, f *fakeIndex, pod int32, keys []uint64) int {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	return f.match(pod, keys)
+// both writes into two indexes.
+type both [2]Index
+
+func (b both) Insert(pod int32, keys []uint64) {
+	b[0].Insert(pod, keys)
+	b[1].Insert(pod, keys)
 }
+
+func (b both) Remove(pod int32, keys []uint64) {
+	b[0].Remove(pod, keys)
+	b[1].Remove(pod, keys)
+}
+
+func (b both) RemovePod(pod int32) {
+	b[0].RemovePod(pod)
+	b[1].RemovePod(pod)
+}
+
+var _ Index = (*radix.Tree)(nil)
 
 func waitUntil(t *testing.T, cond func() bool) {
 	t.Helper()

@@ -21,13 +21,15 @@ package kvindex
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"pdlb/radix"
 )
 
-// Index is what the feed writes into (the radix tree implements it).
+// Index is what the feed writes into (radix.Tree implements it). Its
+// methods must be safe to call from several goroutines at once: each pod's
+// feed writes from its own subscriber's goroutine (radix.Tree serialises
+// writers with its own mutex).
 type Index interface {
 	// Insert: pod now holds the chain keys[0:len], keys[0] starting a
 	// prompt.
@@ -75,11 +77,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Indexer feeds many pods' events into one Index. Its mutex serialises the
-// Index writes of all its pods, so an Index need not take concurrent
-// writers (one uncontended lock per event where it does).
+// Indexer feeds many pods' events into one Index.
 type Indexer struct {
-	mu  sync.Mutex
 	idx Index
 	cfg Config
 }
@@ -209,9 +208,7 @@ func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint6
 	p.chain = chain
 	p.Counters.Stored.Add(uint64(len(blockHashes)))
 
-	p.ix.mu.Lock()
 	p.ix.idx.Insert(p.id, chain)
-	p.ix.mu.Unlock()
 }
 
 // appendPrefix appends the gateway keys of the chain ending at slot s, from
@@ -278,9 +275,7 @@ func (p *Pod) BlockRemoved(blockHashes []uint64) {
 	}
 	p.rm = rm
 	if len(rm) > 0 {
-		p.ix.mu.Lock()
 		p.ix.idx.Remove(p.id, rm)
-		p.ix.mu.Unlock()
 	}
 }
 
@@ -305,9 +300,7 @@ func (p *Pod) AllBlocksCleared() {
 }
 
 func (p *Pod) clear() {
-	p.ix.mu.Lock()
 	p.ix.idx.RemovePod(p.id)
-	p.ix.mu.Unlock()
 	clear(p.byHash)
 	p.slots, p.keys, p.free = p.slots[:0], p.keys[:0], p.free[:0]
 	p.perBlock = 0

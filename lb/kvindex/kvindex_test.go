@@ -3,13 +3,16 @@ package kvindex
 import (
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"pdlb/radix"
 )
 
-// fakeIndex records the keys each pod holds and every call.
+// fakeIndex records the keys each pod holds and every call. Its mutex
+// makes it safe for concurrent writers, as Index requires.
 type fakeIndex struct {
+	mu      sync.Mutex
 	held    map[int32]map[uint64]bool
 	inserts [][]uint64
 	removes [][]uint64
@@ -19,6 +22,8 @@ type fakeIndex struct {
 func newFake() *fakeIndex { return &fakeIndex{held: map[int32]map[uint64]bool{}} }
 
 func (f *fakeIndex) Insert(pod int32, keys []uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.inserts = append(f.inserts, slices.Clone(keys))
 	if f.held[pod] == nil {
 		f.held[pod] = map[uint64]bool{}
@@ -29,6 +34,8 @@ func (f *fakeIndex) Insert(pod int32, keys []uint64) {
 }
 
 func (f *fakeIndex) Remove(pod int32, keys []uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.removes = append(f.removes, slices.Clone(keys))
 	for _, k := range keys {
 		delete(f.held[pod], k)
@@ -36,12 +43,16 @@ func (f *fakeIndex) Remove(pod int32, keys []uint64) {
 }
 
 func (f *fakeIndex) RemovePod(pod int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.podRems = append(f.podRems, pod)
 	delete(f.held, pod)
 }
 
 // match is the naive Match: how many leading keys pod holds.
 func (f *fakeIndex) match(pod int32, keys []uint64) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for i, k := range keys {
 		if !f.held[pod][k] {
 			return i
