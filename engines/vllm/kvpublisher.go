@@ -277,6 +277,8 @@ func (p *Publisher) dropSeq(seq int64) {
 
 // Close sends what is pending, then closes both sockets and waits for the
 // Publisher's goroutines to return. Events given after Close are dropped.
+// One goroutine outlives it, parked for good: zmq4 v0.17.0 starts a sender
+// per PUB socket (pubMWriter.run) that its Close never stops.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
