@@ -1,0 +1,587 @@
+// Package openai holds the OpenAI wire pieces the gateway needs: request
+// extraction (the few fields routing reads, without decoding the body),
+// OpenAI-shaped errors, and SSE framing for relaying streamed responses.
+//
+// The gateway forwards a request body byte for byte; nothing here modifies
+// it.
+package openai
+
+import (
+	"math"
+	"strconv"
+	"sync"
+
+	"github.com/bytedance/sonic"
+
+	"pdlb/engines/tokenize"
+)
+
+// Kind is the API a request came in on, which the caller knows from the
+// path; it decides whether the prompt is read from messages or from prompt.
+type Kind uint8
+
+const (
+	// KindChat is POST /v1/chat/completions: the prompt is "messages".
+	KindChat Kind = iota + 1
+	// KindCompletion is POST /v1/completions: the prompt is "prompt".
+	KindCompletion
+)
+
+// String returns the kind's name.
+func (k Kind) String() string {
+	switch k {
+	case KindChat:
+		return "chat"
+	case KindCompletion:
+		return "completion"
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// KindFromPath returns the kind of an OpenAI inference path; ok is false for
+// any other path.
+func KindFromPath(path []byte) (k Kind, ok bool) {
+	switch string(path) {
+	case "/v1/chat/completions":
+		return KindChat, true
+	case "/v1/completions":
+		return KindCompletion, true
+	}
+	return 0, false
+}
+
+// Request is what the gateway reads from a chat or completion request body.
+// Parse fills it without decoding the body into maps or structs: sonic
+// validates the JSON (native SIMD), then one pass over the top-level keys
+// reads the fields below and steps over every other value.
+//
+// A Request holds no reference to the body: every field is a copy, so the
+// body buffer may be reused while the Request lives. Requests are pooled
+// (AcquireRequest / ReleaseRequest) and keep their buffers, so Parse
+// allocates nothing once they have grown to the workload's prompt size.
+// A Request is not safe for concurrent use.
+type Request struct {
+	Kind Kind
+	// Model is the "model" field (required, non-empty).
+	Model []byte
+	// Stream is the "stream" field (default false).
+	Stream bool
+	// MaxTokens is the output budget in tokens: "max_completion_tokens" if
+	// present, else "max_tokens", else -1. vLLM gives
+	// max_completion_tokens the same precedence.
+	MaxTokens int
+	// MaxCompletionTokens says MaxTokens came from "max_completion_tokens".
+	MaxCompletionTokens bool
+	// HasStreamOptions says "stream_options" was an object; IncludeUsage is
+	// its "include_usage" (default false).
+	HasStreamOptions bool
+	IncludeUsage     bool
+
+	// Prompt is the prompt rendered as the engine sees it. Chat: each
+	// message as tokenize.AppendTurn(role, content), then
+	// tokenize.GenerationPrompt; content given as a list of parts renders
+	// its text parts joined by "\n" (as vLLM and TensorRT-LLM join them) and
+	// skips other parts. Completion: the prompt string; a list of strings
+	// (a batch to the engine) renders as their concatenation, since routing
+	// needs the whole batch's tokens and one prefix. Empty when the prompt
+	// is given as token ids.
+	Prompt []byte
+	// TokenIDs says the completion prompt was token ids (a list of ids or a
+	// list of lists of ids); PromptIDs holds them, lists concatenated.
+	TokenIDs  bool
+	PromptIDs []uint32
+	// Messages is the number of chat messages.
+	Messages int
+	// MediaBytes is the raw JSON size of the content parts that are not
+	// text (image_url, input_audio, ...): not rendered into Prompt, it lets
+	// a caller weigh multimodal requests (bytes, not tokens).
+	MediaBytes int
+
+	scratch []byte // unescaped keys and roles
+}
+
+// maxPooledPrompt bounds the prompt buffer a pooled Request keeps (bytes), so
+// one huge request does not pin its buffer in the pool for good.
+const maxPooledPrompt = 1 << 20
+
+var requestPool sync.Pool
+
+// AcquireRequest returns an empty Request from the pool.
+func AcquireRequest() *Request {
+	if r, ok := requestPool.Get().(*Request); ok {
+		return r
+	}
+	return &Request{MaxTokens: -1}
+}
+
+// ReleaseRequest returns r to the pool; r must not be used afterwards.
+func ReleaseRequest(r *Request) {
+	if cap(r.Prompt) > maxPooledPrompt {
+		r.Prompt = nil
+	}
+	if cap(r.PromptIDs)*4 > maxPooledPrompt {
+		r.PromptIDs = nil
+	}
+	r.Reset()
+	requestPool.Put(r)
+}
+
+// Reset empties r and keeps its buffers.
+func (r *Request) Reset() {
+	*r = Request{
+		MaxTokens: -1,
+		Model:     r.Model[:0],
+		Prompt:    r.Prompt[:0],
+		PromptIDs: r.PromptIDs[:0],
+		scratch:   r.scratch[:0],
+	}
+}
+
+// PromptTokens is the prompt's length in tokens: the id count for token-id
+// prompts, else tokenize.Count of the rendered prompt.
+func (r *Request) PromptTokens() int {
+	if r.TokenIDs {
+		return len(r.PromptIDs)
+	}
+	return tokenize.Count(r.Prompt)
+}
+
+// AppendTokens appends the prompt's token ids to dst (PromptIDs, or the
+// shared tokenizer's ids of Prompt) and returns the extended slice.
+func (r *Request) AppendTokens(dst []uint32) []uint32 {
+	if r.TokenIDs {
+		return append(dst, r.PromptIDs...)
+	}
+	return tokenize.Append(dst, r.Prompt)
+}
+
+// Field forms named in error messages.
+const (
+	wantString     = "a string"
+	wantBool       = "a boolean"
+	wantObject     = "an object"
+	wantList       = "a list"
+	wantCount      = "a non-negative integer"
+	wantTokenID    = "a token id (an integer from 0 to 4294967295)"
+	wantContent    = "a string or a list of parts"
+	wantPromptForm = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+)
+
+// Parse resets r and fills it from body, a request of the given kind. It
+// returns nil or an *Error (400) that names the offending field, e.g.
+// `"messages[2].content" must be a string or a list of parts, got 5`.
+// Unknown fields are skipped; a repeated key counts once, its last value
+// winning, as in Python's json module that engines parse with.
+//
+// sonic.Valid accepts raw control bytes (below 0x20) inside strings, which
+// strict JSON forbids. Parse lets them through too: the engine rejects such
+// a body itself, and checking every string byte here would cost a pass.
+func (r *Request) Parse(kind Kind, body []byte) error {
+	r.Reset()
+	r.Kind = kind
+	if kind != KindChat && kind != KindCompletion {
+		panic("BUG: openai: Parse with " + kind.String())
+	}
+	if !sonic.Valid(body) {
+		return InvalidJSON()
+	}
+	s := scanner{b: body}
+	s.ws()
+	if s.b[s.p] != '{' {
+		return NotAnObject()
+	}
+	s.p++
+	s.ws()
+	var maxTokens, maxCompletion = -1, -1
+	var seenPrompt bool
+	for s.b[s.p] != '}' {
+		key := s.key(&r.scratch)
+		var err error
+		switch b2s(key) {
+		case "model":
+			err = r.parseModel(&s)
+		case "stream":
+			r.Stream, err = parseBool(&s, "stream")
+		case "max_tokens":
+			maxTokens, err = parseCount(&s, "max_tokens")
+		case "max_completion_tokens":
+			maxCompletion, err = parseCount(&s, "max_completion_tokens")
+		case "stream_options":
+			err = r.parseStreamOptions(&s)
+		case "messages":
+			if kind == KindChat {
+				seenPrompt, err = r.parseMessages(&s)
+			} else {
+				s.skip()
+			}
+		case "prompt":
+			if kind == KindCompletion {
+				seenPrompt, err = r.parsePrompt(&s)
+			} else {
+				s.skip()
+			}
+		default:
+			s.skip()
+		}
+		if err != nil {
+			return err
+		}
+		s.next()
+	}
+	if s.bad {
+		return InvalidJSON()
+	}
+	if len(r.Model) == 0 {
+		return MissingParam("model")
+	}
+	if !seenPrompt {
+		if kind == KindChat {
+			return MissingParam("messages")
+		}
+		return MissingParam("prompt")
+	}
+	r.MaxTokens, r.MaxCompletionTokens = maxTokens, false
+	if maxCompletion >= 0 {
+		r.MaxTokens, r.MaxCompletionTokens = maxCompletion, true
+	}
+	return nil
+}
+
+// parseModel reads "model". null counts as absent (the caller reports it);
+// the empty string is rejected here.
+func (r *Request) parseModel(s *scanner) error {
+	r.Model = r.Model[:0]
+	switch s.b[s.p] {
+	case 'n':
+		s.skip()
+		return nil
+	case '"':
+		raw, esc := s.str()
+		var ok bool
+		if r.Model, ok = appendUnquoted(r.Model, raw, esc); !ok {
+			return InvalidJSON()
+		}
+		if len(r.Model) == 0 {
+			return InvalidValue("model", "must not be empty")
+		}
+		return nil
+	}
+	return InvalidType("model", wantString, s.b[s.skip():s.p])
+}
+
+// parseBool reads a boolean; null means false, the API's default.
+func parseBool(s *scanner, param string) (bool, error) {
+	switch s.b[s.p] {
+	case 't':
+		s.skip()
+		return true, nil
+	case 'f', 'n':
+		s.skip()
+		return false, nil
+	}
+	return false, InvalidType(param, wantBool, s.b[s.skip():s.p])
+}
+
+// parseCount reads a token count: a non-negative integer up to MaxInt32, or
+// null, which gives -1 (absent).
+func parseCount(s *scanner, param string) (int, error) {
+	switch c := s.b[s.p]; {
+	case c == 'n':
+		s.skip()
+		return -1, nil
+	case c == '-' || c >= '0' && c <= '9':
+		v, raw, ok := s.uint(math.MaxInt32)
+		if !ok {
+			return -1, InvalidType(param, wantCount, raw)
+		}
+		return int(v), nil
+	}
+	return -1, InvalidType(param, wantCount, s.b[s.skip():s.p])
+}
+
+// parseStreamOptions reads "stream_options": an object whose include_usage
+// is read and other keys skipped, or null.
+func (r *Request) parseStreamOptions(s *scanner) error {
+	r.HasStreamOptions, r.IncludeUsage = false, false
+	switch s.b[s.p] {
+	case 'n':
+		s.skip()
+		return nil
+	case '{':
+	default:
+		return InvalidType("stream_options", wantObject, s.b[s.skip():s.p])
+	}
+	r.HasStreamOptions = true
+	s.p++
+	s.ws()
+	for s.b[s.p] != '}' {
+		if b2s(s.key(&r.scratch)) == "include_usage" {
+			var err error
+			if r.IncludeUsage, err = parseBool(s, "stream_options.include_usage"); err != nil {
+				return err
+			}
+		} else {
+			s.skip()
+		}
+		s.next()
+	}
+	s.p++
+	return nil
+}
+
+// parseMessages reads "messages" and renders them into r.Prompt. seen is
+// false for null, which counts as absent.
+func (r *Request) parseMessages(s *scanner) (seen bool, err error) {
+	r.Prompt, r.Messages, r.MediaBytes = r.Prompt[:0], 0, 0
+	switch s.b[s.p] {
+	case 'n':
+		s.skip()
+		return false, nil
+	case '[':
+	default:
+		return false, InvalidType("messages", wantList, s.b[s.skip():s.p])
+	}
+	s.p++
+	s.ws()
+	for s.b[s.p] != ']' {
+		if err := r.parseMessage(s); err != nil {
+			return false, err
+		}
+		r.Messages++
+		s.next()
+	}
+	s.p++
+	if r.Messages == 0 {
+		return false, InvalidValue("messages", "must not be empty")
+	}
+	r.Prompt = append(r.Prompt, tokenize.GenerationPrompt...)
+	return true, nil
+}
+
+// parseMessage reads the message at s.p, r.Messages being its index, and
+// renders it as one chat turn. The turn is rendered only once the whole
+// object has been read, because "role" may follow "content" and a repeated
+// key's last value wins; string values are kept as spans of the body, so
+// they are not scanned twice.
+func (r *Request) parseMessage(s *scanner) error {
+	i := r.Messages
+	if s.b[s.p] != '{' {
+		return InvalidType(indexPath("messages", i, ""), wantObject, s.b[s.skip():s.p])
+	}
+	s.p++
+	s.ws()
+	var role, c field
+	for s.b[s.p] != '}' {
+		switch b2s(s.key(&r.scratch)) {
+		case "role":
+			role = s.field()
+		case "content":
+			c = s.field()
+		default:
+			s.skip()
+		}
+		s.next()
+	}
+	s.p++
+	switch role.form {
+	case '"':
+	case 0:
+		return MissingParam(indexPath("messages", i, ".role"))
+	default:
+		return InvalidType(indexPath("messages", i, ".role"), wantString, role.raw)
+	}
+	roleText, ok := r.text(role)
+	if !ok {
+		return InvalidJSON()
+	}
+	r.Prompt = tokenize.AppendTurnOpen(r.Prompt, roleText)
+	switch c.form {
+	case 0: // absent or null: assistant turns that only call tools
+	case '"':
+		if r.Prompt, ok = appendUnquoted(r.Prompt, c.raw, c.esc); !ok {
+			return InvalidJSON()
+		}
+	case '[':
+		if err := r.renderParts(&scanner{b: s.b, p: c.start}, i); err != nil {
+			return err
+		}
+	default:
+		return InvalidType(indexPath("messages", i, ".content"), wantContent, c.raw)
+	}
+	r.Prompt = tokenize.AppendTurnClose(r.Prompt)
+	return nil
+}
+
+// renderParts appends the text parts of message i's content list (s on its
+// '[') to r.Prompt, separated by "\n", and adds the other parts' raw sizes to
+// r.MediaBytes.
+func (r *Request) renderParts(s *scanner, i int) error {
+	s.p++
+	s.ws()
+	texts := 0
+	for j := 0; s.b[s.p] != ']'; j++ {
+		start := s.p
+		if s.b[s.p] != '{' {
+			return InvalidType(partPath(i, j, ""), wantObject, s.b[s.skip():s.p])
+		}
+		s.p++
+		s.ws()
+		var typ, text field
+		for s.b[s.p] != '}' {
+			switch b2s(s.key(&r.scratch)) {
+			case "type":
+				typ = s.field()
+			case "text":
+				text = s.field()
+			default:
+				s.skip()
+			}
+			s.next()
+		}
+		s.p++
+		switch typ.form {
+		case '"':
+		case 0:
+			return MissingParam(partPath(i, j, ".type"))
+		default:
+			return InvalidType(partPath(i, j, ".type"), wantString, typ.raw)
+		}
+		typText, ok := r.text(typ)
+		if !ok {
+			return InvalidJSON()
+		}
+		if b2s(typText) != "text" {
+			r.MediaBytes += s.p - start
+			s.next()
+			continue
+		}
+		switch text.form {
+		case '"':
+		case 0:
+			return MissingParam(partPath(i, j, ".text"))
+		default:
+			return InvalidType(partPath(i, j, ".text"), wantString, text.raw)
+		}
+		if texts > 0 {
+			r.Prompt = append(r.Prompt, '\n')
+		}
+		texts++
+		if r.Prompt, ok = appendUnquoted(r.Prompt, text.raw, text.esc); !ok {
+			return InvalidJSON()
+		}
+		s.next()
+	}
+	return nil
+}
+
+// text returns the string f holds, unescaped into r.scratch if need be
+// (valid until the next key is read).
+func (r *Request) text(f field) (text []byte, ok bool) {
+	if !f.esc {
+		return f.raw, true
+	}
+	r.scratch, ok = appendUnquoted(r.scratch[:0], f.raw, true)
+	return r.scratch, ok
+}
+
+// parsePrompt reads "prompt": a string, a list of strings, a list of token
+// ids, or a list of lists of token ids; the first element of a list decides
+// which. seen is false for null, which counts as absent.
+func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
+	r.Prompt, r.PromptIDs, r.TokenIDs = r.Prompt[:0], r.PromptIDs[:0], false
+	switch s.b[s.p] {
+	case 'n':
+		s.skip()
+		return false, nil
+	case '"':
+		raw, esc := s.str()
+		var ok bool
+		if r.Prompt, ok = appendUnquoted(r.Prompt, raw, esc); !ok {
+			return false, InvalidJSON()
+		}
+		return true, nil
+	case '[':
+	default:
+		return false, InvalidType("prompt", wantPromptForm, s.b[s.skip():s.p])
+	}
+	s.p++
+	s.ws()
+	first := s.b[s.p]
+	if first == ']' {
+		return false, InvalidValue("prompt", "must not be an empty list")
+	}
+	r.TokenIDs = first != '"'
+	for j := 0; s.b[s.p] != ']'; j++ {
+		switch c := s.b[s.p]; {
+		case first == '"' && c == '"':
+			raw, esc := s.str()
+			var ok bool
+			if r.Prompt, ok = appendUnquoted(r.Prompt, raw, esc); !ok {
+				return false, InvalidJSON()
+			}
+		case first == '[' && c == '[':
+			s.p++
+			s.ws()
+			for k := 0; s.b[s.p] != ']'; k++ {
+				if err := r.parseTokenID(s, j, k); err != nil {
+					return false, err
+				}
+				s.next()
+			}
+			s.p++
+		case first != '"' && first != '[':
+			if err := r.parseTokenID(s, j, -1); err != nil {
+				return false, err
+			}
+		default:
+			return false, InvalidType(indexPath("prompt", j, ""), promptElementForm(first), s.b[s.skip():s.p])
+		}
+		s.next()
+	}
+	s.p++
+	return true, nil
+}
+
+// parseTokenID appends the token id at s.p to r.PromptIDs; j and k index it
+// within the prompt for an error message (k < 0 for a flat list), whose
+// path is built only when there is an error.
+func (r *Request) parseTokenID(s *scanner, j, k int) error {
+	var got []byte
+	if c := s.b[s.p]; c == '-' || c >= '0' && c <= '9' {
+		v, raw, ok := s.uint(math.MaxUint32)
+		if ok {
+			r.PromptIDs = append(r.PromptIDs, uint32(v))
+			return nil
+		}
+		got = raw
+	} else {
+		got = s.b[s.skip():s.p]
+	}
+	param := indexPath("prompt", j, "")
+	if k >= 0 {
+		param = indexPath(param, k, "")
+	}
+	return InvalidType(param, wantTokenID, got)
+}
+
+// promptElementForm names what every element of a prompt list must be,
+// given its first element.
+func promptElementForm(first byte) string {
+	switch first {
+	case '"':
+		return wantString
+	case '[':
+		return "a list of token ids"
+	}
+	return wantTokenID
+}
+
+// indexPath renders "name[i]suffix" for error messages.
+func indexPath(name string, i int, suffix string) string {
+	return name + "[" + strconv.Itoa(i) + "]" + suffix
+}
+
+// partPath renders "messages[i].content[j]suffix" for error messages.
+func partPath(i, j int, suffix string) string {
+	return indexPath("messages", i, ".content") + "[" + strconv.Itoa(j) + "]" + suffix
+}

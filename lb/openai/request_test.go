@@ -1,0 +1,475 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"pdlb/engines/tokenize"
+)
+
+// turn renders one chat turn the way the gateway must, through the shared
+// template, so the expectations below do not restate the template.
+func turn(role, content string) string {
+	return string(tokenize.AppendTurn(nil, []byte(role), []byte(content)))
+}
+
+func TestParseFields(t *testing.T) {
+	type want struct {
+		model         string
+		stream        bool
+		maxTokens     int
+		maxCompletion bool
+		hasSO, usage  bool
+		prompt        string
+		ids           []uint32 // nil: text prompt
+		messages      int
+		media         int
+	}
+	f := func(kind Kind, body string, w want) {
+		t.Helper()
+		r := AcquireRequest()
+		defer ReleaseRequest(r)
+		if err := r.Parse(kind, []byte(body)); err != nil {
+			t.Fatalf("Parse(%s): %v", body, err)
+		}
+		got := want{string(r.Model), r.Stream, r.MaxTokens, r.MaxCompletionTokens,
+			r.HasStreamOptions, r.IncludeUsage, string(r.Prompt), nil, r.Messages, r.MediaBytes}
+		if r.TokenIDs {
+			got.ids = append([]uint32{}, r.PromptIDs...)
+		}
+		if (got.ids == nil) != (w.ids == nil) || !slices.Equal(got.ids, w.ids) || got.model != w.model || got.stream != w.stream ||
+			got.maxTokens != w.maxTokens || got.maxCompletion != w.maxCompletion ||
+			got.hasSO != w.hasSO || got.usage != w.usage || got.prompt != w.prompt ||
+			got.messages != w.messages || got.media != w.media {
+			t.Fatalf("Parse(%s)\n got %+v\nwant %+v", body, got, w)
+		}
+		wantTokens := tokenize.Count([]byte(w.prompt))
+		if w.ids != nil {
+			wantTokens = len(w.ids)
+		}
+		if n := r.PromptTokens(); n != wantTokens {
+			t.Fatalf("PromptTokens() = %d, want %d", n, wantTokens)
+		}
+		if ids := r.AppendTokens(nil); len(ids) != wantTokens {
+			t.Fatalf("AppendTokens gave %d ids, want %d", len(ids), wantTokens)
+		}
+	}
+	gen := tokenize.GenerationPrompt
+
+	// chat: content as a string, null, or parts; roles; ordering; escapes
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "hi") + gen, messages: 1})
+	f(KindChat, ` { "messages" : [ { "content" : "hi" , "role" : "user" } ] , "model" : "m" } `,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "hi") + gen, messages: 1})
+	f(KindChat, `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"a\nb\t\"c\" \u00e9 \ud83d\ude00 \/"}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("system", "be brief") + turn("user", "a\nb\t\"c\" é 😀 /") + gen, messages: 2})
+	f(KindChat, `{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"x"}]},{"role":"tool","content":"42","tool_call_id":"x"}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("assistant", "") + turn("tool", "42") + gen, messages: 2})
+	f(KindChat, `{"model":"m","messages":[{"role":"assistant"}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("assistant", "") + gen, messages: 1})
+	parts := `[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:x"}},{"text":"at\nthis","type":"text"}]`
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":`+parts+`}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "look\nat\nthis") + gen, messages: 1,
+			media: len(`{"type":"image_url","image_url":{"url":"data:x"}}`)})
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":[]}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "") + gen, messages: 1})
+	f(KindChat, `{"model":"m","messages":[{"role":"us\u0065r","content":[{"type":"t\u0065xt","text":"x"}]}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "x") + gen, messages: 1})
+	// repeated keys: the last value wins, as in Python's json
+	f(KindChat, `{"model":"a","model":"b","messages":[{"role":"user","content":"x","content":"y"}],"messages":[{"role":"user","content":"z"}]}`,
+		want{model: "b", maxTokens: -1, prompt: turn("user", "z") + gen, messages: 1})
+	// "prompt" is not read on the chat path, nor "messages" on the completion path
+	f(KindChat, `{"model":"m","prompt":5,"messages":[{"role":"user","content":"x"}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "x") + gen, messages: 1})
+
+	// scalar fields
+	f(KindChat, `{"model":"m\u002fx","stream":true,"max_tokens":128,"stream_options":{"include_usage":true,"continuous_usage_stats":false},"messages":[{"role":"user","content":""}]}`,
+		want{model: "m/x", stream: true, maxTokens: 128, hasSO: true, usage: true, prompt: turn("user", "") + gen, messages: 1})
+	f(KindChat, `{"model":"m","stream":null,"max_tokens":null,"stream_options":null,"messages":[{"role":"user","content":""}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "") + gen, messages: 1})
+	f(KindChat, `{"model":"m","stream":false,"max_completion_tokens":0,"max_tokens":7,"stream_options":{},"messages":[{"role":"user","content":""}]}`,
+		want{model: "m", maxTokens: 0, maxCompletion: true, hasSO: true, prompt: turn("user", "") + gen, messages: 1})
+	f(KindChat, `{"model":"m","max_tokens":2147483647,"stream_options":{"include_usage":null},"messages":[{"role":"user","content":""}]}`,
+		want{model: "m", maxTokens: math.MaxInt32, hasSO: true, prompt: turn("user", "") + gen, messages: 1})
+	// unknown fields of every shape are skipped
+	f(KindChat, `{"tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,2,{"b":"]}\"["}]}}}],"temperature":0.5e-3,"n":1,"stop":null,"logit_bias":{},"model":"m","messages":[{"name":"x","role":"user","content":"q"}],"user":"u\"}"}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "q") + gen, messages: 1})
+
+	// completion: every prompt shape
+	f(KindCompletion, `{"model":"m","prompt":"once upon a time"}`,
+		want{model: "m", maxTokens: -1, prompt: "once upon a time"})
+	f(KindCompletion, `{"model":"m","prompt":""}`,
+		want{model: "m", maxTokens: -1})
+	f(KindCompletion, `{"model":"m","prompt":["ab","c\nd"],"max_tokens":3}`,
+		want{model: "m", maxTokens: 3, prompt: "abc\nd"})
+	f(KindCompletion, `{"model":"m","prompt":[1, 2 ,4294967295,0]}`,
+		want{model: "m", maxTokens: -1, ids: []uint32{1, 2, math.MaxUint32, 0}})
+	f(KindCompletion, `{"model":"m","prompt":[[1,2],[],[3]]}`,
+		want{model: "m", maxTokens: -1, ids: []uint32{1, 2, 3}})
+	f(KindCompletion, `{"model":"m","messages":7,"prompt":"x"}`,
+		want{model: "m", maxTokens: -1, prompt: "x"})
+}
+
+func TestParseErrors(t *testing.T) {
+	f := func(kind Kind, body, wantMsg, wantParam, wantCode string) {
+		t.Helper()
+		var r Request
+		err := r.Parse(kind, []byte(body))
+		var e *Error
+		if !errors.As(err, &e) {
+			t.Fatalf("Parse(%s) = %v, want an *Error", body, err)
+		}
+		if e.Status != 400 || e.Type != TypeInvalidRequest || e.Message != wantMsg || e.Param != wantParam || e.Code != wantCode {
+			t.Fatalf("Parse(%s) = %+v\nwant message %q param %q code %q", body, *e, wantMsg, wantParam, wantCode)
+		}
+	}
+	const chat = `"messages":[{"role":"user","content":"x"}]`
+	bad := "We could not parse the JSON body of your request."
+
+	// not JSON, or not an object
+	f(KindChat, ``, bad, "", "")
+	f(KindChat, `{"model":"m",`, bad, "", "")
+	f(KindChat, `{"model":"m"} x`, bad, "", "")
+	f(KindChat, `{"model":"m\x"}`, bad, "", "")
+	f(KindChat, `{'model':'m'}`, bad, "", "")
+	f(KindChat, `[1]`, "The request body must be a JSON object.", "", "")
+	f(KindChat, ` "x"`, "The request body must be a JSON object.", "", "")
+
+	// model
+	f(KindChat, `{`+chat+`}`, `"model" is required`, "model", CodeMissingParam)
+	f(KindChat, `{"model":null,`+chat+`}`, `"model" is required`, "model", CodeMissingParam)
+	f(KindChat, `{"model":"",`+chat+`}`, `"model" must not be empty`, "model", CodeInvalidValue)
+	f(KindChat, `{"model":5,`+chat+`}`, `"model" must be a string, got 5`, "model", CodeInvalidType)
+	f(KindChat, `{"model":["m"],`+chat+`}`, `"model" must be a string, got ["m"]`, "model", CodeInvalidType)
+
+	// scalars
+	f(KindChat, `{"model":"m","stream":"yes",`+chat+`}`, `"stream" must be a boolean, got "yes"`, "stream", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_tokens":"abc",`+chat+`}`, `"max_tokens" must be a non-negative integer, got "abc"`, "max_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_tokens":-1,`+chat+`}`, `"max_tokens" must be a non-negative integer, got -1`, "max_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_tokens":1.5,`+chat+`}`, `"max_tokens" must be a non-negative integer, got 1.5`, "max_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_tokens":1e3,`+chat+`}`, `"max_tokens" must be a non-negative integer, got 1e3`, "max_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_tokens":2147483648,`+chat+`}`, `"max_tokens" must be a non-negative integer, got 2147483648`, "max_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_completion_tokens":true,`+chat+`}`, `"max_completion_tokens" must be a non-negative integer, got true`, "max_completion_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","stream_options":true,`+chat+`}`, `"stream_options" must be an object, got true`, "stream_options", CodeInvalidType)
+	f(KindChat, `{"model":"m","stream_options":{"include_usage":1},`+chat+`}`, `"stream_options.include_usage" must be a boolean, got 1`, "stream_options.include_usage", CodeInvalidType)
+
+	// messages
+	f(KindChat, `{"model":"m"}`, `"messages" is required`, "messages", CodeMissingParam)
+	f(KindChat, `{"model":"m","messages":null}`, `"messages" is required`, "messages", CodeMissingParam)
+	f(KindChat, `{"model":"m","messages":{}}`, `"messages" must be a list, got {}`, "messages", CodeInvalidType)
+	f(KindChat, `{"model":"m","messages":[]}`, `"messages" must not be empty`, "messages", CodeInvalidValue)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"x"},"hi"]}`, `"messages[1]" must be an object, got "hi"`, "messages[1]", CodeInvalidType)
+	f(KindChat, `{"model":"m","messages":[{"content":"x"}]}`, `"messages[0].role" is required`, "messages[0].role", CodeMissingParam)
+	f(KindChat, `{"model":"m","messages":[{"role":null,"content":"x"}]}`, `"messages[0].role" is required`, "messages[0].role", CodeMissingParam)
+	f(KindChat, `{"model":"m","messages":[{"role":1,"content":"x"}]}`, `"messages[0].role" must be a string, got 1`, "messages[0].role", CodeInvalidType)
+	f(KindChat, `{"model":"m","messages":[{"role":"a","content":"x"},{"role":"b","content":"y"},{"role":"user","content":5}]}`,
+		`"messages[2].content" must be a string or a list of parts, got 5`, "messages[2].content", CodeInvalidType)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":{"text":"x"}}]}`,
+		`"messages[0].content" must be a string or a list of parts, got {"text":"x"}`, "messages[0].content", CodeInvalidType)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":["x"]}]}`,
+		`"messages[0].content[0]" must be an object, got "x"`, "messages[0].content[0]", CodeInvalidType)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"},{"text":"y"}]}]}`,
+		`"messages[0].content[1].type" is required`, "messages[0].content[1].type", CodeMissingParam)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":3}]}]}`,
+		`"messages[0].content[0].type" must be a string, got 3`, "messages[0].content[0].type", CodeInvalidType)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`,
+		`"messages[0].content[0].text" is required`, "messages[0].content[0].text", CodeMissingParam)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":["a"]}]}]}`,
+		`"messages[0].content[0].text" must be a string, got ["a"]`, "messages[0].content[0].text", CodeInvalidType)
+
+	// prompt
+	f(KindCompletion, `{"model":"m"}`, `"prompt" is required`, "prompt", CodeMissingParam)
+	f(KindCompletion, `{"model":"m","prompt":null}`, `"prompt" is required`, "prompt", CodeMissingParam)
+	f(KindCompletion, `{"model":"m","prompt":{}}`,
+		`"prompt" must be a string, a list of strings, a list of token ids or a list of lists of token ids, got {}`, "prompt", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":[]}`, `"prompt" must not be an empty list`, "prompt", CodeInvalidValue)
+	f(KindCompletion, `{"model":"m","prompt":["a",1]}`, `"prompt[1]" must be a string, got 1`, "prompt[1]", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":[1,"a"]}`,
+		`"prompt[1]" must be a token id (an integer from 0 to 4294967295), got "a"`, "prompt[1]", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":[1,-2]}`,
+		`"prompt[1]" must be a token id (an integer from 0 to 4294967295), got -2`, "prompt[1]", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":[4294967296]}`,
+		`"prompt[0]" must be a token id (an integer from 0 to 4294967295), got 4294967296`, "prompt[0]", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":[[1],2]}`, `"prompt[1]" must be a list of token ids, got 2`, "prompt[1]", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":[[1],[2,1.5]]}`,
+		`"prompt[1][1]" must be a token id (an integer from 0 to 4294967295), got 1.5`, "prompt[1][1]", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":[true]}`,
+		`"prompt[0]" must be a token id (an integer from 0 to 4294967295), got true`, "prompt[0]", CodeInvalidType)
+	// long values are cut in the message
+	long := strings.Repeat("x", 100)
+	f(KindCompletion, `{"model":"m","prompt":{"a":"`+long+`"}}`,
+		`"prompt" must be a string, a list of strings, a list of token ids or a list of lists of token ids, got {"a":"`+long[:34]+`...`, "prompt", CodeInvalidType)
+}
+
+// TestParseReusesRequest checks that a parse leaves nothing behind for the
+// next one on the same Request.
+func TestParseReusesRequest(t *testing.T) {
+	r := AcquireRequest()
+	defer ReleaseRequest(r)
+	if err := r.Parse(KindCompletion, []byte(`{"model":"long-model","prompt":[1,2,3],"stream":true,"max_tokens":9,"stream_options":{"include_usage":true}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Parse(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if string(r.Model) != "m" || r.Stream || r.MaxTokens != -1 || r.HasStreamOptions || r.IncludeUsage ||
+		r.TokenIDs || len(r.PromptIDs) != 0 || string(r.Prompt) != turn("user", "")+tokenize.GenerationPrompt ||
+		r.Kind != KindChat || r.MediaBytes != len(`{"type":"image_url"}`) {
+		t.Fatalf("stale state after reuse: %+v", r)
+	}
+}
+
+func TestParseAllocs(t *testing.T) {
+	bodies := map[string][]byte{"chat": chatBody(1 << 10), "chat32k": chatBody(32 << 10),
+		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true}`)}
+	for name, body := range bodies {
+		kind := KindChat
+		if name == "ids" {
+			kind = KindCompletion
+		}
+		r := AcquireRequest()
+		if err := r.Parse(kind, body); err != nil {
+			t.Fatal(err)
+		}
+		if n := testing.AllocsPerRun(100, func() { _ = r.Parse(kind, body) }); n != 0 {
+			t.Errorf("%s: Parse allocates %.1f times per call once warm, want 0", name, n)
+		}
+		ReleaseRequest(r)
+	}
+}
+
+func TestKindFromPath(t *testing.T) {
+	f := func(path string, want Kind, wantOK bool) {
+		t.Helper()
+		if k, ok := KindFromPath([]byte(path)); k != want || ok != wantOK {
+			t.Fatalf("KindFromPath(%q) = %v, %v; want %v, %v", path, k, ok, want, wantOK)
+		}
+	}
+	f("/v1/chat/completions", KindChat, true)
+	f("/v1/completions", KindCompletion, true)
+	f("/v1/models", 0, false)
+	f("/v1/completions/", 0, false)
+}
+
+// FuzzParse checks Parse against a reference built on encoding/json: both
+// must accept the same bodies and render the same prompt, and Parse must
+// never panic, whatever the body.
+func FuzzParse(f *testing.F) {
+	f.Add(uint8(KindChat), []byte(`{"model":"m","messages":[{"role":"user","content":"hi\n"}],"stream":true,"max_tokens":5}`))
+	f.Add(uint8(KindChat), []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}]}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":["a","b"],"max_completion_tokens":1}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":[[1,2],[3]],"stream_options":{"include_usage":true}}`))
+	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
+		kind := KindChat
+		if k&1 == 1 {
+			kind = KindCompletion
+		}
+		var r Request
+		err := r.Parse(kind, body)
+		if !utf8.Valid(body) {
+			return // engines reject it; encoding/json would replace bytes
+		}
+		ref, refOK := referenceParse(kind, body)
+		if err == nil && !refOK && bytes.ContainsFunc(body, isControl) {
+			return // sonic.Valid lets raw control bytes through in strings; see Parse
+		}
+		if (err == nil) != refOK {
+			t.Fatalf("Parse(%s) = %v, reference accepts: %v", body, err, refOK)
+		}
+		if err != nil {
+			return
+		}
+		if string(r.Model) != ref.model || r.Stream != ref.stream || r.MaxTokens != ref.maxTokens ||
+			r.IncludeUsage != ref.usage || string(r.Prompt) != ref.prompt || r.TokenIDs != (ref.ids != nil) ||
+			!slices.Equal(r.PromptIDs, ref.ids) {
+			t.Fatalf("Parse(%s)\n got model %q stream %v max %d usage %v prompt %q ids %v\nwant %+v",
+				body, r.Model, r.Stream, r.MaxTokens, r.IncludeUsage, r.Prompt, r.PromptIDs, ref)
+		}
+	})
+}
+
+func isControl(r rune) bool { return r < 0x20 }
+
+type reference struct {
+	model         string
+	stream, usage bool
+	maxTokens     int
+	prompt        string
+	ids           []uint32
+}
+
+// referenceParse is Parse's rules restated over encoding/json's generic
+// decoding: slow and allocating, but obviously right.
+func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
+	if !json.Valid(body) {
+		return ref, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var top map[string]any
+	if dec.Decode(&top) != nil || top == nil {
+		return ref, false
+	}
+	count := func(v any) (int, bool) {
+		if v == nil {
+			return -1, true
+		}
+		n, isNum := v.(json.Number)
+		if !isNum || strings.ContainsAny(string(n), "-.eE") || len(n) > 10 {
+			return 0, false
+		}
+		i, err := n.Int64()
+		return int(i), err == nil && i <= math.MaxInt32
+	}
+	boolean := func(v any) (bool, bool) {
+		if v == nil {
+			return false, true
+		}
+		b, isBool := v.(bool)
+		return b, isBool
+	}
+	model, isStr := top["model"].(string)
+	if !isStr || model == "" {
+		return ref, false
+	}
+	ref.model = model
+	if ref.stream, ok = boolean(top["stream"]); !ok {
+		return ref, false
+	}
+	maxTokens, ok1 := count(top["max_tokens"])
+	maxCompletion, ok2 := count(top["max_completion_tokens"])
+	if !ok1 || !ok2 {
+		return ref, false
+	}
+	ref.maxTokens = maxTokens
+	if maxCompletion >= 0 {
+		ref.maxTokens = maxCompletion
+	}
+	if so, present := top["stream_options"]; present && so != nil {
+		m, isObj := so.(map[string]any)
+		if !isObj {
+			return ref, false
+		}
+		if ref.usage, ok = boolean(m["include_usage"]); !ok {
+			return ref, false
+		}
+	}
+	if kind == KindChat {
+		ref.prompt, ok = referenceChat(top["messages"])
+	} else {
+		ref.prompt, ref.ids, ok = referencePrompt(top["prompt"])
+	}
+	return ref, ok
+}
+
+func referenceChat(v any) (string, bool) {
+	msgs, isList := v.([]any)
+	if !isList || len(msgs) == 0 {
+		return "", false
+	}
+	var b []byte
+	for _, m := range msgs {
+		msg, isObj := m.(map[string]any)
+		if !isObj {
+			return "", false
+		}
+		role, isStr := msg["role"].(string)
+		if !isStr {
+			return "", false
+		}
+		var content []byte
+		switch c := msg["content"].(type) {
+		case nil:
+		case string:
+			content = []byte(c)
+		case []any:
+			texts := 0
+			for _, p := range c {
+				part, isObj := p.(map[string]any)
+				if !isObj {
+					return "", false
+				}
+				typ, isStr := part["type"].(string)
+				if !isStr {
+					return "", false
+				}
+				if typ != "text" {
+					continue
+				}
+				text, isStr := part["text"].(string)
+				if !isStr {
+					return "", false
+				}
+				if texts > 0 {
+					content = append(content, '\n')
+				}
+				texts++
+				content = append(content, text...)
+			}
+		default:
+			return "", false
+		}
+		b = tokenize.AppendTurn(b, []byte(role), content)
+	}
+	return string(b) + tokenize.GenerationPrompt, true
+}
+
+func referencePrompt(v any) (string, []uint32, bool) {
+	id := func(v any) (uint32, bool) {
+		n, isNum := v.(json.Number)
+		if !isNum || strings.ContainsAny(string(n), "-.eE") {
+			return 0, false
+		}
+		i, err := n.Int64()
+		return uint32(i), err == nil && i <= math.MaxUint32
+	}
+	switch p := v.(type) {
+	case string:
+		return p, nil, true
+	case []any:
+		if len(p) == 0 {
+			return "", nil, false
+		}
+		var text string
+		ids := []uint32{}
+		for _, e := range p {
+			switch p[0].(type) {
+			case string:
+				s, isStr := e.(string)
+				if !isStr {
+					return "", nil, false
+				}
+				text += s
+			case []any:
+				inner, isList := e.([]any)
+				if !isList {
+					return "", nil, false
+				}
+				for _, x := range inner {
+					i, ok := id(x)
+					if !ok {
+						return "", nil, false
+					}
+					ids = append(ids, i)
+				}
+			default:
+				i, ok := id(e)
+				if !ok {
+					return "", nil, false
+				}
+				ids = append(ids, i)
+			}
+		}
+		if _, isStr := p[0].(string); isStr {
+			return text, nil, true
+		}
+		return "", ids, true
+	}
+	return "", nil, false
+}
