@@ -1,0 +1,147 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"pdlb/engines/sim"
+	"pdlb/lb/admit"
+	"pdlb/lb/plan"
+	"pdlb/lb/route"
+)
+
+// The three-phase scenario's defaults: seed 000's day compressed into 120 s
+// a phase on its 24 instances, and a planner whose window, drain, warm-up
+// and dwell are compressed with it (a 20 s window where a live planner has
+// 60 s).
+const (
+	DefaultPhaseSec        = 120
+	DefaultPhasePods       = 24
+	DefaultPhaseWindowSec  = 20
+	DefaultPhaseDrainSec   = 10
+	DefaultPhaseWarmupSec  = 5
+	DefaultPhaseMinDwell   = 40
+	DefaultDecodePolicy    = "least_request"
+	defaultPhaseHysteresis = plan.DefaultHysteresis
+)
+
+// PhasesConfig is the three-phase scenario: one phased workload played
+// against a static split and against the planner driving role switches,
+// both on the same fleet, routers and admission (requests predicted to miss
+// their SLOs are rejected at once, so a backlog never outlives its phase).
+type PhasesConfig struct {
+	Phases   []plan.Phase
+	PhaseSec float64
+	Pods     int
+	// Static is the split the static arm keeps and the planned arm starts
+	// from (default half and half).
+	Static plan.Ratio
+	// Planner configures the planned arm; its Total is Pods.
+	Planner plan.Config
+	// Physics is every pod's timing model; Admission the SLOs (defaults:
+	// TTFT 2 s, TPOT 0.1 s).
+	Physics   sim.Physics
+	Admission admit.Config
+	Seed      uint64
+}
+
+// DefaultPhasesConfig returns seed 000's three phases on its 24 instances,
+// static 12P12D.
+func DefaultPhasesConfig() PhasesConfig {
+	pc := plan.DefaultConfig(DefaultPhasePods)
+	pc.WindowSec, pc.DrainSec, pc.WarmupSec = DefaultPhaseWindowSec, DefaultPhaseDrainSec, DefaultPhaseWarmupSec
+	pc.MinDwellSec, pc.Hysteresis = DefaultPhaseMinDwell, defaultPhaseHysteresis
+	adm := admit.DefaultConfig()
+	// Every request is interactive; the PD simulator does not defer.
+	adm.Classes[admit.Batch].MaxWait = 0
+	return PhasesConfig{
+		Phases:    plan.SeedPhases(),
+		PhaseSec:  DefaultPhaseSec,
+		Pods:      DefaultPhasePods,
+		Static:    plan.Ratio{Prefill: DefaultPhasePods / 2, Decode: DefaultPhasePods - DefaultPhasePods/2},
+		Planner:   pc,
+		Physics:   sim.DefaultPhysics(),
+		Admission: adm,
+	}
+}
+
+// PhaseRow is one phase's outcome in both arms.
+type PhaseRow struct {
+	Phase           string
+	Static, Planned PDPeriod
+}
+
+// PhasesResult is the scenario's outcome: a row per phase and the planned
+// arm's decisions.
+type PhasesResult struct {
+	Static    plan.Ratio
+	Rows      []PhaseRow
+	Decisions []PDDecision
+}
+
+var errPhasesConfig = errors.New("cluster: invalid phases config")
+
+// RunPhases plays the scenario in both arms.
+func RunPhases(cfg PhasesConfig) (PhasesResult, error) {
+	if len(cfg.Phases) == 0 || !(cfg.PhaseSec > 0) {
+		return PhasesResult{}, fmt.Errorf("%w: %d phases of %v s", errPhasesConfig, len(cfg.Phases), cfg.PhaseSec)
+	}
+	prefill, err := route.New(route.DefaultPolicy, route.DefaultOptions())
+	if err != nil {
+		return PhasesResult{}, err
+	}
+	decode, err := route.New(DefaultDecodePolicy, route.DefaultOptions())
+	if err != nil {
+		return PhasesResult{}, err
+	}
+	w := PhasedWorkload{Phases: cfg.Phases, PhaseSec: cfg.PhaseSec, Prefixes: DefaultPhasePrefixes, BlockSize: cfg.Physics.BlockSize, Seed: cfg.Seed}
+	pd := PDConfig{
+		Pods: cfg.Pods, Initial: cfg.Static, Physics: cfg.Physics,
+		Prefill: prefill, Decode: decode, Admission: cfg.Admission, Reject: true,
+		ReportSec: cfg.PhaseSec, Seed: cfg.Seed,
+	}
+	static, err := RunPD(pd, w.Start())
+	if err != nil {
+		return PhasesResult{}, err
+	}
+	pc := cfg.Planner
+	pd.Planner = &pc
+	planned, err := RunPD(pd, w.Start())
+	if err != nil {
+		return PhasesResult{}, err
+	}
+	res := PhasesResult{Static: cfg.Static, Decisions: planned.Decisions}
+	for i, ph := range cfg.Phases {
+		row := PhaseRow{Phase: ph.Name}
+		// Requests finish after the last arrival, but every arrival falls
+		// in a phase: later periods are empty.
+		if i < len(static.Periods) {
+			row.Static = static.Periods[i]
+		}
+		if i < len(planned.Periods) {
+			row.Planned = planned.Periods[i]
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	return res, nil
+}
+
+// WriteTable prints the per-phase comparison, for bench/RESULTS.md.
+func (r PhasesResult) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "%-26s %-30s %-38s\n", "phase", "static "+r.Static.String(), "planner")
+	fmt.Fprintf(w, "%-26s %-30s %-38s\n", "", "attain  reject  TTFT p99  TPOT p99", "attain  reject  TTFT p99  TPOT p99  waves  moved")
+	for _, row := range r.Rows {
+		s, p := row.Static, row.Planned
+		fmt.Fprintf(w, "%-26s %5.1f%%  %5.1f%%  %6.2fs  %6.0fms  %5.1f%%  %5.1f%%  %6.2fs  %6.0fms  %5d  %5d\n", row.Phase,
+			100*s.Attainment, 100*s.Rejected, s.TTFTP99, 1000*s.TPOTP99,
+			100*p.Attainment, 100*p.Rejected, p.TTFTP99, 1000*p.TPOTP99, p.Waves, p.Switched)
+	}
+	fmt.Fprintln(w, "\nplanner decisions that switched:")
+	for _, d := range r.Decisions {
+		if d.Switch {
+			fmt.Fprintf(w, "  t=%4.0fs %s\n", d.At, d.Reason)
+		}
+	}
+	return nil
+}
