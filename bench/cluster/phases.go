@@ -16,14 +16,13 @@ import (
 // and dwell are compressed with it (a 20 s window where a live planner has
 // 60 s).
 const (
-	DefaultPhaseSec        = 120
-	DefaultPhasePods       = 24
-	DefaultPhaseWindowSec  = 20
-	DefaultPhaseDrainSec   = 10
-	DefaultPhaseWarmupSec  = 5
-	DefaultPhaseMinDwell   = 40
-	DefaultDecodePolicy    = "least_request"
-	defaultPhaseHysteresis = plan.DefaultHysteresis
+	DefaultPhaseSec       = 120
+	DefaultPhasePods      = 24
+	DefaultPhaseWindowSec = 20
+	DefaultPhaseDrainSec  = 10
+	DefaultPhaseWarmupSec = 5
+	DefaultPhaseMinDwell  = 40
+	DefaultDecodePolicy   = "least_request"
 )
 
 // PhasesConfig is the three-phase scenario: one phased workload played
@@ -51,7 +50,7 @@ type PhasesConfig struct {
 func DefaultPhasesConfig() PhasesConfig {
 	pc := plan.DefaultConfig(DefaultPhasePods)
 	pc.WindowSec, pc.DrainSec, pc.WarmupSec = DefaultPhaseWindowSec, DefaultPhaseDrainSec, DefaultPhaseWarmupSec
-	pc.MinDwellSec, pc.Hysteresis = DefaultPhaseMinDwell, defaultPhaseHysteresis
+	pc.MinDwellSec = DefaultPhaseMinDwell
 	adm := admit.DefaultConfig()
 	// Every request is interactive; the PD simulator does not defer.
 	adm.Classes[admit.Batch].MaxWait = 0
@@ -127,21 +126,24 @@ func RunPhases(cfg PhasesConfig) (PhasesResult, error) {
 	return res, nil
 }
 
-// WriteTable prints the per-phase comparison, for bench/RESULTS.md.
+// WriteTable prints the per-phase comparison, for bench/RESULTS.md, and
+// the reasons of the plans that switched.
 func (r PhasesResult) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "%-26s %-30s %-38s\n", "phase", "static "+r.Static.String(), "planner")
-	fmt.Fprintf(w, "%-26s %-30s %-38s\n", "", "attain  reject  TTFT p99  TPOT p99", "attain  reject  TTFT p99  TPOT p99  waves  moved")
-	for _, row := range r.Rows {
-		s, p := row.Static, row.Planned
-		fmt.Fprintf(w, "%-26s %5.1f%%  %5.1f%%  %6.2fs  %6.0fms  %5.1f%%  %5.1f%%  %6.2fs  %6.0fms  %5d  %5d\n", row.Phase,
-			100*s.Attainment, 100*s.Rejected, s.TTFTP99, 1000*s.TPOTP99,
-			100*p.Attainment, 100*p.Rejected, p.TTFTP99, 1000*p.TPOTP99, p.Waves, p.Switched)
+	cols := fmt.Sprintf("%6s  %6s  %8s  %8s", "attain", "reject", "TTFT p99", "TPOT p99")
+	arm := func(p PDPeriod) string {
+		return fmt.Sprintf("%5.1f%%  %5.1f%%  %7.2fs  %6.0fms", 100*p.Attainment, 100*p.Rejected, p.TTFTP99, 1000*p.TPOTP99)
 	}
-	fmt.Fprintln(w, "\nplanner decisions that switched:")
+	fmt.Fprintf(w, "%-24s  %-*s  %s\n", "", len(cols), "static "+r.Static.String(), "planner")
+	fmt.Fprintf(w, "%-24s  %s  %s  %5s  %5s\n", "phase", cols, cols, "waves", "moved")
+	for _, row := range r.Rows {
+		fmt.Fprintf(w, "%-24s  %s  %s  %5d  %5d\n", row.Phase, arm(row.Static), arm(row.Planned), row.Planned.Waves, row.Planned.Switched)
+	}
+	fmt.Fprintln(w, "\nplanner switches:")
 	for _, d := range r.Decisions {
 		if d.Switch {
 			fmt.Fprintf(w, "  t=%4.0fs %s\n", d.At, d.Reason)
 		}
 	}
-	return nil
+	_, err := fmt.Fprintln(w)
+	return err
 }

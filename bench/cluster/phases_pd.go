@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"container/heap"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -142,18 +141,47 @@ type event struct {
 	req  int32
 }
 
+// eventHeap is a binary min-heap of events by (t, seq), written out rather
+// than through container/heap so that pushing an event does not box it.
 type eventHeap []event
 
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
+func (h eventHeap) less(i, j int) bool {
 	return h[i].t < h[j].t || (h[i].t == h[j].t && h[i].seq < h[j].seq)
 }
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
+
+func (h *eventHeap) push(e event) {
+	*h = append(*h, e)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		up := (i - 1) / 2
+		if !s.less(i, up) {
+			break
+		}
+		s[i], s[up] = s[up], s[i]
+		i = up
+	}
+}
+
+func (h *eventHeap) pop() event {
+	s := *h
+	e := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s = s[:n]
+	for i := 0; ; {
+		m := i
+		for _, c := range [2]int{2*i + 1, 2*i + 2} {
+			if c < n && s.less(c, m) {
+				m = c
+			}
+		}
+		if m == i {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
 	return e
 }
 
@@ -275,7 +303,7 @@ func RunPD(cfg PDConfig, w Workload) (PDResult, error) {
 			r.arriving = w.Next(&a)
 			continue
 		}
-		e := heap.Pop(&r.events).(event)
+		e := r.events.pop()
 		r.now = e.t
 		switch e.kind {
 		case evPrefillDone:
@@ -297,7 +325,7 @@ func RunPD(cfg PDConfig, w Workload) (PDResult, error) {
 
 func (r *pdRun) schedule(t float64, kind uint8, pod int, req int32) {
 	r.seq++
-	heap.Push(&r.events, event{t: t, seq: r.seq, kind: kind, pod: int32(pod), req: req})
+	r.events.push(event{t: t, seq: r.seq, kind: kind, pod: int32(pod), req: req})
 }
 
 // period returns the index of the report period of time t, growing the
