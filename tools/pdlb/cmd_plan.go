@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 
+	"pdlb/bench/cluster"
 	"pdlb/lb/plan"
 )
 
@@ -40,6 +41,13 @@ decode_cap (tokens/s a phase's instances reach, overriding the flags):
   - {name: chat, rate: 100, isl: 2000, osl: 500, hit: 0.6}
   - {name: summaries, rate: 30, isl: 16000, osl: 300, hit: 0.2}
 
+With --simulate it also plays the phases in sequence (--phase-sec each) on
+bench/cluster's virtual-time fleet of --total pods (engines/sim physics:
+prefill and decode capacities are measured there, not taken from the flags),
+static against the planner (lb/plan) driving role switches, with admission
+on (TTFT SLO 2 s, TPOT 0.1 s), and prints each phase's SLO attainment in
+both arms and the planner's switches.
+
 Example (prints seed 000's table): pdlb plan --phases seed --total 24 --static 12P12D`, stdout)
 	phasesArg := fs.String("phases", "", "phases file (YAML or JSON), or seed for seed 000's three phases")
 	total := fs.Int("total", 0, "instances in the pool")
@@ -47,6 +55,9 @@ Example (prints seed 000's table): pdlb plan --phases seed --total 24 --static 1
 	prefillCap := fs.Float64("prefill-cap", plan.SeedPrefillCap, "prompt tokens/s one prefill instance computes (P_cap)")
 	decodeCap := fs.Float64("decode-cap", plan.SeedDecodeCap, "tokens/s one decode instance outputs under the TPOT target (D_cap)")
 	asJSON := fs.Bool("json", false, `print a JSON list of {"phase", "prefill", "decode", "static_prefill_load", "static_decode_load"}`)
+	simulate := fs.Bool("simulate", false, "also play the phases on a simulated fleet, static against the planner")
+	phaseSec := fs.Float64("phase-sec", cluster.DefaultPhaseSec, "virtual seconds each phase lasts (--simulate)")
+	seed := fs.Uint64("seed", 0, "seed of the simulated workload and routers (--simulate)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -55,6 +66,9 @@ Example (prints seed 000's table): pdlb plan --phases seed --total 24 --static 1
 	}
 	if *total < 2 {
 		return fmt.Errorf("%w: --total %d must be at least 2", errSimUsage, *total)
+	}
+	if *simulate && !(*phaseSec > 0) {
+		return fmt.Errorf("%w: --phase-sec %v must be positive", errSimUsage, *phaseSec)
 	}
 	static := plan.Ratio{Prefill: *total / 2, Decode: *total - *total/2}
 	if *staticArg != "" {
@@ -88,6 +102,9 @@ Example (prints seed 000's table): pdlb plan --phases seed --total 24 --static 1
 		rows[i] = planRow{phases[i].Name, need.Prefill, need.Decode, lp, ld}
 	}
 	if *asJSON {
+		if *simulate {
+			return fmt.Errorf("%w: --simulate prints a table, not JSON", errSimUsage)
+		}
 		return json.NewEncoder(stdout).Encode(rows)
 	}
 	fmt.Fprintf(stdout, "%d instances, static %v:\n", *total, static)
@@ -102,7 +119,18 @@ Example (prints seed 000's table): pdlb plan --phases seed --total 24 --static 1
 		fmt.Fprintf(stdout, "%-26s %-7v %-5s %-7v %-17s %s\n", r.Phase, need, fits,
 			plan.Split(*total, np, nd), loadText(r.StaticPrefillLoad), loadText(r.StaticDecodeLoad))
 	}
-	return nil
+	if !*simulate {
+		return nil
+	}
+	cfg := cluster.DefaultPhasesConfig()
+	cfg.Phases, cfg.PhaseSec, cfg.Seed = phases, *phaseSec, *seed
+	cfg.Pods, cfg.Static, cfg.Planner.Total = *total, static, *total
+	res, err := cluster.RunPhases(cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nsimulated, %.0f s a phase:\n", *phaseSec)
+	return res.WriteTable(stdout)
 }
 
 // loadText prints a utilisation as seed 000 does: a whole percentage,

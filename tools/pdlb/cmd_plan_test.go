@@ -85,6 +85,20 @@ fast-decode                4P5D    yes   4P6D    80%               100%
 	}
 }
 
+// TestCmdPlanSimulate plays a short seed day through --simulate.
+func TestCmdPlanSimulate(t *testing.T) {
+	var out bytes.Buffer
+	if err := cmdPlan([]string{"--phases", "seed", "--total", "24", "--simulate", "--phase-sec", "60"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{"simulated, 60 s a phase", "static 12P12D", "coding agents", "planner switches:", "switch 12P12D → "} {
+		if !strings.Contains(s, want) {
+			t.Fatalf("output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
 func TestCmdPlanErrors(t *testing.T) {
 	f := func(want string, args ...string) {
 		t.Helper()
@@ -100,6 +114,8 @@ func TestCmdPlanErrors(t *testing.T) {
 	f("decode_cap = 0", "--phases", "seed", "--total", "24", "--decode-cap", "0")
 	f("no such file", "--phases", "/nonexistent/phases.yaml", "--total", "24")
 	f("unexpected argument", "--phases", "seed", "--total", "24", "extra")
+	f("--simulate prints a table", "--phases", "seed", "--total", "24", "--simulate", "--json")
+	f("--phase-sec 0 must be positive", "--phases", "seed", "--total", "24", "--simulate", "--phase-sec", "0")
 
 	var help bytes.Buffer
 	if err := cmdPlan([]string{"--help"}, &help); !errors.Is(err, flag.ErrHelp) || !strings.Contains(help.String(), "Usage: pdlb plan") || !strings.Contains(help.String(), "prefill_cap") {
