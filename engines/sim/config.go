@@ -64,10 +64,11 @@ type Config struct {
 	// MaxModelLen is the context window in tokens, prompt plus output
 	// (default 32,768); it must fit in the KV cache.
 	MaxModelLen int
-	// Tick is the least wall time between two wake-ups of the scheduler
-	// (default 2 ms). Tokens a pod produces within one tick reach a stream
-	// together in one chunk, as vLLM merges the deltas of a consumer that
-	// lags; simulated timings stay exact whatever the tick.
+	// Tick is the least wall time between two scheduler wake-ups for
+	// decode steps (default 2 ms); a prefill's end, which produces a first
+	// token, wakes it exactly. Tokens decoded within one tick reach a
+	// stream together in one chunk, as vLLM merges the deltas of a consumer
+	// that lags; simulated timings stay exact whatever the tick.
 	Tick time.Duration
 	// Role is reserved for prefill/decode disaggregation; only "combined"
 	// is accepted now (default "combined").

@@ -86,7 +86,8 @@ type schedMsg struct {
 //
 // Events are applied at their exact simulated times even when the goroutine
 // wakes late, so the timings are those of the model whatever the load on
-// the machine; only delivery to clients lags, by at most Tick.
+// the machine; only delivery to clients lags: first tokens by scheduling
+// noise, later tokens by at most Tick.
 type scheduler struct {
 	phys    Physics
 	speedup float64
@@ -171,7 +172,14 @@ func (s *scheduler) run() {
 		s.publish()
 		if next := s.nextEvent(); !math.IsInf(next, 1) {
 			d := time.Duration((next - now) / s.speedup * float64(time.Second))
-			timer.Reset(max(d, s.tick))
+			if !s.prefillBusy || s.prefillEnd != next {
+				// Decode steps come every few milliseconds of wall time;
+				// waking for each would burn a core, so their tokens are
+				// delivered a tick at a time. A prefill's end, a first
+				// token, is worth an exact wake-up: clients measure TTFT.
+				d = max(d, s.tick)
+			}
+			timer.Reset(d)
 		} else {
 			timer.Stop()
 		}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+
+	"pdlb/engines/sim"
+)
+
+func cmdFleet(args []string, stdout io.Writer) error {
+	fs := newFlagSet("fleet", "--config FILE [--speedup X]",
+		`Starts the simulated engine pods a fleet file lists (format: engines/sim
+fleet.go; example: engines/sim/testdata/fleet.yaml), prints each pod's name,
+model, engine and address, and serves until SIGINT or SIGTERM.`, stdout)
+	var (
+		path    string
+		speedup float64
+	)
+	fs.StringVar(&path, "config", "", "fleet YAML file (required)")
+	fs.Float64Var(&speedup, "speedup", 0, "run every pod this much faster than real time (default: each pod's speedup from the file)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if path == "" {
+		return errors.New("--config is required")
+	}
+	fc, err := sim.LoadFleet(path)
+	if err != nil {
+		return err
+	}
+	if speedup != 0 {
+		for i := range fc.Pods {
+			fc.Pods[i].Speedup = speedup
+		}
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	return runFleet(fc, stdout, sig)
+}
+
+// runFleet starts fc, lists its pods on stdout and closes them when stop
+// delivers.
+func runFleet(fc sim.FleetConfig, stdout io.Writer, stop <-chan os.Signal) error {
+	fleet, err := sim.StartFleet(fc)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tMODEL\tENGINE\tADDRESS\tSPEEDUP")
+	for _, p := range fleet.Pods() {
+		c := p.Config()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\n", c.Name, c.Model, c.Engine, p.Addr(), c.Speedup)
+	}
+	if err := tw.Flush(); err != nil {
+		return errors.Join(err, fleet.Close())
+	}
+	fmt.Fprintln(stdout, "\nServing; press Ctrl-C to stop.")
+	s := <-stop
+	fmt.Fprintf(stdout, "%v: closing the fleet\n", s)
+	return fleet.Close()
+}
