@@ -1,0 +1,311 @@
+package openai
+
+import (
+	"bytes"
+	"errors"
+)
+
+// SSE framing for relaying a pod's streamed response (text/event-stream).
+//
+// An event ends at a blank line. The SSE spec lets a line end in "\n",
+// "\r\n" or a lone "\r"; engines (vLLM, SGLang, TensorRT-LLM) and OpenAI end
+// lines in "\n", some proxies in "\r\n", and no one in a lone "\r", so a
+// blank line here is "\n" or "\r\n" after a line end: the delimiter is
+// "\n\n", "\n\r\n", "\r\n\r\n" or "\r\n\n". Events keep their delimiter, so
+// the events of a stream concatenated are the stream byte for byte.
+
+// DefaultMaxEventBytes is the default bound on one event's size (bytes);
+// chat chunks are a few hundred bytes, a final usage chunk about a
+// kilobyte.
+const DefaultMaxEventBytes = 1 << 20
+
+// ErrEventTooLarge stops a Splitter whose pod sent more than MaxEventBytes
+// without ending an event.
+var ErrEventTooLarge = errors.New("openai: SSE event exceeds the size limit")
+
+// Splitter cuts a stream fed in chunks of any size into whole events.
+// An event that lies within one chunk is returned as a slice of that chunk,
+// not copied; an event that spans chunks is gathered in one buffer the
+// Splitter reuses, so splitting allocates nothing once that buffer has grown
+// to the largest spanning event.
+//
+// Use: Feed a chunk, call Next until it returns false, then read the next
+// chunk. An event is valid until the next call to Next or Feed, or until
+// the caller reuses the chunk it came from, whichever is first. Not safe for
+// concurrent use. The zero value is ready to use.
+type Splitter struct {
+	// MaxEventBytes bounds one event (bytes, default DefaultMaxEventBytes),
+	// so a pod that never ends an event cannot make the gateway buffer
+	// without bound.
+	MaxEventBytes int
+
+	chunk []byte // unread rest of the chunk last fed
+	pend  []byte // the start of an event that spans chunks
+	err   error
+}
+
+// Feed hands the splitter the next chunk of the stream, once Next has
+// returned false for the previous one. The splitter refers to chunk until
+// Next returns false, which copies any incomplete event at its end.
+func (s *Splitter) Feed(chunk []byte) {
+	if len(s.chunk) > 0 {
+		panic("BUG: openai: Splitter.Feed before Next returned false")
+	}
+	s.chunk = chunk
+}
+
+// Next returns the next whole event. It returns false when the chunks fed so
+// far hold no further whole event (the incomplete rest is kept for the next
+// Feed) or when the splitter has stopped on an error (see Err).
+func (s *Splitter) Next() (Event, bool) {
+	if s.err != nil {
+		s.chunk = nil // dropped: the stream is broken
+		return nil, false
+	}
+	if len(s.pend) > 0 {
+		n := delimEnd(s.pend, s.chunk)
+		if n < 0 {
+			s.hold(s.chunk)
+			s.chunk = nil
+			return nil, false
+		}
+		ev := append(s.pend, s.chunk[:n]...)
+		s.pend, s.chunk = ev[:0], s.chunk[n:]
+		return Event(ev), true
+	}
+	if len(s.chunk) == 0 {
+		return nil, false
+	}
+	n := delimEnd(nil, s.chunk)
+	if n < 0 {
+		s.hold(s.chunk)
+		s.chunk = nil
+		return nil, false
+	}
+	ev := s.chunk[:n]
+	s.chunk = s.chunk[n:]
+	return Event(ev), true
+}
+
+// hold appends b to the pending event, or stops the splitter when that
+// would take the event past MaxEventBytes.
+func (s *Splitter) hold(b []byte) {
+	limit := s.MaxEventBytes
+	if limit <= 0 {
+		limit = DefaultMaxEventBytes
+	}
+	if len(s.pend)+len(b) > limit {
+		s.err = ErrEventTooLarge
+		s.pend = s.pend[:0]
+		return
+	}
+	s.pend = append(s.pend, b...)
+}
+
+// Err returns ErrEventTooLarge once the splitter has stopped, else nil.
+func (s *Splitter) Err() error { return s.err }
+
+// Pending returns the bytes of an event begun and not yet ended: when the
+// stream ends, a non-empty Pending means it was cut midway through an event.
+func (s *Splitter) Pending() []byte { return s.pend }
+
+// Reset empties s for another stream and keeps its buffer.
+func (s *Splitter) Reset() {
+	*s = Splitter{MaxEventBytes: s.MaxEventBytes, pend: s.pend[:0]}
+}
+
+// EventLen returns the length of the first whole event in b, delimiter
+// included, or -1 if b holds none: the stateless form of Splitter, for a
+// caller that keeps a stream's unread bytes in one buffer of its own.
+func EventLen(b []byte) int { return delimEnd(nil, b) }
+
+// delimEnd returns the offset in b just past the first blank line of the
+// stream ...prev + b, where prev (the pending start of the event) holds no
+// blank line itself, or -1 if there is none yet. A blank line that began in
+// prev can only show as prev ending in "\n" or "\n\r".
+func delimEnd(prev, b []byte) int {
+	if n := len(prev); n > 0 && len(b) > 0 {
+		switch {
+		case prev[n-1] == '\n' && b[0] == '\n':
+			return 1
+		case prev[n-1] == '\n' && b[0] == '\r' && len(b) > 1 && b[1] == '\n':
+			return 2
+		case prev[n-1] == '\r' && n > 1 && prev[n-2] == '\n' && b[0] == '\n':
+			return 1
+		}
+	}
+	for i := 0; ; {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		i += j + 1 // just past a line end
+		if i < len(b) && b[i] == '\n' {
+			return i + 1
+		}
+		if i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n' {
+			return i + 2
+		}
+	}
+}
+
+// Event is one SSE event as sent, its delimiter included.
+type Event []byte
+
+// Data returns the value of the event's first data field: what follows
+// "data:" and one optional space, to the end of that line; nil if the event
+// has no data field (a comment or keep-alive). OpenAI-compatible engines
+// send one data line per event; the spec joins several with "\n", which
+// would need a copy, so only the first is returned.
+func (e Event) Data() []byte {
+	for rest := []byte(e); len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		line = bytes.TrimSuffix(line, cr)
+		if v, ok := bytes.CutPrefix(line, dataField); ok {
+			if len(v) == 0 {
+				return line[len(line):] // "data" with no colon: empty, not nil
+			}
+			if v[0] == ':' {
+				v = v[1:]
+				if len(v) > 0 && v[0] == ' ' {
+					v = v[1:]
+				}
+				return v
+			}
+		}
+	}
+	return nil
+}
+
+var (
+	cr        = []byte("\r")
+	dataField = []byte("data")
+	doneData  = []byte("[DONE]")
+	errorKey  = []byte(`"error"`)
+)
+
+// Done says the event is the stream's end marker, "data: [DONE]".
+func (e Event) Done() bool { return bytes.Equal(e.Data(), doneData) }
+
+// IsError says the event's data is a JSON object whose first key is "error":
+// what vLLM and SGLang send when generation fails midway (and what
+// AppendErrorEvent writes).
+func (e Event) IsError() bool {
+	d := bytes.TrimLeft(e.Data(), " \t")
+	if len(d) == 0 || d[0] != '{' {
+		return false
+	}
+	return bytes.HasPrefix(bytes.TrimLeft(d[1:], " \t\r\n"), errorKey)
+}
+
+// AppendErrorEvent appends the event a broken stream ends with: e in
+// OpenAI's shape as one data event, `data: {"error":{...}}` and a blank
+// line. OpenAI's Python and Node clients raise an API error with e's
+// message on such an event, whatever follows it.
+//
+// No "data: [DONE]" follows. vLLM sends one after its error event, but a
+// client that does not look for "error" (many hand-written ones) then takes
+// the cut stream for a whole one; without [DONE] the connection closing
+// early tells it the stream is incomplete.
+func AppendErrorEvent(dst []byte, e *Error) []byte {
+	dst = append(dst, "data: "...)
+	dst = e.AppendJSON(dst)
+	return append(dst, "\n\n"...)
+}
+
+// TokenCounter counts a stream's completion tokens from its events, for
+// the decode ledger and TPOT metrics, scanning each event's bytes in place
+// (no JSON decoding, no allocation).
+//
+// Exact when the stream carries usage (stream_options.include_usage, or
+// vLLM's continuous usage stats): the last "completion_tokens" seen.
+// Otherwise an estimate: one token per event that carries generated output
+// (a non-empty "content", "reasoning_content", "reasoning" or "text" string,
+// or non-empty "tool_calls"), which is exact for engines that stream one
+// token per chunk, as vLLM and SGLang do by default, and low when they batch
+// tokens (stream intervals, speculative decoding). Events that only open the
+// assistant turn (empty content), carry a finish_reason, [DONE] or an error
+// count nothing. The zero value is ready to use.
+type TokenCounter struct {
+	deltas int
+	usage  int
+	exact  bool
+}
+
+// Observe counts ev.
+func (c *TokenCounter) Observe(ev Event) {
+	d := ev.Data()
+	output := false
+	// Every key ends in `":`, and inside a string a quote is escaped, so an
+	// unescaped quote followed by ':' always ends a key.
+	for i := 0; ; {
+		j := bytes.Index(d[i:], keyEnd)
+		if j < 0 {
+			break
+		}
+		q := i + j // the key's closing quote
+		i = q + len(keyEnd)
+		if escaped(d, q) {
+			continue
+		}
+		v := bytes.TrimLeft(d[i:], " \t")
+		switch {
+		case keyIs(d, q, "content"), keyIs(d, q, "text"), keyIs(d, q, "reasoning_content"), keyIs(d, q, "reasoning"):
+			output = output || len(v) > 1 && v[0] == '"' && v[1] != '"'
+		case keyIs(d, q, "tool_calls"):
+			if len(v) > 0 && v[0] == '[' {
+				inner := bytes.TrimLeft(v[1:], " \t")
+				output = output || len(inner) > 0 && inner[0] != ']'
+			}
+		case keyIs(d, q, "completion_tokens"):
+			n, k := 0, 0
+			for k < len(v) && k < 10 && v[k] >= '0' && v[k] <= '9' {
+				n = n*10 + int(v[k]-'0')
+				k++
+			}
+			if k > 0 {
+				c.usage, c.exact = n, true
+			}
+		}
+	}
+	if output {
+		c.deltas++
+	}
+}
+
+var keyEnd = []byte(`":`)
+
+// escaped says the byte at q is preceded by an odd run of backslashes.
+func escaped(d []byte, q int) bool {
+	n := 0
+	for k := q - 1; k >= 0 && d[k] == '\\'; k-- {
+		n++
+	}
+	return n%2 == 1
+}
+
+// keyIs says the key whose closing quote is at q is name.
+func keyIs(d []byte, q int, name string) bool {
+	start := q - len(name)
+	return start >= 1 && d[start-1] == '"' && string(d[start:q]) == name
+}
+
+// Tokens returns the completion tokens seen so far: the usage figure if the
+// stream sent one, else the count of output events.
+func (c *TokenCounter) Tokens() int {
+	if c.exact {
+		return c.usage
+	}
+	return c.deltas
+}
+
+// Exact says Tokens comes from the engine's usage figure.
+func (c *TokenCounter) Exact() bool { return c.exact }
+
+// Reset empties c for another stream.
+func (c *TokenCounter) Reset() { *c = TokenCounter{} }

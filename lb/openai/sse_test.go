@@ -1,0 +1,271 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// split feeds chunks to a fresh Splitter and returns the events (copied)
+// and what is left pending.
+func split(chunks []string) (events []string, pending string) {
+	var s Splitter
+	for _, c := range chunks {
+		s.Feed([]byte(c))
+		for ev, ok := s.Next(); ok; ev, ok = s.Next() {
+			events = append(events, string(ev))
+		}
+	}
+	return events, string(s.Pending())
+}
+
+func TestSplitter(t *testing.T) {
+	f := func(chunks []string, want []string, wantPending string) {
+		t.Helper()
+		got, pending := split(chunks)
+		if strings.Join(got, "|") != strings.Join(want, "|") || pending != wantPending {
+			t.Fatalf("split(%q)\n got %q pending %q\nwant %q pending %q", chunks, got, pending, want, wantPending)
+		}
+	}
+	f([]string{"data: a\n\ndata: b\n\n"}, []string{"data: a\n\n", "data: b\n\n"}, "")
+	f([]string{"data: a\r\n\r\ndata: b\r\n\r\n"}, []string{"data: a\r\n\r\n", "data: b\r\n\r\n"}, "")
+	f([]string{"data: a\r\n\ndata: b\n\r\n"}, []string{"data: a\r\n\n", "data: b\n\r\n"}, "")
+	f([]string{"event: x\ndata: a\n\n: ping\n\n"}, []string{"event: x\ndata: a\n\n", ": ping\n\n"}, "")
+	// a lone \r is not a line end here, and one line end is not a blank line
+	f([]string{"data: a\r\rdata: b\n", "x"}, nil, "data: a\r\rdata: b\nx")
+	// an event spanning chunks, and the delimiter cut at every point
+	f([]string{"da", "ta: ", "a\n", "\ndata: b", "\n\n"}, []string{"data: a\n\n", "data: b\n\n"}, "")
+	f([]string{"data: a\r", "\n", "\r", "\ndata: b\r\n\r", "\n"}, []string{"data: a\r\n\r\n", "data: b\r\n\r\n"}, "")
+	f([]string{"data: a\n", "\r\n"}, []string{"data: a\n\r\n"}, "")
+	f([]string{"data: a\n\r", "\n"}, []string{"data: a\n\r\n"}, "")
+	f([]string{"data: a\n", "\rx\n\n"}, []string{"data: a\n\rx\n\n"}, "")
+	// a cut stream leaves its incomplete event pending
+	f([]string{"data: a\n\ndata: {\"cho"}, []string{"data: a\n\n"}, "data: {\"cho")
+	f([]string{"", "data: a\n\n", ""}, []string{"data: a\n\n"}, "")
+
+	// every way of cutting a stream in two gives the same events
+	stream := "data: {\"a\":1}\r\n\r\n: keep-alive\n\ndata: [DONE]\n\n"
+	whole, _ := split([]string{stream})
+	for i := 0; i <= len(stream); i++ {
+		f([]string{stream[:i], stream[i:]}, whole, "")
+	}
+	bytewise := make([]string, len(stream))
+	for i := range stream {
+		bytewise[i] = stream[i : i+1]
+	}
+	f(bytewise, whole, "")
+}
+
+// TestSplitterNoCopy checks that an event within one chunk is a slice of it.
+func TestSplitterNoCopy(t *testing.T) {
+	chunk := []byte("data: a\n\ndata: b\n\n")
+	var s Splitter
+	s.Feed(chunk)
+	ev, _ := s.Next()
+	ev2, _ := s.Next()
+	if &ev[0] != &chunk[0] || &ev2[0] != &chunk[9] {
+		t.Fatal("events within one chunk were copied")
+	}
+}
+
+// TestSplitterFeedEarly checks that feeding before Next has drained a chunk
+// is caught: the unread events would otherwise be lost or misframed.
+func TestSplitterFeedEarly(t *testing.T) {
+	var s Splitter
+	s.Feed([]byte("data: a\n\ndata: b\n\n"))
+	s.Next()
+	defer func() {
+		if r := recover(); r == nil {
+			t.Fatal("Feed with an undrained chunk did not panic")
+		}
+	}()
+	s.Feed([]byte("data: c\n\n"))
+}
+
+func TestSplitterLimit(t *testing.T) {
+	s := Splitter{MaxEventBytes: 16}
+	s.Feed([]byte("data: 0123456"))
+	if _, ok := s.Next(); ok || s.Err() != nil {
+		t.Fatalf("Next on 13 bytes: ok %v err %v", ok, s.Err())
+	}
+	s.Feed([]byte("7890"))
+	if _, ok := s.Next(); ok || s.Err() != ErrEventTooLarge {
+		t.Fatalf("Next past the limit: ok %v err %v, want ErrEventTooLarge", ok, s.Err())
+	}
+	s.Feed([]byte("\n\ndata: x\n\n"))
+	for range 2 {
+		if _, ok := s.Next(); ok {
+			t.Fatal("a stopped splitter returned an event")
+		}
+		s.Feed([]byte("data: y\n\n")) // feeding a stopped splitter is allowed
+	}
+	s.Reset()
+	s.Feed([]byte("data: x\n\n"))
+	if ev, ok := s.Next(); !ok || string(ev) != "data: x\n\n" || s.MaxEventBytes != 16 {
+		t.Fatalf("after Reset: %q %v limit %d", ev, ok, s.MaxEventBytes)
+	}
+	if EventLen([]byte("data: x\n\nrest")) != 9 || EventLen([]byte("data: x\n")) != -1 {
+		t.Fatal("EventLen")
+	}
+}
+
+func TestEventFields(t *testing.T) {
+	f := func(ev string, wantData string, hasData, done, isErr bool) {
+		t.Helper()
+		e := Event(ev)
+		d := e.Data()
+		if string(d) != wantData || (d != nil) != hasData || e.Done() != done || e.IsError() != isErr {
+			t.Fatalf("Event(%q): data %q (nil %v) done %v error %v", ev, d, d == nil, e.Done(), e.IsError())
+		}
+	}
+	f("data: {\"a\":1}\n\n", `{"a":1}`, true, false, false)
+	f("data:{\"a\":1}\r\n\r\n", `{"a":1}`, true, false, false)
+	f("data:  x\n\n", " x", true, false, false)
+	f("event: message\nid: 7\ndata: y\n\n", "y", true, false, false)
+	f("data\n\n", "", true, false, false)
+	f("dataset: z\n\n", "", false, false, false)
+	f(": keep-alive\n\n", "", false, false, false)
+	f("data: [DONE]\n\n", "[DONE]", true, true, false)
+	f("data: [DONE]\r\n\r\n", "[DONE]", true, true, false)
+	f("data: [DONE] \n\n", "[DONE] ", true, false, false)
+	f("data: {\"error\": {\"message\": \"boom\"}}\n\n", `{"error": {"message": "boom"}}`, true, false, true)
+	f("data: { \"error\":{}}\n\n", `{ "error":{}}`, true, false, true)
+	f("data: {\"id\":\"x\",\"error\":null}\n\n", `{"id":"x","error":null}`, true, false, false)
+}
+
+func TestAppendErrorEvent(t *testing.T) {
+	e := UpstreamError("pod \"p1\" reset the connection\n")
+	out := AppendErrorEvent([]byte("data: x\n\n"), e)
+	events, pending := split([]string{string(out)})
+	if len(events) != 2 || pending != "" {
+		t.Fatalf("AppendErrorEvent gave events %q pending %q", events, pending)
+	}
+	ev := Event(events[1])
+	if !ev.IsError() || ev.Done() {
+		t.Fatalf("error event %q: IsError %v Done %v", ev, ev.IsError(), ev.Done())
+	}
+	var got struct {
+		Error struct{ Message, Type string }
+	}
+	if err := json.Unmarshal(ev.Data(), &got); err != nil || got.Error.Message != e.Message || got.Error.Type != TypeServer {
+		t.Fatalf("error event data %s: %+v %v", ev.Data(), got, err)
+	}
+}
+
+// A vLLM chat stream with include_usage, as it appears on the wire.
+var chatStream = []string{
+	`data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n",
+	`data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}]}` + "\n\n",
+	`data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" \"content\":\"x\""},"logprobs":null,"finish_reason":null}]}` + "\n\n",
+	`data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}` + "\n\n",
+	`data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":12,"total_tokens":17,"completion_tokens":5,"completion_tokens_details":null}}` + "\n\n",
+	"data: [DONE]\n\n",
+}
+
+func TestTokenCounter(t *testing.T) {
+	f := func(events []string, want int, exact bool) {
+		t.Helper()
+		var c TokenCounter
+		for _, ev := range events {
+			c.Observe(Event(ev))
+		}
+		if c.Tokens() != want || c.Exact() != exact {
+			t.Fatalf("TokenCounter over %q: %d exact %v, want %d exact %v", events, c.Tokens(), c.Exact(), want, exact)
+		}
+		c.Reset()
+		if c.Tokens() != 0 || c.Exact() {
+			t.Fatal("Reset left counts")
+		}
+	}
+	n := len(chatStream)
+	f(chatStream, 5, true)                                                        // usage wins
+	f(append(append([]string{}, chatStream[:n-2]...), chatStream[n-1]), 3, false) // no usage: 3 output events
+	f([]string{
+		`data: {"choices":[{"index":0,"text":"Once","logprobs":null,"finish_reason":null}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"reasoning": "so"}}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\""}}]}}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"tool_calls":[ ]}}]}` + "\n\n",
+		`data: {"error": {"message": "boom", "type": "server_error", "code": 500}}` + "\n\n",
+		": keep-alive\n\n",
+		"data: [DONE]\n\n",
+	}, 4, false)
+	// vLLM's continuous usage stats: usage in every chunk, the last one counts
+	f([]string{
+		`data: {"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}` + "\n\n",
+		`data: {"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}` + "\n\n",
+	}, 2, true)
+	// an escaped quote before a key-like text is not a key
+	f([]string{`data: {"choices":[{"delta":{"content":"\\\"text\":\"x"}}]}` + "\n\n"}, 1, false)
+}
+
+// TestSplitAllocs checks that splitting and counting allocate nothing per
+// event once the splitter's buffer has grown.
+func TestSplitAllocs(t *testing.T) {
+	stream := []byte(strings.Join(chatStream, ""))
+	var s Splitter
+	var c TokenCounter
+	run := func() {
+		s.Reset()
+		c.Reset()
+		// 61-byte reads: most events span chunks, some lie within one
+		for off := 0; off < len(stream); off += 61 {
+			s.Feed(stream[off:min(off+61, len(stream))])
+			for ev, ok := s.Next(); ok; ev, ok = s.Next() {
+				c.Observe(ev)
+			}
+		}
+	}
+	run()
+	if c.Tokens() != 5 {
+		t.Fatalf("counted %d tokens, want 5", c.Tokens())
+	}
+	if n := testing.AllocsPerRun(100, run); n != 0 {
+		t.Fatalf("splitting a stream allocates %.1f times, want 0", n)
+	}
+}
+
+// FuzzSSE feeds a stream cut at fuzzer-chosen points and checks that the
+// events, concatenated with what is pending, are the stream; that the cuts
+// do not change the events; and that each event ends at its first blank
+// line.
+func FuzzSSE(f *testing.F) {
+	f.Add([]byte(strings.Join(chatStream, "")), []byte{3, 50, 7})
+	f.Add([]byte("data: a\r\n\r\ndata: b\n\r\n: c\n\ndata"), []byte{8, 1, 1, 1})
+	f.Add([]byte("data: {\"error\":{\"message\":\"x\"}}\n\n"), []byte{0})
+	f.Fuzz(func(t *testing.T, stream, cuts []byte) {
+		var chunks []string
+		rest := string(stream)
+		for _, c := range cuts {
+			n := min(int(c), len(rest))
+			chunks = append(chunks, rest[:n])
+			rest = rest[n:]
+		}
+		chunks = append(chunks, rest)
+		events, pending := split(chunks)
+		whole, wholePending := split([]string{string(stream)})
+		if got := strings.Join(events, "") + pending; got != string(stream) {
+			t.Fatalf("events + pending = %q, stream %q", got, stream)
+		}
+		if strings.Join(events, "|") != strings.Join(whole, "|") || pending != wholePending {
+			t.Fatalf("cuts changed the events: %q vs %q", events, whole)
+		}
+		var c TokenCounter
+		for _, ev := range events {
+			if EventLen([]byte(ev)) != len(ev) {
+				t.Fatalf("event %q does not end at its first blank line", ev)
+			}
+			c.Observe(Event(ev))
+			Event(ev).Done()
+			Event(ev).IsError()
+		}
+		if EventLen([]byte(pending)) != -1 || bytes.Contains([]byte(pending), []byte("\n\n")) {
+			t.Fatalf("pending %q holds a whole event", pending)
+		}
+		if c.Tokens() < 0 {
+			t.Fatalf("negative token count %d", c.Tokens())
+		}
+	})
+}
