@@ -173,9 +173,11 @@ const (
 // Unknown fields are skipped; a repeated key counts once, its last value
 // winning, as in Python's json module that engines parse with.
 //
-// sonic.Valid accepts raw control bytes (below 0x20) inside strings, which
-// strict JSON forbids. Parse lets them through too: the engine rejects such
-// a body itself, and checking every string byte here would cost a pass.
+// sonic.Valid checks the body's structure and numbers but not its strings:
+// the scan checks every escape it steps over (sonic accepts "\0"), and lets
+// raw control bytes (below 0x20) inside strings through, which strict JSON
+// forbids: the engine rejects such a body itself, and checking every string
+// byte here would cost another pass.
 func (r *Request) Parse(kind Kind, body []byte) error {
 	r.Reset()
 	r.Kind = kind
