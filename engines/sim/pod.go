@@ -113,6 +113,9 @@ func (p *Pod) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), shutdownWait)
 		defer cancel()
 		p.closeErr = p.srv.ShutdownWithContext(ctx)
+		// Shutdown closes only listeners Serve has registered; one closed
+		// right after Start may run before Serve does, so close ours too.
+		_ = p.ln.Close()
 		<-p.served
 	})
 	return p.closeErr

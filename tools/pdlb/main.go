@@ -20,7 +20,12 @@ type command struct {
 }
 
 // commands is the table of subcommands, in the order --help lists them.
-var commands = []command{}
+var commands = []command{
+	{"serve", "run the gateway in front of a fleet", cmdServe},
+	{"demo", "run the gateway on an embedded simulated fleet", cmdDemo},
+	{"sim", "simulate routing and admission on a virtual fleet (seed 000 chat or a trace)", cmdSim},
+	{"plan", "print the xPyD each phase of load needs and the load under a static ratio (seed 000)", cmdPlan},
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))

@@ -1,0 +1,74 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// Admin returns the admin listener's handler: /metrics, /debug/pprof/* and
+// /admin/pods. It runs on net/http: nothing here is on the request path,
+// and pprof plugs in as is.
+func (g *Gateway) Admin() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		g.metrics.set.WritePrometheus(w)
+		metrics.WriteProcessMetrics(w)
+	})
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET /admin/pods", g.servePods)
+	return mux
+}
+
+// podView is one pod in GET /admin/pods.
+type podView struct {
+	Name      string      `json:"name"`
+	Model     string      `json:"model"`
+	Address   string      `json:"address"`
+	Engine    string      `json:"engine"`
+	Role      string      `json:"role"`
+	Roleset   string      `json:"roleset,omitempty"`
+	Weight    float64     `json:"weight"`
+	Healthy   bool        `json:"healthy"`
+	Ejected   bool        `json:"ejected"`
+	Ejections int64       `json:"ejections"`
+	InFlight  int64       `json:"in_flight"`
+	Metrics   *scrapeView `json:"metrics"`
+}
+
+type scrapeView struct {
+	Running      float64   `json:"running"`
+	Waiting      float64   `json:"waiting"`
+	KVUsage      float64   `json:"kv_usage"`
+	TokensPerSec float64   `json:"tokens_per_sec"`
+	ScrapedAt    time.Time `json:"scraped_at"`
+}
+
+func (g *Gateway) servePods(w http.ResponseWriter, _ *http.Request) {
+	now := time.Now().UnixNano()
+	pods := g.pool.Load().Pods
+	out := make([]podView, 0, len(pods))
+	for _, p := range pods {
+		v := podView{
+			Name: p.Config.Name, Model: p.Config.Model, Address: p.Config.Address,
+			Engine: string(p.Engine), Role: p.Config.Role, Roleset: p.Config.Roleset, Weight: p.Config.Weight,
+			Healthy: p.Healthy(), Ejected: p.Ejected(now), Ejections: p.Ejections(), InFlight: p.InFlight(),
+		}
+		if s := p.Scraped(); s != nil {
+			v.Metrics = &scrapeView{Running: s.Running, Waiting: s.Waiting, KVUsage: s.KVUsage, TokensPerSec: s.TokensPerSec, ScrapedAt: s.At}
+		}
+		out = append(out, v)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(map[string]any{"pods": out})
+}

@@ -1,0 +1,317 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+)
+
+// Headers the gateway sets itself.
+const (
+	headerPod       = "x-pdlb-pod"
+	headerRequestID = "X-Request-Id"
+)
+
+// hopByHop are the headers that describe one connection, not the message
+// (RFC 9110 section 7.6.1), and are never forwarded in either direction.
+var hopByHop = [][]byte{
+	[]byte("Connection"), []byte("Keep-Alive"), []byte("Proxy-Connection"),
+	[]byte("Proxy-Authenticate"), []byte("Proxy-Authorization"), []byte("Te"),
+	[]byte("Trailer"), []byte("Transfer-Encoding"), []byte("Upgrade"),
+	[]byte("Host"), []byte("Content-Length"),
+}
+
+func isHopByHop(k []byte) bool {
+	for _, h := range hopByHop {
+		if bytes.EqualFold(k, h) {
+			return true
+		}
+	}
+	return false
+}
+
+var pdlbPrefix = []byte("x-pdlb-")
+
+// serveCompletion is the request path of /v1/chat/completions and
+// /v1/completions.
+func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
+	if !allow(ctx, fasthttp.MethodPost) {
+		g.metrics.countRequest(nil, fasthttp.StatusMethodNotAllowed)
+		return
+	}
+	x := acquireExchange()
+	if err := x.req.Parse(kind, ctx.PostBody()); err != nil {
+		g.fail(ctx, x, nil, err)
+		return
+	}
+	m := g.pool.Load().Model(x.req.Model)
+	if m == nil {
+		g.fail(ctx, x, nil, openai.ModelNotFound(x.req.Model))
+		return
+	}
+	if n := g.inFlight.Add(1); g.cfg.MaxInFlight > 0 && n > int64(g.cfg.MaxInFlight) {
+		g.inFlight.Add(-1)
+		ctx.Response.Header.Set("Retry-After", "1")
+		g.fail(ctx, x, m, openai.Overloaded("the gateway has "+strconv.Itoa(g.cfg.MaxInFlight)+" requests in flight, its max_in_flight"))
+		return
+	}
+
+	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	g.buildUpstream(ctx, up)
+	pod, err := g.send(m, x, up, resp)
+	fasthttp.ReleaseRequest(up)
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		g.inFlight.Add(-1)
+		g.fail(ctx, x, m, err)
+		return
+	}
+
+	// Headers are in: from here on the pod owes the client this response.
+	status := resp.StatusCode()
+	if status >= 500 {
+		g.podFailed(pod)
+	} else {
+		pod.ReportSuccess()
+	}
+	ctx.SetStatusCode(status)
+	resp.Header.VisitAll(func(k, v []byte) {
+		if !isHopByHop(k) {
+			ctx.Response.Header.AddBytesKV(k, v)
+		}
+	})
+	ctx.Response.Header.Set(headerPod, pod.Config.Name)
+	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+
+	if x.req.Stream && status == fasthttp.StatusOK {
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			code := g.relay(w, resp, x, m)
+			g.finish(x, m, pod, resp, code)
+		})
+		return
+	}
+	// A whole response: read it all before answering, so a pod that breaks
+	// midway still gets the client a clean 502 instead of a truncated body.
+	if _, err := io.Copy(ctx.Response.BodyWriter(), resp.BodyStream()); err != nil {
+		closeStream(resp, err)
+		ctx.Response.ResetBody()
+		g.podFailed(pod)
+		e := g.upstreamError(err)
+		writeError(ctx, e)
+		status = e.Status
+	}
+	g.finish(x, m, pod, resp, status)
+}
+
+// send forwards up to a pod of m and returns once the response headers
+// arrived. A pod that refused the connection received nothing, so the
+// request moves to another pod, at most Retries times; any other failure is
+// final, since the pod may have started work.
+func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response) (*pool.Pod, error) {
+	var last error
+	for attempt := 0; attempt <= g.cfg.Upstream.Retries; attempt++ {
+		pod := g.pick(m, x)
+		if pod == nil {
+			break
+		}
+		x.tried = append(x.tried, pod.ID)
+		up.SetHost(pod.Config.Address)
+		pod.Acquire()
+		err := pod.Client.DoTimeout(up, resp, g.cfg.Upstream.ResponseTimeout)
+		if err == nil {
+			return pod, nil
+		}
+		pod.Release()
+		g.podFailed(pod)
+		last = err
+		if !isDialError(err) {
+			break
+		}
+		g.log.Warn("pod refused a request; trying another", "pod", pod.Config.Name, "err", err)
+	}
+	if last == nil {
+		return nil, openai.NoHealthyPod(x.req.Model)
+	}
+	return nil, g.upstreamError(last)
+}
+
+// buildUpstream copies the client's request into up: the body byte for
+// byte, the headers less hop-by-hop ones and any x-pdlb-* a client made up,
+// and an X-Request-Id, generated when the client sent none.
+func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
+	up.Header.DisableNormalizing()
+	up.Header.SetMethod(fasthttp.MethodPost)
+	up.SetRequestURIBytes(ctx.Path())
+	ctx.Request.Header.VisitAll(func(k, v []byte) {
+		if isHopByHop(k) || (len(k) >= len(pdlbPrefix) && bytes.EqualFold(k[:len(pdlbPrefix)], pdlbPrefix)) {
+			return
+		}
+		up.Header.AddBytesKV(k, v)
+	})
+	if len(ctx.Request.Header.Peek(headerRequestID)) == 0 {
+		var id [32]byte
+		ctx.Request.Header.SetBytesV(headerRequestID, appendRequestID(id[:0], ctx.ID(), ctx.ConnTime()))
+		up.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+	}
+	// The body is the client's own buffer, valid until the handler returns;
+	// the upstream request is written before that.
+	up.SetBodyRaw(ctx.PostBody())
+}
+
+// appendRequestID renders a request id unique per process run: the
+// connection's start time and the request's sequence number on it.
+func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
+	dst = strconv.AppendInt(dst, connTime.UnixNano(), 36)
+	dst = append(dst, '-')
+	return strconv.AppendUint(dst, seq, 36)
+}
+
+// relay copies the SSE stream of resp to the client event by event as it
+// arrives and returns the status to count: 200, 499 when the client went
+// away, or the error status of a stream that broke (the client still saw
+// 200, then an error event).
+//
+// Only whole events are written, so a stream that breaks midway never leaves
+// half an event in front of the error event. Reads land in the exchange's
+// pooled buffer and go out from it unchanged; nothing is decoded, and token
+// counting scans the bytes in place.
+func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m *pool.Model) int {
+	conn := connOf(resp)
+	stream := resp.BodyStream()
+	mm := &g.metrics.models[m.Index]
+	idle := g.cfg.Upstream.StreamIdleTimeout
+	var first, last time.Time
+	for {
+		if conn != nil {
+			_ = conn.SetReadDeadline(time.Now().Add(idle))
+		}
+		n, err := stream.Read(x.buf)
+		if n > 0 {
+			x.events.Feed(x.buf[:n])
+			wrote := false
+			for {
+				ev, ok := x.events.Next()
+				if !ok {
+					break
+				}
+				before := x.tokens.Tokens()
+				x.tokens.Observe(ev)
+				if x.tokens.Tokens() > before {
+					last = time.Now()
+					if first.IsZero() {
+						first = last
+						mm.ttft.Update(first.Sub(x.start).Seconds())
+					}
+				}
+				if _, werr := w.Write(ev); werr != nil {
+					closeStream(resp, werr)
+					return statusClientClosed
+				}
+				wrote = true
+			}
+			if wrote {
+				if werr := w.Flush(); werr != nil {
+					closeStream(resp, werr)
+					return statusClientClosed
+				}
+			}
+			if err == nil {
+				err = x.events.Err()
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			closeStream(resp, err)
+			e := g.upstreamError(err)
+			_, _ = w.Write(openai.AppendErrorEvent(x.buf[:0], e))
+			_ = w.Flush()
+			return e.Status
+		}
+	}
+	if n := x.tokens.Tokens(); n > 1 {
+		mm.tpot.Update(last.Sub(first).Seconds() / float64(n-1))
+	}
+	return fasthttp.StatusOK
+}
+
+// statusClientClosed is counted for a client that went away mid-stream
+// (nginx's 499).
+const statusClientClosed = 499
+
+// finish ends a request that reached a pod.
+func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
+	_ = resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(resp)
+	pod.Release()
+	g.inFlight.Add(-1)
+	g.metrics.models[m.Index].e2e.Update(time.Since(x.start).Seconds())
+	g.metrics.countRequest(m, status)
+	releaseExchange(x)
+}
+
+// fail answers a request that never reached a pod.
+func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err error) {
+	e := asError(err)
+	writeError(ctx, e)
+	g.metrics.countRequest(m, e.Status)
+	releaseExchange(x)
+}
+
+func (g *Gateway) podFailed(p *pool.Pod) {
+	g.metrics.pods[p.ID].upstreamErrors.Inc()
+	if p.ReportFailure(time.Now().UnixNano(), g.cfg.Health.EjectAfterFailures, g.cfg.Health.EjectionTime) {
+		g.log.Warn("pod ejected after consecutive failures", "pod", p.Config.Name, "for", g.cfg.Health.EjectionTime)
+	}
+}
+
+// closeStream abandons a response body: the connection is closed rather
+// than reused, which also tells the pod to stop generating.
+func closeStream(resp *fasthttp.Response, err error) {
+	if s, ok := resp.BodyStream().(fasthttp.ReadCloserWithError); ok {
+		_ = s.CloseWithError(err)
+	}
+}
+
+// isDialError reports whether err happened while connecting, so the pod
+// received nothing and another pod may take the request.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &op) && op.Op == "dial")
+}
+
+// upstreamError maps a failed exchange with a pod to the client's error.
+func (g *Gateway) upstreamError(err error) *openai.Error {
+	var ne net.Error
+	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
+		return openai.UpstreamTimeout(g.cfg.Upstream.ResponseTimeout)
+	}
+	return openai.UpstreamError(err.Error())
+}
+
+// asError maps any error of the request path to the OpenAI error returned.
+func asError(err error) *openai.Error {
+	var e *openai.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return openai.UpstreamError(err.Error())
+}
+
+func writeError(ctx *fasthttp.RequestCtx, e *openai.Error) {
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(e.AppendJSON(nil))
+}
+
+func appendJSONString(dst []byte, s string) []byte { return strconv.AppendQuote(dst, s) }

@@ -1,0 +1,97 @@
+// Package lb assembles the gateway: the front end, the admin listener and
+// the request path, started and stopped as one Server.
+package lb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/config"
+	"pdlb/lb/frontend"
+	"pdlb/lb/gateway"
+)
+
+// Server is a running gateway.
+type Server struct {
+	Gateway *gateway.Gateway
+	front   *fasthttp.Server
+	admin   *http.Server
+	ln      net.Listener
+	adminLn net.Listener
+	done    chan error
+}
+
+// Start validates cfg, binds its listeners and serves until Shutdown.
+func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	var adminLn net.Listener
+	if cfg.Admin != "" {
+		if adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("admin: %w", err)
+		}
+	}
+	g, err := gateway.New(cfg, log)
+	if err != nil {
+		ln.Close()
+		if adminLn != nil {
+			adminLn.Close()
+		}
+		return nil, err
+	}
+	s := &Server{
+		Gateway: g,
+		front:   frontend.FastHTTP(frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler}, frontend.Options{MaxBodyBytes: cfg.MaxBodyBytes}),
+		ln:      ln,
+		adminLn: adminLn,
+		done:    make(chan error, 2),
+	}
+	go func() { s.done <- s.front.Serve(ln) }()
+	if adminLn != nil {
+		s.admin = &http.Server{Handler: g.Admin(), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := s.admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+				s.done <- err
+			}
+		}()
+	}
+	return s, nil
+}
+
+// Addr is the address the API listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// AdminAddr is the admin listener's address, empty when it is off.
+func (s *Server) AdminAddr() string {
+	if s.adminLn == nil {
+		return ""
+	}
+	return s.adminLn.Addr().String()
+}
+
+// Done reports a listener that stopped on its own with an error.
+func (s *Server) Done() <-chan error { return s.done }
+
+// Shutdown stops accepting connections, lets requests in flight (streams
+// included) finish until ctx ends, then closes what is left.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.front.ShutdownWithContext(ctx)
+	if s.admin != nil {
+		_ = s.admin.Shutdown(ctx)
+	}
+	s.Gateway.Close()
+	return err
+}

@@ -1,0 +1,487 @@
+package lb_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"pdlb/engines/sim"
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// fasthttp keeps a few package-level background goroutines (the server
+// date ticker, client and dialer cleaners) that outlive any one server.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+	)
+}
+
+// testFleet starts n simulated vLLM pods of model m.
+func testFleet(t *testing.T, model string, n int, speedup float64) []*sim.Pod {
+	t.Helper()
+	var pods []*sim.Pod
+	for i := 0; i < n; i++ {
+		p, err := sim.Start(sim.Config{Name: fmt.Sprintf("%s-%d", model, i), Model: model, Listen: "127.0.0.1:0", Speedup: speedup, DefaultMaxTokens: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		pods = append(pods, p)
+	}
+	return pods
+}
+
+// testGateway starts a gateway on loopback over pods; edit adjusts the
+// config first.
+func testGateway(t *testing.T, pods []config.Pod, edit func(*config.Config)) *lb.Server {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Health.Interval = 50 * time.Millisecond
+	cfg.Health.MetricsInterval = 100 * time.Millisecond
+	cfg.Pods = pods
+	if edit != nil {
+		edit(&cfg)
+	}
+	s, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	})
+	return s
+}
+
+func podsOf(model string, sims ...*sim.Pod) []config.Pod {
+	var out []config.Pod
+	for _, p := range sims {
+		out = append(out, config.Pod{Name: p.Config().Name, Model: model, Address: p.Addr()})
+	}
+	return out
+}
+
+var client = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+func post(t *testing.T, s *lb.Server, path, body string) (*http.Response, string) {
+	t.Helper()
+	resp, err := client.Post("http://"+s.Addr()+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
+
+func TestNonStreaming(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 2, 100)...), nil)
+	f := func(path, body, object string) {
+		t.Helper()
+		resp, b := post(t, s, path, body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d: %s", path, resp.StatusCode, b)
+		}
+		var out struct {
+			Object  string
+			Choices []struct {
+				Text    string
+				Message struct{ Content string }
+			}
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		if err := json.Unmarshal([]byte(b), &out); err != nil {
+			t.Fatalf("%s: %v: %s", path, err, b)
+		}
+		if out.Object != object || len(out.Choices) != 1 || out.Usage.CompletionTokens != 8 {
+			t.Fatalf("%s: unexpected body %s", path, b)
+		}
+		if resp.Header.Get("x-pdlb-pod") == "" || resp.Header.Get("X-Request-Id") == "" {
+			t.Fatalf("%s: missing x-pdlb-pod or X-Request-Id: %v", path, resp.Header)
+		}
+	}
+	f("/v1/chat/completions", chatBody, "chat.completion")
+	f("/v1/completions", `{"model":"m","prompt":"Once upon a time","max_tokens":8}`, "text_completion")
+
+	// A client's request id is passed through.
+	req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("X-Request-Id", "abc-123")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("X-Request-Id") != "abc-123" {
+		t.Fatalf("request id not propagated: %q", resp.Header.Get("X-Request-Id"))
+	}
+}
+
+// readEvents reads an SSE stream, calling each for every data payload with
+// the time it arrived.
+func readEvents(t *testing.T, r io.Reader, each func(data string, at time.Time)) {
+	t.Helper()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, "data: ") {
+			each(strings.TrimPrefix(line, "data: "), time.Now())
+		}
+	}
+}
+
+func TestStreamingIsIncremental(t *testing.T) {
+	// At speedup 1 a decode step takes about 10 ms, so 40 tokens take about
+	// 400 ms: the first token must reach the client long before the last
+	// one is produced.
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1)...), nil)
+	start := time.Now()
+	resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"count"}],"max_tokens":40,"stream":true,"stream_options":{"include_usage":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	var first, last time.Time
+	var content strings.Builder
+	done, usage := false, false
+	readEvents(t, resp.Body, func(data string, at time.Time) {
+		if data == "[DONE]" {
+			done = true
+			return
+		}
+		var chunk struct {
+			Object  string
+			Choices []struct{ Delta struct{ Content string } }
+			Usage   *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			t.Fatalf("bad chunk %q: %v", data, err)
+		}
+		if chunk.Usage != nil && chunk.Usage.CompletionTokens == 40 {
+			usage = true
+		}
+		for _, c := range chunk.Choices {
+			if c.Delta.Content != "" {
+				if first.IsZero() {
+					first = at
+				}
+				last = at
+				content.WriteString(c.Delta.Content)
+			}
+		}
+	})
+	if !done || !usage || content.Len() == 0 {
+		t.Fatalf("stream incomplete: done=%v usage=%v content=%q", done, usage, content.String())
+	}
+	if a, b := first.Sub(start), last.Sub(start); a > b/2 {
+		t.Fatalf("first token after %v, last after %v: the stream was not relayed incrementally", a, b)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) { c.MaxBodyBytes = 4096 })
+	f := func(method, path, body string, status int, inMessage string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+s.Addr()+path, strings.NewReader(body))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var e struct {
+			Error struct {
+				Message, Type string
+				Param, Code   *string
+			}
+		}
+		if resp.StatusCode != status || json.Unmarshal(b, &e) != nil || e.Error.Type == "" || !strings.Contains(e.Error.Message, inMessage) {
+			t.Fatalf("%s %s: got %d %s, want %d with %q", method, path, resp.StatusCode, b, status, inMessage)
+		}
+	}
+	f("POST", "/v1/chat/completions", `{"model":"m","messages":[`, 400, "JSON")
+	f("POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, 400, `"model"`)
+	f("POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":"yes"}`, 400, `"stream"`)
+	f("POST", "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":-1}`, 400, `"max_tokens"`)
+	f("POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, "nope")
+	f("POST", "/v1/embeddings", `{}`, 404, "/v1/embeddings")
+	f("GET", "/v1/chat/completions", ``, 405, "GET")
+	f("POST", "/v1/chat/completions", `{"model":"m","prompt":"`+strings.Repeat("x", 5000)+`"}`, 413, "4096")
+}
+
+// fakePod is a raw upstream for faults a real engine does not make on
+// demand: it answers /health with 200 and every other request with serve.
+func fakePod(t *testing.T, serve func(c net.Conn, r *http.Request)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, r.Body)
+					if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+						continue
+					}
+					serve(c, r)
+					return
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestUpstreamFaults(t *testing.T) {
+	closedPort := func() string {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		addr := ln.Addr().String()
+		ln.Close()
+		return addr
+	}
+	hang := make(chan struct{})
+	broken := fakePod(t, func(c net.Conn, _ *http.Request) {})
+	hung := fakePod(t, func(c net.Conn, _ *http.Request) { <-hang })
+	midStream := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for _, ev := range []string{`data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n", `data: {"choices":[{"delta":{"content":"b"}}]}` + "\n\n", `data: {"choi`} {
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+		}
+	})
+	idle := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		ev := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+		fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+		<-hang
+	})
+	// Cleanups run last first: release the hung pods before fakePod's
+	// cleanups wait for their connections.
+	t.Cleanup(func() { close(hang) })
+	pod := func(model, addr string) config.Pod { return config.Pod{Model: model, Address: addr} }
+	s := testGateway(t, []config.Pod{
+		pod("refused", closedPort()), pod("refused", closedPort()),
+		pod("broken", broken), pod("hung", hung), pod("mid", midStream), pod("idle", idle),
+	}, func(c *config.Config) {
+		c.Upstream.ResponseTimeout = 300 * time.Millisecond
+		c.Upstream.StreamIdleTimeout = 300 * time.Millisecond
+		c.Health.Interval = time.Hour // keep the refusing pods "healthy" so requests reach them
+	})
+	body := func(model string, stream bool) string {
+		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"stream":%v}`, model, stream)
+	}
+	f := func(model string, stream bool, status int, inBody string) {
+		t.Helper()
+		resp, b := post(t, s, "/v1/chat/completions", body(model, stream))
+		if resp.StatusCode != status || !strings.Contains(b, inBody) {
+			t.Fatalf("%s: got %d %q, want %d with %q", model, resp.StatusCode, b, status, inBody)
+		}
+	}
+	f("refused", false, 502, "connection refused")
+	f("broken", false, 502, `"type":"server_error"`)
+	f("hung", false, 504, "did not answer")
+	// A stream that breaks after its first byte: the whole events, then an
+	// error event; never the half event.
+	f("mid", true, 200, `data: {"choices":[{"delta":{"content":"b"}}]}`+"\n\n"+`data: {"error"`)
+	resp, b := post(t, s, "/v1/chat/completions", body("mid", true))
+	if strings.Contains(b, `{"choi`+"\n") || !strings.HasSuffix(b, "\n\n") || resp.StatusCode != 200 {
+		t.Fatalf("broken stream relayed badly: %q", b)
+	}
+	f("idle", true, 200, `data: {"error"`)
+}
+
+func TestRefusingPodIsSkippedAndEjected(t *testing.T) {
+	sims := testFleet(t, "m", 3, 100)
+	s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+		c.Health.Interval = time.Hour // only passive ejection and retries act here
+		c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+	})
+	sims[1].Close() // killed mid-test
+	served := map[string]int{}
+	for i := 0; i < 30; i++ {
+		resp, b := post(t, s, "/v1/chat/completions", chatBody)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+		served[resp.Header.Get("x-pdlb-pod")]++
+	}
+	if served["m-1"] != 0 || served["m-0"] == 0 || served["m-2"] == 0 {
+		t.Fatalf("served by %v; the killed pod m-1 must serve nothing", served)
+	}
+	var pods struct {
+		Pods []struct {
+			Name      string
+			Ejections int
+		}
+	}
+	resp, err := client.Get("http://" + s.AdminAddr() + "/admin/pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&pods); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Pods {
+		if (p.Name == "m-1") != (p.Ejections > 0) {
+			t.Fatalf("ejections %+v: only the killed pod must be ejected", pods.Pods)
+		}
+	}
+}
+
+func TestUnhealthyPodsGive503(t *testing.T) {
+	sims := testFleet(t, "m", 1, 100)
+	s := testGateway(t, podsOf("m", sims...), nil)
+	sims[0].Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, b := post(t, s, "/v1/chat/completions", chatBody)
+		if resp.StatusCode == 503 {
+			if !strings.Contains(b, "No healthy") {
+				t.Fatalf("503 body %q", b)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d after the pod died: %s", resp.StatusCode, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := client.Get("http://" + s.Addr() + "/ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Fatalf("/ready with no healthy pod: %d", resp.StatusCode)
+	}
+}
+
+func TestShedsOverMaxInFlight(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1)
+	s := testGateway(t, podsOf("m", sims...), func(c *config.Config) { c.MaxInFlight = 1 })
+	resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"long"}],"max_tokens":100,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	bufio.NewReader(resp.Body).ReadString('\n') // the stream is under way
+	shed, b := post(t, s, "/v1/chat/completions", chatBody)
+	if shed.StatusCode != 429 || shed.Header.Get("Retry-After") == "" || !strings.Contains(b, "max_in_flight") {
+		t.Fatalf("got %d %q (Retry-After %q), want 429", shed.StatusCode, b, shed.Header.Get("Retry-After"))
+	}
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1)
+	s := testGateway(t, podsOf("m", sims...), nil)
+	resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"long"}],"max_tokens":2000,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufio.NewReader(resp.Body).ReadString('\n')
+	if sims[0].Stats().Running != 1 {
+		t.Fatalf("running %d, want 1", sims[0].Stats().Running)
+	}
+	resp.Body.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for sims[0].Stats().Running != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the pod kept generating after the client left")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestMetricsAndModels(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), nil)
+	post(t, s, "/v1/chat/completions", chatBody)
+	post(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"s"}],"stream":true,"max_tokens":4}`)
+	resp, err := client.Get("http://" + s.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`pdlb_requests_total{model="m",code="200"} 2`,
+		`pdlb_requests_in_flight 0`,
+		`pdlb_time_to_first_token_seconds_bucket{model="m",le=`,
+		`pdlb_time_per_output_token_seconds_count{model="m"} 1`,
+		`pdlb_request_duration_seconds_count{model="m"} 2`,
+		`pdlb_upstream_errors_total{pod=`,
+		`pdlb_pod_healthy{pod=`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, b)
+		}
+	}
+	models, err := client.Get("http://" + s.Addr() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(models.Body)
+	models.Body.Close()
+	if !strings.Contains(string(mb), `"id":"m"`) {
+		t.Fatalf("/v1/models = %s", mb)
+	}
+}
+
+func TestStartRejectsBadConfig(t *testing.T) {
+	cfg := config.Default()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Pods = []config.Pod{{Model: "m", Address: "127.0.0.1:1", Engine: "tgi"}}
+	_, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err == nil || !strings.Contains(err.Error(), `pods[0].engine = "tgi"`) {
+		t.Fatalf("Start with a bad engine: %v", err)
+	}
+}

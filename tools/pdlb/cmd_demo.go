@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"pdlb/engines"
+	"pdlb/engines/sim"
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// demoFleet is the simulated fleet of `pdlb demo`: one model per engine so
+// a person can try each wire format through the same gateway.
+var demoFleet = []struct {
+	model  string
+	engine engines.Kind
+	pods   int
+}{
+	{"demo-vllm", engines.VLLM, 3},
+	{"demo-sglang", engines.SGLang, 2},
+	{"demo-trtllm", engines.TRTLLM, 1},
+}
+
+func cmdDemo(args []string, stdout io.Writer) error {
+	fs := newFlagSet("demo", "[--listen ADDR] [--admin ADDR] [--speedup X]",
+		`Starts simulated engine pods on loopback and the gateway in front of them,
+in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
+	var (
+		gf      gatewayFlags
+		speedup float64
+		policy  string
+	)
+	gf.register(fs)
+	fs.Float64Var(&speedup, "speedup", 1, "how much faster than real time the simulated pods run")
+	fs.StringVar(&policy, "policy", "", "routing policy of every demo model (default: the gateway's default)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var fc sim.FleetConfig
+	cfg := config.Default()
+	for _, m := range demoFleet {
+		for i := 0; i < m.pods; i++ {
+			fc.Pods = append(fc.Pods, sim.Config{
+				Name:    fmt.Sprintf("%s-%d", m.model, i),
+				Model:   m.model,
+				Engine:  m.engine,
+				Listen:  "127.0.0.1:0",
+				Speedup: speedup,
+			})
+		}
+		if policy != "" {
+			cfg.Models = append(cfg.Models, config.Model{Name: m.model, Policy: policy})
+		}
+	}
+	fleet, err := sim.StartFleet(fc)
+	if err != nil {
+		return err
+	}
+	defer fleet.Close()
+	for _, p := range fleet.Pods() {
+		pc := p.Config()
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: pc.Name, Model: pc.Model, Address: p.Addr(), Engine: string(pc.Engine)})
+	}
+	gf.apply(&cfg)
+	return serveUntilSignal(cfg, gf.shutdown, stdout, func(s *lb.Server) {
+		printDemo(stdout, s, fleet)
+	})
+}
+
+func printDemo(w io.Writer, s *lb.Server, fleet *sim.Fleet) {
+	host := s.Addr()
+	if strings.HasPrefix(host, "[::]:") {
+		host = "localhost:" + strings.TrimPrefix(host, "[::]:")
+	}
+	fmt.Fprintf(w, "pdlb demo: gateway on %s, admin on %s\n\nSimulated pods:\n", s.Addr(), s.AdminAddr())
+	for _, p := range fleet.Pods() {
+		pc := p.Config()
+		fmt.Fprintf(w, "  %-16s %-12s %-7s %s\n", pc.Name, pc.Model, pc.Engine, p.Addr())
+	}
+	fmt.Fprintf(w, `
+Try:
+  curl -N %[1]s/v1/chat/completions -d '{"model":"demo-vllm","messages":[{"role":"user","content":"hi"}],"stream":true}'
+  curl %[1]s/v1/completions -d '{"model":"demo-sglang","prompt":"Once upon a time","max_tokens":16}'
+  curl %[1]s/v1/models
+  curl %[2]s/metrics
+  curl %[2]s/admin/pods
+
+Press Ctrl-C to stop.
+`, host, s.AdminAddr())
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// podFlags collects repeated --pod flags.
+type podFlags []config.Pod
+
+func (p *podFlags) String() string { return fmt.Sprint(len(*p), " pods") }
+
+func (p *podFlags) Set(s string) error {
+	pod, err := config.ParsePodFlag(s)
+	if err != nil {
+		return err
+	}
+	*p = append(*p, pod)
+	return nil
+}
+
+// gatewayFlags are the flags serve and demo share.
+type gatewayFlags struct {
+	listen, admin string
+	shutdown      time.Duration
+}
+
+func (f *gatewayFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.listen, "listen", "", "address of the OpenAI API (default "+config.DefaultListen+", or the config file's)")
+	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin (default "+config.DefaultAdmin+", or the config file's)")
+	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
+}
+
+func (f *gatewayFlags) apply(cfg *config.Config) {
+	if f.listen != "" {
+		cfg.Listen = f.listen
+	}
+	if f.admin != "" {
+		cfg.Admin = f.admin
+	}
+}
+
+func cmdServe(args []string, stdout io.Writer) error {
+	fs := newFlagSet("serve", "[--config FILE] [--pod SPEC]... [--listen ADDR] [--admin ADDR]",
+		`Runs the gateway in front of the pods of a config file and/or --pod flags.
+
+A pod spec is comma-separated key=value pairs with the keys of a pod in the
+config file, e.g.
+  --pod model=llama,address=10.0.0.5:8000,engine=vllm
+  --pod model=llama,address=10.0.0.6:8000,engine=sglang,weight=2`, stdout)
+	var (
+		path string
+		pods podFlags
+		gf   gatewayFlags
+	)
+	fs.StringVar(&path, "config", "", "YAML config file (see README: Configuration)")
+	fs.Var(&pods, "pod", "a pod to route to, as key=value pairs (repeatable)")
+	gf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	cfg := config.Default()
+	if path != "" {
+		var err error
+		if cfg, err = config.Load(path); err != nil {
+			return err
+		}
+	}
+	cfg.Pods = append(cfg.Pods, pods...)
+	gf.apply(&cfg)
+	return serveUntilSignal(cfg, gf.shutdown, stdout, nil)
+}
+
+// serveUntilSignal runs the gateway until SIGINT or SIGTERM, then shuts it
+// down gracefully. started, if set, runs once the gateway listens.
+func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, started func(*lb.Server)) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	srv, err := lb.Start(cfg, log)
+	if err != nil {
+		return err
+	}
+	log.Info("pdlb serving", "listen", srv.Addr(), "admin", srv.AdminAddr(), "pods", len(cfg.Pods))
+	if started != nil {
+		started(srv)
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	select {
+	case s := <-sig:
+		log.Info("shutting down", "signal", s.String(), "grace", grace)
+	case err := <-srv.Done():
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	return srv.Shutdown(ctx)
+}
