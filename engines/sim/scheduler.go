@@ -432,9 +432,15 @@ func (s *scheduler) setProgress(r *request, reason uint8) {
 	}
 }
 
-// publish wakes the handlers whose requests progressed, once per wake-up
-// however many tokens they got, and updates the gauges scrapes read.
+// publish updates the gauges scrapes read, then wakes the handlers whose
+// requests progressed, once per wake-up however many tokens they got; in
+// that order, so a client that saw its request end sees it gone from the
+// gauges too.
 func (s *scheduler) publish() {
+	s.m.running.Store(int64(len(s.prefill) + len(s.decoding)))
+	s.m.waiting.Store(int64(len(s.waiting)))
+	s.m.prefilling.Store(int64(len(s.prefill)))
+	s.m.usedBlocks.Store(int64(s.held))
 	for _, r := range s.notifyQ {
 		r.dirty = false
 		select {
@@ -444,8 +450,4 @@ func (s *scheduler) publish() {
 	}
 	clear(s.notifyQ)
 	s.notifyQ = s.notifyQ[:0]
-	s.m.running.Store(int64(len(s.prefill) + len(s.decoding)))
-	s.m.waiting.Store(int64(len(s.waiting)))
-	s.m.prefilling.Store(int64(len(s.prefill)))
-	s.m.usedBlocks.Store(int64(s.held))
 }
