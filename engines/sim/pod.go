@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -260,16 +261,11 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 		return
 	}
 	r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), p.seed, tokens, p.cfg.Physics.BlockSize)
-	id := string(ctx.Request.Header.Peek("X-Request-Id"))
-	for _, alt := range []string{req.RequestID, req.RID} {
-		if id == "" {
-			id = alt
-		}
-	}
-	if id == "" {
-		id = fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
-	}
-	r.rid = id
+	// The response id follows vLLM: the X-Request-Id header, else the
+	// request_id parameter, else a random one. SGLang aborts by rid.
+	id := cmp.Or(string(ctx.Request.Header.Peek("X-Request-Id")), req.RequestID, req.RID,
+		fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64()))
+	r.rid = cmp.Or(req.RID, id)
 	respID := "cmpl-" + id
 	if chat {
 		respID = "chatcmpl-" + id

@@ -22,9 +22,6 @@ type request struct {
 	// once, with the final count.
 	progress atomic.Uint64
 	notify   chan struct{} // capacity 1: progress changed
-	// cachedTokens is the prompt's prefix-cache hit, written before the
-	// first progress store and read by the handler after it.
-	cachedTokens int
 
 	state     reqState
 	arrival   float64 // simulated seconds
@@ -288,12 +285,12 @@ func (s *scheduler) kick() {
 	if !s.prefillBusy && len(s.prefill) > 0 {
 		r := s.prefill[0]
 		prompt := len(r.tokens)
-		r.cachedTokens = s.cache.Match(r.keys) * s.phys.BlockSize
+		cached := s.cache.Match(r.keys) * s.phys.BlockSize
 		r.held = s.phys.Blocks(prompt)
 		s.held += r.held
 		s.prefillBusy = true
-		s.prefillEnd = s.clock + s.phys.PrefillSec(prompt-r.cachedTokens)
-		s.m.prefillStarted(prompt, r.cachedTokens)
+		s.prefillEnd = s.clock + s.phys.PrefillSec(prompt-cached)
+		s.m.prefillStarted(prompt, cached)
 	}
 	if !s.stepping && len(s.decoding) > 0 {
 		s.batch = append(s.batch[:0], s.decoding...)
