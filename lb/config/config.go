@@ -17,7 +17,10 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"pdlb/engines"
+	"pdlb/lb/admit"
 	"pdlb/lb/route"
+	"pdlb/ledger"
+	"pdlb/radix"
 )
 
 // Defaults, as named constants so the docs and the code cannot disagree.
@@ -25,7 +28,9 @@ const (
 	DefaultListen             = ":8080"
 	DefaultAdmin              = "127.0.0.1:9090"
 	DefaultMaxBodyBytes       = 8 << 20
-	DefaultPolicy             = "least_request"
+	DefaultPolicy             = route.DefaultPolicy
+	DefaultBlockSize          = radix.DefaultBlockSize
+	DefaultPrefillSpeed       = 20000
 	DefaultConnectTimeout     = 2 * time.Second
 	DefaultResponseTimeout    = 60 * time.Second
 	DefaultStreamIdleTimeout  = 120 * time.Second
@@ -64,6 +69,14 @@ type Config struct {
 	Upstream Upstream `yaml:"upstream"`
 	// Health configures active checks, scrapes and passive ejection.
 	Health Health `yaml:"health"`
+	// Admission rejects early what cannot meet its latency target.
+	Admission Admission `yaml:"admission"`
+	// TokenLoad holds the token ledgers' knobs (seed 001's AIBRIX_TOKEN_LOAD_*
+	// and friends; see ledger.Config for each default).
+	TokenLoad ledger.Config `yaml:"token_load"`
+	// Redis, when Address is set, shares the decode ledger between gateway
+	// replicas.
+	Redis Redis `yaml:"redis"`
 	// Models lists per-model settings; a model served by some pod but not
 	// listed gets every default.
 	Models []Model `yaml:"models"`
@@ -106,12 +119,49 @@ type Health struct {
 	EjectionTime time.Duration `yaml:"ejection_time"`
 }
 
+// Admission configures early rejection: a request whose best pod's
+// predicted time to first token misses its class's target is answered 429
+// at once (or, for classes with a max_wait, waits in a bounded queue for the
+// prediction to clear). The class comes from the x-priority header
+// (interactive, the default, or batch).
+type Admission struct {
+	// Enabled turns admission on (default false: every request is sent).
+	Enabled bool `yaml:"enabled"`
+	// Interactive and Batch are the classes' targets (defaults: interactive
+	// TTFT 2 s, TPOT 0.1 s, no waiting; batch TTFT 60 s, waits up to 30 s).
+	Interactive admit.ClassConfig `yaml:"interactive"`
+	Batch       admit.ClassConfig `yaml:"batch"`
+	// DeferQueue bounds the requests waiting for admission (default 1,024).
+	DeferQueue int `yaml:"defer_queue"`
+}
+
+// AdmitConfig is the admission controller's configuration.
+func (a Admission) AdmitConfig() admit.Config {
+	c := admit.Config{DeferQueue: a.DeferQueue}
+	c.Classes[admit.Interactive] = a.Interactive
+	c.Classes[admit.Batch] = a.Batch
+	return c
+}
+
+// Redis locates the Redis server shared by gateway replicas.
+type Redis struct {
+	// Address is host:port; empty keeps every ledger local.
+	Address string `yaml:"address"`
+	// ReplicaID names this replica in Redis (default: the host name and
+	// the listen address).
+	ReplicaID string `yaml:"replica_id"`
+}
+
 // Model holds per-model routing settings.
 type Model struct {
 	// Name is the model name clients send.
 	Name string `yaml:"name"`
-	// Policy picks combined pods (default "least_request"; see route.Names).
+	// Policy picks combined pods (default slo_cache; see route.Names).
 	Policy string `yaml:"policy"`
+	// BlockSize is the number of tokens one prefix-index block covers
+	// (default 16, vLLM's default block size). Pods' KV events may use any
+	// multiple of it.
+	BlockSize int `yaml:"block_size"`
 }
 
 // Pod is one inference pod.
@@ -134,6 +184,19 @@ type Pod struct {
 	BucketMax int `yaml:"bucket_max"`
 	// Weight scales the pod's share of traffic (default 1).
 	Weight float64 `yaml:"weight"`
+	// KVEvents is the pod's KV-event publisher, tcp://host:port (vLLM's
+	// default port is 5557; the replay socket is assumed on 5558 of the
+	// same host). Empty: the gateway learns the pod's cache only from its
+	// own routing decisions.
+	KVEvents string `yaml:"kv_events"`
+	// CacheBlocks bounds what the gateway assumes the pod caches, in
+	// blocks of the model's block_size (default 0: unlimited). Set it to
+	// the engine's KV capacity when the pod publishes no KV events, so the
+	// index forgets what the pod must have evicted.
+	CacheBlocks int `yaml:"cache_blocks"`
+	// PrefillTokensPerSec is the pod's prefill speed on uncached tokens the
+	// gateway assumes until it has measured it (default 20,000).
+	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
 }
 
 // Default returns a configuration with every default and no pods.
@@ -149,6 +212,12 @@ func Default() Config {
 			Retries:           DefaultRetries,
 			MaxConnsPerPod:    DefaultMaxConnsPerPod,
 		},
+		Admission: Admission{
+			Interactive: admit.DefaultConfig().Classes[admit.Interactive],
+			Batch:       admit.DefaultConfig().Classes[admit.Batch],
+			DeferQueue:  admit.DefaultDeferQueue,
+		},
+		TokenLoad: ledger.DefaultConfig(),
 		Health: Health{
 			Interval:           DefaultHealthInterval,
 			Timeout:            DefaultHealthTimeout,
@@ -241,6 +310,17 @@ func (c *Config) Validate() error {
 	if c.Health.EjectAfterFailures <= 0 {
 		return invalid("health.eject_after_failures", c.Health.EjectAfterFailures, "must be positive")
 	}
+	if err := c.Admission.AdmitConfig().Validate(); err != nil {
+		return fmt.Errorf("%w: admission: %v", ErrInvalid, err)
+	}
+	if err := c.TokenLoad.Validate(); err != nil {
+		return fmt.Errorf("%w: token_load: %v", ErrInvalid, err)
+	}
+	if c.Redis.Address != "" {
+		if err := checkAddr("redis.address", c.Redis.Address, false); err != nil {
+			return err
+		}
+	}
 	models := map[string]bool{}
 	for i := range c.Models {
 		m := &c.Models[i]
@@ -257,6 +337,12 @@ func (c *Config) Validate() error {
 		}
 		if _, err := route.New(m.Policy, route.DefaultOptions()); err != nil {
 			return invalid(field+".policy", m.Policy, "is not a policy (known: "+strings.Join(route.Names(), ", ")+")")
+		}
+		if m.BlockSize == 0 {
+			m.BlockSize = DefaultBlockSize
+		}
+		if m.BlockSize < 0 {
+			return invalid(field+".block_size", m.BlockSize, "must be a positive number of tokens")
 		}
 	}
 	if len(c.Pods) == 0 {
@@ -314,6 +400,21 @@ func (p *Pod) validate(field string) error {
 	}
 	if !(p.Weight > 0) {
 		return invalid(field+".weight", p.Weight, "must be positive")
+	}
+	if p.KVEvents != "" {
+		host, ok := strings.CutPrefix(p.KVEvents, "tcp://")
+		if !ok || checkAddr("", host, false) != nil {
+			return invalid(field+".kv_events", p.KVEvents, "must be tcp://host:port")
+		}
+	}
+	if p.CacheBlocks < 0 {
+		return invalid(field+".cache_blocks", p.CacheBlocks, "must not be negative (0 means unlimited)")
+	}
+	if p.PrefillTokensPerSec == 0 {
+		p.PrefillTokensPerSec = DefaultPrefillSpeed
+	}
+	if !(p.PrefillTokensPerSec > 0) {
+		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive")
 	}
 	return nil
 }
@@ -374,12 +475,24 @@ func ParsePodFlag(s string) (Pod, error) {
 	return p, nil
 }
 
-// PolicyFor returns the configured policy name of model.
-func (c *Config) PolicyFor(model string) string {
+// ModelFor returns the settings of model: its entry in Models, or every
+// default.
+func (c *Config) ModelFor(model string) Model {
 	for _, m := range c.Models {
 		if m.Name == model {
-			return m.Policy
+			return m
 		}
 	}
-	return DefaultPolicy
+	return Model{Name: model, Policy: DefaultPolicy, BlockSize: DefaultBlockSize}
+}
+
+// RouteOptions are the policies' knobs as this configuration sets them.
+func (c *Config) RouteOptions() route.Options {
+	o := route.DefaultOptions()
+	o.MinMatchPct = c.TokenLoad.MinMatchPct
+	o.TokenLoadKVWeight = c.TokenLoad.KVWeight
+	o.HybridCacheLoadFactor = c.TokenLoad.HybridCacheLoadFactor
+	o.DecodeOutputGrowth = c.TokenLoad.DecodeOutputGrowth
+	o.TTFTSLO = c.Admission.Interactive.TTFTSLO
+	return o
 }

@@ -41,6 +41,13 @@ func TestValidateRejects(t *testing.T) {
 	f("pods: [{model: m, address: 'h:1', weight: -2}]\n", "pods[0].weight = -2")
 	f("pods: [{model: m, address: 'h:1'}, {model: m, address: 'h:1'}]\n", `pods[1].name = "h:1"`)
 	f("pods: [{model: m, adress: 'h:1'}]\n", "adress")
+	f("pods: [{model: m, address: 'h:1', kv_events: 'h:5557'}]\n", `pods[0].kv_events = "h:5557"`)
+	f("pods: [{model: m, address: 'h:1', cache_blocks: -1}]\n", "pods[0].cache_blocks = -1")
+	f("pods: [{model: m, address: 'h:1', prefill_tokens_per_sec: -5}]\n", "pods[0].prefill_tokens_per_sec = -5")
+	f("models: [{name: m, block_size: -16}]\n"+pod, "models[0].block_size = -16")
+	f("admission: {interactive: {ttft_slo: -1}}\n"+pod, "admission")
+	f("token_load: {kv_weight: -1}\n"+pod, "kv_weight")
+	f("redis: {address: nowhere}\n"+pod, `redis.address = "nowhere"`)
 }
 
 func TestLoadFillsDefaults(t *testing.T) {
@@ -70,8 +77,8 @@ pods:
 	if c.Admin != DefaultAdmin || c.Upstream.StreamIdleTimeout.String() != "5s" || c.Upstream.ResponseTimeout != DefaultResponseTimeout {
 		t.Fatalf("defaults lost: %+v", c)
 	}
-	if c.PolicyFor("m") != "round_robin" || c.PolicyFor("other") != DefaultPolicy {
-		t.Fatal("PolicyFor")
+	if c.ModelFor("m").Policy != "round_robin" || c.ModelFor("m").BlockSize != DefaultBlockSize || c.ModelFor("other").Policy != DefaultPolicy {
+		t.Fatal("ModelFor")
 	}
 }
 

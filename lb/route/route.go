@@ -211,21 +211,24 @@ func DefaultOptions() Options {
 // registry lists every policy by name: one explicit table rather than
 // init-time registration, so the set of policies is visible in one place.
 var registry = []struct {
-	name  string
+	name string
+	// cache says the policy reads Candidate.CachedTokens, so the caller
+	// must look the prompt up in the prefix index for it.
+	cache bool
 	build func(Options) Policy
 }{
-	{"random", func(Options) Policy { return Random{} }},
-	{"round_robin", func(Options) Policy { return &RoundRobin{} }},
-	{"least_request", func(Options) Policy { return ScorePolicy{LeastRequest{}} }},
-	{"least_queue", func(Options) Policy { return ScorePolicy{LeastQueue{}} }},
-	{"cache_only", func(Options) Policy { return ScorePolicy{CacheOnly{}} }},
-	{"min_ttft", func(Options) Policy { return ScorePolicy{MinTTFT{}} }},
-	{"slo_cache", func(o Options) Policy { return ScorePolicy{SLOCache{SLO: o.TTFTSLO, MissWeight: o.MissWeight}} }},
-	{"prefix_cache", func(o Options) Policy { return ScorePolicy{PrefixCache{o}} }},
-	{"cache_aware", func(o Options) Policy { return CacheAware{o} }},
-	{"token_load", func(o Options) Policy { return ScorePolicy{TokenLoad{o}} }},
-	{"hybrid_cache_load", func(o Options) Policy { return ScorePolicy{HybridCacheLoad{o}} }},
-	{"decode_token_load", func(o Options) Policy { return ScorePolicy{DecodeTokenLoad{o}} }},
+	{"random", false, func(Options) Policy { return Random{} }},
+	{"round_robin", false, func(Options) Policy { return &RoundRobin{} }},
+	{"least_request", false, func(Options) Policy { return ScorePolicy{LeastRequest{}} }},
+	{"least_queue", false, func(Options) Policy { return ScorePolicy{LeastQueue{}} }},
+	{"cache_only", true, func(Options) Policy { return ScorePolicy{CacheOnly{}} }},
+	{"min_ttft", true, func(Options) Policy { return ScorePolicy{MinTTFT{}} }},
+	{"slo_cache", true, func(o Options) Policy { return ScorePolicy{SLOCache{SLO: o.TTFTSLO, MissWeight: o.MissWeight}} }},
+	{"prefix_cache", true, func(o Options) Policy { return ScorePolicy{PrefixCache{o}} }},
+	{"cache_aware", true, func(o Options) Policy { return CacheAware{o} }},
+	{"token_load", false, func(o Options) Policy { return ScorePolicy{TokenLoad{o}} }},
+	{"hybrid_cache_load", true, func(o Options) Policy { return ScorePolicy{HybridCacheLoad{o}} }},
+	{"decode_token_load", false, func(o Options) Policy { return ScorePolicy{DecodeTokenLoad{o}} }},
 }
 
 // New builds the policy called name.
@@ -236,6 +239,17 @@ func New(name string, opts Options) (Policy, error) {
 		}
 	}
 	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknownPolicy, name, strings.Join(Names(), ", "))
+}
+
+// UsesCache reports whether the policy called name reads prefix-cache
+// matches; false for unknown names.
+func UsesCache(name string) bool {
+	for _, r := range registry {
+		if r.name == name {
+			return r.cache
+		}
+	}
+	return false
 }
 
 // Names lists the registered policies in table order.
