@@ -1,0 +1,178 @@
+// Package spec holds the declarative inputs of pod discovery: the settings
+// the gateway's YAML gives it (Discovery) and the model.aibrix.ai/config
+// annotation that pods carry (ModelConfig). It imports nothing of the
+// gateway, so lb/config can embed Discovery while lb/discovery, which
+// reports config.Pod values, imports both.
+package spec
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"pdlb/engines"
+)
+
+// Defaults, as named constants so the docs and the code cannot disagree.
+const (
+	// DefaultDNSInterval is how often a DNS name is resolved again.
+	DefaultDNSInterval = 10 * time.Second
+	// DefaultSelector picks every pod that names its model, the label seed
+	// 001's router keys on, so an existing deployment is found unchanged.
+	DefaultSelector = LabelModel
+	// DefaultBootstrapPort is SGLang's PD bootstrap port when a pod does not
+	// name one (seed 001).
+	DefaultBootstrapPort = 8998
+)
+
+// DNS record types a DNS entry resolves.
+const (
+	DNSTypeA   = "a"   // A and AAAA records of the name, with a fixed port
+	DNSTypeSRV = "srv" // SRV records: target and port from each record
+)
+
+// ErrInvalid wraps every validation error of this package.
+var ErrInvalid = errors.New("discovery: invalid")
+
+func invalid(field string, value any, why string) error {
+	if s, ok := value.(string); ok {
+		value = strconv.Quote(s)
+	}
+	return fmt.Errorf("%w: %s = %v %s", ErrInvalid, field, value, why)
+}
+
+// Discovery lists the sources of pods besides the static pods of the config
+// file. The zero value discovers nothing.
+//
+//	discovery:
+//	  kubernetes: {namespace: inference, selector: "model.aibrix.ai/name"}
+//	  dns:
+//	    - {name: llama.inference.svc.cluster.local, port: 8000, model: llama}
+//	    - {name: _http._tcp.sgl.example.com, type: srv, model: qwen, engine: sglang}
+type Discovery struct {
+	// Kubernetes watches pods through the API server; absent: off.
+	Kubernetes *Kubernetes `yaml:"kubernetes"`
+	// DNS lists names resolved periodically, each a set of pods.
+	DNS []DNS `yaml:"dns"`
+}
+
+// Kubernetes selects the pods watched through the API server. Every other
+// pod attribute comes from the pods' labels and annotations (see Label*).
+type Kubernetes struct {
+	// Namespace whose pods are watched (default "": every namespace, which
+	// needs a ClusterRole rather than a Role).
+	Namespace string `yaml:"namespace"`
+	// Selector is a Kubernetes label selector of the pods (default
+	// "model.aibrix.ai/name": every pod that names its model). It is parsed
+	// when the source is made, which reports a bad one.
+	Selector string `yaml:"selector"`
+	// Kubeconfig is the path of a kubeconfig file, for a gateway running
+	// outside the cluster (default "": the pod's service account).
+	Kubeconfig string `yaml:"kubeconfig"`
+}
+
+// DNS is one name whose records are a set of pods that share a model,
+// engine and role.
+type DNS struct {
+	// Name to resolve, e.g. "llama.inference.svc.cluster.local" (a headless
+	// Service) or "_http._tcp.llama.example.com" for SRV.
+	Name string `yaml:"name"`
+	// Type is "a" (default: A and AAAA records, every address with Port) or
+	// "srv" (each record's target and port).
+	Type string `yaml:"type"`
+	// Port of the OpenAI API on every address; required with type "a",
+	// must be 0 with "srv".
+	Port int `yaml:"port"`
+	// Model the pods serve.
+	Model string `yaml:"model"`
+	// Engine is vllm (default), sglang or trtllm.
+	Engine string `yaml:"engine"`
+	// Role is combined (default), prefill or decode.
+	Role string `yaml:"role"`
+	// Roleset pairs prefill and decode pods; required with those roles.
+	Roleset string `yaml:"roleset"`
+	// KVEventsPort is the port of each pod's KV-event publisher on the same
+	// host (default 0: none; vLLM's default is 5557).
+	KVEventsPort int `yaml:"kv_events_port"`
+	// BootstrapPort is each SGLang pod's PD bootstrap port (default 8998 for
+	// sglang; must be 0 for other engines).
+	BootstrapPort int `yaml:"bootstrap_port"`
+	// Interval between resolutions (default 10s).
+	Interval time.Duration `yaml:"interval"`
+}
+
+// Validate checks every field and fills the defaults defined as "empty
+// means X". Errors name the field under "discovery." and quote the value.
+func (d *Discovery) Validate() error {
+	if k := d.Kubernetes; k != nil && k.Selector == "" {
+		k.Selector = DefaultSelector
+	}
+	for i := range d.DNS {
+		if err := d.DNS[i].validate(fmt.Sprintf("discovery.dns[%d]", i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Enabled reports whether any source is configured.
+func (d *Discovery) Enabled() bool { return d.Kubernetes != nil || len(d.DNS) > 0 }
+
+func (d *DNS) validate(field string) error {
+	if d.Name == "" {
+		return invalid(field+".name", d.Name, "must not be empty")
+	}
+	switch d.Type {
+	case "":
+		d.Type = DNSTypeA
+		fallthrough
+	case DNSTypeA:
+		if d.Port < 1 || d.Port > 65535 {
+			return invalid(field+".port", d.Port, "must be 1..65535 with type a")
+		}
+	case DNSTypeSRV:
+		if d.Port != 0 {
+			return invalid(field+".port", d.Port, "must be 0 with type srv (each record names its port)")
+		}
+	default:
+		return invalid(field+".type", d.Type, "is not a record type (known: a, srv)")
+	}
+	if d.Model == "" {
+		return invalid(field+".model", d.Model, "must not be empty")
+	}
+	k, err := engines.ParseKind(d.Engine)
+	if err != nil {
+		return invalid(field+".engine", d.Engine, "is not an engine (known: vllm, sglang, trtllm)")
+	}
+	d.Engine = string(k)
+	switch d.Role {
+	case "":
+		d.Role = RoleCombined
+	case RoleCombined:
+	case RolePrefill, RoleDecode:
+		if d.Roleset == "" {
+			return invalid(field+".roleset", d.Roleset, "must name the roleset of a "+d.Role+" pod")
+		}
+	default:
+		return invalid(field+".role", d.Role, "is not a role (known: combined, prefill, decode)")
+	}
+	if d.KVEventsPort < 0 || d.KVEventsPort > 65535 {
+		return invalid(field+".kv_events_port", d.KVEventsPort, "must be 0 (none) or 1..65535")
+	}
+	switch {
+	case k == engines.SGLang && d.BootstrapPort == 0:
+		d.BootstrapPort = DefaultBootstrapPort
+	case k == engines.SGLang && (d.BootstrapPort < 1 || d.BootstrapPort > 65535):
+		return invalid(field+".bootstrap_port", d.BootstrapPort, "must be 1..65535")
+	case k != engines.SGLang && d.BootstrapPort != 0:
+		return invalid(field+".bootstrap_port", d.BootstrapPort, "is for sglang pods only")
+	}
+	if d.Interval == 0 {
+		d.Interval = DefaultDNSInterval
+	}
+	if d.Interval < 0 {
+		return invalid(field+".interval", d.Interval.String(), "must be positive")
+	}
+	return nil
+}
