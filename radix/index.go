@@ -3,17 +3,19 @@ package radix
 import "sync/atomic"
 
 // keyIndex maps every stored key to its position in the label arena. It is
-// open addressing with linear probing over one word per slot: the key's low
-// 32 bits as a tag, and the position + 2; 0 is an empty slot and 1 a
-// deleted one. A tag match is confirmed against the arena, so the full key
-// is stored once. Readers probe it with atomic loads while the writer
-// changes single slots; deletes leave tombstones (never moving a live slot
-// past a reader), and growing builds a new table that is then published, so
-// a reader always probes a table in which every key it could find is where
-// the probe sequence expects it.
+// open addressing with linear probing over one word per slot: the top 32
+// bits of the key's hash as a tag, and the position + 2; 0 is an empty slot
+// and 1 a deleted one. A tag match is confirmed against the arena, so the
+// full key is stored once, and since the tag holds the bits that choose the
+// home slot, a rebuild never reads the arena.
+//
+// Readers probe with atomic loads while the writer changes single slots.
+// Live slots never move: a delete leaves a tombstone (or an empty slot when
+// the next one is empty, which ends every probe there anyway), and growing
+// or clearing out tombstones builds a new table that is then published.
 type keyIndex struct {
 	slots []uint64
-	shift uint // 64 - log2(len(slots))
+	shift uint // 64 - log2(len(slots)); at least 32, so the tag holds the home bits
 	live  int  // keys stored; writer-only
 	used  int  // live + tombstones; writer-only
 }
@@ -21,8 +23,9 @@ type keyIndex struct {
 const (
 	slotEmpty   = 0
 	slotDeleted = 1
-	// minIndexSlots keeps small trees cheap; the table doubles as needed
-	// and is rebuilt at between a quarter and three quarters full.
+	// minIndexSlots keeps small trees cheap. A rebuilt table is at most
+	// half full and is rebuilt again at three quarters full (live keys and
+	// tombstones), so it is 8 to 16 bytes per stored key in steady state.
 	minIndexSlots = 1 << 10
 )
 
@@ -34,16 +37,17 @@ func newKeyIndex(n int) *keyIndex {
 	return &keyIndex{slots: make([]uint64, 1<<(64-shift)), shift: shift}
 }
 
-// home spreads keys over the table by Fibonacci hashing, so even keys that
-// are not hashes (tests, byte mode) probe short runs.
-func (ix *keyIndex) home(key uint64) uint64 { return (key * 0x9e3779b97f4a7c15) >> ix.shift }
+// hashKey is Fibonacci hashing: keys are hashes already, but tests and byte
+// mode may store keys that are not, and this spreads them too.
+func hashKey(key uint64) uint64 { return key * 0x9e3779b97f4a7c15 }
 
-func slotFor(key uint64, pos uint32) uint64 { return uint64(uint32(key))<<32 | uint64(pos+2) }
+func (ix *keyIndex) home(h uint64) uint64 { return h >> ix.shift }
+
+func slotFor(h uint64, pos uint32) uint64 { return h>>32<<32 | uint64(pos+2) }
 
 // find returns the position of key. It serves readers and the writer alike.
 func (t *Tree) find(key uint64) (uint32, bool) {
-	ix := t.index.Load()
-	_, pos, ok := t.probe(ix, key)
+	_, pos, ok := t.probe(t.index.Load(), key)
 	return pos, ok
 }
 
@@ -51,13 +55,13 @@ func (t *Tree) find(key uint64) (uint32, bool) {
 // core of every index operation.
 func (t *Tree) probe(ix *keyIndex, key uint64) (slot uint64, pos uint32, ok bool) {
 	mask := uint64(len(ix.slots) - 1)
-	tag := uint64(uint32(key))
-	for i := ix.home(key); ; i = (i + 1) & mask {
+	h := hashKey(key)
+	for i := ix.home(h); ; i = (i + 1) & mask {
 		s := atomic.LoadUint64(&ix.slots[i])
 		if s == slotEmpty {
 			return 0, 0, false
 		}
-		if s != slotDeleted && s>>32 == tag {
+		if s != slotDeleted && s>>32 == h>>32 {
 			p := uint32(s) - 2
 			if t.loadKey(p) == key {
 				return i, p, true
@@ -73,14 +77,27 @@ func (t *Tree) loadKey(pos uint32) uint64 {
 	return atomic.LoadUint64(&dir[pos>>poolBits].keys[pos&poolMask])
 }
 
+// prefetch loads the home slot of every key, so the cache misses of a
+// batch overlap instead of each waiting on the last (the index is far
+// larger than the cache, and writes are atomic exchanges, which the CPU
+// does not run ahead of).
+func (t *Tree) prefetch(keys []uint64) {
+	ix := t.index.Load()
+	var sink uint64
+	for _, k := range keys {
+		sink += ix.slots[ix.home(hashKey(k))]
+	}
+	t.sink = sink
+}
+
 // indexPut stores key at pos and reports true, or reports false when the
 // key is already stored.
 func (t *Tree) indexPut(key uint64, pos uint32) bool {
 	ix := t.index.Load()
 	mask := uint64(len(ix.slots) - 1)
-	tag := uint64(uint32(key))
+	h := hashKey(key)
 	free := -1
-	i := ix.home(key)
+	i := ix.home(h)
 	for ; ; i = (i + 1) & mask {
 		s := ix.slots[i]
 		if s == slotEmpty {
@@ -92,7 +109,7 @@ func (t *Tree) indexPut(key uint64, pos uint32) bool {
 			}
 			continue
 		}
-		if s>>32 == tag && t.keyAt(uint32(s)-2) == key {
+		if s>>32 == h>>32 && t.keyAt(uint32(s)-2) == key {
 			return false
 		}
 	}
@@ -101,7 +118,7 @@ func (t *Tree) indexPut(key uint64, pos uint32) bool {
 	} else {
 		ix.used++
 	}
-	atomic.StoreUint64(&ix.slots[i], slotFor(key, pos))
+	atomic.StoreUint64(&ix.slots[i], slotFor(h, pos))
 	ix.live++
 	if ix.used*4 > len(ix.slots)*3 {
 		t.rebuildIndex()
@@ -115,8 +132,22 @@ func (t *Tree) indexDelete(key uint64) {
 	if !ok {
 		panic("BUG: radix: deleting a key that is not indexed")
 	}
-	atomic.StoreUint64(&ix.slots[i], slotDeleted)
 	ix.live--
+	mask := uint64(len(ix.slots) - 1)
+	if ix.slots[(i+1)&mask] != slotEmpty {
+		atomic.StoreUint64(&ix.slots[i], slotDeleted)
+		return
+	}
+	// Nothing is found past an empty slot, so this slot and the tombstones
+	// before it can be empty too.
+	for {
+		atomic.StoreUint64(&ix.slots[i], slotEmpty)
+		ix.used--
+		i = (i - 1) & mask
+		if ix.slots[i] != slotDeleted {
+			return
+		}
+	}
 }
 
 // indexMove records that key now sits at pos (evacuation).
@@ -126,7 +157,7 @@ func (t *Tree) indexMove(key uint64, pos uint32) {
 	if !ok {
 		panic("BUG: radix: moving a key that is not indexed")
 	}
-	atomic.StoreUint64(&ix.slots[i], slotFor(key, pos))
+	atomic.StoreUint64(&ix.slots[i], slotFor(hashKey(key), pos))
 }
 
 // rebuildIndex copies the live slots into a table at most half full and
@@ -141,7 +172,7 @@ func (t *Tree) rebuildIndex() {
 		if s == slotEmpty || s == slotDeleted {
 			continue
 		}
-		i := ix.home(t.keyAt(uint32(s) - 2))
+		i := ix.home(s)
 		for ix.slots[i] != slotEmpty {
 			i = (i + 1) & mask
 		}

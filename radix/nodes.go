@@ -208,6 +208,7 @@ func (t *Tree) extend(pod, parent int32, keys []uint64, i int, path []int32) []i
 		t.writeKeys(start, keys[i:i+n])
 		// Index the keys before the node exists: a reader that finds one
 		// meets owner 0 ("no node") until setOwner publishes the node.
+		t.prefetch(keys[i : i+n])
 		k := 0
 		for k < n && t.indexPut(keys[i+k], start+uint32(k)) {
 			k++
@@ -337,6 +338,7 @@ func (t *Tree) merge(p, c int32) {
 func (t *Tree) removeLeaf(p, c int32) {
 	t.unlinkChild(p, c)
 	s := t.spanOf(c)
+	t.prefetch(t.label(s))
 	for _, k := range t.label(s) {
 		t.indexDelete(k)
 	}

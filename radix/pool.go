@@ -111,6 +111,7 @@ func (t *Tree) evacuate(c int32) {
 		// While moves is odd the index, the owners and the node disagree
 		// about where the label is; readers that miss then look again.
 		t.moves.Add(1)
+		t.prefetch(keys)
 		for j, k := range keys {
 			t.indexMove(k, to+uint32(j))
 		}

@@ -119,6 +119,7 @@ type Tree struct {
 	pods      []podState
 
 	path []int32 // Insert's scratch: the nodes the chain passes, root excluded
+	sink uint64  // keeps prefetch's loads from being optimised away
 }
 
 // root is the node every chain hangs from; it has no label and holds no key
@@ -214,6 +215,7 @@ func (t *Tree) Remove(pod int32, keys []uint64) {
 	t.checkPod(pod)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.prefetch(keys)
 	for _, k := range keys {
 		pos, ok := t.find(k)
 		if !ok {
