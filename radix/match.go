@@ -42,6 +42,7 @@ func (t *Tree) Match(keys []uint64, out []int32) {
 	}
 	var st matchState
 	for a := 1; !t.matchOnce(keys, out[:np], &st) && a < matchAttempts; a++ {
+		t.retries.Add(1)
 	}
 }
 

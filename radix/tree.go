@@ -99,6 +99,9 @@ type Tree struct {
 	// moves out of a sparse chunk, bumped when a new index is published. A
 	// reader that misses a key looks again if it changed meanwhile.
 	moves atomic.Uint64
+	// retries counts Match walks repeated because a node on the path
+	// changed (Stats.MatchRetries); only that rare path writes it.
+	retries atomic.Uint64
 
 	mu sync.Mutex // serialises writers; everything below is theirs alone
 
@@ -259,6 +262,9 @@ type Stats struct {
 	Blocks int
 	// PodBlocks[p] is the number of blocks pod p holds.
 	PodBlocks []int
+	// MatchRetries is the number of times a Match walked again because a
+	// writer changed a node on its path.
+	MatchRetries uint64
 	// Bytes is the size of the arenas the tree has allocated: node and
 	// label chunks, the key index, LRU entries and the (pod, node) table.
 	// Arenas grow and are reused but never shrink.
@@ -271,9 +277,10 @@ func (t *Tree) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := Stats{
-		Nodes:     t.nodeCount - 1,
-		Blocks:    t.index.Load().live,
-		PodBlocks: make([]int, t.maxPods),
+		Nodes:        t.nodeCount - 1,
+		Blocks:       t.index.Load().live,
+		PodBlocks:    make([]int, t.maxPods),
+		MatchRetries: t.retries.Load(),
 	}
 	for p := range t.pods {
 		st.PodBlocks[p] = t.pods[p].blocks

@@ -467,3 +467,17 @@ func TestBadPodPanics(t *testing.T) {
 	f("Remove", func() { tr.Remove(-1, chain(1)) })
 	f("RemovePod", func() { tr.RemovePod(4) })
 }
+
+func TestMatchNoAlloc(t *testing.T) {
+	tr := newTree(t, Options{MaxPods: 1024})
+	keys := chain(seq(1, 128)...)
+	tr.Insert(1000, keys)
+	tr.Insert(3, keys[:40])
+	out := make([]int32, 1024)
+	if n := testing.AllocsPerRun(100, func() { tr.Match(keys, out) }); n != 0 {
+		t.Fatalf("Match allocates %v times per call", n)
+	}
+	if out[1000] != 128 || out[3] != 40 {
+		t.Fatalf("pod 1000 matched %d, pod 3 %d; want 128 and 40", out[1000], out[3])
+	}
+}
