@@ -10,6 +10,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"pdlb/engines"
+	"pdlb/promtext"
 )
 
 // Histogram bounds of the engines imitated, in seconds.
@@ -197,11 +198,43 @@ func (m *podMetrics) finish(reason uint8, e2e float64) {
 	}
 }
 
-// writePrometheus writes the text exposition; w gets nothing for trtllm.
+// writePrometheus writes the text exposition with HELP and TYPE lines, as
+// the engines' prometheus_client does; w gets nothing for trtllm.
 func (m *podMetrics) writePrometheus(w io.Writer) {
 	if m.set != nil {
-		m.set.WritePrometheus(w)
+		_ = promtext.Write(w, engineDoc, m.set.WritePrometheus)
 	}
+}
+
+// engineDoc holds the help texts of the vllm and sglang series, after the
+// engines' own descriptions. Their colon-prefixed names stay as the engines
+// write them, although promtool's lint objects to colons in names.
+var engineDoc = promtext.Doc{
+	"vllm:num_requests_running":          {Help: "Number of requests in model execution batches."},
+	"vllm:num_requests_waiting":          {Help: "Number of requests waiting to be processed."},
+	"vllm:kv_cache_usage_perc":           {Help: "KV-cache usage. 1 means 100 percent usage."},
+	"vllm:prefix_cache_queries_total":    {Help: "Prefix cache queries, in terms of number of queried tokens."},
+	"vllm:prefix_cache_hits_total":       {Help: "Prefix cache hits, in terms of number of cached tokens."},
+	"vllm:prompt_tokens_total":           {Help: "Number of prefill tokens processed."},
+	"vllm:generation_tokens_total":       {Help: "Number of generation tokens processed."},
+	"vllm:request_success_total":         {Help: "Count of successfully processed requests."},
+	"vllm:time_to_first_token_seconds":   {Help: "Histogram of time to first token in seconds."},
+	"vllm:inter_token_latency_seconds":   {Help: "Histogram of inter-token latency in seconds."},
+	"vllm:e2e_request_latency_seconds":   {Help: "Histogram of end to end request latency in seconds."},
+	"sglang:num_running_reqs":            {Help: "The number of running requests."},
+	"sglang:num_queue_reqs":              {Help: "The number of requests in the waiting queue."},
+	"sglang:num_used_tokens":             {Help: "The number of used tokens."},
+	"sglang:token_usage":                 {Help: "The token usage."},
+	"sglang:gen_throughput":              {Help: "The generation throughput (token/s)."},
+	"sglang:cache_hit_rate":              {Help: "The prefix cache hit rate."},
+	"sglang:prompt_tokens_total":         {Help: "Number of prefill tokens processed."},
+	"sglang:generation_tokens_total":     {Help: "Number of generation tokens processed."},
+	"sglang:cached_tokens_total":         {Help: "Number of cached prompt tokens."},
+	"sglang:num_requests_total":          {Help: "Number of requests processed."},
+	"sglang:num_aborted_requests_total":  {Help: "Number of requests aborted."},
+	"sglang:time_to_first_token_seconds": {Help: "Histogram of time to first token in seconds."},
+	"sglang:inter_token_latency_seconds": {Help: "Histogram of inter-token latency in seconds."},
+	"sglang:e2e_request_latency_seconds": {Help: "Histogram of end-to-end request latency in seconds."},
 }
 
 // trtllmStats is one entry of trtllm-serve's /metrics: a JSON list of

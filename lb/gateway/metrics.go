@@ -2,12 +2,15 @@ package gateway
 
 import (
 	"fmt"
+	"io"
 	"strconv"
 	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
 
 	"pdlb/lb/pool"
+	"pdlb/ledger"
+	"pdlb/promtext"
 )
 
 // statusCodes are the statuses the gateway answers with. Counters exist for
@@ -91,7 +94,7 @@ func newMetrics(s *pool.Snapshot, inFlight *atomic.Int64) *gatewayMetrics {
 			return 0
 		})
 		m.set.NewGauge(fmt.Sprintf(`pdlb_pod_in_flight{pod=%q}`, p.Config.Name), func() float64 { return float64(p.InFlight()) })
-		m.set.NewGauge(fmt.Sprintf(`pdlb_pod_ejections{pod=%q}`, p.Config.Name), func() float64 { return float64(p.Ejections()) })
+		m.set.NewGauge(fmt.Sprintf(`pdlb_pod_ejections_total{pod=%q}`, p.Config.Name), func() float64 { return float64(p.Ejections()) })
 	}
 	m.set.NewGauge("pdlb_requests_in_flight", func() float64 { return float64(inFlight.Load()) })
 	return m
@@ -104,4 +107,35 @@ func (m *gatewayMetrics) countRequest(md *pool.Model, code int) {
 		return
 	}
 	m.models[md.Index].requests[statusIndex(code)].Inc()
+}
+
+// metricsDoc documents every family of the admin /metrics page, so it
+// passes `promtool check metrics` (tests/promtool_test.go runs it on a live
+// gateway). A series added without an entry here shows up there with an
+// empty HELP; writers that print their own HELP text need no entry.
+var metricsDoc = promtext.Merge(promtext.ProcessDoc, promtext.Doc{
+	"pdlb_requests_total":                {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
+	"pdlb_requests_in_flight":            {Help: "Requests the gateway is serving now."},
+	"pdlb_time_to_first_token_seconds":   {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
+	"pdlb_time_per_output_token_seconds": {Help: "Time per output token after the first of a streaming request, in seconds."},
+	"pdlb_request_duration_seconds":      {Help: "Time from a request's arrival to the end of its answer, in seconds."},
+	"pdlb_prompt_tokens_total":           {Help: "Prompt tokens of the requests placed on a pod."},
+	"pdlb_prefix_cached_tokens_total":    {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
+	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
+	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
+	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},
+	// The count comes from a callback, which the library can only
+	// register as a gauge; it never decreases.
+	"pdlb_pod_ejections_total": {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
+
+	// The token ledger's gauges: this replica's own charges, in tokens.
+	ledger.MetricActiveTokens: {Help: "Prompt tokens charged to the pod for prefill and not yet prefilled (token ledger)."},
+	ledger.MetricKVTokens:     {Help: "Prompt tokens charged to the pod whose KV is still resident (token ledger)."},
+	ledger.MetricDecodeTokens: {Help: "Prompt tokens held by the pod's outstanding decode requests (token ledger)."},
+})
+
+// writePrometheus writes the admin /metrics page: the gateway's series and
+// the process's, each family with its help text.
+func (m *gatewayMetrics) writePrometheus(w io.Writer) error {
+	return promtext.Write(w, metricsDoc, m.set.WritePrometheus, metrics.WriteProcessMetrics)
 }
