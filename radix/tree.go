@@ -39,7 +39,12 @@
 // passes, and checks them again at the end; if a node on its path changed,
 // it walks again (at most matchAttempts times, then keeps its last answer,
 // so a reader is never starved by a busy writer). A Match that validates is
-// exact for one instant during the call.
+// exact for one instant during the call. Key positions have a sequence of
+// their own (moves), odd while one node's label moves out of a sparse chunk:
+// a reader whose key lookup misses while it changed looks again, so a move
+// never shows as a missing block. Measured under a writer inserting and
+// removing 96-block prompts back to back, about one Match in a million
+// walks twice (BenchmarkMatchParallel).
 package radix
 
 import (
