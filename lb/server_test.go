@@ -335,6 +335,16 @@ func TestUpstreamFaults(t *testing.T) {
 		t.Fatalf("broken stream relayed badly: %q", b)
 	}
 	f("idle", true, 200, `data: {"error"`)
+
+	// Whatever failed, nothing stays charged or in flight.
+	waitFor(t, "charges and in-flight counts back at zero", func() bool {
+		for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
+			if (strings.HasPrefix(line, "pd_token_load_") || strings.HasPrefix(line, "pdlb_pod_in_flight{") || strings.HasPrefix(line, "pdlb_requests_in_flight")) && !strings.HasSuffix(line, " 0") {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func TestRefusingPodIsSkippedAndEjected(t *testing.T) {
@@ -484,4 +494,28 @@ func TestStartRejectsBadConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `pods[0].engine = "tgi"`) {
 		t.Fatalf("Start with a bad engine: %v", err)
 	}
+}
+
+func newPost(s *lb.Server, body string) (*http.Request, error) {
+	req, err := http.NewRequest("POST", "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(body))
+	if err == nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, err
+}
+
+func postWith(t *testing.T, s *lb.Server, body, header, value string) (*http.Response, string) {
+	t.Helper()
+	req, err := newPost(s, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(header, value)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
 }

@@ -189,6 +189,9 @@ type Pod struct {
 	// same host). Empty: the gateway learns the pod's cache only from its
 	// own routing decisions.
 	KVEvents string `yaml:"kv_events"`
+	// KVReplay is the pod's KV-event replay socket, tcp://host:port
+	// (default: the kv_events host, port 5558).
+	KVReplay string `yaml:"kv_replay"`
 	// CacheBlocks bounds what the gateway assumes the pod caches, in
 	// blocks of the model's block_size (default 0: unlimited). Set it to
 	// the engine's KV capacity when the pod publishes no KV events, so the
@@ -405,6 +408,12 @@ func (p *Pod) validate(field string) error {
 		host, ok := strings.CutPrefix(p.KVEvents, "tcp://")
 		if !ok || checkAddr("", host, false) != nil {
 			return invalid(field+".kv_events", p.KVEvents, "must be tcp://host:port")
+		}
+	}
+	if p.KVReplay != "" {
+		host, ok := strings.CutPrefix(p.KVReplay, "tcp://")
+		if !ok || checkAddr("", host, false) != nil || p.KVEvents == "" {
+			return invalid(field+".kv_replay", p.KVReplay, "must be tcp://host:port, beside kv_events")
 		}
 	}
 	if p.CacheBlocks < 0 {

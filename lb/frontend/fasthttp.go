@@ -18,8 +18,13 @@ type Handler struct {
 
 // Options bound what one client may cost.
 type Options struct {
-	// MaxBodyBytes is the largest request body read (larger: 413).
+	// MaxBodyBytes is the largest request body read (larger: 413; default
+	// 4 MiB, fasthttp's).
 	MaxBodyBytes int
+	// MaxHeaderBytes is the largest request line and header block read
+	// (larger: the Error handler gets fasthttp.ErrSmallReadBuffer; default
+	// 4096, fasthttp's read buffer).
+	MaxHeaderBytes int
 	// IdleTimeout closes keep-alive connections idle this long (default 90s).
 	IdleTimeout time.Duration
 	// ReadTimeout bounds reading one request's headers and body (default
@@ -30,27 +35,45 @@ type Options struct {
 // FastHTTP serves h on ln with fasthttp until ln is closed or Shutdown is
 // called on the returned server.
 func FastHTTP(h Handler, o Options) *fasthttp.Server {
-	if o.IdleTimeout == 0 {
-		o.IdleTimeout = 90 * time.Second
-	}
-	if o.ReadTimeout == 0 {
-		o.ReadTimeout = 30 * time.Second
-	}
+	o = o.withDefaults()
 	return &fasthttp.Server{
 		Handler:            h.Serve,
 		ErrorHandler:       h.Error,
 		Name:               "pdlb",
 		MaxRequestBodySize: o.MaxBodyBytes,
+		ReadBufferSize:     o.MaxHeaderBytes,
 		ReadTimeout:        o.ReadTimeout,
 		IdleTimeout:        o.IdleTimeout,
-		// Header names go upstream as the client wrote them.
-		DisableHeaderNamesNormalizing: true,
 		NoDefaultServerHeader:         true,
 		NoDefaultDate:                 false,
 		CloseOnShutdown:               true,
 		// Streams flush per event; buffering would hold tokens back.
 		ReduceMemoryUsage: false,
 	}
+}
+
+// Defaults of Options.
+const (
+	DefaultMaxBodyBytes   = fasthttp.DefaultMaxRequestBodySize
+	DefaultMaxHeaderBytes = 4096
+	DefaultIdleTimeout    = 90 * time.Second
+	DefaultReadTimeout    = 30 * time.Second
+)
+
+func (o Options) withDefaults() Options {
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.MaxHeaderBytes == 0 {
+		o.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.ReadTimeout == 0 {
+		o.ReadTimeout = DefaultReadTimeout
+	}
+	return o
 }
 
 // Listen opens a TCP listener on addr.

@@ -4,19 +4,21 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
+	"pdlb/ledger"
 )
 
 // Gateway serves the OpenAI API over a pool of pods. Create it with New,
@@ -27,6 +29,19 @@ type Gateway struct {
 	checker *pool.Checker
 	metrics *gatewayMetrics
 	log     *slog.Logger
+	// ledger holds the token charges of every pod; admit is nil when
+	// admission is off.
+	ledger *ledger.Ledger
+	admit  *admit.Controller
+	// kv follows the pods' KV events into the models' prefix indexes.
+	kv *kvFeeds
+	// stop ends the background loops (ledger janitor, shared ledger).
+	stop context.CancelFunc
+	bg   sync.WaitGroup
+	// nextID numbers requests for the ledger and the admission queue.
+	nextID atomic.Uint64
+	// epoch is when the gateway started: time zero of admission's clock.
+	epoch time.Time
 	// inFlight counts requests between parsing and their last byte.
 	inFlight atomic.Int64
 	// models is the body of GET /v1/models, rendered once per snapshot.
@@ -40,16 +55,50 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, models: renderModels(snap)}
+	g := &Gateway{cfg: cfg, log: log, models: renderModels(snap), epoch: time.Now()}
+	if cfg.Admission.Enabled {
+		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
+			return nil, err
+		}
+	}
+	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{Logger: log})
+	names := make([]string, len(snap.Pods))
+	for i, p := range snap.Pods {
+		names[i] = p.Config.Name
+	}
+	g.ledger.SetPods(names)
+	if g.kv, err = startKVFeeds(snap, log); err != nil {
+		return nil, err
+	}
 	g.metrics = newMetrics(snap, &g.inFlight)
+	g.ledger.RegisterMetrics(g.metrics.set)
+	g.metrics.set.RegisterMetricsWriter(g.writeDynamicMetrics)
 	g.pool.Publish(snap)
 	g.checker = pool.StartChecker(snap, cfg.Health, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	g.stop = cancel
+	g.background(func() { g.ledger.RunJanitor(ctx) })
+	if cfg.Redis.Address != "" && cfg.TokenLoad.SharedLedger {
+		g.startSharedLedger(ctx)
+	}
 	return g, nil
 }
 
-// Close stops the health checks and closes idle upstream connections.
+func (g *Gateway) background(f func()) {
+	g.bg.Add(1)
+	go func() {
+		defer g.bg.Done()
+		f()
+	}()
+}
+
+// Close stops the health checks, KV-event feeds and background loops, and
+// closes idle upstream connections.
 func (g *Gateway) Close() {
+	g.stop()
+	g.bg.Wait()
 	g.checker.Close()
+	g.kv.close()
 	for _, p := range g.pool.Load().Pods {
 		p.Client.CloseIdleConnections()
 	}
@@ -140,6 +189,8 @@ func renderModels(s *pool.Snapshot) []byte {
 // the next one could reuse.
 type exchange struct {
 	req     *openai.Request
+	id      uint64
+	class   admit.Class
 	rreq    route.Request
 	cands   []route.Candidate
 	pods    []*pool.Pod
@@ -147,8 +198,23 @@ type exchange struct {
 	tried   []int32
 	buf     []byte
 	events  openai.Splitter
-	tokens  openai.TokenCounter
+	counted openai.TokenCounter
 	start   time.Time
+
+	// The prompt as the prefix index sees it: token ids, block keys, and
+	// each pod's matched depth in blocks (by pool.Pod.Slot).
+	tokens []uint32
+	keys   []uint64
+	depth  []int32
+	looked bool
+
+	// The placement: the chosen candidate, the uncached tokens charged to
+	// its prefill queue, and whether that queue was empty (then the first
+	// token times the pod's prefill speed).
+	chosen    route.Candidate
+	uncached  int64
+	idleStart bool
+	firstSeen bool
 }
 
 var exchangePool = sync.Pool{New: func() any {
@@ -166,44 +232,10 @@ func releaseExchange(x *exchange) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
 	x.cands, x.pods, x.tried = x.cands[:0], x.pods[:0], x.tried[:0]
+	x.tokens, x.keys, x.looked = x.tokens[:0], x.keys[:0], false
+	x.uncached, x.idleStart, x.firstSeen, x.id = 0, false, false, 0
+	x.class = admit.Interactive
 	x.events.Reset()
-	x.tokens.Reset()
+	x.counted.Reset()
 	exchangePool.Put(x)
-}
-
-// pick chooses an available combined pod of m that x has not tried yet, or
-// nil if none is left.
-func (g *Gateway) pick(m *pool.Model, x *exchange) *pool.Pod {
-	now := time.Now().UnixNano()
-	x.cands, x.pods = x.cands[:0], x.pods[:0]
-	for _, p := range m.Combined {
-		if !p.Available(now) || tried(x.tried, p.ID) {
-			continue
-		}
-		c := route.Candidate{Pod: p.ID, InFlight: int(p.InFlight()), Weight: p.Config.Weight}
-		if s := p.Scraped(); s != nil {
-			c.HasMetrics = true
-			c.Running, c.Waiting, c.KVUsage = int(s.Running), int(s.Waiting), s.KVUsage
-		}
-		x.cands = append(x.cands, c)
-		x.pods = append(x.pods, p)
-	}
-	if cap(x.scratch) < len(x.cands) {
-		x.scratch = make([]float64, len(x.cands))
-	}
-	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Rand: rand.Uint64()}
-	i := m.Policy.Pick(&x.rreq, x.cands, x.scratch[:len(x.cands)])
-	if i < 0 {
-		return nil
-	}
-	return x.pods[i]
-}
-
-func tried(ids []int32, id int32) bool {
-	for _, t := range ids {
-		if t == id {
-			return true
-		}
-	}
-	return false
 }

@@ -43,6 +43,11 @@ type modelMetrics struct {
 	ttft     *metrics.PrometheusHistogram
 	tpot     *metrics.PrometheusHistogram
 	e2e      *metrics.PrometheusHistogram
+	// promptTokens and cachedTokens add up the prompts placed and the part
+	// of them the chosen pod was predicted to hold: their ratio is the
+	// prefix hit rate the router achieved.
+	promptTokens *metrics.Counter
+	cachedTokens *metrics.Counter
 }
 
 // podMetrics are one pod's series.
@@ -73,10 +78,12 @@ func newMetrics(s *pool.Snapshot, inFlight *atomic.Int64) *gatewayMetrics {
 	}
 	for _, md := range s.Models {
 		m.models = append(m.models, modelMetrics{
-			requests: requests(md.Name),
-			ttft:     m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_to_first_token_seconds{model=%q}`, md.Name), ttftBuckets),
-			tpot:     m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_per_output_token_seconds{model=%q}`, md.Name), tpotBuckets),
-			e2e:      m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_request_duration_seconds{model=%q}`, md.Name), e2eBuckets),
+			requests:     requests(md.Name),
+			ttft:         m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_to_first_token_seconds{model=%q}`, md.Name), ttftBuckets),
+			tpot:         m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_per_output_token_seconds{model=%q}`, md.Name), tpotBuckets),
+			e2e:          m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_request_duration_seconds{model=%q}`, md.Name), e2eBuckets),
+			promptTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
+			cachedTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
 		})
 	}
 	// Requests naming no known model are counted under one label, so a

@@ -58,16 +58,24 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, openai.ModelNotFound(x.req.Model))
 		return
 	}
-	if n := g.inFlight.Add(1); g.cfg.MaxInFlight > 0 && n > int64(g.cfg.MaxInFlight) {
-		g.inFlight.Add(-1)
-		ctx.Response.Header.Set("Retry-After", "1")
-		g.fail(ctx, x, m, openai.Overloaded("the gateway has "+strconv.Itoa(g.cfg.MaxInFlight)+" requests in flight, its max_in_flight"))
+	var err error
+	if x.class, err = classOf(ctx.Request.Header.Peek(headerPriority)); err != nil {
+		g.fail(ctx, x, m, err)
 		return
 	}
+	if n := g.inFlight.Add(1); g.cfg.MaxInFlight > 0 && n > int64(g.cfg.MaxInFlight) {
+		g.inFlight.Add(-1)
+		g.fail(ctx, x, m, &rejection{
+			err:        openai.Overloaded("the gateway has " + strconv.Itoa(g.cfg.MaxInFlight) + " requests in flight, its max_in_flight"),
+			retryAfter: 1,
+		})
+		return
+	}
+	x.id = g.nextID.Add(1)
 
 	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	g.buildUpstream(ctx, up)
-	pod, err := g.send(m, x, up, resp)
+	pod, err := g.send(m, x, up, resp, sessionOf(ctx))
 	fasthttp.ReleaseRequest(up)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
@@ -94,7 +102,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 
 	if x.req.Stream && status == fasthttp.StatusOK {
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-			code := g.relay(w, resp, x, m)
+			code := g.relay(w, resp, x, m, pod)
 			g.finish(x, m, pod, resp, code)
 		})
 		return
@@ -112,25 +120,31 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	g.finish(x, m, pod, resp, status)
 }
 
-// send forwards up to a pod of m and returns once the response headers
-// arrived. A pod that refused the connection received nothing, so the
-// request moves to another pod, at most Retries times; any other failure is
-// final, since the pod may have started work.
-func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response) (*pool.Pod, error) {
+// send places x on a pod of m, admits it, forwards up and returns once the
+// response headers arrived. A pod that refused the connection received
+// nothing, so the request moves to another pod, at most Retries times; any
+// other failure is final, since the pod may have started work.
+func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response, session string) (*pool.Pod, error) {
 	var last error
 	for attempt := 0; attempt <= g.cfg.Upstream.Retries; attempt++ {
-		pod := g.pick(m, x)
+		pod := g.pick(m, x, session)
 		if pod == nil {
 			break
 		}
+		if attempt == 0 && g.admit != nil {
+			var err error
+			if pod, err = g.admitRequest(m, x, pod, session); err != nil {
+				return nil, err
+			}
+		}
 		x.tried = append(x.tried, pod.ID)
 		up.SetHost(pod.Config.Address)
-		pod.Acquire()
+		g.place(m, x, pod)
 		err := pod.Client.DoTimeout(up, resp, g.cfg.Upstream.ResponseTimeout)
 		if err == nil {
 			return pod, nil
 		}
-		pod.Release()
+		g.unplace(x, pod)
 		g.podFailed(pod)
 		last = err
 		if !isDialError(err) {
@@ -142,6 +156,16 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 		return nil, openai.NoHealthyPod(x.req.Model)
 	}
 	return nil, g.upstreamError(last)
+}
+
+// sessionOf returns the request's session key, "" when it has none. Only
+// requests that carry one pay for the string.
+func sessionOf(ctx *fasthttp.RequestCtx) string {
+	v := ctx.Request.Header.Peek(headerSession)
+	if len(v) == 0 {
+		v = ctx.Request.Header.Peek(headerSessionAIBrix)
+	}
+	return string(v)
 }
 
 // buildUpstream copies the client's request into up: the body byte for
@@ -184,7 +208,7 @@ func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
 // half an event in front of the error event. Reads land in the exchange's
 // pooled buffer and go out from it unchanged; nothing is decoded, and token
 // counting scans the bytes in place.
-func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m *pool.Model) int {
+func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m *pool.Model, pod *pool.Pod) int {
 	conn := connOf(resp)
 	stream := resp.BodyStream()
 	mm := &g.metrics.models[m.Index]
@@ -203,12 +227,13 @@ func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m
 				if !ok {
 					break
 				}
-				before := x.tokens.Tokens()
-				x.tokens.Observe(ev)
-				if x.tokens.Tokens() > before {
+				before := x.counted.Tokens()
+				x.counted.Observe(ev)
+				if x.counted.Tokens() > before {
 					last = time.Now()
 					if first.IsZero() {
 						first = last
+						g.prefillDone(x, pod, first)
 						mm.ttft.Update(first.Sub(x.start).Seconds())
 					}
 				}
@@ -239,8 +264,12 @@ func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m
 			return e.Status
 		}
 	}
-	if n := x.tokens.Tokens(); n > 1 {
-		mm.tpot.Update(last.Sub(first).Seconds() / float64(n-1))
+	if n := x.counted.Tokens(); n > 1 {
+		tpot := last.Sub(first).Seconds() / float64(n-1)
+		mm.tpot.Update(tpot)
+		if g.admit != nil {
+			g.admit.Observe(x.class, first.Sub(x.start).Seconds(), tpot)
+		}
 	}
 	return fasthttp.StatusOK
 }
@@ -253,6 +282,8 @@ const statusClientClosed = 499
 func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
+	g.prefillDone(x, pod, time.Now())
+	g.ledger.Finish(x.id)
 	pod.Release()
 	g.inFlight.Add(-1)
 	g.metrics.models[m.Index].e2e.Update(time.Since(x.start).Seconds())
@@ -262,6 +293,14 @@ func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fastht
 
 // fail answers a request that never reached a pod.
 func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err error) {
+	if x.id != 0 {
+		g.ledger.Finish(x.id)
+	}
+	var r *rejection
+	if errors.As(err, &r) {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(r.retryAfter))
+		err = r.err
+	}
 	e := asError(err)
 	writeError(ctx, e)
 	g.metrics.countRequest(m, e.Status)

@@ -8,6 +8,7 @@
 package pool
 
 import (
+	"fmt"
 	"net"
 	"sync/atomic"
 	"time"
@@ -15,8 +16,10 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/engines"
+	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/route"
+	"pdlb/radix"
 )
 
 // Pod is one inference pod. Its configuration is immutable; its state fields
@@ -27,8 +30,13 @@ type Pod struct {
 	ID     int32
 	Config config.Pod
 	Engine engines.Kind
+	// Slot is the pod's index among its model's pods (Model.Pods), its id
+	// in the model's prefix index.
+	Slot int32
 	// Client is the keep-alive connection pool to the pod.
 	Client *fasthttp.HostClient
+	// Speed learns the pod's prefill speed on uncached tokens.
+	Speed *admit.PrefillSpeed
 
 	inFlight     atomic.Int64
 	healthy      atomic.Bool
@@ -36,7 +44,18 @@ type Pod struct {
 	ejectedUntil atomic.Int64 // unix nanoseconds; at or before now means not ejected
 	ejections    atomic.Int64
 	scraped      atomic.Pointer[Scraped]
+	// queued is the uncached prompt tokens of requests sent to the pod
+	// whose first token has not come back yet: its prefill queue.
+	queued atomic.Int64
 }
+
+// QueuedPrefill is the uncached prompt tokens the pod has yet to prefill,
+// as far as the gateway knows (tokens).
+func (p *Pod) QueuedPrefill() int64 { return p.queued.Load() }
+
+// AddQueuedPrefill adds n (negative: removes) uncached tokens to the pod's
+// prefill queue.
+func (p *Pod) AddQueuedPrefill(n int64) { p.queued.Add(n) }
 
 // Scraped is a pod's load as read from its /metrics.
 type Scraped struct {
@@ -91,15 +110,26 @@ func (p *Pod) ReportFailure(now int64, threshold int, d time.Duration) bool {
 	return true
 }
 
-// Model is one model's pods and routing policy.
+// Model is one model's pods, routing policy and prefix index.
 type Model struct {
 	Name string
 	// Index is the model's position in Snapshot.Models, for per-model
 	// tables.
 	Index int
+	// Pods are every pod of the model, by Slot.
+	Pods []*Pod
 	// Combined are the pods that run whole requests.
 	Combined []*Pod
 	Policy   route.Policy
+	// UsesCache says the policy reads prefix matches: requests are then
+	// looked up in Prefix.
+	UsesCache bool
+	// Prefix is the model's prefix index: which pod holds which blocks,
+	// from the gateway's own routing and the pods' KV events.
+	Prefix *radix.Tree
+	// BlockSize is the tokens per block key, Seed the chain's seed.
+	BlockSize int
+	Seed      uint64
 }
 
 // Snapshot is an immutable view of the fleet. Never modify one after it is
@@ -140,6 +170,7 @@ func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
 			ID:     int32(i),
 			Config: pc,
 			Engine: kind,
+			Speed:  admit.NewPrefillSpeed(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha),
 			Client: &fasthttp.HostClient{
 				Addr:                          pc.Address,
 				Name:                          "pdlb",
@@ -159,17 +190,36 @@ func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
 		s.Pods = append(s.Pods, pod)
 		m := s.byName[pc.Model]
 		if m == nil {
-			pol, err := route.New(cfg.PolicyFor(pc.Model), route.DefaultOptions())
+			mc := cfg.ModelFor(pc.Model)
+			pol, err := route.New(mc.Policy, cfg.RouteOptions())
 			if err != nil {
 				return nil, err
 			}
-			m = &Model{Name: pc.Model, Index: len(s.Models), Policy: pol}
+			m = &Model{Name: pc.Model, Index: len(s.Models), Policy: pol, UsesCache: route.UsesCache(mc.Policy),
+				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model)}
 			s.byName[pc.Model] = m
 			s.Models = append(s.Models, m)
 		}
+		pod.Slot = int32(len(m.Pods))
+		m.Pods = append(m.Pods, pod)
 		if pc.Role == config.RoleCombined {
 			m.Combined = append(m.Combined, pod)
 		}
+	}
+	for _, m := range s.Models {
+		// One capacity for the whole tree: the smallest any pod declares,
+		// so no pod is assumed to hold more than it can.
+		capacity := 0
+		for _, p := range m.Pods {
+			if c := p.Config.CacheBlocks; c > 0 && (capacity == 0 || c < capacity) {
+				capacity = c
+			}
+		}
+		tree, err := radix.New(radix.Options{MaxPods: max(len(m.Pods), 1), PodCapacity: capacity})
+		if err != nil {
+			return nil, fmt.Errorf("model %q: %w", m.Name, err)
+		}
+		m.Prefix = tree
 	}
 	return s, nil
 }

@@ -1,0 +1,160 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+
+	"pdlb/engines/vllm"
+	"pdlb/lb/admit"
+	"pdlb/lb/kvindex"
+	"pdlb/lb/pool"
+	"pdlb/radix"
+)
+
+// kvFeeds follow the KV events of every pod that publishes them into its
+// model's prefix index.
+type kvFeeds struct {
+	feeds []kvFeed
+	// indexers by pool.Model.Index, nil for models no pod publishes for.
+	indexers []*kvindex.Indexer
+}
+
+type kvFeed struct {
+	pod   *pool.Pod
+	model *pool.Model
+	sub   *vllm.Subscriber
+	index *kvindex.Pod
+}
+
+func startKVFeeds(s *pool.Snapshot, log *slog.Logger) (*kvFeeds, error) {
+	k := &kvFeeds{indexers: make([]*kvindex.Indexer, len(s.Models))}
+	for _, m := range s.Models {
+		for _, p := range m.Pods {
+			if p.Config.KVEvents == "" {
+				continue
+			}
+			if k.indexers[m.Index] == nil {
+				ix, err := kvindex.New(m.Prefix, kvindex.Config{BlockSize: m.BlockSize})
+				if err != nil {
+					k.close()
+					return nil, fmt.Errorf("model %q: %w", m.Name, err)
+				}
+				k.indexers[m.Index] = ix
+			}
+			feed := k.indexers[m.Index].Pod(p.Slot, m.Name)
+			sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: p.Config.KVEvents, ReplayEndpoint: p.Config.KVReplay}, feed)
+			if err != nil {
+				k.close()
+				return nil, fmt.Errorf("pod %q kv_events: %w", p.Config.Name, err)
+			}
+			log.Info("following KV events", "pod", p.Config.Name, "endpoint", p.Config.KVEvents)
+			k.feeds = append(k.feeds, kvFeed{pod: p, model: m, sub: sub, index: feed})
+		}
+	}
+	return k, nil
+}
+
+func (k *kvFeeds) close() {
+	for _, f := range k.feeds {
+		_ = f.sub.Close()
+	}
+	k.feeds = nil
+}
+
+// writeDynamicMetrics writes, at scrape time, the series whose label sets
+// come from state rather than configuration: the prefix index, the KV-event
+// feeds and admission.
+func (g *Gateway) writeDynamicMetrics(w io.Writer) {
+	snap := g.pool.Load()
+	fmt.Fprint(w, "# HELP pdlb_prefix_index_blocks Blocks the prefix index believes a pod holds.\n# TYPE pdlb_prefix_index_blocks gauge\n")
+	stats := make([]radix.Stats, len(snap.Models))
+	for i, m := range snap.Models {
+		stats[i] = m.Prefix.Stats()
+		for _, p := range m.Pods {
+			fmt.Fprintf(w, "pdlb_prefix_index_blocks{model=%q,pod=%q} %d\n", m.Name, p.Config.Name, stats[i].PodBlocks[p.Slot])
+		}
+	}
+	fmt.Fprint(w, "# HELP pdlb_prefix_index_bytes Memory the prefix index's arenas hold.\n# TYPE pdlb_prefix_index_bytes gauge\n")
+	for i, m := range snap.Models {
+		fmt.Fprintf(w, "pdlb_prefix_index_bytes{model=%q} %d\n", m.Name, stats[i].Bytes)
+	}
+	if len(g.kv.feeds) > 0 {
+		fmt.Fprint(w, "# HELP pdlb_kv_events_total KV events received from a pod.\n# TYPE pdlb_kv_events_total counter\n")
+		for _, f := range g.kv.feeds {
+			fmt.Fprintf(w, "pdlb_kv_events_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Events.Load())
+		}
+		fmt.Fprint(w, "# HELP pdlb_kv_event_gaps_total Sequence gaps seen in a pod's KV events.\n# TYPE pdlb_kv_event_gaps_total counter\n")
+		for _, f := range g.kv.feeds {
+			fmt.Fprintf(w, "pdlb_kv_event_gaps_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Gaps.Load())
+		}
+		fmt.Fprint(w, "# HELP pdlb_kv_event_replayed_batches_total KV-event batches recovered through a pod's replay socket.\n# TYPE pdlb_kv_event_replayed_batches_total counter\n")
+		for _, f := range g.kv.feeds {
+			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Replayed.Load())
+		}
+	}
+	if g.admit != nil {
+		fmt.Fprint(w, "# HELP pdlb_admission_requests_total Admission decisions by priority class.\n# TYPE pdlb_admission_requests_total counter\n")
+		for c := admit.Class(0); c < admit.NumClasses; c++ {
+			st := g.admit.Stats(c)
+			fmt.Fprintf(w, "pdlb_admission_requests_total{class=%q,decision=\"admitted\"} %d\n", c, st.Admitted)
+			fmt.Fprintf(w, "pdlb_admission_requests_total{class=%q,decision=\"rejected\"} %d\n", c, st.Rejected)
+			fmt.Fprintf(w, "pdlb_admission_requests_total{class=%q,decision=\"deferred\"} %d\n", c, st.Deferred)
+		}
+		fmt.Fprint(w, "# HELP pdlb_admission_waiting Requests waiting in the deferral queue.\n# TYPE pdlb_admission_waiting gauge\n")
+		for c := admit.Class(0); c < admit.NumClasses; c++ {
+			fmt.Fprintf(w, "pdlb_admission_waiting{class=%q} %d\n", c, g.admit.Stats(c).Waiting)
+		}
+		fmt.Fprint(w, "# HELP pdlb_slo_attainment_ratio Fraction of decided requests of a class that met its targets (rejected ones count as misses).\n# TYPE pdlb_slo_attainment_ratio gauge\n")
+		for c := admit.Class(0); c < admit.NumClasses; c++ {
+			fmt.Fprintf(w, "pdlb_slo_attainment_ratio{class=%q} %g\n", c, g.admit.Stats(c).Attainment())
+		}
+	}
+}
+
+// serveIndex is GET /admin/index: the prefix index of every model, and the
+// KV-event feeds that keep it exact.
+func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
+	type podIndex struct {
+		Pod            string `json:"pod"`
+		Blocks         int    `json:"blocks"`
+		KVEvents       string `json:"kv_events,omitempty"`
+		EventsReceived uint64 `json:"events_received,omitempty"`
+		Gaps           uint64 `json:"gaps,omitempty"`
+		Replayed       uint64 `json:"replayed_batches,omitempty"`
+		Restarts       uint64 `json:"restarts,omitempty"`
+	}
+	type modelIndex struct {
+		Model     string     `json:"model"`
+		BlockSize int        `json:"block_size"`
+		Nodes     int        `json:"nodes"`
+		Blocks    int        `json:"blocks"`
+		Bytes     int64      `json:"bytes"`
+		Pods      []podIndex `json:"pods"`
+	}
+	snap := g.pool.Load()
+	out := make([]modelIndex, 0, len(snap.Models))
+	for _, m := range snap.Models {
+		st := m.Prefix.Stats()
+		mi := modelIndex{Model: m.Name, BlockSize: m.BlockSize, Nodes: st.Nodes, Blocks: st.Blocks, Bytes: st.Bytes}
+		for _, p := range m.Pods {
+			pi := podIndex{Pod: p.Config.Name, Blocks: st.PodBlocks[p.Slot], KVEvents: p.Config.KVEvents}
+			for _, f := range g.kv.feeds {
+				if f.pod == p {
+					pi.EventsReceived = f.sub.Counters.Events.Load()
+					pi.Gaps = f.sub.Counters.Gaps.Load()
+					pi.Replayed = f.sub.Counters.Replayed.Load()
+					pi.Restarts = f.sub.Counters.Restarts.Load()
+				}
+			}
+			mi.Pods = append(mi.Pods, pi)
+		}
+		out = append(out, mi)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(map[string]any{"models": out})
+}

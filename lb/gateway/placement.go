@@ -1,0 +1,240 @@
+package gateway
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"pdlb/lb/admit"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/route"
+	"pdlb/ledger"
+	"pdlb/radix"
+)
+
+// Headers that carry a request's session key (seed 001's name is an alias)
+// and its priority class.
+const (
+	headerSession       = "x-session-key"
+	headerSessionAIBrix = "x-aibrix-session-key"
+	headerPriority      = "x-priority"
+)
+
+// lookup finds how much of the prompt each pod of m holds, once per
+// request (retries reuse it): token ids, block keys, one walk of the index.
+func (g *Gateway) lookup(m *pool.Model, x *exchange) {
+	if x.looked || !m.UsesCache {
+		return
+	}
+	x.looked = true
+	x.tokens = x.req.AppendTokens(x.tokens[:0])
+	x.keys = radix.AppendBlockKeys(x.keys[:0], m.Seed, x.tokens, m.BlockSize)
+	if cap(x.depth) < len(m.Pods) {
+		x.depth = make([]int32, len(m.Pods))
+	}
+	x.depth = x.depth[:len(m.Pods)]
+	m.Prefix.Match(x.keys, x.depth)
+}
+
+// pick chooses an available combined pod of m that x has not tried yet, or
+// nil if none is left. The pod's token charge is taken under the ledger's
+// selection lock, in the same critical section as the scoring, so
+// concurrent picks see each other's charges.
+func (g *Gateway) pick(m *pool.Model, x *exchange, session string) *pool.Pod {
+	g.lookup(m, x)
+	now := time.Now().UnixNano()
+	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
+	g.ledger.LockSelection()
+	defer g.ledger.UnlockSelection()
+	x.cands, x.pods = x.cands[:0], x.pods[:0]
+	for _, p := range m.Combined {
+		if !p.Available(now) || tried(x.tried, p.ID) {
+			continue
+		}
+		c := route.Candidate{
+			Pod:                 p.ID,
+			InFlight:            int(p.InFlight()),
+			Weight:              p.Config.Weight,
+			QueuedPrefillTokens: float64(p.QueuedPrefill()),
+			PrefillTokensPerSec: p.Speed.TokensPerSec(),
+		}
+		if m.UsesCache {
+			c.CachedTokens = min(int(x.depth[p.Slot])*m.BlockSize, x.rreq.PromptTokens)
+		}
+		active, kv := g.ledger.Prefill(p.ID)
+		c.ActiveTokens, c.KVTokens = float64(active), float64(kv)
+		if s := p.Scraped(); s != nil {
+			c.HasMetrics = true
+			c.Running, c.Waiting, c.KVUsage = int(s.Running), int(s.Waiting), s.KVUsage
+		}
+		x.cands = append(x.cands, c)
+		x.pods = append(x.pods, p)
+	}
+	if cap(x.scratch) < len(x.cands) {
+		x.scratch = make([]float64, len(x.cands))
+	}
+	i := m.Policy.Pick(&x.rreq, x.cands, x.scratch[:len(x.cands)])
+	if i < 0 {
+		return nil
+	}
+	x.chosen = x.cands[i]
+	prompt := ledger.Prompt{Tokens: int64(x.rreq.PromptTokens), Model: m.Name, SessionKey: session}
+	if m.UsesCache && x.rreq.PromptTokens > 0 {
+		prompt.Matched = true
+		prompt.MatchPct = 100 * float64(x.chosen.CachedTokens) / float64(x.rreq.PromptTokens)
+	}
+	g.ledger.Charge(x.id, x.pods[i].ID, -1, &prompt, g.ledger.Now())
+	return x.pods[i]
+}
+
+func tried(ids []int32, id int32) bool {
+	for _, t := range ids {
+		if t == id {
+			return true
+		}
+	}
+	return false
+}
+
+// place commits x to pod: its uncached tokens join the pod's prefill queue,
+// the index learns that the pod will hold the prompt, and the pod counts
+// the request in flight.
+func (g *Gateway) place(m *pool.Model, x *exchange, pod *pool.Pod) {
+	x.uncached = int64(max(x.rreq.PromptTokens-x.chosen.CachedTokens, 0))
+	x.idleStart = pod.QueuedPrefill() == 0
+	pod.AddQueuedPrefill(x.uncached)
+	pod.Acquire()
+	if m.UsesCache && len(x.keys) > 0 {
+		m.Prefix.Insert(pod.Slot, x.keys)
+	}
+	mm := &g.metrics.models[m.Index]
+	mm.promptTokens.Add(x.rreq.PromptTokens)
+	mm.cachedTokens.Add(x.chosen.CachedTokens)
+}
+
+// unplace undoes place for a pod that refused the request.
+func (g *Gateway) unplace(x *exchange, pod *pool.Pod) {
+	pod.AddQueuedPrefill(-x.uncached)
+	pod.Release()
+	x.uncached = 0
+}
+
+// prefillDone runs once per request when its first token is out (or the
+// whole response, for a non-streaming one): the prompt has left the pod's
+// prefill queue, and the ledger releases the active part of the charge. A
+// request that found the queue empty also times the pod's prefill speed.
+func (g *Gateway) prefillDone(x *exchange, pod *pool.Pod, at time.Time) {
+	if x.firstSeen {
+		return
+	}
+	x.firstSeen = true
+	pod.AddQueuedPrefill(-x.uncached)
+	g.ledger.PrefillDone(x.id)
+	if x.idleStart && x.req.Stream {
+		pod.Speed.Observe(int(x.uncached), at.Sub(x.start).Seconds())
+	}
+}
+
+// rejection is an error answered with 429 and a Retry-After header.
+type rejection struct {
+	err        *openai.Error
+	retryAfter int
+}
+
+func (r *rejection) Error() string { return r.err.Message }
+
+// deferPoll is how often a deferred request looks whether it is at the head
+// of the queue and its prediction has cleared. The queue is bounded, so the
+// polling is too.
+const deferPoll = 5 * time.Millisecond
+
+// admitRequest decides whether x, placed on pod by the policy, may go
+// upstream: predicted TTFT within its class's target, or else reject (429
+// at once) or wait in the bounded deferral queue until a prediction clears
+// or its wait runs out. It returns the pod to use, which a wait may change.
+func (g *Gateway) admitRequest(m *pool.Model, x *exchange, pod *pool.Pod, session string) (*pool.Pod, error) {
+	since := g.clock()
+	ttft := route.PredictedTTFT(&x.rreq, &x.chosen, 0)
+	v := g.admit.Decide(x.class, x.id, since, ttft, 0)
+	switch v.Action {
+	case admit.Admit:
+		return pod, nil
+	case admit.Reject:
+		return nil, g.reject(x, ttft, v.RetryAfter)
+	}
+	maxWait := g.admit.Config().Classes[x.class].MaxWait
+	for {
+		time.Sleep(deferPoll)
+		now := g.clock()
+		if now-since > maxWait {
+			// One expired entry leaves the queue per expired waiter, so
+			// the queue and the waiters stay in step.
+			g.admit.Expired(now)
+			return nil, g.reject(x, ttft, 1)
+		}
+		if d, ok := g.admit.Head(); !ok || d.ID != x.id {
+			continue
+		}
+		if p := g.pick(m, x, session); p != nil {
+			pod = p
+			ttft = route.PredictedTTFT(&x.rreq, &x.chosen, 0)
+		}
+		if g.admit.Retry(x.id, now, ttft, 0) {
+			return pod, nil
+		}
+	}
+}
+
+func (g *Gateway) reject(x *exchange, ttft float64, retryAfter int) error {
+	slo := g.admit.Config().Classes[x.class].TTFTSLO
+	return &rejection{
+		err: openai.Overloaded("predicted time to first token " + strconv.FormatFloat(ttft, 'f', 2, 64) +
+			"s exceeds the " + strconv.FormatFloat(slo, 'f', -1, 64) + "s target of class " + x.class.String()),
+		retryAfter: retryAfter,
+	}
+}
+
+// clock is the admission controller's time: seconds since the gateway
+// started.
+func (g *Gateway) clock() float64 { return time.Since(g.epoch).Seconds() }
+
+// classOf reads the priority class of a request; an unknown one is a 400
+// naming the header.
+func classOf(v []byte) (admit.Class, error) {
+	if len(v) == 0 {
+		return admit.Interactive, nil
+	}
+	c, err := admit.ParseClass(string(v))
+	if err != nil {
+		return 0, &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: headerPriority,
+			Code: openai.CodeInvalidValue, Message: "header " + headerPriority + ": " + err.Error()}
+	}
+	return c, nil
+}
+
+// startSharedLedger shares the decode ledger through Redis until ctx ends.
+// Redis never sits on the request path: a background loop exchanges the
+// replicas' charges.
+func (g *Gateway) startSharedLedger(ctx context.Context) {
+	rdb := redis.NewClient(&redis.Options{
+		Addr:         g.cfg.Redis.Address,
+		DialTimeout:  200 * time.Millisecond,
+		ReadTimeout:  200 * time.Millisecond,
+		WriteTimeout: 200 * time.Millisecond,
+		MaxRetries:   -1,
+	})
+	sh := ledger.NewShared(g.ledger, rdb, ledger.SharedOptions{
+		ReplicaID: g.cfg.Redis.ReplicaID,
+		Interval:  time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs) * time.Millisecond,
+		Expiry:    time.Duration(g.cfg.TokenLoad.SharedExpiryMs) * time.Millisecond,
+		Logger:    g.log,
+	})
+	g.background(func() {
+		sh.Run(ctx)
+		_ = rdb.Close()
+	})
+}

@@ -1,0 +1,255 @@
+package lb_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"pdlb/engines/sim"
+	"pdlb/engines/vllm"
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// chat is a chat body whose system prompt is long enough to span many
+// prefix-index blocks.
+func chat(system, user string, maxTokens int, stream bool) string {
+	b, _ := json.Marshal(map[string]any{
+		"model":      "m",
+		"messages":   []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
+		"max_tokens": maxTokens,
+		"stream":     stream,
+	})
+	return string(b)
+}
+
+func TestCacheAwareRoutingFollowsPrefixes(t *testing.T) {
+	sims := testFleet(t, "m", 4, 100)
+	for _, policy := range []string{"prefix_cache", "cache_aware", "slo_cache"} {
+		t.Run(policy, func(t *testing.T) {
+			s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+				c.Models = []config.Model{{Name: "m", Policy: policy}}
+			})
+			// Four conversations, each with its own long system prompt: every
+			// turn of a conversation must land on the pod that served its
+			// first turn.
+			home := map[int]string{}
+			for turn := 0; turn < 3; turn++ {
+				for conv := 0; conv < 4; conv++ {
+					system := strings.Repeat(fmt.Sprintf("conversation %d system prompt. ", conv), 200)
+					resp, b := post(t, s, "/v1/chat/completions", chat(system, fmt.Sprintf("turn %d", turn), 2, false))
+					if resp.StatusCode != 200 {
+						t.Fatalf("%d: %s", resp.StatusCode, b)
+					}
+					pod := resp.Header.Get("x-pdlb-pod")
+					if turn == 0 {
+						home[conv] = pod
+					} else if pod != home[conv] {
+						t.Fatalf("conversation %d turn %d went to %s, its prefix is on %s", conv, turn, pod, home[conv])
+					}
+				}
+			}
+			metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+			if !strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"}`) || strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"} 0`) {
+				t.Fatalf("no cached tokens counted:\n%s", metrics)
+			}
+		})
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// indexBlocks reads the blocks the gateway's index holds for pod.
+func indexBlocks(t *testing.T, s *lb.Server, pod string) (blocks int, events uint64) {
+	t.Helper()
+	var out struct {
+		Models []struct {
+			Pods []struct {
+				Pod            string
+				Blocks         int
+				EventsReceived uint64 `json:"events_received"`
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(get(t, "http://"+s.AdminAddr()+"/admin/index")), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range out.Models {
+		for _, p := range m.Pods {
+			if p.Pod == pod {
+				return p.Blocks, p.EventsReceived
+			}
+		}
+	}
+	t.Fatalf("pod %s not in /admin/index", pod)
+	return 0, 0
+}
+
+func TestKVEventsKeepTheIndexExact(t *testing.T) {
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	pod, err := sim.Start(sim.Config{Name: "kv-0", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, KVEvents: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	s := testGateway(t, []config.Pod{{Name: "kv-0", Model: "m", Address: pod.Addr(), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()}},
+		func(c *config.Config) { c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}} })
+	resp, b := post(t, s, "/v1/chat/completions", chat(strings.Repeat("a long shared system prompt ", 300), "hi", 2, false))
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	waitFor(t, "KV events to arrive", func() bool { _, ev := indexBlocks(t, s, "kv-0"); return ev > 0 })
+	if blocks, _ := indexBlocks(t, s, "kv-0"); blocks == 0 {
+		t.Fatal("index holds nothing after the pod stored blocks")
+	}
+	// The engine drops its cache: the gateway must follow within 100 ms.
+	start := time.Now()
+	pod.ResetPrefixCache()
+	waitFor(t, "the index to forget the cleared pod", func() bool { blocks, _ := indexBlocks(t, s, "kv-0"); return blocks == 0 })
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Logf("index followed the clear after %v (target 100 ms; machine load may explain it)", d)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestAdmissionShedsWhatCannotMeetItsTarget(t *testing.T) {
+	// One pod prefilling at 2,000 tokens/s (speedup 1) and a 0.5 s target:
+	// a prompt of ~1,600 tokens takes ~0.8 s, so it can never make it and
+	// is rejected at once, before any upstream work; short prompts pass.
+	pod, err := sim.Start(sim.Config{Name: "slow", Model: "m", Listen: "127.0.0.1:0", Speedup: 1,
+		Physics: func() sim.Physics { p := sim.DefaultPhysics(); p.PrefillTokensPerSec = 2000; return p }()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: 2000}}, func(c *config.Config) {
+		c.Admission.Enabled = true
+		c.Admission.Interactive.TTFTSLO = 0.5
+	})
+	start := time.Now()
+	resp, b := post(t, s, "/v1/chat/completions", chat(strings.Repeat("x", 6400), "hi", 2, false))
+	took := time.Since(start)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(b, "predicted time to first token") {
+		t.Fatalf("got %d %q (Retry-After %q), want 429", resp.StatusCode, b, resp.Header.Get("Retry-After"))
+	}
+	if st := pod.Stats(); st.PromptTokens != 0 {
+		t.Fatalf("a rejected request reached the pod: %+v", st)
+	}
+	t.Logf("rejection answered in %v", took)
+	if resp, b := post(t, s, "/v1/chat/completions", chat("short", "hi", 2, false)); resp.StatusCode != 200 {
+		t.Fatalf("a short prompt was not admitted: %d %s", resp.StatusCode, b)
+	}
+	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+	for _, want := range []string{`pdlb_admission_requests_total{class="interactive",decision="rejected"} 1`, `pdlb_admission_requests_total{class="interactive",decision="admitted"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestBatchRequestsWait(t *testing.T) {
+	// A batch request that cannot meet its target now waits in the bounded
+	// queue for the prediction to clear, and is answered either way within
+	// its max wait; an interactive one in the same situation is rejected at
+	// once.
+	pod, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 1,
+		Physics: func() sim.Physics { p := sim.DefaultPhysics(); p.PrefillTokensPerSec = 20000; return p }()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod.Addr()}}, func(c *config.Config) {
+		c.Admission.Enabled = true
+		c.Admission.Interactive.TTFTSLO = 0.3
+		c.Admission.Batch.TTFTSLO = 0.5
+		c.Admission.Batch.MaxWait = 2
+	})
+	// ~4,000 tokens each, 0.2 s of prefill, and no two share a prefix.
+	long := func(i int) string { return chat(fmt.Sprint(i)+strings.Repeat("y", 16000), "hi", 2, false) }
+	var wg sync.WaitGroup
+	codes := make([]int, 6)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := strings.NewReader(long(i))
+			r, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			r.Body.Close()
+			codes[i] = r.StatusCode
+		}()
+	}
+	wg.Wait()
+	interactiveRejected := 0
+	for _, c := range codes {
+		if c == 429 {
+			interactiveRejected++
+		}
+	}
+	if interactiveRejected == 0 {
+		t.Fatalf("six concurrent 0.2 s prefills against a 0.3 s target: none rejected (%v)", codes)
+	}
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := newPost(s, long(100+i))
+			req.Header.Set("x-priority", "batch")
+			r, err := client.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			r.Body.Close()
+			codes[i] = r.StatusCode
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for i, c := range codes {
+		if c != 200 && c != 429 {
+			t.Fatalf("batch request %d: %d (all %v)", i, c, codes)
+		}
+		if c == 200 {
+			ok++
+		}
+	}
+	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+	if ok == 0 || strings.Contains(metrics, `pdlb_admission_requests_total{class="batch",decision="deferred"} 0`) ||
+		!strings.Contains(metrics, `pdlb_admission_waiting{class="batch"} 0`) {
+		t.Fatalf("batch codes %v; want some served and some deferred, none left waiting:\n%s", codes, metrics)
+	}
+	if resp, b := postWith(t, s, chat("s", "hi", 2, false), "x-priority", "urgent"); resp.StatusCode != 400 || !strings.Contains(b, "x-priority") {
+		t.Fatalf("unknown priority: %d %s", resp.StatusCode, b)
+	}
+}
