@@ -201,9 +201,8 @@ type exchange struct {
 	counted openai.TokenCounter
 	start   time.Time
 
-	// The prompt as the prefix index sees it: token ids, block keys, and
-	// each pod's matched depth in blocks (by pool.Pod.Slot).
-	tokens []uint32
+	// The prompt as the prefix index sees it: block keys, and each pod's
+	// matched depth in blocks (by pool.Pod.Slot).
 	keys   []uint64
 	depth  []int32
 	looked bool
@@ -232,7 +231,7 @@ func releaseExchange(x *exchange) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
 	x.cands, x.pods, x.tried = x.cands[:0], x.pods[:0], x.tried[:0]
-	x.tokens, x.keys, x.looked = x.tokens[:0], x.keys[:0], false
+	x.keys, x.looked = x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.id = 0, false, false, 0
 	x.class = admit.Interactive
 	x.events.Reset()

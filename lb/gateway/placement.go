@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"pdlb/engines/tokenize"
 	"pdlb/lb/admit"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
@@ -25,14 +26,17 @@ const (
 )
 
 // lookup finds how much of the prompt each pod of m holds, once per
-// request (retries reuse it): token ids, block keys, one walk of the index.
+// request (retries reuse it): block keys, then one walk of the index.
 func (g *Gateway) lookup(m *pool.Model, x *exchange) {
 	if x.looked || !m.UsesCache {
 		return
 	}
 	x.looked = true
-	x.tokens = x.req.AppendTokens(x.tokens[:0])
-	x.keys = radix.AppendBlockKeys(x.keys[:0], m.Seed, x.tokens, m.BlockSize)
+	if x.req.TokenIDs {
+		x.keys = radix.AppendBlockKeys(x.keys[:0], m.Seed, x.req.PromptIDs, m.BlockSize)
+	} else {
+		x.keys = tokenize.AppendBlockKeys(x.keys[:0], m.Seed, x.req.Prompt, m.BlockSize)
+	}
 	if cap(x.depth) < len(m.Pods) {
 		x.depth = make([]int32, len(m.Pods))
 	}
