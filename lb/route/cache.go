@@ -28,18 +28,11 @@ type PrefixCache struct{ Opts Options }
 
 // Score implements Scorer.
 func (p PrefixCache) Score(req *Request, cands []Candidate, out []float64) {
-	maxReqs, mean := 0, 0.0
+	maxReqs := 0
 	for i := range cands {
 		maxReqs = max(maxReqs, cands[i].InFlight)
-		mean += float64(cands[i].InFlight)
 	}
-	mean /= float64(len(cands))
-	variance := 0.0
-	for i := range cands {
-		d := float64(cands[i].InFlight) - mean
-		variance += d * d
-	}
-	limit := mean + p.Opts.StdDevFactor*math.Sqrt(variance/float64(len(cands)))
+	limit := inFlightLimit(cands, p.Opts.StdDevFactor)
 	for i := range cands {
 		c := &cands[i]
 		load := 0.0
@@ -51,6 +44,23 @@ func (p PrefixCache) Score(req *Request, cands []Candidate, out []float64) {
 			out[i] = math.Inf(1)
 		}
 	}
+}
+
+// inFlightLimit is the in-flight count above which a pod is more than
+// factor standard deviations above the mean of cands: seed 001's skip of
+// overloaded prefill pods, shared by prefix_cache and the PD cascade.
+func inFlightLimit(cands []Candidate, factor float64) float64 {
+	mean := 0.0
+	for i := range cands {
+		mean += float64(cands[i].InFlight)
+	}
+	mean /= float64(len(cands))
+	variance := 0.0
+	for i := range cands {
+		d := float64(cands[i].InFlight) - mean
+		variance += d * d
+	}
+	return mean + factor*math.Sqrt(variance/float64(len(cands)))
 }
 
 // CacheAware is the cache-aware policy of SGLang's router: while the load

@@ -1,0 +1,484 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// PDOptions carries every knob of the prefill/decode cascade: each of seed
+// 001's environment variables with the same default, the watchdog timeouts a
+// profile may override, and pdlb's own knobs (combined overflow, conditional
+// disaggregation). Start from DefaultPDOptions, apply YAML or ApplyEnv, then
+// Validate; a PDRouter freezes a validated copy.
+type PDOptions struct {
+	// PromptLengthBucketing matches requests to pods by prompt length
+	// (AIBRIX_PROMPT_LENGTH_BUCKETING, default false).
+	PromptLengthBucketing bool `yaml:"prompt_length_bucketing"`
+	// BucketServe adds the adaptive band plan on top of bucketing
+	// (AIBRIX_BUCKET_SERVE, default false).
+	BucketServe bool `yaml:"bucket_serve"`
+	// BucketServeMode is the unit of the band cut points: "throughput"
+	// (prompt-token mass) or "rps" (request counts) (AIBRIX_BUCKET_SERVE_MODE,
+	// default "throughput").
+	BucketServeMode string `yaml:"bucket_serve_mode"`
+	// PrefillRequestTimeout bounds the prefill leg (AIBRIX_PREFILL_REQUEST_TIMEOUT,
+	// seconds, default 30s).
+	PrefillRequestTimeout time.Duration `yaml:"prefill_request_timeout"`
+	// PrefillScorePolicy scores prefill pods: prefix_cache, least_request,
+	// conductor, token_load or hybrid_cache_load (AIBRIX_PREFILL_SCORE_POLICY,
+	// default "prefix_cache").
+	PrefillScorePolicy string `yaml:"prefill_score_policy"`
+	// TokenLoadKVWeight weighs resident KV tokens in the token_load and
+	// hybrid_cache_load scores (AIBRIX_TOKEN_LOAD_KV_WEIGHT, default 0.3).
+	TokenLoadKVWeight float64 `yaml:"token_load_kv_weight"`
+	// TokenLoadRequestCost is the fixed cost of a prefill charge, in tokens
+	// (AIBRIX_TOKEN_LOAD_REQUEST_COST, default 3500).
+	TokenLoadRequestCost float64 `yaml:"token_load_request_cost"`
+	// TokenLoadTTL force-releases charges older than this
+	// (AIBRIX_TOKEN_LOAD_TTL_SECONDS, default 3600s).
+	TokenLoadTTL time.Duration `yaml:"token_load_ttl"`
+	// TokenLoadSessionTTL is how long a session's last prompt size is kept
+	// for the session-delta charge; 0 turns the rule off
+	// (AIBRIX_TOKEN_LOAD_SESSION_TTL_SECONDS, default 1800s).
+	TokenLoadSessionTTL time.Duration `yaml:"token_load_session_ttl"`
+	// TokenLoadMaxSessions bounds the session table
+	// (AIBRIX_TOKEN_LOAD_MAX_SESSIONS, default 100000).
+	TokenLoadMaxSessions int `yaml:"token_load_max_sessions"`
+	// HybridCacheLoadFactor is the discount a full prefix match applies to a
+	// pod's load, 0..1 (AIBRIX_HYBRID_CACHE_LOAD_FACTOR, default 0.5).
+	HybridCacheLoadFactor float64 `yaml:"hybrid_cache_load_factor"`
+	// MinMatchPct ignores prefix matches below this percentage, 0..100
+	// (AIBRIX_MIN_MATCH_PCT, default 0 = off).
+	MinMatchPct float64 `yaml:"min_match_pct"`
+	// DecodeTokenLoadOutputGrowth adds the output generated so far to the
+	// token_load decode score (AIBRIX_DECODE_TOKEN_LOAD_OUTPUT_GROWTH,
+	// default true).
+	DecodeTokenLoadOutputGrowth bool `yaml:"decode_token_load_output_growth"`
+	// TokenLoadSharedLedger shares the decode ledger through Redis when one
+	// is configured (AIBRIX_TOKEN_LOAD_SHARED_LEDGER, default true).
+	TokenLoadSharedLedger bool `yaml:"token_load_shared_ledger"`
+	// DecodeScorePolicy scores decode pods: load_balancing, least_request,
+	// conductor or token_load (AIBRIX_DECODE_SCORE_POLICY, default
+	// "load_balancing").
+	DecodeScorePolicy string `yaml:"decode_score_policy"`
+	// KVConnectorType is the vLLM KV transfer adapter, "shfs" or "nixl"
+	// (AIBRIX_KV_CONNECTOR_TYPE, default "shfs").
+	KVConnectorType string `yaml:"kv_connector_type"`
+	// PrefillLoadImbalanceMinSpread: an outstanding-prefill spread (max − min
+	// over prefill pods) at least this large sends the prefill to the least
+	// loaded pod (AIBRIX_PREFILL_LOAD_IMBALANCE_MIN_SPREAD, default 16).
+	PrefillLoadImbalanceMinSpread int `yaml:"prefill_load_imbalance_min_spread"`
+	// DecodeLoadImbalanceMinSpread: a running+pending spread at least this
+	// large over decode pods with metrics sends the decode to the least
+	// loaded one (AIBRIX_DECODE_LOAD_IMBALANCE_MIN_SPREAD, default 16).
+	DecodeLoadImbalanceMinSpread int `yaml:"decode_load_imbalance_min_spread"`
+	// DecodeThroughputImbalanceMinSpread: a generation-throughput spread
+	// above this (tokens/s) sends the decode to the slowest pod
+	// (AIBRIX_DECODE_THROUGHPUT_IMBALANCE_MIN_SPREAD, default 2048).
+	DecodeThroughputImbalanceMinSpread float64 `yaml:"decode_throughput_imbalance_min_spread"`
+	// DecodeScoreRatioThreshold: when every decode pod reports a drain rate
+	// and max/min of (running+pending)/drain_rate exceeds this, the decode
+	// goes to the pod that drains soonest (AIBRIX_DECODE_SCORE_RATIO_THRESHOLD,
+	// default 1.5).
+	DecodeScoreRatioThreshold float64 `yaml:"decode_score_ratio_threshold"`
+	// DecodeLBWeightRunning and DecodeLBWeightThroughput weigh the running
+	// and inverse-throughput terms of load_balancing
+	// (AIBRIX_DECODE_LB_WEIGHT_RUNNING, AIBRIX_DECODE_LB_WEIGHT_THROUGHPUT,
+	// defaults 1.0).
+	DecodeLBWeightRunning    float64 `yaml:"decode_lb_weight_running"`
+	DecodeLBWeightThroughput float64 `yaml:"decode_lb_weight_throughput"`
+	// TRTMachineID is the 10-bit machine id in TensorRT-LLM disagg request
+	// ids, [0, 1024) (AIBRIX_TRT_MACHINE_ID, default 0). Gateways sharing TRT
+	// workers need different ids.
+	TRTMachineID int `yaml:"trt_machine_id"`
+	// TRTScheduleStyle is "context_first" or "generation_first"
+	// (AIBRIX_TRT_SCHEDULE_STYLE, default "context_first").
+	TRTScheduleStyle string `yaml:"trt_schedule_style"`
+	// StdDevFactor skips prefill pods whose outstanding prefills exceed the
+	// mean by more than this many standard deviations
+	// (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR, default 1).
+	StdDevFactor float64 `yaml:"std_dev_factor"`
+
+	// The decode watchdog (seed 001, "SGLang Decode Watchdog"); 0 disables
+	// each. DecodeFirstResponseTimeout bounds the wait for a stream's first
+	// chunk after the prefill succeeded (AIBRIX_DECODE_FIRST_RESPONSE_TIMEOUT,
+	// default 60s); DecodeResponseTimeout the same for a non-streaming
+	// answer (AIBRIX_DECODE_RESPONSE_TIMEOUT, default 0 = off);
+	// DecodeStreamIdleTimeout the gap between two chunks
+	// (AIBRIX_DECODE_STREAM_IDLE_TIMEOUT, default 120s).
+	DecodeFirstResponseTimeout time.Duration `yaml:"decode_first_response_timeout"`
+	DecodeResponseTimeout      time.Duration `yaml:"decode_response_timeout"`
+	DecodeStreamIdleTimeout    time.Duration `yaml:"decode_stream_idle_timeout"`
+
+	// pdlb's own knobs (no AIBRIX_* alias).
+
+	// CombinedPrefillBusy and CombinedDecodeBusy define "PD pairs heavily
+	// loaded" for the combined overflow (seed 001's shouldPickCombined): the
+	// least loaded eligible prefill pod has at least CombinedPrefillBusy
+	// outstanding prefills, or the least loaded decode pod at least
+	// CombinedDecodeBusy running+waiting+pending requests (defaults 8 and
+	// 64; 0 disables that half). A combined pod is "idle" when it has at
+	// most CombinedIdleMaxInFlight requests in flight (default 0).
+	CombinedPrefillBusy     int `yaml:"combined_prefill_busy"`
+	CombinedDecodeBusy      int `yaml:"combined_decode_busy"`
+	CombinedIdleMaxInFlight int `yaml:"combined_idle_max_in_flight"`
+	// LocalPrefillMaxTokens is conditional disaggregation (seed 000): when
+	// the prompt tokens the chosen decode pod does not already hold are at
+	// most this many, the prefill leg is skipped and the decode pod prefills
+	// locally (default 0 = always disaggregate).
+	LocalPrefillMaxTokens int `yaml:"local_prefill_max_tokens"`
+}
+
+// Policy names of the cascade (seed 001, steps 3 and 4).
+const (
+	PrefillPolicyPrefixCache     = "prefix_cache"
+	PrefillPolicyLeastRequest    = "least_request"
+	PrefillPolicyConductor       = "conductor"
+	PrefillPolicyTokenLoad       = "token_load"
+	PrefillPolicyHybridCacheLoad = "hybrid_cache_load"
+
+	DecodePolicyLoadBalancing = "load_balancing"
+	DecodePolicyLeastRequest  = "least_request"
+	DecodePolicyConductor     = "conductor"
+	DecodePolicyTokenLoad     = "token_load"
+
+	BucketServeThroughput = "throughput"
+	BucketServeRPS        = "rps"
+
+	TRTContextFirst    = "context_first"
+	TRTGenerationFirst = "generation_first"
+)
+
+// Defaults of PDOptions: seed 001's table, then pdlb's own.
+const (
+	DefaultPrefillRequestTimeout              = 30 * time.Second
+	DefaultPrefillScorePolicy                 = PrefillPolicyPrefixCache
+	DefaultTokenLoadRequestCost               = 3500
+	DefaultTokenLoadTTL                       = 3600 * time.Second
+	DefaultTokenLoadSessionTTL                = 1800 * time.Second
+	DefaultTokenLoadMaxSessions               = 100000
+	DefaultTokenLoadSharedLedger              = true
+	DefaultDecodeScorePolicy                  = DecodePolicyLoadBalancing
+	DefaultKVConnectorType                    = "shfs"
+	DefaultPrefillLoadImbalanceMinSpread      = 16
+	DefaultDecodeLoadImbalanceMinSpread       = 16
+	DefaultDecodeThroughputImbalanceMinSpread = 2048
+	DefaultDecodeScoreRatioThreshold          = 1.5
+	DefaultDecodeLBWeightRunning              = 1.0
+	DefaultDecodeLBWeightThroughput           = 1.0
+	DefaultTRTMachineID                       = 0
+	DefaultTRTScheduleStyle                   = TRTContextFirst
+	DefaultDecodeFirstResponseTimeout         = 60 * time.Second
+	DefaultDecodeResponseTimeout              = 0
+	DefaultDecodeStreamIdleTimeout            = 120 * time.Second
+	DefaultBucketServeMode                    = BucketServeThroughput
+
+	DefaultCombinedPrefillBusy     = 8
+	DefaultCombinedDecodeBusy      = 64
+	DefaultCombinedIdleMaxInFlight = 0
+	DefaultLocalPrefillMaxTokens   = 0
+)
+
+// TRTMachineIDLimit is the exclusive bound of TRTMachineID (10 bits).
+const TRTMachineIDLimit = 1 << 10
+
+// DefaultPDOptions returns every knob at its default.
+func DefaultPDOptions() PDOptions {
+	return PDOptions{
+		BucketServeMode:                    DefaultBucketServeMode,
+		PrefillRequestTimeout:              DefaultPrefillRequestTimeout,
+		PrefillScorePolicy:                 DefaultPrefillScorePolicy,
+		TokenLoadKVWeight:                  DefaultTokenLoadKVWeight,
+		TokenLoadRequestCost:               DefaultTokenLoadRequestCost,
+		TokenLoadTTL:                       DefaultTokenLoadTTL,
+		TokenLoadSessionTTL:                DefaultTokenLoadSessionTTL,
+		TokenLoadMaxSessions:               DefaultTokenLoadMaxSessions,
+		HybridCacheLoadFactor:              DefaultHybridCacheLoadFactor,
+		MinMatchPct:                        DefaultMinMatchPct,
+		DecodeTokenLoadOutputGrowth:        DefaultDecodeOutputGrowth,
+		TokenLoadSharedLedger:              DefaultTokenLoadSharedLedger,
+		DecodeScorePolicy:                  DefaultDecodeScorePolicy,
+		KVConnectorType:                    DefaultKVConnectorType,
+		PrefillLoadImbalanceMinSpread:      DefaultPrefillLoadImbalanceMinSpread,
+		DecodeLoadImbalanceMinSpread:       DefaultDecodeLoadImbalanceMinSpread,
+		DecodeThroughputImbalanceMinSpread: DefaultDecodeThroughputImbalanceMinSpread,
+		DecodeScoreRatioThreshold:          DefaultDecodeScoreRatioThreshold,
+		DecodeLBWeightRunning:              DefaultDecodeLBWeightRunning,
+		DecodeLBWeightThroughput:           DefaultDecodeLBWeightThroughput,
+		TRTMachineID:                       DefaultTRTMachineID,
+		TRTScheduleStyle:                   DefaultTRTScheduleStyle,
+		StdDevFactor:                       DefaultStdDevFactor,
+		DecodeFirstResponseTimeout:         DefaultDecodeFirstResponseTimeout,
+		DecodeResponseTimeout:              DefaultDecodeResponseTimeout,
+		DecodeStreamIdleTimeout:            DefaultDecodeStreamIdleTimeout,
+		CombinedPrefillBusy:                DefaultCombinedPrefillBusy,
+		CombinedDecodeBusy:                 DefaultCombinedDecodeBusy,
+		CombinedIdleMaxInFlight:            DefaultCombinedIdleMaxInFlight,
+		LocalPrefillMaxTokens:              DefaultLocalPrefillMaxTokens,
+	}
+}
+
+// ErrInvalidPDOption wraps every error of Validate and ApplyEnv.
+var ErrInvalidPDOption = errors.New("route: invalid pd option")
+
+// pdKnob is one row of the knob table that Validate and ApplyEnv share, so
+// a knob's names, its value and its rule sit in one place. ptr returns a
+// pointer to the field: *bool, *int, *float64, *string or *time.Duration
+// (whose environment form is seconds). check returns why a value is bad,
+// or "".
+type pdKnob struct {
+	yaml, env string
+	ptr       func(o *PDOptions) any
+	check     func(o *PDOptions) string
+}
+
+func oneOf(v string, names ...string) string {
+	for _, n := range names {
+		if v == n {
+			return ""
+		}
+	}
+	return "is not one of " + strings.Join(names, ", ")
+}
+
+func positive[T int | float64 | time.Duration](v T) string {
+	if v > 0 {
+		return ""
+	}
+	return "must be positive"
+}
+
+func nonNegative[T int | float64 | time.Duration](v T) string {
+	if v >= 0 {
+		return ""
+	}
+	return "must not be negative"
+}
+
+func within(v, lo, hi float64) string {
+	if v >= lo && v <= hi {
+		return ""
+	}
+	return fmt.Sprintf("must be between %g and %g", lo, hi)
+}
+
+func noCheck(*PDOptions) string { return "" }
+
+var pdKnobs = []pdKnob{
+	{"prompt_length_bucketing", "AIBRIX_PROMPT_LENGTH_BUCKETING",
+		func(o *PDOptions) any { return &o.PromptLengthBucketing }, noCheck},
+	{"bucket_serve", "AIBRIX_BUCKET_SERVE",
+		func(o *PDOptions) any { return &o.BucketServe },
+		func(o *PDOptions) string {
+			if o.BucketServe && !o.PromptLengthBucketing {
+				return "needs prompt_length_bucketing (AIBRIX_PROMPT_LENGTH_BUCKETING) on"
+			}
+			return ""
+		}},
+	{"bucket_serve_mode", "AIBRIX_BUCKET_SERVE_MODE",
+		func(o *PDOptions) any { return &o.BucketServeMode },
+		func(o *PDOptions) string { return oneOf(o.BucketServeMode, BucketServeThroughput, BucketServeRPS) }},
+	{"prefill_request_timeout", "AIBRIX_PREFILL_REQUEST_TIMEOUT",
+		func(o *PDOptions) any { return &o.PrefillRequestTimeout },
+		func(o *PDOptions) string { return positive(o.PrefillRequestTimeout) }},
+	{"prefill_score_policy", "AIBRIX_PREFILL_SCORE_POLICY",
+		func(o *PDOptions) any { return &o.PrefillScorePolicy },
+		func(o *PDOptions) string {
+			return oneOf(o.PrefillScorePolicy, PrefillPolicyPrefixCache, PrefillPolicyLeastRequest, PrefillPolicyConductor, PrefillPolicyTokenLoad, PrefillPolicyHybridCacheLoad)
+		}},
+	{"token_load_kv_weight", "AIBRIX_TOKEN_LOAD_KV_WEIGHT",
+		func(o *PDOptions) any { return &o.TokenLoadKVWeight },
+		func(o *PDOptions) string { return positive(o.TokenLoadKVWeight) }},
+	{"token_load_request_cost", "AIBRIX_TOKEN_LOAD_REQUEST_COST",
+		func(o *PDOptions) any { return &o.TokenLoadRequestCost },
+		func(o *PDOptions) string { return positive(o.TokenLoadRequestCost) }},
+	{"token_load_ttl", "AIBRIX_TOKEN_LOAD_TTL_SECONDS",
+		func(o *PDOptions) any { return &o.TokenLoadTTL },
+		func(o *PDOptions) string { return positive(o.TokenLoadTTL) }},
+	{"token_load_session_ttl", "AIBRIX_TOKEN_LOAD_SESSION_TTL_SECONDS",
+		func(o *PDOptions) any { return &o.TokenLoadSessionTTL },
+		func(o *PDOptions) string { return nonNegative(o.TokenLoadSessionTTL) }},
+	{"token_load_max_sessions", "AIBRIX_TOKEN_LOAD_MAX_SESSIONS",
+		func(o *PDOptions) any { return &o.TokenLoadMaxSessions },
+		func(o *PDOptions) string { return positive(o.TokenLoadMaxSessions) }},
+	{"hybrid_cache_load_factor", "AIBRIX_HYBRID_CACHE_LOAD_FACTOR",
+		func(o *PDOptions) any { return &o.HybridCacheLoadFactor },
+		func(o *PDOptions) string { return within(o.HybridCacheLoadFactor, 0, 1) }},
+	{"min_match_pct", "AIBRIX_MIN_MATCH_PCT",
+		func(o *PDOptions) any { return &o.MinMatchPct },
+		func(o *PDOptions) string { return within(o.MinMatchPct, 0, 100) }},
+	{"decode_token_load_output_growth", "AIBRIX_DECODE_TOKEN_LOAD_OUTPUT_GROWTH",
+		func(o *PDOptions) any { return &o.DecodeTokenLoadOutputGrowth }, noCheck},
+	{"token_load_shared_ledger", "AIBRIX_TOKEN_LOAD_SHARED_LEDGER",
+		func(o *PDOptions) any { return &o.TokenLoadSharedLedger }, noCheck},
+	{"decode_score_policy", "AIBRIX_DECODE_SCORE_POLICY",
+		func(o *PDOptions) any { return &o.DecodeScorePolicy },
+		func(o *PDOptions) string {
+			return oneOf(o.DecodeScorePolicy, DecodePolicyLoadBalancing, DecodePolicyLeastRequest, DecodePolicyConductor, DecodePolicyTokenLoad)
+		}},
+	{"kv_connector_type", "AIBRIX_KV_CONNECTOR_TYPE",
+		func(o *PDOptions) any { return &o.KVConnectorType },
+		func(o *PDOptions) string { return oneOf(o.KVConnectorType, "shfs", "nixl") }},
+	{"prefill_load_imbalance_min_spread", "AIBRIX_PREFILL_LOAD_IMBALANCE_MIN_SPREAD",
+		func(o *PDOptions) any { return &o.PrefillLoadImbalanceMinSpread },
+		func(o *PDOptions) string { return positive(o.PrefillLoadImbalanceMinSpread) }},
+	{"decode_load_imbalance_min_spread", "AIBRIX_DECODE_LOAD_IMBALANCE_MIN_SPREAD",
+		func(o *PDOptions) any { return &o.DecodeLoadImbalanceMinSpread },
+		func(o *PDOptions) string { return positive(o.DecodeLoadImbalanceMinSpread) }},
+	{"decode_throughput_imbalance_min_spread", "AIBRIX_DECODE_THROUGHPUT_IMBALANCE_MIN_SPREAD",
+		func(o *PDOptions) any { return &o.DecodeThroughputImbalanceMinSpread },
+		func(o *PDOptions) string { return positive(o.DecodeThroughputImbalanceMinSpread) }},
+	{"decode_score_ratio_threshold", "AIBRIX_DECODE_SCORE_RATIO_THRESHOLD",
+		func(o *PDOptions) any { return &o.DecodeScoreRatioThreshold },
+		func(o *PDOptions) string {
+			if o.DecodeScoreRatioThreshold >= 1 {
+				return ""
+			}
+			return "must be at least 1 (a ratio of max to min)"
+		}},
+	{"decode_lb_weight_running", "AIBRIX_DECODE_LB_WEIGHT_RUNNING",
+		func(o *PDOptions) any { return &o.DecodeLBWeightRunning },
+		func(o *PDOptions) string { return nonNegative(o.DecodeLBWeightRunning) }},
+	{"decode_lb_weight_throughput", "AIBRIX_DECODE_LB_WEIGHT_THROUGHPUT",
+		func(o *PDOptions) any { return &o.DecodeLBWeightThroughput },
+		func(o *PDOptions) string {
+			if why := nonNegative(o.DecodeLBWeightThroughput); why != "" {
+				return why
+			}
+			if o.DecodeLBWeightThroughput == 0 && o.DecodeLBWeightRunning == 0 {
+				return "and decode_lb_weight_running (AIBRIX_DECODE_LB_WEIGHT_RUNNING) must not both be 0"
+			}
+			return ""
+		}},
+	{"trt_machine_id", "AIBRIX_TRT_MACHINE_ID",
+		func(o *PDOptions) any { return &o.TRTMachineID },
+		func(o *PDOptions) string {
+			if o.TRTMachineID >= 0 && o.TRTMachineID < TRTMachineIDLimit {
+				return ""
+			}
+			return fmt.Sprintf("must be in [0, %d) (a 10-bit field)", TRTMachineIDLimit)
+		}},
+	{"trt_schedule_style", "AIBRIX_TRT_SCHEDULE_STYLE",
+		func(o *PDOptions) any { return &o.TRTScheduleStyle },
+		func(o *PDOptions) string { return oneOf(o.TRTScheduleStyle, TRTContextFirst, TRTGenerationFirst) }},
+	{"std_dev_factor", "AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR",
+		func(o *PDOptions) any { return &o.StdDevFactor },
+		func(o *PDOptions) string { return nonNegative(o.StdDevFactor) }},
+	{"decode_first_response_timeout", "AIBRIX_DECODE_FIRST_RESPONSE_TIMEOUT",
+		func(o *PDOptions) any { return &o.DecodeFirstResponseTimeout },
+		func(o *PDOptions) string { return nonNegative(o.DecodeFirstResponseTimeout) }},
+	{"decode_response_timeout", "AIBRIX_DECODE_RESPONSE_TIMEOUT",
+		func(o *PDOptions) any { return &o.DecodeResponseTimeout },
+		func(o *PDOptions) string { return nonNegative(o.DecodeResponseTimeout) }},
+	{"decode_stream_idle_timeout", "AIBRIX_DECODE_STREAM_IDLE_TIMEOUT",
+		func(o *PDOptions) any { return &o.DecodeStreamIdleTimeout },
+		func(o *PDOptions) string { return nonNegative(o.DecodeStreamIdleTimeout) }},
+	{"combined_prefill_busy", "",
+		func(o *PDOptions) any { return &o.CombinedPrefillBusy },
+		func(o *PDOptions) string { return nonNegative(o.CombinedPrefillBusy) }},
+	{"combined_decode_busy", "",
+		func(o *PDOptions) any { return &o.CombinedDecodeBusy },
+		func(o *PDOptions) string { return nonNegative(o.CombinedDecodeBusy) }},
+	{"combined_idle_max_in_flight", "",
+		func(o *PDOptions) any { return &o.CombinedIdleMaxInFlight },
+		func(o *PDOptions) string { return nonNegative(o.CombinedIdleMaxInFlight) }},
+	{"local_prefill_max_tokens", "",
+		func(o *PDOptions) any { return &o.LocalPrefillMaxTokens },
+		func(o *PDOptions) string { return nonNegative(o.LocalPrefillMaxTokens) }},
+}
+
+// knobName is "yaml_name (AIBRIX_NAME)", or the YAML name alone.
+func (k *pdKnob) name() string {
+	if k.env == "" {
+		return k.yaml
+	}
+	return k.yaml + " (" + k.env + ")"
+}
+
+func knobValue(p any) string {
+	switch v := p.(type) {
+	case *string:
+		return strconv.Quote(*v)
+	case *time.Duration:
+		return v.String()
+	case *bool:
+		return strconv.FormatBool(*v)
+	case *int:
+		return strconv.Itoa(*v)
+	case *float64:
+		return strconv.FormatFloat(*v, 'g', -1, 64)
+	}
+	panic("BUG: route: pd knob of unknown type")
+}
+
+// Validate rejects the first bad knob with its YAML and AIBRIX_* names and
+// the value quoted. It never corrects a value, unlike seed 001's router,
+// which keeps the default for an unknown bucket-serve mode or TRT schedule
+// style: a typo should stop the start, not change the routing silently.
+func (o *PDOptions) Validate() error {
+	for i := range pdKnobs {
+		k := &pdKnobs[i]
+		if why := k.check(o); why != "" {
+			return fmt.Errorf("%w: %s = %s %s", ErrInvalidPDOption, k.name(), knobValue(k.ptr(o)), why)
+		}
+	}
+	return nil
+}
+
+// ApplyEnv sets every knob whose AIBRIX_* variable lookup finds (pass
+// os.LookupEnv), so a user moving from seed 001's router keeps their
+// settings. Booleans take strconv.ParseBool's forms; durations take seconds
+// (as the AIBRIX_* variables do) or a Go duration. A value that does not
+// parse is an error naming the variable; ranges are Validate's job.
+func (o *PDOptions) ApplyEnv(lookup func(string) (string, bool)) error {
+	for i := range pdKnobs {
+		k := &pdKnobs[i]
+		if k.env == "" {
+			continue
+		}
+		s, found := lookup(k.env)
+		if !found {
+			continue
+		}
+		s = strings.TrimSpace(s)
+		var err error
+		switch p := k.ptr(o).(type) {
+		case *string:
+			*p = s
+		case *bool:
+			*p, err = strconv.ParseBool(s)
+		case *int:
+			*p, err = strconv.Atoi(s)
+		case *float64:
+			*p, err = strconv.ParseFloat(s, 64)
+		case *time.Duration:
+			*p, err = parseSeconds(s)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %s = %q does not parse: %v", ErrInvalidPDOption, k.env, s, err)
+		}
+	}
+	return nil
+}
+
+// parseSeconds reads a number of seconds, or a Go duration such as "1m30s".
+func parseSeconds(s string) (time.Duration, error) {
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	return time.ParseDuration(s)
+}
+
+// routeOptions maps the knobs the existing scorers read onto Options.
+func (o *PDOptions) routeOptions() Options {
+	r := DefaultOptions()
+	r.MinMatchPct = o.MinMatchPct
+	r.StdDevFactor = o.StdDevFactor
+	r.TokenLoadKVWeight = o.TokenLoadKVWeight
+	r.HybridCacheLoadFactor = o.HybridCacheLoadFactor
+	r.DecodeOutputGrowth = o.DecodeTokenLoadOutputGrowth
+	return r
+}
