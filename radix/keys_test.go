@@ -1,10 +1,6 @@
 package radix
 
-import (
-	"testing"
-
-	"pdlb/engines/tokenize"
-)
+import "testing"
 
 func TestBlockKeysChain(t *testing.T) {
 	seed := Seed("m")
@@ -35,17 +31,6 @@ func TestBlockKeysChain(t *testing.T) {
 		if kc[i] == ka[i] || kd[i] == ka[i] {
 			t.Fatalf("key %d did not depend on its prefix or model", i)
 		}
-	}
-}
-
-func TestByteKeysAgreeWithTokenKeys(t *testing.T) {
-	// Our tokenizer makes a token of 4 bytes, so byte blocks of 4×blockSize
-	// name the same prefixes as token blocks (not the same key values).
-	p := []byte("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdefXY")
-	tok := AppendBlockKeys(nil, 1, tokenize.Append(nil, p), 16)
-	byt := AppendByteBlockKeys(nil, 1, p, 64)
-	if len(tok) != 1 || len(byt) != 1 {
-		t.Fatalf("got %d token keys and %d byte keys, want 1 and 1", len(tok), len(byt))
 	}
 }
 
