@@ -37,16 +37,16 @@ type Options struct {
 func FastHTTP(h Handler, o Options) *fasthttp.Server {
 	o = o.withDefaults()
 	return &fasthttp.Server{
-		Handler:            h.Serve,
-		ErrorHandler:       h.Error,
-		Name:               "pdlb",
-		MaxRequestBodySize: o.MaxBodyBytes,
-		ReadBufferSize:     o.MaxHeaderBytes,
-		ReadTimeout:        o.ReadTimeout,
-		IdleTimeout:        o.IdleTimeout,
-		NoDefaultServerHeader:         true,
-		NoDefaultDate:                 false,
-		CloseOnShutdown:               true,
+		Handler:               h.Serve,
+		ErrorHandler:          h.Error,
+		Name:                  "pdlb",
+		MaxRequestBodySize:    o.MaxBodyBytes,
+		ReadBufferSize:        o.MaxHeaderBytes,
+		ReadTimeout:           o.ReadTimeout,
+		IdleTimeout:           o.IdleTimeout,
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         false,
+		CloseOnShutdown:       true,
 		// Streams flush per event; buffering would hold tokens back.
 		ReduceMemoryUsage: false,
 	}

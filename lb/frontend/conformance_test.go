@@ -1,0 +1,411 @@
+package frontend_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/frontend"
+	"pdlb/lb/openai"
+)
+
+// The conformance suite: every case runs against both front ends with the
+// same handler, over real sockets on loopback.
+
+var frontEnds = []string{frontend.NameFastHTTP, frontend.NameGNet}
+
+const testMaxBody = 64 << 10
+
+// app is the test handler. /echo answers the body; /close answers and
+// closes; /sse streams n events through frontend.SetBodyStreamWriter and
+// /sse-pipe through fasthttp's own SetBodyStreamWriter, each event flushed,
+// with gated=1 waiting on step before each; /flood streams 256 MiB
+// as fast as the client takes it, counting what the writer got through.
+type app struct {
+	step      chan struct{}
+	streamErr chan error
+	flooded   atomic.Int64
+}
+
+func newApp() *app { return &app{step: make(chan struct{}), streamErr: make(chan error, 4)} }
+
+func (a *app) handler() frontend.Handler {
+	return frontend.Handler{Serve: a.serve, Error: writeFrontError}
+}
+
+func (a *app) serve(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/echo":
+		ctx.Response.Header.Set("X-Seq", string(ctx.Request.Header.Peek("X-Seq")))
+		ctx.SetBody(ctx.PostBody())
+	case "/close":
+		ctx.SetConnectionClose()
+		ctx.SetBodyString("bye")
+	case "/sse", "/sse-pipe":
+		n := ctx.QueryArgs().GetUintOrZero("n")
+		gated := ctx.QueryArgs().GetBool("gated")
+		ctx.SetContentType("text/event-stream")
+		sw := func(w *bufio.Writer) {
+			for i := 0; i < n; i++ {
+				if gated {
+					<-a.step
+				}
+				fmt.Fprintf(w, "data: %d\n\n", i)
+				if err := w.Flush(); err != nil {
+					a.streamErr <- err
+					return
+				}
+			}
+		}
+		if string(ctx.Path()) == "/sse" {
+			frontend.SetBodyStreamWriter(ctx, sw)
+		} else {
+			ctx.SetBodyStreamWriter(sw)
+		}
+	case "/flood":
+		frontend.SetBodyStreamWriter(ctx, func(w *bufio.Writer) {
+			block := make([]byte, 4096)
+			for i := 0; i < 256<<20/len(block); i++ {
+				if _, err := w.Write(block); err != nil {
+					a.streamErr <- err
+					return
+				}
+				a.flooded.Add(int64(len(block)))
+			}
+		})
+	default:
+		ctx.SetStatusCode(http.StatusNotFound)
+	}
+}
+
+// writeFrontError answers what a front end rejects before the handler, in
+// OpenAI's error shape, as the gateway's ErrorHandler does, with the 431 it
+// lacks.
+func writeFrontError(ctx *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
+	e := &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "Malformed HTTP request: " + err.Error()}
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		e = openai.BodyTooLarge(testMaxBody)
+	case errors.As(err, &small):
+		e = &openai.Error{Status: http.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest, Message: "The request headers are too large."}
+	}
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(e.AppendJSON(nil))
+}
+
+// serve starts front end name on loopback with h and returns its address.
+func serve(t testing.TB, name string, h frontend.Handler) string {
+	t.Helper()
+	s, err := frontend.Start(name, "127.0.0.1:0", h, frontend.Options{MaxBodyBytes: testMaxBody})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.ShutdownWithContext(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return s.Addr()
+}
+
+// forEach runs f as a subtest per front end, each with its own app.
+func forEach(t *testing.T, f func(t *testing.T, addr string, a *app)) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			a := newApp()
+			f(t, serve(t, name, a.handler()), a)
+		})
+	}
+}
+
+type client struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+func dial(t *testing.T, addr string) *client {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	// A test that hangs fails here instead of at the test binary's limit.
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	return &client{Conn: c, br: bufio.NewReader(c)}
+}
+
+func (c *client) send(t *testing.T, s string) {
+	t.Helper()
+	if _, err := io.WriteString(c, s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// response reads one response and its whole body.
+func (c *client) response(t *testing.T) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+func post(path, body string, extra ...string) string {
+	return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n" +
+		strings.Join(extra, "") + "\r\n" + body
+}
+
+func expect(t *testing.T, resp *http.Response, body string, status int, want string) {
+	t.Helper()
+	if resp.StatusCode != status || body != want {
+		t.Fatalf("got %d %q, want %d %q", resp.StatusCode, body, status, want)
+	}
+}
+
+func TestPartialReads(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		c := dial(t, addr)
+		req := post("/echo", `{"hello":"world"}`)
+		for i := 0; i < len(req); i++ {
+			c.send(t, req[i:i+1])
+			if i%8 == 0 {
+				// Lets the server see the request in many reads.
+				time.Sleep(time.Millisecond)
+			}
+		}
+		resp, b := c.response(t)
+		expect(t, resp, b, 200, `{"hello":"world"}`)
+	})
+}
+
+func TestPipelining(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		c := dial(t, addr)
+		var all strings.Builder
+		const n = 40 // more than the gnet front end queues at once
+		for i := 0; i < n; i++ {
+			all.WriteString(post("/echo", "body-"+strconv.Itoa(i), "X-Seq: "+strconv.Itoa(i)+"\r\n"))
+		}
+		c.send(t, all.String())
+		for i := 0; i < n; i++ {
+			resp, b := c.response(t)
+			expect(t, resp, b, 200, "body-"+strconv.Itoa(i))
+			if resp.Header.Get("X-Seq") != strconv.Itoa(i) {
+				t.Fatalf("response %d answers request %s", i, resp.Header.Get("X-Seq"))
+			}
+		}
+	})
+}
+
+func TestKeepAliveAndClose(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		c := dial(t, addr)
+		for i := 0; i < 3; i++ {
+			c.send(t, post("/echo", "again"))
+			resp, b := c.response(t)
+			expect(t, resp, b, 200, "again")
+			if resp.Close {
+				t.Fatal("keep-alive response closes the connection")
+			}
+		}
+		// The client's Connection: close, then the handler's.
+		c.send(t, post("/echo", "last", "Connection: close\r\n"))
+		resp, b := c.response(t)
+		expect(t, resp, b, 200, "last")
+		if !resp.Close {
+			t.Fatal("no Connection: close in the answer to a closing request")
+		}
+		if n, err := c.br.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("connection left open after Connection: close: %d, %v", n, err)
+		}
+
+		c = dial(t, addr)
+		c.send(t, post("/close", ""))
+		resp, b = c.response(t)
+		expect(t, resp, b, 200, "bye")
+		if _, err := c.br.Read(make([]byte, 1)); !resp.Close || err != io.EOF {
+			t.Fatalf("handler's Connection: close not honoured: close=%v, read %v", resp.Close, err)
+		}
+	})
+}
+
+func TestExpectContinue(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		c := dial(t, addr)
+		body := `{"big":"prompt"}`
+		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n")
+		resp, b := c.response(t)
+		expect(t, resp, b, 100, "")
+		c.send(t, body)
+		resp, b = c.response(t)
+		expect(t, resp, b, 200, body)
+
+		// Too large a body is refused before it is sent.
+		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "+strconv.Itoa(testMaxBody+1)+"\r\n\r\n")
+		resp, b = c.response(t)
+		if resp.StatusCode == 100 {
+			resp, b = c.response(t)
+		}
+		expectError(t, resp, b, 413)
+	})
+}
+
+func TestChunkedRequestBody(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		c := dial(t, addr)
+		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+		time.Sleep(5 * time.Millisecond) // the rest in another read
+		c.send(t, "6\r\n world\r\n0\r\n\r\n")
+		resp, b := c.response(t)
+		expect(t, resp, b, 200, "hello world")
+	})
+}
+
+// expectError checks an OpenAI-shaped error.
+func expectError(t *testing.T, resp *http.Response, body string, status int) {
+	t.Helper()
+	var e struct {
+		Error struct{ Message, Type string }
+	}
+	if resp.StatusCode != status || json.Unmarshal([]byte(body), &e) != nil || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("got %d %q, want %d with an OpenAI error", resp.StatusCode, body, status)
+	}
+	if !resp.Close {
+		t.Fatal("an error before the handler must close the connection")
+	}
+}
+
+func TestLimits(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		f := func(req string, status int) {
+			t.Helper()
+			c := dial(t, addr)
+			c.send(t, req)
+			resp, b := c.response(t)
+			expectError(t, resp, b, status)
+		}
+		f(post("/echo", "x", "X-Big: "+strings.Repeat("a", 5000)+"\r\n"), 431)
+		f(post("/echo", strings.Repeat("b", testMaxBody+1)), 413)
+		chunk := strings.Repeat("c", 16<<10)
+		f("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"+
+			strings.Repeat(fmt.Sprintf("%x\r\n%s\r\n", len(chunk), chunk), 5)+"0\r\n\r\n", 413)
+		f("BROKEN\r\n\r\n", 400)
+	})
+}
+
+// TestStreamingIsIncremental: each event reaches the client before the
+// handler writes the next.
+func TestStreamingIsIncremental(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, a *app) {
+		for _, path := range []string{"/sse", "/sse-pipe"} {
+			c := dial(t, addr)
+			c.send(t, "GET "+path+"?gated=1&n=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+			a.step <- struct{}{}
+			resp, err := http.ReadResponse(c.br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+				t.Fatalf("%s: %d %v", path, resp.StatusCode, resp.Header)
+			}
+			br := bufio.NewReader(resp.Body)
+			for i := 0; i < 3; i++ {
+				line, err := br.ReadString('\n')
+				if err != nil || line != fmt.Sprintf("data: %d\n", i) {
+					t.Fatalf("%s: event %d: %q, %v", path, i, line, err)
+				}
+				_, _ = br.ReadString('\n')
+				if i < 2 {
+					a.step <- struct{}{}
+				}
+			}
+			if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+				t.Fatalf("%s: after the last event: %q, %v", path, rest, err)
+			}
+		}
+	})
+}
+
+// TestSlowClient: a client that stops reading blocks the stream writer
+// after a bounded number of bytes: the kernel's socket buffers plus a
+// front end's own bounded buffering, far below the 256 MiB the writer
+// would write.
+func TestSlowClient(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, a *app) {
+		c := dial(t, addr)
+		// A fixed receive buffer keeps the kernel's share small and known.
+		_ = c.Conn.(*net.TCPConn).SetReadBuffer(64 << 10)
+		c.send(t, "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+		// Wait until the writer stops making progress.
+		last, still := int64(-1), 0
+		for still < 5 {
+			time.Sleep(20 * time.Millisecond)
+			n := a.flooded.Load()
+			if n == last {
+				still++
+			} else {
+				last, still = n, 0
+			}
+		}
+		const bound = 16 << 20
+		if last > bound {
+			t.Fatalf("writer got %d bytes past a client that reads nothing (bound %d)", last, bound)
+		}
+		t.Logf("writer blocked after %d KiB", last>>10)
+		// Reading resumes the stream.
+		if _, err := io.CopyN(io.Discard, c.br, last+1<<20); err != nil {
+			t.Fatal(err)
+		}
+		if a.flooded.Load() <= last {
+			t.Fatal("stream did not resume when the client read")
+		}
+	})
+}
+
+// TestClientDisconnect: a client gone mid-stream fails the stream writer's
+// next writes, which is how the gateway learns to cancel upstream.
+func TestClientDisconnect(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, a *app) {
+		for _, path := range []string{"/sse", "/sse-pipe"} {
+			c := dial(t, addr)
+			c.send(t, "GET "+path+"?gated=1&n=100000 HTTP/1.1\r\nHost: x\r\n\r\n")
+			a.step <- struct{}{}
+			if _, err := http.ReadResponse(c.br, nil); err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+			for done := false; !done; {
+				select {
+				case a.step <- struct{}{}:
+				case err := <-a.streamErr:
+					t.Logf("%s: writer failed with %v", path, err)
+					done = true
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%s: the stream writer never failed", path)
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,229 @@
+package frontend
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+)
+
+// GNet is an HTTP/1.1 server on gnet's event loops: one loop per core, each
+// with its own SO_REUSEPORT listener. The loops only move bytes: they parse
+// complete requests out of what arrived and hand them, in order, to one
+// goroutine per busy connection, which runs the Handler and writes the
+// response back with AsyncWrite. See gnet_conn.go for the connection's
+// life.
+type GNet struct {
+	gnet.BuiltinEventEngine
+	h    Handler
+	o    Options
+	addr string
+
+	parsers sync.Pool // of *parser, used on the loops only
+
+	eng   gnet.Engine
+	ready chan struct{}
+	once  sync.Once
+	// stopped is closed when gnet.Run returns, with its error in runErr;
+	// failed gets that error too when it is one.
+	stopped chan struct{}
+	runErr  error
+	failed  chan error
+
+	// now is a coarse clock (unix nanoseconds) that OnTick advances, so the
+	// loops stamp traffic without a clock read per event.
+	now atomic.Int64
+	// serving counts requests between parsing and their last byte written.
+	serving  atomic.Int64
+	shutdown atomic.Bool
+
+	mu    sync.Mutex
+	conns map[*gconn]struct{} // open connections, for timeouts and Shutdown
+}
+
+// tick is how often OnTick advances the clock and closes idle connections;
+// the timeouts are that much coarse.
+const tick = time.Second
+
+// StartGNet binds addr and serves h on gnet event loops until
+// ShutdownWithContext. It returns once every loop listens.
+func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
+	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1), conns: make(map[*gconn]struct{})}
+	s.now.Store(time.Now().UnixNano())
+	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
+	// Each loop binds its own socket to addr, and each bind to port 0 would
+	// get a port of its own. A port is chosen first, with a socket that holds
+	// it until the loops are bound beside it.
+	hold, err := reservePort(addr)
+	if err != nil {
+		return nil, err
+	}
+	s.addr = hold.Addr().String()
+	defer hold.Close()
+	go func() {
+		s.runErr = gnet.Run(s, "tcp://"+s.addr,
+			gnet.WithNumEventLoop(runtime.GOMAXPROCS(0)),
+			gnet.WithReusePort(true),
+			gnet.WithTicker(true),
+			gnet.WithLogger(gnetLogger{}))
+		if s.runErr != nil {
+			s.failed <- s.runErr
+		}
+		close(s.stopped)
+	}()
+	select {
+	case <-s.ready:
+		return s, nil
+	case <-s.stopped:
+		return nil, fmt.Errorf("gnet: %w", s.runErr)
+	}
+}
+
+// reservePort listens on addr with SO_REUSEPORT, so the loops can bind the
+// same port while it is open.
+func reservePort(addr string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
+
+// Addr is the address the loops listen on.
+func (s *GNet) Addr() string { return s.addr }
+
+// Done reports the engine stopping on its own with an error.
+func (s *GNet) Done() <-chan error { return s.failed }
+
+// ShutdownWithContext stops reading new requests, closes idle connections,
+// lets requests in flight (streams included) finish until ctx ends, then
+// stops the loops, which closes what is left.
+func (s *GNet) ShutdownWithContext(ctx context.Context) error {
+	s.shutdown.Store(true)
+	s.closeIdle(0)
+	var err error
+	for s.serving.Load() > 0 && err == nil {
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	// Engine.Stop polls for the end every 500 ms; gnet.Run returning is
+	// the same signal, sooner.
+	stopCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = s.eng.Stop(stopCtx) }()
+	select {
+	case <-s.stopped:
+		if err == nil {
+			err = s.runErr
+		}
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	return err
+}
+
+// OnBoot keeps the engine for Shutdown.
+func (s *GNet) OnBoot(eng gnet.Engine) gnet.Action {
+	s.eng = eng
+	return gnet.None
+}
+
+// OnTick runs on gnet's ticker goroutine, first right after every loop has
+// bound its listener.
+func (s *GNet) OnTick() (time.Duration, gnet.Action) {
+	s.now.Store(time.Now().UnixNano())
+	s.once.Do(func() { close(s.ready) })
+	s.closeIdle(s.now.Load())
+	return tick, gnet.None
+}
+
+// closeIdle closes the connections that serve nothing and either waited
+// for a request longer than IdleTimeout or have sent part of one for longer
+// than ReadTimeout; now == 0 closes every one that serves nothing.
+func (s *GNet) closeIdle(now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for gc := range s.conns {
+		if gc.busy.Load() {
+			continue
+		}
+		limit := s.o.IdleTimeout
+		if gc.partial.Load() {
+			limit = s.o.ReadTimeout
+		}
+		if now == 0 || now-gc.lastRead.Load() > int64(limit) {
+			_ = gc.c.Close()
+		}
+	}
+}
+
+// OnOpen gives the connection its state; during Shutdown it is refused.
+func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if s.shutdown.Load() {
+		return nil, gnet.Close
+	}
+	gc := newGConn(s, c)
+	c.SetContext(gc)
+	s.mu.Lock()
+	s.conns[gc] = struct{}{}
+	s.mu.Unlock()
+	return nil, gnet.None
+}
+
+// OnClose releases a writer waiting on the connection; its next write
+// fails.
+func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
+	gc, ok := c.Context().(*gconn)
+	if !ok {
+		return gnet.None
+	}
+	s.mu.Lock()
+	delete(s.conns, gc)
+	s.mu.Unlock()
+	gc.closed = true
+	if gc.stalled {
+		gc.stalled = false
+		gc.wrote <- net.ErrClosed
+	}
+	return gnet.None
+}
+
+// OnTraffic parses what arrived; it also runs on Wake, when a writer asks
+// whether the outbound buffer drained or the worker wants parsing resumed.
+func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
+	gc := c.Context().(*gconn)
+	gc.lastRead.Store(s.now.Load())
+	if gc.stalled && c.OutboundBuffered() <= gc.stallLimit {
+		gc.stalled = false
+		gc.wrote <- nil
+	}
+	return gc.read()
+}
+
+// gnetLogger sends gnet's warnings and errors to slog and drops the rest.
+type gnetLogger struct{}
+
+func (gnetLogger) Debugf(string, ...any)            {}
+func (gnetLogger) Infof(string, ...any)             {}
+func (gnetLogger) Warnf(format string, args ...any) { slog.Warn(fmt.Sprintf(format, args...)) }
+func (gnetLogger) Errorf(format string, args ...any) {
+	slog.Error(fmt.Sprintf(format, args...))
+}
+func (gnetLogger) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }

@@ -1,0 +1,474 @@
+package frontend
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/valyala/fasthttp"
+)
+
+// A gnet connection's life. The event loop parses complete requests out of
+// the inbound buffer and queues them; one worker goroutine per busy
+// connection serves the queue in order, so responses leave in request order
+// (pipelining), and exits when the queue is empty. The worker writes with
+// AsyncWritev and waits for the loop's callback before the next write, so
+// the bytes it hands over (response headers, the handler's body, a stream
+// writer's bufio buffer) go to the socket without a copy of ours, and at
+// most maxOutbound bytes wait in gnet's outbound buffer: past that the
+// writer stays blocked until the client reads, which in turn blocks the
+// stream writer and so the upstream reads.
+
+// Limits of one connection.
+const (
+	// maxQueued is how many parsed requests wait for the worker; the loop
+	// stops parsing (the bytes stay buffered) until it drains them.
+	maxQueued = 16
+	// maxOutbound is how many response bytes may wait in gnet's outbound
+	// buffer for a slow client before the writer blocks.
+	maxOutbound = 64 << 10
+	// maxPoll is the longest wait between two checks of whether a blocked
+	// writer's client has read enough; gnet reports no drained buffer, so
+	// the writer asks the loop again with Wake, backing off from 1 ms.
+	maxPoll = 20 * time.Millisecond
+)
+
+var (
+	errNeedMore = errors.New("frontend: request incomplete")
+	// errNotConn answers a handler that reads or writes the connection
+	// itself: on gnet the loop and the worker own its bytes.
+	errNotConn = errors.New("frontend: the gnet front end owns the connection's bytes")
+	// errWriteStalled closes a connection whose client read nothing for
+	// IdleTimeout while a response waited.
+	errWriteStalled = errors.New("frontend: client stopped reading")
+
+	continueLine = []byte("HTTP/1.1 100 Continue\r\n\r\n")
+	lastChunk    = []byte("0\r\n\r\n")
+	crlf         = []byte("\r\n")
+)
+
+type gconn struct {
+	s             *GNet
+	c             gnet.Conn
+	local, remote net.Addr
+
+	// Owned by the event loop.
+	next      *fasthttp.RequestCtx // parsed into; kept while incomplete
+	need      int                  // bytes the head request needs before a reparse (0: unknown)
+	continued bool                 // 100 Continue queued for the head request
+	stopped   bool                 // no more requests: Connection: close, a parse error, Shutdown
+	closed    bool                 // OnClose ran
+	// stalled: the writer waits until OutboundBuffered() <= stallLimit.
+	stalled    bool
+	stallLimit int
+
+	// Read by OnTick's idle sweep.
+	lastRead atomic.Int64 // coarse unix nanoseconds of the last traffic
+	partial  atomic.Bool  // part of a request is buffered
+	busy     atomic.Bool  // a worker runs; changed under mu
+
+	mu     sync.Mutex
+	queue  []queued
+	paused bool // parsing stopped on a full queue; the worker wakes the loop
+
+	// Owned by the worker.
+	wrote     chan error // one result per AsyncWritev
+	written   gnet.AsyncCallback
+	drained   gnet.AsyncCallback
+	timer     *time.Timer
+	failed    bool // a write failed: the rest of the queue is dropped
+	stream    fasthttp.StreamWriter
+	out       []byte   // response header block
+	head      []byte   // a stream's header block, sent with its first chunk
+	iov       [][]byte // what the next AsyncWritev sends
+	size      [20]byte // a chunk's size line
+	chunks    chunkWriter
+	streaming *bufio.Writer
+}
+
+// queued is a parsed request, a parse error to answer (ctx then holds what
+// was parsed), or, with ctx nil, a 100 Continue to send.
+type queued struct {
+	ctx *fasthttp.RequestCtx
+	err error
+}
+
+func newGConn(s *GNet, c gnet.Conn) *gconn {
+	gc := &gconn{s: s, c: c, local: c.LocalAddr(), remote: c.RemoteAddr(), wrote: make(chan error, 1)}
+	gc.lastRead.Store(s.now.Load())
+	// Bound once: a method value made per write would allocate.
+	gc.written = func(c gnet.Conn, err error) error { return gc.settle(c, err, maxOutbound) }
+	gc.drained = func(c gnet.Conn, err error) error { return gc.settle(c, err, 0) }
+	gc.chunks.gc = gc
+	return gc
+}
+
+// read parses and queues every complete request buffered; on the loop.
+func (gc *gconn) read() gnet.Action {
+	c := gc.c
+	for {
+		n := c.InboundBuffered()
+		if gc.stopped {
+			_, _ = c.Discard(n)
+			break
+		}
+		if n == 0 || n < gc.need || !gc.room() {
+			break
+		}
+		buf, _ := c.Peek(n)
+		ctx, used, err := gc.parse(buf)
+		if err == errNeedMore {
+			break
+		}
+		_, _ = c.Discard(used)
+		gc.need, gc.continued = 0, false
+		if err != nil || ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() || gc.s.shutdown.Load() {
+			gc.stopped = true
+		}
+		gc.s.serving.Add(1)
+		gc.enqueue(queued{ctx: ctx, err: err})
+	}
+	n := c.InboundBuffered()
+	gc.partial.Store(n > 0)
+	// A client pipelining past a full queue: what it sent beyond one
+	// largest request is refused.
+	if n > gc.s.o.MaxHeaderBytes+gc.s.o.MaxBodyBytes+maxOutbound {
+		return gnet.Close
+	}
+	return gnet.None
+}
+
+// room reports whether the queue takes another request.
+func (gc *gconn) room() bool {
+	gc.mu.Lock()
+	gc.paused = len(gc.queue) >= maxQueued
+	gc.mu.Unlock()
+	return !gc.paused
+}
+
+func (gc *gconn) enqueue(q queued) {
+	gc.mu.Lock()
+	gc.queue = append(gc.queue, q)
+	start := !gc.busy.Load()
+	gc.busy.Store(true)
+	gc.mu.Unlock()
+	if start {
+		go gc.work()
+	}
+}
+
+// parser reads one request out of the loop's bytes. fasthttp's parser asks
+// its bufio.Reader for more until the request is complete; src answers
+// errNeedMore past the end of what arrived and remembers it did, so any
+// error after that means "incomplete", whichever way fasthttp wrapped it.
+type parser struct {
+	src peekReader
+	br  *bufio.Reader
+}
+
+type peekReader struct {
+	b     []byte
+	short bool
+}
+
+func (r *peekReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		r.short = true
+		return 0, errNeedMore
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// consumed is how many bytes of buf the parser used.
+func (p *parser) consumed(buf []byte) int { return len(buf) - len(p.src.b) - p.br.Buffered() }
+
+// parse reads the request at the head of buf: errNeedMore when it is not
+// all there yet, else the request and the bytes it took, with the error of
+// a request that cannot be served.
+func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
+	p := gc.s.parsers.Get().(*parser)
+	defer gc.s.parsers.Put(p)
+	p.src = peekReader{b: buf}
+	p.br.Reset(&p.src)
+	if gc.next == nil {
+		gc.next = acquireCtx()
+	}
+	req := &gc.next.Request
+	req.Reset()
+	// Header names go upstream as the client wrote them.
+	req.Header.DisableNormalizing()
+
+	err := req.Header.Read(p.br)
+	if err == nil {
+		head := p.consumed(buf)
+		cl := req.Header.ContentLength()
+		switch {
+		case cl > gc.s.o.MaxBodyBytes:
+			err = fasthttp.ErrBodyTooLarge
+		case req.MayContinue() && !gc.continued && len(buf) == head:
+			// The client waits for the go-ahead, which must follow the
+			// responses to the requests before it.
+			gc.continued = true
+			gc.enqueue(queued{})
+			return nil, 0, errNeedMore
+		case cl >= 0 && len(buf) < head+cl:
+			gc.need = head + cl
+			return nil, 0, errNeedMore
+		default:
+			err = req.ContinueReadBody(p.br, gc.s.o.MaxBodyBytes, false)
+		}
+	}
+	if err != nil && p.src.short {
+		return nil, 0, errNeedMore
+	}
+	ctx := gc.next
+	gc.next = nil
+	return ctx, p.consumed(buf), err
+}
+
+// work serves the queue in order until it is empty.
+func (gc *gconn) work() {
+	for {
+		gc.mu.Lock()
+		if len(gc.queue) == 0 {
+			gc.busy.Store(false)
+			wake := gc.paused
+			gc.mu.Unlock()
+			if wake {
+				_ = gc.c.Wake(nil)
+			}
+			return
+		}
+		q := gc.queue[0]
+		n := copy(gc.queue, gc.queue[1:])
+		gc.queue[n] = queued{}
+		gc.queue = gc.queue[:n]
+		gc.mu.Unlock()
+
+		if q.ctx == nil {
+			if !gc.failed {
+				gc.iov = append(gc.iov[:0], continueLine)
+				gc.fail(gc.flush(false))
+			}
+			continue
+		}
+		if !gc.failed {
+			gc.serve(q)
+		}
+		releaseCtx(q.ctx)
+		gc.s.serving.Add(-1)
+	}
+}
+
+// fail closes the connection after a failed write; the requests still
+// queued are dropped.
+func (gc *gconn) fail(err error) {
+	if err != nil {
+		gc.failed = true
+		_ = gc.c.Close()
+	}
+}
+
+// ctxLogger is what RequestCtx.Logger writes to, as on fasthttp's server.
+var ctxLogger fasthttp.Logger = log.Default()
+
+func (gc *gconn) serve(q queued) {
+	ctx := q.ctx
+	ctx.Init2(gc, ctxLogger, false)
+	if q.err != nil {
+		gc.s.h.Error(ctx, q.err)
+	} else {
+		gc.s.h.Serve(ctx)
+	}
+	resp := &ctx.Response
+	last := q.err != nil || ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() ||
+		resp.ConnectionClose() || gc.s.shutdown.Load()
+	if last {
+		resp.SetConnectionClose()
+	}
+	var err error
+	if gc.stream != nil || resp.IsBodyStream() {
+		err = gc.writeStream(ctx, last)
+	} else {
+		err = gc.writeWhole(ctx, last)
+	}
+	gc.fail(err)
+	if err == nil && last {
+		gc.failed = true
+		_ = gc.c.Close()
+	}
+}
+
+func (gc *gconn) writeWhole(ctx *fasthttp.RequestCtx, last bool) error {
+	resp := &ctx.Response
+	body := resp.Body()
+	resp.Header.SetContentLength(len(body))
+	if ctx.IsHead() {
+		body = nil
+	}
+	gc.out = resp.Header.AppendBytes(gc.out[:0])
+	gc.iov = append(gc.iov[:0], gc.out, body)
+	return gc.flush(last)
+}
+
+// writeStream sends a chunked response whose body a stream writer makes:
+// one set with SetBodyStreamWriter in this package writes through a
+// bufio.Writer straight into chunks; one set on the response itself
+// (fasthttp runs it in a goroutine of its own behind a pipe) is copied from
+// the pipe chunk by chunk.
+func (gc *gconn) writeStream(ctx *fasthttp.RequestCtx, last bool) error {
+	resp := &ctx.Response
+	resp.Header.SetContentLength(-1)
+	gc.out = resp.Header.AppendBytes(gc.out[:0])
+	gc.head = gc.out
+	var err error
+	if sw := gc.stream; sw != nil {
+		gc.stream = nil
+		if gc.streaming == nil {
+			gc.streaming = bufio.NewWriterSize(&gc.chunks, streamBufferBytes)
+		}
+		bw := gc.streaming
+		bw.Reset(&gc.chunks)
+		sw(bw)
+		err = bw.Flush()
+	} else {
+		err = gc.copyStream(resp.BodyStream())
+		// Tells a stream writer still running that the client is gone.
+		_ = resp.CloseBodyStream()
+	}
+	if err != nil {
+		return err
+	}
+	gc.iov = append(gc.iov[:0], gc.head, lastChunk)
+	gc.head = nil
+	return gc.flush(last)
+}
+
+// streamBufferBytes is the stream writer's buffer, as fasthttp's.
+const streamBufferBytes = 4096
+
+var copyBufs = sync.Pool{New: func() any { return new([streamBufferBytes]byte) }}
+
+func (gc *gconn) copyStream(r io.Reader) error {
+	buf := copyBufs.Get().(*[streamBufferBytes]byte)
+	defer copyBufs.Put(buf)
+	for {
+		n, err := r.Read(buf[:])
+		if n > 0 {
+			if _, werr := gc.chunks.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// chunkWriter frames what a stream writer flushes as one HTTP chunk.
+type chunkWriter struct{ gc *gconn }
+
+func (w *chunkWriter) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	gc := w.gc
+	size := strconv.AppendInt(gc.size[:0], int64(len(p)), 16)
+	size = append(size, crlf...)
+	gc.iov = append(gc.iov[:0], gc.head, size, p, crlf)
+	gc.head = nil
+	if err := gc.flush(false); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// flush hands gc.iov to the loop and waits until the loop wrote it or
+// copied it into the outbound buffer, and that buffer is below its bound:
+// maxOutbound, or empty for the last response before a close (gnet drops
+// what it cannot write at once when it closes).
+func (gc *gconn) flush(last bool) error {
+	cb := gc.written
+	if last {
+		cb = gc.drained
+	}
+	if err := gc.c.AsyncWritev(gc.iov, cb); err != nil {
+		return err
+	}
+	return gc.wait()
+}
+
+func (gc *gconn) wait() error {
+	poll := time.Millisecond
+	var waited time.Duration
+	for {
+		if gc.timer == nil {
+			gc.timer = time.NewTimer(poll)
+		} else {
+			gc.timer.Reset(poll)
+		}
+		select {
+		case err := <-gc.wrote:
+			gc.timer.Stop()
+			return err
+		case <-gc.timer.C:
+			if waited += poll; waited > gc.s.o.IdleTimeout {
+				return errWriteStalled
+			}
+			// OnTraffic checks the outbound buffer.
+			_ = gc.c.Wake(nil)
+			poll = min(2*poll, maxPoll)
+		}
+	}
+}
+
+// settle runs on the loop after an AsyncWritev: it releases the writer, or
+// marks it stalled while more than limit bytes wait for the client.
+func (gc *gconn) settle(c gnet.Conn, err error, limit int) error {
+	if err == nil && gc.closed {
+		err = net.ErrClosed
+	}
+	if err == nil && c.OutboundBuffered() > limit {
+		gc.stalled, gc.stallLimit = true, limit
+		return nil
+	}
+	gc.wrote <- err
+	return nil
+}
+
+var ctxPool = sync.Pool{New: func() any { return new(fasthttp.RequestCtx) }}
+
+func acquireCtx() *fasthttp.RequestCtx { return ctxPool.Get().(*fasthttp.RequestCtx) }
+
+func releaseCtx(ctx *fasthttp.RequestCtx) {
+	_ = ctx.Response.CloseBodyStream()
+	ctx.Request.Reset()
+	ctx.Response.Reset()
+	ctx.ResetUserValues()
+	ctxPool.Put(ctx)
+}
+
+// gconn is the net.Conn a RequestCtx reports (its addresses); the bytes
+// belong to the loop and the worker.
+var _ net.Conn = (*gconn)(nil)
+
+func (gc *gconn) Read([]byte) (int, error)         { return 0, errNotConn }
+func (gc *gconn) Write([]byte) (int, error)        { return 0, errNotConn }
+func (gc *gconn) Close() error                     { return gc.c.Close() }
+func (gc *gconn) LocalAddr() net.Addr              { return gc.local }
+func (gc *gconn) RemoteAddr() net.Addr             { return gc.remote }
+func (gc *gconn) SetDeadline(time.Time) error      { return nil }
+func (gc *gconn) SetReadDeadline(time.Time) error  { return nil }
+func (gc *gconn) SetWriteDeadline(time.Time) error { return nil }

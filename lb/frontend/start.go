@@ -1,0 +1,62 @@
+package frontend
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Names of the front ends, as configuration spells them.
+const (
+	NameFastHTTP = "fasthttp"
+	NameGNet     = "gnet"
+)
+
+// Server is a running front end.
+type Server interface {
+	// Addr is the address it listens on.
+	Addr() string
+	// Done reports the server stopping on its own with an error.
+	Done() <-chan error
+	// ShutdownWithContext stops accepting, lets requests in flight
+	// (streams included) finish until ctx ends, then closes what is left.
+	ShutdownWithContext(ctx context.Context) error
+}
+
+// Start serves h on addr with the front end called name ("" is fasthttp)
+// and returns once it listens.
+func Start(name, addr string, h Handler, o Options) (Server, error) {
+	switch name {
+	case "", NameFastHTTP:
+		ln, err := Listen(addr)
+		if err != nil {
+			return nil, err
+		}
+		s := &fastServer{Server: FastHTTP(h, o), ln: ln, done: make(chan error, 1)}
+		go func() {
+			if err := s.Serve(ln); err != nil {
+				s.done <- err
+			}
+		}()
+		return s, nil
+	case NameGNet:
+		return StartGNet(addr, h, o)
+	}
+	return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
+}
+
+type fastServer struct {
+	*fasthttp.Server
+	ln   net.Listener
+	done chan error
+}
+
+func (s *fastServer) Addr() string       { return s.ln.Addr().String() }
+func (s *fastServer) Done() <-chan error { return s.done }
+
+var (
+	_ Server = (*fastServer)(nil)
+	_ Server = (*GNet)(nil)
+)
