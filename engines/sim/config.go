@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,14 +20,26 @@ const (
 	DefaultMaxModelLen = 32768
 	DefaultTick        = 2 * time.Millisecond
 	DefaultRole        = RoleCombined
+	DefaultKVScale     = 1.0 / 1024
+	DefaultKVTimeout   = 480 * time.Second // vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT
 	defaultNamePrefix  = "sim-"
 	maxSpeedup         = 1e6
 	maxModelNameLen    = 256
 )
 
-// RoleCombined is a pod that prefills and decodes its own requests; the only
-// role so far (prefill and decode roles come with PD disaggregation).
-const RoleCombined = "combined"
+// Roles a pod plays in prefill/decode disaggregation.
+const (
+	// RoleCombined prefills and decodes its own requests and ignores PD
+	// fields, as an engine started without a KV connector does.
+	RoleCombined = "combined"
+	// RolePrefill serves prefill legs: it computes the prompt's KV and
+	// holds it for a decode pod to pull. Plain requests it serves as a
+	// combined pod would, as vLLM does.
+	RolePrefill = "prefill"
+	// RoleDecode serves decode legs, pulling the KV before decoding, and
+	// plain requests.
+	RoleDecode = "decode"
+)
 
 // Config describes one simulated pod. Zero fields take their defaults in
 // Start; Validate checks a config after defaults.
@@ -70,9 +83,27 @@ type Config struct {
 	// stream together in one chunk, as vLLM merges the deltas of a consumer
 	// that lags; simulated timings stay exact whatever the tick.
 	Tick time.Duration
-	// Role is reserved for prefill/decode disaggregation; only "combined"
-	// is accepted now (default "combined").
+	// Role is "combined", "prefill" or "decode" (default "combined"); see
+	// the Role constants and pd.go for what each does with PD legs.
 	Role string
+	// BootstrapPort is the port of a prefill pod's KV transfer server: for
+	// SGLang its bootstrap server, which decode pods reach at the
+	// bootstrap_host and bootstrap_port of a request. 0 picks a free port
+	// (the default; real SGLang uses 8998, and the pod reports its port as
+	// disaggregation_bootstrap_port in /get_server_info).
+	BootstrapPort int
+	// KVXferListen is the host:port of a prefill pod's KV transfer server
+	// (default Listen's host and BootstrapPort). Only prefill pods listen.
+	KVXferListen string
+	// KVScale is the fraction of the KV cache's bytes (tokens ×
+	// Physics.KVBytesPerToken) a transfer really moves, so tests and demos
+	// stay light (default 1/1024). Transfers are paced to take the time
+	// Physics' link gives the full size.
+	KVScale float64
+	// KVTimeout is how long a prefill pod holds KV for pickup, and how long
+	// a decode pod of a push-style protocol (SGLang, TensorRT-LLM
+	// generation_first) waits for it (default 480 s).
+	KVTimeout time.Duration
 	// KVEvents receives the prefix cache's stored, removed and cleared
 	// blocks (default nil: no events).
 	KVEvents KVEventSink
@@ -112,6 +143,17 @@ func (c Config) withDefaults() Config {
 	if c.Name == "" {
 		c.Name = defaultNamePrefix + c.Listen
 	}
+	if c.KVXferListen == "" {
+		if host, _, err := net.SplitHostPort(c.Listen); err == nil {
+			c.KVXferListen = net.JoinHostPort(host, strconv.Itoa(c.BootstrapPort))
+		}
+	}
+	if c.KVScale == 0 {
+		c.KVScale = DefaultKVScale
+	}
+	if c.KVTimeout == 0 {
+		c.KVTimeout = DefaultKVTimeout
+	}
 	return c
 }
 
@@ -149,8 +191,20 @@ func (c Config) Validate() error {
 	if c.Tick <= 0 {
 		return bad("tick", c.Tick, "must be positive")
 	}
-	if c.Role != RoleCombined {
-		return bad("role", c.Role, "must be combined")
+	if c.Role != RoleCombined && c.Role != RolePrefill && c.Role != RoleDecode {
+		return bad("role", c.Role, "must be combined, prefill or decode")
+	}
+	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
+		return bad("bootstrap_port", c.BootstrapPort, "must be 0 (a free port) to 65535")
+	}
+	if _, _, err := net.SplitHostPort(c.KVXferListen); err != nil {
+		return bad("kvxfer_listen", c.KVXferListen, "must be host:port")
+	}
+	if !(c.KVScale > 0) || c.KVScale > 1 {
+		return bad("kv_scale", c.KVScale, "must be in (0, 1]")
+	}
+	if c.KVTimeout <= 0 {
+		return bad("kv_timeout", c.KVTimeout, "must be positive")
 	}
 	return nil
 }

@@ -31,7 +31,21 @@ func TestConfigValidate(t *testing.T) {
 	f(func(c *Config) { c.DefaultMaxTokens = -5 }, `default_max_tokens = "-5"`)
 	f(func(c *Config) { c.MaxModelLen = 1 << 30 }, `max_model_len = "1073741824" needs 16777216 KV blocks`)
 	f(func(c *Config) { c.Tick = -time.Second }, `tick = "-1s"`)
-	f(func(c *Config) { c.Role = "prefill" }, `role = "prefill"`)
+	f(func(c *Config) { c.Role = "both" }, `role = "both"`)
+	f(func(c *Config) { c.BootstrapPort = 70000 }, `bootstrap_port = "70000"`)
+	f(func(c *Config) { c.KVXferListen = "9000" }, `kvxfer_listen = "9000"`)
+	f(func(c *Config) { c.KVScale = 2 }, `kv_scale = "2"`)
+	f(func(c *Config) { c.KVTimeout = -time.Second }, `kv_timeout = "-1s"`)
+	for _, role := range []string{RoleCombined, RolePrefill, RoleDecode} {
+		c := Config{Role: role}.withDefaults()
+		if err := c.Validate(); err != nil {
+			t.Fatalf("role %s: %v", role, err)
+		}
+	}
+	// The transfer server listens on the pod's host, at BootstrapPort.
+	if c := (Config{Listen: "127.0.0.2:8000", BootstrapPort: 8998}).withDefaults(); c.KVXferListen != "127.0.0.2:8998" {
+		t.Fatalf("KVXferListen = %q", c.KVXferListen)
+	}
 	f(func(c *Config) { c.Physics.MaxBatch = 0 }, "max_batch = 0")
 
 	// Start refuses what Validate refuses.
@@ -150,4 +164,36 @@ func FuzzRequestTokens(f *testing.F) {
 			t.Fatal("a rendered chat has no tokens")
 		}
 	})
+}
+
+func TestParseFleetPD(t *testing.T) {
+	fc, err := LoadFleet("testdata/fleet-pd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := map[engines.Kind]map[string]int{}
+	for _, c := range fc.Pods {
+		if roles[c.Engine] == nil {
+			roles[c.Engine] = map[string]int{}
+		}
+		roles[c.Engine][c.Role]++
+		if c.KVScale != DefaultKVScale || c.KVTimeout != DefaultKVTimeout || c.KVXferListen != "127.0.0.1:0" {
+			t.Fatalf("pod %s: %+v", c.Name, c)
+		}
+	}
+	for _, k := range engines.Kinds {
+		if r := roles[k]; r[RolePrefill] != 1 || r[RoleDecode] != 1 || r[RoleCombined] != 1 {
+			t.Fatalf("engine %s roles %v", k, r)
+		}
+	}
+	fc, err = ParseFleet([]byte("pods:\n  - role: prefill\n    listen: 127.0.0.1:0\n    bootstrap_port: 8998\n    kv_scale: 0.5\n    kv_timeout: 2s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := fc.Pods[0]; c.Role != RolePrefill || c.KVXferListen != "127.0.0.1:8998" || c.KVScale != 0.5 || c.KVTimeout != 2*time.Second {
+		t.Fatalf("%+v", c)
+	}
+	if _, err := ParseFleet([]byte("pods:\n  - role: decoder\n")); err == nil || !strings.Contains(err.Error(), `role = "decoder"`) {
+		t.Fatalf("bad role: %v", err)
+	}
 }

@@ -27,7 +27,11 @@ import (
 //	  default_max_tokens: 128
 //	  max_model_len: 32768
 //	  tick: 2ms
-//	  role: combined
+//	  role: combined          # combined | prefill | decode
+//	  bootstrap_port: 0       # prefill pods' KV transfer (SGLang bootstrap) port; 0 = free
+//	  kvxfer_listen: ""       # or its whole host:port (default listen's host, bootstrap_port)
+//	  kv_scale: 0.0009765625  # fraction of the KV bytes a transfer really moves
+//	  kv_timeout: 480s        # how long KV waits for pickup
 //	  physics:                # seed 000's timing model
 //	    prefill_tokens_per_sec: 20000
 //	    decode_base_sec: 0.010
@@ -61,6 +65,10 @@ type podFile struct {
 	MaxModelLen      int           `yaml:"max_model_len"`
 	Tick             time.Duration `yaml:"tick"`
 	Role             string        `yaml:"role"`
+	BootstrapPort    int           `yaml:"bootstrap_port"`
+	KVXferListen     string        `yaml:"kvxfer_listen"`
+	KVScale          float64       `yaml:"kv_scale"`
+	KVTimeout        time.Duration `yaml:"kv_timeout"`
 	Physics          physicsFile   `yaml:"physics"`
 }
 
@@ -92,6 +100,7 @@ func (p podFile) config() Config {
 		Name: p.Name, Model: p.Model, Engine: engines.Kind(p.Engine), Listen: p.Listen,
 		Speedup: p.Speedup, Seed: p.Seed, HashSeed: p.HashSeed,
 		DefaultMaxTokens: p.DefaultMaxTokens, MaxModelLen: p.MaxModelLen, Tick: p.Tick, Role: p.Role,
+		BootstrapPort: p.BootstrapPort, KVXferListen: p.KVXferListen, KVScale: p.KVScale, KVTimeout: p.KVTimeout,
 		Physics: Physics{
 			PrefillTokensPerSec: f.PrefillTokensPerSec, DecodeBaseSec: f.DecodeBaseSec,
 			DecodePerSeqSec: f.DecodePerSeqSec, MaxBatch: f.MaxBatch, BlockSize: f.BlockSize,

@@ -28,6 +28,10 @@ var (
 		0.040, 0.060, 0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000}
 	sglangE2EBuckets = []float64{0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200,
 		400, 600, 1200, 1800, 2400}
+	// vLLM's NIXL connector, vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py
+	// (NixlPromMetrics); SGLang's decode side uses them too for the sim's
+	// own series, having none of its own in Prometheus.
+	kvTransferBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0}
 )
 
 // finish reasons, as vLLM names them in finish_reason and in
@@ -48,18 +52,23 @@ var finishNames = [numFinish]string{"", "stop", "length", "abort"}
 // scheduler goroutine writes it; scrapes read it concurrently.
 type podMetrics struct {
 	// Gauges, published by the scheduler after each wake-up.
-	running, waiting, prefilling, usedBlocks atomic.Int64
+	running, waiting, prefilling, usedBlocks, pinnedBlocks atomic.Int64
 	// Counters, in tokens or requests.
 	promptTokens, generationTokens, queryTokens, hitTokens atomic.Int64
 	finished                                               [numFinish]atomic.Int64
 	steps                                                  atomic.Int64
 	lastStepNanos                                          atomic.Int64 // simulated
+	// KV transfers: pulls done and failed on a decode pod, holds that
+	// expired unpicked on a prefill pod.
+	kvPulls, kvPullFailures, kvExpired atomic.Int64
 
 	set *metrics.Set // nil for trtllm, whose /metrics is JSON
 	// Prometheus series; nil when set is.
 	promptC, genC, queryC, hitC *metrics.Counter
 	successC                    [numFinish]*metrics.Counter
 	ttft, itl, e2e              *metrics.PrometheusHistogram
+	kvXfer                      *metrics.PrometheusHistogram
+	kvFailedC, kvExpiredC       *metrics.Counter
 
 	// gen_throughput is measured between scrapes (simulated seconds).
 	thrMu           sync.Mutex
@@ -96,6 +105,9 @@ func newPodMetrics(cfg Config, now func() float64) *podMetrics {
 		m.ttft = s.NewPrometheusHistogramExt("vllm:time_to_first_token_seconds"+l, vllmTTFTBuckets)
 		m.itl = s.NewPrometheusHistogramExt("vllm:inter_token_latency_seconds"+l, vllmITLBuckets)
 		m.e2e = s.NewPrometheusHistogramExt("vllm:e2e_request_latency_seconds"+l, vllmE2EBuckets)
+		m.kvXfer = s.NewPrometheusHistogramExt("vllm:nixl_xfer_time_seconds"+l, kvTransferBuckets)
+		m.kvFailedC = s.NewCounter("vllm:nixl_num_failed_transfers" + l)
+		m.kvExpiredC = s.NewCounter("vllm:nixl_num_kv_expired_reqs" + l)
 		m.set = s
 	case engines.SGLang:
 		l := fmt.Sprintf(`{model_name=%q}`, model)
@@ -115,6 +127,7 @@ func newPodMetrics(cfg Config, now func() float64) *podMetrics {
 		m.ttft = s.NewPrometheusHistogramExt("sglang:time_to_first_token_seconds"+l, sglangTTFTBuckets)
 		m.itl = s.NewPrometheusHistogramExt("sglang:inter_token_latency_seconds"+l, sglangITLBuckets)
 		m.e2e = s.NewPrometheusHistogramExt("sglang:e2e_request_latency_seconds"+l, sglangE2EBuckets)
+		m.kvXfer = s.NewPrometheusHistogramExt("pdlb_sim_kv_transfer_seconds"+l, kvTransferBuckets)
 		m.set = s
 	}
 	return m
@@ -196,6 +209,24 @@ func (m *podMetrics) finish(reason uint8, e2e float64) {
 	if reason != finishAbort {
 		observe(m.e2e, e2e)
 	}
+}
+
+// kvPulled records a decode pod's KV pull that took sec simulated seconds,
+// or failed.
+func (m *podMetrics) kvPulled(sec float64, ok bool) {
+	if !ok {
+		m.kvPullFailures.Add(1)
+		addCounter(m.kvFailedC, 1)
+		return
+	}
+	m.kvPulls.Add(1)
+	observe(m.kvXfer, sec)
+}
+
+// kvHoldExpired records a prefill pod's KV that nobody picked up in time.
+func (m *podMetrics) kvHoldExpired() {
+	m.kvExpired.Add(1)
+	addCounter(m.kvExpiredC, 1)
 }
 
 // writePrometheus writes the text exposition with HELP and TYPE lines, as

@@ -26,6 +26,16 @@ type genRequest struct {
 	RID       string `json:"rid"`
 	// AddGenerationPrompt is /tokenize's (default true).
 	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+	// PD fields of each engine; pd.go reads them.
+	KVTransferParams    *kvTransferParams `json:"kv_transfer_params"` // vLLM
+	BootstrapHost       string            `json:"bootstrap_host"`     // SGLang
+	BootstrapPort       *int              `json:"bootstrap_port"`
+	BootstrapRoom       *int64            `json:"bootstrap_room"`
+	DisaggregatedParams *disaggParams     `json:"disaggregated_params"` // TensorRT-LLM
+	// PromptTokenIDs is TensorRT-LLM's chat field that replaces the
+	// messages' tokenization (a generation leg's copy of the context
+	// response's prompt_token_ids).
+	PromptTokenIDs []uint32 `json:"prompt_token_ids"`
 }
 
 // streamOptions follows vLLM, where include_usage defaults to true once
@@ -251,7 +261,16 @@ func (w *sseWriter) appendEnd(dst []byte, completion int) []byte {
 // appendFullResponse appends a non-streaming chat.completion or
 // text_completion body, every field vLLM's response model has (it dumps
 // them all, nulls included).
-func appendFullResponse(dst []byte, chat bool, id string, created int64, model string, text []byte, reason uint8, prompt, completion int) []byte {
+//
+// pd, when not nil, adds a prefill leg's answer fields: vLLM's top-level
+// kv_transfer_params, TensorRT-LLM's choices[0].disaggregated_params and
+// top-level prompt_token_ids.
+func appendFullResponse(dst []byte, chat bool, id string, created int64, model string, text []byte, reason uint8, prompt, completion int, pd *pdAnswer) []byte {
+	var disagg, kvParams []byte
+	var promptIDs []uint32
+	if pd != nil {
+		disagg, kvParams, promptIDs = pd.disaggParams, pd.kvTransferParams, pd.promptTokenIDs
+	}
 	dst = append(dst, `{"id":`...)
 	dst = strconv.AppendQuote(dst, id)
 	if chat {
@@ -268,20 +287,47 @@ func appendFullResponse(dst []byte, chat bool, id string, created int64, model s
 		dst = appendJSONBytes(dst, text)
 		dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"`...)
 		dst = append(dst, finishNames[reason]...)
-		dst = append(dst, `","stop_reason":null}]`...)
+		dst = append(dst, `","stop_reason":null`...)
+		dst = appendDisagg(dst, disagg)
+		dst = append(dst, "}]"...)
 	} else {
 		dst = append(dst, `,"choices":[{"index":0,"text":`...)
 		dst = appendJSONBytes(dst, text)
 		dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
 		dst = append(dst, finishNames[reason]...)
-		dst = append(dst, `","stop_reason":null,"prompt_logprobs":null}]`...)
+		dst = append(dst, `","stop_reason":null,"prompt_logprobs":null`...)
+		dst = appendDisagg(dst, disagg)
+		dst = append(dst, "}]"...)
 	}
 	dst = append(dst, `,"service_tier":null,"system_fingerprint":null,"usage":`...)
 	dst = appendUsage(dst, prompt, completion, true)
 	if chat {
 		dst = append(dst, `,"prompt_logprobs":null`...)
 	}
-	return append(dst, `,"kv_transfer_params":null}`...)
+	if promptIDs != nil {
+		dst = append(dst, `,"prompt_token_ids":[`...)
+		for i, t := range promptIDs {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendUint(dst, uint64(t), 10)
+		}
+		dst = append(dst, ']')
+	}
+	dst = append(dst, `,"kv_transfer_params":`...)
+	if kvParams == nil {
+		kvParams = []byte("null")
+	}
+	dst = append(dst, kvParams...)
+	return append(dst, '}')
+}
+
+func appendDisagg(dst, disagg []byte) []byte {
+	if disagg == nil {
+		return dst
+	}
+	dst = append(dst, `,"disaggregated_params":`...)
+	return append(dst, disagg...)
 }
 
 // appendJSONString appends s as a JSON string. The sim's own text is plain

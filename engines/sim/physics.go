@@ -10,6 +10,8 @@ package sim
 import (
 	"errors"
 	"fmt"
+
+	"pdlb/kvxfer"
 )
 
 // Defaults of the timing model. Prefill speed, block size and cache size are
@@ -127,7 +129,15 @@ func (p Physics) DecodeTokensPerSec(batch int) float64 {
 
 // TransferSec is the time to move the KV cache of tokens over the link.
 func (p Physics) TransferSec(tokens int) float64 {
-	return p.LinkLatencySec + float64(tokens)*p.KVBytesPerToken/p.LinkBytesPerSec
+	return p.Link().Sec(p.KVBytes(tokens))
+}
+
+// KVBytes is the size of the KV cache of tokens.
+func (p Physics) KVBytes(tokens int) float64 { return float64(tokens) * p.KVBytesPerToken }
+
+// Link is the pod's KV transfer link as kvxfer's timing model.
+func (p Physics) Link() kvxfer.Link {
+	return kvxfer.Link{BytesPerSec: p.LinkBytesPerSec, LatencySec: p.LinkLatencySec}
 }
 
 // Blocks is the number of KV blocks tokens occupy (a partial block counts).

@@ -16,6 +16,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/tokenize"
+	"pdlb/kvxfer"
 	"pdlb/radix"
 )
 
@@ -32,6 +33,14 @@ type Pod struct {
 	ln      net.Listener
 	srv     *fasthttp.Server
 	served  chan struct{} // closed when Serve returned
+	// xfer serves a prefill pod's held KV (nil on other roles); transport
+	// pulls a decode leg's.
+	xfer      *kvxfer.Server
+	transport kvxfer.Transport
+
+	connMu sync.Mutex
+	conns  map[net.Conn]struct{} // open client connections, for Kill
+	killed bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -71,11 +80,19 @@ func Start(cfg Config) (*Pod, error) {
 	}
 	start := time.Now()
 	p := &Pod{
-		cfg:     cfg,
-		seed:    engineSeed(cfg.Model, cfg.HashSeed),
-		created: start.Unix(),
-		ln:      ln,
-		served:  make(chan struct{}),
+		cfg:       cfg,
+		seed:      engineSeed(cfg.Model, cfg.HashSeed),
+		created:   start.Unix(),
+		ln:        ln,
+		served:    make(chan struct{}),
+		transport: kvxfer.TCP{},
+		conns:     map[net.Conn]struct{}{},
+	}
+	if cfg.Role == RolePrefill {
+		if p.xfer, err = kvxfer.Listen(kvxfer.ServerConfig{Listen: cfg.KVXferListen, Pace: p.kvPace}); err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("sim: pod %s: %w", cfg.Name, err)
+		}
 	}
 	p.m = newPodMetrics(cfg, func() float64 { return time.Since(start).Seconds() * cfg.Speedup })
 	p.sched = newScheduler(cfg, p.m, start)
@@ -88,6 +105,7 @@ func Start(cfg Config) (*Pod, error) {
 		MaxRequestBodySize:    maxBodySize,
 		CloseOnShutdown:       true,
 		NoDefaultContentType:  true,
+		ConnState:             p.trackConn,
 	}
 	go p.sched.run()
 	go func() {
@@ -103,6 +121,44 @@ func (p *Pod) Addr() string { return p.ln.Addr().String() }
 // Config returns the pod's configuration, defaults applied.
 func (p *Pod) Config() Config { return p.cfg }
 
+// KVXferAddr returns the host:port of a prefill pod's KV transfer server
+// (SGLang's bootstrap server), "" on other roles.
+func (p *Pod) KVXferAddr() string {
+	if p.xfer == nil {
+		return ""
+	}
+	return p.xfer.Addr()
+}
+
+// trackConn keeps the set of open connections Kill cuts.
+func (p *Pod) trackConn(c net.Conn, state fasthttp.ConnState) {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	switch state {
+	case fasthttp.StateNew:
+		if p.killed {
+			_ = c.Close()
+			return
+		}
+		p.conns[c] = struct{}{}
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		delete(p.conns, c)
+	}
+}
+
+// Kill stops the pod as a crash does: every client connection is cut at
+// once, mid-stream responses included (their clients see the connection
+// break, not an end of stream), then the pod closes.
+func (p *Pod) Kill() error {
+	p.connMu.Lock()
+	p.killed = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.connMu.Unlock()
+	return p.Close()
+}
+
 // Close aborts the requests in flight (streams end with finish_reason
 // "abort", as vLLM's do when it shuts down), waits for their responses to
 // be written, closes the listener and connections and stops every
@@ -111,6 +167,11 @@ func (p *Pod) Close() error {
 	p.closeOnce.Do(func() {
 		close(p.sched.done)
 		<-p.sched.exited
+		if p.xfer != nil {
+			// Drops what is held, which ends prefill legs waiting for
+			// pickup.
+			_ = p.xfer.Close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), shutdownWait)
 		defer cancel()
 		p.closeErr = p.srv.ShutdownWithContext(ctx)
@@ -133,6 +194,12 @@ type Stats struct {
 	HitTokens        int64 // of which found cached
 	Finished         int64 // requests finished, aborted ones included
 	Aborted          int64
+	// HeldKVBlocks are the blocks of finished prefill legs a prefill pod
+	// holds for pickup (part of UsedBlocks).
+	HeldKVBlocks int
+	// KVPulls and KVPullFailures count a decode pod's KV transfers;
+	// KVExpired a prefill pod's holds nobody picked up in time.
+	KVPulls, KVPullFailures, KVExpired int64
 }
 
 // Stats returns the pod's current state; the gauges are as of the
@@ -149,6 +216,10 @@ func (p *Pod) Stats() Stats {
 		QueriedTokens:   m.queryTokens.Load(),
 		HitTokens:       m.hitTokens.Load(),
 		Aborted:         m.finished[finishAbort].Load(),
+		HeldKVBlocks:    int(m.pinnedBlocks.Load()),
+		KVPulls:         m.kvPulls.Load(),
+		KVPullFailures:  m.kvPullFailures.Load(),
+		KVExpired:       m.kvExpired.Load(),
 	}
 	for r := finishStop; r < numFinish; r++ {
 		s.Finished += m.finished[r].Load()
@@ -181,6 +252,7 @@ func (p *Pod) routeTable() map[string]route {
 		rt["/flush_cache"] = route{get: true, post: true, h: p.resetPrefixCache}
 	case engines.TRTLLM:
 		rt["/version"] = get(p.version)
+		rt["/server_info"] = get(p.trtServerInfo)
 	}
 	return rt
 }
@@ -247,7 +319,15 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 	if !parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	tokens, err := requestTokens(&req, chat)
+	leg, err := p.legOf(&req)
+	var tokens []uint32
+	switch {
+	case err != nil:
+	case chat && p.cfg.Engine == engines.TRTLLM && len(req.PromptTokenIDs) > 0:
+		tokens = req.PromptTokenIDs
+	default:
+		tokens, err = requestTokens(&req, chat)
+	}
 	if err == nil && len(tokens) == 0 {
 		err = badRequest("the prompt is empty")
 	}
@@ -256,9 +336,20 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 		return
 	}
 	r := newRequest()
+	if leg.kind == legDecode {
+		r = newRemoteRequest()
+	}
 	r.tokens = tokens
 	if !p.setMaxTokens(ctx, r, &req) {
 		return
+	}
+	if leg.kind == legPrefill {
+		// The prefill leg yields the first token only, whatever the body
+		// asks, and keeps its KV for the decode pod.
+		r.pin = true
+		if r.maxTokens > 1 {
+			r.maxTokens, r.limitReason = 1, finishLength
+		}
 	}
 	r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), p.seed, tokens, p.cfg.Physics.BlockSize)
 	// The response id follows vLLM: the X-Request-Id header, else the
@@ -274,15 +365,22 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", "the engine is shutting down")
 		return
 	}
+	if leg.kind == legDecode && !p.receiveKV(ctx, r, leg) {
+		return
+	}
 	text := newTextStream(p.cfg.Seed, tokens)
 	created := time.Now().Unix()
+	if leg.kind == legPrefill {
+		p.answerPrefill(ctx, r, leg, chat, respID, created, text)
+		return
+	}
 	conn := ctx.Conn()
 	if !req.Stream {
 		n, reason := p.wait(r, conn, nil)
 		if reason == finishNone {
 			return // the client is gone
 		}
-		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, len(tokens), n))
+		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, len(tokens), n, nil))
 		return
 	}
 	usage, continuous := false, false
@@ -501,24 +599,41 @@ func (p *Pod) abortRequest(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// disaggregationMode is SGLang's --disaggregation-mode of the pod's role.
+func (p *Pod) disaggregationMode() string {
+	if p.cfg.Role == RoleCombined {
+		return "null"
+	}
+	return p.cfg.Role
+}
+
+// bootstrapPort is the port of a prefill pod's bootstrap (KV transfer)
+// server; 0 on other roles.
+func (p *Pod) bootstrapPort() int {
+	_, port, _ := net.SplitHostPort(p.KVXferAddr())
+	n, _ := strconv.Atoi(port)
+	return n
+}
+
 // serverInfo serves SGLang's GET /get_server_info: the server arguments a
 // router reads, and the scheduler's internal state.
 func (p *Pod) serverInfo(ctx *fasthttp.RequestCtx) {
 	host, port, _ := net.SplitHostPort(p.Addr())
 	portN, _ := strconv.Atoi(port)
 	body, _ := json.Marshal(map[string]any{
-		"model_path":           p.cfg.Model,
-		"served_model_name":    p.cfg.Model,
-		"tokenizer_path":       p.cfg.Model,
-		"host":                 host,
-		"port":                 portN,
-		"context_length":       p.cfg.MaxModelLen,
-		"max_running_requests": p.cfg.Physics.MaxBatch,
-		"max_total_num_tokens": p.cfg.Physics.CacheBlocks * p.cfg.Physics.BlockSize,
-		"page_size":            p.cfg.Physics.BlockSize,
-		"disaggregation_mode":  "null",
-		"internal_states":      []map[string]any{{"last_gen_throughput": p.m.genThroughput()}},
-		"version":              "pdlb-sim",
+		"model_path":                    p.cfg.Model,
+		"served_model_name":             p.cfg.Model,
+		"tokenizer_path":                p.cfg.Model,
+		"host":                          host,
+		"port":                          portN,
+		"context_length":                p.cfg.MaxModelLen,
+		"max_running_requests":          p.cfg.Physics.MaxBatch,
+		"max_total_num_tokens":          p.cfg.Physics.CacheBlocks * p.cfg.Physics.BlockSize,
+		"page_size":                     p.cfg.Physics.BlockSize,
+		"disaggregation_mode":           p.disaggregationMode(),
+		"disaggregation_bootstrap_port": p.bootstrapPort(),
+		"internal_states":               []map[string]any{{"last_gen_throughput": p.m.genThroughput()}},
+		"version":                       "pdlb-sim",
 	})
 	writeJSON(ctx, body)
 }

@@ -17,6 +17,15 @@ type request struct {
 	keys        []uint64 // the prompt's engine block keys (engineSeed chain)
 	maxTokens   int
 	limitReason uint8 // finish reason at maxTokens: length when the client set it, stop for the sim's own length
+	// remote marks a decode leg: its prompt's KV comes from a prefill pod.
+	// Once admitted (slot and KV room reserved, admitted closed) it waits
+	// in stateReceiving until the handler has pulled the KV and sent
+	// msgKVReady; its prefill then computes nothing.
+	remote   bool
+	admitted chan struct{}
+	// pin marks a prefill leg: when it finishes, its prompt's blocks stay
+	// held (pinned) for a decode pod to pull, until msgUnpin.
+	pin bool
 
 	// progress is tokens produced | finish reason<<32; the reason is set
 	// once, with the final count.
@@ -30,6 +39,7 @@ type request struct {
 	held      int // KV blocks the sequence holds now
 	lastToken float64
 	dirty     bool
+	pinned    int // KV blocks held after finishing (pin)
 }
 
 type reqState uint8
@@ -37,12 +47,21 @@ type reqState uint8
 const (
 	stateNew reqState = iota
 	stateWaiting
+	stateReceiving // admitted decode leg whose KV is on its way
 	statePrefill
 	stateDecode
 	stateDone
 )
 
 func newRequest() *request { return &request{notify: make(chan struct{}, 1)} }
+
+// newRemoteRequest returns a decode leg's request (see request.remote).
+func newRemoteRequest() *request {
+	r := newRequest()
+	r.remote = true
+	r.admitted = make(chan struct{})
+	return r
+}
 
 // load returns the tokens produced so far and the finish reason (finishNone
 // while the request runs).
@@ -59,6 +78,8 @@ const (
 	msgAbortRID
 	msgAbortAll
 	msgClearCache
+	msgKVReady // a remote request's KV arrived
+	msgUnpin   // a pinned request's KV was picked up, expired or dropped
 )
 
 type schedMsg struct {
@@ -81,6 +102,11 @@ type schedMsg struct {
 // DecodeStepSec(batch) that advance every decoding sequence by one token; a
 // sequence that finishes prefill mid-step joins the next step.
 //
+// Under PD disaggregation (pd.go) a prefill leg finishes after its first
+// token with its prompt's blocks pinned (still counted against capacity)
+// until msgUnpin, and a decode leg (remote) holds its slot and blocks in
+// stateReceiving until msgKVReady, then prefills nothing.
+//
 // Events are applied at their exact simulated times even when the goroutine
 // wakes late, so the timings are those of the model whatever the load on
 // the machine; only delivery to clients lags: first tokens by scheduling
@@ -100,6 +126,7 @@ type scheduler struct {
 
 	clock       float64 // simulated time of the last event applied
 	waiting     []*request
+	receiving   []*request // admitted remote requests waiting for their KV
 	prefill     []*request // admitted, FIFO; the head computes while prefillBusy
 	prefillBusy bool
 	prefillEnd  float64
@@ -108,8 +135,9 @@ type scheduler struct {
 	stepping    bool
 	stepStart   float64
 	stepEnd     float64
-	reserved    int // KV blocks reserved by admitted requests
-	held        int // KV blocks held by admitted requests
+	reserved    int // KV blocks reserved by admitted requests and pinned KV
+	held        int // KV blocks held by admitted requests and pinned KV
+	pinned      int // KV blocks of finished prefill legs awaiting pickup
 	notifyQ     []*request
 
 	stored, evicted []uint64 // scratch for KV events
@@ -243,7 +271,7 @@ func (s *scheduler) handle(m schedMsg) {
 	case msgCancel:
 		s.cancel(m.req)
 	case msgAbortRID:
-		for _, q := range [][]*request{s.waiting, s.prefill, s.decoding} {
+		for _, q := range [][]*request{s.waiting, s.receiving, s.prefill, s.decoding} {
 			if i := slices.IndexFunc(q, func(r *request) bool { return r.rid == m.rid }); i >= 0 {
 				s.cancel(q[i])
 				break
@@ -251,6 +279,14 @@ func (s *scheduler) handle(m schedMsg) {
 		}
 	case msgAbortAll:
 		s.abortRunning()
+	case msgKVReady:
+		if r := m.req; r.state == stateReceiving {
+			s.receiving = slices.DeleteFunc(s.receiving, func(q *request) bool { return q == r })
+			r.state = statePrefill
+			s.prefill = append(s.prefill, r)
+		}
+	case msgUnpin:
+		s.unpin(m.req)
 	case msgClearCache:
 		s.cache.Clear()
 		if s.sink != nil {
@@ -265,7 +301,7 @@ func (s *scheduler) handle(m schedMsg) {
 // KV room for their prompt and whole output are free. The head of the queue
 // blocks the rest, as in vLLM's first-come-first-served scheduling.
 func (s *scheduler) admit() {
-	for len(s.waiting) > 0 && len(s.prefill)+len(s.decoding) < s.phys.MaxBatch {
+	for len(s.waiting) > 0 && len(s.receiving)+len(s.prefill)+len(s.decoding) < s.phys.MaxBatch {
 		r := s.waiting[0]
 		need := s.phys.Blocks(len(r.tokens) + r.maxTokens)
 		if s.reserved+need > s.phys.CacheBlocks {
@@ -275,6 +311,16 @@ func (s *scheduler) admit() {
 		s.waiting = s.waiting[1:]
 		r.reserved = need
 		s.reserved += need
+		if r.remote {
+			// The KV lands in blocks allocated now, as vLLM's and
+			// SGLang's decode sides allocate before receiving.
+			r.held = s.phys.Blocks(len(r.tokens))
+			s.held += r.held
+			r.state = stateReceiving
+			s.receiving = append(s.receiving, r)
+			close(r.admitted)
+			continue
+		}
 		r.state = statePrefill
 		s.prefill = append(s.prefill, r)
 	}
@@ -286,10 +332,15 @@ func (s *scheduler) kick() {
 		r := s.prefill[0]
 		prompt := len(r.tokens)
 		cached := s.cache.Match(r.keys) * s.phys.BlockSize
-		r.held = s.phys.Blocks(prompt)
-		s.held += r.held
+		compute := prompt - cached
+		if r.remote {
+			compute = 0 // the prefill pod computed it; the first token comes at once
+		}
+		blocks := s.phys.Blocks(prompt)
+		s.held += blocks - r.held
+		r.held = blocks
 		s.prefillBusy = true
-		s.prefillEnd = s.clock + s.phys.PrefillSec(prompt-cached)
+		s.prefillEnd = s.clock + s.phys.PrefillSec(compute)
 		s.m.prefillStarted(prompt, cached)
 	}
 	if !s.stepping && len(s.decoding) > 0 {
@@ -373,6 +424,13 @@ func (s *scheduler) cancel(r *request) {
 	switch r.state {
 	case stateWaiting:
 		s.waiting = remove(s.waiting)
+	case stateReceiving:
+		s.receiving = remove(s.receiving)
+	case stateDone:
+		// A finished prefill leg whose handler gave up before holding
+		// its KV for pickup: nobody will pull it.
+		s.unpin(r)
+		return
 	case statePrefill:
 		if s.prefillBusy && s.prefill[0] == r {
 			s.prefillBusy = false
@@ -391,13 +449,28 @@ func (s *scheduler) finish(r *request, reason uint8) {
 	s.reserved -= r.reserved
 	s.held -= r.held
 	r.reserved, r.held = 0, 0
+	if r.pin && reason != finishAbort {
+		r.pinned = s.phys.Blocks(len(r.tokens))
+		s.pinned += r.pinned
+		s.reserved += r.pinned
+		s.held += r.pinned
+	}
 	s.setProgress(r, reason)
 	s.m.finish(reason, s.clock-r.arrival)
 }
 
+// unpin frees a finished prefill leg's pinned blocks; a no-op the second
+// time.
+func (s *scheduler) unpin(r *request) {
+	s.pinned -= r.pinned
+	s.reserved -= r.pinned
+	s.held -= r.pinned
+	r.pinned = 0
+}
+
 // abortRunning aborts every request the pod holds, as SGLang's abort_all.
 func (s *scheduler) abortRunning() {
-	for _, q := range [][]*request{s.waiting, s.prefill, s.decoding} {
+	for _, q := range [][]*request{s.waiting, s.receiving, s.prefill, s.decoding} {
 		for _, r := range slices.Clone(q) {
 			s.cancel(r)
 		}
@@ -434,8 +507,11 @@ func (s *scheduler) setProgress(r *request, reason uint8) {
 // that order, so a client that saw its request end sees it gone from the
 // gauges too.
 func (s *scheduler) publish() {
+	// Requests waiting for their KV count as waiting, as vLLM's
+	// WAITING_FOR_REMOTE_KVS requests do, though they hold a slot.
 	s.m.running.Store(int64(len(s.prefill) + len(s.decoding)))
-	s.m.waiting.Store(int64(len(s.waiting)))
+	s.m.waiting.Store(int64(len(s.waiting) + len(s.receiving)))
+	s.m.pinnedBlocks.Store(int64(s.pinned))
 	s.m.prefilling.Store(int64(len(s.prefill)))
 	s.m.usedBlocks.Store(int64(s.held))
 	for _, r := range s.notifyQ {

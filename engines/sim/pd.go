@@ -1,0 +1,399 @@
+package sim
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/engines/tokenize"
+	"pdlb/kvxfer"
+)
+
+// Prefill/decode disaggregation: how a pod plays its role under each
+// engine's protocol. Every protocol comes down to the same two legs:
+//
+//   - A prefill leg (on a prefill pod) computes the prompt's KV and its
+//     first token, holds the KV on the pod's kvxfer server and answers,
+//     always as one JSON body, with whatever the decode pod needs to find
+//     it. Pull-style protocols (vLLM, TensorRT-LLM context_first) answer at
+//     once; push-style ones (SGLang, TensorRT-LLM generation_first), whose
+//     decode leg is already waiting, answer once the KV was taken.
+//   - A decode leg (on a decode pod) takes a batch slot and KV room, pulls
+//     the KV from the prefill pod over kvxfer, then produces the whole
+//     answer from its first token, exactly as a combined pod would: token
+//     i depends only on the seed, the prompt and i, so the answer equals a
+//     combined pod's byte for byte in content.
+//
+// Held KV is released on pickup or after Config.KVTimeout; Stats'
+// HeldKVBlocks shows it. A combined pod ignores every PD field, as an
+// engine started without a KV connector does.
+
+// kvTransferParams is vLLM's kv_transfer_params (NIXL connector fields).
+type kvTransferParams struct {
+	DoRemoteDecode  bool    `json:"do_remote_decode"`
+	DoRemotePrefill bool    `json:"do_remote_prefill"`
+	RemoteEngineID  *string `json:"remote_engine_id"`
+	RemoteBlockIDs  []int   `json:"remote_block_ids"`
+	RemoteRequestID *string `json:"remote_request_id"`
+	RemoteHost      *string `json:"remote_host"`
+	RemotePort      *int    `json:"remote_port"`
+}
+
+// disaggParams is TensorRT-LLM's DisaggregatedParams
+// (tensorrt_llm/serve/openai_protocol.py).
+type disaggParams struct {
+	RequestType        string   `json:"request_type"`
+	FirstGenTokens     []uint32 `json:"first_gen_tokens"`
+	CtxRequestID       *int64   `json:"ctx_request_id"`
+	EncodedOpaqueState *string  `json:"encoded_opaque_state"`
+	DraftTokens        []uint32 `json:"draft_tokens"`
+	DisaggRequestID    *int64   `json:"disagg_request_id"`
+	CtxDPRank          *int     `json:"ctx_dp_rank"`
+	CtxInfoEndpoint    *string  `json:"ctx_info_endpoint"`
+	ScheduleStyle      *int     `json:"schedule_style"`
+}
+
+// TensorRT-LLM's request types and DisaggScheduleStyle values.
+const (
+	trtContextOnly     = "context_only"
+	trtGenerationOnly  = "generation_only"
+	trtGenerationFirst = 1
+	trtEndpointScheme  = "tcp://"
+)
+
+type legKind uint8
+
+const (
+	legPlain legKind = iota
+	legPrefill
+	legDecode
+)
+
+// pdLeg is what a request asks of the pod under its engine's protocol.
+type pdLeg struct {
+	kind legKind
+	// Prefill legs: the handle to hold the KV under ("" lets the kvxfer
+	// server pick one), and whether to answer only after pickup.
+	handle string
+	push   bool
+	// Decode legs: where the KV is, and how long the source should wait
+	// for it to be held (0: it must be held already).
+	src  kvxfer.Descriptor
+	wait time.Duration
+	// TensorRT-LLM's disagg_request_id, echoed in the context response.
+	disaggID *int64
+}
+
+// legOf reads a request's PD fields for the pod's engine and role. A leg
+// the pod's role does not serve is an error; a combined pod serves
+// everything as a plain request.
+func (p *Pod) legOf(req *genRequest) (pdLeg, error) {
+	if p.cfg.Role == RoleCombined {
+		return pdLeg{}, nil
+	}
+	var leg pdLeg
+	var err error
+	switch p.cfg.Engine {
+	case engines.VLLM:
+		leg, err = vllmLeg(req.KVTransferParams)
+	case engines.SGLang:
+		leg, err = p.sglangLeg(req)
+	case engines.TRTLLM:
+		leg, err = p.trtLeg(req.DisaggregatedParams)
+	}
+	if err != nil {
+		return pdLeg{}, err
+	}
+	switch {
+	case leg.kind == legPrefill && p.cfg.Role != RolePrefill:
+		return pdLeg{}, badRequest("this pod's role is %s: it does not serve prefill legs", p.cfg.Role)
+	case leg.kind == legDecode && p.cfg.Role != RoleDecode:
+		return pdLeg{}, badRequest("this pod's role is %s: it does not serve decode legs", p.cfg.Role)
+	}
+	return leg, nil
+}
+
+func vllmLeg(kv *kvTransferParams) (pdLeg, error) {
+	switch {
+	case kv == nil:
+		return pdLeg{}, nil
+	case kv.DoRemoteDecode:
+		return pdLeg{kind: legPrefill}, nil
+	case !kv.DoRemotePrefill:
+		return pdLeg{}, nil
+	case kv.RemoteHost == nil || kv.RemotePort == nil || kv.RemoteRequestID == nil:
+		return pdLeg{}, badRequest("kv_transfer_params with do_remote_prefill needs remote_host, remote_port and remote_request_id")
+	}
+	return pdLeg{kind: legDecode, src: kvxfer.Descriptor{
+		Addr: net.JoinHostPort(*kv.RemoteHost, strconv.Itoa(*kv.RemotePort)), Handle: *kv.RemoteRequestID,
+	}}, nil
+}
+
+// sglangLeg: one body goes to both pods; the pod's role says which leg it
+// is. The room is the handle on the prefill pod's bootstrap server.
+func (p *Pod) sglangLeg(req *genRequest) (pdLeg, error) {
+	if req.BootstrapRoom == nil {
+		return pdLeg{}, nil
+	}
+	if *req.BootstrapRoom < 0 {
+		return pdLeg{}, badRequest("bootstrap_room = %d must not be negative", *req.BootstrapRoom)
+	}
+	room := strconv.FormatInt(*req.BootstrapRoom, 10)
+	if p.cfg.Role == RolePrefill {
+		return pdLeg{kind: legPrefill, handle: room, push: true}, nil
+	}
+	if req.BootstrapHost == "" || req.BootstrapPort == nil {
+		return pdLeg{}, badRequest("bootstrap_room needs bootstrap_host and bootstrap_port")
+	}
+	return pdLeg{kind: legDecode, wait: p.cfg.KVTimeout, src: kvxfer.Descriptor{
+		Addr: net.JoinHostPort(req.BootstrapHost, strconv.Itoa(*req.BootstrapPort)), Handle: room,
+	}}, nil
+}
+
+func (p *Pod) trtLeg(dp *disaggParams) (pdLeg, error) {
+	if dp == nil {
+		return pdLeg{}, nil
+	}
+	genFirst := dp.ScheduleStyle != nil && *dp.ScheduleStyle == trtGenerationFirst
+	switch dp.RequestType {
+	case trtContextOnly:
+		leg := pdLeg{kind: legPrefill, push: genFirst, disaggID: dp.DisaggRequestID}
+		if genFirst {
+			if dp.DisaggRequestID == nil {
+				return pdLeg{}, badRequest("a generation_first context_only request needs disagg_request_id")
+			}
+			leg.handle = strconv.FormatInt(*dp.DisaggRequestID, 10)
+		}
+		return leg, nil
+	case trtGenerationOnly:
+	default:
+		return pdLeg{}, nil // context_and_generation: a plain request
+	}
+	if genFirst {
+		// The context pod's address comes from its /server_info, the
+		// handle is the shared disagg_request_id.
+		if dp.CtxInfoEndpoint == nil || dp.DisaggRequestID == nil {
+			return pdLeg{}, badRequest("a generation_first generation_only request needs ctx_info_endpoint and disagg_request_id")
+		}
+		return pdLeg{kind: legDecode, wait: p.cfg.KVTimeout, src: kvxfer.Descriptor{
+			Addr: strings.TrimPrefix(*dp.CtxInfoEndpoint, trtEndpointScheme), Handle: strconv.FormatInt(*dp.DisaggRequestID, 10),
+		}}, nil
+	}
+	if dp.EncodedOpaqueState == nil {
+		return pdLeg{}, badRequest("a generation_only request needs encoded_opaque_state")
+	}
+	raw, err := base64.StdEncoding.DecodeString(*dp.EncodedOpaqueState)
+	if err != nil {
+		return pdLeg{}, badRequest("encoded_opaque_state: %v", err)
+	}
+	src, err := kvxfer.ParseDescriptor(string(raw))
+	if err != nil {
+		return pdLeg{}, badRequest("encoded_opaque_state: %v", err)
+	}
+	return pdLeg{kind: legDecode, src: src}, nil
+}
+
+// kvBytes is what a transfer of tokens' KV moves: the full size scaled by
+// KVScale.
+func (p *Pod) kvBytes(tokens int) int64 {
+	return int64(math.Ceil(p.cfg.Physics.KVBytes(tokens) * p.cfg.KVScale))
+}
+
+// kvPace is the wall time a transfer of n (scaled) bytes takes: the link's
+// time for the full size, divided by Speedup.
+func (p *Pod) kvPace(n int64) time.Duration {
+	sec := p.cfg.Physics.Link().Sec(float64(n)/p.cfg.KVScale) / p.cfg.Speedup
+	return time.Duration(sec * float64(time.Second))
+}
+
+// receiveKV pulls a decode leg's KV once the scheduler admitted r, then
+// lets its prefill run. It returns false when it answered (a failed pull)
+// or the client left; true when the response is due, r aborted included.
+func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, r *request, leg pdLeg) bool {
+	conn := ctx.Conn()
+	pullCtx, cancel := context.WithCancel(context.Background())
+	var done chan error
+	stop := func() {
+		cancel()
+		if done != nil {
+			<-done
+		}
+	}
+	poll := time.NewTicker(disconnectPoll)
+	defer poll.Stop()
+	admitted := r.admitted
+	for {
+		select {
+		case <-admitted:
+			admitted = nil
+			done = make(chan error, 1)
+			go func() {
+				tr, err := p.transport.Pull(pullCtx, leg.src, leg.wait)
+				p.m.kvPulled(tr.Elapsed.Seconds()*p.cfg.Speedup, err == nil)
+				done <- err
+			}()
+		case err := <-done:
+			done = nil
+			cancel()
+			if err != nil {
+				p.sched.send(schedMsg{kind: msgCancel, req: r})
+				writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "",
+					fmt.Sprintf("KV transfer from %s failed: %v", leg.src.Addr, err))
+				return false
+			}
+			p.sched.send(schedMsg{kind: msgKVReady, req: r})
+			return true
+		case <-r.notify:
+			if _, reason := r.load(); reason != finishNone {
+				// Aborted (SGLang's /abort_request): answer as any
+				// aborted request. Wait reads progress on a wake-up, so
+				// hand this one on.
+				stop()
+				select {
+				case r.notify <- struct{}{}:
+				default:
+				}
+				return true
+			}
+		case <-poll.C:
+			if connGone(conn) {
+				p.sched.send(schedMsg{kind: msgCancel, req: r})
+				stop()
+				return false
+			}
+		case <-p.sched.exited:
+			stop()
+			return true
+		}
+	}
+}
+
+// pdAnswer is a prefill leg's fields in its response body (raw JSON).
+type pdAnswer struct {
+	kvTransferParams []byte
+	disaggParams     []byte
+	promptTokenIDs   []uint32
+}
+
+// answerPrefill waits for a prefill leg's first token, holds its KV for
+// pickup and answers with the engine's handoff fields.
+func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, chat bool, respID string, created int64, text textStream) {
+	conn := ctx.Conn()
+	n, reason := p.wait(r, conn, nil)
+	if reason == finishNone {
+		return // the client is gone; the scheduler unpinned the KV
+	}
+	prompt := len(r.tokens)
+	body := func(pd *pdAnswer) []byte {
+		return appendFullResponse(nil, chat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, prompt, n, pd)
+	}
+	if reason == finishAbort {
+		writeJSON(ctx, body(nil))
+		return
+	}
+	picked := make(chan kvxfer.Outcome, 1)
+	d, err := p.xfer.Hold(kvxfer.Hold{
+		Handle: leg.handle, Tokens: prompt, Bytes: p.kvBytes(prompt), TTL: p.cfg.KVTimeout,
+		Released: func(o kvxfer.Outcome) {
+			p.sched.send(schedMsg{kind: msgUnpin, req: r})
+			if o == kvxfer.Expired {
+				p.m.kvHoldExpired()
+			}
+			picked <- o
+		},
+	})
+	if err != nil {
+		p.sched.send(schedMsg{kind: msgUnpin, req: r})
+		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
+		return
+	}
+	if leg.push && !p.awaitPickup(conn, picked) {
+		writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "", "the KV was not taken by a decode pod")
+		return
+	}
+	var pd pdAnswer
+	switch p.cfg.Engine {
+	case engines.VLLM:
+		pd.kvTransferParams = p.vllmParams(d)
+	case engines.TRTLLM:
+		pd.disaggParams = p.trtParams(d, text, leg)
+		pd.promptTokenIDs = r.tokens
+	}
+	writeJSON(ctx, body(&pd))
+}
+
+// awaitPickup waits until the decode pod took the KV, as SGLang's prefill
+// answers only then; false if it expired or was dropped first. A client
+// that leaves stops the wait, not the hold.
+func (p *Pod) awaitPickup(conn net.Conn, picked <-chan kvxfer.Outcome) bool {
+	poll := time.NewTicker(disconnectPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case o := <-picked:
+			return o == kvxfer.PickedUp
+		case <-poll.C:
+			if connGone(conn) {
+				return false
+			}
+		}
+	}
+}
+
+// vllmParams is the kv_transfer_params a vLLM prefill pod returns: where a
+// decode pod reads the blocks.
+func (p *Pod) vllmParams(d kvxfer.Descriptor) []byte {
+	host, port, _ := net.SplitHostPort(d.Addr)
+	portN, _ := strconv.Atoi(port)
+	blocks := make([]int, p.cfg.Physics.Blocks(d.Tokens))
+	for i := range blocks {
+		blocks[i] = i
+	}
+	b, _ := json.Marshal(struct {
+		DoRemotePrefill bool   `json:"do_remote_prefill"`
+		DoRemoteDecode  bool   `json:"do_remote_decode"`
+		RemoteBlockIDs  []int  `json:"remote_block_ids"`
+		RemoteEngineID  string `json:"remote_engine_id"`
+		RemoteRequestID string `json:"remote_request_id"`
+		RemoteHost      string `json:"remote_host"`
+		RemotePort      int    `json:"remote_port"`
+		TPSize          int    `json:"tp_size"`
+	}{true, false, blocks, p.cfg.Name, d.Handle, host, portN, 1})
+	return b
+}
+
+// trtParams is the disaggregated_params a TensorRT-LLM context pod returns.
+func (p *Pod) trtParams(d kvxfer.Descriptor, text textStream, leg pdLeg) []byte {
+	ctxID, _ := strconv.ParseInt(d.Handle, 10, 64) // handles are decimal int63s
+	state := base64.StdEncoding.EncodeToString([]byte(d.String()))
+	b, _ := json.Marshal(disaggParams{
+		RequestType:        trtContextOnly,
+		FirstGenTokens:     tokenize.Append(nil, []byte(text.word(0))),
+		CtxRequestID:       &ctxID,
+		EncodedOpaqueState: &state,
+		DisaggRequestID:    leg.disaggID,
+	})
+	return b
+}
+
+// trtServerInfo serves TensorRT-LLM's GET /server_info: a context pod's
+// generation-first metadata, as its Python KV-cache transceiver reports it.
+// Other pods report empty disaggregated_params, as the C++ one does.
+func (p *Pod) trtServerInfo(ctx *fasthttp.RequestCtx) {
+	params := map[string]any{}
+	if p.xfer != nil {
+		params["ctx_info_endpoint"] = trtEndpointScheme + p.xfer.Addr()
+		params["ctx_dp_rank"] = 0
+	}
+	body, _ := json.Marshal(map[string]any{"disaggregated_params": params})
+	writeJSON(ctx, body)
+}

@@ -1,0 +1,440 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"pdlb/engines"
+)
+
+// The tests below drive prefill and decode pods the way a gateway does,
+// with each engine's bodies written out by hand, and compare the answers
+// with a combined pod's.
+
+// pdTrio is a prefill, a decode and a combined pod of one engine, model and
+// seed.
+type pdTrio struct{ pre, dec, comb *Pod }
+
+func startTrio(t *testing.T, engine engines.Kind, mutate func(*Config)) pdTrio {
+	t.Helper()
+	pod := func(role string) *Pod {
+		cfg := Config{Engine: engine, Model: "m", Seed: 11, Speedup: fast, Role: role}
+		if mutate != nil {
+			mutate(&cfg)
+		}
+		return testPod(t, cfg)
+	}
+	return pdTrio{pre: pod(RolePrefill), dec: pod(RoleDecode), comb: pod(RoleCombined)}
+}
+
+// clone deep-copies a JSON body.
+func clone(t *testing.T, body map[string]any) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// postJSON posts body and decodes a 200 answer.
+func postJSON(t *testing.T, c *http.Client, url string, body any) map[string]any {
+	t.Helper()
+	status, b := post(t, c, url, body)
+	return decodeJSON(t, status, b)
+}
+
+func decodeJSON(t *testing.T, status int, body []byte) map[string]any {
+	t.Helper()
+	if status != http.StatusOK {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("%v: %s", err, body)
+	}
+	return m
+}
+
+// answer is what a client compares: the text and the finish reason.
+type answer struct{ text, finish string }
+
+// finalAnswer posts body to url, streaming or not as body says, and returns
+// the answer.
+func finalAnswer(t *testing.T, c *http.Client, url string, body map[string]any) answer {
+	t.Helper()
+	if s, _ := body["stream"].(bool); s {
+		resp, events := stream(t, c, context.Background(), url, body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream status %d", resp.StatusCode)
+		}
+		text, finish := streamedText(parseChunks(t, events))
+		return answer{text, finish}
+	}
+	return jsonAnswer(t, postJSON(t, c, url, body))
+}
+
+func jsonAnswer(t *testing.T, m map[string]any) answer {
+	t.Helper()
+	choice := m["choices"].([]any)[0].(map[string]any)
+	a := answer{finish: choice["finish_reason"].(string)}
+	if msg, ok := choice["message"].(map[string]any); ok {
+		a.text = msg["content"].(string)
+	} else {
+		a.text = choice["text"].(string)
+	}
+	return a
+}
+
+// A protocol drives one request through a prefill and a decode pod, the
+// way a gateway would, and returns the decode pod's answer.
+type protocol func(t *testing.T, c *http.Client, p pdTrio, path string, body map[string]any) answer
+
+// vllmPD: the prefill leg with kv_transfer_params (do_remote_decode),
+// stream off, one token; then the decode leg with what it returned.
+func vllmPD(t *testing.T, c *http.Client, p pdTrio, path string, body map[string]any) answer {
+	pre := clone(t, body)
+	pre["kv_transfer_params"] = map[string]any{
+		"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
+		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil,
+	}
+	pre["stream"] = false
+	pre["max_tokens"] = 1
+	if _, ok := pre["max_completion_tokens"]; ok {
+		pre["max_completion_tokens"] = 1
+	}
+	delete(pre, "stream_options")
+	resp := postJSON(t, c, "http://"+p.pre.Addr()+path, pre)
+	params, ok := resp["kv_transfer_params"].(map[string]any)
+	if !ok || params["do_remote_prefill"] != true || params["remote_port"] == nil || params["remote_request_id"] == nil {
+		t.Fatalf("prefill kv_transfer_params: %v", resp["kv_transfer_params"])
+	}
+	dec := clone(t, body)
+	dec["kv_transfer_params"] = params
+	return finalAnswer(t, c, "http://"+p.dec.Addr()+path, dec)
+}
+
+// sglangPD: one body with the bootstrap fields to both pods at once.
+func sglangPD(t *testing.T, c *http.Client, p pdTrio, path string, body map[string]any) answer {
+	host, port, _ := net.SplitHostPort(p.pre.KVXferAddr())
+	portN, _ := strconv.Atoi(port)
+	b := clone(t, body)
+	b["bootstrap_host"], b["bootstrap_port"], b["bootstrap_room"] = host, portN, rand.Int64()
+	var wg sync.WaitGroup
+	var preStatus int
+	var preBody []byte
+	wg.Go(func() { preStatus, preBody = postNoFatal(c, "http://"+p.pre.Addr()+path, b) })
+	a := finalAnswer(t, c, "http://"+p.dec.Addr()+path, b)
+	wg.Wait()
+	if preStatus != http.StatusOK {
+		t.Fatalf("prefill leg: %d %s", preStatus, preBody)
+	}
+	return a
+}
+
+// postNoFatal is post for goroutines other than the test's.
+func postNoFatal(c *http.Client, url string, body any) (int, []byte) {
+	b, _ := json.Marshal(body)
+	resp, err := c.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+// trtCtxFirstPD: the context leg, then the generation leg with the
+// returned disaggregated_params and prompt_token_ids.
+func trtCtxFirstPD(t *testing.T, c *http.Client, p pdTrio, path string, body map[string]any) answer {
+	id := rand.Int64()
+	ctx := clone(t, body)
+	ctx["disaggregated_params"] = map[string]any{"request_type": "context_only", "disagg_request_id": id}
+	ctx["stream"] = false
+	delete(ctx, "stream_options")
+	resp := postJSON(t, c, "http://"+p.pre.Addr()+path, ctx)
+	choice := resp["choices"].([]any)[0].(map[string]any)
+	dp, ok := choice["disaggregated_params"].(map[string]any)
+	if !ok || dp["request_type"] != "context_only" || dp["encoded_opaque_state"] == nil || dp["ctx_request_id"] == nil ||
+		dp["disagg_request_id"] != float64(id) || len(dp["first_gen_tokens"].([]any)) == 0 {
+		t.Fatalf("context disaggregated_params: %v", choice["disaggregated_params"])
+	}
+	if f := choice["finish_reason"]; f != "length" {
+		t.Fatalf("context finish_reason %v", f)
+	}
+	dp["request_type"] = "generation_only"
+	gen := clone(t, body)
+	gen["disaggregated_params"] = dp
+	if strings.Contains(path, "chat") {
+		gen["prompt_token_ids"] = resp["prompt_token_ids"]
+	} else {
+		gen["prompt"] = resp["prompt_token_ids"]
+	}
+	return finalAnswer(t, c, "http://"+p.dec.Addr()+path, gen)
+}
+
+// trtGenFirstPD: the context pod's /server_info, then both legs at once
+// with a shared disagg_request_id and schedule_style 1.
+func trtGenFirstPD(t *testing.T, c *http.Client, p pdTrio, path string, body map[string]any) answer {
+	var info struct {
+		Params struct {
+			Endpoint string `json:"ctx_info_endpoint"`
+			DPRank   *int   `json:"ctx_dp_rank"`
+		} `json:"disaggregated_params"`
+	}
+	status, raw := get(t, c, "http://"+p.pre.Addr()+"/server_info")
+	if err := json.Unmarshal(raw, &info); status != http.StatusOK || err != nil || info.Params.Endpoint == "" || info.Params.DPRank == nil {
+		t.Fatalf("/server_info: %d %s %v", status, raw, err)
+	}
+	id := rand.Int64()
+	ctx := clone(t, body)
+	ctx["disaggregated_params"] = map[string]any{"request_type": "context_only", "disagg_request_id": id, "schedule_style": 1}
+	gen := clone(t, body)
+	gen["disaggregated_params"] = map[string]any{
+		"request_type": "generation_only", "disagg_request_id": id, "ctx_request_id": id, "schedule_style": 1,
+		"ctx_info_endpoint": info.Params.Endpoint, "ctx_dp_rank": *info.Params.DPRank,
+	}
+	var wg sync.WaitGroup
+	var ctxStatus int
+	var ctxBody []byte
+	wg.Go(func() { ctxStatus, ctxBody = postNoFatal(c, "http://"+p.pre.Addr()+path, ctx) })
+	a := finalAnswer(t, c, "http://"+p.dec.Addr()+path, gen)
+	wg.Wait()
+	if ctxStatus != http.StatusOK {
+		t.Fatalf("context leg: %d %s", ctxStatus, ctxBody)
+	}
+	return a
+}
+
+// eventually polls cond until it holds, failing after a generous time (a
+// correctness bound, not a timing assertion).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+	}
+}
+
+func TestPDOutputMatchesCombined(t *testing.T) {
+	cases := []struct {
+		name   string
+		engine engines.Kind
+		drive  protocol
+	}{
+		{"vllm", engines.VLLM, vllmPD},
+		{"sglang", engines.SGLang, sglangPD},
+		{"trtllm-context-first", engines.TRTLLM, trtCtxFirstPD},
+		{"trtllm-generation-first", engines.TRTLLM, trtGenFirstPD},
+	}
+	prompt := strings.Repeat("the prefill pod computes this prompt once ", 12)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startTrio(t, tc.engine, nil)
+			c := testClient(t)
+			legs := int64(0)
+			for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+				for _, streaming := range []bool{false, true} {
+					body := map[string]any{"model": "m", "max_tokens": 17, "stream": streaming}
+					if strings.Contains(path, "chat") {
+						body = chatBody(prompt, body)
+						if streaming {
+							body["stream_options"] = map[string]any{"include_usage": true}
+						}
+					} else {
+						body["prompt"] = prompt
+					}
+					want := finalAnswer(t, c, "http://"+p.comb.Addr()+path, body)
+					got := tc.drive(t, c, p, path, body)
+					if got != want || want.finish != "length" || len(want.text) != 17*4 {
+						t.Fatalf("%s stream=%v: PD answer %+v, combined %+v", path, streaming, got, want)
+					}
+					legs++
+					eventually(t, "prefill pod frees the KV on pickup", func() bool {
+						s := p.pre.Stats()
+						return s.HeldKVBlocks == 0 && s.UsedBlocks == 0
+					})
+					if s := p.dec.Stats(); s.KVPulls != legs || s.KVPullFailures != 0 {
+						t.Fatalf("decode pod stats %+v after %d legs", s, legs)
+					}
+				}
+			}
+			if s := p.pre.Stats(); s.GeneratedTokens != legs || s.Finished != legs || s.KVExpired != 0 {
+				t.Fatalf("prefill pod made %d tokens in %d requests (%+v); want one per leg", s.GeneratedTokens, s.Finished, s)
+			}
+		})
+	}
+}
+
+func TestPDHeldKVExpires(t *testing.T) {
+	p := startTrio(t, engines.VLLM, func(c *Config) { c.KVTimeout = 50 * time.Millisecond })
+	c := testClient(t)
+	pre := chatBody("nobody comes for this KV", map[string]any{
+		"max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true},
+	})
+	resp := postJSON(t, c, "http://"+p.pre.Addr()+"/v1/chat/completions", pre)
+	eventually(t, "the held KV expires", func() bool {
+		s := p.pre.Stats()
+		return s.HeldKVBlocks == 0 && s.UsedBlocks == 0 && s.KVExpired == 1
+	})
+	// A decode leg after the timeout finds nothing and says so.
+	dec := chatBody("nobody comes for this KV", map[string]any{"kv_transfer_params": resp["kv_transfer_params"]})
+	status, body := post(t, c, "http://"+p.dec.Addr()+"/v1/chat/completions", dec)
+	if status != http.StatusInternalServerError || !strings.Contains(string(body), "not held") {
+		t.Fatalf("late decode leg: %d %s", status, body)
+	}
+	if s := p.dec.Stats(); s.KVPullFailures != 1 || s.Running+s.Waiting != 0 || s.UsedBlocks != 0 {
+		t.Fatalf("decode pod after a failed pull: %+v", s)
+	}
+	_, metrics := get(t, c, "http://"+p.dec.Addr()+"/metrics")
+	if !strings.Contains(string(metrics), `vllm:nixl_num_failed_transfers{model_name="m",engine="0"} 1`) {
+		t.Fatalf("metrics lack the failed transfer:\n%s", metrics)
+	}
+}
+
+func TestPDHeldKVBlocksVisible(t *testing.T) {
+	p := startTrio(t, engines.VLLM, nil)
+	c := testClient(t)
+	prompt := strings.Repeat("held blocks ", 100)
+	pre := chatBody(prompt, map[string]any{"max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true}})
+	resp := postJSON(t, c, "http://"+p.pre.Addr()+"/v1/chat/completions", pre)
+	want := p.pre.Config().Physics.Blocks(len(chatTokens(prompt)))
+	eventually(t, "the prefill pod shows its held blocks", func() bool { return p.pre.Stats().HeldKVBlocks == want })
+	if s := p.pre.Stats(); s.UsedBlocks != want || s.Running != 0 {
+		t.Fatalf("prefill pod %+v, want %d held blocks", s, want)
+	}
+	dec := chatBody(prompt, map[string]any{"max_tokens": 3, "kv_transfer_params": resp["kv_transfer_params"]})
+	postJSON(t, c, "http://"+p.dec.Addr()+"/v1/chat/completions", dec)
+	eventually(t, "pickup frees them", func() bool { return p.pre.Stats().HeldKVBlocks == 0 })
+	_, metrics := get(t, c, "http://"+p.dec.Addr()+"/metrics")
+	if !strings.Contains(string(metrics), `vllm:nixl_xfer_time_seconds_count{model_name="m",engine="0"} 1`) {
+		t.Fatalf("metrics lack the transfer:\n%s", metrics)
+	}
+}
+
+func TestSGLangAbortFreesDecodeSlot(t *testing.T) {
+	p := startTrio(t, engines.SGLang, nil)
+	c := testClient(t)
+	host, port, _ := net.SplitHostPort(p.pre.KVXferAddr())
+	portN, _ := strconv.Atoi(port)
+	// The decode leg alone: its room never gets KV.
+	body := chatBody("a room nobody fills", map[string]any{
+		"bootstrap_host": host, "bootstrap_port": portN, "bootstrap_room": 12345, "rid": "req-abort-1",
+	})
+	type result struct {
+		status int
+		body   []byte
+	}
+	res := make(chan result, 1)
+	go func() {
+		s, b := postNoFatal(c, "http://"+p.dec.Addr()+"/v1/chat/completions", body)
+		res <- result{s, b}
+	}()
+	eventually(t, "the decode leg takes a slot and waits", func() bool { return p.dec.Stats().Waiting == 1 })
+	if s := p.dec.Stats(); s.UsedBlocks == 0 {
+		t.Fatalf("a waiting decode leg reserves no KV: %+v", s)
+	}
+	if status, b := post(t, c, "http://"+p.dec.Addr()+"/abort_request", map[string]any{"rid": "req-abort-1"}); status != http.StatusOK {
+		t.Fatalf("abort: %d %s", status, b)
+	}
+	r := <-res
+	if a := jsonAnswer(t, decodeJSON(t, r.status, r.body)); a.finish != "abort" {
+		t.Fatalf("aborted decode leg answered %+v", a)
+	}
+	eventually(t, "the slot is free", func() bool {
+		s := p.dec.Stats()
+		return s.Running+s.Waiting == 0 && s.UsedBlocks == 0 && s.Aborted == 1
+	})
+}
+
+func TestPDDecodeKilledMidStream(t *testing.T) {
+	p := startTrio(t, engines.VLLM, func(c *Config) { c.Speedup = 1 })
+	c := testClient(t)
+	prompt := "a long answer the decode pod never finishes"
+	pre := chatBody(prompt, map[string]any{"max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true}})
+	resp := postJSON(t, c, "http://"+p.pre.Addr()+"/v1/chat/completions", pre)
+	dec := chatBody(prompt, map[string]any{"max_tokens": 2000, "stream": true, "kv_transfer_params": resp["kv_transfer_params"]})
+	b, _ := json.Marshal(dec)
+	hresp, err := c.Post("http://"+p.dec.Addr()+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hresp.Body.Close()
+	rd := bufio.NewReader(hresp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	if err := p.dec.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(rd)
+	if err == nil || bytes.Contains(rest, []byte("[DONE]")) {
+		t.Fatalf("after Kill: read %d more bytes, err %v; want a broken connection", len(rest), err)
+	}
+}
+
+func TestPDRoles(t *testing.T) {
+	p := startTrio(t, engines.VLLM, nil)
+	c := testClient(t)
+	url := func(pod *Pod) string { return "http://" + pod.Addr() + "/v1/chat/completions" }
+	plain := chatBody("plain request", map[string]any{"max_tokens": 5})
+	want := jsonAnswer(t, postJSON(t, c, url(p.comb), plain))
+	// Prefill and decode pods serve plain requests as combined pods do.
+	for _, pod := range []*Pod{p.pre, p.dec} {
+		if got := jsonAnswer(t, postJSON(t, c, url(pod), plain)); got != want {
+			t.Fatalf("%s answered %+v, combined %+v", pod.Config().Role, got, want)
+		}
+	}
+	f := func(pod *Pod, params map[string]any, want string) {
+		t.Helper()
+		status, body := post(t, c, url(pod), chatBody("leg", map[string]any{"kv_transfer_params": params}))
+		if status != http.StatusBadRequest || !strings.Contains(string(body), want) {
+			t.Fatalf("%s: %d %s, want 400 with %q", pod.Config().Role, status, body, want)
+		}
+	}
+	f(p.dec, map[string]any{"do_remote_decode": true}, "role is decode")
+	f(p.pre, map[string]any{"do_remote_prefill": true, "remote_host": "127.0.0.1", "remote_port": 1, "remote_request_id": "x"}, "role is prefill")
+	f(p.dec, map[string]any{"do_remote_prefill": true}, "needs remote_host")
+	// A combined pod ignores PD fields, as an engine without a connector.
+	status, body := post(t, c, url(p.comb), chatBody("leg", map[string]any{"max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true}}))
+	if m := decodeJSON(t, status, body); m["kv_transfer_params"] != nil {
+		t.Fatalf("combined pod answered a prefill leg: %s", body)
+	}
+	if p.comb.KVXferAddr() != "" || p.dec.KVXferAddr() != "" || p.pre.KVXferAddr() == "" {
+		t.Fatal("only prefill pods serve KV")
+	}
+}
+
+func TestPDServerInfo(t *testing.T) {
+	c := testClient(t)
+	sg := startTrio(t, engines.SGLang, nil)
+	var info struct {
+		Mode string `json:"disaggregation_mode"`
+		Port int    `json:"disaggregation_bootstrap_port"`
+	}
+	_, raw := get(t, c, "http://"+sg.pre.Addr()+"/get_server_info")
+	if err := json.Unmarshal(raw, &info); err != nil || info.Mode != "prefill" || fmt.Sprint(info.Port) != strings.Split(sg.pre.KVXferAddr(), ":")[1] {
+		t.Fatalf("sglang prefill /get_server_info: %s", raw)
+	}
+	trt := startTrio(t, engines.TRTLLM, nil)
+	if _, raw := get(t, c, "http://"+trt.dec.Addr()+"/server_info"); string(raw) != `{"disaggregated_params":{}}` {
+		t.Fatalf("trtllm gen /server_info: %s", raw)
+	}
+}
