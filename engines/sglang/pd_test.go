@@ -1,0 +1,49 @@
+package sglang
+
+import (
+	"testing"
+
+	"pdlb/engines"
+)
+
+func TestPDBodies(t *testing.T) {
+	var p PD
+	x := &engines.Exchange{RequestID: "req-1", PrefillHost: "10.0.0.7", ID: 42}
+	orig := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	want := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"bootstrap_host":"10.0.0.7","bootstrap_port":8998,"bootstrap_room":42,"rid":"req-1"}`
+	for _, leg := range []string{"prefill", "decode"} {
+		var got []byte
+		var err error
+		if leg == "prefill" {
+			got, err = p.PrefillBody(nil, orig, x)
+		} else {
+			got, err = p.DecodeBody(nil, orig, nil, x)
+		}
+		if err != nil || string(got) != want {
+			t.Fatalf("%s body\n got %s %v\nwant %s", leg, got, err, want)
+		}
+	}
+	// A declared bootstrap port, a client rid kept when the gateway has
+	// no id, and a client's own bootstrap fields replaced in place.
+	x = &engines.Exchange{PrefillHost: "p", BootstrapPort: 9000, ID: 7}
+	got, _ := p.PrefillBody(nil, []byte(`{"rid":"mine","bootstrap_room":1}`), x)
+	if string(got) != `{"rid":"mine","bootstrap_room":7,"bootstrap_host":"p","bootstrap_port":9000}` {
+		t.Fatalf("got %s", got)
+	}
+	if path, body := p.Abort(nil, x); path != "" || body != nil {
+		t.Fatalf("abort without an id = %q %s, want a close", path, body)
+	}
+	x.RequestID = `a"b`
+	if path, body := p.Abort(nil, x); path != "/abort_request" || string(body) != `{"rid":"a\"b"}` {
+		t.Fatalf("abort = %q %s", path, body)
+	}
+	if !p.Concurrent() {
+		t.Fatal("SGLang legs go out together")
+	}
+	for range 100 {
+		p.Begin(x)
+		if x.ID < 0 {
+			t.Fatalf("negative bootstrap room %d", x.ID)
+		}
+	}
+}
