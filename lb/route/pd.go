@@ -297,7 +297,10 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 			}
 		}
 	}
-	fixedPre, fixedDec = s.compact(cands, fixedPre, fixedDec)
+	if d.Fired != 0 {
+		// A fast path or the band narrowed the rolesets in play.
+		fixedPre, fixedDec = s.compact(cands, fixedPre, fixedDec)
+	}
 
 	// Step 3: prefill scores, lowest per roleset.
 	s.preOut = grow(s.preOut, len(s.pre))
