@@ -23,9 +23,12 @@ import (
 )
 
 // fasthttp keeps a few package-level background goroutines (the server
-// date ticker, client and dialer cleaners) that outlive any one server.
+// date ticker, client and dialer cleaners) that outlive any one server;
+// packages start others at init (gnet's default ants pool), which
+// IgnoreCurrent covers.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
+		goleak.IgnoreCurrent(),
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),

@@ -106,8 +106,8 @@ func newPodMetrics(cfg Config, now func() float64) *podMetrics {
 		m.itl = s.NewPrometheusHistogramExt("vllm:inter_token_latency_seconds"+l, vllmITLBuckets)
 		m.e2e = s.NewPrometheusHistogramExt("vllm:e2e_request_latency_seconds"+l, vllmE2EBuckets)
 		m.kvXfer = s.NewPrometheusHistogramExt("vllm:nixl_xfer_time_seconds"+l, kvTransferBuckets)
-		m.kvFailedC = s.NewCounter("vllm:nixl_num_failed_transfers" + l)
-		m.kvExpiredC = s.NewCounter("vllm:nixl_num_kv_expired_reqs" + l)
+		m.kvFailedC = s.NewCounter("vllm:nixl_num_failed_transfers_total" + l)
+		m.kvExpiredC = s.NewCounter("vllm:nixl_num_kv_expired_reqs_total" + l)
 		m.set = s
 	case engines.SGLang:
 		l := fmt.Sprintf(`{model_name=%q}`, model)
@@ -241,31 +241,36 @@ func (m *podMetrics) writePrometheus(w io.Writer) {
 // engines' own descriptions. Their colon-prefixed names stay as the engines
 // write them, although promtool's lint objects to colons in names.
 var engineDoc = promtext.Doc{
-	"vllm:num_requests_running":          {Help: "Number of requests in model execution batches."},
-	"vllm:num_requests_waiting":          {Help: "Number of requests waiting to be processed."},
-	"vllm:kv_cache_usage_perc":           {Help: "KV-cache usage. 1 means 100 percent usage."},
-	"vllm:prefix_cache_queries_total":    {Help: "Prefix cache queries, in terms of number of queried tokens."},
-	"vllm:prefix_cache_hits_total":       {Help: "Prefix cache hits, in terms of number of cached tokens."},
-	"vllm:prompt_tokens_total":           {Help: "Number of prefill tokens processed."},
-	"vllm:generation_tokens_total":       {Help: "Number of generation tokens processed."},
-	"vllm:request_success_total":         {Help: "Count of successfully processed requests."},
-	"vllm:time_to_first_token_seconds":   {Help: "Histogram of time to first token in seconds."},
-	"vllm:inter_token_latency_seconds":   {Help: "Histogram of inter-token latency in seconds."},
-	"vllm:e2e_request_latency_seconds":   {Help: "Histogram of end to end request latency in seconds."},
-	"sglang:num_running_reqs":            {Help: "The number of running requests."},
-	"sglang:num_queue_reqs":              {Help: "The number of requests in the waiting queue."},
-	"sglang:num_used_tokens":             {Help: "The number of used tokens."},
-	"sglang:token_usage":                 {Help: "The token usage."},
-	"sglang:gen_throughput":              {Help: "The generation throughput (token/s)."},
-	"sglang:cache_hit_rate":              {Help: "The prefix cache hit rate."},
-	"sglang:prompt_tokens_total":         {Help: "Number of prefill tokens processed."},
-	"sglang:generation_tokens_total":     {Help: "Number of generation tokens processed."},
-	"sglang:cached_tokens_total":         {Help: "Number of cached prompt tokens."},
-	"sglang:num_requests_total":          {Help: "Number of requests processed."},
-	"sglang:num_aborted_requests_total":  {Help: "Number of requests aborted."},
-	"sglang:time_to_first_token_seconds": {Help: "Histogram of time to first token in seconds."},
-	"sglang:inter_token_latency_seconds": {Help: "Histogram of inter-token latency in seconds."},
-	"sglang:e2e_request_latency_seconds": {Help: "Histogram of end-to-end request latency in seconds."},
+	"vllm:num_requests_running":        {Help: "Number of requests in model execution batches."},
+	"vllm:num_requests_waiting":        {Help: "Number of requests waiting to be processed."},
+	"vllm:kv_cache_usage_perc":         {Help: "KV-cache usage. 1 means 100 percent usage."},
+	"vllm:prefix_cache_queries_total":  {Help: "Prefix cache queries, in terms of number of queried tokens."},
+	"vllm:prefix_cache_hits_total":     {Help: "Prefix cache hits, in terms of number of cached tokens."},
+	"vllm:prompt_tokens_total":         {Help: "Number of prefill tokens processed."},
+	"vllm:generation_tokens_total":     {Help: "Number of generation tokens processed."},
+	"vllm:request_success_total":       {Help: "Count of successfully processed requests."},
+	"vllm:time_to_first_token_seconds": {Help: "Histogram of time to first token in seconds."},
+	"vllm:inter_token_latency_seconds": {Help: "Histogram of inter-token latency in seconds."},
+	"vllm:e2e_request_latency_seconds": {Help: "Histogram of end to end request latency in seconds."},
+	// vLLM's prometheus_client writes a counter named x as x_total.
+	"vllm:nixl_xfer_time_seconds":          {Help: "Histogram of transfer duration for NIXL KV Cache transfers."},
+	"vllm:nixl_num_failed_transfers_total": {Help: "Number of failed NIXL KV Cache transfers."},
+	"vllm:nixl_num_kv_expired_reqs_total":  {Help: "Number of requests that had their KV expire."},
+	"pdlb_sim_kv_transfer_seconds":         {Help: "Time a decode pod took to pull a request's KV from its prefill pod, in simulated seconds."},
+	"sglang:num_running_reqs":              {Help: "The number of running requests."},
+	"sglang:num_queue_reqs":                {Help: "The number of requests in the waiting queue."},
+	"sglang:num_used_tokens":               {Help: "The number of used tokens."},
+	"sglang:token_usage":                   {Help: "The token usage."},
+	"sglang:gen_throughput":                {Help: "The generation throughput (token/s)."},
+	"sglang:cache_hit_rate":                {Help: "The prefix cache hit rate."},
+	"sglang:prompt_tokens_total":           {Help: "Number of prefill tokens processed."},
+	"sglang:generation_tokens_total":       {Help: "Number of generation tokens processed."},
+	"sglang:cached_tokens_total":           {Help: "Number of cached prompt tokens."},
+	"sglang:num_requests_total":            {Help: "Number of requests processed."},
+	"sglang:num_aborted_requests_total":    {Help: "Number of requests aborted."},
+	"sglang:time_to_first_token_seconds":   {Help: "Histogram of time to first token in seconds."},
+	"sglang:inter_token_latency_seconds":   {Help: "Histogram of inter-token latency in seconds."},
+	"sglang:e2e_request_latency_seconds":   {Help: "Histogram of end-to-end request latency in seconds."},
 }
 
 // trtllmStats is one entry of trtllm-serve's /metrics: a JSON list of

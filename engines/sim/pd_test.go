@@ -304,7 +304,7 @@ func TestPDHeldKVExpires(t *testing.T) {
 		t.Fatalf("decode pod after a failed pull: %+v", s)
 	}
 	_, metrics := get(t, c, "http://"+p.dec.Addr()+"/metrics")
-	if !strings.Contains(string(metrics), `vllm:nixl_num_failed_transfers{model_name="m",engine="0"} 1`) {
+	if !strings.Contains(string(metrics), `vllm:nixl_num_failed_transfers_total{model_name="m",engine="0"} 1`) {
 		t.Fatalf("metrics lack the failed transfer:\n%s", metrics)
 	}
 }

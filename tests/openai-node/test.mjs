@@ -1,0 +1,125 @@
+// The official openai npm client against a live pdlb gateway. The gateways
+// and simulated pods are started by tests/openai_node_test.go, which passes:
+//   PDLB_BASE_URL          a gateway serving model "m" (healthy pods) and
+//                          model "down" (its only pod is gone)
+//   PDLB_LIMITED_BASE_URL  a gateway with max_in_flight 1 serving model
+//                          "slow" (a pod at real-time speed)
+// Run: node test.mjs (node's own test runner; exit status 1 on a failure).
+import assert from 'node:assert/strict';
+import test from 'node:test';
+import OpenAI from 'openai';
+
+const baseURL = process.env.PDLB_BASE_URL;
+const limitedURL = process.env.PDLB_LIMITED_BASE_URL;
+if (!baseURL || !limitedURL) {
+  throw new Error('PDLB_BASE_URL and PDLB_LIMITED_BASE_URL must be set (tests/openai_node_test.go sets them)');
+}
+
+// Retries off: an error must reach the caller with the gateway's status,
+// not be retried away (the client retries 429 and 5xx by default).
+const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 30_000 });
+const limited = new OpenAI({ baseURL: limitedURL, apiKey: 'unused', maxRetries: 0, timeout: 30_000 });
+const messages = [{ role: 'user', content: 'hello there' }];
+
+test('models.list names the served models', async () => {
+  const ids = [];
+  for await (const model of client.models.list()) ids.push(model.id);
+  assert.ok(ids.includes('m'), `models ${ids}`);
+});
+
+test('chat completion, not streaming', async () => {
+  const { data, response } = await client.chat.completions
+    .create({ model: 'm', messages, max_tokens: 8 })
+    .withResponse();
+  assert.equal(data.object, 'chat.completion');
+  assert.equal(data.choices.length, 1);
+  assert.equal(data.choices[0].message.role, 'assistant');
+  assert.ok(data.choices[0].message.content.length > 0);
+  assert.equal(data.usage.completion_tokens, 8);
+  assert.ok(response.headers.get('x-pdlb-pod'), 'x-pdlb-pod header');
+  assert.ok(response.headers.get('x-request-id'), 'x-request-id header');
+});
+
+test('chat completion, streaming with usage', async () => {
+  const stream = await client.chat.completions.create({
+    model: 'm', messages, max_tokens: 12, stream: true, stream_options: { include_usage: true },
+  });
+  let content = '';
+  let usage = null;
+  let finish = null;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    for (const c of chunk.choices) {
+      content += c.delta?.content ?? '';
+      finish = c.finish_reason ?? finish;
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  assert.ok(content.length > 0, 'streamed content');
+  assert.equal(finish, 'length');
+  assert.equal(usage?.completion_tokens, 12);
+});
+
+test('completion, not streaming', async () => {
+  const c = await client.completions.create({ model: 'm', prompt: 'Once upon a time', max_tokens: 8 });
+  assert.equal(c.object, 'text_completion');
+  assert.ok(c.choices[0].text.length > 0);
+  assert.equal(c.usage.completion_tokens, 8);
+});
+
+test('completion, streaming', async () => {
+  const stream = await client.completions.create({ model: 'm', prompt: 'Once upon a time', max_tokens: 8, stream: true });
+  let text = '';
+  let chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    text += chunk.choices[0]?.text ?? '';
+  }
+  assert.ok(chunks > 1, `${chunks} chunks`);
+  assert.ok(text.length > 0);
+});
+
+// expectAPIError awaits p and checks it fails with the client's error class
+// for status.
+async function expectAPIError(p, errorClass, status, inMessage) {
+  await assert.rejects(p, (err) => {
+    assert.ok(err instanceof errorClass, `got ${err?.constructor?.name}: ${err?.message}`);
+    assert.ok(err instanceof OpenAI.APIError);
+    assert.equal(err.status, status);
+    assert.ok(err.message.includes(inMessage), `message ${JSON.stringify(err.message)} lacks ${JSON.stringify(inMessage)}`);
+    assert.ok(err.type, 'error type');
+    return true;
+  });
+}
+
+test('unknown model: NotFoundError 404', async () => {
+  await expectAPIError(client.chat.completions.create({ model: 'nope', messages }), OpenAI.NotFoundError, 404, 'nope');
+  await expectAPIError(client.completions.create({ model: 'nope', prompt: 'x', stream: true }), OpenAI.NotFoundError, 404, 'nope');
+});
+
+test('bad request: BadRequestError 400 naming the parameter', async () => {
+  await expectAPIError(client.chat.completions.create({ model: 'm', messages, max_tokens: -1 }), OpenAI.BadRequestError, 400, 'max_tokens');
+  await expectAPIError(client.completions.create({ model: 'm', prompt: 'x', stream: 'yes' }), OpenAI.BadRequestError, 400, 'stream');
+});
+
+test('no healthy pod: InternalServerError 503', async () => {
+  await expectAPIError(client.chat.completions.create({ model: 'down', messages }), OpenAI.InternalServerError, 503, 'No healthy');
+});
+
+test('over max_in_flight: RateLimitError 429 with Retry-After', async () => {
+  // A long stream holds the gateway's one slot until it is aborted.
+  const held = await limited.chat.completions.create({ model: 'slow', messages, max_tokens: 5000, stream: true });
+  const it = held[Symbol.asyncIterator]();
+  assert.equal((await it.next()).done, false, 'the held stream started');
+  try {
+    await assert.rejects(limited.chat.completions.create({ model: 'slow', messages, max_tokens: 4 }), (err) => {
+      assert.ok(err instanceof OpenAI.RateLimitError, `got ${err?.constructor?.name}: ${err?.message}`);
+      assert.equal(err.status, 429);
+      assert.ok(err.message.includes('max_in_flight'), err.message);
+      assert.ok(err.headers.get('retry-after'), 'Retry-After header');
+      return true;
+    });
+  } finally {
+    held.controller.abort();
+  }
+});

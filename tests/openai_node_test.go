@@ -1,0 +1,105 @@
+package tests
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"pdlb/engines"
+	"pdlb/lb/config"
+)
+
+// nodeDir holds the Node project of the official openai client test.
+const nodeDir = "openai-node"
+
+// TestOpenAINodeClient runs tests/openai-node/test.mjs, the official openai
+// npm client against live gateways: chat and completions, streaming and
+// not, and the gateway's errors surfacing as the client's error classes.
+func TestOpenAINodeClient(t *testing.T) {
+	node := lookTool(t, "node", "the official OpenAI client test needs Node.js")
+	npm := lookTool(t, "npm", "the official OpenAI client test installs its package with npm")
+	installClient(t, npm)
+
+	// Gateway 1: model "m" on two fast pods; model "down" on a closed port.
+	fast := []config.Pod{
+		podConfig(startPod(t, "m-0", "m", engines.VLLM, 100)),
+		podConfig(startPod(t, "m-1", "m", engines.SGLang, 100)),
+		{Name: "down-0", Model: "down", Address: closedAddr(t)},
+	}
+	main := startGateway(t, fast, nil)
+	// Gateway 2: one real-time pod behind max_in_flight 1, so a held stream
+	// makes the next request a 429.
+	slow := startGateway(t, []config.Pod{podConfig(startPod(t, "slow-0", "slow", engines.VLLM, 1))},
+		func(c *config.Config) { c.MaxInFlight = 1 })
+	waitStatus(t, "http://"+main.Addr()+"/v1/chat/completions", `{"model":"down","messages":[{"role":"user","content":"hi"}]}`, 503)
+
+	// The deadline only keeps a hung client from holding the test run.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "test.mjs")
+	cmd.Dir = nodeDir
+	cmd.Env = append(os.Environ(),
+		"PDLB_BASE_URL=http://"+main.Addr()+"/v1",
+		"PDLB_LIMITED_BASE_URL=http://"+slow.Addr()+"/v1",
+		"NO_COLOR=1",
+	)
+	out, err := cmd.CombinedOutput()
+	t.Logf("node test.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("node test.mjs: %v", err)
+	}
+}
+
+// installClient installs the pinned openai package (package-lock.json) when
+// node_modules lacks it; make test-deps does the same ahead of time.
+func installClient(t *testing.T, npm string) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", "openai", "package.json")); err == nil {
+		return
+	}
+	cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
+	cmd.Dir = nodeDir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci in tests/%s: %v\n%s", nodeDir, err, out)
+	}
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// waitStatus posts body to url until the answer has status: the gateway
+// needs a health check or two to mark a dead pod down.
+func waitStatus(t *testing.T, url, body string, status int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := client.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == status {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("POST %s still answers %d, want %d", url, resp.StatusCode, status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
