@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -17,7 +18,10 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/engines/sim"
+	"pdlb/lb/config"
 	"pdlb/lb/frontend"
+	"pdlb/lb/gateway"
 	"pdlb/lb/openai"
 )
 
@@ -408,4 +412,51 @@ func TestClientDisconnect(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestGateway runs the real gateway over a simulated vLLM pod on each front
+// end: a stream, a whole answer and a body over the limit.
+func TestGateway(t *testing.T) {
+	pod, err := sim.Start(sim.Config{Name: "m-0", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	cfg := config.Default()
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", ""
+	cfg.MaxBodyBytes = testMaxBody
+	cfg.Pods = []config.Pod{{Name: "m-0", Model: "m", Address: pod.Addr()}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			g, err := gateway.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(g.Close)
+			c := dial(t, serve(t, name, frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler}))
+
+			c.send(t, post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"count"}],"max_tokens":8,"stream":true}`))
+			resp, b := c.response(t)
+			if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "m-0" || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+				t.Fatalf("stream: %d %v %q", resp.StatusCode, resp.Header, b)
+			}
+			// The sim pod may put several tokens in one event.
+			if n := strings.Count(b, "data: {"); n < 2 || !strings.Contains(b, `"finish_reason":"length"`) {
+				t.Fatalf("stream of %d events, or not to its length: %q", n, b)
+			}
+
+			c.send(t, post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`))
+			resp, b = c.response(t)
+			if resp.StatusCode != 200 || !strings.Contains(b, `"completion_tokens":4`) {
+				t.Fatalf("whole answer: %d %q", resp.StatusCode, b)
+			}
+
+			c.send(t, post("/v1/chat/completions", strings.Repeat(" ", testMaxBody+1)))
+			resp, b = c.response(t)
+			expectError(t, resp, b, 413)
+		})
+	}
 }

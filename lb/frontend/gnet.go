@@ -3,6 +3,7 @@ package frontend
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -29,6 +30,7 @@ type GNet struct {
 	addr string
 
 	parsers sync.Pool // of *parser, used on the loops only
+	workers workers
 
 	eng   gnet.Engine
 	ready chan struct{}
@@ -60,6 +62,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1), conns: make(map[*gconn]struct{})}
 	s.now.Store(time.Now().UnixNano())
 	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
+	s.workers = workers{idle: make(chan *gconn), quit: make(chan struct{})}
 	// Each loop binds its own socket to addr, and each bind to port 0 would
 	// get a port of its own. A port is chosen first, with a socket that holds
 	// it until the loops are bound beside it.
@@ -113,7 +116,9 @@ func (s *GNet) Done() <-chan error { return s.failed }
 // lets requests in flight (streams included) finish until ctx ends, then
 // stops the loops, which closes what is left.
 func (s *GNet) ShutdownWithContext(ctx context.Context) error {
-	s.shutdown.Store(true)
+	if s.shutdown.Swap(true) {
+		return errors.New("frontend: gnet front end already shut down")
+	}
 	s.closeIdle(0)
 	var err error
 	for s.serving.Load() > 0 && err == nil {
@@ -136,7 +141,43 @@ func (s *GNet) ShutdownWithContext(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	close(s.workers.quit)
 	return err
+}
+
+// workers runs connections' queues on goroutines kept between requests: a
+// goroutine made per request would grow its stack to the handler's depth
+// each time (a profile showed the copying), one kept has grown already.
+type workers struct {
+	idle chan *gconn // taken by workers waiting for work
+	quit chan struct{}
+}
+
+// workerIdle is how long a worker waits for work before it exits.
+const workerIdle = 10 * time.Second
+
+func (w *workers) run(gc *gconn) {
+	select {
+	case w.idle <- gc:
+	default:
+		go w.loop(gc)
+	}
+}
+
+func (w *workers) loop(gc *gconn) {
+	t := time.NewTimer(workerIdle)
+	defer t.Stop()
+	for {
+		gc.work()
+		t.Reset(workerIdle)
+		select {
+		case gc = <-w.idle:
+		case <-t.C:
+			return
+		case <-w.quit:
+			return
+		}
+	}
 }
 
 // OnBoot keeps the engine for Shutdown.

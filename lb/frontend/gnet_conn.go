@@ -160,7 +160,7 @@ func (gc *gconn) enqueue(q queued) {
 	gc.busy.Store(true)
 	gc.mu.Unlock()
 	if start {
-		go gc.work()
+		gc.s.workers.run(gc)
 	}
 }
 
