@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -94,4 +95,34 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.Gateway.Close()
 	return err
+}
+
+// Reload applies a new fleet; see gateway.Gateway.Reload.
+func (s *Server) Reload(cfg config.Config) error { return s.Gateway.Reload(cfg) }
+
+// WatchFile calls changed whenever the file at path changes (its size or
+// modification time), checking every interval until ctx ends. Editors that
+// replace the file rather than write it are seen too.
+func WatchFile(ctx context.Context, path string, interval time.Duration, changed func()) {
+	stamp := func() (time.Time, int64) {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return time.Time{}, -1
+		}
+		return fi.ModTime(), fi.Size()
+	}
+	mod, size := stamp()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if m, sz := stamp(); !m.Equal(mod) || sz != size {
+				mod, size = m, sz
+				changed()
+			}
+		}
+	}
 }

@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
-
-	"github.com/VictoriaMetrics/metrics"
 )
 
 // Admin returns the admin listener's handler: /metrics, /debug/pprof/* and
@@ -16,8 +14,7 @@ func (g *Gateway) Admin() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		g.metrics.set.WritePrometheus(w)
-		metrics.WriteProcessMetrics(w)
+		_ = g.metrics.writePrometheus(w)
 	})
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

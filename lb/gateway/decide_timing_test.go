@@ -30,7 +30,7 @@ func decideGateway(b *testing.B, policy string) (*Gateway, *pool.Model) {
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, dialUpstream)
+	snap, err := pool.Build(&cfg, dialUpstream, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,7 +41,8 @@ func decideGateway(b *testing.B, policy string) (*Gateway, *pool.Model) {
 		names[i] = p.Config.Name
 	}
 	g.ledger.SetPods(names)
-	g.metrics = newMetrics(snap, &g.inFlight)
+	g.metrics = newMetrics(&g.inFlight)
+	g.metrics.addModels(snap)
 	g.pool.Publish(snap)
 	m := snap.Models[0]
 	// Fill the index: 8,000 chains of 128 blocks over 20 shared system

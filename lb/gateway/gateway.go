@@ -6,7 +6,9 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +35,9 @@ type Gateway struct {
 	// admission is off.
 	ledger *ledger.Ledger
 	admit  *admit.Controller
+	// mu serialises reloads; it guards checker and kv, which a reload
+	// replaces, and is never taken on the request path.
+	mu sync.Mutex
 	// kv follows the pods' KV events into the models' prefix indexes.
 	kv *kvFeeds
 	// stop ends the background loops (ledger janitor, shared ledger).
@@ -45,17 +50,18 @@ type Gateway struct {
 	// inFlight counts requests between parsing and their last byte.
 	inFlight atomic.Int64
 	// models is the body of GET /v1/models, rendered once per snapshot.
-	models []byte
+	models atomic.Pointer[[]byte]
 }
 
 // New builds a gateway over a validated configuration and starts its health
 // checks.
 func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
-	snap, err := pool.Build(&cfg, dialUpstream)
+	snap, err := pool.Build(&cfg, dialUpstream, nil)
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, models: renderModels(snap), epoch: time.Now()}
+	g := &Gateway{cfg: cfg, log: log, epoch: time.Now()}
+	g.models.Store(renderModels(snap))
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
 			return nil, err
@@ -70,7 +76,8 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if g.kv, err = startKVFeeds(snap, log); err != nil {
 		return nil, err
 	}
-	g.metrics = newMetrics(snap, &g.inFlight)
+	g.metrics = newMetrics(&g.inFlight)
+	g.metrics.addModels(snap)
 	g.ledger.RegisterMetrics(g.metrics.set)
 	g.metrics.set.RegisterMetricsWriter(g.writeDynamicMetrics)
 	g.pool.Publish(snap)
@@ -92,11 +99,83 @@ func (g *Gateway) background(f func()) {
 	}()
 }
 
+// Reload applies a new fleet (pods and models) without dropping
+// connections or requests: pods whose configuration is unchanged keep their
+// state and connections, models keep their series, requests in flight
+// finish on the snapshot they started with. Every other setting is read on
+// the request path and changes only on restart; Reload refuses a
+// configuration that changes one.
+func (g *Gateway) Reload(cfg config.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	same := cfg
+	same.Pods, same.Models = g.cfg.Pods, g.cfg.Models
+	if !reflect.DeepEqual(same, g.cfg) {
+		return fmt.Errorf("%w: only pods and models change on reload; the other settings need a restart", config.ErrInvalid)
+	}
+	prev := g.pool.Load()
+	snap, err := pool.Build(&cfg, dialUpstream, prev)
+	if err != nil {
+		return err
+	}
+	kv, err := startKVFeeds(snap, g.log)
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(snap.Pods))
+	for i, p := range snap.Pods {
+		names[i] = p.Config.Name
+	}
+	g.ledger.SetPods(names)
+	g.metrics.addModels(snap)
+	g.models.Store(renderModels(snap))
+	g.pool.Publish(snap)
+	g.cfg.Pods, g.cfg.Models = cfg.Pods, cfg.Models
+	g.checker.Close()
+	g.checker = pool.StartChecker(snap, cfg.Health, g.log)
+	g.kv.close()
+	g.kv = kv
+	// Pods that left keep their connections only as long as requests in
+	// flight use them.
+	kept := map[*fasthttp.HostClient]bool{}
+	for _, p := range snap.Pods {
+		kept[p.Client] = true
+	}
+	for _, p := range prev.Pods {
+		if !kept[p.Client] {
+			p.Client.CloseIdleConnections()
+		}
+	}
+	g.log.Info("configuration reloaded", "pods", len(snap.Pods), "models", len(snap.Models))
+	return nil
+}
+
+// Config returns the configuration in force.
+func (g *Gateway) Config() config.Config {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cfg
+}
+
+// SetPods replaces the fleet, as a discovery source reports it.
+func (g *Gateway) SetPods(pods []config.Pod) error {
+	g.mu.Lock()
+	cfg := g.cfg
+	g.mu.Unlock()
+	cfg.Pods = pods
+	return g.Reload(cfg)
+}
+
 // Close stops the health checks, KV-event feeds and background loops, and
 // closes idle upstream connections.
 func (g *Gateway) Close() {
 	g.stop()
 	g.bg.Wait()
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.checker.Close()
 	g.kv.close()
 	for _, p := range g.pool.Load().Pods {
@@ -120,7 +199,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		ctx.SetContentType("application/json")
-		ctx.SetBody(g.models)
+		ctx.SetBody(*g.models.Load())
 	case "/health":
 		// Liveness: the process serves requests.
 		ctx.SetStatusCode(fasthttp.StatusOK)
@@ -172,7 +251,7 @@ func allow(ctx *fasthttp.RequestCtx, method string) bool {
 	return false
 }
 
-func renderModels(s *pool.Snapshot) []byte {
+func renderModels(s *pool.Snapshot) *[]byte {
 	b := []byte(`{"object":"list","data":[`)
 	for i, m := range s.Models {
 		if i > 0 {
@@ -182,7 +261,8 @@ func renderModels(s *pool.Snapshot) []byte {
 		b = appendJSONString(b, m.Name)
 		b = append(b, `,"object":"model","owned_by":"pdlb"}`...)
 	}
-	return append(b, "]}"...)
+	b = append(b, "]}"...)
+	return &b
 }
 
 // exchange is the per-request state, pooled so a request allocates nothing

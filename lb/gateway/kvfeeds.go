@@ -18,8 +18,8 @@ import (
 // model's prefix index.
 type kvFeeds struct {
 	feeds []kvFeed
-	// indexers by pool.Model.Index, nil for models no pod publishes for.
-	indexers []*kvindex.Indexer
+	// indexers of the models some pod publishes for.
+	indexers map[*pool.Model]*kvindex.Indexer
 }
 
 type kvFeed struct {
@@ -30,21 +30,21 @@ type kvFeed struct {
 }
 
 func startKVFeeds(s *pool.Snapshot, log *slog.Logger) (*kvFeeds, error) {
-	k := &kvFeeds{indexers: make([]*kvindex.Indexer, len(s.Models))}
+	k := &kvFeeds{indexers: map[*pool.Model]*kvindex.Indexer{}}
 	for _, m := range s.Models {
 		for _, p := range m.Pods {
 			if p.Config.KVEvents == "" {
 				continue
 			}
-			if k.indexers[m.Index] == nil {
+			if k.indexers[m] == nil {
 				ix, err := kvindex.New(m.Prefix, kvindex.Config{BlockSize: m.BlockSize})
 				if err != nil {
 					k.close()
 					return nil, fmt.Errorf("model %q: %w", m.Name, err)
 				}
-				k.indexers[m.Index] = ix
+				k.indexers[m] = ix
 			}
-			feed := k.indexers[m.Index].Pod(p.Slot, m.Name)
+			feed := k.indexers[m].Pod(p.Slot, m.Name)
 			sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: p.Config.KVEvents, ReplayEndpoint: p.Config.KVReplay}, feed)
 			if err != nil {
 				k.close()
@@ -69,6 +69,7 @@ func (k *kvFeeds) close() {
 // feeds and admission.
 func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 	snap := g.pool.Load()
+	writePods(w, snap)
 	fmt.Fprint(w, "# HELP pdlb_prefix_index_blocks Blocks the prefix index believes a pod holds.\n# TYPE pdlb_prefix_index_blocks gauge\n")
 	stats := make([]radix.Stats, len(snap.Models))
 	for i, m := range snap.Models {
@@ -81,17 +82,20 @@ func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 	for i, m := range snap.Models {
 		fmt.Fprintf(w, "pdlb_prefix_index_bytes{model=%q} %d\n", m.Name, stats[i].Bytes)
 	}
-	if len(g.kv.feeds) > 0 {
+	g.mu.Lock()
+	feeds := g.kv.feeds
+	g.mu.Unlock()
+	if len(feeds) > 0 {
 		fmt.Fprint(w, "# HELP pdlb_kv_events_total KV events received from a pod.\n# TYPE pdlb_kv_events_total counter\n")
-		for _, f := range g.kv.feeds {
+		for _, f := range feeds {
 			fmt.Fprintf(w, "pdlb_kv_events_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Events.Load())
 		}
 		fmt.Fprint(w, "# HELP pdlb_kv_event_gaps_total Sequence gaps seen in a pod's KV events.\n# TYPE pdlb_kv_event_gaps_total counter\n")
-		for _, f := range g.kv.feeds {
+		for _, f := range feeds {
 			fmt.Fprintf(w, "pdlb_kv_event_gaps_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Gaps.Load())
 		}
 		fmt.Fprint(w, "# HELP pdlb_kv_event_replayed_batches_total KV-event batches recovered through a pod's replay socket.\n# TYPE pdlb_kv_event_replayed_batches_total counter\n")
-		for _, f := range g.kv.feeds {
+		for _, f := range feeds {
 			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Replayed.Load())
 		}
 	}
@@ -135,14 +139,17 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		Pods      []podIndex `json:"pods"`
 	}
 	snap := g.pool.Load()
+	g.mu.Lock()
+	feeds := g.kv.feeds
+	g.mu.Unlock()
 	out := make([]modelIndex, 0, len(snap.Models))
 	for _, m := range snap.Models {
 		st := m.Prefix.Stats()
 		mi := modelIndex{Model: m.Name, BlockSize: m.BlockSize, Nodes: st.Nodes, Blocks: st.Blocks, Bytes: st.Bytes}
 		for _, p := range m.Pods {
 			pi := podIndex{Pod: p.Config.Name, Blocks: st.PodBlocks[p.Slot], KVEvents: p.Config.KVEvents}
-			for _, f := range g.kv.feeds {
-				if f.pod == p {
+			for _, f := range feeds {
+				if f.pod.Config.Name == p.Config.Name {
 					pi.EventsReceived = f.sub.Counters.Events.Load()
 					pi.Gaps = f.sub.Counters.Gaps.Load()
 					pi.Replayed = f.sub.Counters.Replayed.Load()

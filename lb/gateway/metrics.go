@@ -50,62 +50,70 @@ type modelMetrics struct {
 	cachedTokens *metrics.Counter
 }
 
-// podMetrics are one pod's series.
-type podMetrics struct {
-	upstreamErrors *metrics.Counter
-}
-
-// gatewayMetrics holds every series of the gateway, created once.
+// gatewayMetrics holds every series of the gateway. Per-model series are
+// created when a model first appears and kept for the process's life, so a
+// reload never resets a counter; per-pod series are written at scrape time
+// from the current snapshot, so pods that leave take their series along.
 type gatewayMetrics struct {
-	set     *metrics.Set
-	models  []modelMetrics // by pool.Model.Index
+	set *metrics.Set
+	// models is indexed by pool.Model.Index; it only grows, by copy, so the
+	// request path reads it without a lock.
+	models  atomic.Pointer[[]*modelMetrics]
 	unknown []*metrics.Counter
-	pods    []podMetrics // by pool.Pod.ID
 }
 
-func newMetrics(s *pool.Snapshot, inFlight *atomic.Int64) *gatewayMetrics {
+func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
 	m := &gatewayMetrics{set: metrics.NewSet()}
-	requests := func(model string) []*metrics.Counter {
-		out := make([]*metrics.Counter, len(statusCodes)+1)
-		for i := range out {
-			code := "other"
-			if i < len(statusCodes) {
-				code = strconv.Itoa(statusCodes[i])
-			}
-			out[i] = m.set.NewCounter(fmt.Sprintf(`pdlb_requests_total{model=%q,code=%q}`, model, code))
+	// Requests naming no known model are counted under one label, so a
+	// client cannot create series by inventing model names.
+	m.unknown = m.requests("")
+	m.set.NewGauge("pdlb_requests_in_flight", func() float64 { return float64(inFlight.Load()) })
+	m.models.Store(&[]*modelMetrics{})
+	return m
+}
+
+func (m *gatewayMetrics) requests(model string) []*metrics.Counter {
+	out := make([]*metrics.Counter, len(statusCodes)+1)
+	for i := range out {
+		code := "other"
+		if i < len(statusCodes) {
+			code = strconv.Itoa(statusCodes[i])
 		}
-		return out
+		out[i] = m.set.NewCounter(fmt.Sprintf(`pdlb_requests_total{model=%q,code=%q}`, model, code))
 	}
+	return out
+}
+
+// addModels creates the series of the models of s that have none yet. It
+// runs when a snapshot is built, never on the request path, and only one
+// at a time (the gateway's reload lock).
+func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
+	cur := *m.models.Load()
+	next := cur
 	for _, md := range s.Models {
-		m.models = append(m.models, modelMetrics{
-			requests:     requests(md.Name),
+		for len(next) <= md.Index {
+			next = append(next, nil)
+		}
+		if next[md.Index] != nil {
+			continue
+		}
+		if len(cur) > 0 && &next[0] == &cur[0] {
+			next = append([]*modelMetrics(nil), next...) // never write a published slice
+		}
+		next[md.Index] = &modelMetrics{
+			requests:     m.requests(md.Name),
 			ttft:         m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_to_first_token_seconds{model=%q}`, md.Name), ttftBuckets),
 			tpot:         m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_per_output_token_seconds{model=%q}`, md.Name), tpotBuckets),
 			e2e:          m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_request_duration_seconds{model=%q}`, md.Name), e2eBuckets),
 			promptTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
 			cachedTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
-		})
+		}
 	}
-	// Requests naming no known model are counted under one label, so a
-	// client cannot create series by inventing model names.
-	m.unknown = requests("")
-	for _, p := range s.Pods {
-		p := p
-		m.pods = append(m.pods, podMetrics{
-			upstreamErrors: m.set.NewCounter(fmt.Sprintf(`pdlb_upstream_errors_total{pod=%q}`, p.Config.Name)),
-		})
-		m.set.NewGauge(fmt.Sprintf(`pdlb_pod_healthy{pod=%q,model=%q}`, p.Config.Name, p.Config.Model), func() float64 {
-			if p.Healthy() {
-				return 1
-			}
-			return 0
-		})
-		m.set.NewGauge(fmt.Sprintf(`pdlb_pod_in_flight{pod=%q}`, p.Config.Name), func() float64 { return float64(p.InFlight()) })
-		m.set.NewGauge(fmt.Sprintf(`pdlb_pod_ejections_total{pod=%q}`, p.Config.Name), func() float64 { return float64(p.Ejections()) })
-	}
-	m.set.NewGauge("pdlb_requests_in_flight", func() float64 { return float64(inFlight.Load()) })
-	return m
+	m.models.Store(&next)
 }
+
+// model returns md's series.
+func (m *gatewayMetrics) model(md *pool.Model) *modelMetrics { return (*m.models.Load())[md.Index] }
 
 // countRequest counts one finished request of model md (nil: unknown model).
 func (m *gatewayMetrics) countRequest(md *pool.Model, code int) {
@@ -113,7 +121,27 @@ func (m *gatewayMetrics) countRequest(md *pool.Model, code int) {
 		m.unknown[statusIndex(code)].Inc()
 		return
 	}
-	m.models[md.Index].requests[statusIndex(code)].Inc()
+	m.model(md).requests[statusIndex(code)].Inc()
+}
+
+// writePods writes the per-pod series of the current snapshot. Their help
+// texts come from metricsDoc.
+func writePods(w io.Writer, s *pool.Snapshot) {
+	family := func(name, typ string, value func(p *pool.Pod) int64) {
+		fmt.Fprintf(w, "# HELP %s\n# TYPE %s %s\n", name, name, typ)
+		for _, p := range s.Pods {
+			fmt.Fprintf(w, "%s{pod=%q} %d\n", name, p.Config.Name, value(p))
+		}
+	}
+	family("pdlb_upstream_errors_total", "counter", (*pool.Pod).UpstreamErrors)
+	family("pdlb_pod_healthy", "gauge", func(p *pool.Pod) int64 {
+		if p.Healthy() {
+			return 1
+		}
+		return 0
+	})
+	family("pdlb_pod_in_flight", "gauge", (*pool.Pod).InFlight)
+	family("pdlb_pod_ejections_total", "counter", (*pool.Pod).Ejections)
 }
 
 // metricsDoc documents every family of the admin /metrics page, so it
@@ -131,9 +159,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, promtext.Doc{
 	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
 	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
 	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},
-	// The count comes from a callback, which the library can only
-	// register as a gauge; it never decreases.
-	"pdlb_pod_ejections_total": {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
+	"pdlb_pod_ejections_total":           {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
 
 	// The token ledger's gauges: this replica's own charges, in tokens.
 	ledger.MetricActiveTokens: {Help: "Prompt tokens charged to the pod for prefill and not yet prefilled (token ledger)."},

@@ -115,7 +115,7 @@ func (g *Gateway) place(m *pool.Model, x *exchange, pod *pool.Pod) {
 	if m.UsesCache && len(x.keys) > 0 {
 		m.Prefix.Insert(pod.Slot, x.keys)
 	}
-	mm := &g.metrics.models[m.Index]
+	mm := g.metrics.model(m)
 	mm.promptTokens.Add(x.rreq.PromptTokens)
 	mm.cachedTokens.Add(x.chosen.CachedTokens)
 }

@@ -211,7 +211,7 @@ func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
 func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m *pool.Model, pod *pool.Pod) int {
 	conn := connOf(resp)
 	stream := resp.BodyStream()
-	mm := &g.metrics.models[m.Index]
+	mm := g.metrics.model(m)
 	idle := g.cfg.Upstream.StreamIdleTimeout
 	var first, last time.Time
 	for {
@@ -286,7 +286,7 @@ func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fastht
 	g.ledger.Finish(x.id)
 	pod.Release()
 	g.inFlight.Add(-1)
-	g.metrics.models[m.Index].e2e.Update(time.Since(x.start).Seconds())
+	g.metrics.model(m).e2e.Update(time.Since(x.start).Seconds())
 	g.metrics.countRequest(m, status)
 	releaseExchange(x)
 }
@@ -308,7 +308,6 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err
 }
 
 func (g *Gateway) podFailed(p *pool.Pod) {
-	g.metrics.pods[p.ID].upstreamErrors.Inc()
 	if p.ReportFailure(time.Now().UnixNano(), g.cfg.Health.EjectAfterFailures, g.cfg.Health.EjectionTime) {
 		g.log.Warn("pod ejected after consecutive failures", "pod", p.Config.Name, "for", g.cfg.Health.EjectionTime)
 	}

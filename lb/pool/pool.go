@@ -22,17 +22,25 @@ import (
 	"pdlb/radix"
 )
 
-// Pod is one inference pod. Its configuration is immutable; its state fields
-// are atomics any goroutine may read.
+// Pod is one inference pod as one snapshot sees it. Its identity fields are
+// immutable; its state lives in a podState that a later snapshot shares
+// when the pod's configuration has not changed, so a reload keeps its
+// health, counters, learned speed and connections.
 type Pod struct {
 	// ID is the pod's index in its snapshot's Pods: dense, so per-pod tables
-	// (metrics, ledgers, radix pod sets) are slices, not maps.
+	// (ledgers, radix pod sets) are slices, not maps.
 	ID     int32
 	Config config.Pod
 	Engine engines.Kind
 	// Slot is the pod's index among its model's pods (Model.Pods), its id
 	// in the model's prefix index.
 	Slot int32
+	*podState
+}
+
+// podState is what a pod keeps across snapshots: atomics any goroutine may
+// read, and the objects that outlive one configuration.
+type podState struct {
 	// Client is the keep-alive connection pool to the pod.
 	Client *fasthttp.HostClient
 	// Speed learns the pod's prefill speed on uncached tokens.
@@ -46,8 +54,12 @@ type Pod struct {
 	scraped      atomic.Pointer[Scraped]
 	// queued is the uncached prompt tokens of requests sent to the pod
 	// whose first token has not come back yet: its prefill queue.
-	queued atomic.Int64
+	queued         atomic.Int64
+	upstreamErrors atomic.Int64
 }
+
+// UpstreamErrors counts the pod's failed exchanges.
+func (p *Pod) UpstreamErrors() int64 { return p.upstreamErrors.Load() }
 
 // QueuedPrefill is the uncached prompt tokens the pod has yet to prefill,
 // as far as the gateway knows (tokens).
@@ -97,10 +109,11 @@ func (p *Pod) Scraped() *Scraped { return p.scraped.Load() }
 // ReportSuccess records a request or check the pod answered properly.
 func (p *Pod) ReportSuccess() { p.fails.Store(0) }
 
-// ReportFailure records a failed request or check at now; after threshold
+// ReportFailure records a failed request at now; after threshold
 // consecutive failures the pod is ejected for d. It reports whether this
 // failure ejected it.
 func (p *Pod) ReportFailure(now int64, threshold int, d time.Duration) bool {
+	p.upstreamErrors.Add(1)
 	if int(p.fails.Add(1)) < threshold {
 		return false
 	}
@@ -113,8 +126,8 @@ func (p *Pod) ReportFailure(now int64, threshold int, d time.Duration) bool {
 // Model is one model's pods, routing policy and prefix index.
 type Model struct {
 	Name string
-	// Index is the model's position in Snapshot.Models, for per-model
-	// tables.
+	// Index numbers the model for per-model tables; a model keeps its
+	// number across snapshots, and new models get new numbers.
 	Index int
 	// Pods are every pod of the model, by Slot.
 	Pods []*Pod
@@ -155,10 +168,23 @@ func (p *Pool) Load() *Snapshot { return p.snap.Load() }
 type DialFunc func(addr string, timeout time.Duration) (net.Conn, error)
 
 // Build makes the snapshot of a validated configuration, dialing pods with
-// dial. Pods start healthy (the first check corrects that within one
-// interval) so a fresh gateway serves at once.
-func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
+// dial. prev, if not nil, is the snapshot it replaces: a pod whose
+// configuration is unchanged keeps its state (health, counters, learned
+// speed, connections), a model keeps its number, and a model whose pods are
+// unchanged keeps its prefix index. New pods start healthy (the first check
+// corrects that within one interval) so a fresh gateway serves at once.
+func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error) {
 	s := &Snapshot{byName: map[string]*Model{}}
+	old := map[string]*Pod{}
+	nextIndex := 0
+	if prev != nil {
+		for _, p := range prev.Pods {
+			old[p.Config.Name] = p
+		}
+		for _, m := range prev.Models {
+			nextIndex = max(nextIndex, m.Index+1)
+		}
+	}
 	connectTimeout := cfg.Upstream.ConnectTimeout
 	for i := range cfg.Pods {
 		pc := cfg.Pods[i]
@@ -166,27 +192,16 @@ func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
 		if err != nil {
 			return nil, err
 		}
-		pod := &Pod{
-			ID:     int32(i),
-			Config: pc,
-			Engine: kind,
-			Speed:  admit.NewPrefillSpeed(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha),
-			Client: &fasthttp.HostClient{
-				Addr:                          pc.Address,
-				Name:                          "pdlb",
-				MaxConns:                      cfg.Upstream.MaxConnsPerPod,
-				MaxIdleConnDuration:           90 * time.Second,
-				StreamResponseBody:            true,
-				DisableHeaderNamesNormalizing: true,
-				DisablePathNormalizing:        true,
-				NoDefaultUserAgentHeader:      true,
-				// A request is retried by the gateway on another pod, not
-				// by the client on the same one.
-				MaxIdemponentCallAttempts: 1,
-				Dial:                      func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) },
-			},
+		pod := &Pod{ID: int32(i), Config: pc, Engine: kind}
+		if o := old[pc.Name]; o != nil && o.Config == pc {
+			pod.podState = o.podState
+		} else {
+			pod.podState = &podState{
+				Speed:  admit.NewPrefillSpeed(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha),
+				Client: newClient(cfg, pc.Address, func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) }),
+			}
+			pod.healthy.Store(true)
 		}
-		pod.healthy.Store(true)
 		s.Pods = append(s.Pods, pod)
 		m := s.byName[pc.Model]
 		if m == nil {
@@ -195,8 +210,14 @@ func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
 			if err != nil {
 				return nil, err
 			}
-			m = &Model{Name: pc.Model, Index: len(s.Models), Policy: pol, UsesCache: route.UsesCache(mc.Policy),
+			m = &Model{Name: pc.Model, Policy: pol, UsesCache: route.UsesCache(mc.Policy),
 				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model)}
+			if pm := prev.model(pc.Model); pm != nil {
+				m.Index = pm.Index
+			} else {
+				m.Index = nextIndex
+				nextIndex++
+			}
 			s.byName[pc.Model] = m
 			s.Models = append(s.Models, m)
 		}
@@ -207,6 +228,10 @@ func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
 		}
 	}
 	for _, m := range s.Models {
+		if pm := prev.model(m.Name); pm != nil && pm.BlockSize == m.BlockSize && samePods(pm.Pods, m.Pods) {
+			m.Prefix = pm.Prefix
+			continue
+		}
 		// One capacity for the whole tree: the smallest any pod declares,
 		// so no pod is assumed to hold more than it can.
 		capacity := 0
@@ -222,6 +247,45 @@ func Build(cfg *config.Config, dial DialFunc) (*Snapshot, error) {
 		m.Prefix = tree
 	}
 	return s, nil
+}
+
+func newClient(cfg *config.Config, addr string, dial fasthttp.DialFunc) *fasthttp.HostClient {
+	return &fasthttp.HostClient{
+		Addr:                          addr,
+		Name:                          "pdlb",
+		MaxConns:                      cfg.Upstream.MaxConnsPerPod,
+		MaxIdleConnDuration:           90 * time.Second,
+		StreamResponseBody:            true,
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+		NoDefaultUserAgentHeader:      true,
+		// A request is retried by the gateway on another pod, not by the
+		// client on the same one.
+		MaxIdemponentCallAttempts: 1,
+		Dial:                      dial,
+	}
+}
+
+// model is Model for a snapshot that may be nil.
+func (s *Snapshot) model(name string) *Model {
+	if s == nil {
+		return nil
+	}
+	return s.byName[name]
+}
+
+// samePods reports whether two pod lists name the same pods in the same
+// slots, so an index keyed by slot stays valid.
+func samePods(a, b []*Pod) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Config.Name != b[i].Config.Name || a[i].podState != b[i].podState {
+			return false
+		}
+	}
+	return true
 }
 
 // Publish makes s the current snapshot.

@@ -66,7 +66,7 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	gf.apply(&cfg)
 	return serveUntilSignal(cfg, gf.shutdown, stdout, func(s *lb.Server) {
 		printDemo(stdout, s, fleet)
-	})
+	}, nil, "")
 }
 
 func printDemo(w io.Writer, s *lb.Server, fleet *sim.Fleet) {

@@ -73,21 +73,34 @@ config file, e.g.
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	cfg := config.Default()
-	if path != "" {
-		var err error
-		if cfg, err = config.Load(path); err != nil {
-			return err
+	load := func() (config.Config, error) {
+		cfg := config.Default()
+		if path != "" {
+			var err error
+			if cfg, err = config.Load(path); err != nil {
+				return cfg, err
+			}
 		}
+		cfg.Pods = append(cfg.Pods, pods...)
+		gf.apply(&cfg)
+		return cfg, nil
 	}
-	cfg.Pods = append(cfg.Pods, pods...)
-	gf.apply(&cfg)
-	return serveUntilSignal(cfg, gf.shutdown, stdout, nil)
+	cfg, err := load()
+	if err != nil {
+		return err
+	}
+	if path == "" {
+		load = nil
+	}
+	return serveUntilSignal(cfg, gf.shutdown, stdout, nil, load, path)
 }
 
 // serveUntilSignal runs the gateway until SIGINT or SIGTERM, then shuts it
-// down gracefully. started, if set, runs once the gateway listens.
-func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, started func(*lb.Server)) error {
+// down gracefully. started, if set, runs once the gateway listens. reload,
+// if set, reads the configuration again on SIGHUP and when the file at path
+// changes, and applies its fleet without dropping connections.
+func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, started func(*lb.Server),
+	reload func() (config.Config, error), path string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	srv, err := lb.Start(cfg, log)
 	if err != nil {
@@ -98,13 +111,47 @@ func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, 
 		started(srv)
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sig)
-	select {
-	case s := <-sig:
-		log.Info("shutting down", "signal", s.String(), "grace", grace)
-	case err := <-srv.Done():
-		return err
+	changed := make(chan struct{}, 1)
+	if reload != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go lb.WatchFile(ctx, path, 2*time.Second, func() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		})
+	}
+	apply := func(why string) {
+		if reload == nil {
+			log.Warn("nothing to reload: no --config file", "trigger", why)
+			return
+		}
+		next, err := reload()
+		if err == nil {
+			err = srv.Reload(next)
+		}
+		if err != nil {
+			log.Error("reload failed; the running configuration stays", "trigger", why, "err", err)
+		}
+	}
+	for {
+		select {
+		case s := <-sig:
+			if s == syscall.SIGHUP {
+				apply("SIGHUP")
+				continue
+			}
+			log.Info("shutting down", "signal", s.String(), "grace", grace)
+		case <-changed:
+			apply("file changed")
+			continue
+		case err := <-srv.Done():
+			return err
+		}
+		break
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()

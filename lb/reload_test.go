@@ -1,0 +1,62 @@
+package lb_test
+
+import (
+	"bufio"
+	"io"
+	"strings"
+	"testing"
+
+	"pdlb/lb/config"
+)
+
+func TestReloadSwapsPodsWithoutDroppingStreams(t *testing.T) {
+	sims := testFleet(t, "m", 3, 1)
+	s := testGateway(t, podsOf("m", sims[0], sims[1]), func(c *config.Config) {
+		c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+	})
+	// A stream in flight on one of the pods that stay or go.
+	resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"stream"}],"max_tokens":60,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	br.ReadString('\n')
+
+	// m-0 leaves, m-2 joins; m-1 stays with its state.
+	cfg := config.Default()
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+	cfg.Pods = podsOf("m", sims[1], sims[2])
+	if err := s.Reload(cfg); err == nil || !strings.Contains(err.Error(), "restart") {
+		t.Fatalf("a reload that changes the listeners: %v", err)
+	}
+	cfg = s.Gateway.Config()
+	cfg.Pods = podsOf("m", sims[1], sims[2])
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(br)
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the stream in flight did not finish whole: %v %q", err, rest)
+	}
+	served := map[string]int{}
+	for i := 0; i < 8; i++ {
+		r, b := post(t, s, "/v1/chat/completions", chatBody)
+		if r.StatusCode != 200 {
+			t.Fatalf("%d %s", r.StatusCode, b)
+		}
+		served[r.Header.Get("x-pdlb-pod")]++
+	}
+	if served["m-0"] != 0 || served["m-1"] == 0 || served["m-2"] == 0 {
+		t.Fatalf("after the reload traffic went to %v", served)
+	}
+	// The gateway's per-pod series follow the fleet at once; the token
+	// ledger's stay until its janitor finds the pod idle for a minute, as
+	// seed 001's ledger does.
+	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+	if strings.Contains(metrics, `pdlb_pod_in_flight{pod="m-0"}`) || !strings.Contains(metrics, `pdlb_pod_in_flight{pod="m-2"}`) {
+		t.Fatalf("per-pod series do not follow the fleet:\n%s", metrics)
+	}
+}
