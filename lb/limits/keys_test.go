@@ -1,0 +1,264 @@
+package limits
+
+import (
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func newTestKeys(t testing.TB, keys ...APIKey) *Keys {
+	t.Helper()
+	ks, err := NewKeys(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+func TestLookup(t *testing.T) {
+	ks := newTestKeys(t, APIKey{Name: "a", SHA256: HashKey("sk-a")}, APIKey{Name: "b", SHA256: HashKey("sk-b")})
+	f := func(header, wantKey string, want Limit) {
+		t.Helper()
+		k, d := ks.Lookup([]byte(header))
+		name := ""
+		if k != nil {
+			name = k.Name
+		}
+		if name != wantKey || d.Limit != want {
+			t.Fatalf("Lookup(%q) = %q, %v; want %q, %v", header, name, d.Limit, wantKey, want)
+		}
+	}
+	f("Bearer sk-a", "a", None)
+	f("bearer sk-b", "b", None)
+	f("BEARER   sk-a  ", "a", None)
+	f("  Bearer sk-a", "a", None)
+	f("", "", MissingKey)
+	f("Bearer", "", MissingKey)
+	f("Bearer ", "", MissingKey)
+	f("Basic c2stYQ==", "", MissingKey)
+	f("sk-a", "", MissingKey)
+	f("Bearer sk-c", "", UnknownKey)
+	f("Bearer sk-a ", "a", None)
+	f("Bearer sk-aa", "", UnknownKey)
+	f("Bearer sk-", "", UnknownKey)
+	f("Bearer "+HashKey("sk-a"), "", UnknownKey) // the stored digest is not a key
+
+	// No keys: everything passes with no key.
+	for _, off := range []*Keys{nil, newTestKeys(t)} {
+		if k, d := off.Lookup(nil); k != nil || !d.OK() || off.Enabled() {
+			t.Fatalf("keys off: %v %v", k, d)
+		}
+	}
+	var nilKey *Key
+	if d := nilKey.Admit(time.Now(), 1<<30); !d.OK() {
+		t.Fatal("a nil key refused")
+	}
+	nilKey.Done(time.Now(), 5)
+}
+
+// TestAdmit steps a key through its limits on a fake clock. Each step is
+// admit(prompt) or done(completion) at an offset from t0, with the
+// expected limit and Retry-After.
+func TestAdmit(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	type step struct {
+		at        time.Duration
+		done      bool
+		tokens    int
+		want      Limit
+		wantAfter time.Duration
+	}
+	f := func(name string, cfg APIKey, steps []step) {
+		t.Helper()
+		cfg.Name, cfg.SHA256 = name, HashKey(name)
+		k, _ := newTestKeys(t, cfg).Lookup([]byte("Bearer " + name))
+		for i, s := range steps {
+			now := t0.Add(s.at)
+			if s.done {
+				k.Done(now, s.tokens)
+				continue
+			}
+			d := k.Admit(now, s.tokens)
+			if d.Limit != s.want || d.RetryAfter != s.wantAfter {
+				t.Fatalf("%s step %d (%+v): got %v after %v", name, i, s, d.Limit, d.RetryAfter)
+			}
+		}
+	}
+	// 60 requests a minute: a burst of 60, then one a second.
+	burst := make([]step, 0, 63)
+	for range 60 {
+		burst = append(burst, step{})
+	}
+	burst = append(burst, step{want: RequestsPerMinute, wantAfter: time.Second},
+		step{at: 500 * time.Millisecond, want: RequestsPerMinute, wantAfter: 500 * time.Millisecond},
+		step{at: time.Second}, step{at: time.Second, want: RequestsPerMinute, wantAfter: time.Second})
+	f("rpm", APIKey{RequestsPerMinute: 60}, burst)
+
+	// 600 tokens a minute (one per 100 ms): prompts charge at admission,
+	// completions at Done and may run into debt.
+	f("tpm", APIKey{TokensPerMinute: 600}, []step{
+		{tokens: 500},
+		{tokens: 100},
+		{tokens: 1, want: TokensPerMinute, wantAfter: 100 * time.Millisecond},
+		{at: time.Second, tokens: 10},
+		{at: time.Second, done: true, tokens: 90},
+		{at: time.Second, tokens: 1, want: TokensPerMinute, wantAfter: 9100 * time.Millisecond},
+		{at: 10100 * time.Millisecond, tokens: 1},
+		{at: 10100 * time.Millisecond, tokens: 601, want: RequestTooLarge},
+		{at: time.Hour, tokens: 600},
+	})
+
+	// Two in flight at most; Done frees a slot.
+	f("conc", APIKey{MaxConcurrent: 2}, []step{
+		{}, {}, {want: Concurrency, wantAfter: time.Second},
+		{done: true}, {}, {want: Concurrency, wantAfter: time.Second},
+	})
+
+	// A refusal by a later limit gives back what earlier ones took: the
+	// token refusals below leave the slot and the request unused.
+	f("mixed", APIKey{RequestsPerMinute: 2, TokensPerMinute: 60, MaxConcurrent: 1}, []step{
+		{tokens: 70, want: RequestTooLarge},
+		{tokens: 60},
+		{tokens: 1, want: Concurrency, wantAfter: time.Second},
+		{done: true},
+		{tokens: 1, want: TokensPerMinute, wantAfter: time.Second},
+		{tokens: 1, want: TokensPerMinute, wantAfter: time.Second},
+		{at: time.Second, tokens: 1},
+		{at: time.Second, done: true},
+		{at: 2 * time.Second, tokens: 1, want: RequestsPerMinute, wantAfter: 28 * time.Second},
+	})
+
+	// No limits: anything goes.
+	f("free", APIKey{}, []step{{tokens: 1 << 40}, {tokens: 1 << 40}, {done: true, tokens: 1 << 40}})
+}
+
+func TestDecisionError(t *testing.T) {
+	ks := newTestKeys(t, APIKey{Name: "team-a", SHA256: HashKey("sk-secret"), RequestsPerMinute: 1, TokensPerMinute: 10, MaxConcurrent: 1})
+	k, _ := ks.Lookup([]byte("Bearer sk-secret"))
+	now := time.Unix(1_700_000_000, 0)
+	f := func(d Decision, status int, typ, code, inMsg string, retryAfter int) {
+		t.Helper()
+		if d.RetryAfterSeconds() != retryAfter {
+			t.Fatalf("%v: Retry-After %d, want %d", d.Limit, d.RetryAfterSeconds(), retryAfter)
+		}
+		e := d.Error()
+		if e.Status != status || e.Type != typ || e.Code != code || !strings.Contains(e.Message, inMsg) || strings.Contains(e.Message, "sk-secret") {
+			t.Fatalf("%v: %+v", d.Limit, e)
+		}
+		var body struct {
+			Error struct{ Message, Type, Code string }
+		}
+		if err := json.Unmarshal(e.AppendJSON(nil), &body); err != nil || body.Error.Type != typ {
+			t.Fatalf("%v: body %s: %v", d.Limit, e.AppendJSON(nil), err)
+		}
+	}
+	_, d := ks.Lookup(nil)
+	f(d, 401, "invalid_request_error", "invalid_api_key", "didn't provide an API key", 0)
+	_, d = ks.Lookup([]byte("Bearer nope"))
+	f(d, 401, "invalid_request_error", "invalid_api_key", "Incorrect API key", 0)
+	f(k.Admit(now, 11), 429, "tokens", "rate_limit_exceeded", "Request too large for key team-a on tokens per minute (TPM): limit 10, requested 11", 0)
+	if !k.Admit(now, 10).OK() {
+		t.Fatal("first request refused")
+	}
+	f(k.Admit(now, 1), 429, "requests", "rate_limit_exceeded", "key team-a on concurrent requests: limit 1", 1)
+	k.Done(now, 0)
+	f(k.Admit(now, 1), 429, "requests", "rate_limit_exceeded", "key team-a on requests per minute (RPM): limit 1. Please try again in 1m0s.", 60)
+	now = now.Add(time.Minute)
+	k.Done(now, 3)
+	f(k.Admit(now, 8), 429, "tokens", "rate_limit_exceeded", "key team-a on tokens per minute (TPM): limit 10. Please try again in 6s.", 6)
+	if e := (Decision{}).Error(); e != nil {
+		t.Fatalf("admitted request has an error %v", e)
+	}
+}
+
+func TestRetryAfterSeconds(t *testing.T) {
+	f := func(l Limit, after time.Duration, want int) {
+		t.Helper()
+		if got := (Decision{Limit: l, RetryAfter: after}).RetryAfterSeconds(); got != want {
+			t.Fatalf("%v %v: %d, want %d", l, after, got, want)
+		}
+	}
+	f(RequestsPerMinute, 0, 1)
+	f(RequestsPerMinute, time.Nanosecond, 1)
+	f(RequestsPerMinute, time.Second, 1)
+	f(RequestsPerMinute, time.Second+1, 2)
+	f(TokensPerMinute, 59500*time.Millisecond, 60)
+	f(Concurrency, time.Second, 1)
+	f(None, time.Second, 0)
+	f(MissingKey, time.Second, 0)
+	f(RequestTooLarge, time.Second, 0)
+}
+
+func TestLimitString(t *testing.T) {
+	for l := None; l < numLimits; l++ {
+		if l.String() == "" || l.String() == "invalid" {
+			t.Fatalf("limit %d has no name", l)
+		}
+	}
+	if numLimits.String() != "invalid" {
+		t.Fatal(numLimits.String())
+	}
+}
+
+// TestAdmitAllocs checks the per-request path allocates nothing: Lookup,
+// Admit (admitted and refused) and Done.
+func TestAdmitAllocs(t *testing.T) {
+	ks := newTestKeys(t, APIKey{Name: "a", SHA256: HashKey("sk-a"), RequestsPerMinute: 1 << 30, TokensPerMinute: 1 << 30, MaxConcurrent: 1})
+	header := []byte("Bearer sk-a")
+	now := time.Now()
+	if n := testing.AllocsPerRun(1000, func() {
+		k, d := ks.Lookup(header)
+		if !d.OK() {
+			t.Fatal(d.Limit)
+		}
+		if d = k.Admit(now, 100); !d.OK() {
+			t.Fatal(d.Limit)
+		}
+		if d = k.Admit(now, 100); d.OK() {
+			t.Fatal("concurrency cap not applied")
+		}
+		k.Done(now, 10)
+	}); n != 0 {
+		t.Fatalf("%v allocations per request", n)
+	}
+}
+
+// TestAdmitConcurrent runs admissions from many goroutines (run it with
+// -race): the concurrency cap is never exceeded, the request bucket admits
+// exactly its allowance, and every slot is back at the end.
+func TestAdmitConcurrent(t *testing.T) {
+	const workers, each, rpm, maxConc = 8, 500, 1000, 3
+	ks := newTestKeys(t, APIKey{Name: "a", SHA256: HashKey("sk-a"), RequestsPerMinute: rpm, MaxConcurrent: maxConc})
+	k, _ := ks.Lookup([]byte("Bearer sk-a"))
+	// A frozen clock: the bucket never refills, so exactly rpm requests can
+	// be admitted however they interleave.
+	now := time.Unix(1_700_000_000, 0)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted, peak := 0, int64(0)
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				d := k.Admit(now, 0)
+				if !d.OK() {
+					if d.Limit != Concurrency && d.Limit != RequestsPerMinute {
+						t.Errorf("refused by %v", d.Limit)
+					}
+					continue
+				}
+				in := k.InFlight()
+				mu.Lock()
+				admitted++
+				peak = max(peak, in)
+				mu.Unlock()
+				k.Done(now, 0)
+			}
+		})
+	}
+	wg.Wait()
+	if admitted != rpm || peak > maxConc || k.InFlight() != 0 {
+		t.Fatalf("admitted %d (want %d), peak in flight %d (cap %d), in flight at end %d", admitted, rpm, peak, maxConc, k.InFlight())
+	}
+}
