@@ -12,8 +12,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"pdlb/lb/config"
 	"pdlb/lb/frontend"
 	"pdlb/lb/gateway"
@@ -22,11 +20,11 @@ import (
 // Server is a running gateway.
 type Server struct {
 	Gateway *gateway.Gateway
-	front   *fasthttp.Server
+	front   frontend.Server
 	admin   *http.Server
-	ln      net.Listener
 	adminLn net.Listener
 	done    chan error
+	stopped chan struct{}
 }
 
 // Start validates cfg, binds its listeners and serves until Shutdown.
@@ -34,33 +32,43 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
-	}
 	var adminLn net.Listener
 	if cfg.Admin != "" {
+		var err error
 		if adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
-			ln.Close()
 			return nil, fmt.Errorf("admin: %w", err)
 		}
 	}
 	g, err := gateway.New(cfg, log)
 	if err != nil {
-		ln.Close()
 		if adminLn != nil {
 			adminLn.Close()
 		}
 		return nil, err
 	}
-	s := &Server{
-		Gateway: g,
-		front:   frontend.FastHTTP(frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler}, frontend.Options{MaxBodyBytes: cfg.MaxBodyBytes}),
-		ln:      ln,
-		adminLn: adminLn,
-		done:    make(chan error, 2),
+	front, err := frontend.Start(cfg.Frontend, cfg.Listen, frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler}, frontend.Options{
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+		MaxHeaderBytes: cfg.MaxHeaderBytes,
+		ReadTimeout:    cfg.ClientReadTimeout,
+		IdleTimeout:    cfg.ClientIdleTimeout,
+	})
+	if err != nil {
+		g.Close()
+		if adminLn != nil {
+			adminLn.Close()
+		}
+		return nil, fmt.Errorf("listen: %w", err)
 	}
-	go func() { s.done <- s.front.Serve(ln) }()
+	s := &Server{Gateway: g, front: front, adminLn: adminLn, done: make(chan error, 2), stopped: make(chan struct{})}
+	go func() {
+		select {
+		case err := <-front.Done():
+			if err != nil {
+				s.done <- err
+			}
+		case <-s.stopped:
+		}
+	}()
 	if adminLn != nil {
 		s.admin = &http.Server{Handler: g.Admin(), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
@@ -73,7 +81,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 }
 
 // Addr is the address the API listens on.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
+func (s *Server) Addr() string { return s.front.Addr() }
 
 // AdminAddr is the admin listener's address, empty when it is off.
 func (s *Server) AdminAddr() string {
@@ -89,6 +97,7 @@ func (s *Server) Done() <-chan error { return s.done }
 // Shutdown stops accepting connections, lets requests in flight (streams
 // included) finish until ctx ends, then closes what is left.
 func (s *Server) Shutdown(ctx context.Context) error {
+	close(s.stopped)
 	err := s.front.ShutdownWithContext(ctx)
 	if s.admin != nil {
 		_ = s.admin.Shutdown(ctx)

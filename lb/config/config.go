@@ -27,7 +27,11 @@ import (
 const (
 	DefaultListen             = ":8080"
 	DefaultAdmin              = "127.0.0.1:9090"
+	DefaultFrontend           = "fasthttp"
 	DefaultMaxBodyBytes       = 8 << 20
+	DefaultMaxHeaderBytes     = 8 << 10
+	DefaultClientReadTimeout  = 30 * time.Second
+	DefaultClientIdleTimeout  = 90 * time.Second
 	DefaultPolicy             = route.DefaultPolicy
 	DefaultBlockSize          = radix.DefaultBlockSize
 	DefaultPrefillSpeed       = 20000
@@ -58,9 +62,20 @@ type Config struct {
 	// Admin is the address of /metrics, /debug/pprof and /admin (default
 	// "127.0.0.1:9090"); empty disables it.
 	Admin string `yaml:"admin"`
+	// Frontend is the server that accepts clients: fasthttp (default, the
+	// faster here) or gnet (an event loop per core).
+	Frontend string `yaml:"frontend"`
 	// MaxBodyBytes is the largest request body accepted (default 8 MiB);
 	// larger ones get 413.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// MaxHeaderBytes is the largest request line and header block accepted
+	// (default 8 KiB); larger ones get 431.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// ClientReadTimeout bounds reading one request's headers and body
+	// (default 30s), so a slow client cannot hold a connection; ClientIdleTimeout
+	// closes keep-alive connections idle this long (default 90s).
+	ClientReadTimeout time.Duration `yaml:"client_read_timeout"`
+	ClientIdleTimeout time.Duration `yaml:"client_idle_timeout"`
 	// MaxInFlight caps the requests the gateway works on at once (default 0,
 	// no cap); past it requests are shed at once with 429 and Retry-After
 	// rather than queued until they time out.
@@ -205,9 +220,13 @@ type Pod struct {
 // Default returns a configuration with every default and no pods.
 func Default() Config {
 	return Config{
-		Listen:       DefaultListen,
-		Admin:        DefaultAdmin,
-		MaxBodyBytes: DefaultMaxBodyBytes,
+		Listen:            DefaultListen,
+		Admin:             DefaultAdmin,
+		Frontend:          DefaultFrontend,
+		MaxBodyBytes:      DefaultMaxBodyBytes,
+		MaxHeaderBytes:    DefaultMaxHeaderBytes,
+		ClientReadTimeout: DefaultClientReadTimeout,
+		ClientIdleTimeout: DefaultClientIdleTimeout,
 		Upstream: Upstream{
 			ConnectTimeout:    DefaultConnectTimeout,
 			ResponseTimeout:   DefaultResponseTimeout,
@@ -280,8 +299,14 @@ func (c *Config) Validate() error {
 	if err := checkAddr("admin", c.Admin, true); err != nil {
 		return err
 	}
+	if c.Frontend != "fasthttp" && c.Frontend != "gnet" {
+		return invalid("frontend", c.Frontend, "is not a front end (known: fasthttp, gnet)")
+	}
 	if c.MaxBodyBytes <= 0 {
 		return invalid("max_body_bytes", c.MaxBodyBytes, "must be positive")
+	}
+	if c.MaxHeaderBytes < 1024 {
+		return invalid("max_header_bytes", c.MaxHeaderBytes, "must be at least 1024")
 	}
 	if c.MaxInFlight < 0 {
 		return invalid("max_in_flight", c.MaxInFlight, "must not be negative (0 means no cap)")
@@ -290,6 +315,8 @@ func (c *Config) Validate() error {
 		field string
 		v     time.Duration
 	}{
+		{"client_read_timeout", c.ClientReadTimeout},
+		{"client_idle_timeout", c.ClientIdleTimeout},
 		{"upstream.connect_timeout", c.Upstream.ConnectTimeout},
 		{"upstream.response_timeout", c.Upstream.ResponseTimeout},
 		{"upstream.stream_idle_timeout", c.Upstream.StreamIdleTimeout},

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -215,6 +216,13 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		writeError(ctx, openai.BodyTooLarge(g.cfg.MaxBodyBytes))
+		return
+	}
+	// fasthttp's error types do not unwrap, hence As on the concrete type.
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) {
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
+			Message: "The request's headers exceed the limit of " + strconv.Itoa(g.cfg.MaxHeaderBytes) + " bytes."})
 		return
 	}
 	writeError(ctx, &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "Malformed HTTP request: " + err.Error()})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 )
@@ -101,7 +102,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
 
 	if x.req.Stream && status == fasthttp.StatusOK {
-		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		frontend.SetBodyStreamWriter(ctx, func(w *bufio.Writer) {
 			code := g.relay(w, resp, x, m, pod)
 			g.finish(x, m, pod, resp, code)
 		})

@@ -32,13 +32,14 @@ func (p *podFlags) Set(s string) error {
 
 // gatewayFlags are the flags serve and demo share.
 type gatewayFlags struct {
-	listen, admin string
-	shutdown      time.Duration
+	listen, admin, frontend string
+	shutdown                time.Duration
 }
 
 func (f *gatewayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", "", "address of the OpenAI API (default "+config.DefaultListen+", or the config file's)")
 	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin (default "+config.DefaultAdmin+", or the config file's)")
+	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+", or the config file's)")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
 }
 
@@ -48,6 +49,9 @@ func (f *gatewayFlags) apply(cfg *config.Config) {
 	}
 	if f.admin != "" {
 		cfg.Admin = f.admin
+	}
+	if f.frontend != "" {
+		cfg.Frontend = f.frontend
 	}
 }
 
