@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# bench/run.sh: the `make bench` entry (the Makefile builds bin/pdlb first).
+#
+# Runs every scenario below, prints what each produced, and rewrites
+# bench/RESULTS.md with the machine it ran on and, for each figure, the
+# command that produced it. `bench/run.sh NAME...` runs only the named
+# scenarios and prints them, leaving RESULTS.md alone.
+#
+# A scenario is a shell function scenario_NAME listed in SCENARIOS. Inside
+# it, `section TITLE [TEXT]` opens a section of RESULTS.md and
+# `record CMD...` runs a command, echoing it and its output into the
+# section (`record_as SHOWN CMD...` shows SHOWN as the command, for a
+# function that runs a family of commands). A command that fails is recorded as failed and the run goes on;
+# the script exits 1 at the end if any did. Keep a full run under about 15
+# minutes on a 2-core machine.
+set -u
+cd "$(dirname "$0")/.."
+
+PDLB=${PDLB:-./bin/pdlb}
+SCENARIOS=(micro sim plan live)
+OUT=$(mktemp)
+FAILED=0
+trap 'rm -f "$OUT"' EXIT
+
+# section TITLE [TEXT]: a heading and an optional paragraph.
+section() {
+	printf '\n## %s\n\n' "$1" | tee -a "$OUT"
+	if [ $# -gt 1 ]; then printf '%s\n' "$2" | tee -a "$OUT"; fi
+}
+
+# record CMD...: run CMD, writing the command and its output (stdout and
+# stderr) as a fenced block.
+record() {
+	record_as "$*" "$@"
+}
+
+# record_as SHOWN CMD...: record, showing SHOWN as the command.
+record_as() {
+	local log status shown=$1
+	shift
+	log=$(mktemp)
+	printf '\n```console\n$ %s\n' "$shown" | tee -a "$OUT"
+	"$@" >"$log" 2>&1
+	status=$?
+	tee -a "$OUT" <"$log"
+	if [ $status -ne 0 ]; then
+		printf 'FAILED (exit %d)\n' "$status" | tee -a "$OUT"
+		FAILED=1
+	fi
+	printf '```\n' | tee -a "$OUT"
+	rm -f "$log"
+}
+
+# micro: the Go benchmarks, every package with a *_timing_test.go, one
+# go test per package so one that does not build spares the others.
+scenario_micro() {
+	section "Micro benchmarks" "Every package with a \`*_timing_test.go\`, one \`go test\` each (ns/op, B/op, allocs/op)."
+	local pkg
+	for pkg in $(git ls-files '*_timing_test.go' | xargs -n1 dirname | sort -u); do
+		record go test -run '^$' -bench . -benchmem "./$pkg"
+	done
+}
+
+# sim: seed 000's routing table on bench/cluster (virtual time), seeds 0..3.
+SIM_POLICIES=("random" "least_queue" "cache_only" "min_ttft" "min_ttft --reject" "default --reject")
+scenario_sim() {
+	section "Seed 000's routing table (pdlb sim)" "Virtual-time simulator, seed 000's chat on 8 pods for 120 s; one row per policy and workload seed (see bench/cluster/README.md)."
+	local rate
+	for rate in 40 70; do
+		record_as "$PDLB sim --rate $rate --duration 120 --seed {0..3} --policy {$(IFS=,; echo "${SIM_POLICIES[*]}")}" sim_rows "$rate"
+	done
+}
+
+# sim_rows RATE: one pdlb sim row per policy and seed, labelled.
+sim_rows() {
+	local p seed row
+	for p in "${SIM_POLICIES[@]}"; do
+		for seed in 0 1 2 3; do
+			# shellcheck disable=SC2086 # p holds a policy and its flags
+			row=$("$PDLB" sim --rate "$1" --duration 120 --seed "$seed" --policy $p) || return
+			printf '%-18s seed %d  %s\n' "$p" "$seed" "$row"
+		done
+	done
+}
+
+# plan: seed 000's three phases, the planner's xPyD against static 12P12D.
+scenario_plan() {
+	section "xPyD plan (pdlb plan)" "Seed 000's day on 24 pods: what each phase needs and the load under static 12P12D."
+	record "$PDLB" plan --phases seed --total 24 --static 12P12D
+}
+
+# live: a demo fleet and gateway on loopback, then pdlb load against it.
+scenario_live() {
+	section "Live: seed chat through the gateway (pdlb demo + pdlb load)" "\`pdlb demo\` (3 vLLM, 2 SGLang, 1 TRT-LLM sim pods in real time) and \`pdlb load\` sending seed 000's chat to demo-vllm, 20% batch class; the hit rate is read from the vLLM pods' /metrics."
+	if ! "$PDLB" load --help >/dev/null 2>&1; then
+		printf '\nskipped: this pdlb has no load command\n' | tee -a "$OUT"
+		return
+	fi
+	local log pid gw pods i
+	log=$(mktemp)
+	"$PDLB" demo --listen 127.0.0.1:0 --admin 127.0.0.1:0 >"$log" 2>&1 &
+	pid=$!
+	for i in $(seq 100); do
+		grep -q 'Press Ctrl-C' "$log" && break
+		sleep 0.1
+	done
+	gw=$(sed -n 's/^pdlb demo: gateway on \([^,]*\),.*/\1/p' "$log")
+	pods=$(awk '$2 == "demo-vllm" { printf "%shttp://%s/metrics", sep, $4; sep = "," }' "$log")
+	if [ -z "$gw" ] || [ -z "$pods" ]; then
+		printf '\nFAILED: pdlb demo did not start:\n' | tee -a "$OUT"
+		tee -a "$OUT" <"$log"
+		FAILED=1
+	else
+		record "$PDLB" load --target "http://$gw" --model demo-vllm --workload seed-chat --rate 8 --duration 30s \
+			--batch-fraction 0.2 --metrics "$pods"
+	fi
+	kill "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	rm -f "$log"
+}
+
+machine() {
+	local cpu cores
+	cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+	cores=$(nproc)
+	printf -- '- date: %s\n- CPU: %s\n- cores: %s\n- Go: %s\n- kernel: %s\n- commit: %s\n' \
+		"$(date -u '+%Y-%m-%d %H:%M UTC')" "${cpu:-unknown}" "$cores" "$(go env GOVERSION)" "$(uname -sr)" \
+		"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+}
+
+main() {
+	local names=("$@") full=0 s start
+	if [ ${#names[@]} -eq 0 ]; then
+		names=("${SCENARIOS[@]}")
+		full=1
+	fi
+	for s in "${names[@]}"; do
+		if ! declare -F "scenario_$s" >/dev/null; then
+			echo "bench/run.sh: unknown scenario $s (known: ${SCENARIOS[*]})" >&2
+			exit 2
+		fi
+	done
+	if [ ! -x "$PDLB" ]; then
+		echo "bench/run.sh: $PDLB is missing: run make bench (or make build) first" >&2
+		exit 2
+	fi
+	start=$(date +%s)
+	for s in "${names[@]}"; do
+		"scenario_$s"
+	done
+	echo
+	echo "bench/run.sh: done in $(($(date +%s) - start)) s"
+	if [ $full -eq 1 ]; then
+		{
+			printf '# pdlb benchmark results\n\n'
+			printf 'Written by `make bench` (bench/run.sh); every figure below follows the command that produced it.\n\n'
+			machine
+			cat "$OUT"
+		} >bench/RESULTS.md
+		echo "bench/run.sh: wrote bench/RESULTS.md"
+	fi
+	exit $FAILED
+}
+
+main "$@"
