@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# SSE scale benchmark (issue 8, item 3c): many concurrent long streams
+# through pdlb from the proxy benchmark's stub, which stamps every event
+# with its send time. Prints one markdown table on stdout:
+#   - the relay latency each event gets, directly from the stub and through
+#     pdlb at a moderate load, and the difference (what pdlb adds);
+#   - pdlb's resident memory per held stream, (VmRSS with N streams − idle
+#     VmRSS) / N, with the goroutine stacks and live heap behind it.
+# Progress goes to stderr.
+#
+# Knobs (environment): STREAMS (10000; capped by the open-files limit, since
+# pdlb holds two sockets per stream), HOLD_EVENTS (30) and HOLD_INTERVAL (1s)
+# per held stream, DIAL_RATE (2000 streams/s), LAT_STREAMS (64), LAT_EVENTS
+# (200), LAT_INTERVAL (10ms) for the latency runs, KEEP (1: keep the scratch
+# directory).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+STREAMS=${STREAMS:-10000}
+HOLD_EVENTS=${HOLD_EVENTS:-30}
+HOLD_INTERVAL=${HOLD_INTERVAL:-1s}
+DIAL_RATE=${DIAL_RATE:-2000}
+LAT_STREAMS=${LAT_STREAMS:-64}
+LAT_EVENTS=${LAT_EVENTS:-200}
+LAT_INTERVAL=${LAT_INTERVAL:-10ms}
+KEEP=${KEEP:-0}
+
+STUB=127.0.0.1:18101
+PDLB=127.0.0.1:18102
+PDLB_ADMIN=127.0.0.1:18912
+API=/v1/chat/completions
+
+DIR=$(mktemp -d /tmp/pdlb-ssebench.XXXXXX)
+PIDS=()
+cleanup() {
+	local pid
+	for pid in "${PIDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${PIDS[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	if [ "$KEEP" = 1 ]; then
+		echo "scratch directory kept: $DIR" >&2
+	else
+		rm -rf "$DIR"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "ssebench: $*" >&2; }
+
+wait_port() {
+	local host=${1%:*} port=${1##*:} i
+	for i in $(seq 100); do
+		if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	log "nothing listens on $1"
+	return 1
+}
+
+# field prints a number of the client's "result {json}" line in file $1.
+field() { sed -n "s/^result .*\"$2\":\([-0-9.e+]*\).*/\1/p" "$1"; }
+
+rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
+goroutines() { curl -s "http://$PDLB_ADMIN/debug/pprof/goroutine?debug=1" | awk 'NR==1{print $NF}'; }
+# heap_stat prints a runtime.MemStats figure (bytes) after a GC, so it
+# counts what is live; Stack prints StackInuse.
+heap_stat() { curl -s "http://$PDLB_ADMIN/debug/pprof/heap?debug=1&gc=1" | awk -v k="$1" '$1=="#" && $2==k {print $4}'; }
+
+# pdlb holds a client socket and an upstream socket per stream, the client
+# one socket per stream: the open-files limit caps the streams.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+FD_LIMIT=$(ulimit -n)
+N=$STREAMS
+CAP=$(((FD_LIMIT - 512) / 2))
+if [ "$N" -gt "$CAP" ]; then
+	log "open-files limit $FD_LIMIT allows $CAP streams through pdlb, not $STREAMS (raise the hard nofile limit for all $STREAMS)"
+	N=$CAP
+fi
+
+log "building pdlb, the stub and the client"
+(cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub &&
+	go build -o "$DIR/client" ./bench/sse/client)
+
+"$DIR/stub" --listen "$STUB" 2>"$DIR/stub.log" &
+PIDS+=($!)
+PDLB_CMD=(serve --config bench/sse/pdlb.yaml --pod "model=bench,address=$STUB" --listen "$PDLB" --admin "$PDLB_ADMIN")
+(cd "$ROOT" && exec "$DIR/pdlb" "${PDLB_CMD[@]}") 2>"$DIR/pdlb.log" &
+PDLB_PID=$!
+PIDS+=("$PDLB_PID")
+wait_port "$STUB"
+wait_port "$PDLB"
+
+# Latency: the same moderate load directly and through pdlb.
+LAT_ARGS="--streams $LAT_STREAMS --events $LAT_EVENTS --interval $LAT_INTERVAL"
+log "latency: $LAT_ARGS, direct then through pdlb"
+"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct.txt"
+"$DIR/client" --url "http://$PDLB$API" $LAT_ARGS >"$DIR/lat-pdlb.txt"
+
+# Memory: idle (after the latency runs warmed pdlb up), then with N held.
+sleep 1
+IDLE_RSS=$(rss_kib "$PDLB_PID")
+IDLE_G=$(goroutines)
+IDLE_STACK=$(heap_stat Stack)
+IDLE_HEAP=$(heap_stat HeapInuse)
+HOLD_ARGS="--streams $N --events $HOLD_EVENTS --interval $HOLD_INTERVAL --dial-rate $DIAL_RATE"
+log "holding $N streams ($HOLD_ARGS)"
+"$DIR/client" --url "http://$PDLB$API" $HOLD_ARGS >"$DIR/hold.txt" 2>"$DIR/hold.log" &
+CLIENT_PID=$!
+PIDS+=("$CLIENT_PID")
+for _ in $(seq $((N / DIAL_RATE * 10 + 300))); do
+	grep -q '^open' "$DIR/hold.txt" && break
+	kill -0 "$CLIENT_PID" 2>/dev/null || break
+	sleep 0.2
+done
+read -r _ HELD HELD_FAILED < <(grep '^open' "$DIR/hold.txt" || echo "open 0 $N")
+sleep 2
+HOLD_RSS=$(rss_kib "$PDLB_PID")
+HOLD_G=$(goroutines)
+HOLD_STACK=$(heap_stat Stack)
+HOLD_HEAP=$(heap_stat HeapInuse)
+log "held $HELD streams (failed $HELD_FAILED); waiting for them to end"
+wait "$CLIENT_PID" || true
+
+per() { awk -v a="$1" -v b="$2" -v n="$3" -v d="$4" 'BEGIN{ if (n > 0) printf "%.1f", (b - a) / n / d }'; }
+us() { awk -v v="$1" 'BEGIN{printf "%.0f", v}'; }
+diff_us() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.0f", b - a}'; }
+d50=$(field "$DIR/lat-direct.txt" p50_us) d99=$(field "$DIR/lat-direct.txt" p99_us)
+p50=$(field "$DIR/lat-pdlb.txt" p50_us) p99=$(field "$DIR/lat-pdlb.txt" p99_us)
+h50=$(field "$DIR/hold.txt" p50_us) h99=$(field "$DIR/hold.txt" p99_us)
+hold_events=$(field "$DIR/hold.txt" events) hold_failed=$(field "$DIR/hold.txt" failed)
+first_err=$(sed -n 's/^result .*"first_error":"\([^"]*\)".*/\1/p' "$DIR/hold.txt")
+
+CLIENT="go run ./bench/sse/client"
+echo "### SSE: $N concurrent streams through pdlb"
+echo
+echo "$(date -u +%Y-%m-%dT%H:%MZ), $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(nproc) cores, $(go version | awk '{print $3}'), open-files limit $FD_LIMIT."
+echo "pdlb: \`pdlb ${PDLB_CMD[*]}\`; stub: \`go run ./bench/proxy/stub --listen $STUB\`."
+echo
+echo "| figure | value | target | command |"
+echo "| --- | ---: | --- | --- |"
+echo "| event latency direct, p50 / p99 µs | $(us "$d50") / $(us "$d99") | | \`$CLIENT --url http://$STUB$API $LAT_ARGS\` |"
+echo "| event latency through pdlb, p50 / p99 µs | $(us "$p50") / $(us "$p99") | | \`$CLIENT --url http://$PDLB$API $LAT_ARGS\` |"
+echo "| relay adds, p50 / p99 µs | $(diff_us "$d50" "$p50") / $(diff_us "$d99" "$p99") | ≤ 50 µs p99 | the two rows above |"
+echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
+echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"
+echo "| pdlb VmRSS idle → holding, MiB | $((IDLE_RSS / 1024)) → $((HOLD_RSS / 1024)) | | /proc/PID/status |"
+echo "| **RSS per stream, KiB** | **$(per "$IDLE_RSS" "$HOLD_RSS" "$HELD" 1)** | ≤ 16 KiB | (holding − idle) / streams |"
+echo "| of which goroutine stacks, KiB | $(per "$IDLE_STACK" "$HOLD_STACK" "$HELD" 1024) ($(per "$IDLE_G" "$HOLD_G" "$HELD" 1) goroutines) | | /debug/pprof/goroutine, MemStats.StackInuse |"
+echo "| of which live heap, KiB | $(per "$IDLE_HEAP" "$HOLD_HEAP" "$HELD" 1024) | | MemStats.HeapInuse after GC (/debug/pprof/heap?gc=1) |"
+if [ -n "$first_err" ]; then
+	echo
+	echo "First stream error: $first_err"
+fi
