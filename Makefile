@@ -16,13 +16,21 @@ build:
 demo: build
 	./$(BIN) demo
 
-# Tests need a real redis-server (shared ledger tests); install it from
-# Debian's packages when it is missing.
+# Tests need a real redis-server (shared ledger tests), promtool (metrics
+# lint) and the openai npm package (client compatibility); install them
+# when missing.
 test-deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "installing redis-server (needed by the shared-ledger tests)"; \
 		(apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) || \
 		echo "WARNING: could not install redis-server; the Redis tests will be skipped"; }
+	@command -v promtool >/dev/null 2>&1 || { \
+		echo "installing promtool (Debian's prometheus package; the metrics lint tests need it)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) || \
+		echo "WARNING: could not install promtool; the promtool tests will be skipped"; }
+	@if command -v npm >/dev/null 2>&1; then \
+		(cd tests/openai-node && npm ci --no-audit --no-fund --silent) || echo "WARNING: npm ci failed in tests/openai-node"; \
+	else echo "WARNING: npm not found; the OpenAI Node client test will be skipped"; fi
 
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed on:"; gofmt -l .; exit 1; }
