@@ -1,0 +1,69 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"pdlb/lb/config"
+)
+
+// scripted is a Source that reports what the test sends it and ends with
+// the error the test sends.
+type scripted struct {
+	lists chan []Pod
+	end   chan error
+}
+
+func newScripted() *scripted { return &scripted{lists: make(chan []Pod), end: make(chan error, 1)} }
+
+func (s *scripted) Run(ctx context.Context, report func([]Pod)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-s.end:
+			return err
+		case l := <-s.lists:
+			report(l)
+		}
+	}
+}
+
+func pod(name, model string) Pod {
+	return Pod{Pod: config.Pod{Name: name, Model: model, Address: name}}
+}
+
+func TestUnionMergesLatestLists(t *testing.T) {
+	a, b := newScripted(), newScripted()
+	static := []config.Pod{{Name: "s1", Model: "m"}, {Name: "s0", Model: "m"}}
+	w := watch(t, Union(quiet, Static(static), a, b))
+	// Static pods are reported at once, sorted.
+	w.expect("s0 m    ", "s1 m    ")
+	a.lists <- []Pod{pod("a1:1", "m"), pod("a0:1", "m")}
+	w.expect("a0:1 m    a0:1", "a1:1 m    a1:1", "s0 m    ", "s1 m    ")
+	// A name both sources report: the earlier source's pod is kept.
+	b.lists <- []Pod{pod("a0:1", "other"), pod("b0:1", "m")}
+	w.expect("a0:1 m    a0:1", "a1:1 m    a1:1", "b0:1 m    b0:1", "s0 m    ", "s1 m    ")
+	// A source's new list replaces its old one only.
+	a.lists <- nil
+	w.expect("a0:1 other    a0:1", "b0:1 m    b0:1", "s0 m    ", "s1 m    ")
+}
+
+func TestUnionStopsOnError(t *testing.T) {
+	a, b := newScripted(), newScripted()
+	boom := errors.New("boom")
+	done := make(chan error)
+	go func() { done <- Union(quiet, a, b).Run(context.Background(), func([]Pod) {}) }()
+	a.end <- boom
+	if err := <-done; err != boom {
+		t.Fatalf("Run = %v, want %v", err, boom)
+	}
+}
+
+func TestUnionOfNothing(t *testing.T) {
+	w := watch(t, Union(quiet))
+	if got := w.next(); len(got) != 0 {
+		t.Fatalf("got %v", got)
+	}
+}

@@ -1,0 +1,123 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"pdlb/lb/config"
+	"pdlb/lb/discovery/spec"
+)
+
+// DNS is a Source of the pods behind one name: its A and AAAA records with
+// a fixed port, or its SRV records, resolved every Interval.
+type DNS struct {
+	spec     spec.DNS
+	resolver *net.Resolver
+	log      *slog.Logger
+}
+
+// NewDNS makes the source of s, which must have passed Validate, resolved
+// with r (net.DefaultResolver in the gateway; tests point one at a server
+// on loopback).
+func NewDNS(s spec.DNS, r *net.Resolver, log *slog.Logger) *DNS {
+	return &DNS{spec: s, resolver: r, log: log}
+}
+
+// Run resolves the name at once and then every Interval. A failed lookup
+// keeps the last list, since a resolver that hiccups must not empty the
+// pool; a name that does not exist (NXDOMAIN, or no records) has no pods.
+func (d *DNS) Run(ctx context.Context, report func([]Pod)) error {
+	tick := time.NewTicker(d.spec.Interval)
+	defer tick.Stop()
+	var last []Pod
+	reported := false
+	var lastErr string
+	for {
+		pods, err := d.resolve(ctx)
+		switch {
+		case err != nil:
+			// Logged once per distinct error, not once per interval.
+			if msg := err.Error(); msg != lastErr && ctx.Err() == nil {
+				d.log.Warn("discovery: DNS lookup failed, keeping the last pods", "name", d.spec.Name, "err", err)
+				lastErr = msg
+			}
+		case !reported || !slices.Equal(pods, last):
+			lastErr = ""
+			report(pods)
+			last, reported = pods, true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// resolve looks the name up once, bounded by the interval so a hung
+// resolver cannot stall the next round.
+func (d *DNS) resolve(ctx context.Context) ([]Pod, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.spec.Interval)
+	defer cancel()
+	var hosts []string
+	var ports []int
+	if d.spec.Type == spec.DNSTypeSRV {
+		_, srvs, err := d.resolver.LookupSRV(ctx, "", "", d.spec.Name)
+		if notFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range srvs {
+			hosts = append(hosts, strings.TrimSuffix(s.Target, "."))
+			ports = append(ports, int(s.Port))
+		}
+	} else {
+		ips, err := d.resolver.LookupIPAddr(ctx, d.spec.Name)
+		if notFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, ip := range ips {
+			hosts = append(hosts, ip.IP.String())
+			ports = append(ports, d.spec.Port)
+		}
+	}
+	pods := make([]Pod, 0, len(hosts))
+	for i, host := range hosts {
+		addr := hostPort(host, ports[i])
+		p := Pod{
+			Pod: config.Pod{
+				Name:    addr,
+				Model:   d.spec.Model,
+				Address: addr,
+				Engine:  d.spec.Engine,
+				Role:    d.spec.Role,
+				Roleset: d.spec.Roleset,
+				Weight:  1,
+			},
+			BootstrapPort: d.spec.BootstrapPort,
+		}
+		if d.spec.KVEventsPort != 0 {
+			p.KVEvents = "tcp://" + hostPort(host, d.spec.KVEventsPort)
+		}
+		pods = append(pods, p)
+	}
+	sortByName(pods)
+	// A name may list one address twice (A records, or SRV records that
+	// differ only in priority or weight): one pod each.
+	return slices.CompactFunc(pods, func(a, b Pod) bool { return a.Name == b.Name }), nil
+}
+
+func notFound(err error) bool {
+	var de *net.DNSError
+	return errors.As(err, &de) && de.IsNotFound
+}

@@ -1,0 +1,222 @@
+package discovery
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+
+	"pdlb/lb/discovery/spec"
+)
+
+// dnsServer is an authoritative DNS server on loopback UDP that answers A,
+// AAAA and SRV questions from maps the test changes as it goes.
+type dnsServer struct {
+	conn net.PacketConn
+
+	mu       sync.Mutex
+	ips      map[string][]net.IP // by FQDN; IPv4 answer A, IPv6 AAAA
+	srvs     map[string][]net.SRV
+	servfail bool
+	failed   chan struct{} // one value per SERVFAIL answered
+}
+
+func startDNS(t *testing.T) *dnsServer {
+	t.Helper()
+	conn, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &dnsServer{conn: conn, ips: map[string][]net.IP{}, srvs: map[string][]net.SRV{}, failed: make(chan struct{}, 1024)}
+	var done sync.WaitGroup
+	done.Go(s.serve)
+	t.Cleanup(func() {
+		conn.Close()
+		done.Wait()
+	})
+	return s
+}
+
+// resolver sends every query to s, whatever the system's resolv.conf says.
+func (s *dnsServer) resolver() *net.Resolver {
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "udp", s.conn.LocalAddr().String())
+	}}
+}
+
+func (s *dnsServer) set(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f()
+}
+
+func (s *dnsServer) serve() {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := s.conn.ReadFrom(buf)
+		if err != nil {
+			return // closed
+		}
+		if resp, ok := s.answer(buf[:n]); ok {
+			s.conn.WriteTo(resp, from)
+		}
+	}
+}
+
+func (s *dnsServer) answer(req []byte) ([]byte, bool) {
+	var p dnsmessage.Parser
+	h, err := p.Start(req)
+	if err != nil {
+		return nil, false
+	}
+	q, err := p.Question()
+	if err != nil {
+		return nil, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	name := q.Name.String()
+	ips, hasIPs := s.ips[name]
+	srvs, hasSRVs := s.srvs[name]
+	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true}
+	switch {
+	case s.servfail:
+		rh.RCode = dnsmessage.RCodeServerFailure
+		select {
+		case s.failed <- struct{}{}:
+		default:
+		}
+	case !hasIPs && !hasSRVs:
+		rh.RCode = dnsmessage.RCodeNameError
+	}
+	b := dnsmessage.NewBuilder(nil, rh)
+	b.EnableCompression()
+	must := func(err error) {
+		if err != nil {
+			panic("BUG: building a DNS answer: " + err.Error())
+		}
+	}
+	must(b.StartQuestions())
+	must(b.Question(q))
+	must(b.StartAnswers())
+	rrh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 1}
+	if rh.RCode == dnsmessage.RCodeSuccess {
+		for _, ip := range ips {
+			if v4 := ip.To4(); v4 != nil && q.Type == dnsmessage.TypeA {
+				must(b.AResource(rrh, dnsmessage.AResource{A: [4]byte(v4)}))
+			} else if v4 == nil && q.Type == dnsmessage.TypeAAAA {
+				must(b.AAAAResource(rrh, dnsmessage.AAAAResource{AAAA: [16]byte(ip.To16())}))
+			}
+		}
+		for _, r := range srvs {
+			if q.Type == dnsmessage.TypeSRV {
+				must(b.SRVResource(rrh, dnsmessage.SRVResource{
+					Priority: r.Priority, Weight: r.Weight, Port: r.Port, Target: dnsmessage.MustNewName(r.Target),
+				}))
+			}
+		}
+	}
+	resp, err := b.Finish()
+	must(err)
+	return resp, true
+}
+
+func dnsSource(t *testing.T, srv *dnsServer, s spec.DNS, log *slog.Logger) *DNS {
+	t.Helper()
+	d := spec.Discovery{DNS: []spec.DNS{s}}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return NewDNS(d.DNS[0], srv.resolver(), log)
+}
+
+func TestDNSARecords(t *testing.T) {
+	srv := startDNS(t)
+	const name = "llama.inference.test."
+	srv.set(func() {
+		srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11"), net.ParseIP("fd00::1"), net.ParseIP("127.0.0.11")}
+	})
+	var logged strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	w := watch(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", KVEventsPort: 5557, Interval: 50 * time.Millisecond}, log))
+	pods := w.expect(
+		"127.0.0.11:8000 llama vllm combined  127.0.0.11:8000",
+		"[fd00::1]:8000 llama vllm combined  [fd00::1]:8000",
+	)
+	if pods[0].KVEvents != "tcp://127.0.0.11:5557" || pods[1].KVEvents != "tcp://[fd00::1]:5557" || pods[0].Weight != 1 {
+		t.Fatalf("pods: %+v", pods)
+	}
+	// Re-resolution picks up a pod that joined and one that left.
+	srv.set(func() { srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11"), net.ParseIP("127.0.0.12")} })
+	w.expect(
+		"127.0.0.11:8000 llama vllm combined  127.0.0.11:8000",
+		"127.0.0.12:8000 llama vllm combined  127.0.0.12:8000",
+	)
+	// A failing server keeps the last pods: the next report after it
+	// recovers is the new list, never an empty one.
+	srv.set(func() { srv.servfail = true })
+	failureLogged := func() bool {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return strings.Contains(logged.String(), "DNS lookup failed")
+	}
+	for !failureLogged() {
+		<-srv.failed
+	}
+	srv.set(func() {
+		srv.servfail = false
+		srv.ips[name] = []net.IP{net.ParseIP("127.0.0.13")}
+	})
+	if got := describe(w.next()); got != "127.0.0.13:8000 llama vllm combined  127.0.0.13:8000" {
+		t.Fatalf("after SERVFAIL: %q", got)
+	}
+	logMu.Lock()
+	if n := strings.Count(logged.String(), "DNS lookup failed"); n != 1 {
+		t.Errorf("the failure must be logged once, not %d times:\n%s", n, logged.String())
+	}
+	logMu.Unlock()
+	// The name is gone: no pods.
+	srv.set(func() { delete(srv.ips, name) })
+	w.expect()
+}
+
+func TestDNSSRVRecords(t *testing.T) {
+	srv := startDNS(t)
+	const name = "_http._tcp.sgl.test."
+	srv.set(func() {
+		srv.srvs[name] = []net.SRV{
+			{Target: "pod-b.sgl.test.", Port: 30001, Priority: 1, Weight: 1},
+			{Target: "pod-a.sgl.test.", Port: 30000, Priority: 1, Weight: 1},
+		}
+	})
+	w := watch(t, dnsSource(t, srv, spec.DNS{Name: name, Type: "srv", Model: "qwen", Engine: "sglang", Role: "prefill", Roleset: "g0", Interval: 50 * time.Millisecond}, quiet))
+	pods := w.expect(
+		"pod-a.sgl.test:30000 qwen sglang prefill g0 pod-a.sgl.test:30000",
+		"pod-b.sgl.test:30001 qwen sglang prefill g0 pod-b.sgl.test:30001",
+	)
+	if pods[0].BootstrapPort != spec.DefaultBootstrapPort || pods[0].KVEvents != "" {
+		t.Fatalf("pods: %+v", pods)
+	}
+	srv.set(func() {
+		srv.srvs[name] = []net.SRV{{Target: "pod-c.sgl.test.", Port: 30002}}
+	})
+	w.expect("pod-c.sgl.test:30002 qwen sglang prefill g0 pod-c.sgl.test:30002")
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *strings.Builder
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
