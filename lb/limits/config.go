@@ -7,7 +7,9 @@
 package limits
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -140,6 +142,17 @@ func (c *Config) Validate(admin string) error {
 		return invalid("admin_token", "", "must be set when admin ("+strconv.Quote(admin)+") is not a loopback address")
 	}
 	return nil
+}
+
+// NewKey returns a fresh API key: "sk-pdlb-" and 256 random bits in
+// base64url, with its digest as api_keys stores it.
+func NewKey() (key, digest string, err error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", err
+	}
+	key = "sk-pdlb-" + base64.RawURLEncoding.EncodeToString(b[:])
+	return key, HashKey(key), nil
 }
 
 // HashKey returns the hex SHA-256 of an API key, the form api_keys stores.

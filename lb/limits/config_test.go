@@ -86,3 +86,21 @@ func TestIsLoopback(t *testing.T) {
 	f("admin.example.com:9090", false)
 	f("nonsense", false)
 }
+
+func TestNewKey(t *testing.T) {
+	key, digest, err := NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, _ := NewKey()
+	if !strings.HasPrefix(key, "sk-pdlb-") || len(key) != len("sk-pdlb-")+43 || digest != HashKey(key) || other == key {
+		t.Fatalf("key %q digest %q other %q", key, digest, other)
+	}
+	ks, err := NewKeys([]APIKey{{Name: "n", SHA256: digest}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, d := ks.Lookup([]byte("Bearer " + key)); k == nil || !d.OK() {
+		t.Fatalf("a new key does not authenticate: %v", d.Limit)
+	}
+}

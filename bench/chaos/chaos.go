@@ -1,0 +1,510 @@
+// Package chaos is issue 9's chaos scenario: the gateway, in process, over
+// simulated pods on loopback, under a bounded load while the pods are
+// killed, hung, slowed and restarted at random. It reports every request
+// as completed, answered with a clean error, or lost, and checks that the
+// gateway's token ledgers, goroutines and memory come back afterwards.
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"pdlb/engines/sim"
+	"pdlb/lb"
+	"pdlb/lb/config"
+	"pdlb/ledger"
+)
+
+// Config sizes a run.
+type Config struct {
+	// Pods is the number of simulated pods (default 4).
+	Pods int
+	// Requests is the number sent, spread evenly over Duration (default
+	// 300).
+	Requests int
+	// Duration is how long requests are sent and faults injected (default
+	// 10s).
+	Duration time.Duration
+	// StreamShare is the fraction of streaming requests (default 0.5).
+	StreamShare float64
+	// FaultEvery is the mean time between two faults (default 500ms); each
+	// lasts between FaultEvery and 9×FaultEvery, so some hangs outlast the
+	// gateway's response and stream-idle timeouts.
+	FaultEvery time.Duration
+	// ClientTimeout is how long a client waits for a whole answer before
+	// counting the request lost (default 20s): well above the gateway's
+	// own upstream timeouts below, so only a gateway that drops a request
+	// can make it expire.
+	ClientTimeout time.Duration
+	// Seed makes the faults and the load repeatable (default 1).
+	Seed uint64
+	// Log, if set, gets the gateway's log.
+	Log *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Pods == 0 {
+		c.Pods = 4
+	}
+	if c.Requests == 0 {
+		c.Requests = 300
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.StreamShare == 0 {
+		c.StreamShare = 0.5
+	}
+	if c.FaultEvery == 0 {
+		c.FaultEvery = 500 * time.Millisecond
+	}
+	if c.ClientTimeout == 0 {
+		c.ClientTimeout = 20 * time.Second
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// Report is what a run saw.
+type Report struct {
+	Sent, Completed int
+	// CleanErrors counts answers in OpenAI's error shape by HTTP status;
+	// a stream cut with an SSE error event counts under "stream".
+	CleanErrors map[string]int
+	// Lost counts requests with no answer within the client timeout, a
+	// broken connection without an error event, or an error not in
+	// OpenAI's shape, by reason; LostSamples holds a few of them.
+	Lost        map[string]int
+	LostSamples []string
+	// Faults counts the faults injected, by kind.
+	Faults map[string]int
+	// LedgerAfter is the sum of the gateway's pd_token_load_* gauges once
+	// the load ended: tokens still charged to some pod.
+	LedgerAfter int64
+	// Goroutines and RSS (bytes) before the load, after it with the
+	// gateway still up, and after the gateway and pods are closed.
+	GoroutinesBefore, GoroutinesAfter, GoroutinesClosed int
+	RSSBefore, RSSAfter, RSSClosed                      int64
+	Elapsed                                             time.Duration
+}
+
+// LostTotal is the number of requests lost.
+func (r *Report) LostTotal() int {
+	n := 0
+	for _, v := range r.Lost {
+		n += v
+	}
+	return n
+}
+
+// String renders the report as a few lines of text.
+func (r *Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "sent %d, completed %d, clean errors %d %v, lost %d %v\n", r.Sent, r.Completed, sum(r.CleanErrors), sorted(r.CleanErrors), r.LostTotal(), sorted(r.Lost))
+	fmt.Fprintf(&b, "faults %v over %s\n", sorted(r.Faults), r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(&b, "ledger charges after: %d tokens\n", r.LedgerAfter)
+	fmt.Fprintf(&b, "goroutines %d before, %d after, %d closed; RSS %.1f MiB before, %.1f MiB after, %.1f MiB closed\n",
+		r.GoroutinesBefore, r.GoroutinesAfter, r.GoroutinesClosed, mib(r.RSSBefore), mib(r.RSSAfter), mib(r.RSSClosed))
+	for _, s := range r.LostSamples {
+		fmt.Fprintf(&b, "lost: %s\n", s)
+	}
+	return b.String()
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func sorted(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + ":" + strconv.Itoa(m[k])
+	}
+	return "{" + strings.Join(parts, " ") + "}"
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+// model is the one model the fleet serves.
+const model = "chaos"
+
+// fleet is the pods and their proxies.
+type fleet struct {
+	mu      sync.Mutex
+	pods    []*sim.Pod
+	proxies []*faultProxy
+}
+
+func startPod(i int) (*sim.Pod, error) {
+	// Speedup 5: a decode step takes about 2 ms of wall time, so answers
+	// of 16 to 256 tokens stream for 30 to 500 ms and a kill cuts some.
+	return sim.Start(sim.Config{Name: fmt.Sprintf("%s-%d", model, i), Model: model, Listen: "127.0.0.1:0", Speedup: 5, DefaultMaxTokens: 32})
+}
+
+func startFleet(n int) (*fleet, error) {
+	f := &fleet{}
+	for i := 0; i < n; i++ {
+		pod, err := startPod(i)
+		if err != nil {
+			f.close()
+			return nil, err
+		}
+		proxy, err := newFaultProxy(pod.Addr())
+		if err != nil {
+			pod.Close()
+			f.close()
+			return nil, err
+		}
+		f.pods = append(f.pods, pod)
+		f.proxies = append(f.proxies, proxy)
+	}
+	return f, nil
+}
+
+func (f *fleet) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, p := range f.proxies {
+		p.close()
+		if f.pods[i] != nil {
+			f.pods[i].Close()
+		}
+	}
+}
+
+// gatewayConfig has timeouts short enough that a hung pod costs a request
+// a few seconds, not minutes, and a dead one is ejected at once.
+func gatewayConfig(f *fleet) config.Config {
+	cfg := config.Default()
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Upstream.ConnectTimeout = 500 * time.Millisecond
+	cfg.Upstream.ResponseTimeout = 3 * time.Second
+	cfg.Upstream.StreamIdleTimeout = time.Second
+	cfg.Upstream.Retries = 2
+	cfg.Health.Interval = 100 * time.Millisecond
+	cfg.Health.Timeout = 200 * time.Millisecond
+	cfg.Health.MetricsInterval = 200 * time.Millisecond
+	cfg.Health.EjectAfterFailures = 2
+	cfg.Health.EjectionTime = 500 * time.Millisecond
+	for i, p := range f.proxies {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprintf("%s-%d", model, i), Model: model, Address: p.addr})
+	}
+	return cfg
+}
+
+// Run runs the scenario and returns its report. The error is for a run
+// that could not be set up; what the run saw, lost requests included, is
+// in the report.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg = cfg.withDefaults()
+	rep := &Report{CleanErrors: map[string]int{}, Lost: map[string]int{}, Faults: map[string]int{}}
+	rep.GoroutinesBefore, rep.RSSBefore = runtime.NumGoroutine(), rss()
+
+	f, err := startFleet(cfg.Pods)
+	if err != nil {
+		return nil, err
+	}
+	gw, err := lb.Start(gatewayConfig(f), cfg.Log)
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	client := &http.Client{Timeout: cfg.ClientTimeout, Transport: tr}
+
+	start := time.Now()
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0))
+	runCtx, stop := context.WithTimeout(ctx, cfg.Duration)
+	var chaosDone sync.WaitGroup
+	chaosDone.Add(1)
+	go func() {
+		defer chaosDone.Done()
+		injectFaults(runCtx, f, cfg, rand.New(rand.NewPCG(cfg.Seed, 1)), rep)
+	}()
+
+	var mu sync.Mutex
+	var load sync.WaitGroup
+	gap := cfg.Duration / time.Duration(cfg.Requests)
+	for i := 0; i < cfg.Requests; i++ {
+		if wait := time.Until(start.Add(time.Duration(i) * gap)); wait > 0 {
+			time.Sleep(wait)
+		}
+		stream := rng.Float64() < cfg.StreamShare
+		maxTokens := 16 + rng.IntN(240)
+		load.Add(1)
+		go func() {
+			defer load.Done()
+			outcome, detail := send(client, gw.Addr(), i, stream, maxTokens)
+			mu.Lock()
+			defer mu.Unlock()
+			rep.Sent++
+			switch outcome {
+			case completed:
+				rep.Completed++
+			case cleanError:
+				rep.CleanErrors[detail]++
+			default:
+				rep.Lost[detail]++
+				if len(rep.LostSamples) < 10 {
+					rep.LostSamples = append(rep.LostSamples, fmt.Sprintf("request %d (stream %v): %s", i, stream, detail))
+				}
+			}
+		}()
+	}
+	load.Wait()
+	stop()
+	chaosDone.Wait()
+	rep.Elapsed = time.Since(start)
+	tr.CloseIdleConnections()
+
+	// Charges are released as requests end; give the last ones a moment.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rep.LedgerAfter, err = ledgerCharges(gw.AdminAddr())
+		if err != nil || rep.LedgerAfter == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	runtime.GC()
+	rep.GoroutinesAfter, rep.RSSAfter = runtime.NumGoroutine(), rss()
+
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = gw.Shutdown(sctx)
+	cancel()
+	f.close()
+	// Idle worker goroutines of the closed servers exit within their idle
+	// period (250 ms for sim pods).
+	time.Sleep(time.Second)
+	runtime.GC()
+	rep.GoroutinesClosed, rep.RSSClosed = runtime.NumGoroutine(), rss()
+	return rep, err
+}
+
+// injectFaults hits a random pod every FaultEvery on average until ctx
+// ends, with kill, hang and slow in turn so a short run sees each, every
+// fault lasting a random while, at most one at a time per pod; then it
+// restores every pod.
+func injectFaults(ctx context.Context, f *fleet, cfg Config, rng *rand.Rand, rep *Report) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	busy := make([]bool, len(f.proxies))
+	var busyMu sync.Mutex
+	kinds := []string{"kill", "hang", "slow"}
+	for n := 0; ; {
+		wait := time.Duration(rng.Int64N(int64(2 * cfg.FaultEvery)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		i := rng.IntN(len(f.proxies))
+		busyMu.Lock()
+		if busy[i] {
+			busyMu.Unlock()
+			continue
+		}
+		busy[i] = true
+		busyMu.Unlock()
+		kind := kinds[n%len(kinds)]
+		n++
+		lasts := cfg.FaultEvery + time.Duration(rng.Int64N(int64(8*cfg.FaultEvery)))
+		rep.Faults[kind]++
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fault(ctx, f, i, kind, lasts, cfg.Log)
+			busyMu.Lock()
+			busy[i] = false
+			busyMu.Unlock()
+		}()
+	}
+}
+
+// fault applies kind to pod i for lasts (or until ctx ends), then restores
+// it: a killed pod is restarted behind the same address.
+func fault(ctx context.Context, f *fleet, i int, kind string, lasts time.Duration, log *slog.Logger) {
+	proxy := f.proxies[i]
+	switch kind {
+	case "kill":
+		f.mu.Lock()
+		pod := f.pods[i]
+		f.pods[i] = nil
+		f.mu.Unlock()
+		proxy.kill()
+		_ = pod.Kill()
+	case "hang":
+		proxy.mode.Store(modeHung)
+	case "slow":
+		proxy.mode.Store(modeSlow)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(lasts):
+	}
+	proxy.mode.Store(modeNormal)
+	if kind != "kill" {
+		return
+	}
+	pod, err := startPod(i)
+	if err == nil {
+		err = proxy.restart(pod.Addr())
+	}
+	if err != nil {
+		log.Error("chaos: restart failed", "pod", i, "err", err)
+		return
+	}
+	f.mu.Lock()
+	f.pods[i] = pod
+	f.mu.Unlock()
+}
+
+type outcome int
+
+const (
+	completed outcome = iota
+	cleanError
+	lost
+)
+
+// send makes one request and classifies its answer.
+func send(client *http.Client, addr string, i int, stream bool, maxTokens int) (outcome, string) {
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"chaos request %d: tell me a story"}],"max_tokens":%d,"stream":%v}`, model, i, maxTokens, stream)
+	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return lost, "no answer: " + errKind(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || !isOpenAIError(b) {
+			return lost, "status " + strconv.Itoa(resp.StatusCode) + " not in OpenAI's error shape"
+		}
+		return cleanError, strconv.Itoa(resp.StatusCode)
+	}
+	if !stream {
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return lost, "body broken: " + errKind(err)
+		}
+		var out struct {
+			Choices []json.RawMessage `json:"choices"`
+		}
+		if json.Unmarshal(b, &out) != nil || len(out.Choices) == 0 {
+			return lost, "200 without a completion"
+		}
+		return completed, ""
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	done, errEvent := false, false
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
+		switch {
+		case !ok:
+		case string(data) == "[DONE]":
+			done = true
+		case isOpenAIError(data):
+			errEvent = true
+		}
+	}
+	switch {
+	case errEvent:
+		return cleanError, "stream"
+	case sc.Err() != nil:
+		return lost, "stream broken without an error event: " + errKind(sc.Err())
+	case !done:
+		return lost, "stream ended without [DONE] or an error event"
+	}
+	return completed, ""
+}
+
+// errKind names an error without its addresses, so reasons aggregate.
+func errKind(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout"):
+		return "client timeout"
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		return "unexpected EOF"
+	case strings.Contains(err.Error(), "reset by peer"):
+		return "connection reset"
+	}
+	return err.Error()
+}
+
+func isOpenAIError(b []byte) bool {
+	var e struct {
+		Error *struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(b, &e) == nil && e.Error != nil && e.Error.Message != "" && e.Error.Type != ""
+}
+
+// ledgerCharges sums the token ledger gauges on the admin /metrics page.
+func ledgerCharges(admin string) (int64, error) {
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var total int64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, ledger.MetricActiveTokens) && !strings.HasPrefix(line, ledger.MetricKVTokens) && !strings.HasPrefix(line, ledger.MetricDecodeTokens) {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		total += int64(v)
+	}
+	return total, sc.Err()
+}
+
+// rss is the process's resident set in bytes (0 where /proc is missing).
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(fields[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}

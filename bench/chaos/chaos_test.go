@@ -1,0 +1,54 @@
+package chaos
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// fasthttp keeps package-level goroutines (date ticker, client and dialer
+// cleaners) that outlive any one server.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreCurrent(),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+	)
+}
+
+// TestChaos runs the scenario: 300 requests over 10 s by default, or for
+// CHAOS_DURATION (make bench runs CHAOS_DURATION=5m, with CHAOS_REQUESTS
+// scaled to match). Nothing may be lost and the ledgers must end at zero.
+func TestChaos(t *testing.T) {
+	cfg := Config{}
+	if d := os.Getenv("CHAOS_DURATION"); d != "" {
+		var err error
+		if cfg.Duration, err = time.ParseDuration(d); err != nil {
+			t.Fatalf("CHAOS_DURATION: %v", err)
+		}
+		// 30 requests a second, as in the short run.
+		cfg.Requests = int(cfg.Duration / (time.Second / 30))
+	}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", rep)
+	if rep.Sent != rep.Completed+sum(rep.CleanErrors)+rep.LostTotal() {
+		t.Errorf("sent %d is not completed + clean errors + lost", rep.Sent)
+	}
+	if rep.LostTotal() != 0 {
+		t.Errorf("%d requests lost", rep.LostTotal())
+	}
+	if rep.LedgerAfter != 0 {
+		t.Errorf("%d tokens still charged to pods after the load", rep.LedgerAfter)
+	}
+	if rep.Completed == 0 {
+		t.Error("nothing completed: the scenario is not exercising the gateway")
+	}
+}
