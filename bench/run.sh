@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro sim plan live)
+SCENARIOS=(micro sim plan live routing tokenload overload)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -117,6 +117,64 @@ scenario_live() {
 	kill "$pid" 2>/dev/null
 	wait "$pid" 2>/dev/null
 	rm -f "$log"
+}
+
+# live_fleet FLEET GATEWAY POLICY LOAD_ARGS...: a fresh simulated fleet (cold
+# caches) and a gateway running POLICY over it, then pdlb load against the
+# gateway with the pods' /metrics for the hit rate; everything is stopped
+# afterwards. The fleet and gateway files are in bench/scenarios.
+live_fleet() {
+	local fleet=bench/scenarios/$1 gwfile=bench/scenarios/$2 policy=$3 flog glog cfg fpid gpid i pods
+	shift 3
+	flog=$(mktemp) glog=$(mktemp) cfg=$(mktemp --suffix=.yaml)
+	sed "s/POLICY/$policy/" "$gwfile" >"$cfg"
+	"$PDLB" fleet --config "$fleet" >"$flog" 2>&1 &
+	fpid=$!
+	for i in $(seq 100); do
+		[ "$(grep -c '127.0.0.1:' "$flog")" -ge "$(grep -c 'listen:' "$fleet")" ] && break
+		if ! kill -0 "$fpid" 2>/dev/null; then
+			printf '\nFAILED: pdlb fleet did not start:\n' | tee -a "$OUT"
+			tee -a "$OUT" <"$flog"
+			FAILED=1
+			rm -f "$flog" "$glog" "$cfg"
+			return
+		fi
+		sleep 0.1
+	done
+	"$PDLB" serve --config "$cfg" --listen 127.0.0.1:19090 --admin 127.0.0.1:19091 >"$glog" 2>&1 &
+	gpid=$!
+	for i in $(seq 100); do
+		curl -sf http://127.0.0.1:19090/ready >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+	pods=$(sed -n 's/^ *- {name: [^,]*, model: [^,]*, address: "\([^"]*\)"}.*/http:\/\/\1\/metrics/p' "$gwfile" | paste -sd,)
+	record_as "pdlb load --target http://127.0.0.1:19090 $* (gateway policy $policy, fleet $fleet)" \
+		"$PDLB" load --target http://127.0.0.1:19090 --model m --metrics "$pods" "$@"
+	kill "$gpid" "$fpid" 2>/dev/null
+	wait "$gpid" "$fpid" 2>/dev/null
+	rm -f "$flog" "$glog" "$cfg"
+}
+
+scenario_routing() {
+	section "Live: cache-aware routing (issue 3)" "Seed 000's multi-turn chat (20 system prompts of 2,048 tokens, 400 sessions, +300 tokens a turn) at 40 req/s for 60 s through the gateway to 8 sim pods with seed 000's physics, once per policy, each on a fresh fleet. The hit rate is the pods' own (vllm:prefix_cache_hits_total / queries)."
+	local policy
+	for policy in random cache_aware slo_cache; do
+		live_fleet fleet8.yaml gateway8.yaml "$policy" --workload seed-chat --rate 40 --duration 60s --output-tokens 16
+	done
+}
+
+scenario_tokenload() {
+	section "Live: token-weighted load (issue 4)" "Seed 001's mixed case: 90% 100-token and 10% 30,000-token prompts at 12 req/s for 60 s over 4 sim pods, least_request against token_load, each on a fresh fleet."
+	local policy
+	for policy in least_request token_load; do
+		live_fleet fleet4.yaml gateway4.yaml "$policy" --workload mixed --long-fraction 0.1 --rate 12 --duration 60s --output-tokens 16
+	done
+}
+
+scenario_overload() {
+	section "Live: overload with admission (issue 6)" "Seed 000's chat on 8 sim pods slowed tenfold (2,000 prefill tokens/s) at 14 req/s, about twice what they serve within a 2 s TTFT, for 60 s, with admission on and then off: admitted requests should keep their TTFT under 2 s, the rest be refused at once (the 429 row), nothing lost."
+	live_fleet fleet8-slow.yaml gateway8-admission.yaml slo_cache --workload seed-chat --rate 14 --duration 60s --output-tokens 16 --ttft-slo 2
+	live_fleet fleet8-slow.yaml gateway8-slow.yaml slo_cache --workload seed-chat --rate 14 --duration 60s --output-tokens 16 --ttft-slo 2
 }
 
 machine() {

@@ -43,6 +43,9 @@ type Report struct {
 	TTFT Quantiles `json:"ttft_s"`
 	TPOT Quantiles `json:"tpot_s"`
 	E2E  Quantiles `json:"e2e_s"`
+	// Shed is the latency of the requests answered 429: how fast the
+	// gateway refuses what it cannot serve in time.
+	Shed Quantiles `json:"shed_s"`
 	// Classes is SLO attainment by priority class, for classes with
 	// requests.
 	Classes []ClassReport `json:"classes"`
@@ -123,7 +126,7 @@ func newReport(cfg Config, results []Result, elapsed time.Duration) *Report {
 	case Closed:
 		rep.Concurrency = cfg.Concurrency
 	}
-	var ttft, tpot, e2e []float64
+	var ttft, tpot, e2e, shed []float64
 	var tokens int
 	var classes [admit.NumClasses]ClassReport
 	var ttftMet, tpotMet, bothMet [admit.NumClasses]int
@@ -142,6 +145,9 @@ func newReport(cfg Config, results []Result, elapsed time.Duration) *Report {
 			}
 		case HTTPError:
 			rep.Errors[strconv.Itoa(r.Status)]++
+			if r.Status == 429 {
+				shed = append(shed, r.E2E)
+			}
 		case StreamError:
 			rep.Errors["stream"]++
 		case ConnectError:
@@ -158,7 +164,7 @@ func newReport(cfg Config, results []Result, elapsed time.Duration) *Report {
 		rep.RPS = float64(rep.Requests) / rep.Duration
 		rep.TokensPerSec = float64(tokens) / rep.Duration
 	}
-	rep.TTFT, rep.TPOT, rep.E2E = quantiles(ttft), quantiles(tpot), quantiles(e2e)
+	rep.TTFT, rep.TPOT, rep.E2E, rep.Shed = quantiles(ttft), quantiles(tpot), quantiles(e2e), quantiles(shed)
 	for i := range classes {
 		c := &classes[i]
 		if c.Requests == 0 {
@@ -203,7 +209,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, row := range []struct {
 		name string
 		q    Quantiles
-	}{{"TTFT", r.TTFT}, {"TPOT", r.TPOT}, {"e2e", r.E2E}} {
+	}{{"TTFT", r.TTFT}, {"TPOT", r.TPOT}, {"e2e", r.E2E}, {"429", r.Shed}} {
+		if row.q.N == 0 && row.name == "429" {
+			continue
+		}
 		fmt.Fprintf(&b, "%-10s %9s %9s %9s %9s %9d\n", row.name, ms(row.q.P50), ms(row.q.P90), ms(row.q.P99), ms(row.q.Max), row.q.N)
 	}
 	fmt.Fprintf(&b, "%-12s %8s %9s %9s %10s %10s %11s\n", "class", "requests", "TTFT SLO", "TPOT SLO", "TTFT met", "TPOT met", "attainment")
