@@ -9,10 +9,10 @@ package discovery
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 
 	"pdlb/lb/config"
 	"pdlb/lb/discovery/spec"
@@ -56,11 +56,11 @@ func New(d spec.Discovery, static []config.Pod, log *slog.Logger) (Source, error
 		sources = append(sources, NewDNS(s, net.DefaultResolver, log))
 	}
 	if d.Kubernetes != nil {
-		client, err := KubernetesClient(*d.Kubernetes)
+		pods, err := KubernetesPods(*d.Kubernetes)
 		if err != nil {
 			return nil, err
 		}
-		k, err := NewKubernetes(client, *d.Kubernetes, log)
+		k, err := NewKubernetes(pods, *d.Kubernetes, log)
 		if err != nil {
 			return nil, err
 		}
@@ -170,5 +170,5 @@ func sortByName(pods []Pod) {
 
 // hostPort joins a host and a port, bracketing IPv6 addresses.
 func hostPort(host string, port int) string {
-	return net.JoinHostPort(host, fmt.Sprint(port))
+	return net.JoinHostPort(host, strconv.Itoa(port))
 }

@@ -2,8 +2,14 @@ package discovery
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -12,11 +18,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"pdlb/lb/discovery/spec"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// fakePods is the fake clientset's pods client of one namespace; like the
+// clientset, it tells the reflector that it cannot stream a list's initial
+// events.
+type fakePods struct{ corev1client.PodInterface }
+
+func (fakePods) IsWatchListSemanticsUnSupported() bool { return true }
 
 // kpod makes a Running, Ready pod with an IP and seed 001's labels.
 func kpod(name, ip string, labels map[string]string, annotations map[string]string) *corev1.Pod {
@@ -44,7 +58,7 @@ type watcher struct {
 	done    chan error
 }
 
-func watch(t *testing.T, s Source) *watcher {
+func follow(t *testing.T, s Source) *watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{t: t, reports: make(chan []Pod, 64), done: make(chan error, 1)}
@@ -100,11 +114,11 @@ func TestKubernetesPodsComeAndGo(t *testing.T) {
 		kpod("p0", "10.0.0.1", pdLabels("prefill", "group-0"), nil),
 		kpod("unrelated", "10.0.0.9", map[string]string{"app": "redis"}, nil),
 	)
-	k, err := NewKubernetes(client, spec.Kubernetes{Namespace: "inference", Selector: spec.DefaultSelector}, quiet)
+	k, err := NewKubernetes(fakePods{client.CoreV1().Pods("inference")}, spec.Kubernetes{Namespace: "inference", Selector: spec.DefaultSelector}, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := watch(t, k)
+	w := follow(t, k)
 	w.expect("inference/p0 my-model vllm prefill group-0 10.0.0.1:8000")
 
 	pods := client.CoreV1().Pods("inference")
@@ -210,11 +224,11 @@ func TestKubernetesAnnotations(t *testing.T) {
 	)
 	var logged strings.Builder
 	var logMu sync.Mutex
-	k, err := NewKubernetes(client, spec.Kubernetes{Selector: spec.DefaultSelector}, slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil)))
+	k, err := NewKubernetes(fakePods{client.CoreV1().Pods("")}, spec.Kubernetes{Selector: spec.DefaultSelector}, slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := watch(t, k)
+	w := follow(t, k)
 	pods := w.expect(
 		"inference/c0 my-model vllm combined  10.0.0.3:8000",
 		"inference/d0 my-model vllm decode g0 10.0.0.2:8000",
@@ -252,8 +266,78 @@ func TestKubernetesAnnotations(t *testing.T) {
 }
 
 func TestNewKubernetesRejectsSelector(t *testing.T) {
-	_, err := NewKubernetes(fake.NewClientset(), spec.Kubernetes{Selector: "a in (b"}, quiet)
+	_, err := NewKubernetes(fakePods{fake.NewClientset().CoreV1().Pods("")}, spec.Kubernetes{Selector: "a in (b"}, quiet)
 	if err == nil || !strings.Contains(err.Error(), `discovery.kubernetes.selector = "a in (b"`) {
 		t.Fatalf("err = %v", err)
 	}
+}
+
+// TestKubernetesPodsOverHTTP runs the production client (kubeconfig, the
+// core/v1-only REST client, list then watch) against a fake API server on
+// loopback.
+func TestKubernetesPodsOverHTTP(t *testing.T) {
+	events := make(chan *corev1.Pod)
+	withKind := func(p *corev1.Pod) *corev1.Pod {
+		p.TypeMeta = metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"}
+		return p
+	}
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if r.URL.Path != "/api/v1/namespaces/inference/pods" || q.Get("labelSelector") != spec.DefaultSelector {
+			http.Error(w, "unexpected "+r.URL.String(), http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case q.Get("watch") == "" || q.Get("watch") == "false":
+			json.NewEncoder(w).Encode(&corev1.PodList{
+				TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"},
+				ListMeta: metav1.ListMeta{ResourceVersion: "1"},
+				Items:    []corev1.Pod{*withKind(kpod("p0", "10.0.0.1", pdLabels("prefill", "g0"), nil))},
+			})
+		case q.Get("sendInitialEvents") == "true":
+			// An API server without streaming lists: the reflector lists.
+			http.Error(w, "sendInitialEvents is not supported", http.StatusBadRequest)
+		default:
+			w.(http.Flusher).Flush()
+			for {
+				select {
+				case <-r.Context().Done():
+					return
+				case p := <-events:
+					json.NewEncoder(w).Encode(map[string]any{"type": "ADDED", "object": p})
+					w.(http.Flusher).Flush()
+				}
+			}
+		}
+	}))
+	t.Cleanup(api.Close)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: test, cluster: {server: %q}}]
+users: [{name: test, user: {}}]
+contexts: [{name: test, context: {cluster: test, user: test}}]
+current-context: test
+`, api.URL), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := spec.Kubernetes{Namespace: "inference", Selector: spec.DefaultSelector, Kubeconfig: kubeconfig}
+	pods, err := KubernetesPods(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := NewKubernetes(pods, s, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := follow(t, k)
+	w.expect("inference/p0 my-model vllm prefill g0 10.0.0.1:8000")
+	d0 := withKind(kpod("d0", "10.0.0.2", pdLabels("decode", "g0"), nil))
+	d0.ResourceVersion = "2"
+	events <- d0
+	w.expect(
+		"inference/d0 my-model vllm decode g0 10.0.0.2:8000",
+		"inference/p0 my-model vllm prefill g0 10.0.0.1:8000",
+	)
 }
