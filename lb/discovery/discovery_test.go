@@ -37,7 +37,7 @@ func pod(name, model string) Pod {
 func TestUnionMergesLatestLists(t *testing.T) {
 	a, b := newScripted(), newScripted()
 	static := []config.Pod{{Name: "s1", Model: "m"}, {Name: "s0", Model: "m"}}
-	w := watch(t, Union(quiet, Static(static), a, b))
+	w := follow(t, Union(quiet, Static(static), a, b))
 	// Static pods are reported at once, sorted.
 	w.expect("s0 m    ", "s1 m    ")
 	a.lists <- []Pod{pod("a1:1", "m"), pod("a0:1", "m")}
@@ -62,7 +62,7 @@ func TestUnionStopsOnError(t *testing.T) {
 }
 
 func TestUnionOfNothing(t *testing.T) {
-	w := watch(t, Union(quiet))
+	w := follow(t, Union(quiet))
 	if got := w.next(); len(got) != 0 {
 		t.Fatalf("got %v", got)
 	}

@@ -145,7 +145,7 @@ func TestDNSARecords(t *testing.T) {
 	var logged strings.Builder
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
-	w := watch(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", KVEventsPort: 5557, Interval: 50 * time.Millisecond}, log))
+	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", KVEventsPort: 5557, Interval: 50 * time.Millisecond}, log))
 	pods := w.expect(
 		"127.0.0.11:8000 llama vllm combined  127.0.0.11:8000",
 		"[fd00::1]:8000 llama vllm combined  [fd00::1]:8000",
@@ -196,7 +196,7 @@ func TestDNSSRVRecords(t *testing.T) {
 			{Target: "pod-a.sgl.test.", Port: 30000, Priority: 1, Weight: 1},
 		}
 	})
-	w := watch(t, dnsSource(t, srv, spec.DNS{Name: name, Type: "srv", Model: "qwen", Engine: "sglang", Role: "prefill", Roleset: "g0", Interval: 50 * time.Millisecond}, quiet))
+	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Type: "srv", Model: "qwen", Engine: "sglang", Role: "prefill", Roleset: "g0", Interval: 50 * time.Millisecond}, quiet))
 	pods := w.expect(
 		"pod-a.sgl.test:30000 qwen sglang prefill g0 pod-a.sgl.test:30000",
 		"pod-b.sgl.test:30001 qwen sglang prefill g0 pod-b.sgl.test:30001",
