@@ -20,37 +20,17 @@ DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-3s}
 THREADS=${THREADS:-2}
 PROFILE=${PROFILE:-1}
-KEEP=${KEEP:-0}
 WORKERS=$(nproc)
-HZ=$(getconf CLK_TCK)
 
-STUB=127.0.0.1:18001
-PDLB=127.0.0.1:18002
-PDLB_ADMIN=127.0.0.1:18902
-NGINX=127.0.0.1:18004
-HAPROXY=127.0.0.1:18005
+NAME=proxybench
+# shellcheck source=harness.sh
+. "$HERE/harness.sh"
+take_port STUB
+take_port PDLB
+take_port PDLB_ADMIN
+take_port NGINX
+take_port HAPROXY
 API=/v1/chat/completions
-
-DIR=$(mktemp -d /tmp/pdlb-proxybench.XXXXXX)
-PIDS=()
-cleanup() {
-	local pid
-	for pid in "${PIDS[@]}"; do
-		kill "$pid" 2>/dev/null || true
-	done
-	for pid in "${PIDS[@]}"; do
-		wait "$pid" 2>/dev/null || true
-	done
-	if [ "$KEEP" = 1 ]; then
-		echo "scratch directory kept: $DIR" >&2
-	else
-		rm -rf "$DIR"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log() { echo "proxybench: $*" >&2; }
 
 # install_missing installs wrk, nginx and HAProxy from Debian's packages
 # when they are missing; nginx-light is nginx without modules the benchmark
@@ -68,31 +48,6 @@ install_missing() {
 	# where they do start, they listen on :80, not on our ports.
 	$sudo apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${pkgs[@]}" >&2 ||
 		log "WARNING: could not install ${pkgs[*]}; their rows will say so"
-}
-
-# wait_port waits until host:port accepts connections (10 s at most).
-wait_port() {
-	local host=${1%:*} port=${1##*:} i
-	for i in $(seq 100); do
-		if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
-			return 0
-		fi
-		sleep 0.1
-	done
-	log "nothing listens on $1"
-	return 1
-}
-
-# cpu_ticks prints the user+system clock ticks the given processes used
-# (all their threads). Fields 14 and 15 of /proc/PID/stat, counted after
-# the ")" that ends the command name, which may hold spaces.
-cpu_ticks() {
-	local total=0 pid f
-	for pid in "$@"; do
-		f=$(sed 's/.*) //' "/proc/$pid/stat")
-		total=$((total + $(echo "$f" | awk '{print $12 + $13}')))
-	done
-	echo "$total"
 }
 
 # to_ms converts a wrk duration (850.00us, 1.23ms, 1.02s) to milliseconds.
@@ -137,7 +92,7 @@ measure() {
 	p99=$(to_ms "$(awk '$1=="99%"{print $2}' "$out")")
 	bad=$(awk '/Non-2xx/{print $NF}' "$out")
 	sockerr=$(awk '/Socket errors/{print}' "$out")
-	cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v n="$reqs" 'BEGIN{printf "%.3f", d / hz / n * 1000}')
+	cpu=$(awk -v us="$(cpu_us_per "$t0" "$t1" "$reqs")" 'BEGIN{printf "%.3f", us / 1000}')
 	RPS[$label]=$rps
 	P99[$label]=$p99
 	local note=
@@ -175,7 +130,7 @@ run_pdlb() {
 	local label="pdlb $frontend, $policy"
 	(cd "$ROOT" && exec "$DIR/pdlb" "${args[@]}") 2>"$DIR/pdlb-$frontend-$policy.log" &
 	local pid=$!
-	PIDS+=("$pid")
+	started
 	if ! wait_port "$PDLB"; then
 		ROWS+=("| $label | failed to start: $(tail -1 "$DIR/pdlb-$frontend-$policy.log") | | | | | |")
 		return
@@ -199,7 +154,7 @@ HAVE_FRONTEND_FLAG=
 
 "$DIR/stub" --listen "$STUB" 2>"$DIR/stub.log" &
 STUB_PID=$!
-PIDS+=("$STUB_PID")
+started
 wait_port "$STUB"
 
 measure direct "stub --listen $STUB" "$STUB" "$STUB_PID"
@@ -220,7 +175,7 @@ if [ -x "$NGINX_BIN" ]; then
 		"$HERE/nginx.conf.tmpl" >"$DIR/nginx.conf"
 	"$NGINX_BIN" -p "$DIR" -c "$DIR/nginx.conf" 2>"$DIR/nginx.log" &
 	NGINX_PID=$!
-	PIDS+=("$NGINX_PID")
+	started
 	# The master and its workers: the workers do the proxying.
 	if wait_port "$NGINX"; then
 		measure nginx "nginx -c nginx.conf  # bench/proxy/nginx.conf.tmpl, $WORKERS workers" "$NGINX" \
@@ -239,7 +194,7 @@ if [ -x "$HAPROXY_BIN" ]; then
 		"$HERE/haproxy.cfg.tmpl" >"$DIR/haproxy.cfg"
 	"$HAPROXY_BIN" -db -f "$DIR/haproxy.cfg" 2>"$DIR/haproxy.log" &
 	HAPROXY_PID=$!
-	PIDS+=("$HAPROXY_PID")
+	started
 	if wait_port "$HAPROXY"; then
 		measure haproxy "haproxy -db -f haproxy.cfg  # bench/proxy/haproxy.cfg.tmpl, $WORKERS threads" "$HAPROXY" "$HAPROXY_PID"
 	else
@@ -255,7 +210,7 @@ direct=${RPS[direct]:-0}
 ratio() { awk -v a="${1:-0}" -v b="$2" 'BEGIN{ if (b > 0 && a > 0) printf "%.2f", a / b }'; }
 echo "### Proxy: 1 KB chat completion, wrk $CONNS connections, $DURATION after $WARMUP warm-up"
 echo
-echo "$(date -u +%Y-%m-%dT%H:%MZ), $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $WORKERS cores, $(go version | awk '{print $3}'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), nginx $("$NGINX_BIN" -v 2>&1 | sed 's|.*/||'), HAProxy $("$HAPROXY_BIN" -v 2>/dev/null | awk 'NR==1{print $3}')"
+echo "$(machine); $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), nginx $("$NGINX_BIN" -v 2>&1 | sed 's|.*/||'), HAProxy $("$HAPROXY_BIN" -v 2>/dev/null | awk 'NR==1{print $3}')."
 echo
 echo "Load: \`wrk $WRK_ARGS http://ADDR$API\` (ADDR: the row's listener); the stub is \`go run ./bench/proxy/stub\`."
 echo

@@ -11,8 +11,8 @@
 # Knobs (environment): STREAMS (10000; capped by the open-files limit, since
 # pdlb holds two sockets per stream), HOLD_EVENTS (30) and HOLD_INTERVAL (1s)
 # per held stream, DIAL_RATE (2000 streams/s), LAT_STREAMS (64), LAT_EVENTS
-# (200), LAT_INTERVAL (10ms) for the latency runs, KEEP (1: keep the scratch
-# directory).
+# (200), LAT_INTERVAL (10ms) for the latency runs, FRONTEND (pdlb's
+# --frontend; empty: its default), KEEP (1: keep the scratch directory).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,45 +23,15 @@ DIAL_RATE=${DIAL_RATE:-2000}
 LAT_STREAMS=${LAT_STREAMS:-64}
 LAT_EVENTS=${LAT_EVENTS:-200}
 LAT_INTERVAL=${LAT_INTERVAL:-10ms}
-KEEP=${KEEP:-0}
+FRONTEND=${FRONTEND:-}
 
-STUB=127.0.0.1:18101
-PDLB=127.0.0.1:18102
-PDLB_ADMIN=127.0.0.1:18912
+NAME=ssebench
+# shellcheck source=../proxy/harness.sh
+. "$ROOT/bench/proxy/harness.sh"
+take_port STUB
+take_port PDLB
+take_port PDLB_ADMIN
 API=/v1/chat/completions
-
-DIR=$(mktemp -d /tmp/pdlb-ssebench.XXXXXX)
-PIDS=()
-cleanup() {
-	local pid
-	for pid in "${PIDS[@]}"; do
-		kill "$pid" 2>/dev/null || true
-	done
-	for pid in "${PIDS[@]}"; do
-		wait "$pid" 2>/dev/null || true
-	done
-	if [ "$KEEP" = 1 ]; then
-		echo "scratch directory kept: $DIR" >&2
-	else
-		rm -rf "$DIR"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log() { echo "ssebench: $*" >&2; }
-
-wait_port() {
-	local host=${1%:*} port=${1##*:} i
-	for i in $(seq 100); do
-		if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
-			return 0
-		fi
-		sleep 0.1
-	done
-	log "nothing listens on $1"
-	return 1
-}
 
 # field prints a number of the client's "result {json}" line in file $1.
 field() { sed -n "s/^result .*\"$2\":\([-0-9.e+]*\).*/\1/p" "$1"; }
@@ -88,11 +58,12 @@ log "building pdlb, the stub and the client"
 	go build -o "$DIR/client" ./bench/sse/client)
 
 "$DIR/stub" --listen "$STUB" 2>"$DIR/stub.log" &
-PIDS+=($!)
+started
 PDLB_CMD=(serve --config bench/sse/pdlb.yaml --pod "model=bench,address=$STUB" --listen "$PDLB" --admin "$PDLB_ADMIN")
+[ -n "$FRONTEND" ] && PDLB_CMD+=(--frontend "$FRONTEND")
 (cd "$ROOT" && exec "$DIR/pdlb" "${PDLB_CMD[@]}") 2>"$DIR/pdlb.log" &
 PDLB_PID=$!
-PIDS+=("$PDLB_PID")
+started
 wait_port "$STUB"
 wait_port "$PDLB"
 
@@ -100,7 +71,9 @@ wait_port "$PDLB"
 LAT_ARGS="--streams $LAT_STREAMS --events $LAT_EVENTS --interval $LAT_INTERVAL"
 log "latency: $LAT_ARGS, direct then through pdlb"
 "$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct.txt"
+LAT_T0=$(cpu_ticks "$PDLB_PID")
 "$DIR/client" --url "http://$PDLB$API" $LAT_ARGS >"$DIR/lat-pdlb.txt"
+LAT_T1=$(cpu_ticks "$PDLB_PID")
 
 # Memory: idle (after the latency runs warmed pdlb up), then with N held.
 sleep 1
@@ -112,7 +85,8 @@ HOLD_ARGS="--streams $N --events $HOLD_EVENTS --interval $HOLD_INTERVAL --dial-r
 log "holding $N streams ($HOLD_ARGS)"
 "$DIR/client" --url "http://$PDLB$API" $HOLD_ARGS >"$DIR/hold.txt" 2>"$DIR/hold.log" &
 CLIENT_PID=$!
-PIDS+=("$CLIENT_PID")
+started
+HOLD_T0=$(cpu_ticks "$PDLB_PID")
 for _ in $(seq $((N / DIAL_RATE * 10 + 300))); do
 	grep -q '^open' "$DIR/hold.txt" && break
 	kill -0 "$CLIENT_PID" 2>/dev/null || break
@@ -124,8 +98,11 @@ HOLD_RSS=$(rss_kib "$PDLB_PID")
 HOLD_G=$(goroutines)
 HOLD_STACK=$(heap_stat Stack)
 HOLD_HEAP=$(heap_stat HeapInuse)
+curl -s -o "$DIR/hold.heap.pprof" "http://$PDLB_ADMIN/debug/pprof/heap?gc=1"
+HEAP_TOP=$(cd "$ROOT" && go tool pprof -sample_index=inuse_space -top -nodecount=15 "$DIR/pdlb" "$DIR/hold.heap.pprof" 2>/dev/null || true)
 log "held $HELD streams (failed $HELD_FAILED); waiting for them to end"
 wait "$CLIENT_PID" || true
+HOLD_T1=$(cpu_ticks "$PDLB_PID")
 
 per() { awk -v a="$1" -v b="$2" -v n="$3" -v d="$4" 'BEGIN{ if (n > 0) printf "%.1f", (b - a) / n / d }'; }
 us() { awk -v v="$1" 'BEGIN{printf "%.0f", v}'; }
@@ -139,20 +116,30 @@ first_err=$(sed -n 's/^result .*"first_error":"\([^"]*\)".*/\1/p' "$DIR/hold.txt
 CLIENT="go run ./bench/sse/client"
 echo "### SSE: $N concurrent streams through pdlb"
 echo
-echo "$(date -u +%Y-%m-%dT%H:%MZ), $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(nproc) cores, $(go version | awk '{print $3}'), open-files limit $FD_LIMIT."
+echo "$(machine); open-files limit $FD_LIMIT."
 echo "pdlb: \`pdlb ${PDLB_CMD[*]}\`; stub: \`go run ./bench/proxy/stub --listen $STUB\`."
 echo
 echo "| figure | value | target | command |"
 echo "| --- | ---: | --- | --- |"
 echo "| event latency direct, p50 / p99 µs | $(us "$d50") / $(us "$d99") | | \`$CLIENT --url http://$STUB$API $LAT_ARGS\` |"
 echo "| event latency through pdlb, p50 / p99 µs | $(us "$p50") / $(us "$p99") | | \`$CLIENT --url http://$PDLB$API $LAT_ARGS\` |"
+echo "| pdlb CPU per relayed event, µs | $(cpu_us_per "$LAT_T0" "$LAT_T1" "$(field "$DIR/lat-pdlb.txt" events)") | | utime+stime from /proc/PID/stat over the run above |"
 echo "| relay adds, p50 / p99 µs | $(diff_us "$d50" "$p50") / $(diff_us "$d99" "$p99") | ≤ 50 µs p99 | the two rows above |"
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
 echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"
+echo "| pdlb CPU per relayed event while holding them, µs | $(cpu_us_per "$HOLD_T0" "$HOLD_T1" "$hold_events") | | includes opening and closing the streams |"
 echo "| pdlb VmRSS idle → holding, MiB | $((IDLE_RSS / 1024)) → $((HOLD_RSS / 1024)) | | /proc/PID/status |"
 echo "| **RSS per stream, KiB** | **$(per "$IDLE_RSS" "$HOLD_RSS" "$HELD" 1)** | ≤ 16 KiB | (holding − idle) / streams |"
 echo "| of which goroutine stacks, KiB | $(per "$IDLE_STACK" "$HOLD_STACK" "$HELD" 1024) ($(per "$IDLE_G" "$HOLD_G" "$HELD" 1) goroutines) | | /debug/pprof/goroutine, MemStats.StackInuse |"
 echo "| of which live heap, KiB | $(per "$IDLE_HEAP" "$HOLD_HEAP" "$HELD" 1024) | | MemStats.HeapInuse after GC (/debug/pprof/heap?gc=1) |"
+if [ -n "$HEAP_TOP" ]; then
+	echo
+	echo "Live heap of pdlb holding the streams, by allocation site (\`go tool pprof -sample_index=inuse_space -top\`):"
+	echo
+	echo '```'
+	echo "$HEAP_TOP" | sed -n '4,25p'
+	echo '```'
+fi
 if [ -n "$first_err" ]; then
 	echo
 	echo "First stream error: $first_err"

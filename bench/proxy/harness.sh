@@ -1,0 +1,75 @@
+# What bench/proxy/run.sh and bench/sse/run.sh share, sourced by both after
+# they set NAME: a scratch directory, the processes they start (every one
+# stopped on exit), free loopback ports, and CPU time from /proc.
+# KEEP=1 keeps the scratch directory (outputs, logs, profiles).
+
+DIR=$(mktemp -d "/tmp/pdlb-$NAME.XXXXXX")
+PIDS=()
+cleanup() {
+	local pid
+	for pid in "${PIDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${PIDS[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	if [ "${KEEP:-0}" = 1 ]; then
+		echo "scratch directory kept: $DIR" >&2
+	else
+		rm -rf "$DIR"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "$NAME: $*" >&2; }
+
+# started records the last background process for cleanup.
+started() { PIDS+=("$!"); }
+
+# take_port sets the variable named $1 to 127.0.0.1:PORT where nothing
+# listens. Ports come from 20000-29999, below Linux's ephemeral range, so no
+# outbound connection holds them; the start is random so that runs beside
+# other people's servers rarely collide.
+NEXT_PORT=$((20000 + RANDOM % 9000))
+take_port() {
+	while (exec 3<>"/dev/tcp/127.0.0.1/$NEXT_PORT") 2>/dev/null; do
+		NEXT_PORT=$((NEXT_PORT + 1))
+	done
+	printf -v "$1" '127.0.0.1:%d' "$NEXT_PORT"
+	NEXT_PORT=$((NEXT_PORT + 1))
+}
+
+# wait_port waits until host:port accepts connections (10 s at most).
+wait_port() {
+	local host=${1%:*} port=${1##*:} i
+	for i in $(seq 100); do
+		if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	log "nothing listens on $1"
+	return 1
+}
+
+# cpu_ticks prints the user+system clock ticks the given processes used, all
+# their threads: fields 14 and 15 of /proc/PID/stat, counted after the ")"
+# that ends the command name, which may hold spaces.
+cpu_ticks() {
+	local total=0 pid
+	for pid in "$@"; do
+		total=$((total + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')))
+	done
+	echo "$total"
+}
+
+# cpu_us_per prints microseconds of CPU per item: ticks before, after, items.
+cpu_us_per() {
+	awk -v d=$(($2 - $1)) -v hz="$(getconf CLK_TCK)" -v n="$3" 'BEGIN{ if (n > 0) printf "%.1f", d / hz / n * 1e6 }'
+}
+
+# machine prints the line that says where a table was measured.
+machine() {
+	echo "$(date -u +%Y-%m-%dT%H:%MZ), $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(nproc) cores, $(go version | awk '{print $3}'), load average at the end $(cut -d' ' -f1-3 /proc/loadavg) (shared cores: the load generator, the proxy and the upstream run on them together)"
+}
