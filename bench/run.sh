@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro sim plan live routing tokenload overload)
+SCENARIOS=(micro sim plan live routing tokenload overload proxy sse)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -147,7 +147,7 @@ live_fleet() {
 		curl -sf http://127.0.0.1:19090/ready >/dev/null 2>&1 && break
 		sleep 0.1
 	done
-	pods=$(sed -n 's/^ *- {name: [^,]*, model: [^,]*, address: "\([^"]*\)"}.*/http:\/\/\1\/metrics/p' "$gwfile" | paste -sd,)
+	pods=$(sed -n 's/^ *- {name: [^,]*, model: [^,]*, address: "\([^"]*\)".*/http:\/\/\1\/metrics/p' "$gwfile" | paste -sd,)
 	record_as "pdlb load --target http://127.0.0.1:19090 $* (gateway policy $policy, fleet $fleet)" \
 		"$PDLB" load --target http://127.0.0.1:19090 --model m --metrics "$pods" "$@"
 	kill "$gpid" "$fpid" 2>/dev/null
@@ -175,6 +175,16 @@ scenario_overload() {
 	section "Live: overload with admission (issue 6)" "Seed 000's chat on 8 sim pods slowed tenfold (2,000 prefill tokens/s) at 14 req/s, about twice what they serve within a 2 s TTFT, for 60 s, with admission on and then off: admitted requests should keep their TTFT under 2 s, the rest be refused at once (the 429 row), nothing lost."
 	live_fleet fleet8-slow.yaml gateway8-admission.yaml slo_cache --workload seed-chat --rate 14 --duration 60s --output-tokens 16 --ttft-slo 2
 	live_fleet fleet8-slow.yaml gateway8-slow.yaml slo_cache --workload seed-chat --rate 14 --duration 60s --output-tokens 16 --ttft-slo 2
+}
+
+scenario_proxy() {
+	section "Proxy: pdlb against nginx and HAProxy (issue 8)" "wrk, 2 threads, 64 connections, the same 1 KB chat completion, against a fasthttp stub directly and through each proxy, all on this machine's 2 cores (bench/proxy/run.sh)."
+	record bench/proxy/run.sh
+}
+
+scenario_sse() {
+	section "SSE: many long streams through pdlb (issue 8)" "Streams held at once, RSS per stream, and the latency the relay adds per event (bench/sse/run.sh)."
+	record bench/sse/run.sh
 }
 
 machine() {
