@@ -92,6 +92,10 @@ type Config struct {
 	// Redis, when Address is set, shares the decode ledger between gateway
 	// replicas.
 	Redis Redis `yaml:"redis"`
+	// PD holds the prefill/decode cascade's knobs (seed 001's AIBRIX_*
+	// variables, with their defaults and names in lower case without the
+	// prefix; see route.PDOptions), the defaults of every model's profiles.
+	PD route.PDOptions `yaml:"pd"`
 	// Models lists per-model settings; a model served by some pod but not
 	// listed gets every default.
 	Models []Model `yaml:"models"`
@@ -177,6 +181,20 @@ type Model struct {
 	// (default 16, vLLM's default block size). Pods' KV events may use any
 	// multiple of it.
 	BlockSize int `yaml:"block_size"`
+	// RoutingStrategy is "pd" (the prefill/decode cascade, with combined
+	// pods as fallback and overflow) or a policy name over the combined
+	// pods (default: "pd" when the model has prefill or decode pods, else
+	// the policy above). The routing-strategy request header overrides it.
+	RoutingStrategy string `yaml:"routing_strategy"`
+	// LockedRoutingStrategy, when set, is used whatever the
+	// routing-strategy header says (seed 001's lockedRoutingStrategy).
+	LockedRoutingStrategy string `yaml:"locked_routing_strategy"`
+	// DefaultProfile names the profile of requests without a known
+	// config-profile header (default "default", else the first).
+	DefaultProfile string `yaml:"default_profile"`
+	// Profiles are the model's routing profiles (default: one, "default",
+	// with the pd section's knobs).
+	Profiles []Profile `yaml:"profiles"`
 }
 
 // Pod is one inference pod.
@@ -215,6 +233,10 @@ type Pod struct {
 	// PrefillTokensPerSec is the pod's prefill speed on uncached tokens the
 	// gateway assumes until it has measured it (default 20,000).
 	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
+	// BootstrapPort is an SGLang prefill pod's KV bootstrap port, where its
+	// decode pods fetch the KV (seed 001's model.aibrix.ai/sglang-bootstrap-port,
+	// default 8998); other engines ignore it.
+	BootstrapPort int `yaml:"bootstrap_port"`
 }
 
 // Default returns a configuration with every default and no pods.
@@ -240,6 +262,7 @@ func Default() Config {
 			DeferQueue:  admit.DefaultDeferQueue,
 		},
 		TokenLoad: ledger.DefaultConfig(),
+		PD:        route.DefaultPDOptions(),
 		Health: Health{
 			Interval:           DefaultHealthInterval,
 			Timeout:            DefaultHealthTimeout,
@@ -270,6 +293,9 @@ func quote(v any) string {
 // typo never leaves a setting silently at its default.
 func Load(path string) (Config, error) {
 	cfg := Default()
+	if err := cfg.ApplyEnv(os.LookupEnv); err != nil {
+		return cfg, err
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return cfg, err
@@ -351,6 +377,9 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
+	if err := c.PD.Validate(); err != nil {
+		return fmt.Errorf("%w: pd: %v", ErrInvalid, err)
+	}
 	models := map[string]bool{}
 	for i := range c.Models {
 		m := &c.Models[i]
@@ -387,6 +416,13 @@ func (c *Config) Validate() error {
 			return invalid(fmt.Sprintf("pods[%d].name", i), c.Pods[i].Name, fmt.Sprintf("is also the name of pods[%d]", j))
 		}
 		names[c.Pods[i].Name] = i
+	}
+	// Every listed model's profiles build, so a bad knob stops the start
+	// rather than the first request.
+	for i := range c.Models {
+		if _, err := c.Profiles(c.Models[i].Name); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -452,6 +488,12 @@ func (p *Pod) validate(field string) error {
 	if !(p.PrefillTokensPerSec > 0) {
 		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive")
 	}
+	if p.BootstrapPort < 0 || p.BootstrapPort > 65535 {
+		return invalid(field+".bootstrap_port", p.BootstrapPort, "must be a port, 1 to 65535 (0 means 8998)")
+	}
+	if p.BootstrapPort == 0 && k == engines.SGLang {
+		p.BootstrapPort = engines.DefaultBootstrapPort
+	}
 	return nil
 }
 
@@ -472,7 +514,7 @@ func checkAddr(field, addr string, emptyOK bool) error {
 
 // ParsePodFlag parses one --pod flag: comma-separated key=value pairs with
 // the keys of a pod in YAML (model, address, engine, role, roleset, name,
-// bucket_min, bucket_max, weight), e.g.
+// bucket_min, bucket_max, weight, bootstrap_port), e.g.
 // "model=llama,address=10.0.0.5:8000,engine=sglang".
 func ParsePodFlag(s string) (Pod, error) {
 	var p Pod
@@ -501,8 +543,10 @@ func ParsePodFlag(s string) (Pod, error) {
 			p.BucketMax, err = strconv.Atoi(v)
 		case "weight":
 			p.Weight, err = strconv.ParseFloat(v, 64)
+		case "bootstrap_port":
+			p.BootstrapPort, err = strconv.Atoi(v)
 		default:
-			return p, fmt.Errorf("%w: --pod %q: unknown key %q (known: model, address, engine, role, roleset, name, bucket_min, bucket_max, weight)", ErrInvalid, s, k)
+			return p, fmt.Errorf("%w: --pod %q: unknown key %q (known: model, address, engine, role, roleset, name, bucket_min, bucket_max, weight, bootstrap_port)", ErrInvalid, s, k)
 		}
 		if err != nil {
 			return p, fmt.Errorf("%w: --pod %q: %s = %q is not a number", ErrInvalid, s, k, v)

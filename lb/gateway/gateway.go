@@ -302,6 +302,12 @@ type exchange struct {
 	uncached  int64
 	idleStart bool
 	firstSeen bool
+
+	// policy, when set, replaces the model's policy for this request (a
+	// routing-strategy header naming one); pd is the prefill/decode
+	// exchange of a request the PD cascade routes.
+	policy route.Policy
+	pd     pdCall
 }
 
 var exchangePool = sync.Pool{New: func() any {
@@ -322,6 +328,8 @@ func releaseExchange(x *exchange) {
 	x.keys, x.looked = x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.id = 0, false, false, 0
 	x.class = admit.Interactive
+	x.policy = nil
+	x.pd.reset()
 	x.events.Reset()
 	x.counted.Reset()
 	exchangePool.Put(x)

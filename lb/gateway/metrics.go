@@ -48,6 +48,8 @@ type modelMetrics struct {
 	// prefix hit rate the router achieved.
 	promptTokens *metrics.Counter
 	cachedTokens *metrics.Counter
+	// pd are the prefill/decode exchange's series.
+	pd *pdMetrics
 }
 
 // gatewayMetrics holds every series of the gateway. Per-model series are
@@ -107,6 +109,7 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 			e2e:          m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_request_duration_seconds{model=%q}`, md.Name), e2eBuckets),
 			promptTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
 			cachedTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
+			pd:           newPDMetrics(m.set, md.Name),
 		}
 	}
 	m.models.Store(&next)
@@ -148,7 +151,7 @@ func writePods(w io.Writer, s *pool.Snapshot) {
 // passes `promtool check metrics` (tests/promtool_test.go runs it on a live
 // gateway). A series added without an entry here shows up there with an
 // empty HELP; writers that print their own HELP text need no entry.
-var metricsDoc = promtext.Merge(promtext.ProcessDoc, promtext.Doc{
+var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, promtext.Doc{
 	"pdlb_requests_total":                {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
 	"pdlb_requests_in_flight":            {Help: "Requests the gateway is serving now."},
 	"pdlb_time_to_first_token_seconds":   {Help: "Time from a streaming request's arrival to its first token event, in seconds."},

@@ -59,40 +59,58 @@ func (g *Gateway) pick(m *pool.Model, x *exchange, session string) *pool.Pod {
 		if !p.Available(now) || tried(x.tried, p.ID) {
 			continue
 		}
-		c := route.Candidate{
-			Pod:                 p.ID,
-			InFlight:            int(p.InFlight()),
-			Weight:              p.Config.Weight,
-			QueuedPrefillTokens: float64(p.QueuedPrefill()),
-			PrefillTokensPerSec: p.Speed.TokensPerSec(),
-		}
-		if m.UsesCache {
-			c.CachedTokens = min(int(x.depth[p.Slot])*m.BlockSize, x.rreq.PromptTokens)
-		}
-		active, kv := g.ledger.Prefill(p.ID)
-		c.ActiveTokens, c.KVTokens = float64(active), float64(kv)
-		if s := p.Scraped(); s != nil {
-			c.HasMetrics = true
-			c.Running, c.Waiting, c.KVUsage = int(s.Running), int(s.Waiting), s.KVUsage
-		}
-		x.cands = append(x.cands, c)
+		x.cands = append(x.cands, g.candidate(m, x, p))
 		x.pods = append(x.pods, p)
 	}
 	if cap(x.scratch) < len(x.cands) {
 		x.scratch = make([]float64, len(x.cands))
 	}
-	i := m.Policy.Pick(&x.rreq, x.cands, x.scratch[:len(x.cands)])
+	policy := m.Policy
+	if x.policy != nil {
+		policy = x.policy
+	}
+	i := policy.Pick(&x.rreq, x.cands, x.scratch[:len(x.cands)])
 	if i < 0 {
 		return nil
 	}
 	x.chosen = x.cands[i]
+	prompt := promptOf(m, x, session)
+	g.ledger.Charge(x.id, x.pods[i].ID, -1, &prompt, g.ledger.Now())
+	return x.pods[i]
+}
+
+// promptOf is x's prompt as the ledger charges it, matched against the
+// chosen candidate's prefix.
+func promptOf(m *pool.Model, x *exchange, session string) ledger.Prompt {
 	prompt := ledger.Prompt{Tokens: int64(x.rreq.PromptTokens), Model: m.Name, SessionKey: session}
 	if m.UsesCache && x.rreq.PromptTokens > 0 {
 		prompt.Matched = true
 		prompt.MatchPct = 100 * float64(x.chosen.CachedTokens) / float64(x.rreq.PromptTokens)
 	}
-	g.ledger.Charge(x.id, x.pods[i].ID, -1, &prompt, g.ledger.Now())
-	return x.pods[i]
+	return prompt
+}
+
+// candidate is pod p of m as the policies see it for x: load, prefix
+// match, ledger charges and last scrape. The caller holds the ledger's
+// selection lock.
+func (g *Gateway) candidate(m *pool.Model, x *exchange, p *pool.Pod) route.Candidate {
+	c := route.Candidate{
+		Pod:                 p.ID,
+		InFlight:            int(p.InFlight()),
+		Weight:              p.Config.Weight,
+		QueuedPrefillTokens: float64(p.QueuedPrefill()),
+		PrefillTokensPerSec: p.Speed.TokensPerSec(),
+	}
+	if m.UsesCache {
+		c.CachedTokens = min(int(x.depth[p.Slot])*m.BlockSize, x.rreq.PromptTokens)
+	}
+	active, kv := g.ledger.Prefill(p.ID)
+	c.ActiveTokens, c.KVTokens = float64(active), float64(kv)
+	if s := p.Scraped(); s != nil {
+		c.HasMetrics = true
+		c.Running, c.Waiting, c.KVUsage = int(s.Running), int(s.Waiting), s.KVUsage
+	}
+	return c
 }
 
 func tried(ids []int32, id int32) bool {

@@ -73,6 +73,9 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		return
 	}
 	x.id = g.nextID.Add(1)
+	if g.routeByStrategy(ctx, x, m) {
+		return
+	}
 
 	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	g.buildUpstream(ctx, up)
@@ -84,7 +87,12 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, m, err)
 		return
 	}
+	g.respond(ctx, x, m, pod, resp)
+}
 
+// respond relays pod's response, whose headers are in, to the client and
+// finishes the request.
+func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response) {
 	// Headers are in: from here on the pod owes the client this response.
 	status := resp.StatusCode()
 	if status >= 500 {
@@ -114,7 +122,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		closeStream(resp, err)
 		ctx.Response.ResetBody()
 		g.podFailed(pod)
-		e := g.upstreamError(err)
+		e := g.streamError(x, err)
 		writeError(ctx, e)
 		status = e.Status
 	}
@@ -215,12 +223,14 @@ func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m
 	mm := g.metrics.model(m)
 	idle := g.cfg.Upstream.StreamIdleTimeout
 	var first, last time.Time
+	started := false
 	for {
 		if conn != nil {
-			_ = conn.SetReadDeadline(time.Now().Add(idle))
+			_ = conn.SetReadDeadline(g.readDeadline(x, idle, started))
 		}
 		n, err := stream.Read(x.buf)
 		if n > 0 {
+			started = true
 			x.events.Feed(x.buf[:n])
 			wrote := false
 			for {
@@ -259,7 +269,7 @@ func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m
 		}
 		if err != nil {
 			closeStream(resp, err)
-			e := g.upstreamError(err)
+			e := g.streamError(x, err)
 			_, _ = w.Write(openai.AppendErrorEvent(x.buf[:0], e))
 			_ = w.Flush()
 			return e.Status
@@ -281,6 +291,7 @@ const statusClientClosed = 499
 
 // finish ends a request that reached a pod.
 func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
+	g.endPD(x, pod, status)
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	g.prefillDone(x, pod, time.Now())
@@ -331,11 +342,16 @@ func isDialError(err error) bool {
 
 // upstreamError maps a failed exchange with a pod to the client's error.
 func (g *Gateway) upstreamError(err error) *openai.Error {
-	var ne net.Error
-	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
+	if isTimeout(err) {
 		return openai.UpstreamTimeout(g.cfg.Upstream.ResponseTimeout)
 	}
 	return openai.UpstreamError(err.Error())
+}
+
+// isTimeout reports whether err is a deadline that passed.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // asError maps any error of the request path to the OpenAI error returned.

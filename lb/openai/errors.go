@@ -54,6 +54,12 @@ func InvalidJSON() *Error {
 		Message: "We could not parse the JSON body of your request."}
 }
 
+// InvalidUTF8 is the 400 for a body that is not UTF-8, which JSON requires.
+func InvalidUTF8() *Error {
+	return &Error{Status: http.StatusBadRequest, Type: TypeInvalidRequest,
+		Message: "The request body is not valid UTF-8."}
+}
+
 // NotAnObject is the 400 for a JSON body whose top level is not an object.
 func NotAnObject() *Error {
 	return &Error{Status: http.StatusBadRequest, Type: TypeInvalidRequest,

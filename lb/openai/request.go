@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/bytedance/sonic"
 
@@ -186,6 +187,11 @@ func (r *Request) Parse(kind Kind, body []byte) error {
 	}
 	if !sonic.Valid(body) {
 		return InvalidJSON()
+	}
+	// JSON text is UTF-8 (RFC 8259) and sonic.Valid does not check it; an
+	// engine would choke on what we forwarded, so refuse it here.
+	if !utf8.Valid(body) {
+		return InvalidUTF8()
 	}
 	s := scanner{b: body}
 	s.ws()

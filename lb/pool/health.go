@@ -95,11 +95,12 @@ func (c *Checker) scrape(client *fasthttp.HostClient, p *Pod) {
 	if err := client.DoTimeout(req, resp, c.cfg.Timeout); err != nil || resp.StatusCode() != fasthttp.StatusOK {
 		return
 	}
+	now := time.Now()
+	p.updateDrain(now)
 	load, ok := engines.ParseMetrics(p.Engine, resp.Body())
 	if !ok {
 		return
 	}
-	now := time.Now()
 	s := &Scraped{Load: load, At: now, TokensPerSec: load.Throughput}
 	if prev := p.scraped.Load(); s.TokensPerSec < 0 && prev != nil && load.GeneratedTokens >= prev.GeneratedTokens && prev.GeneratedTokens >= 0 {
 		if dt := now.Sub(prev.At).Seconds(); dt > 0 {

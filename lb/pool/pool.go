@@ -35,6 +35,10 @@ type Pod struct {
 	// Slot is the pod's index among its model's pods (Model.Pods), its id
 	// in the model's prefix index.
 	Slot int32
+	// Role is the pod's part in prefill/decode disaggregation; Roleset
+	// indexes its model's Rolesets (-1 for a combined pod).
+	Role    route.PDRole
+	Roleset int32
 	*podState
 }
 
@@ -56,6 +60,7 @@ type podState struct {
 	// whose first token has not come back yet: its prefill queue.
 	queued         atomic.Int64
 	upstreamErrors atomic.Int64
+	pd             pdState
 }
 
 // UpstreamErrors counts the pod's failed exchanges.
@@ -133,6 +138,12 @@ type Model struct {
 	Pods []*Pod
 	// Combined are the pods that run whole requests.
 	Combined []*Pod
+	// Prefill and Decode are the model's prefill and decode pods, and
+	// Rolesets their roleset names by dense index.
+	Prefill, Decode []*Pod
+	Rolesets        []string
+	// Profiles resolve a request's routing strategy and PD cascade.
+	Profiles *route.ModelProfiles
 	Policy   route.Policy
 	// UsesCache says the policy reads prefix matches: requests are then
 	// looked up in Prefix.
@@ -199,6 +210,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			pod.podState = &podState{
 				Speed:  admit.NewPrefillSpeed(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha),
 				Client: newClient(cfg, pc.Address, func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) }),
+				pd:     newPDState(),
 			}
 			pod.healthy.Store(true)
 		}
@@ -210,8 +222,12 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			if err != nil {
 				return nil, err
 			}
+			profiles, err := cfg.Profiles(pc.Model)
+			if err != nil {
+				return nil, err
+			}
 			m = &Model{Name: pc.Model, Policy: pol, UsesCache: route.UsesCache(mc.Policy),
-				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model)}
+				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model), Profiles: profiles}
 			if pm := prev.model(pc.Model); pm != nil {
 				m.Index = pm.Index
 			} else {
@@ -226,8 +242,11 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 		if pc.Role == config.RoleCombined {
 			m.Combined = append(m.Combined, pod)
 		}
+		m.addPD(pod)
 	}
 	for _, m := range s.Models {
+		// The PD cascade's prefill scores read prefix matches.
+		m.UsesCache = m.UsesCache || len(m.Prefill) > 0
 		if pm := prev.model(m.Name); pm != nil && pm.BlockSize == m.BlockSize && samePods(pm.Pods, m.Pods) {
 			m.Prefix = pm.Prefix
 			continue

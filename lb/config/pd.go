@@ -1,0 +1,94 @@
+package config
+
+import (
+	"bytes"
+	"fmt"
+
+	"gopkg.in/yaml.v3"
+
+	"pdlb/lb/route"
+)
+
+// Profile is one named routing profile of a model (seed 001's config
+// profiles): a request picks it with the config-profile header, else the
+// model's default profile applies.
+type Profile struct {
+	// Name is what the config-profile header selects.
+	Name string `yaml:"name"`
+	// RoutingStrategy is "pd" or a policy name (default: the model's
+	// routing_strategy).
+	RoutingStrategy string `yaml:"routing_strategy"`
+	// PD overrides knobs of the gateway's pd section for this profile only,
+	// with the same names; the knobs it leaves out keep the pd section's
+	// values (seed 001: unset fields keep the environment default).
+	PD yaml.Node `yaml:"pd"`
+}
+
+// ApplyEnv sets the pd section's knobs from seed 001's AIBRIX_* variables
+// that lookup finds (pass os.LookupEnv). Load applies it before the file,
+// so the file wins; a caller building a configuration without a file
+// calls it after Default.
+func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
+	if err := c.PD.ApplyEnv(lookup); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+// hasPDPods says whether some pod of model plays the prefill or decode role.
+func (c *Config) hasPDPods(model string) bool {
+	for i := range c.Pods {
+		p := &c.Pods[i]
+		if p.Model == model && (p.Role == RolePrefill || p.Role == RoleDecode) {
+			return true
+		}
+	}
+	return false
+}
+
+// Profiles builds and freezes model's profile set: its profiles over the
+// pd section (one profile, "default", when it lists none), its locked
+// strategy and default profile. An empty routing strategy means "pd" for a
+// model with prefill or decode pods, else the model's own policy over its
+// combined pods. Call it on a validated configuration.
+func (c *Config) Profiles(model string) (*route.ModelProfiles, error) {
+	m := c.ModelFor(model)
+	strategy := m.RoutingStrategy
+	if strategy == "" && c.hasPDPods(model) {
+		strategy = route.StrategyPD
+	}
+	mp := &route.ModelProfiles{LockedRoutingStrategy: m.LockedRoutingStrategy, DefaultProfile: m.DefaultProfile}
+	if len(m.Profiles) == 0 {
+		mp.Profiles = []route.PDProfile{{Name: route.DefaultProfileName, RoutingStrategy: strategy, PD: c.PD}}
+	}
+	for i := range m.Profiles {
+		p := &m.Profiles[i]
+		rp := route.PDProfile{Name: p.Name, RoutingStrategy: p.RoutingStrategy, PD: c.PD}
+		if rp.RoutingStrategy == "" {
+			rp.RoutingStrategy = strategy
+		}
+		if err := decodeOverrides(&p.PD, &rp.PD); err != nil {
+			return nil, fmt.Errorf("%w: model %q: profiles[%d].pd: %v", ErrInvalid, model, i, err)
+		}
+		mp.Profiles = append(mp.Profiles, rp)
+	}
+	if err := mp.Freeze(); err != nil {
+		return nil, fmt.Errorf("%w: model %q: %v", ErrInvalid, model, err)
+	}
+	return mp, nil
+}
+
+// decodeOverrides decodes node over o strictly: a knob name the pd section
+// does not have is an error, as in the file itself.
+func decodeOverrides(node *yaml.Node, o *route.PDOptions) error {
+	if node.Kind == 0 {
+		return nil
+	}
+	raw, err := yaml.Marshal(node)
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	return dec.Decode(o)
+}

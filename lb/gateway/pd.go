@@ -1,0 +1,364 @@
+package gateway
+
+import (
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/route"
+	"pdlb/ledger"
+)
+
+// Prefill/decode disaggregation on the request path. A model's profiles
+// resolve each request's strategy; "pd" runs route.PDRouter.Decide over
+// every pod of the model, and the decision is carried out here:
+//
+//	PDCombined  the whole request to a combined pod (fallback, overflow)
+//	PDLocal     the whole request to the decode pod, which prefills itself
+//	PDPair      the engine's exchange (pd_exchange.go): a prefill leg and a
+//	            decode leg whose response the client gets
+//
+// A pod that refused the connection received nothing, so the request is
+// decided again without it, at most Upstream.Retries times, as on the
+// combined path.
+
+// Headers of PD answers (seed 001's x-error-pd-* distinguish a gateway's
+// PD failure from a 5xx the decode pod itself sent).
+const (
+	headerPrefillPod   = "x-pdlb-prefill-pod"
+	headerDecodePod    = "x-pdlb-decode-pod"
+	headerPrefillError = "x-error-pd-prefill"
+	headerDecodeError  = "x-error-pd-decode"
+)
+
+// pdCall is one request's PD state, part of the pooled exchange. Only the
+// request's own goroutine touches it; what the legs running beside it
+// share lives in a pdLink.
+type pdCall struct {
+	opts    route.PDOptions
+	metrics *pdMetrics
+	proto   engines.Protocol
+	ex      engines.Exchange
+	scratch route.PDScratch
+	cands   []route.PDCandidate
+	pods    []*pool.Pod
+	prompt  ledger.Prompt
+	// pre and dec are the pair of a PDPair decision (dec alone for
+	// PDLocal); ticket is dec's pending-decode pick.
+	pre, dec *pool.Pod
+	ticket   route.PendingTicket
+	// active: a PDPair exchange is under way, so the decode watchdog
+	// applies and endPD has work to do.
+	active bool
+	// watched: the deadline of the decode leg's current read is the
+	// watchdog's, so a timeout is the watchdog firing.
+	watched bool
+	// prefillEnd is when the prefill leg answered (sequential protocols;
+	// concurrent ones publish it in link).
+	prefillEnd time.Time
+	legsStart  time.Time
+	link       *pdLink
+	// ctx is the client's request, for the watchdog's header on a
+	// non-streaming answer.
+	ctx                       *fasthttp.RequestCtx
+	preBody, decBody, preResp []byte
+}
+
+// reset readies p for the next request; the exchange pool calls it.
+func (p *pdCall) reset() {
+	p.ticket.Done()
+	if p.link != nil {
+		p.link.release()
+	}
+	clear(p.pods)
+	p.proto, p.ex, p.link, p.ctx, p.pre, p.dec, p.metrics = nil, engines.Exchange{}, nil, nil, nil, nil, nil
+	p.active, p.watched, p.prompt = false, false, ledger.Prompt{}
+	p.cands, p.pods = p.cands[:0], p.pods[:0]
+}
+
+// pdFailure is a PD attempt that answered nothing: the error for the
+// client, the x-error-pd-* header it carries, and whether the request may
+// be decided again (a pod refused the connection, or the pair was dropped
+// before any leg was sent).
+type pdFailure struct {
+	err    *openai.Error
+	header string
+	retry  bool
+}
+
+// routeByStrategy resolves x's profile and strategy on m. It serves the
+// request and reports true when the strategy is "pd" (or the headers are
+// bad); a registry policy named by the header is left in x.policy for the
+// combined path.
+func (g *Gateway) routeByStrategy(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) bool {
+	if m.Profiles == nil {
+		return false
+	}
+	// The header strings are made only when a client sends them.
+	res, err := m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
+		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
+	if err != nil {
+		g.inFlight.Add(-1)
+		g.fail(ctx, x, m, openai.InvalidValue(route.HeaderRoutingStrategy, err.Error()))
+		return true
+	}
+	if res.PD != nil {
+		g.servePD(ctx, x, m, res.PD)
+		return true
+	}
+	x.policy = res.Policy
+	return false
+}
+
+// servePD routes x with r's cascade and carries the decision out.
+func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, r *route.PDRouter) {
+	p := &x.pd
+	p.opts, p.ctx, p.metrics = r.Options(), ctx, g.metrics.model(m).pd
+	session := sessionOf(ctx)
+	var last *pdFailure
+	for attempt := 0; attempt <= g.cfg.Upstream.Retries; attempt++ {
+		// Each attempt places the prompt anew.
+		x.firstSeen = false
+		d, err := g.decidePD(m, x, r, session)
+		if err != nil {
+			if last == nil {
+				last = &pdFailure{err: openai.NoHealthyPod(x.req.Model)}
+			}
+			break
+		}
+		switch d.Kind {
+		case route.PDPair:
+			last = g.runPair(ctx, x, m)
+		case route.PDLocal:
+			last = g.runWhole(ctx, x, m, p.dec)
+		default:
+			last = g.runWhole(ctx, x, m, p.pods[d.Combined])
+		}
+		if last == nil {
+			return
+		}
+		if !last.retry {
+			break
+		}
+	}
+	g.inFlight.Add(-1)
+	if last.header != "" {
+		ctx.Response.Header.Set(last.header, "true")
+	}
+	g.fail(ctx, x, m, last.err)
+}
+
+// decidePD runs the cascade over every pod of m not yet tried, under the
+// ledger's selection lock, and charges the decision: the prefill and
+// decode pods' ledgers and the decode pod's pending count, before any I/O,
+// so the next decision sees them.
+func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, session string) (route.PDDecision, error) {
+	p := &x.pd
+	p.ticket.Done()
+	g.lookup(m, x)
+	start := time.Now()
+	now := start.UnixNano()
+	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
+	g.ledger.LockSelection()
+	defer g.ledger.UnlockSelection()
+	lnow := g.ledger.Now()
+	p.cands, p.pods = p.cands[:0], p.pods[:0]
+	for _, pod := range m.Pods {
+		c := route.PDCandidate{
+			Candidate: g.candidate(m, x, pod),
+			Role:      pod.Role,
+			Roleset:   max(pod.Roleset, 0),
+			BucketMin: pod.Config.BucketMin,
+			BucketMax: pod.Config.BucketMax,
+			Down:      !pod.Available(now) || tried(x.tried, pod.ID),
+		}
+		if s := pod.Scraped(); s != nil {
+			c.GenTokensPerSec = s.TokensPerSec
+		}
+		if pod.Role == route.RoleDecode {
+			c.Pending, c.DrainRate, c.Line = pod.Pending(), pod.DrainRate(), pod.DecodeLine()
+			c.DecodeTokens, c.DecodeAgeSec = g.ledger.Decode(pod.ID, lnow)
+		}
+		p.cands = append(p.cands, c)
+		p.pods = append(p.pods, pod)
+	}
+	d, err := r.Decide(&x.rreq, p.cands, &p.scratch)
+	if err != nil {
+		return d, err
+	}
+	preID, decID := int32(-1), int32(-1)
+	p.pre, p.dec = nil, nil
+	switch d.Kind {
+	case route.PDPair:
+		p.pre, p.dec = p.pods[d.Prefill], p.pods[d.Decode]
+		x.chosen = p.cands[d.Prefill].Candidate
+		preID, decID = p.pre.ID, p.dec.ID
+	case route.PDLocal:
+		// The decode pod prefills the few tokens it lacks: both charges
+		// are its own.
+		p.dec = p.pods[d.Decode]
+		x.chosen = p.cands[d.Decode].Candidate
+		preID, decID = p.dec.ID, p.dec.ID
+	default:
+		x.chosen = p.cands[d.Combined].Candidate
+		preID = p.pods[d.Combined].ID
+	}
+	p.prompt = promptOf(m, x, session)
+	g.ledger.Charge(x.id, preID, decID, &p.prompt, lnow)
+	if p.dec != nil {
+		p.ticket = p.dec.Pending().Pick()
+	}
+	if pl := r.Planner(); pl != nil {
+		pl.Record(x.rreq.PromptTokens)
+	}
+	p.metrics.decided(d, time.Since(start))
+	return d, nil
+}
+
+// runWhole sends the client's request unchanged to pod (a combined pod, or
+// the decode pod of a PDLocal decision) and relays its answer.
+func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pod *pool.Pod) *pdFailure {
+	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	g.buildUpstream(ctx, up)
+	up.SetHost(pod.Config.Address)
+	g.place(m, x, pod)
+	err := pod.Client.DoTimeout(up, resp, g.cfg.Upstream.ResponseTimeout)
+	fasthttp.ReleaseRequest(up)
+	x.pd.ticket.Done()
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		g.unplace(x, pod)
+		g.podFailed(pod)
+		x.tried = append(x.tried, pod.ID)
+		return &pdFailure{err: g.upstreamError(err), retry: isDialError(err)}
+	}
+	if pod.Role == route.RoleDecode {
+		ctx.Response.Header.Set(headerDecodePod, pod.Config.Name)
+	}
+	g.respond(ctx, x, m, pod, resp)
+	return nil
+}
+
+// readDeadline is the deadline of the relay's next read from a stream:
+// the upstream idle timeout, or for the decode leg of a PD pair the
+// watchdog's (seed 001): the first chunk within DecodeFirstResponseTimeout
+// of the prefill's success, then at most DecodeStreamIdleTimeout between
+// chunks. A watchdog timeout that is 0 (off) leaves the upstream's.
+func (g *Gateway) readDeadline(x *exchange, idle time.Duration, started bool) time.Time {
+	now := time.Now()
+	p := &x.pd
+	if !p.active {
+		return now.Add(idle)
+	}
+	if p.link != nil && started {
+		p.link.started.Store(true)
+	}
+	switch {
+	case started && p.opts.DecodeStreamIdleTimeout > 0:
+		p.watched = true
+		return now.Add(p.opts.DecodeStreamIdleTimeout)
+	case !started && p.opts.DecodeFirstResponseTimeout > 0:
+		p.watched = true
+		return p.firstBy(p.opts.DecodeFirstResponseTimeout)
+	}
+	p.watched = false
+	return now.Add(idle)
+}
+
+// firstBy is when the decode leg's first answer is due: within limit of
+// the prefill's success. While a concurrent prefill leg is still running,
+// the bound is its own timeout plus limit; the prefill leg tightens it
+// when it succeeds (pdLink.prefillDone).
+func (p *pdCall) firstBy(limit time.Duration) time.Time {
+	if p.link != nil {
+		if end := p.link.prefillEnd.Load(); end != 0 {
+			return time.Unix(0, end).Add(limit)
+		}
+		return p.legsStart.Add(p.opts.PrefillRequestTimeout + limit)
+	}
+	return p.prefillEnd.Add(limit)
+}
+
+// streamError maps a failed read of an upstream response to the client's
+// error: the decode watchdog's when its deadline passed, else
+// upstreamError's.
+func (g *Gateway) streamError(x *exchange, err error) *openai.Error {
+	if l := x.pd.link; l != nil && x.pd.active {
+		if e := l.preErr.Load(); e != nil {
+			// The prefill leg failed and closed the decode leg.
+			if !x.req.Stream {
+				x.pd.ctx.Response.Header.Set(headerPrefillError, "true")
+			}
+			return e
+		}
+	}
+	if x.pd.active && x.pd.watched && isTimeout(err) {
+		if !x.req.Stream {
+			x.pd.ctx.Response.Header.Set(headerDecodeError, "true")
+		}
+		return g.decodeWatchdog(x)
+	}
+	return g.upstreamError(err)
+}
+
+// decodeWatchdog counts a request the watchdog failed, tells the decode
+// pod to drop it and returns the client's 504. The caller closes the
+// decode connection, which is the abort of engines without an abort call.
+func (g *Gateway) decodeWatchdog(x *exchange) *openai.Error {
+	p := &x.pd
+	p.metrics.watchdog.Inc()
+	g.abortDecode(p.proto, &p.ex, p.dec)
+	return &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
+		Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + p.dec.Config.Name + "."}
+}
+
+// endPD ends a PD exchange whose decode leg answered, before its response
+// is released; finish calls it.
+func (g *Gateway) endPD(x *exchange, pod *pool.Pod, status int) {
+	p := &x.pd
+	if p.link != nil {
+		// Before the connection goes back to the client pool, where a
+		// late prefill failure must not find it.
+		p.link.setDecConn(nil)
+	}
+	if !p.active {
+		return
+	}
+	p.active = false
+	if status == fasthttp.StatusOK && pod == p.dec {
+		pod.DecodeFinished()
+	}
+}
+
+// hostOf is the host part of a host:port address, without allocating.
+func hostOf(addr string) string {
+	for i := len(addr) - 1; i >= 0; i-- {
+		if addr[i] == ':' {
+			h := addr[:i]
+			if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
+				h = h[1 : len(h)-1]
+			}
+			return h
+		}
+	}
+	return addr
+}
+
+// podAnswered is the client's error for a prefill leg the pod answered
+// with status: the pod's own words, cut.
+func podAnswered(status int, body []byte) *openai.Error {
+	typ := openai.TypeServer
+	if status < 500 {
+		typ = openai.TypeInvalidRequest
+	}
+	const limit = 512
+	if len(body) > limit {
+		body = body[:limit]
+	}
+	return &openai.Error{Status: status, Type: typ, Message: "The prefill pod answered " + strconv.Itoa(status) + ": " + string(body)}
+}

@@ -1,0 +1,399 @@
+package lb_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"pdlb/engines"
+	"pdlb/engines/sim"
+	"pdlb/lb"
+	"pdlb/lb/config"
+	"pdlb/lb/route"
+)
+
+// The tests below run prefill/decode disaggregation end to end: sim pods
+// of every engine in the prefill, decode and combined roles, all with one
+// seed, behind a gateway on loopback.
+
+// pdEngine is one engine's exchange as a test drives it.
+type pdEngine struct {
+	name   string
+	engine engines.Kind
+	style  string // TensorRT-LLM's schedule style
+}
+
+var pdEngines = []pdEngine{
+	{"vllm", engines.VLLM, ""},
+	{"sglang", engines.SGLang, ""},
+	{"trtllm-context-first", engines.TRTLLM, route.TRTContextFirst},
+	{"trtllm-generation-first", engines.TRTLLM, route.TRTGenerationFirst},
+}
+
+// startSim starts one sim pod of model "m" in role; mutate adjusts it.
+func startSim(t *testing.T, e pdEngine, name, role string, mutate func(*sim.Config)) *sim.Pod {
+	t.Helper()
+	cfg := sim.Config{Name: name, Model: "m", Engine: e.engine, Role: role, Seed: 7, Speedup: 200,
+		DefaultMaxTokens: 16, KVScale: 1.0 / 4096}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	p, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// pdPod is p's entry in the gateway's configuration, at addr (its own
+// address unless a proxy stands in front of it).
+func pdPod(p *sim.Pod, addr, roleset string) config.Pod {
+	c := p.Config()
+	pod := config.Pod{Name: c.Name, Model: "m", Address: addr, Engine: string(c.Engine), Role: c.Role}
+	if c.Role != sim.RoleCombined {
+		pod.Roleset = roleset
+	}
+	if c.Engine == engines.SGLang && c.Role == sim.RolePrefill {
+		_, port, _ := net.SplitHostPort(p.KVXferAddr())
+		pod.BootstrapPort, _ = strconv.Atoi(port)
+	}
+	return pod
+}
+
+// pdGateway starts a gateway with e's schedule style; edit adjusts the
+// configuration further.
+func pdGateway(t *testing.T, e pdEngine, pods []config.Pod, edit func(*config.Config)) *lb.Server {
+	t.Helper()
+	return testGateway(t, pods, func(c *config.Config) {
+		if e.style != "" {
+			c.PD.TRTScheduleStyle = e.style
+		}
+		if edit != nil {
+			edit(c)
+		}
+	})
+}
+
+// pdAnswer is what a client compares: the text and the finish reason.
+type pdAnswer struct{ text, finish string }
+
+// askDirect sends body to a pod directly, as the reference answer.
+func askDirect(t *testing.T, addr, path, body string) pdAnswer {
+	t.Helper()
+	resp, err := client.Post("http://"+addr+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("direct %s: %d %s", path, resp.StatusCode, b)
+	}
+	return parseAnswer(t, resp, string(b))
+}
+
+// parseAnswer reads a whole or streamed completion answer.
+func parseAnswer(t *testing.T, resp *http.Response, body string) pdAnswer {
+	t.Helper()
+	type choice struct {
+		Text         string
+		Message      struct{ Content string }
+		Delta        struct{ Content string }
+		FinishReason *string `json:"finish_reason"`
+	}
+	var a pdAnswer
+	add := func(data string) {
+		var c struct{ Choices []choice }
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatalf("bad answer %q: %v", data, err)
+		}
+		for _, ch := range c.Choices {
+			a.text += ch.Text + ch.Message.Content + ch.Delta.Content
+			if ch.FinishReason != nil {
+				a.finish = *ch.FinishReason
+			}
+		}
+	}
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		add(body)
+		return a
+	}
+	done := false
+	readEvents(t, strings.NewReader(body), func(data string, _ time.Time) {
+		if data == "[DONE]" {
+			done = true
+		} else {
+			add(data)
+		}
+	})
+	if !done {
+		t.Fatalf("stream without [DONE]: %q", body)
+	}
+	return a
+}
+
+// pdBody is a request of path with a prompt long enough to span blocks.
+func pdBody(path string, stream bool, maxTokens int) string {
+	prompt := strings.Repeat("the prefill pod computes this prompt once ", 8)
+	if strings.Contains(path, "chat") {
+		return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":%v}`, prompt, maxTokens, stream)
+	}
+	return fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":%d,"stream":%v}`, prompt, maxTokens, stream)
+}
+
+// metricValue sums the samples of the admin page's series whose line
+// starts with prefix.
+func metricValue(t *testing.T, s *lb.Server, prefix string) float64 {
+	t.Helper()
+	sum := 0.0
+	for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", line, err)
+			}
+			sum += v
+		}
+	}
+	return sum
+}
+
+// ledgerSettles waits until no token ledger holds a charge.
+func ledgerSettles(t *testing.T, s *lb.Server) {
+	t.Helper()
+	waitFor(t, "the token ledgers to return to zero", func() bool {
+		return metricValue(t, s, "pd_token_load_active_tokens")+metricValue(t, s, "pd_token_load_kv_tokens")+
+			metricValue(t, s, "pd_token_load_decode_tokens") == 0
+	})
+}
+
+func TestPDAnswersEqualCombined(t *testing.T) {
+	for _, e := range pdEngines {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(comb, comb.Addr(), "")}, nil)
+			legs := int64(0)
+			for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+				for _, stream := range []bool{false, true} {
+					body := pdBody(path, stream, 12)
+					want := askDirect(t, comb.Addr(), path, body)
+					resp, b := post(t, s, path, body)
+					if resp.StatusCode != http.StatusOK {
+						t.Fatalf("%s stream=%v: %d %s", path, stream, resp.StatusCode, b)
+					}
+					if got := parseAnswer(t, resp, b); got != want || want.finish != "length" {
+						t.Fatalf("%s stream=%v: PD answer %+v, combined %+v", path, stream, got, want)
+					}
+					if p, d, pod := resp.Header.Get("x-pdlb-prefill-pod"), resp.Header.Get("x-pdlb-decode-pod"), resp.Header.Get("x-pdlb-pod"); p != "pre" || d != "dec" || pod != "dec" {
+						t.Fatalf("%s stream=%v: prefill %q, decode %q, pod %q", path, stream, p, d, pod)
+					}
+					legs++
+					waitFor(t, "the prefill pod to free the KV", func() bool { return pre.Stats().HeldKVBlocks == 0 })
+				}
+			}
+			if st := dec.Stats(); st.KVPulls != legs || st.KVPullFailures != 0 {
+				t.Fatalf("decode pod pulled %d times (%d failed), want %d", st.KVPulls, st.KVPullFailures, legs)
+			}
+			ledgerSettles(t, s)
+			if n := metricValue(t, s, `pdlb_pd_routed_total{model="m",kind="pair"}`); n != float64(legs) {
+				t.Fatalf("pdlb_pd_routed_total pair = %v, want %d", n, legs)
+			}
+		})
+	}
+}
+
+func TestPDDecodeKilledFallsBack(t *testing.T) {
+	for _, e := range pdEngines[:2] {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(comb, comb.Addr(), "")},
+				func(c *config.Config) { c.Health.Interval = time.Hour }) // the gateway learns of the death from the request
+			if err := dec.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			for _, stream := range []bool{false, true} {
+				path := "/v1/chat/completions"
+				body := pdBody(path, stream, 8)
+				want := askDirect(t, comb.Addr(), path, body)
+				resp, b := post(t, s, path, body)
+				if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-pod") != "comb" {
+					t.Fatalf("stream=%v: %d from %q: %s", stream, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				}
+				if got := parseAnswer(t, resp, b); got != want {
+					t.Fatalf("stream=%v: answer %+v, combined %+v", stream, got, want)
+				}
+			}
+			ledgerSettles(t, s)
+		})
+	}
+}
+
+func TestPDDecodeMovesToAnotherRoleset(t *testing.T) {
+	e := pdEngines[0]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	pre1 := startSim(t, e, "pre1", sim.RolePrefill, nil)
+	dec1 := startSim(t, e, "dec1", sim.RoleDecode, nil)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"),
+		pdPod(pre1, pre1.Addr(), "rs1"), pdPod(dec1, dec1.Addr(), "rs1")},
+		func(c *config.Config) { c.Health.Interval = time.Hour })
+	if err := dec.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 8))
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != "dec1" {
+			t.Fatalf("%d via %q/%q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), resp.Header.Get("x-pdlb-decode-pod"), b)
+		}
+	}
+	for _, p := range []*sim.Pod{pre, pre1} {
+		waitFor(t, "every prefill pod to free its KV", func() bool { return p.Stats().HeldKVBlocks == 0 })
+	}
+	ledgerSettles(t, s)
+}
+
+func TestPDPrefillKilledFailsFast(t *testing.T) {
+	for _, e := range pdEngines {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")},
+				func(c *config.Config) { c.Health.Interval = time.Hour })
+			// Warm the server-info cache of generation_first, then kill.
+			if resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 4)); resp.StatusCode != http.StatusOK {
+				t.Fatalf("warm-up: %d %s", resp.StatusCode, b)
+			}
+			if err := pre.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			for _, stream := range []bool{false, true} {
+				resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", stream, 8))
+				if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
+					t.Fatalf("stream=%v: %d %v %s", stream, resp.StatusCode, resp.Header, b)
+				}
+			}
+			waitFor(t, "the decode pod to drop what the failed prefill left", func() bool {
+				st := dec.Stats()
+				return st.Running+st.Waiting == 0 && st.UsedBlocks == 0
+			})
+			ledgerSettles(t, s)
+		})
+	}
+}
+
+// stallProxy stands in front of addr: it relays requests whole, and of
+// each data-path connection (not the gateway's health checks) only the
+// response headers, then nothing: a decode pod whose answer hangs after it
+// took the KV.
+func stallProxy(t *testing.T, addr string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { stallConn(c, addr) })
+		}
+	})
+	return ln.Addr().String()
+}
+
+func stallConn(c net.Conn, addr string) {
+	defer c.Close()
+	up, err := net.Dial("tcp", addr)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	br := bufio.NewReader(c)
+	head, err := br.Peek(1)
+	if err != nil || len(head) == 0 {
+		return
+	}
+	// A health check or scrape passes whole; its client names itself.
+	first, _ := br.Peek(br.Buffered())
+	health := bytes.Contains(first, []byte("pdlb-health"))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		// Either side closing ends both.
+		_, _ = io.Copy(up, br)
+		up.Close()
+		c.Close()
+	})
+	if health {
+		_, _ = io.Copy(c, up)
+		return
+	}
+	var got []byte
+	buf := make([]byte, 4096)
+	for {
+		n, err := up.Read(buf)
+		got = append(got, buf[:n]...)
+		if i := bytes.Index(got, []byte("\r\n\r\n")); i >= 0 {
+			_, _ = c.Write(got[:i+4])
+			_, _ = io.Copy(io.Discard, up)
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func TestPDDecodeWatchdog(t *testing.T) {
+	for _, e := range pdEngines[:2] {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			hung := stallProxy(t, dec.Addr())
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, hung, "rs0")}, func(c *config.Config) {
+				c.PD.DecodeFirstResponseTimeout = 300 * time.Millisecond
+				c.PD.DecodeResponseTimeout = 300 * time.Millisecond
+				// An abandoned concurrent decode leg that got no headers
+				// ends by its own bound, the prefill timeout plus the
+				// watchdog's: keep the test's short.
+				c.PD.PrefillRequestTimeout = time.Second
+			})
+			// A stream's headers reach the client before its first chunk is
+			// due, so the watchdog cuts it with an error event.
+			resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
+			if resp.StatusCode != http.StatusOK || !strings.Contains(b, "decode watchdog") {
+				t.Fatalf("stream: %d %s", resp.StatusCode, b)
+			}
+			resp, b = post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 8))
+			if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get("x-error-pd-decode") != "true" || !strings.Contains(b, "decode watchdog") {
+				t.Fatalf("whole: %d %v %s", resp.StatusCode, resp.Header, b)
+			}
+			if n := metricValue(t, s, `gateway_request_model_fail_total{model="m",status="pd_decode_watchdog",status_code="504"}`); n != 2 {
+				t.Fatalf("watchdog counted %v requests, want 2", n)
+			}
+			waitFor(t, "the prefill pod to free the KV and the decode pod its slots", func() bool {
+				st := dec.Stats()
+				return pre.Stats().HeldKVBlocks == 0 && st.Running+st.Waiting == 0 && st.UsedBlocks == 0
+			})
+			ledgerSettles(t, s)
+		})
+	}
+}
