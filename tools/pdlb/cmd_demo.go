@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"net"
+	"strconv"
 	"strings"
 
 	"pdlb/engines"
@@ -12,7 +14,10 @@ import (
 )
 
 // demoFleet is the simulated fleet of `pdlb demo`: one model per engine so
-// a person can try each wire format through the same gateway.
+// a person can try each wire format through the same gateway. Each model
+// has its combined pods and one prefill/decode roleset, so its requests
+// run the engine's disaggregated exchange (x-pdlb-prefill-pod and
+// x-pdlb-decode-pod name the pair) and overflow to the combined pods.
 var demoFleet = []struct {
 	model  string
 	engine engines.Kind
@@ -41,15 +46,14 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	var fc sim.FleetConfig
 	cfg := config.Default()
 	for _, m := range demoFleet {
-		for i := 0; i < m.pods; i++ {
-			fc.Pods = append(fc.Pods, sim.Config{
-				Name:    fmt.Sprintf("%s-%d", m.model, i),
-				Model:   m.model,
-				Engine:  m.engine,
-				Listen:  "127.0.0.1:0",
-				Speedup: speedup,
-			})
+		pod := func(name, role string) sim.Config {
+			// One seed per model: a PD answer equals a combined pod's.
+			return sim.Config{Name: name, Model: m.model, Engine: m.engine, Listen: "127.0.0.1:0", Speedup: speedup, Role: role}
 		}
+		for i := 0; i < m.pods; i++ {
+			fc.Pods = append(fc.Pods, pod(fmt.Sprintf("%s-%d", m.model, i), sim.RoleCombined))
+		}
+		fc.Pods = append(fc.Pods, pod(m.model+"-prefill-0", sim.RolePrefill), pod(m.model+"-decode-0", sim.RoleDecode))
 		if policy != "" {
 			cfg.Models = append(cfg.Models, config.Model{Name: m.model, Policy: policy})
 		}
@@ -60,13 +64,28 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	}
 	defer fleet.Close()
 	for _, p := range fleet.Pods() {
-		pc := p.Config()
-		cfg.Pods = append(cfg.Pods, config.Pod{Name: pc.Name, Model: pc.Model, Address: p.Addr(), Engine: string(pc.Engine)})
+		cfg.Pods = append(cfg.Pods, demoPod(p))
 	}
 	gf.apply(&cfg)
 	return serveUntilSignal(cfg, gf.shutdown, stdout, func(s *lb.Server) {
 		printDemo(stdout, s, fleet)
 	}, nil, "")
+}
+
+// demoPod is p's entry in the gateway's configuration: prefill and decode
+// pods pair up in roleset "rs0" of their model, and an SGLang prefill pod
+// announces the bootstrap port its sim picked.
+func demoPod(p *sim.Pod) config.Pod {
+	pc := p.Config()
+	c := config.Pod{Name: pc.Name, Model: pc.Model, Address: p.Addr(), Engine: string(pc.Engine), Role: pc.Role}
+	if pc.Role != sim.RoleCombined {
+		c.Roleset = "rs0"
+	}
+	if pc.Role == sim.RolePrefill && pc.Engine == engines.SGLang {
+		_, port, _ := net.SplitHostPort(p.KVXferAddr())
+		c.BootstrapPort, _ = strconv.Atoi(port)
+	}
+	return c
 }
 
 func printDemo(w io.Writer, s *lb.Server, fleet *sim.Fleet) {
@@ -77,11 +96,13 @@ func printDemo(w io.Writer, s *lb.Server, fleet *sim.Fleet) {
 	fmt.Fprintf(w, "pdlb demo: gateway on %s, admin on %s\n\nSimulated pods:\n", s.Addr(), s.AdminAddr())
 	for _, p := range fleet.Pods() {
 		pc := p.Config()
-		fmt.Fprintf(w, "  %-16s %-12s %-7s %s\n", pc.Name, pc.Model, pc.Engine, p.Addr())
+		fmt.Fprintf(w, "  %-22s %-12s %-7s %-9s %s\n", pc.Name, pc.Model, pc.Engine, pc.Role, p.Addr())
 	}
 	fmt.Fprintf(w, `
 Try:
   curl -N %[1]s/v1/chat/completions -d '{"model":"demo-vllm","messages":[{"role":"user","content":"hi"}],"stream":true}'
+  curl -i %[1]s/v1/chat/completions -d '{"model":"demo-trtllm","messages":[{"role":"user","content":"hi"}]}'   # x-pdlb-prefill-pod, x-pdlb-decode-pod
+  curl %[1]s/v1/chat/completions -H 'routing-strategy: least_request' -d '{"model":"demo-sglang","messages":[{"role":"user","content":"hi"}]}'   # combined pods only
   curl %[1]s/v1/completions -d '{"model":"demo-sglang","prompt":"Once upon a time","max_tokens":16}'
   curl %[1]s/v1/models
   curl %[2]s/metrics
