@@ -150,6 +150,10 @@ live_fleet() {
 	pods=$(sed -n 's/^ *- {name: [^,]*, model: [^,]*, address: "\([^"]*\)".*/http:\/\/\1\/metrics/p' "$gwfile" | paste -sd,)
 	record_as "pdlb load --target http://127.0.0.1:19090 $* (gateway policy $policy, fleet $fleet)" \
 		"$PDLB" load --target http://127.0.0.1:19090 --model m --metrics "$pods" "$@"
+	if curl -s http://127.0.0.1:19091/metrics | grep -q '^pdlb_shed_duration_seconds_count [1-9]'; then
+		record_as "curl -s http://127.0.0.1:19091/metrics | grep -E 'pdlb_shed_duration_seconds|pdlb_admission_requests_total' (the gateway's own view of its 429s)" \
+			sh -c "curl -s http://127.0.0.1:19091/metrics | grep -E '^(pdlb_shed_duration_seconds|pdlb_admission_requests_total)'"
+	fi
 	kill "$gpid" "$fpid" 2>/dev/null
 	wait "$gpid" "$fpid" 2>/dev/null
 	rm -f "$flog" "$glog" "$cfg"
@@ -172,9 +176,9 @@ scenario_tokenload() {
 }
 
 scenario_overload() {
-	section "Live: overload with admission (issue 6)" "Seed 000's chat on 8 sim pods slowed tenfold (2,000 prefill tokens/s) at 14 req/s, about twice what they serve within a 2 s TTFT, for 60 s, with admission on and then off: admitted requests should keep their TTFT under 2 s, the rest be refused at once (the 429 row), nothing lost."
-	live_fleet fleet8-slow.yaml gateway8-admission.yaml slo_cache --workload seed-chat --rate 14 --duration 60s --output-tokens 16 --ttft-slo 2
-	live_fleet fleet8-slow.yaml gateway8-slow.yaml slo_cache --workload seed-chat --rate 14 --duration 60s --output-tokens 16 --ttft-slo 2
+	section "Live: overload with admission (issue 6)" "Seed 000's chat on 8 sim pods slowed tenfold (2,000 prefill tokens/s) at 30 req/s, about twice what they serve within a 2 s TTFT, for 60 s, with admission on and then off: admitted requests should keep their TTFT under 2 s, the rest be refused at once (the 429 row), nothing lost."
+	live_fleet fleet8-slow.yaml gateway8-admission.yaml slo_cache --workload seed-chat --rate 30 --duration 60s --output-tokens 16 --ttft-slo 2
+	live_fleet fleet8-slow.yaml gateway8-slow.yaml slo_cache --workload seed-chat --rate 30 --duration 60s --output-tokens 16 --ttft-slo 2
 }
 
 scenario_proxy() {

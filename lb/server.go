@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"pdlb/lb/config"
+	"pdlb/lb/discovery"
 	"pdlb/lb/frontend"
 	"pdlb/lb/gateway"
+	"pdlb/lb/limits"
 )
 
 // Server is a running gateway.
@@ -25,6 +27,9 @@ type Server struct {
 	adminLn net.Listener
 	done    chan error
 	stopped chan struct{}
+	// discovery, when configured, runs until Shutdown cancels it.
+	stopDiscovery context.CancelFunc
+	discovered    chan struct{}
 }
 
 // Start validates cfg, binds its listeners and serves until Shutdown.
@@ -51,6 +56,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		MaxHeaderBytes: cfg.MaxHeaderBytes,
 		ReadTimeout:    cfg.ClientReadTimeout,
 		IdleTimeout:    cfg.ClientIdleTimeout,
+		WrapListener:   limits.NewConns(cfg.Access.Conns).Wrap,
 	})
 	if err != nil {
 		g.Close()
@@ -69,8 +75,14 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		case <-s.stopped:
 		}
 	}()
+	if cfg.Discovery.Enabled() {
+		if err := s.startDiscovery(cfg, log); err != nil {
+			s.Shutdown(context.Background())
+			return nil, err
+		}
+	}
 	if adminLn != nil {
-		s.admin = &http.Server{Handler: g.Admin(), ReadHeaderTimeout: 10 * time.Second}
+		s.admin = &http.Server{Handler: limits.AdminGuard(cfg.Access.AdminToken, g.Admin()), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := s.admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
 				s.done <- err
@@ -98,12 +110,49 @@ func (s *Server) Done() <-chan error { return s.done }
 // included) finish until ctx ends, then closes what is left.
 func (s *Server) Shutdown(ctx context.Context) error {
 	close(s.stopped)
+	if s.stopDiscovery != nil {
+		s.stopDiscovery()
+		<-s.discovered
+	}
 	err := s.front.ShutdownWithContext(ctx)
 	if s.admin != nil {
 		_ = s.admin.Shutdown(ctx)
 	}
 	s.Gateway.Close()
 	return err
+}
+
+// startDiscovery follows the configured sources, together with the static
+// pods, and hands every complete list to the gateway. A discovered pod that
+// fails validation is left out with a log line; the rest are served.
+func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
+	src, err := discovery.New(cfg.Discovery, cfg.Pods, log)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopDiscovery, s.discovered = cancel, make(chan struct{})
+	go func() {
+		defer close(s.discovered)
+		err := src.Run(ctx, func(found []discovery.Pod) {
+			pods := make([]config.Pod, 0, len(found))
+			for i := range found {
+				p := found[i].Pod
+				if err := p.Validate("discovered pod " + p.Name); err != nil {
+					log.Warn("discovered pod left out", "err", err)
+					continue
+				}
+				pods = append(pods, p)
+			}
+			if err := s.Gateway.SetPods(pods); err != nil {
+				log.Error("discovered fleet not applied", "err", err)
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			log.Error("discovery stopped", "err", err)
+		}
+	}()
+	return nil
 }
 
 // Reload applies a new fleet; see gateway.Gateway.Reload.

@@ -18,6 +18,8 @@ import (
 
 	"pdlb/engines"
 	"pdlb/lb/admit"
+	"pdlb/lb/discovery/spec"
+	"pdlb/lb/limits"
 	"pdlb/lb/route"
 	"pdlb/ledger"
 	"pdlb/radix"
@@ -30,6 +32,7 @@ const (
 	DefaultFrontend           = "fasthttp"
 	DefaultMaxBodyBytes       = 8 << 20
 	DefaultMaxHeaderBytes     = 8 << 10
+	DefaultMaxHeaders         = 100
 	DefaultClientReadTimeout  = 30 * time.Second
 	DefaultClientIdleTimeout  = 90 * time.Second
 	DefaultPolicy             = route.DefaultPolicy
@@ -71,6 +74,9 @@ type Config struct {
 	// MaxHeaderBytes is the largest request line and header block accepted
 	// (default 8 KiB); larger ones get 431.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// MaxHeaders is the most header fields a request may carry (default
+	// 100); more get 431.
+	MaxHeaders int `yaml:"max_headers"`
 	// ClientReadTimeout bounds reading one request's headers and body
 	// (default 30s), so a slow client cannot hold a connection; ClientIdleTimeout
 	// closes keep-alive connections idle this long (default 90s).
@@ -99,8 +105,15 @@ type Config struct {
 	// Models lists per-model settings; a model served by some pod but not
 	// listed gets every default.
 	Models []Model `yaml:"models"`
-	// Pods is the static fleet.
+	// Pods is the static fleet; discovery adds to it.
 	Pods []Pod `yaml:"pods"`
+	// Access holds client API keys with their rate limits (api_keys), the
+	// per-IP connection limits (limits) and the admin listener's bearer
+	// token (admin_token), inline at the top level.
+	Access limits.Config `yaml:",inline"`
+	// Discovery finds pods in Kubernetes (seed 001's labels and
+	// annotations) or DNS, and follows them as they come and go.
+	Discovery spec.Discovery `yaml:"discovery"`
 }
 
 // Upstream bounds the gateway's calls to pods.
@@ -247,6 +260,7 @@ func Default() Config {
 		Frontend:          DefaultFrontend,
 		MaxBodyBytes:      DefaultMaxBodyBytes,
 		MaxHeaderBytes:    DefaultMaxHeaderBytes,
+		MaxHeaders:        DefaultMaxHeaders,
 		ClientReadTimeout: DefaultClientReadTimeout,
 		ClientIdleTimeout: DefaultClientIdleTimeout,
 		Upstream: Upstream{
@@ -262,6 +276,7 @@ func Default() Config {
 			DeferQueue:  admit.DefaultDeferQueue,
 		},
 		TokenLoad: ledger.DefaultConfig(),
+		Access:    limits.DefaultConfig(),
 		PD:        route.DefaultPDOptions(),
 		Health: Health{
 			Interval:           DefaultHealthInterval,
@@ -334,6 +349,9 @@ func (c *Config) Validate() error {
 	if c.MaxHeaderBytes < 1024 {
 		return invalid("max_header_bytes", c.MaxHeaderBytes, "must be at least 1024")
 	}
+	if c.MaxHeaders <= 0 {
+		return invalid("max_headers", c.MaxHeaders, "must be positive")
+	}
 	if c.MaxInFlight < 0 {
 		return invalid("max_in_flight", c.MaxInFlight, "must not be negative (0 means no cap)")
 	}
@@ -404,12 +422,18 @@ func (c *Config) Validate() error {
 			return invalid(field+".block_size", m.BlockSize, "must be a positive number of tokens")
 		}
 	}
-	if len(c.Pods) == 0 {
-		return fmt.Errorf("%w: pods: no pods configured (give a config file with pods, or --pod)", ErrInvalid)
+	if err := c.Access.Validate(c.Admin); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := c.Discovery.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if len(c.Pods) == 0 && !c.Discovery.Enabled() {
+		return fmt.Errorf("%w: pods: no pods configured (give a config file with pods or discovery, or --pod)", ErrInvalid)
 	}
 	names := map[string]int{}
 	for i := range c.Pods {
-		if err := c.Pods[i].validate(fmt.Sprintf("pods[%d]", i)); err != nil {
+		if err := c.Pods[i].Validate(fmt.Sprintf("pods[%d]", i)); err != nil {
 			return err
 		}
 		if j, dup := names[c.Pods[i].Name]; dup {
@@ -427,7 +451,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-func (p *Pod) validate(field string) error {
+// Validate checks a pod, naming it field in errors, and fills the defaults
+// of its empty fields.
+func (p *Pod) Validate(field string) error {
 	if p.Model == "" {
 		return invalid(field+".model", p.Model, "must not be empty")
 	}

@@ -30,6 +30,10 @@ type Options struct {
 	// ReadTimeout bounds reading one request's headers and body (default
 	// 30s), so a slow client cannot hold a connection forever.
 	ReadTimeout time.Duration
+	// WrapListener, if set, wraps the fasthttp front end's listener (per-IP
+	// connection caps, idle deadlines); the gnet front end accepts on its
+	// own sockets and ignores it.
+	WrapListener func(net.Listener) net.Listener
 }
 
 // FastHTTP serves h on ln with fasthttp until ln is closed or Shutdown is

@@ -34,6 +34,9 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 		if err != nil {
 			return nil, err
 		}
+		if o.WrapListener != nil {
+			ln = o.WrapListener(ln)
+		}
 		s := &fastServer{Server: FastHTTP(h, o), ln: ln, done: make(chan error, 1)}
 		go func() {
 			if err := s.Serve(ln); err != nil {

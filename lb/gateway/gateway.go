@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"reflect"
 	"strconv"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
+	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -32,6 +34,8 @@ type Gateway struct {
 	checker *pool.Checker
 	metrics *gatewayMetrics
 	log     *slog.Logger
+	// keys are the clients' API keys and their limits (nil: none needed).
+	keys *limits.Keys
 	// ledger holds the token charges of every pod; admit is nil when
 	// admission is off.
 	ledger *ledger.Ledger
@@ -68,6 +72,9 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 			return nil, err
 		}
 	}
+	if g.keys, err = limits.NewKeys(cfg.Access.APIKeys); err != nil {
+		return nil, err
+	}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{Logger: log})
 	names := make([]string, len(snap.Pods))
 	for i, p := range snap.Pods {
@@ -80,6 +87,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
 	g.ledger.RegisterMetrics(g.metrics.set)
+	g.metrics.set.RegisterMetricsWriter(g.keys.WritePrometheus)
 	g.metrics.set.RegisterMetricsWriter(g.writeDynamicMetrics)
 	g.pool.Publish(snap)
 	g.checker = pool.StartChecker(snap, cfg.Health, log)
@@ -189,6 +197,12 @@ func (g *Gateway) Snapshot() *pool.Snapshot { return g.pool.Load() }
 
 // Handler serves the OpenAI API.
 func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
+	if n := ctx.Request.Header.Len(); n > g.cfg.MaxHeaders {
+		ctx.SetConnectionClose()
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
+			Message: "The request has " + strconv.Itoa(n) + " header fields; the limit is " + strconv.Itoa(g.cfg.MaxHeaders) + "."})
+		return
+	}
 	path := ctx.Path()
 	switch string(path) {
 	case "/v1/chat/completions":
@@ -225,6 +239,12 @@ func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 			Message: "The request's headers exceed the limit of " + strconv.Itoa(g.cfg.MaxHeaderBytes) + " bytes."})
 		return
 	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		writeError(ctx, &openai.Error{Status: fasthttp.StatusRequestTimeout, Type: openai.TypeInvalidRequest,
+			Message: "The request was not received within " + g.cfg.ClientReadTimeout.String() + "."})
+		return
+	}
 	writeError(ctx, &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "Malformed HTTP request: " + err.Error()})
 }
 
@@ -232,8 +252,14 @@ func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 // naming those that have none.
 func (g *Gateway) serveReady(ctx *fasthttp.RequestCtx) {
 	now := time.Now().UnixNano()
+	snap := g.pool.Load()
+	if len(snap.Models) == 0 {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString("no pods yet\n")
+		return
+	}
 	var missing []byte
-	for _, m := range g.pool.Load().Models {
+	for _, m := range snap.Models {
 		ok := false
 		for _, p := range m.Combined {
 			ok = ok || p.Available(now)
@@ -276,7 +302,10 @@ func renderModels(s *pool.Snapshot) *[]byte {
 // exchange is the per-request state, pooled so a request allocates nothing
 // the next one could reuse.
 type exchange struct {
-	req     *openai.Request
+	req *openai.Request
+	// key is the client's API key, nil when keys are off; releasing the
+	// exchange returns its concurrency slot and charges its output.
+	key     *limits.Key
 	id      uint64
 	class   admit.Class
 	rreq    route.Request
@@ -328,6 +357,10 @@ func releaseExchange(x *exchange) {
 	x.keys, x.looked = x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.id = 0, false, false, 0
 	x.class = admit.Interactive
+	if x.key != nil {
+		x.key.Done(time.Now(), x.counted.Tokens())
+		x.key = nil
+	}
 	x.policy = nil
 	x.pd.reset()
 	x.events.Reset()

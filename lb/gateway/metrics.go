@@ -8,6 +8,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"pdlb/lb/limits"
 	"pdlb/lb/pool"
 	"pdlb/ledger"
 	"pdlb/promtext"
@@ -34,6 +35,7 @@ func statusIndex(code int) int {
 var (
 	ttftBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60}
 	tpotBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1}
+	shedBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1, 1}
 	e2eBuckets  = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 )
 
@@ -62,6 +64,9 @@ type gatewayMetrics struct {
 	// request path reads it without a lock.
 	models  atomic.Pointer[[]*modelMetrics]
 	unknown []*metrics.Counter
+	// shed times the requests answered 429, from arrival to the answer:
+	// how fast the gateway refuses what it cannot serve in time.
+	shed *metrics.PrometheusHistogram
 }
 
 func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
@@ -70,6 +75,7 @@ func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
 	// client cannot create series by inventing model names.
 	m.unknown = m.requests("")
 	m.set.NewGauge("pdlb_requests_in_flight", func() float64 { return float64(inFlight.Load()) })
+	m.shed = m.set.NewPrometheusHistogramExt("pdlb_shed_duration_seconds", shedBuckets)
 	m.models.Store(&[]*modelMetrics{})
 	return m
 }
@@ -151,12 +157,13 @@ func writePods(w io.Writer, s *pool.Snapshot) {
 // passes `promtool check metrics` (tests/promtool_test.go runs it on a live
 // gateway). A series added without an entry here shows up there with an
 // empty HELP; writers that print their own HELP text need no entry.
-var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, promtext.Doc{
+var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.MetricsDoc, promtext.Doc{
 	"pdlb_requests_total":                {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
 	"pdlb_requests_in_flight":            {Help: "Requests the gateway is serving now."},
 	"pdlb_time_to_first_token_seconds":   {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
 	"pdlb_time_per_output_token_seconds": {Help: "Time per output token after the first of a streaming request, in seconds."},
 	"pdlb_request_duration_seconds":      {Help: "Time from a request's arrival to the end of its answer, in seconds."},
+	"pdlb_shed_duration_seconds":         {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
 	"pdlb_prompt_tokens_total":           {Help: "Prompt tokens of the requests placed on a pod."},
 	"pdlb_prefix_cached_tokens_total":    {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
 	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},

@@ -48,6 +48,9 @@ const (
 	serverInfoTTL     = time.Minute
 	serverInfoTimeout = 3 * time.Second
 	abortTimeout      = 2 * time.Second
+	// prefillGrace is how long a concurrent decode leg's error answer
+	// waits for the prefill leg's outcome.
+	prefillGrace = 250 * time.Millisecond
 )
 
 // runPair carries out a PDPair decision.
@@ -327,6 +330,24 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 				watchdog = t.C
 			}
 		case err := <-l.decDone:
+			if err == nil && resp.StatusCode() != fasthttp.StatusOK && preDone != nil {
+				// A decode leg whose KV never came fails too: when the
+				// prefill leg fails within moments, it names the cause.
+				select {
+				case f := <-preDone:
+					preDone = nil
+					if f != nil {
+						closeStream(resp, errAbandoned)
+						fasthttp.ReleaseResponse(resp)
+						p.dec.Release()
+						if f.retry {
+							x.tried = append(x.tried, p.pre.ID)
+						}
+						return g.dropPair(x, nil, f)
+					}
+				case <-time.After(prefillGrace):
+				}
+			}
 			if err == nil {
 				p.ticket.Done()
 				l.setDecConn(connOf(resp))

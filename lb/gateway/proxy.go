@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/frontend"
+	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 )
@@ -40,7 +41,10 @@ func isHopByHop(k []byte) bool {
 	return false
 }
 
-var pdlbPrefix = []byte("x-pdlb-")
+var (
+	pdlbPrefix    = []byte("x-pdlb-")
+	authorization = []byte(fasthttp.HeaderAuthorization)
+)
 
 // serveCompletion is the request path of /v1/chat/completions and
 // /v1/completions.
@@ -50,10 +54,20 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		return
 	}
 	x := acquireExchange()
+	key, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	if !d.OK() {
+		g.refuse(ctx, x, nil, d)
+		return
+	}
 	if err := x.req.Parse(kind, ctx.PostBody()); err != nil {
 		g.fail(ctx, x, nil, err)
 		return
 	}
+	if d = key.Admit(x.start, x.req.PromptTokens()); !d.OK() {
+		g.refuse(ctx, x, nil, d)
+		return
+	}
+	x.key = key
 	m := g.pool.Load().Model(x.req.Model)
 	if m == nil {
 		g.fail(ctx, x, nil, openai.ModelNotFound(x.req.Model))
@@ -118,7 +132,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	}
 	// A whole response: read it all before answering, so a pod that breaks
 	// midway still gets the client a clean 502 instead of a truncated body.
-	if _, err := io.Copy(ctx.Response.BodyWriter(), resp.BodyStream()); err != nil {
+	if _, err := io.CopyBuffer(ctx.Response.BodyWriter(), resp.BodyStream(), x.buf); err != nil {
 		closeStream(resp, err)
 		ctx.Response.ResetBody()
 		g.podFailed(pod)
@@ -181,11 +195,16 @@ func sessionOf(ctx *fasthttp.RequestCtx) string {
 // byte, the headers less hop-by-hop ones and any x-pdlb-* a client made up,
 // and an X-Request-Id, generated when the client sent none.
 func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
+	authorize := g.keys.Enabled()
 	up.Header.DisableNormalizing()
 	up.Header.SetMethod(fasthttp.MethodPost)
 	up.SetRequestURIBytes(ctx.Path())
 	ctx.Request.Header.VisitAll(func(k, v []byte) {
 		if isHopByHop(k) || (len(k) >= len(pdlbPrefix) && bytes.EqualFold(k[:len(pdlbPrefix)], pdlbPrefix)) {
+			return
+		}
+		// A client's key is the gateway's business, not the pods'.
+		if authorize && bytes.EqualFold(k, authorization) {
 			return
 		}
 		up.Header.AddBytesKV(k, v)
@@ -303,6 +322,15 @@ func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fastht
 	releaseExchange(x)
 }
 
+// refuse answers a request its API key does not allow now.
+func (g *Gateway) refuse(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, d limits.Decision) {
+	if n := d.RetryAfterSeconds(); n > 0 {
+		g.fail(ctx, x, m, &rejection{err: d.Error(), retryAfter: n})
+		return
+	}
+	g.fail(ctx, x, m, d.Error())
+}
+
 // fail answers a request that never reached a pod.
 func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err error) {
 	if x.id != 0 {
@@ -316,6 +344,9 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err
 	e := asError(err)
 	writeError(ctx, e)
 	g.metrics.countRequest(m, e.Status)
+	if e.Status == fasthttp.StatusTooManyRequests {
+		g.metrics.shed.Update(time.Since(x.start).Seconds())
+	}
 	releaseExchange(x)
 }
 

@@ -26,6 +26,7 @@ var commands = []command{
 	{"fleet", "run simulated engine pods from a YAML file", cmdFleet},
 	{"sim", "simulate routing and admission on a virtual fleet (seed 000 chat or a trace)", cmdSim},
 	{"load", "send LLM load to a gateway and report TTFT, TPOT and SLO attainment", cmdLoad},
+	{"apikey", "print a new client API key and its api_keys entry", cmdAPIKey},
 	{"plan", "print the xPyD each phase of load needs and the load under a static ratio (seed 000)", cmdPlan},
 }
 
