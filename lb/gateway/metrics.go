@@ -5,6 +5,7 @@ import (
 	"io"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -151,6 +152,8 @@ func writePods(w io.Writer, s *pool.Snapshot) {
 	})
 	family("pdlb_pod_in_flight", "gauge", (*pool.Pod).InFlight)
 	family("pdlb_pod_ejections_total", "counter", (*pool.Pod).Ejections)
+	now := time.Now().UnixNano()
+	family("pdlb_pod_circuit_state", "gauge", func(p *pool.Pod) int64 { return int64(p.Circuit(now)) })
 }
 
 // metricsDoc documents every family of the admin /metrics page, so it
@@ -170,6 +173,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.Metric
 	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
 	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},
 	"pdlb_pod_ejections_total":           {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
+	"pdlb_pod_circuit_state":             {Help: "The pod's circuit breaker: 0 closed, 1 open (ejected), 2 half-open (one probe request at a time)."},
 
 	// The token ledger's gauges: this replica's own charges, in tokens.
 	ledger.MetricActiveTokens: {Help: "Prompt tokens charged to the pod for prefill and not yet prefilled (token ledger)."},

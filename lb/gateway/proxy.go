@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"time"
@@ -174,12 +175,19 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 			break
 		}
 		g.log.Warn("pod refused a request; trying another", "pod", pod.Config.Name, "err", err)
+		// Back off a little, with jitter, so a fleet-wide hiccup is not
+		// met by every request retrying in lockstep.
+		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << attempt)))
 	}
 	if last == nil {
 		return nil, openai.NoHealthyPod(x.req.Model)
 	}
 	return nil, g.upstreamError(last)
 }
+
+// retryBackoff is the longest first wait before a retry (it doubles per
+// attempt); a retry goes to another pod, so it need not wait long.
+const retryBackoff = 5 * time.Millisecond
 
 // sessionOf returns the request's session key, "" when it has none. Only
 // requests that carry one pay for the string.

@@ -60,7 +60,9 @@ type podState struct {
 	// whose first token has not come back yet: its prefill queue.
 	queued         atomic.Int64
 	upstreamErrors atomic.Int64
-	pd             pdState
+	// halfOpen is set from an ejection until a request succeeds again.
+	halfOpen atomic.Bool
+	pd       pdState
 }
 
 // UpstreamErrors counts the pod's failed exchanges.
@@ -85,8 +87,34 @@ type Scraped struct {
 
 // Available reports whether the pod may receive traffic at now: its last
 // active check passed and it is not ejected.
+//
+// Passive ejection is a circuit breaker: closed while requests succeed, open
+// for the ejection time after threshold consecutive failures, then
+// half-open: one request at a time probes the pod until one succeeds
+// (closed again) or fails (open again at once).
 func (p *Pod) Available(now int64) bool {
-	return p.healthy.Load() && p.ejectedUntil.Load() <= now
+	if !p.healthy.Load() || p.ejectedUntil.Load() > now {
+		return false
+	}
+	return !p.halfOpen.Load() || p.inFlight.Load() == 0
+}
+
+// Circuit states, as the pdlb_pod_circuit_state gauge reports them.
+const (
+	CircuitClosed   = 0
+	CircuitOpen     = 1
+	CircuitHalfOpen = 2
+)
+
+// Circuit returns the pod's breaker state at now.
+func (p *Pod) Circuit(now int64) int {
+	switch {
+	case p.ejectedUntil.Load() > now:
+		return CircuitOpen
+	case p.halfOpen.Load():
+		return CircuitHalfOpen
+	}
+	return CircuitClosed
 }
 
 // Healthy reports the result of the pod's last active check.
@@ -112,17 +140,21 @@ func (p *Pod) Release() { p.inFlight.Add(-1) }
 func (p *Pod) Scraped() *Scraped { return p.scraped.Load() }
 
 // ReportSuccess records a request or check the pod answered properly.
-func (p *Pod) ReportSuccess() { p.fails.Store(0) }
+func (p *Pod) ReportSuccess() {
+	p.fails.Store(0)
+	p.halfOpen.Store(false)
+}
 
 // ReportFailure records a failed request at now; after threshold
 // consecutive failures the pod is ejected for d. It reports whether this
 // failure ejected it.
 func (p *Pod) ReportFailure(now int64, threshold int, d time.Duration) bool {
 	p.upstreamErrors.Add(1)
-	if int(p.fails.Add(1)) < threshold {
+	if int(p.fails.Add(1)) < threshold && !p.halfOpen.Load() {
 		return false
 	}
 	p.fails.Store(0)
+	p.halfOpen.Store(true)
 	p.ejectedUntil.Store(now + int64(d))
 	p.ejections.Add(1)
 	return true
