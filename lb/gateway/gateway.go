@@ -94,6 +94,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stop = cancel
 	g.background(func() { g.ledger.RunJanitor(ctx) })
+	g.background(func() { g.rebuildBuckets(ctx) })
 	if cfg.Redis.Address != "" && cfg.TokenLoad.SharedLedger {
 		g.startSharedLedger(ctx)
 	}

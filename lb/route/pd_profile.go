@@ -80,6 +80,18 @@ func knownStrategy(s string) bool {
 	return false
 }
 
+// Routers lists the cascades of the profiles that route "pd", for the
+// loop that rebuilds their bucket plans.
+func (m *ModelProfiles) Routers() []*PDRouter {
+	var out []*PDRouter
+	for i := range m.Profiles {
+		if r := m.Profiles[i].router; r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Freeze validates every profile, builds their PD routers and the
 // registry's policies, and fixes the default profile.
 func (m *ModelProfiles) Freeze() error {
