@@ -5,68 +5,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"pdlb/internal/redistest"
 )
-
-// redisServer runs a real redis-server on a loopback port, without
-// persistence, so a restart comes back empty as a crashed one would.
-type redisServer struct {
-	t    *testing.T
-	port int
-	cmd  *exec.Cmd
-}
-
-func startRedis(t *testing.T, port int) *redisServer {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server not on PATH (apt-get install -y redis-server; make test installs it)")
-	}
-	if port == 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port = l.Addr().(*net.TCPAddr).Port
-		l.Close()
-	}
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &redisServer{t: t, port: port, cmd: cmd}
-	t.Cleanup(s.stop)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", s.addr(), 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not come up: %v", s.addr(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
-
-func (s *redisServer) stop() {
-	if s.cmd.ProcessState == nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-	}
-}
 
 // syncBuffer is a log sink the sync loop and the test share.
 type syncBuffer struct {
@@ -146,10 +93,10 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
-	srv := startRedis(t, 0)
+	srv := redistest.Start(t, 0)
 	// The replicas index the pods differently: sharing goes by name.
-	a := newReplica(t, srv.addr(), "a", []string{"p0", "p1"})
-	b := newReplica(t, srv.addr(), "b", []string{"p1", "p0"})
+	a := newReplica(t, srv.Addr(), "a", []string{"p0", "p1"})
+	b := newReplica(t, srv.Addr(), "b", []string{"p1", "p0"})
 	const aP0, aP1, bP1, bP0 = 0, 1, 0, 1
 
 	a.Charge(1, -1, aP0, &Prompt{Tokens: 1000}, a.Now())
@@ -166,7 +113,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 
 	// Redis goes away: nothing is lost, each replica keeps scoring its own
 	// charges and keeps charging.
-	srv.stop()
+	srv.Stop()
 	eventually(t, "both replicas to fall back to their own charges", func() bool {
 		return b.decodeTokens(bP0) == 0 && a.decodeTokens(aP1) == 0
 	})
@@ -182,7 +129,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	}
 
 	// Redis comes back, empty: the replicas republish and share again.
-	startRedis(t, srv.port)
+	redistest.Start(t, srv.Port)
 	eventually(t, "sharing to resume after Redis restarted", func() bool {
 		return b.decodeTokens(bP0) == 1500 && a.decodeTokens(aP1) == 300
 	})

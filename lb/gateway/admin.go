@@ -40,6 +40,16 @@ type podView struct {
 	Ejections int64       `json:"ejections"`
 	InFlight  int64       `json:"in_flight"`
 	Metrics   *scrapeView `json:"metrics"`
+	// Load is what the token ledgers charge the pod, in tokens; the decode
+	// figure includes the other gateway replicas' charges when the ledger
+	// is shared through Redis.
+	Load ledgerView `json:"token_load"`
+}
+
+type ledgerView struct {
+	Active float64 `json:"active"`
+	KV     float64 `json:"kv"`
+	Decode float64 `json:"decode"`
 }
 
 type scrapeView struct {
@@ -60,6 +70,9 @@ func (g *Gateway) servePods(w http.ResponseWriter, _ *http.Request) {
 			Engine: string(p.Engine), Role: p.Config.Role, Roleset: p.Config.Roleset, Weight: p.Config.Weight,
 			Healthy: p.Healthy(), Ejected: p.Ejected(now), Ejections: p.Ejections(), InFlight: p.InFlight(),
 		}
+		active, kv := g.ledger.Prefill(p.ID)
+		v.Load.Active, v.Load.KV = float64(active), float64(kv)
+		v.Load.Decode, _ = g.ledger.Decode(p.ID, g.ledger.Now())
 		if s := p.Scraped(); s != nil {
 			v.Metrics = &scrapeView{Running: s.Running, Waiting: s.Waiting, KVUsage: s.KVUsage, TokensPerSec: s.TokensPerSec, ScrapedAt: s.At}
 		}

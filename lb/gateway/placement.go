@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -242,6 +244,9 @@ func classOf(v []byte) (admit.Class, error) {
 // Redis never sits on the request path: a background loop exchanges the
 // replicas' charges.
 func (g *Gateway) startSharedLedger(ctx context.Context) {
+	// The shared ledger logs Redis going and coming back once each; the
+	// client's own line per failed dial would repeat every sync.
+	redis.SetLogger(redisLog{g.log})
 	rdb := redis.NewClient(&redis.Options{
 		Addr:         g.cfg.Redis.Address,
 		DialTimeout:  200 * time.Millisecond,
@@ -259,4 +264,11 @@ func (g *Gateway) startSharedLedger(ctx context.Context) {
 		sh.Run(ctx)
 		_ = rdb.Close()
 	})
+}
+
+// redisLog hands go-redis's messages to the gateway's log at debug level.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }
