@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro sim plan live routing tokenload overload proxy sse)
+SCENARIOS=(micro sim plan live routing tokenload overload proxy sse chaos)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -189,6 +189,12 @@ scenario_proxy() {
 scenario_sse() {
 	section "SSE: many long streams through pdlb (issue 8)" "Streams held at once, RSS per stream, and the latency the relay adds per event (bench/sse/run.sh)."
 	record bench/sse/run.sh
+}
+
+scenario_chaos() {
+	section "Chaos (issue 9)" "Load through the gateway for 5 minutes while sim pods are killed, hung, slowed and restarted at random; every request must end in an answer or a clean error (bench/chaos)."
+	record_as "CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos" \
+		env CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos
 }
 
 machine() {
