@@ -2,7 +2,6 @@ package lb_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,25 +16,12 @@ import (
 	"go.uber.org/goleak"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/lbtest"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
-// fasthttp keeps a few package-level background goroutines (the server
-// date ticker, client and dialer cleaners) that outlive any one server.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
-		// zmq4's PUB sockets never stop their writer (see engines/vllm).
-		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
-		// gnet's package-level worker pool, started when the package loads.
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-	)
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, lbtest.LeakOptions()...) }
 
 // testFleet starts n simulated vLLM pods of model m.
 func testFleet(t *testing.T, model string, n int, speedup float64) []*sim.Pod {
@@ -56,24 +42,7 @@ func testFleet(t *testing.T, model string, n int, speedup float64) []*sim.Pod {
 // config first.
 func testGateway(t *testing.T, pods []config.Pod, edit func(*config.Config)) *lb.Server {
 	t.Helper()
-	cfg := config.Default()
-	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Health.Interval = 50 * time.Millisecond
-	cfg.Health.MetricsInterval = 100 * time.Millisecond
-	cfg.Pods = pods
-	if edit != nil {
-		edit(&cfg)
-	}
-	s, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	})
-	return s
+	return lbtest.StartGateway(t, pods, edit)
 }
 
 func podsOf(model string, sims ...*sim.Pod) []config.Pod {

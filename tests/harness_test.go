@@ -4,10 +4,8 @@
 package tests
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -18,23 +16,12 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/sim"
+	"pdlb/internal/lbtest"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
-// fasthttp keeps a few package-level background goroutines (the server
-// date ticker, client and dialer cleaners) that outlive any one server;
-// packages start others at init (gnet's default ants pool), which
-// IgnoreCurrent covers.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreCurrent(),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
-	)
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, lbtest.LeakOptions()...) }
 
 // startPod starts one simulated pod of model playing engine.
 func startPod(t *testing.T, name, model string, engine engines.Kind, speedup float64) *sim.Pod {
@@ -57,24 +44,7 @@ func podConfig(p *sim.Pod) config.Pod {
 // config first.
 func startGateway(t *testing.T, pods []config.Pod, edit func(*config.Config)) *lb.Server {
 	t.Helper()
-	cfg := config.Default()
-	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Health.Interval = 50 * time.Millisecond
-	cfg.Health.MetricsInterval = 100 * time.Millisecond
-	cfg.Pods = pods
-	if edit != nil {
-		edit(&cfg)
-	}
-	s, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	})
-	return s
+	return lbtest.StartGateway(t, pods, edit)
 }
 
 var client = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}

@@ -6,11 +6,9 @@ package hardening
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -24,21 +22,12 @@ import (
 	"go.uber.org/goleak"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/lbtest"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
-// fasthttp keeps package-level goroutines (date ticker, client and dialer
-// cleaners) that outlive any server; gnet starts its pool at init.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreCurrent(),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
-	)
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, lbtest.LeakOptions()...) }
 
 // Limits the gateway under test runs with: small enough that the tests
 // cross them cheaply.
@@ -88,21 +77,11 @@ func startUpstream(t *testing.T) *upstream {
 
 func startGateway(t *testing.T, frontend string, up *upstream) *lb.Server {
 	t.Helper()
-	cfg := config.Default()
-	cfg.Listen, cfg.Admin, cfg.Frontend = "127.0.0.1:0", "", frontend
-	cfg.MaxBodyBytes, cfg.MaxHeaderBytes, cfg.ClientReadTimeout = maxBody, maxHeader, readTimeout
-	cfg.Health.Interval, cfg.Health.MetricsInterval = 50*time.Millisecond, 0
-	cfg.Pods = []config.Pod{{Name: "m-0", Model: "m", Address: up.addr}}
-	s, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
+	return lbtest.StartGateway(t, []config.Pod{{Name: "m-0", Model: "m", Address: up.addr}}, func(cfg *config.Config) {
+		cfg.Admin, cfg.Frontend = "", frontend
+		cfg.MaxBodyBytes, cfg.MaxHeaderBytes, cfg.ClientReadTimeout = maxBody, maxHeader, readTimeout
+		cfg.Health.MetricsInterval = 0
 	})
-	return s
 }
 
 // answer is what came back on a connection: the responses read in order,

@@ -1,0 +1,61 @@
+// Package lbtest starts gateways for end-to-end tests: on loopback, with
+// health checks fast enough for a test to see a pod die, and stopped when
+// the test ends.
+package lbtest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// LeakOptions are what goleak must ignore in a package that runs gateways:
+// goroutines that outlive any one server by design.
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{
+		// Started when packages load (gnet's default ants pool).
+		goleak.IgnoreCurrent(),
+		// fasthttp's package-level date ticker and client, dialer and
+		// worker-pool cleaners.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+		// zmq4's PUB sockets never stop their writer (see engines/vllm).
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+		// gnet's worker pool, when a test loads gnet after IgnoreCurrent ran.
+		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
+	}
+}
+
+// StartGateway starts a gateway on loopback over pods; edit, if set,
+// adjusts the configuration first.
+func StartGateway(t testing.TB, pods []config.Pod, edit func(*config.Config)) *lb.Server {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Health.Interval = 50 * time.Millisecond
+	cfg.Health.MetricsInterval = 100 * time.Millisecond
+	cfg.Pods = pods
+	if edit != nil {
+		edit(&cfg)
+	}
+	s, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	})
+	return s
+}
