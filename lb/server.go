@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"pdlb/lb/config"
@@ -19,6 +20,10 @@ import (
 	"pdlb/lb/limits"
 )
 
+// abortWait is how long streams cut at the end of a shutdown have to send
+// their error event and close.
+const abortWait = 2 * time.Second
+
 // Server is a running gateway.
 type Server struct {
 	Gateway *gateway.Gateway
@@ -27,6 +32,9 @@ type Server struct {
 	adminLn net.Listener
 	done    chan error
 	stopped chan struct{}
+
+	shutdown    sync.Once
+	shutdownErr error
 	// discovery, when configured, runs until Shutdown cancels it.
 	stopDiscovery context.CancelFunc
 	discovered    chan struct{}
@@ -108,18 +116,30 @@ func (s *Server) Done() <-chan error { return s.done }
 
 // Shutdown stops accepting connections, lets requests in flight (streams
 // included) finish until ctx ends, then closes what is left.
+//
+// Only the first call shuts down; later ones return its error.
 func (s *Server) Shutdown(ctx context.Context) error {
-	close(s.stopped)
-	if s.stopDiscovery != nil {
-		s.stopDiscovery()
-		<-s.discovered
-	}
-	err := s.front.ShutdownWithContext(ctx)
-	if s.admin != nil {
-		_ = s.admin.Shutdown(ctx)
-	}
-	s.Gateway.Close()
-	return err
+	s.shutdown.Do(func() {
+		close(s.stopped)
+		if s.stopDiscovery != nil {
+			s.stopDiscovery()
+			<-s.discovered
+		}
+		s.shutdownErr = s.front.ShutdownWithContext(ctx)
+		if s.shutdownErr != nil {
+			// The grace is over and streams still run: end them with an
+			// error event, then give them a moment to go out.
+			s.Gateway.AbortStreams()
+			wait, cancel := context.WithTimeout(context.Background(), abortWait)
+			_ = s.front.ShutdownWithContext(wait)
+			cancel()
+		}
+		if s.admin != nil {
+			_ = s.admin.Shutdown(ctx)
+		}
+		s.Gateway.Close()
+	})
+	return s.shutdownErr
 }
 
 // startDiscovery follows the configured sources, together with the static

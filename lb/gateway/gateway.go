@@ -48,6 +48,9 @@ type Gateway struct {
 	// stop ends the background loops (ledger janitor, shared ledger).
 	stop context.CancelFunc
 	bg   sync.WaitGroup
+	// aborting is set when a shutdown's grace is over: relays end their
+	// streams at their next read.
+	aborting atomic.Bool
 	// nextID numbers requests for the ledger and the admission queue.
 	nextID atomic.Uint64
 	// epoch is when the gateway started: time zero of admission's clock.
@@ -178,6 +181,10 @@ func (g *Gateway) SetPods(pods []config.Pod) error {
 	cfg.Pods = pods
 	return g.Reload(cfg)
 }
+
+// AbortStreams ends every stream still relayed, each with an error event,
+// at its next read (within a token's time, or its idle timeout).
+func (g *Gateway) AbortStreams() { g.aborting.Store(true) }
 
 // Close stops the health checks, KV-event feeds and background loops, and
 // closes idle upstream connections.

@@ -256,6 +256,12 @@ func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m
 			_ = conn.SetReadDeadline(g.readDeadline(x, idle, started))
 		}
 		n, err := stream.Read(x.buf)
+		if g.aborting.Load() {
+			// Shutdown's grace ran out: end the stream cleanly rather
+			// than let it run on or drop it mid-event.
+			err = errShuttingDown
+			n = 0
+		}
 		if n > 0 {
 			started = true
 			x.events.Feed(x.buf[:n])
@@ -311,6 +317,10 @@ func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m
 	}
 	return fasthttp.StatusOK
 }
+
+// errShuttingDown ends the streams still running when a shutdown's grace
+// period is over.
+var errShuttingDown = errors.New("lb: the gateway is shutting down")
 
 // statusClientClosed is counted for a client that went away mid-stream
 // (nginx's 499).
@@ -381,6 +391,10 @@ func isDialError(err error) bool {
 
 // upstreamError maps a failed exchange with a pod to the client's error.
 func (g *Gateway) upstreamError(err error) *openai.Error {
+	if errors.Is(err, errShuttingDown) {
+		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+			Message: "The gateway is shutting down; retry the request."}
+	}
 	if isTimeout(err) {
 		return openai.UpstreamTimeout(g.cfg.Upstream.ResponseTimeout)
 	}

@@ -1,0 +1,68 @@
+package lb_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestShutdownLetsStreamsFinish(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1)...), nil)
+	// About half a second of tokens at speedup 1.
+	resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"stream"}],"max_tokens":50,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	br.ReadString('\n')
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- s.Shutdown(ctx)
+	}()
+	// The gateway stops accepting at once...
+	waitFor(t, "new connections to be refused", func() bool {
+		_, err := client.Get("http://" + s.Addr() + "/health")
+		return err != nil
+	})
+	// ...and the stream in flight runs to its end.
+	rest, err := io.ReadAll(br)
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the stream was not let finish: %v %q", err, rest)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+func TestShutdownDeadlineEndsStreams(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1)...), nil)
+	// Twenty seconds of tokens: longer than the grace the shutdown gives.
+	resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"stream"}],"max_tokens":2000,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	br.ReadString('\n')
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	s.Shutdown(ctx)
+	// The client is not left hanging: its stream ends soon after the grace,
+	// with an error event that says why.
+	rest, _ := io.ReadAll(br)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the stream outlived the shutdown deadline by %v", d)
+	}
+	if !strings.Contains(string(rest), `data: {"error":{"message":"The gateway is shutting down`) {
+		t.Fatalf("the cut stream ended without the error event: %q", rest[max(0, len(rest)-300):])
+	}
+}
