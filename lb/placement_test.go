@@ -253,3 +253,40 @@ func TestBatchRequestsWait(t *testing.T) {
 		t.Fatalf("unknown priority: %d %s", resp.StatusCode, b)
 	}
 }
+
+func TestAdmissionLearnsTPOT(t *testing.T) {
+	// A pod whose decode steps take 0.2 s against a 0.1 s TPOT target: the
+	// first streams teach the gateway its step time, after which requests
+	// are refused before any upstream work.
+	pod, err := sim.Start(sim.Config{Name: "slow-decode", Model: "m", Listen: "127.0.0.1:0", Speedup: 10,
+		Physics: func() sim.Physics { p := sim.DefaultPhysics(); p.DecodeBaseSec = 0.2; return p }()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	s := testGateway(t, []config.Pod{{Name: "slow-decode", Model: "m", Address: pod.Addr()}}, func(c *config.Config) {
+		c.Admission.Enabled = true
+		// Wall time is sim time over the speedup, so the gateway sees
+		// 20 ms steps: the target is scaled alike, and sits above what
+		// the untaught line predicts (about 10 ms).
+		c.Admission.Interactive.TPOTSLO = 0.015
+	})
+	rejected, served := false, 0
+	for i := 0; i < 10 && !rejected; i++ {
+		resp, b := post(t, s, "/v1/chat/completions", chat("s", fmt.Sprint("q", i), 8, true))
+		switch resp.StatusCode {
+		case 200:
+			served++
+		case 429:
+			if !strings.Contains(b, "time per output token") {
+				t.Fatalf("refused for another reason: %s", b)
+			}
+			rejected = true
+		default:
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+	}
+	if !rejected || served == 0 {
+		t.Fatalf("%d streams served at 20 ms per token against a 15 ms target before one was refused (refused: %v); the first must pass, a later one must not", served, rejected)
+	}
+}

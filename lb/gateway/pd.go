@@ -131,6 +131,21 @@ func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 			}
 			break
 		}
+		if attempt == 0 && g.admit != nil {
+			pre, dec := p.pre, p.dec
+			switch d.Kind {
+			case route.PDLocal:
+				pre = p.dec
+			case route.PDCombined:
+				pre, dec = p.pods[d.Combined], p.pods[d.Combined]
+			}
+			if err := g.admission(x, func() (float64, float64) { return predict(x, pre, dec) }, nil); err != nil {
+				p.ticket.Done()
+				g.inFlight.Add(-1)
+				g.fail(ctx, x, m, err)
+				return
+			}
+		}
 		switch d.Kind {
 		case route.PDPair:
 			last = g.runPair(ctx, x, m)

@@ -176,19 +176,22 @@ func (r *rejection) Error() string { return r.err.Message }
 // polling is too.
 const deferPoll = 5 * time.Millisecond
 
-// admitRequest decides whether x, placed on pod by the policy, may go
-// upstream: predicted TTFT within its class's target, or else reject (429
+// admission decides whether x, placed by the router, may go upstream: its
+// predicted TTFT and TPOT within its class's targets, or else reject (429
 // at once) or wait in the bounded deferral queue until a prediction clears
-// or its wait runs out. It returns the pod to use, which a wait may change.
-func (g *Gateway) admitRequest(m *pool.Model, x *exchange, pod *pool.Pod, session string) (*pool.Pod, error) {
+// or its wait runs out. predict returns the predictions for the current
+// placement from the pods' live queues; replace, if set, places the request
+// anew while it waits (a combined pod may be picked again; a PD pair keeps
+// its pods, whose queues drain).
+func (g *Gateway) admission(x *exchange, predict func() (ttft, tpot float64), replace func()) error {
 	since := g.clock()
-	ttft := route.PredictedTTFT(&x.rreq, &x.chosen, 0)
-	v := g.admit.Decide(x.class, x.id, since, ttft, 0)
+	ttft, tpot := predict()
+	v := g.admit.Decide(x.class, x.id, since, ttft, tpot)
 	switch v.Action {
 	case admit.Admit:
-		return pod, nil
+		return nil
 	case admit.Reject:
-		return nil, g.reject(x, ttft, v.RetryAfter)
+		return g.reject(x, ttft, tpot, v.RetryAfter)
 	}
 	maxWait := g.admit.Config().Classes[x.class].MaxWait
 	for {
@@ -198,28 +201,53 @@ func (g *Gateway) admitRequest(m *pool.Model, x *exchange, pod *pool.Pod, sessio
 			// One expired entry leaves the queue per expired waiter, so
 			// the queue and the waiters stay in step.
 			g.admit.Expired(now)
-			return nil, g.reject(x, ttft, 1)
+			return g.reject(x, ttft, tpot, 1)
 		}
 		if d, ok := g.admit.Head(); !ok || d.ID != x.id {
 			continue
 		}
-		if p := g.pick(m, x, session); p != nil {
-			pod = p
-			ttft = route.PredictedTTFT(&x.rreq, &x.chosen, 0)
+		if replace != nil {
+			replace()
 		}
-		if g.admit.Retry(x.id, now, ttft, 0) {
-			return pod, nil
+		ttft, tpot = predict()
+		if g.admit.Retry(x.id, now, ttft, tpot) {
+			return nil
 		}
 	}
 }
 
-func (g *Gateway) reject(x *exchange, ttft float64, retryAfter int) error {
-	slo := g.admit.Config().Classes[x.class].TTFTSLO
-	return &rejection{
-		err: openai.Overloaded("predicted time to first token " + strconv.FormatFloat(ttft, 'f', 2, 64) +
-			"s exceeds the " + strconv.FormatFloat(slo, 'f', -1, 64) + "s target of class " + x.class.String()),
-		retryAfter: retryAfter,
+// predict is the TTFT of x on prefill pod pre, from its queue now (seed
+// 000: queued uncached tokens / speed + this prompt's uncached tokens /
+// speed), and the TPOT on decode pod dec, from its learned step-time line
+// at its batch and KV usage with this request added.
+func predict(x *exchange, pre, dec *pool.Pod) (ttft, tpot float64) {
+	uncached := max(x.rreq.PromptTokens-x.chosen.CachedTokens, 0)
+	ttft = admit.TTFT(float64(pre.QueuedPrefill()), float64(uncached), pre.Speed.TokensPerSec(), 0)
+	batch, kv := decodeBatch(dec)
+	return ttft, dec.DecodeLine().TPOT(batch, kv)
+}
+
+// decodeBatch is the pod's decode batch as best known: the engine's
+// running count when scraped, at least the gateway's own in-flight count;
+// and its KV usage.
+func decodeBatch(p *pool.Pod) (batch int, kvUsage float64) {
+	batch = int(p.InFlight())
+	if s := p.Scraped(); s != nil {
+		batch = max(batch, int(s.Running))
+		kvUsage = s.KVUsage
 	}
+	return batch, kvUsage
+}
+
+func (g *Gateway) reject(x *exchange, ttft, tpot float64, retryAfter int) error {
+	c := g.admit.Config().Classes[x.class]
+	why := "predicted time to first token " + strconv.FormatFloat(ttft, 'f', 2, 64) +
+		"s exceeds the " + strconv.FormatFloat(c.TTFTSLO, 'f', -1, 64) + "s target of class " + x.class.String()
+	if ttft <= c.TTFTSLO && c.TPOTSLO > 0 && tpot > c.TPOTSLO {
+		why = "predicted time per output token " + strconv.FormatFloat(tpot*1000, 'f', 1, 64) +
+			" ms exceeds the " + strconv.FormatFloat(c.TPOTSLO*1000, 'f', -1, 64) + " ms target of class " + x.class.String()
+	}
+	return &rejection{err: openai.Overloaded(why), retryAfter: retryAfter}
 }
 
 // clock is the admission controller's time: seconds since the gateway

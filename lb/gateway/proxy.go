@@ -156,8 +156,12 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 			break
 		}
 		if attempt == 0 && g.admit != nil {
-			var err error
-			if pod, err = g.admitRequest(m, x, pod, session); err != nil {
+			err := g.admission(x, func() (float64, float64) { return predict(x, pod, pod) }, func() {
+				if p := g.pick(m, x, session); p != nil {
+					pod = p
+				}
+			})
+			if err != nil {
 				return nil, err
 			}
 		}
@@ -311,6 +315,10 @@ func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m
 	if n := x.counted.Tokens(); n > 1 {
 		tpot := last.Sub(first).Seconds() / float64(n-1)
 		mm.tpot.Update(tpot)
+		// The pod's step time at its batch teaches its TPOT line, which
+		// admission predicts from.
+		batch, _ := decodeBatch(pod)
+		pod.DecodeLine().Observe(max(batch, 1), tpot)
 		if g.admit != nil {
 			g.admit.Observe(x.class, first.Sub(x.start).Seconds(), tpot)
 		}
