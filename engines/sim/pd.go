@@ -97,7 +97,8 @@ type pdLeg struct {
 // the pod's role does not serve is an error; a combined pod serves
 // everything as a plain request.
 func (p *Pod) legOf(req *genRequest) (pdLeg, error) {
-	if p.cfg.Role == RoleCombined {
+	role := p.Role()
+	if role == RoleCombined {
 		return pdLeg{}, nil
 	}
 	var leg pdLeg
@@ -106,7 +107,7 @@ func (p *Pod) legOf(req *genRequest) (pdLeg, error) {
 	case engines.VLLM:
 		leg, err = vllmLeg(req.KVTransferParams)
 	case engines.SGLang:
-		leg, err = p.sglangLeg(req)
+		leg, err = sglangLeg(req, role, p.cfg.KVTimeout)
 	case engines.TRTLLM:
 		leg, err = p.trtLeg(req.DisaggregatedParams)
 	}
@@ -114,10 +115,10 @@ func (p *Pod) legOf(req *genRequest) (pdLeg, error) {
 		return pdLeg{}, err
 	}
 	switch {
-	case leg.kind == legPrefill && p.cfg.Role != RolePrefill:
-		return pdLeg{}, badRequest("this pod's role is %s: it does not serve prefill legs", p.cfg.Role)
-	case leg.kind == legDecode && p.cfg.Role != RoleDecode:
-		return pdLeg{}, badRequest("this pod's role is %s: it does not serve decode legs", p.cfg.Role)
+	case leg.kind == legPrefill && role != RolePrefill:
+		return pdLeg{}, badRequest("this pod's role is %s: it does not serve prefill legs", role)
+	case leg.kind == legDecode && role != RoleDecode:
+		return pdLeg{}, badRequest("this pod's role is %s: it does not serve decode legs", role)
 	}
 	return leg, nil
 }
@@ -140,7 +141,7 @@ func vllmLeg(kv *kvTransferParams) (pdLeg, error) {
 
 // sglangLeg: one body goes to both pods; the pod's role says which leg it
 // is. The room is the handle on the prefill pod's bootstrap server.
-func (p *Pod) sglangLeg(req *genRequest) (pdLeg, error) {
+func sglangLeg(req *genRequest, role string, kvTimeout time.Duration) (pdLeg, error) {
 	if req.BootstrapRoom == nil {
 		return pdLeg{}, nil
 	}
@@ -148,13 +149,13 @@ func (p *Pod) sglangLeg(req *genRequest) (pdLeg, error) {
 		return pdLeg{}, badRequest("bootstrap_room = %d must not be negative", *req.BootstrapRoom)
 	}
 	room := strconv.FormatInt(*req.BootstrapRoom, 10)
-	if p.cfg.Role == RolePrefill {
+	if role == RolePrefill {
 		return pdLeg{kind: legPrefill, handle: room, push: true}, nil
 	}
 	if req.BootstrapHost == "" || req.BootstrapPort == nil {
 		return pdLeg{}, badRequest("bootstrap_room needs bootstrap_host and bootstrap_port")
 	}
-	return pdLeg{kind: legDecode, wait: p.cfg.KVTimeout, src: kvxfer.Descriptor{
+	return pdLeg{kind: legDecode, wait: kvTimeout, src: kvxfer.Descriptor{
 		Addr: net.JoinHostPort(req.BootstrapHost, strconv.Itoa(*req.BootstrapPort)), Handle: room,
 	}}, nil
 }
@@ -301,7 +302,7 @@ func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, cha
 		return
 	}
 	picked := make(chan kvxfer.Outcome, 1)
-	d, err := p.xfer.Hold(kvxfer.Hold{
+	d, err := p.xfer.Load().Hold(kvxfer.Hold{
 		Handle: leg.handle, Tokens: prompt, Bytes: p.kvBytes(prompt), TTL: p.cfg.KVTimeout,
 		Released: func(o kvxfer.Outcome) {
 			p.sched.send(schedMsg{kind: msgUnpin, req: r})
@@ -390,8 +391,8 @@ func (p *Pod) trtParams(d kvxfer.Descriptor, text textStream, leg pdLeg) []byte 
 // Other pods report empty disaggregated_params, as the C++ one does.
 func (p *Pod) trtServerInfo(ctx *fasthttp.RequestCtx) {
 	params := map[string]any{}
-	if p.xfer != nil {
-		params["ctx_info_endpoint"] = trtEndpointScheme + p.xfer.Addr()
+	if p.Role() == RolePrefill {
+		params["ctx_info_endpoint"] = trtEndpointScheme + p.KVXferAddr()
 		params["ctx_dp_rank"] = 0
 	}
 	body, _ := json.Marshal(map[string]any{"disaggregated_params": params})

@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -33,10 +34,19 @@ type Pod struct {
 	ln      net.Listener
 	srv     *fasthttp.Server
 	served  chan struct{} // closed when Serve returned
-	// xfer serves a prefill pod's held KV (nil on other roles); transport
-	// pulls a decode leg's.
-	xfer      *kvxfer.Server
+	// xfer serves a prefill pod's held KV (nil until the pod first plays
+	// prefill; kept after it leaves the role, so decode pods can still pull
+	// what it held); transport pulls a decode leg's.
+	xfer      atomic.Pointer[kvxfer.Server]
 	transport kvxfer.Transport
+	// role is the role served and the state of a role switch; active
+	// counts the generation requests being served, which a switch drains
+	// (roleswitch.go).
+	role   atomic.Pointer[roleView]
+	active atomic.Int64
+	// switchMu orders starting a switch before Close waits for switching.
+	switchMu  sync.Mutex
+	switching sync.WaitGroup
 
 	connMu sync.Mutex
 	conns  map[net.Conn]struct{} // open client connections, for Kill
@@ -88,8 +98,9 @@ func Start(cfg Config) (*Pod, error) {
 		transport: kvxfer.TCP{},
 		conns:     map[net.Conn]struct{}{},
 	}
+	p.role.Store(&roleView{Role: cfg.Role, State: StateServing})
 	if cfg.Role == RolePrefill {
-		if p.xfer, err = kvxfer.Listen(kvxfer.ServerConfig{Listen: cfg.KVXferListen, Pace: p.kvPace}); err != nil {
+		if err := p.listenKV(); err != nil {
 			_ = ln.Close()
 			return nil, fmt.Errorf("sim: pod %s: %w", cfg.Name, err)
 		}
@@ -118,16 +129,27 @@ func Start(cfg Config) (*Pod, error) {
 // Addr returns the host:port the pod listens on.
 func (p *Pod) Addr() string { return p.ln.Addr().String() }
 
-// Config returns the pod's configuration, defaults applied.
+// Config returns the pod's configuration, defaults applied; its Role is
+// the role the pod started in (Role says the one it serves now).
 func (p *Pod) Config() Config { return p.cfg }
 
 // KVXferAddr returns the host:port of a prefill pod's KV transfer server
-// (SGLang's bootstrap server), "" on other roles.
+// (SGLang's bootstrap server), "" on a pod that never played prefill.
 func (p *Pod) KVXferAddr() string {
-	if p.xfer == nil {
-		return ""
+	if x := p.xfer.Load(); x != nil {
+		return x.Addr()
 	}
-	return p.xfer.Addr()
+	return ""
+}
+
+// listenKV starts the pod's KV transfer server.
+func (p *Pod) listenKV() error {
+	x, err := kvxfer.Listen(kvxfer.ServerConfig{Listen: p.cfg.KVXferListen, Pace: p.kvPace})
+	if err != nil {
+		return err
+	}
+	p.xfer.Store(x)
+	return nil
 }
 
 // trackConn keeps the set of open connections Kill cuts.
@@ -167,10 +189,17 @@ func (p *Pod) Close() error {
 	p.closeOnce.Do(func() {
 		close(p.sched.done)
 		<-p.sched.exited
-		if p.xfer != nil {
+		// A role switch under way ends on done, and none starts once
+		// done is closed (SwitchRole checks it under switchMu, so taking
+		// the lock orders its Add before this Wait); after it no one
+		// starts the KV transfer server.
+		p.switchMu.Lock()
+		p.switchMu.Unlock()
+		p.switching.Wait()
+		if x := p.xfer.Load(); x != nil {
 			// Drops what is held, which ends prefill legs waiting for
 			// pickup.
-			_ = p.xfer.Close()
+			_ = x.Close()
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), shutdownWait)
 		defer cancel()
@@ -238,8 +267,9 @@ func (p *Pod) routeTable() map[string]route {
 		"/v1/chat/completions": post(func(ctx *fasthttp.RequestCtx) { p.generate(ctx, true) }),
 		"/v1/completions":      post(func(ctx *fasthttp.RequestCtx) { p.generate(ctx, false) }),
 		"/v1/models":           get(p.models),
-		"/health":              get(func(*fasthttp.RequestCtx) {}),
+		"/health":              get(p.health),
 		"/metrics":             get(p.metrics),
+		"/admin/role":          {get: true, post: true, h: p.serveRole},
 	}
 	switch p.cfg.Engine {
 	case engines.VLLM:
@@ -315,6 +345,17 @@ func requestTokens(req *genRequest, chat bool) ([]uint32, error) {
 
 // generate serves /v1/chat/completions and /v1/completions.
 func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
+	if !p.enter(ctx) {
+		return
+	}
+	// A stream is served by its body writer after this returns; the writer
+	// leaves when the stream ends.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			p.leave()
+		}
+	}()
 	var req genRequest
 	if !parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
@@ -390,7 +431,9 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 	}
 	sse := newSSEWriter(chat, respID, created, p.cfg.Model, usage, continuous, len(tokens))
 	ctx.SetContentType("text/event-stream; charset=utf-8")
+	handedOff = true
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer p.leave()
 		var buf, piece []byte
 		sent := 0
 		p.wait(r, conn, func(n int, reason uint8) bool {
@@ -601,10 +644,10 @@ func (p *Pod) abortRequest(ctx *fasthttp.RequestCtx) {
 
 // disaggregationMode is SGLang's --disaggregation-mode of the pod's role.
 func (p *Pod) disaggregationMode() string {
-	if p.cfg.Role == RoleCombined {
-		return "null"
+	if r := p.Role(); r != RoleCombined {
+		return r
 	}
-	return p.cfg.Role
+	return "null"
 }
 
 // bootstrapPort is the port of a prefill pod's bootstrap (KV transfer)
