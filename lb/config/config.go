@@ -114,6 +114,8 @@ type Config struct {
 	// Discovery finds pods in Kubernetes (seed 001's labels and
 	// annotations) or DNS, and follows them as they come and go.
 	Discovery spec.Discovery `yaml:"discovery"`
+	// Plan is the xPyD planner acting on the running fleet (plan.go).
+	Plan Plan `yaml:"plan"`
 }
 
 // Upstream bounds the gateway's calls to pods.
@@ -278,6 +280,7 @@ func Default() Config {
 		TokenLoad: ledger.DefaultConfig(),
 		Access:    limits.DefaultConfig(),
 		PD:        route.DefaultPDOptions(),
+		Plan:      DefaultPlan(),
 		Health: Health{
 			Interval:           DefaultHealthInterval,
 			Timeout:            DefaultHealthTimeout,
@@ -394,6 +397,9 @@ func (c *Config) Validate() error {
 		if err := checkAddr("redis.address", c.Redis.Address, false); err != nil {
 			return err
 		}
+	}
+	if err := c.Plan.Validate(); err != nil {
+		return err
 	}
 	if err := c.PD.Validate(); err != nil {
 		return fmt.Errorf("%w: pd: %v", ErrInvalid, err)
