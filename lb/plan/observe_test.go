@@ -20,7 +20,7 @@ func TestObserver(t *testing.T) {
 	// 60 requests in 60 s, 2,000 prompt tokens each, 60% cached, 500 out.
 	f(60, Counts{Requests: 160, PromptTokens: 1e5 + 120000, CachedTokens: 5e4 + 72000, OutputTokens: 1e4 + 30000},
 		caps(Demand{Rate: 1, PromptTokens: 2000, OutputTokens: 500, HitRate: 0.6}), true)
-	f(60, Counts{Requests: 170}, Demand{}, false) // no time passed (and counters went back)
+	f(60, Counts{Requests: 170}, Demand{}, false)      // no time passed (and counters went back)
 	f(90, Counts{Requests: 170}, caps(Demand{}), true) // an idle window
 	f(100, Counts{Requests: 180, PromptTokens: 10, CachedTokens: 20}, caps(Demand{Rate: 1, PromptTokens: 1, HitRate: 1}), true)
 	f(110, Counts{Requests: 100}, Demand{}, false) // a restart: a new baseline
