@@ -22,12 +22,7 @@ const dashboardFile = "../deploy/grafana/pdlb.json"
 // exports them, with what will export them. The test fails once one of
 // them is exported, so the entry is removed and the name checked like the
 // rest.
-var notYetExported = map[string]string{
-	"pdlb_plan_current_instances":   "the planner loop (lb/plan): instances per role the pool runs, labels model and role",
-	"pdlb_plan_target_instances":    "the planner loop (lb/plan): Decision.Target per role",
-	"pdlb_plan_needed_instances":    "the planner loop (lb/plan): Decision.NeedPrefill / NeedDecode, unrounded",
-	"pdlb_plan_role_switches_total": "the planner loop (lb/plan): instances moved to another role (Decision.Moves added up)",
-}
+var notYetExported = map[string]string{}
 
 // grafanaPanel is the part of a Grafana panel the test reads; rows nest
 // their panels when collapsed.
@@ -132,9 +127,11 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	sg := startPod(t, "sglang-0", "ms", engines.SGLang, 100)
 	pods := []config.Pod{podConfig(v), podConfig(sg)}
 	// A KV-event feed, so the gateway exports its per-feed series; no
-	// publisher needs to be there for them to exist.
+	// publisher needs to be there for them to exist. The planner plans
+	// the prefill/decode pair's model.
 	pods[0].KVEvents = "tcp://" + closedAddr(t)
-	s := startGateway(t, pods, func(c *config.Config) { c.Admission.Enabled = true })
+	pods = append(pods, pdPair(t, "mpd")...)
+	s := startGateway(t, pods, func(c *config.Config) { c.Admission.Enabled, c.Plan.Enabled = true, true })
 	sendTraffic(t, s, "mv", "ms")
 	gateway := exported(fetch(t, "http://"+s.AdminAddr()+"/metrics"))
 	engine := exported(fetch(t, "http://"+v.Addr()+"/metrics"), fetch(t, "http://"+sg.Addr()+"/metrics"))

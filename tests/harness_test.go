@@ -40,6 +40,24 @@ func podConfig(p *sim.Pod) config.Pod {
 	return config.Pod{Name: c.Name, Model: c.Model, Address: p.Addr(), Engine: string(c.Engine)}
 }
 
+// pdPair starts a prefill and a decode pod of model (vLLM) and returns
+// them as one roleset, so a gateway has a model its planner plans.
+func pdPair(t *testing.T, model string) []config.Pod {
+	t.Helper()
+	var out []config.Pod
+	for _, role := range []string{sim.RolePrefill, sim.RoleDecode} {
+		p, err := sim.Start(sim.Config{Name: model + "-" + role, Model: model, Role: role, Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		pc := podConfig(p)
+		pc.Role, pc.Roleset = role, "rs0"
+		out = append(out, pc)
+	}
+	return out
+}
+
 // startGateway starts a gateway on loopback over pods; edit adjusts the
 // config first.
 func startGateway(t *testing.T, pods []config.Pod, edit func(*config.Config)) *lb.Server {

@@ -41,9 +41,11 @@ func TestGatewayMetricsPassPromtool(t *testing.T) {
 	v := startPod(t, "vllm-0", "mv", engines.VLLM, 100)
 	sg := startPod(t, "sglang-0", "ms", engines.SGLang, 100)
 	pods := []config.Pod{podConfig(v), podConfig(sg)}
-	// Admission and a KV-event feed on, so their series are linted too.
+	// Admission, a KV-event feed and the planner (over a prefill/decode
+	// pair) on, so their series are linted too.
 	pods[0].KVEvents = "tcp://" + closedAddr(t)
-	s := startGateway(t, pods, func(c *config.Config) { c.Admission.Enabled = true })
+	pods = append(pods, pdPair(t, "mpd")...)
+	s := startGateway(t, pods, func(c *config.Config) { c.Admission.Enabled, c.Plan.Enabled = true, true })
 	sendTraffic(t, s, "mv", "ms")
 	exposition := fetch(t, "http://"+s.AdminAddr()+"/metrics")
 	if problems := promtool(t, exposition); len(problems) > 0 {

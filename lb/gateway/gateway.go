@@ -59,6 +59,8 @@ type Gateway struct {
 	inFlight atomic.Int64
 	// models is the body of GET /v1/models, rendered once per snapshot.
 	models atomic.Pointer[[]byte]
+	// plan is the planning loop, nil when plan.enabled is off (plan.go).
+	plan *planLoop
 }
 
 // New builds a gateway over a validated configuration and starts its health
@@ -101,6 +103,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if cfg.Redis.Address != "" && cfg.TokenLoad.SharedLedger {
 		g.startSharedLedger(ctx)
 	}
+	g.startPlan(ctx)
 	return g, nil
 }
 

@@ -144,10 +144,11 @@ const rolePoll = 20 * time.Millisecond
 // podRole is the part of a sim pod's GET /admin/role answer the switcher
 // reads.
 type podRole struct {
-	Role   string `json:"role"`
-	State  string `json:"state"`
-	Target string `json:"target"`
-	Error  string `json:"error"`
+	Role          string `json:"role"`
+	State         string `json:"state"`
+	Target        string `json:"target"`
+	BootstrapPort int    `json:"bootstrap_port"`
+	Error         string `json:"error"`
 }
 
 // Apply moves model's pods to d.Target.
@@ -177,10 +178,10 @@ func (s *RoleSwitcher) Apply(ctx context.Context, model string, d Decision) erro
 		addr[in.Name] = in.Address
 	}
 	errs := make([]error, len(moving))
-	roles := make([]string, len(moving))
+	ends := make([]podRole, len(moving))
 	var wg sync.WaitGroup
 	for i, c := range moving {
-		wg.Go(func() { roles[i], errs[i] = s.switchPod(ctx, addr[c.Name], c.Role) })
+		wg.Go(func() { ends[i], errs[i] = s.switchPod(ctx, addr[c.Name], c.Role) })
 	}
 	wg.Wait()
 	// What happened, regrouped: pods that did not switch (and will not)
@@ -193,8 +194,9 @@ func (s *RoleSwitcher) Apply(ctx context.Context, model string, d Decision) erro
 			errs[i] = fmt.Errorf("plan: pod %s to %s: %w", c.Name, c.Role, errs[i])
 		}
 		for j := range after {
-			if after[j].Name == c.Name && roles[i] == c.Role {
+			if after[j].Name == c.Name && ends[i].Role == c.Role {
 				after[j].Role, after[j].Roleset = c.Role, c.Roleset
+				c.BootstrapPort = ends[i].BootstrapPort
 				done = append(done, c)
 			}
 		}
@@ -204,32 +206,34 @@ func (s *RoleSwitcher) Apply(ctx context.Context, model string, d Decision) erro
 }
 
 // switchPod asks the pod at addr to serve role and waits until it does.
-// It returns the role the pod serves or, when the switch timed out before
-// the pod finished, the role it is switching to (the gateway's health
-// check keeps a switching pod out until it serves); "" when the pod never
-// took the request.
-func (s *RoleSwitcher) switchPod(ctx context.Context, addr, role string) (string, error) {
+// It returns the pod's state then or, when the switch timed out before the
+// pod finished, with Role set to the role it is switching to (the
+// gateway's health check keeps a switching pod out until it serves); Role
+// is "" when the pod never took the request.
+func (s *RoleSwitcher) switchPod(ctx context.Context, addr, role string) (podRole, error) {
 	body, _ := json.Marshal(map[string]any{"role": role, "warmup_s": s.WarmupSec})
 	var st podRole
 	if err := s.call(ctx, http.MethodPost, "http://"+addr+"/admin/role", body, &st); err != nil {
-		return "", err
+		return podRole{}, err
 	}
 	tick := time.NewTicker(rolePoll)
 	defer tick.Stop()
 	for st.State != podServing {
+		var err error
 		select {
 		case <-ctx.Done():
-			return st.Target, fmt.Errorf("still %s after the switch timeout: %w", st.State, ctx.Err())
+			err = fmt.Errorf("still %s after the switch timeout: %w", st.State, ctx.Err())
 		case <-tick.C:
+			err = s.call(ctx, http.MethodGet, "http://"+addr+"/admin/role", nil, &st)
 		}
-		if err := s.call(ctx, http.MethodGet, "http://"+addr+"/admin/role", nil, &st); err != nil {
-			return st.Target, err
+		if err != nil {
+			return podRole{Role: st.Target}, err
 		}
 	}
 	if st.Role != role {
-		return st.Role, fmt.Errorf("the pod serves %s: %s", st.Role, st.Error)
+		return st, fmt.Errorf("the pod serves %s: %s", st.Role, st.Error)
 	}
-	return role, nil
+	return st, nil
 }
 
 // podServing is a sim pod's state when it is not switching.

@@ -9,9 +9,13 @@ import (
 // read at the end of a window. They only grow; a reading below the last
 // one means they restarted.
 type Counts struct {
-	// Requests counts the model's requests answered, whatever the answer
-	// (a rejected request is demand the fleet did not serve).
+	// Requests counts the model's requests as they arrive (a live gateway
+	// counts its routing decisions): demand, whether or not the pool keeps
+	// up with it, which requests counted as they finish would hide.
 	Requests float64
+	// Finished counts the requests that ended with an answer, whose output
+	// is complete.
+	Finished float64
 	// PromptTokens counts the prompt tokens placed on pods, CachedTokens
 	// the part of them the chosen pods held in their prefix caches.
 	PromptTokens, CachedTokens float64
@@ -32,24 +36,30 @@ type Observer struct {
 // with the per-instance capacities given (tokens/s; see Demand):
 //
 //	rate = Δrequests / Δt
-//	isl  = Δprompt tokens / Δrequests      osl = Δoutput tokens / Δrequests
+//	isl  = Δprompt tokens / Δrequests      osl = Δoutput tokens / Δfinished
 //	hit  = Δcached tokens / Δprompt tokens
 //
-// It reports false, and only sets the baseline, on the first reading, when
-// no time passed, and when a counter went backwards. A window without
-// requests has rate 0 and lengths 0.
+// The output length is per finished request, not per arrival: a decode
+// pool that falls behind generates fewer tokens than arrive, and dividing
+// by arrivals would hide the shortfall the planner is there to see. It
+// reports false, and only sets the baseline, on the first reading, when no
+// time passed, and when a counter went backwards. A window without
+// requests has rate 0; lengths without requests to divide by are 0.
 func (o *Observer) Observe(now time.Time, c Counts, prefillCap, decodeCap float64) (Demand, bool) {
 	prev, prevAt, primed := o.last, o.lastAt, o.primed
 	o.last, o.lastAt, o.primed = c, now, true
 	dt := now.Sub(prevAt).Seconds()
-	dReq, dPrompt, dCached, dOut := c.Requests-prev.Requests, c.PromptTokens-prev.PromptTokens,
-		c.CachedTokens-prev.CachedTokens, c.OutputTokens-prev.OutputTokens
-	if !primed || !(dt > 0) || dReq < 0 || dPrompt < 0 || dCached < 0 || dOut < 0 {
+	dReq, dFin, dPrompt, dCached, dOut := c.Requests-prev.Requests, c.Finished-prev.Finished,
+		c.PromptTokens-prev.PromptTokens, c.CachedTokens-prev.CachedTokens, c.OutputTokens-prev.OutputTokens
+	if !primed || !(dt > 0) || min(dReq, dFin, dPrompt, dCached, dOut) < 0 {
 		return Demand{}, false
 	}
 	d := Demand{Rate: dReq / dt, PrefillCap: prefillCap, DecodeCap: decodeCap}
 	if dReq > 0 {
-		d.PromptTokens, d.OutputTokens = dPrompt/dReq, dOut/dReq
+		d.PromptTokens = dPrompt / dReq
+	}
+	if dFin > 0 {
+		d.OutputTokens = dOut / dFin
 	}
 	if dPrompt > 0 {
 		// Predictions of what a pod holds can exceed what it was sent

@@ -32,6 +32,10 @@ type Change struct {
 	// Switch says the role changes, so the instance drains and warms up
 	// first; otherwise only its roleset changes, at no cost to it.
 	Switch bool
+	// BootstrapPort is the KV bootstrap port the pod reports in its new
+	// prefill role (what SGLang decode pods connect to); 0 keeps the
+	// configured one.
+	BootstrapPort int
 }
 
 // Reassign decides which instances of pool take which role, and which

@@ -1,0 +1,145 @@
+package gateway
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"pdlb/lb/config"
+	"pdlb/lb/plan"
+	"pdlb/lb/pool"
+)
+
+// planFleet is the gateway as plan.RoleSwitcher drives it. A pod is taken
+// out of routing by leaving the fleet (SetPods without it: requests in
+// flight finish on the snapshot they started with, and their decode legs
+// still reach it) and comes back with its new role and roleset, a new pod
+// to the pool (its learned speeds start over, as they should for a new
+// role). Pods whose roleset alone changes come back the same way.
+type planFleet struct {
+	g    *Gateway
+	loop *planLoop
+	// mu orders the fleet's read-modify-write of the pods between models;
+	// it guards released, the pods out of routing by name.
+	mu       sync.Mutex
+	released map[string]config.Pod
+}
+
+// drainPoll is how often Release looks at the released pods' requests.
+const drainPoll = 10 * time.Millisecond
+
+// Instances returns model's prefill and decode pods.
+func (f *planFleet) Instances(model string) []plan.Instance {
+	m := f.g.pool.Load().Model([]byte(model))
+	if m == nil {
+		return nil
+	}
+	var out []plan.Instance
+	for _, p := range slices.Concat(m.Prefill, m.Decode) {
+		out = append(out, plan.Instance{Name: p.Config.Name, Address: p.Config.Address, Role: p.Config.Role,
+			Roleset: p.Config.Roleset, InFlight: p.InFlight()})
+	}
+	return out
+}
+
+// Release takes the named pods out of the fleet and waits until no request
+// is in flight on them and no decode leg is on its way to them.
+func (f *planFleet) Release(ctx context.Context, model string, names []string) error {
+	start := time.Now()
+	var leaving []*pool.Pod
+	f.mu.Lock()
+	for _, p := range f.g.pool.Load().Pods {
+		if p.Config.Model == model && slices.Contains(names, p.Config.Name) {
+			leaving = append(leaving, p)
+		}
+	}
+	pods := slices.DeleteFunc(slices.Clone(f.g.Config().Pods), func(p config.Pod) bool {
+		if p.Model == model && slices.Contains(names, p.Name) {
+			f.released[p.Name] = p
+			return true
+		}
+		return false
+	})
+	err := f.g.SetPods(pods)
+	if err != nil {
+		for _, name := range names {
+			delete(f.released, name)
+		}
+	}
+	f.mu.Unlock()
+	inFlight := int64(0)
+	for _, p := range leaving {
+		inFlight += p.InFlight() + int64(p.Pending().Load())
+	}
+	f.noteRelease(model, names, inFlight, 0)
+	if err != nil {
+		return err
+	}
+	tick := time.NewTicker(drainPoll)
+	defer tick.Stop()
+	for busy(leaving) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	f.noteRelease(model, names, inFlight, time.Since(start).Seconds())
+	return nil
+}
+
+// busy reports whether a request is in flight on, or on its way to, a pod.
+func busy(pods []*pool.Pod) bool {
+	for _, p := range pods {
+		if p.InFlight() > 0 || p.Pending().Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// noteRelease records a release in the model's running switch wave.
+func (f *planFleet) noteRelease(model string, names []string, inFlight int64, drainSec float64) {
+	f.loop.mu.Lock()
+	defer f.loop.mu.Unlock()
+	if st := f.loop.models[model]; st != nil && st.wave != nil {
+		st.wave.Released, st.wave.InFlight, st.wave.DrainSec = names, inFlight, drainSec
+	}
+}
+
+// Assign applies changes to model's pods and brings every released pod
+// back.
+func (f *planFleet) Assign(model string, changes []plan.Change) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	pods := slices.Clone(f.g.Config().Pods)
+	for _, name := range sortedKeys(f.released) {
+		pods = append(pods, f.released[name])
+	}
+	clear(f.released)
+	for i := range pods {
+		p := &pods[i]
+		if p.Model != model {
+			continue
+		}
+		for _, c := range changes {
+			if c.Name == p.Name {
+				p.Role, p.Roleset = c.Role, c.Roleset
+				if c.BootstrapPort > 0 {
+					p.BootstrapPort = c.BootstrapPort
+				}
+			}
+		}
+	}
+	return f.g.SetPods(pods)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
