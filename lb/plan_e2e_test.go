@@ -282,3 +282,22 @@ func TestPlannerSwitchesRolesUnderLoad(t *testing.T) {
 		t.Errorf("pdlb_plan_current_instances %v prefill, %v decode; want %v", p, d, now)
 	}
 }
+
+// With the planner off, /admin/plan says so and no plan series exist; with
+// it on, a model without prefill/decode pods is not planned.
+func TestPlanAdminWithoutPlannedModels(t *testing.T) {
+	pods := podsOf("m", testFleet(t, "m", 1, 100)...)
+	for _, enabled := range []bool{false, true} {
+		s := testGateway(t, pods, func(c *config.Config) { c.Plan.Enabled = enabled })
+		var st planStatus
+		if err := json.Unmarshal([]byte(get(t, "http://"+s.AdminAddr()+"/admin/plan")), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Enabled != enabled || len(st.Models) != 0 || len(st.Actuators) != 0 {
+			t.Errorf("enabled %v: /admin/plan %+v", enabled, st)
+		}
+		if m := get(t, "http://"+s.AdminAddr()+"/metrics"); strings.Contains(m, "pdlb_plan_current_instances{") {
+			t.Errorf("enabled %v: plan series without a planned model", enabled)
+		}
+	}
+}

@@ -183,7 +183,10 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 		if st.view.Reason == "" {
 			st.view.target, st.view.Reason = current, "hold: no window observed yet"
 		}
-		dt := now.Sub(st.lastTick).Seconds()
+		dt := 0.0 // the first reading only sets the baseline
+		if !st.lastTick.IsZero() {
+			dt = now.Sub(st.lastTick).Seconds()
+		}
 		st.lastTick = now
 		d, ok := st.observer.Observe(now, l.counts(m, st, dt), prefillCapacity(m), decodeCapacity(m, l.cfg))
 		if !ok {
@@ -191,8 +194,9 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 		}
 		st.view.ObservedAt, st.view.Window = now, &d
 		if st.wave != nil {
-			np, nd := d.Needs()
-			st.view.needP, st.view.needD = np, nd
+			if d.Validate() == nil {
+				st.view.needP, st.view.needD = d.Needs()
+			}
 			st.view.Reason = fmt.Sprintf("hold: switch %s → %s in progress", st.wave.From, st.wave.To)
 			continue
 		}
@@ -202,8 +206,11 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 		}
 		dec := st.planner.Plan()
 		st.view.target, st.view.needP, st.view.needD, st.view.Reason = dec.Target, dec.NeedPrefill, dec.NeedDecode, dec.Reason
-		if dec.Switch && len(l.actuators) > 0 {
+		switch {
+		case dec.Switch && len(l.actuators) > 0:
 			l.startWave(ctx, m.Name, st, dec, now)
+		case dec.Switch:
+			st.view.Reason += " (advice only: no actuator is configured)"
 		}
 	}
 }
