@@ -65,6 +65,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		ReadTimeout:    cfg.ClientReadTimeout,
 		IdleTimeout:    cfg.ClientIdleTimeout,
 		WrapListener:   limits.NewConns(cfg.Access.Conns).Wrap,
+		Log:            log,
 	})
 	if err != nil {
 		g.Close()

@@ -3,6 +3,8 @@
 package frontend
 
 import (
+	"fmt"
+	"log/slog"
 	"net"
 	"time"
 
@@ -30,6 +32,8 @@ type Options struct {
 	// ReadTimeout bounds reading one request's headers and body (default
 	// 30s), so a slow client cannot hold a connection forever.
 	ReadTimeout time.Duration
+	// Log receives the server's own messages at debug level (nil: none).
+	Log *slog.Logger
 	// WrapListener, if set, wraps the fasthttp front end's listener (per-IP
 	// connection caps, idle deadlines); the gnet front end accepts on its
 	// own sockets and ignores it.
@@ -49,10 +53,19 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 		ReadTimeout:           o.ReadTimeout,
 		IdleTimeout:           o.IdleTimeout,
 		NoDefaultServerHeader: true,
-		NoDefaultDate:         false,
 		CloseOnShutdown:       true,
-		// Streams flush per event; buffering would hold tokens back.
-		ReduceMemoryUsage: false,
+		Logger:                debugLog{o.Log},
+	}
+}
+
+// debugLog hands fasthttp's messages (a client that went away, a malformed
+// request already answered) to the gateway's log at debug level: they are
+// the clients' doing, and at the edge they come by the thousand.
+type debugLog struct{ log *slog.Logger }
+
+func (l debugLog) Printf(format string, args ...any) {
+	if l.log != nil {
+		l.log.Debug(fmt.Sprintf(format, args...))
 	}
 }
 
