@@ -350,8 +350,14 @@ type exchange struct {
 	pd     pdCall
 }
 
+// relayBufferBytes is the buffer upstream bytes are read into and relayed
+// from. Engines send an event of a few hundred bytes at a time, and an event
+// larger than the buffer is reassembled by the SSE splitter, so a small
+// buffer costs nothing per event and keeps thousands of held streams cheap.
+const relayBufferBytes = 8 << 10
+
 var exchangePool = sync.Pool{New: func() any {
-	return &exchange{buf: make([]byte, 32<<10)}
+	return &exchange{buf: make([]byte, relayBufferBytes)}
 }}
 
 func acquireExchange() *exchange {
