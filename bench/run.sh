@@ -62,9 +62,9 @@ scenario_micro() {
 }
 
 # sim: seed 000's routing table on bench/cluster (virtual time), seeds 0..3.
-SIM_POLICIES=("random" "least_queue" "cache_only" "min_ttft" "min_ttft --reject" "default --reject")
+SIM_POLICIES=("random" "least_queue" "cache_only" "min_ttft" "min_ttft --faithful" "min_ttft --reject" "min_ttft --reject --faithful" "default --reject")
 scenario_sim() {
-	section "Seed 000's routing table (pdlb sim)" "Virtual-time simulator, seed 000's chat on 8 pods for 120 s; one row per policy and workload seed (see bench/cluster/README.md)."
+	section "Seed 000's routing table (pdlb sim)" "Virtual-time simulator, seed 000's chat on 8 pods for 120 s; one row per policy and workload seed (see bench/cluster/README.md). \`--faithful\` breaks ties as seed 000's Python does (the first pod), which is how its min_ttft rows were made; without it ties are broken at random, as the gateway does."
 	local rate
 	for rate in 40 70; do
 		record_as "$PDLB sim --rate $rate --duration 120 --seed {0..3} --policy {$(IFS=,; echo "${SIM_POLICIES[*]}")}" sim_rows "$rate"
