@@ -87,6 +87,8 @@ sim_rows() {
 scenario_plan() {
 	section "xPyD plan (pdlb plan)" "Seed 000's day on 24 pods: what each phase needs and the load under static 12P12D."
 	record "$PDLB" plan --phases seed --total 24 --static 12P12D
+	section "xPyD planner against static 12P12D (pdlb plan --simulate)" "Seed 000's three phases in sequence on bench/cluster's virtual fleet of 24 pods, 120 s each: SLO attainment per phase, role-switch waves and instances moved."
+	record "$PDLB" plan --phases seed --total 24 --static 12P12D --simulate
 }
 
 # live: a demo fleet and gateway on loopback, then pdlb load against it.

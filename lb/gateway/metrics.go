@@ -51,6 +51,9 @@ type modelMetrics struct {
 	// prefix hit rate the router achieved.
 	promptTokens *metrics.Counter
 	cachedTokens *metrics.Counter
+	// completionTokens adds up the output of the streams relayed (counted
+	// from their events, or their usage when they carry it).
+	completionTokens *metrics.Counter
 	// pd are the prefill/decode exchange's series.
 	pd *pdMetrics
 }
@@ -110,13 +113,14 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 			next = append([]*modelMetrics(nil), next...) // never write a published slice
 		}
 		next[md.Index] = &modelMetrics{
-			requests:     m.requests(md.Name),
-			ttft:         m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_to_first_token_seconds{model=%q}`, md.Name), ttftBuckets),
-			tpot:         m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_per_output_token_seconds{model=%q}`, md.Name), tpotBuckets),
-			e2e:          m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_request_duration_seconds{model=%q}`, md.Name), e2eBuckets),
-			promptTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
-			cachedTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
-			pd:           newPDMetrics(m.set, md.Name),
+			requests:         m.requests(md.Name),
+			ttft:             m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_to_first_token_seconds{model=%q}`, md.Name), ttftBuckets),
+			tpot:             m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_per_output_token_seconds{model=%q}`, md.Name), tpotBuckets),
+			e2e:              m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_request_duration_seconds{model=%q}`, md.Name), e2eBuckets),
+			promptTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
+			cachedTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
+			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%q}`, md.Name)),
+			pd:               newPDMetrics(m.set, md.Name),
 		}
 	}
 	m.models.Store(&next)
@@ -169,6 +173,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.Metric
 	"pdlb_shed_duration_seconds":         {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
 	"pdlb_prompt_tokens_total":           {Help: "Prompt tokens of the requests placed on a pod."},
 	"pdlb_prefix_cached_tokens_total":    {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
+	"pdlb_completion_tokens_total":       {Help: "Output tokens of the streams relayed, by model (counted from their events, or their usage when they carry it)."},
 	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
 	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
 	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},

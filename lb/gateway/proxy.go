@@ -343,7 +343,9 @@ func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fastht
 	g.ledger.Finish(x.id)
 	pod.Release()
 	g.inFlight.Add(-1)
-	g.metrics.model(m).e2e.Update(time.Since(x.start).Seconds())
+	mm := g.metrics.model(m)
+	mm.e2e.Update(time.Since(x.start).Seconds())
+	mm.completionTokens.Add(x.counted.Tokens())
 	g.metrics.countRequest(m, status)
 	releaseExchange(x)
 }
