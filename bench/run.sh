@@ -107,7 +107,7 @@ scenario_live() {
 		sleep 0.1
 	done
 	gw=$(sed -n 's/^pdlb demo: gateway on \([^,]*\),.*/\1/p' "$log")
-	pods=$(awk '$2 == "demo-vllm" { printf "%shttp://%s/metrics", sep, $4; sep = "," }' "$log")
+	pods=$(awk '$2 == "demo-vllm" { printf "%shttp://%s/metrics", sep, $NF; sep = "," }' "$log")
 	if [ -z "$gw" ] || [ -z "$pods" ]; then
 		printf '\nFAILED: pdlb demo did not start:\n' | tee -a "$OUT"
 		tee -a "$OUT" <"$log"
