@@ -143,12 +143,7 @@ func TestAdmissionShedsWhatCannotMeetItsTarget(t *testing.T) {
 	// One pod prefilling at 2,000 tokens/s (speedup 1) and a 0.5 s target:
 	// a prompt of ~1,600 tokens takes ~0.8 s, so it can never make it and
 	// is rejected at once, before any upstream work; short prompts pass.
-	pod, err := sim.Start(sim.Config{Name: "slow", Model: "m", Listen: "127.0.0.1:0", Speedup: 1,
-		Physics: func() sim.Physics { p := sim.DefaultPhysics(); p.PrefillTokensPerSec = 2000; return p }()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pod.Close() })
+	pod := physicsPod(t, "slow", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 2000 })
 	s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: 2000}}, func(c *config.Config) {
 		c.Admission.Enabled = true
 		c.Admission.Interactive.TTFTSLO = 0.5
@@ -179,12 +174,7 @@ func TestBatchRequestsWait(t *testing.T) {
 	// queue for the prediction to clear, and is answered either way within
 	// its max wait; an interactive one in the same situation is rejected at
 	// once.
-	pod, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 1,
-		Physics: func() sim.Physics { p := sim.DefaultPhysics(); p.PrefillTokensPerSec = 20000; return p }()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pod.Close() })
+	pod := physicsPod(t, "p", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 20000 })
 	s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod.Addr()}}, func(c *config.Config) {
 		c.Admission.Enabled = true
 		c.Admission.Interactive.TTFTSLO = 0.3
@@ -258,12 +248,7 @@ func TestAdmissionLearnsTPOT(t *testing.T) {
 	// A pod whose decode steps take 0.2 s against a 0.1 s TPOT target: the
 	// first streams teach the gateway its step time, after which requests
 	// are refused before any upstream work.
-	pod, err := sim.Start(sim.Config{Name: "slow-decode", Model: "m", Listen: "127.0.0.1:0", Speedup: 10,
-		Physics: func() sim.Physics { p := sim.DefaultPhysics(); p.DecodeBaseSec = 0.2; return p }()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pod.Close() })
+	pod := physicsPod(t, "slow-decode", 10, func(p *sim.Physics) { p.DecodeBaseSec = 0.2 })
 	s := testGateway(t, []config.Pod{{Name: "slow-decode", Model: "m", Address: pod.Addr()}}, func(c *config.Config) {
 		c.Admission.Enabled = true
 		// Wall time is sim time over the speedup, so the gateway sees
@@ -289,4 +274,18 @@ func TestAdmissionLearnsTPOT(t *testing.T) {
 	if !rejected || served == 0 {
 		t.Fatalf("%d streams served at 20 ms per token against a 15 ms target before one was refused (refused: %v); the first must pass, a later one must not", served, rejected)
 	}
+}
+
+// physicsPod starts one sim pod of model "m" whose timing model tune
+// adjusts.
+func physicsPod(t *testing.T, name string, speedup float64, tune func(*sim.Physics)) *sim.Pod {
+	t.Helper()
+	physics := sim.DefaultPhysics()
+	tune(&physics)
+	pod, err := sim.Start(sim.Config{Name: name, Model: "m", Listen: "127.0.0.1:0", Speedup: speedup, Physics: physics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	return pod
 }
