@@ -206,11 +206,19 @@ func (l *Ledger) UnlockSelection() { l.selection.Unlock() }
 // applies of session delta, prefix match and whole prompt. The decode pod
 // is charged the whole prompt, since it receives all of the prompt's KV.
 // Charging an id that already holds a charge releases the old one first,
-// so a retry on another pod moves the charge. prefill and decode must be
-// indices of the last SetPods.
+// so a retry on another pod moves the charge. prefill and decode are
+// indices of the last SetPods; one beyond it (a decision made on the
+// gateway's previous snapshot while a reload shrank the fleet) is not
+// charged, as that pod is leaving.
 func (l *Ledger) Charge(id uint64, prefill, decode int32, p *Prompt, now int64) int64 {
 	tab := *l.table.Load()
 	c := charge{at: now}
+	if int(prefill) >= len(tab) {
+		prefill = -1
+	}
+	if int(decode) >= len(tab) {
+		decode = -1
+	}
 	if prefill >= 0 {
 		c.prefill = tab[prefill]
 		c.active = l.requestCost + l.newTokens(p, now)
@@ -268,8 +276,14 @@ func (l *Ledger) Finish(id uint64) {
 
 // Prefill returns pod's prefill counters (tokens): the token_load score is
 // active + kv_weight × kv.
+//
+// A pod beyond the last SetPods (see Charge) reads as idle.
 func (l *Ledger) Prefill(pod int32) (active, kv int64) {
-	s := (*l.table.Load())[pod]
+	tab := *l.table.Load()
+	if int(pod) >= len(tab) {
+		return 0, 0
+	}
+	s := tab[pod]
 	return s.active.Load(), s.kv.Load()
 }
 
@@ -279,7 +293,11 @@ func (l *Ledger) Prefill(pod int32) (active, kv int64) {
 // multiplies by the pod's generation rate per request. Both include the
 // other replicas' charges when the ledger is shared.
 func (l *Ledger) Decode(pod int32, now int64) (tokens, ageSec float64) {
-	s := (*l.table.Load())[pod]
+	tab := *l.table.Load()
+	if int(pod) >= len(tab) {
+		return 0, 0
+	}
+	s := tab[pod]
 	nowMs := now / int64(time.Millisecond)
 	t, ageMs := s.decode.Load(), s.decodeReqs.Load()*nowMs-s.routedMs.Load()
 	if r := s.remote.Load(); r != nil {

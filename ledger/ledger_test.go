@@ -388,3 +388,27 @@ func TestSelectionsSeeEachOthersCharges(t *testing.T) {
 		tl.prefill(t, pod, perPod*(DefaultRequestCost+1000), perPod*(DefaultRequestCost+1000))
 	}
 }
+
+// A decision made on the gateway's previous snapshot may name a pod a
+// reload just removed: it is neither charged nor a crash.
+func TestPodsBeyondTheLastSetPods(t *testing.T) {
+	l := New(DefaultConfig(), Env{})
+	l.SetPods([]string{"a", "b", "c", "d"})
+	l.SetPods([]string{"a", "b", "c"})
+	if a, kv := l.Prefill(3); a != 0 || kv != 0 {
+		t.Fatalf("Prefill(3) = %d, %d", a, kv)
+	}
+	if tok, _ := l.Decode(3, 0); tok != 0 {
+		t.Fatalf("Decode(3) = %v", tok)
+	}
+	l.Charge(1, 3, 3, &Prompt{Tokens: 100}, 0)
+	l.Charge(2, 0, 3, &Prompt{Tokens: 100}, 0)
+	if a, _ := l.Prefill(0); a == 0 {
+		t.Fatal("the pod still present was not charged")
+	}
+	l.Finish(1)
+	l.Finish(2)
+	if a, kv := l.Prefill(0); a != 0 || kv != 0 {
+		t.Fatalf("charges left after Finish: %d, %d", a, kv)
+	}
+}
