@@ -203,9 +203,6 @@ func (g *Gateway) Close() {
 	}
 }
 
-// Snapshot returns the current view of the fleet.
-func (g *Gateway) Snapshot() *pool.Snapshot { return g.pool.Load() }
-
 // Handler serves the OpenAI API.
 func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 	if n := ctx.Request.Header.Len(); n > g.cfg.MaxHeaders {
@@ -303,7 +300,7 @@ func renderModels(s *pool.Snapshot) *[]byte {
 			b = append(b, ',')
 		}
 		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m.Name)
+		b = openai.AppendJSONString(b, m.Name)
 		b = append(b, `,"object":"model","owned_by":"pdlb"}`...)
 	}
 	b = append(b, "]}"...)

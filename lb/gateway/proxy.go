@@ -431,5 +431,3 @@ func writeError(ctx *fasthttp.RequestCtx, e *openai.Error) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(e.AppendJSON(nil))
 }
-
-func appendJSONString(dst []byte, s string) []byte { return strconv.AppendQuote(dst, s) }

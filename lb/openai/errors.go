@@ -162,9 +162,9 @@ func UpstreamTimeout(after time.Duration) *Error {
 // becomes U+FFFD), without its HTML escaping, which only costs bytes here.
 func (e *Error) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `{"error":{"message":`...)
-	dst = appendJSONString(dst, e.Message)
+	dst = AppendJSONString(dst, e.Message)
 	dst = append(dst, `,"type":`...)
-	dst = appendJSONString(dst, e.Type)
+	dst = AppendJSONString(dst, e.Type)
 	dst = append(dst, `,"param":`...)
 	dst = appendJSONStringOrNull(dst, e.Param)
 	dst = append(dst, `,"code":`...)
@@ -176,11 +176,11 @@ func appendJSONStringOrNull(dst []byte, s string) []byte {
 	if s == "" {
 		return append(dst, "null"...)
 	}
-	return appendJSONString(dst, s)
+	return AppendJSONString(dst, s)
 }
 
-// appendJSONString appends s as a JSON string literal.
-func appendJSONString(dst []byte, s string) []byte {
+// AppendJSONString appends s as a JSON string literal.
+func AppendJSONString(dst []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
 	start := 0
