@@ -30,8 +30,10 @@ func (c *charge) release() {
 	}
 }
 
-// chargeShards spreads the charge table over independent locks: concurrent
-// requests land on different shards, each on its own cache line.
+// chargeShards spreads the charge table over independent locks. A charge
+// lives in the shard of the pod it charged (see Ticket), so requests on
+// different pods touch different cache lines: hashing by request id would
+// send every core to every shard and bounce their lines between cores.
 const (
 	chargeShardBits = 6
 	chargeShards    = 1 << chargeShardBits
@@ -45,7 +47,11 @@ const (
 // immutable and every insert or update allocates one, where this table
 // allocates only when a shard grows, which keeps charge + release at zero
 // allocations (and a Go map would hash twice per update).
-type chargeTable [chargeShards]chargeShard
+//
+// A slice, not an array behind a pointer: indexing through a pointer makes
+// the compiler nil-check it with a load of shard 0's cache line on every
+// access, which would bounce that line between cores too.
+type chargeTable []chargeShard
 
 type chargeShard struct {
 	mu    sync.Mutex
@@ -60,23 +66,24 @@ type chargeSlot struct {
 	c    charge
 }
 
-func (t *chargeTable) init() {
+// newChargeTable allocates the shards in one 4 KiB object, the size class
+// whose objects start on 4 KiB boundaries, so each shard has its own cache
+// line.
+func newChargeTable() chargeTable {
+	t := make(chargeTable, chargeShards)
 	for i := range t {
 		t[i].slots = make([]chargeSlot, minSlots)
 	}
+	return t
 }
 
-// hash is Fibonacci hashing: its top bits pick the shard, the bits below
-// them the home slot, so sequential ids spread over both.
+// hash is Fibonacci hashing: its top bits pick a slot, so sequential ids
+// spread over the shard.
 func hash(id uint64) uint64 { return id * 0x9E3779B97F4A7C15 }
 
-func (t *chargeTable) shard(id uint64) *chargeShard {
-	return &t[hash(id)>>(64-chargeShardBits)]
-}
-
-// home is id's first slot: the hash bits right below the shard bits.
+// home is id's first slot: the top bits of its hash.
 func (sh *chargeShard) home(id uint64) int {
-	return int(hash(id) << chargeShardBits >> (64 - bits.TrailingZeros(uint(len(sh.slots)))))
+	return int(hash(id) >> (64 - bits.TrailingZeros(uint(len(sh.slots)))))
 }
 
 // find returns id's slot and true, or the empty slot where it would go and
@@ -127,9 +134,10 @@ func (sh *chargeShard) remove(i int) {
 	sh.n--
 }
 
-// swap stores c under id and returns the charge it replaced.
-func (t *chargeTable) swap(id uint64, c charge) (old charge, ok bool) {
-	sh := t.shard(id)
+// swap stores c under t's id in its shard and returns the charge it
+// replaced.
+func (tab chargeTable) swap(t Ticket, c charge) (old charge, ok bool) {
+	sh, id := &tab[t.shard()], t.ID
 	sh.mu.Lock()
 	i, ok := sh.find(id)
 	if ok {
@@ -142,9 +150,9 @@ func (t *chargeTable) swap(id uint64, c charge) (old charge, ok bool) {
 	return old, ok
 }
 
-// take removes id's charge and returns it.
-func (t *chargeTable) take(id uint64) (c charge, ok bool) {
-	sh := t.shard(id)
+// take removes t's charge and returns it.
+func (tab chargeTable) take(t Ticket) (c charge, ok bool) {
+	sh, id := &tab[t.shard()], t.ID
 	sh.mu.Lock()
 	i, ok := sh.find(id)
 	if ok {
@@ -155,10 +163,10 @@ func (t *chargeTable) take(id uint64) (c charge, ok bool) {
 	return c, ok
 }
 
-// takeActive zeroes the active part of id's charge and returns its pod and
+// takeActive zeroes the active part of t's charge and returns its pod and
 // amount; n == 0 when there is nothing left to release.
-func (t *chargeTable) takeActive(id uint64) (s *podSlot, n int64) {
-	sh := t.shard(id)
+func (tab chargeTable) takeActive(t Ticket) (s *podSlot, n int64) {
+	sh, id := &tab[t.shard()], t.ID
 	sh.mu.Lock()
 	if i, ok := sh.find(id); ok {
 		c := &sh.slots[i].c
@@ -171,9 +179,9 @@ func (t *chargeTable) takeActive(id uint64) (s *podSlot, n int64) {
 
 // takeOlder removes every charge taken before cutoff (ledger-clock
 // nanoseconds) and appends them, with their ids, to dst.
-func (t *chargeTable) takeOlder(cutoff int64, dst []expired) []expired {
-	for k := range t {
-		sh := &t[k]
+func (tab chargeTable) takeOlder(cutoff int64, dst []expired) []expired {
+	for k := range tab {
+		sh := &tab[k]
 		sh.mu.Lock()
 		first := len(dst)
 		for i := range sh.slots {
@@ -196,6 +204,5 @@ type expired struct {
 	c  charge
 }
 
-// Compile-time check that a chargeTable is exactly 4 KiB, the size class
-// whose objects start on 4 KiB boundaries.
-var _ [0]struct{} = [unsafe.Sizeof(chargeTable{}) - 4096]struct{}{}
+// Compile-time check that the shards fill exactly 4 KiB.
+var _ [0]struct{} = [chargeShards*unsafe.Sizeof(chargeShard{}) - 4096]struct{}{}

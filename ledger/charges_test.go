@@ -10,8 +10,9 @@ import (
 // enough ids that probe runs collide, wrap around and grow, and checks they
 // agree after every step.
 func TestChargeTableAgainstMap(t *testing.T) {
-	var tab chargeTable
-	tab.init()
+	tab := newChargeTable()
+	// tk spreads the ids over two shards only, so probe runs collide.
+	tk := func(id uint64) Ticket { return Ticket{ID: id, home: uint8(id%2) + 1} }
 	ref := map[uint64]int64{}    // id → kv
 	active := map[uint64]int64{} // id → active not yet taken
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -19,7 +20,7 @@ func TestChargeTableAgainstMap(t *testing.T) {
 	f := func(step int) {
 		t.Helper()
 		for id := uint64(0); id < 3000; id++ {
-			sh := tab.shard(id)
+			sh := &tab[tk(id).shard()]
 			i, ok := sh.find(id)
 			want, wantOK := ref[id]
 			if ok != wantOK || (ok && sh.slots[i].c.kv != want) {
@@ -32,18 +33,18 @@ func TestChargeTableAgainstMap(t *testing.T) {
 		switch op := rng.IntN(10); {
 		case op < 5:
 			v := rng.Int64N(1000) + 1
-			old, ok := tab.swap(id, charge{kv: v, active: v})
+			old, ok := tab.swap(tk(id), charge{kv: v, active: v})
 			if want, wantOK := ref[id]; ok != wantOK || old.kv != want {
 				t.Fatalf("step %d: swap %d replaced %v %d, want %v %d", step, id, ok, old.kv, wantOK, want)
 			}
 			ref[id], active[id] = v, v
 		case op < 7:
-			if _, n := tab.takeActive(id); n != active[id] {
+			if _, n := tab.takeActive(tk(id)); n != active[id] {
 				t.Fatalf("step %d: takeActive %d gave %d, want %d", step, id, n, active[id])
 			}
 			active[id] = 0
 		default:
-			c, ok := tab.take(id)
+			c, ok := tab.take(tk(id))
 			if want, wantOK := ref[id]; ok != wantOK || c.kv != want {
 				t.Fatalf("step %d: take %d gave %v %d, want %v %d", step, id, ok, c.kv, wantOK, want)
 			}
@@ -64,7 +65,7 @@ func TestChargeTableAgainstMap(t *testing.T) {
 	}
 	// takeOlder removes exactly the old ones.
 	for id := range ref {
-		tab.swap(id, charge{at: int64(id % 2), kv: ref[id]})
+		tab.swap(tk(id), charge{at: int64(id % 2), kv: ref[id]})
 	}
 	got := tab.takeOlder(1, nil)
 	for _, e := range got {

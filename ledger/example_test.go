@@ -27,13 +27,14 @@ func Example() {
 	}
 	tokens, age := l.Decode(2, now) // → route.Candidate DecodeTokens, DecodeAgeSec
 	_, _ = tokens, age
-	charged := l.Charge(42, 0, 2, &p, now) // the picks: prefill-0, decode-0
+	t := ledger.Ticket{ID: 42}             // one per request
+	charged := l.Charge(&t, 0, 2, &p, now) // the picks: prefill-0, decode-0
 	l.UnlockSelection()
 	fmt.Println("prefill charge:", charged)
 
-	l.PrefillDone(42)
+	l.PrefillDone(t)
 	l.WritePrometheus(os.Stdout)
-	l.Finish(42)
+	l.Finish(t)
 	// Output:
 	// prefill charge: 4700
 	// pd_token_load_active_tokens{pod="ns/prefill-0"} 0

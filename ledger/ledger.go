@@ -9,7 +9,9 @@
 // Hot path: a charge is one probe of a sharded hash table and a few atomic
 // adds on the pod's own cache lines; a release is one probe and atomic
 // subtractions; neither reads the clock (the caller passes the selection's
-// reading) nor allocates. Pods are addressed by the gateway's dense int32
+// reading) nor allocates. A request's Ticket keeps its charge in the shard
+// of the pod it charged, so cores serving different pods share no cache
+// line. Pods are addressed by the gateway's dense int32
 // index, so no request ever hashes a pod name.
 package ledger
 
@@ -112,10 +114,8 @@ type Ledger struct {
 	log         *slog.Logger
 	onDrop      func(string)
 
-	table atomic.Pointer[[]*podSlot] // gateway pod index → slot
-	// charges is allocated on its own: at exactly 4 KiB it starts on a
-	// 4 KiB boundary, so each shard has its own cache line.
-	charges  *chargeTable
+	table    atomic.Pointer[[]*podSlot] // gateway pod index → slot
+	charges  chargeTable
 	sessions sessionTable
 
 	// selection serializes a selection with its charge (LockSelection).
@@ -144,8 +144,7 @@ func New(cfg Config, env Env) *Ledger {
 	if l.log == nil {
 		l.log = slog.Default()
 	}
-	l.charges = new(chargeTable)
-	l.charges.init()
+	l.charges = newChargeTable()
 	l.sessions.init(int64(cfg.SessionTTLSeconds)*int64(time.Second), int64(cfg.MaxSessions))
 	empty := []*podSlot{}
 	l.table.Store(&empty)
@@ -199,18 +198,34 @@ func (l *Ledger) LockSelection() { l.selection.Lock() }
 // UnlockSelection ends what LockSelection began.
 func (l *Ledger) UnlockSelection() { l.selection.Unlock() }
 
-// Charge charges request id to prefill pod prefill and decode pod decode
+// Ticket is a request's claim check on the ledger: Charge records where
+// it keeps the request's charge, and PrefillDone and Finish go straight
+// there. The place is the shard of the first pod charged and never changes,
+// so a copy taken after the first Charge stays valid across re-charges, and
+// requests on different pods never share a lock or a cache line.
+type Ticket struct {
+	// ID names the request; unique among the charges outstanding. Set it
+	// before the first Charge.
+	ID uint64
+	// home is the charge's shard + 1; 0 until the first Charge.
+	home uint8
+}
+
+// shard returns the ticket's shard; only for a charged ticket.
+func (t Ticket) shard() int { return int(t.home) - 1 }
+
+// Charge charges t's request to prefill pod prefill and decode pod decode
 // (gateway indices; -1 for none) at now, the Now reading the selection was
 // made at, and returns the prefill charge in tokens:
 // request_cost + new_tokens, where new_tokens is the first rule that
 // applies of session delta, prefix match and whole prompt. The decode pod
 // is charged the whole prompt, since it receives all of the prompt's KV.
-// Charging an id that already holds a charge releases the old one first,
+// Charging a ticket that already holds a charge releases the old one first,
 // so a retry on another pod moves the charge. prefill and decode are
 // indices of the last SetPods; one beyond it (a decision made on the
 // gateway's previous snapshot while a reload shrank the fleet) is not
 // charged, as that pod is leaving.
-func (l *Ledger) Charge(id uint64, prefill, decode int32, p *Prompt, now int64) int64 {
+func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) int64 {
 	tab := *l.table.Load()
 	c := charge{at: now}
 	if int(prefill) >= len(tab) {
@@ -218,6 +233,9 @@ func (l *Ledger) Charge(id uint64, prefill, decode int32, p *Prompt, now int64) 
 	}
 	if int(decode) >= len(tab) {
 		decode = -1
+	}
+	if t.home == 0 {
+		t.home = uint8(uint32(max(prefill, decode, 0))%chargeShards) + 1
 	}
 	if prefill >= 0 {
 		c.prefill = tab[prefill]
@@ -238,7 +256,7 @@ func (l *Ledger) Charge(id uint64, prefill, decode int32, p *Prompt, now int64) 
 		s.routedMs.Add(c.routedMs)
 		s.touch()
 	}
-	if old, ok := l.charges.swap(id, c); ok {
+	if old, ok := l.charges.swap(*t, c); ok {
 		old.release()
 	}
 	return c.active
@@ -257,19 +275,25 @@ func (l *Ledger) newTokens(p *Prompt, now int64) int64 {
 	return p.Tokens
 }
 
-// PrefillDone releases the active part of id's prefill charge: the prefill
-// call returned and the pod only holds the KV now. Idempotent; unknown ids
-// are ignored.
-func (l *Ledger) PrefillDone(id uint64) {
-	if s, n := l.charges.takeActive(id); n != 0 {
+// PrefillDone releases the active part of t's prefill charge: the prefill
+// call returned and the pod only holds the KV now. Idempotent; a ticket
+// never charged, or already finished, is ignored.
+func (l *Ledger) PrefillDone(t Ticket) {
+	if t.home == 0 {
+		return
+	}
+	if s, n := l.charges.takeActive(t); n != 0 {
 		s.active.Add(-n)
 	}
 }
 
-// Finish releases everything left of id's charges: the request completed,
-// or failed. Idempotent; unknown ids are ignored.
-func (l *Ledger) Finish(id uint64) {
-	if c, ok := l.charges.take(id); ok {
+// Finish releases everything left of t's charges: the request completed,
+// or failed. Idempotent; a ticket never charged is ignored.
+func (l *Ledger) Finish(t Ticket) {
+	if t.home == 0 {
+		return
+	}
+	if c, ok := l.charges.take(t); ok {
 		c.release()
 	}
 }

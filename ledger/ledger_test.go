@@ -34,6 +34,19 @@ func newTestLedger(t *testing.T, cfg Config) *testLedger {
 	return tl
 }
 
+// tickets keeps one Ticket per request id, as the gateway keeps one per
+// request, for tests that name their requests by number.
+type tickets map[uint64]*Ticket
+
+func (ts tickets) of(id uint64) *Ticket {
+	t := ts[id]
+	if t == nil {
+		t = &Ticket{ID: id}
+		ts[id] = t
+	}
+	return t
+}
+
 func (tl *testLedger) advance(d time.Duration) { tl.clock.Add(int64(d)) }
 
 func (tl *testLedger) prefill(t *testing.T, pod int32, wantActive, wantKV int64) {
@@ -47,17 +60,18 @@ func TestNewTokensRules(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MinMatchPct = 30
 	tl := newTestLedger(t, cfg)
+	tk := tickets{}
 	id := uint64(0)
 	// f charges p to pod a and checks the prefill charge (request_cost +
 	// new_tokens); the charge is finished at once so charges never pile up.
 	f := func(p Prompt, wantNew int64) {
 		t.Helper()
 		id++
-		if got := tl.Charge(id, 0, -1, &p, tl.Now()); got != DefaultRequestCost+wantNew {
+		if got := tl.Charge(tk.of(id), 0, -1, &p, tl.Now()); got != DefaultRequestCost+wantNew {
 			t.Fatalf("%+v: charge %d, want %d + %d", p, got, DefaultRequestCost, wantNew)
 		}
 		tl.prefill(t, 0, DefaultRequestCost+wantNew, DefaultRequestCost+wantNew)
-		tl.Finish(id)
+		tl.Finish(*tk.of(id))
 	}
 	// Whole prompt: no session, no lookup.
 	f(Prompt{Tokens: 1000}, 1000)
@@ -89,9 +103,10 @@ func TestSessionTTLZeroTurnsRuleOff(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.SessionTTLSeconds = 0
 	tl := newTestLedger(t, cfg)
+	tk := tickets{}
 	for i, tokens := range []int64{1000, 1500} {
 		p := Prompt{Tokens: tokens, Model: "m", SessionKey: "s"}
-		if got := tl.Charge(uint64(i), 0, -1, &p, tl.Now()); got != DefaultRequestCost+tokens {
+		if got := tl.Charge(tk.of(uint64(i)), 0, -1, &p, tl.Now()); got != DefaultRequestCost+tokens {
 			t.Fatalf("turn %d: charge %d, want whole prompt", i, got)
 		}
 	}
@@ -104,6 +119,7 @@ func TestSessionKeyLimits(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MaxSessions = 2
 	tl := newTestLedger(t, cfg)
+	tk := tickets{}
 	id := uint64(0)
 	// f charges two turns of key (100 then 150 tokens) and checks the second.
 	f := func(key string, wantNew int64) {
@@ -111,8 +127,8 @@ func TestSessionKeyLimits(t *testing.T) {
 		for _, tokens := range []int64{100, 150} {
 			id++
 			p := Prompt{Tokens: tokens, Model: "m", SessionKey: key}
-			got := tl.Charge(id, 0, -1, &p, tl.Now()) - DefaultRequestCost
-			tl.Finish(id)
+			got := tl.Charge(tk.of(id), 0, -1, &p, tl.Now()) - DefaultRequestCost
+			tl.Finish(*tk.of(id))
 			if tokens == 150 && got != wantNew {
 				t.Fatalf("key %.10q… (%d bytes): second turn charged %d new, want %d", key, len(key), got, wantNew)
 			}
@@ -139,36 +155,38 @@ func TestSessionKeyLimits(t *testing.T) {
 
 func TestLifecycleAndIdempotentRelease(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
+	tk := tickets{}
 	p := Prompt{Tokens: 500}
-	c := tl.Charge(7, 1, -1, &p, tl.Now())
+	c := tl.Charge(tk.of(7), 1, -1, &p, tl.Now())
 	tl.prefill(t, 1, c, c)
-	tl.PrefillDone(7)
+	tl.PrefillDone(*tk.of(7))
 	tl.prefill(t, 1, 0, c)
-	tl.PrefillDone(7) // idempotent
+	tl.PrefillDone(*tk.of(7)) // idempotent
 	tl.prefill(t, 1, 0, c)
-	tl.Finish(7)
+	tl.Finish(*tk.of(7))
 	tl.prefill(t, 1, 0, 0)
-	tl.Finish(7) // idempotent
-	tl.PrefillDone(7)
-	tl.Finish(99) // unknown
+	tl.Finish(*tk.of(7)) // idempotent
+	tl.PrefillDone(*tk.of(7))
+	tl.Finish(*tk.of(99)) // unknown
 	tl.prefill(t, 1, 0, 0)
 
 	// A prefill that fails: Finish without PrefillDone releases both parts.
-	tl.Charge(8, 1, -1, &p, tl.Now())
-	tl.Finish(8)
+	tl.Charge(tk.of(8), 1, -1, &p, tl.Now())
+	tl.Finish(*tk.of(8))
 	tl.prefill(t, 1, 0, 0)
 
 	// Charging an id again (a retry on another pod) moves the charge.
-	tl.Charge(9, 0, -1, &p, tl.Now())
-	tl.Charge(9, 2, -1, &p, tl.Now())
+	tl.Charge(tk.of(9), 0, -1, &p, tl.Now())
+	tl.Charge(tk.of(9), 2, -1, &p, tl.Now())
 	tl.prefill(t, 0, 0, 0)
 	tl.prefill(t, 2, c, c)
-	tl.Finish(9)
+	tl.Finish(*tk.of(9))
 	tl.prefill(t, 2, 0, 0)
 }
 
 func TestDecodeChargeAndGrowthAge(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
+	tk := tickets{}
 	// f checks pod's decode view at the fake clock's now.
 	f := func(pod int32, wantTokens, wantAgeSec float64) {
 		t.Helper()
@@ -178,31 +196,32 @@ func TestDecodeChargeAndGrowthAge(t *testing.T) {
 	}
 	p := Prompt{Tokens: 3000, Matched: true, MatchPct: 90}
 	// Prefill on a, decode on b: b gets the whole prompt, no request cost.
-	c := tl.Charge(1, 0, 1, &p, tl.Now())
+	c := tl.Charge(tk.of(1), 0, 1, &p, tl.Now())
 	tl.prefill(t, 0, c, c)
 	f(1, 3000, 0)
 	tl.advance(2 * time.Second)
 	p.Tokens = 1000
-	tl.Charge(2, -1, 1, &p, tl.Now()) // decode only
+	tl.Charge(tk.of(2), -1, 1, &p, tl.Now()) // decode only
 	tl.prefill(t, 1, 0, 0)
 	f(1, 4000, 2)
 	tl.advance(500 * time.Millisecond)
 	f(1, 4000, 2.5+0.5)
-	tl.PrefillDone(1) // the decode part stays until the request finishes
+	tl.PrefillDone(*tk.of(1)) // the decode part stays until the request finishes
 	f(1, 4000, 3)
-	tl.Finish(1)
+	tl.Finish(*tk.of(1))
 	tl.prefill(t, 0, 0, 0)
 	f(1, 1000, 0.5)
-	tl.Finish(2)
+	tl.Finish(*tk.of(2))
 	f(1, 0, 0)
 }
 
 func TestTTLForceRelease(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
+	tk := tickets{}
 	p := Prompt{Tokens: 100}
-	c := tl.Charge(1, 0, 1, &p, tl.Now())
+	c := tl.Charge(tk.of(1), 0, 1, &p, tl.Now())
 	tl.advance(time.Duration(DefaultTTLSeconds) * time.Second)
-	tl.Charge(2, 0, -1, &p, tl.Now())
+	tl.Charge(tk.of(2), 0, -1, &p, tl.Now())
 	tl.sweep() // charge 1 is exactly TTL old: not yet
 	tl.prefill(t, 0, 2*c, 2*c)
 	if tl.logs.Len() != 0 {
@@ -221,25 +240,26 @@ func TestTTLForceRelease(t *testing.T) {
 		}
 	}
 	// The late release of the forced charge changes nothing.
-	tl.PrefillDone(1)
-	tl.Finish(1)
+	tl.PrefillDone(*tk.of(1))
+	tl.Finish(*tk.of(1))
 	tl.prefill(t, 0, c, c)
-	tl.Finish(2)
+	tl.Finish(*tk.of(2))
 	tl.prefill(t, 0, 0, 0)
 }
 
 func TestJanitorDropsIdlePods(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
+	tk := tickets{}
 	series := func() string {
 		var b bytes.Buffer
 		tl.WritePrometheus(&b)
 		return b.String()
 	}
 	p := Prompt{Tokens: 100}
-	tl.Charge(1, 0, -1, &p, tl.Now()) // a busy
+	tl.Charge(tk.of(1), 0, -1, &p, tl.Now()) // a busy
 	tl.advance(30 * time.Second)
-	tl.Charge(2, 1, -1, &p, tl.Now()) // b touched
-	tl.Finish(2)
+	tl.Charge(tk.of(2), 1, -1, &p, tl.Now()) // b touched
+	tl.Finish(*tk.of(2))
 	tl.sweep() // b: at zero from now; c: at zero since SetPods, 30 s ago
 	tl.advance(30 * time.Second)
 	tl.sweep() // c idle a whole minute
@@ -257,14 +277,14 @@ func TestJanitorDropsIdlePods(t *testing.T) {
 		t.Fatalf("dropped %q, want c,b", got)
 	}
 	// The next charge re-creates the pod from zero.
-	tl.Charge(3, 2, -1, &p, tl.Now())
+	tl.Charge(tk.of(3), 2, -1, &p, tl.Now())
 	if s := series(); !strings.Contains(s, `pd_token_load_active_tokens{pod="c"} 3600`) {
 		t.Fatalf("c not back after a charge:\n%s", s)
 	}
 	// A pod the gateway no longer has is forgotten once idle; its index is
 	// taken by another pod, which starts from its own counters.
-	tl.Finish(1)
-	tl.Finish(3)
+	tl.Finish(*tk.of(1))
+	tl.Finish(*tk.of(3))
 	tl.SetPods([]string{"d", "b", "c"})
 	tl.prefill(t, 0, 0, 0)
 	tl.advance(time.Minute)
@@ -281,14 +301,15 @@ func TestJanitorDropsIdlePods(t *testing.T) {
 
 func TestCountersFollowNamesAcrossReindex(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
+	tk := tickets{}
 	p := Prompt{Tokens: 100}
-	c := tl.Charge(1, 0, 2, &p, tl.Now())
+	c := tl.Charge(tk.of(1), 0, 2, &p, tl.Now())
 	tl.SetPods([]string{"c", "a"}) // a moves to 1, c to 0, b leaves
 	tl.prefill(t, 1, c, c)
 	if tok, _ := tl.Decode(0, tl.Now()); tok != 100 {
 		t.Fatalf("c's decode tokens %v after reindex, want 100", tok)
 	}
-	tl.Finish(1)
+	tl.Finish(*tk.of(1))
 	tl.prefill(t, 1, 0, 0)
 	if tok, _ := tl.Decode(0, tl.Now()); tok != 0 {
 		t.Fatalf("c's decode tokens %v after finish", tok)
@@ -320,16 +341,16 @@ func TestConcurrentChargesEndAtZero(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range perG {
-				id := uint64(g*perG + i)
+				tk := Ticket{ID: uint64(g*perG + i)}
 				p := Prompt{Tokens: int64(1 + i%5000), Model: "m", SessionKey: []string{"", "x", "y"}[i%3], Matched: i%2 == 0, MatchPct: float64(i % 100)}
-				tl.Charge(id, int32(i%3), int32((i+1)%3), &p, tl.Now())
+				tl.Charge(&tk, int32(i%3), int32((i+1)%3), &p, tl.Now())
 				if i%7 == 0 {
-					tl.Charge(id, int32((i+2)%3), -1, &p, tl.Now()) // retry elsewhere
+					tl.Charge(&tk, int32((i+2)%3), -1, &p, tl.Now()) // retry elsewhere
 				}
-				tl.PrefillDone(id)
-				tl.PrefillDone(id)
-				tl.Finish(id)
-				tl.Finish(id)
+				tl.PrefillDone(tk)
+				tl.PrefillDone(tk)
+				tl.Finish(tk)
+				tl.Finish(tk)
 			}
 		}()
 	}
@@ -350,11 +371,12 @@ func TestChargeReleaseAllocs(t *testing.T) {
 	id := uint64(0)
 	allocs := testing.AllocsPerRun(1000, func() {
 		id++
+		tk := Ticket{ID: id}
 		now := tl.Now()
-		tl.Charge(id, int32(id%3), int32((id+1)%3), &p, now)
-		tl.PrefillDone(id)
+		tl.Charge(&tk, int32(id%3), int32((id+1)%3), &p, now)
+		tl.PrefillDone(tk)
 		tl.Decode(0, now)
-		tl.Finish(id)
+		tl.Finish(tk)
 	})
 	if allocs != 0 {
 		t.Fatalf("charge + release: %v allocs/op, want 0", allocs)
@@ -380,7 +402,7 @@ func TestSelectionsSeeEachOthersCharges(t *testing.T) {
 					best, bestLoad = pod, a
 				}
 			}
-			tl.Charge(uint64(g), best, -1, &Prompt{Tokens: 1000}, tl.Now())
+			tl.Charge(&Ticket{ID: uint64(g)}, best, -1, &Prompt{Tokens: 1000}, tl.Now())
 		}()
 	}
 	wg.Wait()
@@ -393,6 +415,7 @@ func TestSelectionsSeeEachOthersCharges(t *testing.T) {
 // reload just removed: it is neither charged nor a crash.
 func TestPodsBeyondTheLastSetPods(t *testing.T) {
 	l := New(DefaultConfig(), Env{})
+	tk := tickets{}
 	l.SetPods([]string{"a", "b", "c", "d"})
 	l.SetPods([]string{"a", "b", "c"})
 	if a, kv := l.Prefill(3); a != 0 || kv != 0 {
@@ -401,13 +424,13 @@ func TestPodsBeyondTheLastSetPods(t *testing.T) {
 	if tok, _ := l.Decode(3, 0); tok != 0 {
 		t.Fatalf("Decode(3) = %v", tok)
 	}
-	l.Charge(1, 3, 3, &Prompt{Tokens: 100}, 0)
-	l.Charge(2, 0, 3, &Prompt{Tokens: 100}, 0)
+	l.Charge(tk.of(1), 3, 3, &Prompt{Tokens: 100}, 0)
+	l.Charge(tk.of(2), 0, 3, &Prompt{Tokens: 100}, 0)
 	if a, _ := l.Prefill(0); a == 0 {
 		t.Fatal("the pod still present was not charged")
 	}
-	l.Finish(1)
-	l.Finish(2)
+	l.Finish(*tk.of(1))
+	l.Finish(*tk.of(2))
 	if a, kv := l.Prefill(0); a != 0 || kv != 0 {
 		t.Fatalf("charges left after Finish: %d, %d", a, kv)
 	}

@@ -27,10 +27,10 @@ func BenchmarkChargeRelease(b *testing.B) {
 	p := Prompt{Tokens: 2000}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		id := uint64(i)
-		l.Charge(id, int32(i&7), -1, &p, int64(i))
-		l.PrefillDone(id)
-		l.Finish(id)
+		t := Ticket{ID: uint64(i)}
+		l.Charge(&t, int32(i&7), -1, &p, int64(i))
+		l.PrefillDone(t)
+		l.Finish(t)
 	}
 }
 
@@ -41,10 +41,10 @@ func BenchmarkChargeReleasePD(b *testing.B) {
 	p := Prompt{Tokens: 2000}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		id := uint64(i)
-		l.Charge(id, int32(i&3), int32(4+i&3), &p, int64(i))
-		l.PrefillDone(id)
-		l.Finish(id)
+		t := Ticket{ID: uint64(i)}
+		l.Charge(&t, int32(i&3), int32(4+i&3), &p, int64(i))
+		l.PrefillDone(t)
+		l.Finish(t)
 	}
 }
 
@@ -63,9 +63,10 @@ func BenchmarkChargeReleaseParallel(b *testing.B) {
 		id := uint64(g) << 40
 		for pb.Next() {
 			id++
-			l.Charge(id, pod, -1, &p, int64(id))
-			l.PrefillDone(id)
-			l.Finish(id)
+			t := Ticket{ID: id}
+			l.Charge(&t, pod, -1, &p, int64(id))
+			l.PrefillDone(t)
+			l.Finish(t)
 		}
 	})
 }
@@ -77,10 +78,10 @@ func BenchmarkChargeSession(b *testing.B) {
 	p := Prompt{Tokens: 2000, Model: "m", SessionKey: "chat-42"}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		id := uint64(i)
+		t := Ticket{ID: uint64(i)}
 		p.Tokens = int64(2000 + i%1000)
-		l.Charge(id, int32(i&7), -1, &p, int64(i))
-		l.Finish(id)
+		l.Charge(&t, int32(i&7), -1, &p, int64(i))
+		l.Finish(t)
 	}
 }
 
@@ -89,7 +90,7 @@ func BenchmarkDecodeView(b *testing.B) {
 	l := benchLedger(b, 8)
 	p := Prompt{Tokens: 2000}
 	for i := range 100 {
-		l.Charge(uint64(i), -1, int32(i&7), &p, l.Now())
+		l.Charge(&Ticket{ID: uint64(i)}, -1, int32(i&7), &p, l.Now())
 	}
 	now := l.Now()
 	var sink float64

@@ -14,8 +14,9 @@ func TestMetricsSeries(t *testing.T) {
 	tl.sweep() // drops a, b, c: idle since SetPods
 	tl.SetPods([]string{"ns/a", `odd"name`})
 	p := Prompt{Tokens: 100}
-	tl.Charge(1, 0, 1, &p, tl.Now())
-	tl.PrefillDone(1)
+	tk := Ticket{ID: 1}
+	tl.Charge(&tk, 0, 1, &p, tl.Now())
+	tl.PrefillDone(tk)
 	set := metrics.NewSet()
 	tl.RegisterMetrics(set)
 	// f checks what the set writes.
@@ -35,7 +36,7 @@ pd_token_load_decode_tokens{pod="ns/a"} 0
 pd_token_load_decode_tokens{pod="odd\"name"} 100
 `)
 	// A dropped pod's series disappear.
-	tl.Finish(1)
+	tl.Finish(tk)
 	tl.sweep()
 	tl.advance(time.Minute)
 	tl.sweep()

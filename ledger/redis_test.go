@@ -98,9 +98,10 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	a := newReplica(t, srv.Addr(), "a", []string{"p0", "p1"})
 	b := newReplica(t, srv.Addr(), "b", []string{"p1", "p0"})
 	const aP0, aP1, bP1, bP0 = 0, 1, 0, 1
+	tk := tickets{}
 
-	a.Charge(1, -1, aP0, &Prompt{Tokens: 1000}, a.Now())
-	b.Charge(2, -1, bP1, &Prompt{Tokens: 300}, b.Now())
+	a.Charge(tk.of(1), -1, aP0, &Prompt{Tokens: 1000}, a.Now())
+	b.Charge(tk.of(2), -1, bP1, &Prompt{Tokens: 300}, b.Now())
 	eventually(t, "each replica to see the other's decode charge", func() bool {
 		return b.decodeTokens(bP0) == 1000 && a.decodeTokens(aP1) == 300 &&
 			a.decodeTokens(aP0) == 1000 && b.decodeTokens(bP1) == 300
@@ -117,7 +118,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	eventually(t, "both replicas to fall back to their own charges", func() bool {
 		return b.decodeTokens(bP0) == 0 && a.decodeTokens(aP1) == 0
 	})
-	a.Charge(3, -1, aP0, &Prompt{Tokens: 500}, a.Now())
+	a.Charge(tk.of(3), -1, aP0, &Prompt{Tokens: 500}, a.Now())
 	if got := a.decodeTokens(aP0); got != 1500 {
 		t.Fatalf("a's local decode tokens %v while Redis is down, want 1500", got)
 	}
@@ -140,7 +141,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	}
 
 	// Releases propagate; a replica that stops withdraws its charges.
-	a.Finish(1)
+	a.Finish(*tk.of(1))
 	eventually(t, "b to see a's release", func() bool { return b.decodeTokens(bP0) == 500 })
 	a.stop()
 	eventually(t, "b to drop a's charges once a stopped", func() bool { return b.decodeTokens(bP0) == 0 })

@@ -81,10 +81,10 @@ func decide(g *Gateway, m *pool.Model, x *exchange, body []byte, id uint64) {
 	if err := x.req.Parse(openai.KindChat, body); err != nil {
 		panic(err)
 	}
-	x.id = id
+	x.ticket = ledger.Ticket{ID: id}
 	pod := g.pick(m, x, "")
-	g.ledger.PrefillDone(id)
-	g.ledger.Finish(id)
+	g.ledger.PrefillDone(x.ticket)
+	g.ledger.Finish(x.ticket)
 	_ = pod
 	x.req.Reset()
 	x.looked, x.tried = false, x.tried[:0]

@@ -313,8 +313,9 @@ type exchange struct {
 	req *openai.Request
 	// key is the client's API key, nil when keys are off; releasing the
 	// exchange returns its concurrency slot and charges its output.
-	key     *limits.Key
-	id      uint64
+	key *limits.Key
+	// ticket names the request (ticket.ID) and holds its ledger charge.
+	ticket  ledger.Ticket
 	class   admit.Class
 	rreq    route.Request
 	cands   []route.Candidate
@@ -369,7 +370,7 @@ func releaseExchange(x *exchange) {
 	x.req = nil
 	x.cands, x.pods, x.tried = x.cands[:0], x.pods[:0], x.tried[:0]
 	x.keys, x.looked = x.keys[:0], false
-	x.uncached, x.idleStart, x.firstSeen, x.id = 0, false, false, 0
+	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
 	x.class = admit.Interactive
 	if x.key != nil {
 		x.key.Done(time.Now(), x.counted.Tokens())

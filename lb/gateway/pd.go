@@ -224,7 +224,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 		preID = p.pods[d.Combined].ID
 	}
 	p.prompt = promptOf(m, x, session)
-	g.ledger.Charge(x.id, preID, decID, &p.prompt, lnow)
+	g.ledger.Charge(&x.ticket, preID, decID, &p.prompt, lnow)
 	if p.dec != nil {
 		p.ticket = p.dec.Pending().Pick()
 	}

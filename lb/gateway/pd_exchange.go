@@ -16,6 +16,7 @@ import (
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
+	"pdlb/ledger"
 )
 
 // The exchange of a PD pair, driven through the engine's
@@ -269,11 +270,11 @@ func (g *Gateway) moveDecode(m *pool.Model, x *exchange) bool {
 	p.ticket.Done()
 	p.dec = next
 	g.ledger.LockSelection()
-	g.ledger.Charge(x.id, p.pre.ID, next.ID, &p.prompt, g.ledger.Now())
+	g.ledger.Charge(&x.ticket, p.pre.ID, next.ID, &p.prompt, g.ledger.Now())
 	p.ticket = next.Pending().Pick()
 	g.ledger.UnlockSelection()
 	// The prefill leg is over: only the decode charge stays.
-	g.ledger.PrefillDone(x.id)
+	g.ledger.PrefillDone(x.ticket)
 	return true
 }
 
@@ -307,7 +308,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 	up.SetBody(p.preBody)
 	l.refs.Add(1)
 	go g.concurrentPrefill(l, concurrentPrefill{
-		pre: p.pre, dec: p.dec, up: up, timeout: p.opts.PrefillRequestTimeout, uncached: x.uncached, id: x.id,
+		pre: p.pre, dec: p.dec, up: up, timeout: p.opts.PrefillRequestTimeout, uncached: x.uncached, ticket: x.ticket,
 		proto: p.proto, ex: p.ex, metrics: p.metrics, limit: g.watchdogLimit(x), start: p.legsStart,
 	})
 	resp := g.sendConcurrentDecode(ctx, x, l)
@@ -417,7 +418,7 @@ type concurrentPrefill struct {
 	up       *fasthttp.Request
 	timeout  time.Duration
 	uncached int64
-	id       uint64
+	ticket   ledger.Ticket // a copy, valid since the first Charge
 	proto    engines.Protocol
 	ex       engines.Exchange
 	metrics  *pdMetrics
@@ -443,7 +444,7 @@ func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 	c.metrics.prefill.Update(end.Sub(c.start).Seconds())
 	c.pre.AddQueuedPrefill(-c.uncached)
 	c.pre.Release()
-	g.ledger.PrefillDone(c.id)
+	g.ledger.PrefillDone(c.ticket)
 	f := prefillFailure(g, c.pre, status, l.buf, err)
 	if f == nil {
 		l.prefillEnd.Store(end.UnixNano())

@@ -16,6 +16,7 @@ import (
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/ledger"
 )
 
 // Headers the gateway sets itself.
@@ -87,7 +88,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		})
 		return
 	}
-	x.id = g.nextID.Add(1)
+	x.ticket = ledger.Ticket{ID: g.nextID.Add(1)}
 	if g.routeByStrategy(ctx, x, m) {
 		return
 	}
@@ -340,7 +341,7 @@ func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fastht
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	g.prefillDone(x, pod, time.Now())
-	g.ledger.Finish(x.id)
+	g.ledger.Finish(x.ticket)
 	pod.Release()
 	g.inFlight.Add(-1)
 	mm := g.metrics.model(m)
@@ -361,9 +362,7 @@ func (g *Gateway) refuse(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, d
 
 // fail answers a request that never reached a pod.
 func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err error) {
-	if x.id != 0 {
-		g.ledger.Finish(x.id)
-	}
+	g.ledger.Finish(x.ticket)
 	var r *rejection
 	if errors.As(err, &r) {
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(r.retryAfter))
