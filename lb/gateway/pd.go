@@ -185,13 +185,13 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 	p.cands, p.pods = p.cands[:0], p.pods[:0]
 	for _, pod := range m.Pods {
 		c := route.PDCandidate{
-			Candidate: g.candidate(m, x, pod),
 			Role:      pod.Role,
 			Roleset:   max(pod.Roleset, 0),
 			BucketMin: pod.Config.BucketMin,
 			BucketMax: pod.Config.BucketMax,
 			Down:      !pod.Available(now) || tried(x.tried, pod.ID),
 		}
+		g.candidate(&c.Candidate, m, x, pod)
 		if s := pod.Scraped(); s != nil {
 			c.GenTokensPerSec = s.TokensPerSec
 		}
