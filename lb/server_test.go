@@ -101,6 +101,10 @@ func TestNonStreaming(t *testing.T) {
 	}
 	f("/v1/chat/completions", chatBody, "chat.completion")
 	f("/v1/completions", `{"model":"m","prompt":"Once upon a time","max_tokens":8}`, "text_completion")
+	// Whole answers are charged their usage, as streams their events.
+	if got := metricValue(t, s, `pdlb_completion_tokens_total{model="m"}`); got != 16 {
+		t.Fatalf("pdlb_completion_tokens_total = %v after two 8-token answers, want 16", got)
+	}
 
 	// A client's request id is passed through.
 	req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(chatBody))

@@ -51,8 +51,9 @@ type modelMetrics struct {
 	// prefix hit rate the router achieved.
 	promptTokens *metrics.Counter
 	cachedTokens *metrics.Counter
-	// completionTokens adds up the output of the streams relayed (counted
-	// from their events, or their usage when they carry it).
+	// completionTokens adds up the output of the answers relayed (a
+	// stream's counted from its events, or its usage when it carries it; a
+	// whole answer's from its usage).
 	completionTokens *metrics.Counter
 	// pd are the prefill/decode exchange's series.
 	pd *pdMetrics
@@ -173,7 +174,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.Metric
 	"pdlb_shed_duration_seconds":         {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
 	"pdlb_prompt_tokens_total":           {Help: "Prompt tokens of the requests placed on a pod."},
 	"pdlb_prefix_cached_tokens_total":    {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
-	"pdlb_completion_tokens_total":       {Help: "Output tokens of the streams relayed, by model (counted from their events, or their usage when they carry it)."},
+	"pdlb_completion_tokens_total":       {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},
 	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
 	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
 	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},

@@ -141,6 +141,10 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 		e := g.streamError(x, err)
 		writeError(ctx, e)
 		status = e.Status
+	} else if status == fasthttp.StatusOK {
+		// Its usage is the output the API key's token bucket and
+		// pdlb_completion_tokens_total are charged.
+		x.counted.ObserveBody(ctx.Response.Body())
 	}
 	g.finish(x, m, pod, resp, status)
 }

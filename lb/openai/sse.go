@@ -238,8 +238,15 @@ type TokenCounter struct {
 }
 
 // Observe counts ev.
-func (c *TokenCounter) Observe(ev Event) {
-	d := ev.Data()
+func (c *TokenCounter) Observe(ev Event) { c.observe(ev.Data()) }
+
+// ObserveBody counts a whole (non-streamed) completion body: its usage
+// figure when it has one, as OpenAI-compatible engines always send, else
+// one output.
+func (c *TokenCounter) ObserveBody(body []byte) { c.observe(body) }
+
+// observe counts one JSON document: an event's data or a whole body.
+func (c *TokenCounter) observe(d []byte) {
 	output := false
 	// Every key ends in `":`, and inside a string a quote is escaped, so an
 	// unescaped quote followed by ':' always ends a key.

@@ -201,6 +201,23 @@ func TestTokenCounter(t *testing.T) {
 	f([]string{`data: {"choices":[{"delta":{"content":"\\\"text\":\"x"}}]}` + "\n\n"}, 1, false)
 }
 
+// A non-streamed answer counts its usage figure, as its API key's token
+// bucket is charged from it.
+func TestTokenCounterBody(t *testing.T) {
+	f := func(body string, want int, exact bool) {
+		t.Helper()
+		var c TokenCounter
+		c.ObserveBody([]byte(body))
+		if c.Tokens() != want || c.Exact() != exact {
+			t.Fatalf("ObserveBody(%s): %d exact %v, want %d exact %v", body, c.Tokens(), c.Exact(), want, exact)
+		}
+	}
+	f(`{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there"},"finish_reason":"stop"}],`+
+		`"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`, 12, true)
+	f(`{"id":"c1","object":"text_completion","choices":[{"index":0,"text":"Once upon","finish_reason":"length"}]}`, 1, false) // no usage: one output
+	f(`{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"usage":{"completion_tokens":0}}`, 0, true)
+}
+
 // TestSplitAllocs checks that splitting and counting allocate nothing per
 // event once the splitter's buffer has grown.
 func TestSplitAllocs(t *testing.T) {
