@@ -1,6 +1,8 @@
 package radix
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -39,13 +41,70 @@ func AppendByteBlockKeys(dst []uint64, seed uint64, prompt []byte, blockBytes in
 	return appendChain(dst, seed, prompt, blockBytes)
 }
 
+// appendChain appends the key of each whole block of width bytes of raw,
+// each chained from the one before (h for the first):
+//
+//	key_i = fold(key_{i-1} ^ block(raw_i), c3)
+//	block(b) = width + Σ_j fold(le64(b[16j:]) ^ (c0 + j·c2), le64(b[16j+8:]) ^ c1)
+//
+// where fold(a, b) is the high word xor the low word of the 128-bit product
+// a·b, and a last chunk shorter than 16 bytes is read zero-padded (every
+// block of a chain has the same width, so padding never makes two
+// blocks equal). A chunk's secret depends on its position, so reordering
+// chunks changes the key. This is the multiply-fold construction of wyhash
+// and XXH3's short inputs: five 64×64→128 multiplications per 64-byte
+// block where xxhash64 needs thirty 64-bit ones, and the chain's serial
+// dependency is one multiplication. It is not a cryptographic hash: a
+// prompt can be crafted to collide, which, like any 64-bit collision, costs
+// a wrong cache estimate, never a wrong answer.
 func appendChain(dst []uint64, h uint64, raw []byte, width int) []uint64 {
-	for off := 0; off+width <= len(raw); off += width {
-		h = mix(h ^ xxhash.Sum64(raw[off:off+width]))
+	for ; len(raw) >= width; raw = raw[width:] {
+		b := raw[:width]
+		acc, s := uint64(width), uint64(chainC0)
+		// 64 bytes (one block of DefaultBlockSize tokens) per round, the
+		// four chunks independent so their multiplications overlap.
+		for ; len(b) >= 64; b = b[64:] {
+			s1 := s + chainC2
+			s2 := s1 + chainC2
+			s3 := s2 + chainC2
+			acc += fold(le64(b[0:])^s, le64(b[8:])^chainC1) +
+				fold(le64(b[16:])^s1, le64(b[24:])^chainC1) +
+				fold(le64(b[32:])^s2, le64(b[40:])^chainC1) +
+				fold(le64(b[48:])^s3, le64(b[56:])^chainC1)
+			s = s3 + chainC2
+		}
+		for ; len(b) >= 16; b = b[16:] {
+			acc += fold(le64(b)^s, le64(b[8:])^chainC1)
+			s += chainC2
+		}
+		if len(b) > 0 {
+			var t [16]byte
+			copy(t[:], b)
+			acc += fold(le64(t[:])^s, le64(t[8:])^chainC1)
+		}
+		h = fold(h^acc, chainC3)
 		dst = append(dst, h)
 	}
 	return dst
 }
+
+// The secrets of appendChain: odd 64-bit constants with well-spread bits
+// (wyhash's), so no byte of the key is left unmixed.
+const (
+	chainC0 = 0xa0761d6478bd642f
+	chainC1 = 0xe7037ed1a0b428db
+	chainC2 = 0x8ebc6af09c88c6e3
+	chainC3 = 0x589965cc75374cc3
+)
+
+// fold is the high word xor the low word of the 128-bit product a·b.
+func fold(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
+}
+
+// le64 reads 8 bytes as a little-endian uint64.
+func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
 
 // mix is splitmix64's finalizer: it spreads every input bit over the output so
 // chaining by xor cannot cancel two blocks' hashes out.

@@ -41,3 +41,38 @@ func TestBlockKeysNoAlloc(t *testing.T) {
 		t.Fatalf("AppendBlockKeys allocates %v times per run", n)
 	}
 }
+
+// TestChainMatchesDefinition checks appendChain's unrolled rounds against
+// its doc comment's formula, one 16-byte chunk at a time, for widths with
+// and without whole 64-byte rounds and a short last chunk.
+func TestChainMatchesDefinition(t *testing.T) {
+	raw := make([]byte, 1000)
+	for i := range raw {
+		raw[i] = byte(i*7 + i>>3)
+	}
+	naive := func(h uint64, raw []byte, width int) []uint64 {
+		var keys []uint64
+		for off := 0; off+width <= len(raw); off += width {
+			acc := uint64(width)
+			for j := 0; j*16 < width; j++ {
+				var c [16]byte
+				copy(c[:], raw[off+j*16:off+width])
+				acc += fold(le64(c[:])^(chainC0+uint64(j)*chainC2), le64(c[8:])^chainC1)
+			}
+			h = fold(h^acc, chainC3)
+			keys = append(keys, h)
+		}
+		return keys
+	}
+	for _, width := range []int{1, 4, 15, 16, 17, 60, 64, 65, 100, 128, 200, 256, 400} {
+		got, want := appendChain(nil, 5, raw, width), naive(5, raw, width)
+		if len(got) != len(want) {
+			t.Fatalf("width %d: %d keys, want %d", width, len(got), len(want))
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("width %d: key %d is %x, want %x", width, i, got[i], want[i])
+			}
+		}
+	}
+}
