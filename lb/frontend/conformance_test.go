@@ -61,7 +61,11 @@ func (a *app) serve(ctx *fasthttp.RequestCtx) {
 		n := ctx.QueryArgs().GetUintOrZero("n")
 		gated := ctx.QueryArgs().GetBool("gated")
 		ctx.SetContentType("text/event-stream")
-		sw := func(w *bufio.Writer) {
+		// The same events through either writer.
+		sw := func(w interface {
+			io.Writer
+			Flush() error
+		}) {
 			for i := 0; i < n; i++ {
 				if gated {
 					<-a.step
@@ -74,12 +78,12 @@ func (a *app) serve(ctx *fasthttp.RequestCtx) {
 			}
 		}
 		if string(ctx.Path()) == "/sse" {
-			frontend.SetBodyStreamWriter(ctx, sw)
+			frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) { sw(w) })
 		} else {
-			ctx.SetBodyStreamWriter(sw)
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) { sw(w) })
 		}
 	case "/flood":
-		frontend.SetBodyStreamWriter(ctx, func(w *bufio.Writer) {
+		frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
 			block := make([]byte, 4096)
 			for i := 0; i < 256<<20/len(block); i++ {
 				if _, err := w.Write(block); err != nil {

@@ -79,18 +79,16 @@ type gconn struct {
 	paused bool // parsing stopped on a full queue; the worker wakes the loop
 
 	// Owned by the worker.
-	wrote     chan error // one result per AsyncWritev
-	written   gnet.AsyncCallback
-	drained   gnet.AsyncCallback
-	timer     *time.Timer
-	failed    bool // a write failed: the rest of the queue is dropped
-	stream    fasthttp.StreamWriter
-	out       []byte   // response header block
-	head      []byte   // a stream's header block, sent with its first chunk
-	iov       [][]byte // what the next AsyncWritev sends
-	size      [20]byte // a chunk's size line
-	chunks    chunkWriter
-	streaming *bufio.Writer
+	wrote   chan error // one result per AsyncWritev
+	written gnet.AsyncCallback
+	drained gnet.AsyncCallback
+	timer   *time.Timer
+	failed  bool     // a write failed: the rest of the queue is dropped
+	out     []byte   // response header block
+	head    []byte   // a stream's header block, sent with its first chunk
+	iov     [][]byte // what the next AsyncWritev sends
+	size    [20]byte // a chunk's size line
+	chunks  chunkWriter
 }
 
 // queued is a parsed request, a parse error to answer (ctx then holds what
@@ -296,7 +294,7 @@ func (gc *gconn) serve(q queued) {
 		resp.SetConnectionClose()
 	}
 	var err error
-	if gc.stream != nil || resp.IsBodyStream() {
+	if resp.IsBodyStream() {
 		err = gc.writeStream(ctx, last)
 	} else {
 		err = gc.writeWhole(ctx, last)
@@ -320,31 +318,23 @@ func (gc *gconn) writeWhole(ctx *fasthttp.RequestCtx, last bool) error {
 	return gc.flush(last)
 }
 
-// writeStream sends a chunked response whose body a stream writer makes:
-// one set with SetBodyStreamWriter in this package writes through a
-// bufio.Writer straight into chunks; one set on the response itself
-// (fasthttp runs it in a goroutine of its own behind a pipe) is copied from
-// the pipe chunk by chunk.
+// writeStream sends a chunked response whose body is a stream: one that
+// writes itself (SetBodyStreamWriter in this package) writes straight into
+// chunks; any other (fasthttp's own SetBodyStreamWriter, which runs its
+// writer in a goroutine of its own behind a pipe) is copied chunk by chunk.
 func (gc *gconn) writeStream(ctx *fasthttp.RequestCtx, last bool) error {
 	resp := &ctx.Response
 	resp.Header.SetContentLength(-1)
 	gc.out = resp.Header.AppendBytes(gc.out[:0])
 	gc.head = gc.out
 	var err error
-	if sw := gc.stream; sw != nil {
-		gc.stream = nil
-		if gc.streaming == nil {
-			gc.streaming = bufio.NewWriterSize(&gc.chunks, streamBufferBytes)
-		}
-		bw := gc.streaming
-		bw.Reset(&gc.chunks)
-		sw(bw)
-		err = bw.Flush()
+	if body, ok := resp.BodyStream().(streamBody); ok {
+		_, err = body.WriteTo(&gc.chunks)
 	} else {
 		err = gc.copyStream(resp.BodyStream())
-		// Tells a stream writer still running that the client is gone.
-		_ = resp.CloseBodyStream()
 	}
+	// Tells a stream writer still running that the client is gone.
+	_ = resp.CloseBodyStream()
 	if err != nil {
 		return err
 	}
@@ -352,9 +342,6 @@ func (gc *gconn) writeStream(ctx *fasthttp.RequestCtx, last bool) error {
 	gc.head = nil
 	return gc.flush(last)
 }
-
-// streamBufferBytes is the stream writer's buffer, as fasthttp's.
-const streamBufferBytes = 4096
 
 var copyBufs = sync.Pool{New: func() any { return new([streamBufferBytes]byte) }}
 

@@ -1,7 +1,6 @@
 package frontend_test
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"net"
@@ -31,7 +30,7 @@ var relayEvents = func() [][]byte {
 func relay(ctx *fasthttp.RequestCtx) {
 	n := ctx.QueryArgs().GetUintOrZero("n")
 	ctx.SetContentType("text/event-stream")
-	frontend.SetBodyStreamWriter(ctx, func(w *bufio.Writer) {
+	frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
 		var events openai.Splitter
 		var tokens openai.TokenCounter
 		for i := 0; i < n; i++ {

@@ -1,17 +1,107 @@
 package frontend
 
-import "github.com/valyala/fasthttp"
+import (
+	"errors"
+	"io"
+	"sync"
 
-// SetBodyStreamWriter makes sw write ctx's response body, as
-// ctx.SetBodyStreamWriter does, on either front end. On the gnet front end
-// sw runs on the connection's worker and its bufio.Writer flushes straight
-// into HTTP chunks on the socket; fasthttp's own SetBodyStreamWriter runs sw
-// in a goroutine of its own and copies its output through an in-memory
-// pipe, which is what the fasthttp front end does with it too.
-func SetBodyStreamWriter(ctx *fasthttp.RequestCtx, sw fasthttp.StreamWriter) {
-	if gc, ok := ctx.Conn().(*gconn); ok {
-		gc.stream = sw
-		return
-	}
-	ctx.SetBodyStreamWriter(sw)
+	"github.com/valyala/fasthttp"
+)
+
+// SetBodyStreamWriter makes sw write ctx's response body, on either front
+// end, on the goroutine that writes the response: fasthttp's serving
+// goroutine, or the gnet connection's worker. Each Flush of sw's writer goes
+// out at once as one HTTP chunk. Unlike ctx.SetBodyStreamWriter, no second
+// goroutine and no in-memory pipe stand between sw and the socket, and no
+// buffer is held while sw waits between events.
+func SetBodyStreamWriter(ctx *fasthttp.RequestCtx, sw func(w *StreamWriter)) {
+	ctx.Response.SetBodyStream(streamBody(sw), -1)
 }
+
+// StreamWriter gathers a streamed body's bytes between two Flushes, which
+// then leave as one HTTP chunk. Its buffer comes from a pool at the first
+// Write after a Flush and goes back at the Flush, so a stream waiting for
+// its next event holds none. Not safe for concurrent use.
+type StreamWriter struct {
+	chunks io.Writer // sends each Write as one chunk, at once
+	buf    *[]byte   // nil between a Flush and the next Write
+	n      int64     // bytes handed to chunks
+	err    error     // the first failed write; every later one fails with it
+}
+
+// streamBufferBytes is the most a StreamWriter gathers before it sends a
+// chunk without waiting for Flush; a Write of that much or more with
+// nothing gathered goes out as a chunk of its own, uncopied.
+const streamBufferBytes = 4096
+
+var streamBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, streamBufferBytes)
+	return &b
+}}
+
+// Write adds p to the chunk being gathered. It fails once the client is
+// gone, which is how a relay learns to cancel its upstream.
+func (w *StreamWriter) Write(p []byte) (int, error) {
+	if w.buf != nil && len(*w.buf)+len(p) > cap(*w.buf) {
+		if err := w.Flush(); err != nil {
+			return 0, err
+		}
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if w.buf == nil {
+		if len(p) >= streamBufferBytes {
+			return len(p), w.send(p)
+		}
+		w.buf = streamBufs.Get().(*[]byte)
+	}
+	*w.buf = append(*w.buf, p...)
+	return len(p), nil
+}
+
+// Flush sends what was written since the last Flush as one chunk and
+// returns the buffer to the pool; with nothing written it sends nothing.
+func (w *StreamWriter) Flush() error {
+	if w.buf == nil {
+		return w.err
+	}
+	b := w.buf
+	w.buf = nil
+	err := w.send(*b)
+	*b = (*b)[:0]
+	streamBufs.Put(b)
+	return err
+}
+
+func (w *StreamWriter) send(p []byte) error {
+	if w.err != nil {
+		return w.err
+	}
+	n, err := w.chunks.Write(p)
+	w.n += int64(n)
+	w.err = err
+	return err
+}
+
+// streamBody is a response body a StreamWriter function makes. Both front
+// ends write it with WriteTo, handing it a writer that frames each Write as
+// one chunk and sends it (fasthttp: through BodyWriterTo, which skips its
+// copy buffer; gnet: its chunk writer).
+type streamBody func(w *StreamWriter)
+
+var errStreamRead = errors.New("frontend: a stream writer's body is written with WriteTo, not read")
+
+func (f streamBody) WriteTo(chunks io.Writer) (int64, error) {
+	w := StreamWriter{chunks: chunks}
+	f(&w)
+	err := w.Flush()
+	return w.n, err
+}
+
+// SupportsBodyWriteTo tells fasthttp to call WriteTo (fasthttp.BodyWriterTo).
+func (streamBody) SupportsBodyWriteTo() bool { return true }
+
+func (streamBody) Read([]byte) (int, error) { return 0, errStreamRead }
+
+var _ fasthttp.BodyWriterTo = streamBody(nil)

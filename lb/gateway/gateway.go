@@ -322,7 +322,9 @@ type exchange struct {
 	pods    []*pool.Pod
 	scratch []float64
 	tried   []int32
-	buf     []byte
+	// wait is what a relay waiting for its pod's next bytes reads into
+	// (see relay): one byte, so an idle stream holds no buffer.
+	wait    [1]byte
 	events  openai.Splitter
 	counted openai.TokenCounter
 	start   time.Time
@@ -348,15 +350,7 @@ type exchange struct {
 	pd     pdCall
 }
 
-// relayBufferBytes is the buffer upstream bytes are read into and relayed
-// from. Engines send an event of a few hundred bytes at a time, and an event
-// larger than the buffer is reassembled by the SSE splitter, so a small
-// buffer costs nothing per event and keeps thousands of held streams cheap.
-const relayBufferBytes = 8 << 10
-
-var exchangePool = sync.Pool{New: func() any {
-	return &exchange{buf: make([]byte, relayBufferBytes)}
-}}
+var exchangePool = sync.Pool{New: func() any { return new(exchange) }}
 
 func acquireExchange() *exchange {
 	x := exchangePool.Get().(*exchange)

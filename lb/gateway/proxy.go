@@ -1,13 +1,13 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -126,7 +126,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
 
 	if x.req.Stream && status == fasthttp.StatusOK {
-		frontend.SetBodyStreamWriter(ctx, func(w *bufio.Writer) {
+		frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
 			code := g.relay(w, resp, x, m, pod)
 			g.finish(x, m, pod, resp, code)
 		})
@@ -134,7 +134,10 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	}
 	// A whole response: read it all before answering, so a pod that breaks
 	// midway still gets the client a clean 502 instead of a truncated body.
-	if _, err := io.CopyBuffer(ctx.Response.BodyWriter(), resp.BodyStream(), x.buf); err != nil {
+	buf := relayBufs.Get().(*[relayBufferBytes]byte)
+	_, err := io.CopyBuffer(ctx.Response.BodyWriter(), resp.BodyStream(), buf[:])
+	relayBufs.Put(buf)
+	if err != nil {
 		closeStream(resp, err)
 		ctx.Response.ResetBody()
 		g.podFailed(pod)
@@ -250,57 +253,45 @@ func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
 // 200, then an error event).
 //
 // Only whole events are written, so a stream that breaks midway never leaves
-// half an event in front of the error event. Reads land in the exchange's
-// pooled buffer and go out from it unchanged; nothing is decoded, and token
+// half an event in front of the error event. Nothing is decoded, and token
 // counting scans the bytes in place.
-func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m *pool.Model, pod *pool.Pod) int {
+//
+// A stream spends nearly all its life waiting for the pod's next event, and
+// thousands wait at once, so it waits holding no buffer: it reads one byte
+// into the exchange, and only when that byte begins an event does it take a
+// pooled relay buffer for the rest of what arrived, which goes back once
+// the events in it are written. The writer's buffer, likewise, is held only
+// from an event's Write to the Flush.
+func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *exchange, m *pool.Model, pod *pool.Pod) int {
 	conn := connOf(resp)
 	stream := resp.BodyStream()
 	mm := g.metrics.model(m)
 	idle := g.cfg.Upstream.StreamIdleTimeout
-	var first, last time.Time
-	started := false
+	var t tokenTimes
 	for {
 		if conn != nil {
-			_ = conn.SetReadDeadline(g.readDeadline(x, idle, started))
+			_ = conn.SetReadDeadline(g.readDeadline(x, idle, t.started))
 		}
-		n, err := stream.Read(x.buf)
-		if g.aborting.Load() {
-			// Shutdown's grace ran out: end the stream cleanly rather
-			// than let it run on or drop it mid-event.
-			err = errShuttingDown
-			n = 0
-		}
+		n, err := g.readUpstream(stream, x.wait[:])
 		if n > 0 {
-			started = true
-			x.events.Feed(x.buf[:n])
-			wrote := false
-			for {
-				ev, ok := x.events.Next()
-				if !ok {
-					break
+			t.started = true
+			werr := g.pass(w, x.wait[:n], x, pod, mm, &t)
+			// The byte began an event, or continued one, that needs more:
+			// block for it with a buffer. Had it ended one, the event
+			// goes out first, and the relay waits bufferless again.
+			if werr == nil && err == nil && len(x.events.Pending()) > 0 {
+				buf := relayBufs.Get().(*[relayBufferBytes]byte)
+				if n, err = g.readUpstream(stream, buf[:]); n > 0 {
+					werr = g.pass(w, buf[:n], x, pod, mm, &t)
 				}
-				before := x.counted.Tokens()
-				x.counted.Observe(ev)
-				if x.counted.Tokens() > before {
-					last = time.Now()
-					if first.IsZero() {
-						first = last
-						g.prefillDone(x, pod, first)
-						mm.ttft.Update(first.Sub(x.start).Seconds())
-					}
-				}
-				if _, werr := w.Write(ev); werr != nil {
-					closeStream(resp, werr)
-					return statusClientClosed
-				}
-				wrote = true
+				relayBufs.Put(buf)
 			}
-			if wrote {
-				if werr := w.Flush(); werr != nil {
-					closeStream(resp, werr)
-					return statusClientClosed
-				}
+			if werr == nil {
+				werr = w.Flush()
+			}
+			if werr != nil {
+				closeStream(resp, werr)
+				return statusClientClosed
 			}
 			if err == nil {
 				err = x.events.Err()
@@ -312,23 +303,76 @@ func (g *Gateway) relay(w *bufio.Writer, resp *fasthttp.Response, x *exchange, m
 		if err != nil {
 			closeStream(resp, err)
 			e := g.streamError(x, err)
-			_, _ = w.Write(openai.AppendErrorEvent(x.buf[:0], e))
+			buf := relayBufs.Get().(*[relayBufferBytes]byte)
+			_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
+			relayBufs.Put(buf)
 			_ = w.Flush()
 			return e.Status
 		}
 	}
 	if n := x.counted.Tokens(); n > 1 {
-		tpot := last.Sub(first).Seconds() / float64(n-1)
+		tpot := t.last.Sub(t.first).Seconds() / float64(n-1)
 		mm.tpot.Update(tpot)
 		// The pod's step time at its batch teaches its TPOT line, which
 		// admission predicts from.
 		batch, _ := decodeBatch(pod)
 		pod.DecodeLine().Observe(max(batch, 1), tpot)
 		if g.admit != nil {
-			g.admit.Observe(x.class, first.Sub(x.start).Seconds(), tpot)
+			g.admit.Observe(x.class, t.first.Sub(x.start).Seconds(), tpot)
 		}
 	}
 	return fasthttp.StatusOK
+}
+
+// relayBufferBytes is the most one upstream read relays at once. Engines
+// send an event of a few hundred bytes at a time, and an event larger than
+// the buffer is reassembled by the SSE splitter.
+const relayBufferBytes = 8 << 10
+
+var relayBufs = sync.Pool{New: func() any { return new([relayBufferBytes]byte) }}
+
+// tokenTimes is what a relay learns of its stream's timing: whether any
+// byte arrived, and when the first and the latest token events did.
+type tokenTimes struct {
+	started     bool
+	first, last time.Time
+}
+
+// readUpstream reads the pod's next bytes into b. Once Shutdown's grace is
+// over it ends the stream instead, dropping what it read, rather than let
+// the stream run on or cut it mid-event.
+func (g *Gateway) readUpstream(stream io.Reader, b []byte) (int, error) {
+	n, err := stream.Read(b)
+	if g.aborting.Load() {
+		return 0, errShuttingDown
+	}
+	return n, err
+}
+
+// pass feeds the pod's bytes b to the stream's SSE splitter and writes every
+// event they complete, unchanged, counting tokens on the way. It returns the
+// client's write error.
+func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *exchange, pod *pool.Pod, mm *modelMetrics, t *tokenTimes) error {
+	x.events.Feed(b)
+	for {
+		ev, ok := x.events.Next()
+		if !ok {
+			return nil
+		}
+		before := x.counted.Tokens()
+		x.counted.Observe(ev)
+		if x.counted.Tokens() > before {
+			t.last = time.Now()
+			if t.first.IsZero() {
+				t.first = t.last
+				g.prefillDone(x, pod, t.first)
+				mm.ttft.Update(t.first.Sub(x.start).Seconds())
+			}
+		}
+		if _, err := w.Write(ev); err != nil {
+			return err
+		}
+	}
 }
 
 // errShuttingDown ends the streams still running when a shutdown's grace
