@@ -48,22 +48,30 @@ func (g *Gateway) lookup(m *pool.Model, x *exchange) {
 
 // pick chooses an available combined pod of m that x has not tried yet, or
 // nil if none is left. The pod's token charge is taken under the ledger's
-// selection lock, in the same critical section as the scoring, so
-// concurrent picks see each other's charges.
+// selection lock, in the same critical section as the ledger reads and the
+// scoring, so concurrent picks see each other's charges.
+//
+// The pods' own state (health, in-flight count, queue, speed, scrape) is
+// read before the lock: the gateway changes it after the pick, outside the
+// lock, so holding the lock would not make it more current, and the
+// shorter critical section is what lets concurrent picks use every core.
 func (g *Gateway) pick(m *pool.Model, x *exchange, session string) *pool.Pod {
 	g.lookup(m, x)
 	now := time.Now().UnixNano()
 	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
-	g.ledger.LockSelection()
-	defer g.ledger.UnlockSelection()
 	x.cands, x.pods = x.cands[:0], x.pods[:0]
 	for _, p := range m.Combined {
 		if !p.Available(now) || tried(x.tried, p.ID) {
 			continue
 		}
 		x.cands = append(x.cands, route.Candidate{})
-		g.candidate(&x.cands[len(x.cands)-1], m, x, p)
+		fillPod(&x.cands[len(x.cands)-1], m, x, p)
 		x.pods = append(x.pods, p)
+	}
+	g.ledger.LockSelection()
+	defer g.ledger.UnlockSelection()
+	for i := range x.cands {
+		g.fillCharges(&x.cands[i])
 	}
 	if cap(x.scratch) < len(x.cands) {
 		x.scratch = make([]float64, len(x.cands))
@@ -93,16 +101,22 @@ func promptOf(m *pool.Model, x *exchange, session string) ledger.Prompt {
 	return prompt
 }
 
-// candidate fills *c with pod p of m as the policies see it for x: load,
-// prefix match, ledger charges and last scrape; the fields it does not
-// know stay as they were (zero in a fresh Candidate). The caller holds the
-// ledger's selection lock.
+// candidate fills *c with pod p of m as the policies see it for x:
+// fillPod, then fillCharges. The caller holds the ledger's selection lock.
+func (g *Gateway) candidate(c *route.Candidate, m *pool.Model, x *exchange, p *pool.Pod) {
+	fillPod(c, m, x, p)
+	g.fillCharges(c)
+}
+
+// fillPod fills *c with what pod p of m itself says for x: load, prefix
+// match and last scrape; the fields it does not know stay as they were
+// (zero in a fresh Candidate).
 //
 // It fills c in place rather than returning a Candidate: returning the
 // struct (about 150 bytes) assembled it on the stack with 8-byte stores and
 // copied it with 16-byte loads, which stall on store forwarding and cost
 // about a fifth of a decision over 64 pods.
-func (g *Gateway) candidate(c *route.Candidate, m *pool.Model, x *exchange, p *pool.Pod) {
+func fillPod(c *route.Candidate, m *pool.Model, x *exchange, p *pool.Pod) {
 	c.Pod = p.ID
 	c.InFlight = int(p.InFlight())
 	c.Weight = p.Config.Weight
@@ -111,12 +125,17 @@ func (g *Gateway) candidate(c *route.Candidate, m *pool.Model, x *exchange, p *p
 	if m.UsesCache {
 		c.CachedTokens = min(int(x.depth[p.Slot])*m.BlockSize, x.rreq.PromptTokens)
 	}
-	active, kv := g.ledger.Prefill(p.ID)
-	c.ActiveTokens, c.KVTokens = float64(active), float64(kv)
 	if s := p.Scraped(); s != nil {
 		c.HasMetrics = true
 		c.Running, c.Waiting, c.KVUsage = int(s.Running), int(s.Waiting), s.KVUsage
 	}
+}
+
+// fillCharges fills c's prefill ledger counters. The caller holds the
+// ledger's selection lock, so they include every earlier pick's charge.
+func (g *Gateway) fillCharges(c *route.Candidate) {
+	active, kv := g.ledger.Prefill(c.Pod)
+	c.ActiveTokens, c.KVTokens = float64(active), float64(kv)
 }
 
 func tried(ids []int32, id int32) bool {
