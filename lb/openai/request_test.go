@@ -273,6 +273,9 @@ func FuzzParse(f *testing.F) {
 		var r Request
 		err := r.Parse(kind, body)
 		if !utf8.Valid(body) {
+			if err == nil {
+				t.Fatalf("Parse(%q) accepted invalid UTF-8", body)
+			}
 			return // engines reject it; encoding/json would replace bytes
 		}
 		ref, refOK := referenceParse(kind, body)
@@ -472,4 +475,20 @@ func referencePrompt(v any) (string, []uint32, bool) {
 		return "", ids, true
 	}
 	return "", nil, false
+}
+
+// TestInvalidUTF8 checks that Parse refuses every malformed sequence,
+// wherever it lies relative to the validator's SIMD blocks, and accepts
+// well-formed multi-byte text there.
+func TestInvalidUTF8(t *testing.T) {
+	for _, seq := range []string{"é", "€", "😀", "\xff", "\xc3", "\xe2\x82", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xf0\x9f\x98"} {
+		for at := 0; at < 80; at++ {
+			body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", at) + seq + `"}]}`)
+			var r Request
+			err := r.Parse(KindChat, body)
+			if valid := utf8.ValidString(seq); (err == nil) != valid {
+				t.Fatalf("Parse(%q) = %v, want valid UTF-8: %v", body, err, valid)
+			}
+		}
+	}
 }
