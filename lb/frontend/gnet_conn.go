@@ -21,7 +21,7 @@ import (
 // (pipelining), and exits when the queue is empty. The worker writes with
 // AsyncWritev and waits for the loop's callback before the next write, so
 // the bytes it hands over (response headers, the handler's body, a stream
-// writer's bufio buffer) go to the socket without a copy of ours, and at
+// writer's pooled buffer) go to the socket without a copy of ours, and at
 // most maxOutbound bytes wait in gnet's outbound buffer: past that the
 // writer stays blocked until the client reads, which in turn blocks the
 // stream writer and so the upstream reads.
