@@ -50,6 +50,16 @@ func (s *scanner) next() {
 // searched for again only once an escape has stepped past it.
 func (s *scanner) str() (raw []byte, esc bool) {
 	start := s.p + 1
+	// Keys, roles and most values end within a few bytes, where a plain
+	// loop finds the quote sooner than the two IndexByte calls below.
+	for i := start; i < min(start+shortString, len(s.b)); i++ {
+		if c := s.b[i]; c == '"' {
+			s.p = i + 1
+			return s.b[start:i], false
+		} else if c == '\\' {
+			break
+		}
+	}
 	i, end := start, -1
 	for {
 		if i > end {
@@ -72,6 +82,10 @@ func (s *scanner) str() (raw []byte, esc bool) {
 		i++
 	}
 }
+
+// shortString is how many bytes str reads one by one before it searches
+// with IndexByte (bytes).
+const shortString = 16
 
 // isHex4 says b starts with four hex digits.
 func isHex4(b []byte) bool {
