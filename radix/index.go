@@ -6,8 +6,17 @@ import "sync/atomic"
 // open addressing with linear probing over one word per slot: the top 32
 // bits of the key's hash as a tag, and the position + 2; 0 is an empty slot
 // and 1 a deleted one. A tag match is confirmed against the arena, so the
-// full key is stored once, and since the tag holds the bits that choose the
-// home slot, a rebuild never reads the arena.
+// full key is stored once, and since the tag alone chooses the home slot, a
+// rebuild never reads the arena.
+//
+// The table is kept sparse, a quarter to three quarters full, because every
+// new key is a cache miss here and every removed one another: at that load
+// nearly every probe ends in the home slot's line, and a delete usually
+// finds the next slot empty and leaves no tombstone, so tombstones, and the
+// rebuilds that clear them (each a new table), stay rare. Rebuilt half full
+// instead, BenchmarkInsert/new took about a third longer. Any table size
+// works (home is a multiply-shift, not a mask), so a rebuilt table is 32
+// bytes per key, not up to twice that.
 //
 // Readers probe with atomic loads while the writer changes single slots.
 // Live slots never move: a delete leaves a tombstone (or an empty slot when
@@ -15,33 +24,40 @@ import "sync/atomic"
 // or clearing out tombstones builds a new table that is then published.
 type keyIndex struct {
 	slots []uint64
-	shift uint // 64 - log2(len(slots)); at least 32, so the tag holds the home bits
-	live  int  // keys stored; writer-only
-	used  int  // live + tombstones; writer-only
+	live  int // keys stored; writer-only
+	used  int // live + tombstones; writer-only
 }
 
 const (
 	slotEmpty   = 0
 	slotDeleted = 1
-	// minIndexSlots keeps small trees cheap. A rebuilt table is at most
-	// half full and is rebuilt again at three quarters full (live keys and
-	// tombstones), so it is 8 to 16 bytes per stored key in steady state.
+	// minIndexSlots keeps small trees cheap. A rebuilt table is a quarter
+	// full and is rebuilt again at three quarters full (live keys and
+	// tombstones), so it is 11 to 32 bytes per stored key.
 	minIndexSlots = 1 << 10
 )
 
 func newKeyIndex(n int) *keyIndex {
-	shift := uint(64)
-	for 1<<(64-shift) < n {
-		shift--
-	}
-	return &keyIndex{slots: make([]uint64, 1<<(64-shift)), shift: shift}
+	return &keyIndex{slots: make([]uint64, n)}
 }
 
 // hashKey is Fibonacci hashing: keys are hashes already, but tests and byte
 // mode may store keys that are not, and this spreads them too.
 func hashKey(key uint64) uint64 { return key * 0x9e3779b97f4a7c15 }
 
-func (ix *keyIndex) home(h uint64) uint64 { return h >> ix.shift }
+// home maps the top 32 bits of a hash, or of a slot (its tag), onto the
+// table: (tag × slots) / 2³², which is monotone in the tag, so the table is
+// in home order and rebuilds write it nearly sequentially. It needs fewer
+// than 2³² slots: a billion keys.
+func (ix *keyIndex) home(h uint64) uint64 { return h >> 32 * uint64(len(ix.slots)) >> 32 }
+
+// next is the slot after i, wrapping at the end of the table.
+func (ix *keyIndex) next(i uint64) uint64 {
+	if i++; i == uint64(len(ix.slots)) {
+		return 0
+	}
+	return i
+}
 
 func slotFor(h uint64, pos uint32) uint64 { return h>>32<<32 | uint64(pos+2) }
 
@@ -54,9 +70,8 @@ func (t *Tree) find(key uint64) (uint32, bool) {
 // probe returns the slot and position of key, or ok false; the reader-safe
 // core of every index operation.
 func (t *Tree) probe(ix *keyIndex, key uint64) (slot uint64, pos uint32, ok bool) {
-	mask := uint64(len(ix.slots) - 1)
 	h := hashKey(key)
-	for i := ix.home(h); ; i = (i + 1) & mask {
+	for i := ix.home(h); ; i = ix.next(i) {
 		s := atomic.LoadUint64(&ix.slots[i])
 		if s == slotEmpty {
 			return 0, 0, false
@@ -94,11 +109,10 @@ func (t *Tree) prefetch(keys []uint64) {
 // key is already stored.
 func (t *Tree) indexPut(key uint64, pos uint32) bool {
 	ix := t.index.Load()
-	mask := uint64(len(ix.slots) - 1)
 	h := hashKey(key)
 	free := -1
 	i := ix.home(h)
-	for ; ; i = (i + 1) & mask {
+	for ; ; i = ix.next(i) {
 		s := ix.slots[i]
 		if s == slotEmpty {
 			break
@@ -133,8 +147,7 @@ func (t *Tree) indexDelete(key uint64) {
 		panic("BUG: radix: deleting a key that is not indexed")
 	}
 	ix.live--
-	mask := uint64(len(ix.slots) - 1)
-	if ix.slots[(i+1)&mask] != slotEmpty {
+	if ix.slots[ix.next(i)] != slotEmpty {
 		atomic.StoreUint64(&ix.slots[i], slotDeleted)
 		return
 	}
@@ -143,7 +156,10 @@ func (t *Tree) indexDelete(key uint64) {
 	for {
 		atomic.StoreUint64(&ix.slots[i], slotEmpty)
 		ix.used--
-		i = (i - 1) & mask
+		if i == 0 {
+			i = uint64(len(ix.slots))
+		}
+		i--
 		if ix.slots[i] != slotDeleted {
 			return
 		}
@@ -160,21 +176,20 @@ func (t *Tree) indexMove(key uint64, pos uint32) {
 	atomic.StoreUint64(&ix.slots[i], slotFor(hashKey(key), pos))
 }
 
-// rebuildIndex copies the live slots into a table at most half full and
+// rebuildIndex copies the live slots into a table a quarter full and
 // publishes it; readers still probing the old one finish there, and since
 // the writer no longer touches it they see a consistent (slightly stale)
 // index.
 func (t *Tree) rebuildIndex() {
 	old := t.index.Load()
-	ix := newKeyIndex(max(minIndexSlots, 2*old.live))
-	mask := uint64(len(ix.slots) - 1)
+	ix := newKeyIndex(max(minIndexSlots, 4*old.live))
 	for _, s := range old.slots {
 		if s == slotEmpty || s == slotDeleted {
 			continue
 		}
 		i := ix.home(s)
 		for ix.slots[i] != slotEmpty {
-			i = (i + 1) & mask
+			i = ix.next(i)
 		}
 		ix.slots[i] = s
 	}
