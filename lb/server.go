@@ -64,7 +64,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		MaxHeaderBytes: cfg.MaxHeaderBytes,
 		ReadTimeout:    cfg.ClientReadTimeout,
 		IdleTimeout:    cfg.ClientIdleTimeout,
-		WrapListener:   limits.NewConns(cfg.Access.Conns).Wrap,
+		Conns:          limits.NewConns(cfg.Access.Conns),
 		Log:            log,
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/frontend"
 	"pdlb/lb/gateway"
+	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 )
 
@@ -118,7 +120,13 @@ func writeFrontError(ctx *fasthttp.RequestCtx, err error) {
 // serve starts front end name on loopback with h and returns its address.
 func serve(t testing.TB, name string, h frontend.Handler) string {
 	t.Helper()
-	s, err := frontend.Start(name, "127.0.0.1:0", h, frontend.Options{MaxBodyBytes: testMaxBody})
+	return serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody})
+}
+
+// serveWith is serve with options of the test's own.
+func serveWith(t testing.TB, name string, h frontend.Handler, o frontend.Options) string {
+	t.Helper()
+	s, err := frontend.Start(name, "127.0.0.1:0", h, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,6 +329,50 @@ func TestLimits(t *testing.T) {
 			strings.Repeat(fmt.Sprintf("%x\r\n%s\r\n", len(chunk), chunk), 5)+"0\r\n\r\n", 413)
 		f("BROKEN\r\n\r\n", 400)
 	})
+}
+
+// TestConnCapPerIP: a client address gets MaxConnsPerIP connections, the
+// next is reset without an answer, and closing one frees its place.
+func TestConnCapPerIP(t *testing.T) {
+	const connCap = 3
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			conns := limits.NewConns(limits.ConnLimits{MaxConnsPerIP: connCap})
+			addr := serveWith(t, name, newApp().handler(), frontend.Options{MaxBodyBytes: testMaxBody, Conns: conns})
+			// served dials and proves the connection is served.
+			served := func() *client {
+				t.Helper()
+				c := dial(t, addr)
+				c.send(t, post("/echo", "hi"))
+				resp, b := c.response(t)
+				expect(t, resp, b, 200, "hi")
+				return c
+			}
+			open := make([]*client, connCap)
+			for i := range open {
+				open[i] = served()
+			}
+			over := dial(t, addr)
+			// The reset may come before the request is even written.
+			_, _ = io.WriteString(over, post("/echo", "over"))
+			if _, err := over.br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("a connection over the cap was served, or left hanging: %v", err)
+			}
+			if conns.Refused() != 1 {
+				t.Fatalf("refused %d connections, want 1", conns.Refused())
+			}
+			open[0].Close()
+			// The close reaches the server asynchronously.
+			deadline := time.Now().Add(10 * time.Second)
+			for conns.Open() > connCap-1 && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			served()
+			if conns.Open() != connCap {
+				t.Fatalf("%d connections counted open, want %d", conns.Open(), connCap)
+			}
+		})
+	}
 }
 
 // TestStreamingIsIncremental: each event reaches the client before the

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/limits"
 )
 
 // Handler is what a front end serves: the gateway's request handler and the
@@ -34,10 +36,11 @@ type Options struct {
 	ReadTimeout time.Duration
 	// Log receives the server's own messages at debug level (nil: none).
 	Log *slog.Logger
-	// WrapListener, if set, wraps the fasthttp front end's listener (per-IP
-	// connection caps, idle deadlines); the gnet front end accepts on its
-	// own sockets and ignores it.
-	WrapListener func(net.Listener) net.Listener
+	// Conns, if set, caps each client address's connections on either
+	// front end (one over its cap is reset at once); on fasthttp it also
+	// puts its idle deadline on every read and write (gnet times out
+	// stalled reads and writes with IdleTimeout on its own loop).
+	Conns *limits.Conns
 }
 
 // FastHTTP serves h on ln with fasthttp until ln is closed or Shutdown is

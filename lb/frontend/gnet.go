@@ -215,9 +215,16 @@ func (s *GNet) closeIdle(now int64) {
 	}
 }
 
-// OnOpen gives the connection its state; during Shutdown it is refused.
+// OnOpen gives the connection its state; during Shutdown, or over its
+// address's connection cap, it is refused.
 func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.shutdown.Load() {
+		return nil, gnet.Close
+	}
+	if s.o.Conns != nil && !s.o.Conns.Acquire(c.RemoteAddr()) {
+		// A reset, as limits.Conns.Wrap does on fasthttp: it frees the
+		// socket at once and tells the client plainly.
+		_ = c.SetLinger(0)
 		return nil, gnet.Close
 	}
 	gc := newGConn(s, c)
@@ -238,6 +245,9 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 	s.mu.Lock()
 	delete(s.conns, gc)
 	s.mu.Unlock()
+	if s.o.Conns != nil {
+		s.o.Conns.Release(c.RemoteAddr())
+	}
 	gc.closed = true
 	if gc.stalled {
 		gc.stalled = false

@@ -34,8 +34,8 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		if o.WrapListener != nil {
-			ln = o.WrapListener(ln)
+		if o.Conns != nil {
+			ln = o.Conns.Wrap(ln)
 		}
 		s := &fastServer{Server: FastHTTP(h, o), ln: ln, done: make(chan error, 1)}
 		go func() {
