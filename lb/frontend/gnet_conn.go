@@ -71,7 +71,7 @@ type gconn struct {
 
 	// Read by OnTick's idle sweep.
 	lastRead atomic.Int64 // coarse unix nanoseconds of the last traffic
-	partial  atomic.Bool  // part of a request is buffered
+	partial  atomic.Bool  // a request is due: part of one is buffered, or none came yet
 	busy     atomic.Bool  // a worker runs; changed under mu
 
 	mu     sync.Mutex
@@ -101,6 +101,10 @@ type queued struct {
 func newGConn(s *GNet, c gnet.Conn) *gconn {
 	gc := &gconn{s: s, c: c, local: c.LocalAddr(), remote: c.RemoteAddr(), wrote: make(chan error, 1)}
 	gc.lastRead.Store(s.now.Load())
+	// A new connection owes its first request within ReadTimeout, as on
+	// fasthttp (nginx's client_header_timeout), not the keep-alive idle
+	// time.
+	gc.partial.Store(true)
 	// Bound once: a method value made per write would allocate.
 	gc.written = func(c gnet.Conn, err error) error { return gc.settle(c, err, maxOutbound) }
 	gc.drained = func(c gnet.Conn, err error) error { return gc.settle(c, err, 0) }

@@ -249,6 +249,13 @@ func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
+		if r, ok := ctx.Conn().(interface{ Received() bool }); ok && !r.Received() {
+			// The client never sent a byte: no request to answer (see
+			// limits.Conns). Closing first makes fasthttp's write of
+			// the error response fail silently.
+			_ = ctx.Conn().Close()
+			return
+		}
 		writeError(ctx, &openai.Error{Status: fasthttp.StatusRequestTimeout, Type: openai.TypeInvalidRequest,
 			Message: "The request was not received within " + g.cfg.ClientReadTimeout.String() + "."})
 		return

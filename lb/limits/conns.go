@@ -139,6 +139,9 @@ type conn struct {
 	// none).
 	readDL, writeDL atomic.Int64
 	closed          atomic.Bool
+	// received is set by the first Read that returns a byte; reads come
+	// from the connection's one serving goroutine.
+	received bool
 }
 
 func (c *conn) Read(b []byte) (int, error) {
@@ -147,8 +150,16 @@ func (c *conn) Read(b []byte) (int, error) {
 			return 0, err
 		}
 	}
-	return c.Conn.Read(b)
+	n, err := c.Conn.Read(b)
+	c.received = c.received || n > 0
+	return n, err
 }
+
+// Received reports whether the client has sent a byte yet: a server that
+// times out a connection which never did (a browser's preconnect, a TCP
+// health check) closes it without an answer, as nginx does, rather than
+// answer a request nobody made. Call it from the serving goroutine.
+func (c *conn) Received() bool { return c.received }
 
 func (c *conn) Write(b []byte) (int, error) {
 	if c.cs.limits.IdleTimeout > 0 {

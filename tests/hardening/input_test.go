@@ -84,6 +84,9 @@ func hardeningCases() []hardeningCase {
 		// read timeout allows for the whole request.
 		{name: "slow headers", send: drip("POST /v1/chat/completions HTTP/1.1\r\n", "Host: gw\r\nX-Slow: "+strings.Repeat("a", 100)+"\r\n\r\n", 50*time.Millisecond),
 			want: []int{408}, closeOK: true},
+		// A connection that never sends a byte (a preconnect, a TCP
+		// health check) is closed after the read timeout with no answer.
+		{name: "silent connection", send: raw(""), closeOK: true},
 		{name: "slow body", send: drip("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: "+strconv.Itoa(len(chat))+"\r\n\r\n", chat, 50*time.Millisecond),
 			want: []int{408}, closeOK: true},
 	}
