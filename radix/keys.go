@@ -2,6 +2,7 @@ package radix
 
 import (
 	"encoding/binary"
+	"math"
 	"math/bits"
 	"unsafe"
 
@@ -58,20 +59,21 @@ func AppendByteBlockKeys(dst []uint64, seed uint64, prompt []byte, blockBytes in
 // prompt can be crafted to collide, which, like any 64-bit collision, costs
 // a wrong cache estimate, never a wrong answer.
 func appendChain(dst []uint64, h uint64, raw []byte, width int) []uint64 {
+	if width == 64 {
+		// DefaultBlockSize tokens: the loop below for one whole round and
+		// no tail, without the loop control the compiler spills around.
+		for ; len(raw) >= 64; raw = raw[64:] {
+			h = fold(h^(64+round64(raw, chainC0)), chainC3)
+			dst = append(dst, h)
+		}
+		return dst
+	}
 	for ; len(raw) >= width; raw = raw[width:] {
 		b := raw[:width]
 		acc, s := uint64(width), uint64(chainC0)
-		// 64 bytes (one block of DefaultBlockSize tokens) per round, the
-		// four chunks independent so their multiplications overlap.
 		for ; len(b) >= 64; b = b[64:] {
-			s1 := s + chainC2
-			s2 := s1 + chainC2
-			s3 := s2 + chainC2
-			acc += fold(le64(b[0:])^s, le64(b[8:])^chainC1) +
-				fold(le64(b[16:])^s1, le64(b[24:])^chainC1) +
-				fold(le64(b[32:])^s2, le64(b[40:])^chainC1) +
-				fold(le64(b[48:])^s3, le64(b[56:])^chainC1)
-			s = s3 + chainC2
+			acc += round64(b, s)
+			s += 4 * chainC2 & math.MaxUint64 // four chunks on, mod 2⁶⁴
 		}
 		for ; len(b) >= 16; b = b[16:] {
 			acc += fold(le64(b)^s, le64(b[8:])^chainC1)
@@ -86,6 +88,20 @@ func appendChain(dst []uint64, h uint64, raw []byte, width int) []uint64 {
 		dst = append(dst, h)
 	}
 	return dst
+}
+
+// round64 is appendChain's sum over the four 16-byte chunks of b[:64], the
+// first chunk's secret being s. Its four multiplications are independent,
+// so they overlap.
+func round64(b []byte, s uint64) uint64 {
+	b = b[:64]
+	s1 := s + chainC2
+	s2 := s1 + chainC2
+	s3 := s2 + chainC2
+	return fold(le64(b[0:])^s, le64(b[8:])^chainC1) +
+		fold(le64(b[16:])^s1, le64(b[24:])^chainC1) +
+		fold(le64(b[32:])^s2, le64(b[40:])^chainC1) +
+		fold(le64(b[48:])^s3, le64(b[56:])^chainC1)
 }
 
 // The secrets of appendChain: odd 64-bit constants with well-spread bits
