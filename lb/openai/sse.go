@@ -237,16 +237,47 @@ type TokenCounter struct {
 	exact  bool
 }
 
-// Observe counts ev.
-func (c *TokenCounter) Observe(ev Event) { c.observe(ev.Data()) }
-
 // ObserveBody counts a whole (non-streamed) completion body: its usage
 // figure when it has one, as OpenAI-compatible engines always send, else
-// one output.
-func (c *TokenCounter) ObserveBody(body []byte) { c.observe(body) }
+// one output. Only the usage key is looked for, from the end, where
+// engines put it: a body's content is never scanned key by key.
+func (c *TokenCounter) ObserveBody(body []byte) {
+	for end := len(body); ; {
+		q := bytes.LastIndex(body[:end], completionTokensKey)
+		if q < 0 {
+			c.deltas++
+			return
+		}
+		end = q
+		if escaped(body, q) {
+			continue // inside a string
+		}
+		v := bytes.TrimLeft(body[q+len(completionTokensKey):], " \t\r\n")
+		if len(v) == 0 || v[0] != ':' {
+			continue // a string's text, not a key
+		}
+		if n, ok := leadingInt(bytes.TrimLeft(v[1:], " \t\r\n")); ok {
+			c.usage, c.exact = n, true
+			return
+		}
+	}
+}
 
-// observe counts one JSON document: an event's data or a whole body.
-func (c *TokenCounter) observe(d []byte) {
+var completionTokensKey = []byte(`"completion_tokens"`)
+
+// leadingInt parses the decimal digits v starts with (at most 10).
+func leadingInt(v []byte) (n int, ok bool) {
+	k := 0
+	for k < len(v) && k < 10 && v[k] >= '0' && v[k] <= '9' {
+		n = n*10 + int(v[k]-'0')
+		k++
+	}
+	return n, k > 0
+}
+
+// Observe counts ev.
+func (c *TokenCounter) Observe(ev Event) {
+	d := ev.Data()
 	output := false
 	// Every key ends in `":`, and inside a string a quote is escaped, so an
 	// unescaped quote followed by ':' always ends a key.
@@ -270,12 +301,7 @@ func (c *TokenCounter) observe(d []byte) {
 				output = output || len(inner) > 0 && inner[0] != ']'
 			}
 		case keyIs(d, q, "completion_tokens"):
-			n, k := 0, 0
-			for k < len(v) && k < 10 && v[k] >= '0' && v[k] <= '9' {
-				n = n*10 + int(v[k]-'0')
-				k++
-			}
-			if k > 0 {
+			if n, ok := leadingInt(v); ok {
 				c.usage, c.exact = n, true
 			}
 		}

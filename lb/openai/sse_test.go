@@ -216,6 +216,9 @@ func TestTokenCounterBody(t *testing.T) {
 		`"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`, 12, true)
 	f(`{"id":"c1","object":"text_completion","choices":[{"index":0,"text":"Once upon","finish_reason":"length"}]}`, 1, false) // no usage: one output
 	f(`{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"usage":{"completion_tokens":0}}`, 0, true)
+	// the key's text inside a string is not the key
+	f(`{"choices":[{"message":{"content":"say \"completion_tokens\": 7"}}],"usage": {"completion_tokens" : 3}}`, 3, true)
+	f(`{"choices":[{"message":{"content":"\"completion_tokens\":9"}}]}`, 1, false)
 }
 
 // TestSplitAllocs checks that splitting and counting allocate nothing per
