@@ -116,8 +116,10 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		if l.cs.Acquire(c.RemoteAddr()) {
 			w := &conn{Conn: c, cs: l.cs}
-			w.readDL.Store(noDeadline)
-			w.writeDL.Store(noDeadline)
+			w.read.caller.Store(noDeadline)
+			w.written.caller.Store(noDeadline)
+			w.read.armed.Store(noDeadline)
+			w.written.armed.Store(noDeadline)
 			return w, nil
 		}
 		if tc, ok := c.(*net.TCPConn); ok {
@@ -127,28 +129,38 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 }
 
-// conn applies the idle limit: every Read and Write first sets the
-// deadline of its direction to the earlier of the caller's own deadline
-// (a server's read or write timeout, kept here) and IdleTimeout from now.
-// A blocked read therefore ends after IdleTimeout without a byte, and so
-// does a write the client is not draining.
+// conn applies the idle limit: a read or write never waits past the
+// earlier of the caller's own deadline (a server's read or write timeout,
+// kept here) and IdleTimeout after the last read or write began. A blocked
+// read therefore ends after IdleTimeout without a byte, and so does a write
+// the client is not draining.
+//
+// Re-arming a socket deadline costs a clock read, a timer update and a lock
+// in the runtime, and the proxy reads and writes several times a request,
+// so a read or write re-arms only when the deadline set would end the wait
+// more than idleSlack early: the limit holds to within IdleTimeout/16.
 type conn struct {
 	net.Conn
-	cs *Conns
-	// readDL and writeDL are the caller's deadlines, unix ns (noDeadline:
-	// none).
-	readDL, writeDL atomic.Int64
-	closed          atomic.Bool
+	cs            *Conns
+	read, written deadlines
+	closed        atomic.Bool
 	// received is set by the first Read that returns a byte; reads come
 	// from the connection's one serving goroutine.
 	received bool
 }
 
+// deadlines are one direction's: the caller's and the one set on the
+// socket, in ns of the package's monotonic clock (noDeadline: none).
+type deadlines struct {
+	caller, armed atomic.Int64
+}
+
+// idleSlack is how much earlier than due an armed idle deadline may fire.
+func (c *conn) idleSlack() int64 { return int64(c.cs.limits.IdleTimeout) / 16 }
+
 func (c *conn) Read(b []byte) (int, error) {
-	if c.cs.limits.IdleTimeout > 0 {
-		if err := c.Conn.SetReadDeadline(c.deadline(c.readDL.Load())); err != nil {
-			return 0, err
-		}
+	if err := c.rearm(&c.read, c.Conn.SetReadDeadline); err != nil {
+		return 0, err
 	}
 	n, err := c.Conn.Read(b)
 	c.received = c.received || n > 0
@@ -162,63 +174,81 @@ func (c *conn) Read(b []byte) (int, error) {
 func (c *conn) Received() bool { return c.received }
 
 func (c *conn) Write(b []byte) (int, error) {
-	if c.cs.limits.IdleTimeout > 0 {
-		if err := c.Conn.SetWriteDeadline(c.deadline(c.writeDL.Load())); err != nil {
-			return 0, err
-		}
+	if err := c.rearm(&c.written, c.Conn.SetWriteDeadline); err != nil {
+		return 0, err
 	}
 	return c.Conn.Write(b)
 }
 
-// deadline is the earlier of the caller's deadline (unix ns) and the idle
-// limit from now.
-func (c *conn) deadline(caller int64) time.Time {
-	idle := time.Now().Add(c.cs.limits.IdleTimeout)
-	if caller < idle.UnixNano() {
-		return time.Unix(0, caller)
+// rearm moves d's socket deadline to IdleTimeout from now (or the caller's,
+// if earlier) when the one armed would fire more than idleSlack early.
+func (c *conn) rearm(d *deadlines, set func(time.Time) error) error {
+	idle := int64(c.cs.limits.IdleTimeout)
+	if idle <= 0 {
+		return nil
 	}
-	return idle
+	want := min(d.caller.Load(), monoNow()+idle)
+	if armed := d.armed.Load(); armed <= want && want-armed <= c.idleSlack() {
+		return nil
+	}
+	d.armed.Store(want)
+	return set(timeOf(want))
 }
+
+// arm records the caller's deadline t for d and sets the effective one:
+// t itself, or the idle limit when it is earlier, so that a read or write
+// already blocked also sees the new deadline.
+func (c *conn) arm(d *deadlines, t time.Time, set func(time.Time) error) error {
+	caller := monoOf(t)
+	d.caller.Store(caller)
+	eff := caller
+	if idle := int64(c.cs.limits.IdleTimeout); idle > 0 {
+		eff = min(caller, monoNow()+idle)
+	}
+	d.armed.Store(eff)
+	return set(timeOf(eff))
+}
+
+// epoch is the origin of the package's monotonic clock.
+var epoch = time.Now()
 
 // noDeadline stands for the zero time.Time, which means no deadline.
 const noDeadline = math.MaxInt64
 
-// unixNano is t in unix ns, clamped to the range UnixNano defines (years
-// 1678 to 2262): earlier is long past, later is never.
-func unixNano(t time.Time) int64 {
-	switch y := t.Year(); {
-	case t.IsZero() || y > 2261:
+// monoNow reads the monotonic clock: one clock read, where time.Now takes
+// two (wall and monotonic).
+func monoNow() int64 { return int64(time.Since(epoch)) }
+
+// monoOf is deadline t on the monotonic clock; Sub saturates, so a time
+// centuries away is never and one long past is long past.
+func monoOf(t time.Time) int64 {
+	if t.IsZero() {
 		return noDeadline
-	case y < 1679:
-		return 1
 	}
-	return t.UnixNano()
+	return int64(t.Sub(epoch))
 }
 
-// effective is the deadline to set now for a caller's deadline t: t
-// itself, or the idle limit when it is earlier, so that a read or write
-// already blocked also sees the new deadline.
-func (c *conn) effective(t time.Time) time.Time {
-	if c.cs.limits.IdleTimeout <= 0 {
-		return t
+// timeOf turns a monotonic deadline back into what net.Conn takes.
+func timeOf(mono int64) time.Time {
+	if mono == noDeadline {
+		return time.Time{}
 	}
-	return c.deadline(unixNano(t))
+	return epoch.Add(time.Duration(mono))
 }
 
 func (c *conn) SetDeadline(t time.Time) error {
-	c.readDL.Store(unixNano(t))
-	c.writeDL.Store(unixNano(t))
-	return c.Conn.SetDeadline(c.effective(t))
+	if err := c.arm(&c.read, t, c.Conn.SetReadDeadline); err != nil {
+		return err
+	}
+	return c.arm(&c.written, t, c.Conn.SetWriteDeadline)
 }
 
 func (c *conn) SetReadDeadline(t time.Time) error {
-	c.readDL.Store(unixNano(t))
-	return c.Conn.SetReadDeadline(c.effective(t))
+	return c.arm(&c.read, t, c.Conn.SetReadDeadline)
 }
 
 func (c *conn) SetWriteDeadline(t time.Time) error {
-	c.writeDL.Store(unixNano(t))
-	return c.Conn.SetWriteDeadline(c.effective(t))
+	return c.arm(&c.written, t, c.Conn.SetWriteDeadline)
 }
 
 // Close closes the connection and uncounts it, once however often it is

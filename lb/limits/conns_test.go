@@ -3,6 +3,7 @@ package limits
 import (
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"testing"
@@ -196,16 +197,19 @@ func TestWrapNoIdle(t *testing.T) {
 	}
 }
 
-func TestUnixNano(t *testing.T) {
+func TestMonoOf(t *testing.T) {
 	f := func(tm time.Time, want int64) {
 		t.Helper()
-		if got := unixNano(tm); got != want {
-			t.Fatalf("unixNano(%v) = %d, want %d", tm, got, want)
+		if got := monoOf(tm); got != want {
+			t.Fatalf("monoOf(%v) = %d, want %d", tm, got, want)
 		}
 	}
 	f(time.Time{}, noDeadline)
-	f(time.Unix(0, 0), 0)
-	f(time.Unix(1, 5), 1_000_000_005)
-	f(time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), noDeadline)
-	f(time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC), 1)
+	f(epoch, 0)
+	f(epoch.Add(time.Second), int64(time.Second))
+	f(time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), noDeadline) // saturates
+	f(time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC), math.MinInt64)
+	if got := timeOf(noDeadline); !got.IsZero() {
+		t.Fatalf("timeOf(noDeadline) = %v, want the zero time", got)
+	}
 }
