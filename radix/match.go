@@ -127,20 +127,11 @@ func (t *Tree) childOf(keys []uint64, depth int) (c int32, n *node, ver uint32, 
 		// moved reports whether a miss may come from keys being relocated
 		// under the probe rather than from the tree.
 		moved := func() bool { return moves&1 != 0 || t.moves.Load() != moves }
-		pos, ok := t.find(key)
+		pos, c, ok := t.find(key)
 		if !ok {
 			if moved() {
 				continue
 			}
-			return 0, nil, 0, 0
-		}
-		c = atomic.LoadInt32(&(*t.poolDir.Load())[pos>>poolBits].owner[pos&poolMask])
-		if c == 0 {
-			if moved() {
-				continue
-			}
-			// Indexed but not yet (or no longer) a node's: being added or
-			// freed right now.
 			return 0, nil, 0, 0
 		}
 		n = &(*t.nodeDir.Load())[c>>nodeBits].hdr[c&nodeMask]

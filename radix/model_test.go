@@ -142,7 +142,7 @@ func (t *Tree) verify(m *model) error {
 			if t.ownerOf(pos) != c {
 				return fmt.Errorf("node %d: position %d owned by %d", c, pos, t.ownerOf(pos))
 			}
-			if got, ok := t.find(k); !ok || got != pos {
+			if got, _, ok := t.find(k); !ok || got != pos {
 				return fmt.Errorf("node %d: key %x indexed at %d (%v), want %d", c, k, got, ok, pos)
 			}
 		}
@@ -194,6 +194,13 @@ func (t *Tree) verify(m *model) error {
 			return fmt.Errorf("chunk %d: %d keys in use, count says %d", c, live[c], t.live[c])
 		}
 	}
+	// With no insert under way, a position is allocated exactly when a
+	// node owns it: the writer's test for stale index slots.
+	for pos := uint32(0); pos < uint32(len(t.pool))<<poolBits; pos++ {
+		if inUse := t.inUse[pos>>6]&(1<<(pos&63)) != 0; inUse != (t.ownerOf(pos) != 0) {
+			return fmt.Errorf("position %d: allocated %v, owned by %d", pos, inUse, t.ownerOf(pos))
+		}
+	}
 	for p := range t.pods {
 		if blocks[p] != t.pods[p].blocks || len(order[p]) != countBits(t, int32(p)) {
 			return fmt.Errorf("pod %d: holds %d blocks in %d nodes, counts say %d blocks, %d entries", p, blocks[p], countBits(t, int32(p)), t.pods[p].blocks, len(order[p]))
@@ -216,6 +223,8 @@ func (t *Tree) verify(m *model) error {
 	}
 	return nil
 }
+
+func (t *Tree) ownerOf(pos uint32) int32 { return t.pool[pos>>poolBits].owner[pos&poolMask] }
 
 func countBits(t *Tree, pod int32) int {
 	n := 0

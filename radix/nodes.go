@@ -156,22 +156,21 @@ func (t *Tree) parentOf(i int32) int32 {
 	if span(n.span).top() {
 		return root
 	}
-	pos, ok := t.find(n.prev)
+	_, p, ok := t.find(n.prev)
 	if !ok {
 		panic("BUG: radix: a node's parent key is not in the index")
 	}
-	return t.ownerOf(pos)
+	return p
 }
 
 // childAt returns the node whose label starts with keys[i] under parent,
 // none if keys[i] is not stored, or elsewhere if it is stored under another
 // parent or inside a run.
 func (t *Tree) childAt(parent int32, keys []uint64, i int) int32 {
-	pos, ok := t.find(keys[i])
+	pos, c, ok := t.find(keys[i])
 	if !ok {
 		return none
 	}
-	c := t.ownerOf(pos)
 	n := t.nd(c)
 	s := span(n.span)
 	if s.start() != pos {
@@ -338,10 +337,8 @@ func (t *Tree) merge(p, c int32) {
 func (t *Tree) removeLeaf(p, c int32) {
 	t.unlinkChild(p, c)
 	s := t.spanOf(c)
-	t.prefetch(t.label(s))
-	for _, k := range t.label(s) {
-		t.indexDelete(k)
-	}
+	// The keys' index slots go stale (see keyIndex): no cache miss each.
+	t.index.Load().live -= s.len()
 	t.releaseNode(c)
 	t.releaseKeys(s.start(), s.len())
 }

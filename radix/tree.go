@@ -42,9 +42,12 @@
 // exact for one instant during the call. Key positions have a sequence of
 // their own (moves), odd while one node's label moves out of a sparse chunk:
 // a reader whose key lookup misses while it changed looks again, so a move
-// never shows as a missing block. Measured under a writer inserting and
-// removing 96-block prompts back to back, about one Match in a million
-// walks twice (BenchmarkMatchParallel).
+// never shows as a missing block. The key index deletes lazily: a removed
+// key's slot stays until the writer reclaims it, and every slot a lookup
+// finds is confirmed against the arena (the key at that position, and a
+// node owning it), so a stale slot reads as a miss (see keyIndex). Measured
+// under a writer inserting and removing 96-block prompts back to back,
+// about one Match in a million walks twice (BenchmarkMatchParallel).
 package radix
 
 import (
@@ -117,6 +120,9 @@ type Tree struct {
 
 	pool       []*poolChunk // the writer's view of poolDir
 	live       []int        // keys in use per pool chunk
+	keysInUse  int          // keys in use in all pool chunks
+	gens       []uint8      // per pool chunk: generation, bumped when it is reused whole (keyIndex)
+	inUse      []uint64     // per pool chunk, poolLen/64 words: bit set for each allocated position
 	fill       int32        // the chunk new labels are appended to; none before the first
 	fillOff    int          // next free position in the fill chunk
 	freeChunks []int32      // chunks with no key in use
@@ -225,11 +231,10 @@ func (t *Tree) Remove(pod int32, keys []uint64) {
 	defer t.mu.Unlock()
 	t.prefetch(keys)
 	for _, k := range keys {
-		pos, ok := t.find(k)
+		pos, c, ok := t.find(k)
 		if !ok {
 			continue
 		}
-		c := t.ownerOf(pos)
 		if !t.holds(c, pod) {
 			continue
 		}
@@ -291,7 +296,7 @@ func (t *Tree) Stats() Stats {
 		st.PodBlocks[p] = t.pods[p].blocks
 	}
 	st.Bytes = int64(len(t.nodes))*int64(unsafe.Sizeof(nodeChunk{})+nodeLen*uintptr(t.words)*8) +
-		int64(len(t.pool))*int64(unsafe.Sizeof(poolChunk{})) +
+		int64(len(t.pool))*int64(unsafe.Sizeof(poolChunk{})+1+poolLen/8) +
 		int64(len(t.index.Load().slots))*8 +
 		int64(cap(t.entries))*int64(unsafe.Sizeof(entry{})) +
 		t.pairs.bytes() +
