@@ -326,7 +326,6 @@ type exchange struct {
 	class   admit.Class
 	rreq    route.Request
 	cands   []route.Candidate
-	pods    []*pool.Pod
 	scratch []float64
 	tried   []int32
 	// wait is what a relay waiting for its pod's next bytes reads into
@@ -369,7 +368,7 @@ func acquireExchange() *exchange {
 func releaseExchange(x *exchange) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
-	x.cands, x.pods, x.tried = x.cands[:0], x.pods[:0], x.tried[:0]
+	x.cands, x.tried = x.cands[:0], x.tried[:0]
 	x.keys, x.looked = x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
 	x.class = admit.Interactive

@@ -59,15 +59,8 @@ func (g *Gateway) pick(m *pool.Model, x *exchange, session string) *pool.Pod {
 	g.lookup(m, x)
 	now := time.Now().UnixNano()
 	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
-	x.cands, x.pods = x.cands[:0], x.pods[:0]
-	for _, p := range m.Combined {
-		if !p.Available(now) || tried(x.tried, p.ID) {
-			continue
-		}
-		x.cands = append(x.cands, route.Candidate{})
-		fillPod(&x.cands[len(x.cands)-1], m, x, p)
-		x.pods = append(x.pods, p)
-	}
+	match := matchOf(m, x)
+	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match)
 	g.ledger.LockSelection()
 	defer g.ledger.UnlockSelection()
 	for i := range x.cands {
@@ -86,8 +79,14 @@ func (g *Gateway) pick(m *pool.Model, x *exchange, session string) *pool.Pod {
 	}
 	x.chosen = x.cands[i]
 	prompt := promptOf(m, x, session)
-	g.ledger.Charge(&x.ticket, x.pods[i].ID, -1, &prompt, g.ledger.Now())
-	return x.pods[i]
+	g.ledger.Charge(&x.ticket, x.chosen.Pod, -1, &prompt, g.ledger.Now())
+	// Candidate i came from m.CombinedLoads[j] for some j ≥ i
+	// (AppendCombined skips pods, never repeats them): usually j == i.
+	for j := i; ; j++ {
+		if m.CombinedLoads[j].ID == x.chosen.Pod {
+			return m.Combined[j]
+		}
+	}
 }
 
 // promptOf is x's prompt as the ledger charges it, matched against the
@@ -101,34 +100,21 @@ func promptOf(m *pool.Model, x *exchange, session string) ledger.Prompt {
 	return prompt
 }
 
-// candidate fills *c with pod p of m as the policies see it for x:
-// fillPod, then fillCharges. The caller holds the ledger's selection lock.
+// candidate fills *c with pod p of m as the policies see it for x: what
+// the pod says (pool.PodLoad.Fill), then fillCharges. The caller holds the
+// ledger's selection lock.
 func (g *Gateway) candidate(c *route.Candidate, m *pool.Model, x *exchange, p *pool.Pod) {
-	fillPod(c, m, x, p)
+	l, match := p.Load(), matchOf(m, x)
+	l.Fill(c, &match)
 	g.fillCharges(c)
 }
 
-// fillPod fills *c with what pod p of m itself says for x: load, prefix
-// match and last scrape; the fields it does not know stay as they were
-// (zero in a fresh Candidate).
-//
-// It fills c in place rather than returning a Candidate: returning the
-// struct (about 150 bytes) assembled it on the stack with 8-byte stores and
-// copied it with 16-byte loads, which stall on store forwarding and cost
-// about a fifth of a decision over 64 pods.
-func fillPod(c *route.Candidate, m *pool.Model, x *exchange, p *pool.Pod) {
-	c.Pod = p.ID
-	c.InFlight = int(p.InFlight())
-	c.Weight = p.Config.Weight
-	c.QueuedPrefillTokens = float64(p.QueuedPrefill())
-	c.PrefillTokensPerSec = p.Speed.TokensPerSec()
-	if m.UsesCache {
-		c.CachedTokens = min(int(x.depth[p.Slot])*m.BlockSize, x.rreq.PromptTokens)
+// matchOf is x's prefix match on m as the candidates report it.
+func matchOf(m *pool.Model, x *exchange) pool.Match {
+	if !m.UsesCache {
+		return pool.Match{}
 	}
-	if s := p.Scraped(); s != nil {
-		c.HasMetrics = true
-		c.Running, c.Waiting, c.KVUsage = int(s.Running), int(s.Waiting), s.KVUsage
-	}
+	return pool.Match{Depth: x.depth, BlockSize: m.BlockSize, PromptTokens: x.rreq.PromptTokens}
 }
 
 // fillCharges fills c's prefill ledger counters. The caller holds the

@@ -107,7 +107,7 @@ func (c *Checker) scrape(client *fasthttp.HostClient, p *Pod) {
 			s.TokensPerSec = (load.GeneratedTokens - prev.GeneratedTokens) / dt
 		}
 	}
-	p.scraped.Store(s)
+	p.setScraped(s)
 }
 
 func errText(err error, resp *fasthttp.Response) string {

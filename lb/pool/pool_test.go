@@ -3,6 +3,10 @@ package pool
 import (
 	"testing"
 	"time"
+
+	"pdlb/engines"
+	"pdlb/lb/admit"
+	"pdlb/lb/route"
 )
 
 func TestCircuitBreaker(t *testing.T) {
@@ -46,4 +50,26 @@ func TestCircuitBreaker(t *testing.T) {
 	// A failed health check takes the pod out whatever the circuit says.
 	p.healthy.Store(false)
 	f(23*sec, CircuitClosed, false)
+}
+
+func TestFill(t *testing.T) {
+	p := &Pod{ID: 7, Slot: 2, podState: &podState{}}
+	p.Speed = admit.NewPrefillSpeed(5000, 0)
+	p.weight = 2
+	p.Acquire()
+	p.AddQueuedPrefill(300)
+	l := p.Load()
+	match := Match{Depth: []int32{0, 0, 40}, BlockSize: 16, PromptTokens: 600}
+	var c route.Candidate
+	l.Fill(&c, &match)
+	want := route.Candidate{Pod: 7, CachedTokens: 600, InFlight: 1, QueuedPrefillTokens: 300, PrefillTokensPerSec: 5000, Weight: 2}
+	if c != want {
+		t.Fatalf("before a scrape: %+v, want %+v", c, want)
+	}
+	p.setScraped(&Scraped{Load: engines.Load{Running: 12, Waiting: 3, KVUsage: 0.75}})
+	l.Fill(&c, &Match{})
+	want.HasMetrics, want.Running, want.Waiting, want.KVUsage = true, 12, 3, 0.75
+	if c != want {
+		t.Fatalf("after a scrape: %+v, want %+v", c, want)
+	}
 }
