@@ -1,5 +1,7 @@
 package route
 
+import "pdlb/lb/admit"
+
 // DefaultPolicy is the policy the gateway and `pdlb sim --policy default`
 // use: the best of the registry in bench/cluster's seed 000 sweep.
 const DefaultPolicy = "slo_cache"
@@ -35,16 +37,22 @@ type SLOCache struct {
 
 // Score implements Scorer.
 func (p SLOCache) Score(req *Request, cands []Candidate, out []float64) {
+	// With queued tokens q, uncached tokens u and a prefill time per token
+	// t (PredictedTTFT's terms), the TTFT is (q+u)·t and the miss's own
+	// prefill time u·t, so the score is (q + (1+MissWeight)·u)·t: one
+	// division per pod (for t), where dividing for the TTFT and for the
+	// queue time took two.
 	for i := range cands {
 		c := &cands[i]
-		ttft := PredictedTTFT(req, c, 0)
-		if ttft > p.SLO {
+		t := admit.TTFT(1, 0, c.PrefillTokensPerSec, 0)
+		q, u := c.QueuedPrefillTokens, float64(uncached(req, c))
+		if ttft := (q + u) * t; ttft > p.SLO {
 			// Above every pod that meets the SLO, ranked among
 			// themselves by TTFT alone.
 			out[i] = overSLO + ttft
 			continue
 		}
-		out[i] = ttft + p.MissWeight*(ttft-queueSec(c))
+		out[i] = (q + (1+p.MissWeight)*u) * t
 	}
 }
 
