@@ -341,4 +341,5 @@ func (t *Tree) removeLeaf(p, c int32) {
 	t.index.Load().live -= s.len()
 	t.releaseNode(c)
 	t.releaseKeys(s.start(), s.len())
+	t.compact()
 }

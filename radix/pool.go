@@ -8,7 +8,7 @@ const (
 	poolMask = poolLen - 1
 
 	// The chunks in use, the fill chunk aside, are kept to at most one per
-	// evacuateBelow keys in use: a release that leaves more evacuates the
+	// evacuateBelow keys in use: a removal that leaves more evacuates the
 	// sparsest (its labels move to the fill chunk and it is reused whole),
 	// which then holds fewer than evacuateBelow keys. So the arena is at
 	// most four times the keys, each key freed pays for at most about one
@@ -99,7 +99,7 @@ func (t *Tree) setOwner(start uint32, n int, c int32) {
 }
 
 // releaseKeys frees n positions from start. A chunk left empty is reused
-// whole; if too many chunks are left in use, the sparsest are evacuated.
+// whole.
 func (t *Tree) releaseKeys(start uint32, n int) {
 	t.setOwner(start, n, 0)
 	t.markInUse(start, n, false)
@@ -109,6 +109,12 @@ func (t *Tree) releaseKeys(start uint32, n int) {
 	if c != t.fill && t.live[c] == 0 {
 		t.freeChunks = append(t.freeChunks, c)
 	}
+}
+
+// compact evacuates the sparsest chunks while more are in use than the
+// keys need (see evacuateBelow). It must not run while an insert holds
+// positions no node owns yet: evacuate moves owned labels only.
+func (t *Tree) compact() {
 	for len(t.pool)-len(t.freeChunks) > 1+(t.keysInUse+evacuateBelow-1)/evacuateBelow {
 		t.evacuate(t.sparsest())
 	}

@@ -238,8 +238,8 @@ func TestEvacuation(t *testing.T) {
 	for _, k := range keep {
 		agree(t, tr, m, k)
 	}
-	// Chunks in use are the fill chunk and chunks at least a quarter full
-	// (or never released from since they stopped being filled).
+	// Chunks in use, the fill chunk aside, are at most one per
+	// evacuateBelow keys.
 	blocks := tr.Stats().Blocks
 	inUse := len(tr.pool) - len(tr.freeChunks)
 	if inUse > 1+(blocks+evacuateBelow-1)/evacuateBelow || len(tr.pool) >= stored/poolLen {
