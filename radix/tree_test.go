@@ -482,3 +482,40 @@ func TestMatchNoAlloc(t *testing.T) {
 		t.Fatalf("pod 1000 matched %d, pod 3 %d; want 128 and 40", out[1000], out[3])
 	}
 }
+
+// TestStaleIndexSlots re-adds chains soon after removing them, so a key's
+// stale index slot (its old position freed, or reused for another key,
+// through many generations of the chunk, wrapping the 4-bit counter) is
+// met by the lookups and by the insert that stores the key again.
+func TestStaleIndexSlots(t *testing.T) {
+	tr := newTree(t, Options{MaxPods: 4})
+	m := newModel(4, 0)
+	chains := make([][]uint64, 8)
+	for i := range chains {
+		chains[i] = chain(seq(uint32(i)<<16, 300)...)
+	}
+	for round := range 1000 {
+		k := chains[round%len(chains)]
+		pod := int32(round % 4)
+		tr.Insert(pod, k)
+		m.insert(pod, k)
+		agree(t, tr, m, k)
+		if round%3 != 0 {
+			tr.Remove(pod, k[round%7:])
+			m.remove(pod, k[round%7:])
+		} else {
+			tr.RemovePod(pod)
+			m.removePod(pod)
+		}
+		agree(t, tr, m, k)
+		// At once, while the removed keys still sit at their freed
+		// positions.
+		tr.Insert(pod^1, k)
+		m.insert(pod^1, k)
+		agree(t, tr, m, k)
+		check(t, tr, m)
+	}
+	if g := tr.gens[0]; g == 0 {
+		t.Fatalf("chunk 0 never reused (generation %d)", g)
+	}
+}
