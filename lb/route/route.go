@@ -106,24 +106,43 @@ func (p ScorePolicy) Pick(req *Request, cands []Candidate, scratch []float64) in
 // Argmin returns the index of the smallest value in s, choosing among equal
 // minima by rnd; -1 for an empty slice.
 func Argmin(s []float64, rnd uint64) int {
-	if len(s) == 0 {
+	var m argmin
+	for i, v := range s {
+		m.add(i, v)
+	}
+	return m.pick(s, rnd)
+}
+
+// argmin follows the smallest of scores seen one at a time, so a policy
+// can find it while it scores (SLOCache.Pick) instead of in a second pass.
+// The zero value has seen none.
+type argmin struct {
+	best, ties int // the first index holding min, and how many hold it
+	min        float64
+}
+
+// add sees score v at index i; indexes come in increasing order.
+func (m *argmin) add(i int, v float64) {
+	switch {
+	case m.ties == 0 || v < m.min:
+		m.best, m.min, m.ties = i, v, 1
+	case v == m.min:
+		m.ties++
+	}
+}
+
+// pick returns the index of the smallest score, choosing among equal
+// minima by rnd; -1 when it saw none. s holds the scores it saw.
+func (m *argmin) pick(s []float64, rnd uint64) int {
+	switch m.ties {
+	case 0:
 		return -1
+	case 1:
+		return m.best
 	}
-	best, ties := 0, 1
-	for i := 1; i < len(s); i++ {
-		switch {
-		case s[i] < s[best]:
-			best, ties = i, 1
-		case s[i] == s[best]:
-			ties++
-		}
-	}
-	if ties == 1 {
-		return best
-	}
-	k := int(rnd % uint64(ties))
-	for i := best; i < len(s); i++ {
-		if s[i] == s[best] {
+	k := int(rnd % uint64(m.ties))
+	for i := m.best; i < len(s); i++ {
+		if s[i] == m.min {
 			if k == 0 {
 				return i
 			}
@@ -223,7 +242,7 @@ var registry = []struct {
 	{"least_queue", false, func(Options) Policy { return ScorePolicy{LeastQueue{}} }},
 	{"cache_only", true, func(Options) Policy { return ScorePolicy{CacheOnly{}} }},
 	{"min_ttft", true, func(Options) Policy { return ScorePolicy{MinTTFT{}} }},
-	{"slo_cache", true, func(o Options) Policy { return ScorePolicy{SLOCache{SLO: o.TTFTSLO, MissWeight: o.MissWeight}} }},
+	{"slo_cache", true, func(o Options) Policy { return SLOCache{SLO: o.TTFTSLO, MissWeight: o.MissWeight} }},
 	{"prefix_cache", true, func(o Options) Policy { return ScorePolicy{PrefixCache{o}} }},
 	{"cache_aware", true, func(o Options) Policy { return CacheAware{o} }},
 	{"token_load", false, func(o Options) Policy { return ScorePolicy{TokenLoad{o}} }},

@@ -37,27 +37,44 @@ type SLOCache struct {
 
 // Score implements Scorer.
 func (p SLOCache) Score(req *Request, cands []Candidate, out []float64) {
-	// With queued tokens q, uncached tokens u and a prefill time per token
-	// t (PredictedTTFT's terms), the TTFT is (q+u)·t and the miss's own
-	// prefill time u·t, so the score is (q + (1+MissWeight)·u)·t: one
-	// division per pod (for t), where dividing for the TTFT and for the
-	// queue time took two.
 	for i := range cands {
-		c := &cands[i]
-		t := admit.TTFT(1, 0, c.PrefillTokensPerSec, 0)
-		q, u := c.QueuedPrefillTokens, float64(uncached(req, c))
-		if ttft := (q + u) * t; ttft > p.SLO {
-			// Above every pod that meets the SLO, ranked among
-			// themselves by TTFT alone.
-			out[i] = overSLO + ttft
-			continue
-		}
-		out[i] = (q + (1+p.MissWeight)*u) * t
+		out[i] = p.score(req, &cands[i])
 	}
+}
+
+// Pick implements Policy: ScorePolicy{p}.Pick's choice, with the minimum
+// found while scoring rather than in a second pass over the scores.
+func (p SLOCache) Pick(req *Request, cands []Candidate, scratch []float64) int {
+	out := scratch[:len(cands)]
+	var m argmin
+	for i := range cands {
+		out[i] = p.score(req, &cands[i])
+		m.add(i, out[i])
+	}
+	return m.pick(out, req.Rand)
+}
+
+// score is c's score for req. With queued tokens q, uncached tokens u and
+// a prefill time per token t (PredictedTTFT's terms), the TTFT is (q+u)·t
+// and the miss's own prefill time u·t, so the score is
+// (q + (1+MissWeight)·u)·t: one division per pod (for t), where dividing
+// for the TTFT and for the queue time took two.
+func (p SLOCache) score(req *Request, c *Candidate) float64 {
+	t := admit.TTFT(1, 0, c.PrefillTokensPerSec, 0)
+	q, u := c.QueuedPrefillTokens, float64(uncached(req, c))
+	if ttft := (q + u) * t; ttft > p.SLO {
+		// Above every pod that meets the SLO, ranked among themselves by
+		// TTFT alone.
+		return overSLO + ttft
+	}
+	return (q + (1+p.MissWeight)*u) * t
 }
 
 // overSLO lifts the scores of pods that would miss the SLO above any score
 // of a pod that meets it (which is at most (1+MissWeight) × SLO).
 const overSLO = 1e9
 
-var _ Scorer = SLOCache{}
+var (
+	_ Scorer = SLOCache{}
+	_ Policy = SLOCache{}
+)
