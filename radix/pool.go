@@ -10,10 +10,11 @@ const (
 	// The chunks in use, the fill chunk aside, are kept to at most one per
 	// evacuateBelow keys in use: a removal that leaves more evacuates the
 	// sparsest (its labels move to the fill chunk and it is reused whole),
-	// which then holds fewer than evacuateBelow keys. So the arena is at
-	// most four times the keys, each key freed pays for at most about one
-	// key moved, and nothing moves while chunks empty in about the order
-	// they were filled (the usual LRU eviction), since each empties whole.
+	// which then holds fewer than evacuateBelow keys. So after a removal
+	// the chunks in use hold at most about four times the keys, each key
+	// freed pays for at most about one key moved, and nothing moves while
+	// chunks empty in about the order they were filled (the usual LRU
+	// eviction), since each then empties whole.
 	// (Evacuating every chunk that fell below a quarter full instead moved
 	// about 28 keys per BenchmarkInsert/new op and left chunks 75% full.)
 	evacuateBelow = poolLen / 4
