@@ -86,6 +86,8 @@ func (p CacheAware) Pick(req *Request, cands []Candidate, scratch []float64) int
 	}
 	imbalanced := float64(hi-lo) > p.Opts.BalanceAbsThreshold && float64(hi) > p.Opts.BalanceRelThreshold*float64(lo)
 	byCache := req.PromptTokens > 0 && float64(best) > p.Opts.CacheThreshold*float64(req.PromptTokens)
+	// The minimum is found while scoring, not in a second pass.
+	var m argmin
 	for i := range cands {
 		c := &cands[i]
 		switch {
@@ -97,8 +99,9 @@ func (p CacheAware) Pick(req *Request, cands []Candidate, scratch []float64) int
 		default:
 			out[i] = float64(c.IndexedBlocks) + float64(c.InFlight)/float64(hi+1)
 		}
+		m.add(i, out[i])
 	}
-	return Argmin(out, req.Rand)
+	return m.pick(out, req.Rand)
 }
 
 var (
