@@ -111,6 +111,27 @@ func BenchmarkDecide(b *testing.B) {
 	}
 }
 
+// BenchmarkPick is the pick alone, over the 64 pods of decideGateway with
+// the prompt already parsed and matched: candidate filling, ledger
+// counters, scoring and the charge. Steadier than BenchmarkDecide for work
+// on those.
+func BenchmarkPick(b *testing.B) {
+	g, m := decideGateway(b, "slo_cache")
+	x := acquireExchange()
+	defer releaseExchange(x)
+	if err := x.req.Parse(openai.KindChat, chatBody()); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		x.ticket = ledger.Ticket{ID: uint64(i + 1)}
+		g.pick(m, x, "")
+		g.ledger.PrefillDone(x.ticket)
+		g.ledger.Finish(x.ticket)
+	}
+}
+
 // BenchmarkDecideParallel is decisions per second with every core deciding
 // at once; the ledger's selection lock is what they share.
 func BenchmarkDecideParallel(b *testing.B) {
