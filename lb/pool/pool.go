@@ -74,8 +74,7 @@ type podLoad struct {
 
 // PodLoad is a pod's load with its ID and Slot, what a pick reads of each
 // pod: a loop over a slice of them (Model.CombinedLoads) reaches every
-// pod's load directly, so the loads are fetched in parallel rather than
-// each behind a load of its Pod.
+// pod's load without loading its Pod.
 type PodLoad struct {
 	*podLoad
 	ID, Slot int32
