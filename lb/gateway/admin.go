@@ -62,7 +62,7 @@ type scrapeView struct {
 }
 
 func (g *Gateway) servePods(w http.ResponseWriter, _ *http.Request) {
-	now := time.Now().UnixNano()
+	now := g.ledger.Now()
 	pods := g.pool.Load().Pods
 	out := make([]podView, 0, len(pods))
 	for _, p := range pods {

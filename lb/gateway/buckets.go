@@ -27,7 +27,7 @@ func (g *Gateway) rebuildBuckets(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		now := time.Now().UnixNano()
+		now := g.ledger.Now()
 		for _, m := range g.pool.Load().Models {
 			if m.Profiles == nil {
 				continue

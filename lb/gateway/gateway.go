@@ -266,7 +266,7 @@ func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 // serveReady answers 200 when every model has an available pod, else 503
 // naming those that have none.
 func (g *Gateway) serveReady(ctx *fasthttp.RequestCtx) {
-	now := time.Now().UnixNano()
+	now := g.ledger.Now()
 	snap := g.pool.Load()
 	if len(snap.Models) == 0 {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)

@@ -5,7 +5,6 @@ import (
 	"io"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -139,9 +138,10 @@ func (m *gatewayMetrics) countRequest(md *pool.Model, code int) {
 	m.model(md).requests[statusIndex(code)].Inc()
 }
 
-// writePods writes the per-pod series of the current snapshot. Their help
-// texts come from metricsDoc.
-func writePods(w io.Writer, s *pool.Snapshot) {
+// writePods writes the per-pod series of the current snapshot at now (the
+// ledger's clock, as the pods' breakers take it). Their help texts come
+// from metricsDoc.
+func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 	family := func(name, typ string, value func(p *pool.Pod) int64) {
 		fmt.Fprintf(w, "# HELP %s\n# TYPE %s %s\n", name, name, typ)
 		for _, p := range s.Pods {
@@ -157,7 +157,6 @@ func writePods(w io.Writer, s *pool.Snapshot) {
 	})
 	family("pdlb_pod_in_flight", "gauge", (*pool.Pod).InFlight)
 	family("pdlb_pod_ejections_total", "counter", (*pool.Pod).Ejections)
-	now := time.Now().UnixNano()
 	family("pdlb_pod_circuit_state", "gauge", func(p *pool.Pod) int64 { return int64(p.Circuit(now)) })
 }
 

@@ -176,12 +176,12 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 	p := &x.pd
 	p.ticket.Done()
 	g.lookup(m, x)
-	start := time.Now()
-	now := start.UnixNano()
 	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	g.ledger.LockSelection()
 	defer g.ledger.UnlockSelection()
-	lnow := g.ledger.Now()
+	// One reading of the gateway's clock (its ledger's) for the breakers,
+	// the ledger and the decision's duration.
+	now := g.ledger.Now()
 	p.cands, p.pods = p.cands[:0], p.pods[:0]
 	for _, pod := range m.Pods {
 		c := route.PDCandidate{
@@ -197,7 +197,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 		}
 		if pod.Role == route.RoleDecode {
 			c.Pending, c.DrainRate, c.Line = pod.Pending(), pod.DrainRate(), pod.DecodeLine()
-			c.DecodeTokens, c.DecodeAgeSec = g.ledger.Decode(pod.ID, lnow)
+			c.DecodeTokens, c.DecodeAgeSec = g.ledger.Decode(pod.ID, now)
 		}
 		p.cands = append(p.cands, c)
 		p.pods = append(p.pods, pod)
@@ -224,14 +224,14 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 		preID = p.pods[d.Combined].ID
 	}
 	p.prompt = promptOf(m, x, session)
-	g.ledger.Charge(&x.ticket, preID, decID, &p.prompt, lnow)
+	g.ledger.Charge(&x.ticket, preID, decID, &p.prompt, now)
 	if p.dec != nil {
 		p.ticket = p.dec.Pending().Pick()
 	}
 	if pl := r.Planner(); pl != nil {
 		pl.Record(x.rreq.PromptTokens)
 	}
-	p.metrics.decided(d, time.Since(start))
+	p.metrics.decided(d, time.Duration(g.ledger.Now()-now))
 	return d, nil
 }
 

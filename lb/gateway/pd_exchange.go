@@ -254,7 +254,7 @@ func (g *Gateway) decodeFailure(x *exchange, err error) *pdFailure {
 // there is none.
 func (g *Gateway) moveDecode(m *pool.Model, x *exchange) bool {
 	p := &x.pd
-	now := time.Now().UnixNano()
+	now := g.ledger.Now()
 	var next *pool.Pod
 	for _, d := range m.Decode {
 		if !d.Available(now) || tried(x.tried, d.ID) {

@@ -57,7 +57,10 @@ func (g *Gateway) lookup(m *pool.Model, x *exchange) {
 // shorter critical section is what lets concurrent picks use every core.
 func (g *Gateway) pick(m *pool.Model, x *exchange, session string) *pool.Pod {
 	g.lookup(m, x)
-	now := time.Now().UnixNano()
+	// One clock reading serves the breakers and the charge: the gateway's
+	// clock is its ledger's (time.Now, wall and monotonic, cost twice as
+	// much as this monotonic reading).
+	now := g.ledger.Now()
 	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	match := matchOf(m, x)
 	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match)
@@ -79,7 +82,7 @@ func (g *Gateway) pick(m *pool.Model, x *exchange, session string) *pool.Pod {
 	}
 	x.chosen = x.cands[i]
 	prompt := promptOf(m, x, session)
-	g.ledger.Charge(&x.ticket, x.chosen.Pod, -1, &prompt, g.ledger.Now())
+	g.ledger.Charge(&x.ticket, x.chosen.Pod, -1, &prompt, now)
 	// Candidate i came from m.CombinedLoads[j] for some j ≥ i
 	// (AppendCombined skips pods, never repeats them): usually j == i.
 	for j := i; ; j++ {

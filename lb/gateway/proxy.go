@@ -426,7 +426,7 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err
 }
 
 func (g *Gateway) podFailed(p *pool.Pod) {
-	if p.ReportFailure(time.Now().UnixNano(), g.cfg.Health.EjectAfterFailures, g.cfg.Health.EjectionTime) {
+	if p.ReportFailure(g.ledger.Now(), g.cfg.Health.EjectAfterFailures, g.cfg.Health.EjectionTime) {
 		g.log.Warn("pod ejected after consecutive failures", "pod", p.Config.Name, "for", g.cfg.Health.EjectionTime)
 	}
 }

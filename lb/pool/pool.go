@@ -52,8 +52,11 @@ type podLoad struct {
 	inFlight atomic.Int64
 	// queued is the uncached prompt tokens of requests sent to the pod
 	// whose first token has not come back yet: its prefill queue.
-	queued       atomic.Int64
-	ejectedUntil atomic.Int64 // unix nanoseconds; at or before now means not ejected
+	queued atomic.Int64
+	// ejectedUntil is when an ejection ends, on the clock of the now the
+	// callers pass (the gateway's: its ledger's monotonic nanoseconds); at
+	// or before now means not ejected.
+	ejectedUntil atomic.Int64
 	healthy      atomic.Bool
 	// halfOpen is set from an ejection until a request succeeds again.
 	halfOpen atomic.Bool
