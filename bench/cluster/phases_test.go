@@ -160,7 +160,7 @@ func TestPhasedWorkload(t *testing.T) {
 	w := PhasedWorkload{Phases: plan.SeedPhases(), PhaseSec: 20, Prefixes: 4, BlockSize: 64, Seed: 9}
 	run := w.Start()
 	var a Arrival
-	type sums struct{ n, prompt, output, shared float64 }
+	type sums struct{ n, prompt, output float64 }
 	got := make([]sums, len(w.Phases))
 	last := 0.0
 	for run.Next(&a) {
