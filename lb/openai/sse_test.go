@@ -287,5 +287,11 @@ func FuzzSSE(f *testing.F) {
 		if c.Tokens() < 0 {
 			t.Fatalf("negative token count %d", c.Tokens())
 		}
+		// The stream's bytes read as a whole answer's body.
+		var body TokenCounter
+		body.ObserveBody(stream)
+		if body.Tokens() < 0 || !body.Exact() && body.Tokens() != 1 {
+			t.Fatalf("ObserveBody: %d tokens, exact %v", body.Tokens(), body.Exact())
+		}
 	})
 }
