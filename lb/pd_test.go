@@ -16,6 +16,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/sim"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/route"
@@ -171,7 +172,7 @@ func metricValue(t *testing.T, s *lb.Server, prefix string) float64 {
 // ledgerSettles waits until no token ledger holds a charge.
 func ledgerSettles(t *testing.T, s *lb.Server) {
 	t.Helper()
-	waitFor(t, "the token ledgers to return to zero", func() bool {
+	testwait.For(t, "the token ledgers to return to zero", func() bool {
 		return metricValue(t, s, "pd_token_load_active_tokens")+metricValue(t, s, "pd_token_load_kv_tokens")+
 			metricValue(t, s, "pd_token_load_decode_tokens") == 0
 	})
@@ -200,7 +201,7 @@ func TestPDAnswersEqualCombined(t *testing.T) {
 						t.Fatalf("%s stream=%v: prefill %q, decode %q, pod %q", path, stream, p, d, pod)
 					}
 					legs++
-					waitFor(t, "the prefill pod to free the KV", func() bool { return pre.Stats().HeldKVBlocks == 0 })
+					testwait.For(t, "the prefill pod to free the KV", func() bool { return pre.Stats().HeldKVBlocks == 0 })
 				}
 			}
 			if st := dec.Stats(); st.KVPulls != legs || st.KVPullFailures != 0 {
@@ -261,7 +262,7 @@ func TestPDDecodeMovesToAnotherRoleset(t *testing.T) {
 		}
 	}
 	for _, p := range []*sim.Pod{pre, pre1} {
-		waitFor(t, "every prefill pod to free its KV", func() bool { return p.Stats().HeldKVBlocks == 0 })
+		testwait.For(t, "every prefill pod to free its KV", func() bool { return p.Stats().HeldKVBlocks == 0 })
 	}
 	ledgerSettles(t, s)
 }
@@ -286,7 +287,7 @@ func TestPDPrefillKilledFailsFast(t *testing.T) {
 					t.Fatalf("stream=%v: %d %v %s", stream, resp.StatusCode, resp.Header, b)
 				}
 			}
-			waitFor(t, "the decode pod to drop what the failed prefill left", func() bool {
+			testwait.For(t, "the decode pod to drop what the failed prefill left", func() bool {
 				st := dec.Stats()
 				return st.Running+st.Waiting == 0 && st.UsedBlocks == 0
 			})
@@ -389,7 +390,7 @@ func TestPDDecodeWatchdog(t *testing.T) {
 			if n := metricValue(t, s, `gateway_request_model_fail_total{model="m",status="pd_decode_watchdog",status_code="504"}`); n != 2 {
 				t.Fatalf("watchdog counted %v requests, want 2", n)
 			}
-			waitFor(t, "the prefill pod to free the KV and the decode pod its slots", func() bool {
+			testwait.For(t, "the prefill pod to free the KV and the decode pod its slots", func() bool {
 				st := dec.Stats()
 				return pre.Stats().HeldKVBlocks == 0 && st.Running+st.Waiting == 0 && st.UsedBlocks == 0
 			})

@@ -11,6 +11,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/engines/vllm"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -115,27 +116,16 @@ func TestKVEventsKeepTheIndexExact(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
-	waitFor(t, "KV events to arrive", func() bool { _, ev := indexBlocks(t, s, "kv-0"); return ev > 0 })
+	testwait.For(t, "KV events to arrive", func() bool { _, ev := indexBlocks(t, s, "kv-0"); return ev > 0 })
 	if blocks, _ := indexBlocks(t, s, "kv-0"); blocks == 0 {
 		t.Fatal("index holds nothing after the pod stored blocks")
 	}
 	// The engine drops its cache: the gateway must follow within 100 ms.
 	start := time.Now()
 	pod.ResetPrefixCache()
-	waitFor(t, "the index to forget the cleared pod", func() bool { blocks, _ := indexBlocks(t, s, "kv-0"); return blocks == 0 })
+	testwait.For(t, "the index to forget the cleared pod", func() bool { blocks, _ := indexBlocks(t, s, "kv-0"); return blocks == 0 })
 	if d := time.Since(start); d > 100*time.Millisecond {
 		t.Logf("index followed the clear after %v (target 100 ms; machine load may explain it)", d)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

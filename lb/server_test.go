@@ -17,6 +17,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/internal/lbtest"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -315,7 +316,7 @@ func TestUpstreamFaults(t *testing.T) {
 	f("idle", true, 200, `data: {"error"`)
 
 	// Whatever failed, nothing stays charged or in flight.
-	waitFor(t, "charges and in-flight counts back at zero", func() bool {
+	testwait.For(t, "charges and in-flight counts back at zero", func() bool {
 		for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
 			if (strings.HasPrefix(line, "pd_token_load_") || strings.HasPrefix(line, "pdlb_pod_in_flight{") || strings.HasPrefix(line, "pdlb_requests_in_flight")) && !strings.HasSuffix(line, " 0") {
 				return false

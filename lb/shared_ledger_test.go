@@ -11,6 +11,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/internal/redistest"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -62,13 +63,13 @@ func TestReplicasShareTheDecodeLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	bufio.NewReader(resp.Body).ReadString('\n')
-	waitFor(t, "replica b to see a's decode charge", func() bool { return decodeLoad(t, b, "dec") > 0 })
+	testwait.For(t, "replica b to see a's decode charge", func() bool { return decodeLoad(t, b, "dec") > 0 })
 	if own := decodeLoad(t, a, "dec"); own <= 0 {
 		t.Fatalf("replica a does not see its own charge: %v", own)
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	waitFor(t, "replica b to see the charge released", func() bool { return decodeLoad(t, b, "dec") == 0 })
+	testwait.For(t, "replica b to see the charge released", func() bool { return decodeLoad(t, b, "dec") == 0 })
 
 	// Redis goes away while streams run through both replicas: every one
 	// of them completes, each replica keeps its own ledger.

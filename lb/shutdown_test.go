@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"pdlb/internal/testwait"
 )
 
 func TestShutdownLetsStreamsFinish(t *testing.T) {
@@ -27,7 +29,7 @@ func TestShutdownLetsStreamsFinish(t *testing.T) {
 		done <- s.Shutdown(ctx)
 	}()
 	// The gateway stops accepting at once...
-	waitFor(t, "new connections to be refused", func() bool {
+	testwait.For(t, "new connections to be refused", func() bool {
 		_, err := client.Get("http://" + s.Addr() + "/health")
 		return err != nil
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"pdlb/internal/redistest"
+	"pdlb/internal/testwait"
 )
 
 // syncBuffer is a log sink the sync loop and the test share.
@@ -80,18 +81,6 @@ func (r *replica) decodeTokens(i int32) float64 {
 	return tok
 }
 
-// eventually polls cond for up to 5 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	srv := redistest.Start(t, 0)
 	// The replicas index the pods differently: sharing goes by name.
@@ -102,7 +91,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 
 	a.Charge(tk.of(1), -1, aP0, &Prompt{Tokens: 1000}, a.Now())
 	b.Charge(tk.of(2), -1, bP1, &Prompt{Tokens: 300}, b.Now())
-	eventually(t, "each replica to see the other's decode charge", func() bool {
+	testwait.For(t, "each replica to see the other's decode charge", func() bool {
 		return b.decodeTokens(bP0) == 1000 && a.decodeTokens(aP1) == 300 &&
 			a.decodeTokens(aP0) == 1000 && b.decodeTokens(bP1) == 300
 	})
@@ -115,7 +104,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	// Redis goes away: nothing is lost, each replica keeps scoring its own
 	// charges and keeps charging.
 	srv.Stop()
-	eventually(t, "both replicas to fall back to their own charges", func() bool {
+	testwait.For(t, "both replicas to fall back to their own charges", func() bool {
 		return b.decodeTokens(bP0) == 0 && a.decodeTokens(aP1) == 0
 	})
 	a.Charge(tk.of(3), -1, aP0, &Prompt{Tokens: 500}, a.Now())
@@ -131,7 +120,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 
 	// Redis comes back, empty: the replicas republish and share again.
 	redistest.Start(t, srv.Port)
-	eventually(t, "sharing to resume after Redis restarted", func() bool {
+	testwait.For(t, "sharing to resume after Redis restarted", func() bool {
 		return b.decodeTokens(bP0) == 1500 && a.decodeTokens(aP1) == 300
 	})
 	for name, r := range map[string]*replica{"a": a, "b": b} {
@@ -142,9 +131,9 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 
 	// Releases propagate; a replica that stops withdraws its charges.
 	a.Finish(*tk.of(1))
-	eventually(t, "b to see a's release", func() bool { return b.decodeTokens(bP0) == 500 })
+	testwait.For(t, "b to see a's release", func() bool { return b.decodeTokens(bP0) == 500 })
 	a.stop()
-	eventually(t, "b to drop a's charges once a stopped", func() bool { return b.decodeTokens(bP0) == 0 })
+	testwait.For(t, "b to drop a's charges once a stopped", func() bool { return b.decodeTokens(bP0) == 0 })
 	if got := b.decodeTokens(bP1); got != 300 {
 		t.Fatalf("b's own decode tokens %v, want 300", got)
 	}

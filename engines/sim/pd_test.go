@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"pdlb/engines"
+	"pdlb/internal/testwait"
 )
 
 // The tests below drive prefill and decode pods the way a gateway does,
@@ -222,17 +223,6 @@ func trtGenFirstPD(t *testing.T, c *http.Client, p pdTrio, path string, body map
 	return a
 }
 
-// eventually polls cond until it holds, failing after a generous time (a
-// correctness bound, not a timing assertion).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
-		}
-	}
-}
-
 func TestPDOutputMatchesCombined(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -267,7 +257,7 @@ func TestPDOutputMatchesCombined(t *testing.T) {
 						t.Fatalf("%s stream=%v: PD answer %+v, combined %+v", path, streaming, got, want)
 					}
 					legs++
-					eventually(t, "prefill pod frees the KV on pickup", func() bool {
+					testwait.For(t, "prefill pod frees the KV on pickup", func() bool {
 						s := p.pre.Stats()
 						return s.HeldKVBlocks == 0 && s.UsedBlocks == 0
 					})
@@ -290,7 +280,7 @@ func TestPDHeldKVExpires(t *testing.T) {
 		"max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true},
 	})
 	resp := postJSON(t, c, "http://"+p.pre.Addr()+"/v1/chat/completions", pre)
-	eventually(t, "the held KV expires", func() bool {
+	testwait.For(t, "the held KV expires", func() bool {
 		s := p.pre.Stats()
 		return s.HeldKVBlocks == 0 && s.UsedBlocks == 0 && s.KVExpired == 1
 	})
@@ -316,13 +306,13 @@ func TestPDHeldKVBlocksVisible(t *testing.T) {
 	pre := chatBody(prompt, map[string]any{"max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true}})
 	resp := postJSON(t, c, "http://"+p.pre.Addr()+"/v1/chat/completions", pre)
 	want := p.pre.Config().Physics.Blocks(len(chatTokens(prompt)))
-	eventually(t, "the prefill pod shows its held blocks", func() bool { return p.pre.Stats().HeldKVBlocks == want })
+	testwait.For(t, "the prefill pod shows its held blocks", func() bool { return p.pre.Stats().HeldKVBlocks == want })
 	if s := p.pre.Stats(); s.UsedBlocks != want || s.Running != 0 {
 		t.Fatalf("prefill pod %+v, want %d held blocks", s, want)
 	}
 	dec := chatBody(prompt, map[string]any{"max_tokens": 3, "kv_transfer_params": resp["kv_transfer_params"]})
 	postJSON(t, c, "http://"+p.dec.Addr()+"/v1/chat/completions", dec)
-	eventually(t, "pickup frees them", func() bool { return p.pre.Stats().HeldKVBlocks == 0 })
+	testwait.For(t, "pickup frees them", func() bool { return p.pre.Stats().HeldKVBlocks == 0 })
 	_, metrics := get(t, c, "http://"+p.dec.Addr()+"/metrics")
 	if !strings.Contains(string(metrics), `vllm:nixl_xfer_time_seconds_count{model_name="m",engine="0"} 1`) {
 		t.Fatalf("metrics lack the transfer:\n%s", metrics)
@@ -347,7 +337,7 @@ func TestSGLangAbortFreesDecodeSlot(t *testing.T) {
 		s, b := postNoFatal(c, "http://"+p.dec.Addr()+"/v1/chat/completions", body)
 		res <- result{s, b}
 	}()
-	eventually(t, "the decode leg takes a slot and waits", func() bool { return p.dec.Stats().Waiting == 1 })
+	testwait.For(t, "the decode leg takes a slot and waits", func() bool { return p.dec.Stats().Waiting == 1 })
 	if s := p.dec.Stats(); s.UsedBlocks == 0 {
 		t.Fatalf("a waiting decode leg reserves no KV: %+v", s)
 	}
@@ -358,7 +348,7 @@ func TestSGLangAbortFreesDecodeSlot(t *testing.T) {
 	if a := jsonAnswer(t, decodeJSON(t, r.status, r.body)); a.finish != "abort" {
 		t.Fatalf("aborted decode leg answered %+v", a)
 	}
-	eventually(t, "the slot is free", func() bool {
+	testwait.For(t, "the slot is free", func() bool {
 		s := p.dec.Stats()
 		return s.Running+s.Waiting == 0 && s.UsedBlocks == 0 && s.Aborted == 1
 	})

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"pdlb/engines"
+	"pdlb/internal/testwait"
 )
 
 // roleStatus GETs /admin/role.
@@ -43,7 +44,7 @@ func TestRoleSwitchDrainsWarmsAndServes(t *testing.T) {
 		text, finish := streamedText(parseChunks(t, events))
 		done <- result{resp.StatusCode, len(text), finish}
 	}()
-	waitFor(t, "the stream to start", func() bool { return switched.RoleStatus().InFlight == 1 })
+	testwait.For(t, "the stream to start", func() bool { return switched.RoleStatus().InFlight == 1 })
 
 	status, b := post(t, c, "http://"+switched.Addr()+"/admin/role", map[string]any{"role": "prefill", "warmup_s": 0.2})
 	if status != http.StatusAccepted {
@@ -66,7 +67,7 @@ func TestRoleSwitchDrainsWarmsAndServes(t *testing.T) {
 	if r.status != http.StatusOK || r.finish != "length" || r.chunks == 0 {
 		t.Fatalf("the stream in flight: %+v, want 200 ending with length", r)
 	}
-	waitFor(t, "the switch to end", func() bool { return switched.RoleStatus().State == StateServing })
+	testwait.For(t, "the switch to end", func() bool { return switched.RoleStatus().State == StateServing })
 	s := roleStatus(t, c, switched)
 	if s.Role != RolePrefill || s.Switches != 1 || s.BootstrapPort == 0 || s.Error != "" {
 		t.Fatalf("after the switch: %+v, want serving prefill with a bootstrap port", s)
@@ -102,5 +103,5 @@ func TestRoleSwitchRequests(t *testing.T) {
 	}
 	// A switch still warming when the pod closes ends with it.
 	f(map[string]any{"role": "decode", "warmup_s": 3600}, http.StatusAccepted, "")
-	waitFor(t, "the warm-up", func() bool { return p.RoleStatus().State == StateWarming })
+	testwait.For(t, "the warm-up", func() bool { return p.RoleStatus().State == StateWarming })
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"pdlb/engines"
+	"pdlb/internal/testwait"
 )
 
 // metricValue returns the value of the series whose line starts with
@@ -139,13 +140,13 @@ func TestClientDisconnectFreesSlot(t *testing.T) {
 	if _, err := c.Do(qreq); err == nil {
 		t.Fatal("queued request answered while the slot was taken")
 	}
-	waitFor(t, "the queued request to be aborted", func() bool { return p.Stats().Aborted == 1 && p.Stats().Waiting == 0 })
+	testwait.For(t, "the queued request to be aborted", func() bool { return p.Stats().Aborted == 1 && p.Stats().Waiting == 0 })
 	if s := p.Stats(); s.Running != 1 {
 		t.Fatalf("stats %+v: the streaming request should still hold the slot", s)
 	}
 	cancel()
 	resp.Body.Close()
-	waitFor(t, "the streaming request to be aborted", func() bool { return p.Stats().Aborted == 2 && p.Stats().Running == 0 })
+	testwait.For(t, "the streaming request to be aborted", func() bool { return p.Stats().Aborted == 2 && p.Stats().Running == 0 })
 	if s := p.Stats(); s.UsedBlocks != 0 {
 		t.Fatalf("stats %+v: blocks not freed", s)
 	}
@@ -155,16 +156,6 @@ func TestClientDisconnectFreesSlot(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("next request took %v", d)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

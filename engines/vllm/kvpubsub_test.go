@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/goleak"
+
+	"pdlb/internal/testwait"
 )
 
 // TestMain checks that no goroutine outlives the tests, except one zmq4
@@ -46,18 +48,6 @@ func (r *recorder) snapshot() []string {
 	return slices.Clone(r.calls)
 }
 
-// waitFor polls cond until it holds or 5 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // manualPublisher starts a Publisher on free loopback ports whose batches
 // are cut by the test calling flush (the ticker never fires in a test).
 func manualPublisher(t *testing.T, endpoint, replay string, bufferSteps int) *Publisher {
@@ -79,7 +69,7 @@ func manualPublisher(t *testing.T, endpoint, replay string, bufferSteps int) *Pu
 // how a test knows the live stream is flowing.
 func joined(t *testing.T, p *Publisher, rec *recorder) {
 	t.Helper()
-	waitFor(t, "the subscription", func() bool {
+	testwait.For(t, "the subscription", func() bool {
 		if len(rec.snapshot()) > 0 {
 			return true
 		}
@@ -116,7 +106,7 @@ func TestPubSubGapReplayAndRestart(t *testing.T) {
 	}
 	defer s.Close()
 	joined(t, p, rec)
-	waitFor(t, "warm-up replays", func() bool { return s.Counters.Batches.Load() == uint64(p.nextSeq) })
+	testwait.For(t, "warm-up replays", func() bool { return s.Counters.Batches.Load() == uint64(p.nextSeq) })
 	gaps, replayed := s.Counters.Gaps.Load(), s.Counters.Replayed.Load()
 	base := len(rec.snapshot())
 
@@ -130,7 +120,7 @@ func TestPubSubGapReplayAndRestart(t *testing.T) {
 	p.BlockRemoved([]uint64{101, 100})
 	p.flush()
 	want = append(want, "removed [101 100]")
-	waitFor(t, "all events", func() bool { return len(rec.snapshot()) == base+len(want) })
+	testwait.For(t, "all events", func() bool { return len(rec.snapshot()) == base+len(want) })
 	if got := rec.snapshot()[base:]; !slices.Equal(got, want) {
 		t.Fatalf("events:\n got %q\nwant %q", got, want)
 	}
@@ -162,7 +152,7 @@ func TestPubSubGapReplayAndRestart(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	want = append([]string{"cleared"}, want...)
-	waitFor(t, "the new publisher's events", func() bool { return len(rec.snapshot()) >= base+len(want) })
+	testwait.For(t, "the new publisher's events", func() bool { return len(rec.snapshot()) >= base+len(want) })
 	if got := rec.snapshot()[base : base+len(want)]; !slices.Equal(got, want) {
 		t.Fatalf("after restart:\n got %q\nwant %q", got, want)
 	}
@@ -327,7 +317,7 @@ func TestSubscriberCountsMalformed(t *testing.T) {
 	}
 	defer s.Close()
 	var seq uint64
-	waitFor(t, "malformed messages counted", func() bool {
+	testwait.For(t, "malformed messages counted", func() bool {
 		// Rounds repeat until the subscription is up; seqs keep counting so
 		// no round looks like a publisher restart.
 		seqBytes := binary.BigEndian.AppendUint64(nil, seq)

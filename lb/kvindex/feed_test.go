@@ -9,6 +9,7 @@ import (
 
 	"pdlb/engines/tokenize"
 	"pdlb/engines/vllm"
+	"pdlb/internal/testwait"
 	"pdlb/radix"
 )
 
@@ -54,7 +55,7 @@ func TestFeedFromPublisher(t *testing.T) {
 	defer sub.Close()
 	// Until the subscription reaches the PUB socket, batches are dropped;
 	// clears are harmless to repeat.
-	waitUntil(t, func() bool {
+	testwait.For(t, "the subscription to reach the publisher", func() bool {
 		pub.AllBlocksCleared()
 		time.Sleep(5 * time.Millisecond)
 		return pod.Counters.Clears.Load() > 0
@@ -86,10 +87,10 @@ func TestFeedFromPublisher(t *testing.T) {
 			t.Fatalf("gateway match = %d blocks (tree %d), want %d", got, out[3], want)
 		}
 	}
-	waitUntil(t, func() bool { return pod.Blocks() == n })
+	testwait.For(t, "the index to store the blocks", func() bool { return pod.Blocks() == n })
 	match(n)
 	pub.BlockRemoved(engineHashes[n-1:])
-	waitUntil(t, func() bool { return pod.Blocks() == n-1 })
+	testwait.For(t, "the index to drop the removed block", func() bool { return pod.Blocks() == n-1 })
 	match(n - 1)
 	if sub.Counters.Malformed.Load() != 0 || pod.Counters.Orphans.Load() != 0 {
 		t.Fatalf("malformed %d orphans %d", sub.Counters.Malformed.Load(), pod.Counters.Orphans.Load())
@@ -115,14 +116,3 @@ func (b both) RemovePod(pod int32) {
 }
 
 var _ Index = (*radix.Tree)(nil)
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}

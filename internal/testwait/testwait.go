@@ -1,0 +1,27 @@
+// Package testwait lets a test wait for what another goroutine or process
+// makes true: a stream to end, a pod's index to follow its events, a peer
+// to see a charge.
+package testwait
+
+import (
+	"testing"
+	"time"
+)
+
+// Timeout bounds every wait: long enough for a loaded 2-core CI machine,
+// short enough that a hang fails its test rather than the test binary.
+const Timeout = 10 * time.Second
+
+// poll is how often the condition is asked again.
+const poll = 2 * time.Millisecond
+
+// For returns once cond holds, asking every few milliseconds, and fails t
+// naming what it waited for if that takes longer than Timeout.
+func For(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(Timeout); !cond(); time.Sleep(poll) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", Timeout, what)
+		}
+	}
+}
