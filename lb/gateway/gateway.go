@@ -353,7 +353,7 @@ type exchange struct {
 	// routing-strategy header naming one); pd is the prefill/decode
 	// exchange of a request the PD cascade routes.
 	policy route.Policy
-	pd     pdCall
+	pd     *pdCall
 }
 
 var exchangePool = sync.Pool{New: func() any { return new(exchange) }}
@@ -377,7 +377,10 @@ func releaseExchange(x *exchange) {
 		x.key = nil
 	}
 	x.policy = nil
-	x.pd.reset()
+	if x.pd != nil {
+		x.pd.release()
+		x.pd = nil
+	}
 	x.events.Reset()
 	x.counted.Reset()
 	exchangePool.Put(x)

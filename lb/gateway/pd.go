@@ -3,6 +3,7 @@ package gateway
 import (
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -36,7 +37,9 @@ const (
 	headerDecodeError  = "x-error-pd-decode"
 )
 
-// pdCall is one request's PD state, part of the pooled exchange. Only the
+// pdCall is one request's PD state, pooled apart from the exchange: a
+// request the PD cascade does not route never takes one, and a stream holds
+// its exchange for its whole life (about a kilobyte less each). Only the
 // request's own goroutine touches it; what the legs running beside it
 // share lives in a pdLink.
 type pdCall struct {
@@ -69,8 +72,10 @@ type pdCall struct {
 	preBody, decBody, preResp []byte
 }
 
-// reset readies p for the next request; the exchange pool calls it.
-func (p *pdCall) reset() {
+var pdCallPool = sync.Pool{New: func() any { return new(pdCall) }}
+
+// release readies p for the next request and puts it back in the pool.
+func (p *pdCall) release() {
 	p.ticket.Done()
 	if p.link != nil {
 		p.link.release()
@@ -79,6 +84,7 @@ func (p *pdCall) reset() {
 	p.proto, p.ex, p.link, p.ctx, p.pre, p.dec, p.metrics = nil, engines.Exchange{}, nil, nil, nil, nil, nil
 	p.active, p.watched, p.prompt = false, false, ledger.Prompt{}
 	p.cands, p.pods = p.cands[:0], p.pods[:0]
+	pdCallPool.Put(p)
 }
 
 // pdFailure is a PD attempt that answered nothing: the error for the
@@ -117,7 +123,10 @@ func (g *Gateway) routeByStrategy(ctx *fasthttp.RequestCtx, x *exchange, m *pool
 
 // servePD routes x with r's cascade and carries the decision out.
 func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, r *route.PDRouter) {
-	p := &x.pd
+	if x.pd == nil {
+		x.pd = pdCallPool.Get().(*pdCall)
+	}
+	p := x.pd
 	p.opts, p.ctx, p.metrics = r.Options(), ctx, g.metrics.model(m).pd
 	session := sessionOf(ctx)
 	var last *pdFailure
@@ -173,7 +182,7 @@ func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 // decode pods' ledgers and the decode pod's pending count, before any I/O,
 // so the next decision sees them.
 func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, session string) (route.PDDecision, error) {
-	p := &x.pd
+	p := x.pd
 	p.ticket.Done()
 	g.lookup(m, x)
 	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
@@ -266,8 +275,8 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model,
 // chunks. A watchdog timeout that is 0 (off) leaves the upstream's.
 func (g *Gateway) readDeadline(x *exchange, idle time.Duration, started bool) time.Time {
 	now := time.Now()
-	p := &x.pd
-	if !p.active {
+	p := x.pd
+	if p == nil || !p.active {
 		return now.Add(idle)
 	}
 	if p.link != nil && started {
@@ -303,18 +312,22 @@ func (p *pdCall) firstBy(limit time.Duration) time.Time {
 // error: the decode watchdog's when its deadline passed, else
 // upstreamError's.
 func (g *Gateway) streamError(x *exchange, err error) *openai.Error {
-	if l := x.pd.link; l != nil && x.pd.active {
+	p := x.pd
+	if p == nil || !p.active {
+		return g.upstreamError(err)
+	}
+	if l := p.link; l != nil {
 		if e := l.preErr.Load(); e != nil {
 			// The prefill leg failed and closed the decode leg.
 			if !x.req.Stream {
-				x.pd.ctx.Response.Header.Set(headerPrefillError, "true")
+				p.ctx.Response.Header.Set(headerPrefillError, "true")
 			}
 			return e
 		}
 	}
-	if x.pd.active && x.pd.watched && isTimeout(err) {
+	if p.watched && isTimeout(err) {
 		if !x.req.Stream {
-			x.pd.ctx.Response.Header.Set(headerDecodeError, "true")
+			p.ctx.Response.Header.Set(headerDecodeError, "true")
 		}
 		return g.decodeWatchdog(x)
 	}
@@ -325,7 +338,7 @@ func (g *Gateway) streamError(x *exchange, err error) *openai.Error {
 // pod to drop it and returns the client's 504. The caller closes the
 // decode connection, which is the abort of engines without an abort call.
 func (g *Gateway) decodeWatchdog(x *exchange) *openai.Error {
-	p := &x.pd
+	p := x.pd
 	p.metrics.watchdog.Inc()
 	g.abortDecode(p.proto, &p.ex, p.dec)
 	return &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
@@ -335,7 +348,10 @@ func (g *Gateway) decodeWatchdog(x *exchange) *openai.Error {
 // endPD ends a PD exchange whose decode leg answered, before its response
 // is released; finish calls it.
 func (g *Gateway) endPD(x *exchange, pod *pool.Pod, status int) {
-	p := &x.pd
+	p := x.pd
+	if p == nil {
+		return
+	}
 	if p.link != nil {
 		// Before the connection goes back to the client pool, where a
 		// late prefill failure must not find it.

@@ -13,7 +13,7 @@ import (
 // context response that finished at its first token), as is; a streaming
 // client gets it as the stream it asked for.
 func (g *Gateway) answerFromPrefill(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pre *pool.Pod, resp *fasthttp.Response) {
-	p := &x.pd
+	p := x.pd
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.Response.Header.Set(headerPod, pre.Config.Name)
 	ctx.Response.Header.Set(headerPrefillPod, pre.Config.Name)

@@ -56,7 +56,7 @@ const (
 
 // runPair carries out a PDPair decision.
 func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) *pdFailure {
-	p := &x.pd
+	p := x.pd
 	pre := p.pre
 	p.proto = protocolFor(pre.Engine, &p.opts)
 	g.place(m, x, pre)
@@ -107,7 +107,7 @@ func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) 
 // placement (when the prefill leg never went out) and the decode pod's
 // pending pick.
 func (g *Gateway) dropPair(x *exchange, pre *pool.Pod, f *pdFailure) *pdFailure {
-	p := &x.pd
+	p := x.pd
 	if pre != nil {
 		g.unplace(x, pre)
 		if f.retry {
@@ -125,7 +125,7 @@ func (g *Gateway) dropPair(x *exchange, pre *pool.Pod, f *pdFailure) *pdFailure 
 
 // runSequential: the prefill leg, then the decode leg with its answer.
 func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request) *pdFailure {
-	p := &x.pd
+	p := x.pd
 	pre := p.pre
 	up.SetBodyRaw(p.preBody)
 	resp := fasthttp.AcquireResponse()
@@ -185,7 +185,7 @@ func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err erro
 // moving it to another decode pod while pods refuse the connection, and
 // relays the answer.
 func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) *pdFailure {
-	p := &x.pd
+	p := x.pd
 	for {
 		dec := p.dec
 		up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -217,7 +217,7 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *poo
 // bound for a stream, its response bound without one, else the upstream
 // response timeout.
 func (g *Gateway) decodeHeadersBy(x *exchange) time.Time {
-	p := &x.pd
+	p := x.pd
 	limit := g.watchdogLimit(x)
 	p.watched = limit > 0
 	if !p.watched {
@@ -253,7 +253,7 @@ func (g *Gateway) decodeFailure(x *exchange, err error) *pdFailure {
 // connection: the new pod takes the KV the prefill leg left. False when
 // there is none.
 func (g *Gateway) moveDecode(m *pool.Model, x *exchange) bool {
-	p := &x.pd
+	p := x.pd
 	now := g.ledger.Now()
 	var next *pool.Pod
 	for _, d := range m.Decode {
@@ -280,7 +280,7 @@ func (g *Gateway) moveDecode(m *pool.Model, x *exchange) bool {
 
 // respondPD relays the decode leg's answer with the pair's headers.
 func (g *Gateway) respondPD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, resp *fasthttp.Response) {
-	p := &x.pd
+	p := x.pd
 	if c := connOf(resp); c != nil && !x.req.Stream && p.opts.DecodeResponseTimeout > 0 {
 		// The whole body is due within the watchdog's bound of the
 		// prefill's success, which a concurrent prefill leg may have
@@ -297,7 +297,7 @@ func (g *Gateway) respondPD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model
 // settles the request: the decode leg's headers (its answer), or a failed
 // prefill leg, or the watchdog.
 func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request) *pdFailure {
-	p := &x.pd
+	p := x.pd
 	l := acquireLink()
 	p.link = l
 	// The prefill leg's goroutine takes the prefill pod off the request:
@@ -382,7 +382,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 // sendConcurrentDecode starts the decode leg on the pair's decode pod in
 // its own goroutine and returns the response it fills.
 func (g *Gateway) sendConcurrentDecode(ctx *fasthttp.RequestCtx, x *exchange, l *pdLink) *fasthttp.Response {
-	p := &x.pd
+	p := x.pd
 	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	g.buildUpstream(ctx, up)
 	up.SetHost(p.dec.Config.Address)
