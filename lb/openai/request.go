@@ -52,9 +52,9 @@ func KindFromPath(path []byte) (k Kind, ok bool) {
 }
 
 // Request is what the gateway reads from a chat or completion request body.
-// Parse fills it without decoding the body into maps or structs: sonic
-// validates the JSON (native SIMD), then one pass over the top-level keys
-// reads the fields below and steps over every other value.
+// Parse fills it without decoding the body into maps or structs: one pass
+// over the body checks its grammar, reads the fields below and steps over
+// every other value.
 //
 // A Request holds no reference to the body: every field is a copy, so the
 // body buffer may be reused while the Request lives. Requests are pooled
@@ -174,59 +174,77 @@ const (
 // Unknown fields are skipped; a repeated key counts once, its last value
 // winning, as in Python's json module that engines parse with.
 //
-// sonic.Valid checks the body's structure and numbers but not its strings:
-// the scan checks every escape it steps over (sonic accepts "\0"), and lets
-// raw control bytes (below 0x20) inside strings through, which strict JSON
-// forbids: the engine rejects such a body itself, and checking every string
-// byte here would cost another pass.
+// The body must be JSON as sonic.Valid defines it (see scanner: raw control
+// bytes inside strings are let through), with valid escapes, in UTF-8. One
+// walk checks the grammar and reads the fields; the UTF-8 check is a SIMD
+// pass over the body. A walk that fails, or meets an error before the end
+// of the body, is reported as a validator run first would report it:
+// malformed JSON first, then malformed UTF-8, then the walk's error.
 func (r *Request) Parse(kind Kind, body []byte) error {
 	r.Reset()
 	r.Kind = kind
 	if kind != KindChat && kind != KindCompletion {
 		panic("BUG: openai: Parse with " + kind.String())
 	}
+	s := scanner{b: body}
+	err := r.parse(&s)
+	if err == nil && !s.bad {
+		// JSON text is UTF-8 (RFC 8259) and the walk does not check it;
+		// an engine would choke on what we forwarded, so refuse it here.
+		// sonic's SIMD validator accepts exactly what utf8.Valid does,
+		// about 2.5 times as fast on a prompt.
+		if !sonicutf8.Validate(body) {
+			return InvalidUTF8()
+		}
+		return nil
+	}
+	// The error path: the walk may have stopped before a later fault, so
+	// the whole body is checked again for the error that comes first.
 	if !sonic.Valid(body) {
 		return InvalidJSON()
 	}
-	// JSON text is UTF-8 (RFC 8259) and sonic.Valid does not check it; an
-	// engine would choke on what we forwarded, so refuse it here. sonic's
-	// SIMD validator accepts exactly what utf8.Valid does, about 2.5 times
-	// as fast on a prompt.
 	if !sonicutf8.Validate(body) {
 		return InvalidUTF8()
 	}
-	s := scanner{b: body}
+	if err == nil {
+		return InvalidJSON() // an escape sonic.Valid lets through
+	}
+	return err
+}
+
+// parse is Parse's walk over s.b: nil, or the first error it meets; s.bad
+// reports a grammar fault or an invalid escape.
+func (r *Request) parse(s *scanner) error {
 	s.ws()
-	if s.b[s.p] != '{' {
+	if s.c() != '{' {
 		return NotAnObject()
 	}
-	s.p++
-	s.ws()
+	s.open()
 	var maxTokens, maxCompletion = -1, -1
 	var seenPrompt bool
-	for s.b[s.p] != '}' {
+	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
 		var err error
 		switch b2s(key) {
 		case "model":
-			err = r.parseModel(&s)
+			err = r.parseModel(s)
 		case "stream":
-			r.Stream, err = parseBool(&s, "stream")
+			r.Stream, err = parseBool(s, "stream")
 		case "max_tokens":
-			maxTokens, err = parseCount(&s, "max_tokens")
+			maxTokens, err = parseCount(s, "max_tokens")
 		case "max_completion_tokens":
-			maxCompletion, err = parseCount(&s, "max_completion_tokens")
+			maxCompletion, err = parseCount(s, "max_completion_tokens")
 		case "stream_options":
-			err = r.parseStreamOptions(&s)
+			err = r.parseStreamOptions(s)
 		case "messages":
-			if kind == KindChat {
-				seenPrompt, err = r.parseMessages(&s)
+			if r.Kind == KindChat {
+				seenPrompt, err = r.parseMessages(s)
 			} else {
 				s.skip()
 			}
 		case "prompt":
-			if kind == KindCompletion {
-				seenPrompt, err = r.parsePrompt(&s)
+			if r.Kind == KindCompletion {
+				seenPrompt, err = r.parsePrompt(s)
 			} else {
 				s.skip()
 			}
@@ -236,16 +254,18 @@ func (r *Request) Parse(kind Kind, body []byte) error {
 		if err != nil {
 			return err
 		}
-		s.next()
+	}
+	if s.ws(); s.p != len(s.b) {
+		s.fail() // trailing bytes
 	}
 	if s.bad {
-		return InvalidJSON()
+		return nil
 	}
 	if len(r.Model) == 0 {
 		return MissingParam("model")
 	}
 	if !seenPrompt {
-		if kind == KindChat {
+		if r.Kind == KindChat {
 			return MissingParam("messages")
 		}
 		return MissingParam("prompt")
@@ -261,7 +281,7 @@ func (r *Request) Parse(kind Kind, body []byte) error {
 // the empty string is rejected here.
 func (r *Request) parseModel(s *scanner) error {
 	r.Model = r.Model[:0]
-	switch s.b[s.p] {
+	switch s.c() {
 	case 'n':
 		s.skip()
 		return nil
@@ -281,7 +301,7 @@ func (r *Request) parseModel(s *scanner) error {
 
 // parseBool reads a boolean; null means false, the API's default.
 func parseBool(s *scanner, param string) (bool, error) {
-	switch s.b[s.p] {
+	switch s.c() {
 	case 't':
 		s.skip()
 		return true, nil
@@ -295,7 +315,7 @@ func parseBool(s *scanner, param string) (bool, error) {
 // parseCount reads a token count: a non-negative integer up to MaxInt32, or
 // null, which gives -1 (absent).
 func parseCount(s *scanner, param string) (int, error) {
-	switch c := s.b[s.p]; {
+	switch c := s.c(); {
 	case c == 'n':
 		s.skip()
 		return -1, nil
@@ -313,7 +333,7 @@ func parseCount(s *scanner, param string) (int, error) {
 // is read and other keys skipped, or null.
 func (r *Request) parseStreamOptions(s *scanner) error {
 	r.HasStreamOptions, r.IncludeUsage = false, false
-	switch s.b[s.p] {
+	switch s.c() {
 	case 'n':
 		s.skip()
 		return nil
@@ -322,9 +342,8 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 		return InvalidType("stream_options", wantObject, s.b[s.skip():s.p])
 	}
 	r.HasStreamOptions = true
-	s.p++
-	s.ws()
-	for s.b[s.p] != '}' {
+	s.open()
+	for i := 0; s.more('}', i); i++ {
 		if b2s(s.key(&r.scratch)) == "include_usage" {
 			var err error
 			if r.IncludeUsage, err = parseBool(s, "stream_options.include_usage"); err != nil {
@@ -333,9 +352,7 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 		} else {
 			s.skip()
 		}
-		s.next()
 	}
-	s.p++
 	return nil
 }
 
@@ -343,7 +360,7 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 // false for null, which counts as absent.
 func (r *Request) parseMessages(s *scanner) (seen bool, err error) {
 	r.Prompt, r.Messages, r.MediaBytes = r.Prompt[:0], 0, 0
-	switch s.b[s.p] {
+	switch s.c() {
 	case 'n':
 		s.skip()
 		return false, nil
@@ -351,16 +368,12 @@ func (r *Request) parseMessages(s *scanner) (seen bool, err error) {
 	default:
 		return false, InvalidType("messages", wantList, s.b[s.skip():s.p])
 	}
-	s.p++
-	s.ws()
-	for s.b[s.p] != ']' {
+	s.open()
+	for ; s.more(']', r.Messages); r.Messages++ {
 		if err := r.parseMessage(s); err != nil {
 			return false, err
 		}
-		r.Messages++
-		s.next()
 	}
-	s.p++
 	if r.Messages == 0 {
 		return false, InvalidValue("messages", "must not be empty")
 	}
@@ -375,13 +388,12 @@ func (r *Request) parseMessages(s *scanner) (seen bool, err error) {
 // they are not scanned twice.
 func (r *Request) parseMessage(s *scanner) error {
 	i := r.Messages
-	if s.b[s.p] != '{' {
+	if s.c() != '{' {
 		return InvalidType(indexPath("messages", i, ""), wantObject, s.b[s.skip():s.p])
 	}
-	s.p++
-	s.ws()
+	s.open()
 	var role, c field
-	for s.b[s.p] != '}' {
+	for k := 0; s.more('}', k); k++ {
 		switch b2s(s.key(&r.scratch)) {
 		case "role":
 			role = s.field()
@@ -390,9 +402,7 @@ func (r *Request) parseMessage(s *scanner) error {
 		default:
 			s.skip()
 		}
-		s.next()
 	}
-	s.p++
 	switch role.form {
 	case '"':
 	case 0:
@@ -426,18 +436,16 @@ func (r *Request) parseMessage(s *scanner) error {
 // '[') to r.Prompt, separated by "\n", and adds the other parts' raw sizes to
 // r.MediaBytes.
 func (r *Request) renderParts(s *scanner, i int) error {
-	s.p++
-	s.ws()
+	s.open()
 	texts := 0
-	for j := 0; s.b[s.p] != ']'; j++ {
+	for j := 0; s.more(']', j); j++ {
 		start := s.p
-		if s.b[s.p] != '{' {
+		if s.c() != '{' {
 			return InvalidType(partPath(i, j, ""), wantObject, s.b[s.skip():s.p])
 		}
-		s.p++
-		s.ws()
+		s.open()
 		var typ, text field
-		for s.b[s.p] != '}' {
+		for k := 0; s.more('}', k); k++ {
 			switch b2s(s.key(&r.scratch)) {
 			case "type":
 				typ = s.field()
@@ -446,9 +454,7 @@ func (r *Request) renderParts(s *scanner, i int) error {
 			default:
 				s.skip()
 			}
-			s.next()
 		}
-		s.p++
 		switch typ.form {
 		case '"':
 		case 0:
@@ -462,7 +468,6 @@ func (r *Request) renderParts(s *scanner, i int) error {
 		}
 		if b2s(typText) != "text" {
 			r.MediaBytes += s.p - start
-			s.next()
 			continue
 		}
 		switch text.form {
@@ -479,7 +484,6 @@ func (r *Request) renderParts(s *scanner, i int) error {
 		if r.Prompt, ok = appendUnquoted(r.Prompt, text.raw, text.esc); !ok {
 			return InvalidJSON()
 		}
-		s.next()
 	}
 	return nil
 }
@@ -499,7 +503,7 @@ func (r *Request) text(f field) (text []byte, ok bool) {
 // which. seen is false for null, which counts as absent.
 func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 	r.Prompt, r.PromptIDs, r.TokenIDs = r.Prompt[:0], r.PromptIDs[:0], false
-	switch s.b[s.p] {
+	switch s.c() {
 	case 'n':
 		s.skip()
 		return false, nil
@@ -514,15 +518,14 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 	default:
 		return false, InvalidType("prompt", wantPromptForm, s.b[s.skip():s.p])
 	}
-	s.p++
-	s.ws()
-	first := s.b[s.p]
+	s.open()
+	first := s.c()
 	if first == ']' {
 		return false, InvalidValue("prompt", "must not be an empty list")
 	}
 	r.TokenIDs = first != '"'
-	for j := 0; s.b[s.p] != ']'; j++ {
-		switch c := s.b[s.p]; {
+	for j := 0; s.more(']', j); j++ {
+		switch c := s.c(); {
 		case first == '"' && c == '"':
 			raw, esc := s.str()
 			var ok bool
@@ -530,15 +533,12 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 				return false, InvalidJSON()
 			}
 		case first == '[' && c == '[':
-			s.p++
-			s.ws()
-			for k := 0; s.b[s.p] != ']'; k++ {
+			s.open()
+			for k := 0; s.more(']', k); k++ {
 				if err := r.parseTokenID(s, j, k); err != nil {
 					return false, err
 				}
-				s.next()
 			}
-			s.p++
 		case first != '"' && first != '[':
 			if err := r.parseTokenID(s, j, -1); err != nil {
 				return false, err
@@ -546,9 +546,7 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 		default:
 			return false, InvalidType(indexPath("prompt", j, ""), promptElementForm(first), s.b[s.skip():s.p])
 		}
-		s.next()
 	}
-	s.p++
 	return true, nil
 }
 
@@ -557,7 +555,7 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 // path is built only when there is an error.
 func (r *Request) parseTokenID(s *scanner, j, k int) error {
 	var got []byte
-	if c := s.b[s.p]; c == '-' || c >= '0' && c <= '9' {
+	if c := s.c(); c == '-' || c >= '0' && c <= '9' {
 		v, raw, ok := s.uint(math.MaxUint32)
 		if ok {
 			r.PromptIDs = append(r.PromptIDs, uint32(v))

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/bytedance/sonic"
+
 	"pdlb/engines/tokenize"
 )
 
@@ -205,6 +207,50 @@ func TestParseErrors(t *testing.T) {
 	long := strings.Repeat("x", 100)
 	f(KindCompletion, `{"model":"m","prompt":{"a":"`+long+`"}}`,
 		`"prompt" must be a string, a list of strings, a list of token ids or a list of lists of token ids, got {"a":"`+long[:34]+`...`, "prompt", CodeInvalidType)
+}
+
+// TestParseGrammar checks that Parse's single walk accepts a body exactly
+// when sonic.Valid does (the validator it replaced; invalid escapes, which
+// Parse alone refuses, are TestParseErrors' business), for values that step
+// over every rule of the grammar, wherever they sit: an unknown field, a
+// message's unknown field, a content part's unknown field, and nested to
+// sonic's depth limit and one past it.
+func TestParseGrammar(t *testing.T) {
+	f := func(body string) {
+		t.Helper()
+		var r Request
+		err := r.Parse(KindChat, []byte(body))
+		malformed := err != nil && err.Error() == InvalidJSON().Error()
+		if valid := sonic.Valid([]byte(body)); malformed == valid {
+			t.Fatalf("Parse(%.200q) = %v, sonic.Valid: %v", body, err, valid)
+		}
+	}
+	values := []string{
+		`0`, `-0`, `12`, `-1.5e+3`, `1E-2`, `0.0e0`, `1e5`, `01`, `-`, `1.`, `.5`, `1e`, `1E+`, `+1`, `--1`, `0x1`, `1.e3`,
+		`true`, `false`, `null`, `tru`, `nul`, `True`, `truex`, `nullnull`,
+		`""`, `"a\"b"`, `"\u00e9\n"`, `"a`, `"\"`, `"\\"`,
+		`[]`, `{}`, `[ ]`, `{ }`, `[1,2]`, `[1,]`, `[,1]`, `[1 2]`, `[1,,2]`, `[`, `]`, `[}`, `{]`,
+		`{"a":1}`, `{"a":1,}`, `{,"a":1}`, `{"a" 1}`, `{"a":}`, `{"a"}`, `{1:2}`, `{"a":1 "b":2}`, `{"a":[{"b":{}}],"c":[[],[[]]]}`,
+		" \t\n\r[ 1 , { \"a\" : 2 } ]\n",
+	}
+	for _, v := range values {
+		f(`{"model":"m","x":` + v + `,"messages":[{"role":"user","content":"hi"}]}`)
+		f(`{"model":"m","messages":[{"role":"user","x":` + v + `,"content":"hi"}]}`)
+		f(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","x":` + v + `,"text":"hi"}]}]}`)
+		f(`{"model":"m","messages":[{"role":"user","content":"hi"}],"x":` + v + `}`)
+	}
+	for _, body := range []string{``, ` `, `{`, `}`, `{}x`, `{} `, `{},`, "\ufeff{}", `{"model":"m","messages":[{"role":"user","content":"hi"}]}}`} {
+		f(body)
+	}
+	// The body's object counts one, so 4,095 lists fit and 4,096 do not;
+	// an object's members count one more than the object.
+	for _, d := range []int{maxDepth - 3, maxDepth - 2, maxDepth - 1, maxDepth, maxDepth + 1} {
+		for _, inner := range []string{``, `1`, `{}`, `{"a":1}`, `[{"a":1}]`, `{"a":[]}`} {
+			f(`{"model":"m","x":` + strings.Repeat("[", d) + inner + strings.Repeat("]", d) + `,"messages":[{"role":"user","content":"hi"}]}`)
+		}
+		f(`{"model":"m","x":` + strings.Repeat(`{"a":`, d) + `1` + strings.Repeat("}", d) + `,"messages":[{"role":"user","content":"hi"}]}`)
+		f(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi","x":` + strings.Repeat("[", d) + strings.Repeat("]", d) + `}]}]}`)
+	}
 }
 
 // TestParseReusesRequest checks that a parse leaves nothing behind for the

@@ -7,19 +7,49 @@ import (
 	"github.com/bytedance/sonic/unquote"
 )
 
-// scanner walks a body that sonic.Valid has already accepted, so it trusts
-// the grammar: it never checks for EOF or stray bytes and only tells values
-// apart by their first byte. That keeps the walk a handful of compares per
-// token plus SIMD searches (bytes.IndexByte) inside strings, which is where
-// a prompt's bytes are.
+// scanner walks a body once, checking its JSON grammar as it goes: Parse
+// reads the few fields it needs and steps over every other value, and the
+// walk is the body's only validation (a separate validator would be a second
+// pass over every prompt byte). Inside strings it searches with
+// bytes.IndexByte (SIMD) for the closing quote and for backslashes, which is
+// where a prompt's bytes are; between them it compares a few bytes per token.
 //
-// sonic.Valid checks structure and numbers but not what follows a backslash
-// in a string, so str checks escapes itself as it steps over them, and
-// records a bad one in bad for Parse to report as malformed JSON.
+// It accepts what sonic.Valid accepts: RFC 8259 JSON nested at most maxDepth
+// deep, with raw control bytes (below 0x20) let through inside strings,
+// which strict JSON forbids: the engine rejects such a body itself, and
+// checking every string byte here would cost another pass. Unlike
+// sonic.Valid it checks what follows each backslash (sonic accepts "\0").
+//
+// A grammar fault sets bad and moves p to the end of the body, where c reads
+// 0, so every loop over a container ends at once; an invalid escape sets bad
+// and the walk goes on. The walk never reads past the body.
 type scanner struct {
-	b   []byte
-	p   int  // offset of the next unread byte
-	bad bool // an invalid escape was seen
+	b     []byte
+	p     int  // offset of the next unread byte
+	depth int  // objects and lists open around p
+	bad   bool // the body is not valid JSON, or holds an invalid escape
+}
+
+// maxDepth is how deep objects and lists may nest, the outermost counting
+// one, and an object's members one deeper than the object: sonic.Valid's
+// limit (MAX_RECURSE, its state stack, where a member takes a state above
+// its object's), so a body is accepted exactly when the validator that
+// came before this walk accepted it.
+const maxDepth = 4096
+
+// c returns the byte at p, or 0 at the end of the body (0 starts no JSON
+// token, so callers treat both as a fault).
+func (s *scanner) c() byte {
+	if s.p < len(s.b) {
+		return s.b[s.p]
+	}
+	return 0
+}
+
+// fail records a grammar fault and ends the walk.
+func (s *scanner) fail() {
+	s.bad = true
+	s.p = len(s.b)
 }
 
 // ws skips JSON whitespace.
@@ -34,14 +64,43 @@ func (s *scanner) ws() {
 	}
 }
 
-// next skips whitespace and a ',' or ':' separator after a value or key, then
-// whitespace again, leaving s.p on the next key, value or closing bracket.
-func (s *scanner) next() {
-	s.ws()
-	if c := s.b[s.p]; c == ',' || c == ':' {
-		s.p++
-		s.ws()
+// open steps into the object or list at p (on its '{' or '[') and past the
+// whitespace after the bracket; false means it is nested too deep.
+func (s *scanner) open() bool {
+	if s.depth++; s.depth > maxDepth {
+		s.fail()
+		return false
 	}
+	s.p++
+	s.ws()
+	return true
+}
+
+// more is the condition of a loop over the members of an object or the
+// elements of a list just opened, closing with close; i counts the ones
+// read. It steps over the ',' before each one after the first and reports
+// whether one follows, or steps out of the container past close and reports
+// false; anything else is a fault. The loop's body reads each member or
+// element and checks its first byte.
+func (s *scanner) more(close byte, i int) bool {
+	if i > 0 {
+		s.ws()
+		if s.c() == ',' {
+			s.p++
+			s.ws()
+			return true
+		}
+	}
+	switch c := s.c(); {
+	case c == close:
+		s.p++
+		s.depth--
+		return false
+	case i == 0 && c != 0:
+		return true
+	}
+	s.fail()
+	return false
 }
 
 // str reads the string at s.p (on its opening quote) and returns its raw
@@ -63,7 +122,12 @@ func (s *scanner) str() (raw []byte, esc bool) {
 	i, end := start, -1
 	for {
 		if i > end {
-			end = i + bytes.IndexByte(s.b[i:], '"')
+			q := bytes.IndexByte(s.b[i:], '"')
+			if q < 0 {
+				s.fail() // unterminated
+				return nil, false
+			}
+			end = i + q
 		}
 		k := bytes.IndexByte(s.b[i:end], '\\')
 		if k < 0 {
@@ -100,47 +164,167 @@ func isHex4(b []byte) bool {
 	return true
 }
 
-// skip steps over the value at s.p and returns where it started.
+// skip steps over the value at s.p, checking its grammar, and returns where
+// it started.
 func (s *scanner) skip() int {
 	start := s.p
-	switch s.b[s.p] {
+	switch s.c() {
 	case '"':
 		s.str()
 	case '{', '[':
-		depth := 0
-		for {
-			switch s.b[s.p] {
-			case '"':
-				s.str()
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-			}
-			s.p++
-			if depth == 0 {
-				return start
-			}
-		}
-	default: // number, true, false, null
-		for s.p < len(s.b) {
-			switch s.b[s.p] {
-			case ',', '}', ']', ' ', '\t', '\n', '\r':
-				return start
-			}
-			s.p++
-		}
+		s.skipNested()
+	case 't':
+		s.literal("true")
+	case 'f':
+		s.literal("false")
+	case 'n':
+		s.literal("null")
+	default:
+		s.number()
 	}
 	return start
 }
 
-// key reads an object key at s.p and the separator after it, unescaping
-// into *scratch only when the key holds escapes (rare: no client escapes
-// ASCII key names, but JSON allows it).
+// skipNested steps over the object or list at s.p and everything inside it
+// in one loop, keeping which open containers are objects in a bit stack
+// rather than recursing once per level.
+func (s *scanner) skipNested() {
+	var objects [maxDepth / 64]uint64 // bit d: the container d levels below the first is an object
+	base := s.depth
+	for {
+		// s.p is on a value.
+		switch c := s.c(); c {
+		case '{', '[':
+			d := s.depth - base
+			if !s.open() {
+				return
+			}
+			if c == '{' {
+				objects[d/64] |= 1 << (d % 64)
+				if s.c() != '}' {
+					s.name()
+					continue
+				}
+			} else {
+				objects[d/64] &^= 1 << (d % 64)
+				if s.c() != ']' {
+					continue
+				}
+			}
+		case '"':
+			s.str()
+		case 't':
+			s.literal("true")
+		case 'f':
+			s.literal("false")
+		case 'n':
+			s.literal("null")
+		default:
+			s.number()
+		}
+		// After a value, or on an empty container's closing bracket: close
+		// containers until one has another member or element.
+		for {
+			if s.depth == base {
+				return
+			}
+			d := s.depth - base - 1
+			object := objects[d/64]>>(d%64)&1 == 1
+			s.ws()
+			c := s.c()
+			if c == ',' {
+				s.p++
+				s.ws()
+				if object {
+					s.name()
+				}
+				break
+			}
+			if object && c == '}' || !object && c == ']' {
+				s.p++
+				s.depth--
+				continue
+			}
+			s.fail()
+			return
+		}
+	}
+}
+
+// literal steps over the literal w (true, false or null) at s.p.
+func (s *scanner) literal(w string) {
+	if string(s.b[s.p:min(s.p+len(w), len(s.b))]) != w {
+		s.fail()
+		return
+	}
+	s.p += len(w)
+}
+
+// number steps over the number at s.p, checking RFC 8259's grammar:
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+func (s *scanner) number() {
+	if s.c() == '-' {
+		s.p++
+	}
+	switch c := s.c(); {
+	case c == '0':
+		s.p++
+	case '1' <= c && c <= '9':
+		s.digits()
+	default:
+		s.fail()
+		return
+	}
+	if s.c() == '.' {
+		s.p++
+		if !s.digits() {
+			return
+		}
+	}
+	if c := s.c(); c == 'e' || c == 'E' {
+		s.p++
+		if c := s.c(); c == '+' || c == '-' {
+			s.p++
+		}
+		s.digits()
+	}
+}
+
+// digits steps over one or more decimal digits; none is a fault.
+func (s *scanner) digits() bool {
+	start := s.p
+	for c := s.c(); '0' <= c && c <= '9'; c = s.c() {
+		s.p++
+	}
+	if s.p == start {
+		s.fail()
+		return false
+	}
+	return true
+}
+
+// name reads an object key at s.p and the ':' after it, returning the key's
+// bytes between the quotes and whether they hold escapes.
+func (s *scanner) name() (raw []byte, esc bool) {
+	if s.c() != '"' || s.depth >= maxDepth {
+		s.fail()
+		return nil, false
+	}
+	raw, esc = s.str()
+	s.ws()
+	if s.c() != ':' {
+		s.fail()
+		return nil, false
+	}
+	s.p++
+	s.ws()
+	return raw, esc
+}
+
+// key is name, unescaping into *scratch only when the key holds escapes
+// (rare: no client escapes ASCII key names, but JSON allows it).
 func (s *scanner) key(scratch *[]byte) []byte {
-	raw, esc := s.str()
-	s.next()
+	raw, esc := s.name()
 	if !esc {
 		return raw
 	}
@@ -205,7 +389,7 @@ type field struct {
 
 // field reads the value at s.p.
 func (s *scanner) field() (f field) {
-	f.form, f.start = s.b[s.p], s.p
+	f.form, f.start = s.c(), s.p
 	switch f.form {
 	case '"':
 		f.raw, f.esc = s.str()
