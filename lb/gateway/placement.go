@@ -47,9 +47,12 @@ func (g *Gateway) lookup(m *pool.Model, x *exchange) {
 }
 
 // pick chooses an available combined pod of m that x has not tried yet, or
-// nil if none is left. The pod's token charge is taken under the ledger's
-// selection lock, in the same critical section as the ledger reads and the
-// scoring, so concurrent picks see each other's charges.
+// nil if none is left, and charges it to the ledger. For a policy that
+// reads the ledger's counters (route.ReadsLedger) the charge is taken under
+// the ledger's selection lock, in the same critical section as the ledger
+// reads and the scoring, so concurrent picks see each other's charges; any
+// other policy's picks take no lock and read no counters, so they never
+// wait for each other.
 //
 // The pods' own state (health, in-flight count, queue, speed, scrape) is
 // read before the lock: the gateway changes it after the pick, outside the
@@ -64,17 +67,19 @@ func (g *Gateway) pick(m *pool.Model, x *exchange, session string) *pool.Pod {
 	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	match := matchOf(m, x)
 	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match)
-	g.ledger.LockSelection()
-	defer g.ledger.UnlockSelection()
-	for i := range x.cands {
-		g.fillCharges(&x.cands[i])
-	}
-	if cap(x.scratch) < len(x.cands) {
-		x.scratch = make([]float64, len(x.cands))
-	}
 	policy := m.Policy
 	if x.policy != nil {
 		policy = x.policy
+	}
+	if route.ReadsLedger(policy) {
+		g.ledger.LockSelection()
+		defer g.ledger.UnlockSelection()
+		for i := range x.cands {
+			g.fillCharges(&x.cands[i])
+		}
+	}
+	if cap(x.scratch) < len(x.cands) {
+		x.scratch = make([]float64, len(x.cands))
 	}
 	i := policy.Pick(&x.rreq, x.cands, x.scratch[:len(x.cands)])
 	if i < 0 {

@@ -83,6 +83,24 @@ type Policy interface {
 	Pick(req *Request, cands []Candidate, scratch []float64) int
 }
 
+// ReadsLedger reports whether p reads the token ledger's counters in its
+// candidates (ActiveTokens, KVTokens, DecodeTokens, DecodeAgeSec): p, or
+// the Scorer of a ScorePolicy, is a ledgerReader. A caller fills those
+// counters, under the ledger's selection lock so that concurrent picks see
+// each other's charges, only for such a policy: the others' picks need
+// neither, and that lock is what concurrent picks queue on.
+func ReadsLedger(p Policy) bool {
+	if sp, ok := p.(ScorePolicy); ok {
+		_, ok = sp.Scorer.(ledgerReader)
+		return ok
+	}
+	_, ok := p.(ledgerReader)
+	return ok
+}
+
+// ledgerReader marks the policies and scorers ReadsLedger reports.
+type ledgerReader interface{ readsLedger() }
+
 // Scorer is the common shape of a policy: out[i] is the cost of sending req
 // to cands[i], lower is better. ScorePolicy turns a Scorer into a Policy.
 type Scorer interface {

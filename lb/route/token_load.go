@@ -105,8 +105,16 @@ func genRate(c *Candidate) float64 {
 	return c.GenTokensPerSec / float64(c.Running)
 }
 
+// They read the ledger's counters (ReadsLedger).
+func (TokenLoad) readsLedger()       {}
+func (HybridCacheLoad) readsLedger() {}
+func (DecodeTokenLoad) readsLedger() {}
+
 var (
-	_ Scorer = TokenLoad{}
-	_ Scorer = HybridCacheLoad{}
-	_ Scorer = DecodeTokenLoad{}
+	_ Scorer       = TokenLoad{}
+	_ Scorer       = HybridCacheLoad{}
+	_ Scorer       = DecodeTokenLoad{}
+	_ ledgerReader = TokenLoad{}
+	_ ledgerReader = HybridCacheLoad{}
+	_ ledgerReader = DecodeTokenLoad{}
 )

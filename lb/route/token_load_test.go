@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"pdlb/ledger"
@@ -127,6 +128,53 @@ func TestTokenLoadPickAllocs(t *testing.T) {
 		p, _ := New(name, DefaultOptions())
 		if a := testing.AllocsPerRun(100, func() { p.Pick(req, cands, scratch) }); a != 0 {
 			t.Fatalf("%s: %v allocs per pick", name, a)
+		}
+	}
+}
+
+// TestReadsLedger checks ReadsLedger against what each registered policy
+// does, since the gateway fills the ledger's counters only for the
+// policies it reports: the token-ledger ones report it, and every other
+// one picks the same pod whatever the counters say.
+func TestReadsLedger(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	ledgerPolicies := map[string]bool{"token_load": true, "hybrid_cache_load": true, "decode_token_load": true}
+	pick := func(name string, req *Request, cands []Candidate) int {
+		p, err := New(name, DefaultOptions()) // a fresh one: round_robin keeps state
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Pick(req, cands, make([]float64, len(cands)))
+	}
+	for _, name := range Names() {
+		p, err := New(name, DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ReadsLedger(p); got != ledgerPolicies[name] {
+			t.Errorf("ReadsLedger(%s) = %v, want %v", name, got, ledgerPolicies[name])
+		}
+		if ledgerPolicies[name] {
+			continue
+		}
+		for trial := 0; trial < 300; trial++ {
+			req := &Request{PromptTokens: 2048, BlockSize: 16, Rand: rng.Uint64()}
+			cands := make([]Candidate, 2+rng.IntN(8))
+			for i := range cands {
+				cands[i] = Candidate{Pod: int32(i), CachedTokens: 16 * rng.IntN(129), InFlight: rng.IntN(4),
+					QueuedPrefillTokens: float64(rng.IntN(3) * 1000), PrefillTokensPerSec: float64(1 + rng.IntN(3)*5000),
+					Weight: 1, IndexedBlocks: rng.IntN(100), HasMetrics: true, Running: rng.IntN(4), Waiting: rng.IntN(2),
+					KVUsage: rng.Float64(), GenTokensPerSec: float64(rng.IntN(3) * 100)}
+			}
+			bare := pick(name, req, cands)
+			for i := range cands {
+				c := &cands[i]
+				c.ActiveTokens, c.KVTokens = float64(rng.IntN(5000)), float64(rng.IntN(5000))
+				c.DecodeTokens, c.DecodeAgeSec = float64(rng.IntN(5000)), rng.Float64()*10
+			}
+			if got := pick(name, req, cands); got != bare {
+				t.Fatalf("%s picks %d with ledger counters, %d without, but ReadsLedger is false", name, got, bare)
+			}
 		}
 	}
 }
