@@ -189,8 +189,10 @@ scenario_proxy() {
 }
 
 scenario_sse() {
-	section "SSE: many long streams through pdlb (issue 8)" "Streams held at once, RSS per stream, and the latency the relay adds per event (bench/sse/run.sh)."
-	record bench/sse/run.sh
+	section "SSE: many long streams through pdlb (issue 8)" "Streams held at once, RSS per stream, and the latency the relay adds per event (bench/sse/run.sh), on each front end."
+	for fe in fasthttp gnet; do
+		record_as "FRONTEND=$fe bench/sse/run.sh" env FRONTEND="$fe" bench/sse/run.sh
+	done
 }
 
 scenario_chaos() {

@@ -120,7 +120,7 @@ hold_events=$(field "$DIR/hold.txt" events) hold_failed=$(field "$DIR/hold.txt" 
 first_err=$(sed -n 's/^result .*"first_error":"\([^"]*\)".*/\1/p' "$DIR/hold.txt")
 
 CLIENT="go run ./bench/sse/client"
-echo "### SSE: $N concurrent streams through pdlb"
+echo "### SSE: $N concurrent streams through pdlb, ${FRONTEND:-default} front end"
 echo
 echo "$(machine); open-files limit $FD_LIMIT."
 echo "pdlb: \`pdlb ${PDLB_CMD[*]}\`; stub: \`go run ./bench/proxy/stub --listen $STUB\`."
