@@ -171,7 +171,7 @@ fi
 
 NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
 if [ -x "$NGINX_BIN" ]; then
-	sed -e "s|@WORKERS@|$WORKERS|" -e "s|@DIR@|$DIR|g" -e "s|@UPSTREAM@|$STUB|" -e "s|@LISTEN@|$NGINX|" \
+	sed -e "s|@WORKERS@|$WORKERS|" -e "s|@DIR@|$DIR|g" -e "s|@UPSTREAM@|$STUB|" -e "s|@LISTEN@|$NGINX|" -e "s|@EXTRA@||" \
 		"$HERE/nginx.conf.tmpl" >"$DIR/nginx.conf"
 	"$NGINX_BIN" -p "$DIR" -c "$DIR/nginx.conf" 2>"$DIR/nginx.log" &
 	NGINX_PID=$!

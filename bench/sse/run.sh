@@ -11,7 +11,8 @@
 # Knobs (environment): STREAMS (10000; capped by the open-files limit, since
 # pdlb holds two sockets per stream), HOLD_EVENTS (30) and HOLD_INTERVAL (1s)
 # per held stream, DIAL_RATE (2000 streams/s), LAT_STREAMS (64), LAT_EVENTS
-# (200), LAT_INTERVAL (10ms) for the latency runs, FRONTEND (pdlb's
+# (200), LAT_INTERVAL (10ms) for the latency runs (through pdlb, then
+# through nginx when it is installed, for reference), FRONTEND (pdlb's
 # --frontend; empty: its default), KEEP (1: keep the scratch directory).
 set -euo pipefail
 
@@ -81,6 +82,30 @@ LAT_T0=$(cpu_ticks "$PDLB_PID")
 LAT_T1=$(cpu_ticks "$PDLB_PID")
 wait "$DIRECT_PID"
 
+# nginx's relay, measured the same way right after, as the floor this
+# machine sets: nginx with response buffering off, as SSE is proxied.
+NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
+NGINX_ROW=
+if [ -x "$NGINX_BIN" ]; then
+	take_port NGINX
+	sed -e "s|@WORKERS@|$(nproc)|" -e "s|@DIR@|$DIR|g" -e "s|@UPSTREAM@|$STUB|" -e "s|@LISTEN@|$NGINX|" \
+		-e "s|@EXTRA@|proxy_buffering off;|" "$ROOT/bench/proxy/nginx.conf.tmpl" >"$DIR/nginx.conf"
+	"$NGINX_BIN" -p "$DIR" -c "$DIR/nginx.conf" 2>"$DIR/nginx.log" &
+	NGINX_PID=$!
+	started
+	if wait_port "$NGINX"; then
+		log "latency: $LAT_ARGS, directly and through nginx at the same time"
+		"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct-nginx.txt" &
+		DIRECT_PID=$!
+		started
+		"$DIR/client" --url "http://$NGINX$API" $LAT_ARGS >"$DIR/lat-nginx.txt"
+		wait "$DIRECT_PID"
+		NGINX_ROW=1
+	fi
+	kill "$NGINX_PID" 2>/dev/null || true
+	wait "$NGINX_PID" 2>/dev/null || true
+fi
+
 # Memory: idle (after the latency runs warmed pdlb up), then with N held.
 sleep 1
 IDLE_RSS=$(rss_kib "$PDLB_PID")
@@ -131,6 +156,11 @@ echo "| event latency direct, p50 / p99 µs | $(us "$d50") / $(us "$d99") | | \`
 echo "| event latency through pdlb, p50 / p99 µs | $(us "$p50") / $(us "$p99") | | \`$CLIENT --url http://$PDLB$API $LAT_ARGS\` |"
 echo "| pdlb CPU per relayed event, µs | $(cpu_us_per "$LAT_T0" "$LAT_T1" "$(field "$DIR/lat-pdlb.txt" events)") | | utime+stime from /proc/PID/stat over the run above |"
 echo "| relay adds, p50 / p99 µs | $(diff_us "$d50" "$p50") / $(diff_us "$d99" "$p99") | ≤ 50 µs p99 | the two rows above, run at the same time |"
+if [ -n "$NGINX_ROW" ]; then
+	n50=$(field "$DIR/lat-nginx.txt" p50_us) n99=$(field "$DIR/lat-nginx.txt" p99_us)
+	nd50=$(field "$DIR/lat-direct-nginx.txt" p50_us) nd99=$(field "$DIR/lat-direct-nginx.txt" p99_us)
+	echo "| nginx's relay adds, p50 / p99 µs | $(diff_us "$nd50" "$n50") / $(diff_us "$nd99" "$n99") | (reference) | direct $(us "$nd50") / $(us "$nd99"), through nginx $(us "$n50") / $(us "$n99"), at the same time: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
+fi
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
 echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"
 echo "| pdlb CPU per relayed event while holding them, µs | $(cpu_us_per "$HOLD_T0" "$HOLD_T1" "$hold_events") | | includes opening and closing the streams |"
