@@ -98,7 +98,10 @@ if [ -x "$NGINX_BIN" ]; then
 		"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct-nginx.txt" &
 		DIRECT_PID=$!
 		started
+		NGINX_PIDS=("$NGINX_PID" $(pgrep -P "$NGINX_PID"))
+		NGINX_T0=$(cpu_ticks "${NGINX_PIDS[@]}")
 		"$DIR/client" --url "http://$NGINX$API" $LAT_ARGS >"$DIR/lat-nginx.txt"
+		NGINX_T1=$(cpu_ticks "${NGINX_PIDS[@]}")
 		wait "$DIRECT_PID"
 		NGINX_ROW=1
 	fi
@@ -160,6 +163,7 @@ if [ -n "$NGINX_ROW" ]; then
 	n50=$(field "$DIR/lat-nginx.txt" p50_us) n99=$(field "$DIR/lat-nginx.txt" p99_us)
 	nd50=$(field "$DIR/lat-direct-nginx.txt" p50_us) nd99=$(field "$DIR/lat-direct-nginx.txt" p99_us)
 	echo "| nginx's relay adds, p50 / p99 µs | $(diff_us "$nd50" "$n50") / $(diff_us "$nd99" "$n99") | (reference) | direct $(us "$nd50") / $(us "$nd99"), through nginx $(us "$n50") / $(us "$n99"), at the same time: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
+	echo "| nginx CPU per relayed event, µs | $(cpu_us_per "$NGINX_T0" "$NGINX_T1" "$(field "$DIR/lat-nginx.txt" events)") | (reference) | its master and workers, the same way |"
 fi
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
 echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"
