@@ -86,18 +86,27 @@ func appendChain(dst []uint64, h uint64, raw []byte, width int) []uint64 {
 }
 
 // appendChain64 is appendChain for width 64 (DefaultBlockSize tokens): one
-// round and no tail per block. dst grows once, and the loop body is the
-// round written out with its secrets as constants, reading each block
-// through a *[64]byte, so the compiler keeps h and the pointers in
-// registers and checks no bounds: a call per round made it spill them
-// around the call, and took a third longer per block.
+// round and no tail per block. dst grows once; chain64 computes the keys,
+// in assembly on amd64 (keys_amd64.s) and with chain64Go elsewhere.
 func appendChain64(dst []uint64, h uint64, raw []byte) []uint64 {
 	n0, n := len(dst), len(raw)/64
 	if n == 0 {
 		return dst
 	}
 	dst = slices.Grow(dst, n)[:n0+n]
-	out, p := dst[n0:], unsafe.Pointer(&raw[0])
+	chain64(dst[n0:], h, raw)
+	return dst
+}
+
+// chain64Go stores in out the keys of the first len(out) 64-byte blocks of
+// raw, chained from h. The loop body is the round written out with its
+// secrets as constants, reading each block through a *[64]byte, so the
+// compiler keeps h and the pointers in registers and checks no bounds: a
+// call per round made it spill them around the call, and took a third
+// longer per block.
+func chain64Go(out []uint64, h uint64, raw []byte) {
+	raw = raw[:64*len(out)]
+	p := unsafe.Pointer(&raw[0])
 	for i := range out {
 		b := (*[64]byte)(unsafe.Add(p, i*64)) // i*64+64 ≤ len(raw)
 		acc := fold(le64(b[0:])^chainC0, le64(b[8:])^chainC1) +
@@ -107,7 +116,6 @@ func appendChain64(dst []uint64, h uint64, raw []byte) []uint64 {
 		h = fold(h^(64+acc), chainC3)
 		out[i] = h
 	}
-	return dst
 }
 
 // round64 is appendChain's sum over the four 16-byte chunks of b[:64], the

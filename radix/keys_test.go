@@ -76,3 +76,24 @@ func TestChainMatchesDefinition(t *testing.T) {
 		}
 	}
 }
+
+// TestChain64 checks chain64 (assembly on amd64) against chain64Go for
+// every block count up to 40 and every alignment of the input.
+func TestChain64(t *testing.T) {
+	raw := make([]byte, 8+64*40)
+	for i := range raw {
+		raw[i] = byte(i*131 + i>>5)
+	}
+	for off := 0; off < 8; off++ {
+		for n := 1; n <= 40; n++ {
+			got, want := make([]uint64, n), make([]uint64, n)
+			chain64(got, uint64(off+n), raw[off:])
+			chain64Go(want, uint64(off+n), raw[off:])
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("offset %d, %d blocks: key %d is %x, want %x", off, n, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
