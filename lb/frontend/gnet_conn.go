@@ -18,15 +18,15 @@ import (
 // A gnet connection's life. The event loop parses complete requests out of
 // the inbound buffer and queues them; one worker goroutine per busy
 // connection serves the queue in order, so responses leave in request order
-// (pipelining), and exits when the queue is empty; a streamed response is
-// written, and the queue then owned, by a goroutine of its own (see
-// gconn.stream). The queue's owner writes with
-// AsyncWritev and waits for the loop's callback before the next write, so
-// the bytes it hands over (response headers, the handler's body, a stream
-// writer's pooled buffer) go to the socket without a copy of ours, and at
-// most maxOutbound bytes wait in gnet's outbound buffer: past that the
-// writer stays blocked until the client reads, which in turn blocks the
-// stream writer and so the upstream reads.
+// (pipelining), and exits when the queue is empty. A streamed response is
+// written by a goroutine of its own, which owns the queue from then on (see
+// gconn.stream). The queue's owner writes with AsyncWritev and waits for
+// the loop's callback before the next write, so the bytes it hands over
+// (response headers, the handler's body, a stream writer's pooled buffer)
+// go to the socket without a copy of ours, and at most maxOutbound bytes
+// wait in gnet's outbound buffer: past that the writer stays blocked until
+// the client reads, which in turn blocks the stream writer and so the
+// upstream reads.
 
 // Limits of one connection.
 const (
