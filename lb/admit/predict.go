@@ -41,9 +41,9 @@ func TTFT(queuedTokens, uncachedTokens, tokensPerSec, transferSec float64) float
 
 // PrefillSpeed learns one pod's prefill speed on uncached tokens (tokens/s)
 // as an exponentially weighted moving average of observed speeds. The zero
-// value is not usable; start from NewPrefillSpeed. Observe and TokensPerSec
-// are safe for concurrent use and never block: the average is one atomic
-// word updated by compare-and-swap.
+// value is not usable; start from NewPrefillSpeed, or Init one held in a
+// larger struct. Observe and TokensPerSec are safe for concurrent use and
+// never block: the average is one atomic word updated by compare-and-swap.
 type PrefillSpeed struct {
 	alpha float64
 	bits  atomic.Uint64 // math.Float64bits of the average
@@ -53,9 +53,15 @@ type PrefillSpeed struct {
 // configured or default speed) and moves a fraction alpha (0 ≤ alpha ≤ 1;
 // DefaultSpeedAlpha; 0 never moves) of the way to each observation.
 func NewPrefillSpeed(initial, alpha float64) *PrefillSpeed {
-	s := &PrefillSpeed{alpha: alpha}
-	s.bits.Store(math.Float64bits(initial))
+	s := new(PrefillSpeed)
+	s.Init(initial, alpha)
 	return s
+}
+
+// Init sets s up as NewPrefillSpeed would, before s is shared.
+func (s *PrefillSpeed) Init(initial, alpha float64) {
+	s.alpha = alpha
+	s.bits.Store(math.Float64bits(initial))
 }
 
 // Observe records that a prefill of uncached tokens took sec seconds.

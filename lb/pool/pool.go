@@ -47,7 +47,7 @@ type Pod struct {
 // podLoad is the part of a pod's state that a routing decision reads for
 // every pod of the model (availability and load), together at the head of
 // podState: 80 bytes, where they were spread over the podState, the Pod
-// (weight) and the Scraped.
+// (weight), the Scraped and the speed learner.
 type podLoad struct {
 	inFlight atomic.Int64
 	// queued is the uncached prompt tokens of requests sent to the pod
@@ -60,8 +60,10 @@ type podLoad struct {
 	healthy      atomic.Bool
 	// halfOpen is set from an ejection until a request succeeds again.
 	halfOpen atomic.Bool
-	// Speed learns the pod's prefill speed on uncached tokens.
-	Speed *admit.PrefillSpeed
+	// Speed learns the pod's prefill speed on uncached tokens. Held here,
+	// not behind a pointer, so a pick reads it without another cache miss
+	// per pod.
+	Speed admit.PrefillSpeed
 	// weight is Config.Weight: a podState is shared only by pods of equal
 	// configuration.
 	weight float64
@@ -344,7 +346,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			pod.podState = o.podState
 		} else {
 			pod.podState = new(podState)
-			pod.Speed = admit.NewPrefillSpeed(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha)
+			pod.Speed.Init(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha)
 			pod.weight = pc.Weight
 			pod.Client = newClient(cfg, pc.Address, func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) })
 			pod.pd = newPDState()

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"pdlb/engines"
-	"pdlb/lb/admit"
 	"pdlb/lb/route"
 )
 
@@ -54,7 +53,7 @@ func TestCircuitBreaker(t *testing.T) {
 
 func TestFill(t *testing.T) {
 	p := &Pod{ID: 7, Slot: 2, podState: &podState{}}
-	p.Speed = admit.NewPrefillSpeed(5000, 0)
+	p.Speed.Init(5000, 0)
 	p.weight = 2
 	p.Acquire()
 	p.AddQueuedPrefill(300)
