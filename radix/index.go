@@ -2,50 +2,58 @@ package radix
 
 import "sync/atomic"
 
-// keyIndex maps every stored key to its position in the label arena. It is
-// open addressing with linear probing over one word per slot: the top 28
-// bits of the key's hash as a tag, the generation of the position's chunk
-// (4 bits, see below), and the position + 2; 0 is an empty slot. A tag
-// match is confirmed against the arena, so the full key is stored once, and
-// since the tag alone chooses the home slot, a rebuild never reads the
-// arena.
+// keyIndex maps keys to their positions in the label arena. The tree has
+// two, in one slot format: open addressing with linear probing over one
+// word per slot, the top 28 bits of the key's hash as a tag, a generation
+// (4 bits, key index only, see below), and the position + 2; 0 is an empty
+// slot. A tag match is confirmed against the arena, so the full key is
+// stored once, and since the tag alone chooses the home slot, slots move
+// and tables are rebuilt without reading the arena.
 //
-// Deletion is lazy: removing a key writes nothing here, because every
-// removed key would be another cache miss (as every new key is). Its slot
-// goes stale: readers and the writer confirm a tag match against the arena
-// (that key at that position, and a node owning it), so a stale slot reads
-// as a miss and probing goes on past it, as past a tombstone. The writer
-// tells stale slots without reading the arena. Each chunk has a generation,
-// bumped when the chunk is reused whole (the only way a position is
-// reused), so a slot of an earlier generation is stale; and a slot of the
-// chunk's generation is current exactly while its position is allocated
-// (a bitmap per chunk). A generation that wraps around only makes a stale
-// slot look current to the writer, which keeps it a while longer; the arena
-// check keeps every lookup right.
+// The start index (Tree.starts) holds the first key of every node: readers
+// walk from the root child by child, and that is all they look up. It is
+// small (a slot or so per node) and deletes eagerly, by backward shift
+// (later members of the probe run move back into the hole), so every slot
+// names a node's start. Readers probe it with atomic loads: a put fills an
+// empty slot, and while a deletion shifts slots back (which may move a key
+// behind a reader's probe) Tree.moves is odd, so a reader whose lookup
+// missed meanwhile looks again. A grown or shrunk table is published whole
+// (and moves bumped); readers still probing the old one see it consistent.
 //
-// Insert reclaims the stale slots of earlier generations it probes: it puts
-// its key in the first, and empties those just before the empty slot that
-// ends its probe (no probe finds anything past them). A rebuild drops every
-// stale slot. Evicted keys' chunks are soon emptied and reused (labels are
-// evicted in about the order they were added), so most stale slots are
-// reclaimed by later inserts and rebuilds stay rare.
+// The key index (Tree.index) holds every stored key and is the writer's
+// alone: Remove finds any block through it, even inside a run; parentOf
+// finds a node's parent by the key before its label; extend refuses a key
+// already stored elsewhere. Every new key is a cache miss there, so it is
+// plain memory, not atomics: an atomic store is an exchange on amd64, which
+// waits for every access before it, and the misses of a batch would not
+// overlap. (With every key in one table that readers probed, the writer's
+// stores had to be atomic.)
 //
-// The table is kept sparse, a fifth to five eighths full (current and
-// stale slots), because every new key is a cache miss here: at that load
-// nearly every probe ends in the home slot's line. Any table size works
-// (home is a multiply-shift, not a mask), so a rebuilt table is 40 bytes
-// per key, not up to twice that. (Rebuilt a quarter full and rebuilt again
-// at three quarters, BenchmarkInsert/new took about a fifth longer: longer
-// probes and more rebuilds.)
+// The key index deletes lazily: removing a key writes nothing, because
+// every removed key would be another cache miss. Its slot goes stale:
+// lookups confirm a tag match against the arena (that key at that
+// position, and a node owning it), so a stale slot reads as a miss and
+// probing goes on past it, as past a tombstone. The writer tells stale
+// slots without reading the arena. Each chunk has a generation, bumped when
+// the chunk is reused whole (the only way a position is reused), so a slot
+// of an earlier generation is stale; and a slot of the chunk's generation
+// is current exactly while its position is allocated (a bitmap per chunk).
+// A generation that wraps around only makes a stale slot look current to
+// the writer, which keeps it a while longer; the arena check keeps every
+// lookup right. indexPut reclaims the stale slots it probes: it puts its
+// key in the first, and empties those just before the empty slot that ends
+// its probe. At five eighths full (current and stale slots) the table is
+// cleaned (clean) or rebuilt to a fifth full. (Deleting eagerly instead,
+// by backward shift, in a table a third to five eighths full, made
+// BenchmarkInsert/new a quarter slower: a cache miss per evicted key costs
+// more than the cleaning.)
 //
-// Readers probe with atomic loads while the writer changes single slots.
-// Current slots never move; a stale slot is overwritten with a new key or
-// emptied only where no probe finds anything past it; rebuilds build a new
-// table that is then published.
+// Tables are kept sparse because every new key is a cache miss in the key
+// index: at that load nearly every probe ends in the home slot's line. Any
+// table size works (home is a multiply-shift, not a mask).
 type keyIndex struct {
 	slots []uint64
-	live  int // keys stored; writer-only
-	used  int // slots not empty: current and stale; writer-only
+	used  int // slots not empty: current and stale (start index: keys held); writer-only
 }
 
 const (
@@ -56,8 +64,8 @@ const (
 	genBits  = tagShift - 32
 	genMask  = 1<<genBits - 1
 	// minIndexSlots keeps small trees cheap. A rebuilt table is a fifth
-	// full and is rebuilt again at five eighths full (current and stale
-	// slots), so it is 13 to 40 bytes per stored key.
+	// full and is cleaned or rebuilt at five eighths full, so it is 13 to
+	// 40 bytes per key.
 	minIndexSlots = 1 << 10
 )
 
@@ -85,33 +93,68 @@ func (ix *keyIndex) next(i uint64) uint64 {
 	return i
 }
 
+// dist is how many slots on from slot a slot b is, wrapping.
+func (ix *keyIndex) dist(a, b uint64) uint64 {
+	if b < a {
+		b += uint64(len(ix.slots))
+	}
+	return b - a
+}
+
+// free returns the first empty slot from the home of hash (or slot) h.
+func (ix *keyIndex) free(h uint64) uint64 {
+	i := ix.home(h)
+	for ix.slots[i] != slotEmpty {
+		i = ix.next(i)
+	}
+	return i
+}
+
+// place puts slot s at the first empty slot from its home, with a plain
+// store: in the key index, or a start index not yet published.
+func (ix *keyIndex) place(s uint64) { ix.slots[ix.free(s)] = s }
+
+// full reports whether ix is over five eighths full and due a rebuild.
+func (ix *keyIndex) full() bool { return ix.used*8 > len(ix.slots)*5 }
+
 func sameTag(s, h uint64) bool { return s>>tagShift == h>>tagShift }
 
 func slotPos(s uint64) uint32 { return uint32(s) - 2 }
 
-// slotFor is the slot of a key with hash h at pos, in pos's chunk's
-// current generation.
+// startSlot is the start index's slot of a key with hash h at pos.
+func startSlot(h uint64, pos uint32) uint64 { return h>>tagShift<<tagShift | uint64(pos+2) }
+
+// slotFor is the key index's slot of a key with hash h at pos, in pos's
+// chunk's current generation.
 func (t *Tree) slotFor(h uint64, pos uint32) uint64 {
-	return h>>tagShift<<tagShift | uint64(t.gens[pos>>poolBits])<<32 | uint64(pos+2)
+	return startSlot(h, pos) | uint64(t.gens[pos>>poolBits])<<32
 }
 
-// oldGen reports whether slot s is from an earlier generation of its
-// position's chunk, so stale (see keyIndex); writer-only. It reads only the
-// small generation array, so probes may ask it of every slot they pass.
+// oldGen reports whether key index slot s is from an earlier generation of
+// its position's chunk, so stale (see keyIndex); writer-only. It reads only
+// the small generation array, so probes may ask it of every slot they pass.
 func (t *Tree) oldGen(s uint64) bool {
 	return uint8(s>>32)&genMask != t.gens[slotPos(s)>>poolBits]
 }
 
-// current reports whether slot s is not stale (see keyIndex); writer-only.
+// current reports whether key index slot s is not stale; writer-only.
 func (t *Tree) current(s uint64) bool {
 	p := slotPos(s)
 	return !t.oldGen(s) && t.inUse[p>>6]&(1<<(p&63)) != 0
 }
 
-// find returns the position of key and the node that owns it. It serves
-// readers and the writer alike.
+// find returns the position of a stored key and the node that owns it;
+// writer-only.
 func (t *Tree) find(key uint64) (pos uint32, owner int32, ok bool) {
-	_, pos, owner, ok = t.probe(t.index.Load(), key)
+	_, pos, owner, ok = t.probe(t.index, key)
+	return pos, owner, ok
+}
+
+// findStart returns the position of key and the node that owns it, if key
+// starts a node: readers and the writer alike. The node is read after the
+// slot, so a reader checks it still starts there.
+func (t *Tree) findStart(key uint64) (pos uint32, owner int32, ok bool) {
+	_, pos, owner, ok = t.probe(t.starts.Load(), key)
 	return pos, owner, ok
 }
 
@@ -141,12 +184,11 @@ func (t *Tree) probe(ix *keyIndex, key uint64) (slot uint64, pos uint32, owner i
 	}
 }
 
-// prefetch loads the home slot of every key, so the cache misses of a
-// batch overlap instead of each waiting on the last (the index is far
-// larger than the cache, and writes are atomic exchanges, which the CPU
-// does not run ahead of).
+// prefetch loads the key index's home slot of every key, so the cache
+// misses of a batch overlap instead of each waiting on the branches of the
+// last (the index is far larger than the cache).
 func (t *Tree) prefetch(keys []uint64) {
-	ix := t.index.Load()
+	ix := t.index
 	var sink uint64
 	for _, k := range keys {
 		sink += ix.slots[ix.home(hashKey(k))]
@@ -154,11 +196,11 @@ func (t *Tree) prefetch(keys []uint64) {
 	t.sink = sink
 }
 
-// indexPut stores key at pos, an allocated position no node owns yet, and
-// reports true, or reports false when the key is already stored (at a
-// position a node owns, or earlier in the batch being added).
+// indexPut stores key at pos, an allocated position no node owns yet, in
+// the key index and reports true, or reports false when the key is already
+// stored (at a position a node owns, or earlier in the batch being added).
 func (t *Tree) indexPut(key uint64, pos uint32) bool {
-	ix := t.index.Load()
+	ix := t.index
 	h := hashKey(key)
 	home := ix.home(h)
 	free := -1
@@ -187,8 +229,7 @@ func (t *Tree) indexPut(key uint64, pos uint32) bool {
 		free = int(i)
 		ix.used++
 	}
-	atomic.StoreUint64(&ix.slots[free], t.slotFor(h, pos))
-	ix.live++
+	ix.slots[free] = t.slotFor(h, pos)
 	// Stale slots just before the empty one that ends this probe can be
 	// empty too, as no probe finds anything past them; they are in the
 	// lines just read, and every slot emptied delays the next rebuild.
@@ -200,60 +241,156 @@ func (t *Tree) indexPut(key uint64, pos uint32) bool {
 		if !t.oldGen(ix.slots[j]) {
 			break
 		}
-		atomic.StoreUint64(&ix.slots[j], slotEmpty)
+		ix.slots[j] = slotEmpty
 		ix.used--
 	}
-	if ix.used*8 > len(ix.slots)*5 {
+	if ix.full() {
 		t.rebuildIndex()
 	}
 	return true
 }
 
-// indexMove records that key now sits at pos (evacuation).
+// indexMove records in the key index that key now sits at pos
+// (evacuation).
 func (t *Tree) indexMove(key uint64, pos uint32) {
-	ix := t.index.Load()
-	i, _, _, ok := t.probe(ix, key)
+	i, _, _, ok := t.probe(t.index, key)
 	if !ok {
 		panic("BUG: radix: moving a key that is not indexed")
 	}
-	atomic.StoreUint64(&ix.slots[i], t.slotFor(hashKey(key), pos))
+	t.index.slots[i] = t.slotFor(hashKey(key), pos)
 }
 
-// rebuildIndex copies the current slots into a table a fifth full and
-// publishes it; readers still probing the old one finish there, and since
-// the writer no longer touches it they see a consistent (slightly stale)
-// index.
+// rebuildIndex drops the key index's stale slots, leaving it a fifth full:
+// in place if it is about the size for that (no allocation: a new table
+// is tens of megabytes of fresh memory to fault in), else in a new table.
 func (t *Tree) rebuildIndex() {
-	old := t.index.Load()
+	n := max(minIndexSlots, 5*t.keysInUse)
+	if old := t.index; len(old.slots) >= n*4/5 && len(old.slots) <= n*5/4 {
+		if t.clean(old); old.used*4 <= len(old.slots) {
+			return
+		}
+	}
 	// Stale slots that look current (see keyIndex) are copied too; in the
 	// rare case they overfill the table, it is built again twice as big.
-	n := max(minIndexSlots, 5*old.live)
-	ix := t.copyCurrent(old, n)
+	ix := t.copyCurrent(n)
 	for ix == nil {
 		n *= 2
-		ix = t.copyCurrent(old, n)
+		ix = t.copyCurrent(n)
 	}
-	t.index.Store(ix)
-	t.moves.Add(2) // even: the old table stays whole, it only goes stale
+	t.index = ix
 }
 
-// copyCurrent returns a table of n slots holding old's current slots, or
-// nil if they fill more than three quarters of it.
-func (t *Tree) copyCurrent(old *keyIndex, n int) *keyIndex {
+// copyCurrent returns a table of n slots holding the key index's current
+// slots, or nil if they fill more than three quarters of it.
+func (t *Tree) copyCurrent(n int) *keyIndex {
 	ix := newKeyIndex(n)
-	ix.live = old.live
-	for _, s := range old.slots {
+	for _, s := range t.index.slots {
 		if s == slotEmpty || !t.current(s) {
 			continue
 		}
 		if ix.used++; ix.used*4 > n*3 {
 			return nil
 		}
-		i := ix.home(s)
-		for ix.slots[i] != slotEmpty {
-			i = ix.next(i)
-		}
-		ix.slots[i] = s
+		ix.place(s)
 	}
 	return ix
+}
+
+// clean drops the key index's stale slots in place, one cluster (run of
+// full slots) at a time: it empties the cluster and puts the current slots
+// back in their order, each at the first empty slot from its home. Each
+// lands no later than it was (fewer slots went before it), so within its
+// cluster, and every slot from a key's home to its own is still full.
+func (t *Tree) clean(ix *keyIndex) {
+	// Start after an empty slot, so that no cluster wraps past the start
+	// (a table is never full).
+	e := uint64(0)
+	for ix.slots[e] != slotEmpty {
+		e++
+	}
+	keep := t.keep[:0]
+	ix.used = 0
+	for i, left := ix.next(e), len(ix.slots); left > 0; i, left = ix.next(i), left-1 {
+		if ix.slots[i] == slotEmpty {
+			continue
+		}
+		keep = keep[:0]
+		for ; ix.slots[i] != slotEmpty; i, left = ix.next(i), left-1 {
+			if s := ix.slots[i]; t.current(s) {
+				keep = append(keep, s)
+			}
+			ix.slots[i] = slotEmpty
+		}
+		for _, s := range keep {
+			ix.place(s)
+		}
+		ix.used += len(keep)
+	}
+	t.keep = keep
+}
+
+// startPut records in the start index that key starts a node at pos.
+func (t *Tree) startPut(key uint64, pos uint32) {
+	ix := t.starts.Load()
+	h := hashKey(key)
+	atomic.StoreUint64(&ix.slots[ix.free(h)], startSlot(h, pos))
+	if ix.used++; ix.full() {
+		t.resizeStarts()
+	}
+}
+
+// startSlotOf returns the start index slot of key at pos, which it holds.
+func (t *Tree) startSlotOf(ix *keyIndex, key uint64, pos uint32) uint64 {
+	h := hashKey(key)
+	s := startSlot(h, pos)
+	for i := ix.home(h); ; i = ix.next(i) {
+		switch ix.slots[i] {
+		case s:
+			return i
+		case slotEmpty:
+			panic("BUG: radix: a node's first key is not in the start index")
+		}
+	}
+}
+
+// startDelete records that key, at pos, no longer starts a node.
+func (t *Tree) startDelete(key uint64, pos uint32) {
+	ix := t.starts.Load()
+	i := t.startSlotOf(ix, key, pos)
+	t.moves.Add(1) // odd: keys may move back past a reader's probe
+	// Slot j may move back to hole i when its home is no further along the
+	// probe run than i.
+	for j := ix.next(i); ix.slots[j] != slotEmpty; j = ix.next(j) {
+		if s := ix.slots[j]; ix.dist(ix.home(s), j) >= ix.dist(i, j) {
+			atomic.StoreUint64(&ix.slots[i], s)
+			i = j
+		}
+	}
+	atomic.StoreUint64(&ix.slots[i], slotEmpty)
+	t.moves.Add(1)
+	if ix.used--; ix.used*8 < len(ix.slots) && len(ix.slots) > minIndexSlots {
+		t.resizeStarts()
+	}
+}
+
+// startMove records that the node starting with key moved from one
+// position to another (evacuation). The slot stays: its home is the same.
+func (t *Tree) startMove(key uint64, from, to uint32) {
+	ix := t.starts.Load()
+	atomic.StoreUint64(&ix.slots[t.startSlotOf(ix, key, from)], startSlot(hashKey(key), to))
+}
+
+// resizeStarts publishes a start index a fifth full.
+func (t *Tree) resizeStarts() {
+	old := t.starts.Load()
+	ix := newKeyIndex(max(minIndexSlots, 5*old.used))
+	ix.used = old.used
+	for _, s := range old.slots {
+		if s == slotEmpty {
+			continue
+		}
+		ix.place(s)
+	}
+	t.starts.Store(ix)
+	t.moves.Add(2) // even: the old table stays whole, it only goes stale
 }

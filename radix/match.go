@@ -127,7 +127,7 @@ func (t *Tree) childOf(keys []uint64, depth int) (c int32, n *node, ver uint32, 
 		// moved reports whether a miss may come from keys being relocated
 		// under the probe rather than from the tree.
 		moved := func() bool { return moves&1 != 0 || t.moves.Load() != moves }
-		pos, c, ok := t.find(key)
+		pos, c, ok := t.findStart(key)
 		if !ok {
 			if moved() {
 				continue

@@ -137,6 +137,9 @@ func (t *Tree) verify(m *model) error {
 			return fmt.Errorf("node %d: sequence %d left odd", c, n.ver)
 		}
 		live[s.start()>>poolBits] += s.len()
+		if got, owner, ok := t.findStart(t.keyAt(s.start())); !ok || got != s.start() || owner != c {
+			return fmt.Errorf("node %d: start index has its first key at %d (%v), owner %d", c, got, ok, owner)
+		}
 		for j, k := range t.label(s) {
 			pos := s.start() + uint32(j)
 			if t.ownerOf(pos) != c {
@@ -186,8 +189,8 @@ func (t *Tree) verify(m *model) error {
 	if nodes != t.nodeCount-1 {
 		return fmt.Errorf("walked %d nodes, count says %d", nodes, t.nodeCount-1)
 	}
-	if ix := t.index.Load(); keys != ix.live {
-		return fmt.Errorf("walked %d keys, index holds %d", keys, ix.live)
+	if keys != t.keysInUse {
+		return fmt.Errorf("walked %d keys, %d positions in use", keys, t.keysInUse)
 	}
 	for c := range live {
 		if live[c] != t.live[c] {
@@ -195,11 +198,15 @@ func (t *Tree) verify(m *model) error {
 		}
 	}
 	// With no insert under way, a position is allocated exactly when a
-	// node owns it: the writer's test for stale index slots.
+	// node owns it: the writer's test for stale key index slots.
 	for pos := uint32(0); pos < uint32(len(t.pool))<<poolBits; pos++ {
 		if inUse := t.inUse[pos>>6]&(1<<(pos&63)) != 0; inUse != (t.ownerOf(pos) != 0) {
 			return fmt.Errorf("position %d: allocated %v, owned by %d", pos, inUse, t.ownerOf(pos))
 		}
+	}
+	// The start index deletes eagerly: it holds the nodes' first keys.
+	if n := t.starts.Load().used; n != nodes {
+		return fmt.Errorf("start index holds %d keys, want %d", n, nodes)
 	}
 	for p := range t.pods {
 		if blocks[p] != t.pods[p].blocks || len(order[p]) != countBits(t, int32(p)) {

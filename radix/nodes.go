@@ -167,8 +167,9 @@ func (t *Tree) parentOf(i int32) int32 {
 // none if keys[i] is not stored, or elsewhere if it is stored under another
 // parent or inside a run.
 func (t *Tree) childAt(parent int32, keys []uint64, i int) int32 {
-	pos, c, ok := t.find(keys[i])
+	pos, c, ok := t.findStart(keys[i])
 	if !ok {
+		// Stored inside a run, if at all: extend's indexPut tells.
 		return none
 	}
 	n := t.nd(c)
@@ -226,6 +227,7 @@ func (t *Tree) extend(pod, parent int32, keys []uint64, i int, path []int32) []i
 		t.addPod(c, pod)
 		t.linkChild(parent, c)
 		t.setOwner(start, k, c)
+		t.startPut(keys[i], start)
 		path = append(path, c)
 		if k < n {
 			return path
@@ -255,8 +257,10 @@ func (t *Tree) split(c int32, m int) int32 {
 	dn.firstChild = cn.firstChild
 	cn.firstChild = d
 	// Order matters to readers: d is complete before the keys point to it,
-	// and they point to it before c stops covering them.
+	// and they point to it, and the start index to its first, before c
+	// stops covering them.
 	t.setOwner(cut, n-m, d)
+	t.startPut(t.keyAt(cut), cut)
 	t.setSpan(c, mkSpan(start, m, s.top()))
 	for w, word := range hc {
 		for ; word != 0; word &= word - 1 {
@@ -323,6 +327,7 @@ func (t *Tree) merge(p, c int32) {
 	ps, cs := t.spanOf(p), t.spanOf(c)
 	t.setSpan(p, mkSpan(ps.start(), ps.len()+cs.len(), ps.top()))
 	t.setOwner(cs.start(), cs.len(), p)
+	t.startDelete(t.keyAt(cs.start()), cs.start())
 	t.nd(p).firstChild = t.nd(c).firstChild
 	for w, word := range t.holders(c) {
 		for ; word != 0; word &= word - 1 {
@@ -337,8 +342,9 @@ func (t *Tree) merge(p, c int32) {
 func (t *Tree) removeLeaf(p, c int32) {
 	t.unlinkChild(p, c)
 	s := t.spanOf(c)
-	// The keys' index slots go stale (see keyIndex): no cache miss each.
-	t.index.Load().live -= s.len()
+	t.startDelete(t.keyAt(s.start()), s.start())
+	// The keys' slots in the key index go stale (see keyIndex): no cache
+	// miss each.
 	t.releaseNode(c)
 	t.releaseKeys(s.start(), s.len())
 	t.compact()

@@ -161,6 +161,7 @@ func (t *Tree) evacuate(c int32) {
 		for j, k := range keys {
 			t.indexMove(k, to+uint32(j))
 		}
+		t.startMove(keys[0], s.start(), to)
 		t.setSpan(i, mkSpan(to, n, s.top()))
 		t.setOwner(s.start(), n, 0)
 		t.markInUse(s.start(), n, false)

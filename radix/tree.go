@@ -13,10 +13,12 @@
 // plus free lists), so the tree has no per-node heap pointers for the GC to
 // scan and no allocation per operation once the arenas have grown.
 //
-// One open-addressing index maps every stored key to its position in the
-// label arena; an owner array maps a position to its node. Children are
-// found through that index by their first key, so a node needs no child
-// table, and Remove finds any block, even one in the middle of a run.
+// Two open-addressing indexes map keys to positions in the label arena,
+// and an owner array maps a position to its node (see keyIndex). The start
+// index holds every node's first key: children are found through it, so a
+// node needs no child table, and it is all readers look up. The key index
+// holds every stored key for the writer, so Remove finds any block, even
+// one in the middle of a run.
 //
 // # Recency and capacity
 //
@@ -39,13 +41,13 @@
 // passes, and checks them again at the end; if a node on its path changed,
 // it walks again (at most matchAttempts times, then keeps its last answer,
 // so a reader is never starved by a busy writer). A Match that validates is
-// exact for one instant during the call. Key positions have a sequence of
-// their own (moves), odd while one node's label moves out of a sparse chunk:
-// a reader whose key lookup misses while it changed looks again, so a move
-// never shows as a missing block. The key index deletes lazily: a removed
-// key's slot stays until the writer reclaims it, and every slot a lookup
-// finds is confirmed against the arena (the key at that position, and a
-// node owning it), so a stale slot reads as a miss (see keyIndex). Measured
+// exact for one instant during the call. Readers look keys up in the start
+// index only; every slot a lookup finds is confirmed against the arena (the
+// key at that position, a node owning it, and that node starting there).
+// Key positions have a sequence of their own (moves), odd while one node's
+// label moves out of a sparse chunk or while a deletion shifts start index
+// slots back: a reader whose key lookup misses while it changed looks
+// again, so neither shows as a missing block (see keyIndex). Measured
 // under a writer inserting and removing 96-block prompts back to back,
 // about one Match in a million walks twice (BenchmarkMatchParallel).
 package radix
@@ -102,16 +104,19 @@ type Tree struct {
 	// chunks they point to never move.
 	nodeDir atomic.Pointer[[]*nodeChunk]
 	poolDir atomic.Pointer[[]*poolChunk]
-	index   atomic.Pointer[keyIndex]
+	starts  atomic.Pointer[keyIndex] // the first key of every node (keyIndex)
 	// moves is a sequence for relocations of keys: odd while a node's label
-	// moves out of a sparse chunk, bumped when a new index is published. A
-	// reader that misses a key looks again if it changed meanwhile.
+	// moves out of a sparse chunk or start index slots shift back after a
+	// deletion, bumped when a new start index is published. A reader that
+	// misses a key looks again if it changed meanwhile.
 	moves atomic.Uint64
 	// retries counts Match walks repeated because a node on the path
 	// changed (Stats.MatchRetries); only that rare path writes it.
 	retries atomic.Uint64
 
 	mu sync.Mutex // serialises writers; everything below is theirs alone
+
+	index *keyIndex // every stored key (keyIndex)
 
 	nodes     []*nodeChunk // the writer's view of nodeDir
 	nodeHigh  int          // nodes ever handed out from the chunks
@@ -132,8 +137,9 @@ type Tree struct {
 	pairs     pairTable
 	pods      []podState
 
-	path []int32 // Insert's scratch: the nodes the chain passes, root excluded
-	sink uint64  // keeps prefetch's loads from being optimised away
+	path []int32  // Insert's scratch: the nodes the chain passes, root excluded
+	sink uint64   // keeps prefetch's loads from being optimised away
+	keep []uint64 // clean's scratch: one cluster's current slots
 }
 
 // root is the node every chain hangs from; it has no label and holds no key
@@ -163,7 +169,8 @@ func New(opts Options) (*Tree, error) {
 	}
 	t.nodeDir.Store(&t.nodes)
 	t.poolDir.Store(&t.pool)
-	t.index.Store(newKeyIndex(minIndexSlots))
+	t.starts.Store(newKeyIndex(minIndexSlots))
+	t.index = newKeyIndex(minIndexSlots)
 	if r := t.newNode(0, 0); r != root {
 		panic("BUG: radix: the root is not node 0")
 	}
@@ -288,7 +295,7 @@ func (t *Tree) Stats() Stats {
 	defer t.mu.Unlock()
 	st := Stats{
 		Nodes:        t.nodeCount - 1,
-		Blocks:       t.index.Load().live,
+		Blocks:       t.keysInUse,
 		PodBlocks:    make([]int, t.maxPods),
 		MatchRetries: t.retries.Load(),
 	}
@@ -297,7 +304,7 @@ func (t *Tree) Stats() Stats {
 	}
 	st.Bytes = int64(len(t.nodes))*int64(unsafe.Sizeof(nodeChunk{})+nodeLen*uintptr(t.words)*8) +
 		int64(len(t.pool))*int64(unsafe.Sizeof(poolChunk{})+1+poolLen/8) +
-		int64(len(t.index.Load().slots))*8 +
+		int64(len(t.index.slots)+len(t.starts.Load().slots))*8 +
 		int64(cap(t.entries))*int64(unsafe.Sizeof(entry{})) +
 		t.pairs.bytes() +
 		int64(len(t.pods))*int64(unsafe.Sizeof(podState{}))

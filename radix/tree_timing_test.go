@@ -57,7 +57,7 @@ func (f *benchFleet) prompt(dst []uint64) []uint64 {
 func (f *benchFleet) fill(tr *Tree) [][]uint64 {
 	keys := make([]uint64, 0, benchPromptKeys)
 	last := make([][]uint64, benchPods)
-	for i := 0; tr.index.Load().live < benchBlocks && i < 2*benchBlocks/benchPromptKeys; i++ {
+	for i := 0; tr.keysInUse < benchBlocks && i < 2*benchBlocks/benchPromptKeys; i++ {
 		keys = f.prompt(keys[:0])
 		tr.Insert(int32(i%benchPods), keys)
 		last[i%benchPods] = append(last[i%benchPods][:0], keys...)
