@@ -184,14 +184,19 @@ func (t *Tree) probe(ix *keyIndex, key uint64) (slot uint64, pos uint32, owner i
 	}
 }
 
-// prefetch loads the key index's home slot of every key, so the cache
+// prefetch loads the key index's home slot of every key, and the cache line
+// after it (8 slots a line; a large table starts on a page), so the cache
 // misses of a batch overlap instead of each waiting on the branches of the
-// last (the index is far larger than the cache).
+// last (the index is far larger than the cache); a probe that runs on past
+// the home slot's line finds the next one loaded too (BenchmarkInsert/new
+// about 7.5 -> 6.8 µs side by side).
 func (t *Tree) prefetch(keys []uint64) {
 	ix := t.index
+	last := uint64(len(ix.slots) - 1)
 	var sink uint64
 	for _, k := range keys {
-		sink += ix.slots[ix.home(hashKey(k))]
+		i := ix.home(hashKey(k))
+		sink += ix.slots[i] + ix.slots[min(i|7+1, last)]
 	}
 	t.sink = sink
 }
