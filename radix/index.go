@@ -362,17 +362,26 @@ func (t *Tree) startSlotOf(ix *keyIndex, key uint64, pos uint32) uint64 {
 func (t *Tree) startDelete(key uint64, pos uint32) {
 	ix := t.starts.Load()
 	i := t.startSlotOf(ix, key, pos)
-	t.moves.Add(1) // odd: keys may move back past a reader's probe
 	// Slot j may move back to hole i when its home is no further along the
-	// probe run than i.
+	// probe run than i. While keys move, moves is odd: one may move back
+	// past a reader's probe. Emptying the hole alone hides no key, since no
+	// probe that passes it finds anything after it; most deletions move
+	// nothing, and leaving moves be spares readers the writer's cache line.
+	shifted := false
 	for j := ix.next(i); ix.slots[j] != slotEmpty; j = ix.next(j) {
 		if s := ix.slots[j]; ix.dist(ix.home(s), j) >= ix.dist(i, j) {
+			if !shifted {
+				t.moves.Add(1)
+				shifted = true
+			}
 			atomic.StoreUint64(&ix.slots[i], s)
 			i = j
 		}
 	}
 	atomic.StoreUint64(&ix.slots[i], slotEmpty)
-	t.moves.Add(1)
+	if shifted {
+		t.moves.Add(1)
+	}
 	if ix.used--; ix.used*8 < len(ix.slots) && len(ix.slots) > minIndexSlots {
 		t.resizeStarts()
 	}
