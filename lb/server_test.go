@@ -275,6 +275,14 @@ func TestUpstreamFaults(t *testing.T) {
 			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
 		}
 	})
+	// Whole answers that break off, or stall, after part of their body.
+	midBody := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"id\":\"cmpl-1\",\"choi")
+	})
+	stalledBody := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"id\":\"cmpl-1\",\"choi")
+		<-hang
+	})
 	idle := fakePod(t, func(c net.Conn, _ *http.Request) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 		ev := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
@@ -288,6 +296,7 @@ func TestUpstreamFaults(t *testing.T) {
 	s := testGateway(t, []config.Pod{
 		pod("refused", closedPort()), pod("refused", closedPort()),
 		pod("broken", broken), pod("hung", hung), pod("mid", midStream), pod("idle", idle),
+		pod("midbody", midBody), pod("stalledbody", stalledBody),
 	}, func(c *config.Config) {
 		c.Upstream.ResponseTimeout = 300 * time.Millisecond
 		c.Upstream.StreamIdleTimeout = 300 * time.Millisecond
@@ -306,6 +315,9 @@ func TestUpstreamFaults(t *testing.T) {
 	f("refused", false, 502, "connection refused")
 	f("broken", false, 502, `"type":"server_error"`)
 	f("hung", false, 504, "did not answer")
+	// A whole answer is never relayed in part: the client gets the error.
+	f("midbody", false, 502, `"type":"server_error"`)
+	f("stalledbody", false, 504, "did not answer")
 	// A stream that breaks after its first byte: the whole events, then an
 	// error event; never the half event.
 	f("mid", true, 200, `data: {"choices":[{"delta":{"content":"b"}}]}`+"\n\n"+`data: {"error"`)

@@ -251,6 +251,7 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model,
 	g.buildUpstream(ctx, up)
 	up.SetHost(pod.Config.Address)
 	g.place(m, x, pod)
+	resp.StreamBody = x.req.Stream
 	err := pod.Client.DoTimeout(up, resp, g.cfg.Upstream.ResponseTimeout)
 	fasthttp.ReleaseRequest(up)
 	x.pd.ticket.Done()

@@ -193,6 +193,8 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *poo
 		up.SetHost(dec.Config.Address)
 		up.SetBodyRaw(p.decBody)
 		dec.Acquire()
+		// Streamed even for a whole answer: the watchdog times its reads.
+		resp.StreamBody = true
 		err := dec.Client.DoDeadline(up, resp, g.decodeHeadersBy(x))
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
@@ -387,6 +389,8 @@ func (g *Gateway) sendConcurrentDecode(ctx *fasthttp.RequestCtx, x *exchange, l 
 	g.buildUpstream(ctx, up)
 	up.SetHost(p.dec.Config.Address)
 	up.SetBody(p.decBody)
+	// Streamed even for a whole answer: the watchdog times its reads.
+	resp.StreamBody = true
 	p.dec.Acquire()
 	l.decState.Store(decPending)
 	l.refs.Add(1)

@@ -134,9 +134,16 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	}
 	// A whole response: read it all before answering, so a pod that breaks
 	// midway still gets the client a clean 502 instead of a truncated body.
-	buf := relayBufs.Get().(*[relayBufferBytes]byte)
-	_, err := io.CopyBuffer(ctx.Response.BodyWriter(), resp.BodyStream(), buf[:])
-	relayBufs.Put(buf)
+	// The client read it already unless the request asked for a stream (an
+	// error answer to a stream, or a PD decode leg).
+	var err error
+	if resp.IsBodyStream() {
+		buf := relayBufs.Get().(*[relayBufferBytes]byte)
+		_, err = io.CopyBuffer(ctx.Response.BodyWriter(), resp.BodyStream(), buf[:])
+		relayBufs.Put(buf)
+	} else {
+		ctx.Response.SetBody(resp.Body())
+	}
 	if err != nil {
 		closeStream(resp, err)
 		ctx.Response.ResetBody()
@@ -176,6 +183,8 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 		x.tried = append(x.tried, pod.ID)
 		up.SetHost(pod.Config.Address)
 		g.place(m, x, pod)
+		// A stream is relayed as it comes; a whole answer is read whole.
+		resp.StreamBody = x.req.Stream
 		err := pod.Client.DoTimeout(up, resp, g.cfg.Upstream.ResponseTimeout)
 		if err == nil {
 			return pod, nil
