@@ -168,11 +168,20 @@ func isHex4(b []byte) bool {
 // it started.
 func (s *scanner) skip() int {
 	start := s.p
-	switch s.c() {
+	if c := s.c(); c == '{' || c == '[' {
+		s.skipNested()
+	} else {
+		s.scalar(c)
+	}
+	return start
+}
+
+// scalar steps over the string, literal or number at s.p, whose first byte
+// is c.
+func (s *scanner) scalar(c byte) {
+	switch c {
 	case '"':
 		s.str()
-	case '{', '[':
-		s.skipNested()
 	case 't':
 		s.literal("true")
 	case 'f':
@@ -182,7 +191,6 @@ func (s *scanner) skip() int {
 	default:
 		s.number()
 	}
-	return start
 }
 
 // skipNested steps over the object or list at s.p and everything inside it
@@ -211,16 +219,8 @@ func (s *scanner) skipNested() {
 					continue
 				}
 			}
-		case '"':
-			s.str()
-		case 't':
-			s.literal("true")
-		case 'f':
-			s.literal("false")
-		case 'n':
-			s.literal("null")
 		default:
-			s.number()
+			s.scalar(c)
 		}
 		// After a value, or on an empty container's closing bracket: close
 		// containers until one has another member or element.
