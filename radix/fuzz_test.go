@@ -6,7 +6,8 @@ import "testing"
 // against the naive model after each one. The first byte picks the pod
 // capacity (0: unlimited); then each operation is a byte of kind and pod,
 // a length byte, and that many token bytes. Tokens come from a small
-// alphabet, so chains share prefixes and diverge at every depth.
+// alphabet, so chains share prefixes and diverge at every depth; kind 3
+// inserts the tokens themselves as keys, which are not chains.
 func FuzzTree(f *testing.F) {
 	f.Add([]byte{0, 0x00, 5, 1, 2, 3, 1, 2, 0x01, 3, 1, 2, 0, 0x10, 4, 1, 2, 3, 1})
 	f.Add([]byte{3, 0x00, 6, 0, 0, 0, 0, 0, 0, 0x02, 6, 1, 1, 1, 1, 1, 1, 0x00, 2, 2, 2})
@@ -31,20 +32,28 @@ func FuzzTree(f *testing.F) {
 			}
 			data = data[2+n:]
 			keys := chain(toks...)
+			if kind == 3 {
+				// Not a chain: tokens as keys, so keys repeat within and
+				// across sequences.
+				keys = keys[:0]
+				for _, tok := range toks {
+					keys = append(keys, uint64(tok))
+				}
+			}
 			switch kind {
 			case 0, 3:
 				tr.Insert(pod, keys)
 				m.insert(pod, keys)
 			case 1:
-				// The token bytes pick which blocks of the last chain go.
-				var sub []uint64
+				// The token bytes pick which blocks of the last chain go:
+				// an odd token i removes block i, and block i-1 with it
+				// when it is 3.
 				for i, tok := range toks {
 					if tok%2 == 1 && i < len(last) {
-						sub = append(sub, last[i])
+						tr.Remove(pod, last[:i+1], int(tok+1)/2)
+						m.remove(pod, last[:i+1], int(tok+1)/2)
 					}
 				}
-				tr.Remove(pod, sub)
-				m.remove(pod, sub)
 			case 2:
 				tr.RemovePod(pod)
 				m.removePod(pod)

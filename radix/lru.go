@@ -64,16 +64,16 @@ func (t *Tree) pushNewest(pod, e int32) {
 	ps.newest = e
 }
 
-// insertBefore links e just older than at.
-func (t *Tree) insertBefore(pod, e, at int32) {
+// insertAfter links e just newer than at.
+func (t *Tree) insertAfter(pod, e, at int32) {
 	x := &t.entries[e]
-	x.newer, x.older = at, t.entries[at].older
-	if x.older != none {
-		t.entries[x.older].newer = e
+	x.older, x.newer = at, t.entries[at].newer
+	if x.newer != none {
+		t.entries[x.newer].older = e
 	} else {
-		t.pods[pod].oldest = e
+		t.pods[pod].newest = e
 	}
-	t.entries[at].older = e
+	t.entries[at].newer = e
 }
 
 // touch makes c the pod's most recently used run.
@@ -113,7 +113,7 @@ func (t *Tree) evict(pod int32) {
 	for over := t.pods[pod].blocks - t.capacity; over > 0; over = t.pods[pod].blocks - t.capacity {
 		c := t.entries[t.pods[pod].oldest].node
 		if n := t.spanOf(c).len(); over < n {
-			c = t.split(c, n-over)
+			t.split(c, n-over) // c keeps the deepest over blocks
 		}
 		t.dropPod(c, pod)
 		t.settle(c)

@@ -58,9 +58,12 @@ func (t *Tree) matchOnce(keys []uint64, out []int32, st *matchState) bool {
 		alive[nw-1] = 1<<r - 1
 	}
 	seen, valid := 0, true
-	depth := 0
+	depth, c := 0, root
 	for depth < len(keys) {
-		c, n, v, s := t.childOf(keys, depth)
+		var n *node
+		var v uint32
+		var s span
+		c, n, v, s = t.childOf(c, keys[depth])
 		if n == nil {
 			break
 		}
@@ -114,47 +117,69 @@ func checkPath(path []visit) bool {
 	return true
 }
 
-// childOf finds the node whose label starts with keys[depth] and continues
-// keys[:depth], with its sequence number and label read at that sequence;
-// n is nil when there is none.
-func (t *Tree) childOf(keys []uint64, depth int) (c int32, n *node, ver uint32, s span) {
-	key := keys[depth]
+// childOf finds parent's child whose label starts with key, with its
+// sequence number and its label read at that sequence; n is nil when there
+// is none. Readers and the writer alike look children up here.
+func (t *Tree) childOf(parent int32, key uint64) (c int32, n *node, ver uint32, s span) {
+	h := startHash(parent, key)
 	for try := 0; ; try++ {
 		if try > spinBeforeYield {
 			runtime.Gosched()
 		}
 		moves := t.moves.Load()
-		// moved reports whether a miss may come from keys being relocated
-		// under the probe rather than from the tree.
-		moved := func() bool { return moves&1 != 0 || t.moves.Load() != moves }
-		pos, c, ok := t.findStart(key)
-		if !ok {
-			if moved() {
-				continue
-			}
+		c, n, ver, s = t.probeChild(parent, key, h)
+		switch {
+		case c > 0:
+			return c, n, ver, s
+		case c < 0:
+			continue // a node changed under the probe: look again
+		case moves&1 != 0 || t.moves.Load() != moves:
+			continue // the miss may come from slots or labels moving
+		}
+		return 0, nil, 0, 0
+	}
+}
+
+// probeChild looks parent's child starting with key (hash h) up in the
+// start index: c is the child, 0 when there is none, or -1 when a node it
+// read changed meanwhile. A slot counts only when the arena holds key at
+// its position, a node owns that position, and that node, read at an even
+// sequence, starts there under parent; the owner is read again after the
+// node, since a split or merge hands a label's first position to another
+// node (before the node that had it changes). Other slots with the tag
+// are other parents' children (or a node being freed or moved): the probe
+// goes on past them.
+func (t *Tree) probeChild(parent int32, key, h uint64) (c int32, n *node, ver uint32, s span) {
+	ix := t.starts.Load()
+	for i := ix.home(h); ; i = ix.next(i) {
+		sl := atomic.LoadUint64(&ix.slots[i])
+		if sl == slotEmpty {
 			return 0, nil, 0, 0
+		}
+		if !sameTag(sl, h) {
+			continue
+		}
+		p := slotPos(sl)
+		// The directories are loaded after the slot and the owner were, so
+		// they already hold the position's chunk and the node's.
+		ch := (*t.poolDir.Load())[p>>poolBits]
+		if atomic.LoadUint64(&ch.keys[p&poolMask]) != key {
+			continue
+		}
+		owner := &ch.owner[p&poolMask]
+		if c = atomic.LoadInt32(owner); c == 0 {
+			continue
 		}
 		n = &(*t.nodeDir.Load())[c>>nodeBits].hdr[c&nodeMask]
 		ver = waitEven(n)
 		s = span(atomic.LoadUint64(&n.span))
-		good := s.len() > 0 && s.start() == pos
+		good := s.len() > 0 && s.start() == p && atomic.LoadInt32(&n.parent) == parent
+		if atomic.LoadUint32(&n.ver) != ver || atomic.LoadInt32(owner) != c {
+			return -1, nil, 0, 0
+		}
 		if good {
-			if depth == 0 {
-				good = s.top()
-			} else {
-				good = !s.top() && atomic.LoadUint64(&n.prev) == keys[depth-1]
-			}
+			return c, n, ver, s
 		}
-		if atomic.LoadUint32(&n.ver) != ver {
-			continue // the node changed under us: look again
-		}
-		if !good {
-			if moved() {
-				continue
-			}
-			return 0, nil, 0, 0
-		}
-		return c, n, ver, s
 	}
 }
 

@@ -6,32 +6,62 @@ import (
 	"testing"
 )
 
-// model is the naive index the tree is checked against: per pod a set of
-// held keys with a recency stamp each. Insert stamps the chain deepest key
-// first (so the first key is the most recent), eviction drops the lowest
-// stamps, and Match scans each pod's set key by key.
+// model is the naive index the tree is checked against: it names every
+// path of keys it has seen (a path is a parent path and a key, so a key
+// that appears in two sequences is two paths) and keeps per pod a set of
+// held paths with a recency stamp each. Insert stamps the chain deepest
+// block first (so the first block is the most recent), eviction drops the
+// lowest stamps, Remove walks the chain's paths, and Match scans each
+// pod's set block by block.
 type model struct {
 	capacity int
-	held     []map[uint64]uint64
+	paths    map[modelEdge]int32 // path ids from 1; 0 is the empty path
+	held     []map[int32]uint64
 	clock    uint64
 }
 
+type modelEdge struct {
+	parent int32
+	key    uint64
+}
+
 func newModel(pods, capacity int) *model {
-	m := &model{capacity: capacity, held: make([]map[uint64]uint64, pods)}
+	m := &model{capacity: capacity, paths: map[modelEdge]int32{}, held: make([]map[int32]uint64, pods)}
 	for p := range m.held {
-		m.held[p] = map[uint64]uint64{}
+		m.held[p] = map[int32]uint64{}
 	}
 	return m
 }
 
+// path returns the id of keys[:i+1] for every i, as long as they are
+// known (or all of them, naming new ones, when add is set).
+func (m *model) path(keys []uint64, add bool) []int32 {
+	var ids []int32
+	parent := int32(0)
+	for _, k := range keys {
+		id, ok := m.paths[modelEdge{parent, k}]
+		if !ok {
+			if !add {
+				break
+			}
+			id = int32(len(m.paths) + 1)
+			m.paths[modelEdge{parent, k}] = id
+		}
+		ids = append(ids, id)
+		parent = id
+	}
+	return ids
+}
+
 func (m *model) insert(pod int32, keys []uint64) {
 	h := m.held[pod]
-	for i := len(keys) - 1; i >= 0; i-- {
+	ids := m.path(keys, true)
+	for i := len(ids) - 1; i >= 0; i-- {
 		m.clock++
-		h[keys[i]] = m.clock
+		h[ids[i]] = m.clock
 	}
 	for m.capacity > 0 && len(h) > m.capacity {
-		var oldest uint64
+		var oldest int32
 		first := true
 		for k, s := range h {
 			if first || s < h[oldest] {
@@ -42,20 +72,24 @@ func (m *model) insert(pod int32, keys []uint64) {
 	}
 }
 
-func (m *model) remove(pod int32, keys []uint64) {
-	for _, k := range keys {
-		delete(m.held[pod], k)
+// remove drops the last n blocks of chain.
+func (m *model) remove(pod int32, chain []uint64, n int) {
+	for i, id := range m.path(chain, false) {
+		if i >= len(chain)-n {
+			delete(m.held[pod], id)
+		}
 	}
 }
 
 func (m *model) removePod(pod int32) { clear(m.held[pod]) }
 
 func (m *model) match(keys []uint64, out []int32) {
+	ids := m.path(keys, false)
 	for p := range out {
 		n := 0
 		if p < len(m.held) {
-			for n < len(keys) {
-				if _, ok := m.held[p][keys[n]]; !ok {
+			for n < len(ids) {
+				if _, ok := m.held[p][ids[n]]; !ok {
 					break
 				}
 				n++
@@ -111,12 +145,12 @@ func (t *Tree) verify(m *model) error {
 			return fmt.Errorf("pod %d: newest entry %d, list ends at %d", p, t.pods[p].newest, last)
 		}
 	}
-	held := make([]map[uint64]bool, t.maxPods)
+	held := make([]map[int32]bool, t.maxPods) // pod → model path ids
 	for p := range held {
-		held[p] = map[uint64]bool{}
+		held[p] = map[int32]bool{}
 	}
-	var walk func(parent, c int32) error
-	walk = func(parent, c int32) error {
+	var walk func(parent, c int32, pathIDs []int32) error
+	walk = func(parent, c int32, pathIDs []int32) error {
 		n := t.nd(c)
 		s := span(n.span)
 		nodes++
@@ -124,29 +158,36 @@ func (t *Tree) verify(m *model) error {
 		if s.len() == 0 || s.len() > poolLen {
 			return fmt.Errorf("node %d: label length %d", c, s.len())
 		}
-		if s.top() != (parent == root) {
-			return fmt.Errorf("node %d: top flag %v under parent %d", c, s.top(), parent)
-		}
-		if parent != root && n.prev != t.keyAt(t.spanOf(parent).start()+uint32(t.spanOf(parent).len())-1) {
-			return fmt.Errorf("node %d: prev key is not its parent's last key", c)
-		}
 		if got := t.parentOf(c); got != parent {
-			return fmt.Errorf("node %d: parentOf = %d, want %d", c, got, parent)
+			return fmt.Errorf("node %d: parent %d, want %d", c, got, parent)
 		}
 		if n.ver&1 != 0 {
 			return fmt.Errorf("node %d: sequence %d left odd", c, n.ver)
 		}
 		live[s.start()>>poolBits] += s.len()
-		if got, owner, ok := t.findStart(t.keyAt(s.start())); !ok || got != s.start() || owner != c {
-			return fmt.Errorf("node %d: start index has its first key at %d (%v), owner %d", c, got, ok, owner)
+		if got := t.childAt(parent, t.keyAt(s.start())); got != c {
+			return fmt.Errorf("node %d: the start index finds %d under parent %d", c, got, parent)
 		}
-		for j, k := range t.label(s) {
+		for j := range s.len() {
 			pos := s.start() + uint32(j)
 			if t.ownerOf(pos) != c {
 				return fmt.Errorf("node %d: position %d owned by %d", c, pos, t.ownerOf(pos))
 			}
-			if got, _, ok := t.find(k); !ok || got != pos {
-				return fmt.Errorf("node %d: key %x indexed at %d (%v), want %d", c, k, got, ok, pos)
+		}
+		if m != nil {
+			// The model's ids of this label's paths.
+			last := int32(0)
+			if len(pathIDs) > 0 {
+				last = pathIDs[len(pathIDs)-1]
+			}
+			pathIDs = pathIDs[:0:0]
+			for _, k := range t.label(s) {
+				id, ok := m.paths[modelEdge{last, k}]
+				if !ok {
+					return fmt.Errorf("node %d: key %x is on a path the model never stored", c, k)
+				}
+				pathIDs = append(pathIDs, id)
+				last = id
 			}
 		}
 		holders := 0
@@ -161,8 +202,8 @@ func (t *Tree) verify(m *model) error {
 				if parent != root && t.holds(parent, int32(p)) && order[p][c] > order[p][parent] {
 					return fmt.Errorf("node %d: pod %d used it after its parent", c, p)
 				}
-				for _, k := range t.label(s) {
-					held[p][k] = true
+				for _, id := range pathIDs {
+					held[p][id] = true
 				}
 			}
 		}
@@ -175,14 +216,14 @@ func (t *Tree) verify(m *model) error {
 				return fmt.Errorf("node %d: child %d has prevSib %d, want %d", c, ch, t.nd(ch).prevSib, prevSib)
 			}
 			prevSib = ch
-			if err := walk(c, ch); err != nil {
+			if err := walk(c, ch, pathIDs); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	for ch := t.nd(root).firstChild; ch != none; ch = t.nd(ch).nextSib {
-		if err := walk(root, ch); err != nil {
+		if err := walk(root, ch, nil); err != nil {
 			return err
 		}
 	}
@@ -197,16 +238,9 @@ func (t *Tree) verify(m *model) error {
 			return fmt.Errorf("chunk %d: %d keys in use, count says %d", c, live[c], t.live[c])
 		}
 	}
-	// With no insert under way, a position is allocated exactly when a
-	// node owns it: the writer's test for stale key index slots.
-	for pos := uint32(0); pos < uint32(len(t.pool))<<poolBits; pos++ {
-		if inUse := t.inUse[pos>>6]&(1<<(pos&63)) != 0; inUse != (t.ownerOf(pos) != 0) {
-			return fmt.Errorf("position %d: allocated %v, owned by %d", pos, inUse, t.ownerOf(pos))
-		}
-	}
-	// The start index deletes eagerly: it holds the nodes' first keys.
+	// The start index deletes eagerly: it holds the nodes' starts.
 	if n := t.starts.Load().used; n != nodes {
-		return fmt.Errorf("start index holds %d keys, want %d", n, nodes)
+		return fmt.Errorf("start index holds %d slots, want %d", n, nodes)
 	}
 	for p := range t.pods {
 		if blocks[p] != t.pods[p].blocks || len(order[p]) != countBits(t, int32(p)) {
@@ -219,11 +253,11 @@ func (t *Tree) verify(m *model) error {
 	if m != nil {
 		for p := range m.held {
 			if len(m.held[p]) != len(held[p]) {
-				return fmt.Errorf("pod %d: tree holds %d keys, model %d", p, len(held[p]), len(m.held[p]))
+				return fmt.Errorf("pod %d: tree holds %d blocks, model %d", p, len(held[p]), len(m.held[p]))
 			}
-			for k := range m.held[p] {
-				if !held[p][k] {
-					return fmt.Errorf("pod %d: model holds key %x, tree does not", p, k)
+			for id := range m.held[p] {
+				if !held[p][id] {
+					return fmt.Errorf("pod %d: model holds path %d, tree does not", p, id)
 				}
 			}
 		}

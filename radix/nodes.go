@@ -10,16 +10,15 @@ const (
 	nodeLen  = 1 << nodeBits // nodes per chunk
 	nodeMask = nodeLen - 1
 
-	none      int32 = -1
-	elsewhere int32 = -2 // childAt: the key is stored, but not under this parent
+	none int32 = -1
 )
 
 // node is one run of keys. Fields readers use are read and written with
 // sync/atomic; the writer may read them plainly, since only it writes them.
 type node struct {
-	ver  uint32 // sequence number, odd while the writer changes the node
-	span uint64 // the label, see span
-	prev uint64 // the key just before the label: the parent's last key (0 under the root)
+	ver    uint32 // sequence number, odd while the writer changes the node
+	parent int32  // the node this one hangs from (root for a prompt's first run)
+	span   uint64 // the label, see span
 
 	// Writer-only. Children form a doubly linked sibling list; a node on
 	// the free list links through nextSib.
@@ -31,24 +30,15 @@ type nodeChunk struct {
 	holders []uint64 // Tree.words per node: bit p set when pod p holds the whole run (atomic)
 }
 
-// span packs a label: its first position in the label arena (32 bits), a
-// flag for children of the root, and its length in keys (at most poolLen).
-// A length of 0 marks a free node. One word, so readers load it at once.
+// span packs a label: its first position in the label arena (32 bits) and
+// its length in keys (at most poolLen). A length of 0 marks a free node.
+// One word, so readers load it at once.
 type span uint64
 
-const topBit = 1 << 31
-
-func mkSpan(start uint32, n int, top bool) span {
-	s := span(start)<<32 | span(n)
-	if top {
-		s |= topBit
-	}
-	return s
-}
+func mkSpan(start uint32, n int) span { return span(start)<<32 | span(n) }
 
 func (s span) start() uint32 { return uint32(s >> 32) }
-func (s span) len() int      { return int(uint32(s) &^ topBit) }
-func (s span) top() bool     { return s&topBit != 0 }
+func (s span) len() int      { return int(uint32(s)) }
 
 func (t *Tree) nd(i int32) *node { return &t.nodes[i>>nodeBits].hdr[i&nodeMask] }
 
@@ -58,6 +48,8 @@ func (t *Tree) holders(i int32) []uint64 {
 }
 
 func (t *Tree) spanOf(i int32) span { return span(t.nd(i).span) }
+
+func (t *Tree) parentOf(i int32) int32 { return t.nd(i).parent }
 
 func (t *Tree) holds(i, pod int32) bool { return t.holders(i)[pod>>6]&(1<<(pod&63)) != 0 }
 
@@ -83,7 +75,7 @@ func (t *Tree) setSpan(i int32, s span) {
 
 // newNode takes a node from the free list or the arena, with no holders
 // and no children.
-func (t *Tree) newNode(s span, prev uint64) int32 {
+func (t *Tree) newNode(s span, parent int32) int32 {
 	i := t.freeNode
 	if i != none {
 		t.freeNode = t.nd(i).nextSib
@@ -102,7 +94,7 @@ func (t *Tree) newNode(s span, prev uint64) int32 {
 	n.firstChild, n.nextSib, n.prevSib = none, none, none
 	beginWrite(n)
 	atomic.StoreUint64(&n.span, uint64(s))
-	atomic.StoreUint64(&n.prev, prev)
+	atomic.StoreInt32(&n.parent, parent)
 	h := t.holders(i)
 	for w := range h {
 		atomic.StoreUint64(&h[w], 0)
@@ -111,9 +103,14 @@ func (t *Tree) newNode(s span, prev uint64) int32 {
 	return i
 }
 
+// releaseNode frees node i, ending the write its caller began: the caller
+// keeps i odd from before the change that makes it unreachable, so a
+// reader that passed i walks again.
 func (t *Tree) releaseNode(i int32) {
-	t.setSpan(i, 0)
-	t.nd(i).nextSib = t.freeNode
+	n := t.nd(i)
+	atomic.StoreUint64(&n.span, 0)
+	endWrite(n)
+	n.nextSib = t.freeNode
 	t.freeNode = i
 	t.nodeCount--
 }
@@ -139,6 +136,21 @@ func (t *Tree) unlinkChild(parent, c int32) {
 	}
 }
 
+// replaceChild puts d in c's place among parent's children.
+func (t *Tree) replaceChild(parent, c, d int32) {
+	cn, dn := t.nd(c), t.nd(d)
+	dn.prevSib, dn.nextSib = cn.prevSib, cn.nextSib
+	if cn.prevSib != none {
+		t.nd(cn.prevSib).nextSib = d
+	} else {
+		t.nd(parent).firstChild = d
+	}
+	if cn.nextSib != none {
+		t.nd(cn.nextSib).prevSib = d
+	}
+	cn.prevSib, cn.nextSib = none, none
+}
+
 func (t *Tree) onlyChild(i int32) int32 {
 	c := t.nd(i).firstChild
 	if c == none || t.nd(c).nextSib != none {
@@ -147,44 +159,12 @@ func (t *Tree) onlyChild(i int32) int32 {
 	return c
 }
 
-// parentOf finds a node's parent through the key before its label: keys
-// name positions, so the node whose label ends with that key is the parent.
-// Splits and merges never change a node's prev, so children need no
-// back-pointer to update.
-func (t *Tree) parentOf(i int32) int32 {
-	n := t.nd(i)
-	if span(n.span).top() {
-		return root
+// childAt returns parent's child whose label starts with key, or none.
+func (t *Tree) childAt(parent int32, key uint64) int32 {
+	if c, n, _, _ := t.childOf(parent, key); n != nil {
+		return c
 	}
-	_, p, ok := t.find(n.prev)
-	if !ok {
-		panic("BUG: radix: a node's parent key is not in the index")
-	}
-	return p
-}
-
-// childAt returns the node whose label starts with keys[i] under parent,
-// none if keys[i] is not stored, or elsewhere if it is stored under another
-// parent or inside a run.
-func (t *Tree) childAt(parent int32, keys []uint64, i int) int32 {
-	pos, c, ok := t.findStart(keys[i])
-	if !ok {
-		// Stored inside a run, if at all: extend's indexPut tells.
-		return none
-	}
-	n := t.nd(c)
-	s := span(n.span)
-	if s.start() != pos {
-		return elsewhere
-	}
-	if parent == root {
-		if !s.top() {
-			return elsewhere
-		}
-	} else if s.top() || n.prev != keys[i-1] {
-		return elsewhere
-	}
-	return c
+	return none
 }
 
 // commonPrefix returns how many leading keys of the label s and keys agree.
@@ -206,47 +186,30 @@ func (t *Tree) extend(pod, parent int32, keys []uint64, i int, path []int32) []i
 		n := min(len(keys)-i, poolLen)
 		start := t.allocKeys(n)
 		t.writeKeys(start, keys[i:i+n])
-		// Index the keys before the node exists: a reader that finds one
-		// meets owner 0 ("no node") until setOwner publishes the node.
-		t.prefetch(keys[i : i+n])
-		k := 0
-		for k < n && t.indexPut(keys[i+k], start+uint32(k)) {
-			k++
-		}
-		if k < n {
-			t.releaseKeys(start+uint32(k), n-k)
-		}
-		if k == 0 {
-			return path
-		}
-		prev := uint64(0)
-		if i > 0 {
-			prev = keys[i-1]
-		}
-		c := t.newNode(mkSpan(start, k, parent == root), prev)
+		c := t.newNode(mkSpan(start, n), parent)
 		t.addPod(c, pod)
 		t.linkChild(parent, c)
-		t.setOwner(start, k, c)
-		t.startPut(keys[i], start)
+		// Readers find the node once its start is indexed and it owns the
+		// positions.
+		t.setOwner(start, n, c)
+		t.startPut(parent, keys[i], start)
 		path = append(path, c)
-		if k < n {
-			return path
-		}
 		parent, i = c, i+n
 	}
 	return path
 }
 
-// split cuts c's label after m keys and returns the new node d holding the
-// rest. d takes over c's children and holders and becomes c's only child;
-// in every holder's LRU order d sits just before c (its blocks are deeper,
-// so older).
+// split cuts c's label after m keys into a new node d holding the first m,
+// and returns d. c keeps the rest, its children and holders, and hangs
+// from d; d takes c's place under c's parent. (Keeping the children on c
+// means none of them moves in the start index.) In every holder's LRU
+// order d sits just after c (its blocks are shallower, so newer).
 func (t *Tree) split(c int32, m int) int32 {
 	cn := t.nd(c)
 	s := span(cn.span)
 	start, n := s.start(), s.len()
 	cut := start + uint32(m)
-	d := t.newNode(mkSpan(cut, n-m, false), t.keyAt(cut-1))
+	d := t.newNode(mkSpan(start, m), cn.parent)
 	dn := t.nd(d)
 	hc, hd := t.holders(c), t.holders(d)
 	beginWrite(dn)
@@ -254,18 +217,23 @@ func (t *Tree) split(c int32, m int) int32 {
 		atomic.StoreUint64(&hd[w], hc[w])
 	}
 	endWrite(dn)
-	dn.firstChild = cn.firstChild
-	cn.firstChild = d
-	// Order matters to readers: d is complete before the keys point to it,
-	// and they point to it, and the start index to its first, before c
-	// stops covering them.
-	t.setOwner(cut, n-m, d)
-	t.startPut(t.keyAt(cut), cut)
-	t.setSpan(c, mkSpan(start, m, s.top()))
+	t.replaceChild(cn.parent, c, d)
+	dn.firstChild = c
+	t.startPut(d, t.keyAt(cut), cut)
+	// Order matters to readers: d is complete before it owns the first
+	// positions (the start index slot of c's old start now leads to d),
+	// and c is odd from before that until it starts at cut under d, so a
+	// reader that found c through the old slot sees the owner change
+	// (probeChild) and one that found c under d waits for it.
+	beginWrite(cn)
+	t.setOwner(start, m, d)
+	atomic.StoreUint64(&cn.span, uint64(mkSpan(cut, n-m)))
+	atomic.StoreInt32(&cn.parent, d)
+	endWrite(cn)
 	for w, word := range hc {
 		for ; word != 0; word &= word - 1 {
 			pod := int32(w<<6 + bits.TrailingZeros64(word))
-			t.insertBefore(pod, t.newEntry(d, pod), t.pairs.get(pairKey(c, pod)))
+			t.insertAfter(pod, t.newEntry(d, pod), t.pairs.get(pairKey(c, pod)))
 		}
 	}
 	return d
@@ -284,6 +252,7 @@ func (t *Tree) settle(c int32) {
 		}
 		if ch := t.onlyChild(c); ch != none && t.canMerge(c, ch) {
 			t.merge(c, ch)
+			c = ch
 		}
 		if p := t.parentOf(c); t.onlyChild(p) == c && t.canMerge(p, c) {
 			t.merge(p, c)
@@ -322,29 +291,38 @@ func (t *Tree) canMerge(p, c int32) bool {
 	return true
 }
 
-// merge appends c's label to p's and frees c; see canMerge.
+// merge prepends p's label to its only child c's and frees p: c takes p's
+// place under p's parent and keeps its children, entries and start (see
+// canMerge).
 func (t *Tree) merge(p, c int32) {
-	ps, cs := t.spanOf(p), t.spanOf(c)
-	t.setSpan(p, mkSpan(ps.start(), ps.len()+cs.len(), ps.top()))
-	t.setOwner(cs.start(), cs.len(), p)
-	t.startDelete(t.keyAt(cs.start()), cs.start())
-	t.nd(p).firstChild = t.nd(c).firstChild
-	for w, word := range t.holders(c) {
+	pn, cn := t.nd(p), t.nd(c)
+	ps, cs := span(pn.span), span(cn.span)
+	// p is odd from before c changes until it is freed, so a reader that
+	// passed p walks again; one that finds p's old start meets p odd, then
+	// freed and no longer owning it (probeChild).
+	beginWrite(pn)
+	beginWrite(cn)
+	atomic.StoreUint64(&cn.span, uint64(mkSpan(ps.start(), ps.len()+cs.len())))
+	atomic.StoreInt32(&cn.parent, pn.parent)
+	t.setOwner(ps.start(), ps.len(), c)
+	endWrite(cn)
+	t.startDelete(p, t.keyAt(cs.start()), cs.start())
+	t.replaceChild(pn.parent, p, c)
+	for w, word := range t.holders(p) {
 		for ; word != 0; word &= word - 1 {
 			pod := int32(w<<6 + bits.TrailingZeros64(word))
-			t.deleteEntry(c, pod)
+			t.deleteEntry(p, pod)
 		}
 	}
-	t.releaseNode(c)
+	t.releaseNode(p)
 }
 
 // removeLeaf removes leaf c, which no pod holds, from under p.
 func (t *Tree) removeLeaf(p, c int32) {
+	beginWrite(t.nd(c))
 	t.unlinkChild(p, c)
 	s := t.spanOf(c)
-	t.startDelete(t.keyAt(s.start()), s.start())
-	// The keys' slots in the key index go stale (see keyIndex): no cache
-	// miss each.
+	t.startDelete(p, t.keyAt(s.start()), s.start())
 	t.releaseNode(c)
 	t.releaseKeys(s.start(), s.len())
 	t.compact()

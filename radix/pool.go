@@ -46,14 +46,11 @@ func (t *Tree) allocKeys(n int) uint32 {
 		if k := len(t.freeChunks); k > 0 {
 			t.fill = t.freeChunks[k-1]
 			t.freeChunks = t.freeChunks[:k-1]
-			t.gens[t.fill] = (t.gens[t.fill] + 1) & genMask
 		} else {
 			pool := append(t.pool[:len(t.pool):len(t.pool)], &poolChunk{})
 			t.pool = pool
 			t.poolDir.Store(&pool)
 			t.live = append(t.live, 0)
-			t.gens = append(t.gens, 0)
-			t.inUse = append(t.inUse, make([]uint64, poolLen/64)...)
 			t.fill = int32(len(pool) - 1)
 		}
 		t.fillOff = 0
@@ -65,24 +62,7 @@ func (t *Tree) allocKeys(n int) uint32 {
 	t.fillOff += n
 	t.live[t.fill] += n
 	t.keysInUse += n
-	t.markInUse(pos, n, true)
 	return pos
-}
-
-// markInUse sets (or clears) the inUse bits of n positions from start,
-// all in one chunk.
-func (t *Tree) markInUse(start uint32, n int, on bool) {
-	for p, end := start, start+uint32(n); p < end; {
-		w := p >> 6
-		k := min(end-p, 64-p&63) // bits in this word
-		m := ^uint64(0) >> (64 - k) << (p & 63)
-		if on {
-			t.inUse[w] |= m
-		} else {
-			t.inUse[w] &^= m
-		}
-		p += k
-	}
 }
 
 func (t *Tree) writeKeys(start uint32, keys []uint64) {
@@ -103,7 +83,6 @@ func (t *Tree) setOwner(start uint32, n int, c int32) {
 // whole.
 func (t *Tree) releaseKeys(start uint32, n int) {
 	t.setOwner(start, n, 0)
-	t.markInUse(start, n, false)
 	c := int32(start >> poolBits)
 	t.live[c] -= n
 	t.keysInUse -= n
@@ -154,17 +133,13 @@ func (t *Tree) evacuate(c int32) {
 		keys := t.label(s)
 		t.writeKeys(to, keys)
 		t.setOwner(to, n, i)
-		// While moves is odd the index, the owners and the node disagree
-		// about where the label is; readers that miss then look again.
+		// While moves is odd the start index, the owners and the node
+		// disagree about where the label is; readers that miss then look
+		// again.
 		t.moves.Add(1)
-		t.prefetch(keys)
-		for j, k := range keys {
-			t.indexMove(k, to+uint32(j))
-		}
-		t.startMove(keys[0], s.start(), to)
-		t.setSpan(i, mkSpan(to, n, s.top()))
+		t.startMove(t.parentOf(i), keys[0], s.start(), to)
+		t.setSpan(i, mkSpan(to, n))
 		t.setOwner(s.start(), n, 0)
-		t.markInUse(s.start(), n, false)
 		t.moves.Add(1)
 		t.live[c] -= n
 		t.keysInUse -= n

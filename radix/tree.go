@@ -4,21 +4,26 @@
 //
 // # Shape
 //
-// A key already depends on every key before it, so a key names one position
-// in the tree: a path of keys is a prompt prefix. Each node holds a run of
-// keys (its label; runs are compressed edges) and a bitset of the pods that
-// hold every block of that run; a pod holding only part of a run splits it,
-// and neighbours that agree again are merged back. Nodes, labels and the key
-// index live in arenas indexed by int32 (fixed-size chunks that never move,
-// plus free lists), so the tree has no per-node heap pointers for the GC to
-// scan and no allocation per operation once the arenas have grown.
+// The tree is a trie over key sequences: a path of keys from the root is a
+// prompt prefix. Each node holds a run of keys (its label; runs are
+// compressed edges) and a bitset of the pods that hold every block of that
+// run; a pod holding only part of a run splits it, and neighbours that
+// agree again are merged back. Real keys are chains (each hashes its parent
+// key and its block), so a key names its whole prefix and appears at one
+// position only, but the tree does not rely on it: a key that also appears
+// elsewhere, by a 64-bit collision or input that is not a chain, is simply
+// a different position on a different path. Nodes and labels live in
+// arenas indexed by int32 (fixed-size chunks that never move, plus free
+// lists), so the tree has no per-node heap pointers for the GC to scan and
+// no allocation per operation once the arenas have grown.
 //
-// Two open-addressing indexes map keys to positions in the label arena,
-// and an owner array maps a position to its node (see keyIndex). The start
-// index holds every node's first key: children are found through it, so a
-// node needs no child table, and it is all readers look up. The key index
-// holds every stored key for the writer, so Remove finds any block, even
-// one in the middle of a run.
+// One open-addressing index, the start index, maps (parent node, first
+// key) to the child's label position, and an owner array maps a position
+// to its node (see startIndex): children are found through it, so a node
+// needs no child table, and every walk, readers' and the writer's, goes
+// from the root child by child. A node points to its parent. No key is
+// indexed by itself, so Remove names blocks by their chain (a path from the
+// root) and walks to them as Match does.
 //
 // # Recency and capacity
 //
@@ -41,14 +46,15 @@
 // passes, and checks them again at the end; if a node on its path changed,
 // it walks again (at most matchAttempts times, then keeps its last answer,
 // so a reader is never starved by a busy writer). A Match that validates is
-// exact for one instant during the call. Readers look keys up in the start
-// index only; every slot a lookup finds is confirmed against the arena (the
-// key at that position, a node owning it, and that node starting there).
-// Key positions have a sequence of their own (moves), odd while one node's
-// label moves out of a sparse chunk or while a deletion shifts start index
-// slots back: a reader whose key lookup misses while it changed looks
-// again, so neither shows as a missing block (see keyIndex). Measured
-// under a writer inserting and removing 96-block prompts back to back,
+// exact for one instant during the call. Readers look children up in the
+// start index; every slot a lookup finds is confirmed against the arena
+// and the node (the key at that position, the node owning it, that node
+// starting there under the parent the reader comes from). Key positions
+// have a sequence of their own (moves), odd while one node's label moves
+// out of a sparse chunk or while a deletion shifts start index slots back:
+// a reader whose lookup misses while it changed looks again, so neither
+// shows as a missing block (see startIndex). Measured under a writer
+// inserting and removing 96-block prompts back to back,
 // about one Match in a million walks twice (BenchmarkMatchParallel).
 package radix
 
@@ -104,7 +110,7 @@ type Tree struct {
 	// chunks they point to never move.
 	nodeDir atomic.Pointer[[]*nodeChunk]
 	poolDir atomic.Pointer[[]*poolChunk]
-	starts  atomic.Pointer[keyIndex] // the first key of every node (keyIndex)
+	starts  atomic.Pointer[startIndex] // every node's (parent, first key) (startIndex)
 	// moves is a sequence for relocations of keys: odd while a node's label
 	// moves out of a sparse chunk or start index slots shift back after a
 	// deletion, bumped when a new start index is published. A reader that
@@ -116,8 +122,6 @@ type Tree struct {
 
 	mu sync.Mutex // serialises writers; everything below is theirs alone
 
-	index *keyIndex // every stored key (keyIndex)
-
 	nodes     []*nodeChunk // the writer's view of nodeDir
 	nodeHigh  int          // nodes ever handed out from the chunks
 	nodeCount int          // nodes in the tree, root included
@@ -126,8 +130,6 @@ type Tree struct {
 	pool       []*poolChunk // the writer's view of poolDir
 	live       []int        // keys in use per pool chunk
 	keysInUse  int          // keys in use in all pool chunks
-	gens       []uint8      // per pool chunk: generation, bumped when it is reused whole (keyIndex)
-	inUse      []uint64     // per pool chunk, poolLen/64 words: bit set for each allocated position
 	fill       int32        // the chunk new labels are appended to; none before the first
 	fillOff    int          // next free position in the fill chunk
 	freeChunks []int32      // chunks with no key in use
@@ -137,9 +139,7 @@ type Tree struct {
 	pairs     pairTable
 	pods      []podState
 
-	path []int32  // Insert's scratch: the nodes the chain passes, root excluded
-	sink uint64   // keeps prefetch's loads from being optimised away
-	keep []uint64 // clean's scratch: one cluster's current slots
+	path []int32 // Insert's scratch: the nodes the chain passes, root excluded
 }
 
 // root is the node every chain hangs from; it has no label and holds no key
@@ -169,9 +169,8 @@ func New(opts Options) (*Tree, error) {
 	}
 	t.nodeDir.Store(&t.nodes)
 	t.poolDir.Store(&t.pool)
-	t.starts.Store(newKeyIndex(minIndexSlots))
-	t.index = newKeyIndex(minIndexSlots)
-	if r := t.newNode(0, 0); r != root {
+	t.starts.Store(newStartIndex(minIndexSlots))
+	if r := t.newNode(0, none); r != root {
 		panic("BUG: radix: the root is not node 0")
 	}
 	return t, nil
@@ -179,9 +178,8 @@ func New(opts Options) (*Tree, error) {
 
 // Insert records that pod holds the chain keys[0:len(keys)] and makes those
 // blocks its most recently used, then evicts the pod's least recently used
-// blocks beyond its capacity. A key already stored at another position (a
-// 64-bit collision, or keys that are not a chain) ends the insert there.
-// Insert panics if pod is outside 0..MaxPods-1.
+// blocks beyond its capacity. Insert panics if pod is outside
+// 0..MaxPods-1.
 func (t *Tree) Insert(pod int32, keys []uint64) {
 	t.checkPod(pod)
 	if len(keys) == 0 {
@@ -192,10 +190,7 @@ func (t *Tree) Insert(pod int32, keys []uint64) {
 	path := t.path[:0]
 	parent, i := root, 0
 	for i < len(keys) {
-		c := t.childAt(parent, keys, i)
-		if c == elsewhere {
-			break
-		}
+		c := t.childAt(parent, keys[i])
 		if c == none {
 			path = t.extend(pod, parent, keys, i, path)
 			break
@@ -205,7 +200,7 @@ func (t *Tree) Insert(pod int32, keys []uint64) {
 		if m < s.len() {
 			// The chain ends or leaves the run inside it: the pod now holds
 			// (or has just used) only the first m blocks.
-			t.split(c, m)
+			c = t.split(c, m)
 		}
 		if !t.holds(c, pod) {
 			t.addPod(c, pod)
@@ -218,43 +213,71 @@ func (t *Tree) Insert(pod int32, keys []uint64) {
 		t.touch(path[j], pod)
 	}
 	// Runs split apart earlier may agree again now that the pod holds them
-	// all: join each with its parent, deepest first so path stays valid.
+	// all: join each with its parent, deepest first; the child is the node
+	// that stays.
 	for j := len(path) - 1; j > 0; j-- {
 		if t.onlyChild(path[j-1]) == path[j] && t.canMerge(path[j-1], path[j]) {
 			t.merge(path[j-1], path[j])
+			path[j-1] = path[j]
 		}
 	}
 	t.path = path
 	t.evict(pod)
 }
 
-// Remove records that pod no longer holds the blocks named by keys: any set
-// of blocks, as an engine's BlockRemoved event lists them. Keys the tree
-// does not hold for the pod are ignored. Remove panics if pod is outside
-// 0..MaxPods-1.
-func (t *Tree) Remove(pod int32, keys []uint64) {
+// Remove records that pod no longer holds the last n blocks of chain, a
+// prompt's keys from its first block on (as an engine's BlockRemoved names
+// a block, whose prefix the caller knows). n may be up to len(chain).
+// Blocks the tree does not hold for the pod on that path are ignored.
+// Remove panics if pod is outside 0..MaxPods-1.
+func (t *Tree) Remove(pod int32, chain []uint64, n int) {
 	t.checkPod(pod)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.prefetch(keys)
-	for _, k := range keys {
-		pos, c, ok := t.find(k)
-		if !ok {
-			continue
+	lo := max(len(chain)-n, 0)
+	// Deepest node first: each step walks from the root to the node that
+	// holds the deepest block still to go, as what earlier steps split,
+	// merged or freed leaves no path to reuse.
+	for hi := len(chain); hi > lo; {
+		c, at, end := t.locate(chain[:hi])
+		if end <= lo {
+			return // the tree holds nothing deeper on this path
 		}
-		if !t.holds(c, pod) {
-			continue
+		from := max(at, lo)
+		if t.holds(c, pod) {
+			// Give the blocks [from, end) a node of their own, so the pod
+			// can leave it alone.
+			if k := end - at; k < t.spanOf(c).len() {
+				c = t.split(c, k)
+			}
+			if k := from - at; k > 0 {
+				t.split(c, k)
+			}
+			t.dropPod(c, pod)
+			t.settle(c)
 		}
-		// Give the block a node of its own, so the pod can leave it alone.
-		if off := int(pos - t.spanOf(c).start()); off > 0 {
-			c = t.split(c, off)
-		}
-		if t.spanOf(c).len() > 1 {
-			t.split(c, 1)
-		}
-		t.dropPod(c, pod)
-		t.settle(c)
+		hi = from
 	}
+}
+
+// locate walks keys from the root and returns the deepest node it reaches,
+// the depth at which that node's label starts, and how many keys match in
+// all (end is 0, with c the root, when not even keys[0] is stored).
+func (t *Tree) locate(keys []uint64) (c int32, at, end int) {
+	c = root
+	for end < len(keys) {
+		ch := t.childAt(c, keys[end])
+		if ch == none {
+			break
+		}
+		s := t.spanOf(ch)
+		m := t.commonPrefix(s, keys[end:])
+		c, at, end = ch, end, end+m
+		if m < s.len() {
+			break
+		}
+	}
+	return c, at, end
 }
 
 // RemovePod records that pod holds nothing: an engine restart, its
@@ -275,7 +298,7 @@ func (t *Tree) RemovePod(pod int32) {
 type Stats struct {
 	// Nodes is the number of nodes (runs of keys), the root excluded.
 	Nodes int
-	// Blocks is the number of distinct block keys stored.
+	// Blocks is the number of blocks stored (positions in the tree).
 	Blocks int
 	// PodBlocks[p] is the number of blocks pod p holds.
 	PodBlocks []int
@@ -283,7 +306,7 @@ type Stats struct {
 	// writer changed a node on its path.
 	MatchRetries uint64
 	// Bytes is the size of the arenas the tree has allocated: node and
-	// label chunks, the key index, LRU entries and the (pod, node) table.
+	// label chunks, the start index, LRU entries and the (pod, node) table.
 	// Arenas grow and are reused but never shrink.
 	Bytes int64
 }
@@ -303,8 +326,8 @@ func (t *Tree) Stats() Stats {
 		st.PodBlocks[p] = t.pods[p].blocks
 	}
 	st.Bytes = int64(len(t.nodes))*int64(unsafe.Sizeof(nodeChunk{})+nodeLen*uintptr(t.words)*8) +
-		int64(len(t.pool))*int64(unsafe.Sizeof(poolChunk{})+1+poolLen/8) +
-		int64(len(t.index.slots)+len(t.starts.Load().slots))*8 +
+		int64(len(t.pool))*int64(unsafe.Sizeof(poolChunk{})) +
+		int64(len(t.starts.Load().slots))*8 +
 		int64(cap(t.entries))*int64(unsafe.Sizeof(entry{})) +
 		t.pairs.bytes() +
 		int64(len(t.pods))*int64(unsafe.Sizeof(podState{}))

@@ -96,12 +96,10 @@ func run(t *testing.T, opts Options, ops []op) (*Tree, *model) {
 			tr.Insert(o.pod, keys)
 			m.insert(o.pod, keys)
 		case 'r':
-			var sub []uint64
 			for _, i := range o.pick {
-				sub = append(sub, keys[i])
+				tr.Remove(o.pod, keys[:i+1], 1)
+				m.remove(o.pod, keys[:i+1], 1)
 			}
-			tr.Remove(o.pod, sub)
-			m.remove(o.pod, sub)
 		case 'c':
 			tr.RemovePod(o.pod)
 			m.removePod(o.pod)
@@ -230,8 +228,8 @@ func TestEvacuation(t *testing.T) {
 				keep = append(keep, k)
 				continue
 			}
-			tr.Remove(int32(i%64), k)
-			m.remove(int32(i%64), k)
+			tr.Remove(int32(i%64), k, len(k))
+			m.remove(int32(i%64), k, len(k))
 		}
 		check(t, tr, m)
 	}
@@ -293,6 +291,20 @@ func (g *prompts) old() []uint32 {
 	return g.seen[g.r.IntN(len(g.seen))]
 }
 
+// keysOf returns the keys of toks: their chain, or one time in ten the
+// tokens themselves, which are not a chain (keys repeat within and across
+// sequences; each sequence is still its own path).
+func keysOf(r *rand.Rand, toks []uint32) []uint64 {
+	if r.IntN(10) != 0 {
+		return chain(toks...)
+	}
+	keys := make([]uint64, len(toks))
+	for i, tok := range toks {
+		keys[i] = uint64(tok)
+	}
+	return keys
+}
+
 func randomOps(t *testing.T, r *rand.Rand, opts Options, n int) {
 	tr := newTree(t, opts)
 	m := newModel(opts.MaxPods, opts.PodCapacity)
@@ -309,32 +321,34 @@ func randomOps(t *testing.T, r *rand.Rand, opts Options, n int) {
 			if r.IntN(3) == 0 {
 				toks = g.next()
 			}
-			keys := chain(toks...)
+			keys := keysOf(r, toks)
 			tr.Insert(pod, keys)
 			m.insert(pod, keys)
 		case k < 95:
-			keys := chain(g.old()...)
-			var sub []uint64
+			keys := keysOf(r, g.old())
 			switch r.IntN(3) {
 			case 0: // a tail, as an engine evicts
-				sub = keys[r.IntN(len(keys)):]
+				n := 1 + r.IntN(len(keys))
+				tr.Remove(pod, keys, n)
+				m.remove(pod, keys, n)
 			case 1: // a stretch in the middle
 				from := r.IntN(len(keys))
-				sub = keys[from : from+r.IntN(len(keys)-from)+1]
+				to := from + 1 + r.IntN(len(keys)-from)
+				tr.Remove(pod, keys[:to], to-from)
+				m.remove(pod, keys[:to], to-from)
 			default: // any blocks, in any order
 				for _, j := range r.Perm(len(keys)) {
 					if r.IntN(2) == 0 {
-						sub = append(sub, keys[j])
+						tr.Remove(pod, keys[:j+1], 1)
+						m.remove(pod, keys[:j+1], 1)
 					}
 				}
 			}
-			tr.Remove(pod, sub)
-			m.remove(pod, sub)
 		default:
 			tr.RemovePod(pod)
 			m.removePod(pod)
 		}
-		agree(t, tr, m, chain(g.old()...))
+		agree(t, tr, m, keysOf(r, g.old()))
 		if i%5000 == 0 {
 			check(t, tr, m)
 		}
@@ -408,7 +422,7 @@ func TestConcurrentMatch(t *testing.T) {
 			tr.Insert(pod, chain(g.next()...))
 		case k < 9:
 			keys := chain(g.old()...)
-			tr.Remove(pod, keys[r.IntN(len(keys)):])
+			tr.Remove(pod, keys, 1+r.IntN(len(keys)))
 		default:
 			tr.RemovePod(pod)
 		}
@@ -419,18 +433,19 @@ func TestConcurrentMatch(t *testing.T) {
 }
 
 func TestKeysThatAreNotChains(t *testing.T) {
-	// A key already stored at another position (a hash collision, or a
-	// caller passing keys that are not a chain) ends the insert there, and
-	// the tree stays consistent.
+	// Keys that are not a chain (or a 64-bit collision) repeat: the tree
+	// is a trie over key sequences, so each sequence is its own path, the
+	// tree stays consistent, and Match is exact along paths.
 	tr := newTree(t, Options{})
+	m := newModel(tr.maxPods, 0)
 	f := func(pod int32, keys []uint64, match []uint64, want []int32) {
 		t.Helper()
 		if keys != nil {
 			tr.Insert(pod, keys)
+			m.insert(pod, keys)
 		}
-		if err := tr.verify(nil); err != nil {
-			t.Fatal(err)
-		}
+		check(t, tr, m)
+		agree(t, tr, m, match)
 		out := make([]int32, len(want))
 		tr.Match(match, out)
 		for p := range want {
@@ -440,14 +455,27 @@ func TestKeysThatAreNotChains(t *testing.T) {
 		}
 	}
 	f(0, []uint64{1, 2, 3}, []uint64{1, 2, 3}, []int32{3, 0, 0})
-	f(1, []uint64{9, 2, 5}, []uint64{9, 2, 5}, []int32{0, 1, 0})
-	f(1, []uint64{5, 1}, []uint64{5, 1}, []int32{0, 1, 0})
-	f(2, []uint64{2}, []uint64{2}, []int32{0, 0, 0})
+	f(1, []uint64{9, 2, 5}, []uint64{9, 2, 5}, []int32{0, 3, 0})
+	f(1, []uint64{5, 1}, []uint64{5, 1}, []int32{0, 2, 0})
+	f(2, []uint64{2}, []uint64{2}, []int32{0, 0, 1})
 	f(2, []uint64{1, 3}, []uint64{1, 2, 3}, []int32{3, 0, 1})
-	f(2, []uint64{7, 7}, []uint64{7, 7}, []int32{0, 0, 1})
-	tr.Remove(0, []uint64{1, 2, 3})
-	tr.Remove(1, []uint64{9, 2, 5, 1})
-	tr.Remove(2, []uint64{1, 7})
+	f(2, []uint64{7, 7}, []uint64{7, 7}, []int32{0, 0, 2})
+	// Key 2 after 9 and key 2 after 1 are different blocks.
+	f(2, []uint64{9, 2}, []uint64{1, 2, 3}, []int32{3, 0, 1})
+	f(0, []uint64{5, 1, 2}, []uint64{5, 1, 2}, []int32{3, 2, 0})
+	// Children of different parents that start with the same key.
+	f(3, []uint64{5, 2, 1}, []uint64{5, 2, 1}, []int32{1, 1, 0, 3})
+	f(3, []uint64{9, 1}, []uint64{9, 1}, []int32{0, 1, 1, 2})
+	tr.Remove(1, []uint64{9, 2, 5}, 2)
+	m.remove(1, []uint64{9, 2, 5}, 2)
+	f(0, nil, []uint64{9, 2, 5}, []int32{0, 1, 2, 1})
+	for _, c := range [][]uint64{{1, 2, 3}, {9, 2, 5}, {5, 1, 2}, {2}, {1, 3}, {7, 7}, {9, 2}, {5, 2, 1}, {9, 1}} {
+		for pod := range int32(4) {
+			tr.Remove(pod, c, len(c))
+			m.remove(pod, c, len(c))
+		}
+	}
+	check(t, tr, m)
 	if st := tr.Stats(); st.Nodes != 0 || st.Blocks != 0 {
 		t.Fatalf("emptied tree has %+v", st)
 	}
@@ -465,7 +493,7 @@ func TestBadPodPanics(t *testing.T) {
 		call()
 	}
 	f("Insert", func() { tr.Insert(4, chain(1)) })
-	f("Remove", func() { tr.Remove(-1, chain(1)) })
+	f("Remove", func() { tr.Remove(-1, chain(1), 1) })
 	f("RemovePod", func() { tr.RemovePod(4) })
 }
 
@@ -483,11 +511,10 @@ func TestMatchNoAlloc(t *testing.T) {
 	}
 }
 
-// TestStaleIndexSlots re-adds chains soon after removing them, so a key's
-// stale index slot (its old position freed, or reused for another key,
-// through many generations of the chunk, wrapping the 4-bit counter) is
-// met by the lookups and by the insert that stores the key again.
-func TestStaleIndexSlots(t *testing.T) {
+// TestReinsertAfterRemove re-adds chains soon after removing them, so
+// positions and label chunks are freed and reused while the start index's
+// slots for the same keys come and go.
+func TestReinsertAfterRemove(t *testing.T) {
 	tr := newTree(t, Options{MaxPods: 4})
 	m := newModel(4, 0)
 	chains := make([][]uint64, 8)
@@ -501,8 +528,8 @@ func TestStaleIndexSlots(t *testing.T) {
 		m.insert(pod, k)
 		agree(t, tr, m, k)
 		if round%3 != 0 {
-			tr.Remove(pod, k[round%7:])
-			m.remove(pod, k[round%7:])
+			tr.Remove(pod, k, len(k)-round%7)
+			m.remove(pod, k, len(k)-round%7)
 		} else {
 			tr.RemovePod(pod)
 			m.removePod(pod)
@@ -514,8 +541,5 @@ func TestStaleIndexSlots(t *testing.T) {
 		m.insert(pod^1, k)
 		agree(t, tr, m, k)
 		check(t, tr, m)
-	}
-	if g := tr.gens[0]; g == 0 {
-		t.Fatalf("chunk 0 never reused (generation %d)", g)
 	}
 }

@@ -217,7 +217,7 @@ func BenchmarkMatchParallel(b *testing.B) {
 						keys = f.prompt(keys[:0])
 						pod := int32(i % benchPods)
 						tr.Insert(pod, keys)
-						tr.Remove(pod, keys[benchSystem/benchBlock:])
+						tr.Remove(pod, keys, len(keys)-benchSystem/benchBlock)
 						writes.Add(2)
 					}
 				}()

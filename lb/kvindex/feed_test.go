@@ -105,9 +105,9 @@ func (b both) Insert(pod int32, keys []uint64) {
 	b[1].Insert(pod, keys)
 }
 
-func (b both) Remove(pod int32, keys []uint64) {
-	b[0].Remove(pod, keys)
-	b[1].Remove(pod, keys)
+func (b both) Remove(pod int32, chain []uint64, n int) {
+	b[0].Remove(pod, chain, n)
+	b[1].Remove(pod, chain, n)
 }
 
 func (b both) RemovePod(pod int32) {

@@ -9,7 +9,8 @@
 // the keys the gateway computes for a prompt with the same tokens, so
 // radix.Match finds them. An engine block may hold a multiple of the
 // gateway's block size; it then maps to several gateway keys. The map is
-// kept to serve BlockRemoved, which names engine hashes only.
+// kept to serve BlockRemoved, which names engine hashes only: the index
+// names a block by its chain, rebuilt from the pod's slots.
 //
 // Memory per pod is bounded by Config.MaxBlocks engine blocks, about 73
 // bytes each with one gateway key per block (BenchmarkMemoryPerBlock: map
@@ -34,8 +35,9 @@ type Index interface {
 	// Insert: pod now holds the chain keys[0:len], keys[0] starting a
 	// prompt.
 	Insert(pod int32, keys []uint64)
-	// Remove: pod no longer holds these blocks (any set of keys).
-	Remove(pod int32, keys []uint64)
+	// Remove: pod no longer holds the last n blocks of chain (chain[0]
+	// starting a prompt).
+	Remove(pod int32, chain []uint64, n int)
 	// RemovePod: pod holds nothing.
 	RemovePod(pod int32)
 }
@@ -146,7 +148,6 @@ type Pod struct {
 	// Scratch, reused across events.
 	chain []uint64
 	path  []int32
-	rm    []uint64
 
 	Counters PodCounters
 }
@@ -258,24 +259,21 @@ func (p *Pod) store(h uint64, parent int32, keys []uint64) int32 {
 }
 
 // BlockRemoved takes the named engine blocks out of the index; unknown
-// hashes are ignored.
+// hashes are ignored. Each block's chain is built before its slot is
+// released, and a removed block's slot stays while blocks chained after it
+// are held, so blocks of one event may come in any order.
 func (p *Pod) BlockRemoved(blockHashes []uint64) {
-	rm := p.rm[:0]
 	for _, h := range blockHashes {
 		s, ok := p.byHash[h]
 		if !ok || p.slots[s].removed {
 			continue
 		}
-		off := int(s) * p.perBlock
-		rm = append(rm, p.keys[off:off+p.perBlock]...)
+		p.chain = p.appendPrefix(p.chain[:0], s)
+		p.ix.idx.Remove(p.id, p.chain, p.perBlock)
 		p.slots[s].removed = true
 		p.blocks.Add(-1)
 		p.Counters.Removed.Add(1)
 		p.release(s)
-	}
-	p.rm = rm
-	if len(rm) > 0 {
-		p.ix.idx.Remove(p.id, rm)
 	}
 }
 

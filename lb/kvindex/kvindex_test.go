@@ -33,9 +33,11 @@ func (f *fakeIndex) Insert(pod int32, keys []uint64) {
 	}
 }
 
-func (f *fakeIndex) Remove(pod int32, keys []uint64) {
+// Remove records the keys of the blocks removed: chain's last n.
+func (f *fakeIndex) Remove(pod int32, chain []uint64, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	keys := chain[len(chain)-n:]
 	f.removes = append(f.removes, slices.Clone(keys))
 	for _, k := range keys {
 		delete(f.held[pod], k)
@@ -250,5 +252,38 @@ func TestConfigValidate(t *testing.T) {
 	ix, err := New(newFake(), Config{})
 	if err != nil || ix.cfg.BlockSize != radix.DefaultBlockSize || ix.cfg.MaxBlocks != DefaultMaxBlocks {
 		t.Fatalf("defaults: %+v, %v", ix.cfg, err)
+	}
+}
+
+// TestRemovalsShareAChain removes a parent and its child in one event, in
+// either order, from a real tree: each block is named by its chain, built
+// while the slots it runs through are held, so every one leaves the index.
+func TestRemovalsShareAChain(t *testing.T) {
+	for _, c := range []struct {
+		removed []uint64
+		match   int // leading blocks still held
+	}{{[]uint64{2, 3}, 1}, {[]uint64{3, 2}, 1}, {[]uint64{1, 2, 3}, 0}, {[]uint64{4, 3}, 2}} {
+		tree, err := radix.New(radix.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := newFake()
+		ix, err := New(both{f, tree}, Config{BlockSize: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ix.Pod(7, model)
+		tokens := prompt(16, 1)
+		keys := gatewayKeys(tokens, 4)
+		p.BlockStored(0, false, []uint64{1, 2, 3, 4}, tokens, 4)
+		p.BlockRemoved(c.removed)
+		out := make([]int32, 8)
+		tree.Match(keys, out)
+		if got := f.match(7, keys); out[7] != int32(c.match) || got != c.match {
+			t.Fatalf("removing %v: tree matches %d blocks, fake %d, want %d", c.removed, out[7], got, c.match)
+		}
+		if st := tree.Stats(); st.PodBlocks[7] != 4-len(c.removed) {
+			t.Fatalf("removing %v: the tree holds %d blocks, want %d", c.removed, st.PodBlocks[7], 4-len(c.removed))
+		}
 	}
 }

@@ -10,9 +10,9 @@ import (
 // nopIndex measures the feed alone.
 type nopIndex struct{}
 
-func (nopIndex) Insert(int32, []uint64) {}
-func (nopIndex) Remove(int32, []uint64) {}
-func (nopIndex) RemovePod(int32)        {}
+func (nopIndex) Insert(int32, []uint64)      {}
+func (nopIndex) Remove(int32, []uint64, int) {}
+func (nopIndex) RemovePod(int32)             {}
 
 func benchPod(b *testing.B, maxBlocks int) *Pod {
 	b.Helper()
