@@ -60,13 +60,11 @@ func (t *Tree) matchOnce(keys []uint64, out []int32, st *matchState) bool {
 	seen, valid := 0, true
 	depth, c := 0, root
 	for depth < len(keys) {
-		var n *node
-		var v uint32
-		var s span
-		c, n, v, s = t.childOf(c, keys[depth])
+		next, n, v, s := t.childOf(c, keys[depth])
 		if n == nil {
 			break
 		}
+		c = next
 		if seen == len(st.path) {
 			if !checkPath(st.path[:]) {
 				valid = false

@@ -54,8 +54,8 @@
 // out of a sparse chunk or while a deletion shifts start index slots back:
 // a reader whose lookup misses while it changed looks again, so neither
 // shows as a missing block (see startIndex). Measured under a writer
-// inserting and removing 96-block prompts back to back,
-// about one Match in a million walks twice (BenchmarkMatchParallel).
+// inserting and removing 96-block prompts back to back, at most about one
+// Match in a million walks twice (BenchmarkMatchParallel).
 package radix
 
 import (
