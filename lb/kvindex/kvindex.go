@@ -259,21 +259,43 @@ func (p *Pod) store(h uint64, parent int32, keys []uint64) int32 {
 }
 
 // BlockRemoved takes the named engine blocks out of the index; unknown
-// hashes are ignored. Each block's chain is built before its slot is
-// released, and a removed block's slot stays while blocks chained after it
-// are held, so blocks of one event may come in any order.
+// hashes are ignored. The index names blocks by their chain, so each
+// block's is built before its slot is released (a removed block's slot
+// stays while blocks chained after it are held, so blocks may come in any
+// order). Blocks next to each other in the event and in one chain (an
+// engine evicts a prompt's deepest blocks first; a list may also run from
+// the root) go in one Remove.
 func (p *Pod) BlockRemoved(blockHashes []uint64) {
+	// Pending: the last n keys of p.chain, blocks from the child of slot
+	// above down to slot last.
+	n, above, last := 0, int32(-1), int32(-1)
 	for _, h := range blockHashes {
 		s, ok := p.byHash[h]
 		if !ok || p.slots[s].removed {
 			continue
 		}
-		p.chain = p.appendPrefix(p.chain[:0], s)
-		p.ix.idx.Remove(p.id, p.chain, p.perBlock)
+		switch {
+		case n > 0 && s == above:
+			above = p.slots[s].parent
+		case n > 0 && p.slots[s].parent == last:
+			off := int(s) * p.perBlock
+			p.chain = append(p.chain, p.keys[off:off+p.perBlock]...)
+			last = s
+		default:
+			if n > 0 {
+				p.ix.idx.Remove(p.id, p.chain, n)
+			}
+			p.chain = p.appendPrefix(p.chain[:0], s)
+			n, above, last = 0, p.slots[s].parent, s
+		}
+		n += p.perBlock
 		p.slots[s].removed = true
 		p.blocks.Add(-1)
 		p.Counters.Removed.Add(1)
 		p.release(s)
+	}
+	if n > 0 {
+		p.ix.idx.Remove(p.id, p.chain, n)
 	}
 }
 

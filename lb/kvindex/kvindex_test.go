@@ -255,14 +255,27 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// TestRemovalsShareAChain removes a parent and its child in one event, in
-// either order, from a real tree: each block is named by its chain, built
-// while the slots it runs through are held, so every one leaves the index.
+// TestRemovalsShareAChain removes blocks that share a chain in one event,
+// in any order, from a real tree: each block is named by its chain, built
+// while the slots it runs through are held, and runs of blocks next to each
+// other in one chain go in one Remove. Engine blocks 1-2-3-4 are one
+// prompt; 5 branches off after 2.
 func TestRemovalsShareAChain(t *testing.T) {
+	tokens := prompt(16, 1)
+	branch := append(slices.Clone(tokens[:8]), prompt(4, 2)...)
 	for _, c := range []struct {
 		removed []uint64
-		match   int // leading blocks still held
-	}{{[]uint64{2, 3}, 1}, {[]uint64{3, 2}, 1}, {[]uint64{1, 2, 3}, 0}, {[]uint64{4, 3}, 2}} {
+		match   [2]int // leading blocks still held of each prompt
+		calls   int    // Remove calls
+	}{
+		{[]uint64{2, 3}, [2]int{1, 1}, 1},
+		{[]uint64{3, 2}, [2]int{1, 1}, 1},
+		{[]uint64{1, 2, 3}, [2]int{0, 0}, 1},
+		{[]uint64{4, 3}, [2]int{2, 3}, 1},
+		{[]uint64{3, 5, 2}, [2]int{1, 1}, 2},
+		{[]uint64{4, 5, 3, 2, 1}, [2]int{0, 0}, 3},
+		{[]uint64{2, 4, 3, 1, 5}, [2]int{0, 0}, 4},
+	} {
 		tree, err := radix.New(radix.Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -273,17 +286,21 @@ func TestRemovalsShareAChain(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := ix.Pod(7, model)
-		tokens := prompt(16, 1)
-		keys := gatewayKeys(tokens, 4)
 		p.BlockStored(0, false, []uint64{1, 2, 3, 4}, tokens, 4)
+		p.BlockStored(2, true, []uint64{5}, branch[8:], 4)
 		p.BlockRemoved(c.removed)
-		out := make([]int32, 8)
-		tree.Match(keys, out)
-		if got := f.match(7, keys); out[7] != int32(c.match) || got != c.match {
-			t.Fatalf("removing %v: tree matches %d blocks, fake %d, want %d", c.removed, out[7], got, c.match)
+		for i, keys := range [][]uint64{gatewayKeys(tokens, 4), gatewayKeys(branch, 4)} {
+			out := make([]int32, 8)
+			tree.Match(keys, out)
+			if got := f.match(7, keys); out[7] != int32(c.match[i]) || got != c.match[i] {
+				t.Fatalf("removing %v: prompt %d: tree matches %d blocks, fake %d, want %d", c.removed, i, out[7], got, c.match[i])
+			}
 		}
-		if st := tree.Stats(); st.PodBlocks[7] != 4-len(c.removed) {
-			t.Fatalf("removing %v: the tree holds %d blocks, want %d", c.removed, st.PodBlocks[7], 4-len(c.removed))
+		if len(f.removes) != c.calls {
+			t.Fatalf("removing %v: %d Remove calls %x, want %d", c.removed, len(f.removes), f.removes, c.calls)
+		}
+		if st := tree.Stats(); st.PodBlocks[7] != 5-len(c.removed) {
+			t.Fatalf("removing %v: the tree holds %d blocks, want %d", c.removed, st.PodBlocks[7], 5-len(c.removed))
 		}
 	}
 }

@@ -87,3 +87,37 @@ func BenchmarkMemoryPerBlock(b *testing.B) {
 		runtime.KeepAlive(p)
 	}
 }
+
+// BenchmarkRemovedEviction is an engine evicting a whole 128-block prompt
+// in one BlockRemoved, deepest block first (as vLLM's free queue gives
+// them up), from a radix tree; the op stores the prompt again and evicts
+// it.
+func BenchmarkRemovedEviction(b *testing.B) {
+	tree, err := radix.New(radix.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ix, err := New(tree, Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := ix.Pod(0, model)
+	const blocks = 128
+	tokens := prompt(blocks*radix.DefaultBlockSize, 4)
+	hashes := make([]uint64, blocks)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	deepestFirst := make([]uint64, blocks)
+	for i, h := range hashes {
+		deepestFirst[blocks-1-i] = h
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
+		p.BlockRemoved(deepestFirst)
+	}
+	if p.Blocks() != 0 {
+		b.Fatalf("%d blocks left", p.Blocks())
+	}
+}
