@@ -38,7 +38,8 @@ const testMaxBody = 64 << 10
 // closes; /sse streams n events through frontend.SetBodyStreamWriter and
 // /sse-pipe through fasthttp's own SetBodyStreamWriter, each event flushed,
 // with gated=1 waiting on step before each; /flood streams 256 MiB
-// as fast as the client takes it, counting what the writer got through.
+// as fast as the client takes it, counting what the writer got through;
+// /panic streams one event, then its writer panics.
 type app struct {
 	step      chan struct{}
 	streamErr chan error
@@ -84,6 +85,12 @@ func (a *app) serve(ctx *fasthttp.RequestCtx) {
 		} else {
 			ctx.SetBodyStreamWriter(func(w *bufio.Writer) { sw(w) })
 		}
+	case "/panic":
+		frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
+			fmt.Fprintf(w, "data: 0\n\n")
+			_ = w.Flush()
+			panic("a stream writer's bug")
+		})
 	case "/flood":
 		frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
 			block := make([]byte, 4096)
@@ -409,6 +416,27 @@ func TestStreamingIsIncremental(t *testing.T) {
 				t.Fatalf("%s: after the last event: %q, %v", path, rest, err)
 			}
 		}
+	})
+}
+
+// TestStreamWriterPanic: a stream writer that panics has its stream cut
+// (no last chunk: the client sees it broken) and the process serves on.
+func TestStreamWriterPanic(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, a *app) {
+		c := dial(t, addr)
+		c.send(t, "GET /panic HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		if string(body) != "data: 0\n\n" || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("got %q, %v; want the first event, then a broken stream", body, err)
+		}
+		c = dial(t, addr)
+		c.send(t, post("/echo", "still here"))
+		resp, b := c.response(t)
+		expect(t, resp, b, 200, "still here")
 	})
 }
 

@@ -3,6 +3,8 @@ package frontend
 import (
 	"errors"
 	"io"
+	"log/slog"
+	"runtime/debug"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -128,12 +130,27 @@ func (w *StreamWriter) send(p []byte) error {
 // copy buffer; gnet: its chunk writer).
 type streamBody func(w *StreamWriter)
 
-var errStreamRead = errors.New("frontend: a stream writer's body is written with WriteTo, not read")
+var (
+	errStreamRead  = errors.New("frontend: a stream writer's body is written with WriteTo, not read")
+	errStreamPanic = errors.New("frontend: the stream writer panicked")
+)
 
-func (f streamBody) WriteTo(chunks io.Writer) (int64, error) {
+// WriteTo runs the stream writer. A writer that panics has its stream cut
+// (the connection closes without the last chunk, so the client sees a
+// broken stream, not a short one) and is logged with its stack, on either
+// front end: one stream's bug must not end every other stream in the
+// process, as it would on gnet, nor vanish into a debug line, as
+// fasthttp's own recovery would leave it.
+func (f streamBody) WriteTo(chunks io.Writer) (n int64, err error) {
 	w := StreamWriter{chunks: chunks}
+	defer func() {
+		if r := recover(); r != nil {
+			slog.Error("frontend: a stream writer panicked; its connection is closed", "panic", r, "stack", string(debug.Stack()))
+			n, err = w.n, errStreamPanic
+		}
+	}()
 	f(&w)
-	err := w.Flush()
+	err = w.Flush()
 	return w.n, err
 }
 

@@ -127,8 +127,12 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 
 	if x.req.Stream && status == fasthttp.StatusOK {
 		frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
-			code := g.relay(w, resp, x, m, pod)
-			g.finish(x, m, pod, resp, code)
+			// Deferred, so that a relay that panics (the front end cuts
+			// the stream and logs it) still gives back its charges and
+			// in-flight counts.
+			code := fasthttp.StatusInternalServerError
+			defer func() { g.finish(x, m, pod, resp, code) }()
+			code = g.relay(w, resp, x, m, pod)
 		})
 		return
 	}
