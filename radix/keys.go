@@ -99,11 +99,11 @@ func appendChain64(dst []uint64, h uint64, raw []byte) []uint64 {
 }
 
 // chain64Go stores in out (len(out) ≥ 1) the keys of the first len(out)
-// 64-byte blocks of raw, chained from h. The loop body is the round written out with its
-// secrets as constants, reading each block through a *[64]byte, so the
-// compiler keeps h and the pointers in registers and checks no bounds: a
-// call per round made it spill them around the call, and took a third
-// longer per block.
+// 64-byte blocks of raw, chained from h. The loop body is the round
+// written out with its secrets as constants, reading each block through a
+// *[64]byte, so the compiler keeps h and the pointers in registers and
+// checks no bounds: a call per round made it spill them around the call,
+// and took a third longer per block.
 func chain64Go(out []uint64, h uint64, raw []byte) {
 	raw = raw[:64*len(out)]
 	p := unsafe.Pointer(&raw[0])
