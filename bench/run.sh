@@ -162,10 +162,10 @@ live_fleet() {
 }
 
 scenario_routing() {
-	section "Live: cache-aware routing (issue 3)" "Seed 000's multi-turn chat (20 system prompts of 2,048 tokens, 400 sessions, +300 tokens a turn) at 40 req/s for 60 s through the gateway to 8 sim pods with seed 000's physics, once per policy, each on a fresh fleet. The hit rate is the pods' own (vllm:prefix_cache_hits_total / queries)."
+	section "Live: cache-aware routing (issue 3)" "Seed 000's multi-turn chat (20 system prompts of 2,048 tokens, 400 sessions, +300 tokens a turn) at 40 req/s for 120 s (seed 000's run: shorter, the sessions are still short and even random routing hits mostly cached system prompts) through the gateway to 8 sim pods with seed 000's physics, once per policy, each on a fresh fleet. The hit rate is the pods' own (vllm:prefix_cache_hits_total / queries)."
 	local policy
 	for policy in random cache_aware slo_cache; do
-		live_fleet fleet8.yaml gateway8.yaml "$policy" --workload seed-chat --rate 40 --duration 60s --output-tokens 16
+		live_fleet fleet8.yaml gateway8.yaml "$policy" --workload seed-chat --rate 40 --duration 120s --output-tokens 16
 	done
 }
 
