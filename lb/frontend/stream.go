@@ -13,11 +13,11 @@ import (
 // SetBodyStreamWriter makes sw write ctx's response body, on either front
 // end, on the goroutine that writes the response: fasthttp's serving
 // goroutine, or one the gnet connection starts for the stream. Each Flush
-// of sw's writer goes out at once as one HTTP chunk. Unlike ctx.SetBodyStreamWriter, no second
-// goroutine and no in-memory pipe stand between sw and the socket, and no
-// buffer is held while sw waits between events. As with fasthttp's, sw must
-// not touch ctx: the gnet front end recycles it once the response header
-// is rendered.
+// of sw's writer goes out at once as one HTTP chunk. Unlike
+// ctx.SetBodyStreamWriter, no second goroutine and no in-memory pipe stand
+// between sw and the socket, and no buffer is held while sw waits between
+// events. As with fasthttp's, sw must not touch ctx: the gnet front end
+// recycles it once the response header is rendered.
 func SetBodyStreamWriter(ctx *fasthttp.RequestCtx, sw func(w *StreamWriter)) {
 	ctx.Response.SetBodyStream(streamBody(sw), -1)
 }
