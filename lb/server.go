@@ -59,7 +59,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		}
 		return nil, err
 	}
-	front, err := frontend.Start(cfg.Frontend, cfg.Listen, frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler}, frontend.Options{
+	front, err := frontend.Start(cfg.Frontend, cfg.Listen, frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler, OnLoop: true}, frontend.Options{
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		MaxHeaderBytes: cfg.MaxHeaderBytes,
 		ReadTimeout:    cfg.ClientReadTimeout,

@@ -259,7 +259,15 @@ func fakePod(t *testing.T, serve func(c net.Conn, r *http.Request)) string {
 	return ln.Addr().String()
 }
 
+// TestUpstreamFaults runs on both front ends: on gnet, whole answers are
+// exchanged on the event loop, streams on a worker.
 func TestUpstreamFaults(t *testing.T) {
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) { testUpstreamFaults(t, fe) })
+	}
+}
+
+func testUpstreamFaults(t *testing.T, frontend string) {
 	closedPort := func() string {
 		ln, _ := net.Listen("tcp", "127.0.0.1:0")
 		addr := ln.Addr().String()
@@ -298,6 +306,7 @@ func TestUpstreamFaults(t *testing.T) {
 		pod("broken", broken), pod("hung", hung), pod("mid", midStream), pod("idle", idle),
 		pod("midbody", midBody), pod("stalledbody", stalledBody),
 	}, func(c *config.Config) {
+		c.Frontend = frontend
 		c.Upstream.ResponseTimeout = 300 * time.Millisecond
 		c.Upstream.StreamIdleTimeout = 300 * time.Millisecond
 		c.Health.Interval = time.Hour // keep the refusing pods "healthy" so requests reach them

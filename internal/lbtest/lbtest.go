@@ -33,6 +33,9 @@ func LeakOptions() []goleak.Option {
 		// gnet's worker pool, when a test loads gnet after IgnoreCurrent ran.
 		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
 		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
+		// Its workers, which enroll the gnet front end's upstream
+		// connections on the loops and idle a while before they exit.
+		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
 	}
 }
 

@@ -18,6 +18,9 @@ import (
 type Handler struct {
 	Serve func(ctx *fasthttp.RequestCtx)
 	Error func(ctx *fasthttp.RequestCtx, err error)
+	// OnLoop lets the gnet front end run Serve on its event loop (see
+	// loop.go): Serve then never blocks when LoopOf(ctx) is not nil.
+	OnLoop bool
 }
 
 // Options bound what one client may cost.

@@ -50,6 +50,16 @@ type GNet struct {
 
 	mu    sync.Mutex
 	conns map[*gconn]struct{} // open connections, for timeouts and Shutdown
+	loops map[gnet.EventLoop]*loopState
+
+	// upstreams counts the open connections to each pod address (of
+	// *atomic.Int32), for Exchange's cap.
+	upstreams sync.Map
+	// sweepEvery is how often (nanoseconds) the loops look for exchanges
+	// past their deadline, set from the shortest timeout an Exchange was
+	// given; 0 until the first.
+	sweepEvery atomic.Int64
+	lastIdle   int64 // OnTick's last idle sweep, unix nanoseconds
 }
 
 // tick is how often OnTick advances the clock and closes idle connections;
@@ -59,7 +69,8 @@ const tick = time.Second
 // StartGNet binds addr and serves h on gnet event loops until
 // ShutdownWithContext. It returns once every loop listens.
 func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
-	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1), conns: make(map[*gconn]struct{})}
+	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1),
+		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	s.now.Store(time.Now().UnixNano())
 	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
 	s.workers = workers{idle: make(chan *gconn), quit: make(chan struct{})}
@@ -197,10 +208,23 @@ func (s *GNet) OnBoot(eng gnet.Engine) gnet.Action {
 // OnTick runs on gnet's ticker goroutine, first right after every loop has
 // bound its listener.
 func (s *GNet) OnTick() (time.Duration, gnet.Action) {
-	s.now.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	s.now.Store(now)
 	s.once.Do(func() { close(s.ready) })
-	s.closeIdle(s.now.Load())
-	return tick, gnet.None
+	if now-s.lastIdle >= int64(tick) {
+		s.lastIdle = now
+		s.closeIdle(now)
+	}
+	every := time.Duration(s.sweepEvery.Load())
+	if every == 0 {
+		return tick, gnet.None
+	}
+	s.mu.Lock()
+	for _, ls := range s.loops {
+		_ = ls.el.Execute(context.Background(), ls.sweep)
+	}
+	s.mu.Unlock()
+	return every, gnet.None
 }
 
 // closeIdle closes the connections that serve nothing and either waited
@@ -210,7 +234,7 @@ func (s *GNet) closeIdle(now int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for gc := range s.conns {
-		if gc.busy.Load() {
+		if gc.busy.Load() || gc.held.Load() {
 			continue
 		}
 		limit := s.o.IdleTimeout
@@ -226,6 +250,10 @@ func (s *GNet) closeIdle(now int64) {
 // OnOpen gives the connection its state; during Shutdown, or over its
 // address's connection cap, it is refused.
 func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if uc, ok := c.Context().(*upConn); ok {
+		uc.opened(c)
+		return nil, gnet.None
+	}
 	if s.shutdown.Load() {
 		return nil, gnet.Close
 	}
@@ -236,6 +264,9 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		return nil, gnet.Close
 	}
 	gc := newGConn(s, c)
+	if s.h.OnLoop {
+		gc.ls = s.loopOf(c.EventLoop())
+	}
 	c.SetContext(gc)
 	s.mu.Lock()
 	s.conns[gc] = struct{}{}
@@ -246,6 +277,10 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 // OnClose releases a writer waiting on the connection; its next write
 // fails.
 func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
+	if uc, ok := c.Context().(*upConn); ok {
+		uc.closed()
+		return gnet.None
+	}
 	gc, ok := c.Context().(*gconn)
 	if !ok {
 		return gnet.None
@@ -267,6 +302,9 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 // OnTraffic parses what arrived; it also runs on Wake, when a writer asks
 // whether the outbound buffer drained or the worker wants parsing resumed.
 func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
+	if uc, ok := c.Context().(*upConn); ok {
+		return uc.read()
+	}
 	gc := c.Context().(*gconn)
 	gc.lastRead.Store(s.now.Load())
 	if gc.stalled && c.OutboundBuffered() <= gc.stallLimit {

@@ -71,10 +71,20 @@ type gconn struct {
 	stalled    bool
 	stallLimit int
 
+	// Serving on the loop (see loop.go): the request served there, nil
+	// when none; the task it moved to a worker; whether an Exchange of it
+	// is in flight. Only while no worker runs.
+	ls      *loopState
+	loop    Loop
+	cur     *fasthttp.RequestCtx
+	task    Task
+	pending bool
+
 	// Read by OnTick's idle sweep.
 	lastRead atomic.Int64 // coarse unix nanoseconds of the last traffic
 	partial  atomic.Bool  // a request is due: part of one is buffered, or none came yet
 	busy     atomic.Bool  // a worker runs; changed under mu
+	held     atomic.Bool  // a request is served on the loop
 
 	mu     sync.Mutex
 	queue  []queued
@@ -94,10 +104,14 @@ type gconn struct {
 }
 
 // queued is a parsed request, a parse error to answer (ctx then holds what
-// was parsed), or, with ctx nil, a 100 Continue to send.
+// was parsed), or, with ctx nil, a 100 Continue to send. A request begun on
+// the loop comes with the task that finishes it, or, with served, answered
+// already.
 type queued struct {
-	ctx *fasthttp.RequestCtx
-	err error
+	ctx    *fasthttp.RequestCtx
+	err    error
+	task   Task
+	served bool
 }
 
 func newGConn(s *GNet, c gnet.Conn) *gconn {
@@ -111,6 +125,7 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 	gc.written = func(c gnet.Conn, err error) error { return gc.settle(c, err, maxOutbound) }
 	gc.drained = func(c gnet.Conn, err error) error { return gc.settle(c, err, 0) }
 	gc.chunks.gc = gc
+	gc.loop.gc = gc
 	return gc
 }
 
@@ -123,7 +138,7 @@ func (gc *gconn) read() gnet.Action {
 			_, _ = c.Discard(n)
 			break
 		}
-		if n == 0 || n < gc.need || !gc.room() {
+		if n == 0 || n < gc.need || gc.cur != nil || !gc.room() {
 			break
 		}
 		buf, _ := c.Peek(n)
@@ -137,6 +152,10 @@ func (gc *gconn) read() gnet.Action {
 			gc.stopped = true
 		}
 		gc.s.serving.Add(1)
+		if err == nil && gc.ls != nil && !gc.busy.Load() && c.OutboundBuffered() <= maxOutbound {
+			gc.serveOnLoop(ctx)
+			continue
+		}
 		gc.enqueue(queued{ctx: ctx, err: err})
 	}
 	n := c.InboundBuffered()
@@ -147,6 +166,56 @@ func (gc *gconn) read() gnet.Action {
 		return gnet.Close
 	}
 	return gnet.None
+}
+
+// serveOnLoop runs the handler on the loop for a request that arrived on a
+// connection no worker serves (so nothing is queued before it).
+func (gc *gconn) serveOnLoop(ctx *fasthttp.RequestCtx) {
+	gc.cur = ctx
+	gc.held.Store(true)
+	ctx.Init2(gc, ctxLogger, false)
+	gc.s.h.Serve(ctx)
+	gc.afterLoop()
+}
+
+// afterLoop settles the request served on the loop once its handler or an
+// ExchangeDone returned: an exchange still out waits; a detached task, or
+// an answer that must close the connection or stream, goes to a worker;
+// any other answer is written here.
+func (gc *gconn) afterLoop() {
+	ctx := gc.cur
+	if gc.pending {
+		return
+	}
+	gc.cur = nil
+	gc.held.Store(false)
+	resp := &ctx.Response
+	switch {
+	case gc.task != nil:
+		t := gc.task
+		gc.task = nil
+		gc.enqueue(queued{ctx: ctx, task: t})
+	case resp.IsBodyStream() || gc.last(ctx):
+		// The worker's writes wait for the client: a stream's, and a last
+		// answer's, which must be out before the connection closes.
+		gc.enqueue(queued{ctx: ctx, served: true})
+	default:
+		if !gc.closed {
+			gc.renderWhole(ctx)
+			if _, err := gc.c.Writev(gc.iov); err != nil {
+				_ = gc.c.Close()
+			}
+		}
+		gc.done(queued{ctx: ctx})
+	}
+}
+
+// resume parses what the client sent while its request was served on the
+// loop; Exchange's end calls it, from the upstream connection's event.
+func (gc *gconn) resume() {
+	if gc.cur == nil && !gc.closed && gc.read() == gnet.Close {
+		_ = gc.c.Close()
+	}
 }
 
 // room reports whether the queue takes another request.
@@ -317,15 +386,19 @@ var ctxLogger fasthttp.Logger = log.Default()
 // and serve reports it handed the queue over.
 func (gc *gconn) serve(q queued) bool {
 	ctx := q.ctx
-	ctx.Init2(gc, ctxLogger, false)
-	if q.err != nil {
+	switch {
+	case q.task != nil:
+		q.task.Run()
+	case q.served:
+	case q.err != nil:
+		ctx.Init2(gc, ctxLogger, false)
 		gc.s.h.Error(ctx, q.err)
-	} else {
+	default:
+		ctx.Init2(gc, ctxLogger, false)
 		gc.s.h.Serve(ctx)
 	}
 	resp := &ctx.Response
-	last := q.err != nil || ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() ||
-		resp.ConnectionClose() || gc.s.shutdown.Load()
+	last := q.err != nil || gc.last(ctx)
 	if last {
 		resp.SetConnectionClose()
 	}
@@ -341,6 +414,12 @@ func (gc *gconn) serve(q queued) bool {
 	}
 	gc.wrapUp(err, last)
 	return false
+}
+
+// last reports whether ctx's response is the connection's last.
+func (gc *gconn) last(ctx *fasthttp.RequestCtx) bool {
+	return ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() ||
+		ctx.Response.ConnectionClose() || gc.s.shutdown.Load()
 }
 
 // stream writes a StreamWriter's stream, then serves the rest of the queue
@@ -377,6 +456,12 @@ func (gc *gconn) wrapUp(err error, last bool) {
 }
 
 func (gc *gconn) writeWhole(ctx *fasthttp.RequestCtx, last bool) error {
+	gc.renderWhole(ctx)
+	return gc.flush(last)
+}
+
+// renderWhole puts ctx's whole response, header block and body, in gc.iov.
+func (gc *gconn) renderWhole(ctx *fasthttp.RequestCtx) {
 	resp := &ctx.Response
 	body := resp.Body()
 	resp.Header.SetContentLength(len(body))
@@ -385,7 +470,6 @@ func (gc *gconn) writeWhole(ctx *fasthttp.RequestCtx, last bool) error {
 	}
 	gc.out = resp.Header.AppendBytes(gc.out[:0])
 	gc.iov = append(gc.iov[:0], gc.out, body)
-	return gc.flush(last)
 }
 
 // writeStream sends a chunked response whose body is any other stream

@@ -350,10 +350,21 @@ type exchange struct {
 	firstSeen bool
 
 	// policy, when set, replaces the model's policy for this request (a
-	// routing-strategy header naming one); pd is the prefill/decode
-	// exchange of a request the PD cascade routes.
-	policy route.Policy
-	pd     *pdCall
+	// routing-strategy header naming one); cascade routes a request whose
+	// strategy is "pd", and pd is its prefill/decode exchange.
+	policy  route.Policy
+	cascade *route.PDRouter
+	pd      *pdCall
+
+	// The request's own, for its parts that run as a frontend.Task or
+	// frontend.Done: the gateway, the client's context and the model, and
+	// on the event loop the upstream request, its response and its pod.
+	g    *Gateway
+	ctx  *fasthttp.RequestCtx
+	m    *pool.Model
+	up   *fasthttp.Request
+	resp *fasthttp.Response
+	pod  *pool.Pod
 }
 
 var exchangePool = sync.Pool{New: func() any { return new(exchange) }}
@@ -376,7 +387,8 @@ func releaseExchange(x *exchange) {
 		x.key.Done(time.Now(), x.counted.Tokens())
 		x.key = nil
 	}
-	x.policy = nil
+	x.policy, x.cascade = nil, nil
+	x.g, x.ctx, x.m, x.up, x.resp, x.pod = nil, nil, nil, nil, nil, nil
 	if x.pd != nil {
 		x.pd.release()
 		x.pd = nil

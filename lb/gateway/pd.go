@@ -97,13 +97,13 @@ type pdFailure struct {
 	retry  bool
 }
 
-// routeByStrategy resolves x's profile and strategy on m. It serves the
-// request and reports true when the strategy is "pd" (or the headers are
-// bad); a registry policy named by the header is left in x.policy for the
-// combined path.
-func (g *Gateway) routeByStrategy(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) bool {
+// resolve resolves x's profile and strategy on m: a registry policy named
+// by the header is left in x.policy for the combined path, the cascade of a
+// "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
+// false.
+func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) bool {
 	if m.Profiles == nil {
-		return false
+		return true
 	}
 	// The header strings are made only when a client sends them.
 	res, err := m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
@@ -111,14 +111,10 @@ func (g *Gateway) routeByStrategy(ctx *fasthttp.RequestCtx, x *exchange, m *pool
 	if err != nil {
 		g.inFlight.Add(-1)
 		g.fail(ctx, x, m, openai.InvalidValue(route.HeaderRoutingStrategy, err.Error()))
-		return true
+		return false
 	}
-	if res.PD != nil {
-		g.servePD(ctx, x, m, res.PD)
-		return true
-	}
-	x.policy = res.Policy
-	return false
+	x.cascade, x.policy = res.PD, res.Policy
+	return true
 }
 
 // servePD routes x with r's cascade and carries the decision out.

@@ -89,21 +89,103 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		return
 	}
 	x.ticket = ledger.Ticket{ID: g.nextID.Add(1)}
-	if g.routeByStrategy(ctx, x, m) {
+	x.g, x.ctx, x.m = g, ctx, m
+	if !g.resolve(ctx, x, m) {
 		return
 	}
+	if l := frontend.LoopOf(ctx); l != nil && (x.cascade != nil || x.req.Stream || g.admit != nil) {
+		// A PD exchange, a stream and an admission wait block: they go
+		// on a worker.
+		l.Detach(x)
+		return
+	}
+	g.proxy(ctx, x, m)
+}
 
+// Run is the rest of x's request on a worker (frontend.Task): what
+// serveCompletion would have done next, or, after a refused dial on the
+// loop, the retries.
+func (x *exchange) Run() {
+	if x.up == nil {
+		x.g.proxy(x.ctx, x, x.m)
+		return
+	}
+	up, resp := x.up, x.resp
+	x.up, x.resp = nil, nil
+	x.g.forward(x.ctx, x, x.m, up, resp)
+}
+
+// proxy sends x to a pod of m and answers with what it says, on the event
+// loop when ctx is served there.
+func (g *Gateway) proxy(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) {
+	if x.cascade != nil {
+		g.servePD(ctx, x, m, x.cascade)
+		return
+	}
 	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	g.buildUpstream(ctx, up)
+	if l := frontend.LoopOf(ctx); l != nil {
+		g.sendOnLoop(l, ctx, x, m, up, resp)
+		return
+	}
+	g.forward(ctx, x, m, up, resp)
+}
+
+// forward sends up on this goroutine and answers.
+func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response) {
 	pod, err := g.send(m, x, up, resp, sessionOf(ctx))
 	fasthttp.ReleaseRequest(up)
 	if err != nil {
-		fasthttp.ReleaseResponse(resp)
-		g.inFlight.Add(-1)
-		g.fail(ctx, x, m, err)
+		g.unsent(ctx, x, m, resp, err)
 		return
 	}
 	g.respond(ctx, x, m, pod, resp)
+}
+
+// unsent answers a request no pod answered.
+func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, resp *fasthttp.Response, err error) {
+	fasthttp.ReleaseResponse(resp)
+	g.inFlight.Add(-1)
+	g.fail(ctx, x, m, err)
+}
+
+// sendOnLoop places x on a pod of m and hands up to the loop's connection
+// to it; ExchangeDone continues. Only whole answers come here, and no
+// admission: nothing on the way waits.
+func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response) {
+	pod := g.pick(m, x, sessionOf(ctx))
+	if pod == nil {
+		fasthttp.ReleaseRequest(up)
+		g.unsent(ctx, x, m, resp, openai.NoHealthyPod(x.req.Model))
+		return
+	}
+	g.attempt(m, x, pod, up)
+	u := g.cfg.Upstream
+	x.up, x.resp, x.pod = up, resp, pod
+	if err := l.Exchange(pod.Config.Address, u.ConnectTimeout, u.ResponseTimeout, u.MaxConnsPerPod, up, resp, x); err != nil {
+		x.ExchangeDone(err)
+	}
+}
+
+// ExchangeDone, on the loop, answers with the pod's response, or moves to
+// a worker for the retries a refused dial allows.
+func (x *exchange) ExchangeDone(err error) {
+	g, ctx, m, pod := x.g, x.ctx, x.m, x.pod
+	if err == nil {
+		fasthttp.ReleaseRequest(x.up)
+		resp := x.resp
+		x.up, x.resp = nil, nil
+		g.respond(ctx, x, m, pod, resp)
+		return
+	}
+	if g.attemptFailed(x, pod, err) {
+		frontend.LoopOf(ctx).Detach(x)
+		return
+	}
+	fasthttp.ReleaseRequest(x.up)
+	resp := x.resp
+	x.up, x.resp = nil, nil
+	g.unsent(ctx, x, m, resp, g.upstreamError(err))
 }
 
 // respond relays pod's response, whose headers are in, to the client and
@@ -169,7 +251,8 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 // other failure is final, since the pod may have started work.
 func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response, session string) (*pool.Pod, error) {
 	var last error
-	for attempt := 0; attempt <= g.cfg.Upstream.Retries; attempt++ {
+	// Attempts made on the event loop count (see ExchangeDone).
+	for attempt := len(x.tried); attempt <= g.cfg.Upstream.Retries; attempt++ {
 		pod := g.pick(m, x, session)
 		if pod == nil {
 			break
@@ -184,22 +267,17 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 				return nil, err
 			}
 		}
-		x.tried = append(x.tried, pod.ID)
-		up.SetHost(pod.Config.Address)
-		g.place(m, x, pod)
+		g.attempt(m, x, pod, up)
 		// A stream is relayed as it comes; a whole answer is read whole.
 		resp.StreamBody = x.req.Stream
 		err := pod.Client.DoTimeout(up, resp, g.cfg.Upstream.ResponseTimeout)
 		if err == nil {
 			return pod, nil
 		}
-		g.unplace(x, pod)
-		g.podFailed(pod)
 		last = err
-		if !isDialError(err) {
+		if !g.attemptFailed(x, pod, err) {
 			break
 		}
-		g.log.Warn("pod refused a request; trying another", "pod", pod.Config.Name, "err", err)
 		// Back off a little, with jitter, so a fleet-wide hiccup is not
 		// met by every request retrying in lockstep.
 		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << attempt)))
@@ -208,6 +286,26 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 		return nil, openai.NoHealthyPod(x.req.Model)
 	}
 	return nil, g.upstreamError(last)
+}
+
+// attempt records that up goes to pod and charges pod with it.
+func (g *Gateway) attempt(m *pool.Model, x *exchange, pod *pool.Pod, up *fasthttp.Request) {
+	x.tried = append(x.tried, pod.ID)
+	up.SetHost(pod.Config.Address)
+	g.place(m, x, pod)
+}
+
+// attemptFailed takes back pod's charge for a failed attempt and reports
+// whether another pod may take the request: the pod refused the connection,
+// so it received nothing, and retries are left.
+func (g *Gateway) attemptFailed(x *exchange, pod *pool.Pod, err error) bool {
+	g.unplace(x, pod)
+	g.podFailed(pod)
+	if !isDialError(err) || len(x.tried) > g.cfg.Upstream.Retries {
+		return false
+	}
+	g.log.Warn("pod refused a request; trying another", "pod", pod.Config.Name, "err", err)
+	return true
 }
 
 // retryBackoff is the longest first wait before a retry (it doubles per

@@ -1,0 +1,362 @@
+package frontend
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/valyala/fasthttp"
+)
+
+// Serving on the event loop. A request handed to a worker goroutine costs
+// two thread handoffs, and a worker that waits for its pod parks and is
+// woken by the runtime's poller: measured under bench/proxy's load, about a
+// third of pdlb's CPU per proxied request went to that and to the pod
+// client's bookkeeping, while an event-driven proxy (nginx, HAProxy) spends
+// none. A handler that sets Handler.OnLoop is run on the gnet loop itself
+// for a request that arrives on an otherwise idle connection; it forwards
+// the request with Loop.Exchange over an upstream connection registered on
+// the same loop and answers from ExchangeDone, so a whole request and its
+// answer cross no thread. What must block (a stream, a wait) moves to a
+// worker with Loop.Detach.
+
+// Loop is the event loop a request is served on, as LoopOf returns it.
+type Loop struct{ gc *gconn }
+
+// Task is the rest of a request moved off the loop: Run serves it on a
+// worker goroutine, which then writes ctx's response as it would Serve's.
+type Task interface{ Run() }
+
+// Done receives the end of an Exchange, on the loop, with the request
+// served on the loop again: it may answer, Detach, or Exchange anew.
+type Done interface{ ExchangeDone(err error) }
+
+// LoopOf returns the loop ctx is served on, nil when ctx is served on a
+// goroutine that may block (fasthttp's, a gnet worker).
+func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
+	gc, ok := ctx.Conn().(*gconn)
+	if !ok || gc.cur != ctx {
+		return nil
+	}
+	return &gc.loop
+}
+
+// Detach moves the rest of the request to a worker: when the handler (or
+// ExchangeDone) returns, t runs on a worker goroutine.
+func (l *Loop) Detach(t Task) { l.gc.task = t }
+
+// errAtCap answers an Exchange over its connection cap.
+var errAtCap = errors.New("frontend: every connection to the pod is busy")
+
+// Exchange sends req to the pod at addr over an idle keep-alive connection
+// of this loop, or a new one dialed within dialTimeout while fewer than
+// maxConns connections of this front end are open to addr; the path goes
+// as req holds it. It returns an error, having sent nothing, at that cap
+// (IsAtCap). Otherwise done gets, on the loop, nil once resp holds the
+// whole response, or the error: the dial's; fasthttp.ErrTimeout when the
+// response was not whole within timeout; fasthttp.ErrConnectionClosed (no
+// byte of it came) or io.ErrUnexpectedEOF when the pod closed the
+// connection first. req may be reused once Exchange returns; resp is the
+// exchange's until done.
+func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConns int, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
+	gc := l.gc
+	ls := gc.ls
+	uc := ls.take(addr)
+	if uc == nil {
+		n := gc.s.upstreamCount(addr)
+		if n.Add(1) > int32(maxConns) {
+			n.Add(-1)
+			return errAtCap
+		}
+		uc = &upConn{ls: ls, addr: addr, count: n}
+		ls.conns = append(ls.conns, uc)
+		go uc.dial(dialTimeout)
+	}
+	uc.gc, uc.resp, uc.done = gc, resp, done
+	uc.deadline = gc.s.now.Load() + int64(timeout)
+	gc.s.noteTimeout(timeout)
+	gc.pending = true
+	req.URI().DisablePathNormalizing = true
+	uc.render(req)
+	if uc.c != nil {
+		uc.send()
+	}
+	return nil
+}
+
+// upstreamCount is addr's count of open upstream connections, across loops.
+func (s *GNet) upstreamCount(addr string) *atomic.Int32 {
+	if n, ok := s.upstreams.Load(addr); ok {
+		return n.(*atomic.Int32)
+	}
+	n, _ := s.upstreams.LoadOrStore(addr, new(atomic.Int32))
+	return n.(*atomic.Int32)
+}
+
+// noteTimeout makes the sweep frequent enough for timeout: a tenth of it,
+// between 10 ms and tick.
+func (s *GNet) noteTimeout(timeout time.Duration) {
+	every := min(max(timeout/10, 10*time.Millisecond), tick)
+	for {
+		cur := s.sweepEvery.Load()
+		if cur != 0 && cur <= int64(every) {
+			return
+		}
+		if s.sweepEvery.CompareAndSwap(cur, int64(every)) {
+			return
+		}
+	}
+}
+
+// loopState is one event loop's upstream connections; only that loop
+// touches it.
+type loopState struct {
+	s     *GNet
+	el    gnet.EventLoop
+	idle  map[string][]*upConn // keep-alive connections waiting, by address
+	conns []*upConn            // every upstream connection, for the sweep
+	sweep gnet.Runnable
+}
+
+// loopOf returns el's state, made on first use.
+func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ls := s.loops[el]
+	if ls == nil {
+		ls = &loopState{s: s, el: el, idle: make(map[string][]*upConn)}
+		ls.sweep = gnet.RunnableFunc(func(context.Context) error { ls.sweepConns(); return nil })
+		s.loops[el] = ls
+	}
+	return ls
+}
+
+// take returns an idle connection to addr, the latest one parked (its
+// socket is the warmest), or nil.
+func (ls *loopState) take(addr string) *upConn {
+	idle := ls.idle[addr]
+	if len(idle) == 0 {
+		return nil
+	}
+	uc := idle[len(idle)-1]
+	idle[len(idle)-1] = nil
+	ls.idle[addr] = idle[:len(idle)-1]
+	return uc
+}
+
+func (ls *loopState) park(uc *upConn) {
+	uc.idleSince = ls.s.now.Load()
+	ls.idle[uc.addr] = append(ls.idle[uc.addr], uc)
+}
+
+// forget drops a closed connection from the loop's lists.
+func (ls *loopState) forget(uc *upConn) {
+	idle := ls.idle[uc.addr]
+	for i, v := range idle {
+		if v == uc {
+			ls.idle[uc.addr] = append(idle[:i], idle[i+1:]...)
+			break
+		}
+	}
+	for i, v := range ls.conns {
+		if v == uc {
+			last := len(ls.conns) - 1
+			ls.conns[i], ls.conns[last] = ls.conns[last], nil
+			ls.conns = ls.conns[:last]
+			break
+		}
+	}
+	uc.count.Add(-1)
+}
+
+// upstreamIdle is how long a keep-alive connection to a pod waits for its
+// next request before it is closed, as the pods' clients on the worker path
+// (pool.newClient).
+const upstreamIdle = 90 * time.Second
+
+// sweepConns, on the loop, times out exchanges past their deadline and
+// closes connections idle too long.
+func (ls *loopState) sweepConns() {
+	now := ls.s.now.Load()
+	for _, uc := range ls.conns {
+		switch {
+		case uc.c == nil:
+		case uc.done != nil && now > uc.deadline:
+			uc.timedOut = true
+			_ = uc.c.Close()
+		case uc.done == nil && now-uc.idleSince > int64(upstreamIdle):
+			_ = uc.c.Close()
+		}
+	}
+}
+
+// upConn is a keep-alive connection to a pod, on one loop, carrying one
+// exchange at a time.
+type upConn struct {
+	ls    *loopState
+	addr  string
+	count *atomic.Int32 // addr's open connections
+	c     gnet.Conn     // nil while dialing
+
+	// The exchange in flight (done nil: none).
+	gc       *gconn
+	resp     *fasthttp.Response
+	done     Done
+	deadline int64 // unix nanoseconds
+	out      []byte
+	need     int  // bytes the response needs before a reparse (0: unknown)
+	got      bool // bytes of the response arrived
+	timedOut bool // the sweep closed it
+
+	idleSince int64
+}
+
+// dial connects on a goroutine of its own and enrolls the connection on
+// the loop, whose OnOpen sends the request; a failed dial ends the
+// exchange on the loop.
+func (uc *upConn) dial(timeout time.Duration) {
+	c, err := fasthttp.DialTimeout(uc.addr, timeout)
+	if err == nil {
+		if _, err = uc.ls.el.Enroll(gnet.NewContext(context.Background(), uc), c); err == nil {
+			return
+		}
+		_ = c.Close()
+	}
+	if xerr := uc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		uc.ls.forget(uc)
+		uc.finish(err)
+		return nil
+	})); xerr != nil {
+		// The loop is gone (shutdown): so is the client's connection.
+		uc.ls.s.o.Log.Debug("frontend: upstream dial result dropped", "pod", uc.addr, "err", err)
+	}
+}
+
+var upWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+
+// render writes req into uc.out, as the pods' clients would send it.
+func (uc *upConn) render(req *fasthttp.Request) {
+	w := upWriters.Get().(*bufio.Writer)
+	out := appender{b: uc.out[:0]}
+	w.Reset(&out)
+	// Writing to memory cannot fail.
+	_ = req.Write(w)
+	_ = w.Flush()
+	w.Reset(nil)
+	upWriters.Put(w)
+	uc.out = out.b
+}
+
+type appender struct{ b []byte }
+
+func (a *appender) Write(p []byte) (int, error) {
+	a.b = append(a.b, p...)
+	return len(p), nil
+}
+
+// send writes the rendered request; on the loop.
+func (uc *upConn) send() {
+	uc.need, uc.got = 0, false
+	if _, err := uc.c.Write(uc.out); err != nil {
+		_ = uc.c.Close()
+	}
+}
+
+// opened is OnOpen of a dialed connection.
+func (uc *upConn) opened(c gnet.Conn) {
+	uc.c = c
+	if uc.done != nil {
+		uc.send()
+	}
+}
+
+// read parses the response of the exchange in flight once it is whole.
+func (uc *upConn) read() gnet.Action {
+	c := uc.c
+	n := c.InboundBuffered()
+	if uc.done == nil {
+		// Bytes nobody asked for: the connection is out of step.
+		return gnet.Close
+	}
+	if n == 0 || n < uc.need {
+		return gnet.None
+	}
+	uc.got = true
+	buf, _ := c.Peek(n)
+	used, err := uc.parse(buf)
+	if err == errNeedMore {
+		return gnet.None
+	}
+	_, _ = c.Discard(used)
+	if err != nil {
+		uc.finish(err)
+		return gnet.Close
+	}
+	keep := !uc.resp.ConnectionClose() && c.InboundBuffered() == 0
+	if keep {
+		uc.ls.park(uc)
+	}
+	uc.finish(nil)
+	if !keep {
+		return gnet.Close
+	}
+	return gnet.None
+}
+
+// parse reads the whole response at the head of buf into uc.resp:
+// errNeedMore when it is not all there yet.
+func (uc *upConn) parse(buf []byte) (int, error) {
+	s := uc.ls.s
+	p := s.parsers.Get().(*parser)
+	defer s.parsers.Put(p)
+	p.src = peekReader{b: buf}
+	p.br.Reset(&p.src)
+	resp := uc.resp
+	resp.Reset()
+	err := resp.Header.Read(p.br)
+	if err == nil {
+		if cl := resp.Header.ContentLength(); cl >= 0 && len(buf) < p.consumed(buf)+cl {
+			uc.need = p.consumed(buf) + cl
+			return 0, errNeedMore
+		}
+		p.src = peekReader{b: buf}
+		p.br.Reset(&p.src)
+		err = resp.ReadLimitBody(p.br, 0)
+	}
+	if err != nil && p.src.short {
+		return 0, errNeedMore
+	}
+	return p.consumed(buf), err
+}
+
+// closed is OnClose: an exchange in flight ends with the reason.
+func (uc *upConn) closed() {
+	uc.ls.forget(uc)
+	if uc.done == nil {
+		return
+	}
+	err := fasthttp.ErrConnectionClosed
+	switch {
+	case uc.timedOut:
+		err = fasthttp.ErrTimeout
+	case uc.got:
+		err = io.ErrUnexpectedEOF
+	}
+	uc.finish(err)
+}
+
+// finish hands the exchange's end to its request, on the loop, and lets
+// the client's connection go on.
+func (uc *upConn) finish(err error) {
+	gc, done := uc.gc, uc.done
+	uc.gc, uc.resp, uc.done = nil, nil, nil
+	gc.pending = false
+	done.ExchangeDone(err)
+	gc.afterLoop()
+	gc.resume()
+}

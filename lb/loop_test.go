@@ -1,0 +1,221 @@
+package lb_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"pdlb/internal/testwait"
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// The gnet front end exchanges whole answers with the pods on its event
+// loops (lb/frontend/loop.go). These tests pin what that path must keep:
+// keep-alive reuse on both sides, order on a pipelined connection, the
+// accounting of a request whose client left, and the connection cap.
+
+// keepAlivePod answers every completion with a small whole JSON body on a
+// keep-alive connection, after hold returns; it counts the connections that
+// carried completions (health checks and scrapes come on their own).
+func keepAlivePod(t *testing.T, hold func()) (addr string, accepted *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted = new(atomic.Int32)
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				counted := false
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, r.Body)
+					if r.URL.Path == "/v1/chat/completions" {
+						if !counted {
+							counted = true
+							accepted.Add(1)
+						}
+						if hold != nil {
+							hold()
+						}
+					}
+					body := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), accepted
+}
+
+func gnetGateway(t *testing.T, pods []config.Pod, edit func(*config.Config)) *lb.Server {
+	t.Helper()
+	return testGateway(t, pods, func(c *config.Config) {
+		c.Frontend = "gnet"
+		c.Health.Interval = time.Hour
+		if edit != nil {
+			edit(c)
+		}
+	})
+}
+
+// waitIdle waits until nothing is charged or in flight.
+func waitIdle(t *testing.T, s *lb.Server) {
+	t.Helper()
+	testwait.For(t, "charges and in-flight counts back at zero", func() bool {
+		for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
+			if (strings.HasPrefix(line, "pd_token_load_") || strings.HasPrefix(line, "pdlb_pod_in_flight{") || strings.HasPrefix(line, "pdlb_requests_in_flight")) && !strings.HasSuffix(line, " 0") {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestLoopKeepAlive(t *testing.T) {
+	addr, accepted := keepAlivePod(t, nil)
+	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, nil)
+	kc := &http.Client{Timeout: 10 * time.Second}
+	defer kc.CloseIdleConnections()
+	for i := 0; i < 50; i++ {
+		resp, err := kc.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"content":"ok"`) {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	// One client connection, one request at a time: one connection to the
+	// pod carries them all.
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("the pod accepted %d connections for 50 sequential requests; want 1", n)
+	}
+	waitIdle(t, s)
+}
+
+func TestLoopPipelinedOrder(t *testing.T) {
+	sims := testFleet(t, "m", 1, 100)
+	s := gnetGateway(t, podsOf("m", sims...), nil)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Whole, stream, whole, whole in one write: the first goes out on the
+	// loop, the stream on a worker, and the answers come back in order.
+	var req strings.Builder
+	for i, stream := range []bool{false, true, false, false} {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hi %d"}],"max_tokens":4,"stream":%v}`, i, stream)
+		fmt.Fprintf(&req, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: r%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", i, len(body), body)
+	}
+	if _, err := io.WriteString(c, req.String()); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	for i, want := range []string{"application/json", "text/event-stream", "application/json", "application/json"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("response %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != fmt.Sprintf("r%d", i) || !strings.HasPrefix(resp.Header.Get("Content-Type"), want) {
+			t.Fatalf("response %d: %d id %q type %q: %s", i, resp.StatusCode, resp.Header.Get("X-Request-Id"), resp.Header.Get("Content-Type"), b)
+		}
+	}
+	waitIdle(t, s)
+}
+
+func TestLoopClientGone(t *testing.T) {
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
+	var first atomic.Bool
+	addr, _ := keepAlivePod(t, func() {
+		if first.CompareAndSwap(false, true) {
+			held <- struct{}{}
+			<-release
+		}
+	})
+	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, nil)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	<-held
+	c.Close()
+	time.Sleep(50 * time.Millisecond) // the loop sees the client go
+	close(release)
+	// The pod's late answer finishes the request: nothing stays charged,
+	// and the gateway serves on.
+	waitIdle(t, s)
+	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+		t.Fatalf("after a client left: %d %s", resp.StatusCode, b)
+	}
+}
+
+func TestLoopConnectionCap(t *testing.T) {
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
+	var first atomic.Bool
+	addr, _ := keepAlivePod(t, func() {
+		if first.CompareAndSwap(false, true) {
+			held <- struct{}{}
+			<-release
+		}
+	})
+	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
+		c.Upstream.MaxConnsPerPod = 1
+	})
+	type result struct {
+		status int
+		body   string
+	}
+	slow := make(chan result, 1)
+	go func() {
+		resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			slow <- result{body: err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		slow <- result{resp.StatusCode, string(b)}
+	}()
+	<-held
+	// The pod's one connection is busy: the next request is refused at
+	// once, not queued behind it.
+	resp, b := post(t, s, "/v1/chat/completions", chatBody)
+	if resp.StatusCode != 502 || !strings.Contains(b, "busy") {
+		t.Fatalf("over the cap: %d %s; want 502 naming the busy connections", resp.StatusCode, b)
+	}
+	close(release)
+	if r := <-slow; r.status != 200 {
+		t.Fatalf("the held request: %d %s", r.status, r.body)
+	}
+	waitIdle(t, s)
+}
