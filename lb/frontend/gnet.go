@@ -102,13 +102,24 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	}
 }
 
-// eventLoops is one loop per P but one. A loop waits in a blocking
-// epoll_wait that keeps its P; were every P a loop's, the workers that run
-// the handler could only start once the runtime's monitor took a P back,
-// which it does after up to 10 ms. Measured (bench/sse/run.sh, 500 streams,
-// 2 cores): event p99 while holding 14 ms with two loops, 1.4 ms with one;
-// the proxy benchmark's throughput was the same.
-func eventLoops() int { return max(1, runtime.GOMAXPROCS(0)-1) }
+// procs is GOMAXPROCS as the process started: the cores it may use.
+var procs = runtime.GOMAXPROCS(0)
+
+// eventLoops is one loop per core, and it makes room for them: a loop
+// waits in a blocking epoll_wait that keeps its P, so were the loops to
+// take every P, goroutines (streams, PD exchanges, the workers) would only
+// run once the runtime's monitor took one back, after up to 10 ms.
+// GOMAXPROCS grows by the loops' count, which leaves goroutines the Ps they
+// had. Measured (bench/sse/run.sh, 64 streams, and bench/proxy, 2 cores):
+// two loops on 2 Ps added 17 ms at p99 to relayed events; one loop on 2
+// Ps served 30% fewer proxied requests than two; two loops on 4 Ps did both
+// well.
+func eventLoops() int {
+	if runtime.GOMAXPROCS(0) < 2*procs {
+		runtime.GOMAXPROCS(2 * procs)
+	}
+	return procs
+}
 
 // reservePort listens on addr with SO_REUSEPORT, so the loops can bind the
 // same port while it is open.

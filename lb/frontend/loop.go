@@ -56,8 +56,8 @@ var errAtCap = errors.New("frontend: every connection to the pod is busy")
 // Exchange sends req to the pod at addr over an idle keep-alive connection
 // of this loop, or a new one dialed within dialTimeout while fewer than
 // maxConns connections of this front end are open to addr; the path goes
-// as req holds it. It returns an error, having sent nothing, at that cap
-// (IsAtCap). Otherwise done gets, on the loop, nil once resp holds the
+// as req holds it. At that cap it returns an error and sends nothing.
+// Otherwise done gets, on the loop, nil once resp holds the
 // whole response, or the error: the dial's; fasthttp.ErrTimeout when the
 // response was not whole within timeout; fasthttp.ErrConnectionClosed (no
 // byte of it came) or io.ErrUnexpectedEOF when the pod closed the
