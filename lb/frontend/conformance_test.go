@@ -548,3 +548,67 @@ func TestGateway(t *testing.T) {
 		})
 	}
 }
+
+// TestHeaderNamesAnyCase: a handler finds a header whatever case the client
+// spelled its name in, as HTTP has it (the gateway looks up x-priority,
+// x-session-id and the like in lower case; clients send X-Priority).
+func TestHeaderNamesAnyCase(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		c := dial(t, addr)
+		for _, name := range []string{"X-Seq", "x-seq", "X-SEQ"} {
+			c.send(t, post("/echo", "b", name+": 7\r\n"))
+			resp, b := c.response(t)
+			expect(t, resp, b, 200, "b")
+			if got := resp.Header.Get("X-Seq"); got != "7" {
+				t.Fatalf("header sent as %q: the handler read %q", name, got)
+			}
+		}
+	})
+}
+
+// TestShutdownInTwoSteps: a shutdown whose grace runs out leaves the
+// streams still served running, so the caller can end them cleanly (the
+// gateway sends each an error event) and call again.
+func TestShutdownInTwoSteps(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			a := newApp()
+			s, err := frontend.Start(name, "127.0.0.1:0", a.handler(), frontend.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := dial(t, s.Addr())
+			c.send(t, "GET /sse?gated=1&n=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+			a.step <- struct{}{}
+			resp, err := http.ReadResponse(c.br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(resp.Body)
+			if line, err := br.ReadString('\n'); err != nil || line != "data: 0\n" {
+				t.Fatalf("first event: %q, %v", line, err)
+			}
+			short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			if err := s.ShutdownWithContext(short); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("a shutdown whose grace ran out with a stream open: %v", err)
+			}
+			// The stream is still there: its next event goes out, then
+			// its end, and the second call returns once it is done.
+			a.step <- struct{}{}
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				done <- s.ShutdownWithContext(ctx)
+			}()
+			rest, err := io.ReadAll(br)
+			if err != nil || !strings.HasPrefix(string(rest), "\ndata: 1\n\n") {
+				t.Fatalf("after the first call: %q, %v", rest, err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("second call: %v", err)
+			}
+		})
+	}
+}

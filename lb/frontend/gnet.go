@@ -3,7 +3,6 @@ package frontend
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -32,9 +31,10 @@ type GNet struct {
 	parsers sync.Pool // of *parser, used on the loops only
 	workers workers
 
-	eng   gnet.Engine
-	ready chan struct{}
-	once  sync.Once
+	eng      gnet.Engine
+	ready    chan struct{}
+	once     sync.Once
+	stopOnce sync.Once
 	// stopped is closed when gnet.Run returns, with its error in runErr;
 	// failed gets that error too when it is one.
 	stopped chan struct{}
@@ -142,37 +142,56 @@ func (s *GNet) Addr() string { return s.addr }
 // Done reports the engine stopping on its own with an error.
 func (s *GNet) Done() <-chan error { return s.failed }
 
-// ShutdownWithContext stops reading new requests, closes idle connections,
-// lets requests in flight (streams included) finish until ctx ends, then
-// stops the loops, which closes what is left.
+// ShutdownWithContext stops reading new requests, closes idle connections
+// and lets requests in flight (streams included) finish until ctx ends,
+// then stops the loops, which closes what is left. As on fasthttp, the
+// first call that runs out of time returns its error and leaves what is
+// still served running, so the caller can end its streams cleanly and call
+// again; the loops stop by themselves once those are done, and a later
+// call that runs out of time stops them at once.
 func (s *GNet) ShutdownWithContext(ctx context.Context) error {
-	if s.shutdown.Swap(true) {
-		return errors.New("frontend: gnet front end already shut down")
+	first := !s.shutdown.Swap(true)
+	if first {
+		s.closeIdle(0)
 	}
-	s.closeIdle(0)
-	var err error
-	for s.serving.Load() > 0 && err == nil {
+	if err := s.drain(ctx); err != nil {
+		if first {
+			go func() {
+				_ = s.drain(context.Background())
+				s.stop()
+			}()
+		} else {
+			s.stop()
+		}
+		return err
+	}
+	return s.stop()
+}
+
+// drain waits until nothing is served or ctx ends.
+func (s *GNet) drain(ctx context.Context) error {
+	for s.serving.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			err = ctx.Err()
+			return ctx.Err()
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	// Engine.Stop polls for the end every 500 ms; gnet.Run returning is
-	// the same signal, sooner.
-	stopCtx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = s.eng.Stop(stopCtx) }()
-	select {
-	case <-s.stopped:
-		if err == nil {
-			err = s.runErr
-		}
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
-	close(s.workers.quit)
-	return err
+	return nil
+}
+
+// stop stops the loops, once, and returns why gnet.Run ended.
+func (s *GNet) stop() error {
+	s.stopOnce.Do(func() {
+		// Engine.Stop polls for the end every 500 ms; gnet.Run returning
+		// is the same signal, sooner.
+		stopCtx, cancel := context.WithCancel(context.Background())
+		go func() { _ = s.eng.Stop(stopCtx) }()
+		<-s.stopped
+		cancel()
+		close(s.workers.quit)
+	})
+	return s.runErr
 }
 
 // workers runs connections' queues on goroutines kept between requests: a

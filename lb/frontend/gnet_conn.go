@@ -277,8 +277,6 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 	}
 	req := &gc.next.Request
 	req.Reset()
-	// Header names go upstream as the client wrote them.
-	req.Header.DisableNormalizing()
 
 	err := req.Header.Read(p.br)
 	if err == nil {
