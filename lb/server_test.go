@@ -404,14 +404,16 @@ func TestUnhealthyPodsGive503(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	resp, err := client.Get("http://" + s.Addr() + "/ready")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 503 {
-		t.Fatalf("/ready with no healthy pod: %d", resp.StatusCode)
-	}
+	// A refused request counts one failure against the pod; the health
+	// check (every 50 ms here) is what takes it out of /ready.
+	testwait.For(t, "/ready to answer 503 with no healthy pod", func() bool {
+		resp, err := client.Get("http://" + s.Addr() + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 503
+	})
 }
 
 func TestShedsOverMaxInFlight(t *testing.T) {

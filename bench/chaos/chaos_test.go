@@ -7,19 +7,11 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"pdlb/internal/lbtest"
 )
 
-// fasthttp keeps package-level goroutines (date ticker, client and dialer
-// cleaners) that outlive any one server.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreCurrent(),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
-	)
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, lbtest.LeakOptions()...) }
 
 // TestChaos runs the scenario: 300 requests over 10 s by default, or for
 // CHAOS_DURATION (make bench runs CHAOS_DURATION=5m, with CHAOS_REQUESTS

@@ -29,7 +29,7 @@ import (
 const (
 	DefaultListen             = ":8080"
 	DefaultAdmin              = "127.0.0.1:9090"
-	DefaultFrontend           = "fasthttp"
+	DefaultFrontend           = "gnet"
 	DefaultMaxBodyBytes       = 8 << 20
 	DefaultMaxHeaderBytes     = 8 << 10
 	DefaultMaxHeaders         = 100
@@ -65,8 +65,9 @@ type Config struct {
 	// Admin is the address of /metrics, /debug/pprof and /admin (default
 	// "127.0.0.1:9090"); empty disables it.
 	Admin string `yaml:"admin"`
-	// Frontend is the server that accepts clients: fasthttp (default, the
-	// faster here) or gnet (an event loop per core).
+	// Frontend is the server that accepts clients: gnet (default: an
+	// event loop per core, whole answers exchanged on the loops) or
+	// fasthttp (a goroutine per connection).
 	Frontend string `yaml:"frontend"`
 	// MaxBodyBytes is the largest request body accepted (default 8 MiB);
 	// larger ones get 413.
