@@ -7,16 +7,27 @@ import (
 	"testing"
 )
 
+// Prompt lines the benchmark bodies repeat, from fewest escapes to most:
+// prose with none, prose with a few, and source code quoting JSON as agents
+// send it (a \n every line, \" around every name; an escape every 7 bytes).
+const (
+	plainLine = `The quick brown fox jumps over the lazy dog, then naps in the afternoon sun. `
+	proseLine = `The quick brown fox jumps over the lazy dog; \"quoted\" text\tand a newline\n. `
+	codeLine  = `\tif err := json.Unmarshal([]byte(\"{\\\"city\\\":\\\"Paris\\\"}\"), \u0026v); err != nil {\n\t\treturn fmt.Errorf(\"decode: %w\", err)\n\t}\n`
+)
+
 // chatBody builds a chat request of about size bytes shaped like real
 // traffic: a system prompt, a few turns with escapes in their text, a
 // content-parts message, tools and sampling fields the extractor skips.
-func chatBody(size int) []byte {
+func chatBody(size int) []byte { return chatBodyOf(size, proseLine) }
+
+// chatBodyOf is chatBody with line as the text the turns repeat.
+func chatBodyOf(size int, line string) []byte {
 	var b strings.Builder
 	b.WriteString(`{"model":"meta-llama/Llama-3.1-8B-Instruct","stream":true,"stream_options":{"include_usage":true},`)
 	b.WriteString(`"temperature":0.7,"top_p":0.95,"n":1,"stop":["\n\nUser:"],`)
 	b.WriteString(`"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],`)
 	b.WriteString(`"messages":[{"role":"system","content":"You are a helpful assistant.\nAnswer briefly and cite \"sources\"."}`)
-	line := `The quick brown fox jumps over the lazy dog; \"quoted\" text\tand a newline\n. `
 	for turn := 0; b.Len() < size-200; turn++ {
 		role := "user"
 		if turn%2 == 1 {
@@ -51,9 +62,16 @@ type fullRequest struct {
 }
 
 func BenchmarkExtract(b *testing.B) {
-	for _, size := range []int{1 << 10, 32 << 10} {
-		body := chatBody(size)
-		name := fmt.Sprintf("%dKB", size>>10)
+	for _, c := range []struct {
+		name string
+		body []byte
+	}{
+		{"1KB", chatBody(1 << 10)},
+		{"32KB", chatBody(32 << 10)},
+		{"32KB-plain", chatBodyOf(32<<10, plainLine)},
+		{"32KB-code", chatBodyOf(32<<10, codeLine)},
+	} {
+		name, body := c.name, c.body
 		b.Run(name+"/sonic", func(b *testing.B) {
 			r := AcquireRequest()
 			defer ReleaseRequest(r)
