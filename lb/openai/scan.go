@@ -2,6 +2,8 @@ package openai
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"slices"
 
 	"github.com/bytedance/sonic/unquote"
@@ -10,9 +12,10 @@ import (
 // scanner walks a body once, checking its JSON grammar as it goes: Parse
 // reads the few fields it needs and steps over every other value, and the
 // walk is the body's only validation (a separate validator would be a second
-// pass over every prompt byte). Inside strings it searches with
-// bytes.IndexByte (SIMD) for the closing quote and for backslashes, which is
-// where a prompt's bytes are; between them it compares a few bytes per token.
+// pass over every prompt byte). Inside strings, which is where a prompt's
+// bytes are, it searches a word at a time or with bytes.IndexByte (SIMD)
+// for the closing quote and backslashes (see str); between them it compares
+// a few bytes per token.
 //
 // It accepts what sonic.Valid accepts: RFC 8259 JSON nested at most maxDepth
 // deep, with raw control bytes (below 0x20) let through inside strings,
@@ -104,42 +107,48 @@ func (s *scanner) more(close byte, i int) bool {
 }
 
 // str reads the string at s.p (on its opening quote) and returns its raw
-// bytes between the quotes and whether they hold escapes. The search is
-// linear however many escapes the string has: the closing-quote candidate is
-// searched for again only once an escape has stepped past it.
+// bytes between the quotes and whether they hold escapes. It looks for the
+// next quote or backslash, whichever comes first, a word at a time (see
+// quoteOrBackslash), so an escape costs a few nanoseconds however densely a
+// prompt (source code, JSON quoted in JSON) packs them. Past swarSpan bytes
+// without either it switches to bytes.IndexByte (SIMD), once for the closing
+// quote and once for a backslash before it, which is faster over long plain
+// runs. The quote found there is kept until an escape steps past it, so the
+// walk stays linear however many escapes follow.
 func (s *scanner) str() (raw []byte, esc bool) {
+	b := s.b
 	start := s.p + 1
-	// Keys, roles and most values end within a few bytes, where a plain
-	// loop finds the quote sooner than the two IndexByte calls below.
-	for i := start; i < min(start+shortString, len(s.b)); i++ {
-		if c := s.b[i]; c == '"' {
-			s.p = i + 1
-			return s.b[start:i], false
-		} else if c == '\\' {
-			break
-		}
-	}
-	i, end := start, -1
-	for {
-		if i > end {
-			q := bytes.IndexByte(s.b[i:], '"')
-			if q < 0 {
-				s.fail() // unterminated
-				return nil, false
+	quote := -1 // the first '"' at or after i once IndexByte has found it
+	for i := start; ; {
+		j := quoteOrBackslash(b, i)
+		if j < 0 {
+			if quote < i {
+				q := bytes.IndexByte(b[i:], '"')
+				if q < 0 {
+					s.fail() // unterminated
+					return nil, false
+				}
+				quote = i + q
 			}
-			end = i + q
+			j = quote
+			if k := bytes.IndexByte(b[i:quote], '\\'); k >= 0 {
+				j = i + k
+			}
 		}
-		k := bytes.IndexByte(s.b[i:end], '\\')
-		if k < 0 {
-			s.p = end + 1
-			return s.b[start:end], esc
+		if b[j] == '"' {
+			s.p = j + 1
+			return b[start:j], esc
 		}
 		esc = true
-		i += k + 1 // the escaped byte, which may be the quote found above
-		switch s.b[i] {
+		i = j + 1 // the escaped byte
+		if i == len(b) {
+			s.fail() // unterminated
+			return nil, false
+		}
+		switch b[i] {
 		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 		case 'u':
-			s.bad = s.bad || !isHex4(s.b[i+1:])
+			s.bad = s.bad || !isHex4(b[i+1:])
 		default:
 			s.bad = true
 		}
@@ -147,9 +156,34 @@ func (s *scanner) str() (raw []byte, esc bool) {
 	}
 }
 
-// shortString is how many bytes str reads one by one before it searches
-// with IndexByte (bytes).
-const shortString = 16
+// swarSpan is how many bytes quoteOrBackslash reads before str searches
+// with IndexByte instead (bytes): about where IndexByte's cost per call is
+// repaid by its speed per byte.
+const swarSpan = 32
+
+// quoteOrBackslash returns the offset in b of the first '"' or '\\' in the
+// swarSpan bytes from i (fewer at the end of b), or -1 if there is none. It
+// tests eight bytes at once (SWAR): x^c has a zero byte where x holds c,
+// and (v-0x01..)&^v&0x80.. sets the top bit of v's lowest zero byte (bytes
+// above it may be set too, by the borrow, which is why only the lowest
+// counts).
+func quoteOrBackslash(b []byte, i int) int {
+	const ones, tops = 0x0101010101010101, 0x8080808080808080
+	end := min(i+swarSpan, len(b))
+	for ; i+8 <= end; i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		q, bs := w^('"'*ones), w^('\\'*ones)
+		if m := ((q-ones)&^q | (bs-ones)&^bs) & tops; m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+	}
+	for ; i < end; i++ {
+		if c := b[i]; c == '"' || c == '\\' {
+			return i
+		}
+	}
+	return -1
+}
 
 // isHex4 says b starts with four hex digits.
 func isHex4(b []byte) bool {
