@@ -126,7 +126,7 @@ profile_pdlb() {
 run_pdlb() {
 	local frontend=$1 policy=$2 args=(serve --pod "model=bench,address=$STUB" --listen "$PDLB" --admin "$PDLB_ADMIN")
 	[ "$policy" = least_request ] && args+=(--config bench/proxy/least_request.yaml)
-	[ -n "$HAVE_FRONTEND_FLAG" ] && args+=(--frontend "$frontend")
+	args+=(--frontend "$frontend")
 	local label="pdlb $frontend, $policy"
 	(cd "$ROOT" && exec "$DIR/pdlb" "${args[@]}") 2>"$DIR/pdlb-$frontend-$policy.log" &
 	local pid=$!
@@ -136,7 +136,8 @@ run_pdlb() {
 		return
 	fi
 	measure "$label" "pdlb ${args[*]}" "$PDLB" "$pid"
-	if [ "$PROFILE" = 1 ] && [ "$frontend" = fasthttp ] && [ "$policy" = slo_cache ]; then
+	# The default front end and policy.
+	if [ "$PROFILE" = 1 ] && [ "$frontend" = gnet ] && [ "$policy" = slo_cache ]; then
 		profile_pdlb "$label"
 	fi
 	stop "$pid"
@@ -147,11 +148,6 @@ command -v wrk >/dev/null || { log "wrk is required"; exit 1; }
 log "building pdlb and the stub"
 (cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub)
 
-# The gnet front end is selected with --frontend once the lead wires it into
-# pdlb serve; until then only fasthttp can run.
-HAVE_FRONTEND_FLAG=
-"$DIR/pdlb" serve --help 2>&1 | grep -q -- '-frontend' && HAVE_FRONTEND_FLAG=1
-
 "$DIR/stub" --listen "$STUB" 2>"$DIR/stub.log" &
 STUB_PID=$!
 started
@@ -160,14 +156,9 @@ wait_port "$STUB"
 measure direct "stub --listen $STUB" "$STUB" "$STUB_PID"
 
 for policy in slo_cache least_request; do
+	run_pdlb gnet "$policy"
 	run_pdlb fasthttp "$policy"
-	if [ -n "$HAVE_FRONTEND_FLAG" ]; then
-		run_pdlb gnet "$policy"
-	fi
 done
-if [ -z "$HAVE_FRONTEND_FLAG" ]; then
-	ROWS+=("| pdlb gnet | TODO: pdlb serve has no --frontend flag yet; gnet not measured | | | | | |")
-fi
 
 NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
 if [ -x "$NGINX_BIN" ]; then
