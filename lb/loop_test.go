@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -190,7 +191,11 @@ func TestLoopConnectionCap(t *testing.T) {
 	})
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
 		c.Upstream.MaxConnsPerPod = 1
+		c.Health.EjectAfterFailures = 1
 	})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the gateway's shutdown waits for the held request
 	type result struct {
 		status int
 		body   string
@@ -210,12 +215,65 @@ func TestLoopConnectionCap(t *testing.T) {
 	// The pod's one connection is busy: the next request is refused at
 	// once, not queued behind it.
 	resp, b := post(t, s, "/v1/chat/completions", chatBody)
-	if resp.StatusCode != 502 || !strings.Contains(b, "busy") {
+	if resp.StatusCode != 502 || !strings.Contains(b, "no free connections") {
 		t.Fatalf("over the cap: %d %s; want 502 naming the busy connections", resp.StatusCode, b)
 	}
-	close(release)
+	// The gateway's own cap is no failure of the pod's: one failure would
+	// have ejected it here.
+	if m := get(t, "http://"+s.AdminAddr()+"/admin/pods"); !strings.Contains(m, `"ejected": false`) {
+		t.Fatalf("the pod was charged a failure for the cap: %s", m)
+	}
+	free()
 	if r := <-slow; r.status != 200 {
 		t.Fatalf("the held request: %d %s", r.status, r.body)
+	}
+	waitIdle(t, s)
+}
+
+// TestLoopAnswerShapes: answers the loop must read whole however they come:
+// large, chunked, and in pieces with pauses between them.
+func TestLoopAnswerShapes(t *testing.T) {
+	big := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		strings.Repeat("x", 300_000) + `"},"finish_reason":"stop"}]}`
+	pieces := func(c net.Conn, parts ...string) {
+		for _, p := range parts {
+			io.WriteString(c, p)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	shapes := map[string]struct {
+		serve func(c net.Conn, _ *http.Request)
+		want  string
+	}{
+		"large": {func(c net.Conn, _ *http.Request) {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(big), big)
+		}, big},
+		"chunked": {func(c net.Conn, _ *http.Request) {
+			pieces(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+				"5\r\n{\"id\"\r\n", "3\r\n:1}\r\n", "0\r\n\r\n")
+		}, `{"id":1}`},
+		"in pieces": {func(c net.Conn, _ *http.Request) {
+			pieces(c, "HTTP/1.1 200 OK\r\nContent-Ty", "pe: application/json\r\nContent-Length: 8\r\n\r", "\n{\"id\"", ":1}")
+		}, `{"id":1}`},
+	}
+	var pods []config.Pod
+	for name, shape := range shapes {
+		pods = append(pods, config.Pod{Model: strings.ReplaceAll(name, " ", "-"), Address: fakePod(t, shape.serve)})
+	}
+	s := gnetGateway(t, pods, nil)
+	kc := &http.Client{Timeout: 10 * time.Second}
+	defer kc.CloseIdleConnections()
+	for name, shape := range shapes {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}]}`, strings.ReplaceAll(name, " ", "-"))
+		resp, err := kc.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != shape.want {
+			t.Fatalf("%s: %d, %d bytes (want %d): %.200s", name, resp.StatusCode, len(b), len(shape.want), b)
+		}
 	}
 	waitIdle(t, s)
 }

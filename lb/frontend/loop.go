@@ -3,7 +3,6 @@ package frontend
 import (
 	"bufio"
 	"context"
-	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -50,13 +49,11 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 // ExchangeDone) returns, t runs on a worker goroutine.
 func (l *Loop) Detach(t Task) { l.gc.task = t }
 
-// errAtCap answers an Exchange over its connection cap.
-var errAtCap = errors.New("frontend: every connection to the pod is busy")
-
 // Exchange sends req to the pod at addr over an idle keep-alive connection
 // of this loop, or a new one dialed within dialTimeout while fewer than
 // maxConns connections of this front end are open to addr; the path goes
-// as req holds it. At that cap it returns an error and sends nothing.
+// as req holds it. At that cap it returns fasthttp.ErrNoFreeConns, as the
+// pods' clients do, and sends nothing.
 // Otherwise done gets, on the loop, nil once resp holds the
 // whole response, or the error: the dial's; fasthttp.ErrTimeout when the
 // response was not whole within timeout; fasthttp.ErrConnectionClosed (no
@@ -71,7 +68,7 @@ func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConn
 		n := gc.s.upstreamCount(addr)
 		if n.Add(1) > int32(maxConns) {
 			n.Add(-1)
-			return errAtCap
+			return fasthttp.ErrNoFreeConns
 		}
 		uc = &upConn{ls: ls, addr: addr, count: n}
 		ls.conns = append(ls.conns, uc)

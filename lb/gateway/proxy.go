@@ -300,7 +300,11 @@ func (g *Gateway) attempt(m *pool.Model, x *exchange, pod *pool.Pod, up *fasthtt
 // so it received nothing, and retries are left.
 func (g *Gateway) attemptFailed(x *exchange, pod *pool.Pod, err error) bool {
 	g.unplace(x, pod)
-	g.podFailed(pod)
+	// Every connection to the pod busy is the gateway's cap, not the
+	// pod's failure.
+	if !errors.Is(err, fasthttp.ErrNoFreeConns) {
+		g.podFailed(pod)
+	}
 	if !isDialError(err) || len(x.tried) > g.cfg.Upstream.Retries {
 		return false
 	}
