@@ -277,3 +277,35 @@ func TestLoopAnswerShapes(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestLoopTimeouts: exchanges that time out together, on the same loops,
+// each get their 504, and nothing stays charged.
+func TestLoopTimeouts(t *testing.T) {
+	hang := make(chan struct{})
+	addr, _ := keepAlivePod(t, func() { <-hang })
+	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
+		c.Upstream.ResponseTimeout = 300 * time.Millisecond
+	})
+	t.Cleanup(func() { close(hang) })
+	const n = 6 // more than one per loop
+	codes := make(chan int, n)
+	for range n {
+		go func() {
+			kc := &http.Client{Timeout: 10 * time.Second}
+			defer kc.CloseIdleConnections()
+			resp, err := kc.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	for range n {
+		if c := <-codes; c != 504 {
+			t.Fatalf("a hung exchange answered %d, want 504", c)
+		}
+	}
+	waitIdle(t, s)
+}

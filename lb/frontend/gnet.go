@@ -281,8 +281,7 @@ func (s *GNet) closeIdle(now int64) {
 // address's connection cap, it is refused.
 func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if uc, ok := c.Context().(*upConn); ok {
-		uc.opened(c)
-		return nil, gnet.None
+		return uc.opened(c), gnet.None
 	}
 	if s.shutdown.Load() {
 		return nil, gnet.Close

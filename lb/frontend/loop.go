@@ -74,15 +74,22 @@ func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConn
 		ls.conns = append(ls.conns, uc)
 		go uc.dial(dialTimeout)
 	}
+	req.URI().DisablePathNormalizing = true
+	uc.render(req)
+	uc.need, uc.got = 0, false
+	if uc.c != nil {
+		// A write that fails closes the connection, and gnet runs
+		// OnClose inside the write: the exchange is not the
+		// connection's yet (done is set below), so its error comes back
+		// from here instead of from inside the handler.
+		if _, err := uc.c.Write(uc.out); err != nil {
+			return fasthttp.ErrConnectionClosed
+		}
+	}
 	uc.gc, uc.resp, uc.done = gc, resp, done
 	uc.deadline = gc.s.now.Load() + int64(timeout)
 	gc.s.noteTimeout(timeout)
 	gc.pending = true
-	req.URI().DisablePathNormalizing = true
-	uc.render(req)
-	if uc.c != nil {
-		uc.send()
-	}
 	return nil
 }
 
@@ -113,9 +120,9 @@ func (s *GNet) noteTimeout(timeout time.Duration) {
 // loopState is one event loop's upstream connections; only that loop
 // touches it.
 type loopState struct {
-	s     *GNet
-	el    gnet.EventLoop
-	idle  map[string][]*upConn // keep-alive connections waiting, by address
+	s      *GNet
+	el     gnet.EventLoop
+	idle   map[string][]*upConn // keep-alive connections waiting, by address
 	conns []*upConn            // every upstream connection, for the sweep
 	sweep gnet.Runnable
 }
@@ -185,7 +192,7 @@ func (ls *loopState) sweepConns() {
 		case uc.c == nil:
 		case uc.done != nil && now > uc.deadline:
 			uc.timedOut = true
-			_ = uc.c.Close()
+			_ = uc.c.Close() // on a later turn of the loop: OnClose ends the exchange
 		case uc.done == nil && now-uc.idleSince > int64(upstreamIdle):
 			_ = uc.c.Close()
 		}
@@ -256,20 +263,14 @@ func (a *appender) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// send writes the rendered request; on the loop.
-func (uc *upConn) send() {
-	uc.need, uc.got = 0, false
-	if _, err := uc.c.Write(uc.out); err != nil {
-		_ = uc.c.Close()
-	}
-}
-
-// opened is OnOpen of a dialed connection.
-func (uc *upConn) opened(c gnet.Conn) {
+// opened is OnOpen of a dialed connection: the request waiting for it goes
+// out as OnOpen's answer, so a write that fails closes it after OnOpen.
+func (uc *upConn) opened(c gnet.Conn) []byte {
 	uc.c = c
-	if uc.done != nil {
-		uc.send()
+	if uc.done == nil {
+		return nil
 	}
+	return uc.out
 }
 
 // read parses the response of the exchange in flight once it is whole.
