@@ -120,9 +120,9 @@ func (s *GNet) noteTimeout(timeout time.Duration) {
 // loopState is one event loop's upstream connections; only that loop
 // touches it.
 type loopState struct {
-	s      *GNet
-	el     gnet.EventLoop
-	idle   map[string][]*upConn // keep-alive connections waiting, by address
+	s     *GNet
+	el    gnet.EventLoop
+	idle  map[string][]*upConn // keep-alive connections waiting, by address
 	conns []*upConn            // every upstream connection, for the sweep
 	sweep gnet.Runnable
 }
