@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -69,6 +68,21 @@ func keepAlivePod(t *testing.T, hold func()) (addr string, accepted *atomic.Int3
 	return ln.Addr().String(), accepted
 }
 
+// holdFirst is a keepAlivePod that holds its first completion until release
+// is closed; held gets a value once it does.
+func holdFirst(t *testing.T) (addr string, held <-chan struct{}, release chan struct{}) {
+	h := make(chan struct{}, 1)
+	release = make(chan struct{})
+	var first atomic.Bool
+	addr, _ = keepAlivePod(t, func() {
+		if first.CompareAndSwap(false, true) {
+			h <- struct{}{}
+			<-release
+		}
+	})
+	return addr, h, release
+}
+
 func gnetGateway(t *testing.T, pods []config.Pod, edit func(*config.Config)) *lb.Server {
 	t.Helper()
 	return testGateway(t, pods, func(c *config.Config) {
@@ -77,19 +91,6 @@ func gnetGateway(t *testing.T, pods []config.Pod, edit func(*config.Config)) *lb
 		if edit != nil {
 			edit(c)
 		}
-	})
-}
-
-// waitIdle waits until nothing is charged or in flight.
-func waitIdle(t *testing.T, s *lb.Server) {
-	t.Helper()
-	testwait.For(t, "charges and in-flight counts back at zero", func() bool {
-		for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
-			if (strings.HasPrefix(line, "pd_token_load_") || strings.HasPrefix(line, "pdlb_pod_in_flight{") || strings.HasPrefix(line, "pdlb_requests_in_flight")) && !strings.HasSuffix(line, " 0") {
-				return false
-			}
-		}
-		return true
 	})
 }
 
@@ -152,15 +153,7 @@ func TestLoopPipelinedOrder(t *testing.T) {
 }
 
 func TestLoopClientGone(t *testing.T) {
-	release := make(chan struct{})
-	held := make(chan struct{}, 1)
-	var first atomic.Bool
-	addr, _ := keepAlivePod(t, func() {
-		if first.CompareAndSwap(false, true) {
-			held <- struct{}{}
-			<-release
-		}
-	})
+	addr, held, release := holdFirst(t)
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, nil)
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
@@ -180,15 +173,7 @@ func TestLoopClientGone(t *testing.T) {
 }
 
 func TestLoopConnectionCap(t *testing.T) {
-	release := make(chan struct{})
-	held := make(chan struct{}, 1)
-	var first atomic.Bool
-	addr, _ := keepAlivePod(t, func() {
-		if first.CompareAndSwap(false, true) {
-			held <- struct{}{}
-			<-release
-		}
-	})
+	addr, held, release := holdFirst(t)
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
 		c.Upstream.MaxConnsPerPod = 1
 		c.Health.EjectAfterFailures = 1

@@ -259,6 +259,19 @@ func fakePod(t *testing.T, serve func(c net.Conn, r *http.Request)) string {
 	return ln.Addr().String()
 }
 
+// waitIdle waits until nothing is charged or in flight.
+func waitIdle(t *testing.T, s *lb.Server) {
+	t.Helper()
+	testwait.For(t, "charges and in-flight counts back at zero", func() bool {
+		for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
+			if (strings.HasPrefix(line, "pd_token_load_") || strings.HasPrefix(line, "pdlb_pod_in_flight{") || strings.HasPrefix(line, "pdlb_requests_in_flight")) && !strings.HasSuffix(line, " 0") {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // TestUpstreamFaults runs on both front ends: on gnet, whole answers are
 // exchanged on the event loop, streams on a worker.
 func TestUpstreamFaults(t *testing.T) {
@@ -337,14 +350,7 @@ func testUpstreamFaults(t *testing.T, frontend string) {
 	f("idle", true, 200, `data: {"error"`)
 
 	// Whatever failed, nothing stays charged or in flight.
-	testwait.For(t, "charges and in-flight counts back at zero", func() bool {
-		for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
-			if (strings.HasPrefix(line, "pd_token_load_") || strings.HasPrefix(line, "pdlb_pod_in_flight{") || strings.HasPrefix(line, "pdlb_requests_in_flight")) && !strings.HasSuffix(line, " 0") {
-				return false
-			}
-		}
-		return true
-	})
+	waitIdle(t, s)
 }
 
 func TestRefusingPodIsSkippedAndEjected(t *testing.T) {
