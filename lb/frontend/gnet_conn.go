@@ -329,13 +329,13 @@ func (gc *gconn) work() {
 }
 
 // take removes the queue's head, or marks the connection idle when the
-// queue is empty. Only the queue's owner removes, so a queue rest found
-// non-empty still is when the lock is taken again.
+// queue is empty.
 func (gc *gconn) take() (queued, bool) {
-	if gc.rest() {
+	gc.mu.Lock()
+	if len(gc.queue) == 0 {
+		gc.idle()
 		return queued{}, false
 	}
-	gc.mu.Lock()
 	q := gc.queue[0]
 	n := copy(gc.queue, gc.queue[1:])
 	gc.queue[n] = queued{}
@@ -344,21 +344,27 @@ func (gc *gconn) take() (queued, bool) {
 	return q, true
 }
 
-// rest marks the connection idle if its queue is empty, waking the loop if
-// it stopped parsing for a full queue, and reports whether it did.
+// rest marks the connection idle if its queue is empty and reports whether
+// it did.
 func (gc *gconn) rest() bool {
 	gc.mu.Lock()
 	if len(gc.queue) > 0 {
 		gc.mu.Unlock()
 		return false
 	}
+	gc.idle()
+	return true
+}
+
+// idle, with mu held and the queue empty, marks the connection idle and
+// unlocks mu, waking the loop if it stopped parsing for a full queue.
+func (gc *gconn) idle() {
 	gc.busy.Store(false)
 	wake := gc.paused
 	gc.mu.Unlock()
 	if wake {
 		_ = gc.c.Wake(nil)
 	}
-	return true
 }
 
 // done releases a served request.
