@@ -26,15 +26,22 @@ func answer(ctx *fasthttp.RequestCtx) {
 }
 
 // BenchmarkFrontend: keep-alive clients on loopback POST a 1 KB completion
-// and read its 1 KB answer, through each front end with the same handler.
-// The clients share the machine's cores with the server; allocs/op counts
-// the whole process, clients included (they allocate nothing warm).
+// and read its 1 KB answer, through each front end with the same handler,
+// and on gnet with the handler run on the event loop (Handler.OnLoop, as
+// the gateway runs it). The clients share the machine's cores with the
+// server; allocs/op counts the whole process, clients included (they
+// allocate nothing warm).
 func BenchmarkFrontend(b *testing.B) {
 	req := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
 		strconv.Itoa(len(completion1KB)) + "\r\n\r\n" + completion1KB)
-	for _, name := range frontEnds {
+	for _, name := range append(frontEnds, "gnet-loop") {
 		b.Run(name, func(b *testing.B) {
-			addr := serve(b, name, frontend.Handler{Serve: answer, Error: writeFrontError})
+			h := frontend.Handler{Serve: answer, Error: writeFrontError}
+			fe := name
+			if name == "gnet-loop" {
+				fe, h.OnLoop = frontend.NameGNet, true
+			}
+			addr := serve(b, fe, h)
 			b.ReportAllocs()
 			b.SetParallelism(8)
 			b.ResetTimer()

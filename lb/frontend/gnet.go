@@ -89,6 +89,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 			gnet.WithReusePort(true),
 			gnet.WithTicker(true),
 			gnet.WithLogger(gnetLogger{}))
+		releaseLoops()
 		if s.runErr != nil {
 			s.failed <- s.runErr
 		}
@@ -105,20 +106,40 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 // procs is GOMAXPROCS as the process started: the cores it may use.
 var procs = runtime.GOMAXPROCS(0)
 
+// running counts the gnet front ends running, which raised GOMAXPROCS
+// from before (see eventLoops).
+var running struct {
+	sync.Mutex
+	n      int
+	before int
+}
+
 // eventLoops is one loop per core, and it makes room for them: a loop
 // waits in a blocking epoll_wait that keeps its P, so were the loops to
 // take every P, goroutines (streams, PD exchanges, the workers) would only
-// run once the runtime's monitor took one back, after up to 10 ms.
-// GOMAXPROCS grows by the loops' count, which leaves goroutines the Ps they
-// had. Measured (bench/sse/run.sh, 64 streams, and bench/proxy, 2 cores):
-// two loops on 2 Ps added 17 ms at p99 to relayed events; one loop on 2
-// Ps served 30% fewer proxied requests than two; two loops on 4 Ps did both
-// well.
+// run once the runtime's monitor took one back, after up to 10 ms. While a
+// gnet front end runs, GOMAXPROCS is raised by the loops' count, which
+// leaves goroutines the Ps they had. Measured (bench/sse/run.sh, 64
+// streams, and bench/proxy, 2 cores): two loops on 2 Ps added 17 ms at p99
+// to relayed events; one loop on 2 Ps served 30% fewer proxied requests
+// than two; two loops on 4 Ps did both well.
 func eventLoops() int {
-	if runtime.GOMAXPROCS(0) < 2*procs {
-		runtime.GOMAXPROCS(2 * procs)
+	running.Lock()
+	defer running.Unlock()
+	if running.n == 0 {
+		running.before = runtime.GOMAXPROCS(2 * procs)
 	}
+	running.n++
 	return procs
+}
+
+// releaseLoops gives GOMAXPROCS back once the last gnet front end stopped.
+func releaseLoops() {
+	running.Lock()
+	defer running.Unlock()
+	if running.n--; running.n == 0 {
+		runtime.GOMAXPROCS(running.before)
+	}
 }
 
 // reservePort listens on addr with SO_REUSEPORT, so the loops can bind the
