@@ -294,3 +294,44 @@ func TestLoopTimeouts(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestLoopStreamClientGone: a client that leaves a stream relayed on the
+// loop gets the pod's connection closed (which tells the pod to stop), and
+// nothing stays charged.
+func TestLoopStreamClientGone(t *testing.T) {
+	stopped := make(chan struct{})
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		ev := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+		for {
+			if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+				close(stopped)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	s := gnetGateway(t, []config.Pod{{Model: "m", Address: pod}}, nil)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", resp, err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	c.Close()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pod still streams 10 s after its client left")
+	}
+	waitIdle(t, s)
+}

@@ -58,7 +58,14 @@ var client = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
 
 func post(t *testing.T, s *lb.Server, path, body string) (*http.Response, string) {
 	t.Helper()
-	resp, err := client.Post("http://"+s.Addr()+path, "application/json", strings.NewReader(body))
+	return postVia(t, client, s, path, body)
+}
+
+// postVia is post with a client of the test's own (one that keeps its
+// connections, say).
+func postVia(t *testing.T, c *http.Client, s *lb.Server, path, body string) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Post("http://"+s.Addr()+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,13 +281,20 @@ func waitIdle(t *testing.T, s *lb.Server) {
 
 // TestUpstreamFaults runs on both front ends: on gnet, whole answers are
 // exchanged on the event loop, streams on a worker.
+// A client that keeps its connection gets streams relayed on the loop
+// too; one that closes after each answer gets them from a worker.
 func TestUpstreamFaults(t *testing.T) {
 	for _, fe := range []string{"fasthttp", "gnet"} {
-		t.Run(fe, func(t *testing.T) { testUpstreamFaults(t, fe) })
+		t.Run(fe, func(t *testing.T) { testUpstreamFaults(t, fe, client) })
 	}
+	t.Run("gnet-keepalive", func(t *testing.T) {
+		kc := &http.Client{Timeout: 20 * time.Second}
+		defer kc.CloseIdleConnections()
+		testUpstreamFaults(t, "gnet", kc)
+	})
 }
 
-func testUpstreamFaults(t *testing.T, frontend string) {
+func testUpstreamFaults(t *testing.T, frontend string, via *http.Client) {
 	closedPort := func() string {
 		ln, _ := net.Listen("tcp", "127.0.0.1:0")
 		addr := ln.Addr().String()
@@ -329,7 +343,7 @@ func testUpstreamFaults(t *testing.T, frontend string) {
 	}
 	f := func(model string, stream bool, status int, inBody string) {
 		t.Helper()
-		resp, b := post(t, s, "/v1/chat/completions", body(model, stream))
+		resp, b := postVia(t, via, s, "/v1/chat/completions", body(model, stream))
 		if resp.StatusCode != status || !strings.Contains(b, inBody) {
 			t.Fatalf("%s: got %d %q, want %d with %q", model, resp.StatusCode, b, status, inBody)
 		}
@@ -343,7 +357,7 @@ func testUpstreamFaults(t *testing.T, frontend string) {
 	// A stream that breaks after its first byte: the whole events, then an
 	// error event; never the half event.
 	f("mid", true, 200, `data: {"choices":[{"delta":{"content":"b"}}]}`+"\n\n"+`data: {"error"`)
-	resp, b := post(t, s, "/v1/chat/completions", body("mid", true))
+	resp, b := postVia(t, via, s, "/v1/chat/completions", body("mid", true))
 	if strings.Contains(b, `{"choi`+"\n") || !strings.HasSuffix(b, "\n\n") || resp.StatusCode != 200 {
 		t.Fatalf("broken stream relayed badly: %q", b)
 	}

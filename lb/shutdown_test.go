@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -43,10 +44,22 @@ func TestShutdownLetsStreamsFinish(t *testing.T) {
 	}
 }
 
+// TestShutdownDeadlineEndsStreams runs with a client that closes after
+// each answer (on gnet its stream is relayed by a goroutine) and one that
+// keeps its connection (relayed on the event loop).
 func TestShutdownDeadlineEndsStreams(t *testing.T) {
+	t.Run("close", func(t *testing.T) { testShutdownDeadlineEndsStreams(t, client) })
+	t.Run("keepalive", func(t *testing.T) {
+		kc := &http.Client{Timeout: 20 * time.Second}
+		defer kc.CloseIdleConnections()
+		testShutdownDeadlineEndsStreams(t, kc)
+	})
+}
+
+func testShutdownDeadlineEndsStreams(t *testing.T, via *http.Client) {
 	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1)...), nil)
 	// Twenty seconds of tokens: longer than the grace the shutdown gives.
-	resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+	resp, err := via.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"stream"}],"max_tokens":2000,"stream":true}`))
 	if err != nil {
 		t.Fatal(err)

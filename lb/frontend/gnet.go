@@ -342,6 +342,10 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 		s.o.Conns.Release(c.RemoteAddr())
 	}
 	gc.closed = true
+	if gc.relaying != nil {
+		// The pod learns to stop generating; OnClose ends the relay.
+		_ = gc.relaying.c.Close()
+	}
 	if gc.stalled {
 		gc.stalled = false
 		gc.wrote <- net.ErrClosed

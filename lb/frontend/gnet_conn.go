@@ -74,11 +74,13 @@ type gconn struct {
 	// Serving on the loop (see loop.go): the request served there, nil
 	// when none; the task it moved to a worker; whether an Exchange of it
 	// is in flight. Only while no worker runs.
-	ls      *loopState
-	loop    Loop
-	cur     *fasthttp.RequestCtx
-	task    Task
-	pending bool
+	ls       *loopState
+	loop     Loop
+	cur      *fasthttp.RequestCtx
+	task     Task
+	pending  bool
+	relaying *upConn // the pod's connection of a stream relayed on the loop
+	lchunks  loopChunks
 
 	// Read by OnTick's idle sweep.
 	lastRead atomic.Int64 // coarse unix nanoseconds of the last traffic
@@ -126,6 +128,7 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 	gc.drained = func(c gnet.Conn, err error) error { return gc.settle(c, err, 0) }
 	gc.chunks.gc = gc
 	gc.loop.gc = gc
+	gc.lchunks.gc = gc
 	return gc
 }
 
@@ -138,7 +141,7 @@ func (gc *gconn) read() gnet.Action {
 			_, _ = c.Discard(n)
 			break
 		}
-		if n == 0 || n < gc.need || gc.cur != nil || !gc.room() {
+		if n == 0 || n < gc.need || gc.cur != nil || gc.relaying != nil || !gc.room() {
 			break
 		}
 		buf, _ := c.Peek(n)
@@ -184,7 +187,7 @@ func (gc *gconn) serveOnLoop(ctx *fasthttp.RequestCtx) {
 // any other answer is written here.
 func (gc *gconn) afterLoop() {
 	ctx := gc.cur
-	if gc.pending {
+	if gc.pending || gc.relaying != nil {
 		return
 	}
 	gc.cur = nil
@@ -213,7 +216,7 @@ func (gc *gconn) afterLoop() {
 // resume parses what the client sent while its request was served on the
 // loop; Exchange's end calls it, from the upstream connection's event.
 func (gc *gconn) resume() {
-	if gc.cur == nil && !gc.closed && gc.read() == gnet.Close {
+	if gc.cur == nil && gc.relaying == nil && !gc.closed && gc.read() == gnet.Close {
 		_ = gc.c.Close()
 	}
 }

@@ -3,6 +3,7 @@ package frontend
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -58,9 +59,10 @@ func (l *Loop) Detach(t Task) { l.gc.task = t }
 // whole response, or the error: the dial's; fasthttp.ErrTimeout when the
 // response was not whole within timeout; fasthttp.ErrConnectionClosed (no
 // byte of it came) or io.ErrUnexpectedEOF when the pod closed the
-// connection first. req may be reused once Exchange returns; resp is the
-// exchange's until done.
-func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConns int, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
+// connection first. With stream, a 200 answer ends the exchange at its
+// header: ExchangeDone starts its Relay. req may be reused once Exchange
+// returns; resp is the exchange's until done.
+func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConns int, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
 	gc := l.gc
 	ls := gc.ls
 	uc := ls.take(addr)
@@ -86,7 +88,7 @@ func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConn
 			return fasthttp.ErrConnectionClosed
 		}
 	}
-	uc.gc, uc.resp, uc.done = gc, resp, done
+	uc.gc, uc.resp, uc.done, uc.stream = gc, resp, done, stream
 	uc.deadline = gc.s.now.Load() + int64(timeout)
 	gc.s.noteTimeout(timeout)
 	gc.pending = true
@@ -190,10 +192,10 @@ func (ls *loopState) sweepConns() {
 	for _, uc := range ls.conns {
 		switch {
 		case uc.c == nil:
-		case uc.done != nil && now > uc.deadline:
+		case (uc.done != nil || uc.sink != nil) && now > uc.deadline:
 			uc.timedOut = true
 			_ = uc.c.Close() // on a later turn of the loop: OnClose ends the exchange
-		case uc.done == nil && now-uc.idleSince > int64(upstreamIdle):
+		case uc.done == nil && uc.sink == nil && now-uc.idleSince > int64(upstreamIdle):
 			_ = uc.c.Close()
 		}
 	}
@@ -216,6 +218,16 @@ type upConn struct {
 	need     int  // bytes the response needs before a reparse (0: unknown)
 	got      bool // bytes of the response arrived
 	timedOut bool // the sweep closed it
+	stream   bool // a 200 answer is relayed (see loop_relay.go)
+
+	// The relay of a streamed answer (sink nil: none): the body decoder's
+	// state, the stream's writer, and the wait allowed for each next byte.
+	sink       Sink
+	idle       time.Duration
+	w          StreamWriter
+	state      int
+	remain     int
+	closeAfter bool // the pod answered Connection: close
 
 	idleSince int64
 }
@@ -275,6 +287,9 @@ func (uc *upConn) opened(c gnet.Conn) []byte {
 
 // read parses the response of the exchange in flight once it is whole.
 func (uc *upConn) read() gnet.Action {
+	if uc.sink != nil {
+		return uc.feed()
+	}
 	c := uc.c
 	n := c.InboundBuffered()
 	if uc.done == nil {
@@ -291,6 +306,9 @@ func (uc *upConn) read() gnet.Action {
 		return gnet.None
 	}
 	_, _ = c.Discard(used)
+	if err == errStreamHead {
+		return uc.handOff()
+	}
 	if err != nil {
 		uc.finish(err)
 		return gnet.Close
@@ -317,6 +335,11 @@ func (uc *upConn) parse(buf []byte) (int, error) {
 	resp := uc.resp
 	resp.Reset()
 	err := resp.Header.Read(p.br)
+	if err == nil && uc.stream && resp.StatusCode() == fasthttp.StatusOK {
+		uc.startBody(resp.Header.ContentLength())
+		uc.closeAfter = resp.ConnectionClose()
+		return p.consumed(buf), errStreamHead
+	}
 	if err == nil {
 		if cl := resp.Header.ContentLength(); cl >= 0 && len(buf) < p.consumed(buf)+cl {
 			uc.need = p.consumed(buf) + cl
@@ -335,6 +358,10 @@ func (uc *upConn) parse(buf []byte) (int, error) {
 // closed is OnClose: an exchange in flight ends with the reason.
 func (uc *upConn) closed() {
 	uc.ls.forget(uc)
+	if uc.sink != nil {
+		uc.relayClosed()
+		return
+	}
 	if uc.done == nil {
 		return
 	}
@@ -346,6 +373,27 @@ func (uc *upConn) closed() {
 		err = io.ErrUnexpectedEOF
 	}
 	uc.finish(err)
+}
+
+// errStreamHead: the header of an answer to relay is in.
+var errStreamHead = errors.New("frontend: a streamed answer's header")
+
+// handOff ends the exchange at its streamed answer's header: ExchangeDone
+// starts the relay, which takes the body from here.
+func (uc *upConn) handOff() gnet.Action {
+	gc, done := uc.gc, uc.done
+	uc.resp, uc.done = nil, nil
+	gc.pending = false
+	gc.relaying = uc
+	done.ExchangeDone(nil)
+	if uc.sink == nil {
+		// The handler answered otherwise; the body is not read.
+		gc.relaying, uc.gc = nil, nil
+		gc.afterLoop()
+		gc.resume()
+		return gnet.Close
+	}
+	return uc.feed()
 }
 
 // finish hands the exchange's end to its request, on the loop, and lets

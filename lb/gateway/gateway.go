@@ -365,6 +365,9 @@ type exchange struct {
 	up   *fasthttp.Request
 	resp *fasthttp.Response
 	pod  *pool.Pod
+	// A stream's: its model's metrics and its tokens' timing.
+	mm    *modelMetrics
+	times tokenTimes
 }
 
 var exchangePool = sync.Pool{New: func() any { return new(exchange) }}
@@ -388,7 +391,7 @@ func releaseExchange(x *exchange) {
 		x.key = nil
 	}
 	x.policy, x.cascade = nil, nil
-	x.g, x.ctx, x.m, x.up, x.resp, x.pod = nil, nil, nil, nil, nil, nil
+	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.mm = nil, nil, nil, nil, nil, nil, nil
 	if x.pd != nil {
 		x.pd.release()
 		x.pd = nil

@@ -93,9 +93,10 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	if !g.resolve(ctx, x, m) {
 		return
 	}
-	if l := frontend.LoopOf(ctx); l != nil && (x.cascade != nil || x.req.Stream || g.admit != nil) {
-		// A PD exchange, a stream and an admission wait block: they go
-		// on a worker.
+	if l := frontend.LoopOf(ctx); l != nil && (x.cascade != nil || g.admit != nil || (x.req.Stream && !l.CanRelay())) {
+		// A PD exchange and an admission wait block, and a stream that is
+		// the connection's last answer is written by one: they go on a
+		// worker.
 		l.Detach(x)
 		return
 	}
@@ -150,8 +151,8 @@ func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, r
 }
 
 // sendOnLoop places x on a pod of m and hands up to the loop's connection
-// to it; ExchangeDone continues. Only whole answers come here, and no
-// admission: nothing on the way waits.
+// to it; ExchangeDone continues. No admission comes here: nothing on the
+// way waits.
 func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response) {
 	pod := g.pick(m, x, sessionOf(ctx))
 	if pod == nil {
@@ -162,7 +163,7 @@ func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exch
 	g.attempt(m, x, pod, up)
 	u := g.cfg.Upstream
 	x.up, x.resp, x.pod = up, resp, pod
-	if err := l.Exchange(pod.Config.Address, u.ConnectTimeout, u.ResponseTimeout, u.MaxConnsPerPod, up, resp, x); err != nil {
+	if err := l.Exchange(pod.Config.Address, u.ConnectTimeout, u.ResponseTimeout, u.MaxConnsPerPod, x.req.Stream, up, resp, x); err != nil {
 		x.ExchangeDone(err)
 	}
 }
@@ -172,10 +173,10 @@ func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exch
 func (x *exchange) ExchangeDone(err error) {
 	g, ctx, m, pod := x.g, x.ctx, x.m, x.pod
 	if err == nil {
+		// x.resp stays: a stream relayed on the loop finishes with it.
 		fasthttp.ReleaseRequest(x.up)
-		resp := x.resp
-		x.up, x.resp = nil, nil
-		g.respond(ctx, x, m, pod, resp)
+		x.up = nil
+		g.respond(ctx, x, m, pod, x.resp)
 		return
 	}
 	if g.attemptFailed(x, pod, err) {
@@ -208,6 +209,11 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
 
 	if x.req.Stream && status == fasthttp.StatusOK {
+		x.mm, x.times = g.metrics.model(m), tokenTimes{}
+		if l := frontend.LoopOf(ctx); l != nil {
+			l.Relay(g.cfg.Upstream.StreamIdleTimeout, x)
+			return
+		}
 		frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
 			// Deferred, so that a relay that panics (the front end cuts
 			// the stream and logs it) still gives back its charges and
@@ -380,9 +386,9 @@ func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
 func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *exchange, m *pool.Model, pod *pool.Pod) int {
 	conn := connOf(resp)
 	stream := resp.BodyStream()
-	mm := g.metrics.model(m)
+	x.mm, x.times = g.metrics.model(m), tokenTimes{}
 	idle := g.cfg.Upstream.StreamIdleTimeout
-	var t tokenTimes
+	t := &x.times
 	for {
 		if conn != nil {
 			_ = conn.SetReadDeadline(g.readDeadline(x, idle, t.started))
@@ -390,14 +396,14 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *ex
 		n, err := g.readUpstream(stream, x.wait[:])
 		if n > 0 {
 			t.started = true
-			werr := g.pass(w, x.wait[:n], x, pod, mm, &t)
+			werr := g.pass(w, x.wait[:n], x, pod)
 			// The byte began an event, or continued one, that needs more:
 			// block for it with a buffer. Had it ended one, the event
 			// goes out first, and the relay waits bufferless again.
 			if werr == nil && err == nil && len(x.events.Pending()) > 0 {
 				buf := relayBufs.Get().(*[relayBufferBytes]byte)
 				if n, err = g.readUpstream(stream, buf[:]); n > 0 {
-					werr = g.pass(w, buf[:n], x, pod, mm, &t)
+					werr = g.pass(w, buf[:n], x, pod)
 				}
 				relayBufs.Put(buf)
 			}
@@ -417,17 +423,30 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *ex
 		}
 		if err != nil {
 			closeStream(resp, err)
-			e := g.streamError(x, err)
-			buf := relayBufs.Get().(*[relayBufferBytes]byte)
-			_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
-			relayBufs.Put(buf)
-			_ = w.Flush()
-			return e.Status
+			return g.relayBroke(w, x, err)
 		}
 	}
+	g.relayDone(x, pod)
+	return fasthttp.StatusOK
+}
+
+// relayBroke ends a stream that broke with err with an error event and
+// returns the status to count.
+func (g *Gateway) relayBroke(w *frontend.StreamWriter, x *exchange, err error) int {
+	e := g.streamError(x, err)
+	buf := relayBufs.Get().(*[relayBufferBytes]byte)
+	_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
+	relayBufs.Put(buf)
+	_ = w.Flush()
+	return e.Status
+}
+
+// relayDone learns from a stream that ran to its end: its TPOT.
+func (g *Gateway) relayDone(x *exchange, pod *pool.Pod) {
+	t := &x.times
 	if n := x.counted.Tokens(); n > 1 {
 		tpot := t.last.Sub(t.first).Seconds() / float64(n-1)
-		mm.tpot.Update(tpot)
+		x.mm.tpot.Update(tpot)
 		// The pod's step time at its batch teaches its TPOT line, which
 		// admission predicts from.
 		batch, _ := decodeBatch(pod)
@@ -436,7 +455,35 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *ex
 			g.admit.Observe(x.class, t.first.Sub(x.start).Seconds(), tpot)
 		}
 	}
-	return fasthttp.StatusOK
+}
+
+// Body relays the pod's next bytes of a stream on the event loop
+// (frontend.Sink).
+func (x *exchange) Body(w *frontend.StreamWriter, p []byte) error {
+	g := x.g
+	if g.aborting.Load() {
+		return errShuttingDown
+	}
+	x.times.started = true
+	if err := g.pass(w, p, x, x.pod); err != nil {
+		return err
+	}
+	return x.events.Err()
+}
+
+// End ends a stream relayed on the event loop (frontend.Sink).
+func (x *exchange) End(w *frontend.StreamWriter, err error) {
+	g := x.g
+	code := fasthttp.StatusOK
+	switch {
+	case err == nil:
+		g.relayDone(x, x.pod)
+	case errors.Is(err, frontend.ErrClientGone):
+		code = statusClientClosed
+	default:
+		code = g.relayBroke(w, x, err)
+	}
+	g.finish(x, x.m, x.pod, x.resp, code)
 }
 
 // relayBufferBytes is the most one upstream read relays at once. Engines
@@ -467,7 +514,8 @@ func (g *Gateway) readUpstream(stream io.Reader, b []byte) (int, error) {
 // pass feeds the pod's bytes b to the stream's SSE splitter and writes every
 // event they complete, unchanged, counting tokens on the way. It returns the
 // client's write error.
-func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *exchange, pod *pool.Pod, mm *modelMetrics, t *tokenTimes) error {
+func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *exchange, pod *pool.Pod) error {
+	t := &x.times
 	x.events.Feed(b)
 	for {
 		ev, ok := x.events.Next()
@@ -481,7 +529,7 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *exchange, pod *poo
 			if t.first.IsZero() {
 				t.first = t.last
 				g.prefillDone(x, pod, t.first)
-				mm.ttft.Update(t.first.Sub(x.start).Seconds())
+				x.mm.ttft.Update(t.first.Sub(x.start).Seconds())
 			}
 		}
 		if _, err := w.Write(ev); err != nil {
