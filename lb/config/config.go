@@ -66,7 +66,7 @@ type Config struct {
 	// "127.0.0.1:9090"); empty disables it.
 	Admin string `yaml:"admin"`
 	// Frontend is the server that accepts clients: gnet (default: an
-	// event loop per core, whole answers exchanged on the loops) or
+	// event loop per core, completions served on the loops) or
 	// fasthttp (a goroutine per connection).
 	Frontend string `yaml:"frontend"`
 	// MaxBodyBytes is the largest request body accepted (default 8 MiB);
