@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -130,6 +131,10 @@ func TestKVEventsKeepTheIndexExact(t *testing.T) {
 }
 
 func TestAdmissionShedsWhatCannotMeetItsTarget(t *testing.T) {
+	bothClients(t, testAdmissionShedsWhatCannotMeetItsTarget)
+}
+
+func testAdmissionShedsWhatCannotMeetItsTarget(t *testing.T, via *http.Client) {
 	// One pod prefilling at 2,000 tokens/s (speedup 1) and a 0.5 s target:
 	// a prompt of ~1,600 tokens takes ~0.8 s, so it can never make it and
 	// is rejected at once, before any upstream work; short prompts pass.
@@ -139,7 +144,7 @@ func TestAdmissionShedsWhatCannotMeetItsTarget(t *testing.T) {
 		c.Admission.Interactive.TTFTSLO = 0.5
 	})
 	start := time.Now()
-	resp, b := post(t, s, "/v1/chat/completions", chat(strings.Repeat("x", 6400), "hi", 2, false))
+	resp, b := postVia(t, via, s, "/v1/chat/completions", chat(strings.Repeat("x", 6400), "hi", 2, false))
 	took := time.Since(start)
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(b, "predicted time to first token") {
 		t.Fatalf("got %d %q (Retry-After %q), want 429", resp.StatusCode, b, resp.Header.Get("Retry-After"))
@@ -148,7 +153,7 @@ func TestAdmissionShedsWhatCannotMeetItsTarget(t *testing.T) {
 		t.Fatalf("a rejected request reached the pod: %+v", st)
 	}
 	t.Logf("rejection answered in %v", took)
-	if resp, b := post(t, s, "/v1/chat/completions", chat("short", "hi", 2, false)); resp.StatusCode != 200 {
+	if resp, b := postVia(t, via, s, "/v1/chat/completions", chat("short", "hi", 2, false)); resp.StatusCode != 200 {
 		t.Fatalf("a short prompt was not admitted: %d %s", resp.StatusCode, b)
 	}
 	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
@@ -159,7 +164,9 @@ func TestAdmissionShedsWhatCannotMeetItsTarget(t *testing.T) {
 	}
 }
 
-func TestBatchRequestsWait(t *testing.T) {
+func TestBatchRequestsWait(t *testing.T) { bothClients(t, testBatchRequestsWait) }
+
+func testBatchRequestsWait(t *testing.T, via *http.Client) {
 	// A batch request that cannot meet its target now waits in the bounded
 	// queue for the prediction to clear, and is answered either way within
 	// its max wait; an interactive one in the same situation is rejected at
@@ -180,7 +187,7 @@ func TestBatchRequestsWait(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			req := strings.NewReader(long(i))
-			r, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", req)
+			r, err := via.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", req)
 			if err != nil {
 				t.Error(err)
 				return
@@ -205,7 +212,7 @@ func TestBatchRequestsWait(t *testing.T) {
 			defer wg.Done()
 			req, _ := newPost(s, long(100+i))
 			req.Header.Set("x-priority", "batch")
-			r, err := client.Do(req)
+			r, err := via.Do(req)
 			if err != nil {
 				t.Error(err)
 				return
@@ -234,7 +241,9 @@ func TestBatchRequestsWait(t *testing.T) {
 	}
 }
 
-func TestAdmissionLearnsTPOT(t *testing.T) {
+func TestAdmissionLearnsTPOT(t *testing.T) { bothClients(t, testAdmissionLearnsTPOT) }
+
+func testAdmissionLearnsTPOT(t *testing.T, via *http.Client) {
 	// A pod whose decode steps take 0.2 s against a 0.1 s TPOT target: the
 	// first streams teach the gateway its step time, after which requests
 	// are refused before any upstream work.
@@ -248,7 +257,7 @@ func TestAdmissionLearnsTPOT(t *testing.T) {
 	})
 	rejected, served := false, 0
 	for i := 0; i < 10 && !rejected; i++ {
-		resp, b := post(t, s, "/v1/chat/completions", chat("s", fmt.Sprint("q", i), 8, true))
+		resp, b := postVia(t, via, s, "/v1/chat/completions", chat("s", fmt.Sprint("q", i), 8, true))
 		switch resp.StatusCode {
 		case 200:
 			served++

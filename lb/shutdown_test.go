@@ -44,16 +44,8 @@ func TestShutdownLetsStreamsFinish(t *testing.T) {
 	}
 }
 
-// TestShutdownDeadlineEndsStreams runs with a client that closes after
-// each answer (on gnet its stream is relayed by a goroutine) and one that
-// keeps its connection (relayed on the event loop).
 func TestShutdownDeadlineEndsStreams(t *testing.T) {
-	t.Run("close", func(t *testing.T) { testShutdownDeadlineEndsStreams(t, client) })
-	t.Run("keepalive", func(t *testing.T) {
-		kc := &http.Client{Timeout: 20 * time.Second}
-		defer kc.CloseIdleConnections()
-		testShutdownDeadlineEndsStreams(t, kc)
-	})
+	bothClients(t, testShutdownDeadlineEndsStreams)
 }
 
 func testShutdownDeadlineEndsStreams(t *testing.T, via *http.Client) {

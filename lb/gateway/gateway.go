@@ -368,6 +368,9 @@ type exchange struct {
 	// A stream's: its model's metrics and its tokens' timing.
 	mm    *modelMetrics
 	times tokenTimes
+	// deferred: admission deferred x on the event loop, as deferral says.
+	deferred bool
+	deferral admitWait
 }
 
 var exchangePool = sync.Pool{New: func() any { return new(exchange) }}
@@ -392,6 +395,7 @@ func releaseExchange(x *exchange) {
 	}
 	x.policy, x.cascade = nil, nil
 	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.mm = nil, nil, nil, nil, nil, nil, nil
+	x.deferred = false
 	if x.pd != nil {
 		x.pd.release()
 		x.pd = nil

@@ -203,13 +203,35 @@ const deferPoll = 5 * time.Millisecond
 func (g *Gateway) admission(x *exchange, predict func() (ttft, tpot float64), replace func()) error {
 	since := g.clock()
 	ttft, tpot := predict()
+	if wait, err := g.admitNow(x, since, ttft, tpot); !wait {
+		return err
+	}
+	return g.awaitAdmission(x, admitWait{since, ttft, tpot}, predict, replace)
+}
+
+// admitNow asks the admission controller about x once, with the
+// predictions ttft and tpot made at since: wait reports that x was deferred
+// (queued: awaitAdmission waits for it), else err is nil to admit x or the
+// rejection to answer.
+func (g *Gateway) admitNow(x *exchange, since, ttft, tpot float64) (wait bool, err error) {
 	v := g.admit.Decide(x.class, x.ticket.ID, since, ttft, tpot)
 	switch v.Action {
 	case admit.Admit:
-		return nil
+		return false, nil
 	case admit.Reject:
-		return g.reject(x, ttft, tpot, v.RetryAfter)
+		return false, g.reject(x, ttft, tpot, v.RetryAfter)
 	}
+	return true, nil
+}
+
+// admitWait is a deferral: when it began, and the predictions it was
+// deferred on.
+type admitWait struct{ since, ttft, tpot float64 }
+
+// awaitAdmission waits for a deferred x until a prediction clears or its
+// class's max wait runs out.
+func (g *Gateway) awaitAdmission(x *exchange, w admitWait, predict func() (ttft, tpot float64), replace func()) error {
+	since, ttft, tpot := w.since, w.ttft, w.tpot
 	maxWait := g.admit.Config().Classes[x.class].MaxWait
 	for {
 		time.Sleep(deferPoll)

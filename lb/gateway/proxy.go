@@ -93,10 +93,9 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	if !g.resolve(ctx, x, m) {
 		return
 	}
-	if l := frontend.LoopOf(ctx); l != nil && (x.cascade != nil || g.admit != nil || (x.req.Stream && !l.CanRelay())) {
-		// A PD exchange and an admission wait block, and a stream that is
-		// the connection's last answer is written by one: they go on a
-		// worker.
+	if l := frontend.LoopOf(ctx); l != nil && (x.cascade != nil || (x.req.Stream && !l.CanRelay())) {
+		// A PD exchange blocks, and a stream that is the connection's last
+		// answer is written by a worker: they go on one.
 		l.Detach(x)
 		return
 	}
@@ -104,8 +103,8 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 }
 
 // Run is the rest of x's request on a worker (frontend.Task): what
-// serveCompletion would have done next, or, after a refused dial on the
-// loop, the retries.
+// serveCompletion would have done next, or, after the loop had admission
+// defer it or a pod refuse its dial, the wait or the retries.
 func (x *exchange) Run() {
 	if x.up == nil {
 		x.g.proxy(x.ctx, x, x.m)
@@ -150,15 +149,32 @@ func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, r
 	g.fail(ctx, x, m, err)
 }
 
-// sendOnLoop places x on a pod of m and hands up to the loop's connection
-// to it; ExchangeDone continues. No admission comes here: nothing on the
-// way waits.
+// sendOnLoop places x on a pod of m, admits it, and hands up to the loop's
+// connection to the pod; ExchangeDone continues. A request admission
+// defers waits on a worker.
 func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response) {
 	pod := g.pick(m, x, sessionOf(ctx))
 	if pod == nil {
 		fasthttp.ReleaseRequest(up)
 		g.unsent(ctx, x, m, resp, openai.NoHealthyPod(x.req.Model))
 		return
+	}
+	if g.admit != nil {
+		since := g.clock()
+		ttft, tpot := predict(x, pod, pod)
+		wait, err := g.admitNow(x, since, ttft, tpot)
+		if err != nil {
+			fasthttp.ReleaseRequest(up)
+			g.unsent(ctx, x, m, resp, err)
+			return
+		}
+		if wait {
+			// send waits, then places it anew.
+			x.deferred, x.deferral = true, admitWait{since, ttft, tpot}
+			x.up, x.resp = up, resp
+			l.Detach(x)
+			return
+		}
 	}
 	g.attempt(m, x, pod, up)
 	u := g.cfg.Upstream
@@ -264,11 +280,20 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 			break
 		}
 		if attempt == 0 && g.admit != nil {
-			err := g.admission(x, func() (float64, float64) { return predict(x, pod, pod) }, func() {
+			predictOn := func() (float64, float64) { return predict(x, pod, pod) }
+			replace := func() {
 				if p := g.pick(m, x, session); p != nil {
 					pod = p
 				}
-			})
+			}
+			var err error
+			if x.deferred {
+				// Deferred on the event loop: the wait is what is left.
+				x.deferred = false
+				err = g.awaitAdmission(x, x.deferral, predictOn, replace)
+			} else {
+				err = g.admission(x, predictOn, replace)
+			}
 			if err != nil {
 				return nil, err
 			}
