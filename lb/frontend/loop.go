@@ -21,9 +21,10 @@ import (
 // none. A handler that sets Handler.OnLoop is run on the gnet loop itself
 // for a request that arrives on an otherwise idle connection; it forwards
 // the request with Loop.Exchange over an upstream connection registered on
-// the same loop and answers from ExchangeDone, so a whole request and its
-// answer cross no thread. What must block (a stream, a wait) moves to a
-// worker with Loop.Detach.
+// the same loop and answers from ExchangeDone, or relays the answer's
+// stream from there (loop_relay.go), so a request and its answer cross no
+// thread. What must block (a prefill/decode exchange, an admission wait)
+// moves to a worker with Loop.Detach.
 
 // Loop is the event loop a request is served on, as LoopOf returns it.
 type Loop struct{ gc *gconn }
@@ -54,14 +55,13 @@ func (l *Loop) Detach(t Task) { l.gc.task = t }
 // of this loop, or a new one dialed within dialTimeout while fewer than
 // maxConns connections of this front end are open to addr; the path goes
 // as req holds it. At that cap it returns fasthttp.ErrNoFreeConns, as the
-// pods' clients do, and sends nothing.
-// Otherwise done gets, on the loop, nil once resp holds the
-// whole response, or the error: the dial's; fasthttp.ErrTimeout when the
-// response was not whole within timeout; fasthttp.ErrConnectionClosed (no
-// byte of it came) or io.ErrUnexpectedEOF when the pod closed the
-// connection first. With stream, a 200 answer ends the exchange at its
-// header: ExchangeDone starts its Relay. req may be reused once Exchange
-// returns; resp is the exchange's until done.
+// pods' clients do, and sends nothing. Otherwise done gets, on the loop,
+// nil once resp holds the whole response, or the error: the dial's;
+// fasthttp.ErrTimeout when the response was not whole within timeout;
+// fasthttp.ErrConnectionClosed (no byte of it came) or io.ErrUnexpectedEOF
+// when the pod closed the connection first. With stream, a 200 answer ends
+// the exchange at its header: ExchangeDone starts its Relay. req may be
+// reused once Exchange returns; resp is the exchange's until done.
 func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConns int, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
 	gc := l.gc
 	ls := gc.ls
@@ -238,16 +238,20 @@ type upConn struct {
 func (uc *upConn) dial(timeout time.Duration) {
 	c, err := fasthttp.DialTimeout(uc.addr, timeout)
 	if err == nil {
-		if _, err = uc.ls.el.Enroll(gnet.NewContext(context.Background(), uc), c); err == nil {
+		// Once Enroll took c, gnet keeps a copy of its socket and closes
+		// c; the result comes after OnOpen ran, or with why it could not.
+		var enrolled <-chan gnet.RegisteredResult
+		if enrolled, err = uc.ls.el.Enroll(gnet.NewContext(context.Background(), uc), c); err != nil {
+			_ = c.Close()
+		} else if err = (<-enrolled).Err; err == nil {
 			return
 		}
-		_ = c.Close()
 	}
 	if xerr := uc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		uc.ls.forget(uc)
 		uc.finish(err)
 		return nil
-	})); xerr != nil {
+	})); xerr != nil && uc.ls.s.o.Log != nil {
 		// The loop is gone (shutdown): so is the client's connection.
 		uc.ls.s.o.Log.Debug("frontend: upstream dial result dropped", "pod", uc.addr, "err", err)
 	}
