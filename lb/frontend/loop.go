@@ -262,20 +262,20 @@ var upWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096
 // render writes req into uc.out, as the pods' clients would send it.
 func (uc *upConn) render(req *fasthttp.Request) {
 	w := upWriters.Get().(*bufio.Writer)
-	out := appender{b: uc.out[:0]}
-	w.Reset(&out)
+	uc.out = uc.out[:0]
+	// uc itself is the writer: an appender made here would escape to the
+	// heap through the bufio.Writer, once per request.
+	w.Reset(uc)
 	// Writing to memory cannot fail.
 	_ = req.Write(w)
 	_ = w.Flush()
 	w.Reset(nil)
 	upWriters.Put(w)
-	uc.out = out.b
 }
 
-type appender struct{ b []byte }
-
-func (a *appender) Write(p []byte) (int, error) {
-	a.b = append(a.b, p...)
+// Write appends p to the request being rendered (for render).
+func (uc *upConn) Write(p []byte) (int, error) {
+	uc.out = append(uc.out, p...)
 	return len(p), nil
 }
 
