@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"log/slog"
-	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -183,13 +181,16 @@ func (uc *upConn) decode(buf []byte) (used int, end bool, err error) {
 
 // body hands p to the sink; a sink that panics ends its stream, cut.
 func (uc *upConn) body(p []byte) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			slog.Error("frontend: a stream sink panicked; its connection is closed", "panic", r, "stack", string(debug.Stack()))
-			err = errStreamPanic
-		}
-	}()
+	defer cutOnPanic(&err)
 	return uc.sink.Body(&uc.w, p)
+}
+
+// end hands the stream's end, err, to sink, and returns err, or
+// errStreamPanic if the sink panicked.
+func (uc *upConn) end(sink Sink, err error) (out error) {
+	defer cutOnPanic(&out)
+	sink.End(&uc.w, err)
+	return err
 }
 
 // feed relays what the pod sent, on the loop.
@@ -236,15 +237,7 @@ func (uc *upConn) feed() gnet.Action {
 func (uc *upConn) endRelay(err error) {
 	gc, sink := uc.gc, uc.sink
 	uc.gc, uc.sink = nil, nil
-	func() {
-		defer func() {
-			if r := recover(); r != nil {
-				slog.Error("frontend: a stream sink panicked; its connection is closed", "panic", r, "stack", string(debug.Stack()))
-				err = errStreamPanic
-			}
-		}()
-		sink.End(&uc.w, err)
-	}()
+	err = uc.end(sink, err)
 	werr := uc.w.Flush()
 	switch {
 	case gc.closed || errors.Is(err, ErrClientGone):

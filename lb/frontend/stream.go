@@ -141,17 +141,26 @@ var (
 // front end: one stream's bug must not end every other stream in the
 // process, as it would on gnet, nor vanish into a debug line, as
 // fasthttp's own recovery would leave it.
-func (f streamBody) WriteTo(chunks io.Writer) (n int64, err error) {
+func (f streamBody) WriteTo(chunks io.Writer) (int64, error) {
 	w := StreamWriter{chunks: chunks}
-	defer func() {
-		if r := recover(); r != nil {
-			slog.Error("frontend: a stream writer panicked; its connection is closed", "panic", r, "stack", string(debug.Stack()))
-			n, err = w.n, errStreamPanic
-		}
-	}()
-	f(&w)
-	err = w.Flush()
+	err := f.run(&w)
 	return w.n, err
+}
+
+func (f streamBody) run(w *StreamWriter) (err error) {
+	defer cutOnPanic(&err)
+	f(w)
+	return w.Flush()
+}
+
+// cutOnPanic, deferred by what runs a stream's code (a stream writer, a
+// loop relay's Sink), turns its panic into errStreamPanic, which cuts that
+// stream, and logs it with its stack.
+func cutOnPanic(err *error) {
+	if r := recover(); r != nil {
+		slog.Error("frontend: a stream's code panicked; its connection is closed", "panic", r, "stack", string(debug.Stack()))
+		*err = errStreamPanic
+	}
 }
 
 // SupportsBodyWriteTo tells fasthttp to call WriteTo (fasthttp.BodyWriterTo).
