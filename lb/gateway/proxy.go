@@ -134,16 +134,18 @@ func (g *Gateway) proxy(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) {
 // forward sends up on this goroutine and answers.
 func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response) {
 	pod, err := g.send(m, x, up, resp, sessionOf(ctx))
-	fasthttp.ReleaseRequest(up)
 	if err != nil {
-		g.unsent(ctx, x, m, resp, err)
+		g.unsent(ctx, x, m, up, resp, err)
 		return
 	}
+	fasthttp.ReleaseRequest(up)
 	g.respond(ctx, x, m, pod, resp)
 }
 
-// unsent answers a request no pod answered.
-func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, resp *fasthttp.Response, err error) {
+// unsent answers a request no pod answered, with err, and lets go of its
+// upstream request and response.
+func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response, err error) {
+	fasthttp.ReleaseRequest(up)
 	fasthttp.ReleaseResponse(resp)
 	g.inFlight.Add(-1)
 	g.fail(ctx, x, m, err)
@@ -155,8 +157,7 @@ func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, r
 func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response) {
 	pod := g.pick(m, x, sessionOf(ctx))
 	if pod == nil {
-		fasthttp.ReleaseRequest(up)
-		g.unsent(ctx, x, m, resp, openai.NoHealthyPod(x.req.Model))
+		g.unsent(ctx, x, m, up, resp, openai.NoHealthyPod(x.req.Model))
 		return
 	}
 	if g.admit != nil {
@@ -164,8 +165,7 @@ func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exch
 		ttft, tpot := predict(x, pod, pod)
 		wait, err := g.admitNow(x, since, ttft, tpot)
 		if err != nil {
-			fasthttp.ReleaseRequest(up)
-			g.unsent(ctx, x, m, resp, err)
+			g.unsent(ctx, x, m, up, resp, err)
 			return
 		}
 		if wait {
@@ -199,10 +199,7 @@ func (x *exchange) ExchangeDone(err error) {
 		frontend.LoopOf(ctx).Detach(x)
 		return
 	}
-	fasthttp.ReleaseRequest(x.up)
-	resp := x.resp
-	x.up, x.resp = nil, nil
-	g.unsent(ctx, x, m, resp, g.upstreamError(err))
+	g.unsent(ctx, x, m, x.up, x.resp, g.upstreamError(err))
 }
 
 // respond relays pod's response, whose headers are in, to the client and
