@@ -23,8 +23,10 @@ import (
 
 // keepAlivePod answers every completion with a small whole JSON body on a
 // keep-alive connection, after hold returns; it counts the connections that
-// carried completions (health checks and scrapes come on their own).
-func keepAlivePod(t *testing.T, hold func()) (addr string, accepted *atomic.Int32) {
+// carried completions (health checks and scrapes come on their own). A
+// connection idle for idle (0: forever) is closed, as uvicorn does after its
+// timeout_keep_alive.
+func keepAlivePod(t *testing.T, idle time.Duration, hold func()) (addr string, accepted *atomic.Int32) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -45,6 +47,9 @@ func keepAlivePod(t *testing.T, hold func()) (addr string, accepted *atomic.Int3
 				br := bufio.NewReader(c)
 				counted := false
 				for {
+					if idle > 0 {
+						c.SetReadDeadline(time.Now().Add(idle))
+					}
 					r, err := http.ReadRequest(br)
 					if err != nil {
 						return
@@ -74,7 +79,7 @@ func holdFirst(t *testing.T) (addr string, held <-chan struct{}, release chan st
 	h := make(chan struct{}, 1)
 	release = make(chan struct{})
 	var first atomic.Bool
-	addr, _ = keepAlivePod(t, func() {
+	addr, _ = keepAlivePod(t, 0, func() {
 		if first.CompareAndSwap(false, true) {
 			h <- struct{}{}
 			<-release
@@ -95,7 +100,7 @@ func gnetGateway(t *testing.T, pods []config.Pod, edit func(*config.Config)) *lb
 }
 
 func TestLoopKeepAlive(t *testing.T) {
-	addr, accepted := keepAlivePod(t, nil)
+	addr, accepted := keepAlivePod(t, 0, nil)
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, nil)
 	kc := &http.Client{Timeout: 10 * time.Second}
 	defer kc.CloseIdleConnections()
@@ -267,7 +272,7 @@ func TestLoopAnswerShapes(t *testing.T) {
 // each get their 504, and nothing stays charged.
 func TestLoopTimeouts(t *testing.T) {
 	hang := make(chan struct{})
-	addr, _ := keepAlivePod(t, func() { <-hang })
+	addr, _ := keepAlivePod(t, 0, func() { <-hang })
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
 		c.Upstream.ResponseTimeout = 300 * time.Millisecond
 	})
@@ -334,4 +339,43 @@ func TestLoopStreamClientGone(t *testing.T) {
 		t.Fatal("the pod still streams 10 s after its client left")
 	}
 	waitIdle(t, s)
+}
+
+// TestPodClosesIdleConnections: the engines' HTTP servers (uvicorn, under
+// vLLM, SGLang and trtllm-serve) close a keep-alive connection idle for 5 s.
+// No request may go out on a connection the pod closed: it would answer
+// 502. The pods' clients let theirs go first (upstream.keepalive_timeout);
+// the event loop also sees the pod's close as it comes, so on gnet even a
+// keep-alive longer than the pod's loses nothing.
+func TestPodClosesIdleConnections(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		frontend  string
+		keepalive time.Duration
+	}{
+		{"fasthttp", "fasthttp", 150 * time.Millisecond},
+		{"gnet", "gnet", 150 * time.Millisecond},
+		{"gnet/longer than the pod's", "gnet", config.DefaultKeepaliveTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, accepted := keepAlivePod(t, 300*time.Millisecond, nil)
+			s := testGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
+				c.Frontend = tc.frontend
+				c.Health.Interval = time.Hour
+				c.Upstream.KeepaliveTimeout = tc.keepalive
+			})
+			for i := 0; i < 3; i++ {
+				if i > 0 {
+					time.Sleep(500 * time.Millisecond)
+				}
+				resp, body := post(t, s, "/v1/chat/completions", chatBody)
+				if resp.StatusCode != 200 {
+					t.Fatalf("request %d after the pod closed its idle connection: %d %s", i, resp.StatusCode, body)
+				}
+			}
+			if n := accepted.Load(); n != 3 {
+				t.Fatalf("the pod accepted %d connections for 3 requests half a second apart; want 3", n)
+			}
+		})
+	}
 }

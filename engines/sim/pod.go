@@ -66,7 +66,10 @@ const (
 	// disconnectPoll is how often a waiting handler checks whether its
 	// client hung up (wall time).
 	disconnectPoll = 20 * time.Millisecond
-	idleTimeout    = 60 * time.Second
+	// idleTimeout closes a keep-alive connection idle this long: uvicorn's
+	// timeout_keep_alive, 5 s by default, under vLLM, SGLang and
+	// trtllm-serve alike.
+	idleTimeout = 5 * time.Second
 	// idleWorker is how long fasthttp keeps an idle worker goroutine, and
 	// how often its pool's cleaner wakes; the cleaner notices Close only
 	// then, so this bounds how long a pod's last goroutine outlives it.

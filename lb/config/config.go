@@ -41,6 +41,7 @@ const (
 	DefaultConnectTimeout     = 2 * time.Second
 	DefaultResponseTimeout    = 60 * time.Second
 	DefaultStreamIdleTimeout  = 120 * time.Second
+	DefaultKeepaliveTimeout   = 4 * time.Second
 	DefaultRetries            = 1
 	DefaultHealthInterval     = 2 * time.Second
 	DefaultHealthTimeout      = time.Second
@@ -135,6 +136,11 @@ type Upstream struct {
 	Retries int `yaml:"retries"`
 	// MaxConnsPerPod caps the keep-alive pool to one pod (default 1024).
 	MaxConnsPerPod int `yaml:"max_conns_per_pod"`
+	// KeepaliveTimeout closes a connection to a pod idle this long (default
+	// 4s). It must be shorter than the pod's own: uvicorn, the HTTP server
+	// of vLLM, SGLang and trtllm-serve, closes one idle for 5 s, and a
+	// request sent on a connection the pod already closed fails with 502.
+	KeepaliveTimeout time.Duration `yaml:"keepalive_timeout"`
 }
 
 // Health configures how pods are checked.
@@ -272,6 +278,7 @@ func Default() Config {
 			StreamIdleTimeout: DefaultStreamIdleTimeout,
 			Retries:           DefaultRetries,
 			MaxConnsPerPod:    DefaultMaxConnsPerPod,
+			KeepaliveTimeout:  DefaultKeepaliveTimeout,
 		},
 		Admission: Admission{
 			Interactive: admit.DefaultConfig().Classes[admit.Interactive],
@@ -368,6 +375,7 @@ func (c *Config) Validate() error {
 		{"upstream.connect_timeout", c.Upstream.ConnectTimeout},
 		{"upstream.response_timeout", c.Upstream.ResponseTimeout},
 		{"upstream.stream_idle_timeout", c.Upstream.StreamIdleTimeout},
+		{"upstream.keepalive_timeout", c.Upstream.KeepaliveTimeout},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 		{"health.ejection_time", c.Health.EjectionTime},

@@ -31,6 +31,7 @@ func TestValidateRejects(t *testing.T) {
 	f("max_header_bytes: 10\n"+pod, "max_header_bytes = 10")
 	f("client_read_timeout: 0s\n"+pod, `client_read_timeout = "0s"`)
 	f("upstream: {response_timeout: 0s}\n"+pod, `upstream.response_timeout = "0s"`)
+	f("upstream: {keepalive_timeout: -1s}\n"+pod, `upstream.keepalive_timeout = "-1s"`)
 	f("health: {eject_after_failures: 0}\n"+pod, "health.eject_after_failures = 0")
 	f("models: [{name: m, policy: fastest}]\n"+pod, `models[0].policy = "fastest"`)
 	f("models: [{name: m}, {name: m}]\n"+pod, `models[1].name = "m" is listed twice`)
@@ -77,7 +78,7 @@ pods:
 	if p.Name != "127.0.0.1:8001" || p.Engine != "sglang" || p.Role != RoleCombined || p.Weight != 1 {
 		t.Fatalf("pod defaults not filled: %+v", p)
 	}
-	if c.Admin != DefaultAdmin || c.Upstream.StreamIdleTimeout.String() != "5s" || c.Upstream.ResponseTimeout != DefaultResponseTimeout {
+	if c.Admin != DefaultAdmin || c.Upstream.StreamIdleTimeout.String() != "5s" || c.Upstream.ResponseTimeout != DefaultResponseTimeout || c.Upstream.KeepaliveTimeout != DefaultKeepaliveTimeout {
 		t.Fatalf("defaults lost: %+v", c)
 	}
 	if c.ModelFor("m").Policy != "round_robin" || c.ModelFor("m").BlockSize != DefaultBlockSize || c.ModelFor("other").Policy != DefaultPolicy {

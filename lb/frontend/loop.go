@@ -51,30 +51,41 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 // ExchangeDone) returns, t runs on a worker goroutine.
 func (l *Loop) Detach(t Task) { l.gc.task = t }
 
-// Exchange sends req to the pod at addr over an idle keep-alive connection
-// of this loop, or a new one dialed within dialTimeout while fewer than
-// maxConns connections of this front end are open to addr; the path goes
-// as req holds it. At that cap it returns fasthttp.ErrNoFreeConns, as the
-// pods' clients do, and sends nothing. Otherwise done gets, on the loop,
-// nil once resp holds the whole response, or the error: the dial's;
-// fasthttp.ErrTimeout when the response was not whole within timeout;
+// Upstream is where and how Exchange reaches a pod.
+type Upstream struct {
+	Addr string
+	// DialTimeout bounds dialing a new connection; Timeout the wait for
+	// the whole response (for a stream, its header); Keepalive how long
+	// the connection may then idle before it is closed.
+	DialTimeout, Timeout, Keepalive time.Duration
+	// MaxConns caps this front end's open connections to Addr.
+	MaxConns int
+}
+
+// Exchange sends req to the pod at u.Addr over an idle keep-alive
+// connection of this loop, or a new one dialed while fewer than u.MaxConns
+// connections of this front end are open to it; the path goes as req holds
+// it. At that cap it returns fasthttp.ErrNoFreeConns, as the pods' clients
+// do, and sends nothing. Otherwise done gets, on the loop, nil once resp
+// holds the whole response, or the error: the dial's; fasthttp.ErrTimeout
+// when the response was not whole within u.Timeout;
 // fasthttp.ErrConnectionClosed (no byte of it came) or io.ErrUnexpectedEOF
 // when the pod closed the connection first. With stream, a 200 answer ends
 // the exchange at its header: ExchangeDone starts its Relay. req may be
 // reused once Exchange returns; resp is the exchange's until done.
-func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConns int, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
+func (l *Loop) Exchange(u Upstream, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
 	gc := l.gc
 	ls := gc.ls
-	uc := ls.take(addr)
+	uc := ls.take(u.Addr)
 	if uc == nil {
-		n := gc.s.upstreamCount(addr)
-		if n.Add(1) > int32(maxConns) {
+		n := gc.s.upstreamCount(u.Addr)
+		if n.Add(1) > int32(u.MaxConns) {
 			n.Add(-1)
 			return fasthttp.ErrNoFreeConns
 		}
-		uc = &upConn{ls: ls, addr: addr, count: n}
+		uc = &upConn{ls: ls, addr: u.Addr, count: n}
 		ls.conns = append(ls.conns, uc)
-		go uc.dial(dialTimeout)
+		go uc.dial(u.DialTimeout)
 	}
 	req.URI().DisablePathNormalizing = true
 	uc.render(req)
@@ -89,8 +100,10 @@ func (l *Loop) Exchange(addr string, dialTimeout, timeout time.Duration, maxConn
 		}
 	}
 	uc.gc, uc.resp, uc.done, uc.stream = gc, resp, done, stream
-	uc.deadline = gc.s.now.Load() + int64(timeout)
-	gc.s.noteTimeout(timeout)
+	uc.deadline = gc.s.now.Load() + int64(u.Timeout)
+	uc.keepalive = int64(u.Keepalive)
+	gc.s.noteTimeout(u.Timeout)
+	gc.s.noteTimeout(u.Keepalive)
 	gc.pending = true
 	return nil
 }
@@ -180,11 +193,6 @@ func (ls *loopState) forget(uc *upConn) {
 	uc.count.Add(-1)
 }
 
-// upstreamIdle is how long a keep-alive connection to a pod waits for its
-// next request before it is closed, as the pods' clients on the worker path
-// (pool.newClient).
-const upstreamIdle = 90 * time.Second
-
 // sweepConns, on the loop, times out exchanges past their deadline and
 // closes connections idle too long.
 func (ls *loopState) sweepConns() {
@@ -195,7 +203,7 @@ func (ls *loopState) sweepConns() {
 		case (uc.done != nil || uc.sink != nil) && now > uc.deadline:
 			uc.timedOut = true
 			_ = uc.c.Close() // on a later turn of the loop: OnClose ends the exchange
-		case uc.done == nil && uc.sink == nil && now-uc.idleSince > int64(upstreamIdle):
+		case uc.done == nil && uc.sink == nil && now-uc.idleSince > uc.keepalive:
 			_ = uc.c.Close()
 		}
 	}
@@ -230,6 +238,7 @@ type upConn struct {
 	closeAfter bool // the pod answered Connection: close
 
 	idleSince int64
+	keepalive int64 // nanoseconds it may idle (Upstream.Keepalive)
 }
 
 // dial connects on a goroutine of its own and enrolls the connection on

@@ -95,7 +95,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	g.metrics.set.RegisterMetricsWriter(g.keys.WritePrometheus)
 	g.metrics.set.RegisterMetricsWriter(g.writeDynamicMetrics)
 	g.pool.Publish(snap)
-	g.checker = pool.StartChecker(snap, cfg.Health, log)
+	g.checker = pool.StartChecker(snap, cfg.Health, cfg.Upstream.KeepaliveTimeout, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	g.stop = cancel
 	g.background(func() { g.ledger.RunJanitor(ctx) })
@@ -151,7 +151,7 @@ func (g *Gateway) Reload(cfg config.Config) error {
 	g.pool.Publish(snap)
 	g.cfg.Pods, g.cfg.Models = cfg.Pods, cfg.Models
 	g.checker.Close()
-	g.checker = pool.StartChecker(snap, cfg.Health, g.log)
+	g.checker = pool.StartChecker(snap, cfg.Health, cfg.Upstream.KeepaliveTimeout, g.log)
 	g.kv.close()
 	g.kv = kv
 	// Pods that left keep their connections only as long as requests in

@@ -179,7 +179,9 @@ func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exch
 	g.attempt(m, x, pod, up)
 	u := g.cfg.Upstream
 	x.up, x.resp, x.pod = up, resp, pod
-	if err := l.Exchange(pod.Config.Address, u.ConnectTimeout, u.ResponseTimeout, u.MaxConnsPerPod, x.req.Stream, up, resp, x); err != nil {
+	to := frontend.Upstream{Addr: pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: u.ResponseTimeout,
+		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod}
+	if err := l.Exchange(to, x.req.Stream, up, resp, x); err != nil {
 		x.ExchangeDone(err)
 	}
 }

@@ -16,10 +16,11 @@ import (
 // pods: one goroutine per pod, each with its own small client so checks never
 // wait behind request traffic for a connection.
 type Checker struct {
-	cfg  config.Health
-	log  *slog.Logger
-	stop chan struct{}
-	wg   sync.WaitGroup
+	cfg       config.Health
+	keepalive time.Duration // upstream.keepalive_timeout
+	log       *slog.Logger
+	stop      chan struct{}
+	wg        sync.WaitGroup
 }
 
 // StartChecker starts checking every pod of s. One failed check marks a pod
@@ -27,9 +28,10 @@ type Checker struct {
 // must leave a dead pod within one interval); one passing check marks it
 // healthy again. Passive ejection (Pod.ReportFailure) is separate and
 // expires on its own, so a pod that answers /health but fails requests stays
-// out for its ejection time.
-func StartChecker(s *Snapshot, cfg config.Health, log *slog.Logger) *Checker {
-	c := &Checker{cfg: cfg, log: log, stop: make(chan struct{})}
+// out for its ejection time. keepalive is how long a checker's connection
+// to a pod may idle.
+func StartChecker(s *Snapshot, cfg config.Health, keepalive time.Duration, log *slog.Logger) *Checker {
+	c := &Checker{cfg: cfg, keepalive: keepalive, log: log, stop: make(chan struct{})}
 	for _, p := range s.Pods {
 		c.wg.Add(1)
 		go c.run(p)
@@ -45,7 +47,11 @@ func (c *Checker) Close() {
 
 func (c *Checker) run(p *Pod) {
 	defer c.wg.Done()
-	client := &fasthttp.HostClient{Addr: p.Config.Address, Name: "pdlb-health", MaxConns: 2, MaxIdemponentCallAttempts: 1}
+	// Idle connections go before the pod closes them, as the pod's
+	// request clients' do (config.Upstream.KeepaliveTimeout): checks less
+	// frequent than the pod's keep-alive would each fail on a closed one.
+	client := &fasthttp.HostClient{Addr: p.Config.Address, Name: "pdlb-health", MaxConns: 2, MaxIdemponentCallAttempts: 1,
+		MaxIdleConnDuration: c.keepalive}
 	defer client.CloseIdleConnections()
 	// Start at a random point of the interval so checks of many pods do not
 	// fire in lockstep.

@@ -418,7 +418,7 @@ func newClient(cfg *config.Config, addr string, dial fasthttp.DialFunc) *fasthtt
 		Addr:                          addr,
 		Name:                          "pdlb",
 		MaxConns:                      cfg.Upstream.MaxConnsPerPod,
-		MaxIdleConnDuration:           90 * time.Second,
+		MaxIdleConnDuration:           cfg.Upstream.KeepaliveTimeout,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
 		NoDefaultUserAgentHeader:      true,
