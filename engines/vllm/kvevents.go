@@ -133,7 +133,8 @@ type Batch struct {
 // BlockEvents is a KV-cache event stream as calls, one per event. The
 // Publisher implements it (the simulated engine calls it as its prefix
 // cache stores and evicts blocks); a Subscriber calls it on its sink (the
-// gateway's index feed) with the events of the pod it follows, in order.
+// gateway's index feed) with the events of the pod it follows, in order,
+// a batch's run of BlockRemoved events in one call.
 // Callees must not keep the slices past the call: callers reuse them.
 type BlockEvents interface {
 	// BlockStored: the engine cached len(blockHashes) blocks of blockSize

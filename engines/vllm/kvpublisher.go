@@ -239,7 +239,8 @@ func (p *Publisher) BlockStored(parentHash uint64, hasParent bool, blockHashes [
 	})
 }
 
-// BlockRemoved queues a BlockRemoved event (medium GPU).
+// BlockRemoved queues one BlockRemoved event (medium GPU) per block, as
+// vLLM's block pool and SGLang's radix cache send them.
 func (p *Publisher) BlockRemoved(blockHashes []uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -248,11 +249,13 @@ func (p *Publisher) BlockRemoved(blockHashes []uint64) {
 	}
 	h0 := len(p.hashes)
 	p.hashes = append(p.hashes, blockHashes...)
-	p.pending = append(p.pending, Event{
-		Kind:        BlockRemoved,
-		BlockHashes: p.hashes[h0:len(p.hashes):len(p.hashes)],
-		Medium:      MediumGPU,
-	})
+	for i := h0; i < len(p.hashes); i++ {
+		p.pending = append(p.pending, Event{
+			Kind:        BlockRemoved,
+			BlockHashes: p.hashes[i : i+1 : i+1],
+			Medium:      MediumGPU,
+		})
+	}
 }
 
 // AllBlocksCleared queues an AllBlocksCleared event.

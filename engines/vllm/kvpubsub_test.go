@@ -331,3 +331,36 @@ func TestSubscriberCountsMalformed(t *testing.T) {
 		t.Fatalf("sink called for garbage: %q", rec.snapshot())
 	}
 }
+
+// TestDeliverJoinsRemovals: vLLM and SGLang send one BlockRemoved per
+// evicted block. A run of them reaches the sink as one list (the index
+// then removes a chain's blocks in one pass); any other event, one the
+// index skips included, ends the run.
+func TestDeliverJoinsRemovals(t *testing.T) {
+	removed := func(h uint64, medium string) Event {
+		return Event{Kind: BlockRemoved, BlockHashes: []uint64{h}, Medium: medium}
+	}
+	b := Batch{Events: []Event{
+		removed(3, MediumGPU), removed(2, MediumGPU), removed(1, ""),
+		removed(9, "CPU"),
+		removed(5, MediumGPU),
+		{Kind: BlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: MediumGPU},
+		{Kind: BlockRemoved, BlockHashes: []uint64{7, 6}, Medium: MediumGPU}, removed(4, MediumGPU),
+	}}
+	payload, err := Encode(nil, &b, EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	s := &Subscriber{sink: rec, last: -1}
+	if !s.deliver(0, payload) {
+		t.Fatal("batch not delivered")
+	}
+	want := []string{"removed [3 2 1]", "removed [5]", "stored 0/false [7] [1 2] 2", "removed [7 6 4]"}
+	if got := rec.snapshot(); !slices.Equal(got, want) {
+		t.Fatalf("sink calls:\n got %q\nwant %q", got, want)
+	}
+	if n := s.Counters.Skipped.Load(); n != 1 {
+		t.Fatalf("skipped %d events, want 1 (the CPU block)", n)
+	}
+}

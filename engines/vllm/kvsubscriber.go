@@ -123,6 +123,7 @@ type Subscriber struct {
 	// so the next batch is checked against the replay buffer even if its
 	// seq follows on.
 	suspect bool
+	removed []uint64 // scratch: a run of BlockRemoved events' hashes
 }
 
 // NewSubscriber validates cfg and starts following the pod; it returns at
@@ -336,7 +337,7 @@ func (s *Subscriber) deliver(seq int64, payload []byte) bool {
 	}
 	s.Counters.Batches.Add(1)
 	s.Counters.Events.Add(uint64(len(b.Events)))
-	for i := range b.Events {
+	for i := 0; i < len(b.Events); i++ {
 		ev := &b.Events[i]
 		switch {
 		case ev.Kind == AllBlocksCleared:
@@ -346,7 +347,18 @@ func (s *Subscriber) deliver(seq int64, payload []byte) bool {
 		case ev.Kind == BlockStored:
 			s.sink.BlockStored(ev.ParentHash, ev.HasParent, ev.BlockHashes, ev.TokenIDs, ev.BlockSize)
 		case ev.Kind == BlockRemoved:
-			s.sink.BlockRemoved(ev.BlockHashes)
+			// vLLM and SGLang send one BlockRemoved per evicted block,
+			// a prompt's deepest first. The sink gets a run of them as
+			// one list: the index removes a chain's blocks in one pass,
+			// where one call per block walks the chain once per block
+			// (quadratic in a long prompt's length).
+			removed := append(s.removed[:0], ev.BlockHashes...)
+			for i+1 < len(b.Events) && b.Events[i+1].Kind == BlockRemoved && forGPUIndex(&b.Events[i+1]) {
+				i++
+				removed = append(removed, b.Events[i].BlockHashes...)
+			}
+			s.sink.BlockRemoved(removed)
+			s.removed = removed
 		}
 	}
 	return true

@@ -1,6 +1,8 @@
 package kvindex
 
 import (
+	"fmt"
+
 	"runtime"
 	"testing"
 
@@ -88,11 +90,25 @@ func BenchmarkMemoryPerBlock(b *testing.B) {
 	}
 }
 
-// BenchmarkRemovedEviction is an engine evicting a whole 128-block prompt
-// in one BlockRemoved, deepest block first (as vLLM's free queue gives
-// them up), from a radix tree; the op stores the prompt again and evicts
-// it.
+// BenchmarkRemovedEviction is an engine evicting a whole prompt, deepest
+// block first (as vLLM's free queue gives them up), from a radix tree; the
+// op stores the prompt again and evicts it. "joined" is the removals in one
+// BlockRemoved, as the subscriber hands a run of them over; "per block" one
+// call per block, as the engines send them, whose cost grows with the
+// square of the prompt's length.
 func BenchmarkRemovedEviction(b *testing.B) {
+	for _, blocks := range []int{128, 2048} {
+		for _, joined := range []bool{true, false} {
+			name := fmt.Sprintf("%d-blocks/per-block", blocks)
+			if joined {
+				name = fmt.Sprintf("%d-blocks/joined", blocks)
+			}
+			b.Run(name, func(b *testing.B) { benchEviction(b, blocks, joined) })
+		}
+	}
+}
+
+func benchEviction(b *testing.B, blocks int, joined bool) {
 	tree, err := radix.New(radix.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -102,7 +118,6 @@ func BenchmarkRemovedEviction(b *testing.B) {
 		b.Fatal(err)
 	}
 	p := ix.Pod(0, model)
-	const blocks = 128
 	tokens := prompt(blocks*radix.DefaultBlockSize, 4)
 	hashes := make([]uint64, blocks)
 	for i := range hashes {
@@ -115,7 +130,13 @@ func BenchmarkRemovedEviction(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
-		p.BlockRemoved(deepestFirst)
+		if joined {
+			p.BlockRemoved(deepestFirst)
+			continue
+		}
+		for i := range deepestFirst {
+			p.BlockRemoved(deepestFirst[i : i+1])
+		}
 	}
 	if p.Blocks() != 0 {
 		b.Fatalf("%d blocks left", p.Blocks())
