@@ -548,3 +548,30 @@ func postWith(t *testing.T, s *lb.Server, body, header, value string) (*http.Res
 	b, _ := io.ReadAll(resp.Body)
 	return resp, string(b)
 }
+
+// TestExpectContinue: a client's Expect: 100-continue is the front end's to
+// answer; the pod gets the whole body at once and no Expect, as nginx and
+// Envoy send it.
+func TestExpectContinue(t *testing.T) {
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			expect := make(chan string, 1)
+			addr := fakePod(t, func(c net.Conn, r *http.Request) {
+				expect <- r.Header.Get("Expect")
+				body := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			})
+			s := testGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+			})
+			resp, b := postWith(t, s, chatBody, "Expect", "100-continue")
+			if resp.StatusCode != 200 || !strings.Contains(b, `"content":"ok"`) {
+				t.Fatalf("%d %s", resp.StatusCode, b)
+			}
+			if e := <-expect; e != "" {
+				t.Fatalf("the pod was sent Expect: %s", e)
+			}
+		})
+	}
+}

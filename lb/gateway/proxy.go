@@ -32,6 +32,9 @@ var hopByHop = [][]byte{
 	[]byte("Proxy-Authenticate"), []byte("Proxy-Authorization"), []byte("Te"),
 	[]byte("Trailer"), []byte("Transfer-Encoding"), []byte("Upgrade"),
 	[]byte("Host"), []byte("Content-Length"),
+	// The front end answered the client's 100-continue; the pod gets the
+	// whole body at once (as nginx and Envoy send it).
+	[]byte("Expect"),
 }
 
 func isHopByHop(k []byte) bool {
