@@ -275,8 +275,14 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 // other failure is final, since the pod may have started work.
 func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response, session string) (*pool.Pod, error) {
 	var last error
-	// Attempts made on the event loop count (see ExchangeDone).
+	// Attempts made on the event loop count (see ExchangeDone), and the
+	// backoff after one of them is waited here.
 	for attempt := len(x.tried); attempt <= g.cfg.Upstream.Retries; attempt++ {
+		if attempt > 0 {
+			// Back off a little, with jitter, so a fleet-wide hiccup is
+			// not met by every request retrying in lockstep.
+			time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << (attempt - 1))))
+		}
 		pod := g.pick(m, x, session)
 		if pod == nil {
 			break
@@ -311,9 +317,6 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 		if !g.attemptFailed(x, pod, err) {
 			break
 		}
-		// Back off a little, with jitter, so a fleet-wide hiccup is not
-		// met by every request retrying in lockstep.
-		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << attempt)))
 	}
 	if last == nil {
 		return nil, openai.NoHealthyPod(x.req.Model)
