@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -157,23 +158,39 @@ func TestLoopPipelinedOrder(t *testing.T) {
 	waitIdle(t, s)
 }
 
+// TestLoopClientGone: a client that leaves before its answer came takes
+// the pod's connection with it, which is how the pod learns to stop (as
+// behind nginx). The request counts as 499, the pod is not blamed, nothing
+// stays charged, and the gateway serves on. Whole answers and streams
+// alike: a stream's first byte comes only after the prefill.
 func TestLoopClientGone(t *testing.T) {
-	addr, held, release := holdFirst(t)
-	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, nil)
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
-	<-held
-	c.Close()
-	time.Sleep(50 * time.Millisecond) // the loop sees the client go
-	close(release)
-	// The pod's late answer finishes the request: nothing stays charged,
-	// and the gateway serves on.
-	waitIdle(t, s)
-	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
-		t.Fatalf("after a client left: %d %s", resp.StatusCode, b)
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			sims := testFleet(t, "m", 1, 1)
+			s := gnetGateway(t, podsOf("m", sims...), nil)
+			body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":3000,"stream":%v}`, strings.Repeat("a long prompt to prefill ", 2000), stream)
+			c, err := net.Dial("tcp", s.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			testwait.For(t, "the pod to take the request", func() bool { return sims[0].Stats().Running == 1 })
+			c.Close()
+			testwait.For(t, "the pod to abort the request", func() bool {
+				st := sims[0].Stats()
+				return st.Aborted == 1 && st.Running+st.Waiting == 0
+			})
+			waitIdle(t, s)
+			if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
+				t.Fatalf("%v requests counted 499, want 1", n)
+			}
+			if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 0 {
+				t.Fatalf("the pod was charged %v failures for a client that left", n)
+			}
+			if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+				t.Fatalf("after a client left: %d %s", resp.StatusCode, b)
+			}
+		})
 	}
 }
 

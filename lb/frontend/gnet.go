@@ -302,7 +302,7 @@ func (s *GNet) closeIdle(now int64) {
 // address's connection cap, it is refused.
 func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if uc, ok := c.Context().(*upConn); ok {
-		return uc.opened(c), gnet.None
+		return uc.opened(c)
 	}
 	if s.shutdown.Load() {
 		return nil, gnet.Close
@@ -342,6 +342,9 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 		s.o.Conns.Release(c.RemoteAddr())
 	}
 	gc.closed = true
+	if gc.pending && gc.up != nil {
+		gc.up.abandon()
+	}
 	if gc.relaying != nil {
 		// The pod learns to stop generating; OnClose ends the relay.
 		_ = gc.relaying.c.Close()

@@ -79,6 +79,7 @@ type gconn struct {
 	cur      *fasthttp.RequestCtx
 	task     Task
 	pending  bool
+	up       *upConn // the pod's connection of the Exchange in flight
 	relaying *upConn // the pod's connection of a stream relayed on the loop
 	lchunks  loopChunks
 

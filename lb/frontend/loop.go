@@ -70,7 +70,9 @@ type Upstream struct {
 // holds the whole response, or the error: the dial's; fasthttp.ErrTimeout
 // when the response was not whole within u.Timeout;
 // fasthttp.ErrConnectionClosed (no byte of it came) or io.ErrUnexpectedEOF
-// when the pod closed the connection first. With stream, a 200 answer ends
+// when the pod closed the connection first; ErrClientGone when the client
+// closed its connection first, which closes the pod's too (that is how a
+// pod learns to stop working on it, as behind nginx). With stream, a 200 answer ends
 // the exchange at its header: ExchangeDone starts its Relay. req may be
 // reused once Exchange returns; resp is the exchange's until done.
 func (l *Loop) Exchange(u Upstream, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
@@ -89,7 +91,7 @@ func (l *Loop) Exchange(u Upstream, stream bool, req *fasthttp.Request, resp *fa
 	}
 	req.URI().DisablePathNormalizing = true
 	uc.render(req)
-	uc.need, uc.got = 0, false
+	uc.need, uc.got, uc.clientGone = 0, false, false
 	if uc.c != nil {
 		// A write that fails closes the connection, and gnet runs
 		// OnClose inside the write: the exchange is not the
@@ -100,6 +102,7 @@ func (l *Loop) Exchange(u Upstream, stream bool, req *fasthttp.Request, resp *fa
 		}
 	}
 	uc.gc, uc.resp, uc.done, uc.stream = gc, resp, done, stream
+	gc.up = uc
 	uc.deadline = gc.s.now.Load() + int64(u.Timeout)
 	uc.keepalive = int64(u.Keepalive)
 	gc.s.noteTimeout(u.Timeout)
@@ -218,15 +221,16 @@ type upConn struct {
 	c     gnet.Conn     // nil while dialing
 
 	// The exchange in flight (done nil: none).
-	gc       *gconn
-	resp     *fasthttp.Response
-	done     Done
-	deadline int64 // unix nanoseconds
-	out      []byte
-	need     int  // bytes the response needs before a reparse (0: unknown)
-	got      bool // bytes of the response arrived
-	timedOut bool // the sweep closed it
-	stream   bool // a 200 answer is relayed (see loop_relay.go)
+	gc         *gconn
+	resp       *fasthttp.Response
+	done       Done
+	deadline   int64 // unix nanoseconds
+	out        []byte
+	need       int  // bytes the response needs before a reparse (0: unknown)
+	got        bool // bytes of the response arrived
+	timedOut   bool // the sweep closed it
+	clientGone bool // the client left: abandon closed it
+	stream     bool // a 200 answer is relayed (see loop_relay.go)
 
 	// The relay of a streamed answer (sink nil: none): the body decoder's
 	// state, the stream's writer, and the wait allowed for each next byte.
@@ -258,6 +262,9 @@ func (uc *upConn) dial(timeout time.Duration) {
 	}
 	if xerr := uc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		uc.ls.forget(uc)
+		if uc.clientGone {
+			err = ErrClientGone
+		}
 		uc.finish(err)
 		return nil
 	})); xerr != nil && uc.ls.s.o.Log != nil {
@@ -289,13 +296,27 @@ func (uc *upConn) Write(p []byte) (int, error) {
 }
 
 // opened is OnOpen of a dialed connection: the request waiting for it goes
-// out as OnOpen's answer, so a write that fails closes it after OnOpen.
-func (uc *upConn) opened(c gnet.Conn) []byte {
+// out as OnOpen's answer, so a write that fails closes it after OnOpen. A
+// request whose client left while it dialed is not sent.
+func (uc *upConn) opened(c gnet.Conn) ([]byte, gnet.Action) {
 	uc.c = c
-	if uc.done == nil {
-		return nil
+	switch {
+	case uc.clientGone:
+		return nil, gnet.Close
+	case uc.done == nil:
+		return nil, gnet.None
 	}
-	return uc.out
+	return uc.out, gnet.None
+}
+
+// abandon ends the exchange in flight because its client left: closing
+// the connection tells the pod to stop (OnClose ends the exchange with
+// ErrClientGone); one still dialing is closed once open.
+func (uc *upConn) abandon() {
+	uc.clientGone = true
+	if uc.c != nil {
+		_ = uc.c.Close()
+	}
 }
 
 // read parses the response of the exchange in flight once it is whole.
@@ -380,6 +401,8 @@ func (uc *upConn) closed() {
 	}
 	err := fasthttp.ErrConnectionClosed
 	switch {
+	case uc.clientGone:
+		err = ErrClientGone
 	case uc.timedOut:
 		err = fasthttp.ErrTimeout
 	case uc.got:
@@ -396,7 +419,7 @@ var errStreamHead = errors.New("frontend: a streamed answer's header")
 func (uc *upConn) handOff() gnet.Action {
 	gc, done := uc.gc, uc.done
 	uc.resp, uc.done = nil, nil
-	gc.pending = false
+	gc.pending, gc.up = false, nil
 	gc.relaying = uc
 	done.ExchangeDone(nil)
 	if uc.sink == nil {
@@ -414,7 +437,7 @@ func (uc *upConn) handOff() gnet.Action {
 func (uc *upConn) finish(err error) {
 	gc, done := uc.gc, uc.done
 	uc.gc, uc.resp, uc.done = nil, nil, nil
-	gc.pending = false
+	gc.pending, gc.up = false, nil
 	done.ExchangeDone(err)
 	gc.afterLoop()
 	gc.resume()

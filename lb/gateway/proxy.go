@@ -200,6 +200,14 @@ func (x *exchange) ExchangeDone(err error) {
 		g.respond(ctx, x, m, pod, x.resp)
 		return
 	}
+	if errors.Is(err, frontend.ErrClientGone) {
+		// The pod's connection closed with the client's, which tells the
+		// pod to stop; not its failure. A prefill cut short times nothing.
+		fasthttp.ReleaseRequest(x.up)
+		x.up, x.idleStart = nil, false
+		g.finish(x, m, pod, x.resp, statusClientClosed)
+		return
+	}
 	if g.attemptFailed(x, pod, err) {
 		frontend.LoopOf(ctx).Detach(x)
 		return
