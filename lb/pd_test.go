@@ -398,3 +398,44 @@ func TestPDDecodeWatchdog(t *testing.T) {
 		})
 	}
 }
+
+// TestPDClientLeaves: a client that leaves during the prefill gets no
+// decode leg (vLLM, TensorRT-LLM context first), or has both legs aborted
+// the moment it goes (SGLang's /abort_request): the decode pod generates
+// nothing for it, nothing stays charged, and it counts 499.
+func TestPDClientLeaves(t *testing.T) {
+	for _, e := range pdEngines {
+		t.Run(e.name, func(t *testing.T) {
+			slow := func(c *sim.Config) { c.Speedup = 1 }
+			pre := startSim(t, e, "pre", sim.RolePrefill, slow)
+			dec := startSim(t, e, "dec", sim.RoleDecode, slow)
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "g"), pdPod(dec, dec.Addr(), "g")}, func(c *config.Config) { c.Frontend = "gnet" })
+			body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":3000,"stream":true}`, strings.Repeat("a long prompt to prefill ", 2000))
+			c, err := net.Dial("tcp", s.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			testwait.For(t, "the prefill to start", func() bool { return pre.Stats().Running == 1 })
+			c.Close()
+			testwait.For(t, "both pods to be idle", func() bool {
+				p, d := pre.Stats(), dec.Stats()
+				return p.Running+p.Waiting+d.Running+d.Waiting == 0 && metricValue(t, s, "pdlb_requests_in_flight") == 0
+			})
+			// generation_first sent the decode leg first; a leg out on a
+			// pod's client cannot be recalled before its answer's header,
+			// so that pod stops at its first write, a few tokens in.
+			limit := int64(1)
+			if e.style == route.TRTGenerationFirst {
+				limit = 16
+			}
+			if n := dec.Stats().GeneratedTokens; n > limit {
+				t.Fatalf("the decode pod generated %d tokens for a client that left", n)
+			}
+			ledgerSettles(t, s)
+			if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
+				t.Fatalf("%v requests counted 499, want 1", n)
+			}
+		})
+	}
+}

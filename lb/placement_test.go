@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -238,6 +239,38 @@ func testBatchRequestsWait(t *testing.T, via *http.Client) {
 	}
 	if resp, b := postWith(t, s, chat("s", "hi", 2, false), "x-priority", "urgent"); resp.StatusCode != 400 || !strings.Contains(b, "x-priority") {
 		t.Fatalf("unknown priority: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestDeferredClientLeaves: a batch request waiting for admission whose
+// client leaves gives its queue slot up at once (gnet, whose loop sees the
+// client go), instead of holding it to the end of its wait and then going
+// to a pod for nobody.
+func TestDeferredClientLeaves(t *testing.T) {
+	pod := physicsPod(t, "slow", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 2000 })
+	s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: 2000}}, func(c *config.Config) {
+		c.Frontend = "gnet"
+		c.Admission.Enabled = true
+		c.Admission.Batch.TTFTSLO = 0.5
+		c.Admission.Batch.MaxWait = 60
+	})
+	// ~1,600 tokens: 0.8 s of prefill, so the prediction never clears.
+	body := chat(strings.Repeat("x", 6400), "hi", 2, false)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Priority: batch\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	waiting := func() float64 { return metricValue(t, s, `pdlb_admission_waiting{class="batch"}`) }
+	testwait.For(t, "the request to wait for admission", func() bool { return waiting() == 1 })
+	c.Close()
+	testwait.For(t, "its slot to be given up", func() bool { return waiting() == 0 })
+	waitIdle(t, s)
+	if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
+		t.Fatalf("%v requests counted 499, want 1", n)
+	}
+	if st := pod.Stats(); st.PromptTokens != 0 {
+		t.Fatalf("the request of a client that left reached the pod: %+v", st)
 	}
 }
 

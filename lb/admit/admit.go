@@ -287,6 +287,20 @@ func (c *Controller) removeAt(i int) {
 	c.count--
 }
 
+// Withdraw takes deferred request id out of the queue (its client left),
+// counted neither admitted nor rejected; false when it is not queued.
+func (c *Controller) Withdraw(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := 0; i < c.count; i++ {
+		if c.ring[(c.head+i)%len(c.ring)].ID == id {
+			c.removeAt(i)
+			return true
+		}
+	}
+	return false
+}
+
 // Head returns the oldest deferred request without removing it; ok is false
 // when the queue is empty. The caller routes it again and passes the fresh
 // predictions to Retry.

@@ -226,6 +226,27 @@ func TestExpiredKeepsOrderAcrossClasses(t *testing.T) {
 	}
 }
 
+func TestWithdraw(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Classes[Batch].MaxWait = 100
+	c, _ := New(cfg)
+	for id := uint64(1); id <= 3; id++ {
+		c.Decide(Batch, id, 0, 1000, 0)
+	}
+	// The middle one's client left: the others keep their order.
+	if !c.Withdraw(2) || c.Withdraw(2) || c.Withdraw(9) {
+		t.Fatal("Withdraw found what is not queued, or missed what is")
+	}
+	for _, id := range []uint64{1, 3} {
+		if d, _ := c.Head(); d.ID != id || !c.Retry(id, 1, 1, 0) {
+			t.Fatalf("head %d, want %d", d.ID, id)
+		}
+	}
+	if s := c.Stats(Batch); s.Admitted != 2 || s.Rejected != 0 || s.Waiting != 0 {
+		t.Fatalf("batch stats %+v: a withdrawn request counts neither admitted nor rejected", s)
+	}
+}
+
 func TestDecideAllocs(t *testing.T) {
 	c, _ := New(DefaultConfig())
 	id := uint64(0)

@@ -342,6 +342,12 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 		s.o.Conns.Release(c.RemoteAddr())
 	}
 	gc.closed = true
+	gc.mu.Lock()
+	gc.left = true
+	if gc.gone != nil {
+		close(gc.gone)
+	}
+	gc.mu.Unlock()
 	if gc.pending && gc.up != nil {
 		gc.up.abandon()
 	}

@@ -91,7 +91,9 @@ type gconn struct {
 
 	mu     sync.Mutex
 	queue  []queued
-	paused bool // parsing stopped on a full queue; the worker wakes the loop
+	paused bool          // parsing stopped on a full queue; the worker wakes the loop
+	left   bool          // OnClose ran
+	gone   chan struct{} // ClientGone's, made on first use; closed by OnClose
 
 	// Owned by the queue's owner: the worker, or a stream's goroutine.
 	wrote   chan error // one result per AsyncWritev

@@ -47,6 +47,28 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 	return &gc.loop
 }
 
+// ClientGone returns a channel that is closed once the client of ctx has
+// closed its connection, for a request served on a worker that waits (an
+// admission deferral, a prefill/decode exchange). On gnet, whose loop
+// watches every connection; nil (never ready) on fasthttp, which reads
+// nothing while a handler runs: there a client's leaving shows only when
+// its answer is written.
+func ClientGone(ctx *fasthttp.RequestCtx) <-chan struct{} {
+	gc, ok := ctx.Conn().(*gconn)
+	if !ok {
+		return nil
+	}
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	if gc.gone == nil {
+		gc.gone = make(chan struct{})
+		if gc.left {
+			close(gc.gone)
+		}
+	}
+	return gc.gone
+}
+
 // Detach moves the rest of the request to a worker: when the handler (or
 // ExchangeDone) returns, t runs on a worker goroutine.
 func (l *Loop) Detach(t Task) { l.gc.task = t }

@@ -127,6 +127,10 @@ func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	session := sessionOf(ctx)
 	var last *pdFailure
 	for attempt := 0; attempt <= g.cfg.Upstream.Retries; attempt++ {
+		if attempt > 0 && x.clientLeft() {
+			last = &pdFailure{err: errClientLeft}
+			break
+		}
 		// Each attempt places the prompt anew.
 		x.firstSeen = false
 		d, err := g.decidePD(m, x, r, session)

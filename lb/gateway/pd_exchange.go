@@ -13,6 +13,7 @@ import (
 	"pdlb/engines/sglang"
 	"pdlb/engines/trtllm"
 	"pdlb/engines/vllm"
+	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -150,6 +151,12 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 	}
 	fasthttp.ReleaseResponse(resp)
 	pre.Release()
+	if f == nil && x.clientLeft() {
+		// No decode leg for a client that left during the prefill; the
+		// prefill pod drops its KV where the protocol can say so.
+		g.abortLeg(p.proto, &p.ex, pre)
+		f = &pdFailure{err: errClientLeft}
+	}
 	if f == nil {
 		if p.decBody, err = p.proto.DecodeBody(p.decBody[:0], ctx.PostBody(), p.preResp, &p.ex); err != nil {
 			f = &pdFailure{err: openai.UpstreamError(err.Error()), header: headerPrefillError}
@@ -377,6 +384,12 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 			g.abandonDecode(l, p.dec, resp)
 			p.watched = true
 			return g.dropPair(x, nil, g.decodeFailure(x, fasthttp.ErrTimeout))
+		case <-frontend.ClientGone(ctx):
+			// Both pods drop the request where the protocol can say so.
+			g.abandonDecode(l, p.dec, resp)
+			g.abortLeg(p.proto, &p.ex, p.pre)
+			g.abortDecode(p.proto, &p.ex, p.dec)
+			return g.dropPair(x, nil, &pdFailure{err: errClientLeft})
 		}
 	}
 }

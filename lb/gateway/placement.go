@@ -235,6 +235,11 @@ func (g *Gateway) awaitAdmission(x *exchange, w admitWait, predict func() (ttft,
 	maxWait := g.admit.Config().Classes[x.class].MaxWait
 	for {
 		time.Sleep(deferPoll)
+		if x.clientLeft() {
+			// Its slot goes to a request someone still waits for.
+			g.admit.Withdraw(x.ticket.ID)
+			return errClientLeft
+		}
 		now := g.clock()
 		if now-since > maxWait {
 			// One expired entry leaves the queue per expired waiter, so

@@ -290,6 +290,9 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 			// Back off a little, with jitter, so a fleet-wide hiccup is
 			// not met by every request retrying in lockstep.
 			time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << (attempt - 1))))
+			if x.clientLeft() {
+				return nil, errClientLeft
+			}
 		}
 		pod := g.pick(m, x, session)
 		if pod == nil {
@@ -583,6 +586,21 @@ var errShuttingDown = errors.New("lb: the gateway is shutting down")
 // statusClientClosed is counted for a client that went away mid-stream
 // (nginx's 499).
 const statusClientClosed = 499
+
+// errClientLeft ends a request whose client closed its connection while a
+// worker served it; it is counted, never written.
+var errClientLeft = &openai.Error{Status: statusClientClosed, Type: openai.TypeServer, Message: "The client closed its connection."}
+
+// clientLeft reports whether x's client has closed its connection, as far
+// as its front end can tell (frontend.ClientGone).
+func (x *exchange) clientLeft() bool {
+	select {
+	case <-frontend.ClientGone(x.ctx):
+		return true
+	default:
+		return false
+	}
+}
 
 // finish ends a request that reached a pod.
 func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
