@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/engines"
+	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -252,9 +253,14 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model,
 	up.SetHost(pod.Config.Address)
 	g.place(m, x, pod)
 	resp.StreamBody = x.req.Stream
-	err := pod.Client.DoTimeout(up, resp, g.cfg.Upstream.ResponseTimeout)
+	err := doWatched(frontend.ClientGone(ctx), pod.Client, up, resp, time.Now().Add(g.cfg.Upstream.ResponseTimeout))
 	fasthttp.ReleaseRequest(up)
 	x.pd.ticket.Done()
+	if err == errClientLeft {
+		fasthttp.ReleaseResponse(resp)
+		g.unplace(x, pod)
+		return &pdFailure{err: errClientLeft}
+	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		g.unplace(x, pod)

@@ -130,7 +130,7 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 	pre := p.pre
 	up.SetBodyRaw(p.preBody)
 	resp := fasthttp.AcquireResponse()
-	err := pre.Client.DoTimeout(up, resp, p.opts.PrefillRequestTimeout)
+	err := doWatched(frontend.ClientGone(ctx), pre.Client, up, resp, time.Now().Add(p.opts.PrefillRequestTimeout))
 	fasthttp.ReleaseRequest(up)
 	status := 0
 	if err == nil {
@@ -138,7 +138,12 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 		p.preResp, err = readBody(p.preResp[:0], resp)
 	}
 	p.prefillEnd = time.Now()
-	p.metrics.prefill.Update(p.prefillEnd.Sub(p.legsStart).Seconds())
+	if err == errClientLeft {
+		// The prefill was cut short: it times nothing.
+		x.idleStart = false
+	} else {
+		p.metrics.prefill.Update(p.prefillEnd.Sub(p.legsStart).Seconds())
+	}
 	g.prefillDone(x, pre, p.prefillEnd)
 	f := prefillFailure(g, pre, status, p.preResp, err)
 	if f == nil && p.proto.PrefillAnswers(p.preResp) {
@@ -175,6 +180,8 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 // else the client's error (retryable when the pod refused the connection).
 func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err error) *pdFailure {
 	switch {
+	case err == errClientLeft:
+		return &pdFailure{err: errClientLeft}
 	case err != nil:
 		g.podFailed(pre)
 		return &pdFailure{err: g.upstreamError(err), header: headerPrefillError, retry: isDialError(err)}
@@ -202,7 +209,7 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *poo
 		dec.Acquire()
 		// Streamed even for a whole answer: the watchdog times its reads.
 		resp.StreamBody = true
-		err := dec.Client.DoDeadline(up, resp, g.decodeHeadersBy(x))
+		err := doWatched(frontend.ClientGone(ctx), dec.Client, up, resp, g.decodeHeadersBy(x))
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
 			p.ticket.Done()
@@ -212,6 +219,9 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *poo
 		}
 		fasthttp.ReleaseResponse(resp)
 		dec.Release()
+		if err == errClientLeft {
+			return g.dropPair(x, nil, &pdFailure{err: errClientLeft})
+		}
 		g.podFailed(dec)
 		x.tried = append(x.tried, dec.ID)
 		if isDialError(err) && g.moveDecode(m, x) {
@@ -319,6 +329,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 	go g.concurrentPrefill(l, concurrentPrefill{
 		pre: p.pre, dec: p.dec, up: up, timeout: p.opts.PrefillRequestTimeout, uncached: x.uncached, ticket: x.ticket,
 		proto: p.proto, ex: p.ex, metrics: p.metrics, limit: g.watchdogLimit(x), start: p.legsStart,
+		gone: frontend.ClientGone(ctx),
 	})
 	resp := g.sendConcurrentDecode(ctx, x, l)
 	var watchdog <-chan time.Time
@@ -371,6 +382,10 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 			}
 			fasthttp.ReleaseResponse(resp)
 			p.dec.Release()
+			if err == errClientLeft {
+				g.abortLeg(p.proto, &p.ex, p.pre)
+				return g.dropPair(x, nil, &pdFailure{err: errClientLeft})
+			}
 			g.podFailed(p.dec)
 			x.tried = append(x.tried, p.dec.ID)
 			if isDialError(err) && g.moveDecode(m, x) {
@@ -407,7 +422,7 @@ func (g *Gateway) sendConcurrentDecode(ctx *fasthttp.RequestCtx, x *exchange, l 
 	p.dec.Acquire()
 	l.decState.Store(decPending)
 	l.refs.Add(1)
-	go l.decode(p.dec, up, resp, g.decodeHeadersBy(x))
+	go l.decode(frontend.ClientGone(ctx), p.dec, up, resp, g.decodeHeadersBy(x))
 	return resp
 }
 
@@ -441,6 +456,7 @@ type concurrentPrefill struct {
 	metrics  *pdMetrics
 	limit    time.Duration
 	start    time.Time
+	gone     <-chan struct{} // the client's, for doWatched
 }
 
 // concurrentPrefill runs the prefill leg of a concurrent exchange and
@@ -449,7 +465,7 @@ type concurrentPrefill struct {
 func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 	defer l.release()
 	resp := fasthttp.AcquireResponse()
-	err := c.pre.Client.DoTimeout(c.up, resp, c.timeout)
+	err := doWatched(c.gone, c.pre.Client, c.up, resp, time.Now().Add(c.timeout))
 	fasthttp.ReleaseRequest(c.up)
 	status := 0
 	if err == nil {
@@ -589,9 +605,9 @@ func (l *pdLink) withDecConn(f func(*upstreamConn)) {
 
 // decode runs a concurrent decode leg until its response headers and
 // delivers them, or cleans up after a request that left.
-func (l *pdLink) decode(dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
+func (l *pdLink) decode(gone <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
 	defer l.release()
-	err := dec.Client.DoDeadline(up, resp, by)
+	err := doWatched(gone, dec.Client, up, resp, by)
 	fasthttp.ReleaseRequest(up)
 	if l.decState.CompareAndSwap(decPending, decDelivered) {
 		l.decDone <- err

@@ -320,9 +320,13 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 		g.attempt(m, x, pod, up)
 		// A stream is relayed as it comes; a whole answer is read whole.
 		resp.StreamBody = x.req.Stream
-		err := pod.Client.DoTimeout(up, resp, g.cfg.Upstream.ResponseTimeout)
+		err := doWatched(frontend.ClientGone(x.ctx), pod.Client, up, resp, time.Now().Add(g.cfg.Upstream.ResponseTimeout))
 		if err == nil {
 			return pod, nil
+		}
+		if err == errClientLeft {
+			g.unplace(x, pod)
+			return nil, err
 		}
 		last = err
 		if !g.attemptFailed(x, pod, err) {

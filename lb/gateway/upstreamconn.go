@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"io"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -48,4 +50,81 @@ func connOf(resp *fasthttp.Response) *upstreamConn {
 		return a.conn
 	}
 	return nil
+}
+
+// doWatched is client.DoDeadline for a request whose client may leave while
+// a worker waits for the pod's answer: gone (frontend.ClientGone; nil where
+// the front end cannot tell) closing closes the pod's connection, which is
+// how an engine learns to abort a request, and the call returns
+// errClientLeft. fasthttp's client cannot cancel a call, and does not say
+// which connection it took; the request's body, handed over as a stream,
+// learns it as the client writes the body (connOf: the response records the
+// connection before the request goes out). A watched request goes on a
+// connection of its own (Connection: close): a pooled one could be serving
+// another request by the time the client's leaving is seen.
+func doWatched(gone <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	body := up.Body()
+	if gone == nil || len(body) == 0 {
+		return client.DoDeadline(up, resp, deadline)
+	}
+	// A copy: handing the body over as a stream recycles its buffer.
+	w := &watchedBody{resp: resp, body: append([]byte(nil), body...)}
+	up.SetConnectionClose()
+	up.SetBodyStream(w, len(body))
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-gone:
+			if w.state.CompareAndSwap(watching, left) {
+				if c := w.conn.Load(); c != nil {
+					_ = c.Close()
+				}
+			}
+		case <-stop:
+		}
+	}()
+	err := client.DoDeadline(up, resp, deadline)
+	close(stop)
+	if !w.state.CompareAndSwap(watching, answered) {
+		// The connection is closed, or closing: whatever came is cut.
+		if err == nil {
+			closeStream(resp, errClientLeft)
+		}
+		return errClientLeft
+	}
+	return err
+}
+
+// States of a watchedBody.
+const (
+	watching int32 = iota
+	left           // the client left: the connection is closed
+	answered       // DoDeadline returned first
+)
+
+// watchedBody is a request body that records the connection it is
+// written to, for doWatched.
+type watchedBody struct {
+	resp  *fasthttp.Response
+	body  []byte
+	off   int
+	state atomic.Int32
+	conn  atomic.Pointer[upstreamConn]
+}
+
+func (w *watchedBody) Read(p []byte) (int, error) {
+	if w.off == 0 {
+		// Stored before the state is read, as the watcher sets the state
+		// before it loads the connection: one of the two sees the other.
+		w.conn.Store(connOf(w.resp))
+		if w.state.Load() == left {
+			return 0, errClientLeft
+		}
+	}
+	n := copy(p, w.body[w.off:])
+	w.off += n
+	if w.off == len(w.body) {
+		return n, io.EOF
+	}
+	return n, nil
 }
