@@ -92,7 +92,7 @@ type gconn struct {
 	mu     sync.Mutex
 	queue  []queued
 	paused bool          // parsing stopped on a full queue; the worker wakes the loop
-	left   bool          // OnClose ran
+	left   bool          // closed, for the workers (ClientGone)
 	gone   chan struct{} // ClientGone's, made on first use; closed by OnClose
 
 	// Owned by the queue's owner: the worker, or a stream's goroutine.

@@ -94,9 +94,10 @@ type Upstream struct {
 // fasthttp.ErrConnectionClosed (no byte of it came) or io.ErrUnexpectedEOF
 // when the pod closed the connection first; ErrClientGone when the client
 // closed its connection first, which closes the pod's too (that is how a
-// pod learns to stop working on it, as behind nginx). With stream, a 200 answer ends
-// the exchange at its header: ExchangeDone starts its Relay. req may be
-// reused once Exchange returns; resp is the exchange's until done.
+// pod learns to stop working on it, as behind nginx). With stream, a 200
+// answer ends the exchange at its header: ExchangeDone starts its Relay.
+// req may be reused once Exchange returns; resp is the exchange's until
+// done.
 func (l *Loop) Exchange(u Upstream, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
 	gc := l.gc
 	ls := gc.ls
