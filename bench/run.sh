@@ -184,7 +184,7 @@ scenario_overload() {
 }
 
 scenario_proxy() {
-	section "Proxy: pdlb against nginx and HAProxy (issue 8)" "wrk, 2 threads, 64 connections, the same 1 KB chat completion, against a fasthttp stub directly and through each proxy, all on this machine's 2 cores (bench/proxy/run.sh)."
+	section "Proxy: pdlb against nginx and HAProxy (issue 8)" "wrk, 2 threads, 64 connections, the same 1 KB chat completion, against a fasthttp stub directly and through each proxy, all on this machine's 2 cores, in rounds that measure every target in turn; each figure is the median of its rounds (bench/proxy/run.sh)."
 	record bench/proxy/run.sh
 }
 

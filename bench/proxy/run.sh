@@ -2,22 +2,27 @@
 # Proxy benchmark (issue 8, item 3b): wrk against a minimal fasthttp stub
 # upstream directly, then through pdlb (each front end, each of two routing
 # policies), nginx and HAProxy, all in one run on this machine, with the same
-# 1 KB non-streaming chat completion. Prints one markdown table on stdout:
-# requests/s, p50, p99, and CPU-seconds per 1,000 requests of the proxy
-# process (for "direct", of the stub), with the command of each row.
-# Progress goes to stderr.
+# 1 KB non-streaming chat completion. Every target runs from the start; the
+# measurements go round the targets ROUNDS times, so a burst of load from
+# the machine's neighbours lands on one target's sample, not its figure.
+# Prints one markdown table on stdout: per target the median over the rounds
+# of requests/s (with the lowest and highest), p50, p99, and CPU-seconds per
+# 1,000 requests of the proxy process (for "direct", of the stub), with the
+# command of each row. Progress goes to stderr.
 #
-# Knobs (environment): CONNS (64), DURATION (10s), WARMUP (3s), THREADS
-# (wrk threads, 2), PROFILE (1: take a 10 s CPU profile of pdlb under the
-# same load after its measured run and print its top), KEEP (1: keep the
-# scratch directory with wrk outputs, logs and the profile).
+# Knobs (environment): CONNS (64), ROUNDS (3), DURATION (6s per sample),
+# WARMUP (2s before each), THREADS (wrk threads, 2), PROFILE (1: take a 10 s
+# CPU profile of pdlb under the same load after the rounds and print its
+# top), KEEP (1: keep the scratch directory with wrk outputs, logs and the
+# profile).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/bench/proxy
 CONNS=${CONNS:-64}
-DURATION=${DURATION:-10s}
-WARMUP=${WARMUP:-3s}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-6s}
+WARMUP=${WARMUP:-2s}
 THREADS=${THREADS:-2}
 PROFILE=${PROFILE:-1}
 WORKERS=$(nproc)
@@ -26,8 +31,6 @@ NAME=proxybench
 # shellcheck source=harness.sh
 . "$HERE/harness.sh"
 take_port STUB
-take_port PDLB
-take_port PDLB_ADMIN
 take_port NGINX
 take_port HAPROXY
 API=/v1/chat/completions
@@ -62,85 +65,113 @@ to_ms() {
 }
 
 WRK_ARGS="-t$THREADS -c$CONNS -d$DURATION --latency -s bench/proxy/post.lua"
-ROWS=()
+# The targets in the order each round measures them: label, command, address,
+# the PIDs whose CPU time is charged to the row.
+LABELS=()
+declare -A CMD ADDR CHARGED FAILED
+# One value per round: requests/s, p50 and p99 (ms), CPU-s per 1k requests,
+# and a note (errors seen).
+declare -A RPS_S P50_S P99_S CPU_S NOTE
+# The medians the report and the targets use.
 declare -A RPS P99
 
-# measure runs wrk against addr and appends a table row. The remaining
-# arguments are the PIDs whose CPU time is charged to the row.
-measure() {
-	local label=$1 cmd=$2 addr=$3
+# target registers a started target; failed makes a row that says why not.
+target() {
+	local label=$1
+	LABELS+=("$label")
+	CMD[$label]=$2 ADDR[$label]=$3
 	shift 3
-	local url=http://$addr$API out=$DIR/wrk-${label//[^a-zA-Z0-9]/_}.txt
-	local status
+	CHARGED[$label]="$*"
+}
+failed() {
+	LABELS+=("$1")
+	FAILED[$1]=$2
+}
+
+# check sends one request and fails the target unless it answers 200.
+check() {
+	local label=$1 status
 	status=$(curl -s -o "$DIR/check.json" -w '%{http_code}' -XPOST -H 'Content-Type: application/json' \
-		--data-binary '{"model":"bench","messages":[{"role":"user","content":"hi"}]}' "$url" || true)
+		--data-binary '{"model":"bench","messages":[{"role":"user","content":"hi"}]}' "http://${ADDR[$label]}$API" || true)
 	if [ "$status" != 200 ]; then
 		log "$label answers $status, not 200: $(head -c 300 "$DIR/check.json")"
-		ROWS+=("| $label | failed: HTTP $status | | | | | \`$cmd\` |")
-		return
+		FAILED[$label]="failed: HTTP $status"
 	fi
-	log "$label: warm-up $WARMUP, then $DURATION"
+}
+
+# sample runs wrk once against a target and adds the round's values.
+sample() {
+	local label=$1 round=$2
+	local url=http://${ADDR[$label]}$API out=$DIR/wrk-${label//[^a-zA-Z0-9]/_}-$round.txt
+	log "round $round, $label: warm-up $WARMUP, then $DURATION"
 	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" -s bench/proxy/post.lua "$url" >/dev/null)
 	local t0 t1
-	t0=$(cpu_ticks "$@")
+	# shellcheck disable=SC2086 # a list of PIDs
+	t0=$(cpu_ticks ${CHARGED[$label]})
 	(cd "$ROOT" && wrk $WRK_ARGS "$url" >"$out")
-	t1=$(cpu_ticks "$@")
-	local rps reqs p50 p99 bad sockerr cpu
-	rps=$(awk '/^Requests\/sec:/{printf "%.0f", $2}' "$out")
+	# shellcheck disable=SC2086
+	t1=$(cpu_ticks ${CHARGED[$label]})
+	local reqs bad sockerr
 	reqs=$(awk '/requests in/{print $1}' "$out")
-	p50=$(to_ms "$(awk '$1=="50%"{print $2}' "$out")")
-	p99=$(to_ms "$(awk '$1=="99%"{print $2}' "$out")")
+	RPS_S[$label]+="$(awk '/^Requests\/sec:/{printf "%.0f", $2}' "$out") "
+	P50_S[$label]+="$(to_ms "$(awk '$1=="50%"{print $2}' "$out")") "
+	P99_S[$label]+="$(to_ms "$(awk '$1=="99%"{print $2}' "$out")") "
+	CPU_S[$label]+="$(awk -v us="$(cpu_us_per "$t0" "$t1" "$reqs")" 'BEGIN{printf "%.3f", us / 1000}') "
 	bad=$(awk '/Non-2xx/{print $NF}' "$out")
 	sockerr=$(awk '/Socket errors/{print}' "$out")
-	cpu=$(awk -v us="$(cpu_us_per "$t0" "$t1" "$reqs")" 'BEGIN{printf "%.3f", us / 1000}')
-	RPS[$label]=$rps
-	P99[$label]=$p99
-	local note=
-	[ -n "$bad" ] && note=" ($bad non-2xx)"
-	[ -n "$sockerr" ] && note="$note ($sockerr)"
-	ROWS+=("| $label | $rps$note | $p50 | $p99 | $cpu | @RATIO:$label@ | \`$cmd\` |")
+	[ -n "$bad" ] && NOTE[$label]+=" (round $round: $bad non-2xx)"
+	[ -n "$sockerr" ] && NOTE[$label]+=" (round $round: $sockerr)"
+	return 0
 }
 
-# stop ends one process this script started and waits for it.
-stop() {
-	kill "$1" 2>/dev/null || true
-	wait "$1" 2>/dev/null || true
+# median FORMAT NUMBER... prints the median of the numbers in printf's
+# FORMAT; lowest and highest print the extremes.
+median() {
+	local format=$1
+	shift
+	printf '%s\n' "$@" | sort -g | awk -v f="$format" '{v[NR] = $1}
+		END{printf f, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
+lowest() { printf '%s\n' "$@" | sort -g | head -1; }
+highest() { printf '%s\n' "$@" | sort -g | tail -1; }
 
-# profile_pdlb takes a 10 s CPU profile from pdlb's admin listener while wrk
-# runs the same load, and keeps the top of it for the report.
+# profile_pdlb takes a 10 s CPU profile from a pdlb's admin listener while
+# wrk runs the same load, and keeps the top of it for the report.
 profile_pdlb() {
-	local label=$1
+	local label=$1 admin=$2
 	log "$label: 10 s CPU profile under load"
-	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d12s -s bench/proxy/post.lua "http://$PDLB$API" >/dev/null) &
+	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d12s -s bench/proxy/post.lua "http://${ADDR[$label]}$API" >/dev/null) &
 	local wrk_pid=$!
 	sleep 1
-	curl -s -o "$DIR/pdlb.cpu.pprof" "http://$PDLB_ADMIN/debug/pprof/profile?seconds=10"
+	curl -s -o "$DIR/pdlb.cpu.pprof" "http://$admin/debug/pprof/profile?seconds=10"
 	wait "$wrk_pid"
 	PROFILE_TOP=$(cd "$ROOT" && go tool pprof -top -nodecount=35 "$DIR/pdlb" "$DIR/pdlb.cpu.pprof" 2>/dev/null)
 	PROFILE_CUM=$(cd "$ROOT" && go tool pprof -top -cum -nodecount=35 "$DIR/pdlb" "$DIR/pdlb.cpu.pprof" 2>/dev/null)
 	PROFILE_LABEL=$label
 }
 
-# run_pdlb measures pdlb with one front end and one policy.
-run_pdlb() {
-	local frontend=$1 policy=$2 args=(serve --pod "model=bench,address=$STUB" --listen "$PDLB" --admin "$PDLB_ADMIN")
+# start_pdlb starts pdlb with one front end and one policy, on ports of its
+# own; the default front end and policy's admin address goes in
+# PROFILED_ADMIN.
+start_pdlb() {
+	local frontend=$1 policy=$2 listen admin
+	take_port listen
+	take_port admin
+	local args=(serve --pod "model=bench,address=$STUB" --listen "$listen" --admin "$admin")
 	[ "$policy" = least_request ] && args+=(--config bench/proxy/least_request.yaml)
 	args+=(--frontend "$frontend")
 	local label="pdlb $frontend, $policy"
 	(cd "$ROOT" && exec "$DIR/pdlb" "${args[@]}") 2>"$DIR/pdlb-$frontend-$policy.log" &
 	local pid=$!
 	started
-	if ! wait_port "$PDLB"; then
-		ROWS+=("| $label | failed to start: $(tail -1 "$DIR/pdlb-$frontend-$policy.log") | | | | | |")
+	if ! wait_port "$listen"; then
+		failed "$label" "failed to start: $(tail -1 "$DIR/pdlb-$frontend-$policy.log")"
 		return
 	fi
-	measure "$label" "pdlb ${args[*]}" "$PDLB" "$pid"
-	# The default front end and policy.
-	if [ "$PROFILE" = 1 ] && [ "$frontend" = gnet ] && [ "$policy" = slo_cache ]; then
-		profile_pdlb "$label"
+	target "$label" "pdlb ${args[*]}" "$listen" "$pid"
+	if [ "$frontend" = gnet ] && [ "$policy" = slo_cache ]; then
+		PROFILED_ADMIN=$admin
 	fi
-	stop "$pid"
 }
 
 install_missing
@@ -152,12 +183,11 @@ log "building pdlb and the stub"
 STUB_PID=$!
 started
 wait_port "$STUB"
-
-measure direct "stub --listen $STUB" "$STUB" "$STUB_PID"
+target direct "stub --listen $STUB" "$STUB" "$STUB_PID"
 
 for policy in slo_cache least_request; do
-	run_pdlb gnet "$policy"
-	run_pdlb fasthttp "$policy"
+	start_pdlb gnet "$policy"
+	start_pdlb fasthttp "$policy"
 done
 
 NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
@@ -169,14 +199,13 @@ if [ -x "$NGINX_BIN" ]; then
 	started
 	# The master and its workers: the workers do the proxying.
 	if wait_port "$NGINX"; then
-		measure nginx "nginx -c nginx.conf  # bench/proxy/nginx.conf.tmpl, $WORKERS workers" "$NGINX" \
+		target nginx "nginx -c nginx.conf  # bench/proxy/nginx.conf.tmpl, $WORKERS workers" "$NGINX" \
 			"$NGINX_PID" $(pgrep -P "$NGINX_PID")
 	else
-		ROWS+=("| nginx | failed to start: $(tail -1 "$DIR/nginx.log") | | | | | |")
+		failed nginx "failed to start: $(tail -1 "$DIR/nginx.log")"
 	fi
-	stop "$NGINX_PID"
 else
-	ROWS+=("| nginx | not installed | | | | | |")
+	failed nginx "not installed"
 fi
 
 HAPROXY_BIN=$(command -v haproxy || echo /usr/sbin/haproxy)
@@ -187,26 +216,50 @@ if [ -x "$HAPROXY_BIN" ]; then
 	HAPROXY_PID=$!
 	started
 	if wait_port "$HAPROXY"; then
-		measure haproxy "haproxy -db -f haproxy.cfg  # bench/proxy/haproxy.cfg.tmpl, $WORKERS threads" "$HAPROXY" "$HAPROXY_PID"
+		target haproxy "haproxy -db -f haproxy.cfg  # bench/proxy/haproxy.cfg.tmpl, $WORKERS threads" "$HAPROXY" "$HAPROXY_PID"
 	else
-		ROWS+=("| haproxy | failed to start: $(tail -1 "$DIR/haproxy.log") | | | | | |")
+		failed haproxy "failed to start: $(tail -1 "$DIR/haproxy.log")"
 	fi
-	stop "$HAPROXY_PID"
 else
-	ROWS+=("| haproxy | not installed | | | | | |")
+	failed haproxy "not installed"
 fi
 
-# The report. Ratios are against the direct row of this same run.
+for label in "${LABELS[@]}"; do
+	[ -z "${FAILED[$label]:-}" ] && check "$label"
+done
+for round in $(seq "$ROUNDS"); do
+	for label in "${LABELS[@]}"; do
+		[ -z "${FAILED[$label]:-}" ] && sample "$label" "$round"
+	done
+done
+if [ "$PROFILE" = 1 ] && [ -n "${PROFILED_ADMIN:-}" ]; then
+	profile_pdlb "pdlb gnet, slo_cache" "$PROFILED_ADMIN"
+fi
+
+# The report: medians over the rounds; ratios against the direct row's.
+ROWS=()
+for label in "${LABELS[@]}"; do
+	if [ -n "${FAILED[$label]:-}" ]; then
+		ROWS+=("| $label | ${FAILED[$label]} | | | | | | \`${CMD[$label]:-}\` |")
+		continue
+	fi
+	# shellcheck disable=SC2086 # lists of numbers
+	{
+		RPS[$label]=$(median %.0f ${RPS_S[$label]})
+		P99[$label]=$(median %.3f ${P99_S[$label]})
+		ROWS+=("| $label | ${RPS[$label]}${NOTE[$label]:-} | $(lowest ${RPS_S[$label]})–$(highest ${RPS_S[$label]}) | $(median %.3f ${P50_S[$label]}) | ${P99[$label]} | $(median %.3f ${CPU_S[$label]}) | @RATIO:$label@ | \`${CMD[$label]}\` |")
+	}
+done
 direct=${RPS[direct]:-0}
 ratio() { awk -v a="${1:-0}" -v b="$2" 'BEGIN{ if (b > 0 && a > 0) printf "%.2f", a / b }'; }
-echo "### Proxy: 1 KB chat completion, wrk $CONNS connections, $DURATION after $WARMUP warm-up"
+echo "### Proxy: 1 KB chat completion, wrk $CONNS connections, median of $ROUNDS rounds of $DURATION (each after $WARMUP of warm-up)"
 echo
 echo "$(machine); $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), nginx $("$NGINX_BIN" -v 2>&1 | sed 's|.*/||'), HAProxy $("$HAPROXY_BIN" -v 2>/dev/null | awk 'NR==1{print $3}')."
 echo
-echo "Load: \`wrk $WRK_ARGS http://ADDR$API\` (ADDR: the row's listener); the stub is \`go run ./bench/proxy/stub\`."
+echo "Load: \`wrk $WRK_ARGS http://ADDR$API\` (ADDR: the row's listener); the stub is \`go run ./bench/proxy/stub\`. Each round measures every target in the order below."
 echo
-echo "| target | requests/s | p50 ms | p99 ms | CPU-s / 1k req | × direct | command |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+echo "| target | requests/s | lowest–highest | p50 ms | p99 ms | CPU-s / 1k req | × direct | command |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 for row in "${ROWS[@]}"; do
 	if [[ $row =~ @RATIO:([^@]*)@ ]]; then
 		row=${row/"${BASH_REMATCH[0]}"/$(ratio "${RPS[${BASH_REMATCH[1]}]}" "$direct")}
