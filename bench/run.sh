@@ -189,7 +189,7 @@ scenario_proxy() {
 }
 
 scenario_sse() {
-	section "SSE: many long streams through pdlb (issue 8)" "Streams held at once, RSS per stream, and the latency the relay adds per event (bench/sse/run.sh), on each front end."
+	section "SSE: many long streams through pdlb (issue 8)" "Streams held at once, RSS per stream, and the latency the relay adds per event (the median of three rounds, each measuring direct and relayed events at once; nginx alongside), on each front end (bench/sse/run.sh)."
 	for fe in fasthttp gnet; do
 		record_as "FRONTEND=$fe bench/sse/run.sh" env FRONTEND="$fe" bench/sse/run.sh
 	done

@@ -1,6 +1,6 @@
 # What bench/proxy/run.sh and bench/sse/run.sh share, sourced by both after
 # they set NAME: a scratch directory, the processes they start (every one
-# stopped on exit), free loopback ports, and CPU time from /proc.
+# stopped on exit), free loopback ports, CPU time from /proc, and medians.
 # KEEP=1 keeps the scratch directory (outputs, logs, profiles).
 
 DIR=$(mktemp -d "/tmp/pdlb-$NAME.XXXXXX")
@@ -73,3 +73,15 @@ cpu_us_per() {
 machine() {
 	echo "$(date -u +%Y-%m-%dT%H:%MZ), $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo), $(nproc) cores, $(go version | awk '{print $3}'), load average at the end $(cut -d' ' -f1-3 /proc/loadavg) (shared cores: the load generator, the proxy and the upstream run on them together)"
 }
+
+# median FORMAT NUMBER... prints the median of the numbers in printf's
+# FORMAT; lowest and highest print the extremes. For figures measured in
+# rounds: a burst of load from the machine's neighbours moves one round.
+median() {
+	local format=$1
+	shift
+	printf '%s\n' "$@" | sort -g | awk -v f="$format" '{v[NR] = $1}
+		END{printf f, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+lowest() { printf '%s\n' "$@" | sort -g | head -1; }
+highest() { printf '%s\n' "$@" | sort -g | tail -1; }

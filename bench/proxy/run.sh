@@ -124,17 +124,6 @@ sample() {
 	return 0
 }
 
-# median FORMAT NUMBER... prints the median of the numbers in printf's
-# FORMAT; lowest and highest print the extremes.
-median() {
-	local format=$1
-	shift
-	printf '%s\n' "$@" | sort -g | awk -v f="$format" '{v[NR] = $1}
-		END{printf f, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
-}
-lowest() { printf '%s\n' "$@" | sort -g | head -1; }
-highest() { printf '%s\n' "$@" | sort -g | tail -1; }
-
 # profile_pdlb takes a 10 s CPU profile from a pdlb's admin listener while
 # wrk runs the same load, and keeps the top of it for the report.
 profile_pdlb() {

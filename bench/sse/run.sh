@@ -3,7 +3,9 @@
 # through pdlb from the proxy benchmark's stub, which stamps every event
 # with its send time. Prints one markdown table on stdout:
 #   - the relay latency each event gets, directly from the stub and through
-#     pdlb at a moderate load, and the difference (what pdlb adds);
+#     pdlb at a moderate load, and the difference (what pdlb adds): the
+#     median of LAT_ROUNDS rounds, each taking both at once, with nginx's
+#     round after pdlb's when it is installed;
 #   - pdlb's resident memory per held stream, (VmRSS with N streams − idle
 #     VmRSS) / N, with the goroutine stacks and live heap behind it.
 # Progress goes to stderr.
@@ -11,8 +13,8 @@
 # Knobs (environment): STREAMS (10000; capped by the open-files limit, since
 # pdlb holds two sockets per stream), HOLD_EVENTS (30) and HOLD_INTERVAL (1s)
 # per held stream, DIAL_RATE (2000 streams/s), LAT_STREAMS (64), LAT_EVENTS
-# (200), LAT_INTERVAL (10ms) for the latency runs (through pdlb, then
-# through nginx when it is installed, for reference), FRONTEND (pdlb's
+# (200), LAT_INTERVAL (10ms) and LAT_ROUNDS (3) for the latency runs
+# (through pdlb, and through nginx when it is installed, for reference), FRONTEND (pdlb's
 # --frontend; empty: its default), KEEP (1: keep the scratch directory).
 set -euo pipefail
 
@@ -24,6 +26,7 @@ DIAL_RATE=${DIAL_RATE:-2000}
 LAT_STREAMS=${LAT_STREAMS:-64}
 LAT_EVENTS=${LAT_EVENTS:-200}
 LAT_INTERVAL=${LAT_INTERVAL:-10ms}
+LAT_ROUNDS=${LAT_ROUNDS:-3}
 FRONTEND=${FRONTEND:-}
 
 NAME=ssebench
@@ -68,21 +71,10 @@ started
 wait_port "$STUB"
 wait_port "$PDLB"
 
-# Latency: the same moderate load directly and through pdlb, both at
-# once, so the two see the same moments of the shared cores and their
-# difference is what the relay adds (one after the other, a noisy second in
-# either run swung the difference by hundreds of µs, below zero at times).
-LAT_ARGS="--streams $LAT_STREAMS --events $LAT_EVENTS --interval $LAT_INTERVAL"
-log "latency: $LAT_ARGS, directly and through pdlb at the same time"
-"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct.txt" &
-DIRECT_PID=$!
-started
-LAT_T0=$(cpu_ticks "$PDLB_PID")
-"$DIR/client" --url "http://$PDLB$API" $LAT_ARGS >"$DIR/lat-pdlb.txt"
-LAT_T1=$(cpu_ticks "$PDLB_PID")
-wait "$DIRECT_PID"
+us() { awk -v v="$1" 'BEGIN{printf "%.0f", v}'; }
+diff_us() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.0f", b - a}'; }
 
-# nginx's relay, measured the same way right after, as the floor this
+# nginx's relay, measured the same way in every round, as the floor this
 # machine sets: nginx with response buffering off, as SSE is proxied.
 NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
 NGINX_ROW=
@@ -94,17 +86,44 @@ if [ -x "$NGINX_BIN" ]; then
 	NGINX_PID=$!
 	started
 	if wait_port "$NGINX"; then
-		log "latency: $LAT_ARGS, directly and through nginx at the same time"
-		"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct-nginx.txt" &
-		DIRECT_PID=$!
-		started
 		NGINX_PIDS=("$NGINX_PID" $(pgrep -P "$NGINX_PID"))
-		NGINX_T0=$(cpu_ticks "${NGINX_PIDS[@]}")
-		"$DIR/client" --url "http://$NGINX$API" $LAT_ARGS >"$DIR/lat-nginx.txt"
-		NGINX_T1=$(cpu_ticks "${NGINX_PIDS[@]}")
-		wait "$DIRECT_PID"
 		NGINX_ROW=1
 	fi
+fi
+
+# Latency: the same moderate load directly and through the proxy, both at
+# once, so the two see the same moments of the shared cores and their
+# difference is what the relay adds (one after the other, a noisy second in
+# either run swung the difference by hundreds of µs, below zero at times).
+# lat_pair TAG URL ROUND PID... runs one round and adds its figures to
+# TAG's lists: direct and through p50/p99, their differences, and the CPU
+# the PIDs spent per relayed event.
+LAT_ARGS="--streams $LAT_STREAMS --events $LAT_EVENTS --interval $LAT_INTERVAL"
+declare -A D50 D99 T50 T99 ADD50 ADD99 CPUEV
+lat_pair() {
+	local tag=$1 url=$2 round=$3
+	shift 3
+	log "latency round $round: $LAT_ARGS, directly and through $tag at the same time"
+	"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct-$tag-$round.txt" &
+	local direct=$!
+	started
+	local t0 t1
+	t0=$(cpu_ticks "$@")
+	"$DIR/client" --url "$url" $LAT_ARGS >"$DIR/lat-$tag-$round.txt"
+	t1=$(cpu_ticks "$@")
+	wait "$direct"
+	local d50 d99 p50 p99
+	d50=$(field "$DIR/lat-direct-$tag-$round.txt" p50_us) d99=$(field "$DIR/lat-direct-$tag-$round.txt" p99_us)
+	p50=$(field "$DIR/lat-$tag-$round.txt" p50_us) p99=$(field "$DIR/lat-$tag-$round.txt" p99_us)
+	D50[$tag]+="$d50 " D99[$tag]+="$d99 " T50[$tag]+="$p50 " T99[$tag]+="$p99 "
+	ADD50[$tag]+="$(diff_us "$d50" "$p50") " ADD99[$tag]+="$(diff_us "$d99" "$p99") "
+	CPUEV[$tag]+="$(cpu_us_per "$t0" "$t1" "$(field "$DIR/lat-$tag-$round.txt" events)") "
+}
+for round in $(seq "$LAT_ROUNDS"); do
+	lat_pair pdlb "http://$PDLB$API" "$round" "$PDLB_PID"
+	[ -n "$NGINX_ROW" ] && lat_pair nginx "http://$NGINX$API" "$round" "${NGINX_PIDS[@]}"
+done
+if [ -n "${NGINX_PID:-}" ]; then
 	kill "$NGINX_PID" 2>/dev/null || true
 	wait "$NGINX_PID" 2>/dev/null || true
 fi
@@ -139,10 +158,9 @@ wait "$CLIENT_PID" || true
 HOLD_T1=$(cpu_ticks "$PDLB_PID")
 
 per() { awk -v a="$1" -v b="$2" -v n="$3" -v d="$4" 'BEGIN{ if (n > 0) printf "%.1f", (b - a) / n / d }'; }
-us() { awk -v v="$1" 'BEGIN{printf "%.0f", v}'; }
-diff_us() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.0f", b - a}'; }
-d50=$(field "$DIR/lat-direct.txt" p50_us) d99=$(field "$DIR/lat-direct.txt" p99_us)
-p50=$(field "$DIR/lat-pdlb.txt" p50_us) p99=$(field "$DIR/lat-pdlb.txt" p99_us)
+# lat_cell LIST50 LIST99: "median p50 / median p99" of a tag's rounds.
+# shellcheck disable=SC2086 # lists of numbers
+lat_cell() { echo "$(median %.0f $1) / $(median %.0f $2)"; }
 h50=$(field "$DIR/hold.txt" p50_us) h99=$(field "$DIR/hold.txt" p99_us)
 hold_events=$(field "$DIR/hold.txt" events) hold_failed=$(field "$DIR/hold.txt" failed)
 first_err=$(sed -n 's/^result .*"first_error":"\([^"]*\)".*/\1/p' "$DIR/hold.txt")
@@ -155,15 +173,15 @@ echo "pdlb: \`pdlb ${PDLB_CMD[*]}\`; stub: \`go run ./bench/proxy/stub --listen 
 echo
 echo "| figure | value | target | command |"
 echo "| --- | ---: | --- | --- |"
-echo "| event latency direct, p50 / p99 µs | $(us "$d50") / $(us "$d99") | | \`$CLIENT --url http://$STUB$API $LAT_ARGS\` |"
-echo "| event latency through pdlb, p50 / p99 µs | $(us "$p50") / $(us "$p99") | | \`$CLIENT --url http://$PDLB$API $LAT_ARGS\` |"
-echo "| pdlb CPU per relayed event, µs | $(cpu_us_per "$LAT_T0" "$LAT_T1" "$(field "$DIR/lat-pdlb.txt" events)") | | utime+stime from /proc/PID/stat over the run above |"
-echo "| relay adds, p50 / p99 µs | $(diff_us "$d50" "$p50") / $(diff_us "$d99" "$p99") | ≤ 50 µs p99 | the two rows above, run at the same time |"
+echo "| event latency direct, p50 / p99 µs | $(lat_cell "${D50[pdlb]}" "${D99[pdlb]}") | | \`$CLIENT --url http://$STUB$API $LAT_ARGS\`; median of $LAT_ROUNDS rounds |"
+echo "| event latency through pdlb, p50 / p99 µs | $(lat_cell "${T50[pdlb]}" "${T99[pdlb]}") | | \`$CLIENT --url http://$PDLB$API $LAT_ARGS\`, at the same time as the row above |"
+# shellcheck disable=SC2086 # lists of numbers
+echo "| pdlb CPU per relayed event, µs | $(median %.1f ${CPUEV[pdlb]}) | | utime+stime from /proc/PID/stat over the runs above |"
+echo "| relay adds, p50 / p99 µs | $(lat_cell "${ADD50[pdlb]}" "${ADD99[pdlb]}") | ≤ 50 µs p99 | the two rows above, each round's difference; p99 per round: ${ADD99[pdlb]% } |"
 if [ -n "$NGINX_ROW" ]; then
-	n50=$(field "$DIR/lat-nginx.txt" p50_us) n99=$(field "$DIR/lat-nginx.txt" p99_us)
-	nd50=$(field "$DIR/lat-direct-nginx.txt" p50_us) nd99=$(field "$DIR/lat-direct-nginx.txt" p99_us)
-	echo "| nginx's relay adds, p50 / p99 µs | $(diff_us "$nd50" "$n50") / $(diff_us "$nd99" "$n99") | (reference) | direct $(us "$nd50") / $(us "$nd99"), through nginx $(us "$n50") / $(us "$n99"), at the same time: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
-	echo "| nginx CPU per relayed event, µs | $(cpu_us_per "$NGINX_T0" "$NGINX_T1" "$(field "$DIR/lat-nginx.txt" events)") | (reference) | its master and workers, the same way |"
+	echo "| nginx's relay adds, p50 / p99 µs | $(lat_cell "${ADD50[nginx]}" "${ADD99[nginx]}") | (reference) | p99 per round: ${ADD99[nginx]% }; direct $(lat_cell "${D50[nginx]}" "${D99[nginx]}"), through nginx $(lat_cell "${T50[nginx]}" "${T99[nginx]}"), each round right after pdlb's: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
+	# shellcheck disable=SC2086
+	echo "| nginx CPU per relayed event, µs | $(median %.1f ${CPUEV[nginx]}) | (reference) | its master and workers, the same way |"
 fi
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
 echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"
