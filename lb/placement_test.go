@@ -274,6 +274,51 @@ func TestDeferredClientLeaves(t *testing.T) {
 	}
 }
 
+// TestAdmittedClientLeaves: a request admission deferred, then admitted,
+// goes to its pod from a worker (gnet); a client that leaves during its
+// prefill has the pod abort it there too.
+func TestAdmittedClientLeaves(t *testing.T) {
+	// The gateway starts from half the pod's prefill speed: a request
+	// waiting behind another is predicted to miss its target until the
+	// first prefill ends sooner than predicted.
+	pod := physicsPod(t, "slow", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 2000 })
+	s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: 1000}}, func(c *config.Config) {
+		c.Frontend = "gnet"
+		c.Admission.Enabled = true
+		c.Admission.Batch.TTFTSLO = 1.3
+		c.Admission.Batch.MaxWait = 60
+	})
+	// First a long stream of ~1,000 tokens of prompt (0.5 s of prefill);
+	// then a batch request of ~600 (0.3 s), predicted to wait 1.6 s in all,
+	// which is admitted once that prefill is done (its first token out).
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		resp, b := post(t, s, "/v1/chat/completions", chat(strings.Repeat("w", 4000), "hi", 100, true))
+		if resp.StatusCode != 200 {
+			t.Errorf("the first request: %d %s", resp.StatusCode, b)
+		}
+	}()
+	testwait.For(t, "the first prefill to start", func() bool { return pod.Stats().Running == 1 })
+	body := chat(strings.Repeat("z", 2400), "hi", 2, false)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Priority: batch\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	testwait.For(t, "the batch request to be admitted and reach the pod", func() bool { return pod.Stats().Running == 2 })
+	c.Close()
+	testwait.For(t, "the pod to abort it", func() bool { return pod.Stats().Aborted == 1 })
+	<-first
+	waitIdle(t, s)
+	if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
+		t.Fatalf("%v requests counted 499, want 1", n)
+	}
+	if n := metricValue(t, s, `pdlb_admission_requests_total{class="batch",decision="deferred"}`); n != 1 {
+		t.Fatalf("%v batch requests deferred, want 1: the test did not take the path it is for", n)
+	}
+}
+
 func TestAdmissionLearnsTPOT(t *testing.T) { bothClients(t, testAdmissionLearnsTPOT) }
 
 func testAdmissionLearnsTPOT(t *testing.T, via *http.Client) {
