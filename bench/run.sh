@@ -10,9 +10,10 @@
 # it, `section TITLE [TEXT]` opens a section of RESULTS.md and
 # `record CMD...` runs a command, echoing it and its output into the
 # section (`record_as SHOWN CMD...` shows SHOWN as the command, for a
-# function that runs a family of commands). A command that fails is recorded as failed and the run goes on;
-# the script exits 1 at the end if any did. Keep a full run under about 15
-# minutes on a 2-core machine.
+# function that runs a family of commands). A command that fails is
+# recorded as failed and the run goes on; the script exits 1 at the end if
+# any did. A full run takes about 22 minutes on a 2-core machine, 5 of them
+# the chaos soak; keep it under half an hour.
 set -u
 cd "$(dirname "$0")/.."
 
