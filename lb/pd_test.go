@@ -8,6 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -447,5 +450,54 @@ func TestPDClientLeaves(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// failingPrefill stands in front of a prefill pod: it passes what the
+// gateway reads of it (health, metrics, server info) and answers every
+// prefill leg 500, as a pod that is up but failing does.
+func failingPrefill(t *testing.T, addr string) string {
+	t.Helper()
+	target, err := url.Parse("http://" + addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			pass.ServeHTTP(w, r)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		io.WriteString(w, `{"error":{"message":"prefill failed","type":"InternalServerError","code":500}}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// TestPDConcurrentDecodeCutOnPrefillFailure: in the concurrent exchanges
+// (SGLang, TensorRT-LLM generation_first) the decode leg waits on its pod
+// for KV from the prefill leg; when the prefill leg fails, the decode leg's
+// connection is closed at once, so the decode pod stops waiting instead of
+// holding the request until its KV timeout.
+func TestPDConcurrentDecodeCutOnPrefillFailure(t *testing.T) {
+	for _, e := range []pdEngine{pdEngines[1], pdEngines[3]} {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, func(c *sim.Config) { c.KVTimeout = time.Hour })
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, failingPrefill(t, pre.Addr()), "g"), pdPod(dec, dec.Addr(), "g")},
+				func(c *config.Config) { c.Health.Interval = time.Hour })
+			resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
+			if resp.StatusCode < 500 || resp.Header.Get("x-error-pd-prefill") != "true" {
+				t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+			}
+			testwait.For(t, "the decode pod to stop waiting for the KV", func() bool {
+				st := dec.Stats()
+				return st.Running+st.Waiting == 0
+			})
+			ledgerSettles(t, s)
+		})
 	}
 }

@@ -422,7 +422,8 @@ func (g *Gateway) sendConcurrentDecode(ctx *fasthttp.RequestCtx, x *exchange, l 
 	p.dec.Acquire()
 	l.decState.Store(decPending)
 	l.refs.Add(1)
-	go l.decode(frontend.ClientGone(ctx), p.dec, up, resp, g.decodeHeadersBy(x))
+	l.cut = make(chan struct{})
+	go l.decode(l.cut, p.dec, up, resp, g.decodeHeadersBy(x))
 	return resp
 }
 
@@ -431,6 +432,7 @@ func (g *Gateway) sendConcurrentDecode(ctx *fasthttp.RequestCtx, x *exchange, l 
 // delivered, the caller's goroutine does here.
 func (g *Gateway) abandonDecode(l *pdLink, dec *pool.Pod, resp *fasthttp.Response) {
 	if l.decState.CompareAndSwap(decPending, decAbandoned) {
+		close(l.cut)
 		return
 	}
 	if err := <-l.decDone; err == nil {
@@ -550,6 +552,10 @@ type pdLink struct {
 	decState atomic.Int32
 	decDone  chan error
 	preDone  chan *pdFailure
+	// cut gives up the decode leg in flight (abandonDecode closes it):
+	// its connection is closed, which is how a decode pod that waits for
+	// KV that will not come learns to stop.
+	cut chan struct{}
 	// mu guards decConn, the decode leg's connection while the request
 	// relays it: a failed prefill leg closes it, and it must not outlive
 	// the request (the client pool reuses connections).
@@ -605,9 +611,9 @@ func (l *pdLink) withDecConn(f func(*upstreamConn)) {
 
 // decode runs a concurrent decode leg until its response headers and
 // delivers them, or cleans up after a request that left.
-func (l *pdLink) decode(gone <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
+func (l *pdLink) decode(cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
 	defer l.release()
-	err := doWatched(gone, dec.Client, up, resp, by)
+	err := doWatched(cut, dec.Client, up, resp, by)
 	fasthttp.ReleaseRequest(up)
 	if l.decState.CompareAndSwap(decPending, decDelivered) {
 		l.decDone <- err

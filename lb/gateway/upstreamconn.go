@@ -52,19 +52,19 @@ func connOf(resp *fasthttp.Response) *upstreamConn {
 	return nil
 }
 
-// doWatched is client.DoDeadline for a request whose client may leave while
-// a worker waits for the pod's answer: gone (frontend.ClientGone; nil where
-// the front end cannot tell) closing closes the pod's connection, which is
-// how an engine learns to abort a request, and the call returns
-// errClientLeft. fasthttp's client cannot cancel a call, and does not say
-// which connection it took; the request's body, handed over as a stream,
-// learns it as the client writes the body (connOf: the response records the
-// connection before the request goes out). A watched request goes on a
-// connection of its own (Connection: close): a pooled one could be serving
-// another request by the time the client's leaving is seen.
-func doWatched(gone <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+// doWatched is client.DoDeadline for a call that may be given up while a
+// goroutine waits for the pod's answer: cut closing (frontend.ClientGone,
+// nil where the front end cannot tell; or a request giving its leg up)
+// closes the pod's connection, which is how an engine learns to abort a
+// request, and the call returns errClientLeft. fasthttp's client cannot
+// cancel a call, and does not say which connection it took; the request's
+// body, handed over as a stream, learns it as the client writes the body
+// (connOf: the response records the connection before the request goes
+// out). A watched call goes on a connection of its own (Connection: close):
+// a pooled one could be serving another request by the time it is cut.
+func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
 	body := up.Body()
-	if gone == nil || len(body) == 0 {
+	if cut == nil || len(body) == 0 {
 		return client.DoDeadline(up, resp, deadline)
 	}
 	// A copy: handing the body over as a stream recycles its buffer.
@@ -74,7 +74,7 @@ func doWatched(gone <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.R
 	stop := make(chan struct{})
 	go func() {
 		select {
-		case <-gone:
+		case <-cut:
 			if w.state.CompareAndSwap(watching, left) {
 				if c := w.conn.Load(); c != nil {
 					_ = c.Close()
@@ -98,7 +98,7 @@ func doWatched(gone <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.R
 // States of a watchedBody.
 const (
 	watching int32 = iota
-	left           // the client left: the connection is closed
+	left           // cut: the connection is closed
 	answered       // DoDeadline returned first
 )
 
