@@ -242,25 +242,42 @@ func testBatchRequestsWait(t *testing.T, via *http.Client) {
 	}
 }
 
-// TestDeferredClientLeaves: a batch request waiting for admission whose
-// client leaves gives its queue slot up at once (gnet, whose loop sees the
-// client go), instead of holding it to the end of its wait and then going
-// to a pod for nobody.
-func TestDeferredClientLeaves(t *testing.T) {
+// batchGateway is a gnet gateway with admission on, over one sim pod
+// prefilling 2,000 tokens/s that the gateway first believes does
+// gatewaySpeed; batch requests wait up to a minute for a TTFT of slo
+// seconds.
+func batchGateway(t *testing.T, gatewaySpeed, slo float64) (*sim.Pod, *lb.Server) {
+	t.Helper()
 	pod := physicsPod(t, "slow", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 2000 })
-	s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: 2000}}, func(c *config.Config) {
+	s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: gatewaySpeed}}, func(c *config.Config) {
 		c.Frontend = "gnet"
 		c.Admission.Enabled = true
-		c.Admission.Batch.TTFTSLO = 0.5
+		c.Admission.Batch.TTFTSLO = slo
 		c.Admission.Batch.MaxWait = 60
 	})
-	// ~1,600 tokens: 0.8 s of prefill, so the prediction never clears.
-	body := chat(strings.Repeat("x", 6400), "hi", 2, false)
+	return pod, s
+}
+
+// sendBatch sends body as a batch-class completion on a connection of its
+// own, for the caller to close.
+func sendBatch(t *testing.T, s *lb.Server, body string) net.Conn {
+	t.Helper()
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Priority: batch\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	return c
+}
+
+// TestDeferredClientLeaves: a batch request waiting for admission whose
+// client leaves gives its queue slot up at once (gnet, whose loop sees the
+// client go), instead of holding it to the end of its wait and then going
+// to a pod for nobody.
+func TestDeferredClientLeaves(t *testing.T) {
+	pod, s := batchGateway(t, 2000, 0.5)
+	// ~1,600 tokens: 0.8 s of prefill, so the prediction never clears.
+	c := sendBatch(t, s, chat(strings.Repeat("x", 6400), "hi", 2, false))
 	waiting := func() float64 { return metricValue(t, s, `pdlb_admission_waiting{class="batch"}`) }
 	testwait.For(t, "the request to wait for admission", func() bool { return waiting() == 1 })
 	c.Close()
@@ -281,13 +298,7 @@ func TestAdmittedClientLeaves(t *testing.T) {
 	// The gateway starts from half the pod's prefill speed: a request
 	// waiting behind another is predicted to miss its target until the
 	// first prefill ends sooner than predicted.
-	pod := physicsPod(t, "slow", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 2000 })
-	s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: 1000}}, func(c *config.Config) {
-		c.Frontend = "gnet"
-		c.Admission.Enabled = true
-		c.Admission.Batch.TTFTSLO = 1.3
-		c.Admission.Batch.MaxWait = 60
-	})
+	pod, s := batchGateway(t, 1000, 1.3)
 	// First a long stream of ~1,000 tokens of prompt (0.5 s of prefill);
 	// then a batch request of ~600 (0.3 s), predicted to wait 1.6 s in all,
 	// which is admitted once that prefill is done (its first token out).
@@ -300,12 +311,7 @@ func TestAdmittedClientLeaves(t *testing.T) {
 		}
 	}()
 	testwait.For(t, "the first prefill to start", func() bool { return pod.Stats().Running == 1 })
-	body := chat(strings.Repeat("z", 2400), "hi", 2, false)
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Priority: batch\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	c := sendBatch(t, s, chat(strings.Repeat("z", 2400), "hi", 2, false))
 	testwait.For(t, "the batch request to be admitted and reach the pod", func() bool { return pod.Stats().Running == 2 })
 	c.Close()
 	testwait.For(t, "the pod to abort it", func() bool { return pod.Stats().Aborted == 1 })
