@@ -382,10 +382,6 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 			}
 			fasthttp.ReleaseResponse(resp)
 			p.dec.Release()
-			if err == errClientLeft {
-				g.abortLeg(p.proto, &p.ex, p.pre)
-				return g.dropPair(x, nil, &pdFailure{err: errClientLeft})
-			}
 			g.podFailed(p.dec)
 			x.tried = append(x.tried, p.dec.ID)
 			if isDialError(err) && g.moveDecode(m, x) {
