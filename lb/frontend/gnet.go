@@ -348,7 +348,7 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 		close(gc.gone)
 	}
 	gc.mu.Unlock()
-	if gc.pending && gc.up != nil {
+	if gc.up != nil {
 		gc.up.abandon()
 	}
 	if gc.relaying != nil {

@@ -72,14 +72,13 @@ type gconn struct {
 	stallLimit int
 
 	// Serving on the loop (see loop.go): the request served there, nil
-	// when none; the task it moved to a worker; whether an Exchange of it
-	// is in flight. Only while no worker runs.
+	// when none; the task it moved to a worker; the pod's connection of
+	// its Exchange in flight, nil when none. Only while no worker runs.
 	ls       *loopState
 	loop     Loop
 	cur      *fasthttp.RequestCtx
 	task     Task
-	pending  bool
-	up       *upConn // the pod's connection of the Exchange in flight
+	up       *upConn
 	relaying *upConn // the pod's connection of a stream relayed on the loop
 	lchunks  loopChunks
 
@@ -190,7 +189,7 @@ func (gc *gconn) serveOnLoop(ctx *fasthttp.RequestCtx) {
 // any other answer is written here.
 func (gc *gconn) afterLoop() {
 	ctx := gc.cur
-	if gc.pending || gc.relaying != nil {
+	if gc.up != nil || gc.relaying != nil {
 		return
 	}
 	gc.cur = nil

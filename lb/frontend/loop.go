@@ -130,7 +130,6 @@ func (l *Loop) Exchange(u Upstream, stream bool, req *fasthttp.Request, resp *fa
 	uc.keepalive = int64(u.Keepalive)
 	gc.s.noteTimeout(u.Timeout)
 	gc.s.noteTimeout(u.Keepalive)
-	gc.pending = true
 	return nil
 }
 
@@ -182,13 +181,26 @@ func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
 }
 
 // take returns an idle connection to addr, the latest one parked (its
-// socket is the warmest), or nil.
+// socket is the warmest), or nil. One idle past its keep-alive is closed
+// instead, and the older ones with it: the sweep that closes them runs on
+// the clock's ticks, which may lag (the first one after the loops start
+// comes up to a tick later), and a request must not go out on a
+// connection its pod may have closed. The clock is read fresh here;
+// idleSince, from the ticks' clock, errs towards older.
 func (ls *loopState) take(addr string) *upConn {
 	idle := ls.idle[addr]
 	if len(idle) == 0 {
 		return nil
 	}
 	uc := idle[len(idle)-1]
+	if time.Now().UnixNano()-uc.idleSince > uc.keepalive {
+		for i, old := range idle {
+			_ = old.c.Close() // OnClose forgets it
+			idle[i] = nil
+		}
+		ls.idle[addr] = idle[:0]
+		return nil
+	}
 	idle[len(idle)-1] = nil
 	ls.idle[addr] = idle[:len(idle)-1]
 	return uc
@@ -442,7 +454,7 @@ var errStreamHead = errors.New("frontend: a streamed answer's header")
 func (uc *upConn) handOff() gnet.Action {
 	gc, done := uc.gc, uc.done
 	uc.resp, uc.done = nil, nil
-	gc.pending, gc.up = false, nil
+	gc.up = nil
 	gc.relaying = uc
 	done.ExchangeDone(nil)
 	if uc.sink == nil {
@@ -460,7 +472,7 @@ func (uc *upConn) handOff() gnet.Action {
 func (uc *upConn) finish(err error) {
 	gc, done := uc.gc, uc.done
 	uc.gc, uc.resp, uc.done = nil, nil, nil
-	gc.pending, gc.up = false, nil
+	gc.up = nil
 	done.ExchangeDone(err)
 	gc.afterLoop()
 	gc.resume()

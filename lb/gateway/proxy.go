@@ -193,18 +193,21 @@ func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exch
 // a worker for the retries a refused dial allows.
 func (x *exchange) ExchangeDone(err error) {
 	g, ctx, m, pod := x.g, x.ctx, x.m, x.pod
-	if err == nil {
-		// x.resp stays: a stream relayed on the loop finishes with it.
+	gone := errors.Is(err, frontend.ErrClientGone)
+	if err == nil || gone {
+		// Sent for good; x.resp stays: a stream relayed on the loop
+		// finishes with it.
 		fasthttp.ReleaseRequest(x.up)
 		x.up = nil
+	}
+	switch {
+	case err == nil:
 		g.respond(ctx, x, m, pod, x.resp)
 		return
-	}
-	if errors.Is(err, frontend.ErrClientGone) {
+	case gone:
 		// The pod's connection closed with the client's, which tells the
 		// pod to stop; not its failure. A prefill cut short times nothing.
-		fasthttp.ReleaseRequest(x.up)
-		x.up, x.idleStart = nil, false
+		x.idleStart = false
 		g.finish(x, m, pod, x.resp, statusClientClosed)
 		return
 	}
