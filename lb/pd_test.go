@@ -453,6 +453,41 @@ func TestPDClientLeaves(t *testing.T) {
 	}
 }
 
+// TestPDLegsKeepConnections: on gnet, whose legs are watched for the
+// client leaving, every engine's legs go over the pods' keep-alive
+// connections: five exchanges in a row open no new connection after the
+// first (each leg used to dial its own, closed after the answer).
+func TestPDLegsKeepConnections(t *testing.T) {
+	for _, e := range pdEngines {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "g"), pdPod(dec, dec.Addr(), "g")}, func(c *config.Config) {
+				c.Frontend = "gnet"
+				// Only the legs reach the pods.
+				c.Health.Interval = time.Hour
+				c.Health.MetricsInterval = 0
+			})
+			ask := func(stream bool) {
+				body := pdBody("/v1/chat/completions", stream, 8)
+				resp, b := post(t, s, "/v1/chat/completions", body)
+				if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-prefill-pod") != "pre" {
+					t.Fatalf("stream=%v: %d (prefill pod %q) %s", stream, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), b)
+				}
+			}
+			ask(false)
+			p0, d0 := pre.Stats().Accepted, dec.Stats().Accepted
+			for i := 0; i < 5; i++ {
+				ask(i%2 == 0)
+			}
+			if p, d := pre.Stats().Accepted-p0, dec.Stats().Accepted-d0; p != 0 || d != 0 {
+				t.Fatalf("five more exchanges opened %d connections to the prefill pod and %d to the decode pod; want 0 (keep-alive)", p, d)
+			}
+			ledgerSettles(t, s)
+		})
+	}
+}
+
 // failingPrefill stands in front of a prefill pod: it passes what the
 // gateway reads of it (health, metrics, server info) and answers every
 // prefill leg 500, as a pod that is up but failing does.

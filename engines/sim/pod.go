@@ -50,7 +50,9 @@ type Pod struct {
 
 	connMu sync.Mutex
 	conns  map[net.Conn]struct{} // open client connections, for Kill
-	killed bool
+	// accepted counts the client connections accepted, for Stats.
+	accepted atomic.Int64
+	killed   bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -166,6 +168,7 @@ func (p *Pod) trackConn(c net.Conn, state fasthttp.ConnState) {
 			return
 		}
 		p.conns[c] = struct{}{}
+		p.accepted.Add(1)
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		delete(p.conns, c)
 	}
@@ -232,6 +235,9 @@ type Stats struct {
 	// KVPulls and KVPullFailures count a decode pod's KV transfers;
 	// KVExpired a prefill pod's holds nobody picked up in time.
 	KVPulls, KVPullFailures, KVExpired int64
+	// Accepted counts the HTTP connections the pod accepted: a client
+	// that keeps its connections alive opens few.
+	Accepted int64
 }
 
 // Stats returns the pod's current state; the gauges are as of the
@@ -252,6 +258,7 @@ func (p *Pod) Stats() Stats {
 		KVPulls:         m.kvPulls.Load(),
 		KVPullFailures:  m.kvPullFailures.Load(),
 		KVExpired:       m.kvExpired.Load(),
+		Accepted:        p.accepted.Load(),
 	}
 	for r := finishStop; r < numFinish; r++ {
 		s.Finished += m.finished[r].Load()

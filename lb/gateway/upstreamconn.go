@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 )
 
@@ -60,8 +61,16 @@ func connOf(resp *fasthttp.Response) *upstreamConn {
 // cancel a call, and does not say which connection it took; the request's
 // body, handed over as a stream, learns it as the client writes the body
 // (connOf: the response records the connection before the request goes
-// out). A watched call goes on a connection of its own (Connection: close):
-// a pooled one could be serving another request by the time it is cut.
+// out).
+//
+// The connection is a pooled keep-alive one, so the cut must never reach
+// it once it is back in the pool, serving another request. The response is
+// therefore taken as a stream: fasthttp keeps the connection the call's
+// until its body stream is closed, which happens only after DoDeadline has
+// returned and the watch has ended (the state's compare-and-swap decides
+// which of the two, the cut or the answer, came first). A call that did
+// not ask for a stream gets its body read whole after that, unwatched: a
+// pod sends a whole answer's header with its body, at the end of the work.
 func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
 	body := up.Body()
 	if cut == nil || len(body) == 0 {
@@ -69,8 +78,9 @@ func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Re
 	}
 	// A copy: handing the body over as a stream recycles its buffer.
 	w := &watchedBody{resp: resp, body: append([]byte(nil), body...)}
-	up.SetConnectionClose()
 	up.SetBodyStream(w, len(body))
+	whole := !resp.StreamBody
+	resp.StreamBody = true
 	stop := make(chan struct{})
 	go func() {
 		select {
@@ -92,7 +102,29 @@ func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Re
 		}
 		return errClientLeft
 	}
+	if err == nil && whole {
+		err = unstream(resp)
+	}
 	return err
+}
+
+// unstream reads the body of a response taken as a stream into the
+// response, as a call that asked for no stream has it; the connection goes
+// back to the pool (or is closed when the body breaks off).
+func unstream(resp *fasthttp.Response) error {
+	s := resp.BodyStream()
+	if s == nil {
+		return nil
+	}
+	b := bytebufferpool.Get()
+	defer bytebufferpool.Put(b)
+	if _, err := b.ReadFrom(s); err != nil {
+		closeStream(resp, err)
+		return err
+	}
+	_ = resp.CloseBodyStream()
+	resp.SetBody(b.B)
+	return nil
 }
 
 // States of a watchedBody.
