@@ -220,10 +220,10 @@ func TestLoopConnectionCap(t *testing.T) {
 	}()
 	<-held
 	// The pod's one connection is busy: the next request is refused at
-	// once, not queued behind it.
+	// once, not queued behind it (with no other pod to retry on).
 	resp, b := post(t, s, "/v1/chat/completions", chatBody)
-	if resp.StatusCode != 502 || !strings.Contains(b, "no free connections") {
-		t.Fatalf("over the cap: %d %s; want 502 naming the busy connections", resp.StatusCode, b)
+	if resp.StatusCode != 503 || !strings.Contains(b, "max_conns_per_pod: 1") {
+		t.Fatalf("over the cap: %d %s; want 503 naming upstream.max_conns_per_pod", resp.StatusCode, b)
 	}
 	// The gateway's own cap is no failure of the pod's: one failure would
 	// have ejected it here.

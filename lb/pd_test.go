@@ -488,6 +488,44 @@ func TestPDLegsKeepConnections(t *testing.T) {
 	}
 }
 
+// TestPDConnectionCapIsNotPodFailure: a leg the gateway's own cap refuses
+// (every connection upstream.max_conns_per_pod allows is busy) is answered
+// 503 naming the knob, and is not the pod's failure: a burst must not eject
+// a healthy prefill pod.
+func TestPDConnectionCapIsNotPodFailure(t *testing.T) {
+	e := pdEngines[0]
+	pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) { c.Speedup = 1 })
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "g"), pdPod(dec, dec.Addr(), "g")}, func(c *config.Config) {
+		c.Upstream.MaxConnsPerPod = 1
+		c.Health.EjectAfterFailures = 1
+		// Only the legs reach the pods.
+		c.Health.Interval = time.Hour
+		c.Health.MetricsInterval = 0
+	})
+	long := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":2}`, strings.Repeat("a long prompt to prefill ", 2000))
+	first := make(chan int, 1)
+	go func() {
+		resp, _ := post(t, s, "/v1/completions", long)
+		first <- resp.StatusCode
+	}()
+	testwait.For(t, "the first prefill to start", func() bool { return pre.Stats().Running == 1 })
+	resp, body := post(t, s, "/v1/completions", pdBody("/v1/completions", false, 2))
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "max_conns_per_pod") {
+		t.Fatalf("a leg over the connection cap: %d %s; want 503 naming upstream.max_conns_per_pod", resp.StatusCode, body)
+	}
+	if code := <-first; code != http.StatusOK {
+		t.Fatalf("the request holding the connection: %d", code)
+	}
+	if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 0 {
+		t.Fatalf("the pods were charged %v failures for the gateway's own cap", n)
+	}
+	if resp, body := post(t, s, "/v1/completions", pdBody("/v1/completions", false, 2)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the burst: %d %s; the prefill pod should still serve", resp.StatusCode, body)
+	}
+	ledgerSettles(t, s)
+}
+
 // failingPrefill stands in front of a prefill pod: it passes what the
 // gateway reads of it (health, metrics, server info) and answers every
 // prefill leg 500, as a pod that is up but failing does.

@@ -25,8 +25,9 @@ import (
 //	PDPair      the engine's exchange (pd_exchange.go): a prefill leg and a
 //	            decode leg whose response the client gets
 //
-// A pod that refused the connection received nothing, so the request is
-// decided again without it, at most Upstream.Retries times, as on the
+// A pod that refused the connection, or that the gateway's connection cap
+// kept the request from, received nothing, so the request is decided again
+// without it, at most Upstream.Retries times, as on the
 // combined path.
 
 // Headers of PD answers (seed 001's x-error-pd-* distinguish a gateway's
@@ -264,9 +265,9 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model,
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		g.unplace(x, pod)
-		g.podFailed(pod)
+		g.callFailed(pod, err)
 		x.tried = append(x.tried, pod.ID)
-		return &pdFailure{err: g.upstreamError(err), retry: isDialError(err)}
+		return &pdFailure{err: g.upstreamError(err), retry: notSent(err)}
 	}
 	if pod.Role == route.RoleDecode {
 		ctx.Response.Header.Set(headerDecodePod, pod.Config.Name)

@@ -177,14 +177,14 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 }
 
 // prefillFailure classifies a finished prefill leg: nil for a 200 answer,
-// else the client's error (retryable when the pod refused the connection).
+// else the client's error (retryable when it was not sent: notSent).
 func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err error) *pdFailure {
 	switch {
 	case err == errClientLeft:
 		return &pdFailure{err: errClientLeft}
 	case err != nil:
-		g.podFailed(pre)
-		return &pdFailure{err: g.upstreamError(err), header: headerPrefillError, retry: isDialError(err)}
+		g.callFailed(pre, err)
+		return &pdFailure{err: g.upstreamError(err), header: headerPrefillError, retry: notSent(err)}
 	case status != fasthttp.StatusOK:
 		if status >= 500 {
 			g.podFailed(pre)
@@ -222,9 +222,9 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *poo
 		if err == errClientLeft {
 			return g.dropPair(x, nil, &pdFailure{err: errClientLeft})
 		}
-		g.podFailed(dec)
+		g.callFailed(dec, err)
 		x.tried = append(x.tried, dec.ID)
-		if isDialError(err) && g.moveDecode(m, x) {
+		if notSent(err) && g.moveDecode(m, x) {
 			continue
 		}
 		return g.dropPair(x, nil, g.decodeFailure(x, err))
@@ -258,7 +258,7 @@ func (g *Gateway) watchdogLimit(x *exchange) time.Duration {
 // decodeFailure is the client's error for a decode leg that got no
 // response headers: the watchdog's 504 when its deadline passed.
 func (g *Gateway) decodeFailure(x *exchange, err error) *pdFailure {
-	f := &pdFailure{header: headerDecodeError, retry: isDialError(err)}
+	f := &pdFailure{header: headerDecodeError, retry: notSent(err)}
 	if x.pd.watched && isTimeout(err) {
 		f.err = g.decodeWatchdog(x)
 	} else {
@@ -268,8 +268,8 @@ func (g *Gateway) decodeFailure(x *exchange, err error) *pdFailure {
 }
 
 // moveDecode switches the pair's decode leg to another available decode
-// pod, its own roleset's first, after the chosen one refused the
-// connection: the new pod takes the KV the prefill leg left. False when
+// pod, its own roleset's first, after the leg could not be sent to the
+// chosen one (notSent): the new pod takes the KV the prefill leg left. False when
 // there is none.
 func (g *Gateway) moveDecode(m *pool.Model, x *exchange) bool {
 	p := x.pd
@@ -382,9 +382,9 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 			}
 			fasthttp.ReleaseResponse(resp)
 			p.dec.Release()
-			g.podFailed(p.dec)
+			g.callFailed(p.dec, err)
 			x.tried = append(x.tried, p.dec.ID)
-			if isDialError(err) && g.moveDecode(m, x) {
+			if notSent(err) && g.moveDecode(m, x) {
 				resp = g.sendConcurrentDecode(ctx, x, l)
 				continue
 			}

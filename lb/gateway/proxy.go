@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -212,6 +213,7 @@ func (x *exchange) ExchangeDone(err error) {
 		return
 	}
 	if g.attemptFailed(x, pod, err) {
+		x.notSent = err
 		frontend.LoopOf(ctx).Detach(x)
 		return
 	}
@@ -281,13 +283,14 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 }
 
 // send places x on a pod of m, admits it, forwards up and returns once the
-// response headers arrived. A pod that refused the connection received
-// nothing, so the request moves to another pod, at most Retries times; any
-// other failure is final, since the pod may have started work.
+// response headers arrived. A request not sent (notSent: the pod refused
+// the connection, or every connection to it was busy) moves to another
+// pod, at most Retries times; any other failure is final, since the pod
+// may have started work.
 func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response, session string) (*pool.Pod, error) {
-	var last error
 	// Attempts made on the event loop count (see ExchangeDone), and the
 	// backoff after one of them is waited here.
+	last := x.notSent
 	for attempt := len(x.tried); attempt <= g.cfg.Upstream.Retries; attempt++ {
 		if attempt > 0 {
 			// Back off a little, with jitter, so a fleet-wide hiccup is
@@ -350,19 +353,15 @@ func (g *Gateway) attempt(m *pool.Model, x *exchange, pod *pool.Pod, up *fasthtt
 }
 
 // attemptFailed takes back pod's charge for a failed attempt and reports
-// whether another pod may take the request: the pod refused the connection,
-// so it received nothing, and retries are left.
+// whether another pod may take the request: it was not sent (notSent), so
+// the pod received nothing, and retries are left.
 func (g *Gateway) attemptFailed(x *exchange, pod *pool.Pod, err error) bool {
 	g.unplace(x, pod)
-	// Every connection to the pod busy is the gateway's cap, not the
-	// pod's failure.
-	if !errors.Is(err, fasthttp.ErrNoFreeConns) {
-		g.podFailed(pod)
-	}
-	if !isDialError(err) || len(x.tried) > g.cfg.Upstream.Retries {
+	g.callFailed(pod, err)
+	if !notSent(err) || len(x.tried) > g.cfg.Upstream.Retries {
 		return false
 	}
-	g.log.Warn("pod refused a request; trying another", "pod", pod.Config.Name, "err", err)
+	g.log.Warn("request not sent to pod; trying another", "pod", pod.Config.Name, "err", err)
 	return true
 }
 
@@ -651,6 +650,14 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err
 	releaseExchange(x)
 }
 
+// callFailed counts a call to p that failed with err against p, unless
+// the gateway's own cap refused it (every connection to p busy).
+func (g *Gateway) callFailed(p *pool.Pod, err error) {
+	if !errors.Is(err, fasthttp.ErrNoFreeConns) {
+		g.podFailed(p)
+	}
+}
+
 func (g *Gateway) podFailed(p *pool.Pod) {
 	if p.ReportFailure(g.ledger.Now(), g.cfg.Health.EjectAfterFailures, g.cfg.Health.EjectionTime) {
 		g.log.Warn("pod ejected after consecutive failures", "pod", p.Config.Name, "for", g.cfg.Health.EjectionTime)
@@ -665,11 +672,13 @@ func closeStream(resp *fasthttp.Response, err error) {
 	}
 }
 
-// isDialError reports whether err happened while connecting, so the pod
-// received nothing and another pod may take the request.
-func isDialError(err error) bool {
+// notSent reports whether err came before the request left: connecting
+// failed, or the gateway's own cap refused a connection. The pod received
+// nothing, so another pod may take the request.
+func notSent(err error) bool {
 	var op *net.OpError
-	return errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &op) && op.Op == "dial")
+	return errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, fasthttp.ErrNoFreeConns) ||
+		(errors.As(err, &op) && op.Op == "dial")
 }
 
 // upstreamError maps a failed exchange with a pod to the client's error.
@@ -680,6 +689,10 @@ func (g *Gateway) upstreamError(err error) *openai.Error {
 	}
 	if isTimeout(err) {
 		return openai.UpstreamTimeout(g.cfg.Upstream.ResponseTimeout)
+	}
+	if errors.Is(err, fasthttp.ErrNoFreeConns) {
+		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+			Message: fmt.Sprintf("Every connection the gateway may open to the inference server is busy (upstream.max_conns_per_pod: %d); retry the request.", g.cfg.Upstream.MaxConnsPerPod)}
 	}
 	return openai.UpstreamError(err.Error())
 }
