@@ -374,6 +374,49 @@ func testUpstreamFaults(t *testing.T, frontend string, via *http.Client) {
 	waitIdle(t, s)
 }
 
+// TestQueueFullIsNotPodFailure: an engine whose waiting queue is full
+// (SGLang's --max-queued-requests) answers 503 "The request queue is full."
+// at admission: load shedding, not a fault. The client gets the engine's
+// answer, and the pod is neither charged a failure nor ejected (a burst
+// must not eject a fleet pod by pod); any other 5xx still counts.
+func TestQueueFullIsNotPodFailure(t *testing.T) {
+	answer := func(status int, body string) string {
+		return fakePod(t, func(c net.Conn, _ *http.Request) {
+			fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", status, http.StatusText(status), len(body), body)
+		})
+	}
+	full := answer(503, `{"error":{"message":"The request queue is full.","type":"ServiceUnavailableError","param":null,"code":503}}`)
+	failing := answer(500, `{"error":{"message":"CUDA error","type":"InternalServerError","param":null,"code":500}}`)
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		t.Run(frontend, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Model: "full", Address: full}, {Model: "failing", Address: failing}}, func(c *config.Config) {
+				c.Frontend = frontend
+				c.Health.Interval = time.Hour // only passive ejection acts here
+				c.Health.EjectAfterFailures = 1
+			})
+			ask := func(model string) (int, string) {
+				resp, b := post(t, s, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}]}`, model))
+				return resp.StatusCode, b
+			}
+			for i := 0; i < 3; i++ {
+				if code, b := ask("full"); code != 503 || !strings.Contains(b, "The request queue is full.") {
+					t.Fatalf("request %d to a pod whose queue is full: %d %s; want its own 503", i, code, b)
+				}
+			}
+			if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 0 {
+				t.Fatalf("a full queue was charged as %v pod failures", n)
+			}
+			// A 500 is a fault: one ejects the pod here.
+			if code, b := ask("failing"); code != 500 || !strings.Contains(b, "CUDA error") {
+				t.Fatalf("a failing pod: %d %s; want its 500", code, b)
+			}
+			if code, b := ask("failing"); code != 503 || !strings.Contains(b, "No healthy inference server") {
+				t.Fatalf("after a 500: %d %s; want the pod ejected", code, b)
+			}
+		})
+	}
+}
+
 func TestRefusingPodIsSkippedAndEjected(t *testing.T) {
 	sims := testFleet(t, "m", 3, 100)
 	s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {

@@ -153,7 +153,7 @@ type Health struct {
 	// 0 turns scraping off.
 	MetricsInterval time.Duration `yaml:"metrics_interval"`
 	// EjectAfterFailures is how many consecutive failed requests or checks
-	// eject a pod (default 3).
+	// eject a pod (default 3). A 503 answer is load shed, not a failure.
 	EjectAfterFailures int `yaml:"eject_after_failures"`
 	// EjectionTime is how long an ejected pod receives no traffic before it
 	// is tried again (default 10s).

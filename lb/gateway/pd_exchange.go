@@ -186,7 +186,7 @@ func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err erro
 		g.callFailed(pre, err)
 		return &pdFailure{err: g.upstreamError(err), header: headerPrefillError, retry: notSent(err)}
 	case status != fasthttp.StatusOK:
-		if status >= 500 {
+		if isFault(status) {
 			g.podFailed(pre)
 		}
 		return &pdFailure{err: podAnswered(status, body), header: headerPrefillError}

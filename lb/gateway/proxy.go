@@ -225,9 +225,10 @@ func (x *exchange) ExchangeDone(err error) {
 func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response) {
 	// Headers are in: from here on the pod owes the client this response.
 	status := resp.StatusCode()
-	if status >= 500 {
+	switch {
+	case isFault(status):
 		g.podFailed(pod)
-	} else {
+	case status < 500:
 		pod.ReportSuccess()
 	}
 	ctx.SetStatusCode(status)
@@ -648,6 +649,14 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err
 		g.metrics.shed.Update(time.Since(x.start).Seconds())
 	}
 	releaseExchange(x)
+}
+
+// isFault reports whether a pod's answer with status is its failure: a 5xx
+// but 503, which vLLM and SGLang answer when their waiting queue is full
+// (--max-queued-requests) or they are shutting down. That is load shed at
+// admission, and counting it would eject a fleet pod by pod under a burst.
+func isFault(status int) bool {
+	return status >= 500 && status != fasthttp.StatusServiceUnavailable
 }
 
 // callFailed counts a call to p that failed with err against p, unless
