@@ -417,6 +417,41 @@ func TestQueueFullIsNotPodFailure(t *testing.T) {
 	}
 }
 
+// TestEjectionCap: when every pod of a model fails at once, only
+// health.max_ejected_percent of them (here the one pod always allowed) are
+// ejected; the rest stay in, so the model keeps being served by its pods
+// rather than answered "no healthy pod" by the gateway.
+func TestEjectionCap(t *testing.T) {
+	var pods []config.Pod
+	for i := 0; i < 4; i++ {
+		addr := fakePod(t, func(c net.Conn, _ *http.Request) {
+			body := `{"error":{"message":"CUDA error","type":"InternalServerError","param":null,"code":500}}`
+			fmt.Fprintf(c, "HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		})
+		pods = append(pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: addr})
+	}
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Health.Interval = time.Hour // only passive ejection acts here
+		c.Health.EjectAfterFailures = 1
+		c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+	})
+	for i := 0; i < 8; i++ {
+		if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 500 {
+			t.Fatalf("request %d: %d %s; want the pods' own 500", i, resp.StatusCode, b)
+		}
+	}
+	if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 8 {
+		t.Fatalf("%v failures counted, want 8", n)
+	}
+	ejected := 0
+	for i := range pods {
+		ejected += int(metricValue(t, s, fmt.Sprintf(`pdlb_pod_ejections_total{pod="p%d"}`, i)))
+	}
+	if ejected != 1 {
+		t.Fatalf("%d ejections; want 1 (10%% of 4 pods, and one always may be)", ejected)
+	}
+}
+
 func TestRefusingPodIsSkippedAndEjected(t *testing.T) {
 	sims := testFleet(t, "m", 3, 100)
 	s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {

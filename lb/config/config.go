@@ -48,6 +48,7 @@ const (
 	DefaultMetricsInterval    = time.Second
 	DefaultEjectAfterFailures = 3
 	DefaultEjectionTime       = 10 * time.Second
+	DefaultMaxEjectedPercent  = 10
 	DefaultMaxConnsPerPod     = 1024
 )
 
@@ -158,6 +159,12 @@ type Health struct {
 	// EjectionTime is how long an ejected pod receives no traffic before it
 	// is tried again (default 10s).
 	EjectionTime time.Duration `yaml:"ejection_time"`
+	// MaxEjectedPercent caps the share of a model's pods ejected at once
+	// (default 10, as Envoy's outlier detection); one pod may always be.
+	// Past it a failing pod stays in: when many pods fail together the
+	// cause is rarely the pods (an overload, the network), and ejecting
+	// them would pile their load on the rest, which then fail in turn.
+	MaxEjectedPercent int `yaml:"max_ejected_percent"`
 }
 
 // Admission configures early rejection: a request whose best pod's
@@ -295,6 +302,7 @@ func Default() Config {
 			MetricsInterval:    DefaultMetricsInterval,
 			EjectAfterFailures: DefaultEjectAfterFailures,
 			EjectionTime:       DefaultEjectionTime,
+			MaxEjectedPercent:  DefaultMaxEjectedPercent,
 		},
 	}
 }
@@ -395,6 +403,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Health.EjectAfterFailures <= 0 {
 		return invalid("health.eject_after_failures", c.Health.EjectAfterFailures, "must be positive")
+	}
+	if c.Health.MaxEjectedPercent < 0 || c.Health.MaxEjectedPercent > 100 {
+		return invalid("health.max_ejected_percent", c.Health.MaxEjectedPercent, "must be between 0 and 100")
 	}
 	if err := c.Admission.AdmitConfig().Validate(); err != nil {
 		return fmt.Errorf("%w: admission: %v", ErrInvalid, err)

@@ -43,6 +43,8 @@ type Gateway struct {
 	// mu serialises reloads; it guards checker and kv, which a reload
 	// replaces, and is never taken on the request path.
 	mu sync.Mutex
+	// ejectMu serialises passive ejections (podFailed), which are rare.
+	ejectMu sync.Mutex
 	// kv follows the pods' KV events into the models' prefix indexes.
 	kv *kvFeeds
 	// stop ends the background loops (ledger janitor, shared ledger).

@@ -667,10 +667,28 @@ func (g *Gateway) callFailed(p *pool.Pod, err error) {
 	}
 }
 
+// podFailed counts a failure against p and ejects it when due, unless
+// health.max_ejected_percent of its model's pods are ejected already.
 func (g *Gateway) podFailed(p *pool.Pod) {
-	if p.ReportFailure(g.ledger.Now(), g.cfg.Health.EjectAfterFailures, g.cfg.Health.EjectionTime) {
-		g.log.Warn("pod ejected after consecutive failures", "pod", p.Config.Name, "for", g.cfg.Health.EjectionTime)
+	h := g.cfg.Health
+	if !p.ReportFailure(h.EjectAfterFailures) {
+		return
 	}
+	// One decision at a time, so that two pods failing together cannot
+	// both take the model's last ejection.
+	g.ejectMu.Lock()
+	defer g.ejectMu.Unlock()
+	now := g.ledger.Now()
+	if p.Ejected(now) {
+		return
+	}
+	if m := g.pool.Load().Model([]byte(p.Config.Model)); m != nil && !m.MayEject(now, h.MaxEjectedPercent) {
+		g.log.Warn("pod failing but not ejected: health.max_ejected_percent of its model's pods are ejected",
+			"pod", p.Config.Name, "max_ejected_percent", h.MaxEjectedPercent)
+		return
+	}
+	p.Eject(now, h.EjectionTime)
+	g.log.Warn("pod ejected after consecutive failures", "pod", p.Config.Name, "for", h.EjectionTime)
 }
 
 // closeStream abandons a response body: the connection is closed rather

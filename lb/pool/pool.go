@@ -249,19 +249,33 @@ func (p *Pod) ReportSuccess() {
 	p.halfOpen.Store(false)
 }
 
-// ReportFailure records a failed request at now; after threshold
-// consecutive failures the pod is ejected for d. It reports whether this
-// failure ejected it.
-func (p *Pod) ReportFailure(now int64, threshold int, d time.Duration) bool {
+// ReportFailure records a failed request and reports whether the pod is
+// due for ejection: threshold consecutive failures, or one while it is
+// half-open (its first request after an ejection).
+func (p *Pod) ReportFailure(threshold int) bool {
 	p.upstreamErrors.Add(1)
-	if int(p.fails.Add(1)) < threshold && !p.halfOpen.Load() {
-		return false
-	}
+	return int(p.fails.Add(1)) >= threshold || p.halfOpen.Load()
+}
+
+// Eject keeps the pod out of every choice until now+d; then it is
+// half-open, taking one request at a time until one succeeds.
+func (p *Pod) Eject(now int64, d time.Duration) {
 	p.fails.Store(0)
 	p.halfOpen.Store(true)
 	p.ejectedUntil.Store(now + int64(d))
 	p.ejections.Add(1)
-	return true
+}
+
+// MayEject reports whether one more of m's pods may be ejected at now with
+// at most maxPercent of them ejected at once; one always may be.
+func (m *Model) MayEject(now int64, maxPercent int) bool {
+	n := 0
+	for _, p := range m.Pods {
+		if p.Ejected(now) {
+			n++
+		}
+	}
+	return n == 0 || (n+1)*100 <= maxPercent*len(m.Pods)
 }
 
 // Model is one model's pods, routing policy and prefix index.

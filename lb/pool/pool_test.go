@@ -24,8 +24,11 @@ func TestCircuitBreaker(t *testing.T) {
 	f(0, CircuitClosed, true)
 	// Three consecutive failures open the circuit for 10 s.
 	for i := 0; i < 3; i++ {
-		p.ReportFailure(0, 3, 10*time.Second)
+		if p.ReportFailure(3) != (i == 2) {
+			t.Fatalf("failure %d: due for ejection %v", i+1, i != 2)
+		}
 	}
+	p.Eject(0, 10*time.Second)
 	f(5*sec, CircuitOpen, false)
 	// Then half-open: one probe at a time.
 	f(11*sec, CircuitHalfOpen, true)
@@ -33,9 +36,10 @@ func TestCircuitBreaker(t *testing.T) {
 	f(11*sec, CircuitHalfOpen, false)
 	// A failed probe opens it again at once, without three failures.
 	p.Release()
-	if !p.ReportFailure(12*sec, 3, 10*time.Second) {
-		t.Fatal("a failed probe did not reopen the circuit")
+	if !p.ReportFailure(3) {
+		t.Fatal("a failed probe is not due to reopen the circuit")
 	}
+	p.Eject(12*sec, 10*time.Second)
 	f(13*sec, CircuitOpen, false)
 	// A successful probe closes it.
 	f(23*sec, CircuitHalfOpen, true)
@@ -70,5 +74,43 @@ func TestFill(t *testing.T) {
 	want.HasMetrics, want.Running, want.Waiting, want.KVUsage = true, 12, 3, 0.75
 	if c != want {
 		t.Fatalf("after a scrape: %+v, want %+v", c, want)
+	}
+}
+
+// TestMayEject: at most maxPercent of a model's pods ejected at once, and
+// always one.
+func TestMayEject(t *testing.T) {
+	const sec = int64(time.Second)
+	model := func(n int) *Model {
+		m := &Model{}
+		for i := 0; i < n; i++ {
+			m.Pods = append(m.Pods, &Pod{podState: &podState{}})
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		pods, ejected, percent int
+		want                   bool
+	}{
+		{10, 0, 10, true},
+		{10, 1, 10, false},
+		{20, 1, 10, true},
+		{20, 2, 10, false},
+		{4, 0, 0, true},
+		{4, 1, 0, false},
+		{4, 3, 100, true},
+		{1, 0, 10, true},
+	} {
+		m := model(tc.pods)
+		for _, p := range m.Pods[:tc.ejected] {
+			p.Eject(0, 10*time.Second)
+		}
+		if got := m.MayEject(5*sec, tc.percent); got != tc.want {
+			t.Errorf("%d of %d pods ejected, max %d%%: may eject another = %v, want %v", tc.ejected, tc.pods, tc.percent, got, tc.want)
+		}
+		// Once their ejection ran out, they count no more.
+		if !m.MayEject(11*sec, tc.percent) {
+			t.Errorf("%d pods whose ejection ended still count", tc.ejected)
+		}
 	}
 }
