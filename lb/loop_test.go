@@ -292,6 +292,7 @@ func TestLoopTimeouts(t *testing.T) {
 	addr, _ := keepAlivePod(t, 0, func() { <-hang })
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
 		c.Upstream.ResponseTimeout = 300 * time.Millisecond
+		c.Upstream.WholeResponseTimeout = 300 * time.Millisecond
 	})
 	t.Cleanup(func() { close(hang) })
 	const n = 6 // more than one per loop
@@ -315,6 +316,33 @@ func TestLoopTimeouts(t *testing.T) {
 		}
 	}
 	waitIdle(t, s)
+}
+
+// TestWholeAnswersWaitLonger: a non-streaming answer comes only when the
+// whole generation is done, so upstream.response_timeout (a stream's
+// headers, about its time to first token) does not bound it;
+// upstream.whole_response_timeout does.
+func TestWholeAnswersWaitLonger(t *testing.T) {
+	addr, _ := keepAlivePod(t, 0, func() { time.Sleep(600 * time.Millisecond) })
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		t.Run(frontend, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Model: "m", Address: addr}}, func(c *config.Config) {
+				c.Frontend = frontend
+				c.Upstream.ResponseTimeout = 300 * time.Millisecond
+			})
+			ask := func(stream bool) (int, string) {
+				resp, b := post(t, s, "/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":%v}`, stream))
+				return resp.StatusCode, b
+			}
+			if code, b := ask(false); code != 200 {
+				t.Fatalf("a whole answer after 600 ms: %d %s; want 200 (whole_response_timeout 10m)", code, b)
+			}
+			if code, b := ask(true); code != 504 || !strings.Contains(b, "within 300ms") {
+				t.Fatalf("a stream's headers after 600 ms: %d %s; want 504 (response_timeout 300ms)", code, b)
+			}
+			waitIdle(t, s)
+		})
+	}
 }
 
 // TestLoopStreamClientGone: a client that leaves a stream relayed on the

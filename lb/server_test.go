@@ -342,6 +342,7 @@ func testUpstreamFaults(t *testing.T, frontend string, via *http.Client) {
 	}, func(c *config.Config) {
 		c.Frontend = frontend
 		c.Upstream.ResponseTimeout = 300 * time.Millisecond
+		c.Upstream.WholeResponseTimeout = 300 * time.Millisecond
 		c.Upstream.StreamIdleTimeout = 300 * time.Millisecond
 		c.Health.Interval = time.Hour // keep the refusing pods "healthy" so requests reach them
 	})

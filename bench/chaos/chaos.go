@@ -208,6 +208,7 @@ func gatewayConfig(f *fleet) config.Config {
 	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Upstream.ConnectTimeout = 500 * time.Millisecond
 	cfg.Upstream.ResponseTimeout = 3 * time.Second
+	cfg.Upstream.WholeResponseTimeout = 3 * time.Second
 	cfg.Upstream.StreamIdleTimeout = time.Second
 	cfg.Upstream.Retries = 2
 	cfg.Health.Interval = 100 * time.Millisecond

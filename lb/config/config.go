@@ -40,6 +40,7 @@ const (
 	DefaultPrefillSpeed       = 20000
 	DefaultConnectTimeout     = 2 * time.Second
 	DefaultResponseTimeout    = 60 * time.Second
+	DefaultWholeTimeout       = 10 * time.Minute
 	DefaultStreamIdleTimeout  = 120 * time.Second
 	DefaultKeepaliveTimeout   = 4 * time.Second
 	DefaultRetries            = 1
@@ -125,10 +126,15 @@ type Config struct {
 type Upstream struct {
 	// ConnectTimeout bounds dialing a pod (default 2s).
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
-	// ResponseTimeout bounds the wait for a pod's response headers, and for
-	// the whole body of a non-streaming response (default 60s); past it the
+	// ResponseTimeout bounds the wait for the response headers of a
+	// stream, about its time to first token (default 60s); past it the
 	// client gets 504.
 	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	// WholeResponseTimeout bounds the wait for a non-streaming answer
+	// (default 10m). Engines send it only when the whole generation is
+	// done, so it must cover the longest max_tokens at the slowest decode:
+	// 4,000 tokens at 20 per second take 200 s.
+	WholeResponseTimeout time.Duration `yaml:"whole_response_timeout"`
 	// StreamIdleTimeout is the longest gap allowed between two chunks of a
 	// stream (default 120s); past it the stream is cut with an error event.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
@@ -280,12 +286,13 @@ func Default() Config {
 		ClientReadTimeout: DefaultClientReadTimeout,
 		ClientIdleTimeout: DefaultClientIdleTimeout,
 		Upstream: Upstream{
-			ConnectTimeout:    DefaultConnectTimeout,
-			ResponseTimeout:   DefaultResponseTimeout,
-			StreamIdleTimeout: DefaultStreamIdleTimeout,
-			Retries:           DefaultRetries,
-			MaxConnsPerPod:    DefaultMaxConnsPerPod,
-			KeepaliveTimeout:  DefaultKeepaliveTimeout,
+			ConnectTimeout:       DefaultConnectTimeout,
+			ResponseTimeout:      DefaultResponseTimeout,
+			WholeResponseTimeout: DefaultWholeTimeout,
+			StreamIdleTimeout:    DefaultStreamIdleTimeout,
+			Retries:              DefaultRetries,
+			MaxConnsPerPod:       DefaultMaxConnsPerPod,
+			KeepaliveTimeout:     DefaultKeepaliveTimeout,
 		},
 		Admission: Admission{
 			Interactive: admit.DefaultConfig().Classes[admit.Interactive],
@@ -382,6 +389,7 @@ func (c *Config) Validate() error {
 		{"client_idle_timeout", c.ClientIdleTimeout},
 		{"upstream.connect_timeout", c.Upstream.ConnectTimeout},
 		{"upstream.response_timeout", c.Upstream.ResponseTimeout},
+		{"upstream.whole_response_timeout", c.Upstream.WholeResponseTimeout},
 		{"upstream.stream_idle_timeout", c.Upstream.StreamIdleTimeout},
 		{"upstream.keepalive_timeout", c.Upstream.KeepaliveTimeout},
 		{"health.interval", c.Health.Interval},

@@ -254,7 +254,7 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model,
 	up.SetHost(pod.Config.Address)
 	g.place(m, x, pod)
 	resp.StreamBody = x.req.Stream
-	err := doWatched(frontend.ClientGone(ctx), pod.Client, up, resp, time.Now().Add(g.cfg.Upstream.ResponseTimeout))
+	err := doWatched(frontend.ClientGone(ctx), pod.Client, up, resp, time.Now().Add(g.responseTimeout(x.req.Stream)))
 	fasthttp.ReleaseRequest(up)
 	x.pd.ticket.Done()
 	if err == errClientLeft {
@@ -267,7 +267,7 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model,
 		g.unplace(x, pod)
 		g.callFailed(pod, err)
 		x.tried = append(x.tried, pod.ID)
-		return &pdFailure{err: g.upstreamError(err), retry: notSent(err)}
+		return &pdFailure{err: g.upstreamError(err, g.responseTimeout(x.req.Stream)), retry: notSent(err)}
 	}
 	if pod.Role == route.RoleDecode {
 		ctx.Response.Header.Set(headerDecodePod, pod.Config.Name)
@@ -320,9 +320,15 @@ func (p *pdCall) firstBy(limit time.Duration) time.Time {
 // error: the decode watchdog's when its deadline passed, else
 // upstreamError's.
 func (g *Gateway) streamError(x *exchange, err error) *openai.Error {
+	// A stream's reads wait at most the idle timeout; a whole answer's,
+	// what is left of its bound.
+	within := g.cfg.Upstream.StreamIdleTimeout
+	if !x.req.Stream {
+		within = g.cfg.Upstream.WholeResponseTimeout
+	}
 	p := x.pd
 	if p == nil || !p.active {
-		return g.upstreamError(err)
+		return g.upstreamError(err, within)
 	}
 	if l := p.link; l != nil {
 		if e := l.preErr.Load(); e != nil {
@@ -339,7 +345,7 @@ func (g *Gateway) streamError(x *exchange, err error) *openai.Error {
 		}
 		return g.decodeWatchdog(x)
 	}
-	return g.upstreamError(err)
+	return g.upstreamError(err, within)
 }
 
 // decodeWatchdog counts a request the watchdog failed, tells the decode

@@ -145,7 +145,7 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 		p.metrics.prefill.Update(p.prefillEnd.Sub(p.legsStart).Seconds())
 	}
 	g.prefillDone(x, pre, p.prefillEnd)
-	f := prefillFailure(g, pre, status, p.preResp, err)
+	f := prefillFailure(g, pre, status, p.preResp, err, p.opts.PrefillRequestTimeout)
 	if f == nil && p.proto.PrefillAnswers(p.preResp) {
 		// The context pod finished at its first token: its answer is the
 		// client's, and the decode pod gets nothing.
@@ -178,13 +178,13 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 
 // prefillFailure classifies a finished prefill leg: nil for a 200 answer,
 // else the client's error (retryable when it was not sent: notSent).
-func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err error) *pdFailure {
+func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err error, timeout time.Duration) *pdFailure {
 	switch {
 	case err == errClientLeft:
 		return &pdFailure{err: errClientLeft}
 	case err != nil:
 		g.callFailed(pre, err)
-		return &pdFailure{err: g.upstreamError(err), header: headerPrefillError, retry: notSent(err)}
+		return &pdFailure{err: g.upstreamError(err, timeout), header: headerPrefillError, retry: notSent(err)}
 	case status != fasthttp.StatusOK:
 		if isFault(status) {
 			g.podFailed(pre)
@@ -233,14 +233,14 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *poo
 
 // decodeHeadersBy is the deadline of the decode leg's response headers
 // (and, without a stream, its whole body): the watchdog's first-response
-// bound for a stream, its response bound without one, else the upstream
-// response timeout.
+// bound for a stream, its response bound without one, else the upstream's
+// (responseTimeout).
 func (g *Gateway) decodeHeadersBy(x *exchange) time.Time {
 	p := x.pd
 	limit := g.watchdogLimit(x)
 	p.watched = limit > 0
 	if !p.watched {
-		return time.Now().Add(g.cfg.Upstream.ResponseTimeout)
+		return time.Now().Add(g.responseTimeout(x.req.Stream))
 	}
 	return p.firstBy(limit)
 }
@@ -262,7 +262,7 @@ func (g *Gateway) decodeFailure(x *exchange, err error) *pdFailure {
 	if x.pd.watched && isTimeout(err) {
 		f.err = g.decodeWatchdog(x)
 	} else {
-		f.err = g.upstreamError(err)
+		f.err = g.upstreamError(err, g.responseTimeout(x.req.Stream))
 	}
 	return f
 }
@@ -476,7 +476,7 @@ func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 	c.pre.AddQueuedPrefill(-c.uncached)
 	c.pre.Release()
 	g.ledger.PrefillDone(c.ticket)
-	f := prefillFailure(g, c.pre, status, l.buf, err)
+	f := prefillFailure(g, c.pre, status, l.buf, err, c.timeout)
 	if f == nil {
 		l.prefillEnd.Store(end.UnixNano())
 		if c.limit > 0 {

@@ -183,7 +183,7 @@ func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exch
 	g.attempt(m, x, pod, up)
 	u := g.cfg.Upstream
 	x.up, x.resp, x.pod = up, resp, pod
-	to := frontend.Upstream{Addr: pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: u.ResponseTimeout,
+	to := frontend.Upstream{Addr: pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: g.responseTimeout(x.req.Stream),
 		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod}
 	if err := l.Exchange(to, x.req.Stream, up, resp, x); err != nil {
 		x.ExchangeDone(err)
@@ -217,7 +217,7 @@ func (x *exchange) ExchangeDone(err error) {
 		frontend.LoopOf(ctx).Detach(x)
 		return
 	}
-	g.unsent(ctx, x, m, x.up, x.resp, g.upstreamError(err))
+	g.unsent(ctx, x, m, x.up, x.resp, g.upstreamError(err, g.responseTimeout(x.req.Stream)))
 }
 
 // respond relays pod's response, whose headers are in, to the client and
@@ -327,7 +327,7 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 		g.attempt(m, x, pod, up)
 		// A stream is relayed as it comes; a whole answer is read whole.
 		resp.StreamBody = x.req.Stream
-		err := doWatched(frontend.ClientGone(x.ctx), pod.Client, up, resp, time.Now().Add(g.cfg.Upstream.ResponseTimeout))
+		err := doWatched(frontend.ClientGone(x.ctx), pod.Client, up, resp, time.Now().Add(g.responseTimeout(x.req.Stream)))
 		if err == nil {
 			return pod, nil
 		}
@@ -343,7 +343,7 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 	if last == nil {
 		return nil, openai.NoHealthyPod(x.req.Model)
 	}
-	return nil, g.upstreamError(last)
+	return nil, g.upstreamError(last, g.responseTimeout(x.req.Stream))
 }
 
 // attempt records that up goes to pod and charges pod with it.
@@ -708,14 +708,24 @@ func notSent(err error) bool {
 		(errors.As(err, &op) && op.Op == "dial")
 }
 
-// upstreamError maps a failed exchange with a pod to the client's error.
-func (g *Gateway) upstreamError(err error) *openai.Error {
+// responseTimeout bounds the wait for a pod's answer: a stream's headers,
+// or a whole answer.
+func (g *Gateway) responseTimeout(stream bool) time.Duration {
+	if stream {
+		return g.cfg.Upstream.ResponseTimeout
+	}
+	return g.cfg.Upstream.WholeResponseTimeout
+}
+
+// upstreamError maps a failed exchange with a pod to the client's error;
+// within is the bound that passed, should err be a timeout.
+func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 	if errors.Is(err, errShuttingDown) {
 		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
 			Message: "The gateway is shutting down; retry the request."}
 	}
 	if isTimeout(err) {
-		return openai.UpstreamTimeout(g.cfg.Upstream.ResponseTimeout)
+		return openai.UpstreamTimeout(within)
 	}
 	if errors.Is(err, fasthttp.ErrNoFreeConns) {
 		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
