@@ -378,7 +378,11 @@ func fault(ctx context.Context, f *fleet, i int, kind string, lasts time.Duratio
 	}
 	pod, err := startPod(i)
 	if err == nil {
-		err = proxy.restart(pod.Addr())
+		// The proxy's port was free while the pod was down: under go test
+		// ./... another package's listener or dial may have taken it.
+		if err = proxy.restart(pod.Addr()); err != nil {
+			pod.Close()
+		}
 	}
 	if err != nil {
 		log.Error("chaos: restart failed", "pod", i, "err", err)
