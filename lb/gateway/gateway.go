@@ -330,9 +330,9 @@ type exchange struct {
 	cands   []route.Candidate
 	scratch []float64
 	tried   []int32
-	// notSent is why the attempt made on the event loop was not sent
-	// (notSent), for send to answer with when no other pod takes it.
-	notSent error
+	// refused is why the pod the event loop tried did not take the
+	// request (notSent), for send to answer with when no other pod does.
+	refused error
 	// wait is what a relay waiting for its pod's next bytes reads into
 	// (see relay): one byte, so an idle stream holds no buffer.
 	wait    [1]byte
@@ -390,7 +390,7 @@ func acquireExchange() *exchange {
 func releaseExchange(x *exchange) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
-	x.cands, x.tried, x.notSent = x.cands[:0], x.tried[:0], nil
+	x.cands, x.tried, x.refused = x.cands[:0], x.tried[:0], nil
 	x.keys, x.looked = x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
 	x.class = admit.Interactive

@@ -27,8 +27,7 @@ import (
 //
 // A pod that refused the connection, or that the gateway's connection cap
 // kept the request from, received nothing, so the request is decided again
-// without it, at most Upstream.Retries times, as on the
-// combined path.
+// without it, at most Upstream.Retries times, as on the combined path.
 
 // Headers of PD answers (seed 001's x-error-pd-* distinguish a gateway's
 // PD failure from a 5xx the decode pod itself sent).

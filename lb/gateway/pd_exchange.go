@@ -269,8 +269,8 @@ func (g *Gateway) decodeFailure(x *exchange, err error) *pdFailure {
 
 // moveDecode switches the pair's decode leg to another available decode
 // pod, its own roleset's first, after the leg could not be sent to the
-// chosen one (notSent): the new pod takes the KV the prefill leg left. False when
-// there is none.
+// chosen one (notSent): the new pod takes the KV the prefill leg left.
+// False when there is none.
 func (g *Gateway) moveDecode(m *pool.Model, x *exchange) bool {
 	p := x.pd
 	now := g.ledger.Now()

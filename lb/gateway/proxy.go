@@ -213,7 +213,7 @@ func (x *exchange) ExchangeDone(err error) {
 		return
 	}
 	if g.attemptFailed(x, pod, err) {
-		x.notSent = err
+		x.refused = err
 		frontend.LoopOf(ctx).Detach(x)
 		return
 	}
@@ -291,7 +291,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response, session string) (*pool.Pod, error) {
 	// Attempts made on the event loop count (see ExchangeDone), and the
 	// backoff after one of them is waited here.
-	last := x.notSent
+	last := x.refused
 	for attempt := len(x.tried); attempt <= g.cfg.Upstream.Retries; attempt++ {
 		if attempt > 0 {
 			// Back off a little, with jitter, so a fleet-wide hiccup is
