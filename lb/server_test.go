@@ -444,12 +444,13 @@ func TestEjectionCap(t *testing.T) {
 	if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 8 {
 		t.Fatalf("%v failures counted, want 8", n)
 	}
-	ejected := 0
+	ejected, kept := 0, 0
 	for i := range pods {
 		ejected += int(metricValue(t, s, fmt.Sprintf(`pdlb_pod_ejections_total{pod="p%d"}`, i)))
+		kept += int(metricValue(t, s, fmt.Sprintf(`pdlb_pod_ejections_kept_total{pod="p%d"}`, i)))
 	}
-	if ejected != 1 {
-		t.Fatalf("%d ejections; want 1 (10%% of 4 pods, and one always may be)", ejected)
+	if ejected != 1 || kept != 7 {
+		t.Fatalf("%d ejections and %d kept in; want 1 (10%% of 4 pods, and one always may be) and the 7 other failures", ejected, kept)
 	}
 }
 

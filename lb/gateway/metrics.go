@@ -157,6 +157,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 	})
 	family("pdlb_pod_in_flight", "gauge", (*pool.Pod).InFlight)
 	family("pdlb_pod_ejections_total", "counter", (*pool.Pod).Ejections)
+	family("pdlb_pod_ejections_kept_total", "counter", (*pool.Pod).EjectionsKept)
 	family("pdlb_pod_circuit_state", "gauge", func(p *pool.Pod) int64 { return int64(p.Circuit(now)) })
 }
 
@@ -178,6 +179,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.Metric
 	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
 	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},
 	"pdlb_pod_ejections_total":           {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
+	"pdlb_pod_ejections_kept_total":      {Help: "Times the pod was due for ejection but kept in: health.max_ejected_percent of its model's pods were ejected already.", Type: "counter"},
 	"pdlb_pod_circuit_state":             {Help: "The pod's circuit breaker: 0 closed, 1 open (ejected), 2 half-open (one probe request at a time)."},
 
 	// The token ledger's gauges: this replica's own charges, in tokens.

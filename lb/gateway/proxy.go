@@ -683,8 +683,14 @@ func (g *Gateway) podFailed(p *pool.Pod) {
 		return
 	}
 	if m := g.pool.Load().Model([]byte(p.Config.Model)); m != nil && !m.MayEject(now, h.MaxEjectedPercent) {
-		g.log.Warn("pod failing but not ejected: health.max_ejected_percent of its model's pods are ejected",
-			"pod", p.Config.Name, "max_ejected_percent", h.MaxEjectedPercent)
+		p.KeepIn()
+		// When a whole model fails this comes with every few failures:
+		// one line per ejection time says it, the metric counts it.
+		if g.keptLogged == 0 || now-g.keptLogged >= int64(h.EjectionTime) {
+			g.keptLogged = now
+			g.log.Warn("pod failing but kept in: health.max_ejected_percent of its model's pods are ejected (pdlb_pod_ejections_kept_total counts these)",
+				"pod", p.Config.Name, "model", p.Config.Model, "max_ejected_percent", h.MaxEjectedPercent)
+		}
 		return
 	}
 	p.Eject(now, h.EjectionTime)

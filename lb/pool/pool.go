@@ -97,6 +97,7 @@ type podState struct {
 
 	fails          atomic.Int32
 	ejections      atomic.Int64
+	kept           atomic.Int64
 	upstreamErrors atomic.Int64
 	pd             pdState
 }
@@ -161,6 +162,10 @@ func (p *Pod) Ejected(now int64) bool { return p.ejectedUntil.Load() > now }
 
 // Ejections counts how often the pod was ejected.
 func (p *Pod) Ejections() int64 { return p.ejections.Load() }
+
+// EjectionsKept counts how often the pod was due for ejection but kept in
+// (KeepIn).
+func (p *Pod) EjectionsKept() int64 { return p.kept.Load() }
 
 // InFlight is the number of requests the gateway has sent to the pod and
 // not yet seen finish.
@@ -264,6 +269,13 @@ func (p *Pod) Eject(now int64, d time.Duration) {
 	p.halfOpen.Store(true)
 	p.ejectedUntil.Store(now + int64(d))
 	p.ejections.Add(1)
+}
+
+// KeepIn records that the pod, due for ejection, stays in (its model has
+// as many pods ejected as it may): it is due again after as many failures.
+func (p *Pod) KeepIn() {
+	p.fails.Store(0)
+	p.kept.Add(1)
 }
 
 // MayEject reports whether one more of m's pods may be ejected at now with
