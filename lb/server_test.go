@@ -418,6 +418,50 @@ func TestQueueFullIsNotPodFailure(t *testing.T) {
 	}
 }
 
+// TestResponseCap: a whole answer is read before the client gets it, so
+// upstream.max_response_bytes caps it: one over the cap, announced by its
+// length or sent in chunks, is a 502 naming the setting; one under it
+// passes. Streams are relayed as they come and have no cap.
+func TestResponseCap(t *testing.T) {
+	const limit = 64 << 10
+	big := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("x", 2*limit) + `"},"finish_reason":"stop"}]}`
+	small := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`
+	sized := func(body string) string {
+		return fakePod(t, func(c net.Conn, _ *http.Request) {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		})
+	}
+	chunked := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for b := big; len(b) > 0; {
+			n := min(len(b), 4096)
+			fmt.Fprintf(c, "%x\r\n%s\r\n", n, b[:n])
+			b = b[n:]
+		}
+		io.WriteString(c, "0\r\n\r\n")
+	})
+	pods := []config.Pod{{Model: "big", Address: sized(big)}, {Model: "chunked", Address: chunked}, {Model: "small", Address: sized(small)}}
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		t.Run(frontend, func(t *testing.T) {
+			s := testGateway(t, pods, func(c *config.Config) {
+				c.Frontend = frontend
+				c.Upstream.MaxResponseBytes = limit
+				c.Health.Interval = time.Hour
+			})
+			for _, model := range []string{"big", "chunked"} {
+				resp, b := post(t, s, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}]}`, model))
+				if resp.StatusCode != 502 || !strings.Contains(b, "upstream.max_response_bytes") {
+					t.Fatalf("%s answer over the cap: %d %.200s; want 502 naming upstream.max_response_bytes", model, resp.StatusCode, b)
+				}
+			}
+			if resp, b := post(t, s, "/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`); resp.StatusCode != 200 {
+				t.Fatalf("an answer under the cap: %d %s", resp.StatusCode, b)
+			}
+			waitIdle(t, s)
+		})
+	}
+}
+
 // TestEjectionCap: when every pod of a model fails at once, only
 // health.max_ejected_percent of them (here the one pod always allowed) are
 // ejected; the rest stay in, so the model keeps being served by its pods

@@ -51,6 +51,7 @@ const (
 	DefaultEjectionTime       = 10 * time.Second
 	DefaultMaxEjectedPercent  = 10
 	DefaultMaxConnsPerPod     = 1024
+	DefaultMaxResponseBytes   = 64 << 20
 )
 
 // Roles a pod can play (seed 001's role-name label; "combined" runs both
@@ -135,6 +136,11 @@ type Upstream struct {
 	// done, so it must cover the longest max_tokens at the slowest decode:
 	// 4,000 tokens at 20 per second take 200 s.
 	WholeResponseTimeout time.Duration `yaml:"whole_response_timeout"`
+	// MaxResponseBytes caps a non-streaming answer, which the gateway reads
+	// whole before it answers (default 64 MiB; a streamed one is relayed as
+	// it comes and has no cap). Past it the client gets 502: a pod must not
+	// be able to make the gateway's memory grow without bound.
+	MaxResponseBytes int `yaml:"max_response_bytes"`
 	// StreamIdleTimeout is the longest gap allowed between two chunks of a
 	// stream (default 120s); past it the stream is cut with an error event.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
@@ -292,6 +298,7 @@ func Default() Config {
 			StreamIdleTimeout:    DefaultStreamIdleTimeout,
 			Retries:              DefaultRetries,
 			MaxConnsPerPod:       DefaultMaxConnsPerPod,
+			MaxResponseBytes:     DefaultMaxResponseBytes,
 			KeepaliveTimeout:     DefaultKeepaliveTimeout,
 		},
 		Admission: Admission{
@@ -408,6 +415,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Upstream.MaxConnsPerPod <= 0 {
 		return invalid("upstream.max_conns_per_pod", c.Upstream.MaxConnsPerPod, "must be positive")
+	}
+	if c.Upstream.MaxResponseBytes <= 0 {
+		return invalid("upstream.max_response_bytes", c.Upstream.MaxResponseBytes, "must be positive")
 	}
 	if c.Health.EjectAfterFailures <= 0 {
 		return invalid("health.eject_after_failures", c.Health.EjectAfterFailures, "must be positive")

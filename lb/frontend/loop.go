@@ -82,6 +82,9 @@ type Upstream struct {
 	DialTimeout, Timeout, Keepalive time.Duration
 	// MaxConns caps this front end's open connections to Addr.
 	MaxConns int
+	// MaxBody caps a whole answer's body (0: no cap); past it the exchange
+	// ends with fasthttp.ErrBodyTooLarge. A streamed answer has none.
+	MaxBody int
 }
 
 // Exchange sends req to the pod at u.Addr over an idle keep-alive
@@ -128,6 +131,7 @@ func (l *Loop) Exchange(u Upstream, stream bool, req *fasthttp.Request, resp *fa
 	gc.up = uc
 	uc.deadline = gc.s.now.Load() + int64(u.Timeout)
 	uc.keepalive = int64(u.Keepalive)
+	uc.maxBody = u.MaxBody
 	gc.s.noteTimeout(u.Timeout)
 	gc.s.noteTimeout(u.Keepalive)
 	return nil
@@ -278,6 +282,7 @@ type upConn struct {
 
 	idleSince int64
 	keepalive int64 // nanoseconds it may idle (Upstream.Keepalive)
+	maxBody   int   // Upstream.MaxBody of the exchange in flight
 }
 
 // dial connects on a goroutine of its own and enrolls the connection on
@@ -410,15 +415,20 @@ func (uc *upConn) parse(buf []byte) (int, error) {
 		return p.consumed(buf), errStreamHead
 	}
 	if err == nil {
-		if cl := resp.Header.ContentLength(); cl >= 0 && len(buf) < p.consumed(buf)+cl {
+		cl := resp.Header.ContentLength()
+		if uc.maxBody > 0 && cl > uc.maxBody {
+			// Refused before it is buffered.
+			return 0, fasthttp.ErrBodyTooLarge
+		}
+		if cl >= 0 && len(buf) < p.consumed(buf)+cl {
 			uc.need = p.consumed(buf) + cl
 			return 0, errNeedMore
 		}
 		p.src = peekReader{b: buf}
 		p.br.Reset(&p.src)
-		err = resp.ReadLimitBody(p.br, 0)
+		err = resp.ReadLimitBody(p.br, uc.maxBody)
 	}
-	if err != nil && p.src.short {
+	if err != nil && p.src.short && err != fasthttp.ErrBodyTooLarge {
 		return 0, errNeedMore
 	}
 	return p.consumed(buf), err

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"errors"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -135,7 +134,7 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 	status := 0
 	if err == nil {
 		status = resp.StatusCode()
-		p.preResp, err = readBody(p.preResp[:0], resp)
+		p.preResp = append(p.preResp[:0], resp.Body()...)
 	}
 	p.prefillEnd = time.Now()
 	if err == errClientLeft {
@@ -468,7 +467,7 @@ func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 	status := 0
 	if err == nil {
 		status = resp.StatusCode()
-		l.buf, err = readBody(l.buf[:0], resp)
+		l.buf = append(l.buf[:0], resp.Body()...)
 	}
 	fasthttp.ReleaseResponse(resp)
 	end := time.Now()
@@ -513,9 +512,8 @@ func (g *Gateway) abortLeg(proto engines.Protocol, ex *engines.Exchange, pod *po
 		req.SetHost(pod.Config.Address)
 		req.Header.SetContentType("application/json")
 		req.SetBodyRaw(body)
-		if pod.Client.DoTimeout(req, resp, abortTimeout) == nil {
-			_, _ = readBody(nil, resp)
-		}
+		// What the pod answers changes nothing.
+		_ = pod.Client.DoTimeout(req, resp, abortTimeout)
 	}()
 }
 
@@ -674,40 +672,14 @@ func prefillInfo(pre *pool.Pod, path string) ([]byte, error) {
 	req.SetRequestURI(path)
 	req.SetHost(pre.Config.Address)
 	err := pre.Client.DoTimeout(req, resp, serverInfoTimeout)
-	var body []byte
-	if err == nil {
-		body, err = readBody(nil, resp)
-	}
 	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
 		err = errors.New("status " + fasthttp.StatusMessage(resp.StatusCode()))
 	}
 	if err != nil {
 		return nil, err
 	}
+	// A copy: resp goes back to its pool.
+	body := append([]byte(nil), resp.Body()...)
 	serverInfos.Store(pre.Config.Address, &serverInfo{body: body, at: time.Now()})
 	return body, nil
-}
-
-// readBody appends resp's whole body to dst, reading its stream when the
-// client streams bodies. A body that breaks off closes its connection, so
-// the client pool never hands out one with a response still in it.
-func readBody(dst []byte, resp *fasthttp.Response) ([]byte, error) {
-	s := resp.BodyStream()
-	if s == nil {
-		return append(dst, resp.Body()...), nil
-	}
-	for {
-		if len(dst) == cap(dst) {
-			dst = append(dst, 0)[:len(dst)]
-		}
-		n, err := s.Read(dst[len(dst):cap(dst)])
-		dst = dst[:len(dst)+n]
-		if err == io.EOF {
-			return dst, nil
-		}
-		if err != nil {
-			closeStream(resp, err)
-			return dst, err
-		}
-	}
 }

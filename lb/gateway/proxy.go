@@ -184,7 +184,7 @@ func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exch
 	u := g.cfg.Upstream
 	x.up, x.resp, x.pod = up, resp, pod
 	to := frontend.Upstream{Addr: pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: g.responseTimeout(x.req.Stream),
-		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod}
+		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod, MaxBody: u.MaxResponseBytes}
 	if err := l.Exchange(to, x.req.Stream, up, resp, x); err != nil {
 		x.ExchangeDone(err)
 	}
@@ -263,7 +263,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	var err error
 	if resp.IsBodyStream() {
 		buf := relayBufs.Get().(*[relayBufferBytes]byte)
-		_, err = io.CopyBuffer(ctx.Response.BodyWriter(), resp.BodyStream(), buf[:])
+		err = readWhole(ctx.Response.BodyWriter(), resp.BodyStream(), g.cfg.Upstream.MaxResponseBytes, buf[:])
 		relayBufs.Put(buf)
 	} else {
 		ctx.Response.SetBody(resp.Body())
@@ -697,6 +697,17 @@ func (g *Gateway) podFailed(p *pool.Pod) {
 	g.log.Warn("pod ejected after consecutive failures", "pod", p.Config.Name, "for", h.EjectionTime)
 }
 
+// readWhole copies a whole answer's streamed body to dst, at most limit
+// bytes (upstream.max_response_bytes): past it, fasthttp.ErrBodyTooLarge,
+// as the pods' clients say it of the bodies they read whole.
+func readWhole(dst io.Writer, src io.Reader, limit int, buf []byte) error {
+	n, err := io.CopyBuffer(dst, io.LimitReader(src, int64(limit)+1), buf)
+	if err == nil && n > int64(limit) {
+		return fasthttp.ErrBodyTooLarge
+	}
+	return err
+}
+
 // closeStream abandons a response body: the connection is closed rather
 // than reused, which also tells the pod to stop generating.
 func closeStream(resp *fasthttp.Response, err error) {
@@ -732,6 +743,9 @@ func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 	}
 	if isTimeout(err) {
 		return openai.UpstreamTimeout(within)
+	}
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		return openai.UpstreamError(fmt.Sprintf("its answer is over upstream.max_response_bytes (%d bytes)", g.cfg.Upstream.MaxResponseBytes))
 	}
 	if errors.Is(err, fasthttp.ErrNoFreeConns) {
 		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,

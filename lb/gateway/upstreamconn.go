@@ -103,22 +103,23 @@ func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Re
 		return errClientLeft
 	}
 	if err == nil && whole {
-		err = unstream(resp)
+		err = unstream(resp, client.MaxResponseBodySize)
 	}
 	return err
 }
 
 // unstream reads the body of a response taken as a stream into the
-// response, as a call that asked for no stream has it; the connection goes
-// back to the pool (or is closed when the body breaks off).
-func unstream(resp *fasthttp.Response) error {
+// response, as a call that asked for no stream has it, at most limit bytes;
+// the connection goes back to the pool (or is closed when the body breaks
+// off or runs over).
+func unstream(resp *fasthttp.Response, limit int) error {
 	s := resp.BodyStream()
 	if s == nil {
 		return nil
 	}
 	b := bytebufferpool.Get()
 	defer bytebufferpool.Put(b)
-	if _, err := b.ReadFrom(s); err != nil {
+	if err := readWhole(b, s, limit, nil); err != nil {
 		closeStream(resp, err)
 		return err
 	}

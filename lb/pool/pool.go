@@ -444,6 +444,7 @@ func newClient(cfg *config.Config, addr string, dial fasthttp.DialFunc) *fasthtt
 		Addr:                          addr,
 		Name:                          "pdlb",
 		MaxConns:                      cfg.Upstream.MaxConnsPerPod,
+		MaxResponseBodySize:           cfg.Upstream.MaxResponseBytes,
 		MaxIdleConnDuration:           cfg.Upstream.KeepaliveTimeout,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
