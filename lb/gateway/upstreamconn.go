@@ -102,8 +102,11 @@ func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Re
 		}
 		return errClientLeft
 	}
-	if err == nil && whole {
-		err = unstream(resp, client.MaxResponseBodySize)
+	if whole {
+		resp.StreamBody = false
+		if err == nil {
+			err = unstream(resp, client.MaxResponseBodySize)
+		}
 	}
 	return err
 }
