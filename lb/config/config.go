@@ -48,6 +48,7 @@ const (
 	DefaultHealthTimeout      = time.Second
 	DefaultMetricsInterval    = time.Second
 	DefaultEjectAfterFailures = 3
+	DefaultUnhealthyAfter     = 3
 	DefaultEjectionTime       = 10 * time.Second
 	DefaultMaxEjectedPercent  = 10
 	DefaultMaxConnsPerPod     = 1024
@@ -162,6 +163,14 @@ type Health struct {
 	Interval time.Duration `yaml:"interval"`
 	// Timeout of one check (default 1s).
 	Timeout time.Duration `yaml:"timeout"`
+	// UnhealthyAfter is how many checks in a row must fail (time out,
+	// break, answer other than 200) before a pod is marked unhealthy
+	// (default 3, as HAProxy's fall); a refused connection marks it at
+	// once. An engine's API server answers /health late when it is busy
+	// (Python serving thousands of streams): one slow check taking a loaded
+	// pod out would move its load onto the others, whose checks then slow
+	// down in turn. One passing check marks a pod healthy again.
+	UnhealthyAfter int `yaml:"unhealthy_after"`
 	// MetricsInterval between scrapes of each pod's /metrics (default 1s);
 	// 0 turns scraping off.
 	MetricsInterval time.Duration `yaml:"metrics_interval"`
@@ -313,6 +322,7 @@ func Default() Config {
 		Health: Health{
 			Interval:           DefaultHealthInterval,
 			Timeout:            DefaultHealthTimeout,
+			UnhealthyAfter:     DefaultUnhealthyAfter,
 			MetricsInterval:    DefaultMetricsInterval,
 			EjectAfterFailures: DefaultEjectAfterFailures,
 			EjectionTime:       DefaultEjectionTime,
@@ -418,6 +428,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Upstream.MaxResponseBytes <= 0 {
 		return invalid("upstream.max_response_bytes", c.Upstream.MaxResponseBytes, "must be positive")
+	}
+	if c.Health.UnhealthyAfter <= 0 {
+		return invalid("health.unhealthy_after", c.Health.UnhealthyAfter, "must be positive")
 	}
 	if c.Health.EjectAfterFailures <= 0 {
 		return invalid("health.eject_after_failures", c.Health.EjectAfterFailures, "must be positive")

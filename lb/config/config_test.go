@@ -34,6 +34,7 @@ func TestValidateRejects(t *testing.T) {
 	f("upstream: {keepalive_timeout: -1s}\n"+pod, `upstream.keepalive_timeout = "-1s"`)
 	f("health: {eject_after_failures: 0}\n"+pod, "health.eject_after_failures = 0")
 	f("health: {max_ejected_percent: 101}\n"+pod, "health.max_ejected_percent = 101")
+	f("health: {unhealthy_after: 0}\n"+pod, "health.unhealthy_after = 0")
 	f("models: [{name: m, policy: fastest}]\n"+pod, `models[0].policy = "fastest"`)
 	f("models: [{name: m}, {name: m}]\n"+pod, `models[1].name = "m" is listed twice`)
 	f("pods: []\n", "no pods")

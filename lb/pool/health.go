@@ -1,9 +1,11 @@
 package pool
 
 import (
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -23,10 +25,10 @@ type Checker struct {
 	wg        sync.WaitGroup
 }
 
-// StartChecker starts checking every pod of s. One failed check marks a pod
-// unhealthy at once (a refused connection is a strong signal, and traffic
-// must leave a dead pod within one interval); one passing check marks it
-// healthy again. Passive ejection (Pod.ReportFailure) is separate and
+// StartChecker starts checking every pod of s. cfg.UnhealthyAfter failed
+// checks in a row mark a pod unhealthy, a refused connection at once (a
+// strong signal: traffic must leave a dead pod within one interval); one
+// passing check marks it healthy again. Passive ejection (Pod.ReportFailure) is separate and
 // expires on its own, so a pod that answers /health but fails requests stays
 // out for its ejection time. keepalive is how long a checker's connection
 // to a pod may idle.
@@ -84,6 +86,11 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 	req.SetRequestURI("http://" + p.Config.Address + "/health")
 	err := client.DoTimeout(req, resp, c.cfg.Timeout)
 	ok := err == nil && resp.StatusCode() == fasthttp.StatusOK
+	if ok {
+		p.checkFails.Store(0)
+	} else if int(p.checkFails.Add(1)) < c.cfg.UnhealthyAfter && !errors.Is(err, syscall.ECONNREFUSED) {
+		return
+	}
 	if was := p.healthy.Swap(ok); was != ok {
 		if ok {
 			c.log.Info("pod healthy", "pod", p.Config.Name)

@@ -96,6 +96,7 @@ type podState struct {
 	Client *fasthttp.HostClient
 
 	fails          atomic.Int32
+	checkFails     atomic.Int32 // failed health checks in a row
 	ejections      atomic.Int64
 	kept           atomic.Int64
 	upstreamErrors atomic.Int64

@@ -1,0 +1,66 @@
+package pool
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/config"
+)
+
+// TestCheckUnhealthyAfter: failed checks take a pod out only when
+// UnhealthyAfter of them come in a row; a refused connection takes it out
+// at once; one passing check brings it back.
+func TestCheckUnhealthyAfter(t *testing.T) {
+	var status atomic.Int32
+	status.Store(http.StatusInternalServerError)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(int(status.Load()))
+	}))
+	defer srv.Close()
+	c := &Checker{cfg: config.Health{Timeout: time.Second, UnhealthyAfter: 3}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	check := func(p *Pod) bool {
+		client := &fasthttp.HostClient{Addr: p.Config.Address}
+		defer client.CloseIdleConnections()
+		c.check(client, p)
+		return p.Healthy()
+	}
+	p := &Pod{Config: config.Pod{Address: strings.TrimPrefix(srv.URL, "http://")}, podState: &podState{}}
+	p.healthy.Store(true)
+	for i, want := range []bool{true, true, false, false} {
+		if got := check(p); got != want {
+			t.Fatalf("after %d failed checks in a row: healthy %v, want %v", i+1, got, want)
+		}
+	}
+	status.Store(http.StatusOK)
+	if !check(p) {
+		t.Fatal("a passing check did not bring the pod back")
+	}
+	// Two failures, a pass, two failures: never three in a row.
+	for i, s := range []int32{500, 500, 200, 500, 500} {
+		status.Store(s)
+		if !check(p) {
+			t.Fatalf("check %d: unhealthy without three failures in a row", i+1)
+		}
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	dead := &Pod{Config: config.Pod{Address: closed}, podState: &podState{}}
+	dead.healthy.Store(true)
+	if check(dead) {
+		t.Fatal("a refused connection did not mark the pod unhealthy at once")
+	}
+}
