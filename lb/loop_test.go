@@ -262,6 +262,14 @@ func TestLoopAnswerShapes(t *testing.T) {
 		"in pieces": {func(c net.Conn, _ *http.Request) {
 			pieces(c, "HTTP/1.1 200 OK\r\nContent-Ty", "pe: application/json\r\nContent-Length: 8\r\n\r", "\n{\"id\"", ":1}")
 		}, `{"id":1}`},
+		"early hints": {func(c net.Conn, _ *http.Request) {
+			pieces(c, "HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n",
+				"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"id\":1}")
+		}, `{"id":1}`},
+		"chunked with a trailer": {func(c net.Conn, _ *http.Request) {
+			pieces(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nTrailer: X-Done\r\n\r\n",
+				"8\r\n{\"id\":1}\r\n0\r\nX-Done: 1\r\n", "\r\n")
+		}, `{"id":1}`},
 	}
 	var pods []config.Pod
 	for name, shape := range shapes {

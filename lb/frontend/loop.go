@@ -424,9 +424,20 @@ func (uc *upConn) parse(buf []byte) (int, error) {
 			uc.need = p.consumed(buf) + cl
 			return 0, errNeedMore
 		}
-		p.src = peekReader{b: buf}
-		p.br.Reset(&p.src)
-		err = resp.ReadLimitBody(p.br, uc.maxBody)
+		if code := resp.StatusCode(); code >= 200 || code == fasthttp.StatusSwitchingProtocols {
+			// The body follows the header just read, which is not read
+			// again (as fasthttp's whole read would).
+			err = resp.ReadBody(p.br, uc.maxBody)
+			if err == nil && cl == -1 {
+				err = resp.Header.ReadTrailer(p.br)
+			}
+		} else {
+			// An interim answer (103 Early Hints) before the final one,
+			// which fasthttp's whole read skips to.
+			p.src = peekReader{b: buf}
+			p.br.Reset(&p.src)
+			err = resp.ReadLimitBody(p.br, uc.maxBody)
+		}
 	}
 	if err != nil && p.src.short && err != fasthttp.ErrBodyTooLarge {
 		return 0, errNeedMore
