@@ -186,8 +186,7 @@ type Health struct {
 	// overload, the network), and ejecting them would pile their load on
 	// the rest, which then fail in turn. Envoy's outlier detection caps at
 	// 10%, but a model has a handful of pods, where 10% ejects one and
-	// keeps a second dead or hung pod in (bench/chaos, 4 pods, faults
-	// often overlapping, answered a fifth more requests with an error).
+	// keeps a second dead or hung pod in.
 	MaxEjectedPercent int `yaml:"max_ejected_percent"`
 }
 
