@@ -267,15 +267,7 @@ func TestLoopAnswerShapes(t *testing.T) {
 				"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"id\":1}")
 		}, `{"id":1}`},
 		// Gathered over many reads (see upConn.read).
-		"chunked large": {func(c net.Conn, _ *http.Request) {
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-			for b := big; len(b) > 0; {
-				n := min(len(b), 4096)
-				fmt.Fprintf(c, "%x\r\n%s\r\n", n, b[:n])
-				b = b[n:]
-			}
-			io.WriteString(c, "0\r\n\r\n")
-		}, big},
+		"chunked large": {func(c net.Conn, _ *http.Request) { writeChunked(c, "", big) }, big},
 		"chunked with a trailer": {func(c net.Conn, _ *http.Request) {
 			pieces(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nTrailer: X-Done\r\n\r\n",
 				"8\r\n{\"id\":1}\r\n0\r\nX-Done: 1\r\n", "\r\n")

@@ -418,6 +418,18 @@ func TestQueueFullIsNotPodFailure(t *testing.T) {
 	}
 }
 
+// writeChunked answers body as a 200 JSON answer in chunks of 4 KiB, with
+// header lines extra.
+func writeChunked(c net.Conn, extra, body string) {
+	io.WriteString(c, "HTTP/1.1 200 OK\r\n"+extra+"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+	for b := body; len(b) > 0; {
+		n := min(len(b), 4096)
+		fmt.Fprintf(c, "%x\r\n%s\r\n", n, b[:n])
+		b = b[n:]
+	}
+	io.WriteString(c, "0\r\n\r\n")
+}
+
 // TestResponseCap: a whole answer is read before the client gets it, so
 // upstream.max_response_bytes caps it: one over the cap, announced by its
 // length or sent in chunks, is a 502 naming the setting; one under it
@@ -431,15 +443,7 @@ func TestResponseCap(t *testing.T) {
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		})
 	}
-	chunked := fakePod(t, func(c net.Conn, _ *http.Request) {
-		io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-		for b := big; len(b) > 0; {
-			n := min(len(b), 4096)
-			fmt.Fprintf(c, "%x\r\n%s\r\n", n, b[:n])
-			b = b[n:]
-		}
-		io.WriteString(c, "0\r\n\r\n")
-	})
+	chunked := fakePod(t, func(c net.Conn, _ *http.Request) { writeChunked(c, "Connection: close\r\n", big) })
 	pods := []config.Pod{{Model: "big", Address: sized(big)}, {Model: "chunked", Address: chunked}, {Model: "small", Address: sized(small)}}
 	for _, frontend := range []string{"fasthttp", "gnet"} {
 		t.Run(frontend, func(t *testing.T) {
