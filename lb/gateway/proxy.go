@@ -652,9 +652,10 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err
 }
 
 // isFault reports whether a pod's answer with status is its failure: a 5xx
-// but 503, which vLLM and SGLang answer when their waiting queue is full
-// (--max-queued-requests) or they are shutting down. That is load shed at
-// admission, and counting it would eject a fleet pod by pod under a burst.
+// but 503, which SGLang answers when its waiting queue is full
+// (--max-queued-requests), and engines while they shut down. That is load
+// shed at admission, and counting it would eject a fleet pod by pod under
+// a burst.
 func isFault(status int) bool {
 	return status >= 500 && status != fasthttp.StatusServiceUnavailable
 }
