@@ -127,7 +127,9 @@ func unstream(resp *fasthttp.Response, limit int) error {
 		return err
 	}
 	_ = resp.CloseBodyStream()
-	resp.SetBody(b.B)
+	// The body changes hands, not bytes; the pool gets the response's
+	// old buffer.
+	b.B = resp.SwapBody(b.B)
 	return nil
 }
 

@@ -28,10 +28,10 @@ type Checker struct {
 // StartChecker starts checking every pod of s. cfg.UnhealthyAfter failed
 // checks in a row mark a pod unhealthy, a refused connection at once (a
 // strong signal: traffic must leave a dead pod within one interval); one
-// passing check marks it healthy again. Passive ejection (Pod.ReportFailure) is separate and
-// expires on its own, so a pod that answers /health but fails requests stays
-// out for its ejection time. keepalive is how long a checker's connection
-// to a pod may idle.
+// passing check marks it healthy again. Passive ejection (Pod.Eject) is
+// separate and expires on its own, so a pod that answers /health but fails
+// requests stays out for its ejection time. keepalive is how long a
+// checker's connection to a pod may idle.
 func StartChecker(s *Snapshot, cfg config.Health, keepalive time.Duration, log *slog.Logger) *Checker {
 	c := &Checker{cfg: cfg, keepalive: keepalive, log: log, stop: make(chan struct{})}
 	for _, p := range s.Pods {
