@@ -64,7 +64,8 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		MaxHeaderBytes: cfg.MaxHeaderBytes,
 		ReadTimeout:    cfg.ClientReadTimeout,
 		IdleTimeout:    cfg.ClientIdleTimeout,
-		Conns:          limits.NewConns(cfg.Access.Conns),
+		Conns:          g.Conns(),
+		FDs:            g.FDs(),
 		Log:            log,
 	})
 	if err != nil {

@@ -44,6 +44,10 @@ type Options struct {
 	// puts its idle deadline on every read and write (gnet times out
 	// stalled reads and writes with IdleTimeout on its own loop).
 	Conns *limits.Conns
+	// FDs, if set, closes client connections that got one of the process's
+	// last file descriptors, and refuses the loop's upstream dials that
+	// would take one (see limits.FDs).
+	FDs *limits.FDs
 }
 
 // FastHTTP serves h on ln with fasthttp until ln is closed or Shutdown is

@@ -84,11 +84,24 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s.addr = hold.Addr().String()
 	defer hold.Close()
 	go func() {
+		logger := &gnetLogger{}
 		s.runErr = gnet.Run(s, "tcp://"+s.addr,
 			gnet.WithNumEventLoop(eventLoops()),
 			gnet.WithReusePort(true),
 			gnet.WithTicker(true),
-			gnet.WithLogger(gnetLogger{}))
+			gnet.WithLogger(logger))
+		if s.runErr == nil && !s.shutdown.Load() {
+			// gnet.Run returns nil when an event loop's error stopped the
+			// engine (an accept that failed: limits.FDs keeps EMFILE
+			// away, not every error): the port is closed and every
+			// connection dropped, so the process must not run on as if
+			// it served.
+			why := "no error logged"
+			if first := logger.first.Load(); first != nil {
+				why = *first
+			}
+			s.runErr = fmt.Errorf("gnet: the engine stopped on its own: %s", why)
+		}
 		releaseLoops()
 		if s.runErr != nil {
 			s.failed <- s.runErr
@@ -307,7 +320,7 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.shutdown.Load() {
 		return nil, gnet.Close
 	}
-	if s.o.Conns != nil && !s.o.Conns.Acquire(c.RemoteAddr()) {
+	if !s.o.FDs.Accept(c.Fd()) || (s.o.Conns != nil && !s.o.Conns.Acquire(c.RemoteAddr())) {
 		// A reset, as limits.Conns.Wrap does on fasthttp: it frees the
 		// socket at once and tells the client plainly.
 		_ = c.SetLinger(0)
@@ -378,12 +391,16 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 }
 
 // gnetLogger sends gnet's warnings and errors to slog and drops the rest.
-type gnetLogger struct{}
+// It keeps the first error: when the engine stops on its own, the errors
+// after it are its consequences.
+type gnetLogger struct{ first atomic.Pointer[string] }
 
-func (gnetLogger) Debugf(string, ...any)            {}
-func (gnetLogger) Infof(string, ...any)             {}
-func (gnetLogger) Warnf(format string, args ...any) { slog.Warn(fmt.Sprintf(format, args...)) }
-func (gnetLogger) Errorf(format string, args ...any) {
-	slog.Error(fmt.Sprintf(format, args...))
+func (*gnetLogger) Debugf(string, ...any)            {}
+func (*gnetLogger) Infof(string, ...any)             {}
+func (*gnetLogger) Warnf(format string, args ...any) { slog.Warn(fmt.Sprintf(format, args...)) }
+func (l *gnetLogger) Errorf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	l.first.CompareAndSwap(nil, &msg)
+	slog.Error(msg)
 }
-func (gnetLogger) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (*gnetLogger) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }

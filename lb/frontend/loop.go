@@ -12,6 +12,8 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/limits"
 )
 
 // Serving on the event loop. A request handed to a worker goroutine costs
@@ -293,7 +295,7 @@ type upConn struct {
 // the loop, whose OnOpen sends the request; a failed dial ends the
 // exchange on the loop.
 func (uc *upConn) dial(timeout time.Duration) {
-	c, err := fasthttp.DialTimeout(uc.addr, timeout)
+	c, err := uc.ls.s.o.FDs.Dial(uc.addr, timeout)
 	if err == nil {
 		// Once Enroll took c, gnet keeps a copy of its socket and closes
 		// c; the result comes after OnOpen ran, or with why it could not.
@@ -303,6 +305,8 @@ func (uc *upConn) dial(timeout time.Duration) {
 		} else if err = (<-enrolled).Err; err == nil {
 			return
 		}
+		// Enroll dups the socket, which may find no descriptor left.
+		err = limits.OutOfFDs(err)
 	}
 	if xerr := uc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		uc.ls.forget(uc)

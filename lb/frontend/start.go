@@ -34,6 +34,7 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 		if err != nil {
 			return nil, err
 		}
+		ln = o.FDs.Wrap(ln)
 		if o.Conns != nil {
 			ln = o.Conns.Wrap(ln)
 		}

@@ -22,7 +22,7 @@ func TestBucketRolesets(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, dialUpstream, nil)
+	snap, err := pool.Build(&cfg, upstreamDialer(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func decideGateway(b *testing.B, policy string) (*Gateway, *pool.Model) {
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, dialUpstream, nil)
+	snap, err := pool.Build(&cfg, upstreamDialer(nil), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -36,6 +36,12 @@ type Gateway struct {
 	log     *slog.Logger
 	// keys are the clients' API keys and their limits (nil: none needed).
 	keys *limits.Keys
+	// conns caps client connections per address; fds keeps the last file
+	// descriptors for accepting, and dial opens pods' connections through
+	// it.
+	conns *limits.Conns
+	fds   *limits.FDs
+	dial  pool.DialFunc
 	// ledger holds the token charges of every pod; admit is nil when
 	// admission is off.
 	ledger *ledger.Ledger
@@ -70,11 +76,16 @@ type Gateway struct {
 // New builds a gateway over a validated configuration and starts its health
 // checks.
 func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
-	snap, err := pool.Build(&cfg, dialUpstream, nil)
+	fds, err := limits.NewFDs(log)
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, epoch: time.Now()}
+	dial := upstreamDialer(fds)
+	snap, err := pool.Build(&cfg, dial, nil)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial}
 	g.models.Store(renderModels(snap))
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
@@ -97,6 +108,8 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	g.metrics.addModels(snap)
 	g.ledger.RegisterMetrics(g.metrics.set)
 	g.metrics.set.RegisterMetricsWriter(g.keys.WritePrometheus)
+	g.metrics.set.RegisterMetricsWriter(g.conns.WritePrometheus)
+	g.metrics.set.RegisterMetricsWriter(g.fds.WritePrometheus)
 	g.metrics.set.RegisterMetricsWriter(g.writeDynamicMetrics)
 	g.pool.Publish(snap)
 	g.checker = pool.StartChecker(snap, cfg.Health, cfg.Upstream.KeepaliveTimeout, log)
@@ -137,7 +150,7 @@ func (g *Gateway) Reload(cfg config.Config) error {
 		return fmt.Errorf("%w: only pods and models change on reload; the other settings need a restart", config.ErrInvalid)
 	}
 	prev := g.pool.Load()
-	snap, err := pool.Build(&cfg, dialUpstream, prev)
+	snap, err := pool.Build(&cfg, g.dial, prev)
 	if err != nil {
 		return err
 	}
@@ -194,6 +207,12 @@ func (g *Gateway) SetPods(pods []config.Pod) error {
 func (g *Gateway) AbortStreams() { g.aborting.Store(true) }
 
 // Close stops the health checks, KV-event feeds and background loops, and
+// Conns is the per-address cap on client connections, for the front end.
+func (g *Gateway) Conns() *limits.Conns { return g.conns }
+
+// FDs is the open-files guard, for the front end's accepts and dials.
+func (g *Gateway) FDs() *limits.FDs { return g.fds }
+
 // closes idle upstream connections.
 func (g *Gateway) Close() {
 	g.stop()

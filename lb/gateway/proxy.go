@@ -661,9 +661,10 @@ func isFault(status int) bool {
 }
 
 // callFailed counts a call to p that failed with err against p, unless
-// the gateway's own cap refused it (every connection to p busy).
+// the gateway's own limits refused it: every connection to p busy, or no
+// file descriptor to open one.
 func (g *Gateway) callFailed(p *pool.Pod, err error) {
-	if !errors.Is(err, fasthttp.ErrNoFreeConns) {
+	if !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) {
 		g.podFailed(p)
 	}
 }
@@ -751,6 +752,10 @@ func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 	if errors.Is(err, fasthttp.ErrNoFreeConns) {
 		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
 			Message: fmt.Sprintf("Every connection the gateway may open to the inference server is busy (upstream.max_conns_per_pod: %d); retry the request.", g.cfg.Upstream.MaxConnsPerPod)}
+	}
+	if errors.Is(err, limits.ErrOutOfFDs) {
+		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+			Message: fmt.Sprintf("The gateway is at its open-files limit (%d) and cannot open a connection to the inference server; retry the request.", g.fds.Limit())}
 	}
 	return openai.UpstreamError(err.Error())
 }

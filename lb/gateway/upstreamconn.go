@@ -8,6 +8,9 @@ import (
 
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/limits"
+	"pdlb/lb/pool"
 )
 
 // fasthttp's client sets a connection's read deadline once per request, from
@@ -33,15 +36,18 @@ type connAddr struct {
 
 func (c *upstreamConn) LocalAddr() net.Addr { return &c.local }
 
-// dialUpstream dials addr within timeout and wraps the connection.
-func dialUpstream(addr string, timeout time.Duration) (net.Conn, error) {
-	c, err := fasthttp.DialTimeout(addr, timeout)
-	if err != nil {
-		return nil, err
+// upstreamDialer dials pods through fds (nil: no guard) and wraps the
+// connections.
+func upstreamDialer(fds *limits.FDs) pool.DialFunc {
+	return func(addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := fds.Dial(addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		uc := &upstreamConn{Conn: c}
+		uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
+		return uc, nil
 	}
-	uc := &upstreamConn{Conn: c}
-	uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
-	return uc, nil
 }
 
 // connOf returns the connection a response was read from, nil if it did not

@@ -18,6 +18,7 @@ const (
 	MetricAuthFailed   = "pdlb_auth_failures_total"
 	MetricConnsOpen    = "pdlb_client_conns_open"
 	MetricConnsRefused = "pdlb_client_conns_refused_total"
+	MetricFDRefused    = "pdlb_fd_limit_refused_total"
 )
 
 // MetricsDoc documents the families for promtext.Write; the gateway merges
@@ -28,6 +29,7 @@ var MetricsDoc = promtext.Doc{
 	MetricAuthFailed:   {Help: "Requests refused for a missing or unknown API key, by reason."},
 	MetricConnsOpen:    {Help: "Client connections open."},
 	MetricConnsRefused: {Help: "Client connections closed at accept because their address had max_conns_per_ip open."},
+	MetricFDRefused:    {Help: "Client connections closed at accept (at=accept) and upstream connections not opened (at=dial) because the process was at its open-files limit."},
 }
 
 var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
@@ -62,4 +64,12 @@ func (cs *Conns) WritePrometheus(w io.Writer) {
 	fmt.Fprintf(w, "%s %d\n", MetricConnsOpen, cs.Open())
 	metrics.WriteMetadataIfNeeded(w, MetricConnsRefused, "counter")
 	fmt.Fprintf(w, "%s %d\n", MetricConnsRefused, cs.Refused())
+}
+
+// WritePrometheus writes the open-files guard's family in Prometheus text
+// format.
+func (f *FDs) WritePrometheus(w io.Writer) {
+	metrics.WriteMetadataIfNeeded(w, MetricFDRefused, "counter")
+	fmt.Fprintf(w, "%s{at=\"accept\"} %d\n", MetricFDRefused, f.shed.Load())
+	fmt.Fprintf(w, "%s{at=\"dial\"} %d\n", MetricFDRefused, f.refused.Load())
 }

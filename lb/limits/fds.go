@@ -1,0 +1,158 @@
+package limits
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// FDs keeps the process's last file descriptors for accepting. With none
+// left, accept fails with EMFILE, and gnet (v2.9) stops its whole engine on
+// any accept error: every client connection dropped and the port closed,
+// while the process runs on. So a client connection given one of the last
+// FDReserve descriptors is closed at once (a reset, as over
+// max_conns_per_ip), and an upstream dial is refused before it connects
+// when its socket is one of the last FDReserve/2: requests on open
+// connections still reach their pods, and what stays free covers a few
+// accepts at a time and the descriptors nothing here counts (health
+// checks, scrapes, event loops). The kernel gives out the lowest free
+// descriptor, so a socket's number says how full the table is, at no cost.
+// A nil *FDs guards nothing.
+type FDs struct {
+	limit                int
+	acceptLine, dialLine int
+	shed, refused        atomic.Uint64
+	log                  *slog.Logger
+	// warned is when the last warning was logged (monoNow), 0 before.
+	warned atomic.Int64
+}
+
+// fdWarnEvery spaces the warnings of a process at its limit.
+const fdWarnEvery = time.Minute
+
+// ErrOutOfFDs is the error of an upstream dial FDs refused.
+var ErrOutOfFDs = errors.New("the gateway is at its open-files limit")
+
+// NewFDs guards the open-files limit (RLIMIT_NOFILE) the process has now;
+// log gets a warning a minute while the guard refuses anything.
+func NewFDs(log *slog.Logger) (*FDs, error) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return nil, fmt.Errorf("open-files limit: %w", err)
+	}
+	return FDsFor(int(min(rl.Cur, 1<<30)), log), nil
+}
+
+// FDsFor guards an open-files limit of limit descriptors: NewFDs's, or a
+// test's.
+func FDsFor(limit int, log *slog.Logger) *FDs {
+	reserve := FDReserve(limit)
+	return &FDs{limit: limit, acceptLine: limit - reserve, dialLine: limit - reserve/2, log: log}
+}
+
+// FDReserve is how many of limit descriptors client connections leave:
+// 1/16 of them, between 16 and 256.
+func FDReserve(limit int) int { return min(max(limit/16, 16), 256) }
+
+// Accept reports whether a client connection on descriptor fd may stay
+// open; on false the caller closes it.
+func (f *FDs) Accept(fd int) bool {
+	if f == nil || fd < f.acceptLine {
+		return true
+	}
+	f.shed.Add(1)
+	f.warn()
+	return false
+}
+
+// Dial connects to the TCP address addr within timeout, refusing with
+// ErrOutOfFDs (in a *net.OpError, as any dial error) when the socket is
+// one of the last reserved for accepting.
+func (f *FDs) Dial(addr string, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	if f != nil {
+		d.Control = f.control
+	}
+	c, err := d.Dial("tcp", addr)
+	return c, OutOfFDs(err)
+}
+
+// OutOfFDs returns err as ErrOutOfFDs (in a *net.OpError) when the
+// process or the system had no file descriptor left for it (EMFILE,
+// ENFILE), else err: the gateway's limit, not a pod's failure.
+func OutOfFDs(err error) error {
+	if err == nil || errors.Is(err, ErrOutOfFDs) || !(errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)) {
+		return err
+	}
+	return &net.OpError{Op: "dial", Net: "tcp", Err: fmt.Errorf("%w (%w)", ErrOutOfFDs, err)}
+}
+
+// control runs between socket() and connect(): a refused socket is closed
+// before it connects to anything.
+func (f *FDs) control(_, _ string, c syscall.RawConn) error {
+	var fd uintptr
+	if err := c.Control(func(s uintptr) { fd = s }); err != nil {
+		return err
+	}
+	if int(fd) < f.dialLine {
+		return nil
+	}
+	f.refused.Add(1)
+	f.warn()
+	return ErrOutOfFDs
+}
+
+func (f *FDs) warn() {
+	now, last := monoNow(), f.warned.Load()
+	if f.log == nil || (last != 0 && now-last < int64(fdWarnEvery)) || !f.warned.CompareAndSwap(last, now) {
+		return
+	}
+	f.log.Warn("at the open-files limit: new client connections are closed and new upstream connections refused; raise the limit (systemd LimitNOFILE, ulimit -n)",
+		"limit", f.limit, "metric", MetricFDRefused)
+}
+
+// Limit is the open-files limit guarded.
+func (f *FDs) Limit() int { return f.limit }
+
+// Wrap returns ln closing the connections Accept refuses, as gnet's OnOpen
+// does: fasthttp survives EMFILE (it waits a second and accepts again),
+// but accepts nothing meanwhile.
+func (f *FDs) Wrap(ln net.Listener) net.Listener {
+	if f == nil {
+		return ln
+	}
+	return &fdListener{Listener: ln, fds: f}
+}
+
+type fdListener struct {
+	net.Listener
+	fds *FDs
+}
+
+func (l *fdListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			return c, nil
+		}
+		rc, err := tc.SyscallConn()
+		if err != nil {
+			return c, nil
+		}
+		keep := true
+		_ = rc.Control(func(fd uintptr) { keep = l.fds.Accept(int(fd)) })
+		if keep {
+			return c, nil
+		}
+		_ = tc.SetLinger(0)
+		_ = c.Close()
+	}
+}

@@ -1,0 +1,134 @@
+package limits
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestFDReserve(t *testing.T) {
+	for _, c := range []struct{ limit, want int }{{0, 16}, {128, 16}, {1024, 64}, {20000, 256}, {1 << 20, 256}} {
+		if got := FDReserve(c.limit); got != c.want {
+			t.Errorf("FDReserve(%d) = %d, want %d", c.limit, got, c.want)
+		}
+	}
+	f := FDsFor(1024, nil)
+	if !f.Accept(959) || f.Accept(960) || f.Accept(1023) {
+		t.Fatal("accept line not at limit-64")
+	}
+	var none *FDs
+	if !none.Accept(1 << 20) {
+		t.Fatal("a nil guard refused")
+	}
+}
+
+// A dial over the line never connects: the pod sees nothing, and the
+// error says so in a dial error.
+func TestFDsDialRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	var logged bytes.Buffer
+	full := FDsFor(0, slogTo(&logged))
+	_, err = full.Dial(ln.Addr().String(), time.Second)
+	var op *net.OpError
+	if !errors.Is(err, ErrOutOfFDs) || !errors.As(err, &op) || op.Op != "dial" {
+		t.Fatalf("dial over the line: %v, want ErrOutOfFDs in a dial error", err)
+	}
+	_, _ = full.Dial(ln.Addr().String(), time.Second)
+	if full.refused.Load() != 2 || full.shed.Load() != 0 {
+		t.Fatalf("refused %d shed %d, want 2 and 0", full.refused.Load(), full.shed.Load())
+	}
+	if n := strings.Count(logged.String(), "open-files limit"); n != 1 {
+		t.Fatalf("%d warnings for two refusals within a minute, want 1:\n%s", n, logged.String())
+	}
+	select {
+	case <-accepted:
+		t.Fatal("the refused dial connected")
+	case <-time.After(50 * time.Millisecond):
+	}
+	room := FDsFor(1<<20, nil)
+	c, err := room.Dial(ln.Addr().String(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	<-accepted
+}
+
+func TestOutOfFDs(t *testing.T) {
+	emfile := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}
+	if err := OutOfFDs(emfile); !errors.Is(err, ErrOutOfFDs) || !errors.Is(err, syscall.EMFILE) {
+		t.Fatalf("EMFILE became %v", err)
+	}
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	if err := OutOfFDs(refused); err != refused {
+		t.Fatalf("a refused connection became %v", err)
+	}
+	if OutOfFDs(nil) != nil {
+		t.Fatal("nil became an error")
+	}
+}
+
+// On fasthttp's listener, a connection over the line is reset at once and
+// Accept goes on to the next, returning none of them.
+func TestFDsWrap(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := FDsFor(0, nil)
+	wrapped := f.Wrap(ln)
+	returned := make(chan error, 1)
+	go func() {
+		c, err := wrapped.Accept()
+		if err == nil {
+			c.Close()
+		}
+		returned <- err
+	}()
+	for i := 0; i < 2; i++ {
+		// The reset may come before connect returns, or at the first read.
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err == nil {
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+			c.Close()
+		}
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("shed connection %d: %v, want a reset", i, err)
+		}
+	}
+	if f.shed.Load() != 2 {
+		t.Fatalf("shed %d, want 2", f.shed.Load())
+	}
+	wrapped.Close()
+	if err := <-returned; err == nil {
+		t.Fatal("Accept returned a connection over the line")
+	}
+	if FDsFor(0, nil).Wrap(ln) == ln || (*FDs)(nil).Wrap(ln) != ln {
+		t.Fatal("Wrap: a guard must wrap, nil must not")
+	}
+}
+
+func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
