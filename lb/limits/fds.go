@@ -81,11 +81,17 @@ func (f *FDs) Dial(addr string, timeout time.Duration) (net.Conn, error) {
 	return c, OutOfFDs(err)
 }
 
-// OutOfFDs returns err as ErrOutOfFDs (in a *net.OpError) when the
-// process or the system had no file descriptor left for it (EMFILE,
-// ENFILE), else err: the gateway's limit, not a pod's failure.
+// NoFDs reports whether err came of the gateway's own open-files limit:
+// ErrOutOfFDs, or no descriptor left in the process or the system (EMFILE,
+// ENFILE). Such an error says nothing about the pod.
+func NoFDs(err error) bool {
+	return errors.Is(err, ErrOutOfFDs) || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+}
+
+// OutOfFDs returns a dial's err as ErrOutOfFDs (in a *net.OpError) when it
+// is NoFDs, else err unchanged.
 func OutOfFDs(err error) error {
-	if err == nil || errors.Is(err, ErrOutOfFDs) || !(errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)) {
+	if !NoFDs(err) || errors.Is(err, ErrOutOfFDs) {
 		return err
 	}
 	return &net.OpError{Op: "dial", Net: "tcp", Err: fmt.Errorf("%w (%w)", ErrOutOfFDs, err)}

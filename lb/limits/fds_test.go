@@ -85,8 +85,8 @@ func TestOutOfFDs(t *testing.T) {
 	if err := OutOfFDs(refused); err != refused {
 		t.Fatalf("a refused connection became %v", err)
 	}
-	if OutOfFDs(nil) != nil {
-		t.Fatal("nil became an error")
+	if OutOfFDs(nil) != nil || NoFDs(nil) || NoFDs(refused) || !NoFDs(emfile) || !NoFDs(OutOfFDs(emfile)) {
+		t.Fatal("NoFDs or OutOfFDs wrong on nil, a refused connection or EMFILE")
 	}
 }
 

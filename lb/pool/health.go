@@ -12,6 +12,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/lb/config"
+	"pdlb/lb/limits"
 )
 
 // Checker runs the active health checks and metric scrapes of a snapshot's
@@ -85,6 +86,11 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + p.Config.Address + "/health")
 	err := client.DoTimeout(req, resp, c.cfg.Timeout)
+	if limits.NoFDs(err) {
+		// The gateway's limit (limits.FDs): no word on the pod, which
+		// counting would mark unhealthy with every other.
+		return
+	}
 	ok := err == nil && resp.StatusCode() == fasthttp.StatusOK
 	if ok {
 		p.checkFails.Store(0)

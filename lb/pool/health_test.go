@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,5 +64,19 @@ func TestCheckUnhealthyAfter(t *testing.T) {
 	dead.healthy.Store(true)
 	if check(dead) {
 		t.Fatal("a refused connection did not mark the pod unhealthy at once")
+	}
+
+	// No descriptor for the check's connection: the gateway's limit, no
+	// verdict on the pod, however often.
+	status.Store(http.StatusOK)
+	check(p)
+	full := &fasthttp.HostClient{Addr: p.Config.Address, Dial: func(string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}
+	}}
+	for range 5 {
+		c.check(full, p)
+	}
+	if !p.Healthy() || p.checkFails.Load() != 0 {
+		t.Fatalf("checks without a descriptor: healthy %v after %d failures counted", p.Healthy(), p.checkFails.Load())
 	}
 }
