@@ -3,6 +3,7 @@ package lb_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -213,7 +214,9 @@ func fdsChild(t *testing.T, fe, pod string) {
 	}
 	fmt.Println(s.Addr(), s.AdminAddr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
-	if err := s.Shutdown(t.Context()); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -6,14 +6,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
-
-	"pdlb/lb/limits"
 )
 
 // Serving on the event loop. A request handed to a worker goroutine costs
@@ -295,18 +294,18 @@ type upConn struct {
 // the loop, whose OnOpen sends the request; a failed dial ends the
 // exchange on the loop.
 func (uc *upConn) dial(timeout time.Duration) {
-	c, err := uc.ls.s.o.FDs.Dial(uc.addr, timeout)
-	if err == nil {
+	err := uc.ls.s.o.FDs.DialThen(uc.addr, timeout, func(c net.Conn) error {
 		// Once Enroll took c, gnet keeps a copy of its socket and closes
 		// c; the result comes after OnOpen ran, or with why it could not.
-		var enrolled <-chan gnet.RegisteredResult
-		if enrolled, err = uc.ls.el.Enroll(gnet.NewContext(context.Background(), uc), c); err != nil {
+		enrolled, err := uc.ls.el.Enroll(gnet.NewContext(context.Background(), uc), c)
+		if err != nil {
 			_ = c.Close()
-		} else if err = (<-enrolled).Err; err == nil {
-			return
+			return err
 		}
-		// Enroll dups the socket, which may find no descriptor left.
-		err = limits.OutOfFDs(err)
+		return (<-enrolled).Err
+	})
+	if err == nil {
+		return
 	}
 	if xerr := uc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		uc.ls.forget(uc)

@@ -26,7 +26,9 @@ type FDs struct {
 	limit                int
 	acceptLine, dialLine int
 	shed, refused        atomic.Uint64
-	log                  *slog.Logger
+	// dialing counts the dials admitted and not yet done (DialThen).
+	dialing atomic.Int64
+	log     *slog.Logger
 	// warned is when the last warning was logged (monoNow), 0 before.
 	warned atomic.Int64
 }
@@ -73,12 +75,53 @@ func (f *FDs) Accept(fd int) bool {
 // ErrOutOfFDs (in a *net.OpError, as any dial error) when the socket is
 // one of the last reserved for accepting.
 func (f *FDs) Dial(addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := f.DialThen(addr, timeout, func(d net.Conn) error { c = d; return nil })
+	return c, err
+}
+
+// DialThen is Dial handing the connection to then, which may take one
+// more descriptor (gnet's Enroll dups the socket); its error is
+// DialThen's. Until then returns, the dial counts as in progress: dials at
+// once each hold a socket while they connect and may take another after,
+// so a socket is refused when its number plus two for each dial in
+// progress reaches the line.
+func (f *FDs) DialThen(addr string, timeout time.Duration, then func(net.Conn) error) error {
 	d := net.Dialer{Timeout: timeout}
+	var admitted atomic.Int64
 	if f != nil {
-		d.Control = f.control
+		// Control runs once per address tried (twice when IPv4 and IPv6
+		// race), so each admission is counted.
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			err := f.control(c)
+			if err == nil {
+				admitted.Add(1)
+			}
+			return err
+		}
+		defer func() { f.dialing.Add(-admitted.Load()) }()
 	}
 	c, err := d.Dial("tcp", addr)
-	return c, OutOfFDs(err)
+	if err != nil {
+		return OutOfFDs(err)
+	}
+	return OutOfFDs(then(c))
+}
+
+// control runs between socket() and connect(): a refused socket is closed
+// before it connects to anything.
+func (f *FDs) control(c syscall.RawConn) error {
+	var fd uintptr
+	if err := c.Control(func(s uintptr) { fd = s }); err != nil {
+		return err
+	}
+	if n := f.dialing.Add(1); int(fd)+2*int(n) < f.dialLine {
+		return nil
+	}
+	f.dialing.Add(-1)
+	f.refused.Add(1)
+	f.warn()
+	return ErrOutOfFDs
 }
 
 // NoFDs reports whether err came of the gateway's own open-files limit:
@@ -95,21 +138,6 @@ func OutOfFDs(err error) error {
 		return err
 	}
 	return &net.OpError{Op: "dial", Net: "tcp", Err: fmt.Errorf("%w (%w)", ErrOutOfFDs, err)}
-}
-
-// control runs between socket() and connect(): a refused socket is closed
-// before it connects to anything.
-func (f *FDs) control(_, _ string, c syscall.RawConn) error {
-	var fd uintptr
-	if err := c.Control(func(s uintptr) { fd = s }); err != nil {
-		return err
-	}
-	if int(fd) < f.dialLine {
-		return nil
-	}
-	f.refused.Add(1)
-	f.warn()
-	return ErrOutOfFDs
 }
 
 func (f *FDs) warn() {
