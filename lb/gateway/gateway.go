@@ -206,13 +206,13 @@ func (g *Gateway) SetPods(pods []config.Pod) error {
 // at its next read (within a token's time, or its idle timeout).
 func (g *Gateway) AbortStreams() { g.aborting.Store(true) }
 
-// Close stops the health checks, KV-event feeds and background loops, and
 // Conns is the per-address cap on client connections, for the front end.
 func (g *Gateway) Conns() *limits.Conns { return g.conns }
 
 // FDs is the open-files guard, for the front end's accepts and dials.
 func (g *Gateway) FDs() *limits.FDs { return g.fds }
 
+// Close stops the health checks, KV-event feeds and background loops, and
 // closes idle upstream connections.
 func (g *Gateway) Close() {
 	g.stop()

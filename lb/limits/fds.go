@@ -16,7 +16,8 @@ import (
 // while the process runs on. So a client connection given one of the last
 // FDReserve descriptors is closed at once (a reset, as over
 // max_conns_per_ip), and an upstream dial is refused before it connects
-// when its socket is one of the last FDReserve/2: requests on open
+// when its socket is one of the last FDReserve/2 (less two for each other
+// dial in progress, see DialThen): requests on open
 // connections still reach their pods, and what stays free covers a few
 // accepts at a time and the descriptors nothing here counts (health
 // checks, scrapes, event loops). The kernel gives out the lowest free
