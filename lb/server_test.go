@@ -245,6 +245,12 @@ func fakePod(t *testing.T, serve func(c net.Conn, r *http.Request)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return fakePodOn(t, ln, serve)
+}
+
+// fakePodOn is fakePod on a listener of the test's.
+func fakePodOn(t *testing.T, ln net.Listener, serve func(c net.Conn, r *http.Request)) string {
+	t.Helper()
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Add(1)
@@ -413,6 +419,37 @@ func TestQueueFullIsNotPodFailure(t *testing.T) {
 			}
 			if code, b := ask("failing"); code != 503 || !strings.Contains(b, "No healthy inference server") {
 				t.Fatalf("after a 500: %d %s; want the pod ejected", code, b)
+			}
+		})
+	}
+}
+
+// TestIPv6Pod: a pod at an IPv6 address passes its health checks and
+// serves, on both front ends. fasthttp's default dialer is IPv4 only: the
+// checks failed ("couldn't find dns entries") and requests got 502.
+func TestIPv6Pod(t *testing.T) {
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	const answer = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`
+	pod := fakePodOn(t, ln, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer)
+	})
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		t.Run(frontend, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Name: "v6", Model: "m", Address: pod}}, func(c *config.Config) {
+				c.Frontend = frontend
+				c.Health.Interval = 20 * time.Millisecond
+				c.Health.UnhealthyAfter = 1
+			})
+			// Several checks have run by now.
+			time.Sleep(200 * time.Millisecond)
+			if v := metricValue(t, s, `pdlb_pod_healthy{pod="v6"}`); v != 1 {
+				t.Fatalf("pdlb_pod_healthy %v after its checks", v)
+			}
+			if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, b)
 			}
 		})
 	}

@@ -53,8 +53,10 @@ func (c *Checker) run(p *Pod) {
 	// Idle connections go before the pod closes them, as the pod's
 	// request clients' do (config.Upstream.KeepaliveTimeout): checks less
 	// frequent than the pod's keep-alive would each fail on a closed one.
+	// Dual-stack, as the pods' request clients dial (fasthttp's default
+	// dialer is IPv4 only, and an IPv6 pod would never pass).
 	client := &fasthttp.HostClient{Addr: p.Config.Address, Name: "pdlb-health", MaxConns: 2, MaxIdemponentCallAttempts: 1,
-		MaxIdleConnDuration: c.keepalive}
+		MaxIdleConnDuration: c.keepalive, DialDualStack: true}
 	defer client.CloseIdleConnections()
 	// Start at a random point of the interval so checks of many pods do not
 	// fire in lockstep.
