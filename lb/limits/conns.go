@@ -94,32 +94,43 @@ func (cs *Conns) Open() int64 { return cs.open.Load() }
 // Refused is the number of connections refused by the per-IP cap so far.
 func (cs *Conns) Refused() uint64 { return cs.refused.Load() }
 
-// Wrap returns ln with the limits applied: Accept closes a connection over
-// its address's cap at once and goes on accepting (the kernel completed
-// the handshake before Accept could see the address, so closing is the
-// only refusal left; SO_LINGER 0 makes the close a reset, which frees the
-// socket at once instead of holding it in TIME_WAIT, and tells the client
-// plainly). Accepted connections count until closed, and each read or
-// write gets a deadline no later than IdleTimeout from its start.
-func (cs *Conns) Wrap(ln net.Listener) net.Listener { return &listener{Listener: ln, cs: cs} }
+// Wrap returns ln with the limits applied: Accept resets a connection over
+// its address's cap at once and goes on accepting (see refusing).
+// Accepted connections count until closed, and each read or write gets a
+// deadline no later than IdleTimeout from its start.
+func (cs *Conns) Wrap(ln net.Listener) net.Listener { return &refusing{Listener: ln, admit: cs.admit} }
 
-type listener struct {
-	net.Listener
-	cs *Conns
+// admit counts c and wraps it with the idle limit, or refuses it.
+func (cs *Conns) admit(c net.Conn) (net.Conn, bool) {
+	if !cs.Acquire(c.RemoteAddr()) {
+		return nil, false
+	}
+	w := &conn{Conn: c, cs: cs}
+	w.read.caller.Store(noDeadline)
+	w.written.caller.Store(noDeadline)
+	w.read.armed.Store(noDeadline)
+	w.written.armed.Store(noDeadline)
+	return w, true
 }
 
-func (l *listener) Accept() (net.Conn, error) {
+// refusing is a listener whose Accept resets the connections admit
+// refuses and goes on to the next: the kernel completed the handshake
+// before anything could look at a connection, so closing is the only
+// refusal left, and SO_LINGER 0 makes it a reset, which frees the socket
+// at once instead of holding it in TIME_WAIT, and tells the client
+// plainly.
+type refusing struct {
+	net.Listener
+	admit func(net.Conn) (net.Conn, bool)
+}
+
+func (l *refusing) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		if l.cs.Acquire(c.RemoteAddr()) {
-			w := &conn{Conn: c, cs: l.cs}
-			w.read.caller.Store(noDeadline)
-			w.written.caller.Store(noDeadline)
-			w.read.armed.Store(noDeadline)
-			w.written.armed.Store(noDeadline)
+		if w, ok := l.admit(c); ok {
 			return w, nil
 		}
 		if tc, ok := c.(*net.TCPConn); ok {

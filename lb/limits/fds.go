@@ -153,41 +153,27 @@ func (f *FDs) warn() {
 // Limit is the open-files limit guarded.
 func (f *FDs) Limit() int { return f.limit }
 
-// Wrap returns ln closing the connections Accept refuses, as gnet's OnOpen
-// does: fasthttp survives EMFILE (it waits a second and accepts again),
-// but accepts nothing meanwhile.
+// Wrap returns ln resetting the connections Accept refuses, as gnet's
+// OnOpen does: fasthttp survives EMFILE (it waits a second and accepts
+// again), but accepts nothing meanwhile.
 func (f *FDs) Wrap(ln net.Listener) net.Listener {
 	if f == nil {
 		return ln
 	}
-	return &fdListener{Listener: ln, fds: f}
+	return &refusing{Listener: ln, admit: f.admit}
 }
 
-type fdListener struct {
-	net.Listener
-	fds *FDs
-}
-
-func (l *fdListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		tc, ok := c.(*net.TCPConn)
-		if !ok {
-			return c, nil
-		}
-		rc, err := tc.SyscallConn()
-		if err != nil {
-			return c, nil
-		}
-		keep := true
-		_ = rc.Control(func(fd uintptr) { keep = l.fds.Accept(int(fd)) })
-		if keep {
-			return c, nil
-		}
-		_ = tc.SetLinger(0)
-		_ = c.Close()
+// admit is Accept for a connection of a net.Listener.
+func (f *FDs) admit(c net.Conn) (net.Conn, bool) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return c, true
 	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return c, true
+	}
+	keep := true
+	_ = rc.Control(func(fd uintptr) { keep = f.Accept(int(fd)) })
+	return c, keep
 }
