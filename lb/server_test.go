@@ -237,6 +237,32 @@ func TestErrors(t *testing.T) {
 	f("POST", "/v1/chat/completions", `{"model":"m","prompt":"`+strings.Repeat("x", 5000)+`"}`, 413, "4096")
 }
 
+// TestMalformedRequestNotEchoed: fasthttp words a header it cannot parse
+// with the bytes it read, the client's Authorization among them; the 400
+// names the fault, not the headers (clients log error bodies).
+func TestMalformedRequestNotEchoed(t *testing.T) {
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		t.Run(frontend, func(t *testing.T) {
+			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) { c.Frontend = frontend })
+			c, err := net.Dial("tcp", s.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-do-not-echo\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 400 || !strings.Contains(string(b), "duplicate content-length") || strings.Contains(string(b), "sk-do-not-echo") {
+				t.Fatalf("%d %s; want a 400 naming the fault without the request's headers", resp.StatusCode, b)
+			}
+		})
+	}
+}
+
 // fakePod is a raw upstream for faults a real engine does not make on
 // demand: it answers /health with 200 and every other request with serve.
 func fakePod(t *testing.T, serve func(c net.Conn, r *http.Request)) string {

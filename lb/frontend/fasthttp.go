@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -75,8 +76,22 @@ type debugLog struct{ log *slog.Logger }
 
 func (l debugLog) Printf(format string, args ...any) {
 	if l.log != nil {
-		l.log.Debug(fmt.Sprintf(format, args...))
+		l.log.Debug(withoutContents(fmt.Sprintf(format, args...)))
 	}
+}
+
+// ErrorText is a request's error as the Error handler may show it:
+// fasthttp quotes the bytes of a request header it could not parse
+// ("buffer size=N, contents: ..."), which are the client's headers,
+// Authorization included, and belong neither in an answer (clients log
+// error bodies) nor in a log. What went wrong stays.
+func ErrorText(err error) string { return withoutContents(err.Error()) }
+
+func withoutContents(msg string) string {
+	if i := strings.Index(msg, ", contents: "); i >= 0 {
+		return msg[:i]
+	}
+	return msg
 }
 
 // Defaults of Options.

@@ -19,6 +19,7 @@ import (
 
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
+	"pdlb/lb/frontend"
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
@@ -283,7 +284,7 @@ func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 			Message: "The request was not received within " + g.cfg.ClientReadTimeout.String() + "."})
 		return
 	}
-	writeError(ctx, &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "Malformed HTTP request: " + err.Error()})
+	writeError(ctx, &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "Malformed HTTP request: " + frontend.ErrorText(err)})
 }
 
 // serveReady answers 200 when every model has an available pod, else 503
