@@ -202,12 +202,15 @@ func (s *GNet) ShutdownWithContext(ctx context.Context) error {
 	return s.stop()
 }
 
-// drain waits until nothing is served or ctx ends.
+// drain waits until nothing is served, the engine stopped (on its own:
+// what it served went with its connections), or ctx ends.
 func (s *GNet) drain(ctx context.Context) error {
 	for s.serving.Load() > 0 {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-s.stopped:
+			return nil
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

@@ -2,6 +2,9 @@ package frontend
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -14,11 +17,27 @@ import (
 // say so, or the process runs on with its port closed. A shutdown asked
 // for is no failure.
 func TestEngineStoppedOnItsOwn(t *testing.T) {
-	h := Handler{Serve: func(*fasthttp.RequestCtx) {}, Error: func(*fasthttp.RequestCtx, error) {}}
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/hold" {
+			close(entered)
+			<-release
+		}
+	}, Error: func(*fasthttp.RequestCtx, error) {}}
 	s, err := StartGNet("127.0.0.1:0", h, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer close(release)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
 	if err := s.eng.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -29,6 +48,13 @@ func TestEngineStoppedOnItsOwn(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("an engine that stopped on its own was not reported")
+	}
+	// The request held went with the engine's connections: a shutdown
+	// has nothing to wait for.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.ShutdownWithContext(ctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown after the engine stopped: %v, want its error at once", err)
 	}
 
 	s, err = StartGNet("127.0.0.1:0", h, Options{})
