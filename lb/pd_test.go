@@ -159,8 +159,15 @@ func pdBody(path string, stream bool, maxTokens int) string {
 // starts with prefix.
 func metricValue(t *testing.T, s *lb.Server, prefix string) float64 {
 	t.Helper()
+	return adminMetric(t, s.AdminAddr(), prefix)
+}
+
+// adminMetric is metricValue for the gateway whose admin listener is at
+// admin (one in another process, say).
+func adminMetric(t *testing.T, admin, prefix string) float64 {
+	t.Helper()
 	sum := 0.0
-	for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
+	for _, line := range strings.Split(get(t, "http://"+admin+"/metrics"), "\n") {
 		if strings.HasPrefix(line, prefix) {
 			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 			if err != nil {
