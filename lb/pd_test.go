@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -194,7 +195,9 @@ func TestPDAnswersEqualCombined(t *testing.T) {
 			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
 			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
 			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
-			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(comb, comb.Addr(), "")}, nil)
+			log := filepath.Join(t.TempDir(), "access.log")
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(comb, comb.Addr(), "")},
+				func(c *config.Config) { c.AccessLog = log })
 			legs := int64(0)
 			for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
 				for _, stream := range []bool{false, true} {
@@ -220,6 +223,16 @@ func TestPDAnswersEqualCombined(t *testing.T) {
 			ledgerSettles(t, s)
 			if n := metricValue(t, s, `pdlb_pd_routed_total{model="m",kind="pair"}`); n != float64(legs) {
 				t.Fatalf("pdlb_pd_routed_total pair = %v, want %d", n, legs)
+			}
+			// The access log names both legs' pods.
+			lines := readAccessLog(t, s, log)
+			for _, l := range lines {
+				if l.num("status") != 200 || l.str("pod") != "dec" || l.str("prefill_pod") != "pre" {
+					t.Fatalf("access log line %v", l)
+				}
+			}
+			if len(lines) != int(legs) {
+				t.Fatalf("%d access log lines, want %d", len(lines), legs)
 			}
 		})
 	}

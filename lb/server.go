@@ -180,6 +180,9 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 // Reload applies a new fleet; see gateway.Gateway.Reload.
 func (s *Server) Reload(cfg config.Config) error { return s.Gateway.Reload(cfg) }
 
+// ReopenLogs opens the access log's file anew, after rotation moved it.
+func (s *Server) ReopenLogs() error { return s.Gateway.ReopenLogs() }
+
 // WatchFile calls changed whenever the file at path changes (its size or
 // modification time), checking every interval until ctx ends. Editors that
 // replace the file rather than write it are seen too.

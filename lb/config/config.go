@@ -74,6 +74,10 @@ type Config struct {
 	// event loop per core, completions served on the loops) or
 	// fasthttp (a goroutine per connection).
 	Frontend string `yaml:"frontend"`
+	// AccessLog is where one JSON line per request goes: a file path
+	// (appended to; reopened on SIGUSR1 for rotation), "-" for standard
+	// output, or "" (default) for none.
+	AccessLog string `yaml:"access_log"`
 	// MaxBodyBytes is the largest request body accepted (default 8 MiB);
 	// larger ones get 413.
 	MaxBodyBytes int `yaml:"max_body_bytes"`

@@ -17,6 +17,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/accesslog"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/frontend"
@@ -72,6 +73,8 @@ type Gateway struct {
 	models atomic.Pointer[[]byte]
 	// plan is the planning loop, nil when plan.enabled is off (plan.go).
 	plan *planLoop
+	// access is the access log, nil when access_log is off (accesslog.go).
+	access *accesslog.Log
 }
 
 // New builds a gateway over a validated configuration and starts its health
@@ -105,6 +108,12 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if g.kv, err = startKVFeeds(snap, log); err != nil {
 		return nil, err
 	}
+	if cfg.AccessLog != "" {
+		if g.access, err = accesslog.Open(cfg.AccessLog, log); err != nil {
+			g.kv.close()
+			return nil, err
+		}
+	}
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
 	g.ledger.RegisterMetrics(g.metrics.set)
@@ -112,6 +121,9 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	g.metrics.set.RegisterMetricsWriter(g.conns.WritePrometheus)
 	g.metrics.set.RegisterMetricsWriter(g.fds.WritePrometheus)
 	g.metrics.set.RegisterMetricsWriter(g.writeDynamicMetrics)
+	if g.access != nil {
+		g.metrics.set.RegisterMetricsWriter(g.access.WritePrometheus)
+	}
 	g.pool.Publish(snap)
 	g.checker = pool.StartChecker(snap, cfg.Health, cfg.Upstream.KeepaliveTimeout, log)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -225,22 +237,44 @@ func (g *Gateway) Close() {
 	for _, p := range g.pool.Load().Pods {
 		p.Client.CloseIdleConnections()
 	}
+	if g.access != nil {
+		if err := g.access.Close(); err != nil {
+			g.log.Warn("closing the access log", "err", err)
+		}
+	}
+}
+
+// ReopenLogs opens the access log's file anew, after rotation moved it.
+func (g *Gateway) ReopenLogs() error {
+	if g.access == nil {
+		return nil
+	}
+	return g.access.Reopen()
 }
 
 // Handler serves the OpenAI API.
 func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
-	if n := ctx.Request.Header.Len(); n > g.cfg.MaxHeaders {
-		ctx.SetConnectionClose()
-		writeError(ctx, &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
-			Message: "The request has " + strconv.Itoa(n) + " header fields; the limit is " + strconv.Itoa(g.cfg.MaxHeaders) + "."})
-		return
+	var start time.Time
+	if g.access != nil {
+		start = time.Now()
 	}
 	path := ctx.Path()
+	if n := ctx.Request.Header.Len(); n > g.cfg.MaxHeaders {
+		ctx.SetConnectionClose()
+		e := &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
+			Message: "The request has " + strconv.Itoa(n) + " header fields; the limit is " + strconv.Itoa(g.cfg.MaxHeaders) + "."}
+		writeError(ctx, e)
+		g.logPlain(ctx, start, e)
+		return
+	}
 	switch string(path) {
-	case "/v1/chat/completions":
-		g.serveCompletion(ctx, openai.KindChat)
-	case "/v1/completions":
-		g.serveCompletion(ctx, openai.KindCompletion)
+	case "/v1/chat/completions", "/v1/completions":
+		if allow(ctx, fasthttp.MethodPost) {
+			// Logged when its answer is done.
+			g.serveCompletion(ctx, kindOf(path))
+			return
+		}
+		g.metrics.countRequest(nil, fasthttp.StatusMethodNotAllowed)
 	case "/v1/models":
 		if !allow(ctx, fasthttp.MethodGet) {
 			return
@@ -253,23 +287,42 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 	case "/ready":
 		g.serveReady(ctx)
 	default:
-		writeError(ctx, openai.InvalidURL(ctx.Method(), path))
+		e := openai.InvalidURL(ctx.Method(), path)
+		writeError(ctx, e)
+		g.logPlain(ctx, start, e)
+		return
 	}
+	g.logPlain(ctx, start, nil)
+}
+
+// kindOf is the kind of request a completion path serves.
+func kindOf(path []byte) openai.Kind {
+	if string(path) == "/v1/chat/completions" {
+		return openai.KindChat
+	}
+	return openai.KindCompletion
 }
 
 // ErrorHandler answers what fasthttp rejects before the handler runs (an
 // oversized body, a malformed request line) in OpenAI's error shape.
 func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
+	if e := g.requestError(ctx, err); e != nil {
+		writeError(ctx, e)
+		g.logPlain(ctx, time.Time{}, e)
+	}
+}
+
+// requestError is the answer to a request the front end could not read,
+// nil when there is none to give.
+func (g *Gateway) requestError(ctx *fasthttp.RequestCtx, err error) *openai.Error {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		writeError(ctx, openai.BodyTooLarge(g.cfg.MaxBodyBytes))
-		return
+		return openai.BodyTooLarge(g.cfg.MaxBodyBytes)
 	}
 	// fasthttp's error types do not unwrap, hence As on the concrete type.
 	var small *fasthttp.ErrSmallBuffer
 	if errors.As(err, &small) {
-		writeError(ctx, &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
-			Message: "The request's headers exceed the limit of " + strconv.Itoa(g.cfg.MaxHeaderBytes) + " bytes."})
-		return
+		return &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
+			Message: "The request's headers exceed the limit of " + strconv.Itoa(g.cfg.MaxHeaderBytes) + " bytes."}
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
@@ -278,13 +331,12 @@ func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 			// limits.Conns). Closing first makes fasthttp's write of
 			// the error response fail silently.
 			_ = ctx.Conn().Close()
-			return
+			return nil
 		}
-		writeError(ctx, &openai.Error{Status: fasthttp.StatusRequestTimeout, Type: openai.TypeInvalidRequest,
-			Message: "The request was not received within " + g.cfg.ClientReadTimeout.String() + "."})
-		return
+		return &openai.Error{Status: fasthttp.StatusRequestTimeout, Type: openai.TypeInvalidRequest,
+			Message: "The request was not received within " + g.cfg.ClientReadTimeout.String() + "."}
 	}
-	writeError(ctx, &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "Malformed HTTP request: " + frontend.ErrorText(err)})
+	return &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "Malformed HTTP request: " + frontend.ErrorText(err)}
 }
 
 // serveReady answers 200 when every model has an available pod, else 503
@@ -355,6 +407,12 @@ type exchange struct {
 	// refused is why the pod the event loop tried did not take the
 	// request (notSent), for send to answer with when no other pod does.
 	refused error
+	// failure is the error the gateway answered with itself after the
+	// request reached a pod (a stream that broke), for the access log.
+	failure *openai.Error
+	// logHead is what the access log line needs of the request, kept
+	// before a stream's relay (keepLogHead).
+	logHead []byte
 	// wait is what a relay waiting for its pod's next bytes reads into
 	// (see relay): one byte, so an idle stream holds no buffer.
 	wait    [1]byte
@@ -412,7 +470,8 @@ func acquireExchange() *exchange {
 func releaseExchange(x *exchange) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
-	x.cands, x.tried, x.refused = x.cands[:0], x.tried[:0], nil
+	x.cands, x.tried, x.refused, x.failure = x.cands[:0], x.tried[:0], nil, nil
+	x.logHead, x.times = x.logHead[:0], tokenTimes{}
 	x.keys, x.looked = x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
 	x.class = admit.Interactive

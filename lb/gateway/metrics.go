@@ -8,6 +8,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"pdlb/lb/accesslog"
 	"pdlb/lb/limits"
 	"pdlb/lb/pool"
 	"pdlb/ledger"
@@ -165,7 +166,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 // passes `promtool check metrics` (tests/promtool_test.go runs it on a live
 // gateway). A series added without an entry here shows up there with an
 // empty HELP; writers that print their own HELP text need no entry.
-var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.MetricsDoc, promtext.Doc{
+var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, promtext.Doc{
 	"pdlb_requests_total":                {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
 	"pdlb_requests_in_flight":            {Help: "Requests the gateway is serving now."},
 	"pdlb_time_to_first_token_seconds":   {Help: "Time from a streaming request's arrival to its first token event, in seconds."},

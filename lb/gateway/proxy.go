@@ -55,10 +55,6 @@ var (
 // serveCompletion is the request path of /v1/chat/completions and
 // /v1/completions.
 func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
-	if !allow(ctx, fasthttp.MethodPost) {
-		g.metrics.countRequest(nil, fasthttp.StatusMethodNotAllowed)
-		return
-	}
 	x := acquireExchange()
 	key, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
 	if !d.OK() {
@@ -241,6 +237,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
 
 	if x.req.Stream && status == fasthttp.StatusOK {
+		g.keepLogHead(ctx, x)
 		x.mm, x.times = g.metrics.model(m), tokenTimes{}
 		if l := frontend.LoopOf(ctx); l != nil {
 			l.Relay(g.cfg.Upstream.StreamIdleTimeout, x)
@@ -274,7 +271,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 		g.podFailed(pod)
 		e := g.streamError(x, err)
 		writeError(ctx, e)
-		status = e.Status
+		x.failure, status = e, e.Status
 	} else if status == fasthttp.StatusOK {
 		// Its usage is the output the API key's token bucket and
 		// pdlb_completion_tokens_total are charged.
@@ -482,6 +479,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *ex
 // returns the status to count.
 func (g *Gateway) relayBroke(w *frontend.StreamWriter, x *exchange, err error) int {
 	e := g.streamError(x, err)
+	x.failure = e
 	buf := relayBufs.Get().(*[relayBufferBytes]byte)
 	_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
 	relayBufs.Put(buf)
@@ -611,6 +609,7 @@ func (x *exchange) clientLeft() bool {
 
 // finish ends a request that reached a pod.
 func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
+	g.logCompletion(x.ctx, x, pod, status, x.failure)
 	g.endPD(x, pod, status)
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
@@ -644,6 +643,7 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err
 	}
 	e := asError(err)
 	writeError(ctx, e)
+	g.logCompletion(ctx, x, nil, e.Status, e)
 	g.metrics.countRequest(m, e.Status)
 	if e.Status == fasthttp.StatusTooManyRequests {
 		g.metrics.shed.Update(time.Since(x.start).Seconds())

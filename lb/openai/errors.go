@@ -222,6 +222,9 @@ func AppendJSONString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
+// AppendJSONBytes appends b as a JSON string literal.
+func AppendJSONBytes(dst, b []byte) []byte { return AppendJSONString(dst, b2s(b)) }
+
 // cut renders a raw JSON value for an error message, shortened to gotLimit
 // bytes (backing off to a UTF-8 boundary).
 func cut(raw []byte) string {

@@ -32,14 +32,15 @@ func (p *podFlags) Set(s string) error {
 
 // gatewayFlags are the flags serve and demo share.
 type gatewayFlags struct {
-	listen, admin, frontend string
-	shutdown                time.Duration
+	listen, admin, frontend, accessLog string
+	shutdown                           time.Duration
 }
 
 func (f *gatewayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", "", "address of the OpenAI API (default "+config.DefaultListen+", or the config file's)")
 	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin (default "+config.DefaultAdmin+", or the config file's)")
 	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+", or the config file's)")
+	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output; reopened on SIGUSR1; default none, or the config file's)")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
 }
 
@@ -52,6 +53,9 @@ func (f *gatewayFlags) apply(cfg *config.Config) {
 	}
 	if f.frontend != "" {
 		cfg.Frontend = f.frontend
+	}
+	if f.accessLog != "" {
+		cfg.AccessLog = f.accessLog
 	}
 }
 
@@ -120,7 +124,7 @@ func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, 
 		started(srv)
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sig)
 	changed := make(chan struct{}, 1)
 	if reload != nil {
@@ -149,8 +153,15 @@ func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, 
 	for {
 		select {
 		case s := <-sig:
-			if s == syscall.SIGHUP {
+			switch s {
+			case syscall.SIGHUP:
 				apply("SIGHUP")
+				continue
+			case syscall.SIGUSR1:
+				// logrotate's postrotate: the access log moved away.
+				if err := srv.ReopenLogs(); err != nil {
+					log.Error("reopening the access log failed; it goes on where it was", "err", err)
+				}
 				continue
 			}
 			log.Info("shutting down", "signal", s.String(), "grace", grace)

@@ -1,0 +1,154 @@
+package gateway
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+)
+
+// The access log: one JSON object per request, written when its answer is
+// done (config access_log). The line is built on the stack, with no
+// allocation, and handed to the log's buffer; see lb/accesslog.
+
+// lineBytes is the stack buffer a line is built in; a longer one (a long
+// path or error message) spills to the heap.
+const lineBytes = 768
+
+// logCompletion writes the line of completion request x, answered with
+// status; pod is the pod that answered (nil when none did), e the error the
+// gateway answered with itself, if any. ctx is x's request, unless a
+// stream's relay ends it: that may not touch ctx, and keepLogHead kept
+// what the line needs of it.
+func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *exchange, pod *pool.Pod, status int, e *openai.Error) {
+	if g.access == nil {
+		return
+	}
+	var buf [lineBytes]byte
+	b := appendTime(buf[:0])
+	if len(x.logHead) > 0 {
+		b = append(b, x.logHead...)
+	} else {
+		b = appendWhat(appendWho(b, ctx), ctx)
+	}
+	b = appendInt(b, "status", status)
+	b = appendMillis(b, "duration_ms", time.Since(x.start))
+	b = appendBytesField(b, "model", x.req.Model)
+	b = strconv.AppendBool(appendName(b, "stream"), x.req.Stream)
+	if x.key != nil {
+		b = appendField(b, "api_key", x.key.Name)
+	}
+	if pod != nil {
+		b = appendField(b, "pod", pod.Config.Name)
+		if x.pd != nil && x.pd.pre != nil && x.pd.pre != pod {
+			b = appendField(b, "prefill_pod", x.pd.pre.Config.Name)
+		}
+	}
+	b = appendInt(b, "attempts", len(x.tried))
+	b = appendInt(b, "prompt_tokens", x.req.PromptTokens())
+	if pod != nil {
+		b = appendInt(b, "cached_tokens", x.chosen.CachedTokens)
+		b = appendInt(b, "completion_tokens", int(x.counted.Tokens()))
+	}
+	if !x.times.first.IsZero() {
+		b = appendMillis(b, "ttft_ms", x.times.first.Sub(x.start))
+	}
+	if e != nil {
+		b = appendField(b, "error", e.Message)
+	}
+	g.access.Write(append(b, '}'))
+}
+
+// keepLogHead keeps in x what its access log line needs of ctx, before a
+// stream's relay, which may not touch ctx, begins.
+func (g *Gateway) keepLogHead(ctx *fasthttp.RequestCtx, x *exchange) {
+	if g.access != nil {
+		x.logHead = appendWhat(appendWho(x.logHead[:0], ctx), ctx)
+	}
+}
+
+// logPlain writes the line of a request answered without an exchange:
+// /v1/models, /health, a wrong path or method, too many headers; e is the
+// error it was answered with, if any. start is when it began, zero for a
+// request the front end could not read: its method and path are unknown.
+func (g *Gateway) logPlain(ctx *fasthttp.RequestCtx, start time.Time, e *openai.Error) {
+	if g.access == nil {
+		return
+	}
+	var buf [lineBytes]byte
+	b := appendWho(appendTime(buf[:0]), ctx)
+	if !start.IsZero() {
+		b = appendWhat(b, ctx)
+	}
+	b = appendInt(b, "status", ctx.Response.StatusCode())
+	if !start.IsZero() {
+		b = appendMillis(b, "duration_ms", time.Since(start))
+	}
+	if e != nil {
+		b = appendField(b, "error", e.Message)
+	}
+	g.access.Write(append(b, '}'))
+}
+
+// appendTime opens a line with the time it is written, in UTC to the
+// millisecond.
+func appendTime(b []byte) []byte {
+	b = append(b, `{"time":"`...)
+	b = time.Now().UTC().AppendFormat(b, "2006-01-02T15:04:05.000Z07:00")
+	return append(b, '"')
+}
+
+// appendWho appends the request's id and its client's address.
+func appendWho(b []byte, ctx *fasthttp.RequestCtx) []byte {
+	b = appendBytesField(b, "request_id", ctx.Request.Header.Peek(headerRequestID))
+	if a, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		b = append(appendName(b, "client"), '"')
+		b = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).AppendTo(b)
+		b = append(b, '"')
+	}
+	return b
+}
+
+// appendWhat appends the request's method and path.
+func appendWhat(b []byte, ctx *fasthttp.RequestCtx) []byte {
+	b = appendBytesField(b, "method", ctx.Method())
+	return appendBytesField(b, "path", ctx.RequestURI())
+}
+
+// appendField appends ,"name":"value", escaped; nothing when value is empty.
+func appendField(b []byte, name, value string) []byte {
+	if value == "" {
+		return b
+	}
+	return openai.AppendJSONString(appendName(b, name), value)
+}
+
+// appendBytesField is appendField for a value in bytes.
+func appendBytesField(b []byte, name string, value []byte) []byte {
+	if len(value) == 0 {
+		return b
+	}
+	return openai.AppendJSONBytes(appendName(b, name), value)
+}
+
+func appendInt(b []byte, name string, v int) []byte {
+	return strconv.AppendInt(appendName(b, name), int64(v), 10)
+}
+
+// appendMillis appends d in milliseconds, to the microsecond.
+func appendMillis(b []byte, name string, d time.Duration) []byte {
+	return strconv.AppendFloat(appendName(b, name), float64(d.Microseconds())/1e3, 'f', 3, 64)
+}
+
+// appendName appends ,"name": to a line.
+func appendName(b []byte, name string) []byte {
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	return append(b, '"', ':')
+}
