@@ -140,25 +140,31 @@ profile_pdlb() {
 }
 
 # start_pdlb starts pdlb with one front end and one policy, on ports of its
-# own; the default front end and policy's admin address goes in
-# PROFILED_ADMIN.
+# own, and with "access" as a third argument its access log on (to a file
+# in the scratch directory); the default front end and policy's admin
+# address goes in PROFILED_ADMIN.
 start_pdlb() {
-	local frontend=$1 policy=$2 listen admin
+	local frontend=$1 policy=$2 access=${3:-} listen admin
 	take_port listen
 	take_port admin
 	local args=(serve --pod "model=bench,address=$STUB" --listen "$listen" --admin "$admin")
 	[ "$policy" = least_request ] && args+=(--config bench/proxy/least_request.yaml)
 	args+=(--frontend "$frontend")
-	local label="pdlb $frontend, $policy"
-	(cd "$ROOT" && exec "$DIR/pdlb" "${args[@]}") 2>"$DIR/pdlb-$frontend-$policy.log" &
+	local label="pdlb $frontend, $policy" name=$frontend-$policy
+	if [ -n "$access" ]; then
+		args+=(--access-log "$DIR/access.log")
+		label+=", access log"
+		name+=-access
+	fi
+	(cd "$ROOT" && exec "$DIR/pdlb" "${args[@]}") 2>"$DIR/pdlb-$name.log" &
 	local pid=$!
 	started
 	if ! wait_port "$listen"; then
-		failed "$label" "failed to start: $(tail -1 "$DIR/pdlb-$frontend-$policy.log")"
+		failed "$label" "failed to start: $(tail -1 "$DIR/pdlb-$name.log")"
 		return
 	fi
 	target "$label" "pdlb ${args[*]}" "$listen" "$pid"
-	if [ "$frontend" = gnet ] && [ "$policy" = slo_cache ]; then
+	if [ "$frontend" = gnet ] && [ "$policy" = slo_cache ] && [ -z "$access" ]; then
 		PROFILED_ADMIN=$admin
 	fi
 }
@@ -178,6 +184,8 @@ for policy in slo_cache least_request; do
 	start_pdlb gnet "$policy"
 	start_pdlb fasthttp "$policy"
 done
+# What the access log costs (nginx and HAProxy run without one).
+start_pdlb gnet slo_cache access
 
 NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
 if [ -x "$NGINX_BIN" ]; then
@@ -259,7 +267,7 @@ done
 # The issue's targets, from this run's numbers.
 best_pdlb=0 best_label=
 for k in "${!RPS[@]}"; do
-	if [[ $k == pdlb* ]] && [ "${RPS[$k]}" -gt "$best_pdlb" ]; then
+	if [[ $k == pdlb* && $k != *"access log" ]] && [ "${RPS[$k]}" -gt "$best_pdlb" ]; then
 		best_pdlb=${RPS[$k]} best_label=$k
 	fi
 done
@@ -268,6 +276,11 @@ if [ "$best_pdlb" -gt 0 ] && [ "$best_other" -gt 0 ]; then
 	echo
 	echo "Targets (best pdlb row: $best_label): RPS $(ratio "$best_pdlb" "$best_other")× the better of nginx and HAProxy (target ≥ 1.2),"\
 		"$(ratio "$best_pdlb" "$direct")× direct (target ≥ 0.5); p99 ${P99[$best_label]} ms vs nginx ${P99[nginx]:-?} ms (target ≤)."
+fi
+logged=${RPS["pdlb gnet, slo_cache, access log"]:-0} unlogged=${RPS["pdlb gnet, slo_cache"]:-0}
+if [ "$logged" -gt 0 ] && [ "$unlogged" -gt 0 ]; then
+	echo
+	echo "The access log: pdlb gnet, slo_cache with it makes $(ratio "$logged" "$unlogged")× the requests/s of without ($(wc -l <"$DIR/access.log") lines written)."
 fi
 if [ -n "${PROFILE_TOP:-}" ]; then
 	echo
