@@ -159,6 +159,11 @@ type Upstream struct {
 	// of vLLM, SGLang and trtllm-serve, closes one idle for 5 s, and a
 	// request sent on a connection the pod already closed fails with 502.
 	KeepaliveTimeout time.Duration `yaml:"keepalive_timeout"`
+	// XForwardedFor appends the client's address to the X-Forwarded-For
+	// header the pods get (default true), as Envoy at the edge and nginx's
+	// $proxy_add_x_forwarded_for do, so the engines' own logs name the
+	// client; false passes the client's header, if any, unchanged.
+	XForwardedFor bool `yaml:"x_forwarded_for"`
 }
 
 // Health configures how pods are checked.
@@ -315,6 +320,7 @@ func Default() Config {
 			MaxConnsPerPod:       DefaultMaxConnsPerPod,
 			MaxResponseBytes:     DefaultMaxResponseBytes,
 			KeepaliveTimeout:     DefaultKeepaliveTimeout,
+			XForwardedFor:        true,
 		},
 		Admission: Admission{
 			Interactive: admit.DefaultConfig().Classes[admit.Interactive],

@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"net"
-	"net/netip"
 	"strconv"
 	"time"
 
@@ -106,11 +104,9 @@ func appendTime(b []byte) []byte {
 // appendWho appends the request's id and its client's address.
 func appendWho(b []byte, ctx *fasthttp.RequestCtx) []byte {
 	b = appendBytesField(b, "request_id", ctx.Request.Header.Peek(headerRequestID))
-	if a, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
-		ap := a.AddrPort()
+	if a, ok := clientAddr(ctx); ok {
 		b = append(appendName(b, "client"), '"')
-		b = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).AppendTo(b)
-		b = append(b, '"')
+		b = append(a.AppendTo(b), '"')
 	}
 	return b
 }

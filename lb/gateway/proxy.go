@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -50,6 +51,7 @@ func isHopByHop(k []byte) bool {
 var (
 	pdlbPrefix    = []byte("x-pdlb-")
 	authorization = []byte(fasthttp.HeaderAuthorization)
+	forwardedFor  = []byte(fasthttp.HeaderXForwardedFor)
 )
 
 // serveCompletion is the request path of /v1/chat/completions and
@@ -379,9 +381,10 @@ func sessionOf(ctx *fasthttp.RequestCtx) string {
 
 // buildUpstream copies the client's request into up: the body byte for
 // byte, the headers less hop-by-hop ones and any x-pdlb-* a client made up,
-// and an X-Request-Id, generated when the client sent none.
+// an X-Request-Id, generated when the client sent none, and the client's
+// address appended to X-Forwarded-For (upstream.x_forwarded_for).
 func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
-	authorize := g.keys.Enabled()
+	authorize, forward := g.keys.Enabled(), g.cfg.Upstream.XForwardedFor
 	up.Header.DisableNormalizing()
 	up.Header.SetMethod(fasthttp.MethodPost)
 	up.SetRequestURIBytes(ctx.Path())
@@ -393,8 +396,16 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 		if authorize && bytes.EqualFold(k, authorization) {
 			return
 		}
+		// Set whole below, the client's chain with its address added.
+		if forward && bytes.EqualFold(k, forwardedFor) {
+			return
+		}
 		up.Header.AddBytesKV(k, v)
 	})
+	if forward {
+		var buf [128]byte
+		up.Header.SetBytesV(fasthttp.HeaderXForwardedFor, appendForwardedFor(buf[:0], ctx))
+	}
 	if len(ctx.Request.Header.Peek(headerRequestID)) == 0 {
 		var id [32]byte
 		ctx.Request.Header.SetBytesV(headerRequestID, appendRequestID(id[:0], ctx.ID(), ctx.ConnTime()))
@@ -403,6 +414,31 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 	// The body is the client's own buffer, valid until the handler returns;
 	// the upstream request is written before that.
 	up.SetBodyRaw(ctx.PostBody())
+}
+
+// appendForwardedFor appends the X-Forwarded-For the pods get: the
+// client's own, its several fields joined as one (RFC 9110 section 5.3),
+// then the client's address.
+func appendForwardedFor(b []byte, ctx *fasthttp.RequestCtx) []byte {
+	for _, v := range ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor) {
+		if len(v) > 0 {
+			b = append(append(b, v...), ", "...)
+		}
+	}
+	if a, ok := clientAddr(ctx); ok {
+		return a.Addr().AppendTo(b)
+	}
+	return append(b, "unknown"...)
+}
+
+// clientAddr is the address ctx's client connected from, IPv4 as such.
+func clientAddr(ctx *fasthttp.RequestCtx) (netip.AddrPort, bool) {
+	a, ok := ctx.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	ap := a.AddrPort()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
 }
 
 // appendRequestID renders a request id unique per process run: the

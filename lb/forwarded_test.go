@@ -1,0 +1,62 @@
+package lb_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"pdlb/lb/config"
+)
+
+// TestForwardedFor: pods get the client's address appended to the
+// X-Forwarded-For chain (its several fields joined as one), or, with
+// upstream.x_forwarded_for off, the client's header as it was.
+func TestForwardedFor(t *testing.T) {
+	// The pod answers with the X-Forwarded-For fields it got.
+	pod := fakePod(t, func(c net.Conn, r *http.Request) {
+		got := strings.Join(r.Header.Values("X-Forwarded-For"), "|")
+		io.WriteString(c, fmt.Sprintf("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(got), got))
+	})
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		for _, on := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/%v", frontend, on), func(t *testing.T) {
+				s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) {
+					c.Frontend = frontend
+					c.Upstream.XForwardedFor = on
+				})
+				for _, tc := range []struct {
+					sent     []string
+					want, is string
+				}{
+					{nil, "127.0.0.1", ""},
+					{[]string{"203.0.113.7"}, "203.0.113.7, 127.0.0.1", "203.0.113.7"},
+					{[]string{"203.0.113.7", "10.0.0.1, 10.0.0.2"}, "203.0.113.7, 10.0.0.1, 10.0.0.2, 127.0.0.1", "203.0.113.7|10.0.0.1, 10.0.0.2"},
+				} {
+					req, err := newPost(s, chatBody)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, v := range tc.sent {
+						req.Header.Add("X-Forwarded-For", v)
+					}
+					resp, err := client.Do(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					want := tc.want
+					if !on {
+						want = tc.is
+					}
+					if resp.StatusCode != 200 || string(b) != want {
+						t.Fatalf("sent %q: the pod got %q (%d), want %q", tc.sent, b, resp.StatusCode, want)
+					}
+				}
+			})
+		}
+	}
+}
