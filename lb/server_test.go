@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -241,25 +242,47 @@ func TestErrors(t *testing.T) {
 // with the bytes it read, the client's Authorization among them; the 400
 // names the fault, not the headers (clients log error bodies).
 func TestMalformedRequestNotEchoed(t *testing.T) {
-	for _, frontend := range []string{"fasthttp", "gnet"} {
-		t.Run(frontend, func(t *testing.T) {
-			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) { c.Frontend = frontend })
-			c, err := net.Dial("tcp", s.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-do-not-echo\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd")
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != 400 || !strings.Contains(string(b), "duplicate content-length") || strings.Contains(string(b), "sk-do-not-echo") {
-				t.Fatalf("%d %s; want a 400 naming the fault without the request's headers", resp.StatusCode, b)
-			}
-		})
+	// Each request carries the key, and is malformed in a way fasthttp words
+	// with the bytes it read: the header block, a header's value, the
+	// request line with the headers after it.
+	for _, tc := range []struct{ request, fault string }{
+		{"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-do-not-echo\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd",
+			"duplicate content-length"},
+		{"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-do-not-echo\x01\r\nContent-Length: 4\r\n\r\nabcd",
+			"invalid header value"},
+		{"POST ../v1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-do-not-echo\r\nContent-Length: 4\r\n\r\nabcd",
+			"invalid request uri"},
+		{"P@ST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-do-not-echo\r\nContent-Length: 4\r\n\r\nabcd",
+			"unsupported http request method"},
+	} {
+		for _, frontend := range []string{"fasthttp", "gnet"} {
+			t.Run(tc.fault+"/"+frontend, func(t *testing.T) {
+				log := filepath.Join(t.TempDir(), "access.log")
+				s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
+					c.Frontend = frontend
+					c.AccessLog = log
+				})
+				c, err := net.Dial("tcp", s.Addr())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				io.WriteString(c, tc.request)
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != 400 || !strings.Contains(string(b), tc.fault) || strings.Contains(string(b), "sk-do-not-echo") {
+					t.Fatalf("%d %s; want a 400 naming the fault without the request's headers", resp.StatusCode, b)
+				}
+				lines := readAccessLog(t, s, log)
+				if len(lines) != 1 || !strings.Contains(lines[0].str("error"), tc.fault) || strings.Contains(fmt.Sprint(lines[0]), "sk-do-not-echo") {
+					t.Fatalf("access log %v; want the fault without the request's headers", lines)
+				}
+			})
+		}
 	}
 }
 

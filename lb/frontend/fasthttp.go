@@ -80,16 +80,21 @@ func (l debugLog) Printf(format string, args ...any) {
 	}
 }
 
-// ErrorText is a request's error as the Error handler may show it:
-// fasthttp quotes the bytes of a request header it could not parse
-// ("buffer size=N, contents: ..."), which are the client's headers,
-// Authorization included, and belong neither in an answer (clients log
-// error bodies) nor in a log. What went wrong stays.
+// ErrorText is a request's error as the Error handler may show it.
+// fasthttp words a request it could not parse with the bytes it read: the
+// header block ("buffer size=N, contents: ..."), a quoted header value, the
+// quoted request line with the headers after it. Those are the client's
+// headers, Authorization included, and belong neither in an answer (clients
+// log error bodies) nor in a log; what went wrong, the words before them,
+// stays.
 func ErrorText(err error) string { return withoutContents(err.Error()) }
 
 func withoutContents(msg string) string {
 	if i := strings.Index(msg, ", contents: "); i >= 0 {
-		return msg[:i]
+		msg = msg[:i]
+	}
+	if i := strings.IndexByte(msg, '"'); i >= 0 {
+		msg = strings.TrimRight(msg[:i], " :")
 	}
 	return msg
 }
