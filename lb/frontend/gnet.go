@@ -89,6 +89,14 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 			gnet.WithNumEventLoop(eventLoops()),
 			gnet.WithReusePort(true),
 			gnet.WithTicker(true),
+			// Each loop keeps its own OS thread. gnet yields the loop
+			// (runtime.Gosched) whenever it finds nothing to do, and a
+			// loop free to move then often resumed on another thread, cold,
+			// after the runtime woke one for it. Measured (bench/proxy's
+			// load, 10 interleaved rounds of 5 s): p99 3.35-4.63 ms locked
+			// against 4.02-5.02 unlocked, lower in 9 rounds of 10, the
+			// same requests/s.
+			gnet.WithLockOSThread(true),
 			gnet.WithLogger(logger))
 		if s.runErr == nil && !s.shutdown.Load() {
 			// gnet.Run returns nil when an event loop's error stopped the
