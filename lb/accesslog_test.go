@@ -111,6 +111,10 @@ func testAccessLog(t *testing.T, frontend string, via *http.Client) {
 	if code := send("models", "/v1/models", ""); code != 200 {
 		t.Fatalf("models: %d", code)
 	}
+	// send posts whenever there is a body: not allowed on /v1/models.
+	if code := send("wrong-method", "/v1/models", "{}"); code != 405 {
+		t.Fatalf("POST /v1/models: %d", code)
+	}
 	if code := send("broken", "/v1/chat/completions", `{"model":"b","messages":[{"role":"user","content":"hi"}],"stream":true}`); code != 200 {
 		t.Fatalf("broken stream: %d", code)
 	}
@@ -135,8 +139,8 @@ func testAccessLog(t *testing.T, frontend string, via *http.Client) {
 		}
 		byID[l.str("request_id")] = l
 	}
-	if len(lines) != 6 || len(byID) != 6 {
-		t.Fatalf("%d lines, %d request ids, want 6: %v", len(lines), len(byID), lines)
+	if len(lines) != 7 || len(byID) != 7 {
+		t.Fatalf("%d lines, %d request ids, want 7: %v", len(lines), len(byID), lines)
 	}
 	want := func(id string, check func(l accessLine) bool) {
 		t.Helper()
@@ -158,6 +162,9 @@ func testAccessLog(t *testing.T, frontend string, via *http.Client) {
 	})
 	want("models", func(l accessLine) bool {
 		return l.str("method") == "GET" && l.str("path") == "/v1/models" && l.num("status") == 200
+	})
+	want("wrong-method", func(l accessLine) bool {
+		return l.str("method") == "POST" && l.str("path") == "/v1/models" && l.num("status") == 405 && l.str("error") != ""
 	})
 	// The client saw a 200 and then an error event: the line tells both.
 	want("broken", func(l accessLine) bool {

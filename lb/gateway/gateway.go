@@ -267,32 +267,30 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.logPlain(ctx, start, e)
 		return
 	}
+	var e *openai.Error
 	switch string(path) {
 	case "/v1/chat/completions", "/v1/completions":
-		if allow(ctx, fasthttp.MethodPost) {
+		if e = notAllowed(ctx, fasthttp.MethodPost); e == nil {
 			// Logged when its answer is done.
 			g.serveCompletion(ctx, kindOf(path))
 			return
 		}
 		g.metrics.countRequest(nil, fasthttp.StatusMethodNotAllowed)
 	case "/v1/models":
-		if !allow(ctx, fasthttp.MethodGet) {
-			return
+		if e = notAllowed(ctx, fasthttp.MethodGet); e == nil {
+			ctx.SetContentType("application/json")
+			ctx.SetBody(*g.models.Load())
 		}
-		ctx.SetContentType("application/json")
-		ctx.SetBody(*g.models.Load())
 	case "/health":
 		// Liveness: the process serves requests.
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	case "/ready":
 		g.serveReady(ctx)
 	default:
-		e := openai.InvalidURL(ctx.Method(), path)
+		e = openai.InvalidURL(ctx.Method(), path)
 		writeError(ctx, e)
-		g.logPlain(ctx, start, e)
-		return
 	}
-	g.logPlain(ctx, start, nil)
+	g.logPlain(ctx, start, e)
 }
 
 // kindOf is the kind of request a completion path serves.
@@ -367,13 +365,16 @@ func (g *Gateway) serveReady(ctx *fasthttp.RequestCtx) {
 	ctx.SetBodyString("ready\n")
 }
 
-func allow(ctx *fasthttp.RequestCtx, method string) bool {
+// notAllowed answers 405 (with Allow) and returns the error when ctx's
+// method is not method; nil when it is.
+func notAllowed(ctx *fasthttp.RequestCtx, method string) *openai.Error {
 	if string(ctx.Method()) == method {
-		return true
+		return nil
 	}
 	ctx.Response.Header.Set("Allow", method)
-	writeError(ctx, openai.MethodNotAllowed(ctx.Method(), ctx.Path()))
-	return false
+	e := openai.MethodNotAllowed(ctx.Method(), ctx.Path())
+	writeError(ctx, e)
+	return e
 }
 
 func renderModels(s *pool.Snapshot) *[]byte {
