@@ -39,8 +39,21 @@ var hopByHop = [][]byte{
 	[]byte("Expect"),
 }
 
-func isHopByHop(k []byte) bool {
+// hopByHopByLen is hopByHop by name length: every header of every request
+// and answer is looked up, and compared with the names of its own length
+// it meets one or two instead of twelve.
+var hopByHopByLen = func() (t [len("Proxy-Authorization") + 1][][]byte) {
 	for _, h := range hopByHop {
+		t[len(h)] = append(t[len(h)], h)
+	}
+	return t
+}()
+
+func isHopByHop(k []byte) bool {
+	if len(k) >= len(hopByHopByLen) {
+		return false
+	}
+	for _, h := range hopByHopByLen[len(k)] {
 		if bytes.EqualFold(k, h) {
 			return true
 		}

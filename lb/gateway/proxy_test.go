@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -24,6 +25,21 @@ func TestNotSent(t *testing.T) {
 	} {
 		if got := notSent(tc.err); got != tc.want {
 			t.Errorf("notSent(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestIsHopByHop(t *testing.T) {
+	for _, h := range hopByHop {
+		for _, k := range []string{string(h), strings.ToLower(string(h)), strings.ToUpper(string(h))} {
+			if !isHopByHop([]byte(k)) {
+				t.Errorf("%q is hop-by-hop", k)
+			}
+		}
+	}
+	for _, k := range []string{"", "X", "Content-Type", "Connections", "Authorization", "X-Request-Id", "Proxy-Authorization-X"} {
+		if isHopByHop([]byte(k)) {
+			t.Errorf("%q is not hop-by-hop", k)
 		}
 	}
 }
