@@ -253,7 +253,8 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 
 	if x.req.Stream && status == fasthttp.StatusOK {
 		g.keepLogHead(ctx, x)
-		x.mm, x.times = g.metrics.model(m), tokenTimes{}
+		// x.times is zero: releaseExchange clears it.
+		x.mm = g.metrics.model(m)
 		if l := frontend.LoopOf(ctx); l != nil {
 			l.Relay(g.cfg.Upstream.StreamIdleTimeout, x)
 			return
@@ -264,7 +265,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 			// in-flight counts.
 			code := fasthttp.StatusInternalServerError
 			defer func() { g.finish(x, m, pod, resp, code) }()
-			code = g.relay(w, resp, x, m, pod)
+			code = g.relay(w, resp, x, pod)
 		})
 		return
 	}
@@ -477,10 +478,9 @@ func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
 // pooled relay buffer for the rest of what arrived, which goes back once
 // the events in it are written. The writer's buffer, likewise, is held only
 // from an event's Write to the Flush.
-func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *exchange, m *pool.Model, pod *pool.Pod) int {
+func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *exchange, pod *pool.Pod) int {
 	conn := connOf(resp)
 	stream := resp.BodyStream()
-	x.mm, x.times = g.metrics.model(m), tokenTimes{}
 	idle := g.cfg.Upstream.StreamIdleTimeout
 	t := &x.times
 	for {
