@@ -397,11 +397,14 @@ func TestLoopStreamClientGone(t *testing.T) {
 }
 
 // TestPodClosesIdleConnections: the engines' HTTP servers (uvicorn, under
-// vLLM, SGLang and trtllm-serve) close a keep-alive connection idle for 5 s.
-// No request may go out on a connection the pod closed: it would answer
-// 502. The pods' clients let theirs go first (upstream.keepalive_timeout);
-// the event loop also sees the pod's close as it comes, so on gnet even a
-// keep-alive longer than the pod's loses nothing.
+// vLLM, SGLang and trtllm-serve) close a keep-alive connection idle for 5 s,
+// and a pod that crashes or restarts closes every one. No request may go
+// out on a connection the pod closed: it would answer 502. The pods'
+// clients let theirs go first (upstream.keepalive_timeout); the event loop
+// sees the pod's close as it comes; the pods' clients (fasthttp's front
+// end, prefill/decode legs) look at a kept connection before each request
+// and dial anew when the pod closed it. So even a keep-alive longer than
+// the pod's loses nothing.
 func TestPodClosesIdleConnections(t *testing.T) {
 	const ours = 150 * time.Millisecond
 	for _, tc := range []struct {
@@ -409,9 +412,10 @@ func TestPodClosesIdleConnections(t *testing.T) {
 		frontend         string
 		podIdle, ourIdle time.Duration // 0: the pod never closes
 	}{
-		// The pod closes first unless we do: fasthttp's client finds out
-		// only by sending (it answered 502 with a 90 s keep-alive).
 		{"fasthttp/ours shorter", "fasthttp", 300 * time.Millisecond, ours},
+		// The pod closes first: fasthttp's client would send into the
+		// closed connection (it answered 502 before the peek).
+		{"fasthttp/ours longer", "fasthttp", 300 * time.Millisecond, config.DefaultKeepaliveTimeout},
 		// The loop sees the pod's close as it comes.
 		{"gnet/ours longer", "gnet", 300 * time.Millisecond, config.DefaultKeepaliveTimeout},
 		// Ours is honoured: a pod that never closes still gets a new

@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
@@ -23,9 +26,69 @@ import (
 // connection's LocalAddr on the response. upstreamConn returns a LocalAddr
 // that points back at itself, which lets the relay find the connection of a
 // response without any table.
+//
+// Nor does the client look at a kept connection before it sends on it. A
+// pod that closed one while it idled (a crash, a restart, a keep-alive
+// shorter than upstream.keepalive_timeout) would get the request written
+// into the void and the client would answer 502 ("closed connection before
+// returning the first response byte"), though the pod never saw it. So the
+// first write of each request on a kept connection first peeks at the
+// socket; a pod's close (or bytes nobody asked for) there makes the
+// connection dial the pod again and send on the new socket. A pod that is
+// gone refuses that dial, which the gateway retries on another pod.
 type upstreamConn struct {
-	net.Conn
+	cur   atomic.Pointer[podSocket]
 	local connAddr
+	// What a new socket is dialed with.
+	fds     *limits.FDs
+	addr    string
+	timeout time.Duration
+	// kept: a response was read, so the next write starts a request on a
+	// kept connection. Both it and writeDeadline belong to the goroutine
+	// that has the connection from the client's pool.
+	kept          bool
+	writeDeadline time.Time
+	closed        atomic.Bool
+}
+
+// podSocket is one socket of an upstreamConn.
+type podSocket struct {
+	net.Conn
+	raw syscall.RawConn
+	// peekFn is peek as a value made once, so a peek allocates nothing;
+	// peek's error and buffer.
+	peekFn func(fd uintptr)
+	peekE  syscall.Errno
+	peekB  [1]byte
+}
+
+func newPodSocket(c net.Conn) (*podSocket, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("pod connection %T has no socket", c)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	s := &podSocket{Conn: c, raw: raw}
+	s.peekFn = s.peek
+	return s, nil
+}
+
+// peerDone reports whether the pod closed the socket or sent bytes no
+// request asked for: either way it is no use for the next request.
+func (s *podSocket) peerDone() bool {
+	// Only "nothing to read yet" (EAGAIN) means the socket is as it was
+	// left: end of stream, bytes, or a reset do not.
+	return s.raw.Control(s.peekFn) != nil || s.peekE != syscall.EAGAIN
+}
+
+// peek is recv(MSG_PEEK|MSG_DONTWAIT) of one byte, made directly: it never
+// blocks, and the library's Recvfrom allocates a socket address per call.
+func (s *podSocket) peek(fd uintptr) {
+	_, _, s.peekE = syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&s.peekB[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 }
 
 // connAddr is a net.Addr that knows its connection.
@@ -34,7 +97,76 @@ type connAddr struct {
 	conn *upstreamConn
 }
 
-func (c *upstreamConn) LocalAddr() net.Addr { return &c.local }
+func (c *upstreamConn) LocalAddr() net.Addr  { return &c.local }
+func (c *upstreamConn) RemoteAddr() net.Addr { return c.cur.Load().RemoteAddr() }
+
+func (c *upstreamConn) Read(p []byte) (int, error) {
+	n, err := c.cur.Load().Read(p)
+	if n > 0 {
+		c.kept = true
+	}
+	return n, err
+}
+
+func (c *upstreamConn) Write(p []byte) (int, error) {
+	s := c.cur.Load()
+	if c.kept {
+		c.kept = false
+		if s.peerDone() {
+			var err error
+			if s, err = c.redial(s); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return s.Write(p)
+}
+
+// redial replaces the socket old, which the pod is done with, by a new one;
+// its error is the dial's (the request went nowhere).
+func (c *upstreamConn) redial(old *podSocket) (*podSocket, error) {
+	_ = old.Close()
+	nc, err := c.fds.Dial(c.addr, c.timeout)
+	if err != nil {
+		return nil, err
+	}
+	s, err := newPodSocket(nc)
+	if err != nil {
+		_ = nc.Close()
+		return nil, err
+	}
+	if !c.writeDeadline.IsZero() {
+		_ = s.SetWriteDeadline(c.writeDeadline)
+	}
+	c.cur.Store(s)
+	// A Close while this dialed closed old; it must close s too.
+	if c.closed.Load() {
+		_ = s.Close()
+		return nil, net.ErrClosed
+	}
+	return s, nil
+}
+
+// Close may come from another goroutine (a client that left, a leg given
+// up) while the connection's own redials.
+func (c *upstreamConn) Close() error {
+	c.closed.Store(true)
+	return c.cur.Load().Close()
+}
+
+func (c *upstreamConn) SetDeadline(t time.Time) error {
+	c.writeDeadline = t
+	return c.cur.Load().SetDeadline(t)
+}
+
+func (c *upstreamConn) SetReadDeadline(t time.Time) error {
+	return c.cur.Load().SetReadDeadline(t)
+}
+
+func (c *upstreamConn) SetWriteDeadline(t time.Time) error {
+	c.writeDeadline = t
+	return c.cur.Load().SetWriteDeadline(t)
+}
 
 // upstreamDialer dials pods through fds (nil: no guard) and wraps the
 // connections.
@@ -44,7 +176,13 @@ func upstreamDialer(fds *limits.FDs) pool.DialFunc {
 		if err != nil {
 			return nil, err
 		}
-		uc := &upstreamConn{Conn: c}
+		s, err := newPodSocket(c)
+		if err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		uc := &upstreamConn{fds: fds, addr: addr, timeout: timeout}
+		uc.cur.Store(s)
 		uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
 		return uc, nil
 	}

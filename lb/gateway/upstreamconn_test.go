@@ -1,0 +1,166 @@
+package gateway
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// echoPod accepts connections and answers each line it reads with
+// "<n>:<line>", n counting its connections from 1; first, if set, is what
+// it sends on its first connection right after the first answer, unasked.
+type echoPod struct {
+	ln    net.Listener
+	conns chan net.Conn
+}
+
+func startEchoPod(t *testing.T, first string) *echoPod {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &echoPod{ln: ln, conns: make(chan net.Conn, 16)}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for n := 1; ; n++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.conns <- c
+			go func(n int) {
+				br := bufio.NewReader(c)
+				for i := 0; ; i++ {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					io.WriteString(c, strconv.Itoa(n)+":"+line)
+					if n == 1 && i == 0 && first != "" {
+						io.WriteString(c, first)
+					}
+				}
+			}(n)
+		}
+	}()
+	return p
+}
+
+// exchangeLine writes line on c and reads the answer.
+func exchangeLine(t *testing.T, c net.Conn, line string) string {
+	t.Helper()
+	if _, err := io.WriteString(c, line+"\n"); err != nil {
+		t.Fatalf("write %q: %v", line, err)
+	}
+	b := make([]byte, 64)
+	n, err := c.Read(b)
+	if err != nil {
+		t.Fatalf("read after %q: %v", line, err)
+	}
+	return strings.TrimSpace(string(b[:n]))
+}
+
+// TestUpstreamConnRedials: a kept connection the pod closed, or on which
+// it sent what no request asked for, is dialed anew before the next
+// request goes out, so the request reaches the pod; one the pod keeps is
+// used as it is; a pod that is gone refuses the new dial with an error the
+// gateway retries elsewhere (notSent).
+func TestUpstreamConnRedials(t *testing.T) {
+	dial := upstreamDialer(nil)
+
+	t.Run("kept", func(t *testing.T) {
+		p := startEchoPod(t, "")
+		c, err := dial(p.ln.Addr().String(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for _, want := range []string{"1:a", "1:b", "1:c"} {
+			if got := exchangeLine(t, c, want[2:]); got != want {
+				t.Fatalf("got %q, want %q", got, want)
+			}
+		}
+	})
+
+	t.Run("pod closed it", func(t *testing.T) {
+		p := startEchoPod(t, "")
+		c, err := dial(p.ln.Addr().String(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if got := exchangeLine(t, c, "a"); got != "1:a" {
+			t.Fatalf("got %q", got)
+		}
+		(<-p.conns).Close()
+		time.Sleep(50 * time.Millisecond) // the pod's FIN arrives
+		if got := exchangeLine(t, c, "b"); got != "2:b" {
+			t.Fatalf("after the pod closed the connection: got %q, want 2:b (on a new connection)", got)
+		}
+		if got := exchangeLine(t, c, "c"); got != "2:c" {
+			t.Fatalf("got %q, want 2:c (the new connection kept)", got)
+		}
+	})
+
+	t.Run("pod sent bytes unasked", func(t *testing.T) {
+		p := startEchoPod(t, "HTTP/1.1 408 Request Timeout\r\n\r\n")
+		c, err := dial(p.ln.Addr().String(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		b := make([]byte, 64)
+		io.WriteString(c, "a\n")
+		time.Sleep(50 * time.Millisecond) // the answer and the extra bytes
+		n, err := c.Read(b[:4])
+		if err != nil || string(b[:n]) != "1:a\n" {
+			t.Fatalf("read %q, %v", b[:n], err)
+		}
+		if got := exchangeLine(t, c, "b"); got != "2:b" {
+			t.Fatalf("got %q, want 2:b (on a new connection)", got)
+		}
+	})
+
+	t.Run("pod gone", func(t *testing.T) {
+		p := startEchoPod(t, "")
+		c, err := dial(p.ln.Addr().String(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if got := exchangeLine(t, c, "a"); got != "1:a" {
+			t.Fatalf("got %q", got)
+		}
+		p.ln.Close()
+		(<-p.conns).Close()
+		time.Sleep(50 * time.Millisecond)
+		_, err = io.WriteString(c, "b\n")
+		if err == nil || !notSent(err) {
+			t.Fatalf("write to a pod that is gone: %v; want a dial error the gateway retries elsewhere", err)
+		}
+	})
+}
+
+// TestUpstreamConnPeekAllocs: the look at a kept connection before each
+// request allocates nothing.
+func TestUpstreamConnPeekAllocs(t *testing.T) {
+	p := startEchoPod(t, "")
+	c, err := upstreamDialer(nil)(p.ln.Addr().String(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	uc := c.(*upstreamConn)
+	if n := testing.AllocsPerRun(100, func() {
+		if uc.cur.Load().peerDone() {
+			t.Fatal("a connection the pod keeps looks closed")
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per peek", n)
+	}
+}
