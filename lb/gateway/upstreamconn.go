@@ -62,13 +62,20 @@ type podSocket struct {
 	peekB  [1]byte
 }
 
-func newPodSocket(c net.Conn) (*podSocket, error) {
+// dialPodSocket dials a pod through fds.
+func dialPodSocket(fds *limits.FDs, addr string, timeout time.Duration) (*podSocket, error) {
+	c, err := fds.Dial(addr, timeout)
+	if err != nil {
+		return nil, err
+	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
+		_ = c.Close()
 		return nil, fmt.Errorf("pod connection %T has no socket", c)
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
+		_ = c.Close()
 		return nil, err
 	}
 	s := &podSocket{Conn: c, raw: raw}
@@ -126,13 +133,8 @@ func (c *upstreamConn) Write(p []byte) (int, error) {
 // its error is the dial's (the request went nowhere).
 func (c *upstreamConn) redial(old *podSocket) (*podSocket, error) {
 	_ = old.Close()
-	nc, err := c.fds.Dial(c.addr, c.timeout)
+	s, err := dialPodSocket(c.fds, c.addr, c.timeout)
 	if err != nil {
-		return nil, err
-	}
-	s, err := newPodSocket(nc)
-	if err != nil {
-		_ = nc.Close()
 		return nil, err
 	}
 	if !c.writeDeadline.IsZero() {
@@ -172,18 +174,13 @@ func (c *upstreamConn) SetWriteDeadline(t time.Time) error {
 // connections.
 func upstreamDialer(fds *limits.FDs) pool.DialFunc {
 	return func(addr string, timeout time.Duration) (net.Conn, error) {
-		c, err := fds.Dial(addr, timeout)
+		s, err := dialPodSocket(fds, addr, timeout)
 		if err != nil {
-			return nil, err
-		}
-		s, err := newPodSocket(c)
-		if err != nil {
-			_ = c.Close()
 			return nil, err
 		}
 		uc := &upstreamConn{fds: fds, addr: addr, timeout: timeout}
 		uc.cur.Store(s)
-		uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
+		uc.local = connAddr{Addr: s.LocalAddr(), conn: uc}
 		return uc, nil
 	}
 }

@@ -51,6 +51,18 @@ func startEchoPod(t *testing.T, first string) *echoPod {
 	return p
 }
 
+// dialEchoPod starts an echoPod and opens a pod connection to it.
+func dialEchoPod(t *testing.T, first string) (*echoPod, net.Conn) {
+	t.Helper()
+	p := startEchoPod(t, first)
+	c, err := upstreamDialer(nil)(p.ln.Addr().String(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return p, c
+}
+
 // exchangeLine writes line on c and reads the answer.
 func exchangeLine(t *testing.T, c net.Conn, line string) string {
 	t.Helper()
@@ -71,15 +83,8 @@ func exchangeLine(t *testing.T, c net.Conn, line string) string {
 // used as it is; a pod that is gone refuses the new dial with an error the
 // gateway retries elsewhere (notSent).
 func TestUpstreamConnRedials(t *testing.T) {
-	dial := upstreamDialer(nil)
-
 	t.Run("kept", func(t *testing.T) {
-		p := startEchoPod(t, "")
-		c, err := dial(p.ln.Addr().String(), time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		_, c := dialEchoPod(t, "")
 		for _, want := range []string{"1:a", "1:b", "1:c"} {
 			if got := exchangeLine(t, c, want[2:]); got != want {
 				t.Fatalf("got %q, want %q", got, want)
@@ -88,12 +93,7 @@ func TestUpstreamConnRedials(t *testing.T) {
 	})
 
 	t.Run("pod closed it", func(t *testing.T) {
-		p := startEchoPod(t, "")
-		c, err := dial(p.ln.Addr().String(), time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		p, c := dialEchoPod(t, "")
 		if got := exchangeLine(t, c, "a"); got != "1:a" {
 			t.Fatalf("got %q", got)
 		}
@@ -108,12 +108,7 @@ func TestUpstreamConnRedials(t *testing.T) {
 	})
 
 	t.Run("pod sent bytes unasked", func(t *testing.T) {
-		p := startEchoPod(t, "HTTP/1.1 408 Request Timeout\r\n\r\n")
-		c, err := dial(p.ln.Addr().String(), time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		_, c := dialEchoPod(t, "HTTP/1.1 408 Request Timeout\r\n\r\n")
 		b := make([]byte, 64)
 		io.WriteString(c, "a\n")
 		time.Sleep(50 * time.Millisecond) // the answer and the extra bytes
@@ -127,19 +122,14 @@ func TestUpstreamConnRedials(t *testing.T) {
 	})
 
 	t.Run("pod gone", func(t *testing.T) {
-		p := startEchoPod(t, "")
-		c, err := dial(p.ln.Addr().String(), time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		p, c := dialEchoPod(t, "")
 		if got := exchangeLine(t, c, "a"); got != "1:a" {
 			t.Fatalf("got %q", got)
 		}
 		p.ln.Close()
 		(<-p.conns).Close()
 		time.Sleep(50 * time.Millisecond)
-		_, err = io.WriteString(c, "b\n")
+		_, err := io.WriteString(c, "b\n")
 		if err == nil || !notSent(err) {
 			t.Fatalf("write to a pod that is gone: %v; want a dial error the gateway retries elsewhere", err)
 		}
@@ -149,12 +139,7 @@ func TestUpstreamConnRedials(t *testing.T) {
 // TestUpstreamConnPeekAllocs: the look at a kept connection before each
 // request allocates nothing.
 func TestUpstreamConnPeekAllocs(t *testing.T) {
-	p := startEchoPod(t, "")
-	c, err := upstreamDialer(nil)(p.ln.Addr().String(), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, c := dialEchoPod(t, "")
 	uc := c.(*upstreamConn)
 	if n := testing.AllocsPerRun(100, func() {
 		if uc.cur.Load().peerDone() {
