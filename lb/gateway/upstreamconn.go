@@ -129,13 +129,15 @@ func (c *upstreamConn) Write(p []byte) (int, error) {
 	return s.Write(p)
 }
 
-// redial replaces the socket old, which the pod is done with, by a new one;
-// its error is the dial's (the request went nowhere).
+// redial replaces the socket old, which the pod is done with, by a new one.
+// Its error wraps the dial's (the request went nowhere, notSent): wrapped,
+// because fasthttp turns an error that says Timeout() itself into its
+// ErrTimeout, which would hide the dial.
 func (c *upstreamConn) redial(old *podSocket) (*podSocket, error) {
 	_ = old.Close()
 	s, err := dialPodSocket(c.fds, c.addr, c.timeout)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("the pod closed a kept connection, and dialing it again failed: %w", err)
 	}
 	if !c.writeDeadline.IsZero() {
 		_ = s.SetWriteDeadline(c.writeDeadline)

@@ -133,6 +133,11 @@ func TestUpstreamConnRedials(t *testing.T) {
 		if err == nil || !notSent(err) {
 			t.Fatalf("write to a pod that is gone: %v; want a dial error the gateway retries elsewhere", err)
 		}
+		// fasthttp makes ErrTimeout of an error that is a timeout itself;
+		// a dial that timed out must stay a dial.
+		if _, ok := err.(interface{ Timeout() bool }); ok {
+			t.Fatalf("the redial's error %T says Timeout() itself", err)
+		}
 	})
 }
 
