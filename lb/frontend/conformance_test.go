@@ -612,3 +612,37 @@ func TestShutdownInTwoSteps(t *testing.T) {
 		})
 	}
 }
+
+// TestRebindAfterShutdown: connections the server closed first wait out
+// TIME_WAIT on its port; a listener that sets SO_REUSEADDR without
+// SO_REUSEPORT (Go's, nginx's, the other front end) must still bind it at
+// once after a shutdown, as when an operator restarts or rolls back.
+func TestRebindAfterShutdown(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			s, err := frontend.Start(name, "127.0.0.1:0", newApp().handler(), frontend.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				c := dial(t, s.Addr())
+				c.send(t, post("/echo", "x", "Connection: close\r\n"))
+				resp, b := c.response(t)
+				expect(t, resp, b, 200, "x")
+				// The server's close comes first: its side of the
+				// connection is the one in TIME_WAIT.
+				if _, err := c.br.Read(make([]byte, 1)); err != io.EOF {
+					t.Fatalf("connection left open after Connection: close: %v", err)
+				}
+			}
+			if err := s.ShutdownWithContext(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", s.Addr())
+			if err != nil {
+				t.Fatalf("the port after a shutdown: %v", err)
+			}
+			ln.Close()
+		})
+	}
+}

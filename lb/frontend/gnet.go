@@ -88,6 +88,13 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 		s.runErr = gnet.Run(s, "tcp://"+s.addr,
 			gnet.WithNumEventLoop(eventLoops()),
 			gnet.WithReusePort(true),
+			// Without SO_REUSEADDR on the listeners, the connections
+			// they accepted and the gateway closed first wait out
+			// TIME_WAIT (60 s) without it too, and the kernel then
+			// refuses any listener on the port that does not also set
+			// SO_REUSEPORT: a restart on --frontend fasthttp, or a
+			// rollback to nginx, failed "address already in use".
+			gnet.WithReuseAddr(true),
 			gnet.WithTicker(true),
 			// Loops are not locked to their threads. gnet yields an idle
 			// loop with runtime.Gosched, and the runtime parks a locked
