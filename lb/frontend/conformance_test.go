@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -643,6 +644,91 @@ func TestRebindAfterShutdown(t *testing.T) {
 				t.Fatalf("the port after a shutdown: %v", err)
 			}
 			ln.Close()
+		})
+	}
+}
+
+// TestHandOverWhileDraining: a front end that begins a shutdown lets go
+// of its port at once, as an operator upgrading in place needs. A second
+// one started on the same port beforehand (SO_REUSEPORT) then gets every
+// new connection while the first finishes its stream; with nobody else on
+// the port, a new connection is refused (a dial error clients retry
+// elsewhere), never accepted and dropped.
+func TestHandOverWhileDraining(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			a := newApp()
+			old, err := frontend.Start(name, "127.0.0.1:0", a.handler(), frontend.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stream := dial(t, old.Addr())
+			stream.send(t, "GET /sse?gated=1&n=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+			a.step <- struct{}{}
+			resp, err := http.ReadResponse(stream.br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			events := bufio.NewReader(resp.Body)
+			if line, err := events.ReadString('\n'); err != nil || line != "data: 0\n" {
+				t.Fatalf("first event: %q, %v", line, err)
+			}
+
+			h := newApp().handler()
+			serveNew := h.Serve
+			h.Serve = func(ctx *fasthttp.RequestCtx) {
+				ctx.Response.Header.Set("X-Server", "new")
+				serveNew(ctx)
+			}
+			next, err := frontend.Start(name, old.Addr(), h, frontend.Options{})
+			if err != nil {
+				t.Fatalf("a second front end on the port: %v", err)
+			}
+			drained := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				drained <- old.ShutdownWithContext(ctx)
+			}()
+			// Once the shutdown began, every new connection is the new
+			// front end's (a connection queued on the old one before may
+			// be reset: the streak starts after it).
+			deadline := time.Now().Add(5 * time.Second)
+			for streak := 0; streak < 32; {
+				if time.Now().After(deadline) {
+					t.Fatalf("new connections still reach the draining front end (%d in a row answered by the new one)", streak)
+				}
+				streak++
+				c, err := net.Dial("tcp", old.Addr())
+				if err != nil {
+					streak = 0
+					continue
+				}
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, err := io.WriteString(c, post("/echo", "hi")); err != nil {
+					streak = 0
+				} else if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.Header.Get("X-Server") != "new" {
+					streak = 0
+				}
+				c.Close()
+			}
+			if err := next.ShutdownWithContext(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if c, err := net.Dial("tcp", old.Addr()); !errors.Is(err, syscall.ECONNREFUSED) {
+				if err == nil {
+					c.Close()
+				}
+				t.Fatalf("a connection to the port of a draining front end: %v, want it refused", err)
+			}
+			a.step <- struct{}{}
+			rest, err := io.ReadAll(events)
+			if err != nil || !strings.HasPrefix(string(rest), "\ndata: 1\n\n") {
+				t.Fatalf("the stream after the hand-over: %q, %v", rest, err)
+			}
+			if err := <-drained; err != nil {
+				t.Fatalf("shutdown: %v", err)
+			}
 		})
 	}
 }

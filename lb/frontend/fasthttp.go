@@ -5,7 +5,6 @@ package frontend
 import (
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"time"
 
@@ -122,6 +121,3 @@ func (o Options) withDefaults() Options {
 	}
 	return o
 }
-
-// Listen opens a TCP listener on addr.
-func Listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }

@@ -9,11 +9,9 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 )
 
 // GNet is an HTTP/1.1 server on gnet's event loops: one loop per core, each
@@ -60,6 +58,8 @@ type GNet struct {
 	// given; 0 until the first.
 	sweepEvery atomic.Int64
 	lastIdle   int64 // OnTick's last idle sweep, unix nanoseconds
+	// listeners are the loops' listening sockets (closeListeners).
+	listeners []listenerFD
 }
 
 // tick is how often OnTick advances the clock and closes idle connections;
@@ -77,12 +77,20 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	// Each loop binds its own socket to addr, and each bind to port 0 would
 	// get a port of its own. A port is chosen first, with a socket that holds
 	// it until the loops are bound beside it.
-	hold, err := reservePort(addr)
+	binding.Lock()
+	defer binding.Unlock()
+	hold, err := listen(addr)
 	if err != nil {
 		return nil, err
 	}
 	s.addr = hold.Addr().String()
 	defer hold.Close()
+	// Listeners on the port before the loops bind are another front end's
+	// (closeListeners must not touch them); the hold is among them.
+	others, err := listenersOn(s.addr)
+	if err != nil {
+		return nil, err
+	}
 	go func() {
 		logger := &gnetLogger{}
 		s.runErr = gnet.Run(s, "tcp://"+s.addr,
@@ -128,6 +136,10 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	}()
 	select {
 	case <-s.ready:
+		if s.listeners, err = newListeners(s.addr, others); err != nil {
+			_ = s.stop()
+			return nil, err
+		}
 		return s, nil
 	case <-s.stopped:
 		return nil, fmt.Errorf("gnet: %w", s.runErr)
@@ -173,21 +185,6 @@ func releaseLoops() {
 	}
 }
 
-// reservePort listens on addr with SO_REUSEPORT, so the loops can bind the
-// same port while it is open.
-func reservePort(addr string) (net.Listener, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}}
-	return lc.Listen(context.Background(), "tcp", addr)
-}
-
 // Addr is the address the loops listen on.
 func (s *GNet) Addr() string { return s.addr }
 
@@ -204,6 +201,10 @@ func (s *GNet) Done() <-chan error { return s.failed }
 func (s *GNet) ShutdownWithContext(ctx context.Context) error {
 	first := !s.shutdown.Swap(true)
 	if first {
+		if err := s.closeListeners(); err != nil && s.o.Log != nil {
+			// OnOpen still refuses what the loops accept from here on.
+			s.o.Log.Warn("frontend: the listeners stay open while requests drain", "err", err)
+		}
 		s.closeIdle(0)
 	}
 	if err := s.drain(ctx); err != nil {

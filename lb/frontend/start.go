@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"syscall"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
 )
 
 // Names of the front ends, as configuration spells them.
@@ -30,7 +32,7 @@ type Server interface {
 func Start(name, addr string, h Handler, o Options) (Server, error) {
 	switch name {
 	case "", NameFastHTTP:
-		ln, err := Listen(addr)
+		ln, err := listen(addr)
 		if err != nil {
 			return nil, err
 		}
@@ -64,3 +66,20 @@ var (
 	_ Server = (*fastServer)(nil)
 	_ Server = (*GNet)(nil)
 )
+
+// listen opens a TCP listener on addr with SO_REUSEPORT, as gnet's loops
+// bind theirs: the loops bind beside it, and a pdlb started on the port of
+// one that drains (after its ShutdownWithContext began) takes the new
+// connections at once, on either front end.
+func listen(addr string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
