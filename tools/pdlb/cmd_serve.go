@@ -114,6 +114,12 @@ config file, e.g.
 // changes, and applies its fleet without dropping connections.
 func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, started func(*lb.Server),
 	reload func() (config.Config, error), path string) error {
+	// Caught from before the gateway starts: a SIGHUP or logrotate's
+	// SIGUSR1 (by default each terminates) sent while it starts must not
+	// kill it, and a SIGTERM then stops it once it has started.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
+	defer signal.Stop(sig)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	srv, err := lb.Start(cfg, log)
 	if err != nil {
@@ -123,9 +129,6 @@ func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, 
 	if started != nil {
 		started(srv)
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
-	defer signal.Stop(sig)
 	changed := make(chan struct{}, 1)
 	if reload != nil {
 		ctx, cancel := context.WithCancel(context.Background())

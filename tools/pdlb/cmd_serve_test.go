@@ -1,0 +1,134 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"pdlb/engines/sim"
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// TestServeSignals: what an operator's signals do to `pdlb serve`, as the
+// README and the systemd unit of docs/tuning.md rely on. SIGUSR1
+// (logrotate's postrotate) reopens the access log at its path; SIGHUP
+// reloads the config file's fleet; SIGTERM closes the port, drains and
+// returns. The signals go to the test process itself, which serve catches
+// as it would in its own.
+func TestServeSignals(t *testing.T) {
+	pods := map[string]string{}
+	for _, model := range []string{"m", "n"} {
+		p, err := sim.Start(sim.Config{Name: model + "-0", Model: model, Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		pods[model] = p.Addr()
+	}
+	dir := t.TempDir()
+	path, accessLog := filepath.Join(dir, "pdlb.yaml"), filepath.Join(dir, "access.log")
+	writeConfig := func(models ...string) {
+		t.Helper()
+		var b strings.Builder
+		fmt.Fprintf(&b, "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\naccess_log: %s\npods:\n", accessLog)
+		for _, m := range models {
+			fmt.Fprintf(&b, "  - {model: %s, address: %q}\n", m, pods[m])
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeConfig("m")
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The file serve watches never changes, so only SIGHUP reloads.
+	watched := filepath.Join(dir, "unchanged.yaml")
+	if err := os.WriteFile(watched, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan *lb.Server, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serveUntilSignal(cfg, 10*time.Second, io.Discard, func(s *lb.Server) { started <- s },
+			func() (config.Config, error) { return config.Load(path) }, watched)
+	}()
+	var srv *lb.Server
+	select {
+	case srv = <-started:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	api := "http://" + srv.Addr()
+	models := func() string {
+		resp, err := http.Get(api + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	// until polls what the request before it changed, for up to 10 s.
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10 s", what)
+			}
+		}
+	}
+	signal := func(s syscall.Signal) {
+		t.Helper()
+		if err := syscall.Kill(os.Getpid(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logged := func(file string) func() bool {
+		return func() bool {
+			b, _ := os.ReadFile(file)
+			return strings.Contains(string(b), "/v1/models")
+		}
+	}
+
+	models()
+	until("the first access log line", logged(accessLog))
+	if err := os.Rename(accessLog, accessLog+".1"); err != nil {
+		t.Fatal(err)
+	}
+	signal(syscall.SIGUSR1)
+	until("a line in the access log reopened on SIGUSR1", func() bool {
+		models()
+		return logged(accessLog)()
+	})
+
+	if got := models(); !strings.Contains(got, `"m"`) || strings.Contains(got, `"n"`) {
+		t.Fatalf("models before the reload: %s", got)
+	}
+	writeConfig("m", "n")
+	signal(syscall.SIGHUP)
+	until("model n served after SIGHUP", func() bool { return strings.Contains(models(), `"n"`) })
+
+	signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve after SIGTERM: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not return after SIGTERM")
+	}
+	if c, err := net.Dial("tcp", srv.Addr()); err == nil {
+		c.Close()
+		t.Fatal("the port still accepts after serve returned")
+	}
+}
