@@ -543,6 +543,15 @@ func TestGateway(t *testing.T) {
 				t.Fatalf("whole answer: %d %q", resp.StatusCode, b)
 			}
 
+			// The gateway's own answer: the same headers from either
+			// front end, and no Server header of its own (a proxied
+			// answer carries the pod's).
+			c.send(t, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+			resp, b = c.response(t)
+			if resp.StatusCode != 200 || !strings.Contains(b, `"id":"m"`) || resp.Header.Get("Server") != "" {
+				t.Fatalf("models: %d %v %q", resp.StatusCode, resp.Header, b)
+			}
+
 			c.send(t, post("/v1/chat/completions", strings.Repeat(" ", testMaxBody+1)))
 			resp, b = c.response(t)
 			expectError(t, resp, b, 413)

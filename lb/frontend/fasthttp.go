@@ -57,7 +57,6 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:               h.Serve,
 		ErrorHandler:          h.Error,
-		Name:                  "pdlb",
 		MaxRequestBodySize:    o.MaxBodyBytes,
 		ReadBufferSize:        o.MaxHeaderBytes,
 		ReadTimeout:           o.ReadTimeout,
