@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -788,4 +789,40 @@ func TestExpectContinue(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBusyPodStaysIn: a pod whose /health answers after the check's
+// timeout while it serves requests, as a saturated vLLM does, stays in:
+// the model's only pod, it answers every request. Once nothing reaches
+// it, the same late answers take it out.
+func TestBusyPodStaysIn(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			time.Sleep(100 * time.Millisecond)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	t.Cleanup(srv.Close)
+	s := testGateway(t, []config.Pod{{Name: "busy", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}, func(c *config.Config) {
+		// Two checks in a row (about 240 ms) without an answer between
+		// them would take it out.
+		c.Health.Interval, c.Health.Timeout, c.Health.UnhealthyAfter = 100*time.Millisecond, 20*time.Millisecond, 2
+		c.Health.MetricsInterval = 0
+	})
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+			t.Fatalf("the busy pod's request: %d %s", resp.StatusCode, b)
+		}
+	}
+	testwait.For(t, "the pod out once no request reached it", func() bool {
+		resp, err := client.Get("http://" + s.Addr() + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 503
+	})
 }

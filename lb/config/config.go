@@ -178,7 +178,9 @@ type Health struct {
 	// once. An engine's API server answers /health late when it is busy
 	// (Python serving thousands of streams): one slow check taking a loaded
 	// pod out would move its load onto the others, whose checks then slow
-	// down in turn. One passing check marks a pod healthy again.
+	// down in turn; three in a row do as well under sustained load, so a
+	// check that times out while the pod answers requests is not counted
+	// at all. One passing check marks a pod healthy again.
 	UnhealthyAfter int `yaml:"unhealthy_after"`
 	// MetricsInterval between scrapes of each pod's /metrics (default 1s);
 	// 0 turns scraping off.

@@ -28,8 +28,9 @@ type Checker struct {
 
 // StartChecker starts checking every pod of s. cfg.UnhealthyAfter failed
 // checks in a row mark a pod unhealthy, a refused connection at once (a
-// strong signal: traffic must leave a dead pod within one interval); one
-// passing check marks it healthy again. Passive ejection (Pod.Eject) is
+// strong signal: traffic must leave a dead pod within one interval); a
+// check that timed out while the pod answered requests is not counted;
+// one passing check marks it healthy again. Passive ejection (Pod.Eject) is
 // separate and expires on its own, so a pod that answers /health but fails
 // requests stays out for its ejection time. keepalive is how long a
 // checker's connection to a pod may idle.
@@ -94,6 +95,15 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 		return
 	}
 	ok := err == nil && resp.StatusCode() == fasthttp.StatusOK
+	// A check that timed out on a pod that answered a request since the
+	// previous check says it is busy, not dead: a saturated engine's
+	// /health waits behind its work (vLLM's API server, uvicorn's one
+	// event loop, misses a 1 s timeout under load), and counting it
+	// would take every pod of a loaded fleet out at once.
+	answered := p.answered.Swap(false)
+	if !ok && answered && late(err) {
+		return
+	}
 	if ok {
 		p.checkFails.Store(0)
 	} else if int(p.checkFails.Add(1)) < c.cfg.UnhealthyAfter && !errors.Is(err, syscall.ECONNREFUSED) {
@@ -129,6 +139,15 @@ func (c *Checker) scrape(client *fasthttp.HostClient, p *Pod) {
 		}
 	}
 	p.setScraped(s)
+}
+
+// late reports whether a check failed for want of time: its timeout ran
+// out (fasthttp's own, or the dial's), or earlier checks still hold both
+// of the checker's connections waiting for their answers.
+func late(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) ||
+		errors.Is(err, fasthttp.ErrNoFreeConns) || (errors.As(err, &t) && t.Timeout())
 }
 
 func errText(err error, resp *fasthttp.Response) string {

@@ -80,3 +80,64 @@ func TestCheckUnhealthyAfter(t *testing.T) {
 		t.Fatalf("checks without a descriptor: healthy %v after %d failures counted", p.Healthy(), p.checkFails.Load())
 	}
 }
+
+// TestCheckTimeoutWhileAnswering: a saturated engine's /health answers
+// late. A check that timed out does not count against a pod that answered
+// a request since the previous check; it does once the pod answers
+// nothing, and a failing status counts whatever the pod answers.
+func TestCheckTimeoutWhileAnswering(t *testing.T) {
+	var slow atomic.Bool
+	var status atomic.Int32
+	status.Store(http.StatusOK)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if slow.Load() {
+			time.Sleep(300 * time.Millisecond)
+		}
+		w.WriteHeader(int(status.Load()))
+	}))
+	defer srv.Close()
+	c := &Checker{cfg: config.Health{Timeout: 50 * time.Millisecond, UnhealthyAfter: 2}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	client := &fasthttp.HostClient{Addr: strings.TrimPrefix(srv.URL, "http://")}
+	defer client.CloseIdleConnections()
+	p := &Pod{Config: config.Pod{Address: client.Addr}, podState: &podState{}}
+	p.healthy.Store(true)
+
+	slow.Store(true)
+	for i := range 4 {
+		p.ReportSuccess() // a request answered between two checks
+		if c.check(client, p); !p.Healthy() || p.checkFails.Load() != 0 {
+			t.Fatalf("check %d timed out while the pod answered requests: healthy %v, %d failures counted", i+1, p.Healthy(), p.checkFails.Load())
+		}
+	}
+	for i, want := range []bool{true, false} {
+		if c.check(client, p); p.Healthy() != want {
+			t.Fatalf("timeout %d with no request answered: healthy %v, want %v", i+1, p.Healthy(), want)
+		}
+	}
+
+	slow.Store(false)
+	c.check(client, p)
+	status.Store(http.StatusServiceUnavailable)
+	for i, want := range []bool{true, false} {
+		p.ReportSuccess()
+		if c.check(client, p); p.Healthy() != want {
+			t.Fatalf("503 %d while the pod answered requests: healthy %v, want %v", i+1, p.Healthy(), want)
+		}
+	}
+}
+
+func TestLate(t *testing.T) {
+	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ETIMEDOUT)}
+	for err, want := range map[error]bool{
+		fasthttp.ErrTimeout:     true,
+		fasthttp.ErrDialTimeout: true,
+		fasthttp.ErrNoFreeConns: true, // the earlier checks still wait
+		timeout:                 true,
+		io.EOF:                  false,
+		&net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}: false,
+	} {
+		if late(err) != want {
+			t.Errorf("late(%v) = %v, want %v", err, !want, want)
+		}
+	}
+}

@@ -95,8 +95,11 @@ type podState struct {
 	// Client is the keep-alive connection pool to the pod.
 	Client *fasthttp.HostClient
 
-	fails          atomic.Int32
-	checkFails     atomic.Int32 // failed health checks in a row
+	fails      atomic.Int32
+	checkFails atomic.Int32 // failed health checks in a row
+	// answered says a request got the pod's answer since the last health
+	// check (Checker.check).
+	answered       atomic.Bool
 	ejections      atomic.Int64
 	kept           atomic.Int64
 	upstreamErrors atomic.Int64
@@ -251,8 +254,17 @@ func (p *Pod) setScraped(s *Scraped) {
 
 // ReportSuccess records a request or check the pod answered properly.
 func (p *Pod) ReportSuccess() {
-	p.fails.Store(0)
-	p.halfOpen.Store(false)
+	// Stores only when the value changes: every loop reports to the same
+	// pod, and a store would move the cache line at each request.
+	if p.fails.Load() != 0 {
+		p.fails.Store(0)
+	}
+	if p.halfOpen.Load() {
+		p.halfOpen.Store(false)
+	}
+	if !p.answered.Load() {
+		p.answered.Store(true)
+	}
 }
 
 // ReportFailure records a failed request and reports whether the pod is
