@@ -338,7 +338,7 @@ func (g *Gateway) streamError(x *exchange, err error) *openai.Error {
 			return e
 		}
 	}
-	if p.watched && isTimeout(err) {
+	if p.watched && pool.IsTimeout(err) {
 		if !x.req.Stream {
 			p.ctx.Response.Header.Set(headerDecodeError, "true")
 		}

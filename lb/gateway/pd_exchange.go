@@ -258,7 +258,7 @@ func (g *Gateway) watchdogLimit(x *exchange) time.Duration {
 // response headers: the watchdog's 504 when its deadline passed.
 func (g *Gateway) decodeFailure(x *exchange, err error) *pdFailure {
 	f := &pdFailure{header: headerDecodeError, retry: notSent(err)}
-	if x.pd.watched && isTimeout(err) {
+	if x.pd.watched && pool.IsTimeout(err) {
 		f.err = g.decodeWatchdog(x)
 	} else {
 		f.err = g.upstreamError(err, g.responseTimeout(x.req.Stream))

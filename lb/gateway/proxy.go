@@ -792,7 +792,7 @@ func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
 			Message: "The gateway is shutting down; retry the request."}
 	}
-	if isTimeout(err) {
+	if pool.IsTimeout(err) {
 		return openai.UpstreamTimeout(within)
 	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
@@ -807,12 +807,6 @@ func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 			Message: fmt.Sprintf("The gateway is at its open-files limit (%d) and cannot open a connection to the inference server; retry the request.", g.fds.Limit())}
 	}
 	return openai.UpstreamError(err.Error())
-}
-
-// isTimeout reports whether err is a deadline that passed.
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // asError maps any error of the request path to the OpenAI error returned.

@@ -87,8 +87,11 @@ func (f *FDs) Dial(addr string, timeout time.Duration) (net.Conn, error) {
 // once each hold a socket while they connect and may take another after,
 // so a socket is refused when its number plus two for each dial in
 // progress reaches the line.
+//
+// A host name in addr is resolved through the process's cache of pod
+// names (hostCache); its addresses are tried in turn within timeout.
 func (f *FDs) DialThen(addr string, timeout time.Duration, then func(net.Conn) error) error {
-	d := net.Dialer{Timeout: timeout}
+	d := net.Dialer{Deadline: time.Now().Add(timeout)}
 	var admitted atomic.Int64
 	if f != nil {
 		// Control runs once per address tried (twice when IPv4 and IPv6
@@ -102,11 +105,30 @@ func (f *FDs) DialThen(addr string, timeout time.Duration, then func(net.Conn) e
 		}
 		defer func() { f.dialing.Add(-admitted.Load()) }()
 	}
-	c, err := d.Dial("tcp", addr)
+	c, err := dialHost(&d, addr, timeout)
 	if err != nil {
 		return OutOfFDs(err)
 	}
 	return OutOfFDs(then(c))
+}
+
+// dialHost dials addr with d, by the addresses podHosts has for its host.
+func dialHost(d *net.Dialer, addr string, timeout time.Duration) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+	}
+	ips, err := podHosts.addrs(host, timeout)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+	}
+	for _, ip := range ips {
+		var c net.Conn
+		if c, err = d.Dial("tcp", net.JoinHostPort(ip.String(), port)); err == nil {
+			return c, nil
+		}
+	}
+	return nil, err
 }
 
 // control runs between socket() and connect(): a refused socket is closed

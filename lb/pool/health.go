@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"syscall"
 	"time"
@@ -142,12 +143,15 @@ func (c *Checker) scrape(client *fasthttp.HostClient, p *Pod) {
 }
 
 // late reports whether a check failed for want of time: its timeout ran
-// out (fasthttp's own, or the dial's), or earlier checks still hold both
-// of the checker's connections waiting for their answers.
-func late(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) ||
-		errors.Is(err, fasthttp.ErrNoFreeConns) || (errors.As(err, &t) && t.Timeout())
+// out, or earlier checks still hold both of the checker's connections
+// waiting for their answers.
+func late(err error) bool { return IsTimeout(err) || errors.Is(err, fasthttp.ErrNoFreeConns) }
+
+// IsTimeout reports whether an exchange with a pod failed because a
+// timeout ran out: fasthttp's own, the dial's, or a socket deadline's.
+func IsTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 func errText(err error, resp *fasthttp.Response) string {
