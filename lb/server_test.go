@@ -648,14 +648,7 @@ func TestUnhealthyPodsGive503(t *testing.T) {
 	}
 	// A refused request counts one failure against the pod; the health
 	// check (every 50 ms here) is what takes it out of /ready.
-	testwait.For(t, "/ready to answer 503 with no healthy pod", func() bool {
-		resp, err := client.Get("http://" + s.Addr() + "/ready")
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 503
-	})
+	waitNotReady(t, s, "/ready to answer 503 with no healthy pod")
 }
 
 func TestShedsOverMaxInFlight(t *testing.T) {
@@ -817,7 +810,13 @@ func TestBusyPodStaysIn(t *testing.T) {
 			t.Fatalf("the busy pod's request: %d %s", resp.StatusCode, b)
 		}
 	}
-	testwait.For(t, "the pod out once no request reached it", func() bool {
+	waitNotReady(t, s, "the pod out once no request reached it")
+}
+
+// waitNotReady waits for s's /ready to answer 503 (no healthy pod).
+func waitNotReady(t *testing.T, s *lb.Server, what string) {
+	t.Helper()
+	testwait.For(t, what, func() bool {
 		resp, err := client.Get("http://" + s.Addr() + "/ready")
 		if err != nil {
 			t.Fatal(err)

@@ -576,6 +576,29 @@ func TestHeaderNamesAnyCase(t *testing.T) {
 	})
 }
 
+// serveStream starts front end name with a's handler and opens a gated
+// stream of two events on it; its body comes back with the first event
+// read (the second waits for a.step).
+func serveStream(t *testing.T, name string, a *app) (frontend.Server, *bufio.Reader) {
+	t.Helper()
+	s, err := frontend.Start(name, "127.0.0.1:0", a.handler(), frontend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, s.Addr())
+	c.send(t, "GET /sse?gated=1&n=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+	a.step <- struct{}{}
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "data: 0\n" {
+		t.Fatalf("first event: %q, %v", line, err)
+	}
+	return s, br
+}
+
 // TestShutdownInTwoSteps: a shutdown whose grace runs out leaves the
 // streams still served running, so the caller can end them cleanly (the
 // gateway sends each an error event) and call again.
@@ -583,21 +606,7 @@ func TestShutdownInTwoSteps(t *testing.T) {
 	for _, name := range frontEnds {
 		t.Run(name, func(t *testing.T) {
 			a := newApp()
-			s, err := frontend.Start(name, "127.0.0.1:0", a.handler(), frontend.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := dial(t, s.Addr())
-			c.send(t, "GET /sse?gated=1&n=2 HTTP/1.1\r\nHost: x\r\n\r\n")
-			a.step <- struct{}{}
-			resp, err := http.ReadResponse(c.br, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			br := bufio.NewReader(resp.Body)
-			if line, err := br.ReadString('\n'); err != nil || line != "data: 0\n" {
-				t.Fatalf("first event: %q, %v", line, err)
-			}
+			s, br := serveStream(t, name, a)
 			short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancel()
 			if err := s.ShutdownWithContext(short); !errors.Is(err, context.DeadlineExceeded) {
@@ -667,21 +676,7 @@ func TestHandOverWhileDraining(t *testing.T) {
 	for _, name := range frontEnds {
 		t.Run(name, func(t *testing.T) {
 			a := newApp()
-			old, err := frontend.Start(name, "127.0.0.1:0", a.handler(), frontend.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			stream := dial(t, old.Addr())
-			stream.send(t, "GET /sse?gated=1&n=2 HTTP/1.1\r\nHost: x\r\n\r\n")
-			a.step <- struct{}{}
-			resp, err := http.ReadResponse(stream.br, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			events := bufio.NewReader(resp.Body)
-			if line, err := events.ReadString('\n'); err != nil || line != "data: 0\n" {
-				t.Fatalf("first event: %q, %v", line, err)
-			}
+			old, events := serveStream(t, name, a)
 
 			h := newApp().handler()
 			serveNew := h.Serve
