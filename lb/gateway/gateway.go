@@ -51,10 +51,11 @@ type Gateway struct {
 	// mu serialises reloads; it guards checker and kv, which a reload
 	// replaces, and is never taken on the request path.
 	mu sync.Mutex
-	// ejectMu serialises passive ejections (podFailed), which are rare; it
-	// guards keptLogged, when a pod kept in was last logged.
-	ejectMu    sync.Mutex
-	keptLogged int64
+	// ejectMu serialises passive ejections (podFailed), which are rare.
+	ejectMu sync.Mutex
+	// keptLog and notSentLog space the lines of a pod kept in at the
+	// ejection cap and of a request moved to another pod.
+	keptLog, notSentLog spacedLog
 	// kv follows the pods' KV events into the models' prefix indexes.
 	kv *kvFeeds
 	// stop ends the background loops (ledger janitor, shared ledger).

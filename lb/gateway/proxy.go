@@ -366,6 +366,9 @@ func (g *Gateway) attempt(m *pool.Model, x *exchange, pod *pool.Pod, up *fasthtt
 	g.place(m, x, pod)
 }
 
+// notSentLogEvery spaces the lines of requests moved to another pod.
+const notSentLogEvery = time.Second
+
 // attemptFailed takes back pod's charge for a failed attempt and reports
 // whether another pod may take the request: it was not sent (notSent), so
 // the pod received nothing, and retries are left.
@@ -375,7 +378,9 @@ func (g *Gateway) attemptFailed(x *exchange, pod *pool.Pod, err error) bool {
 	if !notSent(err) || len(x.tried) > g.cfg.Upstream.Retries {
 		return false
 	}
-	g.log.Warn("request not sent to pod; trying another", "pod", pod.Config.Name, "err", err)
+	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
+		g.log.Warn("request not sent to pod; trying another", "pod", pod.Config.Name, "err", err, "suppressed", held)
+	}
 	return true
 }
 
@@ -737,10 +742,9 @@ func (g *Gateway) podFailed(p *pool.Pod) {
 		p.KeepIn()
 		// When a whole model fails this comes with every few failures:
 		// one line per ejection time says it, the metric counts it.
-		if g.keptLogged == 0 || now-g.keptLogged >= int64(h.EjectionTime) {
-			g.keptLogged = now
+		if held, ok := g.keptLog.allow(now, h.EjectionTime); ok {
 			g.log.Warn("pod failing but kept in: health.max_ejected_percent of its model's pods are ejected (pdlb_pod_ejections_kept_total counts these)",
-				"pod", p.Config.Name, "model", p.Config.Model, "max_ejected_percent", h.MaxEjectedPercent)
+				"pod", p.Config.Name, "model", p.Config.Model, "max_ejected_percent", h.MaxEjectedPercent, "suppressed", held)
 		}
 		return
 	}
