@@ -140,6 +140,15 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 			_ = s.stop()
 			return nil, err
 		}
+		// The guard weighs the descriptors open now (listeners, pollers,
+		// the process's own) plus the loops' connections, clients' and
+		// pods' alike, with each socket's number.
+		base, err := openDescriptors()
+		if err != nil {
+			_ = s.stop()
+			return nil, err
+		}
+		s.o.FDs.SetOpen(func() int { return base + s.eng.CountConnections() })
 		return s, nil
 	case <-s.stopped:
 		return nil, fmt.Errorf("gnet: %w", s.runErr)

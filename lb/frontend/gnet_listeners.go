@@ -76,6 +76,13 @@ func newListeners(addr string, before []listenerFD) ([]listenerFD, error) {
 	return slices.DeleteFunc(now, func(ln listenerFD) bool { return slices.Contains(before, ln) }), nil
 }
 
+// openDescriptors counts the process's open descriptors.
+func openDescriptors() (int, error) {
+	entries, err := os.ReadDir("/proc/self/fd")
+	// Less the directory's own, open while it was read.
+	return len(entries) - 1, err
+}
+
 // listenersOn lists the process's descriptors that are TCP sockets
 // listening on addr.
 func listenersOn(addr string) ([]listenerFD, error) {

@@ -21,7 +21,12 @@ import (
 // connections still reach their pods, and what stays free covers a few
 // accepts at a time and the descriptors nothing here counts (health
 // checks, scrapes, event loops). The kernel gives out the lowest free
-// descriptor, so a socket's number says how full the table is, at no cost.
+// descriptor, so a socket's number says how full the table is below it, at
+// no cost; it says nothing of the descriptors in use above it, which
+// connections closed low in the table leave behind (a flood's resets, its
+// 503s). A front end that can count its sockets (SetOpen) makes the guard
+// take the larger of the two: on gnet, a table filled through such holes
+// let an accept fail with EMFILE, which stopped the engine.
 // A nil *FDs guards nothing.
 type FDs struct {
 	limit                int
@@ -29,7 +34,9 @@ type FDs struct {
 	shed, refused        atomic.Uint64
 	// dialing counts the dials admitted and not yet done (DialThen).
 	dialing atomic.Int64
-	log     *slog.Logger
+	// open, if set, estimates the descriptors the process holds (SetOpen).
+	open atomic.Pointer[func() int]
+	log  *slog.Logger
 	// warned is when the last warning was logged (monoNow), 0 before.
 	warned atomic.Int64
 }
@@ -61,10 +68,33 @@ func FDsFor(limit int, log *slog.Logger) *FDs {
 // 1/16 of them, between 16 and 256.
 func FDReserve(limit int) int { return min(max(limit/16, 16), 256) }
 
+// SetOpen gives the guard an estimate of the descriptors the process
+// holds (those open when the front end started, plus its sockets), which
+// it weighs with each socket's number; nil takes it back.
+func (f *FDs) SetOpen(open func() int) {
+	if f == nil {
+		return
+	}
+	if open == nil {
+		f.open.Store(nil)
+		return
+	}
+	f.open.Store(&open)
+}
+
+// used is how full the table is, as far as the guard can tell, given a
+// socket just numbered fd.
+func (f *FDs) used(fd int) int {
+	if open := f.open.Load(); open != nil {
+		return max(fd, (*open)())
+	}
+	return fd
+}
+
 // Accept reports whether a client connection on descriptor fd may stay
 // open; on false the caller closes it.
 func (f *FDs) Accept(fd int) bool {
-	if f == nil || fd < f.acceptLine {
+	if f == nil || f.used(fd) < f.acceptLine {
 		return true
 	}
 	f.shed.Add(1)
@@ -138,7 +168,7 @@ func (f *FDs) control(c syscall.RawConn) error {
 	if err := c.Control(func(s uintptr) { fd = s }); err != nil {
 		return err
 	}
-	if n := f.dialing.Add(1); int(fd)+2*int(n) < f.dialLine {
+	if n := f.dialing.Add(1); f.used(int(fd))+2*int(n) < f.dialLine {
 		return nil
 	}
 	f.dialing.Add(-1)

@@ -29,6 +29,38 @@ func TestFDReserve(t *testing.T) {
 	}
 }
 
+// TestFDsOpenEstimate: connections closed low in the table leave holes,
+// so a socket's number can be far below how many descriptors are in use;
+// with an estimate of those (SetOpen) the guard goes by the larger.
+func TestFDsOpenEstimate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f := FDsFor(1024, nil)
+	open := 900
+	f.SetOpen(func() int { return open })
+	if !f.Accept(10) || f.Accept(1000) {
+		t.Fatal("under the line by both the number and the estimate: refused")
+	}
+	open = 960
+	if f.Accept(10) {
+		t.Fatal("a low socket number accepted with the table at the line by the estimate")
+	}
+	if _, err := f.Dial(ln.Addr().String(), time.Second); err != nil {
+		t.Fatalf("a dial under the dial line (992): %v", err)
+	}
+	open = 991 // with the dial itself counted twice, over it
+	if _, err := f.Dial(ln.Addr().String(), time.Second); !errors.Is(err, ErrOutOfFDs) {
+		t.Fatalf("a dial over the line by the estimate: %v", err)
+	}
+	f.SetOpen(nil)
+	if !f.Accept(10) {
+		t.Fatal("the estimate taken back, a low socket refused")
+	}
+}
+
 // A dial over the line never connects: the pod sees nothing, and the
 // error says so in a dial error.
 func TestFDsDialRefused(t *testing.T) {
