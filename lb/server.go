@@ -183,6 +183,10 @@ func (s *Server) Reload(cfg config.Config) error { return s.Gateway.Reload(cfg) 
 // ReopenLogs opens the access log's file anew, after rotation moved it.
 func (s *Server) ReopenLogs() error { return s.Gateway.ReopenLogs() }
 
+// Drain announces the shutdown to come (gateway.Gateway.Drain) while it
+// serves on.
+func (s *Server) Drain() { s.Gateway.Drain() }
+
 // WatchFile calls changed whenever the file at path changes (its size or
 // modification time), checking every interval until ctx ends. Editors that
 // replace the file rather than write it are seen too.

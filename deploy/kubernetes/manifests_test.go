@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 	appsv1 "k8s.io/api/apps/v1"
@@ -142,8 +143,17 @@ func TestManifests(t *testing.T) {
 		t.Fatalf("containers: %d", len(pod.Spec.Containers))
 	}
 	c := pod.Spec.Containers[0]
-	if len(c.Args) != 3 || c.Args[0] != "serve" || c.Args[1] != "--config" {
-		t.Fatalf("args %q, want serve --config FILE", c.Args)
+	if len(c.Args) != 5 || c.Args[0] != "serve" || c.Args[1] != "--config" || c.Args[3] != "--shutdown-delay" {
+		t.Fatalf("args %q, want serve --config FILE --shutdown-delay D", c.Args)
+	}
+	// The grace period covers the drain and the default shutdown timeout
+	// (30 s) after it, or the kubelet kills streams pdlb still finishes.
+	delay, err := time.ParseDuration(c.Args[4])
+	if err != nil {
+		t.Fatalf("--shutdown-delay %q: %v", c.Args[4], err)
+	}
+	if g := pod.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < delay+30*time.Second {
+		t.Errorf("terminationGracePeriodSeconds %v is shorter than --shutdown-delay %v plus the 30 s shutdown timeout", g, delay)
 	}
 	dir, file := filepath.Split(c.Args[2])
 	mounted := false

@@ -51,6 +51,8 @@ type Gateway struct {
 	// mu serialises reloads; it guards checker and kv, which a reload
 	// replaces, and is never taken on the request path.
 	mu sync.Mutex
+	// draining is set by Drain.
+	draining atomic.Bool
 	// ejectMu serialises passive ejections (podFailed), which are rare.
 	ejectMu sync.Mutex
 	// keptLog and notSentLog space the lines of a pod kept in at the
@@ -226,6 +228,12 @@ func (g *Gateway) Conns() *limits.Conns { return g.conns }
 // FDs is the open-files guard, for the front end's accepts and dials.
 func (g *Gateway) FDs() *limits.FDs { return g.fds }
 
+// Drain announces a shutdown to come while requests are still served:
+// /ready answers 503, so balancers and Kubernetes stop sending new
+// clients, and every answer closes its connection, so keep-alive clients
+// reconnect elsewhere.
+func (g *Gateway) Drain() { g.draining.Store(true) }
+
 // Close stops the health checks, KV-event feeds and background loops, and
 // closes idle upstream connections.
 func (g *Gateway) Close() {
@@ -258,6 +266,10 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 	var start time.Time
 	if g.access != nil {
 		start = time.Now()
+	}
+	if g.draining.Load() {
+		// Each client moves to another replica after this answer.
+		ctx.SetConnectionClose()
 	}
 	path := ctx.Path()
 	if n := ctx.Request.Header.Len(); n > g.cfg.MaxHeaders {
@@ -341,6 +353,11 @@ func (g *Gateway) requestError(ctx *fasthttp.RequestCtx, err error) *openai.Erro
 // serveReady answers 200 when every model has an available pod, else 503
 // naming those that have none.
 func (g *Gateway) serveReady(ctx *fasthttp.RequestCtx) {
+	if g.draining.Load() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString("draining\n")
+		return
+	}
 	now := g.ledger.Now()
 	snap := g.pool.Load()
 	if len(snap.Models) == 0 {

@@ -67,7 +67,7 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		cfg.Pods = append(cfg.Pods, demoPod(p))
 	}
 	gf.apply(&cfg)
-	return serveUntilSignal(cfg, gf.shutdown, stdout, func(s *lb.Server) {
+	return serveUntilSignal(cfg, gf.stopping(), stdout, func(s *lb.Server) {
 		printDemo(stdout, s, fleet)
 	}, nil, "")
 }

@@ -33,7 +33,7 @@ func (p *podFlags) Set(s string) error {
 // gatewayFlags are the flags serve and demo share.
 type gatewayFlags struct {
 	listen, admin, frontend, accessLog string
-	shutdown                           time.Duration
+	shutdown, delay                    time.Duration
 }
 
 func (f *gatewayFlags) register(fs *flag.FlagSet) {
@@ -42,6 +42,7 @@ func (f *gatewayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+", or the config file's)")
 	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output; reopened on SIGUSR1; default none, or the config file's)")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
+	fs.DurationVar(&f.delay, "shutdown-delay", 0, "on SIGINT/SIGTERM, how long to go on serving first with /ready answering 503 and each answer closing its connection, so balancers and Kubernetes endpoints move clients away (a second signal ends it)")
 }
 
 func (f *gatewayFlags) apply(cfg *config.Config) {
@@ -105,14 +106,21 @@ config file, e.g.
 	if path == "" {
 		load = nil
 	}
-	return serveUntilSignal(cfg, gf.shutdown, stdout, nil, load, path)
+	return serveUntilSignal(cfg, gf.stopping(), stdout, nil, load, path)
 }
 
+// stopping is how serve stops on SIGINT or SIGTERM: it drains for delay,
+// then shuts down, letting requests in flight finish within grace.
+type stopping struct{ delay, grace time.Duration }
+
+func (f *gatewayFlags) stopping() stopping { return stopping{delay: f.delay, grace: f.shutdown} }
+
 // serveUntilSignal runs the gateway until SIGINT or SIGTERM, then shuts it
-// down gracefully. started, if set, runs once the gateway listens. reload,
-// if set, reads the configuration again on SIGHUP and when the file at path
-// changes, and applies its fleet without dropping connections.
-func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, started func(*lb.Server),
+// down gracefully (stop). started, if set, runs once the gateway listens.
+// reload, if set, reads the configuration again on SIGHUP and when the
+// file at path changes, and applies its fleet without dropping
+// connections.
+func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, started func(*lb.Server),
 	reload func() (config.Config, error), path string) error {
 	// Caught from before the gateway starts: a SIGHUP or logrotate's
 	// SIGUSR1 (by default each terminates) sent while it starts must not
@@ -167,7 +175,18 @@ func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, 
 				}
 				continue
 			}
-			log.Info("shutting down", "signal", s.String(), "grace", grace)
+			if stop.delay > 0 {
+				log.Info("draining before the shutdown: /ready answers 503, answers close their connections", "signal", s.String(), "for", stop.delay)
+				srv.Drain()
+				select {
+				case <-time.After(stop.delay):
+				case s = <-sig:
+					log.Info("drain cut short", "signal", s.String())
+				case err := <-srv.Done():
+					return err
+				}
+			}
+			log.Info("shutting down", "signal", s.String(), "grace", stop.grace)
 		case <-changed:
 			apply("file changed")
 			continue
@@ -176,7 +195,7 @@ func serveUntilSignal(cfg config.Config, grace time.Duration, stdout io.Writer, 
 		}
 		break
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	ctx, cancel := context.WithTimeout(context.Background(), stop.grace)
 	defer cancel()
 	return srv.Shutdown(ctx)
 }

@@ -18,9 +18,10 @@ import (
 )
 
 // TestServeSignals: what an operator's signals do to `pdlb serve`, as the
-// README and the systemd unit of docs/tuning.md rely on. SIGUSR1
-// (logrotate's postrotate) reopens the access log at its path; SIGHUP
-// reloads the config file's fleet; SIGTERM closes the port, drains and
+// README, the systemd unit of docs/tuning.md and the Kubernetes manifest
+// rely on. SIGUSR1 (logrotate's postrotate) reopens the access log at its
+// path; SIGHUP reloads the config file's fleet; SIGTERM drains for
+// --shutdown-delay, then closes the port, finishes what is in flight and
 // returns. The signals go to the test process itself, which serve catches
 // as it would in its own.
 func TestServeSignals(t *testing.T) {
@@ -59,7 +60,7 @@ func TestServeSignals(t *testing.T) {
 	started := make(chan *lb.Server, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- serveUntilSignal(cfg, 10*time.Second, io.Discard, func(s *lb.Server) { started <- s },
+		done <- serveUntilSignal(cfg, stopping{delay: 2 * time.Second, grace: 10 * time.Second}, io.Discard, func(s *lb.Server) { started <- s },
 			func() (config.Config, error) { return config.Load(path) }, watched)
 	}()
 	var srv *lb.Server
@@ -118,7 +119,25 @@ func TestServeSignals(t *testing.T) {
 	signal(syscall.SIGHUP)
 	until("model n served after SIGHUP", func() bool { return strings.Contains(models(), `"n"`) })
 
+	// SIGTERM: first a drain (--shutdown-delay), in which requests are
+	// served, each answer closing its connection, and /ready says 503.
 	signal(syscall.SIGTERM)
+	until("/ready answering 503 while draining", func() bool {
+		resp, err := http.Get(api + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	resp, err := http.Post(api+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"n","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatalf("a request while draining: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Fatalf("a request while draining: %d, connection close %v; want 200 closing its connection", resp.StatusCode, resp.Close)
+	}
 	select {
 	case err := <-done:
 		if err != nil {
