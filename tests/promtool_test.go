@@ -48,6 +48,12 @@ func TestGatewayMetricsPassPromtool(t *testing.T) {
 	s := startGateway(t, pods, func(c *config.Config) { c.Admission.Enabled, c.Plan.Enabled = true, true })
 	sendTraffic(t, s, "mv", "ms")
 	exposition := fetch(t, "http://"+s.AdminAddr()+"/metrics")
+	// The series docs/tuning.md's open-files alert divides.
+	for _, family := range []string{"\nprocess_open_fds ", "\nprocess_max_fds "} {
+		if !bytes.Contains(exposition, []byte(family)) {
+			t.Errorf("no %s series on /metrics", strings.TrimSpace(family))
+		}
+	}
 	if problems := promtool(t, exposition); len(problems) > 0 {
 		t.Fatalf("promtool check metrics on the gateway's /metrics:\n%s", strings.Join(problems, "\n"))
 	}

@@ -190,7 +190,11 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.Metric
 })
 
 // writePrometheus writes the admin /metrics page: the gateway's series and
-// the process's, each family with its help text.
+// the process's, each family with its help text. The process's open and
+// maximum descriptors come apart from the rest (the library leaves them out
+// of WriteProcessMetrics for the cost of counting /proc/self/fd, one
+// directory read per scrape); the open-files alert docs/tuning.md advises
+// divides the two.
 func (m *gatewayMetrics) writePrometheus(w io.Writer) error {
-	return promtext.Write(w, metricsDoc, m.set.WritePrometheus, metrics.WriteProcessMetrics)
+	return promtext.Write(w, metricsDoc, m.set.WritePrometheus, metrics.WriteProcessMetrics, metrics.WriteFDMetrics)
 }
