@@ -48,7 +48,7 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 	var adminLn net.Listener
 	if cfg.Admin != "" {
 		var err error
-		if adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
+		if adminLn, err = frontend.Listen(cfg.Admin); err != nil {
 			return nil, fmt.Errorf("admin: %w", err)
 		}
 	}

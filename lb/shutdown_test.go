@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"pdlb/internal/testwait"
+	"pdlb/lb/config"
 )
 
 func TestShutdownLetsStreamsFinish(t *testing.T) {
@@ -71,5 +72,25 @@ func testShutdownDeadlineEndsStreams(t *testing.T, via *http.Client) {
 	}
 	if !strings.Contains(string(rest), `data: {"error":{"message":"The gateway is shutting down`) {
 		t.Fatalf("the cut stream ended without the error event: %q", rest[max(0, len(rest)-300):])
+	}
+}
+
+// TestUpgradeInPlace: a second gateway starts with the first one's
+// configuration, its API and admin addresses included, as the new binary
+// of an in-place upgrade does (docs/tuning.md), and serves the API alone
+// once the first shuts down.
+func TestUpgradeInPlace(t *testing.T) {
+	pods := podsOf("m", testFleet(t, "m", 1, 100)...)
+	old := testGateway(t, pods, nil)
+	next := testGateway(t, pods, func(c *config.Config) { c.Listen, c.Admin = old.Addr(), old.AdminAddr() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := old.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		if resp, b := post(t, next, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+			t.Fatalf("after the old gateway left: %d %s", resp.StatusCode, b)
+		}
 	}
 }

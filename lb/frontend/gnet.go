@@ -79,7 +79,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	// it until the loops are bound beside it.
 	binding.Lock()
 	defer binding.Unlock()
-	hold, err := listen(addr)
+	hold, err := Listen(addr)
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@ type Server interface {
 func Start(name, addr string, h Handler, o Options) (Server, error) {
 	switch name {
 	case "", NameFastHTTP:
-		ln, err := listen(addr)
+		ln, err := Listen(addr)
 		if err != nil {
 			return nil, err
 		}
@@ -67,11 +67,13 @@ var (
 	_ Server = (*GNet)(nil)
 )
 
-// listen opens a TCP listener on addr with SO_REUSEPORT, as gnet's loops
+// Listen opens a TCP listener on addr with SO_REUSEPORT, as gnet's loops
 // bind theirs: the loops bind beside it, and a pdlb started on the port of
 // one that drains (after its ShutdownWithContext began) takes the new
-// connections at once, on either front end.
-func listen(addr string) (net.Listener, error) {
+// connections at once, on either front end. The admin listener binds so
+// too, so that the new pdlb of an in-place upgrade starts with the same
+// configuration.
+func Listen(addr string) (net.Listener, error) {
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		if err := c.Control(func(fd uintptr) {
