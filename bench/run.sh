@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro sim plan live routing tokenload overload proxy sse chaos)
+SCENARIOS=(micro sim plan live routing tokenload overload proxy sse upgrade chaos)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -194,6 +194,11 @@ scenario_sse() {
 	for fe in fasthttp gnet; do
 		record_as "FRONTEND=$fe bench/sse/run.sh" env FRONTEND="$fe" bench/sse/run.sh
 	done
+}
+
+scenario_upgrade() {
+	section "Upgrading in place under load" "A second pdlb starts on the first one's port and configuration while wrk keeps keep-alive connections busy, then the first gets SIGTERM, with and without --shutdown-delay; socket errors and non-2xx answers are what the upgrade cost the clients (bench/upgrade/run.sh, docs/tuning.md)."
+	record bench/upgrade/run.sh
 }
 
 scenario_chaos() {
