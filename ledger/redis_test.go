@@ -1,50 +1,31 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"pdlb/internal/redistest"
+	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
 )
-
-// syncBuffer is a log sink the sync loop and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.b.String(), s)
-}
 
 // replica is one gateway's ledger sharing its decode charges.
 type replica struct {
 	*Ledger
-	logs   *syncBuffer
+	logs   *testlog.Buffer
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
 func newReplica(t *testing.T, addr, id string, pods []string) *replica {
 	t.Helper()
-	logs := new(syncBuffer)
+	logs := new(testlog.Buffer)
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	l := New(DefaultConfig(), Env{Logger: log})
 	l.SetPods(pods)
@@ -113,7 +94,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond) // several failed syncs
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		if n := r.logs.count("unreachable"); n != 1 {
+		if n := strings.Count(r.logs.String(), "unreachable"); n != 1 {
 			t.Fatalf("replica %s logged unreachable %d times, want once", name, n)
 		}
 	}
@@ -124,7 +105,7 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 		return b.decodeTokens(bP0) == 1500 && a.decodeTokens(aP1) == 300
 	})
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		if n := r.logs.count("reachable again"); n != 1 {
+		if n := strings.Count(r.logs.String(), "reachable again"); n != 1 {
 			t.Fatalf("replica %s logged the recovery %d times, want once", name, n)
 		}
 	}

@@ -5,38 +5,20 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/testlog"
 )
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestRunFleet(t *testing.T) {
 	fc, err := sim.LoadFleet("../../engines/sim/testdata/fleet.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testlog.Buffer
 	stop := make(chan os.Signal, 1)
 	done := make(chan error, 1)
 	go func() { done <- runFleet(fc, &out, stop) }()
