@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -122,6 +123,7 @@ func Start(cfg Config) (*Pod, error) {
 		CloseOnShutdown:       true,
 		NoDefaultContentType:  true,
 		ConnState:             p.trackConn,
+		Logger:                quietOnceKilled{p},
 	}
 	go p.sched.run()
 	go func() {
@@ -155,6 +157,21 @@ func (p *Pod) listenKV() error {
 	}
 	p.xfer.Store(x)
 	return nil
+}
+
+// quietOnceKilled is the pod server's logger: the standard logger, as
+// fasthttp's default, until Kill cuts the connections under their
+// handlers, whose writes then fail by the hundred ("use of closed network
+// connection") where a crashed engine would say nothing.
+type quietOnceKilled struct{ p *Pod }
+
+func (l quietOnceKilled) Printf(format string, args ...any) {
+	l.p.connMu.Lock()
+	killed := l.p.killed
+	l.p.connMu.Unlock()
+	if !killed {
+		log.Printf(format, args...)
+	}
 }
 
 // trackConn keeps the set of open connections Kill cuts.
