@@ -109,6 +109,39 @@ config file, e.g.
 	return serveUntilSignal(cfg, gf.stopping(), stdout, nil, load, path)
 }
 
+// drain waits out delay while the gateway drains. A second SIGINT or
+// SIGTERM cuts it short; SIGUSR1 still reopens the access log and a
+// SIGHUP is ignored (the gateway is on its way out). done reports the
+// gateway stopping on its own, with its error.
+func drain(delay time.Duration, sig <-chan os.Signal, srv *lb.Server, log *slog.Logger) (stopped bool, err error) {
+	end := time.After(delay)
+	for {
+		select {
+		case <-end:
+			return false, nil
+		case s := <-sig:
+			switch s {
+			case syscall.SIGUSR1:
+				reopenLogs(srv, log)
+			case syscall.SIGHUP:
+				log.Warn("not reloading: the gateway is draining for its shutdown")
+			default:
+				log.Info("drain cut short", "signal", s.String())
+				return false, nil
+			}
+		case err := <-srv.Done():
+			return true, err
+		}
+	}
+}
+
+// reopenLogs is SIGUSR1, logrotate's postrotate: the access log moved away.
+func reopenLogs(srv *lb.Server, log *slog.Logger) {
+	if err := srv.ReopenLogs(); err != nil {
+		log.Error("reopening the access log failed; it goes on where it was", "err", err)
+	}
+}
+
 // stopping is how serve stops on SIGINT or SIGTERM: it drains for delay,
 // then shuts down, letting requests in flight finish within grace.
 type stopping struct{ delay, grace time.Duration }
@@ -169,20 +202,13 @@ func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, starte
 				apply("SIGHUP")
 				continue
 			case syscall.SIGUSR1:
-				// logrotate's postrotate: the access log moved away.
-				if err := srv.ReopenLogs(); err != nil {
-					log.Error("reopening the access log failed; it goes on where it was", "err", err)
-				}
+				reopenLogs(srv, log)
 				continue
 			}
 			if stop.delay > 0 {
 				log.Info("draining before the shutdown: /ready answers 503, answers close their connections", "signal", s.String(), "for", stop.delay)
 				srv.Drain()
-				select {
-				case <-time.After(stop.delay):
-				case s = <-sig:
-					log.Info("drain cut short", "signal", s.String())
-				case err := <-srv.Done():
+				if stopped, err := drain(stop.delay, sig, srv, log); stopped {
 					return err
 				}
 			}

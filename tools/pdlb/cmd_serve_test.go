@@ -130,6 +130,9 @@ func TestServeSignals(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusServiceUnavailable
 	})
+	// logrotate's SIGUSR1 does not cut the drain short.
+	signal(syscall.SIGUSR1)
+	time.Sleep(50 * time.Millisecond)
 	resp, err := http.Post(api+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"n","messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
 		t.Fatalf("a request while draining: %v", err)
