@@ -64,6 +64,23 @@ cpu_ticks() {
 	echo "$total"
 }
 
+# kernel_ticks prints the system clock ticks alone (field 15), as cpu_ticks.
+kernel_ticks() {
+	local total=0 pid
+	for pid in "$@"; do
+		total=$((total + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $13}')))
+	done
+	echo "$total"
+}
+
+# busy_ticks prints the clock ticks all of the machine's cores spent busy,
+# whichever process ran: user, nice, system, irq and softirq of /proc/stat's
+# cpu line (softirq is where loopback's receiving side runs; idle, iowait
+# and the hypervisor's steal are left out).
+busy_ticks() {
+	awk '$1 == "cpu" {print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat
+}
+
 # cpu_us_per prints microseconds of CPU per item: ticks before, after, items.
 cpu_us_per() {
 	awk -v d=$(($2 - $1)) -v hz="$(getconf CLK_TCK)" -v n="$3" 'BEGIN{ if (n > 0) printf "%.1f", d / hz / n * 1e6 }'

@@ -7,8 +7,10 @@
 # the machine's neighbours lands on one target's sample, not its figure.
 # Prints one markdown table on stdout: per target the median over the rounds
 # of requests/s (with the lowest and highest), p50, p99, and CPU-seconds per
-# 1,000 requests of the proxy process (for "direct", of the stub), with the
-# command of each row. Progress goes to stderr.
+# 1,000 requests of the proxy process (for "direct", of the stub) and the
+# kernel's part of them, with the command of each row; then the issue's
+# targets and the most any proxy with pdlb's kernel work could serve here.
+# Progress goes to stderr.
 #
 # Knobs (environment): CONNS (64), ROUNDS (3), DURATION (6s per sample),
 # WARMUP (2s before each), THREADS (wrk threads, 2), PROFILE (1: take a 10 s
@@ -70,8 +72,9 @@ WRK_ARGS="-t$THREADS -c$CONNS -d$DURATION --latency -s bench/proxy/post.lua"
 LABELS=()
 declare -A CMD ADDR CHARGED FAILED
 # One value per round: requests/s, p50 and p99 (ms), CPU-s per 1k requests,
-# and a note (errors seen).
-declare -A RPS_S P50_S P99_S CPU_S NOTE
+# µs per request of the charged processes' kernel and user time and of the
+# whole machine's busy time, and a note (errors seen).
+declare -A RPS_S P50_S P99_S CPU_S SYS_US_S USER_US_S BUSY_US_S NOTE
 # The medians the report and the targets use.
 declare -A RPS P99
 
@@ -105,14 +108,17 @@ sample() {
 	local url=http://${ADDR[$label]}$API out=$DIR/wrk-${label//[^a-zA-Z0-9]/_}-$round.txt
 	log "round $round, $label: warm-up $WARMUP, then $DURATION"
 	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" -s bench/proxy/post.lua "$url" >/dev/null)
-	local t0 t1
+	local t0 t1 k0 k1 b0 b1
 	# shellcheck disable=SC2086 # a list of PIDs
-	t0=$(cpu_ticks ${CHARGED[$label]})
+	t0=$(cpu_ticks ${CHARGED[$label]}) k0=$(kernel_ticks ${CHARGED[$label]}) b0=$(busy_ticks)
 	(cd "$ROOT" && wrk $WRK_ARGS "$url" >"$out")
 	# shellcheck disable=SC2086
-	t1=$(cpu_ticks ${CHARGED[$label]})
+	t1=$(cpu_ticks ${CHARGED[$label]}) k1=$(kernel_ticks ${CHARGED[$label]}) b1=$(busy_ticks)
 	local reqs bad sockerr
 	reqs=$(awk '/requests in/{print $1}' "$out")
+	SYS_US_S[$label]+="$(cpu_us_per "$k0" "$k1" "$reqs") "
+	USER_US_S[$label]+="$(cpu_us_per $((t0 - k0)) $((t1 - k1)) "$reqs") "
+	BUSY_US_S[$label]+="$(cpu_us_per "$b0" "$b1" "$reqs") "
 	RPS_S[$label]+="$(awk '/^Requests\/sec:/{printf "%.0f", $2}' "$out") "
 	P50_S[$label]+="$(to_ms "$(awk '$1=="50%"{print $2}' "$out")") "
 	P99_S[$label]+="$(to_ms "$(awk '$1=="99%"{print $2}' "$out")") "
@@ -237,14 +243,14 @@ fi
 ROWS=()
 for label in "${LABELS[@]}"; do
 	if [ -n "${FAILED[$label]:-}" ]; then
-		ROWS+=("| $label | ${FAILED[$label]} | | | | | | \`${CMD[$label]:-}\` |")
+		ROWS+=("| $label | ${FAILED[$label]} | | | | | | | \`${CMD[$label]:-}\` |")
 		continue
 	fi
 	# shellcheck disable=SC2086 # lists of numbers
 	{
 		RPS[$label]=$(median %.0f ${RPS_S[$label]})
 		P99[$label]=$(median %.3f ${P99_S[$label]})
-		ROWS+=("| $label | ${RPS[$label]}${NOTE[$label]:-} | $(lowest ${RPS_S[$label]})–$(highest ${RPS_S[$label]}) | $(median %.3f ${P50_S[$label]}) | ${P99[$label]} | $(median %.3f ${CPU_S[$label]}) | @RATIO:$label@ | \`${CMD[$label]}\` |")
+		ROWS+=("| $label | ${RPS[$label]}${NOTE[$label]:-} | $(lowest ${RPS_S[$label]})–$(highest ${RPS_S[$label]}) | $(median %.3f ${P50_S[$label]}) | ${P99[$label]} | $(median %.3f ${CPU_S[$label]}) | $(awk -v us="$(median %.1f ${SYS_US_S[$label]})" 'BEGIN{printf "%.3f", us / 1000}') | @RATIO:$label@ | \`${CMD[$label]}\` |")
 	}
 done
 direct=${RPS[direct]:-0}
@@ -255,8 +261,8 @@ echo "$(machine); $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), nginx $("$NGI
 echo
 echo "Load: \`wrk $WRK_ARGS http://ADDR$API\` (ADDR: the row's listener); the stub is \`go run ./bench/proxy/stub\`. Each round measures every target in the order below."
 echo
-echo "| target | requests/s | lowest–highest | p50 ms | p99 ms | CPU-s / 1k req | × direct | command |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+echo "| target | requests/s | lowest–highest | p50 ms | p99 ms | CPU-s / 1k req | of it kernel | × direct | command |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 for row in "${ROWS[@]}"; do
 	if [[ $row =~ @RATIO:([^@]*)@ ]]; then
 		row=${row/"${BASH_REMATCH[0]}"/$(ratio "${RPS[${BASH_REMATCH[1]}]}" "$direct")}
@@ -276,6 +282,31 @@ if [ "$best_pdlb" -gt 0 ] && [ "$best_other" -gt 0 ]; then
 	echo
 	echo "Targets (best pdlb row: $best_label): RPS $(ratio "$best_pdlb" "$best_other")× the better of nginx and HAProxy (target ≥ 1.2),"\
 		"$(ratio "$best_pdlb" "$direct")× direct (target ≥ 0.5); p99 ${P99[$best_label]} ms vs nginx ${P99[nginx]:-?} ms (target ≤)."
+fi
+# ceiling prints, per round of a target, the requests/s a proxy would serve
+# that made the target's kernel work in no user time at all: the same
+# machine busy time per request less the target's own user time, the
+# machine as saturated (requests/s × busy / (busy − user)); the median.
+ceiling() {
+	# shellcheck disable=SC2086 # lists of numbers
+	median %.0f $(paste -d' ' <(printf '%s\n' ${RPS_S[$1]}) <(printf '%s\n' ${BUSY_US_S[$1]}) <(printf '%s\n' ${USER_US_S[$1]}) |
+		awk '$2 > $3 {printf "%.0f\n", $1 * $2 / ($2 - $3)}')
+}
+if [ "$best_pdlb" -gt 0 ] && [ "$best_other" -gt 0 ]; then
+	# shellcheck disable=SC2086 # lists of numbers
+	{
+		busy=$(median %.1f ${BUSY_US_S[$best_label]}) user=$(median %.1f ${USER_US_S[$best_label]})
+		most=$(ceiling "$best_label")
+	}
+	echo
+	echo "What this machine allows: through $best_label its cores were busy $busy µs per request, $user µs of it pdlb's user time;"\
+		"the rest is the kernel's socket work (the proxy's own $(median %.1f ${SYS_US_S[$best_label]}) µs), wrk's and the stub's."\
+		"A proxy that made the same socket calls in no user time at all would serve about $most requests/s here"\
+		"($(ratio "$most" "$best_other")× the better of nginx and HAProxy; requests/s × busy / (busy − user), median of the rounds)."
+	if [ -n "${USER_US_S[nginx]:-}" ]; then
+		# shellcheck disable=SC2086
+		echo "nginx, the same way: $(median %.1f ${USER_US_S[nginx]}) µs of user time and $(median %.1f ${SYS_US_S[nginx]}) µs of kernel time per request; with no user time it would serve about $(ceiling nginx) requests/s."
+	fi
 fi
 logged=${RPS["pdlb gnet, slo_cache, access log"]:-0} unlogged=${RPS["pdlb gnet, slo_cache"]:-0}
 if [ "$logged" -gt 0 ] && [ "$unlogged" -gt 0 ]; then
