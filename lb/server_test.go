@@ -431,6 +431,50 @@ func testUpstreamFaults(t *testing.T, frontend string, via *http.Client) {
 	waitIdle(t, s)
 }
 
+// TestPodHeaders: the pod's own headers reach the client, its hop-by-hop
+// ones and its Server do not (nginx and Envoy keep their upstreams'
+// Server to themselves), whole answers and streams alike, on both front
+// ends.
+func TestPodHeaders(t *testing.T) {
+	const head = "HTTP/1.1 200 OK\r\nServer: uvicorn\r\nX-Engine: vllm\r\nKeep-Alive: timeout=5\r\n"
+	const answer = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`
+	whole := fakePod(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", head, len(answer), answer)
+	})
+	stream := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, head+"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		ev := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\ndata: [DONE]\n\n"
+		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
+	})
+	check := func(t *testing.T, frontend string, via *http.Client) {
+		s := testGateway(t, []config.Pod{{Model: "whole", Address: whole}, {Model: "stream", Address: stream}},
+			func(c *config.Config) { c.Frontend = frontend })
+		for _, model := range []string{"whole", "stream"} {
+			resp, b := postVia(t, via, s, "/v1/chat/completions",
+				fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"stream":%v}`, model, model == "stream"))
+			if resp.StatusCode != 200 || !strings.Contains(b, "ok") && !strings.Contains(b, "[DONE]") {
+				t.Fatalf("%s: %d %q", model, resp.StatusCode, b)
+			}
+			if got := resp.Header.Get("X-Engine"); got != "vllm" {
+				t.Errorf("%s: the pod's X-Engine came back as %q", model, got)
+			}
+			if got := resp.Header.Get("Server"); got != "" {
+				t.Errorf("%s: the pod's Server reached the client: %q", model, got)
+			}
+			if got := resp.Header.Get("Keep-Alive"); got != "" {
+				t.Errorf("%s: the pod's hop-by-hop Keep-Alive reached the client: %q", model, got)
+			}
+			if resp.Header.Get("x-pdlb-pod") == "" {
+				t.Errorf("%s: no x-pdlb-pod", model)
+			}
+		}
+	}
+	t.Run("fasthttp", func(t *testing.T) { check(t, "fasthttp", client) })
+	t.Run("gnet", func(t *testing.T) {
+		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
+	})
+}
+
 // TestQueueFullIsNotPodFailure: an engine whose waiting queue is full
 // (SGLang's --max-queued-requests) answers 503 "The request queue is full."
 // at admission: load shedding, not a fault. The client gets the engine's

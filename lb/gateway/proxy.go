@@ -65,6 +65,7 @@ var (
 	pdlbPrefix    = []byte("x-pdlb-")
 	authorization = []byte(fasthttp.HeaderAuthorization)
 	forwardedFor  = []byte(fasthttp.HeaderXForwardedFor)
+	server        = []byte(fasthttp.HeaderServer)
 )
 
 // serveCompletion is the request path of /v1/chat/completions and
@@ -244,7 +245,10 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	}
 	ctx.SetStatusCode(status)
 	resp.Header.VisitAll(func(k, v []byte) {
-		if !isHopByHop(k) {
+		// The engine's Server (uvicorn under vLLM and SGLang) stays
+		// behind, as nginx and Envoy keep their upstreams' to
+		// themselves: x-pdlb-pod names the pod that answered.
+		if !isHopByHop(k) && !(len(k) == len(server) && bytes.EqualFold(k, server)) {
 			ctx.Response.Header.AddBytesKV(k, v)
 		}
 	})
