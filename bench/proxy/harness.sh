@@ -55,20 +55,15 @@ wait_port() {
 
 # cpu_ticks prints the user+system clock ticks the given processes used, all
 # their threads: fields 14 and 15 of /proc/PID/stat, counted after the ")"
-# that ends the command name, which may hold spaces.
-cpu_ticks() {
-	local total=0 pid
+# that ends the command name, which may hold spaces. kernel_ticks prints the
+# system ticks alone (field 15).
+cpu_ticks() { stat_ticks '$12 + $13' "$@"; }
+kernel_ticks() { stat_ticks '$13' "$@"; }
+stat_ticks() {
+	local fields=$1 total=0 pid
+	shift
 	for pid in "$@"; do
-		total=$((total + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')))
-	done
-	echo "$total"
-}
-
-# kernel_ticks prints the system clock ticks alone (field 15), as cpu_ticks.
-kernel_ticks() {
-	local total=0 pid
-	for pid in "$@"; do
-		total=$((total + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $13}')))
+		total=$((total + $(sed 's/.*) //' "/proc/$pid/stat" | awk "{print $fields}")))
 	done
 	echo "$total"
 }
