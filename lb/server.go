@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,8 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	warnShared(log, "listen", cfg.Listen)
+	warnShared(log, "admin", cfg.Admin)
 	var adminLn net.Listener
 	if cfg.Admin != "" {
 		var err error
@@ -100,6 +103,20 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		}()
 	}
 	return s, nil
+}
+
+// warnShared warns when another process already listens on addr: the
+// listeners bind with SO_REUSEPORT (for upgrades in place), so the bind
+// succeeds and the kernel splits new connections between the two, which
+// nobody notices unless told.
+func warnShared(log *slog.Logger, listener, addr string) {
+	if addr == "" {
+		return
+	}
+	if owners := frontend.SharedWith(addr); len(owners) > 0 {
+		log.Warn("another process already listens on this address: new connections will be split between it and this gateway (SO_REUSEPORT); expected during an upgrade in place, otherwise stop the other one",
+			"listener", listener, "address", addr, "with", strings.Join(owners, ", "))
+	}
 }
 
 // Addr is the address the API listens on.

@@ -3,12 +3,17 @@ package lb_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"pdlb/internal/lbtest"
+	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 )
@@ -81,8 +86,21 @@ func testShutdownDeadlineEndsStreams(t *testing.T, via *http.Client) {
 // once the first shuts down.
 func TestUpgradeInPlace(t *testing.T) {
 	pods := podsOf("m", testFleet(t, "m", 1, 100)...)
-	old := testGateway(t, pods, nil)
-	next := testGateway(t, pods, func(c *config.Config) { c.Listen, c.Admin = old.Addr(), old.AdminAddr() })
+	var oldLog, nextLog testlog.Buffer
+	old := lbtest.StartGatewayLog(t, pods, nil, slog.New(slog.NewTextHandler(&oldLog, nil)))
+	next := lbtest.StartGatewayLog(t, pods, func(c *config.Config) { c.Listen, c.Admin = old.Addr(), old.AdminAddr() },
+		slog.New(slog.NewTextHandler(&nextLog, nil)))
+	// Sharing the ports is the point here, and it is said, naming who
+	// holds them; a gateway alone on its ports says nothing of it.
+	owner := fmt.Sprintf("pid %d", os.Getpid())
+	for _, l := range []struct{ name, addr string }{{"listen", old.Addr()}, {"admin", old.AdminAddr()}} {
+		if !strings.Contains(nextLog.String(), "listener="+l.name+" address="+l.addr+` with="`+owner) {
+			t.Errorf("no warning that %s %s is shared with %s:\n%s", l.name, l.addr, owner, nextLog.String())
+		}
+	}
+	if strings.Contains(oldLog.String(), "already listens") {
+		t.Errorf("a gateway alone on its ports warned of sharing them:\n%s", oldLog.String())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := old.Shutdown(ctx); err != nil {

@@ -43,6 +43,12 @@ func LeakOptions() []goleak.Option {
 // adjusts the configuration first.
 func StartGateway(t testing.TB, pods []config.Pod, edit func(*config.Config)) *lb.Server {
 	t.Helper()
+	return StartGatewayLog(t, pods, edit, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// StartGatewayLog is StartGateway logging to log.
+func StartGatewayLog(t testing.TB, pods []config.Pod, edit func(*config.Config), log *slog.Logger) *lb.Server {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Health.Interval = 50 * time.Millisecond
@@ -51,7 +57,7 @@ func StartGateway(t testing.TB, pods []config.Pod, edit func(*config.Config)) *l
 	if edit != nil {
 		edit(&cfg)
 	}
-	s, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := lb.Start(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,10 @@ package frontend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -70,4 +72,56 @@ func TestEngineStoppedOnItsOwn(t *testing.T) {
 		t.Fatalf("a shutdown reported as a failure: %v", err)
 	default:
 	}
+}
+
+// SharedWith names the process listening on an address, once however
+// many sockets it listens with, the way /proc shows it: the warning an
+// operator gets before a second gateway silently shares the port.
+func TestSharedWith(t *testing.T) {
+	first, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := first.Addr().String()
+	if got := SharedWith(addr); len(got) != 1 || got[0] != fmt.Sprintf("pid %d (%s)", os.Getpid(), selfComm(t)) {
+		t.Fatalf("SharedWith(%s) = %q, want this process", addr, got)
+	}
+	second, err := Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := SharedWith(addr); len(got) != 1 {
+		t.Fatalf("two sockets of one process: %q, want it named once", got)
+	}
+	// Another address, the unspecified one, and port 0 share nothing.
+	_, port, _ := net.SplitHostPort(addr)
+	for _, other := range []string{"127.0.0.2:" + port, ":" + port, "127.0.0.1:0"} {
+		if got := SharedWith(other); len(got) != 0 {
+			t.Errorf("SharedWith(%s) = %q, want none", other, got)
+		}
+	}
+	first.Close()
+	second.Close()
+	if got := SharedWith(addr); len(got) != 0 {
+		t.Fatalf("after both closed: %q", got)
+	}
+	wild, err := Listen("[::]:0")
+	if err != nil {
+		t.Skip("no IPv6:", err)
+	}
+	defer wild.Close()
+	_, port, _ = net.SplitHostPort(wild.Addr().String())
+	for _, same := range []string{":" + port, "0.0.0.0:" + port, "[::]:" + port} {
+		if got := SharedWith(same); len(got) != 1 {
+			t.Errorf("SharedWith(%s) = %q, want this process (listening on [::]:%s)", same, got, port)
+		}
+	}
+}
+
+func selfComm(t *testing.T) string {
+	b, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
