@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -426,9 +427,22 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 // after it are its consequences.
 type gnetLogger struct{ first atomic.Pointer[string] }
 
-func (*gnetLogger) Debugf(string, ...any)            {}
-func (*gnetLogger) Infof(string, ...any)             {}
-func (*gnetLogger) Warnf(format string, args ...any) { slog.Warn(fmt.Sprintf(format, args...)) }
+func (*gnetLogger) Debugf(string, ...any) {}
+func (*gnetLogger) Infof(string, ...any)  {}
+func (*gnetLogger) Warnf(format string, args ...any) {
+	// An epoll event for a connection that an earlier event of the same
+	// batch closed (a client leaving while its pod answers, a pod killed
+	// mid-stream): gnet drops it, and there is nothing to act on.
+	if strings.HasPrefix(format, staleEvent) {
+		return
+	}
+	slog.Warn(fmt.Sprintf(format, args...))
+}
+
+// staleEvent begins gnet's (v2.9) warning of an event for a closed
+// connection.
+const staleEvent = "received event[fd="
+
 func (l *gnetLogger) Errorf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	l.first.CompareAndSwap(nil, &msg)
