@@ -43,6 +43,9 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := gf.check(); err != nil {
+		return err
+	}
 	var fc sim.FleetConfig
 	cfg := config.Default()
 	for _, m := range demoFleet {

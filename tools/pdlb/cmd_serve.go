@@ -45,6 +45,20 @@ func (f *gatewayFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.delay, "shutdown-delay", 0, "on SIGINT/SIGTERM, how long to go on serving first with /ready answering 503 and each answer closing its connection, so balancers and Kubernetes endpoints move clients away (a second signal ends it)")
 }
 
+// check refuses what the flags cannot mean: a negative wait would pass
+// for none, and a typo would go unnoticed until the first deploy.
+func (f *gatewayFlags) check() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"shutdown-timeout", f.shutdown}, {"shutdown-delay", f.delay}} {
+		if d.v < 0 {
+			return fmt.Errorf("--%s %v: must not be negative", d.name, d.v)
+		}
+	}
+	return nil
+}
+
 func (f *gatewayFlags) apply(cfg *config.Config) {
 	if f.listen != "" {
 		cfg.Listen = f.listen
@@ -81,6 +95,9 @@ config file, e.g.
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if err := gf.check(); err != nil {
+		return err
 	}
 	load := func() (config.Config, error) {
 		cfg := config.Default()

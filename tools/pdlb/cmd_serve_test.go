@@ -154,3 +154,24 @@ func TestServeSignals(t *testing.T) {
 		t.Fatal("the port still accepts after serve returned")
 	}
 }
+
+// A negative --shutdown-delay or --shutdown-timeout is refused, naming the
+// flag and the value, before serve or demo starts anything: it would
+// otherwise pass for none.
+func TestGatewayFlagsNegative(t *testing.T) {
+	for _, cmd := range []struct {
+		name string
+		run  func([]string, io.Writer) error
+		args []string
+	}{
+		{"serve", cmdServe, []string{"--pod", "model=m,address=127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}},
+		{"demo", cmdDemo, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}},
+	} {
+		for _, flag := range []string{"--shutdown-delay", "--shutdown-timeout"} {
+			err := cmd.run(append(cmd.args, flag, "-5s"), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), flag+" -5s: must not be negative") {
+				t.Errorf("%s %s -5s: %v", cmd.name, flag, err)
+			}
+		}
+	}
+}
