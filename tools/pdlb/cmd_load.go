@@ -93,6 +93,9 @@ Example: pdlb load --workload seed-chat --rate 10 --duration 30s --plot plots`, 
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
 	switch {
+	case set["concurrency"] && cfg.Concurrency < 1:
+		// Else it would fall through to a rate run the user did not ask for.
+		return fmt.Errorf("%w: --concurrency %d must be at least 1", errLoadUsage, cfg.Concurrency)
 	case cfg.Concurrency > 0 && set["rate"]:
 		return fmt.Errorf("%w: give --rate or --concurrency, not both", errLoadUsage)
 	case cfg.Concurrency > 0:

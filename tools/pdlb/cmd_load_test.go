@@ -57,6 +57,8 @@ func TestCmdLoadVegeta(t *testing.T) {
 func TestCmdLoadBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--rate", "5", "--concurrency", "2"},
+		{"--concurrency", "-2"},
+		{"--concurrency", "0"},
 		{"--arrival", "bursty"},
 		{"--workload", "nope"},
 		{"--workload", "trace"},
