@@ -168,9 +168,16 @@ func TestGatewayFlagsNegative(t *testing.T) {
 		{"demo", cmdDemo, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}},
 	} {
 		for _, flag := range []string{"--shutdown-delay", "--shutdown-timeout"} {
-			err := cmd.run(append(cmd.args, flag, "-5s"), io.Discard)
-			if err == nil || !strings.Contains(err.Error(), flag+" -5s: must not be negative") {
-				t.Errorf("%s %s -5s: %v", cmd.name, flag, err)
+			// A command that took the flag would serve until a signal.
+			done := make(chan error, 1)
+			go func() { done <- cmd.run(append(cmd.args, flag, "-5s"), io.Discard) }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), flag+" -5s: must not be negative") {
+					t.Errorf("%s %s -5s: %v", cmd.name, flag, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s %s -5s started serving", cmd.name, flag)
 			}
 		}
 	}
