@@ -5,10 +5,12 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"pdlb/engines"
+	"pdlb/engines/vllm"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -196,4 +198,60 @@ func TestParseFleetPD(t *testing.T) {
 	if _, err := ParseFleet([]byte("pods:\n  - role: decoder\n")); err == nil || !strings.Contains(err.Error(), `role = "decoder"`) {
 		t.Fatalf("bad role: %v", err)
 	}
+}
+
+// storedBlocks counts the blocks a subscriber was told were stored.
+type storedBlocks struct{ n atomic.Int64 }
+
+func (s *storedBlocks) BlockStored(_ uint64, _ bool, hashes []uint64, _ []uint32, _ int) {
+	s.n.Add(int64(len(hashes)))
+}
+func (s *storedBlocks) BlockRemoved([]uint64) {}
+func (s *storedBlocks) AllBlocksCleared()     {}
+
+func TestFleetPublishesKVEvents(t *testing.T) {
+	fc, err := ParseFleet([]byte("defaults:\n  physics: {block_size: 16}\npods:\n  - listen: 127.0.0.1:0\n    kv_events: tcp://127.0.0.1:0\n  - listen: 127.0.0.1:0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fc.Events[0].ReplayEndpoint != "tcp://127.0.0.1:0" || fc.Events[1].Endpoint != "" {
+		t.Fatalf("publishers: %+v", fc.Events)
+	}
+	fl, err := StartFleet(fc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	if fl.KVEvents(1) != "" || !strings.HasPrefix(fl.KVEvents(0), "tcp://127.0.0.1:") {
+		t.Fatalf("endpoints %q %q", fl.KVEvents(0), fl.KVEvents(1))
+	}
+	var got storedBlocks
+	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: fl.KVEvents(0)}, &got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	c := testClient(t)
+	// ZMQ drops what is published before the subscription is in place, so
+	// send until the blocks of one request arrive.
+	deadline := time.Now().Add(10 * time.Second)
+	for got.n.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no BlockStored from the pod's publisher")
+		}
+		body := chatBody(strings.Repeat("a long enough prompt to fill blocks ", 8)+time.Now().String(), map[string]any{"max_tokens": 1})
+		if status, b := post(t, c, "http://"+fl.Pods()[0].Addr()+"/v1/chat/completions", body); status != 200 {
+			t.Fatalf("%d %s", status, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f := func(yaml, want string) {
+		t.Helper()
+		_, err := ParseFleet([]byte(yaml))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%q: error %v, want %q", yaml, err, want)
+		}
+	}
+	f("pods:\n  - kv_replay: tcp://127.0.0.1:5558\n", `kv_replay = "tcp://127.0.0.1:5558" needs kv_events`)
+	f("pods:\n  - kv_events: 127.0.0.1:5557\n", `kv_events = "127.0.0.1:5557" must be tcp://host:port`)
 }

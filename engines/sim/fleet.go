@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
 	"pdlb/engines"
+	"pdlb/engines/vllm"
 )
 
 // A fleet file lists simulated pods. Every pod starts from the defaults
@@ -32,6 +35,8 @@ import (
 //	  kvxfer_listen: ""       # or its whole host:port (default listen's host, bootstrap_port)
 //	  kv_scale: 0.0009765625  # fraction of the KV bytes a transfer really moves
 //	  kv_timeout: 480s        # how long KV waits for pickup
+//	  kv_events: ""           # tcp://host:port: publish KV events there as vLLM does (replay on kv_replay)
+//	  kv_replay: ""           # the replay socket (default: kv_events' port + 1)
 //	  physics:                # seed 000's timing model
 //	    prefill_tokens_per_sec: 20000
 //	    decode_base_sec: 0.010
@@ -69,6 +74,8 @@ type podFile struct {
 	KVXferListen     string        `yaml:"kvxfer_listen"`
 	KVScale          float64       `yaml:"kv_scale"`
 	KVTimeout        time.Duration `yaml:"kv_timeout"`
+	KVEvents         string        `yaml:"kv_events"`
+	KVReplay         string        `yaml:"kv_replay"`
 	Physics          physicsFile   `yaml:"physics"`
 }
 
@@ -111,9 +118,11 @@ func (p podFile) config() Config {
 }
 
 // FleetConfig is a parsed fleet: one Config per pod, defaults applied and
-// validated.
+// validated, and beside each the KV-event publisher it feeds (Endpoint ""
+// for none).
 type FleetConfig struct {
-	Pods []Config
+	Pods   []Config
+	Events []vllm.PublisherConfig
 }
 
 var errFleet = errors.New("sim: invalid fleet")
@@ -180,9 +189,42 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 			return FleetConfig{}, fmt.Errorf("%w: pods[%d].listen = %q repeats pods[%d].listen", errFleet, i, c.Listen, j)
 		}
 		listens[c.Listen] = i
+		ev, err := publisherOf(pf)
+		if err != nil {
+			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
+		}
 		fc.Pods = append(fc.Pods, c)
+		fc.Events = append(fc.Events, ev)
 	}
 	return fc, nil
+}
+
+// publisherOf is the KV-event publisher a pod's kv_events and kv_replay
+// ask for; the replay socket defaults to the next port, as vLLM's 5557 and
+// 5558.
+func publisherOf(p podFile) (vllm.PublisherConfig, error) {
+	if p.KVEvents == "" {
+		if p.KVReplay != "" {
+			return vllm.PublisherConfig{}, fmt.Errorf("kv_replay = %q needs kv_events", p.KVReplay)
+		}
+		return vllm.PublisherConfig{}, nil
+	}
+	c := vllm.PublisherConfig{Endpoint: p.KVEvents, ReplayEndpoint: p.KVReplay}
+	if c.ReplayEndpoint == "" {
+		host, port, err := net.SplitHostPort(strings.TrimPrefix(p.KVEvents, "tcp://"))
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || !strings.HasPrefix(p.KVEvents, "tcp://") {
+			return c, fmt.Errorf("kv_events = %q must be tcp://host:port", p.KVEvents)
+		}
+		if n != 0 {
+			n++
+		}
+		c.ReplayEndpoint = "tcp://" + net.JoinHostPort(host, strconv.Itoa(n))
+	}
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("kv_events: %w", err)
+	}
+	return c, nil
 }
 
 // hasZeroPort reports a listen address that picks a free port, which any
@@ -192,23 +234,45 @@ func hasZeroPort(addr string) bool {
 	return err == nil && port == "0"
 }
 
-// Fleet is a set of running pods.
+// Fleet is a set of running pods and their KV-event publishers.
 type Fleet struct {
 	pods []*Pod
+	pubs []*vllm.Publisher // pubs[i] is pods[i]'s, or nil
 }
 
-// StartFleet starts every pod of fc, in order; if one fails, it closes those
-// already started and returns the error.
+// StartFleet starts every pod of fc, in order, each after its KV-event
+// publisher; if one fails, it closes those already started and returns the
+// error.
 func StartFleet(fc FleetConfig) (*Fleet, error) {
 	f := &Fleet{}
-	for _, c := range fc.Pods {
+	for i, c := range fc.Pods {
+		var pub *vllm.Publisher
+		if i < len(fc.Events) && fc.Events[i].Endpoint != "" {
+			var err error
+			if pub, err = vllm.NewPublisher(fc.Events[i]); err != nil {
+				return nil, errors.Join(fmt.Errorf("sim: pod %s: kv_events: %w", c.Name, err), f.Close())
+			}
+			c.KVEvents = pub
+		}
 		p, err := Start(c)
 		if err != nil {
+			if pub != nil {
+				err = errors.Join(err, pub.Close())
+			}
 			return nil, errors.Join(err, f.Close())
 		}
 		f.pods = append(f.pods, p)
+		f.pubs = append(f.pubs, pub)
 	}
 	return f, nil
+}
+
+// KVEvents is the endpoint pod i publishes its KV events on, "" if none.
+func (f *Fleet) KVEvents(i int) string {
+	if f.pubs[i] == nil {
+		return ""
+	}
+	return f.pubs[i].Endpoint()
 }
 
 // Pods returns the running pods in fleet-file order. The slice is the
@@ -221,7 +285,13 @@ func (f *Fleet) Close() error {
 	errs := make([]error, len(f.pods))
 	var wg sync.WaitGroup
 	for i, p := range f.pods {
-		wg.Go(func() { errs[i] = p.Close() })
+		wg.Go(func() {
+			errs[i] = p.Close()
+			// After the pod: its scheduler no longer publishes.
+			if f.pubs[i] != nil {
+				errs[i] = errors.Join(errs[i], f.pubs[i].Close())
+			}
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

@@ -16,9 +16,11 @@ import (
 
 // TestMain fails the package on any goroutine left running, except
 // fasthttp's process-wide Date-header clock, which it starts once for all
-// servers and never stops.
+// servers and never stops, and zmq4's PUB writer, which its socket's Close
+// never stops (one per KV-event publisher of a fleet).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
 }
 
 // testPod starts a pod on a free loopback port and closes it at cleanup.

@@ -52,10 +52,14 @@ func runFleet(fc sim.FleetConfig, stdout io.Writer, stop <-chan os.Signal) error
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMODEL\tENGINE\tADDRESS\tSPEEDUP")
-	for _, p := range fleet.Pods() {
+	fmt.Fprintln(tw, "NAME\tMODEL\tENGINE\tADDRESS\tSPEEDUP\tKV EVENTS")
+	for i, p := range fleet.Pods() {
 		c := p.Config()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\n", c.Name, c.Model, c.Engine, p.Addr(), c.Speedup)
+		ev := fleet.KVEvents(i)
+		if ev == "" {
+			ev = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\n", c.Name, c.Model, c.Engine, p.Addr(), c.Speedup, ev)
 	}
 	if err := tw.Flush(); err != nil {
 		return errors.Join(err, fleet.Close())

@@ -37,7 +37,7 @@ func TestRunFleet(t *testing.T) {
 	defer client.CloseIdleConnections()
 	for i, c := range fc.Pods {
 		f := strings.Fields(lines[1+i])
-		if len(f) != 5 || f[0] != c.Name || f[1] != c.Model || f[2] != string(c.Engine) {
+		if len(f) != 6 || f[0] != c.Name || f[1] != c.Model || f[2] != string(c.Engine) {
 			t.Fatalf("line %q for pod %+v", lines[1+i], c)
 		}
 		resp, err := client.Get("http://" + f[3] + "/health")
