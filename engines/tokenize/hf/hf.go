@@ -52,9 +52,9 @@ type Tokenizer struct {
 	specials     map[string]string
 	chatTemplate string
 
-	segments *cache // segment bytes -> ids
-	words    *cache // pre-tokenized word -> ids
-	pool     sync.Pool
+	segments *cache     // segment bytes -> ids
+	words    *cache     // pre-tokenized word -> ids
+	pool     *sync.Pool // of *encoder
 }
 
 // Cache bounds: a segment cache of this many bytes of keys and ids holds a
@@ -157,7 +157,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	}
 	t.segments = newCache(segmentCacheBytes)
 	t.words = newCache(wordCacheBytes)
-	t.pool.New = func() any { return new(encoder) }
+	t.pool = &sync.Pool{New: func() any { return new(encoder) }}
 	return t, nil
 }
 

@@ -51,6 +51,15 @@ func requireField(path string, m map[string]json.RawMessage, key string, v any) 
 	return field(path, m, key, v)
 }
 
+// compact is raw on one line, for an error message.
+func compact(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
 func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
 }
@@ -120,7 +129,7 @@ func parseNormalizer(path string, raw json.RawMessage, out []normStep) ([]normSt
 		}
 		from, ok := pat["String"]
 		if !ok || len(pat) != 1 || from == "" {
-			return nil, fmt.Errorf("hf: tokenizer.json %s: Replace pattern %s not supported (only a non-empty String)", path, m["pattern"])
+			return nil, fmt.Errorf("hf: tokenizer.json %s: Replace pattern %s not supported (only a non-empty String)", path, compact(m["pattern"]))
 		}
 		return append(out, normStep{kind: normReplace, from: from, to: content}), nil
 	}
@@ -185,7 +194,7 @@ func parsePreTokenizer(path string, raw json.RawMessage, out []preStep) ([]preSt
 		case len(pat) == 1 && pat["String"] != "":
 			step.literal = pat["String"]
 		default:
-			return nil, fmt.Errorf("hf: tokenizer.json %s: Split pattern %s not supported", path, m["pattern"])
+			return nil, fmt.Errorf("hf: tokenizer.json %s: Split pattern %s not supported", path, compact(m["pattern"]))
 		}
 		return append(out, step), nil
 	case "ByteLevel":
@@ -365,7 +374,7 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 		prefix, suff string
 		unk          string
 		vocab        map[string]uint32
-		merges       []json.RawMessage
+		merges       json.RawMessage
 	)
 	for _, f := range []struct {
 		key string
@@ -379,8 +388,8 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 	if err := requireField(path, m, "vocab", &vocab); err != nil {
 		return err
 	}
-	if err := field(path, m, "merges", &merges); err != nil {
-		return err
+	if merges = m["merges"]; isNull(merges) {
+		merges = json.RawMessage("[]")
 	}
 	if dropout != 0 {
 		return fmt.Errorf("hf: tokenizer.json %s.dropout: %v not supported", path, dropout)
@@ -431,18 +440,29 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 			}
 		}
 	}
-	b.merges = newMergeTable(len(merges))
-	for i, raw := range merges {
-		var left, right string
-		var pair []string
-		var line string
-		if json.Unmarshal(raw, &pair) == nil && len(pair) == 2 {
-			left, right = pair[0], pair[1]
-		} else if json.Unmarshal(raw, &line) == nil && strings.Count(line, " ") == 1 {
-			left, right, _ = strings.Cut(line, " ")
-		} else {
-			return fmt.Errorf("hf: tokenizer.json %s.merges[%d]: %.80s is not a pair", path, i, raw)
+	// merges is a list of "left right" strings or, since tokenizers 0.20,
+	// of [left, right] pairs.
+	var pairs [][]string
+	if json.Unmarshal(merges, &pairs) != nil {
+		var lines []string
+		if err := json.Unmarshal(merges, &lines); err != nil {
+			return fmt.Errorf("hf: tokenizer.json %s.merges: neither strings nor pairs: %v", path, err)
 		}
+		pairs = make([][]string, len(lines))
+		for i, line := range lines {
+			if strings.Count(line, " ") != 1 {
+				return fmt.Errorf("hf: tokenizer.json %s.merges[%d]: %q is not a pair", path, i, line)
+			}
+			left, right, _ := strings.Cut(line, " ")
+			pairs[i] = []string{left, right}
+		}
+	}
+	b.merges = newMergeTable(len(pairs))
+	for i, pair := range pairs {
+		if len(pair) != 2 {
+			return fmt.Errorf("hf: tokenizer.json %s.merges[%d]: %q is not a pair", path, i, pair)
+		}
+		left, right := pair[0], pair[1]
 		a, okA := vocab[left]
 		c, okC := vocab[right]
 		n, okN := vocab[left+right]

@@ -8,11 +8,12 @@
 //
 // It writes testdata/corpus.jsonl.gz (one JSON string a line), one
 // testdata/golden-<model>.jsonl.gz per model (a line per corpus string:
-// [ids without special tokens, ids with them]) and testdata/bench.txt (the
-// 9 KB mixed prose and code text of the benchmarks). The corpus comes from a
-// fixed seed, so a rerun rewrites identical files.
+// [ids without special tokens, ids with them]), the same for every 8th
+// string under each variant of testdata/variants.json, and testdata/bench.txt
+// (the 9 KB mixed prose and code text of the benchmarks). The corpus comes
+// from a fixed seed, so a rerun rewrites identical files.
 import { createRequire } from 'node:module';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { gzipSync } from 'node:zlib';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
@@ -160,14 +161,27 @@ for (let i = 0; ; i++) {
 writeFileSync(path.join(here, 'bench.txt'), bench);
 
 writeFileSync(path.join(here, 'corpus.jsonl.gz'), gzipSync(corpus.map((s) => JSON.stringify(s)).join('\n') + '\n', { level: 9 }));
-for (const [name, pkg] of Object.entries(models)) {
-  const tok = Tokenizer.fromFile(path.join(tokref, 'node_modules', pkg, 'models', 'tokenizer.json'));
+const files = (name) => path.join(tokref, 'node_modules', models[name], 'models', 'tokenizer.json');
+
+async function writeGolden(name, tok, texts) {
   const lines = [];
-  for (const s of corpus) {
+  for (const s of texts) {
     const plain = (await tok.encode(s, null, { addSpecialTokens: false })).getIds();
     const special = (await tok.encode(s, null, { addSpecialTokens: true })).getIds();
     lines.push(JSON.stringify([Array.from(plain), Array.from(special)]));
   }
   writeFileSync(path.join(here, `golden-${name}.jsonl.gz`), gzipSync(lines.join('\n') + '\n', { level: 9 }));
+}
+
+for (const name of Object.keys(models)) await writeGolden(name, Tokenizer.fromFile(files(name)), corpus);
+
+const variants = JSON.parse(readFileSync(path.join(here, 'variants.json'), 'utf8'));
+for (const [name, v] of Object.entries(variants)) {
+  if (name === 'comment') continue;
+  const tj = JSON.parse(readFileSync(files(v.base), 'utf8'));
+  Object.assign(tj, v.set ?? {});
+  Object.assign(tj.model, v.model ?? {});
+  for (const a of tj.added_tokens) Object.assign(a, v.added?.[a.id] ?? {});
+  await writeGolden(name, Tokenizer.fromString(JSON.stringify(tj)), corpus.filter((_, i) => i % 8 === 0));
 }
 console.log(`${corpus.length} strings, ${corpus.reduce((n, s) => n + Buffer.byteLength(s), 0)} bytes; bench.txt ${Buffer.byteLength(bench)} bytes`);
