@@ -6,10 +6,13 @@ import "unicode/utf8"
 type bpe struct {
 	// vocab maps a token to its id; a byte-level model's keys are the raw
 	// bytes the token stands for, not its printable spelling.
-	vocab        map[string]uint32
-	merges       mergeTable
-	byteID       [256]int32 // byte-level: the id of each single byte
-	fallbackID   [256]int32 // byte_fallback: the id of "<0xAB>", or -1
+	vocab      map[string]uint32
+	merges     mergeTable
+	byteID     [256]int32 // byte-level: the id of each single byte
+	fallbackID [256]int32 // byte_fallback: the id of "<0xAB>", or -1
+	// charID is the id of each one-character token below U+10000, -1 where
+	// there is none (SentencePiece-style models start BPE from characters).
+	charID       []int32
 	unk          uint32
 	hasUnk       bool
 	fuseUnk      bool
@@ -19,21 +22,25 @@ type bpe struct {
 }
 
 // mergeTable maps a pair of ids to the merge's rank and result: open
-// addressing over (left<<32 | right), a flat table faster than a Go map on
-// this path.
+// addressing over (left<<32 | right), key and value side by side so a
+// lookup touches one cache line.
 type mergeTable struct {
-	keys  []uint64
-	vals  []uint64 // (rank+1)<<32 | new id; 0 marks an empty slot
+	slots []mergeSlot
 	shift uint
+}
+
+type mergeSlot struct {
+	key uint64
+	val uint64 // (rank+1)<<32 | new id; 0 marks an empty slot
 }
 
 func newMergeTable(n int) mergeTable {
 	size, shift := 1, uint(64)
-	for size < 2*n+2 {
+	for size < 2*n+1 {
 		size <<= 1
 		shift--
 	}
-	return mergeTable{keys: make([]uint64, size), vals: make([]uint64, size), shift: shift}
+	return mergeTable{slots: make([]mergeSlot, size), shift: shift}
 }
 
 func (m *mergeTable) slot(key uint64) int {
@@ -42,10 +49,10 @@ func (m *mergeTable) slot(key uint64) int {
 
 func (m *mergeTable) put(left, right, rank, id uint32) {
 	key := uint64(left)<<32 | uint64(right)
-	mask := len(m.keys) - 1
+	mask := len(m.slots) - 1
 	for i := m.slot(key); ; i = (i + 1) & mask {
-		if m.vals[i] == 0 || m.keys[i] == key {
-			m.keys[i], m.vals[i] = key, uint64(rank+1)<<32|uint64(id)
+		if s := &m.slots[i]; s.val == 0 || s.key == key {
+			s.key, s.val = key, uint64(rank+1)<<32|uint64(id)
 			return
 		}
 	}
@@ -54,14 +61,14 @@ func (m *mergeTable) put(left, right, rank, id uint32) {
 // get returns the rank and result of merging left and right.
 func (m *mergeTable) get(left, right uint32) (rank, id uint32, ok bool) {
 	key := uint64(left)<<32 | uint64(right)
-	mask := len(m.keys) - 1
+	mask := len(m.slots) - 1
 	for i := m.slot(key); ; i = (i + 1) & mask {
-		v := m.vals[i]
-		if v == 0 {
+		s := &m.slots[i]
+		if s.val == 0 {
 			return 0, 0, false
 		}
-		if m.keys[i] == key {
-			return uint32(v>>32) - 1, uint32(v), true
+		if s.key == key {
+			return uint32(s.val>>32) - 1, uint32(s.val), true
 		}
 	}
 }
@@ -81,10 +88,16 @@ func (e *encoder) symbols(b *bpe, w []byte) {
 	}
 	unk := false // an unk is pending, to be flushed before the next known character
 	for i := 0; i < len(w); {
-		_, n := utf8.DecodeRune(w[i:])
+		r, n := utf8.DecodeRune(w[i:])
 		ch := w[i : i+n]
 		i += n
-		if id, ok := b.vocab[string(ch)]; ok {
+		id, ok := uint32(0), false
+		if int(r) < len(b.charID) && (r != utf8.RuneError || n > 1) {
+			id, ok = uint32(b.charID[r]), b.charID[r] >= 0
+		} else {
+			id, ok = b.vocab[string(ch)]
+		}
+		if ok {
 			if unk {
 				ids, unk = append(ids, b.unk), false
 			}
@@ -138,9 +151,10 @@ func (e *encoder) merge(b *bpe, dst []uint32, w []byte) []uint32 {
 	h := e.heap[:0]
 	for i := 0; i+1 < n; i++ {
 		if rank, _, ok := b.merges.get(ids[i], ids[i+1]); ok {
-			h = heapPush(h, uint64(rank)<<32|uint64(i))
+			h = append(h, uint64(rank)<<32|uint64(i))
 		}
 	}
+	heapify(h)
 	for len(h) > 0 {
 		var top uint64
 		top, h = heapPop(h)
@@ -178,17 +192,20 @@ func (e *encoder) merge(b *bpe, dst []uint32, w []byte) []uint32 {
 	return dst
 }
 
-// heapPush and heapPop keep a binary min-heap of (rank<<32 | position).
+// heapPush, heapPop and heapify keep a 4-ary min-heap of
+// (rank<<32 | position): half the depth of a binary heap.
 func heapPush(h []uint64, v uint64) []uint64 {
 	h = append(h, v)
-	for i := len(h) - 1; i > 0; {
-		p := (i - 1) / 2
-		if h[p] <= h[i] {
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 4
+		if h[p] <= v {
 			break
 		}
-		h[p], h[i] = h[i], h[p]
+		h[i] = h[p]
 		i = p
 	}
+	h[i] = v
 	return h
 }
 
@@ -197,21 +214,39 @@ func heapPop(h []uint64) (uint64, []uint64) {
 	last := len(h) - 1
 	h[0] = h[last]
 	h = h[:last]
-	for i := 0; ; {
-		l, small := 2*i+1, i
-		if l < len(h) && h[l] < h[small] {
-			small = l
-		}
-		if r := l + 1; r < len(h) && h[r] < h[small] {
-			small = r
-		}
-		if small == i {
+	siftDown(h, 0)
+	return top, h
+}
+
+func heapify(h []uint64) {
+	for i := (len(h) - 2) / 4; i >= 0; i-- {
+		siftDown(h, i)
+	}
+}
+
+func siftDown(h []uint64, i int) {
+	if i >= len(h) {
+		return
+	}
+	x := h[i]
+	for {
+		c := 4*i + 1
+		if c >= len(h) {
 			break
 		}
-		h[i], h[small] = h[small], h[i]
+		small := c
+		for k := c + 1; k < c+4 && k < len(h); k++ {
+			if h[k] < h[small] {
+				small = k
+			}
+		}
+		if h[small] >= x {
+			break
+		}
+		h[i] = h[small]
 		i = small
 	}
-	return top, h
+	h[i] = x
 }
 
 // runeByte inverts GPT-2's byte-level alphabet, the printable character

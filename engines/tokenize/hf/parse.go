@@ -7,6 +7,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // object decodes raw as a JSON object whose keys are all in known, so an
@@ -431,6 +432,18 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 		}
 		if id, ok := vocab[fmt.Sprintf("<0x%02X>", i)]; ok {
 			b.fallbackID[i] = int32(id)
+		}
+	}
+	if !byteLevel {
+		for tok, id := range vocab {
+			r, n := utf8.DecodeRuneInString(tok)
+			if n != len(tok) || r >= 0x10000 || r == utf8.RuneError {
+				continue
+			}
+			for int(r) >= len(b.charID) {
+				b.charID = append(b.charID, -1)
+			}
+			b.charID[r] = int32(id)
 		}
 	}
 	if byteLevel {
