@@ -1,0 +1,148 @@
+package hf
+
+import (
+	"unicode"
+	"unicode/utf8"
+)
+
+// addedToken is one added token with the flags that shape its match.
+type addedToken struct {
+	id                         uint32
+	singleWord, lstrip, rstrip bool
+}
+
+// addedSet finds added tokens in text: leftmost-longest, non-overlapping
+// matches in a byte trie, which is what HF's Aho-Corasick automaton
+// (MatchKind::LeftmostLongest) reports.
+type addedSet struct {
+	first [256]bool         // bytes a token can start with
+	edges map[uint32]uint32 // node<<8 | byte -> child node
+	tok   []int32           // node -> index in toks, or -1
+	toks  []addedToken
+}
+
+// add inserts content; a content already present keeps its first token, as
+// the automaton reports the lowest pattern index.
+func (s *addedSet) add(content string, tok addedToken) {
+	if content == "" {
+		return
+	}
+	if s.edges == nil {
+		s.edges = map[uint32]uint32{}
+		s.tok = []int32{-1}
+	}
+	s.first[content[0]] = true
+	node := uint32(0)
+	for i := 0; i < len(content); i++ {
+		k := node<<8 | uint32(content[i])
+		child, ok := s.edges[k]
+		if !ok {
+			child = uint32(len(s.tok))
+			s.edges[k] = child
+			s.tok = append(s.tok, -1)
+		}
+		node = child
+	}
+	if s.tok[node] < 0 {
+		s.tok[node] = int32(len(s.toks))
+		s.toks = append(s.toks, tok)
+	}
+}
+
+// longest returns the end of the longest token starting at text[i] and its
+// index in toks, or -1.
+func (s *addedSet) longest(text []byte, i int) (end int, tok int32) {
+	tok = -1
+	node := uint32(0)
+	for j := i; j < len(text); j++ {
+		child, ok := s.edges[node<<8|uint32(text[j])]
+		if !ok {
+			break
+		}
+		node = child
+		if k := s.tok[node]; k >= 0 {
+			end, tok = j+1, k
+		}
+	}
+	return end, tok
+}
+
+// next finds the first token match at or after pos and applies HF's
+// find_matches rules: a single_word token touching a word character is
+// skipped, lstrip takes the spaces before it (not before from, the end of
+// the previous split), rstrip those after it. [start, stop) is the token's
+// split; resume is where the search goes on (the end of the raw match).
+func (s *addedSet) next(text []byte, pos, from int) (start, stop, resume int, id uint32, found bool) {
+	if len(s.toks) == 0 {
+		return 0, 0, 0, 0, false
+	}
+	for p := pos; p < len(text); p++ {
+		if !s.first[text[p]] {
+			continue
+		}
+		end, k := s.longest(text, p)
+		if k < 0 {
+			continue
+		}
+		tok := &s.toks[k]
+		start, stop = p, end
+		if tok.singleWord {
+			before := start > 0 && endsWithWord(text[:start])
+			after := stop < len(text) && startsWithWord(text[stop:])
+			if before || after {
+				p = end - 1
+				continue
+			}
+		}
+		if tok.lstrip {
+			start = max(trailingSpaceStart(text[:start]), from)
+		}
+		if tok.rstrip {
+			stop += leadingSpaceLen(text[stop:])
+		}
+		return start, stop, end, tok.id, true
+	}
+	return 0, 0, 0, 0, false
+}
+
+// isWordChar is \w of Rust's regex crate: Alphabetic, marks, decimal digits,
+// connector punctuation and the joiners.
+func isWordChar(r rune) bool {
+	return unicode.IsLetter(r) || unicode.IsMark(r) || unicode.Is(unicode.Nd, r) || unicode.Is(unicode.Nl, r) ||
+		unicode.Is(unicode.Pc, r) || unicode.Is(unicode.Other_Alphabetic, r) || r == 0x200C || r == 0x200D
+}
+
+func endsWithWord(b []byte) bool {
+	r, _ := utf8.DecodeLastRune(b)
+	return isWordChar(r)
+}
+
+func startsWithWord(b []byte) bool {
+	r, _ := utf8.DecodeRune(b)
+	return isWordChar(r)
+}
+
+// trailingSpaceStart is where the whitespace at the end of b begins.
+func trailingSpaceStart(b []byte) int {
+	for len(b) > 0 {
+		r, n := utf8.DecodeLastRune(b)
+		if !unicode.IsSpace(r) {
+			break
+		}
+		b = b[:len(b)-n]
+	}
+	return len(b)
+}
+
+// leadingSpaceLen is the length of the whitespace b starts with.
+func leadingSpaceLen(b []byte) int {
+	n := 0
+	for n < len(b) {
+		r, w := utf8.DecodeRune(b[n:])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		n += w
+	}
+	return n
+}

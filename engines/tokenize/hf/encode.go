@@ -1,0 +1,345 @@
+package hf
+
+import (
+	"bytes"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+	"golang.org/x/text/unicode/norm"
+)
+
+type normKind string
+
+const (
+	normNFC     normKind = "NFC"
+	normPrepend normKind = "Prepend"
+	normReplace normKind = "Replace"
+)
+
+// normStep is one normalizer: NFC, Prepend(to) or Replace(from -> to).
+type normStep struct {
+	kind     normKind
+	from, to string
+}
+
+type preKind uint8
+
+const (
+	preSplit preKind = iota
+	preByteLevel
+	preMetaspace
+)
+
+// splitBehavior is HF's SplitDelimiterBehavior: what becomes of a match.
+type splitBehavior uint8
+
+const (
+	splitRemoved splitBehavior = iota
+	splitIsolated
+	splitMergedWithPrevious
+	splitMergedWithNext
+	splitContiguous
+)
+
+type prependScheme uint8
+
+const (
+	prependAlways prependScheme = iota
+	prependFirst                // only on a piece that starts the input
+	prependNever
+)
+
+// preStep is one pre-tokenizer.
+type preStep struct {
+	kind     preKind
+	behavior splitBehavior // Split
+	scan     scanner       // Split regex; ByteLevel use_regex (GPT-2)
+	literal  string        // Split string pattern; Metaspace replacement
+	// ByteLevel
+	prefixSpace, useRegex bool
+	// Metaspace
+	prepend   prependScheme
+	metaSplit bool
+}
+
+// span is a piece of a pre-tokenizer's input: a match of its pattern or the
+// text between two matches.
+type span struct {
+	start, end int
+	match      bool
+}
+
+// encoder holds one encode call's scratch buffers; Tokenizer pools them so
+// a steady-state encode allocates nothing.
+type encoder struct {
+	normBuf [2][]byte
+	preBuf  [][]byte // per pre-tokenizer step
+	spans   [][]span // per pre-tokenizer step
+	ids     []uint32 // BPE symbols
+	prev    []int32
+	next    []int32
+	heap    []uint64
+	count   []uint32
+}
+
+// encode appends the ids of text without post-processing.
+func (e *encoder) encode(t *Tokenizer, dst []uint32, text []byte) []uint32 {
+	from, pos := 0, 0
+	for {
+		start, stop, resume, id, ok := t.raw.next(text, pos, from)
+		if !ok {
+			break
+		}
+		if from < start {
+			dst = e.segment(t, dst, text[from:start], from == 0)
+		}
+		dst = append(dst, id)
+		from, pos = stop, resume
+	}
+	if from < len(text) {
+		dst = e.segment(t, dst, text[from:], from == 0)
+	}
+	return dst
+}
+
+// segmentSeed distinguishes, in the segment cache, a segment that starts
+// the input (Metaspace's "first" scheme prepends only to that one).
+const segmentSeed = 0x9e3779b97f4a7c15
+
+// segment encodes text between two raw added tokens: normalise, split on
+// the normalized added tokens, pre-tokenise, BPE.
+func (e *encoder) segment(t *Tokenizer, dst []uint32, seg []byte, first bool) []uint32 {
+	var h uint64
+	if t.segments != nil {
+		h = xxhash.Sum64(seg)
+		if first {
+			h ^= segmentSeed
+		}
+		if out, ok := t.segments.get(dst, h, seg, first); ok {
+			return out
+		}
+	}
+	n := len(dst)
+	s := e.normalize(t, seg)
+	from, pos := 0, 0
+	for {
+		start, stop, resume, id, ok := t.normalized.next(s, pos, from)
+		if !ok {
+			break
+		}
+		if from < start {
+			dst = e.pre(t, dst, 0, s[from:start], first && from == 0)
+		}
+		dst = append(dst, id)
+		from, pos = stop, resume
+	}
+	if from < len(s) {
+		dst = e.pre(t, dst, 0, s[from:], first && from == 0)
+	}
+	if t.segments != nil {
+		t.segments.put(h, seg, first, dst[n:])
+	}
+	return dst
+}
+
+// normalize applies the normalizers to s, returning s itself when none
+// changes it, else one of e's buffers.
+func (e *encoder) normalize(t *Tokenizer, s []byte) []byte {
+	cur := -1 // which normBuf s is, -1: neither
+	for _, n := range t.norm {
+		out := e.normBuf[(cur+1)%2][:0]
+		switch n.kind {
+		case normNFC:
+			if norm.NFC.QuickSpan(s) == len(s) {
+				continue
+			}
+			out = norm.NFC.Append(out, s...)
+		case normPrepend:
+			if len(s) == 0 {
+				continue
+			}
+			out = append(append(out, n.to...), s...)
+		case normReplace:
+			if !bytes.Contains(s, []byte(n.from)) {
+				continue
+			}
+			out = replace(out, s, n.from, n.to)
+		}
+		cur = (cur + 1) % 2
+		e.normBuf[cur] = out
+		s = out
+	}
+	return s
+}
+
+// replace appends s to dst with every from replaced by to.
+func replace(dst, s []byte, from, to string) []byte {
+	for {
+		i := bytes.Index(s, []byte(from))
+		if i < 0 {
+			return append(dst, s...)
+		}
+		dst = append(append(dst, s[:i]...), to...)
+		s = s[i+len(from):]
+	}
+}
+
+// buf returns pre-tokenizer step's scratch buffer, emptied.
+func (e *encoder) buf(step int) []byte {
+	for len(e.preBuf) <= step {
+		e.preBuf = append(e.preBuf, nil)
+		e.spans = append(e.spans, nil)
+	}
+	return e.preBuf[step][:0]
+}
+
+// pre runs pre-tokenizer step on piece and the later steps on what it
+// yields, then the model on each final piece. first says piece starts the
+// input.
+func (e *encoder) pre(t *Tokenizer, dst []uint32, step int, piece []byte, first bool) []uint32 {
+	if len(piece) == 0 {
+		return dst
+	}
+	if step == len(t.pre) {
+		return e.word(t, dst, piece)
+	}
+	s := &t.pre[step]
+	switch s.kind {
+	case preSplit:
+		return e.split(t, dst, step, piece, first, s.behavior)
+	case preByteLevel:
+		if s.prefixSpace && piece[0] != ' ' {
+			b := append(append(e.buf(step), ' '), piece...)
+			e.preBuf[step] = b
+			piece = b
+		}
+		if s.useRegex {
+			return e.split(t, dst, step, piece, first, splitIsolated)
+		}
+	case preMetaspace:
+		b := e.buf(step)
+		if s.prepend == prependAlways || s.prepend == prependFirst && first {
+			if !bytes.HasPrefix(piece, []byte(s.literal)) && piece[0] != ' ' {
+				b = append(b, s.literal...)
+			}
+		}
+		b = replace(b, piece, " ", s.literal)
+		e.preBuf[step] = b
+		if s.metaSplit {
+			return e.split(t, dst, step, b, first, splitMergedWithNext)
+		}
+		piece = b
+	}
+	return e.pre(t, dst, step+1, piece, first)
+}
+
+// split cuts piece at the matches of step's pattern, applies behavior and
+// hands each non-empty part to the next step.
+func (e *encoder) split(t *Tokenizer, dst []uint32, step int, piece []byte, first bool, behavior splitBehavior) []uint32 {
+	e.buf(step)
+	sp := e.spans[step][:0]
+	s := &t.pre[step]
+	gap := 0 // start of the text before the next match
+	for i := 0; i < len(piece); {
+		end := -1
+		switch {
+		case s.scan != nil:
+			end = s.scan(piece, i)
+		case bytes.HasPrefix(piece[i:], []byte(s.literal)):
+			end = i + len(s.literal)
+		}
+		if end < 0 {
+			_, n := utf8.DecodeRune(piece[i:])
+			i += n
+			continue
+		}
+		if gap < i {
+			sp = append(sp, span{gap, i, false})
+		}
+		sp = append(sp, span{i, end, true})
+		i, gap = end, end
+	}
+	if gap < len(piece) {
+		sp = append(sp, span{gap, len(piece), false})
+	}
+	sp = applyBehavior(sp, behavior)
+	e.spans[step] = sp
+	for _, p := range sp {
+		dst = e.pre(t, dst, step+1, piece[p.start:p.end], first && p.start == 0)
+	}
+	return dst
+}
+
+// applyBehavior rewrites the spans in place as HF's NormalizedString.split
+// does for behavior.
+func applyBehavior(sp []span, behavior splitBehavior) []span {
+	out := sp[:0]
+	prevMatch := false
+	switch behavior {
+	case splitIsolated:
+		return sp
+	case splitRemoved:
+		for _, p := range sp {
+			if !p.match {
+				out = append(out, p)
+			}
+		}
+	case splitContiguous:
+		for _, p := range sp {
+			if p.match == prevMatch && len(out) > 0 {
+				out[len(out)-1].end = p.end
+			} else {
+				out = append(out, p)
+			}
+			prevMatch = p.match
+		}
+	case splitMergedWithPrevious:
+		for _, p := range sp {
+			if p.match && !prevMatch && len(out) > 0 {
+				out[len(out)-1].end = p.end
+			} else {
+				out = append(out, p)
+			}
+			prevMatch = p.match
+		}
+	case splitMergedWithNext:
+		// Right to left, written from the end of sp towards its start.
+		w := len(sp)
+		for i := len(sp) - 1; i >= 0; i-- {
+			p := sp[i]
+			if p.match && !prevMatch && w < len(sp) {
+				sp[w].start = p.start
+			} else {
+				w--
+				sp[w] = p
+			}
+			prevMatch = p.match
+		}
+		return sp[w:]
+	}
+	return out
+}
+
+// word appends the model's ids for one pre-tokenized piece.
+func (e *encoder) word(t *Tokenizer, dst []uint32, w []byte) []uint32 {
+	b := &t.bpe
+	if b.ignoreMerges {
+		if id, ok := b.vocab[string(w)]; ok {
+			return append(dst, id)
+		}
+	}
+	cached := t.words != nil && len(w) <= maxCachedWord
+	var h uint64
+	if cached {
+		h = xxhash.Sum64(w)
+		if out, ok := t.words.get(dst, h, w, false); ok {
+			return out
+		}
+	}
+	n := len(dst)
+	dst = e.merge(b, dst, w)
+	if cached {
+		t.words.put(h, w, false, dst[n:])
+	}
+	return dst
+}

@@ -1,0 +1,303 @@
+// Package hf encodes text into the token ids a Hugging Face tokenizer
+// (tokenizer.json, as read by HF tokenizers 0.22 and so by vLLM) produces,
+// exactly and in pure Go, so the gateway keys prefix-cache blocks by the ids
+// the engine publishes in its KV events.
+//
+// It implements BPE models, byte-level (Qwen2/2.5/3, Llama 3.x, GPT-2) and
+// SentencePiece-style (Llama 2, Mistral: Prepend/Replace normalizers or
+// Metaspace, byte fallback, unk fusing), added tokens with their
+// lstrip/rstrip/single_word/normalized flags, the NFC normalizer, Split
+// pre-tokenizers with the Qwen, Llama 3 and GPT-2 regexes (a hand-written
+// scanner each), ByteLevel and TemplateProcessing post-processors. Any other
+// component or option makes Load fail with an error naming it: the package
+// never approximates.
+//
+// Text is split on added tokens first; each segment between them is
+// normalised, pre-tokenised and encoded on its own, as HF does, and its ids
+// are kept in a bounded segment cache, so a conversation re-encodes only its
+// new turn. Input is expected to be UTF-8 (as every Python str is); invalid
+// bytes are encoded but no reference defines their ids.
+//
+// The differential tests compare against goldens HF's Rust tokenizers wrote
+// for a 10,400-string corpus; regenerate them after make test-deps with
+//
+//	node engines/tokenize/hf/testdata/gen.mjs
+package hf
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// Tokenizer encodes text. It is immutable after Load and safe for concurrent
+// use; its caches lock internally.
+type Tokenizer struct {
+	norm []normStep
+	pre  []preStep
+	bpe  bpe
+	// raw holds the added tokens matched on the input as it is, normalized
+	// those matched after the normalizer ran (HF's two passes).
+	raw, normalized addedSet
+	prefix, suffix  []uint32 // add_special_tokens ids around the sequence
+
+	tokenToID map[string]uint32
+	idToToken []string
+
+	specials     map[string]string
+	chatTemplate string
+
+	segments *cache     // segment bytes -> ids
+	words    *cache     // pre-tokenized word -> ids
+	pool     *sync.Pool // of *encoder
+}
+
+// Cache bounds: a segment cache of this many bytes of keys and ids holds a
+// few thousand conversations of a few KB each; words are short.
+const (
+	segmentCacheBytes = 64 << 20
+	wordCacheBytes    = 16 << 20
+	// maxCachedWord is the longest word the word cache keeps; longer ones
+	// (a SentencePiece segment is one word) are left to the segment cache.
+	maxCachedWord = 256
+)
+
+// Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json
+// and dir/chat_template.jinja.
+func Load(dir string) (*Tokenizer, error) {
+	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("hf: %w", err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("hf: %w", err)
+	}
+	t, err := Parse(tj, cfg)
+	if err != nil {
+		return nil, err
+	}
+	tmpl, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja"))
+	switch {
+	case err == nil:
+		t.chatTemplate = string(tmpl)
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("hf: %w", err)
+	}
+	return t, nil
+}
+
+// Parse builds a Tokenizer from the contents of tokenizer.json and of
+// tokenizer_config.json (nil when there is none).
+func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
+	var file map[string]json.RawMessage
+	if err := json.Unmarshal(tokenizerJSON, &file); err != nil {
+		return nil, fmt.Errorf("hf: tokenizer.json: %w", err)
+	}
+	// truncation and padding are not read: transformers turns both off for
+	// an encode that does not ask for them, which is how vLLM encodes.
+	for k := range file {
+		switch k {
+		case "version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder", "model":
+		default:
+			return nil, fmt.Errorf("hf: tokenizer.json: field %q not supported", k)
+		}
+	}
+	t := &Tokenizer{tokenToID: map[string]uint32{}, specials: map[string]string{}}
+	var err error
+	if t.norm, err = parseNormalizer("normalizer", file["normalizer"], nil); err != nil {
+		return nil, err
+	}
+	if t.pre, err = parsePreTokenizer("pre_tokenizer", file["pre_tokenizer"], nil); err != nil {
+		return nil, err
+	}
+	byteLevel := false
+	for i, s := range t.pre {
+		if s.kind == preByteLevel {
+			if i != len(t.pre)-1 {
+				return nil, fmt.Errorf("hf: tokenizer.json pre_tokenizer: ByteLevel followed by another pre-tokenizer not supported")
+			}
+			byteLevel = true
+		}
+	}
+	if byteLevel && len(t.norm) > 0 {
+		for _, n := range t.norm {
+			if n.kind != normNFC {
+				return nil, fmt.Errorf("hf: tokenizer.json normalizer: %s with a ByteLevel pre-tokenizer not supported", n.kind)
+			}
+		}
+	}
+	if isNull(file["model"]) {
+		return nil, errors.New("hf: tokenizer.json model: missing")
+	}
+	if err := parseModel(file["model"], byteLevel, t); err != nil {
+		return nil, err
+	}
+	var added []addedJSON
+	if raw := file["added_tokens"]; !isNull(raw) {
+		if err := json.Unmarshal(raw, &added); err != nil {
+			return nil, fmt.Errorf("hf: tokenizer.json added_tokens: %w", err)
+		}
+	}
+	if err := parseAdded(added, t); err != nil {
+		return nil, err
+	}
+	if err := parsePostProcessor("post_processor", file["post_processor"], t); err != nil {
+		return nil, err
+	}
+	if tokenizerConfigJSON != nil {
+		if err := t.parseConfig(tokenizerConfigJSON); err != nil {
+			return nil, err
+		}
+	}
+	t.segments = newCache(segmentCacheBytes)
+	t.words = newCache(wordCacheBytes)
+	t.pool = &sync.Pool{New: func() any { return new(encoder) }}
+	return t, nil
+}
+
+// parseConfig reads the special tokens and chat template of
+// tokenizer_config.json, and refuses a Llama/Gemma config whose
+// add_bos_token / add_eos_token disagree with tokenizer.json's
+// post-processor: transformers rebuilds the post-processor from those flags
+// for these classes, so vLLM would add other ids than tokenizer.json says.
+func (t *Tokenizer) parseConfig(data []byte) error {
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return fmt.Errorf("hf: tokenizer_config.json: %w", err)
+	}
+	for k, raw := range cfg {
+		if !strings.HasSuffix(k, "_token") {
+			continue
+		}
+		var s string
+		var obj struct {
+			Content *string `json:"content"`
+		}
+		switch {
+		case json.Unmarshal(raw, &s) == nil && !isNull(raw):
+			t.specials[k] = s
+		case json.Unmarshal(raw, &obj) == nil && obj.Content != nil:
+			t.specials[k] = *obj.Content
+		}
+	}
+	if raw, ok := cfg["chat_template"]; ok && !isNull(raw) {
+		var list []struct {
+			Name     string `json:"name"`
+			Template string `json:"template"`
+		}
+		if json.Unmarshal(raw, &t.chatTemplate) != nil {
+			if err := json.Unmarshal(raw, &list); err != nil {
+				return fmt.Errorf("hf: tokenizer_config.json chat_template: %.80s is neither a string nor a list", raw)
+			}
+			for _, e := range list {
+				if e.Name == "default" {
+					t.chatTemplate = e.Template
+				}
+			}
+		}
+	}
+	var class string
+	_ = json.Unmarshal(cfg["tokenizer_class"], &class)
+	switch strings.TrimSuffix(class, "Fast") {
+	case "LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer":
+		for _, f := range []struct {
+			key  string
+			on   bool // transformers' default
+			ids  []uint32
+			name string
+		}{{"add_bos_token", true, t.prefix, "bos_token"}, {"add_eos_token", false, t.suffix, "eos_token"}} {
+			if raw, ok := cfg[f.key]; ok && !isNull(raw) {
+				if err := json.Unmarshal(raw, &f.on); err != nil {
+					return fmt.Errorf("hf: tokenizer_config.json %s: %.40s is not a bool", f.key, raw)
+				}
+			}
+			var want []uint32
+			if id, ok := t.ID(t.specials[f.name]); f.on && ok {
+				want = []uint32{id}
+			}
+			if !slices.Equal(want, f.ids) {
+				return fmt.Errorf("hf: tokenizer_config.json %s: %v (%s %q) disagrees with tokenizer.json post_processor %v for %s",
+					f.key, f.on, f.name, t.specials[f.name], f.ids, class)
+			}
+		}
+	}
+	return nil
+}
+
+// grow makes idToToken hold id.
+func (t *Tokenizer) grow(id uint32) {
+	if int(id) >= len(t.idToToken) {
+		t.idToToken = append(t.idToToken, make([]string, int(id)+1-len(t.idToToken))...)
+	}
+}
+
+// Append appends the ids of text to dst and returns the extended slice;
+// addSpecial is HF's add_special_tokens (the post-processor's BOS/EOS).
+// Special tokens written in text are recognised either way. With warm caches
+// and room in dst it allocates nothing.
+func (t *Tokenizer) Append(dst []uint32, text []byte, addSpecial bool) []uint32 {
+	e := t.pool.Get().(*encoder)
+	if addSpecial {
+		dst = append(dst, t.prefix...)
+	}
+	dst = e.encode(t, dst, text)
+	if addSpecial {
+		dst = append(dst, t.suffix...)
+	}
+	t.pool.Put(e)
+	return dst
+}
+
+// Count returns len(t.Append(nil, text, addSpecial)) without keeping the ids.
+func (t *Tokenizer) Count(text []byte, addSpecial bool) int {
+	e := t.pool.Get().(*encoder)
+	e.count = e.encode(t, e.count[:0], text)
+	n := len(e.count)
+	t.pool.Put(e)
+	if addSpecial {
+		n += len(t.prefix) + len(t.suffix)
+	}
+	return n
+}
+
+// ID returns the id of a vocabulary or added token.
+func (t *Tokenizer) ID(token string) (uint32, bool) {
+	id, ok := t.tokenToID[token]
+	return id, ok
+}
+
+// Token returns the string of id as the vocabulary spells it (byte-level
+// vocabularies in their printable byte alphabet, e.g. "Ġthe").
+func (t *Tokenizer) Token(id uint32) (string, bool) {
+	if int(id) >= len(t.idToToken) || t.idToToken[id] == "" {
+		return "", false
+	}
+	return t.idToToken[id], true
+}
+
+// BOS is tokenizer_config's bos_token, "" if none.
+func (t *Tokenizer) BOS() string { return t.specials["bos_token"] }
+
+// EOS is tokenizer_config's eos_token, "" if none.
+func (t *Tokenizer) EOS() string { return t.specials["eos_token"] }
+
+// ChatTemplate is chat_template.jinja when Load found one, else
+// tokenizer_config's chat_template ("default" entry of the list form).
+func (t *Tokenizer) ChatTemplate() string { return t.chatTemplate }
+
+// SpecialTokens returns a copy of tokenizer_config's *_token entries that
+// name a token (bos_token, eos_token, pad_token, unk_token...), the values
+// chat templates refer to.
+func (t *Tokenizer) SpecialTokens() map[string]string {
+	m := make(map[string]string, len(t.specials))
+	for k, v := range t.specials {
+		m[k] = v
+	}
+	return m
+}

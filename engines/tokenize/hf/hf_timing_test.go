@@ -1,0 +1,57 @@
+package hf
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// benchText is testdata/bench.txt, 9 KB of prose in several scripts and
+// code, the text bench/tokenize/ref.mjs times HF's Rust tokenizer on.
+func benchText(b *testing.B) []byte {
+	b.Helper()
+	text, err := os.ReadFile(filepath.Join("testdata", "bench.txt"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return text
+}
+
+// benchEncode times Append of bench.txt on tok, for each model, after one
+// warm-up encode.
+func benchEncode(b *testing.B, caches func(*Tokenizer) *Tokenizer) {
+	text := benchText(b)
+	for _, model := range []string{"qwen3", "llama3.1", "llama2"} {
+		b.Run(model, func(b *testing.B) {
+			tok := caches(load(b, model))
+			dst := tok.Append(nil, text, false)
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				dst = tok.Append(dst[:0], text, false)
+			}
+			b.ReportMetric(float64(len(dst)), "tokens/op")
+		})
+	}
+}
+
+// BenchmarkEncodeCold encodes with no cache: every word goes through BPE.
+func BenchmarkEncodeCold(b *testing.B) {
+	benchEncode(b, func(t *Tokenizer) *Tokenizer { return withCaches(t, 0) })
+}
+
+// BenchmarkEncodeWarm encodes with the word cache warm and no segment
+// cache: a new text made of known words.
+func BenchmarkEncodeWarm(b *testing.B) {
+	benchEncode(b, func(t *Tokenizer) *Tokenizer {
+		c := withCaches(t, wordCacheBytes)
+		c.segments = nil
+		return c
+	})
+}
+
+// BenchmarkSegmentHit encodes a text already seen: one segment-cache hit.
+func BenchmarkSegmentHit(b *testing.B) {
+	benchEncode(b, func(t *Tokenizer) *Tokenizer { return withCaches(t, segmentCacheBytes) })
+}
