@@ -31,6 +31,7 @@ type Template struct {
 	format       contentFormat
 	indentedJSON bool // tojson(indent=...): the engine sorts keys there
 	timeBound    bool // strftime_now: output depends on the day
+	noPlan       bool // a request's template: learning costs more than it saves
 	triggers     []string
 	strips       bool
 
@@ -107,12 +108,9 @@ func (t *Template) RenderSegments(dst []byte, c *Conversation, defaults map[stri
 }
 
 func (t *Template) render(dst []byte, c *Conversation, defaults map[string]any, segs bool) ([]byte, []Segment, error) {
-	if c.hasChatTemplate {
-		o, err := overrides.get(c.str(c.chatTemplate), t.specialSrc)
-		if err != nil {
-			return dst, nil, &RequestError{Param: "chat_template", Message: err.Error()}
-		}
-		t = o
+	t, err := t.effective(c)
+	if err != nil {
+		return dst, nil, err
 	}
 	c.seg = c.seg[:0]
 	if p := t.planFor(c, defaults); p != nil {
@@ -126,6 +124,19 @@ func (t *Template) render(dst []byte, c *Conversation, defaults map[string]any, 
 		return dst, nil, err
 	}
 	return append(dst, out...), c.seg, nil
+}
+
+// effective is the template that renders c: the request's own
+// chat_template if it has one, through the bounded cache.
+func (t *Template) effective(c *Conversation) (*Template, error) {
+	if !c.hasChatTemplate {
+		return t, nil
+	}
+	o, err := overrides.get(c.str(c.chatTemplate), t.specialSrc)
+	if err != nil {
+		return nil, &RequestError{Param: "chat_template", Message: err.Error()}
+	}
+	return o, nil
 }
 
 // renderJinja is the reference path: the whole template interpreted.
@@ -222,6 +233,7 @@ func (oc *overrideCache) get(src string, special map[string]string) (*Template, 
 	if err != nil {
 		return nil, err
 	}
+	t.noPlan = true
 	oc.mu.Lock()
 	if len(oc.m) >= overrideCacheSize {
 		clear(oc.m)

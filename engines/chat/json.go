@@ -136,6 +136,12 @@ func (s *scanner) str(arena []byte) ([]byte, span) {
 		for i < len(s.data) && s.data[i] != '"' && s.data[i] != '\\' && s.data[i] >= 0x20 {
 			i++
 		}
+		// Runs end at ASCII bytes, so each holds whole UTF-8 sequences;
+		// Python refuses a body that is not UTF-8.
+		if !utf8.Valid(s.data[s.pos:i]) {
+			s.fail()
+			return arena, span{}
+		}
 		arena = append(arena, s.data[s.pos:i]...)
 		s.pos = i
 		if i == len(s.data) {
@@ -283,8 +289,15 @@ func (s *scanner) skipString() {
 				s.fail()
 				return
 			}
-		default:
+		case c < utf8.RuneSelf:
 			s.pos++
+		default:
+			r, n := utf8.DecodeRune(s.data[s.pos:])
+			if r == utf8.RuneError && n == 1 {
+				s.fail()
+				return
+			}
+			s.pos += n
 		}
 	}
 	s.fail()

@@ -26,7 +26,7 @@ import (
 // string contents, not empty, without a trigger literal of the template,
 // and without leading or trailing whitespace when the template strips;
 // no name, tool calls, reasoning, tools, continue_final_message or media;
-// no strftime_now in the template; kwargs with scalar values, learnt per
+// no strftime_now in the template, not a request's own template; kwargs with scalar values, learnt per
 // distinct set. Anything else renders with Jinja.
 type plan struct {
 	gaps     [numCtx + 1][numCtx]gap // [prev context + 1][context]
@@ -141,7 +141,7 @@ func (p *plan) contentOK(b []byte) bool {
 // planFor returns the verified plan for c's kwargs, learning it on first
 // use, or nil when c is outside the envelope or the template has none.
 func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {
-	if t.timeBound {
+	if t.timeBound || t.noPlan {
 		return nil
 	}
 	key, ok := c.kwargsKey(defaults)
