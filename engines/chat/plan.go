@@ -305,8 +305,11 @@ var contentPieces = []string{
 func (t *Template) verify(p *plan, kw map[string]jinja.Value) bool {
 	rng := rand.New(rand.NewPCG(7, uint64(len(t.src))))
 	checked := 0
-	for range verifyConversations {
+	for k := range verifyConversations {
 		n := 1 + rng.IntN(12)
+		if k%16 == 0 {
+			n = 13 + rng.IntN(52) // a few long chats
+		}
 		roles := make([]int, n)
 		contents := make([]string, n)
 		for i := range roles {
