@@ -194,3 +194,42 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestInexact: requests the engine would print differently from Python
+// are refused with ErrInexact instead of rendered wrong.
+func TestInexact(t *testing.T) {
+	plain, err := Compile(`{% for m in messages %}{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	indented, err := Compile(`{% for t in tools %}{{ t | tojson(indent=4) }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := AcquireConversation()
+	defer ReleaseConversation(c)
+	f := func(tmpl *Template, body, want string, wantErr error) {
+		t.Helper()
+		if err := c.ParseRequest([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := tmpl.Render(nil, c, nil)
+		if !errors.Is(err, wantErr) || err == nil && string(got) != want {
+			t.Errorf("%s: got %q %v, want %q %v", body, got, err, want, wantErr)
+		}
+	}
+	tool := func(params string) string {
+		return `{"messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f","parameters":` + params + `}}]}`
+	}
+	f(plain, tool(`{"b":1,"a":0.5,"c":1e-7}`), `q[{"type": "function", "function": {"name": "f", "description": null, "parameters": {"b": 1, "a": 0.5, "c": 1e-07}}}]`, nil)
+	f(plain, tool(`{"default":1.0}`), "", ErrInexact) // Python: 1.0
+	f(plain, tool(`{"max":1e6}`), "", ErrInexact)     // Python: 1000000.0
+	f(plain, tool(`{"n":123456789012345678901}`), "", ErrInexact)
+	f(plain, tool(`{"d":"a\u2028b"}`), "", ErrInexact)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"{\"t\": 2.0}"}}]}]}`, "", ErrInexact)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"{\"t\": 2.5, \"z\": [1]}"}}]}]}`, `x{"t": 2.5, "z": [1]}`, nil)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"not json"}}]}]}`, `x{}`, nil)
+	f(plain, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, "", ErrInexact)
+	f(indented, tool(`{}`), "", ErrInexact)
+	f(indented, `{"messages":[{"role":"user","content":"q"}]}`, "q", nil)
+}

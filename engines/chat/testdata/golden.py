@@ -9,9 +9,10 @@ Rendering uses Python's Jinja2 (the engine transformers' apply_chat_template
 runs inside vLLM), set up as transformers sets it up: an immutable sandbox
 with trim_blocks, lstrip_blocks and loop controls, raise_exception,
 strftime_now, and tojson as json.dumps(ensure_ascii=False, sort_keys=False)
-with Python's separators. @huggingface/jinja (transformers.js) is not used
-for the goldens: its tojson follows JSON.stringify (no spaces after ',' and
-':') where Python writes ', ' and ': ', so tool prompts would differ.
+with Python's separators. So the goldens are what vLLM renders, tool cases
+included. `--contexts FILE` also writes each case's template and render
+context for hf_jinja_check.mjs, which renders them with @huggingface/jinja
+(transformers.js) and lists where it differs from Python.
 
 The request reshaping before rendering restates vLLM's rules
 (vllm/entrypoints/chat_utils.py, openai chat_completion protocol):
@@ -120,12 +121,11 @@ def dump_tool(tool):
         "parameters": fn.get("parameters")}}
 
 
-def render(template, special, request, defaults):
+def context(template, special, request, defaults):
     fmt = content_format(template)
     messages = [reshape(m, fmt) for m in request["messages"]]
     tools = [dump_tool(t) for t in request["tools"]] if request.get("tools") else None
     add_gen = request.get("add_generation_prompt", True)
-    cont = request.get("continue_final_message", False)
     kwargs = dict(special)
     kwargs.update(defaults)
     user = request.get("chat_template_kwargs") or {}
@@ -134,10 +134,15 @@ def render(template, special, request, defaults):
         kwargs["reasoning_effort"] = request["reasoning_effort"]
         if "enable_thinking" not in user:
             kwargs["enable_thinking"] = request["reasoning_effort"] != "none"
-    out = environment().from_string(template).render(
-        messages=messages, tools=tools, documents=None,
-        add_generation_prompt=add_gen, **kwargs)
-    if cont:
+    return dict(kwargs, messages=messages, tools=tools, documents=None,
+                add_generation_prompt=add_gen)
+
+
+def render(template, special, request, defaults):
+    ctx = context(template, special, request, defaults)
+    messages = ctx["messages"]
+    out = environment().from_string(template).render(**ctx)
+    if request.get("continue_final_message", False):
         final = messages[-1]["content"]
         if isinstance(final, list):
             final = [p["text"] for p in final][-1]
@@ -215,10 +220,14 @@ CASES = [
 
 
 def main():
+    args = sys.argv[1:]
+    contexts_path = None
+    if args[:1] == ["--contexts"]:
+        contexts_path, args = args[1], args[2:]
     models = dict(MODELS)
-    if len(sys.argv) > 1:
-        models["gemma3"] = sys.argv[1]
-    out = []
+    if args:
+        models["gemma3"] = args[0]
+    out, contexts = [], []
     for model, rel in models.items():
         path = rel if os.path.isabs(rel) else os.path.join(ROOT, rel)
         with open(os.path.join(path, "tokenizer_config.json")) as f:
@@ -232,6 +241,10 @@ def main():
                 want, error = None, str(e)
             else:
                 error = None
+            if error is None and not request.get("continue_final_message"):
+                contexts.append({"model": model, "name": name, "template": cfg["chat_template"],
+                                 "context": context(cfg["chat_template"], special, request, defaults),
+                                 "want": want})
             case = {"model": model, "name": name, "request": request, "defaults": defaults}
             if error is None:
                 case["want"] = want
@@ -241,6 +254,9 @@ def main():
     with open(os.path.join(os.path.dirname(__file__), "golden.json"), "w") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
+    if contexts_path:
+        with open(contexts_path, "w") as f:
+            json.dump(contexts, f, ensure_ascii=False)
 
 
 if __name__ == "__main__":
