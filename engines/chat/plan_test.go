@@ -2,6 +2,7 @@ package chat
 
 import (
 	"encoding/json"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -197,4 +198,44 @@ func TestFastPathRefusals(t *testing.T) {
 	// Output depends on the number of messages.
 	f(`{{ messages | length }}{% for m in messages %}{{ m.content }}{% endfor %}`, false)
 	f(`{% for m in messages %}{{ m.content }}{% if loop.index == 3 %}!{% endif %}{% endfor %}`, false)
+}
+
+// TestConcurrentRender: goroutines render on one template while its plans
+// are learnt (run with -race).
+func TestConcurrentRender(t *testing.T) {
+	tmpl := loadTemplate(t, "qwen3")
+	bodies := [][]byte{
+		[]byte(`{"messages":[{"role":"user","content":"hi"}]}`),
+		[]byte(`{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false}}`),
+		[]byte(`{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"low"}`),
+	}
+	done := make(chan error)
+	for g := range 6 {
+		go func() {
+			c := AcquireConversation()
+			defer ReleaseConversation(c)
+			var err error
+			for i := range 20 {
+				body := bodies[(g+i)%len(bodies)]
+				if err = c.ParseRequest(body); err != nil {
+					break
+				}
+				var got []byte
+				if got, err = tmpl.Render(nil, c, nil); err != nil {
+					break
+				}
+				want, _ := tmpl.renderJinja(c, nil)
+				if string(got) != want {
+					err = errors.New("fast path differs: " + string(got))
+					break
+				}
+			}
+			done <- err
+		}()
+	}
+	for range 6 {
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
 }
