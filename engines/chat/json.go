@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"encoding/binary"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -132,13 +133,10 @@ func (s *scanner) str(arena []byte) ([]byte, span) {
 	start := len(arena)
 	for s.pos < len(s.data) {
 		// Copy the run of plain bytes at once.
-		i := s.pos
-		for i < len(s.data) && s.data[i] != '"' && s.data[i] != '\\' && s.data[i] >= 0x20 {
-			i++
-		}
+		i, ascii := plainRun(s.data, s.pos)
 		// Runs end at ASCII bytes, so each holds whole UTF-8 sequences;
 		// Python refuses a body that is not UTF-8.
-		if !utf8.Valid(s.data[s.pos:i]) {
+		if !ascii && !utf8.Valid(s.data[s.pos:i]) {
 			s.fail()
 			return arena, span{}
 		}
@@ -197,6 +195,33 @@ func (s *scanner) str(arena []byte) ([]byte, span) {
 	}
 	s.fail()
 	return arena, span{}
+}
+
+// plainRun returns the end of the bytes from i on that a JSON string holds
+// as they are (not '"', '\\' or a control byte), and whether they are all
+// ASCII. It tests eight bytes a step: a byte b is < 0x20, or equal to c
+// after xor, when (b - 0x20) or (b^c - 1) borrows into its top bit while
+// b itself has it clear.
+func plainRun(data []byte, i int) (int, bool) {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	var high uint64
+	for ; i+8 <= len(data); i += 8 {
+		x := binary.LittleEndian.Uint64(data[i:])
+		q, bs := x^(ones*'"'), x^(ones*'\\')
+		stop := ((x - ones*0x20) | (q - ones) | (bs - ones)) &^ x & highs
+		if stop != 0 {
+			break
+		}
+		high |= x
+	}
+	for ; i < len(data); i++ {
+		c := data[i]
+		if c == '"' || c == '\\' || c < 0x20 {
+			break
+		}
+		high |= uint64(c)
+	}
+	return i, high&highs == 0
 }
 
 func (s *scanner) hex4() (rune, bool) {
