@@ -148,7 +148,9 @@ func (c *Conversation) ParseRequest(body []byte) error {
 		var err error
 		switch string(name) {
 		case "messages":
+			// Python's json.loads keeps the last of repeated keys.
 			sawMessages = true
+			c.msgs, c.parts = c.msgs[:0], c.parts[:0]
 			err = c.parseMessages()
 		case "tools":
 			err = c.parseTools()

@@ -129,6 +129,7 @@ func TestParseRequestAccepts(t *testing.T) {
 	}
 	f(`{"model":"m","messages":[{"role":"user","content":"a\"b\\c\u00e9\ud83d\ude42\n"}],"stream":true}`, "user=a\"b\\cé🙂\n;")
 	f(` { "messages" : [ { "content" : "x" , "role" : "system" } ] } `, "system=x;")
+	f(`{"messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b","content":"c"}]}`, "user=c;")
 	f(`{"messages":[{"role":"user","content":[{"text":"t","type":"text"},"s",{"type":"refusal","refusal":"r"},{"type":"thinking","thinking":"th"},{"type":"text","text":null},{"type":"image_url","image_url":{"url":"u"}}]}]}`,
 		"user[t][s][r][th][][media];")
 	f(`{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[]},{"role":"assistant","reasoning_content":"r","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]}`,
