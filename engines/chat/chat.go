@@ -14,6 +14,7 @@
 package chat
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"sync"
@@ -52,6 +53,9 @@ var (
 // sees as variables. The error says what the engine cannot parse.
 func Compile(source string, special map[string]string) (*Template, error) {
 	eng, err := jinja.Compile(source)
+	if err == nil {
+		err = unsupported(source)
+	}
 	if err != nil {
 		return nil, &CompileError{Err: err}
 	}
@@ -76,11 +80,48 @@ func Compile(source string, special map[string]string) (*Template, error) {
 	return t, nil
 }
 
-// CompileError is a template the engine cannot parse.
+// CompileError is a template the engine cannot parse, or that uses a
+// filter or test the engine lacks.
 type CompileError struct{ Err error }
 
 func (e *CompileError) Error() string {
 	return "chat: the template engine cannot parse this chat template: " + e.Err.Error()
+}
+
+// The filters and tests github.com/ardanlabs/jinja v1.8.0 implements; a
+// template using another would fail at render, in whichever branch uses it.
+var (
+	engineFilters = wordSet("abs batch capitalize count d default dictsort e escape first float from_json fromjson indent int items join last length list lower map max min reject rejectattr replace reverse round safe select selectattr sort string sum title tojson trim unique upper wordcount")
+	engineTests   = wordSet("boolean callable defined eq equalto even false float ge greaterthan gt in integer iterable le lessthan lower lt mapping ne none number odd sameas sequence string true undefined upper")
+	filterUseRE   = regexp.MustCompile(`\|\s*([A-Za-z_]\w*)`)
+	testUseRE     = regexp.MustCompile(`\bis\s+(?:not\s+)?([A-Za-z_]\w*)`)
+)
+
+func wordSet(words string) map[string]bool {
+	m := map[string]bool{}
+	for _, w := range strings.Fields(words) {
+		m[w] = true
+	}
+	return m
+}
+
+// unsupported names the first filter or test in the template's tags
+// (string literals left out) that the engine does not implement.
+func unsupported(src string) error {
+	for _, tag := range tagRE.FindAllString(src, -1) {
+		code := literalRE.ReplaceAllString(tag, "''")
+		for _, m := range filterUseRE.FindAllStringSubmatch(code, -1) {
+			if !engineFilters[m[1]] {
+				return fmt.Errorf("filter %q is not implemented", m[1])
+			}
+		}
+		for _, m := range testUseRE.FindAllStringSubmatch(code, -1) {
+			if !engineTests[m[1]] {
+				return fmt.Errorf("test %q is not implemented", m[1])
+			}
+		}
+	}
+	return nil
 }
 
 func (e *CompileError) Unwrap() error { return e.Err }

@@ -156,6 +156,13 @@ func TestCompileRefusal(t *testing.T) {
 	f(`{{ x | }}`)
 	f(`{% endfor %}`)
 	f(`{% frobnicate %}`)
+	// Parsed, but the engine lacks the filter or test: refused at load,
+	// even in a branch plain chats never take.
+	f(`{% if tools %}{{ tools | pprint }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}`)
+	f(`{% for m in messages %}{% if loop.index is divisibleby(2) %}{{ m.content }}{% endif %}{% endfor %}`)
+	if _, err := Compile(`{{ '<|im_start|>' | trim }}{% if x is not none and 'a is b' %}{% endif %}`, nil); err != nil {
+		t.Errorf("literals taken for filters or tests: %v", err)
+	}
 }
 
 func FuzzParseRequest(f *testing.F) {
