@@ -2,10 +2,12 @@ package chat
 
 import (
 	"bytes"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
@@ -26,7 +28,8 @@ import (
 // string contents, not empty, without a trigger literal of the template,
 // and without leading or trailing whitespace when the template strips;
 // no name, tool calls, reasoning, tools, continue_final_message or media;
-// no strftime_now in the template, not a request's own template; kwargs with scalar values, learnt per
+// not a request's own template (a template with strftime_now learns a
+// plan a day); kwargs with scalar values, learnt per
 // distinct set. Anything else renders with Jinja.
 type plan struct {
 	gaps     [numCtx + 1][numCtx]gap // [prev context + 1][context]
@@ -48,6 +51,7 @@ const (
 	// verifyConversations random conversations check a learnt plan.
 	verifyConversations = 300
 	maxPlansPerTemplate = 8
+	dayLayout           = "2006-01-02"
 )
 
 func context(role int, first, last, afterUser bool) int {
@@ -141,12 +145,17 @@ func (p *plan) contentOK(b []byte) bool {
 // planFor returns the verified plan for c's kwargs, learning it on first
 // use, or nil when c is outside the envelope or the template has none.
 func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {
-	if t.timeBound || t.noPlan {
+	if t.noPlan {
 		return nil
 	}
 	key, ok := c.kwargsKey(defaults)
 	if !ok {
 		return nil
+	}
+	if t.timeBound {
+		// strftime_now prints the day: a plan holds for one day.
+		key = time.Now().AppendFormat(append(key, 1), dayLayout)
+		c.key = key
 	}
 	plans := *t.plans.Load()
 	p, seen := plans[string(key)]
@@ -165,6 +174,17 @@ func (t *Template) learn(c *Conversation, defaults map[string]any, key string) *
 	old := *t.plans.Load()
 	if p, ok := old[key]; ok {
 		return p
+	}
+	if t.timeBound {
+		// Plans of other days are done with.
+		day := key[strings.LastIndexByte(key, 1):]
+		for k := range old {
+			if !strings.HasSuffix(k, day) {
+				old = maps.Clone(old)
+				maps.DeleteFunc(old, func(k string, _ *plan) bool { return !strings.HasSuffix(k, day) })
+				break
+			}
+		}
 	}
 	if len(old) >= maxPlansPerTemplate {
 		return nil

@@ -189,8 +189,8 @@ func TestFastPathRefusals(t *testing.T) {
 		}
 	}
 	f(`{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}`, true)
-	// The day is part of the prompt.
-	f(`{{ strftime_now("%d %b %Y") }}{% for m in messages %}{{ m.content }}{% endfor %}`, false)
+	// The day is part of the prompt: a plan a day.
+	f(`{{ strftime_now("%d %b %Y") }}{% for m in messages %}{{ m.content }}{% endfor %}`, true)
 	// Content printed twice.
 	f(`{% for m in messages %}{{ m.content }}|{{ m.content }}{% endfor %}`, false)
 	// Output depends on the content's length.
