@@ -2,6 +2,7 @@ package chat
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -204,14 +205,37 @@ func (c *Conversation) optBool(field string, def bool) (v, given bool, err error
 	if s.isNull() {
 		return def, false, nil
 	}
-	v, ok := s.boolean()
-	if !ok {
-		if err := c.syntax(); err != nil {
-			return def, false, err
-		}
-		return def, false, fieldError(field, "Input should be a valid boolean")
+	if v, ok := s.boolean(); ok {
+		return v, true, nil
 	}
-	return v, true, nil
+	// Pydantic's lax mode also takes 0 and 1 and a few words.
+	switch ch := s.peek(); {
+	case ch == '"':
+		var w span
+		c.arena, w = s.str(c.arena)
+		word := strings.ToLower(string(c.bytes(w)))
+		c.arena = c.arena[:w.lo]
+		switch word {
+		case "1", "true", "t", "yes", "y", "on":
+			return true, true, nil
+		case "0", "false", "f", "no", "n", "off":
+			return false, true, nil
+		}
+	case ch == '-' || ch >= '0' && ch <= '9':
+		text, _ := s.number()
+		switch string(text) {
+		case "1", "1.0":
+			return true, true, nil
+		case "0", "0.0", "-0":
+			return false, true, nil
+		}
+	default:
+		s.skip()
+	}
+	if err := c.syntax(); err != nil {
+		return def, false, err
+	}
+	return def, false, fieldError(field, "Input should be a valid boolean")
 }
 
 func (c *Conversation) optString(field string) (span, bool, error) {

@@ -68,7 +68,9 @@ func TestParseRequestRefusals(t *testing.T) {
 	f("{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", "body", "JSON decode error")
 	f(`{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":[1]}`, "chat_template_kwargs", "valid dictionary")
 	f(`{"messages":[{"role":"user","content":"a"}],"chat_template":1}`, "chat_template", "valid string")
-	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":"yes"}`, "add_generation_prompt", "valid boolean")
+	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":"maybe"}`, "add_generation_prompt", "valid boolean")
+	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":2}`, "add_generation_prompt", "valid boolean")
+	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":[true]}`, "add_generation_prompt", "valid boolean")
 	f(`{"messages":[{"role":"user","content":"a"}],"continue_final_message":true,"add_generation_prompt":true}`, "continue_final_message",
 		"Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 	f(`{"messages":[{"role":"user","content":"a"}],"continue_final_message":true}`, "continue_final_message",
@@ -136,6 +138,7 @@ func TestParseRequestAccepts(t *testing.T) {
 		"user=q;assistant;assistant calls reason=r;")
 	f(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"add_generation_prompt":false,"continue_final_message":true,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false}}`,
 		"user=a;assistant=b; nogen continue tools kwargs={\"enable_thinking\":false}")
+	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":"No","continue_final_message":1}`, "user=a; nogen continue")
 	f(`{"messages":[{"role":"developer","content":"d"},{"role":"function","name":"f","content":null},{"role":"tool","tool_call_id":"1","content":"r"}],"add_generation_prompt":null}`,
 		"developer=d;function;tool=r;")
 }
