@@ -163,6 +163,9 @@ func (c *Conversation) ParseRequest(body []byte) error {
 			c.chatTemplate, c.hasChatTemplate, err = c.optString("chat_template")
 		case "reasoning_effort":
 			c.reasoningEffort, c.hasReasoningEffort, err = c.optString("reasoning_effort")
+			if err == nil && c.hasReasoningEffort {
+				err = checkEffort(c.bytes(c.reasoningEffort))
+			}
 		case "chat_template_kwargs":
 			err = c.parseKwargs()
 		default:
@@ -190,6 +193,15 @@ func (c *Conversation) ParseRequest(body []byte) error {
 		return &RequestError{Param: "continue_final_message", Message: "continue_final_message and add_generation_prompt are not compatible. Use continue_final_message when you want the model to continue the final message, and add_generation_prompt when you want to add a header that will prompt it to generate a new assistant message instead."}
 	}
 	return nil
+}
+
+// checkEffort refuses a reasoning_effort outside vLLM's Literal.
+func checkEffort(e []byte) error {
+	switch string(e) {
+	case "none", "minimal", "low", "medium", "high", "xhigh", "max":
+		return nil
+	}
+	return fieldError("reasoning_effort", "Input should be 'none', 'minimal', 'low', 'medium', 'high', 'xhigh' or 'max'")
 }
 
 // syntax reports a scanner failure as vLLM's JSON decode 400.

@@ -67,6 +67,7 @@ func TestParseRequestRefusals(t *testing.T) {
 	f(`{"messages":[{"role":"user","content":"a"}],"tools":{}}`, "tools", "valid list")
 	f("{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", "body", "JSON decode error")
 	f(`{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":[1]}`, "chat_template_kwargs", "valid dictionary")
+	f(`{"messages":[{"role":"user","content":"a"}],"reasoning_effort":"extreme"}`, "reasoning_effort", "Input should be 'none'")
 	f(`{"messages":[{"role":"user","content":"a"}],"chat_template":1}`, "chat_template", "valid string")
 	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":"maybe"}`, "add_generation_prompt", "valid boolean")
 	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":2}`, "add_generation_prompt", "valid boolean")
