@@ -132,6 +132,25 @@ func (c *Conversation) bytes(sp span) []byte {
 // reasoning_effort. Other fields are skipped. A request vLLM would refuse
 // before rendering is a *RequestError; c holds no reference to body after.
 func (c *Conversation) ParseRequest(body []byte) error {
+	err := c.parse(body)
+	if err != nil {
+		// The body is decoded whole before any field is validated: a
+		// JSON error anywhere is the one reported.
+		s := &c.sc
+		s.reset(body)
+		s.skip()
+		if s.peek() != 0 {
+			s.fail()
+		}
+		if s.err != nil {
+			err = c.syntax()
+		}
+	}
+	c.sc.reset(nil)
+	return err
+}
+
+func (c *Conversation) parse(body []byte) error {
 	c.Reset()
 	s := &c.sc
 	s.reset(body)

@@ -41,6 +41,7 @@ func TestParseRequestRefusals(t *testing.T) {
 	f(`{"messages":[{"role":"user","content":"hi"}]`, "body", "JSON decode error")
 	f(`{"messages":[{"role":"user","content":"hi"}]} x`, "body", "JSON decode error")
 	f(`{"model":"m"}`, "messages", "messages: Field required")
+	f(`{"messages":[{"role":"robot","content":"hi"}],"x":tru}`, "body", "JSON decode error")
 	f(`{"messages":{}}`, "messages", "valid list")
 	f(`{"messages":[]}`, "messages", "at least 1 item")
 	f(`{"messages":["hi"]}`, "messages[0]", "valid dictionary")
