@@ -1,0 +1,141 @@
+// Package prompt turns a request's prompt into the token ids its engine
+// computes, for the gateway (block keys, prompt-token counts) and the sim
+// pods alike. A model configured with Hugging Face tokenizer files gets
+// vLLM's chat path: its Jinja chat template (engines/chat), then its own
+// tokenizer (engines/tokenize/hf) without special tokens; a completion
+// prompt is encoded with them. A model without files keeps the stand-in
+// (engines/tokenize), whose ids no real engine produces.
+package prompt
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+
+	"pdlb/engines/chat"
+	"pdlb/engines/tokenize/hf"
+)
+
+// Config names a model's tokenizer and template, as vLLM's flags do.
+type Config struct {
+	// Tokenizer is a directory in the Hugging Face layout
+	// (tokenizer.json, tokenizer_config.json, chat_template.jinja), vLLM's
+	// --tokenizer. Empty: the stand-in.
+	Tokenizer string
+	// ChatTemplate replaces the tokenizer's own template: a file, or the
+	// template text itself when it holds a '{' (vLLM's --chat-template).
+	ChatTemplate string
+	// ChatTemplateKwargs are defaults under each request's
+	// chat_template_kwargs (vLLM's --default-chat-template-kwargs).
+	ChatTemplateKwargs map[string]any
+}
+
+// Model renders and encodes one model's prompts. It is safe for concurrent
+// use.
+type Model struct {
+	tok    *hf.Tokenizer
+	tmpl   *chat.Template
+	kwargs map[string]any
+	text   sync.Pool // *[]byte: rendered prompts
+}
+
+// ErrNoTemplate says the model's tokenizer has no chat template and none
+// was configured, so chat requests cannot be rendered as the engine would.
+var ErrNoTemplate = errors.New("prompt: the tokenizer has no chat template and none is configured (chat_template)")
+
+// Load reads the tokenizer and compiles the chat template of c. It returns
+// nil and no error when c names no tokenizer (the stand-in). A model whose
+// tokenizer has no template still encodes completions; its chat requests
+// fail with ErrNoTemplate.
+func Load(c Config) (*Model, error) {
+	if c.Tokenizer == "" {
+		if c.ChatTemplate != "" || c.ChatTemplateKwargs != nil {
+			return nil, errors.New("prompt: chat_template and chat_template_kwargs need a tokenizer (the stand-in has no template)")
+		}
+		return nil, nil
+	}
+	tok, err := hf.Load(c.Tokenizer)
+	if err != nil {
+		return nil, err
+	}
+	src := tok.ChatTemplate()
+	if c.ChatTemplate != "" {
+		if src, err = templateText(c.ChatTemplate); err != nil {
+			return nil, err
+		}
+	}
+	m := &Model{tok: tok, kwargs: c.ChatTemplateKwargs}
+	if src != "" {
+		if m.tmpl, err = chat.Compile(src, tok.SpecialTokens()); err != nil {
+			return nil, fmt.Errorf("prompt: chat template of %s: %w", c.Tokenizer, err)
+		}
+	}
+	return m, nil
+}
+
+// templateText is a --chat-template value's template: the text itself when
+// it looks like Jinja, else the file it names.
+func templateText(v string) (string, error) {
+	if strings.ContainsAny(v, "{\n") {
+		return v, nil
+	}
+	b, err := os.ReadFile(v)
+	if err != nil {
+		return "", fmt.Errorf("prompt: chat_template: %w", err)
+	}
+	return string(b), nil
+}
+
+// Tokenizer is the model's tokenizer.
+func (m *Model) Tokenizer() *hf.Tokenizer { return m.tok }
+
+// Chat appends the ids of a chat completion request body to dst: its
+// messages rendered by the template, then encoded without special tokens,
+// as vLLM encodes a rendered chat. A request vLLM would refuse fails with
+// a *chat.RequestError; one the template engine cannot render as Python
+// would, with chat.ErrInexact.
+func (m *Model) Chat(dst []uint32, body []byte) ([]uint32, error) {
+	c := chat.AcquireConversation()
+	defer chat.ReleaseConversation(c)
+	if err := c.ParseRequest(body); err != nil {
+		return dst, err
+	}
+	return m.AppendChat(dst, c)
+}
+
+// AppendChat is Chat for a conversation already parsed.
+func (m *Model) AppendChat(dst []uint32, c *chat.Conversation) ([]uint32, error) {
+	buf := m.acquireText()
+	defer m.text.Put(buf)
+	var err error
+	if *buf, err = m.Render((*buf)[:0], c); err != nil {
+		return dst, err
+	}
+	return m.tok.Append(dst, *buf, false), nil
+}
+
+// Render appends c rendered by the model's chat template to dst: the text
+// the engine tokenizes.
+func (m *Model) Render(dst []byte, c *chat.Conversation) ([]byte, error) {
+	if m.tmpl == nil {
+		return dst, ErrNoTemplate
+	}
+	return m.tmpl.Render(dst, c, m.kwargs)
+}
+
+// Completion appends the ids of a completion prompt string to dst, with
+// the tokenizer's special tokens unless addSpecial is false (vLLM's
+// add_special_tokens, true by default on /v1/completions).
+func (m *Model) Completion(dst []uint32, prompt []byte, addSpecial bool) []uint32 {
+	return m.tok.Append(dst, prompt, addSpecial)
+}
+
+func (m *Model) acquireText() *[]byte {
+	if b, ok := m.text.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, 8<<10)
+	return &b
+}
