@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"pdlb/engines"
+	"pdlb/engines/prompt"
 )
 
 // Defaults of a pod's Config.
@@ -107,6 +108,10 @@ type Config struct {
 	// KVEvents receives the prefix cache's stored, removed and cleared
 	// blocks (default nil: no events).
 	KVEvents KVEventSink
+	// Prompt is the model's tokenizer and chat template, so the pod counts
+	// and caches the ids the real engine would (default nil: the stand-in
+	// tokenizer the gateway also defaults to).
+	Prompt *prompt.Model
 }
 
 var errConfig = errors.New("sim: invalid config")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"pdlb/engines"
+	chatpkg "pdlb/engines/chat"
 	"pdlb/engines/vllm"
 )
 
@@ -158,9 +159,10 @@ func FuzzRequestTokens(f *testing.F) {
 		if json.Unmarshal(body, &req) != nil {
 			return
 		}
-		tokens, err := requestTokens(&req, chat)
+		tokens, err := (&Pod{}).requestTokens(body, &req, chat)
+		var refused *chatpkg.RequestError
 		switch {
-		case err != nil && !errors.Is(err, errBadRequest):
+		case err != nil && !errors.Is(err, errBadRequest) && !errors.As(err, &refused):
 			t.Fatalf("error %v is not a bad request", err)
 		case err == nil && chat && len(tokens) == 0:
 			t.Fatal("a rendered chat has no tokens")

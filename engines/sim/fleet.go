@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"pdlb/engines"
+	"pdlb/engines/prompt"
 	"pdlb/engines/vllm"
 )
 
@@ -37,6 +39,9 @@ import (
 //	  kv_timeout: 480s        # how long KV waits for pickup
 //	  kv_events: ""           # tcp://host:port: publish KV events there as vLLM does (replay on kv_replay)
 //	  kv_replay: ""           # the replay socket (default: kv_events' port + 1)
+//	  tokenizer: ""           # a Hugging Face tokenizer directory: count and cache the model's real ids
+//	  chat_template: ""       # a template file (or text) replacing the tokenizer's, as vLLM's --chat-template
+//	  chat_template_kwargs: {} # defaults under each request's, as vLLM's --default-chat-template-kwargs
 //	  physics:                # seed 000's timing model
 //	    prefill_tokens_per_sec: 20000
 //	    decode_base_sec: 0.010
@@ -59,24 +64,27 @@ type fleetFile struct {
 }
 
 type podFile struct {
-	Name             string        `yaml:"name"`
-	Model            string        `yaml:"model"`
-	Engine           string        `yaml:"engine"`
-	Listen           string        `yaml:"listen"`
-	Speedup          float64       `yaml:"speedup"`
-	Seed             uint64        `yaml:"seed"`
-	HashSeed         uint64        `yaml:"hash_seed"`
-	DefaultMaxTokens int           `yaml:"default_max_tokens"`
-	MaxModelLen      int           `yaml:"max_model_len"`
-	Tick             time.Duration `yaml:"tick"`
-	Role             string        `yaml:"role"`
-	BootstrapPort    int           `yaml:"bootstrap_port"`
-	KVXferListen     string        `yaml:"kvxfer_listen"`
-	KVScale          float64       `yaml:"kv_scale"`
-	KVTimeout        time.Duration `yaml:"kv_timeout"`
-	KVEvents         string        `yaml:"kv_events"`
-	KVReplay         string        `yaml:"kv_replay"`
-	Physics          physicsFile   `yaml:"physics"`
+	Name             string         `yaml:"name"`
+	Model            string         `yaml:"model"`
+	Engine           string         `yaml:"engine"`
+	Listen           string         `yaml:"listen"`
+	Speedup          float64        `yaml:"speedup"`
+	Seed             uint64         `yaml:"seed"`
+	HashSeed         uint64         `yaml:"hash_seed"`
+	DefaultMaxTokens int            `yaml:"default_max_tokens"`
+	MaxModelLen      int            `yaml:"max_model_len"`
+	Tick             time.Duration  `yaml:"tick"`
+	Role             string         `yaml:"role"`
+	BootstrapPort    int            `yaml:"bootstrap_port"`
+	KVXferListen     string         `yaml:"kvxfer_listen"`
+	KVScale          float64        `yaml:"kv_scale"`
+	KVTimeout        time.Duration  `yaml:"kv_timeout"`
+	KVEvents         string         `yaml:"kv_events"`
+	KVReplay         string         `yaml:"kv_replay"`
+	Tokenizer        string         `yaml:"tokenizer"`
+	ChatTemplate     string         `yaml:"chat_template"`
+	ChatTemplateArgs map[string]any `yaml:"chat_template_kwargs"`
+	Physics          physicsFile    `yaml:"physics"`
 }
 
 // physicsFile is Physics with the snake_case names Physics.Validate uses.
@@ -167,6 +175,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		}
 	}
 	var fc FleetConfig
+	prompts := map[string]*prompt.Model{} // pods with one tokenizer share it
 	names := map[string]int{}
 	listens := map[string]int{}
 	for i := range nodes.Pods {
@@ -178,6 +187,10 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 			pf.Name = fmt.Sprintf("pod-%d", i)
 		}
 		c := pf.config().withDefaults()
+		var err error
+		if c.Prompt, err = promptOf(pf, prompts); err != nil {
+			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
+		}
 		if err := c.Validate(); err != nil {
 			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
 		}
@@ -197,6 +210,28 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		fc.Events = append(fc.Events, ev)
 	}
 	return fc, nil
+}
+
+// promptOf loads the tokenizer and chat template a pod names, once per
+// distinct setting (a tokenizer.json is megabytes).
+func promptOf(p podFile, loaded map[string]*prompt.Model) (*prompt.Model, error) {
+	if p.Tokenizer == "" && p.ChatTemplate == "" && p.ChatTemplateArgs == nil {
+		return nil, nil
+	}
+	kw, err := json.Marshal(p.ChatTemplateArgs)
+	if err != nil {
+		return nil, fmt.Errorf("chat_template_kwargs: %w", err)
+	}
+	key := p.Tokenizer + "\x00" + p.ChatTemplate + "\x00" + string(kw)
+	if m, ok := loaded[key]; ok {
+		return m, nil
+	}
+	m, err := prompt.Load(prompt.Config{Tokenizer: p.Tokenizer, ChatTemplate: p.ChatTemplate, ChatTemplateKwargs: p.ChatTemplateArgs})
+	if err != nil {
+		return nil, err
+	}
+	loaded[key] = m
+	return m, nil
 }
 
 // publisherOf is the KV-event publisher a pod's kv_events and kv_replay

@@ -26,6 +26,9 @@ type genRequest struct {
 	RID       string `json:"rid"`
 	// AddGenerationPrompt is /tokenize's (default true).
 	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+	// AddSpecialTokens is vLLM's completion field (default true): whether
+	// the tokenizer adds its BOS and other special tokens to the prompt.
+	AddSpecialTokens *bool `json:"add_special_tokens"`
 	// PD fields of each engine; pd.go reads them.
 	KVTransferParams    *kvTransferParams `json:"kv_transfer_params"` // vLLM
 	BootstrapHost       string            `json:"bootstrap_host"`     // SGLang
@@ -137,6 +140,24 @@ func promptTokens(dst []uint32, raw json.RawMessage) ([]uint32, error) {
 		dst = append(dst, uint32(id))
 	}
 	return dst, nil
+}
+
+// promptString is a completion prompt given as one string (or a list of
+// one string), which the model's tokenizer encodes; ok is false for token
+// ids.
+func promptString(raw json.RawMessage) (s string, ok bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) > 0 && raw[0] == '[' {
+		var list []json.RawMessage
+		if json.Unmarshal(raw, &list) != nil || len(list) != 1 {
+			return "", false
+		}
+		raw = bytes.TrimSpace(list[0])
+	}
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	return s, json.Unmarshal(raw, &s) == nil
 }
 
 // apiError is vLLM's error body (ErrorResponse with ErrorInfo).

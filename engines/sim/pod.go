@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"math/rand/v2"
@@ -17,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/engines"
+	"pdlb/engines/chat"
 	"pdlb/engines/tokenize"
 	"pdlb/kvxfer"
 	"pdlb/radix"
@@ -340,6 +342,19 @@ func writeError(ctx *fasthttp.RequestCtx, code int, typ, param, msg string) {
 	writeJSON(ctx, errorBody(code, typ, param, msg))
 }
 
+// refuse answers 400 for a request the engine would not serve; a message
+// vLLM refuses before rendering gets vLLM's own body, naming the field.
+func refuse(ctx *fasthttp.RequestCtx, err error) {
+	var re *chat.RequestError
+	if errors.As(err, &re) {
+		ctx.SetStatusCode(fasthttp.StatusBadRequest)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(re.AppendBody(nil))
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
+}
+
 func (p *Pod) checkModel(ctx *fasthttp.RequestCtx, model string) bool {
 	if model == "" || model == p.cfg.Model {
 		return true
@@ -358,20 +373,36 @@ func parseBody(ctx *fasthttp.RequestCtx, v any) bool {
 }
 
 // requestTokens renders and tokenizes the prompt of a chat or completions
-// request.
-func requestTokens(req *genRequest, chat bool) ([]uint32, error) {
-	if chat {
-		text, err := renderChat(nil, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
-		if err != nil {
-			return nil, err
+// request as the pod's engine would: with the model's tokenizer and chat
+// template when the pod has them (cfg.Prompt), else with the stand-in.
+// Chat messages the engine would refuse are a *chat.RequestError either
+// way.
+func (p *Pod) requestTokens(body []byte, req *genRequest, isChat bool) ([]uint32, error) {
+	if !isChat {
+		if p.cfg.Prompt != nil {
+			if s, ok := promptString(req.Prompt); ok {
+				return p.cfg.Prompt.Completion(nil, []byte(s), req.AddSpecialTokens == nil || *req.AddSpecialTokens), nil
+			}
 		}
-		return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), nil
+		return promptTokens(nil, req.Prompt)
 	}
-	return promptTokens(nil, req.Prompt)
+	c := chat.AcquireConversation()
+	defer chat.ReleaseConversation(c)
+	if err := c.ParseRequest(body); err != nil {
+		return nil, err
+	}
+	if p.cfg.Prompt != nil {
+		return p.cfg.Prompt.AppendChat(nil, c)
+	}
+	text, err := renderChat(nil, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+	if err != nil {
+		return nil, err
+	}
+	return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), nil
 }
 
 // generate serves /v1/chat/completions and /v1/completions.
-func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
+func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if !p.enter(ctx) {
 		return
 	}
@@ -391,16 +422,16 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 	var tokens []uint32
 	switch {
 	case err != nil:
-	case chat && p.cfg.Engine == engines.TRTLLM && len(req.PromptTokenIDs) > 0:
+	case isChat && p.cfg.Engine == engines.TRTLLM && len(req.PromptTokenIDs) > 0:
 		tokens = req.PromptTokenIDs
 	default:
-		tokens, err = requestTokens(&req, chat)
+		tokens, err = p.requestTokens(ctx.PostBody(), &req, isChat)
 	}
 	if err == nil && len(tokens) == 0 {
 		err = badRequest("the prompt is empty")
 	}
 	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
+		refuse(ctx, err)
 		return
 	}
 	r := newRequest()
@@ -426,7 +457,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 		fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64()))
 	r.rid = cmp.Or(req.RID, id)
 	respID := "cmpl-" + id
-	if chat {
+	if isChat {
 		respID = "chatcmpl-" + id
 	}
 	if !p.sched.send(schedMsg{kind: msgSubmit, req: r}) {
@@ -439,7 +470,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 	text := newTextStream(p.cfg.Seed, tokens)
 	created := time.Now().Unix()
 	if leg.kind == legPrefill {
-		p.answerPrefill(ctx, r, leg, chat, respID, created, text)
+		p.answerPrefill(ctx, r, leg, isChat, respID, created, text)
 		return
 	}
 	conn := ctx.Conn()
@@ -448,7 +479,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 		if reason == finishNone {
 			return // the client is gone
 		}
-		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, len(tokens), n, nil))
+		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, len(tokens), n, nil))
 		return
 	}
 	usage, continuous := false, false
@@ -456,7 +487,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, chat bool) {
 		usage = o.IncludeUsage == nil || *o.IncludeUsage
 		continuous = o.ContinuousUsageStats
 	}
-	sse := newSSEWriter(chat, respID, created, p.cfg.Model, usage, continuous, len(tokens))
+	sse := newSSEWriter(isChat, respID, created, p.cfg.Model, usage, continuous, len(tokens))
 	ctx.SetContentType("text/event-stream; charset=utf-8")
 	handedOff = true
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -564,9 +595,9 @@ func (p *Pod) tokenize(ctx *fasthttp.RequestCtx) {
 	if !parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	tokens, err := requestTokens(&req, req.Messages != nil)
+	tokens, err := p.requestTokens(ctx.PostBody(), &req, req.Messages != nil)
 	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
+		refuse(ctx, err)
 		return
 	}
 	if tokens == nil {
