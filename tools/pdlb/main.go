@@ -27,6 +27,7 @@ var commands = []command{
 	{"sim", "simulate routing and admission on a virtual fleet (seed 000 chat or a trace)", cmdSim},
 	{"load", "send LLM load to a gateway and report TTFT, TPOT and SLO attainment", cmdLoad},
 	{"apikey", "print a new client API key and its api_keys entry", cmdAPIKey},
+	{"tokenize", "show the prompt, token ids and block keys an engine computes for a request", cmdTokenize},
 	{"plan", "print the xPyD each phase of load needs and the load under a static ratio (seed 000)", cmdPlan},
 }
 

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"pdlb/internal/tokfiles"
+)
+
+// tokenizeRun runs pdlb tokenize with body on standard input.
+func tokenizeRun(t *testing.T, body string, args ...string) (string, error) {
+	t.Helper()
+	old := stdin
+	stdin = strings.NewReader(body)
+	defer func() { stdin = old }()
+	var out bytes.Buffer
+	err := cmdTokenize(args, &out)
+	return out.String(), err
+}
+
+func TestCmdTokenize(t *testing.T) {
+	dir := tokfiles.Dir(t, "qwen3")
+	chat := `{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Where is the capital of China?"}]}`
+	out, err := tokenizeRun(t, chat, "--tokenizer", dir, "--json", "--block-size", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got tokenized
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("--json printed %q: %v", out, err)
+	}
+	truth := []uint32{151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30, 151645, 198, 151644, 77091, 198}
+	if !got.Exact || !slices.Equal(got.IDs, truth) || len(got.Tokens) != len(truth) || got.Tokens[0] != "<|im_start|>" ||
+		len(got.Keys) != 3 || !strings.HasSuffix(got.Prompt, "<|im_start|>assistant\n") {
+		t.Fatalf("got %+v", got)
+	}
+	// The stand-in says it is one.
+	out, err = tokenizeRun(t, chat)
+	if err != nil || !strings.Contains(out, "estimate: pdlb's stand-in") || !strings.Contains(out, "<|user|>") {
+		t.Fatalf("stand-in: %v\n%s", err, out)
+	}
+	// Token ids given by the client are used as they are.
+	out, err = tokenizeRun(t, `{"model":"m","prompt":[1,2,3]}`, "--tokenizer", dir, "--json")
+	if err != nil || !strings.Contains(out, `"ids":[1,2,3]`) {
+		t.Fatalf("token ids: %v %s", err, out)
+	}
+
+	f := func(body, want string, args ...string) {
+		t.Helper()
+		if _, err := tokenizeRun(t, body, args...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%v %q: error %v, want %q", args, body, err, want)
+		}
+	}
+	f(chat, "--block-size 0: must be at least 1", "--block-size", "0")
+	f(chat, `--chat-template-kwargs "x": not a JSON object`, "--chat-template-kwargs", "x")
+	f(chat, `unexpected argument "extra"`, "extra")
+	f("nope", "not a JSON object")
+	f(`{"model":"m","messages":[{"role":"user"}]}`, "messages[0].content", "--tokenizer", dir)
+	f(`{"model":"m"}`, `"prompt" is required`)
+}
+
+func TestCmdTokenizeAsksTheGateway(t *testing.T) {
+	var asked map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.URL.Path != "/admin/index/match" || r.Header.Get("Authorization") != "Bearer s3cret" || json.Unmarshal(b, &asked) != nil {
+			http.Error(w, "bad request", 400)
+			return
+		}
+		io.WriteString(w, `{"pods":[{"pod":"pod-0","cached_tokens":16},{"pod":"pod-1","cached_tokens":0}]}`)
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	out, err := tokenizeRun(t, `{"model":"m","prompt":"hello there"}`, "--admin", addr, "--admin-token", "s3cret")
+	if err != nil || !strings.Contains(out, "pod-0") || !strings.Contains(out, "16") || asked["model"] != "m" {
+		t.Fatalf("%v\n%s\nasked %v", err, out, asked)
+	}
+	if _, err := tokenizeRun(t, `{"model":"m","prompt":"hello"}`, "--admin", addr); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Fatalf("a refused query: %v", err)
+	}
+}
