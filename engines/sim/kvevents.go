@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/cespare/xxhash/v2"
+
+	"pdlb/engines"
 )
 
 // KVEventSink receives a pod's prefix-cache changes, in the order they
@@ -15,8 +17,9 @@ type KVEventSink interface {
 	// BlockStored reports blocks newly cached, in prompt order, each
 	// chained to the one before; parentHash is the block before the first
 	// (hasParent false when the first is the prompt's first block).
-	// tokenIDs holds the blocks' tokens concatenated, blockSize per block.
-	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int)
+	// tokenIDs holds the blocks' tokens concatenated, blockSize per block;
+	// extra what the pod hashed into them besides.
+	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys)
 	// BlockRemoved reports blocks evicted from the cache.
 	BlockRemoved(blockHashes []uint64)
 	// AllBlocksCleared reports that the whole cache was dropped.
@@ -63,7 +66,7 @@ func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, blo
 		if start > 0 {
 			parent = keys[start-1]
 		}
-		sink.BlockStored(parent, start > 0, keys[start:i], scratch, blockSize)
+		sink.BlockStored(parent, start > 0, keys[start:i], scratch, blockSize, engines.ExtraKeys{})
 	}
 	return scratch
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"pdlb/engines"
 	"pdlb/radix"
 )
 
@@ -25,7 +26,7 @@ type recordingSink struct {
 	events []kvEvent
 }
 
-func (s *recordingSink) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int) {
+func (s *recordingSink) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int, _ engines.ExtraKeys) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.events = append(s.events, kvEvent{"stored", parent, hasParent, slices.Clone(hashes), slices.Clone(tokens), blockSize})

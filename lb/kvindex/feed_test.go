@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"pdlb/engines"
 	"pdlb/engines/tokenize"
 	"pdlb/engines/vllm"
 	"pdlb/internal/testwait"
@@ -75,9 +76,9 @@ func TestFeedFromPublisher(t *testing.T) {
 	gateway := radix.AppendBlockKeys(nil, radix.Seed(model), tokens, bs)
 
 	// Prefill stores the first blocks, decode adds the rest one at a time.
-	pub.BlockStored(0, false, engineHashes[:2], tokens[:2*bs], bs)
+	pub.BlockStored(0, false, engineHashes[:2], tokens[:2*bs], bs, engines.ExtraKeys{})
 	for i := 2; i < n; i++ {
-		pub.BlockStored(engineHashes[i-1], true, engineHashes[i:i+1], tokens[i*bs:(i+1)*bs], bs)
+		pub.BlockStored(engineHashes[i-1], true, engineHashes[i:i+1], tokens[i*bs:(i+1)*bs], bs, engines.ExtraKeys{})
 	}
 	match := func(want int) {
 		t.Helper()

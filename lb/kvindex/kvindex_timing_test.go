@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"pdlb/engines"
 	"pdlb/radix"
 )
 
@@ -42,7 +43,7 @@ func BenchmarkStoredDecodeStep(b *testing.B) {
 		}
 		parent := hash[0]
 		hash[0]++
-		p.BlockStored(parent, depth > 0, hash, tokens, radix.DefaultBlockSize)
+		p.BlockStored(parent, depth > 0, hash, tokens, radix.DefaultBlockSize, engines.ExtraKeys{})
 		depth++
 	}
 }
@@ -58,7 +59,7 @@ func BenchmarkStoredPrefill(b *testing.B) {
 		for i := range hashes {
 			hashes[i]++
 		}
-		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
+		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize, engines.ExtraKeys{})
 		p.BlockRemoved(hashes)
 	}
 }
@@ -78,7 +79,7 @@ func BenchmarkMemoryPerBlock(b *testing.B) {
 			for i := range hashes {
 				hashes[i] = uint64(c*64 + i + 1)
 			}
-			p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
+			p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize, engines.ExtraKeys{})
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
@@ -129,7 +130,7 @@ func benchEviction(b *testing.B, blocks int, joined bool) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
+		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize, engines.ExtraKeys{})
 		if joined {
 			p.BlockRemoved(deepestFirst)
 			continue
