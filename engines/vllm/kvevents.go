@@ -37,17 +37,17 @@
 // extra_keys holds, per block of block_hashes, what vLLM hashed into the
 // block besides its tokens (generate_block_hash_extra_keys): None, or a
 // tuple (an array) of the LoRA adapter's name (first, in every block of an
-// adapter's prompt), multimodal inputs overlapping the block ([identifier,
-// offset] pairs; plain identifier strings before vLLM 0.2x), the request's
-// cache_salt (a string, in the prompt's first block only) and
-// prompt-embedding digests (bytes). Decode types them: the adapter's name
-// is recognised by equality with lora_name; in a block that starts a
-// prompt the last string after it is the cache salt; everything else,
-// and any shape vLLM does not send (a tuple count other than the number of
-// blocks, a non-array), is folded into the block's Media digest, so such
-// blocks never match a text prompt. An older multimodal block holding only
-// an identifier string reads as salted by it: it still matches no plain
-// prompt.
+// adapter's prompt), the multimodal inputs overlapping the block
+// ([identifier, offset] pairs; bare identifier strings in the first
+// versions that published extra_keys), the request's cache_salt (a string,
+// in the prompt's first block only) and prompt-embedding digests (bytes).
+// Decode types them: the adapter's name is recognised by equality with
+// lora_name; in a block that starts a prompt the last string after it is
+// the cache salt; everything else, and any shape vLLM does not send (a
+// tuple count other than the number of blocks, a non-array), is folded
+// into the block's Media digest, so such blocks never match a text prompt.
+// An older multimodal first block holding a bare identifier and no salt
+// reads as salted by the identifier: it still matches no plain prompt.
 //
 // # Block hashes
 //
