@@ -18,6 +18,41 @@ const DefaultBlockSize = 16
 // prompts sent to different models never share keys.
 func Seed(model string) uint64 { return mix(xxhash.Sum64String(model)) }
 
+// SeedWith returns the seed of a prompt the engine hashed with extra keys:
+// a LoRA adapter's name (lora, "" for none) and a cache salt (cacheSalt,
+// "" for none), folded into seed (the model's Seed). With neither it
+// returns seed, so plain prompts keep their keys. vLLM hashes the
+// adapter's name into every block and the salt into the prompt's first
+// block only; folding both into the chain's start keys the same blocks
+// apart, since every later key depends on it: a salted or adapter block
+// never equals a plain one, nor one of another salt or adapter.
+func SeedWith(seed uint64, lora, cacheSalt string) uint64 {
+	if lora != "" {
+		seed = Extend(seed, xxhash.Sum64String(lora)^loraTag)
+	}
+	if cacheSalt != "" {
+		seed = Extend(seed, xxhash.Sum64String(cacheSalt)^saltTag)
+	}
+	return seed
+}
+
+// Extend folds an extra key x (a digest of whatever else the engine
+// hashed into the next block: multimodal inputs, prompt embeddings) into
+// the chain state h (a seed or the last block key), for the next block's
+// key to chain from. Keys chained from Extend(h, x) share nothing with
+// those chained from h, or from Extend(h, y) for another y (up to 64-bit
+// collisions).
+func Extend(h, x uint64) uint64 { return mix(h ^ mix(x^extendTag)) }
+
+// Tags keep SeedWith's two strings and Extend's digest apart: an adapter
+// named like a salt, or a digest equal to either's hash, gives another
+// seed. They are 1, 2 and 3 times splitmix64's golden-ratio step.
+const (
+	loraTag   = 0x9e3779b97f4a7c15
+	saltTag   = 0x3c6ef372fe94f82a
+	extendTag = 0xdaa66d2c7ddf743f
+)
+
 // AppendBlockKeys appends one chained key per full block of blockSize tokens
 // and returns the extended slice; a trailing partial block gets no key, as
 // engines cache only full blocks. Key i depends on the seed and on every token

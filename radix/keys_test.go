@@ -97,3 +97,31 @@ func TestChain64(t *testing.T) {
 		}
 	}
 }
+
+func TestSeedWith(t *testing.T) {
+	m := Seed("m")
+	if SeedWith(m, "", "") != m {
+		t.Fatal("SeedWith without extra keys changed the seed: plain prompts would lose their keys")
+	}
+	// Every combination gives its own seed, and none equals the plain one
+	// or an Extend of it.
+	seen := map[uint64]string{m: "plain", Extend(m, 0): "extend 0"}
+	add := func(name string, s uint64) {
+		t.Helper()
+		if prev, dup := seen[s]; dup {
+			t.Fatalf("%s has the seed of %s", name, prev)
+		}
+		seen[s] = name
+	}
+	add("lora a", SeedWith(m, "a", ""))
+	add("salt a", SeedWith(m, "", "a"))
+	add("lora a salt a", SeedWith(m, "a", "a"))
+	add("lora a salt b", SeedWith(m, "a", "b"))
+	add("lora b salt a", SeedWith(m, "b", "a"))
+	add("salt b", SeedWith(m, "", "b"))
+	add("other model salt a", SeedWith(Seed("other"), "", "a"))
+	add("extend 1", Extend(m, 1))
+	if SeedWith(m, "a", "b") != SeedWith(m, "a", "b") || Extend(m, 7) != Extend(m, 7) {
+		t.Fatal("seeds are not deterministic")
+	}
+}

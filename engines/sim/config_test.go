@@ -205,7 +205,7 @@ func TestParseFleetPD(t *testing.T) {
 // storedBlocks counts the blocks a subscriber was told were stored.
 type storedBlocks struct{ n atomic.Int64 }
 
-func (s *storedBlocks) BlockStored(_ uint64, _ bool, hashes []uint64, _ []uint32, _ int) {
+func (s *storedBlocks) BlockStored(_ uint64, _ bool, hashes []uint64, _ []uint32, _ int, _ engines.ExtraKeys) {
 	s.n.Add(int64(len(hashes)))
 }
 func (s *storedBlocks) BlockRemoved([]uint64) {}

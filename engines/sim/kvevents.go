@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/cespare/xxhash/v2"
+
+	"pdlb/engines"
 )
 
 // KVEventSink receives a pod's prefix-cache changes, in the order they
@@ -15,8 +17,10 @@ type KVEventSink interface {
 	// BlockStored reports blocks newly cached, in prompt order, each
 	// chained to the one before; parentHash is the block before the first
 	// (hasParent false when the first is the prompt's first block).
-	// tokenIDs holds the blocks' tokens concatenated, blockSize per block.
-	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int)
+	// tokenIDs holds the blocks' tokens concatenated, blockSize per block;
+	// extra what the pod hashed into them besides (the request's cache
+	// salt, on a run that starts a prompt, as vLLM publishes it).
+	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys)
 	// BlockRemoved reports blocks evicted from the cache.
 	BlockRemoved(blockHashes []uint64)
 	// AllBlocksCleared reports that the whole cache was dropped.
@@ -31,7 +35,9 @@ type KVEventSink interface {
 // radix.AppendBlockKeys chains over the same tokens but from this seed,
 // xxhash of "sim-engine", the model and the pod's HashSeed, which differs
 // from radix.Seed(model). Pods with one model and HashSeed agree, as vLLM
-// pods with one PYTHONHASHSEED do.
+// pods with one PYTHONHASHSEED do. A prompt with a cache salt chains from
+// radix.SeedWith(engineSeed, "", salt) instead, so prompts of different
+// salts share no block, as in vLLM.
 func engineSeed(model string, hashSeed uint64) uint64 {
 	d := xxhash.New()
 	_, _ = d.WriteString("sim-engine\x00")
@@ -45,8 +51,9 @@ func engineSeed(model string, hashSeed uint64) uint64 {
 // publishStored reports the blocks of keys that Store inserted (stored, a
 // subsequence of keys in order) as one BlockStored per run of consecutive
 // blocks: a run's parent is the block before it, which the cache already
-// held. tokens are the prompt's tokens; scratch is reused between calls.
-func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, blockSize int, scratch []uint32) []uint32 {
+// held. tokens are the prompt's tokens, salt its cache salt ("" for none);
+// scratch is reused between calls.
+func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, salt string, blockSize int, scratch []uint32) []uint32 {
 	j := 0
 	for i := 0; i < len(keys) && j < len(stored); {
 		if keys[i] != stored[j] {
@@ -60,10 +67,13 @@ func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, blo
 		}
 		scratch = append(scratch[:0], tokens[start*blockSize:i*blockSize]...)
 		var parent uint64
+		var extra engines.ExtraKeys
 		if start > 0 {
 			parent = keys[start-1]
+		} else {
+			extra.CacheSalt = salt
 		}
-		sink.BlockStored(parent, start > 0, keys[start:i], scratch, blockSize)
+		sink.BlockStored(parent, start > 0, keys[start:i], scratch, blockSize, extra)
 	}
 	return scratch
 }

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
+	"pdlb/engines"
 	"pdlb/radix"
 )
 
@@ -18,6 +20,7 @@ type kvEvent struct {
 	hashes    []uint64
 	tokens    []uint32
 	blockSize int
+	salt      string
 }
 
 type recordingSink struct {
@@ -25,10 +28,10 @@ type recordingSink struct {
 	events []kvEvent
 }
 
-func (s *recordingSink) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int) {
+func (s *recordingSink) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int, extra engines.ExtraKeys) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.events = append(s.events, kvEvent{"stored", parent, hasParent, slices.Clone(hashes), slices.Clone(tokens), blockSize})
+	s.events = append(s.events, kvEvent{"stored", parent, hasParent, slices.Clone(hashes), slices.Clone(tokens), blockSize, extra.CacheSalt})
 }
 
 func (s *recordingSink) BlockRemoved(hashes []uint64) {
@@ -144,7 +147,7 @@ func TestPublishStoredRuns(t *testing.T) {
 	sink := &recordingSink{}
 	keys := []uint64{10, 11, 12, 13, 14}
 	tokens := []uint32{0, 0, 1, 1, 2, 2, 3, 3, 4, 4}
-	publishStored(sink, keys, []uint64{11, 13, 14}, tokens, 2, nil)
+	publishStored(sink, keys, []uint64{11, 13, 14}, tokens, "s", 2, nil)
 	want := []kvEvent{
 		{kind: "stored", parent: 10, hasParent: true, hashes: []uint64{11}, tokens: []uint32{1, 1}, blockSize: 2},
 		{kind: "stored", parent: 12, hasParent: true, hashes: []uint64{13, 14}, tokens: []uint32{3, 3, 4, 4}, blockSize: 2},
@@ -152,8 +155,8 @@ func TestPublishStoredRuns(t *testing.T) {
 	if got := sink.take(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
-	publishStored(sink, keys, keys[:2], tokens, 2, nil)
-	if got := sink.take(); len(got) != 1 || got[0].hasParent || len(got[0].hashes) != 2 {
+	publishStored(sink, keys, keys[:2], tokens, "s", 2, nil)
+	if got := sink.take(); len(got) != 1 || got[0].hasParent || len(got[0].hashes) != 2 || got[0].salt != "s" {
 		t.Fatalf("first blocks: %v", got)
 	}
 }
@@ -162,5 +165,64 @@ func TestEngineSeed(t *testing.T) {
 	if engineSeed("m", 0) == engineSeed("m", 1) || engineSeed("m", 0) == engineSeed("n", 0) ||
 		engineSeed("m", 0) != engineSeed("m", 0) || engineSeed("m", 0) == radix.Seed("m") {
 		t.Fatal("engineSeed must depend on model and hash seed, and differ from the gateway's seed")
+	}
+}
+
+// TestCacheSaltSeparatesBlocks: as in vLLM, a prompt's cached blocks serve
+// only requests of the same cache_salt (none included), and the pod
+// publishes the salt with the first block of each salted prompt.
+func TestCacheSaltSeparatesBlocks(t *testing.T) {
+	const bs = 16
+	phys := DefaultPhysics()
+	phys.BlockSize = bs
+	sink := &recordingSink{}
+	p := testPod(t, Config{Model: "m", Physics: phys, Speedup: fast, KVEvents: sink})
+	c := testClient(t)
+	url := "http://" + p.Addr() + "/v1/completions"
+	tokens := make([]uint32, 4*bs)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	// send posts the prompt with salt (nil: none) and returns the tokens
+	// the pod found cached and the hashes it published as stored.
+	send := func(salt any) (hit int64, stored []uint64) {
+		t.Helper()
+		before := p.Stats().HitTokens
+		body := map[string]any{"prompt": tokens, "max_tokens": 1}
+		if salt != nil {
+			body["cache_salt"] = salt
+		}
+		if status, b := post(t, c, url, body); status != 200 {
+			t.Fatalf("salt %v: %d %s", salt, status, b)
+		}
+		for _, e := range sink.take() {
+			if e.kind != "stored" {
+				continue
+			}
+			if want, _ := salt.(string); e.hasParent || e.salt != want {
+				t.Fatalf("salt %v: published %+v, want a first block with salt %q", salt, e, want)
+			}
+			stored = append(stored, e.hashes...)
+		}
+		return p.Stats().HitTokens - before, stored
+	}
+	hitA, storedA := send("tenant-a")
+	hitB, storedB := send("tenant-b")
+	hitPlain, storedPlain := send(nil)
+	if hitA != 0 || hitB != 0 || hitPlain != 0 || len(storedA) != 4 || len(storedB) != 4 || len(storedPlain) != 4 {
+		t.Fatalf("different salts shared blocks: hits %d %d %d, stored %d %d %d", hitA, hitB, hitPlain, len(storedA), len(storedB), len(storedPlain))
+	}
+	if slices.Equal(storedA, storedB) || slices.Equal(storedA, storedPlain) {
+		t.Fatal("salted blocks have the hashes of another salt's")
+	}
+	if hit, stored := send("tenant-a"); hit != 4*bs || len(stored) != 0 {
+		t.Fatalf("same salt again: %d tokens hit, %d blocks stored; want %d and 0", hit, len(stored), 4*bs)
+	}
+
+	for _, salt := range []any{"", 5, "a/b", "a@b", `a\b`, "a\x00", strings.Repeat("s", 129)} {
+		status, b := post(t, c, url, map[string]any{"prompt": tokens, "max_tokens": 1, "cache_salt": salt})
+		if status != 400 || !strings.Contains(string(b), "Parameter 'cache_salt' must") {
+			t.Fatalf("cache_salt %q: %d %s, want vLLM's 400", salt, status, b)
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"pdlb/engines/tokenize"
 )
@@ -29,6 +31,8 @@ type genRequest struct {
 	// AddSpecialTokens is vLLM's completion field (default true): whether
 	// the tokenizer adds its BOS and other special tokens to the prompt.
 	AddSpecialTokens *bool `json:"add_special_tokens"`
+	// CacheSalt is vLLM's cache_salt (null for none); see cacheSalt.
+	CacheSalt any `json:"cache_salt"`
 	// PD fields of each engine; pd.go reads them.
 	KVTransferParams    *kvTransferParams `json:"kv_transfer_params"` // vLLM
 	BootstrapHost       string            `json:"bootstrap_host"`     // SGLang
@@ -62,6 +66,27 @@ var errBadRequest = errors.New("bad request")
 
 func badRequest(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
+}
+
+// maxCacheSalt is the longest cache_salt vLLM accepts, in characters.
+const maxCacheSalt = 128
+
+// cacheSalt returns the request's cache_salt ("" for none), refused as
+// vLLM refuses it (validate_cache_salt).
+func (r *genRequest) cacheSalt() (string, error) {
+	switch s := r.CacheSalt.(type) {
+	case nil:
+		return "", nil
+	case string:
+		if s == "" {
+			break
+		}
+		if utf8.RuneCountInString(s) > maxCacheSalt || strings.ContainsAny(s, "@/\\\x00") {
+			return "", badRequest("Parameter 'cache_salt' must be at most %d characters and must not contain '@', '/', '\\\\', or NUL.", maxCacheSalt)
+		}
+		return s, nil
+	}
+	return "", badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
 }
 
 // renderChat renders messages with the chat template the gateway uses

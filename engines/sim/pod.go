@@ -427,6 +427,8 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	default:
 		tokens, err = p.requestTokens(ctx.PostBody(), &req, isChat)
 	}
+	salt, saltErr := req.cacheSalt()
+	err = cmp.Or(err, saltErr)
 	if err == nil && len(tokens) == 0 {
 		err = badRequest("the prompt is empty")
 	}
@@ -450,7 +452,8 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			r.maxTokens, r.limitReason = 1, finishLength
 		}
 	}
-	r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), p.seed, tokens, p.cfg.Physics.BlockSize)
+	r.salt = salt
+	r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), radix.SeedWith(p.seed, "", salt), tokens, p.cfg.Physics.BlockSize)
 	// The response id follows vLLM: the X-Request-Id header, else the
 	// request_id parameter, else a random one. SGLang aborts by rid.
 	id := cmp.Or(string(ctx.Request.Header.Peek("X-Request-Id")), req.RequestID, req.RID,

@@ -14,7 +14,8 @@ import (
 type request struct {
 	rid         string
 	tokens      []uint32 // the prompt
-	keys        []uint64 // the prompt's engine block keys (engineSeed chain)
+	keys        []uint64 // the prompt's engine block keys (engineSeed chain, salted)
+	salt        string   // the request's cache_salt ("" for none)
 	maxTokens   int
 	limitReason uint8 // finish reason at maxTokens: length when the client set it, stop for the sim's own length
 	// remote marks a decode leg: its prompt's KV comes from a prefill pod.
@@ -405,7 +406,7 @@ func (s *scheduler) storeBlocks(r *request) {
 		return
 	}
 	if len(stored) > 0 {
-		s.tokScratch = publishStored(s.sink, r.keys, stored, r.tokens, s.phys.BlockSize, s.tokScratch)
+		s.tokScratch = publishStored(s.sink, r.keys, stored, r.tokens, r.salt, s.phys.BlockSize, s.tokScratch)
 	}
 	if len(evicted) > 0 {
 		s.sink.BlockRemoved(evicted)

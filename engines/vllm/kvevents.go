@@ -32,6 +32,23 @@
 // AllBlocksCleared has none. Unknown map keys and extra trailing array
 // elements are skipped, so newer vLLM fields do not break decoding.
 //
+// # Extra keys
+//
+// extra_keys holds, per block of block_hashes, what vLLM hashed into the
+// block besides its tokens (generate_block_hash_extra_keys): None, or a
+// tuple (an array) of the LoRA adapter's name (first, in every block of an
+// adapter's prompt), the multimodal inputs overlapping the block
+// ([identifier, offset] pairs; bare identifier strings in the first
+// versions that published extra_keys), the request's cache_salt (a string,
+// in the prompt's first block only) and prompt-embedding digests (bytes).
+// Decode types them: the adapter's name is recognised by equality with
+// lora_name; in a block that starts a prompt the last string after it is
+// the cache salt; everything else, and any shape vLLM does not send (a
+// tuple count other than the number of blocks, a non-array), is folded
+// into the block's Media digest, so such blocks never match a text prompt.
+// An older multimodal first block holding a bare identifier and no salt
+// reads as salted by the identifier: it still matches no plain prompt.
+//
 // # Block hashes
 //
 // A block hash is an integer (vLLM's default, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1;
@@ -50,9 +67,13 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"pdlb/engines"
 )
 
 // Kind says which event an Event is.
@@ -114,8 +135,22 @@ type Event struct {
 	LoraName string
 	// Medium is where the blocks live ("GPU", "CPU", ...; "" for None).
 	Medium string
+	// CacheSalt is the cache_salt found in the extra keys of a BlockStored
+	// that starts a prompt ("" for none); Media is, per block, the digest
+	// of its other extra keys (0 for none; nil when no block has any). See
+	// the package doc. Encode writes lora_name and CacheSalt into
+	// extra_keys as vLLM does; a digest cannot be written back, so Encode
+	// leaves Media out.
+	CacheSalt string
+	Media     []uint64
 	// GroupIdx is the KV-cache group of hybrid models (0 for None).
 	GroupIdx int64
+}
+
+// Extra returns the extra keys of a BlockStored in the engine-neutral form
+// the index reads.
+func (ev *Event) Extra() engines.ExtraKeys {
+	return engines.ExtraKeys{LoRA: ev.LoraName, CacheSalt: ev.CacheSalt, Media: ev.Media}
 }
 
 // Batch is a KVEventBatch: the events one publish call carried.
@@ -140,8 +175,9 @@ type BlockEvents interface {
 	// BlockStored: the engine cached len(blockHashes) blocks of blockSize
 	// tokens each, chained after the block hashed parentHash (hasParent
 	// false: the first block starts a prompt). tokenIDs holds their tokens,
-	// len(blockHashes)*blockSize of them.
-	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int)
+	// len(blockHashes)*blockSize of them; extra what the engine hashed
+	// into them besides (its Media slice is the caller's too).
+	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys)
 	// BlockRemoved: the engine evicted these blocks.
 	BlockRemoved(blockHashes []uint64)
 	// AllBlocksCleared: the engine dropped its whole prefix cache.
@@ -222,6 +258,10 @@ type decoder struct {
 	buf []byte
 	r   bytes.Reader
 	d   *msgpack.Decoder
+	// extraAt is the offset of the current event's extra_keys value, -1
+	// if it has none: the value is typed once the event's other fields
+	// are known.
+	extraAt int
 }
 
 func (d *decoder) fail(what string, err error) error {
@@ -708,6 +748,7 @@ func (d *decoder) arrayEvent(ev *Event) error {
 		return d.failf("%s: %d fields, want at least %d", ev.Kind, n, required(ev.Kind))
 	}
 	fields := fieldsOf(ev.Kind)
+	d.extraAt = -1
 	for i := range n {
 		if i < len(fields) {
 			err = d.field(ev, fields[i])
@@ -718,7 +759,7 @@ func (d *decoder) arrayEvent(ev *Event) error {
 			return err
 		}
 	}
-	return nil
+	return d.typeExtraKeys(ev)
 }
 
 func (d *decoder) mapEvent(ev *Event) error {
@@ -730,6 +771,7 @@ func (d *decoder) mapEvent(ev *Event) error {
 	// collected into the union Event and checked against the kind at the
 	// end.
 	var sawHashes, sawTokens, sawSize bool
+	d.extraAt = -1
 	for range n {
 		k, err := d.raw("event key")
 		if err != nil {
@@ -762,6 +804,7 @@ func (d *decoder) mapEvent(ev *Event) error {
 		if !sawHashes || !sawTokens || !sawSize {
 			return d.failf("BlockStored: block_hashes, token_ids or block_size missing")
 		}
+		return d.typeExtraKeys(ev)
 	case BlockRemoved:
 		if !sawHashes {
 			return d.failf("BlockRemoved: block_hashes missing")
@@ -803,10 +846,147 @@ func (d *decoder) field(ev *Event, name string) error {
 		ev.LoraName, err = d.str(name)
 	case "group_idx":
 		ev.GroupIdx, err = d.int(name)
+	case "extra_keys":
+		d.extraAt = len(d.buf) - d.r.Len()
+		err = d.skip(1)
 	default:
 		err = d.skip(1)
 	}
 	return err
+}
+
+// typeExtraKeys reads the BlockStored ev's extra_keys, already checked by
+// skip at d.extraAt, into CacheSalt and Media (see the package doc). It
+// runs once the event's other fields are read, since lora_name, the parent
+// and the number of blocks decide what each key is, and map fields may
+// come in any order.
+func (d *decoder) typeExtraKeys(ev *Event) error {
+	if d.extraAt < 0 || ev.Kind != BlockStored {
+		return nil
+	}
+	end := len(d.buf) - d.r.Len()
+	if _, err := d.r.Seek(int64(d.extraAt), io.SeekStart); err != nil {
+		return d.fail("extra_keys", err)
+	}
+	if err := d.extraKeys(ev, end); err != nil {
+		return err
+	}
+	if _, err := d.r.Seek(int64(end), io.SeekStart); err != nil {
+		return d.fail("extra_keys", err)
+	}
+	return nil
+}
+
+// extraKeys types the extra_keys value next, which ends at end.
+func (d *decoder) extraKeys(ev *Event, end int) error {
+	if isNil, err := d.nilNext(); isNil || err != nil {
+		return err
+	}
+	c, err := d.peek()
+	if err != nil {
+		return err
+	}
+	if isArray(c) {
+		n, err := d.arrayLen("extra_keys")
+		if err != nil {
+			return err
+		}
+		if n == len(ev.BlockHashes) {
+			for j := range n {
+				m, err := d.blockExtraKeys(ev, j == 0 && !ev.HasParent)
+				if err != nil {
+					return err
+				}
+				if m == 0 {
+					continue
+				}
+				if ev.Media == nil {
+					ev.Media = make([]uint64, n)
+				}
+				ev.Media[j] = m
+			}
+			return nil
+		}
+	}
+	// Not one entry per block: which block a key belongs to is unknown,
+	// so every block gets the digest of the whole value.
+	ev.CacheSalt = ""
+	if len(ev.BlockHashes) > 0 {
+		ev.Media = make([]uint64, len(ev.BlockHashes))
+		m := digestExtra(0, d.buf[d.extraAt:end])
+		for j := range ev.Media {
+			ev.Media[j] = m
+		}
+	}
+	return nil
+}
+
+// blockExtraKeys reads one block's extra keys and returns the digest of
+// those that are neither the adapter's name nor, in a block that starts a
+// prompt (first), the cache salt, which it stores in ev.CacheSalt.
+func (d *decoder) blockExtraKeys(ev *Event, first bool) (uint64, error) {
+	start := len(d.buf) - d.r.Len()
+	c, err := d.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Nil {
+		return 0, d.skip(2)
+	}
+	if !isArray(c) {
+		if err := d.skip(2); err != nil {
+			return 0, err
+		}
+		return digestExtra(0, d.buf[start:len(d.buf)-d.r.Len()]), nil
+	}
+	n, err := d.arrayLen("extra_keys")
+	if err != nil {
+		return 0, err
+	}
+	var m uint64
+	var salt, saltRaw []byte // the last string so far, and its msgpack bytes
+	for i := range n {
+		at := len(d.buf) - d.r.Len()
+		c, err := d.peek()
+		if err != nil {
+			return 0, err
+		}
+		if !msgpcode.IsString(c) {
+			if err := d.skip(3); err != nil {
+				return 0, err
+			}
+			m = digestExtra(m, d.buf[at:len(d.buf)-d.r.Len()])
+			continue
+		}
+		s, err := d.raw("extra_keys")
+		if err != nil {
+			return 0, err
+		}
+		switch raw := d.buf[at : len(d.buf)-d.r.Len()]; {
+		case i == 0 && ev.LoraName != "" && string(s) == ev.LoraName:
+		case first:
+			if saltRaw != nil {
+				m = digestExtra(m, saltRaw)
+			}
+			salt, saltRaw = s, raw
+		default:
+			m = digestExtra(m, raw)
+		}
+	}
+	if salt != nil {
+		ev.CacheSalt = string(salt)
+	}
+	return m, nil
+}
+
+// digestExtra folds the msgpack bytes of one extra key into the digest m
+// of a block's keys so far (0: none yet); the result is never 0.
+func digestExtra(m uint64, raw []byte) uint64 {
+	m = bits.RotateLeft64(m, 23) ^ xxhash.Sum64(raw)
+	if m == 0 {
+		m = 1
+	}
+	return m
 }
 
 // Encode appends b to dst in layout enc and returns the extended slice.
@@ -882,6 +1062,33 @@ func (en *encoder) optInt(v int64) {
 	en.int(v)
 }
 
+// extraKeys writes BlockStored ev's extra_keys as vLLM does: per block
+// the adapter's name, and in the first block the salt (when salt), or nil
+// for a block with neither.
+func (en *encoder) extraKeys(ev *Event, salt bool) {
+	en.arrayLen(len(ev.BlockHashes))
+	for j := range ev.BlockHashes {
+		n := 0
+		if ev.LoraName != "" {
+			n++
+		}
+		if salt && j == 0 {
+			n++
+		}
+		if n == 0 {
+			en.null()
+			continue
+		}
+		en.arrayLen(n)
+		if ev.LoraName != "" {
+			en.str(ev.LoraName)
+		}
+		if salt && j == 0 {
+			en.str(ev.CacheSalt)
+		}
+	}
+}
+
 func (en *encoder) hashes(hs []uint64) {
 	en.arrayLen(len(hs))
 	for _, h := range hs {
@@ -917,17 +1124,22 @@ func (en *encoder) batch(b *Batch, enc Encoding) {
 }
 
 // event writes ev as an array (tag first) or as a map (tag under "type").
-// In both, required fields are written and group_idx only when set; in the
-// array layout extra_keys is then written as nil to keep group_idx at its
-// position.
+// In both, required fields are written, extra_keys when a block has one
+// and group_idx only when set; in the array layout extra_keys is written
+// as nil before a group_idx to keep it at its position.
 func (en *encoder) event(ev *Event, array bool) {
 	var n int
+	salt := ev.CacheSalt != "" && !ev.HasParent
+	extra := ev.LoraName != "" || salt
 	switch ev.Kind {
 	case BlockStored:
 		n = 7 // block_hashes .. lora_name
+		if extra {
+			n++
+		}
 		if ev.GroupIdx != 0 {
 			n++ // group_idx
-			if array {
+			if array && !extra {
 				n++ // extra_keys before it
 			}
 		}
@@ -974,10 +1186,14 @@ func (en *encoder) event(ev *Event, array bool) {
 		en.optStr(ev.Medium)
 		key("lora_name")
 		en.optStr(ev.LoraName)
+		switch {
+		case extra:
+			key("extra_keys")
+			en.extraKeys(ev, salt)
+		case ev.GroupIdx != 0 && array:
+			en.null() // extra_keys
+		}
 		if ev.GroupIdx != 0 {
-			if array {
-				en.null() // extra_keys
-			}
 			key("group_idx")
 			en.int(ev.GroupIdx)
 		}

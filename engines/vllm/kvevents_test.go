@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -57,8 +58,8 @@ cb 3ff8000000000000         # ts 1.5
 `
 
 // Fixture (c): the map layout of current vLLM, with hashes as bytes (the
-// raw 32-byte digest) and fields newer than this decoder (extra_keys,
-// kv_cache_spec_kind) that must be skipped.
+// raw 32-byte digest), extra keys of a LoRA multimodal block, and a field
+// newer than this decoder (kv_cache_spec_kind) that must be skipped.
 var fixtureMap = `
 83                          # KVEventBatch {ts, events, data_parallel_rank}
 a2 ` + hexStr("ts") + ` cb 41d954fc40100000   # 1700000000.25
@@ -75,7 +76,8 @@ a6 ` + hexStr("events") + `
   a7 ` + hexStr("lora_id") + ` 07
   a6 ` + hexStr("medium") + ` a3 ` + hexStr("GPU") + `
   a9 ` + hexStr("lora_name") + ` a5 ` + hexStr("sql-x") + `
-  aa ` + hexStr("extra_keys") + ` 91 92 a3 ` + hexStr("abc") + ` c0
+  aa ` + hexStr("extra_keys") + ` 91 93  # one block: (lora, (mm id, offset), embeds digest)
+   a5 ` + hexStr("sql-x") + ` 92 a3 ` + hexStr("abc") + ` 00 c4 02 0102
   a9 ` + hexStr("group_idx") + ` 01
   b2 ` + hexStr("kv_cache_spec_kind") + ` ae ` + hexStr("full_attention") + `
  84                         # BlockRemoved: 4 entries, type not first
@@ -181,6 +183,7 @@ func TestDecodeFixtures(t *testing.T) {
 				LoraID:      7,
 				LoraName:    "sql-x",
 				Medium:      MediumGPU,
+				Media:       []uint64{digestExtra(digestExtra(0, unhex(t, "92 a3"+hexStr("abc")+"00")), unhex(t, "c4 02 0102"))},
 				GroupIdx:    1,
 			},
 			{Kind: BlockRemoved, BlockHashes: []uint64{1, 0x010203}, Medium: "CPU", GroupIdx: 2},
@@ -188,6 +191,111 @@ func TestDecodeFixtures(t *testing.T) {
 		DPRank:    3,
 		HasDPRank: true,
 	})
+}
+
+// extraKeysFixture encodes a batch of one map-layout BlockStored of
+// blocks one-token blocks with extraKeys (msgpack-encoded as given),
+// lora_name lora (nil for "") and a parent when hasParent; extraFirst puts
+// extra_keys before the other fields, where msgspec writes it after.
+func extraKeysFixture(t testing.TB, blocks int, lora string, hasParent, extraFirst bool, extraKeys any) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(e.EncodeArrayLen(2))
+	must(e.EncodeFloat64(1))
+	must(e.EncodeArrayLen(1))
+	must(e.EncodeMapLen(8))
+	hashes := make([]uint64, blocks)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	var parent, loraName any
+	if hasParent {
+		parent = 99
+	}
+	if lora != "" {
+		loraName = lora
+	}
+	type field struct {
+		k string
+		v any
+	}
+	fields := []field{
+		{"type", "BlockStored"},
+		{"block_hashes", hashes},
+		{"parent_block_hash", parent},
+		{"token_ids", make([]uint32, blocks)},
+		{"block_size", 1},
+		{"lora_name", loraName},
+		{"medium", "GPU"},
+	}
+	if extraFirst {
+		fields = slices.Insert(fields, 1, field{"extra_keys", extraKeys})
+	} else {
+		fields = append(fields, field{"extra_keys", extraKeys})
+	}
+	for _, kv := range fields {
+		must(e.EncodeString(kv.k))
+		must(e.Encode(kv.v))
+	}
+	return buf.Bytes()
+}
+
+// TestDecodeExtraKeys types extra_keys of the shapes vLLM sends, and of
+// shapes it does not, which must leave the blocks unmatchable.
+func TestDecodeExtraKeys(t *testing.T) {
+	type want struct {
+		salt  string
+		media []bool // per block: has a digest; nil: Media nil
+	}
+	f := func(blocks int, lora string, hasParent, extraFirst bool, extraKeys any, w want) {
+		t.Helper()
+		b, err := Decode(extraKeysFixture(t, blocks, lora, hasParent, extraFirst, extraKeys))
+		if err != nil {
+			t.Fatalf("%v: %v", extraKeys, err)
+		}
+		ev := b.Events[0]
+		var media []bool
+		if ev.Media != nil {
+			media = make([]bool, len(ev.Media))
+			for i, m := range ev.Media {
+				media[i] = m != 0
+			}
+		}
+		if ev.CacheSalt != w.salt || !slices.Equal(media, w.media) || (media == nil) != (w.media == nil) {
+			t.Fatalf("extra_keys %v (lora %q, parent %v): salt %q media %v, want %q %v", extraKeys, lora, hasParent, ev.CacheSalt, media, w.salt, w.media)
+		}
+	}
+	mm := func(id string, offset int) []any { return []any{id, offset} }
+	// Text-only blocks: no keys, a salt, an adapter, both.
+	f(2, "", false, false, nil, want{})
+	f(2, "", false, false, []any{[]any{"s1"}, nil}, want{salt: "s1"})
+	f(2, "L", false, false, []any{[]any{"L", "s1"}, []any{"L"}}, want{salt: "s1"})
+	f(2, "L", false, true, []any{[]any{"L", "s1"}, []any{"L"}}, want{salt: "s1"})
+	f(2, "L", false, false, []any{[]any{"L"}, []any{"L"}}, want{})
+	f(1, "L", true, false, []any{[]any{"L"}}, want{})
+	// The salt lives in a prompt's first block only: a string in a later
+	// block is something else.
+	f(1, "", true, false, []any{[]any{"s1"}}, want{media: []bool{true}})
+	f(1, "", true, true, []any{[]any{"s1"}}, want{media: []bool{true}})
+	// Multimodal and prompt-embedding keys, with and without a salt.
+	f(3, "", false, false, []any{[]any{mm("img", 3), "s1"}, []any{mm("img", -13)}, nil},
+		want{salt: "s1", media: []bool{true, true, false}})
+	f(2, "L", false, false, []any{[]any{"L", "s1", []byte{1, 2}}, []any{"L", []byte{3}}},
+		want{salt: "s1", media: []bool{true, true}})
+	f(1, "", false, false, []any{[]any{"old-id", "s1"}}, want{salt: "s1", media: []bool{true}})
+	// Shapes vLLM does not send: every block becomes unmatchable.
+	f(2, "", false, false, []any{[]any{"s1"}}, want{media: []bool{true, true}})
+	f(2, "", false, false, "s1", want{media: []bool{true, true}})
+	f(1, "", false, false, []any{"s1"}, want{media: []bool{true}})
+	f(1, "", false, false, []any{map[string]int{"a": 1}}, want{media: []bool{true}})
+	f(0, "", false, false, []any{}, want{})
 }
 
 func TestFoldHash(t *testing.T) {
@@ -245,6 +353,8 @@ func TestEncodeRoundTrip(t *testing.T) {
 		Events: []Event{
 			{Kind: BlockStored, BlockHashes: []uint64{1, ^uint64(0)}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: MediumGPU},
 			{Kind: BlockStored, BlockHashes: []uint64{5}, ParentHash: 1 << 63, HasParent: true, TokenIDs: []uint32{9, 0xffffffff}, BlockSize: 2, LoraID: 3, LoraName: "a", GroupIdx: 4},
+			{Kind: BlockStored, BlockHashes: []uint64{6, 7}, TokenIDs: []uint32{1, 2}, BlockSize: 1, CacheSalt: "salt", GroupIdx: 1},
+			{Kind: BlockStored, BlockHashes: []uint64{8, 9}, TokenIDs: []uint32{1, 2}, BlockSize: 1, LoraID: 1, LoraName: "a", CacheSalt: "a"},
 			{Kind: BlockRemoved, BlockHashes: []uint64{5, 1}, Medium: MediumGPU},
 			{Kind: BlockRemoved, BlockHashes: []uint64{}, GroupIdx: 1},
 			{Kind: AllBlocksCleared},

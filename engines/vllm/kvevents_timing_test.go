@@ -3,6 +3,8 @@ package vllm
 import (
 	"testing"
 	"time"
+
+	"pdlb/engines"
 )
 
 // prefillBatch is a typical batch: one prompt's 32 blocks of 16 tokens
@@ -71,6 +73,6 @@ func BenchmarkPublisherBlockStored(b *testing.B) {
 	tokens := make([]uint32, 16)
 	b.ReportAllocs()
 	for b.Loop() {
-		p.BlockStored(7, true, hashes, tokens, 16)
+		p.BlockStored(7, true, hashes, tokens, 16, engines.ExtraKeys{})
 	}
 }

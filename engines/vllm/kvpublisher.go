@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"pdlb/engines"
 )
 
 // Defaults of vLLM's KVEventsConfig and ZmqEventPublisher, and of the
@@ -218,8 +220,10 @@ func (p *Publisher) Endpoint() string { return "tcp://" + p.pub.Addr().String() 
 // ReplayEndpoint is the replay ROUTER's address, tcp://host:port.
 func (p *Publisher) ReplayEndpoint() string { return "tcp://" + p.router.Addr().String() }
 
-// BlockStored queues a BlockStored event (medium GPU).
-func (p *Publisher) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int) {
+// BlockStored queues a BlockStored event (medium GPU). Its extra keys
+// are published as vLLM publishes them, but for extra.Media, which Encode
+// cannot write (see Event).
+func (p *Publisher) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -236,6 +240,8 @@ func (p *Publisher) BlockStored(parentHash uint64, hasParent bool, blockHashes [
 		TokenIDs:    p.tokens[t0:len(p.tokens):len(p.tokens)],
 		BlockSize:   blockSize,
 		Medium:      MediumGPU,
+		LoraName:    extra.LoRA,
+		CacheSalt:   extra.CacheSalt,
 	})
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/goleak"
 
+	"pdlb/engines"
 	"pdlb/internal/testwait"
 )
 
@@ -30,8 +31,12 @@ type recorder struct {
 	calls []string
 }
 
-func (r *recorder) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int) {
-	r.add(fmt.Sprintf("stored %d/%v %v %v %d", parent, hasParent, hashes, tokens, blockSize))
+func (r *recorder) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int, extra engines.ExtraKeys) {
+	line := fmt.Sprintf("stored %d/%v %v %v %d", parent, hasParent, hashes, tokens, blockSize)
+	if extra.LoRA != "" || extra.CacheSalt != "" || extra.Media != nil {
+		line += fmt.Sprintf(" %+v", extra)
+	}
+	r.add(line)
 }
 func (r *recorder) BlockRemoved(hashes []uint64) { r.add(fmt.Sprintf("removed %v", hashes)) }
 func (r *recorder) AllBlocksCleared()            { r.add("cleared") }
@@ -89,7 +94,7 @@ func storeEvent(p *Publisher, i int) string {
 	if i > 0 {
 		parent = uint64(99 + i)
 	}
-	p.BlockStored(parent, i > 0, hashes, tokens, 2)
+	p.BlockStored(parent, i > 0, hashes, tokens, 2, engines.ExtraKeys{})
 	return fmt.Sprintf("stored %d/%v %v %v %d", parent, i > 0, hashes, tokens, 2)
 }
 
@@ -277,7 +282,7 @@ func TestPublisherCallsAfterCloseAreDropped(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	p.BlockStored(0, false, []uint64{1}, []uint32{1}, 1)
+	p.BlockStored(0, false, []uint64{1}, []uint32{1}, 1, engines.ExtraKeys{})
 	p.BlockRemoved([]uint64{1})
 	p.AllBlocksCleared()
 	if err := p.Close(); err != nil {
@@ -362,5 +367,37 @@ func TestDeliverJoinsRemovals(t *testing.T) {
 	}
 	if n := s.Counters.Skipped.Load(); n != 1 {
 		t.Fatalf("skipped %d events, want 1 (the CPU block)", n)
+	}
+}
+
+// TestDeliverExtraKeys: the sink gets each BlockStored's extra keys; an
+// adapter's blocks are delivered when the event names the adapter, and
+// skipped when it gives only a lora_id (older vLLM), which no request's
+// keys can be built from.
+func TestDeliverExtraKeys(t *testing.T) {
+	stored := func(h uint64, loraID int64, lora, salt string) Event {
+		return Event{Kind: BlockStored, BlockHashes: []uint64{h}, TokenIDs: []uint32{1}, BlockSize: 1,
+			Medium: MediumGPU, LoraID: loraID, LoraName: lora, CacheSalt: salt}
+	}
+	b := Batch{Events: []Event{stored(1, 0, "", "s"), stored(2, 3, "ad", ""), stored(3, 3, "", ""), stored(4, 3, "ad", "s")}}
+	payload, err := Encode(nil, &b, EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	s := &Subscriber{sink: rec, last: -1}
+	if !s.deliver(0, payload) {
+		t.Fatal("batch not delivered")
+	}
+	want := []string{
+		"stored 0/false [1] [1] 1 {LoRA: CacheSalt:s Media:[]}",
+		"stored 0/false [2] [1] 1 {LoRA:ad CacheSalt: Media:[]}",
+		"stored 0/false [4] [1] 1 {LoRA:ad CacheSalt:s Media:[]}",
+	}
+	if got := rec.snapshot(); !slices.Equal(got, want) {
+		t.Fatalf("sink calls:\n got %q\nwant %q", got, want)
+	}
+	if n := s.Counters.Skipped.Load(); n != 1 {
+		t.Fatalf("skipped %d events, want 1 (the unnamed adapter's)", n)
 	}
 }

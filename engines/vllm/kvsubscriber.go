@@ -81,9 +81,9 @@ type SubscriberCounters struct {
 	Batches atomic.Uint64
 	Events  atomic.Uint64
 	// Skipped counts events not meant for the GPU prefix index: another
-	// medium (CPU offload), another KV-cache group than 0, or a LoRA
-	// adapter's blocks (the gateway keys prompts per model, not per
-	// adapter).
+	// medium (CPU offload), another KV-cache group than 0, or the blocks
+	// of a LoRA adapter without a lora_name (older vLLM), which cannot be
+	// keyed as a request for the adapter is.
 	Skipped atomic.Uint64
 	// Gaps counts sequence gaps seen on the live stream.
 	Gaps atomic.Uint64
@@ -345,7 +345,7 @@ func (s *Subscriber) deliver(seq int64, payload []byte) bool {
 		case !forGPUIndex(ev):
 			s.Counters.Skipped.Add(1)
 		case ev.Kind == BlockStored:
-			s.sink.BlockStored(ev.ParentHash, ev.HasParent, ev.BlockHashes, ev.TokenIDs, ev.BlockSize)
+			s.sink.BlockStored(ev.ParentHash, ev.HasParent, ev.BlockHashes, ev.TokenIDs, ev.BlockSize, ev.Extra())
 		case ev.Kind == BlockRemoved:
 			// vLLM and SGLang send one BlockRemoved per evicted block,
 			// a prompt's deepest first. The sink gets a run of them as
@@ -365,8 +365,9 @@ func (s *Subscriber) deliver(seq int64, payload []byte) bool {
 }
 
 // forGPUIndex says whether a block event belongs in the gateway's prefix
-// index: GPU blocks (or medium unspecified) of KV-cache group 0 without a
-// LoRA adapter.
+// index: GPU blocks (or medium unspecified) of KV-cache group 0, without a
+// LoRA adapter or with a named one (the index keys an adapter's blocks by
+// its name, as vLLM hashes them; older vLLM named it by lora_id only).
 func forGPUIndex(ev *Event) bool {
-	return (ev.Medium == "" || ev.Medium == MediumGPU) && ev.GroupIdx == 0 && ev.LoraID == 0 && ev.LoraName == ""
+	return (ev.Medium == "" || ev.Medium == MediumGPU) && ev.GroupIdx == 0 && (ev.LoraID == 0 || ev.LoraName != "")
 }

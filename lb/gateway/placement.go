@@ -35,9 +35,9 @@ func (g *Gateway) lookup(m *pool.Model, x *exchange) {
 	}
 	x.looked = true
 	if x.req.TokenIDs {
-		x.keys = radix.AppendBlockKeys(x.keys[:0], m.Seed, x.req.PromptIDs, m.BlockSize)
+		x.keys = radix.AppendBlockKeys(x.keys[:0], x.req.KeySeed(m.Seed), x.req.PromptIDs, m.BlockSize)
 	} else {
-		x.keys = tokenize.AppendBlockKeys(x.keys[:0], m.Seed, x.req.Prompt, m.BlockSize)
+		x.keys = tokenize.AppendBlockKeys(x.keys[:0], x.req.KeySeed(m.Seed), x.req.Prompt, m.BlockSize)
 	}
 	if cap(x.depth) < len(m.Pods) {
 		x.depth = make([]int32, len(m.Pods))

@@ -1,22 +1,30 @@
 package kvindex
 
 import (
+	"bytes"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"pdlb/engines"
+	"pdlb/engines/sim"
 	"pdlb/engines/tokenize"
 	"pdlb/engines/vllm"
 	"pdlb/internal/testwait"
+	"pdlb/lb/openai"
 	"pdlb/radix"
 )
 
 // TestMain checks for leaked goroutines, except the one zmq4 v0.17.0 leaves
-// per PUB socket (see engines/vllm's TestMain).
+// per PUB socket (see engines/vllm's TestMain) and fasthttp's process-wide
+// date ticker, which a sim pod starts (see engines/sim's).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"))
 }
 
 // TestFeedFromPublisher runs the whole path on loopback: an engine's
@@ -75,9 +83,9 @@ func TestFeedFromPublisher(t *testing.T) {
 	gateway := radix.AppendBlockKeys(nil, radix.Seed(model), tokens, bs)
 
 	// Prefill stores the first blocks, decode adds the rest one at a time.
-	pub.BlockStored(0, false, engineHashes[:2], tokens[:2*bs], bs)
+	pub.BlockStored(0, false, engineHashes[:2], tokens[:2*bs], bs, engines.ExtraKeys{})
 	for i := 2; i < n; i++ {
-		pub.BlockStored(engineHashes[i-1], true, engineHashes[i:i+1], tokens[i*bs:(i+1)*bs], bs)
+		pub.BlockStored(engineHashes[i-1], true, engineHashes[i:i+1], tokens[i*bs:(i+1)*bs], bs, engines.ExtraKeys{})
 	}
 	match := func(want int) {
 		t.Helper()
@@ -116,3 +124,106 @@ func (b both) RemovePod(pod int32) {
 }
 
 var _ Index = (*radix.Tree)(nil)
+
+// TestSaltedPromptsFromASimPod runs a simulated vLLM pod publishing its
+// KV events over ZMQ into the index: two requests with one prompt and
+// different cache salts share no cached block in the pod nor in the index;
+// a third with the first's salt hits the pod's cache, and the index holds
+// every block of it under the keys the gateway computes for its body.
+func TestSaltedPromptsFromASimPod(t *testing.T) {
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{
+		Endpoint:       "tcp://127.0.0.1:0",
+		ReplayEndpoint: "tcp://127.0.0.1:0",
+		FlushInterval:  time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	pod, err := sim.Start(sim.Config{Name: "sim-0", Model: model, Listen: "127.0.0.1:0", Speedup: 1000, KVEvents: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	tree, err := radix.New(radix.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := New(tree, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := ix.Pod(0, model)
+	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint()}, feed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	testwait.For(t, "the subscription to reach the publisher", func() bool {
+		pub.AllBlocksCleared()
+		time.Sleep(5 * time.Millisecond)
+		return feed.Counters.Clears.Load() > 0
+	})
+
+	question := strings.Repeat("Which tenant asked this, and does its cache show? ", 20)
+	body := func(salt string) []byte {
+		return []byte(`{"model":"` + model + `","max_tokens":1,"cache_salt":"` + salt + `",` +
+			`"messages":[{"role":"user","content":"` + question + `"}]}`)
+	}
+	// keys are the gateway's keys for the request with salt.
+	keys := func(salt string) []uint64 {
+		var r openai.Request
+		if err := r.Parse(openai.KindChat, body(salt)); err != nil {
+			t.Fatal(err)
+		}
+		return tokenize.AppendBlockKeys(nil, r.KeySeed(radix.Seed(model)), r.Prompt, radix.DefaultBlockSize)
+	}
+	indexed := func(salt string) int {
+		out := make([]int32, 1)
+		tree.Match(keys(salt), out)
+		return int(out[0])
+	}
+	client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+	defer client.CloseIdleConnections()
+	// send posts the request with salt and returns the prompt tokens the
+	// pod found cached.
+	send := func(salt string) int64 {
+		t.Helper()
+		before := pod.Stats().HitTokens
+		resp, err := client.Post("http://"+pod.Addr()+"/v1/chat/completions", "application/json", bytes.NewReader(body(salt)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("salt %s: %d %s", salt, resp.StatusCode, b)
+		}
+		return pod.Stats().HitTokens - before
+	}
+	n := len(keys("tenant-a"))
+	if n < 8 {
+		t.Fatalf("prompt of %d blocks, want 8 at least", n)
+	}
+	if hit := send("tenant-a"); hit != 0 {
+		t.Fatalf("first request hit %d tokens", hit)
+	}
+	testwait.For(t, "the index to hold tenant a's blocks", func() bool { return indexed("tenant-a") == n })
+	if got := indexed("tenant-b"); got != 0 {
+		t.Fatalf("tenant b's request matches %d of tenant a's blocks in the index", got)
+	}
+	if hit := send("tenant-b"); hit != 0 {
+		t.Fatalf("tenant b's request hit %d tokens of tenant a's in the pod", hit)
+	}
+	testwait.For(t, "the index to hold tenant b's blocks", func() bool { return indexed("tenant-b") == n })
+	if hit := send("tenant-a"); hit < int64(n*radix.DefaultBlockSize) {
+		t.Fatalf("tenant a's second request hit %d tokens in the pod, want %d at least", hit, n*radix.DefaultBlockSize)
+	}
+	if got := indexed("tenant-a"); got != n {
+		t.Fatalf("tenant a's request matches %d of %d blocks in the index", got, n)
+	}
+	if feed.Counters.Mismatched.Load()+feed.Counters.Orphans.Load()+sub.Counters.Malformed.Load() != 0 {
+		t.Fatalf("events dropped: mismatched %d orphans %d malformed %d",
+			feed.Counters.Mismatched.Load(), feed.Counters.Orphans.Load(), sub.Counters.Malformed.Load())
+	}
+}

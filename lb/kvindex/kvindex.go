@@ -5,25 +5,42 @@
 // BlockStored the feed computes the gateway's own block keys from the
 // event's token ids: radix.AppendBlockKeys chained from the gateway key of
 // the parent block (found through the pod's engine-hash → slot map), or
-// from radix.Seed(model) when the blocks start a prompt. Those are exactly
-// the keys the gateway computes for a prompt with the same tokens, so
-// radix.Match finds them. An engine block may hold a multiple of the
-// gateway's block size; it then maps to several gateway keys. The map is
-// kept to serve BlockRemoved, which names engine hashes only: the index
-// names a block by its chain, rebuilt from the pod's slots.
+// from the prompt's seed when the blocks start a prompt:
+// radix.SeedWith(radix.Seed(model), adapter, cache salt) with the event's
+// extra keys, radix.Seed(model) for a plain prompt. Those are exactly the
+// keys the gateway computes for a prompt with the same tokens, adapter and
+// salt, so radix.Match finds them. A block the engine hashed with keys the
+// gateway cannot compute for a request (multimodal inputs) chains from
+// radix.Extend of its digest: it and every block after it match no text
+// prompt, as in the engine.
+//
+// Engine and gateway block sizes may differ when one is a multiple of the
+// other. An engine block of k gateway blocks maps to k gateway keys. When
+// k engine blocks make one gateway block, the last of them (by its depth
+// in the prompt) holds the gateway key, computed from the tokens of all k,
+// which the pod keeps per block for that; the others hold the chain state
+// so far (the previous gateway key or the prompt's seed, extended by any
+// multimodal digests). A prompt's trailing engine blocks short of a whole
+// gateway block get no key, as a request's partial block gets none. The
+// engine-hash → slot map is kept to serve BlockRemoved, which names engine
+// hashes only: the index names a block by its chain, rebuilt from the
+// pod's slots.
 //
 // Memory per pod is bounded by Config.MaxBlocks engine blocks, about 73
 // bytes each with one gateway key per block (BenchmarkMemoryPerBlock: map
-// entry, slot, key, and the slack of grown slices), 8 more per extra key;
-// the default bound is thus about 19 MB per pod at worst. An engine cannot
+// entry, slot, key, and the slack of grown slices), 8 more per extra key,
+// and 4 per token when engine blocks are smaller than the gateway's; the
+// default bound is thus about 19 MB per pod at worst with equal sizes. An engine cannot
 // hold more blocks than its KV cache has, so a pod over the bound means the
 // feed missed removals: the pod is cleared and rebuilt from later events.
 package kvindex
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 
+	"pdlb/engines"
 	"pdlb/radix"
 )
 
@@ -50,7 +67,8 @@ const DefaultMaxBlocks = 1 << 18
 // Config is shared by the pods an Indexer feeds.
 type Config struct {
 	// BlockSize is the gateway's block size in tokens (default
-	// radix.DefaultBlockSize); engine block sizes must be multiples of it.
+	// radix.DefaultBlockSize); engine block sizes must be multiples or
+	// divisors of it.
 	BlockSize int
 	// MaxBlocks bounds the engine blocks tracked per pod (default
 	// DefaultMaxBlocks).
@@ -113,8 +131,9 @@ type PodCounters struct {
 	// cannot be computed without the prefix.
 	Orphans atomic.Uint64
 	// Mismatched counts BlockStored events dropped because their block
-	// size is not a multiple of the gateway's, changed, or does not match
-	// the number of tokens.
+	// size is neither a multiple nor a divisor of the gateway's, changed,
+	// or does not match the number of tokens, or their extra keys do not
+	// match the number of blocks.
 	Mismatched atomic.Uint64
 	// Overflows counts clears forced by MaxBlocks.
 	Overflows atomic.Uint64
@@ -131,23 +150,30 @@ type Pod struct {
 	id   int32
 	seed uint64
 
-	// perBlock is the number of gateway keys per engine block (engine
-	// block size / gateway block size), fixed by the first BlockStored
-	// after a clear; 0 before it.
-	perBlock int
+	// blockSize is the engine's block size in tokens, fixed by the first
+	// BlockStored after a clear; 0 before it. perBlock is the number of
+	// gateway keys an engine block holds (its size / the gateway's, at
+	// least 1); group the number of engine blocks in one gateway block
+	// (the gateway's size / its size, at least 1). One of them is 1.
+	blockSize, perBlock, group int
 
 	// Engine blocks live in slots (an arena: parent links are slot
-	// indices, so walking a prompt's chain costs no map lookups). A slot's
-	// gateway keys are keys[s*perBlock : (s+1)*perBlock].
+	// indices, so walking a prompt's chain costs no map lookups). Slot s
+	// holds keys[s*perBlock : (s+1)*perBlock]: its gateway keys, or, when
+	// group > 1 and it does not end a gateway block, the chain state (see
+	// keysOf). With group > 1 its tokens are toks[s*blockSize :
+	// (s+1)*blockSize].
 	byHash map[uint64]int32
 	slots  []slot
 	keys   []uint64
+	toks   []uint32
 	free   []int32
 	blocks atomic.Int64 // live (not tombstoned) slots
 
 	// Scratch, reused across events.
-	chain []uint64
-	path  []int32
+	chain  []uint64
+	path   []int32
+	gwToks []uint32
 
 	Counters PodCounters
 }
@@ -156,6 +182,7 @@ type slot struct {
 	hash     uint64
 	parent   int32 // slot of the preceding block; -1 when it starts a prompt
 	children int32 // slots whose parent this is
+	depth    int32 // engine blocks before it in its prompt
 	// removed marks a block the engine evicted while blocks chained after
 	// it are still held: the slot stays (their chain walks through it)
 	// until its last child goes.
@@ -166,13 +193,14 @@ type slot struct {
 func (p *Pod) Blocks() int { return int(p.blocks.Load()) }
 
 // BlockStored indexes the blocks of one event (see the package doc).
-func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int) {
+func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys) {
 	if len(blockHashes) == 0 {
 		return
 	}
 	gw := p.ix.cfg.BlockSize
-	if blockSize <= 0 || blockSize%gw != 0 || len(tokenIDs) != len(blockHashes)*blockSize ||
-		(p.perBlock != 0 && blockSize/gw != p.perBlock) {
+	if blockSize <= 0 || (blockSize%gw != 0 && gw%blockSize != 0) || len(tokenIDs) != len(blockHashes)*blockSize ||
+		(p.blockSize != 0 && blockSize != p.blockSize) ||
+		(extra.Media != nil && len(extra.Media) != len(blockHashes)) {
 		p.Counters.Mismatched.Add(1)
 		return
 	}
@@ -185,7 +213,7 @@ func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint6
 		}
 	}
 	prev := int32(-1)
-	seed := p.seed
+	seed := radix.SeedWith(p.seed, extra.LoRA, extra.CacheSalt)
 	chain := p.chain[:0]
 	if hasParent {
 		s, ok := p.byHash[parentHash]
@@ -195,21 +223,101 @@ func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint6
 		}
 		prev = s
 		chain = p.appendPrefix(chain, s)
-		seed = chain[len(chain)-1]
 	}
-	p.perBlock = blockSize / gw
+	if p.blockSize == 0 {
+		p.blockSize, p.perBlock, p.group = blockSize, max(1, blockSize/gw), max(1, gw/blockSize)
+	}
 	n0 := len(chain)
-	// Chaining from the parent's last key gives the same keys as hashing
-	// the whole prompt from the model's seed: the chain state is the last
-	// key.
-	chain = radix.AppendBlockKeys(chain, seed, tokenIDs, gw)
-	for j, h := range blockHashes {
-		prev = p.store(h, prev, chain[n0+j*p.perBlock:n0+(j+1)*p.perBlock])
+	if p.group == 1 && extra.Media == nil {
+		// The common case in one call: every block's keys chain on.
+		chain = radix.AppendBlockKeys(chain, p.stateAfter(prev, seed), tokenIDs, gw)
+		for j, h := range blockHashes {
+			prev = p.store(h, prev, chain[n0+j*p.perBlock:n0+(j+1)*p.perBlock], nil)
+		}
+	} else {
+		chain = p.storeEach(chain, prev, seed, blockHashes, tokenIDs, extra.Media)
 	}
 	p.chain = chain
 	p.Counters.Stored.Add(uint64(len(blockHashes)))
+	if len(chain) > n0 {
+		p.ix.idx.Insert(p.id, chain)
+	}
+}
 
-	p.ix.idx.Insert(p.id, chain)
+// storeEach stores the blocks of an event block by block, chained after
+// slot prev (seed: the prompt's), and appends their gateway keys to chain:
+// BlockStored's way when a block's multimodal digest (media[j], if media
+// is not nil) extends the chain state, or engine blocks are smaller than
+// the gateway's.
+func (p *Pod) storeEach(chain []uint64, prev int32, seed uint64, hashes []uint64, tokens []uint32, media []uint64) []uint64 {
+	gw := p.ix.cfg.BlockSize
+	for j, h := range hashes {
+		state := p.stateAfter(prev, seed)
+		if media != nil && media[j] != 0 {
+			state = radix.Extend(state, media[j])
+		}
+		toks := tokens[j*p.blockSize : (j+1)*p.blockSize]
+		if p.group == 1 {
+			n := len(chain)
+			chain = radix.AppendBlockKeys(chain, state, toks, gw)
+			prev = p.store(h, prev, chain[n:], nil)
+			continue
+		}
+		entry := [1]uint64{state} // a chain state, unless the block ends a gateway block
+		if p.endsGroup(prev) {
+			chain = radix.AppendBlockKeys(chain, state, p.groupTokens(prev, toks), gw)
+			entry[0] = chain[len(chain)-1]
+		}
+		prev = p.store(h, prev, entry[:], toks)
+	}
+	return chain
+}
+
+// stateAfter is the chain state a block chained after slot prev starts
+// from: seed (the prompt's) when prev < 0, else what prev left, its last
+// gateway key or, inside a gateway block, its state. Chaining from a
+// parent's last key gives the same keys as hashing the whole prompt from
+// its seed.
+func (p *Pod) stateAfter(prev int32, seed uint64) uint64 {
+	if prev < 0 {
+		return seed
+	}
+	return p.keys[int(prev)*p.perBlock+p.perBlock-1]
+}
+
+// endsGroup says whether a block chained after slot prev ends a gateway
+// block (group > 1).
+func (p *Pod) endsGroup(prev int32) bool {
+	depth := 0
+	if prev >= 0 {
+		depth = int(p.slots[prev].depth) + 1
+	}
+	return (depth+1)%p.group == 0
+}
+
+// groupTokens returns the tokens of the gateway block that ends with an
+// engine block of tokens toks chained after slot parent: the group-1
+// engine blocks up to parent, then toks (in p.gwToks, reused).
+func (p *Pod) groupTokens(parent int32, toks []uint32) []uint32 {
+	bs := p.blockSize
+	out := slices.Grow(p.gwToks[:0], p.group*bs)[:p.group*bs]
+	copy(out[(p.group-1)*bs:], toks)
+	for i := p.group - 2; i >= 0; i-- {
+		copy(out[i*bs:(i+1)*bs], p.toks[int(parent)*bs:])
+		parent = p.slots[parent].parent
+	}
+	p.gwToks = out
+	return out
+}
+
+// keysOf returns the gateway keys slot s holds: none for a block that does
+// not end a gateway block (its keys entry is a chain state, not a key).
+func (p *Pod) keysOf(s int32) []uint64 {
+	if p.group > 1 && (int(p.slots[s].depth)+1)%p.group != 0 {
+		return nil
+	}
+	off := int(s) * p.perBlock
+	return p.keys[off : off+p.perBlock]
 }
 
 // appendPrefix appends the gateway keys of the chain ending at slot s, from
@@ -220,18 +328,18 @@ func (p *Pod) appendPrefix(dst []uint64, s int32) []uint64 {
 		path = append(path, s)
 	}
 	for i := len(path) - 1; i >= 0; i-- {
-		off := int(path[i]) * p.perBlock
-		dst = append(dst, p.keys[off:off+p.perBlock]...)
+		dst = append(dst, p.keysOf(path[i])...)
 	}
 	p.path = path
 	return dst
 }
 
 // store records engine block h chained after slot parent with the given
-// gateway keys, and returns its slot. A block already known keeps its slot
-// and parent (engine hashes chain their parent's, so the same hash means
-// the same prefix) and is revived if it was a tombstone.
-func (p *Pod) store(h uint64, parent int32, keys []uint64) int32 {
+// keys entries (perBlock of them) and tokens (group > 1), and returns its
+// slot. A block already known keeps its slot and parent (engine hashes
+// chain their parent's, so the same hash means the same prefix) and is
+// revived if it was a tombstone.
+func (p *Pod) store(h uint64, parent int32, keys []uint64, toks []uint32) int32 {
 	if s, ok := p.byHash[h]; ok {
 		if p.slots[s].removed {
 			p.slots[s].removed = false
@@ -239,19 +347,23 @@ func (p *Pod) store(h uint64, parent int32, keys []uint64) int32 {
 		}
 		return s
 	}
+	sl := slot{hash: h, parent: parent}
+	if parent >= 0 {
+		sl.depth = p.slots[parent].depth + 1
+		p.slots[parent].children++
+	}
 	var s int32
 	if n := len(p.free); n > 0 {
 		s = p.free[n-1]
 		p.free = p.free[:n-1]
-		p.slots[s] = slot{hash: h, parent: parent}
+		p.slots[s] = sl
 		copy(p.keys[int(s)*p.perBlock:], keys)
+		copy(p.toks[int(s)*p.blockSize:], toks)
 	} else {
 		s = int32(len(p.slots))
-		p.slots = append(p.slots, slot{hash: h, parent: parent})
+		p.slots = append(p.slots, sl)
 		p.keys = append(p.keys, keys...)
-	}
-	if parent >= 0 {
-		p.slots[parent].children++
+		p.toks = append(p.toks, toks...)
 	}
 	p.byHash[h] = s
 	p.blocks.Add(1)
@@ -266,8 +378,8 @@ func (p *Pod) store(h uint64, parent int32, keys []uint64) int32 {
 // engine evicts a prompt's deepest blocks first; a list may also run from
 // the root) go in one Remove.
 func (p *Pod) BlockRemoved(blockHashes []uint64) {
-	// Pending: the last n keys of p.chain, blocks from the child of slot
-	// above down to slot last.
+	// Pending (when last ≥ 0): the last n keys of p.chain, blocks from the
+	// child of slot above down to slot last.
 	n, above, last := 0, int32(-1), int32(-1)
 	for _, h := range blockHashes {
 		s, ok := p.byHash[h]
@@ -275,11 +387,10 @@ func (p *Pod) BlockRemoved(blockHashes []uint64) {
 			continue
 		}
 		switch {
-		case n > 0 && s == above:
+		case last >= 0 && s == above:
 			above = p.slots[s].parent
-		case n > 0 && p.slots[s].parent == last:
-			off := int(s) * p.perBlock
-			p.chain = append(p.chain, p.keys[off:off+p.perBlock]...)
+		case last >= 0 && p.slots[s].parent == last:
+			p.chain = append(p.chain, p.keysOf(s)...)
 			last = s
 		default:
 			if n > 0 {
@@ -288,7 +399,7 @@ func (p *Pod) BlockRemoved(blockHashes []uint64) {
 			p.chain = p.appendPrefix(p.chain[:0], s)
 			n, above, last = 0, p.slots[s].parent, s
 		}
-		n += p.perBlock
+		n += len(p.keysOf(s))
 		p.slots[s].removed = true
 		p.blocks.Add(-1)
 		p.Counters.Removed.Add(1)
@@ -322,7 +433,7 @@ func (p *Pod) AllBlocksCleared() {
 func (p *Pod) clear() {
 	p.ix.idx.RemovePod(p.id)
 	clear(p.byHash)
-	p.slots, p.keys, p.free = p.slots[:0], p.keys[:0], p.free[:0]
-	p.perBlock = 0
+	p.slots, p.keys, p.toks, p.free = p.slots[:0], p.keys[:0], p.toks[:0], p.free[:0]
+	p.blockSize, p.perBlock, p.group = 0, 0, 0
 	p.blocks.Store(0)
 }

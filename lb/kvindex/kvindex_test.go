@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"pdlb/engines"
 	"pdlb/radix"
 )
 
@@ -96,8 +97,8 @@ func TestStoredKeysAreTheGatewaysKeys(t *testing.T) {
 
 	// The engine stores the prompt in two events: blocks 0-1 start it,
 	// blocks 2-4 chain after engine block 1. Engine hashes are arbitrary.
-	p.BlockStored(0, false, []uint64{900, 901}, tokens[:8], 4)
-	p.BlockStored(901, true, []uint64{902, 903, 904}, tokens[8:], 4)
+	p.BlockStored(0, false, []uint64{900, 901}, tokens[:8], 4, engines.ExtraKeys{})
+	p.BlockStored(901, true, []uint64{902, 903, 904}, tokens[8:], 4, engines.ExtraKeys{})
 	if !slices.Equal(f.inserts[0], want[:2]) || !slices.Equal(f.inserts[1], want) {
 		t.Fatalf("inserted %x, want chains %x and %x", f.inserts, want[:2], want)
 	}
@@ -107,7 +108,7 @@ func TestStoredKeysAreTheGatewaysKeys(t *testing.T) {
 	// A second prompt sharing the first 3 blocks branches from engine
 	// block 902.
 	other := append(slices.Clone(tokens[:12]), prompt(4, 2)...)
-	p.BlockStored(902, true, []uint64{950}, other[12:], 4)
+	p.BlockStored(902, true, []uint64{950}, other[12:], 4, engines.ExtraKeys{})
 	if got := f.match(7, gatewayKeys(other, 4)); got != 4 {
 		t.Fatalf("branch match = %d, want 4", got)
 	}
@@ -120,7 +121,7 @@ func TestRemovalByEngineHash(t *testing.T) {
 	f, p := newPod(t, Config{BlockSize: 4})
 	tokens := prompt(12, 1)
 	keys := gatewayKeys(tokens, 4)
-	p.BlockStored(0, false, []uint64{10, 11, 12}, tokens, 4)
+	p.BlockStored(0, false, []uint64{10, 11, 12}, tokens, 4, engines.ExtraKeys{})
 
 	p.BlockRemoved([]uint64{12, 999}) // 999 is unknown: ignored
 	if !slices.Equal(f.removes[0], keys[2:3]) {
@@ -143,8 +144,8 @@ func TestBlockSizeSplitting(t *testing.T) {
 	tokens := prompt(32, 3)
 	keys := gatewayKeys(tokens, 4) // 8 gateway blocks
 	// Engine blocks of 16 tokens: each maps to 4 gateway keys.
-	p.BlockStored(0, false, []uint64{1}, tokens[:16], 16)
-	p.BlockStored(1, true, []uint64{2}, tokens[16:], 16)
+	p.BlockStored(0, false, []uint64{1}, tokens[:16], 16, engines.ExtraKeys{})
+	p.BlockStored(1, true, []uint64{2}, tokens[16:], 16, engines.ExtraKeys{})
 	if got := f.match(7, keys); got != 8 {
 		t.Fatalf("match = %d, want 8", got)
 	}
@@ -159,11 +160,11 @@ func TestBlockSizeSplitting(t *testing.T) {
 
 func TestDroppedEvents(t *testing.T) {
 	f, p := newPod(t, Config{BlockSize: 4})
-	p.BlockStored(0, false, []uint64{1}, prompt(6, 1), 6) // 6 is not a multiple of 4
-	p.BlockStored(0, false, []uint64{1}, prompt(7, 1), 4) // 7 tokens for one block of 4
-	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4)
-	p.BlockStored(2, true, []uint64{3}, prompt(8, 2), 8)  // block size changed
-	p.BlockStored(77, true, []uint64{4}, prompt(4, 3), 4) // parent unknown
+	p.BlockStored(0, false, []uint64{1}, prompt(6, 1), 6, engines.ExtraKeys{}) // 6 is not a multiple of 4
+	p.BlockStored(0, false, []uint64{1}, prompt(7, 1), 4, engines.ExtraKeys{}) // 7 tokens for one block of 4
+	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4, engines.ExtraKeys{})
+	p.BlockStored(2, true, []uint64{3}, prompt(8, 2), 8, engines.ExtraKeys{})  // block size changed
+	p.BlockStored(77, true, []uint64{4}, prompt(4, 3), 4, engines.ExtraKeys{}) // parent unknown
 	if m, o := p.Counters.Mismatched.Load(), p.Counters.Orphans.Load(); m != 3 || o != 1 {
 		t.Fatalf("mismatched %d orphans %d, want 3 1", m, o)
 	}
@@ -174,7 +175,7 @@ func TestDroppedEvents(t *testing.T) {
 
 func TestClear(t *testing.T) {
 	f, p := newPod(t, Config{BlockSize: 4})
-	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4)
+	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4, engines.ExtraKeys{})
 	p.AllBlocksCleared()
 	if !slices.Equal(f.podRems, []int32{7}) || len(f.held[7]) != 0 {
 		t.Fatalf("RemovePod calls %v, held %v", f.podRems, f.held[7])
@@ -183,12 +184,12 @@ func TestClear(t *testing.T) {
 		t.Fatalf("state left after clear: blocks %d map %d slots %d", p.Blocks(), len(p.byHash), len(p.slots))
 	}
 	// The old chain is gone: a child of block 2 cannot be keyed.
-	p.BlockStored(2, true, []uint64{3}, prompt(4, 2), 4)
+	p.BlockStored(2, true, []uint64{3}, prompt(4, 2), 4, engines.ExtraKeys{})
 	if p.Counters.Orphans.Load() != 1 {
 		t.Fatalf("orphans = %d, want 1", p.Counters.Orphans.Load())
 	}
 	// After a clear the block size may change (a restarted engine).
-	p.BlockStored(0, false, []uint64{5}, prompt(8, 3), 8)
+	p.BlockStored(0, false, []uint64{5}, prompt(8, 3), 8, engines.ExtraKeys{})
 	if p.Blocks() != 1 || p.Counters.Mismatched.Load() != 0 {
 		t.Fatalf("blocks %d mismatched %d after re-store", p.Blocks(), p.Counters.Mismatched.Load())
 	}
@@ -198,13 +199,13 @@ func TestParentRemovedBeforeChild(t *testing.T) {
 	f, p := newPod(t, Config{BlockSize: 4})
 	tokens := prompt(16, 1)
 	keys := gatewayKeys(tokens, 4)
-	p.BlockStored(0, false, []uint64{1, 2}, tokens[:8], 4)
+	p.BlockStored(0, false, []uint64{1, 2}, tokens[:8], 4, engines.ExtraKeys{})
 	p.BlockRemoved([]uint64{1}) // the root goes first: a tombstone keeps the chain
 	if p.Blocks() != 1 || len(p.slots)-len(p.free) != 2 {
 		t.Fatalf("blocks %d slots in use %d, want 1 2", p.Blocks(), len(p.slots)-len(p.free))
 	}
 	// A child of block 2 is still keyed through the tombstone.
-	p.BlockStored(2, true, []uint64{3}, tokens[8:12], 4)
+	p.BlockStored(2, true, []uint64{3}, tokens[8:12], 4, engines.ExtraKeys{})
 	if !slices.Equal(f.inserts[len(f.inserts)-1], keys[:3]) {
 		t.Fatalf("chain through tombstone %x, want %x", f.inserts[len(f.inserts)-1], keys[:3])
 	}
@@ -214,7 +215,7 @@ func TestParentRemovedBeforeChild(t *testing.T) {
 		t.Fatalf("blocks %d map %d slots %d free %d, want all released", p.Blocks(), len(p.byHash), len(p.slots), len(p.free))
 	}
 	// Freed slots are reused with their keys overwritten.
-	p.BlockStored(0, false, []uint64{4}, tokens[:4], 4)
+	p.BlockStored(0, false, []uint64{4}, tokens[:4], 4, engines.ExtraKeys{})
 	if got := f.match(7, keys); got != 1 || len(p.slots) != 3 {
 		t.Fatalf("match %d slots %d after reuse, want 1 3", got, len(p.slots))
 	}
@@ -222,17 +223,17 @@ func TestParentRemovedBeforeChild(t *testing.T) {
 
 func TestMaxBlocks(t *testing.T) {
 	f, p := newPod(t, Config{BlockSize: 4, MaxBlocks: 3})
-	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4)
-	p.BlockStored(2, true, []uint64{3}, prompt(4, 2), 4)
-	p.BlockStored(0, false, []uint64{4}, prompt(4, 3), 4) // a fourth block: over the bound
+	p.BlockStored(0, false, []uint64{1, 2}, prompt(8, 1), 4, engines.ExtraKeys{})
+	p.BlockStored(2, true, []uint64{3}, prompt(4, 2), 4, engines.ExtraKeys{})
+	p.BlockStored(0, false, []uint64{4}, prompt(4, 3), 4, engines.ExtraKeys{}) // a fourth block: over the bound
 	if p.Counters.Overflows.Load() != 1 || !slices.Equal(f.podRems, []int32{7}) {
 		t.Fatalf("overflows %d RemovePod %v, want 1 [7]", p.Counters.Overflows.Load(), f.podRems)
 	}
 	if p.Blocks() != 1 || f.match(7, gatewayKeys(prompt(4, 3), 4)) != 1 {
 		t.Fatalf("blocks %d after overflow, want the new block alone", p.Blocks())
 	}
-	p.BlockStored(0, false, []uint64{5, 6}, prompt(8, 4), 4)
-	p.BlockStored(6, true, []uint64{7}, prompt(4, 5), 4) // over again, and its parent goes with the clear
+	p.BlockStored(0, false, []uint64{5, 6}, prompt(8, 4), 4, engines.ExtraKeys{})
+	p.BlockStored(6, true, []uint64{7}, prompt(4, 5), 4, engines.ExtraKeys{}) // over again, and its parent goes with the clear
 	if p.Counters.Overflows.Load() != 2 || p.Counters.Orphans.Load() != 1 || p.Blocks() != 0 {
 		t.Fatalf("overflows %d orphans %d blocks %d, want 2 1 0",
 			p.Counters.Overflows.Load(), p.Counters.Orphans.Load(), p.Blocks())
@@ -286,8 +287,8 @@ func TestRemovalsShareAChain(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := ix.Pod(7, model)
-		p.BlockStored(0, false, []uint64{1, 2, 3, 4}, tokens, 4)
-		p.BlockStored(2, true, []uint64{5}, branch[8:], 4)
+		p.BlockStored(0, false, []uint64{1, 2, 3, 4}, tokens, 4, engines.ExtraKeys{})
+		p.BlockStored(2, true, []uint64{5}, branch[8:], 4, engines.ExtraKeys{})
 		p.BlockRemoved(c.removed)
 		for i, keys := range [][]uint64{gatewayKeys(tokens, 4), gatewayKeys(branch, 4)} {
 			out := make([]int32, 8)

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"pdlb/engines"
 	"pdlb/radix"
 )
 
@@ -42,24 +43,46 @@ func BenchmarkStoredDecodeStep(b *testing.B) {
 		}
 		parent := hash[0]
 		hash[0]++
-		p.BlockStored(parent, depth > 0, hash, tokens, radix.DefaultBlockSize)
+		p.BlockStored(parent, depth > 0, hash, tokens, radix.DefaultBlockSize, engines.ExtraKeys{})
 		depth++
 	}
 }
 
-// BenchmarkStoredPrefill is a 512-token prompt's prefill: 32 blocks in one
-// event, no parent; evicted again so the pod stays small.
+// BenchmarkStoredPrefill is a 512-token prompt's prefill in one event, no
+// parent; evicted again so the pod stays small. "plain" is 32 engine blocks
+// of the gateway's 16 tokens; "salted" the same with a cache salt and an
+// adapter (the seed folds them in); "multimodal" with a digest in every
+// block (keyed block by block); "page1" 512 blocks of one token, as SGLang
+// sends by default (each gateway key gathers the tokens of 16 blocks).
 func BenchmarkStoredPrefill(b *testing.B) {
-	p := benchPod(b, 0)
-	tokens := prompt(32*radix.DefaultBlockSize, 2)
-	hashes := make([]uint64, 32)
-	b.ReportAllocs()
-	for b.Loop() {
-		for i := range hashes {
-			hashes[i]++
-		}
-		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
-		p.BlockRemoved(hashes)
+	const bs = radix.DefaultBlockSize
+	media := make([]uint64, 32)
+	for i := range media {
+		media[i] = uint64(i + 1)
+	}
+	for _, c := range []struct {
+		name      string
+		blockSize int
+		extra     engines.ExtraKeys
+	}{
+		{"plain", bs, engines.ExtraKeys{}},
+		{"salted", bs, engines.ExtraKeys{LoRA: "sql-lora", CacheSalt: "tenant-a"}},
+		{"multimodal", bs, engines.ExtraKeys{Media: media}},
+		{"page1", 1, engines.ExtraKeys{}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			p := benchPod(b, 0)
+			tokens := prompt(32*bs, 2)
+			hashes := make([]uint64, len(tokens)/c.blockSize)
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range hashes {
+					hashes[i]++
+				}
+				p.BlockStored(0, false, hashes, tokens, c.blockSize, c.extra)
+				p.BlockRemoved(hashes)
+			}
+		})
 	}
 }
 
@@ -78,7 +101,7 @@ func BenchmarkMemoryPerBlock(b *testing.B) {
 			for i := range hashes {
 				hashes[i] = uint64(c*64 + i + 1)
 			}
-			p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
+			p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize, engines.ExtraKeys{})
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
@@ -129,7 +152,7 @@ func benchEviction(b *testing.B, blocks int, joined bool) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize)
+		p.BlockStored(0, false, hashes, tokens, radix.DefaultBlockSize, engines.ExtraKeys{})
 		if joined {
 			p.BlockRemoved(deepestFirst)
 			continue

@@ -7,14 +7,18 @@
 package openai
 
 import (
+	"bytes"
 	"math"
 	"strconv"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/bytedance/sonic"
 	sonicutf8 "github.com/bytedance/sonic/utf8"
+	"github.com/cespare/xxhash/v2"
 
 	"pdlb/engines/tokenize"
+	"pdlb/radix"
 )
 
 // Kind is the API a request came in on, which the caller knows from the
@@ -97,7 +101,11 @@ type Request struct {
 	// text (image_url, input_audio, ...): not rendered into Prompt, it lets
 	// a caller weigh multimodal requests (bytes, not tokens).
 	MediaBytes int
+	// CacheSalt is vLLM's "cache_salt" (empty when absent or null): the
+	// engine keys the prompt's cached blocks apart from other salts'.
+	CacheSalt []byte
 
+	media   uint64 // digest of the non-text content parts (MediaBytes > 0)
 	scratch []byte // unescaped keys and roles
 }
 
@@ -131,10 +139,31 @@ func ReleaseRequest(r *Request) {
 // buffers back costs half of assigning one composite literal with them,
 // which the compiler builds on the stack and copies.)
 func (r *Request) Reset() {
-	model, prompt, ids, scratch := r.Model[:0], r.Prompt[:0], r.PromptIDs[:0], r.scratch[:0]
+	model, prompt, ids, salt, scratch := r.Model[:0], r.Prompt[:0], r.PromptIDs[:0], r.CacheSalt[:0], r.scratch[:0]
 	*r = Request{MaxTokens: -1}
-	r.Model, r.Prompt, r.PromptIDs, r.scratch = model, prompt, ids, scratch
+	r.Model, r.Prompt, r.PromptIDs, r.CacheSalt, r.scratch = model, prompt, ids, salt, scratch
 }
+
+// KeySeed returns the seed of the request's block-key chain, given its
+// model's (radix.Seed of the model name): the engine's block keys depend
+// on the cache salt, so the request's do, as the index keys a pod's salted
+// blocks (radix.SeedWith). A request with non-text content parts
+// (Unindexed) gets a seed of its own besides, from a digest of those
+// parts: the engine hashes multimodal inputs into the blocks holding their
+// placeholder tokens, which the gateway cannot compute, so its keys must
+// match no block any pod reported.
+func (r *Request) KeySeed(model uint64) uint64 {
+	seed := radix.SeedWith(model, "", b2s(r.CacheSalt))
+	if r.Unindexed() {
+		seed = radix.Extend(seed, r.media)
+	}
+	return seed
+}
+
+// Unindexed reports that the request's blocks cannot be keyed as the
+// engine keys them (it has non-text content parts): its keys match none
+// of the KV-event index, and it is routed without it.
+func (r *Request) Unindexed() bool { return r.MediaBytes > 0 }
 
 // PromptTokens is the prompt's length in tokens: the id count for token-id
 // prompts, else tokenize.Count of the rendered prompt.
@@ -234,6 +263,8 @@ func (r *Request) parse(s *scanner) error {
 			maxCompletion, err = parseCount(s, "max_completion_tokens")
 		case "stream_options":
 			err = r.parseStreamOptions(s)
+		case "cache_salt":
+			err = r.parseCacheSalt(s)
 		case "messages":
 			if r.Kind == KindChat {
 				seenPrompt, err = r.parseMessages(s)
@@ -354,10 +385,41 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 	return nil
 }
 
+// maxCacheSalt is the longest cache_salt vLLM accepts, in characters
+// (code points).
+const maxCacheSalt = 128
+
+// parseCacheSalt reads "cache_salt" as vLLM validates it: null or absent,
+// else a non-empty string of at most maxCacheSalt characters without '@',
+// '/', '\' or NUL (which downstream cache backends use as separators).
+func (r *Request) parseCacheSalt(s *scanner) error {
+	r.CacheSalt = r.CacheSalt[:0]
+	switch s.c() {
+	case 'n':
+		s.skip()
+		return nil
+	case '"':
+	default:
+		return InvalidType("cache_salt", "a non-empty string", s.b[s.skip():s.p])
+	}
+	raw, esc := s.str()
+	var ok bool
+	if r.CacheSalt, ok = appendUnquoted(r.CacheSalt, raw, esc); !ok {
+		return InvalidJSON()
+	}
+	switch {
+	case len(r.CacheSalt) == 0:
+		return InvalidValue("cache_salt", "must not be empty")
+	case utf8.RuneCount(r.CacheSalt) > maxCacheSalt || bytes.ContainsAny(r.CacheSalt, "@/\\\x00"):
+		return InvalidValue("cache_salt", "must be at most "+strconv.Itoa(maxCacheSalt)+` characters and must not contain '@', '/', '\\' or NUL`)
+	}
+	return nil
+}
+
 // parseMessages reads "messages" and renders them into r.Prompt. seen is
 // false for null, which counts as absent.
 func (r *Request) parseMessages(s *scanner) (seen bool, err error) {
-	r.Prompt, r.Messages, r.MediaBytes = r.Prompt[:0], 0, 0
+	r.Prompt, r.Messages, r.MediaBytes, r.media = r.Prompt[:0], 0, 0, 0
 	switch s.c() {
 	case 'n':
 		s.skip()
@@ -466,6 +528,7 @@ func (r *Request) renderParts(s *scanner, i int) error {
 		}
 		if b2s(typText) != "text" {
 			r.MediaBytes += s.p - start
+			r.media = radix.Extend(r.media, xxhash.Sum64(s.b[start:s.p]))
 			continue
 		}
 		switch text.form {

@@ -13,6 +13,7 @@ import (
 	"github.com/bytedance/sonic"
 
 	"pdlb/engines/tokenize"
+	"pdlb/radix"
 )
 
 // turn renders one chat turn the way the gateway must, through the shared
@@ -32,6 +33,7 @@ func TestParseFields(t *testing.T) {
 		ids           []uint32 // nil: text prompt
 		messages      int
 		media         int
+		salt          string
 	}
 	f := func(kind Kind, body string, w want) {
 		t.Helper()
@@ -41,14 +43,14 @@ func TestParseFields(t *testing.T) {
 			t.Fatalf("Parse(%s): %v", body, err)
 		}
 		got := want{string(r.Model), r.Stream, r.MaxTokens, r.MaxCompletionTokens,
-			r.HasStreamOptions, r.IncludeUsage, string(r.Prompt), nil, r.Messages, r.MediaBytes}
+			r.HasStreamOptions, r.IncludeUsage, string(r.Prompt), nil, r.Messages, r.MediaBytes, string(r.CacheSalt)}
 		if r.TokenIDs {
 			got.ids = append([]uint32{}, r.PromptIDs...)
 		}
 		if (got.ids == nil) != (w.ids == nil) || !slices.Equal(got.ids, w.ids) || got.model != w.model || got.stream != w.stream ||
 			got.maxTokens != w.maxTokens || got.maxCompletion != w.maxCompletion ||
 			got.hasSO != w.hasSO || got.usage != w.usage || got.prompt != w.prompt ||
-			got.messages != w.messages || got.media != w.media {
+			got.messages != w.messages || got.media != w.media || got.salt != w.salt {
 			t.Fatalf("Parse(%s)\n got %+v\nwant %+v", body, got, w)
 		}
 		wantTokens := tokenize.Count([]byte(w.prompt))
@@ -99,6 +101,13 @@ func TestParseFields(t *testing.T) {
 		want{model: "m", maxTokens: 0, maxCompletion: true, hasSO: true, prompt: turn("user", "") + gen, messages: 1})
 	f(KindChat, `{"model":"m","max_tokens":2147483647,"stream_options":{"include_usage":null},"messages":[{"role":"user","content":""}]}`,
 		want{model: "m", maxTokens: math.MaxInt32, hasSO: true, prompt: turn("user", "") + gen, messages: 1})
+	// cache_salt: a string of up to 128 characters, null for none
+	f(KindChat, `{"model":"m","cache_salt":"s\u00e9l-1","messages":[{"role":"user","content":"x"}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "x") + gen, messages: 1, salt: "sél-1"})
+	f(KindChat, `{"model":"m","cache_salt":null,"messages":[{"role":"user","content":"x"}]}`,
+		want{model: "m", maxTokens: -1, prompt: turn("user", "x") + gen, messages: 1})
+	f(KindCompletion, `{"model":"m","cache_salt":"`+strings.Repeat("é", 128)+`","prompt":"x"}`,
+		want{model: "m", maxTokens: -1, prompt: "x", salt: strings.Repeat("é", 128)})
 	// unknown fields of every shape are skipped
 	f(KindChat, `{"tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,2,{"b":"]}\"["}]}}}],"temperature":0.5e-3,"n":1,"stop":null,"logit_bias":{},"model":"m","messages":[{"name":"x","role":"user","content":"q"}],"user":"u\"}"}`,
 		want{model: "m", maxTokens: -1, prompt: turn("user", "q") + gen, messages: 1})
@@ -160,6 +169,16 @@ func TestParseErrors(t *testing.T) {
 	f(KindChat, `{"model":"m","max_completion_tokens":true,`+chat+`}`, `"max_completion_tokens" must be a non-negative integer, got true`, "max_completion_tokens", CodeInvalidType)
 	f(KindChat, `{"model":"m","stream_options":true,`+chat+`}`, `"stream_options" must be an object, got true`, "stream_options", CodeInvalidType)
 	f(KindChat, `{"model":"m","stream_options":{"include_usage":1},`+chat+`}`, `"stream_options.include_usage" must be a boolean, got 1`, "stream_options.include_usage", CodeInvalidType)
+
+	// cache_salt, as vLLM validates it
+	f(KindChat, `{"model":"m","cache_salt":5,`+chat+`}`, `"cache_salt" must be a non-empty string, got 5`, "cache_salt", CodeInvalidType)
+	f(KindChat, `{"model":"m","cache_salt":"",`+chat+`}`, `"cache_salt" must not be empty`, "cache_salt", CodeInvalidValue)
+	badSalt := `"cache_salt" must be at most 128 characters and must not contain '@', '/', '\\' or NUL`
+	f(KindChat, `{"model":"m","cache_salt":"`+strings.Repeat("a", 129)+`",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
+	f(KindChat, `{"model":"m","cache_salt":"a/b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
+	f(KindChat, `{"model":"m","cache_salt":"a@b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
+	f(KindChat, `{"model":"m","cache_salt":"a\\b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
+	f(KindChat, `{"model":"m","cache_salt":"a\u0000",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
 
 	// messages
 	f(KindChat, `{"model":"m"}`, `"messages" is required`, "messages", CodeMissingParam)
@@ -258,7 +277,7 @@ func TestParseGrammar(t *testing.T) {
 func TestParseReusesRequest(t *testing.T) {
 	r := AcquireRequest()
 	defer ReleaseRequest(r)
-	if err := r.Parse(KindCompletion, []byte(`{"model":"long-model","prompt":[1,2,3],"stream":true,"max_tokens":9,"stream_options":{"include_usage":true}}`)); err != nil {
+	if err := r.Parse(KindCompletion, []byte(`{"model":"long-model","prompt":[1,2,3],"stream":true,"max_tokens":9,"stream_options":{"include_usage":true},"cache_salt":"s"}`)); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Parse(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`)); err != nil {
@@ -266,14 +285,14 @@ func TestParseReusesRequest(t *testing.T) {
 	}
 	if string(r.Model) != "m" || r.Stream || r.MaxTokens != -1 || r.HasStreamOptions || r.IncludeUsage ||
 		r.TokenIDs || len(r.PromptIDs) != 0 || string(r.Prompt) != turn("user", "")+tokenize.GenerationPrompt ||
-		r.Kind != KindChat || r.MediaBytes != len(`{"type":"image_url"}`) {
+		r.Kind != KindChat || r.MediaBytes != len(`{"type":"image_url"}`) || len(r.CacheSalt) != 0 {
 		t.Fatalf("stale state after reuse: %+v", r)
 	}
 }
 
 func TestParseAllocs(t *testing.T) {
 	bodies := map[string][]byte{"chat": chatBody(1 << 10), "chat32k": chatBody(32 << 10),
-		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true}`)}
+		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true,"cache_salt":"tenant-\u0031"}`)}
 	for name, body := range bodies {
 		kind := KindChat
 		if name == "ids" {
@@ -311,6 +330,9 @@ func FuzzParse(f *testing.F) {
 	f.Add(uint8(KindChat), []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}]}`))
 	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":["a","b"],"max_completion_tokens":1}`))
 	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":[[1,2],[3]],"stream_options":{"include_usage":true}}`))
+	f.Add(uint8(KindChat), []byte(`{"model":"m","cache_salt":"t\u00e9n@nt","messages":[{"role":"user","content":"x"}]}`))
+	f.Add(uint8(KindCompletion), []byte(`{"cache_salt":null,"model":"m","prompt":"x","cache_salt":"`+strings.Repeat("s", 128)+`"}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":"x","cache_salt":["s"]}`))
 	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
 		kind := KindChat
 		if k&1 == 1 {
@@ -334,7 +356,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if string(r.Model) != ref.model || r.Stream != ref.stream || r.MaxTokens != ref.maxTokens ||
+		if string(r.Model) != ref.model || r.Stream != ref.stream || r.MaxTokens != ref.maxTokens || string(r.CacheSalt) != ref.salt ||
 			r.IncludeUsage != ref.usage || string(r.Prompt) != ref.prompt || r.TokenIDs != (ref.ids != nil) ||
 			!slices.Equal(r.PromptIDs, ref.ids) {
 			t.Fatalf("Parse(%s)\n got model %q stream %v max %d usage %v prompt %q ids %v\nwant %+v",
@@ -351,6 +373,7 @@ type reference struct {
 	maxTokens     int
 	prompt        string
 	ids           []uint32
+	salt          string
 }
 
 // referenceParse is Parse's rules restated over encoding/json's generic
@@ -406,6 +429,12 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 			return ref, false
 		}
 		if ref.usage, ok = boolean(m["include_usage"]); !ok {
+			return ref, false
+		}
+	}
+	if salt, present := top["cache_salt"]; present && salt != nil {
+		ref.salt, ok = salt.(string)
+		if !ok || ref.salt == "" || utf8.RuneCountInString(ref.salt) > 128 || strings.ContainsAny(ref.salt, "@/\\\x00") {
 			return ref, false
 		}
 	}
@@ -535,6 +564,47 @@ func TestInvalidUTF8(t *testing.T) {
 			if valid := utf8.ValidString(seq); (err == nil) != valid {
 				t.Fatalf("Parse(%q) = %v, want valid UTF-8: %v", body, err, valid)
 			}
+		}
+	}
+}
+
+// TestKeySeed: plain requests keep the model's seed; a salt gives the
+// index's salted seed; non-text parts give a seed no pod's blocks have,
+// one per media content.
+func TestKeySeed(t *testing.T) {
+	model := radix.Seed("m")
+	seed := func(body string) (uint64, bool) {
+		t.Helper()
+		var r Request
+		if err := r.Parse(KindChat, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		return r.KeySeed(model), r.Unindexed()
+	}
+	msgs := func(content string) string { return `"messages":[{"role":"user","content":` + content + `}]` }
+	text := msgs(`"hi"`)
+	image := func(url string) string {
+		return msgs(`[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"` + url + `"}}]`)
+	}
+	f := func(body string, want uint64, wantUnindexed bool) {
+		t.Helper()
+		got, unindexed := seed(body)
+		if got != want || unindexed != wantUnindexed {
+			t.Fatalf("%s: seed %x unindexed %v, want %x %v", body, got, unindexed, want, wantUnindexed)
+		}
+	}
+	f(`{"model":"m",`+text+`}`, model, false)
+	f(`{"model":"m","cache_salt":null,`+text+`}`, model, false)
+	f(`{"model":"m","cache_salt":"s1",`+text+`}`, radix.SeedWith(model, "", "s1"), false)
+	f(`{"model":"m","cache_salt":"s\u0031",`+text+`}`, radix.SeedWith(model, "", "s1"), false)
+
+	a, _ := seed(`{"model":"m",` + image("a.png") + `}`)
+	b, _ := seed(`{"model":"m",` + image("b.png") + `}`)
+	as, _ := seed(`{"model":"m","cache_salt":"s1",` + image("a.png") + `}`)
+	f(`{"model":"m",`+image("a.png")+`}`, a, true)
+	for _, s := range []uint64{model, radix.SeedWith(model, "", "s1"), b, as} {
+		if a == s {
+			t.Fatalf("an image request has the seed %x of another request", a)
 		}
 	}
 }
