@@ -32,6 +32,12 @@ type tokenized struct {
 	Tokens    []string `json:"tokens"`
 	BlockSize int      `json:"block_size"`
 	Keys      []string `json:"keys"` // the index's block keys, hex
+	// Unindexed: the request has non-text content, whose blocks the
+	// engine keys by media hashes the gateway cannot compute; the gateway
+	// routes it without the index.
+	Unindexed bool   `json:"unindexed,omitempty"`
+	seed      uint64 // the first block's chain state (model, cache_salt)
+	salt      string
 	Pods      []podHit `json:"pods,omitempty"`
 }
 
@@ -94,7 +100,7 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 		t.Tokenizer = dir
 	}
 	t.BlockSize = blockSize
-	for _, k := range radix.AppendBlockKeys(nil, radix.Seed(t.Model), t.IDs, blockSize) {
+	for _, k := range radix.AppendBlockKeys(nil, t.seed, t.IDs, blockSize) {
 		t.Keys = append(t.Keys, strconv.FormatUint(k, 16))
 	}
 	if admin != "" {
@@ -133,6 +139,7 @@ func tokenizeBody(m *prompt.Model, body []byte) (tokenized, error) {
 	if err := r.Parse(kind, body); err != nil {
 		return t, err
 	}
+	t.seed, t.Unindexed, t.salt = r.KeySeed(radix.Seed(t.Model)), r.Unindexed(), string(r.CacheSalt)
 	switch {
 	case r.TokenIDs:
 		t.IDs, t.Exact = append(t.IDs, r.PromptIDs...), true // the client's own ids
@@ -175,7 +182,7 @@ func tokenText(m *prompt.Model, id uint32) string {
 
 // indexMatch asks the gateway at admin which pods hold t's blocks.
 func indexMatch(admin, token string, t tokenized) ([]podHit, error) {
-	q, _ := json.Marshal(map[string]any{"model": t.Model, "ids": t.IDs})
+	q, _ := json.Marshal(map[string]any{"model": t.Model, "ids": t.IDs, "cache_salt": t.salt})
 	req, err := http.NewRequest(http.MethodPost, "http://"+admin+"/admin/index/match", bytes.NewReader(q))
 	if err != nil {
 		return nil, fmt.Errorf("--admin %q: %v", admin, err)
@@ -216,6 +223,9 @@ func printTokenized(w io.Writer, t tokenized, asked bool) {
 	}
 	fmt.Fprintf(w, "tokens:     %s\n", strings.Join(quoted, " "))
 	fmt.Fprintf(w, "blocks:     %d of %d tokens (%d tokens left over, not indexed)\n", len(t.Keys), t.BlockSize, len(t.IDs)-len(t.Keys)*t.BlockSize)
+	if t.Unindexed {
+		fmt.Fprintln(w, "            the request has non-text content: the engine keys its blocks by media hashes, so the gateway routes it without the index")
+	}
 	for i, k := range t.Keys {
 		fmt.Fprintf(w, "  %3d  %s\n", i, k)
 	}
