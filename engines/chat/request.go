@@ -367,6 +367,11 @@ func checkTool(t *scanner, i int) error {
 			if err := checkFunction(t, at(".function")); err != nil {
 				return err
 			}
+		case "defer_loading":
+			if _, ok := t.boolean(); !ok && !t.isNull() {
+				t.skip()
+				return fieldError(at(".defer_loading"), "Input should be a valid boolean")
+			}
 		default:
 			t.skip()
 		}
@@ -386,7 +391,7 @@ func checkFunction(t *scanner, at string) error {
 	sawName := false
 	first := true
 	for t.more(&first, '}') {
-		switch t.keyString() {
+		switch k := t.keyString(); k {
 		case "name":
 			sawName = true
 			if t.peek() != '"' {
@@ -410,6 +415,11 @@ func checkFunction(t *scanner, at string) error {
 				}
 				t.skip()
 			}
+		case "strict", "defer_loading":
+			if _, ok := t.boolean(); !ok && !t.isNull() {
+				t.skip()
+				return fieldError(at+"."+k, "Input should be a valid boolean")
+			}
 		default:
 			t.skip()
 		}
@@ -420,19 +430,11 @@ func checkFunction(t *scanner, at string) error {
 	return nil
 }
 
-// keyString reads an object key of a nested value (tools, tool calls),
-// whose keys are ASCII names; an escaped key is read raw, which can only
-// make it unknown.
+// keyString reads an object key of a nested value (tools, tool calls).
 func (s *scanner) keyString() string {
-	s.ws()
-	start := s.pos + 1
-	s.skipString()
-	end := s.pos - 1
-	s.expect(':')
-	if end < start {
-		return ""
-	}
-	return string(s.data[start:end])
+	var buf [32]byte
+	b, sp := s.key(buf[:0])
+	return string(b[sp.lo:sp.hi])
 }
 
 func (c *Conversation) parseMessages() error {

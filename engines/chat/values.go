@@ -246,9 +246,11 @@ func textPart(s string) jinja.Value {
 	return v
 }
 
-// toolsValue dumps each tool as vLLM's ChatCompletionToolsParam.model_dump
-// does: {"type", "function": {"name", "description", "parameters"}} in
-// field order, absent optional fields as None.
+// toolsValue dumps each tool as vLLM's ChatCompletionToolsParam does:
+// {"type", "function": {"name", "description", "parameters", "strict",
+// "defer_loading"}, "defer_loading"} in field order, description and
+// parameters None when absent, strict and defer_loading only when set (a
+// tool's defer_loading also fills its function's), other keys dropped.
 func toolsValue(c *Conversation, d *decoder) (jinja.Value, error) {
 	if !c.hasTools {
 		return jinja.None(), nil
@@ -262,18 +264,31 @@ func toolsValue(c *Conversation, d *decoder) (jinja.Value, error) {
 	for i, tool := range items {
 		fn, _ := tool.AsDict().Get("function")
 		f := fn.AsDict()
+		deferLoading, toolDefer := tool.AsDict().Get("defer_loading")
+		toolDefer = toolDefer && !deferLoading.IsNone()
 		dumped := jinja.NewDict()
 		df := dumped.AsDict()
-		for _, k := range []string{"name", "description", "parameters"} {
+		for _, k := range []string{"name", "description", "parameters", "strict", "defer_loading"} {
 			v, ok := f.Get(k)
-			if !ok {
-				v = jinja.None()
+			if k == "defer_loading" && (!ok || v.IsNone()) && toolDefer {
+				v, ok = deferLoading, true
+			}
+			switch {
+			case k == "description" || k == "parameters":
+				if !ok {
+					v = jinja.None()
+				}
+			case !ok || v.IsNone():
+				continue
 			}
 			df.Set(k, v)
 		}
 		v := jinja.NewDict()
 		v.AsDict().Set("type", jinja.NewString("function"))
 		v.AsDict().Set("function", dumped)
+		if toolDefer {
+			v.AsDict().Set("defer_loading", deferLoading)
+		}
 		out[i] = v
 	}
 	return jinja.NewList(out), nil

@@ -20,7 +20,8 @@ content parts joined by "\\n" for "string" templates or wrapped as
 {"type": "text", "text": ...} for "openai" templates (those looping over
 message content), tool-call arguments parsed with json.loads ({} when
 invalid), reasoning/reasoning_content passed as both, tools dumped as
-{"type", "function": {"name", "description", "parameters"}},
+vLLM's ChatCompletionToolsParam dumps them (declared fields in order,
+strict and defer_loading only when set, other keys dropped),
 chat_template_kwargs over the server's defaults, enable_thinking from
 reasoning_effort, and transformers' continue_final_message cut.
 """
@@ -116,9 +117,18 @@ def reshape(msg, fmt):
 
 def dump_tool(tool):
     fn = tool["function"]
-    return {"type": "function", "function": {
-        "name": fn["name"], "description": fn.get("description"),
-        "parameters": fn.get("parameters")}}
+    out = {"name": fn["name"], "description": fn.get("description"),
+           "parameters": fn.get("parameters")}
+    for k in ("strict", "defer_loading"):
+        v = fn.get(k)
+        if v is None and k == "defer_loading":
+            v = tool.get("defer_loading")
+        if v is not None:
+            out[k] = v
+    dumped = {"type": "function", "function": out}
+    if tool.get("defer_loading") is not None:
+        dumped["defer_loading"] = tool["defer_loading"]
+    return dumped
 
 
 def context(template, special, request, defaults):
@@ -202,6 +212,9 @@ CASES = [
     ("assistant-null-content", {"messages": [user("Hi"), {"role": "assistant", "content": None},
                                              user("Still there?")]}, {}),
     ("tools", {"messages": [SYSTEM, user("Weather in Zürich?")], "tools": [WEATHER]}, {}),
+    ("tools-strict-extra-keys", {"messages": [user("Weather?")], "tools": [
+        {"type": "function", "defer_loading": False, "function": dict(WEATHER["function"], strict=True, extra="dropped")},
+        {"type": "function", "function": {"name": "now", "parameters": {}}}]}, {}),
     ("tool-call-and-result", {"messages": [
         user("Weather in Zürich?"),
         {"role": "assistant", "content": None, "tool_calls": [CALL]},
