@@ -733,49 +733,90 @@ func (c *Conversation) parseToolCalls(m *message, i int) error {
 	n := 0
 	first := true
 	for t.more(&first, ']') {
-		at := msgField(i, ".tool_calls["+strconv.Itoa(n)+"]")
-		if t.peek() != '{' {
-			t.skip()
-			return fieldError(at, "Input should be a valid dictionary")
-		}
-		t.pos++
-		sawFunction := false
-		f2 := true
-		for t.more(&f2, '}') {
-			if t.keyString() != "function" {
-				t.skip()
-				continue
-			}
-			sawFunction = true
-			if t.peek() != '{' {
-				t.skip()
-				return fieldError(at+".function", "Input should be a valid dictionary")
-			}
-			t.pos++
-			sawName := false
-			f3 := true
-			for t.more(&f3, '}') {
-				if t.keyString() == "name" {
-					sawName = true
-					if t.peek() != '"' {
-						t.skip()
-						return fieldError(at+".function.name", "Input should be a valid string")
-					}
-				}
-				t.skip()
-			}
-			if !sawName {
-				return fieldError(at+".function.name", "Field required")
-			}
-		}
-		if !sawFunction {
-			return fieldError(at+".function", "Field required")
+		if err := checkToolCall(&t, msgField(i, ".tool_calls["+strconv.Itoa(n)+"]")); err != nil {
+			return err
 		}
 		n++
 	}
 	if n > 0 {
 		// vLLM drops an empty tool_calls list before rendering.
 		m.toolCalls = raw
+	}
+	return nil
+}
+
+// checkToolCall checks one tool call against the OpenAI type vLLM
+// validates it with: id, type "function", function.name and
+// function.arguments as strings.
+func checkToolCall(t *scanner, at string) error {
+	if t.peek() != '{' {
+		t.skip()
+		return fieldError(at, "Input should be a valid dictionary")
+	}
+	t.pos++
+	var sawID, sawType, sawFunction bool
+	first := true
+	for t.more(&first, '}') {
+		switch t.keyString() {
+		case "id":
+			sawID = true
+			if t.peek() != '"' {
+				t.skip()
+				return fieldError(at+".id", "Input should be a valid string")
+			}
+			t.skipString()
+		case "type":
+			sawType = true
+			if t.peek() != '"' || !t.lit(`"function"`) {
+				t.skip()
+				return fieldError(at+".type", "Input should be 'function'")
+			}
+		case "function":
+			sawFunction = true
+			if err := checkCalledFunction(t, at+".function"); err != nil {
+				return err
+			}
+		default:
+			t.skip()
+		}
+	}
+	switch {
+	case !sawID:
+		return fieldError(at+".id", "Field required")
+	case !sawType:
+		return fieldError(at+".type", "Field required")
+	case !sawFunction:
+		return fieldError(at+".function", "Field required")
+	}
+	return nil
+}
+
+func checkCalledFunction(t *scanner, at string) error {
+	if t.peek() != '{' {
+		t.skip()
+		return fieldError(at, "Input should be a valid dictionary")
+	}
+	t.pos++
+	var sawName, sawArgs bool
+	first := true
+	for t.more(&first, '}') {
+		k := t.keyString()
+		switch k {
+		case "name", "arguments":
+			if t.peek() != '"' {
+				t.skip()
+				return fieldError(at+"."+k, "Input should be a valid string")
+			}
+			sawName = sawName || k == "name"
+			sawArgs = sawArgs || k == "arguments"
+		}
+		t.skip()
+	}
+	switch {
+	case !sawName:
+		return fieldError(at+".name", "Field required")
+	case !sawArgs:
+		return fieldError(at+".arguments", "Field required")
 	}
 	return nil
 }

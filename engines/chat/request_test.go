@@ -58,8 +58,11 @@ func TestParseRequestRefusals(t *testing.T) {
 	f(`{"messages":[{"role":"user","content":[{"type":3,"text":"a"}]}]}`, "messages[0].content[0].type", "Invalid 'type' field in multimodal part.")
 	f(`{"messages":[{"role":"user","content":[{"type":"text","text":3}]}]}`, "messages[0].content[0].text", "valid string")
 	f(`{"messages":[{"role":"user","content":[7]}]}`, "messages[0].content[0]", "valid dictionary")
-	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x"}]}]}`, "messages[0].tool_calls[0].function", "Field required")
-	f(`{"messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].function.name", "Field required")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x","type":"function"}]}]}`, "messages[0].tool_calls[0].function", "Field required")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].id", "Field required")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x","type":"custom","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].type", "'function'")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x","type":"function","function":{"arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].function.name", "Field required")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x","type":"function","function":{"name":"f","arguments":{}}}]}]}`, "messages[0].tool_calls[0].function.arguments", "valid string")
 	f(`{"messages":[{"role":"assistant","tool_calls":{}}]}`, "messages[0].tool_calls", "valid list")
 	f(`{"messages":[{"role":"user","content":"a"}],"tools":[]}`, "tools", "`tools` must not be an empty array.")
 	f(`{"messages":[{"role":"user","content":"a"}],"tools":[{"type":"function"}]}`, "tools[0].function", "Field required")
@@ -136,7 +139,7 @@ func TestParseRequestAccepts(t *testing.T) {
 	f(`{"messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b","content":"c"}]}`, "user=c;")
 	f(`{"messages":[{"role":"user","content":[{"text":"t","type":"text"},"s",{"type":"refusal","refusal":"r"},{"type":"thinking","thinking":"th"},{"type":"text","text":null},{"type":"image_url","image_url":{"url":"u"}}]}]}`,
 		"user[t][s][r][th][][media];")
-	f(`{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[]},{"role":"assistant","reasoning_content":"r","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]}`,
+	f(`{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[]},{"role":"assistant","reasoning_content":"r","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`,
 		"user=q;assistant;assistant calls reason=r;")
 	f(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"add_generation_prompt":false,"continue_final_message":true,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false}}`,
 		"user=a;assistant=b; nogen continue tools kwargs={\"enable_thinking\":false}")
@@ -239,10 +242,16 @@ func TestInexact(t *testing.T) {
 	f(plain, tool(`{"max":1e6}`), "", ErrInexact)     // Python: 1000000.0
 	f(plain, tool(`{"n":123456789012345678901}`), "", ErrInexact)
 	f(plain, tool(`{"d":"a\u2028b"}`), "", ErrInexact)
-	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"{\"t\": 2.0}"}}]}]}`, "", ErrInexact)
-	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"{\"t\": 2.5, \"z\": [1]}"}}]}]}`, `x{"t": 2.5, "z": [1]}`, nil)
-	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"not json"}}]}]}`, `x{}`, nil)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"t\": 2.0}"}}]}]}`, "", ErrInexact)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"t\": 2.5, \"z\": [1]}"}}]}]}`, `x{"t": 2.5, "z": [1]}`, nil)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"not json"}}]}]}`, `x{}`, nil)
 	f(plain, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, "", ErrInexact)
+	calls, err := Compile(`{% for m in messages %}{{ m.tool_calls | tojson }}{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f(calls, `{"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","x":1,"arguments":"{\"b\": 1, \"a\": [true, null]}"},"id":"c1","index":0}]}]}`,
+		`[{"id": "c1", "function": {"arguments": {"b": 1, "a": [true, null]}, "name": "f"}, "type": "function"}]`, nil)
 	f(indented, tool(`{}`), "", ErrInexact)
 	f(indented, `{"messages":[{"role":"user","content":"q"}]}`, "q", nil)
 }

@@ -143,12 +143,9 @@ func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, erro
 		switch m.role {
 		case roleAssistant:
 			if !m.toolCalls.empty() {
-				calls, err := d.decode(c.bytes(m.toolCalls))
+				calls, err := toolCallsValue(c.bytes(m.toolCalls), d)
 				if err != nil {
 					return v, err
-				}
-				for _, call := range calls.AsList().Items {
-					fixArguments(call, d)
 				}
 				dict.Set("tool_calls", calls)
 			}
@@ -168,31 +165,39 @@ func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, erro
 	return jinja.NewList(items), nil
 }
 
-// fixArguments parses a tool call's function.arguments JSON string into
-// its value, as vLLM does before rendering: invalid JSON, or arguments
-// that are neither a string, an object nor a list, become {}.
-func fixArguments(call jinja.Value, d *decoder) {
-	if !call.IsDict() {
-		return
+// toolCallsValue rebuilds tool calls as vLLM holds them after validation:
+// {"id", "function": {"arguments", "name"}, "type"} in the OpenAI type's
+// field order, other keys dropped, and the arguments JSON string parsed
+// ({} when it is not JSON).
+func toolCallsValue(raw []byte, d *decoder) (jinja.Value, error) {
+	calls, err := d.decode(raw)
+	if err != nil {
+		return calls, err
 	}
-	fn, ok := call.AsDict().Get("function")
-	if !ok || !fn.IsDict() {
-		return
-	}
-	args, _ := fn.AsDict().Get("arguments")
-	switch {
-	case args.IsString():
+	items := calls.AsList().Items
+	out := make([]jinja.Value, len(items))
+	for i, call := range items {
+		cd := call.AsDict()
+		fn, _ := cd.Get("function")
+		args, _ := fn.AsDict().Get("arguments")
 		var sub decoder
-		v, err := sub.decode([]byte(args.AsString()))
+		parsed, err := sub.decode([]byte(args.AsString()))
 		if err != nil || sub.s.peek() != 0 {
-			v = jinja.NewDict()
+			parsed = jinja.NewDict()
 		}
 		d.inexact = d.inexact || sub.inexact
-		fn.AsDict().Set("arguments", v)
-	case args.IsDict() || args.IsList():
-	default:
-		fn.AsDict().Set("arguments", jinja.NewDict())
+		name, _ := fn.AsDict().Get("name")
+		f := jinja.NewDict()
+		f.AsDict().Set("arguments", parsed)
+		f.AsDict().Set("name", name)
+		id, _ := cd.Get("id")
+		v := jinja.NewDict()
+		v.AsDict().Set("id", id)
+		v.AsDict().Set("function", f)
+		v.AsDict().Set("type", jinja.NewString("function"))
+		out[i] = v
 	}
+	return jinja.NewList(out), nil
 }
 
 func (t *Template) contentValue(c *Conversation, m *message) (jinja.Value, error) {

@@ -91,16 +91,16 @@ def reshape(msg, fmt):
         out = {"role": role, "content": "\n".join(texts)}
     if role == "assistant":
         if msg.get("tool_calls"):
-            calls = json.loads(json.dumps(msg["tool_calls"]))
-            for call in calls:
-                args = call["function"].get("arguments")
-                if isinstance(args, str):
-                    try:
-                        call["function"]["arguments"] = json.loads(args)
-                    except json.JSONDecodeError:
-                        call["function"]["arguments"] = {}
-                elif not isinstance(args, (dict, list)):
-                    call["function"]["arguments"] = {}
+            # As validated by the OpenAI TypedDict: its field order, other
+            # keys dropped; then the arguments string parsed.
+            calls = []
+            for call in msg["tool_calls"]:
+                try:
+                    args = json.loads(call["function"]["arguments"])
+                except json.JSONDecodeError:
+                    args = {}
+                calls.append({"id": call["id"], "function": {
+                    "arguments": args, "name": call["function"]["name"]}, "type": "function"})
             out["tool_calls"] = calls
         reasoning = msg.get("reasoning", msg.get("reasoning_content"))
         if reasoning is not None:
