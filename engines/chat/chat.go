@@ -41,11 +41,14 @@ type Template struct {
 }
 
 var (
-	// A loop over a message's content marks an "openai" format template
-	// (vLLM's content-format detection looks for the same loop).
-	openAIContentRE = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+\w+(\.content|\[\s*['"]content['"]\s*\])\s*-?%\}`)
-	indentedJSONRE  = regexp.MustCompile(`tojson\s*\(\s*indent`)
-	stripsRE        = regexp.MustCompile(`\btrim\b|strip\s*\(`)
+	// vLLM's content-format detection: a template that loops over the
+	// content of a message (a loop variable over messages, or over a
+	// variable set from messages) gets "openai" format content.
+	messagesLoopRE = regexp.MustCompile(`\{%-?\s*for\s+(\w+)\s+in\s+(\w+)`)
+	messagesSetRE  = regexp.MustCompile(`\{%-?\s*set\s+(\w+)\s*=\s*messages\b`)
+	contentLoopRE  = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+(\w+)(?:\.content|\[\s*['"]content['"]\s*\])\s*-?%\}`)
+	indentedJSONRE = regexp.MustCompile(`tojson\s*\(\s*indent`)
+	stripsRE       = regexp.MustCompile(`\btrim\b|strip\s*\(`)
 )
 
 // Compile parses a chat template. special holds the tokenizer config's
@@ -69,15 +72,32 @@ func Compile(source string, special map[string]string) (*Template, error) {
 		strips:       stripsRE.MatchString(source),
 		triggers:     triggerLiterals(source),
 	}
-	if openAIContentRE.MatchString(source) {
-		t.format = formatOpenAI
-	}
+	t.format = detectFormat(source)
 	for k, v := range special {
 		t.special[k] = jinja.NewString(v)
 	}
 	empty := map[string]*plan{}
 	t.plans.Store(&empty)
 	return t, nil
+}
+
+func detectFormat(src string) contentFormat {
+	lists := map[string]bool{"messages": true}
+	for _, m := range messagesSetRE.FindAllStringSubmatch(src, -1) {
+		lists[m[1]] = true
+	}
+	items := map[string]bool{}
+	for _, m := range messagesLoopRE.FindAllStringSubmatch(src, -1) {
+		if lists[m[2]] {
+			items[m[1]] = true
+		}
+	}
+	for _, m := range contentLoopRE.FindAllStringSubmatch(src, -1) {
+		if items[m[1]] {
+			return formatOpenAI
+		}
+	}
+	return formatString
 }
 
 // CompileError is a template the engine cannot parse, or that uses a

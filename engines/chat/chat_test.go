@@ -105,3 +105,18 @@ func TestGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestContentFormat: vLLM hands "openai" format content (a list of parts)
+// to templates that loop over a message's content, strings to others.
+func TestContentFormat(t *testing.T) {
+	f := func(src string, want contentFormat) {
+		t.Helper()
+		if got := detectFormat(src); got != want {
+			t.Errorf("%q: format %v, want %v", src, got, want)
+		}
+	}
+	f(`{% for message in messages %}{% for part in message['content'] %}{{ part.text }}{% endfor %}{% endfor %}`, formatOpenAI)
+	f(`{%- set loop_messages = messages[1:] -%}{%- for m in loop_messages -%}{%- for item in m.content -%}{%- endfor -%}{%- endfor -%}`, formatOpenAI)
+	f(`{% for message in messages %}{{ message.content }}{% endfor %}`, formatString)
+	f(`{% for tool in tools %}{% for p in tool.content %}{% endfor %}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}`, formatString)
+}
