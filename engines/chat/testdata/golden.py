@@ -61,8 +61,14 @@ def environment():
 
 
 def content_format(template):
-    if re.search(r"\{%-?\s*for\s+\w+\s+in\s+\w+(\.content|\[\s*['\"]content['\"]\s*\])", template):
-        return "openai"
+    """vLLM's detection: "openai" when the template loops over the content
+    of a message (a loop variable over messages or over a variable set from
+    messages)."""
+    lists = {"messages"} | set(re.findall(r"\{%-?\s*set\s+(\w+)\s*=\s*messages\b", template))
+    items = {v for v, src in re.findall(r"\{%-?\s*for\s+(\w+)\s+in\s+(\w+)", template) if src in lists}
+    for var in re.findall(r"\{%-?\s*for\s+\w+\s+in\s+(\w+)(?:\.content|\[\s*['\"]content['\"]\s*\])", template):
+        if var in items:
+            return "openai"
     return "string"
 
 
