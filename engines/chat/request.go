@@ -29,7 +29,8 @@ func fieldError(param, msg string) *RequestError {
 	return &RequestError{Param: param, Message: param + ": " + msg}
 }
 
-// roles vLLM's message types accept (OpenAI's message params).
+// Roles. vLLM takes any role string (its custom message type); these are
+// the OpenAI ones it treats apart, roleOther the rest.
 const (
 	roleSystem = iota
 	roleUser
@@ -38,6 +39,7 @@ const (
 	roleDeveloper
 	roleFunction
 	numRoles
+	roleOther = numRoles
 )
 
 var roleNames = [numRoles]string{"system", "user", "assistant", "tool", "developer", "function"}
@@ -51,6 +53,7 @@ const (
 
 type message struct {
 	role        int
+	roleName    span // roleOther
 	contentKind int
 	content     span // contentString
 	partLo      int  // contentParts: parts[partLo:partHi]
@@ -116,6 +119,13 @@ func (c *Conversation) Reset() {
 	arena, msgs, parts, seg, kw, key := c.arena[:0], c.msgs[:0], c.parts[:0], c.seg[:0], c.kwKeys[:0], c.key[:0]
 	*c = Conversation{arena: arena, msgs: msgs, parts: parts, seg: seg, kwKeys: kw, key: key}
 	c.addGenerationPrompt = true
+}
+
+func (c *Conversation) roleName(m *message) string {
+	if m.role == roleOther {
+		return c.str(m.roleName)
+	}
+	return roleNames[m.role]
 }
 
 // Len is the number of messages.
@@ -475,8 +485,6 @@ func (c *Conversation) parseMessage(i int) error {
 	}
 	s.pos++
 	m := message{role: -1}
-	roleGiven := false
-	var badRole string
 	first := true
 	for s.more(&first, '}') {
 		var k span
@@ -485,7 +493,6 @@ func (c *Conversation) parseMessage(i int) error {
 		c.arena = c.arena[:k.lo]
 		switch string(name) {
 		case "role":
-			roleGiven = true
 			if s.peek() != '"' {
 				s.skip()
 				if err := c.syntax(); err != nil {
@@ -495,15 +502,12 @@ func (c *Conversation) parseMessage(i int) error {
 			}
 			var r span
 			c.arena, r = s.str(c.arena)
+			m.role, m.roleName = roleOther, r
 			for id, n := range roleNames {
 				if string(c.bytes(r)) == n {
 					m.role = id
 				}
 			}
-			if m.role < 0 {
-				badRole = c.str(r)
-			}
-			c.arena = c.arena[:r.lo]
 		case "content":
 			if err := c.parseContent(&m, i); err != nil {
 				return err
@@ -542,20 +546,14 @@ func (c *Conversation) parseMessage(i int) error {
 	if err := c.syntax(); err != nil {
 		return err
 	}
-	switch {
-	case !roleGiven:
+	if m.role < 0 {
 		return fieldError(msgField(i, ".role"), "Field required")
-	case m.role < 0:
-		return fieldError(msgField(i, ".role"), "Input should be 'system', 'user', 'assistant', 'tool', 'developer' or 'function', got "+strconv.Quote(badRole))
 	}
-	switch m.role {
-	case roleSystem, roleUser, roleDeveloper, roleTool:
-		if m.contentKind == contentAbsent || m.contentKind == contentNull {
-			return fieldError(msgField(i, ".content"), "Field required")
-		}
-	}
-	if m.role == roleTool && !m.hasCallID {
-		return fieldError(msgField(i, ".tool_call_id"), "Field required")
+	// The message must fit one of vLLM's message types. Its custom type
+	// takes any role, without content or tool_call_id, but not a null
+	// content, which only the assistant and function types take.
+	if m.contentKind == contentNull && m.role != roleAssistant && m.role != roleFunction {
+		return fieldError(msgField(i, ".content"), "Input should be a valid string or a list of content parts")
 	}
 	c.msgs = append(c.msgs, m)
 	return nil

@@ -46,12 +46,10 @@ func TestParseRequestRefusals(t *testing.T) {
 	f(`{"messages":[]}`, "messages", "at least 1 item")
 	f(`{"messages":["hi"]}`, "messages[0]", "valid dictionary")
 	f(`{"messages":[{"content":"hi"}]}`, "messages[0].role", "Field required")
-	f(`{"messages":[{"role":"user","content":"a"},{"role":"robot","content":"hi"}]}`, "messages[1].role", `got "robot"`)
 	f(`{"messages":[{"role":7,"content":"hi"}]}`, "messages[0].role", "valid string")
-	f(`{"messages":[{"role":"system","content":"s"},{"role":"user"}]}`, "messages[1].content", "messages[1].content: Field required")
-	f(`{"messages":[{"role":"user","content":null}]}`, "messages[0].content", "Field required")
+	f(`{"messages":[{"role":"user","content":null}]}`, "messages[0].content", "valid string or a list")
+	f(`{"messages":[{"role":"robot","content":null}]}`, "messages[0].content", "valid string or a list")
 	f(`{"messages":[{"role":"user","content":5}]}`, "messages[0].content", "valid string or a list")
-	f(`{"messages":[{"role":"tool","content":"r"}]}`, "messages[0].tool_call_id", "Field required")
 	f(`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"bogus"}]}]}`, "messages[0].content[1].type",
 		"Unsupported chat content part type: 'bogus'. Supported types: audio_embeds, audio_url, image_embeds, image_pil, image_url, input_audio, input_image, input_text, output_text, prompt_embeds, refusal, text, thinking, tool_reference, video_url.")
 	f(`{"messages":[{"role":"user","content":[{"text":"a"}]}]}`, "messages[0].content[0].type", "Missing 'type' field in multimodal part.")
@@ -94,7 +92,7 @@ func TestParseRequestAccepts(t *testing.T) {
 		var b strings.Builder
 		for i := range c.msgs {
 			m := &c.msgs[i]
-			b.WriteString(roleNames[m.role])
+			b.WriteString(c.roleName(m))
 			switch m.contentKind {
 			case contentString:
 				b.WriteString("=" + c.str(m.content))
@@ -143,6 +141,9 @@ func TestParseRequestAccepts(t *testing.T) {
 		"user=q;assistant;assistant calls reason=r;")
 	f(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"add_generation_prompt":false,"continue_final_message":true,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false}}`,
 		"user=a;assistant=b; nogen continue tools kwargs={\"enable_thinking\":false}")
+	// vLLM's custom message type: any role, content and tool_call_id
+	// optional.
+	f(`{"messages":[{"role":"robot","content":"hi"},{"role":"user"},{"role":"tool","content":"r"}]}`, "robot=hi;user;tool=r;")
 	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":"No","continue_final_message":1}`, "user=a; nogen continue")
 	f(`{"messages":[{"role":"developer","content":"d"},{"role":"function","name":"f","content":null},{"role":"tool","tool_call_id":"1","content":"r"}],"add_generation_prompt":null}`,
 		"developer=d;function;tool=r;")

@@ -134,7 +134,7 @@ func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, erro
 		m := &c.msgs[i]
 		v := jinja.NewDict()
 		dict := v.AsDict()
-		dict.Set("role", jinja.NewString(roleNames[m.role]))
+		dict.Set("role", jinja.NewString(c.roleName(m)))
 		content, err := t.contentValue(c, m)
 		if err != nil {
 			return v, err
@@ -155,7 +155,9 @@ func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, erro
 				dict.Set("reasoning_content", r)
 			}
 		case roleTool:
-			dict.Set("tool_call_id", jinja.NewString(c.str(m.toolCallID)))
+			if m.hasCallID {
+				dict.Set("tool_call_id", jinja.NewString(c.str(m.toolCallID)))
+			}
 		}
 		if m.hasName {
 			dict.Set("name", jinja.NewString(c.str(m.name)))

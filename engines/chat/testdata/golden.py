@@ -113,7 +113,8 @@ def reshape(msg, fmt):
             out["reasoning"] = reasoning
             out["reasoning_content"] = reasoning
     elif role == "tool":
-        out["tool_call_id"] = msg["tool_call_id"]
+        if "tool_call_id" in msg:
+            out["tool_call_id"] = msg["tool_call_id"]
         if isinstance(out["content"], list):
             out["content"] = "\n".join(p["text"] for p in out["content"])
     if isinstance(msg.get("name"), str):
@@ -233,6 +234,9 @@ CASES = [
             {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}}]},
         {"role": "tool", "tool_call_id": "c", "content": "error"},
     ], "tools": [WEATHER]}, {}),
+    # vLLM's custom message type takes any role, content left out.
+    ("custom-role", {"messages": [{"role": "narrator", "content": "It was night."}, user("Hi")]}, {}),
+    ("user-without-content", {"messages": [SYSTEM, {"role": "user"}]}, {}),
     ("whitespace-content", {"messages": [user("  padded  \n"), assistant("\n answer \n"), user("next")]}, {}),
     ("unicode", {"messages": [user("Grüße, 世界 🙂 — \"quotes\" and \\backslash")]}, {}),
 ]
