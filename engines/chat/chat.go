@@ -34,7 +34,6 @@ type Template struct {
 	timeBound    bool // strftime_now: output depends on the day
 	noPlan       bool // a request's template: learning costs more than it saves
 	triggers     []string
-	strips       bool
 
 	plans   atomic.Pointer[map[string]*plan] // by kwargs key; nil plan: none
 	plansMu sync.Mutex                       // serialises learning
@@ -48,7 +47,6 @@ var (
 	messagesSetRE  = regexp.MustCompile(`\{%-?\s*set\s+(\w+)\s*=\s*messages\b`)
 	contentLoopRE  = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+(\w+)(?:\.content|\[\s*['"]content['"]\s*\])\s*-?%\}`)
 	indentedJSONRE = regexp.MustCompile(`tojson\s*\(\s*indent`)
-	stripsRE       = regexp.MustCompile(`\btrim\b|strip\s*\(`)
 )
 
 // Compile parses a chat template. special holds the tokenizer config's
@@ -69,7 +67,6 @@ func Compile(source string, special map[string]string) (*Template, error) {
 		specialSrc:   special,
 		indentedJSON: indentedJSONRE.MatchString(source),
 		timeBound:    strings.Contains(source, "strftime_now"),
-		strips:       stripsRE.MatchString(source),
 		triggers:     triggerLiterals(source),
 	}
 	t.format = detectFormat(source)

@@ -25,8 +25,9 @@ import (
 // conversations; one difference drops it.
 //
 // The envelope, checked per request: roles system, user and assistant;
-// string contents, not empty, without a trigger literal of the template,
-// and without leading or trailing whitespace when the template strips;
+// string contents, not empty or blank, without a trigger literal of the
+// template, and with whitespace at their edges only where the probes saw
+// such contents written as given;
 // no name, tool calls, reasoning, tools, continue_final_message or media;
 // not a request's own template (a template with strftime_now learns a
 // plan a day); kwargs with scalar values, learnt per
@@ -35,7 +36,10 @@ type plan struct {
 	gaps     [numCtx + 1][numCtx]gap // [prev context + 1][context]
 	tails    [numCtx][2]gap          // [last context][add_generation_prompt]
 	triggers [][]byte
-	strips   bool
+	// padded[cx] is set when probes showed contents of context cx written
+	// as given even with whitespace at their edges (no strip or trim).
+	padded    [numCtx]bool
+	paddedBad [numCtx]bool
 }
 
 type gap struct {
@@ -84,7 +88,7 @@ func (p *plan) render(dst []byte, c *Conversation, segs bool) ([]byte, bool) {
 		m := &c.msgs[i]
 		cx := context(m.role, i == 0, i == n-1, i > lastUser)
 		g := &p.gaps[prev+1][cx]
-		if !g.known {
+		if !g.known || !p.padded[cx] && edgeSpace(c.bytes(m.content)) {
 			return dst[:start], false
 		}
 		dst = append(dst, g.s...)
@@ -123,16 +127,11 @@ func (p *plan) inEnvelope(c *Conversation) bool {
 	return true
 }
 
+// contentOK: not empty or only whitespace (templates test contents for
+// truth, or strip them first), without a trigger literal.
 func (p *plan) contentOK(b []byte) bool {
-	if len(b) == 0 {
+	if len(b) == 0 || edgeSpace(b) && len(bytes.TrimFunc(b, isPySpace)) == 0 {
 		return false
-	}
-	if p.strips {
-		r, _ := utf8.DecodeRune(b)
-		l, _ := utf8.DecodeLastRune(b)
-		if isPySpace(r) || isPySpace(l) {
-			return false
-		}
 	}
 	for _, lit := range p.triggers {
 		if bytes.Contains(b, lit) {
@@ -140,6 +139,14 @@ func (p *plan) contentOK(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// edgeSpace reports whitespace, as Python's str.strip sees it, at either
+// end of b.
+func edgeSpace(b []byte) bool {
+	r, _ := utf8.DecodeRune(b)
+	l, _ := utf8.DecodeLastRune(b)
+	return isPySpace(r) || isPySpace(l)
 }
 
 // planFor returns the verified plan for c's kwargs, learning it on first
@@ -206,7 +213,7 @@ func (t *Template) learn(c *Conversation, defaults map[string]any, key string) *
 
 // probe learns and verifies a plan for one set of kwargs.
 func (t *Template) probe(kw map[string]jinja.Value) *plan {
-	p := &plan{strips: t.strips}
+	p := &plan{}
 	for _, lit := range t.triggers {
 		p.triggers = append(p.triggers, []byte(lit))
 	}
@@ -216,6 +223,11 @@ func (t *Template) probe(kw map[string]jinja.Value) *plan {
 		if len(roles) > 0 {
 			for gen := 0; gen < 2; gen++ {
 				t.probeOne(p, kw, roles, gen == 1)
+			}
+		}
+		if len(roles) > 0 && len(roles) < probeDepth {
+			for gen := 0; gen < 2; gen++ {
+				t.probePadded(p, kw, roles, gen == 1)
 			}
 		}
 		if len(roles) == probeDepth {
@@ -228,6 +240,9 @@ func (t *Template) probe(kw map[string]jinja.Value) *plan {
 		}
 	}
 	walk()
+	for cx := range p.padded {
+		p.padded[cx] = p.padded[cx] && !p.paddedBad[cx]
+	}
 	if !t.verify(p, kw) {
 		return nil
 	}
@@ -270,6 +285,53 @@ func (t *Template) probeOne(p *plan, kw map[string]jinja.Value, roles []int, gen
 		g = 1
 	}
 	record(&p.tails[prev][g], out[pos:])
+}
+
+// Whitespace the padded probes put around sentinels.
+const (
+	padBefore = "\r\n \t\u00a0"
+	padAfter  = "\u00a0\t \n\r"
+)
+
+// probePadded renders a role sequence with whitespace around each
+// sentinel and marks each context whose content came out as given, in the
+// gaps the plain probes learnt.
+func (t *Template) probePadded(p *plan, kw map[string]jinja.Value, roles []int, gen bool) {
+	contents := make([]string, len(roles))
+	for i := range roles {
+		contents[i] = padBefore + sentinel(i) + padAfter
+	}
+	out, err := t.jinjaPlain(kw, roles, contents, gen)
+	if err != nil {
+		return
+	}
+	n := len(roles)
+	lastUser := -1
+	for i, r := range roles {
+		if r == roleUser {
+			lastUser = i
+		}
+	}
+	pos, prev := 0, -1
+	for i, r := range roles {
+		cx := context(r, i == 0, i == n-1, i > lastUser)
+		g := &p.gaps[prev+1][cx]
+		if !g.known || !strings.HasPrefix(out[pos:], g.s+contents[i]) {
+			// Later messages cannot be judged once one is off.
+			p.paddedBad[cx] = true
+			return
+		}
+		p.padded[cx] = true
+		pos += len(g.s) + len(contents[i])
+		prev = cx
+	}
+	g := 0
+	if gen {
+		g = 1
+	}
+	if tail := &p.tails[prev][g]; !tail.known || out[pos:] != tail.s {
+		p.paddedBad[prev] = true
+	}
 }
 
 func record(g *gap, s string) {
