@@ -35,8 +35,10 @@ type Template struct {
 	noPlan       bool // a request's template: learning costs more than it saves
 	triggers     []string
 
-	plans   atomic.Pointer[map[string]*plan] // by kwargs key; nil plan: none
-	plansMu sync.Mutex                       // serialises learning
+	plans    atomic.Pointer[map[string]*plan] // by kwargs key; nil plan: none
+	plansMu  sync.Mutex                       // guards learning and plan stores
+	learning bool
+	learners sync.WaitGroup // tests wait for plans
 }
 
 var (

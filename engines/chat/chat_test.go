@@ -69,6 +69,11 @@ func TestGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	templates := map[string]*Template{}
+	defer func() {
+		for _, tmpl := range templates {
+			tmpl.learners.Wait()
+		}
+	}()
 	for _, gc := range cases {
 		t.Run(gc.Model+"/"+gc.Name, func(t *testing.T) {
 			tmpl, ok := templates[gc.Model]

@@ -167,7 +167,8 @@ func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {
 	plans := *t.plans.Load()
 	p, seen := plans[string(key)]
 	if !seen {
-		p = t.learn(c, defaults, string(key))
+		t.startLearning(c, defaults, string(key))
+		return nil
 	}
 	if p == nil || !p.inEnvelope(c) {
 		return nil
@@ -175,40 +176,58 @@ func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {
 	return p
 }
 
-func (t *Template) learn(c *Conversation, defaults map[string]any, key string) *plan {
+// startLearning learns the plan for key in the background, one learner
+// per template at a time: probing takes hundreds of Jinja renders, which
+// no request should wait for. Requests render with Jinja meanwhile.
+func (t *Template) startLearning(c *Conversation, defaults map[string]any, key string) {
 	t.plansMu.Lock()
 	defer t.plansMu.Unlock()
-	old := *t.plans.Load()
-	if p, ok := old[key]; ok {
-		return p
+	if t.learning {
+		return
 	}
-	if t.timeBound {
-		// Plans of other days are done with.
-		day := key[strings.LastIndexByte(key, 1):]
-		for k := range old {
-			if !strings.HasSuffix(k, day) {
-				old = maps.Clone(old)
-				maps.DeleteFunc(old, func(k string, _ *plan) bool { return !strings.HasSuffix(k, day) })
-				break
-			}
-		}
+	if _, ok := (*t.plans.Load())[key]; ok {
+		return
 	}
-	if len(old) >= maxPlansPerTemplate {
-		return nil
+	if len(t.livePlans(key)) >= maxPlansPerTemplate {
+		return
 	}
 	kw := map[string]jinja.Value{}
 	var d decoder
 	if err := kwargsInto(kw, c, defaults, &d); err != nil || d.inexact {
-		return nil
+		t.storePlan(key, nil)
+		return
 	}
-	p := t.probe(kw)
-	next := make(map[string]*plan, len(old)+1)
-	for k, v := range old {
-		next[k] = v
+	t.learning = true
+	t.learners.Add(1)
+	go func() {
+		defer t.learners.Done()
+		p := t.probe(kw)
+		t.plansMu.Lock()
+		defer t.plansMu.Unlock()
+		t.storePlan(key, p)
+		t.learning = false
+	}()
+}
+
+// livePlans is the plans map without other days' plans of a template that
+// prints the day. Called with plansMu held.
+func (t *Template) livePlans(key string) map[string]*plan {
+	old := *t.plans.Load()
+	if !t.timeBound {
+		return old
 	}
+	day := key[strings.LastIndexByte(key, 1):]
+	live := maps.Clone(old)
+	maps.DeleteFunc(live, func(k string, _ *plan) bool { return !strings.HasSuffix(k, day) })
+	return live
+}
+
+// storePlan publishes a copy of the plans with key's plan set (nil: no
+// fast path). Called with plansMu held.
+func (t *Template) storePlan(key string, p *plan) {
+	next := maps.Clone(t.livePlans(key))
 	next[key] = p
 	t.plans.Store(&next)
-	return p
 }
 
 // probe learns and verifies a plan for one set of kwargs.

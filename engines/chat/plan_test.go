@@ -140,6 +140,7 @@ func TestFastPathMatchesJinja(t *testing.T) {
 					defaults = map[string]any{"enable_thinking": false}
 				}
 				got, segs, err := tmpl.RenderSegments([]byte("x"), c, defaults)
+				tmpl.learners.Wait() // later requests with these kwargs take the plan
 				want, wantErr := tmpl.renderJinja(c, defaults)
 				if (err == nil) != (wantErr == nil) {
 					t.Fatalf("%s: Render error %v, Jinja error %v", body, err, wantErr)
@@ -186,6 +187,10 @@ func TestFastPathRefusals(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if _, err := tmpl.Render(nil, c, nil); err != nil {
+			t.Fatal(err)
+		}
+		tmpl.learners.Wait()
 		got, segs, err := tmpl.RenderSegments(nil, c, nil)
 		want, wantErr := tmpl.renderJinja(c, nil)
 		if err != nil || wantErr != nil || string(got) != want {
@@ -245,4 +250,5 @@ func TestConcurrentRender(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	tmpl.learners.Wait()
 }
