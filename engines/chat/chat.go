@@ -70,8 +70,8 @@ func Compile(source string, special map[string]string) (*Template, error) {
 		indentedJSON: indentedJSONRE.MatchString(source),
 		timeBound:    strings.Contains(source, "strftime_now"),
 		triggers:     triggerLiterals(source),
+		format:       detectFormat(source),
 	}
-	t.format = detectFormat(source)
 	for k, v := range special {
 		t.special[k] = jinja.NewString(v)
 	}
@@ -80,6 +80,7 @@ func Compile(source string, special map[string]string) (*Template, error) {
 	return t, nil
 }
 
+// detectFormat tells the content format vLLM gives the template.
 func detectFormat(src string) contentFormat {
 	lists := map[string]bool{"messages": true}
 	for _, m := range messagesSetRE.FindAllStringSubmatch(src, -1) {
@@ -104,7 +105,7 @@ func detectFormat(src string) contentFormat {
 type CompileError struct{ Err error }
 
 func (e *CompileError) Error() string {
-	return "chat: the template engine cannot parse this chat template: " + e.Err.Error()
+	return "chat: the template engine cannot render this chat template: " + e.Err.Error()
 }
 
 // The filters and tests github.com/ardanlabs/jinja v1.8.0 implements; a
@@ -212,36 +213,23 @@ func (t *Template) renderJinja(c *Conversation, defaults map[string]any) (string
 		return "", &RequestError{Param: "messages", Message: err.Error()}
 	}
 	if c.continueFinalMessage {
-		return continueFinal(out, c, t.format)
+		return t.continueFinal(out, c)
 	}
 	return out, nil
 }
 
 // continueFinal cuts the prompt right after the final message's text, as
 // apply_chat_template does for continue_final_message, so that the model
-// continues that message.
-func continueFinal(out string, c *Conversation, format contentFormat) (string, error) {
+// continues that message: the last text part of a list content.
+func (t *Template) continueFinal(out string, c *Conversation) (string, error) {
 	m := &c.msgs[len(c.msgs)-1]
-	var final string
-	switch m.contentKind {
-	case contentString:
-		final = c.str(m.content)
-	case contentParts:
-		found := false
-		parts := c.parts[m.partLo:m.partHi]
-		for i := len(parts) - 1; i >= 0 && format == formatOpenAI; i-- {
-			if parts[i].hasText {
-				final, found = c.str(parts[i].text), true
-				break
-			}
-		}
-		if format == formatOpenAI && !found {
+	texts, _ := c.texts(m)
+	final := strings.Join(texts, "\n")
+	if t.partsFor(m) {
+		if len(texts) == 0 {
 			return "", &RequestError{Param: "continue_final_message", Message: "continue_final_message is set but we could not find any text to continue in the final message!"}
 		}
-		if format == formatString {
-			v, _ := (&Template{format: formatString}).contentValue(c, m)
-			final = v.AsString()
-		}
+		final = texts[len(texts)-1]
 	}
 	stripped := strings.TrimFunc(final, isPySpace)
 	at := strings.LastIndex(out, stripped)

@@ -156,7 +156,7 @@ func TestCompileRefusal(t *testing.T) {
 		t.Helper()
 		_, err := Compile(src, nil)
 		var ce *CompileError
-		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "cannot parse this chat template") {
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "cannot render this chat template") {
 			t.Errorf("Compile(%q) = %v, want a *CompileError", src, err)
 		}
 	}

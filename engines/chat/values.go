@@ -202,48 +202,45 @@ func toolCallsValue(raw []byte, d *decoder) (jinja.Value, error) {
 	return jinja.NewList(out), nil
 }
 
+// contentValue is a message's content as vLLM hands it to the template.
 func (t *Template) contentValue(c *Conversation, m *message) (jinja.Value, error) {
+	texts, media := c.texts(m)
+	if media {
+		return jinja.Undefined(), ErrInexact
+	}
+	if t.partsFor(m) {
+		items := make([]jinja.Value, len(texts))
+		for i, s := range texts {
+			items[i] = textPart(s)
+		}
+		return jinja.NewList(items), nil
+	}
+	return jinja.NewString(strings.Join(texts, "\n")), nil
+}
+
+// partsFor reports whether m's content reaches the template as a list of
+// parts: in "openai" format, except tool results, which vLLM joins.
+func (t *Template) partsFor(m *message) bool {
+	return t.format == formatOpenAI && m.role != roleTool
+}
+
+// texts lists the texts of m's content: the string, or the text parts
+// (vLLM skips those whose text is None); media reports other parts.
+func (c *Conversation) texts(m *message) (texts []string, media bool) {
 	switch m.contentKind {
 	case contentString:
-		if t.format == formatOpenAI {
-			return jinja.NewList([]jinja.Value{textPart(c.str(m.content))}), nil
-		}
-		return jinja.NewString(c.str(m.content)), nil
+		return []string{c.str(m.content)}, false
 	case contentParts:
-		parts := c.parts[m.partLo:m.partHi]
-		for _, p := range parts {
-			if p.media {
-				return jinja.Undefined(), ErrInexact
+		for _, p := range c.parts[m.partLo:m.partHi] {
+			switch {
+			case p.media:
+				media = true
+			case p.hasText:
+				texts = append(texts, c.str(p.text))
 			}
 		}
-		if t.format == formatOpenAI && m.role != roleTool {
-			items := make([]jinja.Value, 0, len(parts))
-			for _, p := range parts {
-				if p.hasText {
-					items = append(items, textPart(c.str(p.text)))
-				}
-			}
-			return jinja.NewList(items), nil
-		}
-		var sb strings.Builder
-		n := 0
-		for _, p := range parts {
-			if !p.hasText {
-				continue // vLLM skips text parts whose text is None.
-			}
-			if n > 0 {
-				sb.WriteByte('\n')
-			}
-			sb.Write(c.bytes(p.text))
-			n++
-		}
-		return jinja.NewString(sb.String()), nil
 	}
-	// No content: an empty join in string format, no parts in openai.
-	if t.format == formatOpenAI && m.role != roleTool {
-		return jinja.NewList(nil), nil
-	}
-	return jinja.NewString(""), nil
+	return texts, media
 }
 
 func textPart(s string) jinja.Value {

@@ -200,6 +200,9 @@ CASES = [
                               "add_generation_prompt": False}, {}),
     ("continue-final-message", {"messages": [user("Count to five."), assistant("1, 2, 3")],
                                 "add_generation_prompt": False, "continue_final_message": True}, {}),
+    ("continue-final-parts", {"messages": [user("Count to five."), {"role": "assistant", "content": [
+        {"type": "text", "text": "1, 2"}, {"type": "text", "text": "3, "}]}],
+        "add_generation_prompt": False, "continue_final_message": True}, {}),
     ("enable-thinking-false", {"messages": [user("2+2?")],
                                "chat_template_kwargs": {"enable_thinking": False}}, {}),
     ("enable-thinking-true", {"messages": [user("2+2?")],
