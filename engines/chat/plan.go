@@ -26,12 +26,11 @@ import (
 //
 // The envelope, checked per request: roles system, user and assistant;
 // string contents, not empty or blank, without a trigger literal of the
-// template, and with whitespace at their edges only where the probes saw
-// such contents written as given;
-// no name, tool calls, reasoning, tools, continue_final_message or media;
-// not a request's own template (a template with strftime_now learns a
-// plan a day); kwargs with scalar values, learnt per
-// distinct set. Anything else renders with Jinja.
+// template, with whitespace at their edges only in contexts where padded
+// probes came out as given; no name, tool calls, reasoning, tools,
+// continue_final_message or media; not a request's own template; kwargs
+// with scalar values, a plan learnt per distinct set (and per day for a
+// template calling strftime_now). Anything else renders with Jinja.
 type plan struct {
 	gaps     [numCtx + 1][numCtx]gap // [prev context + 1][context]
 	tails    [numCtx][2]gap          // [last context][add_generation_prompt]
@@ -149,8 +148,8 @@ func edgeSpace(b []byte) bool {
 	return isPySpace(r) || isPySpace(l)
 }
 
-// planFor returns the verified plan for c's kwargs, learning it on first
-// use, or nil when c is outside the envelope or the template has none.
+// planFor returns the verified plan for c's kwargs, or nil: c outside the
+// envelope, no plan for the template, or one still being learnt.
 func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {
 	if t.noPlan {
 		return nil
