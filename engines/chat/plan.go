@@ -32,9 +32,12 @@ import (
 // with scalar values, a plan learnt per distinct set (and per day for a
 // template calling strftime_now). Anything else renders with Jinja.
 type plan struct {
-	gaps     [numCtx + 1][numCtx]gap // [prev context + 1][context]
-	tails    [numCtx][2]gap          // [last context][add_generation_prompt]
-	triggers [][]byte
+	gaps  [numCtx + 1][numCtx]gap // [prev context + 1][context]
+	tails [numCtx][2]gap          // [last context][add_generation_prompt]
+	// triggers grouped by first byte: a content is scanned once per
+	// distinct first byte, and each hit tried against its group.
+	firsts   []byte
+	triggers [][][]byte
 	// padded[cx] is set when probes showed contents of context cx written
 	// as given even with whitespace at their edges (no strip or trim).
 	padded    [numCtx]bool
@@ -132,12 +135,32 @@ func (p *plan) contentOK(b []byte) bool {
 	if len(b) == 0 || edgeSpace(b) && len(bytes.TrimFunc(b, isPySpace)) == 0 {
 		return false
 	}
-	for _, lit := range p.triggers {
-		if bytes.Contains(b, lit) {
-			return false
+	for g, f := range p.firsts {
+		for at := 0; ; at++ {
+			i := bytes.IndexByte(b[at:], f)
+			if i < 0 {
+				break
+			}
+			at += i
+			for _, lit := range p.triggers[g] {
+				if bytes.HasPrefix(b[at:], lit) {
+					return false
+				}
+			}
 		}
 	}
 	return true
+}
+
+// addTrigger files a trigger literal under its first byte.
+func (p *plan) addTrigger(lit string) {
+	g := bytes.IndexByte(p.firsts, lit[0])
+	if g < 0 {
+		g = len(p.firsts)
+		p.firsts = append(p.firsts, lit[0])
+		p.triggers = append(p.triggers, nil)
+	}
+	p.triggers[g] = append(p.triggers[g], []byte(lit))
 }
 
 // edgeSpace reports whitespace, as Python's str.strip sees it, at either
@@ -233,7 +256,7 @@ func (t *Template) storePlan(key string, p *plan) {
 func (t *Template) probe(kw map[string]jinja.Value) *plan {
 	p := &plan{}
 	for _, lit := range t.triggers {
-		p.triggers = append(p.triggers, []byte(lit))
+		p.addTrigger(lit)
 	}
 	roles := make([]int, 0, probeDepth)
 	var walk func()

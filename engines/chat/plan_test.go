@@ -252,3 +252,28 @@ func TestConcurrentRender(t *testing.T) {
 	}
 	tmpl.learners.Wait()
 }
+
+// TestContentOK: contents the fast path takes, given trigger literals.
+func TestContentOK(t *testing.T) {
+	var p plan
+	for _, lit := range []string{"<|im_end|>", "</think>", "<think>", "# Tools"} {
+		p.addTrigger(lit)
+	}
+	f := func(content string, want bool) {
+		t.Helper()
+		if got := p.contentOK([]byte(content)); got != want {
+			t.Errorf("contentOK(%q) = %v, want %v", content, got, want)
+		}
+	}
+	f("hello", true)
+	f("a < b and c <| d", true)
+	f("<|im_end", true)
+	f("# Tool", true)
+	f(" padded\n", true) // edges are judged per context when rendering
+	f("x</think>y", false)
+	f("<<think>", false)
+	f("end<|im_end|>", false)
+	f("# Tools", false)
+	f("", false)
+	f(" \n\t\u00a0", false)
+}
