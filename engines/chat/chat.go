@@ -23,8 +23,14 @@ import (
 	"github.com/ardanlabs/jinja"
 )
 
-// Template is a compiled chat template. Safe for concurrent use.
+// Template is a compiled chat template. Safe for concurrent use once
+// TrustRequestTemplate is set.
 type Template struct {
+	// TrustRequestTemplate lets requests bring their own chat_template,
+	// as vLLM's --trust-request-chat-template does (default false: such
+	// requests get vLLM's 400).
+	TrustRequestTemplate bool
+
 	src          string
 	eng          *jinja.Template
 	special      map[string]jinja.Value
@@ -190,6 +196,9 @@ func (t *Template) render(dst []byte, c *Conversation, defaults map[string]any, 
 // effective is the template that renders c: the request's own
 // chat_template if it has one, through the bounded cache.
 func (t *Template) effective(c *Conversation) (*Template, error) {
+	if (c.hasChatTemplate || c.kwargsTemplate) && !t.TrustRequestTemplate {
+		return nil, &RequestError{Param: "chat_template", Message: "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template."}
+	}
 	if !c.hasChatTemplate {
 		return t, nil
 	}

@@ -96,6 +96,7 @@ type Conversation struct {
 	hasTools             bool
 	kwargs               span // raw JSON object
 	hasKwargs            bool
+	kwargsTemplate       bool // chat_template_kwargs holds a chat_template
 	chatTemplate         span
 	hasChatTemplate      bool
 	reasoningEffort      span
@@ -316,7 +317,20 @@ func (c *Conversation) parseKwargs() error {
 		return fieldError("chat_template_kwargs", "Input should be a valid dictionary")
 	}
 	c.kwargs, c.hasKwargs = c.rawValue(), true
-	return c.syntax()
+	if err := c.syntax(); err != nil {
+		return err
+	}
+	var t scanner
+	t.reset(c.bytes(c.kwargs))
+	t.pos++
+	first := true
+	for t.more(&first, '}') {
+		if t.keyIs("chat_template") && !t.isNull() {
+			c.kwargsTemplate = true
+		}
+		t.skip()
+	}
+	return nil
 }
 
 // parseTools keeps the tools array raw after checking what vLLM's
@@ -438,6 +452,14 @@ func checkFunction(t *scanner, at string) error {
 		return fieldError(at+".name", "Field required")
 	}
 	return nil
+}
+
+// keyIs reads an object key and reports whether it is name, without
+// allocating for keys of up to 32 bytes.
+func (s *scanner) keyIs(name string) bool {
+	var buf [32]byte
+	b, sp := s.key(buf[:0])
+	return string(b[sp.lo:sp.hi]) == name
 }
 
 // keyString reads an object key of a nested value (tools, tool calls).

@@ -183,6 +183,7 @@ func FuzzParseRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	tmpl.TrustRequestTemplate = true
 	f.Fuzz(func(t *testing.T, body []byte) {
 		c := AcquireConversation()
 		defer ReleaseConversation(c)
@@ -255,4 +256,37 @@ func TestInexact(t *testing.T) {
 		`[{"id": "c1", "function": {"arguments": {"b": 1, "a": [true, null]}, "name": "f"}, "type": "function"}]`, nil)
 	f(indented, tool(`{}`), "", ErrInexact)
 	f(indented, `{"messages":[{"role":"user","content":"q"}]}`, "q", nil)
+}
+
+// TestRequestTemplateTrust: a request's own chat_template (or one in its
+// chat_template_kwargs) gets vLLM's 400 unless the server trusts request
+// templates; trusted, it renders instead of the model's.
+func TestRequestTemplateTrust(t *testing.T) {
+	tmpl, err := Compile(`{% for m in messages %}{{ m.content }}{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := AcquireConversation()
+	defer ReleaseConversation(c)
+	f := func(trust bool, body, want string) {
+		t.Helper()
+		if err := c.ParseRequest([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		tmpl.TrustRequestTemplate = trust
+		got, err := tmpl.Render(nil, c, nil)
+		if err != nil {
+			got = []byte(err.Error())
+		}
+		if string(got) != want {
+			t.Errorf("trust %v %s:\n got %q\nwant %q", trust, body, got, want)
+		}
+	}
+	refused := "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template."
+	f(false, `{"messages":[{"role":"user","content":"a"}],"chat_template":"[{{ messages[0].content }}]"}`, refused)
+	f(false, `{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"chat_template":"x"}}`, refused)
+	f(false, `{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"chat_template":null}}`, "a")
+	f(true, `{"messages":[{"role":"user","content":"a"}],"chat_template":"[{{ messages[0].content }}]"}`, "[a]")
+	f(true, `{"messages":[{"role":"user","content":"a"}],"chat_template":"{{ x | pprint }}"}`,
+		`chat: the template engine cannot render this chat template: filter "pprint" is not implemented`)
 }
