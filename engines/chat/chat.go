@@ -36,7 +36,8 @@ type Template struct {
 	special      map[string]jinja.Value
 	specialSrc   map[string]string
 	format       contentFormat
-	indentedJSON bool // tojson(indent=...): the engine sorts keys there
+	indentedJSON bool // the engine's tojson(indent=...) left: it sorts keys
+	jsonExact    bool // every tojson rewritten to Python's (tojson.go)
 	timeBound    bool // strftime_now: output depends on the day
 	noPlan       bool // a request's template: learning costs more than it saves
 	triggers     []string
@@ -61,7 +62,13 @@ var (
 // special tokens by name (bos_token, eos_token, ...), which the template
 // sees as variables. The error says what the engine cannot parse.
 func Compile(source string, special map[string]string) (*Template, error) {
-	eng, err := jinja.Compile(source)
+	rewritten, jsonExact := rewriteToJSON(separateTags(source))
+	eng, err := jinja.Compile(rewritten)
+	if err != nil {
+		// The rewrites must not cost a template the engine can parse.
+		rewritten, jsonExact = source, false
+		eng, err = jinja.Compile(source)
+	}
 	if err == nil {
 		err = unsupported(source)
 	}
@@ -73,7 +80,8 @@ func Compile(source string, special map[string]string) (*Template, error) {
 		eng:          eng,
 		special:      make(map[string]jinja.Value, len(special)),
 		specialSrc:   special,
-		indentedJSON: indentedJSONRE.MatchString(source),
+		indentedJSON: indentedJSONRE.MatchString(rewritten),
+		jsonExact:    jsonExact,
 		timeBound:    strings.Contains(source, "strftime_now"),
 		triggers:     triggerLiterals(source),
 		format:       detectFormat(source),

@@ -49,6 +49,7 @@ func loadTemplate(t testing.TB, model string) *Template {
 
 type goldenCase struct {
 	Model    string          `json:"model"`
+	Template string          `json:"template"` // ours, for models we make up
 	Name     string          `json:"name"`
 	Request  json.RawMessage `json:"request"`
 	Defaults map[string]any  `json:"defaults"`
@@ -77,7 +78,15 @@ func TestGolden(t *testing.T) {
 	for _, gc := range cases {
 		t.Run(gc.Model+"/"+gc.Name, func(t *testing.T) {
 			tmpl, ok := templates[gc.Model]
-			if !ok {
+			switch {
+			case ok:
+			case gc.Template != "":
+				var err error
+				if tmpl, err = Compile(gc.Template, nil); err != nil {
+					t.Fatal(err)
+				}
+				templates[gc.Model] = tmpl
+			default:
 				tmpl = loadTemplate(t, gc.Model)
 				templates[gc.Model] = tmpl
 			}

@@ -215,7 +215,7 @@ func (t *Template) startLearning(c *Conversation, defaults map[string]any, key s
 	}
 	kw := map[string]jinja.Value{}
 	var d decoder
-	if err := kwargsInto(kw, c, defaults, &d); err != nil || d.inexact {
+	if err := kwargsInto(kw, c, defaults, &d); err != nil || d.inexact(t) {
 		t.storePlan(key, nil)
 		return
 	}
@@ -407,6 +407,7 @@ func (t *Template) jinjaPlain(kw map[string]jinja.Value, roles []int, contents [
 	if err != nil {
 		return "", err
 	}
+	data[jsonFunc] = jsonCallable
 	data["messages"] = msgs
 	data["tools"] = jinja.None()
 	data["documents"] = jinja.None()

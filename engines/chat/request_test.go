@@ -213,17 +213,24 @@ func FuzzParseRequest(f *testing.F) {
 	})
 }
 
-// TestInexact: requests the engine would print differently from Python
-// are refused with ErrInexact instead of rendered wrong.
+// TestInexact: JSON the template dumps is written as Python writes it
+// (tojson is rewritten, tojson.go); what the engine still cannot match
+// (an int beyond int64, media parts, a tojson after another filter with a
+// float or an indent) is refused with ErrInexact instead of rendered wrong.
 func TestInexact(t *testing.T) {
-	plain, err := Compile(`{% for m in messages %}{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}`, nil)
-	if err != nil {
-		t.Fatal(err)
+	compile := func(src string) *Template {
+		t.Helper()
+		tmpl, err := Compile(src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tmpl
 	}
-	indented, err := Compile(`{% for t in tools %}{{ t | tojson(indent=4) }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}`, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	plain := compile(`{% for m in messages %}{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}`)
+	indented := compile(`{% for t in tools %}{{ t | tojson(indent=4) }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}`)
+	calls := compile(`{% for m in messages %}{{ m.tool_calls | tojson }}{% endfor %}`)
+	chained := compile(`{{ tools | list | tojson }}`)
+	chainedIndent := compile(`{{ tools | list | tojson(indent=2) }}`)
 	c := AcquireConversation()
 	defer ReleaseConversation(c)
 	f := func(tmpl *Template, body, want string, wantErr error) {
@@ -239,23 +246,27 @@ func TestInexact(t *testing.T) {
 	tool := func(params string) string {
 		return `{"messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f","parameters":` + params + `}}]}`
 	}
-	f(plain, tool(`{"b":1,"a":0.5,"c":1e-7}`), `q[{"type": "function", "function": {"name": "f", "description": null, "parameters": {"b": 1, "a": 0.5, "c": 1e-07}}}]`, nil)
-	f(plain, tool(`{"default":1.0}`), "", ErrInexact) // Python: 1.0
-	f(plain, tool(`{"max":1e6}`), "", ErrInexact)     // Python: 1000000.0
+	dumped := func(params string) string {
+		return `[{"type": "function", "function": {"name": "f", "description": null, "parameters": ` + params + `}}]`
+	}
+	f(plain, tool(`{"b":1,"a":0.5,"c":1e-7}`), "q"+dumped(`{"b": 1, "a": 0.5, "c": 1e-07}`), nil)
+	f(plain, tool(`{"e":1e16,"s":1.5e300,"m":-273.15}`), "q"+dumped(`{"e": 1e+16, "s": 1.5e+300, "m": -273.15}`), nil)
+	// The engine prints 1.0 as "1" outside tojson: refused wherever it is.
+	f(plain, tool(`{"default":1.0}`), "", ErrInexact)
+	f(plain, tool(`{"max":1e6}`), "", ErrInexact)
+	f(plain, tool(`{"z":-0.0}`), "", ErrInexact)
+	f(plain, tool(`{"d":"a\u2028b\u0001é"}`), "q"+dumped(`{"d": "a`+"\u2028"+`b\u0001é"}`), nil)
 	f(plain, tool(`{"n":123456789012345678901}`), "", ErrInexact)
-	f(plain, tool(`{"d":"a\u2028b"}`), "", ErrInexact)
-	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"t\": 2.0}"}}]}]}`, "", ErrInexact)
 	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"t\": 2.5, \"z\": [1]}"}}]}]}`, `x{"t": 2.5, "z": [1]}`, nil)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"t\": 2.0}"}}]}]}`, "", ErrInexact)
 	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"not json"}}]}]}`, `x{}`, nil)
 	f(plain, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, "", ErrInexact)
-	calls, err := Compile(`{% for m in messages %}{{ m.tool_calls | tojson }}{% endfor %}`, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f(indented, tool(`{"a":[1,{}]}`), "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"f\",\n        \"description\": null,\n        \"parameters\": {\n            \"a\": [\n                1,\n                {}\n            ]\n        }\n    }\n}q", nil)
 	f(calls, `{"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","x":1,"arguments":"{\"b\": 1, \"a\": [true, null]}"},"id":"c1","index":0}]}]}`,
 		`[{"id": "c1", "function": {"arguments": {"b": 1, "a": [true, null]}, "name": "f"}, "type": "function"}]`, nil)
-	f(indented, tool(`{}`), "", ErrInexact)
-	f(indented, `{"messages":[{"role":"user","content":"q"}]}`, "q", nil)
+	f(chained, tool(`{"a":0.5}`), dumped(`{"a": 0.5}`), nil)
+	f(chained, tool(`{"a":"a\u2028b"}`), "", ErrInexact)
+	f(chainedIndent, tool(`{}`), "", ErrInexact)
 }
 
 // TestRequestTemplateTrust: a request's own chat_template (or one in its

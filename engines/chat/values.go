@@ -10,18 +10,29 @@ import (
 )
 
 // ErrInexact marks a request the engine would render differently from
-// Python: a float in tools or tool-call arguments whose Python repr differs
-// from the engine's, a U+2028/U+2029 in JSON the template dumps, an integer
-// beyond int64, a tojson with indent, or media content parts. The caller
+// Python: a float in tools, tool-call arguments or kwargs whose Python repr
+// differs from the engine's text ("1.0" and "1"), an integer beyond int64,
+// media content parts, or, where a tojson could not be rewritten (tojson.go),
+// a U+2028/U+2029 or an indent in the JSON it dumps. The caller
 // routes such a request without exact tokens.
 var ErrInexact = errors.New("chat: the template engine cannot render this request as vLLM would")
 
 // decoder turns raw JSON from a request into template values, keeping key
 // order (Python dicts do) and ints apart from floats (json.loads does).
 type decoder struct {
-	s       scanner
-	buf     []byte
-	inexact bool
+	s   scanner
+	buf []byte
+	// floatText: a float the engine prints otherwise than Python's repr
+	// ("1" for 1.0), in or out of tojson; jsonText: a string the engine's
+	// own tojson escapes otherwise (U+2028); lossy: an int beyond int64.
+	floatText bool
+	jsonText  bool
+	lossy     bool
+}
+
+// inexact reports values the template may write otherwise than Python.
+func (d *decoder) inexact(t *Template) bool {
+	return d.lossy || d.floatText || d.jsonText && !t.jsonExact
 }
 
 func (d *decoder) decode(raw []byte) (jinja.Value, error) {
@@ -75,11 +86,11 @@ func (d *decoder) value() jinja.Value {
 			if err == nil {
 				return jinja.NewInt(n)
 			}
-			d.inexact = true // Python keeps big ints exact.
+			d.lossy = true // Python keeps big ints exact.
 		}
 		f, _ := strconv.ParseFloat(string(text), 64)
 		if !sameFloatText(f) {
-			d.inexact = true
+			d.floatText = true
 		}
 		return jinja.NewFloat(f)
 	}
@@ -90,7 +101,7 @@ func (d *decoder) string() string {
 	d.buf, sp = d.s.str(d.buf[:0])
 	v := string(d.buf[sp.lo:sp.hi])
 	if strings.ContainsRune(v, '\u2028') || strings.ContainsRune(v, '\u2029') {
-		d.inexact = true // Go's JSON encoder escapes them; Python does not.
+		d.jsonText = true // the engine's tojson escapes them; Python does not
 	}
 	return v
 }
@@ -187,7 +198,9 @@ func toolCallsValue(raw []byte, d *decoder) (jinja.Value, error) {
 		if err != nil || sub.s.peek() != 0 {
 			parsed = jinja.NewDict()
 		}
-		d.inexact = d.inexact || sub.inexact
+		d.floatText = d.floatText || sub.floatText
+		d.jsonText = d.jsonText || sub.jsonText
+		d.lossy = d.lossy || sub.lossy
 		name, _ := fn.AsDict().Get("name")
 		f := jinja.NewDict()
 		f.AsDict().Set("arguments", parsed)
@@ -322,9 +335,10 @@ func (t *Template) templateData(c *Conversation, defaults map[string]any) (map[s
 	if err != nil {
 		return nil, err
 	}
-	if d.inexact || (c.hasTools && t.indentedJSON) {
+	if d.inexact(t) || c.hasTools && t.indentedJSON {
 		return nil, ErrInexact
 	}
+	data[jsonFunc] = jsonCallable
 	data["messages"] = msgs
 	data["tools"] = tools
 	data["documents"] = jinja.None()

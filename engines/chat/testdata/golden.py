@@ -245,6 +245,44 @@ CASES = [
 ]
 
 
+# A template of ours that dumps JSON the ways chat templates do (Llama 3.1
+# indents its tools by 4), for the tojson rules with floats, non-ASCII and
+# escapes in tools and tool-call arguments. Floats the engine prints
+# otherwise than Python (1.0) are left out: Render refuses them
+# (TestInexact).
+JSON_PROBE = (
+    "{% for t in tools %}{{ t | tojson(indent=4) }}\n{{ t.function.parameters | tojson }}\n"
+    "{{ t.function | tojson(sort_keys=true, separators=(',', ':')) }}\n"
+    "{{ t.function.description | tojson(ensure_ascii=true) }}\n{% endfor %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+    "{% for c in m.tool_calls or [] %}{{ c | tojson }}\n{{ (c.function.arguments) | tojson(indent=2) }}\n"
+    "{% endfor %}{% endfor %}"
+)
+JSON_CASES = [
+    ("json-tools", {"messages": [user("Weather?"), {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments":
+            "{\"city\": \"Zürich\", \"when\": [2.5, 1e-7, 1e16, 1.5e300, 0.1, -273.15], \"n\": [], \"o\": {}, \"s\": \"a\\u2028b\\u0001\\\"\\\\\\/\\n\\t🙂\"}"}}]}],
+        "tools": [{"type": "function", "function": {
+            "name": "get_weather", "description": "Météo — 天气 🙂 \"quoted\"",
+            "parameters": {"type": "object", "properties": {"temp": {"type": "number", "default": 20.5,
+                                                                     "maximum": 1e16, "minimum": -273.15}},
+                           "z": True, "a": None}}}]}, {}),
+]
+
+
+# A template of ours with tags next to tags, where Jinja's whitespace
+# control (trim_blocks, lstrip_blocks, "-") reaches only the text right by
+# a tag.
+WHITESPACE_PROBE = (
+    "Start\n{% for m in messages %}{{ m.role }}\n{{ m.content }}\n{% endfor %}"
+    "Hello\n{% for m in messages %}{{- m.role }}{% endfor %}\n"
+    "    {{ messages[0].role }}{% if true %}  x\n{% endif %}\n"
+    "{% if true %}{# note #}\n  {% if true %}y{% endif %}{% endif %}\n"
+    "a {{ 'b' -}}{% if true %}\n c{% endif %}{{ 'd' }}{%- if true -%} e {% endif %}\n"
+    "{% for m in messages -%}\n  [{{ m.role }}]\n{%- endfor %}\n"
+)
+
+
 def main():
     args = sys.argv[1:]
     contexts_path = None
@@ -277,6 +315,13 @@ def main():
             else:
                 case["error"] = error
             out.append(case)
+    ws_request = {"model": "whitespace-probe", "messages": [user("one"), assistant("two")]}
+    out.append({"model": "whitespace-probe", "template": WHITESPACE_PROBE, "name": "adjacent-tags",
+                "request": ws_request, "defaults": {}, "want": render(WHITESPACE_PROBE, {}, ws_request, {})})
+    for name, request, defaults in JSON_CASES:
+        request = dict(request, model="json-probe")
+        out.append({"model": "json-probe", "template": JSON_PROBE, "name": name, "request": request,
+                    "defaults": defaults, "want": render(JSON_PROBE, {}, request, defaults)})
     with open(os.path.join(os.path.dirname(__file__), "golden.json"), "w") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
