@@ -58,3 +58,24 @@ func TestSeparateTags(t *testing.T) {
 	f("{% raw %}{% if %}{% endraw %}", "{% raw %}{% if %}{% endraw %}")
 	f("{{ a }", "{{ a }")
 }
+
+// FuzzCompile: no template source makes Compile panic (a trusted request
+// brings its own), and what compiles renders a chat or errs.
+func FuzzCompile(f *testing.F) {
+	f.Add(`{% for m in messages %}{{ m.content | tojson(indent=2) }}{% endfor %}`)
+	f.Add(`{{ x | list | tojson }}{% if a %}{{ '}}' }}{%- endif %}`)
+	f.Add(`{{ f('a)', (b | tojson)) }}{# c #}{% raw %}{{ x }}{% endraw %}`)
+	f.Add(`{{ ]]) | tojson }}{{ 'x`)
+	c := AcquireConversation()
+	if err := c.ParseRequest([]byte(`{"messages":[{"role":"user","content":"hi"}]}`)); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		tmpl, err := Compile(src, nil)
+		if err != nil {
+			return
+		}
+		tmpl.noPlan = true
+		_, _ = tmpl.Render(nil, c, nil)
+	})
+}
