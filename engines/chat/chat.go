@@ -23,36 +23,52 @@ import (
 	"github.com/ardanlabs/jinja"
 )
 
-// Template is a compiled chat template. Safe for concurrent use.
+// Template is a compiled chat template. Safe for concurrent use once
+// TrustRequestTemplate is set.
 type Template struct {
+	// TrustRequestTemplate lets requests bring their own chat_template,
+	// as vLLM's --trust-request-chat-template does (default false: such
+	// requests get vLLM's 400).
+	TrustRequestTemplate bool
+
 	src          string
 	eng          *jinja.Template
 	special      map[string]jinja.Value
 	specialSrc   map[string]string
 	format       contentFormat
-	indentedJSON bool // tojson(indent=...): the engine sorts keys there
+	indentedJSON bool // the engine's tojson(indent=...) left: it sorts keys
+	jsonExact    bool // every tojson rewritten to Python's (tojson.go)
 	timeBound    bool // strftime_now: output depends on the day
 	noPlan       bool // a request's template: learning costs more than it saves
 	triggers     []string
-	strips       bool
 
-	plans   atomic.Pointer[map[string]*plan] // by kwargs key; nil plan: none
-	plansMu sync.Mutex                       // serialises learning
+	plans    atomic.Pointer[map[string]*plan] // by kwargs key; nil plan: none
+	plansMu  sync.Mutex                       // guards learning and plan stores
+	learning bool
+	learners sync.WaitGroup // tests wait for plans
 }
 
 var (
-	// A loop over a message's content marks an "openai" format template
-	// (vLLM's content-format detection looks for the same loop).
-	openAIContentRE = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+\w+(\.content|\[\s*['"]content['"]\s*\])\s*-?%\}`)
-	indentedJSONRE  = regexp.MustCompile(`tojson\s*\(\s*indent`)
-	stripsRE        = regexp.MustCompile(`\btrim\b|strip\s*\(`)
+	// vLLM's content-format detection: a template that loops over the
+	// content of a message (a loop variable over messages, or over a
+	// variable set from messages) gets "openai" format content.
+	messagesLoopRE = regexp.MustCompile(`\{%-?\s*for\s+(\w+)\s+in\s+(\w+)`)
+	messagesSetRE  = regexp.MustCompile(`\{%-?\s*set\s+(\w+)\s*=\s*messages\b`)
+	contentLoopRE  = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+(\w+)(?:\.content|\[\s*['"]content['"]\s*\])\s*-?%\}`)
+	indentedJSONRE = regexp.MustCompile(`tojson\s*\(\s*indent`)
 )
 
 // Compile parses a chat template. special holds the tokenizer config's
 // special tokens by name (bos_token, eos_token, ...), which the template
 // sees as variables. The error says what the engine cannot parse.
 func Compile(source string, special map[string]string) (*Template, error) {
-	eng, err := jinja.Compile(source)
+	rewritten, jsonExact := rewriteToJSON(separateTags(source))
+	eng, err := jinja.Compile(rewritten)
+	if err != nil {
+		// The rewrites must not cost a template the engine can parse.
+		rewritten, jsonExact = source, false
+		eng, err = jinja.Compile(source)
+	}
 	if err == nil {
 		err = unsupported(source)
 	}
@@ -64,13 +80,11 @@ func Compile(source string, special map[string]string) (*Template, error) {
 		eng:          eng,
 		special:      make(map[string]jinja.Value, len(special)),
 		specialSrc:   special,
-		indentedJSON: indentedJSONRE.MatchString(source),
+		indentedJSON: indentedJSONRE.MatchString(rewritten),
+		jsonExact:    jsonExact,
 		timeBound:    strings.Contains(source, "strftime_now"),
-		strips:       stripsRE.MatchString(source),
 		triggers:     triggerLiterals(source),
-	}
-	if openAIContentRE.MatchString(source) {
-		t.format = formatOpenAI
+		format:       detectFormat(source),
 	}
 	for k, v := range special {
 		t.special[k] = jinja.NewString(v)
@@ -80,12 +94,32 @@ func Compile(source string, special map[string]string) (*Template, error) {
 	return t, nil
 }
 
+// detectFormat tells the content format vLLM gives the template.
+func detectFormat(src string) contentFormat {
+	lists := map[string]bool{"messages": true}
+	for _, m := range messagesSetRE.FindAllStringSubmatch(src, -1) {
+		lists[m[1]] = true
+	}
+	items := map[string]bool{}
+	for _, m := range messagesLoopRE.FindAllStringSubmatch(src, -1) {
+		if lists[m[2]] {
+			items[m[1]] = true
+		}
+	}
+	for _, m := range contentLoopRE.FindAllStringSubmatch(src, -1) {
+		if items[m[1]] {
+			return formatOpenAI
+		}
+	}
+	return formatString
+}
+
 // CompileError is a template the engine cannot parse, or that uses a
 // filter or test the engine lacks.
 type CompileError struct{ Err error }
 
 func (e *CompileError) Error() string {
-	return "chat: the template engine cannot parse this chat template: " + e.Err.Error()
+	return "chat: the template engine cannot render this chat template: " + e.Err.Error()
 }
 
 // The filters and tests github.com/ardanlabs/jinja v1.8.0 implements; a
@@ -170,6 +204,9 @@ func (t *Template) render(dst []byte, c *Conversation, defaults map[string]any, 
 // effective is the template that renders c: the request's own
 // chat_template if it has one, through the bounded cache.
 func (t *Template) effective(c *Conversation) (*Template, error) {
+	if (c.hasChatTemplate || c.kwargsTemplate) && !t.TrustRequestTemplate {
+		return nil, &RequestError{Param: "chat_template", Message: "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template."}
+	}
 	if !c.hasChatTemplate {
 		return t, nil
 	}
@@ -193,36 +230,23 @@ func (t *Template) renderJinja(c *Conversation, defaults map[string]any) (string
 		return "", &RequestError{Param: "messages", Message: err.Error()}
 	}
 	if c.continueFinalMessage {
-		return continueFinal(out, c, t.format)
+		return t.continueFinal(out, c)
 	}
 	return out, nil
 }
 
 // continueFinal cuts the prompt right after the final message's text, as
 // apply_chat_template does for continue_final_message, so that the model
-// continues that message.
-func continueFinal(out string, c *Conversation, format contentFormat) (string, error) {
+// continues that message: the last text part of a list content.
+func (t *Template) continueFinal(out string, c *Conversation) (string, error) {
 	m := &c.msgs[len(c.msgs)-1]
-	var final string
-	switch m.contentKind {
-	case contentString:
-		final = c.str(m.content)
-	case contentParts:
-		found := false
-		parts := c.parts[m.partLo:m.partHi]
-		for i := len(parts) - 1; i >= 0 && format == formatOpenAI; i-- {
-			if parts[i].hasText {
-				final, found = c.str(parts[i].text), true
-				break
-			}
-		}
-		if format == formatOpenAI && !found {
+	texts, _ := c.texts(m)
+	final := strings.Join(texts, "\n")
+	if t.partsFor(m) {
+		if len(texts) == 0 {
 			return "", &RequestError{Param: "continue_final_message", Message: "continue_final_message is set but we could not find any text to continue in the final message!"}
 		}
-		if format == formatString {
-			v, _ := (&Template{format: formatString}).contentValue(c, m)
-			final = v.AsString()
-		}
+		final = texts[len(texts)-1]
 	}
 	stripped := strings.TrimFunc(final, isPySpace)
 	at := strings.LastIndex(out, stripped)

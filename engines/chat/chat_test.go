@@ -49,6 +49,7 @@ func loadTemplate(t testing.TB, model string) *Template {
 
 type goldenCase struct {
 	Model    string          `json:"model"`
+	Template string          `json:"template"` // ours, for models we make up
 	Name     string          `json:"name"`
 	Request  json.RawMessage `json:"request"`
 	Defaults map[string]any  `json:"defaults"`
@@ -69,10 +70,23 @@ func TestGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	templates := map[string]*Template{}
+	defer func() {
+		for _, tmpl := range templates {
+			tmpl.learners.Wait()
+		}
+	}()
 	for _, gc := range cases {
 		t.Run(gc.Model+"/"+gc.Name, func(t *testing.T) {
 			tmpl, ok := templates[gc.Model]
-			if !ok {
+			switch {
+			case ok:
+			case gc.Template != "":
+				var err error
+				if tmpl, err = Compile(gc.Template, nil); err != nil {
+					t.Fatal(err)
+				}
+				templates[gc.Model] = tmpl
+			default:
 				tmpl = loadTemplate(t, gc.Model)
 				templates[gc.Model] = tmpl
 			}
@@ -104,4 +118,19 @@ func TestGolden(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestContentFormat: vLLM hands "openai" format content (a list of parts)
+// to templates that loop over a message's content, strings to others.
+func TestContentFormat(t *testing.T) {
+	f := func(src string, want contentFormat) {
+		t.Helper()
+		if got := detectFormat(src); got != want {
+			t.Errorf("%q: format %v, want %v", src, got, want)
+		}
+	}
+	f(`{% for message in messages %}{% for part in message['content'] %}{{ part.text }}{% endfor %}{% endfor %}`, formatOpenAI)
+	f(`{%- set loop_messages = messages[1:] -%}{%- for m in loop_messages -%}{%- for item in m.content -%}{%- endfor -%}{%- endfor -%}`, formatOpenAI)
+	f(`{% for message in messages %}{{ message.content }}{% endfor %}`, formatString)
+	f(`{% for tool in tools %}{% for p in tool.content %}{% endfor %}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}`, formatString)
 }

@@ -51,10 +51,11 @@ func benchRender(b *testing.B, jinjaOnly bool) {
 	if err := c.ParseRequest(body); err != nil {
 		b.Fatal(err)
 	}
-	dst, err := tmpl.Render(nil, c, nil) // learns the plan
+	dst, err := tmpl.Render(nil, c, nil) // starts learning the plan
 	if err != nil {
 		b.Fatal(err)
 	}
+	tmpl.learners.Wait()
 	b.ReportAllocs()
 	for b.Loop() {
 		if jinjaOnly {
@@ -83,10 +84,11 @@ func BenchmarkParseAndRender(b *testing.B) {
 	if err := c.ParseRequest(body); err != nil {
 		b.Fatal(err)
 	}
-	dst, err := tmpl.Render(nil, c, nil) // learns the plan
+	dst, err := tmpl.Render(nil, c, nil) // starts learning the plan
 	if err != nil {
 		b.Fatal(err)
 	}
+	tmpl.learners.Wait()
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := c.ParseRequest(body); err != nil {
@@ -118,6 +120,13 @@ func TestSteadyStateAllocs(t *testing.T) {
 				t.Fatalf("fast path: %d segments, %v", len(segs), err)
 			}
 		}
+		if err := c.ParseRequest(b); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tmpl.Render(nil, c, map[string]any{"enable_thinking": true}); err != nil {
+			t.Fatal(err)
+		}
+		tmpl.learners.Wait()
 		run()
 		if n := testing.AllocsPerRun(50, run); n != 0 {
 			t.Errorf("ParseRequest + RenderSegments: %v allocs per run, want 0", n)

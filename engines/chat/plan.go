@@ -25,17 +25,23 @@ import (
 // conversations; one difference drops it.
 //
 // The envelope, checked per request: roles system, user and assistant;
-// string contents, not empty, without a trigger literal of the template,
-// and without leading or trailing whitespace when the template strips;
-// no name, tool calls, reasoning, tools, continue_final_message or media;
-// not a request's own template (a template with strftime_now learns a
-// plan a day); kwargs with scalar values, learnt per
-// distinct set. Anything else renders with Jinja.
+// string contents, not empty or blank, without a trigger literal of the
+// template, with whitespace at their edges only in contexts where padded
+// probes came out as given; no name, tool calls, reasoning, tools,
+// continue_final_message or media; not a request's own template; kwargs
+// with scalar values, a plan learnt per distinct set (and per day for a
+// template calling strftime_now). Anything else renders with Jinja.
 type plan struct {
-	gaps     [numCtx + 1][numCtx]gap // [prev context + 1][context]
-	tails    [numCtx][2]gap          // [last context][add_generation_prompt]
-	triggers [][]byte
-	strips   bool
+	gaps  [numCtx + 1][numCtx]gap // [prev context + 1][context]
+	tails [numCtx][2]gap          // [last context][add_generation_prompt]
+	// triggers grouped by first byte: a content is scanned once per
+	// distinct first byte, and each hit tried against its group.
+	firsts   []byte
+	triggers [][][]byte
+	// padded[cx] is set when probes showed contents of context cx written
+	// as given even with whitespace at their edges (no strip or trim).
+	padded    [numCtx]bool
+	paddedBad [numCtx]bool
 }
 
 type gap struct {
@@ -84,7 +90,7 @@ func (p *plan) render(dst []byte, c *Conversation, segs bool) ([]byte, bool) {
 		m := &c.msgs[i]
 		cx := context(m.role, i == 0, i == n-1, i > lastUser)
 		g := &p.gaps[prev+1][cx]
-		if !g.known {
+		if !g.known || !p.padded[cx] && edgeSpace(c.bytes(m.content)) {
 			return dst[:start], false
 		}
 		dst = append(dst, g.s...)
@@ -123,27 +129,50 @@ func (p *plan) inEnvelope(c *Conversation) bool {
 	return true
 }
 
+// contentOK: not empty or only whitespace (templates test contents for
+// truth, or strip them first), without a trigger literal.
 func (p *plan) contentOK(b []byte) bool {
-	if len(b) == 0 {
+	if len(b) == 0 || edgeSpace(b) && len(bytes.TrimFunc(b, isPySpace)) == 0 {
 		return false
 	}
-	if p.strips {
-		r, _ := utf8.DecodeRune(b)
-		l, _ := utf8.DecodeLastRune(b)
-		if isPySpace(r) || isPySpace(l) {
-			return false
-		}
-	}
-	for _, lit := range p.triggers {
-		if bytes.Contains(b, lit) {
-			return false
+	for g, f := range p.firsts {
+		for at := 0; ; at++ {
+			i := bytes.IndexByte(b[at:], f)
+			if i < 0 {
+				break
+			}
+			at += i
+			for _, lit := range p.triggers[g] {
+				if bytes.HasPrefix(b[at:], lit) {
+					return false
+				}
+			}
 		}
 	}
 	return true
 }
 
-// planFor returns the verified plan for c's kwargs, learning it on first
-// use, or nil when c is outside the envelope or the template has none.
+// addTrigger files a trigger literal under its first byte.
+func (p *plan) addTrigger(lit string) {
+	g := bytes.IndexByte(p.firsts, lit[0])
+	if g < 0 {
+		g = len(p.firsts)
+		p.firsts = append(p.firsts, lit[0])
+		p.triggers = append(p.triggers, nil)
+	}
+	p.triggers[g] = append(p.triggers[g], []byte(lit))
+}
+
+// edgeSpace reports whitespace, as Python's str.strip sees it, at either
+// end of b.
+func edgeSpace(b []byte) bool {
+	r, _ := utf8.DecodeRune(b)
+	l, _ := utf8.DecodeLastRune(b)
+	return isPySpace(r) || isPySpace(l)
+}
+
+// planFor returns the verified plan for c's kwargs, or nil: c outside the
+// envelope, no plan for the template, or one still being learnt.
 func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {
 	if t.noPlan {
 		return nil
@@ -160,7 +189,8 @@ func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {
 	plans := *t.plans.Load()
 	p, seen := plans[string(key)]
 	if !seen {
-		p = t.learn(c, defaults, string(key))
+		t.startLearning(c, defaults, string(key))
+		return nil
 	}
 	if p == nil || !p.inEnvelope(c) {
 		return nil
@@ -168,47 +198,65 @@ func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {
 	return p
 }
 
-func (t *Template) learn(c *Conversation, defaults map[string]any, key string) *plan {
+// startLearning learns the plan for key in the background, one learner
+// per template at a time: probing takes hundreds of Jinja renders, which
+// no request should wait for. Requests render with Jinja meanwhile.
+func (t *Template) startLearning(c *Conversation, defaults map[string]any, key string) {
 	t.plansMu.Lock()
 	defer t.plansMu.Unlock()
-	old := *t.plans.Load()
-	if p, ok := old[key]; ok {
-		return p
+	if t.learning {
+		return
 	}
-	if t.timeBound {
-		// Plans of other days are done with.
-		day := key[strings.LastIndexByte(key, 1):]
-		for k := range old {
-			if !strings.HasSuffix(k, day) {
-				old = maps.Clone(old)
-				maps.DeleteFunc(old, func(k string, _ *plan) bool { return !strings.HasSuffix(k, day) })
-				break
-			}
-		}
+	if _, ok := (*t.plans.Load())[key]; ok {
+		return
 	}
-	if len(old) >= maxPlansPerTemplate {
-		return nil
+	if len(t.livePlans(key)) >= maxPlansPerTemplate {
+		return
 	}
 	kw := map[string]jinja.Value{}
 	var d decoder
-	if err := kwargsInto(kw, c, defaults, &d); err != nil || d.inexact {
-		return nil
+	if err := kwargsInto(kw, c, defaults, &d); err != nil || d.inexact(t) {
+		t.storePlan(key, nil)
+		return
 	}
-	p := t.probe(kw)
-	next := make(map[string]*plan, len(old)+1)
-	for k, v := range old {
-		next[k] = v
+	t.learning = true
+	t.learners.Add(1)
+	go func() {
+		defer t.learners.Done()
+		p := t.probe(kw)
+		t.plansMu.Lock()
+		defer t.plansMu.Unlock()
+		t.storePlan(key, p)
+		t.learning = false
+	}()
+}
+
+// livePlans is the plans map without other days' plans of a template that
+// prints the day. Called with plansMu held.
+func (t *Template) livePlans(key string) map[string]*plan {
+	old := *t.plans.Load()
+	if !t.timeBound {
+		return old
 	}
+	day := key[strings.LastIndexByte(key, 1):]
+	live := maps.Clone(old)
+	maps.DeleteFunc(live, func(k string, _ *plan) bool { return !strings.HasSuffix(k, day) })
+	return live
+}
+
+// storePlan publishes a copy of the plans with key's plan set (nil: no
+// fast path). Called with plansMu held.
+func (t *Template) storePlan(key string, p *plan) {
+	next := maps.Clone(t.livePlans(key))
 	next[key] = p
 	t.plans.Store(&next)
-	return p
 }
 
 // probe learns and verifies a plan for one set of kwargs.
 func (t *Template) probe(kw map[string]jinja.Value) *plan {
-	p := &plan{strips: t.strips}
+	p := &plan{}
 	for _, lit := range t.triggers {
-		p.triggers = append(p.triggers, []byte(lit))
+		p.addTrigger(lit)
 	}
 	roles := make([]int, 0, probeDepth)
 	var walk func()
@@ -216,6 +264,11 @@ func (t *Template) probe(kw map[string]jinja.Value) *plan {
 		if len(roles) > 0 {
 			for gen := 0; gen < 2; gen++ {
 				t.probeOne(p, kw, roles, gen == 1)
+			}
+		}
+		if len(roles) > 0 && len(roles) < probeDepth {
+			for gen := 0; gen < 2; gen++ {
+				t.probePadded(p, kw, roles, gen == 1)
 			}
 		}
 		if len(roles) == probeDepth {
@@ -228,6 +281,9 @@ func (t *Template) probe(kw map[string]jinja.Value) *plan {
 		}
 	}
 	walk()
+	for cx := range p.padded {
+		p.padded[cx] = p.padded[cx] && !p.paddedBad[cx]
+	}
 	if !t.verify(p, kw) {
 		return nil
 	}
@@ -272,6 +328,53 @@ func (t *Template) probeOne(p *plan, kw map[string]jinja.Value, roles []int, gen
 	record(&p.tails[prev][g], out[pos:])
 }
 
+// Whitespace the padded probes put around sentinels.
+const (
+	padBefore = "\r\n \t\u00a0"
+	padAfter  = "\u00a0\t \n\r"
+)
+
+// probePadded renders a role sequence with whitespace around each
+// sentinel and marks each context whose content came out as given, in the
+// gaps the plain probes learnt.
+func (t *Template) probePadded(p *plan, kw map[string]jinja.Value, roles []int, gen bool) {
+	contents := make([]string, len(roles))
+	for i := range roles {
+		contents[i] = padBefore + sentinel(i) + padAfter
+	}
+	out, err := t.jinjaPlain(kw, roles, contents, gen)
+	if err != nil {
+		return
+	}
+	n := len(roles)
+	lastUser := -1
+	for i, r := range roles {
+		if r == roleUser {
+			lastUser = i
+		}
+	}
+	pos, prev := 0, -1
+	for i, r := range roles {
+		cx := context(r, i == 0, i == n-1, i > lastUser)
+		g := &p.gaps[prev+1][cx]
+		if !g.known || !strings.HasPrefix(out[pos:], g.s+contents[i]) {
+			// Later messages cannot be judged once one is off.
+			p.paddedBad[cx] = true
+			return
+		}
+		p.padded[cx] = true
+		pos += len(g.s) + len(contents[i])
+		prev = cx
+	}
+	g := 0
+	if gen {
+		g = 1
+	}
+	if tail := &p.tails[prev][g]; !tail.known || out[pos:] != tail.s {
+		p.paddedBad[prev] = true
+	}
+}
+
 func record(g *gap, s string) {
 	switch {
 	case g.bad:
@@ -304,6 +407,7 @@ func (t *Template) jinjaPlain(kw map[string]jinja.Value, roles []int, contents [
 	if err != nil {
 		return "", err
 	}
+	data[jsonFunc] = jsonCallable
 	data["messages"] = msgs
 	data["tools"] = jinja.None()
 	data["documents"] = jinja.None()

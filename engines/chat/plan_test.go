@@ -97,7 +97,14 @@ func plainBody(rng *rand.Rand) []byte {
 			}
 			b.WriteString(words[rng.IntN(len(words))])
 		}
-		msgs = append(msgs, map[string]any{"role": []string{"user", "assistant"}[i%2], "content": b.String()})
+		content := b.String()
+		switch rng.IntN(16) {
+		case 0:
+			content += "\n" // pasted text often ends so
+		case 1:
+			content = " " + content + "\n\n"
+		}
+		msgs = append(msgs, map[string]any{"role": []string{"user", "assistant"}[i%2], "content": content})
 	}
 	body := map[string]any{"messages": msgs}
 	if rng.IntN(3) == 0 {
@@ -133,6 +140,7 @@ func TestFastPathMatchesJinja(t *testing.T) {
 					defaults = map[string]any{"enable_thinking": false}
 				}
 				got, segs, err := tmpl.RenderSegments([]byte("x"), c, defaults)
+				tmpl.learners.Wait() // later requests with these kwargs take the plan
 				want, wantErr := tmpl.renderJinja(c, defaults)
 				if (err == nil) != (wantErr == nil) {
 					t.Fatalf("%s: Render error %v, Jinja error %v", body, err, wantErr)
@@ -157,7 +165,7 @@ func TestFastPathMatchesJinja(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %d of %d conversations on the fast path", model, fast, n)
-			if fast < n/4 {
+			if fast < n/6 {
 				t.Errorf("fast path served %d of %d", fast, n)
 			}
 		})
@@ -179,6 +187,10 @@ func TestFastPathRefusals(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if _, err := tmpl.Render(nil, c, nil); err != nil {
+			t.Fatal(err)
+		}
+		tmpl.learners.Wait()
 		got, segs, err := tmpl.RenderSegments(nil, c, nil)
 		want, wantErr := tmpl.renderJinja(c, nil)
 		if err != nil || wantErr != nil || string(got) != want {
@@ -238,4 +250,30 @@ func TestConcurrentRender(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	tmpl.learners.Wait()
+}
+
+// TestContentOK: contents the fast path takes, given trigger literals.
+func TestContentOK(t *testing.T) {
+	var p plan
+	for _, lit := range []string{"<|im_end|>", "</think>", "<think>", "# Tools"} {
+		p.addTrigger(lit)
+	}
+	f := func(content string, want bool) {
+		t.Helper()
+		if got := p.contentOK([]byte(content)); got != want {
+			t.Errorf("contentOK(%q) = %v, want %v", content, got, want)
+		}
+	}
+	f("hello", true)
+	f("a < b and c <| d", true)
+	f("<|im_end", true)
+	f("# Tool", true)
+	f(" padded\n", true) // edges are judged per context when rendering
+	f("x</think>y", false)
+	f("<<think>", false)
+	f("end<|im_end|>", false)
+	f("# Tools", false)
+	f("", false)
+	f(" \n\t\u00a0", false)
 }

@@ -29,7 +29,8 @@ func fieldError(param, msg string) *RequestError {
 	return &RequestError{Param: param, Message: param + ": " + msg}
 }
 
-// roles vLLM's message types accept (OpenAI's message params).
+// Roles. vLLM takes any role string (its custom message type); these are
+// the OpenAI ones it treats apart, roleOther the rest.
 const (
 	roleSystem = iota
 	roleUser
@@ -38,6 +39,7 @@ const (
 	roleDeveloper
 	roleFunction
 	numRoles
+	roleOther = numRoles
 )
 
 var roleNames = [numRoles]string{"system", "user", "assistant", "tool", "developer", "function"}
@@ -51,6 +53,7 @@ const (
 
 type message struct {
 	role        int
+	roleName    span // roleOther
 	contentKind int
 	content     span // contentString
 	partLo      int  // contentParts: parts[partLo:partHi]
@@ -93,6 +96,7 @@ type Conversation struct {
 	hasTools             bool
 	kwargs               span // raw JSON object
 	hasKwargs            bool
+	kwargsTemplate       bool // chat_template_kwargs holds a chat_template
 	chatTemplate         span
 	hasChatTemplate      bool
 	reasoningEffort      span
@@ -116,6 +120,13 @@ func (c *Conversation) Reset() {
 	arena, msgs, parts, seg, kw, key := c.arena[:0], c.msgs[:0], c.parts[:0], c.seg[:0], c.kwKeys[:0], c.key[:0]
 	*c = Conversation{arena: arena, msgs: msgs, parts: parts, seg: seg, kwKeys: kw, key: key}
 	c.addGenerationPrompt = true
+}
+
+func (c *Conversation) roleName(m *message) string {
+	if m.role == roleOther {
+		return c.str(m.roleName)
+	}
+	return roleNames[m.role]
 }
 
 // Len is the number of messages.
@@ -306,7 +317,20 @@ func (c *Conversation) parseKwargs() error {
 		return fieldError("chat_template_kwargs", "Input should be a valid dictionary")
 	}
 	c.kwargs, c.hasKwargs = c.rawValue(), true
-	return c.syntax()
+	if err := c.syntax(); err != nil {
+		return err
+	}
+	var t scanner
+	t.reset(c.bytes(c.kwargs))
+	t.pos++
+	first := true
+	for t.more(&first, '}') {
+		if t.keyIs("chat_template") && !t.isNull() {
+			c.kwargsTemplate = true
+		}
+		t.skip()
+	}
+	return nil
 }
 
 // parseTools keeps the tools array raw after checking what vLLM's
@@ -367,6 +391,11 @@ func checkTool(t *scanner, i int) error {
 			if err := checkFunction(t, at(".function")); err != nil {
 				return err
 			}
+		case "defer_loading":
+			if _, ok := t.boolean(); !ok && !t.isNull() {
+				t.skip()
+				return fieldError(at(".defer_loading"), "Input should be a valid boolean")
+			}
 		default:
 			t.skip()
 		}
@@ -386,7 +415,7 @@ func checkFunction(t *scanner, at string) error {
 	sawName := false
 	first := true
 	for t.more(&first, '}') {
-		switch t.keyString() {
+		switch k := t.keyString(); k {
 		case "name":
 			sawName = true
 			if t.peek() != '"' {
@@ -410,6 +439,11 @@ func checkFunction(t *scanner, at string) error {
 				}
 				t.skip()
 			}
+		case "strict", "defer_loading":
+			if _, ok := t.boolean(); !ok && !t.isNull() {
+				t.skip()
+				return fieldError(at+"."+k, "Input should be a valid boolean")
+			}
 		default:
 			t.skip()
 		}
@@ -420,19 +454,19 @@ func checkFunction(t *scanner, at string) error {
 	return nil
 }
 
-// keyString reads an object key of a nested value (tools, tool calls),
-// whose keys are ASCII names; an escaped key is read raw, which can only
-// make it unknown.
+// keyIs reads an object key and reports whether it is name, without
+// allocating for keys of up to 32 bytes.
+func (s *scanner) keyIs(name string) bool {
+	var buf [32]byte
+	b, sp := s.key(buf[:0])
+	return string(b[sp.lo:sp.hi]) == name
+}
+
+// keyString reads an object key of a nested value (tools, tool calls).
 func (s *scanner) keyString() string {
-	s.ws()
-	start := s.pos + 1
-	s.skipString()
-	end := s.pos - 1
-	s.expect(':')
-	if end < start {
-		return ""
-	}
-	return string(s.data[start:end])
+	var buf [32]byte
+	b, sp := s.key(buf[:0])
+	return string(b[sp.lo:sp.hi])
 }
 
 func (c *Conversation) parseMessages() error {
@@ -473,8 +507,6 @@ func (c *Conversation) parseMessage(i int) error {
 	}
 	s.pos++
 	m := message{role: -1}
-	roleGiven := false
-	var badRole string
 	first := true
 	for s.more(&first, '}') {
 		var k span
@@ -483,7 +515,6 @@ func (c *Conversation) parseMessage(i int) error {
 		c.arena = c.arena[:k.lo]
 		switch string(name) {
 		case "role":
-			roleGiven = true
 			if s.peek() != '"' {
 				s.skip()
 				if err := c.syntax(); err != nil {
@@ -493,15 +524,12 @@ func (c *Conversation) parseMessage(i int) error {
 			}
 			var r span
 			c.arena, r = s.str(c.arena)
+			m.role, m.roleName = roleOther, r
 			for id, n := range roleNames {
 				if string(c.bytes(r)) == n {
 					m.role = id
 				}
 			}
-			if m.role < 0 {
-				badRole = c.str(r)
-			}
-			c.arena = c.arena[:r.lo]
 		case "content":
 			if err := c.parseContent(&m, i); err != nil {
 				return err
@@ -540,20 +568,14 @@ func (c *Conversation) parseMessage(i int) error {
 	if err := c.syntax(); err != nil {
 		return err
 	}
-	switch {
-	case !roleGiven:
+	if m.role < 0 {
 		return fieldError(msgField(i, ".role"), "Field required")
-	case m.role < 0:
-		return fieldError(msgField(i, ".role"), "Input should be 'system', 'user', 'assistant', 'tool', 'developer' or 'function', got "+strconv.Quote(badRole))
 	}
-	switch m.role {
-	case roleSystem, roleUser, roleDeveloper, roleTool:
-		if m.contentKind == contentAbsent || m.contentKind == contentNull {
-			return fieldError(msgField(i, ".content"), "Field required")
-		}
-	}
-	if m.role == roleTool && !m.hasCallID {
-		return fieldError(msgField(i, ".tool_call_id"), "Field required")
+	// The message must fit one of vLLM's message types. Its custom type
+	// takes any role, without content or tool_call_id, but not a null
+	// content, which only the assistant and function types take.
+	if m.contentKind == contentNull && m.role != roleAssistant && m.role != roleFunction {
+		return fieldError(msgField(i, ".content"), "Input should be a valid string or a list of content parts")
 	}
 	c.msgs = append(c.msgs, m)
 	return nil
@@ -731,49 +753,90 @@ func (c *Conversation) parseToolCalls(m *message, i int) error {
 	n := 0
 	first := true
 	for t.more(&first, ']') {
-		at := msgField(i, ".tool_calls["+strconv.Itoa(n)+"]")
-		if t.peek() != '{' {
-			t.skip()
-			return fieldError(at, "Input should be a valid dictionary")
-		}
-		t.pos++
-		sawFunction := false
-		f2 := true
-		for t.more(&f2, '}') {
-			if t.keyString() != "function" {
-				t.skip()
-				continue
-			}
-			sawFunction = true
-			if t.peek() != '{' {
-				t.skip()
-				return fieldError(at+".function", "Input should be a valid dictionary")
-			}
-			t.pos++
-			sawName := false
-			f3 := true
-			for t.more(&f3, '}') {
-				if t.keyString() == "name" {
-					sawName = true
-					if t.peek() != '"' {
-						t.skip()
-						return fieldError(at+".function.name", "Input should be a valid string")
-					}
-				}
-				t.skip()
-			}
-			if !sawName {
-				return fieldError(at+".function.name", "Field required")
-			}
-		}
-		if !sawFunction {
-			return fieldError(at+".function", "Field required")
+		if err := checkToolCall(&t, msgField(i, ".tool_calls["+strconv.Itoa(n)+"]")); err != nil {
+			return err
 		}
 		n++
 	}
 	if n > 0 {
 		// vLLM drops an empty tool_calls list before rendering.
 		m.toolCalls = raw
+	}
+	return nil
+}
+
+// checkToolCall checks one tool call against the OpenAI type vLLM
+// validates it with: id, type "function", function.name and
+// function.arguments as strings.
+func checkToolCall(t *scanner, at string) error {
+	if t.peek() != '{' {
+		t.skip()
+		return fieldError(at, "Input should be a valid dictionary")
+	}
+	t.pos++
+	var sawID, sawType, sawFunction bool
+	first := true
+	for t.more(&first, '}') {
+		switch t.keyString() {
+		case "id":
+			sawID = true
+			if t.peek() != '"' {
+				t.skip()
+				return fieldError(at+".id", "Input should be a valid string")
+			}
+			t.skipString()
+		case "type":
+			sawType = true
+			if t.peek() != '"' || !t.lit(`"function"`) {
+				t.skip()
+				return fieldError(at+".type", "Input should be 'function'")
+			}
+		case "function":
+			sawFunction = true
+			if err := checkCalledFunction(t, at+".function"); err != nil {
+				return err
+			}
+		default:
+			t.skip()
+		}
+	}
+	switch {
+	case !sawID:
+		return fieldError(at+".id", "Field required")
+	case !sawType:
+		return fieldError(at+".type", "Field required")
+	case !sawFunction:
+		return fieldError(at+".function", "Field required")
+	}
+	return nil
+}
+
+func checkCalledFunction(t *scanner, at string) error {
+	if t.peek() != '{' {
+		t.skip()
+		return fieldError(at, "Input should be a valid dictionary")
+	}
+	t.pos++
+	var sawName, sawArgs bool
+	first := true
+	for t.more(&first, '}') {
+		k := t.keyString()
+		switch k {
+		case "name", "arguments":
+			if t.peek() != '"' {
+				t.skip()
+				return fieldError(at+"."+k, "Input should be a valid string")
+			}
+			sawName = sawName || k == "name"
+			sawArgs = sawArgs || k == "arguments"
+		}
+		t.skip()
+	}
+	switch {
+	case !sawName:
+		return fieldError(at+".name", "Field required")
+	case !sawArgs:
+		return fieldError(at+".arguments", "Field required")
 	}
 	return nil
 }

@@ -46,20 +46,21 @@ func TestParseRequestRefusals(t *testing.T) {
 	f(`{"messages":[]}`, "messages", "at least 1 item")
 	f(`{"messages":["hi"]}`, "messages[0]", "valid dictionary")
 	f(`{"messages":[{"content":"hi"}]}`, "messages[0].role", "Field required")
-	f(`{"messages":[{"role":"user","content":"a"},{"role":"robot","content":"hi"}]}`, "messages[1].role", `got "robot"`)
 	f(`{"messages":[{"role":7,"content":"hi"}]}`, "messages[0].role", "valid string")
-	f(`{"messages":[{"role":"system","content":"s"},{"role":"user"}]}`, "messages[1].content", "messages[1].content: Field required")
-	f(`{"messages":[{"role":"user","content":null}]}`, "messages[0].content", "Field required")
+	f(`{"messages":[{"role":"user","content":null}]}`, "messages[0].content", "valid string or a list")
+	f(`{"messages":[{"role":"robot","content":null}]}`, "messages[0].content", "valid string or a list")
 	f(`{"messages":[{"role":"user","content":5}]}`, "messages[0].content", "valid string or a list")
-	f(`{"messages":[{"role":"tool","content":"r"}]}`, "messages[0].tool_call_id", "Field required")
 	f(`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"bogus"}]}]}`, "messages[0].content[1].type",
 		"Unsupported chat content part type: 'bogus'. Supported types: audio_embeds, audio_url, image_embeds, image_pil, image_url, input_audio, input_image, input_text, output_text, prompt_embeds, refusal, text, thinking, tool_reference, video_url.")
 	f(`{"messages":[{"role":"user","content":[{"text":"a"}]}]}`, "messages[0].content[0].type", "Missing 'type' field in multimodal part.")
 	f(`{"messages":[{"role":"user","content":[{"type":3,"text":"a"}]}]}`, "messages[0].content[0].type", "Invalid 'type' field in multimodal part.")
 	f(`{"messages":[{"role":"user","content":[{"type":"text","text":3}]}]}`, "messages[0].content[0].text", "valid string")
 	f(`{"messages":[{"role":"user","content":[7]}]}`, "messages[0].content[0]", "valid dictionary")
-	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x"}]}]}`, "messages[0].tool_calls[0].function", "Field required")
-	f(`{"messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].function.name", "Field required")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x","type":"function"}]}]}`, "messages[0].tool_calls[0].function", "Field required")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].id", "Field required")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x","type":"custom","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].type", "'function'")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x","type":"function","function":{"arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].function.name", "Field required")
+	f(`{"messages":[{"role":"assistant","tool_calls":[{"id":"x","type":"function","function":{"name":"f","arguments":{}}}]}]}`, "messages[0].tool_calls[0].function.arguments", "valid string")
 	f(`{"messages":[{"role":"assistant","tool_calls":{}}]}`, "messages[0].tool_calls", "valid list")
 	f(`{"messages":[{"role":"user","content":"a"}],"tools":[]}`, "tools", "`tools` must not be an empty array.")
 	f(`{"messages":[{"role":"user","content":"a"}],"tools":[{"type":"function"}]}`, "tools[0].function", "Field required")
@@ -91,7 +92,7 @@ func TestParseRequestAccepts(t *testing.T) {
 		var b strings.Builder
 		for i := range c.msgs {
 			m := &c.msgs[i]
-			b.WriteString(roleNames[m.role])
+			b.WriteString(c.roleName(m))
 			switch m.contentKind {
 			case contentString:
 				b.WriteString("=" + c.str(m.content))
@@ -136,10 +137,13 @@ func TestParseRequestAccepts(t *testing.T) {
 	f(`{"messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b","content":"c"}]}`, "user=c;")
 	f(`{"messages":[{"role":"user","content":[{"text":"t","type":"text"},"s",{"type":"refusal","refusal":"r"},{"type":"thinking","thinking":"th"},{"type":"text","text":null},{"type":"image_url","image_url":{"url":"u"}}]}]}`,
 		"user[t][s][r][th][][media];")
-	f(`{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[]},{"role":"assistant","reasoning_content":"r","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]}`,
+	f(`{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[]},{"role":"assistant","reasoning_content":"r","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`,
 		"user=q;assistant;assistant calls reason=r;")
 	f(`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"add_generation_prompt":false,"continue_final_message":true,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false}}`,
 		"user=a;assistant=b; nogen continue tools kwargs={\"enable_thinking\":false}")
+	// vLLM's custom message type: any role, content and tool_call_id
+	// optional.
+	f(`{"messages":[{"role":"robot","content":"hi"},{"role":"user"},{"role":"tool","content":"r"}]}`, "robot=hi;user;tool=r;")
 	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":"No","continue_final_message":1}`, "user=a; nogen continue")
 	f(`{"messages":[{"role":"developer","content":"d"},{"role":"function","name":"f","content":null},{"role":"tool","tool_call_id":"1","content":"r"}],"add_generation_prompt":null}`,
 		"developer=d;function;tool=r;")
@@ -152,7 +156,7 @@ func TestCompileRefusal(t *testing.T) {
 		t.Helper()
 		_, err := Compile(src, nil)
 		var ce *CompileError
-		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "cannot parse this chat template") {
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "cannot render this chat template") {
 			t.Errorf("Compile(%q) = %v, want a *CompileError", src, err)
 		}
 	}
@@ -179,6 +183,7 @@ func FuzzParseRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	tmpl.TrustRequestTemplate = true
 	f.Fuzz(func(t *testing.T, body []byte) {
 		c := AcquireConversation()
 		defer ReleaseConversation(c)
@@ -208,17 +213,24 @@ func FuzzParseRequest(f *testing.F) {
 	})
 }
 
-// TestInexact: requests the engine would print differently from Python
-// are refused with ErrInexact instead of rendered wrong.
+// TestInexact: JSON the template dumps is written as Python writes it
+// (tojson is rewritten, tojson.go); what the engine still cannot match
+// (an int beyond int64, media parts, a tojson after another filter with a
+// float or an indent) is refused with ErrInexact instead of rendered wrong.
 func TestInexact(t *testing.T) {
-	plain, err := Compile(`{% for m in messages %}{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}`, nil)
-	if err != nil {
-		t.Fatal(err)
+	compile := func(src string) *Template {
+		t.Helper()
+		tmpl, err := Compile(src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tmpl
 	}
-	indented, err := Compile(`{% for t in tools %}{{ t | tojson(indent=4) }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}`, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	plain := compile(`{% for m in messages %}{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}`)
+	indented := compile(`{% for t in tools %}{{ t | tojson(indent=4) }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}`)
+	calls := compile(`{% for m in messages %}{{ m.tool_calls | tojson }}{% endfor %}`)
+	chained := compile(`{{ tools | list | tojson }}`)
+	chainedIndent := compile(`{{ tools | list | tojson(indent=2) }}`)
 	c := AcquireConversation()
 	defer ReleaseConversation(c)
 	f := func(tmpl *Template, body, want string, wantErr error) {
@@ -234,15 +246,58 @@ func TestInexact(t *testing.T) {
 	tool := func(params string) string {
 		return `{"messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"f","parameters":` + params + `}}]}`
 	}
-	f(plain, tool(`{"b":1,"a":0.5,"c":1e-7}`), `q[{"type": "function", "function": {"name": "f", "description": null, "parameters": {"b": 1, "a": 0.5, "c": 1e-07}}}]`, nil)
-	f(plain, tool(`{"default":1.0}`), "", ErrInexact) // Python: 1.0
-	f(plain, tool(`{"max":1e6}`), "", ErrInexact)     // Python: 1000000.0
+	dumped := func(params string) string {
+		return `[{"type": "function", "function": {"name": "f", "description": null, "parameters": ` + params + `}}]`
+	}
+	f(plain, tool(`{"b":1,"a":0.5,"c":1e-7}`), "q"+dumped(`{"b": 1, "a": 0.5, "c": 1e-07}`), nil)
+	f(plain, tool(`{"e":1e16,"s":1.5e300,"m":-273.15}`), "q"+dumped(`{"e": 1e+16, "s": 1.5e+300, "m": -273.15}`), nil)
+	// The engine prints 1.0 as "1" outside tojson: refused wherever it is.
+	f(plain, tool(`{"default":1.0}`), "", ErrInexact)
+	f(plain, tool(`{"max":1e6}`), "", ErrInexact)
+	f(plain, tool(`{"z":-0.0}`), "", ErrInexact)
+	f(plain, tool(`{"d":"a\u2028b\u0001é"}`), "q"+dumped(`{"d": "a`+"\u2028"+`b\u0001é"}`), nil)
 	f(plain, tool(`{"n":123456789012345678901}`), "", ErrInexact)
-	f(plain, tool(`{"d":"a\u2028b"}`), "", ErrInexact)
-	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"{\"t\": 2.0}"}}]}]}`, "", ErrInexact)
-	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"{\"t\": 2.5, \"z\": [1]}"}}]}]}`, `x{"t": 2.5, "z": [1]}`, nil)
-	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"function":{"name":"f","arguments":"not json"}}]}]}`, `x{}`, nil)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"t\": 2.5, \"z\": [1]}"}}]}]}`, `x{"t": 2.5, "z": [1]}`, nil)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"t\": 2.0}"}}]}]}`, "", ErrInexact)
+	f(plain, `{"messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"not json"}}]}]}`, `x{}`, nil)
 	f(plain, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, "", ErrInexact)
-	f(indented, tool(`{}`), "", ErrInexact)
-	f(indented, `{"messages":[{"role":"user","content":"q"}]}`, "q", nil)
+	f(indented, tool(`{"a":[1,{}]}`), "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"f\",\n        \"description\": null,\n        \"parameters\": {\n            \"a\": [\n                1,\n                {}\n            ]\n        }\n    }\n}q", nil)
+	f(calls, `{"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","x":1,"arguments":"{\"b\": 1, \"a\": [true, null]}"},"id":"c1","index":0}]}]}`,
+		`[{"id": "c1", "function": {"arguments": {"b": 1, "a": [true, null]}, "name": "f"}, "type": "function"}]`, nil)
+	f(chained, tool(`{"a":0.5}`), dumped(`{"a": 0.5}`), nil)
+	f(chained, tool(`{"a":"a\u2028b"}`), "", ErrInexact)
+	f(chainedIndent, tool(`{}`), "", ErrInexact)
+}
+
+// TestRequestTemplateTrust: a request's own chat_template (or one in its
+// chat_template_kwargs) gets vLLM's 400 unless the server trusts request
+// templates; trusted, it renders instead of the model's.
+func TestRequestTemplateTrust(t *testing.T) {
+	tmpl, err := Compile(`{% for m in messages %}{{ m.content }}{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := AcquireConversation()
+	defer ReleaseConversation(c)
+	f := func(trust bool, body, want string) {
+		t.Helper()
+		if err := c.ParseRequest([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		tmpl.TrustRequestTemplate = trust
+		got, err := tmpl.Render(nil, c, nil)
+		if err != nil {
+			got = []byte(err.Error())
+		}
+		if string(got) != want {
+			t.Errorf("trust %v %s:\n got %q\nwant %q", trust, body, got, want)
+		}
+	}
+	refused := "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template."
+	f(false, `{"messages":[{"role":"user","content":"a"}],"chat_template":"[{{ messages[0].content }}]"}`, refused)
+	f(false, `{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"chat_template":"x"}}`, refused)
+	f(false, `{"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"chat_template":null}}`, "a")
+	f(true, `{"messages":[{"role":"user","content":"a"}],"chat_template":"[{{ messages[0].content }}]"}`, "[a]")
+	f(true, `{"messages":[{"role":"user","content":"a"}],"chat_template":"{{ x | pprint }}"}`,
+		`chat: the template engine cannot render this chat template: filter "pprint" is not implemented`)
 }

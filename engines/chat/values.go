@@ -10,18 +10,29 @@ import (
 )
 
 // ErrInexact marks a request the engine would render differently from
-// Python: a float in tools or tool-call arguments whose Python repr differs
-// from the engine's, a U+2028/U+2029 in JSON the template dumps, an integer
-// beyond int64, a tojson with indent, or media content parts. The caller
+// Python: a float in tools, tool-call arguments or kwargs whose Python repr
+// differs from the engine's text ("1.0" and "1"), an integer beyond int64,
+// media content parts, or, where a tojson could not be rewritten (tojson.go),
+// a U+2028/U+2029 or an indent in the JSON it dumps. The caller
 // routes such a request without exact tokens.
 var ErrInexact = errors.New("chat: the template engine cannot render this request as vLLM would")
 
 // decoder turns raw JSON from a request into template values, keeping key
 // order (Python dicts do) and ints apart from floats (json.loads does).
 type decoder struct {
-	s       scanner
-	buf     []byte
-	inexact bool
+	s   scanner
+	buf []byte
+	// floatText: a float the engine prints otherwise than Python's repr
+	// ("1" for 1.0), in or out of tojson; jsonText: a string the engine's
+	// own tojson escapes otherwise (U+2028); lossy: an int beyond int64.
+	floatText bool
+	jsonText  bool
+	lossy     bool
+}
+
+// inexact reports values the template may write otherwise than Python.
+func (d *decoder) inexact(t *Template) bool {
+	return d.lossy || d.floatText || d.jsonText && !t.jsonExact
 }
 
 func (d *decoder) decode(raw []byte) (jinja.Value, error) {
@@ -75,11 +86,11 @@ func (d *decoder) value() jinja.Value {
 			if err == nil {
 				return jinja.NewInt(n)
 			}
-			d.inexact = true // Python keeps big ints exact.
+			d.lossy = true // Python keeps big ints exact.
 		}
 		f, _ := strconv.ParseFloat(string(text), 64)
 		if !sameFloatText(f) {
-			d.inexact = true
+			d.floatText = true
 		}
 		return jinja.NewFloat(f)
 	}
@@ -90,7 +101,7 @@ func (d *decoder) string() string {
 	d.buf, sp = d.s.str(d.buf[:0])
 	v := string(d.buf[sp.lo:sp.hi])
 	if strings.ContainsRune(v, '\u2028') || strings.ContainsRune(v, '\u2029') {
-		d.inexact = true // Go's JSON encoder escapes them; Python does not.
+		d.jsonText = true // the engine's tojson escapes them; Python does not
 	}
 	return v
 }
@@ -134,7 +145,7 @@ func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, erro
 		m := &c.msgs[i]
 		v := jinja.NewDict()
 		dict := v.AsDict()
-		dict.Set("role", jinja.NewString(roleNames[m.role]))
+		dict.Set("role", jinja.NewString(c.roleName(m)))
 		content, err := t.contentValue(c, m)
 		if err != nil {
 			return v, err
@@ -143,12 +154,9 @@ func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, erro
 		switch m.role {
 		case roleAssistant:
 			if !m.toolCalls.empty() {
-				calls, err := d.decode(c.bytes(m.toolCalls))
+				calls, err := toolCallsValue(c.bytes(m.toolCalls), d)
 				if err != nil {
 					return v, err
-				}
-				for _, call := range calls.AsList().Items {
-					fixArguments(call, d)
 				}
 				dict.Set("tool_calls", calls)
 			}
@@ -158,7 +166,9 @@ func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, erro
 				dict.Set("reasoning_content", r)
 			}
 		case roleTool:
-			dict.Set("tool_call_id", jinja.NewString(c.str(m.toolCallID)))
+			if m.hasCallID {
+				dict.Set("tool_call_id", jinja.NewString(c.str(m.toolCallID)))
+			}
 		}
 		if m.hasName {
 			dict.Set("name", jinja.NewString(c.str(m.name)))
@@ -168,75 +178,82 @@ func (t *Template) messagesValue(c *Conversation, d *decoder) (jinja.Value, erro
 	return jinja.NewList(items), nil
 }
 
-// fixArguments parses a tool call's function.arguments JSON string into
-// its value, as vLLM does before rendering: invalid JSON, or arguments
-// that are neither a string, an object nor a list, become {}.
-func fixArguments(call jinja.Value, d *decoder) {
-	if !call.IsDict() {
-		return
+// toolCallsValue rebuilds tool calls as vLLM holds them after validation:
+// {"id", "function": {"arguments", "name"}, "type"} in the OpenAI type's
+// field order, other keys dropped, and the arguments JSON string parsed
+// ({} when it is not JSON).
+func toolCallsValue(raw []byte, d *decoder) (jinja.Value, error) {
+	calls, err := d.decode(raw)
+	if err != nil {
+		return calls, err
 	}
-	fn, ok := call.AsDict().Get("function")
-	if !ok || !fn.IsDict() {
-		return
-	}
-	args, _ := fn.AsDict().Get("arguments")
-	switch {
-	case args.IsString():
+	items := calls.AsList().Items
+	out := make([]jinja.Value, len(items))
+	for i, call := range items {
+		cd := call.AsDict()
+		fn, _ := cd.Get("function")
+		args, _ := fn.AsDict().Get("arguments")
 		var sub decoder
-		v, err := sub.decode([]byte(args.AsString()))
+		parsed, err := sub.decode([]byte(args.AsString()))
 		if err != nil || sub.s.peek() != 0 {
-			v = jinja.NewDict()
+			parsed = jinja.NewDict()
 		}
-		d.inexact = d.inexact || sub.inexact
-		fn.AsDict().Set("arguments", v)
-	case args.IsDict() || args.IsList():
-	default:
-		fn.AsDict().Set("arguments", jinja.NewDict())
+		d.floatText = d.floatText || sub.floatText
+		d.jsonText = d.jsonText || sub.jsonText
+		d.lossy = d.lossy || sub.lossy
+		name, _ := fn.AsDict().Get("name")
+		f := jinja.NewDict()
+		f.AsDict().Set("arguments", parsed)
+		f.AsDict().Set("name", name)
+		id, _ := cd.Get("id")
+		v := jinja.NewDict()
+		v.AsDict().Set("id", id)
+		v.AsDict().Set("function", f)
+		v.AsDict().Set("type", jinja.NewString("function"))
+		out[i] = v
 	}
+	return jinja.NewList(out), nil
 }
 
+// contentValue is a message's content as vLLM hands it to the template.
 func (t *Template) contentValue(c *Conversation, m *message) (jinja.Value, error) {
+	texts, media := c.texts(m)
+	if media {
+		return jinja.Undefined(), ErrInexact
+	}
+	if t.partsFor(m) {
+		items := make([]jinja.Value, len(texts))
+		for i, s := range texts {
+			items[i] = textPart(s)
+		}
+		return jinja.NewList(items), nil
+	}
+	return jinja.NewString(strings.Join(texts, "\n")), nil
+}
+
+// partsFor reports whether m's content reaches the template as a list of
+// parts: in "openai" format, except tool results, which vLLM joins.
+func (t *Template) partsFor(m *message) bool {
+	return t.format == formatOpenAI && m.role != roleTool
+}
+
+// texts lists the texts of m's content: the string, or the text parts
+// (vLLM skips those whose text is None); media reports other parts.
+func (c *Conversation) texts(m *message) (texts []string, media bool) {
 	switch m.contentKind {
 	case contentString:
-		if t.format == formatOpenAI {
-			return jinja.NewList([]jinja.Value{textPart(c.str(m.content))}), nil
-		}
-		return jinja.NewString(c.str(m.content)), nil
+		return []string{c.str(m.content)}, false
 	case contentParts:
-		parts := c.parts[m.partLo:m.partHi]
-		for _, p := range parts {
-			if p.media {
-				return jinja.Undefined(), ErrInexact
+		for _, p := range c.parts[m.partLo:m.partHi] {
+			switch {
+			case p.media:
+				media = true
+			case p.hasText:
+				texts = append(texts, c.str(p.text))
 			}
 		}
-		if t.format == formatOpenAI && m.role != roleTool {
-			items := make([]jinja.Value, 0, len(parts))
-			for _, p := range parts {
-				if p.hasText {
-					items = append(items, textPart(c.str(p.text)))
-				}
-			}
-			return jinja.NewList(items), nil
-		}
-		var sb strings.Builder
-		n := 0
-		for _, p := range parts {
-			if !p.hasText {
-				continue // vLLM skips text parts whose text is None.
-			}
-			if n > 0 {
-				sb.WriteByte('\n')
-			}
-			sb.Write(c.bytes(p.text))
-			n++
-		}
-		return jinja.NewString(sb.String()), nil
 	}
-	// No content: an empty join in string format, no parts in openai.
-	if t.format == formatOpenAI && m.role != roleTool {
-		return jinja.NewList(nil), nil
-	}
-	return jinja.NewString(""), nil
+	return texts, media
 }
 
 func textPart(s string) jinja.Value {
@@ -246,9 +263,11 @@ func textPart(s string) jinja.Value {
 	return v
 }
 
-// toolsValue dumps each tool as vLLM's ChatCompletionToolsParam.model_dump
-// does: {"type", "function": {"name", "description", "parameters"}} in
-// field order, absent optional fields as None.
+// toolsValue dumps each tool as vLLM's ChatCompletionToolsParam does:
+// {"type", "function": {"name", "description", "parameters", "strict",
+// "defer_loading"}, "defer_loading"} in field order, description and
+// parameters None when absent, strict and defer_loading only when set (a
+// tool's defer_loading also fills its function's), other keys dropped.
 func toolsValue(c *Conversation, d *decoder) (jinja.Value, error) {
 	if !c.hasTools {
 		return jinja.None(), nil
@@ -262,18 +281,31 @@ func toolsValue(c *Conversation, d *decoder) (jinja.Value, error) {
 	for i, tool := range items {
 		fn, _ := tool.AsDict().Get("function")
 		f := fn.AsDict()
+		deferLoading, toolDefer := tool.AsDict().Get("defer_loading")
+		toolDefer = toolDefer && !deferLoading.IsNone()
 		dumped := jinja.NewDict()
 		df := dumped.AsDict()
-		for _, k := range []string{"name", "description", "parameters"} {
+		for _, k := range []string{"name", "description", "parameters", "strict", "defer_loading"} {
 			v, ok := f.Get(k)
-			if !ok {
-				v = jinja.None()
+			if k == "defer_loading" && (!ok || v.IsNone()) && toolDefer {
+				v, ok = deferLoading, true
+			}
+			switch {
+			case k == "description" || k == "parameters":
+				if !ok {
+					v = jinja.None()
+				}
+			case !ok || v.IsNone():
+				continue
 			}
 			df.Set(k, v)
 		}
 		v := jinja.NewDict()
 		v.AsDict().Set("type", jinja.NewString("function"))
 		v.AsDict().Set("function", dumped)
+		if toolDefer {
+			v.AsDict().Set("defer_loading", deferLoading)
+		}
 		out[i] = v
 	}
 	return jinja.NewList(out), nil
@@ -303,9 +335,10 @@ func (t *Template) templateData(c *Conversation, defaults map[string]any) (map[s
 	if err != nil {
 		return nil, err
 	}
-	if d.inexact || (c.hasTools && t.indentedJSON) {
+	if d.inexact(t) || c.hasTools && t.indentedJSON {
 		return nil, ErrInexact
 	}
+	data[jsonFunc] = jsonCallable
 	data["messages"] = msgs
 	data["tools"] = tools
 	data["documents"] = jinja.None()

@@ -20,7 +20,8 @@ content parts joined by "\\n" for "string" templates or wrapped as
 {"type": "text", "text": ...} for "openai" templates (those looping over
 message content), tool-call arguments parsed with json.loads ({} when
 invalid), reasoning/reasoning_content passed as both, tools dumped as
-{"type", "function": {"name", "description", "parameters"}},
+vLLM's ChatCompletionToolsParam dumps them (declared fields in order,
+strict and defer_loading only when set, other keys dropped),
 chat_template_kwargs over the server's defaults, enable_thinking from
 reasoning_effort, and transformers' continue_final_message cut.
 """
@@ -60,8 +61,14 @@ def environment():
 
 
 def content_format(template):
-    if re.search(r"\{%-?\s*for\s+\w+\s+in\s+\w+(\.content|\[\s*['\"]content['\"]\s*\])", template):
-        return "openai"
+    """vLLM's detection: "openai" when the template loops over the content
+    of a message (a loop variable over messages or over a variable set from
+    messages)."""
+    lists = {"messages"} | set(re.findall(r"\{%-?\s*set\s+(\w+)\s*=\s*messages\b", template))
+    items = {v for v, src in re.findall(r"\{%-?\s*for\s+(\w+)\s+in\s+(\w+)", template) if src in lists}
+    for var in re.findall(r"\{%-?\s*for\s+\w+\s+in\s+(\w+)(?:\.content|\[\s*['\"]content['\"]\s*\])", template):
+        if var in items:
+            return "openai"
     return "string"
 
 
@@ -90,23 +97,24 @@ def reshape(msg, fmt):
         out = {"role": role, "content": "\n".join(texts)}
     if role == "assistant":
         if msg.get("tool_calls"):
-            calls = json.loads(json.dumps(msg["tool_calls"]))
-            for call in calls:
-                args = call["function"].get("arguments")
-                if isinstance(args, str):
-                    try:
-                        call["function"]["arguments"] = json.loads(args)
-                    except json.JSONDecodeError:
-                        call["function"]["arguments"] = {}
-                elif not isinstance(args, (dict, list)):
-                    call["function"]["arguments"] = {}
+            # As validated by the OpenAI TypedDict: its field order, other
+            # keys dropped; then the arguments string parsed.
+            calls = []
+            for call in msg["tool_calls"]:
+                try:
+                    args = json.loads(call["function"]["arguments"])
+                except json.JSONDecodeError:
+                    args = {}
+                calls.append({"id": call["id"], "function": {
+                    "arguments": args, "name": call["function"]["name"]}, "type": "function"})
             out["tool_calls"] = calls
         reasoning = msg.get("reasoning", msg.get("reasoning_content"))
         if reasoning is not None:
             out["reasoning"] = reasoning
             out["reasoning_content"] = reasoning
     elif role == "tool":
-        out["tool_call_id"] = msg["tool_call_id"]
+        if "tool_call_id" in msg:
+            out["tool_call_id"] = msg["tool_call_id"]
         if isinstance(out["content"], list):
             out["content"] = "\n".join(p["text"] for p in out["content"])
     if isinstance(msg.get("name"), str):
@@ -116,9 +124,18 @@ def reshape(msg, fmt):
 
 def dump_tool(tool):
     fn = tool["function"]
-    return {"type": "function", "function": {
-        "name": fn["name"], "description": fn.get("description"),
-        "parameters": fn.get("parameters")}}
+    out = {"name": fn["name"], "description": fn.get("description"),
+           "parameters": fn.get("parameters")}
+    for k in ("strict", "defer_loading"):
+        v = fn.get(k)
+        if v is None and k == "defer_loading":
+            v = tool.get("defer_loading")
+        if v is not None:
+            out[k] = v
+    dumped = {"type": "function", "function": out}
+    if tool.get("defer_loading") is not None:
+        dumped["defer_loading"] = tool["defer_loading"]
+    return dumped
 
 
 def context(template, special, request, defaults):
@@ -183,6 +200,9 @@ CASES = [
                               "add_generation_prompt": False}, {}),
     ("continue-final-message", {"messages": [user("Count to five."), assistant("1, 2, 3")],
                                 "add_generation_prompt": False, "continue_final_message": True}, {}),
+    ("continue-final-parts", {"messages": [user("Count to five."), {"role": "assistant", "content": [
+        {"type": "text", "text": "1, 2"}, {"type": "text", "text": "3, "}]}],
+        "add_generation_prompt": False, "continue_final_message": True}, {}),
     ("enable-thinking-false", {"messages": [user("2+2?")],
                                "chat_template_kwargs": {"enable_thinking": False}}, {}),
     ("enable-thinking-true", {"messages": [user("2+2?")],
@@ -202,6 +222,9 @@ CASES = [
     ("assistant-null-content", {"messages": [user("Hi"), {"role": "assistant", "content": None},
                                              user("Still there?")]}, {}),
     ("tools", {"messages": [SYSTEM, user("Weather in Zürich?")], "tools": [WEATHER]}, {}),
+    ("tools-strict-extra-keys", {"messages": [user("Weather?")], "tools": [
+        {"type": "function", "defer_loading": False, "function": dict(WEATHER["function"], strict=True, extra="dropped")},
+        {"type": "function", "function": {"name": "now", "parameters": {}}}]}, {}),
     ("tool-call-and-result", {"messages": [
         user("Weather in Zürich?"),
         {"role": "assistant", "content": None, "tool_calls": [CALL]},
@@ -214,9 +237,50 @@ CASES = [
             {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}}]},
         {"role": "tool", "tool_call_id": "c", "content": "error"},
     ], "tools": [WEATHER]}, {}),
+    # vLLM's custom message type takes any role, content left out.
+    ("custom-role", {"messages": [{"role": "narrator", "content": "It was night."}, user("Hi")]}, {}),
+    ("user-without-content", {"messages": [SYSTEM, {"role": "user"}]}, {}),
     ("whitespace-content", {"messages": [user("  padded  \n"), assistant("\n answer \n"), user("next")]}, {}),
     ("unicode", {"messages": [user("Grüße, 世界 🙂 — \"quotes\" and \\backslash")]}, {}),
 ]
+
+
+# A template of ours that dumps JSON the ways chat templates do (Llama 3.1
+# indents its tools by 4), for the tojson rules with floats, non-ASCII and
+# escapes in tools and tool-call arguments. Floats the engine prints
+# otherwise than Python (1.0) are left out: Render refuses them
+# (TestInexact).
+JSON_PROBE = (
+    "{% for t in tools %}{{ t | tojson(indent=4) }}\n{{ t.function.parameters | tojson }}\n"
+    "{{ t.function | tojson(sort_keys=true, separators=(',', ':')) }}\n"
+    "{{ t.function.description | tojson(ensure_ascii=true) }}\n{% endfor %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+    "{% for c in m.tool_calls or [] %}{{ c | tojson }}\n{{ (c.function.arguments) | tojson(indent=2) }}\n"
+    "{% endfor %}{% endfor %}"
+)
+JSON_CASES = [
+    ("json-tools", {"messages": [user("Weather?"), {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments":
+            "{\"city\": \"Zürich\", \"when\": [2.5, 1e-7, 1e16, 1.5e300, 0.1, -273.15], \"n\": [], \"o\": {}, \"s\": \"a\\u2028b\\u0001\\\"\\\\\\/\\n\\t🙂\"}"}}]}],
+        "tools": [{"type": "function", "function": {
+            "name": "get_weather", "description": "Météo — 天气 🙂 \"quoted\"",
+            "parameters": {"type": "object", "properties": {"temp": {"type": "number", "default": 20.5,
+                                                                     "maximum": 1e16, "minimum": -273.15}},
+                           "z": True, "a": None}}}]}, {}),
+]
+
+
+# A template of ours with tags next to tags, where Jinja's whitespace
+# control (trim_blocks, lstrip_blocks, "-") reaches only the text right by
+# a tag.
+WHITESPACE_PROBE = (
+    "Start\n{% for m in messages %}{{ m.role }}\n{{ m.content }}\n{% endfor %}"
+    "Hello\n{% for m in messages %}{{- m.role }}{% endfor %}\n"
+    "    {{ messages[0].role }}{% if true %}  x\n{% endif %}\n"
+    "{% if true %}{# note #}\n  {% if true %}y{% endif %}{% endif %}\n"
+    "a {{ 'b' -}}{% if true %}\n c{% endif %}{{ 'd' }}{%- if true -%} e {% endif %}\n"
+    "{% for m in messages -%}\n  [{{ m.role }}]\n{%- endfor %}\n"
+)
 
 
 def main():
@@ -251,6 +315,13 @@ def main():
             else:
                 case["error"] = error
             out.append(case)
+    ws_request = {"model": "whitespace-probe", "messages": [user("one"), assistant("two")]}
+    out.append({"model": "whitespace-probe", "template": WHITESPACE_PROBE, "name": "adjacent-tags",
+                "request": ws_request, "defaults": {}, "want": render(WHITESPACE_PROBE, {}, ws_request, {})})
+    for name, request, defaults in JSON_CASES:
+        request = dict(request, model="json-probe")
+        out.append({"model": "json-probe", "template": JSON_PROBE, "name": name, "request": request,
+                    "defaults": defaults, "want": render(JSON_PROBE, {}, request, defaults)})
     with open(os.path.join(os.path.dirname(__file__), "golden.json"), "w") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
