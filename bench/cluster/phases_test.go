@@ -85,17 +85,9 @@ func trace(t *testing.T, lines string) Workload {
 
 func pdConfig(t *testing.T) PDConfig {
 	t.Helper()
-	p, err := route.New(route.DefaultPolicy, route.DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := route.New(DefaultDecodePolicy, route.DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
 	adm := admit.DefaultConfig()
 	adm.Classes[admit.Batch].MaxWait = 0
-	return PDConfig{Pods: 2, Initial: plan.Ratio{Prefill: 1, Decode: 1}, Physics: sim.DefaultPhysics(), Prefill: p, Decode: d, Admission: adm}
+	return PDConfig{Pods: 2, Initial: plan.Ratio{Prefill: 1, Decode: 1}, Physics: sim.DefaultPhysics(), PD: route.DefaultPDOptions(), Admission: adm}
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -149,7 +141,8 @@ func TestPDConfigValidate(t *testing.T) {
 	}
 	f(func(c *PDConfig) { c.Pods = 1 }, "pods = 1")
 	f(func(c *PDConfig) { c.Initial = plan.Ratio{Prefill: 2} }, "initial = 2P0D")
-	f(func(c *PDConfig) { c.Decode = nil }, "policies must be set")
+	f(func(c *PDConfig) { c.PD.LocalPrefillMaxTokens = 64 }, "pd.local_prefill_max_tokens = 64")
+	f(func(c *PDConfig) { c.PD.DecodeScorePolicy = "fastest" }, `decode_score_policy (AIBRIX_DECODE_SCORE_POLICY) = "fastest"`)
 	f(func(c *PDConfig) { c.ReportSec = -1 }, "report_sec = -1")
 	f(func(c *PDConfig) { c.Admission.Classes[admit.Batch].MaxWait = 30 }, "classes.batch.max_wait = 30")
 	f(func(c *PDConfig) { pc := plan.DefaultConfig(3); c.Planner = &pc }, "planner total = 3, pods = 2")
