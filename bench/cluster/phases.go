@@ -11,7 +11,7 @@ import (
 	"pdlb/lb/route"
 )
 
-// The three-phase scenario's defaults: seed 000's day compressed into 120 s
+// The three-phase scenario's defaults: the global-scheduling study's day compressed into 120 s
 // a phase on its 24 instances, and a planner whose window, drain, warm-up
 // and dwell are compressed with it (a 20 s window where a live planner has
 // 60 s).
@@ -46,7 +46,7 @@ type PhasesConfig struct {
 	Seed uint64
 }
 
-// DefaultPhasesConfig returns seed 000's three phases on its 24 instances,
+// DefaultPhasesConfig returns the global-scheduling study's three phases on its 24 instances,
 // static 12P12D.
 func DefaultPhasesConfig() PhasesConfig {
 	pc := plan.DefaultConfig(DefaultPhasePods)

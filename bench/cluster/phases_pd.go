@@ -25,7 +25,7 @@ import (
 // step (the client streams from the decode pod), and its TPOT is the time
 // from first to last token over the tokens after the first.
 //
-// Decode pods' KV capacity is not modelled (as in seed 000's D_cap, the
+// Decode pods' KV capacity is not modelled (as in the global-scheduling study's D_cap, the
 // batch is bounded by MaxBatch only), nor is deferral: every request is
 // admitted or rejected when it arrives.
 type PDConfig struct {

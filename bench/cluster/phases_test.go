@@ -12,7 +12,7 @@ import (
 	"pdlb/lb/route"
 )
 
-// TestPhasesTable plays seed 000's day (chat, long-document summaries,
+// TestPhasesTable plays the global-scheduling study's day (chat, long-document summaries,
 // coding agents; 120 s each) on 24 instances, static 12P12D against the
 // planner, and prints the per-phase table for bench/RESULTS.md:
 //

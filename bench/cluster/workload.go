@@ -29,7 +29,7 @@ type Workload interface {
 	Next(a *Arrival) bool
 }
 
-// Seed 000's multi-turn chat workload, its defaults named after its text.
+// The global-scheduling study's multi-turn chat workload, its defaults named after its text.
 const (
 	DefaultChatSystems      = 20
 	DefaultChatSystemTokens = 2048
@@ -37,7 +37,7 @@ const (
 	DefaultChatTurnTokens   = 300
 )
 
-// SeedChat is seed 000's multi-turn chat: Systems system prompts of
+// SeedChat is the global-scheduling study's multi-turn chat: Systems system prompts of
 // SystemTokens random tokens, Sessions conversations each starting from a
 // random system prompt, and Poisson arrivals at Rate per second for
 // Duration seconds, each picking a random session, appending TurnTokens
@@ -50,7 +50,7 @@ type SeedChat struct {
 	Seed                                        uint64
 }
 
-// NewSeedChat returns seed 000's workload at rate requests per second for
+// NewSeedChat returns the global-scheduling study's workload at rate requests per second for
 // duration seconds, with keys of blockSize-token blocks.
 func NewSeedChat(rate, duration float64, blockSize int, seed uint64) SeedChat {
 	return SeedChat{

@@ -55,7 +55,7 @@ const (
 	DefaultMaxResponseBytes   = 64 << 20
 )
 
-// Roles a pod can play (seed 001's role-name label; "combined" runs both
+// Roles a pod can play (AIBrix's role-name label; "combined" runs both
 // phases).
 const (
 	RoleCombined = "combined"
@@ -102,13 +102,13 @@ type Config struct {
 	Health Health `yaml:"health"`
 	// Admission rejects early what cannot meet its latency target.
 	Admission Admission `yaml:"admission"`
-	// TokenLoad holds the token ledgers' knobs (seed 001's AIBRIX_TOKEN_LOAD_*
+	// TokenLoad holds the token ledgers' knobs (AIBrix's AIBRIX_TOKEN_LOAD_*
 	// and friends; see ledger.Config for each default).
 	TokenLoad ledger.Config `yaml:"token_load"`
 	// Redis, when Address is set, shares the decode ledger between gateway
 	// replicas.
 	Redis Redis `yaml:"redis"`
-	// PD holds the prefill/decode cascade's knobs (seed 001's AIBRIX_*
+	// PD holds the prefill/decode cascade's knobs (AIBrix's AIBRIX_*
 	// variables, with their defaults and names in lower case without the
 	// prefix; see route.PDOptions), the defaults of every model's profiles.
 	PD route.PDOptions `yaml:"pd"`
@@ -121,7 +121,7 @@ type Config struct {
 	// per-IP connection limits (limits) and the admin listener's bearer
 	// token (admin_token), inline at the top level.
 	Access limits.Config `yaml:",inline"`
-	// Discovery finds pods in Kubernetes (seed 001's labels and
+	// Discovery finds pods in Kubernetes (AIBrix's labels and
 	// annotations) or DNS, and follows them as they come and go.
 	Discovery spec.Discovery `yaml:"discovery"`
 	// Plan is the xPyD planner acting on the running fleet (plan.go).
@@ -250,7 +250,7 @@ type Model struct {
 	// the policy above). The routing-strategy request header overrides it.
 	RoutingStrategy string `yaml:"routing_strategy"`
 	// LockedRoutingStrategy, when set, is used whatever the
-	// routing-strategy header says (seed 001's lockedRoutingStrategy).
+	// routing-strategy header says (AIBrix's lockedRoutingStrategy).
 	LockedRoutingStrategy string `yaml:"locked_routing_strategy"`
 	// DefaultProfile names the profile of requests without a known
 	// config-profile header (default "default", else the first).
@@ -297,7 +297,7 @@ type Pod struct {
 	// gateway assumes until it has measured it (default 20,000).
 	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
 	// BootstrapPort is an SGLang prefill pod's KV bootstrap port, where its
-	// decode pods fetch the KV (seed 001's model.aibrix.ai/sglang-bootstrap-port,
+	// decode pods fetch the KV (AIBrix's model.aibrix.ai/sglang-bootstrap-port,
 	// default 8998); other engines ignore it.
 	BootstrapPort int `yaml:"bootstrap_port"`
 }

@@ -9,7 +9,7 @@ import (
 	"pdlb/lb/route"
 )
 
-// Profile is one named routing profile of a model (seed 001's config
+// Profile is one named routing profile of a model (AIBrix's config
 // profiles): a request picks it with the config-profile header, else the
 // model's default profile applies.
 type Profile struct {
@@ -20,11 +20,11 @@ type Profile struct {
 	RoutingStrategy string `yaml:"routing_strategy"`
 	// PD overrides knobs of the gateway's pd section for this profile only,
 	// with the same names; the knobs it leaves out keep the pd section's
-	// values (seed 001: unset fields keep the environment default).
+	// values (AIBrix: unset fields keep the environment default).
 	PD yaml.Node `yaml:"pd"`
 }
 
-// ApplyEnv sets the pd section's knobs from seed 001's AIBRIX_* variables
+// ApplyEnv sets the pd section's knobs from AIBrix's AIBRIX_* variables
 // that lookup finds (pass os.LookupEnv). Load applies it before the file,
 // so the file wins; a caller building a configuration without a file
 // calls it after Default.

@@ -9,7 +9,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Phase is a named period of steady load, as in seed 000's table. Its
+// Phase is a named period of steady load, as in the global-scheduling study's table. Its
 // capacities may be left 0 for the caller to fill in (ReadPhases does not
 // require them).
 type Phase struct {
@@ -17,7 +17,7 @@ type Phase struct {
 	Demand `yaml:",inline"`
 }
 
-// Seed 000's capacities: prompt tokens per second one prefill instance
+// The global-scheduling study's capacities: prompt tokens per second one prefill instance
 // computes, and tokens per second one decode instance outputs under the
 // TPOT target.
 const (
@@ -25,7 +25,7 @@ const (
 	SeedDecodeCap  = 3000
 )
 
-// SeedPhases returns seed 000's three periods of a day (its PHASES), with
+// SeedPhases returns the global-scheduling study's three periods of a day (its PHASES), with
 // its capacities.
 func SeedPhases() []Phase {
 	ph := func(name string, rate, isl, osl, hit float64) Phase {

@@ -8,7 +8,7 @@ import (
 	"pdlb/lb/admit"
 )
 
-// This file is seed 001's "Pod Selection Algorithm" for prefill/decode
+// This file is AIBrix's "Pod Selection Algorithm" for prefill/decode
 // disaggregation: a cascade over the pods of one model that ends in a
 // prefill pod and a decode pod of one roleset, or in a combined pod.
 //
@@ -20,13 +20,13 @@ import (
 //	step 3   prefill scoring, std-dev skip, lowest per roleset
 //	step 4   decode scoring, cold start, lowest per roleset
 //	step 5   pair: min over rolesets of prefill/max_prefill + decode/max_decode
-//	then     conditional disaggregation (seed 000): skip the prefill leg when
+//	then     conditional disaggregation: skip the prefill leg when
 //	         the decode pod lacks only a few of the prompt's tokens
 //
 // A decision allocates nothing: the caller owns the candidates and a
 // PDScratch it reuses.
 
-// PDRole is the part a pod plays (seed 001's role-name label).
+// PDRole is the part a pod plays (AIBrix's role-name label).
 type PDRole uint8
 
 // Roles. The zero value is combined: a pod that runs both phases.
@@ -300,7 +300,7 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 		d.Fired |= FiredPrefillImbalance
 	}
 	// Step 2: decode fast paths, over the rolesets step 1 left. token_load
-	// replaces them (seed 001: a pod holding one long prompt has the
+	// replaces them (AIBrix: a pod holding one long prompt has the
 	// fewest requests).
 	if o.DecodeScorePolicy != DecodePolicyTokenLoad {
 		if j, why := r.decodeFastPath(cands, s); j >= 0 {

@@ -102,7 +102,7 @@ type PDOptions struct {
 	// (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR, default 1).
 	StdDevFactor float64 `yaml:"std_dev_factor"`
 
-	// The decode watchdog (seed 001, "SGLang Decode Watchdog"); 0 disables
+	// The decode watchdog (AIBrix, "SGLang Decode Watchdog"); 0 disables
 	// each. DecodeFirstResponseTimeout bounds the wait for a stream's first
 	// chunk after the prefill succeeded (AIBRIX_DECODE_FIRST_RESPONSE_TIMEOUT,
 	// default 60s); DecodeResponseTimeout the same for a non-streaming
@@ -116,7 +116,7 @@ type PDOptions struct {
 	// pdlb's own knobs (no AIBRIX_* alias).
 
 	// CombinedPrefillBusy and CombinedDecodeBusy define "PD pairs heavily
-	// loaded" for the combined overflow (seed 001's shouldPickCombined): the
+	// loaded" for the combined overflow (AIBrix's shouldPickCombined): the
 	// least loaded eligible prefill pod has at least CombinedPrefillBusy
 	// outstanding prefills, or the least loaded decode pod at least
 	// CombinedDecodeBusy running+waiting+pending requests (defaults 8 and
@@ -125,14 +125,14 @@ type PDOptions struct {
 	CombinedPrefillBusy     int `yaml:"combined_prefill_busy"`
 	CombinedDecodeBusy      int `yaml:"combined_decode_busy"`
 	CombinedIdleMaxInFlight int `yaml:"combined_idle_max_in_flight"`
-	// LocalPrefillMaxTokens is conditional disaggregation (seed 000): when
+	// LocalPrefillMaxTokens is conditional disaggregation: when
 	// the prompt tokens the chosen decode pod does not already hold are at
 	// most this many, the prefill leg is skipped and the decode pod prefills
 	// locally (default 0 = always disaggregate).
 	LocalPrefillMaxTokens int `yaml:"local_prefill_max_tokens"`
 }
 
-// Policy names of the cascade (seed 001, steps 3 and 4).
+// Policy names of the cascade (AIBrix, steps 3 and 4).
 const (
 	PrefillPolicyPrefixCache     = "prefix_cache"
 	PrefillPolicyLeastRequest    = "least_request"
@@ -152,7 +152,7 @@ const (
 	TRTGenerationFirst = "generation_first"
 )
 
-// Defaults of PDOptions: seed 001's table, then pdlb's own.
+// Defaults of PDOptions: AIBrix's table, then pdlb's own.
 const (
 	DefaultPrefillRequestTimeout              = 30 * time.Second
 	DefaultPrefillScorePolicy                 = PrefillPolicyPrefixCache
@@ -415,7 +415,7 @@ func knobValue(p any) string {
 }
 
 // Validate rejects the first bad knob with its YAML and AIBRIX_* names and
-// the value quoted. It never corrects a value, unlike seed 001's router,
+// the value quoted. It never corrects a value, unlike AIBrix's gateway plugin,
 // which keeps the default for an unknown bucket-serve mode or TRT schedule
 // style: a typo should stop the start, not change the routing silently.
 func (o *PDOptions) Validate() error {
@@ -429,7 +429,7 @@ func (o *PDOptions) Validate() error {
 }
 
 // ApplyEnv sets every knob whose AIBRIX_* variable lookup finds (pass
-// os.LookupEnv), so a user moving from seed 001's router keeps their
+// os.LookupEnv), so a user moving from AIBrix's gateway plugin keeps their
 // settings. Booleans take strconv.ParseBool's forms; durations take seconds
 // (as the AIBRIX_* variables do) or a Go duration. A value that does not
 // parse is an error naming the variable; ranges are Validate's job.

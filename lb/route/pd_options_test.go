@@ -12,14 +12,14 @@ func TestPDOptionsDefaultsValidate(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	// Seed 001's table, spot-checked where a typo would hide.
+	// AIBrix's table, spot-checked where a typo would hide.
 	if o.PrefillLoadImbalanceMinSpread != 16 || o.DecodeThroughputImbalanceMinSpread != 2048 ||
 		o.DecodeScoreRatioThreshold != 1.5 || o.TokenLoadRequestCost != 3500 ||
 		o.TokenLoadTTL != time.Hour || o.PrefillRequestTimeout != 30*time.Second ||
 		o.PrefillScorePolicy != "prefix_cache" || o.DecodeScorePolicy != "load_balancing" ||
 		o.TRTScheduleStyle != "context_first" || o.KVConnectorType != "shfs" ||
 		!o.DecodeTokenLoadOutputGrowth || !o.TokenLoadSharedLedger || o.PromptLengthBucketing {
-		t.Fatalf("defaults differ from seed 001: %+v", o)
+		t.Fatalf("defaults differ from AIBrix: %+v", o)
 	}
 }
 

@@ -22,7 +22,7 @@ const (
 	// 001's router keys on, so an existing deployment is found unchanged.
 	DefaultSelector = LabelModel
 	// DefaultBootstrapPort is SGLang's PD bootstrap port when a pod does not
-	// name one (seed 001).
+	// name one (AIBrix).
 	DefaultBootstrapPort = 8998
 )
 
