@@ -1,10 +1,18 @@
-// Package config is the gateway's configuration: defaults, then the YAML file
-// and flags, then Validate, then frozen. Validate names the field and quotes
-// the value it rejects and never corrects a value silently.
+// Package config is the gateway's configuration: Default, then the
+// environment, the YAML file and flags, then Provision (the defaults of
+// fields whose empty value means one), then Validate, then frozen. Validate
+// only checks: it names the field and quotes the value it rejects and never
+// corrects one.
+//
+// A new field gets its default as a named constant, set in Default when
+// the default is a value the user may also write, or in the Provision of
+// its type when "empty means X" (a pod's name is its address); its rule in
+// the Validate of its type; and "(default X)" in its doc comment.
 package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -375,6 +383,7 @@ func Load(path string) (Config, error) {
 	if err := cfg.UnmarshalYAML(data); err != nil {
 		return cfg, fmt.Errorf("%s: %w", path, err)
 	}
+	cfg.Provision()
 	return cfg, nil
 }
 
@@ -388,9 +397,58 @@ func (c *Config) UnmarshalYAML(data []byte) error {
 	return nil
 }
 
-// Validate checks every field, then fills derived defaults of pods (name,
-// engine, role, weight) that are defined as "empty means X".
-func (c *Config) Validate() error {
+// Provision fills the fields whose empty value means a default: each
+// model's and each pod's (Model.provision, Pod.Provision). It leaves every
+// other value as it is, for Validate to judge, and may be called again.
+// Load calls it; a caller that builds a Config in code calls it before
+// Validate.
+func (c *Config) Provision() {
+	for i := range c.Models {
+		c.Models[i].provision()
+	}
+	for i := range c.Pods {
+		c.Pods[i].Provision()
+	}
+}
+
+// provision fills the model's empty policy and block size.
+func (m *Model) provision() {
+	if m.Policy == "" {
+		m.Policy = DefaultPolicy
+	}
+	if m.BlockSize == 0 {
+		m.BlockSize = DefaultBlockSize
+	}
+}
+
+// Provision fills the pod's empty name (its address), role (combined),
+// weight (1), prefill speed and, for SGLang, bootstrap port, and spells its
+// engine as engines.ParseKind does (empty: vLLM).
+func (p *Pod) Provision() {
+	if p.Name == "" {
+		p.Name = p.Address
+	}
+	k, err := engines.ParseKind(p.Engine)
+	if err == nil {
+		p.Engine = string(k)
+	}
+	if p.Role == "" {
+		p.Role = RoleCombined
+	}
+	if p.Weight == 0 {
+		p.Weight = 1
+	}
+	if p.PrefillTokensPerSec == 0 {
+		p.PrefillTokensPerSec = DefaultPrefillSpeed
+	}
+	if p.BootstrapPort == 0 && err == nil && k == engines.SGLang {
+		p.BootstrapPort = engines.DefaultBootstrapPort
+	}
+}
+
+// Validate checks every field. A field whose empty value means a default
+// (Provision) is valid empty.
+func (c Config) Validate() error {
 	if err := checkAddr("listen", c.Listen, false); err != nil {
 		return err
 	}
@@ -480,14 +538,8 @@ func (c *Config) Validate() error {
 			return invalid(field+".name", m.Name, "is listed twice")
 		}
 		models[m.Name] = true
-		if m.Policy == "" {
-			m.Policy = DefaultPolicy
-		}
-		if _, err := route.New(m.Policy, route.DefaultOptions()); err != nil {
+		if _, err := route.New(cmp.Or(m.Policy, DefaultPolicy), route.DefaultOptions()); err != nil {
 			return invalid(field+".policy", m.Policy, "is not a policy (known: "+strings.Join(route.Names(), ", ")+")")
-		}
-		if m.BlockSize == 0 {
-			m.BlockSize = DefaultBlockSize
 		}
 		if m.BlockSize < 0 {
 			return invalid(field+".block_size", m.BlockSize, "must be a positive number of tokens")
@@ -504,13 +556,15 @@ func (c *Config) Validate() error {
 	}
 	names := map[string]int{}
 	for i := range c.Pods {
-		if err := c.Pods[i].Validate(fmt.Sprintf("pods[%d]", i)); err != nil {
+		p := &c.Pods[i]
+		if err := p.Validate(fmt.Sprintf("pods[%d]", i)); err != nil {
 			return err
 		}
-		if j, dup := names[c.Pods[i].Name]; dup {
-			return invalid(fmt.Sprintf("pods[%d].name", i), c.Pods[i].Name, fmt.Sprintf("is also the name of pods[%d]", j))
+		name := cmp.Or(p.Name, p.Address)
+		if j, dup := names[name]; dup {
+			return invalid(fmt.Sprintf("pods[%d].name", i), name, fmt.Sprintf("is also the name of pods[%d]", j))
 		}
-		names[c.Pods[i].Name] = i
+		names[name] = i
 	}
 	// Every listed model's profiles build, so a bad knob stops the start
 	// rather than the first request.
@@ -522,9 +576,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Validate checks a pod, naming it field in errors, and fills the defaults
-// of its empty fields.
-func (p *Pod) Validate(field string) error {
+// Validate checks a pod, naming it field in errors. A field whose empty
+// value means a default (Provision) is valid empty.
+func (p Pod) Validate(field string) error {
 	if p.Model == "" {
 		return invalid(field+".model", p.Model, "must not be empty")
 	}
@@ -534,18 +588,11 @@ func (p *Pod) Validate(field string) error {
 	if _, port, _ := net.SplitHostPort(p.Address); port == "0" {
 		return invalid(field+".address", p.Address, "needs a port")
 	}
-	if p.Name == "" {
-		p.Name = p.Address
-	}
-	k, err := engines.ParseKind(p.Engine)
-	if err != nil {
+	if _, err := engines.ParseKind(p.Engine); err != nil {
 		return invalid(field+".engine", p.Engine, "is not an engine (known: vllm, sglang, trtllm)")
 	}
-	p.Engine = string(k)
 	switch p.Role {
-	case "":
-		p.Role = RoleCombined
-	case RoleCombined, RolePrefill, RoleDecode:
+	case "", RoleCombined, RolePrefill, RoleDecode:
 	default:
 		return invalid(field+".role", p.Role, "is not a role (known: combined, prefill, decode)")
 	}
@@ -558,10 +605,7 @@ func (p *Pod) Validate(field string) error {
 	if p.BucketMax < 0 || (p.BucketMax > 0 && p.BucketMax < p.BucketMin) {
 		return invalid(field+".bucket_max", p.BucketMax, fmt.Sprintf("must be 0 (unlimited) or at least bucket_min (%d)", p.BucketMin))
 	}
-	if p.Weight == 0 {
-		p.Weight = 1
-	}
-	if !(p.Weight > 0) {
+	if !(p.Weight >= 0) {
 		return invalid(field+".weight", p.Weight, "must be positive")
 	}
 	if p.KVEvents != "" {
@@ -579,17 +623,11 @@ func (p *Pod) Validate(field string) error {
 	if p.CacheBlocks < 0 {
 		return invalid(field+".cache_blocks", p.CacheBlocks, "must not be negative (0 means unlimited)")
 	}
-	if p.PrefillTokensPerSec == 0 {
-		p.PrefillTokensPerSec = DefaultPrefillSpeed
-	}
-	if !(p.PrefillTokensPerSec > 0) {
-		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive")
+	if !(p.PrefillTokensPerSec >= 0) {
+		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive (0 means 20,000)")
 	}
 	if p.BootstrapPort < 0 || p.BootstrapPort > 65535 {
 		return invalid(field+".bootstrap_port", p.BootstrapPort, "must be a port, 1 to 65535 (0 means 8998)")
-	}
-	if p.BootstrapPort == 0 && k == engines.SGLang {
-		p.BootstrapPort = engines.DefaultBootstrapPort
 	}
 	return nil
 }
@@ -652,15 +690,18 @@ func ParsePodFlag(s string) (Pod, error) {
 	return p, nil
 }
 
-// ModelFor returns the settings of model: its entry in Models, or every
-// default.
+// ModelFor returns the settings of model, provisioned: its entry in
+// Models, or every default.
 func (c *Config) ModelFor(model string) Model {
-	for _, m := range c.Models {
-		if m.Name == model {
-			return m
+	m := Model{Name: model}
+	for i := range c.Models {
+		if c.Models[i].Name == model {
+			m = c.Models[i]
+			break
 		}
 	}
-	return Model{Name: model, Policy: DefaultPolicy, BlockSize: DefaultBlockSize}
+	m.provision()
+	return m
 }
 
 // RouteOptions are the policies' knobs as this configuration sets them.

@@ -418,11 +418,11 @@ func knobValue(p any) string {
 // the value quoted. It never corrects a value, unlike AIBrix's gateway plugin,
 // which keeps the default for an unknown bucket-serve mode or TRT schedule
 // style: a typo should stop the start, not change the routing silently.
-func (o *PDOptions) Validate() error {
+func (o PDOptions) Validate() error {
 	for i := range pdKnobs {
 		k := &pdKnobs[i]
-		if why := k.check(o); why != "" {
-			return fmt.Errorf("%w: %s = %s %s", ErrInvalidPDOption, k.name(), knobValue(k.ptr(o)), why)
+		if why := k.check(&o); why != "" {
+			return fmt.Errorf("%w: %s = %s %s", ErrInvalidPDOption, k.name(), knobValue(k.ptr(&o)), why)
 		}
 	}
 	return nil
