@@ -55,8 +55,8 @@ type Config struct {
 	// Seed drives the router's random choices.
 	Seed uint64
 	// FirstTie gives every request Rand 0, so that route.Argmin breaks ties
-	// for the first pod in index order, as Python's min() does in seed
-	// 000's simulation, instead of at random as the gateway does. With it,
+	// for the first pod in index order, as Python's min() does in the
+	// global-scheduling study's simulation, instead of at random as the gateway does. With it,
 	// the random policy always picks pod 0: use it for scorers only.
 	FirstTie bool
 	// KnownSpeed gives the router each pod's configured prefill speed, as

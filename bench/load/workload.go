@@ -188,8 +188,8 @@ func (g *gen) text(tokens int) string {
 
 // seedChat is the global-scheduling study's multi-turn chat: a pool of system prompts, sessions
 // each starting from one of them, and every request picking a session,
-// appending a user turn and sending the whole conversation. As in the seed
-// (and bench/cluster), answers are not appended, so the live run sends the
+// appending a user turn and sending the whole conversation. As in the global-scheduling
+// study (and bench/cluster), answers are not appended, so the live run sends the
 // prompts the simulator models.
 type seedChat struct {
 	gen
