@@ -142,7 +142,7 @@ func TestPDConfigValidate(t *testing.T) {
 	f(func(c *PDConfig) { c.Pods = 1 }, "pods = 1")
 	f(func(c *PDConfig) { c.Initial = plan.Ratio{Prefill: 2} }, "initial = 2P0D")
 	f(func(c *PDConfig) { c.PD.LocalPrefillMaxTokens = 64 }, "pd.local_prefill_max_tokens = 64")
-	f(func(c *PDConfig) { c.PD.DecodeScorePolicy = "fastest" }, `decode_score_policy (AIBRIX_DECODE_SCORE_POLICY) = "fastest"`)
+	f(func(c *PDConfig) { c.PD.DecodeScorePolicy = "fastest" }, `decode_score_policy = "fastest"`)
 	f(func(c *PDConfig) { c.ReportSec = -1 }, "report_sec = -1")
 	f(func(c *PDConfig) { c.Admission.Classes[admit.Batch].MaxWait = 30 }, "classes.batch.max_wait = 30")
 	f(func(c *PDConfig) { pc := plan.DefaultConfig(3); c.Planner = &pc }, "planner total = 3, pods = 2")

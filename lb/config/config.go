@@ -525,7 +525,7 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.PD.Validate(); err != nil {
-		return fmt.Errorf("%w: pd: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: pd: %s", ErrInvalid, withAlias(err))
 	}
 	models := map[string]bool{}
 	for i := range c.Models {

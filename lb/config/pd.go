@@ -24,17 +24,6 @@ type Profile struct {
 	PD yaml.Node `yaml:"pd"`
 }
 
-// ApplyEnv sets the pd section's knobs from AIBrix's AIBRIX_* variables
-// that lookup finds (pass os.LookupEnv). Load applies it before the file,
-// so the file wins; a caller building a configuration without a file
-// calls it after Default.
-func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
-	if err := c.PD.ApplyEnv(lookup); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	return nil
-}
-
 // hasPDPods says whether some pod of model plays the prefill or decode role.
 func (c *Config) hasPDPods(model string) bool {
 	for i := range c.Pods {
@@ -73,7 +62,7 @@ func (c *Config) Profiles(model string) (*route.ModelProfiles, error) {
 		mp.Profiles = append(mp.Profiles, rp)
 	}
 	if err := mp.Freeze(); err != nil {
-		return nil, fmt.Errorf("%w: model %q: %v", ErrInvalid, model, err)
+		return nil, fmt.Errorf("%w: model %q: %s", ErrInvalid, model, withAlias(err))
 	}
 	return mp, nil
 }

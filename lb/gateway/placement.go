@@ -12,6 +12,7 @@ import (
 
 	"pdlb/engines/tokenize"
 	"pdlb/lb/admit"
+	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -23,7 +24,7 @@ import (
 // and its priority class.
 const (
 	headerSession       = "x-session-key"
-	headerSessionAIBrix = "x-aibrix-session-key"
+	headerSessionAIBrix = config.HeaderAIBrixSessionKey
 	headerPriority      = "x-priority"
 )
 
