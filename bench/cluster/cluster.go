@@ -56,8 +56,9 @@ type Config struct {
 	Seed uint64
 	// FirstTie gives every request Rand 0, so that route.Argmin breaks ties
 	// for the first pod in index order, as Python's min() does in the
-	// global-scheduling study's simulation, instead of at random as the gateway does. With it,
-	// the random policy always picks pod 0: use it for scorers only.
+	// global-scheduling study's simulation, instead of at random as the
+	// gateway does. With it, the random policy always picks pod 0: use it for
+	// scorers only.
 	FirstTie bool
 	// KnownSpeed gives the router each pod's configured prefill speed, as
 	// the global-scheduling study's router knows it, instead of the speed an
@@ -67,8 +68,8 @@ type Config struct {
 	KnownSpeed bool
 }
 
-// DefaultConfig returns the global-scheduling study's fleet with policy and admission's
-// defaults, rejection off.
+// DefaultConfig returns the global-scheduling study's fleet with policy and
+// admission's defaults, rejection off.
 func DefaultConfig(policy route.Policy) Config {
 	return Config{Pods: DefaultPods, Physics: sim.DefaultPhysics(), Policy: policy, Admission: admit.DefaultConfig()}
 }
@@ -90,9 +91,9 @@ func (c Config) Validate() error {
 	return c.Admission.Validate()
 }
 
-// Result is a run's outcome, in the global-scheduling study's terms. TTFT percentiles are over
-// admitted requests, as the seed computes them (sorted[n/2] and
-// sorted[int(n×0.99)]).
+// Result is a run's outcome, in the global-scheduling study's terms. TTFT
+// percentiles are over admitted requests, as the study computes them
+// (sorted[n/2] and sorted[int(n×0.99)]).
 type Result struct {
 	Requests   int     `json:"requests"`
 	HitRate    float64 `json:"hit_rate"`   // cached prompt tokens / prompt tokens, admitted requests

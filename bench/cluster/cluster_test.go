@@ -20,10 +20,10 @@ type studyRow struct {
 	attainBand         float64
 }
 
-// studyTable is the table the global-scheduling study's Python printed (workload seed 0), the
-// reference bench/cluster must reproduce. Its least-queue row is our
-// least_queue: the study's "最少排队" is min over instances of busy, the time
-// its queued prefill work runs out.
+// studyTable is the table the global-scheduling study's Python printed
+// (workload seed 0), the reference bench/cluster must reproduce. Its
+// least-queue row is our least_queue: the study's "最少排队" is min over
+// instances of busy, the time its queued prefill work runs out.
 var studyTable = []studyRow{
 	{40, "random", false, 53.5, 99.5, 0, 4},
 	{40, "least_queue", false, 53.3, 100.0, 0, 4},
@@ -37,9 +37,10 @@ var studyTable = []studyRow{
 	{70, "min_ttft", true, 78.6, 97.9, 2.1, 4},
 }
 
-// simulate runs the global-scheduling study's chat at rate for 120 s with the named policy.
-// Seed-faithful runs (the study's min_ttft rows) break ties for the first pod
-// and know the pods' speed, as the study's Python does; see Config.FirstTie.
+// simulate runs the global-scheduling study's chat at rate for 120 s with the
+// named policy. Faithful runs (the study's min_ttft rows) break ties for
+// the first pod and know the pods' speed, as the study's Python does; see
+// Config.FirstTie.
 func simulate(t testing.TB, policy string, rate float64, reject, faithful bool, seed uint64) Result {
 	t.Helper()
 	p, err := route.New(policy, route.DefaultOptions())
@@ -65,10 +66,11 @@ func seeds(t *testing.T) []uint64 {
 
 func pct(x float64) string { return fmt.Sprintf("%5.1f", 100*x) }
 
-// TestSeedTable reproduces the global-scheduling study's table: the mean over workload seeds
-// of each row's hit rate and attainment must lie within ±4 points of the
-// study's (±8 for cache_only's attainment at 70 req/s, where hotspots make
-// it swing), and its rejection within ±1 point. Run with -v for the table.
+// TestSeedTable reproduces the global-scheduling study's table: the mean over
+// workload seeds of each row's hit rate and attainment must lie within ±4
+// points of the study's (±8 for cache_only's attainment at 70 req/s, where
+// hotspots make it swing), and its rejection within ±1 point. Run with -v for
+// the table.
 func TestSeedTable(t *testing.T) {
 	ss := seeds(t)
 	var b strings.Builder
@@ -101,10 +103,10 @@ func TestSeedTable(t *testing.T) {
 	t.Log(b.String())
 }
 
-// TestBeatTheStudy checks that the default policy with admission beats
-// the global-scheduling study's best (min_ttft with rejection): at 70 req/s it reaches 99% of
-// requests within the SLO with at most 1% rejected, for every workload
-// seed, and at 40, 85 and 100 req/s it is never below min_ttft with
+// TestBeatTheStudy checks that the default policy with admission beats the
+// global-scheduling study's best (min_ttft with rejection): at 70 req/s it
+// reaches 99% of requests within the SLO with at most 1% rejected, for every
+// workload seed, and at 40, 85 and 100 req/s it is never below min_ttft with
 // rejection on the same workload.
 func TestBeatTheStudy(t *testing.T) {
 	ss := seeds(t)

@@ -11,10 +11,10 @@ import (
 	"pdlb/lb/route"
 )
 
-// The three-phase scenario's defaults: the global-scheduling study's day compressed into 120 s
-// a phase on its 24 instances, and a planner whose window, drain, warm-up
-// and dwell are compressed with it (a 20 s window where a live planner has
-// 60 s).
+// The three-phase scenario's defaults: the global-scheduling study's day
+// compressed into 120 s a phase on its 24 instances, and a planner whose
+// window, drain, warm-up and dwell are compressed with it (a 20 s window
+// where a live planner has 60 s).
 const (
 	DefaultPhaseSec       = 120
 	DefaultPhasePods      = 24
@@ -46,8 +46,8 @@ type PhasesConfig struct {
 	Seed uint64
 }
 
-// DefaultPhasesConfig returns the global-scheduling study's three phases on its 24 instances,
-// static 12P12D.
+// DefaultPhasesConfig returns the global-scheduling study's three phases on
+// its 24 instances, static 12P12D.
 func DefaultPhasesConfig() PhasesConfig {
 	pc := plan.DefaultConfig(DefaultPhasePods)
 	pc.WindowSec, pc.DrainSec, pc.WarmupSec = DefaultPhaseWindowSec, DefaultPhaseDrainSec, DefaultPhaseWarmupSec

@@ -17,17 +17,18 @@ import (
 // Run, and decode pods that batch continuously, all of one roleset. Every
 // request is routed when it arrives by the gateway's own cascade
 // (route.PDRouter.Decide) over a snapshot the simulator fills as the gateway
-// fills its pool's (decide); when its prefill ends its KV moves to the decode pod (Physics.TransferSec
-// of the whole prompt), waits there for a batch slot, and is decoded one
-// token a step, each step taking Physics.DecodeStepSec(batch) for the
-// batch running, up to Physics.MaxBatch sequences; new sequences join at
-// step boundaries. Its first token comes at the end of its first decode
-// step (the client streams from the decode pod), and its TPOT is the time
-// from first to last token over the tokens after the first.
+// fills its pool's (decide); when its prefill ends its KV moves to the decode
+// pod (Physics.TransferSec of the whole prompt), waits there for a batch
+// slot, and is decoded one token a step, each step taking
+// Physics.DecodeStepSec(batch) for the batch running, up to Physics.MaxBatch
+// sequences; new sequences join at step boundaries. Its first token comes at
+// the end of its first decode step (the client streams from the decode pod),
+// and its TPOT is the time from first to last token over the tokens after the
+// first.
 //
-// Decode pods' KV capacity is not modelled (as in the global-scheduling study's D_cap, the
-// batch is bounded by MaxBatch only), nor is deferral: every request is
-// admitted or rejected when it arrives.
+// Decode pods' KV capacity is not modelled (as in the global-scheduling
+// study's D_cap, the batch is bounded by MaxBatch only), nor is deferral:
+// every request is admitted or rejected when it arrives.
 type PDConfig struct {
 	// Pods is the fleet's size; Initial splits it between the roles.
 	Pods    int

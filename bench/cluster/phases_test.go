@@ -12,9 +12,10 @@ import (
 	"pdlb/lb/route"
 )
 
-// TestPhasesTable plays the global-scheduling study's day (chat, long-document summaries,
-// coding agents; 120 s each) on 24 instances, static 12P12D against the
-// planner, and prints the per-phase table for bench/RESULTS.md:
+// TestPhasesTable plays the global-scheduling study's day (chat,
+// long-document summaries, coding agents; 120 s each) on 24 instances, static
+// 12P12D against the planner, and prints the per-phase table for
+// bench/RESULTS.md:
 //
 //	go test ./bench/cluster -run TestPhasesTable -v
 func TestPhasesTable(t *testing.T) {

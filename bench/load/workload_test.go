@@ -41,8 +41,9 @@ func TestWorkloadDeterministic(t *testing.T) {
 	}
 }
 
-// TestSeedChatShape checks the global-scheduling study's shape: system prompts of 2,048
-// tokens, +300 tokens a turn, the whole history resent, a session key.
+// TestSeedChatShape checks the global-scheduling study's shape: system
+// prompts of 2,048 tokens, +300 tokens a turn, the whole history resent, a
+// session key.
 func TestSeedChatShape(t *testing.T) {
 	w := mustWorkload(t, WorkloadSpec{Name: WorkloadSeedChat, Seed: 1})
 	last := map[string][]string{}

@@ -48,7 +48,8 @@ func ParseClass(name string) (Class, error) {
 }
 
 // Defaults of the admission knobs. The interactive TTFT target is the
-// global-scheduling study's 2 s; its TPOT target of 100 ms is ten tokens a second, reading speed.
+// global-scheduling study's 2 s; its TPOT target of 100 ms is ten tokens a
+// second, reading speed.
 const (
 	DefaultInteractiveTTFTSLO = 2.0
 	DefaultInteractiveTPOTSLO = 0.1

@@ -15,8 +15,9 @@ import (
 )
 
 // Defaults of the predictors: the starting points the learners hold until
-// they have observed a pod. Prefill speed is the global-scheduling study's 20,000 tokens/s; the
-// decode line is engines/sim's (10 ms a step plus 0.2 ms per sequence).
+// they have observed a pod. Prefill speed is the global-scheduling study's
+// 20,000 tokens/s; the decode line is engines/sim's (10 ms a step plus 0.2 ms
+// per sequence).
 const (
 	DefaultPrefillTokensPerSec = 20000
 	DefaultSpeedAlpha          = 0.2
@@ -26,12 +27,12 @@ const (
 	DefaultDecodeForget        = 0.99
 )
 
-// TTFT is the predicted time to first token on a prefill or combined pod,
-// in seconds: the work already queued on it, then this request's uncached
+// TTFT is the predicted time to first token on a prefill or combined pod, in
+// seconds: the work already queued on it, then this request's uncached
 // tokens, both at the pod's prefill speed, then the KV handoff to the decode
-// pod (0 on a combined pod). This is the global-scheduling study's "queueing + computing the
-// part that missed". A speed of zero or less means "unknown" and uses
-// DefaultPrefillTokensPerSec.
+// pod (0 on a combined pod). This is the global-scheduling study's "queueing
+// + computing the part that missed". A speed of zero or less means "unknown"
+// and uses DefaultPrefillTokensPerSec.
 func TTFT(queuedTokens, uncachedTokens, tokensPerSec, transferSec float64) float64 {
 	if !(tokensPerSec > 0) {
 		tokensPerSec = DefaultPrefillTokensPerSec

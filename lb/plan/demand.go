@@ -11,7 +11,7 @@
 // the fraction of prompt tokens served from the prefix cache, P_cap one
 // prefill instance's speed on uncached prompt tokens (tokens/s) and D_cap one
 // decode instance's output throughput under the TPOT target (tokens/s). The
-// ceilings of P and D are what the seed prints as "needed"; the planner
+// ceilings of P and D are what the study prints as "needed"; the planner
 // works with the fractions. Demand holds the formula, Split fits it into the
 // pool, and Planner adds the part that keeps a live fleet from flapping:
 // hysteresis, a minimum dwell, and switching only when the gain over the
@@ -76,7 +76,8 @@ type Demand struct {
 	// (tokens/s; the global-scheduling study's P_cap, 20,000).
 	PrefillCap float64 `json:"prefill_cap" yaml:"prefill_cap"`
 	// DecodeCap is one decode instance's output throughput under the TPOT
-	// target (tokens/s; the global-scheduling study's D_cap, 3,000). See DecodeCapacity.
+	// target (tokens/s; the global-scheduling study's D_cap, 3,000). See
+	// DecodeCapacity.
 	DecodeCap float64 `json:"decode_cap" yaml:"decode_cap"`
 }
 
@@ -123,8 +124,9 @@ func (d Demand) Needed() Ratio {
 }
 
 // Load returns each role's utilisation under r: the role's need over the
-// instances r gives it (the global-scheduling study's "load"; above 1 is overload). A role with
-// no instances has load +Inf when it has work and 0 when it has none.
+// instances r gives it (the global-scheduling study's "load"; above 1 is
+// overload). A role with no instances has load +Inf when it has work and 0
+// when it has none.
 func (d Demand) Load(r Ratio) (prefill, decode float64) {
 	p, q := d.Needs()
 	return load(p, r.Prefill), load(q, r.Decode)

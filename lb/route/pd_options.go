@@ -25,8 +25,8 @@ type PDOptions struct {
 	// (prompt-token mass) or "rps" (request counts) (AIBRIX_BUCKET_SERVE_MODE,
 	// default "throughput").
 	BucketServeMode string `yaml:"bucket_serve_mode"`
-	// PrefillRequestTimeout bounds the prefill leg (AIBRIX_PREFILL_REQUEST_TIMEOUT,
-	// seconds, default 30s).
+	// PrefillRequestTimeout bounds the prefill leg
+	// (AIBRIX_PREFILL_REQUEST_TIMEOUT, seconds, default 30s).
 	PrefillRequestTimeout time.Duration `yaml:"prefill_request_timeout"`
 	// PrefillScorePolicy scores prefill pods: prefix_cache, least_request,
 	// conductor, token_load or hybrid_cache_load (AIBRIX_PREFILL_SCORE_POLICY,

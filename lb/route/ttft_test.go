@@ -18,9 +18,9 @@ func TestPredictedTTFT(t *testing.T) {
 	f(2000, Candidate{}, 0, 0.1)                                                 // unknown speed: admit's default
 }
 
-// TestTTFTPolicies checks each of the global-scheduling study's policies against its
-// definition on one set of pods: a session cached on a busy pod, its system
-// prompt on an idle one, nothing on another idle one.
+// TestTTFTPolicies checks each of the global-scheduling study's policies
+// against its definition on one set of pods: a session cached on a busy pod,
+// its system prompt on an idle one, nothing on another idle one.
 func TestTTFTPolicies(t *testing.T) {
 	cands := []Candidate{
 		{Pod: 0, CachedTokens: 6000, QueuedPrefillTokens: 60000, PrefillTokensPerSec: 20000, InFlight: 9}, // 3 s queue
