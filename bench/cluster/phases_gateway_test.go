@@ -58,7 +58,7 @@ func newGatewayPD(t *testing.T, prefill, decode int) *gatewayPD {
 
 // decide sets the gateway's pods to the state the simulator's snapshot
 // shows and decides. What the gateway learns by HTTP (the scrape: running,
-// waiting, KV usage, throughput; the decode line) is copied; what it keeps
+// waiting, KV usage, throughput, drain rate; the decode line) is copied; what it keeps
 // itself (in flight, prefill queue and speed, prefix match, pending
 // decodes) is set on its pool's pods and read back through its own fill.
 func (g *gatewayPD) decide(t *testing.T, rec *pdDecision, bs int) route.PDDecision {
@@ -95,7 +95,7 @@ func (g *gatewayPD) decide(t *testing.T, rec *pdDecision, bs int) route.PDDecisi
 		l.Fill(&c.Candidate, &match)
 		c.HasMetrics, c.Running, c.Waiting, c.KVUsage, c.GenTokensPerSec = sc.HasMetrics, sc.Running, sc.Waiting, sc.KVUsage, sc.GenTokensPerSec
 		if pod.Role == route.RoleDecode {
-			c.Pending, c.Line = pod.Pending(), sc.Line
+			c.Pending, c.Line, c.DrainRate = pod.Pending(), sc.Line, sc.DrainRate
 		}
 		g.cands = append(g.cands, c)
 	}
@@ -132,7 +132,7 @@ func TestPDDecisionsMatchTheGateway(t *testing.T) {
 	}
 	phases := DefaultPhasesConfig().Phases[:2]
 	for i := range phases {
-		phases[i].Rate /= 3 // 8 pods where the phases are sized for 24
+		phases[i].Rate /= 2 // 8 pods where the phases are sized for 24: loaded
 	}
 	w := PhasedWorkload{Phases: phases, PhaseSec: 20, Prefixes: DefaultPhasePrefixes, BlockSize: cfg.Physics.BlockSize, Seed: 5}
 	if _, err := RunPD(cfg, w.Start()); err != nil {
@@ -140,6 +140,7 @@ func TestPDDecisionsMatchTheGateway(t *testing.T) {
 	}
 	g := newGatewayPD(t, cfg.Initial.Prefill, cfg.Initial.Decode)
 	used := map[int]bool{}
+	var fired route.PDFired
 	for n := range recs {
 		rec := &recs[n]
 		got := g.decide(t, rec, cfg.Physics.BlockSize)
@@ -147,9 +148,12 @@ func TestPDDecisionsMatchTheGateway(t *testing.T) {
 			t.Fatalf("decision %d of %d: the gateway decides %+v, the simulator %+v, on %+v", n, len(recs), got, rec.d, rec.cands)
 		}
 		used[rec.d.Prefill], used[rec.d.Decode] = true, true
+		fired |= rec.d.Fired
 	}
-	// Not a vacuous agreement: many decisions, over every pod.
-	if len(recs) < 500 || len(used) != cfg.Pods {
-		t.Fatalf("%d decisions over %d pods; want at least 500 over all %d", len(recs), len(used), cfg.Pods)
+	t.Logf("%d decisions, cascade steps fired: %b", len(recs), fired)
+	// Not a vacuous agreement: many decisions, over every pod, some by a
+	// fast path.
+	if len(recs) < 500 || len(used) != cfg.Pods || fired == 0 {
+		t.Fatalf("%d decisions over %d pods, fired %b; want at least 500 over all %d, some by a fast path", len(recs), len(used), fired, cfg.Pods)
 	}
 }

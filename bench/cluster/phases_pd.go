@@ -9,6 +9,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/lb/admit"
+	"pdlb/lb/config"
 	"pdlb/lb/plan"
 	"pdlb/lb/route"
 )
@@ -133,6 +134,7 @@ const (
 	evStepEnd            // a decode pod's step ends
 	evWarm               // a switched pod has warmed up
 	evTick               // a planner window closes
+	evScrape             // the gateway scrapes every pod's /metrics
 )
 
 type podState uint8
@@ -226,10 +228,29 @@ type pdPod struct {
 	queued   int     // output tokens of incoming and waiting requests
 	stepping bool
 	line     *admit.DecodeLine
+	// generated and finished count the output tokens and the requests
+	// the pod has decoded, the counters its /metrics shows.
+	generated, finished int
+	// scraped is the pod as the gateway's last scrape saw it.
+	scraped podScrape
 	// pending counts the incoming requests still in prefill: the
 	// gateway's pending-decode count.
 	pending route.PendingDecode
 }
+
+// podScrape is a pod's /metrics as one scrape reads them: running and
+// waiting sequences, and, from the counters' growth since the scrape
+// before, output tokens per second and decode requests finished per
+// second.
+type podScrape struct {
+	running, waiting           int
+	generated, finished        int
+	genTokensPerSec, drainRate float64
+}
+
+// scrapeSec is the gateway's default interval between scrapes
+// (health.metrics_interval), in seconds.
+var scrapeSec = config.DefaultMetricsInterval.Seconds()
 
 // assigned is how many requests the pod has that it has not finished.
 func (p *pdPod) assigned() int {
@@ -321,6 +342,7 @@ func RunPD(cfg PDConfig, w Workload) (PDResult, error) {
 
 	var a Arrival
 	r.arriving = w.Next(&a)
+	r.scrape()
 	for r.arriving || len(r.events) > 0 {
 		if r.arriving && (len(r.events) == 0 || a.Time <= r.events[0].t) {
 			r.now = a.Time
@@ -343,6 +365,8 @@ func RunPD(cfg PDConfig, w Workload) (PDResult, error) {
 			p.cache.Clear()
 		case evTick:
 			r.tick()
+		case evScrape:
+			r.scrape()
 		}
 	}
 	return r.finish(), nil
@@ -417,29 +441,48 @@ func (r *pdRun) arrive(a *Arrival) {
 	dp.queued += a.OutputTokens
 }
 
+// scrape reads every pod's /metrics as the gateway's health checker does,
+// once per scrapeSec while requests still arrive.
+func (r *pdRun) scrape() {
+	for i := range r.pods {
+		p := &r.pods[i]
+		s := podScrape{running: len(p.running), waiting: len(p.waiting), generated: p.generated, finished: p.finished}
+		if !p.decode {
+			s.running, s.waiting = min(len(p.jobs), 1), max(len(p.jobs)-1, 0)
+		}
+		s.genTokensPerSec = float64(s.generated-p.scraped.generated) / scrapeSec
+		s.drainRate = float64(s.finished-p.scraped.finished) / scrapeSec
+		p.scraped = s
+	}
+	if r.arriving {
+		r.schedule(r.now+scrapeSec, evScrape, -1, -1)
+	}
+}
+
 // decide fills r.cands with every pod as the gateway's pool would show it
-// and runs the gateway's cascade over them. The simulator's scrape is exact
-// and current: where the gateway reads a pod's last /metrics, a second
-// old, the candidate holds the pod's state now.
+// and runs the gateway's cascade over them: what the gateway counts itself
+// (in flight, prefill queue, prefix match, pending decodes) as it stands,
+// what it scrapes as of the last scrape.
 func (r *pdRun) decide(req *route.Request) route.PDDecision {
 	ph := &r.cfg.Physics
 	for i := range r.pods {
 		p := &r.pods[i]
 		c := &r.cands[i]
-		*c = route.PDCandidate{Candidate: route.Candidate{Pod: int32(i), HasMetrics: true}, Down: p.state != active}
+		sc := &p.scraped
+		*c = route.PDCandidate{
+			Candidate: route.Candidate{Pod: int32(i), HasMetrics: true, Running: sc.running, Waiting: sc.waiting, GenTokensPerSec: sc.genTokensPerSec},
+			Down:      p.state != active,
+		}
 		if p.decode {
-			c.Role, c.Pending, c.Line = route.RoleDecode, &p.pending, p.line
+			c.Role, c.Pending, c.Line, c.DrainRate = route.RoleDecode, &p.pending, p.line, sc.drainRate
 			// In flight from the decode leg's start, which the gateway
 			// sends once the prefill answered: the KV is on its way.
 			c.InFlight = p.incoming - p.pending.Load() + len(p.waiting) + len(p.running)
-			c.Running, c.Waiting = len(p.running), len(p.waiting)
-			c.GenTokensPerSec = ph.DecodeTokensPerSec(len(p.running))
 			continue
 		}
 		c.Role = route.RolePrefill
 		c.CachedTokens = min(p.cache.Match(req.Keys)*ph.BlockSize, req.PromptTokens)
 		c.InFlight = len(p.jobs)
-		c.Running, c.Waiting = min(len(p.jobs), 1), max(len(p.jobs)-1, 0)
 		c.QueuedPrefillTokens = float64(p.queuedPrefill)
 		c.PrefillTokensPerSec = p.speed.TokensPerSec()
 	}
@@ -528,6 +571,7 @@ func (r *pdRun) stepEnd(i int) {
 	p := &r.pods[i]
 	ph := &r.cfg.Physics
 	p.line.Observe(len(p.running), ph.DecodeStepSec(len(p.running)))
+	p.generated += len(p.running)
 	keep := p.running[:0]
 	for _, id := range p.running {
 		q := &r.reqs[id]
@@ -539,6 +583,7 @@ func (r *pdRun) stepEnd(i int) {
 			keep = append(keep, id)
 			continue
 		}
+		p.finished++
 		r.complete(q)
 	}
 	p.running = keep
