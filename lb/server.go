@@ -43,6 +43,7 @@ type Server struct {
 
 // Start validates cfg, binds its listeners and serves until Shutdown.
 func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
+	cfg.Provision()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -177,6 +178,7 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 			pods := make([]config.Pod, 0, len(found))
 			for i := range found {
 				p := found[i].Pod
+				p.Provision()
 				if err := p.Validate("discovered pod " + p.Name); err != nil {
 					log.Warn("discovered pod left out", "err", err)
 					continue

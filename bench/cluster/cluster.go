@@ -12,9 +12,14 @@
 // running now), PrefillTokensPerSec from an admit.PrefillSpeed that learns
 // from the prefills it sees finish.
 //
-// Like seed 000's simulation, a pod's cache learns a prompt when the
-// request is routed, not when its prefill ends, and a request's time to
-// first token is when its prefill ends; decode is not modelled.
+// The global-scheduling study named in this package is the reference the
+// simulator reproduces: 8 prefill pods of 20,000 tokens/s under a
+// multi-turn chat (20 system prompts of 2,048 tokens, 400 sessions, +300
+// tokens a turn) routed randomly, by least queue, by cache only and by
+// minimum predicted TTFT, and a 24-instance day in three phases for xPyD.
+// Like its simulation, a pod's cache learns a prompt when the request is
+// routed, not when its prefill ends, and a request's time to first token
+// is when its prefill ends; decode is not modelled.
 package cluster
 
 import (
@@ -29,7 +34,7 @@ import (
 	"pdlb/lb/route"
 )
 
-// DefaultPods is seed 000's fleet size.
+// DefaultPods is the global-scheduling study's fleet size.
 const DefaultPods = 8
 
 // Config describes one simulated run.
@@ -50,20 +55,21 @@ type Config struct {
 	// Seed drives the router's random choices.
 	Seed uint64
 	// FirstTie gives every request Rand 0, so that route.Argmin breaks ties
-	// for the first pod in index order, as Python's min() does in seed
-	// 000's simulation, instead of at random as the gateway does. With it,
-	// the random policy always picks pod 0: use it for scorers only.
+	// for the first pod in index order, as Python's min() does in the
+	// global-scheduling study's simulation, instead of at random as the
+	// gateway does. With it, the random policy always picks pod 0: use it for
+	// scorers only.
 	FirstTie bool
 	// KnownSpeed gives the router each pod's configured prefill speed, as
-	// seed 000's router knows it, instead of the speed an
+	// the global-scheduling study's router knows it, instead of the speed an
 	// admit.PrefillSpeed learns from finished prefills. Learned speeds
 	// differ between pods in their last bits (float rounding), which breaks
 	// ties as surely as FirstTie would make them.
 	KnownSpeed bool
 }
 
-// DefaultConfig returns seed 000's fleet with policy and admission's
-// defaults, rejection off.
+// DefaultConfig returns the global-scheduling study's fleet with policy and
+// admission's defaults, rejection off.
 func DefaultConfig(policy route.Policy) Config {
 	return Config{Pods: DefaultPods, Physics: sim.DefaultPhysics(), Policy: policy, Admission: admit.DefaultConfig()}
 }
@@ -85,9 +91,9 @@ func (c Config) Validate() error {
 	return c.Admission.Validate()
 }
 
-// Result is a run's outcome, in seed 000's terms. TTFT percentiles are over
-// admitted requests, as the seed computes them (sorted[n/2] and
-// sorted[int(n×0.99)]).
+// Result is a run's outcome, in the global-scheduling study's terms. TTFT
+// percentiles are over admitted requests, as the study computes them
+// (sorted[n/2] and sorted[int(n×0.99)]).
 type Result struct {
 	Requests   int     `json:"requests"`
 	HitRate    float64 `json:"hit_rate"`   // cached prompt tokens / prompt tokens, admitted requests

@@ -11,8 +11,8 @@ import (
 	"pdlb/lb/route"
 )
 
-// seed000Row is one row of seed 000's printed table, in percent.
-type seed000Row struct {
+// studyRow is one row of the global-scheduling study's printed table, in percent.
+type studyRow struct {
 	rate               float64
 	policy             string
 	reject             bool
@@ -20,11 +20,11 @@ type seed000Row struct {
 	attainBand         float64
 }
 
-// seed000Table is the table seed 000's Python printed (workload seed 0), the
-// reference bench/cluster must reproduce. Its least-queue row is our
-// least_queue: the seed's "最少排队" is min over instances of busy, the time
-// its queued prefill work runs out.
-var seed000Table = []seed000Row{
+// studyTable is the table the global-scheduling study's Python printed
+// (workload seed 0), the reference bench/cluster must reproduce. Its
+// least-queue row is our least_queue: the study's "最少排队" is min over
+// instances of busy, the time its queued prefill work runs out.
+var studyTable = []studyRow{
 	{40, "random", false, 53.5, 99.5, 0, 4},
 	{40, "least_queue", false, 53.3, 100.0, 0, 4},
 	{40, "cache_only", false, 90.9, 100.0, 0, 4},
@@ -37,9 +37,10 @@ var seed000Table = []seed000Row{
 	{70, "min_ttft", true, 78.6, 97.9, 2.1, 4},
 }
 
-// simulate runs seed 000's chat at rate for 120 s with the named policy.
-// Seed-faithful runs (the seed's min_ttft rows) break ties for the first pod
-// and know the pods' speed, as the seed's Python does; see Config.FirstTie.
+// simulate runs the global-scheduling study's chat at rate for 120 s with the
+// named policy. Faithful runs (the study's min_ttft rows) break ties for
+// the first pod and know the pods' speed, as the study's Python does; see
+// Config.FirstTie.
 func simulate(t testing.TB, policy string, rate float64, reject, faithful bool, seed uint64) Result {
 	t.Helper()
 	p, err := route.New(policy, route.DefaultOptions())
@@ -65,15 +66,16 @@ func seeds(t *testing.T) []uint64 {
 
 func pct(x float64) string { return fmt.Sprintf("%5.1f", 100*x) }
 
-// TestSeedTable reproduces seed 000's table: the mean over workload seeds
-// of each row's hit rate and attainment must lie within ±4 points of the
-// seed's (±8 for cache_only's attainment at 70 req/s, where hotspots make
-// it swing), and its rejection within ±1 point. Run with -v for the table.
+// TestSeedTable reproduces the global-scheduling study's table: the mean over
+// workload seeds of each row's hit rate and attainment must lie within ±4
+// points of the study's (±8 for cache_only's attainment at 70 req/s, where
+// hotspots make it swing), and its rejection within ±1 point. Run with -v for
+// the table.
 func TestSeedTable(t *testing.T) {
 	ss := seeds(t)
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nrate  policy              seed: hit%%  attain%%  reject%%   per seed (hit/attain/reject)\n")
-	for _, row := range seed000Table {
+	for _, row := range studyTable {
 		// The seed breaks min_ttft's ties for the first instance; that
 		// piles new sessions onto pod 0 and costs it about 5 points of hit
 		// rate at 40 req/s against the gateway's random tie-break.
@@ -94,19 +96,19 @@ func TestSeedTable(t *testing.T) {
 		fmt.Fprintf(&b, "%4.0f  %-15s %5.1f/%5.1f/%4.1f  %s/%s/%s  %s\n", row.rate, name,
 			row.hit, row.attain, row.rejct, pct(hit), pct(att), pct(rej), strings.Join(per, "  "))
 		if math.Abs(100*hit-row.hit) > 4 || math.Abs(100*att-row.attain) > row.attainBand || math.Abs(100*rej-row.rejct) > 1 {
-			t.Errorf("%v req/s %s: hit %.1f%%, attainment %.1f%%, rejected %.1f%%; seed 000: %.1f%%, %.1f%%, %.1f%%",
+			t.Errorf("%v req/s %s: hit %.1f%%, attainment %.1f%%, rejected %.1f%%; study: %.1f%%, %.1f%%, %.1f%%",
 				row.rate, name, 100*hit, 100*att, 100*rej, row.hit, row.attain, row.rejct)
 		}
 	}
 	t.Log(b.String())
 }
 
-// TestBeatSeed000 checks that the default policy with admission beats
-// seed 000's best (min_ttft with rejection): at 70 req/s it reaches 99% of
-// requests within the SLO with at most 1% rejected, for every workload
-// seed, and at 40, 85 and 100 req/s it is never below min_ttft with
+// TestBeatTheStudy checks that the default policy with admission beats the
+// global-scheduling study's best (min_ttft with rejection): at 70 req/s it
+// reaches 99% of requests within the SLO with at most 1% rejected, for every
+// workload seed, and at 40, 85 and 100 req/s it is never below min_ttft with
 // rejection on the same workload.
-func TestBeatSeed000(t *testing.T) {
+func TestBeatTheStudy(t *testing.T) {
 	ss := seeds(t)
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nrate  seed  %s+reject hit/attain/reject   min_ttft+reject hit/attain/reject\n", route.DefaultPolicy)

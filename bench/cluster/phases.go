@@ -11,10 +11,10 @@ import (
 	"pdlb/lb/route"
 )
 
-// The three-phase scenario's defaults: seed 000's day compressed into 120 s
-// a phase on its 24 instances, and a planner whose window, drain, warm-up
-// and dwell are compressed with it (a 20 s window where a live planner has
-// 60 s).
+// The three-phase scenario's defaults: the global-scheduling study's day
+// compressed into 120 s a phase on its 24 instances, and a planner whose
+// window, drain, warm-up and dwell are compressed with it (a 20 s window
+// where a live planner has 60 s).
 const (
 	DefaultPhaseSec       = 120
 	DefaultPhasePods      = 24
@@ -22,12 +22,11 @@ const (
 	DefaultPhaseDrainSec  = 10
 	DefaultPhaseWarmupSec = 5
 	DefaultPhaseMinDwell  = 40
-	DefaultDecodePolicy   = "least_request"
 )
 
 // PhasesConfig is the three-phase scenario: one phased workload played
 // against a static split and against the planner driving role switches,
-// both on the same fleet, routers and admission (requests predicted to miss
+// both on the same fleet, cascade and admission (requests predicted to miss
 // their SLOs are rejected at once, so a backlog never outlives its phase).
 type PhasesConfig struct {
 	Phases   []plan.Phase
@@ -42,11 +41,13 @@ type PhasesConfig struct {
 	// TTFT 2 s, TPOT 0.1 s).
 	Physics   sim.Physics
 	Admission admit.Config
-	Seed      uint64
+	// PD is the cascade's knobs (default: the gateway's).
+	PD   route.PDOptions
+	Seed uint64
 }
 
-// DefaultPhasesConfig returns seed 000's three phases on its 24 instances,
-// static 12P12D.
+// DefaultPhasesConfig returns the global-scheduling study's three phases on
+// its 24 instances, static 12P12D.
 func DefaultPhasesConfig() PhasesConfig {
 	pc := plan.DefaultConfig(DefaultPhasePods)
 	pc.WindowSec, pc.DrainSec, pc.WarmupSec = DefaultPhaseWindowSec, DefaultPhaseDrainSec, DefaultPhaseWarmupSec
@@ -62,6 +63,7 @@ func DefaultPhasesConfig() PhasesConfig {
 		Planner:   pc,
 		Physics:   sim.DefaultPhysics(),
 		Admission: adm,
+		PD:        route.DefaultPDOptions(),
 	}
 }
 
@@ -86,18 +88,10 @@ func RunPhases(cfg PhasesConfig) (PhasesResult, error) {
 	if len(cfg.Phases) == 0 || !(cfg.PhaseSec > 0) {
 		return PhasesResult{}, fmt.Errorf("%w: %d phases of %v s", errPhasesConfig, len(cfg.Phases), cfg.PhaseSec)
 	}
-	prefill, err := route.New(route.DefaultPolicy, route.DefaultOptions())
-	if err != nil {
-		return PhasesResult{}, err
-	}
-	decode, err := route.New(DefaultDecodePolicy, route.DefaultOptions())
-	if err != nil {
-		return PhasesResult{}, err
-	}
 	w := PhasedWorkload{Phases: cfg.Phases, PhaseSec: cfg.PhaseSec, Prefixes: DefaultPhasePrefixes, BlockSize: cfg.Physics.BlockSize, Seed: cfg.Seed}
 	pd := PDConfig{
 		Pods: cfg.Pods, Initial: cfg.Static, Physics: cfg.Physics,
-		Prefill: prefill, Decode: decode, Admission: cfg.Admission, Reject: true,
+		PD: cfg.PD, Admission: cfg.Admission, Reject: true,
 		ReportSec: cfg.PhaseSec, Seed: cfg.Seed,
 	}
 	static, err := RunPD(pd, w.Start())

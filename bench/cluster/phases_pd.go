@@ -9,32 +9,37 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/lb/admit"
+	"pdlb/lb/config"
 	"pdlb/lb/plan"
 	"pdlb/lb/route"
 )
 
 // PDConfig describes one run of a disaggregated fleet: prefill pods as in
-// Run, and decode pods that batch continuously. Every request is routed to a
-// prefill pod and a decode pod when it arrives (the gateway's pair pick);
-// when its prefill ends its KV moves to the decode pod (Physics.TransferSec
-// of the whole prompt), waits there for a batch slot, and is decoded one
-// token a step, each step taking Physics.DecodeStepSec(batch) for the
-// batch running, up to Physics.MaxBatch sequences; new sequences join at
-// step boundaries. Its first token comes at the end of its first decode
-// step (the client streams from the decode pod), and its TPOT is the time
-// from first to last token over the tokens after the first.
+// Run, and decode pods that batch continuously, all of one roleset. Every
+// request is routed when it arrives by the gateway's own cascade
+// (route.PDRouter.Decide) over a snapshot the simulator fills as the gateway
+// fills its pool's (decide); when its prefill ends its KV moves to the decode
+// pod (Physics.TransferSec of the whole prompt), waits there for a batch
+// slot, and is decoded one token a step, each step taking
+// Physics.DecodeStepSec(batch) for the batch running, up to Physics.MaxBatch
+// sequences; new sequences join at step boundaries. Its first token comes at
+// the end of its first decode step (the client streams from the decode pod),
+// and its TPOT is the time from first to last token over the tokens after the
+// first.
 //
-// Decode pods' KV capacity is not modelled (as in seed 000's D_cap, the
-// batch is bounded by MaxBatch only), nor is deferral: every request is
-// admitted or rejected when it arrives.
+// Decode pods' KV capacity is not modelled (as in the global-scheduling
+// study's D_cap, the batch is bounded by MaxBatch only), nor is deferral:
+// every request is admitted or rejected when it arrives.
 type PDConfig struct {
 	// Pods is the fleet's size; Initial splits it between the roles.
 	Pods    int
 	Initial plan.Ratio
 	// Physics is every pod's timing model.
 	Physics sim.Physics
-	// Prefill places requests on prefill pods; Decode on decode pods.
-	Prefill, Decode route.Policy
+	// PD is the cascade's knobs, as the gateway's pd section sets them.
+	// The fleet has no combined pods and its pods no buckets, and local
+	// prefill (LocalPrefillMaxTokens) is not modelled.
+	PD route.PDOptions
 	// Admission holds the SLOs attainment is measured by. With Reject,
 	// requests predicted to miss them are rejected on arrival.
 	Admission admit.Config
@@ -48,8 +53,11 @@ type PDConfig struct {
 	// ReportSec cuts the results into consecutive periods of this length by
 	// arrival time (a phased workload's PhaseSec); 0 reports one period.
 	ReportSec float64
-	// Seed drives the routers' random choices.
+	// Seed drives the cascade's random choices.
 	Seed uint64
+
+	// observe, when set, sees every decision (tests).
+	observe func(req *route.Request, cands []route.PDCandidate, d route.PDDecision)
 }
 
 var errPDConfig = errors.New("cluster: invalid PD config")
@@ -62,8 +70,8 @@ func (c PDConfig) Validate() error {
 		return fmt.Errorf("%w: pods = %d must be at least 2", errPDConfig, c.Pods)
 	case c.Initial.Prefill < 1 || c.Initial.Decode < 1 || c.Initial.Total() != c.Pods:
 		return fmt.Errorf("%w: initial = %v must give both roles a pod and place all %d", errPDConfig, c.Initial, c.Pods)
-	case c.Prefill == nil || c.Decode == nil:
-		return fmt.Errorf("%w: prefill and decode policies must be set", errPDConfig)
+	case c.PD.LocalPrefillMaxTokens != 0:
+		return fmt.Errorf("%w: pd.local_prefill_max_tokens = %d: the PD simulator does not prefill on decode pods, set it to 0", errPDConfig, c.PD.LocalPrefillMaxTokens)
 	case c.ReportSec < 0:
 		return fmt.Errorf("%w: report_sec = %v must not be negative", errPDConfig, c.ReportSec)
 	}
@@ -81,6 +89,9 @@ func (c PDConfig) Validate() error {
 		}
 	}
 	if err := c.Physics.Validate(); err != nil {
+		return err
+	}
+	if err := c.PD.Validate(); err != nil {
 		return err
 	}
 	return c.Admission.Validate()
@@ -123,6 +134,7 @@ const (
 	evStepEnd            // a decode pod's step ends
 	evWarm               // a switched pod has warmed up
 	evTick               // a planner window closes
+	evScrape             // the gateway scrapes every pod's /metrics
 )
 
 type podState uint8
@@ -193,6 +205,10 @@ type pdRequest struct {
 	decodePod        int32
 	period           int32
 	class            admit.Class
+	// pending is the request's pick of its decode pod's pending count,
+	// held until its prefill ends, when the gateway sends the decode leg
+	// and the pod answers its headers.
+	pending route.PendingTicket
 }
 
 // pdPod is a pod of either role. The prefill side is Run's pod; the decode
@@ -200,6 +216,9 @@ type pdRequest struct {
 type pdPod struct {
 	pod
 	prefillReqs []int32 // the request of each job in pod.jobs
+	// queuedPrefill is the uncached tokens of the jobs, the prefill queue
+	// as the gateway counts it: a request's until its prefill ends.
+	queuedPrefill int
 
 	decode   bool // the role it serves, or is switching to
 	state    podState
@@ -209,7 +228,29 @@ type pdPod struct {
 	queued   int     // output tokens of incoming and waiting requests
 	stepping bool
 	line     *admit.DecodeLine
+	// generated and finished count the output tokens and the requests
+	// the pod has decoded, the counters its /metrics shows.
+	generated, finished int
+	// scraped is the pod as the gateway's last scrape saw it.
+	scraped podScrape
+	// pending counts the incoming requests still in prefill: the
+	// gateway's pending-decode count.
+	pending route.PendingDecode
 }
+
+// podScrape is a pod's /metrics as one scrape reads them: running and
+// waiting sequences, and, from the counters' growth since the scrape
+// before, output tokens per second and decode requests finished per
+// second.
+type podScrape struct {
+	running, waiting           int
+	generated, finished        int
+	genTokensPerSec, drainRate float64
+}
+
+// scrapeSec is the gateway's default interval between scrapes
+// (health.metrics_interval), in seconds.
+var scrapeSec = config.DefaultMetricsInterval.Seconds()
 
 // assigned is how many requests the pod has that it has not finished.
 func (p *pdPod) assigned() int {
@@ -242,11 +283,11 @@ type pdRun struct {
 	rng     *rand.Rand
 	ctrl    *admit.Controller
 	planner *plan.Planner
+	router  *route.PDRouter
 
-	pcands, dcands []route.Candidate
-	pidx, didx     []int // pod index of each candidate
-	scratch        []float64
-	remaining      []int // slotWait's scratch
+	cands     []route.PDCandidate // candidate i is pod i
+	scratch   route.PDScratch
+	remaining []int // slotWait's scratch
 
 	periods  []periodStats
 	win      windowStats
@@ -260,11 +301,16 @@ func RunPD(cfg PDConfig, w Workload) (PDResult, error) {
 	if err := cfg.Validate(); err != nil {
 		return PDResult{}, err
 	}
+	router, err := route.NewPDRouter(cfg.PD)
+	if err != nil {
+		return PDResult{}, err
+	}
 	r := &pdRun{
-		cfg:     cfg,
-		pods:    make([]pdPod, cfg.Pods),
-		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x9d)),
-		scratch: make([]float64, cfg.Pods),
+		cfg:    cfg,
+		pods:   make([]pdPod, cfg.Pods),
+		rng:    rand.New(rand.NewPCG(cfg.Seed, 0x9d)),
+		router: router,
+		cands:  make([]route.PDCandidate, cfg.Pods),
 	}
 	ph := cfg.Physics
 	for i := range r.pods {
@@ -296,6 +342,7 @@ func RunPD(cfg PDConfig, w Workload) (PDResult, error) {
 
 	var a Arrival
 	r.arriving = w.Next(&a)
+	r.scrape()
 	for r.arriving || len(r.events) > 0 {
 		if r.arriving && (len(r.events) == 0 || a.Time <= r.events[0].t) {
 			r.now = a.Time
@@ -318,6 +365,8 @@ func RunPD(cfg PDConfig, w Workload) (PDResult, error) {
 			p.cache.Clear()
 		case evTick:
 			r.tick()
+		case evScrape:
+			r.scrape()
 		}
 	}
 	return r.finish(), nil
@@ -352,39 +401,14 @@ func (r *pdRun) arrive(a *Arrival) {
 	r.win.output += float64(a.OutputTokens)
 
 	ph := &r.cfg.Physics
-	bs := ph.BlockSize
-	r.pcands, r.pidx = r.pcands[:0], r.pidx[:0]
-	r.dcands, r.didx = r.dcands[:0], r.didx[:0]
-	for i := range r.pods {
-		p := &r.pods[i]
-		if p.state != active {
-			continue
-		}
-		if p.decode {
-			r.dcands = append(r.dcands, route.Candidate{Pod: int32(i), InFlight: p.assigned()})
-			r.didx = append(r.didx, i)
-			continue
-		}
-		r.pcands = append(r.pcands, route.Candidate{
-			Pod:                 int32(i),
-			CachedTokens:        min(p.cache.Match(a.Keys)*bs, a.PromptTokens),
-			InFlight:            len(p.jobs),
-			QueuedPrefillTokens: max(p.busy-r.now, 0) * ph.PrefillTokensPerSec,
-			PrefillTokensPerSec: p.speed.TokensPerSec(),
-		})
-		r.pidx = append(r.pidx, i)
-	}
-	if len(r.pcands) == 0 || len(r.dcands) == 0 {
-		panic("BUG: cluster: a role has no active pod; switches keep one")
-	}
-	req := route.Request{PromptTokens: a.PromptTokens, Keys: a.Keys, BlockSize: bs, Rand: r.rng.Uint64()}
-	pi := r.cfg.Prefill.Pick(&req, r.pcands, r.scratch)
-	req.Rand = r.rng.Uint64()
-	di := r.cfg.Decode.Pick(&req, r.dcands, r.scratch)
-	pp, dp := &r.pods[r.pidx[pi]], &r.pods[r.didx[di]]
+	req := route.Request{PromptTokens: a.PromptTokens, Keys: a.Keys, BlockSize: ph.BlockSize, Rand: r.rng.Uint64()}
+	d := r.decide(&req)
+	pi, di := d.Prefill, d.Decode
+	pp, dp := &r.pods[pi], &r.pods[di]
+	pc := &r.cands[pi].Candidate
 
 	if r.ctrl != nil {
-		ttft, tpot := r.predict(&req, &r.pcands[pi], dp)
+		ttft, tpot := r.predict(&req, pc, dp)
 		if r.ctrl.Decide(a.Class, uint64(len(r.reqs)+1), r.now, ttft, tpot).Action != admit.Admit {
 			ps.rejected++
 			return
@@ -394,9 +418,10 @@ func (r *pdRun) arrive(a *Arrival) {
 	id := int32(len(r.reqs))
 	r.reqs = append(r.reqs, pdRequest{
 		arrival: a.Time, prompt: a.PromptTokens, output: a.OutputTokens,
-		decodePod: int32(r.didx[di]), period: int32(period), class: a.Class,
+		decodePod: int32(di), period: int32(period), class: a.Class,
+		pending: dp.pending.Pick(),
 	})
-	hit := r.pcands[pi].CachedTokens
+	hit := pc.CachedTokens
 	ps.hit += hit
 	ps.prompt += a.PromptTokens
 	r.win.hit += float64(hit)
@@ -407,30 +432,87 @@ func (r *pdRun) arrive(a *Arrival) {
 	start := max(pp.busy, r.now)
 	pp.busy = start + ph.PrefillSec(unc)
 	pp.jobs = append(pp.jobs, job{start: start, finish: pp.busy, uncached: unc})
+	pp.queuedPrefill += unc
 	pp.prefillReqs = append(pp.prefillReqs, id)
 	pp.cache.Store(a.Keys, nil, nil)
-	r.schedule(pp.busy, evPrefillDone, r.pidx[pi], id)
+	r.schedule(pp.busy, evPrefillDone, pi, id)
 
 	dp.incoming++
 	dp.queued += a.OutputTokens
 }
 
-// predict is the request's predicted TTFT and TPOT on the pair: the prefill
-// pod's PredictedTTFT with the KV transfer, then the wait for a decode slot
-// (slotWait), then one step; TPOT is a step at the batch the request joins.
-func (r *pdRun) predict(req *route.Request, pc *route.Candidate, dp *pdPod) (ttft, tpot float64) {
-	ph := &r.cfg.Physics
-	step := ph.DecodeStepSec(min(dp.assigned()+1, ph.MaxBatch))
-	return route.PredictedTTFT(req, pc, ph.TransferSec(req.PromptTokens)) + r.slotWait(dp) + step, step
+// scrape reads every pod's /metrics as the gateway's health checker does,
+// once per scrapeSec while requests still arrive.
+func (r *pdRun) scrape() {
+	for i := range r.pods {
+		p := &r.pods[i]
+		s := podScrape{running: len(p.running), waiting: len(p.waiting), generated: p.generated, finished: p.finished}
+		if !p.decode {
+			s.running, s.waiting = min(len(p.jobs), 1), max(len(p.jobs)-1, 0)
+		}
+		s.genTokensPerSec = float64(s.generated-p.scraped.generated) / scrapeSec
+		s.drainRate = float64(s.finished-p.scraped.finished) / scrapeSec
+		p.scraped = s
+	}
+	if r.arriving {
+		r.schedule(r.now+scrapeSec, evScrape, -1, -1)
+	}
 }
 
-// slotWait predicts how long a request routed to decode pod p now waits for
-// a batch slot, as the pod's scheduler, which knows its sequences'
-// remaining tokens, would: the requests already queued take the free slots
-// and then the slots that free first, a running sequence freeing its slot
-// after its remaining tokens at a full batch's step time. A queue deeper
-// than the running batch is charged its output tokens at the full batch's
-// throughput on top (an overestimate: rejecting early beats a late miss).
+// decide fills r.cands with every pod as the gateway's pool would show it
+// and runs the gateway's cascade over them: what the gateway counts itself
+// (in flight, prefill queue, prefix match, pending decodes) as it stands,
+// what it scrapes as of the last scrape.
+func (r *pdRun) decide(req *route.Request) route.PDDecision {
+	ph := &r.cfg.Physics
+	for i := range r.pods {
+		p := &r.pods[i]
+		c := &r.cands[i]
+		sc := &p.scraped
+		*c = route.PDCandidate{
+			Candidate: route.Candidate{Pod: int32(i), HasMetrics: true, Running: sc.running, Waiting: sc.waiting, GenTokensPerSec: sc.genTokensPerSec},
+			Down:      p.state != active,
+		}
+		if p.decode {
+			c.Role, c.Pending, c.Line, c.DrainRate = route.RoleDecode, &p.pending, p.line, sc.drainRate
+			// In flight from the decode leg's start, which the gateway
+			// sends once the prefill answered: the KV is on its way.
+			c.InFlight = p.incoming - p.pending.Load() + len(p.waiting) + len(p.running)
+			continue
+		}
+		c.Role = route.RolePrefill
+		c.CachedTokens = min(p.cache.Match(req.Keys)*ph.BlockSize, req.PromptTokens)
+		c.InFlight = len(p.jobs)
+		c.QueuedPrefillTokens = float64(p.queuedPrefill)
+		c.PrefillTokensPerSec = p.speed.TokensPerSec()
+	}
+	d, err := r.router.Decide(req, r.cands, &r.scratch)
+	if err != nil || d.Kind != route.PDPair {
+		panic(fmt.Sprintf("BUG: cluster: the cascade did not pick a pair (%v, kind %d); switches keep a pod in each role", err, d.Kind))
+	}
+	if r.cfg.observe != nil {
+		r.cfg.observe(req, r.cands, d)
+	}
+	return d
+}
+
+// predict is the request's predicted TTFT and TPOT on the pair, by
+// admission's own formula (admit.Predict): the prefill pod's queue and the
+// prompt's uncached part, the KV transfer, the wait for a decode slot
+// (slotWait), and the decode pod's first step, which streams the first
+// token; TPOT is a step at the batch the request joins.
+func (r *pdRun) predict(req *route.Request, pc *route.Candidate, dp *pdPod) (ttft, tpot float64) {
+	ph := &r.cfg.Physics
+	return admit.Predict(admit.Path{
+		QueuedTokens: pc.QueuedPrefillTokens, UncachedTokens: float64(max(req.PromptTokens-pc.CachedTokens, 0)),
+		PrefillTokensPerSec: pc.PrefillTokensPerSec, TransferSec: ph.TransferSec(req.PromptTokens),
+		SlotWaitSec: r.slotWait(dp), FirstTokenOnDecode: true,
+		Batch: min(dp.assigned(), ph.MaxBatch-1), Line: dp.line,
+	})
+}
+
+// slotWait is admit.SlotWait for a request routed to decode pod p now: the
+// requests routed or waiting there beyond its free slots are ahead of it.
 func (r *pdRun) slotWait(p *pdPod) float64 {
 	ph := &r.cfg.Physics
 	ahead := p.incoming + len(p.waiting) - (ph.MaxBatch - len(p.running))
@@ -442,19 +524,17 @@ func (r *pdRun) slotWait(p *pdPod) float64 {
 		r.remaining = append(r.remaining, r.reqs[id].output-r.reqs[id].done)
 	}
 	slices.Sort(r.remaining)
-	step := ph.DecodeStepSec(ph.MaxBatch)
-	if ahead < len(r.remaining) {
-		return float64(r.remaining[ahead]) * step
-	}
-	return float64(r.remaining[len(r.remaining)-1])*step + float64(p.queued)/ph.DecodeTokensPerSec(ph.MaxBatch)
+	return admit.SlotWait(ahead, r.remaining, ph.DecodeStepSec(ph.MaxBatch), ph.MaxBatch, p.queued)
 }
 
 func (r *pdRun) prefillDone(i int) {
 	p := &r.pods[i]
 	j, id := p.jobs[0], p.prefillReqs[0]
 	p.jobs, p.prefillReqs = p.jobs[1:], p.prefillReqs[1:]
+	p.queuedPrefill -= j.uncached
 	p.speed.Observe(j.uncached, j.finish-j.start)
 	q := &r.reqs[id]
+	q.pending.Done()
 	r.schedule(r.now+r.cfg.Physics.TransferSec(q.prompt), evKVArrive, int(q.decodePod), id)
 	r.drained(i)
 }
@@ -491,6 +571,7 @@ func (r *pdRun) stepEnd(i int) {
 	p := &r.pods[i]
 	ph := &r.cfg.Physics
 	p.line.Observe(len(p.running), ph.DecodeStepSec(len(p.running)))
+	p.generated += len(p.running)
 	keep := p.running[:0]
 	for _, id := range p.running {
 		q := &r.reqs[id]
@@ -502,6 +583,7 @@ func (r *pdRun) stepEnd(i int) {
 			keep = append(keep, id)
 			continue
 		}
+		p.finished++
 		r.complete(q)
 	}
 	p.running = keep

@@ -12,9 +12,10 @@ import (
 	"pdlb/lb/route"
 )
 
-// TestPhasesTable plays seed 000's day (chat, long-document summaries,
-// coding agents; 120 s each) on 24 instances, static 12P12D against the
-// planner, and prints the per-phase table for bench/RESULTS.md:
+// TestPhasesTable plays the global-scheduling study's day (chat,
+// long-document summaries, coding agents; 120 s each) on 24 instances, static
+// 12P12D against the planner, and prints the per-phase table for
+// bench/RESULTS.md:
 //
 //	go test ./bench/cluster -run TestPhasesTable -v
 func TestPhasesTable(t *testing.T) {
@@ -85,17 +86,9 @@ func trace(t *testing.T, lines string) Workload {
 
 func pdConfig(t *testing.T) PDConfig {
 	t.Helper()
-	p, err := route.New(route.DefaultPolicy, route.DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := route.New(DefaultDecodePolicy, route.DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
 	adm := admit.DefaultConfig()
 	adm.Classes[admit.Batch].MaxWait = 0
-	return PDConfig{Pods: 2, Initial: plan.Ratio{Prefill: 1, Decode: 1}, Physics: sim.DefaultPhysics(), Prefill: p, Decode: d, Admission: adm}
+	return PDConfig{Pods: 2, Initial: plan.Ratio{Prefill: 1, Decode: 1}, Physics: sim.DefaultPhysics(), PD: route.DefaultPDOptions(), Admission: adm}
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -149,7 +142,8 @@ func TestPDConfigValidate(t *testing.T) {
 	}
 	f(func(c *PDConfig) { c.Pods = 1 }, "pods = 1")
 	f(func(c *PDConfig) { c.Initial = plan.Ratio{Prefill: 2} }, "initial = 2P0D")
-	f(func(c *PDConfig) { c.Decode = nil }, "policies must be set")
+	f(func(c *PDConfig) { c.PD.LocalPrefillMaxTokens = 64 }, "pd.local_prefill_max_tokens = 64")
+	f(func(c *PDConfig) { c.PD.DecodeScorePolicy = "fastest" }, `decode_score_policy = "fastest"`)
 	f(func(c *PDConfig) { c.ReportSec = -1 }, "report_sec = -1")
 	f(func(c *PDConfig) { c.Admission.Classes[admit.Batch].MaxWait = 30 }, "classes.batch.max_wait = 30")
 	f(func(c *PDConfig) { pc := plan.DefaultConfig(3); c.Planner = &pc }, "planner total = 3, pods = 2")

@@ -2,9 +2,10 @@ package cluster
 
 import "testing"
 
-// BenchmarkPhases is one `go test -run TestPhasesTable` scenario: seed
-// 000's three 120 s phases on 24 pods (about 18,800 requests and 13 million
-// output tokens offered), static and planned arms. Target: well under 1 s.
+// BenchmarkPhases is one `go test -run TestPhasesTable` scenario: the
+// global-scheduling study's three 120 s phases on 24 pods (about 18,800
+// requests and 13 million output tokens offered), static and planned arms.
+// Target: well under 1 s.
 func BenchmarkPhases(b *testing.B) {
 	b.ReportAllocs()
 	cfg := DefaultPhasesConfig()

@@ -29,7 +29,8 @@ type Workload interface {
 	Next(a *Arrival) bool
 }
 
-// Seed 000's multi-turn chat workload, its defaults named after its text.
+// The global-scheduling study's multi-turn chat workload, its defaults named
+// after its text.
 const (
 	DefaultChatSystems      = 20
 	DefaultChatSystemTokens = 2048
@@ -37,9 +38,9 @@ const (
 	DefaultChatTurnTokens   = 300
 )
 
-// SeedChat is seed 000's multi-turn chat: Systems system prompts of
-// SystemTokens random tokens, Sessions conversations each starting from a
-// random system prompt, and Poisson arrivals at Rate per second for
+// SeedChat is the global-scheduling study's multi-turn chat: Systems system
+// prompts of SystemTokens random tokens, Sessions conversations each starting
+// from a random system prompt, and Poisson arrivals at Rate per second for
 // Duration seconds, each picking a random session, appending TurnTokens
 // random tokens to it and sending the whole conversation so far. Like the
 // seed, the model's answers are not appended and no output is generated.
@@ -50,8 +51,8 @@ type SeedChat struct {
 	Seed                                        uint64
 }
 
-// NewSeedChat returns seed 000's workload at rate requests per second for
-// duration seconds, with keys of blockSize-token blocks.
+// NewSeedChat returns the global-scheduling study's workload at rate requests
+// per second for duration seconds, with keys of blockSize-token blocks.
 func NewSeedChat(rate, duration float64, blockSize int, seed uint64) SeedChat {
 	return SeedChat{
 		Rate: rate, Duration: duration,
@@ -128,7 +129,7 @@ func (r *chatRun) Next(a *Arrival) bool {
 	if r.t >= r.cfg.Duration {
 		return false
 	}
-	// As in the seed, the arrival that crosses Duration is still sent.
+	// As in the study, the arrival that crosses Duration is still sent.
 	r.t += r.rng.ExpFloat64() / r.cfg.Rate
 	s := &r.sessions[r.rng.IntN(len(r.sessions))]
 	s.extend(r.rng, r.cfg.TurnTokens, r.cfg.BlockSize, r.seed)

@@ -63,11 +63,12 @@ const (
 // WorkloadNames lists the workloads NewWorkload knows.
 var WorkloadNames = []string{WorkloadSeedChat, WorkloadLongDocs, WorkloadAgents, WorkloadMixed, WorkloadTrace}
 
-// Defaults of the synthetic workloads. Chat is seed 000's (its shape from
-// bench/cluster); long documents and agents follow seed 000's evening and
-// night phases (16,000-token prompts with a 20% shared prefix and 300
-// output tokens; 6,000-token prompts with an 80% shared prefix and 2,000
-// output tokens); the mix is seed 001's 100- and 30,000-token prompts.
+// Defaults of the synthetic workloads. Chat is the global-scheduling study's
+// (its shape from bench/cluster); long documents and agents follow the
+// global-scheduling study's evening and night phases (16,000-token prompts
+// with a 20% shared prefix and 300 output tokens; 6,000-token prompts with an
+// 80% shared prefix and 2,000 output tokens); the mix is AIBrix's 100- and
+// 30,000-token prompts.
 const (
 	DefaultChatOutputTokens  = 128
 	DefaultDocInstruction    = 3200
@@ -186,11 +187,11 @@ func (g *gen) text(tokens int) string {
 	return string(b)
 }
 
-// seedChat is seed 000's multi-turn chat: a pool of system prompts, sessions
-// each starting from one of them, and every request picking a session,
-// appending a user turn and sending the whole conversation. As in the seed
-// (and bench/cluster), answers are not appended, so the live run sends the
-// prompts the simulator models.
+// seedChat is the global-scheduling study's multi-turn chat: a pool of system
+// prompts, sessions each starting from one of them, and every request picking
+// a session, appending a user turn and sending the whole conversation. As in
+// the global-scheduling study (and bench/cluster), answers are not appended,
+// so the live run sends the prompts the simulator models.
 type seedChat struct {
 	gen
 	systems  []string
@@ -258,7 +259,7 @@ func (w *sharedPrefix) Next(r *Request) bool {
 	return true
 }
 
-// mixed is seed 001's case for token-aware load balancing: completions of
+// mixed is AIBrix's case for token-aware load balancing: completions of
 // short and very long prompts that share nothing.
 type mixed struct {
 	gen

@@ -41,8 +41,9 @@ func TestWorkloadDeterministic(t *testing.T) {
 	}
 }
 
-// TestSeedChatShape checks seed 000's shape: system prompts of 2,048
-// tokens, +300 tokens a turn, the whole history resent, a session key.
+// TestSeedChatShape checks the global-scheduling study's shape: system
+// prompts of 2,048 tokens, +300 tokens a turn, the whole history resent, a
+// session key.
 func TestSeedChatShape(t *testing.T) {
 	w := mustWorkload(t, WorkloadSpec{Name: WorkloadSeedChat, Seed: 1})
 	last := map[string][]string{}
@@ -106,7 +107,7 @@ func TestWorkloadShapes(t *testing.T) {
 	f(WorkloadLongDocs, DefaultDocInstruction+DefaultDocTokens, DefaultDocOutputTokens, 0.2)
 	f(WorkloadAgents, DefaultAgentPrefixTokens+DefaultAgentTaskTokens, DefaultAgentOutputTokens, 0.8)
 
-	// Seed 001's mix: only the two lengths, in about the asked proportion.
+	// AIBrix's mix: only the two lengths, in about the asked proportion.
 	w := mustWorkload(t, WorkloadSpec{Name: WorkloadMixed, LongFraction: 0.25})
 	long := 0
 	var r Request

@@ -47,8 +47,9 @@ func ParseClass(name string) (Class, error) {
 	return 0, fmt.Errorf("%w %q (known: interactive, batch)", ErrUnknownClass, name)
 }
 
-// Defaults of the admission knobs. The interactive TTFT target is seed
-// 000's 2 s; its TPOT target of 100 ms is ten tokens a second, reading speed.
+// Defaults of the admission knobs. The interactive TTFT target is the
+// global-scheduling study's 2 s; its TPOT target of 100 ms is ten tokens a
+// second, reading speed.
 const (
 	DefaultInteractiveTTFTSLO = 2.0
 	DefaultInteractiveTPOTSLO = 0.1

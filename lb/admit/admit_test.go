@@ -19,6 +19,44 @@ func TestTTFT(t *testing.T) {
 	f(0, 0, 10000, 0, 0)
 }
 
+func TestPredict(t *testing.T) {
+	// A line of 10 ms a step plus 1 ms a sequence: a step at batch 4 is 14 ms.
+	line := NewDecodeLine(0.010, 0.001, 64, DefaultDecodeForget)
+	f := func(p Path, wantTTFT, wantTPOT float64) {
+		t.Helper()
+		ttft, tpot := Predict(p)
+		if math.Abs(ttft-wantTTFT) > 1e-9 || math.Abs(tpot-wantTPOT) > 1e-9 {
+			t.Fatalf("Predict(%+v) = %v, %v, want %v, %v", p, ttft, tpot, wantTTFT, wantTPOT)
+		}
+	}
+	// One pod: the prefill alone (the gateway's combined path).
+	f(Path{QueuedTokens: 40000, UncachedTokens: 2000, PrefillTokensPerSec: 20000, Batch: 3, Line: line}, 2.1, 0.014)
+	// A pair: the transfer and the slot wait add to the prefill.
+	f(Path{UncachedTokens: 2000, PrefillTokensPerSec: 20000, TransferSec: 0.05, SlotWaitSec: 0.5, Batch: 3, Line: line}, 0.65, 0.014)
+	// The decode pod's first step is the client's first token.
+	f(Path{UncachedTokens: 2000, PrefillTokensPerSec: 20000, TransferSec: 0.05, FirstTokenOnDecode: true, Batch: 3, Line: line}, 0.164, 0.014)
+	// A full KV cache: the request would queue.
+	ttft, tpot := Predict(Path{FirstTokenOnDecode: true, KVUsage: 1, Line: line})
+	if !math.IsInf(ttft, 1) || !math.IsInf(tpot, 1) {
+		t.Fatalf("full KV: %v, %v, want +Inf, +Inf", ttft, tpot)
+	}
+}
+
+func TestSlotWait(t *testing.T) {
+	f := func(ahead int, remaining []int, queued int, want float64) {
+		t.Helper()
+		// A full batch of 4 steps in 0.1 s.
+		if got := SlotWait(ahead, remaining, 0.1, 4, queued); math.Abs(got-want) > 1e-9 {
+			t.Fatalf("SlotWait(%d, %v, queued %d) = %v, want %v", ahead, remaining, queued, got, want)
+		}
+	}
+	f(-1, []int{5, 9}, 0, 0)           // a free slot
+	f(0, []int{5, 9, 20, 30}, 10, 0.5) // the first slot to free
+	f(2, []int{5, 9, 20, 30}, 10, 2)
+	f(4, []int{5, 9, 20, 30}, 40, 4) // past the batch: the last slot, then the queue at 4 tokens a step
+	f(3, nil, 8, 0.2)                // nothing running yet: the queue alone
+}
+
 func TestPrefillSpeedConverges(t *testing.T) {
 	s := NewPrefillSpeed(DefaultPrefillTokensPerSec, DefaultSpeedAlpha)
 	if s.TokensPerSec() != DefaultPrefillTokensPerSec {

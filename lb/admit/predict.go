@@ -15,8 +15,9 @@ import (
 )
 
 // Defaults of the predictors: the starting points the learners hold until
-// they have observed a pod. Prefill speed is seed 000's 20,000 tokens/s; the
-// decode line is engines/sim's (10 ms a step plus 0.2 ms per sequence).
+// they have observed a pod. Prefill speed is the global-scheduling study's
+// 20,000 tokens/s; the decode line is engines/sim's (10 ms a step plus 0.2 ms
+// per sequence).
 const (
 	DefaultPrefillTokensPerSec = 20000
 	DefaultSpeedAlpha          = 0.2
@@ -26,12 +27,12 @@ const (
 	DefaultDecodeForget        = 0.99
 )
 
-// TTFT is the predicted time to first token on a prefill or combined pod,
-// in seconds: the work already queued on it, then this request's uncached
+// TTFT is the predicted time to first token on a prefill or combined pod, in
+// seconds: the work already queued on it, then this request's uncached
 // tokens, both at the pod's prefill speed, then the KV handoff to the decode
-// pod (0 on a combined pod). This is seed 000's "queueing + computing the
-// part that missed". A speed of zero or less means "unknown" and uses
-// DefaultPrefillTokensPerSec.
+// pod (0 on a combined pod). This is the global-scheduling study's "queueing
+// + computing the part that missed". A speed of zero or less means "unknown"
+// and uses DefaultPrefillTokensPerSec.
 func TTFT(queuedTokens, uncachedTokens, tokensPerSec, transferSec float64) float64 {
 	if !(tokensPerSec > 0) {
 		tokensPerSec = DefaultPrefillTokensPerSec
@@ -168,4 +169,69 @@ func (d *DecodeLine) TPOT(batch int, kvUsage float64) float64 {
 	}
 	base, perSeq := d.Line()
 	return base + perSeq*float64(batch+1)
+}
+
+// Path is what a prediction reads of where a request would run: the
+// prefill (or combined) pod's queue and speed, the KV handoff to a decode
+// pod, and the decode pod's batch. A term the caller cannot tell is left
+// zero and counts nothing.
+type Path struct {
+	// QueuedTokens is the uncached work already queued on the prefill pod
+	// and UncachedTokens this prompt's (tokens); PrefillTokensPerSec is the
+	// pod's speed (0 or less: DefaultPrefillTokensPerSec).
+	QueuedTokens, UncachedTokens, PrefillTokensPerSec float64
+	// TransferSec is the KV handoff from the prefill pod to the decode pod
+	// (0 when one pod does both).
+	TransferSec float64
+	// SlotWaitSec is how long the request then waits on the decode pod for
+	// a batch slot (SlotWait).
+	SlotWaitSec float64
+	// FirstTokenOnDecode says the client's first token is the decode pod's
+	// first step for the request, as with a disaggregated pair whose decode
+	// pod streams the answer: TTFT then adds one step at the joined batch.
+	FirstTokenOnDecode bool
+	// Batch is the decode pod's running sequences, KVUsage the fraction of
+	// its KV blocks in use, Line its learned step line.
+	Batch   int
+	KVUsage float64
+	Line    *DecodeLine
+}
+
+// Predict is the request's predicted time to first token and time per
+// output token on p, in seconds: TTFT's prefill queue, uncached compute
+// and KV transfer, then the wait for a decode slot (and the first decode
+// step when FirstTokenOnDecode); TPOT is the decode pod's step with the
+// request added (DecodeLine.TPOT). The gateway and bench/cluster both call
+// it, so admission in the simulator is admission in the gateway.
+func Predict(p Path) (ttft, tpot float64) {
+	tpot = p.Line.TPOT(p.Batch, p.KVUsage)
+	ttft = TTFT(p.QueuedTokens, p.UncachedTokens, p.PrefillTokensPerSec, p.TransferSec) + p.SlotWaitSec
+	if p.FirstTokenOnDecode {
+		ttft += tpot
+	}
+	return ttft, tpot
+}
+
+// SlotWait predicts how long a request routed to a decode pod now waits for
+// a batch slot, as the pod's scheduler, which knows its sequences' remaining
+// tokens, would: the ahead requests queued before it (beyond the free
+// slots; 0 or less: a slot is free) take the slots that free first, a
+// running sequence freeing its slot after its remaining tokens at
+// fullStepSec, the step time of a full batch of maxBatch. remaining holds
+// the running sequences' remaining tokens in ascending order. A queue
+// deeper than the running batch is charged queuedTokens, the output tokens
+// of the queued requests, at a full batch's throughput on top (an
+// overestimate: rejecting early beats a late miss).
+func SlotWait(ahead int, remaining []int, fullStepSec float64, maxBatch, queuedTokens int) float64 {
+	switch {
+	case ahead < 0:
+		return 0
+	case ahead < len(remaining):
+		return float64(remaining[ahead]) * fullStepSec
+	}
+	last := 0
+	if len(remaining) > 0 {
+		last = remaining[len(remaining)-1]
+	}
+	return (float64(last) + float64(queuedTokens)/float64(maxBatch)) * fullStepSec
 }

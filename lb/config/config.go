@@ -1,10 +1,18 @@
-// Package config is the gateway's configuration: defaults, then the YAML file
-// and flags, then Validate, then frozen. Validate names the field and quotes
-// the value it rejects and never corrects a value silently.
+// Package config is the gateway's configuration: Default, then the
+// environment, the YAML file and flags, then Provision (the defaults of
+// fields whose empty value means one), then Validate, then frozen. Validate
+// only checks: it names the field and quotes the value it rejects and never
+// corrects one.
+//
+// A new field gets its default as a named constant, set in Default when
+// the default is a value the user may also write, or in the Provision of
+// its type when "empty means X" (a pod's name is its address); its rule in
+// the Validate of its type; and "(default X)" in its doc comment.
 package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -55,7 +63,7 @@ const (
 	DefaultMaxResponseBytes   = 64 << 20
 )
 
-// Roles a pod can play (seed 001's role-name label; "combined" runs both
+// Roles a pod can play (AIBrix's role-name label; "combined" runs both
 // phases).
 const (
 	RoleCombined = "combined"
@@ -102,13 +110,13 @@ type Config struct {
 	Health Health `yaml:"health"`
 	// Admission rejects early what cannot meet its latency target.
 	Admission Admission `yaml:"admission"`
-	// TokenLoad holds the token ledgers' knobs (seed 001's AIBRIX_TOKEN_LOAD_*
+	// TokenLoad holds the token ledgers' knobs (AIBrix's AIBRIX_TOKEN_LOAD_*
 	// and friends; see ledger.Config for each default).
 	TokenLoad ledger.Config `yaml:"token_load"`
 	// Redis, when Address is set, shares the decode ledger between gateway
 	// replicas.
 	Redis Redis `yaml:"redis"`
-	// PD holds the prefill/decode cascade's knobs (seed 001's AIBRIX_*
+	// PD holds the prefill/decode cascade's knobs (AIBrix's AIBRIX_*
 	// variables, with their defaults and names in lower case without the
 	// prefix; see route.PDOptions), the defaults of every model's profiles.
 	PD route.PDOptions `yaml:"pd"`
@@ -121,7 +129,7 @@ type Config struct {
 	// per-IP connection limits (limits) and the admin listener's bearer
 	// token (admin_token), inline at the top level.
 	Access limits.Config `yaml:",inline"`
-	// Discovery finds pods in Kubernetes (seed 001's labels and
+	// Discovery finds pods in Kubernetes (AIBrix's labels and
 	// annotations) or DNS, and follows them as they come and go.
 	Discovery spec.Discovery `yaml:"discovery"`
 	// Plan is the xPyD planner acting on the running fleet (plan.go).
@@ -250,7 +258,7 @@ type Model struct {
 	// the policy above). The routing-strategy request header overrides it.
 	RoutingStrategy string `yaml:"routing_strategy"`
 	// LockedRoutingStrategy, when set, is used whatever the
-	// routing-strategy header says (seed 001's lockedRoutingStrategy).
+	// routing-strategy header says (AIBrix's lockedRoutingStrategy).
 	LockedRoutingStrategy string `yaml:"locked_routing_strategy"`
 	// DefaultProfile names the profile of requests without a known
 	// config-profile header (default "default", else the first).
@@ -297,7 +305,7 @@ type Pod struct {
 	// gateway assumes until it has measured it (default 20,000).
 	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
 	// BootstrapPort is an SGLang prefill pod's KV bootstrap port, where its
-	// decode pods fetch the KV (seed 001's model.aibrix.ai/sglang-bootstrap-port,
+	// decode pods fetch the KV (AIBrix's model.aibrix.ai/sglang-bootstrap-port,
 	// default 8998); other engines ignore it.
 	BootstrapPort int `yaml:"bootstrap_port"`
 }
@@ -375,6 +383,7 @@ func Load(path string) (Config, error) {
 	if err := cfg.UnmarshalYAML(data); err != nil {
 		return cfg, fmt.Errorf("%s: %w", path, err)
 	}
+	cfg.Provision()
 	return cfg, nil
 }
 
@@ -388,9 +397,58 @@ func (c *Config) UnmarshalYAML(data []byte) error {
 	return nil
 }
 
-// Validate checks every field, then fills derived defaults of pods (name,
-// engine, role, weight) that are defined as "empty means X".
-func (c *Config) Validate() error {
+// Provision fills the fields whose empty value means a default: each
+// model's and each pod's (Model.provision, Pod.Provision). It leaves every
+// other value as it is, for Validate to judge, and may be called again.
+// Load calls it; a caller that builds a Config in code calls it before
+// Validate.
+func (c *Config) Provision() {
+	for i := range c.Models {
+		c.Models[i].provision()
+	}
+	for i := range c.Pods {
+		c.Pods[i].Provision()
+	}
+}
+
+// provision fills the model's empty policy and block size.
+func (m *Model) provision() {
+	if m.Policy == "" {
+		m.Policy = DefaultPolicy
+	}
+	if m.BlockSize == 0 {
+		m.BlockSize = DefaultBlockSize
+	}
+}
+
+// Provision fills the pod's empty name (its address), role (combined),
+// weight (1), prefill speed and, for SGLang, bootstrap port, and spells its
+// engine as engines.ParseKind does (empty: vLLM).
+func (p *Pod) Provision() {
+	if p.Name == "" {
+		p.Name = p.Address
+	}
+	k, err := engines.ParseKind(p.Engine)
+	if err == nil {
+		p.Engine = string(k)
+	}
+	if p.Role == "" {
+		p.Role = RoleCombined
+	}
+	if p.Weight == 0 {
+		p.Weight = 1
+	}
+	if p.PrefillTokensPerSec == 0 {
+		p.PrefillTokensPerSec = DefaultPrefillSpeed
+	}
+	if p.BootstrapPort == 0 && err == nil && k == engines.SGLang {
+		p.BootstrapPort = engines.DefaultBootstrapPort
+	}
+}
+
+// Validate checks every field. A field whose empty value means a default
+// (Provision) is valid empty.
+func (c Config) Validate() error {
 	if err := checkAddr("listen", c.Listen, false); err != nil {
 		return err
 	}
@@ -467,7 +525,7 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.PD.Validate(); err != nil {
-		return fmt.Errorf("%w: pd: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: pd: %s", ErrInvalid, withAlias(err))
 	}
 	models := map[string]bool{}
 	for i := range c.Models {
@@ -480,14 +538,8 @@ func (c *Config) Validate() error {
 			return invalid(field+".name", m.Name, "is listed twice")
 		}
 		models[m.Name] = true
-		if m.Policy == "" {
-			m.Policy = DefaultPolicy
-		}
-		if _, err := route.New(m.Policy, route.DefaultOptions()); err != nil {
+		if _, err := route.New(cmp.Or(m.Policy, DefaultPolicy), route.DefaultOptions()); err != nil {
 			return invalid(field+".policy", m.Policy, "is not a policy (known: "+strings.Join(route.Names(), ", ")+")")
-		}
-		if m.BlockSize == 0 {
-			m.BlockSize = DefaultBlockSize
 		}
 		if m.BlockSize < 0 {
 			return invalid(field+".block_size", m.BlockSize, "must be a positive number of tokens")
@@ -504,13 +556,15 @@ func (c *Config) Validate() error {
 	}
 	names := map[string]int{}
 	for i := range c.Pods {
-		if err := c.Pods[i].Validate(fmt.Sprintf("pods[%d]", i)); err != nil {
+		p := &c.Pods[i]
+		if err := p.Validate(fmt.Sprintf("pods[%d]", i)); err != nil {
 			return err
 		}
-		if j, dup := names[c.Pods[i].Name]; dup {
-			return invalid(fmt.Sprintf("pods[%d].name", i), c.Pods[i].Name, fmt.Sprintf("is also the name of pods[%d]", j))
+		name := cmp.Or(p.Name, p.Address)
+		if j, dup := names[name]; dup {
+			return invalid(fmt.Sprintf("pods[%d].name", i), name, fmt.Sprintf("is also the name of pods[%d]", j))
 		}
-		names[c.Pods[i].Name] = i
+		names[name] = i
 	}
 	// Every listed model's profiles build, so a bad knob stops the start
 	// rather than the first request.
@@ -522,9 +576,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Validate checks a pod, naming it field in errors, and fills the defaults
-// of its empty fields.
-func (p *Pod) Validate(field string) error {
+// Validate checks a pod, naming it field in errors. A field whose empty
+// value means a default (Provision) is valid empty.
+func (p Pod) Validate(field string) error {
 	if p.Model == "" {
 		return invalid(field+".model", p.Model, "must not be empty")
 	}
@@ -534,18 +588,11 @@ func (p *Pod) Validate(field string) error {
 	if _, port, _ := net.SplitHostPort(p.Address); port == "0" {
 		return invalid(field+".address", p.Address, "needs a port")
 	}
-	if p.Name == "" {
-		p.Name = p.Address
-	}
-	k, err := engines.ParseKind(p.Engine)
-	if err != nil {
+	if _, err := engines.ParseKind(p.Engine); err != nil {
 		return invalid(field+".engine", p.Engine, "is not an engine (known: vllm, sglang, trtllm)")
 	}
-	p.Engine = string(k)
 	switch p.Role {
-	case "":
-		p.Role = RoleCombined
-	case RoleCombined, RolePrefill, RoleDecode:
+	case "", RoleCombined, RolePrefill, RoleDecode:
 	default:
 		return invalid(field+".role", p.Role, "is not a role (known: combined, prefill, decode)")
 	}
@@ -558,10 +605,7 @@ func (p *Pod) Validate(field string) error {
 	if p.BucketMax < 0 || (p.BucketMax > 0 && p.BucketMax < p.BucketMin) {
 		return invalid(field+".bucket_max", p.BucketMax, fmt.Sprintf("must be 0 (unlimited) or at least bucket_min (%d)", p.BucketMin))
 	}
-	if p.Weight == 0 {
-		p.Weight = 1
-	}
-	if !(p.Weight > 0) {
+	if !(p.Weight >= 0) {
 		return invalid(field+".weight", p.Weight, "must be positive")
 	}
 	if p.KVEvents != "" {
@@ -579,17 +623,11 @@ func (p *Pod) Validate(field string) error {
 	if p.CacheBlocks < 0 {
 		return invalid(field+".cache_blocks", p.CacheBlocks, "must not be negative (0 means unlimited)")
 	}
-	if p.PrefillTokensPerSec == 0 {
-		p.PrefillTokensPerSec = DefaultPrefillSpeed
-	}
-	if !(p.PrefillTokensPerSec > 0) {
-		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive")
+	if !(p.PrefillTokensPerSec >= 0) {
+		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive (0 means 20,000)")
 	}
 	if p.BootstrapPort < 0 || p.BootstrapPort > 65535 {
 		return invalid(field+".bootstrap_port", p.BootstrapPort, "must be a port, 1 to 65535 (0 means 8998)")
-	}
-	if p.BootstrapPort == 0 && k == engines.SGLang {
-		p.BootstrapPort = engines.DefaultBootstrapPort
 	}
 	return nil
 }
@@ -652,15 +690,18 @@ func ParsePodFlag(s string) (Pod, error) {
 	return p, nil
 }
 
-// ModelFor returns the settings of model: its entry in Models, or every
-// default.
+// ModelFor returns the settings of model, provisioned: its entry in
+// Models, or every default.
 func (c *Config) ModelFor(model string) Model {
-	for _, m := range c.Models {
-		if m.Name == model {
-			return m
+	m := Model{Name: model}
+	for i := range c.Models {
+		if c.Models[i].Name == model {
+			m = c.Models[i]
+			break
 		}
 	}
-	return Model{Name: model, Policy: DefaultPolicy, BlockSize: DefaultBlockSize}
+	m.provision()
+	return m
 }
 
 // RouteOptions are the policies' knobs as this configuration sets them.

@@ -88,6 +88,35 @@ pods:
 	}
 }
 
+// TestValidateNeverCorrects: a field whose empty value means a default is
+// valid empty, Validate leaves it empty, and Provision alone fills it.
+func TestValidateNeverCorrects(t *testing.T) {
+	c := Default()
+	c.Models = []Model{{Name: "m"}}
+	c.Pods = []Pod{{Model: "m", Address: "127.0.0.1:8001", Engine: "sglang"}}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if p, m := c.Pods[0], c.Models[0]; p != (Pod{Model: "m", Address: "127.0.0.1:8001", Engine: "sglang"}) || m.Policy != "" || m.BlockSize != 0 {
+		t.Fatalf("Validate changed the configuration: %+v, %+v", p, m)
+	}
+	c.Provision()
+	p, m := c.Pods[0], c.Models[0]
+	if p.Name != p.Address || p.Role != RoleCombined || p.Weight != 1 || p.PrefillTokensPerSec != DefaultPrefillSpeed || p.BootstrapPort != 8998 ||
+		m.Policy != DefaultPolicy || m.BlockSize != DefaultBlockSize {
+		t.Fatalf("Provision left defaults out: %+v, %+v", p, m)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Two pods without names are named by their addresses, so two at one
+	// address collide before Provision as after it.
+	c.Pods = []Pod{{Model: "m", Address: "127.0.0.1:8001"}, {Model: "m", Address: "127.0.0.1:8001"}}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `pods[1].name = "127.0.0.1:8001" is also the name of pods[0]`) {
+		t.Fatalf("Validate = %v, want the duplicate named", err)
+	}
+}
+
 func TestParsePodFlag(t *testing.T) {
 	p, err := ParsePodFlag("model=m,address=127.0.0.1:9,engine=sglang,weight=2,bucket_max=100")
 	if err != nil || p.Model != "m" || p.Address != "127.0.0.1:9" || p.Engine != "sglang" || p.Weight != 2 || p.BucketMax != 100 {

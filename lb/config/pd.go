@@ -9,7 +9,7 @@ import (
 	"pdlb/lb/route"
 )
 
-// Profile is one named routing profile of a model (seed 001's config
+// Profile is one named routing profile of a model (AIBrix's config
 // profiles): a request picks it with the config-profile header, else the
 // model's default profile applies.
 type Profile struct {
@@ -20,19 +20,8 @@ type Profile struct {
 	RoutingStrategy string `yaml:"routing_strategy"`
 	// PD overrides knobs of the gateway's pd section for this profile only,
 	// with the same names; the knobs it leaves out keep the pd section's
-	// values (seed 001: unset fields keep the environment default).
+	// values (AIBrix: unset fields keep the environment default).
 	PD yaml.Node `yaml:"pd"`
-}
-
-// ApplyEnv sets the pd section's knobs from seed 001's AIBRIX_* variables
-// that lookup finds (pass os.LookupEnv). Load applies it before the file,
-// so the file wins; a caller building a configuration without a file
-// calls it after Default.
-func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
-	if err := c.PD.ApplyEnv(lookup); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	return nil
 }
 
 // hasPDPods says whether some pod of model plays the prefill or decode role.
@@ -73,7 +62,7 @@ func (c *Config) Profiles(model string) (*route.ModelProfiles, error) {
 		mp.Profiles = append(mp.Profiles, rp)
 	}
 	if err := mp.Freeze(); err != nil {
-		return nil, fmt.Errorf("%w: model %q: %v", ErrInvalid, model, err)
+		return nil, fmt.Errorf("%w: model %q: %s", ErrInvalid, model, withAlias(err))
 	}
 	return mp, nil
 }

@@ -61,6 +61,7 @@ models:
 	if err := c.UnmarshalYAML([]byte(yml + pdPods)); err != nil {
 		t.Fatal(err)
 	}
+	c.Provision()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 // Package discovery finds the gateway's pods besides the static ones of the
 // config file: DNS names resolved periodically, and pods watched through
-// the Kubernetes API by label selector, read with seed 001's labels and
+// the Kubernetes API by label selector, read with AIBrix's labels and
 // annotations so a deployment made for that router is found unchanged.
 // Every Source reports the full current list of pods whenever it changes;
 // the gateway rebuilds its pool snapshot from each list.

@@ -24,7 +24,7 @@ import (
 )
 
 // Kubernetes is a Source of the pods an informer watches by label selector,
-// read with seed 001's labels and annotations (spec.Label*, spec.Annotation*).
+// read with AIBrix's labels and annotations (spec.Label*, spec.Annotation*).
 // Only pods that are Running, Ready, not terminating and have an IP count,
 // so a pod joins when its readiness probe passes and leaves as soon as it
 // fails or the pod is being deleted.
@@ -215,7 +215,7 @@ func ready(p *corev1.Pod) bool {
 	return false
 }
 
-// podFrom reads one pod as seed 001's router does. Errors name the label
+// podFrom reads one pod as AIBrix's gateway plugin does. Errors name the label
 // or annotation and quote its value.
 func (r *rebuilder) podFrom(kp *corev1.Pod, configs map[string]*spec.ModelConfig) (Pod, error) {
 	lbl, ann := kp.Labels, kp.Annotations
@@ -248,7 +248,7 @@ func (r *rebuilder) podFrom(kp *corev1.Pod, configs map[string]*spec.ModelConfig
 			return p, fmt.Errorf("label %s is missing on a %s pod", spec.LabelRoleset, role)
 		}
 	default:
-		// Seed 001: any other role-name, or none, is a standard inference
+		// AIBrix: any other role-name, or none, is a standard inference
 		// pod that runs both phases.
 		p.Role = spec.RoleCombined
 	}

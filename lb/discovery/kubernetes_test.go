@@ -32,7 +32,7 @@ type fakePods struct{ corev1client.PodInterface }
 
 func (fakePods) IsWatchListSemanticsUnSupported() bool { return true }
 
-// kpod makes a Running, Ready pod with an IP and seed 001's labels.
+// kpod makes a Running, Ready pod with an IP and AIBrix's labels.
 func kpod(name, ip string, labels map[string]string, annotations map[string]string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "inference", Name: name, Labels: labels, Annotations: annotations},

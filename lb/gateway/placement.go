@@ -12,6 +12,7 @@ import (
 
 	"pdlb/engines/tokenize"
 	"pdlb/lb/admit"
+	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -23,7 +24,7 @@ import (
 // and its priority class.
 const (
 	headerSession       = "x-session-key"
-	headerSessionAIBrix = "x-aibrix-session-key"
+	headerSessionAIBrix = config.HeaderAIBrixSessionKey
 	headerPriority      = "x-priority"
 )
 
@@ -265,10 +266,9 @@ func (g *Gateway) awaitAdmission(x *exchange, w admitWait, predict func() (ttft,
 // speed), and the TPOT on decode pod dec, from its learned step-time line
 // at its batch and KV usage with this request added.
 func predict(x *exchange, pre, dec *pool.Pod) (ttft, tpot float64) {
-	uncached := max(x.rreq.PromptTokens-x.chosen.CachedTokens, 0)
-	ttft = admit.TTFT(float64(pre.QueuedPrefill()), float64(uncached), pre.Speed.TokensPerSec(), 0)
 	batch, kv := decodeBatch(dec)
-	return ttft, dec.DecodeLine().TPOT(batch, kv)
+	return admit.Predict(admit.Path{QueuedTokens: float64(pre.QueuedPrefill()), UncachedTokens: float64(max(x.rreq.PromptTokens-x.chosen.CachedTokens, 0)),
+		PrefillTokensPerSec: pre.Speed.TokensPerSec(), Batch: batch, KVUsage: kv, Line: dec.DecodeLine()})
 }
 
 // decodeBatch is the pod's decode batch as best known: the engine's

@@ -1,8 +1,8 @@
 // Package plan decides how many of a fixed pool of instances serve prefill
 // and how many serve decode, window by window, as the shape of the load
-// changes (seed 000, "The xPyD ratio: following the load").
+// changes (the global-scheduling study, "The xPyD ratio: following the load").
 //
-// The arithmetic is seed 000's: a window's load needs
+// The arithmetic is the global-scheduling study's: a window's load needs
 //
 //	P = rate × isl × (1 − hit) / P_cap      prefill instances
 //	D = rate × osl / D_cap                  decode instances
@@ -11,7 +11,7 @@
 // the fraction of prompt tokens served from the prefix cache, P_cap one
 // prefill instance's speed on uncached prompt tokens (tokens/s) and D_cap one
 // decode instance's output throughput under the TPOT target (tokens/s). The
-// ceilings of P and D are what the seed prints as "needed"; the planner
+// ceilings of P and D are what the study prints as "needed"; the planner
 // works with the fractions. Demand holds the formula, Split fits it into the
 // pool, and Planner adds the part that keeps a live fleet from flapping:
 // hysteresis, a minimum dwell, and switching only when the gain over the
@@ -35,7 +35,7 @@ type Ratio struct {
 	Prefill, Decode int
 }
 
-// String writes the ratio as seed 000 does, e.g. "4P17D".
+// String writes the ratio as the global-scheduling study does, e.g. "4P17D".
 func (r Ratio) String() string { return strconv.Itoa(r.Prefill) + "P" + strconv.Itoa(r.Decode) + "D" }
 
 // Total is the number of instances the ratio places.
@@ -66,17 +66,18 @@ type Demand struct {
 	// requests are demand the fleet failed to serve).
 	Rate float64 `json:"rate" yaml:"rate"`
 	// PromptTokens and OutputTokens are the mean prompt and output lengths
-	// (seed 000's isl and osl).
+	// (the global-scheduling study's isl and osl).
 	PromptTokens float64 `json:"isl" yaml:"isl"`
 	OutputTokens float64 `json:"osl" yaml:"osl"`
 	// HitRate is the fraction of prompt tokens served from prefix caches,
 	// 0..1.
 	HitRate float64 `json:"hit" yaml:"hit"`
 	// PrefillCap is one prefill instance's speed on uncached prompt tokens
-	// (tokens/s; seed 000's P_cap, 20,000).
+	// (tokens/s; the global-scheduling study's P_cap, 20,000).
 	PrefillCap float64 `json:"prefill_cap" yaml:"prefill_cap"`
 	// DecodeCap is one decode instance's output throughput under the TPOT
-	// target (tokens/s; seed 000's D_cap, 3,000). See DecodeCapacity.
+	// target (tokens/s; the global-scheduling study's D_cap, 3,000). See
+	// DecodeCapacity.
 	DecodeCap float64 `json:"decode_cap" yaml:"decode_cap"`
 }
 
@@ -111,20 +112,21 @@ func (d Demand) Validate() error {
 }
 
 // Needs returns the instances of each role the load keeps busy, as
-// fractions (seed 000's need() before its ceilings).
+// fractions (the global-scheduling study's need() before its ceilings).
 func (d Demand) Needs() (prefill, decode float64) {
 	return d.Rate * d.PromptTokens * (1 - d.HitRate) / d.PrefillCap, d.Rate * d.OutputTokens / d.DecodeCap
 }
 
-// Needed is seed 000's "needed xPyD": the ceilings of Needs.
+// Needed is the global-scheduling study's "needed xPyD": the ceilings of Needs.
 func (d Demand) Needed() Ratio {
 	p, q := d.Needs()
 	return Ratio{int(math.Ceil(p)), int(math.Ceil(q))}
 }
 
 // Load returns each role's utilisation under r: the role's need over the
-// instances r gives it (seed 000's "load"; above 1 is overload). A role with
-// no instances has load +Inf when it has work and 0 when it has none.
+// instances r gives it (the global-scheduling study's "load"; above 1 is
+// overload). A role with no instances has load +Inf when it has work and 0
+// when it has none.
 func (d Demand) Load(r Ratio) (prefill, decode float64) {
 	p, q := d.Needs()
 	return load(p, r.Prefill), load(q, r.Decode)

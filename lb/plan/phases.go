@@ -9,24 +9,24 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Phase is a named period of steady load, as in seed 000's table. Its
-// capacities may be left 0 for the caller to fill in (ReadPhases does not
-// require them).
+// Phase is a named period of steady load, as in the global-scheduling study's
+// table. Its capacities may be left 0 for the caller to fill in (ReadPhases
+// does not require them).
 type Phase struct {
 	Name   string `json:"name" yaml:"name"`
 	Demand `yaml:",inline"`
 }
 
-// Seed 000's capacities: prompt tokens per second one prefill instance
-// computes, and tokens per second one decode instance outputs under the
-// TPOT target.
+// The global-scheduling study's capacities: prompt tokens per second one
+// prefill instance computes, and tokens per second one decode instance
+// outputs under the TPOT target.
 const (
 	SeedPrefillCap = 20000
 	SeedDecodeCap  = 3000
 )
 
-// SeedPhases returns seed 000's three periods of a day (its PHASES), with
-// its capacities.
+// SeedPhases returns the global-scheduling study's three periods of a day
+// (its PHASES), with its capacities.
 func SeedPhases() []Phase {
 	ph := func(name string, rate, isl, osl, hit float64) Phase {
 		return Phase{name, Demand{Rate: rate, PromptTokens: isl, OutputTokens: osl, HitRate: hit, PrefillCap: SeedPrefillCap, DecodeCap: SeedDecodeCap}}

@@ -9,10 +9,12 @@ import (
 	"time"
 )
 
-// Seed 000's three phases and capacities (P_cap 20,000, D_cap 3,000).
+// The global-scheduling study's three phases and capacities (P_cap 20,000,
+// D_cap 3,000).
 var chat, summaries, agents = SeedPhases()[0].Demand, SeedPhases()[1].Demand, SeedPhases()[2].Demand
 
-// TestSeedTable checks Needed and Load against seed 000's printed table.
+// TestSeedTable checks Needed and Load against the global-scheduling study's
+// printed table.
 func TestSeedTable(t *testing.T) {
 	static := Ratio{12, 12}
 	f := func(d Demand, want Ratio, wantP, wantD string) {
@@ -33,7 +35,7 @@ func TestSeedTable(t *testing.T) {
 	f(agents, Ratio{2, 17}, "12%", "139%")
 }
 
-// pct formats as seed 000's Python does ({x:.0%}).
+// pct formats as the global-scheduling study's Python does ({x:.0%}).
 func pct(x float64) string { return fmt.Sprintf("%.0f%%", 100*x) }
 
 func TestParseRatio(t *testing.T) {
@@ -64,7 +66,8 @@ func TestSplit(t *testing.T) {
 			t.Fatalf("Split(%d, %v, %v) = %v, want %v", total, p, d, got, want)
 		}
 	}
-	// Seed 000's phases in 24 instances: the spare ones follow the needs.
+	// The global-scheduling study's phases in 24 instances: the spare ones
+	// follow the needs.
 	np, nd := chat.Needs()
 	f(24, np, nd, Ratio{5, 19}) // 4P17D + 3 spare: 24 × 4/20.7 = 4.6
 	np, nd = summaries.Needs()

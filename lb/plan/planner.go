@@ -6,12 +6,12 @@ import (
 	"time"
 )
 
-// Defaults of Config. The window is a minute, the granularity seed 000 says
-// planners adjust at; drain and warm-up are what a role switch costs
-// (finishing or migrating in-flight requests, then loading weights and
-// capturing CUDA graphs) and together stay under a window, or no switch
-// could ever pay within one; the dwell of three windows lets a switch
-// settle and be measured before the next.
+// Defaults of Config. The window is a minute, the granularity the
+// global-scheduling study says planners adjust at; drain and warm-up are what
+// a role switch costs (finishing or migrating in-flight requests, then
+// loading weights and capturing CUDA graphs) and together stay under a
+// window, or no switch could ever pay within one; the dwell of three windows
+// lets a switch settle and be measured before the next.
 const (
 	DefaultWindowSec   = 60
 	DefaultDrainSec    = 10
@@ -88,7 +88,8 @@ type Window struct {
 
 // Decision is the planner's verdict on the last window.
 type Decision struct {
-	// Needed is seed 000's needed xPyD for the window (the ceilings).
+	// Needed is the global-scheduling study's needed xPyD for the window (the
+	// ceilings).
 	Needed Ratio
 	// NeedPrefill and NeedDecode are the needs in instances, unrounded.
 	NeedPrefill, NeedDecode float64

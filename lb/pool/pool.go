@@ -375,7 +375,10 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 	}
 	connectTimeout := cfg.Upstream.ConnectTimeout
 	for i := range cfg.Pods {
+		// The snapshot holds pods with their defaults filled, whoever
+		// built the configuration.
 		pc := cfg.Pods[i]
+		pc.Provision()
 		kind, err := engines.ParseKind(pc.Engine)
 		if err != nil {
 			return nil, err

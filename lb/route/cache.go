@@ -16,7 +16,7 @@ func matchPct(req *Request, c *Candidate, minPct float64) float64 {
 	return pct
 }
 
-// PrefixCache is seed 001's prefix_cache scorer:
+// PrefixCache is AIBrix's prefix_cache scorer:
 //
 //	score = (100 − match%) × 0.1 + in_flight / max_in_flight
 //
@@ -47,7 +47,7 @@ func (p PrefixCache) Score(req *Request, cands []Candidate, out []float64) {
 }
 
 // inFlightLimit is the in-flight count above which a pod is more than
-// factor standard deviations above the mean of cands: seed 001's skip of
+// factor standard deviations above the mean of cands: AIBrix's skip of
 // overloaded prefill pods, shared by prefix_cache and the PD cascade.
 func inFlightLimit(cands []Candidate, factor float64) float64 {
 	mean := 0.0

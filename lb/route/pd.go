@@ -8,7 +8,7 @@ import (
 	"pdlb/lb/admit"
 )
 
-// This file is seed 001's "Pod Selection Algorithm" for prefill/decode
+// This file is AIBrix's "Pod Selection Algorithm" for prefill/decode
 // disaggregation: a cascade over the pods of one model that ends in a
 // prefill pod and a decode pod of one roleset, or in a combined pod.
 //
@@ -20,13 +20,13 @@ import (
 //	step 3   prefill scoring, std-dev skip, lowest per roleset
 //	step 4   decode scoring, cold start, lowest per roleset
 //	step 5   pair: min over rolesets of prefill/max_prefill + decode/max_decode
-//	then     conditional disaggregation (seed 000): skip the prefill leg when
+//	then     conditional disaggregation: skip the prefill leg when
 //	         the decode pod lacks only a few of the prompt's tokens
 //
 // A decision allocates nothing: the caller owns the candidates and a
 // PDScratch it reuses.
 
-// PDRole is the part a pod plays (seed 001's role-name label).
+// PDRole is the part a pod plays (AIBrix's role-name label).
 type PDRole uint8
 
 // Roles. The zero value is combined: a pod that runs both phases.
@@ -170,6 +170,27 @@ type pdSet struct {
 	bestPre, bestDec int32 // candidate index, -1 none
 	preScore         float64
 	decScore         float64
+	preTies, decTies uint64 // pods scoring bestPre's, bestDec's score so far
+}
+
+// lowest is one step of a roleset's best-pod scan: the candidate at, with
+// score v, becomes *best when it scores lower, or when it ties and wins
+// the reservoir draw, so equal pods share the traffic instead of the first
+// taking it all. Each draw mixes rnd with the tie count (splitmix64's
+// finalizer): the same rnd modulo 2, 3, 4, ... would favour the first pod.
+func lowest(best *int32, score *float64, ties *uint64, at int32, v float64, rnd uint64) {
+	switch {
+	case *best < 0 || v < *score:
+		*best, *score, *ties = at, v, 1
+	case v == *score:
+		*ties++
+		x := rnd + *ties*0x9e3779b97f4a7c15
+		x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+		x = (x ^ x>>27) * 0x94d049bb133111eb
+		if (x^x>>31)%*ties == 0 {
+			*best = at
+		}
+	}
 }
 
 // PDScratch holds a decision's working slices. A goroutine reuses one (or
@@ -279,7 +300,7 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 		d.Fired |= FiredPrefillImbalance
 	}
 	// Step 2: decode fast paths, over the rolesets step 1 left. token_load
-	// replaces them (seed 001: a pod holding one long prompt has the
+	// replaces them (AIBrix: a pod holding one long prompt has the
 	// fewest requests).
 	if o.DecodeScorePolicy != DecodePolicyTokenLoad {
 		if j, why := r.decodeFastPath(cands, s); j >= 0 {
@@ -319,9 +340,7 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 	}
 	for j := range s.pre {
 		st := &s.sets[cands[s.preAt[j]].Roleset]
-		if st.bestPre < 0 || s.preOut[j] < st.preScore {
-			st.bestPre, st.preScore = s.preAt[j], s.preOut[j]
-		}
+		lowest(&st.bestPre, &st.preScore, &st.preTies, s.preAt[j], s.preOut[j], req.Rand)
 	}
 
 	// Step 4: decode scores, lowest per roleset.
@@ -346,9 +365,7 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 	}
 	for j := range s.dec {
 		st := &s.sets[cands[s.decAt[j]].Roleset]
-		if st.bestDec < 0 || s.decOut[j] < st.decScore {
-			st.bestDec, st.decScore = s.decAt[j], s.decOut[j]
-		}
+		lowest(&st.bestDec, &st.decScore, &st.decTies, s.decAt[j], s.decOut[j], ^req.Rand)
 	}
 
 	// Step 5: the pair.

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 )
 
-// BucketPlanner is seed 001's adaptive bucket serving (AIBRIX_BUCKET_SERVE):
+// BucketPlanner is AIBrix's adaptive bucket serving (AIBRIX_BUCKET_SERVE):
 // it keeps a picture of the prompt lengths a model routes and turns the
 // rolesets' declared ranges into bands, one roleset per band, so that each
 // roleset draws on one share of the traffic proportional to its replicas.

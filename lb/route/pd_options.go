@@ -8,10 +8,11 @@ import (
 	"time"
 )
 
-// PDOptions carries every knob of the prefill/decode cascade: each of seed
-// 001's environment variables with the same default, the watchdog timeouts a
-// profile may override, and pdlb's own knobs (combined overflow, conditional
-// disaggregation). Start from DefaultPDOptions, apply YAML or ApplyEnv, then
+// PDOptions carries every knob of the prefill/decode cascade: each of
+// AIBrix's gateway settings with the same default (lb/config maps its
+// AIBRIX_* variables onto the knobs), the watchdog timeouts a profile may
+// override, and pdlb's own knobs (combined overflow, conditional
+// disaggregation). Start from DefaultPDOptions, apply YAML or Set, then
 // Validate; a PDRouter freezes a validated copy.
 type PDOptions struct {
 	// PromptLengthBucketing matches requests to pods by prompt length
@@ -24,8 +25,8 @@ type PDOptions struct {
 	// (prompt-token mass) or "rps" (request counts) (AIBRIX_BUCKET_SERVE_MODE,
 	// default "throughput").
 	BucketServeMode string `yaml:"bucket_serve_mode"`
-	// PrefillRequestTimeout bounds the prefill leg (AIBRIX_PREFILL_REQUEST_TIMEOUT,
-	// seconds, default 30s).
+	// PrefillRequestTimeout bounds the prefill leg
+	// (AIBRIX_PREFILL_REQUEST_TIMEOUT, seconds, default 30s).
 	PrefillRequestTimeout time.Duration `yaml:"prefill_request_timeout"`
 	// PrefillScorePolicy scores prefill pods: prefix_cache, least_request,
 	// conductor, token_load or hybrid_cache_load (AIBRIX_PREFILL_SCORE_POLICY,
@@ -102,7 +103,7 @@ type PDOptions struct {
 	// (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR, default 1).
 	StdDevFactor float64 `yaml:"std_dev_factor"`
 
-	// The decode watchdog (seed 001, "SGLang Decode Watchdog"); 0 disables
+	// The decode watchdog (AIBrix, "SGLang Decode Watchdog"); 0 disables
 	// each. DecodeFirstResponseTimeout bounds the wait for a stream's first
 	// chunk after the prefill succeeded (AIBRIX_DECODE_FIRST_RESPONSE_TIMEOUT,
 	// default 60s); DecodeResponseTimeout the same for a non-streaming
@@ -116,7 +117,7 @@ type PDOptions struct {
 	// pdlb's own knobs (no AIBRIX_* alias).
 
 	// CombinedPrefillBusy and CombinedDecodeBusy define "PD pairs heavily
-	// loaded" for the combined overflow (seed 001's shouldPickCombined): the
+	// loaded" for the combined overflow (AIBrix's shouldPickCombined): the
 	// least loaded eligible prefill pod has at least CombinedPrefillBusy
 	// outstanding prefills, or the least loaded decode pod at least
 	// CombinedDecodeBusy running+waiting+pending requests (defaults 8 and
@@ -125,14 +126,14 @@ type PDOptions struct {
 	CombinedPrefillBusy     int `yaml:"combined_prefill_busy"`
 	CombinedDecodeBusy      int `yaml:"combined_decode_busy"`
 	CombinedIdleMaxInFlight int `yaml:"combined_idle_max_in_flight"`
-	// LocalPrefillMaxTokens is conditional disaggregation (seed 000): when
+	// LocalPrefillMaxTokens is conditional disaggregation: when
 	// the prompt tokens the chosen decode pod does not already hold are at
 	// most this many, the prefill leg is skipped and the decode pod prefills
 	// locally (default 0 = always disaggregate).
 	LocalPrefillMaxTokens int `yaml:"local_prefill_max_tokens"`
 }
 
-// Policy names of the cascade (seed 001, steps 3 and 4).
+// Policy names of the cascade (AIBrix, steps 3 and 4).
 const (
 	PrefillPolicyPrefixCache     = "prefix_cache"
 	PrefillPolicyLeastRequest    = "least_request"
@@ -152,7 +153,7 @@ const (
 	TRTGenerationFirst = "generation_first"
 )
 
-// Defaults of PDOptions: seed 001's table, then pdlb's own.
+// Defaults of PDOptions: AIBrix's table, then pdlb's own.
 const (
 	DefaultPrefillRequestTimeout              = 30 * time.Second
 	DefaultPrefillScorePolicy                 = PrefillPolicyPrefixCache
@@ -221,18 +222,17 @@ func DefaultPDOptions() PDOptions {
 	}
 }
 
-// ErrInvalidPDOption wraps every error of Validate and ApplyEnv.
+// ErrInvalidPDOption wraps every error of Validate and Set.
 var ErrInvalidPDOption = errors.New("route: invalid pd option")
 
-// pdKnob is one row of the knob table that Validate and ApplyEnv share, so
-// a knob's names, its value and its rule sit in one place. ptr returns a
-// pointer to the field: *bool, *int, *float64, *string or *time.Duration
-// (whose environment form is seconds). check returns why a value is bad,
-// or "".
+// pdKnob is one row of the knob table that Validate and Set share, so a
+// knob's name, its value and its rule sit in one place. ptr returns a
+// pointer to the field: *bool, *int, *float64, *string or *time.Duration.
+// check returns why a value is bad, or "".
 type pdKnob struct {
-	yaml, env string
-	ptr       func(o *PDOptions) any
-	check     func(o *PDOptions) string
+	yaml  string
+	ptr   func(o *PDOptions) any
+	check func(o *PDOptions) string
 }
 
 func oneOf(v string, names ...string) string {
@@ -268,70 +268,70 @@ func within(v, lo, hi float64) string {
 func noCheck(*PDOptions) string { return "" }
 
 var pdKnobs = []pdKnob{
-	{"prompt_length_bucketing", "AIBRIX_PROMPT_LENGTH_BUCKETING",
+	{"prompt_length_bucketing",
 		func(o *PDOptions) any { return &o.PromptLengthBucketing }, noCheck},
-	{"bucket_serve", "AIBRIX_BUCKET_SERVE",
+	{"bucket_serve",
 		func(o *PDOptions) any { return &o.BucketServe },
 		func(o *PDOptions) string {
 			if o.BucketServe && !o.PromptLengthBucketing {
-				return "needs prompt_length_bucketing (AIBRIX_PROMPT_LENGTH_BUCKETING) on"
+				return "needs prompt_length_bucketing on"
 			}
 			return ""
 		}},
-	{"bucket_serve_mode", "AIBRIX_BUCKET_SERVE_MODE",
+	{"bucket_serve_mode",
 		func(o *PDOptions) any { return &o.BucketServeMode },
 		func(o *PDOptions) string { return oneOf(o.BucketServeMode, BucketServeThroughput, BucketServeRPS) }},
-	{"prefill_request_timeout", "AIBRIX_PREFILL_REQUEST_TIMEOUT",
+	{"prefill_request_timeout",
 		func(o *PDOptions) any { return &o.PrefillRequestTimeout },
 		func(o *PDOptions) string { return positive(o.PrefillRequestTimeout) }},
-	{"prefill_score_policy", "AIBRIX_PREFILL_SCORE_POLICY",
+	{"prefill_score_policy",
 		func(o *PDOptions) any { return &o.PrefillScorePolicy },
 		func(o *PDOptions) string {
 			return oneOf(o.PrefillScorePolicy, PrefillPolicyPrefixCache, PrefillPolicyLeastRequest, PrefillPolicyConductor, PrefillPolicyTokenLoad, PrefillPolicyHybridCacheLoad)
 		}},
-	{"token_load_kv_weight", "AIBRIX_TOKEN_LOAD_KV_WEIGHT",
+	{"token_load_kv_weight",
 		func(o *PDOptions) any { return &o.TokenLoadKVWeight },
 		func(o *PDOptions) string { return positive(o.TokenLoadKVWeight) }},
-	{"token_load_request_cost", "AIBRIX_TOKEN_LOAD_REQUEST_COST",
+	{"token_load_request_cost",
 		func(o *PDOptions) any { return &o.TokenLoadRequestCost },
 		func(o *PDOptions) string { return positive(o.TokenLoadRequestCost) }},
-	{"token_load_ttl", "AIBRIX_TOKEN_LOAD_TTL_SECONDS",
+	{"token_load_ttl",
 		func(o *PDOptions) any { return &o.TokenLoadTTL },
 		func(o *PDOptions) string { return positive(o.TokenLoadTTL) }},
-	{"token_load_session_ttl", "AIBRIX_TOKEN_LOAD_SESSION_TTL_SECONDS",
+	{"token_load_session_ttl",
 		func(o *PDOptions) any { return &o.TokenLoadSessionTTL },
 		func(o *PDOptions) string { return nonNegative(o.TokenLoadSessionTTL) }},
-	{"token_load_max_sessions", "AIBRIX_TOKEN_LOAD_MAX_SESSIONS",
+	{"token_load_max_sessions",
 		func(o *PDOptions) any { return &o.TokenLoadMaxSessions },
 		func(o *PDOptions) string { return positive(o.TokenLoadMaxSessions) }},
-	{"hybrid_cache_load_factor", "AIBRIX_HYBRID_CACHE_LOAD_FACTOR",
+	{"hybrid_cache_load_factor",
 		func(o *PDOptions) any { return &o.HybridCacheLoadFactor },
 		func(o *PDOptions) string { return within(o.HybridCacheLoadFactor, 0, 1) }},
-	{"min_match_pct", "AIBRIX_MIN_MATCH_PCT",
+	{"min_match_pct",
 		func(o *PDOptions) any { return &o.MinMatchPct },
 		func(o *PDOptions) string { return within(o.MinMatchPct, 0, 100) }},
-	{"decode_token_load_output_growth", "AIBRIX_DECODE_TOKEN_LOAD_OUTPUT_GROWTH",
+	{"decode_token_load_output_growth",
 		func(o *PDOptions) any { return &o.DecodeTokenLoadOutputGrowth }, noCheck},
-	{"token_load_shared_ledger", "AIBRIX_TOKEN_LOAD_SHARED_LEDGER",
+	{"token_load_shared_ledger",
 		func(o *PDOptions) any { return &o.TokenLoadSharedLedger }, noCheck},
-	{"decode_score_policy", "AIBRIX_DECODE_SCORE_POLICY",
+	{"decode_score_policy",
 		func(o *PDOptions) any { return &o.DecodeScorePolicy },
 		func(o *PDOptions) string {
 			return oneOf(o.DecodeScorePolicy, DecodePolicyLoadBalancing, DecodePolicyLeastRequest, DecodePolicyConductor, DecodePolicyTokenLoad)
 		}},
-	{"kv_connector_type", "AIBRIX_KV_CONNECTOR_TYPE",
+	{"kv_connector_type",
 		func(o *PDOptions) any { return &o.KVConnectorType },
 		func(o *PDOptions) string { return oneOf(o.KVConnectorType, "shfs", "nixl") }},
-	{"prefill_load_imbalance_min_spread", "AIBRIX_PREFILL_LOAD_IMBALANCE_MIN_SPREAD",
+	{"prefill_load_imbalance_min_spread",
 		func(o *PDOptions) any { return &o.PrefillLoadImbalanceMinSpread },
 		func(o *PDOptions) string { return positive(o.PrefillLoadImbalanceMinSpread) }},
-	{"decode_load_imbalance_min_spread", "AIBRIX_DECODE_LOAD_IMBALANCE_MIN_SPREAD",
+	{"decode_load_imbalance_min_spread",
 		func(o *PDOptions) any { return &o.DecodeLoadImbalanceMinSpread },
 		func(o *PDOptions) string { return positive(o.DecodeLoadImbalanceMinSpread) }},
-	{"decode_throughput_imbalance_min_spread", "AIBRIX_DECODE_THROUGHPUT_IMBALANCE_MIN_SPREAD",
+	{"decode_throughput_imbalance_min_spread",
 		func(o *PDOptions) any { return &o.DecodeThroughputImbalanceMinSpread },
 		func(o *PDOptions) string { return positive(o.DecodeThroughputImbalanceMinSpread) }},
-	{"decode_score_ratio_threshold", "AIBRIX_DECODE_SCORE_RATIO_THRESHOLD",
+	{"decode_score_ratio_threshold",
 		func(o *PDOptions) any { return &o.DecodeScoreRatioThreshold },
 		func(o *PDOptions) string {
 			if o.DecodeScoreRatioThreshold >= 1 {
@@ -339,21 +339,21 @@ var pdKnobs = []pdKnob{
 			}
 			return "must be at least 1 (a ratio of max to min)"
 		}},
-	{"decode_lb_weight_running", "AIBRIX_DECODE_LB_WEIGHT_RUNNING",
+	{"decode_lb_weight_running",
 		func(o *PDOptions) any { return &o.DecodeLBWeightRunning },
 		func(o *PDOptions) string { return nonNegative(o.DecodeLBWeightRunning) }},
-	{"decode_lb_weight_throughput", "AIBRIX_DECODE_LB_WEIGHT_THROUGHPUT",
+	{"decode_lb_weight_throughput",
 		func(o *PDOptions) any { return &o.DecodeLBWeightThroughput },
 		func(o *PDOptions) string {
 			if why := nonNegative(o.DecodeLBWeightThroughput); why != "" {
 				return why
 			}
 			if o.DecodeLBWeightThroughput == 0 && o.DecodeLBWeightRunning == 0 {
-				return "and decode_lb_weight_running (AIBRIX_DECODE_LB_WEIGHT_RUNNING) must not both be 0"
+				return "and decode_lb_weight_running must not both be 0"
 			}
 			return ""
 		}},
-	{"trt_machine_id", "AIBRIX_TRT_MACHINE_ID",
+	{"trt_machine_id",
 		func(o *PDOptions) any { return &o.TRTMachineID },
 		func(o *PDOptions) string {
 			if o.TRTMachineID >= 0 && o.TRTMachineID < TRTMachineIDLimit {
@@ -361,42 +361,45 @@ var pdKnobs = []pdKnob{
 			}
 			return fmt.Sprintf("must be in [0, %d) (a 10-bit field)", TRTMachineIDLimit)
 		}},
-	{"trt_schedule_style", "AIBRIX_TRT_SCHEDULE_STYLE",
+	{"trt_schedule_style",
 		func(o *PDOptions) any { return &o.TRTScheduleStyle },
 		func(o *PDOptions) string { return oneOf(o.TRTScheduleStyle, TRTContextFirst, TRTGenerationFirst) }},
-	{"std_dev_factor", "AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR",
+	{"std_dev_factor",
 		func(o *PDOptions) any { return &o.StdDevFactor },
 		func(o *PDOptions) string { return nonNegative(o.StdDevFactor) }},
-	{"decode_first_response_timeout", "AIBRIX_DECODE_FIRST_RESPONSE_TIMEOUT",
+	{"decode_first_response_timeout",
 		func(o *PDOptions) any { return &o.DecodeFirstResponseTimeout },
 		func(o *PDOptions) string { return nonNegative(o.DecodeFirstResponseTimeout) }},
-	{"decode_response_timeout", "AIBRIX_DECODE_RESPONSE_TIMEOUT",
+	{"decode_response_timeout",
 		func(o *PDOptions) any { return &o.DecodeResponseTimeout },
 		func(o *PDOptions) string { return nonNegative(o.DecodeResponseTimeout) }},
-	{"decode_stream_idle_timeout", "AIBRIX_DECODE_STREAM_IDLE_TIMEOUT",
+	{"decode_stream_idle_timeout",
 		func(o *PDOptions) any { return &o.DecodeStreamIdleTimeout },
 		func(o *PDOptions) string { return nonNegative(o.DecodeStreamIdleTimeout) }},
-	{"combined_prefill_busy", "",
+	{"combined_prefill_busy",
 		func(o *PDOptions) any { return &o.CombinedPrefillBusy },
 		func(o *PDOptions) string { return nonNegative(o.CombinedPrefillBusy) }},
-	{"combined_decode_busy", "",
+	{"combined_decode_busy",
 		func(o *PDOptions) any { return &o.CombinedDecodeBusy },
 		func(o *PDOptions) string { return nonNegative(o.CombinedDecodeBusy) }},
-	{"combined_idle_max_in_flight", "",
+	{"combined_idle_max_in_flight",
 		func(o *PDOptions) any { return &o.CombinedIdleMaxInFlight },
 		func(o *PDOptions) string { return nonNegative(o.CombinedIdleMaxInFlight) }},
-	{"local_prefill_max_tokens", "",
+	{"local_prefill_max_tokens",
 		func(o *PDOptions) any { return &o.LocalPrefillMaxTokens },
 		func(o *PDOptions) string { return nonNegative(o.LocalPrefillMaxTokens) }},
 }
 
-// knobName is "yaml_name (AIBRIX_NAME)", or the YAML name alone.
-func (k *pdKnob) name() string {
-	if k.env == "" {
-		return k.yaml
-	}
-	return k.yaml + " (" + k.env + ")"
+// KnobError is a knob Validate rejects: its YAML name, its value as the
+// YAML shows it (strings quoted), and why. It matches ErrInvalidPDOption.
+type KnobError struct{ Knob, Value, Why string }
+
+func (e *KnobError) Error() string {
+	return fmt.Sprintf("%v: %s = %s %s", ErrInvalidPDOption, e.Knob, e.Value, e.Why)
 }
+
+// Unwrap makes errors.Is(err, ErrInvalidPDOption) hold.
+func (e *KnobError) Unwrap() error { return ErrInvalidPDOption }
 
 func knobValue(p any) string {
 	switch v := p.(type) {
@@ -414,36 +417,32 @@ func knobValue(p any) string {
 	panic("BUG: route: pd knob of unknown type")
 }
 
-// Validate rejects the first bad knob with its YAML and AIBRIX_* names and
-// the value quoted. It never corrects a value, unlike seed 001's router,
-// which keeps the default for an unknown bucket-serve mode or TRT schedule
-// style: a typo should stop the start, not change the routing silently.
-func (o *PDOptions) Validate() error {
+// Validate rejects the first bad knob with a *KnobError, its YAML name
+// and the value quoted. It never corrects a value, unlike AIBrix's
+// gateway plugin, which keeps the default for an unknown bucket-serve mode
+// or TRT schedule style: a typo should stop the start, not change the
+// routing silently.
+func (o PDOptions) Validate() error {
 	for i := range pdKnobs {
 		k := &pdKnobs[i]
-		if why := k.check(o); why != "" {
-			return fmt.Errorf("%w: %s = %s %s", ErrInvalidPDOption, k.name(), knobValue(k.ptr(o)), why)
+		if why := k.check(&o); why != "" {
+			return &KnobError{Knob: k.yaml, Value: knobValue(k.ptr(&o)), Why: why}
 		}
 	}
 	return nil
 }
 
-// ApplyEnv sets every knob whose AIBRIX_* variable lookup finds (pass
-// os.LookupEnv), so a user moving from seed 001's router keeps their
-// settings. Booleans take strconv.ParseBool's forms; durations take seconds
-// (as the AIBRIX_* variables do) or a Go duration. A value that does not
-// parse is an error naming the variable; ranges are Validate's job.
-func (o *PDOptions) ApplyEnv(lookup func(string) (string, bool)) error {
+// Set sets the knob of YAML name knob from text, as an environment
+// variable writes it: booleans in strconv.ParseBool's forms, durations in
+// seconds or as a Go duration, surrounding spaces ignored. An unknown knob
+// or a value that does not parse is an error; ranges are Validate's job.
+func (o *PDOptions) Set(knob, text string) error {
 	for i := range pdKnobs {
 		k := &pdKnobs[i]
-		if k.env == "" {
+		if k.yaml != knob {
 			continue
 		}
-		s, found := lookup(k.env)
-		if !found {
-			continue
-		}
-		s = strings.TrimSpace(s)
+		s := strings.TrimSpace(text)
 		var err error
 		switch p := k.ptr(o).(type) {
 		case *string:
@@ -458,10 +457,11 @@ func (o *PDOptions) ApplyEnv(lookup func(string) (string, bool)) error {
 			*p, err = parseSeconds(s)
 		}
 		if err != nil {
-			return fmt.Errorf("%w: %s = %q does not parse: %v", ErrInvalidPDOption, k.env, s, err)
+			return fmt.Errorf("%w: %s = %q does not parse: %v", ErrInvalidPDOption, knob, text, err)
 		}
+		return nil
 	}
-	return nil
+	return fmt.Errorf("%w: no knob %q", ErrInvalidPDOption, knob)
 }
 
 // parseSeconds reads a number of seconds, or a Go duration such as "1m30s".

@@ -12,20 +12,20 @@ func TestPDOptionsDefaultsValidate(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	// Seed 001's table, spot-checked where a typo would hide.
+	// AIBrix's table, spot-checked where a typo would hide.
 	if o.PrefillLoadImbalanceMinSpread != 16 || o.DecodeThroughputImbalanceMinSpread != 2048 ||
 		o.DecodeScoreRatioThreshold != 1.5 || o.TokenLoadRequestCost != 3500 ||
 		o.TokenLoadTTL != time.Hour || o.PrefillRequestTimeout != 30*time.Second ||
 		o.PrefillScorePolicy != "prefix_cache" || o.DecodeScorePolicy != "load_balancing" ||
 		o.TRTScheduleStyle != "context_first" || o.KVConnectorType != "shfs" ||
 		!o.DecodeTokenLoadOutputGrowth || !o.TokenLoadSharedLedger || o.PromptLengthBucketing {
-		t.Fatalf("defaults differ from seed 001: %+v", o)
+		t.Fatalf("defaults differ from AIBrix: %+v", o)
 	}
 }
 
 func TestPDOptionsValidateNamesEveryKnob(t *testing.T) {
-	// f breaks one knob and checks the message names it both ways and
-	// quotes the value.
+	// f breaks one knob and checks the message names it and quotes the
+	// value.
 	f := func(edit func(o *PDOptions), want ...string) {
 		t.Helper()
 		o := DefaultPDOptions()
@@ -40,33 +40,33 @@ func TestPDOptionsValidateNamesEveryKnob(t *testing.T) {
 			}
 		}
 	}
-	f(func(o *PDOptions) { o.BucketServe = true }, "bucket_serve (AIBRIX_BUCKET_SERVE) = true", "AIBRIX_PROMPT_LENGTH_BUCKETING")
-	f(func(o *PDOptions) { o.BucketServeMode = "qps" }, `bucket_serve_mode (AIBRIX_BUCKET_SERVE_MODE) = "qps"`)
-	f(func(o *PDOptions) { o.PrefillRequestTimeout = 0 }, "prefill_request_timeout (AIBRIX_PREFILL_REQUEST_TIMEOUT) = 0s")
-	f(func(o *PDOptions) { o.PrefillScorePolicy = "random" }, `AIBRIX_PREFILL_SCORE_POLICY) = "random"`)
-	f(func(o *PDOptions) { o.TokenLoadKVWeight = 0 }, "token_load_kv_weight (AIBRIX_TOKEN_LOAD_KV_WEIGHT) = 0")
-	f(func(o *PDOptions) { o.TokenLoadRequestCost = -1 }, "AIBRIX_TOKEN_LOAD_REQUEST_COST) = -1")
-	f(func(o *PDOptions) { o.TokenLoadTTL = 0 }, "AIBRIX_TOKEN_LOAD_TTL_SECONDS) = 0s")
-	f(func(o *PDOptions) { o.TokenLoadSessionTTL = -time.Second }, "AIBRIX_TOKEN_LOAD_SESSION_TTL_SECONDS) = -1s")
-	f(func(o *PDOptions) { o.TokenLoadMaxSessions = 0 }, "AIBRIX_TOKEN_LOAD_MAX_SESSIONS) = 0")
-	f(func(o *PDOptions) { o.HybridCacheLoadFactor = 1.5 }, "AIBRIX_HYBRID_CACHE_LOAD_FACTOR) = 1.5", "between 0 and 1")
-	f(func(o *PDOptions) { o.MinMatchPct = 101 }, "min_match_pct (AIBRIX_MIN_MATCH_PCT) = 101")
-	f(func(o *PDOptions) { o.DecodeScorePolicy = "prefix_cache" }, `AIBRIX_DECODE_SCORE_POLICY) = "prefix_cache"`)
-	f(func(o *PDOptions) { o.KVConnectorType = "rdma" }, `AIBRIX_KV_CONNECTOR_TYPE) = "rdma"`)
-	f(func(o *PDOptions) { o.PrefillLoadImbalanceMinSpread = 0 }, "AIBRIX_PREFILL_LOAD_IMBALANCE_MIN_SPREAD) = 0")
-	f(func(o *PDOptions) { o.DecodeLoadImbalanceMinSpread = -3 }, "AIBRIX_DECODE_LOAD_IMBALANCE_MIN_SPREAD) = -3")
-	f(func(o *PDOptions) { o.DecodeThroughputImbalanceMinSpread = 0 }, "AIBRIX_DECODE_THROUGHPUT_IMBALANCE_MIN_SPREAD) = 0")
-	f(func(o *PDOptions) { o.DecodeScoreRatioThreshold = 0.5 }, "AIBRIX_DECODE_SCORE_RATIO_THRESHOLD) = 0.5")
-	f(func(o *PDOptions) { o.DecodeLBWeightRunning = -1 }, "AIBRIX_DECODE_LB_WEIGHT_RUNNING) = -1")
-	f(func(o *PDOptions) { o.DecodeLBWeightThroughput = -1 }, "AIBRIX_DECODE_LB_WEIGHT_THROUGHPUT) = -1")
+	f(func(o *PDOptions) { o.BucketServe = true }, "bucket_serve = true", "prompt_length_bucketing")
+	f(func(o *PDOptions) { o.BucketServeMode = "qps" }, `bucket_serve_mode = "qps"`)
+	f(func(o *PDOptions) { o.PrefillRequestTimeout = 0 }, "prefill_request_timeout = 0s")
+	f(func(o *PDOptions) { o.PrefillScorePolicy = "random" }, `prefill_score_policy = "random"`)
+	f(func(o *PDOptions) { o.TokenLoadKVWeight = 0 }, "token_load_kv_weight = 0")
+	f(func(o *PDOptions) { o.TokenLoadRequestCost = -1 }, "token_load_request_cost = -1")
+	f(func(o *PDOptions) { o.TokenLoadTTL = 0 }, "token_load_ttl = 0s")
+	f(func(o *PDOptions) { o.TokenLoadSessionTTL = -time.Second }, "token_load_session_ttl = -1s")
+	f(func(o *PDOptions) { o.TokenLoadMaxSessions = 0 }, "token_load_max_sessions = 0")
+	f(func(o *PDOptions) { o.HybridCacheLoadFactor = 1.5 }, "hybrid_cache_load_factor = 1.5", "between 0 and 1")
+	f(func(o *PDOptions) { o.MinMatchPct = 101 }, "min_match_pct = 101")
+	f(func(o *PDOptions) { o.DecodeScorePolicy = "prefix_cache" }, `decode_score_policy = "prefix_cache"`)
+	f(func(o *PDOptions) { o.KVConnectorType = "rdma" }, `kv_connector_type = "rdma"`)
+	f(func(o *PDOptions) { o.PrefillLoadImbalanceMinSpread = 0 }, "prefill_load_imbalance_min_spread = 0")
+	f(func(o *PDOptions) { o.DecodeLoadImbalanceMinSpread = -3 }, "decode_load_imbalance_min_spread = -3")
+	f(func(o *PDOptions) { o.DecodeThroughputImbalanceMinSpread = 0 }, "decode_throughput_imbalance_min_spread = 0")
+	f(func(o *PDOptions) { o.DecodeScoreRatioThreshold = 0.5 }, "decode_score_ratio_threshold = 0.5")
+	f(func(o *PDOptions) { o.DecodeLBWeightRunning = -1 }, "decode_lb_weight_running = -1")
+	f(func(o *PDOptions) { o.DecodeLBWeightThroughput = -1 }, "decode_lb_weight_throughput = -1")
 	f(func(o *PDOptions) { o.DecodeLBWeightThroughput, o.DecodeLBWeightRunning = 0, 0 }, "must not both be 0")
-	f(func(o *PDOptions) { o.TRTMachineID = 1024 }, "trt_machine_id (AIBRIX_TRT_MACHINE_ID) = 1024", "[0, 1024)")
-	f(func(o *PDOptions) { o.TRTMachineID = -1 }, "AIBRIX_TRT_MACHINE_ID) = -1")
-	f(func(o *PDOptions) { o.TRTScheduleStyle = "gen_first" }, `AIBRIX_TRT_SCHEDULE_STYLE) = "gen_first"`)
-	f(func(o *PDOptions) { o.StdDevFactor = -1 }, "AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR) = -1")
-	f(func(o *PDOptions) { o.DecodeFirstResponseTimeout = -1 }, "AIBRIX_DECODE_FIRST_RESPONSE_TIMEOUT) = -1ns")
-	f(func(o *PDOptions) { o.DecodeResponseTimeout = -time.Second }, "AIBRIX_DECODE_RESPONSE_TIMEOUT) = -1s")
-	f(func(o *PDOptions) { o.DecodeStreamIdleTimeout = -time.Second }, "AIBRIX_DECODE_STREAM_IDLE_TIMEOUT) = -1s")
+	f(func(o *PDOptions) { o.TRTMachineID = 1024 }, "trt_machine_id = 1024", "[0, 1024)")
+	f(func(o *PDOptions) { o.TRTMachineID = -1 }, "trt_machine_id = -1")
+	f(func(o *PDOptions) { o.TRTScheduleStyle = "gen_first" }, `trt_schedule_style = "gen_first"`)
+	f(func(o *PDOptions) { o.StdDevFactor = -1 }, "std_dev_factor = -1")
+	f(func(o *PDOptions) { o.DecodeFirstResponseTimeout = -1 }, "decode_first_response_timeout = -1ns")
+	f(func(o *PDOptions) { o.DecodeResponseTimeout = -time.Second }, "decode_response_timeout = -1s")
+	f(func(o *PDOptions) { o.DecodeStreamIdleTimeout = -time.Second }, "decode_stream_idle_timeout = -1s")
 	f(func(o *PDOptions) { o.CombinedPrefillBusy = -1 }, "combined_prefill_busy = -1")
 	f(func(o *PDOptions) { o.CombinedDecodeBusy = -1 }, "combined_decode_busy = -1")
 	f(func(o *PDOptions) { o.CombinedIdleMaxInFlight = -1 }, "combined_idle_max_in_flight = -1")
@@ -76,24 +76,23 @@ func TestPDOptionsValidateNamesEveryKnob(t *testing.T) {
 	}
 }
 
-func TestPDOptionsApplyEnv(t *testing.T) {
-	env := map[string]string{
-		"AIBRIX_PROMPT_LENGTH_BUCKETING":         "true",
-		"AIBRIX_BUCKET_SERVE":                    "1",
-		"AIBRIX_BUCKET_SERVE_MODE":               "rps",
-		"AIBRIX_PREFILL_REQUEST_TIMEOUT":         "45",
-		"AIBRIX_TOKEN_LOAD_SESSION_TTL_SECONDS":  "0",
-		"AIBRIX_DECODE_STREAM_IDLE_TIMEOUT":      "2m",
-		"AIBRIX_PREFILL_SCORE_POLICY":            "hybrid_cache_load",
-		"AIBRIX_DECODE_TOKEN_LOAD_OUTPUT_GROWTH": "false",
-		"AIBRIX_TRT_MACHINE_ID":                  " 17 ",
-		"AIBRIX_DECODE_SCORE_RATIO_THRESHOLD":    "2.5",
-		"UNRELATED":                              "x",
-	}
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+func TestPDOptionsSet(t *testing.T) {
 	o := DefaultPDOptions()
-	if err := o.ApplyEnv(lookup); err != nil {
-		t.Fatal(err)
+	for knob, v := range map[string]string{
+		"prompt_length_bucketing":         "true",
+		"bucket_serve":                    "1",
+		"bucket_serve_mode":               "rps",
+		"prefill_request_timeout":         "45",
+		"token_load_session_ttl":          "0",
+		"decode_stream_idle_timeout":      "2m",
+		"prefill_score_policy":            "hybrid_cache_load",
+		"decode_token_load_output_growth": "false",
+		"trt_machine_id":                  " 17 ",
+		"decode_score_ratio_threshold":    "2.5",
+	} {
+		if err := o.Set(knob, v); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
@@ -102,24 +101,25 @@ func TestPDOptionsApplyEnv(t *testing.T) {
 		o.PrefillRequestTimeout != 45*time.Second || o.TokenLoadSessionTTL != 0 ||
 		o.DecodeStreamIdleTimeout != 2*time.Minute || o.PrefillScorePolicy != "hybrid_cache_load" ||
 		o.DecodeTokenLoadOutputGrowth || o.TRTMachineID != 17 || o.DecodeScoreRatioThreshold != 2.5 {
-		t.Fatalf("ApplyEnv: %+v", o)
+		t.Fatalf("Set: %+v", o)
 	}
 	// Untouched knobs keep their defaults.
 	if o.PrefillLoadImbalanceMinSpread != 16 {
 		t.Fatalf("untouched knob changed: %d", o.PrefillLoadImbalanceMinSpread)
 	}
-	f := func(k, v, want string) {
+	f := func(knob, v, want string) {
 		t.Helper()
 		o := DefaultPDOptions()
-		err := o.ApplyEnv(func(name string) (string, bool) { return v, name == k })
+		err := o.Set(knob, v)
 		if !errors.Is(err, ErrInvalidPDOption) || !strings.Contains(err.Error(), want) {
-			t.Fatalf("ApplyEnv(%s=%q) = %v, want %q", k, v, err, want)
+			t.Fatalf("Set(%s, %q) = %v, want %q", knob, v, err, want)
 		}
 	}
-	f("AIBRIX_PROMPT_LENGTH_BUCKETING", "yes", `AIBRIX_PROMPT_LENGTH_BUCKETING = "yes"`)
-	f("AIBRIX_TRT_MACHINE_ID", "1.5", `AIBRIX_TRT_MACHINE_ID = "1.5"`)
-	f("AIBRIX_TOKEN_LOAD_KV_WEIGHT", "heavy", `AIBRIX_TOKEN_LOAD_KV_WEIGHT = "heavy"`)
-	f("AIBRIX_TOKEN_LOAD_TTL_SECONDS", "an hour", `AIBRIX_TOKEN_LOAD_TTL_SECONDS = "an hour"`)
+	f("prompt_length_bucketing", "yes", `prompt_length_bucketing = "yes"`)
+	f("trt_machine_id", "1.5", `trt_machine_id = "1.5"`)
+	f("token_load_kv_weight", "heavy", `token_load_kv_weight = "heavy"`)
+	f("token_load_ttl", "an hour", `token_load_ttl = "an hour"`)
+	f("colour", "red", `no knob "colour"`)
 }
 
 func TestModelProfilesResolve(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// Per-model profiles (seed 001, "Enable PD Routing" and "Config Profiles"):
+// Per-model profiles (AIBrix, "Enable PD Routing" and "Config Profiles"):
 // a model has named profiles, each with a routing strategy and PD options;
 // a request picks a profile with the config-profile header (else the
 // model's default profile) and may override the strategy with the
@@ -42,7 +42,7 @@ type PDProfile struct {
 // safe for concurrent use and allocates nothing on success.
 type ModelProfiles struct {
 	// LockedRoutingStrategy, when set, is used for every request of the
-	// model whatever the routing-strategy header says (seed 001's
+	// model whatever the routing-strategy header says (AIBrix's
 	// lockedRoutingStrategy).
 	LockedRoutingStrategy string `yaml:"locked_routing_strategy"`
 	// DefaultProfile names the profile of requests without (or with an

@@ -28,7 +28,7 @@ type DecodeScorer interface {
 	ScoreDecode(req *Request, v *DecodeView, out []float64)
 }
 
-// DecodeLoadBalancing is seed 001's load_balancing decode score:
+// DecodeLoadBalancing is AIBrix's load_balancing decode score:
 //
 //	score = (w_run × norm_reqs + w_thru × (1 − norm_throughput)) / norm_free_gpu
 //
@@ -71,7 +71,7 @@ func (p DecodeLoadBalancing) ScoreDecode(_ *Request, v *DecodeView, out []float6
 	}
 }
 
-// DecodeLeastRequestScore is seed 001's least_request decode score:
+// DecodeLeastRequestScore is AIBrix's least_request decode score:
 // running requests plus pending decodes.
 type DecodeLeastRequestScore struct{}
 
@@ -103,7 +103,7 @@ const (
 var defaultLine = admit.NewDecodeLine(admit.DefaultDecodeBaseSec, admit.DefaultDecodePerSeqSec,
 	admit.DefaultDecodeMaxBatch, admit.DefaultDecodeForget)
 
-// PrefillConductorScore is seed 001's conductor prefill score: the
+// PrefillConductorScore is AIBrix's conductor prefill score: the
 // predicted time to first token (seconds) as lb/admit computes it, from
 // the queue already charged to the pod, the cached prefix, and the
 // uncached part with its attention cost:
@@ -123,7 +123,7 @@ func (PrefillConductorScore) Score(req *Request, cands []Candidate, out []float6
 	}
 }
 
-// DecodeConductorScore is seed 001's conductor decode score: the predicted
+// DecodeConductorScore is AIBrix's conductor decode score: the predicted
 // time between tokens (seconds) once the request joins the pod. The batch
 // it joins is running + pending; the step time is the pod's learned line
 // (lb/admit.DecodeLine) at that batch, or, when the scrape shows a slower

@@ -423,3 +423,33 @@ func benchFleet(rolesets int) []PDCandidate {
 	cands[len(cands)-2].InFlight = 2
 	return cands
 }
+
+// TestPDEqualPodsOfARolesetShareTheTraffic: within one roleset, pods that
+// score alike (an idle fleet) are chosen by the request's random number,
+// not always the first, which took every request of an idle fleet.
+func TestPDEqualPodsOfARolesetShareTheTraffic(t *testing.T) {
+	r := newRouter(t, nil)
+	var cands []PDCandidate
+	for i := range 8 {
+		role := RolePrefill
+		if i >= 4 {
+			role = RoleDecode
+		}
+		cands = append(cands, PDCandidate{Role: role, Candidate: Candidate{Pod: int32(i), HasMetrics: true}})
+	}
+	var pre, dec [8]int
+	var s PDScratch
+	for n := range 4000 {
+		d, err := r.Decide(&Request{PromptTokens: 100, Rand: uint64(n) * 0x9e3779b97f4a7c15}, cands, &s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pre[d.Prefill]++
+		dec[d.Decode]++
+	}
+	for i := range 4 {
+		if pre[i] < 700 || dec[4+i] < 700 {
+			t.Fatalf("picks per prefill pod %v, per decode pod %v; want about 1000 each", pre[:4], dec[4:])
+		}
+	}
+}

@@ -178,7 +178,7 @@ var ErrUnknownPolicy = errors.New("route: unknown policy")
 // knobs.
 type Options struct {
 	// MinMatchPct: prefix matches below this percentage of the prompt count
-	// as no match (prefix_cache, hybrid_cache_load; seed 001's
+	// as no match (prefix_cache, hybrid_cache_load; AIBrix's
 	// AIBRIX_MIN_MATCH_PCT, default 0 = off).
 	MinMatchPct float64
 	// StdDevFactor: prefix_cache skips pods whose in-flight count is more
@@ -214,7 +214,7 @@ type Options struct {
 	MissWeight float64
 }
 
-// Defaults of Options, as SGLang's model gateway (cache_aware) and seed 001
+// Defaults of Options, as SGLang's model gateway (cache_aware) and AIBrix
 // (prefix_cache) ship them.
 const (
 	DefaultMinMatchPct         = 0
@@ -222,7 +222,7 @@ const (
 	DefaultCacheThreshold      = 0.3
 	DefaultBalanceAbsThreshold = 64
 	DefaultBalanceRelThreshold = 1.5
-	// Seed 001's token_load and hybrid_cache_load defaults.
+	// AIBrix's token_load and hybrid_cache_load defaults.
 	DefaultTokenLoadKVWeight     = 0.3
 	DefaultHybridCacheLoadFactor = 0.5
 	DefaultDecodeOutputGrowth    = true

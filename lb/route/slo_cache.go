@@ -3,14 +3,15 @@ package route
 import "pdlb/lb/admit"
 
 // DefaultPolicy is the policy the gateway and `pdlb sim --policy default`
-// use: the best of the registry in bench/cluster's seed 000 sweep.
+// use: the best of the registry in bench/cluster's the global-scheduling
+// study sweep.
 const DefaultPolicy = "slo_cache"
 
 // DefaultSLOCacheMissWeight is slo_cache's miss weight. Tuned with
-// bench/cluster on seed 000's chat over seeds 0..3 at 40 to 100 req/s:
-// at 70 req/s with rejection, weight 0 (min_ttft) reaches 98.6% attainment
-// with 1.4% rejected, 1 reaches 99.5% / 0.5%, 2 to 8 reach 99.6–99.7% /
-// 0.3–0.4%; 4 sits in the middle of that plateau.
+// bench/cluster on the global-scheduling study's chat over seeds 0..3 at 40
+// to 100 req/s: at 70 req/s with rejection, weight 0 (min_ttft) reaches 98.6%
+// attainment with 1.4% rejected, 1 reaches 99.5% / 0.5%, 2 to 8 reach
+// 99.6–99.7% / 0.3–0.4%; 4 sits in the middle of that plateau.
 const DefaultSLOCacheMissWeight = 4
 
 // SLOCache is pdlb's own policy: cache affinity held in check by the TTFT

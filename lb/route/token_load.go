@@ -1,11 +1,11 @@
 package route
 
-// The token-ledger scorers of seed 001 ("Token Load Scoring Policy",
+// The token-ledger scorers of AIBrix's gateway ("Token Load Scoring Policy",
 // "Hybrid Cache-Load Scoring Policy"). They read the ledger through plain
 // Candidate numbers the caller fills (ledger.Prefill, ledger.Decode), so
 // bench/cluster can drive them from simulated pods.
 
-// TokenLoad is seed 001's token_load prefill scorer:
+// TokenLoad is AIBrix's token_load prefill scorer:
 //
 //	score = active_tokens + kv_weight × kv_tokens
 //
@@ -24,7 +24,7 @@ func tokenLoad(c *Candidate, kvWeight float64) float64 {
 	return c.ActiveTokens + kvWeight*c.KVTokens
 }
 
-// HybridCacheLoad is seed 001's hybrid_cache_load prefill scorer:
+// HybridCacheLoad is AIBrix's hybrid_cache_load prefill scorer:
 //
 //	r        = match% / 100        (0 below MinMatchPct)
 //	discount = 1 − r² × factor
@@ -51,7 +51,7 @@ func (p HybridCacheLoad) Score(req *Request, cands []Candidate, out []float64) {
 	}
 }
 
-// DecodeTokenLoad is seed 001's token_load decode scorer:
+// DecodeTokenLoad is AIBrix's token_load decode scorer:
 //
 //	score = decode_tokens + generated_tokens
 //

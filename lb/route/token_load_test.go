@@ -47,7 +47,7 @@ func TestHybridCacheLoadScore(t *testing.T) {
 	// Idle pods: bare discounts, so the best match wins outright.
 	f("idle", def, []Candidate{{CachedTokens: 300}, {CachedTokens: 700}, {}, {ActiveTokens: 0.5, CachedTokens: 1000}},
 		1-0.09*0.5, 1-0.49*0.5, 1, 0.5)
-	// Busy pods: seed 001's figures, a 30% match discounts by 4.5%, a 70%
+	// Busy pods: AIBrix's figures, a 30% match discounts by 4.5%, a 70%
 	// match by 24.5%, a full match halves the load.
 	f("busy", def, []Candidate{{ActiveTokens: 1000, CachedTokens: 300}, {ActiveTokens: 1000, CachedTokens: 700}, {ActiveTokens: 1000, CachedTokens: 1000}, {KVTokens: 1000}},
 		955, 755, 500, 300)
@@ -108,7 +108,7 @@ func TestTokenLoadRegistryAndDefaults(t *testing.T) {
 		}
 	}
 	// route cannot import ledger at run time (the scorers read plain
-	// numbers); this test keeps the two copies of seed 001's defaults equal.
+	// numbers); this test keeps the two copies of AIBrix's defaults equal.
 	c, o := ledger.DefaultConfig(), DefaultOptions()
 	if o.TokenLoadKVWeight != c.KVWeight || o.HybridCacheLoadFactor != c.HybridCacheLoadFactor ||
 		o.MinMatchPct != c.MinMatchPct || o.DecodeOutputGrowth != c.DecodeOutputGrowth {

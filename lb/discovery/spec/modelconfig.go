@@ -6,7 +6,7 @@ import (
 	"slices"
 )
 
-// Labels and annotations of seed 001's router, read as it reads them so its
+// Labels and annotations of AIBrix's gateway plugin, read as it reads them so its
 // deployments are picked up unchanged.
 const (
 	// LabelModel names the model a pod serves (required).
@@ -21,7 +21,7 @@ const (
 	// LabelRoleset pairs prefill and decode pods.
 	LabelRoleset = "roleset-name"
 	// AnnotationBootstrapPort is an SGLang pod's PD bootstrap port (default
-	// 8998); seed 001 calls it an annotation, and it is read from the labels
+	// 8998); AIBrix calls it an annotation, and it is read from the labels
 	// too where the annotation is absent.
 	AnnotationBootstrapPort = "model.aibrix.ai/sglang-bootstrap-port"
 	// AnnotationConfig holds the profiles JSON (ModelConfig).
@@ -48,7 +48,7 @@ const (
 // defaultProfile.
 const DefaultProfileName = "default"
 
-// Score policies a routingConfig may name (seed 001).
+// Score policies a routingConfig may name (AIBrix).
 var (
 	PrefillScorePolicies = []string{"prefix_cache", "least_request", "conductor", "token_load", "hybrid_cache_load"}
 	DecodeScorePolicies  = []string{"load_balancing", "least_request", "conductor", "token_load"}
@@ -107,7 +107,7 @@ type RoutingConfig struct {
 	PD PDKnobs `json:"pd"`
 }
 
-// PDKnobs are seed 001's per-profile prefill/decode settings, each
+// PDKnobs are AIBrix's per-profile prefill/decode settings, each
 // overriding the matching gateway setting (named in brackets) for the
 // profile's requests only. Nil means unset: the gateway's value stands.
 // Durations are in seconds, as the router's environment variables are.
@@ -146,7 +146,7 @@ func ParseModelConfig(data []byte) (*ModelConfig, error) {
 }
 
 // Profile returns the named profile; an empty or unknown name falls back to
-// DefaultProfile, then to "default", as seed 001's router does. ok is false
+// DefaultProfile, then to "default", as AIBrix's gateway plugin does. ok is false
 // when none of them exists.
 func (mc *ModelConfig) Profile(name string) (p Profile, ok bool) {
 	for _, n := range []string{name, mc.DefaultProfile, DefaultProfileName} {
@@ -190,7 +190,7 @@ func (rc *RoutingConfig) validate(field string) error {
 		return invalid(field+".decodeScorePolicy", p, fmt.Sprintf("is not a policy (known: %v)", DecodeScorePolicies))
 	}
 	k := &rc.PD
-	// Seed 001's environment table: which knobs must be positive, which may
+	// AIBrix's environment table: which knobs must be positive, which may
 	// be 0 (0 disables), and the two bounded to a range.
 	for _, c := range []struct {
 		name     string

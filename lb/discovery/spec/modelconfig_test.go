@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// The annotation of seed 001's complete example and its PD-knob list, with
+// The annotation of AIBrix's complete example and its PD-knob list, with
 // fields this package does not know (they must be ignored).
 const fullConfig = `{
   "lockedRoutingStrategy": "pd",

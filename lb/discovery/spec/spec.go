@@ -18,11 +18,12 @@ import (
 const (
 	// DefaultDNSInterval is how often a DNS name is resolved again.
 	DefaultDNSInterval = 10 * time.Second
-	// DefaultSelector picks every pod that names its model, the label seed
-	// 001's router keys on, so an existing deployment is found unchanged.
+	// DefaultSelector picks every pod that names its model, the label
+	// AIBrix's gateway plugin keys on, so an existing deployment is found
+	// unchanged.
 	DefaultSelector = LabelModel
 	// DefaultBootstrapPort is SGLang's PD bootstrap port when a pod does not
-	// name one (seed 001).
+	// name one (AIBrix).
 	DefaultBootstrapPort = 8998
 )
 

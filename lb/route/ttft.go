@@ -2,9 +2,9 @@ package route
 
 import "pdlb/lb/admit"
 
-// Seed 000's routing policies (global scheduling chapter): cache only and
-// minimum predicted TTFT. Its other two, random and "最少排队" (least queued
-// work), are Random and LeastQueue.
+// The global-scheduling study's routing policies (global scheduling chapter):
+// cache only and minimum predicted TTFT. Its other two, random and "最少排队"
+// (least queued work), are Random and LeastQueue.
 
 // PredictedTTFT is the time to first token (seconds) req would see on c:
 // the prefill work already queued on the pod plus req's uncached tokens at
@@ -25,10 +25,11 @@ func uncached(req *Request, c *Candidate) int {
 	return max(req.PromptTokens-c.CachedTokens, 0)
 }
 
-// LeastQueue scores a pod by how long its queued prefill work takes:
-// seed 000's "最少排队" (min over instances of when their queue runs out).
-// Unlike LeastRequest it weighs each request by its uncached tokens, which is
-// what reproduces the seed's table, where a request's cost is its prefill.
+// LeastQueue scores a pod by how long its queued prefill work takes: the
+// global-scheduling study's "最少排队" (min over instances of when their queue
+// runs out). Unlike LeastRequest it weighs each request by its uncached
+// tokens, which is what reproduces the study's table, where a request's cost
+// is its prefill.
 type LeastQueue struct{}
 
 // Score implements Scorer.
@@ -39,8 +40,8 @@ func (LeastQueue) Score(_ *Request, cands []Candidate, out []float64) {
 }
 
 // CacheOnly scores a pod by its cached prefix, most first, breaking ties by
-// the shortest queue: seed 000's "只看缓存", key (hit, -busy). It is the best
-// policy under light load and makes hotspots under heavy load.
+// the shortest queue: the global-scheduling study's "只看缓存", key (hit, -busy).
+// It is the best policy under light load and makes hotspots under heavy load.
 type CacheOnly struct{}
 
 // Score implements Scorer. Cached tokens are whole numbers, so adding the
@@ -52,8 +53,8 @@ func (CacheOnly) Score(_ *Request, cands []Candidate, out []float64) {
 	}
 }
 
-// MinTTFT scores a pod by PredictedTTFT: seed 000's "预计 TTFT 最小", which
-// weighs cache hits and queueing on one scale.
+// MinTTFT scores a pod by PredictedTTFT: the global-scheduling study's "预计
+// TTFT 最小", which weighs cache hits and queueing on one scale.
 type MinTTFT struct{}
 
 // Score implements Scorer.

@@ -18,10 +18,10 @@ func TestPredictedTTFT(t *testing.T) {
 	f(2000, Candidate{}, 0, 0.1)                                                 // unknown speed: admit's default
 }
 
-// TestSeed000Policies checks each of seed 000's policies against its
-// definition on one set of pods: a session cached on a busy pod, its system
-// prompt on an idle one, nothing on another idle one.
-func TestSeed000Policies(t *testing.T) {
+// TestTTFTPolicies checks each of the global-scheduling study's policies
+// against its definition on one set of pods: a session cached on a busy pod,
+// its system prompt on an idle one, nothing on another idle one.
+func TestTTFTPolicies(t *testing.T) {
 	cands := []Candidate{
 		{Pod: 0, CachedTokens: 6000, QueuedPrefillTokens: 60000, PrefillTokensPerSec: 20000, InFlight: 9}, // 3 s queue
 		{Pod: 1, CachedTokens: 2048, PrefillTokensPerSec: 20000, InFlight: 1},                             // 0.3 s of prefill
@@ -80,7 +80,7 @@ func TestDefaultPolicyRegistered(t *testing.T) {
 	}
 }
 
-func TestSeed000Allocs(t *testing.T) {
+func TestTTFTPolicyAllocs(t *testing.T) {
 	cands := make([]Candidate, 64)
 	for i := range cands {
 		cands[i] = Candidate{CachedTokens: 64 * i, QueuedPrefillTokens: float64(1000 * (i % 7)), PrefillTokensPerSec: 20000}
