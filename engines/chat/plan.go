@@ -171,6 +171,19 @@ func edgeSpace(b []byte) bool {
 	return isPySpace(r) || isPySpace(l)
 }
 
+// Warm learns the fast path of requests that bring no
+// chat_template_kwargs of their own (defaults alone) and returns once it
+// is known, so a model loaded at start-up serves its first requests on
+// it rather than on Jinja.
+func (t *Template) Warm(defaults map[string]any) {
+	c := AcquireConversation()
+	defer ReleaseConversation(c)
+	if c.ParseRequest([]byte(`{"messages":[{"role":"user","content":"warm"}]}`)) == nil {
+		t.planFor(c, defaults)
+	}
+	t.learners.Wait()
+}
+
 // planFor returns the verified plan for c's kwargs, or nil: c outside the
 // envelope, no plan for the template, or one still being learnt.
 func (t *Template) planFor(c *Conversation, defaults map[string]any) *plan {

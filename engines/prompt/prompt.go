@@ -71,6 +71,7 @@ func Load(c Config) (*Model, error) {
 		if m.tmpl, err = chat.Compile(src, tok.SpecialTokens()); err != nil {
 			return nil, fmt.Errorf("prompt: chat template of %s: %w", c.Tokenizer, err)
 		}
+		m.tmpl.Warm(c.ChatTemplateKwargs)
 	}
 	return m, nil
 }

@@ -45,8 +45,8 @@ func TestChatAsVLLM(t *testing.T) {
 		t.Fatalf("default kwargs: %v %v, want %v", got, err, off)
 	}
 	var re *chat.RequestError
-	if _, err := m.Chat(nil, []byte(`{"messages":[{"role":"user"}]}`)); !errors.As(err, &re) || re.Param != "messages[0].content" {
-		t.Fatalf("a user message without content: %v", err)
+	if _, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":null}]}`)); !errors.As(err, &re) || re.Param != "messages[0].content" {
+		t.Fatalf("a user message with null content: %v", err)
 	}
 }
 
@@ -74,7 +74,7 @@ func TestLoad(t *testing.T) {
 	f(Config{Tokenizer: t.TempDir()}, "tokenizer.json")
 	dir := tokfiles.Dir(t, "qwen3")
 	f(Config{Tokenizer: dir, ChatTemplate: filepath.Join(t.TempDir(), "missing.jinja")}, "missing.jinja")
-	f(Config{Tokenizer: dir, ChatTemplate: "{% for %}"}, "cannot parse")
+	f(Config{Tokenizer: dir, ChatTemplate: "{% for %}"}, "cannot render this chat template")
 
 	// A template override, as a file and as text.
 	tmpl := "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -69,7 +69,7 @@ func TestPodRefusesMessagesAsVLLM(t *testing.T) {
 			t.Fatalf("%v: %d %s, want a 400 naming %s", messages, status, b, param)
 		}
 	}
-	f([]map[string]any{{"role": "user"}}, "messages[0].content")
-	f([]map[string]any{{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}}, "messages[1].role")
+	f([]map[string]any{{"role": "user", "content": nil}}, "messages[0].content")
+	f([]map[string]any{{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": []map[string]any{{"type": "function"}}}}, "messages[1].tool_calls[0].id")
 	f([]map[string]any{{"role": "user", "content": []map[string]any{{"type": "video_frame"}}}}, "messages[0].content[0].type")
 }

@@ -61,7 +61,7 @@ func TestCmdTokenize(t *testing.T) {
 	f(chat, `--chat-template-kwargs "x": not a JSON object`, "--chat-template-kwargs", "x")
 	f(chat, `unexpected argument "extra"`, "extra")
 	f("nope", "not a JSON object")
-	f(`{"model":"m","messages":[{"role":"user"}]}`, "messages[0].content", "--tokenizer", dir)
+	f(`{"model":"m","messages":[{"role":"user","content":null}]}`, "messages[0].content", "--tokenizer", dir)
 	f(`{"model":"m"}`, `"prompt" is required`)
 }
 
