@@ -8,6 +8,7 @@
 package prompt
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -32,6 +33,17 @@ type Config struct {
 	ChatTemplateKwargs map[string]any
 }
 
+// Key names c's settings: configs with equal keys load the same Model, so
+// a caller may share one loaded Model among them (a tokenizer.json is
+// megabytes).
+func (c Config) Key() string {
+	kw, err := json.Marshal(c.ChatTemplateKwargs)
+	if err != nil {
+		kw = []byte(fmt.Sprint(c.ChatTemplateKwargs))
+	}
+	return c.Tokenizer + "\x00" + c.ChatTemplate + "\x00" + string(kw)
+}
+
 // Model renders and encodes one model's prompts. It is safe for concurrent
 // use.
 type Model struct {
@@ -51,7 +63,7 @@ var ErrNoTemplate = errors.New("prompt: the tokenizer has no chat template and n
 // fail with ErrNoTemplate.
 func Load(c Config) (*Model, error) {
 	if c.Tokenizer == "" {
-		if c.ChatTemplate != "" || c.ChatTemplateKwargs != nil {
+		if c.ChatTemplate != "" || len(c.ChatTemplateKwargs) > 0 {
 			return nil, errors.New("prompt: chat_template and chat_template_kwargs need a tokenizer (the stand-in has no template)")
 		}
 		return nil, nil

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -213,20 +212,14 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 }
 
 // promptOf loads the tokenizer and chat template a pod names, once per
-// distinct setting (a tokenizer.json is megabytes).
+// distinct setting.
 func promptOf(p podFile, loaded map[string]*prompt.Model) (*prompt.Model, error) {
-	if p.Tokenizer == "" && p.ChatTemplate == "" && p.ChatTemplateArgs == nil {
-		return nil, nil
-	}
-	kw, err := json.Marshal(p.ChatTemplateArgs)
-	if err != nil {
-		return nil, fmt.Errorf("chat_template_kwargs: %w", err)
-	}
-	key := p.Tokenizer + "\x00" + p.ChatTemplate + "\x00" + string(kw)
+	c := prompt.Config{Tokenizer: p.Tokenizer, ChatTemplate: p.ChatTemplate, ChatTemplateKwargs: p.ChatTemplateArgs}
+	key := c.Key()
 	if m, ok := loaded[key]; ok {
 		return m, nil
 	}
-	m, err := prompt.Load(prompt.Config{Tokenizer: p.Tokenizer, ChatTemplate: p.ChatTemplate, ChatTemplateKwargs: p.ChatTemplateArgs})
+	m, err := prompt.Load(c)
 	if err != nil {
 		return nil, err
 	}

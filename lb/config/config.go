@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -266,6 +267,20 @@ type Model struct {
 	// Profiles are the model's routing profiles (default: one, "default",
 	// with the pd section's knobs).
 	Profiles []Profile `yaml:"profiles"`
+	// Tokenizer is a directory in the Hugging Face layout
+	// (tokenizer.json, tokenizer_config.json, chat_template.jinja), as
+	// vLLM's --tokenizer: the gateway then renders and tokenizes prompts
+	// exactly as the engine does, so block keys match the pods' KV events
+	// (default "": the stand-in, 4 bytes a token, which no engine
+	// matches; routing then learns only from the gateway's own picks).
+	Tokenizer string `yaml:"tokenizer"`
+	// ChatTemplate replaces the tokenizer's chat template: a file, or the
+	// template itself, as vLLM's --chat-template (default "").
+	ChatTemplate string `yaml:"chat_template"`
+	// ChatTemplateKwargs are defaults under each request's
+	// chat_template_kwargs, as vLLM's --default-chat-template-kwargs
+	// (default none).
+	ChatTemplateKwargs map[string]any `yaml:"chat_template_kwargs"`
 }
 
 // Pod is one inference pod.
@@ -543,6 +558,16 @@ func (c Config) Validate() error {
 		}
 		if m.BlockSize < 0 {
 			return invalid(field+".block_size", m.BlockSize, "must be a positive number of tokens")
+		}
+		if m.Tokenizer == "" {
+			if m.ChatTemplate != "" {
+				return invalid(field+".chat_template", m.ChatTemplate, "needs tokenizer (the stand-in has no template)")
+			}
+			if len(m.ChatTemplateKwargs) > 0 {
+				return invalid(field+".chat_template_kwargs", m.ChatTemplateKwargs, "needs tokenizer (the stand-in has no template)")
+			}
+		} else if _, err := os.Stat(filepath.Join(m.Tokenizer, "tokenizer.json")); err != nil {
+			return invalid(field+".tokenizer", m.Tokenizer, "must be a directory holding tokenizer.json ("+err.Error()+")")
 		}
 	}
 	if err := c.Access.Validate(c.Admin); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/engines"
+	"pdlb/engines/prompt"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/route"
@@ -331,6 +332,12 @@ type Model struct {
 	// BlockSize is the tokens per block key, Seed the chain's seed.
 	BlockSize int
 	Seed      uint64
+	// Prompt renders and tokenizes the model's prompts as its engine does
+	// (its tokenizer and chat template); nil: the stand-in tokenizer,
+	// whose keys match the gateway's own picks but no engine's KV events.
+	// promptKey names its settings, so a reload keeps a loaded one.
+	Prompt    *prompt.Model
+	promptKey string
 }
 
 // Snapshot is an immutable view of the fleet. Never modify one after it is
@@ -408,6 +415,9 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			}
 			m = &Model{Name: pc.Model, Policy: pol, UsesCache: route.UsesCache(mc.Policy),
 				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model), Profiles: profiles}
+			if m.Prompt, m.promptKey, err = loadPrompt(mc, prev.model(pc.Model)); err != nil {
+				return nil, fmt.Errorf("model %q: %w", pc.Model, err)
+			}
 			if pm := prev.model(pc.Model); pm != nil {
 				m.Index = pm.Index
 			} else {
@@ -428,7 +438,8 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 	for _, m := range s.Models {
 		// The PD cascade's prefill scores read prefix matches.
 		m.UsesCache = m.UsesCache || len(m.Prefill) > 0
-		if pm := prev.model(m.Name); pm != nil && pm.BlockSize == m.BlockSize && samePods(pm.Pods, m.Pods) {
+		// A new tokenizer gives new keys: the old index names none of them.
+		if pm := prev.model(m.Name); pm != nil && pm.BlockSize == m.BlockSize && pm.promptKey == m.promptKey && samePods(pm.Pods, m.Pods) {
 			m.Prefix = pm.Prefix
 			continue
 		}
@@ -447,6 +458,21 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 		m.Prefix = tree
 	}
 	return s, nil
+}
+
+// loadPrompt loads the tokenizer and chat template mc names, or keeps
+// prev's when its settings are the same.
+func loadPrompt(mc config.Model, prev *Model) (*prompt.Model, string, error) {
+	if mc.Tokenizer == "" {
+		return nil, "", nil
+	}
+	c := prompt.Config{Tokenizer: mc.Tokenizer, ChatTemplate: mc.ChatTemplate, ChatTemplateKwargs: mc.ChatTemplateKwargs}
+	key := c.Key()
+	if prev != nil && prev.promptKey == key {
+		return prev.Prompt, key, nil
+	}
+	m, err := prompt.Load(c)
+	return m, key, err
 }
 
 // newClient is a pod's keep-alive pool. It reads a response's body whole
