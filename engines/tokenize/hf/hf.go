@@ -151,7 +151,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	if tokenizerConfigJSON != nil {
-		if err := t.parseConfig(tokenizerConfigJSON); err != nil {
+		if err := t.parseConfig(tokenizerConfigJSON, file["pre_tokenizer"]); err != nil {
 			return nil, err
 		}
 	}
@@ -162,11 +162,13 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 }
 
 // parseConfig reads the special tokens and chat template of
-// tokenizer_config.json, and refuses a Llama/Gemma config whose
-// add_bos_token / add_eos_token disagree with tokenizer.json's
-// post-processor: transformers rebuilds the post-processor from those flags
-// for these classes, so vLLM would add other ids than tokenizer.json says.
-func (t *Tokenizer) parseConfig(data []byte) error {
+// tokenizer_config.json. It refuses the settings with which transformers
+// (so vLLM) would not encode as tokenizer.json says: an add_prefix_space
+// other than a top-level ByteLevel pre-tokenizer's (transformers rewrites
+// the pre-tokenizer), and for the Llama/Gemma classes any add_prefix_space
+// (they convert the slow tokenizer instead) or add_bos_token /
+// add_eos_token disagreeing with the post-processor (they rebuild it).
+func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error {
 	var cfg map[string]json.RawMessage
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return fmt.Errorf("hf: tokenizer_config.json: %w", err)
@@ -202,10 +204,30 @@ func (t *Tokenizer) parseConfig(data []byte) error {
 			}
 		}
 	}
+	var splitSpecial bool
+	if raw, ok := cfg["split_special_tokens"]; ok && (json.Unmarshal(raw, &splitSpecial) != nil || splitSpecial) {
+		return fmt.Errorf("hf: tokenizer_config.json split_special_tokens: %.40s not supported (special tokens in the text are always recognised)", raw)
+	}
+	var prefixSpace *bool
+	if raw, ok := cfg["add_prefix_space"]; ok && !isNull(raw) {
+		prefixSpace = new(bool)
+		if err := json.Unmarshal(raw, prefixSpace); err != nil {
+			return fmt.Errorf("hf: tokenizer_config.json add_prefix_space: %.40s is not a bool", raw)
+		}
+	}
+	if typ, _ := typeOf("pre_tokenizer", preTokenizer); typ == "ByteLevel" {
+		if want := prefixSpace != nil && *prefixSpace; want != t.pre[0].prefixSpace {
+			return fmt.Errorf("hf: tokenizer_config.json add_prefix_space: %v (absent is false) differs from tokenizer.json pre_tokenizer ByteLevel add_prefix_space %v",
+				want, t.pre[0].prefixSpace)
+		}
+	}
 	var class string
 	_ = json.Unmarshal(cfg["tokenizer_class"], &class)
 	switch strings.TrimSuffix(class, "Fast") {
 	case "LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer":
+		if prefixSpace != nil {
+			return fmt.Errorf("hf: tokenizer_config.json add_prefix_space: %v with %s not supported (transformers rebuilds the tokenizer from the slow one)", *prefixSpace, class)
+		}
 		for _, f := range []struct {
 			key  string
 			on   bool // transformers' default

@@ -283,6 +283,20 @@ func TestRefuse(t *testing.T) {
 	}, "", "hf: tokenizer.json model.vocab: byte-level vocabulary lacks byte 0x00")
 	g(func(m map[string]any) { m["extra"] = 1 }, "", `hf: tokenizer.json: field "extra" not supported`)
 	g(func(m map[string]any) { m["model"].(map[string]any)["unk_token"] = "<unk>" }, "", `hf: tokenizer.json model.unk_token: "<unk>" not in vocab`)
+	byteLevel := func(m map[string]any) {
+		m["pre_tokenizer"] = map[string]any{"type": "ByteLevel", "add_prefix_space": true, "use_regex": true}
+		vocab := map[string]any{}
+		for r, b := range runeByte {
+			vocab[string(r)] = b
+		}
+		m["model"] = map[string]any{"type": "BPE", "vocab": vocab, "merges": []any{}}
+		m["added_tokens"] = nil
+	}
+	g(func(m map[string]any) {}, `{"split_special_tokens": true}`,
+		"hf: tokenizer_config.json split_special_tokens: true not supported (special tokens in the text are always recognised)")
+	g(byteLevel, `{"bos_token": "<s>"}`, "hf: tokenizer_config.json add_prefix_space: false (absent is false) differs from tokenizer.json pre_tokenizer ByteLevel add_prefix_space true")
+	g(func(m map[string]any) {}, `{"tokenizer_class": "LlamaTokenizerFast", "add_prefix_space": true}`,
+		"hf: tokenizer_config.json add_prefix_space: true with LlamaTokenizerFast not supported (transformers rebuilds the tokenizer from the slow one)")
 	g(func(m map[string]any) {}, `{"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>"}`,
 		`hf: tokenizer_config.json add_bos_token: true (bos_token "<s>") disagrees with tokenizer.json post_processor [] for LlamaTokenizer`)
 }
