@@ -96,7 +96,7 @@ func Load(dir string) (*Tokenizer, error) {
 // tokenizer_config.json (nil when there is none).
 func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	var file map[string]json.RawMessage
-	if err := json.Unmarshal(tokenizerJSON, &file); err != nil {
+	if err := unmarshal(tokenizerJSON, &file); err != nil {
 		return nil, fmt.Errorf("hf: tokenizer.json: %w", err)
 	}
 	// truncation and padding are not read: transformers turns both off for
@@ -108,7 +108,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 			return nil, fmt.Errorf("hf: tokenizer.json: field %q not supported", k)
 		}
 	}
-	t := &Tokenizer{tokenToID: map[string]uint32{}, specials: map[string]string{}}
+	t := &Tokenizer{specials: map[string]string{}}
 	var err error
 	if t.norm, err = parseNormalizer("normalizer", file["normalizer"], nil); err != nil {
 		return nil, err
@@ -140,7 +140,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	}
 	var added []addedJSON
 	if raw := file["added_tokens"]; !isNull(raw) {
-		if err := json.Unmarshal(raw, &added); err != nil {
+		if err := unmarshal(raw, &added); err != nil {
 			return nil, fmt.Errorf("hf: tokenizer.json added_tokens: %w", err)
 		}
 	}
@@ -170,7 +170,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 // add_eos_token disagreeing with the post-processor (they rebuild it).
 func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error {
 	var cfg map[string]json.RawMessage
-	if err := json.Unmarshal(data, &cfg); err != nil {
+	if err := unmarshal(data, &cfg); err != nil {
 		return fmt.Errorf("hf: tokenizer_config.json: %w", err)
 	}
 	for k, raw := range cfg {
@@ -182,9 +182,9 @@ func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error
 			Content *string `json:"content"`
 		}
 		switch {
-		case json.Unmarshal(raw, &s) == nil && !isNull(raw):
+		case unmarshal(raw, &s) == nil && !isNull(raw):
 			t.specials[k] = s
-		case json.Unmarshal(raw, &obj) == nil && obj.Content != nil:
+		case unmarshal(raw, &obj) == nil && obj.Content != nil:
 			t.specials[k] = *obj.Content
 		}
 	}
@@ -193,8 +193,8 @@ func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error
 			Name     string `json:"name"`
 			Template string `json:"template"`
 		}
-		if json.Unmarshal(raw, &t.chatTemplate) != nil {
-			if err := json.Unmarshal(raw, &list); err != nil {
+		if unmarshal(raw, &t.chatTemplate) != nil {
+			if err := unmarshal(raw, &list); err != nil {
 				return fmt.Errorf("hf: tokenizer_config.json chat_template: %.80s is neither a string nor a list", raw)
 			}
 			for _, e := range list {
@@ -205,13 +205,13 @@ func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error
 		}
 	}
 	var splitSpecial bool
-	if raw, ok := cfg["split_special_tokens"]; ok && (json.Unmarshal(raw, &splitSpecial) != nil || splitSpecial) {
+	if raw, ok := cfg["split_special_tokens"]; ok && (unmarshal(raw, &splitSpecial) != nil || splitSpecial) {
 		return fmt.Errorf("hf: tokenizer_config.json split_special_tokens: %.40s not supported (special tokens in the text are always recognised)", raw)
 	}
 	var prefixSpace *bool
 	if raw, ok := cfg["add_prefix_space"]; ok && !isNull(raw) {
 		prefixSpace = new(bool)
-		if err := json.Unmarshal(raw, prefixSpace); err != nil {
+		if err := unmarshal(raw, prefixSpace); err != nil {
 			return fmt.Errorf("hf: tokenizer_config.json add_prefix_space: %.40s is not a bool", raw)
 		}
 	}
@@ -222,7 +222,7 @@ func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error
 		}
 	}
 	var class string
-	_ = json.Unmarshal(cfg["tokenizer_class"], &class)
+	_ = unmarshal(cfg["tokenizer_class"], &class)
 	switch strings.TrimSuffix(class, "Fast") {
 	case "LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer":
 		if prefixSpace != nil {
@@ -235,7 +235,7 @@ func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error
 			name string
 		}{{"add_bos_token", true, t.prefix, "bos_token"}, {"add_eos_token", false, t.suffix, "eos_token"}} {
 			if raw, ok := cfg[f.key]; ok && !isNull(raw) {
-				if err := json.Unmarshal(raw, &f.on); err != nil {
+				if err := unmarshal(raw, &f.on); err != nil {
 					return fmt.Errorf("hf: tokenizer_config.json %s: %.40s is not a bool", f.key, raw)
 				}
 			}
