@@ -28,9 +28,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -48,6 +50,7 @@ type Tokenizer struct {
 
 	tokenToID map[string]uint32
 	idToToken []string
+	added     map[string]addedJSON // by content
 
 	specials     map[string]string
 	chatTemplate string
@@ -174,18 +177,54 @@ func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error
 		return fmt.Errorf("hf: tokenizer_config.json: %w", err)
 	}
 	for k, raw := range cfg {
-		if !strings.HasSuffix(k, "_token") {
-			continue
-		}
-		var s string
-		var obj struct {
-			Content *string `json:"content"`
-		}
-		switch {
-		case unmarshal(raw, &s) == nil && !isNull(raw):
+		if s, ok := tokenContent(raw); ok && strings.HasSuffix(k, "_token") {
 			t.specials[k] = s
-		case unmarshal(raw, &obj) == nil && obj.Content != nil:
-			t.specials[k] = *obj.Content
+		}
+	}
+	// transformers adds the special tokens of the config that tokenizer.json
+	// lacks as added tokens, which would split the text where we do not.
+	for _, k := range []string{"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"} {
+		if s, ok := t.specials[k]; ok && !t.isAdded(s) {
+			return fmt.Errorf("hf: tokenizer_config.json %s: %q is not an added token of tokenizer.json (transformers would add it)", k, s)
+		}
+	}
+	for _, k := range []string{"additional_special_tokens", "added_tokens_decoder"} {
+		var list []json.RawMessage
+		var byID map[string]json.RawMessage
+		raw, ok := cfg[k]
+		switch {
+		case !ok || isNull(raw):
+		case unmarshal(raw, &list) == nil:
+		case unmarshal(raw, &byID) == nil:
+			list = slices.Collect(maps.Values(byID))
+		default:
+			return fmt.Errorf("hf: tokenizer_config.json %s: %.80s is neither a list nor an object", k, raw)
+		}
+		for _, v := range list {
+			if s, ok := tokenContent(v); !ok || !t.isAdded(s) {
+				return fmt.Errorf("hf: tokenizer_config.json %s: %.80s is not an added token of tokenizer.json (transformers would add it)", k, v)
+			}
+		}
+	}
+	// An added_tokens_decoder entry whose flags differ replaces the token
+	// in transformers (an absent normalized means not special).
+	var decoder map[string]struct {
+		addedJSON
+		Normalized *bool `json:"normalized"`
+	}
+	if err := field("added_tokens_decoder", cfg, "added_tokens_decoder", &decoder); err != nil {
+		return fmt.Errorf("hf: tokenizer_config.json added_tokens_decoder: %w", err)
+	}
+	for id, d := range decoder {
+		a := d.addedJSON
+		a.Normalized = !a.Special
+		if d.Normalized != nil {
+			a.Normalized = *d.Normalized
+		}
+		have := t.added[a.Content]
+		a.ID = have.ID
+		if strconv.FormatUint(uint64(have.ID), 10) != id || have != a {
+			return fmt.Errorf("hf: tokenizer_config.json added_tokens_decoder[%s]: %+v differs from tokenizer.json's %+v", id, a, have)
 		}
 	}
 	if raw, ok := cfg["chat_template"]; ok && !isNull(raw) {
@@ -250,6 +289,27 @@ func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error
 		}
 	}
 	return nil
+}
+
+func (t *Tokenizer) isAdded(content string) bool {
+	_, ok := t.added[content]
+	return ok
+}
+
+// tokenContent reads a token of tokenizer_config.json: a string or an
+// object with its content.
+func tokenContent(raw json.RawMessage) (string, bool) {
+	var s string
+	if !isNull(raw) && unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if unmarshal(raw, &obj) == nil && obj.Content != nil {
+		return *obj.Content, true
+	}
+	return "", false
 }
 
 // grow makes idToToken hold id.

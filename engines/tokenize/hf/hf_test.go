@@ -218,10 +218,11 @@ func TestConfigForms(t *testing.T) {
 			t.Errorf("%s: SpecialTokens %v, want %v", cfg, got, specials)
 		}
 	}
-	f(`{"bos_token": {"content": "<s>", "lstrip": false}, "pad_token": null, "unk_token": "b"}`, "<s>", "",
-		map[string]string{"bos_token": "<s>", "unk_token": "b"})
+	f(`{"bos_token": {"content": "<s>", "lstrip": false}, "pad_token": null, "unk_token": "<s>", "image_token": "b"}`, "<s>", "",
+		map[string]string{"bos_token": "<s>", "unk_token": "<s>", "image_token": "b"})
+	f(`{"additional_special_tokens": ["<s>"], "added_tokens_decoder": {"3": {"content": "<s>", "special": true}}}`, "", "", map[string]string{})
 	f(`{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}`, "", "D", map[string]string{})
-	f(`{"chat_template": "{{ bos_token }}", "eos_token": "a"}`, "", "{{ bos_token }}", map[string]string{"eos_token": "a"})
+	f(`{"chat_template": "{{ bos_token }}", "eos_token": "<s>"}`, "", "{{ bos_token }}", map[string]string{"eos_token": "<s>"})
 
 	dir := t.TempDir()
 	for name, body := range map[string]string{"tokenizer.json": string(tj), "tokenizer_config.json": `{"chat_template": "old"}`, "chat_template.jinja": "new"} {
@@ -294,7 +295,15 @@ func TestRefuse(t *testing.T) {
 	}
 	g(func(m map[string]any) {}, `{"split_special_tokens": true}`,
 		"hf: tokenizer_config.json split_special_tokens: true not supported (special tokens in the text are always recognised)")
-	g(byteLevel, `{"bos_token": "<s>"}`, "hf: tokenizer_config.json add_prefix_space: false (absent is false) differs from tokenizer.json pre_tokenizer ByteLevel add_prefix_space true")
+	g(func(m map[string]any) {}, `{"unk_token": "b"}`,
+		`hf: tokenizer_config.json unk_token: "b" is not an added token of tokenizer.json (transformers would add it)`)
+	g(func(m map[string]any) {}, `{"additional_special_tokens": [{"content": "ab"}]}`,
+		`hf: tokenizer_config.json additional_special_tokens: {"content": "ab"} is not an added token of tokenizer.json (transformers would add it)`)
+	g(func(m map[string]any) {}, `{"added_tokens_decoder": {"3": {"content": "<s>", "special": true, "lstrip": true}}}`,
+		"hf: tokenizer_config.json added_tokens_decoder[3]: {ID:3 Content:<s> SingleWord:false LStrip:true RStrip:false Normalized:false Special:true} differs from tokenizer.json's {ID:3 Content:<s> SingleWord:false LStrip:false RStrip:false Normalized:false Special:true}")
+	g(func(m map[string]any) {}, `{"added_tokens_decoder": {"3": {"content": "<s>", "special": false}}}`,
+		"hf: tokenizer_config.json added_tokens_decoder[3]: {ID:3 Content:<s> SingleWord:false LStrip:false RStrip:false Normalized:true Special:false} differs from tokenizer.json's {ID:3 Content:<s> SingleWord:false LStrip:false RStrip:false Normalized:false Special:true}")
+	g(byteLevel, `{}`, "hf: tokenizer_config.json add_prefix_space: false (absent is false) differs from tokenizer.json pre_tokenizer ByteLevel add_prefix_space true")
 	g(func(m map[string]any) {}, `{"tokenizer_class": "LlamaTokenizerFast", "add_prefix_space": true}`,
 		"hf: tokenizer_config.json add_prefix_space: true with LlamaTokenizerFast not supported (transformers rebuilds the tokenizer from the slow one)")
 	g(func(m map[string]any) {}, `{"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>"}`,

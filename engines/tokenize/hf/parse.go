@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"sort"
 	"strings"
 	"unicode/utf8"
 
@@ -495,28 +494,31 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 	return nil
 }
 
-// parseAdded installs the added tokens (HF's order: special ones first).
+// parseAdded installs the added tokens, special ones first (HF's order).
 func parseAdded(list []addedJSON, t *Tokenizer) error {
-	sort.SliceStable(list, func(i, j int) bool { return list[i].Special && !list[j].Special })
-	for i, a := range list {
-		if a.Content == "" {
-			continue
-		}
-		if id, ok := t.tokenToID[a.Content]; ok && id != a.ID {
-			return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: %q has id %d but the vocab says %d", i, a.Content, a.ID, id)
-		}
-		if uint64(a.ID) >= math.MaxInt32 {
-			return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: id %d too large", i, a.ID)
-		}
-		t.grow(a.ID)
-		t.idToToken[a.ID] = a.Content
-		t.tokenToID[a.Content] = a.ID
-		tok := addedToken{id: a.ID, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip}
-		if a.Normalized {
-			var e encoder
-			t.normalized.add(string(e.normalize(t, []byte(a.Content))), tok)
-		} else {
-			t.raw.add(a.Content, tok)
+	t.added = make(map[string]addedJSON, len(list))
+	for _, special := range []bool{true, false} {
+		for i, a := range list {
+			if a.Special != special || a.Content == "" {
+				continue
+			}
+			if id, ok := t.tokenToID[a.Content]; ok && id != a.ID {
+				return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: %q has id %d but the vocab says %d", i, a.Content, a.ID, id)
+			}
+			if uint64(a.ID) >= math.MaxInt32 {
+				return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: id %d too large", i, a.ID)
+			}
+			t.grow(a.ID)
+			t.idToToken[a.ID] = a.Content
+			t.tokenToID[a.Content] = a.ID
+			t.added[a.Content] = a
+			tok := addedToken{id: a.ID, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip}
+			if a.Normalized {
+				var e encoder
+				t.normalized.add(string(e.normalize(t, []byte(a.Content))), tok)
+			} else {
+				t.raw.add(a.Content, tok)
+			}
 		}
 	}
 	return nil
