@@ -251,31 +251,34 @@ func siftDown(h []uint64, i int) {
 
 // runeByte inverts GPT-2's byte-level alphabet, the printable character
 // spelling each byte: printable Latin-1 bytes stand for themselves, the
-// others are shifted to U+0100 onwards in byte order.
-var runeByte = func() map[rune]byte {
-	rb := make(map[rune]byte, 256)
-	shifted := rune(256)
+// others are shifted to U+0100 onwards in byte order. -1: not in the
+// alphabet.
+var runeByte = func() (rb [0x144]int16) {
+	for i := range rb {
+		rb[i] = -1
+	}
+	shifted := 0x100
 	for b := range 256 {
-		r := rune(b)
+		r := b
 		if !('!' <= b && b <= '~' || 0xA1 <= b && b <= 0xAC || 0xAE <= b && b <= 0xFF) {
 			r = shifted
 			shifted++
 		}
-		rb[r] = byte(b)
+		rb[r] = int16(b)
 	}
 	return rb
 }()
 
 // byteLevelDecode turns a byte-level token into the bytes it stands for;
-// false when it has a character outside the alphabet (no input reaches it).
+// false when it has a character outside the alphabet.
 func byteLevelDecode(tok string) (string, bool) {
-	out := make([]byte, 0, len(tok))
+	var buf [64]byte
+	out := buf[:0]
 	for _, r := range tok {
-		b, ok := runeByte[r]
-		if !ok {
+		if int(r) >= len(runeByte) || runeByte[r] < 0 {
 			return "", false
 		}
-		out = append(out, b)
+		out = append(out, byte(runeByte[r]))
 	}
 	return string(out), true
 }

@@ -48,9 +48,11 @@ type Tokenizer struct {
 	raw, normalized addedSet
 	prefix, suffix  []uint32 // add_special_tokens ids around the sequence
 
-	tokenToID map[string]uint32
 	idToToken []string
 	added     map[string]addedJSON // by content
+	// unspelled holds the tokens of a byte-level vocabulary that are not in
+	// its byte alphabet (bpe.vocab cannot hold them; no text encodes to them).
+	unspelled map[string]uint32
 
 	specials     map[string]string
 	chatTemplate string
@@ -212,8 +214,10 @@ func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error
 		addedJSON
 		Normalized *bool `json:"normalized"`
 	}
-	if err := field("added_tokens_decoder", cfg, "added_tokens_decoder", &decoder); err != nil {
-		return fmt.Errorf("hf: tokenizer_config.json added_tokens_decoder: %w", err)
+	if raw, ok := cfg["added_tokens_decoder"]; ok && !isNull(raw) {
+		if err := unmarshal(raw, &decoder); err != nil {
+			return fmt.Errorf("hf: tokenizer_config.json added_tokens_decoder: %w", err)
+		}
 	}
 	for id, d := range decoder {
 		a := d.addedJSON
@@ -350,7 +354,18 @@ func (t *Tokenizer) Count(text []byte, addSpecial bool) int {
 
 // ID returns the id of a vocabulary or added token.
 func (t *Tokenizer) ID(token string) (uint32, bool) {
-	id, ok := t.tokenToID[token]
+	if a, ok := t.added[token]; ok {
+		return a.ID, true
+	}
+	if !t.bpe.byteLevel {
+		id, ok := t.bpe.vocab[token]
+		return id, ok
+	}
+	if raw, ok := byteLevelDecode(token); ok {
+		id, ok := t.bpe.vocab[raw]
+		return id, ok
+	}
+	id, ok := t.unspelled[token]
 	return id, ok
 }
 

@@ -179,6 +179,9 @@ func TestConfig(t *testing.T) {
 	if id, ok := tok.ID("Ġthe"); !ok || id != 279 {
 		t.Errorf(`ID("Ġthe") = %d %v, want 279`, id, ok)
 	}
+	if id, ok := load(t, "llama2").ID("\u2581"); !ok || id != 28705 {
+		t.Errorf(`llama2 ID("\u2581") = %d %v, want 28705`, id, ok)
+	}
 	if _, ok := tok.Token(1 << 30); ok {
 		t.Error("Token of an unknown id found")
 	}
@@ -254,7 +257,7 @@ func TestRefuse(t *testing.T) {
 	f("split_invert", `hf: tokenizer.json pre_tokenizer: Split invert true not supported`)
 	f("whitespace", `hf: tokenizer.json pre_tokenizer: pre-tokenizer "Whitespace" not supported`)
 	f("bytelevel_field", `hf: tokenizer.json pre_tokenizer: field "legacy" not supported`)
-	f("metaspace_legacy", `hf: tokenizer.json pre_tokenizer.prepend_scheme: missing`)
+	f("metaspace_legacy", `hf: tokenizer.json pre_tokenizer: field "add_prefix_space" not supported`)
 	f("dropout", `hf: tokenizer.json model.dropout: 0.1 not supported`)
 	f("merge_oov", `hf: tokenizer.json model.merges[1]: "a" "c" not in vocab`)
 	f("roberta", `hf: tokenizer.json post_processor: post-processor "RobertaProcessing" not supported`)
@@ -288,7 +291,9 @@ func TestRefuse(t *testing.T) {
 		m["pre_tokenizer"] = map[string]any{"type": "ByteLevel", "add_prefix_space": true, "use_regex": true}
 		vocab := map[string]any{}
 		for r, b := range runeByte {
-			vocab[string(r)] = b
+			if b >= 0 {
+				vocab[string(rune(r))] = b
+			}
 		}
 		m["model"] = map[string]any{"type": "BPE", "vocab": vocab, "merges": []any{}}
 		m["added_tokens"] = nil

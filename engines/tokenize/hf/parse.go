@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -23,14 +24,7 @@ func object(path string, raw json.RawMessage, known ...string) (map[string]json.
 		return nil, fmt.Errorf("hf: tokenizer.json %s: not an object: %.80s", path, raw)
 	}
 	for k := range m {
-		found := false
-		for _, want := range known {
-			if k == want {
-				found = true
-				break
-			}
-		}
-		if !found {
+		if !slices.Contains(known, k) {
 			return nil, fmt.Errorf("hf: tokenizer.json %s: field %q not supported", path, k)
 		}
 	}
@@ -222,7 +216,8 @@ func parsePreTokenizer(path string, raw json.RawMessage, out []preStep) ([]preSt
 		}
 		return append(out, step), nil
 	case "Metaspace":
-		m, err := object(path, raw, "type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep")
+		// The older add_prefix_space form is refused with the other unknown fields.
+		m, err := object(path, raw, "type", "replacement", "prepend_scheme", "split")
 		if err != nil {
 			return nil, err
 		}
@@ -406,15 +401,18 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 	b := &t.bpe
 	b.byteLevel = byteLevel
 	b.vocab = make(map[string]uint32, len(vocab))
-	t.tokenToID = make(map[string]uint32, len(vocab)+1024)
 	maxID := uint32(0)
 	for tok, id := range vocab {
-		t.tokenToID[tok] = id
 		maxID = max(maxID, id)
 		if !byteLevel {
 			b.vocab[tok] = id
 		} else if raw, ok := byteLevelDecode(tok); ok {
 			b.vocab[raw] = id
+		} else {
+			if t.unspelled == nil {
+				t.unspelled = map[string]uint32{}
+			}
+			t.unspelled[tok] = id
 		}
 	}
 	if uint64(maxID) >= math.MaxInt32 {
@@ -502,7 +500,7 @@ func parseAdded(list []addedJSON, t *Tokenizer) error {
 			if a.Special != special || a.Content == "" {
 				continue
 			}
-			if id, ok := t.tokenToID[a.Content]; ok && id != a.ID {
+			if id, ok := t.ID(a.Content); ok && id != a.ID {
 				return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: %q has id %d but the vocab says %d", i, a.Content, a.ID, id)
 			}
 			if uint64(a.ID) >= math.MaxInt32 {
@@ -510,7 +508,6 @@ func parseAdded(list []addedJSON, t *Tokenizer) error {
 			}
 			t.grow(a.ID)
 			t.idToToken[a.ID] = a.Content
-			t.tokenToID[a.Content] = a.ID
 			t.added[a.Content] = a
 			tok := addedToken{id: a.ID, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip}
 			if a.Normalized {
