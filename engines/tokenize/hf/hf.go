@@ -3,25 +3,34 @@
 // exactly and in pure Go, so the gateway keys prefix-cache blocks by the ids
 // the engine publishes in its KV events.
 //
-// It implements BPE models, byte-level (Qwen2/2.5/3, Llama 3.x, GPT-2) and
-// SentencePiece-style (Llama 2, Mistral: Prepend/Replace normalizers or
-// Metaspace, byte fallback, unk fusing), added tokens with their
-// lstrip/rstrip/single_word/normalized flags, the NFC normalizer, Split
-// pre-tokenizers with the Qwen, Llama 3 and GPT-2 regexes (a hand-written
-// scanner each), ByteLevel and TemplateProcessing post-processors. Any other
-// component or option makes Load fail with an error naming it: the package
-// never approximates.
+// It implements BPE models, byte-level (Qwen2/2.5/3, Llama 3.x, DeepSeek
+// V3, GPT-2) and SentencePiece-style (Llama 2, Mistral: Prepend/Replace
+// normalizers or Metaspace, byte fallback, unk fusing), added tokens with
+// their lstrip/rstrip/single_word/normalized flags, the NFC normalizer,
+// Split pre-tokenizers with string patterns or the Qwen, Llama 3, DeepSeek
+// and GPT-2 regexes (a hand-written scanner each), ByteLevel and
+// TemplateProcessing post-processors. Any other component or option, and
+// any tokenizer_config.json setting with which transformers would change
+// the pipeline, makes Load fail with an error naming it: the package never
+// approximates.
 //
-// Text is split on added tokens first; each segment between them is
-// normalised, pre-tokenised and encoded on its own, as HF does, and its ids
-// are kept in a bounded segment cache, so a conversation re-encodes only its
-// new turn. Input is expected to be UTF-8 (as every Python str is); invalid
-// bytes are encoded but no reference defines their ids.
+// Text is split on added tokens first (special tokens written in the text
+// are recognised, as vLLM encodes chat prompts); each segment between them
+// is normalised, pre-tokenised and encoded on its own, as HF does, and its
+// ids are kept in a bounded segment cache, so a conversation re-encodes
+// only its new turn. Input is expected to be UTF-8 (as every Python str
+// is); invalid bytes are encoded but no reference defines their ids.
 //
-// The differential tests compare against goldens HF's Rust tokenizers wrote
-// for a 10,400-string corpus; regenerate them after make test-deps with
+// The differential tests compare against the ids HF's Rust tokenizers gave
+// for a 10,400-string corpus (testdata/*.jsonl.gz), for the real Qwen3,
+// Llama 3.1 and Llama 2 files and for the variants in
+// testdata/variants.json. Regenerate them after make test-deps with
 //
 //	node engines/tokenize/hf/testdata/gen.mjs
+//
+// and time the reference on the benchmarks' text with
+//
+//	node bench/tokenize/ref.mjs
 package hf
 
 import (
