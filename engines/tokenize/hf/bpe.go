@@ -19,6 +19,11 @@ type bpe struct {
 	byteFallback bool
 	ignoreMerges bool
 	byteLevel    bool
+	// metaChunks: no token has "▁" after another character, so no merge
+	// crosses the start of a "▁" run and a word is encoded in chunks cut
+	// there (the same ids, and chunks fit the word cache). Not with
+	// ignore_merges, which looks up the whole word.
+	metaChunks bool
 }
 
 // mergeTable maps a pair of ids to the merge's rank and result: open

@@ -385,9 +385,12 @@ func FuzzEncode(f *testing.F) {
 	for _, model := range []string{"qwen3", "llama3.1", "llama2"} {
 		tok := load(f, model)
 		toks = append(toks, tok)
-		plain = append(plain, withCaches(tok, 0))
+		// The reference for the fuzzer: no caches, no "▁" chunks.
+		p := withCaches(tok, 0)
+		p.bpe.metaChunks = false
+		plain = append(plain, p)
 	}
-	for _, s := range []string{"", " ", "<|im_start|>user\nhi<|im_end|>", "<s> a</s>b", "'S 'll 123456 \r\n\n  x", "é\u0301 👍🏽 中文", "\xff\xfe<|im_", "\u2581\u2581 a"} {
+	for _, s := range []string{"", " ", "<|im_start|>user\nhi<|im_end|>", "<s> a</s>b", "'S 'll 123456 \r\n\n  x", "é\u0301 👍🏽 中文", "\xff\xfe<|im_", "\u2581\u2581 a", "x\u2581\xe2\x96 \u2581"} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
 	}
@@ -401,7 +404,7 @@ func FuzzEncode(f *testing.F) {
 				t.Errorf("tokenizer %d, cached: %s", i, diff(string(text), again, got))
 			}
 			if want := plain[i].Append(nil, text, special); !slices.Equal(got, want) {
-				t.Errorf("tokenizer %d, caches on vs off: %s", i, diff(string(text), got, want))
+				t.Errorf("tokenizer %d, caches and chunks on vs off: %s", i, diff(string(text), got, want))
 			}
 		}
 	})

@@ -438,6 +438,15 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 			b.fallbackID[i] = int32(id)
 		}
 	}
+	if _, ok := vocab[meta]; ok && !byteLevel && !b.ignoreMerges {
+		b.metaChunks = true
+		for tok := range vocab {
+			if strings.Contains(strings.TrimLeft(tok, meta), meta) {
+				b.metaChunks = false
+				break
+			}
+		}
+	}
 	if !byteLevel {
 		for tok, id := range vocab {
 			r, n := utf8.DecodeRuneInString(tok)
