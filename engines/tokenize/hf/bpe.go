@@ -1,6 +1,9 @@
 package hf
 
-import "unicode/utf8"
+import (
+	"math"
+	"unicode/utf8"
+)
 
 // bpe is HF's BPE model without dropout or subword affixes.
 type bpe struct {
@@ -147,6 +150,9 @@ func (e *encoder) merge(b *bpe, dst []uint32, w []byte) []uint32 {
 	if n < 2 {
 		return append(dst, ids...)
 	}
+	if n <= smallWord {
+		return e.mergeSmall(b, dst)
+	}
 	prev, next := e.prev[:0], e.next[:0]
 	for i := range n {
 		prev, next = append(prev, int32(i-1)), append(next, int32(i+1))
@@ -195,6 +201,49 @@ func (e *encoder) merge(b *bpe, dst []uint32, w []byte) []uint32 {
 		dst = append(dst, ids[i])
 	}
 	return dst
+}
+
+// smallWord is the most symbols mergeSmall takes: below it a linear scan
+// for the best pair beats heap upkeep.
+const smallWord = 24
+
+// mergeSmall is merge for a few symbols: the (rank<<32 | new id) of each
+// adjacent pair sits in an array scanned for the lowest, leftmost first.
+func (e *encoder) mergeSmall(b *bpe, dst []uint32) []uint32 {
+	ids := e.ids
+	pairs := e.heap[:0]
+	pair := func(i int) uint64 {
+		if r, id, ok := b.merges.get(ids[i], ids[i+1]); ok {
+			return uint64(r)<<32 | uint64(id)
+		}
+		return math.MaxUint64
+	}
+	for i := 0; i+1 < len(ids); i++ {
+		pairs = append(pairs, pair(i))
+	}
+	for {
+		best := -1
+		low := uint64(math.MaxUint64)
+		for i, p := range pairs {
+			if p < low {
+				best, low = i, p
+			}
+		}
+		if best < 0 {
+			break
+		}
+		ids[best] = uint32(low)
+		ids = append(ids[:best+1], ids[best+2:]...)
+		pairs = append(pairs[:best], pairs[best+1:]...)
+		if best > 0 {
+			pairs[best-1] = pair(best - 1)
+		}
+		if best < len(pairs) {
+			pairs[best] = pair(best)
+		}
+	}
+	e.heap = pairs
+	return append(dst, ids...)
 }
 
 // heapPush, heapPop and heapify keep a 4-ary min-heap of
