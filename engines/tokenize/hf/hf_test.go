@@ -125,9 +125,11 @@ func TestGolden(t *testing.T) {
 		t.Run(model, func(t *testing.T) {
 			tok := load(t, model)
 			want := golden(t, model)
-			checkCorpus(t, tok, texts, want)
-			// Again with every segment and word cached.
-			checkCorpus(t, tok, texts, want)
+			checkCorpus(t, withCaches(tok, 0), texts, want)
+			// With fresh caches: filling them, then hitting them.
+			cached := withCaches(tok, segmentCacheBytes)
+			checkCorpus(t, cached, texts, want)
+			checkCorpus(t, cached, texts, want)
 		})
 	}
 }
