@@ -33,10 +33,20 @@ const (
 	patternDeepSeek = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
 )
 
+// possessive spells a pattern with tiktoken's possessive "?+" on its
+// optional first character, as converted tiktoken files do. The optional
+// class and \p{L} share no character, so giving the character back never
+// helps and both spellings match alike.
+func possessive(pattern string) string {
+	return strings.Replace(pattern, `\p{N}]?\p{L}+`, `\p{N}]?+\p{L}+`, 1)
+}
+
 var knownPatterns = map[string]scanner{
-	patternQwen:   scanQwen,
-	patternLlama3: scanLlama3,
-	patternGPT2:   scanGPT2,
+	patternQwen:               scanQwen,
+	patternLlama3:             scanLlama3,
+	possessive(patternQwen):   scanQwen,
+	possessive(patternLlama3): scanLlama3,
+	patternGPT2:               scanGPT2,
 
 	patternDigits3: scanDigits3,
 	patternKanaHan: scanKanaHan,
