@@ -1,6 +1,9 @@
 package hf
 
-import "unicode/utf8"
+import (
+	"math"
+	"unicode/utf8"
+)
 
 // bpe is HF's BPE model without dropout or subword affixes.
 type bpe struct {
@@ -19,6 +22,11 @@ type bpe struct {
 	byteFallback bool
 	ignoreMerges bool
 	byteLevel    bool
+	// metaChunks: no token has "▁" after another character, so no merge
+	// crosses the start of a "▁" run and a word is encoded in chunks cut
+	// there (the same ids, and chunks fit the word cache). Not with
+	// ignore_merges, which looks up the whole word.
+	metaChunks bool
 }
 
 // mergeTable maps a pair of ids to the merge's rank and result: open
@@ -142,6 +150,9 @@ func (e *encoder) merge(b *bpe, dst []uint32, w []byte) []uint32 {
 	if n < 2 {
 		return append(dst, ids...)
 	}
+	if n <= smallWord {
+		return e.mergeSmall(b, dst)
+	}
 	prev, next := e.prev[:0], e.next[:0]
 	for i := range n {
 		prev, next = append(prev, int32(i-1)), append(next, int32(i+1))
@@ -190,6 +201,49 @@ func (e *encoder) merge(b *bpe, dst []uint32, w []byte) []uint32 {
 		dst = append(dst, ids[i])
 	}
 	return dst
+}
+
+// smallWord is the most symbols mergeSmall takes: below it a linear scan
+// for the best pair beats heap upkeep.
+const smallWord = 24
+
+// mergeSmall is merge for a few symbols: the (rank<<32 | new id) of each
+// adjacent pair sits in an array scanned for the lowest, leftmost first.
+func (e *encoder) mergeSmall(b *bpe, dst []uint32) []uint32 {
+	ids := e.ids
+	pairs := e.heap[:0]
+	pair := func(i int) uint64 {
+		if r, id, ok := b.merges.get(ids[i], ids[i+1]); ok {
+			return uint64(r)<<32 | uint64(id)
+		}
+		return math.MaxUint64
+	}
+	for i := 0; i+1 < len(ids); i++ {
+		pairs = append(pairs, pair(i))
+	}
+	for {
+		best := -1
+		low := uint64(math.MaxUint64)
+		for i, p := range pairs {
+			if p < low {
+				best, low = i, p
+			}
+		}
+		if best < 0 {
+			break
+		}
+		ids[best] = uint32(low)
+		ids = append(ids[:best+1], ids[best+2:]...)
+		pairs = append(pairs[:best], pairs[best+1:]...)
+		if best > 0 {
+			pairs[best-1] = pair(best - 1)
+		}
+		if best < len(pairs) {
+			pairs[best] = pair(best)
+		}
+	}
+	e.heap = pairs
+	return append(dst, ids...)
 }
 
 // heapPush, heapPop and heapify keep a 4-ary min-heap of
@@ -251,31 +305,34 @@ func siftDown(h []uint64, i int) {
 
 // runeByte inverts GPT-2's byte-level alphabet, the printable character
 // spelling each byte: printable Latin-1 bytes stand for themselves, the
-// others are shifted to U+0100 onwards in byte order.
-var runeByte = func() map[rune]byte {
-	rb := make(map[rune]byte, 256)
-	shifted := rune(256)
+// others are shifted to U+0100 onwards in byte order. -1: not in the
+// alphabet.
+var runeByte = func() (rb [0x144]int16) {
+	for i := range rb {
+		rb[i] = -1
+	}
+	shifted := 0x100
 	for b := range 256 {
-		r := rune(b)
+		r := b
 		if !('!' <= b && b <= '~' || 0xA1 <= b && b <= 0xAC || 0xAE <= b && b <= 0xFF) {
 			r = shifted
 			shifted++
 		}
-		rb[r] = byte(b)
+		rb[r] = int16(b)
 	}
 	return rb
 }()
 
 // byteLevelDecode turns a byte-level token into the bytes it stands for;
-// false when it has a character outside the alphabet (no input reaches it).
+// false when it has a character outside the alphabet.
 func byteLevelDecode(tok string) (string, bool) {
-	out := make([]byte, 0, len(tok))
+	var buf [64]byte
+	out := buf[:0]
 	for _, r := range tok {
-		b, ok := runeByte[r]
-		if !ok {
+		if int(r) >= len(runeByte) || runeByte[r] < 0 {
 			return "", false
 		}
-		out = append(out, b)
+		out = append(out, byte(runeByte[r]))
 	}
 	return string(out), true
 }

@@ -328,6 +328,39 @@ func (e *encoder) word(t *Tokenizer, dst []uint32, w []byte) []uint32 {
 			return append(dst, id)
 		}
 	}
+	if !b.metaChunks {
+		return e.chunk(t, dst, w)
+	}
+	for len(w) > 0 {
+		n := metaBoundary(w)
+		dst = e.chunk(t, dst, w[:n])
+		w = w[n:]
+	}
+	return dst
+}
+
+// meta is SentencePiece's space, "▁".
+const meta = "\u2581"
+
+// metaBoundary is the end of w's first chunk: the first "▁" that follows
+// another character.
+func metaBoundary(w []byte) int {
+	for i := 1; i < len(w); {
+		j := bytes.Index(w[i:], []byte(meta))
+		if j < 0 {
+			break
+		}
+		i += j
+		if r, _ := utf8.DecodeLastRune(w[:i]); r != '\u2581' {
+			return i
+		}
+		i += len(meta)
+	}
+	return len(w)
+}
+
+// chunk appends the BPE ids of w through the word cache.
+func (e *encoder) chunk(t *Tokenizer, dst []uint32, w []byte) []uint32 {
 	cached := t.words != nil && len(w) <= maxCachedWord
 	var h uint64
 	if cached {
@@ -337,7 +370,7 @@ func (e *encoder) word(t *Tokenizer, dst []uint32, w []byte) []uint32 {
 		}
 	}
 	n := len(dst)
-	dst = e.merge(b, dst, w)
+	dst = e.merge(&t.bpe, dst, w)
 	if cached {
 		t.words.put(h, w, false, dst[n:])
 	}

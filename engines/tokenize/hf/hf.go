@@ -3,34 +3,45 @@
 // exactly and in pure Go, so the gateway keys prefix-cache blocks by the ids
 // the engine publishes in its KV events.
 //
-// It implements BPE models, byte-level (Qwen2/2.5/3, Llama 3.x, GPT-2) and
-// SentencePiece-style (Llama 2, Mistral: Prepend/Replace normalizers or
-// Metaspace, byte fallback, unk fusing), added tokens with their
-// lstrip/rstrip/single_word/normalized flags, the NFC normalizer, Split
-// pre-tokenizers with the Qwen, Llama 3 and GPT-2 regexes (a hand-written
-// scanner each), ByteLevel and TemplateProcessing post-processors. Any other
-// component or option makes Load fail with an error naming it: the package
-// never approximates.
+// It implements BPE models, byte-level (Qwen2/2.5/3, Llama 3.x, DeepSeek
+// V3, GPT-2) and SentencePiece-style (Llama 2, Mistral: Prepend/Replace
+// normalizers or Metaspace, byte fallback, unk fusing), added tokens with
+// their lstrip/rstrip/single_word/normalized flags, the NFC normalizer,
+// Split pre-tokenizers with string patterns or the Qwen, Llama 3, DeepSeek
+// and GPT-2 regexes (a hand-written scanner each), ByteLevel and
+// TemplateProcessing post-processors. Any other component or option, and
+// any tokenizer_config.json setting with which transformers would change
+// the pipeline, makes Load fail with an error naming it: the package never
+// approximates.
 //
-// Text is split on added tokens first; each segment between them is
-// normalised, pre-tokenised and encoded on its own, as HF does, and its ids
-// are kept in a bounded segment cache, so a conversation re-encodes only its
-// new turn. Input is expected to be UTF-8 (as every Python str is); invalid
-// bytes are encoded but no reference defines their ids.
+// Text is split on added tokens first (special tokens written in the text
+// are recognised, as vLLM encodes chat prompts); each segment between them
+// is normalised, pre-tokenised and encoded on its own, as HF does, and its
+// ids are kept in a bounded segment cache, so a conversation re-encodes
+// only its new turn. Input is expected to be UTF-8 (as every Python str
+// is); invalid bytes are encoded but no reference defines their ids.
 //
-// The differential tests compare against goldens HF's Rust tokenizers wrote
-// for a 10,400-string corpus; regenerate them after make test-deps with
+// The differential tests compare against the ids HF's Rust tokenizers gave
+// for a 10,400-string corpus (testdata/*.jsonl.gz), for the real Qwen3,
+// Llama 3.1 and Llama 2 files and for the variants in
+// testdata/variants.json. Regenerate them after make test-deps with
 //
 //	node engines/tokenize/hf/testdata/gen.mjs
+//
+// and time the reference on the benchmarks' text with
+//
+//	node bench/tokenize/ref.mjs
 package hf
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -46,8 +57,11 @@ type Tokenizer struct {
 	raw, normalized addedSet
 	prefix, suffix  []uint32 // add_special_tokens ids around the sequence
 
-	tokenToID map[string]uint32
 	idToToken []string
+	added     map[string]addedJSON // by content
+	// unspelled holds the tokens of a byte-level vocabulary that are not in
+	// its byte alphabet (bpe.vocab cannot hold them; no text encodes to them).
+	unspelled map[string]uint32
 
 	specials     map[string]string
 	chatTemplate string
@@ -96,7 +110,7 @@ func Load(dir string) (*Tokenizer, error) {
 // tokenizer_config.json (nil when there is none).
 func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	var file map[string]json.RawMessage
-	if err := json.Unmarshal(tokenizerJSON, &file); err != nil {
+	if err := unmarshal(tokenizerJSON, &file); err != nil {
 		return nil, fmt.Errorf("hf: tokenizer.json: %w", err)
 	}
 	// truncation and padding are not read: transformers turns both off for
@@ -108,7 +122,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 			return nil, fmt.Errorf("hf: tokenizer.json: field %q not supported", k)
 		}
 	}
-	t := &Tokenizer{tokenToID: map[string]uint32{}, specials: map[string]string{}}
+	t := &Tokenizer{specials: map[string]string{}}
 	var err error
 	if t.norm, err = parseNormalizer("normalizer", file["normalizer"], nil); err != nil {
 		return nil, err
@@ -140,7 +154,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	}
 	var added []addedJSON
 	if raw := file["added_tokens"]; !isNull(raw) {
-		if err := json.Unmarshal(raw, &added); err != nil {
+		if err := unmarshal(raw, &added); err != nil {
 			return nil, fmt.Errorf("hf: tokenizer.json added_tokens: %w", err)
 		}
 	}
@@ -151,7 +165,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	if tokenizerConfigJSON != nil {
-		if err := t.parseConfig(tokenizerConfigJSON); err != nil {
+		if err := t.parseConfig(tokenizerConfigJSON, file["pre_tokenizer"]); err != nil {
 			return nil, err
 		}
 	}
@@ -162,28 +176,68 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 }
 
 // parseConfig reads the special tokens and chat template of
-// tokenizer_config.json, and refuses a Llama/Gemma config whose
-// add_bos_token / add_eos_token disagree with tokenizer.json's
-// post-processor: transformers rebuilds the post-processor from those flags
-// for these classes, so vLLM would add other ids than tokenizer.json says.
-func (t *Tokenizer) parseConfig(data []byte) error {
+// tokenizer_config.json. It refuses the settings with which transformers
+// (so vLLM) would not encode as tokenizer.json says: an add_prefix_space
+// other than a top-level ByteLevel pre-tokenizer's (transformers rewrites
+// the pre-tokenizer), and for the Llama/Gemma classes any add_prefix_space
+// (they convert the slow tokenizer instead) or add_bos_token /
+// add_eos_token disagreeing with the post-processor (they rebuild it).
+func (t *Tokenizer) parseConfig(data []byte, preTokenizer json.RawMessage) error {
 	var cfg map[string]json.RawMessage
-	if err := json.Unmarshal(data, &cfg); err != nil {
+	if err := unmarshal(data, &cfg); err != nil {
 		return fmt.Errorf("hf: tokenizer_config.json: %w", err)
 	}
 	for k, raw := range cfg {
-		if !strings.HasSuffix(k, "_token") {
-			continue
-		}
-		var s string
-		var obj struct {
-			Content *string `json:"content"`
-		}
-		switch {
-		case json.Unmarshal(raw, &s) == nil && !isNull(raw):
+		if s, ok := tokenContent(raw); ok && strings.HasSuffix(k, "_token") {
 			t.specials[k] = s
-		case json.Unmarshal(raw, &obj) == nil && obj.Content != nil:
-			t.specials[k] = *obj.Content
+		}
+	}
+	// transformers adds the special tokens of the config that tokenizer.json
+	// lacks as added tokens, which would split the text where we do not.
+	for _, k := range []string{"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"} {
+		if s, ok := t.specials[k]; ok && !t.isAdded(s) {
+			return fmt.Errorf("hf: tokenizer_config.json %s: %q is not an added token of tokenizer.json (transformers would add it)", k, s)
+		}
+	}
+	for _, k := range []string{"additional_special_tokens", "added_tokens_decoder"} {
+		var list []json.RawMessage
+		var byID map[string]json.RawMessage
+		raw, ok := cfg[k]
+		switch {
+		case !ok || isNull(raw):
+		case unmarshal(raw, &list) == nil:
+		case unmarshal(raw, &byID) == nil:
+			list = slices.Collect(maps.Values(byID))
+		default:
+			return fmt.Errorf("hf: tokenizer_config.json %s: %.80s is neither a list nor an object", k, raw)
+		}
+		for _, v := range list {
+			if s, ok := tokenContent(v); !ok || !t.isAdded(s) {
+				return fmt.Errorf("hf: tokenizer_config.json %s: %.80s is not an added token of tokenizer.json (transformers would add it)", k, v)
+			}
+		}
+	}
+	// An added_tokens_decoder entry whose flags differ replaces the token
+	// in transformers (an absent normalized means not special).
+	var decoder map[string]struct {
+		addedJSON
+		Normalized *bool `json:"normalized"`
+	}
+	if raw, ok := cfg["added_tokens_decoder"]; ok && !isNull(raw) {
+		if err := unmarshal(raw, &decoder); err != nil {
+			return fmt.Errorf("hf: tokenizer_config.json added_tokens_decoder: %w", err)
+		}
+	}
+	for id, d := range decoder {
+		a := d.addedJSON
+		a.Normalized = !a.Special
+		if d.Normalized != nil {
+			a.Normalized = *d.Normalized
+		}
+		have := t.added[a.Content]
+		a.ID = have.ID
+		if strconv.FormatUint(uint64(have.ID), 10) != id || have != a {
+			return fmt.Errorf("hf: tokenizer_config.json added_tokens_decoder[%s]: %+v differs from tokenizer.json's %+v", id, a, have)
 		}
 	}
 	if raw, ok := cfg["chat_template"]; ok && !isNull(raw) {
@@ -191,8 +245,8 @@ func (t *Tokenizer) parseConfig(data []byte) error {
 			Name     string `json:"name"`
 			Template string `json:"template"`
 		}
-		if json.Unmarshal(raw, &t.chatTemplate) != nil {
-			if err := json.Unmarshal(raw, &list); err != nil {
+		if unmarshal(raw, &t.chatTemplate) != nil {
+			if err := unmarshal(raw, &list); err != nil {
 				return fmt.Errorf("hf: tokenizer_config.json chat_template: %.80s is neither a string nor a list", raw)
 			}
 			for _, e := range list {
@@ -202,10 +256,30 @@ func (t *Tokenizer) parseConfig(data []byte) error {
 			}
 		}
 	}
+	var splitSpecial bool
+	if raw, ok := cfg["split_special_tokens"]; ok && (unmarshal(raw, &splitSpecial) != nil || splitSpecial) {
+		return fmt.Errorf("hf: tokenizer_config.json split_special_tokens: %.40s not supported (special tokens in the text are always recognised)", raw)
+	}
+	var prefixSpace *bool
+	if raw, ok := cfg["add_prefix_space"]; ok && !isNull(raw) {
+		prefixSpace = new(bool)
+		if err := unmarshal(raw, prefixSpace); err != nil {
+			return fmt.Errorf("hf: tokenizer_config.json add_prefix_space: %.40s is not a bool", raw)
+		}
+	}
+	if typ, _ := typeOf("pre_tokenizer", preTokenizer); typ == "ByteLevel" {
+		if want := prefixSpace != nil && *prefixSpace; want != t.pre[0].prefixSpace {
+			return fmt.Errorf("hf: tokenizer_config.json add_prefix_space: %v (absent is false) differs from tokenizer.json pre_tokenizer ByteLevel add_prefix_space %v",
+				want, t.pre[0].prefixSpace)
+		}
+	}
 	var class string
-	_ = json.Unmarshal(cfg["tokenizer_class"], &class)
+	_ = unmarshal(cfg["tokenizer_class"], &class)
 	switch strings.TrimSuffix(class, "Fast") {
 	case "LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer":
+		if prefixSpace != nil {
+			return fmt.Errorf("hf: tokenizer_config.json add_prefix_space: %v with %s not supported (transformers rebuilds the tokenizer from the slow one)", *prefixSpace, class)
+		}
 		for _, f := range []struct {
 			key  string
 			on   bool // transformers' default
@@ -213,7 +287,7 @@ func (t *Tokenizer) parseConfig(data []byte) error {
 			name string
 		}{{"add_bos_token", true, t.prefix, "bos_token"}, {"add_eos_token", false, t.suffix, "eos_token"}} {
 			if raw, ok := cfg[f.key]; ok && !isNull(raw) {
-				if err := json.Unmarshal(raw, &f.on); err != nil {
+				if err := unmarshal(raw, &f.on); err != nil {
 					return fmt.Errorf("hf: tokenizer_config.json %s: %.40s is not a bool", f.key, raw)
 				}
 			}
@@ -228,6 +302,27 @@ func (t *Tokenizer) parseConfig(data []byte) error {
 		}
 	}
 	return nil
+}
+
+func (t *Tokenizer) isAdded(content string) bool {
+	_, ok := t.added[content]
+	return ok
+}
+
+// tokenContent reads a token of tokenizer_config.json: a string or an
+// object with its content.
+func tokenContent(raw json.RawMessage) (string, bool) {
+	var s string
+	if !isNull(raw) && unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if unmarshal(raw, &obj) == nil && obj.Content != nil {
+		return *obj.Content, true
+	}
+	return "", false
 }
 
 // grow makes idToToken hold id.
@@ -268,7 +363,18 @@ func (t *Tokenizer) Count(text []byte, addSpecial bool) int {
 
 // ID returns the id of a vocabulary or added token.
 func (t *Tokenizer) ID(token string) (uint32, bool) {
-	id, ok := t.tokenToID[token]
+	if a, ok := t.added[token]; ok {
+		return a.ID, true
+	}
+	if !t.bpe.byteLevel {
+		id, ok := t.bpe.vocab[token]
+		return id, ok
+	}
+	if raw, ok := byteLevelDecode(token); ok {
+		id, ok := t.bpe.vocab[raw]
+		return id, ok
+	}
+	id, ok := t.unspelled[token]
 	return id, ok
 }
 

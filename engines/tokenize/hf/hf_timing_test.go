@@ -1,6 +1,7 @@
 package hf
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,4 +55,27 @@ func BenchmarkEncodeWarm(b *testing.B) {
 // BenchmarkSegmentHit encodes a text already seen: one segment-cache hit.
 func BenchmarkSegmentHit(b *testing.B) {
 	benchEncode(b, func(t *Tokenizer) *Tokenizer { return withCaches(t, segmentCacheBytes) })
+}
+
+// BenchmarkChatTurn encodes a Qwen3 chat prompt of eight turns of bench.txt
+// (about 9 KB) whose last user turn is new each time, as a conversation
+// grows: the earlier turns are segment-cache hits.
+func BenchmarkChatTurn(b *testing.B) {
+	text := benchText(b)
+	tok := withCaches(load(b, "qwen3"), segmentCacheBytes)
+	var history []byte
+	for i, n := 0, len(text)/8; i < 7; i++ {
+		role := [2]string{"user", "assistant"}[i%2]
+		history = fmt.Appendf(history, "<|im_start|>%s\n%s<|im_end|>\n", role, text[i*n:(i+1)*n])
+	}
+	last := text[7*len(text)/8:]
+	prompt := make([]byte, 0, len(history)+len(last)+64)
+	dst := tok.Append(nil, history, false)
+	b.SetBytes(int64(len(history) + len(last)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		prompt = fmt.Appendf(append(prompt[:0], history...), "<|im_start|>user\n%d %s<|im_end|>\n<|im_start|>assistant\n", i, last)
+		dst = tok.Append(dst[:0], prompt, false)
+	}
 }

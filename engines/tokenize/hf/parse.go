@@ -5,27 +5,26 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/bytedance/sonic"
 )
+
+// unmarshal is encoding/json's Unmarshal, several times faster on the
+// megabytes of a tokenizer.json.
+var unmarshal = sonic.ConfigStd.Unmarshal
 
 // object decodes raw as a JSON object whose keys are all in known, so an
 // option this package does not implement is refused instead of ignored.
 func object(path string, raw json.RawMessage, known ...string) (map[string]json.RawMessage, error) {
 	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+	if err := unmarshal(raw, &m); err != nil || m == nil {
 		return nil, fmt.Errorf("hf: tokenizer.json %s: not an object: %.80s", path, raw)
 	}
 	for k := range m {
-		found := false
-		for _, want := range known {
-			if k == want {
-				found = true
-				break
-			}
-		}
-		if !found {
+		if !slices.Contains(known, k) {
 			return nil, fmt.Errorf("hf: tokenizer.json %s: field %q not supported", path, k)
 		}
 	}
@@ -38,7 +37,7 @@ func field(path string, m map[string]json.RawMessage, key string, v any) error {
 	if !ok || isNull(raw) {
 		return nil
 	}
-	if err := json.Unmarshal(raw, v); err != nil {
+	if err := unmarshal(raw, v); err != nil {
 		return fmt.Errorf("hf: tokenizer.json %s.%s: %.80s: %v", path, key, raw, err)
 	}
 	return nil
@@ -69,7 +68,7 @@ func typeOf(path string, raw json.RawMessage) (string, error) {
 	var head struct {
 		Type string `json:"type"`
 	}
-	if err := json.Unmarshal(raw, &head); err != nil || head.Type == "" {
+	if err := unmarshal(raw, &head); err != nil || head.Type == "" {
 		return "", fmt.Errorf("hf: tokenizer.json %s: no type: %.80s", path, raw)
 	}
 	return head.Type, nil
@@ -217,7 +216,8 @@ func parsePreTokenizer(path string, raw json.RawMessage, out []preStep) ([]preSt
 		}
 		return append(out, step), nil
 	case "Metaspace":
-		m, err := object(path, raw, "type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep")
+		// The older add_prefix_space form is refused with the other unknown fields.
+		m, err := object(path, raw, "type", "replacement", "prepend_scheme", "split")
 		if err != nil {
 			return nil, err
 		}
@@ -403,12 +403,16 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 	b.vocab = make(map[string]uint32, len(vocab))
 	maxID := uint32(0)
 	for tok, id := range vocab {
-		t.tokenToID[tok] = id
 		maxID = max(maxID, id)
 		if !byteLevel {
 			b.vocab[tok] = id
 		} else if raw, ok := byteLevelDecode(tok); ok {
 			b.vocab[raw] = id
+		} else {
+			if t.unspelled == nil {
+				t.unspelled = map[string]uint32{}
+			}
+			t.unspelled[tok] = id
 		}
 	}
 	if uint64(maxID) >= math.MaxInt32 {
@@ -434,6 +438,15 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 			b.fallbackID[i] = int32(id)
 		}
 	}
+	if _, ok := vocab[meta]; ok && !byteLevel && !b.ignoreMerges {
+		b.metaChunks = true
+		for tok := range vocab {
+			if strings.Contains(strings.TrimLeft(tok, meta), meta) {
+				b.metaChunks = false
+				break
+			}
+		}
+	}
 	if !byteLevel {
 		for tok, id := range vocab {
 			r, n := utf8.DecodeRuneInString(tok)
@@ -456,9 +469,9 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 	// merges is a list of "left right" strings or, since tokenizers 0.20,
 	// of [left, right] pairs.
 	var pairs [][]string
-	if json.Unmarshal(merges, &pairs) != nil {
+	if unmarshal(merges, &pairs) != nil {
 		var lines []string
-		if err := json.Unmarshal(merges, &lines); err != nil {
+		if err := unmarshal(merges, &lines); err != nil {
 			return fmt.Errorf("hf: tokenizer.json %s.merges: neither strings nor pairs: %v", path, err)
 		}
 		pairs = make([][]string, len(lines))
@@ -488,28 +501,30 @@ func parseModel(raw json.RawMessage, byteLevel bool, t *Tokenizer) error {
 	return nil
 }
 
-// parseAdded installs the added tokens (HF's order: special ones first).
+// parseAdded installs the added tokens, special ones first (HF's order).
 func parseAdded(list []addedJSON, t *Tokenizer) error {
-	sort.SliceStable(list, func(i, j int) bool { return list[i].Special && !list[j].Special })
-	for i, a := range list {
-		if a.Content == "" {
-			continue
-		}
-		if id, ok := t.tokenToID[a.Content]; ok && id != a.ID {
-			return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: %q has id %d but the vocab says %d", i, a.Content, a.ID, id)
-		}
-		if uint64(a.ID) >= math.MaxInt32 {
-			return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: id %d too large", i, a.ID)
-		}
-		t.grow(a.ID)
-		t.idToToken[a.ID] = a.Content
-		t.tokenToID[a.Content] = a.ID
-		tok := addedToken{id: a.ID, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip}
-		if a.Normalized {
-			var e encoder
-			t.normalized.add(string(e.normalize(t, []byte(a.Content))), tok)
-		} else {
-			t.raw.add(a.Content, tok)
+	t.added = make(map[string]addedJSON, len(list))
+	for _, special := range []bool{true, false} {
+		for i, a := range list {
+			if a.Special != special || a.Content == "" {
+				continue
+			}
+			if id, ok := t.ID(a.Content); ok && id != a.ID {
+				return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: %q has id %d but the vocab says %d", i, a.Content, a.ID, id)
+			}
+			if uint64(a.ID) >= math.MaxInt32 {
+				return fmt.Errorf("hf: tokenizer.json added_tokens[%d]: id %d too large", i, a.ID)
+			}
+			t.grow(a.ID)
+			t.idToToken[a.ID] = a.Content
+			t.added[a.Content] = a
+			tok := addedToken{id: a.ID, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip}
+			if a.Normalized {
+				var e encoder
+				t.normalized.add(string(e.normalize(t, []byte(a.Content))), tok)
+			} else {
+				t.raw.add(a.Content, tok)
+			}
 		}
 	}
 	return nil

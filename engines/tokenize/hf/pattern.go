@@ -1,6 +1,7 @@
 package hf
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -21,10 +22,37 @@ const (
 // pattern does not match there.
 type scanner func(s []byte, i int) int
 
+// DeepSeek V3 (and R1) split with three Isolated regexes in sequence:
+// digit runs, kana and CJK ideograph runs, then the rest. Their
+// tokenizer.json writes CR, LF and U+3040 as JSON escapes, so the decoded
+// patterns hold those characters; the regex-escape spellings (\r, \u3040)
+// mean the same to Oniguruma and are accepted too.
+const (
+	patternDigits3  = `\p{N}{1,3}`
+	patternKanaHan  = "[一-龥\u3040-ゟ゠-ヿ]+"
+	patternDeepSeek = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+)
+
+// possessive spells a pattern with tiktoken's possessive "?+" on its
+// optional first character, as converted tiktoken files do. The optional
+// class and \p{L} share no character, so giving the character back never
+// helps and both spellings match alike.
+func possessive(pattern string) string {
+	return strings.Replace(pattern, `\p{N}]?\p{L}+`, `\p{N}]?+\p{L}+`, 1)
+}
+
 var knownPatterns = map[string]scanner{
-	patternQwen:   scanQwen,
-	patternLlama3: scanLlama3,
-	patternGPT2:   scanGPT2,
+	patternQwen:               scanQwen,
+	patternLlama3:             scanLlama3,
+	possessive(patternQwen):   scanQwen,
+	possessive(patternLlama3): scanLlama3,
+	patternGPT2:               scanGPT2,
+
+	patternDigits3: scanDigits3,
+	patternKanaHan: scanKanaHan,
+	strings.ReplaceAll(patternKanaHan, "\u3040", `\u3040`): scanKanaHan,
+	patternDeepSeek: scanDeepSeek,
+	strings.NewReplacer("\r", `\r`, "\n", `\n`).Replace(patternDeepSeek): scanDeepSeek,
 }
 
 // Character classes of the patterns: \p{L}, \p{N}, \s and the rest.
@@ -199,4 +227,119 @@ func scanGPT2(s []byte, i int) int {
 		return run(s, i+n, c, -1)
 	}
 	return spaceRun(s, i, false)
+}
+
+// scanDigits3 is patternDigits3.
+func scanDigits3(s []byte, i int) int {
+	if c, _, _ := classAt(s, i); c != classNumber {
+		return -1
+	}
+	return run(s, i, classNumber, 3)
+}
+
+func isKanaHan(r rune) bool {
+	return 0x4e00 <= r && r <= 0x9fa5 || 0x3040 <= r && r <= 0x30ff
+}
+
+// scanKanaHan is patternKanaHan.
+func scanKanaHan(s []byte, i int) int {
+	j := i
+	for j < len(s) {
+		r, n := utf8.DecodeRune(s[j:])
+		if !isKanaHan(r) {
+			break
+		}
+		j += n
+	}
+	if j == i {
+		return -1
+	}
+	return j
+}
+
+// The classes of patternDeepSeek: \p{L}, \p{M}, [\p{P}\p{S}], \s, the rest.
+const (
+	dsOther = iota
+	dsLetter
+	dsMark
+	dsPunct
+	dsSpace
+)
+
+func dsClassAt(s []byte, i int) (class uint8, r rune, n int) {
+	r, n = rune(s[i]), 1
+	if r >= utf8.RuneSelf {
+		r, n = utf8.DecodeRune(s[i:])
+	}
+	switch {
+	case unicode.IsLetter(r):
+		return dsLetter, r, n
+	case unicode.IsMark(r):
+		return dsMark, r, n
+	case unicode.IsPunct(r) || unicode.IsSymbol(r):
+		return dsPunct, r, n
+	case unicode.IsSpace(r):
+		return dsSpace, r, n
+	}
+	return dsOther, r, n
+}
+
+// dsRun returns the end of the characters starting at s[i] whose class is
+// a or b.
+func dsRun(s []byte, i int, a, b uint8) int {
+	for i < len(s) {
+		c, _, n := dsClassAt(s, i)
+		if c != a && c != b {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+func isASCIILetter(b byte) bool { return 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' }
+
+// scanDeepSeek is patternDeepSeek.
+func scanDeepSeek(s []byte, i int) int {
+	c, r, n := dsClassAt(s, i)
+	// [ASCII punctuation][A-Za-z]+
+	if r < utf8.RuneSelf && c == dsPunct && i+1 < len(s) && isASCIILetter(s[i+1]) {
+		j := i + 1
+		for j < len(s) && isASCIILetter(s[j]) {
+			j++
+		}
+		return j
+	}
+	// [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+	if c == dsLetter {
+		return dsRun(s, i+n, dsLetter, dsMark)
+	}
+	if c != dsPunct && r != '\r' && r != '\n' && i+n < len(s) {
+		if c2, _, _ := dsClassAt(s, i+n); c2 == dsLetter || c2 == dsMark {
+			return dsRun(s, i+n, dsLetter, dsMark)
+		}
+	}
+	if c == dsMark {
+		return dsRun(s, i, dsLetter, dsMark)
+	}
+	// ' '?[\p{P}\p{S}]+[\r\n]*
+	j := -1
+	if c == dsPunct {
+		j = i
+	} else if r == ' ' && i+1 < len(s) {
+		if c2, _, _ := dsClassAt(s, i+1); c2 == dsPunct {
+			j = i + 1
+		}
+	}
+	if j >= 0 {
+		j = dsRun(s, j, dsPunct, dsPunct)
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
+			j++
+		}
+		return j
+	}
+	if c == dsSpace {
+		return spaceRun(s, i, true)
+	}
+	return -1
 }
