@@ -9,13 +9,10 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/engines"
-	"pdlb/engines/sglang"
-	"pdlb/engines/trtllm"
-	"pdlb/engines/vllm"
+	"pdlb/engines/protocols"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
-	"pdlb/lb/route"
 	"pdlb/ledger"
 )
 
@@ -42,13 +39,8 @@ import (
 // connection has already ended. An SGLang or generation_first prefill leg
 // still waiting for the pickup is ended by its PrefillRequestTimeout.
 
-// serverInfoTTL and serverInfoTimeout are seed 001's lazy /server_info
-// lookup (TRT-LLM generation_first): one per context pod a minute, within
-// 3 s.
 const (
-	serverInfoTTL     = time.Minute
-	serverInfoTimeout = 3 * time.Second
-	abortTimeout      = 2 * time.Second
+	abortTimeout = 2 * time.Second
 	// prefillGrace is how long a concurrent decode leg's error answer
 	// waits for the prefill leg's outcome.
 	prefillGrace = 250 * time.Millisecond
@@ -58,7 +50,7 @@ const (
 func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) *pdFailure {
 	p := x.pd
 	pre := p.pre
-	p.proto = protocolFor(pre.Engine, &p.opts)
+	p.proto = protocols.For(pre.Engine, engines.PDOptions{TRTMachineID: p.opts.TRTMachineID, TRTScheduleStyle: p.opts.TRTScheduleStyle})
 	g.place(m, x, pre)
 	if m.UsesCache && len(x.keys) > 0 {
 		// The decode pod will hold the prompt's KV too.
@@ -77,7 +69,7 @@ func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) 
 	}
 	p.proto.Begin(&p.ex)
 	if path := p.proto.PrefillInfoPath(); path != "" {
-		info, err := prefillInfo(pre, path)
+		info, err := protocols.PrefillInfo(pre.Client, pre.Config.Address, path)
 		if err != nil {
 			fasthttp.ReleaseRequest(up)
 			return g.dropPair(x, pre, &pdFailure{err: openai.UpstreamError("prefill pod " + pre.Config.Name + " " + path + ": " + err.Error()),
@@ -618,68 +610,4 @@ func (l *pdLink) decode(cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request
 	}
 	fasthttp.ReleaseResponse(resp)
 	dec.Release()
-}
-
-// protocolFor returns the exchange of engine k under o. TensorRT-LLM's
-// carry a disagg_request_id generator, one per style and machine id for
-// the process, so ids stay unique however many requests draw them.
-func protocolFor(k engines.Kind, o *route.PDOptions) engines.Protocol {
-	switch k {
-	case engines.SGLang:
-		return sglang.PD{}
-	case engines.TRTLLM:
-		style, err := trtllm.ParseStyle(o.TRTScheduleStyle)
-		if err != nil {
-			panic("BUG: gateway: unvalidated trt_schedule_style: " + err.Error())
-		}
-		slot := &trtProtocols[style][o.TRTMachineID]
-		if pd := slot.Load(); pd != nil {
-			return pd
-		}
-		pd, err := trtllm.NewPD(style, o.TRTMachineID)
-		if err != nil {
-			panic("BUG: gateway: unvalidated trt_machine_id: " + err.Error())
-		}
-		slot.CompareAndSwap(nil, pd)
-		return slot.Load()
-	}
-	return vllm.PD{}
-}
-
-var trtProtocols [2][route.TRTMachineIDLimit]atomic.Pointer[trtllm.PD]
-
-// serverInfo is a context pod's cached /server_info answer.
-type serverInfo struct {
-	body []byte
-	at   time.Time
-}
-
-// serverInfos caches /server_info by pod address: the answer is the
-// pod's, whichever gateway asks.
-var serverInfos sync.Map
-
-// prefillInfo returns pre's answer to GET path, looked up lazily and kept
-// serverInfoTTL.
-func prefillInfo(pre *pool.Pod, path string) ([]byte, error) {
-	if v, ok := serverInfos.Load(pre.Config.Address); ok {
-		if e := v.(*serverInfo); time.Since(e.at) < serverInfoTTL {
-			return e.body, nil
-		}
-	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(path)
-	req.SetHost(pre.Config.Address)
-	err := pre.Client.DoTimeout(req, resp, serverInfoTimeout)
-	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
-		err = errors.New("status " + fasthttp.StatusMessage(resp.StatusCode()))
-	}
-	if err != nil {
-		return nil, err
-	}
-	// A copy: resp goes back to its pool.
-	body := append([]byte(nil), resp.Body()...)
-	serverInfos.Store(pre.Config.Address, &serverInfo{body: body, at: time.Now()})
-	return body, nil
 }
