@@ -276,7 +276,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose()
 		e := &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
 			Message: "The request has " + strconv.Itoa(n) + " header fields; the limit is " + strconv.Itoa(g.cfg.MaxHeaders) + "."}
-		writeError(ctx, e)
+		writeFailure(ctx, answer(e))
 		g.logPlain(ctx, start, e)
 		return
 	}
@@ -301,7 +301,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.serveReady(ctx)
 	default:
 		e = openai.InvalidURL(ctx.Method(), path)
-		writeError(ctx, e)
+		writeFailure(ctx, answer(e))
 	}
 	g.logPlain(ctx, start, e)
 }
@@ -318,7 +318,7 @@ func kindOf(path []byte) openai.Kind {
 // oversized body, a malformed request line) in OpenAI's error shape.
 func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	if e := g.requestError(ctx, err); e != nil {
-		writeError(ctx, e)
+		writeFailure(ctx, answer(e))
 		g.logPlain(ctx, time.Time{}, e)
 	}
 }
@@ -391,7 +391,7 @@ func notAllowed(ctx *fasthttp.RequestCtx, method string) *openai.Error {
 	}
 	ctx.Response.Header.Set("Allow", method)
 	e := openai.MethodNotAllowed(ctx.Method(), ctx.Path())
-	writeError(ctx, e)
+	writeFailure(ctx, answer(e))
 	return e
 }
 

@@ -88,16 +88,6 @@ func (p *pdCall) release() {
 	pdCallPool.Put(p)
 }
 
-// pdFailure is a PD attempt that answered nothing: the error for the
-// client, the x-error-pd-* header it carries, and whether the request may
-// be decided again (a pod refused the connection, or the pair was dropped
-// before any leg was sent).
-type pdFailure struct {
-	err    *openai.Error
-	header string
-	retry  bool
-}
-
 // resolve resolves x's profile and strategy on m: a registry policy named
 // by the header is left in x.policy for the combined path, the cascade of a
 // "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
@@ -111,7 +101,7 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) 
 		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
 	if err != nil {
 		g.inFlight.Add(-1)
-		g.fail(ctx, x, m, openai.InvalidValue(route.HeaderRoutingStrategy, err.Error()))
+		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
 		return false
 	}
 	x.cascade, x.policy = res.PD, res.Policy
@@ -126,10 +116,10 @@ func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 	p := x.pd
 	p.opts, p.ctx, p.metrics = r.Options(), ctx, g.metrics.model(m).pd
 	session := sessionOf(ctx)
-	var last *pdFailure
+	var last *failure
 	for attempt := 0; attempt <= g.cfg.Upstream.Retries; attempt++ {
 		if attempt > 0 && x.clientLeft() {
-			last = &pdFailure{err: errClientLeft}
+			last = errClientLeft
 			break
 		}
 		// Each attempt places the prompt anew.
@@ -137,7 +127,7 @@ func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 		d, err := g.decidePD(m, x, r, session)
 		if err != nil {
 			if last == nil {
-				last = &pdFailure{err: openai.NoHealthyPod(x.req.Model)}
+				last = answer(openai.NoHealthyPod(x.req.Model))
 			}
 			break
 		}
@@ -149,10 +139,10 @@ func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 			case route.PDCombined:
 				pre, dec = p.pods[d.Combined], p.pods[d.Combined]
 			}
-			if err := g.admission(x, func() (float64, float64) { return predict(x, pre, dec) }, nil); err != nil {
+			if f := g.admission(x, func() (float64, float64) { return predict(x, pre, dec) }, nil); f != nil {
 				p.ticket.Done()
 				g.inFlight.Add(-1)
-				g.fail(ctx, x, m, err)
+				g.fail(ctx, x, m, f)
 				return
 			}
 		}
@@ -167,15 +157,12 @@ func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 		if last == nil {
 			return
 		}
-		if !last.retry {
+		if !last.mayRetry() {
 			break
 		}
 	}
 	g.inFlight.Add(-1)
-	if last.header != "" {
-		ctx.Response.Header.Set(last.header, "true")
-	}
-	g.fail(ctx, x, m, last.err)
+	g.fail(ctx, x, m, last)
 }
 
 // decidePD runs the cascade over every pod of m not yet tried, under the
@@ -247,7 +234,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 
 // runWhole sends the client's request unchanged to pod (a combined pod, or
 // the decode pod of a PDLocal decision) and relays its answer.
-func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pod *pool.Pod) *pdFailure {
+func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pod *pool.Pod) *failure {
 	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	g.buildUpstream(ctx, up)
 	up.SetHost(pod.Config.Address)
@@ -259,14 +246,14 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model,
 	if err == errClientLeft {
 		fasthttp.ReleaseResponse(resp)
 		g.unplace(x, pod)
-		return &pdFailure{err: errClientLeft}
+		return errClientLeft
 	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		g.unplace(x, pod)
 		g.callFailed(pod, err)
 		x.tried = append(x.tried, pod.ID)
-		return &pdFailure{err: g.upstreamError(err, g.responseTimeout(x.req.Stream)), retry: notSent(err)}
+		return g.podFailure(pod, err, g.responseTimeout(x.req.Stream))
 	}
 	if pod.Role == route.RoleDecode {
 		ctx.Response.Header.Set(headerDecodePod, pod.Config.Name)
@@ -315,47 +302,51 @@ func (p *pdCall) firstBy(limit time.Duration) time.Time {
 	return p.prefillEnd.Add(limit)
 }
 
-// streamError maps a failed read of an upstream response to the client's
-// error: the decode watchdog's when its deadline passed, else
-// upstreamError's.
-func (g *Gateway) streamError(x *exchange, err error) *openai.Error {
+// streamFailure is the client's failure for a failed read of a pod's
+// answer whose headers are in: the prefill leg's when its failure cut the
+// decode leg, the decode watchdog's when its deadline passed, else the
+// pod's (podFailure).
+func (g *Gateway) streamFailure(x *exchange, err error) *failure {
 	// A stream's reads wait at most the idle timeout; a whole answer's,
 	// what is left of its bound.
 	within := g.cfg.Upstream.StreamIdleTimeout
 	if !x.req.Stream {
 		within = g.cfg.Upstream.WholeResponseTimeout
 	}
-	p := x.pd
-	if p == nil || !p.active {
-		return g.upstreamError(err, within)
-	}
-	if l := p.link; l != nil {
-		if e := l.preErr.Load(); e != nil {
-			// The prefill leg failed and closed the decode leg.
-			if !x.req.Stream {
-				p.ctx.Response.Header.Set(headerPrefillError, "true")
+	if p := x.pd; p != nil && p.active {
+		if l := p.link; l != nil {
+			if f := l.preErr.Load(); f != nil {
+				if x.req.Stream {
+					return answer(f.e) // past the headers: no x-error-pd-*
+				}
+				return f
 			}
-			return e
+		}
+		if p.watched && pool.IsTimeout(err) {
+			f := g.decodeWatchdog(x, err)
+			if x.req.Stream {
+				f.pdHeader = ""
+			}
+			return f
 		}
 	}
-	if p.watched && pool.IsTimeout(err) {
-		if !x.req.Stream {
-			p.ctx.Response.Header.Set(headerDecodeError, "true")
-		}
-		return g.decodeWatchdog(x)
-	}
-	return g.upstreamError(err, within)
+	f := g.podFailure(nil, err, within)
+	f.sent = true // the headers came: the pod has the request
+	return f
 }
 
 // decodeWatchdog counts a request the watchdog failed, tells the decode
 // pod to drop it and returns the client's 504. The caller closes the
 // decode connection, which is the abort of engines without an abort call.
-func (g *Gateway) decodeWatchdog(x *exchange) *openai.Error {
+func (g *Gateway) decodeWatchdog(x *exchange, err error) *failure {
 	p := x.pd
 	p.metrics.watchdog.Inc()
 	g.abortDecode(p.proto, &p.ex, p.dec)
-	return &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
-		Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + p.dec.Config.Name + "."}
+	return &failure{
+		e: &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
+			Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + p.dec.Config.Name + "."},
+		pdHeader: headerDecodeError, pod: p.dec, sent: !notSent(err),
+	}
 }
 
 // endPD ends a PD exchange whose decode leg answered, before its response
@@ -393,9 +384,9 @@ func hostOf(addr string) string {
 	return addr
 }
 
-// podAnswered is the client's error for a prefill leg the pod answered
-// with status: the pod's own words, cut.
-func podAnswered(status int, body []byte) *openai.Error {
+// prefillAnswered is the client's error for a prefill leg the pod
+// answered with status: the pod's own words, cut.
+func prefillAnswered(status int, body []byte) *openai.Error {
 	typ := openai.TypeServer
 	if status < 500 {
 		typ = openai.TypeInvalidRequest

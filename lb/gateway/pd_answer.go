@@ -24,7 +24,7 @@ func (g *Gateway) answerFromPrefill(ctx *fasthttp.RequestCtx, x *exchange, m *po
 		ctx.SetBody(p.preResp)
 	} else if body, err := appendAnswerSSE(nil, p.preResp, x.req.Kind == openai.KindChat, x.req.IncludeUsage); err != nil {
 		e := openai.UpstreamError("the context pod's final answer does not parse: " + err.Error())
-		writeError(ctx, e)
+		writeFailure(ctx, answer(e))
 		x.failure, status = e, e.Status
 	} else {
 		ctx.SetContentType("text/event-stream; charset=utf-8")

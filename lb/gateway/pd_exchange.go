@@ -47,7 +47,7 @@ const (
 )
 
 // runPair carries out a PDPair decision.
-func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) *pdFailure {
+func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) *failure {
 	p := x.pd
 	pre := p.pre
 	p.proto = protocols.For(pre.Engine, engines.PDOptions{TRTMachineID: p.opts.TRTMachineID, TRTScheduleStyle: p.opts.TRTScheduleStyle})
@@ -72,8 +72,9 @@ func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) 
 		info, err := protocols.PrefillInfo(pre.Client, pre.Config.Address, path)
 		if err != nil {
 			fasthttp.ReleaseRequest(up)
-			return g.dropPair(x, pre, &pdFailure{err: openai.UpstreamError("prefill pod " + pre.Config.Name + " " + path + ": " + err.Error()),
-				header: headerPrefillError, retry: true})
+			// Nothing of the request went out: another pair may take it.
+			return g.dropPair(x, pre, &failure{e: openai.UpstreamError("prefill pod " + pre.Config.Name + " " + path + ": " + err.Error()),
+				pdHeader: headerPrefillError, pod: pre})
 		}
 		p.ex.PrefillInfo = info
 	}
@@ -85,7 +86,7 @@ func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) 
 	}
 	if err != nil {
 		fasthttp.ReleaseRequest(up)
-		return g.dropPair(x, pre, &pdFailure{err: openai.UpstreamError(err.Error()), header: headerPrefillError})
+		return g.dropPair(x, pre, &failure{e: openai.UpstreamError(err.Error()), pdHeader: headerPrefillError})
 	}
 	p.active = true
 	p.legsStart = time.Now()
@@ -98,11 +99,11 @@ func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) 
 // dropPair undoes a pair whose legs were not both sent: the prefill pod's
 // placement (when the prefill leg never went out) and the decode pod's
 // pending pick.
-func (g *Gateway) dropPair(x *exchange, pre *pool.Pod, f *pdFailure) *pdFailure {
+func (g *Gateway) dropPair(x *exchange, pre *pool.Pod, f *failure) *failure {
 	p := x.pd
 	if pre != nil {
 		g.unplace(x, pre)
-		if f.retry {
+		if f.mayRetry() {
 			x.tried = append(x.tried, pre.ID)
 		}
 	}
@@ -116,7 +117,7 @@ func (g *Gateway) dropPair(x *exchange, pre *pool.Pod, f *pdFailure) *pdFailure 
 }
 
 // runSequential: the prefill leg, then the decode leg with its answer.
-func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request) *pdFailure {
+func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request) *failure {
 	p := x.pd
 	pre := p.pre
 	up.SetBodyRaw(p.preBody)
@@ -151,15 +152,15 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 		// No decode leg for a client that left during the prefill; the
 		// prefill pod drops its KV where the protocol can say so.
 		g.abortLeg(p.proto, &p.ex, pre)
-		f = &pdFailure{err: errClientLeft}
+		f = errClientLeft
 	}
 	if f == nil {
 		if p.decBody, err = p.proto.DecodeBody(p.decBody[:0], ctx.PostBody(), p.preResp, &p.ex); err != nil {
-			f = &pdFailure{err: openai.UpstreamError(err.Error()), header: headerPrefillError}
+			f = &failure{e: openai.UpstreamError(err.Error()), pdHeader: headerPrefillError}
 		}
 	}
 	if f != nil {
-		if f.retry {
+		if f.mayRetry() {
 			x.tried = append(x.tried, pre.ID)
 		}
 		return g.dropPair(x, nil, f)
@@ -169,18 +170,20 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 
 // prefillFailure classifies a finished prefill leg: nil for a 200 answer,
 // else the client's error (retryable when it was not sent: notSent).
-func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err error, timeout time.Duration) *pdFailure {
+func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err error, timeout time.Duration) *failure {
 	switch {
 	case err == errClientLeft:
-		return &pdFailure{err: errClientLeft}
+		return errClientLeft
 	case err != nil:
 		g.callFailed(pre, err)
-		return &pdFailure{err: g.upstreamError(err, timeout), header: headerPrefillError, retry: notSent(err)}
+		f := g.podFailure(pre, err, timeout)
+		f.pdHeader = headerPrefillError
+		return f
 	case status != fasthttp.StatusOK:
 		if isFault(status) {
 			g.podFailed(pre)
 		}
-		return &pdFailure{err: podAnswered(status, body), header: headerPrefillError}
+		return &failure{e: prefillAnswered(status, body), pdHeader: headerPrefillError, pod: pre, sent: true}
 	}
 	pre.ReportSuccess()
 	return nil
@@ -189,7 +192,7 @@ func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err erro
 // sequentialDecode sends the decode leg after a prefill leg that answered,
 // moving it to another decode pod while pods refuse the connection, and
 // relays the answer.
-func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) *pdFailure {
+func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) *failure {
 	p := x.pd
 	for {
 		dec := p.dec
@@ -211,7 +214,7 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *exchange, m *poo
 		fasthttp.ReleaseResponse(resp)
 		dec.Release()
 		if err == errClientLeft {
-			return g.dropPair(x, nil, &pdFailure{err: errClientLeft})
+			return g.dropPair(x, nil, errClientLeft)
 		}
 		g.callFailed(dec, err)
 		x.tried = append(x.tried, dec.ID)
@@ -248,13 +251,12 @@ func (g *Gateway) watchdogLimit(x *exchange) time.Duration {
 
 // decodeFailure is the client's error for a decode leg that got no
 // response headers: the watchdog's 504 when its deadline passed.
-func (g *Gateway) decodeFailure(x *exchange, err error) *pdFailure {
-	f := &pdFailure{header: headerDecodeError, retry: notSent(err)}
+func (g *Gateway) decodeFailure(x *exchange, err error) *failure {
 	if x.pd.watched && pool.IsTimeout(err) {
-		f.err = g.decodeWatchdog(x)
-	} else {
-		f.err = g.upstreamError(err, g.responseTimeout(x.req.Stream))
+		return g.decodeWatchdog(x, err)
 	}
+	f := g.podFailure(x.pd.dec, err, g.responseTimeout(x.req.Stream))
+	f.pdHeader = headerDecodeError
 	return f
 }
 
@@ -306,7 +308,7 @@ func (g *Gateway) respondPD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model
 // runConcurrent sends both legs at once and waits for the one that
 // settles the request: the decode leg's headers (its answer), or a failed
 // prefill leg, or the watchdog.
-func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request) *pdFailure {
+func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request) *failure {
 	p := x.pd
 	l := acquireLink()
 	p.link = l
@@ -331,7 +333,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 			preDone = nil
 			if f != nil {
 				g.abandonDecode(l, p.dec, resp)
-				if f.retry {
+				if f.mayRetry() {
 					x.tried = append(x.tried, p.pre.ID)
 				}
 				return g.dropPair(x, nil, f)
@@ -352,7 +354,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 						closeStream(resp, errAbandoned)
 						fasthttp.ReleaseResponse(resp)
 						p.dec.Release()
-						if f.retry {
+						if f.mayRetry() {
 							x.tried = append(x.tried, p.pre.ID)
 						}
 						return g.dropPair(x, nil, f)
@@ -391,7 +393,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.M
 			g.abandonDecode(l, p.dec, resp)
 			g.abortLeg(p.proto, &p.ex, p.pre)
 			g.abortDecode(p.proto, &p.ex, p.dec)
-			return g.dropPair(x, nil, &pdFailure{err: errClientLeft})
+			return g.dropPair(x, nil, errClientLeft)
 		}
 	}
 }
@@ -481,7 +483,7 @@ func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 			})
 		}
 	} else {
-		l.preErr.Store(f.err)
+		l.preErr.Store(f)
 		g.abortLeg(c.proto, &c.ex, c.dec)
 		l.withDecConn(func(conn *upstreamConn) { _ = conn.Close() })
 	}
@@ -530,14 +532,14 @@ type pdLink struct {
 	// prefillEnd is when the prefill leg succeeded (unix nanoseconds, 0
 	// before); preErr its failure, for the relay's error event.
 	prefillEnd atomic.Int64
-	preErr     atomic.Pointer[openai.Error]
+	preErr     atomic.Pointer[failure]
 	// started: the decode stream's first chunk arrived.
 	started atomic.Bool
 	// decState hands the decode leg's response over; decDone carries its
 	// outcome, preDone the prefill leg's (nil: success).
 	decState atomic.Int32
 	decDone  chan error
-	preDone  chan *pdFailure
+	preDone  chan *failure
 	// cut gives up the decode leg in flight (abandonDecode closes it):
 	// its connection is closed, which is how a decode pod that waits for
 	// KV that will not come learns to stop.
@@ -552,7 +554,7 @@ type pdLink struct {
 }
 
 var linkPool = sync.Pool{New: func() any {
-	return &pdLink{decDone: make(chan error, 1), preDone: make(chan *pdFailure, 1)}
+	return &pdLink{decDone: make(chan error, 1), preDone: make(chan *failure, 1)}
 }}
 
 // acquireLink returns a link held once, by the request.

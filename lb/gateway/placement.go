@@ -180,14 +180,6 @@ func (g *Gateway) prefillDone(x *exchange, pod *pool.Pod, at time.Time) {
 	}
 }
 
-// rejection is an error answered with 429 and a Retry-After header.
-type rejection struct {
-	err        *openai.Error
-	retryAfter int
-}
-
-func (r *rejection) Error() string { return r.err.Message }
-
 // deferPoll is how often a deferred request looks whether it is at the head
 // of the queue and its prediction has cleared. The queue is bounded, so the
 // polling is too.
@@ -200,20 +192,20 @@ const deferPoll = 5 * time.Millisecond
 // placement from the pods' live queues; replace, if set, places the request
 // anew while it waits (a combined pod may be picked again; a PD pair keeps
 // its pods, whose queues drain).
-func (g *Gateway) admission(x *exchange, predict func() (ttft, tpot float64), replace func()) error {
+func (g *Gateway) admission(x *exchange, predict func() (ttft, tpot float64), replace func()) *failure {
 	since := g.clock()
 	ttft, tpot := predict()
-	if wait, err := g.admitNow(x, since, ttft, tpot); !wait {
-		return err
+	if wait, f := g.admitNow(x, since, ttft, tpot); !wait {
+		return f
 	}
 	return g.awaitAdmission(x, admitWait{since, ttft, tpot}, predict, replace)
 }
 
 // admitNow asks the admission controller about x once, with the
 // predictions ttft and tpot made at since: wait reports that x was deferred
-// (queued: awaitAdmission waits for it), else err is nil to admit x or the
+// (queued: awaitAdmission waits for it), else f is nil to admit x or the
 // rejection to answer.
-func (g *Gateway) admitNow(x *exchange, since, ttft, tpot float64) (wait bool, err error) {
+func (g *Gateway) admitNow(x *exchange, since, ttft, tpot float64) (wait bool, f *failure) {
 	v := g.admit.Decide(x.class, x.ticket.ID, since, ttft, tpot)
 	switch v.Action {
 	case admit.Admit:
@@ -230,7 +222,7 @@ type admitWait struct{ since, ttft, tpot float64 }
 
 // awaitAdmission waits for a deferred x until a prediction clears or its
 // class's max wait runs out.
-func (g *Gateway) awaitAdmission(x *exchange, w admitWait, predict func() (ttft, tpot float64), replace func()) error {
+func (g *Gateway) awaitAdmission(x *exchange, w admitWait, predict func() (ttft, tpot float64), replace func()) *failure {
 	since, ttft, tpot := w.since, w.ttft, w.tpot
 	maxWait := g.admit.Config().Classes[x.class].MaxWait
 	for {
@@ -283,7 +275,9 @@ func decodeBatch(p *pool.Pod) (batch int, kvUsage float64) {
 	return batch, kvUsage
 }
 
-func (g *Gateway) reject(x *exchange, ttft, tpot float64, retryAfter int) error {
+// reject is the 429 of a request admission sheds, saying which prediction
+// missed its class's target.
+func (g *Gateway) reject(x *exchange, ttft, tpot float64, retryAfter int) *failure {
 	c := g.admit.Config().Classes[x.class]
 	why := "predicted time to first token " + strconv.FormatFloat(ttft, 'f', 2, 64) +
 		"s exceeds the " + strconv.FormatFloat(c.TTFTSLO, 'f', -1, 64) + "s target of class " + x.class.String()
@@ -291,7 +285,7 @@ func (g *Gateway) reject(x *exchange, ttft, tpot float64, retryAfter int) error 
 		why = "predicted time per output token " + strconv.FormatFloat(tpot*1000, 'f', 1, 64) +
 			" ms exceeds the " + strconv.FormatFloat(c.TPOTSLO*1000, 'f', -1, 64) + " ms target of class " + x.class.String()
 	}
-	return &rejection{err: openai.Overloaded(why), retryAfter: retryAfter}
+	return &failure{e: openai.Overloaded(why), retryAfter: retryAfter}
 }
 
 // clock is the admission controller's time: seconds since the gateway
@@ -300,7 +294,7 @@ func (g *Gateway) clock() float64 { return time.Since(g.epoch).Seconds() }
 
 // classOf reads the priority class of a request; an unknown one is a 400
 // naming the header.
-func classOf(v []byte) (admit.Class, error) {
+func classOf(v []byte) (admit.Class, *openai.Error) {
 	if len(v) == 0 {
 		return admit.Interactive, nil
 	}

@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -74,32 +73,36 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	x := acquireExchange()
 	key, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
 	if !d.OK() {
-		g.refuse(ctx, x, nil, d)
+		g.fail(ctx, x, nil, refused(d))
 		return
 	}
 	if err := x.req.Parse(kind, ctx.PostBody()); err != nil {
-		g.fail(ctx, x, nil, err)
+		var e *openai.Error
+		if !errors.As(err, &e) {
+			panic("BUG: gateway: openai.Request.Parse returned " + err.Error())
+		}
+		g.fail(ctx, x, nil, answer(e))
 		return
 	}
 	if d = key.Admit(x.start, x.req.PromptTokens()); !d.OK() {
-		g.refuse(ctx, x, nil, d)
+		g.fail(ctx, x, nil, refused(d))
 		return
 	}
 	x.key = key
 	m := g.pool.Load().Model(x.req.Model)
 	if m == nil {
-		g.fail(ctx, x, nil, openai.ModelNotFound(x.req.Model))
+		g.fail(ctx, x, nil, answer(openai.ModelNotFound(x.req.Model)))
 		return
 	}
-	var err error
-	if x.class, err = classOf(ctx.Request.Header.Peek(headerPriority)); err != nil {
-		g.fail(ctx, x, m, err)
+	var e *openai.Error
+	if x.class, e = classOf(ctx.Request.Header.Peek(headerPriority)); e != nil {
+		g.fail(ctx, x, m, answer(e))
 		return
 	}
 	if n := g.inFlight.Add(1); g.cfg.MaxInFlight > 0 && n > int64(g.cfg.MaxInFlight) {
 		g.inFlight.Add(-1)
-		g.fail(ctx, x, m, &rejection{
-			err:        openai.Overloaded("the gateway has " + strconv.Itoa(g.cfg.MaxInFlight) + " requests in flight, its max_in_flight"),
+		g.fail(ctx, x, m, &failure{
+			e:          openai.Overloaded("the gateway has " + strconv.Itoa(g.cfg.MaxInFlight) + " requests in flight, its max_in_flight"),
 			retryAfter: 1,
 		})
 		return
@@ -149,22 +152,22 @@ func (g *Gateway) proxy(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) {
 
 // forward sends up on this goroutine and answers.
 func (g *Gateway) forward(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response) {
-	pod, err := g.send(m, x, up, resp, sessionOf(ctx))
-	if err != nil {
-		g.unsent(ctx, x, m, up, resp, err)
+	pod, f := g.send(m, x, up, resp, sessionOf(ctx))
+	if f != nil {
+		g.unsent(ctx, x, m, up, resp, f)
 		return
 	}
 	fasthttp.ReleaseRequest(up)
 	g.respond(ctx, x, m, pod, resp)
 }
 
-// unsent answers a request no pod answered, with err, and lets go of its
+// unsent answers a request no pod answered with f, and lets go of its
 // upstream request and response.
-func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response, err error) {
+func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response, f *failure) {
 	fasthttp.ReleaseRequest(up)
 	fasthttp.ReleaseResponse(resp)
 	g.inFlight.Add(-1)
-	g.fail(ctx, x, m, err)
+	g.fail(ctx, x, m, f)
 }
 
 // sendOnLoop places x on a pod of m, admits it, and hands up to the loop's
@@ -173,15 +176,15 @@ func (g *Gateway) unsent(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, u
 func (g *Gateway) sendOnLoop(l *frontend.Loop, ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, up *fasthttp.Request, resp *fasthttp.Response) {
 	pod := g.pick(m, x, sessionOf(ctx))
 	if pod == nil {
-		g.unsent(ctx, x, m, up, resp, openai.NoHealthyPod(x.req.Model))
+		g.unsent(ctx, x, m, up, resp, answer(openai.NoHealthyPod(x.req.Model)))
 		return
 	}
 	if g.admit != nil {
 		since := g.clock()
 		ttft, tpot := predict(x, pod, pod)
-		wait, err := g.admitNow(x, since, ttft, tpot)
-		if err != nil {
-			g.unsent(ctx, x, m, up, resp, err)
+		wait, f := g.admitNow(x, since, ttft, tpot)
+		if f != nil {
+			g.unsent(ctx, x, m, up, resp, f)
 			return
 		}
 		if wait {
@@ -224,12 +227,12 @@ func (x *exchange) ExchangeDone(err error) {
 		g.finish(x, m, pod, x.resp, statusClientClosed)
 		return
 	}
-	if g.attemptFailed(x, pod, err) {
-		x.refused = err
-		frontend.LoopOf(ctx).Detach(x)
+	if f := g.attemptFailed(x, pod, err); !g.tryAgain(x, f) {
+		g.unsent(ctx, x, m, x.up, x.resp, f)
 		return
 	}
-	g.unsent(ctx, x, m, x.up, x.resp, g.upstreamError(err, g.responseTimeout(x.req.Stream)))
+	x.refused = err
+	frontend.LoopOf(ctx).Detach(x)
 }
 
 // respond relays pod's response, whose headers are in, to the client and
@@ -289,9 +292,9 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 		closeStream(resp, err)
 		ctx.Response.ResetBody()
 		g.podFailed(pod)
-		e := g.streamError(x, err)
-		writeError(ctx, e)
-		x.failure, status = e, e.Status
+		f := g.streamFailure(x, err)
+		writeFailure(ctx, f)
+		x.failure, status = f.e, f.e.Status
 	} else if status == fasthttp.StatusOK {
 		// Its usage is the output the API key's token bucket and
 		// pdlb_completion_tokens_total are charged.
@@ -305,10 +308,13 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 // the connection, or every connection to it was busy) moves to another
 // pod, at most Retries times; any other failure is final, since the pod
 // may have started work.
-func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response, session string) (*pool.Pod, error) {
+func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *fasthttp.Response, session string) (*pool.Pod, *failure) {
 	// Attempts made on the event loop count (see ExchangeDone), and the
 	// backoff after one of them is waited here.
-	last := x.refused
+	var last *failure
+	if x.refused != nil {
+		last = g.podFailure(nil, x.refused, g.responseTimeout(x.req.Stream))
+	}
 	for attempt := len(x.tried); attempt <= g.cfg.Upstream.Retries; attempt++ {
 		if attempt > 0 {
 			// Back off a little, with jitter, so a fleet-wide hiccup is
@@ -329,16 +335,16 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 					pod = p
 				}
 			}
-			var err error
+			var f *failure
 			if x.deferred {
 				// Deferred on the event loop: the wait is what is left.
 				x.deferred = false
-				err = g.awaitAdmission(x, x.deferral, predictOn, replace)
+				f = g.awaitAdmission(x, x.deferral, predictOn, replace)
 			} else {
-				err = g.admission(x, predictOn, replace)
+				f = g.admission(x, predictOn, replace)
 			}
-			if err != nil {
-				return nil, err
+			if f != nil {
+				return nil, f
 			}
 		}
 		g.attempt(m, x, pod, up)
@@ -350,17 +356,17 @@ func (g *Gateway) send(m *pool.Model, x *exchange, up *fasthttp.Request, resp *f
 		}
 		if err == errClientLeft {
 			g.unplace(x, pod)
-			return nil, err
+			return nil, errClientLeft
 		}
-		last = err
-		if !g.attemptFailed(x, pod, err) {
+		last = g.attemptFailed(x, pod, err)
+		if !g.tryAgain(x, last) {
 			break
 		}
 	}
 	if last == nil {
-		return nil, openai.NoHealthyPod(x.req.Model)
+		return nil, answer(openai.NoHealthyPod(x.req.Model))
 	}
-	return nil, g.upstreamError(last, g.responseTimeout(x.req.Stream))
+	return nil, last
 }
 
 // attempt records that up goes to pod and charges pod with it.
@@ -373,17 +379,22 @@ func (g *Gateway) attempt(m *pool.Model, x *exchange, pod *pool.Pod, up *fasthtt
 // notSentLogEvery spaces the lines of requests moved to another pod.
 const notSentLogEvery = time.Second
 
-// attemptFailed takes back pod's charge for a failed attempt and reports
-// whether another pod may take the request: it was not sent (notSent), so
-// the pod received nothing, and retries are left.
-func (g *Gateway) attemptFailed(x *exchange, pod *pool.Pod, err error) bool {
+// attemptFailed takes back pod's charge for an attempt that failed with
+// err, counts it against the pod, and returns the failure.
+func (g *Gateway) attemptFailed(x *exchange, pod *pool.Pod, err error) *failure {
 	g.unplace(x, pod)
 	g.callFailed(pod, err)
-	if !notSent(err) || len(x.tried) > g.cfg.Upstream.Retries {
+	return g.podFailure(pod, err, g.responseTimeout(x.req.Stream))
+}
+
+// tryAgain decides whether x goes to another pod after f: f allows it
+// (mayRetry) and retries are left.
+func (g *Gateway) tryAgain(x *exchange, f *failure) bool {
+	if !f.mayRetry() || len(x.tried) > g.cfg.Upstream.Retries {
 		return false
 	}
 	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
-		g.log.Warn("request not sent to pod; trying another", "pod", pod.Config.Name, "err", err, "suppressed", held)
+		g.log.Warn("request not sent to pod; trying another", "pod", f.pod.Config.Name, "err", f.e.Message, "suppressed", held)
 	}
 	return true
 }
@@ -536,7 +547,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *ex
 // relayBroke ends a stream that broke with err with an error event and
 // returns the status to count.
 func (g *Gateway) relayBroke(w *frontend.StreamWriter, x *exchange, err error) int {
-	e := g.streamError(x, err)
+	e := g.streamFailure(x, err).e
 	x.failure = e
 	buf := relayBufs.Get().(*[relayBufferBytes]byte)
 	_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
@@ -642,18 +653,6 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *exchange, pod *poo
 	}
 }
 
-// errShuttingDown ends the streams still running when a shutdown's grace
-// period is over.
-var errShuttingDown = errors.New("lb: the gateway is shutting down")
-
-// statusClientClosed is counted for a client that went away mid-stream
-// (nginx's 499).
-const statusClientClosed = 499
-
-// errClientLeft ends a request whose client closed its connection while a
-// worker served it; it is counted, never written.
-var errClientLeft = &openai.Error{Status: statusClientClosed, Type: openai.TypeServer, Message: "The client closed its connection."}
-
 // clientLeft reports whether x's client has closed its connection, as far
 // as its front end can tell (frontend.ClientGone).
 func (x *exchange) clientLeft() bool {
@@ -682,40 +681,21 @@ func (g *Gateway) finish(x *exchange, m *pool.Model, pod *pool.Pod, resp *fastht
 	releaseExchange(x)
 }
 
-// refuse answers a request its API key does not allow now.
-func (g *Gateway) refuse(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, d limits.Decision) {
-	if n := d.RetryAfterSeconds(); n > 0 {
-		g.fail(ctx, x, m, &rejection{err: d.Error(), retryAfter: n})
-		return
-	}
-	g.fail(ctx, x, m, d.Error())
+// refused is the failure for a request its API key does not allow now.
+func refused(d limits.Decision) *failure {
+	return &failure{e: d.Error(), retryAfter: d.RetryAfterSeconds()}
 }
 
 // fail answers a request that never reached a pod.
-func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, err error) {
+func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, f *failure) {
 	g.ledger.Finish(x.ticket)
-	var r *rejection
-	if errors.As(err, &r) {
-		ctx.Response.Header.Set("Retry-After", strconv.Itoa(r.retryAfter))
-		err = r.err
-	}
-	e := asError(err)
-	writeError(ctx, e)
-	g.logCompletion(ctx, x, nil, e.Status, e)
-	g.metrics.countRequest(m, e.Status)
-	if e.Status == fasthttp.StatusTooManyRequests {
+	writeFailure(ctx, f)
+	g.logCompletion(ctx, x, nil, f.e.Status, f.e)
+	g.metrics.countRequest(m, f.e.Status)
+	if f.e.Status == fasthttp.StatusTooManyRequests {
 		g.metrics.shed.Update(time.Since(x.start).Seconds())
 	}
 	releaseExchange(x)
-}
-
-// isFault reports whether a pod's answer with status is its failure: a 5xx
-// but 503, which SGLang answers when its waiting queue is full
-// (--max-queued-requests), and engines while they shut down. That is load
-// shed at admission, and counting it would eject a fleet pod by pod under
-// a burst.
-func isFault(status int) bool {
-	return status >= 500 && status != fasthttp.StatusServiceUnavailable
 }
 
 // callFailed counts a call to p that failed with err against p, unless
@@ -775,15 +755,6 @@ func closeStream(resp *fasthttp.Response, err error) {
 	}
 }
 
-// notSent reports whether err came before the request left: connecting
-// failed, or the gateway's own cap refused a connection. The pod received
-// nothing, so another pod may take the request.
-func notSent(err error) bool {
-	var op *net.OpError
-	return errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, fasthttp.ErrNoFreeConns) ||
-		(errors.As(err, &op) && op.Op == "dial")
-}
-
 // responseTimeout bounds the wait for a pod's answer: a stream's headers,
 // or a whole answer.
 func (g *Gateway) responseTimeout(stream bool) time.Duration {
@@ -791,43 +762,4 @@ func (g *Gateway) responseTimeout(stream bool) time.Duration {
 		return g.cfg.Upstream.ResponseTimeout
 	}
 	return g.cfg.Upstream.WholeResponseTimeout
-}
-
-// upstreamError maps a failed exchange with a pod to the client's error;
-// within is the bound that passed, should err be a timeout.
-func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
-	if errors.Is(err, errShuttingDown) {
-		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
-			Message: "The gateway is shutting down; retry the request."}
-	}
-	if pool.IsTimeout(err) {
-		return openai.UpstreamTimeout(within)
-	}
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		return openai.UpstreamError(fmt.Sprintf("its answer is over upstream.max_response_bytes (%d bytes)", g.cfg.Upstream.MaxResponseBytes))
-	}
-	if errors.Is(err, fasthttp.ErrNoFreeConns) {
-		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
-			Message: fmt.Sprintf("Every connection the gateway may open to the inference server is busy (upstream.max_conns_per_pod: %d); retry the request.", g.cfg.Upstream.MaxConnsPerPod)}
-	}
-	if errors.Is(err, limits.ErrOutOfFDs) {
-		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
-			Message: fmt.Sprintf("The gateway is at its open-files limit (%d) and cannot open a connection to the inference server; retry the request.", g.fds.Limit())}
-	}
-	return openai.UpstreamError(err.Error())
-}
-
-// asError maps any error of the request path to the OpenAI error returned.
-func asError(err error) *openai.Error {
-	var e *openai.Error
-	if errors.As(err, &e) {
-		return e
-	}
-	return openai.UpstreamError(err.Error())
-}
-
-func writeError(ctx *fasthttp.RequestCtx, e *openai.Error) {
-	ctx.SetStatusCode(e.Status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(e.AppendJSON(nil))
 }
