@@ -29,7 +29,7 @@ import (
 // kept the request from, received nothing, so the request is decided again
 // without it, at most Upstream.Retries times, as on the combined path.
 
-// Headers of PD answers (seed 001's x-error-pd-* distinguish a gateway's
+// Headers of PD answers (AIBrix's x-error-pd-* distinguish a gateway's
 // PD failure from a 5xx the decode pod itself sent).
 const (
 	headerPrefillPod   = "x-pdlb-prefill-pod"
@@ -92,7 +92,7 @@ func (p *pdCall) release() {
 // by the header is left in x.policy for the combined path, the cascade of a
 // "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
 // false.
-func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) bool {
+func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) bool {
 	if m.Profiles == nil {
 		return true
 	}
@@ -109,7 +109,7 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) 
 }
 
 // servePD routes x with r's cascade and carries the decision out.
-func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, r *route.PDRouter) {
+func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, r *route.PDRouter) {
 	if x.pd == nil {
 		x.pd = pdCallPool.Get().(*pdCall)
 	}
@@ -169,11 +169,11 @@ func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, 
 // ledger's selection lock, and charges the decision: the prefill and
 // decode pods' ledgers and the decode pod's pending count, before any I/O,
 // so the next decision sees them.
-func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, session string) (route.PDDecision, error) {
+func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, session string) (route.PDDecision, error) {
 	p := x.pd
 	p.ticket.Done()
 	g.lookup(m, x)
-	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
+	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	g.ledger.LockSelection()
 	defer g.ledger.UnlockSelection()
 	// One reading of the gateway's clock (its ledger's) for the breakers,
@@ -199,7 +199,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 		p.cands = append(p.cands, c)
 		p.pods = append(p.pods, pod)
 	}
-	d, err := r.Decide(&x.rreq, p.cands, &p.scratch)
+	d, err := r.Decide(&x.routeReq, p.cands, &p.scratch)
 	if err != nil {
 		return d, err
 	}
@@ -226,7 +226,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 		p.ticket = p.dec.Pending().Pick()
 	}
 	if pl := r.Planner(); pl != nil {
-		pl.Record(x.rreq.PromptTokens)
+		pl.Record(x.routeReq.PromptTokens)
 	}
 	p.metrics.decided(d, time.Duration(g.ledger.Now()-now))
 	return d, nil
@@ -234,7 +234,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 
 // runWhole sends the client's request unchanged to pod (a combined pod, or
 // the decode pod of a PDLocal decision) and relays its answer.
-func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pod *pool.Pod) *failure {
+func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, pod *pool.Pod) *failure {
 	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	g.buildUpstream(ctx, up)
 	up.SetHost(pod.Config.Address)
@@ -264,10 +264,10 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model,
 
 // readDeadline is the deadline of the relay's next read from a stream:
 // the upstream idle timeout, or for the decode leg of a PD pair the
-// watchdog's (seed 001): the first chunk within DecodeFirstResponseTimeout
+// watchdog's (AIBrix's): the first chunk within DecodeFirstResponseTimeout
 // of the prefill's success, then at most DecodeStreamIdleTimeout between
 // chunks. A watchdog timeout that is 0 (off) leaves the upstream's.
-func (g *Gateway) readDeadline(x *exchange, idle time.Duration, started bool) time.Time {
+func (g *Gateway) readDeadline(x *completion, idle time.Duration, started bool) time.Time {
 	now := time.Now()
 	p := x.pd
 	if p == nil || !p.active {
@@ -306,7 +306,7 @@ func (p *pdCall) firstBy(limit time.Duration) time.Time {
 // answer whose headers are in: the prefill leg's when its failure cut the
 // decode leg, the decode watchdog's when its deadline passed, else the
 // pod's (podFailure).
-func (g *Gateway) streamFailure(x *exchange, err error) *failure {
+func (g *Gateway) streamFailure(x *completion, err error) *failure {
 	// A stream's reads wait at most the idle timeout; a whole answer's,
 	// what is left of its bound.
 	within := g.cfg.Upstream.StreamIdleTimeout
@@ -338,7 +338,7 @@ func (g *Gateway) streamFailure(x *exchange, err error) *failure {
 // decodeWatchdog counts a request the watchdog failed, tells the decode
 // pod to drop it and returns the client's 504. The caller closes the
 // decode connection, which is the abort of engines without an abort call.
-func (g *Gateway) decodeWatchdog(x *exchange, err error) *failure {
+func (g *Gateway) decodeWatchdog(x *completion, err error) *failure {
 	p := x.pd
 	p.metrics.watchdog.Inc()
 	g.abortDecode(p.proto, &p.ex, p.dec)
@@ -351,7 +351,7 @@ func (g *Gateway) decodeWatchdog(x *exchange, err error) *failure {
 
 // endPD ends a PD exchange whose decode leg answered, before its response
 // is released; finish calls it.
-func (g *Gateway) endPD(x *exchange, pod *pool.Pod, status int) {
+func (g *Gateway) endPD(x *completion, pod *pool.Pod, status int) {
 	p := x.pd
 	if p == nil {
 		return

@@ -12,7 +12,7 @@ import (
 // answerFromPrefill answers x with the prefill leg's answer (a TensorRT-LLM
 // context response that finished at its first token), as is; a streaming
 // client gets it as the stream it asked for.
-func (g *Gateway) answerFromPrefill(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pre *pool.Pod, resp *fasthttp.Response) {
+func (g *Gateway) answerFromPrefill(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, pre *pool.Pod, resp *fasthttp.Response) {
 	p := x.pd
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.Response.Header.Set(headerPod, pre.Config.Name)

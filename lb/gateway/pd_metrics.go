@@ -31,7 +31,7 @@ type pdMetrics struct {
 	kvTransfer *metrics.PrometheusHistogram
 	kinds      []*metrics.Counter // by route.PDKind
 	fired      []*metrics.Counter // by bit of route.PDFired
-	// watchdog is seed 001's gateway_request_model_fail_total series.
+	// watchdog is AIBrix's gateway_request_model_fail_total series.
 	watchdog *metrics.Counter
 }
 
@@ -69,5 +69,5 @@ var pdMetricsDoc = promtext.Doc{
 	"pdlb_pd_kv_transfer_seconds":      {Help: "Time from a prefill leg's answer to the decode leg's response headers (KV handoff), in seconds; sequential protocols only."},
 	"pdlb_pd_routed_total":             {Help: "Requests the PD cascade routed, by kind: pair (prefill and decode pods), local (decode pod prefills itself), combined."},
 	"pdlb_pd_cascade_fired_total":      {Help: "Decisions in which a step of the PD cascade fired, by step."},
-	"gateway_request_model_fail_total": {Help: "Requests the decode watchdog failed (seed 001's series; status_code is 504 even when the client saw a cut stream)."},
+	"gateway_request_model_fail_total": {Help: "Requests the decode watchdog failed (AIBrix's series; status_code is 504 even when the client saw a cut stream)."},
 }

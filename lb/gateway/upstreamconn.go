@@ -248,17 +248,17 @@ func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Re
 	if whole {
 		resp.StreamBody = false
 		if err == nil {
-			err = unstream(resp, client.MaxResponseBodySize)
+			err = readBodyWhole(resp, client.MaxResponseBodySize)
 		}
 	}
 	return err
 }
 
-// unstream reads the body of a response taken as a stream into the
+// readBodyWhole reads the body of a response taken as a stream into the
 // response, as a call that asked for no stream has it, at most limit bytes;
 // the connection goes back to the pool (or is closed when the body breaks
 // off or runs over).
-func unstream(resp *fasthttp.Response, limit int) error {
+func readBodyWhole(resp *fasthttp.Response, limit int) error {
 	s := resp.BodyStream()
 	if s == nil {
 		return nil
