@@ -29,9 +29,15 @@ type completion struct {
 	cands    []route.Candidate
 	scratch  []float64
 	tried    []int32
-	// refused is why the pod the event loop tried did not take the
-	// request (notSent), for send to answer with when no other pod does.
-	refused error
+	// stage is the next of the request's stages to run (stages.go), via
+	// the transport it runs on; attempts counts the attempts made, and
+	// last is the latest one's failure, or what ends the request.
+	stage    stage
+	via      transport
+	attempts int
+	last     *failure
+	// inFlight: the request holds one of max_in_flight (enter, leave).
+	inFlight bool
 	// failure is the error the gateway answered with itself after the
 	// request reached a pod (a stream that broke), for the access log.
 	failure *openai.Error
@@ -67,8 +73,8 @@ type completion struct {
 	pd      *pdCall
 
 	// The request's own, for its parts that run as a frontend.Task or
-	// frontend.Done: the gateway, the client's context and the model, and
-	// on the event loop the upstream request, its response and its pod.
+	// frontend.Done: the gateway, the client's context and the model; a
+	// plain attempt's upstream request, response and pod.
 	g    *Gateway
 	ctx  *fasthttp.RequestCtx
 	m    *pool.Model
@@ -78,7 +84,8 @@ type completion struct {
 	// A stream's: its model's metrics and its tokens' timing.
 	modelStats *modelMetrics
 	times      tokenTimes
-	// deferred: admission deferred x on the event loop, as deferral says.
+	// deferred: admission deferred x before it moved to a worker, as
+	// deferral says.
 	deferred bool
 	deferral admitWait
 }
@@ -95,7 +102,8 @@ func acquireCompletion() *completion {
 func releaseCompletion(x *completion) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
-	x.cands, x.tried, x.refused, x.failure = x.cands[:0], x.tried[:0], nil, nil
+	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
+	x.stage, x.via, x.attempts, x.last = stagePick, nil, 0, nil
 	x.logHead, x.times = x.logHead[:0], tokenTimes{}
 	x.keys, x.looked = x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}

@@ -52,6 +52,8 @@ type pdCall struct {
 	cands   []route.PDCandidate
 	pods    []*pool.Pod
 	prompt  ledger.Prompt
+	// decision is the cascade's latest, for the request's stages.
+	decision route.PDDecision
 	// pre and dec are the pair of a PDPair decision (dec alone for
 	// PDLocal); ticket is dec's pending-decode pick.
 	pre, dec *pool.Pod
@@ -100,7 +102,6 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	res, err := m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
 		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
 	if err != nil {
-		g.inFlight.Add(-1)
 		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
 		return false
 	}
@@ -108,61 +109,43 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	return true
 }
 
-// servePD routes x with r's cascade and carries the decision out.
-func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, r *route.PDRouter) {
+// pickPD routes x with its cascade, taking a pdCall on its first pick.
+func (g *Gateway) pickPD(x *completion) error {
 	if x.pd == nil {
 		x.pd = pdCallPool.Get().(*pdCall)
+		x.pd.opts, x.pd.ctx, x.pd.metrics = x.cascade.Options(), x.ctx, g.metrics.model(x.m).pd
 	}
+	// Each attempt places the prompt anew.
+	x.firstSeen = false
+	var err error
+	x.pd.decision, err = g.decidePD(x.m, x, x.cascade, sessionOf(x.ctx))
+	return err
+}
+
+// placedPD is the prefill and decode pods x's PD decision puts it on, as
+// admission predicts them.
+func placedPD(x *completion) (pre, dec *pool.Pod) {
 	p := x.pd
-	p.opts, p.ctx, p.metrics = r.Options(), ctx, g.metrics.model(m).pd
-	session := sessionOf(ctx)
-	var last *failure
-	for attempt := 0; attempt <= g.cfg.Upstream.Retries; attempt++ {
-		if attempt > 0 && x.clientLeft() {
-			last = errClientLeft
-			break
-		}
-		// Each attempt places the prompt anew.
-		x.firstSeen = false
-		d, err := g.decidePD(m, x, r, session)
-		if err != nil {
-			if last == nil {
-				last = answer(openai.NoHealthyPod(x.req.Model))
-			}
-			break
-		}
-		if attempt == 0 && g.admit != nil {
-			pre, dec := p.pre, p.dec
-			switch d.Kind {
-			case route.PDLocal:
-				pre = p.dec
-			case route.PDCombined:
-				pre, dec = p.pods[d.Combined], p.pods[d.Combined]
-			}
-			if f := g.admission(x, func() (float64, float64) { return predict(x, pre, dec) }, nil); f != nil {
-				p.ticket.Done()
-				g.inFlight.Add(-1)
-				g.fail(ctx, x, m, f)
-				return
-			}
-		}
-		switch d.Kind {
-		case route.PDPair:
-			last = g.runPair(ctx, x, m)
-		case route.PDLocal:
-			last = g.runWhole(ctx, x, m, p.dec)
-		default:
-			last = g.runWhole(ctx, x, m, p.pods[d.Combined])
-		}
-		if last == nil {
-			return
-		}
-		if !last.mayRetry() {
-			break
-		}
+	switch d := p.decision; d.Kind {
+	case route.PDLocal:
+		return p.dec, p.dec
+	case route.PDCombined:
+		return p.pods[d.Combined], p.pods[d.Combined]
 	}
-	g.inFlight.Add(-1)
-	g.fail(ctx, x, m, last)
+	return p.pre, p.dec
+}
+
+// attemptPD carries x's PD decision out: nil once the client is answered.
+func (g *Gateway) attemptPD(x *completion) *failure {
+	p := x.pd
+	switch d := p.decision; d.Kind {
+	case route.PDPair:
+		return g.runPair(x.ctx, x, x.m)
+	case route.PDLocal:
+		return g.runWhole(x.ctx, x, x.m, p.dec)
+	default:
+		return g.runWhole(x.ctx, x, x.m, p.pods[d.Combined])
+	}
 }
 
 // decidePD runs the cascade over every pod of m not yet tried, under the

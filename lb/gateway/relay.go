@@ -41,18 +41,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		g.keepLogHead(ctx, x)
 		// x.times is zero: releaseCompletion clears it.
 		x.modelStats = g.metrics.model(m)
-		if l := frontend.LoopOf(ctx); l != nil {
-			l.Relay(g.cfg.Upstream.StreamIdleTimeout, x)
-			return
-		}
-		frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
-			// Deferred, so that a relay that panics (the front end cuts
-			// the stream and logs it) still gives back its charges and
-			// in-flight counts.
-			code := fasthttp.StatusInternalServerError
-			defer func() { g.finish(x, m, pod, resp, code) }()
-			code = g.relay(w, resp, x, pod)
-		})
+		x.via.relay(x, pod, resp)
 		return
 	}
 	// A whole response: read it all before answering, so a pod that breaks
