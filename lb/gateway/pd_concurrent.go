@@ -86,7 +86,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *completion, m *pool
 			p.dec.Release()
 			g.callFailed(p.dec, err)
 			x.tried = append(x.tried, p.dec.ID)
-			if notSent(err) && g.moveDecode(m, x) {
+			if g.tryAgain(x, g.podFailure(p.dec, err, 0)) && g.moveDecode(m, x) {
 				resp = g.sendConcurrentDecode(ctx, x, l)
 				continue
 			}
@@ -178,7 +178,7 @@ func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 	c.pre.AddQueuedPrefill(-c.uncached)
 	c.pre.Release()
 	g.ledger.PrefillDone(c.ticket)
-	f := prefillFailure(g, c.pre, status, l.buf, err, c.timeout)
+	f := g.prefillFailure(c.pre, status, l.buf, err, c.timeout)
 	if f == nil {
 		l.prefillEnd.Store(end.UnixNano())
 		if c.limit > 0 {

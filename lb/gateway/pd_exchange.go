@@ -133,7 +133,7 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *completion, m *pool
 		p.metrics.prefill.Update(p.prefillEnd.Sub(p.legsStart).Seconds())
 	}
 	g.prefillDone(x, pre, p.prefillEnd)
-	f := prefillFailure(g, pre, status, p.preResp, err, p.opts.PrefillRequestTimeout)
+	f := g.prefillFailure(pre, status, p.preResp, err, p.opts.PrefillRequestTimeout)
 	if f == nil && p.proto.PrefillAnswers(p.preResp) {
 		// The context pod finished at its first token: its answer is the
 		// client's, and the decode pod gets nothing.
@@ -166,7 +166,7 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *completion, m *pool
 
 // prefillFailure classifies a finished prefill leg: nil for a 200 answer,
 // else the client's error (retryable when it was not sent: notSent).
-func prefillFailure(g *Gateway, pre *pool.Pod, status int, body []byte, err error, timeout time.Duration) *failure {
+func (g *Gateway) prefillFailure(pre *pool.Pod, status int, body []byte, err error, timeout time.Duration) *failure {
 	switch {
 	case err == errClientLeft:
 		return errClientLeft
@@ -214,7 +214,7 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *completion, m *p
 		}
 		g.callFailed(dec, err)
 		x.tried = append(x.tried, dec.ID)
-		if notSent(err) && g.moveDecode(m, x) {
+		if g.tryAgain(x, g.podFailure(dec, err, 0)) && g.moveDecode(m, x) {
 			continue
 		}
 		return g.dropPair(x, nil, g.decodeFailure(x, err))
@@ -258,7 +258,8 @@ func (g *Gateway) decodeFailure(x *completion, err error) *failure {
 
 // moveDecode switches the pair's decode leg to another available decode
 // pod, its own roleset's first, after the leg could not be sent to the
-// chosen one (notSent): the new pod takes the KV the prefill leg left.
+// chosen one (tryAgain allowed it): the new pod takes the KV the prefill
+// leg left.
 // False when there is none.
 func (g *Gateway) moveDecode(m *pool.Model, x *completion) bool {
 	p := x.pd
@@ -283,6 +284,8 @@ func (g *Gateway) moveDecode(m *pool.Model, x *completion) bool {
 	g.ledger.UnlockSelection()
 	// The prefill leg is over: only the decode charge stays.
 	g.ledger.PrefillDone(x.ticket)
+	// The move is an attempt: tryAgain's budget bounds it.
+	x.attempts++
 	return true
 }
 
