@@ -13,6 +13,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 	"pdlb/radix"
 )
@@ -30,7 +31,7 @@ func decideGateway(b *testing.B, policy string) (*Gateway, *pool.Model) {
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, upstreamDialer(nil), nil)
+	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 )
 
 // failure is how the gateway ends a request with an error of its own: the
@@ -73,7 +73,7 @@ var errShuttingDown = errors.New("lb: the gateway is shutting down")
 // I/O error of the call; within is the bound that passed, should err be a
 // timeout.
 func (g *Gateway) podFailure(pod *pool.Pod, err error, within time.Duration) *failure {
-	return &failure{e: g.upstreamError(err, within), pod: pod, sent: !notSent(err)}
+	return &failure{e: g.upstreamError(err, within), pod: pod, sent: !upstream.NotSent(err)}
 }
 
 // upstreamError is the client's error for a call to a pod that failed
@@ -98,15 +98,6 @@ func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 			Message: fmt.Sprintf("The gateway is at its open-files limit (%d) and cannot open a connection to the inference server; retry the request.", g.fds.Limit())}
 	}
 	return openai.UpstreamError(err.Error())
-}
-
-// notSent reports whether err came before the request left: connecting
-// failed, or the gateway's own cap refused a connection. The pod received
-// nothing, so another pod may take the request.
-func notSent(err error) bool {
-	var op *net.OpError
-	return errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, fasthttp.ErrNoFreeConns) ||
-		(errors.As(err, &op) && op.Op == "dial")
 }
 
 // isFault reports whether a pod's answer with status is its failure: a 5xx

@@ -24,6 +24,7 @@ import (
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -86,7 +87,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	dial := upstreamDialer(fds)
+	dial := upstream.Dialer(fds)
 	snap, err := pool.Build(&cfg, dial, nil)
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -223,10 +224,10 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *completion, m *pool.Mode
 	up.SetHost(pod.Config.Address)
 	g.place(m, x, pod)
 	resp.StreamBody = x.req.Stream
-	err := doWatched(frontend.ClientGone(ctx), pod.Client, up, resp, time.Now().Add(g.responseTimeout(x.req.Stream)))
+	err := upstream.Do(frontend.ClientGone(ctx), pod.Client, up, resp, time.Now().Add(g.responseTimeout(x.req.Stream)))
 	fasthttp.ReleaseRequest(up)
 	x.pd.ticket.Done()
-	if err == errClientLeft {
+	if err == upstream.ErrCut {
 		fasthttp.ReleaseResponse(resp)
 		g.unplace(x, pod)
 		return errClientLeft
@@ -328,7 +329,7 @@ func (g *Gateway) decodeWatchdog(x *completion, err error) *failure {
 	return &failure{
 		e: &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
 			Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + p.dec.Config.Name + "."},
-		pdHeader: headerDecodeError, pod: p.dec, sent: !notSent(err),
+		pdHeader: headerDecodeError, pod: p.dec, sent: !upstream.NotSent(err),
 	}
 }
 

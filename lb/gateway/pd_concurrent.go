@@ -11,6 +11,7 @@ import (
 	"pdlb/engines"
 	"pdlb/lb/frontend"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -60,7 +61,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *completion, m *pool
 				case f := <-preDone:
 					preDone = nil
 					if f != nil {
-						closeStream(resp, errAbandoned)
+						upstream.CloseStream(resp, errAbandoned)
 						fasthttp.ReleaseResponse(resp)
 						p.dec.Release()
 						if f.mayRetry() {
@@ -73,11 +74,11 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *completion, m *pool
 			}
 			if err == nil {
 				p.ticket.Done()
-				l.setDecConn(connOf(resp))
+				l.setDecConn(upstream.ConnOf(resp))
 				if l.preErr.Load() != nil {
 					// The prefill leg failed before the connection was
 					// known: cut it now, the relay reports the failure.
-					l.withDecConn(func(c *upstreamConn) { _ = c.Close() })
+					l.withDecConn(func(c *upstream.Conn) { _ = c.Close() })
 				}
 				g.respondPD(ctx, x, m, resp)
 				return nil
@@ -134,7 +135,7 @@ func (g *Gateway) abandonDecode(l *pdLink, dec *pool.Pod, resp *fasthttp.Respons
 		return
 	}
 	if err := <-l.decDone; err == nil {
-		closeStream(resp, errAbandoned)
+		upstream.CloseStream(resp, errAbandoned)
 	}
 	fasthttp.ReleaseResponse(resp)
 	dec.Release()
@@ -165,7 +166,7 @@ type concurrentPrefill struct {
 func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 	defer l.release()
 	resp := fasthttp.AcquireResponse()
-	err := doWatched(c.gone, c.pre.Client, c.up, resp, time.Now().Add(c.timeout))
+	err := upstream.Do(c.gone, c.pre.Client, c.up, resp, time.Now().Add(c.timeout))
 	fasthttp.ReleaseRequest(c.up)
 	status := 0
 	if err == nil {
@@ -185,7 +186,7 @@ func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 			// Tighten the deadline of a decode answer that is already being
 			// relayed (a race with the relay's own setting only leaves the
 			// looser bound).
-			l.withDecConn(func(conn *upstreamConn) {
+			l.withDecConn(func(conn *upstream.Conn) {
 				if !l.started.Load() {
 					_ = conn.SetReadDeadline(end.Add(c.limit))
 				}
@@ -194,7 +195,7 @@ func (g *Gateway) concurrentPrefill(l *pdLink, c concurrentPrefill) {
 	} else {
 		l.preErr.Store(f)
 		g.abortLeg(c.proto, &c.ex, c.dec)
-		l.withDecConn(func(conn *upstreamConn) { _ = conn.Close() })
+		l.withDecConn(func(conn *upstream.Conn) { _ = conn.Close() })
 	}
 	l.preDone <- f
 }
@@ -257,7 +258,7 @@ type pdLink struct {
 	// relays it: a failed prefill leg closes it, and it must not outlive
 	// the request (the client pool reuses connections).
 	mu      sync.Mutex
-	decConn *upstreamConn
+	decConn *upstream.Conn
 	// buf holds the prefill leg's answer.
 	buf []byte
 }
@@ -292,13 +293,13 @@ func (l *pdLink) release() {
 	linkPool.Put(l)
 }
 
-func (l *pdLink) setDecConn(c *upstreamConn) {
+func (l *pdLink) setDecConn(c *upstream.Conn) {
 	l.mu.Lock()
 	l.decConn = c
 	l.mu.Unlock()
 }
 
-func (l *pdLink) withDecConn(f func(*upstreamConn)) {
+func (l *pdLink) withDecConn(f func(*upstream.Conn)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.decConn != nil {
@@ -310,14 +311,14 @@ func (l *pdLink) withDecConn(f func(*upstreamConn)) {
 // delivers them, or cleans up after a request that left.
 func (l *pdLink) decode(cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
 	defer l.release()
-	err := doWatched(cut, dec.Client, up, resp, by)
+	err := upstream.Do(cut, dec.Client, up, resp, by)
 	fasthttp.ReleaseRequest(up)
 	if l.decState.CompareAndSwap(decPending, decDelivered) {
 		l.decDone <- err
 		return
 	}
 	if err == nil {
-		closeStream(resp, errAbandoned)
+		upstream.CloseStream(resp, errAbandoned)
 	}
 	fasthttp.ReleaseResponse(resp)
 	dec.Release()

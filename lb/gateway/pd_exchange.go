@@ -10,6 +10,7 @@ import (
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 )
 
 // The exchange of a PD pair, driven through the engine's
@@ -118,7 +119,7 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *completion, m *pool
 	pre := p.pre
 	up.SetBodyRaw(p.preBody)
 	resp := fasthttp.AcquireResponse()
-	err := doWatched(frontend.ClientGone(ctx), pre.Client, up, resp, time.Now().Add(p.opts.PrefillRequestTimeout))
+	err := upstream.Do(frontend.ClientGone(ctx), pre.Client, up, resp, time.Now().Add(p.opts.PrefillRequestTimeout))
 	fasthttp.ReleaseRequest(up)
 	status := 0
 	if err == nil {
@@ -126,7 +127,7 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *completion, m *pool
 		p.preResp = append(p.preResp[:0], resp.Body()...)
 	}
 	p.prefillEnd = time.Now()
-	if err == errClientLeft {
+	if err == upstream.ErrCut {
 		// The prefill was cut short: it times nothing.
 		x.idleStart = false
 	} else {
@@ -165,10 +166,10 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *completion, m *pool
 }
 
 // prefillFailure classifies a finished prefill leg: nil for a 200 answer,
-// else the client's error (retryable when it was not sent: notSent).
+// else the client's error (retryable when it was not sent: upstream.NotSent).
 func (g *Gateway) prefillFailure(pre *pool.Pod, status int, body []byte, err error, timeout time.Duration) *failure {
 	switch {
-	case err == errClientLeft:
+	case err == upstream.ErrCut:
 		return errClientLeft
 	case err != nil:
 		g.callFailed(pre, err)
@@ -199,7 +200,7 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *completion, m *p
 		dec.Acquire()
 		// Streamed even for a whole answer: the watchdog times its reads.
 		resp.StreamBody = true
-		err := doWatched(frontend.ClientGone(ctx), dec.Client, up, resp, g.decodeHeadersBy(x))
+		err := upstream.Do(frontend.ClientGone(ctx), dec.Client, up, resp, g.decodeHeadersBy(x))
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
 			p.ticket.Done()
@@ -209,7 +210,7 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *completion, m *p
 		}
 		fasthttp.ReleaseResponse(resp)
 		dec.Release()
-		if err == errClientLeft {
+		if err == upstream.ErrCut {
 			return g.dropPair(x, nil, errClientLeft)
 		}
 		g.callFailed(dec, err)
@@ -292,7 +293,7 @@ func (g *Gateway) moveDecode(m *pool.Model, x *completion) bool {
 // respondPD relays the decode leg's answer with the pair's headers.
 func (g *Gateway) respondPD(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, resp *fasthttp.Response) {
 	p := x.pd
-	if c := connOf(resp); c != nil && !x.req.Stream && p.opts.DecodeResponseTimeout > 0 {
+	if c := upstream.ConnOf(resp); c != nil && !x.req.Stream && p.opts.DecodeResponseTimeout > 0 {
 		// The whole body is due within the watchdog's bound of the
 		// prefill's success, which a concurrent prefill leg may have
 		// reported only after the headers' deadline was set.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"pdlb/lb/upstream"
+
 	"github.com/valyala/fasthttp"
 )
 
@@ -23,8 +25,8 @@ func TestNotSent(t *testing.T) {
 		{fasthttp.ErrTimeout, false},
 		{&net.OpError{Op: "read", Err: errors.New("connection reset by peer")}, false},
 	} {
-		if got := notSent(tc.err); got != tc.want {
-			t.Errorf("notSent(%v) = %v, want %v", tc.err, got, tc.want)
+		if got := upstream.NotSent(tc.err); got != tc.want {
+			t.Errorf("upstream.NotSent(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 )
 
 // respond relays pod's response, whose headers are in, to the client and
@@ -51,13 +52,13 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	var err error
 	if resp.IsBodyStream() {
 		buf := relayBufs.Get().(*[relayBufferBytes]byte)
-		err = readWhole(ctx.Response.BodyWriter(), resp.BodyStream(), g.cfg.Upstream.MaxResponseBytes, buf[:])
+		err = upstream.ReadWhole(ctx.Response.BodyWriter(), resp.BodyStream(), g.cfg.Upstream.MaxResponseBytes, buf[:])
 		relayBufs.Put(buf)
 	} else {
 		ctx.Response.SetBody(resp.Body())
 	}
 	if err != nil {
-		closeStream(resp, err)
+		upstream.CloseStream(resp, err)
 		ctx.Response.ResetBody()
 		g.podFailed(pod)
 		f := g.streamFailure(x, err)
@@ -87,7 +88,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 // the events in it are written. The writer's buffer, likewise, is held only
 // from an event's Write to the Flush.
 func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *completion, pod *pool.Pod) int {
-	conn := connOf(resp)
+	conn := upstream.ConnOf(resp)
 	stream := resp.BodyStream()
 	idle := g.cfg.Upstream.StreamIdleTimeout
 	t := &x.times
@@ -113,7 +114,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 				werr = w.Flush()
 			}
 			if werr != nil {
-				closeStream(resp, werr)
+				upstream.CloseStream(resp, werr)
 				return statusClientClosed
 			}
 			if err == nil {
@@ -124,7 +125,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 			break
 		}
 		if err != nil {
-			closeStream(resp, err)
+			upstream.CloseStream(resp, err)
 			return g.relayBroke(w, x, err)
 		}
 	}
@@ -238,24 +239,5 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 		if _, err := w.Write(ev); err != nil {
 			return err
 		}
-	}
-}
-
-// readWhole copies a whole answer's streamed body to dst, at most limit
-// bytes (upstream.max_response_bytes): past it, fasthttp.ErrBodyTooLarge,
-// as the pods' clients say it of the bodies they read whole.
-func readWhole(dst io.Writer, src io.Reader, limit int, buf []byte) error {
-	n, err := io.CopyBuffer(dst, io.LimitReader(src, int64(limit)+1), buf)
-	if err == nil && n > int64(limit) {
-		return fasthttp.ErrBodyTooLarge
-	}
-	return err
-}
-
-// closeStream abandons a response body: the connection is closed rather
-// than reused, which also tells the pod to stop generating.
-func closeStream(resp *fasthttp.Response, err error) {
-	if s, ok := resp.BodyStream().(fasthttp.ReadCloserWithError); ok {
-		_ = s.CloseWithError(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
+	"pdlb/lb/upstream"
 )
 
 // A completion request runs through these stages, in this order, on
@@ -190,7 +191,7 @@ func (x *completion) answered(err error) {
 		// short times nothing.
 		fasthttp.ReleaseRequest(x.up)
 		x.up, x.idleStart, x.stage = nil, false, stageGone
-	case err == errClientLeft:
+	case err == upstream.ErrCut:
 		g.unplace(x, x.pod)
 		x.last, x.stage = errClientLeft, stageFail
 	default:

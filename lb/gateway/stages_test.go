@@ -19,6 +19,7 @@ import (
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -74,7 +75,7 @@ func stagesGateway(t *testing.T, retries int, adm *admit.ClassConfig) (*Gateway,
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, upstreamDialer(nil), nil)
+	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func TestStages(t *testing.T) {
 	f(tc{name: "every connection busy, then answered", retries: 1, errs: []error{fasthttp.ErrNoFreeConns, nil}, sends: 2, status: 200})
 	f(tc{name: "reset before the first byte", retries: 1, errs: []error{fasthttp.ErrConnectionClosed}, sends: 1, status: 502})
 	f(tc{name: "timeout", retries: 1, errs: []error{fasthttp.ErrTimeout}, sends: 1, status: 504})
-	f(tc{name: "client gone on a worker", retries: 1, errs: []error{errClientLeft}, sends: 1, status: statusClientClosed})
+	f(tc{name: "client gone on a worker", retries: 1, errs: []error{upstream.ErrCut}, sends: 1, status: statusClientClosed})
 	f(tc{name: "client gone on the loop", retries: 1, errs: []error{frontend.ErrClientGone}, sends: 1, status: statusClientClosed})
 }
 

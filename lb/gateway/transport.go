@@ -7,6 +7,7 @@ import (
 
 	"pdlb/lb/frontend"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 )
 
 // transport carries a plain attempt to its pod and the answer back: the
@@ -54,7 +55,7 @@ type workerTransport struct{}
 func (workerTransport) send(x *completion) {
 	// A stream is relayed as it comes; a whole answer is read whole.
 	x.resp.StreamBody = x.req.Stream
-	x.answered(doWatched(frontend.ClientGone(x.ctx), x.pod.Client, x.up, x.resp, time.Now().Add(x.g.responseTimeout(x.req.Stream))))
+	x.answered(upstream.Do(frontend.ClientGone(x.ctx), x.pod.Client, x.up, x.resp, time.Now().Add(x.g.responseTimeout(x.req.Stream))))
 }
 
 func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {
