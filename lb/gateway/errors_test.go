@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/openai"
+	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 )
 
@@ -36,9 +37,9 @@ func TestWriteFailure(t *testing.T) {
 		writeFailure(&ctx, fl)
 		h := &ctx.Response.Header
 		if ctx.Response.StatusCode() != status || string(h.Peek("Retry-After")) != retryAfter ||
-			string(h.Peek(headerPrefillError)) != pdHeader || string(h.ContentType()) != "application/json" {
+			string(h.Peek(pd.HeaderPrefillError)) != pdHeader || string(h.ContentType()) != "application/json" {
 			t.Errorf("%+v: status %d, Retry-After %q, %s %q; want %d, %q, %q", fl, ctx.Response.StatusCode(),
-				h.Peek("Retry-After"), headerPrefillError, h.Peek(headerPrefillError), status, retryAfter, pdHeader)
+				h.Peek("Retry-After"), pd.HeaderPrefillError, h.Peek(pd.HeaderPrefillError), status, retryAfter, pdHeader)
 		}
 		if want := string(fl.e.AppendJSON(nil)); string(ctx.Response.Body()) != want {
 			t.Errorf("body %s, want %s", ctx.Response.Body(), want)
@@ -46,5 +47,5 @@ func TestWriteFailure(t *testing.T) {
 	}
 	f(answer(openai.ModelNotFound([]byte("m"))), 404, "", "")
 	f(&failure{e: openai.Overloaded("busy"), retryAfter: 3}, 429, "3", "")
-	f(&failure{e: prefillAnswered(500, []byte("boom")), pdHeader: headerPrefillError}, 500, "", "true")
+	f(&failure{e: prefillAnswered(500, []byte("boom")), pdHeader: pd.HeaderPrefillError}, 500, "", "true")
 }

@@ -11,6 +11,7 @@ import (
 	"pdlb/engines"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
+	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
 	"pdlb/lb/upstream"
@@ -30,23 +31,14 @@ import (
 // kept the request from, received nothing, so the request is decided again
 // without it, at most Upstream.Retries times, as on the combined path.
 
-// Headers of PD answers (AIBrix's x-error-pd-* distinguish a gateway's
-// PD failure from a 5xx the decode pod itself sent).
-const (
-	headerPrefillPod   = "x-pdlb-prefill-pod"
-	headerDecodePod    = "x-pdlb-decode-pod"
-	headerPrefillError = "x-error-pd-prefill"
-	headerDecodeError  = "x-error-pd-decode"
-)
-
 // pdCall is one request's PD state, pooled apart from the exchange: a
 // request the PD cascade does not route never takes one, and a stream holds
 // its exchange for its whole life (about a kilobyte less each). Only the
 // request's own goroutine touches it; what the legs running beside it
-// share lives in a pdLink.
+// share lives in a pd.Link.
 type pdCall struct {
 	opts    route.PDOptions
-	metrics *pdMetrics
+	metrics *pd.Metrics
 	proto   engines.Protocol
 	ex      engines.Exchange
 	scratch route.PDScratch
@@ -69,7 +61,7 @@ type pdCall struct {
 	// concurrent ones publish it in link).
 	prefillEnd time.Time
 	legsStart  time.Time
-	link       *pdLink
+	link       *pd.Link[failure]
 	// ctx is the client's request, for the watchdog's header on a
 	// non-streaming answer.
 	ctx                       *fasthttp.RequestCtx
@@ -82,7 +74,7 @@ var pdCallPool = sync.Pool{New: func() any { return new(pdCall) }}
 func (p *pdCall) release() {
 	p.ticket.Done()
 	if p.link != nil {
-		p.link.release()
+		p.link.Release()
 	}
 	clear(p.pods)
 	p.proto, p.ex, p.link, p.ctx, p.pre, p.dec, p.metrics = nil, engines.Exchange{}, nil, nil, nil, nil, nil
@@ -212,7 +204,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 	if pl := r.Planner(); pl != nil {
 		pl.Record(x.routeReq.PromptTokens)
 	}
-	p.metrics.decided(d, time.Duration(g.ledger.Now()-now))
+	p.metrics.Decided(d, time.Duration(g.ledger.Now()-now))
 	return d, nil
 }
 
@@ -240,7 +232,7 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *completion, m *pool.Mode
 		return g.podFailure(pod, err, g.responseTimeout(x.req.Stream))
 	}
 	if pod.Role == route.RoleDecode {
-		ctx.Response.Header.Set(headerDecodePod, pod.Config.Name)
+		ctx.Response.Header.Set(pd.HeaderDecodePod, pod.Config.Name)
 	}
 	g.respond(ctx, x, m, pod, resp)
 	return nil
@@ -258,7 +250,7 @@ func (g *Gateway) readDeadline(x *completion, idle time.Duration, started bool) 
 		return now.Add(idle)
 	}
 	if p.link != nil && started {
-		p.link.started.Store(true)
+		p.link.Started.Store(true)
 	}
 	switch {
 	case started && p.opts.DecodeStreamIdleTimeout > 0:
@@ -275,10 +267,10 @@ func (g *Gateway) readDeadline(x *completion, idle time.Duration, started bool) 
 // firstBy is when the decode leg's first answer is due: within limit of
 // the prefill's success. While a concurrent prefill leg is still running,
 // the bound is its own timeout plus limit; the prefill leg tightens it
-// when it succeeds (pdLink.prefillDone).
+// when it succeeds (concurrentPrefill).
 func (p *pdCall) firstBy(limit time.Duration) time.Time {
 	if p.link != nil {
-		if end := p.link.prefillEnd.Load(); end != 0 {
+		if end := p.link.PrefillEnd.Load(); end != 0 {
 			return time.Unix(0, end).Add(limit)
 		}
 		return p.legsStart.Add(p.opts.PrefillRequestTimeout + limit)
@@ -299,7 +291,7 @@ func (g *Gateway) streamFailure(x *completion, err error) *failure {
 	}
 	if p := x.pd; p != nil && p.active {
 		if l := p.link; l != nil {
-			if f := l.preErr.Load(); f != nil {
+			if f := l.PreErr.Load(); f != nil {
 				if x.req.Stream {
 					return answer(f.e) // past the headers: no x-error-pd-*
 				}
@@ -324,12 +316,12 @@ func (g *Gateway) streamFailure(x *completion, err error) *failure {
 // decode connection, which is the abort of engines without an abort call.
 func (g *Gateway) decodeWatchdog(x *completion, err error) *failure {
 	p := x.pd
-	p.metrics.watchdog.Inc()
-	g.abortDecode(p.proto, &p.ex, p.dec)
+	p.metrics.Watchdog.Inc()
+	pd.Abort(p.proto, &p.ex, p.dec)
 	return &failure{
 		e: &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
 			Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + p.dec.Config.Name + "."},
-		pdHeader: headerDecodeError, pod: p.dec, sent: !upstream.NotSent(err),
+		pdHeader: pd.HeaderDecodeError, pod: p.dec, sent: !upstream.NotSent(err),
 	}
 }
 
@@ -343,7 +335,7 @@ func (g *Gateway) endPD(x *completion, pod *pool.Pod, status int) {
 	if p.link != nil {
 		// Before the connection goes back to the client pool, where a
 		// late prefill failure must not find it.
-		p.link.setDecConn(nil)
+		p.link.SetDecConn(nil)
 	}
 	if !p.active {
 		return
@@ -352,20 +344,6 @@ func (g *Gateway) endPD(x *completion, pod *pool.Pod, status int) {
 	if status == fasthttp.StatusOK && pod == p.dec {
 		pod.DecodeFinished()
 	}
-}
-
-// hostOf is the host part of a host:port address, without allocating.
-func hostOf(addr string) string {
-	for i := len(addr) - 1; i >= 0; i-- {
-		if addr[i] == ':' {
-			h := addr[:i]
-			if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
-				h = h[1 : len(h)-1]
-			}
-			return h
-		}
-	}
-	return addr
 }
 
 // prefillAnswered is the client's error for a prefill leg the pod

@@ -9,6 +9,7 @@ import (
 	"pdlb/engines/protocols"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
+	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 )
@@ -36,12 +37,9 @@ import (
 // connection has already ended. An SGLang or generation_first prefill leg
 // still waiting for the pickup is ended by its PrefillRequestTimeout.
 
-const (
-	abortTimeout = 2 * time.Second
-	// prefillGrace is how long a concurrent decode leg's error answer
-	// waits for the prefill leg's outcome.
-	prefillGrace = 250 * time.Millisecond
-)
+// prefillGrace is how long a concurrent decode leg's error answer waits
+// for the prefill leg's outcome.
+const prefillGrace = 250 * time.Millisecond
 
 // runPair carries out a PDPair decision.
 func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) *failure {
@@ -61,7 +59,7 @@ func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	p.ex = engines.Exchange{
 		RequestID:     string(ctx.Request.Header.Peek(headerRequestID)),
 		Chat:          x.req.Kind == openai.KindChat,
-		PrefillHost:   hostOf(pre.Config.Address),
+		PrefillHost:   pd.HostOf(pre.Config.Address),
 		BootstrapPort: pre.Config.BootstrapPort,
 	}
 	p.proto.Begin(&p.ex)
@@ -71,7 +69,7 @@ func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 			fasthttp.ReleaseRequest(up)
 			// Nothing of the request went out: another pair may take it.
 			return g.dropPair(x, pre, &failure{e: openai.UpstreamError("prefill pod " + pre.Config.Name + " " + path + ": " + err.Error()),
-				pdHeader: headerPrefillError, pod: pre})
+				pdHeader: pd.HeaderPrefillError, pod: pre})
 		}
 		p.ex.PrefillInfo = info
 	}
@@ -83,7 +81,7 @@ func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	}
 	if err != nil {
 		fasthttp.ReleaseRequest(up)
-		return g.dropPair(x, pre, &failure{e: openai.UpstreamError(err.Error()), pdHeader: headerPrefillError})
+		return g.dropPair(x, pre, &failure{e: openai.UpstreamError(err.Error()), pdHeader: pd.HeaderPrefillError})
 	}
 	p.active = true
 	p.legsStart = time.Now()
@@ -107,7 +105,7 @@ func (g *Gateway) dropPair(x *completion, pre *pool.Pod, f *failure) *failure {
 	p.ticket.Done()
 	p.active = false
 	if p.link != nil {
-		p.link.release()
+		p.link.Release()
 		p.link = nil
 	}
 	return f
@@ -131,7 +129,7 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *completion, m *pool
 		// The prefill was cut short: it times nothing.
 		x.idleStart = false
 	} else {
-		p.metrics.prefill.Update(p.prefillEnd.Sub(p.legsStart).Seconds())
+		p.metrics.Prefill.Update(p.prefillEnd.Sub(p.legsStart).Seconds())
 	}
 	g.prefillDone(x, pre, p.prefillEnd)
 	f := g.prefillFailure(pre, status, p.preResp, err, p.opts.PrefillRequestTimeout)
@@ -148,12 +146,12 @@ func (g *Gateway) runSequential(ctx *fasthttp.RequestCtx, x *completion, m *pool
 	if f == nil && x.clientLeft() {
 		// No decode leg for a client that left during the prefill; the
 		// prefill pod drops its KV where the protocol can say so.
-		g.abortLeg(p.proto, &p.ex, pre)
+		pd.Abort(p.proto, &p.ex, pre)
 		f = errClientLeft
 	}
 	if f == nil {
 		if p.decBody, err = p.proto.DecodeBody(p.decBody[:0], ctx.PostBody(), p.preResp, &p.ex); err != nil {
-			f = &failure{e: openai.UpstreamError(err.Error()), pdHeader: headerPrefillError}
+			f = &failure{e: openai.UpstreamError(err.Error()), pdHeader: pd.HeaderPrefillError}
 		}
 	}
 	if f != nil {
@@ -174,13 +172,13 @@ func (g *Gateway) prefillFailure(pre *pool.Pod, status int, body []byte, err err
 	case err != nil:
 		g.callFailed(pre, err)
 		f := g.podFailure(pre, err, timeout)
-		f.pdHeader = headerPrefillError
+		f.pdHeader = pd.HeaderPrefillError
 		return f
 	case status != fasthttp.StatusOK:
 		if isFault(status) {
 			g.podFailed(pre)
 		}
-		return &failure{e: prefillAnswered(status, body), pdHeader: headerPrefillError, pod: pre, sent: true}
+		return &failure{e: prefillAnswered(status, body), pdHeader: pd.HeaderPrefillError, pod: pre, sent: true}
 	}
 	pre.ReportSuccess()
 	return nil
@@ -204,7 +202,7 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *completion, m *p
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
 			p.ticket.Done()
-			p.metrics.kvTransfer.Update(time.Since(p.prefillEnd).Seconds())
+			p.metrics.KVTransfer.Update(time.Since(p.prefillEnd).Seconds())
 			g.respondPD(ctx, x, m, resp)
 			return nil
 		}
@@ -253,7 +251,7 @@ func (g *Gateway) decodeFailure(x *completion, err error) *failure {
 		return g.decodeWatchdog(x, err)
 	}
 	f := g.podFailure(x.pd.dec, err, g.responseTimeout(x.req.Stream))
-	f.pdHeader = headerDecodeError
+	f.pdHeader = pd.HeaderDecodeError
 	return f
 }
 
@@ -300,7 +298,7 @@ func (g *Gateway) respondPD(ctx *fasthttp.RequestCtx, x *completion, m *pool.Mod
 		p.watched = true
 		_ = c.SetReadDeadline(p.firstBy(p.opts.DecodeResponseTimeout))
 	}
-	ctx.Response.Header.Set(headerPrefillPod, p.pre.Config.Name)
-	ctx.Response.Header.Set(headerDecodePod, p.dec.Config.Name)
+	ctx.Response.Header.Set(pd.HeaderPrefillPod, p.pre.Config.Name)
+	ctx.Response.Header.Set(pd.HeaderDecodePod, p.dec.Config.Name)
 	g.respond(ctx, x, m, p.dec, resp)
 }

@@ -221,7 +221,7 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 func (l *planLoop) counts(m *pool.Model, st *modelPlan, dt float64) plan.Counts {
 	stats := l.g.metrics.model(m)
 	var c plan.Counts
-	for _, k := range stats.pd.kinds {
+	for _, k := range stats.pd.Kinds {
 		c.Requests += float64(k.Get())
 	}
 	c.Finished = float64(stats.requests[statusIndex(200)].Get())

@@ -18,6 +18,7 @@ import (
 	"pdlb/lb/frontend"
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
+	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 	"pdlb/ledger"
@@ -247,26 +248,26 @@ func TestPDFailures(t *testing.T) {
 	x.attempts = 1
 	check := func(c tc) {
 		t.Helper()
-		before := x.pd.metrics.watchdog.Get()
+		before := x.pd.metrics.Watchdog.Get()
 		g.failed(x, c.f())
-		if x.stage != c.next || x.last.e.Status != c.status || x.last.pdHeader != c.pdHeader || x.pd.metrics.watchdog.Get()-before != c.watchdogs {
+		if x.stage != c.next || x.last.e.Status != c.status || x.last.pdHeader != c.pdHeader || x.pd.metrics.Watchdog.Get()-before != c.watchdogs {
 			t.Errorf("%s: stage %d, status %d, header %q; want %d, %d, %q", c.name, x.stage, x.last.e.Status, x.last.pdHeader, c.next, c.status, c.pdHeader)
 		}
 	}
 	check(tc{name: "prefill answered 500", f: func() *failure { return g.prefillFailure(pre, 500, []byte("boom"), nil, time.Second) },
-		next: stageFail, status: 500, pdHeader: headerPrefillError})
+		next: stageFail, status: 500, pdHeader: pd.HeaderPrefillError})
 	check(tc{name: "prefill pod refused", f: func() *failure { return g.prefillFailure(pre, 0, nil, errRefused, time.Second) },
-		next: stagePick, status: 502, pdHeader: headerPrefillError})
+		next: stagePick, status: 502, pdHeader: pd.HeaderPrefillError})
 	check(tc{name: "prefill timed out", f: func() *failure { return g.prefillFailure(pre, 0, nil, fasthttp.ErrTimeout, time.Second) },
-		next: stageFail, status: 504, pdHeader: headerPrefillError})
+		next: stageFail, status: 504, pdHeader: pd.HeaderPrefillError})
 	x.pd.watched = true
 	check(tc{name: "decode watchdog", f: func() *failure { return g.decodeFailure(x, fasthttp.ErrTimeout) },
-		next: stageFail, status: 504, pdHeader: headerDecodeError, watchdogs: 1})
+		next: stageFail, status: 504, pdHeader: pd.HeaderDecodeError, watchdogs: 1})
 	x.pd.watched = false
 	check(tc{name: "decode pod refused", f: func() *failure { return g.decodeFailure(x, errRefused) },
-		next: stagePick, status: 502, pdHeader: headerDecodeError})
+		next: stagePick, status: 502, pdHeader: pd.HeaderDecodeError})
 	x.attempts = 2
 	check(tc{name: "decode pod refused, no retries left", f: func() *failure { return g.decodeFailure(x, errRefused) },
-		next: stageFail, status: 502, pdHeader: headerDecodeError})
+		next: stageFail, status: 502, pdHeader: pd.HeaderDecodeError})
 	g.fail(x.ctx, x, m, x.last)
 }
