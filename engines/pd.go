@@ -70,14 +70,20 @@ type PDOptions struct {
 	// TRTMachineID is the machine id in TensorRT-LLM disagg_request_ids,
 	// in [0, TRTMachineIDLimit); gateways sharing TRT workers need
 	// distinct ones.
-	TRTMachineID int
-	// TRTScheduleStyle is "context_first" or "generation_first".
-	TRTScheduleStyle string
+	TRTMachineID int `yaml:"trt_machine_id"`
+	// TRTScheduleStyle is TRTContextFirst or TRTGenerationFirst.
+	TRTScheduleStyle string `yaml:"trt_schedule_style"`
 }
 
 // TRTMachineIDLimit is the exclusive bound of PDOptions.TRTMachineID (a
 // 10-bit field of the id).
 const TRTMachineIDLimit = 1 << 10
+
+// TensorRT-LLM's schedule styles (PDOptions.TRTScheduleStyle).
+const (
+	TRTContextFirst    = "context_first"
+	TRTGenerationFirst = "generation_first"
+)
 
 // DefaultBootstrapPort is SGLang's bootstrap port when a pod declares none
 // (AIBrix's model.aibrix.ai/sglang-bootstrap-port label, default 8998).

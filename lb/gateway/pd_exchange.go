@@ -45,7 +45,7 @@ const prefillGrace = 250 * time.Millisecond
 func (g *Gateway) runPair(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) *failure {
 	p := x.pd
 	pre := p.pre
-	p.proto = protocols.For(pre.Engine, engines.PDOptions{TRTMachineID: p.opts.TRTMachineID, TRTScheduleStyle: p.opts.TRTScheduleStyle})
+	p.proto = protocols.For(pre.Engine, p.opts.PDOptions)
 	g.place(m, x, pre)
 	if m.UsesCache && len(x.keys) > 0 {
 		// The decode pod will hold the prompt's KV too.
