@@ -1,6 +1,14 @@
 // Package gateway is pdlb's request path: it takes an OpenAI request from a
 // front end, picks a pod, forwards the body byte for byte, and relays the
 // response (SSE event by event) back, with errors in OpenAI's shape.
+//
+// A completion request reads in this order: serve.go (Handler's parse
+// stage), stages.go (pick, admit, attempt, and every retry), transport.go
+// (the event loop's connection or a worker's call), relay.go (respond,
+// relay, finish), errors.go (the one error type). placement.go and
+// admission.go are the pick's and admission's helpers; pd.go,
+// pd_exchange.go and pd_concurrent.go carry a PD decision out over
+// lb/pd's pieces; lb/upstream holds the pods' connections.
 package gateway
 
 import (

@@ -52,7 +52,7 @@ type pdCall struct {
 	pre, dec *pool.Pod
 	ticket   route.PendingTicket
 	// active: a PDPair exchange is under way, so the decode watchdog
-	// applies and endPD has work to do.
+	// applies and end has work to do.
 	active bool
 	// watched: the deadline of the decode leg's current read is the
 	// watchdog's, so a timeout is the watchdog firing.
@@ -81,25 +81,6 @@ func (p *pdCall) release() {
 	p.active, p.watched, p.prompt = false, false, ledger.Prompt{}
 	p.cands, p.pods = p.cands[:0], p.pods[:0]
 	pdCallPool.Put(p)
-}
-
-// resolve resolves x's profile and strategy on m: a registry policy named
-// by the header is left in x.policy for the combined path, the cascade of a
-// "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
-// false.
-func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) bool {
-	if m.Profiles == nil {
-		return true
-	}
-	// The header strings are made only when a client sends them.
-	res, err := m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
-		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
-	if err != nil {
-		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
-		return false
-	}
-	x.cascade, x.policy = res.PD, res.Policy
-	return true
 }
 
 // pickPD routes x with its cascade, taking a pdCall on its first pick.
@@ -238,16 +219,15 @@ func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *completion, m *pool.Mode
 	return nil
 }
 
-// readDeadline is the deadline of the relay's next read from a stream:
-// the upstream idle timeout, or for the decode leg of a PD pair the
-// watchdog's (AIBrix's): the first chunk within DecodeFirstResponseTimeout
-// of the prefill's success, then at most DecodeStreamIdleTimeout between
-// chunks. A watchdog timeout that is 0 (off) leaves the upstream's.
-func (g *Gateway) readDeadline(x *completion, idle time.Duration, started bool) time.Time {
-	now := time.Now()
-	p := x.pd
-	if p == nil || !p.active {
-		return now.Add(idle)
+// readDeadline is the deadline of the relay's next read from a PD
+// stream: idleBy, the upstream idle timeout's, unless the decode leg of a
+// pair is relayed; then the watchdog's (AIBrix's): the first chunk within
+// DecodeFirstResponseTimeout of the prefill's success, then at most
+// DecodeStreamIdleTimeout between chunks. A watchdog timeout that is 0
+// (off) leaves the upstream's.
+func (p *pdCall) readDeadline(idleBy time.Time, started bool) time.Time {
+	if !p.active {
+		return idleBy
 	}
 	if p.link != nil && started {
 		p.link.Started.Store(true)
@@ -255,13 +235,13 @@ func (g *Gateway) readDeadline(x *completion, idle time.Duration, started bool) 
 	switch {
 	case started && p.opts.DecodeStreamIdleTimeout > 0:
 		p.watched = true
-		return now.Add(p.opts.DecodeStreamIdleTimeout)
+		return time.Now().Add(p.opts.DecodeStreamIdleTimeout)
 	case !started && p.opts.DecodeFirstResponseTimeout > 0:
 		p.watched = true
 		return p.firstBy(p.opts.DecodeFirstResponseTimeout)
 	}
 	p.watched = false
-	return now.Add(idle)
+	return idleBy
 }
 
 // firstBy is when the decode leg's first answer is due: within limit of
@@ -325,13 +305,9 @@ func (g *Gateway) decodeWatchdog(x *completion, err error) *failure {
 	}
 }
 
-// endPD ends a PD exchange whose decode leg answered, before its response
+// end ends a PD exchange whose decode leg answered, before its response
 // is released; finish calls it.
-func (g *Gateway) endPD(x *completion, pod *pool.Pod, status int) {
-	p := x.pd
-	if p == nil {
-		return
-	}
+func (p *pdCall) end(pod *pool.Pod, status int) {
 	if p.link != nil {
 		// Before the connection goes back to the client pool, where a
 		// late prefill failure must not find it.

@@ -94,7 +94,11 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 	t := &x.times
 	for {
 		if conn != nil {
-			_ = conn.SetReadDeadline(g.readDeadline(x, idle, t.started))
+			by := time.Now().Add(idle)
+			if x.pd != nil {
+				by = x.pd.readDeadline(by, t.started)
+			}
+			_ = conn.SetReadDeadline(by)
 		}
 		n, err := g.readUpstream(stream, x.wait[:])
 		if n > 0 {

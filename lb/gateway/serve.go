@@ -11,6 +11,7 @@ import (
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/route"
 	"pdlb/ledger"
 )
 
@@ -76,7 +77,9 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 // finish ends a request that reached a pod.
 func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
 	g.logCompletion(x.ctx, x, pod, status, x.failure)
-	g.endPD(x, pod, status)
+	if x.pd != nil {
+		x.pd.end(pod, status)
+	}
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
 	g.prefillDone(x, pod, time.Now())
@@ -119,4 +122,23 @@ func (g *Gateway) responseTimeout(stream bool) time.Duration {
 		return g.cfg.Upstream.ResponseTimeout
 	}
 	return g.cfg.Upstream.WholeResponseTimeout
+}
+
+// resolve resolves x's profile and strategy on m: a registry policy named
+// by the header is left in x.policy for the combined path, the cascade of a
+// "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
+// false.
+func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) bool {
+	if m.Profiles == nil {
+		return true
+	}
+	// The header strings are made only when a client sends them.
+	res, err := m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
+		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
+	if err != nil {
+		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
+		return false
+	}
+	x.cascade, x.policy = res.PD, res.Policy
+	return true
 }
