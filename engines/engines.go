@@ -9,8 +9,8 @@ import (
 	"strconv"
 )
 
-// Kind names an engine as pods declare it (seed 001's model.aibrix.ai/engine
-// label values).
+// Kind names an engine as pods declare it (the values of AIBrix's
+// model.aibrix.ai/engine label).
 type Kind string
 
 // The engines pdlb speaks to.
@@ -23,7 +23,7 @@ const (
 // Kinds lists every engine, in the order error messages name them.
 var Kinds = []Kind{VLLM, SGLang, TRTLLM}
 
-// ParseKind validates an engine name; the empty string means vLLM, seed 001's
+// ParseKind validates an engine name; the empty string means vLLM, AIBrix's
 // default.
 func ParseKind(s string) (Kind, error) {
 	if s == "" {

@@ -64,8 +64,29 @@ type Exchange struct {
 	PrefillInfo []byte
 }
 
+// PDOptions are the engine-specific settings of PD exchanges, as a
+// profile's PD options carry them (validated there).
+type PDOptions struct {
+	// TRTMachineID is the machine id in TensorRT-LLM disagg_request_ids,
+	// in [0, TRTMachineIDLimit); gateways sharing TRT workers need
+	// distinct ones.
+	TRTMachineID int `yaml:"trt_machine_id"`
+	// TRTScheduleStyle is TRTContextFirst or TRTGenerationFirst.
+	TRTScheduleStyle string `yaml:"trt_schedule_style"`
+}
+
+// TRTMachineIDLimit is the exclusive bound of PDOptions.TRTMachineID (a
+// 10-bit field of the id).
+const TRTMachineIDLimit = 1 << 10
+
+// TensorRT-LLM's schedule styles (PDOptions.TRTScheduleStyle).
+const (
+	TRTContextFirst    = "context_first"
+	TRTGenerationFirst = "generation_first"
+)
+
 // DefaultBootstrapPort is SGLang's bootstrap port when a pod declares none
-// (seed 001: model.aibrix.ai/sglang-bootstrap-port, default 8998).
+// (AIBrix's model.aibrix.ai/sglang-bootstrap-port label, default 8998).
 const DefaultBootstrapPort = 8998
 
 // Errors of body rewriting.

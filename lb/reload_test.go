@@ -54,7 +54,7 @@ func TestReloadSwapsPodsWithoutDroppingStreams(t *testing.T) {
 	}
 	// The gateway's per-pod series follow the fleet at once; the token
 	// ledger's stay until its janitor finds the pod idle for a minute, as
-	// seed 001's ledger does.
+	// AIBrix's ledger does.
 	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
 	if strings.Contains(metrics, `pdlb_pod_in_flight{pod="m-0"}`) || !strings.Contains(metrics, `pdlb_pod_in_flight{pod="m-2"}`) {
 		t.Fatalf("per-pod series do not follow the fleet:\n%s", metrics)

@@ -52,10 +52,10 @@ type GNet struct {
 	loops map[gnet.EventLoop]*loopState
 
 	// upstreams counts the open connections to each pod address (of
-	// *atomic.Int32), for Exchange's cap.
+	// *atomic.Int32), for Send's cap.
 	upstreams sync.Map
 	// sweepEvery is how often (nanoseconds) the loops look for exchanges
-	// past their deadline, set from the shortest timeout an Exchange was
+	// past their deadline, set from the shortest timeout a Send was
 	// given; 0 until the first.
 	sweepEvery atomic.Int64
 	lastIdle   int64 // OnTick's last idle sweep, unix nanoseconds
@@ -110,12 +110,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 			// thread that yields and wakes another to hand its goroutine
 			// back: two futex wakes and two context switches each time a
 			// loop goes idle, which a stream does after every event at a
-			// model's token rate. Measured side by side (bench/sse's
-			// latency load, 64 streams × 100 events/s, 6 rounds): 33.6-40.6
-			// µs of CPU per relayed event locked, 25.8-32.0 unlocked (2.0
-			// against 0.6 futex calls per event); under bench/proxy's
-			// saturating load the two serve the same requests/s (p99
-			// 3.3-4.5 against 3.8-4.7 ms).
+			// model's token rate.
 			gnet.WithLogger(logger))
 		if s.runErr == nil && !s.shutdown.Load() {
 			// gnet.Run returns nil when an event loop's error stopped the
@@ -172,10 +167,7 @@ var running struct {
 // take every P, goroutines (streams, PD exchanges, the workers) would only
 // run once the runtime's monitor took one back, after up to 10 ms. While a
 // gnet front end runs, GOMAXPROCS is raised by the loops' count, which
-// leaves goroutines the Ps they had. Measured (bench/sse/run.sh, 64
-// streams, and bench/proxy, 2 cores): two loops on 2 Ps added 17 ms at p99
-// to relayed events; one loop on 2 Ps served 30% fewer proxied requests
-// than two; two loops on 4 Ps did both well.
+// leaves goroutines the Ps they had.
 func eventLoops() int {
 	running.Lock()
 	defer running.Unlock()

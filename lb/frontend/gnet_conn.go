@@ -73,7 +73,7 @@ type gconn struct {
 
 	// Serving on the loop (see loop.go): the request served there, nil
 	// when none; the task it moved to a worker; the pod's connection of
-	// its Exchange in flight, nil when none. Only while no worker runs.
+	// its Send in flight, nil when none. Only while no worker runs.
 	ls       *loopState
 	loop     Loop
 	cur      *fasthttp.RequestCtx
@@ -184,7 +184,7 @@ func (gc *gconn) serveOnLoop(ctx *fasthttp.RequestCtx) {
 }
 
 // afterLoop settles the request served on the loop once its handler or an
-// ExchangeDone returned: an exchange still out waits; a detached task, or
+// Answered returned: an exchange still out waits; a detached task, or
 // an answer that must close the connection or stream, goes to a worker;
 // any other answer is written here.
 func (gc *gconn) afterLoop() {
@@ -216,7 +216,7 @@ func (gc *gconn) afterLoop() {
 }
 
 // resume parses what the client sent while its request was served on the
-// loop; Exchange's end calls it, from the upstream connection's event.
+// loop; Send's end calls it, from the upstream connection's event.
 func (gc *gconn) resume() {
 	if gc.cur == nil && gc.relaying == nil && !gc.closed && gc.read() == gnet.Close {
 		_ = gc.c.Close()

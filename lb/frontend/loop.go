@@ -17,15 +17,13 @@ import (
 
 // Serving on the event loop. A request handed to a worker goroutine costs
 // two thread handoffs, and a worker that waits for its pod parks and is
-// woken by the runtime's poller: under bench/proxy's load, serving on the
-// loop instead cut pdlb's CPU per proxied request by about a quarter (30 to
-// 23 µs in make bench's rows), which is what that and the pod client's
-// bookkeeping cost; an event-driven proxy (nginx, HAProxy) spends none. A handler that sets Handler.OnLoop is run on the gnet loop itself
-// for a request that arrives on an otherwise idle connection; it forwards
-// the request with Loop.Exchange over an upstream connection registered on
-// the same loop and answers from ExchangeDone, or relays the answer's
-// stream from there (loop_relay.go), so a request and its answer cross no
-// thread. What must block (a prefill/decode exchange, an admission wait)
+// woken by the runtime's poller; an event-driven proxy (nginx, HAProxy)
+// spends neither. A handler that sets Handler.OnLoop is run on the gnet
+// loop itself for a request that arrives on an otherwise idle connection;
+// it forwards the request with Loop.Send over an upstream connection
+// registered on the same loop and answers from Answered, or relays the
+// answer's stream from there (loop_relay.go), so a request and its answer
+// cross no thread. What must block (a prefill/decode exchange, an admission wait)
 // moves to a worker with Loop.Detach.
 
 // Loop is the event loop a request is served on, as LoopOf returns it.
@@ -35,9 +33,9 @@ type Loop struct{ gc *gconn }
 // worker goroutine, which then writes ctx's response as it would Serve's.
 type Task interface{ Run() }
 
-// Done receives the end of an Exchange, on the loop, with the request
-// served on the loop again: it may answer, Detach, or Exchange anew.
-type Done interface{ ExchangeDone(err error) }
+// Done receives the end of a Send, on the loop, with the request
+// served on the loop again: it may answer, Detach, or Send anew.
+type Done interface{ Answered(err error) }
 
 // LoopOf returns the loop ctx is served on, nil when ctx is served on a
 // goroutine that may block (fasthttp's, a gnet worker).
@@ -72,10 +70,10 @@ func ClientGone(ctx *fasthttp.RequestCtx) <-chan struct{} {
 }
 
 // Detach moves the rest of the request to a worker: when the handler (or
-// ExchangeDone) returns, t runs on a worker goroutine.
+// Answered) returns, t runs on a worker goroutine.
 func (l *Loop) Detach(t Task) { l.gc.task = t }
 
-// Upstream is where and how Exchange reaches a pod.
+// Upstream is where and how Send reaches a pod.
 type Upstream struct {
 	Addr string
 	// DialTimeout bounds dialing a new connection; Timeout the wait for
@@ -89,7 +87,7 @@ type Upstream struct {
 	MaxBody int
 }
 
-// Exchange sends req to the pod at u.Addr over an idle keep-alive
+// Send sends req to the pod at u.Addr over an idle keep-alive
 // connection of this loop, or a new one dialed while fewer than u.MaxConns
 // connections of this front end are open to it; the path goes as req holds
 // it. At that cap it returns fasthttp.ErrNoFreeConns, as the pods' clients
@@ -100,10 +98,10 @@ type Upstream struct {
 // when the pod closed the connection first; ErrClientGone when the client
 // closed its connection first, which closes the pod's too (that is how a
 // pod learns to stop working on it, as behind nginx). With stream, a 200
-// answer ends the exchange at its header: ExchangeDone starts its Relay.
-// req may be reused once Exchange returns; resp is the exchange's until
+// answer ends the exchange at its header: Answered starts its Relay.
+// req may be reused once Send returns; resp is the exchange's until
 // done.
-func (l *Loop) Exchange(u Upstream, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
+func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
 	gc := l.gc
 	ls := gc.ls
 	uc := ls.take(u.Addr)
@@ -524,14 +522,14 @@ func (uc *upConn) closed() {
 // errStreamHead: the header of an answer to relay is in.
 var errStreamHead = errors.New("frontend: a streamed answer's header")
 
-// handOff ends the exchange at its streamed answer's header: ExchangeDone
+// handOff ends the exchange at its streamed answer's header: Answered
 // starts the relay, which takes the body from here.
 func (uc *upConn) handOff() gnet.Action {
 	gc, done := uc.gc, uc.done
 	uc.resp, uc.done = nil, nil
 	gc.up = nil
 	gc.relaying = uc
-	done.ExchangeDone(nil)
+	done.Answered(nil)
 	if uc.sink == nil {
 		// The handler answered otherwise; the body is not read.
 		gc.relaying, uc.gc = nil, nil
@@ -548,7 +546,7 @@ func (uc *upConn) finish(err error) {
 	gc, done := uc.gc, uc.done
 	uc.gc, uc.resp, uc.done = nil, nil, nil
 	gc.up = nil
-	done.ExchangeDone(err)
+	done.Answered(err)
 	gc.afterLoop()
 	gc.resume()
 }

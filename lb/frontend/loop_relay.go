@@ -46,9 +46,9 @@ const maxStreamBacklog = 256 << 10
 // waits for the client before it closes).
 func (l *Loop) CanRelay() bool { return !l.gc.last(l.gc.cur) }
 
-// Relay streams the answer of the Exchange that just ended (ExchangeDone
+// Relay streams the answer of the Send that just ended (Answered
 // with nil, the answer's header in its response) to the client, chunked,
-// with the header ctx's response holds now; the Exchange must have asked
+// with the header ctx's response holds now; the Send must have asked
 // for a stream. idle bounds the wait for each next byte of the pod's.
 func (l *Loop) Relay(idle time.Duration, sink Sink) {
 	gc := l.gc

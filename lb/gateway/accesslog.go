@@ -23,7 +23,7 @@ const lineBytes = 768
 // gateway answered with itself, if any. ctx is x's request, unless a
 // stream's relay ends it: that may not touch ctx, and keepLogHead kept
 // what the line needs of it.
-func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *exchange, pod *pool.Pod, status int, e *openai.Error) {
+func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *pool.Pod, status int, e *openai.Error) {
 	if g.access == nil {
 		return
 	}
@@ -64,13 +64,13 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *exchange, pod *pool
 
 // keepLogHead keeps in x what its access log line needs of ctx, before a
 // stream's relay, which may not touch ctx, begins.
-func (g *Gateway) keepLogHead(ctx *fasthttp.RequestCtx, x *exchange) {
+func (g *Gateway) keepLogHead(ctx *fasthttp.RequestCtx, x *completion) {
 	if g.access != nil {
 		x.logHead = appendWhat(appendWho(x.logHead[:0], ctx), ctx)
 	}
 }
 
-// logPlain writes the line of a request answered without an exchange:
+// logPlain writes the line of a request answered without a completion:
 // /v1/models, /health, a wrong path or method, too many headers; e is the
 // error it was answered with, if any. start is when it began, zero for a
 // request the front end could not read: its method and path are unknown.

@@ -18,9 +18,9 @@ import (
 	"pdlb/lb/pool"
 )
 
-// loggedExchange is a finished streamed completion as the access log sees
+// loggedCompletion is a finished streamed completion as the access log sees
 // it, with a gateway whose log writes to a temporary file.
-func loggedExchange(t testing.TB) (*Gateway, *fasthttp.RequestCtx, *exchange, *pool.Pod, string) {
+func loggedCompletion(t testing.TB) (*Gateway, *fasthttp.RequestCtx, *completion, *pool.Pod, string) {
 	path := filepath.Join(t.TempDir(), "access.log")
 	l, err := accesslog.Open(path, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -34,7 +34,7 @@ func loggedExchange(t testing.TB) (*Gateway, *fasthttp.RequestCtx, *exchange, *p
 	req.Header.Set(headerRequestID, "req-1")
 	ctx := new(fasthttp.RequestCtx)
 	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5555}, nil)
-	x := acquireExchange()
+	x := acquireCompletion()
 	if err := x.req.Parse(openai.KindChat, []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"a \"quoted\" prompt"}]}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func loggedExchange(t testing.TB) (*Gateway, *fasthttp.RequestCtx, *exchange, *p
 // TestAccessLogLine: a line costs no allocation, and a stream's line is the
 // same whether it was built from the request or from what keepLogHead kept.
 func TestAccessLogLine(t *testing.T) {
-	g, ctx, x, pod, path := loggedExchange(t)
+	g, ctx, x, pod, path := loggedCompletion(t)
 	e := &openai.Error{Message: `broke "here"`}
 	if n := testing.AllocsPerRun(100, func() { g.logCompletion(ctx, x, pod, 502, e) }); n != 0 {
 		t.Fatalf("%v allocations per line", n)
@@ -76,7 +76,7 @@ func TestAccessLogLine(t *testing.T) {
 }
 
 func BenchmarkAccessLogLine(b *testing.B) {
-	g, ctx, x, pod, _ := loggedExchange(b)
+	g, ctx, x, pod, _ := loggedCompletion(b)
 	b.ReportAllocs()
 	for b.Loop() {
 		g.logCompletion(ctx, x, pod, 200, nil)

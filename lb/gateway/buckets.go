@@ -9,8 +9,8 @@ import (
 )
 
 // bucketRebuildInterval is how often adaptive bucket serving recomputes its
-// cut points from the prompt lengths recorded since (seed 001 rebuilds
-// "every few seconds"; the planner halves its picture each time, so it
+// cut points from the prompt lengths recorded since (AIBrix rebuilds
+// them "every few seconds"; the planner halves its picture each time, so it
 // follows the traffic).
 const bucketRebuildInterval = 5 * time.Second
 

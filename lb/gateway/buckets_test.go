@@ -6,6 +6,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
+	"pdlb/lb/upstream"
 )
 
 func TestBucketRolesets(t *testing.T) {
@@ -22,7 +23,7 @@ func TestBucketRolesets(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, upstreamDialer(nil), nil)
+	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

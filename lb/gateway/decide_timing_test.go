@@ -13,6 +13,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 	"pdlb/radix"
 )
@@ -30,7 +31,7 @@ func decideGateway(b *testing.B, policy string) (*Gateway, *pool.Model) {
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, upstreamDialer(nil), nil)
+	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func chatBody() []byte {
 // goes upstream: extract, tokenize, hash blocks, match the index over every
 // pod, score, charge the ledger; then release the charge as the request's
 // end would.
-func decide(g *Gateway, m *pool.Model, x *exchange, body []byte, id uint64) {
+func decide(g *Gateway, m *pool.Model, x *completion, body []byte, id uint64) {
 	if err := x.req.Parse(openai.KindChat, body); err != nil {
 		panic(err)
 	}
@@ -95,10 +96,10 @@ func BenchmarkDecide(b *testing.B) {
 		b.Run(policy, func(b *testing.B) {
 			g, m := decideGateway(b, policy)
 			body := chatBody()
-			x := acquireExchange()
-			defer releaseExchange(x)
+			x := acquireCompletion()
+			defer releaseCompletion(x)
 			decide(g, m, x, body, 1)
-			if n := x.rreq.PromptTokens; n < 2000 || (m.UsesCache && len(x.keys) < 120) {
+			if n := x.routeReq.PromptTokens; n < 2000 || (m.UsesCache && len(x.keys) < 120) {
 				b.Fatalf("prompt of %d tokens, want about 2,048", n)
 			}
 			b.SetBytes(int64(len(body)))
@@ -117,8 +118,8 @@ func BenchmarkDecide(b *testing.B) {
 // on those.
 func BenchmarkPick(b *testing.B) {
 	g, m := decideGateway(b, "slo_cache")
-	x := acquireExchange()
-	defer releaseExchange(x)
+	x := acquireCompletion()
+	defer releaseCompletion(x)
 	if err := x.req.Parse(openai.KindChat, chatBody()); err != nil {
 		b.Fatal(err)
 	}
@@ -141,8 +142,8 @@ func BenchmarkDecideParallel(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		x := acquireExchange()
-		defer releaseExchange(x)
+		x := acquireCompletion()
+		defer releaseCompletion(x)
 		base := (atomicAdd(&next) + 1) << 40
 		for i := uint64(0); pb.Next(); i++ {
 			decide(g, m, x, body, base+i)

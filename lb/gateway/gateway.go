@@ -1,6 +1,14 @@
 // Package gateway is pdlb's request path: it takes an OpenAI request from a
 // front end, picks a pod, forwards the body byte for byte, and relays the
 // response (SSE event by event) back, with errors in OpenAI's shape.
+//
+// A completion request reads in this order: serve.go (Handler's parse
+// stage), stages.go (pick, admit, attempt, and every retry), transport.go
+// (the event loop's connection or a worker's call), relay.go (respond,
+// relay, finish), errors.go (the one error type). placement.go and
+// admission.go are the pick's and admission's helpers; pd.go,
+// pd_exchange.go and pd_concurrent.go carry a PD decision out over
+// lb/pd's pieces; lb/upstream holds the pods' connections.
 package gateway
 
 import (
@@ -24,7 +32,7 @@ import (
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
-	"pdlb/lb/route"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -87,7 +95,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	dial := upstreamDialer(fds)
+	dial := upstream.Dialer(fds)
 	snap, err := pool.Build(&cfg, dial, nil)
 	if err != nil {
 		return nil, err
@@ -276,7 +284,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose()
 		e := &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
 			Message: "The request has " + strconv.Itoa(n) + " header fields; the limit is " + strconv.Itoa(g.cfg.MaxHeaders) + "."}
-		writeError(ctx, e)
+		writeFailure(ctx, answer(e))
 		g.logPlain(ctx, start, e)
 		return
 	}
@@ -301,7 +309,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.serveReady(ctx)
 	default:
 		e = openai.InvalidURL(ctx.Method(), path)
-		writeError(ctx, e)
+		writeFailure(ctx, answer(e))
 	}
 	g.logPlain(ctx, start, e)
 }
@@ -318,7 +326,7 @@ func kindOf(path []byte) openai.Kind {
 // oversized body, a malformed request line) in OpenAI's error shape.
 func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	if e := g.requestError(ctx, err); e != nil {
-		writeError(ctx, e)
+		writeFailure(ctx, answer(e))
 		g.logPlain(ctx, time.Time{}, e)
 	}
 }
@@ -391,7 +399,7 @@ func notAllowed(ctx *fasthttp.RequestCtx, method string) *openai.Error {
 	}
 	ctx.Response.Header.Set("Allow", method)
 	e := openai.MethodNotAllowed(ctx.Method(), ctx.Path())
-	writeError(ctx, e)
+	writeFailure(ctx, answer(e))
 	return e
 }
 
@@ -407,105 +415,4 @@ func renderModels(s *pool.Snapshot) *[]byte {
 	}
 	b = append(b, "]}"...)
 	return &b
-}
-
-// exchange is the per-request state, pooled so a request allocates nothing
-// the next one could reuse.
-type exchange struct {
-	req *openai.Request
-	// key is the client's API key, nil when keys are off; releasing the
-	// exchange returns its concurrency slot and charges its output.
-	key *limits.Key
-	// ticket names the request (ticket.ID) and holds its ledger charge.
-	ticket  ledger.Ticket
-	class   admit.Class
-	rreq    route.Request
-	cands   []route.Candidate
-	scratch []float64
-	tried   []int32
-	// refused is why the pod the event loop tried did not take the
-	// request (notSent), for send to answer with when no other pod does.
-	refused error
-	// failure is the error the gateway answered with itself after the
-	// request reached a pod (a stream that broke), for the access log.
-	failure *openai.Error
-	// logHead is what the access log line needs of the request, kept
-	// before a stream's relay (keepLogHead).
-	logHead []byte
-	// wait is what a relay waiting for its pod's next bytes reads into
-	// (see relay): one byte, so an idle stream holds no buffer.
-	wait    [1]byte
-	events  openai.Splitter
-	counted openai.TokenCounter
-	start   time.Time
-
-	// The prompt as the prefix index sees it: block keys, and each pod's
-	// matched depth in blocks (by pool.Pod.Slot).
-	keys   []uint64
-	depth  []int32
-	looked bool
-
-	// The placement: the chosen candidate, the uncached tokens charged to
-	// its prefill queue, and whether that queue was empty (then the first
-	// token times the pod's prefill speed).
-	chosen    route.Candidate
-	uncached  int64
-	idleStart bool
-	firstSeen bool
-
-	// policy, when set, replaces the model's policy for this request (a
-	// routing-strategy header naming one); cascade routes a request whose
-	// strategy is "pd", and pd is its prefill/decode exchange.
-	policy  route.Policy
-	cascade *route.PDRouter
-	pd      *pdCall
-
-	// The request's own, for its parts that run as a frontend.Task or
-	// frontend.Done: the gateway, the client's context and the model, and
-	// on the event loop the upstream request, its response and its pod.
-	g    *Gateway
-	ctx  *fasthttp.RequestCtx
-	m    *pool.Model
-	up   *fasthttp.Request
-	resp *fasthttp.Response
-	pod  *pool.Pod
-	// A stream's: its model's metrics and its tokens' timing.
-	mm    *modelMetrics
-	times tokenTimes
-	// deferred: admission deferred x on the event loop, as deferral says.
-	deferred bool
-	deferral admitWait
-}
-
-var exchangePool = sync.Pool{New: func() any { return new(exchange) }}
-
-func acquireExchange() *exchange {
-	x := exchangePool.Get().(*exchange)
-	x.req = openai.AcquireRequest()
-	x.start = time.Now()
-	return x
-}
-
-func releaseExchange(x *exchange) {
-	openai.ReleaseRequest(x.req)
-	x.req = nil
-	x.cands, x.tried, x.refused, x.failure = x.cands[:0], x.tried[:0], nil, nil
-	x.logHead, x.times = x.logHead[:0], tokenTimes{}
-	x.keys, x.looked = x.keys[:0], false
-	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
-	x.class = admit.Interactive
-	if x.key != nil {
-		x.key.Done(time.Now(), x.counted.Tokens())
-		x.key = nil
-	}
-	x.policy, x.cascade = nil, nil
-	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.mm = nil, nil, nil, nil, nil, nil, nil
-	x.deferred = false
-	if x.pd != nil {
-		x.pd.release()
-		x.pd = nil
-	}
-	x.events.Reset()
-	x.counted.Reset()
-	exchangePool.Put(x)
 }

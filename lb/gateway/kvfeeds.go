@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 
-	"pdlb/engines/vllm"
+	"pdlb/engines/protocols"
 	"pdlb/lb/admit"
 	"pdlb/lb/kvindex"
 	"pdlb/lb/pool"
@@ -25,7 +25,7 @@ type kvFeeds struct {
 type kvFeed struct {
 	pod   *pool.Pod
 	model *pool.Model
-	sub   *vllm.Subscriber
+	sub   *protocols.KVSubscriber
 	index *kvindex.Pod
 }
 
@@ -45,7 +45,7 @@ func startKVFeeds(s *pool.Snapshot, log *slog.Logger) (*kvFeeds, error) {
 				k.indexers[m] = ix
 			}
 			feed := k.indexers[m].Pod(p.Slot, m.Name)
-			sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: p.Config.KVEvents, ReplayEndpoint: p.Config.KVReplay}, feed)
+			sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, feed)
 			if err != nil {
 				k.close()
 				return nil, fmt.Errorf("pod %q kv_events: %w", p.Config.Name, err)

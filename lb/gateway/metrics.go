@@ -10,6 +10,7 @@ import (
 
 	"pdlb/lb/accesslog"
 	"pdlb/lb/limits"
+	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/ledger"
 	"pdlb/promtext"
@@ -56,7 +57,7 @@ type modelMetrics struct {
 	// whole answer's from its usage).
 	completionTokens *metrics.Counter
 	// pd are the prefill/decode exchange's series.
-	pd *pdMetrics
+	pd *pd.Metrics
 }
 
 // gatewayMetrics holds every series of the gateway. Per-model series are
@@ -121,7 +122,7 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 			promptTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
 			cachedTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
 			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%q}`, md.Name)),
-			pd:               newPDMetrics(m.set, md.Name),
+			pd:               pd.NewMetrics(m.set, md.Name, ttftBuckets),
 		}
 	}
 	m.models.Store(&next)
@@ -166,7 +167,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 // passes `promtool check metrics` (tests/promtool_test.go runs it on a live
 // gateway). A series added without an entry here shows up there with an
 // empty HELP; writers that print their own HELP text need no entry.
-var metricsDoc = promtext.Merge(promtext.ProcessDoc, pdMetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, promtext.Doc{
+var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, promtext.Doc{
 	"pdlb_requests_total":                {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
 	"pdlb_requests_in_flight":            {Help: "Requests the gateway is serving now."},
 	"pdlb_time_to_first_token_seconds":   {Help: "Time from a streaming request's arrival to its first token event, in seconds."},

@@ -11,8 +11,10 @@ import (
 	"pdlb/engines"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
+	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -29,35 +31,28 @@ import (
 // kept the request from, received nothing, so the request is decided again
 // without it, at most Upstream.Retries times, as on the combined path.
 
-// Headers of PD answers (seed 001's x-error-pd-* distinguish a gateway's
-// PD failure from a 5xx the decode pod itself sent).
-const (
-	headerPrefillPod   = "x-pdlb-prefill-pod"
-	headerDecodePod    = "x-pdlb-decode-pod"
-	headerPrefillError = "x-error-pd-prefill"
-	headerDecodeError  = "x-error-pd-decode"
-)
-
 // pdCall is one request's PD state, pooled apart from the exchange: a
 // request the PD cascade does not route never takes one, and a stream holds
 // its exchange for its whole life (about a kilobyte less each). Only the
 // request's own goroutine touches it; what the legs running beside it
-// share lives in a pdLink.
+// share lives in a pd.Link.
 type pdCall struct {
 	opts    route.PDOptions
-	metrics *pdMetrics
+	metrics *pd.Metrics
 	proto   engines.Protocol
 	ex      engines.Exchange
 	scratch route.PDScratch
 	cands   []route.PDCandidate
 	pods    []*pool.Pod
 	prompt  ledger.Prompt
+	// decision is the cascade's latest, for the request's stages.
+	decision route.PDDecision
 	// pre and dec are the pair of a PDPair decision (dec alone for
 	// PDLocal); ticket is dec's pending-decode pick.
 	pre, dec *pool.Pod
 	ticket   route.PendingTicket
 	// active: a PDPair exchange is under way, so the decode watchdog
-	// applies and endPD has work to do.
+	// applies and end has work to do.
 	active bool
 	// watched: the deadline of the decode leg's current read is the
 	// watchdog's, so a timeout is the watchdog firing.
@@ -66,7 +61,7 @@ type pdCall struct {
 	// concurrent ones publish it in link).
 	prefillEnd time.Time
 	legsStart  time.Time
-	link       *pdLink
+	link       *pd.Link[failure]
 	// ctx is the client's request, for the watchdog's header on a
 	// non-streaming answer.
 	ctx                       *fasthttp.RequestCtx
@@ -79,7 +74,7 @@ var pdCallPool = sync.Pool{New: func() any { return new(pdCall) }}
 func (p *pdCall) release() {
 	p.ticket.Done()
 	if p.link != nil {
-		p.link.release()
+		p.link.Release()
 	}
 	clear(p.pods)
 	p.proto, p.ex, p.link, p.ctx, p.pre, p.dec, p.metrics = nil, engines.Exchange{}, nil, nil, nil, nil, nil
@@ -88,105 +83,54 @@ func (p *pdCall) release() {
 	pdCallPool.Put(p)
 }
 
-// pdFailure is a PD attempt that answered nothing: the error for the
-// client, the x-error-pd-* header it carries, and whether the request may
-// be decided again (a pod refused the connection, or the pair was dropped
-// before any leg was sent).
-type pdFailure struct {
-	err    *openai.Error
-	header string
-	retry  bool
-}
-
-// resolve resolves x's profile and strategy on m: a registry policy named
-// by the header is left in x.policy for the combined path, the cascade of a
-// "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
-// false.
-func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model) bool {
-	if m.Profiles == nil {
-		return true
-	}
-	// The header strings are made only when a client sends them.
-	res, err := m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
-		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
-	if err != nil {
-		g.inFlight.Add(-1)
-		g.fail(ctx, x, m, openai.InvalidValue(route.HeaderRoutingStrategy, err.Error()))
-		return false
-	}
-	x.cascade, x.policy = res.PD, res.Policy
-	return true
-}
-
-// servePD routes x with r's cascade and carries the decision out.
-func (g *Gateway) servePD(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, r *route.PDRouter) {
+// pickPD routes x with its cascade, taking a pdCall on its first pick.
+func (g *Gateway) pickPD(x *completion) error {
 	if x.pd == nil {
 		x.pd = pdCallPool.Get().(*pdCall)
+		x.pd.opts, x.pd.ctx, x.pd.metrics = x.cascade.Options(), x.ctx, g.metrics.model(x.m).pd
 	}
+	// Each attempt places the prompt anew.
+	x.firstSeen = false
+	var err error
+	x.pd.decision, err = g.decidePD(x.m, x, x.cascade, sessionOf(x.ctx))
+	return err
+}
+
+// placedPD is the prefill and decode pods x's PD decision puts it on, as
+// admission predicts them.
+func placedPD(x *completion) (pre, dec *pool.Pod) {
 	p := x.pd
-	p.opts, p.ctx, p.metrics = r.Options(), ctx, g.metrics.model(m).pd
-	session := sessionOf(ctx)
-	var last *pdFailure
-	for attempt := 0; attempt <= g.cfg.Upstream.Retries; attempt++ {
-		if attempt > 0 && x.clientLeft() {
-			last = &pdFailure{err: errClientLeft}
-			break
-		}
-		// Each attempt places the prompt anew.
-		x.firstSeen = false
-		d, err := g.decidePD(m, x, r, session)
-		if err != nil {
-			if last == nil {
-				last = &pdFailure{err: openai.NoHealthyPod(x.req.Model)}
-			}
-			break
-		}
-		if attempt == 0 && g.admit != nil {
-			pre, dec := p.pre, p.dec
-			switch d.Kind {
-			case route.PDLocal:
-				pre = p.dec
-			case route.PDCombined:
-				pre, dec = p.pods[d.Combined], p.pods[d.Combined]
-			}
-			if err := g.admission(x, func() (float64, float64) { return predict(x, pre, dec) }, nil); err != nil {
-				p.ticket.Done()
-				g.inFlight.Add(-1)
-				g.fail(ctx, x, m, err)
-				return
-			}
-		}
-		switch d.Kind {
-		case route.PDPair:
-			last = g.runPair(ctx, x, m)
-		case route.PDLocal:
-			last = g.runWhole(ctx, x, m, p.dec)
-		default:
-			last = g.runWhole(ctx, x, m, p.pods[d.Combined])
-		}
-		if last == nil {
-			return
-		}
-		if !last.retry {
-			break
-		}
+	switch d := p.decision; d.Kind {
+	case route.PDLocal:
+		return p.dec, p.dec
+	case route.PDCombined:
+		return p.pods[d.Combined], p.pods[d.Combined]
 	}
-	g.inFlight.Add(-1)
-	if last.header != "" {
-		ctx.Response.Header.Set(last.header, "true")
+	return p.pre, p.dec
+}
+
+// attemptPD carries x's PD decision out: nil once the client is answered.
+func (g *Gateway) attemptPD(x *completion) *failure {
+	p := x.pd
+	switch d := p.decision; d.Kind {
+	case route.PDPair:
+		return g.runPair(x.ctx, x, x.m)
+	case route.PDLocal:
+		return g.runWhole(x.ctx, x, x.m, p.dec)
+	default:
+		return g.runWhole(x.ctx, x, x.m, p.pods[d.Combined])
 	}
-	g.fail(ctx, x, m, last.err)
 }
 
 // decidePD runs the cascade over every pod of m not yet tried, under the
 // ledger's selection lock, and charges the decision: the prefill and
 // decode pods' ledgers and the decode pod's pending count, before any I/O,
 // so the next decision sees them.
-func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, session string) (route.PDDecision, error) {
+func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, session string) (route.PDDecision, error) {
 	p := x.pd
 	p.ticket.Done()
 	g.lookup(m, x)
-	x.rreq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
+	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	g.ledger.LockSelection()
 	defer g.ledger.UnlockSelection()
 	// One reading of the gateway's clock (its ledger's) for the breakers,
@@ -212,7 +156,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 		p.cands = append(p.cands, c)
 		p.pods = append(p.pods, pod)
 	}
-	d, err := r.Decide(&x.rreq, p.cands, &p.scratch)
+	d, err := r.Decide(&x.routeReq, p.cands, &p.scratch)
 	if err != nil {
 		return d, err
 	}
@@ -239,75 +183,74 @@ func (g *Gateway) decidePD(m *pool.Model, x *exchange, r *route.PDRouter, sessio
 		p.ticket = p.dec.Pending().Pick()
 	}
 	if pl := r.Planner(); pl != nil {
-		pl.Record(x.rreq.PromptTokens)
+		pl.Record(x.routeReq.PromptTokens)
 	}
-	p.metrics.decided(d, time.Duration(g.ledger.Now()-now))
+	p.metrics.Decided(d, time.Duration(g.ledger.Now()-now))
 	return d, nil
 }
 
 // runWhole sends the client's request unchanged to pod (a combined pod, or
 // the decode pod of a PDLocal decision) and relays its answer.
-func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *exchange, m *pool.Model, pod *pool.Pod) *pdFailure {
+func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, pod *pool.Pod) *failure {
 	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	g.buildUpstream(ctx, up)
 	up.SetHost(pod.Config.Address)
 	g.place(m, x, pod)
 	resp.StreamBody = x.req.Stream
-	err := doWatched(frontend.ClientGone(ctx), pod.Client, up, resp, time.Now().Add(g.responseTimeout(x.req.Stream)))
+	err := upstream.Do(frontend.ClientGone(ctx), pod.Client, up, resp, time.Now().Add(g.responseTimeout(x.req.Stream)))
 	fasthttp.ReleaseRequest(up)
 	x.pd.ticket.Done()
-	if err == errClientLeft {
+	if err == upstream.ErrCut {
 		fasthttp.ReleaseResponse(resp)
 		g.unplace(x, pod)
-		return &pdFailure{err: errClientLeft}
+		return errClientLeft
 	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		g.unplace(x, pod)
 		g.callFailed(pod, err)
 		x.tried = append(x.tried, pod.ID)
-		return &pdFailure{err: g.upstreamError(err, g.responseTimeout(x.req.Stream)), retry: notSent(err)}
+		return g.podFailure(pod, err, g.responseTimeout(x.req.Stream))
 	}
 	if pod.Role == route.RoleDecode {
-		ctx.Response.Header.Set(headerDecodePod, pod.Config.Name)
+		ctx.Response.Header.Set(pd.HeaderDecodePod, pod.Config.Name)
 	}
 	g.respond(ctx, x, m, pod, resp)
 	return nil
 }
 
-// readDeadline is the deadline of the relay's next read from a stream:
-// the upstream idle timeout, or for the decode leg of a PD pair the
-// watchdog's (seed 001): the first chunk within DecodeFirstResponseTimeout
-// of the prefill's success, then at most DecodeStreamIdleTimeout between
-// chunks. A watchdog timeout that is 0 (off) leaves the upstream's.
-func (g *Gateway) readDeadline(x *exchange, idle time.Duration, started bool) time.Time {
-	now := time.Now()
-	p := x.pd
-	if p == nil || !p.active {
-		return now.Add(idle)
+// readDeadline is the deadline of the relay's next read from a PD
+// stream: idleBy, the upstream idle timeout's, unless the decode leg of a
+// pair is relayed; then the watchdog's (AIBrix's): the first chunk within
+// DecodeFirstResponseTimeout of the prefill's success, then at most
+// DecodeStreamIdleTimeout between chunks. A watchdog timeout that is 0
+// (off) leaves the upstream's.
+func (p *pdCall) readDeadline(idleBy time.Time, started bool) time.Time {
+	if !p.active {
+		return idleBy
 	}
 	if p.link != nil && started {
-		p.link.started.Store(true)
+		p.link.Started.Store(true)
 	}
 	switch {
 	case started && p.opts.DecodeStreamIdleTimeout > 0:
 		p.watched = true
-		return now.Add(p.opts.DecodeStreamIdleTimeout)
+		return time.Now().Add(p.opts.DecodeStreamIdleTimeout)
 	case !started && p.opts.DecodeFirstResponseTimeout > 0:
 		p.watched = true
 		return p.firstBy(p.opts.DecodeFirstResponseTimeout)
 	}
 	p.watched = false
-	return now.Add(idle)
+	return idleBy
 }
 
 // firstBy is when the decode leg's first answer is due: within limit of
 // the prefill's success. While a concurrent prefill leg is still running,
 // the bound is its own timeout plus limit; the prefill leg tightens it
-// when it succeeds (pdLink.prefillDone).
+// when it succeeds (concurrentPrefill).
 func (p *pdCall) firstBy(limit time.Duration) time.Time {
 	if p.link != nil {
-		if end := p.link.prefillEnd.Load(); end != 0 {
+		if end := p.link.PrefillEnd.Load(); end != 0 {
 			return time.Unix(0, end).Add(limit)
 		}
 		return p.legsStart.Add(p.opts.PrefillRequestTimeout + limit)
@@ -315,60 +258,60 @@ func (p *pdCall) firstBy(limit time.Duration) time.Time {
 	return p.prefillEnd.Add(limit)
 }
 
-// streamError maps a failed read of an upstream response to the client's
-// error: the decode watchdog's when its deadline passed, else
-// upstreamError's.
-func (g *Gateway) streamError(x *exchange, err error) *openai.Error {
+// streamFailure is the client's failure for a failed read of a pod's
+// answer whose headers are in: the prefill leg's when its failure cut the
+// decode leg, the decode watchdog's when its deadline passed, else the
+// pod's (podFailure).
+func (g *Gateway) streamFailure(x *completion, err error) *failure {
 	// A stream's reads wait at most the idle timeout; a whole answer's,
 	// what is left of its bound.
 	within := g.cfg.Upstream.StreamIdleTimeout
 	if !x.req.Stream {
 		within = g.cfg.Upstream.WholeResponseTimeout
 	}
-	p := x.pd
-	if p == nil || !p.active {
-		return g.upstreamError(err, within)
-	}
-	if l := p.link; l != nil {
-		if e := l.preErr.Load(); e != nil {
-			// The prefill leg failed and closed the decode leg.
-			if !x.req.Stream {
-				p.ctx.Response.Header.Set(headerPrefillError, "true")
+	if p := x.pd; p != nil && p.active {
+		if l := p.link; l != nil {
+			if f := l.PreErr.Load(); f != nil {
+				if x.req.Stream {
+					return answer(f.e) // past the headers: no x-error-pd-*
+				}
+				return f
 			}
-			return e
+		}
+		if p.watched && pool.IsTimeout(err) {
+			f := g.decodeWatchdog(x, err)
+			if x.req.Stream {
+				f.pdHeader = ""
+			}
+			return f
 		}
 	}
-	if p.watched && pool.IsTimeout(err) {
-		if !x.req.Stream {
-			p.ctx.Response.Header.Set(headerDecodeError, "true")
-		}
-		return g.decodeWatchdog(x)
-	}
-	return g.upstreamError(err, within)
+	f := g.podFailure(nil, err, within)
+	f.sent = true // the headers came: the pod has the request
+	return f
 }
 
 // decodeWatchdog counts a request the watchdog failed, tells the decode
 // pod to drop it and returns the client's 504. The caller closes the
 // decode connection, which is the abort of engines without an abort call.
-func (g *Gateway) decodeWatchdog(x *exchange) *openai.Error {
+func (g *Gateway) decodeWatchdog(x *completion, err error) *failure {
 	p := x.pd
-	p.metrics.watchdog.Inc()
-	g.abortDecode(p.proto, &p.ex, p.dec)
-	return &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
-		Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + p.dec.Config.Name + "."}
+	p.metrics.Watchdog.Inc()
+	pd.Abort(p.proto, &p.ex, p.dec)
+	return &failure{
+		e: &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
+			Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + p.dec.Config.Name + "."},
+		pdHeader: pd.HeaderDecodeError, pod: p.dec, sent: !upstream.NotSent(err),
+	}
 }
 
-// endPD ends a PD exchange whose decode leg answered, before its response
+// end ends a PD exchange whose decode leg answered, before its response
 // is released; finish calls it.
-func (g *Gateway) endPD(x *exchange, pod *pool.Pod, status int) {
-	p := x.pd
-	if p == nil {
-		return
-	}
+func (p *pdCall) end(pod *pool.Pod, status int) {
 	if p.link != nil {
 		// Before the connection goes back to the client pool, where a
 		// late prefill failure must not find it.
-		p.link.setDecConn(nil)
+		p.link.SetDecConn(nil)
 	}
 	if !p.active {
 		return
@@ -379,23 +322,9 @@ func (g *Gateway) endPD(x *exchange, pod *pool.Pod, status int) {
 	}
 }
 
-// hostOf is the host part of a host:port address, without allocating.
-func hostOf(addr string) string {
-	for i := len(addr) - 1; i >= 0; i-- {
-		if addr[i] == ':' {
-			h := addr[:i]
-			if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
-				h = h[1 : len(h)-1]
-			}
-			return h
-		}
-	}
-	return addr
-}
-
-// podAnswered is the client's error for a prefill leg the pod answered
-// with status: the pod's own words, cut.
-func podAnswered(status int, body []byte) *openai.Error {
+// prefillAnswered is the client's error for a prefill leg the pod
+// answered with status: the pod's own words, cut.
+func prefillAnswered(status int, body []byte) *openai.Error {
 	typ := openai.TypeServer
 	if status < 500 {
 		typ = openai.TypeInvalidRequest

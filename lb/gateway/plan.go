@@ -219,13 +219,13 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 // last reading, over which a pod without a token counter is credited its
 // throughput.
 func (l *planLoop) counts(m *pool.Model, st *modelPlan, dt float64) plan.Counts {
-	mm := l.g.metrics.model(m)
+	stats := l.g.metrics.model(m)
 	var c plan.Counts
-	for _, k := range mm.pd.kinds {
+	for _, k := range stats.pd.Kinds {
 		c.Requests += float64(k.Get())
 	}
-	c.Finished = float64(mm.requests[statusIndex(200)].Get())
-	c.PromptTokens, c.CachedTokens = float64(mm.promptTokens.Get()), float64(mm.cachedTokens.Get())
+	c.Finished = float64(stats.requests[statusIndex(200)].Get())
+	c.PromptTokens, c.CachedTokens = float64(stats.promptTokens.Get()), float64(stats.cachedTokens.Get())
 	for _, p := range m.Pods {
 		s := p.Scraped()
 		if p.Config.Role == config.RolePrefill || s == nil {
@@ -372,7 +372,7 @@ func (l *planLoop) writeMetrics(w io.Writer) {
 		func(v *planView) (float64, float64) { return float64(v.current.Prefill), float64(v.current.Decode) })
 	gauge("pdlb_plan_target_instances", "The split of the model's pool the planner would run.",
 		func(v *planView) (float64, float64) { return float64(v.target.Prefill), float64(v.target.Decode) })
-	gauge("pdlb_plan_needed_instances", "Instances of each role the last window's load keeps busy (seed 000's need, unrounded).",
+	gauge("pdlb_plan_needed_instances", "Instances of each role the last window's load keeps busy (the planner's need, unrounded).",
 		func(v *planView) (float64, float64) { return v.needP, v.needD })
 	counter := func(name, help string, value func(v *planView) float64) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n", name, help, name)

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"pdlb/engines"
 )
 
 // PDOptions carries every knob of the prefill/decode cascade: each of
@@ -91,13 +93,11 @@ type PDOptions struct {
 	// defaults 1.0).
 	DecodeLBWeightRunning    float64 `yaml:"decode_lb_weight_running"`
 	DecodeLBWeightThroughput float64 `yaml:"decode_lb_weight_throughput"`
-	// TRTMachineID is the 10-bit machine id in TensorRT-LLM disagg request
-	// ids, [0, 1024) (AIBRIX_TRT_MACHINE_ID, default 0). Gateways sharing TRT
-	// workers need different ids.
-	TRTMachineID int `yaml:"trt_machine_id"`
-	// TRTScheduleStyle is "context_first" or "generation_first"
-	// (AIBRIX_TRT_SCHEDULE_STYLE, default "context_first").
-	TRTScheduleStyle string `yaml:"trt_schedule_style"`
+	// PDOptions are the engine-specific knobs, inline in the section:
+	// TensorRT-LLM's trt_machine_id (AIBRIX_TRT_MACHINE_ID, default 0) and
+	// trt_schedule_style (AIBRIX_TRT_SCHEDULE_STYLE, default
+	// "context_first").
+	engines.PDOptions `yaml:",inline"`
 	// StdDevFactor skips prefill pods whose outstanding prefills exceed the
 	// mean by more than this many standard deviations
 	// (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR, default 1).
@@ -149,8 +149,8 @@ const (
 	BucketServeThroughput = "throughput"
 	BucketServeRPS        = "rps"
 
-	TRTContextFirst    = "context_first"
-	TRTGenerationFirst = "generation_first"
+	TRTContextFirst    = engines.TRTContextFirst
+	TRTGenerationFirst = engines.TRTGenerationFirst
 )
 
 // Defaults of PDOptions: AIBrix's table, then pdlb's own.
@@ -183,9 +183,6 @@ const (
 	DefaultLocalPrefillMaxTokens   = 0
 )
 
-// TRTMachineIDLimit is the exclusive bound of TRTMachineID (10 bits).
-const TRTMachineIDLimit = 1 << 10
-
 // DefaultPDOptions returns every knob at its default.
 func DefaultPDOptions() PDOptions {
 	return PDOptions{
@@ -209,8 +206,7 @@ func DefaultPDOptions() PDOptions {
 		DecodeScoreRatioThreshold:          DefaultDecodeScoreRatioThreshold,
 		DecodeLBWeightRunning:              DefaultDecodeLBWeightRunning,
 		DecodeLBWeightThroughput:           DefaultDecodeLBWeightThroughput,
-		TRTMachineID:                       DefaultTRTMachineID,
-		TRTScheduleStyle:                   DefaultTRTScheduleStyle,
+		PDOptions:                          engines.PDOptions{TRTMachineID: DefaultTRTMachineID, TRTScheduleStyle: DefaultTRTScheduleStyle},
 		StdDevFactor:                       DefaultStdDevFactor,
 		DecodeFirstResponseTimeout:         DefaultDecodeFirstResponseTimeout,
 		DecodeResponseTimeout:              DefaultDecodeResponseTimeout,
@@ -356,10 +352,10 @@ var pdKnobs = []pdKnob{
 	{"trt_machine_id",
 		func(o *PDOptions) any { return &o.TRTMachineID },
 		func(o *PDOptions) string {
-			if o.TRTMachineID >= 0 && o.TRTMachineID < TRTMachineIDLimit {
+			if o.TRTMachineID >= 0 && o.TRTMachineID < engines.TRTMachineIDLimit {
 				return ""
 			}
-			return fmt.Sprintf("must be in [0, %d) (a 10-bit field)", TRTMachineIDLimit)
+			return fmt.Sprintf("must be in [0, %d) (a 10-bit field)", engines.TRTMachineIDLimit)
 		}},
 	{"trt_schedule_style",
 		func(o *PDOptions) any { return &o.TRTScheduleStyle },

@@ -1,4 +1,4 @@
-package gateway
+package upstream
 
 import (
 	"bufio"
@@ -55,7 +55,7 @@ func startEchoPod(t *testing.T, first string) *echoPod {
 func dialEchoPod(t *testing.T, first string) (*echoPod, net.Conn) {
 	t.Helper()
 	p := startEchoPod(t, first)
-	c, err := upstreamDialer(nil)(p.ln.Addr().String(), time.Second)
+	c, err := Dialer(nil)(p.ln.Addr().String(), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func exchangeLine(t *testing.T, c net.Conn, line string) string {
 // it sent what no request asked for, is dialed anew before the next
 // request goes out, so the request reaches the pod; one the pod keeps is
 // used as it is; a pod that is gone refuses the new dial with an error the
-// gateway retries elsewhere (notSent).
+// gateway retries elsewhere (NotSent).
 func TestUpstreamConnRedials(t *testing.T) {
 	t.Run("kept", func(t *testing.T) {
 		_, c := dialEchoPod(t, "")
@@ -130,7 +130,7 @@ func TestUpstreamConnRedials(t *testing.T) {
 		(<-p.conns).Close()
 		time.Sleep(50 * time.Millisecond)
 		_, err := io.WriteString(c, "b\n")
-		if err == nil || !notSent(err) {
+		if err == nil || !NotSent(err) {
 			t.Fatalf("write to a pod that is gone: %v; want a dial error the gateway retries elsewhere", err)
 		}
 		// fasthttp makes ErrTimeout of an error that is a timeout itself;
@@ -145,7 +145,7 @@ func TestUpstreamConnRedials(t *testing.T) {
 // request allocates nothing.
 func TestUpstreamConnPeekAllocs(t *testing.T) {
 	_, c := dialEchoPod(t, "")
-	uc := c.(*upstreamConn)
+	uc := c.(*Conn)
 	if n := testing.AllocsPerRun(100, func() {
 		if uc.cur.Load().peerDone() {
 			t.Fatal("a connection the pod keeps looks closed")

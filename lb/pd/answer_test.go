@@ -1,4 +1,4 @@
-package gateway
+package pd
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 func TestAppendAnswerSSE(t *testing.T) {
 	f := func(body string, chat, usage bool, want string) {
 		t.Helper()
-		got, err := appendAnswerSSE(nil, []byte(body), chat, usage)
+		got, err := AppendAnswerSSE(nil, []byte(body), chat, usage)
 		if err != nil || string(got) != want {
 			t.Fatalf("%s:\n got %q, %v\nwant %q", body, got, err, want)
 		}
@@ -20,7 +20,7 @@ func TestAppendAnswerSSE(t *testing.T) {
 	f(`{"id":"c2","object":"text_completion","created":6,"model":"m","choices":[{"index":0,"text":"","finish_reason":"stop"}],`+usage+`}`, false, false,
 		`data: {"id":"c2","object":"text_completion","created":6,"model":"m","choices":[{"index":0,"text":"","finish_reason":"stop"}]}`+"\n\n"+
 			"data: [DONE]\n\n")
-	if _, err := appendAnswerSSE(nil, []byte(`{"choices":`), true, false); err == nil {
+	if _, err := AppendAnswerSSE(nil, []byte(`{"choices":`), true, false); err == nil {
 		t.Fatal("a broken answer converted")
 	}
 }

@@ -1,10 +1,9 @@
-package gateway
+package upstream
 
 import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -23,23 +22,8 @@ func TestNotSent(t *testing.T) {
 		{fasthttp.ErrTimeout, false},
 		{&net.OpError{Op: "read", Err: errors.New("connection reset by peer")}, false},
 	} {
-		if got := notSent(tc.err); got != tc.want {
-			t.Errorf("notSent(%v) = %v, want %v", tc.err, got, tc.want)
-		}
-	}
-}
-
-func TestIsHopByHop(t *testing.T) {
-	for _, h := range hopByHop {
-		for _, k := range []string{string(h), strings.ToLower(string(h)), strings.ToUpper(string(h))} {
-			if !isHopByHop([]byte(k)) {
-				t.Errorf("%q is hop-by-hop", k)
-			}
-		}
-	}
-	for _, k := range []string{"", "X", "Content-Type", "Connections", "Authorization", "X-Request-Id", "Proxy-Authorization-X"} {
-		if isHopByHop([]byte(k)) {
-			t.Errorf("%q is not hop-by-hop", k)
+		if got := NotSent(tc.err); got != tc.want {
+			t.Errorf("NotSent(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package gateway
+package pd
 
 import (
 	"fmt"
@@ -17,33 +17,35 @@ var pdSteps = []string{"no_pair", "overflow", "prefill_imbalance", "decode_count
 // pdKinds names route.PDKind values.
 var pdKinds = []string{"pair", "local", "combined"}
 
-// Decision times are microseconds; the legs' are the TTFT buckets.
+// Decision times are microseconds.
 var pdDecisionBuckets = []float64{1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 5e-4, 1e-3, 1e-2}
 
-// pdMetrics are one model's PD series, created with its other series.
-type pdMetrics struct {
+// Metrics are one model's PD series, created with its other series.
+type Metrics struct {
 	decision *metrics.PrometheusHistogram
-	// prefill is the prefill leg's time, request to answer; kvTransfer the
+	// Prefill is the prefill leg's time, request to answer; KVTransfer the
 	// gap between the prefill leg's answer and the decode leg's response
 	// headers (sequential protocols: the decode pod pulls the KV before it
 	// answers).
-	prefill    *metrics.PrometheusHistogram
-	kvTransfer *metrics.PrometheusHistogram
-	kinds      []*metrics.Counter // by route.PDKind
+	Prefill    *metrics.PrometheusHistogram
+	KVTransfer *metrics.PrometheusHistogram
+	Kinds      []*metrics.Counter // by route.PDKind
 	fired      []*metrics.Counter // by bit of route.PDFired
-	// watchdog is seed 001's gateway_request_model_fail_total series.
-	watchdog *metrics.Counter
+	// Watchdog is AIBrix's gateway_request_model_fail_total series.
+	Watchdog *metrics.Counter
 }
 
-func newPDMetrics(set *metrics.Set, model string) *pdMetrics {
-	m := &pdMetrics{
+// NewMetrics creates model's PD series in set; the legs' times use
+// legBuckets (seconds).
+func NewMetrics(set *metrics.Set, model string, legBuckets []float64) *Metrics {
+	m := &Metrics{
 		decision:   set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_decision_seconds{model=%q}`, model), pdDecisionBuckets),
-		prefill:    set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_prefill_seconds{model=%q}`, model), ttftBuckets),
-		kvTransfer: set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_kv_transfer_seconds{model=%q}`, model), ttftBuckets),
-		watchdog:   set.NewCounter(fmt.Sprintf(`gateway_request_model_fail_total{model=%q,status="pd_decode_watchdog",status_code="504"}`, model)),
+		Prefill:    set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_prefill_seconds{model=%q}`, model), legBuckets),
+		KVTransfer: set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_kv_transfer_seconds{model=%q}`, model), legBuckets),
+		Watchdog:   set.NewCounter(fmt.Sprintf(`gateway_request_model_fail_total{model=%q,status="pd_decode_watchdog",status_code="504"}`, model)),
 	}
 	for _, k := range pdKinds {
-		m.kinds = append(m.kinds, set.NewCounter(fmt.Sprintf(`pdlb_pd_routed_total{model=%q,kind=%q}`, model, k)))
+		m.Kinds = append(m.Kinds, set.NewCounter(fmt.Sprintf(`pdlb_pd_routed_total{model=%q,kind=%q}`, model, k)))
 	}
 	for _, s := range pdSteps {
 		m.fired = append(m.fired, set.NewCounter(fmt.Sprintf(`pdlb_pd_cascade_fired_total{model=%q,step=%q}`, model, s)))
@@ -51,10 +53,10 @@ func newPDMetrics(set *metrics.Set, model string) *pdMetrics {
 	return m
 }
 
-// decided counts one decision that took took.
-func (m *pdMetrics) decided(d route.PDDecision, took time.Duration) {
+// Decided counts one decision that took took.
+func (m *Metrics) Decided(d route.PDDecision, took time.Duration) {
 	m.decision.Update(took.Seconds())
-	m.kinds[d.Kind].Inc()
+	m.Kinds[d.Kind].Inc()
 	for b, f := 0, d.Fired; f != 0; b, f = b+1, f>>1 {
 		if f&1 != 0 {
 			m.fired[b].Inc()
@@ -62,12 +64,12 @@ func (m *pdMetrics) decided(d route.PDDecision, took time.Duration) {
 	}
 }
 
-// pdMetricsDoc documents the PD series for the admin /metrics page.
-var pdMetricsDoc = promtext.Doc{
+// MetricsDoc documents the PD series for the admin /metrics page.
+var MetricsDoc = promtext.Doc{
 	"pdlb_pd_decision_seconds":         {Help: "Time the prefill/decode cascade took to decide, in seconds."},
 	"pdlb_pd_prefill_seconds":          {Help: "Time from sending a prefill leg to its answer, in seconds."},
 	"pdlb_pd_kv_transfer_seconds":      {Help: "Time from a prefill leg's answer to the decode leg's response headers (KV handoff), in seconds; sequential protocols only."},
 	"pdlb_pd_routed_total":             {Help: "Requests the PD cascade routed, by kind: pair (prefill and decode pods), local (decode pod prefills itself), combined."},
 	"pdlb_pd_cascade_fired_total":      {Help: "Decisions in which a step of the PD cascade fired, by step."},
-	"gateway_request_model_fail_total": {Help: "Requests the decode watchdog failed (seed 001's series; status_code is 504 even when the client saw a cut stream)."},
+	"gateway_request_model_fail_total": {Help: "Requests the decode watchdog failed (AIBrix's series; status_code is 504 even when the client saw a cut stream)."},
 }

@@ -1,6 +1,11 @@
-package gateway
+// Package upstream is the gateway's side of its connections to pods: a
+// connection that redials a pod that closed it while it idled, finds its
+// way back from a response (ConnOf), and a call that may be cut while it
+// waits (Do).
+package upstream
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,7 +28,7 @@ import (
 // before every read.
 //
 // The client does not hand out its connections, but it does record the
-// connection's LocalAddr on the response. upstreamConn returns a LocalAddr
+// connection's LocalAddr on the response. Conn returns a LocalAddr
 // that points back at itself, which lets the relay find the connection of a
 // response without any table.
 //
@@ -36,7 +41,7 @@ import (
 // socket; a pod's close (or bytes nobody asked for) there makes the
 // connection dial the pod again and send on the new socket. A pod that is
 // gone refuses that dial, which the gateway retries on another pod.
-type upstreamConn struct {
+type Conn struct {
 	cur   atomic.Pointer[podSocket]
 	local connAddr
 	// What a new socket is dialed with.
@@ -51,7 +56,7 @@ type upstreamConn struct {
 	closed        atomic.Bool
 }
 
-// podSocket is one socket of an upstreamConn.
+// podSocket is one socket of an Conn.
 type podSocket struct {
 	net.Conn
 	raw syscall.RawConn
@@ -62,8 +67,8 @@ type podSocket struct {
 	peekB  [1]byte
 }
 
-// dialPodSocket dials a pod through fds.
-func dialPodSocket(fds *limits.FDs, addr string, timeout time.Duration) (*podSocket, error) {
+// dialSocket dials a pod through fds.
+func dialSocket(fds *limits.FDs, addr string, timeout time.Duration) (*podSocket, error) {
 	c, err := fds.Dial(addr, timeout)
 	if err != nil {
 		return nil, err
@@ -101,13 +106,13 @@ func (s *podSocket) peek(fd uintptr) {
 // connAddr is a net.Addr that knows its connection.
 type connAddr struct {
 	net.Addr
-	conn *upstreamConn
+	conn *Conn
 }
 
-func (c *upstreamConn) LocalAddr() net.Addr  { return &c.local }
-func (c *upstreamConn) RemoteAddr() net.Addr { return c.cur.Load().RemoteAddr() }
+func (c *Conn) LocalAddr() net.Addr  { return &c.local }
+func (c *Conn) RemoteAddr() net.Addr { return c.cur.Load().RemoteAddr() }
 
-func (c *upstreamConn) Read(p []byte) (int, error) {
+func (c *Conn) Read(p []byte) (int, error) {
 	n, err := c.cur.Load().Read(p)
 	if n > 0 {
 		c.kept = true
@@ -115,7 +120,7 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *upstreamConn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) {
 	s := c.cur.Load()
 	if c.kept {
 		c.kept = false
@@ -130,12 +135,12 @@ func (c *upstreamConn) Write(p []byte) (int, error) {
 }
 
 // redial replaces the socket old, which the pod is done with, by a new one.
-// Its error wraps the dial's (the request went nowhere, notSent): wrapped,
+// Its error wraps the dial's (the request went nowhere: NotSent): wrapped,
 // because fasthttp turns an error that says Timeout() itself into its
 // ErrTimeout, which would hide the dial.
-func (c *upstreamConn) redial(old *podSocket) (*podSocket, error) {
+func (c *Conn) redial(old *podSocket) (*podSocket, error) {
 	_ = old.Close()
-	s, err := dialPodSocket(c.fds, c.addr, c.timeout)
+	s, err := dialSocket(c.fds, c.addr, c.timeout)
 	if err != nil {
 		return nil, fmt.Errorf("the pod closed a kept connection, and dialing it again failed: %w", err)
 	}
@@ -153,57 +158,57 @@ func (c *upstreamConn) redial(old *podSocket) (*podSocket, error) {
 
 // Close may come from another goroutine (a client that left, a leg given
 // up) while the connection's own redials.
-func (c *upstreamConn) Close() error {
+func (c *Conn) Close() error {
 	c.closed.Store(true)
 	return c.cur.Load().Close()
 }
 
-func (c *upstreamConn) SetDeadline(t time.Time) error {
+func (c *Conn) SetDeadline(t time.Time) error {
 	c.writeDeadline = t
 	return c.cur.Load().SetDeadline(t)
 }
 
-func (c *upstreamConn) SetReadDeadline(t time.Time) error {
+func (c *Conn) SetReadDeadline(t time.Time) error {
 	return c.cur.Load().SetReadDeadline(t)
 }
 
-func (c *upstreamConn) SetWriteDeadline(t time.Time) error {
+func (c *Conn) SetWriteDeadline(t time.Time) error {
 	c.writeDeadline = t
 	return c.cur.Load().SetWriteDeadline(t)
 }
 
-// upstreamDialer dials pods through fds (nil: no guard) and wraps the
+// Dialer dials pods through fds (nil: no guard) and wraps the
 // connections.
-func upstreamDialer(fds *limits.FDs) pool.DialFunc {
+func Dialer(fds *limits.FDs) pool.DialFunc {
 	return func(addr string, timeout time.Duration) (net.Conn, error) {
-		s, err := dialPodSocket(fds, addr, timeout)
+		s, err := dialSocket(fds, addr, timeout)
 		if err != nil {
 			return nil, err
 		}
-		uc := &upstreamConn{fds: fds, addr: addr, timeout: timeout}
+		uc := &Conn{fds: fds, addr: addr, timeout: timeout}
 		uc.cur.Store(s)
 		uc.local = connAddr{Addr: s.LocalAddr(), conn: uc}
 		return uc, nil
 	}
 }
 
-// connOf returns the connection a response was read from, nil if it did not
+// ConnOf returns the connection a response was read from, nil if it did not
 // come through dialUpstream.
-func connOf(resp *fasthttp.Response) *upstreamConn {
+func ConnOf(resp *fasthttp.Response) *Conn {
 	if a, ok := resp.LocalAddr().(*connAddr); ok {
 		return a.conn
 	}
 	return nil
 }
 
-// doWatched is client.DoDeadline for a call that may be given up while a
+// Do is client.DoDeadline for a call that may be given up while a
 // goroutine waits for the pod's answer: cut closing (frontend.ClientGone,
 // nil where the front end cannot tell; or a request giving its leg up)
 // closes the pod's connection, which is how an engine learns to abort a
-// request, and the call returns errClientLeft. fasthttp's client cannot
+// request, and the call returns ErrCut. fasthttp's client cannot
 // cancel a call, and does not say which connection it took; the request's
 // body, handed over as a stream, learns it as the client writes the body
-// (connOf: the response records the connection before the request goes
+// (ConnOf: the response records the connection before the request goes
 // out).
 //
 // The connection is a pooled keep-alive one, so the cut must never reach
@@ -214,7 +219,7 @@ func connOf(resp *fasthttp.Response) *upstreamConn {
 // which of the two, the cut or the answer, came first). A call that did
 // not ask for a stream gets its body read whole after that, unwatched: a
 // pod sends a whole answer's header with its body, at the end of the work.
-func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
 	body := up.Body()
 	if cut == nil || len(body) == 0 {
 		return client.DoDeadline(up, resp, deadline)
@@ -241,32 +246,32 @@ func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Re
 	if !w.state.CompareAndSwap(watching, answered) {
 		// The connection is closed, or closing: whatever came is cut.
 		if err == nil {
-			closeStream(resp, errClientLeft)
+			CloseStream(resp, ErrCut)
 		}
-		return errClientLeft
+		return ErrCut
 	}
 	if whole {
 		resp.StreamBody = false
 		if err == nil {
-			err = unstream(resp, client.MaxResponseBodySize)
+			err = readBodyWhole(resp, client.MaxResponseBodySize)
 		}
 	}
 	return err
 }
 
-// unstream reads the body of a response taken as a stream into the
+// readBodyWhole reads the body of a response taken as a stream into the
 // response, as a call that asked for no stream has it, at most limit bytes;
 // the connection goes back to the pool (or is closed when the body breaks
 // off or runs over).
-func unstream(resp *fasthttp.Response, limit int) error {
+func readBodyWhole(resp *fasthttp.Response, limit int) error {
 	s := resp.BodyStream()
 	if s == nil {
 		return nil
 	}
 	b := bytebufferpool.Get()
 	defer bytebufferpool.Put(b)
-	if err := readWhole(b, s, limit, nil); err != nil {
-		closeStream(resp, err)
+	if err := ReadWhole(b, s, limit, nil); err != nil {
+		CloseStream(resp, err)
 		return err
 	}
 	_ = resp.CloseBodyStream()
@@ -276,6 +281,10 @@ func unstream(resp *fasthttp.Response, limit int) error {
 	return nil
 }
 
+// ErrCut is Do's error for a call given up (cut closed) before the pod
+// answered.
+var ErrCut = errors.New("upstream: the call was cut")
+
 // States of a watchedBody.
 const (
 	watching int32 = iota
@@ -284,22 +293,22 @@ const (
 )
 
 // watchedBody is a request body that records the connection it is
-// written to, for doWatched.
+// written to, for Do.
 type watchedBody struct {
 	resp  *fasthttp.Response
 	body  []byte
 	off   int
 	state atomic.Int32
-	conn  atomic.Pointer[upstreamConn]
+	conn  atomic.Pointer[Conn]
 }
 
 func (w *watchedBody) Read(p []byte) (int, error) {
 	if w.off == 0 {
 		// Stored before the state is read, as the watcher sets the state
 		// before it loads the connection: one of the two sees the other.
-		w.conn.Store(connOf(w.resp))
+		w.conn.Store(ConnOf(w.resp))
 		if w.state.Load() == left {
-			return 0, errClientLeft
+			return 0, ErrCut
 		}
 	}
 	n := copy(p, w.body[w.off:])

@@ -1,0 +1,105 @@
+// Package protocols chooses the engine package that serves a pod: its PD
+// exchange, its KV-event feed and the metadata its prefill pods publish.
+// The gateway goes through here, so nothing under lb/ imports
+// engines/vllm, engines/sglang or engines/trtllm (they import engines,
+// hence a package of its own).
+package protocols
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/engines/sglang"
+	"pdlb/engines/trtllm"
+	"pdlb/engines/vllm"
+)
+
+// For returns the PD exchange of engine k under o, which the caller has
+// validated (a bad style or machine id is a BUG panic). TensorRT-LLM's
+// carry a disagg_request_id generator, one per style and machine id for
+// the process, so ids stay unique however many requests draw them.
+func For(k engines.Kind, o engines.PDOptions) engines.Protocol {
+	switch k {
+	case engines.SGLang:
+		return sglang.PD{}
+	case engines.TRTLLM:
+		style, err := trtllm.ParseStyle(o.TRTScheduleStyle)
+		if err != nil {
+			panic("BUG: protocols: unvalidated trt_schedule_style: " + err.Error())
+		}
+		if o.TRTMachineID < 0 || o.TRTMachineID >= engines.TRTMachineIDLimit {
+			panic("BUG: protocols: unvalidated trt_machine_id")
+		}
+		slot := &trtProtocols[style][o.TRTMachineID]
+		if pd := slot.Load(); pd != nil {
+			return pd
+		}
+		pd, err := trtllm.NewPD(style, o.TRTMachineID)
+		if err != nil {
+			panic("BUG: protocols: unvalidated trt_machine_id: " + err.Error())
+		}
+		slot.CompareAndSwap(nil, pd)
+		return slot.Load()
+	}
+	return vllm.PD{}
+}
+
+var trtProtocols [2][engines.TRTMachineIDLimit]atomic.Pointer[trtllm.PD]
+
+// The lazy prefill-info lookup (TRT-LLM generation_first's /server_info):
+// once per prefill pod a minute, within 3 s, as AIBrix does it.
+const (
+	prefillInfoTTL     = time.Minute
+	prefillInfoTimeout = 3 * time.Second
+)
+
+type prefillInfoEntry struct {
+	body []byte
+	at   time.Time
+}
+
+// prefillInfos caches answers by pod address: the answer is the pod's,
+// whichever gateway asks.
+var prefillInfos sync.Map
+
+// PrefillInfo returns the answer of the pod at addr to GET path
+// (engines.Protocol.PrefillInfoPath), asked through client and kept a
+// minute. The body is shared: callers must not modify it.
+func PrefillInfo(client *fasthttp.HostClient, addr, path string) ([]byte, error) {
+	if v, ok := prefillInfos.Load(addr); ok {
+		if e := v.(*prefillInfoEntry); time.Since(e.at) < prefillInfoTTL {
+			return e.body, nil
+		}
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(path)
+	req.SetHost(addr)
+	err := client.DoTimeout(req, resp, prefillInfoTimeout)
+	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
+		err = errors.New("status " + fasthttp.StatusMessage(resp.StatusCode()))
+	}
+	if err != nil {
+		return nil, err
+	}
+	// A copy: resp goes back to its pool.
+	body := append([]byte(nil), resp.Body()...)
+	prefillInfos.Store(addr, &prefillInfoEntry{body: body, at: time.Now()})
+	return body, nil
+}
+
+// KVSubscriber follows one pod's KV events; its Counters are for export.
+type KVSubscriber = vllm.Subscriber
+
+// SubscribeKVEvents follows a pod's ZMQ KV-event stream at endpoint (and
+// its replay endpoint, "" for none) into sink until closed. Pods publish
+// in vLLM's event format (kv_events in the pod's configuration).
+func SubscribeKVEvents(endpoint, replay string, sink vllm.BlockEvents) (*KVSubscriber, error) {
+	return vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: endpoint, ReplayEndpoint: replay}, sink)
+}

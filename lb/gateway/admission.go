@@ -1,0 +1,112 @@
+package gateway
+
+import (
+	"strconv"
+	"time"
+
+	"pdlb/lb/admit"
+	"pdlb/lb/openai"
+)
+
+// deferPoll is how often a deferred request looks whether it is at the head
+// of the queue and its prediction has cleared. The queue is bounded, so the
+// polling is too.
+const deferPoll = 5 * time.Millisecond
+
+// admission decides whether x, placed by the router, may go upstream: its
+// predicted TTFT and TPOT within its class's targets, or else reject (429
+// at once) or wait in the bounded deferral queue until a prediction clears
+// or its wait runs out. predict returns the predictions for the current
+// placement from the pods' live queues; replace, if set, places the request
+// anew while it waits (a combined pod may be picked again; a PD pair keeps
+// its pods, whose queues drain).
+func (g *Gateway) admission(x *completion, predict func() (ttft, tpot float64), replace func()) *failure {
+	since := g.clock()
+	ttft, tpot := predict()
+	if wait, f := g.admitNow(x, since, ttft, tpot); !wait {
+		return f
+	}
+	return g.awaitAdmission(x, admitWait{since, ttft, tpot}, predict, replace)
+}
+
+// admitNow asks the admission controller about x once, with the
+// predictions ttft and tpot made at since: wait reports that x was deferred
+// (queued: awaitAdmission waits for it), else f is nil to admit x or the
+// rejection to answer.
+func (g *Gateway) admitNow(x *completion, since, ttft, tpot float64) (wait bool, f *failure) {
+	v := g.admit.Decide(x.class, x.ticket.ID, since, ttft, tpot)
+	switch v.Action {
+	case admit.Admit:
+		return false, nil
+	case admit.Reject:
+		return false, g.reject(x, ttft, tpot, v.RetryAfter)
+	}
+	return true, nil
+}
+
+// admitWait is a deferral: when it began, and the predictions it was
+// deferred on.
+type admitWait struct{ since, ttft, tpot float64 }
+
+// awaitAdmission waits for a deferred x until a prediction clears or its
+// class's max wait runs out.
+func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttft, tpot float64), replace func()) *failure {
+	since, ttft, tpot := w.since, w.ttft, w.tpot
+	maxWait := g.admit.Config().Classes[x.class].MaxWait
+	for {
+		time.Sleep(deferPoll)
+		if x.clientLeft() {
+			// Its slot goes to a request someone still waits for.
+			g.admit.Withdraw(x.ticket.ID)
+			return errClientLeft
+		}
+		now := g.clock()
+		if now-since > maxWait {
+			// One expired entry leaves the queue per expired waiter, so
+			// the queue and the waiters stay in step.
+			g.admit.Expired(now)
+			return g.reject(x, ttft, tpot, 1)
+		}
+		if d, ok := g.admit.Head(); !ok || d.ID != x.ticket.ID {
+			continue
+		}
+		if replace != nil {
+			replace()
+		}
+		ttft, tpot = predict()
+		if g.admit.Retry(x.ticket.ID, now, ttft, tpot) {
+			return nil
+		}
+	}
+}
+
+// reject is the 429 of a request admission sheds, saying which prediction
+// missed its class's target.
+func (g *Gateway) reject(x *completion, ttft, tpot float64, retryAfter int) *failure {
+	c := g.admit.Config().Classes[x.class]
+	why := "predicted time to first token " + strconv.FormatFloat(ttft, 'f', 2, 64) +
+		"s exceeds the " + strconv.FormatFloat(c.TTFTSLO, 'f', -1, 64) + "s target of class " + x.class.String()
+	if ttft <= c.TTFTSLO && c.TPOTSLO > 0 && tpot > c.TPOTSLO {
+		why = "predicted time per output token " + strconv.FormatFloat(tpot*1000, 'f', 1, 64) +
+			" ms exceeds the " + strconv.FormatFloat(c.TPOTSLO*1000, 'f', -1, 64) + " ms target of class " + x.class.String()
+	}
+	return &failure{e: openai.Overloaded(why), retryAfter: retryAfter}
+}
+
+// clock is the admission controller's time: seconds since the gateway
+// started.
+func (g *Gateway) clock() float64 { return time.Since(g.epoch).Seconds() }
+
+// classOf reads the priority class of a request; an unknown one is a 400
+// naming the header.
+func classOf(v []byte) (admit.Class, *openai.Error) {
+	if len(v) == 0 {
+		return admit.Interactive, nil
+	}
+	c, err := admit.ParseClass(string(v))
+	if err != nil {
+		return 0, &openai.Error{Status: 400, Type: openai.TypeInvalidRequest, Param: headerPriority,
+			Code: openai.CodeInvalidValue, Message: "header " + headerPriority + ": " + err.Error()}
+	}
+	return c, nil
+}

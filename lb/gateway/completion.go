@@ -1,0 +1,136 @@
+package gateway
+
+import (
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/admit"
+	"pdlb/lb/frontend"
+	"pdlb/lb/limits"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/route"
+	"pdlb/ledger"
+)
+
+// completion is the state of one completion request, pooled so a request allocates nothing
+// the next one could reuse.
+type completion struct {
+	req *openai.Request
+	// key is the client's API key, nil when keys are off; releasing the
+	// completion returns its concurrency slot and charges its output.
+	key *limits.Key
+	// ticket names the request (ticket.ID) and holds its ledger charge.
+	ticket   ledger.Ticket
+	class    admit.Class
+	routeReq route.Request
+	cands    []route.Candidate
+	scratch  []float64
+	tried    []int32
+	// stage is the next of the request's stages to run (stages.go), via
+	// the transport it runs on; attempts counts the attempts made, and
+	// last is the latest one's failure, or what ends the request.
+	stage    stage
+	via      transport
+	attempts int
+	last     *failure
+	// inFlight: the request holds one of max_in_flight (enter, leave).
+	inFlight bool
+	// failure is the error the gateway answered with itself after the
+	// request reached a pod (a stream that broke), for the access log.
+	failure *openai.Error
+	// logHead is what the access log line needs of the request, kept
+	// before a stream's relay (keepLogHead).
+	logHead []byte
+	// wait is what a relay waiting for its pod's next bytes reads into
+	// (see relay): one byte, so an idle stream holds no buffer.
+	wait    [1]byte
+	events  openai.Splitter
+	counted openai.TokenCounter
+	start   time.Time
+
+	// The prompt as the prefix index sees it: block keys, and each pod's
+	// matched depth in blocks (by pool.Pod.Slot).
+	keys   []uint64
+	depth  []int32
+	looked bool
+
+	// The placement: the chosen candidate, the uncached tokens charged to
+	// its prefill queue, and whether that queue was empty (then the first
+	// token times the pod's prefill speed).
+	chosen    route.Candidate
+	uncached  int64
+	idleStart bool
+	firstSeen bool
+
+	// policy, when set, replaces the model's policy for this request (a
+	// routing-strategy header naming one); cascade routes a request whose
+	// strategy is "pd", and pd is its prefill/decode exchange.
+	policy  route.Policy
+	cascade *route.PDRouter
+	pd      *pdCall
+
+	// The request's own, for its parts that run as a frontend.Task or
+	// frontend.Done: the gateway, the client's context and the model; a
+	// plain attempt's upstream request, response and pod.
+	g    *Gateway
+	ctx  *fasthttp.RequestCtx
+	m    *pool.Model
+	up   *fasthttp.Request
+	resp *fasthttp.Response
+	pod  *pool.Pod
+	// A stream's: its model's metrics and its tokens' timing.
+	modelStats *modelMetrics
+	times      tokenTimes
+	// deferred: admission deferred x before it moved to a worker, as
+	// deferral says.
+	deferred bool
+	deferral admitWait
+}
+
+var completionPool = sync.Pool{New: func() any { return new(completion) }}
+
+func acquireCompletion() *completion {
+	x := completionPool.Get().(*completion)
+	x.req = openai.AcquireRequest()
+	x.start = time.Now()
+	return x
+}
+
+func releaseCompletion(x *completion) {
+	openai.ReleaseRequest(x.req)
+	x.req = nil
+	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
+	x.stage, x.via, x.attempts, x.last = stagePick, nil, 0, nil
+	x.logHead, x.times = x.logHead[:0], tokenTimes{}
+	x.keys, x.looked = x.keys[:0], false
+	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
+	x.class = admit.Interactive
+	if x.key != nil {
+		x.key.Done(time.Now(), x.counted.Tokens())
+		x.key = nil
+	}
+	x.policy, x.cascade = nil, nil
+	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil
+	x.deferred = false
+	if x.pd != nil {
+		x.pd.release()
+		x.pd = nil
+	}
+	x.events.Reset()
+	x.counted.Reset()
+	completionPool.Put(x)
+}
+
+// clientLeft reports whether x's client has closed its connection, as far
+// as its front end can tell (frontend.ClientGone).
+func (x *completion) clientLeft() bool {
+	select {
+	case <-frontend.ClientGone(x.ctx):
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,48 @@
+package gateway
+
+import (
+	"errors"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/limits"
+	"pdlb/lb/pool"
+)
+
+// callFailed counts a call to p that failed with err against p, unless
+// the gateway's own limits refused it: every connection to p busy, or no
+// file descriptor to open one.
+func (g *Gateway) callFailed(p *pool.Pod, err error) {
+	if !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) {
+		g.podFailed(p)
+	}
+}
+
+// podFailed counts a failure against p and ejects it when due, unless
+// health.max_ejected_percent of its model's pods are ejected already.
+func (g *Gateway) podFailed(p *pool.Pod) {
+	h := g.cfg.Health
+	if !p.ReportFailure(h.EjectAfterFailures) {
+		return
+	}
+	// One decision at a time, so that two pods failing together cannot
+	// both take the model's last ejection.
+	g.ejectMu.Lock()
+	defer g.ejectMu.Unlock()
+	now := g.ledger.Now()
+	if p.Ejected(now) {
+		return
+	}
+	if m := g.pool.Load().Model([]byte(p.Config.Model)); m != nil && !m.MayEject(now, h.MaxEjectedPercent) {
+		p.KeepIn()
+		// When a whole model fails this comes with every few failures:
+		// one line per ejection time says it, the metric counts it.
+		if held, ok := g.keptLog.allow(now, h.EjectionTime); ok {
+			g.log.Warn("pod failing but kept in: health.max_ejected_percent of its model's pods are ejected (pdlb_pod_ejections_kept_total counts these)",
+				"pod", p.Config.Name, "model", p.Config.Model, "max_ejected_percent", h.MaxEjectedPercent, "suppressed", held)
+		}
+		return
+	}
+	p.Eject(now, h.EjectionTime)
+	g.log.Warn("pod ejected after consecutive failures", "pod", p.Config.Name, "for", h.EjectionTime)
+}

@@ -1,0 +1,247 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/frontend"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
+)
+
+// respond relays pod's response, whose headers are in, to the client and
+// finishes the request.
+func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response) {
+	// Headers are in: from here on the pod owes the client this response.
+	status := resp.StatusCode()
+	switch {
+	case isFault(status):
+		g.podFailed(pod)
+	case status < 500:
+		pod.ReportSuccess()
+	}
+	ctx.SetStatusCode(status)
+	resp.Header.VisitAll(func(k, v []byte) {
+		// The engine's Server (uvicorn under vLLM and SGLang) stays
+		// behind, as nginx and Envoy keep their upstreams' to
+		// themselves: x-pdlb-pod names the pod that answered.
+		if !isHopByHop(k) && !(len(k) == len(server) && bytes.EqualFold(k, server)) {
+			ctx.Response.Header.AddBytesKV(k, v)
+		}
+	})
+	ctx.Response.Header.Set(headerPod, pod.Config.Name)
+	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+
+	if x.req.Stream && status == fasthttp.StatusOK {
+		g.keepLogHead(ctx, x)
+		// x.times is zero: releaseCompletion clears it.
+		x.modelStats = g.metrics.model(m)
+		x.via.relay(x, pod, resp)
+		return
+	}
+	// A whole response: read it all before answering, so a pod that breaks
+	// midway still gets the client a clean 502 instead of a truncated body.
+	// The client read it already unless the request asked for a stream (an
+	// error answer to a stream, or a PD decode leg).
+	var err error
+	if resp.IsBodyStream() {
+		buf := relayBufs.Get().(*[relayBufferBytes]byte)
+		err = upstream.ReadWhole(ctx.Response.BodyWriter(), resp.BodyStream(), g.cfg.Upstream.MaxResponseBytes, buf[:])
+		relayBufs.Put(buf)
+	} else {
+		ctx.Response.SetBody(resp.Body())
+	}
+	if err != nil {
+		upstream.CloseStream(resp, err)
+		ctx.Response.ResetBody()
+		g.podFailed(pod)
+		f := g.streamFailure(x, err)
+		writeFailure(ctx, f)
+		x.failure, status = f.e, f.e.Status
+	} else if status == fasthttp.StatusOK {
+		// Its usage is the output the API key's token bucket and
+		// pdlb_completion_tokens_total are charged.
+		x.counted.ObserveBody(ctx.Response.Body())
+	}
+	g.finish(x, m, pod, resp, status)
+}
+
+// relay copies the SSE stream of resp to the client event by event as it
+// arrives and returns the status to count: 200, 499 when the client went
+// away, or the error status of a stream that broke (the client still saw
+// 200, then an error event).
+//
+// Only whole events are written, so a stream that breaks midway never leaves
+// half an event in front of the error event. Nothing is decoded, and token
+// counting scans the bytes in place.
+//
+// A stream spends nearly all its life waiting for the pod's next event, and
+// thousands wait at once, so it waits holding no buffer: it reads one byte
+// into the completion, and only when that byte begins an event does it take a
+// pooled relay buffer for the rest of what arrived, which goes back once
+// the events in it are written. The writer's buffer, likewise, is held only
+// from an event's Write to the Flush.
+func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *completion, pod *pool.Pod) int {
+	conn := upstream.ConnOf(resp)
+	stream := resp.BodyStream()
+	idle := g.cfg.Upstream.StreamIdleTimeout
+	t := &x.times
+	for {
+		if conn != nil {
+			by := time.Now().Add(idle)
+			if x.pd != nil {
+				by = x.pd.readDeadline(by, t.started)
+			}
+			_ = conn.SetReadDeadline(by)
+		}
+		n, err := g.readUpstream(stream, x.wait[:])
+		if n > 0 {
+			t.started = true
+			werr := g.pass(w, x.wait[:n], x, pod)
+			// The byte began an event, or continued one, that needs more:
+			// block for it with a buffer. Had it ended one, the event
+			// goes out first, and the relay waits bufferless again.
+			if werr == nil && err == nil && len(x.events.Pending()) > 0 {
+				buf := relayBufs.Get().(*[relayBufferBytes]byte)
+				if n, err = g.readUpstream(stream, buf[:]); n > 0 {
+					werr = g.pass(w, buf[:n], x, pod)
+				}
+				relayBufs.Put(buf)
+			}
+			if werr == nil {
+				werr = w.Flush()
+			}
+			if werr != nil {
+				upstream.CloseStream(resp, werr)
+				return statusClientClosed
+			}
+			if err == nil {
+				err = x.events.Err()
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			upstream.CloseStream(resp, err)
+			return g.relayBroke(w, x, err)
+		}
+	}
+	g.relayDone(x, pod)
+	return fasthttp.StatusOK
+}
+
+// relayBroke ends a stream that broke with err with an error event and
+// returns the status to count.
+func (g *Gateway) relayBroke(w *frontend.StreamWriter, x *completion, err error) int {
+	e := g.streamFailure(x, err).e
+	x.failure = e
+	buf := relayBufs.Get().(*[relayBufferBytes]byte)
+	_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
+	relayBufs.Put(buf)
+	_ = w.Flush()
+	return e.Status
+}
+
+// relayDone learns from a stream that ran to its end: its TPOT.
+func (g *Gateway) relayDone(x *completion, pod *pool.Pod) {
+	t := &x.times
+	if n := x.counted.Tokens(); n > 1 {
+		tpot := t.last.Sub(t.first).Seconds() / float64(n-1)
+		x.modelStats.tpot.Update(tpot)
+		// The pod's step time at its batch teaches its TPOT line, which
+		// admission predicts from.
+		batch, _ := decodeBatch(pod)
+		pod.DecodeLine().Observe(max(batch, 1), tpot)
+		if g.admit != nil {
+			g.admit.Observe(x.class, t.first.Sub(x.start).Seconds(), tpot)
+		}
+	}
+}
+
+// Body relays the pod's next bytes of a stream on the event loop
+// (frontend.Sink).
+func (x *completion) Body(w *frontend.StreamWriter, p []byte) error {
+	g := x.g
+	if g.aborting.Load() {
+		return errShuttingDown
+	}
+	x.times.started = true
+	if err := g.pass(w, p, x, x.pod); err != nil {
+		return err
+	}
+	return x.events.Err()
+}
+
+// End ends a stream relayed on the event loop (frontend.Sink).
+func (x *completion) End(w *frontend.StreamWriter, err error) {
+	g := x.g
+	code := fasthttp.StatusOK
+	switch {
+	case err == nil:
+		g.relayDone(x, x.pod)
+	case errors.Is(err, frontend.ErrClientGone):
+		code = statusClientClosed
+	default:
+		code = g.relayBroke(w, x, err)
+	}
+	g.finish(x, x.m, x.pod, x.resp, code)
+}
+
+// relayBufferBytes is the most one upstream read relays at once. Engines
+// send an event of a few hundred bytes at a time, and an event larger than
+// the buffer is reassembled by the SSE splitter.
+const relayBufferBytes = 8 << 10
+
+var relayBufs = sync.Pool{New: func() any { return new([relayBufferBytes]byte) }}
+
+// tokenTimes is what a relay learns of its stream's timing: whether any
+// byte arrived, and when the first and the latest token events did.
+type tokenTimes struct {
+	started     bool
+	first, last time.Time
+}
+
+// readUpstream reads the pod's next bytes into b. Once Shutdown's grace is
+// over it ends the stream instead, dropping what it read, rather than let
+// the stream run on or cut it mid-event.
+func (g *Gateway) readUpstream(stream io.Reader, b []byte) (int, error) {
+	n, err := stream.Read(b)
+	if g.aborting.Load() {
+		return 0, errShuttingDown
+	}
+	return n, err
+}
+
+// pass feeds the pod's bytes b to the stream's SSE splitter and writes every
+// event they complete, unchanged, counting tokens on the way. It returns the
+// client's write error.
+func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *pool.Pod) error {
+	t := &x.times
+	x.events.Feed(b)
+	for {
+		ev, ok := x.events.Next()
+		if !ok {
+			return nil
+		}
+		before := x.counted.Tokens()
+		x.counted.Observe(ev)
+		if x.counted.Tokens() > before {
+			t.last = time.Now()
+			if t.first.IsZero() {
+				t.first = t.last
+				g.prefillDone(x, pod, t.first)
+				x.modelStats.ttft.Update(t.first.Sub(x.start).Seconds())
+			}
+		}
+		if _, err := w.Write(ev); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/frontend"
+	"pdlb/lb/limits"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/route"
+	"pdlb/ledger"
+)
+
+// serveCompletion is the request path of /v1/chat/completions and
+// /v1/completions.
+func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
+	x := acquireCompletion()
+	key, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	if !d.OK() {
+		g.fail(ctx, x, nil, refused(d))
+		return
+	}
+	if err := x.req.Parse(kind, ctx.PostBody()); err != nil {
+		var e *openai.Error
+		if !errors.As(err, &e) {
+			panic("BUG: gateway: openai.Request.Parse returned " + err.Error())
+		}
+		g.fail(ctx, x, nil, answer(e))
+		return
+	}
+	if d = key.Admit(x.start, x.req.PromptTokens()); !d.OK() {
+		g.fail(ctx, x, nil, refused(d))
+		return
+	}
+	x.key = key
+	m := g.pool.Load().Model(x.req.Model)
+	if m == nil {
+		g.fail(ctx, x, nil, answer(openai.ModelNotFound(x.req.Model)))
+		return
+	}
+	var e *openai.Error
+	if x.class, e = classOf(ctx.Request.Header.Peek(headerPriority)); e != nil {
+		g.fail(ctx, x, m, answer(e))
+		return
+	}
+	if !g.enter(x) {
+		g.fail(ctx, x, m, &failure{
+			e:          openai.Overloaded("the gateway has " + strconv.Itoa(g.cfg.MaxInFlight) + " requests in flight, its max_in_flight"),
+			retryAfter: 1,
+		})
+		return
+	}
+	x.ticket = ledger.Ticket{ID: g.nextID.Add(1)}
+	x.g, x.ctx, x.m = g, ctx, m
+	if !g.resolve(ctx, x, m) {
+		return
+	}
+	x.stage = stagePick
+	if l := frontend.LoopOf(ctx); l != nil {
+		x.via = loopTransport{l}
+		if x.cascade != nil || (x.req.Stream && !l.CanRelay()) {
+			// A PD exchange blocks, and a stream that is the connection's
+			// last answer is written by a worker: they go on one.
+			l.Detach(x)
+			return
+		}
+	} else {
+		x.via = workerTransport{}
+	}
+	g.advance(x)
+}
+
+// finish ends a request that reached a pod.
+func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
+	g.logCompletion(x.ctx, x, pod, status, x.failure)
+	if x.pd != nil {
+		x.pd.end(pod, status)
+	}
+	_ = resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(resp)
+	g.prefillDone(x, pod, time.Now())
+	g.ledger.Finish(x.ticket)
+	pod.Release()
+	g.leave(x)
+	stats := g.metrics.model(m)
+	stats.e2e.Update(time.Since(x.start).Seconds())
+	stats.completionTokens.Add(x.counted.Tokens())
+	g.metrics.countRequest(m, status)
+	releaseCompletion(x)
+}
+
+// refused is the failure for a request its API key does not allow now.
+func refused(d limits.Decision) *failure {
+	return &failure{e: d.Error(), retryAfter: d.RetryAfterSeconds()}
+}
+
+// fail answers a request that never reached a pod.
+func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f *failure) {
+	if x.up != nil {
+		fasthttp.ReleaseRequest(x.up)
+		fasthttp.ReleaseResponse(x.resp)
+	}
+	g.leave(x)
+	g.ledger.Finish(x.ticket)
+	writeFailure(ctx, f)
+	g.logCompletion(ctx, x, nil, f.e.Status, f.e)
+	g.metrics.countRequest(m, f.e.Status)
+	if f.e.Status == fasthttp.StatusTooManyRequests {
+		g.metrics.shed.Update(time.Since(x.start).Seconds())
+	}
+	releaseCompletion(x)
+}
+
+// responseTimeout bounds the wait for a pod's answer: a stream's headers,
+// or a whole answer.
+func (g *Gateway) responseTimeout(stream bool) time.Duration {
+	if stream {
+		return g.cfg.Upstream.ResponseTimeout
+	}
+	return g.cfg.Upstream.WholeResponseTimeout
+}
+
+// resolve resolves x's profile and strategy on m: a registry policy named
+// by the header is left in x.policy for the combined path, the cascade of a
+// "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
+// false.
+func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) bool {
+	if m.Profiles == nil {
+		return true
+	}
+	// The header strings are made only when a client sends them.
+	res, err := m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
+		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
+	if err != nil {
+		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
+		return false
+	}
+	x.cascade, x.policy = res.PD, res.Policy
+	return true
+}

@@ -1,0 +1,264 @@
+package gateway
+
+import (
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/frontend"
+	"pdlb/lb/openai"
+	"pdlb/lb/upstream"
+)
+
+// A completion request runs through these stages, in this order, on
+// either transport; x.stage is the next one to run. serveCompletion is
+// the parse stage; respond (relay.go) the respond and relay stages, which
+// end in finish.
+type stage uint8
+
+const (
+	// stagePick chooses a pod, or a PD decision, among those not tried;
+	// a retry backs off first.
+	stagePick stage = iota
+	// stageAdmit asks admission about the first attempt: admit, wait, or
+	// shed.
+	stageAdmit
+	// stageAttempt sends the request to the pick.
+	stageAttempt
+	// stageAwait waits for the attempt's outcome (answered).
+	stageAwait
+	// stageRespond relays the pod's answer, whose head is in.
+	stageRespond
+	// stageRelay: the answer is the client's; finish ends x.
+	stageRelay
+	// stageGone ends x whose client left while its pod worked on it.
+	stageGone
+	// stageFail answers x with x.last, no pod's answer.
+	stageFail
+)
+
+// advance runs x's stages from x.stage until x is answered, waits for its
+// transport (the event loop calls Answered), or moves to a worker (Run).
+// Each transition is written once, for the plain and the PD path and for
+// both transports.
+func (g *Gateway) advance(x *completion) {
+	for {
+		switch x.stage {
+		case stagePick:
+			if !g.pickStage(x) {
+				return
+			}
+		case stageAdmit:
+			if !g.admitStage(x) {
+				return
+			}
+		case stageAttempt:
+			g.attemptStage(x)
+		case stageAwait, stageRelay:
+			return
+		case stageRespond:
+			x.stage = stageRelay
+			g.respond(x.ctx, x, x.m, x.pod, x.resp)
+			return
+		case stageGone:
+			x.stage = stageRelay
+			g.finish(x, x.m, x.pod, x.resp, statusClientClosed)
+			return
+		case stageFail:
+			g.fail(x.ctx, x, x.m, x.last)
+			return
+		}
+	}
+}
+
+// pickStage picks for x's next attempt and moves on to admission, or to
+// stageFail when no pod is left. A retry waits on a worker: false says x
+// moved to one.
+func (g *Gateway) pickStage(x *completion) bool {
+	if x.attempts > 0 {
+		if !x.via.block(x) {
+			return false
+		}
+		// Back off a little, with jitter, so a fleet-wide hiccup is not
+		// met by every request retrying in lockstep.
+		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << (x.attempts - 1))))
+		if x.clientLeft() {
+			x.last, x.stage = errClientLeft, stageFail
+			return true
+		}
+	}
+	picked := false
+	if x.cascade != nil {
+		picked = g.pickPD(x) == nil
+	} else {
+		x.pod = g.pick(x.m, x, sessionOf(x.ctx))
+		picked = x.pod != nil
+	}
+	switch {
+	case picked:
+		x.stage = stageAdmit
+	case x.last == nil:
+		x.last, x.stage = answer(openai.NoHealthyPod(x.req.Model)), stageFail
+	default:
+		x.stage = stageFail // the last attempt's failure says more
+	}
+	return true
+}
+
+// admitStage asks admission about x's first attempt (a retry was admitted
+// already). A deferral waits on a worker, where x is picked anew and the
+// wait goes on: false says x moved to one.
+func (g *Gateway) admitStage(x *completion) bool {
+	if g.admit == nil || x.attempts > 0 {
+		x.stage = stageAttempt
+		return true
+	}
+	predictOn := func() (float64, float64) { return predict(x, x.pod, x.pod) }
+	var replace func()
+	if x.cascade != nil {
+		// A PD pair keeps its pods while it waits: their queues drain.
+		predictOn = func() (float64, float64) { pre, dec := placedPD(x); return predict(x, pre, dec) }
+	} else {
+		replace = func() {
+			if p := g.pick(x.m, x, sessionOf(x.ctx)); p != nil {
+				x.pod = p
+			}
+		}
+	}
+	var f *failure
+	if x.deferred {
+		x.deferred = false
+		f = g.awaitAdmission(x, x.deferral, predictOn, replace)
+	} else {
+		since := g.clock()
+		ttft, tpot := predictOn()
+		var wait bool
+		if wait, f = g.admitNow(x, since, ttft, tpot); wait {
+			x.deferral = admitWait{since, ttft, tpot}
+			x.deferred, x.stage = true, stagePick
+			if !x.via.block(x) {
+				return false
+			}
+			return true
+		}
+	}
+	if f != nil {
+		x.last, x.stage = f, stageFail
+		return true
+	}
+	x.stage = stageAttempt
+	return true
+}
+
+// attemptStage makes x's attempt. A PD decision is carried out whole here
+// (its legs run on this worker); a plain request goes out through x.via,
+// and answered moves x on.
+func (g *Gateway) attemptStage(x *completion) {
+	x.attempts++
+	if x.cascade != nil {
+		if f := g.attemptPD(x); f != nil {
+			g.failed(x, f)
+		} else {
+			x.stage = stageRelay
+		}
+		return
+	}
+	if x.up == nil {
+		x.up, x.resp = fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		g.buildUpstream(x.ctx, x.up)
+	}
+	x.tried = append(x.tried, x.pod.ID)
+	x.up.SetHost(x.pod.Config.Address)
+	g.place(x.m, x, x.pod)
+	x.stage = stageAwait
+	x.via.send(x)
+}
+
+// answered takes in the outcome of x's plain attempt: the head of the
+// pod's answer (err nil), or why none came.
+func (x *completion) answered(err error) {
+	g := x.g
+	switch {
+	case err == nil:
+		// Sent for good; x.resp stays: the relay finishes with it.
+		fasthttp.ReleaseRequest(x.up)
+		x.up, x.stage = nil, stageRespond
+	case errors.Is(err, frontend.ErrClientGone):
+		// The event loop closed the pod's connection with the client's,
+		// which tells the pod to stop; not its failure. A prefill cut
+		// short times nothing.
+		fasthttp.ReleaseRequest(x.up)
+		x.up, x.idleStart, x.stage = nil, false, stageGone
+	case err == upstream.ErrCut:
+		g.unplace(x, x.pod)
+		x.last, x.stage = errClientLeft, stageFail
+	default:
+		g.unplace(x, x.pod)
+		g.callFailed(x.pod, err)
+		g.failed(x, g.podFailure(x.pod, err, g.responseTimeout(x.req.Stream)))
+	}
+}
+
+// Answered continues x on the event loop once its attempt's outcome is in
+// (frontend.Done).
+func (x *completion) Answered(err error) {
+	x.answered(err)
+	x.g.advance(x)
+}
+
+// Run continues x on a worker (frontend.Task) from the stage it reached on
+// the event loop.
+func (x *completion) Run() {
+	x.via = workerTransport{}
+	x.g.advance(x)
+}
+
+// failed moves x on from an attempt that failed with f: to another pick
+// if tryAgain allows it, else to answering f.
+func (g *Gateway) failed(x *completion, f *failure) {
+	x.last, x.stage = f, stageFail
+	if g.tryAgain(x, f) {
+		x.stage = stagePick
+	}
+}
+
+// tryAgain decides every retry: f allows one (mayRetry: a pod failed x
+// without receiving it) and x has attempts left (upstream.retries after
+// the first).
+func (g *Gateway) tryAgain(x *completion, f *failure) bool {
+	if !f.mayRetry() || x.attempts > g.cfg.Upstream.Retries {
+		return false
+	}
+	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
+		g.log.Warn("request not sent to pod; trying another", "pod", f.pod.Config.Name, "err", f.e.Message, "suppressed", held)
+	}
+	return true
+}
+
+// notSentLogEvery spaces the lines of requests moved to another pod.
+const notSentLogEvery = time.Second
+
+// retryBackoff is the longest first wait before a retry (it doubles per
+// attempt); a retry goes to another pod, so it need not wait long.
+const retryBackoff = 5 * time.Millisecond
+
+// enter counts x in flight unless max_in_flight requests already are;
+// leave, on every way out (finish, fail), gives the count back.
+func (g *Gateway) enter(x *completion) bool {
+	n := g.inFlight.Add(1)
+	if g.cfg.MaxInFlight > 0 && n > int64(g.cfg.MaxInFlight) {
+		g.inFlight.Add(-1)
+		return false
+	}
+	x.inFlight = true
+	return true
+}
+
+func (g *Gateway) leave(x *completion) {
+	if x.inFlight {
+		x.inFlight = false
+		g.inFlight.Add(-1)
+	}
+}

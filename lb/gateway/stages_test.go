@@ -1,0 +1,273 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/engines/protocols"
+	"pdlb/lb/admit"
+	"pdlb/lb/config"
+	"pdlb/lb/frontend"
+	"pdlb/lb/limits"
+	"pdlb/lb/openai"
+	"pdlb/lb/pd"
+	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
+	"pdlb/ledger"
+)
+
+// scripted is a transport whose sends end as a script says, without a
+// socket: errs[i] is the outcome of the i-th send (nil: a 200 answer).
+// An async send leaves the outcome to the test (Answered), as the event
+// loop does; block false moves a waiting request "to a worker".
+type scripted struct {
+	errs     []error
+	async    bool
+	blocks   bool
+	sent     []string
+	detached int
+	relayed  bool
+}
+
+func (s *scripted) send(x *completion) {
+	s.sent = append(s.sent, x.pod.Config.Name)
+	if s.async {
+		return
+	}
+	err := s.errs[0]
+	s.errs = s.errs[1:]
+	if err == nil {
+		x.resp.SetStatusCode(fasthttp.StatusOK)
+		x.resp.SetBodyString(`{"choices":[]}`)
+	}
+	x.answered(err)
+}
+
+func (s *scripted) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {
+	s.relayed = true
+	x.g.finish(x, x.m, pod, resp, fasthttp.StatusOK)
+}
+
+func (s *scripted) block(*completion) bool {
+	if !s.blocks {
+		s.detached++
+	}
+	return s.blocks
+}
+
+// stagesGateway is a gateway over three pods of one model, with neither
+// health checks nor sockets.
+func stagesGateway(t *testing.T, retries int, adm *admit.ClassConfig) (*Gateway, *pool.Model) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Upstream.Retries = retries
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+	for i := range 3 {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now()}
+	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
+	g.ledger.SetPods([]string{"p0", "p1", "p2"})
+	g.metrics = newMetrics(&g.inFlight)
+	g.metrics.addModels(snap)
+	g.pool.Publish(snap)
+	if g.keys, err = limits.NewKeys(nil); err != nil {
+		t.Fatal(err)
+	}
+	if adm != nil {
+		c := admit.DefaultConfig()
+		c.Classes[admit.Interactive], c.Classes[admit.Batch] = *adm, *adm
+		if g.admit, err = admit.New(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return g, snap.Models[0]
+}
+
+// startCompletion is a parsed request of class at its pick stage.
+func startCompletion(t *testing.T, g *Gateway, m *pool.Model, via transport, class admit.Class) (*completion, *fasthttp.RequestCtx) {
+	t.Helper()
+	var req fasthttp.Request
+	req.Header.SetMethod("POST")
+	req.SetRequestURI("/v1/completions")
+	ctx := new(fasthttp.RequestCtx)
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
+	x := acquireCompletion()
+	if err := x.req.Parse(openai.KindCompletion, []byte(`{"model":"m","prompt":"say something long enough to count"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if !g.enter(x) {
+		t.Fatal("not entered")
+	}
+	x.class = class
+	x.ticket = ledger.Ticket{ID: g.nextID.Add(1)}
+	x.g, x.ctx, x.m, x.via, x.stage = g, ctx, m, via, stagePick
+	return x, ctx
+}
+
+var errRefused = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+
+// TestStages runs the plain path's stages over a scripted transport: each
+// case is how the attempts end, and what the client gets.
+func TestStages(t *testing.T) {
+	type tc struct {
+		name    string
+		retries int
+		errs    []error
+		// sends is how many attempts go out; status the request's, as
+		// counted.
+		sends  int
+		status int
+	}
+	f := func(c tc) {
+		t.Helper()
+		g, m := stagesGateway(t, c.retries, nil)
+		s := &scripted{errs: c.errs, blocks: true}
+		x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+		g.advance(x)
+		if len(s.sent) != c.sends || counted(g, m) != c.status {
+			t.Errorf("%s: %d sends, status %d; want %d, %d (%s)", c.name, len(s.sent), counted(g, m), c.sends, c.status, ctx.Response.Body())
+		}
+		if len(s.sent) == 2 && s.sent[0] == s.sent[1] {
+			t.Errorf("%s: retried on the same pod %s", c.name, s.sent[0])
+		}
+		if n := g.inFlight.Load(); n != 0 {
+			t.Errorf("%s: %d in flight after the end", c.name, n)
+		}
+		for _, p := range m.Pods {
+			if p.InFlight() != 0 || p.QueuedPrefill() != 0 {
+				t.Errorf("%s: pod %s keeps %d in flight, %d tokens queued", c.name, p.Config.Name, p.InFlight(), p.QueuedPrefill())
+			}
+			if active, _ := g.ledger.Prefill(p.ID); active != 0 {
+				t.Errorf("%s: pod %s keeps a ledger charge of %d", c.name, p.Config.Name, active)
+			}
+		}
+	}
+	f(tc{name: "answered", retries: 1, errs: []error{nil}, sends: 1, status: 200})
+	f(tc{name: "dial refused, then answered", retries: 1, errs: []error{errRefused, nil}, sends: 2, status: 200})
+	f(tc{name: "dial refused everywhere", retries: 1, errs: []error{errRefused, errRefused}, sends: 2, status: 502})
+	f(tc{name: "dial refused, no retries", retries: 0, errs: []error{errRefused}, sends: 1, status: 502})
+	f(tc{name: "every connection busy, then answered", retries: 1, errs: []error{fasthttp.ErrNoFreeConns, nil}, sends: 2, status: 200})
+	f(tc{name: "reset before the first byte", retries: 1, errs: []error{fasthttp.ErrConnectionClosed}, sends: 1, status: 502})
+	f(tc{name: "timeout", retries: 1, errs: []error{fasthttp.ErrTimeout}, sends: 1, status: 504})
+	f(tc{name: "client gone on a worker", retries: 1, errs: []error{upstream.ErrCut}, sends: 1, status: statusClientClosed})
+	f(tc{name: "client gone on the loop", retries: 1, errs: []error{frontend.ErrClientGone}, sends: 1, status: statusClientClosed})
+}
+
+// counted is the one status g counted for m's requests, 0 for none.
+func counted(g *Gateway, m *pool.Model) int {
+	status := 0
+	for i, c := range g.metrics.model(m).requests {
+		if c.Get() > 0 && i < len(statusCodes) {
+			status = statusCodes[i]
+		}
+	}
+	return status
+}
+
+// TestStagesOnTheLoop: where a request must wait (a retry's backoff, an
+// admission deferral) the event loop's transport moves it to a worker,
+// which goes on from the stage it reached.
+func TestStagesOnTheLoop(t *testing.T) {
+	g, m := stagesGateway(t, 1, nil)
+	loop := &scripted{async: true}
+	x, _ := startCompletion(t, g, m, loop, admit.Interactive)
+	g.advance(x)
+	if x.stage != stageAwait || len(loop.sent) != 1 {
+		t.Fatalf("after the loop's send: stage %d, %d sends", x.stage, len(loop.sent))
+	}
+	x.Answered(errRefused)
+	if x.stage != stagePick || loop.detached != 1 || x.last == nil || !x.last.mayRetry() {
+		t.Fatalf("after a refused dial on the loop: stage %d, detached %d, last %v", x.stage, loop.detached, x.last)
+	}
+	worker := &scripted{errs: []error{nil}, blocks: true}
+	x.via = worker
+	g.advance(x)
+	if len(worker.sent) != 1 || worker.sent[0] == loop.sent[0] || counted(g, m) != 200 || g.inFlight.Load() != 0 {
+		t.Fatalf("on the worker: sent to %v after %v, status %d, %d in flight", worker.sent, loop.sent, counted(g, m), g.inFlight.Load())
+	}
+}
+
+// TestStagesAdmission: a request admission sheds is answered 429 with
+// Retry-After before any send; one it defers waits on a worker, picked
+// anew.
+func TestStagesAdmission(t *testing.T) {
+	tight := &admit.ClassConfig{TTFTSLO: 1e-9}
+	g, m := stagesGateway(t, 1, tight)
+	s := &scripted{blocks: true}
+	x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+	g.advance(x)
+	if len(s.sent) != 0 || ctx.Response.StatusCode() != 429 || string(ctx.Response.Header.Peek("Retry-After")) == "" || g.inFlight.Load() != 0 {
+		t.Fatalf("shed: %d sends, status %d, Retry-After %q, %d in flight", len(s.sent), ctx.Response.StatusCode(), ctx.Response.Header.Peek("Retry-After"), g.inFlight.Load())
+	}
+
+	g, m = stagesGateway(t, 1, &admit.ClassConfig{TTFTSLO: 1e-9, MaxWait: 60})
+	loop := &scripted{}
+	x, _ = startCompletion(t, g, m, loop, admit.Batch)
+	g.advance(x)
+	if len(loop.sent) != 0 || loop.detached != 1 || x.stage != stagePick || !x.deferred {
+		t.Fatalf("deferred on the loop: %d sends, detached %d, stage %d, deferred %v", len(loop.sent), loop.detached, x.stage, x.deferred)
+	}
+	g.admit.Withdraw(x.ticket.ID)
+	g.fail(x.ctx, x, m, errClientLeft)
+}
+
+// TestPDFailures: how a PD attempt's failures move the request on: a
+// prefill pod that answered an error ends it with x-error-pd-prefill; one
+// whose prefill info could not be had leaves nothing sent, so another
+// pair may take it; the decode watchdog answers 504 with
+// x-error-pd-decode and no retry.
+func TestPDFailures(t *testing.T) {
+	g, m := stagesGateway(t, 1, nil)
+	pre, dec := m.Pods[0], m.Pods[1]
+	type tc struct {
+		name      string
+		f         func() *failure
+		next      stage
+		status    int
+		pdHeader  string
+		watchdogs uint64
+	}
+	x, _ := startCompletion(t, g, m, &scripted{}, admit.Interactive)
+	x.pd = &pdCall{metrics: g.metrics.model(m).pd, pre: pre, dec: dec, proto: protocols.For(engines.VLLM, engines.PDOptions{})}
+	x.attempts = 1
+	check := func(c tc) {
+		t.Helper()
+		before := x.pd.metrics.Watchdog.Get()
+		g.failed(x, c.f())
+		if x.stage != c.next || x.last.e.Status != c.status || x.last.pdHeader != c.pdHeader || x.pd.metrics.Watchdog.Get()-before != c.watchdogs {
+			t.Errorf("%s: stage %d, status %d, header %q; want %d, %d, %q", c.name, x.stage, x.last.e.Status, x.last.pdHeader, c.next, c.status, c.pdHeader)
+		}
+	}
+	check(tc{name: "prefill answered 500", f: func() *failure { return g.prefillFailure(pre, 500, []byte("boom"), nil, time.Second) },
+		next: stageFail, status: 500, pdHeader: pd.HeaderPrefillError})
+	check(tc{name: "prefill pod refused", f: func() *failure { return g.prefillFailure(pre, 0, nil, errRefused, time.Second) },
+		next: stagePick, status: 502, pdHeader: pd.HeaderPrefillError})
+	check(tc{name: "prefill timed out", f: func() *failure { return g.prefillFailure(pre, 0, nil, fasthttp.ErrTimeout, time.Second) },
+		next: stageFail, status: 504, pdHeader: pd.HeaderPrefillError})
+	x.pd.watched = true
+	check(tc{name: "decode watchdog", f: func() *failure { return g.decodeFailure(x, fasthttp.ErrTimeout) },
+		next: stageFail, status: 504, pdHeader: pd.HeaderDecodeError, watchdogs: 1})
+	x.pd.watched = false
+	check(tc{name: "decode pod refused", f: func() *failure { return g.decodeFailure(x, errRefused) },
+		next: stagePick, status: 502, pdHeader: pd.HeaderDecodeError})
+	x.attempts = 2
+	check(tc{name: "decode pod refused, no retries left", f: func() *failure { return g.decodeFailure(x, errRefused) },
+		next: stageFail, status: 502, pdHeader: pd.HeaderDecodeError})
+	g.fail(x.ctx, x, m, x.last)
+}

@@ -1,0 +1,73 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/frontend"
+	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
+)
+
+// transport carries a plain attempt to its pod and the answer back: the
+// event loop's own upstream connection (loopTransport), or a call through
+// the pod's client on a goroutine that may block (workerTransport). The
+// request's stages (stages.go) are the same on both.
+type transport interface {
+	// send sends x.up to x.pod; x.answered gets the outcome, before send
+	// returns or, on the loop, once the pod answered (Answered).
+	send(x *completion)
+	// relay streams the answer's body events to the client, then
+	// finishes x.
+	relay(x *completion, pod *pool.Pod, resp *fasthttp.Response)
+	// block reports whether x may wait here (an admission deferral, a
+	// retry's backoff); if not, it moves x to a worker (Run), which goes
+	// on from x.stage.
+	block(x *completion) bool
+}
+
+// loopTransport serves x on the gnet event loop it arrived on.
+type loopTransport struct{ l *frontend.Loop }
+
+func (t loopTransport) send(x *completion) {
+	g, u := x.g, &x.g.cfg.Upstream
+	to := frontend.Upstream{Addr: x.pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: g.responseTimeout(x.req.Stream),
+		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod, MaxBody: u.MaxResponseBytes}
+	if err := t.l.Send(to, x.req.Stream, x.up, x.resp, x); err != nil {
+		x.answered(err)
+	}
+}
+
+func (t loopTransport) relay(x *completion, _ *pool.Pod, _ *fasthttp.Response) {
+	t.l.Relay(x.g.cfg.Upstream.StreamIdleTimeout, x)
+}
+
+func (t loopTransport) block(x *completion) bool {
+	t.l.Detach(x)
+	return false
+}
+
+// workerTransport serves x on a goroutine of its own (fasthttp's handler,
+// or a worker x was detached to).
+type workerTransport struct{}
+
+func (workerTransport) send(x *completion) {
+	// A stream is relayed as it comes; a whole answer is read whole.
+	x.resp.StreamBody = x.req.Stream
+	x.answered(upstream.Do(frontend.ClientGone(x.ctx), x.pod.Client, x.up, x.resp, time.Now().Add(x.g.responseTimeout(x.req.Stream))))
+}
+
+func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {
+	g, m := x.g, x.m
+	frontend.SetBodyStreamWriter(x.ctx, func(w *frontend.StreamWriter) {
+		// Deferred, so that a relay that panics (the front end cuts the
+		// stream and logs it) still gives back its charges and in-flight
+		// counts.
+		code := fasthttp.StatusInternalServerError
+		defer func() { g.finish(x, m, pod, resp, code) }()
+		code = g.relay(w, resp, x, pod)
+	})
+}
+
+func (workerTransport) block(*completion) bool { return true }

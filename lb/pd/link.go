@@ -1,0 +1,125 @@
+package pd
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
+)
+
+// ErrAbandoned closes a decode leg nobody reads.
+var ErrAbandoned = errors.New("pd: decode leg abandoned")
+
+// Hand-over states of a concurrent decode leg's response.
+const (
+	DecPending int32 = iota
+	DecDelivered
+	DecAbandoned
+)
+
+// Link is what a concurrent exchange's legs share with the request while
+// they run beside it: the request's own state may return to its pool
+// before a leg ends, so the legs touch only this. F is the request path's
+// failure, which a failed prefill leg reports. It is reference counted
+// (AcquireLink, Hold, Release); the last holder returns it to its pool.
+type Link[F any] struct {
+	refs atomic.Int32
+	// PrefillEnd is when the prefill leg succeeded (unix nanoseconds, 0
+	// before); PreErr its failure, for the relay's error event.
+	PrefillEnd atomic.Int64
+	PreErr     atomic.Pointer[F]
+	// Started: the decode stream's first chunk arrived.
+	Started atomic.Bool
+	// DecState hands the decode leg's response over; DecDone carries its
+	// outcome, PreDone the prefill leg's (nil: success).
+	DecState atomic.Int32
+	DecDone  chan error
+	PreDone  chan *F
+	// Cut gives up the decode leg in flight (the request closes it when
+	// it abandons the leg): its connection is closed, which is how a
+	// decode pod that waits for KV that will not come learns to stop.
+	Cut chan struct{}
+	// mu guards decConn, the decode leg's connection while the request
+	// relays it: a failed prefill leg closes it, and it must not outlive
+	// the request (the client pool reuses connections).
+	mu      sync.Mutex
+	decConn *upstream.Conn
+	// Buf holds the prefill leg's answer.
+	Buf []byte
+}
+
+// linkPool holds links of whichever F the gateway uses (one).
+var linkPool sync.Pool
+
+// AcquireLink returns a link held once, by the request.
+func AcquireLink[F any]() *Link[F] {
+	l, ok := linkPool.Get().(*Link[F])
+	if !ok {
+		l = &Link[F]{DecDone: make(chan error, 1), PreDone: make(chan *F, 1)}
+	}
+	l.refs.Store(1)
+	return l
+}
+
+// Hold adds a holder: a leg's goroutine, which Releases it when it ends.
+func (l *Link[F]) Hold() { l.refs.Add(1) }
+
+// Release drops a holder; the last one returns l to its pool.
+func (l *Link[F]) Release() {
+	if l.refs.Add(-1) != 0 {
+		return
+	}
+	l.PrefillEnd.Store(0)
+	l.PreErr.Store(nil)
+	l.Started.Store(false)
+	l.decConn = nil
+	select {
+	case <-l.PreDone:
+	default:
+	}
+	select {
+	case <-l.DecDone:
+	default:
+	}
+	linkPool.Put(l)
+}
+
+// SetDecConn records the decode leg's connection while the request relays
+// it (nil once the relay is over).
+func (l *Link[F]) SetDecConn(c *upstream.Conn) {
+	l.mu.Lock()
+	l.decConn = c
+	l.mu.Unlock()
+}
+
+// WithDecConn calls f with the decode leg's connection, if one is
+// recorded, holding it there until f returns.
+func (l *Link[F]) WithDecConn(f func(*upstream.Conn)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.decConn != nil {
+		f(l.decConn)
+	}
+}
+
+// Decode runs a concurrent decode leg until its response headers and
+// delivers them, or cleans up after a request that left.
+func (l *Link[F]) Decode(cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
+	defer l.Release()
+	err := upstream.Do(cut, dec.Client, up, resp, by)
+	fasthttp.ReleaseRequest(up)
+	if l.DecState.CompareAndSwap(DecPending, DecDelivered) {
+		l.DecDone <- err
+		return
+	}
+	if err == nil {
+		upstream.CloseStream(resp, ErrAbandoned)
+	}
+	fasthttp.ReleaseResponse(resp)
+	dec.Release()
+}
