@@ -15,8 +15,8 @@ import (
 	"pdlb/ledger"
 )
 
-// completion is the state of one completion request, pooled so a request allocates nothing
-// the next one could reuse.
+// completion is the state of one completion request, pooled so a request
+// allocates nothing the next one could reuse.
 type completion struct {
 	req *openai.Request
 	// key is the client's API key, nil when keys are off; releasing the

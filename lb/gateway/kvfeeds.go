@@ -3,15 +3,12 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 
 	"pdlb/engines/protocols"
-	"pdlb/lb/admit"
 	"pdlb/lb/kvindex"
 	"pdlb/lb/pool"
-	"pdlb/radix"
 )
 
 // kvFeeds follow the KV events of every pod that publishes them into its
@@ -62,60 +59,6 @@ func (k *kvFeeds) close() {
 		_ = f.sub.Close()
 	}
 	k.feeds = nil
-}
-
-// writeDynamicMetrics writes, at scrape time, the series whose label sets
-// come from state rather than configuration: the prefix index, the KV-event
-// feeds and admission.
-func (g *Gateway) writeDynamicMetrics(w io.Writer) {
-	snap := g.pool.Load()
-	writePods(w, snap, g.ledger.Now())
-	fmt.Fprint(w, "# HELP pdlb_prefix_index_blocks Blocks the prefix index believes a pod holds.\n# TYPE pdlb_prefix_index_blocks gauge\n")
-	stats := make([]radix.Stats, len(snap.Models))
-	for i, m := range snap.Models {
-		stats[i] = m.Prefix.Stats()
-		for _, p := range m.Pods {
-			fmt.Fprintf(w, "pdlb_prefix_index_blocks{model=%q,pod=%q} %d\n", m.Name, p.Config.Name, stats[i].PodBlocks[p.Slot])
-		}
-	}
-	fmt.Fprint(w, "# HELP pdlb_prefix_index_bytes Memory the prefix index's arenas hold.\n# TYPE pdlb_prefix_index_bytes gauge\n")
-	for i, m := range snap.Models {
-		fmt.Fprintf(w, "pdlb_prefix_index_bytes{model=%q} %d\n", m.Name, stats[i].Bytes)
-	}
-	g.mu.Lock()
-	feeds := g.kv.feeds
-	g.mu.Unlock()
-	if len(feeds) > 0 {
-		fmt.Fprint(w, "# HELP pdlb_kv_events_total KV events received from a pod.\n# TYPE pdlb_kv_events_total counter\n")
-		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_events_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Events.Load())
-		}
-		fmt.Fprint(w, "# HELP pdlb_kv_event_gaps_total Sequence gaps seen in a pod's KV events.\n# TYPE pdlb_kv_event_gaps_total counter\n")
-		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_event_gaps_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Gaps.Load())
-		}
-		fmt.Fprint(w, "# HELP pdlb_kv_event_replayed_batches_total KV-event batches recovered through a pod's replay socket.\n# TYPE pdlb_kv_event_replayed_batches_total counter\n")
-		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Replayed.Load())
-		}
-	}
-	if g.admit != nil {
-		fmt.Fprint(w, "# HELP pdlb_admission_requests_total Admission decisions by priority class.\n# TYPE pdlb_admission_requests_total counter\n")
-		for c := admit.Class(0); c < admit.NumClasses; c++ {
-			st := g.admit.Stats(c)
-			fmt.Fprintf(w, "pdlb_admission_requests_total{class=%q,decision=\"admitted\"} %d\n", c, st.Admitted)
-			fmt.Fprintf(w, "pdlb_admission_requests_total{class=%q,decision=\"rejected\"} %d\n", c, st.Rejected)
-			fmt.Fprintf(w, "pdlb_admission_requests_total{class=%q,decision=\"deferred\"} %d\n", c, st.Deferred)
-		}
-		fmt.Fprint(w, "# HELP pdlb_admission_waiting Requests waiting in the deferral queue.\n# TYPE pdlb_admission_waiting gauge\n")
-		for c := admit.Class(0); c < admit.NumClasses; c++ {
-			fmt.Fprintf(w, "pdlb_admission_waiting{class=%q} %d\n", c, g.admit.Stats(c).Waiting)
-		}
-		fmt.Fprint(w, "# HELP pdlb_slo_attainment_ratio Fraction of decided requests of a class that met its targets (rejected ones count as misses).\n# TYPE pdlb_slo_attainment_ratio gauge\n")
-		for c := admit.Class(0); c < admit.NumClasses; c++ {
-			fmt.Fprintf(w, "pdlb_slo_attainment_ratio{class=%q} %g\n", c, g.admit.Stats(c).Attainment())
-		}
-	}
 }
 
 // serveIndex is GET /admin/index: the prefix index of every model, and the

@@ -85,7 +85,7 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *completion, m *pool
 			p.dec.Release()
 			g.callFailed(p.dec, err)
 			x.tried = append(x.tried, p.dec.ID)
-			if g.tryAgain(x, g.podFailure(p.dec, err, 0)) && g.moveDecode(m, x) {
+			if g.tryAgain(x, g.podFailure(p.dec, err, g.responseTimeout(x.req.Stream))) && g.moveDecode(m, x) {
 				resp = g.sendConcurrentDecode(ctx, x, l)
 				continue
 			}

@@ -213,7 +213,7 @@ func (g *Gateway) sequentialDecode(ctx *fasthttp.RequestCtx, x *completion, m *p
 		}
 		g.callFailed(dec, err)
 		x.tried = append(x.tried, dec.ID)
-		if g.tryAgain(x, g.podFailure(dec, err, 0)) && g.moveDecode(m, x) {
+		if g.tryAgain(x, g.podFailure(dec, err, g.responseTimeout(x.req.Stream))) && g.moveDecode(m, x) {
 			continue
 		}
 		return g.dropPair(x, nil, g.decodeFailure(x, err))
