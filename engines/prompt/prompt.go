@@ -47,6 +47,7 @@ func (c Config) Key() string {
 // Model renders and encodes one model's prompts. It is safe for concurrent
 // use.
 type Model struct {
+	dir    string
 	tok    *hf.Tokenizer
 	tmpl   *chat.Template
 	kwargs map[string]any
@@ -78,7 +79,7 @@ func Load(c Config) (*Model, error) {
 			return nil, err
 		}
 	}
-	m := &Model{tok: tok, kwargs: c.ChatTemplateKwargs}
+	m := &Model{dir: c.Tokenizer, tok: tok, kwargs: c.ChatTemplateKwargs}
 	if src != "" {
 		if m.tmpl, err = chat.Compile(src, tok.SpecialTokens()); err != nil {
 			return nil, fmt.Errorf("prompt: chat template of %s: %w", c.Tokenizer, err)
@@ -101,32 +102,36 @@ func templateText(v string) (string, error) {
 	return string(b), nil
 }
 
+// Name is the tokenizer directory the model was loaded from.
+func (m *Model) Name() string { return m.dir }
+
 // Tokenizer is the model's tokenizer.
 func (m *Model) Tokenizer() *hf.Tokenizer { return m.tok }
 
 // Chat appends the ids of a chat completion request body to dst: its
-// messages rendered by the template, then encoded without special tokens,
-// as vLLM encodes a rendered chat. A request vLLM would refuse fails with
+// messages rendered by the template, then encoded without special tokens
+// unless addSpecial (the request's add_special_tokens, false by default in
+// vLLM's chat API: the template writes them). A request vLLM would refuse fails with
 // a *chat.RequestError; one the template engine cannot render as Python
 // would, with chat.ErrInexact.
-func (m *Model) Chat(dst []uint32, body []byte) ([]uint32, error) {
+func (m *Model) Chat(dst []uint32, body []byte, addSpecial bool) ([]uint32, error) {
 	c := chat.AcquireConversation()
 	defer chat.ReleaseConversation(c)
 	if err := c.ParseRequest(body); err != nil {
 		return dst, err
 	}
-	return m.AppendChat(dst, c)
+	return m.AppendChat(dst, c, addSpecial)
 }
 
 // AppendChat is Chat for a conversation already parsed.
-func (m *Model) AppendChat(dst []uint32, c *chat.Conversation) ([]uint32, error) {
+func (m *Model) AppendChat(dst []uint32, c *chat.Conversation, addSpecial bool) ([]uint32, error) {
 	buf := m.acquireText()
 	defer m.text.Put(buf)
 	var err error
 	if *buf, err = m.Render((*buf)[:0], c); err != nil {
 		return dst, err
 	}
-	return m.tok.Append(dst, *buf, false), nil
+	return m.tok.Append(dst, *buf, addSpecial), nil
 }
 
 // Render appends c rendered by the model's chat template to dst: the text

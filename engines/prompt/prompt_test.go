@@ -29,23 +29,23 @@ func load(t testing.TB, c Config) *Model {
 func TestChatAsVLLM(t *testing.T) {
 	m := load(t, Config{Tokenizer: tokfiles.Dir(t, "qwen3")})
 	body := []byte(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"Where is the capital of China?"}]}`)
-	ids, err := m.Chat(nil, body)
+	ids, err := m.Chat(nil, body, false)
 	if err != nil || !slices.Equal(ids, qwen3Truth) {
 		t.Fatalf("ids %v (%v), want vLLM's %v", ids, err, qwen3Truth)
 	}
 	// chat_template_kwargs reach the template: Qwen3 without thinking
 	// closes an empty think block after the generation prompt.
-	off, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":"Where is the capital of China?"}],"chat_template_kwargs":{"enable_thinking":false}}`))
+	off, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":"Where is the capital of China?"}],"chat_template_kwargs":{"enable_thinking":false}}`), false)
 	if err != nil || !slices.Equal(off[:len(qwen3Truth)], qwen3Truth) || len(off) <= len(qwen3Truth) {
 		t.Fatalf("enable_thinking false: %v %v", off, err)
 	}
 	// The server's defaults are under the request's.
 	quiet := load(t, Config{Tokenizer: tokfiles.Dir(t, "qwen3"), ChatTemplateKwargs: map[string]any{"enable_thinking": false}})
-	if got, err := quiet.Chat(nil, body); err != nil || !slices.Equal(got, off) {
+	if got, err := quiet.Chat(nil, body, false); err != nil || !slices.Equal(got, off) {
 		t.Fatalf("default kwargs: %v %v, want %v", got, err, off)
 	}
 	var re *chat.RequestError
-	if _, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":null}]}`)); !errors.As(err, &re) || re.Param != "messages[0].content" {
+	if _, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":null}]}`), false); !errors.As(err, &re) || re.Param != "messages[0].content" {
 		t.Fatalf("a user message with null content: %v", err)
 	}
 }
@@ -84,7 +84,7 @@ func TestLoad(t *testing.T) {
 	}
 	for _, v := range []string{tmpl, file} {
 		m := load(t, Config{Tokenizer: dir, ChatTemplate: v})
-		ids, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":"Where is the capital of China?"}]}`))
+		ids, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":"Where is the capital of China?"}]}`), false)
 		if err != nil || !slices.Equal(ids, qwen3Truth[:12]) {
 			t.Fatalf("override %q: %v %v, want %v", v, ids, err, qwen3Truth[:12])
 		}
@@ -95,7 +95,7 @@ func TestLoad(t *testing.T) {
 // so; its completions still encode.
 func TestNoTemplate(t *testing.T) {
 	m := load(t, Config{Tokenizer: tokfiles.Dir(t, "llama2")})
-	if _, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":"hi"}]}`)); !errors.Is(err, ErrNoTemplate) {
+	if _, err := m.Chat(nil, []byte(`{"messages":[{"role":"user","content":"hi"}]}`), false); !errors.Is(err, ErrNoTemplate) {
 		t.Fatalf("chat without a template: %v", err)
 	}
 	if ids := m.Completion(nil, []byte("hi"), true); len(ids) == 0 || ids[0] != 1 {
@@ -106,12 +106,12 @@ func TestNoTemplate(t *testing.T) {
 func TestChatAllocatesNothing(t *testing.T) {
 	m := load(t, Config{Tokenizer: tokfiles.Dir(t, "qwen3")})
 	body := multiTurn(t, "a new question about the weather in Lisbon")
-	ids, err := m.Chat(nil, body)
+	ids, err := m.Chat(nil, body, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := testing.AllocsPerRun(50, func() {
-		if ids, err = m.Chat(ids[:0], body); err != nil {
+		if ids, err = m.Chat(ids[:0], body, false); err != nil {
 			t.Fatal(err)
 		}
 	}); n != 0 {

@@ -25,14 +25,14 @@ func benchChat(b *testing.B, newTurn bool) {
 	var ids []uint32
 	var keys []uint64
 	var err error
-	if ids, err = m.Chat(ids, bodies[0]); err != nil {
+	if ids, err = m.Chat(ids, bodies[0], false); err != nil {
 		b.Fatal(err)
 	}
 	seed := radix.Seed("qwen3")
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		if ids, err = m.Chat(ids[:0], bodies[i%len(bodies)]); err != nil {
+		if ids, err = m.Chat(ids[:0], bodies[i%len(bodies)], false); err != nil {
 			b.Fatal(err)
 		}
 		keys = radix.AppendBlockKeys(keys[:0], seed, ids, 16)

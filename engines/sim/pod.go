@@ -392,7 +392,13 @@ func (p *Pod) requestTokens(body []byte, req *genRequest, isChat bool) ([]uint32
 		return nil, err
 	}
 	if p.cfg.Prompt != nil {
-		return p.cfg.Prompt.AppendChat(nil, c)
+		ids, err := p.cfg.Prompt.AppendChat(nil, c, req.AddSpecialTokens != nil && *req.AddSpecialTokens)
+		// What the template engine cannot render as Python would (media
+		// parts, say) the sim still serves, with the stand-in's count, as
+		// the real engine serves it.
+		if !errors.Is(err, chat.ErrInexact) {
+			return ids, err
+		}
 	}
 	text, err := renderChat(nil, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 	if err != nil {

@@ -104,6 +104,15 @@ type Request struct {
 	// CacheSalt is vLLM's "cache_salt" (empty when absent or null): the
 	// engine keys the prompt's cached blocks apart from other salts'.
 	CacheSalt []byte
+	// SpecialTokens is vLLM's "add_special_tokens" when given: whether the
+	// tokenizer adds its special tokens (BOS) to the prompt text;
+	// SpecialTokensSet is false when it was absent or null, and the
+	// engine's default applies (true for completions, false for chats).
+	SpecialTokens, SpecialTokensSet bool
+	// Tokens is the prompt's length as the model's own tokenizer counts
+	// it, once the gateway has tokenized it (0: not done, PromptTokens
+	// counts the client's ids or the stand-in's).
+	Tokens int
 
 	media   uint64 // digest of the non-text content parts (MediaBytes > 0)
 	scratch []byte // unescaped keys and roles
@@ -165,9 +174,12 @@ func (r *Request) KeySeed(model uint64) uint64 {
 // of the KV-event index, and it is routed without it.
 func (r *Request) Unindexed() bool { return r.MediaBytes > 0 }
 
-// PromptTokens is the prompt's length in tokens: the id count for token-id
-// prompts, else tokenize.Count of the rendered prompt.
+// PromptTokens is the prompt's length in tokens: Tokens when set, the id
+// count for token-id prompts, else tokenize.Count of the rendered prompt.
 func (r *Request) PromptTokens() int {
+	if r.Tokens > 0 {
+		return r.Tokens
+	}
 	if r.TokenIDs {
 		return len(r.PromptIDs)
 	}
@@ -257,6 +269,9 @@ func (r *Request) parse(s *scanner) error {
 			err = r.parseModel(s)
 		case "stream":
 			r.Stream, err = parseBool(s, "stream")
+		case "add_special_tokens":
+			r.SpecialTokensSet = s.c() != 'n'
+			r.SpecialTokens, err = parseBool(s, "add_special_tokens")
 		case "max_tokens":
 			maxTokens, err = parseCount(s, "max_tokens")
 		case "max_completion_tokens":
