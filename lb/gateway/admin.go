@@ -8,7 +8,7 @@ import (
 )
 
 // Admin returns the admin listener's handler: /metrics, /debug/pprof/* and
-// /admin/pods, /admin/index and /admin/plan. It runs on net/http: nothing here is on the request path,
+// /admin/pods, /admin/index (and POST /admin/index/match) and /admin/plan. It runs on net/http: nothing here is on the request path,
 // and pprof plugs in as is.
 func (g *Gateway) Admin() http.Handler {
 	mux := http.NewServeMux()
@@ -23,6 +23,7 @@ func (g *Gateway) Admin() http.Handler {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /admin/pods", g.servePods)
 	mux.HandleFunc("GET /admin/index", g.serveIndex)
+	mux.HandleFunc("POST /admin/index/match", g.serveIndexMatch)
 	mux.HandleFunc("GET /admin/plan", g.servePlan)
 	return mux
 }

@@ -51,8 +51,11 @@ type completion struct {
 	counted openai.TokenCounter
 	start   time.Time
 
-	// The prompt as the prefix index sees it: block keys, and each pod's
-	// matched depth in blocks (by pool.Pod.Slot).
+	// The prompt as the prefix index sees it: its ids as the model's
+	// engine computes them (empty unless the model has a tokenizer; see
+	// tokenize), block keys, and each pod's matched depth in blocks (by
+	// pool.Pod.Slot).
+	ids    []uint32
 	keys   []uint64
 	depth  []int32
 	looked bool
@@ -105,7 +108,7 @@ func releaseCompletion(x *completion) {
 	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
 	x.stage, x.via, x.attempts, x.last = stagePick, nil, 0, nil
 	x.logHead, x.times = x.logHead[:0], tokenTimes{}
-	x.keys, x.looked = x.keys[:0], false
+	x.ids, x.keys, x.looked = x.ids[:0], x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
 	x.class = admit.Interactive
 	if x.key != nil {

@@ -66,6 +66,9 @@ type Gateway struct {
 	// keptLog and notSentLog space the lines of a pod kept in at the
 	// ejection cap and of a request moved to another pod.
 	keptLog, notSentLog spacedLog
+	// inexactLog spaces the warning for prompts routed without the index
+	// because they could not be tokenized as the engine would.
+	inexactLog spacedLog
 	// kv follows the pods' KV events into the models' prefix indexes.
 	kv *kvFeeds
 	// stop ends the background loops (ledger janitor, shared ledger).

@@ -74,12 +74,17 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		Restarts       uint64 `json:"restarts,omitempty"`
 	}
 	type modelIndex struct {
-		Model     string     `json:"model"`
-		BlockSize int        `json:"block_size"`
-		Nodes     int        `json:"nodes"`
-		Blocks    int        `json:"blocks"`
-		Bytes     int64      `json:"bytes"`
-		Pods      []podIndex `json:"pods"`
+		Model     string `json:"model"`
+		BlockSize int    `json:"block_size"`
+		// Tokenizer is the model's tokenizer directory, or "stand-in";
+		// Tokenized counts requests by how their keys were made
+		// (exact, stand_in, unindexed: routed without the index).
+		Tokenizer string            `json:"tokenizer"`
+		Tokenized map[string]uint64 `json:"tokenized"`
+		Nodes     int               `json:"nodes"`
+		Blocks    int               `json:"blocks"`
+		Bytes     int64             `json:"bytes"`
+		Pods      []podIndex        `json:"pods"`
 	}
 	snap := g.pool.Load()
 	g.mu.Lock()
@@ -88,7 +93,14 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 	out := make([]modelIndex, 0, len(snap.Models))
 	for _, m := range snap.Models {
 		st := m.Prefix.Stats()
-		mi := modelIndex{Model: m.Name, BlockSize: m.BlockSize, Nodes: st.Nodes, Blocks: st.Blocks, Bytes: st.Bytes}
+		mi := modelIndex{Model: m.Name, BlockSize: m.BlockSize, Nodes: st.Nodes, Blocks: st.Blocks, Bytes: st.Bytes,
+			Tokenizer: "stand-in", Tokenized: map[string]uint64{}}
+		if m.Prompt != nil {
+			mi.Tokenizer = m.Prompt.Name()
+		}
+		for i, c := range g.metrics.model(m).tokenized {
+			mi.Tokenized[tokenModeNames[i]] = c.Get()
+		}
 		for _, p := range m.Pods {
 			pi := podIndex{Pod: p.Config.Name, Blocks: st.PodBlocks[p.Slot], KVEvents: p.Config.KVEvents}
 			for _, f := range feeds {

@@ -54,6 +54,10 @@ type modelMetrics struct {
 	// prefix hit rate the router achieved.
 	promptTokens *metrics.Counter
 	cachedTokens *metrics.Counter
+	// tokenized counts requests by how their prompt became token ids
+	// (tokenMode): exactly as the engine, the stand-in, or not at all
+	// (routed without the KV-event index).
+	tokenized [numTokenModes]*metrics.Counter
 	// completionTokens adds up the output of the answers relayed (a
 	// stream's counted from its events, or its usage when it carries it; a
 	// whole answer's from its usage).
@@ -125,6 +129,9 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 			cachedTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
 			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%q}`, md.Name)),
 			pd:               pd.NewMetrics(m.set, md.Name, ttftBuckets),
+		}
+		for i, name := range tokenModeNames {
+			next[md.Index].tokenized[i] = m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokenized_total{model=%q,mode=%q}`, md.Name, name))
 		}
 	}
 	m.models.Store(&next)

@@ -4,13 +4,11 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"pdlb/engines/tokenize"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
 	"pdlb/ledger"
-	"pdlb/radix"
 )
 
 // Headers that carry a request's session key (AIBrix's name is an alias)
@@ -28,11 +26,7 @@ func (g *Gateway) lookup(m *pool.Model, x *completion) {
 		return
 	}
 	x.looked = true
-	if x.req.TokenIDs {
-		x.keys = radix.AppendBlockKeys(x.keys[:0], x.req.KeySeed(m.Seed), x.req.PromptIDs, m.BlockSize)
-	} else {
-		x.keys = tokenize.AppendBlockKeys(x.keys[:0], x.req.KeySeed(m.Seed), x.req.Prompt, m.BlockSize)
-	}
+	x.keys = appendKeys(x.keys[:0], m, x)
 	if cap(x.depth) < len(m.Pods) {
 		x.depth = make([]int32, len(m.Pods))
 	}

@@ -32,16 +32,22 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, answer(e))
 		return
 	}
-	if d = key.Admit(x.start, x.req.PromptTokens()); !d.OK() {
-		g.fail(ctx, x, nil, refused(d))
-		return
-	}
-	x.key = key
 	m := g.pool.Load().Model(x.req.Model)
 	if m == nil {
 		g.fail(ctx, x, nil, answer(openai.ModelNotFound(x.req.Model)))
 		return
 	}
+	// Tokenized before the key's token budget is charged, so the budget
+	// counts the engine's tokens.
+	if f := g.tokenize(x, m, ctx.PostBody()); f != nil {
+		g.fail(ctx, x, m, f)
+		return
+	}
+	if d = key.Admit(x.start, x.req.PromptTokens()); !d.OK() {
+		g.fail(ctx, x, m, refused(d))
+		return
+	}
+	x.key = key
 	var e *openai.Error
 	if x.class, e = classOf(ctx.Request.Header.Peek(headerPriority)); e != nil {
 		g.fail(ctx, x, m, answer(e))

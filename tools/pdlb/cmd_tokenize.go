@@ -121,10 +121,8 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 // or as the gateway's stand-in does.
 func tokenizeBody(m *prompt.Model, body []byte) (tokenized, error) {
 	var req struct {
-		Model            string          `json:"model"`
-		Messages         json.RawMessage `json:"messages"`
-		Prompt           json.RawMessage `json:"prompt"`
-		AddSpecialTokens *bool           `json:"add_special_tokens"`
+		Model    string          `json:"model"`
+		Messages json.RawMessage `json:"messages"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
 		return tokenized{}, fmt.Errorf("the request body on standard input is not a JSON object: %v", err)
@@ -157,10 +155,10 @@ func tokenizeBody(m *prompt.Model, body []byte) (tokenized, error) {
 			return t, err
 		}
 		t.Prompt = string(text)
-		t.IDs = m.Tokenizer().Append(nil, text, false)
+		t.IDs = m.Tokenizer().Append(nil, text, r.SpecialTokensSet && r.SpecialTokens)
 	default:
 		t.Prompt = string(r.Prompt)
-		t.IDs = m.Completion(nil, r.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+		t.IDs = m.Completion(nil, r.Prompt, !r.SpecialTokensSet || r.SpecialTokens)
 	}
 	for _, id := range t.IDs {
 		t.Tokens = append(t.Tokens, tokenText(m, id))

@@ -1,0 +1,157 @@
+package lb_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"pdlb/engines/prompt"
+	"pdlb/engines/sim"
+	"pdlb/engines/vllm"
+	"pdlb/internal/testwait"
+	"pdlb/internal/tokfiles"
+	"pdlb/lb/config"
+)
+
+// tokenizedCounts reads /admin/index's tokenizer and per-mode counts of
+// model m.
+func tokenizedCounts(t *testing.T, admin string) (tokenizer string, counts map[string]uint64) {
+	t.Helper()
+	var out struct {
+		Models []struct {
+			Model     string
+			Tokenizer string
+			Tokenized map[string]uint64
+		}
+	}
+	if err := json.Unmarshal([]byte(get(t, "http://"+admin+"/admin/index")), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range out.Models {
+		if m.Model == "m" {
+			return m.Tokenizer, m.Tokenized
+		}
+	}
+	t.Fatal("model m not in /admin/index")
+	return "", nil
+}
+
+// Pods and gateway both tokenize as Qwen3 does; the pods publish real
+// vLLM KV events. The gateway's keys for a request must equal those the
+// index built from the events, so a second request sharing the first's
+// long system prompt is predicted cached on the pod that holds it, and
+// the pod's own prefix cache agrees.
+func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
+	dir := tokfiles.Dir(t, "qwen3")
+	m, err := prompt.Load(prompt.Config{Tokenizer: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods []config.Pod
+	for i := range 2 {
+		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		name := fmt.Sprintf("q-%d", i)
+		phys := sim.DefaultPhysics()
+		phys.BlockSize = 16
+		pod, err := sim.Start(sim.Config{Name: name, Model: "m", Listen: "127.0.0.1:0", Speedup: 100, KVEvents: pub, Prompt: m, Physics: phys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pod.Close() })
+		pods = append(pods, config.Pod{Name: name, Model: "m", Address: pod.Addr(), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()})
+	}
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}
+	})
+	system := strings.Repeat("You answer questions about the geography of East Asia, briefly and accurately. ", 40)
+	// The first request goes to a pod directly: the gateway learns of its
+	// blocks only from the pod's KV events, in the pod's own token ids.
+	home := "q-1"
+	r0, err := client.Post("http://"+pods[1].Address+"/v1/chat/completions", "application/json", strings.NewReader(chat(system, "Where is the capital of China?", 2, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var usage struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(r0.Body).Decode(&usage)
+	r0.Body.Close()
+	if r0.StatusCode != 200 || err != nil || usage.Usage.PromptTokens < 500 {
+		t.Fatalf("direct to the pod: %d %v %+v", r0.StatusCode, err, usage)
+	}
+	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, home); return blocks >= usage.Usage.PromptTokens/16 })
+
+	// The second request shares the system prompt: its blocks are the
+	// events' blocks only if both sides computed the same ids.
+	resp, b := post(t, s, "/v1/chat/completions", chat(system, "And of Japan?", 2, false))
+	if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
+		t.Fatalf("second turn on %s (%d %s), its prefix is on %s", resp.Header.Get("x-pdlb-pod"), resp.StatusCode, b, home)
+	}
+	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+	var prompt, cached float64
+	for _, line := range strings.Split(metrics, "\n") {
+		fmt.Sscanf(line, `pdlb_prompt_tokens_total{model="m"} %g`, &prompt)
+		fmt.Sscanf(line, `pdlb_prefix_cached_tokens_total{model="m"} %g`, &cached)
+	}
+	// The system prompt is most of the prompt: the gateway must have
+	// predicted nearly all of it cached, as blocks of 16.
+	if cached < float64(usage.Usage.PromptTokens)*0.9-16 {
+		t.Fatalf("gateway predicted %g cached tokens of %g prompted; the first prompt alone was %d tokens", cached, prompt, usage.Usage.PromptTokens)
+	}
+	tok, counts := tokenizedCounts(t, s.AdminAddr())
+	if tok != dir || counts["exact"] != 1 || counts["stand_in"] != 0 || counts["unindexed"] != 0 {
+		t.Fatalf("/admin/index: tokenizer %q, counts %v", tok, counts)
+	}
+	if !strings.Contains(metrics, `pdlb_prompt_tokenized_total{model="m",mode="exact"} 1`) {
+		t.Fatal("pdlb_prompt_tokenized_total does not count the exact requests")
+	}
+
+	// A message vLLM refuses is refused by the gateway, naming the field.
+	resp, b = post(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":null}]}`)
+	if resp.StatusCode != 400 || !strings.Contains(b, `"param":"messages[0].content"`) {
+		t.Fatalf("null content: %d %s", resp.StatusCode, b)
+	}
+	// Media content cannot be keyed as the engine keys it: it is routed
+	// without the index, and counted so.
+	resp, b = post(t, s, "/v1/chat/completions", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("media: %d %s", resp.StatusCode, b)
+	}
+	if _, counts = tokenizedCounts(t, s.AdminAddr()); counts["unindexed"] != 1 {
+		t.Fatalf("a media request was not counted unindexed: %v", counts)
+	}
+
+	// pdlb tokenize --admin's query: the index holds the system prompt's
+	// blocks on home, and nothing elsewhere.
+	ids, err := m.Chat(nil, []byte(chat(system, "And of Korea?", 2, false)), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, _ := json.Marshal(map[string]any{"model": "m", "ids": ids})
+	r, err := client.Post("http://"+s.AdminAddr()+"/admin/index/match", "application/json", strings.NewReader(string(q)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	var match struct {
+		Pods []struct {
+			Pod          string
+			CachedTokens int `json:"cached_tokens"`
+		}
+	}
+	if err := json.NewDecoder(r.Body).Decode(&match); err != nil || len(match.Pods) != 2 {
+		t.Fatalf("/admin/index/match: %v %+v", err, match)
+	}
+	for _, p := range match.Pods {
+		if (p.Pod == home) != (p.CachedTokens >= usage.Usage.PromptTokens*9/10-16) {
+			t.Fatalf("/admin/index/match: %+v (home %s, first prompt %d tokens)", match.Pods, home, usage.Usage.PromptTokens)
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"pdlb/engines/chat"
+	"pdlb/engines/tokenize"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/radix"
+)
+
+// tokenMode says how a request's prompt became the token ids its block
+// keys are made of.
+type tokenMode uint8
+
+const (
+	// tokensStandIn: the model names no tokenizer; the stand-in's ids
+	// match the gateway's own picks but no engine's KV events.
+	tokensStandIn tokenMode = iota
+	// tokensExact: the model's tokenizer and chat template, or the
+	// client's own token ids: the ids the engine computes.
+	tokensExact
+	// tokensUnindexed: the engine's keys cannot be made here (non-text
+	// content, a template the engine renders differently from Python, no
+	// template): the request is routed without the KV-event index.
+	tokensUnindexed
+	numTokenModes
+)
+
+var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
+
+// tokenize gives x the ids m's engine computes for its prompt, when m has
+// a tokenizer, and counts how x's keys will be made. A message vLLM would
+// refuse before rendering fails the request with vLLM's 400; anything else
+// the gateway cannot render exactly routes the request without the index.
+// It runs before the pick, on the connection's loop or worker: a chat
+// whose earlier turns were seen costs tens of microseconds (the
+// tokenizer's segment cache; engines/prompt's benchmarks).
+func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
+	x.ids = x.ids[:0]
+	mode := tokensExact
+	switch {
+	case x.req.Unindexed():
+		mode = tokensUnindexed
+	case x.req.TokenIDs:
+	case m.Prompt == nil:
+		mode = tokensStandIn
+	case x.req.Kind == openai.KindChat:
+		var err error
+		x.ids, err = m.Prompt.Chat(x.ids, body, x.req.SpecialTokensSet && x.req.SpecialTokens)
+		var refused *chat.RequestError
+		switch {
+		case errors.As(err, &refused):
+			return &failure{e: &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
+				Param: refused.Param, Code: openai.CodeInvalidValue, Message: refused.Message}}
+		case err != nil:
+			mode = tokensUnindexed
+			x.ids = x.ids[:0]
+			if held, ok := g.inexactLog.allow(time.Now().UnixNano(), time.Second); ok {
+				g.log.Warn("prompt not tokenized as the engine would; routed without the KV-event index",
+					"model", m.Name, "err", err, "suppressed", held)
+			}
+		}
+	default:
+		x.ids = m.Prompt.Completion(x.ids, x.req.Prompt, !x.req.SpecialTokensSet || x.req.SpecialTokens)
+	}
+	if len(x.ids) > 0 {
+		x.req.Tokens = len(x.ids)
+	}
+	g.metrics.model(m).tokenized[mode].Inc()
+	return nil
+}
+
+// appendKeys appends the block keys of x's prompt on m: from the ids
+// tokenize made, the client's ids, or the stand-in's rendering.
+func appendKeys(dst []uint64, m *pool.Model, x *completion) []uint64 {
+	seed := x.req.KeySeed(m.Seed)
+	switch {
+	case len(x.ids) > 0:
+		return radix.AppendBlockKeys(dst, seed, x.ids, m.BlockSize)
+	case x.req.TokenIDs:
+		return radix.AppendBlockKeys(dst, seed, x.req.PromptIDs, m.BlockSize)
+	}
+	return tokenize.AppendBlockKeys(dst, seed, x.req.Prompt, m.BlockSize)
+}
+
+// serveIndexMatch is POST /admin/index/match: which pods hold the blocks
+// of a prompt given as token ids ({"model", "ids", "cache_salt"}), as pdlb
+// tokenize --admin asks.
+func (g *Gateway) serveIndexMatch(w http.ResponseWriter, r *http.Request) {
+	var q struct {
+		Model     string   `json:"model"`
+		IDs       []uint32 `json:"ids"`
+		CacheSalt string   `json:"cache_salt"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<20)).Decode(&q); err != nil {
+		http.Error(w, "the body must be {\"model\": ..., \"ids\": [...], \"cache_salt\": ...}: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	m := g.pool.Load().Model([]byte(q.Model))
+	if m == nil {
+		http.Error(w, "no model "+q.Model+" in the fleet", http.StatusNotFound)
+		return
+	}
+	keys := radix.AppendBlockKeys(nil, radix.SeedWith(m.Seed, "", q.CacheSalt), q.IDs, m.BlockSize)
+	depth := make([]int32, len(m.Pods))
+	m.Prefix.Match(keys, depth)
+	type hit struct {
+		Pod          string `json:"pod"`
+		CachedTokens int    `json:"cached_tokens"`
+	}
+	out := struct {
+		Model     string `json:"model"`
+		BlockSize int    `json:"block_size"`
+		Blocks    int    `json:"blocks"`
+		Pods      []hit  `json:"pods"`
+	}{Model: m.Name, BlockSize: m.BlockSize, Blocks: len(keys), Pods: []hit{}}
+	for _, p := range m.Pods {
+		out.Pods = append(out.Pods, hit{Pod: p.Config.Name, CachedTokens: int(depth[p.Slot]) * m.BlockSize})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
