@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/internal/tokfiles"
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
@@ -20,11 +21,12 @@ import (
 
 // decideGateway is a gateway over 64 pods of one model whose prefix index
 // already holds many conversations, without health checks or sockets: the
-// routing decision alone.
-func decideGateway(b *testing.B, policy string) (*Gateway, *pool.Model) {
+// routing decision alone. tokenizer names the model's tokenizer files
+// ("": the stand-in).
+func decideGateway(b *testing.B, policy, tokenizer string) (*Gateway, *pool.Model) {
 	b.Helper()
 	cfg := config.Default()
-	cfg.Models = []config.Model{{Name: "m", Policy: policy}}
+	cfg.Models = []config.Model{{Name: "m", Policy: policy, Tokenizer: tokenizer}}
 	for i := 0; i < 64; i++ {
 		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
 	}
@@ -66,11 +68,12 @@ func decideGateway(b *testing.B, policy string) (*Gateway, *pool.Model) {
 	return g, m
 }
 
-// chatBody is a 2,048-token chat request: a system prompt shared with the
-// indexed conversations, then a question of its own.
+// chatBody is a 2,048-token chat request (in the stand-in's tokens; about
+// 1,700 of Qwen3's): a system prompt shared with the indexed
+// conversations, then a question of its own.
 func chatBody() []byte {
 	sys := strings.Repeat("You are a helpful assistant. ", 200)[:4096]
-	user := strings.Repeat("Tell me about routing. ", 200)[:4096-len(`<|user|>`)-40]
+	user := strings.TrimSpace(strings.Repeat("Tell me about routing. ", 200)[:4096-len(`<|user|>`)-40])
 	return []byte(fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":256,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, sys, user))
 }
 
@@ -81,6 +84,9 @@ func chatBody() []byte {
 func decide(g *Gateway, m *pool.Model, x *completion, body []byte, id uint64) {
 	if err := x.req.Parse(openai.KindChat, body); err != nil {
 		panic(err)
+	}
+	if f := g.tokenize(x, m, body); f != nil {
+		panic(f.e)
 	}
 	x.ticket = ledger.Ticket{ID: id}
 	pod := g.pick(m, x, "")
@@ -93,22 +99,32 @@ func decide(g *Gateway, m *pool.Model, x *completion, body []byte, id uint64) {
 
 func BenchmarkDecide(b *testing.B) {
 	for _, policy := range []string{"slo_cache", "cache_aware", "least_request"} {
-		b.Run(policy, func(b *testing.B) {
-			g, m := decideGateway(b, policy)
-			body := chatBody()
-			x := acquireCompletion()
-			defer releaseCompletion(x)
-			decide(g, m, x, body, 1)
-			if n := x.routeReq.PromptTokens; n < 2000 || (m.UsesCache && len(x.keys) < 120) {
-				b.Fatalf("prompt of %d tokens, want about 2,048", n)
-			}
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				decide(g, m, x, body, uint64(i+2))
-			}
-		})
+		b.Run(policy, func(b *testing.B) { benchDecide(b, policy, "") })
+	}
+}
+
+// BenchmarkDecideQwen3 is BenchmarkDecide/slo_cache with the model's own
+// tokenizer and chat template (Qwen3's) instead of the stand-in: render,
+// encode (the request seen before, as a retry or a resent conversation
+// is), keys, match, pick.
+func BenchmarkDecideQwen3(b *testing.B) {
+	benchDecide(b, "slo_cache", tokfiles.Dir(b, "qwen3"))
+}
+
+func benchDecide(b *testing.B, policy, tokenizer string) {
+	g, m := decideGateway(b, policy, tokenizer)
+	body := chatBody()
+	x := acquireCompletion()
+	defer releaseCompletion(x)
+	decide(g, m, x, body, 1)
+	if n := x.routeReq.PromptTokens; n < 1600 || (m.UsesCache && len(x.keys) < 100) {
+		b.Fatalf("prompt of %d tokens, want about 2,048", n)
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		decide(g, m, x, body, uint64(i+2))
 	}
 }
 
@@ -117,7 +133,7 @@ func BenchmarkDecide(b *testing.B) {
 // counters, scoring and the charge. Steadier than BenchmarkDecide for work
 // on those.
 func BenchmarkPick(b *testing.B) {
-	g, m := decideGateway(b, "slo_cache")
+	g, m := decideGateway(b, "slo_cache", "")
 	x := acquireCompletion()
 	defer releaseCompletion(x)
 	if err := x.req.Parse(openai.KindChat, chatBody()); err != nil {
@@ -136,7 +152,7 @@ func BenchmarkPick(b *testing.B) {
 // BenchmarkDecideParallel is decisions per second with every core deciding
 // at once; the ledger's selection lock is what they share.
 func BenchmarkDecideParallel(b *testing.B) {
-	g, m := decideGateway(b, "slo_cache")
+	g, m := decideGateway(b, "slo_cache", "")
 	body := chatBody()
 	var next uint64
 	b.ReportAllocs()

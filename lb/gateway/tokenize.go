@@ -51,13 +51,10 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 		mode = tokensStandIn
 	case x.req.Kind == openai.KindChat:
 		var err error
-		x.ids, err = m.Prompt.Chat(x.ids, body, x.req.SpecialTokensSet && x.req.SpecialTokens)
-		var refused *chat.RequestError
-		switch {
-		case errors.As(err, &refused):
-			return &failure{e: &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
-				Param: refused.Param, Code: openai.CodeInvalidValue, Message: refused.Message}}
-		case err != nil:
+		if x.ids, err = m.Prompt.Chat(x.ids, body, x.req.SpecialTokensSet && x.req.SpecialTokens); err != nil {
+			if f := refusal(err); f != nil {
+				return f
+			}
 			mode = tokensUnindexed
 			x.ids = x.ids[:0]
 			if held, ok := g.inexactLog.allow(time.Now().UnixNano(), time.Second); ok {
@@ -73,6 +70,18 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	}
 	g.metrics.model(m).tokenized[mode].Inc()
 	return nil
+}
+
+// refusal is the 400 for a chat vLLM refuses before rendering, nil for
+// any other error. (Apart from tokenize, so its error variable does not
+// escape on every request.)
+func refusal(err error) *failure {
+	var refused *chat.RequestError
+	if !errors.As(err, &refused) {
+		return nil
+	}
+	return &failure{e: &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
+		Param: refused.Param, Code: openai.CodeInvalidValue, Message: refused.Message}}
 }
 
 // appendKeys appends the block keys of x's prompt on m: from the ids
