@@ -29,6 +29,23 @@ func fieldError(param, msg string) *RequestError {
 	return &RequestError{Param: param, Message: param + ": " + msg}
 }
 
+// wrongType skips a value of the wrong JSON type and returns vLLM's 400
+// for it, or the syntax error the skip ran into.
+func (c *Conversation) wrongType(param, msg string) error {
+	c.sc.skip()
+	if err := c.syntax(); err != nil {
+		return err
+	}
+	return fieldError(param, msg)
+}
+
+// wrongType skips a value of the wrong JSON type in a nested value (tools,
+// tool calls), which the request's scan has already found well-formed.
+func (s *scanner) wrongType(param, msg string) error {
+	s.skip()
+	return fieldError(param, msg)
+}
+
 // Roles. vLLM takes any role string (its custom message type); these are
 // the OpenAI ones it treats apart, roleOther the rest.
 const (
@@ -286,11 +303,7 @@ func (c *Conversation) optString(field string) (span, bool, error) {
 		return span{}, false, nil
 	}
 	if s.peek() != '"' {
-		s.skip()
-		if err := c.syntax(); err != nil {
-			return span{}, false, err
-		}
-		return span{}, false, fieldError(field, "Input should be a valid string")
+		return span{}, false, c.wrongType(field, "Input should be a valid string")
 	}
 	var sp span
 	c.arena, sp = s.str(c.arena)
@@ -310,11 +323,7 @@ func (c *Conversation) parseKwargs() error {
 		return nil
 	}
 	if s.peek() != '{' {
-		s.skip()
-		if err := c.syntax(); err != nil {
-			return err
-		}
-		return fieldError("chat_template_kwargs", "Input should be a valid dictionary")
+		return c.wrongType("chat_template_kwargs", "Input should be a valid dictionary")
 	}
 	c.kwargs, c.hasKwargs = c.rawValue(), true
 	if err := c.syntax(); err != nil {
@@ -341,11 +350,7 @@ func (c *Conversation) parseTools() error {
 		return nil
 	}
 	if s.peek() != '[' {
-		s.skip()
-		if err := c.syntax(); err != nil {
-			return err
-		}
-		return fieldError("tools", "Input should be a valid list")
+		return c.wrongType("tools", "Input should be a valid list")
 	}
 	c.tools = c.rawValue()
 	if err := c.syntax(); err != nil {
@@ -372,8 +377,7 @@ func (c *Conversation) parseTools() error {
 func checkTool(t *scanner, i int) error {
 	at := func(f string) string { return "tools[" + strconv.Itoa(i) + "]" + f }
 	if t.peek() != '{' {
-		t.skip()
-		return fieldError(at(""), "Input should be a valid dictionary or instance of ChatCompletionToolsParam")
+		return t.wrongType(at(""), "Input should be a valid dictionary or instance of ChatCompletionToolsParam")
 	}
 	t.pos++
 	sawFunction := false
@@ -383,8 +387,7 @@ func checkTool(t *scanner, i int) error {
 		switch k {
 		case "type":
 			if t.peek() != '"' || !t.lit(`"function"`) {
-				t.skip()
-				return fieldError(at(".type"), "Input should be 'function'")
+				return t.wrongType(at(".type"), "Input should be 'function'")
 			}
 		case "function":
 			sawFunction = true
@@ -393,8 +396,7 @@ func checkTool(t *scanner, i int) error {
 			}
 		case "defer_loading":
 			if _, ok := t.boolean(); !ok && !t.isNull() {
-				t.skip()
-				return fieldError(at(".defer_loading"), "Input should be a valid boolean")
+				return t.wrongType(at(".defer_loading"), "Input should be a valid boolean")
 			}
 		default:
 			t.skip()
@@ -408,8 +410,7 @@ func checkTool(t *scanner, i int) error {
 
 func checkFunction(t *scanner, at string) error {
 	if t.peek() != '{' {
-		t.skip()
-		return fieldError(at, "Input should be a valid dictionary or instance of FunctionDefinition")
+		return t.wrongType(at, "Input should be a valid dictionary or instance of FunctionDefinition")
 	}
 	t.pos++
 	sawName := false
@@ -419,30 +420,26 @@ func checkFunction(t *scanner, at string) error {
 		case "name":
 			sawName = true
 			if t.peek() != '"' {
-				t.skip()
-				return fieldError(at+".name", "Input should be a valid string")
+				return t.wrongType(at+".name", "Input should be a valid string")
 			}
 			t.skipString()
 		case "description":
 			if !t.isNull() {
 				if t.peek() != '"' {
-					t.skip()
-					return fieldError(at+".description", "Input should be a valid string")
+					return t.wrongType(at+".description", "Input should be a valid string")
 				}
 				t.skipString()
 			}
 		case "parameters":
 			if !t.isNull() {
 				if t.peek() != '{' {
-					t.skip()
-					return fieldError(at+".parameters", "Input should be a valid dictionary")
+					return t.wrongType(at+".parameters", "Input should be a valid dictionary")
 				}
 				t.skip()
 			}
 		case "strict", "defer_loading":
 			if _, ok := t.boolean(); !ok && !t.isNull() {
-				t.skip()
-				return fieldError(at+"."+k, "Input should be a valid boolean")
+				return t.wrongType(at+"."+k, "Input should be a valid boolean")
 			}
 		default:
 			t.skip()
@@ -472,11 +469,7 @@ func (s *scanner) keyString() string {
 func (c *Conversation) parseMessages() error {
 	s := &c.sc
 	if s.peek() != '[' {
-		s.skip()
-		if err := c.syntax(); err != nil {
-			return err
-		}
-		return fieldError("messages", "Input should be a valid list")
+		return c.wrongType("messages", "Input should be a valid list")
 	}
 	s.pos++
 	first := true
@@ -499,11 +492,7 @@ func msgField(i int, f string) string { return "messages[" + strconv.Itoa(i) + "
 func (c *Conversation) parseMessage(i int) error {
 	s := &c.sc
 	if s.peek() != '{' {
-		s.skip()
-		if err := c.syntax(); err != nil {
-			return err
-		}
-		return fieldError(msgField(i, ""), "Input should be a valid dictionary")
+		return c.wrongType(msgField(i, ""), "Input should be a valid dictionary")
 	}
 	s.pos++
 	m := message{role: -1}
@@ -516,11 +505,7 @@ func (c *Conversation) parseMessage(i int) error {
 		switch string(name) {
 		case "role":
 			if s.peek() != '"' {
-				s.skip()
-				if err := c.syntax(); err != nil {
-					return err
-				}
-				return fieldError(msgField(i, ".role"), "Input should be a valid string")
+				return c.wrongType(msgField(i, ".role"), "Input should be a valid string")
 			}
 			var r span
 			c.arena, r = s.str(c.arena)
@@ -606,11 +591,7 @@ func (c *Conversation) parseContent(m *message, i int) error {
 		m.partHi = len(c.parts)
 		return c.syntax()
 	}
-	s.skip()
-	if err := c.syntax(); err != nil {
-		return err
-	}
-	return fieldError(msgField(i, ".content"), "Input should be a valid string or a list of content parts")
+	return c.wrongType(msgField(i, ".content"), "Input should be a valid string or a list of content parts")
 }
 
 // textPartTypes are the part types whose text vLLM keeps in the prompt;
@@ -632,11 +613,7 @@ func (c *Conversation) parsePart(i, j int) error {
 		return c.syntax()
 	}
 	if s.peek() != '{' {
-		s.skip()
-		if err := c.syntax(); err != nil {
-			return err
-		}
-		return fieldError(at, "Input should be a valid dictionary")
+		return c.wrongType(at, "Input should be a valid dictionary")
 	}
 	s.pos++
 	var p part
@@ -668,11 +645,7 @@ func (c *Conversation) parsePart(i, j int) error {
 				break
 			}
 			if s.peek() != '"' {
-				s.skip()
-				if err := c.syntax(); err != nil {
-					return err
-				}
-				return fieldError(at+"."+name, "Input should be a valid string")
+				return c.wrongType(at+"."+name, "Input should be a valid string")
 			}
 			f := textFieldIndex(name)
 			c.arena, texts[f] = s.str(c.arena)
@@ -737,11 +710,7 @@ func (c *Conversation) parseToolCalls(m *message, i int) error {
 		return nil
 	}
 	if s.peek() != '[' {
-		s.skip()
-		if err := c.syntax(); err != nil {
-			return err
-		}
-		return fieldError(msgField(i, ".tool_calls"), "Input should be a valid list")
+		return c.wrongType(msgField(i, ".tool_calls"), "Input should be a valid list")
 	}
 	raw := c.rawValue()
 	if err := c.syntax(); err != nil {
@@ -770,8 +739,7 @@ func (c *Conversation) parseToolCalls(m *message, i int) error {
 // function.arguments as strings.
 func checkToolCall(t *scanner, at string) error {
 	if t.peek() != '{' {
-		t.skip()
-		return fieldError(at, "Input should be a valid dictionary")
+		return t.wrongType(at, "Input should be a valid dictionary")
 	}
 	t.pos++
 	var sawID, sawType, sawFunction bool
@@ -781,15 +749,13 @@ func checkToolCall(t *scanner, at string) error {
 		case "id":
 			sawID = true
 			if t.peek() != '"' {
-				t.skip()
-				return fieldError(at+".id", "Input should be a valid string")
+				return t.wrongType(at+".id", "Input should be a valid string")
 			}
 			t.skipString()
 		case "type":
 			sawType = true
 			if t.peek() != '"' || !t.lit(`"function"`) {
-				t.skip()
-				return fieldError(at+".type", "Input should be 'function'")
+				return t.wrongType(at+".type", "Input should be 'function'")
 			}
 		case "function":
 			sawFunction = true
@@ -813,8 +779,7 @@ func checkToolCall(t *scanner, at string) error {
 
 func checkCalledFunction(t *scanner, at string) error {
 	if t.peek() != '{' {
-		t.skip()
-		return fieldError(at, "Input should be a valid dictionary")
+		return t.wrongType(at, "Input should be a valid dictionary")
 	}
 	t.pos++
 	var sawName, sawArgs bool
@@ -824,8 +789,7 @@ func checkCalledFunction(t *scanner, at string) error {
 		switch k {
 		case "name", "arguments":
 			if t.peek() != '"' {
-				t.skip()
-				return fieldError(at+"."+k, "Input should be a valid string")
+				return t.wrongType(at+"."+k, "Input should be a valid string")
 			}
 			sawName = sawName || k == "name"
 			sawArgs = sawArgs || k == "arguments"
