@@ -276,12 +276,12 @@ func (t *Template) probe(kw map[string]jinja.Value) *plan {
 	walk = func() {
 		if len(roles) > 0 {
 			for gen := 0; gen < 2; gen++ {
-				t.probeOne(p, kw, roles, gen == 1)
+				t.probeOne(p, kw, roles, gen)
 			}
 		}
 		if len(roles) > 0 && len(roles) < probeDepth {
 			for gen := 0; gen < 2; gen++ {
-				t.probePadded(p, kw, roles, gen == 1)
+				t.probePadded(p, kw, roles, gen)
 			}
 		}
 		if len(roles) == probeDepth {
@@ -305,40 +305,49 @@ func (t *Template) probe(kw map[string]jinja.Value) *plan {
 
 func sentinel(i int) string { return "pdlbQ" + strconv.Itoa(1000+i) + "Zx" }
 
-// probeOne renders one role sequence with sentinel contents and records
-// the gaps between them.
-func (t *Template) probeOne(p *plan, kw map[string]jinja.Value, roles []int, gen bool) {
-	contents := make([]string, len(roles))
+// probeRender renders one role sequence with sentinel contents, each
+// between before and after, for add_generation_prompt gen (0 or 1); it
+// returns the prompt, the contents and each message's context.
+func (t *Template) probeRender(kw map[string]jinja.Value, roles []int, gen int, before, after string) (out string, contents []string, cxs []int, ok bool) {
+	contents = make([]string, len(roles))
 	for i := range roles {
-		contents[i] = sentinel(i)
+		contents[i] = before + sentinel(i) + after
 	}
-	out, err := t.jinjaPlain(kw, roles, contents, gen)
+	out, err := t.jinjaPlain(kw, roles, contents, gen == 1)
 	if err != nil {
-		return
+		return "", nil, nil, false
 	}
-	n := len(roles)
 	lastUser := -1
 	for i, r := range roles {
 		if r == roleUser {
 			lastUser = i
 		}
 	}
-	pos, prev := 0, -1
+	cxs = make([]int, len(roles))
 	for i, r := range roles {
+		cxs[i] = context(r, i == 0, i == len(roles)-1, i > lastUser)
+	}
+	return out, contents, cxs, true
+}
+
+// probeOne renders one role sequence with sentinel contents and records
+// the gaps between them.
+func (t *Template) probeOne(p *plan, kw map[string]jinja.Value, roles []int, gen int) {
+	out, contents, cxs, ok := t.probeRender(kw, roles, gen, "", "")
+	if !ok {
+		return
+	}
+	pos, prev := 0, -1
+	for i, cx := range cxs {
 		at := strings.Index(out[pos:], contents[i])
 		if at < 0 || strings.Count(out, contents[i]) != 1 {
 			return
 		}
-		cx := context(r, i == 0, i == n-1, i > lastUser)
 		record(&p.gaps[prev+1][cx], out[pos:pos+at])
 		pos += at + len(contents[i])
 		prev = cx
 	}
-	g := 0
-	if gen {
-		g = 1
-	}
-	record(&p.tails[prev][g], out[pos:])
+	record(&p.tails[prev][gen], out[pos:])
 }
 
 // Whitespace the padded probes put around sentinels.
@@ -350,25 +359,13 @@ const (
 // probePadded renders a role sequence with whitespace around each
 // sentinel and marks each context whose content came out as given, in the
 // gaps the plain probes learnt.
-func (t *Template) probePadded(p *plan, kw map[string]jinja.Value, roles []int, gen bool) {
-	contents := make([]string, len(roles))
-	for i := range roles {
-		contents[i] = padBefore + sentinel(i) + padAfter
-	}
-	out, err := t.jinjaPlain(kw, roles, contents, gen)
-	if err != nil {
+func (t *Template) probePadded(p *plan, kw map[string]jinja.Value, roles []int, gen int) {
+	out, contents, cxs, ok := t.probeRender(kw, roles, gen, padBefore, padAfter)
+	if !ok {
 		return
 	}
-	n := len(roles)
-	lastUser := -1
-	for i, r := range roles {
-		if r == roleUser {
-			lastUser = i
-		}
-	}
 	pos, prev := 0, -1
-	for i, r := range roles {
-		cx := context(r, i == 0, i == n-1, i > lastUser)
+	for i, cx := range cxs {
 		g := &p.gaps[prev+1][cx]
 		if !g.known || !strings.HasPrefix(out[pos:], g.s+contents[i]) {
 			// Later messages cannot be judged once one is off.
@@ -379,11 +376,7 @@ func (t *Template) probePadded(p *plan, kw map[string]jinja.Value, roles []int, 
 		pos += len(g.s) + len(contents[i])
 		prev = cx
 	}
-	g := 0
-	if gen {
-		g = 1
-	}
-	if tail := &p.tails[prev][g]; !tail.known || out[pos:] != tail.s {
+	if tail := &p.tails[prev][gen]; !tail.known || out[pos:] != tail.s {
 		p.paddedBad[prev] = true
 	}
 }
