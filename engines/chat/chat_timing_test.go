@@ -43,7 +43,14 @@ func BenchmarkParseRequest(b *testing.B) {
 	}
 }
 
-func benchRender(b *testing.B, jinjaOnly bool) {
+// What a render benchmark times once the plan is learnt.
+const (
+	renderJinja    = iota // the Jinja renderer alone
+	renderFast            // the fast path
+	parseAndRender        // parse the body, render on the fast path
+)
+
+func benchRender(b *testing.B, mode int) {
 	tmpl := loadTemplate(b, "qwen3")
 	body := chatBody(b)
 	c := AcquireConversation()
@@ -58,11 +65,16 @@ func benchRender(b *testing.B, jinjaOnly bool) {
 	tmpl.learners.Wait()
 	b.ReportAllocs()
 	for b.Loop() {
-		if jinjaOnly {
+		switch mode {
+		case renderJinja:
 			if _, err := tmpl.renderJinja(c, nil); err != nil {
 				b.Fatal(err)
 			}
 			continue
+		case parseAndRender:
+			if err := c.ParseRequest(body); err != nil {
+				b.Fatal(err)
+			}
 		}
 		if dst, err = tmpl.Render(dst[:0], c, nil); err != nil {
 			b.Fatal(err)
@@ -71,34 +83,12 @@ func benchRender(b *testing.B, jinjaOnly bool) {
 	b.ReportMetric(float64(len(dst)), "prompt-bytes")
 }
 
-func BenchmarkRenderJinja(b *testing.B)    { benchRender(b, true) }
-func BenchmarkRenderFastPath(b *testing.B) { benchRender(b, false) }
+func BenchmarkRenderJinja(b *testing.B)    { benchRender(b, renderJinja) }
+func BenchmarkRenderFastPath(b *testing.B) { benchRender(b, renderFast) }
 
 // BenchmarkParseAndRender is the gateway's per-request work here: parse
 // the body, render the prompt on the fast path.
-func BenchmarkParseAndRender(b *testing.B) {
-	tmpl := loadTemplate(b, "qwen3")
-	body := chatBody(b)
-	c := AcquireConversation()
-	defer ReleaseConversation(c)
-	if err := c.ParseRequest(body); err != nil {
-		b.Fatal(err)
-	}
-	dst, err := tmpl.Render(nil, c, nil) // starts learning the plan
-	if err != nil {
-		b.Fatal(err)
-	}
-	tmpl.learners.Wait()
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := c.ParseRequest(body); err != nil {
-			b.Fatal(err)
-		}
-		if dst, err = tmpl.Render(dst[:0], c, nil); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
+func BenchmarkParseAndRender(b *testing.B) { benchRender(b, parseAndRender) }
 
 // TestSteadyStateAllocs: parsing a plain chat and rendering it on the fast
 // path allocate nothing once the buffers have grown.
