@@ -124,10 +124,10 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	}
 	t := &Tokenizer{specials: map[string]string{}}
 	var err error
-	if t.norm, err = parseNormalizer("normalizer", file["normalizer"], nil); err != nil {
+	if t.norm, err = parseTree("normalizer", file["normalizer"], "normalizers", nil, parseNormalizer); err != nil {
 		return nil, err
 	}
-	if t.pre, err = parsePreTokenizer("pre_tokenizer", file["pre_tokenizer"], nil); err != nil {
+	if t.pre, err = parseTree("pre_tokenizer", file["pre_tokenizer"], "pretokenizers", nil, parsePreTokenizer); err != nil {
 		return nil, err
 	}
 	byteLevel := false
@@ -161,7 +161,7 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	if err := parseAdded(added, t); err != nil {
 		return nil, err
 	}
-	if err := parsePostProcessor("post_processor", file["post_processor"], t); err != nil {
+	if _, err := parseTree("post_processor", file["post_processor"], "processors", t, parsePostProcessor); err != nil {
 		return nil, err
 	}
 	if tokenizerConfigJSON != nil {

@@ -74,31 +74,39 @@ func typeOf(path string, raw json.RawMessage) (string, error) {
 	return head.Type, nil
 }
 
-// parseNormalizer flattens the normalizer tree into the steps applied in order.
-func parseNormalizer(path string, raw json.RawMessage, out []normStep) ([]normStep, error) {
+// parseTree walks a normalizer, pre-tokenizer or post-processor tree: a
+// null tree is empty, a Sequence's nodes (its listKey field) are walked in
+// order, and leaf parses each other node into out.
+func parseTree[S any](path string, raw json.RawMessage, listKey string, out S, leaf func(path, typ string, raw json.RawMessage, out S) (S, error)) (S, error) {
 	if isNull(raw) {
 		return out, nil
 	}
 	typ, err := typeOf(path, raw)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
+	if typ != "Sequence" {
+		return leaf(path, typ, raw, out)
+	}
+	m, err := object(path, raw, "type", listKey)
+	if err != nil {
+		return out, err
+	}
+	var list []json.RawMessage
+	if err := requireField(path, m, listKey, &list); err != nil {
+		return out, err
+	}
+	for i, sub := range list {
+		if out, err = parseTree(fmt.Sprintf("%s.%s[%d]", path, listKey, i), sub, listKey, out, leaf); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// parseNormalizer appends the step of one normalizer other than a Sequence.
+func parseNormalizer(path, typ string, raw json.RawMessage, out []normStep) ([]normStep, error) {
 	switch typ {
-	case "Sequence":
-		m, err := object(path, raw, "type", "normalizers")
-		if err != nil {
-			return nil, err
-		}
-		var list []json.RawMessage
-		if err := requireField(path, m, "normalizers", &list); err != nil {
-			return nil, err
-		}
-		for i, sub := range list {
-			if out, err = parseNormalizer(fmt.Sprintf("%s.normalizers[%d]", path, i), sub, out); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
 	case "NFC":
 		if _, err := object(path, raw, "type"); err != nil {
 			return nil, err
@@ -136,31 +144,10 @@ func parseNormalizer(path string, raw json.RawMessage, out []normStep) ([]normSt
 	return nil, fmt.Errorf("hf: tokenizer.json %s: normalizer %q not supported", path, typ)
 }
 
-// parsePreTokenizer flattens the pre-tokenizer tree into its steps.
-func parsePreTokenizer(path string, raw json.RawMessage, out []preStep) ([]preStep, error) {
-	if isNull(raw) {
-		return out, nil
-	}
-	typ, err := typeOf(path, raw)
-	if err != nil {
-		return nil, err
-	}
+// parsePreTokenizer appends the step of one pre-tokenizer other than a
+// Sequence.
+func parsePreTokenizer(path, typ string, raw json.RawMessage, out []preStep) ([]preStep, error) {
 	switch typ {
-	case "Sequence":
-		m, err := object(path, raw, "type", "pretokenizers")
-		if err != nil {
-			return nil, err
-		}
-		var list []json.RawMessage
-		if err := requireField(path, m, "pretokenizers", &list); err != nil {
-			return nil, err
-		}
-		for i, sub := range list {
-			if out, err = parsePreTokenizer(fmt.Sprintf("%s.pretokenizers[%d]", path, i), sub, out); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
 	case "Split":
 		m, err := object(path, raw, "type", "pattern", "behavior", "invert")
 		if err != nil {
@@ -266,40 +253,18 @@ func parseBehavior(path, s string) (splitBehavior, error) {
 	return 0, fmt.Errorf("hf: tokenizer.json %s.behavior: %q not supported", path, s)
 }
 
-// parsePostProcessor returns the ids add_special_tokens puts before and
-// after the sequence.
-func parsePostProcessor(path string, raw json.RawMessage, t *Tokenizer) error {
-	if isNull(raw) {
-		return nil
-	}
-	typ, err := typeOf(path, raw)
-	if err != nil {
-		return err
-	}
+// parsePostProcessor adds to t the ids add_special_tokens puts before and
+// after the sequence, for one post-processor other than a Sequence.
+func parsePostProcessor(path, typ string, raw json.RawMessage, t *Tokenizer) (*Tokenizer, error) {
 	switch typ {
-	case "Sequence":
-		m, err := object(path, raw, "type", "processors")
-		if err != nil {
-			return err
-		}
-		var list []json.RawMessage
-		if err := requireField(path, m, "processors", &list); err != nil {
-			return err
-		}
-		for i, sub := range list {
-			if err := parsePostProcessor(fmt.Sprintf("%s.processors[%d]", path, i), sub, t); err != nil {
-				return err
-			}
-		}
-		return nil
 	case "ByteLevel":
 		// The ByteLevel processor only trims offsets; ids pass unchanged.
 		_, err := object(path, raw, "type", "add_prefix_space", "trim_offsets", "use_regex")
-		return err
+		return t, err
 	case "TemplateProcessing":
 		m, err := object(path, raw, "type", "single", "pair", "special_tokens")
 		if err != nil {
-			return err
+			return t, err
 		}
 		var single []map[string]struct {
 			ID string `json:"id"`
@@ -308,27 +273,27 @@ func parsePostProcessor(path string, raw json.RawMessage, t *Tokenizer) error {
 			IDs []uint32 `json:"ids"`
 		}
 		if err := requireField(path, m, "single", &single); err != nil {
-			return err
+			return t, err
 		}
 		if err := field(path, m, "special_tokens", &specials); err != nil {
-			return err
+			return t, err
 		}
 		seenA := false
 		for i, piece := range single {
 			if seq, ok := piece["Sequence"]; ok && len(piece) == 1 {
 				if seq.ID != "A" || seenA {
-					return fmt.Errorf("hf: tokenizer.json %s.single[%d]: Sequence %q not supported", path, i, seq.ID)
+					return t, fmt.Errorf("hf: tokenizer.json %s.single[%d]: Sequence %q not supported", path, i, seq.ID)
 				}
 				seenA = true
 				continue
 			}
 			sp, ok := piece["SpecialToken"]
 			if !ok || len(piece) != 1 {
-				return fmt.Errorf("hf: tokenizer.json %s.single[%d]: piece not supported", path, i)
+				return t, fmt.Errorf("hf: tokenizer.json %s.single[%d]: piece not supported", path, i)
 			}
 			st, ok := specials[sp.ID]
 			if !ok {
-				return fmt.Errorf("hf: tokenizer.json %s.single[%d]: special token %q not in special_tokens", path, i, sp.ID)
+				return t, fmt.Errorf("hf: tokenizer.json %s.single[%d]: special token %q not in special_tokens", path, i, sp.ID)
 			}
 			if seenA {
 				t.suffix = append(t.suffix, st.IDs...)
@@ -337,11 +302,11 @@ func parsePostProcessor(path string, raw json.RawMessage, t *Tokenizer) error {
 			}
 		}
 		if !seenA {
-			return fmt.Errorf("hf: tokenizer.json %s.single: no Sequence A", path)
+			return t, fmt.Errorf("hf: tokenizer.json %s.single: no Sequence A", path)
 		}
-		return nil
+		return t, nil
 	}
-	return fmt.Errorf("hf: tokenizer.json %s: post-processor %q not supported", path, typ)
+	return t, fmt.Errorf("hf: tokenizer.json %s: post-processor %q not supported", path, typ)
 }
 
 type addedJSON struct {
