@@ -67,6 +67,29 @@ func (s *addedSet) longest(text []byte, i int) (end int, tok int32) {
 	return end, tok
 }
 
+// split appends the ids of text: the added tokens' ids where next finds
+// them, and what gap appends for the text between (first: it starts text).
+// split keeps no reference to gap, so the encoder's closures stay on the
+// stack.
+func (s *addedSet) split(dst []uint32, text []byte, gap func(dst []uint32, part []byte, first bool) []uint32) []uint32 {
+	from, pos := 0, 0
+	for {
+		start, stop, resume, id, ok := s.next(text, pos, from)
+		if !ok {
+			break
+		}
+		if from < start {
+			dst = gap(dst, text[from:start], from == 0)
+		}
+		dst = append(dst, id)
+		from, pos = stop, resume
+	}
+	if from < len(text) {
+		dst = gap(dst, text[from:], from == 0)
+	}
+	return dst
+}
+
 // next finds the first token match at or after pos and applies HF's
 // find_matches rules: a single_word token touching a word character is
 // skipped, lstrip takes the spaces before it (not before from, the end of

@@ -84,22 +84,9 @@ type encoder struct {
 
 // encode appends the ids of text without post-processing.
 func (e *encoder) encode(t *Tokenizer, dst []uint32, text []byte) []uint32 {
-	from, pos := 0, 0
-	for {
-		start, stop, resume, id, ok := t.raw.next(text, pos, from)
-		if !ok {
-			break
-		}
-		if from < start {
-			dst = e.segment(t, dst, text[from:start], from == 0)
-		}
-		dst = append(dst, id)
-		from, pos = stop, resume
-	}
-	if from < len(text) {
-		dst = e.segment(t, dst, text[from:], from == 0)
-	}
-	return dst
+	return t.raw.split(dst, text, func(dst []uint32, seg []byte, first bool) []uint32 {
+		return e.segment(t, dst, seg, first)
+	})
 }
 
 // segmentSeed distinguishes, in the segment cache, a segment that starts
@@ -121,21 +108,9 @@ func (e *encoder) segment(t *Tokenizer, dst []uint32, seg []byte, first bool) []
 	}
 	n := len(dst)
 	s := e.normalize(t, seg)
-	from, pos := 0, 0
-	for {
-		start, stop, resume, id, ok := t.normalized.next(s, pos, from)
-		if !ok {
-			break
-		}
-		if from < start {
-			dst = e.pre(t, dst, 0, s[from:start], first && from == 0)
-		}
-		dst = append(dst, id)
-		from, pos = stop, resume
-	}
-	if from < len(s) {
-		dst = e.pre(t, dst, 0, s[from:], first && from == 0)
-	}
+	dst = t.normalized.split(dst, s, func(dst []uint32, part []byte, start bool) []uint32 {
+		return e.pre(t, dst, 0, part, first && start)
+	})
 	if t.segments != nil {
 		t.segments.put(h, seg, first, dst[n:])
 	}
