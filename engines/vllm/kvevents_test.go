@@ -88,19 +88,25 @@ a6 ` + hexStr("events") + `
 b2 ` + hexStr("data_parallel_rank") + ` 03
 `
 
-// fixtureArrayMapEvents builds layout (b) (EventBatch array_like, events
-// tagged maps) with msgpack's low-level encoder, field by field in msgspec's
-// order, independently of Encode.
-func fixtureArrayMapEvents(t testing.TB) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
-	must := func(err error) {
+// fixtureEncoder returns msgpack's low-level encoder writing into buf, and
+// must, which fails the test on an encoding error.
+func fixtureEncoder(t testing.TB) (buf *bytes.Buffer, e *msgpack.Encoder, must func(error)) {
+	buf = new(bytes.Buffer)
+	must = func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
+	return buf, msgpack.NewEncoder(buf), must
+}
+
+// fixtureArrayMapEvents builds layout (b) (EventBatch array_like, events
+// tagged maps) with msgpack's low-level encoder, field by field in msgspec's
+// order, independently of Encode.
+func fixtureArrayMapEvents(t testing.TB) []byte {
+	t.Helper()
+	buf, e, must := fixtureEncoder(t)
 	must(e.EncodeArrayLen(3)) // ts, events, data_parallel_rank
 	must(e.EncodeFloat64(42.0))
 	must(e.EncodeArrayLen(2))
@@ -199,14 +205,7 @@ func TestDecodeFixtures(t *testing.T) {
 // extra_keys before the other fields, where msgspec writes it after.
 func extraKeysFixture(t testing.TB, blocks int, lora string, hasParent, extraFirst bool, extraKeys any) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	buf, e, must := fixtureEncoder(t)
 	must(e.EncodeArrayLen(2))
 	must(e.EncodeFloat64(1))
 	must(e.EncodeArrayLen(1))
