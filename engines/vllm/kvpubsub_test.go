@@ -337,6 +337,28 @@ func TestSubscriberCountsMalformed(t *testing.T) {
 	}
 }
 
+// checkDeliver delivers b, encoded in map layout, to a fresh Subscriber
+// and checks the sink's calls and that it skipped one event (which: the
+// one meant to be).
+func checkDeliver(t *testing.T, b Batch, want []string, which string) {
+	t.Helper()
+	payload, err := Encode(nil, &b, EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	s := &Subscriber{sink: rec, last: -1}
+	if !s.deliver(0, payload) {
+		t.Fatal("batch not delivered")
+	}
+	if got := rec.snapshot(); !slices.Equal(got, want) {
+		t.Fatalf("sink calls:\n got %q\nwant %q", got, want)
+	}
+	if n := s.Counters.Skipped.Load(); n != 1 {
+		t.Fatalf("skipped %d events, want 1 (%s)", n, which)
+	}
+}
+
 // TestDeliverJoinsRemovals: vLLM and SGLang send one BlockRemoved per
 // evicted block. A run of them reaches the sink as one list (the index
 // then removes a chain's blocks in one pass); any other event, one the
@@ -352,22 +374,8 @@ func TestDeliverJoinsRemovals(t *testing.T) {
 		{Kind: BlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: MediumGPU},
 		{Kind: BlockRemoved, BlockHashes: []uint64{7, 6}, Medium: MediumGPU}, removed(4, MediumGPU),
 	}}
-	payload, err := Encode(nil, &b, EncodingMap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	s := &Subscriber{sink: rec, last: -1}
-	if !s.deliver(0, payload) {
-		t.Fatal("batch not delivered")
-	}
 	want := []string{"removed [3 2 1]", "removed [5]", "stored 0/false [7] [1 2] 2", "removed [7 6 4]"}
-	if got := rec.snapshot(); !slices.Equal(got, want) {
-		t.Fatalf("sink calls:\n got %q\nwant %q", got, want)
-	}
-	if n := s.Counters.Skipped.Load(); n != 1 {
-		t.Fatalf("skipped %d events, want 1 (the CPU block)", n)
-	}
+	checkDeliver(t, b, want, "the CPU block")
 }
 
 // TestDeliverExtraKeys: the sink gets each BlockStored's extra keys; an
@@ -380,24 +388,10 @@ func TestDeliverExtraKeys(t *testing.T) {
 			Medium: MediumGPU, LoraID: loraID, LoraName: lora, CacheSalt: salt}
 	}
 	b := Batch{Events: []Event{stored(1, 0, "", "s"), stored(2, 3, "ad", ""), stored(3, 3, "", ""), stored(4, 3, "ad", "s")}}
-	payload, err := Encode(nil, &b, EncodingMap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	s := &Subscriber{sink: rec, last: -1}
-	if !s.deliver(0, payload) {
-		t.Fatal("batch not delivered")
-	}
 	want := []string{
 		"stored 0/false [1] [1] 1 {LoRA: CacheSalt:s Media:[]}",
 		"stored 0/false [2] [1] 1 {LoRA:ad CacheSalt: Media:[]}",
 		"stored 0/false [4] [1] 1 {LoRA:ad CacheSalt:s Media:[]}",
 	}
-	if got := rec.snapshot(); !slices.Equal(got, want) {
-		t.Fatalf("sink calls:\n got %q\nwant %q", got, want)
-	}
-	if n := s.Counters.Skipped.Load(); n != 1 {
-		t.Fatalf("skipped %d events, want 1 (the unnamed adapter's)", n)
-	}
+	checkDeliver(t, b, want, "the unnamed adapter's")
 }
