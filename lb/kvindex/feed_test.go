@@ -27,12 +27,10 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"))
 }
 
-// TestFeedFromPublisher runs the whole path on loopback: an engine's
-// publisher sends vLLM-format events over ZMQ, a Subscriber decodes them and
-// feeds a Pod, and the index (a radix.Tree, and the naive fake beside it)
-// then holds exactly the keys the gateway computes for the same chat prompt,
-// though the engine hashes blocks with a seed of its own.
-func TestFeedFromPublisher(t *testing.T) {
+// newPublisher starts a vLLM publisher on loopback ports, closed when the
+// test ends.
+func newPublisher(t *testing.T) *vllm.Publisher {
+	t.Helper()
 	pub, err := vllm.NewPublisher(vllm.PublisherConfig{
 		Endpoint:       "tcp://127.0.0.1:0",
 		ReplayEndpoint: "tcp://127.0.0.1:0",
@@ -41,17 +39,21 @@ func TestFeedFromPublisher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pub.Close()
+	t.Cleanup(func() { pub.Close() })
+	return pub
+}
+
+// TestFeedFromPublisher runs the whole path on loopback: an engine's
+// publisher sends vLLM-format events over ZMQ, a Subscriber decodes them and
+// feeds a Pod, and the index (a radix.Tree, and the naive fake beside it)
+// then holds exactly the keys the gateway computes for the same chat prompt,
+// though the engine hashes blocks with a seed of its own.
+func TestFeedFromPublisher(t *testing.T) {
+	pub := newPublisher(t)
 
 	f := newFake()
-	tree, err := radix.New(radix.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ix, err := New(both{f, tree}, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tree := newTree(t)
+	ix := newIndexer(t, both{f, tree}, Config{})
 	pod := ix.Pod(3, model)
 	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{
 		Endpoint:       pub.Endpoint(),
@@ -131,29 +133,14 @@ var _ Index = (*radix.Tree)(nil)
 // a third with the first's salt hits the pod's cache, and the index holds
 // every block of it under the keys the gateway computes for its body.
 func TestSaltedPromptsFromASimPod(t *testing.T) {
-	pub, err := vllm.NewPublisher(vllm.PublisherConfig{
-		Endpoint:       "tcp://127.0.0.1:0",
-		ReplayEndpoint: "tcp://127.0.0.1:0",
-		FlushInterval:  time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	pub := newPublisher(t)
 	pod, err := sim.Start(sim.Config{Name: "sim-0", Model: model, Listen: "127.0.0.1:0", Speedup: 1000, KVEvents: pub})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pod.Close()
-	tree, err := radix.New(radix.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ix, err := New(tree, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	feed := ix.Pod(0, model)
+	tree := newTree(t)
+	feed := newIndexer(t, tree, Config{}).Pod(0, model)
 	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint()}, feed)
 	if err != nil {
 		t.Fatal(err)

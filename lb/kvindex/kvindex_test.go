@@ -80,14 +80,30 @@ func gatewayKeys(tokens []uint32, blockSize int) []uint64 {
 	return radix.AppendBlockKeys(nil, radix.Seed(model), tokens, blockSize)
 }
 
+// newIndexer returns New(idx, cfg), failing the test on an error.
+func newIndexer(tb testing.TB, idx Index, cfg Config) *Indexer {
+	tb.Helper()
+	ix, err := New(idx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ix
+}
+
+// newTree returns an empty radix tree with the default options.
+func newTree(tb testing.TB) *radix.Tree {
+	tb.Helper()
+	tree, err := radix.New(radix.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tree
+}
+
 func newPod(t *testing.T, cfg Config) (*fakeIndex, *Pod) {
 	t.Helper()
 	f := newFake()
-	ix, err := New(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f, ix.Pod(7, model)
+	return f, newIndexer(t, f, cfg).Pod(7, model)
 }
 
 func TestStoredKeysAreTheGatewaysKeys(t *testing.T) {
@@ -277,15 +293,9 @@ func TestRemovalsShareAChain(t *testing.T) {
 		{[]uint64{4, 5, 3, 2, 1}, [2]int{0, 0}, 3},
 		{[]uint64{2, 4, 3, 1, 5}, [2]int{0, 0}, 4},
 	} {
-		tree, err := radix.New(radix.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tree := newTree(t)
 		f := newFake()
-		ix, err := New(both{f, tree}, Config{BlockSize: 4})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ix := newIndexer(t, both{f, tree}, Config{BlockSize: 4})
 		p := ix.Pod(7, model)
 		p.BlockStored(0, false, []uint64{1, 2, 3, 4}, tokens, 4, engines.ExtraKeys{})
 		p.BlockStored(2, true, []uint64{5}, branch[8:], 4, engines.ExtraKeys{})

@@ -19,11 +19,7 @@ func (nopIndex) RemovePod(int32)             {}
 
 func benchPod(b *testing.B, maxBlocks int) *Pod {
 	b.Helper()
-	ix, err := New(nopIndex{}, Config{MaxBlocks: maxBlocks})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return ix.Pod(0, model)
+	return newIndexer(b, nopIndex{}, Config{MaxBlocks: maxBlocks}).Pod(0, model)
 }
 
 // BenchmarkStoredDecodeStep is the event a decoding sequence emits every
@@ -132,15 +128,7 @@ func BenchmarkRemovedEviction(b *testing.B) {
 }
 
 func benchEviction(b *testing.B, blocks int, joined bool) {
-	tree, err := radix.New(radix.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ix, err := New(tree, Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := ix.Pod(0, model)
+	p := newIndexer(b, newTree(b), Config{}).Pod(0, model)
 	tokens := prompt(blocks*radix.DefaultBlockSize, 4)
 	hashes := make([]uint64, blocks)
 	for i := range hashes {
