@@ -43,6 +43,28 @@ func newPublisher(t *testing.T) *vllm.Publisher {
 	return pub
 }
 
+// subscribe feeds pod from pub's events and returns once the subscription
+// has reached the publisher; the subscriber closes when the test ends.
+func subscribe(t *testing.T, pub *vllm.Publisher, pod *Pod) *vllm.Subscriber {
+	t.Helper()
+	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{
+		Endpoint:       pub.Endpoint(),
+		ReplayEndpoint: pub.ReplayEndpoint(),
+	}, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Close() })
+	// Until the subscription reaches the PUB socket, batches are dropped;
+	// clears are harmless to repeat.
+	testwait.For(t, "the subscription to reach the publisher", func() bool {
+		pub.AllBlocksCleared()
+		time.Sleep(5 * time.Millisecond)
+		return pod.Counters.Clears.Load() > 0
+	})
+	return sub
+}
+
 // TestFeedFromPublisher runs the whole path on loopback: an engine's
 // publisher sends vLLM-format events over ZMQ, a Subscriber decodes them and
 // feeds a Pod, and the index (a radix.Tree, and the naive fake beside it)
@@ -55,21 +77,7 @@ func TestFeedFromPublisher(t *testing.T) {
 	tree := newTree(t)
 	ix := newIndexer(t, both{f, tree}, Config{})
 	pod := ix.Pod(3, model)
-	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{
-		Endpoint:       pub.Endpoint(),
-		ReplayEndpoint: pub.ReplayEndpoint(),
-	}, pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	// Until the subscription reaches the PUB socket, batches are dropped;
-	// clears are harmless to repeat.
-	testwait.For(t, "the subscription to reach the publisher", func() bool {
-		pub.AllBlocksCleared()
-		time.Sleep(5 * time.Millisecond)
-		return pod.Counters.Clears.Load() > 0
-	})
+	sub := subscribe(t, pub, pod)
 
 	rendered := tokenize.AppendTurn(nil, []byte("system"), []byte("You are a terse assistant. Answer in one line."))
 	question := strings.Repeat("Explain prefix caching for LLM inference servers, with an example of two requests sharing a system prompt. ", 8)
@@ -141,16 +149,7 @@ func TestSaltedPromptsFromASimPod(t *testing.T) {
 	defer pod.Close()
 	tree := newTree(t)
 	feed := newIndexer(t, tree, Config{}).Pod(0, model)
-	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint()}, feed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	testwait.For(t, "the subscription to reach the publisher", func() bool {
-		pub.AllBlocksCleared()
-		time.Sleep(5 * time.Millisecond)
-		return feed.Counters.Clears.Load() > 0
-	})
+	sub := subscribe(t, pub, feed)
 
 	question := strings.Repeat("Which tenant asked this, and does its cache show? ", 20)
 	body := func(salt string) []byte {
