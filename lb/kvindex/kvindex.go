@@ -358,7 +358,11 @@ func (p *Pod) store(h uint64, parent int32, keys []uint64, toks []uint32) int32 
 		p.free = p.free[:n-1]
 		p.slots[s] = sl
 		copy(p.keys[int(s)*p.perBlock:], keys)
-		copy(p.toks[int(s)*p.blockSize:], toks)
+		if len(toks) > 0 {
+			// Only engine blocks smaller than the gateway's keep
+			// tokens; p.toks is empty otherwise.
+			copy(p.toks[int(s)*p.blockSize:], toks)
+		}
 	} else {
 		s = int32(len(p.slots))
 		p.slots = append(p.slots, sl)

@@ -155,6 +155,24 @@ func TestRemovalByEngineHash(t *testing.T) {
 	}
 }
 
+// A freed slot is reused for a new block: its keys are the new block's,
+// and engines whose blocks are the gateway's size keep no tokens (the
+// reuse panicked there, slicing the empty token table).
+func TestSlotReuse(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	first := prompt(12, 1)
+	p.BlockStored(0, false, []uint64{10, 11, 12}, first, 4, engines.ExtraKeys{})
+	p.BlockRemoved([]uint64{12, 11, 10})
+	second := prompt(8, 2)
+	p.BlockStored(0, false, []uint64{20, 21}, second, 4, engines.ExtraKeys{})
+	if got := f.match(7, gatewayKeys(second, 4)); got != 2 || f.match(7, gatewayKeys(first, 4)) != 0 {
+		t.Fatalf("after reuse: match %d of the new prompt, %d of the removed one", got, f.match(7, gatewayKeys(first, 4)))
+	}
+	if p.Blocks() != 2 {
+		t.Fatalf("blocks %d, want 2", p.Blocks())
+	}
+}
+
 func TestBlockSizeSplitting(t *testing.T) {
 	f, p := newPod(t, Config{BlockSize: 4})
 	tokens := prompt(32, 3)
