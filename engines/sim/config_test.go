@@ -224,11 +224,11 @@ func TestFleetPublishesKVEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fl.Close()
-	if fl.KVEvents(1) != "" || !strings.HasPrefix(fl.KVEvents(0), "tcp://127.0.0.1:") {
-		t.Fatalf("endpoints %q %q", fl.KVEvents(0), fl.KVEvents(1))
+	if fl.Publisher(1) != nil || !strings.HasPrefix(fl.Publisher(0).Endpoint(), "tcp://127.0.0.1:") {
+		t.Fatalf("publishers %v %v", fl.Publisher(0), fl.Publisher(1))
 	}
 	var got storedBlocks
-	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: fl.KVEvents(0)}, &got)
+	sub, err := vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: fl.Publisher(0).Endpoint()}, &got)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -295,13 +295,8 @@ func StartFleet(fc FleetConfig) (*Fleet, error) {
 	return f, nil
 }
 
-// KVEvents is the endpoint pod i publishes its KV events on, "" if none.
-func (f *Fleet) KVEvents(i int) string {
-	if f.pubs[i] == nil {
-		return ""
-	}
-	return f.pubs[i].Endpoint()
-}
+// Publisher is pod i's KV-event publisher, nil if it has none.
+func (f *Fleet) Publisher(i int) *vllm.Publisher { return f.pubs[i] }
 
 // Pods returns the running pods in fleet-file order. The slice is the
 // fleet's own; do not modify it.

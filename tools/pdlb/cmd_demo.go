@@ -8,7 +8,9 @@ import (
 	"strings"
 
 	"pdlb/engines"
+	"pdlb/engines/prompt"
 	"pdlb/engines/sim"
+	"pdlb/engines/vllm"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -29,36 +31,51 @@ var demoFleet = []struct {
 }
 
 func cmdDemo(args []string, stdout io.Writer) error {
-	fs := newFlagSet("demo", "[--listen ADDR] [--admin ADDR] [--speedup X]",
+	fs := newFlagSet("demo", "[--listen ADDR] [--admin ADDR] [--speedup X] [--tokenizer DIR]",
 		`Starts simulated engine pods on loopback and the gateway in front of them,
 in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	var (
-		gf      gatewayFlags
-		speedup float64
-		policy  string
+		gf        gatewayFlags
+		speedup   float64
+		policy    string
+		tokenizer string
 	)
 	gf.register(fs)
 	fs.Float64Var(&speedup, "speedup", 1, "how much faster than real time the simulated pods run")
 	fs.StringVar(&policy, "policy", "", "routing policy of every demo model (default: the gateway's default)")
+	fs.StringVar(&tokenizer, "tokenizer", "", "a Hugging Face tokenizer directory every demo model uses, pods and gateway alike, the vLLM pods publishing KV events in its ids (default: the stand-in)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := gf.check(); err != nil {
 		return err
 	}
+	var model *prompt.Model
+	if tokenizer != "" {
+		var err error
+		if model, err = prompt.Load(prompt.Config{Tokenizer: tokenizer}); err != nil {
+			return fmt.Errorf("--tokenizer %q: %w", tokenizer, err)
+		}
+	}
 	var fc sim.FleetConfig
 	cfg := config.Default()
 	for _, m := range demoFleet {
-		pod := func(name, role string) sim.Config {
+		pod := func(name, role string) {
 			// One seed per model: a PD answer equals a combined pod's.
-			return sim.Config{Name: name, Model: m.model, Engine: m.engine, Listen: "127.0.0.1:0", Speedup: speedup, Role: role}
+			fc.Pods = append(fc.Pods, sim.Config{Name: name, Model: m.model, Engine: m.engine, Listen: "127.0.0.1:0", Speedup: speedup, Role: role, Prompt: model})
+			var ev vllm.PublisherConfig
+			if model != nil && m.engine == engines.VLLM {
+				ev = vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}
+			}
+			fc.Events = append(fc.Events, ev)
 		}
 		for i := 0; i < m.pods; i++ {
-			fc.Pods = append(fc.Pods, pod(fmt.Sprintf("%s-%d", m.model, i), sim.RoleCombined))
+			pod(fmt.Sprintf("%s-%d", m.model, i), sim.RoleCombined)
 		}
-		fc.Pods = append(fc.Pods, pod(m.model+"-prefill-0", sim.RolePrefill), pod(m.model+"-decode-0", sim.RoleDecode))
-		if policy != "" {
-			cfg.Models = append(cfg.Models, config.Model{Name: m.model, Policy: policy})
+		pod(m.model+"-prefill-0", sim.RolePrefill)
+		pod(m.model+"-decode-0", sim.RoleDecode)
+		if policy != "" || tokenizer != "" {
+			cfg.Models = append(cfg.Models, config.Model{Name: m.model, Policy: policy, Tokenizer: tokenizer})
 		}
 	}
 	fleet, err := sim.StartFleet(fc)
@@ -66,8 +83,12 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		return err
 	}
 	defer fleet.Close()
-	for _, p := range fleet.Pods() {
-		cfg.Pods = append(cfg.Pods, demoPod(p))
+	for i, p := range fleet.Pods() {
+		c := demoPod(p)
+		if pub := fleet.Publisher(i); pub != nil {
+			c.KVEvents, c.KVReplay = pub.Endpoint(), pub.ReplayEndpoint()
+		}
+		cfg.Pods = append(cfg.Pods, c)
 	}
 	gf.apply(&cfg)
 	return serveUntilSignal(cfg, gf.stopping(), stdout, func(s *lb.Server) {

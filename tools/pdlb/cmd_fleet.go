@@ -55,9 +55,9 @@ func runFleet(fc sim.FleetConfig, stdout io.Writer, stop <-chan os.Signal) error
 	fmt.Fprintln(tw, "NAME\tMODEL\tENGINE\tADDRESS\tSPEEDUP\tKV EVENTS")
 	for i, p := range fleet.Pods() {
 		c := p.Config()
-		ev := fleet.KVEvents(i)
-		if ev == "" {
-			ev = "-"
+		ev := "-"
+		if pub := fleet.Publisher(i); pub != nil {
+			ev = pub.Endpoint()
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\n", c.Name, c.Model, c.Engine, p.Addr(), c.Speedup, ev)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -180,5 +181,15 @@ func TestGatewayFlagsNegative(t *testing.T) {
 				t.Fatalf("%s %s -5s started serving", cmd.name, flag)
 			}
 		}
+	}
+}
+
+// pdlb demo --tokenizer loads the files before it starts anything, and a
+// directory without them is refused naming the flag.
+func TestDemoTokenizerRefused(t *testing.T) {
+	dir := t.TempDir()
+	err := cmdDemo([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--tokenizer", dir}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--tokenizer "+strconv.Quote(dir)) || !strings.Contains(err.Error(), "tokenizer.json") {
+		t.Fatalf("demo --tokenizer %s: %v", dir, err)
 	}
 }
