@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/fail"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/upstream"
@@ -64,7 +65,7 @@ func (g *Gateway) advance(x *completion) {
 			return
 		case stageGone:
 			x.stage = stageRelay
-			g.finish(x, x.m, x.pod, x.resp, statusClientClosed)
+			g.finish(x, x.m, x.pod, x.resp, fail.StatusClientClosed)
 			return
 		case stageFail:
 			g.fail(x.ctx, x, x.m, x.last)
@@ -85,7 +86,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 		// met by every request retrying in lockstep.
 		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << (x.attempts - 1))))
 		if x.clientLeft() {
-			x.last, x.stage = errClientLeft, stageFail
+			x.last, x.stage = fail.ClientLeft, stageFail
 			return true
 		}
 	}
@@ -193,7 +194,7 @@ func (x *completion) answered(err error) {
 		x.up, x.idleStart, x.stage = nil, false, stageGone
 	case err == upstream.ErrCut:
 		g.unplace(x, x.pod)
-		x.last, x.stage = errClientLeft, stageFail
+		x.last, x.stage = fail.ClientLeft, stageFail
 	default:
 		g.unplace(x, x.pod)
 		g.callFailed(x.pod, err)
@@ -228,11 +229,11 @@ func (g *Gateway) failed(x *completion, f *failure) {
 // without receiving it) and x has attempts left (upstream.retries after
 // the first).
 func (g *Gateway) tryAgain(x *completion, f *failure) bool {
-	if !f.mayRetry() || x.attempts > g.cfg.Upstream.Retries {
+	if !f.MayRetry() || x.attempts > g.cfg.Upstream.Retries {
 		return false
 	}
 	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
-		g.log.Warn("request not sent to pod; trying another", "pod", f.pod.Config.Name, "err", f.e.Message, "suppressed", held)
+		g.log.Warn("request not sent to pod; trying another", "pod", f.Pod.Config.Name, "err", f.E.Message, "suppressed", held)
 	}
 	return true
 }
