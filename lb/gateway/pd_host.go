@@ -8,6 +8,7 @@ import (
 	"pdlb/lb/openai"
 	"pdlb/lb/pd"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -18,12 +19,15 @@ import (
 // pdFleet is the gateway as a pd.Fleet.
 type pdFleet struct{ g *Gateway }
 
+func (f pdFleet) Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	return upstream.Do(cut, pod.Client, up, resp, deadline)
+}
 func (f pdFleet) CallFailed(pod *pool.Pod, err error) { f.g.callFailed(pod, err) }
 func (f pdFleet) PodFailed(pod *pool.Pod)             { f.g.podFailed(pod) }
 func (f pdFleet) PodFailure(pod *pool.Pod, err error, within time.Duration) *failure {
 	return f.g.podFailure(pod, err, within)
 }
-func (f pdFleet) PrefillDone(t ledger.Ticket)               { f.g.ledger.PrefillDone(t) }
+func (f pdFleet) ReleasePrefill(t ledger.Ticket)            { f.g.ledger.PrefillDone(t) }
 func (f pdFleet) ResponseTimeout(stream bool) time.Duration { return f.g.responseTimeout(stream) }
 
 func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {

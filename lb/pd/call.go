@@ -52,9 +52,14 @@ type Host interface {
 	MoveDecode() bool
 }
 
-// Fleet is the gateway's side: the pods' health and the ledger. The legs'
-// goroutines call it too, after the request may have ended.
+// Fleet is the gateway's side: the pods' connections and health, and the
+// ledger. The legs' goroutines call it too, after the request may have
+// ended.
 type Fleet interface {
+	// Send sends a leg, up, to pod and reads its answer into resp: its
+	// head when resp.StreamBody is set, else all of it, by deadline;
+	// closing cut gives it up (upstream.Do's terms).
+	Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error
 	// CallFailed counts a call to pod that failed with err; PodFailed an
 	// answer of pod's that is its fault.
 	CallFailed(pod *pool.Pod, err error)
@@ -62,8 +67,9 @@ type Fleet interface {
 	// PodFailure is the client's failure for a call to pod that ended in
 	// err; within is the bound that passed, should err be a timeout.
 	PodFailure(pod *pool.Pod, err error, within time.Duration) *fail.Failure
-	// PrefillDone releases the active part of t's ledger charge.
-	PrefillDone(t ledger.Ticket)
+	// ReleasePrefill releases the active (prefill) part of t's ledger
+	// charge.
+	ReleasePrefill(t ledger.Ticket)
 	// ResponseTimeout bounds a pod's answer (stream: its headers).
 	ResponseTimeout(stream bool) time.Duration
 }

@@ -119,7 +119,7 @@ func (c *Call) sendConcurrentDecode() *fasthttp.Response {
 	l.DecState.Store(DecPending)
 	l.Hold()
 	l.Cut = make(chan struct{})
-	go l.Decode(l.Cut, c.Dec, up, resp, c.decodeHeadersBy())
+	go l.decode(c.fleet, l.Cut, c.Dec, up, resp, c.decodeHeadersBy())
 	return resp
 }
 
@@ -153,7 +153,7 @@ type concurrentPrefill struct {
 	metrics  *Metrics
 	limit    time.Duration
 	start    time.Time
-	gone     <-chan struct{} // the client's, for upstream.Do
+	gone     <-chan struct{} // the client's, for Send
 }
 
 // prefill runs the prefill leg of a concurrent exchange and reports it on
@@ -162,7 +162,7 @@ type concurrentPrefill struct {
 func (l *Link) prefill(c concurrentPrefill) {
 	defer l.Release()
 	resp := fasthttp.AcquireResponse()
-	err := upstream.Do(c.gone, c.pre.Client, c.up, resp, time.Now().Add(c.timeout))
+	err := c.fleet.Send(c.gone, c.pre, c.up, resp, time.Now().Add(c.timeout))
 	fasthttp.ReleaseRequest(c.up)
 	status := 0
 	if err == nil {
@@ -174,7 +174,7 @@ func (l *Link) prefill(c concurrentPrefill) {
 	c.metrics.Prefill.Update(end.Sub(c.start).Seconds())
 	c.pre.AddQueuedPrefill(-c.uncached)
 	c.pre.Release()
-	c.fleet.PrefillDone(c.ticket)
+	c.fleet.ReleasePrefill(c.ticket)
 	f := prefillFailure(c.fleet, c.pre, status, l.Buf, err, c.timeout)
 	if f == nil {
 		l.PrefillEnd.Store(end.UnixNano())

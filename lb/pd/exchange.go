@@ -106,7 +106,7 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 	pre := c.Pre
 	up.SetBodyRaw(c.preBody)
 	resp := fasthttp.AcquireResponse()
-	err := upstream.Do(frontend.ClientGone(c.ctx), pre.Client, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout))
+	err := c.fleet.Send(frontend.ClientGone(c.ctx), pre, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout))
 	fasthttp.ReleaseRequest(up)
 	status := 0
 	if err == nil {
@@ -196,7 +196,7 @@ func (c *Call) sequentialDecode() *fail.Failure {
 		dec.Acquire()
 		// Streamed even for a whole answer: the watchdog times its reads.
 		resp.StreamBody = true
-		err := upstream.Do(frontend.ClientGone(c.ctx), dec.Client, up, resp, c.decodeHeadersBy())
+		err := c.fleet.Send(frontend.ClientGone(c.ctx), dec, up, resp, c.decodeHeadersBy())
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
 			c.Ticket.Done()

@@ -105,11 +105,11 @@ func (l *Link) WithDecConn(f func(*upstream.Conn)) {
 	}
 }
 
-// Decode runs a concurrent decode leg until its response headers and
+// decode runs a concurrent decode leg until its response headers and
 // delivers them, or cleans up after a request that left.
-func (l *Link) Decode(cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
+func (l *Link) decode(fl Fleet, cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
 	defer l.Release()
-	err := upstream.Do(cut, dec.Client, up, resp, by)
+	err := fl.Send(cut, dec, up, resp, by)
 	fasthttp.ReleaseRequest(up)
 	if l.DecState.CompareAndSwap(DecPending, DecDelivered) {
 		l.DecDone <- err
