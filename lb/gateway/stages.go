@@ -56,7 +56,9 @@ func (g *Gateway) advance(x *completion) {
 				return
 			}
 		case stageAttempt:
-			g.attemptStage(x)
+			if !g.attemptStage(x) {
+				return
+			}
 		case stageAwait, stageRelay:
 			return
 		case stageRespond:
@@ -155,16 +157,17 @@ func (g *Gateway) admitStage(x *completion) bool {
 
 // attemptStage makes x's attempt. A PD decision is carried out whole here
 // (its legs run on this worker); a plain request goes out through x.via,
-// and answered moves x on.
-func (g *Gateway) attemptStage(x *completion) {
+// and answered moves x on. False says x is answered: the relay owns it,
+// and once finished it is back in its pool, where nothing may touch it.
+func (g *Gateway) attemptStage(x *completion) bool {
 	x.attempts++
 	if x.cascade != nil {
-		if f := g.attemptPD(x); f != nil {
-			g.failed(x, f)
-		} else {
-			x.stage = stageRelay
+		f := g.attemptPD(x)
+		if f == nil {
+			return false
 		}
-		return
+		g.failed(x, f)
+		return true
 	}
 	if x.up == nil {
 		x.up, x.resp = fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -175,6 +178,7 @@ func (g *Gateway) attemptStage(x *completion) {
 	g.place(x.m, x, x.pod)
 	x.stage = stageAwait
 	x.via.send(x)
+	return true
 }
 
 // answered takes in the outcome of x's plain attempt: the head of the

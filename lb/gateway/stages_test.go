@@ -71,16 +71,27 @@ func stagesGateway(t *testing.T, retries int, adm *admit.ClassConfig) (*Gateway,
 	for i := range 3 {
 		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
 	}
+	return testGateway(t, cfg, upstream.Dialer(nil), adm)
+}
+
+// testGateway is a gateway over cfg's pods, dialed with dial, without
+// health checks; adm, if set, is every class's admission.
+func testGateway(t *testing.T, cfg config.Config, dial pool.DialFunc, adm *admit.ClassConfig) (*Gateway, *pool.Model) {
+	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
+	snap, err := pool.Build(&cfg, dial, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now()}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
-	g.ledger.SetPods([]string{"p0", "p1", "p2"})
+	var names []string
+	for _, p := range cfg.Pods {
+		names = append(names, p.Name)
+	}
+	g.ledger.SetPods(names)
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)
