@@ -4,23 +4,20 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
-	"pdlb/lb/fail"
-	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
-	"pdlb/lb/upstream"
 )
 
 // Prefill/decode disaggregation on the request path. A model's profiles
 // resolve each request's strategy; "pd" runs route.PDRouter.Decide over
 // every pod of the model, and the decision is carried out here:
 //
-//	PDCombined  the whole request to a combined pod (fallback, overflow)
-//	PDLocal     the whole request to the decode pod, which prefills itself
+//	PDCombined  the whole request to a combined pod (fallback, overflow),
+//	            a plain attempt (stages.go)
+//	PDLocal     the whole request to the decode pod, which prefills
+//	            itself, a plain attempt too
 //	PDPair      the engine's exchange (lb/pd, Call.RunPair): a prefill leg
 //	            and a decode leg whose response the client gets
 //
@@ -37,6 +34,12 @@ func (g *Gateway) pickPD(x *completion) error {
 	x.firstSeen = false
 	var err error
 	x.pd.Decision, err = g.decidePD(x.m, x, x.cascade, sessionOf(x.ctx))
+	// A pair's exchange runs in lb/pd (attemptStage); the whole request
+	// to one pod (PDLocal, PDCombined) is a plain attempt on it.
+	x.pod = nil
+	if err == nil && x.pd.Decision.Kind != route.PDPair {
+		x.pod, _ = placedPD(x)
+	}
 	return err
 }
 
@@ -51,19 +54,6 @@ func placedPD(x *completion) (pre, dec *pool.Pod) {
 		return p.Pods[d.Combined], p.Pods[d.Combined]
 	}
 	return p.Pre, p.Dec
-}
-
-// attemptPD carries x's PD decision out: nil once the client is answered.
-func (g *Gateway) attemptPD(x *completion) *failure {
-	p := x.pd
-	switch d := p.Decision; d.Kind {
-	case route.PDPair:
-		return p.RunPair()
-	case route.PDLocal:
-		return g.runWhole(x.ctx, x, x.m, p.Dec)
-	default:
-		return g.runWhole(x.ctx, x, x.m, p.Pods[d.Combined])
-	}
 }
 
 // decidePD runs the cascade over every pod of m not yet tried, under the
@@ -131,36 +121,6 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 	}
 	p.Metrics.Decided(d, time.Duration(g.ledger.Now()-now))
 	return d, nil
-}
-
-// runWhole sends the client's request unchanged to pod (a combined pod, or
-// the decode pod of a PDLocal decision) and relays its answer.
-func (g *Gateway) runWhole(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, pod *pool.Pod) *failure {
-	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	g.buildUpstream(ctx, up)
-	up.SetHost(pod.Config.Address)
-	g.place(m, x, pod)
-	resp.StreamBody = x.req.Stream
-	err := upstream.Do(frontend.ClientGone(ctx), pod.Client, up, resp, time.Now().Add(g.responseTimeout(x.req.Stream)))
-	fasthttp.ReleaseRequest(up)
-	x.pd.Ticket.Done()
-	if err == upstream.ErrCut {
-		fasthttp.ReleaseResponse(resp)
-		g.unplace(x, pod)
-		return fail.ClientLeft
-	}
-	if err != nil {
-		fasthttp.ReleaseResponse(resp)
-		g.unplace(x, pod)
-		g.callFailed(pod, err)
-		x.tried = append(x.tried, pod.ID)
-		return g.podFailure(pod, err, g.responseTimeout(x.req.Stream))
-	}
-	if pod.Role == route.RoleDecode {
-		ctx.Response.Header.Set(pd.HeaderDecodePod, pod.Config.Name)
-	}
-	g.respond(ctx, x, m, pod, resp)
-	return nil
 }
 
 // streamFailure is the client's failure for a failed read of a pod's

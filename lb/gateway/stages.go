@@ -10,6 +10,8 @@ import (
 	"pdlb/lb/fail"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
+	"pdlb/lb/pd"
+	"pdlb/lb/route"
 	"pdlb/lb/upstream"
 )
 
@@ -155,14 +157,22 @@ func (g *Gateway) admitStage(x *completion) bool {
 	return true
 }
 
-// attemptStage makes x's attempt. A PD decision is carried out whole here
-// (its legs run on this worker); a plain request goes out through x.via,
-// and answered moves x on. False says x is answered: the relay owns it,
-// and once finished it is back in its pool, where nothing may touch it.
+// attemptStage makes x's attempt. A PD pair's exchange is carried out
+// whole here (its legs run on this worker); an attempt on one pod goes
+// out through x.via, and answered moves x on. False says x is answered:
+// the relay owns it, and once finished it is back in its pool, where
+// nothing may touch it.
 func (g *Gateway) attemptStage(x *completion) bool {
 	x.attempts++
-	if x.cascade != nil {
-		f := g.attemptPD(x)
+	if x.pd != nil && x.pd.Decision.Kind == route.PDPair {
+		if x.up != nil {
+			// Held since an attempt on one pod failed; the legs build
+			// their own.
+			fasthttp.ReleaseRequest(x.up)
+			fasthttp.ReleaseResponse(x.resp)
+			x.up, x.resp = nil, nil
+		}
+		f := x.pd.RunPair()
 		if f == nil {
 			return false
 		}
@@ -181,10 +191,18 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	return true
 }
 
-// answered takes in the outcome of x's plain attempt: the head of the
-// pod's answer (err nil), or why none came.
+// answered takes in the outcome of x's attempt on one pod: the head of
+// the pod's answer (err nil), or why none came.
 func (x *completion) answered(err error) {
 	g := x.g
+	if x.pd != nil {
+		// The pod of a PD decision: its pending-decode pick ends with the
+		// send, and a decode pod names itself.
+		x.pd.Ticket.Done()
+		if err == nil && x.pod.Role == route.RoleDecode {
+			x.ctx.Response.Header.Set(pd.HeaderDecodePod, x.pod.Config.Name)
+		}
+	}
 	switch {
 	case err == nil:
 		// Sent for good; x.resp stays: the relay finishes with it.
