@@ -22,12 +22,13 @@ import (
 )
 
 // leg is how one send of a leg ends: err, else an answer with status and
-// body. wait makes it wait for its cut first (a decode pod waiting for KV
-// that never comes).
+// body, after delay. wait makes it wait for its cut instead (a decode pod
+// waiting for KV that never comes).
 type leg struct {
 	status int
 	body   string
 	err    error
+	delay  time.Duration
 	wait   bool
 }
 
@@ -57,6 +58,7 @@ func (s *scriptedLegs) Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Req
 		<-cut
 		return upstream.ErrCut
 	}
+	time.Sleep(l.delay)
 	if l.err != nil {
 		return l.err
 	}
@@ -249,4 +251,13 @@ func TestRunPair(t *testing.T) {
 		status: 502, pdHeader: HeaderPrefillError, mayRetry: true, tried: "[p3]", sent: "[p1 p3]"})
 	f(tc{name: "concurrent: decode pod refused, moved", pre: 3, dec: 1, legs: map[int][]leg{3: ok, 1: {{err: errRefused}}, 2: ok},
 		retries: 1, spare: []int{2}, tried: "[p1]", responded: "p2", sent: "[p1 p2 p3]"})
+	f(tc{name: "concurrent: decode watchdog", pre: 3, dec: 1, legs: map[int][]leg{3: ok, 1: {{wait: true}}},
+		opts: route.PDOptions{DecodeFirstResponseTimeout: 20 * time.Millisecond}, stream: true,
+		status: 504, pdHeader: HeaderDecodeError, tried: "[]", sent: "[p1 p3]", watchdogs: 1})
+	f(tc{name: "concurrent: decode answered 500, the prefill fails within the grace", pre: 3, dec: 1,
+		legs:   map[int][]leg{3: {{status: 500, delay: 5 * time.Millisecond}}, 1: {{status: 500}}},
+		status: 500, pdHeader: HeaderPrefillError, tried: "[]", sent: "[p1 p3]"})
+	f(tc{name: "concurrent: decode answered 503, the prefill succeeds", pre: 3, dec: 1,
+		legs:  map[int][]leg{3: {{status: 200, body: "{}", delay: 20 * time.Millisecond}}, 1: {{status: 503}}},
+		tried: "[]", responded: "p1", sent: "[p1 p3]"})
 }
