@@ -43,8 +43,8 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 	}
 	if pod != nil {
 		b = appendField(b, "pod", pod.Config.Name)
-		if x.pd != nil && x.pd.pre != nil && x.pd.pre != pod {
-			b = appendField(b, "prefill_pod", x.pd.pre.Config.Name)
+		if x.pd != nil && x.pd.Pre != nil && x.pd.Pre != pod {
+			b = appendField(b, "prefill_pod", x.pd.Pre.Config.Name)
 		}
 	}
 	b = appendInt(b, "attempts", len(x.tried))

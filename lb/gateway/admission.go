@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"pdlb/lb/admit"
+	"pdlb/lb/fail"
 	"pdlb/lb/openai"
 )
 
@@ -58,7 +59,7 @@ func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttf
 		if x.clientLeft() {
 			// Its slot goes to a request someone still waits for.
 			g.admit.Withdraw(x.ticket.ID)
-			return errClientLeft
+			return fail.ClientLeft
 		}
 		now := g.clock()
 		if now-since > maxWait {
@@ -90,7 +91,7 @@ func (g *Gateway) reject(x *completion, ttft, tpot float64, retryAfter int) *fai
 		why = "predicted time per output token " + strconv.FormatFloat(tpot*1000, 'f', 1, 64) +
 			" ms exceeds the " + strconv.FormatFloat(c.TPOTSLO*1000, 'f', -1, 64) + " ms target of class " + x.class.String()
 	}
-	return &failure{e: openai.Overloaded(why), retryAfter: retryAfter}
+	return &failure{E: openai.Overloaded(why), RetryAfter: retryAfter}
 }
 
 // clock is the admission controller's time: seconds since the gateway

@@ -10,6 +10,7 @@ import (
 	"pdlb/lb/frontend"
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
+	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
 	"pdlb/ledger"
@@ -73,7 +74,7 @@ type completion struct {
 	// strategy is "pd", and pd is its prefill/decode exchange.
 	policy  route.Policy
 	cascade *route.PDRouter
-	pd      *pdCall
+	pd      *pd.Call
 
 	// The request's own, for its parts that run as a frontend.Task or
 	// frontend.Done: the gateway, the client's context and the model; a
@@ -119,7 +120,7 @@ func releaseCompletion(x *completion) {
 	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil
 	x.deferred = false
 	if x.pd != nil {
-		x.pd.release()
+		x.pd.Release()
 		x.pd = nil
 	}
 	x.events.Reset()

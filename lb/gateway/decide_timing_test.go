@@ -86,7 +86,7 @@ func decide(g *Gateway, m *pool.Model, x *completion, body []byte, id uint64) {
 		panic(err)
 	}
 	if f := g.tokenize(x, m, body); f != nil {
-		panic(f.e)
+		panic(f.E)
 	}
 	x.ticket = ledger.Ticket{ID: id}
 	pod := g.pick(m, x, "")

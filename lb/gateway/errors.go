@@ -8,62 +8,33 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/fail"
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 )
 
-// failure is how the gateway ends a request with an error of its own: the
-// client's status and OpenAI error body, the headers that go with them,
-// and what the retry decision needs. Every error the request path answers
-// with is one, and writeFailure is the one place that writes it.
-type failure struct {
-	// e is the status and body the client gets.
-	e *openai.Error
-	// retryAfter is the Retry-After header in seconds; 0 sends none.
-	retryAfter int
-	// pdHeader is the x-error-pd-* header naming the PD leg that failed
-	// ("" for none), which tells a gateway's PD failure from a 5xx the
-	// decode pod sent itself. A stream already under way cannot carry it.
-	pdHeader string
-	// pod is the pod whose attempt failed (nil: no pod is to blame), and
-	// sent whether it may have received the request.
-	pod  *pool.Pod
-	sent bool
-}
-
-func (f *failure) Error() string { return f.e.Message }
-
-// mayRetry reports whether another pod may take the request after f: a
-// pod failed it without receiving it, so no pod has started work on it.
-// Whether retries are left is the caller's budget.
-func (f *failure) mayRetry() bool { return f.pod != nil && !f.sent }
+// failure is the request path's one error type (lb/fail), by the name
+// the gateway's code uses; writeFailure is the one place that writes it.
+type failure = fail.Failure
 
 // answer is a failure that is only the client's answer: the request's own
 // fault, or the gateway's, with no pod to blame.
-func answer(e *openai.Error) *failure { return &failure{e: e} }
+func answer(e *openai.Error) *failure { return &failure{E: e} }
 
 // writeFailure answers ctx's client with f.
 func writeFailure(ctx *fasthttp.RequestCtx, f *failure) {
-	if f.retryAfter > 0 {
-		ctx.Response.Header.Set("Retry-After", strconv.Itoa(f.retryAfter))
+	if f.RetryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(f.RetryAfter))
 	}
-	if f.pdHeader != "" {
-		ctx.Response.Header.Set(f.pdHeader, "true")
+	if f.PDHeader != "" {
+		ctx.Response.Header.Set(f.PDHeader, "true")
 	}
-	ctx.SetStatusCode(f.e.Status)
+	ctx.SetStatusCode(f.E.Status)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(f.e.AppendJSON(nil))
+	ctx.SetBody(f.E.AppendJSON(nil))
 }
-
-// statusClientClosed is counted for a client that went away mid-stream
-// (nginx's 499).
-const statusClientClosed = 499
-
-// errClientLeft ends a request whose client closed its connection while a
-// worker served it; it is counted, never written.
-var errClientLeft = answer(&openai.Error{Status: statusClientClosed, Type: openai.TypeServer, Message: "The client closed its connection."})
 
 // errShuttingDown ends the streams still running when a shutdown's grace
 // period is over.
@@ -73,7 +44,7 @@ var errShuttingDown = errors.New("lb: the gateway is shutting down")
 // I/O error of the call; within is the bound that passed, should err be a
 // timeout.
 func (g *Gateway) podFailure(pod *pool.Pod, err error, within time.Duration) *failure {
-	return &failure{e: g.upstreamError(err, within), pod: pod, sent: !upstream.NotSent(err)}
+	return &failure{E: g.upstreamError(err, within), Pod: pod, Sent: !upstream.NotSent(err)}
 }
 
 // upstreamError is the client's error for a call to a pod that failed
@@ -98,13 +69,4 @@ func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 			Message: fmt.Sprintf("The gateway is at its open-files limit (%d) and cannot open a connection to the inference server; retry the request.", g.fds.Limit())}
 	}
 	return openai.UpstreamError(err.Error())
-}
-
-// isFault reports whether a pod's answer with status is its failure: a 5xx
-// but 503, which SGLang answers when its waiting queue is full
-// (--max-queued-requests), and engines while they shut down. That is load
-// shed at admission, and counting it would eject a fleet pod by pod under
-// a burst.
-func isFault(status int) bool {
-	return status >= 500 && status != fasthttp.StatusServiceUnavailable
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/fail"
 	"pdlb/lb/openai"
 	"pdlb/lb/pd"
 	"pdlb/lb/pool"
@@ -16,7 +17,7 @@ func TestFailureMayRetry(t *testing.T) {
 	pod := &pool.Pod{}
 	f := func(name string, fl *failure, want bool) {
 		t.Helper()
-		if got := fl.mayRetry(); got != want {
+		if got := fl.MayRetry(); got != want {
 			t.Errorf("%s: mayRetry = %v, want %v", name, got, want)
 		}
 	}
@@ -26,8 +27,8 @@ func TestFailureMayRetry(t *testing.T) {
 	f("reset after sending", g.podFailure(pod, errors.New("connection reset by peer"), 0), false)
 	f("no free connections", g.podFailure(pod, fasthttp.ErrNoFreeConns, 0), true)
 	f("no pod to blame", answer(openai.NoHealthyPod([]byte("m"))), false)
-	f("client left", errClientLeft, false)
-	f("prefill answered", &failure{e: prefillAnswered(500, nil), pod: pod, sent: true}, false)
+	f("client left", fail.ClientLeft, false)
+	f("pod answered", &failure{E: openai.UpstreamError("boom"), Pod: pod, Sent: true}, false)
 }
 
 func TestWriteFailure(t *testing.T) {
@@ -41,11 +42,11 @@ func TestWriteFailure(t *testing.T) {
 			t.Errorf("%+v: status %d, Retry-After %q, %s %q; want %d, %q, %q", fl, ctx.Response.StatusCode(),
 				h.Peek("Retry-After"), pd.HeaderPrefillError, h.Peek(pd.HeaderPrefillError), status, retryAfter, pdHeader)
 		}
-		if want := string(fl.e.AppendJSON(nil)); string(ctx.Response.Body()) != want {
+		if want := string(fl.E.AppendJSON(nil)); string(ctx.Response.Body()) != want {
 			t.Errorf("body %s, want %s", ctx.Response.Body(), want)
 		}
 	}
 	f(answer(openai.ModelNotFound([]byte("m"))), 404, "", "")
-	f(&failure{e: openai.Overloaded("busy"), retryAfter: 3}, 429, "3", "")
-	f(&failure{e: prefillAnswered(500, []byte("boom")), pdHeader: pd.HeaderPrefillError}, 500, "", "true")
+	f(&failure{E: openai.Overloaded("busy"), RetryAfter: 3}, 429, "3", "")
+	f(&failure{E: &openai.Error{Status: 500, Type: openai.TypeServer, Message: "boom"}, PDHeader: pd.HeaderPrefillError}, 500, "", "true")
 }

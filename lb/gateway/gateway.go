@@ -5,10 +5,10 @@
 // A completion request reads in this order: serve.go (Handler's parse
 // stage), stages.go (pick, admit, attempt, and every retry), transport.go
 // (the event loop's connection or a worker's call), relay.go (respond,
-// relay, finish), errors.go (the one error type). placement.go and
-// admission.go are the pick's and admission's helpers; pd.go,
-// pd_exchange.go and pd_concurrent.go carry a PD decision out over
-// lb/pd's pieces; lb/upstream holds the pods' connections.
+// relay, finish), errors.go (lb/fail's one error type, written).
+// placement.go and admission.go are the pick's and admission's helpers;
+// pd.go decides a PD pair and pd_host.go lends the request to its
+// exchange, which lb/pd drives; lb/upstream holds the pods' connections.
 package gateway
 
 import (

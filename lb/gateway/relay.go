@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/fail"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
@@ -21,7 +22,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	// Headers are in: from here on the pod owes the client this response.
 	status := resp.StatusCode()
 	switch {
-	case isFault(status):
+	case fail.IsFault(status):
 		g.podFailed(pod)
 	case status < 500:
 		pod.ReportSuccess()
@@ -63,7 +64,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		g.podFailed(pod)
 		f := g.streamFailure(x, err)
 		writeFailure(ctx, f)
-		x.failure, status = f.e, f.e.Status
+		x.failure, status = f.E, f.E.Status
 	} else if status == fasthttp.StatusOK {
 		// Its usage is the output the API key's token bucket and
 		// pdlb_completion_tokens_total are charged.
@@ -96,7 +97,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 		if conn != nil {
 			by := time.Now().Add(idle)
 			if x.pd != nil {
-				by = x.pd.readDeadline(by, t.started)
+				by = x.pd.ReadDeadline(by, t.started)
 			}
 			_ = conn.SetReadDeadline(by)
 		}
@@ -119,7 +120,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 			}
 			if werr != nil {
 				upstream.CloseStream(resp, werr)
-				return statusClientClosed
+				return fail.StatusClientClosed
 			}
 			if err == nil {
 				err = x.events.Err()
@@ -140,7 +141,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 // relayBroke ends a stream that broke with err with an error event and
 // returns the status to count.
 func (g *Gateway) relayBroke(w *frontend.StreamWriter, x *completion, err error) int {
-	e := g.streamFailure(x, err).e
+	e := g.streamFailure(x, err).E
 	x.failure = e
 	buf := relayBufs.Get().(*[relayBufferBytes]byte)
 	_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
@@ -187,7 +188,7 @@ func (x *completion) End(w *frontend.StreamWriter, err error) {
 	case err == nil:
 		g.relayDone(x, x.pod)
 	case errors.Is(err, frontend.ErrClientGone):
-		code = statusClientClosed
+		code = fail.StatusClientClosed
 	default:
 		code = g.relayBroke(w, x, err)
 	}

@@ -55,8 +55,8 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	}
 	if !g.enter(x) {
 		g.fail(ctx, x, m, &failure{
-			e:          openai.Overloaded("the gateway has " + strconv.Itoa(g.cfg.MaxInFlight) + " requests in flight, its max_in_flight"),
-			retryAfter: 1,
+			E:          openai.Overloaded("the gateway has " + strconv.Itoa(g.cfg.MaxInFlight) + " requests in flight, its max_in_flight"),
+			RetryAfter: 1,
 		})
 		return
 	}
@@ -84,7 +84,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
 	g.logCompletion(x.ctx, x, pod, status, x.failure)
 	if x.pd != nil {
-		x.pd.end(pod, status)
+		x.pd.End(pod, status)
 	}
 	_ = resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(resp)
@@ -101,7 +101,7 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 
 // refused is the failure for a request its API key does not allow now.
 func refused(d limits.Decision) *failure {
-	return &failure{e: d.Error(), retryAfter: d.RetryAfterSeconds()}
+	return &failure{E: d.Error(), RetryAfter: d.RetryAfterSeconds()}
 }
 
 // fail answers a request that never reached a pod.
@@ -113,9 +113,9 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f
 	g.leave(x)
 	g.ledger.Finish(x.ticket)
 	writeFailure(ctx, f)
-	g.logCompletion(ctx, x, nil, f.e.Status, f.e)
-	g.metrics.countRequest(m, f.e.Status)
-	if f.e.Status == fasthttp.StatusTooManyRequests {
+	g.logCompletion(ctx, x, nil, f.E.Status, f.E)
+	g.metrics.countRequest(m, f.E.Status)
+	if f.E.Status == fasthttp.StatusTooManyRequests {
 		g.metrics.shed.Update(time.Since(x.start).Seconds())
 	}
 	releaseCompletion(x)

@@ -7,8 +7,11 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/fail"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
+	"pdlb/lb/pd"
+	"pdlb/lb/route"
 	"pdlb/lb/upstream"
 )
 
@@ -55,7 +58,9 @@ func (g *Gateway) advance(x *completion) {
 				return
 			}
 		case stageAttempt:
-			g.attemptStage(x)
+			if !g.attemptStage(x) {
+				return
+			}
 		case stageAwait, stageRelay:
 			return
 		case stageRespond:
@@ -64,7 +69,7 @@ func (g *Gateway) advance(x *completion) {
 			return
 		case stageGone:
 			x.stage = stageRelay
-			g.finish(x, x.m, x.pod, x.resp, statusClientClosed)
+			g.finish(x, x.m, x.pod, x.resp, fail.StatusClientClosed)
 			return
 		case stageFail:
 			g.fail(x.ctx, x, x.m, x.last)
@@ -85,7 +90,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 		// met by every request retrying in lockstep.
 		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << (x.attempts - 1))))
 		if x.clientLeft() {
-			x.last, x.stage = errClientLeft, stageFail
+			x.last, x.stage = fail.ClientLeft, stageFail
 			return true
 		}
 	}
@@ -152,18 +157,27 @@ func (g *Gateway) admitStage(x *completion) bool {
 	return true
 }
 
-// attemptStage makes x's attempt. A PD decision is carried out whole here
-// (its legs run on this worker); a plain request goes out through x.via,
-// and answered moves x on.
-func (g *Gateway) attemptStage(x *completion) {
+// attemptStage makes x's attempt. A PD pair's exchange is carried out
+// whole here (its legs run on this worker); an attempt on one pod goes
+// out through x.via, and answered moves x on. False says x is answered:
+// the relay owns it, and once finished it is back in its pool, where
+// nothing may touch it.
+func (g *Gateway) attemptStage(x *completion) bool {
 	x.attempts++
-	if x.cascade != nil {
-		if f := g.attemptPD(x); f != nil {
-			g.failed(x, f)
-		} else {
-			x.stage = stageRelay
+	if x.pd != nil && x.pd.Decision.Kind == route.PDPair {
+		if x.up != nil {
+			// Held since an attempt on one pod failed; the legs build
+			// their own.
+			fasthttp.ReleaseRequest(x.up)
+			fasthttp.ReleaseResponse(x.resp)
+			x.up, x.resp = nil, nil
 		}
-		return
+		f := x.pd.RunPair()
+		if f == nil {
+			return false
+		}
+		g.failed(x, f)
+		return true
 	}
 	if x.up == nil {
 		x.up, x.resp = fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -174,12 +188,21 @@ func (g *Gateway) attemptStage(x *completion) {
 	g.place(x.m, x, x.pod)
 	x.stage = stageAwait
 	x.via.send(x)
+	return true
 }
 
-// answered takes in the outcome of x's plain attempt: the head of the
-// pod's answer (err nil), or why none came.
+// answered takes in the outcome of x's attempt on one pod: the head of
+// the pod's answer (err nil), or why none came.
 func (x *completion) answered(err error) {
 	g := x.g
+	if x.pd != nil {
+		// The pod of a PD decision: its pending-decode pick ends with the
+		// send, and a decode pod names itself.
+		x.pd.Ticket.Done()
+		if err == nil && x.pod.Role == route.RoleDecode {
+			x.ctx.Response.Header.Set(pd.HeaderDecodePod, x.pod.Config.Name)
+		}
+	}
 	switch {
 	case err == nil:
 		// Sent for good; x.resp stays: the relay finishes with it.
@@ -193,7 +216,7 @@ func (x *completion) answered(err error) {
 		x.up, x.idleStart, x.stage = nil, false, stageGone
 	case err == upstream.ErrCut:
 		g.unplace(x, x.pod)
-		x.last, x.stage = errClientLeft, stageFail
+		x.last, x.stage = fail.ClientLeft, stageFail
 	default:
 		g.unplace(x, x.pod)
 		g.callFailed(x.pod, err)
@@ -228,11 +251,11 @@ func (g *Gateway) failed(x *completion, f *failure) {
 // without receiving it) and x has attempts left (upstream.retries after
 // the first).
 func (g *Gateway) tryAgain(x *completion, f *failure) bool {
-	if !f.mayRetry() || x.attempts > g.cfg.Upstream.Retries {
+	if !f.MayRetry() || x.attempts > g.cfg.Upstream.Retries {
 		return false
 	}
 	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
-		g.log.Warn("request not sent to pod; trying another", "pod", f.pod.Config.Name, "err", f.e.Message, "suppressed", held)
+		g.log.Warn("request not sent to pod; trying another", "pod", f.Pod.Config.Name, "err", f.E.Message, "suppressed", held)
 	}
 	return true
 }

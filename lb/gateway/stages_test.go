@@ -11,14 +11,12 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"pdlb/engines"
-	"pdlb/engines/protocols"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
+	"pdlb/lb/fail"
 	"pdlb/lb/frontend"
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
-	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 	"pdlb/ledger"
@@ -73,16 +71,27 @@ func stagesGateway(t *testing.T, retries int, adm *admit.ClassConfig) (*Gateway,
 	for i := range 3 {
 		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
 	}
+	return testGateway(t, cfg, upstream.Dialer(nil), adm)
+}
+
+// testGateway is a gateway over cfg's pods, dialed with dial, without
+// health checks; adm, if set, is every class's admission.
+func testGateway(t *testing.T, cfg config.Config, dial pool.DialFunc, adm *admit.ClassConfig) (*Gateway, *pool.Model) {
+	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
+	snap, err := pool.Build(&cfg, dial, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now()}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
-	g.ledger.SetPods([]string{"p0", "p1", "p2"})
+	var names []string
+	for _, p := range cfg.Pods {
+		names = append(names, p.Name)
+	}
+	g.ledger.SetPods(names)
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)
@@ -165,8 +174,8 @@ func TestStages(t *testing.T) {
 	f(tc{name: "every connection busy, then answered", retries: 1, errs: []error{fasthttp.ErrNoFreeConns, nil}, sends: 2, status: 200})
 	f(tc{name: "reset before the first byte", retries: 1, errs: []error{fasthttp.ErrConnectionClosed}, sends: 1, status: 502})
 	f(tc{name: "timeout", retries: 1, errs: []error{fasthttp.ErrTimeout}, sends: 1, status: 504})
-	f(tc{name: "client gone on a worker", retries: 1, errs: []error{upstream.ErrCut}, sends: 1, status: statusClientClosed})
-	f(tc{name: "client gone on the loop", retries: 1, errs: []error{frontend.ErrClientGone}, sends: 1, status: statusClientClosed})
+	f(tc{name: "client gone on a worker", retries: 1, errs: []error{upstream.ErrCut}, sends: 1, status: fail.StatusClientClosed})
+	f(tc{name: "client gone on the loop", retries: 1, errs: []error{frontend.ErrClientGone}, sends: 1, status: fail.StatusClientClosed})
 }
 
 // counted is the one status g counted for m's requests, 0 for none.
@@ -192,7 +201,7 @@ func TestStagesOnTheLoop(t *testing.T) {
 		t.Fatalf("after the loop's send: stage %d, %d sends", x.stage, len(loop.sent))
 	}
 	x.Answered(errRefused)
-	if x.stage != stagePick || loop.detached != 1 || x.last == nil || !x.last.mayRetry() {
+	if x.stage != stagePick || loop.detached != 1 || x.last == nil || !x.last.MayRetry() {
 		t.Fatalf("after a refused dial on the loop: stage %d, detached %d, last %v", x.stage, loop.detached, x.last)
 	}
 	worker := &scripted{errs: []error{nil}, blocks: true}
@@ -224,50 +233,5 @@ func TestStagesAdmission(t *testing.T) {
 		t.Fatalf("deferred on the loop: %d sends, detached %d, stage %d, deferred %v", len(loop.sent), loop.detached, x.stage, x.deferred)
 	}
 	g.admit.Withdraw(x.ticket.ID)
-	g.fail(x.ctx, x, m, errClientLeft)
-}
-
-// TestPDFailures: how a PD attempt's failures move the request on: a
-// prefill pod that answered an error ends it with x-error-pd-prefill; one
-// whose prefill info could not be had leaves nothing sent, so another
-// pair may take it; the decode watchdog answers 504 with
-// x-error-pd-decode and no retry.
-func TestPDFailures(t *testing.T) {
-	g, m := stagesGateway(t, 1, nil)
-	pre, dec := m.Pods[0], m.Pods[1]
-	type tc struct {
-		name      string
-		f         func() *failure
-		next      stage
-		status    int
-		pdHeader  string
-		watchdogs uint64
-	}
-	x, _ := startCompletion(t, g, m, &scripted{}, admit.Interactive)
-	x.pd = &pdCall{metrics: g.metrics.model(m).pd, pre: pre, dec: dec, proto: protocols.For(engines.VLLM, engines.PDOptions{})}
-	x.attempts = 1
-	check := func(c tc) {
-		t.Helper()
-		before := x.pd.metrics.Watchdog.Get()
-		g.failed(x, c.f())
-		if x.stage != c.next || x.last.e.Status != c.status || x.last.pdHeader != c.pdHeader || x.pd.metrics.Watchdog.Get()-before != c.watchdogs {
-			t.Errorf("%s: stage %d, status %d, header %q; want %d, %d, %q", c.name, x.stage, x.last.e.Status, x.last.pdHeader, c.next, c.status, c.pdHeader)
-		}
-	}
-	check(tc{name: "prefill answered 500", f: func() *failure { return g.prefillFailure(pre, 500, []byte("boom"), nil, time.Second) },
-		next: stageFail, status: 500, pdHeader: pd.HeaderPrefillError})
-	check(tc{name: "prefill pod refused", f: func() *failure { return g.prefillFailure(pre, 0, nil, errRefused, time.Second) },
-		next: stagePick, status: 502, pdHeader: pd.HeaderPrefillError})
-	check(tc{name: "prefill timed out", f: func() *failure { return g.prefillFailure(pre, 0, nil, fasthttp.ErrTimeout, time.Second) },
-		next: stageFail, status: 504, pdHeader: pd.HeaderPrefillError})
-	x.pd.watched = true
-	check(tc{name: "decode watchdog", f: func() *failure { return g.decodeFailure(x, fasthttp.ErrTimeout) },
-		next: stageFail, status: 504, pdHeader: pd.HeaderDecodeError, watchdogs: 1})
-	x.pd.watched = false
-	check(tc{name: "decode pod refused", f: func() *failure { return g.decodeFailure(x, errRefused) },
-		next: stagePick, status: 502, pdHeader: pd.HeaderDecodeError})
-	x.attempts = 2
-	check(tc{name: "decode pod refused, no retries left", f: func() *failure { return g.decodeFailure(x, errRefused) },
-		next: stageFail, status: 502, pdHeader: pd.HeaderDecodeError})
-	g.fail(x.ctx, x, m, x.last)
+	g.fail(x.ctx, x, m, fail.ClientLeft)
 }

@@ -80,7 +80,7 @@ func refusal(err error) *failure {
 	if !errors.As(err, &refused) {
 		return nil
 	}
-	return &failure{e: &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
+	return &failure{E: &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
 		Param: refused.Param, Code: openai.CodeInvalidValue, Message: refused.Message}}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/fail"
 	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 )
@@ -24,22 +25,21 @@ const (
 
 // Link is what a concurrent exchange's legs share with the request while
 // they run beside it: the request's own state may return to its pool
-// before a leg ends, so the legs touch only this. F is the request path's
-// failure, which a failed prefill leg reports. It is reference counted
+// before a leg ends, so the legs touch only this. It is reference counted
 // (AcquireLink, Hold, Release); the last holder returns it to its pool.
-type Link[F any] struct {
+type Link struct {
 	refs atomic.Int32
 	// PrefillEnd is when the prefill leg succeeded (unix nanoseconds, 0
 	// before); PreErr its failure, for the relay's error event.
 	PrefillEnd atomic.Int64
-	PreErr     atomic.Pointer[F]
+	PreErr     atomic.Pointer[fail.Failure]
 	// Started: the decode stream's first chunk arrived.
 	Started atomic.Bool
 	// DecState hands the decode leg's response over; DecDone carries its
 	// outcome, PreDone the prefill leg's (nil: success).
 	DecState atomic.Int32
 	DecDone  chan error
-	PreDone  chan *F
+	PreDone  chan *fail.Failure
 	// Cut gives up the decode leg in flight (the request closes it when
 	// it abandons the leg): its connection is closed, which is how a
 	// decode pod that waits for KV that will not come learns to stop.
@@ -53,24 +53,22 @@ type Link[F any] struct {
 	Buf []byte
 }
 
-// linkPool holds links of whichever F the gateway uses (one).
-var linkPool sync.Pool
+var linkPool = sync.Pool{New: func() any {
+	return &Link{DecDone: make(chan error, 1), PreDone: make(chan *fail.Failure, 1)}
+}}
 
 // AcquireLink returns a link held once, by the request.
-func AcquireLink[F any]() *Link[F] {
-	l, ok := linkPool.Get().(*Link[F])
-	if !ok {
-		l = &Link[F]{DecDone: make(chan error, 1), PreDone: make(chan *F, 1)}
-	}
+func AcquireLink() *Link {
+	l := linkPool.Get().(*Link)
 	l.refs.Store(1)
 	return l
 }
 
 // Hold adds a holder: a leg's goroutine, which Releases it when it ends.
-func (l *Link[F]) Hold() { l.refs.Add(1) }
+func (l *Link) Hold() { l.refs.Add(1) }
 
 // Release drops a holder; the last one returns l to its pool.
-func (l *Link[F]) Release() {
+func (l *Link) Release() {
 	if l.refs.Add(-1) != 0 {
 		return
 	}
@@ -91,7 +89,7 @@ func (l *Link[F]) Release() {
 
 // SetDecConn records the decode leg's connection while the request relays
 // it (nil once the relay is over).
-func (l *Link[F]) SetDecConn(c *upstream.Conn) {
+func (l *Link) SetDecConn(c *upstream.Conn) {
 	l.mu.Lock()
 	l.decConn = c
 	l.mu.Unlock()
@@ -99,7 +97,7 @@ func (l *Link[F]) SetDecConn(c *upstream.Conn) {
 
 // WithDecConn calls f with the decode leg's connection, if one is
 // recorded, holding it there until f returns.
-func (l *Link[F]) WithDecConn(f func(*upstream.Conn)) {
+func (l *Link) WithDecConn(f func(*upstream.Conn)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.decConn != nil {
@@ -107,11 +105,11 @@ func (l *Link[F]) WithDecConn(f func(*upstream.Conn)) {
 	}
 }
 
-// Decode runs a concurrent decode leg until its response headers and
+// decode runs a concurrent decode leg until its response headers and
 // delivers them, or cleans up after a request that left.
-func (l *Link[F]) Decode(cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
+func (l *Link) decode(fl Fleet, cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
 	defer l.Release()
-	err := upstream.Do(cut, dec.Client, up, resp, by)
+	err := fl.Send(cut, dec, up, resp, by)
 	fasthttp.ReleaseRequest(up)
 	if l.DecState.CompareAndSwap(DecPending, DecDelivered) {
 		l.DecDone <- err

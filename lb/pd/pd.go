@@ -1,7 +1,9 @@
-// Package pd holds the parts of a prefill/decode exchange that need no
-// gateway state: what the legs of a concurrent exchange share (Link), the
-// abort call, the prefill answer as a stream, the headers and the
-// metrics. The gateway drives the exchange (lb/gateway/pd*.go).
+// Package pd carries out a prefill/decode pair: the exchange of its legs
+// through the engine's protocol (Call.RunPair), what the legs of a
+// concurrent exchange share (Link), the decode watchdog, the abort call,
+// the headers and the metrics. The gateway decides the pair and owns the
+// request's placement, ledger charge and answer; it lends them to the
+// exchange as a Host and a Fleet.
 package pd
 
 import (

@@ -39,11 +39,13 @@ trace replays its own times unless --rate or --concurrency is given. A run is
 bounded by --duration and/or --requests.
 
 Workloads (deterministic from --seed):
-  seed-chat  seed 000's multi-turn chat: 20 system prompts of 2,048 tokens,
-             400 sessions, +300 tokens a turn, the whole history resent
+  seed-chat  the global-scheduling study's multi-turn chat: 20 system
+             prompts of 2,048 tokens, 400 sessions, +300 tokens a turn,
+             the whole history resent
   long-docs  16,000-token prompts (a shared 3,200-token instruction), 300 out
   agents     6,000-token prompts (4 shared 4,800-token prefixes), 2,000 out
-  mixed      seed 001's 100- and 30,000-token prompts (--long-fraction)
+  mixed      100- and 30,000-token prompts, AIBrix's token_load case
+             (--long-fraction)
   trace      JSONL lines {"t", "session", "prompt" or "prompt_tokens",
              "output_tokens", "priority"} (the file pdlb sim --trace reads)
 

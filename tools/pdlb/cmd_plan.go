@@ -21,22 +21,22 @@ type planRow struct {
 }
 
 // cmdPlan prints, for each phase, the xPyD it needs and the load a static
-// ratio would carry (seed 000's table).
+// ratio would carry (the global-scheduling study's planner table).
 func cmdPlan(args []string, stdout io.Writer) error {
 	fs := newFlagSet("plan", "--phases FILE|seed --total N [--static xPyD] [--json]",
-		`For each phase of load, prints the instances it needs (seed 000:
-P = ceil(rate × isl × (1 − hit) / P_cap), D = ceil(rate × osl / D_cap)),
-whether they fit in --total, the split of --total the planner would run
-(lb/plan.Split: in proportion to the needs, at least the needs where they
-fit, at least one a role), and the prefill and decode load (utilisation;
-above 100% is overloaded) under the static ratio.
+		`For each phase of load, prints the instances it needs (the
+global-scheduling study's formula: P = ceil(rate × isl × (1 − hit) / P_cap),
+D = ceil(rate × osl / D_cap)), whether they fit in --total, the split of
+--total the planner would run (lb/plan.Split: in proportion to the needs, at
+least the needs where they fit, at least one a role), and the prefill and
+decode load (utilisation; above 100% is overloaded) under the static ratio.
 
---phases seed is seed 000's day: chat (100 req/s, isl 2000, osl 500, hit
-0.6), long-document summaries (30, 16000, 300, 0.2) and coding agents (25,
-6000, 2000, 0.8). A phases FILE is a YAML or JSON list of objects with
-fields name, rate (requests/s), isl and osl (mean prompt and output tokens),
-hit (prefix cache hit rate, 0..1) and optionally prefill_cap and
-decode_cap (tokens/s a phase's instances reach, overriding the flags):
+--phases seed is the global-scheduling study's day: chat (100 req/s, isl
+2000, osl 500, hit 0.6), long-document summaries (30, 16000, 300, 0.2) and
+coding agents (25, 6000, 2000, 0.8). A phases FILE is a YAML or JSON list of
+objects with fields name, rate (requests/s), isl and osl (mean prompt and
+output tokens), hit (prefix cache hit rate, 0..1) and optionally prefill_cap
+and decode_cap (tokens/s a phase's instances reach, overriding the flags):
 
   - {name: chat, rate: 100, isl: 2000, osl: 500, hit: 0.6}
   - {name: summaries, rate: 30, isl: 16000, osl: 300, hit: 0.2}
@@ -48,8 +48,8 @@ static against the planner (lb/plan) driving role switches, with admission
 on (TTFT SLO 2 s, TPOT 0.1 s), and prints each phase's SLO attainment in
 both arms and the planner's switches.
 
-Example (prints seed 000's table): pdlb plan --phases seed --total 24 --static 12P12D`, stdout)
-	phasesArg := fs.String("phases", "", "phases file (YAML or JSON), or seed for seed 000's three phases")
+Example (prints the study's planner table): pdlb plan --phases seed --total 24 --static 12P12D`, stdout)
+	phasesArg := fs.String("phases", "", "phases file (YAML or JSON), or seed for the global-scheduling study's three phases")
 	total := fs.Int("total", 0, "instances in the pool")
 	staticArg := fs.String("static", "", "the static ratio to compare against, xPyD (default half and half)")
 	prefillCap := fs.Float64("prefill-cap", plan.SeedPrefillCap, "prompt tokens/s one prefill instance computes (P_cap)")
@@ -133,8 +133,8 @@ Example (prints seed 000's table): pdlb plan --phases seed --total 24 --static 1
 	return res.WriteTable(stdout)
 }
 
-// loadText prints a utilisation as seed 000 does: a whole percentage,
-// marked when over 100%.
+// loadText prints a utilisation as the global-scheduling study does: a
+// whole percentage, marked when over 100%.
 func loadText(x float64) string {
 	s := fmt.Sprintf("%.0f%%", 100*x)
 	if x > 1 {
@@ -143,9 +143,9 @@ func loadText(x float64) string {
 	return s
 }
 
-// readPhases reads --phases: seed 000's, or a file's. Seed phases come
-// without capacities, so that --prefill-cap and --decode-cap (whose defaults
-// are seed 000's) apply to them.
+// readPhases reads --phases: the global-scheduling study's, or a file's.
+// Its phases come without capacities, so that --prefill-cap and
+// --decode-cap (whose defaults are the study's) apply to them.
 func readPhases(arg string) ([]plan.Phase, error) {
 	switch arg {
 	case "":

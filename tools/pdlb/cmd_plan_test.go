@@ -13,8 +13,9 @@ import (
 )
 
 // TestCmdPlanSeedTable checks that `pdlb plan --phases seed --total 24
-// --static 12P12D` prints seed 000's table: needs 4P17D, 20P3D, 2P17D, all
-// fitting in 24; loads under 12P12D 33%/139%, 160%/25%, 12%/139%.
+// --static 12P12D` prints the global-scheduling study's planner table:
+// needs 4P17D, 20P3D, 2P17D, all fitting in 24; loads under 12P12D
+// 33%/139%, 160%/25%, 12%/139%.
 func TestCmdPlanSeedTable(t *testing.T) {
 	var out bytes.Buffer
 	if err := cmdPlan([]string{"--phases", "seed", "--total", "24", "--static", "12P12D"}, &out); err != nil {

@@ -101,7 +101,7 @@ config file, e.g.
 	}
 	load := func() (config.Config, error) {
 		cfg := config.Default()
-		// seed 001's AIBRIX_* variables, as aliases of the pd knobs; Load
+		// AIBrix's AIBRIX_* variables, as aliases of the pd knobs; Load
 		// applies them itself, under the file.
 		if err := cfg.ApplyEnv(os.LookupEnv); err != nil {
 			return cfg, err

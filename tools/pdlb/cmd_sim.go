@@ -24,11 +24,11 @@ requests, prefix cache hit rate, TTFT p50 and p99 (admitted requests), SLO
 attainment (requests whose first token came within the SLO; rejected ones
 count as misses) and the fraction rejected.
 
-Workloads: seed-chat is seed 000's multi-turn chat (20 system prompts of
-2,048 tokens, 400 sessions, +300 tokens a turn, Poisson arrivals) on seed
-000's fleet (8 pods, 20,000 prefill tokens/s, blocks of 64 tokens, an LRU of
-3,000 blocks per pod, TTFT SLO 2 s); trace replays a JSONL file of
-{"t", "session", "prompt" or "prompt_tokens", "output_tokens", "priority"}.
+Workloads: seed-chat is the global-scheduling study's multi-turn chat (20
+system prompts of 2,048 tokens, 400 sessions, +300 tokens a turn, Poisson
+arrivals) on its fleet (8 pods, 20,000 prefill tokens/s, blocks of 64
+tokens, an LRU of 3,000 blocks per pod, TTFT SLO 2 s); trace replays a JSONL
+file of {"t", "session", "prompt" or "prompt_tokens", "output_tokens", "priority"}.
 
 Example: pdlb sim --rate 70 --policy min_ttft --reject`, stdout)
 	workload := fs.String("workload", "seed-chat", "seed-chat or trace")
@@ -41,7 +41,7 @@ Example: pdlb sim --rate 70 --policy min_ttft --reject`, stdout)
 	pods := fs.Int("pods", cluster.DefaultPods, "number of pods")
 	slo := fs.Float64("slo", admit.DefaultInteractiveTTFTSLO, "TTFT SLO of interactive requests, seconds")
 	traceFile := fs.String("trace", "", "JSONL trace to replay (--workload trace)")
-	faithful := fs.Bool("faithful", false, "route as seed 000's Python does: ties go to the first pod and pod speeds are known, not learned (reproduces its min_ttft rows; makes random pick pod 0)")
+	faithful := fs.Bool("faithful", false, "route as the global-scheduling study's Python router does: ties go to the first pod and pod speeds are known, not learned (reproduces its min_ttft rows; makes random pick pod 0)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

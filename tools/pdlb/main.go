@@ -24,11 +24,11 @@ var commands = []command{
 	{"serve", "run the gateway in front of a fleet", cmdServe},
 	{"demo", "run the gateway on an embedded simulated fleet", cmdDemo},
 	{"fleet", "run simulated engine pods from a YAML file", cmdFleet},
-	{"sim", "simulate routing and admission on a virtual fleet (seed 000 chat or a trace)", cmdSim},
+	{"sim", "simulate routing and admission on a virtual fleet (a multi-turn chat or a trace)", cmdSim},
 	{"load", "send LLM load to a gateway and report TTFT, TPOT and SLO attainment", cmdLoad},
 	{"apikey", "print a new client API key and its api_keys entry", cmdAPIKey},
 	{"tokenize", "show the prompt, token ids and block keys an engine computes for a request", cmdTokenize},
-	{"plan", "print the xPyD each phase of load needs and the load under a static ratio (seed 000)", cmdPlan},
+	{"plan", "print the xPyD each phase of load needs and the load under a static ratio", cmdPlan},
 }
 
 func main() {

@@ -1,4 +1,4 @@
-package gateway
+package pd
 
 import (
 	"time"
@@ -6,33 +6,36 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/engines"
+	"pdlb/lb/fail"
 	"pdlb/lb/frontend"
-	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
+// prefillGrace is how long a concurrent decode leg's error answer waits
+// for the prefill leg's outcome.
+const prefillGrace = 250 * time.Millisecond
+
 // runConcurrent sends both legs at once and waits for the one that
 // settles the request: the decode leg's headers (its answer), or a failed
 // prefill leg, or the watchdog.
-func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, up *fasthttp.Request) *failure {
-	p := x.pd
-	l := pd.AcquireLink[failure]()
-	p.link = l
+func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
+	l := AcquireLink()
+	c.link = l
 	// The prefill leg's goroutine takes the prefill pod off the request:
 	// the relay must not account for it again.
-	x.firstSeen = true
+	uncached, ticket := c.host.HandOver()
 	// Each leg owns a copy of its body: the request may go back to its
 	// pool while a leg still runs.
-	up.SetBody(p.preBody)
+	up.SetBody(c.preBody)
 	l.Hold()
-	go g.concurrentPrefill(l, concurrentPrefill{
-		pre: p.pre, dec: p.dec, up: up, timeout: p.opts.PrefillRequestTimeout, uncached: x.uncached, ticket: x.ticket,
-		proto: p.proto, ex: p.ex, metrics: p.metrics, limit: g.watchdogLimit(x), start: p.legsStart,
-		gone: frontend.ClientGone(ctx),
+	go l.prefill(concurrentPrefill{
+		fleet: c.fleet, pre: c.Pre, dec: c.Dec, up: up, timeout: c.Opts.PrefillRequestTimeout, uncached: uncached, ticket: ticket,
+		proto: c.proto, ex: c.ex, metrics: c.Metrics, limit: c.watchdogLimit(), start: c.legsStart,
+		gone: frontend.ClientGone(c.ctx),
 	})
-	resp := g.sendConcurrentDecode(ctx, x, l)
+	resp := c.sendConcurrentDecode()
 	var watchdog <-chan time.Time
 	preDone := l.PreDone
 	for {
@@ -40,14 +43,14 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *completion, m *pool
 		case f := <-preDone:
 			preDone = nil
 			if f != nil {
-				g.abandonDecode(l, p.dec, resp)
-				if f.mayRetry() {
-					x.tried = append(x.tried, p.pre.ID)
+				c.abandonDecode(resp)
+				if f.MayRetry() {
+					c.host.Tried(c.Pre)
 				}
-				return g.dropPair(x, nil, f)
+				return c.dropPair(nil, f)
 			}
-			if limit := g.watchdogLimit(x); limit > 0 {
-				t := time.NewTimer(time.Until(p.firstBy(limit)))
+			if limit := c.watchdogLimit(); limit > 0 {
+				t := time.NewTimer(time.Until(c.firstBy(limit)))
 				defer t.Stop()
 				watchdog = t.C
 			}
@@ -59,89 +62,87 @@ func (g *Gateway) runConcurrent(ctx *fasthttp.RequestCtx, x *completion, m *pool
 				case f := <-preDone:
 					preDone = nil
 					if f != nil {
-						upstream.CloseStream(resp, pd.ErrAbandoned)
+						upstream.CloseStream(resp, ErrAbandoned)
 						fasthttp.ReleaseResponse(resp)
-						p.dec.Release()
-						if f.mayRetry() {
-							x.tried = append(x.tried, p.pre.ID)
+						c.Dec.Release()
+						if f.MayRetry() {
+							c.host.Tried(c.Pre)
 						}
-						return g.dropPair(x, nil, f)
+						return c.dropPair(nil, f)
 					}
 				case <-time.After(prefillGrace):
 				}
 			}
 			if err == nil {
-				p.ticket.Done()
+				c.Ticket.Done()
 				l.SetDecConn(upstream.ConnOf(resp))
 				if l.PreErr.Load() != nil {
 					// The prefill leg failed before the connection was
 					// known: cut it now, the relay reports the failure.
-					l.WithDecConn(func(c *upstream.Conn) { _ = c.Close() })
+					l.WithDecConn(func(conn *upstream.Conn) { _ = conn.Close() })
 				}
-				g.respondPD(ctx, x, m, resp)
+				c.respond(resp)
 				return nil
 			}
 			fasthttp.ReleaseResponse(resp)
-			p.dec.Release()
-			g.callFailed(p.dec, err)
-			x.tried = append(x.tried, p.dec.ID)
-			if g.tryAgain(x, g.podFailure(p.dec, err, g.responseTimeout(x.req.Stream))) && g.moveDecode(m, x) {
-				resp = g.sendConcurrentDecode(ctx, x, l)
+			c.Dec.Release()
+			if c.moveDecode(c.Dec, err) {
+				resp = c.sendConcurrentDecode()
 				continue
 			}
 			// The prefill leg waits for a pickup that will not come.
-			pd.Abort(p.proto, &p.ex, p.pre)
-			return g.dropPair(x, nil, g.decodeFailure(x, err))
+			Abort(c.proto, &c.ex, c.Pre)
+			return c.dropPair(nil, c.decodeFailure(err))
 		case <-watchdog:
-			g.abandonDecode(l, p.dec, resp)
-			p.watched = true
-			return g.dropPair(x, nil, g.decodeFailure(x, fasthttp.ErrTimeout))
-		case <-frontend.ClientGone(ctx):
+			c.abandonDecode(resp)
+			c.watched = true
+			return c.dropPair(nil, c.decodeFailure(fasthttp.ErrTimeout))
+		case <-frontend.ClientGone(c.ctx):
 			// Both pods drop the request where the protocol can say so.
-			g.abandonDecode(l, p.dec, resp)
-			pd.Abort(p.proto, &p.ex, p.pre)
-			pd.Abort(p.proto, &p.ex, p.dec)
-			return g.dropPair(x, nil, errClientLeft)
+			c.abandonDecode(resp)
+			Abort(c.proto, &c.ex, c.Pre)
+			Abort(c.proto, &c.ex, c.Dec)
+			return c.dropPair(nil, fail.ClientLeft)
 		}
 	}
 }
 
 // sendConcurrentDecode starts the decode leg on the pair's decode pod in
 // its own goroutine and returns the response it fills.
-func (g *Gateway) sendConcurrentDecode(ctx *fasthttp.RequestCtx, x *completion, l *pd.Link[failure]) *fasthttp.Response {
-	p := x.pd
-	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	g.buildUpstream(ctx, up)
-	up.SetHost(p.dec.Config.Address)
-	up.SetBody(p.decBody)
+func (c *Call) sendConcurrentDecode() *fasthttp.Response {
+	l := c.link
+	up, resp := c.host.Upstream(c.Dec), fasthttp.AcquireResponse()
+	up.SetBody(c.decBody)
 	// Streamed even for a whole answer: the watchdog times its reads.
 	resp.StreamBody = true
-	p.dec.Acquire()
-	l.DecState.Store(pd.DecPending)
+	c.Dec.Acquire()
+	l.DecState.Store(DecPending)
 	l.Hold()
 	l.Cut = make(chan struct{})
-	go l.Decode(l.Cut, p.dec, up, resp, g.decodeHeadersBy(x))
+	go l.decode(c.fleet, l.Cut, c.Dec, up, resp, c.decodeHeadersBy())
 	return resp
 }
 
 // abandonDecode gives up a concurrent decode leg the request no longer
 // waits for: its goroutine cleans up when it returns, or, if it already
 // delivered, the caller's goroutine does here.
-func (g *Gateway) abandonDecode(l *pd.Link[failure], dec *pool.Pod, resp *fasthttp.Response) {
-	if l.DecState.CompareAndSwap(pd.DecPending, pd.DecAbandoned) {
+func (c *Call) abandonDecode(resp *fasthttp.Response) {
+	l := c.link
+	if l.DecState.CompareAndSwap(DecPending, DecAbandoned) {
 		close(l.Cut)
 		return
 	}
 	if err := <-l.DecDone; err == nil {
-		upstream.CloseStream(resp, pd.ErrAbandoned)
+		upstream.CloseStream(resp, ErrAbandoned)
 	}
 	fasthttp.ReleaseResponse(resp)
-	dec.Release()
+	c.Dec.Release()
 }
 
 // concurrentPrefill is what a concurrent prefill leg's goroutine needs;
 // it touches nothing of the request itself.
 type concurrentPrefill struct {
+	fleet    Fleet
 	pre, dec *pool.Pod
 	up       *fasthttp.Request
 	timeout  time.Duration
@@ -149,19 +150,19 @@ type concurrentPrefill struct {
 	ticket   ledger.Ticket // a copy, valid since the first Charge
 	proto    engines.Protocol
 	ex       engines.Exchange
-	metrics  *pd.Metrics
+	metrics  *Metrics
 	limit    time.Duration
 	start    time.Time
-	gone     <-chan struct{} // the client's, for upstream.Do
+	gone     <-chan struct{} // the client's, for Send
 }
 
-// concurrentPrefill runs the prefill leg of a concurrent exchange and
-// reports it on l.PreDone: nil for success, else the client's error, after
-// aborting the decode leg.
-func (g *Gateway) concurrentPrefill(l *pd.Link[failure], c concurrentPrefill) {
+// prefill runs the prefill leg of a concurrent exchange and reports it on
+// l.PreDone: nil for success, else the client's error, after aborting the
+// decode leg.
+func (l *Link) prefill(c concurrentPrefill) {
 	defer l.Release()
 	resp := fasthttp.AcquireResponse()
-	err := upstream.Do(c.gone, c.pre.Client, c.up, resp, time.Now().Add(c.timeout))
+	err := c.fleet.Send(c.gone, c.pre, c.up, resp, time.Now().Add(c.timeout))
 	fasthttp.ReleaseRequest(c.up)
 	status := 0
 	if err == nil {
@@ -173,8 +174,8 @@ func (g *Gateway) concurrentPrefill(l *pd.Link[failure], c concurrentPrefill) {
 	c.metrics.Prefill.Update(end.Sub(c.start).Seconds())
 	c.pre.AddQueuedPrefill(-c.uncached)
 	c.pre.Release()
-	g.ledger.PrefillDone(c.ticket)
-	f := g.prefillFailure(c.pre, status, l.Buf, err, c.timeout)
+	c.fleet.ReleasePrefill(c.ticket)
+	f := prefillFailure(c.fleet, c.pre, status, l.Buf, err, c.timeout)
 	if f == nil {
 		l.PrefillEnd.Store(end.UnixNano())
 		if c.limit > 0 {
@@ -189,7 +190,7 @@ func (g *Gateway) concurrentPrefill(l *pd.Link[failure], c concurrentPrefill) {
 		}
 	} else {
 		l.PreErr.Store(f)
-		pd.Abort(c.proto, &c.ex, c.dec)
+		Abort(c.proto, &c.ex, c.dec)
 		l.WithDecConn(func(conn *upstream.Conn) { _ = conn.Close() })
 	}
 	l.PreDone <- f

@@ -1,0 +1,127 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/openai"
+	"pdlb/lb/pd"
+	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
+	"pdlb/ledger"
+)
+
+// A PD pair's exchange (pd.Call.RunPair) runs on what the request path
+// lends it: the request (a *completion is its pd.Host) and the gateway
+// (pdFleet, which the legs' goroutines may call after the request ended).
+
+// pdFleet is the gateway as a pd.Fleet.
+type pdFleet struct{ g *Gateway }
+
+func (f pdFleet) Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	return upstream.Do(cut, pod.Client, up, resp, deadline)
+}
+func (f pdFleet) CallFailed(pod *pool.Pod, err error) { f.g.callFailed(pod, err) }
+func (f pdFleet) PodFailed(pod *pool.Pod)             { f.g.podFailed(pod) }
+func (f pdFleet) PodFailure(pod *pool.Pod, err error, within time.Duration) *failure {
+	return f.g.podFailure(pod, err, within)
+}
+func (f pdFleet) ReleasePrefill(t ledger.Ticket)            { f.g.ledger.PrefillDone(t) }
+func (f pdFleet) ResponseTimeout(stream bool) time.Duration { return f.g.responseTimeout(stream) }
+
+func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
+	up := fasthttp.AcquireRequest()
+	x.g.buildUpstream(x.ctx, up)
+	up.SetHost(pod.Config.Address)
+	return up
+}
+
+func (x *completion) RequestID() string {
+	return string(x.ctx.Request.Header.Peek(headerRequestID))
+}
+
+func (x *completion) PlacePair(pre, dec *pool.Pod) {
+	x.g.place(x.m, x, pre)
+	if x.m.UsesCache && len(x.keys) > 0 {
+		x.m.Prefix.Insert(dec.Slot, x.keys)
+	}
+}
+
+func (x *completion) Unplace(pre *pool.Pod) { x.g.unplace(x, pre) }
+
+func (x *completion) PrefillDone(pre *pool.Pod, at time.Time, cut bool) {
+	if cut {
+		x.idleStart = false
+	}
+	x.g.prefillDone(x, pre, at)
+}
+
+func (x *completion) HandOver() (int64, ledger.Ticket) {
+	x.firstSeen = true
+	return x.uncached, x.ticket
+}
+
+func (x *completion) Respond(pod *pool.Pod, resp *fasthttp.Response) {
+	x.g.respond(x.ctx, x, x.m, pod, resp)
+}
+
+func (x *completion) Tried(pod *pool.Pod) { x.tried = append(x.tried, pod.ID) }
+
+func (x *completion) TryAgain(f *failure) bool { return x.g.tryAgain(x, f) }
+
+// MoveDecode switches the pair's decode leg to another available decode
+// pod, its own roleset's first, after the leg could not be sent to the
+// chosen one (TryAgain allowed it): the new pod takes the KV the prefill
+// leg left. False when there is none.
+func (x *completion) MoveDecode() bool {
+	g, p := x.g, x.pd
+	now := g.ledger.Now()
+	var next *pool.Pod
+	for _, d := range x.m.Decode {
+		if !d.Available(now) || tried(x.tried, d.ID) {
+			continue
+		}
+		if next == nil || (d.Roleset == p.Pre.Roleset && next.Roleset != p.Pre.Roleset) {
+			next = d
+		}
+	}
+	if next == nil {
+		return false
+	}
+	p.Ticket.Done()
+	p.Dec = next
+	g.ledger.LockSelection()
+	g.ledger.Charge(&x.ticket, p.Pre.ID, next.ID, &p.Prompt, g.ledger.Now())
+	p.Ticket = next.Pending().Pick()
+	g.ledger.UnlockSelection()
+	// The prefill leg is over: only the decode charge stays.
+	g.ledger.PrefillDone(x.ticket)
+	// The move is an attempt: tryAgain's budget bounds it.
+	x.attempts++
+	return true
+}
+
+// AnswerFromPrefill answers x with the prefill leg's answer (a
+// TensorRT-LLM context response that finished at its first token), as
+// is; a streaming client gets it as the stream it asked for.
+func (x *completion) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, body []byte) {
+	ctx := x.ctx
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.Response.Header.Set(headerPod, pre.Config.Name)
+	ctx.Response.Header.Set(pd.HeaderPrefillPod, pre.Config.Name)
+	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+	status := fasthttp.StatusOK
+	if !x.req.Stream {
+		ctx.SetContentType("application/json")
+		ctx.SetBody(body)
+	} else if sse, err := pd.AppendAnswerSSE(nil, body, x.req.Kind == openai.KindChat, x.req.IncludeUsage); err != nil {
+		e := openai.UpstreamError("the context pod's final answer does not parse: " + err.Error())
+		writeFailure(ctx, answer(e))
+		x.failure, status = e, e.Status
+	} else {
+		ctx.SetContentType("text/event-stream; charset=utf-8")
+		ctx.SetBody(sse)
+	}
+	x.g.finish(x, x.m, pre, resp, status)
+}

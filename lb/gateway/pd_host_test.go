@@ -1,0 +1,133 @@
+package gateway
+
+import (
+	"bytes"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+
+	"pdlb/lb/admit"
+	"pdlb/lb/config"
+	"pdlb/lb/fail"
+	"pdlb/lb/pd"
+	"pdlb/lb/route"
+	"pdlb/lb/upstream"
+)
+
+// TestPDAnswerLeavesTheCompletion: a PD attempt that answers the client
+// finishes its completion, which goes back to its pool; the stages must
+// not touch it after that (another request may hold it by then). Both
+// of the cascade's kinds that answer inside the attempt are played: a
+// pair and the decode pod alone.
+func TestPDAnswerLeavesTheCompletion(t *testing.T) {
+	ln := fasthttputil.NewInmemoryListener()
+	defer ln.Close()
+	// The prefill pod answers with KV parameters, the decode pod with the
+	// completion.
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		if bytes.Contains(ctx.PostBody(), []byte(`"do_remote_decode":true`)) {
+			ctx.SetBodyString(`{"kv_transfer_params":{"remote_engine_id":"e"}}`)
+			return
+		}
+		ctx.SetBodyString(`{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}`)
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	dial := func(string, time.Duration) (net.Conn, error) { return ln.Dial() }
+	for _, kind := range []route.PDKind{route.PDPair, route.PDLocal} {
+		cfg := config.Default()
+		cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+		cfg.Pods = []config.Pod{
+			{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+			{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+		}
+		g, m := testGateway(t, cfg, dial, nil)
+		opts := route.DefaultPDOptions()
+		if kind == route.PDLocal {
+			opts.LocalPrefillMaxTokens = 1 << 20
+		}
+		r, err := route.NewPDRouter(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+		ctx.Request.SetBodyString(`{"model":"m","prompt":"say something long enough to count"}`)
+		x.cascade = r
+		g.advance(x)
+		if ctx.Response.StatusCode() != 200 || g.inFlight.Load() != 0 {
+			t.Fatalf("kind %d: status %d (%s), %d in flight", kind, ctx.Response.StatusCode(), ctx.Response.Body(), g.inFlight.Load())
+		}
+		if pre := string(ctx.Response.Header.Peek(pd.HeaderPrefillPod)); (pre == "pre") != (kind == route.PDPair) ||
+			string(ctx.Response.Header.Peek(pd.HeaderDecodePod)) != "dec" {
+			t.Fatalf("kind %d: answered by prefill pod %q, decode pod %q", kind, pre, ctx.Response.Header.Peek(pd.HeaderDecodePod))
+		}
+		// releaseCompletion left it at stagePick; a stage written after
+		// the answer would show.
+		if x.stage != stagePick || x.req != nil {
+			t.Errorf("kind %d: the completion was touched after it was released: stage %d", kind, x.stage)
+		}
+	}
+}
+
+// TestPDStages runs the PD decisions that send the whole request to one
+// pod (here PDLocal: the decode pod prefills itself) through the plain
+// attempt's stages over a scripted transport: each case is how the
+// attempts end, and what the client gets. The decode pod's pending pick
+// ends with the send; an answer names the decode pod.
+func TestPDStages(t *testing.T) {
+	type tc struct {
+		name    string
+		retries int
+		errs    []error
+		sends   int
+		status  int
+	}
+	f := func(c tc) {
+		t.Helper()
+		cfg := config.Default()
+		cfg.Upstream.Retries = c.retries
+		cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+		cfg.Pods = []config.Pod{
+			{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+			{Name: "dec0", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+			{Name: "dec1", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
+		}
+		g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
+		opts := route.DefaultPDOptions()
+		opts.LocalPrefillMaxTokens = 1 << 20
+		r, err := route.NewPDRouter(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &scripted{errs: c.errs, blocks: true}
+		x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+		x.cascade = r
+		g.advance(x)
+		if len(s.sent) != c.sends || counted(g, m) != c.status {
+			t.Errorf("%s: %d sends, status %d; want %d, %d (%s)", c.name, len(s.sent), counted(g, m), c.sends, c.status, ctx.Response.Body())
+		}
+		if len(s.sent) == 2 && s.sent[0] == s.sent[1] {
+			t.Errorf("%s: retried on the same pod %s", c.name, s.sent[0])
+		}
+		if dec := string(ctx.Response.Header.Peek(pd.HeaderDecodePod)); (c.status == 200) != (dec == s.sent[len(s.sent)-1]) {
+			t.Errorf("%s: %s %q after sends to %v", c.name, pd.HeaderDecodePod, dec, s.sent)
+		}
+		if n := g.inFlight.Load(); n != 0 {
+			t.Errorf("%s: %d in flight after the end", c.name, n)
+		}
+		for _, p := range m.Pods {
+			if p.InFlight() != 0 || p.QueuedPrefill() != 0 || p.Pending().Load() != 0 {
+				t.Errorf("%s: pod %s keeps %d in flight, %d tokens queued, %d pending", c.name, p.Config.Name, p.InFlight(), p.QueuedPrefill(), p.Pending().Load())
+			}
+		}
+	}
+	f(tc{name: "answered", retries: 1, errs: []error{nil}, sends: 1, status: 200})
+	f(tc{name: "decode pod refused, then the other answered", retries: 1, errs: []error{errRefused, nil}, sends: 2, status: 200})
+	f(tc{name: "refused everywhere", retries: 1, errs: []error{errRefused, errRefused}, sends: 2, status: 502})
+	f(tc{name: "reset before the first byte", retries: 1, errs: []error{fasthttp.ErrConnectionClosed}, sends: 1, status: 502})
+	f(tc{name: "timeout", retries: 1, errs: []error{fasthttp.ErrTimeout}, sends: 1, status: 504})
+	f(tc{name: "client gone", retries: 1, errs: []error{upstream.ErrCut}, sends: 1, status: fail.StatusClientClosed})
+}

@@ -1,0 +1,245 @@
+package pd
+
+import (
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/lb/fail"
+	"pdlb/lb/frontend"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/route"
+	"pdlb/lb/upstream"
+	"pdlb/ledger"
+)
+
+// Host is the request's side of a pair's exchange: its placement, its
+// tried pods and retry budget, and its answer. Only the request's own
+// goroutine calls it.
+type Host interface {
+	// Upstream is the client's request readied for pod (headers, the
+	// request id, the host); the caller releases it.
+	Upstream(pod *pool.Pod) *fasthttp.Request
+	// RequestID is the request id Upstream settled on.
+	RequestID() string
+	// PlacePair commits the request to the prefill pod pre; the prefix
+	// index learns that dec will hold the prompt's KV too.
+	PlacePair(pre, dec *pool.Pod)
+	// Unplace undoes PlacePair's placement on pre, whose leg never went
+	// out.
+	Unplace(pre *pool.Pod)
+	// PrefillDone: a sequential prefill leg on pre ended at at; cut, the
+	// client cut it short, so it times nothing.
+	PrefillDone(pre *pool.Pod, at time.Time, cut bool)
+	// HandOver gives the prefill pod's accounting to a concurrent prefill
+	// leg, which ends it itself: the uncached tokens queued on the pod and
+	// a copy of the request's ledger ticket.
+	HandOver() (uncached int64, t ledger.Ticket)
+	// Respond relays the decode pod's answer, whose head is in.
+	Respond(pod *pool.Pod, resp *fasthttp.Response)
+	// AnswerFromPrefill answers with the prefill pod's final answer body
+	// (resp's, copied), and finishes the request.
+	AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, body []byte)
+	// Tried rules pod out for the request's next picks.
+	Tried(pod *pool.Pod)
+	// TryAgain decides whether another pod may take the leg f failed.
+	TryAgain(f *fail.Failure) bool
+	// MoveDecode moves the decode leg to another decode pod (Call.Dec),
+	// charging it; false when none is left.
+	MoveDecode() bool
+}
+
+// Fleet is the gateway's side: the pods' connections and health, and the
+// ledger. The legs' goroutines call it too, after the request may have
+// ended.
+type Fleet interface {
+	// Send sends a leg, up, to pod and reads its answer into resp: its
+	// head when resp.StreamBody is set, else all of it, by deadline;
+	// closing cut gives it up (upstream.Do's terms).
+	Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error
+	// CallFailed counts a call to pod that failed with err; PodFailed an
+	// answer of pod's that is its fault.
+	CallFailed(pod *pool.Pod, err error)
+	PodFailed(pod *pool.Pod)
+	// PodFailure is the client's failure for a call to pod that ended in
+	// err; within is the bound that passed, should err be a timeout.
+	PodFailure(pod *pool.Pod, err error, within time.Duration) *fail.Failure
+	// ReleasePrefill releases the active (prefill) part of t's ledger
+	// charge.
+	ReleasePrefill(t ledger.Ticket)
+	// ResponseTimeout bounds a pod's answer (stream: its headers).
+	ResponseTimeout(stream bool) time.Duration
+}
+
+// Call is one request's PD state, pooled apart from the request: a
+// request the PD cascade does not route never takes one. Only the
+// request's own goroutine touches it; what the legs running beside it
+// share lives in a Link.
+type Call struct {
+	// The gateway's decision, which it fills (Decide's inputs and
+	// outcome): the cascade's options, the candidates and their pods, the
+	// prompt as charged, the decision.
+	Opts     route.PDOptions
+	Metrics  *Metrics
+	Scratch  route.PDScratch
+	Cands    []route.PDCandidate
+	Pods     []*pool.Pod
+	Prompt   ledger.Prompt
+	Decision route.PDDecision
+	// Pre and Dec are the pair of a PDPair decision (Dec alone for
+	// PDLocal); Ticket is Dec's pending-decode pick.
+	Pre, Dec *pool.Pod
+	Ticket   route.PendingTicket
+
+	host   Host
+	fleet  Fleet
+	ctx    *fasthttp.RequestCtx
+	stream bool
+	chat   bool
+	proto  engines.Protocol
+	ex     engines.Exchange
+	// active: a pair's exchange is under way, so the decode watchdog
+	// applies and End has work to do.
+	active bool
+	// watched: the deadline of the decode leg's current read is the
+	// watchdog's, so a timeout is the watchdog firing.
+	watched bool
+	// prefillEnd is when the prefill leg answered (sequential protocols;
+	// concurrent ones publish it in link).
+	prefillEnd                time.Time
+	legsStart                 time.Time
+	link                      *Link
+	preBody, decBody, preResp []byte
+}
+
+var callPool = sync.Pool{New: func() any { return new(Call) }}
+
+// AcquireCall returns a Call for the client's request ctx, routed with
+// opts; stream and chat are the request's.
+func AcquireCall(h Host, f Fleet, ctx *fasthttp.RequestCtx, opts route.PDOptions, m *Metrics, stream, chat bool) *Call {
+	c := callPool.Get().(*Call)
+	c.host, c.fleet, c.ctx, c.Opts, c.Metrics, c.stream, c.chat = h, f, ctx, opts, m, stream, chat
+	return c
+}
+
+// Release readies c for the next request and puts it back in the pool.
+func (c *Call) Release() {
+	c.Ticket.Done()
+	if c.link != nil {
+		c.link.Release()
+	}
+	clear(c.Pods)
+	c.host, c.fleet, c.ctx, c.proto, c.ex, c.link, c.Pre, c.Dec, c.Metrics = nil, nil, nil, nil, engines.Exchange{}, nil, nil, nil, nil
+	c.active, c.watched, c.Prompt = false, false, ledger.Prompt{}
+	c.Cands, c.Pods = c.Cands[:0], c.Pods[:0]
+	callPool.Put(c)
+}
+
+// ReadDeadline is the deadline of the relay's next read from a PD
+// stream: idleBy, the upstream idle timeout's, unless the decode leg of a
+// pair is relayed; then the watchdog's (AIBrix's): the first chunk within
+// DecodeFirstResponseTimeout of the prefill's success, then at most
+// DecodeStreamIdleTimeout between chunks. A watchdog timeout that is 0
+// (off) leaves the upstream's.
+func (c *Call) ReadDeadline(idleBy time.Time, started bool) time.Time {
+	if !c.active {
+		return idleBy
+	}
+	if c.link != nil && started {
+		c.link.Started.Store(true)
+	}
+	switch {
+	case started && c.Opts.DecodeStreamIdleTimeout > 0:
+		c.watched = true
+		return time.Now().Add(c.Opts.DecodeStreamIdleTimeout)
+	case !started && c.Opts.DecodeFirstResponseTimeout > 0:
+		c.watched = true
+		return c.firstBy(c.Opts.DecodeFirstResponseTimeout)
+	}
+	c.watched = false
+	return idleBy
+}
+
+// firstBy is when the decode leg's first answer is due: within limit of
+// the prefill's success. While a concurrent prefill leg is still running,
+// the bound is its own timeout plus limit; the prefill leg tightens it
+// when it succeeds (concurrentPrefill).
+func (c *Call) firstBy(limit time.Duration) time.Time {
+	if c.link != nil {
+		if end := c.link.PrefillEnd.Load(); end != 0 {
+			return time.Unix(0, end).Add(limit)
+		}
+		return c.legsStart.Add(c.Opts.PrefillRequestTimeout + limit)
+	}
+	return c.prefillEnd.Add(limit)
+}
+
+// StreamFailure is the client's failure for a failed read of the decode
+// leg's answer, whose headers are in, when the exchange knows its cause:
+// the prefill leg's when its failure cut the decode leg, the decode
+// watchdog's when its deadline passed. Nil otherwise: the pod's failure.
+func (c *Call) StreamFailure(err error) *fail.Failure {
+	if !c.active {
+		return nil
+	}
+	if l := c.link; l != nil {
+		if f := l.PreErr.Load(); f != nil {
+			if c.stream {
+				return &fail.Failure{E: f.E} // past the headers: no x-error-pd-*
+			}
+			return f
+		}
+	}
+	if c.watched && pool.IsTimeout(err) {
+		f := c.watchdog(err)
+		if c.stream {
+			f.PDHeader = ""
+		}
+		return f
+	}
+	return nil
+}
+
+// watchdog counts a request the watchdog failed, tells the decode pod to
+// drop it and returns the client's 504. The caller closes the decode
+// connection, which is the abort of engines without an abort call.
+func (c *Call) watchdog(err error) *fail.Failure {
+	c.Metrics.Watchdog.Inc()
+	Abort(c.proto, &c.ex, c.Dec)
+	return &fail.Failure{
+		E: &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
+			Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + c.Dec.Config.Name + "."},
+		PDHeader: HeaderDecodeError, Pod: c.Dec, Sent: !upstream.NotSent(err),
+	}
+}
+
+// End ends an exchange whose answer (pod's, with status) was relayed,
+// before its response is released; the request's finish calls it.
+func (c *Call) End(pod *pool.Pod, status int) {
+	if c.link != nil {
+		// Before the connection goes back to the client pool, where a
+		// late prefill failure must not find it.
+		c.link.SetDecConn(nil)
+	}
+	if !c.active {
+		return
+	}
+	c.active = false
+	if status == fasthttp.StatusOK && pod == c.Dec {
+		pod.DecodeFinished()
+	}
+}
+
+// clientLeft reports whether the client has closed its connection, as
+// far as its front end can tell.
+func (c *Call) clientLeft() bool {
+	select {
+	case <-frontend.ClientGone(c.ctx):
+		return true
+	default:
+		return false
+	}
+}

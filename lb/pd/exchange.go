@@ -1,0 +1,273 @@
+package pd
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/engines/protocols"
+	"pdlb/lb/fail"
+	"pdlb/lb/frontend"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
+)
+
+// The exchange of a PD pair, driven through the engine's
+// engines.Protocol:
+//
+//   - sequential (vLLM, TensorRT-LLM context_first): the prefill leg, whole
+//     and non-streaming; then the decode leg built from its answer, relayed
+//     to the client. A context answer that is already final (TRT) is the
+//     client's answer.
+//   - concurrent (SGLang, TensorRT-LLM generation_first): both legs at
+//     once, each in its own goroutine; the request waits for whichever
+//     settles the matter first. A failed prefill leg aborts the decode leg
+//     at once (SGLang: POST /abort_request; otherwise its connection is
+//     closed as soon as it is known) and answers the client with
+//     x-error-pd-prefill.
+//
+// Cleanup of KV a prefill leg left behind, by engine: a decode leg that
+// cannot go to its pod goes to another decode pod of the model (same
+// roleset first) with the same body, which takes the KV. Where none is
+// left, vLLM and TensorRT-LLM context_first prefill pods hold the KV until
+// their own timeout (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s by
+// default): neither has a call to drop it, and the prefill leg's
+// connection has already ended. An SGLang or generation_first prefill leg
+// still waiting for the pickup is ended by its PrefillRequestTimeout.
+
+// RunPair carries out a PDPair decision (c.Pre, c.Dec): nil once the
+// client is answered.
+func (c *Call) RunPair() *fail.Failure {
+	h, pre := c.host, c.Pre
+	c.proto = protocols.For(pre.Engine, c.Opts.PDOptions)
+	h.PlacePair(pre, c.Dec)
+	// The prefill leg's request carries the client's headers and the
+	// request id the host settles on.
+	up := h.Upstream(pre)
+	c.ex = engines.Exchange{
+		RequestID:     h.RequestID(),
+		Chat:          c.chat,
+		PrefillHost:   HostOf(pre.Config.Address),
+		BootstrapPort: pre.Config.BootstrapPort,
+	}
+	c.proto.Begin(&c.ex)
+	if path := c.proto.PrefillInfoPath(); path != "" {
+		info, err := protocols.PrefillInfo(pre.Client, pre.Config.Address, path)
+		if err != nil {
+			fasthttp.ReleaseRequest(up)
+			// Nothing of the request went out: another pair may take it.
+			return c.dropPair(pre, &fail.Failure{E: openai.UpstreamError("prefill pod " + pre.Config.Name + " " + path + ": " + err.Error()),
+				PDHeader: HeaderPrefillError, Pod: pre})
+		}
+		c.ex.PrefillInfo = info
+	}
+	var err error
+	c.preBody, err = c.proto.PrefillBody(c.preBody[:0], c.ctx.PostBody(), &c.ex)
+	if err == nil && c.proto.Concurrent() {
+		// Otherwise the decode body waits for the prefill answer.
+		c.decBody, err = c.proto.DecodeBody(c.decBody[:0], c.ctx.PostBody(), nil, &c.ex)
+	}
+	if err != nil {
+		fasthttp.ReleaseRequest(up)
+		return c.dropPair(pre, &fail.Failure{E: openai.UpstreamError(err.Error()), PDHeader: HeaderPrefillError})
+	}
+	c.active = true
+	c.legsStart = time.Now()
+	if c.proto.Concurrent() {
+		return c.runConcurrent(up)
+	}
+	return c.runSequential(up)
+}
+
+// dropPair undoes a pair whose legs were not both sent: the prefill pod's
+// placement (when the prefill leg never went out) and the decode pod's
+// pending pick.
+func (c *Call) dropPair(pre *pool.Pod, f *fail.Failure) *fail.Failure {
+	if pre != nil {
+		c.host.Unplace(pre)
+		if f.MayRetry() {
+			c.host.Tried(pre)
+		}
+	}
+	c.Ticket.Done()
+	c.active = false
+	if c.link != nil {
+		c.link.Release()
+		c.link = nil
+	}
+	return f
+}
+
+// runSequential: the prefill leg, then the decode leg with its answer.
+func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
+	pre := c.Pre
+	up.SetBodyRaw(c.preBody)
+	resp := fasthttp.AcquireResponse()
+	err := c.fleet.Send(frontend.ClientGone(c.ctx), pre, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout))
+	fasthttp.ReleaseRequest(up)
+	status := 0
+	if err == nil {
+		status = resp.StatusCode()
+		c.preResp = append(c.preResp[:0], resp.Body()...)
+	}
+	c.prefillEnd = time.Now()
+	if err != upstream.ErrCut {
+		// A prefill cut short times nothing.
+		c.Metrics.Prefill.Update(c.prefillEnd.Sub(c.legsStart).Seconds())
+	}
+	c.host.PrefillDone(pre, c.prefillEnd, err == upstream.ErrCut)
+	f := prefillFailure(c.fleet, pre, status, c.preResp, err, c.Opts.PrefillRequestTimeout)
+	if f == nil && c.proto.PrefillAnswers(c.preResp) {
+		// The context pod finished at its first token: its answer is the
+		// client's, and the decode pod gets nothing.
+		c.Ticket.Done()
+		c.active = false
+		c.host.AnswerFromPrefill(pre, resp, c.preResp)
+		return nil
+	}
+	fasthttp.ReleaseResponse(resp)
+	pre.Release()
+	if f == nil && c.clientLeft() {
+		// No decode leg for a client that left during the prefill; the
+		// prefill pod drops its KV where the protocol can say so.
+		Abort(c.proto, &c.ex, pre)
+		f = fail.ClientLeft
+	}
+	if f == nil {
+		if c.decBody, err = c.proto.DecodeBody(c.decBody[:0], c.ctx.PostBody(), c.preResp, &c.ex); err != nil {
+			f = &fail.Failure{E: openai.UpstreamError(err.Error()), PDHeader: HeaderPrefillError}
+		}
+	}
+	if f != nil {
+		if f.MayRetry() {
+			c.host.Tried(pre)
+		}
+		return c.dropPair(nil, f)
+	}
+	return c.sequentialDecode()
+}
+
+// prefillFailure classifies a finished prefill leg: nil for a 200 answer,
+// else the client's error (retryable when it was not sent: upstream.NotSent).
+func prefillFailure(fl Fleet, pre *pool.Pod, status int, body []byte, err error, timeout time.Duration) *fail.Failure {
+	switch {
+	case err == upstream.ErrCut:
+		return fail.ClientLeft
+	case err != nil:
+		fl.CallFailed(pre, err)
+		f := fl.PodFailure(pre, err, timeout)
+		f.PDHeader = HeaderPrefillError
+		return f
+	case status != fasthttp.StatusOK:
+		if fail.IsFault(status) {
+			fl.PodFailed(pre)
+		}
+		return &fail.Failure{E: prefillAnswered(status, body), PDHeader: HeaderPrefillError, Pod: pre, Sent: true}
+	}
+	pre.ReportSuccess()
+	return nil
+}
+
+// prefillAnswered is the client's error for a prefill leg the pod
+// answered with status: the pod's own words, cut.
+func prefillAnswered(status int, body []byte) *openai.Error {
+	typ := openai.TypeServer
+	if status < 500 {
+		typ = openai.TypeInvalidRequest
+	}
+	const limit = 512
+	if len(body) > limit {
+		body = body[:limit]
+	}
+	return &openai.Error{Status: status, Type: typ, Message: "The prefill pod answered " + strconv.Itoa(status) + ": " + string(body)}
+}
+
+// sequentialDecode sends the decode leg after a prefill leg that answered,
+// moving it to another decode pod while pods refuse the connection, and
+// relays the answer.
+func (c *Call) sequentialDecode() *fail.Failure {
+	for {
+		dec := c.Dec
+		up, resp := c.host.Upstream(dec), fasthttp.AcquireResponse()
+		up.SetBodyRaw(c.decBody)
+		dec.Acquire()
+		// Streamed even for a whole answer: the watchdog times its reads.
+		resp.StreamBody = true
+		err := c.fleet.Send(frontend.ClientGone(c.ctx), dec, up, resp, c.decodeHeadersBy())
+		fasthttp.ReleaseRequest(up)
+		if err == nil {
+			c.Ticket.Done()
+			c.Metrics.KVTransfer.Update(time.Since(c.prefillEnd).Seconds())
+			c.respond(resp)
+			return nil
+		}
+		fasthttp.ReleaseResponse(resp)
+		dec.Release()
+		if err == upstream.ErrCut {
+			return c.dropPair(nil, fail.ClientLeft)
+		}
+		if c.moveDecode(dec, err) {
+			continue
+		}
+		return c.dropPair(nil, c.decodeFailure(err))
+	}
+}
+
+// moveDecode counts a decode leg that could not be sent to dec (err) and
+// moves it to another decode pod if the host allows a retry and has one.
+func (c *Call) moveDecode(dec *pool.Pod, err error) bool {
+	c.fleet.CallFailed(dec, err)
+	c.host.Tried(dec)
+	return c.host.TryAgain(c.fleet.PodFailure(dec, err, c.fleet.ResponseTimeout(c.stream))) && c.host.MoveDecode()
+}
+
+// decodeHeadersBy is the deadline of the decode leg's response headers
+// (and, without a stream, its whole body): the watchdog's first-response
+// bound for a stream, its response bound without one, else the upstream's
+// (ResponseTimeout).
+func (c *Call) decodeHeadersBy() time.Time {
+	limit := c.watchdogLimit()
+	c.watched = limit > 0
+	if !c.watched {
+		return time.Now().Add(c.fleet.ResponseTimeout(c.stream))
+	}
+	return c.firstBy(limit)
+}
+
+// watchdogLimit is how long after the prefill's success the decode leg
+// may take to answer: its first chunk for a stream, its whole answer
+// otherwise (0: no bound).
+func (c *Call) watchdogLimit() time.Duration {
+	if c.stream {
+		return c.Opts.DecodeFirstResponseTimeout
+	}
+	return c.Opts.DecodeResponseTimeout
+}
+
+// decodeFailure is the client's error for a decode leg that got no
+// response headers: the watchdog's 504 when its deadline passed.
+func (c *Call) decodeFailure(err error) *fail.Failure {
+	if c.watched && pool.IsTimeout(err) {
+		return c.watchdog(err)
+	}
+	f := c.fleet.PodFailure(c.Dec, err, c.fleet.ResponseTimeout(c.stream))
+	f.PDHeader = HeaderDecodeError
+	return f
+}
+
+// respond relays the decode leg's answer with the pair's headers.
+func (c *Call) respond(resp *fasthttp.Response) {
+	if conn := upstream.ConnOf(resp); conn != nil && !c.stream && c.Opts.DecodeResponseTimeout > 0 {
+		// The whole body is due within the watchdog's bound of the
+		// prefill's success, which a concurrent prefill leg may have
+		// reported only after the headers' deadline was set.
+		c.watched = true
+		_ = conn.SetReadDeadline(c.firstBy(c.Opts.DecodeResponseTimeout))
+	}
+	c.ctx.Response.Header.Set(HeaderPrefillPod, c.Pre.Config.Name)
+	c.ctx.Response.Header.Set(HeaderDecodePod, c.Dec.Config.Name)
+	c.host.Respond(c.Dec, resp)
+}
