@@ -16,7 +16,9 @@
 # WARMUP (2s before each), THREADS (wrk threads, 2), PROFILE (1: take a 10 s
 # CPU profile of pdlb under the same load after the rounds and print its
 # top), KEEP (1: keep the scratch directory with wrk outputs, logs and the
-# profile).
+# profile), BASE (a git revision: pdlb built from it runs beside this tree's
+# on both front ends, its rows measured in the same rounds, for a before
+# and after of a change).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,6 +29,7 @@ DURATION=${DURATION:-6s}
 WARMUP=${WARMUP:-2s}
 THREADS=${THREADS:-2}
 PROFILE=${PROFILE:-1}
+BASE=${BASE:-}
 WORKERS=$(nproc)
 
 NAME=proxybench
@@ -150,7 +153,7 @@ profile_pdlb() {
 # in the scratch directory); the default front end and policy's admin
 # address goes in PROFILED_ADMIN.
 start_pdlb() {
-	local frontend=$1 policy=$2 access=${3:-} listen admin
+	local frontend=$1 policy=$2 access=${3:-} bin=${4:-pdlb} listen admin
 	take_port listen
 	take_port admin
 	local args=(serve --pod "model=bench,address=$STUB" --listen "$listen" --admin "$admin")
@@ -162,7 +165,11 @@ start_pdlb() {
 		label+=", access log"
 		name+=-access
 	fi
-	(cd "$ROOT" && exec "$DIR/pdlb" "${args[@]}") 2>"$DIR/pdlb-$name.log" &
+	if [ "$bin" != pdlb ]; then
+		label+=" (base $BASE)"
+		name+=-base
+	fi
+	(cd "$ROOT" && exec "$DIR/$bin" "${args[@]}") 2>"$DIR/pdlb-$name.log" &
 	local pid=$!
 	started
 	if ! wait_port "$listen"; then
@@ -170,7 +177,7 @@ start_pdlb() {
 		return
 	fi
 	target "$label" "pdlb ${args[*]}" "$listen" "$pid"
-	if [ "$frontend" = gnet ] && [ "$policy" = slo_cache ] && [ -z "$access" ]; then
+	if [ "$frontend" = gnet ] && [ "$policy" = slo_cache ] && [ -z "$access" ] && [ "$bin" = pdlb ]; then
 		PROFILED_ADMIN=$admin
 	fi
 }
@@ -179,6 +186,12 @@ install_missing
 command -v wrk >/dev/null || { log "wrk is required"; exit 1; }
 log "building pdlb and the stub"
 (cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub)
+if [ -n "$BASE" ]; then
+	log "building pdlb at $BASE"
+	(cd "$ROOT" && git worktree add -q --detach "$DIR/base" "$BASE" &&
+		(cd "$DIR/base" && go build -o "$DIR/pdlb-base" ./tools/pdlb); status=$?
+		git worktree remove --force "$DIR/base"; exit $status)
+fi
 
 "$DIR/stub" --listen "$STUB" 2>"$DIR/stub.log" &
 STUB_PID=$!
@@ -190,6 +203,10 @@ for policy in slo_cache least_request; do
 	start_pdlb gnet "$policy"
 	start_pdlb fasthttp "$policy"
 done
+if [ -n "$BASE" ]; then
+	start_pdlb gnet slo_cache "" pdlb-base
+	start_pdlb fasthttp slo_cache "" pdlb-base
+fi
 # What the access log costs (nginx and HAProxy run without one).
 start_pdlb gnet slo_cache access
 
@@ -273,7 +290,7 @@ done
 # The issue's targets, from this run's numbers.
 best_pdlb=0 best_label=
 for k in "${!RPS[@]}"; do
-	if [[ $k == pdlb* && $k != *"access log" ]] && [ "${RPS[$k]}" -gt "$best_pdlb" ]; then
+	if [[ $k == pdlb* && $k != *"access log" && $k != *"(base "* ]] && [ "${RPS[$k]}" -gt "$best_pdlb" ]; then
 		best_pdlb=${RPS[$k]} best_label=$k
 	fi
 done
