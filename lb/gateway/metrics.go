@@ -185,6 +185,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_shed_duration_seconds":         {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
 	"pdlb_prompt_tokens_total":           {Help: "Prompt tokens of the requests placed on a pod."},
 	"pdlb_prefix_cached_tokens_total":    {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
+	"pdlb_prompt_tokenized_total":        {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
 	"pdlb_completion_tokens_total":       {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},
 	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
 	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
