@@ -371,6 +371,9 @@ type DialFunc func(addr string, timeout time.Duration) (net.Conn, error)
 func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error) {
 	s := &Snapshot{byName: map[string]*Model{}}
 	old := map[string]*Pod{}
+	// Loaded tokenizers by settings, so models sharing one (and a reload
+	// keeping one) load it once.
+	prompts := map[string]*prompt.Model{}
 	nextIndex := 0
 	if prev != nil {
 		for _, p := range prev.Pods {
@@ -378,6 +381,9 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 		}
 		for _, m := range prev.Models {
 			nextIndex = max(nextIndex, m.Index+1)
+			if m.Prompt != nil {
+				prompts[m.promptKey] = m.Prompt
+			}
 		}
 	}
 	connectTimeout := cfg.Upstream.ConnectTimeout
@@ -415,7 +421,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			}
 			m = &Model{Name: pc.Model, Policy: pol, UsesCache: route.UsesCache(mc.Policy),
 				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model), Profiles: profiles}
-			if m.Prompt, m.promptKey, err = loadPrompt(mc, prev.model(pc.Model)); err != nil {
+			if m.Prompt, m.promptKey, err = loadPrompt(mc, prompts); err != nil {
 				return nil, fmt.Errorf("model %q: %w", pc.Model, err)
 			}
 			if pm := prev.model(pc.Model); pm != nil {
@@ -460,18 +466,21 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 	return s, nil
 }
 
-// loadPrompt loads the tokenizer and chat template mc names, or keeps
-// prev's when its settings are the same.
-func loadPrompt(mc config.Model, prev *Model) (*prompt.Model, string, error) {
+// loadPrompt loads the tokenizer and chat template mc names, or takes the
+// one already loaded with the same settings; it adds what it loads.
+func loadPrompt(mc config.Model, loaded map[string]*prompt.Model) (*prompt.Model, string, error) {
 	if mc.Tokenizer == "" {
 		return nil, "", nil
 	}
 	c := prompt.Config{Tokenizer: mc.Tokenizer, ChatTemplate: mc.ChatTemplate, ChatTemplateKwargs: mc.ChatTemplateKwargs}
 	key := c.Key()
-	if prev != nil && prev.promptKey == key {
-		return prev.Prompt, key, nil
+	if m, ok := loaded[key]; ok {
+		return m, key, nil
 	}
 	m, err := prompt.Load(c)
+	if err == nil {
+		loaded[key] = m
+	}
 	return m, key, err
 }
 
