@@ -44,6 +44,23 @@ func (c Config) Key() string {
 	return c.Tokenizer + "\x00" + c.ChatTemplate + "\x00" + string(kw)
 }
 
+// Loaded holds models by their settings (Config.Key), for callers that
+// load many configs, some alike: each distinct one is loaded once.
+type Loaded map[string]*Model
+
+// Load returns the model of c, loading it unless an equal config was.
+func (l Loaded) Load(c Config) (*Model, error) {
+	key := c.Key()
+	if m, ok := l[key]; ok {
+		return m, nil
+	}
+	m, err := Load(c)
+	if err == nil {
+		l[key] = m
+	}
+	return m, err
+}
+
 // Model renders and encodes one model's prompts. It is safe for concurrent
 // use.
 type Model struct {

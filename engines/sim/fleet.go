@@ -174,7 +174,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		}
 	}
 	var fc FleetConfig
-	prompts := map[string]*prompt.Model{} // pods with one tokenizer share it
+	prompts := prompt.Loaded{} // pods with one tokenizer share it
 	names := map[string]int{}
 	listens := map[string]int{}
 	for i := range nodes.Pods {
@@ -187,7 +187,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		}
 		c := pf.config().withDefaults()
 		var err error
-		if c.Prompt, err = promptOf(pf, prompts); err != nil {
+		if c.Prompt, err = prompts.Load(prompt.Config{Tokenizer: pf.Tokenizer, ChatTemplate: pf.ChatTemplate, ChatTemplateKwargs: pf.ChatTemplateArgs}); err != nil {
 			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
 		}
 		if err := c.Validate(); err != nil {
@@ -209,22 +209,6 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		fc.Events = append(fc.Events, ev)
 	}
 	return fc, nil
-}
-
-// promptOf loads the tokenizer and chat template a pod names, once per
-// distinct setting.
-func promptOf(p podFile, loaded map[string]*prompt.Model) (*prompt.Model, error) {
-	c := prompt.Config{Tokenizer: p.Tokenizer, ChatTemplate: p.ChatTemplate, ChatTemplateKwargs: p.ChatTemplateArgs}
-	key := c.Key()
-	if m, ok := loaded[key]; ok {
-		return m, nil
-	}
-	m, err := prompt.Load(c)
-	if err != nil {
-		return nil, err
-	}
-	loaded[key] = m
-	return m, nil
 }
 
 // publisherOf is the KV-event publisher a pod's kv_events and kv_replay

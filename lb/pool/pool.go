@@ -373,7 +373,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 	old := map[string]*Pod{}
 	// Loaded tokenizers by settings, so models sharing one (and a reload
 	// keeping one) load it once.
-	prompts := map[string]*prompt.Model{}
+	prompts := prompt.Loaded{}
 	nextIndex := 0
 	if prev != nil {
 		for _, p := range prev.Pods {
@@ -467,21 +467,14 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 }
 
 // loadPrompt loads the tokenizer and chat template mc names, or takes the
-// one already loaded with the same settings; it adds what it loads.
-func loadPrompt(mc config.Model, loaded map[string]*prompt.Model) (*prompt.Model, string, error) {
+// one already loaded with the same settings; key names the settings.
+func loadPrompt(mc config.Model, loaded prompt.Loaded) (m *prompt.Model, key string, err error) {
 	if mc.Tokenizer == "" {
 		return nil, "", nil
 	}
 	c := prompt.Config{Tokenizer: mc.Tokenizer, ChatTemplate: mc.ChatTemplate, ChatTemplateKwargs: mc.ChatTemplateKwargs}
-	key := c.Key()
-	if m, ok := loaded[key]; ok {
-		return m, key, nil
-	}
-	m, err := prompt.Load(c)
-	if err == nil {
-		loaded[key] = m
-	}
-	return m, key, err
+	m, err = loaded.Load(c)
+	return m, c.Key(), err
 }
 
 // newClient is a pod's keep-alive pool. It reads a response's body whole
