@@ -158,8 +158,8 @@ type Upstream struct {
 	// StreamIdleTimeout is the longest gap allowed between two chunks of a
 	// stream (default 120s); past it the stream is cut with an error event.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
-	// Retries is how many other pods a request may be retried on when a pod
-	// refuses the connection, so nothing was sent (default 1).
+	// Retries is how many other pods a request may be retried on after a
+	// failure retry_on lists (default 1).
 	Retries int `yaml:"retries"`
 	// MaxConnsPerPod caps the keep-alive pool to one pod (default 1024).
 	MaxConnsPerPod int `yaml:"max_conns_per_pod"`
@@ -173,6 +173,8 @@ type Upstream struct {
 	// $proxy_add_x_forwarded_for do, so the engines' own logs name the
 	// client; false passes the client's header, if any, unchanged.
 	XForwardedFor bool `yaml:"x_forwarded_for"`
+	// Retry: retry_on, retry_budget and first_byte (retry.go).
+	Retry `yaml:",inline"`
 }
 
 // Health configures how pods are checked.
@@ -346,6 +348,7 @@ func Default() Config {
 			MaxResponseBytes:     DefaultMaxResponseBytes,
 			KeepaliveTimeout:     DefaultKeepaliveTimeout,
 			XForwardedFor:        true,
+			Retry:                DefaultRetry(),
 		},
 		Admission: Admission{
 			Interactive: admit.DefaultConfig().Classes[admit.Interactive],
@@ -509,6 +512,9 @@ func (c Config) Validate() error {
 	}
 	if c.Upstream.Retries < 0 {
 		return invalid("upstream.retries", c.Upstream.Retries, "must not be negative")
+	}
+	if err := c.Upstream.Retry.Validate(); err != nil {
+		return err
 	}
 	if c.Upstream.MaxConnsPerPod <= 0 {
 		return invalid("upstream.max_conns_per_pod", c.Upstream.MaxConnsPerPod, "must be positive")

@@ -4,10 +4,13 @@
 package fail
 
 import (
+	"errors"
+
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 )
 
 // Failure is the client's status and OpenAI error body, the headers that
@@ -23,17 +26,60 @@ type Failure struct {
 	// decode pod sent itself. A stream already under way cannot carry it.
 	PDHeader string
 	// Pod is the pod whose attempt failed (nil: no pod is to blame), and
-	// Sent whether it may have received the request.
-	Pod  *pool.Pod
-	Sent bool
+	// Reason how, when nothing of its answer reached the gateway: the
+	// request may go to another pod. Began (empty) says its answer had begun.
+	Pod    *pool.Pod
+	Reason Reason
 }
+
+// Reason is how a pod failed an attempt before the first byte of its
+// answer: a completion has no effect until it answers, so another pod may
+// take the request. It names the series of pdlb_upstream_retries_total.
+type Reason string
+
+const (
+	// Began: bytes of the pod's answer came, so the attempt is not retried.
+	Began Reason = ""
+	// Refused: the connection was refused or never made; the pod never
+	// received the request.
+	Refused Reason = "refused"
+	// Reset: the pod closed or reset the connection after the request was
+	// written, before any byte of its answer.
+	Reset Reason = "reset"
+	// Timeout: no byte of the answer came within the response timeout.
+	Timeout Reason = "timeout"
+	// Hung: no byte of the answer came by the first-byte deadline drawn
+	// from the predicted time to first token (upstream.first_byte).
+	Hung Reason = "hung"
+	// Unavailable: the pod answered 503 (load shed, or shutting down),
+	// which the gateway holds and has not relayed.
+	Unavailable Reason = "503"
+)
 
 func (f *Failure) Error() string { return f.E.Message }
 
 // MayRetry reports whether another pod may take the request after f: a
-// pod failed it without receiving it, so no pod has started work on it.
-// Whether retries are left is the caller's budget.
-func (f *Failure) MayRetry() bool { return f.Pod != nil && !f.Sent }
+// pod failed it before any byte of its answer came back. Whether the
+// reason is one to retry, and whether retries are left, is the caller's.
+func (f *Failure) MayRetry() bool { return f.Pod != nil && f.Reason != Began }
+
+// ReasonOf is how err, an attempt's I/O error, failed before the first
+// byte of the pod's answer, or Began when bytes of it came (or the failure
+// is the gateway's). Both transports end an exchange without a byte with
+// fasthttp.ErrConnectionClosed (closed or reset) or fasthttp.ErrTimeout;
+// their errors once bytes came are others (io.ErrUnexpectedEOF,
+// frontend.ErrAnswerStalled, a body read's own error).
+func ReasonOf(err error) Reason {
+	switch {
+	case upstream.NotSent(err):
+		return Refused
+	case errors.Is(err, fasthttp.ErrConnectionClosed):
+		return Reset
+	case errors.Is(err, fasthttp.ErrTimeout):
+		return Timeout
+	}
+	return Began
+}
 
 // StatusClientClosed is counted for a client that went away mid-stream
 // (nginx's 499).

@@ -16,8 +16,10 @@ func TestMayRetry(t *testing.T) {
 			t.Errorf("%s: MayRetry = %v, want %v", name, got, want)
 		}
 	}
-	f("not sent to a pod", &Failure{E: e, Pod: pod}, true)
-	f("sent to a pod", &Failure{E: e, Pod: pod, Sent: true}, false)
+	f("refused", &Failure{E: e, Pod: pod, Reason: Refused}, true)
+	f("reset before the answer", &Failure{E: e, Pod: pod, Reason: Reset}, true)
+	f("hung", &Failure{E: e, Pod: pod, Reason: Hung}, true)
+	f("answer began", &Failure{E: e, Pod: pod}, false)
 	f("no pod to blame", &Failure{E: e}, false)
 	f("client left", ClientLeft, false)
 }

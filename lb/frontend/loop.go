@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,6 +87,10 @@ type Upstream struct {
 	// MaxBody caps a whole answer's body (0: no cap); past it the exchange
 	// ends with fasthttp.ErrBodyTooLarge. A streamed answer has none.
 	MaxBody int
+	// FirstByte, when set and shorter than Timeout, bounds the wait for
+	// the answer's first byte: past it the exchange ends with
+	// fasthttp.ErrTimeout, as past Timeout without a byte.
+	FirstByte time.Duration
 }
 
 // Send sends req to the pod at u.Addr over an idle keep-alive
@@ -93,7 +99,8 @@ type Upstream struct {
 // it. At that cap it returns fasthttp.ErrNoFreeConns, as the pods' clients
 // do, and sends nothing. Otherwise done gets, on the loop, nil once resp
 // holds the whole response, or the error: the dial's; fasthttp.ErrTimeout
-// when the response was not whole within u.Timeout;
+// when no byte of it came within u.Timeout (or u.FirstByte);
+// ErrAnswerStalled when it began but was not whole within u.Timeout;
 // fasthttp.ErrConnectionClosed (no byte of it came) or io.ErrUnexpectedEOF
 // when the pod closed the connection first; ErrClientGone when the client
 // closed its connection first, which closes the pod's too (that is how a
@@ -130,6 +137,12 @@ func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fastht
 	uc.gc, uc.resp, uc.done, uc.stream = gc, resp, done, stream
 	gc.up = uc
 	uc.deadline = gc.s.now.Load() + int64(u.Timeout)
+	if u.FirstByte > 0 && u.FirstByte < u.Timeout {
+		uc.firstBy = gc.s.now.Load() + int64(u.FirstByte)
+		gc.s.noteTimeout(u.FirstByte)
+	} else {
+		uc.firstBy = uc.deadline
+	}
 	uc.keepalive = int64(u.Keepalive)
 	uc.maxBody = u.MaxBody
 	gc.s.noteTimeout(u.Timeout)
@@ -242,7 +255,7 @@ func (ls *loopState) sweepConns() {
 	for _, uc := range ls.conns {
 		switch {
 		case uc.c == nil:
-		case (uc.done != nil || uc.sink != nil) && now > uc.deadline:
+		case (uc.done != nil || uc.sink != nil) && (now > uc.deadline || (uc.done != nil && !uc.got && now > uc.firstBy)):
 			uc.timedOut = true
 			_ = uc.c.Close() // on a later turn of the loop: OnClose ends the exchange
 		case uc.done == nil && uc.sink == nil && now-uc.idleSince > uc.keepalive:
@@ -264,6 +277,7 @@ type upConn struct {
 	resp     *fasthttp.Response
 	done     Done
 	deadline int64 // unix nanoseconds
+	firstBy  int64 // the first byte's deadline (Upstream.FirstByte)
 	out      []byte
 	need     int // bytes the response needs before a reparse (0: unknown)
 	// gathered holds a whole answer with a chunked body, from when its
@@ -511,6 +525,8 @@ func (uc *upConn) closed() {
 	switch {
 	case uc.clientGone:
 		err = ErrClientGone
+	case uc.timedOut && uc.got:
+		err = ErrAnswerStalled
 	case uc.timedOut:
 		err = fasthttp.ErrTimeout
 	case uc.got:
@@ -518,6 +534,10 @@ func (uc *upConn) closed() {
 	}
 	uc.finish(err)
 }
+
+// ErrAnswerStalled ends an exchange whose answer began but was not whole
+// within Upstream.Timeout; fasthttp.ErrTimeout says no byte of it came.
+var ErrAnswerStalled = fmt.Errorf("frontend: the pod's answer stopped coming: %w", os.ErrDeadlineExceeded)
 
 // errStreamHead: the header of an answer to relay is in.
 var errStreamHead = errors.New("frontend: a streamed answer's header")

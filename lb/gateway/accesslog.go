@@ -47,7 +47,7 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 			b = appendField(b, "prefill_pod", x.pd.Pre.Config.Name)
 		}
 	}
-	b = appendInt(b, "attempts", len(x.tried))
+	b = appendInt(b, "attempts", x.attempts)
 	b = appendInt(b, "prompt_tokens", x.req.PromptTokens())
 	if pod != nil {
 		b = appendInt(b, "cached_tokens", x.chosen.CachedTokens)

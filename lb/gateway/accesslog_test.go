@@ -38,7 +38,7 @@ func loggedCompletion(t testing.TB) (*Gateway, *fasthttp.RequestCtx, *completion
 	if err := x.req.Parse(openai.KindChat, []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"a \"quoted\" prompt"}]}`)); err != nil {
 		t.Fatal(err)
 	}
-	x.tried = append(x.tried, 0)
+	x.tried, x.attempts = append(x.tried, 0), 1
 	x.times.first = x.start.Add(5 * time.Millisecond)
 	pod := &pool.Pod{Config: config.Pod{Name: "pod-0"}}
 	return g, ctx, x, pod, path

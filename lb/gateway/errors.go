@@ -12,7 +12,6 @@ import (
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
-	"pdlb/lb/upstream"
 )
 
 // failure is the request path's one error type (lb/fail), by the name
@@ -44,7 +43,7 @@ var errShuttingDown = errors.New("lb: the gateway is shutting down")
 // I/O error of the call; within is the bound that passed, should err be a
 // timeout.
 func (g *Gateway) podFailure(pod *pool.Pod, err error, within time.Duration) *failure {
-	return &failure{E: g.upstreamError(err, within), Pod: pod, Sent: !upstream.NotSent(err)}
+	return &failure{E: g.upstreamError(err, within), Pod: pod, Reason: fail.ReasonOf(err)}
 }
 
 // upstreamError is the client's error for a call to a pod that failed

@@ -2,33 +2,44 @@ package gateway
 
 import (
 	"errors"
+	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/fail"
+	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 )
 
-func TestFailureMayRetry(t *testing.T) {
+// TestPodFailureReason: an attempt is retryable for the reason it got no
+// byte of its pod's answer, and only then.
+func TestPodFailureReason(t *testing.T) {
 	pod := &pool.Pod{}
-	f := func(name string, fl *failure, want bool) {
+	f := func(name string, fl *failure, want fail.Reason) {
 		t.Helper()
-		if got := fl.MayRetry(); got != want {
-			t.Errorf("%s: mayRetry = %v, want %v", name, got, want)
+		if fl.Reason != want || fl.MayRetry() != (want != fail.Began) {
+			t.Errorf("%s: reason %q, MayRetry %v; want %q", name, fl.Reason, fl.MayRetry(), want)
 		}
 	}
 	g := &Gateway{}
 	refused := &net.OpError{Op: "dial", Err: errors.New("connection refused")}
-	f("dial refused", g.podFailure(pod, refused, 0), true)
-	f("reset after sending", g.podFailure(pod, errors.New("connection reset by peer"), 0), false)
-	f("no free connections", g.podFailure(pod, fasthttp.ErrNoFreeConns, 0), true)
-	f("no pod to blame", answer(openai.NoHealthyPod([]byte("m"))), false)
-	f("client left", fail.ClientLeft, false)
-	f("pod answered", &failure{E: openai.UpstreamError("boom"), Pod: pod, Sent: true}, false)
+	f("dial refused", g.podFailure(pod, refused, 0), fail.Refused)
+	f("no free connections", g.podFailure(pod, fasthttp.ErrNoFreeConns, 0), fail.Refused)
+	f("closed before the answer", g.podFailure(pod, fasthttp.ErrConnectionClosed, 0), fail.Reset)
+	f("no byte in time", g.podFailure(pod, fasthttp.ErrTimeout, time.Second), fail.Timeout)
+	f("closed mid-answer", g.podFailure(pod, io.ErrUnexpectedEOF, 0), fail.Began)
+	f("stalled mid-answer", g.podFailure(pod, frontend.ErrAnswerStalled, time.Second), fail.Began)
+	f("read error mid-answer", g.podFailure(pod, errors.New("connection reset by peer"), 0), fail.Began)
+	f("answer too large", g.podFailure(pod, fasthttp.ErrBodyTooLarge, 0), fail.Began)
+	f("pod answered", &failure{E: openai.UpstreamError("boom"), Pod: pod}, fail.Began)
+	if answer(openai.NoHealthyPod([]byte("m"))).MayRetry() || fail.ClientLeft.MayRetry() {
+		t.Error("a failure with no pod to blame may be retried")
+	}
 }
 
 func TestWriteFailure(t *testing.T) {

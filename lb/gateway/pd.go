@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"pdlb/lb/fail"
 	"pdlb/lb/openai"
 	"pdlb/lb/pd"
 	"pdlb/lb/pool"
@@ -139,6 +140,6 @@ func (g *Gateway) streamFailure(x *completion, err error) *failure {
 		within = g.cfg.Upstream.WholeResponseTimeout
 	}
 	f := g.podFailure(nil, err, within)
-	f.Sent = true // the headers came: the pod has the request
+	f.Reason = fail.Began // the headers came: the pod has the request
 	return f
 }

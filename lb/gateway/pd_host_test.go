@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"io"
+
 	"bytes"
 	"net"
 	"testing"
@@ -127,7 +129,8 @@ func TestPDStages(t *testing.T) {
 	f(tc{name: "answered", retries: 1, errs: []error{nil}, sends: 1, status: 200})
 	f(tc{name: "decode pod refused, then the other answered", retries: 1, errs: []error{errRefused, nil}, sends: 2, status: 200})
 	f(tc{name: "refused everywhere", retries: 1, errs: []error{errRefused, errRefused}, sends: 2, status: 502})
-	f(tc{name: "reset before the first byte", retries: 1, errs: []error{fasthttp.ErrConnectionClosed}, sends: 1, status: 502})
-	f(tc{name: "timeout", retries: 1, errs: []error{fasthttp.ErrTimeout}, sends: 1, status: 504})
+	f(tc{name: "reset before the first byte, then the other answered", retries: 1, errs: []error{fasthttp.ErrConnectionClosed, nil}, sends: 2, status: 200})
+	f(tc{name: "timeout everywhere", retries: 1, errs: []error{fasthttp.ErrTimeout, fasthttp.ErrTimeout}, sends: 2, status: 504})
+	f(tc{name: "reset mid-answer", retries: 1, errs: []error{io.ErrUnexpectedEOF}, sends: 1, status: 502})
 	f(tc{name: "client gone", retries: 1, errs: []error{upstream.ErrCut}, sends: 1, status: fail.StatusClientClosed})
 }

@@ -185,6 +185,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	}
 	x.tried = append(x.tried, x.pod.ID)
 	x.up.SetHost(x.pod.Config.Address)
+	x.within, x.hedged = g.firstByteWithin(x, x.pod, x.pod)
 	g.place(x.m, x, x.pod)
 	x.stage = stageAwait
 	x.via.send(x)
@@ -204,6 +205,7 @@ func (x *completion) answered(err error) {
 		}
 	}
 	switch {
+	case err == nil && x.resp.StatusCode() == fasthttp.StatusServiceUnavailable && g.shed(x):
 	case err == nil:
 		// Sent for good; x.resp stays: the relay finishes with it.
 		fasthttp.ReleaseRequest(x.up)
@@ -220,8 +222,28 @@ func (x *completion) answered(err error) {
 	default:
 		g.unplace(x, x.pod)
 		g.callFailed(x.pod, err)
-		g.failed(x, g.podFailure(x.pod, err, g.responseTimeout(x.req.Stream)))
+		f := g.podFailure(x.pod, err, x.within)
+		if f.Reason == fail.Timeout && x.hedged {
+			f.Reason = fail.Hung
+		}
+		g.failed(x, f)
 	}
+}
+
+// shed moves x on to another pod after its pod answered 503, when
+// upstream.retry_on lists 503 and tryAgain allows it; false leaves the
+// answer to be relayed. The answer is whole (a 503 is never relayed as
+// a stream), and dropped.
+func (g *Gateway) shed(x *completion) bool {
+	f := &failure{E: openai.Overloaded("pod " + x.pod.Config.Name + " answered 503"), Pod: x.pod, Reason: fail.Unavailable}
+	if !g.tryAgain(x, f) {
+		return false
+	}
+	_ = x.resp.CloseBodyStream()
+	x.resp.Reset()
+	g.unplace(x, x.pod)
+	x.last, x.stage = f, stagePick
+	return true
 }
 
 // Answered continues x on the event loop once its attempt's outcome is in
@@ -247,15 +269,17 @@ func (g *Gateway) failed(x *completion, f *failure) {
 	}
 }
 
-// tryAgain decides every retry: f allows one (mayRetry: a pod failed x
-// without receiving it) and x has attempts left (upstream.retries after
-// the first).
+// tryAgain decides every retry: f allows one (MayRetry: a pod failed x
+// before any byte of its answer came) for a reason upstream.retry_on
+// lists, x has attempts left (upstream.retries after the first), and the
+// retry budget has room (takeRetry).
 func (g *Gateway) tryAgain(x *completion, f *failure) bool {
-	if !f.MayRetry() || x.attempts > g.cfg.Upstream.Retries {
+	if !f.MayRetry() || !g.retryOn(f.Reason) || x.attempts > g.cfg.Upstream.Retries || !g.takeRetry(x) {
 		return false
 	}
+	g.metrics.retry.byReason[f.Reason].Inc()
 	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
-		g.log.Warn("request not sent to pod; trying another", "pod", f.Pod.Config.Name, "err", f.E.Message, "suppressed", held)
+		g.log.Warn("pod failed a request before answering; trying another", "pod", f.Pod.Config.Name, "reason", string(f.Reason), "err", f.E.Message, "suppressed", held)
 	}
 	return true
 }
@@ -280,6 +304,7 @@ func (g *Gateway) enter(x *completion) bool {
 }
 
 func (g *Gateway) leave(x *completion) {
+	g.leaveRetry(x)
 	if x.inFlight {
 		x.inFlight = false
 		g.inFlight.Add(-1)

@@ -42,9 +42,14 @@ func (s *scripted) send(x *completion) {
 	}
 	err := s.errs[0]
 	s.errs = s.errs[1:]
-	if err == nil {
+	switch err {
+	case nil:
 		x.resp.SetStatusCode(fasthttp.StatusOK)
 		x.resp.SetBodyString(`{"choices":[]}`)
+	case errAnswered503:
+		x.resp.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		x.resp.SetBodyString(`{"error":{"message":"queue full","type":"server_error"}}`)
+		err = nil
 	}
 	x.answered(err)
 }
@@ -131,6 +136,9 @@ func startCompletion(t *testing.T, g *Gateway, m *pool.Model, via transport, cla
 
 var errRefused = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 
+// errAnswered503 scripts a pod's 503 answer.
+var errAnswered503 = errors.New("scripted: the pod answered 503")
+
 // TestStages runs the plain path's stages over a scripted transport: each
 // case is how the attempts end, and what the client gets.
 func TestStages(t *testing.T) {
@@ -138,16 +146,32 @@ func TestStages(t *testing.T) {
 		name    string
 		retries int
 		errs    []error
+		// retryOn replaces upstream.retry_on; busy requests hold the
+		// retry budget already (of its minimum, 3); firstByte is
+		// upstream.first_byte.factor.
+		retryOn   []string
+		busy      int64
+		firstByte float64
 		// sends is how many attempts go out; status the request's, as
-		// counted.
-		sends  int
-		status int
+		// counted; retried the retries counted, by reason; exhausted
+		// those the budget refused.
+		sends     int
+		status    int
+		retried   map[fail.Reason]uint64
+		exhausted uint64
 	}
 	f := func(c tc) {
 		t.Helper()
 		g, m := stagesGateway(t, c.retries, nil)
+		if c.retryOn != nil {
+			g.cfg.Upstream.Retry.On = c.retryOn
+		}
+		g.cfg.Upstream.Retry.FirstByte.Factor = c.firstByte
+		g.metrics.retry.inFlight.Store(c.busy)
 		s := &scripted{errs: c.errs, blocks: true}
 		x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+		// A whole answer's first byte is predicted from its max_tokens.
+		x.req.MaxTokens = 16
 		g.advance(x)
 		if len(s.sent) != c.sends || counted(g, m) != c.status {
 			t.Errorf("%s: %d sends, status %d; want %d, %d (%s)", c.name, len(s.sent), counted(g, m), c.sends, c.status, ctx.Response.Body())
@@ -158,6 +182,17 @@ func TestStages(t *testing.T) {
 		if n := g.inFlight.Load(); n != 0 {
 			t.Errorf("%s: %d in flight after the end", c.name, n)
 		}
+		if n := g.metrics.retry.inFlight.Load(); n != c.busy {
+			t.Errorf("%s: %d retries in flight after the end, want the %d busy", c.name, n, c.busy)
+		}
+		for reason, n := range g.metrics.retry.byReason {
+			if n.Get() != c.retried[reason] {
+				t.Errorf("%s: %d retries for %q, want %d", c.name, n.Get(), reason, c.retried[reason])
+			}
+		}
+		if n := g.metrics.retry.exhausted.Get(); n != c.exhausted {
+			t.Errorf("%s: budget refused %d retries, want %d", c.name, n, c.exhausted)
+		}
 		for _, p := range m.Pods {
 			if p.InFlight() != 0 || p.QueuedPrefill() != 0 {
 				t.Errorf("%s: pod %s keeps %d in flight, %d tokens queued", c.name, p.Config.Name, p.InFlight(), p.QueuedPrefill())
@@ -167,13 +202,30 @@ func TestStages(t *testing.T) {
 			}
 		}
 	}
+	once := func(r fail.Reason) map[fail.Reason]uint64 { return map[fail.Reason]uint64{r: 1} }
 	f(tc{name: "answered", retries: 1, errs: []error{nil}, sends: 1, status: 200})
-	f(tc{name: "dial refused, then answered", retries: 1, errs: []error{errRefused, nil}, sends: 2, status: 200})
-	f(tc{name: "dial refused everywhere", retries: 1, errs: []error{errRefused, errRefused}, sends: 2, status: 502})
+	f(tc{name: "dial refused, then answered", retries: 1, errs: []error{errRefused, nil}, sends: 2, status: 200, retried: once(fail.Refused)})
+	f(tc{name: "dial refused everywhere", retries: 1, errs: []error{errRefused, errRefused}, sends: 2, status: 502, retried: once(fail.Refused)})
 	f(tc{name: "dial refused, no retries", retries: 0, errs: []error{errRefused}, sends: 1, status: 502})
-	f(tc{name: "every connection busy, then answered", retries: 1, errs: []error{fasthttp.ErrNoFreeConns, nil}, sends: 2, status: 200})
-	f(tc{name: "reset before the first byte", retries: 1, errs: []error{fasthttp.ErrConnectionClosed}, sends: 1, status: 502})
-	f(tc{name: "timeout", retries: 1, errs: []error{fasthttp.ErrTimeout}, sends: 1, status: 504})
+	f(tc{name: "every connection busy, then answered", retries: 1, errs: []error{fasthttp.ErrNoFreeConns, nil}, sends: 2, status: 200, retried: once(fail.Refused)})
+	f(tc{name: "reset before the first byte, then answered", retries: 1, errs: []error{fasthttp.ErrConnectionClosed, nil}, sends: 2, status: 200, retried: once(fail.Reset)})
+	f(tc{name: "reset before the first byte, retry_on refused", retries: 1, retryOn: []string{config.RetryOnRefused},
+		errs: []error{fasthttp.ErrConnectionClosed}, sends: 1, status: 502})
+	f(tc{name: "reset mid-answer", retries: 1, errs: []error{io.ErrUnexpectedEOF}, sends: 1, status: 502})
+	f(tc{name: "timeout, then answered", retries: 1, errs: []error{fasthttp.ErrTimeout, nil}, sends: 2, status: 200, retried: once(fail.Timeout)})
+	f(tc{name: "timeout everywhere", retries: 2, errs: []error{fasthttp.ErrTimeout, fasthttp.ErrTimeout, fasthttp.ErrTimeout}, sends: 3, status: 504,
+		retried: map[fail.Reason]uint64{fail.Timeout: 2}})
+	f(tc{name: "stalled mid-answer", retries: 1, errs: []error{frontend.ErrAnswerStalled}, sends: 1, status: 504})
+	f(tc{name: "hung past the first-byte deadline, then answered", retries: 1, firstByte: 3, errs: []error{fasthttp.ErrTimeout, nil},
+		sends: 2, status: 200, retried: once(fail.Hung)})
+	f(tc{name: "retry_on none", retries: 1, retryOn: []string{config.RetryOnNone}, errs: []error{errRefused}, sends: 1, status: 502})
+	f(tc{name: "503 relayed by default", retries: 1, errs: []error{errAnswered503}, sends: 1, status: 503})
+	f(tc{name: "503, retry_on 503, then answered", retries: 1, retryOn: []string{config.RetryOn503}, errs: []error{errAnswered503, nil},
+		sends: 2, status: 200, retried: once(fail.Unavailable)})
+	f(tc{name: "503 everywhere, retry_on 503", retries: 1, retryOn: []string{config.RetryOn503}, errs: []error{errAnswered503, errAnswered503},
+		sends: 2, status: 503, retried: once(fail.Unavailable)})
+	f(tc{name: "budget spent", retries: 1, busy: 3, errs: []error{fasthttp.ErrConnectionClosed}, sends: 1, status: 502, exhausted: 1})
+	f(tc{name: "budget has room", retries: 1, busy: 2, errs: []error{fasthttp.ErrConnectionClosed, nil}, sends: 2, status: 200, retried: once(fail.Reset)})
 	f(tc{name: "client gone on a worker", retries: 1, errs: []error{upstream.ErrCut}, sends: 1, status: fail.StatusClientClosed})
 	f(tc{name: "client gone on the loop", retries: 1, errs: []error{frontend.ErrClientGone}, sends: 1, status: fail.StatusClientClosed})
 }

@@ -33,7 +33,7 @@ type loopTransport struct{ l *frontend.Loop }
 func (t loopTransport) send(x *completion) {
 	g, u := x.g, &x.g.cfg.Upstream
 	to := frontend.Upstream{Addr: x.pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: g.responseTimeout(x.req.Stream),
-		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod, MaxBody: u.MaxResponseBytes}
+		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod, MaxBody: u.MaxResponseBytes, FirstByte: x.within}
 	if err := t.l.Send(to, x.req.Stream, x.up, x.resp, x); err != nil {
 		x.answered(err)
 	}
@@ -55,7 +55,8 @@ type workerTransport struct{}
 func (workerTransport) send(x *completion) {
 	// A stream is relayed as it comes; a whole answer is read whole.
 	x.resp.StreamBody = x.req.Stream
-	x.answered(upstream.Do(frontend.ClientGone(x.ctx), x.pod.Client, x.up, x.resp, time.Now().Add(x.g.responseTimeout(x.req.Stream))))
+	now := time.Now()
+	x.answered(upstream.Do(frontend.ClientGone(x.ctx), x.pod.Client, x.up, x.resp, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
 }
 
 func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {

@@ -12,7 +12,6 @@ import (
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
-	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -212,7 +211,9 @@ func (c *Call) watchdog(err error) *fail.Failure {
 	return &fail.Failure{
 		E: &openai.Error{Status: fasthttp.StatusGatewayTimeout, Type: openai.TypeServer,
 			Message: "The decode pod stopped answering (decode watchdog); the request was aborted on " + c.Dec.Config.Name + "."},
-		PDHeader: HeaderDecodeError, Pod: c.Dec, Sent: !upstream.NotSent(err),
+		// Not retried (Reason Began): the decode pod may be pulling the
+		// prefill's KV, which another decode pod cannot count on.
+		PDHeader: HeaderDecodeError, Pod: c.Dec,
 	}
 }
 

@@ -151,7 +151,8 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 }
 
 // prefillFailure classifies a finished prefill leg: nil for a 200 answer,
-// else the client's error (retryable when it was not sent: upstream.NotSent).
+// else the client's error (retryable when no byte of the leg's answer came,
+// or it was a 503).
 func prefillFailure(fl Fleet, pre *pool.Pod, status int, body []byte, err error, timeout time.Duration) *fail.Failure {
 	switch {
 	case err == upstream.ErrCut:
@@ -165,7 +166,11 @@ func prefillFailure(fl Fleet, pre *pool.Pod, status int, body []byte, err error,
 		if fail.IsFault(status) {
 			fl.PodFailed(pre)
 		}
-		return &fail.Failure{E: prefillAnswered(status, body), PDHeader: HeaderPrefillError, Pod: pre, Sent: true}
+		f := &fail.Failure{E: prefillAnswered(status, body), PDHeader: HeaderPrefillError, Pod: pre}
+		if status == fasthttp.StatusServiceUnavailable {
+			f.Reason = fail.Unavailable
+		}
+		return f
 	}
 	pre.ReportSuccess()
 	return nil

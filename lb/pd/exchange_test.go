@@ -75,7 +75,7 @@ func (s *scriptedLegs) PodFailure(pod *pool.Pod, err error, within time.Duration
 	if pool.IsTimeout(err) {
 		e = openai.UpstreamTimeout(within)
 	}
-	return &fail.Failure{E: e, Pod: pod, Sent: !upstream.NotSent(err)}
+	return &fail.Failure{E: e, Pod: pod, Reason: fail.ReasonOf(err)}
 }
 func (s *scriptedLegs) ReleasePrefill(ledger.Ticket)       {}
 func (s *scriptedLegs) ResponseTimeout(bool) time.Duration { return time.Minute }
@@ -226,7 +226,9 @@ func TestRunPair(t *testing.T) {
 	f(tc{name: "prefill answered 500", pre: 0, dec: 1, legs: map[int][]leg{0: {{status: 500, body: "boom"}}},
 		status: 500, pdHeader: HeaderPrefillError, sent: "[p0]", tried: "[]"})
 	f(tc{name: "prefill timed out", pre: 0, dec: 1, legs: map[int][]leg{0: {{err: fasthttp.ErrTimeout}}},
-		status: 504, pdHeader: HeaderPrefillError, sent: "[p0]", tried: "[]"})
+		status: 504, pdHeader: HeaderPrefillError, mayRetry: true, sent: "[p0]", tried: "[p0]"})
+	f(tc{name: "prefill answered 503", pre: 0, dec: 1, legs: map[int][]leg{0: {{status: 503, body: "full"}}},
+		status: 503, pdHeader: HeaderPrefillError, mayRetry: true, sent: "[p0]", tried: "[p0]"})
 	f(tc{name: "prefill answer without KV parameters", pre: 0, dec: 1, legs: map[int][]leg{0: ok},
 		status: 502, pdHeader: HeaderPrefillError, sent: "[p0]", tried: "[]"})
 	f(tc{name: "client left during the prefill", pre: 0, dec: 1, legs: map[int][]leg{0: {{err: upstream.ErrCut}}},
@@ -241,7 +243,9 @@ func TestRunPair(t *testing.T) {
 		opts: route.PDOptions{DecodeFirstResponseTimeout: time.Second}, stream: true,
 		status: 504, pdHeader: HeaderDecodeError, sent: "[p0 p1]", tried: "[p1]", watchdogs: 1})
 	f(tc{name: "decode timeout, no watchdog", pre: 0, dec: 1, legs: map[int][]leg{0: {{status: 200, body: kv}}, 1: {{err: fasthttp.ErrTimeout}}},
-		stream: true, status: 504, pdHeader: HeaderDecodeError, sent: "[p0 p1]", tried: "[p1]"})
+		stream: true, status: 504, pdHeader: HeaderDecodeError, mayRetry: true, sent: "[p0 p1]", tried: "[p1]"})
+	f(tc{name: "decode pod reset before its head, moved", pre: 0, dec: 1, legs: map[int][]leg{0: {{status: 200, body: kv}}, 1: {{err: fasthttp.ErrConnectionClosed}}, 2: ok},
+		retries: 1, spare: []int{2}, sent: "[p0 p1 p2]", tried: "[p1]", responded: "p2"})
 	// Concurrent (SGLang).
 	f(tc{name: "concurrent: both legs answer", pre: 3, dec: 1, legs: map[int][]leg{3: ok, 1: ok},
 		tried: "[]", responded: "p1", sent: "[p1 p3]"})

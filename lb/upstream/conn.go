@@ -219,16 +219,47 @@ func ConnOf(resp *fasthttp.Response) *Conn {
 // which of the two, the cut or the answer, came first). A call that did
 // not ask for a stream gets its body read whole after that, unwatched: a
 // pod sends a whole answer's header with its body, at the end of the work.
-func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+//
+// The answer's header is due by headBy (at the latest deadline), the rest
+// of a whole answer by deadline: a header that is late fails with
+// fasthttp.ErrTimeout, and the connection is closed, which aborts the
+// request on the engine.
+func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time) error {
 	body := up.Body()
-	if cut == nil || len(body) == 0 {
-		return client.DoDeadline(up, resp, deadline)
+	whole := !resp.StreamBody
+	if !headBy.Before(deadline) {
+		headBy = deadline
 	}
+	split := whole && headBy.Before(deadline)
+	if (cut == nil || len(body) == 0) && !split {
+		return client.DoDeadline(up, resp, headBy)
+	}
+	resp.StreamBody = true
+	var err error
+	if cut == nil || len(body) == 0 {
+		err = client.DoDeadline(up, resp, headBy)
+	} else if err = doWatched(cut, client, up, resp, headBy); err == ErrCut {
+		return err
+	}
+	if whole {
+		resp.StreamBody = false
+		if err == nil {
+			if c := ConnOf(resp); c != nil && split {
+				_ = c.SetReadDeadline(deadline)
+			}
+			err = readBodyWhole(resp, client.MaxResponseBodySize)
+		}
+	}
+	return err
+}
+
+// doWatched is Do's call of up, whose body is not empty, while cut is
+// watched; the answer is taken as a stream.
+func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	body := up.Body()
 	// A copy: handing the body over as a stream recycles its buffer.
 	w := &watchedBody{resp: resp, body: append([]byte(nil), body...)}
 	up.SetBodyStream(w, len(body))
-	whole := !resp.StreamBody
-	resp.StreamBody = true
 	stop := make(chan struct{})
 	go func() {
 		select {
@@ -249,12 +280,6 @@ func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, 
 			CloseStream(resp, ErrCut)
 		}
 		return ErrCut
-	}
-	if whole {
-		resp.StreamBody = false
-		if err == nil {
-			err = readBodyWhole(resp, client.MaxResponseBodySize)
-		}
 	}
 	return err
 }

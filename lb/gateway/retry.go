@@ -1,0 +1,108 @@
+package gateway
+
+import (
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"pdlb/lb/config"
+	"pdlb/lb/fail"
+	"pdlb/lb/pool"
+)
+
+// Retries of attempts that got nothing back (upstream.retry_on), within
+// Envoy's retry budget (upstream.retry_budget), and the first-byte
+// deadline that gives up on a hung pod (upstream.first_byte).
+
+// retryReasons are the reasons an attempt may be retried for, each with
+// its retry_on name and its series.
+var retryReasons = []struct {
+	reason fail.Reason
+	on     string
+}{
+	{fail.Refused, config.RetryOnRefused},
+	{fail.Reset, config.RetryOnReset},
+	{fail.Timeout, config.RetryOnTimeout},
+	{fail.Hung, config.RetryOnTimeout}, // a hedge is a timeout drawn early
+	{fail.Unavailable, config.RetryOn503},
+}
+
+// retryMetrics count the retries by reason and those the budget refused;
+// inFlight is the requests retrying now (the budget's count).
+type retryMetrics struct {
+	byReason  map[fail.Reason]*metrics.Counter
+	exhausted *metrics.Counter
+	inFlight  atomic.Int64
+}
+
+func newRetryMetrics(set *metrics.Set) *retryMetrics {
+	m := &retryMetrics{byReason: make(map[fail.Reason]*metrics.Counter, len(retryReasons)),
+		exhausted: set.NewCounter("pdlb_upstream_retry_budget_exhausted_total")}
+	for _, r := range retryReasons {
+		m.byReason[r.reason] = set.NewCounter(fmt.Sprintf(`pdlb_upstream_retries_total{reason=%q}`, r.reason))
+	}
+	set.NewGauge("pdlb_upstream_retries_in_flight", func() float64 { return float64(m.inFlight.Load()) })
+	return m
+}
+
+// retryOn reports whether upstream.retry_on lists reason.
+func (g *Gateway) retryOn(reason fail.Reason) bool {
+	for _, r := range retryReasons {
+		if r.reason == reason {
+			return g.cfg.Upstream.Retry.RetriesOn(r.on)
+		}
+	}
+	return false
+}
+
+// takeRetry takes a place in the retry budget for x, which keeps it until
+// it leaves (leave): false when the requests retrying are already
+// upstream.retry_budget's share of those in flight.
+func (g *Gateway) takeRetry(x *completion) bool {
+	if x.retrying {
+		return true
+	}
+	m, b := g.metrics.retry, &g.cfg.Upstream.Retry.Budget
+	limit := max(int64(b.MinRetries), int64(b.Percent/100*float64(g.inFlight.Load())))
+	if m.inFlight.Add(1) > limit {
+		m.inFlight.Add(-1)
+		m.exhausted.Inc()
+		return false
+	}
+	x.retrying = true
+	return true
+}
+
+// leaveRetry gives x's place in the retry budget back.
+func (g *Gateway) leaveRetry(x *completion) {
+	if x.retrying {
+		x.retrying = false
+		g.metrics.retry.inFlight.Add(-1)
+	}
+}
+
+// firstByteWithin is how long x's attempt on dec (prefilled on pre) may
+// wait for the first byte of its answer: upstream.first_byte's k × the
+// predicted time to it, plus its floor, when that is shorter than the
+// response timeout (hedged); else the response timeout. A stream's first
+// byte is its header, due about its first token; a whole answer comes
+// after its last token, which needs max_tokens to predict.
+func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within time.Duration, hedged bool) {
+	fb, limit := g.cfg.Upstream.Retry.FirstByte, g.responseTimeout(x.req.Stream)
+	if fb.Factor <= 0 || (!x.req.Stream && x.req.MaxTokens <= 0) {
+		return limit, false
+	}
+	ttft, tpot := predict(x, pre, dec)
+	at := ttft
+	if !x.req.Stream {
+		at += float64(x.req.MaxTokens) * tpot
+	}
+	d := fb.Factor*at*float64(time.Second) + float64(fb.Floor)
+	if math.IsNaN(d) || d >= float64(limit) {
+		return limit, false
+	}
+	return time.Duration(d), true
+}
