@@ -274,6 +274,8 @@ func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Re
 	}()
 	err := client.DoDeadline(up, resp, deadline)
 	close(stop)
+	// The stream is spent: a retry on another pod sends the copy.
+	up.SetBodyRaw(w.body)
 	if !w.state.CompareAndSwap(watching, answered) {
 		// The connection is closed, or closing: whatever came is cut.
 		if err == nil {

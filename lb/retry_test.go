@@ -1,0 +1,167 @@
+package lb_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"pdlb/engines/sim"
+	"pdlb/internal/testwait"
+	"pdlb/lb/config"
+)
+
+// Pods that fail a request before the first byte of their answer, as
+// fakePod serves them.
+var (
+	// resetPod reads the request and resets the connection.
+	resetPod = func(c net.Conn, _ *http.Request) { _ = c.(*net.TCPConn).SetLinger(0) }
+	// hungPod reads the request and answers nothing until the gateway
+	// closes the connection.
+	hungPod = func(c net.Conn, _ *http.Request) { _, _ = io.Copy(io.Discard, c) }
+	// busyPod sheds the request with SGLang's 503.
+	busyPod = func(c net.Conn, _ *http.Request) {
+		body := `{"error":{"message":"The request queue is full.","type":"ServiceUnavailable"}}`
+		fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+)
+
+// TestRetryBeforeFirstByte: a request whose pod resets the connection
+// after reading it, never answers it, or sheds it with 503 is answered by
+// the other pod, on both front ends, streamed or not; the retry is
+// counted by its reason.
+func TestRetryBeforeFirstByte(t *testing.T) {
+	type fault struct {
+		name, reason string
+		serve        func(net.Conn, *http.Request)
+		edit         func(*config.Config)
+	}
+	faults := []fault{
+		{"reset", "reset", resetPod, nil},
+		{"hung", "hung", hungPod, func(c *config.Config) {
+			// Past the client's patience: only the hedge answers in time.
+			c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+			c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+		}},
+		{"503", "503", busyPod, func(c *config.Config) { c.Upstream.Retry.On = append(c.Upstream.Retry.On, config.RetryOn503) }},
+	}
+	patient := &http.Client{Timeout: 10 * time.Second}
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		for _, fl := range faults {
+			t.Run(fe+"/"+fl.name, func(t *testing.T) {
+				good := testFleet(t, "m", 1, 100)[0]
+				bad := fakePod(t, fl.serve)
+				s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: bad}, {Name: "good", Model: "m", Address: good.Addr()}},
+					func(c *config.Config) {
+						c.Frontend = fe
+						c.Health.Interval = time.Hour
+						c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+						if fl.edit != nil {
+							fl.edit(c)
+						}
+					})
+				for i, stream := range []bool{false, false, true, true} {
+					body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":8,"stream":%v}`, i, stream)
+					resp, b := postVia(t, patient, s, "/v1/chat/completions", body)
+					if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" || (stream && !strings.Contains(b, "[DONE]")) {
+						t.Fatalf("request %d (stream %v): %d from %q: %s", i, stream, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+					}
+				}
+				if n := metricValue(t, s, fmt.Sprintf(`pdlb_upstream_retries_total{reason=%q}`, fl.reason)); n < 2 {
+					t.Fatalf("%v retries for %s, want one per request round robin sent to the bad pod", n, fl.reason)
+				}
+				waitIdle(t, s)
+			})
+		}
+	}
+}
+
+// TestRetryPDDecodeLeg: a decode pod that resets the decode leg before its
+// answer's first byte is replaced by the other decode pod, which takes
+// the prefill's KV.
+func TestRetryPDDecodeLeg(t *testing.T) {
+	e := pdEngines[0]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	bad := fakePod(t, resetPod)
+	badPod := pdPod(dec, bad, "rs0")
+	badPod.Name = "bad"
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), badPod},
+		func(c *config.Config) {
+			c.Health.Interval = time.Hour
+			c.Health.EjectAfterFailures = 100 // the bad pod stays a candidate
+		})
+	for i := range 8 {
+		resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", i%2 == 1, 8))
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != "dec" {
+			t.Fatalf("request %d: %d via %q/%q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), resp.Header.Get("x-pdlb-decode-pod"), b)
+		}
+	}
+	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="reset"}`); n == 0 {
+		t.Fatal("no decode leg went to the resetting pod: the test shows nothing")
+	}
+	testwait.For(t, "the prefill pod to free its KV", func() bool { return pre.Stats().HeldKVBlocks == 0 })
+	ledgerSettles(t, s)
+}
+
+// TestRetryBudgetFleetWide: when every pod resets every request, the
+// retries stay within upstream.retry_budget's share of the requests in
+// flight, and every client gets a clean 502 in OpenAI's shape.
+func TestRetryBudgetFleetWide(t *testing.T) {
+	const clients, retries = 50, 2
+	var attempts atomic.Int64
+	var pods []config.Pod
+	for i := range 3 {
+		addr := fakePod(t, func(c net.Conn, r *http.Request) {
+			attempts.Add(1)
+			// Held a moment, so that the burst is in flight together.
+			time.Sleep(100 * time.Millisecond)
+			resetPod(c, r)
+		})
+		pods = append(pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: addr})
+	}
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Health.Interval = time.Hour
+		c.Health.EjectAfterFailures = 1000 // the budget alone limits the retries
+		c.Upstream.Retries = retries
+	})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[string]int{}
+	for range clients {
+		wg.Go(func() {
+			resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			key := ""
+			if err != nil {
+				key = err.Error()
+			} else {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				key = fmt.Sprint(resp.StatusCode)
+				if !strings.Contains(string(b), `"error":{`) {
+					key += " not in OpenAI's shape"
+				}
+			}
+			mu.Lock()
+			statuses[key]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if statuses["502"] != clients {
+		t.Fatalf("clients got %v, want %d × 502", statuses, clients)
+	}
+	// Each retrying request holds its place in the budget until it ends:
+	// at most a fifth of the burst (20%) retries, each up to retries times.
+	retried, refused := metricValue(t, s, "pdlb_upstream_retries_total"), metricValue(t, s, "pdlb_upstream_retry_budget_exhausted_total")
+	t.Logf("%d requests, %d attempts, %v retries, %v refused by the budget", clients, attempts.Load(), retried, refused)
+	if limit := int64(clients + clients/5*retries); attempts.Load() > limit || refused == 0 {
+		t.Fatalf("%d attempts for %d requests (limit %d), %v refused by the budget", attempts.Load(), clients, limit, refused)
+	}
+	waitIdle(t, s)
+}
