@@ -98,6 +98,17 @@ type Report struct {
 	LostSamples []string
 	// Faults counts the faults injected, by kind.
 	Faults map[string]int
+	// ByFault is what the clients saw of the requests a fault met, by the
+	// kind of the last fault each met (the pods' proxies tell: reset or
+	// hung before the answer's first byte, cut or hung mid-stream), then
+	// by outcome: "completed", the status of a clean error, "stream error
+	// event", "lost".
+	ByFault map[string]map[string]int
+	// Retries is the gateway's pdlb_upstream_retries_total by reason (a
+	// refused connection shows only here), BudgetExhausted the retries
+	// its retry budget refused.
+	Retries         map[string]int
+	BudgetExhausted int
 	// LedgerAfter is the sum of the gateway's pd_token_load_* gauges once
 	// the load ended: tokens still charged to some pod.
 	LedgerAfter int64
@@ -122,6 +133,10 @@ func (r *Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sent %d, completed %d, clean errors %d %v, lost %d %v\n", r.Sent, r.Completed, sum(r.CleanErrors), sorted(r.CleanErrors), r.LostTotal(), sorted(r.Lost))
 	fmt.Fprintf(&b, "faults %v over %s\n", sorted(r.Faults), r.Elapsed.Round(time.Millisecond))
+	for _, kind := range []string{faultReset, faultHungBefore, faultCut, faultHungMid} {
+		fmt.Fprintf(&b, "%s: %d requests, the clients saw %v\n", kind, sum(r.ByFault[kind]), sorted(r.ByFault[kind]))
+	}
+	fmt.Fprintf(&b, "gateway retries by reason %v, refused by the retry budget %d\n", sorted(r.Retries), r.BudgetExhausted)
 	fmt.Fprintf(&b, "ledger charges after: %d tokens\n", r.LedgerAfter)
 	fmt.Fprintf(&b, "goroutines %d before, %d after, %d closed; RSS %.1f MiB before, %.1f MiB after, %.1f MiB closed\n",
 		r.GoroutinesBefore, r.GoroutinesAfter, r.GoroutinesClosed, mib(r.RSSBefore), mib(r.RSSAfter), mib(r.RSSClosed))
@@ -157,11 +172,12 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 // model is the one model the fleet serves.
 const model = "chaos"
 
-// fleet is the pods and their proxies.
+// fleet is the pods and their proxies, and the faults their requests met.
 type fleet struct {
 	mu      sync.Mutex
 	pods    []*sim.Pod
 	proxies []*faultProxy
+	faults  faultLog
 }
 
 func startPod(i int) (*sim.Pod, error) {
@@ -171,14 +187,14 @@ func startPod(i int) (*sim.Pod, error) {
 }
 
 func startFleet(n int) (*fleet, error) {
-	f := &fleet{}
+	f := &fleet{faults: faultLog{byID: map[string]string{}}}
 	for i := 0; i < n; i++ {
 		pod, err := startPod(i)
 		if err != nil {
 			f.close()
 			return nil, err
 		}
-		proxy, err := newFaultProxy(pod.Addr())
+		proxy, err := newFaultProxy(pod.Addr(), &f.faults)
 		if err != nil {
 			pod.Close()
 			f.close()
@@ -211,6 +227,13 @@ func gatewayConfig(f *fleet) config.Config {
 	cfg.Upstream.WholeResponseTimeout = 3 * time.Second
 	cfg.Upstream.StreamIdleTimeout = time.Second
 	cfg.Upstream.Retries = 2
+	// Hedging on, as in pdlb demo: a hung pod's request moves on well
+	// before the response timeout.
+	cfg.Upstream.Retry.FirstByte = config.FirstByte{Factor: 3, Floor: config.DefaultFirstByteFloor}
+	// One pod of four holds about a quarter of the requests in flight (10
+	// or so at 30 a second): a budget under that share, or a floor under
+	// what one pod holds, cannot move a failed pod's requests.
+	cfg.Upstream.Retry.Budget = config.RetryBudget{Percent: 50, MinRetries: 10}
 	cfg.Health.Interval = 100 * time.Millisecond
 	cfg.Health.Timeout = 200 * time.Millisecond
 	cfg.Health.MetricsInterval = 200 * time.Millisecond
@@ -227,7 +250,7 @@ func gatewayConfig(f *fleet) config.Config {
 // in the report.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg = cfg.withDefaults()
-	rep := &Report{CleanErrors: map[string]int{}, Lost: map[string]int{}, Faults: map[string]int{}}
+	rep := &Report{CleanErrors: map[string]int{}, Lost: map[string]int{}, Faults: map[string]int{}, ByFault: map[string]map[string]int{}}
 	rep.GoroutinesBefore, rep.RSSBefore = runtime.NumGoroutine(), rss()
 
 	f, err := startFleet(cfg.Pods)
@@ -268,16 +291,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			rep.Sent++
+			saw := "lost"
 			switch outcome {
 			case completed:
 				rep.Completed++
+				saw = "completed"
 			case cleanError:
 				rep.CleanErrors[detail]++
+				saw = detail
+				if detail == "stream" {
+					saw = "stream error event"
+				}
 			default:
 				rep.Lost[detail]++
 				if len(rep.LostSamples) < 10 {
 					rep.LostSamples = append(rep.LostSamples, fmt.Sprintf("request %d (stream %v): %s", i, stream, detail))
 				}
+			}
+			if kind := f.faults.kind(requestID(i)); kind != "" {
+				if rep.ByFault[kind] == nil {
+					rep.ByFault[kind] = map[string]int{}
+				}
+				rep.ByFault[kind][saw]++
 			}
 		}()
 	}
@@ -290,7 +325,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// Charges are released as requests end; give the last ones a moment.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		rep.LedgerAfter, err = ledgerCharges(gw.AdminAddr())
+		rep.LedgerAfter, err = ledgerCharges(gw.AdminAddr(), rep)
 		if err != nil || rep.LedgerAfter == 0 || time.Now().After(deadline) {
 			break
 		}
@@ -401,10 +436,20 @@ const (
 	lost
 )
 
+// requestID is request i's X-Request-Id, which the gateway passes on to
+// the pods.
+func requestID(i int) string { return "chaos-" + strconv.Itoa(i) }
+
 // send makes one request and classifies its answer.
 func send(client *http.Client, addr string, i int, stream bool, maxTokens int) (outcome, string) {
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"chaos request %d: tell me a story"}],"max_tokens":%d,"stream":%v}`, model, i, maxTokens, stream)
-	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return lost, err.Error()
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", requestID(i))
+	resp, err := client.Do(req)
 	if err != nil {
 		return lost, "no answer: " + errKind(err)
 	}
@@ -476,21 +521,29 @@ func isOpenAIError(b []byte) bool {
 	return json.Unmarshal(b, &e) == nil && e.Error != nil && e.Error.Message != "" && e.Error.Type != ""
 }
 
-// ledgerCharges sums the token ledger gauges on the admin /metrics page.
-func ledgerCharges(admin string) (int64, error) {
+// ledgerCharges sums the token ledger gauges on the admin /metrics page,
+// and reads the retry counters into rep.
+func ledgerCharges(admin string, rep *Report) (int64, error) {
 	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
 	var total int64
+	rep.Retries = map[string]int{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
+		fields := strings.Fields(line)
+		if reason, ok := strings.CutPrefix(line, `pdlb_upstream_retries_total{reason="`); ok && len(fields) == 2 {
+			rep.Retries[reason[:strings.IndexByte(reason, '"')]], _ = strconv.Atoi(fields[1])
+		}
+		if strings.HasPrefix(line, "pdlb_upstream_retry_budget_exhausted_total ") && len(fields) == 2 {
+			rep.BudgetExhausted, _ = strconv.Atoi(fields[1])
+		}
 		if !strings.HasPrefix(line, ledger.MetricActiveTokens) && !strings.HasPrefix(line, ledger.MetricKVTokens) && !strings.HasPrefix(line, ledger.MetricDecodeTokens) {
 			continue
 		}
-		fields := strings.Fields(line)
 		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
 		if err != nil {
 			return 0, fmt.Errorf("metrics line %q: %w", line, err)

@@ -59,6 +59,7 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	}
 	var fc sim.FleetConfig
 	cfg := config.Default()
+	cfg.Upstream.Retry.FirstByte = config.FirstByte{Factor: demoFirstByteFactor, Floor: config.DefaultFirstByteFloor}
 	for _, m := range demoFleet {
 		pod := func(name, role string) {
 			// One seed per model: a PD answer equals a combined pod's.
@@ -95,6 +96,11 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		printDemo(stdout, s, fleet)
 	}, nil, "")
 }
+
+// demoFirstByteFactor turns hedging on in the demo: a request whose pod
+// sends nothing for 3 × its predicted time to first byte (plus the floor)
+// goes to another pod.
+const demoFirstByteFactor = 3
 
 // demoPod is p's entry in the gateway's configuration: prefill and decode
 // pods pair up in roleset "rs0" of their model, and an SGLang prefill pod
