@@ -233,7 +233,7 @@ scenario_upgrade() {
 }
 
 scenario_chaos() {
-	section "Chaos (issue 9)" "Load through the gateway for 5 minutes while sim pods are killed, hung, slowed and restarted at random; every request must end in an answer or a clean error (bench/chaos)."
+	section "Chaos (issue 9)" "Load through the gateway for 5 minutes while sim pods are killed, hung, slowed and restarted at random; every request must end in an answer or a clean error; the report counts what the clients saw by the kind of fault their requests met (reset or hung before the first byte, cut or hung mid-stream) and the gateway's retries by reason (bench/chaos)."
 	record_as "CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos" \
 		env CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos
 }
