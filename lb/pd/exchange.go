@@ -221,12 +221,17 @@ func (c *Call) sequentialDecode() *fail.Failure {
 	}
 }
 
-// moveDecode counts a decode leg that could not be sent to dec (err) and
-// moves it to another decode pod if the host allows a retry and has one.
+// moveDecode counts a decode leg that failed on dec (err) and moves it to
+// another decode pod if dec never received it and the host allows a
+// retry and has a pod. A leg dec received may have read the prefill's KV,
+// which the prefill pod then frees (vLLM's NIXL, SGLang's bootstrap), so
+// another decode pod cannot count on it: its failure goes back to the
+// host, which may retry the whole pair.
 func (c *Call) moveDecode(dec *pool.Pod, err error) bool {
 	c.fleet.CallFailed(dec, err)
 	c.host.Tried(dec)
-	return c.host.TryAgain(c.fleet.PodFailure(dec, err, c.fleet.ResponseTimeout(c.stream))) && c.host.MoveDecode()
+	f := c.fleet.PodFailure(dec, err, c.fleet.ResponseTimeout(c.stream))
+	return f.Reason == fail.Refused && c.host.TryAgain(f) && c.host.MoveDecode()
 }
 
 // decodeHeadersBy is the deadline of the decode leg's response headers

@@ -244,8 +244,8 @@ func TestRunPair(t *testing.T) {
 		status: 504, pdHeader: HeaderDecodeError, sent: "[p0 p1]", tried: "[p1]", watchdogs: 1})
 	f(tc{name: "decode timeout, no watchdog", pre: 0, dec: 1, legs: map[int][]leg{0: {{status: 200, body: kv}}, 1: {{err: fasthttp.ErrTimeout}}},
 		stream: true, status: 504, pdHeader: HeaderDecodeError, mayRetry: true, sent: "[p0 p1]", tried: "[p1]"})
-	f(tc{name: "decode pod reset before its head, moved", pre: 0, dec: 1, legs: map[int][]leg{0: {{status: 200, body: kv}}, 1: {{err: fasthttp.ErrConnectionClosed}}, 2: ok},
-		retries: 1, spare: []int{2}, sent: "[p0 p1 p2]", tried: "[p1]", responded: "p2"})
+	f(tc{name: "decode pod reset before its head, the pair retried", pre: 0, dec: 1, legs: map[int][]leg{0: {{status: 200, body: kv}}, 1: {{err: fasthttp.ErrConnectionClosed}}},
+		retries: 1, spare: []int{2}, status: 502, pdHeader: HeaderDecodeError, mayRetry: true, sent: "[p0 p1]", tried: "[p1]"})
 	// Concurrent (SGLang).
 	f(tc{name: "concurrent: both legs answer", pre: 3, dec: 1, legs: map[int][]leg{3: ok, 1: ok},
 		tried: "[]", responded: "p1", sent: "[p1 p3]"})
