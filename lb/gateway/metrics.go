@@ -179,26 +179,23 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 // passes `promtool check metrics` (tests/promtool_test.go runs it on a live
 // gateway). A series added without an entry here shows up there with an
 // empty HELP; writers that print their own HELP text need no entry.
-var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, promtext.Doc{
-	"pdlb_requests_total":                        {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
-	"pdlb_requests_in_flight":                    {Help: "Requests the gateway is serving now."},
-	"pdlb_time_to_first_token_seconds":           {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
-	"pdlb_time_per_output_token_seconds":         {Help: "Time per output token after the first of a streaming request, in seconds."},
-	"pdlb_request_duration_seconds":              {Help: "Time from a request's arrival to the end of its answer, in seconds."},
-	"pdlb_shed_duration_seconds":                 {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
-	"pdlb_prompt_tokens_total":                   {Help: "Prompt tokens of the requests placed on a pod."},
-	"pdlb_prefix_cached_tokens_total":            {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
-	"pdlb_prompt_tokenized_total":                {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
-	"pdlb_completion_tokens_total":               {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},
-	"pdlb_upstream_errors_total":                 {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
-	"pdlb_upstream_retries_total":                {Help: "Attempts that got no byte of a pod's answer and went to another pod, by reason (refused, reset, timeout, hung: past the first-byte deadline, 503)."},
-	"pdlb_upstream_retry_budget_exhausted_total": {Help: "Retries not made because upstream.retry_budget's share of the requests in flight were retrying already."},
-	"pdlb_upstream_retries_in_flight":            {Help: "Requests in flight that have been retried (upstream.retry_budget counts these)."},
-	"pdlb_pod_healthy":                           {Help: "1 while the pod passes its health checks, else 0."},
-	"pdlb_pod_in_flight":                         {Help: "Requests the gateway has in flight on the pod."},
-	"pdlb_pod_ejections_total":                   {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
-	"pdlb_pod_ejections_kept_total":              {Help: "Times the pod was due for ejection but kept in: health.max_ejected_percent of its model's pods were ejected already.", Type: "counter"},
-	"pdlb_pod_circuit_state":                     {Help: "The pod's circuit breaker: 0 closed, 1 open (ejected), 2 half-open (one probe request at a time)."},
+var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, retryMetricsDoc, promtext.Doc{
+	"pdlb_requests_total":                {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
+	"pdlb_requests_in_flight":            {Help: "Requests the gateway is serving now."},
+	"pdlb_time_to_first_token_seconds":   {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
+	"pdlb_time_per_output_token_seconds": {Help: "Time per output token after the first of a streaming request, in seconds."},
+	"pdlb_request_duration_seconds":      {Help: "Time from a request's arrival to the end of its answer, in seconds."},
+	"pdlb_shed_duration_seconds":         {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
+	"pdlb_prompt_tokens_total":           {Help: "Prompt tokens of the requests placed on a pod."},
+	"pdlb_prefix_cached_tokens_total":    {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
+	"pdlb_prompt_tokenized_total":        {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
+	"pdlb_completion_tokens_total":       {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},
+	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
+	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
+	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},
+	"pdlb_pod_ejections_total":           {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
+	"pdlb_pod_ejections_kept_total":      {Help: "Times the pod was due for ejection but kept in: health.max_ejected_percent of its model's pods were ejected already.", Type: "counter"},
+	"pdlb_pod_circuit_state":             {Help: "The pod's circuit breaker: 0 closed, 1 open (ejected), 2 half-open (one probe request at a time)."},
 
 	// The token ledger's gauges: this replica's own charges, in tokens.
 	ledger.MetricActiveTokens: {Help: "Prompt tokens charged to the pod for prefill and not yet prefilled (token ledger)."},

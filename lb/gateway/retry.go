@@ -11,6 +11,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/fail"
 	"pdlb/lb/pool"
+	"pdlb/promtext"
 )
 
 // Retries of attempts that got nothing back (upstream.retry_on), within
@@ -36,6 +37,13 @@ type retryMetrics struct {
 	byReason  map[fail.Reason]*metrics.Counter
 	exhausted *metrics.Counter
 	inFlight  atomic.Int64
+}
+
+// retryMetricsDoc documents the retry series on the admin /metrics page.
+var retryMetricsDoc = promtext.Doc{
+	"pdlb_upstream_retries_total":                {Help: "Attempts that got no byte of a pod's answer and went to another pod, by reason (refused, reset, timeout, hung: past the first-byte deadline, 503)."},
+	"pdlb_upstream_retry_budget_exhausted_total": {Help: "Retries not made because upstream.retry_budget's share of the requests in flight were retrying already."},
+	"pdlb_upstream_retries_in_flight":            {Help: "Requests in flight that have been retried (upstream.retry_budget counts these)."},
 }
 
 func newRetryMetrics(set *metrics.Set) *retryMetrics {
