@@ -54,6 +54,12 @@ type Result struct {
 	// Tokens is the completion tokens of the answer: the usage figure when
 	// the engine sent one, else the output events counted.
 	Tokens int
+	// Target is the index of the target it went to (Config.Target is 0,
+	// Targets[i] is i+1); Session is its conversation; Pod the pod the
+	// gateway named in x-pdlb-pod, "" when it named none.
+	Target  int
+	Session string
+	Pod     string
 }
 
 // HasTPOT says the result has a time per output token.
@@ -63,6 +69,7 @@ func (r *Result) HasTPOT() bool { return r.Outcome == OK && r.Tokens >= 2 }
 const (
 	headerSession  = "x-session-key"
 	headerPriority = "x-priority"
+	headerPod      = "x-pdlb-pod"
 )
 
 // setHeaders sets a request's headers from its workload request.
@@ -80,7 +87,7 @@ const readBufSize = 32 << 10
 // send posts body for r to target and measures the answer into res. due is
 // when the request was due; the caller bounds ctx by the client timeout.
 func send(ctx context.Context, c *http.Client, target string, r *Request, body []byte, stream bool, due time.Time, res *Result) {
-	res.Class, res.PromptTokens = r.Class, r.PromptTokens
+	res.Class, res.PromptTokens, res.Session = r.Class, r.PromptTokens, r.Session
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+r.Path(), bytes.NewReader(body))
 	if err != nil {
 		panic("BUG: load: building a request: " + err.Error())
@@ -97,7 +104,7 @@ func send(ctx context.Context, c *http.Client, target string, r *Request, body [
 		return
 	}
 	defer resp.Body.Close()
-	res.Status = resp.StatusCode
+	res.Status, res.Pod = resp.StatusCode, resp.Header.Get(headerPod)
 	if resp.StatusCode != http.StatusOK {
 		// Read the error body so the connection can be reused; what it
 		// says does not change the count.

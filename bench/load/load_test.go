@@ -210,6 +210,8 @@ func TestConfigValidate(t *testing.T) {
 	f(func(c *Config) { c.Target = "http://10.0.0.5:8080" }, false)
 	f(func(c *Config) { c.Target, c.AllowRemote = "http://10.0.0.5:8080", true }, true)
 	f(func(c *Config) { c.Target = "127.0.0.1:8080" }, false)
+	f(func(c *Config) { c.Targets = []string{"http://127.0.0.1:8081"} }, true)
+	f(func(c *Config) { c.Targets = []string{"http://10.0.0.5:8080"} }, false)
 	f(func(c *Config) { c.Target = "http://127.0.0.1:8080/v1" }, false)
 	f(func(c *Config) { c.Rate = 0 }, false)
 	f(func(c *Config) { c.Duration = 0 }, false)
