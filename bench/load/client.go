@@ -56,7 +56,8 @@ type Result struct {
 	Tokens int
 	// Target is the index of the target it went to (Config.Target is 0,
 	// Targets[i] is i+1); Session is its conversation; Pod the pod the
-	// gateway named in x-pdlb-pod, "" when it named none.
+	// gateway named (a PD request's prefill pod, x-pdlb-prefill-pod; else
+	// x-pdlb-pod), "" when it named none.
 	Target  int
 	Session string
 	Pod     string
@@ -65,11 +66,14 @@ type Result struct {
 // HasTPOT says the result has a time per output token.
 func (r *Result) HasTPOT() bool { return r.Outcome == OK && r.Tokens >= 2 }
 
-// Header names the gateway reads.
+// Header names the gateway reads, and those it answers with.
 const (
 	headerSession  = "x-session-key"
 	headerPriority = "x-priority"
 	headerPod      = "x-pdlb-pod"
+	// headerPrefillPod names a PD request's prefill pod, the one that
+	// holds its prompt's KV cache.
+	headerPrefillPod = "x-pdlb-prefill-pod"
 )
 
 // setHeaders sets a request's headers from its workload request.
@@ -104,7 +108,10 @@ func send(ctx context.Context, c *http.Client, target string, r *Request, body [
 		return
 	}
 	defer resp.Body.Close()
-	res.Status, res.Pod = resp.StatusCode, resp.Header.Get(headerPod)
+	res.Status, res.Pod = resp.StatusCode, resp.Header.Get(headerPrefillPod)
+	if res.Pod == "" {
+		res.Pod = resp.Header.Get(headerPod)
+	}
 	if resp.StatusCode != http.StatusOK {
 		// Read the error body so the connection can be reused; what it
 		// says does not change the count.
