@@ -23,18 +23,7 @@ func TestReplicasRouteAConversationToOnePod(t *testing.T) {
 	redis := redistest.Start(t, 0)
 	var pods []config.Pod
 	for i := range 4 {
-		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pub.Close() })
-		name := fmt.Sprintf("kv-%d", i)
-		pod, err := sim.Start(sim.Config{Name: name, Model: "m", Listen: "127.0.0.1:0", Speedup: 100, KVEvents: pub})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pod.Close() })
-		pods = append(pods, config.Pod{Name: name, Model: "m", Address: pod.Addr(), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()})
+		pods = append(pods, eventPod(t, sim.Config{Name: fmt.Sprintf("kv-%d", i), Model: "m", Speedup: 100}))
 	}
 	replica := func(id string) *lb.Server {
 		return testGateway(t, pods, func(c *config.Config) {
@@ -68,4 +57,22 @@ func TestReplicasRouteAConversationToOnePod(t *testing.T) {
 			t.Fatalf("conversation %d: first turn on %s, second turn through the other replica on %s (%d %s)", i, home, got, resp.StatusCode, b)
 		}
 	}
+}
+
+// eventPod starts a sim pod as cfg says, on loopback, publishing vLLM KV
+// events, and returns its entry in the gateway's configuration.
+func eventPod(t *testing.T, cfg sim.Config) config.Pod {
+	t.Helper()
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	cfg.Listen, cfg.KVEvents = "127.0.0.1:0", pub
+	pod, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	return config.Pod{Name: cfg.Name, Model: cfg.Model, Address: pod.Addr(), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()}
 }

@@ -2,7 +2,6 @@ package load
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 )
@@ -11,12 +10,7 @@ import (
 // each gets half the requests, and the report counts them apart.
 func TestRunOverTargets(t *testing.T) {
 	target, _ := testFleet(t, "m", 1)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := "http://" + ln.Addr().String()
-	ln.Close()
+	closed := closedTarget(t)
 
 	cfg := Config{Target: target, Targets: []string{closed + "/"}, Body: BodyOptions{Model: "m", Stream: true},
 		Arrival: Closed, Concurrency: 2, Requests: 8, Timeout: 5 * time.Second}
