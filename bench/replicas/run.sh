@@ -119,6 +119,7 @@ stop_all
 echo "== phase 3: two replicas, B killed after $((DURATION / 2)) s =="
 start_fleet && start_replica a $A $A_ADMIN && start_replica b $B $B_ADMIN || exit 1
 B_PID=$LAST
+disown $B_PID # its SIGKILL is the point, not worth a shell notice
 (sleep $((DURATION / 2)) && kill -9 $B_PID) &
 KILLER=$!
 load "$TMP/kill.json" "$A,$B"
