@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos)
+SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos replicas)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -236,6 +236,11 @@ scenario_chaos() {
 	section "Chaos (issue 9)" "Load through the gateway for 5 minutes while sim pods are killed, hung, slowed and restarted at random; every request must end in an answer or a clean error; the report counts what the clients saw by the kind of fault their requests met (reset or hung before the first byte, cut or hung mid-stream) and the gateway's retries by reason (bench/chaos)."
 	record_as "CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos" \
 		env CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos
+}
+
+scenario_replicas() {
+	section "Two replicas active-active (issue 26)" "Two pdlb replicas over one sim PD fleet (4 prefill pods publishing KV events, 2 decode pods, real time), sharing one Redis, behind one pdlb load sending round robin (seed 000's chat at 6 req/s for 30 s): the hit rate against one replica alone on a fresh fleet, how often a session's turn lands on its previous turn's pod, both decode ledgers read back to back, and one replica killed (SIGKILL) halfway (bench/replicas/run.sh)."
+	record_as "bench/replicas/run.sh" env PDLB="$PDLB" bench/replicas/run.sh
 }
 
 machine() {

@@ -8,7 +8,6 @@ import (
 
 	"pdlb/engines/prompt"
 	"pdlb/engines/sim"
-	"pdlb/engines/vllm"
 	"pdlb/internal/testwait"
 	"pdlb/internal/tokfiles"
 	"pdlb/lb/config"
@@ -50,20 +49,9 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 	}
 	var pods []config.Pod
 	for i := range 2 {
-		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pub.Close() })
-		name := fmt.Sprintf("q-%d", i)
 		phys := sim.DefaultPhysics()
 		phys.BlockSize = 16
-		pod, err := sim.Start(sim.Config{Name: name, Model: "m", Listen: "127.0.0.1:0", Speedup: 100, KVEvents: pub, Prompt: m, Physics: phys})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pod.Close() })
-		pods = append(pods, config.Pod{Name: name, Model: "m", Address: pod.Addr(), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()})
+		pods = append(pods, eventPod(t, sim.Config{Name: fmt.Sprintf("q-%d", i), Model: "m", Speedup: 100, Prompt: m, Physics: phys}))
 	}
 	s := testGateway(t, pods, func(c *config.Config) {
 		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}

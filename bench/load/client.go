@@ -54,15 +54,26 @@ type Result struct {
 	// Tokens is the completion tokens of the answer: the usage figure when
 	// the engine sent one, else the output events counted.
 	Tokens int
+	// Target is the index of the target it went to (Config.Target is 0,
+	// Targets[i] is i+1); Session is its conversation; Pod the pod the
+	// gateway named (a PD request's prefill pod, x-pdlb-prefill-pod; else
+	// x-pdlb-pod), "" when it named none.
+	Target  int
+	Session string
+	Pod     string
 }
 
 // HasTPOT says the result has a time per output token.
 func (r *Result) HasTPOT() bool { return r.Outcome == OK && r.Tokens >= 2 }
 
-// Header names the gateway reads.
+// Header names the gateway reads, and those it answers with.
 const (
 	headerSession  = "x-session-key"
 	headerPriority = "x-priority"
+	headerPod      = "x-pdlb-pod"
+	// headerPrefillPod names a PD request's prefill pod, the one that
+	// holds its prompt's KV cache.
+	headerPrefillPod = "x-pdlb-prefill-pod"
 )
 
 // setHeaders sets a request's headers from its workload request.
@@ -80,7 +91,7 @@ const readBufSize = 32 << 10
 // send posts body for r to target and measures the answer into res. due is
 // when the request was due; the caller bounds ctx by the client timeout.
 func send(ctx context.Context, c *http.Client, target string, r *Request, body []byte, stream bool, due time.Time, res *Result) {
-	res.Class, res.PromptTokens = r.Class, r.PromptTokens
+	res.Class, res.PromptTokens, res.Session = r.Class, r.PromptTokens, r.Session
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+r.Path(), bytes.NewReader(body))
 	if err != nil {
 		panic("BUG: load: building a request: " + err.Error())
@@ -97,7 +108,10 @@ func send(ctx context.Context, c *http.Client, target string, r *Request, body [
 		return
 	}
 	defer resp.Body.Close()
-	res.Status = resp.StatusCode
+	res.Status, res.Pod = resp.StatusCode, resp.Header.Get(headerPrefillPod)
+	if res.Pod == "" {
+		res.Pod = resp.Header.Get(headerPod)
+	}
 	if resp.StatusCode != http.StatusOK {
 		// Read the error body so the connection can be reused; what it
 		// says does not change the count.

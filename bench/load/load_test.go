@@ -132,13 +132,7 @@ func TestRunThroughGateway(t *testing.T) {
 func TestRunErrors(t *testing.T) {
 	target, _ := testFleet(t, "m", 1)
 
-	// A port that was free a moment ago: nothing listens there.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := "http://" + ln.Addr().String()
-	ln.Close()
+	closed := closedTarget(t)
 
 	// A server whose streams break: one token, then the connection closes
 	// (lost) or an error event ends it (stream).
@@ -210,6 +204,8 @@ func TestConfigValidate(t *testing.T) {
 	f(func(c *Config) { c.Target = "http://10.0.0.5:8080" }, false)
 	f(func(c *Config) { c.Target, c.AllowRemote = "http://10.0.0.5:8080", true }, true)
 	f(func(c *Config) { c.Target = "127.0.0.1:8080" }, false)
+	f(func(c *Config) { c.Targets = []string{"http://127.0.0.1:8081"} }, true)
+	f(func(c *Config) { c.Targets = []string{"http://10.0.0.5:8080"} }, false)
 	f(func(c *Config) { c.Target = "http://127.0.0.1:8080/v1" }, false)
 	f(func(c *Config) { c.Rate = 0 }, false)
 	f(func(c *Config) { c.Duration = 0 }, false)
@@ -244,4 +240,16 @@ vllm:prefix_cache_hits_total nan-ish
 	if _, ok := c.hitRateSince(c); ok {
 		t.Fatal("no queries between two equal scrapes must give no rate")
 	}
+}
+
+// closedTarget is the base URL of a port that was free a moment ago:
+// nothing listens there.
+func closedTarget(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return "http://" + ln.Addr().String()
 }

@@ -54,6 +54,13 @@ type Report struct {
 	// absent when they were given.
 	HitRate      *float64 `json:"prefix_cache_hit_rate,omitempty"`
 	MetricsError string   `json:"metrics_error,omitempty"`
+	// Targets counts the requests by target, in Config's order, when the
+	// run had more than one (see targets.go).
+	Targets []TargetReport `json:"targets,omitempty"`
+	// SamePod is the share of sessions' later turns answered by the pod
+	// that answered the session's turn before (x-pdlb-pod); absent when
+	// no two turns of a session were both answered with a pod named.
+	SamePod *float64 `json:"same_pod,omitempty"`
 
 	// Results are the requests one by one, in the order they ended, for
 	// plots.
@@ -165,6 +172,8 @@ func newReport(cfg Config, results []Result, elapsed time.Duration) *Report {
 		rep.TokensPerSec = float64(tokens) / rep.Duration
 	}
 	rep.TTFT, rep.TPOT, rep.E2E, rep.Shed = quantiles(ttft), quantiles(tpot), quantiles(e2e), quantiles(shed)
+	rep.Targets = byTarget(cfg.all(), results)
+	rep.SamePod = samePod(results)
 	for i := range classes {
 		c := &classes[i]
 		if c.Requests == 0 {
@@ -223,6 +232,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "%-12s %8d %7.4g s %9s %9.1f%% %9.1f%% %10.1f%%\n",
 			c.Class, c.Requests, c.TTFTSLO, tpotSLO, 100*c.TTFTMet, 100*c.TPOTMet, 100*c.Attainment)
+	}
+	for _, t := range r.Targets {
+		fmt.Fprintf(&b, "target %s: requests %d  ok %d  errors %d  lost %d\n", t.Target, t.Requests, t.OK, t.Errors, t.Lost)
+	}
+	if r.SamePod != nil {
+		fmt.Fprintf(&b, "same pod as the session's previous turn %.1f%%\n", 100**r.SamePod)
 	}
 	switch {
 	case r.HitRate != nil:

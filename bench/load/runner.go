@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +64,9 @@ func DefaultSLOs() [admit.NumClasses]SLO {
 type Config struct {
 	// Target is the base URL requests go to (default DefaultTarget).
 	Target string
+	// Targets are more base URLs: requests then go round robin over
+	// Target and these, in the order they are sent (see targets.go).
+	Targets []string
 	// AllowRemote lets Target name a host other than loopback; a load
 	// generator pointed at the wrong address is an attack.
 	AllowRemote bool
@@ -113,6 +117,10 @@ func (c Config) withDefaults() Config {
 		c.Target = DefaultTarget
 	}
 	c.Target = strings.TrimSuffix(c.Target, "/")
+	c.Targets = slices.Clone(c.Targets)
+	for i, t := range c.Targets {
+		c.Targets[i] = strings.TrimSuffix(t, "/")
+	}
 	if c.Body.Model == "" {
 		c.Body.Model = DefaultModel
 	}
@@ -133,12 +141,14 @@ func (c Config) Validate() error {
 	bad := func(field string, v any, why string) error {
 		return fmt.Errorf("%w: %s = %q %s", errConfig, field, fmt.Sprint(v), why)
 	}
-	u, err := url.Parse(c.Target)
-	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.Path != "" && u.Path != "/" {
-		return bad("target", c.Target, "must be a base URL such as http://127.0.0.1:8080")
-	}
-	if !c.AllowRemote && !isLoopback(u.Hostname()) {
-		return bad("target", c.Target, "is not a loopback address (allow remote targets explicitly)")
+	for _, t := range c.all() {
+		u, err := url.Parse(t)
+		if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.Path != "" && u.Path != "/" {
+			return bad("target", t, "must be a base URL such as http://127.0.0.1:8080")
+		}
+		if !c.AllowRemote && !isLoopback(u.Hostname()) {
+			return bad("target", t, "is not a loopback address (allow remote targets explicitly)")
+		}
 	}
 	switch c.Arrival {
 	case Poisson, Constant:
@@ -188,10 +198,11 @@ func isLoopback(host string) bool {
 
 // run is the state of one Run.
 type run struct {
-	cfg    Config
-	client *http.Client
-	start  time.Time
-	wg     sync.WaitGroup
+	cfg     Config
+	targets []string // Target and Targets
+	client  *http.Client
+	start   time.Time
+	wg      sync.WaitGroup
 
 	mu      sync.Mutex
 	results []Result
@@ -217,7 +228,7 @@ func Run(ctx context.Context, cfg Config, w Workload) (*Report, error) {
 		DisableCompression:  true, // SSE must arrive as sent, chunk by chunk
 	}
 	defer transport.CloseIdleConnections()
-	r := &run{cfg: cfg, client: &http.Client{Transport: transport}}
+	r := &run{cfg: cfg, targets: cfg.all(), client: &http.Client{Transport: transport}}
 
 	var before cacheCounters
 	if len(cfg.Metrics) > 0 {
@@ -335,11 +346,11 @@ func (r *run) closedLoop(ctx context.Context, w Workload) {
 
 // send runs one request and records its result.
 func (r *run) send(ctx context.Context, req *Request, body []byte, due time.Time) {
-	r.sent.Add(1)
+	n := r.sent.Add(1)
 	ctx, cancel := context.WithDeadline(ctx, due.Add(r.cfg.Timeout))
 	defer cancel()
-	res := Result{Start: due.Sub(r.start).Seconds()}
-	send(ctx, r.client, r.cfg.Target, req, body, r.cfg.Body.Stream, due, &res)
+	res := Result{Start: due.Sub(r.start).Seconds(), Target: int((n - 1) % int64(len(r.targets)))}
+	send(ctx, r.client, r.targets[res.Target], req, body, r.cfg.Body.Stream, due, &res)
 	switch res.Outcome {
 	case OK:
 		r.ok.Add(1)

@@ -46,6 +46,7 @@ type GNet struct {
 	// serving counts requests between parsing and their last byte written.
 	serving  atomic.Int64
 	shutdown atomic.Bool
+	linger   lingering
 
 	mu    sync.Mutex
 	conns map[*gconn]struct{} // open connections, for timeouts and Shutdown
@@ -325,6 +326,10 @@ func (s *GNet) closeIdle(now int64) {
 		if gc.busy.Load() || gc.held.Load() {
 			continue
 		}
+		if gc.lingerOver(now) {
+			_ = gc.c.Close()
+			continue
+		}
 		limit := s.o.IdleTimeout
 		if gc.partial.Load() {
 			limit = s.o.ReadTimeout
@@ -379,6 +384,7 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 		s.o.Conns.Release(c.RemoteAddr())
 	}
 	gc.closed = true
+	gc.lingerClosed()
 	gc.mu.Lock()
 	gc.left = true
 	if gc.gone != nil {

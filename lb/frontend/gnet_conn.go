@@ -67,6 +67,7 @@ type gconn struct {
 	continued bool                 // 100 Continue queued for the head request
 	stopped   bool                 // no more requests: Connection: close, a parse error, Shutdown
 	closed    bool                 // OnClose ran
+	lingered  int                  // bytes discarded while lingering (linger.go)
 	// stalled: the writer waits until OutboundBuffered() <= stallLimit.
 	stalled    bool
 	stallLimit int
@@ -87,6 +88,9 @@ type gconn struct {
 	partial  atomic.Bool  // a request is due: part of one is buffered, or none came yet
 	busy     atomic.Bool  // a worker runs; changed under mu
 	held     atomic.Bool  // a request is served on the loop
+	// lingerSince is when the connection began to linger, 0 if it does
+	// not (linger.go); set on the loop.
+	lingerSince atomic.Int64
 
 	mu     sync.Mutex
 	queue  []queued
@@ -140,7 +144,7 @@ func (gc *gconn) read() gnet.Action {
 	for {
 		n := c.InboundBuffered()
 		if gc.stopped {
-			_, _ = c.Discard(n)
+			gc.discard(n)
 			break
 		}
 		if n == 0 || n < gc.need || gc.cur != nil || gc.relaying != nil || !gc.room() {
@@ -460,7 +464,7 @@ func (gc *gconn) wrapUp(err error, last bool) {
 	gc.fail(err)
 	if err == nil && last {
 		gc.failed = true
-		_ = gc.c.Close()
+		gc.closeLast()
 	}
 }
 

@@ -36,11 +36,13 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		ln = o.FDs.Wrap(ln)
+		s := &fastServer{Server: FastHTTP(h, o), done: make(chan error, 1)}
+		// Innermost, so the connection closed is the socket itself.
+		ln = o.FDs.Wrap(&lingerListener{Listener: ln, l: &s.linger})
 		if o.Conns != nil {
 			ln = o.Conns.Wrap(ln)
 		}
-		s := &fastServer{Server: FastHTTP(h, o), ln: ln, done: make(chan error, 1)}
+		s.ln = ln
 		go func() {
 			if err := s.Serve(ln); err != nil {
 				s.done <- err
@@ -55,8 +57,17 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 
 type fastServer struct {
 	*fasthttp.Server
-	ln   net.Listener
-	done chan error
+	ln     net.Listener
+	done   chan error
+	linger lingering
+}
+
+// ShutdownWithContext is fasthttp's, and it ends the lingering
+// connections too.
+func (s *fastServer) ShutdownWithContext(ctx context.Context) error {
+	err := s.Server.ShutdownWithContext(ctx)
+	s.linger.stop()
+	return err
 }
 
 func (s *fastServer) Addr() string       { return s.ln.Addr().String() }

@@ -133,7 +133,7 @@ func (l *refusing) Accept() (net.Conn, error) {
 		if w, ok := l.admit(c); ok {
 			return w, nil
 		}
-		if tc, ok := c.(*net.TCPConn); ok {
+		if tc, ok := c.(interface{ SetLinger(int) error }); ok {
 			_ = tc.SetLinger(0)
 		}
 		_ = c.Close()

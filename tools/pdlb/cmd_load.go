@@ -59,7 +59,7 @@ Example: pdlb load --workload seed-chat --rate 10 --duration 30s --plot plots`, 
 		ttftSLO, tpotSLO, bttSLO float64
 	)
 	slo := load.DefaultSLOs()
-	fs.StringVar(&cfg.Target, "target", load.DefaultTarget, "base URL of the gateway")
+	fs.StringVar(&cfg.Target, "target", load.DefaultTarget, "base URL of the gateway; several, comma-separated, take the requests round robin")
 	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a target that is not a loopback address")
 	fs.StringVar(&cfg.Body.Model, "model", load.DefaultModel, "model of every request")
 	fs.BoolVar(&cfg.Body.Stream, "stream", true, "stream answers (stream_options.include_usage); --stream=false measures whole answers")
@@ -90,6 +90,9 @@ Example: pdlb load --workload seed-chat --rate 10 --duration 30s --plot plots`, 
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errLoadUsage, fs.Arg(0))
+	}
+	if t := strings.Split(cfg.Target, ","); len(t) > 1 {
+		cfg.Target, cfg.Targets = t[0], t[1:]
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
