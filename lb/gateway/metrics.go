@@ -62,6 +62,9 @@ type modelMetrics struct {
 	// stream's counted from its events, or its usage when it carries it; a
 	// whole answer's from its usage).
 	completionTokens *metrics.Counter
+	// fallbacks counts requests for another model moved to this one
+	// (models.go).
+	fallbacks *metrics.Counter
 	// pd are the prefill/decode exchange's series.
 	pd *pd.Metrics
 }
@@ -128,6 +131,7 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 			promptTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
 			cachedTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
 			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%q}`, md.Name)),
+			fallbacks:        m.set.NewCounter(fmt.Sprintf(`pdlb_fallback_requests_total{model=%q}`, md.Name)),
 			pd:               pd.NewMetrics(m.set, md.Name, ttftBuckets),
 		}
 		for i, name := range tokenModeNames {

@@ -32,7 +32,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, answer(e))
 		return
 	}
-	m := g.pool.Load().Model(x.req.Model)
+	m := g.resolveModel(ctx, x)
 	if m == nil {
 		g.fail(ctx, x, nil, answer(openai.ModelNotFound(x.req.Model)))
 		return

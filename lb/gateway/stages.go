@@ -104,6 +104,8 @@ func (g *Gateway) pickStage(x *completion) bool {
 	switch {
 	case picked:
 		x.stage = stageAdmit
+	case g.fallBack(x):
+		// picked anew on a fallback model
 	case x.last == nil:
 		x.last, x.stage = answer(openai.NoHealthyPod(x.req.Model)), stageFail
 	default:
@@ -149,11 +151,11 @@ func (g *Gateway) admitStage(x *completion) bool {
 			return true
 		}
 	}
-	if f != nil {
+	if f != nil && !g.fallBackFrom(x, f) {
 		x.last, x.stage = f, stageFail
-		return true
+	} else if f == nil {
+		x.stage = stageAttempt
 	}
-	x.stage = stageAttempt
 	return true
 }
 
@@ -204,6 +206,8 @@ func (x *completion) answered(err error) {
 		}
 	}
 	switch {
+	case err == nil && g.unavailableAnswer(x):
+		// picked anew on a fallback model
 	case err == nil:
 		// Sent for good; x.resp stays: the relay finishes with it.
 		fasthttp.ReleaseRequest(x.up)

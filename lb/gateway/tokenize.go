@@ -87,7 +87,7 @@ func refusal(err error) *failure {
 // appendKeys appends the block keys of x's prompt on m: from the ids
 // tokenize made, the client's ids, or the stand-in's rendering.
 func appendKeys(dst []uint64, m *pool.Model, x *completion) []uint64 {
-	seed := x.req.KeySeed(m.Seed)
+	seed := x.req.KeySeed(keySeed(m, x))
 	switch {
 	case len(x.ids) > 0:
 		return radix.AppendBlockKeys(dst, seed, x.ids, m.BlockSize)

@@ -9,11 +9,12 @@ import "pdlb/lb/admit"
 // PredictedTTFT is the time to first token (seconds) req would see on c:
 // the prefill work already queued on the pod plus req's uncached tokens at
 // the pod's learned speed, plus transferSec for the KV handoff when the pod
-// is a prefill pod of a disaggregated pair (0 on a combined pod). The
+// is a prefill pod of a disaggregated pair (0 on a combined pod), plus the
+// time to bring the request's LoRA adapter into a slot (AdapterSec). The
 // min_ttft family ranks pods by it and lb/admit decides on it, so routing
 // and admission agree on what a pod can do.
 func PredictedTTFT(req *Request, c *Candidate, transferSec float64) float64 {
-	return admit.TTFT(c.QueuedPrefillTokens, float64(uncached(req, c)), c.PrefillTokensPerSec, transferSec)
+	return admit.TTFT(c.QueuedPrefillTokens, float64(uncached(req, c)), c.PrefillTokensPerSec, transferSec) + c.AdapterSec
 }
 
 // queueSec is how long the work already queued on c takes (seconds).
