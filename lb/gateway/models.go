@@ -140,3 +140,29 @@ func renderModels(s *pool.Snapshot) []byte {
 	}
 	return append(b, "]}"...)
 }
+
+// adapterReady makes sure x's pod serves x's adapter: when it does not and
+// the model lets the gateway load adapters, the load starts (or one under
+// way is joined), and x waits for it on a worker. False says x moved to
+// one, to be picked anew there (the loading pod is then its pick); a
+// failed load fails x with 503.
+func (g *Gateway) adapterReady(x *completion) bool {
+	a, l := x.adapter, &x.m.LoRA
+	if a == nil || a.Path == "" || !l.LoadAdapters || x.pod.Has(a) {
+		return true
+	}
+	load, started := x.pod.StartAdapterLoad(a, l.AdapterLoadTimeout)
+	if started {
+		g.metrics.model(x.m).adapterLoads.Inc()
+		g.log.Info("loading LoRA adapter", "adapter", a.Name, "pod", x.pod.Config.Name)
+	}
+	if !x.via.block(x) {
+		x.stage = stagePick
+		return false
+	}
+	if err := load.Wait(); err != nil {
+		x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+			Message: "The LoRA adapter `" + a.Name + "` could not be loaded on pod " + x.pod.Config.Name + ": " + err.Error()}), stageFail
+	}
+	return true
+}

@@ -104,6 +104,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 	switch {
 	case picked:
 		x.stage = stageAdmit
+		return g.adapterReady(x)
 	case g.fallBack(x):
 		// picked anew on a fallback model
 	case x.last == nil:

@@ -1,10 +1,12 @@
 package pool
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -143,8 +145,9 @@ type podLoRA struct {
 	view atomic.Pointer[loraView]
 	mu   sync.Mutex
 	// slots holds at most max_loras adapter names, least recently placed
-	// first.
+	// first; loads are the dynamic loads under way, by adapter.
 	slots []string
+	loads map[string]*AdapterLoad
 }
 
 // loraView is one scrape's word on a pod's adapters; immutable.
@@ -224,7 +227,7 @@ func (m *Model) FillAdapter(cands []route.Candidate, a *Adapter) []route.Candida
 			j++
 		}
 		p := m.Combined[j]
-		if p.Has(a) {
+		if p.Has(a) || p.loading(a) {
 			c.AdapterSec = p.AdapterSec(a, &m.LoRA)
 			kept = append(kept, c)
 		}
@@ -295,4 +298,73 @@ func (s *Snapshot) Aliases() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// AdapterLoad is one load of an adapter on a pod through its engine's API.
+type AdapterLoad struct {
+	done chan struct{}
+	err  error
+}
+
+// Wait returns when the load is over: nil when the pod serves the adapter
+// now, else why not.
+func (l *AdapterLoad) Wait() error {
+	<-l.done
+	return l.err
+}
+
+// StartAdapterLoad loads a on p through its engine's API (engines.
+// AdapterPaths) within timeout, unless a load of a on p is under way:
+// requests for it share that one (single flight); started says this call
+// began it. Until it ends the pod counts as serving a (FillAdapter keeps
+// it), so a burst of requests for a lands on it, not on a load each.
+func (p *Pod) StartAdapterLoad(a *Adapter, timeout time.Duration) (l *AdapterLoad, started bool) {
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
+	if l = p.lora.loads[a.Name]; l != nil {
+		return l, false
+	}
+	if p.lora.loads == nil {
+		p.lora.loads = map[string]*AdapterLoad{}
+	}
+	l = &AdapterLoad{done: make(chan struct{})}
+	p.lora.loads[a.Name] = l
+	go func() {
+		l.err = p.loadAdapter(a, timeout)
+		if l.err == nil {
+			p.markListed(a)
+		}
+		p.lora.mu.Lock()
+		delete(p.lora.loads, a.Name)
+		p.lora.mu.Unlock()
+		close(l.done)
+	}()
+	return l, true
+}
+
+// loadAdapter makes the engine's load call.
+func (p *Pod) loadAdapter(a *Adapter, timeout time.Duration) error {
+	path, _, err := engines.AdapterPaths(p.Engine)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(engines.AdapterRequest{Name: a.Name, Path: a.Path})
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI("http://" + p.Config.Address + path)
+	req.Header.SetContentType("application/json")
+	req.SetBodyRaw(body)
+	if err := p.Client.DoTimeout(req, resp, timeout); err != nil {
+		return err
+	}
+	return engines.AdapterLoaded(p.Engine, resp.StatusCode(), resp.Body())
+}
+
+// loading reports whether a load of a on p is under way.
+func (p *Pod) loading(a *Adapter) bool {
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
+	return p.lora.loads[a.Name] != nil
 }

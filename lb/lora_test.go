@@ -1,0 +1,91 @@
+package lb_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"pdlb/engines/sim"
+	"pdlb/lb/config"
+)
+
+// TestModelsAdaptersAliasesFallbacks: over real sockets, a model with no
+// live pod and one whose pod answers 503 are served by their fallback,
+// and the answer, the metrics and /v1/models say so; an adapter is served
+// by name and through an alias by its base model's pods; a burst for an
+// adapter no pod has loads it once.
+func TestModelsAdaptersAliasesFallbacks(t *testing.T) {
+	var sims []*sim.Pod
+	for i := range 2 {
+		p, err := sim.Start(sim.Config{Name: fmt.Sprint("n-", i), Model: "n", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4,
+			LoRAModules: []sim.LoRAModule{{Name: "sql", Path: "/loras/sql"}}, MaxLoras: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		sims = append(sims, p)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(busy.Close)
+	pods := append(podsOf("n", sims...),
+		config.Pod{Name: "m-0", Model: "m", Address: dead},
+		config.Pod{Name: "u-0", Model: "u", Address: strings.TrimPrefix(busy.URL, "http://")})
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Models = []config.Model{
+			{Name: "m", LoRA: config.LoRA{Fallback: []string{"u", "n"}}},
+			{Name: "u", LoRA: config.LoRA{Fallback: []string{"n"}}},
+			{Name: "n", LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "sql"}, {Name: "fin", Path: "/loras/fin"}}, LoadAdapters: true, MaxLoras: 2}},
+		}
+		c.Aliases = []config.Alias{{Name: "chat", Targets: []config.AliasTarget{{Model: "sql"}}}}
+	})
+	f := func(model, want string) {
+		t.Helper()
+		resp, b := post(t, s, "/v1/completions", `{"model":"`+model+`","prompt":"hello","max_tokens":2}`)
+		if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-model") != want {
+			t.Errorf("%s: %d x-pdlb-model %q, want 200 %q: %s", model, resp.StatusCode, resp.Header.Get("x-pdlb-model"), want, b)
+		}
+	}
+	f("m", "n")
+	f("u", "n")
+	f("n", "n")
+	f("sql", "sql")
+	f("chat", "sql")
+	if got := metricValue(t, s, `pdlb_fallback_requests_total{model="n"}`); got != 2 {
+		t.Errorf("pdlb_fallback_requests_total{model=\"n\"} = %v, want 2", got)
+	}
+	var list struct {
+		Data []struct{ ID, Parent string }
+	}
+	if err := json.Unmarshal([]byte(get(t, "http://"+s.Addr()+"/v1/models")), &list); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(list.Data); !strings.Contains(got, "{sql n}") || !strings.Contains(got, "{fin n}") || !strings.Contains(got, "{chat }") {
+		t.Errorf("/v1/models: %s", got)
+	}
+
+	// A burst for fin, which no pod has: one load, every request served.
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { f("fin", "fin") })
+	}
+	wg.Wait()
+	if got := metricValue(t, s, `pdlb_adapter_loads_total{model="n"}`); got != 1 {
+		t.Errorf("pdlb_adapter_loads_total = %v after a burst, want 1", got)
+	}
+}
