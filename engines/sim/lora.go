@@ -58,6 +58,12 @@ func (s *LoRASlots) Use(adapter string) (load bool) {
 	return true
 }
 
+// Holds reports whether adapter is in a slot.
+func (s *LoRASlots) Holds(adapter string) bool { return slices.Contains(s.held, adapter) }
+
+// Len is the number of slots taken.
+func (s *LoRASlots) Len() int { return len(s.held) }
+
 // loraEnabled reports whether the pod serves adapters, as vLLM with
 // --enable-lora.
 func (c Config) loraEnabled() bool { return c.EnableLoRA || len(c.LoRAModules) > 0 }

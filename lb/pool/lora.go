@@ -173,9 +173,8 @@ func (p *Pod) Has(a *Adapter) bool {
 }
 
 // AdapterSec is what placement charges for running a on p before its
-// prefill (seconds; route.Candidate.AdapterSec): 0 when a is in one of the
-// pod's slots; else a load, and another for the adapter it evicts when
-// every slot is taken, which that adapter's next request pays.
+// prefill (seconds; route.AdapterCost): a is in one of the pod's slots
+// when the pod's scrape reports it active or the gateway sent it lately.
 func (p *Pod) AdapterSec(a *Adapter, l *config.LoRA) float64 {
 	maxLoras := l.MaxLoras
 	v := p.lora.view.Load()
@@ -189,13 +188,7 @@ func (p *Pod) AdapterSec(a *Adapter, l *config.LoRA) float64 {
 	}
 	p.lora.mu.Lock()
 	defer p.lora.mu.Unlock()
-	switch {
-	case slices.Contains(p.lora.slots, a.Name):
-		return 0
-	case len(p.lora.slots) < maxLoras:
-		return l.AdapterLoadSec
-	}
-	return 2 * l.AdapterLoadSec
+	return route.AdapterCost(slices.Contains(p.lora.slots, a.Name), len(p.lora.slots), maxLoras, l.AdapterLoadSec)
 }
 
 // UseAdapter records that the gateway sent p a request of a: it takes a

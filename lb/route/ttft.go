@@ -17,6 +17,20 @@ func PredictedTTFT(req *Request, c *Candidate, transferSec float64) float64 {
 	return admit.TTFT(c.QueuedPrefillTokens, float64(uncached(req, c)), c.PrefillTokensPerSec, transferSec) + c.AdapterSec
 }
 
+// AdapterCost is Candidate.AdapterSec of a pod for a request's LoRA
+// adapter (seconds): 0 when the pod holds it in a slot (held); one load,
+// loadSec, when one of its maxLoras slots is free (used are taken); two
+// when all are: the load evicts an adapter whose next request pays one.
+func AdapterCost(held bool, used, maxLoras int, loadSec float64) float64 {
+	switch {
+	case held:
+		return 0
+	case used < maxLoras:
+		return loadSec
+	}
+	return 2 * loadSec
+}
+
 // queueSec is how long the work already queued on c takes (seconds).
 func queueSec(c *Candidate) float64 {
 	return admit.TTFT(c.QueuedPrefillTokens, 0, c.PrefillTokensPerSec, 0)
