@@ -145,7 +145,8 @@ func renderModels(s *pool.Snapshot) []byte {
 // the model lets the gateway load adapters, the load starts (or one under
 // way is joined), and x waits for it on a worker. False says x moved to
 // one, to be picked anew there (the loading pod is then its pick); a
-// failed load fails x with 503.
+// failed load fails x with 503. Adapters are placed on combined pods only
+// (resolve drops a PD cascade for them).
 func (g *Gateway) adapterReady(x *completion) bool {
 	a, l := x.adapter, &x.m.LoRA
 	if a == nil || a.Path == "" || !l.LoadAdapters || x.pod.Has(a) {
