@@ -40,11 +40,7 @@ func ParseLoRAInfo(text []byte) (info LoRAInfo, ok bool) {
 	best := 0.0
 	for len(text) > 0 {
 		var line []byte
-		if i := bytes.IndexByte(text, '\n'); i >= 0 {
-			line, text = text[:i], text[i+1:]
-		} else {
-			line, text = text, nil
-		}
+		line, text, _ = bytes.Cut(text, []byte{'\n'})
 		rest, found := bytes.CutPrefix(line, []byte(loraInfoMetric+"{"))
 		if !found {
 			continue

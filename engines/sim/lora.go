@@ -145,69 +145,46 @@ func (a *adapters) list() (names, paths []string) {
 }
 
 // loadAdapter serves vLLM's /v1/load_lora_adapter and SGLang's
-// /load_lora_adapter, with their answers.
-func (p *Pod) loadAdapter(ctx *fasthttp.RequestCtx) {
+// /load_lora_adapter; unloadAdapter their unload endpoints.
+func (p *Pod) loadAdapter(ctx *fasthttp.RequestCtx)   { p.adapterCall(ctx, true) }
+func (p *Pod) unloadAdapter(ctx *fasthttp.RequestCtx) { p.adapterCall(ctx, false) }
+
+// adapterCall registers (load) or forgets an adapter, answering with
+// vLLM's messages: its ErrorResponse or its plain-text success, or
+// SGLang's {"success", "error_message"} (400 when refused).
+func (p *Pod) adapterCall(ctx *fasthttp.RequestCtx, load bool) {
 	var q engines.AdapterRequest
 	if !parseBody(ctx, &q) {
 		return
 	}
-	sglang := p.cfg.Engine == engines.SGLang
+	status, typ, msg := fasthttp.StatusOK, "", ""
 	switch {
-	case q.Name == "" || q.Path == "":
-		p.adapterError(ctx, sglang, fasthttp.StatusBadRequest, "InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided.")
-	case q.Name == p.cfg.Model || !p.lora.add(q.Name, q.Path):
-		p.adapterError(ctx, sglang, fasthttp.StatusBadRequest, "InvalidUserInput", fmt.Sprintf("The lora adapter '%s' has already been loaded.", q.Name))
-	case sglang:
-		names, paths := p.lora.list()
-		loaded := map[string]string{}
-		for i := range names {
-			loaded[names[i]] = paths[i]
-		}
+	case load && (q.Name == "" || q.Path == ""):
+		status, typ, msg = fasthttp.StatusBadRequest, "InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided."
+	case !load && q.Name == "":
+		status, typ, msg = fasthttp.StatusBadRequest, "InvalidUserInput", "either 'lora_name' and 'lora_int_id' needs to be provided."
+	case load && (q.Name == p.cfg.Model || !p.lora.add(q.Name, q.Path)):
+		status, typ, msg = fasthttp.StatusBadRequest, "InvalidUserInput", fmt.Sprintf("The lora adapter '%s' has already been loaded.", q.Name)
+	case !load && !p.lora.remove(q.Name):
+		status, typ, msg = fasthttp.StatusNotFound, "NotFoundError", fmt.Sprintf("The lora adapter '%s' cannot be found.", q.Name)
+	}
+	switch {
+	case p.cfg.Engine == engines.SGLang:
 		body, _ := json.Marshal(struct {
-			Success bool              `json:"success"`
-			Message string            `json:"error_message"`
-			Loaded  map[string]string `json:"loaded_adapters"`
-		}{true, "", loaded})
+			Success bool   `json:"success"`
+			Message string `json:"error_message"`
+		}{status == fasthttp.StatusOK, msg})
+		ctx.SetStatusCode(min(status, fasthttp.StatusBadRequest))
 		writeJSON(ctx, body)
-	default:
+	case status != fasthttp.StatusOK:
+		writeError(ctx, status, typ, "", msg)
+	case load:
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString(fmt.Sprintf("Success: LoRA adapter '%s' added successfully.", q.Name))
-	}
-}
-
-// unloadAdapter serves the unload endpoints.
-func (p *Pod) unloadAdapter(ctx *fasthttp.RequestCtx) {
-	var q engines.AdapterRequest
-	if !parseBody(ctx, &q) {
-		return
-	}
-	sglang := p.cfg.Engine == engines.SGLang
-	switch {
-	case q.Name == "":
-		p.adapterError(ctx, sglang, fasthttp.StatusBadRequest, "InvalidUserInput", "either 'lora_name' and 'lora_int_id' needs to be provided.")
-	case !p.lora.remove(q.Name):
-		p.adapterError(ctx, sglang, fasthttp.StatusNotFound, "NotFoundError", fmt.Sprintf("The lora adapter '%s' cannot be found.", q.Name))
-	case sglang:
-		writeJSON(ctx, []byte(`{"success":true,"error_message":""}`))
 	default:
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString(fmt.Sprintf("Success: LoRA adapter '%s' removed successfully.", q.Name))
 	}
-}
-
-// adapterError answers a refused load or unload: vLLM's ErrorResponse, or
-// SGLang's {"success": false} (with status 400).
-func (p *Pod) adapterError(ctx *fasthttp.RequestCtx, sglang bool, status int, typ, msg string) {
-	if sglang {
-		body, _ := json.Marshal(struct {
-			Success bool   `json:"success"`
-			Message string `json:"error_message"`
-		}{false, msg})
-		ctx.SetStatusCode(fasthttp.StatusBadRequest)
-		writeJSON(ctx, body)
-		return
-	}
-	writeError(ctx, status, typ, "", msg)
 }
 
 // loraActive is what vllm:lora_requests_info reports: the adapters of

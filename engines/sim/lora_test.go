@@ -74,3 +74,21 @@ func TestPodAdapters(t *testing.T) {
 		t.Errorf("unloaded adapter: %d", code)
 	}
 }
+
+// TestSGLangAdapterCalls: an SGLang pod answers its load and unload calls
+// with {"success", "error_message"}, as the gateway reads them.
+func TestSGLangAdapterCalls(t *testing.T) {
+	p := testPod(t, Config{Model: "m", Engine: engines.SGLang, EnableLoRA: true})
+	c := testClient(t)
+	f := func(path string, body map[string]any, ok bool) {
+		t.Helper()
+		code, b := post(t, c, "http://"+p.Addr()+path, body)
+		if err := engines.AdapterLoaded(engines.SGLang, code, b); (err == nil) != ok {
+			t.Errorf("%s %v: %d %s", path, body, code, b)
+		}
+	}
+	f("/load_lora_adapter", map[string]any{"lora_name": "sql", "lora_path": "/l/sql"}, true)
+	f("/load_lora_adapter", map[string]any{"lora_name": "sql"}, false)
+	f("/unload_lora_adapter", map[string]any{"lora_name": "sql"}, true)
+	f("/unload_lora_adapter", map[string]any{"lora_name": "sql"}, false)
+}

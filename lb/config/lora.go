@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -77,15 +78,9 @@ type AliasTarget struct {
 
 // provision fills the empty LoRA settings with their defaults.
 func (l *LoRA) provision() {
-	if l.MaxLoras == 0 {
-		l.MaxLoras = DefaultMaxLoras
-	}
-	if l.AdapterLoadSec == 0 {
-		l.AdapterLoadSec = DefaultAdapterLoadSec
-	}
-	if l.AdapterLoadTimeout == 0 {
-		l.AdapterLoadTimeout = DefaultAdapterLoadTimeout
-	}
+	l.MaxLoras = cmp.Or(l.MaxLoras, DefaultMaxLoras)
+	l.AdapterLoadSec = cmp.Or(l.AdapterLoadSec, DefaultAdapterLoadSec)
+	l.AdapterLoadTimeout = cmp.Or(l.AdapterLoadTimeout, DefaultAdapterLoadTimeout)
 }
 
 // provisionAliases fills the targets' empty weights.

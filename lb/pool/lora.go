@@ -177,18 +177,24 @@ func (p *Pod) Has(a *Adapter) bool {
 // when the pod's scrape reports it active or the gateway sent it lately.
 func (p *Pod) AdapterSec(a *Adapter, l *config.LoRA) float64 {
 	maxLoras := l.MaxLoras
-	v := p.lora.view.Load()
-	if v != nil {
+	var active []string
+	if v := p.lora.view.Load(); v != nil {
 		if v.MaxLoras > 0 {
 			maxLoras = v.MaxLoras
 		}
-		if slices.Contains(v.Active, a.Name) {
-			return 0
-		}
+		active = v.Active
 	}
 	p.lora.mu.Lock()
 	defer p.lora.mu.Unlock()
-	return route.AdapterCost(slices.Contains(p.lora.slots, a.Name), len(p.lora.slots), maxLoras, l.AdapterLoadSec)
+	// The slots taken: the gateway's own, and those the scrape saw busy.
+	used := len(p.lora.slots)
+	for _, n := range active {
+		if !slices.Contains(p.lora.slots, n) {
+			used++
+		}
+	}
+	held := slices.Contains(active, a.Name) || slices.Contains(p.lora.slots, a.Name)
+	return route.AdapterCost(held, used, maxLoras, l.AdapterLoadSec)
 }
 
 // UseAdapter records that the gateway sent p a request of a: it takes a
@@ -236,9 +242,15 @@ func (m *Model) FillAdapter(cands []route.Candidate, a *Adapter) []route.Candida
 }
 
 // scrapedLoRA takes in what a scrape of p's /metrics and /v1/models says
-// of its adapters.
-func (p *Pod) scrapedLoRA(info engines.LoRAInfo, cards []engines.ModelCard) {
+// of its adapters; listed false says /v1/models did not answer, and the
+// adapters known before stay.
+func (p *Pod) scrapedLoRA(info engines.LoRAInfo, cards []engines.ModelCard, listed bool) {
 	v := &loraView{MaxLoras: info.MaxLoras, listed: map[string]*Adapter{}}
+	if old := p.lora.view.Load(); old != nil && !listed {
+		for n, a := range old.listed {
+			v.listed[n] = a
+		}
+	}
 	v.Active = append(append(v.Active, info.Running...), info.Waiting...)
 	for _, n := range v.Active {
 		v.listed[n] = newAdapter(n, p.Config.Model, "")
@@ -277,10 +289,11 @@ func (c *Checker) scrapeLoRA(client *fasthttp.HostClient, p *Pod, metrics []byte
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + p.Config.Address + "/v1/models")
 	var cards []engines.ModelCard
-	if err := client.DoTimeout(req, resp, c.cfg.Timeout); err == nil && resp.StatusCode() == fasthttp.StatusOK {
-		cards, _ = engines.ParseModelList(resp.Body())
+	err := client.DoTimeout(req, resp, c.cfg.Timeout)
+	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
+		cards, err = engines.ParseModelList(resp.Body())
 	}
-	p.scrapedLoRA(info, cards)
+	p.scrapedLoRA(info, cards, err == nil && resp.StatusCode() == fasthttp.StatusOK)
 }
 
 // Aliases lists the snapshot's alias names, sorted.
