@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -46,7 +47,9 @@ func TestModelsAdaptersAliasesFallbacks(t *testing.T) {
 	pods := append(podsOf("n", sims...),
 		config.Pod{Name: "m-0", Model: "m", Address: dead},
 		config.Pod{Name: "u-0", Model: "u", Address: strings.TrimPrefix(busy.URL, "http://")})
+	logPath := filepath.Join(t.TempDir(), "access.log")
 	s := testGateway(t, pods, func(c *config.Config) {
+		c.AccessLog = logPath
 		c.Models = []config.Model{
 			{Name: "m", LoRA: config.LoRA{Fallback: []string{"u", "n"}}},
 			{Name: "u", LoRA: config.LoRA{Fallback: []string{"n"}}},
@@ -87,5 +90,17 @@ func TestModelsAdaptersAliasesFallbacks(t *testing.T) {
 	wg.Wait()
 	if got := metricValue(t, s, `pdlb_adapter_loads_total{model="n"}`); got != 1 {
 		t.Errorf("pdlb_adapter_loads_total = %v after a burst, want 1", got)
+	}
+
+	// The access log names the model asked for and, when a fallback or
+	// an alias chose another, the one that served.
+	served := map[string]string{}
+	for _, l := range readAccessLog(t, s, logPath) {
+		if l.str("model") != "" { // not GET /v1/models
+			served[l.str("model")] = l.str("served_model")
+		}
+	}
+	if want := map[string]string{"m": "n", "u": "n", "n": "", "sql": "", "chat": "sql", "fin": ""}; fmt.Sprint(served) != fmt.Sprint(want) {
+		t.Errorf("access log model → served_model %v, want %v", served, want)
 	}
 }

@@ -35,7 +35,10 @@ func TestPodAdapters(t *testing.T) {
 	base := "http://" + p.Addr()
 	complete := func(model string) int {
 		t.Helper()
-		code, _ := post(t, c, base+"/v1/completions", map[string]any{"model": model, "prompt": "hello there", "max_tokens": 2})
+		code, b := post(t, c, base+"/v1/completions", map[string]any{"model": model, "prompt": "hello there", "max_tokens": 2})
+		if code == 200 && !strings.Contains(string(b), `"model":"`+model+`"`) {
+			t.Errorf("%s answered as another model: %s", model, b)
+		}
 		return code
 	}
 	f := func(path string, body map[string]any, wantCode int, want string) {

@@ -500,7 +500,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		if reason == finishNone {
 			return // the client is gone
 		}
-		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, len(tokens), n, nil))
+		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), text.appendText(nil, 0, n), reason, len(tokens), n, nil))
 		return
 	}
 	usage, continuous := false, false
@@ -508,7 +508,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		usage = o.IncludeUsage == nil || *o.IncludeUsage
 		continuous = o.ContinuousUsageStats
 	}
-	sse := newSSEWriter(isChat, respID, created, p.cfg.Model, usage, continuous, len(tokens))
+	sse := newSSEWriter(isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), usage, continuous, len(tokens))
 	ctx.SetContentType("text/event-stream; charset=utf-8")
 	handedOff = true
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
