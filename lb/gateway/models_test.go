@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/upstream"
@@ -79,4 +80,29 @@ func TestAdapterKeys(t *testing.T) {
 	f("m", []int32{n, 0})
 	f("sql", []int32{0, n})
 	f("chat", []int32{0, n})
+}
+
+// TestFallbackOnShed: a request admission would shed on its model's pods
+// (their queues are far over the TTFT target) goes to the model's
+// fallback, whose pod is idle, and is answered there.
+func TestFallbackOnShed(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{{Name: "busy", Model: "m", Address: "127.0.0.1:10000"}, {Name: "idle", Model: "n", Address: "127.0.0.1:10001"}}
+	cfg.Provision()
+	g, m := testGateway(t, cfg, upstream.Dialer(nil), &admit.ClassConfig{TTFTSLO: 1})
+	m.Pods[0].AddQueuedPrefill(1e9)
+	s := &scripted{errs: []error{nil}, blocks: true}
+	x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+	ctx.Request.SetBodyString(`{"model":"m","prompt":"say something long enough to count"}`)
+	x.fallbacks = m.LoRA.Fallback
+	g.advance(x)
+	n := g.pool.Load().Model([]byte("n"))
+	if fmt.Sprint(s.sent) != "[idle]" || counted(g, n) != 200 || string(ctx.Response.Header.Peek(headerModel)) != "n" {
+		t.Errorf("sent to %v, n counted %d, x-pdlb-model %q", s.sent, counted(g, n), ctx.Response.Header.Peek(headerModel))
+	}
+	if !strings.Contains(string(ctx.Request.Body()), `"model":"n"`) {
+		t.Errorf("the body sent names another model: %s", ctx.Request.Body())
+	}
+	m.Pods[0].AddQueuedPrefill(-1e9)
 }
