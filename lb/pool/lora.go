@@ -216,29 +216,43 @@ func (p *Pod) UseAdapter(a *Adapter, l *config.LoRA) {
 
 // FillAdapter prepares the candidates of m for a request of a: pods that
 // do not serve a are dropped (cands keeps its order), the others get their
-// AdapterSec. It returns the kept candidates; when no pod serves a, it
-// keeps them all, for the caller to load a on the one it picks.
+// AdapterSec. When no pod serves a, the caller loads it on its pick: the
+// pods with a free slot are kept then, all of them when none has one, so
+// the gateway's load evicts no adapter while a slot is free elsewhere.
 func (m *Model) FillAdapter(cands []route.Candidate, a *Adapter) []route.Candidate {
-	kept := cands[:0]
-	j := 0
-	for _, c := range cands {
-		for m.Combined[j].ID != c.Pod {
-			j++
-		}
-		p := m.Combined[j]
-		if p.Has(a) || p.loading(a) {
-			c.AdapterSec = p.AdapterSec(a, &m.LoRA)
-			kept = append(kept, c)
-		}
-	}
+	kept := m.keepAdapter(cands, a, func(p *Pod, sec float64) bool { return p.Has(a) || p.loading(a) })
 	if len(kept) > 0 {
 		return kept
 	}
 	// Nothing was overwritten: kept grew over none of cands.
+	kept = m.keepAdapter(cands, a, func(_ *Pod, sec float64) bool { return sec <= m.LoRA.AdapterLoadSec })
+	if len(kept) > 0 {
+		return kept
+	}
 	for i := range cands {
-		cands[i].AdapterSec = m.LoRA.AdapterLoadSec
+		cands[i].AdapterSec = 2 * m.LoRA.AdapterLoadSec
 	}
 	return cands
+}
+
+// keepAdapter keeps, in order, the candidates whose pod keep accepts
+// given its AdapterSec for a, with that AdapterSec; it overwrites cands
+// only when it keeps one.
+func (m *Model) keepAdapter(cands []route.Candidate, a *Adapter, keep func(p *Pod, sec float64) bool) []route.Candidate {
+	kept := cands[:0]
+	j := 0
+	for _, c := range cands {
+		// cands come from m.Combined in order (AppendCombined).
+		for m.Combined[j].ID != c.Pod {
+			j++
+		}
+		p := m.Combined[j]
+		if sec := p.AdapterSec(a, &m.LoRA); keep(p, sec) {
+			c.AdapterSec = sec
+			kept = append(kept, c)
+		}
+	}
+	return kept
 }
 
 // scrapedLoRA takes in what a scrape of p's /metrics and /v1/models says

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/config"
+	"pdlb/lb/route"
 )
 
 // TestScrapeLearnsAdapters: a scrape of a pod that reports LoRA in
@@ -66,4 +68,45 @@ func TestScrapeLearnsAdapters(t *testing.T) {
 	if got := p.AdapterSec(sql, &l); got != 0 {
 		t.Errorf("AdapterSec after the gateway sent sql = %v, want 0", got)
 	}
+}
+
+// TestFillAdapter: pods serving the adapter are the candidates; when none
+// does, those with a free slot are, so the gateway's load evicts nothing
+// while a slot is free; when every slot is taken, all are.
+func TestFillAdapter(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 1, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}, {Name: "sql", Path: "/l/sql"}}}}}
+	for i := range 3 {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	cfg.Provision()
+	snap, err := Build(&cfg, func(addr string, timeout time.Duration) (net.Conn, error) { return nil, net.ErrClosed }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := snap.Models[0]
+	_, fin := snap.Resolve([]byte("fin"))
+	_, sql := snap.Resolve([]byte("sql"))
+	f := func(want string) {
+		t.Helper()
+		var cands []route.Candidate
+		for _, p := range m.Combined {
+			cands = append(cands, route.Candidate{Pod: p.ID})
+		}
+		var got []string
+		for _, c := range m.FillAdapter(cands, fin) {
+			got = append(got, fmt.Sprintf("%s:%g", snap.Pods[c.Pod].Config.Name, c.AdapterSec))
+		}
+		if fmt.Sprint(got) != want {
+			t.Errorf("candidates %v, want %s", got, want)
+		}
+	}
+	f("[p0:0.2 p1:0.2 p2:0.2]")
+	m.Pods[0].UseAdapter(sql, &m.LoRA)
+	m.Pods[2].UseAdapter(sql, &m.LoRA)
+	f("[p1:0.2]")
+	m.Pods[1].UseAdapter(sql, &m.LoRA)
+	f("[p0:0.4 p1:0.4 p2:0.4]")
+	m.Pods[2].markListed(fin)
+	f("[p2:0.4]")
 }
