@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"pdlb/engines/sim"
+	"pdlb/engines/vllm"
+	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 )
 
@@ -102,5 +104,74 @@ func TestModelsAdaptersAliasesFallbacks(t *testing.T) {
 	}
 	if want := map[string]string{"m": "n", "u": "n", "n": "", "sql": "", "chat": "sql", "fin": ""}; fmt.Sprint(served) != fmt.Sprint(want) {
 		t.Errorf("access log model → served_model %v, want %v", served, want)
+	}
+}
+
+// TestAdapterBlocksFromKVEvents: blocks a pod stores for an adapter
+// (lora_name in its KV events) match that adapter's prompts in the
+// gateway's index and not the base model's, until the pod stores the
+// base model's own.
+func TestAdapterBlocksFromKVEvents(t *testing.T) {
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	pod, err := sim.Start(sim.Config{Name: "kv-0", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, KVEvents: pub,
+		LoRAModules: []sim.LoRAModule{{Name: "sql", Path: "/l/sql"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	s := testGateway(t, []config.Pod{{Name: "kv-0", Model: "m", Address: pod.Addr(), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()}},
+		func(c *config.Config) {
+			c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "sql"}}}}}
+		})
+	ids := make([]int, 256)
+	for i := range ids {
+		ids[i] = 1000 + i
+	}
+	prompt, _ := json.Marshal(ids)
+	// Straight to the pod: the index learns of the blocks from its events
+	// only.
+	direct := func(model string) {
+		t.Helper()
+		resp, err := client.Post("http://"+pod.Addr()+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"`+model+`","prompt":`+string(prompt)+`,"max_tokens":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", model, resp.StatusCode)
+		}
+	}
+	cached := func(model string) int {
+		t.Helper()
+		resp, err := client.Post("http://"+s.AdminAddr()+"/admin/index/match", "application/json",
+			strings.NewReader(`{"model":"`+model+`","ids":`+string(prompt)+`}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Pods []struct {
+				CachedTokens int `json:"cached_tokens"`
+			}
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Pods) != 1 {
+			t.Fatalf("%s: %v %+v", model, err, out)
+		}
+		return out.Pods[0].CachedTokens
+	}
+	direct("sql")
+	testwait.For(t, "the adapter's blocks", func() bool { return cached("sql") == len(ids) })
+	if n := cached("m"); n != 0 {
+		t.Errorf("the base model matches %d tokens of the adapter's blocks", n)
+	}
+	direct("m")
+	testwait.For(t, "the base model's blocks", func() bool { return cached("m") == len(ids) })
+	if n := cached("sql"); n != len(ids) {
+		t.Errorf("the adapter matches %d tokens, want %d", n, len(ids))
 	}
 }
