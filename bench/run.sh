@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos replicas)
+SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos replicas lora)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -80,6 +80,18 @@ sim_rows() {
 			# shellcheck disable=SC2086 # p holds a policy and its flags
 			row=$("$PDLB" sim --rate "$1" --duration 120 --seed "$seed" --policy $p) || return
 			printf '%-18s seed %d  %s\n' "$p" "$seed" "$row"
+		done
+	done
+}
+
+# lora: issue 29's acceptance on bench/cluster (virtual time): 50
+# adapters of Zipf popularity over 8 pods of 4 adapter slots.
+scenario_lora() {
+	section "LoRA placement (pdlb sim --workload lora)" "50 adapters (Zipf 1.1, each with its own 512-token system prompt, +256 new tokens a request) on 8 pods with max_loras 4 and a 0.2 s adapter load, 120 s of Poisson arrivals; LoRA-aware slo_cache against least_request and the best policy without LoRA awareness, seeds 0..3."
+	local rate seed
+	for rate in 30 45; do
+		for seed in 0 1 2 3; do
+			record "$PDLB" sim --workload lora --rate "$rate" --duration 120 --seed "$seed"
 		done
 	done
 }

@@ -90,11 +90,7 @@ func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
 	var seenGen, seenThr, seenKV bool
 	for len(text) > 0 {
 		var line []byte
-		if i := bytes.IndexByte(text, '\n'); i >= 0 {
-			line, text = text[:i], text[i+1:]
-		} else {
-			line, text = text, nil
-		}
+		line, text, _ = bytes.Cut(text, []byte{'\n'})
 		if len(line) == 0 || line[0] == '#' {
 			continue
 		}

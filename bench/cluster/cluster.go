@@ -66,6 +66,13 @@ type Config struct {
 	// differ between pods in their last bits (float rounding), which breaks
 	// ties as surely as FirstTie would make them.
 	KnownSpeed bool
+	// MaxLoras gives every pod that many LoRA adapter slots (sim.LoRASlots;
+	// default 0: requests' adapters cost nothing). A prefill whose adapter
+	// is not in one waits Physics.AdapterLoadSec first.
+	MaxLoras int
+	// LoRAAware fills Candidate.AdapterSec (route.AdapterCost) as the
+	// gateway does; without it the router does not know the adapters.
+	LoRAAware bool
 }
 
 // DefaultConfig returns the global-scheduling study's fleet with policy and
@@ -82,6 +89,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Pods <= 0:
 		return fmt.Errorf("%w: pods = %d must be positive", errConfig, c.Pods)
+	case c.MaxLoras < 0:
+		return fmt.Errorf("%w: max_loras = %d must not be negative", errConfig, c.MaxLoras)
 	case c.Policy == nil:
 		return fmt.Errorf("%w: policy is not set", errConfig)
 	}
@@ -103,6 +112,9 @@ type Result struct {
 	Rejected   float64 `json:"rejected"`   // rejected requests / all requests
 
 	Deferred int `json:"-"` // requests that waited in the deferral queue
+	// AdapterSwaps counts adapters brought into a slot (MaxLoras > 0).
+	AdapterSwaps    int     `json:"adapter_swaps,omitempty"`
+	SwapsPerRequest float64 `json:"swaps_per_request,omitempty"`
 }
 
 // job is a request in a pod's prefill queue.
@@ -117,6 +129,7 @@ type pod struct {
 	speed *admit.PrefillSpeed
 	jobs  []job   // prefill FIFO; jobs[0] runs
 	busy  float64 // when the last queued prefill ends
+	slots sim.LoRASlots
 }
 
 // run is the state of one simulation.
@@ -129,9 +142,9 @@ type run struct {
 	ctrl    *admit.Controller
 	waiting map[uint64]Arrival // deferred requests by id
 
-	requests, rejected, met, deferred int
-	hitTokens, promptTokens           int
-	ttfts                             []float64
+	requests, rejected, met, deferred, swaps int
+	hitTokens, promptTokens                  int
+	ttfts                                    []float64
 }
 
 // Run simulates w on the fleet cfg describes.
@@ -154,6 +167,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 		r.pods[i] = pod{
 			cache: sim.NewPrefixCache(cfg.Physics.CacheBlocks),
 			speed: admit.NewPrefillSpeed(cfg.Physics.PrefillTokensPerSec, alpha),
+			slots: sim.LoRASlots{Max: cfg.MaxLoras},
 		}
 	}
 	if cfg.Reject {
@@ -207,6 +221,9 @@ func (r *run) route(a *Arrival, now float64) (int, float64) {
 			InFlight:            len(p.jobs),
 			QueuedPrefillTokens: max(p.busy-now, 0) * r.cfg.Physics.PrefillTokensPerSec,
 			PrefillTokensPerSec: p.speed.TokensPerSec(),
+		}
+		if a.Adapter != "" && r.cfg.LoRAAware {
+			r.cands[i].AdapterSec = route.AdapterCost(p.slots.Holds(a.Adapter), p.slots.Len(), p.slots.Max, r.cfg.Physics.AdapterLoadSec)
 		}
 	}
 	req := route.Request{PromptTokens: a.PromptTokens, Keys: a.Keys, BlockSize: bs}
@@ -275,6 +292,12 @@ func (r *run) place(a *Arrival, i int, now float64) {
 	unc := a.PromptTokens - hit
 	start := max(p.busy, now)
 	p.busy = start + r.cfg.Physics.PrefillSec(unc)
+	// The FIFO runs prefills in placement order, so the slots see the
+	// adapters in the order the pod uses them.
+	if a.Adapter != "" && p.slots.Max > 0 && p.slots.Use(a.Adapter) {
+		p.busy += r.cfg.Physics.AdapterLoadSec
+		r.swaps++
+	}
 	p.jobs = append(p.jobs, job{start: start, finish: p.busy, uncached: unc})
 	p.cache.Store(a.Keys, nil, nil)
 
@@ -293,6 +316,7 @@ func (r *run) result() Result {
 		return res
 	}
 	n := float64(r.requests)
+	res.AdapterSwaps, res.SwapsPerRequest = r.swaps, float64(r.swaps)/n
 	res.Attainment = float64(r.met) / n
 	res.Rejected = float64(r.rejected) / n
 	if r.promptTokens > 0 {

@@ -21,6 +21,9 @@ type Arrival struct {
 	OutputTokens int
 	// Class is the request's priority class.
 	Class admit.Class
+	// Adapter is the LoRA adapter the request names ("" for none); its
+	// keys chain from the adapter's seed.
+	Adapter string
 }
 
 // Workload yields arrivals in non-decreasing time order. Next fills a and

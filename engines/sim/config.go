@@ -112,6 +112,16 @@ type Config struct {
 	// and caches the ids the real engine would (default nil: the stand-in
 	// tokenizer the gateway also defaults to).
 	Prompt *prompt.Model
+	// EnableLoRA serves LoRA adapters, as vLLM's --enable-lora (default
+	// false; true when LoRAModules lists any): requests name them in
+	// "model", and the load and unload endpoints register more (lora.go).
+	EnableLoRA bool
+	// LoRAModules are the adapters served from the start, as vLLM's
+	// --lora-modules (default none).
+	LoRAModules []LoRAModule
+	// MaxLoras is how many adapters the pod holds in GPU slots at once,
+	// as vLLM's --max-loras (default 1 when it serves adapters).
+	MaxLoras int
 }
 
 var errConfig = errors.New("sim: invalid config")
@@ -159,6 +169,7 @@ func (c Config) withDefaults() Config {
 	if c.KVTimeout == 0 {
 		c.KVTimeout = DefaultKVTimeout
 	}
+	c.loraDefaults()
 	return c
 }
 
@@ -211,5 +222,5 @@ func (c Config) Validate() error {
 	if c.KVTimeout <= 0 {
 		return bad("kv_timeout", c.KVTimeout, "must be positive")
 	}
-	return nil
+	return c.validateLoRA(bad)
 }

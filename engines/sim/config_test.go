@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -80,7 +81,7 @@ func TestParseFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Config{Name: "pod-0", Listen: "127.0.0.1:0"}).withDefaults(); fc.Pods[0] != want {
+	if want := (Config{Name: "pod-0", Listen: "127.0.0.1:0"}).withDefaults(); !reflect.DeepEqual(fc.Pods[0], want) {
 		t.Fatalf("got %+v, want %+v", fc.Pods[0], want)
 	}
 

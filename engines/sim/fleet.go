@@ -84,6 +84,9 @@ type podFile struct {
 	ChatTemplate     string         `yaml:"chat_template"`
 	ChatTemplateArgs map[string]any `yaml:"chat_template_kwargs"`
 	Physics          physicsFile    `yaml:"physics"`
+	EnableLoRA       bool           `yaml:"enable_lora"`
+	LoRAModules      []LoRAModule   `yaml:"lora_modules"`
+	MaxLoras         int            `yaml:"max_loras"`
 }
 
 // physicsFile is Physics with the snake_case names Physics.Validate uses.
@@ -97,6 +100,7 @@ type physicsFile struct {
 	KVBytesPerToken     float64 `yaml:"kv_bytes_per_token"`
 	LinkBytesPerSec     float64 `yaml:"link_bytes_per_sec"`
 	LinkLatencySec      float64 `yaml:"link_latency_sec"`
+	AdapterLoadSec      float64 `yaml:"adapter_load_sec"`
 }
 
 func physicsFileOf(p Physics) physicsFile {
@@ -105,6 +109,7 @@ func physicsFileOf(p Physics) physicsFile {
 		DecodePerSeqSec: p.DecodePerSeqSec, MaxBatch: p.MaxBatch, BlockSize: p.BlockSize,
 		CacheBlocks: p.CacheBlocks, KVBytesPerToken: p.KVBytesPerToken,
 		LinkBytesPerSec: p.LinkBytesPerSec, LinkLatencySec: p.LinkLatencySec,
+		AdapterLoadSec: p.AdapterLoadSec,
 	}
 }
 
@@ -120,7 +125,9 @@ func (p podFile) config() Config {
 			DecodePerSeqSec: f.DecodePerSeqSec, MaxBatch: f.MaxBatch, BlockSize: f.BlockSize,
 			CacheBlocks: f.CacheBlocks, KVBytesPerToken: f.KVBytesPerToken,
 			LinkBytesPerSec: f.LinkBytesPerSec, LinkLatencySec: f.LinkLatencySec,
+			AdapterLoadSec: f.AdapterLoadSec,
 		},
+		EnableLoRA: p.EnableLoRA, LoRAModules: p.LoRAModules, MaxLoras: p.MaxLoras,
 	}
 }
 

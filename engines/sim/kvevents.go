@@ -51,9 +51,9 @@ func engineSeed(model string, hashSeed uint64) uint64 {
 // publishStored reports the blocks of keys that Store inserted (stored, a
 // subsequence of keys in order) as one BlockStored per run of consecutive
 // blocks: a run's parent is the block before it, which the cache already
-// held. tokens are the prompt's tokens, salt its cache salt ("" for none);
-// scratch is reused between calls.
-func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, salt string, blockSize int, scratch []uint32) []uint32 {
+// held. tokens are the prompt's tokens, salt its cache salt and lora its
+// adapter ("" for none); scratch is reused between calls.
+func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, salt, lora string, blockSize int, scratch []uint32) []uint32 {
 	j := 0
 	for i := 0; i < len(keys) && j < len(stored); {
 		if keys[i] != stored[j] {
@@ -67,7 +67,7 @@ func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, sal
 		}
 		scratch = append(scratch[:0], tokens[start*blockSize:i*blockSize]...)
 		var parent uint64
-		var extra engines.ExtraKeys
+		extra := engines.ExtraKeys{LoRA: lora}
 		if start > 0 {
 			parent = keys[start-1]
 		} else {

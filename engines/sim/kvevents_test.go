@@ -147,7 +147,7 @@ func TestPublishStoredRuns(t *testing.T) {
 	sink := &recordingSink{}
 	keys := []uint64{10, 11, 12, 13, 14}
 	tokens := []uint32{0, 0, 1, 1, 2, 2, 3, 3, 4, 4}
-	publishStored(sink, keys, []uint64{11, 13, 14}, tokens, "s", 2, nil)
+	publishStored(sink, keys, []uint64{11, 13, 14}, tokens, "s", "", 2, nil)
 	want := []kvEvent{
 		{kind: "stored", parent: 10, hasParent: true, hashes: []uint64{11}, tokens: []uint32{1, 1}, blockSize: 2},
 		{kind: "stored", parent: 12, hasParent: true, hashes: []uint64{13, 14}, tokens: []uint32{3, 3, 4, 4}, blockSize: 2},
@@ -155,7 +155,7 @@ func TestPublishStoredRuns(t *testing.T) {
 	if got := sink.take(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
-	publishStored(sink, keys, keys[:2], tokens, "s", 2, nil)
+	publishStored(sink, keys, keys[:2], tokens, "s", "", 2, nil)
 	if got := sink.take(); len(got) != 1 || got[0].hasParent || len(got[0].hashes) != 2 || got[0].salt != "s" {
 		t.Fatalf("first blocks: %v", got)
 	}

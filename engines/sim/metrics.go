@@ -61,6 +61,8 @@ type podMetrics struct {
 	// KV transfers: pulls done and failed on a decode pod, holds that
 	// expired unpicked on a prefill pod.
 	kvPulls, kvPullFailures, kvExpired atomic.Int64
+	// adapterLoads counts LoRA adapters brought into a slot.
+	adapterLoads atomic.Int64
 
 	set *metrics.Set // nil for trtllm, whose /metrics is JSON
 	// Prometheus series; nil when set is.

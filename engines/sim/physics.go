@@ -58,6 +58,9 @@ type Physics struct {
 	// (defaults 25e9 bytes/s and 0.0005 s).
 	LinkBytesPerSec float64
 	LinkLatencySec  float64
+	// AdapterLoadSec is the time to bring a LoRA adapter into a GPU slot
+	// before a prefill that needs it (default 0.2; see LoRASlots).
+	AdapterLoadSec float64
 }
 
 // DefaultPhysics returns the timing model with every default.
@@ -72,6 +75,7 @@ func DefaultPhysics() Physics {
 		KVBytesPerToken:     DefaultKVBytesPerToken,
 		LinkBytesPerSec:     DefaultLinkBytesPerSec,
 		LinkLatencySec:      DefaultLinkLatencySec,
+		AdapterLoadSec:      DefaultAdapterLoadSec,
 	}
 }
 
@@ -101,6 +105,8 @@ func (p Physics) Validate() error {
 		return bad("link_bytes_per_sec", p.LinkBytesPerSec)
 	case p.LinkLatencySec < 0:
 		return fmt.Errorf("%w: link_latency_sec = %v must not be negative", errPhysics, p.LinkLatencySec)
+	case p.AdapterLoadSec < 0:
+		return fmt.Errorf("%w: adapter_load_sec = %v must not be negative", errPhysics, p.AdapterLoadSec)
 	}
 	return nil
 }

@@ -34,6 +34,7 @@ type Pod struct {
 	routes  map[string]route
 	m       *podMetrics
 	sched   *scheduler
+	lora    *adapters // registered LoRA adapters
 	ln      net.Listener
 	srv     *fasthttp.Server
 	served  chan struct{} // closed when Serve returned
@@ -115,6 +116,7 @@ func Start(cfg Config) (*Pod, error) {
 	}
 	p.m = newPodMetrics(cfg, func() float64 { return time.Since(start).Seconds() * cfg.Speedup })
 	p.sched = newScheduler(cfg, p.m, start)
+	p.lora = newAdapters(cfg)
 	p.routes = p.routeTable()
 	p.srv = &fasthttp.Server{
 		Handler:               p.serveHTTP,
@@ -257,6 +259,9 @@ type Stats struct {
 	// Accepted counts the HTTP connections the pod accepted: a client
 	// that keeps its connections alive opens few.
 	Accepted int64
+	// AdapterLoads counts the LoRA adapters the pod brought into a GPU
+	// slot: a swap each once its slots are full.
+	AdapterLoads int64
 }
 
 // Stats returns the pod's current state; the gauges are as of the
@@ -278,6 +283,7 @@ func (p *Pod) Stats() Stats {
 		KVPullFailures:  m.kvPullFailures.Load(),
 		KVExpired:       m.kvExpired.Load(),
 		Accepted:        p.accepted.Load(),
+		AdapterLoads:    m.adapterLoads.Load(),
 	}
 	for r := finishStop; r < numFinish; r++ {
 		s.Finished += m.finished[r].Load()
@@ -312,6 +318,9 @@ func (p *Pod) routeTable() map[string]route {
 	case engines.TRTLLM:
 		rt["/version"] = get(p.version)
 		rt["/server_info"] = get(p.trtServerInfo)
+	}
+	if load, unload, err := engines.AdapterPaths(p.cfg.Engine); err == nil && p.cfg.loraEnabled() {
+		rt[load], rt[unload] = post(p.loadAdapter), post(p.unloadAdapter)
 	}
 	return rt
 }
@@ -356,7 +365,7 @@ func refuse(ctx *fasthttp.RequestCtx, err error) {
 }
 
 func (p *Pod) checkModel(ctx *fasthttp.RequestCtx, model string) bool {
-	if model == "" || model == p.cfg.Model {
+	if model == "" || model == p.cfg.Model || p.lora.has(model) {
 		return true
 	}
 	writeError(ctx, fasthttp.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", model))
@@ -459,7 +468,10 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		}
 	}
 	r.salt = salt
-	r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), radix.SeedWith(p.seed, "", salt), tokens, p.cfg.Physics.BlockSize)
+	if req.Model != p.cfg.Model {
+		r.lora = req.Model // checkModel let only an adapter's name through
+	}
+	r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), radix.SeedWith(p.seed, r.lora, salt), tokens, p.cfg.Physics.BlockSize)
 	// The response id follows vLLM: the X-Request-Id header, else the
 	// request_id parameter, else a random one. SGLang aborts by rid.
 	id := cmp.Or(string(ctx.Request.Header.Peek("X-Request-Id")), req.RequestID, req.RID,
@@ -488,7 +500,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		if reason == finishNone {
 			return // the client is gone
 		}
-		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, len(tokens), n, nil))
+		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), text.appendText(nil, 0, n), reason, len(tokens), n, nil))
 		return
 	}
 	usage, continuous := false, false
@@ -496,7 +508,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		usage = o.IncludeUsage == nil || *o.IncludeUsage
 		continuous = o.ContinuousUsageStats
 	}
-	sse := newSSEWriter(isChat, respID, created, p.cfg.Model, usage, continuous, len(tokens))
+	sse := newSSEWriter(isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), usage, continuous, len(tokens))
 	ctx.SetContentType("text/event-stream; charset=utf-8")
 	handedOff = true
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -645,20 +657,27 @@ func (p *Pod) models(ctx *fasthttp.RequestCtx) {
 		OwnedBy     string       `json:"owned_by"`
 		Root        string       `json:"root"`
 		Parent      *string      `json:"parent"`
-		MaxModelLen int          `json:"max_model_len"`
+		MaxModelLen *int         `json:"max_model_len"`
 		Permission  []permission `json:"permission"`
+	}
+	perm := []permission{{
+		ID: "modelperm-" + strconv.FormatUint(p.seed, 16), Object: "model_permission", Created: p.created,
+		AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
+	}}
+	cards := []card{{
+		ID: p.cfg.Model, Object: "model", Created: p.created, OwnedBy: owner, Root: p.cfg.Model,
+		MaxModelLen: &p.cfg.MaxModelLen, Permission: perm,
+	}}
+	// Adapters as vLLM lists them: root their path, parent the base
+	// model, max_model_len null.
+	names, paths := p.lora.list()
+	for i, n := range names {
+		cards = append(cards, card{ID: n, Object: "model", Created: p.created, OwnedBy: owner, Root: paths[i], Parent: &p.cfg.Model, Permission: perm})
 	}
 	body, _ := json.Marshal(struct {
 		Object string `json:"object"`
 		Data   []card `json:"data"`
-	}{"list", []card{{
-		ID: p.cfg.Model, Object: "model", Created: p.created, OwnedBy: owner, Root: p.cfg.Model,
-		MaxModelLen: p.cfg.MaxModelLen,
-		Permission: []permission{{
-			ID: "modelperm-" + strconv.FormatUint(p.seed, 16), Object: "model_permission", Created: p.created,
-			AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
-		}},
-	}}})
+	}{"list", cards})
 	writeJSON(ctx, body)
 }
 
@@ -672,6 +691,7 @@ func (p *Pod) metrics(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 	p.m.writePrometheus(ctx)
+	p.writeLoRAInfo(ctx)
 }
 
 func (p *Pod) version(ctx *fasthttp.RequestCtx) {

@@ -16,6 +16,7 @@ type request struct {
 	tokens      []uint32 // the prompt
 	keys        []uint64 // the prompt's engine block keys (engineSeed chain, salted)
 	salt        string   // the request's cache_salt ("" for none)
+	lora        string   // the LoRA adapter it names ("" for none)
 	maxTokens   int
 	limitReason uint8 // finish reason at maxTokens: length when the client set it, stop for the sim's own length
 	// remote marks a decode leg: its prompt's KV comes from a prefill pod.
@@ -143,6 +144,11 @@ type scheduler struct {
 
 	stored, evicted []uint64 // scratch for KV events
 	tokScratch      []uint32
+
+	// slots are the pod's LoRA adapter slots (nil when it serves none),
+	// lora their use as vllm:lora_requests_info reports it.
+	slots *LoRASlots
+	lora  atomic.Pointer[loraActive]
 }
 
 // inboxSize bounds the messages in flight to the scheduler; senders block
@@ -161,6 +167,9 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 		inbox:   make(chan schedMsg, inboxSize),
 		done:    make(chan struct{}),
 		exited:  make(chan struct{}),
+	}
+	if cfg.loraEnabled() {
+		s.slots = &LoRASlots{Max: cfg.MaxLoras}
 	}
 	if s.sink != nil {
 		// PrefixCache.Store reports keys only into non-nil slices.
@@ -342,6 +351,10 @@ func (s *scheduler) kick() {
 		r.held = blocks
 		s.prefillBusy = true
 		s.prefillEnd = s.clock + s.phys.PrefillSec(compute)
+		if r.lora != "" && s.slots != nil && s.slots.Use(r.lora) {
+			s.prefillEnd += s.phys.AdapterLoadSec
+			s.m.adapterLoads.Add(1)
+		}
 		s.m.prefillStarted(prompt, cached)
 	}
 	if !s.stepping && len(s.decoding) > 0 {
@@ -406,7 +419,7 @@ func (s *scheduler) storeBlocks(r *request) {
 		return
 	}
 	if len(stored) > 0 {
-		s.tokScratch = publishStored(s.sink, r.keys, stored, r.tokens, r.salt, s.phys.BlockSize, s.tokScratch)
+		s.tokScratch = publishStored(s.sink, r.keys, stored, r.tokens, r.salt, r.lora, s.phys.BlockSize, s.tokScratch)
 	}
 	if len(evicted) > 0 {
 		s.sink.BlockRemoved(evicted)
@@ -515,6 +528,9 @@ func (s *scheduler) publish() {
 	s.m.pinnedBlocks.Store(int64(s.pinned))
 	s.m.prefilling.Store(int64(len(s.prefill)))
 	s.m.usedBlocks.Store(int64(s.held))
+	if s.slots != nil {
+		s.lora.Store(&loraActive{running: activeAdapters(s.prefill, s.decoding), waiting: activeAdapters(s.waiting, s.receiving)})
+	}
 	for _, r := range s.notifyQ {
 		r.dirty = false
 		select {

@@ -68,6 +68,7 @@ import (
 	"io"
 	"math"
 	"math/bits"
+	"strconv"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/vmihailenco/msgpack/v5"
@@ -148,10 +149,21 @@ type Event struct {
 }
 
 // Extra returns the extra keys of a BlockStored in the engine-neutral form
-// the index reads.
+// the index reads. An adapter's blocks from a vLLM that sends lora_id
+// without lora_name are keyed by a name no request has (unnamedLoRA): the
+// id is the pod's own numbering, which the gateway cannot map to a name,
+// and keying them as base-model blocks would match them wrongly.
 func (ev *Event) Extra() engines.ExtraKeys {
-	return engines.ExtraKeys{LoRA: ev.LoraName, CacheSalt: ev.CacheSalt, Media: ev.Media}
+	lora := ev.LoraName
+	if lora == "" && ev.LoraID != 0 {
+		lora = unnamedLoRA + strconv.FormatInt(ev.LoraID, 10)
+	}
+	return engines.ExtraKeys{LoRA: lora, CacheSalt: ev.CacheSalt, Media: ev.Media}
 }
+
+// unnamedLoRA prefixes the stand-in name of an adapter known by id only; a
+// NUL byte keeps it apart from any model name a request may send.
+const unnamedLoRA = "\x00lora_id:"
 
 // Batch is a KVEventBatch: the events one publish call carried.
 type Batch struct {

@@ -461,3 +461,17 @@ func TestIntAt(t *testing.T) {
 		t.Fatalf("nil: n=%d, want -1", n)
 	}
 }
+
+// TestExtraLoRA: an adapter's blocks are keyed by its lora_name; by a name
+// no request sends when vLLM gives only its lora_id; plain blocks by none.
+func TestExtraLoRA(t *testing.T) {
+	f := func(ev Event, want string) {
+		t.Helper()
+		if got := ev.Extra().LoRA; got != want {
+			t.Errorf("%+v: LoRA %q, want %q", ev, got, want)
+		}
+	}
+	f(Event{}, "")
+	f(Event{LoraID: 2, LoraName: "sql"}, "sql")
+	f(Event{LoraID: 2}, "\x00lora_id:2")
+}

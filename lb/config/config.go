@@ -124,6 +124,8 @@ type Config struct {
 	// Models lists per-model settings; a model served by some pod but not
 	// listed gets every default.
 	Models []Model `yaml:"models"`
+	// Aliases are public names of models and adapters (default none).
+	Aliases []Alias `yaml:"aliases"`
 	// Pods is the static fleet; discovery adds to it.
 	Pods []Pod `yaml:"pods"`
 	// Access holds client API keys with their rate limits (api_keys), the
@@ -283,6 +285,8 @@ type Model struct {
 	// chat_template_kwargs, as vLLM's --default-chat-template-kwargs
 	// (default none).
 	ChatTemplateKwargs map[string]any `yaml:"chat_template_kwargs"`
+	// LoRA: the model's adapters, their slots and its fallbacks.
+	LoRA `yaml:",inline"`
 }
 
 // Pod is one inference pod.
@@ -424,6 +428,7 @@ func (c *Config) Provision() {
 	for i := range c.Models {
 		c.Models[i].provision()
 	}
+	c.provisionAliases()
 	for i := range c.Pods {
 		c.Pods[i].Provision()
 	}
@@ -437,6 +442,7 @@ func (m *Model) provision() {
 	if m.BlockSize == 0 {
 		m.BlockSize = DefaultBlockSize
 	}
+	m.LoRA.provision()
 }
 
 // Provision fills the pod's empty name (its address), role (combined),
@@ -596,6 +602,9 @@ func (c Config) Validate() error {
 			return invalid(fmt.Sprintf("pods[%d].name", i), name, fmt.Sprintf("is also the name of pods[%d]", j))
 		}
 		names[name] = i
+	}
+	if err := c.validateNames(); err != nil {
+		return err
 	}
 	// Every listed model's profiles build, so a bad knob stops the start
 	// rather than the first request.

@@ -37,6 +37,9 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 	b = appendInt(b, "status", status)
 	b = appendMillis(b, "duration_ms", time.Since(x.start))
 	b = appendBytesField(b, "model", x.req.Model)
+	if x.served != "" {
+		b = appendField(b, "served_model", x.served)
+	}
 	b = strconv.AppendBool(appendName(b, "stream"), x.req.Stream)
 	if x.key != nil {
 		b = appendField(b, "api_key", x.key.Name)

@@ -98,6 +98,12 @@ type completion struct {
 	// deferral says.
 	deferred bool
 	deferral admitWait
+	// What the request's model name resolved to (models.go): its LoRA
+	// adapter (nil for none), the name that served it when an alias or a
+	// fallback chose it ("" otherwise), and the fallbacks left to try.
+	adapter   *pool.Adapter
+	served    string
+	fallbacks []string
 }
 
 var completionPool = sync.Pool{New: func() any { return new(completion) }}
@@ -124,6 +130,7 @@ func releaseCompletion(x *completion) {
 		x.key = nil
 	}
 	x.policy, x.cascade = nil, nil
+	x.adapter, x.served, x.fallbacks = nil, "", nil
 	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil
 	x.deferred = false
 	if x.pd != nil {

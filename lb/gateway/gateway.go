@@ -83,8 +83,6 @@ type Gateway struct {
 	epoch time.Time
 	// inFlight counts requests between parsing and their last byte.
 	inFlight atomic.Int64
-	// models is the body of GET /v1/models, rendered once per snapshot.
-	models atomic.Pointer[[]byte]
 	// plan is the planning loop, nil when plan.enabled is off (plan.go).
 	plan *planLoop
 	// access is the access log, nil when access_log is off (accesslog.go).
@@ -104,7 +102,6 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial}
-	g.models.Store(renderModels(snap))
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
 			return nil, err
@@ -191,7 +188,6 @@ func (g *Gateway) Reload(cfg config.Config) error {
 	}
 	g.ledger.SetPods(names)
 	g.metrics.addModels(snap)
-	g.models.Store(renderModels(snap))
 	g.pool.Publish(snap)
 	g.cfg.Pods, g.cfg.Models = cfg.Pods, cfg.Models
 	g.checker.Close()
@@ -303,7 +299,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 	case "/v1/models":
 		if e = notAllowed(ctx, fasthttp.MethodGet); e == nil {
 			ctx.SetContentType("application/json")
-			ctx.SetBody(*g.models.Load())
+			ctx.SetBody(renderModels(g.pool.Load()))
 		}
 	case "/health":
 		// Liveness: the process serves requests.
@@ -404,18 +400,4 @@ func notAllowed(ctx *fasthttp.RequestCtx, method string) *openai.Error {
 	e := openai.MethodNotAllowed(ctx.Method(), ctx.Path())
 	writeFailure(ctx, answer(e))
 	return e
-}
-
-func renderModels(s *pool.Snapshot) *[]byte {
-	b := []byte(`{"object":"list","data":[`)
-	for i, m := range s.Models {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"id":`...)
-		b = openai.AppendJSONString(b, m.Name)
-		b = append(b, `,"object":"model","owned_by":"pdlb"}`...)
-	}
-	b = append(b, "]}"...)
-	return &b
 }

@@ -62,6 +62,11 @@ type modelMetrics struct {
 	// stream's counted from its events, or its usage when it carries it; a
 	// whole answer's from its usage).
 	completionTokens *metrics.Counter
+	// fallbacks counts requests for another model moved to this one
+	// (models.go).
+	fallbacks *metrics.Counter
+	// adapterLoads counts the LoRA adapters the gateway loaded on pods.
+	adapterLoads *metrics.Counter
 	// pd are the prefill/decode exchange's series.
 	pd *pd.Metrics
 }
@@ -131,6 +136,8 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 			promptTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
 			cachedTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
 			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%q}`, md.Name)),
+			fallbacks:        m.set.NewCounter(fmt.Sprintf(`pdlb_fallback_requests_total{model=%q}`, md.Name)),
+			adapterLoads:     m.set.NewCounter(fmt.Sprintf(`pdlb_adapter_loads_total{model=%q}`, md.Name)),
 			pd:               pd.NewMetrics(m.set, md.Name, ttftBuckets),
 		}
 		for i, name := range tokenModeNames {
@@ -190,6 +197,8 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_prefix_cached_tokens_total":    {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
 	"pdlb_prompt_tokenized_total":        {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
 	"pdlb_completion_tokens_total":       {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},
+	"pdlb_fallback_requests_total":       {Help: "Requests for another model that this model served, as the other's fallback (it had no available pod, shed the request, or its pod answered 503)."},
+	"pdlb_adapter_loads_total":           {Help: "LoRA adapters the gateway loaded on the model's pods through the engine's API."},
 	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
 	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
 	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},

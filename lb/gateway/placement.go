@@ -55,6 +55,9 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	match := matchOf(m, x)
 	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match)
+	if x.adapter != nil {
+		x.cands = m.FillAdapter(x.cands, x.adapter)
+	}
 	policy := m.Policy
 	if x.policy != nil {
 		policy = x.policy
@@ -137,6 +140,9 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
 	x.idleStart = pod.QueuedPrefill() == 0
 	pod.AddQueuedPrefill(x.uncached)
 	pod.Acquire()
+	if x.adapter != nil {
+		pod.UseAdapter(x.adapter, &m.LoRA)
+	}
 	if m.UsesCache && len(x.keys) > 0 {
 		m.Prefix.Insert(pod.Slot, x.keys)
 	}

@@ -32,7 +32,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, answer(e))
 		return
 	}
-	m := g.pool.Load().Model(x.req.Model)
+	m := g.resolveModel(ctx, x)
 	if m == nil {
 		g.fail(ctx, x, nil, answer(openai.ModelNotFound(x.req.Model)))
 		return
@@ -146,5 +146,8 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		return false
 	}
 	x.cascade, x.policy = res.PD, res.Policy
+	if x.adapter != nil {
+		x.cascade = nil // adapters are placed on combined pods (models.go)
+	}
 	return true
 }

@@ -104,6 +104,9 @@ func (g *Gateway) pickStage(x *completion) bool {
 	switch {
 	case picked:
 		x.stage = stageAdmit
+		return g.adapterReady(x)
+	case g.fallBack(x):
+		// picked anew on a fallback model
 	case x.last == nil:
 		x.last, x.stage = answer(openai.NoHealthyPod(x.req.Model)), stageFail
 	default:
@@ -149,11 +152,11 @@ func (g *Gateway) admitStage(x *completion) bool {
 			return true
 		}
 	}
-	if f != nil {
+	if f != nil && !g.fallBackFrom(x, f) {
 		x.last, x.stage = f, stageFail
-		return true
+	} else if f == nil {
+		x.stage = stageAttempt
 	}
-	x.stage = stageAttempt
 	return true
 }
 
@@ -205,7 +208,9 @@ func (x *completion) answered(err error) {
 		}
 	}
 	switch {
-	case err == nil && x.resp.StatusCode() == fasthttp.StatusServiceUnavailable && g.shed(x):
+	case err == nil && x.resp.StatusCode() == fasthttp.StatusServiceUnavailable && (g.shed(x) || g.unavailableAnswer(x)):
+		// picked anew: on another pod of the model (retry_on: 503), else
+		// on a fallback model
 	case err == nil:
 		// Sent for good; x.resp stays: the relay finishes with it.
 		fasthttp.ReleaseRequest(x.up)

@@ -87,7 +87,7 @@ func refusal(err error) *failure {
 // appendKeys appends the block keys of x's prompt on m: from the ids
 // tokenize made, the client's ids, or the stand-in's rendering.
 func appendKeys(dst []uint64, m *pool.Model, x *completion) []uint64 {
-	seed := x.req.KeySeed(m.Seed)
+	seed := x.req.KeySeed(keySeed(m, x))
 	switch {
 	case len(x.ids) > 0:
 		return radix.AppendBlockKeys(dst, seed, x.ids, m.BlockSize)
@@ -99,7 +99,8 @@ func appendKeys(dst []uint64, m *pool.Model, x *completion) []uint64 {
 
 // serveIndexMatch is POST /admin/index/match: which pods hold the blocks
 // of a prompt given as token ids ({"model", "ids", "cache_salt"}), as pdlb
-// tokenize --admin asks.
+// tokenize --admin asks. model may name an adapter: its blocks are keyed
+// apart from its base model's.
 func (g *Gateway) serveIndexMatch(w http.ResponseWriter, r *http.Request) {
 	var q struct {
 		Model     string   `json:"model"`
@@ -110,12 +111,16 @@ func (g *Gateway) serveIndexMatch(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the body must be {\"model\": ..., \"ids\": [...], \"cache_salt\": ...}: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	m := g.pool.Load().Model([]byte(q.Model))
+	m, a := g.pool.Load().Resolve([]byte(q.Model))
 	if m == nil {
 		http.Error(w, "no model "+q.Model+" in the fleet", http.StatusNotFound)
 		return
 	}
-	keys := radix.AppendBlockKeys(nil, radix.SeedWith(m.Seed, "", q.CacheSalt), q.IDs, m.BlockSize)
+	seed := m.Seed
+	if a != nil {
+		seed = a.Seed
+	}
+	keys := radix.AppendBlockKeys(nil, radix.SeedWith(seed, "", q.CacheSalt), q.IDs, m.BlockSize)
 	depth := make([]int32, len(m.Pods))
 	m.Prefix.Match(keys, depth)
 	type hit struct {

@@ -130,6 +130,7 @@ func (c *Checker) scrape(client *fasthttp.HostClient, p *Pod) {
 	now := time.Now()
 	p.updateDrain(now)
 	load, ok := engines.ParseMetrics(p.Engine, resp.Body())
+	c.scrapeLoRA(client, p, resp.Body())
 	if !ok {
 		return
 	}

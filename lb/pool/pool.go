@@ -105,6 +105,7 @@ type podState struct {
 	kept           atomic.Int64
 	upstreamErrors atomic.Int64
 	pd             pdState
+	lora           podLoRA
 }
 
 // UpstreamErrors counts the pod's failed exchanges.
@@ -338,6 +339,8 @@ type Model struct {
 	// promptKey names its settings, so a reload keeps a loaded one.
 	Prompt    *prompt.Model
 	promptKey string
+	// LoRA are the model's adapter settings (lora.go).
+	LoRA config.LoRA
 }
 
 // Snapshot is an immutable view of the fleet. Never modify one after it is
@@ -346,6 +349,7 @@ type Snapshot struct {
 	Pods   []*Pod
 	Models []*Model
 	byName map[string]*Model
+	names  names // adapters and aliases (lora.go)
 }
 
 // Model returns the model called name, or nil. The []byte→string conversion
@@ -463,6 +467,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 		}
 		m.Prefix = tree
 	}
+	s.buildNames(cfg)
 	return s, nil
 }
 

@@ -65,6 +65,11 @@ type Candidate struct {
 	// requests, and Σ (now − routed_at) over them in seconds.
 	DecodeTokens float64
 	DecodeAgeSec float64
+	// AdapterSec is how long the pod takes to bring the request's LoRA
+	// adapter into a GPU slot before its prefill (seconds): 0 when it
+	// holds it or the request names none. The policies that score in
+	// seconds (min_ttft, slo_cache) add it to their predicted TTFT.
+	AdapterSec float64
 
 	// Scraped from the engine's /metrics.
 	HasMetrics bool

@@ -63,12 +63,12 @@ func (p SLOCache) Pick(req *Request, cands []Candidate, scratch []float64) int {
 func (p SLOCache) score(req *Request, c *Candidate) float64 {
 	t := admit.TTFT(1, 0, c.PrefillTokensPerSec, 0)
 	q, u := c.QueuedPrefillTokens, float64(uncached(req, c))
-	if ttft := (q + u) * t; ttft > p.SLO {
+	if ttft := (q+u)*t + c.AdapterSec; ttft > p.SLO {
 		// Above every pod that meets the SLO, ranked among themselves by
 		// TTFT alone.
 		return overSLO + ttft
 	}
-	return (q + (1+p.MissWeight)*u) * t
+	return (q+(1+p.MissWeight)*u)*t + c.AdapterSec
 }
 
 // overSLO lifts the scores of pods that would miss the SLO above any score

@@ -9,11 +9,26 @@ import "pdlb/lb/admit"
 // PredictedTTFT is the time to first token (seconds) req would see on c:
 // the prefill work already queued on the pod plus req's uncached tokens at
 // the pod's learned speed, plus transferSec for the KV handoff when the pod
-// is a prefill pod of a disaggregated pair (0 on a combined pod). The
+// is a prefill pod of a disaggregated pair (0 on a combined pod), plus the
+// time to bring the request's LoRA adapter into a slot (AdapterSec). The
 // min_ttft family ranks pods by it and lb/admit decides on it, so routing
 // and admission agree on what a pod can do.
 func PredictedTTFT(req *Request, c *Candidate, transferSec float64) float64 {
-	return admit.TTFT(c.QueuedPrefillTokens, float64(uncached(req, c)), c.PrefillTokensPerSec, transferSec)
+	return admit.TTFT(c.QueuedPrefillTokens, float64(uncached(req, c)), c.PrefillTokensPerSec, transferSec) + c.AdapterSec
+}
+
+// AdapterCost is Candidate.AdapterSec of a pod for a request's LoRA
+// adapter (seconds): 0 when the pod holds it in a slot (held); one load,
+// loadSec, when one of its maxLoras slots is free (used are taken); two
+// when all are: the load evicts an adapter whose next request pays one.
+func AdapterCost(held bool, used, maxLoras int, loadSec float64) float64 {
+	switch {
+	case held:
+		return 0
+	case used < maxLoras:
+		return loadSec
+	}
+	return 2 * loadSec
 }
 
 // queueSec is how long the work already queued on c takes (seconds).

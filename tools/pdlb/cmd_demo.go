@@ -19,7 +19,9 @@ import (
 // a person can try each wire format through the same gateway. Each model
 // has its combined pods and one prefill/decode roleset, so its requests
 // run the engine's disaggregated exchange (x-pdlb-prefill-pod and
-// x-pdlb-decode-pod name the pair) and overflow to the combined pods.
+// x-pdlb-decode-pod name the pair) and overflow to the combined pods. The
+// vLLM model serves two LoRA adapters on its combined pods: one every pod
+// loads at start, one the gateway loads where it is first asked for.
 var demoFleet = []struct {
 	model  string
 	engine engines.Kind
@@ -29,6 +31,12 @@ var demoFleet = []struct {
 	{"demo-sglang", engines.SGLang, 2},
 	{"demo-trtllm", engines.TRTLLM, 1},
 }
+
+// The demo's LoRA adapters of demo-vllm.
+const (
+	demoAdapterStatic  = "demo-vllm-sql"
+	demoAdapterDynamic = "demo-vllm-chat"
+)
 
 func cmdDemo(args []string, stdout io.Writer) error {
 	fs := newFlagSet("demo", "[--listen ADDR] [--admin ADDR] [--speedup X] [--tokenizer DIR]",
@@ -63,7 +71,11 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	for _, m := range demoFleet {
 		pod := func(name, role string) {
 			// One seed per model: a PD answer equals a combined pod's.
-			fc.Pods = append(fc.Pods, sim.Config{Name: name, Model: m.model, Engine: m.engine, Listen: "127.0.0.1:0", Speedup: speedup, Role: role, Prompt: model})
+			sc := sim.Config{Name: name, Model: m.model, Engine: m.engine, Listen: "127.0.0.1:0", Speedup: speedup, Role: role, Prompt: model}
+			if m.engine == engines.VLLM && role == sim.RoleCombined {
+				sc.LoRAModules, sc.MaxLoras = []sim.LoRAModule{{Name: demoAdapterStatic, Path: "/loras/sql"}}, 2
+			}
+			fc.Pods = append(fc.Pods, sc)
 			var ev vllm.PublisherConfig
 			if model != nil && m.engine == engines.VLLM {
 				ev = vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}
@@ -75,8 +87,13 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		}
 		pod(m.model+"-prefill-0", sim.RolePrefill)
 		pod(m.model+"-decode-0", sim.RoleDecode)
-		if policy != "" || tokenizer != "" {
-			cfg.Models = append(cfg.Models, config.Model{Name: m.model, Policy: policy, Tokenizer: tokenizer})
+		mc := config.Model{Name: m.model, Policy: policy, Tokenizer: tokenizer}
+		if m.engine == engines.VLLM {
+			mc.Adapters = []config.Adapter{{Name: demoAdapterStatic}, {Name: demoAdapterDynamic, Path: "/loras/chat"}}
+			mc.LoadAdapters, mc.MaxLoras = true, 2
+		}
+		if policy != "" || tokenizer != "" || len(mc.Adapters) > 0 {
+			cfg.Models = append(cfg.Models, mc)
 		}
 	}
 	fleet, err := sim.StartFleet(fc)
@@ -134,10 +151,12 @@ Try:
   curl -i %[1]s/v1/chat/completions -d '{"model":"demo-trtllm","messages":[{"role":"user","content":"hi"}]}'   # x-pdlb-prefill-pod, x-pdlb-decode-pod
   curl %[1]s/v1/chat/completions -H 'routing-strategy: least_request' -d '{"model":"demo-sglang","messages":[{"role":"user","content":"hi"}]}'   # combined pods only
   curl %[1]s/v1/completions -d '{"model":"demo-sglang","prompt":"Once upon a time","max_tokens":16}'
-  curl %[1]s/v1/models
+  curl -i %[1]s/v1/completions -d '{"model":"%[3]s","prompt":"SELECT","max_tokens":8}'   # a LoRA adapter: x-pdlb-model
+  curl -i %[1]s/v1/completions -d '{"model":"%[4]s","prompt":"hi","max_tokens":8}'   # loaded on a pod at the first request
+  curl %[1]s/v1/models   # adapters with their parent
   curl %[2]s/metrics
   curl %[2]s/admin/pods
 
 Press Ctrl-C to stop.
-`, host, s.AdminAddr())
+`, host, s.AdminAddr(), demoAdapterStatic, demoAdapterDynamic)
 }

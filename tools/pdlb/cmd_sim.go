@@ -31,7 +31,7 @@ tokens, an LRU of 3,000 blocks per pod, TTFT SLO 2 s); trace replays a JSONL
 file of {"t", "session", "prompt" or "prompt_tokens", "output_tokens", "priority"}.
 
 Example: pdlb sim --rate 70 --policy min_ttft --reject`, stdout)
-	workload := fs.String("workload", "seed-chat", "seed-chat or trace")
+	workload := fs.String("workload", "seed-chat", "seed-chat, trace or lora (compares LoRA-aware placement with least_request and the best policy without it; --policy is ignored)")
 	rate := fs.Float64("rate", 70, "seed-chat arrivals per second")
 	duration := fs.Float64("duration", 120, "seed-chat length in seconds")
 	policy := fs.String("policy", "default", fmt.Sprintf("routing policy: default (%s) or one of %v", route.DefaultPolicy, route.Names()))
@@ -68,6 +68,8 @@ Example: pdlb sim --rate 70 --policy min_ttft --reject`, stdout)
 
 	var w cluster.Workload
 	switch *workload {
+	case "lora":
+		return simLoRA(cfg, cluster.NewLoRAChat(*rate, *duration, cfg.Physics.BlockSize, *seed), opts, *asJSON, stdout)
 	case "seed-chat":
 		if !(*rate > 0) || !(*duration > 0) {
 			return fmt.Errorf("%w: --rate %v and --duration %v must be positive", errSimUsage, *rate, *duration)
@@ -88,7 +90,7 @@ Example: pdlb sim --rate 70 --policy min_ttft --reject`, stdout)
 		}
 		w = tr.Start()
 	default:
-		return fmt.Errorf("%w: --workload %q (known: seed-chat, trace)", errSimUsage, *workload)
+		return fmt.Errorf("%w: --workload %q (known: seed-chat, trace, lora)", errSimUsage, *workload)
 	}
 
 	res, err := cluster.Run(cfg, w)

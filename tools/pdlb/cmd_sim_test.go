@@ -58,3 +58,14 @@ func TestCmdSimErrors(t *testing.T) {
 		t.Fatalf("--help: %v\n%s", err, help.String())
 	}
 }
+
+func TestCmdSimLoRA(t *testing.T) {
+	var out bytes.Buffer
+	if err := cmdSim([]string{"--workload", "lora", "--rate", "20", "--duration", "5"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if !strings.HasPrefix(s, "lora-aware slo_cache") || !strings.Contains(s, "\nleast_request ") || !strings.Contains(s, "\nbest without LoRA: ") || strings.Count(s, "\n") != 3 {
+		t.Fatalf("rows %q", s)
+	}
+}

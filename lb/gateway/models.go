@@ -1,0 +1,169 @@
+package gateway
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+)
+
+// Model names: a request's "model" is a model, a LoRA adapter of one (its
+// base model's pods serve it, with keys of its own), or an alias drawn to
+// one of those; a model with no pod to serve it falls back to the next of
+// its fallback list.
+
+// headerModel names the model or adapter that served the request.
+const headerModel = "x-pdlb-model"
+
+// resolveModel finds what serves x's model, and sets x's adapter and the
+// x-pdlb-model header; nil when nothing does. Only an alias's request
+// allocates: its body is rewritten to the target's name.
+func (g *Gateway) resolveModel(ctx *fasthttp.RequestCtx, x *completion) *pool.Model {
+	snap := g.pool.Load()
+	name := x.req.Model
+	if al := snap.Alias(name); al != nil {
+		x.served = al.Target(rand.Float64())
+		name = []byte(x.served)
+		ctx.Request.SetBody(withModel(ctx.PostBody(), x.served))
+	}
+	m, a := snap.Resolve(name)
+	if m == nil {
+		return nil
+	}
+	x.adapter, x.fallbacks = a, m.LoRA.Fallback
+	ctx.Response.Header.SetBytesV(headerModel, name)
+	return m
+}
+
+// keySeed is the seed of x's block keys on m: its adapter's, whose blocks
+// the engine keys apart from the base model's, or m's own.
+func keySeed(m *pool.Model, x *completion) uint64 {
+	if x.adapter != nil {
+		return x.adapter.Seed
+	}
+	return m.Seed
+}
+
+// fallBack moves x, which its model cannot serve now, to the next model of
+// the first model's fallback list that has a pod: the request is picked
+// anew there. False when none is left.
+func (g *Gateway) fallBack(x *completion) bool {
+	snap := g.pool.Load()
+	for len(x.fallbacks) > 0 {
+		name := x.fallbacks[0]
+		x.fallbacks = x.fallbacks[1:]
+		m := snap.Model([]byte(name))
+		if m == nil || len(m.Combined) == 0 {
+			continue
+		}
+		if x.up != nil {
+			// Built with the old body.
+			fasthttp.ReleaseRequest(x.up)
+			fasthttp.ReleaseResponse(x.resp)
+			x.up, x.resp = nil, nil
+		}
+		x.ctx.Request.SetBody(withModel(x.ctx.PostBody(), name))
+		x.ctx.Response.Header.Set(headerModel, name)
+		x.m, x.served, x.adapter = m, name, nil
+		x.policy, x.cascade, x.looked, x.last = nil, nil, false, nil
+		x.stage = stagePick
+		g.metrics.model(m).fallbacks.Inc()
+		return true
+	}
+	return false
+}
+
+// fallBackFrom moves x to a fallback model when f, the failure that ends
+// x before anything reached its client, is one the model is unavailable
+// by: no pod (503) or shedding (429).
+func (g *Gateway) fallBackFrom(x *completion, f *failure) bool {
+	s := f.E.Status
+	return (s == fasthttp.StatusServiceUnavailable || s == fasthttp.StatusTooManyRequests) && g.fallBack(x)
+}
+
+// unavailableAnswer takes a pod's 503 head, sent before any byte reached
+// the client, as its model's unavailability: x moves to a fallback model.
+// False when x has none left, and the 503 goes to the client.
+func (g *Gateway) unavailableAnswer(x *completion) bool {
+	if x.resp.StatusCode() != fasthttp.StatusServiceUnavailable || len(x.fallbacks) == 0 || x.pd != nil {
+		return false
+	}
+	_ = x.resp.CloseBodyStream()
+	g.unplace(x, x.pod)
+	return g.fallBack(x)
+}
+
+// withModel returns body, a JSON object, with "model" set to name. The
+// client's other fields are kept as they are.
+func withModel(body []byte, name string) []byte {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return body // parsed before: cannot happen
+	}
+	fields["model"] = json.RawMessage(openai.AppendJSONString(nil, name))
+	out, err := json.Marshal(fields)
+	if err != nil {
+		panic("BUG: gateway: re-encoding a parsed body: " + err.Error())
+	}
+	return out
+}
+
+// renderModels is the body of GET /v1/models: the models, then their
+// adapters with the base model as parent, as vLLM lists them, then the
+// aliases.
+func renderModels(s *pool.Snapshot) []byte {
+	b := []byte(`{"object":"list","data":[`)
+	card := func(id, parent string) {
+		if b[len(b)-1] != '[' {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = openai.AppendJSONString(b, id)
+		b = append(b, `,"object":"model","owned_by":"pdlb"`...)
+		if parent != "" {
+			b = append(b, `,"parent":`...)
+			b = openai.AppendJSONString(b, parent)
+		}
+		b = append(b, '}')
+	}
+	for _, m := range s.Models {
+		card(m.Name, "")
+	}
+	for _, a := range s.Adapters() {
+		card(a.Name, a.Base)
+	}
+	for _, al := range s.Aliases() {
+		card(al, "")
+	}
+	return append(b, "]}"...)
+}
+
+// adapterReady makes sure x's pod serves x's adapter: when it does not and
+// the model lets the gateway load adapters, the load starts (or one under
+// way is joined), and x waits for it on a worker. False says x moved to
+// one, to be picked anew there (the loading pod is then its pick); a
+// failed load fails x with 503. Adapters are placed on combined pods only
+// (resolve drops a PD cascade for them).
+func (g *Gateway) adapterReady(x *completion) bool {
+	a, l := x.adapter, &x.m.LoRA
+	if a == nil || a.Path == "" || !l.LoadAdapters || x.pod.Has(a) {
+		return true
+	}
+	load, started := x.pod.StartAdapterLoad(a, l.AdapterLoadTimeout)
+	if started {
+		g.metrics.model(x.m).adapterLoads.Inc()
+		g.log.Info("loading LoRA adapter", "adapter", a.Name, "pod", x.pod.Config.Name)
+	}
+	if !x.via.block(x) {
+		x.stage = stagePick
+		return false
+	}
+	if err := load.Wait(); err != nil {
+		x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+			Message: "The LoRA adapter `" + a.Name + "` could not be loaded on pod " + x.pod.Config.Name + ": " + err.Error()}), stageFail
+	}
+	return true
+}

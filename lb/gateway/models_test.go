@@ -1,0 +1,108 @@
+package gateway
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/admit"
+	"pdlb/lb/config"
+	"pdlb/lb/openai"
+	"pdlb/lb/upstream"
+)
+
+// loraGateway is a gateway over two pods of model m with adapter sql.
+func loraGateway(t *testing.T) *Gateway {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "slo_cache", LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "sql"}}}}}
+	cfg.Aliases = []config.Alias{{Name: "chat", Targets: []config.AliasTarget{{Model: "sql"}}}}
+	for i := range 2 {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	cfg.Provision()
+	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	return g
+}
+
+// resolvedKeys parses a completion for model with prompt, resolves it as
+// serveCompletion does, and returns its block keys and the x-pdlb-model
+// header.
+func resolvedKeys(t *testing.T, g *Gateway, model, prompt string) ([]uint64, string) {
+	t.Helper()
+	var req fasthttp.Request
+	body := `{"model":"` + model + `","prompt":"` + prompt + `"}`
+	req.SetBodyString(body)
+	ctx := new(fasthttp.RequestCtx)
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
+	x := acquireCompletion()
+	defer releaseCompletion(x)
+	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	m := g.resolveModel(ctx, x)
+	if m == nil {
+		t.Fatalf("%s: no model", model)
+	}
+	return appendKeys(nil, m, x), string(ctx.Response.Header.Peek(headerModel))
+}
+
+// TestAdapterKeys: an adapter's request has keys of its own, as the
+// engine keys its blocks: it matches none of the base model's blocks and
+// all of its own, whether named directly or through an alias.
+func TestAdapterKeys(t *testing.T) {
+	g := loraGateway(t)
+	m := g.pool.Load().Models[0]
+	prompt := strings.Repeat("a prompt long enough for several blocks of keys ", 8)
+	base, _ := resolvedKeys(t, g, "m", prompt)
+	m.Prefix.Insert(0, base)
+	sql, served := resolvedKeys(t, g, "sql", prompt)
+	if served != "sql" {
+		t.Errorf("x-pdlb-model = %q, want sql", served)
+	}
+	m.Prefix.Insert(1, sql)
+	f := func(model string, want []int32) {
+		t.Helper()
+		keys, _ := resolvedKeys(t, g, model, prompt)
+		depth := make([]int32, 2)
+		m.Prefix.Match(keys, depth)
+		if fmt.Sprint(depth) != fmt.Sprint(want) {
+			t.Errorf("%s: matched blocks by pod = %v, want %v", model, depth, want)
+		}
+	}
+	n := int32(len(base))
+	if n < 2 {
+		t.Fatalf("only %d blocks", n)
+	}
+	f("m", []int32{n, 0})
+	f("sql", []int32{0, n})
+	f("chat", []int32{0, n})
+}
+
+// TestFallbackOnShed: a request admission would shed on its model's pods
+// (their queues are far over the TTFT target) goes to the model's
+// fallback, whose pod is idle, and is answered there.
+func TestFallbackOnShed(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{{Name: "busy", Model: "m", Address: "127.0.0.1:10000"}, {Name: "idle", Model: "n", Address: "127.0.0.1:10001"}}
+	cfg.Provision()
+	g, m := testGateway(t, cfg, upstream.Dialer(nil), &admit.ClassConfig{TTFTSLO: 1})
+	m.Pods[0].AddQueuedPrefill(1e9)
+	s := &scripted{errs: []error{nil}, blocks: true}
+	x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+	ctx.Request.SetBodyString(`{"model":"m","prompt":"say something long enough to count"}`)
+	x.fallbacks = m.LoRA.Fallback
+	g.advance(x)
+	n := g.pool.Load().Model([]byte("n"))
+	if fmt.Sprint(s.sent) != "[idle]" || counted(g, n) != 200 || string(ctx.Response.Header.Peek(headerModel)) != "n" {
+		t.Errorf("sent to %v, n counted %d, x-pdlb-model %q", s.sent, counted(g, n), ctx.Response.Header.Peek(headerModel))
+	}
+	if !strings.Contains(string(ctx.Request.Body()), `"model":"n"`) {
+		t.Errorf("the body sent names another model: %s", ctx.Request.Body())
+	}
+	m.Pods[0].AddQueuedPrefill(-1e9)
+}

@@ -1,0 +1,390 @@
+package pool
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/lb/config"
+	"pdlb/lb/route"
+	"pdlb/radix"
+)
+
+// Adapter is a LoRA adapter: a name clients send that the pods of its
+// base model serve, with block keys of its own.
+type Adapter struct {
+	Name string
+	// Base is the base model's name.
+	Base string
+	// Path is where a pod loads it from; "" when the pods load it
+	// themselves (vLLM's --lora-modules), and every pod of Base has it.
+	Path string
+	// Seed is the chain seed of its prompts' block keys: the engine
+	// hashes the adapter's name into every block (radix.SeedWith).
+	Seed uint64
+}
+
+func newAdapter(name, base, path string) *Adapter {
+	return &Adapter{Name: name, Base: base, Path: path, Seed: radix.SeedWith(radix.Seed(base), name, "")}
+}
+
+// Alias is a public name for models or adapters, drawn by weight.
+type Alias struct {
+	Name    string
+	Targets []string
+	// Cum are the targets' cumulative weights; the last is the total.
+	Cum []float64
+}
+
+// Target draws one of the alias's targets by weight from u in [0, 1).
+func (a *Alias) Target(u float64) string {
+	x := u * a.Cum[len(a.Cum)-1]
+	for i, c := range a.Cum {
+		if x < c {
+			return a.Targets[i]
+		}
+	}
+	return a.Targets[len(a.Targets)-1]
+}
+
+// names are a snapshot's public names besides its models': the
+// configured adapters and the aliases.
+type names struct {
+	adapters map[string]*Adapter
+	aliases  map[string]*Alias
+}
+
+// buildNames fills s's adapters and aliases from cfg, and each model's
+// LoRA settings.
+func (s *Snapshot) buildNames(cfg *config.Config) {
+	s.names = names{adapters: map[string]*Adapter{}, aliases: map[string]*Alias{}}
+	for _, m := range s.Models {
+		m.LoRA = cfg.ModelFor(m.Name).LoRA
+		for _, a := range m.LoRA.Adapters {
+			s.names.adapters[a.Name] = newAdapter(a.Name, m.Name, a.Path)
+		}
+	}
+	for _, a := range cfg.Aliases {
+		al := &Alias{Name: a.Name}
+		total := 0.0
+		for _, t := range a.Targets {
+			total += t.Weight
+			al.Targets, al.Cum = append(al.Targets, t.Model), append(al.Cum, total)
+		}
+		s.names.aliases[a.Name] = al
+	}
+}
+
+// Alias returns the alias called name, or nil.
+func (s *Snapshot) Alias(name []byte) *Alias { return s.names.aliases[string(name)] }
+
+// Resolve finds what serves name: a model (adapter nil), or an adapter and
+// its base model, configured or listed by one of the base model's pods;
+// nil when nothing does. Lookups allocate nothing.
+func (s *Snapshot) Resolve(name []byte) (*Model, *Adapter) {
+	if m := s.byName[string(name)]; m != nil {
+		return m, nil
+	}
+	if a := s.names.adapters[string(name)]; a != nil {
+		return s.byName[a.Base], a
+	}
+	for _, m := range s.Models {
+		for _, p := range m.Pods {
+			if v := p.lora.view.Load(); v != nil {
+				if a := v.listed[string(name)]; a != nil {
+					return m, a
+				}
+			}
+		}
+	}
+	return nil, nil
+}
+
+// Adapters lists every adapter of the snapshot's models: configured, then
+// learned from the pods, each once, in a stable order.
+func (s *Snapshot) Adapters() []*Adapter {
+	var out []*Adapter
+	seen := map[string]bool{}
+	add := func(a *Adapter) {
+		if !seen[a.Name] {
+			seen[a.Name] = true
+			out = append(out, a)
+		}
+	}
+	for _, m := range s.Models {
+		for _, a := range m.LoRA.Adapters {
+			add(s.names.adapters[a.Name])
+		}
+		var learned []*Adapter
+		for _, p := range m.Pods {
+			if v := p.lora.view.Load(); v != nil {
+				for _, a := range v.listed {
+					learned = append(learned, a)
+				}
+			}
+		}
+		slices.SortFunc(learned, func(a, b *Adapter) int { return strings.Compare(a.Name, b.Name) })
+		for _, a := range learned {
+			add(a)
+		}
+	}
+	return out
+}
+
+// podLoRA is a pod's adapters as the gateway knows them: what its scrapes
+// say (view), and the adapters the gateway sent it most recently (slots),
+// which stand for the engine's LRU of adapters in GPU slots between
+// scrapes.
+type podLoRA struct {
+	view atomic.Pointer[loraView]
+	mu   sync.Mutex
+	// slots holds at most max_loras adapter names, least recently placed
+	// first; loads are the dynamic loads under way, by adapter.
+	slots []string
+	loads map[string]*AdapterLoad
+}
+
+// loraView is one scrape's word on a pod's adapters; immutable.
+type loraView struct {
+	// MaxLoras is the pod's max_lora (0: it does not say).
+	MaxLoras int
+	// Active are the adapters it runs or queues requests of.
+	Active []string
+	// listed are the adapters it serves, by name: those in /v1/models
+	// with the pod's model as parent, and the active ones.
+	listed map[string]*Adapter
+}
+
+// Has reports whether the pod serves a: every pod has a configured
+// adapter the pods load themselves; any other only where the pod listed
+// it.
+func (p *Pod) Has(a *Adapter) bool {
+	if a.Path == "" && a.Base == p.Config.Model {
+		return true
+	}
+	v := p.lora.view.Load()
+	return v != nil && v.listed[a.Name] != nil
+}
+
+// AdapterSec is what placement charges for running a on p before its
+// prefill (seconds; route.AdapterCost): a is in one of the pod's slots
+// when the pod's scrape reports it active or the gateway sent it lately.
+func (p *Pod) AdapterSec(a *Adapter, l *config.LoRA) float64 {
+	maxLoras := l.MaxLoras
+	var active []string
+	if v := p.lora.view.Load(); v != nil {
+		if v.MaxLoras > 0 {
+			maxLoras = v.MaxLoras
+		}
+		active = v.Active
+	}
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
+	// The slots taken: the gateway's own, and those the scrape saw busy.
+	used := len(p.lora.slots)
+	for _, n := range active {
+		if !slices.Contains(p.lora.slots, n) {
+			used++
+		}
+	}
+	held := slices.Contains(active, a.Name) || slices.Contains(p.lora.slots, a.Name)
+	return route.AdapterCost(held, used, maxLoras, l.AdapterLoadSec)
+}
+
+// UseAdapter records that the gateway sent p a request of a: it takes a
+// slot, the least recently used one when all are taken, as the engine's
+// LRU does.
+func (p *Pod) UseAdapter(a *Adapter, l *config.LoRA) {
+	maxLoras := l.MaxLoras
+	if v := p.lora.view.Load(); v != nil && v.MaxLoras > 0 {
+		maxLoras = v.MaxLoras
+	}
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
+	s := slices.DeleteFunc(p.lora.slots, func(n string) bool { return n == a.Name })
+	if len(s) >= maxLoras {
+		s = slices.Delete(s, 0, len(s)-maxLoras+1)
+	}
+	p.lora.slots = append(s, a.Name)
+}
+
+// FillAdapter prepares the candidates of m for a request of a: pods that
+// do not serve a are dropped (cands keeps its order), the others get their
+// AdapterSec. When no pod serves a, the caller loads it on its pick: the
+// pods with a free slot are kept then, all of them when none has one, so
+// the gateway's load evicts no adapter while a slot is free elsewhere.
+func (m *Model) FillAdapter(cands []route.Candidate, a *Adapter) []route.Candidate {
+	kept := m.keepAdapter(cands, a, func(p *Pod, sec float64) bool { return p.Has(a) || p.loading(a) })
+	if len(kept) > 0 {
+		return kept
+	}
+	// Nothing was overwritten: kept grew over none of cands.
+	kept = m.keepAdapter(cands, a, func(_ *Pod, sec float64) bool { return sec <= m.LoRA.AdapterLoadSec })
+	if len(kept) > 0 {
+		return kept
+	}
+	for i := range cands {
+		cands[i].AdapterSec = 2 * m.LoRA.AdapterLoadSec
+	}
+	return cands
+}
+
+// keepAdapter keeps, in order, the candidates whose pod keep accepts
+// given its AdapterSec for a, with that AdapterSec; it overwrites cands
+// only when it keeps one.
+func (m *Model) keepAdapter(cands []route.Candidate, a *Adapter, keep func(p *Pod, sec float64) bool) []route.Candidate {
+	kept := cands[:0]
+	j := 0
+	for _, c := range cands {
+		// cands come from m.Combined in order (AppendCombined).
+		for m.Combined[j].ID != c.Pod {
+			j++
+		}
+		p := m.Combined[j]
+		if sec := p.AdapterSec(a, &m.LoRA); keep(p, sec) {
+			c.AdapterSec = sec
+			kept = append(kept, c)
+		}
+	}
+	return kept
+}
+
+// scrapedLoRA takes in what a scrape of p's /metrics and /v1/models says
+// of its adapters; listed false says /v1/models did not answer, and the
+// adapters known before stay.
+func (p *Pod) scrapedLoRA(info engines.LoRAInfo, cards []engines.ModelCard, listed bool) {
+	v := &loraView{MaxLoras: info.MaxLoras, listed: map[string]*Adapter{}}
+	if old := p.lora.view.Load(); old != nil && !listed {
+		for n, a := range old.listed {
+			v.listed[n] = a
+		}
+	}
+	v.Active = append(append(v.Active, info.Running...), info.Waiting...)
+	for _, n := range v.Active {
+		v.listed[n] = newAdapter(n, p.Config.Model, "")
+	}
+	for _, c := range cards {
+		if c.Parent == p.Config.Model && c.ID != p.Config.Model {
+			v.listed[c.ID] = newAdapter(c.ID, p.Config.Model, "")
+		}
+	}
+	p.lora.view.Store(v)
+}
+
+// markListed records that p now serves a (the gateway loaded it there),
+// until its next scrape says so itself.
+func (p *Pod) markListed(a *Adapter) {
+	v := &loraView{listed: map[string]*Adapter{}}
+	if old := p.lora.view.Load(); old != nil {
+		v.MaxLoras, v.Active = old.MaxLoras, old.Active
+		for n, x := range old.listed {
+			v.listed[n] = x
+		}
+	}
+	v.listed[a.Name] = a
+	p.lora.view.Store(v)
+}
+
+// scrapeLoRA reads p's adapters from its /metrics text and, when it
+// reports LoRA there, its /v1/models.
+func (c *Checker) scrapeLoRA(client *fasthttp.HostClient, p *Pod, metrics []byte) {
+	info, ok := engines.ParseLoRAInfo(metrics)
+	if !ok {
+		return
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + p.Config.Address + "/v1/models")
+	var cards []engines.ModelCard
+	err := client.DoTimeout(req, resp, c.cfg.Timeout)
+	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
+		cards, err = engines.ParseModelList(resp.Body())
+	}
+	p.scrapedLoRA(info, cards, err == nil && resp.StatusCode() == fasthttp.StatusOK)
+}
+
+// Aliases lists the snapshot's alias names, sorted.
+func (s *Snapshot) Aliases() []string {
+	out := make([]string, 0, len(s.names.aliases))
+	for n := range s.names.aliases {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// AdapterLoad is one load of an adapter on a pod through its engine's API.
+type AdapterLoad struct {
+	done chan struct{}
+	err  error
+}
+
+// Wait returns when the load is over: nil when the pod serves the adapter
+// now, else why not.
+func (l *AdapterLoad) Wait() error {
+	<-l.done
+	return l.err
+}
+
+// StartAdapterLoad loads a on p through its engine's API (engines.
+// AdapterPaths) within timeout, unless a load of a on p is under way:
+// requests for it share that one (single flight); started says this call
+// began it. Until it ends the pod counts as serving a (FillAdapter keeps
+// it), so a burst of requests for a lands on it, not on a load each.
+func (p *Pod) StartAdapterLoad(a *Adapter, timeout time.Duration) (l *AdapterLoad, started bool) {
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
+	if l = p.lora.loads[a.Name]; l != nil {
+		return l, false
+	}
+	if p.lora.loads == nil {
+		p.lora.loads = map[string]*AdapterLoad{}
+	}
+	l = &AdapterLoad{done: make(chan struct{})}
+	p.lora.loads[a.Name] = l
+	go func() {
+		l.err = p.loadAdapter(a, timeout)
+		if l.err == nil {
+			p.markListed(a)
+		}
+		p.lora.mu.Lock()
+		delete(p.lora.loads, a.Name)
+		p.lora.mu.Unlock()
+		close(l.done)
+	}()
+	return l, true
+}
+
+// loadAdapter makes the engine's load call.
+func (p *Pod) loadAdapter(a *Adapter, timeout time.Duration) error {
+	path, _, err := engines.AdapterPaths(p.Engine)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(engines.AdapterRequest{Name: a.Name, Path: a.Path})
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI("http://" + p.Config.Address + path)
+	req.Header.SetContentType("application/json")
+	req.SetBodyRaw(body)
+	if err := p.Client.DoTimeout(req, resp, timeout); err != nil {
+		return err
+	}
+	return engines.AdapterLoaded(p.Engine, resp.StatusCode(), resp.Body())
+}
+
+// loading reports whether a load of a on p is under way.
+func (p *Pod) loading(a *Adapter) bool {
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
+	return p.lora.loads[a.Name] != nil
+}

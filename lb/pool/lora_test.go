@@ -1,0 +1,112 @@
+package pool
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/config"
+	"pdlb/lb/route"
+)
+
+// TestScrapeLearnsAdapters: a scrape of a pod that reports LoRA in
+// vllm:lora_requests_info learns its adapters from /v1/models (those
+// whose parent is its model) and from the gauge, and the snapshot
+// resolves them to the pod's model; the gauge's max_lora sets its slots.
+func TestScrapeLearnsAdapters(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			io.WriteString(w, "vllm:num_requests_running 1\n"+
+				`vllm:lora_requests_info{max_lora="1",running_lora_adapters="hot",waiting_lora_adapters=""} 1.7e9`+"\n")
+		case "/v1/models":
+			io.WriteString(w, `{"data":[{"id":"m","root":"m"},{"id":"sql","root":"/l/sql","parent":"m"},{"id":"other","parent":"x"}]}`)
+		}
+	}))
+	defer srv.Close()
+	cfg := config.Default()
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
+	cfg.Provision()
+	snap, err := Build(&cfg, func(addr string, timeout time.Duration) (net.Conn, error) {
+		return net.DialTimeout("tcp", addr, timeout)
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := snap.Pods[0]
+	c := &Checker{cfg: config.Health{Timeout: time.Second}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	client := &fasthttp.HostClient{Addr: p.Config.Address}
+	defer client.CloseIdleConnections()
+	c.scrape(client, p)
+	f := func(name, wantModel string) {
+		t.Helper()
+		m, a := snap.Resolve([]byte(name))
+		switch {
+		case wantModel == "" && m != nil:
+			t.Errorf("%s resolves to %s", name, m.Name)
+		case wantModel != "" && (m == nil || a == nil || m.Name != wantModel || a.Base != wantModel):
+			t.Errorf("%s: model %v adapter %v, want an adapter of %s", name, m, a, wantModel)
+		}
+	}
+	f("sql", "m")
+	f("hot", "m")
+	f("other", "")
+	_, sql := snap.Resolve([]byte("sql"))
+	l := snap.Models[0].LoRA
+	if got := p.AdapterSec(sql, &l); got != 2*l.AdapterLoadSec {
+		t.Errorf("AdapterSec with the one slot taken by hot = %v, want two loads", got)
+	}
+	p.UseAdapter(sql, &l)
+	if got := p.AdapterSec(sql, &l); got != 0 {
+		t.Errorf("AdapterSec after the gateway sent sql = %v, want 0", got)
+	}
+}
+
+// TestFillAdapter: pods serving the adapter are the candidates; when none
+// does, those with a free slot are, so the gateway's load evicts nothing
+// while a slot is free; when every slot is taken, all are.
+func TestFillAdapter(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 1, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}, {Name: "sql", Path: "/l/sql"}}}}}
+	for i := range 3 {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	cfg.Provision()
+	snap, err := Build(&cfg, func(addr string, timeout time.Duration) (net.Conn, error) { return nil, net.ErrClosed }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := snap.Models[0]
+	_, fin := snap.Resolve([]byte("fin"))
+	_, sql := snap.Resolve([]byte("sql"))
+	f := func(want string) {
+		t.Helper()
+		var cands []route.Candidate
+		for _, p := range m.Combined {
+			cands = append(cands, route.Candidate{Pod: p.ID})
+		}
+		var got []string
+		for _, c := range m.FillAdapter(cands, fin) {
+			got = append(got, fmt.Sprintf("%s:%g", snap.Pods[c.Pod].Config.Name, c.AdapterSec))
+		}
+		if fmt.Sprint(got) != want {
+			t.Errorf("candidates %v, want %s", got, want)
+		}
+	}
+	f("[p0:0.2 p1:0.2 p2:0.2]")
+	m.Pods[0].UseAdapter(sql, &m.LoRA)
+	m.Pods[2].UseAdapter(sql, &m.LoRA)
+	f("[p1:0.2]")
+	m.Pods[1].UseAdapter(sql, &m.LoRA)
+	f("[p0:0.4 p1:0.4 p2:0.4]")
+	m.Pods[2].markListed(fin)
+	f("[p2:0.4]")
+}
