@@ -79,9 +79,9 @@ ctx_switches() {
 		END{print v + 0, n + 0}'
 }
 
-# per_req prints (after - before) / requests with two decimals.
+# per_req prints (after - before) / requests with three decimals.
 per_req() {
-	awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN{ if (n > 0) printf "%.2f", (b - a) / n }'
+	awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN{ if (n > 0) printf "%.3f", (b - a) / n }'
 }
 
 # Syscall counts come from perf's raw_syscalls:sys_enter tracepoint,
