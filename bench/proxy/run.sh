@@ -167,7 +167,7 @@ profile_pdlb() {
 		wait "$wrk_pid"
 		local rps
 		rps=$(awk '/^Requests\/sec:/{print $2}' "$DIR/wrk-offcpu.txt")
-		OFFCPU_TOP=$(perf script -i "$DIR/sched.data" 2>/dev/null | awk -f "$HERE/offcpu.awk" | sort -rn | head -15 |
+		OFFCPU_TOP=$(perf script -i "$DIR/sched.data" 2>/dev/null | awk -f "$HERE/offcpu.awk" | sort -rn | sed -n 1,15p |
 			awk -v n="$(awk -v r="$rps" 'BEGIN{print r * 5}')" '{printf "%7d %6.3f/req  %s\n", $1, (n > 0 ? $1 / n : 0), substr($0, index($0, $2))}')
 	fi
 	PROFILE_TOP=$(cd "$ROOT" && go tool pprof -top -nodecount=35 "$DIR/pdlb" "$DIR/pdlb.cpu.pprof" 2>/dev/null)
