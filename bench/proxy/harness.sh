@@ -68,6 +68,50 @@ stat_ticks() {
 	echo "$total"
 }
 
+# ctx_switches prints the voluntary and involuntary context switches of the
+# given processes, every thread summed: /proc/PID/status counts the main
+# thread alone, so each /proc/PID/task/TID/status is read.
+ctx_switches() {
+	local pid
+	for pid in "$@"; do
+		cat /proc/"$pid"/task/*/status 2>/dev/null || true
+	done | awk '$1 == "voluntary_ctxt_switches:" {v += $2} $1 == "nonvoluntary_ctxt_switches:" {n += $2}
+		END{print v + 0, n + 0}'
+}
+
+# per_req prints (after - before) / requests with three decimals.
+per_req() {
+	awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN{ if (n > 0) printf "%.3f", (b - a) / n }'
+}
+
+# Syscall counts come from perf's raw_syscalls:sys_enter tracepoint,
+# counted for the given processes (every thread, and threads they start)
+# while a command runs: syscalls_start PID... starts the count,
+# syscalls_stop prints it. /proc has no per-process syscall count (its io
+# file counts reads and writes alone), and strace stops the process at
+# every call, which changes how many a wake-up batches. PERF_OK says
+# whether the counter works here (perf installed, perf_event_paranoid
+# allowing it); where not, the figure is empty.
+PERF_OK=
+if command -v perf >/dev/null && perf stat -e raw_syscalls:sys_enter -- true >/dev/null 2>&1; then
+	PERF_OK=1
+fi
+syscalls_start() {
+	SYSCALLS_PID=
+	[ -n "$PERF_OK" ] || return 0
+	local pids
+	pids=$(echo "$@" | tr ' ' ',')
+	perf stat -x, -e raw_syscalls:sys_enter -p "$pids" -o "$DIR/perf-stat.txt" 2>/dev/null &
+	SYSCALLS_PID=$!
+	sleep 0.2
+}
+syscalls_stop() {
+	[ -n "$SYSCALLS_PID" ] || return 0
+	kill -INT "$SYSCALLS_PID" 2>/dev/null || true
+	wait "$SYSCALLS_PID" 2>/dev/null || true
+	awk -F, '/raw_syscalls:sys_enter/{print $1 + 0}' "$DIR/perf-stat.txt"
+}
+
 # busy_ticks prints the clock ticks all of the machine's cores spent busy,
 # whichever process ran: user, nice, system, irq and softirq of /proc/stat's
 # cpu line (softirq is where loopback's receiving side runs; idle, iowait

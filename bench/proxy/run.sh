@@ -74,10 +74,11 @@ WRK_ARGS="-t$THREADS -c$CONNS -d$DURATION --latency -s bench/proxy/post.lua"
 # the PIDs whose CPU time is charged to the row.
 LABELS=()
 declare -A CMD ADDR CHARGED FAILED
-# One value per round: requests/s, p50 and p99 (ms), CPU-s per 1k requests,
-# µs per request of the charged processes' kernel and user time and of the
-# whole machine's busy time, and a note (errors seen).
-declare -A RPS_S P50_S P99_S CPU_S SYS_US_S USER_US_S BUSY_US_S NOTE
+# One value per round: requests/s, p50 and p99 (ms), µs per request of the
+# charged processes' kernel and user time and of the whole machine's busy
+# time, the charged processes' voluntary and involuntary context switches
+# and syscalls per request, and a note (errors seen).
+declare -A RPS_S P50_S P99_S SYS_US_S USER_US_S BUSY_US_S VCS_S ICS_S SYSCALLS_S NOTE
 # The medians the report and the targets use.
 declare -A RPS P99
 
@@ -110,22 +111,31 @@ sample() {
 	local label=$1 round=$2
 	local url=http://${ADDR[$label]}$API out=$DIR/wrk-${label//[^a-zA-Z0-9]/_}-$round.txt
 	log "round $round, $label: warm-up $WARMUP, then $DURATION"
-	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" -s bench/proxy/post.lua "$url" >/dev/null)
-	local t0 t1 k0 k1 b0 b1
+	# The warm-up's syscalls are counted, not the sample's: perf's counter
+	# adds kernel time to every call, which the sample's CPU figures must
+	# not carry.
 	# shellcheck disable=SC2086 # a list of PIDs
-	t0=$(cpu_ticks ${CHARGED[$label]}) k0=$(kernel_ticks ${CHARGED[$label]}) b0=$(busy_ticks)
+	syscalls_start ${CHARGED[$label]}
+	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" -s bench/proxy/post.lua "$url" >"$out.warmup")
+	local calls
+	calls=$(syscalls_stop)
+	[ -n "$calls" ] && SYSCALLS_S[$label]+="$(per_req 0 "$calls" "$(awk '/requests in/{print $1}' "$out.warmup")") "
+	local t0 t1 k0 k1 b0 b1 cs0 cs1
+	# shellcheck disable=SC2086 # a list of PIDs
+	t0=$(cpu_ticks ${CHARGED[$label]}) k0=$(kernel_ticks ${CHARGED[$label]}) b0=$(busy_ticks) cs0=$(ctx_switches ${CHARGED[$label]})
 	(cd "$ROOT" && wrk $WRK_ARGS "$url" >"$out")
 	# shellcheck disable=SC2086
-	t1=$(cpu_ticks ${CHARGED[$label]}) k1=$(kernel_ticks ${CHARGED[$label]}) b1=$(busy_ticks)
+	t1=$(cpu_ticks ${CHARGED[$label]}) k1=$(kernel_ticks ${CHARGED[$label]}) b1=$(busy_ticks) cs1=$(ctx_switches ${CHARGED[$label]})
 	local reqs bad sockerr
 	reqs=$(awk '/requests in/{print $1}' "$out")
+	VCS_S[$label]+="$(per_req "${cs0% *}" "${cs1% *}" "$reqs") "
+	ICS_S[$label]+="$(per_req "${cs0#* }" "${cs1#* }" "$reqs") "
 	SYS_US_S[$label]+="$(cpu_us_per "$k0" "$k1" "$reqs") "
 	USER_US_S[$label]+="$(cpu_us_per $((t0 - k0)) $((t1 - k1)) "$reqs") "
 	BUSY_US_S[$label]+="$(cpu_us_per "$b0" "$b1" "$reqs") "
 	RPS_S[$label]+="$(awk '/^Requests\/sec:/{printf "%.0f", $2}' "$out") "
 	P50_S[$label]+="$(to_ms "$(awk '$1=="50%"{print $2}' "$out")") "
 	P99_S[$label]+="$(to_ms "$(awk '$1=="99%"{print $2}' "$out")") "
-	CPU_S[$label]+="$(awk -v us="$(cpu_us_per "$t0" "$t1" "$reqs")" 'BEGIN{printf "%.3f", us / 1000}') "
 	bad=$(awk '/Non-2xx/{print $NF}' "$out")
 	sockerr=$(awk '/Socket errors/{print}' "$out")
 	[ -n "$bad" ] && NOTE[$label]+=" (round $round: $bad non-2xx)"
@@ -134,15 +144,32 @@ sample() {
 }
 
 # profile_pdlb takes a 10 s CPU profile from a pdlb's admin listener while
-# wrk runs the same load, and keeps the top of it for the report.
+# wrk runs the same load, and keeps the top of it for the report; then,
+# under the same load again, the off-CPU view: 5 s of perf's
+# sched:sched_switch samples with stacks, folded by offcpu.awk into where
+# pdlb's threads slept (each a voluntary switch, a wake-up to come) or were
+# preempted, per request served meanwhile.
 profile_pdlb() {
-	local label=$1 admin=$2
+	local label=$1 admin=$2 url=http://${ADDR[$1]}$API
 	log "$label: 10 s CPU profile under load"
-	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d12s -s bench/proxy/post.lua "http://${ADDR[$label]}$API" >/dev/null) &
+	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d12s -s bench/proxy/post.lua "$url" >/dev/null) &
 	local wrk_pid=$!
 	sleep 1
 	curl -s -o "$DIR/pdlb.cpu.pprof" "http://$admin/debug/pprof/profile?seconds=10"
 	wait "$wrk_pid"
+	if [ -n "$PERF_OK" ]; then
+		log "$label: 5 s of context switches under load"
+		(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d7s -s bench/proxy/post.lua "$url" >"$DIR/wrk-offcpu.txt") &
+		wrk_pid=$!
+		sleep 1
+		# shellcheck disable=SC2086 # a list of PIDs
+		perf record -q -e sched:sched_switch -g -p "$(echo ${CHARGED[$label]} | tr ' ' ',')" -o "$DIR/sched.data" -- sleep 5 2>/dev/null || true
+		wait "$wrk_pid"
+		local rps
+		rps=$(awk '/^Requests\/sec:/{print $2}' "$DIR/wrk-offcpu.txt")
+		OFFCPU_TOP=$(perf script -i "$DIR/sched.data" 2>/dev/null | awk -f "$HERE/offcpu.awk" | sort -rn | sed -n 1,15p |
+			awk -v n="$(awk -v r="$rps" 'BEGIN{print r * 5}')" '{printf "%7d %6.3f/req  %s\n", $1, (n > 0 ? $1 / n : 0), substr($0, index($0, $2))}')
+	fi
 	PROFILE_TOP=$(cd "$ROOT" && go tool pprof -top -nodecount=35 "$DIR/pdlb" "$DIR/pdlb.cpu.pprof" 2>/dev/null)
 	PROFILE_CUM=$(cd "$ROOT" && go tool pprof -top -cum -nodecount=35 "$DIR/pdlb" "$DIR/pdlb.cpu.pprof" 2>/dev/null)
 	PROFILE_LABEL=$label
@@ -260,17 +287,24 @@ fi
 ROWS=()
 for label in "${LABELS[@]}"; do
 	if [ -n "${FAILED[$label]:-}" ]; then
-		ROWS+=("| $label | ${FAILED[$label]} | | | | | | | \`${CMD[$label]:-}\` |")
+		ROWS+=("| $label | ${FAILED[$label]} | | | | | | | | | | \`${CMD[$label]:-}\` |")
 		continue
 	fi
 	# shellcheck disable=SC2086 # lists of numbers
 	{
 		RPS[$label]=$(median %.0f ${RPS_S[$label]})
 		P99[$label]=$(median %.3f ${P99_S[$label]})
-		ROWS+=("| $label | ${RPS[$label]}${NOTE[$label]:-} | $(lowest ${RPS_S[$label]})–$(highest ${RPS_S[$label]}) | $(median %.3f ${P50_S[$label]}) | ${P99[$label]} | $(median %.3f ${CPU_S[$label]}) | $(awk -v us="$(median %.1f ${SYS_US_S[$label]})" 'BEGIN{printf "%.3f", us / 1000}') | @RATIO:$label@ | \`${CMD[$label]}\` |")
+		row_calls=
+		[ -n "${SYSCALLS_S[$label]:-}" ] && row_calls=$(median %.1f ${SYSCALLS_S[$label]})
+		ROWS+=("| $label | ${RPS[$label]}${NOTE[$label]:-} | $(lowest ${RPS_S[$label]})–$(highest ${RPS_S[$label]}) | $(median %.3f ${P50_S[$label]}) | ${P99[$label]} | $(median %.1f ${USER_US_S[$label]}) | $(median %.1f ${SYS_US_S[$label]}) | $(median %.3f ${VCS_S[$label]}) | $(median %.3f ${ICS_S[$label]}) | $row_calls | @RATIO:$label@ | \`${CMD[$label]}\` |")
 	}
 done
 direct=${RPS[direct]:-0}
+if [ -n "$PERF_OK" ]; then
+	SYSCALL_SOURCE="\`perf stat -e raw_syscalls:sys_enter -p PIDS\` over each round's warm-up, not its sample, since the counter adds kernel time to every call"
+else
+	SYSCALL_SOURCE="none: perf's raw_syscalls:sys_enter does not count here"
+fi
 ratio() { awk -v a="${1:-0}" -v b="$2" 'BEGIN{ if (b > 0 && a > 0) printf "%.2f", a / b }'; }
 echo "### Proxy: 1 KB chat completion, wrk $CONNS connections, median of $ROUNDS rounds of $DURATION (each after $WARMUP of warm-up)"
 echo
@@ -278,8 +312,10 @@ echo "$(machine); $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), nginx $("$NGI
 echo
 echo "Load: \`wrk $WRK_ARGS http://ADDR$API\` (ADDR: the row's listener); the stub is \`go run ./bench/proxy/stub\`. Each round measures every target in the order below."
 echo
-echo "| target | requests/s | lowest–highest | p50 ms | p99 ms | CPU-s / 1k req | of it kernel | × direct | command |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+echo "Per request, of the row's process (for \"direct\", the stub's; nginx's master and workers): user and kernel CPU µs (/proc/PID/stat), voluntary and involuntary context switches (every thread's /proc/PID/task/TID/status), and syscalls ($SYSCALL_SOURCE)."
+echo
+echo "| target | requests/s | lowest–highest | p50 ms | p99 ms | user µs | kernel µs | vol. cs | invol. cs | syscalls | × direct | command |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 for row in "${ROWS[@]}"; do
 	if [[ $row =~ @RATIO:([^@]*)@ ]]; then
 		row=${row/"${BASH_REMATCH[0]}"/$(ratio "${RPS[${BASH_REMATCH[1]}]}" "$direct")}
@@ -342,5 +378,13 @@ if [ -n "${PROFILE_TOP:-}" ]; then
 	echo
 	echo '```'
 	echo "$PROFILE_CUM" | sed -n '6,45p'
+	echo '```'
+fi
+if [ -n "${OFFCPU_TOP:-}" ]; then
+	echo
+	echo "Off CPU: where $PROFILE_LABEL's threads left their cores under the same load (5 s of \`perf record -e sched:sched_switch -g\`, bench/proxy/offcpu.awk; count, per request, blocked or preempted, innermost frames):"
+	echo
+	echo '```'
+	echo "$OFFCPU_TOP"
 	echo '```'
 fi

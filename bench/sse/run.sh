@@ -99,7 +99,7 @@ fi
 # TAG's lists: direct and through p50/p99, their differences, and the CPU
 # the PIDs spent per relayed event.
 LAT_ARGS="--streams $LAT_STREAMS --events $LAT_EVENTS --interval $LAT_INTERVAL"
-declare -A D50 D99 T50 T99 ADD50 ADD99 CPUEV
+declare -A D50 D99 T50 T99 ADD50 ADD99 CPUEV USEREV SYSEV VCSEV ICSEV
 lat_pair() {
 	local tag=$1 url=$2 round=$3
 	shift 3
@@ -107,17 +107,27 @@ lat_pair() {
 	"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct-$tag-$round.txt" &
 	local direct=$!
 	started
-	local t0 t1
-	t0=$(cpu_ticks "$@")
+	local t0 t1 k0 k1 cs0 cs1
+	t0=$(cpu_ticks "$@") k0=$(kernel_ticks "$@") cs0=$(ctx_switches "$@")
 	"$DIR/client" --url "$url" $LAT_ARGS >"$DIR/lat-$tag-$round.txt"
-	t1=$(cpu_ticks "$@")
+	t1=$(cpu_ticks "$@") k1=$(kernel_ticks "$@") cs1=$(ctx_switches "$@")
 	wait "$direct"
 	local d50 d99 p50 p99
 	d50=$(field "$DIR/lat-direct-$tag-$round.txt" p50_us) d99=$(field "$DIR/lat-direct-$tag-$round.txt" p99_us)
 	p50=$(field "$DIR/lat-$tag-$round.txt" p50_us) p99=$(field "$DIR/lat-$tag-$round.txt" p99_us)
 	D50[$tag]+="$d50 " D99[$tag]+="$d99 " T50[$tag]+="$p50 " T99[$tag]+="$p99 "
 	ADD50[$tag]+="$(diff_us "$d50" "$p50") " ADD99[$tag]+="$(diff_us "$d99" "$p99") "
-	CPUEV[$tag]+="$(cpu_us_per "$t0" "$t1" "$(field "$DIR/lat-$tag-$round.txt" events)") "
+	local events
+	events=$(field "$DIR/lat-$tag-$round.txt" events)
+	CPUEV[$tag]+="$(cpu_us_per "$t0" "$t1" "$events") "
+	USEREV[$tag]+="$(cpu_us_per $((t0 - k0)) $((t1 - k1)) "$events") " SYSEV[$tag]+="$(cpu_us_per "$k0" "$k1" "$events") "
+	VCSEV[$tag]+="$(per_req "${cs0% *}" "${cs1% *}" "$events") " ICSEV[$tag]+="$(per_req "${cs0#* }" "${cs1#* }" "$events") "
+}
+# cost_cell TAG: "user µs / kernel µs / voluntary / involuntary context
+# switches" per relayed event, medians of TAG's rounds.
+# shellcheck disable=SC2086 # lists of numbers
+cost_cell() {
+	echo "$(median %.1f ${USEREV[$1]}) / $(median %.1f ${SYSEV[$1]}) / $(median %.3f ${VCSEV[$1]}) / $(median %.3f ${ICSEV[$1]})"
 }
 for round in $(seq "$LAT_ROUNDS"); do
 	lat_pair pdlb "http://$PDLB$API" "$round" "$PDLB_PID"
@@ -177,11 +187,13 @@ echo "| event latency direct, p50 / p99 µs | $(lat_cell "${D50[pdlb]}" "${D99[p
 echo "| event latency through pdlb, p50 / p99 µs | $(lat_cell "${T50[pdlb]}" "${T99[pdlb]}") | | \`$CLIENT --url http://$PDLB$API $LAT_ARGS\`, at the same time as the row above |"
 # shellcheck disable=SC2086 # lists of numbers
 echo "| pdlb CPU per relayed event, µs | $(median %.1f ${CPUEV[pdlb]}) | | utime+stime from /proc/PID/stat over the runs above |"
+echo "| of which user / kernel µs, and voluntary / involuntary context switches per event | $(cost_cell pdlb) | | the same, switches summed over /proc/PID/task/TID/status |"
 echo "| relay adds, p50 / p99 µs | $(lat_cell "${ADD50[pdlb]}" "${ADD99[pdlb]}") | ≤ 50 µs p99 | the two rows above, each round's difference; p99 per round: ${ADD99[pdlb]% } |"
 if [ -n "$NGINX_ROW" ]; then
 	echo "| nginx's relay adds, p50 / p99 µs | $(lat_cell "${ADD50[nginx]}" "${ADD99[nginx]}") | (reference) | p99 per round: ${ADD99[nginx]% }; direct $(lat_cell "${D50[nginx]}" "${D99[nginx]}"), through nginx $(lat_cell "${T50[nginx]}" "${T99[nginx]}"), each round right after pdlb's: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
 	# shellcheck disable=SC2086
 	echo "| nginx CPU per relayed event, µs | $(median %.1f ${CPUEV[nginx]}) | (reference) | its master and workers, the same way |"
+	echo "| of which user / kernel µs, and voluntary / involuntary context switches per event | $(cost_cell nginx) | (reference) | the same |"
 fi
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
 echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"

@@ -90,14 +90,16 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 		}
 		up.Header.AddBytesKV(k, v)
 	})
+	// up has neither header yet: added, not set, they skip fasthttp's scan
+	// of every header already there for one to replace.
 	if forward {
 		var buf [128]byte
-		up.Header.SetBytesV(fasthttp.HeaderXForwardedFor, appendForwardedFor(buf[:0], ctx))
+		up.Header.AddBytesV(fasthttp.HeaderXForwardedFor, appendForwardedFor(buf[:0], ctx))
 	}
 	if len(ctx.Request.Header.Peek(headerRequestID)) == 0 {
 		var id [32]byte
 		ctx.Request.Header.SetBytesV(headerRequestID, appendRequestID(id[:0], ctx.ID(), ctx.ConnTime()))
-		up.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+		up.Header.AddBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
 	}
 	// The body is the client's own buffer, valid until the handler returns;
 	// the upstream request is written before that.

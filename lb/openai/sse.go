@@ -243,7 +243,7 @@ type TokenCounter struct {
 // engines put it: a body's content is never scanned key by key.
 func (c *TokenCounter) ObserveBody(body []byte) {
 	for end := len(body); ; {
-		q := bytes.LastIndex(body[:end], completionTokensKey)
+		q := lastKey(body[:end])
 		if q < 0 {
 			c.deltas++
 			return
@@ -264,6 +264,24 @@ func (c *TokenCounter) ObserveBody(body []byte) {
 }
 
 var completionTokensKey = []byte(`"completion_tokens"`)
+
+// lastKey returns where the last completionTokensKey in d begins, -1 if
+// none. It steps back from one 'k' to the next (rare in JSON and prose, and
+// the key's only one) and compares there, where bytes.LastIndex would hash
+// every byte on the way.
+func lastKey(d []byte) int {
+	const k = len(`"completion_to`) // the key's 'k'
+	for end := len(d); ; {
+		i := bytes.LastIndexByte(d[:end], 'k')
+		if i < 0 {
+			return -1
+		}
+		if q := i - k; q >= 0 && q+len(completionTokensKey) <= len(d) && bytes.Equal(d[q:q+len(completionTokensKey)], completionTokensKey) {
+			return q
+		}
+		end = i
+	}
+}
 
 // leadingInt parses the decimal digits v starts with (at most 10).
 func leadingInt(v []byte) (n int, ok bool) {

@@ -255,6 +255,7 @@ func FuzzSSE(f *testing.F) {
 	f.Add([]byte(strings.Join(chatStream, "")), []byte{3, 50, 7})
 	f.Add([]byte("data: a\r\n\r\ndata: b\n\r\n: c\n\ndata"), []byte{8, 1, 1, 1})
 	f.Add([]byte("data: {\"error\":{\"message\":\"x\"}}\n\n"), []byte{0})
+	f.Add([]byte(`{"usage":{"completion_tokens":3},"k":"completion_tokens"k"}`), []byte{0})
 	f.Fuzz(func(t *testing.T, stream, cuts []byte) {
 		var chunks []string
 		rest := string(stream)
@@ -288,6 +289,9 @@ func FuzzSSE(f *testing.F) {
 			t.Fatalf("negative token count %d", c.Tokens())
 		}
 		// The stream's bytes read as a whole answer's body.
+		if got, want := lastKey(stream), bytes.LastIndex(stream, completionTokensKey); got != want {
+			t.Fatalf("lastKey = %d, bytes.LastIndex %d", got, want)
+		}
 		var body TokenCounter
 		body.ObserveBody(stream)
 		if body.Tokens() < 0 || !body.Exact() && body.Tokens() != 1 {

@@ -35,3 +35,21 @@ func BenchmarkSSE(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkObserveBody finds the usage of a whole 1 KB chat completion, laid
+// out as vLLM writes it (usage after the choices, then two more fields).
+func BenchmarkObserveBody(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		strings.Repeat("lorem ipsum dolor sit amet ", 36) + `","tool_calls":[]},"logprobs":null,"finish_reason":"length","stop_reason":null}],` +
+		`"usage":{"prompt_tokens":256,"total_tokens":456,"completion_tokens":200,"prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	var c TokenCounter
+	for b.Loop() {
+		c.Reset()
+		c.ObserveBody(body)
+	}
+	if c.Tokens() != 200 {
+		b.Fatalf("%d tokens, want 200", c.Tokens())
+	}
+}
