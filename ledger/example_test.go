@@ -16,7 +16,8 @@ func Example() {
 		panic(err)
 	}
 	l := ledger.New(cfg, ledger.Env{})
-	l.SetPods([]string{"ns/prefill-0", "ns/prefill-1", "ns/decode-0"}) // on each pool snapshot
+	// On each pool snapshot: the pods' ids (pool.Pod.ID) and names.
+	l.SetPods([]ledger.Member{{ID: 0, Name: "ns/prefill-0"}, {ID: 1, Name: "ns/prefill-1"}, {ID: 2, Name: "ns/decode-0"}})
 
 	p := ledger.Prompt{Tokens: 1200, Model: "llama", SessionKey: "chat-7"}
 	l.LockSelection()

@@ -30,21 +30,47 @@ func (l *Ledger) RegisterMetrics(set *metrics.Set) { set.RegisterMetricsWriter(l
 // not include other replicas').
 func (l *Ledger) WritePrometheus(w io.Writer) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	sums := l.sumByName(func(s *podSlot) ([3]int64, bool) { return s.gauges(), !s.dropped.Load() })
+	l.mu.Unlock()
 	for j, family := range seriesFamilies {
-		header := false
-		for _, p := range l.pods {
-			s := p.slot
-			if s.dropped.Load() {
-				continue
-			}
-			if !header {
-				metrics.WriteMetadataIfNeeded(w, family, "gauge")
-				header = true
-			}
-			fmt.Fprintf(w, "%s %d\n", p.series[j], s.gauges()[j])
+		if len(sums) > 0 {
+			metrics.WriteMetadataIfNeeded(w, family, "gauge")
+		}
+		for _, n := range sums {
+			fmt.Fprintf(w, "%s %d\n", n.pod.series[j], n.v[j])
 		}
 	}
+}
+
+// nameSum is three counters summed over the pods of one name.
+type nameSum struct {
+	pod *pod // the first registered
+	v   [3]int64
+}
+
+// sumByName sums f's counters over the registered pods it keeps, per name,
+// in registration order: a pod re-added under its name (a new id) while
+// its previous self drains is one pod to whoever reads names (a series,
+// the other replicas). Called with mu held.
+func (l *Ledger) sumByName(f func(s *podSlot) ([3]int64, bool)) []nameSum {
+	var sums []nameSum
+	at := map[string]int{}
+	for _, p := range l.pods {
+		v, ok := f(p.slot)
+		if !ok {
+			continue
+		}
+		i, seen := at[p.name]
+		if !seen {
+			i = len(sums)
+			at[p.name] = i
+			sums = append(sums, nameSum{pod: p})
+		}
+		for j := range v {
+			sums[i].v[j] += v[j]
+		}
+	}
+	return sums
 }
 
 // gauges returns the slot's published counters in seriesFamilies order.

@@ -12,10 +12,10 @@ func TestMetricsSeries(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tl.advance(time.Minute)
 	tl.sweep() // drops a, b, c: idle since SetPods
-	tl.SetPods([]string{"ns/a", `odd"name`})
+	tl.SetPods([]Member{{3, "ns/a"}, {4, `odd"name`}})
 	p := Prompt{Tokens: 100}
 	tk := Ticket{ID: 1}
-	tl.Charge(&tk, 0, 1, &p, tl.Now())
+	tl.Charge(&tk, 3, 4, &p, tl.Now())
 	tl.PrefillDone(tk)
 	set := metrics.NewSet()
 	tl.RegisterMetrics(set)
