@@ -41,7 +41,7 @@ func startKVFeeds(s *pool.Snapshot, log *slog.Logger) (*kvFeeds, error) {
 				}
 				k.indexers[m] = ix
 			}
-			feed := k.indexers[m].Pod(p.Slot, m.Name)
+			feed := k.indexers[m].Pod(p.PrefixID, m.Name)
 			sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, feed)
 			if err != nil {
 				k.close()
