@@ -47,4 +47,7 @@ func Example() {
 	// pd_token_load_decode_tokens{pod="ns/prefill-0"} 0
 	// pd_token_load_decode_tokens{pod="ns/prefill-1"} 0
 	// pd_token_load_decode_tokens{pod="ns/decode-0"} 1200
+	// pdlb_ledger_charges_total{pod="ns/prefill-0"} 1
+	// pdlb_ledger_charges_total{pod="ns/prefill-1"} 0
+	// pdlb_ledger_charges_total{pod="ns/decode-0"} 1
 }

@@ -86,7 +86,7 @@ type pod struct {
 	name string
 	live bool // in the current table; false once the gateway no longer has it
 	// series are the metric names with this pod's label, built once.
-	series [3]string
+	series [len(seriesFamilies)]string
 	// Janitor state: ops as last seen, and since when the pod is known to
 	// have sat at zero with no charge (-1: it is not).
 	seenOps   uint64
@@ -198,7 +198,7 @@ func (l *Ledger) SetPods(pods []Member) {
 			p = &pod{slot: &podSlot{id: m.ID}, name: m.Name, zeroSince: now}
 			label := `{pod="` + labelEscaper.Replace(m.Name) + `"}`
 			for j, family := range seriesFamilies {
-				p.series[j] = family + label
+				p.series[j] = family.name + label
 			}
 			l.byID[m.ID] = p
 			l.pods = append(l.pods, p)

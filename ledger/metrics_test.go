@@ -34,6 +34,8 @@ pd_token_load_kv_tokens{pod="ns/a"} 3600
 pd_token_load_kv_tokens{pod="odd\"name"} 0
 pd_token_load_decode_tokens{pod="ns/a"} 0
 pd_token_load_decode_tokens{pod="odd\"name"} 100
+pdlb_ledger_charges_total{pod="ns/a"} 1
+pdlb_ledger_charges_total{pod="odd\"name"} 1
 `)
 	// A dropped pod's series disappear.
 	tl.Finish(tk)

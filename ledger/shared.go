@@ -166,9 +166,9 @@ func (s *Shared) sync(ctx context.Context) {
 func (s *Shared) args(nowMs int64) []any {
 	args := []any{s.id, s.expiryMs, s.hashPre}
 	s.l.mu.Lock()
-	sums := s.l.sumByName(func(sl *podSlot) ([3]int64, bool) {
+	sums := s.l.sumByName(func(sl *podSlot) ([4]int64, bool) {
 		tokens, reqs := sl.decode.Load(), sl.decodeReqs.Load()
-		return [3]int64{tokens, reqs, reqs*nowMs - sl.routedMs.Load()}, tokens != 0 || reqs != 0
+		return [4]int64{tokens, reqs, reqs*nowMs - sl.routedMs.Load()}, tokens != 0 || reqs != 0
 	})
 	s.l.mu.Unlock()
 	for _, n := range sums {

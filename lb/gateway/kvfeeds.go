@@ -83,8 +83,12 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		Tokenized map[string]uint64 `json:"tokenized"`
 		Nodes     int               `json:"nodes"`
 		Blocks    int               `json:"blocks"`
-		Bytes     int64             `json:"bytes"`
-		Pods      []podIndex        `json:"pods"`
+		// HeldBlocks is what every slot of the index holds, a pod's blocks
+		// counted once per pod: Pods' blocks sum to it, as a pod that
+		// left holds none.
+		HeldBlocks int        `json:"held_blocks"`
+		Bytes      int64      `json:"bytes"`
+		Pods       []podIndex `json:"pods"`
 	}
 	snap := g.pool.Load()
 	g.mu.Lock()
@@ -97,6 +101,9 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 			Tokenizer: "stand-in", Tokenized: map[string]uint64{}}
 		if m.Prompt != nil {
 			mi.Tokenizer = m.Prompt.Name()
+		}
+		for _, n := range st.PodBlocks {
+			mi.HeldBlocks += n
 		}
 		for i, c := range g.metrics.model(m).tokenized {
 			mi.Tokenized[tokenModeNames[i]] = c.Get()
