@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos)
+SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos churn)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -236,6 +236,12 @@ scenario_chaos() {
 	section "Chaos (issue 9)" "Load through the gateway for 5 minutes while sim pods are killed, hung, slowed and restarted at random; every request must end in an answer or a clean error (bench/chaos)."
 	record_as "CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos" \
 		env CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos
+}
+
+scenario_churn() {
+	section "Churn: stable pod identity (issue 26)" "The fleet changes every 200 ms for 60 s, through reloads and discovery's path in turn, under 8 clients' back-to-back requests: pods leave (still running), come back under their name at another address, come under another name. Every request must be answered 200, each pod's ledger charges must equal the requests it answered, every ledger be at zero at the end, and the prefix index hold blocks only for pods in the fleet (lb/churn_test.go)."
+	record_as "PDLB_CHURN_SECONDS=60 go test -count=1 -timeout 5m -v -run '^TestChurn\$' ./lb" \
+		env PDLB_CHURN_SECONDS=60 go test -count=1 -timeout 5m -v -run '^TestChurn$' ./lb
 }
 
 machine() {

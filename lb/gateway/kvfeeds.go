@@ -111,7 +111,7 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		for _, p := range m.Pods {
 			pi := podIndex{Pod: p.Config.Name, Blocks: st.PodBlocks[p.Slot], KVEvents: p.Config.KVEvents}
 			for _, f := range feeds {
-				if f.pod.Config.Name == p.Config.Name {
+				if f.pod.ID == p.ID {
 					pi.EventsReceived = f.sub.Counters.Events.Load()
 					pi.Gaps = f.sub.Counters.Gaps.Load()
 					pi.Replayed = f.sub.Counters.Replayed.Load()
