@@ -94,7 +94,7 @@ func TestChurn(t *testing.T) {
 		}
 	}
 	t.Logf("churn: %d s, %d reloads (%d pods added, %d removed), %d requests: %d ok, %d errors, %d lost; "+
-		"pods charged for requests they did not answer: %d; ledger after: %v tokens; index blocks of pods not in the fleet: %d",
+		"pods whose charges differ from their answers: %d; ledger after: %v tokens; index blocks of pods not in the fleet: %d",
 		secs, reloads, f.added, f.removed, load.sent.Load(), load.ok.Load(), load.errors.Load(), load.lost.Load(),
 		len(mischarged), after, stale)
 	if load.ok.Load() == 0 || load.errors.Load() != 0 || load.lost.Load() != 0 {

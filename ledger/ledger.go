@@ -210,6 +210,26 @@ func (l *Ledger) SetPods(pods []Member) {
 	l.mu.Unlock()
 }
 
+// charged is the slot Charge charges for id: the table's, else that of a
+// pod that left and drains; nil for -1 or a pod the ledger forgot.
+func (l *Ledger) charged(tab []*podSlot, id int32) *podSlot {
+	if s := lookup(tab, id); s != nil || id < 0 {
+		return s
+	}
+	return l.leaving(id)
+}
+
+// leaving is the slot of the pod with id that left, nil if the ledger
+// forgot it. Only a decision racing a reload gets here.
+func (l *Ledger) leaving(id int32) *podSlot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.byID[id]; p != nil {
+		return p.slot
+	}
+	return nil
+}
+
 // lookup is the slot of the pod with id in tab, nil for none (-1, or a pod
 // that left).
 func lookup(tab []*podSlot, id int32) *podSlot {
@@ -254,12 +274,13 @@ func (t Ticket) shard() int { return int(t.home) - 1 }
 // applies of session delta, prefix match and whole prompt. The decode pod
 // is charged the whole prompt, since it receives all of the prompt's KV.
 // Charging a ticket that already holds a charge releases the old one first,
-// so a retry on another pod moves the charge. A pod the last SetPods does
-// not name (a decision made on the gateway's previous snapshot while a
-// reload removed the pod) is not charged, as that pod is leaving.
+// so a retry on another pod moves the charge. A pod the last SetPods no
+// longer names (a decision made on the gateway's previous snapshot while
+// a reload removed the pod) is charged while it drains: the request goes
+// to it.
 func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) int64 {
 	tab := *l.table.Load()
-	c := charge{at: now, prefill: lookup(tab, prefill), decode: lookup(tab, decode)}
+	c := charge{at: now, prefill: l.charged(tab, prefill), decode: l.charged(tab, decode)}
 	if t.home == 0 {
 		t.home = uint8(uint32(max(prefill, decode, 0)&indexMask)%chargeShards) + 1
 	}
@@ -325,7 +346,8 @@ func (l *Ledger) Finish(t Ticket) {
 // Prefill returns pod's prefill counters (tokens): the token_load score is
 // active + kv_weight × kv.
 //
-// A pod the last SetPods does not name (see Charge) reads as idle.
+// A pod the last SetPods no longer names (see Charge) reads as idle: no
+// decision on the current snapshot reads it.
 func (l *Ledger) Prefill(pod int32) (active, kv int64) {
 	s := lookup(*l.table.Load(), pod)
 	if s == nil {

@@ -312,8 +312,8 @@ func TestJanitorDropsIdlePods(t *testing.T) {
 // TestCountersFollowIDs reloads the pods: a and c keep their ids, b
 // leaves and a new pod named b takes its index under another id. Each id
 // keeps its own counters: the new b starts from zero, a charge naming the
-// old b's id charges nobody, and the series sum the two b's while the old
-// one drains.
+// old b's id charges the old b, and the series sum the two b's while the
+// old one drains.
 func TestCountersFollowIDs(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tk := tickets{}
@@ -335,7 +335,7 @@ func TestCountersFollowIDs(t *testing.T) {
 	tl.Charge(tk.of(4), newB, -1, &p, tl.Now())
 	var buf strings.Builder
 	tl.WritePrometheus(&buf)
-	if want := fmt.Sprintf(`pd_token_load_active_tokens{pod="b"} %d`, 2*c); !strings.Contains(buf.String(), want) {
+	if want := fmt.Sprintf(`pd_token_load_active_tokens{pod="b"} %d`, 3*c); !strings.Contains(buf.String(), want) {
 		t.Fatalf("series want %s (both b's):\n%s", want, buf.String())
 	}
 	for id := range uint64(5) {
@@ -447,7 +447,8 @@ func TestSelectionsSeeEachOthersCharges(t *testing.T) {
 }
 
 // A decision made on the gateway's previous snapshot may name a pod a
-// reload just removed: it is neither charged nor a crash.
+// reload just removed: the pod is charged, as the request goes to it, and
+// drains, though it reads as idle; a pod the ledger forgot is not charged.
 func TestPodsBeyondTheLastSetPods(t *testing.T) {
 	l := New(DefaultConfig(), Env{})
 	tk := tickets{}
@@ -461,12 +462,20 @@ func TestPodsBeyondTheLastSetPods(t *testing.T) {
 	}
 	l.Charge(tk.of(1), 3, 3, &Prompt{Tokens: 100}, 0)
 	l.Charge(tk.of(2), 0, 3, &Prompt{Tokens: 100}, 0)
+	l.Charge(tk.of(3), 9, -1, &Prompt{Tokens: 100}, 0)
 	if a, _ := l.Prefill(0); a == 0 {
 		t.Fatal("the pod still present was not charged")
 	}
-	l.Finish(*tk.of(1))
-	l.Finish(*tk.of(2))
-	if a, kv := l.Prefill(0); a != 0 || kv != 0 {
-		t.Fatalf("charges left after Finish: %d, %d", a, kv)
+	l.mu.Lock()
+	d := l.byID[3].slot
+	l.mu.Unlock()
+	if d.active.Load() == 0 || d.decodeReqs.Load() != 2 {
+		t.Fatalf("the pod that left holds %d active tokens and %d decode requests, want its charges", d.active.Load(), d.decodeReqs.Load())
+	}
+	for id := range uint64(4) {
+		l.Finish(*tk.of(id))
+	}
+	if a, kv := l.Prefill(0); a != 0 || kv != 0 || !d.zero() {
+		t.Fatalf("charges left after Finish: %d, %d, and the pod that left at zero: %v", a, kv, d.zero())
 	}
 }
