@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos replicas lora)
+SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos churn replicas lora)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -253,6 +253,12 @@ scenario_chaos() {
 scenario_replicas() {
 	section "Two replicas active-active (issue 26)" "Two pdlb replicas over one sim PD fleet (4 prefill pods publishing KV events, 2 decode pods, real time), sharing one Redis, behind one pdlb load sending round robin (seed 000's chat at 6 req/s for 30 s): the hit rate against one replica alone on a fresh fleet, how often a session's turn lands on its previous turn's pod, both decode ledgers read back to back, and one replica killed (SIGKILL) halfway (bench/replicas/run.sh)."
 	record_as "bench/replicas/run.sh" env PDLB="$PDLB" bench/replicas/run.sh
+}
+
+scenario_churn() {
+	section "Churn: stable pod identity (issue 26)" "The fleet changes every 200 ms for 60 s, through reloads and discovery's path in turn, under 8 clients' back-to-back requests: pods leave (still running), come back under their name at another address, come under another name. Every request must be answered 200, each pod's ledger charges must equal the requests it answered, every ledger be at zero at the end, and the prefix index hold blocks only for pods in the fleet (lb/churn_test.go)."
+	record_as "PDLB_CHURN_SECONDS=60 go test -count=1 -timeout 5m -v -run '^TestChurn\$' ./lb" \
+		env PDLB_CHURN_SECONDS=60 go test -count=1 -timeout 5m -v -run '^TestChurn$' ./lb
 }
 
 machine() {

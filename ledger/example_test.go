@@ -16,7 +16,8 @@ func Example() {
 		panic(err)
 	}
 	l := ledger.New(cfg, ledger.Env{})
-	l.SetPods([]string{"ns/prefill-0", "ns/prefill-1", "ns/decode-0"}) // on each pool snapshot
+	// On each pool snapshot: the pods' ids (pool.Pod.ID) and names.
+	l.SetPods([]ledger.Member{{ID: 0, Name: "ns/prefill-0"}, {ID: 1, Name: "ns/prefill-1"}, {ID: 2, Name: "ns/decode-0"}})
 
 	p := ledger.Prompt{Tokens: 1200, Model: "llama", SessionKey: "chat-7"}
 	l.LockSelection()
@@ -46,4 +47,7 @@ func Example() {
 	// pd_token_load_decode_tokens{pod="ns/prefill-0"} 0
 	// pd_token_load_decode_tokens{pod="ns/prefill-1"} 0
 	// pd_token_load_decode_tokens{pod="ns/decode-0"} 1200
+	// pdlb_ledger_charges_total{pod="ns/prefill-0"} 1
+	// pdlb_ledger_charges_total{pod="ns/prefill-1"} 0
+	// pdlb_ledger_charges_total{pod="ns/decode-0"} 1
 }

@@ -62,8 +62,8 @@ func (l *Ledger) dropIdle(now int64) {
 				dropped = append(dropped, p.name)
 			}
 		}
-		if idle && p.index < 0 {
-			delete(l.byName, p.name)
+		if idle && !p.live {
+			delete(l.byID, p.slot.id)
 			continue
 		}
 		kept = append(kept, p)

@@ -11,8 +11,8 @@
 // subtractions; neither reads the clock (the caller passes the selection's
 // reading) nor allocates. A request's Ticket keeps its charge in the shard
 // of the pod it charged, so cores serving different pods share no cache
-// line. Pods are addressed by the gateway's dense int32
-// index, so no request ever hashes a pod name.
+// line. Pods are addressed by the gateway's int32 pod ids, whose low
+// IndexBits bits index a table, so no request ever hashes a pod name.
 package ledger
 
 import (
@@ -44,6 +44,8 @@ type podSlot struct {
 	// by two sweeps with no charge between them held nothing in between.
 	ops     atomic.Uint64
 	dropped atomic.Bool // janitor dropped the pod's series; the next charge revives it
+	// id is the pod's id (SetPods); immutable.
+	id int32
 	// remote is the other gateway replicas' decode load on this pod, from
 	// the shared ledger's last sync; nil when there is none.
 	remote atomic.Pointer[remoteLoad]
@@ -62,13 +64,29 @@ type remoteLoad struct {
 	asOfMs int64
 }
 
+// IndexBits is how many low bits of a pod id index the ledger's table.
+// The bits above tell apart the pods that hold one index one after
+// another: a pod keeps its id for its life, and a charge or a read that
+// names the id of a pod that left finds no pod, even once another pod
+// holds its index.
+const IndexBits = 16
+
+const indexMask = 1<<IndexBits - 1
+
+// Member is a pod as SetPods takes it: its id and its name, the label of
+// its series.
+type Member struct {
+	ID   int32
+	Name string
+}
+
 // pod is the slow-path registry entry of a pod; slot is its hot part.
 type pod struct {
-	slot  *podSlot
-	name  string
-	index int32 // in the current table, -1 when the gateway no longer has it
+	slot *podSlot
+	name string
+	live bool // in the current table; false once the gateway no longer has it
 	// series are the metric names with this pod's label, built once.
-	series [3]string
+	series [len(seriesFamilies)]string
 	// Janitor state: ops as last seen, and since when the pod is known to
 	// have sat at zero with no charge (-1: it is not).
 	seenOps   uint64
@@ -121,9 +139,9 @@ type Ledger struct {
 	// selection serializes a selection with its charge (LockSelection).
 	selection sync.Mutex
 
-	mu     sync.Mutex // guards byName and pods; slow path only
-	byName map[string]*pod
-	pods   []*pod // registration order, for stable metric output
+	mu   sync.Mutex // guards byID and pods; slow path only
+	byID map[int32]*pod
+	pods []*pod // registration order, for stable metric output
 }
 
 // New returns an empty ledger. cfg must have passed Validate.
@@ -135,7 +153,7 @@ func New(cfg Config, env Env) *Ledger {
 		now:         env.Now,
 		log:         env.Logger,
 		onDrop:      env.OnDrop,
-		byName:      map[string]*pod{},
+		byID:        map[int32]*pod{},
 	}
 	if l.now == nil {
 		start := time.Now()
@@ -156,36 +174,71 @@ func New(cfg Config, env Env) *Ledger {
 // reading to both, so a charge costs no clock read of its own.
 func (l *Ledger) Now() int64 { return l.now() }
 
-// SetPods tells the ledger which pod each gateway index names: names[i] is
-// pod i. Call it whenever the gateway publishes a new pool snapshot; it is
-// the slow path (a lock and a map lookup per pod). Counters follow the name,
-// not the index: a pod that moves to another index keeps its load, and an
-// index reused for another pod starts from that pod's own counters, while
-// releases of charges taken before the change still reach the pod they
-// charged.
-func (l *Ledger) SetPods(names []string) {
+// SetPods tells the ledger the gateway's pods. Call it whenever the
+// gateway publishes a new pool snapshot; it is the slow path (a lock and a
+// map lookup per pod). Counters follow the id: a pod keeps its load for
+// its life, a pod that left drains as its requests finish (releases reach
+// the pod they charged), and a new id starts from zero, whatever its name
+// and index. Ids must be non-negative, with distinct indexes; an id names
+// one pod, under one name, for good.
+func (l *Ledger) SetPods(pods []Member) {
 	now := l.now()
-	tab := make([]*podSlot, len(names))
+	n := 0
+	for _, m := range pods {
+		n = max(n, int(m.ID&indexMask)+1)
+	}
+	tab := make([]*podSlot, n)
 	l.mu.Lock()
 	for _, p := range l.pods {
-		p.index = -1
+		p.live = false
 	}
-	for i, name := range names {
-		p := l.byName[name]
+	for _, m := range pods {
+		p := l.byID[m.ID]
 		if p == nil {
-			p = &pod{slot: new(podSlot), name: name, zeroSince: now}
-			label := `{pod="` + labelEscaper.Replace(name) + `"}`
+			p = &pod{slot: &podSlot{id: m.ID}, name: m.Name, zeroSince: now}
+			label := `{pod="` + labelEscaper.Replace(m.Name) + `"}`
 			for j, family := range seriesFamilies {
-				p.series[j] = family + label
+				p.series[j] = family.name + label
 			}
-			l.byName[name] = p
+			l.byID[m.ID] = p
 			l.pods = append(l.pods, p)
 		}
-		p.index = int32(i)
-		tab[i] = p.slot
+		p.live = true
+		tab[m.ID&indexMask] = p.slot
 	}
 	l.table.Store(&tab)
 	l.mu.Unlock()
+}
+
+// charged is the slot Charge charges for id: the table's, else that of a
+// pod that left and drains; nil for -1 or a pod the ledger forgot.
+func (l *Ledger) charged(tab []*podSlot, id int32) *podSlot {
+	if s := lookup(tab, id); s != nil || id < 0 {
+		return s
+	}
+	return l.leaving(id)
+}
+
+// leaving is the slot of the pod with id that left, nil if the ledger
+// forgot it. Only a decision racing a reload gets here.
+func (l *Ledger) leaving(id int32) *podSlot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.byID[id]; p != nil {
+		return p.slot
+	}
+	return nil
+}
+
+// lookup is the slot of the pod with id in tab, nil for none (-1, or a pod
+// that left).
+func lookup(tab []*podSlot, id int32) *podSlot {
+	if i := int(id & indexMask); id >= 0 && i < len(tab) {
+		if s := tab[i]; s != nil && s.id == id {
+			return s
+		}
+	}
+	return nil
 }
 
 // LockSelection serializes selections: the gateway holds it from reading
@@ -215,30 +268,23 @@ type Ticket struct {
 func (t Ticket) shard() int { return int(t.home) - 1 }
 
 // Charge charges t's request to prefill pod prefill and decode pod decode
-// (gateway indices; -1 for none) at now, the Now reading the selection was
+// (pod ids; -1 for none) at now, the Now reading the selection was
 // made at, and returns the prefill charge in tokens:
 // request_cost + new_tokens, where new_tokens is the first rule that
 // applies of session delta, prefix match and whole prompt. The decode pod
 // is charged the whole prompt, since it receives all of the prompt's KV.
 // Charging a ticket that already holds a charge releases the old one first,
-// so a retry on another pod moves the charge. prefill and decode are
-// indices of the last SetPods; one beyond it (a decision made on the
-// gateway's previous snapshot while a reload shrank the fleet) is not
-// charged, as that pod is leaving.
+// so a retry on another pod moves the charge. A pod the last SetPods no
+// longer names (a decision made on the gateway's previous snapshot while
+// a reload removed the pod) is charged while it drains: the request goes
+// to it.
 func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) int64 {
 	tab := *l.table.Load()
-	c := charge{at: now}
-	if int(prefill) >= len(tab) {
-		prefill = -1
-	}
-	if int(decode) >= len(tab) {
-		decode = -1
-	}
+	c := charge{at: now, prefill: l.charged(tab, prefill), decode: l.charged(tab, decode)}
 	if t.home == 0 {
-		t.home = uint8(uint32(max(prefill, decode, 0))%chargeShards) + 1
+		t.home = uint8(uint32(max(prefill, decode, 0)&indexMask)%chargeShards) + 1
 	}
-	if prefill >= 0 {
-		c.prefill = tab[prefill]
+	if c.prefill != nil {
 		c.active = l.requestCost + l.newTokens(p, now)
 		c.kv = c.active
 		s := c.prefill
@@ -246,8 +292,7 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 		s.kv.Add(c.kv)
 		s.touch()
 	}
-	if decode >= 0 {
-		c.decode = tab[decode]
+	if c.decode != nil {
 		c.decodeTokens = p.Tokens
 		c.routedMs = now / int64(time.Millisecond)
 		s := c.decode
@@ -301,13 +346,13 @@ func (l *Ledger) Finish(t Ticket) {
 // Prefill returns pod's prefill counters (tokens): the token_load score is
 // active + kv_weight × kv.
 //
-// A pod beyond the last SetPods (see Charge) reads as idle.
+// A pod the last SetPods no longer names (see Charge) reads as idle: no
+// decision on the current snapshot reads it.
 func (l *Ledger) Prefill(pod int32) (active, kv int64) {
-	tab := *l.table.Load()
-	if int(pod) >= len(tab) {
+	s := lookup(*l.table.Load(), pod)
+	if s == nil {
 		return 0, 0
 	}
-	s := tab[pod]
 	return s.active.Load(), s.kv.Load()
 }
 
@@ -317,11 +362,10 @@ func (l *Ledger) Prefill(pod int32) (active, kv int64) {
 // multiplies by the pod's generation rate per request. Both include the
 // other replicas' charges when the ledger is shared.
 func (l *Ledger) Decode(pod int32, now int64) (tokens, ageSec float64) {
-	tab := *l.table.Load()
-	if int(pod) >= len(tab) {
+	s := lookup(*l.table.Load(), pod)
+	if s == nil {
 		return 0, 0
 	}
-	s := tab[pod]
 	nowMs := now / int64(time.Millisecond)
 	t, ageMs := s.decode.Load(), s.decodeReqs.Load()*nowMs-s.routedMs.Load()
 	if r := s.remote.Load(); r != nil {

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -30,8 +31,17 @@ func newTestLedger(t *testing.T, cfg Config) *testLedger {
 		Logger: slog.New(slog.NewTextHandler(tl.logs, nil)),
 		OnDrop: func(name string) { tl.dropped = append(tl.dropped, name) },
 	})
-	tl.SetPods([]string{"a", "b", "c"})
+	tl.SetPods(members("a", "b", "c"))
 	return tl
+}
+
+// members are pods named names with ids 0, 1, ...
+func members(names ...string) []Member {
+	m := make([]Member, len(names))
+	for i, n := range names {
+		m[i] = Member{ID: int32(i), Name: n}
+	}
+	return m
 }
 
 // tickets keeps one Ticket per request id, as the gateway keeps one per
@@ -285,34 +295,59 @@ func TestJanitorDropsIdlePods(t *testing.T) {
 	// taken by another pod, which starts from its own counters.
 	tl.Finish(*tk.of(1))
 	tl.Finish(*tk.of(3))
-	tl.SetPods([]string{"d", "b", "c"})
-	tl.prefill(t, 0, 0, 0)
+	tl.SetPods([]Member{{1 << IndexBits, "d"}, {1, "b"}, {2, "c"}})
+	tl.prefill(t, 1<<IndexBits, 0, 0)
 	tl.advance(time.Minute)
 	tl.sweep()
 	tl.advance(time.Minute)
 	tl.sweep()
 	tl.mu.Lock()
-	_, hasA := tl.byName["a"]
+	_, hasA := tl.byID[0]
 	tl.mu.Unlock()
 	if hasA {
 		t.Fatal("pod a still registered after leaving the pool and idling")
 	}
 }
 
-func TestCountersFollowNamesAcrossReindex(t *testing.T) {
+// TestCountersFollowIDs reloads the pods: a and c keep their ids, b
+// leaves and a new pod named b takes its index under another id. Each id
+// keeps its own counters: the new b starts from zero, a charge naming the
+// old b's id charges the old b, and the series sum the two b's while the
+// old one drains.
+func TestCountersFollowIDs(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tk := tickets{}
 	p := Prompt{Tokens: 100}
 	c := tl.Charge(tk.of(1), 0, 2, &p, tl.Now())
-	tl.SetPods([]string{"c", "a"}) // a moves to 1, c to 0, b leaves
-	tl.prefill(t, 1, c, c)
-	if tok, _ := tl.Decode(0, tl.Now()); tok != 100 {
-		t.Fatalf("c's decode tokens %v after reindex, want 100", tok)
+	tl.Charge(tk.of(2), 1, -1, &p, tl.Now())
+	newB := int32(1 + 1<<IndexBits)
+	tl.SetPods([]Member{{2, "c"}, {0, "a"}, {newB, "b"}})
+	tl.prefill(t, 0, c, c)
+	tl.prefill(t, newB, 0, 0)
+	if tok, _ := tl.Decode(2, tl.Now()); tok != 100 {
+		t.Fatalf("c's decode tokens %v after the reload, want 100", tok)
 	}
-	tl.Finish(*tk.of(1))
-	tl.prefill(t, 1, 0, 0)
-	if tok, _ := tl.Decode(0, tl.Now()); tok != 0 {
-		t.Fatalf("c's decode tokens %v after finish", tok)
+	if a, _ := tl.Prefill(1); a != 0 {
+		t.Fatalf("the old b's id reads %d active tokens, want none", a)
+	}
+	tl.Charge(tk.of(3), 1, -1, &p, tl.Now()) // decided before the reload
+	tl.prefill(t, newB, 0, 0)
+	tl.Charge(tk.of(4), newB, -1, &p, tl.Now())
+	var buf strings.Builder
+	tl.WritePrometheus(&buf)
+	if want := fmt.Sprintf(`pd_token_load_active_tokens{pod="b"} %d`, 3*c); !strings.Contains(buf.String(), want) {
+		t.Fatalf("series want %s (both b's):\n%s", want, buf.String())
+	}
+	for id := range uint64(5) {
+		tl.Finish(*tk.of(id))
+	}
+	for _, id := range []int32{0, 2, newB} {
+		tl.prefill(t, id, 0, 0)
+	}
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if old := tl.byID[1]; old == nil || !old.slot.zero() {
+		t.Fatal("the old b is not registered at zero after its charges drained")
 	}
 }
 
@@ -412,12 +447,13 @@ func TestSelectionsSeeEachOthersCharges(t *testing.T) {
 }
 
 // A decision made on the gateway's previous snapshot may name a pod a
-// reload just removed: it is neither charged nor a crash.
+// reload just removed: the pod is charged, as the request goes to it, and
+// drains, though it reads as idle; a pod the ledger forgot is not charged.
 func TestPodsBeyondTheLastSetPods(t *testing.T) {
 	l := New(DefaultConfig(), Env{})
 	tk := tickets{}
-	l.SetPods([]string{"a", "b", "c", "d"})
-	l.SetPods([]string{"a", "b", "c"})
+	l.SetPods(members("a", "b", "c", "d"))
+	l.SetPods(members("a", "b", "c"))
 	if a, kv := l.Prefill(3); a != 0 || kv != 0 {
 		t.Fatalf("Prefill(3) = %d, %d", a, kv)
 	}
@@ -426,12 +462,20 @@ func TestPodsBeyondTheLastSetPods(t *testing.T) {
 	}
 	l.Charge(tk.of(1), 3, 3, &Prompt{Tokens: 100}, 0)
 	l.Charge(tk.of(2), 0, 3, &Prompt{Tokens: 100}, 0)
+	l.Charge(tk.of(3), 9, -1, &Prompt{Tokens: 100}, 0)
 	if a, _ := l.Prefill(0); a == 0 {
 		t.Fatal("the pod still present was not charged")
 	}
-	l.Finish(*tk.of(1))
-	l.Finish(*tk.of(2))
-	if a, kv := l.Prefill(0); a != 0 || kv != 0 {
-		t.Fatalf("charges left after Finish: %d, %d", a, kv)
+	l.mu.Lock()
+	d := l.byID[3].slot
+	l.mu.Unlock()
+	if d.active.Load() == 0 || d.decodeReqs.Load() != 2 {
+		t.Fatalf("the pod that left holds %d active tokens and %d decode requests, want its charges", d.active.Load(), d.decodeReqs.Load())
+	}
+	for id := range uint64(4) {
+		l.Finish(*tk.of(id))
+	}
+	if a, kv := l.Prefill(0); a != 0 || kv != 0 || !d.zero() {
+		t.Fatalf("charges left after Finish: %d, %d, and the pod that left at zero: %v", a, kv, d.zero())
 	}
 }

@@ -13,7 +13,7 @@ func benchLedger(b *testing.B, pods int) *Ledger {
 	for i := range names {
 		names[i] = "ns/pod-" + strconv.Itoa(i)
 	}
-	l.SetPods(names)
+	l.SetPods(members(names...))
 	return l
 }
 

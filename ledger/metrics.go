@@ -8,14 +8,19 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 )
 
-// Gauge families, seed 001's names; each series carries pod="<name>".
+// Metric families; each series carries pod="<name>". The gauges have
+// seed 001's names; the counter is the charges taken on the pod (each
+// side of a prefill/decode charge counts), one per attempt sent to it.
 const (
 	MetricActiveTokens = "pd_token_load_active_tokens"
 	MetricKVTokens     = "pd_token_load_kv_tokens"
 	MetricDecodeTokens = "pd_token_load_decode_tokens"
+	MetricCharges      = "pdlb_ledger_charges_total"
 )
 
-var seriesFamilies = [3]string{MetricActiveTokens, MetricKVTokens, MetricDecodeTokens}
+var seriesFamilies = [4]struct{ name, typ string }{
+	{MetricActiveTokens, "gauge"}, {MetricKVTokens, "gauge"}, {MetricDecodeTokens, "gauge"}, {MetricCharges, "counter"},
+}
 
 // labelEscaper escapes a Prometheus label value.
 var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
@@ -30,24 +35,50 @@ func (l *Ledger) RegisterMetrics(set *metrics.Set) { set.RegisterMetricsWriter(l
 // not include other replicas').
 func (l *Ledger) WritePrometheus(w io.Writer) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	sums := l.sumByName(func(s *podSlot) ([4]int64, bool) { return s.series(), !s.dropped.Load() })
+	l.mu.Unlock()
 	for j, family := range seriesFamilies {
-		header := false
-		for _, p := range l.pods {
-			s := p.slot
-			if s.dropped.Load() {
-				continue
-			}
-			if !header {
-				metrics.WriteMetadataIfNeeded(w, family, "gauge")
-				header = true
-			}
-			fmt.Fprintf(w, "%s %d\n", p.series[j], s.gauges()[j])
+		if len(sums) > 0 {
+			metrics.WriteMetadataIfNeeded(w, family.name, family.typ)
+		}
+		for _, n := range sums {
+			fmt.Fprintf(w, "%s %d\n", n.pod.series[j], n.v[j])
 		}
 	}
 }
 
-// gauges returns the slot's published counters in seriesFamilies order.
-func (s *podSlot) gauges() [3]int64 {
-	return [3]int64{s.active.Load(), s.kv.Load(), s.decode.Load()}
+// nameSum is counters summed over the pods of one name.
+type nameSum struct {
+	pod *pod // the first registered
+	v   [4]int64
+}
+
+// sumByName sums f's counters over the registered pods it keeps, per name,
+// in registration order: a pod re-added under its name (a new id) while
+// its previous self drains is one pod to whoever reads names (a series,
+// the other replicas). Called with mu held.
+func (l *Ledger) sumByName(f func(s *podSlot) ([4]int64, bool)) []nameSum {
+	var sums []nameSum
+	at := map[string]int{}
+	for _, p := range l.pods {
+		v, ok := f(p.slot)
+		if !ok {
+			continue
+		}
+		i, seen := at[p.name]
+		if !seen {
+			i = len(sums)
+			at[p.name] = i
+			sums = append(sums, nameSum{pod: p})
+		}
+		for j := range v {
+			sums[i].v[j] += v[j]
+		}
+	}
+	return sums
+}
+
+// series returns the slot's published counters in seriesFamilies order.
+func (s *podSlot) series() [4]int64 {
+	return [4]int64{s.active.Load(), s.kv.Load(), s.decode.Load(), int64(s.ops.Load())}
 }

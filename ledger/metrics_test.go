@@ -12,10 +12,10 @@ func TestMetricsSeries(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tl.advance(time.Minute)
 	tl.sweep() // drops a, b, c: idle since SetPods
-	tl.SetPods([]string{"ns/a", `odd"name`})
+	tl.SetPods([]Member{{3, "ns/a"}, {4, `odd"name`}})
 	p := Prompt{Tokens: 100}
 	tk := Ticket{ID: 1}
-	tl.Charge(&tk, 0, 1, &p, tl.Now())
+	tl.Charge(&tk, 3, 4, &p, tl.Now())
 	tl.PrefillDone(tk)
 	set := metrics.NewSet()
 	tl.RegisterMetrics(set)
@@ -34,6 +34,8 @@ pd_token_load_kv_tokens{pod="ns/a"} 3600
 pd_token_load_kv_tokens{pod="odd\"name"} 0
 pd_token_load_decode_tokens{pod="ns/a"} 0
 pd_token_load_decode_tokens{pod="odd\"name"} 100
+pdlb_ledger_charges_total{pod="ns/a"} 1
+pdlb_ledger_charges_total{pod="odd\"name"} 1
 `)
 	// A dropped pod's series disappear.
 	tl.Finish(tk)

@@ -28,7 +28,7 @@ func newReplica(t *testing.T, addr, id string, pods []string) *replica {
 	logs := new(testlog.Buffer)
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	l := New(DefaultConfig(), Env{Logger: log})
-	l.SetPods(pods)
+	l.SetPods(members(pods...))
 	rdb := redis.NewClient(&redis.Options{
 		Addr:            addr,
 		DialTimeout:     100 * time.Millisecond,

@@ -166,16 +166,14 @@ func (s *Shared) sync(ctx context.Context) {
 func (s *Shared) args(nowMs int64) []any {
 	args := []any{s.id, s.expiryMs, s.hashPre}
 	s.l.mu.Lock()
-	for _, p := range s.l.pods {
-		sl := p.slot
+	sums := s.l.sumByName(func(sl *podSlot) ([4]int64, bool) {
 		tokens, reqs := sl.decode.Load(), sl.decodeReqs.Load()
-		if tokens == 0 && reqs == 0 {
-			continue
-		}
-		age := reqs*nowMs - sl.routedMs.Load()
-		args = append(args, p.name, fmt.Sprintf("%d %d %d", tokens, reqs, age))
-	}
+		return [4]int64{tokens, reqs, reqs*nowMs - sl.routedMs.Load()}, tokens != 0 || reqs != 0
+	})
 	s.l.mu.Unlock()
+	for _, n := range sums {
+		args = append(args, n.pod.name, fmt.Sprintf("%d %d %d", n.v[0], n.v[1], n.v[2]))
+	}
 	return args
 }
 

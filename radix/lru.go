@@ -13,6 +13,9 @@ type entry struct {
 type podState struct {
 	oldest, newest int32 // ends of the pod's LRU list of entries
 	blocks         int   // blocks the pod holds
+	// holder is the id of the pod that holds the slot (see SlotBits):
+	// writes naming any other id are ignored.
+	holder int32
 }
 
 func (t *Tree) newEntry(c, pod int32) int32 {

@@ -71,14 +71,23 @@ const (
 	DefaultMaxPods = 64
 	// MaxPodsLimit is the most pods one tree tracks. Match keeps one bit per
 	// pod in a fixed array on its stack (512 bytes at this width).
-	MaxPodsLimit = 4096
+	MaxPodsLimit = 1 << SlotBits
 	maxWords     = MaxPodsLimit / 64
+	// SlotBits is how many low bits of a pod's id name its slot, its bit
+	// in the holder sets and its index in Match's out; the bits above tell
+	// apart the pods that hold one slot one after another (Vacate), so a
+	// write still on its way for a pod that left never lands on the pod
+	// that took its slot. Ids below MaxPods are the slots' first holders.
+	SlotBits = 12
 )
+
+// Slot is the slot of the pod with id pod.
+func Slot(pod int32) int32 { return pod & (MaxPodsLimit - 1) }
 
 // Options configure New. The zero value is a 64-pod tree without capacity
 // limits.
 type Options struct {
-	// MaxPods is the number of pods tracked, with ids 0..MaxPods-1; it fixes
+	// MaxPods is the number of pods tracked, in slots 0..MaxPods-1; it fixes
 	// the width of every node's holder bitset (default 64, at most 4096).
 	MaxPods int
 	// PodCapacity is each pod's cache size in blocks: an Insert that takes a
@@ -165,7 +174,7 @@ func New(opts Options) (*Tree, error) {
 		pods:      make([]podState, opts.MaxPods),
 	}
 	for i := range t.pods {
-		t.pods[i] = podState{oldest: none, newest: none}
+		t.pods[i] = podState{oldest: none, newest: none, holder: int32(i)}
 	}
 	t.nodeDir.Store(&t.nodes)
 	t.poolDir.Store(&t.pool)
@@ -178,15 +187,18 @@ func New(opts Options) (*Tree, error) {
 
 // Insert records that pod holds the chain keys[0:len(keys)] and makes those
 // blocks its most recently used, then evicts the pod's least recently used
-// blocks beyond its capacity. Insert panics if pod is outside
-// 0..MaxPods-1.
-func (t *Tree) Insert(pod int32, keys []uint64) {
-	t.checkPod(pod)
+// blocks beyond its capacity. Insert panics if pod's slot is outside
+// 0..MaxPods-1, and ignores a pod that no longer holds its slot.
+func (t *Tree) Insert(id int32, keys []uint64) {
+	pod := t.checkPod(id)
 	if len(keys) == 0 {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.pods[pod].holder != id {
+		return
+	}
 	path := t.path[:0]
 	parent, i := root, 0
 	for i < len(keys) {
@@ -228,12 +240,16 @@ func (t *Tree) Insert(pod int32, keys []uint64) {
 // Remove records that pod no longer holds the last n blocks of chain, a
 // prompt's keys from its first block on (as an engine's BlockRemoved names
 // a block, whose prefix the caller knows). n may be up to len(chain).
-// Blocks the tree does not hold for the pod on that path are ignored.
-// Remove panics if pod is outside 0..MaxPods-1.
-func (t *Tree) Remove(pod int32, chain []uint64, n int) {
-	t.checkPod(pod)
+// Blocks the tree does not hold for the pod on that path are ignored, as
+// is a pod that no longer holds its slot. Remove panics if pod's slot is
+// outside 0..MaxPods-1.
+func (t *Tree) Remove(id int32, chain []uint64, n int) {
+	pod := t.checkPod(id)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.pods[pod].holder != id {
+		return
+	}
 	lo := max(len(chain)-n, 0)
 	// Deepest node first: each step walks from the root to the node that
 	// holds the deepest block still to go, as what earlier steps split,
@@ -280,13 +296,38 @@ func (t *Tree) locate(keys []uint64) (c int32, at, end int) {
 	return c, at, end
 }
 
-// RemovePod records that pod holds nothing: an engine restart, its
-// AllBlocksCleared event, or the pod leaving the pool. It panics if pod is
-// outside 0..MaxPods-1.
-func (t *Tree) RemovePod(pod int32) {
-	t.checkPod(pod)
+// RemovePod records that pod holds nothing: an engine restart or its
+// AllBlocksCleared event. It panics if pod's slot is outside
+// 0..MaxPods-1, and ignores a pod that no longer holds its slot.
+func (t *Tree) RemovePod(id int32) {
+	pod := t.checkPod(id)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.pods[pod].holder == id {
+		t.clearPod(pod)
+	}
+}
+
+// Vacate records that pod left the pool: its blocks go, and its slot
+// passes to next, the id of the slot's next pod (the same slot, other
+// upper bits); from now on writes naming pod are ignored. It panics if the
+// two ids name different slots or one outside 0..MaxPods-1, and ignores a
+// pod that no longer holds its slot.
+func (t *Tree) Vacate(id, next int32) {
+	pod := t.checkPod(id)
+	if t.checkPod(next) != pod || next == id {
+		panic(fmt.Sprintf("BUG: radix: Vacate(%d, %d): not the same slot under another id", id, next))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pods[pod].holder == id {
+		t.clearPod(pod)
+		t.pods[pod].holder = next
+	}
+}
+
+// clearPod drops every block the pod in slot pod holds.
+func (t *Tree) clearPod(pod int32) {
 	for e := t.pods[pod].oldest; e != none; e = t.pods[pod].oldest {
 		c := t.entries[e].node
 		t.dropPod(c, pod)
@@ -334,8 +375,12 @@ func (t *Tree) Stats() Stats {
 	return st
 }
 
-func (t *Tree) checkPod(pod int32) {
-	if pod < 0 || int(pod) >= t.maxPods {
-		panic(fmt.Sprintf("radix: pod %d outside 0..%d", pod, t.maxPods-1))
+// checkPod returns the slot of the pod with id pod; it panics if the id
+// is negative or its slot outside 0..MaxPods-1.
+func (t *Tree) checkPod(id int32) int32 {
+	pod := Slot(id)
+	if id < 0 || int(pod) >= t.maxPods {
+		panic(fmt.Sprintf("radix: pod %d outside 0..%d", id, t.maxPods-1))
 	}
+	return pod
 }

@@ -543,3 +543,44 @@ func TestReinsertAfterRemove(t *testing.T) {
 		check(t, tr, m)
 	}
 }
+
+// TestVacate hands a slot from a pod that left to the next one: the
+// leaver's blocks go, and writes still naming it (a request or a KV event
+// on its way) never land on its successor.
+func TestVacate(t *testing.T) {
+	tr := newTree(t, Options{MaxPods: 4})
+	keys := chain(seq(1, 8)...)
+	next := int32(2 + 1<<SlotBits)
+	tr.Insert(2, keys)
+	tr.Insert(1, keys[:3])
+	tr.Vacate(2, next)
+	out := make([]int32, 4)
+	want := func(when string, d2 int32) {
+		t.Helper()
+		tr.Match(keys, out)
+		if out[1] != 3 || out[2] != d2 {
+			t.Fatalf("%s: depths %v, want 3 for slot 1 and %d for slot 2", when, out, d2)
+		}
+	}
+	want("after Vacate", 0)
+	tr.Insert(2, keys)
+	tr.Remove(2, keys, 8)
+	tr.RemovePod(2)
+	want("after the leaver's late writes", 0)
+	tr.Insert(next, keys[:5])
+	tr.Insert(2, keys)
+	want("after the successor's insert", 5)
+	tr.Remove(2, keys, 8)
+	tr.RemovePod(2)
+	tr.Vacate(2, 2+2<<SlotBits)
+	want("after the leaver's writes and a stale Vacate", 5)
+	if st := tr.Stats(); st.PodBlocks[2] != 5 || Slot(next) != 2 {
+		t.Fatalf("slot 2 holds %d blocks, want 5; Slot(%d) = %d", st.PodBlocks[2], next, Slot(next))
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Vacate to another slot did not panic")
+		}
+	}()
+	tr.Vacate(next, 3)
+}

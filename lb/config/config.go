@@ -325,6 +325,9 @@ type Pod struct {
 	// PrefillTokensPerSec is the pod's prefill speed on uncached tokens the
 	// gateway assumes until it has measured it (default 20,000).
 	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
+	// UID is the pod's Kubernetes UID, set by discovery: with its name
+	// and address it is the pod's identity across reloads (pool.Build).
+	UID string `yaml:"uid"`
 	// BootstrapPort is an SGLang prefill pod's KV bootstrap port, where its
 	// decode pods fetch the KV (AIBrix's model.aibrix.ai/sglang-bootstrap-port,
 	// default 8998); other engines ignore it.

@@ -221,6 +221,7 @@ func (r *rebuilder) podFrom(kp *corev1.Pod, configs map[string]*spec.ModelConfig
 	lbl, ann := kp.Labels, kp.Annotations
 	p := Pod{Pod: config.Pod{
 		Name:    kp.Namespace + "/" + kp.Name,
+		UID:     string(kp.UID),
 		Model:   lbl[spec.LabelModel],
 		Roleset: lbl[spec.LabelRoleset],
 		Weight:  1,

@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
@@ -35,7 +36,7 @@ func (fakePods) IsWatchListSemanticsUnSupported() bool { return true }
 // kpod makes a Running, Ready pod with an IP and AIBrix's labels.
 func kpod(name, ip string, labels map[string]string, annotations map[string]string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "inference", Name: name, Labels: labels, Annotations: annotations},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "inference", Name: name, UID: types.UID("uid-" + name), Labels: labels, Annotations: annotations},
 		Status: corev1.PodStatus{
 			Phase:      corev1.PodRunning,
 			PodIP:      ip,
@@ -119,7 +120,10 @@ func TestKubernetesPodsComeAndGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := follow(t, k)
-	w.expect("inference/p0 my-model vllm prefill group-0 10.0.0.1:8000")
+	// The UID is the pod's identity across reloads (pool.Build).
+	if p := w.expect("inference/p0 my-model vllm prefill group-0 10.0.0.1:8000"); p[0].UID != "uid-p0" {
+		t.Fatalf("UID %q, want uid-p0", p[0].UID)
+	}
 
 	pods := client.CoreV1().Pods("inference")
 	// Added: a decode pod, and a pod that is not ready yet.

@@ -39,11 +39,7 @@ func decideGateway(b *testing.B, policy, tokenizer string) (*Gateway, *pool.Mode
 	}
 	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now()}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
-	names := make([]string, len(snap.Pods))
-	for i, p := range snap.Pods {
-		names[i] = p.Config.Name
-	}
-	g.ledger.SetPods(names)
+	g.ledger.SetPods(ledgerMembers(snap))
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)

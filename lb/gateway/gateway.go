@@ -111,11 +111,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 		return nil, err
 	}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{Logger: log})
-	names := make([]string, len(snap.Pods))
-	for i, p := range snap.Pods {
-		names[i] = p.Config.Name
-	}
-	g.ledger.SetPods(names)
+	g.ledger.SetPods(ledgerMembers(snap))
 	if g.kv, err = startKVFeeds(snap, log); err != nil {
 		return nil, err
 	}
@@ -182,11 +178,7 @@ func (g *Gateway) Reload(cfg config.Config) error {
 	if err != nil {
 		return err
 	}
-	names := make([]string, len(snap.Pods))
-	for i, p := range snap.Pods {
-		names[i] = p.Config.Name
-	}
-	g.ledger.SetPods(names)
+	g.ledger.SetPods(ledgerMembers(snap))
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)
 	g.cfg.Pods, g.cfg.Models = cfg.Pods, cfg.Models
@@ -207,6 +199,16 @@ func (g *Gateway) Reload(cfg config.Config) error {
 	}
 	g.log.Info("configuration reloaded", "pods", len(snap.Pods), "models", len(snap.Models))
 	return nil
+}
+
+// ledgerMembers are s's pods as the ledger knows them: by id, which a pod
+// keeps across reloads, so its counters follow it.
+func ledgerMembers(s *pool.Snapshot) []ledger.Member {
+	m := make([]ledger.Member, len(s.Pods))
+	for i, p := range s.Pods {
+		m[i] = ledger.Member{ID: p.ID, Name: p.Config.Name}
+	}
+	return m
 }
 
 // Config returns the configuration in force.

@@ -41,7 +41,7 @@ func startKVFeeds(s *pool.Snapshot, log *slog.Logger) (*kvFeeds, error) {
 				}
 				k.indexers[m] = ix
 			}
-			feed := k.indexers[m].Pod(p.Slot, m.Name)
+			feed := k.indexers[m].Pod(p.PrefixID, m.Name)
 			sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, feed)
 			if err != nil {
 				k.close()
@@ -83,8 +83,12 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		Tokenized map[string]uint64 `json:"tokenized"`
 		Nodes     int               `json:"nodes"`
 		Blocks    int               `json:"blocks"`
-		Bytes     int64             `json:"bytes"`
-		Pods      []podIndex        `json:"pods"`
+		// HeldBlocks is what every slot of the index holds, a pod's blocks
+		// counted once per pod: Pods' blocks sum to it, as a pod that
+		// left holds none.
+		HeldBlocks int        `json:"held_blocks"`
+		Bytes      int64      `json:"bytes"`
+		Pods       []podIndex `json:"pods"`
 	}
 	snap := g.pool.Load()
 	g.mu.Lock()
@@ -98,13 +102,16 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		if m.Prompt != nil {
 			mi.Tokenizer = m.Prompt.Name()
 		}
+		for _, n := range st.PodBlocks {
+			mi.HeldBlocks += n
+		}
 		for i, c := range g.metrics.model(m).tokenized {
 			mi.Tokenized[tokenModeNames[i]] = c.Get()
 		}
 		for _, p := range m.Pods {
 			pi := podIndex{Pod: p.Config.Name, Blocks: st.PodBlocks[p.Slot], KVEvents: p.Config.KVEvents}
 			for _, f := range feeds {
-				if f.pod.Config.Name == p.Config.Name {
+				if f.pod.ID == p.ID {
 					pi.EventsReceived = f.sub.Counters.Events.Load()
 					pi.Gaps = f.sub.Counters.Gaps.Load()
 					pi.Replayed = f.sub.Counters.Replayed.Load()

@@ -44,7 +44,7 @@ func (x *completion) RequestID() string {
 func (x *completion) PlacePair(pre, dec *pool.Pod) {
 	x.g.place(x.m, x, pre)
 	if x.m.UsesCache && len(x.keys) > 0 {
-		x.m.Prefix.Insert(dec.Slot, x.keys)
+		x.m.Prefix.Insert(dec.PrefixID, x.keys)
 	}
 }
 

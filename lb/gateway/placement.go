@@ -27,10 +27,10 @@ func (g *Gateway) lookup(m *pool.Model, x *completion) {
 	}
 	x.looked = true
 	x.keys = appendKeys(x.keys[:0], m, x)
-	if cap(x.depth) < len(m.Pods) {
-		x.depth = make([]int32, len(m.Pods))
+	if cap(x.depth) < m.Slots {
+		x.depth = make([]int32, m.Slots)
 	}
-	x.depth = x.depth[:len(m.Pods)]
+	x.depth = x.depth[:m.Slots]
 	m.Prefix.Match(x.keys, x.depth)
 }
 
@@ -144,7 +144,7 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
 		pod.UseAdapter(x.adapter, &m.LoRA)
 	}
 	if m.UsesCache && len(x.keys) > 0 {
-		m.Prefix.Insert(pod.Slot, x.keys)
+		m.Prefix.Insert(pod.PrefixID, x.keys)
 	}
 	stats := g.metrics.model(m)
 	stats.promptTokens.Add(x.routeReq.PromptTokens)

@@ -92,11 +92,7 @@ func testGateway(t *testing.T, cfg config.Config, dial pool.DialFunc, adm *admit
 	}
 	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now()}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
-	var names []string
-	for _, p := range cfg.Pods {
-		names = append(names, p.Name)
-	}
-	g.ledger.SetPods(names)
+	g.ledger.SetPods(ledgerMembers(snap))
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)

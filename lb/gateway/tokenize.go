@@ -121,7 +121,7 @@ func (g *Gateway) serveIndexMatch(w http.ResponseWriter, r *http.Request) {
 		seed = a.Seed
 	}
 	keys := radix.AppendBlockKeys(nil, radix.SeedWith(seed, "", q.CacheSalt), q.IDs, m.BlockSize)
-	depth := make([]int32, len(m.Pods))
+	depth := make([]int32, m.Slots)
 	m.Prefix.Match(keys, depth)
 	type hit struct {
 		Pod          string `json:"pod"`

@@ -114,8 +114,9 @@ func New(idx Index, cfg Config) (*Indexer, error) {
 
 // Pod returns the feed of one pod serving model: give it the pod's events
 // (it implements the engines' event-sink interface, e.g. as the sink of a
-// vllm.Subscriber). The pod's state in the index is not touched until its
-// first event.
+// vllm.Subscriber); pod is its id in the index (a radix.Tree ignores the
+// writes of a pod whose slot was vacated). The pod's state in the index is
+// not touched until its first event.
 func (ix *Indexer) Pod(pod int32, model string) *Pod {
 	return &Pod{ix: ix, id: pod, seed: radix.Seed(model), byHash: make(map[uint64]int32)}
 }

@@ -22,22 +22,28 @@ import (
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/route"
+	"pdlb/ledger"
 	"pdlb/radix"
 )
 
-// Pod is one inference pod as one snapshot sees it. Its identity fields are
-// immutable; its state lives in a podState that a later snapshot shares
-// when the pod's configuration has not changed, so a reload keeps its
-// health, counters, learned speed and connections.
+// Pod is one inference pod as one snapshot sees it. Its fields are
+// immutable; its state lives in a podState that every later snapshot
+// shares while the pod keeps its identity (see Build), so a reload keeps
+// its health, ejection, counters, learned speed and connections.
 type Pod struct {
-	// ID is the pod's index in its snapshot's Pods: dense, so per-pod tables
-	// (ledgers, radix pod sets) are slices, not maps.
+	// ID is the pod's id, the same in every snapshot for the pod's life
+	// and never another pod's, so what is keyed by it (the ledger's
+	// counters) follows the pod: its low ledger.IndexBits bits are a slot
+	// (dense: a pod that left frees its slot), the bits above tell apart
+	// the pods that held that slot one after another.
 	ID     int32
 	Config config.Pod
 	Engine engines.Kind
-	// Slot is the pod's index among its model's pods (Model.Pods), its id
-	// in the model's prefix index.
-	Slot int32
+	// PrefixID is the pod's id in its model's prefix index and Slot its
+	// slot there (radix.Slot(PrefixID)), the index of its depth in a
+	// Match: the same for the pod's life, as long as the model keeps its
+	// index.
+	PrefixID, Slot int32
 	// Role is the pod's part in prefill/decode disaggregation; Roleset
 	// indexes its model's Rolesets (-1 for a combined pod).
 	Role    route.PDRole
@@ -65,9 +71,8 @@ type podLoad struct {
 	// not behind a pointer, so a pick reads it without another cache miss
 	// per pod.
 	Speed admit.PrefillSpeed
-	// weight is Config.Weight: a podState is shared only by pods of equal
-	// configuration.
-	weight float64
+	// weight is Config.Weight (float64 bits), which a reload may change.
+	weight atomic.Uint64
 	// The last scrape's running and waiting counts (int32 each, waiting in
 	// the high half: one word, so one scrape's pair) and KV usage (float64
 	// bits), copied here so a pick reads them without loading the Scraped.
@@ -229,7 +234,7 @@ func (l *PodLoad) Fill(c *route.Candidate, match *Match) {
 func (l *PodLoad) fillLoad(c *route.Candidate, match *Match) {
 	c.Pod = l.ID
 	c.InFlight = int(l.inFlight.Load())
-	c.Weight = l.weight
+	c.Weight = math.Float64frombits(l.weight.Load())
 	c.QueuedPrefillTokens = float64(l.queued.Load())
 	c.PrefillTokensPerSec = l.Speed.TokensPerSec()
 	if match.Depth != nil {
@@ -311,8 +316,10 @@ type Model struct {
 	// Index numbers the model for per-model tables; a model keeps its
 	// number across snapshots, and new models get new numbers.
 	Index int
-	// Pods are every pod of the model, by Slot.
-	Pods []*Pod
+	// Pods are every pod of the model, in configuration order, and Slots
+	// is one past their highest Slot: the length of a Match's depths.
+	Pods  []*Pod
+	Slots int
 	// Combined are the pods that run whole requests, and CombinedLoads
 	// their loads, in the same order.
 	Combined      []*Pod
@@ -328,8 +335,12 @@ type Model struct {
 	// looked up in Prefix.
 	UsesCache bool
 	// Prefix is the model's prefix index: which pod holds which blocks,
-	// from the gateway's own routing and the pods' KV events.
-	Prefix *radix.Tree
+	// from the gateway's own routing and the pods' KV events. prefixIDs
+	// hands out its pod ids, capacity is each pod's capacity in it
+	// (blocks) and width its slots.
+	Prefix          *radix.Tree
+	prefixIDs       ids
+	capacity, width int
 	// BlockSize is the tokens per block key, Seed the chain's seed.
 	BlockSize int
 	Seed      uint64
@@ -350,6 +361,8 @@ type Snapshot struct {
 	Models []*Model
 	byName map[string]*Model
 	names  names // adapters and aliases (lora.go)
+	// podIDs hands out the pods' ids.
+	podIDs ids
 }
 
 // Model returns the model called name, or nil. The []byte→string conversion
@@ -367,21 +380,32 @@ func (p *Pool) Load() *Snapshot { return p.snap.Load() }
 type DialFunc func(addr string, timeout time.Duration) (net.Conn, error)
 
 // Build makes the snapshot of a validated configuration, dialing pods with
-// dial. prev, if not nil, is the snapshot it replaces: a pod whose
-// configuration is unchanged keeps its state (health, counters, learned
-// speed, connections), a model keeps its number, and a model whose pods are
-// unchanged keeps its prefix index. New pods start healthy (the first check
-// corrects that within one interval) so a fresh gateway serves at once.
+// dial. prev, if not nil, is the snapshot it replaces.
+//
+// A pod keeps its identity, and with it its state (health, ejection,
+// counters, learned speed, connections), its ID and its place in its
+// model's prefix index, for as long as a reload names it with the same
+// identity (UID, name and address) and model; any other change to its
+// configuration applies to the pod it is. A pod that leaves (or changes
+// identity or model) frees its ID and its prefix slot, and its blocks
+// leave the index; the next pod to take either gets another id for it, so
+// a charge or index write still on its way for the pod that left never
+// reaches it. A model keeps its number, and its prefix index while its
+// block size, tokenizer and pods' cache capacity stay and its pods fit.
+// New pods start healthy (the first check corrects that within one
+// interval) so a fresh gateway serves at once.
 func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error) {
-	s := &Snapshot{byName: map[string]*Model{}}
-	old := map[string]*Pod{}
+	s := &Snapshot{byName: map[string]*Model{}, podIDs: ids{bits: ledger.IndexBits}}
+	// The pods of prev by identity; those a pod of cfg takes over stay.
+	old := map[identity]*Pod{}
 	// Loaded tokenizers by settings, so models sharing one (and a reload
 	// keeping one) load it once.
 	prompts := prompt.Loaded{}
 	nextIndex := 0
 	if prev != nil {
+		s.podIDs = prev.podIDs.clone()
 		for _, p := range prev.Pods {
-			old[p.Config.Name] = p
+			old[identityOf(p.Config)] = p
 		}
 		for _, m := range prev.Models {
 			nextIndex = max(nextIndex, m.Index+1)
@@ -390,23 +414,46 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			}
 		}
 	}
-	connectTimeout := cfg.Upstream.ConnectTimeout
+	pcs := make([]config.Pod, len(cfg.Pods))
+	stays := map[*Pod]bool{}
 	for i := range cfg.Pods {
 		// The snapshot holds pods with their defaults filled, whoever
 		// built the configuration.
-		pc := cfg.Pods[i]
-		pc.Provision()
+		pcs[i] = cfg.Pods[i]
+		pcs[i].Provision()
+		if o := old[identityOf(pcs[i])]; o != nil && o.Config.Model == pcs[i].Model {
+			stays[o] = true
+		}
+	}
+	if prev != nil {
+		for _, p := range prev.Pods {
+			if !stays[p] {
+				s.podIDs.free(p.ID)
+			}
+		}
+	}
+	// The pods of s that are pods of prev.
+	continued := map[*Pod]bool{}
+	connectTimeout := cfg.Upstream.ConnectTimeout
+	for _, pc := range pcs {
 		kind, err := engines.ParseKind(pc.Engine)
 		if err != nil {
 			return nil, err
 		}
-		pod := &Pod{ID: int32(i), Config: pc, Engine: kind}
-		if o := old[pc.Name]; o != nil && o.Config == pc {
-			pod.podState = o.podState
+		pod := &Pod{Config: pc, Engine: kind}
+		if o := old[identityOf(pc)]; stays[o] {
+			continued[pod] = true
+			pod.ID, pod.PrefixID, pod.podState = o.ID, o.PrefixID, o.podState
+			if w := math.Float64bits(pc.Weight); pod.weight.Load() != w {
+				pod.weight.Store(w)
+			}
 		} else {
+			if pod.ID, err = s.podIDs.take(); err != nil {
+				return nil, err
+			}
 			pod.podState = new(podState)
 			pod.Speed.Init(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha)
-			pod.weight = pc.Weight
+			pod.weight.Store(math.Float64bits(pc.Weight))
 			pod.Client = newClient(cfg, pc.Address, func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) })
 			pod.pd = newPDState()
 			pod.healthy.Store(true)
@@ -437,38 +484,95 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			s.byName[pc.Model] = m
 			s.Models = append(s.Models, m)
 		}
-		pod.Slot = int32(len(m.Pods))
 		m.Pods = append(m.Pods, pod)
 		if pc.Role == config.RoleCombined {
 			m.Combined = append(m.Combined, pod)
-			m.CombinedLoads = append(m.CombinedLoads, pod.Load())
 		}
 		m.addPD(pod)
 	}
+	// Pods that left a kept index leave it once nothing can fail.
+	var vacate []func()
 	for _, m := range s.Models {
 		// The PD cascade's prefill scores read prefix matches.
 		m.UsesCache = m.UsesCache || len(m.Prefill) > 0
-		// A new tokenizer gives new keys: the old index names none of them.
-		if pm := prev.model(m.Name); pm != nil && pm.BlockSize == m.BlockSize && pm.promptKey == m.promptKey && samePods(pm.Pods, m.Pods) {
-			m.Prefix = pm.Prefix
-			continue
-		}
-		// One capacity for the whole tree: the smallest any pod declares,
-		// so no pod is assumed to hold more than it can.
-		capacity := 0
-		for _, p := range m.Pods {
-			if c := p.Config.CacheBlocks; c > 0 && (capacity == 0 || c < capacity) {
-				capacity = c
-			}
-		}
-		tree, err := radix.New(radix.Options{MaxPods: max(len(m.Pods), 1), PodCapacity: capacity})
+		v, err := m.placeInIndex(prev.model(m.Name), stays, continued)
 		if err != nil {
-			return nil, fmt.Errorf("model %q: %w", m.Name, err)
+			return nil, err
 		}
-		m.Prefix = tree
+		vacate = append(vacate, v...)
+		for _, p := range m.Pods {
+			m.Slots = max(m.Slots, int(p.Slot)+1)
+		}
+		for _, p := range m.Combined {
+			m.CombinedLoads = append(m.CombinedLoads, p.Load())
+		}
+	}
+	for _, v := range vacate {
+		v()
 	}
 	s.buildNames(cfg)
 	return s, nil
+}
+
+// identity is what tells one pod from another across reloads: the
+// Kubernetes UID where discovery knows it (a pod recreated under its name,
+// maybe at its address, is another pod), its name and its address.
+type identity struct{ uid, name, address string }
+
+func identityOf(c config.Pod) identity { return identity{c.UID, c.Name, c.Address} }
+
+// placeInIndex gives m a prefix index and its pods their ids there. The
+// index of pm, m's model in the previous snapshot, stays when it fits:
+// the pods that stay keep their ids, new pods take the slots free, and
+// the returned calls vacate the slots of pm's pods that left. Otherwise m
+// gets an index of its own, empty. stays are the pods of the previous
+// snapshot that stay, continued the pods of m's that are them.
+func (m *Model) placeInIndex(pm *Model, stays, continued map[*Pod]bool) (vacate []func(), err error) {
+	// One capacity for the whole tree: the smallest any pod declares, so
+	// no pod is assumed to hold more than it can.
+	for _, p := range m.Pods {
+		if c := p.Config.CacheBlocks; c > 0 && (m.capacity == 0 || c < m.capacity) {
+			m.capacity = c
+		}
+	}
+	// A new tokenizer gives new keys: the old index names none of them.
+	if pm != nil && pm.BlockSize == m.BlockSize && pm.promptKey == m.promptKey && pm.capacity == m.capacity {
+		m.Prefix, m.prefixIDs, m.width = pm.Prefix, pm.prefixIDs.clone(), pm.width
+		for _, p := range pm.Pods {
+			if !stays[p] {
+				id, next := p.PrefixID, m.prefixIDs.free(p.PrefixID)
+				vacate = append(vacate, func() { m.Prefix.Vacate(id, next) })
+			}
+		}
+		if m.takePrefixIDs(continued) {
+			return vacate, nil
+		}
+	}
+	// Bitsets hold 64 pods a word: a wider index costs a reader nothing
+	// until its pods need another word.
+	m.width = max(64, (len(m.Pods)+63)/64*64)
+	if m.Prefix, err = radix.New(radix.Options{MaxPods: m.width, PodCapacity: m.capacity}); err != nil {
+		return nil, fmt.Errorf("model %q: %w", m.Name, err)
+	}
+	m.prefixIDs = ids{bits: radix.SlotBits}
+	m.takePrefixIDs(nil)
+	return nil, nil
+}
+
+// takePrefixIDs gives each pod of m that is not continued an id in m's
+// index, and every pod its Slot; false if they do not fit its width.
+func (m *Model) takePrefixIDs(continued map[*Pod]bool) bool {
+	for _, p := range m.Pods {
+		if !continued[p] {
+			id, err := m.prefixIDs.take()
+			if err != nil || int(radix.Slot(id)) >= m.width {
+				return false
+			}
+			p.PrefixID = id
+		}
+		p.Slot = radix.Slot(p.PrefixID)
+	}
+	return true
 }
 
 // loadPrompt loads the tokenizer and chat template mc names, or takes the
@@ -511,20 +615,6 @@ func (s *Snapshot) model(name string) *Model {
 		return nil
 	}
 	return s.byName[name]
-}
-
-// samePods reports whether two pod lists name the same pods in the same
-// slots, so an index keyed by slot stays valid.
-func samePods(a, b []*Pod) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].Config.Name != b[i].Config.Name || a[i].podState != b[i].podState {
-			return false
-		}
-	}
-	return true
 }
 
 // Publish makes s the current snapshot.

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -58,7 +59,7 @@ func TestCircuitBreaker(t *testing.T) {
 func TestFill(t *testing.T) {
 	p := &Pod{ID: 7, Slot: 2, podState: &podState{}}
 	p.Speed.Init(5000, 0)
-	p.weight = 2
+	p.weight.Store(math.Float64bits(2))
 	p.Acquire()
 	p.AddQueuedPrefill(300)
 	l := p.Load()
