@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"reflect"
 	"strconv"
 	"sync"
@@ -24,7 +25,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
+	"pdlb/internal/tracing"
 	"pdlb/lb/accesslog"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
@@ -89,6 +92,11 @@ type Gateway struct {
 	plan *planLoop
 	// access is the access log, nil when access_log is off (accesslog.go).
 	access *accesslog.Log
+	// tracer is nil when tracing is off; explain keeps decisions (trace.go,
+	// explain.go).
+	tracer  trace.Tracer
+	tracing *tracing.Provider
+	explain *explainer
 }
 
 // New builds a gateway over a validated configuration and starts its health
@@ -105,6 +113,9 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial}
 	g.models.Store(renderModels(snap))
+	if err := g.startObserving(os.LookupEnv); err != nil {
+		return nil, err
+	}
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
 			return nil, err
@@ -257,6 +268,7 @@ func (g *Gateway) Close() {
 	for _, p := range g.pool.Load().Pods {
 		p.Client.CloseIdleConnections()
 	}
+	g.stopTracing()
 	if g.access != nil {
 		if err := g.access.Close(); err != nil {
 			g.log.Warn("closing the access log", "err", err)
