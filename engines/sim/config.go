@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"pdlb/engines"
 	"pdlb/engines/prompt"
 )
@@ -112,6 +114,9 @@ type Config struct {
 	// and caches the ids the real engine would (default nil: the stand-in
 	// tokenizer the gateway also defaults to).
 	Prompt *prompt.Model
+	// Tracer, when set, traces every generation request, continuing the
+	// caller's traceparent (default nil: no spans; see trace.go).
+	Tracer trace.Tracer
 }
 
 var errConfig = errors.New("sim: invalid config")

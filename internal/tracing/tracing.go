@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -169,11 +170,12 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 // Propagator reads and writes W3C traceparent and tracestate.
 var Propagator = propagation.TraceContext{}
 
-// Carrier is a propagation.TextMapCarrier over a header set: Get and Set
-// of one name's value.
+// Carrier is a header set (fasthttp's request headers): Peek, Set and
+// Del of one name's value.
 type Carrier interface {
 	Peek(key string) []byte
 	Set(key, value string)
+	Del(key string)
 }
 
 // headers adapts a Carrier (fasthttp's request headers) to
@@ -181,8 +183,16 @@ type Carrier interface {
 type headers struct{ h Carrier }
 
 func (c headers) Get(k string) string { return string(c.h.Peek(k)) }
-func (c headers) Set(k, v string)     { c.h.Set(k, v) }
 func (c headers) Keys() []string      { return nil }
+
+// Set replaces the field k in whichever of the two usual spellings a
+// client sent it ("traceparent", "Traceparent"): headers copied without
+// normalizing keep the client's, and a pod must not find two.
+func (c headers) Set(k, v string) {
+	c.h.Del(k)
+	c.h.Del(strings.ToUpper(k[:1]) + k[1:])
+	c.h.Set(k, v)
+}
 
 // Extract is the span context the headers h carry on top of ctx.
 func Extract(ctx context.Context, h Carrier) context.Context {

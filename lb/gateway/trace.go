@@ -69,7 +69,7 @@ type reqTrace struct {
 	// The spans still open: sent, the attempt on one pod, a PD pair's legs and
 	// the relay.
 	sent, prefill, decode, relay trace.Span
-	decodeStart                     time.Time
+	decodeStart                  time.Time
 	// reasons are the answer's finish_reason values, in order.
 	reasons []string
 }

@@ -78,6 +78,11 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 			cfg.Models = append(cfg.Models, config.Model{Name: m.model, Policy: policy, Tokenizer: tokenizer})
 		}
 	}
+	stopTracing, err := traceSims(cfg.Tracing, fc.Pods)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	fleet, err := sim.StartFleet(fc)
 	if err != nil {
 		return err
