@@ -60,9 +60,9 @@ type Provider struct {
 // ErrSettings wraps the errors of settings Start cannot use.
 var ErrSettings = errors.New("tracing: invalid settings")
 
-// On reports whether s, with the environment lookup reads, turns tracing
+// on reports whether s, with the environment lookup reads, turns tracing
 // on.
-func On(s Settings, lookup func(string) (string, bool)) bool {
+func on(s Settings, lookup func(string) (string, bool)) bool {
 	v, _ := lookup("OTEL_TRACES_EXPORTER")
 	return s.Enabled || v == "otlp"
 }
@@ -70,24 +70,10 @@ func On(s Settings, lookup func(string) (string, bool)) bool {
 // Start starts tracing as s and the environment say, under
 // defaultService when neither names the service; nil when tracing is off.
 func Start(ctx context.Context, s Settings, defaultService string, lookup func(string) (string, bool)) (*Provider, error) {
-	if !On(s, lookup) {
+	if !on(s, lookup) {
 		return nil, nil
 	}
-	exp, err := exporter(ctx, s, lookup)
-	if err != nil {
-		return nil, err
-	}
-	name := s.ServiceName
-	if v, ok := lookup("OTEL_SERVICE_NAME"); name == "" && (!ok || v == "") {
-		name = defaultService
-	}
-	res := resource.Default()
-	if name != "" {
-		if res, err = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName(name))); err != nil {
-			return nil, err
-		}
-	}
-	opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
+	var opts []sdktrace.TracerProviderOption
 	if s.Sampler != "" {
 		sm, err := Sampler(s.Sampler, s.Ratio)
 		if err != nil {
@@ -95,6 +81,22 @@ func Start(ctx context.Context, s Settings, defaultService string, lookup func(s
 		}
 		opts = append(opts, sdktrace.WithSampler(sm))
 	}
+	name := s.ServiceName
+	if v, ok := lookup("OTEL_SERVICE_NAME"); name == "" && (!ok || v == "") {
+		name = defaultService
+	}
+	res := resource.Default()
+	if name != "" {
+		var err error
+		if res, err = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName(name))); err != nil {
+			return nil, err
+		}
+	}
+	exp, err := exporter(ctx, s, lookup)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	return &Provider{tp: sdktrace.NewTracerProvider(opts...)}, nil
 }
 

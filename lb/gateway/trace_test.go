@@ -128,3 +128,15 @@ func TestFinishReasons(t *testing.T) {
 	f(`{"choices":[{"finish_reason":"length"},{"finish_reason":"stop"}]}`, "length", "stop")
 	f(`{"choices":[{"finish_reason":"len`)
 }
+
+func FuzzFinishReasons(f *testing.F) {
+	f.Add([]byte(`{"choices":[{"finish_reason":"stop"}]}`))
+	f.Add([]byte(`"finish_reason":"`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, r := range appendFinishReasons(nil, b) {
+			if len(r) > len(b) {
+				t.Fatalf("reason %q longer than its input", r)
+			}
+		}
+	})
+}
