@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -159,5 +160,17 @@ func TestExplainPDOpenToAll(t *testing.T) {
 	}
 	if x.Policy != "pd" || x.Kind != "pair" || len(x.Candidates) != 2 || x.Candidates[0].Chosen != "prefill" || x.Candidates[1].Chosen != "decode" {
 		t.Fatalf("PD explanation %s", resp.Header.Get("x-pdlb-explain"))
+	}
+}
+
+// The access log has the predicted TTFT beside the measured one.
+func TestAccessLogPredictedTTFT(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) { c.AccessLog = path })
+	body := strings.Replace(chatBody, `"max_tokens":8`, `"max_tokens":8,"stream":true`, 1)
+	postHeaders(t, s, body, nil)
+	lines := readAccessLog(t, s, path)
+	if len(lines) != 1 || lines[0].num("predicted_ttft_ms") <= 0 || lines[0].num("ttft_ms") <= 0 {
+		t.Fatalf("access log %v, want ttft_ms and predicted_ttft_ms", lines)
 	}
 }

@@ -113,9 +113,6 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial}
 	g.models.Store(renderModels(snap))
-	if err := g.startObserving(os.LookupEnv); err != nil {
-		return nil, err
-	}
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
 			return nil, err
@@ -138,6 +135,13 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 			g.kv.close()
 			return nil, err
 		}
+	}
+	if err := g.startObserving(os.LookupEnv); err != nil {
+		g.kv.close()
+		if g.access != nil {
+			_ = g.access.Close()
+		}
+		return nil, err
 	}
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
