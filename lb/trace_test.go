@@ -271,9 +271,14 @@ func childOf(t *testing.T, c, p gotSpan) {
 }
 
 func TestTracePDRequest(t *testing.T) {
+	for _, e := range pdEngines {
+		t.Run(e.name, func(t *testing.T) { testTracePDRequest(t, e) })
+	}
+}
+
+func testTracePDRequest(t *testing.T, e pdEngine) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
 	sink := startSink(t)
-	e := pdEngines[0] // vLLM: sequential legs
 	pre := tracedSim(t, sink, e, "pre", sim.RolePrefill)
 	dec := tracedSim(t, sink, e, "dec", sim.RoleDecode)
 	s := tracedGateway(t, sink, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}, "", nil)
