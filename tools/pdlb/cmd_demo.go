@@ -96,6 +96,8 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		cfg.Pods = append(cfg.Pods, c)
 	}
 	gf.apply(&cfg)
+	// A demo explains its decisions to anyone who asks.
+	cfg.Tracing.Explain = true
 	return serveUntilSignal(cfg, gf.stopping(), stdout, func(s *lb.Server) {
 		printDemo(stdout, s, fleet)
 	}, nil, "")
@@ -133,10 +135,13 @@ Try:
   curl -i %[1]s/v1/chat/completions -d '{"model":"demo-trtllm","messages":[{"role":"user","content":"hi"}]}'   # x-pdlb-prefill-pod, x-pdlb-decode-pod
   curl %[1]s/v1/chat/completions -H 'routing-strategy: least_request' -d '{"model":"demo-sglang","messages":[{"role":"user","content":"hi"}]}'   # combined pods only
   curl %[1]s/v1/completions -d '{"model":"demo-sglang","prompt":"Once upon a time","max_tokens":16}'
+  curl -si %[1]s/v1/chat/completions -H 'x-pdlb-debug: explain' -d '{"model":"demo-vllm","messages":[{"role":"user","content":"hi"}]}' | grep -i x-pdlb-explain
+  curl '%[2]s/admin/explain?model=demo-vllm'   # arms recording; the next requests' decisions show on the next read
   curl %[1]s/v1/models
   curl %[2]s/metrics
   curl %[2]s/admin/pods
 
+Traces: start with OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 (Jaeger, a collector).
 Press Ctrl-C to stop.
 `, host, s.AdminAddr())
 }
