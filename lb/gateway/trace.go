@@ -70,6 +70,9 @@ type reqTrace struct {
 	// the relay.
 	sent, prefill, decode, relay trace.Span
 	decodeStart                  time.Time
+	// decodeHeadAt is when the decode leg's head came in, until the KV
+	// handoff is recorded (a concurrent prefill leg's end may come later).
+	decodeHeadAt time.Time
 	// reasons are the answer's finish_reason values, in order.
 	reasons []string
 }
@@ -241,18 +244,36 @@ func (t *reqTrace) prefillDone(at time.Time, cut bool) {
 	t.prefill = nil
 }
 
-// decodeHead records the KV handoff: from the prefill leg's end (zero
-// when unknown) to the decode leg's answer's head, now.
+// decodeHead records the KV handoff: from the prefill leg's end to the
+// decode leg's answer's head, now. A concurrent prefill leg may report
+// its end later (it answers once the KV is picked up): prefillKnown then
+// records the handoff.
 func (t *reqTrace) decodeHead(prefillEnd time.Time) {
-	if !t.rec || prefillEnd.IsZero() {
+	if !t.rec {
 		return
 	}
+	t.decodeHeadAt = time.Now()
+	if !prefillEnd.IsZero() {
+		t.prefillKnown(prefillEnd)
+	}
+}
+
+// prefillKnown ends a concurrent prefill leg's span at its end, at, and
+// records the KV handoff once the decode leg's head is in too: from at
+// to the head, or nothing of length when the prefill answered after it.
+func (t *reqTrace) prefillKnown(at time.Time) {
 	if t.prefill != nil {
-		// A concurrent prefill leg reports its end only to the exchange.
-		t.prefill.End(trace.WithTimestamp(prefillEnd))
+		t.prefill.End(trace.WithTimestamp(at))
 		t.prefill = nil
 	}
-	t.child("kv_handoff", trace.SpanKindInternal, prefillEnd).End()
+	if head := t.decodeHeadAt; !head.IsZero() {
+		start := at
+		if head.Before(at) {
+			start = head
+		}
+		t.child("kv_handoff", trace.SpanKindInternal, start).End(trace.WithTimestamp(head))
+		t.decodeHeadAt = time.Time{}
+	}
 }
 
 // responding runs as pod's answer's head is in: a whole answer carries
@@ -324,10 +345,9 @@ func (g *Gateway) observeEnd(x *completion, pod *pool.Pod, status int, e *openai
 	if e != nil {
 		why = e.Message
 	}
-	if x.pd != nil && t.prefill != nil {
+	if x.pd != nil && (t.prefill != nil || !t.decodeHeadAt.IsZero()) {
 		if at := x.pd.PrefillEnd(); !at.IsZero() {
-			t.prefill.End(trace.WithTimestamp(at))
-			t.prefill = nil
+			t.prefillKnown(at)
 		}
 	}
 	t.endOpen(&t.sent, why)
