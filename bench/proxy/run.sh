@@ -38,6 +38,7 @@ NAME=proxybench
 take_port STUB
 take_port NGINX
 take_port HAPROXY
+take_port SINK
 API=/v1/chat/completions
 
 # install_missing installs wrk, nginx and HAProxy from Debian's packages
@@ -180,7 +181,7 @@ profile_pdlb() {
 # in the scratch directory); the default front end and policy's admin
 # address goes in PROFILED_ADMIN.
 start_pdlb() {
-	local frontend=$1 policy=$2 access=${3:-} bin=${4:-pdlb} listen admin
+	local frontend=$1 policy=$2 access=${3:-} bin=${4:-pdlb} note=${5:-} listen admin
 	take_port listen
 	take_port admin
 	local args=(serve --pod "model=bench,address=$STUB" --listen "$listen" --admin "$admin")
@@ -196,6 +197,7 @@ start_pdlb() {
 		label+=" (base $BASE)"
 		name+=-base
 	fi
+	[ -z "$note" ] || { label+=", $note"; name+=-${note//[^a-z0-9]/}; }
 	(cd "$ROOT" && exec "$DIR/$bin" "${args[@]}") 2>"$DIR/pdlb-$name.log" &
 	local pid=$!
 	started
@@ -204,7 +206,7 @@ start_pdlb() {
 		return
 	fi
 	target "$label" "pdlb ${args[*]}" "$listen" "$pid"
-	if [ "$frontend" = gnet ] && [ "$policy" = slo_cache ] && [ -z "$access" ] && [ "$bin" = pdlb ]; then
+	if [ "$frontend" = gnet ] && [ "$policy" = slo_cache ] && [ -z "$access" ] && [ "$bin" = pdlb ] && [ -z "$note" ]; then
 		PROFILED_ADMIN=$admin
 	fi
 }
@@ -212,7 +214,7 @@ start_pdlb() {
 install_missing
 command -v wrk >/dev/null || { log "wrk is required"; exit 1; }
 log "building pdlb and the stub"
-(cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub)
+(cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub && go build -o "$DIR/otlpsink" ./bench/proxy/otlpsink)
 if [ -n "$BASE" ]; then
 	log "building pdlb at $BASE"
 	(cd "$ROOT" && git worktree add -q --detach "$DIR/base" "$BASE" &&
@@ -236,6 +238,15 @@ if [ -n "$BASE" ]; then
 fi
 # What the access log costs (nginx and HAProxy run without one).
 start_pdlb gnet slo_cache access
+# What tracing costs: spans to a local OTLP sink that drops them
+# (bench/proxy/otlpsink), 1% and 100% of requests sampled.
+"$DIR/otlpsink" --listen "$SINK" 2>"$DIR/otlpsink.log" &
+started
+wait_port "$SINK"
+for pct in 1 100; do
+	OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://$SINK OTEL_TRACES_SAMPLER=traceidratio \
+		OTEL_TRACES_SAMPLER_ARG=$(awk -v p="$pct" 'BEGIN{print p / 100}') start_pdlb gnet slo_cache "" pdlb "tracing $pct%"
+done
 
 NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
 if [ -x "$NGINX_BIN" ]; then
@@ -326,7 +337,7 @@ done
 # The targets, from this run's numbers.
 best_pdlb=0 best_label=
 for k in "${!RPS[@]}"; do
-	if [[ $k == pdlb* && $k != *"access log" && $k != *"(base "* ]] && [ "${RPS[$k]}" -gt "$best_pdlb" ]; then
+	if [[ $k == pdlb* && $k != *"access log" && $k != *"(base "* && $k != *tracing* ]] && [ "${RPS[$k]}" -gt "$best_pdlb" ]; then
 		best_pdlb=${RPS[$k]} best_label=$k
 	fi
 done

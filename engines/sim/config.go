@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"pdlb/engines"
 	"pdlb/engines/prompt"
 )
@@ -122,6 +124,9 @@ type Config struct {
 	// MaxLoras is how many adapters the pod holds in GPU slots at once,
 	// as vLLM's --max-loras (default 1 when it serves adapters).
 	MaxLoras int
+	// Tracer, when set, traces every generation request, continuing the
+	// caller's traceparent (default nil: no spans; see trace.go).
+	Tracer trace.Tracer
 }
 
 var errConfig = errors.New("sim: invalid config")

@@ -424,9 +424,12 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	// A stream is served by its body writer after this returns; the writer
 	// leaves when the stream ends.
 	handedOff := false
+	var span *genSpan
+	produced, finished := 0, finishNone
 	defer func() {
 		if !handedOff {
 			p.leave()
+			span.end(produced, finished)
 		}
 	}()
 	var req genRequest
@@ -451,6 +454,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		refuse(ctx, err)
 		return
 	}
+	span = p.startSpan(ctx, leg.kind, req.Model, len(tokens))
 	r := newRequest()
 	if leg.kind == legDecode {
 		r = newRemoteRequest()
@@ -485,18 +489,25 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", "the engine is shutting down")
 		return
 	}
-	if leg.kind == legDecode && !p.receiveKV(ctx, r, leg) {
-		return
+	if leg.kind == legDecode {
+		pulled := span.step("kv_pull")
+		ok := p.receiveKV(ctx, r, leg)
+		pulled()
+		if !ok {
+			return
+		}
 	}
 	text := newTextStream(p.cfg.Seed, tokens)
 	created := time.Now().Unix()
 	if leg.kind == legPrefill {
+		produced, finished = 1, finishLength
 		p.answerPrefill(ctx, r, leg, isChat, respID, created, text)
 		return
 	}
 	conn := ctx.Conn()
 	if !req.Stream {
 		n, reason := p.wait(r, conn, nil)
+		produced, finished = n, reason
 		if reason == finishNone {
 			return // the client is gone
 		}
@@ -515,7 +526,8 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		defer p.leave()
 		var buf, piece []byte
 		sent := 0
-		p.wait(r, conn, func(n int, reason uint8) bool {
+		n, reason := p.wait(r, conn, func(n int, reason uint8) bool {
+			span.token()
 			piece = text.appendText(piece[:0], sent, n)
 			buf = sse.appendDelta(buf[:0], piece, n, reason)
 			sent = n
@@ -528,6 +540,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			}
 			return err == nil
 		})
+		span.end(n, reason)
 	})
 }
 

@@ -137,6 +137,8 @@ type Config struct {
 	Discovery spec.Discovery `yaml:"discovery"`
 	// Plan is the xPyD planner acting on the running fleet (plan.go).
 	Plan Plan `yaml:"plan"`
+	// Tracing configures OpenTelemetry spans and decision explanations.
+	Tracing Tracing `yaml:"tracing"`
 }
 
 // Upstream bounds the gateway's calls to pods.
@@ -366,6 +368,7 @@ func Default() Config {
 		Access:    limits.DefaultConfig(),
 		PD:        route.DefaultPDOptions(),
 		Plan:      DefaultPlan(),
+		Tracing:   DefaultTracing(),
 		Health: Health{
 			Interval:           DefaultHealthInterval,
 			Timeout:            DefaultHealthTimeout,
@@ -550,6 +553,9 @@ func (c Config) Validate() error {
 		if err := checkAddr("redis.address", c.Redis.Address, false); err != nil {
 			return err
 		}
+	}
+	if err := c.Tracing.Validate(); err != nil {
+		return err
 	}
 	if err := c.Plan.Validate(); err != nil {
 		return err

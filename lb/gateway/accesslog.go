@@ -59,6 +59,9 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 	if !x.times.first.IsZero() {
 		b = appendMillis(b, "ttft_ms", x.times.first.Sub(x.start))
 	}
+	if x.predictedTTFT > 0 {
+		b = appendMillis(b, "predicted_ttft_ms", time.Duration(x.predictedTTFT*float64(time.Second)))
+	}
 	if e != nil {
 		b = appendField(b, "error", e.Message)
 	}

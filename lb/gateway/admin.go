@@ -25,6 +25,7 @@ func (g *Gateway) Admin() http.Handler {
 	mux.HandleFunc("GET /admin/index", g.serveIndex)
 	mux.HandleFunc("POST /admin/index/match", g.serveIndexMatch)
 	mux.HandleFunc("GET /admin/plan", g.servePlan)
+	mux.HandleFunc("GET /admin/explain", g.serveExplain)
 	return mux
 }
 

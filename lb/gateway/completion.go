@@ -104,6 +104,14 @@ type completion struct {
 	adapter   *pool.Adapter
 	served    string
 	fallbacks []string
+	// tr is the request's spans, predictedTTFT its pick's prediction
+	// (seconds; 0 when nothing reads it); explain says the client asked
+	// for its decision, explained is the explanation still to send
+	// (trace.go, explain.go).
+	tr            reqTrace
+	predictedTTFT float64
+	explain       bool
+	explained     *explanation
 }
 
 var completionPool = sync.Pool{New: func() any { return new(completion) }}

@@ -75,7 +75,7 @@ func chatBody() []byte {
 
 // decide is what the gateway does for one request before its first byte
 // goes upstream: extract, tokenize, hash blocks, match the index over every
-// pod, score, charge the ledger; then release the charge as the request's
+// pod, score, charge the ledger, the pick's tracing hooks (off); then release the charge as the request's
 // end would.
 func decide(g *Gateway, m *pool.Model, x *completion, body []byte, id uint64) {
 	if err := x.req.Parse(openai.KindChat, body); err != nil {
@@ -85,7 +85,9 @@ func decide(g *Gateway, m *pool.Model, x *completion, body []byte, id uint64) {
 		panic(f.E)
 	}
 	x.ticket = ledger.Ticket{ID: id}
+	start := x.tr.mark()
 	pod := g.pick(m, x, "")
+	g.observePick(x, start)
 	g.ledger.PrefillDone(x.ticket)
 	g.ledger.Finish(x.ticket)
 	_ = pod

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"reflect"
 	"strconv"
 	"sync"
@@ -24,7 +25,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
+	"pdlb/internal/tracing"
 	"pdlb/lb/accesslog"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
@@ -87,6 +90,11 @@ type Gateway struct {
 	plan *planLoop
 	// access is the access log, nil when access_log is off (accesslog.go).
 	access *accesslog.Log
+	// tracer is nil when tracing is off; explain keeps decisions (trace.go,
+	// explain.go).
+	tracer  trace.Tracer
+	tracing *tracing.Provider
+	explain *explainer
 }
 
 // New builds a gateway over a validated configuration and starts its health
@@ -120,6 +128,13 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 			g.kv.close()
 			return nil, err
 		}
+	}
+	if err := g.startObserving(os.LookupEnv); err != nil {
+		g.kv.close()
+		if g.access != nil {
+			_ = g.access.Close()
+		}
+		return nil, err
 	}
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
@@ -255,6 +270,7 @@ func (g *Gateway) Close() {
 	for _, p := range g.pool.Load().Pods {
 		p.Client.CloseIdleConnections()
 	}
+	g.stopTracing()
 	if g.access != nil {
 		if err := g.access.Close(); err != nil {
 			g.log.Warn("closing the access log", "err", err)

@@ -34,6 +34,7 @@ func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up := fasthttp.AcquireRequest()
 	x.g.buildUpstream(x.ctx, up)
 	up.SetHost(pod.Config.Address)
+	x.tr.leg(up, pod, pod == x.pd.Pre, x.attempts)
 	return up
 }
 
@@ -55,6 +56,7 @@ func (x *completion) PrefillDone(pre *pool.Pod, at time.Time, cut bool) {
 		x.idleStart = false
 	}
 	x.g.prefillDone(x, pre, at)
+	x.tr.prefillDone(at, cut)
 }
 
 func (x *completion) HandOver() (int64, ledger.Ticket) {
@@ -63,6 +65,7 @@ func (x *completion) HandOver() (int64, ledger.Ticket) {
 }
 
 func (x *completion) Respond(pod *pool.Pod, resp *fasthttp.Response) {
+	x.tr.decodeHead(x.pd.PrefillEnd())
 	x.g.respond(x.ctx, x, x.m, pod, resp)
 }
 

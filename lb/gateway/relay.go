@@ -38,6 +38,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	})
 	ctx.Response.Header.Set(headerPod, pod.Config.Name)
 	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+	x.responding(pod)
 
 	if x.req.Stream && status == fasthttp.StatusOK {
 		g.keepLogHead(ctx, x)
@@ -225,6 +226,9 @@ func (g *Gateway) readUpstream(stream io.Reader, b []byte) (int, error) {
 // client's write error.
 func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *pool.Pod) error {
 	t := &x.times
+	if err := writeExplain(w, x); err != nil {
+		return err
+	}
 	x.events.Feed(b)
 	for {
 		ev, ok := x.events.Next()
@@ -233,11 +237,13 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 		}
 		before := x.counted.Tokens()
 		x.counted.Observe(ev)
+		x.tr.event(ev)
 		if x.counted.Tokens() > before {
 			t.last = time.Now()
 			if t.first.IsZero() {
 				t.first = t.last
 				g.prefillDone(x, pod, t.first)
+				x.tr.firstToken(t.first)
 				x.modelStats.ttft.Update(t.first.Sub(x.start).Seconds())
 			}
 		}

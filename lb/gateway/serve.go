@@ -65,6 +65,8 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	if !g.resolve(ctx, x, m) {
 		return
 	}
+	x.explain = g.explain.asked(ctx.Request.Header.Peek(headerDebug), ctx.Request.Header.Peek(headerAdminToken))
+	g.startTrace(x)
 	x.stage = stagePick
 	if l := frontend.LoopOf(ctx); l != nil {
 		x.via = loopTransport{l}
@@ -83,6 +85,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 // finish ends a request that reached a pod.
 func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response, status int) {
 	g.logCompletion(x.ctx, x, pod, status, x.failure)
+	g.observeEnd(x, pod, status, x.failure)
 	if x.pd != nil {
 		x.pd.End(pod, status)
 	}
@@ -114,6 +117,7 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f
 	g.ledger.Finish(x.ticket)
 	writeFailure(ctx, f)
 	g.logCompletion(ctx, x, nil, f.E.Status, f.E)
+	g.observeEnd(x, nil, f.E.Status, f.E)
 	g.metrics.countRequest(m, f.E.Status)
 	if f.E.Status == fasthttp.StatusTooManyRequests {
 		g.metrics.shed.Update(time.Since(x.start).Seconds())

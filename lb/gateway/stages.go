@@ -94,7 +94,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 			return true
 		}
 	}
-	picked := false
+	picked, start := false, x.tr.mark()
 	if x.cascade != nil {
 		picked = g.pickPD(x) == nil
 	} else {
@@ -103,6 +103,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 	}
 	switch {
 	case picked:
+		g.observePick(x, start)
 		x.stage = stageAdmit
 		return g.adapterReady(x)
 	case g.fallBack(x):
@@ -139,6 +140,7 @@ func (g *Gateway) admitStage(x *completion) bool {
 	if x.deferred {
 		x.deferred = false
 		f = g.awaitAdmission(x, x.deferral, predictOn, replace)
+		x.tr.admitted(g.epoch.Add(time.Duration(x.deferral.since*float64(time.Second))), f)
 	} else {
 		since := g.clock()
 		ttft, tpot := predictOn()
@@ -189,6 +191,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	x.tried = append(x.tried, x.pod.ID)
 	x.up.SetHost(x.pod.Config.Address)
 	x.within, x.hedged = g.firstByteWithin(x, x.pod, x.pod)
+	x.tr.attempt(x.up, x.pod, x.attempts)
 	g.place(x.m, x, x.pod)
 	x.stage = stageAwait
 	x.via.send(x)
@@ -199,6 +202,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 // the pod's answer (err nil), or why none came.
 func (x *completion) answered(err error) {
 	g := x.g
+	x.tr.answered(err)
 	if x.pd != nil {
 		// The pod of a PD decision: its pending-decode pick ends with the
 		// send, and a decode pod names itself.

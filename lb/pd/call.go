@@ -176,6 +176,18 @@ func (c *Call) firstBy(limit time.Duration) time.Time {
 	return c.prefillEnd.Add(limit)
 }
 
+// PrefillEnd is when the pair's prefill leg answered, zero while
+// unknown.
+func (c *Call) PrefillEnd() time.Time {
+	if c.link != nil {
+		if end := c.link.PrefillEnd.Load(); end != 0 {
+			return time.Unix(0, end)
+		}
+		return time.Time{}
+	}
+	return c.prefillEnd
+}
+
 // StreamFailure is the client's failure for a failed read of the decode
 // leg's answer, whose headers are in, when the exchange knows its cause:
 // the prefill leg's when its failure cut the decode leg, the decode

@@ -96,6 +96,11 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 			cfg.Models = append(cfg.Models, mc)
 		}
 	}
+	stopTracing, err := traceSims(cfg.Tracing, fc.Pods)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	fleet, err := sim.StartFleet(fc)
 	if err != nil {
 		return err
@@ -109,6 +114,8 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		cfg.Pods = append(cfg.Pods, c)
 	}
 	gf.apply(&cfg)
+	// A demo explains its decisions to anyone who asks.
+	cfg.Tracing.Explain = true
 	return serveUntilSignal(cfg, gf.stopping(), stdout, func(s *lb.Server) {
 		printDemo(stdout, s, fleet)
 	}, nil, "")
@@ -154,9 +161,12 @@ Try:
   curl -i %[1]s/v1/completions -d '{"model":"%[3]s","prompt":"SELECT","max_tokens":8}'   # a LoRA adapter: x-pdlb-model
   curl -i %[1]s/v1/completions -d '{"model":"%[4]s","prompt":"hi","max_tokens":8}'   # loaded on a pod at the first request
   curl %[1]s/v1/models   # adapters with their parent
+  curl -si %[1]s/v1/chat/completions -H 'x-pdlb-debug: explain' -d '{"model":"demo-vllm","messages":[{"role":"user","content":"hi"}]}' | grep -i x-pdlb-explain
+  curl '%[2]s/admin/explain?model=demo-vllm'   # arms recording; the next requests' decisions show on the next read
   curl %[2]s/metrics
   curl %[2]s/admin/pods
 
+Traces: start with OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 (Jaeger, a collector).
 Press Ctrl-C to stop.
 `, host, s.AdminAddr(), demoAdapterStatic, demoAdapterDynamic)
 }

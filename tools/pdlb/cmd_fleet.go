@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"pdlb/engines/sim"
+	"pdlb/lb/config"
 )
 
 func cmdFleet(args []string, stdout io.Writer) error {
@@ -47,6 +48,11 @@ model, engine and address, and serves until SIGINT or SIGTERM.`, stdout)
 // runFleet starts fc, lists its pods on stdout and closes them when stop
 // delivers.
 func runFleet(fc sim.FleetConfig, stdout io.Writer, stop <-chan os.Signal) error {
+	stopTracing, err := traceSims(config.DefaultTracing(), fc.Pods)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	fleet, err := sim.StartFleet(fc)
 	if err != nil {
 		return err

@@ -1,0 +1,207 @@
+// Package tracing starts OpenTelemetry tracing for the gateway and the
+// simulated pods alike: an OTLP exporter (HTTP or gRPC), a batching span
+// processor, a sampler and the service's resource, as OTel users configure
+// them. The SDK and the exporters read most OTEL_* variables themselves
+// (endpoints, headers, timeouts, OTEL_TRACES_SAMPLER*, OTEL_SERVICE_NAME,
+// OTEL_BSP_*); this package adds what they leave to the application:
+// OTEL_TRACES_EXPORTER and OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Protocols of the OTLP exporter, as OTEL_EXPORTER_OTLP_PROTOCOL spells
+// them.
+const (
+	ProtocolHTTP = "http/protobuf"
+	ProtocolGRPC = "grpc"
+)
+
+// Samplers, as OTEL_TRACES_SAMPLER names them.
+var Samplers = []string{"always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio"}
+
+// Settings are what a configuration says; empty fields leave the choice
+// to the OTEL_* variables, then to the SDK's defaults.
+type Settings struct {
+	// Enabled turns tracing on; OTEL_TRACES_EXPORTER=otlp does too.
+	Enabled bool
+	// Endpoint is the collector's base URL ("http://host:4318"); an HTTP
+	// exporter appends /v1/traces when the URL has no path.
+	Endpoint string
+	// Protocol is ProtocolHTTP or ProtocolGRPC.
+	Protocol string
+	// ServiceName is the resource's service.name.
+	ServiceName string
+	// Sampler is one of Samplers; Ratio is the ratio of the *traceidratio
+	// ones (0..1).
+	Sampler string
+	Ratio   float64
+}
+
+// Provider is a running tracer provider. A nil *Provider is tracing off.
+type Provider struct {
+	tp *sdktrace.TracerProvider
+}
+
+// ErrSettings wraps the errors of settings Start cannot use.
+var ErrSettings = errors.New("tracing: invalid settings")
+
+// on reports whether s, with the environment lookup reads, turns tracing
+// on.
+func on(s Settings, lookup func(string) (string, bool)) bool {
+	v, _ := lookup("OTEL_TRACES_EXPORTER")
+	return s.Enabled || v == "otlp"
+}
+
+// Start starts tracing as s and the environment say, under
+// defaultService when neither names the service; nil when tracing is off.
+func Start(ctx context.Context, s Settings, defaultService string, lookup func(string) (string, bool)) (*Provider, error) {
+	if !on(s, lookup) {
+		return nil, nil
+	}
+	var opts []sdktrace.TracerProviderOption
+	if s.Sampler != "" {
+		sm, err := Sampler(s.Sampler, s.Ratio)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, sdktrace.WithSampler(sm))
+	}
+	name := s.ServiceName
+	if v, ok := lookup("OTEL_SERVICE_NAME"); name == "" && (!ok || v == "") {
+		name = defaultService
+	}
+	res := resource.Default()
+	if name != "" {
+		var err error
+		if res, err = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName(name))); err != nil {
+			return nil, err
+		}
+	}
+	exp, err := exporter(ctx, s, lookup)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	return &Provider{tp: sdktrace.NewTracerProvider(opts...)}, nil
+}
+
+// exporter is the OTLP exporter of s's protocol, else the environment's
+// (the traces' variable first), else HTTP.
+func exporter(ctx context.Context, s Settings, lookup func(string) (string, bool)) (*otlptrace.Exporter, error) {
+	proto := s.Protocol
+	for _, env := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if v, ok := lookup(env); proto == "" && ok {
+			proto = v
+		}
+	}
+	switch proto {
+	case "", ProtocolHTTP:
+		var opts []otlptracehttp.Option
+		if s.Endpoint != "" {
+			u, err := url.Parse(s.Endpoint)
+			if err != nil {
+				return nil, fmt.Errorf("%w: endpoint %q: %v", ErrSettings, s.Endpoint, err)
+			}
+			if u.Path == "" || u.Path == "/" {
+				u.Path = "/v1/traces"
+			}
+			opts = append(opts, otlptracehttp.WithEndpointURL(u.String()))
+		}
+		return otlptracehttp.New(ctx, opts...)
+	case ProtocolGRPC:
+		var opts []otlptracegrpc.Option
+		if s.Endpoint != "" {
+			opts = append(opts, otlptracegrpc.WithEndpointURL(s.Endpoint))
+		}
+		return otlptracegrpc.New(ctx, opts...)
+	}
+	return nil, fmt.Errorf("%w: protocol %q (known: %s, %s)", ErrSettings, proto, ProtocolHTTP, ProtocolGRPC)
+}
+
+// Sampler is the SDK's sampler called name (one of Samplers), ratio the
+// share of traces a *traceidratio one keeps.
+func Sampler(name string, ratio float64) (sdktrace.Sampler, error) {
+	switch name {
+	case "always_on":
+		return sdktrace.AlwaysSample(), nil
+	case "always_off":
+		return sdktrace.NeverSample(), nil
+	case "traceidratio":
+		return sdktrace.TraceIDRatioBased(ratio), nil
+	case "parentbased_always_on":
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), nil
+	case "parentbased_always_off":
+		return sdktrace.ParentBased(sdktrace.NeverSample()), nil
+	case "parentbased_traceidratio":
+		return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio)), nil
+	}
+	return nil, fmt.Errorf("%w: sampler %q (known: %v)", ErrSettings, name, Samplers)
+}
+
+// Tracer returns the named tracer; nil on a nil p.
+func (p *Provider) Tracer(name string) trace.Tracer {
+	if p == nil {
+		return nil
+	}
+	return p.tp.Tracer(name)
+}
+
+// Shutdown sends the spans still batched and stops the exporter.
+func (p *Provider) Shutdown(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	return p.tp.Shutdown(ctx)
+}
+
+// Propagator reads and writes W3C traceparent and tracestate.
+var Propagator = propagation.TraceContext{}
+
+// Carrier is a header set (fasthttp's request headers): Peek, Set and
+// Del of one name's value.
+type Carrier interface {
+	Peek(key string) []byte
+	Set(key, value string)
+	Del(key string)
+}
+
+// headers adapts a Carrier (fasthttp's request headers) to
+// propagation.TextMapCarrier.
+type headers struct{ h Carrier }
+
+func (c headers) Get(k string) string { return string(c.h.Peek(k)) }
+func (c headers) Keys() []string      { return nil }
+
+// Set replaces the field k in whichever of the two usual spellings a
+// client sent it ("traceparent", "Traceparent"): headers copied without
+// normalizing keep the client's, and a pod must not find two.
+func (c headers) Set(k, v string) {
+	c.h.Del(k)
+	c.h.Del(strings.ToUpper(k[:1]) + k[1:])
+	c.h.Set(k, v)
+}
+
+// Extract is the span context the headers h carry on top of ctx.
+func Extract(ctx context.Context, h Carrier) context.Context {
+	return Propagator.Extract(ctx, headers{h})
+}
+
+// Inject writes span's context into h as traceparent and tracestate.
+func Inject(span trace.Span, h Carrier) {
+	Propagator.Inject(trace.ContextWithSpan(context.Background(), span), headers{h})
+}

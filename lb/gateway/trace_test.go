@@ -1,0 +1,142 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"pdlb/lb/config"
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
+	"pdlb/ledger"
+)
+
+// hookGateway is a gateway over two pods of model "m", without sockets,
+// tracing with tracer (nil: off).
+func hookGateway(tb testing.TB, tracer trace.Tracer) *Gateway {
+	tb.Helper()
+	cfg := config.Default()
+	for i := range 2 {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	cfg.Provision()
+	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now(), tracer: tracer}
+	g.explain = newExplainer("", false, config.DefaultExplainHistory)
+	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
+	g.ledger.SetPods(ledgerMembers(snap))
+	g.metrics = newMetrics(&g.inFlight)
+	g.metrics.addModels(snap)
+	g.pool.Publish(snap)
+	return g
+}
+
+// hookEvent is a token event as a pod streams it.
+var hookEvent = openai.Event(`data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}` + "\n\n")
+
+// hooks runs every tracing and explaining hook a plain streamed request
+// meets, in order, on x (parsed, for model m, on request ctx).
+func hooks(g *Gateway, x *completion, up *fasthttp.Request) {
+	x.explain = g.explain.asked(x.ctx.Request.Header.Peek(headerDebug), x.ctx.Request.Header.Peek(headerAdminToken))
+	g.startTrace(x)
+	start := x.tr.mark()
+	x.pod = g.pick(x.m, x, "")
+	g.observePick(x, start)
+	x.tr.attempt(up, x.pod, 1)
+	x.tr.answered(nil)
+	x.responding(x.pod)
+	x.tr.event(hookEvent)
+	x.tr.firstToken(time.Now())
+	g.observeEnd(x, x.pod, fasthttp.StatusOK, nil)
+	g.ledger.PrefillDone(x.ticket)
+	g.ledger.Finish(x.ticket)
+	x.looked, x.tried = false, x.tried[:0]
+}
+
+// hookRequest readies a completion as serveCompletion leaves it.
+func hookRequest(tb testing.TB, g *Gateway) (*completion, *fasthttp.Request) {
+	tb.Helper()
+	x := acquireCompletion()
+	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`)
+	if err := x.req.Parse(openai.KindChat, body); err != nil {
+		tb.Fatal(err)
+	}
+	x.g, x.ctx, x.m = g, &fasthttp.RequestCtx{}, g.pool.Load().Models[0]
+	x.ctx.Request.Header.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	x.ticket = ledger.Ticket{ID: 1}
+	return x, fasthttp.AcquireRequest()
+}
+
+// With tracing off and no explanation asked for, the hooks allocate
+// nothing: each is a nil check.
+func TestHooksOffAllocateNothing(t *testing.T) {
+	g := hookGateway(t, nil)
+	x, up := hookRequest(t, g)
+	if n := testing.AllocsPerRun(100, func() { hooks(g, x, up) }); n != 0 {
+		t.Fatalf("%v allocations per request with tracing off, want 0", n)
+	}
+	if up.Header.Peek("traceparent") != nil {
+		t.Fatal("a traceparent sent with tracing off")
+	}
+}
+
+// discard is a span exporter that drops everything.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
+
+// sampledTracer traces with ratio sampling, exporting to nowhere.
+func sampledTracer(tb testing.TB, ratio float64) trace.Tracer {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}), sdktrace.WithSampler(sdktrace.TraceIDRatioBased(ratio)))
+	tb.Cleanup(func() { tp.Shutdown(context.Background()) })
+	return tp.Tracer("test")
+}
+
+// With tracing on, the pod's request carries the attempt's span, in the
+// client's trace.
+func TestHooksOnSendTraceparent(t *testing.T) {
+	g := hookGateway(t, sampledTracer(t, 1))
+	x, up := hookRequest(t, g)
+	hooks(g, x, up)
+	tp := string(up.Header.Peek("traceparent"))
+	if len(tp) != 55 || tp[3:35] != "0af7651916cd43dd8448eb211c80319c" || tp[36:52] == "b7ad6b7169203331" || tp[53:] != "01" {
+		t.Fatalf("traceparent %q, want the client's trace, a span of the gateway's, sampled", tp)
+	}
+}
+
+func TestFinishReasons(t *testing.T) {
+	f := func(in string, want ...string) {
+		t.Helper()
+		if got := appendFinishReasons(nil, []byte(in)); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: %q, want %q", in, got, want)
+		}
+	}
+	f(`{"choices":[{"finish_reason":null}]}`)
+	f(`{"choices":[{"finish_reason":"stop"}]}`, "stop")
+	f(`{"choices":[{"finish_reason":"length"},{"finish_reason":"stop"}]}`, "length", "stop")
+	f(`{"choices":[{"finish_reason":"len`)
+}
+
+func FuzzFinishReasons(f *testing.F) {
+	f.Add([]byte(`{"choices":[{"finish_reason":"stop"}]}`))
+	f.Add([]byte(`"finish_reason":"`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, r := range appendFinishReasons(nil, b) {
+			if len(r) > len(b) {
+				t.Fatalf("reason %q longer than its input", r)
+			}
+		}
+	})
+}
