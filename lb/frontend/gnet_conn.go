@@ -67,6 +67,7 @@ type gconn struct {
 	continued bool                 // 100 Continue queued for the head request
 	stopped   bool                 // no more requests: Connection: close, a parse error, Shutdown
 	closed    bool                 // OnClose ran
+	sniffed   bool                 // its first bytes are not HTTP/2's preface (h2c.go)
 	// stalled: the writer waits until OutboundBuffered() <= stallLimit.
 	stalled    bool
 	stallLimit int

@@ -30,6 +30,22 @@ type Server interface {
 // Start serves h on addr with the front end called name ("" is fasthttp)
 // and returns once it listens.
 func Start(name, addr string, h Handler, o Options) (Server, error) {
+	if o.TLS != nil || (name != NameGNet && !o.HTTP2.Disabled) {
+		// Handshakes and the h2c preface need a goroutine per connection
+		// (tls.go), on either front end.
+		if name != "" && name != NameFastHTTP && name != NameGNet {
+			return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
+		}
+		ln, err := Listen(addr)
+		if err != nil {
+			return nil, err
+		}
+		ln = o.FDs.Wrap(ln)
+		if o.Conns != nil {
+			ln = o.Conns.Wrap(ln)
+		}
+		return startConnServer(ln, h, o), nil
+	}
 	switch name {
 	case "", NameFastHTTP:
 		ln, err := Listen(addr)
@@ -65,6 +81,7 @@ func (s *fastServer) Done() <-chan error { return s.done }
 var (
 	_ Server = (*fastServer)(nil)
 	_ Server = (*GNet)(nil)
+	_ Server = (*connServer)(nil)
 )
 
 // Listen opens a TCP listener on addr with SO_REUSEPORT, as gnet's loops
