@@ -8,6 +8,7 @@
 package pool
 
 import (
+	"crypto/tls"
 	"fmt"
 	"math"
 	"net"
@@ -93,8 +94,10 @@ func (p *Pod) Load() PodLoad { return PodLoad{&p.podLoad, p.ID, p.Slot} }
 // read, and the objects that outlive one configuration.
 type podState struct {
 	podLoad
-	// Client is the keep-alive connection pool to the pod.
+	// Client is the keep-alive connection pool to the pod; Dial opens
+	// one of its connections (with TLS for an https pod).
 	Client *fasthttp.HostClient
+	Dial   func(addr string) (net.Conn, error)
 
 	fails      atomic.Int32
 	checkFails atomic.Int32 // failed health checks in a row
@@ -387,6 +390,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 		}
 	}
 	connectTimeout := cfg.Upstream.ConnectTimeout
+	var podTLS *tls.Config
 	for i := range cfg.Pods {
 		// The snapshot holds pods with their defaults filled, whoever
 		// built the configuration.
@@ -403,7 +407,16 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			pod.podState = new(podState)
 			pod.Speed.Init(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha)
 			pod.weight = pc.Weight
-			pod.Client = newClient(cfg, pc.Address, func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) })
+			pod.Dial = func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) }
+			if pc.TLS {
+				if podTLS == nil {
+					if podTLS, err = upstreamTLS(cfg.Upstream.TLS); err != nil {
+						return nil, err
+					}
+				}
+				pod.Dial = dialTLS(pod.Dial, podTLS, connectTimeout)
+			}
+			pod.Client = newClient(cfg, pc.Address, pod.Dial)
 			pod.pd = newPDState()
 			pod.healthy.Store(true)
 		}
