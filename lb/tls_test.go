@@ -2,11 +2,15 @@ package lb_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,5 +180,89 @@ func TestGatewayOverTLSAndH2(t *testing.T) {
 				t.Fatalf("first event over h2c: %q, %v", line, err)
 			}
 		})
+	}
+}
+
+// corpus reads lb/openai's fuzz corpus for Parse: each entry's kind (odd:
+// a completion) and body.
+func corpus(t *testing.T) (paths []string, bodies [][]byte) {
+	t.Helper()
+	files, err := filepath.Glob("openai/testdata/fuzz/FuzzParse/*")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no corpus: %v", err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("%s: %d lines", f, len(lines))
+		}
+		kind, body := lines[1], lines[2]
+		// uint8(1) or byte('\x01')
+		arg := strings.Trim(kind[strings.IndexByte(kind, '(')+1:], ")'")
+		n, err := strconv.Atoi(arg)
+		if err != nil {
+			r, _, _, _ := strconv.UnquoteChar(arg, '\'')
+			n = int(r)
+		}
+		path := "/v1/chat/completions"
+		if n&1 == 1 {
+			path = "/v1/completions"
+		}
+		raw, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(body, "[]byte("), ")"))
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		paths, bodies = append(paths, path), append(bodies, []byte(raw))
+	}
+	return paths, bodies
+}
+
+// TestBadInputOverH2: lb/openai's fuzz corpus (malformed and odd request
+// bodies) gets the same status and error over h2 and h2c as over
+// HTTP/1.1, and the gateway serves on after it.
+func TestBadInputOverH2(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1000)
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	gw := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+		c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
+	})
+	plain := testGateway(t, podsOf("m", sims...), nil)
+	h2c := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}
+	clients := []struct {
+		name string
+		c    *http.Client
+		base string
+	}{
+		{"http/1.1", client, "http://" + plain.Addr()},
+		{"h2c", &http.Client{Timeout: 20 * time.Second, Transport: h2c}, "http://" + plain.Addr()},
+		{"h2", &http.Client{Timeout: 20 * time.Second, Transport: &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}, "https://" + gw.Addr()},
+	}
+	paths, bodies := corpus(t)
+	for i := range bodies {
+		var first string
+		for _, cl := range clients {
+			resp, err := cl.c.Post(cl.base+paths[i], "application/json", bytes.NewReader(bodies[i]))
+			if err != nil {
+				t.Fatalf("%s %q: %v", cl.name, bodies[i], err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			got := strconv.Itoa(resp.StatusCode)
+			if resp.StatusCode != 200 {
+				got += " " + string(b)
+			}
+			if first == "" {
+				first = got
+			} else if got != first {
+				t.Fatalf("%q: %s answered %s, HTTP/1.1 %s", bodies[i], cl.name, got, first)
+			}
+		}
 	}
 }

@@ -2,6 +2,7 @@ package frontend_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 
 	"pdlb/internal/certgen"
 	"pdlb/lb/frontend"
@@ -277,24 +279,20 @@ func TestRapidReset(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			o := frontend.Options{MaxBodyBytes: testMaxBody, HTTP2: frontend.HTTP2{MaxResetsPerSecond: 50}}
 			addr := serveWith(t, name, newApp().handler(), o)
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-			_, _ = io.WriteString(c, http2.ClientPreface)
-			fr := http2.NewFramer(c, c)
-			_ = fr.WriteSettings()
+			fr := rawH2(t, addr, nil)
 			var wg sync.WaitGroup
 			wg.Add(1)
 			closed := make(chan error, 1)
 			go func() {
 				defer wg.Done()
 				for {
-					if _, err := fr.ReadFrame(); err != nil {
+					f, err := fr.ReadFrame()
+					if err != nil {
 						closed <- err
 						return
+					}
+					if ga, ok := f.(*http2.GoAwayFrame); ok {
+						t.Logf("GOAWAY %v", ga.ErrCode)
 					}
 				}
 			}()
@@ -323,13 +321,139 @@ func TestRapidReset(t *testing.T) {
 				}
 			}
 			select {
-			case <-closed:
+			case err := <-closed:
+				t.Logf("the offender's connection ended: %v", err)
 			case <-time.After(12 * time.Second):
 				t.Fatal("the offender is still connected")
 			}
-			c.Close()
 			<-done
 			wg.Wait()
 		})
 	}
+}
+
+// forEachH2 runs f per front end over h2c and over h2 (TLS), each with
+// its own app; s is nil for h2c.
+func forEachH2(t *testing.T, o frontend.Options, f func(t *testing.T, addr string, s *tlsSetup, a *app)) {
+	ts := newTLSSetup(t)
+	for _, name := range frontEnds {
+		for _, secure := range []bool{false, true} {
+			t.Run(name+map[bool]string{false: "/h2c", true: "/h2"}[secure], func(t *testing.T) {
+				a := newApp()
+				o := o
+				o.MaxBodyBytes = testMaxBody
+				var s *tlsSetup
+				if secure {
+					s, o.TLS = ts, ts.options().TLS
+				}
+				f(t, serveWith(t, name, a.handler(), o), s, a)
+			})
+		}
+	}
+}
+
+// TestHTTP2FlowControl: a stream whose client stops reading blocks its
+// writer once the flow-control windows and buffers are full, far below
+// the 256 MiB it would write; a stream the client cancels fails its
+// writer's next write.
+func TestHTTP2FlowControl(t *testing.T) {
+	forEachH2(t, frontend.Options{}, func(t *testing.T, addr string, s *tlsSetup, a *app) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", h2URL(s, addr, "/flood"), nil)
+		resp, err := h2Client(s).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		last, still := int64(-1), 0
+		for still < 5 {
+			time.Sleep(20 * time.Millisecond)
+			n := a.flooded.Load()
+			if n == last {
+				still++
+			} else {
+				last, still = n, 0
+			}
+		}
+		if last > 32<<20 {
+			t.Fatalf("the writer got %d bytes through to a client that reads nothing", last)
+		}
+		cancel()
+		select {
+		case err := <-a.streamErr:
+			t.Logf("after %d bytes, the cancelled stream's writer failed with %v", last, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the writer of a cancelled stream never failed")
+		}
+	})
+}
+
+// TestHTTP2Limits: a header list over MaxHeaderBytes gets 431, and a
+// frame over MaxFrameBytes ends the connection with FRAME_SIZE_ERROR.
+func TestHTTP2Limits(t *testing.T) {
+	forEachH2(t, frontend.Options{MaxHeaderBytes: 4096}, func(t *testing.T, addr string, s *tlsSetup, _ *app) {
+		fr := rawH2(t, addr, s)
+		var block bytes.Buffer
+		enc := hpack.NewEncoder(&block)
+		for _, f := range []hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: "/echo"}, {Name: ":authority", Value: "x"}} {
+			_ = enc.WriteField(f)
+		}
+		for i := range 8 {
+			_ = enc.WriteField(hpack.HeaderField{Name: "x-big-" + string(rune('a'+i)), Value: strings.Repeat("b", 1000)})
+		}
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true})
+		dec := hpack.NewDecoder(4096, nil)
+		for status := ""; status == ""; {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("no answer to oversized headers: %v", err)
+			}
+			if h, ok := f.(*http2.HeadersFrame); ok && h.StreamID == 1 {
+				fields, _ := dec.DecodeFull(h.HeaderBlockFragment())
+				status = fields[0].Value
+				if status != "431" {
+					t.Fatalf("oversized headers: %s, want 431", status)
+				}
+			}
+		}
+
+		fr = rawH2(t, addr, s)
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x83, 0x86, 0x84, 0x41, 0x01, 'x'}, EndHeaders: true})
+		_ = fr.WriteData(1, false, make([]byte, 64<<10))
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("no GOAWAY before the connection ended: %v", err)
+			}
+			if ga, ok := f.(*http2.GoAwayFrame); ok {
+				if ga.ErrCode != http2.ErrCodeFrameSize {
+					t.Fatalf("GOAWAY %v, want FRAME_SIZE_ERROR", ga.ErrCode)
+				}
+				return
+			}
+		}
+	})
+}
+
+// rawH2 opens an HTTP/2 connection (TLS when s is set) and sends the
+// preface and empty settings.
+func rawH2(t *testing.T, addr string, s *tlsSetup) *http2.Framer {
+	t.Helper()
+	var c net.Conn
+	var err error
+	if s != nil {
+		c, err = tls.Dial("tcp", addr, s.clientConfig("h2"))
+	} else {
+		c, err = net.Dial("tcp", addr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, http2.ClientPreface)
+	fr := http2.NewFramer(c, c)
+	_ = fr.WriteSettings()
+	return fr
 }
