@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -61,7 +63,13 @@ func newH2Server(h Handler, o Options) *h2Server {
 			MaxReadFrameSize:     cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
 			IdleTimeout:          o.IdleTimeout,
 		},
-		base: &http.Server{MaxHeaderBytes: o.MaxHeaderBytes, ReadHeaderTimeout: o.ReadTimeout},
+		base: &http.Server{MaxHeaderBytes: o.MaxHeaderBytes, ReadHeaderTimeout: o.ReadTimeout,
+			// A client's bad preface or frames: its doing, by the
+			// thousand at the edge (as fasthttp's, see debugLog).
+			ErrorLog: log.New(io.Discard, "", 0)},
+	}
+	if o.Log != nil {
+		s.base.ErrorLog = slog.NewLogLogger(o.Log.Handler(), slog.LevelDebug)
 	}
 	if err := http2.ConfigureServer(s.base, s.srv); err != nil {
 		panic("BUG: http2.ConfigureServer: " + err.Error())
