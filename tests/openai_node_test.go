@@ -71,7 +71,9 @@ func runNodeClient(t *testing.T, node string, secure *nodeTLS) {
 			}
 		}
 	}
-	url := func(addr string) string { return scheme + "localhost:" + addr[strings.LastIndexByte(addr, ':')+1:] + "/v1" }
+	url := func(addr string) string {
+		return scheme + "localhost:" + addr[strings.LastIndexByte(addr, ':')+1:] + "/v1"
+	}
 
 	// Gateway 1: model "m" on two fast pods; model "down" on a closed port.
 	fast := []config.Pod{
