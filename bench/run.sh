@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos)
+SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos tls)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -236,6 +236,11 @@ scenario_chaos() {
 	section "Chaos (issue 9)" "Load through the gateway for 5 minutes while sim pods are killed, hung, slowed and restarted at random; every request must end in an answer or a clean error (bench/chaos)."
 	record_as "CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos" \
 		env CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos
+}
+
+scenario_tls() {
+	section "TLS and HTTP/2: pdlb against nginx (issue 27)" "HTTPS keep-alive requests/s, new handshakes/s (a request per connection), h2 requests/s (h2load) and SSE events/s over h2, pdlb on each front end and nginx in front of the proxy benchmark's stub, with the same certificate and cipher suite (bench/tls/run.sh)."
+	record bench/tls/run.sh
 }
 
 machine() {
