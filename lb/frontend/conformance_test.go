@@ -49,6 +49,22 @@ type app struct {
 	flooded   atomic.Int64
 }
 
+// floodStalled waits until /flood's writer stops making progress and
+// returns what it got through.
+func (a *app) floodStalled() int64 {
+	last, still := int64(-1), 0
+	for still < 5 {
+		time.Sleep(20 * time.Millisecond)
+		n := a.flooded.Load()
+		if n == last {
+			still++
+		} else {
+			last, still = n, 0
+		}
+	}
+	return last
+}
+
 func newApp() *app { return &app{step: make(chan struct{}), streamErr: make(chan error, 4)} }
 
 func (a *app) handler() frontend.Handler {
@@ -471,17 +487,7 @@ func TestSlowClient(t *testing.T) {
 		// A fixed receive buffer keeps the kernel's share small and known.
 		_ = c.tcp.SetReadBuffer(64 << 10)
 		c.send(t, "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
-		// Wait until the writer stops making progress.
-		last, still := int64(-1), 0
-		for still < 5 {
-			time.Sleep(20 * time.Millisecond)
-			n := a.flooded.Load()
-			if n == last {
-				still++
-			} else {
-				last, still = n, 0
-			}
-		}
+		last := a.floodStalled()
 		const bound = 16 << 20
 		if last > bound {
 			t.Fatalf("writer got %d bytes past a client that reads nothing (bound %d)", last, bound)

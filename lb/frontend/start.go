@@ -36,25 +36,17 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 		if name != "" && name != NameFastHTTP && name != NameGNet {
 			return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
 		}
-		ln, err := Listen(addr)
+		ln, err := listenLimited(addr, o)
 		if err != nil {
 			return nil, err
-		}
-		ln = o.FDs.Wrap(ln)
-		if o.Conns != nil {
-			ln = o.Conns.Wrap(ln)
 		}
 		return startConnServer(ln, h, o), nil
 	}
 	switch name {
 	case "", NameFastHTTP:
-		ln, err := Listen(addr)
+		ln, err := listenLimited(addr, o)
 		if err != nil {
 			return nil, err
-		}
-		ln = o.FDs.Wrap(ln)
-		if o.Conns != nil {
-			ln = o.Conns.Wrap(ln)
 		}
 		s := &fastServer{Server: FastHTTP(h, o), ln: ln, done: make(chan error, 1)}
 		go func() {
@@ -67,6 +59,19 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 		return StartGNet(addr, h, o)
 	}
 	return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
+}
+
+// listenLimited is Listen with o's descriptor guard and per-address cap.
+func listenLimited(addr string, o Options) (net.Listener, error) {
+	ln, err := Listen(addr)
+	if err != nil {
+		return nil, err
+	}
+	ln = o.FDs.Wrap(ln)
+	if o.Conns != nil {
+		ln = o.Conns.Wrap(ln)
+	}
+	return ln, nil
 }
 
 type fastServer struct {

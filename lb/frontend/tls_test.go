@@ -366,16 +366,7 @@ func TestHTTP2FlowControl(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		last, still := int64(-1), 0
-		for still < 5 {
-			time.Sleep(20 * time.Millisecond)
-			n := a.flooded.Load()
-			if n == last {
-				still++
-			} else {
-				last, still = n, 0
-			}
-		}
+		last := a.floodStalled()
 		if last > 32<<20 {
 			t.Fatalf("the writer got %d bytes through to a client that reads nothing", last)
 		}
