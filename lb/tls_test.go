@@ -266,3 +266,56 @@ func TestBadInputOverH2(t *testing.T) {
 		}
 	}
 }
+
+// TestCertFileChangeReloads: a certificate file written anew is served to
+// the next handshakes without a signal, while a connection opened before
+// goes on.
+func TestCertFileChangeReloads(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1000)
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	gw := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+		c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
+	})
+	roots := &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"}
+	serial := func() string {
+		t.Helper()
+		c, err := tls.Dial("tcp", gw.Addr(), roots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	kept := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: roots}}
+	get := func() {
+		t.Helper()
+		resp, err := kept.Get("https://" + gw.Addr() + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get()
+	before := serial()
+	next := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	for _, f := range [][2]string{{next.KeyFile, leaf.KeyFile}, {next.CertFile, leaf.CertFile}} {
+		b, err := os.ReadFile(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f[1], b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := next.Cert.Leaf.SerialNumber.String()
+	deadline := time.Now().Add(10 * time.Second)
+	for serial() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("still serving serial %s after the files changed, want %s", before, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	get() // the kept connection
+}
