@@ -191,6 +191,9 @@ func (s *connServer) Done() <-chan error { return s.done }
 // GOAWAY, and waits for both servers' requests until ctx ends.
 func (s *connServer) ShutdownWithContext(ctx context.Context) error {
 	s.stopOnce.Do(func() { close(s.stop) })
+	// fasthttp's Shutdown closes only a listener its Serve has taken, which
+	// a Shutdown right after the start may precede.
+	_ = s.ln.Close()
 	errc := make(chan error, 1)
 	go func() { errc <- s.fast.ShutdownWithContext(ctx) }()
 	var err error
@@ -303,9 +306,14 @@ func (l *handoff) Accept() (net.Conn, error) {
 	}
 }
 
+// Close closes the listener once; later calls do nothing.
 func (l *handoff) Close() error {
-	l.once.Do(func() { close(l.closed) })
-	return l.Listener.Close()
+	var err error
+	l.once.Do(func() {
+		close(l.closed)
+		err = l.Listener.Close()
+	})
+	return err
 }
 
 // put hands c to fasthttp, or closes it once the listener is closed.
