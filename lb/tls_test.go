@@ -319,3 +319,24 @@ func TestCertFileChangeReloads(t *testing.T) {
 	}
 	get() // the kept connection
 }
+
+// TestAdminOverTLS: tls.admin serves /metrics over TLS, with the API's
+// certificate when it has none of its own.
+func TestAdminOverTLS(t *testing.T) {
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	gw := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1000)...), func(c *config.Config) {
+		c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
+		c.TLS.Admin = true
+	})
+	c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
+	resp, err := c.Get("https://" + gw.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "pdlb_") {
+		t.Fatalf("admin over TLS: %d %.200s", resp.StatusCode, b)
+	}
+}
