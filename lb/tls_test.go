@@ -17,7 +17,9 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"pdlb/engines/sim"
 	"pdlb/internal/certgen"
+	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
@@ -72,6 +74,21 @@ func issueLeaf(t *testing.T, ca *certgen.CA, from, until time.Time, names ...str
 		t.Fatal(err)
 	}
 	return l
+}
+
+// tlsGateway starts a gateway over sims serving TLS with a certificate
+// for localhost and 127.0.0.1 from a new CA; edit, if set, adjusts the
+// configuration.
+func tlsGateway(t *testing.T, sims []*sim.Pod, edit func(*config.Config)) (*certgen.CA, certgen.Leaf, *lb.Server) {
+	t.Helper()
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	return ca, leaf, testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+		c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
+		if edit != nil {
+			edit(c)
+		}
+	})
 }
 
 const tlsChatBody = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":4}`
@@ -226,11 +243,7 @@ func corpus(t *testing.T) (paths []string, bodies [][]byte) {
 // HTTP/1.1, and the gateway serves on after it.
 func TestBadInputOverH2(t *testing.T) {
 	sims := testFleet(t, "m", 1, 1000)
-	ca := newCA(t)
-	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
-	gw := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
-		c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
-	})
+	ca, _, gw := tlsGateway(t, sims, nil)
 	plain := testGateway(t, podsOf("m", sims...), nil)
 	h2c := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, network, addr)
@@ -272,11 +285,7 @@ func TestBadInputOverH2(t *testing.T) {
 // goes on.
 func TestCertFileChangeReloads(t *testing.T) {
 	sims := testFleet(t, "m", 1, 1000)
-	ca := newCA(t)
-	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
-	gw := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
-		c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
-	})
+	ca, leaf, gw := tlsGateway(t, sims, nil)
 	roots := &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"}
 	serial := func() string {
 		t.Helper()
@@ -323,12 +332,7 @@ func TestCertFileChangeReloads(t *testing.T) {
 // TestAdminOverTLS: tls.admin serves /metrics over TLS, with the API's
 // certificate when it has none of its own.
 func TestAdminOverTLS(t *testing.T) {
-	ca := newCA(t)
-	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
-	gw := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1000)...), func(c *config.Config) {
-		c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
-		c.TLS.Admin = true
-	})
+	ca, _, gw := tlsGateway(t, testFleet(t, "m", 1, 1000), func(c *config.Config) { c.TLS.Admin = true })
 	c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
 	resp, err := c.Get("https://" + gw.AdminAddr() + "/metrics")
 	if err != nil {
