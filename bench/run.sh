@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse upgrade chaos churn replicas lora)
+SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse tls upgrade chaos churn replicas lora)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -259,6 +259,11 @@ scenario_churn() {
 	section "Churn: stable pod identity (issue 26)" "The fleet changes every 200 ms for 60 s, through reloads and discovery's path in turn, under 8 clients' back-to-back requests: pods leave (still running), come back under their name at another address, come under another name. Every request must be answered 200, each pod's ledger charges must equal the requests it answered, every ledger be at zero at the end, and the prefix index hold blocks only for pods in the fleet (lb/churn_test.go)."
 	record_as "PDLB_CHURN_SECONDS=60 go test -count=1 -timeout 5m -v -run '^TestChurn\$' ./lb" \
 		env PDLB_CHURN_SECONDS=60 go test -count=1 -timeout 5m -v -run '^TestChurn$' ./lb
+}
+
+scenario_tls() {
+	section "TLS and HTTP/2: pdlb against nginx (issue 27)" "HTTPS keep-alive requests/s, new handshakes/s (a request per connection), h2 requests/s (h2load) and SSE events/s over h2, pdlb on each front end and nginx in front of the proxy benchmark's stub, with the same certificate and cipher suite (bench/tls/run.sh)."
+	record bench/tls/run.sh
 }
 
 machine() {

@@ -39,6 +39,7 @@ type Server struct {
 	// discovery, when configured, runs until Shutdown cancels it.
 	stopDiscovery context.CancelFunc
 	discovered    chan struct{}
+	tls           *listenerTLS
 }
 
 // Start validates cfg, binds its listeners and serves until Shutdown.
@@ -56,13 +57,22 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 			return nil, fmt.Errorf("admin: %w", err)
 		}
 	}
-	g, err := gateway.New(cfg, log)
-	if err != nil {
-		if adminLn != nil {
-			adminLn.Close()
+	lt, err := loadTLS(cfg.TLS, log)
+	if err == nil {
+		var g *gateway.Gateway
+		if g, err = gateway.New(cfg, log); err == nil {
+			return start(cfg, log, g, adminLn, lt)
 		}
-		return nil, err
+		lt.close()
 	}
+	if adminLn != nil {
+		adminLn.Close()
+	}
+	return nil, err
+}
+
+// start serves g on cfg's listeners, with lt's certificates.
+func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, adminLn net.Listener, lt *listenerTLS) (*Server, error) {
 	front, err := frontend.Start(cfg.Frontend, cfg.Listen, frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler, OnLoop: true}, frontend.Options{
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		MaxHeaderBytes: cfg.MaxHeaderBytes,
@@ -71,15 +81,18 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		Conns:          g.Conns(),
 		FDs:            g.FDs(),
 		Log:            log,
+		TLS:            lt.frontendTLS(cfg.TLS),
+		HTTP2:          http2Options(cfg.HTTP2),
 	})
 	if err != nil {
+		lt.close()
 		g.Close()
 		if adminLn != nil {
 			adminLn.Close()
 		}
 		return nil, fmt.Errorf("listen: %w", err)
 	}
-	s := &Server{Gateway: g, front: front, adminLn: adminLn, done: make(chan error, 2), stopped: make(chan struct{})}
+	s := &Server{Gateway: g, front: front, adminLn: adminLn, done: make(chan error, 2), stopped: make(chan struct{}), tls: lt}
 	go func() {
 		select {
 		case err := <-front.Done():
@@ -96,9 +109,14 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 		}
 	}
 	if adminLn != nil {
-		s.admin = &http.Server{Handler: limits.AdminGuard(cfg.Access.AdminToken, g.Admin()), ReadHeaderTimeout: 10 * time.Second}
+		s.admin = &http.Server{Handler: limits.AdminGuard(cfg.Access.AdminToken, g.Admin()), ReadHeaderTimeout: 10 * time.Second,
+			TLSConfig: lt.adminConfig(cfg.TLS)}
 		go func() {
-			if err := s.admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+			serve := s.admin.Serve
+			if s.admin.TLSConfig != nil {
+				serve = func(ln net.Listener) error { return s.admin.ServeTLS(ln, "", "") }
+			}
+			if err := serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
 				s.done <- err
 			}
 		}()
@@ -158,6 +176,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			_ = s.admin.Shutdown(ctx)
 		}
 		s.Gateway.Close()
+		s.tls.close()
 	})
 	return s.shutdownErr
 }
@@ -196,8 +215,11 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 	return nil
 }
 
-// Reload applies a new fleet; see gateway.Gateway.Reload.
-func (s *Server) Reload(cfg config.Config) error { return s.Gateway.Reload(cfg) }
+// Reload applies a new fleet (see gateway.Gateway.Reload) and reads the
+// listeners' certificate files again (the files named at the start).
+func (s *Server) Reload(cfg config.Config) error {
+	return errors.Join(s.tls.reload(), s.Gateway.Reload(cfg))
+}
 
 // ReopenLogs opens the access log's file anew, after rotation moved it.
 func (s *Server) ReopenLogs() error { return s.Gateway.ReopenLogs() }

@@ -2,8 +2,11 @@ package tests
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	"pdlb/engines"
+	"pdlb/internal/certgen"
 	"pdlb/lb/config"
 )
 
@@ -20,11 +24,56 @@ const nodeDir = "openai-node"
 
 // TestOpenAINodeClient runs tests/openai-node/test.mjs, the official openai
 // npm client against live gateways: chat and completions, streaming and
-// not, and the gateway's errors surfacing as the client's error classes.
+// not, and the gateway's errors surfacing as the client's error classes;
+// over plain HTTP, then over HTTPS with a test CA (NODE_EXTRA_CA_CERTS).
 func TestOpenAINodeClient(t *testing.T) {
 	node := lookTool(t, "node", "the official OpenAI client test needs Node.js")
 	npm := lookTool(t, "npm", "the official OpenAI client test installs its package with npm")
 	installClient(t, npm)
+	t.Run("http", func(t *testing.T) { runNodeClient(t, node, nil) })
+	t.Run("https", func(t *testing.T) {
+		ca, err := certgen.NewCA(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := ca.Issue([]string{"localhost"}, time.Time{}, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runNodeClient(t, node, &nodeTLS{ca: ca.File, cert: config.CertFiles{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}})
+	})
+}
+
+// nodeTLS is the certificate the gateways serve and the CA the client
+// trusts.
+type nodeTLS struct {
+	ca   string
+	cert config.CertFiles
+}
+
+func runNodeClient(t *testing.T, node string, secure *nodeTLS) {
+	scheme, withTLS, c := "http://", func(edit func(*config.Config)) func(*config.Config) { return edit }, client
+	if secure != nil {
+		scheme = "https://"
+		pem, err := os.ReadFile(secure.ca)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(pem)
+		c = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+		withTLS = func(edit func(*config.Config)) func(*config.Config) {
+			return func(c *config.Config) {
+				c.TLS.Certificates = []config.CertFiles{secure.cert}
+				if edit != nil {
+					edit(c)
+				}
+			}
+		}
+	}
+	url := func(addr string) string {
+		return scheme + "localhost:" + addr[strings.LastIndexByte(addr, ':')+1:] + "/v1"
+	}
 
 	// Gateway 1: model "m" on two fast pods; model "down" on a closed port.
 	fast := []config.Pod{
@@ -32,12 +81,12 @@ func TestOpenAINodeClient(t *testing.T) {
 		podConfig(startPod(t, "m-1", "m", engines.SGLang, 100)),
 		{Name: "down-0", Model: "down", Address: closedAddr(t)},
 	}
-	main := startGateway(t, fast, nil)
+	main := startGateway(t, fast, withTLS(nil))
 	// Gateway 2: one real-time pod behind max_in_flight 1, so a held stream
 	// makes the next request a 429.
 	slow := startGateway(t, []config.Pod{podConfig(startPod(t, "slow-0", "slow", engines.VLLM, 1))},
-		func(c *config.Config) { c.MaxInFlight = 1 })
-	waitStatus(t, "http://"+main.Addr()+"/v1/chat/completions", `{"model":"down","messages":[{"role":"user","content":"hi"}]}`, 503)
+		withTLS(func(c *config.Config) { c.MaxInFlight = 1 }))
+	waitStatus(t, c, url(main.Addr())+"/chat/completions", `{"model":"down","messages":[{"role":"user","content":"hi"}]}`, 503)
 
 	// The deadline only keeps a hung client from holding the test run.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -45,10 +94,13 @@ func TestOpenAINodeClient(t *testing.T) {
 	cmd := exec.CommandContext(ctx, node, "test.mjs")
 	cmd.Dir = nodeDir
 	cmd.Env = append(os.Environ(),
-		"PDLB_BASE_URL=http://"+main.Addr()+"/v1",
-		"PDLB_LIMITED_BASE_URL=http://"+slow.Addr()+"/v1",
+		"PDLB_BASE_URL="+url(main.Addr()),
+		"PDLB_LIMITED_BASE_URL="+url(slow.Addr()),
 		"NO_COLOR=1",
 	)
+	if secure != nil {
+		cmd.Env = append(cmd.Env, "NODE_EXTRA_CA_CERTS="+secure.ca)
+	}
 	out, err := cmd.CombinedOutput()
 	t.Logf("node test.mjs:\n%s", out)
 	if err != nil {
@@ -84,7 +136,7 @@ func closedAddr(t *testing.T) string {
 
 // waitStatus posts body to url until the answer has status: the gateway
 // needs a health check or two to mark a dead pod down.
-func waitStatus(t *testing.T, url, body string, status int) {
+func waitStatus(t *testing.T, client *http.Client, url, body string, status int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -139,6 +139,9 @@ type Config struct {
 	Plan Plan `yaml:"plan"`
 	// Tracing configures OpenTelemetry spans and decision explanations.
 	Tracing Tracing `yaml:"tracing"`
+	// TLS and HTTP2 are the listeners' TLS and HTTP/2 (tls.go).
+	TLS   TLS   `yaml:"tls"`
+	HTTP2 HTTP2 `yaml:"http2"`
 }
 
 // Upstream bounds the gateway's calls to pods.
@@ -179,6 +182,8 @@ type Upstream struct {
 	XForwardedFor bool `yaml:"x_forwarded_for"`
 	// Retry: retry_on, retry_budget and first_byte (retry.go).
 	Retry `yaml:",inline"`
+	// TLS is how pods with an https:// address are dialed (tls.go).
+	TLS UpstreamTLS `yaml:"tls"`
 }
 
 // Health configures how pods are checked.
@@ -297,8 +302,10 @@ type Pod struct {
 	Name string `yaml:"name"`
 	// Model is the model the pod serves.
 	Model string `yaml:"model"`
-	// Address is host:port of its OpenAI API.
+	// Address is host:port of its OpenAI API; https://host:port sets TLS.
 	Address string `yaml:"address"`
+	// TLS dials the pod with TLS (default false; see Upstream.TLS).
+	TLS bool `yaml:"tls"`
 	// Engine is vllm (default), sglang or trtllm.
 	Engine string `yaml:"engine"`
 	// Role is combined (default), prefill or decode.
@@ -431,6 +438,8 @@ func (c *Config) UnmarshalYAML(data []byte) error {
 // Load calls it; a caller that builds a Config in code calls it before
 // Validate.
 func (c *Config) Provision() {
+	c.TLS.provision()
+	c.HTTP2.provision()
 	for i := range c.Models {
 		c.Models[i].provision()
 	}
@@ -455,6 +464,7 @@ func (m *Model) provision() {
 // weight (1), prefill speed and, for SGLang, bootstrap port, and spells its
 // engine as engines.ParseKind does (empty: vLLM).
 func (p *Pod) Provision() {
+	p.provisionScheme()
 	if p.Name == "" {
 		p.Name = p.Address
 	}
@@ -590,6 +600,15 @@ func (c Config) Validate() error {
 		} else if _, err := os.Stat(filepath.Join(m.Tokenizer, "tokenizer.json")); err != nil {
 			return invalid(field+".tokenizer", m.Tokenizer, "must be a directory holding tokenizer.json ("+err.Error()+")")
 		}
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return err
+	}
+	if err := c.HTTP2.Validate(); err != nil {
+		return err
+	}
+	if err := c.Upstream.TLS.Validate(); err != nil {
+		return err
 	}
 	if err := c.Access.Validate(c.Admin); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)

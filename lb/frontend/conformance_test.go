@@ -3,6 +3,7 @@ package frontend_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -45,6 +47,22 @@ type app struct {
 	step      chan struct{}
 	streamErr chan error
 	flooded   atomic.Int64
+}
+
+// floodStalled waits until /flood's writer stops making progress and
+// returns what it got through.
+func (a *app) floodStalled() int64 {
+	last, still := int64(-1), 0
+	for still < 5 {
+		time.Sleep(20 * time.Millisecond)
+		n := a.flooded.Load()
+		if n == last {
+			still++
+		} else {
+			last, still = n, 0
+		}
+	}
+	return last
 }
 
 func newApp() *app { return &app{step: make(chan struct{}), streamErr: make(chan error, 4)} }
@@ -148,19 +166,33 @@ func serveWith(t testing.TB, name string, h frontend.Handler, o frontend.Options
 	return s.Addr()
 }
 
-// forEach runs f as a subtest per front end, each with its own app.
+// forEach runs f as a subtest per front end, each with its own app, in
+// plain HTTP/1.1 and over TLS (dial speaks TLS to the latter's address).
 func forEach(t *testing.T, f func(t *testing.T, addr string, a *app)) {
+	ts := newTLSSetup(t)
 	for _, name := range frontEnds {
 		t.Run(name, func(t *testing.T) {
 			a := newApp()
 			f(t, serve(t, name, a.handler()), a)
 		})
+		t.Run(name+"/tls", func(t *testing.T) {
+			a := newApp()
+			addr := serveWith(t, name, a.handler(), ts.options())
+			tlsClients.Store(addr, ts.clientConfig("http/1.1"))
+			t.Cleanup(func() { tlsClients.Delete(addr) })
+			f(t, addr, a)
+		})
 	}
 }
 
+// tlsClients holds the client configuration of each address served over
+// TLS.
+var tlsClients sync.Map
+
 type client struct {
 	net.Conn
-	br *bufio.Reader
+	tcp *net.TCPConn // under TLS, if any
+	br  *bufio.Reader
 }
 
 func dial(t *testing.T, addr string) *client {
@@ -169,15 +201,21 @@ func dial(t *testing.T, addr string) *client {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tcp := c.(*net.TCPConn)
+	if cfg, ok := tlsClients.Load(addr); ok {
+		c = tls.Client(c, cfg.(*tls.Config))
+	}
 	t.Cleanup(func() { c.Close() })
 	// A test that hangs fails here instead of at the test binary's limit.
 	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	return &client{Conn: c, br: bufio.NewReader(c)}
+	return &client{Conn: c, tcp: tcp, br: bufio.NewReader(c)}
 }
 
+// send writes s. A server that answered early and closed (a 413 before
+// the body is all sent) may fail the write: the response then tells.
 func (c *client) send(t *testing.T, s string) {
 	t.Helper()
-	if _, err := io.WriteString(c, s); err != nil {
+	if _, err := io.WriteString(c, s); err != nil && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatal(err)
 	}
 }
@@ -449,19 +487,9 @@ func TestSlowClient(t *testing.T) {
 	forEach(t, func(t *testing.T, addr string, a *app) {
 		c := dial(t, addr)
 		// A fixed receive buffer keeps the kernel's share small and known.
-		_ = c.Conn.(*net.TCPConn).SetReadBuffer(64 << 10)
+		_ = c.tcp.SetReadBuffer(64 << 10)
 		c.send(t, "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
-		// Wait until the writer stops making progress.
-		last, still := int64(-1), 0
-		for still < 5 {
-			time.Sleep(20 * time.Millisecond)
-			n := a.flooded.Load()
-			if n == last {
-				still++
-			} else {
-				last, still = n, 0
-			}
-		}
+		last := a.floodStalled()
 		const bound = 16 << 20
 		if last > bound {
 			t.Fatalf("writer got %d bytes past a client that reads nothing (bound %d)", last, bound)

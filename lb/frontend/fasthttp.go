@@ -48,6 +48,10 @@ type Options struct {
 	// last file descriptors, and refuses the loop's upstream dials that
 	// would take one (see limits.FDs).
 	FDs *limits.FDs
+	// TLS, if set, makes the listener speak TLS; HTTP2 bounds HTTP/2
+	// clients (tls.go, h2.go).
+	TLS   *TLS
+	HTTP2 HTTP2
 }
 
 // FastHTTP serves h on ln with fasthttp until ln is closed or Shutdown is

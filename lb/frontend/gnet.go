@@ -62,6 +62,9 @@ type GNet struct {
 	lastIdle   int64 // OnTick's last idle sweep, unix nanoseconds
 	// listeners are the loops' listening sockets (closeListeners).
 	listeners []listenerFD
+	// h2 serves the h2c connections the loops hand over (h2c.go); nil
+	// when HTTP/2 is off.
+	h2 *h2Server
 }
 
 // tick is how often OnTick advances the clock and closes idle connections;
@@ -76,6 +79,9 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s.now.Store(time.Now().UnixNano())
 	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
 	s.workers = workers{idle: make(chan *gconn), quit: make(chan struct{})}
+	if !o.HTTP2.Disabled {
+		s.h2 = newH2Server(h, s.o)
+	}
 	// Each loop binds its own socket to addr, and each bind to port 0 would
 	// get a port of its own. A port is chosen first, with a socket that holds
 	// it until the loops are bound beside it.
@@ -210,6 +216,11 @@ func (s *GNet) ShutdownWithContext(ctx context.Context) error {
 		}
 		s.closeIdle(0)
 	}
+	var h2done chan error
+	if s.h2 != nil {
+		h2done = make(chan error, 1)
+		go func() { h2done <- s.h2.shutdown(ctx) }()
+	}
 	if err := s.drain(ctx); err != nil {
 		if first {
 			go func() {
@@ -220,6 +231,11 @@ func (s *GNet) ShutdownWithContext(ctx context.Context) error {
 			s.stop()
 		}
 		return err
+	}
+	if h2done != nil {
+		if err := <-h2done; err != nil {
+			return err
+		}
 	}
 	return s.stop()
 }
@@ -413,6 +429,11 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 	}
 	gc := c.Context().(*gconn)
 	gc.lastRead.Store(s.now.Load())
+	if !gc.sniffed && s.h2 != nil {
+		if act, done := s.h2cOnLoop(gc); done {
+			return act
+		}
+	}
 	if gc.stalled && c.OutboundBuffered() <= gc.stallLimit {
 		gc.stalled = false
 		gc.wrote <- nil

@@ -68,6 +68,7 @@ type gconn struct {
 	stopped   bool                 // no more requests: Connection: close, a parse error, Shutdown
 	closed    bool                 // OnClose ran
 	lingered  int                  // bytes discarded while lingering (linger.go)
+	sniffed   bool                 // its first bytes are not HTTP/2's preface (h2c.go)
 	// stalled: the writer waits until OutboundBuffered() <= stallLimit.
 	stalled    bool
 	stallLimit int

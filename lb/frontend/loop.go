@@ -56,6 +56,9 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 // nothing while a handler runs: there a client's leaving shows only when
 // its answer is written.
 func ClientGone(ctx *fasthttp.RequestCtx) <-chan struct{} {
+	if st, ok := ctx.Conn().(*h2Stream); ok {
+		return st.done
+	}
 	gc, ok := ctx.Conn().(*gconn)
 	if !ok {
 		return nil

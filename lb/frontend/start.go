@@ -30,19 +30,26 @@ type Server interface {
 // Start serves h on addr with the front end called name ("" is fasthttp)
 // and returns once it listens.
 func Start(name, addr string, h Handler, o Options) (Server, error) {
-	switch name {
-	case "", NameFastHTTP:
-		ln, err := Listen(addr)
+	lg := new(lingering)
+	if o.TLS != nil || (name != NameGNet && !o.HTTP2.Disabled) {
+		// Handshakes and the h2c preface need a goroutine per connection
+		// (tls.go), on either front end.
+		if name != "" && name != NameFastHTTP && name != NameGNet {
+			return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
+		}
+		ln, err := listenLimited(addr, o, lg)
 		if err != nil {
 			return nil, err
 		}
-		s := &fastServer{Server: FastHTTP(h, o), done: make(chan error, 1)}
-		// Innermost, so the connection closed is the socket itself.
-		ln = o.FDs.Wrap(&lingerListener{Listener: ln, l: &s.linger})
-		if o.Conns != nil {
-			ln = o.Conns.Wrap(ln)
+		return startConnServer(ln, h, o, lg), nil
+	}
+	switch name {
+	case "", NameFastHTTP:
+		ln, err := listenLimited(addr, o, lg)
+		if err != nil {
+			return nil, err
 		}
-		s.ln = ln
+		s := &fastServer{Server: FastHTTP(h, o), ln: ln, done: make(chan error, 1), linger: lg}
 		go func() {
 			if err := s.Serve(ln); err != nil {
 				s.done <- err
@@ -55,11 +62,26 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 	return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
 }
 
+// listenLimited is Listen with o's descriptor guard and per-address cap,
+// its connections lingering on close under lg.
+func listenLimited(addr string, o Options, lg *lingering) (net.Listener, error) {
+	ln, err := Listen(addr)
+	if err != nil {
+		return nil, err
+	}
+	// Innermost, so the connection closed is the socket itself.
+	ln = o.FDs.Wrap(&lingerListener{Listener: ln, l: lg})
+	if o.Conns != nil {
+		ln = o.Conns.Wrap(ln)
+	}
+	return ln, nil
+}
+
 type fastServer struct {
 	*fasthttp.Server
 	ln     net.Listener
 	done   chan error
-	linger lingering
+	linger *lingering
 }
 
 // ShutdownWithContext is fasthttp's, and it ends the lingering
@@ -76,6 +98,7 @@ func (s *fastServer) Done() <-chan error { return s.done }
 var (
 	_ Server = (*fastServer)(nil)
 	_ Server = (*GNet)(nil)
+	_ Server = (*connServer)(nil)
 )
 
 // Listen opens a TCP listener on addr with SO_REUSEPORT, as gnet's loops

@@ -168,6 +168,9 @@ func (g *Gateway) admitStage(x *completion) bool {
 // the relay owns it, and once finished it is back in its pool, where
 // nothing may touch it.
 func (g *Gateway) attemptStage(x *completion) bool {
+	if x.pod != nil && x.pod.Config.TLS && !x.via.block(x) {
+		return false // the loop's own connections speak no TLS: a worker dials
+	}
 	x.attempts++
 	if x.pd != nil && x.pd.Decision.Kind == route.PDPair {
 		if x.up != nil {

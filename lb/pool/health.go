@@ -59,6 +59,9 @@ func (c *Checker) run(p *Pod) {
 	// dialer is IPv4 only, and an IPv6 pod would never pass).
 	client := &fasthttp.HostClient{Addr: p.Config.Address, Name: "pdlb-health", MaxConns: 2, MaxIdemponentCallAttempts: 1,
 		MaxIdleConnDuration: c.keepalive, DialDualStack: true}
+	if p.Config.TLS {
+		client.Dial = p.Dial
+	}
 	defer client.CloseIdleConnections()
 	// Start at a random point of the interval so checks of many pods do not
 	// fire in lockstep.

@@ -8,6 +8,7 @@
 package pool
 
 import (
+	"crypto/tls"
 	"fmt"
 	"math"
 	"net"
@@ -98,8 +99,10 @@ func (p *Pod) Load() PodLoad { return PodLoad{&p.podLoad, p.ID, p.Slot} }
 // read, and the objects that outlive one configuration.
 type podState struct {
 	podLoad
-	// Client is the keep-alive connection pool to the pod.
+	// Client is the keep-alive connection pool to the pod; Dial opens
+	// one of its connections (with TLS for an https pod).
 	Client *fasthttp.HostClient
+	Dial   func(addr string) (net.Conn, error)
 
 	fails      atomic.Int32
 	checkFails atomic.Int32 // failed health checks in a row
@@ -416,6 +419,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 	}
 	pcs := make([]config.Pod, len(cfg.Pods))
 	stays := map[*Pod]bool{}
+	var podTLS *tls.Config
 	for i := range cfg.Pods {
 		// The snapshot holds pods with their defaults filled, whoever
 		// built the configuration.
@@ -454,7 +458,16 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			pod.podState = new(podState)
 			pod.Speed.Init(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha)
 			pod.weight.Store(math.Float64bits(pc.Weight))
-			pod.Client = newClient(cfg, pc.Address, func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) })
+			pod.Dial = func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) }
+			if pc.TLS {
+				if podTLS == nil {
+					if podTLS, err = upstreamTLS(cfg.Upstream.TLS); err != nil {
+						return nil, err
+					}
+				}
+				pod.Dial = dialTLS(pod.Dial, podTLS, connectTimeout)
+			}
+			pod.Client = newClient(cfg, pc.Address, pod.Dial)
 			pod.pd = newPDState()
 			pod.healthy.Store(true)
 		}
@@ -516,10 +529,14 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 
 // identity is what tells one pod from another across reloads: the
 // Kubernetes UID where discovery knows it (a pod recreated under its name,
-// maybe at its address, is another pod), its name and its address.
-type identity struct{ uid, name, address string }
+// maybe at its address, is another pod), its name and its address with its
+// scheme (a pod moved to https:// needs connections dialed anew).
+type identity struct {
+	uid, name, address string
+	tls                bool
+}
 
-func identityOf(c config.Pod) identity { return identity{c.UID, c.Name, c.Address} }
+func identityOf(c config.Pod) identity { return identity{c.UID, c.Name, c.Address, c.TLS} }
 
 // placeInIndex gives m a prefix index and its pods their ids there. The
 // index of pm, m's model in the previous snapshot, stays when it fits:

@@ -54,7 +54,14 @@ type Conn struct {
 	kept          bool
 	writeDeadline time.Time
 	closed        atomic.Bool
+	// pinned: the connection never moves to a new socket (Pin).
+	pinned bool
 }
+
+// Pin keeps c on the socket it has: a TLS session on it cannot go on over
+// a new one, so a pod's close of a kept connection fails the request
+// instead (which is retried elsewhere only if nothing was sent).
+func (c *Conn) Pin() { c.pinned = true }
 
 // podSocket is one socket of an Conn.
 type podSocket struct {
@@ -124,7 +131,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	s := c.cur.Load()
 	if c.kept {
 		c.kept = false
-		if s.peerDone() {
+		if !c.pinned && s.peerDone() {
 			var err error
 			if s, err = c.redial(s); err != nil {
 				return 0, err

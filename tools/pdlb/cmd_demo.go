@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 
@@ -39,7 +40,7 @@ const (
 )
 
 func cmdDemo(args []string, stdout io.Writer) error {
-	fs := newFlagSet("demo", "[--listen ADDR] [--admin ADDR] [--speedup X] [--tokenizer DIR]",
+	fs := newFlagSet("demo", "[--listen ADDR] [--admin ADDR] [--speedup X] [--tokenizer DIR] [--tls]",
 		`Starts simulated engine pods on loopback and the gateway in front of them,
 in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	var (
@@ -47,11 +48,13 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		speedup   float64
 		policy    string
 		tokenizer string
+		withTLS   bool
 	)
 	gf.register(fs)
 	fs.Float64Var(&speedup, "speedup", 1, "how much faster than real time the simulated pods run")
 	fs.StringVar(&policy, "policy", "", "routing policy of every demo model (default: the gateway's default)")
 	fs.StringVar(&tokenizer, "tokenizer", "", "a Hugging Face tokenizer directory every demo model uses, pods and gateway alike, the vLLM pods publishing KV events in its ids (default: the stand-in)")
+	fs.BoolVar(&withTLS, "tls", false, "serve the API over TLS (and HTTP/2) with a certificate for localhost from a CA made for the run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -116,8 +119,19 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	gf.apply(&cfg)
 	// A demo explains its decisions to anyone who asks.
 	cfg.Tracing.Explain = true
+	var ca string
+	if withTLS {
+		dir, err := os.MkdirTemp("", "pdlb-demo-tls-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if ca, err = demoCertificate(dir, &cfg); err != nil {
+			return err
+		}
+	}
 	return serveUntilSignal(cfg, gf.stopping(), stdout, func(s *lb.Server) {
-		printDemo(stdout, s, fleet)
+		printDemo(stdout, s, fleet, ca)
 	}, nil, "")
 }
 
@@ -142,10 +156,15 @@ func demoPod(p *sim.Pod) config.Pod {
 	return c
 }
 
-func printDemo(w io.Writer, s *lb.Server, fleet *sim.Fleet) {
+// printDemo says how to try the gateway s; with ca set, it serves TLS
+// with a certificate that CA signed.
+func printDemo(w io.Writer, s *lb.Server, fleet *sim.Fleet, ca string) {
 	host := s.Addr()
 	if strings.HasPrefix(host, "[::]:") {
 		host = "localhost:" + strings.TrimPrefix(host, "[::]:")
+	}
+	if ca != "" {
+		host = demoTLSBase(ca, host)
 	}
 	fmt.Fprintf(w, "pdlb demo: gateway on %s, admin on %s\n\nSimulated pods:\n", s.Addr(), s.AdminAddr())
 	for _, p := range fleet.Pods() {

@@ -34,6 +34,7 @@ func (p *podFlags) Set(s string) error {
 type gatewayFlags struct {
 	listen, admin, frontend, accessLog string
 	shutdown, delay                    time.Duration
+	tlsCert, tlsKey                    string
 }
 
 func (f *gatewayFlags) register(fs *flag.FlagSet) {
@@ -42,6 +43,8 @@ func (f *gatewayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+", or the config file's)")
 	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output; reopened on SIGUSR1; default none, or the config file's)")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve the API over TLS with this PEM certificate chain (with --tls-key; reloaded on SIGHUP and when it changes)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
 	fs.DurationVar(&f.delay, "shutdown-delay", 0, "on SIGINT/SIGTERM, how long to go on serving first with /ready answering 503 and each answer closing its connection, so balancers and Kubernetes endpoints move clients away (a second signal ends it)")
 }
 
@@ -71,6 +74,9 @@ func (f *gatewayFlags) apply(cfg *config.Config) {
 	}
 	if f.accessLog != "" {
 		cfg.AccessLog = f.accessLog
+	}
+	if f.tlsCert != "" || f.tlsKey != "" {
+		cfg.TLS.Certificates = []config.CertFiles{{CertFile: f.tlsCert, KeyFile: f.tlsKey}}
 	}
 }
 

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# TLS and HTTP/2 benchmark (issue 27): pdlb (each front end) and nginx
+# terminating TLS in front of the proxy benchmark's stub, in one run on
+# this machine, with the same ECDSA P-256 certificate, TLS 1.3,
+# TLS_AES_128_GCM_SHA256 and X25519. Rows per target:
+#   - HTTPS keep-alive requests/s: wrk, THREADS threads, CONNS connections,
+#     the proxy benchmark's 1 KB chat completion (HTTP/1.1 over TLS);
+#   - new handshakes/s: the same with "Connection: close", so each request
+#     is a new connection and a full handshake (wrk resumes no session);
+#   - h2 requests/s: h2load, H2_CLIENTS connections with H2_STREAMS
+#     streams each, the same body;
+#   - SSE over h2: h2load streams of SSE_EVENTS events, no gap between
+#     them, events/s.
+# Prints one markdown table on stdout; progress goes to stderr.
+#
+# Knobs (environment): CONNS (64), THREADS (2), DURATION (5s per sample),
+# H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (40000), SSE_STREAMS
+# (2000), SSE_EVENTS (50).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HERE=$ROOT/bench/tls
+CONNS=${CONNS:-64}
+THREADS=${THREADS:-2}
+DURATION=${DURATION:-5s}
+H2_CLIENTS=${H2_CLIENTS:-16}
+H2_STREAMS=${H2_STREAMS:-10}
+H2_REQUESTS=${H2_REQUESTS:-40000}
+SSE_STREAMS=${SSE_STREAMS:-2000}
+SSE_EVENTS=${SSE_EVENTS:-50}
+WORKERS=$(nproc)
+
+NAME=tlsbench
+# shellcheck source=../proxy/harness.sh
+. "$ROOT/bench/proxy/harness.sh"
+API=/v1/chat/completions
+
+install_missing() {
+	local pkgs=()
+	command -v wrk >/dev/null || pkgs+=(wrk)
+	command -v h2load >/dev/null || pkgs+=(nghttp2-client)
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || pkgs+=(nginx-light)
+	command -v openssl >/dev/null || pkgs+=(openssl)
+	[ ${#pkgs[@]} -eq 0 ] && return
+	log "installing ${pkgs[*]}"
+	local sudo=
+	[ "$(id -u)" = 0 ] || sudo=sudo
+	$sudo apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${pkgs[@]}" >&2 ||
+		log "WARNING: could not install ${pkgs[*]}"
+}
+install_missing
+
+log "building pdlb and the stub"
+(cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub)
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
+	-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$DIR/key.pem" -out "$DIR/cert.pem" 2>/dev/null
+lua=$DIR/post.lua
+cp "$ROOT/bench/proxy/post.lua" "$lua"
+# lua_body is bench/proxy/post.lua's 1 KB body, for h2load.
+lua_body() {
+	local head='{"model":"bench","max_tokens":200,"stream":false,"messages":[{"role":"user","content":"' tail='"}]}'
+	local filler
+	filler=$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 30))
+	printf '%s%s%s' "$head" "${filler:0:$((1024 - ${#head} - ${#tail}))}" "$tail"
+}
+lua_body >"$DIR/body.json"
+
+take_port STUB
+"$DIR/stub" --listen "$STUB" 2>"$DIR/stub.log" &
+started
+wait_port "$STUB"
+
+declare -A ADDR PID
+LABELS=()
+for fe in gnet fasthttp; do
+	take_port LISTEN
+	take_port ADMIN
+	"$DIR/pdlb" serve --pod "model=bench,address=$STUB" --listen "$LISTEN" --admin "$ADMIN" --frontend "$fe" \
+		--tls-cert "$DIR/cert.pem" --tls-key "$DIR/key.pem" 2>"$DIR/pdlb-$fe.log" &
+	started
+	LABELS+=("pdlb $fe") ADDR["pdlb $fe"]=$LISTEN PID["pdlb $fe"]=$!
+done
+take_port NGINX
+sed -e "s|@WORKERS@|$WORKERS|" -e "s|@DIR@|$DIR|g" -e "s|@UPSTREAM@|$STUB|" -e "s|@LISTEN@|$NGINX|" \
+	"$HERE/nginx.conf.tmpl" >"$DIR/nginx.conf"
+/usr/sbin/nginx -c "$DIR/nginx.conf" 2>"$DIR/nginx.log" &
+started
+LABELS+=(nginx) ADDR[nginx]=$NGINX PID[nginx]=$!
+for l in "${LABELS[@]}"; do
+	wait_port "${ADDR[$l]}"
+done
+
+# wrk_rps prints wrk's requests/s against label, with extra wrk arguments.
+wrk_rps() {
+	local label=$1
+	shift
+	(cd "$DIR" && wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s post.lua "$@" "https://${ADDR[$label]}$API") >"$DIR/wrk.txt" 2>&1 || true
+	if grep -q 'Non-2xx\|Socket errors' "$DIR/wrk.txt"; then
+		log "$label: $(grep 'Non-2xx\|Socket errors' "$DIR/wrk.txt" | tr '\n' ' ')"
+	fi
+	awk '/^Requests\/sec/ {printf "%.0f", $2}' "$DIR/wrk.txt"
+}
+
+# h2_rps prints h2load's requests/s (finished streams) against label.
+h2_rps() {
+	local label=$1
+	shift
+	h2load "$@" "https://${ADDR[$label]}$API" >"$DIR/h2load.txt" 2>&1 || true
+	if ! grep -q 'requests:.*succeeded' "$DIR/h2load.txt"; then
+		log "$label: h2load: $(tail -3 "$DIR/h2load.txt" | tr '\n' ' ')"
+	fi
+	awk '/^finished in/ {gsub(",", "", $4); printf "%.0f", $4}' "$DIR/h2load.txt"
+}
+
+echo "| target | HTTPS keep-alive req/s | new handshakes/s | h2 req/s | SSE over h2, events/s |"
+echo "| --- | --- | --- | --- | --- |"
+for l in "${LABELS[@]}"; do
+	log "$l: HTTPS keep-alive"
+	ka=$(wrk_rps "$l")
+	log "$l: a handshake per request"
+	hs=$(wrk_rps "$l" -H 'Connection: close')
+	log "$l: h2"
+	h2=$(h2_rps "$l" -n "$H2_REQUESTS" -c "$H2_CLIENTS" -m "$H2_STREAMS" -d "$DIR/body.json" -H 'content-type: application/json')
+	log "$l: SSE over h2"
+	sse=$(h2_rps "$l" -n "$SSE_STREAMS" -c "$H2_CLIENTS" -m "$H2_STREAMS" -d "$HERE/sse.json" -H 'content-type: application/json' \
+		-H "x-stub-events: $SSE_EVENTS" -H 'x-stub-interval: 1us')
+	echo "| $l | $ka | $hs | $h2 | $((${sse:-0} * SSE_EVENTS)) |"
+done
+echo
+echo "Machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $WORKERS cores. Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."

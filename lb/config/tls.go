@@ -1,0 +1,200 @@
+package config
+
+import (
+	"crypto/tls"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// Defaults of TLS, HTTP2 and UpstreamTLS.
+const (
+	DefaultTLSMinVersion        = "1.2"
+	DefaultTicketRotation       = time.Hour
+	DefaultMaxConcurrentStreams = 250
+	DefaultMaxFrameBytes        = 16 << 10
+	DefaultMaxResetsPerSecond   = 100
+)
+
+// TLS terminates TLS on the API listener (and, if asked, on the admin
+// listener). With no certificates the listener speaks plain HTTP.
+type TLS struct {
+	// Certificates are the listener's certificate chains, PEM files. The
+	// first is served to a client whose server name (SNI) matches none;
+	// the others are chosen by the names they hold. Reloaded on SIGHUP
+	// and when a file changes; connections and streams stay open.
+	Certificates []CertFiles `yaml:"certificates"`
+	// MinVersion is the lowest TLS version accepted: "1.2" (default) or
+	// "1.3".
+	MinVersion string `yaml:"min_version"`
+	// TicketRotation is how often the session-ticket key changes (default
+	// 1h); a ticket is accepted for three rotations.
+	TicketRotation time.Duration `yaml:"ticket_rotation"`
+	// Admin serves the admin listener over TLS too (default false), with
+	// AdminCertificates or, when none are given, Certificates.
+	Admin             bool        `yaml:"admin"`
+	AdminCertificates []CertFiles `yaml:"admin_certificates"`
+}
+
+// CertFiles is a certificate chain (leaf first) and its private key, PEM
+// files.
+type CertFiles struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// Enabled reports whether the API listener speaks TLS.
+func (t TLS) Enabled() bool { return len(t.Certificates) > 0 }
+
+// Version is MinVersion as crypto/tls spells it.
+func (t TLS) Version() uint16 {
+	if t.MinVersion == "1.3" {
+		return tls.VersionTLS13
+	}
+	return tls.VersionTLS12
+}
+
+// AdminFiles are the admin listener's certificates; nil when it speaks
+// plain HTTP.
+func (t TLS) AdminFiles() []CertFiles {
+	switch {
+	case !t.Admin:
+		return nil
+	case len(t.AdminCertificates) > 0:
+		return t.AdminCertificates
+	}
+	return t.Certificates
+}
+
+func (t *TLS) provision() {
+	if t.MinVersion == "" {
+		t.MinVersion = DefaultTLSMinVersion
+	}
+	if t.TicketRotation == 0 {
+		t.TicketRotation = DefaultTicketRotation
+	}
+}
+
+// Validate checks the files exist and the fields are in range; whether the
+// files hold a usable key pair is checked when they are loaded.
+func (t TLS) Validate() error {
+	if err := checkCertFiles("tls.certificates", t.Certificates); err != nil {
+		return err
+	}
+	if err := checkCertFiles("tls.admin_certificates", t.AdminCertificates); err != nil {
+		return err
+	}
+	switch t.MinVersion {
+	case "", "1.2", "1.3":
+	default:
+		return invalid("tls.min_version", t.MinVersion, `must be "1.2" or "1.3"`)
+	}
+	if t.TicketRotation < 0 {
+		return invalid("tls.ticket_rotation", t.TicketRotation, "must not be negative (0 means 1h)")
+	}
+	if t.Admin && !t.Enabled() && len(t.AdminCertificates) == 0 {
+		return invalid("tls.admin", t.Admin, "needs tls.certificates or tls.admin_certificates")
+	}
+	return nil
+}
+
+func checkCertFiles(field string, files []CertFiles) error {
+	for i, f := range files {
+		for _, p := range []struct{ name, path string }{{"cert_file", f.CertFile}, {"key_file", f.KeyFile}} {
+			name := fmt.Sprintf("%s[%d].%s", field, i, p.name)
+			if p.path == "" {
+				return invalid(name, p.path, "must name a PEM file")
+			}
+			if _, err := os.Stat(p.path); err != nil {
+				return invalid(name, p.path, "must be a readable file ("+err.Error()+")")
+			}
+		}
+	}
+	return nil
+}
+
+// HTTP2 is HTTP/2 from clients: h2 by ALPN on a TLS listener, h2c with
+// prior knowledge on a plain one.
+type HTTP2 struct {
+	// Disabled turns HTTP/2 off (default false: on); clients then speak
+	// HTTP/1.1 only.
+	Disabled bool `yaml:"disabled"`
+	// MaxConcurrentStreams caps a connection's open streams (default 250).
+	MaxConcurrentStreams uint32 `yaml:"max_concurrent_streams"`
+	// MaxFrameBytes is the largest frame a client may send (default 16384,
+	// the protocol's least; at most 16 MiB).
+	MaxFrameBytes uint32 `yaml:"max_frame_bytes"`
+	// MaxResetsPerSecond is how many streams a client may cancel per
+	// second, averaged over ten seconds, before its connection is slowed
+	// and then closed (default 100): the rapid-reset attack
+	// (CVE-2023-44487) opens and cancels streams in a loop.
+	MaxResetsPerSecond int `yaml:"max_resets_per_second"`
+}
+
+func (h *HTTP2) provision() {
+	if h.MaxConcurrentStreams == 0 {
+		h.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if h.MaxFrameBytes == 0 {
+		h.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if h.MaxResetsPerSecond == 0 {
+		h.MaxResetsPerSecond = DefaultMaxResetsPerSecond
+	}
+}
+
+// Validate checks the bounds RFC 9113 sets.
+func (h HTTP2) Validate() error {
+	if h.MaxFrameBytes != 0 && (h.MaxFrameBytes < 16<<10 || h.MaxFrameBytes > 1<<24-1) {
+		return invalid("http2.max_frame_bytes", h.MaxFrameBytes, "must be 16384 to 16777215")
+	}
+	if h.MaxResetsPerSecond < 0 {
+		return invalid("http2.max_resets_per_second", h.MaxResetsPerSecond, "must be positive (0 means 100)")
+	}
+	return nil
+}
+
+// UpstreamTLS is how the gateway speaks TLS to pods whose address starts
+// with https://. Verification is on: a pod's certificate must chain to
+// CAFile (default: the system's roots) and name the pod's host.
+type UpstreamTLS struct {
+	// CAFile is a PEM bundle of the CAs pods' certificates chain to
+	// (default: the system's roots).
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the gateway's client certificate, for pods
+	// that ask for one (mutual TLS); default none.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name checked in every pod's certificate and sent
+	// as SNI (default: the host of the pod's address).
+	ServerName string `yaml:"server_name"`
+}
+
+// Validate checks the files exist and come in pairs.
+func (u UpstreamTLS) Validate() error {
+	for _, p := range []struct{ name, path string }{{"upstream.tls.ca_file", u.CAFile}, {"upstream.tls.cert_file", u.CertFile}, {"upstream.tls.key_file", u.KeyFile}} {
+		if p.path == "" {
+			continue
+		}
+		if _, err := os.Stat(p.path); err != nil {
+			return invalid(p.name, p.path, "must be a readable file ("+err.Error()+")")
+		}
+	}
+	if (u.CertFile == "") != (u.KeyFile == "") {
+		return invalid("upstream.tls.key_file", u.KeyFile, "comes with cert_file, both or neither")
+	}
+	return nil
+}
+
+// HTTPSPrefix marks a pod address the gateway dials with TLS.
+const HTTPSPrefix = "https://"
+
+// provisionScheme moves an address's https:// into TLS, so Address stays
+// host:port everywhere it is used (Host header, dials, names).
+func (p *Pod) provisionScheme() {
+	if a, ok := strings.CutPrefix(p.Address, HTTPSPrefix); ok {
+		p.Address, p.TLS = a, true
+	}
+	p.Address = strings.TrimPrefix(p.Address, "http://")
+}

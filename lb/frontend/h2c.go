@@ -1,0 +1,76 @@
+package frontend
+
+import (
+	"bytes"
+	"net"
+	"os"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/net/http2"
+	"golang.org/x/sys/unix"
+)
+
+// h2cOnLoop looks, on the loop, at a new connection's first bytes for
+// HTTP/2's client preface (h2c with prior knowledge). done reports that
+// the connection is taken care of: the preface is still incomplete (wait),
+// or it came whole and the connection leaves the loop for the HTTP/2
+// server.
+//
+// HTTP/2 multiplexes streams, each a goroutine of x/net's server, over one
+// connection whose reads and writes that server owns; serving it on a
+// loop would mean writing HTTP/2 again over gnet's buffers. So the socket
+// is duplicated into a net.Conn on Go's poller, served on a goroutine like
+// the TLS front end's h2 connections, and gnet closes its own descriptor
+// (after taking it off its poller, so the duplicate is left alone).
+func (s *GNet) h2cOnLoop(gc *gconn) (act gnet.Action, done bool) {
+	c := gc.c
+	buf, _ := c.Peek(c.InboundBuffered())
+	preface := []byte(http2.ClientPreface)
+	if !bytes.HasPrefix(preface, buf[:min(len(buf), len(preface))]) {
+		gc.sniffed = true
+		return gnet.None, false
+	}
+	if len(buf) < len(preface) {
+		return gnet.None, true
+	}
+	gc.sniffed = true
+	nc, err := dupConn(c.Fd())
+	if err != nil {
+		s.logDebug("frontend: h2c connection not taken over", err)
+		return gnet.Close, true
+	}
+	early := bytes.Clone(buf)
+	_, _ = c.Discard(len(buf))
+	remote := c.RemoteAddr()
+	go func() {
+		// OnClose gave the connection's place under the per-address cap
+		// back; the HTTP/2 connection takes it again.
+		if s.o.Conns != nil {
+			if !s.o.Conns.Acquire(remote) {
+				_ = nc.Close()
+				return
+			}
+			defer s.o.Conns.Release(remote)
+		}
+		s.h2.serve(&prefixedConn{Conn: nc, early: early})
+		_ = nc.Close()
+	}()
+	return gnet.Close, true
+}
+
+// dupConn is a net.Conn on a duplicate of the socket fd.
+func dupConn(fd int) (net.Conn, error) {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(dup), "h2c")
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+func (s *GNet) logDebug(msg string, err error) {
+	if s.o.Log != nil {
+		s.o.Log.Debug(msg, "err", err)
+	}
+}

@@ -1,0 +1,329 @@
+package frontend
+
+// TLS and HTTP/2 on the front ends.
+//
+// A TLS listener is served the same way on both front ends: its accept
+// loop hands each connection to a goroutine of its own, which runs the
+// handshake (crypto/tls), and the negotiated protocol picks the server:
+// ALPN h2 goes to the HTTP/2 server (h2.go), anything else to fasthttp's,
+// whose worker goroutines take it over. gnet has no TLS, and a handshake
+// (a few hundred microseconds of public-key work per client) run on an
+// event loop would stall every other connection of that loop for as long;
+// on goroutines the runtime schedules handshakes beside the loops and
+// the streams. The plain listener of the fasthttp front end goes through
+// the same goroutine when h2c is on, which reads the connection's first
+// bytes for HTTP/2's preface; gnet's loops look for it themselves
+// (h2c.go).
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// KeyPair names a certificate chain (leaf first) and its private key, PEM
+// files.
+type KeyPair struct{ CertFile, KeyFile string }
+
+// Certs is a listener's certificates. Each handshake takes the first whose
+// names match the client's server name (SNI), or the first of all; Reload
+// swaps in what the files hold now for the handshakes after it, and
+// connections already open keep theirs.
+type Certs struct {
+	files []KeyPair
+	set   atomic.Pointer[[]tls.Certificate]
+}
+
+// LoadCerts reads files, which must name at least one pair.
+func LoadCerts(files []KeyPair) (*Certs, error) {
+	if len(files) == 0 {
+		return nil, errors.New("frontend: no certificate")
+	}
+	c := &Certs{files: files}
+	return c, c.Reload()
+}
+
+// Reload reads the files again; on an error the certificates in use stay.
+func (c *Certs) Reload() error {
+	set := make([]tls.Certificate, len(c.files))
+	for i, f := range c.files {
+		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
+		if err != nil {
+			return fmt.Errorf("frontend: certificate %s with key %s: %w", f.CertFile, f.KeyFile, err)
+		}
+		set[i] = cert
+	}
+	c.set.Store(&set)
+	return nil
+}
+
+// Files lists every file the certificates are read from.
+func (c *Certs) Files() []string {
+	var paths []string
+	for _, f := range c.files {
+		paths = append(paths, f.CertFile, f.KeyFile)
+	}
+	return paths
+}
+
+func (c *Certs) certificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	set := *c.set.Load()
+	for i := range set {
+		if hello.SupportsCertificate(&set[i]) == nil {
+			return &set[i], nil
+		}
+	}
+	return &set[0], nil
+}
+
+// TLS is how a listener terminates TLS.
+type TLS struct {
+	Certs *Certs
+	// MinVersion is tls.VersionTLS12 (the default) or tls.VersionTLS13.
+	MinVersion uint16
+	// TicketRotation is how often the session-ticket key changes
+	// (default 1h); a ticket stays valid for ticketKeys rotations.
+	TicketRotation time.Duration
+}
+
+// ticketKeys is how many session-ticket keys are kept: the newest seals
+// tickets, all of them open tickets.
+const ticketKeys = 3
+
+// DefaultTicketRotation is TLS.TicketRotation's default.
+const DefaultTicketRotation = time.Hour
+
+// Config is the crypto/tls configuration of a listener that offers
+// protos by ALPN, in order of preference. Its session-ticket keys rotate
+// every TicketRotation until stop is closed.
+func (t *TLS) Config(protos []string, stop <-chan struct{}) *tls.Config {
+	cfg := &tls.Config{
+		GetCertificate: t.Certs.certificate,
+		MinVersion:     max(t.MinVersion, tls.VersionTLS12),
+		NextProtos:     protos,
+	}
+	every := t.TicketRotation
+	if every <= 0 {
+		every = DefaultTicketRotation
+	}
+	go rotateTickets(cfg, every, stop)
+	return cfg
+}
+
+// rotateTickets puts a new session-ticket key first every period and
+// drops the oldest past ticketKeys.
+func rotateTickets(cfg *tls.Config, every time.Duration, stop <-chan struct{}) {
+	var keys [][32]byte
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		var k [32]byte
+		_, _ = rand.Read(k[:])
+		keys = append([][32]byte{k}, keys[:min(len(keys), ticketKeys-1)]...)
+		cfg.SetSessionTicketKeys(keys)
+		select {
+		case <-t.C:
+		case <-stop:
+			return
+		}
+	}
+}
+
+// ALPN protocol names.
+const (
+	protoH2    = "h2"
+	protoHTTP1 = "http/1.1"
+)
+
+// connServer serves a listener whose connections each get a goroutine
+// before fasthttp takes them: for the TLS handshake, or to look for the
+// h2c preface.
+type connServer struct {
+	fast        *fasthttp.Server
+	h2          *h2Server   // nil: HTTP/2 off
+	tls         *tls.Config // nil: plain, h2c
+	ln          *handoff
+	readTimeout time.Duration
+	log         *slog.Logger
+	done        chan error
+	stop        chan struct{} // closed by the first Shutdown: ticket rotation ends
+	stopOnce    sync.Once
+	linger      *lingering
+}
+
+// startConnServer serves ln with TLS when o.TLS is set, else plain with
+// h2c.
+func startConnServer(ln net.Listener, h Handler, o Options, lg *lingering) *connServer {
+	o = o.withDefaults()
+	s := &connServer{fast: FastHTTP(h, o), readTimeout: o.ReadTimeout, log: o.Log,
+		ln: newHandoff(ln), done: make(chan error, 1), stop: make(chan struct{}), linger: lg}
+	if !o.HTTP2.Disabled {
+		s.h2 = newH2Server(h, o)
+	}
+	if o.TLS != nil {
+		protos := []string{protoHTTP1}
+		if s.h2 != nil {
+			protos = []string{protoH2, protoHTTP1}
+		}
+		s.tls = o.TLS.Config(protos, s.stop)
+	}
+	go s.accept(ln)
+	go func() {
+		if err := s.fast.Serve(s.ln); err != nil {
+			s.done <- err
+		}
+	}()
+	return s
+}
+
+func (s *connServer) Addr() string       { return s.ln.Addr().String() }
+func (s *connServer) Done() <-chan error { return s.done }
+
+// ShutdownWithContext closes the listener, sends HTTP/2 connections
+// GOAWAY, and waits for both servers' requests until ctx ends.
+func (s *connServer) ShutdownWithContext(ctx context.Context) error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	// fasthttp's Shutdown closes only a listener its Serve has taken, which
+	// a Shutdown right after the start may precede.
+	_ = s.ln.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- s.fast.ShutdownWithContext(ctx) }()
+	var err error
+	if s.h2 != nil {
+		err = s.h2.shutdown(ctx)
+	}
+	err = errors.Join(<-errc, err)
+	s.linger.stop()
+	return err
+}
+
+// accept runs until the listener closes, each connection on a goroutine
+// of its own.
+func (s *connServer) accept(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors or memory: fasthttp waits as long.
+			if s.log != nil {
+				s.log.Warn("frontend: accept failed", "err", err)
+			}
+			time.Sleep(time.Second)
+			continue
+		}
+		go s.serveConn(c)
+	}
+}
+
+// serveConn runs the handshake, or reads the h2c preface, then serves c
+// with the HTTP/2 server or hands it to fasthttp.
+func (s *connServer) serveConn(c net.Conn) {
+	if s.tls != nil {
+		tc := tls.Server(c, s.tls)
+		_ = c.SetDeadline(time.Now().Add(s.readTimeout))
+		if err := tc.Handshake(); err != nil {
+			refuseHandshake(c, err)
+			return
+		}
+		_ = c.SetDeadline(time.Time{})
+		if tc.ConnectionState().NegotiatedProtocol == protoH2 {
+			s.h2.serve(tc)
+			return
+		}
+		c = tc
+	} else if s.h2 != nil {
+		pc, h2c := sniffPreface(c, s.readTimeout)
+		if pc == nil {
+			return
+		}
+		if h2c {
+			s.h2.serve(pc)
+			return
+		}
+		c = pc
+	}
+	s.ln.put(c)
+}
+
+// plainOnTLS is what a client that sent plain HTTP to the TLS port gets,
+// as nginx words it.
+const plainOnTLS = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 46\r\n\r\nThe plain HTTP request was sent to HTTPS port\n"
+
+// refuseHandshake closes a connection whose handshake failed, first
+// answering 400 when the client spoke plain HTTP. crypto/tls already sent
+// an alert for a ClientHello it could not take.
+func refuseHandshake(c net.Conn, err error) {
+	var rhe tls.RecordHeaderError
+	if errors.As(err, &rhe) && rhe.Conn != nil && looksLikeHTTP(rhe.RecordHeader[:]) {
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.Write([]byte(plainOnTLS))
+	}
+	_ = c.Close()
+}
+
+// looksLikeHTTP reports whether a connection's first bytes begin an
+// HTTP/1 request line: a method in capitals.
+func looksLikeHTTP(b []byte) bool {
+	for _, ch := range b {
+		if ch == ' ' {
+			return true
+		}
+		if ch < 'A' || ch > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// handoff is the listener fasthttp serves: Accept returns the connections
+// put after their handshake, and Close closes the listener under it, so
+// fasthttp's Shutdown stops the accept loop too.
+type handoff struct {
+	net.Listener
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newHandoff(ln net.Listener) *handoff {
+	return &handoff{Listener: ln, conns: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+func (l *handoff) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close closes the listener once; later calls do nothing.
+func (l *handoff) Close() error {
+	var err error
+	l.once.Do(func() {
+		close(l.closed)
+		err = l.Listener.Close()
+	})
+	return err
+}
+
+// put hands c to fasthttp, or closes it once the listener is closed.
+func (l *handoff) put(c net.Conn) {
+	select {
+	case l.conns <- c:
+	case <-l.closed:
+		_ = c.Close()
+	}
+}

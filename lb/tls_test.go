@@ -1,0 +1,346 @@
+package lb_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"pdlb/engines/sim"
+	"pdlb/internal/certgen"
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// tlsProxy terminates TLS with leaf in front of the plain pod at backend,
+// as an engine behind its own TLS would answer.
+// With clients set, it asks for a client certificate those CAs signed.
+func tlsProxy(t *testing.T, leaf certgen.Leaf, backend string, clients *certgen.CA) string {
+	t.Helper()
+	cfg := &tls.Config{Certificates: []tls.Certificate{leaf.Cert}}
+	if clients != nil {
+		cfg.ClientAuth, cfg.ClientCAs = tls.RequireAndVerifyClientCert, clients.Pool
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b, err := net.Dial("tcp", backend)
+				if err != nil {
+					return
+				}
+				defer b.Close()
+				go func() { _, _ = io.Copy(b, c); b.Close() }()
+				_, _ = io.Copy(c, b)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func newCA(t *testing.T) *certgen.CA {
+	t.Helper()
+	ca, err := certgen.NewCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+func issueLeaf(t *testing.T, ca *certgen.CA, from, until time.Time, names ...string) certgen.Leaf {
+	t.Helper()
+	l, err := ca.Issue(names, from, until)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// tlsGateway starts a gateway over sims serving TLS with a certificate
+// for localhost and 127.0.0.1 from a new CA; edit, if set, adjusts the
+// configuration.
+func tlsGateway(t *testing.T, sims []*sim.Pod, edit func(*config.Config)) (*certgen.CA, certgen.Leaf, *lb.Server) {
+	t.Helper()
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	return ca, leaf, testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+		c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
+		if edit != nil {
+			edit(c)
+		}
+	})
+}
+
+const tlsChatBody = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":4}`
+
+// TestHTTPSPods: pods at https:// addresses are verified against the CA
+// bundle; one with an expired certificate, or one for another host, gets
+// a 502 that says so; one that asks for a client certificate gets the
+// gateway's (mutual TLS).
+func TestHTTPSPods(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1000)
+	ca := newCA(t)
+	good := tlsProxy(t, issueLeaf(t, ca, time.Time{}, time.Time{}, "127.0.0.1"), sims[0].Addr(), nil)
+	expired := tlsProxy(t, issueLeaf(t, ca, time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour), "127.0.0.1"), sims[0].Addr(), nil)
+	wrongHost := tlsProxy(t, issueLeaf(t, ca, time.Time{}, time.Time{}, "other.example"), sims[0].Addr(), nil)
+	mutual := tlsProxy(t, issueLeaf(t, ca, time.Time{}, time.Time{}, "127.0.0.1"), sims[0].Addr(), ca)
+	gatewayCert := issueLeaf(t, ca, time.Time{}, time.Time{}, "pdlb")
+	var clientCert bool
+	f := func(addr, want string, status int) {
+		t.Helper()
+		for _, frontEnd := range []string{"gnet", "fasthttp"} {
+			gw := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: "https://" + addr}}, func(c *config.Config) {
+				c.Frontend = frontEnd
+				c.Upstream.TLS.CAFile = ca.File
+				c.Upstream.Retries = 0
+				if clientCert {
+					c.Upstream.TLS.CertFile, c.Upstream.TLS.KeyFile = gatewayCert.CertFile, gatewayCert.KeyFile
+				}
+			})
+			for _, stream := range []bool{false, true} {
+				body := tlsChatBody
+				if stream {
+					body = strings.Replace(body, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+				}
+				resp, err := client.Post("http://"+gw.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != status || !strings.Contains(string(b), want) {
+					t.Fatalf("%s pod %s, stream %v: got %d %s, want %d with %q", frontEnd, addr, stream, resp.StatusCode, b, status, want)
+				}
+			}
+		}
+	}
+	f(good, `"choices"`, 200)
+	f(expired, "certificate has expired", 502)
+	f(wrongHost, "cannot validate certificate for 127.0.0.1", 502)
+	f(wrongHost, "TLS handshake with the pod failed", 502)
+	// TLS 1.3 refuses a missing client certificate after the handshake:
+	// the client sees it as a closed connection.
+	f(mutual, "The inference server failed", 502)
+	clientCert = true
+	f(mutual, `"choices"`, 200)
+}
+
+// TestGatewayOverTLSAndH2: the gateway's completions over HTTPS (HTTP/1.1
+// and h2) and h2c, streams included, on both front ends.
+func TestGatewayOverTLSAndH2(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1000)
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	stream := strings.Replace(tlsChatBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	check := func(t *testing.T, c *http.Client, url string, h2 bool) {
+		t.Helper()
+		for _, body := range []string{tlsChatBody, stream} {
+			resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || (resp.ProtoMajor == 2) != h2 || !strings.Contains(string(b), "choices") {
+				t.Fatalf("%s %s: %d %s", url, resp.Proto, resp.StatusCode, b)
+			}
+			if body == stream && !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+				t.Fatalf("stream over %s ends %q", resp.Proto, b[max(0, len(b)-40):])
+			}
+		}
+	}
+	for _, frontEnd := range []string{"gnet", "fasthttp"} {
+		t.Run(frontEnd, func(t *testing.T) {
+			tlsGW := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+				c.Frontend = frontEnd
+				c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
+			})
+			plainGW := testGateway(t, podsOf("m", sims...), func(c *config.Config) { c.Frontend = frontEnd })
+			roots := &tls.Config{RootCAs: ca.Pool}
+			check(t, &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: roots}}, "https://"+tlsGW.Addr(), false)
+			check(t, &http.Client{Timeout: 20 * time.Second, Transport: &http2.Transport{TLSClientConfig: roots}}, "https://"+tlsGW.Addr(), true)
+			h2c := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
+			}}
+			check(t, &http.Client{Timeout: 20 * time.Second, Transport: h2c}, "http://"+plainGW.Addr(), true)
+			// Plain HTTP/1.1 on the plain port is as before.
+			check(t, client, "http://"+plainGW.Addr(), false)
+			// The first event arrives before the stream ends.
+			resp, err := (&http.Client{Transport: h2c}).Post("http://"+plainGW.Addr()+"/v1/chat/completions", "application/json",
+				strings.NewReader(strings.Replace(stream, `"max_tokens":4`, `"max_tokens":200`, 1)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			line, err := bufio.NewReader(resp.Body).ReadString('\n')
+			resp.Body.Close()
+			if err != nil || !strings.HasPrefix(line, "data: ") {
+				t.Fatalf("first event over h2c: %q, %v", line, err)
+			}
+		})
+	}
+}
+
+// corpus reads lb/openai's fuzz corpus for Parse: each entry's kind (odd:
+// a completion) and body.
+func corpus(t *testing.T) (paths []string, bodies [][]byte) {
+	t.Helper()
+	files, err := filepath.Glob("openai/testdata/fuzz/FuzzParse/*")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no corpus: %v", err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("%s: %d lines", f, len(lines))
+		}
+		kind, body := lines[1], lines[2]
+		// uint8(1) or byte('\x01')
+		arg := strings.Trim(kind[strings.IndexByte(kind, '(')+1:], ")'")
+		n, err := strconv.Atoi(arg)
+		if err != nil {
+			r, _, _, _ := strconv.UnquoteChar(arg, '\'')
+			n = int(r)
+		}
+		path := "/v1/chat/completions"
+		if n&1 == 1 {
+			path = "/v1/completions"
+		}
+		raw, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(body, "[]byte("), ")"))
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		paths, bodies = append(paths, path), append(bodies, []byte(raw))
+	}
+	return paths, bodies
+}
+
+// TestBadInputOverH2: lb/openai's fuzz corpus (malformed and odd request
+// bodies) gets the same status and error over h2 and h2c as over
+// HTTP/1.1, and the gateway serves on after it.
+func TestBadInputOverH2(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1000)
+	ca, _, gw := tlsGateway(t, sims, nil)
+	plain := testGateway(t, podsOf("m", sims...), nil)
+	h2c := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}
+	clients := []struct {
+		name string
+		c    *http.Client
+		base string
+	}{
+		{"http/1.1", client, "http://" + plain.Addr()},
+		{"h2c", &http.Client{Timeout: 20 * time.Second, Transport: h2c}, "http://" + plain.Addr()},
+		{"h2", &http.Client{Timeout: 20 * time.Second, Transport: &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}, "https://" + gw.Addr()},
+	}
+	paths, bodies := corpus(t)
+	for i := range bodies {
+		var first string
+		for _, cl := range clients {
+			resp, err := cl.c.Post(cl.base+paths[i], "application/json", bytes.NewReader(bodies[i]))
+			if err != nil {
+				t.Fatalf("%s %q: %v", cl.name, bodies[i], err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			got := strconv.Itoa(resp.StatusCode)
+			if resp.StatusCode != 200 {
+				got += " " + string(b)
+			}
+			if first == "" {
+				first = got
+			} else if got != first {
+				t.Fatalf("%q: %s answered %s, HTTP/1.1 %s", bodies[i], cl.name, got, first)
+			}
+		}
+	}
+}
+
+// TestCertFileChangeReloads: a certificate file written anew is served to
+// the next handshakes without a signal, while a connection opened before
+// goes on.
+func TestCertFileChangeReloads(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1000)
+	ca, leaf, gw := tlsGateway(t, sims, nil)
+	roots := &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"}
+	serial := func() string {
+		t.Helper()
+		c, err := tls.Dial("tcp", gw.Addr(), roots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	kept := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: roots}}
+	get := func() {
+		t.Helper()
+		resp, err := kept.Get("https://" + gw.Addr() + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get()
+	before := serial()
+	next := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	for _, f := range [][2]string{{next.KeyFile, leaf.KeyFile}, {next.CertFile, leaf.CertFile}} {
+		b, err := os.ReadFile(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f[1], b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := next.Cert.Leaf.SerialNumber.String()
+	deadline := time.Now().Add(10 * time.Second)
+	for serial() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("still serving serial %s after the files changed, want %s", before, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	get() // the kept connection
+}
+
+// TestAdminOverTLS: tls.admin serves /metrics over TLS, with the API's
+// certificate when it has none of its own.
+func TestAdminOverTLS(t *testing.T) {
+	ca, _, gw := tlsGateway(t, testFleet(t, "m", 1, 1000), func(c *config.Config) { c.TLS.Admin = true })
+	c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
+	resp, err := c.Get("https://" + gw.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "pdlb_") {
+		t.Fatalf("admin over TLS: %d %.200s", resp.StatusCode, b)
+	}
+}
