@@ -1,6 +1,8 @@
 package hardening
 
 import (
+	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -78,7 +80,9 @@ func hardeningCases() []hardeningCase {
 		// Request lines.
 		{name: "garbage request line", send: raw("GARBAGE\r\n\r\n"), want: []int{400}, closeOK: true},
 		{name: "wrong method", send: raw("DELETE /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\r\n"), want: []int{405}},
-		{name: "HTTP/2 preface", send: raw("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), want: []int{400, 404, 405, 505}, closeOK: true},
+		// A whole preface is h2c (TestH2CPreface); one that breaks off
+		// midway is an HTTP/1.1 request line nobody serves.
+		{name: "broken HTTP/2 preface", send: raw("PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"), want: []int{400, 404, 405, 505}, closeOK: true},
 
 		// Slow clients: one byte every 50 ms, far slower than the 300 ms
 		// read timeout allows for the whole request.
@@ -165,4 +169,36 @@ func cut(s string) string {
 		return s[:120] + "..."
 	}
 	return s
+}
+
+// TestH2CPreface: HTTP/2's preface on the plain port is h2c with prior
+// knowledge, answered with the server's SETTINGS frame on both front ends,
+// and reaches no pod.
+func TestH2CPreface(t *testing.T) {
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			up := startUpstream(t)
+			s := startGateway(t, fe, up)
+			c, err := net.Dial("tcp", s.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(answerDeadline))
+			if _, err := io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			// A frame header: 3 bytes of length, its type, flags, stream id.
+			head := make([]byte, 9)
+			if _, err := io.ReadFull(c, head); err != nil {
+				t.Fatalf("reading the server's first frame: %v", err)
+			}
+			if head[3] != 0x4 || head[4]&0x1 != 0 {
+				t.Errorf("first frame %x, want a SETTINGS frame (type 4, not an ACK)", head)
+			}
+			if n := up.requests.Load(); n != 0 {
+				t.Errorf("%d request(s) reached the pod", n)
+			}
+		})
+	}
 }
