@@ -172,9 +172,13 @@ var running struct {
 // eventLoops is one loop per core, and it makes room for them: a loop
 // waits in a blocking epoll_wait that keeps its P, so were the loops to
 // take every P, goroutines (streams, PD exchanges, the workers) would only
-// run once the runtime's monitor took one back, after up to 10 ms. While a
-// gnet front end runs, GOMAXPROCS is raised by the loops' count, which
-// leaves goroutines the Ps they had.
+// run once the runtime's monitor took one back, after up to 10 ms. Nor would
+// the loops gain: with no P idle, the monitor takes the P of a loop that
+// blocked past one of its ticks and starts a spinning thread with it
+// (runtime.handoffp), a wake-up for each idle loop, more than the one
+// gnet's Gosched costs when a P is idle (runtime.goschedImpl's wakep).
+// While a gnet front end runs, GOMAXPROCS is raised by the loops' count,
+// which leaves goroutines the Ps they had.
 func eventLoops() int {
 	running.Lock()
 	defer running.Unlock()
