@@ -87,7 +87,9 @@ per_req() {
 # Syscall counts come from perf's raw_syscalls:sys_enter tracepoint,
 # counted for the given processes (every thread, and threads they start)
 # while a command runs: syscalls_start PID... starts the count,
-# syscalls_stop prints it. /proc has no per-process syscall count (its io
+# syscalls_stop sets SYSCALLS to it (empty when not counted). It is not
+# printed: only this shell can wait for perf to write its count, not a
+# $(...) subshell, which read the file before it was written, or last time's. /proc has no per-process syscall count (its io
 # file counts reads and writes alone), and strace stops the process at
 # every call, which changes how many a wake-up batches. PERF_OK says
 # whether the counter works here (perf installed, perf_event_paranoid
@@ -99,6 +101,7 @@ fi
 syscalls_start() {
 	SYSCALLS_PID=
 	[ -n "$PERF_OK" ] || return 0
+	rm -f "$DIR/perf-stat.txt"
 	local pids
 	pids=$(echo "$@" | tr ' ' ',')
 	perf stat -x, -e raw_syscalls:sys_enter -p "$pids" -o "$DIR/perf-stat.txt" 2>/dev/null &
@@ -106,10 +109,11 @@ syscalls_start() {
 	sleep 0.2
 }
 syscalls_stop() {
+	SYSCALLS=
 	[ -n "$SYSCALLS_PID" ] || return 0
 	kill -INT "$SYSCALLS_PID" 2>/dev/null || true
 	wait "$SYSCALLS_PID" 2>/dev/null || true
-	awk -F, '/raw_syscalls:sys_enter/{print $1 + 0}' "$DIR/perf-stat.txt"
+	SYSCALLS=$(awk -F, '/raw_syscalls:sys_enter/ && $1 ~ /^[0-9]+$/ {print $1}' "$DIR/perf-stat.txt" 2>/dev/null)
 }
 
 # busy_ticks prints the clock ticks all of the machine's cores spent busy,

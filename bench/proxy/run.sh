@@ -118,9 +118,8 @@ sample() {
 	# shellcheck disable=SC2086 # a list of PIDs
 	syscalls_start ${CHARGED[$label]}
 	(cd "$ROOT" && wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" -s bench/proxy/post.lua "$url" >"$out.warmup")
-	local calls
-	calls=$(syscalls_stop)
-	[ -n "$calls" ] && SYSCALLS_S[$label]+="$(per_req 0 "$calls" "$(awk '/requests in/{print $1}' "$out.warmup")") "
+	syscalls_stop
+	[ -n "$SYSCALLS" ] && SYSCALLS_S[$label]+="$(per_req 0 "$SYSCALLS" "$(awk '/requests in/{print $1}' "$out.warmup")") "
 	local t0 t1 k0 k1 b0 b1 cs0 cs1
 	# shellcheck disable=SC2086 # a list of PIDs
 	t0=$(cpu_ticks ${CHARGED[$label]}) k0=$(kernel_ticks ${CHARGED[$label]}) b0=$(busy_ticks) cs0=$(ctx_switches ${CHARGED[$label]})
