@@ -18,7 +18,9 @@
 # top), KEEP (1: keep the scratch directory with wrk outputs, logs and the
 # profile), BASE (a git revision: pdlb built from it runs beside this tree's
 # on both front ends, its rows measured in the same rounds, for a before
-# and after of a change).
+# and after of a change), ENVS (space-separated environments, each
+# VAR=VALUE[,VAR=VALUE...]: one more gnet slo_cache row per environment,
+# pdlb run with it, e.g. ENVS=GOMAXPROCS=1 for one event loop).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -177,7 +179,9 @@ profile_pdlb() {
 
 # start_pdlb starts pdlb with one front end and one policy, on ports of its
 # own, and with "access" as a third argument its access log on (to a file
-# in the scratch directory); the default front end and policy's admin
+# in the scratch directory), with a fourth the binary (pdlb-base for BASE's)
+# and with a fifth a note for its label; EXTRA_ENV (VAR=VALUE words) is
+# added to its environment. The default front end and policy's admin
 # address goes in PROFILED_ADMIN.
 start_pdlb() {
 	local frontend=$1 policy=$2 access=${3:-} bin=${4:-pdlb} note=${5:-} listen admin
@@ -197,7 +201,8 @@ start_pdlb() {
 		name+=-base
 	fi
 	[ -z "$note" ] || { label+=", $note"; name+=-${note//[^a-z0-9]/}; }
-	(cd "$ROOT" && exec "$DIR/$bin" "${args[@]}") 2>"$DIR/pdlb-$name.log" &
+	# shellcheck disable=SC2086 # one word per variable
+	(cd "$ROOT" && exec env ${EXTRA_ENV:-} "$DIR/$bin" "${args[@]}") 2>"$DIR/pdlb-$name.log" &
 	local pid=$!
 	started
 	if ! wait_port "$listen"; then
@@ -235,6 +240,9 @@ if [ -n "$BASE" ]; then
 	start_pdlb gnet slo_cache "" pdlb-base
 	start_pdlb fasthttp slo_cache "" pdlb-base
 fi
+for env in ${ENVS:-}; do
+	EXTRA_ENV=${env//,/ } start_pdlb gnet slo_cache "" pdlb "$env"
+done
 # What the access log costs (nginx and HAProxy run without one).
 start_pdlb gnet slo_cache access
 # What tracing costs: spans to a local OTLP sink that drops them
@@ -336,7 +344,7 @@ done
 # The issue's targets, from this run's numbers.
 best_pdlb=0 best_label=
 for k in "${!RPS[@]}"; do
-	if [[ $k == pdlb* && $k != *"access log" && $k != *"(base "* && $k != *tracing* ]] && [ "${RPS[$k]}" -gt "$best_pdlb" ]; then
+	if [[ $k == pdlb* && $k != *"access log" && $k != *"(base "* && $k != *tracing* && $k != *=* ]] && [ "${RPS[$k]}" -gt "$best_pdlb" ]; then
 		best_pdlb=${RPS[$k]} best_label=$k
 	fi
 done
