@@ -2,13 +2,10 @@ package gateway
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"pdlb/internal/tokfiles"
 	"pdlb/lb/config"
@@ -30,19 +27,7 @@ func decideGateway(b *testing.B, policy, tokenizer string) (*Gateway, *pool.Mode
 	for i := 0; i < 64; i++ {
 		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
 	}
-	if err := cfg.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now()}
-	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
-	g.ledger.SetPods(ledgerMembers(snap))
-	g.metrics = newMetrics(&g.inFlight)
-	g.metrics.addModels(snap)
-	g.pool.Publish(snap)
+	g, snap := bareGateway(b, cfg, upstream.Dialer(nil))
 	m := snap.Models[0]
 	// Fill the index: 8,000 chains of 128 blocks over 20 shared system
 	// prompts, about 1,000,000 blocks in all, spread over the pods.

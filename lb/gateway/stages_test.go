@@ -79,16 +79,17 @@ func stagesGateway(t *testing.T, retries int, adm *admit.ClassConfig) (*Gateway,
 	return testGateway(t, cfg, upstream.Dialer(nil), adm)
 }
 
-// testGateway is a gateway over cfg's pods, dialed with dial, without
-// health checks; adm, if set, is every class's admission.
-func testGateway(t *testing.T, cfg config.Config, dial pool.DialFunc, adm *admit.ClassConfig) (*Gateway, *pool.Model) {
-	t.Helper()
+// bareGateway is a gateway over cfg's pods (validated, then built with
+// dial) with its ledger and metrics, and nothing started: no health
+// checks, feeds or tracing.
+func bareGateway(tb testing.TB, cfg config.Config, dial pool.DialFunc) (*Gateway, *pool.Snapshot) {
+	tb.Helper()
 	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	snap, err := pool.Build(&cfg, dial, nil)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now()}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
@@ -96,6 +97,15 @@ func testGateway(t *testing.T, cfg config.Config, dial pool.DialFunc, adm *admit
 	g.metrics = newMetrics(&g.inFlight)
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)
+	return g, snap
+}
+
+// testGateway is a gateway over cfg's pods, dialed with dial, without
+// health checks; adm, if set, is every class's admission.
+func testGateway(t *testing.T, cfg config.Config, dial pool.DialFunc, adm *admit.ClassConfig) (*Gateway, *pool.Model) {
+	t.Helper()
+	g, snap := bareGateway(t, cfg, dial)
+	var err error
 	if g.keys, err = limits.NewKeys(nil); err != nil {
 		t.Fatal(err)
 	}

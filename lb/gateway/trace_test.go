@@ -3,8 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -14,7 +12,6 @@ import (
 
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
-	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
@@ -27,18 +24,9 @@ func hookGateway(tb testing.TB, tracer trace.Tracer) *Gateway {
 	for i := range 2 {
 		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
 	}
-	cfg.Provision()
-	snap, err := pool.Build(&cfg, upstream.Dialer(nil), nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now(), tracer: tracer}
+	g, _ := bareGateway(tb, cfg, upstream.Dialer(nil))
+	g.tracer = tracer
 	g.explain = newExplainer("", false, config.DefaultExplainHistory)
-	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
-	g.ledger.SetPods(ledgerMembers(snap))
-	g.metrics = newMetrics(&g.inFlight)
-	g.metrics.addModels(snap)
-	g.pool.Publish(snap)
 	return g
 }
 
