@@ -785,13 +785,16 @@ func newPost(s *lb.Server, body string) (*http.Request, error) {
 	return req, err
 }
 
-func postWith(t *testing.T, s *lb.Server, body, header, value string) (*http.Response, string) {
+// postWith posts a chat body with headers given as name, value pairs.
+func postWith(t *testing.T, s *lb.Server, body string, headers ...string) (*http.Response, string) {
 	t.Helper()
 	req, err := newPost(s, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set(header, value)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -210,29 +210,18 @@ func tracedGateway(t *testing.T, sink *otlpSink, pods []config.Pod, sampler stri
 	})
 }
 
-// postHeaders posts body to the gateway with extra headers.
+// postHeaders is postWith with headers from a map, for a 200 answer.
 func postHeaders(t *testing.T, s *lb.Server, body string, h map[string]string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var pairs []string
 	for k, v := range h {
-		req.Header.Set(k, v)
+		pairs = append(pairs, k, v)
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, b := postWith(t, s, body, pairs...)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d: %s", resp.StatusCode, b)
 	}
-	return resp, string(b)
+	return resp, b
 }
 
 // byName indexes a trace's spans by name and service.
