@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
 	"math/rand/v2"
 
 	"github.com/valyala/fasthttp"
@@ -27,7 +26,7 @@ func (g *Gateway) resolveModel(ctx *fasthttp.RequestCtx, x *completion) *pool.Mo
 	if al := snap.Alias(name); al != nil {
 		x.served = al.Target(rand.Float64())
 		name = []byte(x.served)
-		ctx.Request.SetBody(withModel(ctx.PostBody(), x.served))
+		ctx.Request.SetBody(x.req.WithModel(ctx.PostBody(), x.served))
 	}
 	m, a := snap.Resolve(name)
 	if m == nil {
@@ -65,7 +64,7 @@ func (g *Gateway) fallBack(x *completion) bool {
 			fasthttp.ReleaseResponse(x.resp)
 			x.up, x.resp = nil, nil
 		}
-		x.ctx.Request.SetBody(withModel(x.ctx.PostBody(), name))
+		x.ctx.Request.SetBody(x.req.WithModel(x.ctx.PostBody(), name))
 		x.ctx.Response.Header.Set(headerModel, name)
 		x.m, x.served, x.adapter = m, name, nil
 		x.policy, x.cascade, x.looked, x.last = nil, nil, false, nil
@@ -94,21 +93,6 @@ func (g *Gateway) unavailableAnswer(x *completion) bool {
 	_ = x.resp.CloseBodyStream()
 	g.unplace(x, x.pod)
 	return g.fallBack(x)
-}
-
-// withModel returns body, a JSON object, with "model" set to name. The
-// client's other fields are kept as they are.
-func withModel(body []byte, name string) []byte {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil {
-		return body // parsed before: cannot happen
-	}
-	fields["model"] = json.RawMessage(openai.AppendJSONString(nil, name))
-	out, err := json.Marshal(fields)
-	if err != nil {
-		panic("BUG: gateway: re-encoding a parsed body: " + err.Error())
-	}
-	return out
 }
 
 // renderModels is the body of GET /v1/models: the models, then their

@@ -67,8 +67,11 @@ func KindFromPath(path []byte) (k Kind, ok bool) {
 // A Request is not safe for concurrent use.
 type Request struct {
 	Kind Kind
-	// Model is the "model" field (required, non-empty).
-	Model []byte
+	// Model is the "model" field (required, non-empty); modelAt is where
+	// its JSON value lies in the parsed body, quotes included
+	// ([start, end) byte offsets), for WithModel.
+	Model   []byte
+	modelAt [2]int
 	// Stream is the "stream" field (default false).
 	Stream bool
 	// MaxTokens is the output budget in tokens: "max_completion_tokens" if
@@ -151,6 +154,22 @@ func (r *Request) Reset() {
 	model, prompt, ids, salt, scratch := r.Model[:0], r.Prompt[:0], r.PromptIDs[:0], r.CacheSalt[:0], r.scratch[:0]
 	*r = Request{MaxTokens: -1}
 	r.Model, r.Prompt, r.PromptIDs, r.CacheSalt, r.scratch = model, prompt, ids, salt, scratch
+}
+
+// WithModel returns body, the body r was parsed from (or the last body
+// WithModel returned), with its "model" value replaced by name and every
+// other byte as the client sent it. r.Model stays the client's name. The
+// result is a new slice.
+func (r *Request) WithModel(body []byte, name string) []byte {
+	start, end := r.modelAt[0], r.modelAt[1]
+	if end == 0 || end > len(body) {
+		panic("BUG: openai: WithModel on a body without the parsed model")
+	}
+	out := make([]byte, 0, len(body)-(end-start)+len(name)+2)
+	out = append(out, body[:start]...)
+	out = AppendJSONString(out, name)
+	r.modelAt[1] = len(out)
+	return append(out, body[end:]...)
 }
 
 // KeySeed returns the seed of the request's block-key chain, given its
@@ -330,7 +349,9 @@ func (r *Request) parseModel(s *scanner) error {
 		s.skip()
 		return nil
 	case '"':
+		start := s.p
 		raw, esc := s.str()
+		r.modelAt = [2]int{start, s.p}
 		var ok bool
 		if r.Model, ok = appendUnquoted(r.Model, raw, esc); !ok {
 			return InvalidJSON()

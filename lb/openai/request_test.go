@@ -608,3 +608,30 @@ func TestKeySeed(t *testing.T) {
 		}
 	}
 }
+
+func TestWithModel(t *testing.T) {
+	f := func(body, name, want string) {
+		t.Helper()
+		var r Request
+		if err := r.Parse(KindCompletion, []byte(body)); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		client := string(r.Model)
+		got := r.WithModel([]byte(body), name)
+		if string(got) != want {
+			t.Errorf("WithModel(%s, %q) = %s, want %s", body, name, got, want)
+		}
+		// A second rewrite (a fallback after an alias) starts from the first's.
+		wantAgain := strings.Replace(want, string(AppendJSONString(nil, name)), `"z"`, 1)
+		if again := r.WithModel(got, "z"); string(again) != wantAgain {
+			t.Errorf("second WithModel = %s, want %s", again, wantAgain)
+		}
+		if string(r.Model) != client {
+			t.Errorf("Model = %q, want the client's %q", r.Model, client)
+		}
+	}
+	// Key order, spacing, escapes and the word "model" elsewhere are kept.
+	f(`{"prompt":"model","model":"a","max_tokens":3}`, "base", `{"prompt":"model","model":"base","max_tokens":3}`)
+	f(`{ "model" : "a\u0062" , "prompt":"<b>"}`, "m-2", `{ "model" : "m-2" , "prompt":"<b>"}`)
+	f(`{"model":"a","prompt":"x"}`, `q"u`, `{"model":"q\"u","prompt":"x"}`)
+}
