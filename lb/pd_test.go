@@ -594,3 +594,36 @@ func TestPDConcurrentDecodeCutOnPrefillFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestPDReady: a model served only by prefill and decode pods is ready
+// while one roleset has an available pod of each role, and not when its
+// only decode pod is down or sits in another roleset than every prefill
+// pod (pairs never cross rolesets).
+func TestPDReady(t *testing.T) {
+	e := pdEngines[0]
+	ready := func(s *lb.Server) (int, string) {
+		t.Helper()
+		resp, err := client.Get("http://" + s.Addr() + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	apart := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs1")}, nil)
+	if code, b := ready(apart); code != http.StatusServiceUnavailable || b != "no available pod for: m\n" {
+		t.Fatalf("prefill and decode in two rolesets: %d %q", code, b)
+	}
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")},
+		func(c *config.Config) { c.Health.Interval, c.Health.Timeout = 50*time.Millisecond, 20*time.Millisecond })
+	if code, b := ready(s); code != http.StatusOK {
+		t.Fatalf("one roleset with both roles: %d %q", code, b)
+	}
+	if err := dec.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitNotReady(t, s, "the model unready once its only decode pod is down")
+}

@@ -392,11 +392,7 @@ func (g *Gateway) serveReady(ctx *fasthttp.RequestCtx) {
 	}
 	var missing []byte
 	for _, m := range snap.Models {
-		ok := false
-		for _, p := range m.Combined {
-			ok = ok || p.Available(now)
-		}
-		if !ok {
+		if !servable(m, now) {
 			missing = append(append(missing, ' '), m.Name...)
 		}
 	}
@@ -406,6 +402,27 @@ func (g *Gateway) serveReady(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetBodyString("ready\n")
+}
+
+// servable reports whether m can serve a request now: an available
+// combined pod, or an available prefill and decode pod in one roleset
+// (pairs never cross rolesets).
+func servable(m *pool.Model, now int64) bool {
+	for _, p := range m.Combined {
+		if p.Available(now) {
+			return true
+		}
+	}
+	prefill := make([]bool, len(m.Rolesets))
+	for _, p := range m.Prefill {
+		prefill[p.Roleset] = prefill[p.Roleset] || p.Available(now)
+	}
+	for _, p := range m.Decode {
+		if prefill[p.Roleset] && p.Available(now) {
+			return true
+		}
+	}
+	return false
 }
 
 // notAllowed answers 405 (with Allow) and returns the error when ctx's
