@@ -737,22 +737,36 @@ func TestMetricsAndModels(t *testing.T) {
 	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), nil)
 	post(t, s, "/v1/chat/completions", chatBody)
 	post(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"s"}],"stream":true,"max_tokens":4}`)
-	resp, err := client.Get("http://" + s.AdminAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// A request's metrics are recorded once its last byte went out, so the
+	// client can read its answer before they are: scrape until they land.
+	lacking := func(b []byte) string {
+		for _, want := range []string{
+			`pdlb_requests_total{model="m",code="200"} 2`,
+			`pdlb_requests_in_flight 0`,
+			`pdlb_time_to_first_token_seconds_bucket{model="m",le=`,
+			`pdlb_time_per_output_token_seconds_count{model="m"} 1`,
+			`pdlb_request_duration_seconds_count{model="m"} 2`,
+			`pdlb_upstream_errors_total{pod=`,
+			`pdlb_pod_healthy{pod=`,
+		} {
+			if !strings.Contains(string(b), want) {
+				return want
+			}
+		}
+		return ""
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{
-		`pdlb_requests_total{model="m",code="200"} 2`,
-		`pdlb_requests_in_flight 0`,
-		`pdlb_time_to_first_token_seconds_bucket{model="m",le=`,
-		`pdlb_time_per_output_token_seconds_count{model="m"} 1`,
-		`pdlb_request_duration_seconds_count{model="m"} 2`,
-		`pdlb_upstream_errors_total{pod=`,
-		`pdlb_pod_healthy{pod=`,
-	} {
-		if !strings.Contains(string(b), want) {
+	for deadline := time.Now().Add(testwait.Timeout); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := client.Get("http://" + s.AdminAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := lacking(b)
+		if want == "" {
+			break
+		}
+		if time.Now().After(deadline) {
 			t.Fatalf("/metrics lacks %q:\n%s", want, b)
 		}
 	}
