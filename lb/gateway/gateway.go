@@ -193,6 +193,7 @@ func (g *Gateway) Reload(cfg config.Config) error {
 	if err != nil {
 		return err
 	}
+	snap.Commit()
 	g.ledger.SetPods(ledgerMembers(snap))
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)

@@ -19,7 +19,18 @@ type fleet struct {
 	snap *Snapshot
 }
 
+// build builds and commits the next snapshot, as a reload does.
 func (f *fleet) build(pods ...config.Pod) *Snapshot {
+	f.t.Helper()
+	s := f.prepare(pods...)
+	s.Commit()
+	f.snap = s
+	return s
+}
+
+// prepare builds the next snapshot without committing it: a reload that
+// fails after Build.
+func (f *fleet) prepare(pods ...config.Pod) *Snapshot {
 	f.t.Helper()
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}, {Name: "n", Policy: "least_request"}}
@@ -32,7 +43,6 @@ func (f *fleet) build(pods ...config.Pod) *Snapshot {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	f.snap = s
 	return s
 }
 
@@ -99,9 +109,14 @@ func TestIdentityAcrossReloads(t *testing.T) {
 		}
 	}
 
-	// b leaves, d comes, a's weight changes.
+	// b leaves, d comes, a's weight changes: nothing of it shows in s0
+	// until the snapshot is committed.
 	wa := pod("a", 1)
 	wa.Weight = 3
+	f.prepare(wa, pod("c", 3), pod("d", 4))
+	if w := math.Float64frombits(s0.pod("a").weight.Load()); w != 1 || depths(s0)["b"] == 0 {
+		t.Fatalf("a reload built and never committed changed s0: a's weight %v, b's depth %d", w, depths(s0)["b"])
+	}
 	s1 := f.build(wa, pod("c", 3), pod("d", 4))
 	if !same(s0, s1, "a") || !same(s0, s1, "c") {
 		t.Fatal("a or c is not the same pod after a reload that kept them")

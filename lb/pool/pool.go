@@ -366,6 +366,20 @@ type Snapshot struct {
 	names  names // adapters and aliases (lora.go)
 	// podIDs hands out the pods' ids.
 	podIDs ids
+	// commit changes the state s shares with the snapshot it replaces
+	// (kept pods' weights, departed pods' index slots): run by Commit, once
+	// nothing else can fail the reload.
+	commit []func()
+}
+
+// Commit applies what s changes in the state it shares with the snapshot
+// it replaces; call it once, when s is about to be published, so a reload
+// that fails after Build leaves the previous snapshot as it was.
+func (s *Snapshot) Commit() {
+	for _, f := range s.commit {
+		f()
+	}
+	s.commit = nil
 }
 
 // Model returns the model called name, or nil. The []byte→string conversion
@@ -449,7 +463,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			continued[pod] = true
 			pod.ID, pod.PrefixID, pod.podState = o.ID, o.PrefixID, o.podState
 			if w := math.Float64bits(pc.Weight); pod.weight.Load() != w {
-				pod.weight.Store(w)
+				s.commit = append(s.commit, func() { pod.weight.Store(w) })
 			}
 		} else {
 			if pod.ID, err = s.podIDs.take(); err != nil {
@@ -503,8 +517,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 		}
 		m.addPD(pod)
 	}
-	// Pods that left a kept index leave it once nothing can fail.
-	var vacate []func()
+	// Pods that left a kept index leave it on Commit.
 	for _, m := range s.Models {
 		// The PD cascade's prefill scores read prefix matches.
 		m.UsesCache = m.UsesCache || len(m.Prefill) > 0
@@ -512,16 +525,13 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 		if err != nil {
 			return nil, err
 		}
-		vacate = append(vacate, v...)
+		s.commit = append(s.commit, v...)
 		for _, p := range m.Pods {
 			m.Slots = max(m.Slots, int(p.Slot)+1)
 		}
 		for _, p := range m.Combined {
 			m.CombinedLoads = append(m.CombinedLoads, p.Load())
 		}
-	}
-	for _, v := range vacate {
-		v()
 	}
 	s.buildNames(cfg)
 	return s, nil
