@@ -203,12 +203,31 @@ type schedule struct {
 }
 
 // span is one fault of a pod; to is zero while it goes on.
-type span struct{ from, to time.Time }
+type span struct {
+	kind     string
+	from, to time.Time
+}
 
-func (s *schedule) begin(pod int, at time.Time) {
+func (sp span) covers(t time.Time) bool {
+	return !t.Before(sp.from) && (sp.to.IsZero() || t.Before(sp.to))
+}
+
+func (s *schedule) begin(pod int, kind string, at time.Time) {
 	s.mu.Lock()
-	s.spans[pod] = append(s.spans[pod], span{from: at})
+	s.spans[pod] = append(s.spans[pod], span{kind: kind, from: at})
 	s.mu.Unlock()
+}
+
+// stateAt is the fault pod was under at t, "ok" for none.
+func (s *schedule) stateAt(pod int, t time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sp := range s.spans[pod] {
+		if sp.covers(t) {
+			return sp.kind
+		}
+	}
+	return "ok"
 }
 
 func (s *schedule) end(pod int, at time.Time) {
@@ -225,7 +244,7 @@ func (s *schedule) healthyAt(t time.Time) []int {
 	for pod, spans := range s.spans {
 		faulty := false
 		for _, sp := range spans {
-			faulty = faulty || (!t.Before(sp.from) && (sp.to.IsZero() || t.Before(sp.to)))
+			faulty = faulty || sp.covers(t)
 		}
 		if !faulty {
 			healthy = append(healthy, pod)
@@ -241,7 +260,7 @@ func startPod(i int) (*sim.Pod, error) {
 }
 
 func startFleet(n int) (*fleet, error) {
-	f := &fleet{faults: faultLog{byID: map[string]string{}, visits: map[string][]int{}}, schedule: schedule{spans: make([][]span, n)}}
+	f := &fleet{faults: faultLog{byID: map[string]string{}, visits: map[string][]visit{}}, schedule: schedule{spans: make([][]span, n)}}
 	for i := 0; i < n; i++ {
 		pod, err := startPod(i)
 		if err != nil {
@@ -414,7 +433,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	_ = gw.Shutdown(sctx)
 	cancel()
 	f.close()
-	if lerr := explainErrors(rep, gcfg.AccessLog, erred, &f.faults, gcfg.Upstream.Retries); err == nil {
+	if lerr := explainErrors(rep, gcfg.AccessLog, erred, f, start, gcfg.Upstream.Retries); err == nil {
 		err = lerr
 	}
 	// Idle worker goroutines of the closed servers exit within their idle
@@ -469,7 +488,7 @@ func injectFaults(ctx context.Context, f *fleet, cfg Config, rng *rand.Rand, rep
 // it: a killed pod is restarted behind the same address.
 func fault(ctx context.Context, f *fleet, i int, kind string, lasts time.Duration, log *slog.Logger) {
 	proxy := f.proxies[i]
-	f.schedule.begin(i, time.Now())
+	f.schedule.begin(i, kind, time.Now())
 	switch kind {
 	case "kill":
 		f.mu.Lock()
@@ -660,7 +679,8 @@ type accessLine struct {
 
 // explainErrors reads the gateway's access log at path and counts each
 // erred request by its origin into rep, with a few samples.
-func explainErrors(rep *Report, path string, erred map[string]erredRequest, faults *faultLog, retries int) error {
+func explainErrors(rep *Report, path string, erred map[string]erredRequest, f *fleet, start time.Time, retries int) error {
+	faults, sched := &f.faults, &f.schedule
 	if len(erred) == 0 {
 		return nil
 	}
@@ -681,8 +701,12 @@ func explainErrors(rep *Report, path string, erred map[string]erredRequest, faul
 		o := origin(l, retries)
 		rep.Origins[o]++
 		if len(rep.ErrorSamples) < 10 {
-			rep.ErrorSamples = append(rep.ErrorSamples, fmt.Sprintf("%s at %s: %d (%s), %d attempts on pods %v while pods %v were healthy: %s",
-				l.RequestID, e.after.Round(time.Millisecond), l.Status, o, l.Attempts, faults.visited(l.RequestID), e.healthy, l.Error))
+			var visits []string
+			for _, v := range faults.visited(l.RequestID) {
+				visits = append(visits, fmt.Sprintf("%d (%s) at %s", v.pod, sched.stateAt(v.pod, v.at), v.at.Sub(start).Round(time.Millisecond)))
+			}
+			rep.ErrorSamples = append(rep.ErrorSamples, fmt.Sprintf("%s at %s: %d (%s), %d attempts, on pods [%s], while pods %v were healthy: %s",
+				l.RequestID, e.after.Round(time.Millisecond), l.Status, o, l.Attempts, strings.Join(visits, ", "), e.healthy, l.Error))
 		}
 	}
 	rep.Origins["not in the access log"] += len(erred)

@@ -195,16 +195,22 @@ const (
 type faultLog struct {
 	mu     sync.Mutex
 	byID   map[string]string
-	visits map[string][]int
+	visits map[string][]visit
+}
+
+// visit is a request reaching a pod's proxy.
+type visit struct {
+	pod int
+	at  time.Time
 }
 
 func (l *faultLog) visit(id string, pod int) {
 	l.mu.Lock()
-	l.visits[id] = append(l.visits[id], pod)
+	l.visits[id] = append(l.visits[id], visit{pod, time.Now()})
 	l.mu.Unlock()
 }
 
-func (l *faultLog) visited(id string) []int {
+func (l *faultLog) visited(id string) []visit {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.visits[id]
