@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -188,4 +189,25 @@ func TestParseRemote(t *testing.T) {
 			t.Fatalf("parsed malformed reply %v", bad)
 		}
 	}
+}
+
+// FuzzParseRemote: any one-replica reply parses or is refused, without a
+// panic; a parsed pod's load is the fields it was sent.
+func FuzzParseRemote(f *testing.F) {
+	f.Add("10000", "x", "100 1 50 10 20 3 40")
+	f.Add("9900", "y", "200 2 300")
+	f.Add("z", "x", "1 2")
+	f.Fuzz(func(t *testing.T, at, key, value string) {
+		got, err := parseRemote([]any{int64(10_000), []any{"@at", at, key, value}}, 0)
+		if err != nil || key == "@at" {
+			return
+		}
+		r, ok := got[key]
+		if !ok {
+			t.Fatalf("parsed %q without pod %q: %v", value, key, got)
+		}
+		if want, _ := strconv.ParseInt(strings.Fields(value)[0], 10, 64); r.tokens != want {
+			t.Fatalf("pod %q tokens %d from %q", key, r.tokens, value)
+		}
+	})
 }

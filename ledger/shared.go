@@ -16,8 +16,8 @@ import (
 
 // syncScript is one sync round trip: replace this replica's published
 // load, refresh its membership, and return every other live replica's
-// load. TIME is Redis's, so the ages of all replicas are
-// extrapolated on one clock, whatever the replicas' clocks say.
+// load. TIME is Redis's, so the ages of all replicas are extrapolated on
+// one clock, whatever the replicas' clocks say.
 //
 //	KEYS[1] replica set (sorted set, score = expiry ms)
 //	KEYS[2] this replica's hash: field pod key, value "tokens reqs ageMs
@@ -73,9 +73,9 @@ type SharedOptions struct {
 // tokens; with an expiry, so a dead replica's load vanishes) and reads the
 // others' in the same round trip; Decode, Prefill and Remote add them to
 // the local counters, so the replicas route as one. Pods are matched by
-// Member.Key. No
-// routing decision waits on Redis: while it is unreachable each replica
-// scores with its own charges only, and sharing resumes when it returns.
+// Member.Key. No routing decision waits on Redis: while it is unreachable
+// each replica scores with its own load only, and sharing resumes when it
+// returns.
 type Shared struct {
 	l        *Ledger
 	rdb      redis.UniversalClient
