@@ -14,7 +14,8 @@ import (
 // healthy: the checks and ejections lag a pod that restarted or recovered,
 // and a retry that finds no pod fails a request another pod may answer.
 // A first attempt keeps to the available pods: until a pod failed the
-// request, "no healthy pod" is the fast and honest answer.
+// request, "no healthy pod" is the fast and honest answer. Combined pods
+// only: a PD retry still decides among the available pods.
 
 // appendPanic appends to cands a candidate for each combined pod of m not
 // in skip, available or not, filled as pool.PodLoad.Fill does.
@@ -27,13 +28,4 @@ func appendPanic(m *pool.Model, cands []route.Candidate, skip []int32, match *po
 		}
 	}
 	return cands
-}
-
-// panicPD marks down only the pods x tried, for a PD retry's decision
-// anew when none of the available pods makes a pair.
-func panicPD(x *completion) {
-	p := x.pd
-	for i := range p.Cands {
-		p.Cands[i].Down = tried(x.tried, p.Pods[i].ID)
-	}
 }

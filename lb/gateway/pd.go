@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -93,10 +92,6 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 		p.Pods = append(p.Pods, pod)
 	}
 	d, err := r.Decide(&x.routeReq, p.Cands, &p.Scratch)
-	if errors.Is(err, route.ErrNoPDPair) && x.attempts > 0 {
-		panicPD(x) // panic.go
-		d, err = r.Decide(&x.routeReq, p.Cands, &p.Scratch)
-	}
 	if err != nil {
 		return d, err
 	}
