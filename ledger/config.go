@@ -66,11 +66,12 @@ type Config struct {
 	// DecodeOutputGrowth adds the estimated output generated so far to the
 	// decode token_load score (default true). Read by the scorer.
 	DecodeOutputGrowth bool `yaml:"decode_output_growth"`
-	// SharedLedger shares the decode ledger across gateway replicas when a
-	// Redis is configured (default true).
+	// SharedLedger shares the ledger (decode and prefill charges, and the
+	// pods' requests in flight and queued prefill tokens) across gateway
+	// replicas when a Redis is configured (default true).
 	SharedLedger bool `yaml:"shared_ledger"`
 	// SharedSyncIntervalMs is how often the background loop publishes this
-	// replica's decode charges and reads the others' (milliseconds, default
+	// replica's load and reads the others' (milliseconds, default
 	// 50; must be positive).
 	SharedSyncIntervalMs int `yaml:"shared_sync_interval_ms"`
 	// SharedExpiryMs is how long a replica's published charges outlive its

@@ -46,8 +46,8 @@ type podSlot struct {
 	dropped atomic.Bool // janitor dropped the pod's series; the next charge revives it
 	// id is the pod's id (SetPods); immutable.
 	id int32
-	// remote is the other gateway replicas' decode load on this pod, from
-	// the shared ledger's last sync; nil when there is none.
+	// remote is the other gateway replicas' load on this pod, from the
+	// shared ledger's last sync; nil when there is none.
 	remote atomic.Pointer[remoteLoad]
 	_      [64]byte
 }
@@ -55,13 +55,17 @@ type podSlot struct {
 // Compile-time check that podSlot fills its size class exactly.
 var _ [0]struct{} = [unsafe.Sizeof(podSlot{}) - 128]struct{}{}
 
-// remoteLoad is the other replicas' decode charges on one pod, as of the
-// local clock asOfMs.
+// remoteLoad is the other replicas' load on one pod: their decode charges
+// as of the local clock asOfMs, their prefill charges, and the requests in
+// flight and prefill tokens queued that their pods count.
 type remoteLoad struct {
 	tokens int64
 	reqs   int64
 	ageMs  int64 // Σ (asOf − routed_at) over their outstanding requests
 	asOfMs int64
+	// active and kv are prefill charges (tokens), inFlight requests and
+	// queued uncached prompt tokens.
+	active, kv, inFlight, queued int64
 }
 
 // IndexBits is how many low bits of a pod id index the ledger's table.
@@ -73,18 +77,34 @@ const IndexBits = 16
 
 const indexMask = 1<<IndexBits - 1
 
-// Member is a pod as SetPods takes it: its id and its name, the label of
-// its series.
+// Member is a pod as SetPods takes it: its id, its name (the label of its
+// series), the key the replicas sharing the ledger know it by, and its own
+// load counters.
 type Member struct {
 	ID   int32
 	Name string
+	// Key names the pod to the other replicas: its Kubernetes UID where it
+	// has one (default: Name).
+	Key string
+	// Load is the pod's own count of requests in flight and queued prefill
+	// tokens, which the shared ledger publishes (nil: none).
+	Load LocalLoad
+}
+
+// LocalLoad is the load a pod counts itself, outside the ledger, that the
+// routing policies read: the gateway's pool.Pod.
+type LocalLoad interface {
+	InFlight() int64
+	QueuedPrefill() int64
 }
 
 // pod is the slow-path registry entry of a pod; slot is its hot part.
 type pod struct {
 	slot *podSlot
 	name string
-	live bool // in the current table; false once the gateway no longer has it
+	key  string    // Member.Key
+	load LocalLoad // Member.Load, nil for none
+	live bool      // in the current table; false once the gateway no longer has it
 	// series are the metric names with this pod's label, built once.
 	series [len(seriesFamilies)]string
 	// Janitor state: ops as last seen, and since when the pod is known to
@@ -195,7 +215,11 @@ func (l *Ledger) SetPods(pods []Member) {
 	for _, m := range pods {
 		p := l.byID[m.ID]
 		if p == nil {
-			p = &pod{slot: &podSlot{id: m.ID}, name: m.Name, zeroSince: now}
+			key := m.Key
+			if key == "" {
+				key = m.Name
+			}
+			p = &pod{slot: &podSlot{id: m.ID}, name: m.Name, key: key, zeroSince: now}
 			label := `{pod="` + labelEscaper.Replace(m.Name) + `"}`
 			for j, family := range seriesFamilies {
 				p.series[j] = family.name + label
@@ -203,7 +227,7 @@ func (l *Ledger) SetPods(pods []Member) {
 			l.byID[m.ID] = p
 			l.pods = append(l.pods, p)
 		}
-		p.live = true
+		p.live, p.load = true, m.Load
 		tab[m.ID&indexMask] = p.slot
 	}
 	l.table.Store(&tab)
@@ -344,7 +368,8 @@ func (l *Ledger) Finish(t Ticket) {
 }
 
 // Prefill returns pod's prefill counters (tokens): the token_load score is
-// active + kv_weight × kv.
+// active + kv_weight × kv. Both include the other replicas' charges when
+// the ledger is shared.
 //
 // A pod the last SetPods no longer names (see Charge) reads as idle: no
 // decision on the current snapshot reads it.
@@ -353,7 +378,25 @@ func (l *Ledger) Prefill(pod int32) (active, kv int64) {
 	if s == nil {
 		return 0, 0
 	}
-	return s.active.Load(), s.kv.Load()
+	active, kv = s.active.Load(), s.kv.Load()
+	if r := s.remote.Load(); r != nil {
+		active += r.active
+		kv += r.kv
+	}
+	return active, kv
+}
+
+// Remote returns the other replicas' requests in flight on pod and the
+// uncached prompt tokens they queued there, as of the shared ledger's last
+// sync: what a replica adds to its pod's own counts so that replicas route
+// as one. Zero when the ledger is not shared.
+func (l *Ledger) Remote(pod int32) (inFlight, queued int64) {
+	if s := lookup(*l.table.Load(), pod); s != nil {
+		if r := s.remote.Load(); r != nil {
+			return r.inFlight, r.queued
+		}
+	}
+	return 0, 0
 }
 
 // Decode returns pod's decode load at now (Now's clock): tokens is the

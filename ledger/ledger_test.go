@@ -295,7 +295,7 @@ func TestJanitorDropsIdlePods(t *testing.T) {
 	// taken by another pod, which starts from its own counters.
 	tl.Finish(*tk.of(1))
 	tl.Finish(*tk.of(3))
-	tl.SetPods([]Member{{1 << IndexBits, "d"}, {1, "b"}, {2, "c"}})
+	tl.SetPods([]Member{{ID: 1 << IndexBits, Name: "d"}, {ID: 1, Name: "b"}, {ID: 2, Name: "c"}})
 	tl.prefill(t, 1<<IndexBits, 0, 0)
 	tl.advance(time.Minute)
 	tl.sweep()
@@ -321,7 +321,7 @@ func TestCountersFollowIDs(t *testing.T) {
 	c := tl.Charge(tk.of(1), 0, 2, &p, tl.Now())
 	tl.Charge(tk.of(2), 1, -1, &p, tl.Now())
 	newB := int32(1 + 1<<IndexBits)
-	tl.SetPods([]Member{{2, "c"}, {0, "a"}, {newB, "b"}})
+	tl.SetPods([]Member{{ID: 2, Name: "c"}, {ID: 0, Name: "a"}, {ID: newB, Name: "b"}})
 	tl.prefill(t, 0, c, c)
 	tl.prefill(t, newB, 0, 0)
 	if tok, _ := tl.Decode(2, tl.Now()); tok != 100 {

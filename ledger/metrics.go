@@ -35,7 +35,7 @@ func (l *Ledger) RegisterMetrics(set *metrics.Set) { set.RegisterMetricsWriter(l
 // not include other replicas').
 func (l *Ledger) WritePrometheus(w io.Writer) {
 	l.mu.Lock()
-	sums := l.sumByName(func(s *podSlot) ([4]int64, bool) { return s.series(), !s.dropped.Load() })
+	sums := l.sumBy(podName, func(p *pod) (counters, bool) { return p.slot.series(), !p.slot.dropped.Load() })
 	l.mu.Unlock()
 	for j, family := range seriesFamilies {
 		if len(sums) > 0 {
@@ -47,28 +47,37 @@ func (l *Ledger) WritePrometheus(w io.Writer) {
 	}
 }
 
-// nameSum is counters summed over the pods of one name.
+// counters are the per-pod values sumBy adds up: the series in
+// seriesFamilies order, or what the shared ledger publishes.
+type counters [7]int64
+
+// nameSum is counters summed over the pods of one name or key.
 type nameSum struct {
 	pod *pod // the first registered
-	v   [4]int64
+	v   counters
 }
 
-// sumByName sums f's counters over the registered pods it keeps, per name,
-// in registration order: a pod re-added under its name (a new id) while
-// its previous self drains is one pod to whoever reads names (a series,
-// the other replicas). Called with mu held.
-func (l *Ledger) sumByName(f func(s *podSlot) ([4]int64, bool)) []nameSum {
+func podName(p *pod) string { return p.name }
+
+func podKey(p *pod) string { return p.key }
+
+// sumBy sums f's counters over the registered pods it keeps, per key (the
+// pod's name or its Member.Key), in registration order: a pod re-added
+// under its name (a new id) while its previous self drains is one pod to
+// whoever reads names or keys (a series, the other replicas). Called with
+// mu held.
+func (l *Ledger) sumBy(key func(*pod) string, f func(*pod) (counters, bool)) []nameSum {
 	var sums []nameSum
 	at := map[string]int{}
 	for _, p := range l.pods {
-		v, ok := f(p.slot)
+		v, ok := f(p)
 		if !ok {
 			continue
 		}
-		i, seen := at[p.name]
+		i, seen := at[key(p)]
 		if !seen {
 			i = len(sums)
-			at[p.name] = i
+			at[key(p)] = i
 			sums = append(sums, nameSum{pod: p})
 		}
 		for j := range v {
@@ -79,6 +88,6 @@ func (l *Ledger) sumByName(f func(s *podSlot) ([4]int64, bool)) []nameSum {
 }
 
 // series returns the slot's published counters in seriesFamilies order.
-func (s *podSlot) series() [4]int64 {
-	return [4]int64{s.active.Load(), s.kv.Load(), s.decode.Load(), int64(s.ops.Load())}
+func (s *podSlot) series() counters {
+	return counters{s.active.Load(), s.kv.Load(), s.decode.Load(), int64(s.ops.Load())}
 }

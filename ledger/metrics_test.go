@@ -12,7 +12,7 @@ func TestMetricsSeries(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tl.advance(time.Minute)
 	tl.sweep() // drops a, b, c: idle since SetPods
-	tl.SetPods([]Member{{3, "ns/a"}, {4, `odd"name`}})
+	tl.SetPods([]Member{{ID: 3, Name: "ns/a"}, {ID: 4, Name: `odd"name`}})
 	p := Prompt{Tokens: 100}
 	tk := Ticket{ID: 1}
 	tl.Charge(&tk, 3, 4, &p, tl.Now())

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,12 +25,12 @@ type replica struct {
 	done   chan struct{}
 }
 
-func newReplica(t *testing.T, addr, id string, pods []string) *replica {
+func newReplica(t *testing.T, addr, id string, pods []Member) *replica {
 	t.Helper()
 	logs := new(testlog.Buffer)
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	l := New(DefaultConfig(), Env{Logger: log})
-	l.SetPods(members(pods...))
+	l.SetPods(pods)
 	rdb := redis.NewClient(&redis.Options{
 		Addr:            addr,
 		DialTimeout:     100 * time.Millisecond,
@@ -65,8 +67,8 @@ func (r *replica) decodeTokens(i int32) float64 {
 func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	srv := redistest.Start(t, 0)
 	// The replicas index the pods differently: sharing goes by name.
-	a := newReplica(t, srv.Addr(), "a", []string{"p0", "p1"})
-	b := newReplica(t, srv.Addr(), "b", []string{"p1", "p0"})
+	a := newReplica(t, srv.Addr(), "a", members("p0", "p1"))
+	b := newReplica(t, srv.Addr(), "b", members("p1", "p0"))
 	const aP0, aP1, bP1, bP0 = 0, 1, 0, 1
 	tk := tickets{}
 
@@ -120,11 +122,55 @@ func TestSharedDecodeLedgerThroughRedis(t *testing.T) {
 	}
 }
 
+// fakeLoad is a pod's own counts, as the gateway's pool.Pod keeps them.
+type fakeLoad struct{ inFlight, queued atomic.Int64 }
+
+func (f *fakeLoad) InFlight() int64      { return f.inFlight.Load() }
+func (f *fakeLoad) QueuedPrefill() int64 { return f.queued.Load() }
+
+// TestSharedPrefillLoadThroughRedis: a replica's view of a pod's prefill
+// load (charges, requests in flight, queued tokens) includes the other
+// replicas', matched by the pod's key, so replicas route as one.
+func TestSharedPrefillLoadThroughRedis(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	var podA, podB fakeLoad
+	// b knows pod "p" under a newer UID as well (recreated under its name):
+	// the old pod's load is not the new one's.
+	a := newReplica(t, srv.Addr(), "a", []Member{{ID: 0, Name: "p", Key: "uid-1", Load: &podA}})
+	b := newReplica(t, srv.Addr(), "b", []Member{{ID: 0, Name: "p", Key: "uid-2"}, {ID: 1, Name: "p", Key: "uid-1", Load: &podB}})
+	const bNew, bOld = 0, 1
+	podA.inFlight.Store(3)
+	podA.queued.Store(900)
+	podB.inFlight.Store(1)
+	tk := tickets{}
+	a.Charge(tk.of(1), 0, -1, &Prompt{Tokens: 1000}, a.Now())
+	view := func(r *replica, pod int32) string {
+		active, kv := r.Prefill(pod)
+		n, q := r.Remote(pod)
+		return fmt.Sprintf("active %d kv %d remote in flight %d queued %d", active, kv, n, q)
+	}
+	cost := DefaultConfig().RequestCost + 1000
+	want := fmt.Sprintf("active %d kv %d remote in flight 3 queued 900", cost, cost)
+	testwait.For(t, "b to see a's prefill load on the pod", func() bool { return view(b, bOld) == want })
+	if got := view(b, bNew); got != "active 0 kv 0 remote in flight 0 queued 0" {
+		t.Fatalf("b's view of the pod recreated under the name: %s, want none of a's load", got)
+	}
+	testwait.For(t, "a to see b's request in flight", func() bool {
+		return view(a, 0) == fmt.Sprintf("active %d kv %d remote in flight 1 queued 0", cost, cost)
+	})
+	a.PrefillDone(*tk.of(1))
+	podA.inFlight.Store(0)
+	podA.queued.Store(0)
+	want = fmt.Sprintf("active 0 kv %d remote in flight 0 queued 0", cost)
+	testwait.For(t, "b to see a's prefill finish", func() bool { return view(b, bOld) == want })
+}
+
 func TestParseRemote(t *testing.T) {
 	// Two replicas' hashes for pod x; the second published 100 ms before the
-	// reply, so its 2 requests are 200 ms older now.
+	// reply, so its 2 requests are 200 ms older now. The second is of an
+	// older release: decode charges only.
 	res := []any{int64(10_000),
-		[]any{"@at", "10000", "x", "100 1 50", "y", "7 1 0"},
+		[]any{"@at", "10000", "x", "100 1 50 10 20 3 40", "y", "7 1 0 0 0 0 0"},
 		[]any{"x", "200 2 300", "@at", "9900"},
 	}
 	got, err := parseRemote(res, 42)
@@ -132,15 +178,36 @@ func TestParseRemote(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]remoteLoad{
-		"x": {tokens: 300, reqs: 3, ageMs: 50 + 300 + 2*100, asOfMs: 42},
+		"x": {tokens: 300, reqs: 3, ageMs: 50 + 300 + 2*100, asOfMs: 42, active: 10, kv: 20, inFlight: 3, queued: 40},
 		"y": {tokens: 7, reqs: 1, ageMs: 0, asOfMs: 42},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
-	for _, bad := range [][]any{{}, {"x"}, {int64(1), []any{"x"}}, {int64(1), []any{"x", "1 2"}}, {int64(1), []any{"@at", "z"}}} {
+	for _, bad := range [][]any{{}, {"x"}, {int64(1), []any{"x"}}, {int64(1), []any{"x", "1 2"}}, {int64(1), []any{"x", "1 2 3 4"}}, {int64(1), []any{"x", "1 2 z"}}, {int64(1), []any{"@at", "z"}}} {
 		if _, err := parseRemote(bad, 0); err == nil {
 			t.Fatalf("parsed malformed reply %v", bad)
 		}
 	}
+}
+
+// FuzzParseRemote: any one-replica reply parses or is refused, without a
+// panic; a parsed pod's load is the fields it was sent.
+func FuzzParseRemote(f *testing.F) {
+	f.Add("10000", "x", "100 1 50 10 20 3 40")
+	f.Add("9900", "y", "200 2 300")
+	f.Add("z", "x", "1 2")
+	f.Fuzz(func(t *testing.T, at, key, value string) {
+		got, err := parseRemote([]any{int64(10_000), []any{"@at", at, key, value}}, 0)
+		if err != nil || key == "@at" {
+			return
+		}
+		r, ok := got[key]
+		if !ok {
+			t.Fatalf("parsed %q without pod %q: %v", value, key, got)
+		}
+		if want, _ := strconv.ParseInt(strings.Fields(value)[0], 10, 64); r.tokens != want {
+			t.Fatalf("pod %q tokens %d from %q", key, r.tokens, value)
+		}
+	})
 }

@@ -8,18 +8,20 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // syncScript is one sync round trip: replace this replica's published
-// decode charges, refresh its membership, and return every other live
-// replica's charges. TIME is Redis's, so the ages of all replicas are
-// extrapolated on one clock, whatever the replicas' clocks say.
+// load, refresh its membership, and return every other live replica's
+// load. TIME is Redis's, so the ages of all replicas are extrapolated on
+// one clock, whatever the replicas' clocks say.
 //
 //	KEYS[1] replica set (sorted set, score = expiry ms)
-//	KEYS[2] this replica's hash: field pod name, value "tokens reqs ageMs";
+//	KEYS[2] this replica's hash: field pod key, value "tokens reqs ageMs
+//	        active kv inFlight queued" (Shared.args);
 //	        field "@at" = Redis ms when written
 //	ARGV[1] replica id, ARGV[2] expiry ms, ARGV[3] hash key prefix,
 //	ARGV[4..] field/value pairs
@@ -65,12 +67,15 @@ type SharedOptions struct {
 	Logger *slog.Logger
 }
 
-// Shared shares the decode ledger with the other gateway replicas through
-// Redis. A background loop publishes this replica's per-pod decode charges
-// (with an expiry, so a dead replica's load vanishes) and reads the others'
-// in the same round trip; Decode adds them to the local counters. No
-// routing decision waits on Redis: while it is unreachable each replica
-// scores with its own charges only, and sharing resumes when it returns.
+// Shared shares the ledger with the other gateway replicas through Redis.
+// A background loop publishes this replica's per-pod load (decode and
+// prefill charges, and the pod's own requests in flight and queued prefill
+// tokens; with an expiry, so a dead replica's load vanishes) and reads the
+// others' in the same round trip; Decode, Prefill and Remote add them to
+// the local counters, so the replicas route as one. Pods are matched by
+// Member.Key. No routing decision waits on Redis: while it is unreachable
+// each replica scores with its own load only, and sharing resumes when it
+// returns.
 type Shared struct {
 	l        *Ledger
 	rdb      redis.UniversalClient
@@ -161,18 +166,25 @@ func (s *Shared) sync(ctx context.Context) {
 	}
 }
 
-// args builds the script's ARGV: this replica's decode load per pod as of
-// nowMs (ledger clock).
+// args builds the script's ARGV: this replica's load per pod key as of
+// nowMs (ledger clock): "tokens reqs ageMs active kv inFlight queued", the
+// decode charges, the prefill charges and the pod's own counts.
 func (s *Shared) args(nowMs int64) []any {
 	args := []any{s.id, s.expiryMs, s.hashPre}
 	s.l.mu.Lock()
-	sums := s.l.sumByName(func(sl *podSlot) ([4]int64, bool) {
-		tokens, reqs := sl.decode.Load(), sl.decodeReqs.Load()
-		return [4]int64{tokens, reqs, reqs*nowMs - sl.routedMs.Load()}, tokens != 0 || reqs != 0
+	sums := s.l.sumBy(podKey, func(p *pod) (counters, bool) {
+		sl := p.slot
+		v := counters{sl.decode.Load(), sl.decodeReqs.Load(), 0, sl.active.Load(), sl.kv.Load()}
+		v[2] = v[1]*nowMs - sl.routedMs.Load()
+		if p.load != nil {
+			v[5], v[6] = p.load.InFlight(), p.load.QueuedPrefill()
+		}
+		return v, v != counters{}
 	})
 	s.l.mu.Unlock()
 	for _, n := range sums {
-		args = append(args, n.pod.name, fmt.Sprintf("%d %d %d", n.v[0], n.v[1], n.v[2]))
+		v := n.v
+		args = append(args, n.pod.key, fmt.Sprintf("%d %d %d %d %d %d %d", v[0], v[1], v[2], v[3], v[4], v[5], v[6]))
 	}
 	return args
 }
@@ -206,21 +218,33 @@ func parseRemote(res []any, asOfMs int64) (map[string]remoteLoad, error) {
 			}
 		}
 		for i := 0; i < len(kv); i += 2 {
-			name, _ := kv[i].(string)
+			key, _ := kv[i].(string)
 			v, _ := kv[i+1].(string)
-			if name == "@at" {
+			if key == "@at" {
 				continue
 			}
-			var tokens, reqs, age int64
-			if n, err := fmt.Sscanf(v, "%d %d %d", &tokens, &reqs, &age); n != 3 || err != nil {
+			// A replica of an older release publishes the decode charges
+			// alone: the first three fields.
+			var n [7]int64
+			f := strings.Fields(v)
+			if len(f) != 3 && len(f) != len(n) {
 				return nil, errBadReply
 			}
-			r := out[name]
-			r.tokens += tokens
-			r.reqs += reqs
-			r.ageMs += age + reqs*(now-at)
+			for j := range f {
+				if n[j], ok = parseInt(f[j]); !ok {
+					return nil, errBadReply
+				}
+			}
+			r := out[key]
+			r.tokens += n[0]
+			r.reqs += n[1]
+			r.ageMs += n[2] + n[1]*(now-at)
+			r.active += n[3]
+			r.kv += n[4]
+			r.inFlight += n[5]
+			r.queued += n[6]
 			r.asOfMs = asOfMs
-			out[name] = r
+			out[key] = r
 		}
 	}
 	return out, nil
@@ -239,13 +263,12 @@ func (s *Shared) withdraw() {
 	s.rdb.ZRem(ctx, s.keys[0], s.id)
 }
 
-// setRemote installs the other replicas' decode load per pod name; nil
-// clears it.
+// setRemote installs the other replicas' load per pod key; nil clears it.
 func (l *Ledger) setRemote(remote map[string]remoteLoad) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, p := range l.pods {
-		r, ok := remote[p.name]
+		r, ok := remote[p.key]
 		if !ok {
 			if p.slot.remote.Load() != nil {
 				p.slot.remote.Store(nil)

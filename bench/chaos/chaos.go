@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -109,6 +110,14 @@ type Report struct {
 	// its retry budget refused.
 	Retries         map[string]int
 	BudgetExhausted int
+	// HealthyErrors counts, by status, the requests answered with an
+	// error status (not a stream cut after its head) while some pod was
+	// healthy by the fault schedule (schedule.healthyAt): the errors a
+	// client should never see. Origins counts them by where they came
+	// from (origin), ErrorSamples describes a few.
+	HealthyErrors map[string]int
+	Origins       map[string]int
+	ErrorSamples  []string
 	// LedgerAfter is the sum of the gateway's pd_token_load_* gauges once
 	// the load ended: tokens still charged to some pod.
 	LedgerAfter int64
@@ -137,6 +146,10 @@ func (r *Report) String() string {
 		fmt.Fprintf(&b, "%s: %d requests, the clients saw %v\n", kind, sum(r.ByFault[kind]), sorted(r.ByFault[kind]))
 	}
 	fmt.Fprintf(&b, "gateway retries by reason %v, refused by the retry budget %d\n", sorted(r.Retries), r.BudgetExhausted)
+	fmt.Fprintf(&b, "errors while another healthy pod existed: %d %v, from %v\n", sum(r.HealthyErrors), sorted(r.HealthyErrors), sorted(r.Origins))
+	for _, s := range r.ErrorSamples {
+		fmt.Fprintf(&b, "error: %s\n", s)
+	}
 	fmt.Fprintf(&b, "ledger charges after: %d tokens\n", r.LedgerAfter)
 	fmt.Fprintf(&b, "goroutines %d before, %d after, %d closed; RSS %.1f MiB before, %.1f MiB after, %.1f MiB closed\n",
 		r.GoroutinesBefore, r.GoroutinesAfter, r.GoroutinesClosed, mib(r.RSSBefore), mib(r.RSSAfter), mib(r.RSSClosed))
@@ -172,12 +185,72 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 // model is the one model the fleet serves.
 const model = "chaos"
 
-// fleet is the pods and their proxies, and the faults their requests met.
+// fleet is the pods and their proxies, the faults their requests met,
+// and when each pod was faulty.
 type fleet struct {
-	mu      sync.Mutex
-	pods    []*sim.Pod
-	proxies []*faultProxy
-	faults  faultLog
+	mu       sync.Mutex
+	pods     []*sim.Pod
+	proxies  []*faultProxy
+	faults   faultLog
+	schedule schedule
+}
+
+// schedule is the harness's timeline of faults: when each pod was killed,
+// hung or slowed, until it was itself again (a killed pod: restarted).
+type schedule struct {
+	mu    sync.Mutex
+	spans [][]span // by pod
+}
+
+// span is one fault of a pod; to is zero while it goes on.
+type span struct {
+	kind     string
+	from, to time.Time
+}
+
+func (sp span) covers(t time.Time) bool {
+	return !t.Before(sp.from) && (sp.to.IsZero() || t.Before(sp.to))
+}
+
+func (s *schedule) begin(pod int, kind string, at time.Time) {
+	s.mu.Lock()
+	s.spans[pod] = append(s.spans[pod], span{kind: kind, from: at})
+	s.mu.Unlock()
+}
+
+// stateAt is the fault pod was under at t, "ok" for none.
+func (s *schedule) stateAt(pod int, t time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sp := range s.spans[pod] {
+		if sp.covers(t) {
+			return sp.kind
+		}
+	}
+	return "ok"
+}
+
+func (s *schedule) end(pod int, at time.Time) {
+	s.mu.Lock()
+	s.spans[pod][len(s.spans[pod])-1].to = at
+	s.mu.Unlock()
+}
+
+// healthyAt is the pods no fault touched at t.
+func (s *schedule) healthyAt(t time.Time) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var healthy []int
+	for pod, spans := range s.spans {
+		faulty := false
+		for _, sp := range spans {
+			faulty = faulty || sp.covers(t)
+		}
+		if !faulty {
+			healthy = append(healthy, pod)
+		}
+	}
+	return healthy
 }
 
 func startPod(i int) (*sim.Pod, error) {
@@ -187,14 +260,14 @@ func startPod(i int) (*sim.Pod, error) {
 }
 
 func startFleet(n int) (*fleet, error) {
-	f := &fleet{faults: faultLog{byID: map[string]string{}}}
+	f := &fleet{faults: faultLog{byID: map[string]string{}, visits: map[string][]visit{}}, schedule: schedule{spans: make([][]span, n)}}
 	for i := 0; i < n; i++ {
 		pod, err := startPod(i)
 		if err != nil {
 			f.close()
 			return nil, err
 		}
-		proxy, err := newFaultProxy(pod.Addr(), &f.faults)
+		proxy, err := newFaultProxy(i, pod.Addr(), &f.faults)
 		if err != nil {
 			pod.Close()
 			f.close()
@@ -250,14 +323,24 @@ func gatewayConfig(f *fleet) config.Config {
 // in the report.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg = cfg.withDefaults()
-	rep := &Report{CleanErrors: map[string]int{}, Lost: map[string]int{}, Faults: map[string]int{}, ByFault: map[string]map[string]int{}}
+	rep := &Report{CleanErrors: map[string]int{}, Lost: map[string]int{}, Faults: map[string]int{}, ByFault: map[string]map[string]int{},
+		HealthyErrors: map[string]int{}, Origins: map[string]int{}}
 	rep.GoroutinesBefore, rep.RSSBefore = runtime.NumGoroutine(), rss()
 
 	f, err := startFleet(cfg.Pods)
 	if err != nil {
 		return nil, err
 	}
-	gw, err := lb.Start(gatewayConfig(f), cfg.Log)
+	// The access log tells where each error answer came from.
+	logDir, err := os.MkdirTemp("", "chaos")
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	defer os.RemoveAll(logDir)
+	gcfg := gatewayConfig(f)
+	gcfg.AccessLog = filepath.Join(logDir, "access.log")
+	gw, err := lb.Start(gcfg, cfg.Log)
 	if err != nil {
 		f.close()
 		return nil, err
@@ -277,6 +360,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	var mu sync.Mutex
 	var load sync.WaitGroup
+	// erred is the requests answered with an error status while a pod was
+	// healthy, by id, with the healthy pods and the answer's time.
+	erred := map[string]erredRequest{}
 	gap := cfg.Duration / time.Duration(cfg.Requests)
 	for i := 0; i < cfg.Requests; i++ {
 		if wait := time.Until(start.Add(time.Duration(i) * gap)); wait > 0 {
@@ -287,10 +373,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		load.Add(1)
 		go func() {
 			defer load.Done()
-			outcome, detail := send(client, gw.Addr(), i, stream, maxTokens)
+			var h head
+			outcome, detail := send(client, gw.Addr(), i, stream, maxTokens, &h)
+			var healthy []int
+			if h.status != 0 && h.status != http.StatusOK {
+				healthy = f.schedule.healthyAt(h.at)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			rep.Sent++
+			if len(healthy) > 0 {
+				rep.HealthyErrors[strconv.Itoa(h.status)]++
+				erred[requestID(i)] = erredRequest{healthy: healthy, after: h.at.Sub(start)}
+			}
 			saw := "lost"
 			switch outcome {
 			case completed:
@@ -338,6 +433,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	_ = gw.Shutdown(sctx)
 	cancel()
 	f.close()
+	if lerr := explainErrors(rep, gcfg.AccessLog, erred, f, start, gcfg.Upstream.Retries); err == nil {
+		err = lerr
+	}
 	// Idle worker goroutines of the closed servers exit within their idle
 	// period (250 ms for sim pods).
 	time.Sleep(time.Second)
@@ -390,6 +488,7 @@ func injectFaults(ctx context.Context, f *fleet, cfg Config, rng *rand.Rand, rep
 // it: a killed pod is restarted behind the same address.
 func fault(ctx context.Context, f *fleet, i int, kind string, lasts time.Duration, log *slog.Logger) {
 	proxy := f.proxies[i]
+	f.schedule.begin(i, kind, time.Now())
 	switch kind {
 	case "kill":
 		f.mu.Lock()
@@ -409,6 +508,7 @@ func fault(ctx context.Context, f *fleet, i int, kind string, lasts time.Duratio
 	}
 	proxy.mode.Store(modeNormal)
 	if kind != "kill" {
+		f.schedule.end(i, time.Now())
 		return
 	}
 	pod, err := startPod(i)
@@ -426,6 +526,7 @@ func fault(ctx context.Context, f *fleet, i int, kind string, lasts time.Duratio
 	f.mu.Lock()
 	f.pods[i] = pod
 	f.mu.Unlock()
+	f.schedule.end(i, time.Now())
 }
 
 type outcome int
@@ -440,8 +541,14 @@ const (
 // the pods.
 func requestID(i int) string { return "chaos-" + strconv.Itoa(i) }
 
-// send makes one request and classifies its answer.
-func send(client *http.Client, addr string, i int, stream bool, maxTokens int) (outcome, string) {
+// head is the status of an answer and when it came; zero when none came.
+type head struct {
+	status int
+	at     time.Time
+}
+
+// send makes one request and classifies its answer; h gets its head.
+func send(client *http.Client, addr string, i int, stream bool, maxTokens int, h *head) (outcome, string) {
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"chaos request %d: tell me a story"}],"max_tokens":%d,"stream":%v}`, model, i, maxTokens, stream)
 	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
@@ -454,6 +561,7 @@ func send(client *http.Client, addr string, i int, stream bool, maxTokens int) (
 		return lost, "no answer: " + errKind(err)
 	}
 	defer resp.Body.Close()
+	h.status, h.at = resp.StatusCode, time.Now()
 	if resp.StatusCode != http.StatusOK {
 		b, err := io.ReadAll(resp.Body)
 		if err != nil || !isOpenAIError(b) {
@@ -551,6 +659,77 @@ func ledgerCharges(admin string, rep *Report) (int64, error) {
 		total += int64(v)
 	}
 	return total, sc.Err()
+}
+
+// erredRequest is a request answered with an error status while the
+// healthy pods were healthy, after the run's start.
+type erredRequest struct {
+	healthy []int
+	after   time.Duration
+}
+
+// accessLine is the part of an access log line explainErrors reads.
+type accessLine struct {
+	RequestID string `json:"request_id"`
+	Status    int    `json:"status"`
+	Pod       string `json:"pod"`
+	Attempts  int    `json:"attempts"`
+	Error     string `json:"error"`
+}
+
+// explainErrors reads the gateway's access log at path and counts each
+// erred request by its origin into rep, with a few samples.
+func explainErrors(rep *Report, path string, erred map[string]erredRequest, f *fleet, start time.Time, retries int) error {
+	faults, sched := &f.faults, &f.schedule
+	if len(erred) == 0 {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	for line := range bytes.Lines(b) {
+		var l accessLine
+		if json.Unmarshal(line, &l) != nil {
+			continue
+		}
+		e, ok := erred[l.RequestID]
+		if !ok {
+			continue
+		}
+		delete(erred, l.RequestID)
+		o := origin(l, retries)
+		rep.Origins[o]++
+		if len(rep.ErrorSamples) < 10 {
+			var visits []string
+			for _, v := range faults.visited(l.RequestID) {
+				visits = append(visits, fmt.Sprintf("%d (%s) at %s", v.pod, sched.stateAt(v.pod, v.at), v.at.Sub(start).Round(time.Millisecond)))
+			}
+			rep.ErrorSamples = append(rep.ErrorSamples, fmt.Sprintf("%s at %s: %d (%s), %d attempts, on pods [%s], while pods %v were healthy: %s",
+				l.RequestID, e.after.Round(time.Millisecond), l.Status, o, l.Attempts, strings.Join(visits, ", "), e.healthy, l.Error))
+		}
+	}
+	rep.Origins["not in the access log"] += len(erred)
+	if rep.Origins["not in the access log"] == 0 {
+		delete(rep.Origins, "not in the access log")
+	}
+	return nil
+}
+
+// origin says where an error answer came from: the gateway found no pod
+// to try, a pod's own answer was relayed, every attempt the retries allow
+// failed, or the gateway did not retry (the retry budget, or a reason
+// upstream.retry_on leaves out).
+func origin(l accessLine, retries int) string {
+	switch {
+	case strings.HasPrefix(l.Error, "No healthy inference server"):
+		return "gateway: no pod available"
+	case l.Error == "":
+		return fmt.Sprintf("pod %s's own %d", l.Pod, l.Status)
+	case l.Attempts > retries:
+		return "retries spent"
+	}
+	return "not retried"
 }
 
 // rss is the process's resident set in bytes (0 where /proc is missing).

@@ -15,7 +15,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m, lbtest.LeakOptions()...) 
 
 // TestChaos runs the scenario: 300 requests over 10 s by default, or for
 // CHAOS_DURATION (make bench runs CHAOS_DURATION=5m, with CHAOS_REQUESTS
-// scaled to match). Nothing may be lost and the ledgers must end at zero.
+// scaled to match). Nothing may be lost, no request may get an error
+// status while another pod was healthy, and the ledgers must end at zero.
 func TestChaos(t *testing.T) {
 	cfg := Config{}
 	if d := os.Getenv("CHAOS_DURATION"); d != "" {
@@ -39,6 +40,9 @@ func TestChaos(t *testing.T) {
 	}
 	if rep.LedgerAfter != 0 {
 		t.Errorf("%d tokens still charged to pods after the load", rep.LedgerAfter)
+	}
+	if n := sum(rep.HealthyErrors); n > 0 {
+		t.Errorf("%d error answers while another pod was healthy %v, from %v", n, sorted(rep.HealthyErrors), sorted(rep.Origins))
 	}
 	if rep.Completed == 0 {
 		t.Error("nothing completed: the scenario is not exercising the gateway")

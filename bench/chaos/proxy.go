@@ -34,6 +34,7 @@ const slowDelay = 100 * time.Millisecond
 // X-Request-Id the gateway passes on from the client.
 type faultProxy struct {
 	addr   string
+	pod    int // the pod's index in the fleet
 	mode   atomic.Int32
 	faults *faultLog
 
@@ -44,12 +45,12 @@ type faultProxy struct {
 	wg      sync.WaitGroup
 }
 
-func newFaultProxy(backend string, faults *faultLog) (*faultProxy, error) {
+func newFaultProxy(pod int, backend string, faults *faultLog) (*faultProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &faultProxy{addr: ln.Addr().String(), backend: backend, conns: map[net.Conn]*exchange{}, faults: faults}
+	p := &faultProxy{addr: ln.Addr().String(), pod: pod, backend: backend, conns: map[net.Conn]*exchange{}, faults: faults}
 	p.serve(ln)
 	return p, nil
 }
@@ -108,7 +109,9 @@ func (p *faultProxy) copy(dst, src net.Conn, ex *exchange, fromPod bool) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !fromPod {
-			ex.request(buf[:n])
+			if id := ex.request(buf[:n]); id != "" {
+				p.faults.visit(id, p.pod)
+			}
 		}
 		if n > 0 && p.mode.Load() == modeHung {
 			p.faults.note(ex.fault(faultHungBefore, faultHungMid))
@@ -187,10 +190,30 @@ const (
 	faultHungMid    = "hung mid-stream"
 )
 
-// faultLog is the last fault each request met, by request id.
+// faultLog is the last fault each request met, and the pods it went to
+// in order, by request id.
 type faultLog struct {
-	mu   sync.Mutex
-	byID map[string]string
+	mu     sync.Mutex
+	byID   map[string]string
+	visits map[string][]visit
+}
+
+// visit is a request reaching a pod's proxy.
+type visit struct {
+	pod int
+	at  time.Time
+}
+
+func (l *faultLog) visit(id string, pod int) {
+	l.mu.Lock()
+	l.visits[id] = append(l.visits[id], visit{pod, time.Now()})
+	l.mu.Unlock()
+}
+
+func (l *faultLog) visited(id string) []visit {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.visits[id]
 }
 
 func (l *faultLog) note(id, kind string) {
@@ -224,11 +247,11 @@ type exchange struct {
 var requestIDHeader = []byte("\r\nx-request-id: ")
 
 // request notes a chunk of the gateway's request: one with an id starts
-// the connection's next exchange.
-func (e *exchange) request(b []byte) {
+// the connection's next exchange, and request returns the id.
+func (e *exchange) request(b []byte) string {
 	i := bytes.Index(bytes.ToLower(b), requestIDHeader)
 	if i < 0 {
-		return
+		return ""
 	}
 	id := b[i+len(requestIDHeader):]
 	if j := bytes.IndexByte(id, '\r'); j >= 0 {
@@ -237,6 +260,7 @@ func (e *exchange) request(b []byte) {
 	e.mu.Lock()
 	e.id, e.answered, e.whole, e.head, e.got = string(id), false, false, 0, 0
 	e.mu.Unlock()
+	return string(id)
 }
 
 // answer notes a chunk of the pod's answer sent back.

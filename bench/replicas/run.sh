@@ -4,9 +4,10 @@
 #
 # A sim PD fleet (fleet.yaml: 4 prefill pods publishing KV events, 2 decode
 # pods, real time) and one Redis; gateway replicas over it (gateway.yaml),
-# each following the pods' KV events and sharing its decode ledger through
-# Redis. Three phases, each on a fresh fleet, Redis and replicas (cold
-# caches), the same workload (seed-chat, the same seed):
+# each following the pods' KV events and sharing its ledger (decode and
+# prefill charges, the pods' requests in flight) through Redis. Three
+# phases, each on a fresh fleet, Redis and replicas (cold caches), the
+# same workload (seed-chat, the same seed):
 #   1. one replica:  pdlb load --target A
 #   2. two replicas: pdlb load --target A,B (round robin); meanwhile both
 #      replicas' decode ledgers are read back to back every 0.5 s

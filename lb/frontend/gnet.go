@@ -369,11 +369,14 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.shutdown.Load() {
 		return nil, gnet.Close
 	}
-	if !s.o.FDs.Accept(c.Fd()) || (s.o.Conns != nil && !s.o.Conns.Acquire(c.RemoteAddr())) {
-		// A reset, as limits.Conns.Wrap does on fasthttp: it frees the
-		// socket at once and tells the client plainly.
+	if !s.o.FDs.Accept(c.Fd()) {
+		// A reset: it frees the socket at once and tells the client
+		// plainly.
 		_ = c.SetLinger(0)
 		return nil, gnet.Close
+	}
+	if s.o.Conns != nil && !s.o.Conns.Acquire(c.RemoteAddr()) {
+		return nil, s.refuse(c) // refuse.go
 	}
 	gc := newGConn(s, c)
 	if s.h.OnLoop {
@@ -400,7 +403,7 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 	s.mu.Lock()
 	delete(s.conns, gc)
 	s.mu.Unlock()
-	if s.o.Conns != nil {
+	if s.o.Conns != nil && !gc.refused {
 		s.o.Conns.Release(c.RemoteAddr())
 	}
 	gc.closed = true

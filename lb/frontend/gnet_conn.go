@@ -66,6 +66,7 @@ type gconn struct {
 	need      int                  // bytes the head request needs before a reparse (0: unknown)
 	continued bool                 // 100 Continue queued for the head request
 	stopped   bool                 // no more requests: Connection: close, a parse error, Shutdown
+	refused   bool                 // over its address's cap, answered 429 (refuse.go)
 	closed    bool                 // OnClose ran
 	lingered  int                  // bytes discarded while lingering (linger.go)
 	sniffed   bool                 // its first bytes are not HTTP/2's preface (h2c.go)

@@ -72,7 +72,7 @@ func listenLimited(addr string, o Options, lg *lingering) (net.Listener, error) 
 	// Innermost, so the connection closed is the socket itself.
 	ln = o.FDs.Wrap(&lingerListener{Listener: ln, l: lg})
 	if o.Conns != nil {
-		ln = o.Conns.Wrap(ln)
+		ln = o.Conns.Wrap(ln, refusal)
 	}
 	return ln, nil
 }

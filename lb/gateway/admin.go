@@ -31,21 +31,24 @@ func (g *Gateway) Admin() http.Handler {
 
 // podView is one pod in GET /admin/pods.
 type podView struct {
-	Name      string      `json:"name"`
-	Model     string      `json:"model"`
-	Address   string      `json:"address"`
-	Engine    string      `json:"engine"`
-	Role      string      `json:"role"`
-	Roleset   string      `json:"roleset,omitempty"`
-	Weight    float64     `json:"weight"`
-	Healthy   bool        `json:"healthy"`
-	Ejected   bool        `json:"ejected"`
-	Ejections int64       `json:"ejections"`
-	InFlight  int64       `json:"in_flight"`
-	Metrics   *scrapeView `json:"metrics"`
-	// Load is what the token ledgers charge the pod, in tokens; the decode
-	// figure includes the other gateway replicas' charges when the ledger
-	// is shared through Redis.
+	Name      string  `json:"name"`
+	Model     string  `json:"model"`
+	Address   string  `json:"address"`
+	Engine    string  `json:"engine"`
+	Role      string  `json:"role"`
+	Roleset   string  `json:"roleset,omitempty"`
+	Weight    float64 `json:"weight"`
+	Healthy   bool    `json:"healthy"`
+	Ejected   bool    `json:"ejected"`
+	Ejections int64   `json:"ejections"`
+	InFlight  int64   `json:"in_flight"`
+	// RemoteInFlight is the other gateway replicas' requests in flight on
+	// the pod as of the shared ledger's last sync (0 when not shared).
+	RemoteInFlight int64       `json:"remote_in_flight"`
+	Metrics        *scrapeView `json:"metrics"`
+	// Load is what the token ledgers charge the pod, in tokens, including
+	// the other gateway replicas' charges when the ledger is shared through
+	// Redis.
 	Load ledgerView `json:"token_load"`
 }
 
@@ -73,6 +76,7 @@ func (g *Gateway) servePods(w http.ResponseWriter, _ *http.Request) {
 			Engine: string(p.Engine), Role: p.Config.Role, Roleset: p.Config.Roleset, Weight: p.Config.Weight,
 			Healthy: p.Healthy(), Ejected: p.Ejected(now), Ejections: p.Ejections(), InFlight: p.InFlight(),
 		}
+		v.RemoteInFlight, _ = g.ledger.Remote(p.ID)
 		active, kv := g.ledger.Prefill(p.ID)
 		v.Load.Active, v.Load.KV = float64(active), float64(kv)
 		v.Load.Decode, _ = g.ledger.Decode(p.ID, g.ledger.Now())

@@ -86,6 +86,9 @@ type Gateway struct {
 	epoch time.Time
 	// inFlight counts requests between parsing and their last byte.
 	inFlight atomic.Int64
+	// shared: the ledger is shared with other replicas (sharedledger.go);
+	// set in New.
+	shared bool
 	// plan is the planning loop, nil when plan.enabled is off (plan.go).
 	plan *planLoop
 	// access is the access log, nil when access_log is off (accesslog.go).
@@ -218,11 +221,12 @@ func (g *Gateway) Reload(cfg config.Config) error {
 }
 
 // ledgerMembers are s's pods as the ledger knows them: by id, which a pod
-// keeps across reloads, so its counters follow it.
+// keeps across reloads, so its counters follow it; by UID (else name)
+// among replicas.
 func ledgerMembers(s *pool.Snapshot) []ledger.Member {
 	m := make([]ledger.Member, len(s.Pods))
 	for i, p := range s.Pods {
-		m[i] = ledger.Member{ID: p.ID, Name: p.Config.Name}
+		m[i] = ledger.Member{ID: p.ID, Name: p.Config.Name, Key: p.Config.UID, Load: p}
 	}
 	return m
 }

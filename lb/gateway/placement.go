@@ -55,6 +55,14 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	match := matchOf(m, x)
 	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match)
+	if len(x.cands) == 0 && x.attempts > 0 {
+		x.cands = appendPanic(m, x.cands, x.tried, &match) // panic.go
+	}
+	if g.shared {
+		for i := range x.cands {
+			g.addRemote(&x.cands[i])
+		}
+	}
 	if x.adapter != nil {
 		x.cands = m.FillAdapter(x.cands, x.adapter)
 	}
@@ -100,11 +108,13 @@ func promptOf(m *pool.Model, x *completion, session string) ledger.Prompt {
 }
 
 // candidate fills *c with pod p of m as the policies see it for x: what
-// the pod says (pool.PodLoad.Fill), then fillCharges. The caller holds the
+// the pod says (pool.PodLoad.Fill), the other replicas' load on it
+// (addRemote), then fillCharges. The caller holds the
 // ledger's selection lock.
 func (g *Gateway) candidate(c *route.Candidate, m *pool.Model, x *completion, p *pool.Pod) {
 	l, match := p.Load(), matchOf(m, x)
 	l.Fill(c, &match)
+	g.addRemote(c)
 	g.fillCharges(c)
 }
 

@@ -67,8 +67,9 @@ func (g *Gateway) retryOn(reason fail.Reason) bool {
 }
 
 // takeRetry takes a place in the retry budget for x, which keeps it until
-// it leaves (leave): false when the requests retrying are already
-// upstream.retry_budget's share of those in flight.
+// the head of a pod's answer comes (answered) or it leaves (leave): false
+// when the requests retrying are already upstream.retry_budget's share of
+// those in flight.
 func (g *Gateway) takeRetry(x *completion) bool {
 	if x.retrying {
 		return true

@@ -8,13 +8,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"pdlb/lb/route"
 	"pdlb/ledger"
 )
 
-// startSharedLedger shares the decode ledger through Redis until ctx ends.
-// Redis never sits on the request path: a background loop exchanges the
-// replicas' charges.
+// startSharedLedger shares the ledger through Redis until ctx ends. Redis
+// never sits on the request path: a background loop exchanges the
+// replicas' charges and pod counts.
 func (g *Gateway) startSharedLedger(ctx context.Context) {
+	g.shared = true
 	// The shared ledger logs Redis going and coming back once each; the
 	// client's own line per failed dial would repeat every sync.
 	redis.SetLogger(redisLog{g.log})
@@ -35,6 +37,16 @@ func (g *Gateway) startSharedLedger(ctx context.Context) {
 		sh.Run(ctx)
 		_ = rdb.Close()
 	})
+}
+
+// addRemote adds the other replicas' requests in flight and queued prefill
+// tokens on c's pod to its own counts, so that every prefill policy (and
+// the PD cascade's imbalance and overload checks) sees the fleet's load as
+// one replica would.
+func (g *Gateway) addRemote(c *route.Candidate) {
+	n, q := g.ledger.Remote(c.Pod)
+	c.InFlight += int(n)
+	c.QueuedPrefillTokens += float64(q)
 }
 
 // redisLog hands go-redis's messages to the gateway's log at debug level.

@@ -219,7 +219,10 @@ func (x *completion) answered(err error) {
 		// picked anew: on another pod of the model (retry_on: 503), else
 		// on a fallback model
 	case err == nil:
-		// Sent for good; x.resp stays: the relay finishes with it.
+		// Sent for good; x.resp stays: the relay finishes with it. A
+		// retry that got its answer's head retries no more (Envoy
+		// releases its budget there too), however long the answer.
+		g.leaveRetry(x)
 		fasthttp.ReleaseRequest(x.up)
 		x.up, x.stage = nil, stageRespond
 	case errors.Is(err, frontend.ErrClientGone):

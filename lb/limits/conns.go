@@ -94,11 +94,14 @@ func (cs *Conns) Open() int64 { return cs.open.Load() }
 // Refused is the number of connections refused by the per-IP cap so far.
 func (cs *Conns) Refused() uint64 { return cs.refused.Load() }
 
-// Wrap returns ln with the limits applied: Accept resets a connection over
-// its address's cap at once and goes on accepting (see refusing).
-// Accepted connections count until closed, and each read or write gets a
-// deadline no later than IdleTimeout from its start.
-func (cs *Conns) Wrap(ln net.Listener) net.Listener { return &refusing{Listener: ln, admit: cs.admit} }
+// Wrap returns ln with the limits applied: Accept answers a connection
+// over its address's cap with refusal (nil: none) and closes it, and goes
+// on accepting (see refusing). Accepted connections count until closed,
+// and each read or write gets a deadline no later than IdleTimeout from
+// its start.
+func (cs *Conns) Wrap(ln net.Listener, refusal []byte) net.Listener {
+	return &refusing{Listener: ln, admit: cs.admit, refusal: refusal}
+}
 
 // admit counts c and wraps it with the idle limit, or refuses it.
 func (cs *Conns) admit(c net.Conn) (net.Conn, bool) {
@@ -113,16 +116,22 @@ func (cs *Conns) admit(c net.Conn) (net.Conn, bool) {
 	return w, true
 }
 
-// refusing is a listener whose Accept resets the connections admit
-// refuses and goes on to the next: the kernel completed the handshake
-// before anything could look at a connection, so closing is the only
-// refusal left, and SO_LINGER 0 makes it a reset, which frees the socket
-// at once instead of holding it in TIME_WAIT, and tells the client
-// plainly.
+// refusing is a listener whose Accept answers the connections admit
+// refuses with refusal, closes them and goes on to the next: the kernel
+// completed the handshake before anything could look at a connection. How
+// the close goes is the wrapped listener's (the front ends' linger, so the
+// client reads the answer). Without a refusal, or when it cannot be
+// written at once, SO_LINGER 0 makes the close a reset, which frees the
+// socket at once instead of holding it in TIME_WAIT.
 type refusing struct {
 	net.Listener
-	admit func(net.Conn) (net.Conn, bool)
+	admit   func(net.Conn) (net.Conn, bool)
+	refusal []byte
 }
+
+// refusalWriteTimeout bounds the write of a refusal, which Accept makes:
+// a fresh socket's buffer takes it at once.
+const refusalWriteTimeout = 100 * time.Millisecond
 
 func (l *refusing) Accept() (net.Conn, error) {
 	for {
@@ -132,6 +141,12 @@ func (l *refusing) Accept() (net.Conn, error) {
 		}
 		if w, ok := l.admit(c); ok {
 			return w, nil
+		}
+		if l.refusal != nil && c.SetWriteDeadline(time.Now().Add(refusalWriteTimeout)) == nil {
+			if _, err := c.Write(l.refusal); err == nil {
+				_ = c.Close()
+				continue
+			}
 		}
 		if tc, ok := c.(interface{ SetLinger(int) error }); ok {
 			_ = tc.SetLinger(0)

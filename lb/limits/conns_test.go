@@ -76,7 +76,7 @@ func serve(t *testing.T, l ConnLimits) (*Conns, net.Listener, chan net.Conn) {
 		t.Fatal(err)
 	}
 	cs := NewConns(l)
-	ln := cs.Wrap(raw)
+	ln := cs.Wrap(raw, nil)
 	accepted := make(chan net.Conn, 16)
 	go func() {
 		for {

@@ -1,0 +1,52 @@
+package frontend
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"pdlb/lb/openai"
+)
+
+// Refusing a connection over its address's cap (limits.max_conns_per_ip)
+// with an answer. The kernel completed the handshake before the front end
+// could look at the connection, and a reset tells the client nothing it
+// can show; so the connection gets a 429 in OpenAI's error shape and
+// closes lingering (linger.go), which lets a client that sent its request
+// before reading read the answer. With every lingering slot taken, it is
+// reset, which frees the socket at once.
+
+// refusal is that answer.
+var refusal = func() []byte {
+	e := openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRequests, Code: openai.CodeRateLimited,
+		Message: "Too many connections from your address are open (limits.max_conns_per_ip); send on one you hold, or close one and retry."}
+	body := e.AppendJSON(nil)
+	return fmt.Appendf(nil, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+}()
+
+// refuse answers c with refusal and lets it linger, or resets it when no
+// lingering slot is left; on the loop, from OnOpen. The connection counts
+// toward no cap (refused) and serves no request (stopped).
+func (s *GNet) refuse(c gnet.Conn) gnet.Action {
+	if !s.linger.take() {
+		_ = c.SetLinger(0)
+		return gnet.Close
+	}
+	gc := newGConn(s, c)
+	gc.refused, gc.stopped, gc.sniffed = true, true, true
+	c.SetContext(gc)
+	s.mu.Lock()
+	s.conns[gc] = struct{}{}
+	s.mu.Unlock()
+	err := c.AsyncWrite(refusal, func(gnet.Conn, error) error {
+		gc.startLinger()
+		return nil
+	})
+	if err != nil {
+		s.linger.release()
+		_ = c.SetLinger(0)
+		return gnet.Close
+	}
+	return gnet.None
+}

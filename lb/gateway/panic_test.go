@@ -1,0 +1,40 @@
+package gateway
+
+import (
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/admit"
+)
+
+// TestPanicRetry: a retry that finds no untried pod available goes to an
+// untried pod that is not (panic routing); a first attempt with no pod
+// available is answered 503 without a send.
+func TestPanicRetry(t *testing.T) {
+	f := func(name string, ejected []int, errs []error, sends, status int) {
+		t.Helper()
+		g, m := stagesGateway(t, 2, nil)
+		for _, i := range ejected {
+			m.Pods[i].Eject(g.ledger.Now(), time.Minute)
+		}
+		s := &scripted{errs: errs, blocks: true}
+		x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+		g.advance(x)
+		if len(s.sent) != sends || counted(g, m) != status {
+			t.Errorf("%s: sent to %v, status %d; want %d sends, %d (%s)", name, s.sent, counted(g, m), sends, status, ctx.Response.Body())
+		}
+		for i, p := range s.sent {
+			for _, q := range s.sent[:i] {
+				if p == q {
+					t.Errorf("%s: sent to %v: a pod tried twice", name, s.sent)
+				}
+			}
+		}
+	}
+	reset := fasthttp.ErrConnectionClosed
+	f("two pods ejected, reset, then answered", []int{1, 2}, []error{reset, nil}, 2, 200)
+	f("two pods ejected, reset everywhere", []int{1, 2}, []error{reset, reset, reset}, 3, 502)
+	f("every pod ejected", []int{0, 1, 2}, nil, 0, 503)
+}
