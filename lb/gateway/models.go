@@ -125,29 +125,50 @@ func renderModels(s *pool.Snapshot) []byte {
 	return append(b, "]}"...)
 }
 
-// adapterReady makes sure x's pod serves x's adapter: when it does not and
-// the model lets the gateway load adapters, the load starts (or one under
-// way is joined), and x waits for it on a worker. False says x moved to
-// one, to be picked anew there (the loading pod is then its pick); a
-// failed load fails x with 503. Adapters are placed on combined pods only
-// (resolve drops a PD cascade for them).
+// adapterReady makes sure the pods of x's pick serve x's adapter: the
+// pod, or a PD pair's prefill and decode pods (both run the adapter: the
+// request names it on both legs). Where one does not and the model lets
+// the gateway load adapters, the load starts (or one under way is
+// joined), and x waits for them on a worker. False says x moved to one,
+// to be picked anew there (the loading pods are then its pick); a failed
+// load fails x with 503.
 func (g *Gateway) adapterReady(x *completion) bool {
 	a, l := x.adapter, &x.m.LoRA
-	if a == nil || a.Path == "" || !l.LoadAdapters || x.pod.Has(a) {
+	if a == nil || a.Path == "" || !l.LoadAdapters {
 		return true
 	}
-	load, started := x.pod.StartAdapterLoad(a, l.AdapterLoadTimeout)
-	if started {
-		g.metrics.model(x.m).adapterLoads.Inc()
-		g.log.Info("loading LoRA adapter", "adapter", a.Name, "pod", x.pod.Config.Name)
+	pods := [2]*pool.Pod{x.pod, x.pod}
+	if x.cascade != nil {
+		pods[0], pods[1] = placedPD(x)
+	}
+	var loads [2]*pool.AdapterLoad
+	for i, p := range pods {
+		if p.Has(a) || (i == 1 && p == pods[0]) {
+			continue
+		}
+		load, started := p.StartAdapterLoad(a, l.AdapterLoadTimeout)
+		if started {
+			g.metrics.model(x.m).adapterLoads.Inc()
+			g.log.Info("loading LoRA adapter", "adapter", a.Name, "pod", p.Config.Name)
+		}
+		loads[i] = load
+	}
+	if loads[0] == nil && loads[1] == nil {
+		return true
 	}
 	if !x.via.block(x) {
 		x.stage = stagePick
 		return false
 	}
-	if err := load.Wait(); err != nil {
-		x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
-			Message: "The LoRA adapter `" + a.Name + "` could not be loaded on pod " + x.pod.Config.Name + ": " + err.Error()}), stageFail
+	for i, load := range loads {
+		if load == nil {
+			continue
+		}
+		if err := load.Wait(); err != nil {
+			x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+				Message: "The LoRA adapter `" + a.Name + "` could not be loaded on pod " + pods[i].Config.Name + ": " + err.Error()}), stageFail
+			return true
+		}
 	}
 	return true
 }

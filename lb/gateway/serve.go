@@ -150,8 +150,5 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		return false
 	}
 	x.cascade, x.policy = res.PD, res.Policy
-	if x.adapter != nil {
-		x.cascade = nil // adapters are placed on combined pods (models.go)
-	}
 	return true
 }

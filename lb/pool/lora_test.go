@@ -68,6 +68,9 @@ func TestScrapeLearnsAdapters(t *testing.T) {
 	if got := p.AdapterSec(sql, &l); got != 0 {
 		t.Errorf("AdapterSec after the gateway sent sql = %v, want 0", got)
 	}
+	if other := (&Pod{Config: config.Pod{Name: "q", Model: "m"}, podState: &podState{}}); other.Has(sql) {
+		t.Error("a pod that did not list a learned adapter serves it")
+	}
 }
 
 // TestFillAdapter: pods serving the adapter are the candidates; when none
@@ -109,4 +112,47 @@ func TestFillAdapter(t *testing.T) {
 	f("[p0:0.4 p1:0.4 p2:0.4]")
 	m.Pods[2].markListed(fin)
 	f("[p2:0.4]")
+}
+
+// TestFillAdapterPD: a PD decision's pods are tiered as FillAdapter tiers
+// combined ones, role by role: the best prefill pods and the best decode
+// pods for the adapter stay up, each with its AdapterSec.
+func TestFillAdapterPD(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 1, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}, {Name: "sql", Path: "/l/sql"}}}}}
+	for i, role := range []string{"prefill", "prefill", "decode", "decode"} {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint(role[:1], i), Model: "m", Role: role, Roleset: "rs", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	cfg.Provision()
+	snap, err := Build(&cfg, func(addr string, timeout time.Duration) (net.Conn, error) { return nil, net.ErrClosed }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := snap.Models[0]
+	_, fin := snap.Resolve([]byte("fin"))
+	_, sql := snap.Resolve([]byte("sql"))
+	var tiers []uint8
+	f := func(want string) {
+		t.Helper()
+		cands := make([]route.PDCandidate, len(m.Pods))
+		for i, p := range m.Pods {
+			cands[i].Pod, cands[i].Role = p.ID, p.Role
+		}
+		tiers = m.FillAdapterPD(cands, m.Pods, fin, tiers)
+		var got []string
+		for i, c := range cands {
+			if !c.Down {
+				got = append(got, fmt.Sprintf("%s:%g", m.Pods[i].Config.Name, c.AdapterSec))
+			}
+		}
+		if fmt.Sprint(got) != want {
+			t.Errorf("up %v, want %s", got, want)
+		}
+	}
+	f("[p0:0.2 p1:0.2 d2:0.2 d3:0.2]")
+	m.Pods[0].UseAdapter(sql, &m.LoRA)
+	m.Pods[3].UseAdapter(sql, &m.LoRA)
+	f("[p1:0.2 d2:0.2]")
+	m.Pods[3].markListed(fin)
+	f("[p1:0.2 d3:0.4]")
 }
