@@ -28,9 +28,12 @@ type Adapter struct {
 	// Seed is the chain seed of its prompts' block keys: the engine
 	// hashes the adapter's name into every block (radix.SeedWith).
 	Seed uint64
-	// learned: a pod's scrape named it, and only the pods that list it
-	// serve it.
-	learned bool
+	// listedOnly: no model config declares it (a pod's scrape or its
+	// adapters named it), and only the pods that list or declare it
+	// serve it; declared are the pods whose config declares it
+	// (config.Pod.Adapters), by name.
+	listedOnly bool
+	declared   map[string]bool
 }
 
 func newAdapter(name, base, path string) *Adapter {
@@ -73,6 +76,24 @@ func (s *Snapshot) buildNames(cfg *config.Config) {
 			s.names.adapters[a.Name] = newAdapter(a.Name, m.Name, a.Path)
 		}
 	}
+	for _, m := range s.Models {
+		for _, p := range m.Pods {
+			// Validated with the config.
+			declared, _ := config.ParseAdapters(p.Config.Adapters)
+			for _, d := range declared {
+				a := s.names.adapters[d.Name]
+				if a == nil {
+					a = newAdapter(d.Name, m.Name, d.Path)
+					a.listedOnly = true
+					s.names.adapters[d.Name] = a
+				}
+				if a.declared == nil {
+					a.declared = map[string]bool{}
+				}
+				a.declared[p.Config.Name] = true
+			}
+		}
+	}
 	for _, a := range cfg.Aliases {
 		al := &Alias{Name: a.Name}
 		total := 0.0
@@ -110,7 +131,7 @@ func (s *Snapshot) Resolve(name []byte) (*Model, *Adapter) {
 }
 
 // Adapters lists every adapter of the snapshot's models: configured, then
-// learned from the pods, each once, in a stable order.
+// declared or listed by the pods, each once, in a stable order.
 func (s *Snapshot) Adapters() []*Adapter {
 	var out []*Adapter
 	seen := map[string]bool{}
@@ -125,6 +146,11 @@ func (s *Snapshot) Adapters() []*Adapter {
 			add(s.names.adapters[a.Name])
 		}
 		var learned []*Adapter
+		for _, a := range s.names.adapters {
+			if a.listedOnly && a.Base == m.Name {
+				learned = append(learned, a)
+			}
+		}
 		for _, p := range m.Pods {
 			if v := p.lora.view.Load(); v != nil {
 				for _, a := range v.listed {
@@ -168,7 +194,7 @@ type loraView struct {
 // adapter the pods load themselves; any other only where the pod listed
 // it.
 func (p *Pod) Has(a *Adapter) bool {
-	if a.Path == "" && !a.learned && a.Base == p.Config.Model {
+	if (a.Path == "" && !a.listedOnly && a.Base == p.Config.Model) || a.declared[p.Config.Name] {
 		return true
 	}
 	v := p.lora.view.Load()
@@ -306,7 +332,7 @@ func (p *Pod) scrapedLoRA(info engines.LoRAInfo, cards []engines.ModelCard, list
 	v.Active = append(append(v.Active, info.Running...), info.Waiting...)
 	learn := func(name string) {
 		a := newAdapter(name, p.Config.Model, "")
-		a.learned = true
+		a.listedOnly = true
 		v.listed[name] = a
 	}
 	for _, n := range v.Active {

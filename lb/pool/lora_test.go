@@ -156,3 +156,34 @@ func TestFillAdapterPD(t *testing.T) {
 	m.Pods[3].markListed(fin)
 	f("[p1:0.2 d3:0.4]")
 }
+
+// TestDeclaredAdapters: adapters a pod's config declares (Kubernetes'
+// pdlb/lora-adapters) resolve to its model and are served by that pod
+// alone, and by those listing them.
+func TestDeclaredAdapters(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}}}}}
+	cfg.Pods = []config.Pod{
+		{Name: "p0", Model: "m", Address: "127.0.0.1:10000", Adapters: "ops, fin=/l/fin"},
+		{Name: "p1", Model: "m", Address: "127.0.0.1:10001"},
+	}
+	cfg.Provision()
+	snap, err := Build(&cfg, func(addr string, timeout time.Duration) (net.Conn, error) { return nil, net.ErrClosed }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p0, p1 := snap.Models[0].Pods[0], snap.Models[0].Pods[1]
+	for _, name := range []string{"ops", "fin"} {
+		m, a := snap.Resolve([]byte(name))
+		if m == nil || a == nil || m.Name != "m" || !p0.Has(a) || p1.Has(a) {
+			t.Errorf("%s: model %v adapter %+v; want an adapter of m that p0 alone serves", name, m, a)
+		}
+	}
+	var names []string
+	for _, a := range snap.Adapters() {
+		names = append(names, a.Name)
+	}
+	if fmt.Sprint(names) != "[fin ops]" {
+		t.Errorf("Adapters() = %v", names)
+	}
+}
