@@ -117,3 +117,40 @@ func CompareLoRA(cfg Config, w LoRAChat, opts route.Options) ([]LoRARow, error) 
 	}
 	return append(rows, best), nil
 }
+
+// LoRAFloor is what no placement of a LoRA workload can beat.
+type LoRAFloor struct {
+	// Slots is the fleet's adapter slots, pods × max_loras: at any
+	// instant it holds (or is loading) at most that many adapters.
+	Slots int `json:"slots"`
+	// MissShare is the popularity mass of the adapters outside the
+	// Slots most popular: each request's adapter is drawn independently
+	// of what the fleet holds, so at least this share of requests (in
+	// expectation) finds its adapter neither loaded nor loading anywhere,
+	// and waits for a whole load.
+	MissShare float64 `json:"miss_share"`
+	// TTFTP99 is the p99 TTFT no placement gets below (seconds): one
+	// adapter load plus the prefill of a request's new tokens when
+	// MissShare exceeds 1%, else 0 (the argument bounds nothing).
+	TTFTP99 float64 `json:"ttft_p99_s"`
+}
+
+// Floor is w's LoRAFloor on cfg's fleet.
+func (c LoRAChat) Floor(cfg Config) LoRAFloor {
+	f := LoRAFloor{Slots: cfg.Pods * cfg.MaxLoras}
+	// rand.Zipf's law with v = 1: P(k) ∝ (1+k)^-s, k = 0..Adapters-1,
+	// most popular first.
+	total, outside := 0.0, 0.0
+	for k := range c.Adapters {
+		p := math.Pow(float64(1+k), -c.ZipfS)
+		total += p
+		if k >= f.Slots {
+			outside += p
+		}
+	}
+	f.MissShare = outside / total
+	if f.MissShare > 0.01 {
+		f.TTFTP99 = cfg.Physics.AdapterLoadSec + cfg.Physics.PrefillSec(c.UserTokens)
+	}
+	return f
+}
