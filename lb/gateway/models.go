@@ -48,15 +48,27 @@ func keySeed(m *pool.Model, x *completion) uint64 {
 
 // fallBack moves x, which its model cannot serve now, to the next model of
 // the first model's fallback list that has a pod: the request is picked
-// anew there. False when none is left.
+// anew there, its prompt tokenized anew when that model's tokenizer is
+// another. False when none is left.
 func (g *Gateway) fallBack(x *completion) bool {
 	snap := g.pool.Load()
+	// with is the tokenizer x.ids come from; whole says they are all
+	// there (a refused tokenization leaves them part made).
+	with, whole := x.m.Prompt, true
 	for len(x.fallbacks) > 0 {
 		name := x.fallbacks[0]
 		x.fallbacks = x.fallbacks[1:]
 		m := snap.Model([]byte(name))
 		if m == nil || len(m.Combined) == 0 {
 			continue
+		}
+		if !whole || m.Prompt != with {
+			// m's engine makes other ids of the prompt: its keys are
+			// made of those.
+			with = m.Prompt
+			if whole = g.tokenize(x, m, x.ctx.PostBody()) == nil; !whole {
+				continue // m's engine would refuse the prompt
+			}
 		}
 		if x.up != nil {
 			// Built with the old body.
