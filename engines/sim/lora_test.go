@@ -2,9 +2,7 @@ package sim
 
 import (
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"pdlb/engines"
@@ -99,33 +97,13 @@ func TestSGLangAdapterCalls(t *testing.T) {
 	f("/unload_lora_adapter", map[string]any{"lora_name": "sql"}, false)
 }
 
-// loraSink records the adapter of each stored block run.
-type loraSink struct {
-	mu       sync.Mutex
-	adapters []string
-}
-
-func (s *loraSink) BlockStored(_ uint64, _ bool, _ []uint64, _ []uint32, _ int, extra engines.ExtraKeys) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.adapters = append(s.adapters, extra.LoRA)
-}
-func (s *loraSink) BlockRemoved([]uint64) {}
-func (s *loraSink) AllBlocksCleared()     {}
-
-func (s *loraSink) stored() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.adapters)
-}
-
 // TestPDAdapter: an adapter's request through a vLLM prefill/decode pair
 // (model names the adapter on both legs) answers as a combined pod does;
 // both pods bring the adapter into a slot, name it in their answers and
 // tag the blocks they store with it, as vLLM keys an adapter's blocks on
 // either side of a KV handoff. A decode pod without the adapter refuses.
 func TestPDAdapter(t *testing.T) {
-	sinks := map[string]*loraSink{RolePrefill: {}, RoleDecode: {}, RoleCombined: {}}
+	sinks := map[string]*recordingSink{RolePrefill: {}, RoleDecode: {}, RoleCombined: {}}
 	p := startTrio(t, engines.VLLM, func(c *Config) {
 		c.LoRAModules, c.MaxLoras, c.KVEvents = []LoRAModule{{Name: "sql", Path: "/l/sql"}}, 2, sinks[c.Role]
 	})
@@ -139,10 +117,11 @@ func TestPDAdapter(t *testing.T) {
 		if n := pod.Stats().AdapterLoads; n != 1 {
 			t.Errorf("%s pod: %d adapter loads, want 1", role, n)
 		}
-		testwait.For(t, role+" KV events", func() bool { return len(sinks[role].stored()) > 0 })
-		for _, a := range sinks[role].stored() {
-			if a != "sql" {
-				t.Errorf("%s pod stored blocks for adapter %q, want sql", role, a)
+		var events []kvEvent
+		testwait.For(t, role+" KV events", func() bool { events = append(events, sinks[role].take()...); return len(events) > 0 })
+		for _, e := range events {
+			if e.kind == "stored" && e.lora != "sql" {
+				t.Errorf("%s pod stored blocks for adapter %q, want sql", role, e.lora)
 			}
 		}
 	}

@@ -32,26 +32,31 @@ func loraGateway(t *testing.T) *Gateway {
 	return g
 }
 
-// resolvedKeys parses a completion for model with prompt, resolves it as
-// serveCompletion does, and returns its block keys and the x-pdlb-model
-// header.
-func resolvedKeys(t *testing.T, g *Gateway, model, prompt string) ([]uint64, string) {
+// resolved parses a completion for model with prompt and resolves it as
+// serveCompletion does, into x.m; the caller releases x.
+func resolved(t *testing.T, g *Gateway, model, prompt string) *completion {
 	t.Helper()
-	var req fasthttp.Request
+	req := new(fasthttp.Request)
 	body := `{"model":"` + model + `","prompt":"` + prompt + `"}`
 	req.SetBodyString(body)
-	ctx := new(fasthttp.RequestCtx)
-	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 	x := acquireCompletion()
-	defer releaseCompletion(x)
+	x.ctx = new(fasthttp.RequestCtx)
+	x.ctx.Init(req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
 		t.Fatal(err)
 	}
-	m := g.resolveModel(ctx, x)
-	if m == nil {
+	if x.m = g.resolveModel(x.ctx, x); x.m == nil {
 		t.Fatalf("%s: no model", model)
 	}
-	return appendKeys(nil, m, x), string(ctx.Response.Header.Peek(headerModel))
+	return x
+}
+
+// resolvedKeys is a resolved request's block keys and x-pdlb-model header.
+func resolvedKeys(t *testing.T, g *Gateway, model, prompt string) ([]uint64, string) {
+	t.Helper()
+	x := resolved(t, g, model, prompt)
+	defer releaseCompletion(x)
+	return appendKeys(nil, x.m, x), string(x.ctx.Response.Header.Peek(headerModel))
 }
 
 // TestAdapterKeys: an adapter's request has keys of its own, as the
@@ -127,18 +132,9 @@ func TestFallbackRetokenizes(t *testing.T) {
 	cfg.Provision()
 	g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
 	prompt := "Fallbacks re-tokenize: déjà vu, naïve façades, and 12345 tokens."
-	body := `{"model":"m","prompt":"` + prompt + `"}`
-	var req fasthttp.Request
-	req.SetBodyString(body)
-	ctx := new(fasthttp.RequestCtx)
-	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
-	x := acquireCompletion()
+	x := resolved(t, g, "m", prompt)
 	defer releaseCompletion(x)
-	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
-		t.Fatal(err)
-	}
-	x.ctx, x.m = ctx, g.resolveModel(ctx, x)
-	if x.m != m || g.tokenize(x, m, ctx.PostBody()) != nil {
+	if x.m != m || g.tokenize(x, m, x.ctx.PostBody()) != nil {
 		t.Fatal("m does not resolve and tokenize")
 	}
 	f := func(want string, ids []uint32, tokens int) {
