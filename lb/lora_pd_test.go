@@ -17,7 +17,7 @@ import (
 // adapter's request goes through the PD cascade to a prefill and a decode
 // pod that both serve the adapter; a burst for an adapter no pod holds
 // loads it once on one prefill pod and once on one decode pod, and every
-// request lands on those two.
+// request lands on those two; the requests are counted by adapter.
 func TestPDAdapters(t *testing.T) {
 	e := pdEngines[0] // vLLM: both legs name the adapter in "model"
 	var pods []config.Pod
@@ -75,6 +75,11 @@ func TestPDAdapters(t *testing.T) {
 	wg.Wait()
 	if got := metricValue(t, s, `pdlb_adapter_loads_total{model="m"}`); got != 2 {
 		t.Errorf("pdlb_adapter_loads_total = %v after a burst, want 2 (a prefill and a decode pod)", got)
+	}
+	for adapter, want := range map[string]float64{"sql": 4, "fin": 8} {
+		if got := metricValue(t, s, `pdlb_adapter_requests_total{model="m",adapter="`+adapter+`"}`); got != want {
+			t.Errorf("pdlb_adapter_requests_total %s = %v, want %v", adapter, got, want)
+		}
 	}
 	slices.Sort(used)
 	used = slices.Compact(used)

@@ -33,6 +33,9 @@ func (g *Gateway) resolveModel(ctx *fasthttp.RequestCtx, x *completion) *pool.Mo
 		return nil
 	}
 	x.adapter, x.fallbacks = a, m.LoRA.Fallback
+	if a != nil {
+		g.metrics.model(m).adapters.counter(a.Name).Inc()
+	}
 	ctx.Response.Header.SetBytesV(headerModel, name)
 	return m
 }
