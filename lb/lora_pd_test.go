@@ -2,6 +2,7 @@ package lb_test
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -92,5 +93,29 @@ func TestPDAdapters(t *testing.T) {
 	slices.Sort(loaded)
 	if len(loaded) != 2 || !slices.Equal(used, loaded) {
 		t.Errorf("fin served by %v, loaded on %v; want the same prefill and decode pod", used, loaded)
+	}
+}
+
+// TestFallbackToPDModel: a model with no live pod falls back to one served
+// only by prefill and decode pods, whose cascade serves the request.
+func TestFallbackToPDModel(t *testing.T) {
+	e := pdEngines[0]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), {Name: "a-0", Model: "a", Address: dead}},
+		func(c *config.Config) {
+			c.Models = []config.Model{{Name: "a", LoRA: config.LoRA{Fallback: []string{"m"}}}}
+		})
+	body := strings.Replace(pdBody("/v1/completions", false, 4), `"model":"m"`, `"model":"a"`, 1)
+	resp, b := post(t, s, "/v1/completions", body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-model") != "m" || resp.Header.Get("x-pdlb-prefill-pod") != "pre" || resp.Header.Get("x-pdlb-decode-pod") != "dec" {
+		t.Fatalf("%d x-pdlb-model %q, prefill %q, decode %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-model"),
+			resp.Header.Get("x-pdlb-prefill-pod"), resp.Header.Get("x-pdlb-decode-pod"), b)
 	}
 }

@@ -62,8 +62,12 @@ func (g *Gateway) fallBack(x *completion) bool {
 		name := x.fallbacks[0]
 		x.fallbacks = x.fallbacks[1:]
 		m := snap.Model([]byte(name))
-		if m == nil || len(m.Combined) == 0 {
+		if m == nil {
 			continue
+		}
+		res, err := strategyOf(x.ctx, m)
+		if err != nil || (res.PD == nil && len(m.Combined) == 0) {
+			continue // no strategy of m's serves it, or no pod
 		}
 		if !whole || m.Prompt != with {
 			// m's engine makes other ids of the prompt: its keys are
@@ -81,8 +85,13 @@ func (g *Gateway) fallBack(x *completion) bool {
 		}
 		x.ctx.Request.SetBody(x.req.WithModel(x.ctx.PostBody(), name))
 		x.ctx.Response.Header.Set(headerModel, name)
+		if x.pd != nil {
+			// The first model's decision: no leg of it ran.
+			x.pd.Release()
+			x.pd = nil
+		}
 		x.m, x.served, x.adapter = m, name, nil
-		x.policy, x.cascade, x.looked, x.last = nil, nil, false, nil
+		x.policy, x.cascade, x.looked, x.last = res.Policy, res.PD, false, nil
 		x.stage = stagePick
 		g.metrics.model(m).fallbacks.Inc()
 		return true
