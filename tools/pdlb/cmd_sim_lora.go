@@ -33,17 +33,22 @@ func simLoRA(cfg cluster.Config, w cluster.LoRAChat, opts route.Options, asJSON 
 			return err
 		}
 	}
-	_, err = fmt.Fprintf(stdout, "floor: %d adapter slots (%d pods × max_loras %d) hold at most %d of %d adapters; each request's adapter is drawn apart from what is held, so at least %.2f%% of requests (the popularity outside the top %d) find theirs neither loaded nor loading and wait for a load\n",
+	_, err = fmt.Fprintf(stdout, "floor: %d adapter slots (%d pods × max_loras %d) hold at most %d of %d adapters; each request's adapter is drawn apart from what is held, so at least %.2f%% of requests (the popularity outside the top %d) find theirs neither loaded nor loading and wait for a load and their new tokens' prefill\n",
 		floor.Slots, cfg.Pods, cfg.MaxLoras, min(floor.Slots, w.Adapters), w.Adapters, 100*floor.MissShare, floor.Slots)
 	if err != nil {
 		return err
 	}
+	_, err = fmt.Fprintf(stdout, "floor: the fleet starts cold: each adapter's first request (%.2f%% of requests) finds neither the adapter nor its system prompt anywhere and waits for a load and its whole prompt's prefill\n",
+		100*floor.ColdShare)
+	if err != nil {
+		return err
+	}
 	if floor.TTFTP99 == 0 {
-		_, err = fmt.Fprintf(stdout, "floor: that is at most 1%% of requests: it bounds no policy's p99 TTFT\n")
+		_, err = fmt.Fprintf(stdout, "floor: both are at most 1%% of requests: they bound no policy's p99 TTFT\n")
 		return err
 	}
 	lr := rows[1].TTFTP99
-	_, err = fmt.Fprintf(stdout, "floor: over 1%%, so every policy's p99 TTFT is at least one load + the prefill of %d new tokens = %.3f s: against least_request's %.3f s here, no placement gets below %.2f×\n",
-		w.UserTokens, floor.TTFTP99, lr, floor.TTFTP99/lr)
+	_, err = fmt.Fprintf(stdout, "floor: so every policy's p99 TTFT is at least %.3f s (a load + the prefill of %d tokens): against least_request's %.3f s here, no placement gets below %.2f×\n",
+		floor.TTFTP99, floor.Uncached, lr, floor.TTFTP99/lr)
 	return err
 }

@@ -66,7 +66,7 @@ func TestCmdSimLoRA(t *testing.T) {
 	}
 	s := out.String()
 	if !strings.HasPrefix(s, "lora-aware slo_cache") || !strings.Contains(s, "\nleast_request ") || !strings.Contains(s, "\nbest without LoRA: ") ||
-		strings.Count(s, "\nfloor: ") != 2 || strings.Count(s, "\n") != 5 {
+		strings.Count(s, "\nfloor: ") != 3 || strings.Count(s, "\n") != 6 {
 		t.Fatalf("rows %q", s)
 	}
 }
