@@ -245,13 +245,16 @@ func (p *Pod) UseAdapter(a *Adapter, l *config.LoRA) {
 
 // Adapter fit tiers: how a pod suits a request of an adapter. Placement
 // keeps the pods of the best tier present: those that serve the adapter or
-// are loading it, else those with a free slot to load it into, else all of
-// them (a load there evicts an adapter), so the gateway's load evicts no
-// adapter while a slot is free elsewhere.
+// are loading it, else those with a free slot to load it into, else the
+// others the gateway can load it on (a load there evicts an adapter), so
+// its load evicts no adapter while a slot is free elsewhere. A pod that
+// neither serves it nor can be given it (no path, or load_adapters off)
+// is never kept: it would answer 404, and a fallback model may serve.
 const (
 	fitServes uint8 = iota
 	fitFreeSlot
 	fitEvicts
+	fitNever
 )
 
 // adapterFit is p's tier for a request of a, and its AdapterSec.
@@ -260,6 +263,8 @@ func (p *Pod) adapterFit(a *Adapter, l *config.LoRA) (tier uint8, sec float64) {
 	switch {
 	case p.Has(a) || p.loading(a):
 		return fitServes, sec
+	case a.Path == "" || !l.LoadAdapters:
+		return fitNever, sec
 	case sec <= l.AdapterLoadSec:
 		return fitFreeSlot, sec
 	}
@@ -270,7 +275,7 @@ func (p *Pod) adapterFit(a *Adapter, l *config.LoRA) (tier uint8, sec float64) {
 // those of the best fit tier (cands keeps its order), each with its
 // AdapterSec. When no pod serves a, the caller loads it on its pick.
 func (m *Model) FillAdapter(cands []route.Candidate, a *Adapter) []route.Candidate {
-	kept, best := cands[:0], fitEvicts+1
+	kept, best := cands[:0], fitNever
 	j := 0
 	for _, c := range cands {
 		// cands come from m.Combined in order (AppendCombined).
@@ -278,7 +283,7 @@ func (m *Model) FillAdapter(cands []route.Candidate, a *Adapter) []route.Candida
 			j++
 		}
 		tier, sec := m.Combined[j].adapterFit(a, &m.LoRA)
-		if tier > best {
+		if tier > best || tier == fitNever {
 			continue
 		}
 		if tier < best {
@@ -301,7 +306,7 @@ func (m *Model) FillAdapterPD(cands []route.PDCandidate, pods []*Pod, a *Adapter
 	tiers = slices.Grow(tiers[:0], len(cands))[:len(cands)]
 	var best [route.RoleDecode + 1]uint8
 	for r := range best {
-		best[r] = fitEvicts
+		best[r] = fitNever - 1 // fitNever pods go down whatever the best
 	}
 	for i := range cands {
 		c := &cands[i]

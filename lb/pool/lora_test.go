@@ -74,12 +74,13 @@ func TestScrapeLearnsAdapters(t *testing.T) {
 }
 
 // loraSnapshot builds, without dialing, a snapshot of model m with one
-// slot a pod and adapters fin and sql to load, over pods with the given
+// slot a pod and adapters fin and sql the gateway loads, over pods with the given
 // roles (named by their initial and index), and resolves the adapters.
 func loraSnapshot(t *testing.T, roles ...string) (snap *Snapshot, fin, sql *Adapter) {
 	t.Helper()
 	cfg := config.Default()
-	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 1, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}, {Name: "sql", Path: "/l/sql"}}}}}
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 1, LoadAdapters: true,
+		Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}, {Name: "sql", Path: "/l/sql"}}}}}
 	for i, role := range roles {
 		p := config.Pod{Name: fmt.Sprint(role[:1], i), Model: "m", Role: role, Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)}
 		if role != "combined" {
@@ -106,7 +107,8 @@ func offlineSnapshot(t *testing.T, cfg config.Config) *Snapshot {
 
 // TestFillAdapter: pods serving the adapter are the candidates; when none
 // does, those with a free slot are, so the gateway's load evicts nothing
-// while a slot is free; when every slot is taken, all are.
+// while a slot is free; when every slot is taken, all are; none when the
+// gateway may not load it.
 func TestFillAdapter(t *testing.T) {
 	snap, fin, sql := loraSnapshot(t, "combined", "combined", "combined")
 	m := snap.Models[0]
@@ -130,6 +132,9 @@ func TestFillAdapter(t *testing.T) {
 	f("[c1:0.2]")
 	m.Pods[1].UseAdapter(sql, &m.LoRA)
 	f("[c0:0.4 c1:0.4 c2:0.4]")
+	m.LoRA.LoadAdapters = false
+	f("[]")
+	m.LoRA.LoadAdapters = true
 	m.Pods[2].markListed(fin)
 	f("[c2:0.4]")
 }
