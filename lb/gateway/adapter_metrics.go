@@ -30,7 +30,8 @@ var adapterMetricsDoc = promtext.Doc{
 type adapterRequests struct {
 	set   *metrics.Set
 	model string
-	// byName is copied on write, under mu.
+	// byName is copied on write, under mu; other is made under mu when
+	// first needed.
 	byName atomic.Pointer[map[string]*metrics.Counter]
 	mu     sync.Mutex
 	other  *metrics.Counter
@@ -40,7 +41,6 @@ func newAdapterRequests(set *metrics.Set, md *pool.Model) *adapterRequests {
 	r := &adapterRequests{set: set, model: md.Name}
 	byName := map[string]*metrics.Counter{}
 	r.byName.Store(&byName)
-	r.other = r.newCounter(adapterOther)
 	for _, a := range md.LoRA.Adapters {
 		r.counter(a.Name)
 	}
@@ -64,6 +64,9 @@ func (r *adapterRequests) counter(adapter string) *metrics.Counter {
 		return c
 	}
 	if len(cur) >= maxAdapterSeries || adapter == adapterOther {
+		if r.other == nil {
+			r.other = r.newCounter(adapterOther)
+		}
 		return r.other
 	}
 	next := maps.Clone(cur)
