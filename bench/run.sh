@@ -87,7 +87,7 @@ sim_rows() {
 # lora: issue 29's acceptance on bench/cluster (virtual time): 50
 # adapters of Zipf popularity over 8 pods of 4 adapter slots.
 scenario_lora() {
-	section "LoRA placement (pdlb sim --workload lora)" "50 adapters (Zipf 1.1, each with its own 512-token system prompt, +256 new tokens a request) on 8 pods with max_loras 4 and a 0.2 s adapter load, 120 s of Poisson arrivals; LoRA-aware slo_cache against least_request and the best policy without LoRA awareness, seeds 0..3."
+	section "LoRA placement (pdlb sim --workload lora)" "50 adapters (Zipf 1.1, each with its own 512-token system prompt, +256 new tokens a request) on 8 pods with max_loras 4 and a 0.2 s adapter load, 120 s of Poisson arrivals; LoRA-aware slo_cache against least_request and the best policy without LoRA awareness, seeds 0..3; each run ends with the p99 TTFT floor no placement beats (adapters outside the fleet's slots, each adapter's cold first request)."
 	local rate seed
 	for rate in 30 45; do
 		for seed in 0 1 2 3; do

@@ -112,9 +112,12 @@ type Result struct {
 	Rejected   float64 `json:"rejected"`   // rejected requests / all requests
 
 	Deferred int `json:"-"` // requests that waited in the deferral queue
-	// AdapterSwaps counts adapters brought into a slot (MaxLoras > 0).
+	// AdapterSwaps counts adapters brought into a slot (MaxLoras > 0);
+	// LoadWaited is the share of requests whose first token waited for
+	// one: their own, or one ahead of them in their pod's queue.
 	AdapterSwaps    int     `json:"adapter_swaps,omitempty"`
 	SwapsPerRequest float64 `json:"swaps_per_request,omitempty"`
+	LoadWaited      float64 `json:"load_waited,omitempty"`
 }
 
 // job is a request in a pod's prefill queue.
@@ -130,6 +133,8 @@ type pod struct {
 	jobs  []job   // prefill FIFO; jobs[0] runs
 	busy  float64 // when the last queued prefill ends
 	slots sim.LoRASlots
+	// loaded is when the last queued prefill that loads an adapter ends.
+	loaded float64
 }
 
 // run is the state of one simulation.
@@ -142,9 +147,9 @@ type run struct {
 	ctrl    *admit.Controller
 	waiting map[uint64]Arrival // deferred requests by id
 
-	requests, rejected, met, deferred, swaps int
-	hitTokens, promptTokens                  int
-	ttfts                                    []float64
+	requests, rejected, met, deferred, swaps, loadWaits int
+	hitTokens, promptTokens                             int
+	ttfts                                               []float64
 }
 
 // Run simulates w on the fleet cfg describes.
@@ -294,9 +299,14 @@ func (r *run) place(a *Arrival, i int, now float64) {
 	p.busy = start + r.cfg.Physics.PrefillSec(unc)
 	// The FIFO runs prefills in placement order, so the slots see the
 	// adapters in the order the pod uses them.
+	waited := now < p.loaded
 	if a.Adapter != "" && p.slots.Max > 0 && p.slots.Use(a.Adapter) {
 		p.busy += r.cfg.Physics.AdapterLoadSec
+		p.loaded, waited = p.busy, true
 		r.swaps++
+	}
+	if waited {
+		r.loadWaits++
 	}
 	p.jobs = append(p.jobs, job{start: start, finish: p.busy, uncached: unc})
 	p.cache.Store(a.Keys, nil, nil)
@@ -316,7 +326,7 @@ func (r *run) result() Result {
 		return res
 	}
 	n := float64(r.requests)
-	res.AdapterSwaps, res.SwapsPerRequest = r.swaps, float64(r.swaps)/n
+	res.AdapterSwaps, res.SwapsPerRequest, res.LoadWaited = r.swaps, float64(r.swaps)/n, float64(r.loadWaits)/n
 	res.Attainment = float64(r.met) / n
 	res.Rejected = float64(r.rejected) / n
 	if r.promptTokens > 0 {

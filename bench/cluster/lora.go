@@ -117,3 +117,60 @@ func CompareLoRA(cfg Config, w LoRAChat, opts route.Options) ([]LoRARow, error) 
 	}
 	return append(rows, best), nil
 }
+
+// LoRAFloor is what no placement of a LoRA workload can beat, on a fleet
+// that starts with no adapter loaded and nothing cached.
+type LoRAFloor struct {
+	// Slots is the fleet's adapter slots, pods × max_loras: at any
+	// instant it holds (or is loading) at most that many adapters.
+	Slots int `json:"slots"`
+	// MissShare is the popularity mass of the adapters outside the
+	// Slots most popular: each request's adapter is drawn independently
+	// of what the fleet holds, so at least this share of requests (in
+	// expectation) finds its adapter neither loaded nor loading anywhere,
+	// and waits for a whole load and the prefill of its new tokens.
+	MissShare float64 `json:"miss_share"`
+	// ColdShare is the share of the run's requests that are the first of
+	// their adapter: they find neither the adapter nor its system prompt
+	// anywhere, and wait for a load and their whole prompt's prefill.
+	ColdShare float64 `json:"cold_share"`
+	// TTFTP99 is the p99 TTFT no placement gets below (seconds): the
+	// longer of the two waits whose share exceeds 1%, a load and the
+	// prefill of Uncached tokens; 0 when neither does.
+	TTFTP99  float64 `json:"ttft_p99_s"`
+	Uncached int     `json:"uncached_tokens,omitempty"`
+}
+
+// Floor is w's LoRAFloor on cfg's fleet; it draws w's requests once.
+func (c LoRAChat) Floor(cfg Config) LoRAFloor {
+	f := LoRAFloor{Slots: cfg.Pods * cfg.MaxLoras}
+	// rand.Zipf's law with v = 1: P(k) ∝ (1+k)^-s, k = 0..Adapters-1,
+	// most popular first.
+	total, outside := 0.0, 0.0
+	for k := range c.Adapters {
+		p := math.Pow(float64(1+k), -c.ZipfS)
+		total += p
+		if k >= f.Slots {
+			outside += p
+		}
+	}
+	f.MissShare = outside / total
+	seen, n := map[string]bool{}, 0
+	var a Arrival
+	for w := c.Start(); w.Next(&a); n++ {
+		seen[a.Adapter] = true
+	}
+	if n > 0 {
+		f.ColdShare = float64(len(seen)) / float64(n)
+	}
+	switch {
+	case f.ColdShare > 0.01:
+		f.Uncached = c.SystemTokens + c.UserTokens
+	case f.MissShare > 0.01:
+		f.Uncached = c.UserTokens
+	default:
+		return f
+	}
+	f.TTFTP99 = cfg.Physics.AdapterLoadSec + cfg.Physics.PrefillSec(f.Uncached)
+	return f
+}

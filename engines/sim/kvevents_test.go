@@ -21,6 +21,7 @@ type kvEvent struct {
 	tokens    []uint32
 	blockSize int
 	salt      string
+	lora      string
 }
 
 type recordingSink struct {
@@ -31,7 +32,7 @@ type recordingSink struct {
 func (s *recordingSink) BlockStored(parent uint64, hasParent bool, hashes []uint64, tokens []uint32, blockSize int, extra engines.ExtraKeys) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.events = append(s.events, kvEvent{"stored", parent, hasParent, slices.Clone(hashes), slices.Clone(tokens), blockSize, extra.CacheSalt})
+	s.events = append(s.events, kvEvent{"stored", parent, hasParent, slices.Clone(hashes), slices.Clone(tokens), blockSize, extra.CacheSalt, extra.LoRA})
 }
 
 func (s *recordingSink) BlockRemoved(hashes []uint64) {

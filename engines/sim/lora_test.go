@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"pdlb/engines"
+	"pdlb/internal/testwait"
 )
 
 func TestLoRASlots(t *testing.T) {
@@ -94,4 +95,45 @@ func TestSGLangAdapterCalls(t *testing.T) {
 	f("/load_lora_adapter", map[string]any{"lora_name": "sql"}, false)
 	f("/unload_lora_adapter", map[string]any{"lora_name": "sql"}, true)
 	f("/unload_lora_adapter", map[string]any{"lora_name": "sql"}, false)
+}
+
+// TestPDAdapter: an adapter's request through a vLLM prefill/decode pair
+// (model names the adapter on both legs) answers as a combined pod does;
+// both pods bring the adapter into a slot, name it in their answers and
+// tag the blocks they store with it, as vLLM keys an adapter's blocks on
+// either side of a KV handoff. A decode pod without the adapter refuses.
+func TestPDAdapter(t *testing.T) {
+	sinks := map[string]*recordingSink{RolePrefill: {}, RoleDecode: {}, RoleCombined: {}}
+	p := startTrio(t, engines.VLLM, func(c *Config) {
+		c.LoRAModules, c.MaxLoras, c.KVEvents = []LoRAModule{{Name: "sql", Path: "/l/sql"}}, 2, sinks[c.Role]
+	})
+	c := testClient(t)
+	body := map[string]any{"model": "sql", "prompt": strings.Repeat("an adapter's prompt ", 20), "max_tokens": 6}
+	want := finalAnswer(t, c, "http://"+p.comb.Addr()+"/v1/completions", body)
+	if got := vllmPD(t, c, p, "/v1/completions", body); got != want {
+		t.Fatalf("PD answer %+v, combined %+v", got, want)
+	}
+	for role, pod := range map[string]*Pod{RolePrefill: p.pre, RoleDecode: p.dec} {
+		if n := pod.Stats().AdapterLoads; n != 1 {
+			t.Errorf("%s pod: %d adapter loads, want 1", role, n)
+		}
+		var events []kvEvent
+		testwait.For(t, role+" KV events", func() bool { events = append(events, sinks[role].take()...); return len(events) > 0 })
+		for _, e := range events {
+			if e.kind == "stored" && e.lora != "sql" {
+				t.Errorf("%s pod stored blocks for adapter %q, want sql", role, e.lora)
+			}
+		}
+	}
+	pre := clone(t, body)
+	pre["kv_transfer_params"] = map[string]any{"do_remote_decode": true}
+	pre["max_tokens"] = 1
+	if m := postJSON(t, c, "http://"+p.pre.Addr()+"/v1/completions", pre)["model"]; m != "sql" {
+		t.Errorf("prefill answer's model %v, want sql", m)
+	}
+
+	bare := testPod(t, Config{Model: "m", Seed: 11, Speedup: fast, Role: RoleDecode})
+	if code, b := post(t, c, "http://"+bare.Addr()+"/v1/completions", body); code != 404 || !strings.Contains(string(b), "`sql` does not exist") {
+		t.Errorf("decode pod without the adapter: %d %s", code, b)
+	}
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -295,7 +296,7 @@ func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, cha
 	}
 	prompt := len(r.tokens)
 	body := func(pd *pdAnswer) []byte {
-		return appendFullResponse(nil, chat, respID, created, p.cfg.Model, text.appendText(nil, 0, n), reason, prompt, n, pd)
+		return appendFullResponse(nil, chat, respID, created, cmp.Or(r.lora, p.cfg.Model), text.appendText(nil, 0, n), reason, prompt, n, pd)
 	}
 	if reason == finishAbort {
 		writeJSON(ctx, body(nil))

@@ -341,6 +341,10 @@ type Pod struct {
 	// decode pods fetch the KV (AIBrix's model.aibrix.ai/sglang-bootstrap-port,
 	// default 8998); other engines ignore it.
 	BootstrapPort int `yaml:"bootstrap_port"`
+	// Adapters are the LoRA adapters the pod serves from its start, as
+	// ParseAdapters reads them: "name" or "name=path", comma-separated
+	// (default none). Only this pod, and pods that list them, serve them.
+	Adapters string `yaml:"adapters"`
 }
 
 // Default returns a configuration with every default and no pods.

@@ -110,6 +110,9 @@ func (c *Config) validateNames() error {
 		}
 		models[c.Pods[i].Model] = true
 	}
+	if err := c.validatePodAdapters(models); err != nil {
+		return err
+	}
 	claim := func(field, name string) error {
 		if name == "" {
 			return invalid(field, name, "must not be empty")
@@ -163,6 +166,53 @@ func (c *Config) validateNames() error {
 		for j, f := range c.Models[i].Fallback {
 			if !models[f] || f == c.Models[i].Name {
 				return invalid(fmt.Sprintf("models[%d].fallback[%d]", i, j), f, "is not another model")
+			}
+		}
+	}
+	return nil
+}
+
+// ParseAdapters reads a pod's adapters (Pod.Adapters, the Kubernetes
+// annotation pdlb/lora-adapters): "name" or "name=path", comma-separated,
+// as vLLM's --lora-modules pairs; spaces around each are ignored, and ""
+// is none. A name is unique and holds no '=', quote or whitespace.
+func ParseAdapters(s string) ([]Adapter, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []Adapter
+	for item := range strings.SplitSeq(s, ",") {
+		name, path, _ := strings.Cut(strings.TrimSpace(item), "=")
+		switch {
+		case name == "":
+			return nil, fmt.Errorf("adapter %q has no name", item)
+		case strings.ContainsAny(name, "\"'\\ \t\n"):
+			return nil, fmt.Errorf("adapter name %q has a quote, backslash or space", name)
+		case strings.Contains(path, "="):
+			return nil, fmt.Errorf("adapter %q has two '='", item)
+		}
+		for _, a := range out {
+			if a.Name == name {
+				return nil, fmt.Errorf("adapter %q is listed twice", name)
+			}
+		}
+		out = append(out, Adapter{Name: name, Path: path})
+	}
+	return out, nil
+}
+
+// validatePodAdapters checks each pod's adapters: they parse, and none
+// takes a model's name.
+func (c *Config) validatePodAdapters(models map[string]bool) error {
+	for i := range c.Pods {
+		field := fmt.Sprintf("pods[%d].adapters", i)
+		as, err := ParseAdapters(c.Pods[i].Adapters)
+		if err != nil {
+			return invalid(field, c.Pods[i].Adapters, err.Error())
+		}
+		for _, a := range as {
+			if models[a.Name] {
+				return invalid(field, c.Pods[i].Adapters, "names "+a.Name+", a model")
 			}
 		}
 	}

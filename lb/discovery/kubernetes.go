@@ -272,6 +272,12 @@ func (r *rebuilder) podFrom(kp *corev1.Pod, configs map[string]*spec.ModelConfig
 		}
 		p.KVEvents = "tcp://" + hostPort(kp.Status.PodIP, kv)
 	}
+	if v, ok := ann[spec.AnnotationLoRAAdapters]; ok {
+		if _, err := config.ParseAdapters(v); err != nil {
+			return p, fmt.Errorf("annotation %s = %q: %v", spec.AnnotationLoRAAdapters, v, err)
+		}
+		p.Adapters = v
+	}
 	if text, ok := ann[spec.AnnotationConfig]; ok {
 		mc, err := r.modelConfig(text, configs)
 		if err != nil {

@@ -215,7 +215,7 @@ func TestKubernetesAnnotations(t *testing.T) {
 	sgl[spec.LabelEngine] = "sglang"
 	client := fake.NewClientset(
 		kpod("p0", "10.0.0.1", pdLabels("prefill", "g0"), map[string]string{spec.AnnotationConfig: short, spec.AnnotationKVEventsPort: "5557"}),
-		kpod("d0", "10.0.0.2", pdLabels("decode", "g0"), map[string]string{spec.AnnotationConfig: short}),
+		kpod("d0", "10.0.0.2", pdLabels("decode", "g0"), map[string]string{spec.AnnotationConfig: short, spec.AnnotationLoRAAdapters: "sql, fin=/loras/fin"}),
 		kpod("c0", "10.0.0.3", map[string]string{spec.LabelModel: "my-model", spec.LabelRole: "all"}, map[string]string{spec.AnnotationConfig: long}),
 		kpod("s0", "10.0.0.4", sgl, map[string]string{spec.AnnotationBootstrapPort: "9001"}),
 		// Left out, each for a reason that is logged.
@@ -225,6 +225,7 @@ func TestKubernetesAnnotations(t *testing.T) {
 		kpod("no-roleset", "10.0.0.8", map[string]string{spec.LabelModel: "m", spec.LabelRole: "decode"}, nil),
 		kpod("bad-bootstrap", "10.0.0.9", sgl, map[string]string{spec.AnnotationBootstrapPort: "0"}),
 		kpod("bad-kv", "10.0.0.10", map[string]string{spec.LabelModel: "m"}, map[string]string{spec.AnnotationKVEventsPort: "x"}),
+		kpod("bad-lora", "10.0.0.11", map[string]string{spec.LabelModel: "m"}, map[string]string{spec.AnnotationLoRAAdapters: "sql,sql"}),
 	)
 	var logged strings.Builder
 	var logMu sync.Mutex
@@ -247,6 +248,9 @@ func TestKubernetesAnnotations(t *testing.T) {
 	if p0.BucketMin != 0 || p0.BucketMax != 2048 || p0.KVEvents != "tcp://10.0.0.1:5557" || d0.KVEvents != "" {
 		t.Errorf("prefill pod: %+v", p0)
 	}
+	if d0.Adapters != "sql, fin=/loras/fin" || p0.Adapters != "" {
+		t.Errorf("adapters: decode pod %q, prefill pod %q", d0.Adapters, p0.Adapters)
+	}
 	if p0.ModelConfig != d0.ModelConfig {
 		t.Error("one annotation text must be parsed once and shared")
 	}
@@ -262,6 +266,7 @@ func TestKubernetesAnnotations(t *testing.T) {
 		`pod=inference/no-roleset err="label roleset-name is missing on a decode pod"`,
 		`pod=inference/bad-bootstrap err="model.aibrix.ai/sglang-bootstrap-port = \"0\" is not a port"`,
 		`pod=inference/bad-kv err="annotation pdlb/kv-events-port = \"x\" is not a port"`,
+		`pod=inference/bad-lora err="annotation pdlb/lora-adapters = \"sql,sql\": adapter \"sql\" is listed twice"`,
 	} {
 		if !strings.Contains(logged.String(), want) {
 			t.Errorf("log lacks %s:\n%s", want, logged.String())

@@ -104,6 +104,8 @@ type completion struct {
 	adapter   *pool.Adapter
 	served    string
 	fallbacks []string
+	// tiers is the PD path's scratch for its pods' adapter fit.
+	tiers []uint8
 	// tr is the request's spans, predictedTTFT its pick's prediction
 	// (seconds; 0 when nothing reads it); explain says the client asked
 	// for its decision, explained is the explanation still to send

@@ -65,8 +65,10 @@ type modelMetrics struct {
 	// fallbacks counts requests for another model moved to this one
 	// (models.go).
 	fallbacks *metrics.Counter
-	// adapterLoads counts the LoRA adapters the gateway loaded on pods.
+	// adapterLoads counts the LoRA adapters the gateway loaded on pods;
+	// adapters the requests by adapter.
 	adapterLoads *metrics.Counter
+	adapters     *adapterRequests
 	// pd are the prefill/decode exchange's series.
 	pd *pd.Metrics
 }
@@ -138,6 +140,7 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%q}`, md.Name)),
 			fallbacks:        m.set.NewCounter(fmt.Sprintf(`pdlb_fallback_requests_total{model=%q}`, md.Name)),
 			adapterLoads:     m.set.NewCounter(fmt.Sprintf(`pdlb_adapter_loads_total{model=%q}`, md.Name)),
+			adapters:         newAdapterRequests(m.set, md),
 			pd:               pd.NewMetrics(m.set, md.Name, ttftBuckets),
 		}
 		for i, name := range tokenModeNames {
@@ -186,7 +189,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 // passes `promtool check metrics` (tests/promtool_test.go runs it on a live
 // gateway). A series added without an entry here shows up there with an
 // empty HELP; writers that print their own HELP text need no entry.
-var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, retryMetricsDoc, promtext.Doc{
+var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, retryMetricsDoc, adapterMetricsDoc, promtext.Doc{
 	"pdlb_requests_total":                {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
 	"pdlb_requests_in_flight":            {Help: "Requests the gateway is serving now."},
 	"pdlb_time_to_first_token_seconds":   {Help: "Time from a streaming request's arrival to its first token event, in seconds."},

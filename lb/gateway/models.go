@@ -33,6 +33,9 @@ func (g *Gateway) resolveModel(ctx *fasthttp.RequestCtx, x *completion) *pool.Mo
 		return nil
 	}
 	x.adapter, x.fallbacks = a, m.LoRA.Fallback
+	if a != nil {
+		g.metrics.model(m).adapters.counter(a.Name).Inc()
+	}
 	ctx.Response.Header.SetBytesV(headerModel, name)
 	return m
 }
@@ -48,15 +51,31 @@ func keySeed(m *pool.Model, x *completion) uint64 {
 
 // fallBack moves x, which its model cannot serve now, to the next model of
 // the first model's fallback list that has a pod: the request is picked
-// anew there. False when none is left.
+// anew there, its prompt tokenized anew when that model's tokenizer is
+// another. False when none is left.
 func (g *Gateway) fallBack(x *completion) bool {
 	snap := g.pool.Load()
+	// with is the tokenizer x.ids come from; whole says they are all
+	// there (a refused tokenization leaves them part made).
+	with, whole := x.m.Prompt, true
 	for len(x.fallbacks) > 0 {
 		name := x.fallbacks[0]
 		x.fallbacks = x.fallbacks[1:]
 		m := snap.Model([]byte(name))
-		if m == nil || len(m.Combined) == 0 {
+		if m == nil {
 			continue
+		}
+		res, err := strategyOf(x.ctx, m)
+		if err != nil || (res.PD == nil && len(m.Combined) == 0) {
+			continue // no strategy of m's serves it, or no pod
+		}
+		if !whole || m.Prompt != with {
+			// m's engine makes other ids of the prompt: its keys are
+			// made of those.
+			with = m.Prompt
+			if whole = g.tokenize(x, m, x.ctx.PostBody()) == nil; !whole {
+				continue // m's engine would refuse the prompt
+			}
 		}
 		if x.up != nil {
 			// Built with the old body.
@@ -66,8 +85,13 @@ func (g *Gateway) fallBack(x *completion) bool {
 		}
 		x.ctx.Request.SetBody(x.req.WithModel(x.ctx.PostBody(), name))
 		x.ctx.Response.Header.Set(headerModel, name)
+		if x.pd != nil {
+			// The first model's decision: no leg of it ran.
+			x.pd.Release()
+			x.pd = nil
+		}
 		x.m, x.served, x.adapter = m, name, nil
-		x.policy, x.cascade, x.looked, x.last = nil, nil, false, nil
+		x.policy, x.cascade, x.looked, x.last = res.Policy, res.PD, false, nil
 		x.stage = stagePick
 		g.metrics.model(m).fallbacks.Inc()
 		return true
@@ -125,29 +149,50 @@ func renderModels(s *pool.Snapshot) []byte {
 	return append(b, "]}"...)
 }
 
-// adapterReady makes sure x's pod serves x's adapter: when it does not and
-// the model lets the gateway load adapters, the load starts (or one under
-// way is joined), and x waits for it on a worker. False says x moved to
-// one, to be picked anew there (the loading pod is then its pick); a
-// failed load fails x with 503. Adapters are placed on combined pods only
-// (resolve drops a PD cascade for them).
+// adapterReady makes sure the pods of x's pick serve x's adapter: the
+// pod, or a PD pair's prefill and decode pods (both run the adapter: the
+// request names it on both legs). Where one does not and the model lets
+// the gateway load adapters, the load starts (or one under way is
+// joined), and x waits for them on a worker. False says x moved to one,
+// to be picked anew there (the loading pods are then its pick); a failed
+// load fails x with 503.
 func (g *Gateway) adapterReady(x *completion) bool {
 	a, l := x.adapter, &x.m.LoRA
-	if a == nil || a.Path == "" || !l.LoadAdapters || x.pod.Has(a) {
+	if a == nil || a.Path == "" || !l.LoadAdapters {
 		return true
 	}
-	load, started := x.pod.StartAdapterLoad(a, l.AdapterLoadTimeout)
-	if started {
-		g.metrics.model(x.m).adapterLoads.Inc()
-		g.log.Info("loading LoRA adapter", "adapter", a.Name, "pod", x.pod.Config.Name)
+	pods := [2]*pool.Pod{x.pod, x.pod}
+	if x.cascade != nil {
+		pods[0], pods[1] = placedPD(x)
+	}
+	var loads [2]*pool.AdapterLoad
+	for i, p := range pods {
+		if p.Has(a) || (i == 1 && p == pods[0]) {
+			continue
+		}
+		load, started := p.StartAdapterLoad(a, l.AdapterLoadTimeout)
+		if started {
+			g.metrics.model(x.m).adapterLoads.Inc()
+			g.log.Info("loading LoRA adapter", "adapter", a.Name, "pod", p.Config.Name)
+		}
+		loads[i] = load
+	}
+	if loads[0] == nil && loads[1] == nil {
+		return true
 	}
 	if !x.via.block(x) {
 		x.stage = stagePick
 		return false
 	}
-	if err := load.Wait(); err != nil {
-		x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
-			Message: "The LoRA adapter `" + a.Name + "` could not be loaded on pod " + x.pod.Config.Name + ": " + err.Error()}), stageFail
+	for i, load := range loads {
+		if load == nil {
+			continue
+		}
+		if err := load.Wait(); err != nil {
+			x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+				Message: "The LoRA adapter `" + a.Name + "` could not be loaded on pod " + pods[i].Config.Name + ": " + err.Error()}), stageFail
+			return true
+		}
 	}
 	return true
 }

@@ -3,15 +3,19 @@ package gateway
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/engines/tokenize"
+	"pdlb/internal/tokfiles"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/upstream"
+	"pdlb/radix"
 )
 
 // loraGateway is a gateway over two pods of model m with adapter sql.
@@ -28,26 +32,31 @@ func loraGateway(t *testing.T) *Gateway {
 	return g
 }
 
-// resolvedKeys parses a completion for model with prompt, resolves it as
-// serveCompletion does, and returns its block keys and the x-pdlb-model
-// header.
-func resolvedKeys(t *testing.T, g *Gateway, model, prompt string) ([]uint64, string) {
+// resolved parses a completion for model with prompt and resolves it as
+// serveCompletion does, into x.m; the caller releases x.
+func resolved(t *testing.T, g *Gateway, model, prompt string) *completion {
 	t.Helper()
-	var req fasthttp.Request
+	req := new(fasthttp.Request)
 	body := `{"model":"` + model + `","prompt":"` + prompt + `"}`
 	req.SetBodyString(body)
-	ctx := new(fasthttp.RequestCtx)
-	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 	x := acquireCompletion()
-	defer releaseCompletion(x)
+	x.ctx = new(fasthttp.RequestCtx)
+	x.ctx.Init(req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
 		t.Fatal(err)
 	}
-	m := g.resolveModel(ctx, x)
-	if m == nil {
+	if x.m = g.resolveModel(x.ctx, x); x.m == nil {
 		t.Fatalf("%s: no model", model)
 	}
-	return appendKeys(nil, m, x), string(ctx.Response.Header.Peek(headerModel))
+	return x
+}
+
+// resolvedKeys is a resolved request's block keys and x-pdlb-model header.
+func resolvedKeys(t *testing.T, g *Gateway, model, prompt string) ([]uint64, string) {
+	t.Helper()
+	x := resolved(t, g, model, prompt)
+	defer releaseCompletion(x)
+	return appendKeys(nil, x.m, x), string(x.ctx.Response.Header.Peek(headerModel))
 }
 
 // TestAdapterKeys: an adapter's request has keys of its own, as the
@@ -105,4 +114,47 @@ func TestFallbackOnShed(t *testing.T) {
 		t.Errorf("the body sent names another model: %s", ctx.Request.Body())
 	}
 	m.Pods[0].AddQueuedPrefill(-1e9)
+}
+
+// TestFallbackRetokenizes: a request moved to a fallback model whose
+// tokenizer is another gets that model's ids (and keys made of them), and
+// the stand-in's count on a model without one.
+func TestFallbackRetokenizes(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{
+		{Name: "m", Tokenizer: tokfiles.Dir(t, "qwen3"), LoRA: config.LoRA{Fallback: []string{"n", "o"}}},
+		{Name: "n", Tokenizer: tokfiles.Dir(t, "llama3.1")},
+		{Name: "o"},
+	}
+	for i, model := range []string{"m", "n", "o"} {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: model + "-0", Model: model, Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	cfg.Provision()
+	g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	prompt := "Fallbacks re-tokenize: déjà vu, naïve façades, and 12345 tokens."
+	x := resolved(t, g, "m", prompt)
+	defer releaseCompletion(x)
+	if x.m != m || g.tokenize(x, m, x.ctx.PostBody()) != nil {
+		t.Fatal("m does not resolve and tokenize")
+	}
+	f := func(want string, ids []uint32, tokens int) {
+		t.Helper()
+		if !g.fallBack(x) || x.m.Name != want {
+			t.Fatalf("no fallback to %s", want)
+		}
+		if fmt.Sprint(x.ids) != fmt.Sprint(ids) || x.req.PromptTokens() != tokens {
+			t.Errorf("%s: ids %v (%d tokens), want %v (%d)", want, x.ids, x.req.PromptTokens(), ids, tokens)
+		}
+		if keys := appendKeys(nil, x.m, x); len(ids) > 0 && fmt.Sprint(keys) != fmt.Sprint(radix.AppendBlockKeys(nil, x.m.Seed, ids, x.m.BlockSize)) {
+			t.Errorf("%s: keys not made of its ids", want)
+		}
+	}
+	qwen := slices.Clone(x.ids)
+	snap := g.pool.Load()
+	llama := snap.Model([]byte("n")).Prompt.Completion(nil, []byte(prompt), true)
+	if slices.Equal(qwen, llama) {
+		t.Fatal("the two tokenizers agree on the prompt")
+	}
+	f("n", llama, len(llama))
+	f("o", nil, tokenize.Count([]byte(prompt)))
 }

@@ -91,6 +91,9 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 		p.Cands = append(p.Cands, c)
 		p.Pods = append(p.Pods, pod)
 	}
+	if x.adapter != nil {
+		x.tiers = m.FillAdapterPD(p.Cands, p.Pods, x.adapter, x.tiers)
+	}
 	d, err := r.Decide(&x.routeReq, p.Cands, &p.Scratch)
 	if err != nil {
 		return d, err

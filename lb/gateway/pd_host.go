@@ -44,6 +44,9 @@ func (x *completion) RequestID() string {
 
 func (x *completion) PlacePair(pre, dec *pool.Pod) {
 	x.g.place(x.m, x, pre)
+	if x.adapter != nil {
+		dec.UseAdapter(x.adapter, &x.m.LoRA)
+	}
 	if x.m.UsesCache && len(x.keys) > 0 {
 		x.m.Prefix.Insert(dec.PrefixID, x.keys)
 	}
@@ -82,7 +85,7 @@ func (x *completion) MoveDecode() bool {
 	now := g.ledger.Now()
 	var next *pool.Pod
 	for _, d := range x.m.Decode {
-		if !d.Available(now) || tried(x.tried, d.ID) {
+		if !d.Available(now) || tried(x.tried, d.ID) || (x.adapter != nil && !d.Has(x.adapter)) {
 			continue
 		}
 		if next == nil || (d.Roleset == p.Pre.Roleset && next.Roleset != p.Pre.Roleset) {

@@ -139,19 +139,22 @@ func (g *Gateway) responseTimeout(stream bool) time.Duration {
 // "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
 // false.
 func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) bool {
-	if m.Profiles == nil {
-		return true
-	}
-	// The header strings are made only when a client sends them.
-	res, err := m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
-		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
+	res, err := strategyOf(ctx, m)
 	if err != nil {
 		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
 		return false
 	}
 	x.cascade, x.policy = res.PD, res.Policy
-	if x.adapter != nil {
-		x.cascade = nil // adapters are placed on combined pods (models.go)
-	}
 	return true
+}
+
+// strategyOf is the profile and strategy ctx's headers choose on m; none
+// (the model's policy) when m has no profiles.
+func strategyOf(ctx *fasthttp.RequestCtx, m *pool.Model) (route.Resolved, error) {
+	if m.Profiles == nil {
+		return route.Resolved{}, nil
+	}
+	// The header strings are made only when a client sends them.
+	return m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
+		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
 }

@@ -41,7 +41,7 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // whose earlier turns were seen costs tens of microseconds (the
 // tokenizer's segment cache; engines/prompt's benchmarks).
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
-	x.ids = x.ids[:0]
+	x.ids, x.req.Tokens = x.ids[:0], 0
 	mode := tokensExact
 	switch {
 	case x.req.Unindexed():

@@ -28,6 +28,12 @@ type Adapter struct {
 	// Seed is the chain seed of its prompts' block keys: the engine
 	// hashes the adapter's name into every block (radix.SeedWith).
 	Seed uint64
+	// listedOnly: no model config declares it (a pod's scrape or its
+	// adapters named it), and only the pods that list or declare it
+	// serve it; declared are the pods whose config declares it
+	// (config.Pod.Adapters), by name.
+	listedOnly bool
+	declared   map[string]bool
 }
 
 func newAdapter(name, base, path string) *Adapter {
@@ -70,6 +76,24 @@ func (s *Snapshot) buildNames(cfg *config.Config) {
 			s.names.adapters[a.Name] = newAdapter(a.Name, m.Name, a.Path)
 		}
 	}
+	for _, m := range s.Models {
+		for _, p := range m.Pods {
+			// Validated with the config.
+			declared, _ := config.ParseAdapters(p.Config.Adapters)
+			for _, d := range declared {
+				a := s.names.adapters[d.Name]
+				if a == nil {
+					a = newAdapter(d.Name, m.Name, d.Path)
+					a.listedOnly = true
+					s.names.adapters[d.Name] = a
+				}
+				if a.declared == nil {
+					a.declared = map[string]bool{}
+				}
+				a.declared[p.Config.Name] = true
+			}
+		}
+	}
 	for _, a := range cfg.Aliases {
 		al := &Alias{Name: a.Name}
 		total := 0.0
@@ -107,7 +131,7 @@ func (s *Snapshot) Resolve(name []byte) (*Model, *Adapter) {
 }
 
 // Adapters lists every adapter of the snapshot's models: configured, then
-// learned from the pods, each once, in a stable order.
+// declared or listed by the pods, each once, in a stable order.
 func (s *Snapshot) Adapters() []*Adapter {
 	var out []*Adapter
 	seen := map[string]bool{}
@@ -122,6 +146,11 @@ func (s *Snapshot) Adapters() []*Adapter {
 			add(s.names.adapters[a.Name])
 		}
 		var learned []*Adapter
+		for _, a := range s.names.adapters {
+			if a.listedOnly && a.Base == m.Name {
+				learned = append(learned, a)
+			}
+		}
 		for _, p := range m.Pods {
 			if v := p.lora.view.Load(); v != nil {
 				for _, a := range v.listed {
@@ -165,7 +194,7 @@ type loraView struct {
 // adapter the pods load themselves; any other only where the pod listed
 // it.
 func (p *Pod) Has(a *Adapter) bool {
-	if a.Path == "" && a.Base == p.Config.Model {
+	if (a.Path == "" && !a.listedOnly && a.Base == p.Config.Model) || a.declared[p.Config.Name] {
 		return true
 	}
 	v := p.lora.view.Load()
@@ -214,45 +243,85 @@ func (p *Pod) UseAdapter(a *Adapter, l *config.LoRA) {
 	p.lora.slots = append(s, a.Name)
 }
 
-// FillAdapter prepares the candidates of m for a request of a: pods that
-// do not serve a are dropped (cands keeps its order), the others get their
-// AdapterSec. When no pod serves a, the caller loads it on its pick: the
-// pods with a free slot are kept then, all of them when none has one, so
-// the gateway's load evicts no adapter while a slot is free elsewhere.
-func (m *Model) FillAdapter(cands []route.Candidate, a *Adapter) []route.Candidate {
-	kept := m.keepAdapter(cands, a, func(p *Pod, sec float64) bool { return p.Has(a) || p.loading(a) })
-	if len(kept) > 0 {
-		return kept
+// Adapter fit tiers: how a pod suits a request of an adapter. Placement
+// keeps the pods of the best tier present: those that serve the adapter or
+// are loading it, else those with a free slot to load it into, else the
+// others the gateway can load it on (a load there evicts an adapter), so
+// its load evicts no adapter while a slot is free elsewhere. A pod that
+// neither serves it nor can be given it (no path, or load_adapters off)
+// is never kept: it would answer 404, and a fallback model may serve.
+const (
+	fitServes uint8 = iota
+	fitFreeSlot
+	fitEvicts
+	fitNever
+)
+
+// adapterFit is p's tier for a request of a, and its AdapterSec.
+func (p *Pod) adapterFit(a *Adapter, l *config.LoRA) (tier uint8, sec float64) {
+	sec = p.AdapterSec(a, l)
+	switch {
+	case p.Has(a) || p.loading(a):
+		return fitServes, sec
+	case a.Path == "" || !l.LoadAdapters:
+		return fitNever, sec
+	case sec <= l.AdapterLoadSec:
+		return fitFreeSlot, sec
 	}
-	// Nothing was overwritten: kept grew over none of cands.
-	kept = m.keepAdapter(cands, a, func(_ *Pod, sec float64) bool { return sec <= m.LoRA.AdapterLoadSec })
-	if len(kept) > 0 {
-		return kept
-	}
-	for i := range cands {
-		cands[i].AdapterSec = 2 * m.LoRA.AdapterLoadSec
-	}
-	return cands
+	return fitEvicts, sec
 }
 
-// keepAdapter keeps, in order, the candidates whose pod keep accepts
-// given its AdapterSec for a, with that AdapterSec; it overwrites cands
-// only when it keeps one.
-func (m *Model) keepAdapter(cands []route.Candidate, a *Adapter, keep func(p *Pod, sec float64) bool) []route.Candidate {
-	kept := cands[:0]
+// FillAdapter prepares the candidates of m for a request of a: it keeps
+// those of the best fit tier (cands keeps its order), each with its
+// AdapterSec. When no pod serves a, the caller loads it on its pick.
+func (m *Model) FillAdapter(cands []route.Candidate, a *Adapter) []route.Candidate {
+	kept, best := cands[:0], fitNever
 	j := 0
 	for _, c := range cands {
 		// cands come from m.Combined in order (AppendCombined).
 		for m.Combined[j].ID != c.Pod {
 			j++
 		}
-		p := m.Combined[j]
-		if sec := p.AdapterSec(a, &m.LoRA); keep(p, sec) {
-			c.AdapterSec = sec
-			kept = append(kept, c)
+		tier, sec := m.Combined[j].adapterFit(a, &m.LoRA)
+		if tier > best || tier == fitNever {
+			continue
 		}
+		if tier < best {
+			// kept never runs ahead of c: nothing unread is overwritten.
+			kept, best = kept[:0], tier
+		}
+		c.AdapterSec = sec
+		kept = append(kept, c)
 	}
 	return kept
+}
+
+// FillAdapterPD prepares a PD decision's candidates (cands[i] is pods[i])
+// for a request of a as FillAdapter does the combined ones, role by role:
+// prefill, decode and combined pods outside their role's best fit tier
+// are marked down, the others get their AdapterSec, so the prefill and the
+// decode pod of a pair both serve a, or load it where none of their role
+// does. tiers is scratch, returned grown.
+func (m *Model) FillAdapterPD(cands []route.PDCandidate, pods []*Pod, a *Adapter, tiers []uint8) []uint8 {
+	tiers = slices.Grow(tiers[:0], len(cands))[:len(cands)]
+	var best [route.RoleDecode + 1]uint8
+	for r := range best {
+		best[r] = fitNever - 1 // fitNever pods go down whatever the best
+	}
+	for i := range cands {
+		c := &cands[i]
+		if c.Down {
+			continue
+		}
+		tiers[i], c.AdapterSec = pods[i].adapterFit(a, &m.LoRA)
+		best[c.Role] = min(best[c.Role], tiers[i])
+	}
+	for i := range cands {
+		if c := &cands[i]; !c.Down && tiers[i] > best[c.Role] {
+			c.Down = true
+		}
+	}
+	return tiers
 }
 
 // scrapedLoRA takes in what a scrape of p's /metrics and /v1/models says
@@ -266,12 +335,17 @@ func (p *Pod) scrapedLoRA(info engines.LoRAInfo, cards []engines.ModelCard, list
 		}
 	}
 	v.Active = append(append(v.Active, info.Running...), info.Waiting...)
+	learn := func(name string) {
+		a := newAdapter(name, p.Config.Model, "")
+		a.listedOnly = true
+		v.listed[name] = a
+	}
 	for _, n := range v.Active {
-		v.listed[n] = newAdapter(n, p.Config.Model, "")
+		learn(n)
 	}
 	for _, c := range cards {
 		if c.Parent == p.Config.Model && c.ID != p.Config.Model {
-			v.listed[c.ID] = newAdapter(c.ID, p.Config.Model, "")
+			learn(c.ID)
 		}
 	}
 	p.lora.view.Store(v)

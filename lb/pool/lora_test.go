@@ -68,25 +68,50 @@ func TestScrapeLearnsAdapters(t *testing.T) {
 	if got := p.AdapterSec(sql, &l); got != 0 {
 		t.Errorf("AdapterSec after the gateway sent sql = %v, want 0", got)
 	}
+	if other := (&Pod{Config: config.Pod{Name: "q", Model: "m"}, podState: &podState{}}); other.Has(sql) {
+		t.Error("a pod that did not list a learned adapter serves it")
+	}
 }
 
-// TestFillAdapter: pods serving the adapter are the candidates; when none
-// does, those with a free slot are, so the gateway's load evicts nothing
-// while a slot is free; when every slot is taken, all are.
-func TestFillAdapter(t *testing.T) {
+// loraSnapshot builds, without dialing, a snapshot of model m with one
+// slot a pod and adapters fin and sql the gateway loads, over pods with the given
+// roles (named by their initial and index), and resolves the adapters.
+func loraSnapshot(t *testing.T, roles ...string) (snap *Snapshot, fin, sql *Adapter) {
+	t.Helper()
 	cfg := config.Default()
-	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 1, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}, {Name: "sql", Path: "/l/sql"}}}}}
-	for i := range 3 {
-		cfg.Pods = append(cfg.Pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 1, LoadAdapters: true,
+		Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}, {Name: "sql", Path: "/l/sql"}}}}}
+	for i, role := range roles {
+		p := config.Pod{Name: fmt.Sprint(role[:1], i), Model: "m", Role: role, Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)}
+		if role != "combined" {
+			p.Roleset = "rs"
+		}
+		cfg.Pods = append(cfg.Pods, p)
 	}
+	snap = offlineSnapshot(t, cfg)
+	_, fin = snap.Resolve([]byte("fin"))
+	_, sql = snap.Resolve([]byte("sql"))
+	return snap, fin, sql
+}
+
+// offlineSnapshot builds cfg's snapshot with a dialer that fails.
+func offlineSnapshot(t *testing.T, cfg config.Config) *Snapshot {
+	t.Helper()
 	cfg.Provision()
 	snap, err := Build(&cfg, func(addr string, timeout time.Duration) (net.Conn, error) { return nil, net.ErrClosed }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return snap
+}
+
+// TestFillAdapter: pods serving the adapter are the candidates; when none
+// does, those with a free slot are, so the gateway's load evicts nothing
+// while a slot is free; when every slot is taken, all are; none when the
+// gateway may not load it.
+func TestFillAdapter(t *testing.T) {
+	snap, fin, sql := loraSnapshot(t, "combined", "combined", "combined")
 	m := snap.Models[0]
-	_, fin := snap.Resolve([]byte("fin"))
-	_, sql := snap.Resolve([]byte("sql"))
 	f := func(want string) {
 		t.Helper()
 		var cands []route.Candidate
@@ -101,12 +126,76 @@ func TestFillAdapter(t *testing.T) {
 			t.Errorf("candidates %v, want %s", got, want)
 		}
 	}
-	f("[p0:0.2 p1:0.2 p2:0.2]")
+	f("[c0:0.2 c1:0.2 c2:0.2]")
 	m.Pods[0].UseAdapter(sql, &m.LoRA)
 	m.Pods[2].UseAdapter(sql, &m.LoRA)
-	f("[p1:0.2]")
+	f("[c1:0.2]")
 	m.Pods[1].UseAdapter(sql, &m.LoRA)
-	f("[p0:0.4 p1:0.4 p2:0.4]")
+	f("[c0:0.4 c1:0.4 c2:0.4]")
+	m.LoRA.LoadAdapters = false
+	f("[]")
+	m.LoRA.LoadAdapters = true
 	m.Pods[2].markListed(fin)
-	f("[p2:0.4]")
+	f("[c2:0.4]")
+}
+
+// TestFillAdapterPD: a PD decision's pods are tiered as FillAdapter tiers
+// combined ones, role by role: the best prefill pods and the best decode
+// pods for the adapter stay up, each with its AdapterSec.
+func TestFillAdapterPD(t *testing.T) {
+	snap, fin, sql := loraSnapshot(t, "prefill", "prefill", "decode", "decode")
+	m := snap.Models[0]
+	var tiers []uint8
+	f := func(want string) {
+		t.Helper()
+		cands := make([]route.PDCandidate, len(m.Pods))
+		for i, p := range m.Pods {
+			cands[i].Pod, cands[i].Role = p.ID, p.Role
+		}
+		tiers = m.FillAdapterPD(cands, m.Pods, fin, tiers)
+		var got []string
+		for i, c := range cands {
+			if !c.Down {
+				got = append(got, fmt.Sprintf("%s:%g", m.Pods[i].Config.Name, c.AdapterSec))
+			}
+		}
+		if fmt.Sprint(got) != want {
+			t.Errorf("up %v, want %s", got, want)
+		}
+	}
+	f("[p0:0.2 p1:0.2 d2:0.2 d3:0.2]")
+	// One prefill and one decode pod fill their slot with sql.
+	for _, p := range []*Pod{m.Pods[0], m.Pods[3]} {
+		p.UseAdapter(sql, &m.LoRA)
+	}
+	f("[p1:0.2 d2:0.2]")
+	m.Pods[3].markListed(fin)
+	f("[p1:0.2 d3:0.4]")
+}
+
+// TestDeclaredAdapters: adapters a pod's config declares (Kubernetes'
+// pdlb/lora-adapters) resolve to its model and are served by that pod
+// alone, and by those listing them.
+func TestDeclaredAdapters(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}}}}}
+	cfg.Pods = []config.Pod{
+		{Name: "p0", Model: "m", Address: "127.0.0.1:10000", Adapters: "ops, fin=/l/fin"},
+		{Name: "p1", Model: "m", Address: "127.0.0.1:10001"},
+	}
+	snap := offlineSnapshot(t, cfg)
+	p0, p1 := snap.Models[0].Pods[0], snap.Models[0].Pods[1]
+	for _, name := range []string{"ops", "fin"} {
+		m, a := snap.Resolve([]byte(name))
+		if m == nil || a == nil || m.Name != "m" || !p0.Has(a) || p1.Has(a) {
+			t.Errorf("%s: model %v adapter %+v; want an adapter of m that p0 alone serves", name, m, a)
+		}
+	}
+	var names []string
+	for _, a := range snap.Adapters() {
+		names = append(names, a.Name)
+	}
+	if fmt.Sprint(names) != "[fin ops]" {
+		t.Errorf("Adapters() = %v", names)
+	}
 }

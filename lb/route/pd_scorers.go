@@ -110,6 +110,9 @@ var defaultLine = admit.NewDecodeLine(admit.DefaultDecodeBaseSec, admit.DefaultD
 //
 //	TTFT = (queued + cached × ConductorPrefixCost
 //	        + uncached × (1 + prompt / ConductorAttentionTokens)) / speed
+//	       + AdapterSec
+//
+// AdapterSec, the request's LoRA adapter's load, as PredictedTTFT adds it.
 type PrefillConductorScore struct{}
 
 // Score implements Scorer.
@@ -119,7 +122,7 @@ func (PrefillConductorScore) Score(req *Request, cands []Candidate, out []float6
 		c := &cands[i]
 		hit := float64(min(c.CachedTokens, req.PromptTokens))
 		work := hit*ConductorPrefixCost + float64(uncached(req, c))*attn
-		out[i] = admit.TTFT(c.QueuedPrefillTokens, work, c.PrefillTokensPerSec, 0)
+		out[i] = admit.TTFT(c.QueuedPrefillTokens, work, c.PrefillTokensPerSec, 0) + c.AdapterSec
 	}
 }
 

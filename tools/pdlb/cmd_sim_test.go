@@ -65,7 +65,8 @@ func TestCmdSimLoRA(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := out.String()
-	if !strings.HasPrefix(s, "lora-aware slo_cache") || !strings.Contains(s, "\nleast_request ") || !strings.Contains(s, "\nbest without LoRA: ") || strings.Count(s, "\n") != 3 {
+	if !strings.HasPrefix(s, "lora-aware slo_cache") || !strings.Contains(s, "\nleast_request ") || !strings.Contains(s, "\nbest without LoRA: ") ||
+		strings.Count(s, "\nfloor: ") != 3 || strings.Count(s, "\n") != 6 {
 		t.Fatalf("rows %q", s)
 	}
 }

@@ -30,6 +30,10 @@ const (
 	// publisher (vLLM's default is 5557); absent, the gateway learns the
 	// pod's cache only from its own routing decisions.
 	AnnotationKVEventsPort = "pdlb/kv-events-port"
+	// AnnotationLoRAAdapters is pdlb's own: the LoRA adapters the pod
+	// serves from its start (its --lora-modules), "name" or "name=path",
+	// comma-separated (config.ParseAdapters).
+	AnnotationLoRAAdapters = "pdlb/lora-adapters"
 )
 
 // DefaultPodPort is the OpenAI API port of a pod without LabelPort (vLLM's
