@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -125,7 +123,6 @@ func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fastht
 		ls.conns = append(ls.conns, uc)
 		go uc.dial(u.DialTimeout)
 	}
-	req.URI().DisablePathNormalizing = true
 	uc.render(req)
 	uc.need, uc.got, uc.clientGone = 0, false, false
 	if uc.c != nil {
@@ -335,26 +332,23 @@ func (uc *upConn) dial(timeout time.Duration) {
 	}
 }
 
-var upWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
-
-// render writes req into uc.out, as the pods' clients would send it.
+// render writes req into uc.out as fasthttp's Request.Write would send it,
+// appended directly rather than through a pooled bufio.Writer: req's body
+// is in memory (the gateway's are) and it has no trailers. The Host
+// header and the request line's target come from req's URI.
 func (uc *upConn) render(req *fasthttp.Request) {
-	w := upWriters.Get().(*bufio.Writer)
-	uc.out = uc.out[:0]
-	// uc itself is the writer: an appender made here would escape to the
-	// heap through the bufio.Writer, once per request.
-	w.Reset(uc)
-	// Writing to memory cannot fail.
-	_ = req.Write(w)
-	_ = w.Flush()
-	w.Reset(nil)
-	upWriters.Put(w)
-}
-
-// Write appends p to the request being rendered (for render).
-func (uc *upConn) Write(p []byte) (int, error) {
-	uc.out = append(uc.out, p...)
-	return len(p), nil
+	uri := req.URI()
+	uri.DisablePathNormalizing = true
+	h := &req.Header
+	if host := uri.Host(); len(host) > 0 {
+		h.SetHostBytes(host)
+	}
+	h.SetRequestURIBytes(uri.RequestURI())
+	body := req.Body()
+	if len(body) > 0 || !(h.IsGet() || h.IsHead()) {
+		h.SetContentLength(len(body))
+	}
+	uc.out = append(h.AppendBytes(uc.out[:0]), body...)
 }
 
 // opened is OnOpen of a dialed connection: the request waiting for it goes
