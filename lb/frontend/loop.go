@@ -96,8 +96,8 @@ type Upstream struct {
 
 // Send sends req to the pod at u.Addr over an idle keep-alive
 // connection of this loop, or a new one dialed while fewer than u.MaxConns
-// connections of this front end are open to it; the path goes as req holds
-// it. At that cap it returns fasthttp.ErrNoFreeConns, as the pods' clients
+// connections of this front end are open to it; the path and the Host
+// header go as req's header holds them (see render). At that cap it returns fasthttp.ErrNoFreeConns, as the pods' clients
 // do, and sends nothing. Otherwise done gets, on the loop, nil once resp
 // holds the whole response, or the error: the dial's; fasthttp.ErrTimeout
 // when no byte of it came within u.Timeout (or u.FirstByte);
@@ -334,16 +334,17 @@ func (uc *upConn) dial(timeout time.Duration) {
 
 // render writes req into uc.out as fasthttp's Request.Write would send it,
 // appended directly rather than through a pooled bufio.Writer: req's body
-// is in memory (the gateway's are) and it has no trailers. The Host
-// header and the request line's target come from req's URI.
+// is in memory (the gateway's are) and it has no trailers. The Host header
+// and the request target go as req's header holds them; only a request
+// without a Host header takes both from its URI.
 func (uc *upConn) render(req *fasthttp.Request) {
-	uri := req.URI()
-	uri.DisablePathNormalizing = true
 	h := &req.Header
-	if host := uri.Host(); len(host) > 0 {
-		h.SetHostBytes(host)
+	if len(h.Host()) == 0 {
+		uri := req.URI()
+		uri.DisablePathNormalizing = true
+		h.SetHostBytes(uri.Host())
+		h.SetRequestURIBytes(uri.RequestURI())
 	}
-	h.SetRequestURIBytes(uri.RequestURI())
 	body := req.Body()
 	if len(body) > 0 || !(h.IsGet() || h.IsHead()) {
 		h.SetContentLength(len(body))
