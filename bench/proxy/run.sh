@@ -20,7 +20,9 @@
 # on both front ends, its rows measured in the same rounds, for a before
 # and after of a change), ENVS (space-separated environments, each
 # VAR=VALUE[,VAR=VALUE...]: one more gnet slo_cache row per environment,
-# pdlb run with it, e.g. ENVS=GOMAXPROCS=1 for one event loop).
+# pdlb run with it, e.g. ENVS=GOMAXPROCS=1 for one event loop), QUICK (1:
+# only direct, pdlb gnet slo_cache (and BASE's), nginx and HAProxy, for a
+# before and after in a third of the time).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,6 +33,7 @@ DURATION=${DURATION:-6s}
 WARMUP=${WARMUP:-2s}
 THREADS=${THREADS:-2}
 PROFILE=${PROFILE:-1}
+QUICK=${QUICK:-}
 BASE=${BASE:-}
 WORKERS=$(nproc)
 
@@ -232,28 +235,35 @@ started
 wait_port "$STUB"
 target direct "stub --listen $STUB" "$STUB" "$STUB_PID"
 
-for policy in slo_cache least_request; do
-	start_pdlb gnet "$policy"
-	start_pdlb fasthttp "$policy"
-done
-if [ -n "$BASE" ]; then
-	start_pdlb gnet slo_cache "" pdlb-base
-	start_pdlb fasthttp slo_cache "" pdlb-base
+if [ -n "$QUICK" ]; then
+	start_pdlb gnet slo_cache
+	[ -z "$BASE" ] || start_pdlb gnet slo_cache "" pdlb-base
+else
+	for policy in slo_cache least_request; do
+		start_pdlb gnet "$policy"
+		start_pdlb fasthttp "$policy"
+	done
+	if [ -n "$BASE" ]; then
+		start_pdlb gnet slo_cache "" pdlb-base
+		start_pdlb fasthttp slo_cache "" pdlb-base
+	fi
 fi
 for env in ${ENVS:-}; do
 	EXTRA_ENV=${env//,/ } start_pdlb gnet slo_cache "" pdlb "$env"
 done
-# What the access log costs (nginx and HAProxy run without one).
-start_pdlb gnet slo_cache access
-# What tracing costs: spans to a local OTLP sink that drops them
-# (bench/proxy/otlpsink), 1% and 100% of requests sampled.
-"$DIR/otlpsink" --listen "$SINK" 2>"$DIR/otlpsink.log" &
-started
-wait_port "$SINK"
-for pct in 1 100; do
-	OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://$SINK OTEL_TRACES_SAMPLER=traceidratio \
-		OTEL_TRACES_SAMPLER_ARG=$(awk -v p="$pct" 'BEGIN{print p / 100}') start_pdlb gnet slo_cache "" pdlb "tracing $pct%"
-done
+if [ -z "$QUICK" ]; then
+	# What the access log costs (nginx and HAProxy run without one).
+	start_pdlb gnet slo_cache access
+	# What tracing costs: spans to a local OTLP sink that drops them
+	# (bench/proxy/otlpsink), 1% and 100% of requests sampled.
+	"$DIR/otlpsink" --listen "$SINK" 2>"$DIR/otlpsink.log" &
+	started
+	wait_port "$SINK"
+	for pct in 1 100; do
+		OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://$SINK OTEL_TRACES_SAMPLER=traceidratio \
+			OTEL_TRACES_SAMPLER_ARG=$(awk -v p="$pct" 'BEGIN{print p / 100}') start_pdlb gnet slo_cache "" pdlb "tracing $pct%"
+	done
+fi
 
 NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
 if [ -x "$NGINX_BIN" ]; then

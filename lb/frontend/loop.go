@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -98,8 +96,8 @@ type Upstream struct {
 
 // Send sends req to the pod at u.Addr over an idle keep-alive
 // connection of this loop, or a new one dialed while fewer than u.MaxConns
-// connections of this front end are open to it; the path goes as req holds
-// it. At that cap it returns fasthttp.ErrNoFreeConns, as the pods' clients
+// connections of this front end are open to it; the path and the Host
+// header go as req's header holds them (see render). At that cap it returns fasthttp.ErrNoFreeConns, as the pods' clients
 // do, and sends nothing. Otherwise done gets, on the loop, nil once resp
 // holds the whole response, or the error: the dial's; fasthttp.ErrTimeout
 // when no byte of it came within u.Timeout (or u.FirstByte);
@@ -125,7 +123,6 @@ func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fastht
 		ls.conns = append(ls.conns, uc)
 		go uc.dial(u.DialTimeout)
 	}
-	req.URI().DisablePathNormalizing = true
 	uc.render(req)
 	uc.need, uc.got, uc.clientGone = 0, false, false
 	if uc.c != nil {
@@ -335,26 +332,24 @@ func (uc *upConn) dial(timeout time.Duration) {
 	}
 }
 
-var upWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
-
-// render writes req into uc.out, as the pods' clients would send it.
+// render writes req into uc.out as fasthttp's Request.Write would send it,
+// appended directly rather than through a pooled bufio.Writer: req's body
+// is in memory (the gateway's are) and it has no trailers. The Host header
+// and the request target go as req's header holds them; only a request
+// without a Host header takes both from its URI.
 func (uc *upConn) render(req *fasthttp.Request) {
-	w := upWriters.Get().(*bufio.Writer)
-	uc.out = uc.out[:0]
-	// uc itself is the writer: an appender made here would escape to the
-	// heap through the bufio.Writer, once per request.
-	w.Reset(uc)
-	// Writing to memory cannot fail.
-	_ = req.Write(w)
-	_ = w.Flush()
-	w.Reset(nil)
-	upWriters.Put(w)
-}
-
-// Write appends p to the request being rendered (for render).
-func (uc *upConn) Write(p []byte) (int, error) {
-	uc.out = append(uc.out, p...)
-	return len(p), nil
+	h := &req.Header
+	if len(h.Host()) == 0 {
+		uri := req.URI()
+		uri.DisablePathNormalizing = true
+		h.SetHostBytes(uri.Host())
+		h.SetRequestURIBytes(uri.RequestURI())
+	}
+	body := req.Body()
+	if len(body) > 0 || !(h.IsGet() || h.IsHead()) {
+		h.SetContentLength(len(body))
+	}
+	uc.out = append(h.AppendBytes(uc.out[:0]), body...)
 }
 
 // opened is OnOpen of a dialed connection: the request waiting for it goes

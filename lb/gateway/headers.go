@@ -74,6 +74,10 @@ func sessionOf(ctx *fasthttp.RequestCtx) string {
 func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
 	authorize, forward := g.keys.Enabled(), g.cfg.Upstream.XForwardedFor
 	up.Header.DisableNormalizing()
+	// The Host header names each attempt's pod (attemptStage): a request
+	// sent on the event loop goes without its URI parsed, and one a pod's
+	// client sends keeps the header, not the host of its parsed URI.
+	up.UseHostHeader = true
 	up.Header.SetMethod(fasthttp.MethodPost)
 	up.SetRequestURIBytes(ctx.Path())
 	ctx.Request.Header.VisitAll(func(k, v []byte) {

@@ -192,7 +192,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		g.buildUpstream(x.ctx, x.up)
 	}
 	x.tried = append(x.tried, x.pod.ID)
-	x.up.SetHost(x.pod.Config.Address)
+	x.up.Header.SetHost(x.pod.Config.Address)
 	x.within, x.hedged = g.firstByteWithin(x, x.pod, x.pod)
 	x.tr.attempt(x.up, x.pod, x.attempts)
 	g.place(x.m, x, x.pod)
