@@ -60,3 +60,39 @@ func TestForwardedFor(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectionNominated: headers a Connection header names are
+// hop-by-hop too (RFC 9110 section 7.6.1): the pod never gets those the
+// client's names, the X-Forwarded-For chain included, and the client never
+// gets those the pod's names; the rest pass, on both front ends.
+func TestConnectionNominated(t *testing.T) {
+	pod := fakePod(t, func(c net.Conn, r *http.Request) {
+		got := fmt.Sprintf("hop=%q keep=%q xff=%q", r.Header.Get("X-Hop"), r.Header.Get("X-Keep"), r.Header.Get("X-Forwarded-For"))
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close, X-Pod-Hop\r\nX-Pod-Hop: 1\r\nX-Pod-Keep: 2\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(got), got)
+	})
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		t.Run(frontend, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = frontend })
+			req, err := newPost(s, chatBody)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Connection", "keep-alive, X-Hop,x-forwarded-for")
+			req.Header.Set("X-Hop", "1")
+			req.Header.Set("X-Keep", "2")
+			req.Header.Set("X-Forwarded-For", "203.0.113.7")
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if want := `hop="" keep="2" xff="127.0.0.1"`; resp.StatusCode != 200 || string(b) != want {
+				t.Fatalf("the pod got %q (%d), want %q", b, resp.StatusCode, want)
+			}
+			if hop, keep := resp.Header.Get("X-Pod-Hop"), resp.Header.Get("X-Pod-Keep"); hop != "" || keep != "2" {
+				t.Fatalf("the client got X-Pod-Hop %q, X-Pod-Keep %q; want none and 2", hop, keep)
+			}
+		})
+	}
+}

@@ -50,7 +50,37 @@ func isHopByHop(k []byte) bool {
 	return false
 }
 
+// nominates reports whether v, a Connection header's value, names a header
+// beyond the hop-by-hop ones every message loses anyway (close,
+// keep-alive, upgrade...): only then must the headers it names be dropped.
+func nominates(v []byte) bool {
+	found := false
+	eachNominated(v, func([]byte) { found = true })
+	return found
+}
+
+// eachNominated calls f with each header name v nominates (v: Connection
+// values joined by commas), other than close and the hop-by-hop names
+// (keep-alive, upgrade...). Those headers
+// describe one connection too, and are dropped like the fixed names (RFC
+// 9110 section 7.6.1).
+func eachNominated(v []byte, f func(name []byte)) {
+	for len(v) > 0 {
+		tok := v
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			tok, v = v[:i], v[i+1:]
+		} else {
+			v = nil
+		}
+		if tok = bytes.Trim(tok, " \t"); len(tok) > 0 && !isHopByHop(tok) && !bytes.EqualFold(tok, closeToken) {
+			f(tok)
+		}
+	}
+}
+
 var (
+	connection    = []byte(fasthttp.HeaderConnection)
+	closeToken    = []byte("close")
 	pdlbPrefix    = []byte("x-pdlb-")
 	authorization = []byte(fasthttp.HeaderAuthorization)
 	forwardedFor  = []byte(fasthttp.HeaderXForwardedFor)
@@ -68,7 +98,8 @@ func sessionOf(ctx *fasthttp.RequestCtx) string {
 }
 
 // buildUpstream copies the client's request into up: the body byte for
-// byte, the headers less hop-by-hop ones and any x-pdlb-* a client made up,
+// byte, the headers less hop-by-hop ones (the fixed names and those its
+// Connection header nominates) and any x-pdlb-* a client made up,
 // an X-Request-Id, generated when the client sent none, and the client's
 // address appended to X-Forwarded-For (upstream.x_forwarded_for).
 func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
@@ -80,8 +111,17 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 	up.UseHostHeader = true
 	up.Header.SetMethod(fasthttp.MethodPost)
 	up.SetRequestURIBytes(ctx.Path())
+	// The client's Connection values when they nominate other headers:
+	// rare, so the common request neither allocates nor scans twice.
+	var nominated []byte
 	ctx.Request.Header.VisitAll(func(k, v []byte) {
-		if isHopByHop(k) || (len(k) >= len(pdlbPrefix) && bytes.EqualFold(k[:len(pdlbPrefix)], pdlbPrefix)) {
+		if isHopByHop(k) {
+			if len(k) == len(connection) && bytes.EqualFold(k, connection) && nominates(v) {
+				nominated = append(append(nominated, v...), ',')
+			}
+			return
+		}
+		if len(k) >= len(pdlbPrefix) && bytes.EqualFold(k[:len(pdlbPrefix)], pdlbPrefix) {
 			return
 		}
 		// A client's key is the gateway's business, not the pods'.
@@ -94,11 +134,16 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 		}
 		up.Header.AddBytesKV(k, v)
 	})
+	clientChain := true
+	if nominated != nil {
+		eachNominated(nominated, up.Header.DelBytes)
+		eachNominated(nominated, func(name []byte) { clientChain = clientChain && !bytes.EqualFold(name, forwardedFor) })
+	}
 	// up has neither header yet: added, not set, they skip fasthttp's scan
 	// of every header already there for one to replace.
 	if forward {
 		var buf [128]byte
-		up.Header.AddBytesV(fasthttp.HeaderXForwardedFor, appendForwardedFor(buf[:0], ctx))
+		up.Header.AddBytesV(fasthttp.HeaderXForwardedFor, appendForwardedFor(buf[:0], ctx, clientChain))
 	}
 	if len(ctx.Request.Header.Peek(headerRequestID)) == 0 {
 		var id [32]byte
@@ -111,11 +156,12 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 }
 
 // appendForwardedFor appends the X-Forwarded-For the pods get: the
-// client's own, its several fields joined as one (RFC 9110 section 5.3),
+// client's own (unless clientChain is false: its Connection header
+// nominated it), its several fields joined as one (RFC 9110 section 5.3),
 // then the client's address.
-func appendForwardedFor(b []byte, ctx *fasthttp.RequestCtx) []byte {
+func appendForwardedFor(b []byte, ctx *fasthttp.RequestCtx, clientChain bool) []byte {
 	for _, v := range ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor) {
-		if len(v) > 0 {
+		if len(v) > 0 && clientChain {
 			b = append(append(b, v...), ", "...)
 		}
 	}

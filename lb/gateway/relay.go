@@ -28,14 +28,22 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		pod.ReportSuccess()
 	}
 	ctx.SetStatusCode(status)
+	var nominated []byte // as in buildUpstream
 	resp.Header.VisitAll(func(k, v []byte) {
 		// The engine's Server (uvicorn under vLLM and SGLang) stays
 		// behind, as nginx and Envoy keep their upstreams' to
 		// themselves: x-pdlb-pod names the pod that answered.
-		if !isHopByHop(k) && !(len(k) == len(server) && bytes.EqualFold(k, server)) {
+		if isHopByHop(k) {
+			if len(k) == len(connection) && bytes.EqualFold(k, connection) && nominates(v) {
+				nominated = append(append(nominated, v...), ',')
+			}
+		} else if !(len(k) == len(server) && bytes.EqualFold(k, server)) {
 			ctx.Response.Header.AddBytesKV(k, v)
 		}
 	})
+	if nominated != nil {
+		eachNominated(nominated, ctx.Response.Header.DelBytes)
+	}
 	ctx.Response.Header.Set(headerPod, pod.Config.Name)
 	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
 	x.responding(pod)
