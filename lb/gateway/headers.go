@@ -61,9 +61,8 @@ func nominates(v []byte) bool {
 
 // eachNominated calls f with each header name v nominates (v: Connection
 // values joined by commas), other than close and the hop-by-hop names
-// (keep-alive, upgrade...). Those headers
-// describe one connection too, and are dropped like the fixed names (RFC
-// 9110 section 7.6.1).
+// (keep-alive, upgrade...). Those headers describe one connection too, and
+// are dropped like the fixed names (RFC 9110 section 7.6.1).
 func eachNominated(v []byte, f func(name []byte)) {
 	for len(v) > 0 {
 		tok := v
