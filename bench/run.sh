@@ -251,7 +251,7 @@ scenario_chaos() {
 }
 
 scenario_replicas() {
-	section "Two replicas active-active (issue 26)" "Two pdlb replicas over one sim PD fleet (4 prefill pods publishing KV events, 2 decode pods, real time), sharing one Redis, behind one pdlb load sending round robin (seed 000's chat at 6 req/s for 30 s): the hit rate against one replica alone on a fresh fleet, how often a session's turn lands on its previous turn's pod, both decode ledgers read back to back, and one replica killed (SIGKILL) halfway (bench/replicas/run.sh)."
+	section "Two replicas active-active (issue 26)" "Two pdlb replicas over one sim PD fleet (4 prefill pods publishing KV events, 2 decode pods, real time), sharing one Redis, behind one pdlb load sending round robin (seed 000's chat at 6 req/s for 60 s): the hit rate against one replica alone on a fresh fleet, how often a session's turn lands on its previous turn's pod, both decode ledgers read back to back, and one replica killed (SIGKILL) halfway (bench/replicas/run.sh)."
 	record_as "bench/replicas/run.sh" env PDLB="$PDLB" bench/replicas/run.sh
 }
 

@@ -19,7 +19,7 @@ set -u
 cd "$(dirname "$0")/../.."
 PDLB=${PDLB:-./bin/pdlb}
 RATE=${RATE:-6}
-DURATION=${DURATION:-30}
+DURATION=${DURATION:-60}
 DIR=bench/replicas
 REDIS_PORT=19599
 A=127.0.0.1:19590 A_ADMIN=127.0.0.1:19591
