@@ -76,6 +76,9 @@ type h2Server struct {
 	headerLimit  uint32
 	shuttingDown atomic.Bool
 
+	// idle takes a stream to a goroutine that waits for one (work).
+	idle chan *h2Stream
+
 	mu    sync.Mutex
 	conns map[*h2Conn]struct{}
 	open  atomic.Int64
@@ -83,7 +86,7 @@ type h2Server struct {
 
 func newH2Server(h Handler, o Options) *h2Server {
 	c := o.HTTP2
-	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{},
+	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{}, idle: make(chan *h2Stream),
 		maxStreams:  cmpOr(c.MaxConcurrentStreams, DefaultMaxConcurrentStreams),
 		maxFrame:    cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
 		resetRate:   float64(cmpOr(max(c.MaxResetsPerSecond, 0), DefaultMaxResetsPerSecond)),
@@ -528,8 +531,32 @@ func (c *h2Conn) dispatch(st *h2Stream) {
 	st.started = true
 	c.handlers.Add(1)
 	c.running.Add(1)
-	go c.serveStream(st)
+	select {
+	case c.s.idle <- st:
+	default:
+		go c.s.work(st)
+	}
 }
+
+// work serves st, then the streams dispatch hands it until it idled for
+// h2WorkerIdle. Reused goroutines keep the stack the gateway grew, which a
+// new goroutine per stream would grow again, copying it each time.
+func (s *h2Server) work(st *h2Stream) {
+	t := time.NewTimer(h2WorkerIdle)
+	defer t.Stop()
+	for {
+		st.c.serveStream(st)
+		t.Reset(h2WorkerIdle)
+		select {
+		case st = <-s.idle:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// h2WorkerIdle is how long a stream's goroutine waits for the next.
+const h2WorkerIdle = 10 * time.Second
 
 // resetLocked sends RST_STREAM for id and closes the stream; mu is held.
 func (c *h2Conn) resetLocked(id uint32, code http2.ErrCode) {
