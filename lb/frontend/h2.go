@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,8 +77,11 @@ type h2Server struct {
 	headerLimit  uint32
 	shuttingDown atomic.Bool
 
-	// idle takes a stream to a goroutine that waits for one (work).
-	idle chan *h2Stream
+	// idle takes a stream to a goroutine that waits for one (work);
+	// quit, closed by shutdown, ends those goroutines.
+	idle     chan *h2Stream
+	quit     chan struct{}
+	quitOnce sync.Once
 
 	mu    sync.Mutex
 	conns map[*h2Conn]struct{}
@@ -86,7 +90,7 @@ type h2Server struct {
 
 func newH2Server(h Handler, o Options) *h2Server {
 	c := o.HTTP2
-	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{}, idle: make(chan *h2Stream),
+	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{}, idle: make(chan *h2Stream), quit: make(chan struct{}),
 		maxStreams:  cmpOr(c.MaxConcurrentStreams, DefaultMaxConcurrentStreams),
 		maxFrame:    cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
 		resetRate:   float64(cmpOr(max(c.MaxResetsPerSecond, 0), DefaultMaxResetsPerSecond)),
@@ -125,6 +129,7 @@ func (s *h2Server) serve(nc net.Conn) {
 // ctx ended; then it closes what is left.
 func (s *h2Server) shutdown(ctx context.Context) error {
 	s.shuttingDown.Store(true)
+	s.quitOnce.Do(func() { close(s.quit) })
 	s.each((*h2Conn).goAway, http2.ErrCodeNo)
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
@@ -438,7 +443,9 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 	}
 	method, path := f.PseudoValue("method"), f.PseudoValue("path")
-	if method == "" || path == "" || f.PseudoValue("scheme") == "" {
+	if method == "" || f.PseudoValue("scheme") == "" || !(strings.HasPrefix(path, "/") || path == "*") || !h2Fields(f.RegularFields()) {
+		// Malformed (RFC 9113 8.1.1): the stream is refused, the
+		// connection goes on.
 		c.resetLocked(id, http2.ErrCodeProtocol)
 		return nil
 	}
@@ -470,6 +477,22 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		c.dispatch(st)
 	}
 	return nil
+}
+
+// h2Fields reports whether a request's fields are free of the
+// connection-specific ones HTTP/2 forbids (RFC 9113 8.2.2).
+func h2Fields(fields []hpack.HeaderField) bool {
+	for _, f := range fields {
+		switch f.Name {
+		case "connection", "proxy-connection", "keep-alive", "transfer-encoding", "upgrade":
+			return false
+		case "te":
+			if f.Value != "trailers" {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // errHeaderList is a request whose header list is over MaxHeaderBytes.
@@ -550,6 +573,8 @@ func (s *h2Server) work(st *h2Stream) {
 		select {
 		case st = <-s.idle:
 		case <-t.C:
+			return
+		case <-s.quit:
 			return
 		}
 	}
