@@ -3,6 +3,7 @@ package frontend
 import (
 	"bytes"
 	"io"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -177,9 +178,18 @@ func (c *h2Conn) writeData(st *h2Stream, p []byte, end bool) error {
 
 // flushLocked writes out to the socket unless another goroutine is at it,
 // which then writes what was added meanwhile too; mu is held, and released
-// while writing.
+// while writing. On a connection with other streams in flight it first
+// yields the processor once.
 func (c *h2Conn) flushLocked() error {
 	for !c.writing && len(c.out) > 0 && c.werr == nil {
+		if c.running.Load() > 1 {
+			// Other streams' handlers may be about to write: letting
+			// them run first puts their frames in this write.
+			c.writing = true
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+		}
 		out := c.out
 		c.out, c.spare = c.spare[:0], nil
 		c.writing = true
