@@ -220,8 +220,9 @@ func (o *h2Out) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// errH2Closed is a stream's write after its connection ended;
-// errStreamReset one after the client cancelled the stream.
+// errH2Closed fails a stream's write after its connection ended or its
+// answer was sent; errStreamReset one after the stream was reset;
+// errRapidReset ends a connection that cancels streams too fast.
 var (
 	errH2Closed    = errors.New("frontend: the HTTP/2 connection is closed")
 	errStreamReset = errors.New("frontend: the client reset the HTTP/2 stream")
