@@ -77,10 +77,8 @@ type h2Server struct {
 	headerLimit  uint32
 	shuttingDown atomic.Bool
 
-	// idle takes a stream to a goroutine that waits for one (work);
-	// quit, closed by shutdown, ends those goroutines.
-	idle     chan *h2Stream
-	quit     chan struct{}
+	// workers serve the streams; shutdown closes their quit.
+	workers  workers
 	quitOnce sync.Once
 
 	mu    sync.Mutex
@@ -90,7 +88,7 @@ type h2Server struct {
 
 func newH2Server(h Handler, o Options) *h2Server {
 	c := o.HTTP2
-	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{}, idle: make(chan *h2Stream), quit: make(chan struct{}),
+	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{}, workers: workers{idle: make(chan job), quit: make(chan struct{})},
 		maxStreams:  cmpOr(c.MaxConcurrentStreams, DefaultMaxConcurrentStreams),
 		maxFrame:    cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
 		resetRate:   float64(cmpOr(max(c.MaxResetsPerSecond, 0), DefaultMaxResetsPerSecond)),
@@ -129,7 +127,7 @@ func (s *h2Server) serve(nc net.Conn) {
 // ctx ended; then it closes what is left.
 func (s *h2Server) shutdown(ctx context.Context) error {
 	s.shuttingDown.Store(true)
-	s.quitOnce.Do(func() { close(s.quit) })
+	s.quitOnce.Do(func() { close(s.workers.quit) })
 	s.each((*h2Conn).goAway, http2.ErrCodeNo)
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
@@ -555,34 +553,11 @@ func (c *h2Conn) dispatch(st *h2Stream) {
 	st.started = true
 	c.handlers.Add(1)
 	c.running.Add(1)
-	select {
-	case c.s.idle <- st:
-	default:
-		go c.s.work(st)
-	}
+	c.s.workers.run(st)
 }
 
-// work serves st, then the streams dispatch hands it until it idled for
-// h2WorkerIdle. Reused goroutines keep the stack the gateway grew, which a
-// new goroutine per stream would grow again, copying it each time.
-func (s *h2Server) work(st *h2Stream) {
-	t := time.NewTimer(h2WorkerIdle)
-	defer t.Stop()
-	for {
-		st.c.serveStream(st)
-		t.Reset(h2WorkerIdle)
-		select {
-		case st = <-s.idle:
-		case <-t.C:
-			return
-		case <-s.quit:
-			return
-		}
-	}
-}
-
-// h2WorkerIdle is how long a stream's goroutine waits for the next.
-const h2WorkerIdle = 10 * time.Second
+// work serves the stream on a worker (workers).
+func (st *h2Stream) work() { st.c.serveStream(st) }
 
 // resetLocked sends RST_STREAM for id and closes the stream; mu is held.
 func (c *h2Conn) resetLocked(id uint32, code http2.ErrCode) {
