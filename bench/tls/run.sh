@@ -162,28 +162,25 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 
-echo "| target | HTTPS keep-alive req/s | new handshakes/s | h2 req/s | SSE over h2, events/s |"
-echo "| --- | --- | --- | --- | --- |"
-for l in "${LABELS[@]}"; do
-	line="| $l |"
-	for row in "${ROWS[@]}"; do
-		# shellcheck disable=SC2086
-		line+=" $(median '%.0f' ${RATES["$l/$row"]}) |"
+# table HEADER FORMAT CELLS prints one line per target of the medians in
+# the associative array named CELLS, per row, in printf's FORMAT.
+table() {
+	local -n cells=$3
+	echo "$1"
+	echo "| --- | --- | --- | --- | --- |"
+	for l in "${LABELS[@]}"; do
+		line="| $l |"
+		for row in "${ROWS[@]}"; do
+			# shellcheck disable=SC2086
+			line+=" $(median "$2" ${cells["$l/$row"]}) |"
+		done
+		echo "$line"
 	done
-	echo "$line"
-done
+}
+table "| target | HTTPS keep-alive req/s | new handshakes/s | h2 req/s | SSE over h2, events/s |" '%.0f' RATES
 echo
 echo "CPU of the target's processes, microseconds per request (per event for SSE):"
 echo
-echo "| target | HTTPS keep-alive | new handshakes | h2 | SSE over h2 |"
-echo "| --- | --- | --- | --- | --- |"
-for l in "${LABELS[@]}"; do
-	line="| $l |"
-	for row in "${ROWS[@]}"; do
-		# shellcheck disable=SC2086
-		line+=" $(median '%.1f' ${CPUS["$l/$row"]}) |"
-	done
-	echo "$line"
-done
+table "| target | HTTPS keep-alive | new handshakes | h2 | SSE over h2 |" '%.1f' CPUS
 echo
 echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."
