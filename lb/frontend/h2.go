@@ -107,20 +107,33 @@ func cmpOr[T comparable](v, def T) T {
 // serve runs one HTTP/2 connection until it and its streams ended.
 func (s *h2Server) serve(nc net.Conn) {
 	c := newH2Conn(s, nc)
+	s.open.Add(1)
+	defer c.finish()
+	c.run()
+}
+
+// finish counts c out of the open connections, once: when it closed after
+// its last stream, or when run returned. The former comes first where the
+// close lingers (lingerConn): the socket stays open, and run's read
+// waiting, until the client closes or the linger's bound.
+func (c *h2Conn) finish() {
+	c.finished.Do(func() {
+		c.s.mu.Lock()
+		delete(c.s.conns, c)
+		c.s.mu.Unlock()
+		c.s.open.Add(-1)
+	})
+}
+
+// track makes c one that shutdown sends GOAWAY, once c sent its SETTINGS
+// (which must come first); one that starts during a shutdown gets it now.
+func (s *h2Server) track(c *h2Conn) {
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
-	s.open.Add(1)
 	if s.shuttingDown.Load() {
 		c.goAway(http2.ErrCodeNo)
 	}
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		s.open.Add(-1)
-	}()
-	c.run()
 }
 
 // shutdown sends every connection GOAWAY and waits until they closed or
@@ -187,6 +200,7 @@ type h2Conn struct {
 	recvUnacked int64 // received bytes not yet given back in a WINDOW_UPDATE
 	handlers    sync.WaitGroup
 	running     atomic.Int32
+	finished    sync.Once
 	tokens      float64 // rapid-reset bucket; see onReset
 	last        time.Time
 	strikes     int
@@ -286,6 +300,7 @@ func (c *h2Conn) start() error {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
+	c.s.track(c)
 	return c.handle(f)
 }
 
@@ -624,6 +639,7 @@ func (c *h2Conn) goAway(code http2.ErrCode) {
 func (c *h2Conn) closeIfDoneLocked() {
 	if c.goingAway && len(c.streams) == 0 && c.running.Load() == 0 && !c.writing {
 		_ = c.nc.Close()
+		c.finish()
 	}
 }
 
