@@ -218,7 +218,8 @@ func lowerName(k []byte) string {
 
 // h2Names are the names the gateway's responses carry, lowered once.
 var h2Names = map[string]string{"Content-Type": "content-type", "Server": "server", "Date": "date",
-	"Cache-Control": "cache-control", "X-Request-Id": "x-request-id", "Retry-After": "retry-after"}
+	"Cache-Control": "cache-control", "X-Request-Id": "x-request-id", "Retry-After": "retry-after",
+	"X-Pdlb-Model": "x-pdlb-model", "X-Pdlb-Pod": "x-pdlb-pod"}
 
 // hopByHop reports the HTTP/1.1 connection headers HTTP/2 forbids.
 func hopByHop(k []byte) bool {
