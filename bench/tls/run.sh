@@ -11,11 +11,16 @@
 #     streams each, the same body;
 #   - SSE over h2: h2load streams of SSE_EVENTS events, no gap between
 #     them, events/s.
-# Prints one markdown table on stdout; progress goes to stderr.
+# Targets take turns per row, ROUNDS times; each cell is the median of the
+# rounds, so a burst of load from the machine's neighbours moves one round,
+# not one target. Prints two markdown tables on stdout, the rates and the
+# CPU the server's processes spent per request (per event for SSE);
+# progress goes to stderr.
 #
 # Knobs (environment): CONNS (64), THREADS (2), DURATION (5s per sample),
 # H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (40000), SSE_STREAMS
-# (2000), SSE_EVENTS (50).
+# (2000), SSE_EVENTS (50), ROUNDS (3), BASE (a git revision: pdlb built from
+# it runs beside this tree's, both front ends).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,6 +33,8 @@ H2_STREAMS=${H2_STREAMS:-10}
 H2_REQUESTS=${H2_REQUESTS:-40000}
 SSE_STREAMS=${SSE_STREAMS:-2000}
 SSE_EVENTS=${SSE_EVENTS:-50}
+ROUNDS=${ROUNDS:-3}
+BASE=${BASE:-}
 WORKERS=$(nproc)
 
 NAME=tlsbench
@@ -52,6 +59,12 @@ install_missing
 
 log "building pdlb and the stub"
 (cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub)
+if [ -n "$BASE" ]; then
+	log "building pdlb at $BASE"
+	(cd "$ROOT" && git worktree add -q --detach "$DIR/base" "$BASE" &&
+		(cd "$DIR/base" && go build -o "$DIR/pdlb-base" ./tools/pdlb); status=$?
+		git worktree remove --force "$DIR/base"; exit $status)
+fi
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
 	-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$DIR/key.pem" -out "$DIR/cert.pem" 2>/dev/null
 lua=$DIR/post.lua
@@ -72,13 +85,20 @@ wait_port "$STUB"
 
 declare -A ADDR PID
 LABELS=()
-for fe in gnet fasthttp; do
+# start_pdlb FRONTEND BINARY LABEL
+start_pdlb() {
 	take_port LISTEN
 	take_port ADMIN
-	"$DIR/pdlb" serve --pod "model=bench,address=$STUB" --listen "$LISTEN" --admin "$ADMIN" --frontend "$fe" \
-		--tls-cert "$DIR/cert.pem" --tls-key "$DIR/key.pem" 2>"$DIR/pdlb-$fe.log" &
+	"$DIR/$2" serve --pod "model=bench,address=$STUB" --listen "$LISTEN" --admin "$ADMIN" --frontend "$1" \
+		--tls-cert "$DIR/cert.pem" --tls-key "$DIR/key.pem" 2>"$DIR/$2-$1.log" &
 	started
-	LABELS+=("pdlb $fe") ADDR["pdlb $fe"]=$LISTEN PID["pdlb $fe"]=$!
+	LABELS+=("$3") ADDR["$3"]=$LISTEN PID["$3"]=$!
+}
+for fe in gnet fasthttp; do
+	start_pdlb "$fe" pdlb "pdlb $fe"
+	if [ -n "$BASE" ]; then
+		start_pdlb "$fe" pdlb-base "pdlb $fe (base $BASE)"
+	fi
 done
 take_port NGINX
 sed -e "s|@WORKERS@|$WORKERS|" -e "s|@DIR@|$DIR|g" -e "s|@UPSTREAM@|$STUB|" -e "s|@LISTEN@|$NGINX|" \
@@ -90,41 +110,77 @@ for l in "${LABELS[@]}"; do
 	wait_port "${ADDR[$l]}"
 done
 
-# wrk_rps prints wrk's requests/s against label, with extra wrk arguments.
-wrk_rps() {
-	local label=$1
-	shift
-	(cd "$DIR" && wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s post.lua "$@" "https://${ADDR[$label]}$API") >"$DIR/wrk.txt" 2>&1 || true
-	if grep -q 'Non-2xx\|Socket errors' "$DIR/wrk.txt"; then
-		log "$label: $(grep 'Non-2xx\|Socket errors' "$DIR/wrk.txt" | tr '\n' ' ')"
-	fi
-	awk '/^Requests\/sec/ {printf "%.0f", $2}' "$DIR/wrk.txt"
+# pids prints the target's processes: nginx's master and its workers.
+pids() {
+	echo "${PID[$1]}" $(pgrep -P "${PID[$1]}" || true)
 }
 
-# h2_rps prints h2load's requests/s (finished streams) against label.
-h2_rps() {
-	local label=$1
-	shift
-	h2load "$@" "https://${ADDR[$label]}$API" >"$DIR/h2load.txt" 2>&1 || true
-	if ! grep -q 'requests:.*succeeded' "$DIR/h2load.txt"; then
-		log "$label: h2load: $(tail -3 "$DIR/h2load.txt" | tr '\n' ' ')"
-	fi
-	awk '/^finished in/ {gsub(",", "", $4); printf "%.0f", $4}' "$DIR/h2load.txt"
+# measure LABEL ROW runs ROW's load against LABEL and prints its rate and
+# the target's CPU microseconds per request (per event for SSE).
+measure() {
+	local label=$1 row=$2 t0 t1 rate n
+	t0=$(cpu_ticks $(pids "$label"))
+	case $row in
+	ka | hs)
+		local extra=()
+		[ "$row" = hs ] && extra=(-H 'Connection: close')
+		(cd "$DIR" && wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s post.lua "${extra[@]}" "https://${ADDR[$label]}$API") >"$DIR/wrk.txt" 2>&1 || true
+		if grep -q 'Non-2xx\|Socket errors' "$DIR/wrk.txt"; then
+			log "$label: $(grep 'Non-2xx\|Socket errors' "$DIR/wrk.txt" | tr '\n' ' ')"
+		fi
+		rate=$(awk '/^Requests\/sec/ {printf "%.0f", $2}' "$DIR/wrk.txt")
+		n=$(awk '/requests in/ {print $1}' "$DIR/wrk.txt")
+		;;
+	h2 | sse)
+		local args=(-n "$H2_REQUESTS" -c "$H2_CLIENTS" -m "$H2_STREAMS" -d "$DIR/body.json" -H 'content-type: application/json') per=1
+		if [ "$row" = sse ]; then
+			args=(-n "$SSE_STREAMS" -c "$H2_CLIENTS" -m "$H2_STREAMS" -d "$HERE/sse.json" -H 'content-type: application/json'
+				-H "x-stub-events: $SSE_EVENTS" -H 'x-stub-interval: 1us')
+			per=$SSE_EVENTS
+		fi
+		h2load "${args[@]}" "https://${ADDR[$label]}$API" >"$DIR/h2load.txt" 2>&1 || true
+		if ! grep -q 'requests:.*succeeded' "$DIR/h2load.txt"; then
+			log "$label: h2load: $(tail -3 "$DIR/h2load.txt" | tr '\n' ' ')"
+		fi
+		rate=$(awk -v per="$per" '/^finished in/ {gsub(",", "", $4); printf "%.0f", $4 * per}' "$DIR/h2load.txt")
+		n=$(awk -v per="$per" '/^requests:/ {print $8 * per}' "$DIR/h2load.txt")
+		;;
+	esac
+	t1=$(cpu_ticks $(pids "$label"))
+	echo "${rate:-0} $(cpu_us_per "$t0" "$t1" "${n:-0}")"
 }
 
-echo "| target | HTTPS keep-alive req/s | new handshakes/s | h2 req/s | SSE over h2, events/s |"
-echo "| --- | --- | --- | --- | --- |"
-for l in "${LABELS[@]}"; do
-	log "$l: HTTPS keep-alive"
-	ka=$(wrk_rps "$l")
-	log "$l: a handshake per request"
-	hs=$(wrk_rps "$l" -H 'Connection: close')
-	log "$l: h2"
-	h2=$(h2_rps "$l" -n "$H2_REQUESTS" -c "$H2_CLIENTS" -m "$H2_STREAMS" -d "$DIR/body.json" -H 'content-type: application/json')
-	log "$l: SSE over h2"
-	sse=$(h2_rps "$l" -n "$SSE_STREAMS" -c "$H2_CLIENTS" -m "$H2_STREAMS" -d "$HERE/sse.json" -H 'content-type: application/json' \
-		-H "x-stub-events: $SSE_EVENTS" -H 'x-stub-interval: 1us')
-	echo "| $l | $ka | $hs | $h2 | $((${sse:-0} * SSE_EVENTS)) |"
+ROWS=(ka hs h2 sse)
+declare -A RATES CPUS
+for r in $(seq "$ROUNDS"); do
+	for row in "${ROWS[@]}"; do
+		for l in "${LABELS[@]}"; do
+			log "round $r: $l: $row"
+			read -r rate cpu < <(measure "$l" "$row")
+			RATES["$l/$row"]+=" $rate" CPUS["$l/$row"]+=" ${cpu:-0}"
+		done
+	done
 done
+
+# table HEADER FORMAT CELLS prints one line per target of the medians in
+# the associative array named CELLS, per row, in printf's FORMAT.
+table() {
+	local -n cells=$3
+	echo "$1"
+	echo "| --- | --- | --- | --- | --- |"
+	for l in "${LABELS[@]}"; do
+		line="| $l |"
+		for row in "${ROWS[@]}"; do
+			# shellcheck disable=SC2086
+			line+=" $(median "$2" ${cells["$l/$row"]}) |"
+		done
+		echo "$line"
+	done
+}
+table "| target | HTTPS keep-alive req/s | new handshakes/s | h2 req/s | SSE over h2, events/s |" '%.0f' RATES
 echo
-echo "Machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $WORKERS cores. Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."
+echo "CPU of the target's processes, microseconds per request (per event for SSE):"
+echo
+table "| target | HTTPS keep-alive | new handshakes | h2 | SSE over h2 |" '%.1f' CPUS
+echo
+echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."

@@ -78,7 +78,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	s.now.Store(time.Now().UnixNano())
 	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
-	s.workers = workers{idle: make(chan *gconn), quit: make(chan struct{})}
+	s.workers = workers{idle: make(chan job), quit: make(chan struct{})}
 	if !o.HTTP2.Disabled {
 		s.h2 = newH2Server(h, s.o)
 	}
@@ -273,33 +273,37 @@ func (s *GNet) stop() error {
 	return s.runErr
 }
 
-// workers runs connections' queues on goroutines kept between requests: a
-// goroutine made per request would grow its stack to the handler's depth
-// each time (a profile showed the copying), one kept has grown already.
+// workers runs jobs (connections' queues, HTTP/2 streams) on goroutines
+// kept between requests: a goroutine made per request would grow its
+// stack to the handler's depth each time (a profile showed the copying),
+// one kept has grown already.
 type workers struct {
-	idle chan *gconn // taken by workers waiting for work
+	idle chan job // taken by workers waiting for work
 	quit chan struct{}
 }
+
+// job is what a worker runs.
+type job interface{ work() }
 
 // workerIdle is how long a worker waits for work before it exits.
 const workerIdle = 10 * time.Second
 
-func (w *workers) run(gc *gconn) {
+func (w *workers) run(j job) {
 	select {
-	case w.idle <- gc:
+	case w.idle <- j:
 	default:
-		go w.loop(gc)
+		go w.loop(j)
 	}
 }
 
-func (w *workers) loop(gc *gconn) {
+func (w *workers) loop(j job) {
 	t := time.NewTimer(workerIdle)
 	defer t.Stop()
 	for {
-		gc.work()
+		j.work()
 		t.Reset(workerIdle)
 		select {
-		case gc = <-w.idle:
+		case j = <-w.idle:
 		case <-t.C:
 			return
 		case <-w.quit:

@@ -1,25 +1,24 @@
 package frontend
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"io"
-	"log"
-	"log/slog"
 	"net"
-	"net/http"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
-// HTTP2 bounds what an HTTP/2 client may cost (golang.org/x/net/http2
-// serves the protocol; this package adapts its streams to the Handler).
+// HTTP2 bounds what an HTTP/2 client may cost (this package's server
+// speaks the protocol with golang.org/x/net/http2's framer and HPACK).
 type HTTP2 struct {
 	// Disabled turns HTTP/2 off: no h2 in ALPN, no h2c.
 	Disabled bool
@@ -29,7 +28,7 @@ type HTTP2 struct {
 	// 16384).
 	MaxFrameBytes uint32
 	// MaxResetsPerSecond is the rate of stream cancellations a client may
-	// keep up (default 100); see resetGuard.
+	// keep up (default 100); see h2Conn.onReset.
 	MaxResetsPerSecond int
 }
 
@@ -40,41 +39,61 @@ const (
 	DefaultMaxResetsPerSecond   = 100
 )
 
+// Receive windows the server grants, in bytes: per stream (its
+// SETTINGS_INITIAL_WINDOW_SIZE) and per connection. Request bodies are
+// read whole before the handler runs and are capped by MaxBodyBytes, so
+// the windows bound nothing in memory and are replenished as DATA comes.
+const (
+	h2StreamWindow = 1 << 20
+	h2ConnWindow   = 1 << 24
+	// h2InitialWindow is the window every side starts with (RFC 9113
+	// 6.9.2).
+	h2InitialWindow = 65535
+	// h2MaxWindow is the largest flow-control window (RFC 9113 6.9.1).
+	h2MaxWindow = 1<<31 - 1
+)
+
+// h2MaxPending is how many bytes of frames may wait for the socket before
+// a stream's writer waits for them to be written; h2MaxControl is how
+// many the client's own frames (PING, SETTINGS acknowledgements) may pile
+// up before the connection is closed as a flood.
+const (
+	h2MaxPending = 256 << 10
+	h2MaxControl = 4 << 20
+)
+
 // h2Server serves HTTP/2 connections, each on the goroutine that hands it
-// over, with x/net's server; every stream runs the front end's Handler on
-// a fasthttp.RequestCtx (serveStream), so HTTP/1.1 and HTTP/2 requests
-// take one path through the gateway, with the same metrics.
+// over, which reads its frames (h2Conn.run). Every stream runs the front
+// end's Handler on a fasthttp.RequestCtx of its own goroutine, so HTTP/1.1
+// and HTTP/2 requests take one path through the gateway, with the same
+// metrics; the streams' frames are written by whichever goroutine finds
+// the socket idle (h2Conn.flushLocked), many to a write.
 type h2Server struct {
-	srv  *http2.Server
-	base *http.Server // its MaxHeaderBytes is the header list size; Shutdown sends GOAWAY
-	h    Handler
-	o    Options
+	h            Handler
+	o            Options
+	maxStreams   uint32
+	maxFrame     uint32
+	resetRate    float64
+	headerLimit  uint32
+	shuttingDown atomic.Bool
+
+	// workers serve the streams; shutdown closes their quit.
+	workers  workers
+	quitOnce sync.Once
 
 	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	conns map[*h2Conn]struct{}
 	open  atomic.Int64
 }
 
 func newH2Server(h Handler, o Options) *h2Server {
 	c := o.HTTP2
-	s := &h2Server{h: h, o: o, conns: map[net.Conn]struct{}{},
-		srv: &http2.Server{
-			MaxConcurrentStreams: cmpOr(c.MaxConcurrentStreams, DefaultMaxConcurrentStreams),
-			MaxReadFrameSize:     cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
-			IdleTimeout:          o.IdleTimeout,
-		},
-		base: &http.Server{MaxHeaderBytes: o.MaxHeaderBytes, ReadHeaderTimeout: o.ReadTimeout,
-			// A client's bad preface or frames: its doing, by the
-			// thousand at the edge (as fasthttp's, see debugLog).
-			ErrorLog: log.New(io.Discard, "", 0)},
+	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{}, workers: workers{idle: make(chan job), quit: make(chan struct{})},
+		maxStreams:  cmpOr(c.MaxConcurrentStreams, DefaultMaxConcurrentStreams),
+		maxFrame:    cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
+		resetRate:   float64(cmpOr(max(c.MaxResetsPerSecond, 0), DefaultMaxResetsPerSecond)),
+		headerLimit: uint32(cmpOr(o.MaxHeaderBytes, DefaultMaxHeaderBytes)),
 	}
-	if o.Log != nil {
-		s.base.ErrorLog = slog.NewLogLogger(o.Log.Handler(), slog.LevelDebug)
-	}
-	if err := http2.ConfigureServer(s.base, s.srv); err != nil {
-		panic("BUG: http2.ConfigureServer: " + err.Error())
-	}
-	return s
 }
 
 func cmpOr[T comparable](v, def T) T {
@@ -85,42 +104,50 @@ func cmpOr[T comparable](v, def T) T {
 	return v
 }
 
-// serve runs one HTTP/2 connection until it ends.
-func (s *h2Server) serve(c net.Conn) {
-	rate := s.o.HTTP2.MaxResetsPerSecond
-	if rate <= 0 {
-		rate = DefaultMaxResetsPerSecond
-	}
-	g := newResetGuard(c, rate)
-	s.mu.Lock()
-	s.conns[g] = struct{}{}
-	s.mu.Unlock()
+// serve runs one HTTP/2 connection until it and its streams ended.
+func (s *h2Server) serve(nc net.Conn) {
+	c := newH2Conn(s, nc)
 	s.open.Add(1)
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, g)
-		s.mu.Unlock()
-		s.open.Add(-1)
-	}()
-	s.srv.ServeConn(g, &http2.ServeConnOpts{BaseConfig: s.base, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.serveStream(c, w, r)
-	})})
+	defer c.finish()
+	c.run()
+}
+
+// finish counts c out of the open connections, once: when it closed after
+// its last stream, or when run returned. The former comes first where the
+// close lingers (lingerConn): the socket stays open, and run's read
+// waiting, until the client closes or the linger's bound.
+func (c *h2Conn) finish() {
+	c.finished.Do(func() {
+		c.s.mu.Lock()
+		delete(c.s.conns, c)
+		c.s.mu.Unlock()
+		c.s.open.Add(-1)
+	})
+}
+
+// track makes c one that shutdown sends GOAWAY, once c sent its SETTINGS
+// (which must come first); one that starts during a shutdown gets it now.
+func (s *h2Server) track(c *h2Conn) {
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	if s.shuttingDown.Load() {
+		c.goAway(http2.ErrCodeNo)
+	}
 }
 
 // shutdown sends every connection GOAWAY and waits until they closed or
 // ctx ended; then it closes what is left.
 func (s *h2Server) shutdown(ctx context.Context) error {
-	_ = s.base.Shutdown(ctx)
+	s.shuttingDown.Store(true)
+	s.quitOnce.Do(func() { close(s.workers.quit) })
+	s.each((*h2Conn).goAway, http2.ErrCodeNo)
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for s.open.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			s.mu.Lock()
-			for c := range s.conns {
-				_ = c.Close()
-			}
-			s.mu.Unlock()
+			s.each(func(c *h2Conn, _ http2.ErrCode) { _ = c.nc.Close() }, 0)
 			return ctx.Err()
 		case <-t.C:
 		}
@@ -128,210 +155,578 @@ func (s *h2Server) shutdown(ctx context.Context) error {
 	return nil
 }
 
-var h2Ctxs = sync.Pool{New: func() any { return new(fasthttp.RequestCtx) }}
-
-// serveStream runs the Handler for one stream of the connection c.
-func (s *h2Server) serveStream(c net.Conn, w http.ResponseWriter, r *http.Request) {
-	ctx := h2Ctxs.Get().(*fasthttp.RequestCtx)
-	defer func() {
-		ctx.Request.Reset()
-		ctx.Response.Reset()
-		h2Ctxs.Put(ctx)
-	}()
-	ctx.Init2(&h2Stream{parent: c, done: r.Context().Done()}, ctxLogger, false)
-	req := &ctx.Request
-	req.Header.SetMethod(r.Method)
-	req.SetRequestURI(r.RequestURI)
-	req.Header.SetHost(r.Host)
-	for k, vs := range r.Header {
-		for _, v := range vs {
-			req.Header.Add(k, v)
-		}
+func (s *h2Server) each(f func(*h2Conn, http2.ErrCode), code http2.ErrCode) {
+	s.mu.Lock()
+	conns := make([]*h2Conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
 	}
-	if err := s.readBody(req, r); err != nil {
-		if r.Context().Err() != nil {
-			return // the client cancelled the stream
-		}
-		s.h.Error(ctx, err)
-	} else {
-		s.h.Serve(ctx)
+	s.mu.Unlock()
+	for _, c := range conns {
+		f(c, code)
 	}
-	writeResponse(w, r, &ctx.Response)
 }
 
-// readBody reads r's body into req, up to MaxBodyBytes.
-func (s *h2Server) readBody(req *fasthttp.Request, r *http.Request) error {
-	limit := int64(s.o.MaxBodyBytes)
-	if r.ContentLength > limit {
-		return fasthttp.ErrBodyTooLarge
+// h2Conn is one HTTP/2 connection. Its goroutine (run) reads frames and
+// changes stream state; writes come from it and from the streams'
+// handlers, all under mu, into out, which flushLocked writes to the
+// socket.
+type h2Conn struct {
+	s  *h2Server
+	nc net.Conn
+	br *bufio.Reader
+	fr *http2.Framer // read by run alone; written under mu
+
+	mu   sync.Mutex
+	cond sync.Cond // on mu: a window opened, out was written, or the connection or a stream ended
+	out  []byte    // frames not yet written
+	// spare is out's other buffer, written by the flusher meanwhile.
+	spare   []byte
+	writing bool  // a goroutine is writing to nc, mu released
+	werr    error // the socket failed or was closed: every write fails
+	enc     *hpack.Encoder
+	hbuf    bytes.Buffer // enc's output, one header block at a time
+	streams map[uint32]*h2Stream
+	// Send side: the connection's window and the client's settings.
+	sendWindow    int64
+	initialWindow int64
+	maxFrameOut   int
+	goingAway     bool   // GOAWAY sent: no new streams
+	lastID        uint32 // the highest stream the client opened
+	idle          *time.Timer
+
+	// Owned by run.
+	recvWindow  int64 // the connection's receive window left
+	recvUnacked int64 // received bytes not yet given back in a WINDOW_UPDATE
+	handlers    sync.WaitGroup
+	running     atomic.Int32
+	finished    sync.Once
+	tokens      float64 // rapid-reset bucket; see onReset
+	last        time.Time
+	strikes     int
+}
+
+func newH2Conn(s *h2Server, nc net.Conn) *h2Conn {
+	c := &h2Conn{s: s, nc: nc, br: bufio.NewReaderSize(nc, 16<<10), streams: map[uint32]*h2Stream{},
+		sendWindow: h2InitialWindow, initialWindow: h2InitialWindow, maxFrameOut: http2DefaultFrame,
+		recvWindow: h2ConnWindow, tokens: 10 * s.resetRate, last: time.Now()}
+	c.cond.L = &c.mu
+	c.fr = http2.NewFramer((*h2Out)(c), c.br)
+	c.fr.SetMaxReadFrameSize(s.maxFrame)
+	c.fr.MaxHeaderListSize = s.headerLimit
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.SetReuseFrames()
+	c.enc = hpack.NewEncoder(&c.hbuf)
+	return c
+}
+
+// http2DefaultFrame is the frame size both sides may send before the
+// other's SETTINGS say more.
+const http2DefaultFrame = 16 << 10
+
+// h2Out is the framer's writer: frames go to out, under mu.
+type h2Out h2Conn
+
+func (o *h2Out) Write(p []byte) (int, error) {
+	o.out = append(o.out, p...)
+	return len(p), nil
+}
+
+// errH2Closed fails a stream's write after its connection ended or its
+// answer was sent; errStreamReset one after the stream was reset;
+// errRapidReset ends a connection that cancels streams too fast.
+var (
+	errH2Closed    = errors.New("frontend: the HTTP/2 connection is closed")
+	errStreamReset = errors.New("frontend: the client reset the HTTP/2 stream")
+	errRapidReset  = errors.New("frontend: HTTP/2 client cancels streams too fast (rapid reset)")
+)
+
+// run reads and handles frames until the connection fails or ends, then
+// waits for the streams' handlers.
+func (c *h2Conn) run() {
+	err := c.start()
+	for err == nil {
+		var f http2.Frame
+		if f, err = c.fr.ReadFrame(); err == nil {
+			err = c.handle(f)
+		} else if se, ok := err.(http2.StreamError); ok {
+			c.mu.Lock()
+			c.resetLocked(se.StreamID, se.Code)
+			c.mu.Unlock()
+			err = nil
+		}
+		if err == nil && c.br.Buffered() == 0 {
+			// About to wait for the client: what its frames made goes
+			// out now, in one write with whatever the streams added.
+			c.mu.Lock()
+			err = c.flushLocked()
+			c.mu.Unlock()
+		}
 	}
-	n, err := io.Copy(req.BodyWriter(), io.LimitReader(r.Body, limit+1))
+	c.end(err)
+	c.handlers.Wait()
+	_ = c.nc.Close()
+}
+
+// start reads the client's preface and sends the server's SETTINGS.
+func (c *h2Conn) start() error {
+	_ = c.nc.SetReadDeadline(time.Now().Add(c.s.o.ReadTimeout))
+	var preface [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(c.br, preface[:]); err != nil {
+		return err
+	}
+	if string(preface[:]) != http2.ClientPreface {
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	c.mu.Lock()
+	_ = c.fr.WriteSettings(
+		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.s.maxStreams},
+		http2.Setting{ID: http2.SettingMaxFrameSize, Val: c.s.maxFrame},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: h2StreamWindow},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: c.s.headerLimit},
+	)
+	_ = c.fr.WriteWindowUpdate(0, h2ConnWindow-h2InitialWindow)
+	c.idleLocked()
+	err := c.flushLocked()
+	c.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if n > limit {
-		return fasthttp.ErrBodyTooLarge
+	f, err := c.fr.ReadFrame()
+	if err != nil {
+		return err
 	}
-	req.Header.SetContentLength(int(n))
+	if sf, ok := f.(*http2.SettingsFrame); !ok || sf.IsAck() {
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	_ = c.nc.SetReadDeadline(time.Time{})
+	c.s.track(c)
+	return c.handle(f)
+}
+
+// handle acts on one frame from the client; an error ends the connection.
+func (c *h2Conn) handle(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame:
+		return c.onHeaders(f)
+	case *http2.DataFrame:
+		return c.onData(f)
+	case *http2.SettingsFrame:
+		return c.onSettings(f)
+	case *http2.WindowUpdateFrame:
+		return c.onWindowUpdate(f)
+	case *http2.RSTStreamFrame:
+		return c.onReset(f)
+	case *http2.PingFrame:
+		if f.IsAck() {
+			return nil
+		}
+		return c.control(func() error { return c.fr.WritePing(true, f.Data) })
+	case *http2.GoAwayFrame:
+		c.goAway(http2.ErrCodeNo)
+	case *http2.PushPromiseFrame:
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	// PRIORITY and unknown frames are ignored.
 	return nil
 }
 
-// writeResponse sends resp on the stream. A streamed body goes out a
-// chunk at a time, each flushed as DATA frames at once; a write blocks
-// while the stream's flow-control window is closed, which holds up the
-// relay feeding it, so a slow reader stops the reads from its pod
-// instead of buffering them.
-func writeResponse(w http.ResponseWriter, r *http.Request, resp *fasthttp.Response) {
-	h := w.Header()
-	stream := resp.IsBodyStream()
-	for k, v := range resp.Header.All() {
-		if hopByHop(k) || (stream && bytes.EqualFold(k, []byte("Content-Length"))) {
-			continue
+// control writes a frame answering the client's own, closing the
+// connection when the client sends them faster than it reads the answers.
+func (c *h2Conn) control(write func() error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.out) > h2MaxControl {
+		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
+	}
+	return write()
+}
+
+func (c *h2Conn) onSettings(f *http2.SettingsFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := f.ForeachSetting(func(s http2.Setting) error {
+		switch s.ID {
+		case http2.SettingInitialWindowSize:
+			// Valid() bounded it. Open streams' windows move by the
+			// difference (RFC 9113 6.9.2).
+			d := int64(s.Val) - c.initialWindow
+			c.initialWindow = int64(s.Val)
+			for _, st := range c.streams {
+				if st.sendWindow += d; st.sendWindow > h2MaxWindow {
+					return http2.ConnectionError(http2.ErrCodeFlowControl)
+				}
+			}
+			c.cond.Broadcast()
+		case http2.SettingMaxFrameSize:
+			c.maxFrameOut = int(min(s.Val, http2DefaultFrame))
+		case http2.SettingHeaderTableSize:
+			c.enc.SetMaxDynamicTableSizeLimit(s.Val)
 		}
-		h.Add(string(k), string(v))
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	if !stream {
-		h.Set("Content-Length", strconv.Itoa(len(resp.Body())))
+	if len(c.out) > h2MaxControl {
+		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 	}
-	w.WriteHeader(resp.StatusCode())
-	if r.Method == http.MethodHead {
-		return
-	}
-	if !stream {
-		_, _ = w.Write(resp.Body())
-		return
-	}
-	fw := flushWriter{w: w, rc: http.NewResponseController(w)}
-	body := resp.BodyStream()
-	if wt, ok := body.(io.WriterTo); ok {
-		_, _ = wt.WriteTo(fw)
-	} else {
-		_, _ = io.Copy(fw, body)
-	}
-	if c, ok := body.(io.Closer); ok {
-		_ = c.Close()
-	}
+	return c.fr.WriteSettingsAck()
 }
 
-// hopByHop reports the HTTP/1.1 connection headers HTTP/2 forbids.
-func hopByHop(k []byte) bool {
-	for _, h := range [...]string{"Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Proxy-Connection"} {
-		if bytes.EqualFold(k, []byte(h)) {
-			return true
+func (c *h2Conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f.StreamID == 0 {
+		if c.sendWindow += int64(f.Increment); c.sendWindow > h2MaxWindow {
+			return http2.ConnectionError(http2.ErrCodeFlowControl)
+		}
+	} else if st := c.streams[f.StreamID]; st != nil {
+		if st.sendWindow += int64(f.Increment); st.sendWindow > h2MaxWindow {
+			c.resetLocked(f.StreamID, http2.ErrCodeFlowControl)
 		}
 	}
-	return false
+	c.cond.Broadcast()
+	return nil
 }
 
-// flushWriter sends each Write at once.
-type flushWriter struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
-}
-
-func (f flushWriter) Write(p []byte) (int, error) {
-	n, err := f.w.Write(p)
-	if err == nil {
-		err = f.rc.Flush()
+// onReset cancels a stream at the client's request. A token bucket allows
+// MaxResetsPerSecond of them with bursts of ten seconds' worth: the
+// rapid-reset attack (CVE-2023-44487) opens and cancels streams in a loop,
+// each costing the server a stream while the client pays two small
+// frames. Past the bucket the connection's reads pause (the offender is
+// throttled; nobody else is), and one still over after resetStrikes
+// pauses is closed.
+func (c *h2Conn) onReset(f *http2.RSTStreamFrame) error {
+	c.mu.Lock()
+	if st := c.streams[f.StreamID]; st != nil {
+		c.closeStreamLocked(st, errStreamReset)
+	} else if f.StreamID > c.lastID {
+		c.mu.Unlock()
+		return http2.ConnectionError(http2.ErrCodeProtocol) // an idle stream
 	}
-	return n, err
-}
-
-// h2Stream is what ctx.Conn() is for a stream: the connection's addresses,
-// and the stream's end for ClientGone. It carries no bytes.
-type h2Stream struct {
-	parent net.Conn
-	done   <-chan struct{}
-}
-
-var errStreamConn = errors.New("frontend: an HTTP/2 stream is not read or written as a connection")
-
-func (c *h2Stream) Read([]byte) (int, error)         { return 0, errStreamConn }
-func (c *h2Stream) Write([]byte) (int, error)        { return 0, errStreamConn }
-func (c *h2Stream) Close() error                     { return nil }
-func (c *h2Stream) LocalAddr() net.Addr              { return c.parent.LocalAddr() }
-func (c *h2Stream) RemoteAddr() net.Addr             { return c.parent.RemoteAddr() }
-func (c *h2Stream) SetDeadline(time.Time) error      { return nil }
-func (c *h2Stream) SetReadDeadline(time.Time) error  { return nil }
-func (c *h2Stream) SetWriteDeadline(time.Time) error { return nil }
-
-// resetGuard is the connection as the HTTP/2 server reads it. It watches
-// the frame headers go by for RST_STREAM from the client, the rapid-reset
-// attack (CVE-2023-44487): open a stream, cancel it, again, each costing
-// the server a handler start while the client pays two small frames.
-// x/net's server bounds the handlers in flight (MaxConcurrentStreams, then
-// a queue of four times as many, then it closes the connection), but a
-// client that cancels within those bounds may loop forever. A token
-// bucket allows rate cancellations a second with bursts of ten seconds'
-// worth; past it, reads from the client pause (it is throttled: its
-// frames wait, nobody else's do), and a client still over after
-// resetStrikes pauses is cut off.
-type resetGuard struct {
-	net.Conn
-	rate float64
-
-	// Owned by the server's one reading goroutine.
-	skip   int // bytes left of the preface or a frame's payload
-	hdr    [9]byte
-	filled int
-	tokens float64
-	last   time.Time
-	strike int
+	c.mu.Unlock()
+	now := time.Now()
+	c.tokens = min(c.tokens+now.Sub(c.last).Seconds()*c.s.resetRate, 10*c.s.resetRate) - 1
+	c.last = now
+	if c.tokens < 0 {
+		if c.strikes++; c.strikes > resetStrikes {
+			return errRapidReset
+		}
+		time.Sleep(min(time.Duration(-c.tokens/c.s.resetRate*float64(time.Second)), time.Second))
+	}
+	return nil
 }
 
 const resetStrikes = 3
 
-// errRapidReset closes a connection that cancels streams too fast.
-var errRapidReset = errors.New("frontend: HTTP/2 client cancels streams too fast (rapid reset)")
-
-func newResetGuard(c net.Conn, rate int) *resetGuard {
-	r := float64(rate)
-	return &resetGuard{Conn: c, rate: r, tokens: 10 * r, skip: len(http2.ClientPreface), last: time.Now()}
+// onHeaders opens a stream, or ends one with trailers.
+func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st := c.streams[id]; st != nil {
+		// Trailers: they end the request; their fields are dropped.
+		if st.recvEnded || !f.StreamEnded() {
+			c.resetLocked(id, http2.ErrCodeProtocol)
+			return nil
+		}
+		st.recvEnded = true
+		c.dispatch(st)
+		return nil
+	}
+	if id%2 == 0 {
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	if id <= c.lastID {
+		c.resetLocked(id, http2.ErrCodeStreamClosed)
+		return nil
+	}
+	c.lastID = id
+	switch {
+	case c.goingAway:
+		return nil
+	case len(c.streams) >= int(c.s.maxStreams):
+		c.resetLocked(id, http2.ErrCodeRefusedStream)
+		return nil
+	case c.running.Load() >= 4*int32(c.s.maxStreams):
+		// Streams the client cancelled whose handlers still run.
+		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
+	}
+	method, path := f.PseudoValue("method"), f.PseudoValue("path")
+	if method == "" || f.PseudoValue("scheme") == "" || !(strings.HasPrefix(path, "/") || path == "*") || !h2Fields(f.RegularFields()) {
+		// Malformed (RFC 9113 8.1.1): the stream is refused, the
+		// connection goes on.
+		c.resetLocked(id, http2.ErrCodeProtocol)
+		return nil
+	}
+	st := &h2Stream{parent: c.nc, c: c, id: id, done: make(chan struct{}),
+		sendWindow: c.initialWindow, recvWindow: h2StreamWindow, ctx: h2Ctxs.Get().(*fasthttp.RequestCtx)}
+	st.ctx.Init2(st, ctxLogger, false)
+	req := &st.ctx.Request
+	req.Header.SetMethod(method)
+	req.SetRequestURI(path)
+	host := f.PseudoValue("authority")
+	for _, hf := range f.RegularFields() {
+		if hf.Name == "host" && host == "" {
+			host = hf.Value
+		}
+		req.Header.Add(hf.Name, hf.Value)
+	}
+	req.Header.SetHost(host)
+	if f.Truncated {
+		st.err = errHeaderList
+	} else if req.Header.ContentLength() > c.s.o.MaxBodyBytes {
+		st.err = fasthttp.ErrBodyTooLarge
+	}
+	c.streams[id] = st
+	if c.idle != nil {
+		c.idle.Stop()
+	}
+	st.recvEnded = f.StreamEnded()
+	if st.recvEnded || st.err != nil {
+		c.dispatch(st)
+	}
+	return nil
 }
 
-func (g *resetGuard) Read(p []byte) (int, error) {
-	n, err := g.Conn.Read(p)
-	resets := g.count(p[:n])
-	if resets == 0 {
-		return n, err
-	}
-	now := time.Now()
-	g.tokens = min(g.tokens+now.Sub(g.last).Seconds()*g.rate, 10*g.rate) - float64(resets)
-	g.last = now
-	if g.tokens < 0 {
-		if g.strike++; g.strike > resetStrikes {
-			_ = g.Conn.Close()
-			return n, errRapidReset
+// h2Fields reports whether a request's fields are free of the
+// connection-specific ones HTTP/2 forbids (RFC 9113 8.2.2).
+func h2Fields(fields []hpack.HeaderField) bool {
+	for _, f := range fields {
+		switch f.Name {
+		case "connection", "proxy-connection", "keep-alive", "transfer-encoding", "upgrade":
+			return false
+		case "te":
+			if f.Value != "trailers" {
+				return false
+			}
 		}
-		time.Sleep(min(time.Duration(-g.tokens/g.rate*float64(time.Second)), time.Second))
 	}
-	return n, err
+	return true
 }
 
-// count follows the frames in b and counts the RST_STREAM headers.
-func (g *resetGuard) count(b []byte) int {
-	resets := 0
-	for len(b) > 0 {
-		if g.skip > 0 {
-			k := min(g.skip, len(b))
-			g.skip -= k
-			b = b[k:]
-			continue
+// errHeaderList is a request whose header list is over MaxHeaderBytes.
+var errHeaderList = errors.New("frontend: the HTTP/2 header list is over the limit")
+
+// onData adds a DATA frame to its stream's body and gives the window back.
+func (c *h2Conn) onData(f *http2.DataFrame) error {
+	n := int64(f.Length)
+	if c.recvWindow -= n; c.recvWindow < 0 {
+		return http2.ConnectionError(http2.ErrCodeFlowControl)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.recvUnacked += n; c.recvUnacked >= h2ConnWindow/2 {
+		_ = c.fr.WriteWindowUpdate(0, uint32(c.recvUnacked))
+		c.recvWindow += c.recvUnacked
+		c.recvUnacked = 0
+	}
+	st := c.streams[f.StreamID]
+	if st == nil || st.recvEnded {
+		if f.StreamID > c.lastID {
+			return http2.ConnectionError(http2.ErrCodeProtocol)
 		}
-		k := copy(g.hdr[g.filled:], b)
-		g.filled += k
-		b = b[k:]
-		if g.filled < len(g.hdr) {
-			break
+		if st != nil {
+			c.resetLocked(f.StreamID, http2.ErrCodeStreamClosed)
 		}
-		g.filled = 0
-		g.skip = int(g.hdr[0])<<16 | int(g.hdr[1])<<8 | int(g.hdr[2])
-		if http2.FrameType(g.hdr[3]) == http2.FrameRSTStream {
-			resets++
+		return nil // a stream already closed: its frames are dropped
+	}
+	if st.recvWindow -= n; st.recvWindow < 0 {
+		c.resetLocked(f.StreamID, http2.ErrCodeFlowControl)
+		return nil
+	}
+	if st.err == nil {
+		if body := st.ctx.Request.Body(); len(body)+len(f.Data()) > c.s.o.MaxBodyBytes {
+			st.err = fasthttp.ErrBodyTooLarge
+			c.dispatch(st)
+		} else {
+			st.ctx.Request.AppendBody(f.Data())
 		}
 	}
-	return resets
+	st.recvEnded = f.StreamEnded()
+	if st.recvEnded {
+		if st.err == nil {
+			c.dispatch(st)
+		}
+	} else if st.recvUnacked += n; st.recvUnacked >= h2StreamWindow/2 {
+		_ = c.fr.WriteWindowUpdate(st.id, uint32(st.recvUnacked))
+		st.recvWindow += st.recvUnacked
+		st.recvUnacked = 0
+	}
+	return nil
 }
+
+// dispatch starts st's handler; mu is held.
+func (c *h2Conn) dispatch(st *h2Stream) {
+	if st.started {
+		return
+	}
+	st.started = true
+	c.handlers.Add(1)
+	c.running.Add(1)
+	c.s.workers.run(st)
+}
+
+// work serves the stream on a worker (workers).
+func (st *h2Stream) work() { st.c.serveStream(st) }
+
+// resetLocked sends RST_STREAM for id and closes the stream; mu is held.
+func (c *h2Conn) resetLocked(id uint32, code http2.ErrCode) {
+	_ = c.fr.WriteRSTStream(id, code)
+	if st := c.streams[id]; st != nil {
+		c.closeStreamLocked(st, errStreamReset)
+	}
+}
+
+// closeStreamLocked ends st: its writes fail with err, and ClientGone
+// fires; mu is held.
+func (c *h2Conn) closeStreamLocked(st *h2Stream, err error) {
+	if st.cut != nil {
+		return
+	}
+	st.cut = err
+	close(st.done)
+	delete(c.streams, st.id)
+	if !st.started {
+		st.release()
+	}
+	c.idleLocked()
+	c.cond.Broadcast()
+}
+
+// idleLocked arms the idle timer when no stream is open: a connection
+// idle for IdleTimeout is sent GOAWAY and closed.
+func (c *h2Conn) idleLocked() {
+	if len(c.streams) > 0 || c.s.o.IdleTimeout <= 0 {
+		return
+	}
+	if c.idle == nil {
+		c.idle = time.AfterFunc(c.s.o.IdleTimeout, c.onIdle)
+	} else {
+		c.idle.Reset(c.s.o.IdleTimeout)
+	}
+}
+
+func (c *h2Conn) onIdle() {
+	c.mu.Lock()
+	idle := len(c.streams) == 0
+	c.mu.Unlock()
+	if idle {
+		c.goAway(http2.ErrCodeNo)
+	}
+}
+
+// goAway sends GOAWAY: no stream after the last one opened will be
+// served, and the connection closes once its open streams are done.
+func (c *h2Conn) goAway(code http2.ErrCode) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.goingAway {
+		return
+	}
+	c.goingAway = true
+	_ = c.fr.WriteGoAway(c.lastID, code, nil)
+	_ = c.flushLocked()
+	c.closeIfDoneLocked()
+}
+
+// closeIfDoneLocked closes the socket of a connection that sent GOAWAY
+// and has no stream left, which ends run's read; mu is held.
+func (c *h2Conn) closeIfDoneLocked() {
+	if c.goingAway && len(c.streams) == 0 && c.running.Load() == 0 && !c.writing {
+		_ = c.nc.Close()
+		c.finish()
+	}
+}
+
+// end closes the connection after run's last read: a connection error is
+// sent to the client in a GOAWAY; every stream still open is cut.
+func (c *h2Conn) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	code := http2.ErrCodeNo
+	var ce http2.ConnectionError
+	switch {
+	case errors.As(err, &ce):
+		code = http2.ErrCode(ce)
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		code = http2.ErrCodeFrameSize
+	case errors.Is(err, errRapidReset):
+		code = http2.ErrCodeEnhanceYourCalm
+	default:
+		code = 0xff // the socket failed: nothing to tell the client
+	}
+	if code != 0xff && !c.goingAway {
+		c.goingAway = true
+		_ = c.fr.WriteGoAway(c.lastID, code, nil)
+		_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		for c.writing {
+			c.cond.Wait()
+		}
+		_ = c.flushLocked()
+	}
+	if c.s.o.Log != nil && code != 0xff && code != http2.ErrCodeNo {
+		c.s.o.Log.Debug("frontend: HTTP/2 connection error", "err", err, "remote", c.nc.RemoteAddr())
+	}
+	c.goingAway = true
+	if c.werr == nil {
+		c.werr = errH2Closed
+	}
+	for _, st := range c.streams {
+		c.closeStreamLocked(st, errH2Closed)
+	}
+	if c.idle != nil {
+		c.idle.Stop()
+	}
+	_ = c.nc.Close()
+	c.cond.Broadcast()
+}
+
+var h2Ctxs = sync.Pool{New: func() any { return new(fasthttp.RequestCtx) }}
+
+// h2Stream is one stream, and what ctx.Conn() is for its request: the
+// connection's addresses, and the stream's end for ClientGone. It carries
+// no bytes.
+type h2Stream struct {
+	parent net.Conn
+	done   chan struct{} // closed when the stream is cut (reset, the connection ended)
+	c      *h2Conn
+	id     uint32
+	ctx    *fasthttp.RequestCtx
+
+	// Under c.mu.
+	err        error // the request cannot be served: Handler.Error answers
+	cut        error // the stream was closed: writes fail with it
+	sendWindow int64
+	recvWindow int64
+	// recvUnacked is received body not yet given back in a WINDOW_UPDATE.
+	recvUnacked int64
+	recvEnded   bool // the client ended its side
+	started     bool // its handler runs
+}
+
+// release returns the stream's ctx to the pool.
+func (st *h2Stream) release() {
+	st.ctx.Request.Reset()
+	st.ctx.Response.Reset()
+	h2Ctxs.Put(st.ctx)
+	st.ctx = nil
+}
+
+var errStreamConn = errors.New("frontend: an HTTP/2 stream is not read or written as a connection")
+
+func (st *h2Stream) Read([]byte) (int, error)         { return 0, errStreamConn }
+func (st *h2Stream) Write([]byte) (int, error)        { return 0, errStreamConn }
+func (st *h2Stream) Close() error                     { return nil }
+func (st *h2Stream) LocalAddr() net.Addr              { return st.parent.LocalAddr() }
+func (st *h2Stream) RemoteAddr() net.Addr             { return st.parent.RemoteAddr() }
+func (st *h2Stream) SetDeadline(time.Time) error      { return nil }
+func (st *h2Stream) SetReadDeadline(time.Time) error  { return nil }
+func (st *h2Stream) SetWriteDeadline(time.Time) error { return nil }
 
 // sniffPreface reads c's first bytes, as far as they agree with HTTP/2's
 // client preface, and returns c with them put back and whether they are

@@ -16,9 +16,10 @@ import (
 // or it came whole and the connection leaves the loop for the HTTP/2
 // server.
 //
-// HTTP/2 multiplexes streams, each a goroutine of x/net's server, over one
-// connection whose reads and writes that server owns; serving it on a
-// loop would mean writing HTTP/2 again over gnet's buffers. So the socket
+// HTTP/2 multiplexes streams, each served on a goroutine that may block,
+// over one connection whose reads and writes the HTTP/2 server owns
+// (h2.go); serving it on a loop would mean driving that server from
+// gnet's buffers. So the socket
 // is duplicated into a net.Conn on Go's poller, served on a goroutine like
 // the TLS front end's h2 connections, and gnet closes its own descriptor
 // (after taking it off its poller, so the duplicate is left alone).

@@ -1,0 +1,232 @@
+package frontend
+
+import (
+	"bytes"
+	"io"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// serveStream runs the Handler for st and sends its response.
+func (c *h2Conn) serveStream(st *h2Stream) {
+	ctx := st.ctx
+	switch {
+	case st.err == errHeaderList:
+		ctx.Response.SetStatusCode(fasthttp.StatusRequestHeaderFieldsTooLarge)
+		ctx.Response.SetBodyString("Request Header Fields Too Large\n")
+	case st.err != nil:
+		c.s.h.Error(ctx, st.err)
+	default:
+		ctx.Request.Header.SetContentLength(len(ctx.Request.Body()))
+		c.s.h.Serve(ctx)
+	}
+	ended := c.writeResponse(st, &ctx.Response, ctx.IsHead()) == nil
+	c.mu.Lock()
+	if st.cut == nil {
+		switch {
+		case !ended:
+			// The handler's stream broke off: the client must not
+			// take what it got for the whole answer.
+			c.resetLocked(st.id, http2.ErrCodeInternal)
+		case !st.recvEnded:
+			// Answered before the whole body came (413): the rest is
+			// not wanted (RFC 9113 8.1).
+			c.resetLocked(st.id, http2.ErrCodeNo)
+		default:
+			c.closeStreamLocked(st, errH2Closed)
+		}
+		_ = c.flushLocked()
+	}
+	c.running.Add(-1)
+	c.closeIfDoneLocked()
+	c.mu.Unlock()
+	st.release()
+	c.handlers.Done()
+}
+
+// writeResponse sends resp on st. A streamed body goes out a chunk at a
+// time, each flushed as DATA frames at once; a write waits while the
+// stream's flow-control window is closed, which holds up the relay feeding
+// it, so a slow reader stops the reads from its pod instead of buffering
+// them.
+func (c *h2Conn) writeResponse(st *h2Stream, resp *fasthttp.Response, head bool) error {
+	stream := resp.IsBodyStream()
+	var body []byte
+	if !stream {
+		body = resp.Body()
+	}
+	end := head || (!stream && len(body) == 0)
+	err := c.writeHeaders(st, resp, stream, end)
+	switch {
+	case stream:
+		bs := resp.BodyStream()
+		if err == nil && !head {
+			w := h2Body{c: c, st: st}
+			if wt, ok := bs.(io.WriterTo); ok {
+				_, err = wt.WriteTo(w)
+			} else {
+				_, err = io.Copy(w, bs)
+			}
+			if err == nil {
+				err = c.writeData(st, nil, true)
+			}
+		}
+		if cl, ok := bs.(io.Closer); ok {
+			_ = cl.Close()
+		}
+	case err == nil && !end:
+		err = c.writeData(st, body, true)
+	}
+	return err
+}
+
+// h2Body sends each Write on its stream at once.
+type h2Body struct {
+	c  *h2Conn
+	st *h2Stream
+}
+
+func (b h2Body) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if err := b.c.writeData(b.st, p, false); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// writeHeaders adds resp's status and header to out as HEADERS (and
+// CONTINUATION) frames; with end they end the stream and are flushed.
+func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.writableLocked(st); err != nil {
+		return err
+	}
+	c.hbuf.Reset()
+	field := func(k, v string) { _ = c.enc.WriteField(hpack.HeaderField{Name: k, Value: v}) }
+	field(":status", strconv.Itoa(resp.StatusCode()))
+	for k, v := range resp.Header.All() {
+		if hopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) {
+			continue
+		}
+		field(lowerName(k), string(v))
+	}
+	if !stream {
+		field("content-length", strconv.Itoa(len(resp.Body())))
+	}
+	block := c.hbuf.Bytes()
+	n := min(len(block), c.maxFrameOut)
+	_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: block[:n], EndStream: end, EndHeaders: n == len(block)})
+	for block = block[n:]; len(block) > 0; block = block[n:] {
+		n = min(len(block), c.maxFrameOut)
+		_ = c.fr.WriteContinuation(st.id, n == len(block), block[:n])
+	}
+	if end {
+		return c.flushLocked()
+	}
+	return nil
+}
+
+// writableLocked is why nothing more may be written on st, nil when it
+// may; mu is held.
+func (c *h2Conn) writableLocked(st *h2Stream) error {
+	if c.werr != nil {
+		return c.werr
+	}
+	return st.cut
+}
+
+// writeData sends p on st as DATA frames, ending the stream with end, and
+// flushes them. It waits while the stream's or the connection's window is
+// closed, and while out holds h2MaxPending bytes for a socket being
+// written.
+func (c *h2Conn) writeData(st *h2Stream, p []byte, end bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if err := c.writableLocked(st); err != nil {
+			return err
+		}
+		n := int64(min(len(p), c.maxFrameOut))
+		n = min(n, st.sendWindow, c.sendWindow)
+		if (n <= 0 && len(p) > 0) || (c.writing && len(c.out) >= h2MaxPending) {
+			// The client gets what is gathered before it is waited
+			// on to open its windows.
+			if err := c.flushLocked(); err != nil {
+				return err
+			}
+			c.cond.Wait()
+			continue
+		}
+		last := end && int(n) == len(p)
+		_ = c.fr.WriteData(st.id, last, p[:n])
+		st.sendWindow -= n
+		c.sendWindow -= n
+		p = p[n:]
+		if len(p) == 0 {
+			return c.flushLocked()
+		}
+	}
+}
+
+// flushLocked writes out to the socket unless another goroutine is at it,
+// which then writes what was added meanwhile too; mu is held, and released
+// while writing. On a connection with other streams in flight it first
+// yields the processor once.
+func (c *h2Conn) flushLocked() error {
+	for !c.writing && len(c.out) > 0 && c.werr == nil {
+		if c.running.Load() > 1 {
+			// Other streams' handlers may be about to write: letting
+			// them run first puts their frames in this write.
+			c.writing = true
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+		}
+		out := c.out
+		c.out, c.spare = c.spare[:0], nil
+		c.writing = true
+		c.mu.Unlock()
+		_, err := c.nc.Write(out)
+		c.mu.Lock()
+		c.writing = false
+		c.spare = out[:0]
+		if err != nil {
+			c.werr = err
+			_ = c.nc.Close()
+		}
+		c.cond.Broadcast()
+	}
+	c.closeIfDoneLocked()
+	return c.werr
+}
+
+// lowerName is a header name as HTTP/2 writes it, in lower case.
+func lowerName(k []byte) string {
+	if n, ok := h2Names[string(k)]; ok {
+		return n
+	}
+	return strings.ToLower(string(k))
+}
+
+// h2Names are the names the gateway's responses carry, lowered once.
+var h2Names = map[string]string{"Content-Type": "content-type", "Server": "server", "Date": "date",
+	"Cache-Control": "cache-control", "X-Request-Id": "x-request-id", "Retry-After": "retry-after",
+	"X-Pdlb-Model": "x-pdlb-model", "X-Pdlb-Pod": "x-pdlb-pod"}
+
+// hopByHop reports the HTTP/1.1 connection headers HTTP/2 forbids.
+func hopByHop(k []byte) bool {
+	for _, h := range [...]string{"Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Proxy-Connection"} {
+		if bytes.EqualFold(k, []byte(h)) {
+			return true
+		}
+	}
+	return false
+}
