@@ -248,6 +248,8 @@ scenario_chaos() {
 	section "Chaos (issue 9)" "Load through the gateway for 5 minutes while sim pods are killed, hung, slowed and restarted at random; every request must end in an answer or a clean error; the report counts what the clients saw by the kind of fault their requests met (reset or hung before the first byte, cut or hung mid-stream) and the gateway's retries by reason (bench/chaos)."
 	record_as "CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos" \
 		env CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos
+	section "Fleet-wide failure and early answers (issue 26)" "Three pods resetting every request under a burst of 50 clients with retries 2: the attempts, retries and budget refusals, and every client's status; then a 9 MiB body answered 413 before it was read, and an oversized header block answered 431, as Python's http.client and urllib, curl and the OpenAI Node SDK read them, on both front ends (lb/retry_test.go, lb/linger_test.go)."
+	record go test -count=1 -v -run '^(TestRetryBudgetFleetWide|TestEarlyAnswerReadByClients|TestHeaderOverflowLingers)$' ./lb
 }
 
 scenario_replicas() {

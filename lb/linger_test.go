@@ -128,6 +128,7 @@ func check413(t *testing.T, out string, lines int) {
 			!strings.Contains(a.Error.Message, "exceeds the limit") {
 			t.Errorf("%s read %v %+v, want 413 with the OpenAI error", a.Client, a.Status, a.Error)
 		}
+		t.Logf("%s read %v %s: %s", a.Client, a.Status, a.Error.Type, a.Error.Message)
 		got++
 	}
 	if got != lines {
