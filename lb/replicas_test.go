@@ -13,6 +13,9 @@ import (
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/ledger"
+
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // TestReplicasRouteAConversationToOnePod: two gateway replicas share one
@@ -32,9 +35,13 @@ func TestReplicasRouteAConversationToOnePod(t *testing.T) {
 			c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}}
 			c.Redis.Address, c.Redis.ReplicaID = redis.Addr(), id
 			c.TokenLoad.SharedSyncIntervalMs = 20
+			c.Tracing.Explain = true
 		})
 	}
-	replicas := []*lb.Server{replica("a"), replica("b")}
+	ids := []string{"a", "b"}
+	replicas := []*lb.Server{replica(ids[0]), replica(ids[1])}
+	rdb := goredis.NewClient(&goredis.Options{Addr: redis.Addr()})
+	defer rdb.Close()
 
 	for i := range 6 {
 		first, second := replicas[i%2], replicas[(i+1)%2]
@@ -51,14 +58,23 @@ func TestReplicasRouteAConversationToOnePod(t *testing.T) {
 		// The other replica learns of the turn's blocks from the pod's
 		// events (the first may have indexed its pick already), and that
 		// the turn finished from the shared ledger, as a user's pause
-		// before the next turn would let it.
-		testwait.For(t, "the other replica to receive the first turn's KV events and its end", func() bool {
+		// before the next turn would let it: the first replica's count
+		// has ended, it published since, and the second read that.
+		testwait.For(t, "the other replica to receive the first turn's KV events", func() bool {
 			_, events := indexBlocks(t, second, home)
-			return events > before[home] && remoteInFlight(t, second, home) == 0
+			return events > before[home]
 		})
-		resp, b = post(t, second, "/v1/chat/completions", chat(system, "and a second question", 2, false))
+		testwait.For(t, "the first replica's turn to end", func() bool { return ownInFlight(t, first, home) == 0 })
+		ended := redisNow(t, rdb)
+		testwait.For(t, "the first replica to publish after the turn", func() bool { return lastSync(t, rdb, ids[i%2]) > ended })
+		published := lastSync(t, rdb, ids[i%2])
+		testwait.For(t, "the other replica to read that", func() bool { return lastSync(t, rdb, ids[(i+1)%2]) > published })
+		if n := remoteInFlight(t, second, home); n != 0 {
+			t.Fatalf("conversation %d: after the turn ended the other replica counts %d in flight on %s", i, n, home)
+		}
+		resp, b = postHeaders(t, second, chat(system, "and a second question", 2, false), map[string]string{"x-pdlb-debug": "explain"})
 		if got := resp.Header.Get("x-pdlb-pod"); resp.StatusCode != 200 || got != home {
-			t.Fatalf("conversation %d: first turn on %s, second turn through the other replica on %s (%d %s)", i, home, got, resp.StatusCode, b)
+			t.Fatalf("conversation %d: first turn on %s, second turn through the other replica on %s (%d %s)\nexplain: %s", i, home, got, resp.StatusCode, b, resp.Header.Get("x-pdlb-explain"))
 		}
 	}
 }
@@ -121,26 +137,63 @@ func TestReplicasSharePrefillLoad(t *testing.T) {
 	}
 }
 
+// The replicas' membership set in Redis: each sync sets a replica's score
+// to Redis's clock plus the expiry (the default key prefix).
+const replicaSet = "{pdlb}:decode:replicas"
+
+// redisNow is Redis's clock in ms, the clock of the replicas' syncs.
+func redisNow(t *testing.T, rdb *goredis.Client) int64 {
+	t.Helper()
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.UnixMilli()
+}
+
+// lastSync is when replica id last synced, on Redis's clock in ms.
+func lastSync(t *testing.T, rdb *goredis.Client, id string) int64 {
+	t.Helper()
+	score, err := rdb.ZScore(context.Background(), replicaSet, id).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(score) - ledger.DefaultSharedExpiryMs
+}
+
 // remoteInFlight is the other replicas' requests in flight on pod as s's
 // /admin/pods reports them.
 func remoteInFlight(t *testing.T, s *lb.Server, pod string) int {
 	t.Helper()
-	var out struct {
-		Pods []struct {
-			Name           string
-			RemoteInFlight int `json:"remote_in_flight"`
-		}
-	}
+	return podCounts(t, s, pod).RemoteInFlight
+}
+
+// ownInFlight is s's own requests in flight on pod, from /admin/pods.
+func ownInFlight(t *testing.T, s *lb.Server, pod string) int {
+	t.Helper()
+	return podCounts(t, s, pod).InFlight
+}
+
+type podCount struct {
+	Name           string
+	InFlight       int `json:"in_flight"`
+	RemoteInFlight int `json:"remote_in_flight"`
+}
+
+// podCounts is pod's in-flight counts in s's /admin/pods.
+func podCounts(t *testing.T, s *lb.Server, pod string) podCount {
+	t.Helper()
+	var out struct{ Pods []podCount }
 	if err := json.Unmarshal([]byte(get(t, "http://"+s.AdminAddr()+"/admin/pods")), &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range out.Pods {
 		if p.Name == pod {
-			return p.RemoteInFlight
+			return p
 		}
 	}
 	t.Fatalf("pod %s not in /admin/pods", pod)
-	return 0
+	return podCount{}
 }
 
 // eventPod starts a sim pod as cfg says, on loopback, publishing vLLM KV
