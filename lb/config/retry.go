@@ -14,8 +14,8 @@ type Retry struct {
 	// On lists the failures before the first byte of a pod's answer that
 	// are retried on another pod: "refused" (the connection was refused or
 	// never made), "reset" (closed or reset after the request was
-	// written), "timeout" (no byte within response_timeout, or by the
-	// first-byte deadline), "503" (the pod shed the request); "none" alone
+	// written), "timeout" (no byte within response_timeout, by the
+	// first-byte deadline, or before health checks found the pod dead), "503" (the pod shed the request); "none" alone
 	// turns retries off (default [refused, reset, timeout]). A completion
 	// has no effect on a pod until it answers, so what got no byte back is
 	// safe to send again; a 503 is an engine shedding load (SGLang's full
@@ -32,6 +32,8 @@ type Retry struct {
 // RetryBudget is Envoy's retry budget: the requests retrying at once are
 // at most Percent of the requests in flight, or MinRetries, whichever is
 // more, so a fleet-wide failure does not double the load on the pods.
+// Requests moved off a pod that health checks found dead while they
+// waited for its first byte count in it but are never refused.
 type RetryBudget struct {
 	// Percent of the requests in flight that may be retrying (default 20).
 	Percent float64 `yaml:"percent"`

@@ -51,6 +51,9 @@ const (
 	// Hung: no byte of the answer came by the first-byte deadline drawn
 	// from the predicted time to first token (upstream.first_byte).
 	Hung Reason = "hung"
+	// Down: no byte of the answer came before health checks found the pod
+	// dead (upstream.ErrPodDown).
+	Down Reason = "down"
 	// Unavailable: the pod answered 503 (load shed, or shutting down),
 	// which the gateway holds and has not relayed.
 	Unavailable Reason = "503"
@@ -66,11 +69,14 @@ func (f *Failure) MayRetry() bool { return f.Pod != nil && f.Reason != Began }
 // ReasonOf is how err, an attempt's I/O error, failed before the first
 // byte of the pod's answer, or Began when bytes of it came (or the failure
 // is the gateway's). Both transports end an exchange without a byte with
-// fasthttp.ErrConnectionClosed (closed or reset) or fasthttp.ErrTimeout;
+// fasthttp.ErrConnectionClosed (closed or reset) or fasthttp.ErrTimeout,
+// the event loop's also with upstream.ErrPodDown;
 // their errors once bytes came are others (io.ErrUnexpectedEOF,
 // frontend.ErrAnswerStalled, a body read's own error).
 func ReasonOf(err error) Reason {
 	switch {
+	case errors.Is(err, upstream.ErrPodDown):
+		return Down
 	case upstream.NotSent(err):
 		return Refused
 	case errors.Is(err, fasthttp.ErrConnectionClosed):

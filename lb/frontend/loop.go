@@ -13,6 +13,8 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/upstream"
 )
 
 // Serving on the event loop. A request handed to a worker goroutine costs
@@ -92,6 +94,10 @@ type Upstream struct {
 	// the answer's first byte: past it the exchange ends with
 	// fasthttp.ErrTimeout, as past Timeout without a byte.
 	FirstByte time.Duration
+	// Down, when set, holds when (unix ns) the pod was last found dead
+	// (pool.Pod.DownAt): an exchange sent before then with no byte of its
+	// answer yet ends with upstream.ErrPodDown at the next sweep.
+	Down *atomic.Int64
 }
 
 // Send sends req to the pod at u.Addr over an idle keep-alive
@@ -101,6 +107,7 @@ type Upstream struct {
 // do, and sends nothing. Otherwise done gets, on the loop, nil once resp
 // holds the whole response, or the error: the dial's; fasthttp.ErrTimeout
 // when no byte of it came within u.Timeout (or u.FirstByte);
+// upstream.ErrPodDown when none had come as u.Down passed the time it was sent;
 // ErrAnswerStalled when it began but was not whole within u.Timeout;
 // fasthttp.ErrConnectionClosed (no byte of it came) or io.ErrUnexpectedEOF
 // when the pod closed the connection first; ErrClientGone when the client
@@ -136,6 +143,7 @@ func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fastht
 	}
 	uc.gc, uc.resp, uc.done, uc.stream = gc, resp, done, stream
 	gc.up = uc
+	uc.sentAt, uc.down = time.Now().UnixNano(), u.Down
 	uc.deadline = gc.s.now.Load() + int64(u.Timeout)
 	if u.FirstByte > 0 && u.FirstByte < u.Timeout {
 		uc.firstBy = gc.s.now.Load() + int64(u.FirstByte)
@@ -258,6 +266,9 @@ func (ls *loopState) sweepConns() {
 		case (uc.done != nil || uc.sink != nil) && (now > uc.deadline || (uc.done != nil && !uc.got && now > uc.firstBy)):
 			uc.timedOut = true
 			_ = uc.c.Close() // on a later turn of the loop: OnClose ends the exchange
+		case uc.done != nil && !uc.got && uc.down != nil && uc.down.Load() > uc.sentAt:
+			uc.podDown = true
+			_ = uc.c.Close()
 		case uc.done == nil && uc.sink == nil && now-uc.idleSince > uc.keepalive:
 			_ = uc.c.Close()
 		}
@@ -278,6 +289,8 @@ type upConn struct {
 	done     Done
 	deadline int64 // unix nanoseconds
 	firstBy  int64 // the first byte's deadline (Upstream.FirstByte)
+	sentAt   int64 // unix nanoseconds, compared with down
+	down     *atomic.Int64
 	out      []byte
 	need     int // bytes the response needs before a reparse (0: unknown)
 	// gathered holds a whole answer with a chunked body, from when its
@@ -285,6 +298,7 @@ type upConn struct {
 	gathered   []byte
 	got        bool // bytes of the response arrived
 	timedOut   bool // the sweep closed it
+	podDown    bool // the sweep closed it: its pod was found dead (Upstream.Down)
 	clientGone bool // the client left: abandon closed it
 	stream     bool // a 200 answer is relayed (see loop_relay.go)
 
@@ -527,6 +541,8 @@ func (uc *upConn) closed() {
 		err = ErrAnswerStalled
 	case uc.timedOut:
 		err = fasthttp.ErrTimeout
+	case uc.podDown && !uc.got:
+		err = upstream.ErrPodDown
 	case uc.got:
 		err = io.ErrUnexpectedEOF
 	}

@@ -28,6 +28,7 @@ var retryReasons = []struct {
 	{fail.Reset, config.RetryOnReset},
 	{fail.Timeout, config.RetryOnTimeout},
 	{fail.Hung, config.RetryOnTimeout}, // a hedge is a timeout drawn early
+	{fail.Down, config.RetryOnTimeout}, // so is a pod the health checks found dead
 	{fail.Unavailable, config.RetryOn503},
 }
 
@@ -41,7 +42,7 @@ type retryMetrics struct {
 
 // retryMetricsDoc documents the retry series on the admin /metrics page.
 var retryMetricsDoc = promtext.Doc{
-	"pdlb_upstream_retries_total":                {Help: "Attempts that got no byte of a pod's answer and went to another pod, by reason (refused, reset, timeout, hung: past the first-byte deadline, 503)."},
+	"pdlb_upstream_retries_total":                {Help: "Attempts that got no byte of a pod's answer and went to another pod, by reason (refused, reset, timeout, hung: past the first-byte deadline, down: health checks found the pod dead, 503)."},
 	"pdlb_upstream_retry_budget_exhausted_total": {Help: "Retries not made because upstream.retry_budget's share of the requests in flight were retrying already."},
 	"pdlb_upstream_retries_in_flight":            {Help: "Requests in flight that have been retried (upstream.retry_budget counts these)."},
 }
@@ -69,14 +70,17 @@ func (g *Gateway) retryOn(reason fail.Reason) bool {
 // takeRetry takes a place in the retry budget for x, which keeps it until
 // the head of a pod's answer comes (answered) or it leaves (leave): false
 // when the requests retrying are already upstream.retry_budget's share of
-// those in flight.
-func (g *Gateway) takeRetry(x *completion) bool {
+// those in flight, unless x's pod was found dead (fail.Down). The budget
+// guards a failing fleet against doubled load; a pod the health checks
+// found dead moves all its waiting requests at once, bounded by what it
+// held, and the other pods answer its checks.
+func (g *Gateway) takeRetry(x *completion, reason fail.Reason) bool {
 	if x.retrying {
 		return true
 	}
 	m, b := g.metrics.retry, &g.cfg.Upstream.Retry.Budget
 	limit := max(int64(b.MinRetries), int64(b.Percent/100*float64(g.inFlight.Load())))
-	if m.inFlight.Add(1) > limit {
+	if m.inFlight.Add(1) > limit && reason != fail.Down {
 		m.inFlight.Add(-1)
 		m.exhausted.Inc()
 		return false

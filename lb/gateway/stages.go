@@ -289,7 +289,7 @@ func (g *Gateway) failed(x *completion, f *failure) {
 // lists, x has attempts left (upstream.retries after the first), and the
 // retry budget has room (takeRetry).
 func (g *Gateway) tryAgain(x *completion, f *failure) bool {
-	if !f.MayRetry() || !g.retryOn(f.Reason) || x.attempts > g.cfg.Upstream.Retries || !g.takeRetry(x) {
+	if !f.MayRetry() || !g.retryOn(f.Reason) || x.attempts > g.cfg.Upstream.Retries || !g.takeRetry(x, f.Reason) {
 		return false
 	}
 	g.metrics.retry.byReason[f.Reason].Inc()

@@ -117,6 +117,7 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 		if ok {
 			c.log.Info("pod healthy", "pod", p.Config.Name)
 		} else {
+			p.DownAt.Store(time.Now().UnixNano())
 			c.log.Warn("pod unhealthy", "pod", p.Config.Name, "err", errText(err, resp))
 		}
 	}

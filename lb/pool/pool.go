@@ -108,7 +108,11 @@ type podState struct {
 	checkFails atomic.Int32 // failed health checks in a row
 	// answered says a request got the pod's answer since the last health
 	// check (Checker.check).
-	answered       atomic.Bool
+	answered atomic.Bool
+	// DownAt is when (unix ns) health checks last found the pod dead,
+	// 0 never: the transports give up its attempts sent before then
+	// that have no byte of an answer yet (frontend.Upstream.Down).
+	DownAt         atomic.Int64
 	ejections      atomic.Int64
 	kept           atomic.Int64
 	upstreamErrors atomic.Int64

@@ -319,6 +319,10 @@ func readBodyWhole(resp *fasthttp.Response, limit int) error {
 // answered.
 var ErrCut = errors.New("upstream: the call was cut")
 
+// ErrPodDown ends an attempt given up while it waited for the first byte
+// of an answer, because health checks found its pod dead.
+var ErrPodDown = errors.New("upstream: health checks found the pod down before it answered")
+
 // States of a watchedBody.
 const (
 	watching int32 = iota
