@@ -176,11 +176,12 @@ func ownInFlight(t *testing.T, s *lb.Server, pod string) int {
 
 type podCount struct {
 	Name           string
+	Healthy        bool
 	InFlight       int `json:"in_flight"`
 	RemoteInFlight int `json:"remote_in_flight"`
 }
 
-// podCounts is pod's in-flight counts in s's /admin/pods.
+// podCounts is pod's health and in-flight counts in s's /admin/pods.
 func podCounts(t *testing.T, s *lb.Server, pod string) podCount {
 	t.Helper()
 	var out struct{ Pods []podCount }

@@ -137,6 +137,95 @@ func TestRetryWhenPodFoundDown(t *testing.T) {
 	waitIdle(t, s)
 }
 
+// TestDrainingPodKeepsItsRequests: a pod that stops accepting connections
+// (an engine shutting down gracefully) is taken out, but the requests it
+// holds are its to finish: they are not moved as a hung pod's are.
+func TestDrainingPodKeepsItsRequests(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, finish := make(chan struct{}, 1), make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				r, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, r.Body)
+				// One exchange per connection: each check dials anew,
+				// which the closed listener refuses.
+				if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+					return
+				}
+				held <- struct{}{}
+				<-finish
+				body := `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			})
+		}
+	})
+	s := testGateway(t, []config.Pod{{Name: "draining", Model: "m", Address: ln.Addr().String()}}, func(c *config.Config) {
+		c.Health.Interval, c.Health.Timeout = 20*time.Millisecond, 100*time.Millisecond
+	})
+	answer := make(chan string, 1)
+	go func() {
+		resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			answer <- err.Error()
+			return
+		}
+		resp.Body.Close()
+		answer <- fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("x-pdlb-pod"))
+	}()
+	<-held
+	ln.Close()
+	testwait.For(t, "the checks to take the draining pod out", func() bool { return !podCounts(t, s, "draining").Healthy })
+	time.Sleep(100 * time.Millisecond) // sweeps of the event loop, which would move a hung pod's request
+	close(finish)
+	if got := <-answer; got != "200 draining" {
+		t.Fatalf("the request the draining pod held got %q, want its answer", got)
+	}
+}
+
+// TestRefusedPodTakenOut: a pod whose address refuses connections is out
+// of the picks after the first refusal, without waiting for a health
+// check.
+func TestRefusedPodTakenOut(t *testing.T) {
+	good := testFleet(t, "m", 1, 100)[0]
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s := testGateway(t, []config.Pod{{Name: "gone", Model: "m", Address: addr}, {Name: "good", Model: "m", Address: good.Addr()}},
+		func(c *config.Config) {
+			c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+			c.Health.Interval = time.Hour
+		})
+	for i := range 6 {
+		if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" {
+			t.Fatalf("request %d: %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+		}
+	}
+	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`); n != 1 {
+		t.Fatalf("%v refused retries for 6 requests round robin, want 1: the pod stays in after refusing", n)
+	}
+	if podCounts(t, s, "gone").Healthy {
+		t.Fatal("/admin/pods shows the refusing pod healthy")
+	}
+}
+
 // wedgingPod answers health checks until down is set, then nothing at
 // all; it never answers a request, counting them in waiting.
 func wedgingPod(t *testing.T, down *atomic.Bool, waiting *atomic.Int32) string {

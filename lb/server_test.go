@@ -690,8 +690,8 @@ func TestUnhealthyPodsGive503(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// A refused request counts one failure against the pod; the health
-	// check (every 50 ms here) is what takes it out of /ready.
+	// A refused request takes the pod out, as would the health check
+	// (every 50 ms here): /ready follows.
 	waitNotReady(t, s, "/ready to answer 503 with no healthy pod")
 }
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"syscall"
 
 	"github.com/valyala/fasthttp"
 
@@ -15,6 +16,11 @@ import (
 func (g *Gateway) callFailed(p *pool.Pod, err error) {
 	if !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) {
 		g.podFailed(p)
+	}
+	// Refused: nothing listens at the pod's address; the picks that follow
+	// need not find out one by one, nor wait for the next check.
+	if errors.Is(err, syscall.ECONNREFUSED) && p.Refused() {
+		g.log.Warn("pod unhealthy", "pod", p.Config.Name, "err", err.Error())
 	}
 }
 

@@ -117,7 +117,12 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 		if ok {
 			c.log.Info("pod healthy", "pod", p.Config.Name)
 		} else {
-			p.DownAt.Store(time.Now().UnixNano())
+			if err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+				// No answer at all: hung. A draining engine refuses new
+				// connections or answers 503 while it finishes its
+				// requests, which keep their connections.
+				p.DownAt.Store(time.Now().UnixNano())
+			}
 			c.log.Warn("pod unhealthy", "pod", p.Config.Name, "err", errText(err, resp))
 		}
 	}

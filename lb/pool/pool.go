@@ -175,6 +175,11 @@ func (p *Pod) Circuit(now int64) int {
 // Healthy reports the result of the pod's last active check.
 func (p *Pod) Healthy() bool { return p.healthy.Load() }
 
+// Refused takes the pod out as a health check refused would (nothing
+// listens at its address: it died or is draining) until a check passes
+// again; it reports whether the pod was healthy.
+func (p *Pod) Refused() bool { return p.healthy.Swap(false) }
+
 // Ejected reports whether passive ejection keeps the pod out at now.
 func (p *Pod) Ejected(now int64) bool { return p.ejectedUntil.Load() > now }
 
