@@ -96,3 +96,41 @@ func TestConnectionNominated(t *testing.T) {
 		})
 	}
 }
+
+// TestContentTypeAsSent: a pod gets the client's Content-Type, and none
+// when the client sent none (as a client talking to vLLM directly
+// would): FastAPI reads a body without one as JSON, and refuses a form's
+// or octet-stream's with 422.
+func TestContentTypeAsSent(t *testing.T) {
+	pod := fakePod(t, func(c net.Conn, r *http.Request) {
+		got := fmt.Sprintf("%q", r.Header.Values("Content-Type"))
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(got), got)
+	})
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		t.Run(frontend, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = frontend })
+			f := func(sent, want string) {
+				t.Helper()
+				req, err := http.NewRequest(http.MethodPost, "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(chatBody))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if sent != "" {
+					req.Header.Set("Content-Type", sent)
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || string(b) != want {
+					t.Fatalf("sent Content-Type %q: the pod got %s (%d), want %s", sent, b, resp.StatusCode, want)
+				}
+			}
+			f("", `[]`)
+			f("application/json", `["application/json"]`)
+			f("application/json; charset=utf-8", `["application/json; charset=utf-8"]`)
+		})
+	}
+}

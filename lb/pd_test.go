@@ -304,11 +304,14 @@ func TestPDPrefillKilledFailsFast(t *testing.T) {
 			if err := pre.Kill(); err != nil {
 				t.Fatal(err)
 			}
-			for _, stream := range []bool{false, true} {
-				resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", stream, 8))
-				if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
-					t.Fatalf("stream=%v: %d %v %s", stream, resp.StatusCode, resp.Header, b)
-				}
+			resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
+			if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
+				t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+			}
+			// The refusal took the prefill pod out: the next request is
+			// not sent to it.
+			if resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 8)); resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("after the refusal: %d %v %s", resp.StatusCode, resp.Header, b)
 			}
 			testwait.For(t, "the decode pod to drop what the failed prefill left", func() bool {
 				st := dec.Stats()

@@ -197,35 +197,6 @@ func TestDrainingPodKeepsItsRequests(t *testing.T) {
 	}
 }
 
-// TestRefusedPodTakenOut: a pod whose address refuses connections is out
-// of the picks after the first refusal, without waiting for a health
-// check.
-func TestRefusedPodTakenOut(t *testing.T) {
-	good := testFleet(t, "m", 1, 100)[0]
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	s := testGateway(t, []config.Pod{{Name: "gone", Model: "m", Address: addr}, {Name: "good", Model: "m", Address: good.Addr()}},
-		func(c *config.Config) {
-			c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
-			c.Health.Interval = time.Hour
-		})
-	for i := range 6 {
-		if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" {
-			t.Fatalf("request %d: %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
-		}
-	}
-	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`); n != 1 {
-		t.Fatalf("%v refused retries for 6 requests round robin, want 1: the pod stays in after refusing", n)
-	}
-	if podCounts(t, s, "gone").Healthy {
-		t.Fatal("/admin/pods shows the refusing pod healthy")
-	}
-}
-
 // wedgingPod answers health checks until down is set, then nothing at
 // all; it never answers a request, counting them in waiting.
 func wedgingPod(t *testing.T, down *atomic.Bool, waiting *atomic.Int32) string {

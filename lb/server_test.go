@@ -633,10 +633,10 @@ func TestEjectionCap(t *testing.T) {
 	}
 }
 
-func TestRefusingPodIsSkippedAndEjected(t *testing.T) {
+func TestRefusingPodIsSkippedAndTakenOut(t *testing.T) {
 	sims := testFleet(t, "m", 3, 100)
 	s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
-		c.Health.Interval = time.Hour // only passive ejection and retries act here
+		c.Health.Interval = time.Hour // only the request path acts here
 		c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
 	})
 	sims[1].Close() // killed mid-test
@@ -651,24 +651,14 @@ func TestRefusingPodIsSkippedAndEjected(t *testing.T) {
 	if served["m-1"] != 0 || served["m-0"] == 0 || served["m-2"] == 0 {
 		t.Fatalf("served by %v; the killed pod m-1 must serve nothing", served)
 	}
-	var pods struct {
-		Pods []struct {
-			Name      string
-			Ejections int
+	// Its first refusal took it out, as a refused health check would.
+	for _, name := range []string{"m-0", "m-1", "m-2"} {
+		if podCounts(t, s, name).Healthy == (name == "m-1") {
+			t.Fatalf("%s healthy %v: only the killed pod must be out", name, podCounts(t, s, name).Healthy)
 		}
 	}
-	resp, err := client.Get("http://" + s.AdminAddr() + "/admin/pods")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&pods); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pods.Pods {
-		if (p.Name == "m-1") != (p.Ejections > 0) {
-			t.Fatalf("ejections %+v: only the killed pod must be ejected", pods.Pods)
-		}
+	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`); n != 1 {
+		t.Fatalf("%v refused retries, want 1", n)
 	}
 }
 

@@ -104,6 +104,10 @@ func sessionOf(ctx *fasthttp.RequestCtx) string {
 func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
 	authorize, forward := g.keys.Enabled(), g.cfg.Upstream.XForwardedFor
 	up.Header.DisableNormalizing()
+	// A client's request without a Content-Type goes without one, as
+	// behind nginx: fasthttp's default (a form's) makes FastAPI engines
+	// (vLLM, SGLang) refuse the JSON body with 422.
+	up.Header.SetNoDefaultContentType(true)
 	// The Host header names each attempt's pod (attemptStage): a request
 	// sent on the event loop goes without its URI parsed, and one a pod's
 	// client sends keeps the header, not the host of its parsed URI.
