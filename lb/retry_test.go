@@ -82,6 +82,52 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 	}
 }
 
+// TestRetryBudgetWaitsForAWorkingRetry: a pod that fails a burst of
+// requests at once sends their retries together, more than a small budget
+// holds; the retries over it wait for the first ones to work on the
+// healthy pod, and every client gets its answer.
+func TestRetryBudgetWaitsForAWorkingRetry(t *testing.T) {
+	good := testFleet(t, "m", 1, 100)[0]
+	var held atomic.Int32
+	bad := fakePod(t, func(c net.Conn, r *http.Request) {
+		held.Add(1)
+		// Held a moment, so that the burst fails together.
+		time.Sleep(100 * time.Millisecond)
+		resetPod(c, r)
+	})
+	s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: bad}, {Name: "good", Model: "m", Address: good.Addr()}},
+		func(c *config.Config) {
+			c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+			c.Health.Interval = time.Hour
+			c.Health.EjectAfterFailures = 1000
+			c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1, MinRetries: 1}
+		})
+	const clients = 12
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	for i := range clients {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
+			resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			code := 0
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				code = resp.StatusCode
+			}
+			mu.Lock()
+			statuses[code]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if statuses[200] != clients || held.Load() < 2 {
+		t.Fatalf("clients got %v with %d held by the failing pod; want %d × 200 and a burst of at least 2", statuses, held.Load(), clients)
+	}
+	waitIdle(t, s)
+}
+
 // TestRetryWhenPodFoundDown: requests waiting on a pod that then stops
 // answering everything, health checks included, move to another pod as
 // soon as the checks find it dead, not after the response timeout, and

@@ -33,7 +33,11 @@ type Retry struct {
 // at most Percent of the requests in flight, or MinRetries, whichever is
 // more, so a fleet-wide failure does not double the load on the pods.
 // Requests moved off a pod that health checks found dead while they
-// waited for its first byte count in it but are never refused.
+// waited for its first byte count in it but are never refused. A retry
+// over the budget waits up to 250 ms for a place freed by a retry that
+// worked (a pod's answer began), so one pod's burst of failures moves on
+// while the other pods answer; under a fleet-wide failure none works and
+// it is refused.
 type RetryBudget struct {
 	// Percent of the requests in flight that may be retrying (default 20).
 	Percent float64 `yaml:"percent"`

@@ -39,10 +39,12 @@ type completion struct {
 	last     *failure
 	// within bounds the current attempt's wait for its first answer byte,
 	// shorter than the response timeout when hedged (firstByteWithin);
-	// retrying: x holds a place in the retry budget (takeRetry).
-	within   time.Duration
-	hedged   bool
-	retrying bool
+	// retrying: x holds a place in the retry budget (takeRetry);
+	// budgetWait: x is to wait for one before its retry (awaitRetry).
+	within     time.Duration
+	hedged     bool
+	retrying   bool
+	budgetWait bool
 	// inFlight: the request holds one of max_in_flight (enter, leave).
 	inFlight bool
 	// failure is the error the gateway answered with itself after the
@@ -130,7 +132,7 @@ func releaseCompletion(x *completion) {
 	x.req = nil
 	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
 	x.stage, x.via, x.attempts, x.last = stagePick, nil, 0, nil
-	x.within, x.hedged = 0, false
+	x.within, x.hedged, x.budgetWait = 0, false, false
 	x.logHead, x.times = x.logHead[:0], tokenTimes{}
 	x.ids, x.keys, x.looked = x.ids[:0], x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}

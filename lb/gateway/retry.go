@@ -38,6 +38,8 @@ type retryMetrics struct {
 	byReason  map[fail.Reason]*metrics.Counter
 	exhausted *metrics.Counter
 	inFlight  atomic.Int64
+	// answered counts retries whose pod's answer began (awaitRetry).
+	answered atomic.Int64
 }
 
 // retryMetricsDoc documents the retry series on the admin /metrics page.
@@ -82,11 +84,19 @@ func (g *Gateway) takeRetry(x *completion, reason fail.Reason) bool {
 	limit := max(int64(b.MinRetries), int64(b.Percent/100*float64(g.inFlight.Load())))
 	if m.inFlight.Add(1) > limit && reason != fail.Down {
 		m.inFlight.Add(-1)
-		m.exhausted.Inc()
 		return false
 	}
 	x.retrying = true
 	return true
+}
+
+// retryAnswered gives x's place in the retry budget back as its pod's
+// answer begins: a retry that worked.
+func (g *Gateway) retryAnswered(x *completion) {
+	if x.retrying {
+		g.metrics.retry.answered.Add(1)
+		g.leaveRetry(x)
+	}
 }
 
 // leaveRetry gives x's place in the retry budget back.

@@ -89,6 +89,10 @@ func (g *Gateway) pickStage(x *completion) bool {
 		// Back off a little, with jitter, so a fleet-wide hiccup is not
 		// met by every request retrying in lockstep.
 		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << (x.attempts - 1))))
+		if x.budgetWait && !g.awaitRetry(x) {
+			x.stage = stageFail // the last attempt's failure
+			return true
+		}
 		if x.clientLeft() {
 			x.last, x.stage = fail.ClientLeft, stageFail
 			return true
@@ -222,7 +226,7 @@ func (x *completion) answered(err error) {
 		// Sent for good; x.resp stays: the relay finishes with it. A
 		// retry that got its answer's head retries no more (Envoy
 		// releases its budget there too), however long the answer.
-		g.leaveRetry(x)
+		g.retryAnswered(x)
 		fasthttp.ReleaseRequest(x.up)
 		x.up, x.stage = nil, stageRespond
 	case errors.Is(err, frontend.ErrClientGone):
@@ -279,24 +283,72 @@ func (x *completion) Run() {
 // if tryAgain allows it, else to answering f.
 func (g *Gateway) failed(x *completion, f *failure) {
 	x.last, x.stage = f, stageFail
-	if g.tryAgain(x, f) {
-		x.stage = stagePick
+	if !g.mayRetry(x, f) {
+		return
+	}
+	x.stage = stagePick
+	if !g.takeRetry(x, f.Reason) {
+		// pickStage waits for a place in the budget.
+		x.budgetWait = true
+		return
+	}
+	g.retried(x, f)
+}
+
+// mayRetry says f allows a retry (MayRetry: a pod failed x before any
+// byte of its answer came) for a reason upstream.retry_on lists, and x has
+// attempts left (upstream.retries after the first).
+func (g *Gateway) mayRetry(x *completion, f *failure) bool {
+	return f.MayRetry() && g.retryOn(f.Reason) && x.attempts <= g.cfg.Upstream.Retries
+}
+
+// tryAgain decides a retry that cannot wait: mayRetry, and the retry
+// budget has room now (takeRetry).
+func (g *Gateway) tryAgain(x *completion, f *failure) bool {
+	if !g.mayRetry(x, f) || !g.takeRetry(x, f.Reason) {
+		if g.mayRetry(x, f) {
+			g.metrics.retry.exhausted.Inc()
+		}
+		return false
+	}
+	g.retried(x, f)
+	return true
+}
+
+// awaitRetry waits, on a worker, up to retryBudgetWait for x's place in
+// the retry budget (its last failure's retry was refused one), taking one
+// only once another retry has worked: a pod that failed with many
+// requests sends their retries at once, and the healthy pods' first
+// answers free places for the rest, while under a fleet-wide failure no
+// retry works and the budget stays as Envoy's. False: no place came, or
+// the client left.
+func (g *Gateway) awaitRetry(x *completion) bool {
+	x.budgetWait = false
+	m := g.metrics.retry
+	for worked, deadline := m.answered.Load(), time.Now().Add(retryBudgetWait); ; {
+		if m.answered.Load() != worked && g.takeRetry(x, x.last.Reason) {
+			g.retried(x, x.last)
+			return true
+		}
+		if x.clientLeft() || time.Now().After(deadline) {
+			m.exhausted.Inc()
+			return false
+		}
+		time.Sleep(retryBackoff)
 	}
 }
 
-// tryAgain decides every retry: f allows one (MayRetry: a pod failed x
-// before any byte of its answer came) for a reason upstream.retry_on
-// lists, x has attempts left (upstream.retries after the first), and the
-// retry budget has room (takeRetry).
-func (g *Gateway) tryAgain(x *completion, f *failure) bool {
-	if !f.MayRetry() || !g.retryOn(f.Reason) || x.attempts > g.cfg.Upstream.Retries || !g.takeRetry(x, f.Reason) {
-		return false
-	}
+// retryBudgetWait bounds how long a retry waits for a place in the retry
+// budget, so that under a fleet-wide failure clients still get their
+// error fast.
+const retryBudgetWait = 250 * time.Millisecond
+
+// retried counts x's retry after f and logs it, spaced.
+func (g *Gateway) retried(x *completion, f *failure) {
 	g.metrics.retry.byReason[f.Reason].Inc()
 	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
 		g.log.Warn("pod failed a request before answering; trying another", "pod", f.Pod.Config.Name, "reason", string(f.Reason), "err", f.E.Message, "suppressed", held)
 	}
-	return true
 }
 
 // notSentLogEvery spaces the lines of requests moved to another pod.
