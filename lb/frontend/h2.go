@@ -235,10 +235,12 @@ func (o *h2Out) Write(p []byte) (int, error) {
 
 // errH2Closed fails a stream's write after its connection ended or its
 // answer was sent; errStreamReset one after the stream was reset;
+// errH2Stalled one the client opened no window for in IdleTimeout;
 // errRapidReset ends a connection that cancels streams too fast.
 var (
 	errH2Closed    = errors.New("frontend: the HTTP/2 connection is closed")
 	errStreamReset = errors.New("frontend: the client reset the HTTP/2 stream")
+	errH2Stalled   = errors.New("frontend: the HTTP/2 client read nothing of the stream for IdleTimeout")
 	errRapidReset  = errors.New("frontend: HTTP/2 client cancels streams too fast (rapid reset)")
 )
 
