@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/engines/sim"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -176,21 +177,28 @@ func TestLoopClientGone(t *testing.T) {
 			fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 			testwait.For(t, "the pod to take the request", func() bool { return sims[0].Stats().Running == 1 })
 			c.Close()
-			testwait.For(t, "the pod to abort the request", func() bool {
-				st := sims[0].Stats()
-				return st.Aborted == 1 && st.Running+st.Waiting == 0
-			})
-			waitIdle(t, s)
-			if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
-				t.Fatalf("%v requests counted 499, want 1", n)
-			}
-			if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 0 {
-				t.Fatalf("the pod was charged %v failures for a client that left", n)
-			}
+			waitClientGone(t, s, sims[0])
 			if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
 				t.Fatalf("after a client left: %d %s", resp.StatusCode, b)
 			}
 		})
+	}
+}
+
+// waitClientGone waits for pod to abort the one request it runs, whose
+// client left, and checks that s counted it 499 without blaming the pod.
+func waitClientGone(t *testing.T, s *lb.Server, pod *sim.Pod) {
+	t.Helper()
+	testwait.For(t, "the pod to abort the request", func() bool {
+		st := pod.Stats()
+		return st.Aborted == 1 && st.Running+st.Waiting == 0
+	})
+	waitIdle(t, s)
+	if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
+		t.Fatalf("%v requests counted 499, want 1", n)
+	}
+	if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 0 {
+		t.Fatalf("the pod was charged %v failures for a client that left", n)
 	}
 }
 

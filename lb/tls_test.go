@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/internal/certgen"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -342,5 +344,52 @@ func TestAdminOverTLS(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(b), "pdlb_") {
 		t.Fatalf("admin over TLS: %d %.200s", resp.StatusCode, b)
+	}
+}
+
+// TestH2ClientGone: an h2 client that resets its stream before the answer
+// came takes the pod's connection with it, as an HTTP/1.1 client that
+// leaves does (TestLoopClientGone): the pod aborts, the request counts as
+// 499, and the gateway serves on, on the same connection too.
+func TestH2ClientGone(t *testing.T) {
+	for _, frontEnd := range []string{"gnet", "fasthttp"} {
+		t.Run(frontEnd, func(t *testing.T) {
+			sims := testFleet(t, "m", 1, 1)
+			s := testGateway(t, podsOf("m", sims...), func(c *config.Config) { c.Frontend = frontEnd })
+			h2c := &http.Client{Timeout: 20 * time.Second, Transport: &http2.Transport{AllowHTTP: true,
+				DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+					return (&net.Dialer{}).DialContext(ctx, network, addr)
+				}}}
+			body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":3000}`, strings.Repeat("a long prompt to prefill ", 2000))
+			ctx, cancel := context.WithCancel(context.Background())
+			req, err := http.NewRequestWithContext(ctx, "POST", "http://"+s.Addr()+"/v1/completions", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			done := make(chan error, 1)
+			go func() {
+				resp, err := h2c.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+			testwait.For(t, "the pod to take the request", func() bool { return sims[0].Stats().Running == 1 })
+			cancel()
+			if err := <-done; err == nil {
+				t.Fatal("the cancelled request got an answer")
+			}
+			waitClientGone(t, s, sims[0])
+			resp, err := h2c.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(tlsChatBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+				t.Fatalf("after a stream was reset: %s %d %s", resp.Proto, resp.StatusCode, b)
+			}
+		})
 	}
 }

@@ -20,7 +20,8 @@
 # Knobs (environment): CONNS (64), THREADS (2), DURATION (5s per sample),
 # H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (40000), SSE_STREAMS
 # (2000), SSE_EVENTS (50), ROUNDS (3), BASE (a git revision: pdlb built from
-# it runs beside this tree's, both front ends).
+# it runs beside this tree's, both front ends), ROWS (the rows to run, of
+# "ka hs h2 sse").
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -150,7 +151,7 @@ measure() {
 	echo "${rate:-0} $(cpu_us_per "$t0" "$t1" "${n:-0}")"
 }
 
-ROWS=(ka hs h2 sse)
+read -ra ROWS <<<"${ROWS:-ka hs h2 sse}"
 declare -A RATES CPUS
 for r in $(seq "$ROUNDS"); do
 	for row in "${ROWS[@]}"; do
@@ -162,12 +163,17 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 
-# table HEADER FORMAT CELLS prints one line per target of the medians in
-# the associative array named CELLS, per row, in printf's FORMAT.
+# table TITLES FORMAT CELLS prints a markdown table, one line per target of
+# the medians in the associative array named CELLS, per row, in printf's
+# FORMAT, under the row titles in the associative array named TITLES.
 table() {
-	local -n cells=$3
-	echo "$1"
-	echo "| --- | --- | --- | --- | --- |"
+	local -n cells=$3 titles=$1
+	local head="| target |" rule="| --- |" row
+	for row in "${ROWS[@]}"; do
+		head+=" ${titles[$row]} |" rule+=" --- |"
+	done
+	echo "$head"
+	echo "$rule"
 	for l in "${LABELS[@]}"; do
 		line="| $l |"
 		for row in "${ROWS[@]}"; do
@@ -177,10 +183,14 @@ table() {
 		echo "$line"
 	done
 }
-table "| target | HTTPS keep-alive req/s | new handshakes/s | h2 req/s | SSE over h2, events/s |" '%.0f' RATES
+# shellcheck disable=SC2034 # table's titles
+declare -A RATE_TITLES=([ka]="HTTPS keep-alive req/s" [hs]="new handshakes/s" [h2]="h2 req/s" [sse]="SSE over h2, events/s")
+# shellcheck disable=SC2034
+declare -A CPU_TITLES=([ka]="HTTPS keep-alive" [hs]="new handshakes" [h2]="h2" [sse]="SSE over h2")
+table RATE_TITLES '%.0f' RATES
 echo
 echo "CPU of the target's processes, microseconds per request (per event for SSE):"
 echo
-table "| target | HTTPS keep-alive | new handshakes | h2 | SSE over h2 |" '%.1f' CPUS
+table CPU_TITLES '%.1f' CPUS
 echo
 echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."

@@ -32,7 +32,10 @@ type Options struct {
 	// (larger: the Error handler gets fasthttp.ErrSmallReadBuffer; default
 	// 4096, fasthttp's read buffer).
 	MaxHeaderBytes int
-	// IdleTimeout closes keep-alive connections idle this long (default 90s).
+	// IdleTimeout closes keep-alive connections idle this long (default
+	// 90s); on HTTP/2 it also bounds a write the client does not read: a
+	// stream whose windows stay shut this long is reset, a connection
+	// whose socket takes no bytes this long is closed.
 	IdleTimeout time.Duration
 	// ReadTimeout bounds reading one request's headers and body (default
 	// 30s), so a slow client cannot hold a connection forever.

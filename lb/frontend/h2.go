@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -234,10 +235,12 @@ func (o *h2Out) Write(p []byte) (int, error) {
 
 // errH2Closed fails a stream's write after its connection ended or its
 // answer was sent; errStreamReset one after the stream was reset;
+// errH2Stalled one the client opened no window for in IdleTimeout;
 // errRapidReset ends a connection that cancels streams too fast.
 var (
 	errH2Closed    = errors.New("frontend: the HTTP/2 connection is closed")
 	errStreamReset = errors.New("frontend: the client reset the HTTP/2 stream")
+	errH2Stalled   = errors.New("frontend: the HTTP/2 client read nothing of the stream for IdleTimeout")
 	errRapidReset  = errors.New("frontend: HTTP/2 client cancels streams too fast (rapid reset)")
 )
 
@@ -590,6 +593,10 @@ func (c *h2Conn) closeStreamLocked(st *h2Stream, err error) {
 	}
 	st.cut = err
 	close(st.done)
+	for _, f := range st.onCut {
+		(*f)()
+	}
+	st.onCut = nil
 	delete(c.streams, st.id)
 	if !st.started {
 		st.release()
@@ -707,6 +714,40 @@ type h2Stream struct {
 	recvUnacked int64
 	recvEnded   bool // the client ended its side
 	started     bool // its handler runs
+	// onCut: what AfterClientGone arranged to run when the stream is cut.
+	onCut []*func()
+}
+
+// AfterClientGone is ClientGone for a caller that would rather not have a
+// goroutine wait on the channel: it arranges for f to run once the client
+// of ctx is gone (at once if it is), and returns stop, which undoes that.
+// f runs under the HTTP/2 connection's lock, so it must not block or come
+// back to the stream. nil where the front end has no such hook: ClientGone
+// is the way there.
+func AfterClientGone(ctx *fasthttp.RequestCtx) func(f func()) (stop func()) {
+	if st, ok := ctx.Conn().(*h2Stream); ok {
+		return st.afterCut
+	}
+	return nil
+}
+
+// afterCut is AfterClientGone for st.
+func (st *h2Stream) afterCut(f func()) func() {
+	c := st.c
+	c.mu.Lock()
+	if st.cut != nil {
+		c.mu.Unlock()
+		f()
+		return func() {}
+	}
+	hook := &f
+	st.onCut = append(st.onCut, hook)
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		st.onCut = slices.DeleteFunc(st.onCut, func(h *func()) bool { return h == hook })
+		c.mu.Unlock()
+	}
 }
 
 // release returns the stream's ctx to the pool.

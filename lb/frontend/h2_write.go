@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
@@ -146,10 +147,18 @@ func (c *h2Conn) writableLocked(st *h2Stream) error {
 // writeData sends p on st as DATA frames, ending the stream with end, and
 // flushes them. It waits while the stream's or the connection's window is
 // closed, and while out holds h2MaxPending bytes for a socket being
-// written.
+// written; a wait that makes no progress for IdleTimeout resets the
+// stream, so a client that stops reading pins neither it nor its pod.
 func (c *h2Conn) writeData(st *h2Stream, p []byte, end bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var stalled *time.Timer // wakes the wait at the stall's deadline
+	var since time.Time     // when the wait without progress began; zero: none
+	defer func() {
+		if stalled != nil {
+			stalled.Stop()
+		}
+	}()
 	for {
 		if err := c.writableLocked(st); err != nil {
 			return err
@@ -162,9 +171,25 @@ func (c *h2Conn) writeData(st *h2Stream, p []byte, end bool) error {
 			if err := c.flushLocked(); err != nil {
 				return err
 			}
+			if limit := c.s.o.IdleTimeout; limit > 0 {
+				switch {
+				case since.IsZero():
+					since = time.Now()
+					if stalled == nil {
+						stalled = time.AfterFunc(limit, c.wake)
+					} else {
+						stalled.Reset(limit)
+					}
+				case time.Since(since) >= limit:
+					c.resetLocked(st.id, http2.ErrCodeCancel)
+					_ = c.flushLocked()
+					return errH2Stalled
+				}
+			}
 			c.cond.Wait()
 			continue
 		}
+		since = time.Time{}
 		last := end && int(n) == len(p)
 		_ = c.fr.WriteData(st.id, last, p[:n])
 		st.sendWindow -= n
@@ -194,6 +219,11 @@ func (c *h2Conn) flushLocked() error {
 		c.out, c.spare = c.spare[:0], nil
 		c.writing = true
 		c.mu.Unlock()
+		if limit := c.s.o.IdleTimeout; limit > 0 {
+			// A client that stops reading its socket holds up every
+			// stream of the connection: it is closed.
+			_ = c.nc.SetWriteDeadline(time.Now().Add(limit))
+		}
 		_, err := c.nc.Write(out)
 		c.mu.Lock()
 		c.writing = false
@@ -206,6 +236,13 @@ func (c *h2Conn) flushLocked() error {
 	}
 	c.closeIfDoneLocked()
 	return c.werr
+}
+
+// wake wakes the goroutines waiting on cond, to look at the time.
+func (c *h2Conn) wake() {
+	c.mu.Lock()
+	c.cond.Broadcast()
+	c.mu.Unlock()
 }
 
 // lowerName is a header name as HTTP/2 writes it, in lower case.

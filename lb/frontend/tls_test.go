@@ -448,3 +448,49 @@ func rawH2(t *testing.T, addr string, s *tlsSetup) *http2.Framer {
 	_ = fr.WriteSettings()
 	return fr
 }
+
+// TestHTTP2WriteStall: a stream whose client opens no window for
+// IdleTimeout is reset and its writer fails, so a client that stops
+// reading cannot pin it (and its pod) for good; the connection serves on.
+// A client that opens its windows wide and then reads nothing from its
+// socket gets its connection closed, which fails the writer too.
+func TestHTTP2WriteStall(t *testing.T) {
+	forEachH2(t, frontend.Options{IdleTimeout: 300 * time.Millisecond}, func(t *testing.T, addr string, s *tlsSetup, a *app) {
+		c := h2Client(s)
+		resp, err := c.Get(h2URL(s, addr, "/flood"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		select {
+		case err := <-a.streamErr:
+			t.Logf("after %d bytes, the stalled stream's writer failed with %v", a.flooded.Load(), err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the writer of a stream nobody reads never failed")
+		}
+		if _, err := io.Copy(io.Discard, resp.Body); err == nil {
+			t.Fatal("the stalled stream ended as if whole")
+		}
+		echo, err := c.Post(h2URL(s, addr, "/echo"), "text/plain", strings.NewReader("after"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(echo.Body)
+		echo.Body.Close()
+		if string(b) != "after" {
+			t.Fatalf("after the stalled stream: %d %q", echo.StatusCode, b)
+		}
+
+		fr := rawH2(t, addr, s)
+		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
+		_ = fr.WriteWindowUpdate(0, 1<<31-1-65535)
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x82, 0x86, 0x44, 0x06, '/', 'f', 'l', 'o', 'o', 'd', 0x41, 0x01, 'x'},
+			EndHeaders: true, EndStream: true})
+		select {
+		case err := <-a.streamErr:
+			t.Logf("after %d bytes, the writer to a socket nobody reads failed with %v", a.flooded.Load(), err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the writer to a socket nobody reads never failed")
+		}
+	})
+}

@@ -56,7 +56,11 @@ func (workerTransport) send(x *completion) {
 	// A stream is relayed as it comes; a whole answer is read whole.
 	x.resp.StreamBody = x.req.Stream
 	now := time.Now()
-	x.answered(upstream.Do(frontend.ClientGone(x.ctx), x.pod.Client, x.up, x.resp, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
+	cut := upstream.Cut(frontend.AfterClientGone(x.ctx))
+	if cut == nil {
+		cut = upstream.ChanCut(frontend.ClientGone(x.ctx))
+	}
+	x.answered(upstream.DoCut(cut, x.pod.Client, x.up, x.resp, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
 }
 
 func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {

@@ -1,7 +1,7 @@
 // Package upstream is the gateway's side of its connections to pods: a
 // connection that redials a pod that closed it while it idled, finds its
 // way back from a response (ConnOf), and a call that may be cut while it
-// waits (Do).
+// waits (Do, DoCut).
 package upstream
 
 import (
@@ -208,8 +208,38 @@ func ConnOf(resp *fasthttp.Response) *Conn {
 	return nil
 }
 
-// Do is client.DoDeadline for a call that may be given up while a
-// goroutine waits for the pod's answer: cut closing (frontend.ClientGone,
+// Cut is how a call learns it is given up: Cut(f) arranges for f to run
+// once the call is cut (at once if it is already), on whichever goroutine
+// cuts it, and returns stop, which undoes that. f may still run while or
+// after stop returns; Do's f then does nothing. nil: the call is never cut.
+type Cut func(f func()) (stop func())
+
+// ChanCut is the Cut of a channel that is closed when the call is cut: a
+// goroutine waits on it while the call does. A nil channel is a nil Cut.
+func ChanCut(ch <-chan struct{}) Cut {
+	if ch == nil {
+		return nil
+	}
+	return func(f func()) func() {
+		stop := make(chan struct{})
+		go func() {
+			select {
+			case <-ch:
+				f()
+			case <-stop:
+			}
+		}()
+		return func() { close(stop) }
+	}
+}
+
+// Do is DoCut for a call that is cut when cut closes (ChanCut).
+func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time) error {
+	return DoCut(ChanCut(cut), client, up, resp, headBy, deadline)
+}
+
+// DoCut is client.DoDeadline for a call that may be given up while a
+// goroutine waits for the pod's answer: cut (frontend.AfterClientGone,
 // nil where the front end cannot tell; or a request giving its leg up)
 // closes the pod's connection, which is how an engine learns to abort a
 // request, and the call returns ErrCut. fasthttp's client cannot
@@ -231,7 +261,7 @@ func ConnOf(resp *fasthttp.Response) *Conn {
 // of a whole answer by deadline: a header that is late fails with
 // fasthttp.ErrTimeout, and the connection is closed, which aborts the
 // request on the engine.
-func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time) error {
+func DoCut(cut Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time) error {
 	body := up.Body()
 	whole := !resp.StreamBody
 	if !headBy.Before(deadline) {
@@ -260,27 +290,16 @@ func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, 
 	return err
 }
 
-// doWatched is Do's call of up, whose body is not empty, while cut is
+// doWatched is DoCut's call of up, whose body is not empty, while cut is
 // watched; the answer is taken as a stream.
-func doWatched(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+func doWatched(cut Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
 	body := up.Body()
 	// A copy: handing the body over as a stream recycles its buffer.
 	w := &watchedBody{resp: resp, body: append([]byte(nil), body...)}
 	up.SetBodyStream(w, len(body))
-	stop := make(chan struct{})
-	go func() {
-		select {
-		case <-cut:
-			if w.state.CompareAndSwap(watching, left) {
-				if c := w.conn.Load(); c != nil {
-					_ = c.Close()
-				}
-			}
-		case <-stop:
-		}
-	}()
+	stop := cut(w.cut)
 	err := client.DoDeadline(up, resp, deadline)
-	close(stop)
+	stop()
 	// The stream is spent: a retry on another pod sends the copy.
 	up.SetBodyRaw(w.body)
 	if !w.state.CompareAndSwap(watching, answered) {
@@ -315,7 +334,7 @@ func readBodyWhole(resp *fasthttp.Response, limit int) error {
 	return nil
 }
 
-// ErrCut is Do's error for a call given up (cut closed) before the pod
+// ErrCut is DoCut's error for a call given up (cut closed) before the pod
 // answered.
 var ErrCut = errors.New("upstream: the call was cut")
 
@@ -331,7 +350,7 @@ const (
 )
 
 // watchedBody is a request body that records the connection it is
-// written to, for Do.
+// written to, for DoCut.
 type watchedBody struct {
 	resp  *fasthttp.Response
 	body  []byte
@@ -355,4 +374,14 @@ func (w *watchedBody) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	return n, nil
+}
+
+// cut closes the connection the body went out on, unless the call was
+// answered first; a body not yet sent learns it from the state.
+func (w *watchedBody) cut() {
+	if w.state.CompareAndSwap(watching, left) {
+		if c := w.conn.Load(); c != nil {
+			_ = c.Close()
+		}
+	}
 }
