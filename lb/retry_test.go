@@ -131,56 +131,61 @@ func TestRetryBudgetWaitsForAWorkingRetry(t *testing.T) {
 // TestRetryWhenPodFoundDown: requests waiting on a pod that then stops
 // answering everything, health checks included, move to another pod as
 // soon as the checks find it dead, not after the response timeout, and
-// whatever the retry budget.
+// whatever the retry budget; on both front ends.
 func TestRetryWhenPodFoundDown(t *testing.T) {
-	good := testFleet(t, "m", 1, 100)[0]
-	var down atomic.Bool
-	var waiting atomic.Int32
-	bad := wedgingPod(t, &down, &waiting)
-	s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: bad}, {Name: "good", Model: "m", Address: good.Addr()}},
-		func(c *config.Config) {
-			c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
-			c.Health.Interval, c.Health.Timeout = 50*time.Millisecond, 100*time.Millisecond
-			// Past the client's patience, with no hedge: only the
-			// checks' finding moves the requests in time.
-			c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
-			c.Upstream.Retry.FirstByte = config.FirstByte{}
-			// A budget that refuses every other retry: moving off a
-			// pod found dead is never refused.
-			c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1}
-		})
-	patient := &http.Client{Timeout: 20 * time.Second}
-	type answer struct {
-		code int
-		pod  string
-		err  error
-	}
-	const n = 4
-	answers := make(chan answer, n)
-	for i := range n {
-		go func() {
-			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":8,"stream":%v}`, i, i%2 == 1)
-			resp, err := patient.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
-			if err != nil {
-				answers <- answer{err: err}
-				return
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			good := testFleet(t, "m", 1, 100)[0]
+			var down atomic.Bool
+			var waiting atomic.Int32
+			bad := wedgingPod(t, &down, &waiting)
+			s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: bad}, {Name: "good", Model: "m", Address: good.Addr()}},
+				func(c *config.Config) {
+					c.Frontend = fe
+					c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+					c.Health.Interval, c.Health.Timeout = 50*time.Millisecond, 100*time.Millisecond
+					// Past the client's patience, with no hedge: only the
+					// checks' finding moves the requests in time.
+					c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+					c.Upstream.Retry.FirstByte = config.FirstByte{}
+					// A budget that refuses every other retry: moving off a
+					// pod found dead is never refused.
+					c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1}
+				})
+			patient := &http.Client{Timeout: 20 * time.Second}
+			type answer struct {
+				code int
+				pod  string
+				err  error
 			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			answers <- answer{code: resp.StatusCode, pod: resp.Header.Get("x-pdlb-pod")}
-		}()
+			const n = 4
+			answers := make(chan answer, n)
+			for i := range n {
+				go func() {
+					body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":8,"stream":%v}`, i, i%2 == 1)
+					resp, err := patient.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						answers <- answer{err: err}
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					answers <- answer{code: resp.StatusCode, pod: resp.Header.Get("x-pdlb-pod")}
+				}()
+			}
+			testwait.For(t, "requests waiting on the pod about to wedge", func() bool { return waiting.Load() > 0 })
+			down.Store(true)
+			for range n {
+				if a := <-answers; a.err != nil || a.code != http.StatusOK || a.pod != "good" {
+					t.Fatalf("answer %+v, want 200 from good", a)
+				}
+			}
+			if got := metricValue(t, s, `pdlb_upstream_retries_total{reason="down"}`); got < float64(waiting.Load()) {
+				t.Fatalf("%v retries for down, want one per request the pod held (%d)", got, waiting.Load())
+			}
+			waitIdle(t, s)
+		})
 	}
-	testwait.For(t, "requests waiting on the pod about to wedge", func() bool { return waiting.Load() > 0 })
-	down.Store(true)
-	for range n {
-		if a := <-answers; a.err != nil || a.code != http.StatusOK || a.pod != "good" {
-			t.Fatalf("answer %+v, want 200 from good", a)
-		}
-	}
-	if got := metricValue(t, s, `pdlb_upstream_retries_total{reason="down"}`); got < float64(waiting.Load()) {
-		t.Fatalf("%v retries for down, want one per request the pod held (%d)", got, waiting.Load())
-	}
-	waitIdle(t, s)
 }
 
 // TestDrainingPodKeepsItsRequests: a pod that stops accepting connections

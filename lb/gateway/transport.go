@@ -60,7 +60,13 @@ func (workerTransport) send(x *completion) {
 	if cut == nil {
 		cut = upstream.ChanCut(frontend.ClientGone(x.ctx))
 	}
-	x.answered(upstream.DoCut(cut, x.pod.Client, x.up, x.resp, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
+	// Cut too when health checks find the pod dead, as the loop's sweep
+	// does (frontend.Upstream.Down).
+	err := upstream.DoCut(upstream.EitherCut(cut, x.pod.AfterDown), x.pod.Client, x.up, x.resp, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream)))
+	if err == upstream.ErrCut && x.pod.DownAt.Load() > now.UnixNano() {
+		err = upstream.ErrPodDown
+	}
+	x.answered(err)
 }
 
 func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {

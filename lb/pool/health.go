@@ -121,7 +121,7 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 				// No answer at all: hung. A draining engine refuses new
 				// connections or answers 503 while it finishes its
 				// requests, which keep their connections.
-				p.DownAt.Store(time.Now().UnixNano())
+				p.markDown()
 			}
 			c.log.Warn("pod unhealthy", "pod", p.Config.Name, "err", errText(err, resp))
 		}

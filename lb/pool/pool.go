@@ -111,8 +111,10 @@ type podState struct {
 	answered atomic.Bool
 	// DownAt is when (unix ns) health checks last found the pod dead,
 	// 0 never: the transports give up its attempts sent before then
-	// that have no byte of an answer yet (frontend.Upstream.Down).
+	// that have no byte of an answer yet (frontend.Upstream.Down on the
+	// event loops, AfterDown on goroutines).
 	DownAt         atomic.Int64
+	down           downHooks
 	ejections      atomic.Int64
 	kept           atomic.Int64
 	upstreamErrors atomic.Int64

@@ -233,6 +233,20 @@ func ChanCut(ch <-chan struct{}) Cut {
 	}
 }
 
+// EitherCut is the Cut of a call cut by a or by b (either may be nil).
+func EitherCut(a, b Cut) Cut {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return func(f func()) func() {
+		stopA, stopB := a(f), b(f)
+		return func() { stopA(); stopB() }
+	}
+}
+
 // Do is DoCut for a call that is cut when cut closes (ChanCut).
 func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time) error {
 	return DoCut(ChanCut(cut), client, up, resp, headBy, deadline)
