@@ -315,6 +315,51 @@ func TestRetryPDDecodeLeg(t *testing.T) {
 	ledgerSettles(t, s)
 }
 
+// TestRetryPDPrefillFoundDown: a prefill pod that wedges, health checks
+// included, while it holds prefill legs gives them up once the checks find
+// it dead; their pairs go to the other prefill pod.
+func TestRetryPDPrefillFoundDown(t *testing.T) {
+	e := pdEngines[0]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	var down atomic.Bool
+	var waiting atomic.Int32
+	badPod := pdPod(pre, wedgingPod(t, &down, &waiting), "rs0")
+	badPod.Name = "bad"
+	s := pdGateway(t, e, []config.Pod{badPod, pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")},
+		func(c *config.Config) {
+			c.Health.Interval, c.Health.Timeout = 50*time.Millisecond, 100*time.Millisecond
+			c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+			c.PD.PrefillRequestTimeout = time.Minute
+		})
+	patient := &http.Client{Timeout: 20 * time.Second}
+	const n = 6
+	answers := make(chan string, n)
+	for i := range n {
+		go func() {
+			resp, err := patient.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(pdBody("/v1/chat/completions", i%2 == 1, 8)))
+			if err != nil {
+				answers <- err.Error()
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			answers <- fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("x-pdlb-prefill-pod"))
+		}()
+	}
+	testwait.For(t, "prefill legs waiting on the pod about to wedge", func() bool { return waiting.Load() > 0 })
+	down.Store(true)
+	for range n {
+		if a := <-answers; a != "200 pre" {
+			t.Fatalf("answer %q, want 200 prefilled on pre", a)
+		}
+	}
+	if got := metricValue(t, s, `pdlb_upstream_retries_total{reason="down"}`); got < float64(waiting.Load()) {
+		t.Fatalf("%v retries for down, want one per leg the pod held (%d)", got, waiting.Load())
+	}
+	ledgerSettles(t, s)
+}
+
 // TestRetryBudgetFleetWide: when every pod resets every request, the
 // retries stay within upstream.retry_budget's share of the requests in
 // flight, and every client gets a clean 502 in OpenAI's shape.

@@ -20,7 +20,7 @@ import (
 type pdFleet struct{ g *Gateway }
 
 func (f pdFleet) Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
-	return upstream.Do(cut, pod.Client, up, resp, deadline, deadline)
+	return callPod(upstream.ChanCut(cut), pod, up, resp, time.Now(), deadline, deadline)
 }
 func (f pdFleet) CallFailed(pod *pool.Pod, err error) { f.g.callFailed(pod, err) }
 func (f pdFleet) PodFailed(pod *pool.Pod)             { f.g.podFailed(pod) }

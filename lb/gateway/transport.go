@@ -60,13 +60,19 @@ func (workerTransport) send(x *completion) {
 	if cut == nil {
 		cut = upstream.ChanCut(frontend.ClientGone(x.ctx))
 	}
-	// Cut too when health checks find the pod dead, as the loop's sweep
-	// does (frontend.Upstream.Down).
-	err := upstream.DoCut(upstream.EitherCut(cut, x.pod.AfterDown), x.pod.Client, x.up, x.resp, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream)))
-	if err == upstream.ErrCut && x.pod.DownAt.Load() > now.UnixNano() {
+	x.answered(callPod(cut, x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
+}
+
+// callPod is upstream.DoCut of up on pod, sent at now, cut by cut and
+// when health checks find the pod dead, as the loop's sweep gives such an
+// exchange up (frontend.Upstream.Down); the latter ends it with
+// upstream.ErrPodDown.
+func callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time) error {
+	err := upstream.DoCut(upstream.EitherCut(cut, pod.AfterDown), pod.Client, up, resp, headBy, deadline)
+	if err == upstream.ErrCut && pod.DownAt.Load() > now.UnixNano() {
 		err = upstream.ErrPodDown
 	}
-	x.answered(err)
+	return err
 }
 
 func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {
