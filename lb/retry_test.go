@@ -337,7 +337,10 @@ func TestRetryPDPrefillFoundDown(t *testing.T) {
 	answers := make(chan string, n)
 	for i := range n {
 		go func() {
-			resp, err := patient.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(pdBody("/v1/chat/completions", i%2 == 1, 8)))
+			// Prompts of their own, so no cache draws them to one pod.
+			prompt := strings.Repeat(fmt.Sprintf("request %d has a prompt of its own ", i), 8)
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":8,"stream":%v}`, prompt, i%2 == 1)
+			resp, err := patient.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
 			if err != nil {
 				answers <- err.Error()
 				return
