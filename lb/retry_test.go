@@ -128,6 +128,108 @@ func TestRetryBudgetWaitsForAWorkingRetry(t *testing.T) {
 	waitIdle(t, s)
 }
 
+// TestRetryBudgetMovesAGonePodsRequests: a pod killed with a burst of
+// requests in flight resets them together, more than a small budget
+// holds, while the other pod's answers are slow to begin; once a check is
+// refused by the killed pod, the retries over the budget go on.
+func TestRetryBudgetMovesAGonePodsRequests(t *testing.T) {
+	slow := fakePod(t, func(c net.Conn, _ *http.Request) {
+		time.Sleep(500 * time.Millisecond)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+	})
+	var held atomic.Int32
+	killed := killablePod(t, &held)
+	s := testGateway(t, []config.Pod{{Name: "killed", Model: "m", Address: killed}, {Name: "slow", Model: "m", Address: slow}},
+		func(c *config.Config) {
+			c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+			c.Health.Interval = 50 * time.Millisecond
+			c.Health.EjectAfterFailures = 1000
+			c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1, MinRetries: 1}
+		})
+	const clients = 12
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	for i := range clients {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
+			resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			code := 0
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				code = resp.StatusCode
+			}
+			mu.Lock()
+			statuses[code]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if statuses[200] != clients || held.Load() < 2 {
+		t.Fatalf("clients got %v with %d held by the killed pod; want %d × 200 and a burst of at least 2", statuses, held.Load(), clients)
+	}
+	waitIdle(t, s)
+}
+
+// killablePod answers health checks; it holds each request a moment,
+// counting it in held, then dies as a killed process does: its listener
+// closes and every connection, checks' included, is reset.
+func killablePod(t *testing.T, held *atomic.Int32) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{}
+	kill := sync.OnceFunc(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for c := range conns {
+			_ = c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+	})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { kill(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns[c] = true
+			mu.Unlock()
+			wg.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, r.Body)
+					if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+						continue
+					}
+					held.Add(1)
+					time.Sleep(100 * time.Millisecond)
+					kill()
+					return
+				}
+			})
+		}
+	})
+	return ln.Addr().String()
+}
+
+// okAnswer is a whole chat completion, as a fake pod answers it.
+const okAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+
 // TestRetryWhenPodFoundDown: requests waiting on a pod that then stops
 // answering everything, health checks included, move to another pod as
 // soon as the checks find it dead, not after the response timeout, and
@@ -220,8 +322,7 @@ func TestDrainingPodKeepsItsRequests(t *testing.T) {
 				}
 				held <- struct{}{}
 				<-finish
-				body := `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
-				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
 			})
 		}
 	})

@@ -36,8 +36,10 @@ type Retry struct {
 // waited for its first byte count in it but are never refused. A retry
 // over the budget waits up to 250 ms for a place freed by a retry that
 // worked (a pod's answer began), so one pod's burst of failures moves on
-// while the other pods answer; under a fleet-wide failure none works and
-// it is refused.
+// while the other pods answer, or until its failed pod is found out (a
+// health check, or a refused connection), when it goes on over the budget;
+// under a fleet-wide failure of pods that still answer their checks none
+// of these comes and it is refused.
 type RetryBudget struct {
 	// Percent of the requests in flight that may be retrying (default 20).
 	Percent float64 `yaml:"percent"`

@@ -72,17 +72,16 @@ func (g *Gateway) retryOn(reason fail.Reason) bool {
 // takeRetry takes a place in the retry budget for x, which keeps it until
 // the head of a pod's answer comes (answered) or it leaves (leave): false
 // when the requests retrying are already upstream.retry_budget's share of
-// those in flight, unless x's pod was found dead (fail.Down). The budget
-// guards a failing fleet against doubled load; a pod the health checks
-// found dead moves all its waiting requests at once, bounded by what it
-// held, and the other pods answer its checks.
-func (g *Gateway) takeRetry(x *completion, reason fail.Reason) bool {
+// those in flight, unless force. The budget guards a failing fleet
+// against doubled load; a pod found dead or gone moves its requests at
+// once, bounded by what it held, while the other pods answer their checks.
+func (g *Gateway) takeRetry(x *completion, force bool) bool {
 	if x.retrying {
 		return true
 	}
 	m, b := g.metrics.retry, &g.cfg.Upstream.Retry.Budget
 	limit := max(int64(b.MinRetries), int64(b.Percent/100*float64(g.inFlight.Load())))
-	if m.inFlight.Add(1) > limit && reason != fail.Down {
+	if m.inFlight.Add(1) > limit && !force {
 		m.inFlight.Add(-1)
 		return false
 	}
