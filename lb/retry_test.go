@@ -1,7 +1,6 @@
 package lb_test
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +13,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/internal/testwait"
+	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
@@ -82,94 +82,47 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 	}
 }
 
-// TestRetryBudgetWaitsForAWorkingRetry: a pod that fails a burst of
-// requests at once sends their retries together, more than a small budget
-// holds; the retries over it wait for the first ones to work on the
-// healthy pod, and every client gets its answer.
-func TestRetryBudgetWaitsForAWorkingRetry(t *testing.T) {
-	good := testFleet(t, "m", 1, 100)[0]
-	var held atomic.Int32
-	bad := fakePod(t, func(c net.Conn, r *http.Request) {
-		held.Add(1)
-		// Held a moment, so that the burst fails together.
-		time.Sleep(100 * time.Millisecond)
-		resetPod(c, r)
-	})
-	s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: bad}, {Name: "good", Model: "m", Address: good.Addr()}},
-		func(c *config.Config) {
-			c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
-			c.Health.Interval = time.Hour
-			c.Health.EjectAfterFailures = 1000
-			c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1, MinRetries: 1}
+// TestRetryBudgetBurst: a pod that fails a burst of requests at once
+// sends their retries together, more than a small budget holds, and every
+// client still gets its answer from the other pod. The retries over the
+// budget wait for the first ones to work there, or, when those are slow
+// to begin, for a check to find the failed pod gone (killed: its
+// listener closed, every connection reset), then go on over the budget.
+func TestRetryBudgetBurst(t *testing.T) {
+	resetting := func(t *testing.T, held *atomic.Int32) string {
+		return fakePod(t, func(c net.Conn, r *http.Request) {
+			held.Add(1)
+			// Held a moment, so that the burst fails together.
+			time.Sleep(100 * time.Millisecond)
+			resetPod(c, r)
 		})
-	const clients = 12
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	statuses := map[int]int{}
-	for i := range clients {
-		wg.Go(func() {
-			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
-			resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
-			code := 0
-			if err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				code = resp.StatusCode
+	}
+	slow := func(t *testing.T) string {
+		return fakePod(t, func(c net.Conn, _ *http.Request) {
+			time.Sleep(500 * time.Millisecond)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+		})
+	}
+	quick := func(t *testing.T) string { return testFleet(t, "m", 1, 100)[0].Addr() }
+	f := func(name string, failing func(*testing.T, *atomic.Int32) string, other func(*testing.T) string, checks time.Duration) {
+		t.Run(name, func(t *testing.T) {
+			var held atomic.Int32
+			s := testGateway(t, []config.Pod{{Name: "failing", Model: "m", Address: failing(t, &held)}, {Name: "other", Model: "m", Address: other(t)}},
+				func(c *config.Config) {
+					c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+					c.Health.Interval = checks
+					c.Health.EjectAfterFailures = 1000
+					c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1, MinRetries: 1}
+				})
+			const clients = 12
+			if statuses := burst(s, clients); statuses[200] != clients || held.Load() < 2 {
+				t.Fatalf("clients got %v with %d held by the failing pod; want %d × 200 and a burst of at least 2", statuses, held.Load(), clients)
 			}
-			mu.Lock()
-			statuses[code]++
-			mu.Unlock()
+			waitIdle(t, s)
 		})
 	}
-	wg.Wait()
-	if statuses[200] != clients || held.Load() < 2 {
-		t.Fatalf("clients got %v with %d held by the failing pod; want %d × 200 and a burst of at least 2", statuses, held.Load(), clients)
-	}
-	waitIdle(t, s)
-}
-
-// TestRetryBudgetMovesAGonePodsRequests: a pod killed with a burst of
-// requests in flight resets them together, more than a small budget
-// holds, while the other pod's answers are slow to begin; once a check is
-// refused by the killed pod, the retries over the budget go on.
-func TestRetryBudgetMovesAGonePodsRequests(t *testing.T) {
-	slow := fakePod(t, func(c net.Conn, _ *http.Request) {
-		time.Sleep(500 * time.Millisecond)
-		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
-	})
-	var held atomic.Int32
-	killed := killablePod(t, &held)
-	s := testGateway(t, []config.Pod{{Name: "killed", Model: "m", Address: killed}, {Name: "slow", Model: "m", Address: slow}},
-		func(c *config.Config) {
-			c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
-			c.Health.Interval = 50 * time.Millisecond
-			c.Health.EjectAfterFailures = 1000
-			c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1, MinRetries: 1}
-		})
-	const clients = 12
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	statuses := map[int]int{}
-	for i := range clients {
-		wg.Go(func() {
-			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
-			resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
-			code := 0
-			if err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				code = resp.StatusCode
-			}
-			mu.Lock()
-			statuses[code]++
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	if statuses[200] != clients || held.Load() < 2 {
-		t.Fatalf("clients got %v with %d held by the killed pod; want %d × 200 and a burst of at least 2", statuses, held.Load(), clients)
-	}
-	waitIdle(t, s)
+	f("a retry works", resetting, quick, time.Hour)
+	f("the pod is found gone", killablePod, slow, 50*time.Millisecond)
 }
 
 // killablePod answers health checks; it holds each request a moment,
@@ -182,49 +135,54 @@ func killablePod(t *testing.T, held *atomic.Int32) string {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	conns := map[net.Conn]bool{}
+	var conns []net.Conn
 	kill := sync.OnceFunc(func() {
 		ln.Close()
 		mu.Lock()
 		defer mu.Unlock()
-		for c := range conns {
+		for _, c := range conns {
 			_ = c.(*net.TCPConn).SetLinger(0)
 			c.Close()
 		}
 	})
+	t.Cleanup(kill)
+	return scriptedPod(t, ln, podScript{
+		accepted: func(c net.Conn) {
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		},
+		serve: func(net.Conn, *http.Request) {
+			held.Add(1)
+			time.Sleep(100 * time.Millisecond)
+			kill()
+		},
+	})
+}
+
+// burst sends n requests to s at once and counts their statuses (0: no
+// answer).
+func burst(s *lb.Server, n int) map[int]int {
 	var wg sync.WaitGroup
-	t.Cleanup(func() { kill(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	for i := range n {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
+			resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			code := 0
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				code = resp.StatusCode
 			}
 			mu.Lock()
-			conns[c] = true
+			statuses[code]++
 			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-					if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
-						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-						continue
-					}
-					held.Add(1)
-					time.Sleep(100 * time.Millisecond)
-					kill()
-					return
-				}
-			})
-		}
-	})
-	return ln.Addr().String()
+		})
+	}
+	wg.Wait()
+	return statuses
 }
 
 // okAnswer is a whole chat completion, as a fake pod answers it.
@@ -299,34 +257,14 @@ func TestDrainingPodKeepsItsRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	held, finish := make(chan struct{}, 1), make(chan struct{})
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				r, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, r.Body)
-				// One exchange per connection: each check dials anew,
-				// which the closed listener refuses.
-				if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-					return
-				}
-				held <- struct{}{}
-				<-finish
-				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
-			})
-		}
-	})
-	s := testGateway(t, []config.Pod{{Name: "draining", Model: "m", Address: ln.Addr().String()}}, func(c *config.Config) {
+	// Each check on a connection of its own, which the closed listener
+	// refuses once it closed.
+	addr := scriptedPod(t, ln, podScript{closeChecks: true, serve: func(c net.Conn, _ *http.Request) {
+		held <- struct{}{}
+		<-finish
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+	}})
+	s := testGateway(t, []config.Pod{{Name: "draining", Model: "m", Address: addr}}, func(c *config.Config) {
 		c.Health.Interval, c.Health.Timeout = 20*time.Millisecond, 100*time.Millisecond
 	})
 	answer := make(chan string, 1)
@@ -357,36 +295,13 @@ func wedgingPod(t *testing.T, down *atomic.Bool, waiting *atomic.Int32) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-					if r.URL.Path != "/health" && r.URL.Path != "/metrics" {
-						waiting.Add(1)
-					} else if !down.Load() {
-						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-						continue
-					}
-					_, _ = io.Copy(io.Discard, c)
-					return
-				}
-			})
-		}
+	return scriptedPod(t, ln, podScript{
+		checks: func() bool { return !down.Load() },
+		serve: func(c net.Conn, _ *http.Request) {
+			waiting.Add(1)
+			_, _ = io.Copy(io.Discard, c)
+		},
 	})
-	return ln.Addr().String()
 }
 
 // TestRetryPDDecodeLeg: a decode pod that resets the decode leg before its

@@ -301,19 +301,40 @@ func fakePod(t *testing.T, serve func(c net.Conn, r *http.Request)) string {
 // fakePodOn is fakePod on a listener of the test's.
 func fakePodOn(t *testing.T, ln net.Listener, serve func(c net.Conn, r *http.Request)) string {
 	t.Helper()
+	return scriptedPod(t, ln, podScript{serve: serve})
+}
+
+// podScript is what scriptedPod does.
+type podScript struct {
+	// accepted sees each new connection (nil: nothing to do).
+	accepted func(c net.Conn)
+	// checks says whether health checks and scrapes get 200 now (nil:
+	// always); when not, the connection hangs, answering nothing.
+	checks func() bool
+	// closeChecks answers a check with Connection: close, so each check
+	// dials anew.
+	closeChecks bool
+	// serve answers any other request; the connection closes after it.
+	serve func(c net.Conn, r *http.Request)
+}
+
+// scriptedPod serves ln as script says until the test ends, each
+// connection on a goroutine of its own; the cleanup closes ln and waits
+// for every connection.
+func scriptedPod(t *testing.T, ln net.Listener, script podScript) string {
+	t.Helper()
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			if script.accepted != nil {
+				script.accepted(c)
+			}
+			wg.Go(func() {
 				defer c.Close()
 				br := bufio.NewReader(c)
 				for {
@@ -322,16 +343,23 @@ func fakePodOn(t *testing.T, ln net.Listener, serve func(c net.Conn, r *http.Req
 						return
 					}
 					io.Copy(io.Discard, r.Body)
-					if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
-						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-						continue
+					if r.URL.Path != "/health" && r.URL.Path != "/metrics" {
+						script.serve(c, r)
+						return
 					}
-					serve(c, r)
-					return
+					if script.checks != nil && !script.checks() {
+						_, _ = io.Copy(io.Discard, c)
+						return
+					}
+					if script.closeChecks {
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 				}
-			}()
+			})
 		}
-	}()
+	})
 	return ln.Addr().String()
 }
 
