@@ -62,10 +62,11 @@ scenario_micro() {
 	done
 }
 
-# sim: seed 000's routing table on bench/cluster (virtual time), seeds 0..3.
+# sim: the global-scheduling study's routing table on bench/cluster
+# (virtual time), seeds 0..3.
 SIM_POLICIES=("random" "least_queue" "cache_only" "min_ttft" "min_ttft --faithful" "min_ttft --reject" "min_ttft --reject --faithful" "default --reject")
 scenario_sim() {
-	section "Seed 000's routing table (pdlb sim)" "Virtual-time simulator, seed 000's chat on 8 pods for 120 s; one row per policy and workload seed (see bench/cluster/README.md). \`--faithful\` breaks ties as seed 000's Python does (the first pod), which is how its min_ttft rows were made; without it ties are broken at random, as the gateway does."
+	section "The global-scheduling study's routing table (pdlb sim)" "Virtual-time simulator, the global-scheduling study's multi-turn chat on 8 pods for 120 s; one row per policy and workload seed (see bench/cluster/README.md). \`--faithful\` breaks ties as the study's Python simulation does (the first pod), which is how its min_ttft rows were made; without it ties are broken at random, as the gateway does."
 	local rate
 	for rate in 40 70; do
 		record_as "$PDLB sim --rate $rate --duration 120 --seed {0..3} --policy {$(IFS=,; echo "${SIM_POLICIES[*]}")}" sim_rows "$rate"
@@ -96,17 +97,18 @@ scenario_lora() {
 	done
 }
 
-# plan: seed 000's three phases, the planner's xPyD against static 12P12D.
+# plan: the global-scheduling study's three load phases, the planner's
+# xPyD against static 12P12D.
 scenario_plan() {
-	section "xPyD plan (pdlb plan)" "Seed 000's day on 24 pods: what each phase needs and the load under static 12P12D."
+	section "xPyD plan (pdlb plan)" "The global-scheduling study's day (three load phases) on 24 pods: what each phase needs and the load under static 12P12D."
 	record "$PDLB" plan --phases seed --total 24 --static 12P12D
-	section "xPyD planner against static 12P12D (pdlb plan --simulate)" "Seed 000's three phases in sequence on bench/cluster's virtual fleet of 24 pods, 120 s each: SLO attainment per phase, role-switch waves and instances moved."
+	section "xPyD planner against static 12P12D (pdlb plan --simulate)" "The global-scheduling study's three load phases in sequence on bench/cluster's virtual fleet of 24 pods, 120 s each: SLO attainment per phase, role-switch waves and instances moved."
 	record "$PDLB" plan --phases seed --total 24 --static 12P12D --simulate
 }
 
 # live: a demo fleet and gateway on loopback, then pdlb load against it.
 scenario_live() {
-	section "Live: seed chat through the gateway (pdlb demo + pdlb load)" "\`pdlb demo\` (3 vLLM, 2 SGLang, 1 TRT-LLM sim pods in real time) and \`pdlb load\` sending seed 000's chat to demo-vllm, 20% batch class; the hit rate is read from the vLLM pods' /metrics."
+	section "Live: multi-turn chat through the gateway (pdlb demo + pdlb load)" "\`pdlb demo\` (3 vLLM, 2 SGLang, 1 TRT-LLM sim pods in real time) and \`pdlb load\` sending the multi-turn chat to demo-vllm, 20% batch class; the hit rate is read from the vLLM pods' /metrics."
 	if ! "$PDLB" load --help >/dev/null 2>&1; then
 		printf '\nskipped: this pdlb has no load command\n' | tee -a "$OUT"
 		return
@@ -177,7 +179,7 @@ live_fleet() {
 }
 
 scenario_routing() {
-	section "Live: cache-aware routing (issue 3)" "Seed 000's multi-turn chat (20 system prompts of 2,048 tokens, 400 sessions, +300 tokens a turn) at 40 req/s for 120 s (seed 000's run: shorter, the sessions are still short and even random routing hits mostly cached system prompts) through the gateway to 8 sim pods with seed 000's physics, once per policy, each on a fresh fleet. The hit rate is the pods' own (vllm:prefix_cache_hits_total / queries)."
+	section "Live: cache-aware routing (issue 3)" "The global-scheduling study's multi-turn chat (20 system prompts of 2,048 tokens, 400 sessions, +300 tokens a turn) at 40 req/s for 120 s (the study's run: shorter, the sessions are still short and even random routing hits mostly cached system prompts) through the gateway to 8 sim pods with the study's timing model (20,000 prefill tokens/s, 3,000 blocks of 64 tokens), once per policy, each on a fresh fleet. The hit rate is the pods' own (vllm:prefix_cache_hits_total / queries)."
 	local policy
 	for policy in random cache_aware slo_cache; do
 		live_fleet fleet8.yaml gateway8.yaml "$policy" --workload seed-chat --rate 40 --duration 120s --output-tokens 16
@@ -214,7 +216,7 @@ scenario_exact() {
 }
 
 scenario_tokenload() {
-	section "Live: token-weighted load (issue 4)" "Seed 001's mixed case: 90% 100-token and 10% 30,000-token prompts at 12 req/s for 60 s over 4 sim pods, least_request against token_load, each on a fresh fleet."
+	section "Live: token-weighted load (issue 4)" "AIBrix's mixed case: 90% 100-token and 10% 30,000-token prompts at 12 req/s for 60 s over 4 sim pods, least_request against token_load, each on a fresh fleet."
 	local policy
 	for policy in least_request token_load; do
 		live_fleet fleet4.yaml gateway4.yaml "$policy" --workload mixed --long-fraction 0.1 --rate 12 --duration 60s --output-tokens 16
@@ -222,7 +224,7 @@ scenario_tokenload() {
 }
 
 scenario_overload() {
-	section "Live: overload with admission (issue 6)" "Seed 000's chat on 8 sim pods slowed tenfold (2,000 prefill tokens/s) at 30 req/s, about twice what they serve within a 2 s TTFT, for 60 s, with admission on and then off: admitted requests should keep their TTFT under 2 s, the rest be refused at once (the 429 row), nothing lost."
+	section "Live: overload with admission (issue 6)" "The multi-turn chat on 8 sim pods slowed tenfold (2,000 prefill tokens/s) at 30 req/s, about twice what they serve within a 2 s TTFT, for 60 s, with admission on and then off: admitted requests should keep their TTFT under 2 s, the rest be refused at once (the 429 row), nothing lost."
 	live_fleet fleet8-slow.yaml gateway8-admission.yaml slo_cache --workload seed-chat --rate 30 --duration 60s --output-tokens 16 --ttft-slo 2
 	live_fleet fleet8-slow.yaml gateway8-slow.yaml slo_cache --workload seed-chat --rate 30 --duration 60s --output-tokens 16 --ttft-slo 2
 }
@@ -253,7 +255,7 @@ scenario_chaos() {
 }
 
 scenario_replicas() {
-	section "Two replicas active-active (issue 26)" "Two pdlb replicas over one sim PD fleet (4 prefill pods publishing KV events, 2 decode pods, real time), sharing one Redis, behind one pdlb load sending round robin (seed 000's chat at 6 req/s for 60 s): the hit rate against one replica alone on a fresh fleet, how often a session's turn lands on its previous turn's pod, both decode ledgers read back to back, and one replica killed (SIGKILL) halfway (bench/replicas/run.sh)."
+	section "Two replicas active-active (issue 26)" "Two pdlb replicas over one sim PD fleet (4 prefill pods publishing KV events, 2 decode pods, real time), sharing one Redis, behind one pdlb load sending round robin (the multi-turn chat at 6 req/s for 60 s): the hit rate against one replica alone on a fresh fleet, how often a session's turn lands on its previous turn's pod, both decode ledgers read back to back, and one replica killed (SIGKILL) halfway (bench/replicas/run.sh)."
 	record_as "bench/replicas/run.sh" env PDLB="$PDLB" bench/replicas/run.sh
 }
 

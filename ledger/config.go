@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Defaults of every knob. The AIBRIX_* ones are seed 001's ("Token Load
+// Defaults of every knob. The AIBRIX_* ones are AIBrix's ("Token Load
 // Scoring Policy", "Hybrid Cache-Load Scoring Policy" and the gateway
 // variable table); the shared-ledger timings are ours.
 const (
@@ -24,7 +24,7 @@ const (
 	DefaultSharedExpiryMs        = 2000
 )
 
-// Fixed by seed 001 rather than tunable: the janitor runs once a minute and
+// Fixed by AIBrix rather than tunable: the janitor runs once a minute and
 // drops a pod's counters once it sat at zero, untouched, for a minute; keys
 // longer than 256 bytes never enter the session table.
 const (
@@ -107,7 +107,7 @@ func invalid(field, env string, value any, why string) error {
 	return fmt.Errorf("%w: %s = %q %s", ErrInvalid, field, fmt.Sprint(value), why)
 }
 
-// Validate rejects the first bad knob, naming its YAML field and seed 001's
+// Validate rejects the first bad knob, naming its YAML field and AIBrix's
 // variable and quoting the value.
 func (c *Config) Validate() error {
 	switch {

@@ -9,7 +9,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-func TestDefaultConfigIsSeed001s(t *testing.T) {
+func TestDefaultConfigIsAIBrixs(t *testing.T) {
 	c := DefaultConfig()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,7 @@
 // Package ledger keeps the gateway's token ledgers: how many prompt tokens
 // each prefill pod is computing (active) and holding as KV (kv), and how many
 // each decode pod holds (decode), charged when the router picks a pod and
-// released as the request moves on. Seed 001's "Token Load Scoring Policy"
+// released as the request moves on. AIBrix's "Token Load Scoring Policy"
 // defines the charges, the lifecycle and the knobs; the scorers that read
 // these counters live in lb/route (token_load, hybrid_cache_load,
 // decode_token_load). The ledger keeps score, it never picks.
@@ -267,7 +267,7 @@ func lookup(tab []*podSlot, id int32) *podSlot {
 
 // LockSelection serializes selections: the gateway holds it from reading
 // the ledger into its candidates until Charge returns, so concurrent
-// selections see each other's charges (seed 001: "in the same critical
+// selections see each other's charges (AIBrix: "in the same critical
 // section as the selection"). Charges and releases themselves never take
 // it.
 func (l *Ledger) LockSelection() { l.selection.Lock() }
@@ -331,7 +331,7 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 	return c.active
 }
 
-// newTokens is seed 001's new_tokens: the growth since the session's last
+// newTokens is AIBrix's new_tokens: the growth since the session's last
 // shorter prompt, else the prompt less its (thresholded) prefix match, else
 // the whole prompt.
 func (l *Ledger) newTokens(p *Prompt, now int64) int64 {

@@ -9,7 +9,7 @@ import (
 )
 
 // Metric families; each series carries pod="<name>". The gauges have
-// seed 001's names; the counter is the charges taken on the pod (each
+// AIBrix's names; the counter is the charges taken on the pod (each
 // side of a prefill/decode charge counts), one per attempt sent to it.
 const (
 	MetricActiveTokens = "pd_token_load_active_tokens"

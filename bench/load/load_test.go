@@ -67,8 +67,8 @@ func mustWorkload(t *testing.T, spec WorkloadSpec) Workload {
 	return w
 }
 
-// TestRunThroughGateway sends seed chat through a real gateway to sim pods
-// and checks the report against what was sent.
+// TestRunThroughGateway sends the multi-turn chat through a real gateway
+// to sim pods and checks the report against what was sent.
 func TestRunThroughGateway(t *testing.T) {
 	// One pod, so every system prompt misses once at most.
 	target, metrics := testFleet(t, "m", 1)

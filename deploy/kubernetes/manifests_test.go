@@ -185,7 +185,7 @@ func TestManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	if k := cfg.Discovery.Kubernetes; k == nil || k.Namespace != role.Namespace || k.Selector != spec.LabelModel {
-		t.Errorf("discovery.kubernetes = %+v, want namespace %q and seed 001's model label", k, role.Namespace)
+		t.Errorf("discovery.kubernetes = %+v, want namespace %q and AIBrix's model label", k, role.Namespace)
 	}
 	ports := map[string]int32{}
 	for _, p := range c.Ports {

@@ -41,7 +41,7 @@ import (
 //	  tokenizer: ""           # a Hugging Face tokenizer directory: count and cache the model's real ids
 //	  chat_template: ""       # a template file (or text) replacing the tokenizer's, as vLLM's --chat-template
 //	  chat_template_kwargs: {} # defaults under each request's, as vLLM's --default-chat-template-kwargs
-//	  physics:                # seed 000's timing model
+//	  physics:                # the global-scheduling study's timing model
 //	    prefill_tokens_per_sec: 20000
 //	    decode_base_sec: 0.010
 //	    decode_per_seq_sec: 0.0002

@@ -15,9 +15,9 @@ import (
 )
 
 // Defaults of the timing model. Prefill speed, block size and cache size are
-// seed 000's (20,000 tokens/s, blocks of 64 tokens, 3,000 blocks per pod);
-// the decode curve gives about 3,000 tokens/s at a batch of 64, seed 000's
-// decode capacity under its TPOT target.
+// the global-scheduling study's (20,000 tokens/s, blocks of 64 tokens, 3,000
+// blocks per pod); the decode curve gives about 3,000 tokens/s at a batch of
+// 64, the study's decode capacity under its TPOT target.
 const (
 	DefaultPrefillTokensPerSec = 20000
 	DefaultDecodeBaseSec       = 0.010

@@ -4,8 +4,8 @@ package sim
 // a capacity in blocks. A prompt hits the cache for as many leading blocks as
 // are present; storing a prompt makes all its blocks the most recently used,
 // in prompt order, then evicts least recently used blocks over capacity. That
-// is exactly seed 000's model (an OrderedDict with move_to_end per block), so
-// bench/cluster reproduces its numbers.
+// is exactly the global-scheduling study's model (an OrderedDict with
+// move_to_end per block), so bench/cluster reproduces its numbers.
 //
 // Nodes live in a slice with a free list, so the cache allocates only when it
 // grows. It is not safe for concurrent use; the pod's scheduler owns it.

@@ -6,7 +6,8 @@ import (
 	"testing"
 )
 
-// naiveLRU is seed 000's OrderedDict: a slice in recency order.
+// naiveLRU is the global-scheduling study's OrderedDict LRU: a slice in
+// recency order.
 type naiveLRU struct {
 	order []uint64
 	cap   int

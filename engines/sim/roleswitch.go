@@ -13,7 +13,7 @@ import (
 
 // Role switching: POST /admin/role {"role":"decode","warmup_s":30} moves a
 // running pod to another role, as an operator restarts an engine with other
-// flags, at the cost seed 000 counts for a switch:
+// flags, at the cost the global-scheduling study counts for a switch:
 //
 //   - draining: new generation requests get 503 (a router sends them to
 //     other pods), those in flight finish, and KV a prefill pod holds for

@@ -91,13 +91,13 @@ type schedMsg struct {
 	rid  string
 }
 
-// scheduler is a pod's engine loop: continuous batching over seed 000's
-// timing model, run as a discrete-event simulation that keeps up with the
-// wall clock (times Speedup).
+// scheduler is a pod's engine loop: continuous batching over the
+// global-scheduling study's timing model, run as a discrete-event
+// simulation that keeps up with the wall clock (times Speedup).
 //
 // Requests wait in FIFO order until a batch slot (at most MaxBatch admitted)
 // and KV room for prompt plus max tokens are free. Admitted requests prefill
-// one at a time in FIFO order, as seed 000's per-pod busy queue: the uncached
+// one at a time in FIFO order, as the study's per-pod busy queue: the uncached
 // part, after a prefix-cache match at prefill start, at PrefillTokensPerSec.
 // A prefill's end produces the first token and stores the prompt's blocks in
 // the prefix cache. Decode runs beside prefill, in steps of

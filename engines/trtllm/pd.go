@@ -13,7 +13,7 @@ import (
 	"pdlb/engines"
 )
 
-// Style is the dispatch mode (seed 001, AIBRIX_TRT_SCHEDULE_STYLE).
+// Style is the dispatch mode (AIBrix's AIBRIX_TRT_SCHEDULE_STYLE).
 type Style uint8
 
 const (
