@@ -104,7 +104,7 @@ func TestConnectionNominated(t *testing.T) {
 func TestContentTypeAsSent(t *testing.T) {
 	pod := fakePod(t, func(c net.Conn, r *http.Request) {
 		got := fmt.Sprintf("%q", r.Header.Values("Content-Type"))
-		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(got), got)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(got), got)
 	})
 	for _, frontend := range []string{"fasthttp", "gnet"} {
 		t.Run(frontend, func(t *testing.T) {
