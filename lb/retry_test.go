@@ -190,8 +190,9 @@ const okAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"mod
 
 // TestRetryWhenPodFoundDown: requests waiting on a pod that then stops
 // answering everything, health checks included, move to another pod as
-// soon as the checks find it dead, not after the response timeout, and
-// whatever the retry budget; on both front ends.
+// soon as the checks find it dead, not after the response timeout,
+// whatever the retry budget, and spending none of upstream.retries; on
+// both front ends.
 func TestRetryWhenPodFoundDown(t *testing.T) {
 	for _, fe := range []string{"gnet", "fasthttp"} {
 		t.Run(fe, func(t *testing.T) {
@@ -208,9 +209,11 @@ func TestRetryWhenPodFoundDown(t *testing.T) {
 					// checks' finding moves the requests in time.
 					c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
 					c.Upstream.Retry.FirstByte = config.FirstByte{}
-					// A budget that refuses every other retry: moving off a
-					// pod found dead is never refused.
+					// A budget that refuses every other retry, and no
+					// retries: moving off a pod found dead is never
+					// refused, and spends none.
 					c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1}
+					c.Upstream.Retries = 0
 				})
 			patient := &http.Client{Timeout: 20 * time.Second}
 			type answer struct {

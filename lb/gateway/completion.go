@@ -36,7 +36,10 @@ type completion struct {
 	stage    stage
 	via      transport
 	attempts int
-	last     *failure
+	// downMoves: attempts given up on pods found dead, which spend no
+	// retry (mayRetry).
+	downMoves int
+	last      *failure
 	// within bounds the current attempt's wait for its first answer byte,
 	// shorter than the response timeout when hedged (firstByteWithin);
 	// retrying: x holds a place in the retry budget (takeRetry);
@@ -131,7 +134,7 @@ func releaseCompletion(x *completion) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
 	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
-	x.stage, x.via, x.attempts, x.last = stagePick, nil, 0, nil
+	x.stage, x.via, x.attempts, x.downMoves, x.last = stagePick, nil, 0, 0, nil
 	x.within, x.hedged, x.budgetWait = 0, false, false
 	x.logHead, x.times = x.logHead[:0], tokenTimes{}
 	x.ids, x.keys, x.looked = x.ids[:0], x.keys[:0], false

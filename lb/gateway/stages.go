@@ -297,18 +297,26 @@ func (g *Gateway) failed(x *completion, f *failure) {
 
 // mayRetry says f allows a retry (MayRetry: a pod failed x before any
 // byte of its answer came) for a reason upstream.retry_on lists, and x has
-// attempts left (upstream.retries after the first).
+// attempts left (upstream.retries after the first). Moves off pods found
+// dead (fail.Down) spend none: the checks, not the request, failed those
+// pods, and a retry never goes back to a pod it tried, so the pods bound
+// them.
 func (g *Gateway) mayRetry(x *completion, f *failure) bool {
-	return f.MayRetry() && g.retryOn(f.Reason) && x.attempts <= g.cfg.Upstream.Retries
+	spent := x.attempts - x.downMoves
+	if f.Reason == fail.Down {
+		spent--
+	}
+	return f.MayRetry() && g.retryOn(f.Reason) && spent <= g.cfg.Upstream.Retries
 }
 
 // tryAgain decides a retry that cannot wait: mayRetry, and the retry
 // budget has room now (takeRetry).
 func (g *Gateway) tryAgain(x *completion, f *failure) bool {
-	if !g.mayRetry(x, f) || !g.takeRetry(x, f.Reason == fail.Down) {
-		if g.mayRetry(x, f) {
-			g.metrics.retry.exhausted.Inc()
-		}
+	if !g.mayRetry(x, f) {
+		return false
+	}
+	if !g.takeRetry(x, f.Reason == fail.Down) {
+		g.metrics.retry.exhausted.Inc()
 		return false
 	}
 	g.retried(x, f)
@@ -347,6 +355,9 @@ const retryBudgetWait = 250 * time.Millisecond
 
 // retried counts x's retry after f and logs it, spaced.
 func (g *Gateway) retried(x *completion, f *failure) {
+	if f.Reason == fail.Down {
+		x.downMoves++
+	}
 	g.metrics.retry.byReason[f.Reason].Inc()
 	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
 		g.log.Warn("pod failed a request before answering; trying another", "pod", f.Pod.Config.Name, "reason", string(f.Reason), "err", f.E.Message, "suppressed", held)
