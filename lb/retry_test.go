@@ -255,38 +255,47 @@ func TestRetryWhenPodFoundDown(t *testing.T) {
 // (an engine shutting down gracefully) is taken out, but the requests it
 // holds are its to finish: they are not moved as a hung pod's are.
 func TestDrainingPodKeepsItsRequests(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, finish := make(chan struct{}, 1), make(chan struct{})
-	// Each check on a connection of its own, which the closed listener
-	// refuses once it closed.
-	addr := scriptedPod(t, ln, podScript{closeChecks: true, serve: func(c net.Conn, _ *http.Request) {
-		held <- struct{}{}
-		<-finish
-		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
-	}})
-	s := testGateway(t, []config.Pod{{Name: "draining", Model: "m", Address: addr}}, func(c *config.Config) {
-		c.Health.Interval, c.Health.Timeout = 20*time.Millisecond, 100*time.Millisecond
-	})
-	answer := make(chan string, 1)
-	go func() {
-		resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-		if err != nil {
-			answer <- err.Error()
-			return
-		}
-		resp.Body.Close()
-		answer <- fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("x-pdlb-pod"))
-	}()
-	<-held
-	ln.Close()
-	testwait.For(t, "the checks to take the draining pod out", func() bool { return !podCounts(t, s, "draining").Healthy })
-	time.Sleep(100 * time.Millisecond) // sweeps of the event loop, which would move a hung pod's request
-	close(finish)
-	if got := <-answer; got != "200 draining" {
-		t.Fatalf("the request the draining pod held got %q, want its answer", got)
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			held, finish := make(chan struct{}, 1), make(chan struct{})
+			// Each check on a connection of its own, which the closed
+			// listener refuses once it closed.
+			addr := scriptedPod(t, ln, podScript{closeChecks: true, serve: func(c net.Conn, _ *http.Request) {
+				held <- struct{}{}
+				<-finish
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+			}})
+			s := testGateway(t, []config.Pod{{Name: "draining", Model: "m", Address: addr}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval, c.Health.Timeout = 20*time.Millisecond, 100*time.Millisecond
+				// The event loop sweeps every 10 ms (a tenth of the
+				// shortest timeout) from its next tick (1 s at most),
+				// so the wait below sees many sweeps.
+				c.Upstream.KeepaliveTimeout = 100 * time.Millisecond
+			})
+			answer := make(chan string, 1)
+			go func() {
+				resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+				if err != nil {
+					answer <- err.Error()
+					return
+				}
+				resp.Body.Close()
+				answer <- fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("x-pdlb-pod"))
+			}()
+			<-held
+			ln.Close()
+			testwait.For(t, "the checks to take the draining pod out", func() bool { return !podCounts(t, s, "draining").Healthy })
+			time.Sleep(1500 * time.Millisecond) // what would move a hung pod's request has run by now
+			close(finish)
+			if got := <-answer; got != "200 draining" {
+				t.Fatalf("the request the draining pod held got %q, want its answer", got)
+			}
+		})
 	}
 }
 
