@@ -1,16 +1,17 @@
 package pool
 
 import (
-	"slices"
 	"sync"
 	"time"
 )
 
 // downHooks are the functions to run when health checks find the pod
 // dead (AfterDown): calls on goroutines waiting for its first answer byte.
+// A map, not a slice: a pod may have hundreds of calls waiting, each
+// removing its hook as its answer begins.
 type downHooks struct {
 	mu    sync.Mutex
-	hooks []*func()
+	hooks map[*func()]struct{}
 }
 
 // AfterDown arranges for f to run when health checks next find the pod
@@ -21,11 +22,14 @@ func (p *Pod) AfterDown(f func()) (stop func()) {
 	h := &p.down
 	hook := &f
 	h.mu.Lock()
-	h.hooks = append(h.hooks, hook)
+	if h.hooks == nil {
+		h.hooks = make(map[*func()]struct{})
+	}
+	h.hooks[hook] = struct{}{}
 	h.mu.Unlock()
 	return func() {
 		h.mu.Lock()
-		h.hooks = slices.DeleteFunc(h.hooks, func(x *func()) bool { return x == hook })
+		delete(h.hooks, hook)
 		h.mu.Unlock()
 	}
 }
@@ -38,7 +42,7 @@ func (p *Pod) markDown() {
 	hooks := h.hooks
 	h.hooks = nil
 	h.mu.Unlock()
-	for _, f := range hooks {
+	for f := range hooks {
 		(*f)()
 	}
 }
