@@ -3,6 +3,7 @@ package frontend
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -62,9 +63,13 @@ type GNet struct {
 	lastIdle   int64 // OnTick's last idle sweep, unix nanoseconds
 	// listeners are the loops' listening sockets (closeListeners).
 	listeners []listenerFD
-	// h2 serves the h2c connections the loops hand over (h2c.go); nil
-	// when HTTP/2 is off.
+	// h2 serves the h2c connections the loops hand over (h2c.go), and
+	// the TLS ones that negotiated h2; nil when HTTP/2 is off.
 	h2 *h2Server
+	// tls is the listener's TLS (gnet_tls.go), nil when plain; tlsStop
+	// ends its ticket-key rotation.
+	tls     *tls.Config
+	tlsStop chan struct{}
 }
 
 // tick is how often OnTick advances the clock and closes idle connections;
@@ -81,6 +86,14 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s.workers = workers{idle: make(chan job), quit: make(chan struct{})}
 	if !o.HTTP2.Disabled {
 		s.h2 = newH2Server(h, s.o)
+	}
+	if o.TLS != nil {
+		protos := []string{protoHTTP1}
+		if s.h2 != nil {
+			protos = []string{protoH2, protoHTTP1}
+		}
+		s.tlsStop = make(chan struct{})
+		s.tls = o.TLS.Config(protos, s.tlsStop)
 	}
 	// Each loop binds its own socket to addr, and each bind to port 0 would
 	// get a port of its own. A port is chosen first, with a socket that holds
@@ -269,6 +282,9 @@ func (s *GNet) stop() error {
 		<-s.stopped
 		cancel()
 		close(s.workers.quit)
+		if s.tlsStop != nil {
+			close(s.tlsStop)
+		}
 	})
 	return s.runErr
 }
@@ -367,8 +383,15 @@ func (s *GNet) closeIdle(now int64) {
 // OnOpen gives the connection its state; during Shutdown, or over its
 // address's connection cap, it is refused.
 func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
-	if uc, ok := c.Context().(*upConn); ok {
-		return uc.opened(c)
+	var gc *gconn
+	switch ctx := c.Context().(type) {
+	case *upConn:
+		return ctx.opened(c)
+	case *loopTLS:
+		var act gnet.Action
+		act, gc = s.enrolledTLS(c, ctx)
+		s.track(c, gc)
+		return nil, act
 	}
 	if s.shutdown.Load() {
 		return nil, gnet.Close
@@ -380,17 +403,30 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		return nil, gnet.Close
 	}
 	if s.o.Conns != nil && !s.o.Conns.Acquire(c.RemoteAddr()) {
+		if s.tls != nil {
+			// A TLS client could not read the plain answer.
+			_ = c.SetLinger(0)
+			return nil, gnet.Close
+		}
 		return nil, s.refuse(c) // refuse.go
 	}
-	gc := newGConn(s, c)
+	if s.tls != nil {
+		return nil, s.acceptTLS(c)
+	}
+	gc = newGConn(s, c)
 	if s.h.OnLoop {
 		gc.ls = s.loopOf(c.EventLoop())
 	}
+	s.track(c, gc)
+	return nil, gnet.None
+}
+
+// track makes gc c's state and counts it among the open connections.
+func (s *GNet) track(c gnet.Conn, gc *gconn) {
 	c.SetContext(gc)
 	s.mu.Lock()
 	s.conns[gc] = struct{}{}
 	s.mu.Unlock()
-	return nil, gnet.None
 }
 
 // OnClose releases a writer waiting on the connection; its next write
@@ -449,7 +485,16 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 		gc.stalled = false
 		gc.wrote <- nil
 	}
-	return gc.read()
+	if gc.tls == nil || gc.stopped {
+		return gc.read()
+	}
+	err := gc.tls.pull()
+	act := gc.read()
+	gc.tls.settle()
+	if err != nil {
+		return gnet.Close
+	}
+	return act
 }
 
 // gnetLogger sends gnet's warnings and errors to slog and drops the rest.

@@ -70,6 +70,7 @@ type gconn struct {
 	closed    bool                 // OnClose ran
 	lingered  int                  // bytes discarded while lingering (linger.go)
 	sniffed   bool                 // its first bytes are not HTTP/2's preface (h2c.go)
+	tls       *loopTLS             // nil: plain (gnet_tls.go)
 	// stalled: the writer waits until OutboundBuffered() <= stallLimit.
 	stalled    bool
 	stallLimit int
@@ -144,20 +145,19 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 func (gc *gconn) read() gnet.Action {
 	c := gc.c
 	for {
-		n := c.InboundBuffered()
+		n := gc.inbound()
 		if gc.stopped {
-			gc.discard(n)
+			gc.discard()
 			break
 		}
 		if n == 0 || n < gc.need || gc.cur != nil || gc.relaying != nil || !gc.room() {
 			break
 		}
-		buf, _ := c.Peek(n)
-		ctx, used, err := gc.parse(buf)
+		ctx, used, err := gc.parse(gc.peek(n))
 		if err == errNeedMore {
 			break
 		}
-		_, _ = c.Discard(used)
+		gc.consume(used)
 		gc.need, gc.continued = 0, false
 		if err != nil || ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() || gc.s.shutdown.Load() {
 			gc.stopped = true
@@ -169,7 +169,7 @@ func (gc *gconn) read() gnet.Action {
 		}
 		gc.enqueue(queued{ctx: ctx, err: err})
 	}
-	n := c.InboundBuffered()
+	n := gc.inbound()
 	gc.partial.Store(n > 0)
 	// A client pipelining past a full queue: what it sent beyond one
 	// largest request is refused.
@@ -213,7 +213,7 @@ func (gc *gconn) afterLoop() {
 	default:
 		if !gc.closed {
 			gc.renderWhole(ctx)
-			if _, err := gc.c.Writev(gc.iov); err != nil {
+			if err := gc.writev(gc.iov); err != nil {
 				_ = gc.c.Close()
 			}
 		}
@@ -566,7 +566,7 @@ func (gc *gconn) flush(last bool) error {
 	if last {
 		cb = gc.drained
 	}
-	if err := gc.c.AsyncWritev(gc.iov, cb); err != nil {
+	if err := gc.asyncWritev(gc.iov, cb); err != nil {
 		return err
 	}
 	return gc.wait()

@@ -90,6 +90,9 @@ func (gc *gconn) startLinger() {
 		return
 	}
 	gc.stopped = true
+	if gc.tls != nil {
+		gc.tls.closeNotify()
+	}
 	if err := unix.Shutdown(gc.c.Fd(), unix.SHUT_WR); err != nil {
 		gc.s.linger.release()
 		_ = gc.c.Close()
@@ -99,13 +102,20 @@ func (gc *gconn) startLinger() {
 	gc.lingerSince.Store(now)
 	gc.lastRead.Store(now)
 	// What arrived while the answer was written is discarded now.
-	gc.discard(gc.c.InboundBuffered())
+	gc.discard()
 }
 
-// discard drops n inbound bytes of a stopped connection, counting a
-// lingering one's against lingerBytes; on the loop.
-func (gc *gconn) discard(n int) {
+// discard drops the inbound bytes of a stopped connection (a TLS one's
+// undecrypted), counting a lingering one's against lingerBytes; on the
+// loop.
+func (gc *gconn) discard() {
+	n := gc.c.InboundBuffered()
 	_, _ = gc.c.Discard(n)
+	if t := gc.tls; t != nil {
+		n += len(t.plain) - t.off
+		t.off = len(t.plain)
+		t.settle()
+	}
 	if gc.lingerSince.Load() == 0 {
 		return
 	}

@@ -76,7 +76,7 @@ func (w *loopChunks) Write(p []byte) (int, error) {
 	size = append(size, crlf...)
 	gc.iov = append(gc.iov[:0], gc.head, size, p, crlf)
 	gc.head = nil
-	if _, err := gc.c.Writev(gc.iov); err != nil {
+	if err := gc.writev(gc.iov); err != nil {
 		return 0, ErrClientGone
 	}
 	return len(p), nil
@@ -246,7 +246,7 @@ func (uc *upConn) endRelay(err error) {
 	default:
 		gc.iov = append(gc.iov[:0], gc.head, lastChunk)
 		gc.head = nil
-		if _, err := gc.c.Writev(gc.iov); err != nil {
+		if err := gc.writev(gc.iov); err != nil {
 			_ = gc.c.Close()
 		}
 	}

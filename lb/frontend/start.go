@@ -30,36 +30,30 @@ type Server interface {
 // Start serves h on addr with the front end called name ("" is fasthttp)
 // and returns once it listens.
 func Start(name, addr string, h Handler, o Options) (Server, error) {
-	lg := new(lingering)
-	if o.TLS != nil || (name != NameGNet && !o.HTTP2.Disabled) {
-		// Handshakes and the h2c preface need a goroutine per connection
-		// (tls.go), on either front end.
-		if name != "" && name != NameFastHTTP && name != NameGNet {
-			return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
-		}
-		ln, err := listenLimited(addr, o, lg)
-		if err != nil {
-			return nil, err
-		}
-		return startConnServer(ln, h, o, lg), nil
-	}
 	switch name {
-	case "", NameFastHTTP:
-		ln, err := listenLimited(addr, o, lg)
-		if err != nil {
-			return nil, err
-		}
-		s := &fastServer{Server: FastHTTP(h, o), ln: ln, done: make(chan error, 1), linger: lg}
-		go func() {
-			if err := s.Serve(ln); err != nil {
-				s.done <- err
-			}
-		}()
-		return s, nil
 	case NameGNet:
 		return StartGNet(addr, h, o)
+	case "", NameFastHTTP:
+	default:
+		return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
 	}
-	return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
+	lg := new(lingering)
+	ln, err := listenLimited(addr, o, lg)
+	if err != nil {
+		return nil, err
+	}
+	if o.TLS != nil || !o.HTTP2.Disabled {
+		// Handshakes and the h2c preface need a goroutine per connection
+		// (tls.go).
+		return startConnServer(ln, h, o, lg), nil
+	}
+	s := &fastServer{Server: FastHTTP(h, o), ln: ln, done: make(chan error, 1), linger: lg}
+	go func() {
+		if err := s.Serve(ln); err != nil {
+			s.done <- err
+		}
+	}()
+	return s, nil
 }
 
 // listenLimited is Listen with o's descriptor guard and per-address cap,

@@ -2,18 +2,17 @@ package frontend
 
 // TLS and HTTP/2 on the front ends.
 //
-// A TLS listener is served the same way on both front ends: its accept
-// loop hands each connection to a goroutine of its own, which runs the
-// handshake (crypto/tls), and the negotiated protocol picks the server:
-// ALPN h2 goes to the HTTP/2 server (h2.go), anything else to fasthttp's,
-// whose worker goroutines take it over. gnet has no TLS, and a handshake
-// (a few hundred microseconds of public-key work per client) run on an
-// event loop would stall every other connection of that loop for as long;
-// on goroutines the runtime schedules handshakes beside the loops and
-// the streams. The plain listener of the fasthttp front end goes through
-// the same goroutine when h2c is on, which reads the connection's first
-// bytes for HTTP/2's preface; gnet's loops look for it themselves
-// (h2c.go).
+// On fasthttp, a TLS listener's accept loop hands each connection to a
+// goroutine of its own, which runs the handshake (crypto/tls), and the
+// negotiated protocol picks the server: ALPN h2 goes to the HTTP/2 server
+// (h2.go), anything else to fasthttp's, whose worker goroutines take it
+// over. A handshake (a few hundred microseconds of public-key work per
+// client) run on an event loop would stall every other connection of that
+// loop, so on gnet too it runs on a goroutine, after which an HTTP/1.1
+// connection goes back to a loop (gnet_tls.go). The plain listener of the
+// fasthttp front end goes through the same goroutine when h2c is on,
+// which reads the connection's first bytes for HTTP/2's preface; gnet's
+// loops look for it themselves (h2c.go).
 
 import (
 	"context"
@@ -230,13 +229,10 @@ func (s *connServer) accept(ln net.Listener) {
 // with the HTTP/2 server or hands it to fasthttp.
 func (s *connServer) serveConn(c net.Conn) {
 	if s.tls != nil {
-		tc := tls.Server(c, s.tls)
-		_ = c.SetDeadline(time.Now().Add(s.readTimeout))
-		if err := tc.Handshake(); err != nil {
-			refuseHandshake(c, err)
+		tc := serverHandshake(c, c, s.tls, s.readTimeout)
+		if tc == nil {
 			return
 		}
-		_ = c.SetDeadline(time.Time{})
 		if tc.ConnectionState().NegotiatedProtocol == protoH2 {
 			s.h2.serve(tc)
 			return

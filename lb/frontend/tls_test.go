@@ -197,6 +197,63 @@ func TestTLSHandshakes(t *testing.T) {
 	}
 }
 
+// TestTLSRequestWithFinished: a request that reaches the server in the
+// same segment as the client's Finished, which the handshake's last read
+// takes with it, is served at once.
+func TestTLSRequestWithFinished(t *testing.T) {
+	ts := newTLSSetup(t)
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			addr := serveWith(t, name, newApp().handler(), ts.options())
+			nc, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+			cork := &corked{Conn: nc}
+			c := tls.Client(cork, ts.clientConfig("http/1.1"))
+			// The ClientHello goes out; the client's second flight
+			// (Finished) and the request wait in cork until both are
+			// sealed.
+			if _, err := io.WriteString(c, post("/echo", "first")); err != nil {
+				t.Fatal(err)
+			}
+			if err := cork.flush(); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			expect(t, resp, string(b), 200, "first")
+		})
+	}
+}
+
+// corked passes a connection's first write through and holds the rest
+// until flush sends them as one.
+type corked struct {
+	net.Conn
+	writes int
+	held   []byte
+}
+
+func (c *corked) Write(p []byte) (int, error) {
+	if c.writes++; c.writes == 1 {
+		return c.Conn.Write(p)
+	}
+	c.held = append(c.held, p...)
+	return len(p), nil
+}
+
+func (c *corked) flush() error {
+	_, err := c.Conn.Write(c.held)
+	c.held = nil
+	return err
+}
+
 // TestCertReload: a new certificate is served after Reload, and a
 // connection opened before keeps working.
 func TestCertReload(t *testing.T) {
