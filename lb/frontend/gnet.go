@@ -383,15 +383,8 @@ func (s *GNet) closeIdle(now int64) {
 // OnOpen gives the connection its state; during Shutdown, or over its
 // address's connection cap, it is refused.
 func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
-	var gc *gconn
-	switch ctx := c.Context().(type) {
-	case *upConn:
-		return ctx.opened(c)
-	case *loopTLS:
-		var act gnet.Action
-		act, gc = s.enrolledTLS(c, ctx)
-		s.track(c, gc)
-		return nil, act
+	if uc, ok := c.Context().(*upConn); ok {
+		return uc.opened(c)
 	}
 	if s.shutdown.Load() {
 		return nil, gnet.Close
@@ -410,23 +403,18 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		}
 		return nil, s.refuse(c) // refuse.go
 	}
-	if s.tls != nil {
-		return nil, s.acceptTLS(c)
-	}
-	gc = newGConn(s, c)
+	gc := newGConn(s, c)
 	if s.h.OnLoop {
 		gc.ls = s.loopOf(c.EventLoop())
 	}
-	s.track(c, gc)
-	return nil, gnet.None
-}
-
-// track makes gc c's state and counts it among the open connections.
-func (s *GNet) track(c gnet.Conn, gc *gconn) {
 	c.SetContext(gc)
 	s.mu.Lock()
 	s.conns[gc] = struct{}{}
 	s.mu.Unlock()
+	if s.tls != nil {
+		s.startTLS(gc) // gnet_tls.go
+	}
+	return nil, gnet.None
 }
 
 // OnClose releases a writer waiting on the connection; its next write
@@ -447,6 +435,9 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 		s.o.Conns.Release(c.RemoteAddr())
 	}
 	gc.closed = true
+	if gc.tls != nil {
+		gc.tls.w.feed.close()
+	}
 	gc.lingerClosed()
 	gc.mu.Lock()
 	gc.left = true
@@ -487,6 +478,12 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 	}
 	if gc.tls == nil || gc.stopped {
 		return gc.read()
+	}
+	if w := gc.tls.w; !w.enrolled {
+		// Handshaking: the bytes go to its goroutine.
+		b, _ := c.Next(-1)
+		w.feed.push(b)
+		return gnet.None
 	}
 	err := gc.tls.pull()
 	act := gc.read()

@@ -1,9 +1,11 @@
 package frontend
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"slices"
 	"sync"
@@ -14,22 +16,21 @@ import (
 )
 
 // TLS on the gnet front end. The loops accept a TLS connection as a plain
-// one, and it leaves its loop at once for the handshake: a few hundred
-// microseconds of public-key work that, on a loop, would stall every other
-// connection of that loop. The handshake runs on a goroutine of its own
-// over a duplicate of the socket on Go's poller (as h2c's connections do).
-// A client that negotiated h2 stays there, with the HTTP/2 server; one
-// that speaks HTTP/1.1 is enrolled back on the loop, which from then on
-// decrypts its records into the bytes it parses, and encrypts what it or
-// a worker writes, with the tls.Conn the handshake made: that tls.Conn
-// reads and writes a loopWire, which is the socket during the handshake
-// and gnet's buffers after it.
+// one; its handshake (a few hundred microseconds of public-key work that
+// would stall every other connection of the loop) runs on a goroutine of
+// its own, which reads what the loop hands it (handshakeFeed) and writes
+// with AsyncWrite. Then a client that negotiated h2 leaves the loop for
+// the HTTP/2 server, on a duplicate of the socket (as h2c's connections
+// do); one that speaks HTTP/1.1 stays, and from then on the loop decrypts
+// its records into the bytes it parses, and encrypts what it or a worker
+// writes, with the tls.Conn the handshake made. That tls.Conn reads and
+// writes a loopWire, whose bytes come and go through the feed during the
+// handshake, gnet's buffers after it, or the duplicate socket for h2.
 
-// loopTLS is an enrolled connection's TLS state.
+// loopTLS is a gnet connection's TLS state.
 type loopTLS struct {
 	tc *tls.Conn
 	w  *loopWire
-	c  gnet.Conn
 
 	// mu orders encryption with sending: records must reach the socket in
 	// the order they were sealed, and the loop and a worker both write.
@@ -46,50 +47,147 @@ type loopTLS struct {
 	off   int
 }
 
-// loopWire is the net.Conn under an enrolled connection's tls.Conn.
-// Until enrolled it is the socket; after, Read gives what the loop put in
-// in and then says it would block, and Write collects sealed records in
-// out for the loop or the worker to send.
+// loopWire is the net.Conn under a gnet connection's tls.Conn. It has
+// three lives, each switched to on the loop while the handshake's
+// goroutine waits: the handshake (feed), HTTP/1.1 on the loop (enrolled:
+// Read gives what the loop put in in and then says it would block, Write
+// collects sealed records in out for the loop or a worker to send), and
+// h2 on a duplicate socket (nc, after the bytes the feed still held).
 type loopWire struct {
-	net.Conn
+	c        gnet.Conn
+	feed     handshakeFeed
 	enrolled bool
 	in, out  []byte
+	nc       net.Conn
+	early    []byte
 }
 
 func (w *loopWire) Read(p []byte) (int, error) {
-	if !w.enrolled {
-		return w.Conn.Read(p)
+	switch {
+	case w.enrolled:
+		if len(w.in) == 0 {
+			return 0, errWouldBlock
+		}
+		n := copy(p, w.in)
+		w.in = w.in[n:]
+		return n, nil
+	case w.nc != nil:
+		if len(w.early) > 0 {
+			n := copy(p, w.early)
+			w.early = w.early[n:]
+			return n, nil
+		}
+		return w.nc.Read(p)
 	}
-	if len(w.in) == 0 {
-		return 0, errWouldBlock
-	}
-	n := copy(p, w.in)
-	w.in = w.in[n:]
-	return n, nil
+	return w.feed.read(p)
 }
 
 func (w *loopWire) Write(p []byte) (int, error) {
-	if !w.enrolled {
-		return w.Conn.Write(p)
+	switch {
+	case w.enrolled:
+		w.out = append(w.out, p...)
+		return len(p), nil
+	case w.nc != nil:
+		return w.nc.Write(p)
 	}
-	w.out = append(w.out, p...)
-	return len(p), nil
+	// gnet writes it after the call returns, and crypto/tls reuses p.
+	return len(p), w.c.AsyncWrite(bytes.Clone(p), nil)
 }
 
-// Deadlines are the socket's during the handshake; once enrolled, the
-// loop's timeouts apply (crypto/tls sets one around close_notify).
-func (w *loopWire) SetDeadline(t time.Time) error {
-	if w.enrolled {
-		return nil
+// Close closes the connection; gnet's close writes what AsyncWrite
+// queued first.
+func (w *loopWire) Close() error {
+	if w.nc != nil {
+		return w.nc.Close()
 	}
-	return w.Conn.SetDeadline(t)
+	return w.c.Close()
+}
+
+func (w *loopWire) LocalAddr() net.Addr  { return w.c.LocalAddr() }
+func (w *loopWire) RemoteAddr() net.Addr { return w.c.RemoteAddr() }
+
+// Deadlines are the duplicate socket's for h2; the handshake has its
+// timer, and the loop its timeouts (crypto/tls sets one around
+// close_notify).
+func (w *loopWire) SetDeadline(t time.Time) error {
+	if w.nc != nil {
+		return w.nc.SetDeadline(t)
+	}
+	return nil
+}
+
+func (w *loopWire) SetReadDeadline(t time.Time) error {
+	if w.nc != nil {
+		return w.nc.SetReadDeadline(t)
+	}
+	return nil
 }
 
 func (w *loopWire) SetWriteDeadline(t time.Time) error {
-	if w.enrolled {
-		return nil
+	if w.nc != nil {
+		return w.nc.SetWriteDeadline(t)
 	}
-	return w.Conn.SetWriteDeadline(t)
+	return nil
+}
+
+// handshakeFeed carries what a connection sends during its handshake
+// from the loop to the handshake's goroutine.
+type handshakeFeed struct {
+	mu     sync.Mutex
+	buf    []byte
+	closed bool
+	more   chan struct{} // holds one wake-up when buf grew or closed
+}
+
+// push adds what arrived; on the loop.
+func (f *handshakeFeed) push(b []byte) {
+	f.mu.Lock()
+	f.buf = append(f.buf, b...)
+	f.mu.Unlock()
+	f.wake()
+}
+
+// close makes read return io.EOF once buf is empty; from OnClose.
+func (f *handshakeFeed) close() {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+	f.wake()
+}
+
+func (f *handshakeFeed) wake() {
+	select {
+	case f.more <- struct{}{}:
+	default:
+	}
+}
+
+// read waits for bytes; on the handshake's goroutine.
+func (f *handshakeFeed) read(p []byte) (int, error) {
+	for {
+		f.mu.Lock()
+		if len(f.buf) > 0 {
+			n := copy(p, f.buf)
+			f.buf = f.buf[n:]
+			f.mu.Unlock()
+			return n, nil
+		}
+		closed := f.closed
+		f.mu.Unlock()
+		if closed {
+			return 0, io.EOF
+		}
+		<-f.more
+	}
+}
+
+// rest takes what the handshake left unread; on the loop, after it.
+func (f *handshakeFeed) rest() []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := f.buf
+	f.buf = nil
+	return b
 }
 
 // errWouldBlock is a temporary net.Error: crypto/tls keeps a partial
@@ -110,78 +208,91 @@ var plainBufs = sync.Pool{New: func() any { return new([]byte) }}
 // maxRecord is the most plaintext one TLS record carries.
 const maxRecord = 16 << 10
 
-// acceptTLS takes a TLS connection off its loop for the handshake; from
-// OnOpen, which then closes gnet's descriptor. The connection keeps its
-// place under the per-address cap through the handshake.
-func (s *GNet) acceptTLS(c gnet.Conn) gnet.Action {
-	nc, err := dupConn(c.Fd())
-	if err != nil {
-		s.logDebug("frontend: TLS connection not taken over", err)
-		if s.o.Conns != nil {
-			s.o.Conns.Release(c.RemoteAddr())
-		}
-		return gnet.Close
-	}
-	go s.handshake(nc, c.EventLoop(), c.RemoteAddr())
-	return gnet.Close
+// startTLS gives a new connection its TLS state and starts its
+// handshake; from OnOpen.
+func (s *GNet) startTLS(gc *gconn) {
+	w := &loopWire{c: gc.c, feed: handshakeFeed{more: make(chan struct{}, 1)}}
+	gc.tls = &loopTLS{tc: tls.Server(w, s.tls), w: w}
+	go s.handshake(gc)
 }
 
-// handshake runs nc's TLS handshake, then serves it: h2 on the HTTP/2
-// server, HTTP/1.1 enrolled on el.
-func (s *GNet) handshake(nc net.Conn, el gnet.EventLoop, remote net.Addr) {
-	w := &loopWire{Conn: nc}
-	tc := serverHandshake(w, nc, s.tls, s.o.ReadTimeout)
-	enrolled := false
-	defer func() {
-		if !enrolled && s.o.Conns != nil {
-			s.o.Conns.Release(remote)
-		}
-	}()
-	switch {
-	case tc == nil:
-		return
-	case tc.ConnectionState().NegotiatedProtocol == protoH2:
-		s.h2.serve(tc)
-		_ = nc.Close()
-		return
-	}
-	// Once Enroll took nc, gnet keeps a copy of the socket and closes nc;
-	// OnOpen (enrolledTLS) gives the connection its gconn, which from then
-	// on holds its place under the cap.
-	res, err := el.Enroll(gnet.NewContext(context.Background(), &loopTLS{tc: tc, w: w}), nc)
+// handshake runs gc's TLS handshake within ReadTimeout, then hands the
+// connection to the loop (HTTP/1.1) or the HTTP/2 server (h2).
+func (s *GNet) handshake(gc *gconn) {
+	t := gc.tls
+	limit := time.AfterFunc(s.o.ReadTimeout, func() { _ = gc.c.Close() })
+	err := t.tc.Handshake()
+	limit.Stop()
 	if err != nil {
-		_ = nc.Close()
+		refuseHandshake(t.w, err)
 		return
 	}
-	enrolled = (<-res).Err == nil
+	h2 := t.tc.ConnectionState().NegotiatedProtocol == protoH2
+	done := make(chan error, 1)
+	err = gc.c.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		done <- s.handshaken(gc, h2)
+		return nil
+	}))
+	if err == nil {
+		err = <-done
+	}
+	if err != nil {
+		_ = gc.c.Close()
+		return
+	}
+	if !h2 {
+		return
+	}
+	// OnClose gave the connection's place under the per-address cap
+	// back; the HTTP/2 connection takes it again.
+	remote := gc.remote
+	if s.o.Conns != nil {
+		if !s.o.Conns.Acquire(remote) {
+			_ = t.w.nc.Close()
+			return
+		}
+		defer s.o.Conns.Release(remote)
+	}
+	s.h2.serve(t.tc)
+	_ = t.w.nc.Close()
 }
 
-// enrolledTLS is OnOpen of a connection back from its handshake: it
-// switches the wire to the loop's buffers, and parses at once what the
-// handshake's last read took beyond it (a request sent with the client's
-// Finished).
-func (s *GNet) enrolledTLS(c gnet.Conn, t *loopTLS) (gnet.Action, *gconn) {
-	t.c = c
-	t.w.enrolled = true
-	gc := newGConn(s, c)
-	gc.tls, gc.sniffed = t, true
-	if s.h.OnLoop {
-		gc.ls = s.loopOf(c.EventLoop())
+// handshaken switches gc's wire from the feed, on the loop: an h2
+// connection to a duplicate of its socket, which gnet then closes its
+// own descriptor of; an HTTP/1.1 one to the loop's buffers, whose bytes
+// it then parses (what the handshake's last read took beyond it, sent
+// with the client's Finished, included).
+func (s *GNet) handshaken(gc *gconn, h2 bool) error {
+	if gc.closed {
+		return net.ErrClosed
 	}
-	if s.shutdown.Load() {
-		return gnet.Close, gc
+	w := gc.tls.w
+	early := w.feed.rest()
+	if h2 {
+		nc, err := dupConn(gc.c.Fd())
+		if err != nil {
+			return err
+		}
+		w.nc, w.early = nc, early
+		_ = gc.c.Close()
+		return nil
 	}
-	_ = c.Wake(nil)
-	return gnet.None, gc
+	w.enrolled, w.in = true, early
+	_ = gc.c.Wake(nil)
+	return nil
 }
 
 // pull decrypts what arrived; on the loop. An error (the client's
 // close_notify, a bad record) ends the connection once what was decrypted
 // before it is parsed.
 func (t *loopTLS) pull() error {
-	raw, _ := t.c.Next(-1)
+	raw, _ := t.w.c.Next(-1)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if len(t.w.in) > 0 {
+		// The feed's rest, left by handshaken.
+		raw = append(t.w.in, raw...)
+	}
 	t.w.in = raw
 	if t.plain == nil {
 		t.plain = *plainBufs.Get().(*[]byte)
@@ -248,7 +359,7 @@ func (t *loopTLS) send(cb gnet.AsyncCallback) error {
 		if t.queued.Load() == 0 {
 			// gnet copies what the socket does not take now.
 			t.w.out = out[:0]
-			_, err := t.c.Write(out)
+			_, err := t.w.c.Write(out)
 			return err
 		}
 	}
@@ -256,7 +367,7 @@ func (t *loopTLS) send(cb gnet.AsyncCallback) error {
 	// their own.
 	t.w.out = nil
 	t.queued.Add(1)
-	return t.c.AsyncWrite(out, func(c gnet.Conn, err error) error {
+	return t.w.c.AsyncWrite(out, func(c gnet.Conn, err error) error {
 		t.queued.Add(-1)
 		if cb != nil {
 			return cb(c, err)
@@ -318,18 +429,4 @@ func (gc *gconn) asyncWritev(iov [][]byte, cb gnet.AsyncCallback) error {
 		return gc.tls.write(iov, cb)
 	}
 	return gc.c.AsyncWritev(iov, cb)
-}
-
-// serverHandshake runs the server side of a TLS handshake on w, whose
-// socket is raw, within timeout; nil when it failed (raw is then closed,
-// a plain-HTTP client answered first).
-func serverHandshake(w, raw net.Conn, cfg *tls.Config, timeout time.Duration) *tls.Conn {
-	tc := tls.Server(w, cfg)
-	_ = raw.SetDeadline(time.Now().Add(timeout))
-	if err := tc.Handshake(); err != nil {
-		refuseHandshake(raw, err)
-		return nil
-	}
-	_ = raw.SetDeadline(time.Time{})
-	return tc
 }

@@ -229,10 +229,13 @@ func (s *connServer) accept(ln net.Listener) {
 // with the HTTP/2 server or hands it to fasthttp.
 func (s *connServer) serveConn(c net.Conn) {
 	if s.tls != nil {
-		tc := serverHandshake(c, c, s.tls, s.readTimeout)
-		if tc == nil {
+		tc := tls.Server(c, s.tls)
+		_ = c.SetDeadline(time.Now().Add(s.readTimeout))
+		if err := tc.Handshake(); err != nil {
+			refuseHandshake(c, err)
 			return
 		}
+		_ = c.SetDeadline(time.Time{})
 		if tc.ConnectionState().NegotiatedProtocol == protoH2 {
 			s.h2.serve(tc)
 			return
