@@ -274,7 +274,9 @@ func (s *GNet) handshaken(gc *gconn, h2 bool) error {
 			return err
 		}
 		w.nc, w.early = nc, early
-		_ = gc.c.Close()
+		// At once (OnClose gives the connection's place under the
+		// per-address cap back before the HTTP/2 server takes it again).
+		_ = gc.c.EventLoop().Close(gc.c)
 		return nil
 	}
 	w.enrolled, w.in = true, early
