@@ -480,9 +480,12 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 		return gc.read()
 	}
 	if w := gc.tls.w; !w.enrolled {
-		// Handshaking: the bytes go to its goroutine.
+		// Handshaking: the bytes go to its goroutine. A client may send
+		// its first request right after its Finished, but no more.
 		b, _ := c.Next(-1)
-		w.feed.push(b)
+		if w.feed.push(b) > s.o.MaxHeaderBytes+s.o.MaxBodyBytes+maxOutbound {
+			return gnet.Close
+		}
 		return gnet.None
 	}
 	err := gc.tls.pull()

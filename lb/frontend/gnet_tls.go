@@ -139,12 +139,14 @@ type handshakeFeed struct {
 	more   chan struct{} // holds one wake-up when buf grew or closed
 }
 
-// push adds what arrived; on the loop.
-func (f *handshakeFeed) push(b []byte) {
+// push adds what arrived and returns how much waits; on the loop.
+func (f *handshakeFeed) push(b []byte) int {
 	f.mu.Lock()
 	f.buf = append(f.buf, b...)
+	n := len(f.buf)
 	f.mu.Unlock()
 	f.wake()
+	return n
 }
 
 // close makes read return io.EOF once buf is empty; from OnClose.

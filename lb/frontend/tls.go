@@ -8,11 +8,11 @@ package frontend
 // (h2.go), anything else to fasthttp's, whose worker goroutines take it
 // over. A handshake (a few hundred microseconds of public-key work per
 // client) run on an event loop would stall every other connection of that
-// loop, so on gnet too it runs on a goroutine, after which an HTTP/1.1
-// connection goes back to a loop (gnet_tls.go). The plain listener of the
-// fasthttp front end goes through the same goroutine when h2c is on,
-// which reads the connection's first bytes for HTTP/2's preface; gnet's
-// loops look for it themselves (h2c.go).
+// loop, so on gnet too it runs on a goroutine, fed by the connection's
+// loop, which then serves an HTTP/1.1 connection itself (gnet_tls.go).
+// The plain listener of the fasthttp front end goes through the same
+// goroutine when h2c is on, which reads the connection's first bytes for
+// HTTP/2's preface; gnet's loops look for it themselves (h2c.go).
 
 import (
 	"context"
