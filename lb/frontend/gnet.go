@@ -396,11 +396,6 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		return nil, gnet.Close
 	}
 	if s.o.Conns != nil && !s.o.Conns.Acquire(c.RemoteAddr()) {
-		if s.tls != nil {
-			// A TLS client could not read the plain answer.
-			_ = c.SetLinger(0)
-			return nil, gnet.Close
-		}
 		return nil, s.refuse(c) // refuse.go
 	}
 	gc := newGConn(s, c)

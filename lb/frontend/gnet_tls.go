@@ -52,14 +52,14 @@ type loopTLS struct {
 // goroutine waits: the handshake (feed), HTTP/1.1 on the loop (enrolled:
 // Read gives what the loop put in in and then says it would block, Write
 // collects sealed records in out for the loop or a worker to send), and
-// h2 on a duplicate socket (nc, after the bytes the feed still held).
+// h2 on a duplicate socket (nc, which first gives what the feed still
+// held).
 type loopWire struct {
 	c        gnet.Conn
 	feed     handshakeFeed
 	enrolled bool
 	in, out  []byte
 	nc       net.Conn
-	early    []byte
 }
 
 func (w *loopWire) Read(p []byte) (int, error) {
@@ -72,11 +72,6 @@ func (w *loopWire) Read(p []byte) (int, error) {
 		w.in = w.in[n:]
 		return n, nil
 	case w.nc != nil:
-		if len(w.early) > 0 {
-			n := copy(p, w.early)
-			w.early = w.early[n:]
-			return n, nil
-		}
 		return w.nc.Read(p)
 	}
 	return w.feed.read(p)
@@ -275,7 +270,7 @@ func (s *GNet) handshaken(gc *gconn, h2 bool) error {
 		if err != nil {
 			return err
 		}
-		w.nc, w.early = nc, early
+		w.nc = &prefixedConn{Conn: nc, early: early}
 		// At once (OnClose gives the connection's place under the
 		// per-address cap back before the HTTP/2 server takes it again).
 		_ = gc.c.EventLoop().Close(gc.c)

@@ -26,10 +26,11 @@ var refusal = func() []byte {
 }()
 
 // refuse answers c with refusal and lets it linger, or resets it when no
-// lingering slot is left; on the loop, from OnOpen. The connection counts
-// toward no cap (refused) and serves no request (stopped).
+// lingering slot is left or c is a TLS client, which could not read the
+// plain answer; on the loop, from OnOpen. The connection counts toward no
+// cap (refused) and serves no request (stopped).
 func (s *GNet) refuse(c gnet.Conn) gnet.Action {
-	if !s.linger.take() {
+	if s.tls != nil || !s.linger.take() {
 		_ = c.SetLinger(0)
 		return gnet.Close
 	}
