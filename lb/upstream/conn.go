@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -308,14 +309,19 @@ func DoCut(cut Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fas
 // watched; the answer is taken as a stream.
 func doWatched(cut Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
 	body := up.Body()
-	// A copy: handing the body over as a stream recycles its buffer.
-	w := &watchedBody{resp: resp, body: append([]byte(nil), body...)}
+	// Handing the body over as a stream would recycle the request's body
+	// buffer; with KeepBodyBuffer it is only truncated, so body's bytes
+	// stay put: nothing writes the request's body while the call runs.
+	keep := up.KeepBodyBuffer
+	up.KeepBodyBuffer = true
+	w := &watchedBody{resp: resp, body: body}
 	up.SetBodyStream(w, len(body))
 	stop := cut(w.cut)
 	err := client.DoDeadline(up, resp, deadline)
 	stop()
-	// The stream is spent: a retry on another pod sends the copy.
+	// The stream is spent: a retry on another pod sends the same bytes.
 	up.SetBodyRaw(w.body)
+	up.KeepBodyBuffer = keep
 	if !w.state.CompareAndSwap(watching, answered) {
 		// The connection is closed, or closing: whatever came is cut.
 		if err == nil {
@@ -337,6 +343,11 @@ func readBodyWhole(resp *fasthttp.Response, limit int) error {
 	}
 	b := bytebufferpool.Get()
 	defer bytebufferpool.Put(b)
+	if n := resp.Header.ContentLength(); n >= 0 && n < limit {
+		// Room for the body and the read that finds its end, or the
+		// buffer grows (doubling) when the body fills it exactly.
+		b.B = slices.Grow(b.B[:0], n+1)
+	}
 	if err := ReadWhole(b, s, limit, nil); err != nil {
 		CloseStream(resp, err)
 		return err

@@ -1,0 +1,106 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// TestDoCutBody: a watched call sends the request's body as it is, whole
+// answers come back whole, and the body is still the request's after a
+// call that failed, for a retry on another pod, whether it lives in the
+// request's own buffer (as a prefill leg's rewritten body does) or is
+// borrowed (SetBodyRaw, as the client's body is).
+func TestDoCutBody(t *testing.T) {
+	body := strings.Repeat(`{"prompt":"kv"}`, 100)
+	// fails reads a request and closes the connection unanswered.
+	fails := servePod(t, func(c net.Conn) {
+		_, _ = http.ReadRequest(bufio.NewReader(c))
+	})
+	// echoes answers each request with its body.
+	echoes := servePod(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			b, _ := io.ReadAll(req.Body)
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "+
+				strconv.Itoa(len(b))+"\r\n\r\n"+string(b))
+		}
+	})
+	client := func(addr string) *fasthttp.HostClient {
+		return &fasthttp.HostClient{Addr: addr, MaxResponseBodySize: 1 << 20, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second) }}
+	}
+	// One P: the other request's buffer comes from the pool's shard that
+	// up's would have gone back to.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	never := Cut(func(func()) func() { return func() {} })
+	for _, borrowed := range []bool{false, true} {
+		up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		up.Header.SetMethod("POST")
+		up.SetRequestURI("http://pod/v1/completions")
+		if borrowed {
+			up.SetBodyRaw([]byte(body))
+		} else {
+			up.SetBody([]byte(body))
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		if err := DoCut(never, client(fails), up, resp, deadline, deadline); err == nil {
+			t.Fatal("a pod that closed the connection unanswered: no error")
+		}
+		// Another request on this goroutine takes a body buffer from the
+		// pool: it must not be the one up's body lives in.
+		other := fasthttp.AcquireRequest()
+		other.SetBody(bytes.Repeat([]byte("x"), len(body)))
+		if got := string(up.Body()); got != body {
+			t.Fatalf("borrowed %v: after a failed call the body is %d bytes %.40q…, want the request's %d", borrowed, len(got), got, len(body))
+		}
+		resp.Reset()
+		if err := DoCut(never, client(echoes), up, resp, deadline, deadline); err != nil {
+			t.Fatalf("borrowed %v: retry: %v", borrowed, err)
+		}
+		if !bytes.Equal(resp.Body(), []byte(body)) || string(up.Body()) != body {
+			t.Fatalf("borrowed %v: the pod got %d bytes, the request holds %d; want %d", borrowed, len(resp.Body()), len(up.Body()), len(body))
+		}
+		if up.KeepBodyBuffer {
+			t.Fatal("DoCut left KeepBodyBuffer set")
+		}
+		fasthttp.ReleaseRequest(other)
+		fasthttp.ReleaseRequest(up)
+		fasthttp.ReleaseResponse(resp)
+	}
+}
+
+// servePod serves each connection to a new listener with serve.
+func servePod(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
