@@ -61,7 +61,7 @@ func mustHaveTool(t *testing.T, name, why string) string {
 const streamChat = `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}`
 
 // TestCurlHTTP2: curl over h2 (TLS, ALPN) and h2c with prior knowledge,
-// a stream and a plain answer.
+// a stream and a plain answer; and an h2c upgrade, answered in HTTP/1.1.
 func TestCurlHTTP2(t *testing.T) {
 	curl := mustHaveTool(t, "curl", "the HTTP/2 client test runs curl")
 	if out, _ := exec.Command(curl, "--version").Output(); !strings.Contains(string(out), "HTTP2") {
@@ -92,6 +92,12 @@ func TestCurlHTTP2(t *testing.T) {
 		if !strings.Contains(out, `"chat.completion"`) || !strings.HasSuffix(out, "\n2 200") {
 			t.Fatalf("curl %v:\n%s", args, out)
 		}
+	}
+	// Over plain http, --http2 asks for `Upgrade: h2c`, which RFC 9113
+	// deprecates; the gateway answers in HTTP/1.1, as nginx does.
+	args := []string{"--http2", "-N", "-d", streamChat, "http://" + g.plain.Addr() + "/v1/chat/completions"}
+	if out := f(args...); !strings.HasSuffix(out, "data: [DONE]\n\n\n1.1 200") {
+		t.Fatalf("curl %v: want the stream in HTTP/1.1\n%s", args, out)
 	}
 }
 
