@@ -157,18 +157,28 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 			return nil, err
 		}
 		// The guard weighs the descriptors open now (listeners, pollers,
-		// the process's own) plus the loops' connections, clients' and
-		// pods' alike, with each socket's number.
+		// the process's own) plus the sockets, with each socket's number.
 		base, err := openDescriptors()
 		if err != nil {
 			_ = s.stop()
 			return nil, err
 		}
-		s.o.FDs.SetOpen(func() int { return base + s.eng.CountConnections() })
+		s.o.FDs.SetOpen(func() int { return base + s.sockets() })
 		return s, nil
 	case <-s.stopped:
 		return nil, fmt.Errorf("gnet: %w", s.runErr)
 	}
+}
+
+// sockets counts the sockets the front end holds: the loops' connections,
+// clients' and pods' alike, and the HTTP/2 connections they handed over
+// (on a duplicate of the loop's socket, which gnet no longer counts).
+func (s *GNet) sockets() int {
+	n := s.eng.CountConnections()
+	if s.h2 != nil {
+		n += int(s.h2.open.Load())
+	}
+	return n
 }
 
 // procs is GOMAXPROCS as the process started: the cores it may use.

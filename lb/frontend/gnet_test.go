@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/net/http2"
 
 	"pdlb/internal/testlog"
 )
@@ -157,5 +158,36 @@ func TestGNetLoggerDropsStaleEvents(t *testing.T) {
 	}
 	if !bytes.Contains(src, []byte(`Warnf("`+staleEvent)) {
 		t.Fatalf("gnet's reactor_default.go no longer warns %q", staleEvent)
+	}
+}
+
+// TestGNetCountsH2Sockets: an h2c connection leaves the loop for the
+// HTTP/2 server on a duplicate of its socket, which gnet stops counting;
+// the open-files guard's count of sockets must keep it.
+func TestGNetCountsH2Sockets(t *testing.T) {
+	s, err := StartGNet("127.0.0.1:0", Handler{Serve: func(*fasthttp.RequestCtx) {}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.ShutdownWithContext(context.Background()) })
+	before := s.sockets()
+	const n = 3
+	for range n {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); s.h2.open.Load() < n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d h2c connections reached the HTTP/2 server", s.h2.open.Load(), n)
+		}
+	}
+	if got := s.sockets(); got != before+n {
+		t.Fatalf("%d sockets counted with %d h2c connections open, %d before; want %d", got, n, before, before+n)
 	}
 }
