@@ -377,52 +377,82 @@ func TestLimits(t *testing.T) {
 }
 
 // TestConnCapPerIP: a client address gets MaxConnsPerIP connections, the
-// next is answered 429 and closed, and closing one frees its place.
+// next is answered 429 and closed (over TLS, reset: a plain answer would
+// be garbage to a TLS client, and no handshake is spent on a connection
+// refused), and closing one frees its place.
 func TestConnCapPerIP(t *testing.T) {
+	ts := newTLSSetup(t)
+	for _, fe := range frontEnds {
+		for _, secure := range []bool{false, true} {
+			name := fe + map[bool]string{true: "/tls"}[secure]
+			t.Run(name, func(t *testing.T) {
+				testConnCapPerIP(t, fe, secure, ts)
+			})
+		}
+	}
+}
+
+func testConnCapPerIP(t *testing.T, name string, secure bool, ts *tlsSetup) {
 	const connCap = 3
-	for _, name := range frontEnds {
-		t.Run(name, func(t *testing.T) {
-			conns := limits.NewConns(limits.ConnLimits{MaxConnsPerIP: connCap})
-			addr := serveWith(t, name, newApp().handler(), frontend.Options{MaxBodyBytes: testMaxBody, Conns: conns})
-			// served dials and proves the connection is served.
-			served := func() *client {
-				t.Helper()
-				c := dial(t, addr)
-				c.send(t, post("/echo", "hi"))
-				resp, b := c.response(t)
-				expect(t, resp, b, 200, "hi")
-				return c
-			}
-			open := make([]*client, connCap)
-			for i := range open {
-				open[i] = served()
-			}
-			// The one over the cap is answered 429 and closed, lingering:
-			// the client reads the answer whole, then EOF.
-			over, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer over.Close()
-			_ = over.SetDeadline(time.Now().Add(20 * time.Second))
-			_, _ = io.WriteString(over, post("/echo", "over"))
-			if b, err := io.ReadAll(over); err != nil || !strings.HasPrefix(string(b), "HTTP/1.1 429 ") {
-				t.Fatalf("a connection over the cap: %q, %v; want a 429, then EOF", b, err)
-			}
-			if conns.Refused() != 1 {
-				t.Fatalf("refused %d connections, want 1", conns.Refused())
-			}
-			open[0].Close()
-			// The close reaches the server asynchronously.
-			deadline := time.Now().Add(10 * time.Second)
-			for conns.Open() > connCap-1 && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
-			served()
-			if conns.Open() != connCap {
-				t.Fatalf("%d connections counted open, want %d", conns.Open(), connCap)
-			}
-		})
+	conns := limits.NewConns(limits.ConnLimits{MaxConnsPerIP: connCap})
+	o := frontend.Options{MaxBodyBytes: testMaxBody, Conns: conns}
+	if secure {
+		o = ts.options()
+		o.Conns = conns
+	}
+	addr := serveWith(t, name, newApp().handler(), o)
+	if secure {
+		tlsClients.Store(addr, ts.clientConfig("http/1.1"))
+		t.Cleanup(func() { tlsClients.Delete(addr) })
+	}
+	// served dials and proves the connection is served.
+	served := func() *client {
+		t.Helper()
+		c := dial(t, addr)
+		c.send(t, post("/echo", "hi"))
+		resp, b := c.response(t)
+		expect(t, resp, b, 200, "hi")
+		return c
+	}
+	open := make([]*client, connCap)
+	for i := range open {
+		open[i] = served()
+	}
+	// The one over the cap is answered 429 and closed, lingering:
+	// the client reads the answer whole, then EOF.
+	over, err := net.Dial("tcp", addr)
+	switch {
+	case secure && errors.Is(err, syscall.ECONNRESET):
+		// The reset came before the dial returned.
+	case err != nil:
+		t.Fatal(err)
+	case secure:
+		defer over.Close()
+		_ = over.SetDeadline(time.Now().Add(20 * time.Second))
+		tc := tls.Client(over, ts.clientConfig("http/1.1"))
+		if err := tc.Handshake(); !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+			t.Fatalf("a TLS connection over the cap: handshake %v; want a reset", err)
+		}
+	default:
+		defer over.Close()
+		_ = over.SetDeadline(time.Now().Add(20 * time.Second))
+		_, _ = io.WriteString(over, post("/echo", "over"))
+		if b, err := io.ReadAll(over); err != nil || !strings.HasPrefix(string(b), "HTTP/1.1 429 ") {
+			t.Fatalf("a connection over the cap: %q, %v; want a 429, then EOF", b, err)
+		}
+	}
+	if conns.Refused() != 1 {
+		t.Fatalf("refused %d connections, want 1", conns.Refused())
+	}
+	open[0].Close()
+	// The close reaches the server asynchronously.
+	deadline := time.Now().Add(10 * time.Second)
+	for conns.Open() > connCap-1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	served()
+	if conns.Open() != connCap {
+		t.Fatalf("%d connections counted open, want %d", conns.Open(), connCap)
 	}
 }
 

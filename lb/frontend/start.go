@@ -66,7 +66,13 @@ func listenLimited(addr string, o Options, lg *lingering) (net.Listener, error) 
 	// Innermost, so the connection closed is the socket itself.
 	ln = o.FDs.Wrap(&lingerListener{Listener: ln, l: lg})
 	if o.Conns != nil {
-		ln = o.Conns.Wrap(ln, refusal)
+		// A TLS client would read a plain 429 as garbage: it is reset,
+		// before a handshake is spent on it (as on gnet's loops).
+		r := refusal
+		if o.TLS != nil {
+			r = nil
+		}
+		ln = o.Conns.Wrap(ln, r)
 	}
 	return ln, nil
 }

@@ -78,7 +78,7 @@ type ConnLimits struct {
 	// MaxConnsPerIP caps the open connections from one client address
 	// (IPv6 clients by /64, the block one host controls) (default 0, no
 	// cap). A connection beyond the cap is answered 429 and closed (a reset
-	// when the front end has no lingering slot left).
+	// on a TLS listener, or when the front end has no lingering slot left).
 	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
 	// IdleTimeout closes a connection on which a read or a write has made no
 	// progress for this long (default 2m; 0 turns it off): a client that

@@ -28,7 +28,7 @@ var MetricsDoc = promtext.Doc{
 	MetricKeyInFlight:  {Help: "Requests of an API key admitted and not yet finished."},
 	MetricAuthFailed:   {Help: "Requests refused for a missing or unknown API key, by reason."},
 	MetricConnsOpen:    {Help: "Client connections open."},
-	MetricConnsRefused: {Help: "Client connections answered 429 and closed at accept because their address had max_conns_per_ip open."},
+	MetricConnsRefused: {Help: "Client connections answered 429 (reset over TLS) and closed at accept because their address had max_conns_per_ip open."},
 	MetricFDRefused:    {Help: "Client connections closed at accept (at=accept) and upstream connections not opened (at=dial) because the process was at its open-files limit."},
 }
 
