@@ -232,6 +232,61 @@ func TestTLSRequestWithFinished(t *testing.T) {
 	}
 }
 
+// TestTLSCloseNotify: a connection the server closes after its answer
+// (the client asked for Connection: close) ends with TLS's close_notify
+// before the TCP close, so the client can tell the end from a truncation.
+// TLS 1.2, whose records show their type: the last one is an alert.
+func TestTLSCloseNotify(t *testing.T) {
+	ts := newTLSSetup(t)
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			addr := serveWith(t, name, newApp().handler(), ts.options())
+			nc, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+			tap := &tapped{Conn: nc}
+			cfg := ts.clientConfig("http/1.1")
+			cfg.MaxVersion = tls.VersionTLS12
+			c := tls.Client(tap, cfg)
+			if _, err := io.WriteString(c, post("/echo", "bye", "Connection: close\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			expect(t, resp, string(b), 200, "bye")
+			if _, err := io.ReadAll(c); err != nil {
+				t.Fatalf("after the answer: %v", err)
+			}
+			var last byte
+			for rest := tap.read; len(rest) >= 5; {
+				last = rest[0]
+				rest = rest[min(len(rest), 5+(int(rest[3])<<8|int(rest[4]))):]
+			}
+			if last != 21 {
+				t.Fatalf("the server's last TLS record has type %d, want 21 (alert: close_notify)", last)
+			}
+		})
+	}
+}
+
+// tapped keeps what is read from its connection.
+type tapped struct {
+	net.Conn
+	read []byte
+}
+
+func (c *tapped) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read = append(c.read, p[:n]...)
+	return n, err
+}
+
 // corked passes a connection's first write through and holds the rest
 // until flush sends them as one.
 type corked struct {
