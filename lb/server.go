@@ -215,10 +215,19 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 	return nil
 }
 
-// Reload applies a new fleet (see gateway.Gateway.Reload) and reads the
-// listeners' certificate files again (the files named at the start).
+// Reload applies a new fleet (see gateway.Gateway.Reload) and the
+// listeners' certificate lists, read from their files again. A
+// configuration refused changes neither; the certificate files in use are
+// read again all the same.
 func (s *Server) Reload(cfg config.Config) error {
-	return errors.Join(s.tls.reload(), s.Gateway.Reload(cfg))
+	err := s.tls.check(cfg.TLS)
+	if err == nil {
+		err = s.Gateway.Reload(cfg)
+	}
+	if err != nil {
+		cfg.TLS = s.tls.current()
+	}
+	return errors.Join(err, s.tls.reload(cfg.TLS))
 }
 
 // ReopenLogs opens the access log's file anew, after rotation moved it.

@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 	"time"
 
 	"pdlb/lb/config"
@@ -13,17 +16,24 @@ import (
 
 // listenerTLS holds the certificates of the API listener and the admin
 // listener (nil: plain HTTP), which SIGHUP and changes to their files
-// reload.
+// reload; a reload may also change which files they are.
 type listenerTLS struct {
 	api, admin *frontend.Certs
 	stop       chan struct{} // ends ticket rotation and the file watch
+	log        *slog.Logger
+
+	// mu serializes reloads; under it, apiFiles and adminFiles are the
+	// lists served, and unwatch ends the watch of their files.
+	mu                   sync.Mutex
+	apiFiles, adminFiles []config.CertFiles
+	unwatch              context.CancelFunc
 }
 
 // certWatchInterval is how often the certificate files are looked at.
 const certWatchInterval = 2 * time.Second
 
 func loadTLS(cfg config.TLS, log *slog.Logger) (*listenerTLS, error) {
-	t := &listenerTLS{stop: make(chan struct{})}
+	t := &listenerTLS{stop: make(chan struct{}), log: log, apiFiles: cfg.Certificates, adminFiles: cfg.AdminFiles()}
 	var err error
 	if cfg.Enabled() {
 		if t.api, err = frontend.LoadCerts(keyPairs(cfg.Certificates)); err != nil {
@@ -35,11 +45,24 @@ func loadTLS(cfg config.TLS, log *slog.Logger) (*listenerTLS, error) {
 			return nil, err
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	t.watch()
 	go func() {
 		<-t.stop
-		cancel()
+		t.mu.Lock()
+		t.unwatch()
+		t.mu.Unlock()
 	}()
+	return t, nil
+}
+
+// watch starts the watch of the files in use, ending the one before;
+// mu is held, or t is not shared yet.
+func (t *listenerTLS) watch() {
+	if t.unwatch != nil {
+		t.unwatch()
+	}
+	var ctx context.Context
+	ctx, t.unwatch = context.WithCancel(context.Background())
 	for _, c := range []*frontend.Certs{t.api, t.admin} {
 		if c == nil {
 			continue
@@ -47,14 +70,13 @@ func loadTLS(cfg config.TLS, log *slog.Logger) (*listenerTLS, error) {
 		for _, f := range c.Files() {
 			go WatchFile(ctx, f, certWatchInterval, func() {
 				if err := c.Reload(); err != nil {
-					log.Error("certificate not reloaded; the one in use stays", "file", f, "err", err)
+					t.log.Error("certificate not reloaded; the one in use stays", "file", f, "err", err)
 					return
 				}
-				log.Info("certificate reloaded", "file", f)
+				t.log.Info("certificate reloaded", "file", f)
 			})
 		}
 	}
-	return t, nil
 }
 
 func keyPairs(files []config.CertFiles) []frontend.KeyPair {
@@ -65,15 +87,57 @@ func keyPairs(files []config.CertFiles) []frontend.KeyPair {
 	return pairs
 }
 
-// reload reads every certificate again; one that fails keeps the old.
-func (t *listenerTLS) reload() error {
+// reload serves cfg's certificate lists, read from their files now; a
+// list that fails to load keeps the certificates in use. Whether a
+// listener speaks TLS is fixed at the start.
+func (t *listenerTLS) reload(cfg config.TLS) error {
+	if err := t.check(cfg); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	var errs []error
-	for _, c := range []*frontend.Certs{t.api, t.admin} {
-		if c != nil {
-			errs = append(errs, c.Reload())
+	moved := false
+	for _, l := range []struct {
+		c    *frontend.Certs
+		now  *[]config.CertFiles
+		want []config.CertFiles
+	}{{t.api, &t.apiFiles, cfg.Certificates}, {t.admin, &t.adminFiles, cfg.AdminFiles()}} {
+		switch {
+		case l.c == nil:
+		case slices.Equal(*l.now, l.want):
+			errs = append(errs, l.c.Reload())
+		default:
+			if err := l.c.SetFiles(keyPairs(l.want)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			*l.now, moved = l.want, true
 		}
 	}
+	if moved {
+		t.watch()
+	}
 	return errors.Join(errs...)
+}
+
+// check refuses a configuration that would switch a listener between
+// plain HTTP and TLS, which only a restart does.
+func (t *listenerTLS) check(cfg config.TLS) error {
+	if cfg.Enabled() != (t.api != nil) {
+		return fmt.Errorf("%w: tls.certificates: the API listener cannot switch between plain HTTP and TLS on reload; restart pdlb", config.ErrInvalid)
+	}
+	if (cfg.AdminFiles() != nil) != (t.admin != nil) {
+		return fmt.Errorf("%w: tls.admin: the admin listener cannot switch between plain HTTP and TLS on reload; restart pdlb", config.ErrInvalid)
+	}
+	return nil
+}
+
+// current is a configuration of the certificate lists served now.
+func (t *listenerTLS) current() config.TLS {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return config.TLS{Certificates: t.apiFiles, Admin: t.adminFiles != nil, AdminCertificates: t.adminFiles}
 }
 
 func (t *listenerTLS) close() { close(t.stop) }

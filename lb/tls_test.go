@@ -331,6 +331,94 @@ func TestCertFileChangeReloads(t *testing.T) {
 	get() // the kept connection
 }
 
+// TestCertListReload: a reload may add and remove certificates (a new
+// host name needs no restart); connections opened before go on, the
+// files of the new list are watched, and a list that fails to load, or a
+// switch between plain HTTP and TLS, is refused with the certificates in
+// use still served.
+func TestCertListReload(t *testing.T) {
+	ca, leaf, gw := tlsGateway(t, testFleet(t, "m", 1, 1000), nil)
+	other := issueLeaf(t, ca, time.Time{}, time.Time{}, "other.example")
+	pair := func(l certgen.Leaf) config.CertFiles {
+		return config.CertFiles{CertFile: l.CertFile, KeyFile: l.KeyFile}
+	}
+	// served is the serial of the certificate a handshake for name gets.
+	served := func(name string) string {
+		t.Helper()
+		c, err := tls.Dial("tcp", gw.Addr(), &tls.Config{RootCAs: ca.Pool, ServerName: name, InsecureSkipVerify: name == "unknown.example"})
+		if err != nil {
+			t.Fatalf("handshake for %s: %v", name, err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	serial := func(l certgen.Leaf) string { return l.Cert.Leaf.SerialNumber.String() }
+	reload := func(certs ...config.CertFiles) error {
+		cfg := gw.Gateway.Config()
+		cfg.TLS.Certificates = certs
+		return gw.Reload(cfg)
+	}
+	kept := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"}}}
+	get := func() {
+		t.Helper()
+		resp, err := kept.Get("https://" + gw.Addr() + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get()
+
+	if err := reload(pair(leaf), pair(other)); err != nil {
+		t.Fatal(err)
+	}
+	if got := served("other.example"); got != serial(other) {
+		t.Fatalf("SNI other.example after the reload added its certificate: serial %s, want %s", got, serial(other))
+	}
+	if got := served("localhost"); got != serial(leaf) {
+		t.Fatalf("SNI localhost: serial %s, want %s", got, serial(leaf))
+	}
+	get() // the connection opened before
+
+	// Dropped from the list: localhost gets the first left.
+	if err := reload(pair(other)); err != nil {
+		t.Fatal(err)
+	}
+	if got := served("unknown.example"); got != serial(other) {
+		t.Fatalf("after the reload dropped localhost's certificate: serial %s, want %s", got, serial(other))
+	}
+
+	// Refused: a file that does not load, a switch to plain HTTP.
+	missing := config.CertFiles{CertFile: filepath.Join(t.TempDir(), "none.pem"), KeyFile: other.KeyFile}
+	if err := reload(pair(leaf), missing); err == nil || !strings.Contains(err.Error(), "none.pem") {
+		t.Fatalf("a certificate file that does not exist: %v; want an error naming it", err)
+	}
+	if err := reload(); err == nil || !strings.Contains(err.Error(), "tls.certificates") || !strings.Contains(err.Error(), "restart") {
+		t.Fatalf("a reload to plain HTTP: %v; want an error naming tls.certificates and the restart it needs", err)
+	}
+	if got := served("unknown.example"); got != serial(other) {
+		t.Fatalf("after refused reloads: serial %s, want %s still", got, serial(other))
+	}
+
+	// The new list's files are watched.
+	next := issueLeaf(t, ca, time.Time{}, time.Time{}, "other.example")
+	for _, f := range [][2]string{{next.KeyFile, other.KeyFile}, {next.CertFile, other.CertFile}} {
+		b, err := os.ReadFile(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f[1], b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); served("other.example") != serial(next); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still serving %s after the new list's files changed, want %s", served("other.example"), serial(next))
+		}
+	}
+}
+
 // TestAdminOverTLS: tls.admin serves /metrics over TLS, with the API's
 // certificate when it has none of its own.
 func TestAdminOverTLS(t *testing.T) {

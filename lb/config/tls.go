@@ -23,7 +23,8 @@ type TLS struct {
 	// Certificates are the listener's certificate chains, PEM files. The
 	// first is served to a client whose server name (SNI) matches none;
 	// the others are chosen by the names they hold. Reloaded on SIGHUP
-	// and when a file changes; connections and streams stay open.
+	// and when a file changes, and the list may change on reload (not to
+	// or from none); connections and streams stay open.
 	Certificates []CertFiles `yaml:"certificates"`
 	// MinVersion is the lowest TLS version accepted: "1.2" (default) or
 	// "1.3".

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,26 +36,47 @@ type KeyPair struct{ CertFile, KeyFile string }
 
 // Certs is a listener's certificates. Each handshake takes the first whose
 // names match the client's server name (SNI), or the first of all; Reload
-// swaps in what the files hold now for the handshakes after it, and
+// and SetFiles swap in a new set for the handshakes after them, and
 // connections already open keep theirs.
 type Certs struct {
+	// mu serializes loads; files, under it, are what the set was read from.
+	mu    sync.Mutex
 	files []KeyPair
 	set   atomic.Pointer[[]tls.Certificate]
 }
 
 // LoadCerts reads files, which must name at least one pair.
 func LoadCerts(files []KeyPair) (*Certs, error) {
-	if len(files) == 0 {
-		return nil, errors.New("frontend: no certificate")
-	}
-	c := &Certs{files: files}
-	return c, c.Reload()
+	c := &Certs{}
+	return c, c.SetFiles(files)
 }
 
 // Reload reads the files again; on an error the certificates in use stay.
 func (c *Certs) Reload() error {
-	set := make([]tls.Certificate, len(c.files))
-	for i, f := range c.files {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.load(c.files)
+}
+
+// SetFiles reads files, which must name at least one pair, and serves
+// them from now on; on an error the certificates in use stay.
+func (c *Certs) SetFiles(files []KeyPair) error {
+	if len(files) == 0 {
+		return errors.New("frontend: no certificate")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.load(files); err != nil {
+		return err
+	}
+	c.files = slices.Clone(files)
+	return nil
+}
+
+// load reads files into the set; mu is held.
+func (c *Certs) load(files []KeyPair) error {
+	set := make([]tls.Certificate, len(files))
+	for i, f := range files {
 		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
 		if err != nil {
 			return fmt.Errorf("frontend: certificate %s with key %s: %w", f.CertFile, f.KeyFile, err)
@@ -67,6 +89,8 @@ func (c *Certs) Reload() error {
 
 // Files lists every file the certificates are read from.
 func (c *Certs) Files() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var paths []string
 	for _, f := range c.files {
 		paths = append(paths, f.CertFile, f.KeyFile)

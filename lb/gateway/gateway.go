@@ -173,9 +173,10 @@ func (g *Gateway) background(f func()) {
 // Reload applies a new fleet (pods and models) without dropping
 // connections or requests: pods whose configuration is unchanged keep their
 // state and connections, models keep their series, requests in flight
-// finish on the snapshot they started with. Every other setting is read on
-// the request path and changes only on restart; Reload refuses a
-// configuration that changes one.
+// finish on the snapshot they started with. The listeners' certificate
+// lists are the server's to apply (lb.Server.Reload). Every other setting
+// is read on the request path and changes only on restart; Reload refuses
+// a configuration that changes one.
 func (g *Gateway) Reload(cfg config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -184,8 +185,9 @@ func (g *Gateway) Reload(cfg config.Config) error {
 	defer g.mu.Unlock()
 	same := cfg
 	same.Pods, same.Models = g.cfg.Pods, g.cfg.Models
+	same.TLS.Certificates, same.TLS.AdminCertificates = g.cfg.TLS.Certificates, g.cfg.TLS.AdminCertificates
 	if !reflect.DeepEqual(same, g.cfg) {
-		return fmt.Errorf("%w: only pods and models change on reload; the other settings need a restart", config.ErrInvalid)
+		return fmt.Errorf("%w: only pods, models and certificate lists change on reload; the other settings need a restart", config.ErrInvalid)
 	}
 	prev := g.pool.Load()
 	snap, err := pool.Build(&cfg, g.dial, prev)
