@@ -231,7 +231,12 @@ func (s *GNet) handshake(gc *gconn) {
 		return nil
 	}))
 	if err == nil {
-		err = <-done
+		// A task queued as the engine stops is never run.
+		select {
+		case err = <-done:
+		case <-s.stopped:
+			err = net.ErrClosed
+		}
 	}
 	if err != nil {
 		_ = gc.c.Close()
