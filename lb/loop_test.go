@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -30,49 +31,33 @@ import (
 // timeout_keep_alive.
 func keepAlivePod(t *testing.T, idle time.Duration, hold func()) (addr string, accepted *atomic.Int32) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	accepted = new(atomic.Int32)
-	done := make(chan struct{})
-	t.Cleanup(func() { ln.Close(); <-done })
-	go func() {
-		defer close(done)
+	addr = testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+		br := bufio.NewReader(c)
+		counted := false
 		for {
-			c, err := ln.Accept()
+			if idle > 0 {
+				c.SetReadDeadline(time.Now().Add(idle))
+			}
+			r, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				counted := false
-				for {
-					if idle > 0 {
-						c.SetReadDeadline(time.Now().Add(idle))
-					}
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, r.Body)
-					if r.URL.Path == "/v1/chat/completions" {
-						if !counted {
-							counted = true
-							accepted.Add(1)
-						}
-						if hold != nil {
-							hold()
-						}
-					}
-					body := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			io.Copy(io.Discard, r.Body)
+			if r.URL.Path == "/v1/chat/completions" {
+				if !counted {
+					counted = true
+					accepted.Add(1)
 				}
-			}()
+				if hold != nil {
+					hold()
+				}
+			}
+			body := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		}
-	}()
-	return ln.Addr().String(), accepted
+	})
+	return addr, accepted
 }
 
 // holdFirst is a keepAlivePod that holds its first completion until release

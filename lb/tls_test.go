@@ -20,6 +20,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/internal/certgen"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -34,30 +35,15 @@ func tlsProxy(t *testing.T, leaf certgen.Leaf, backend string, clients *certgen.
 	if clients != nil {
 		cfg.ClientAuth, cfg.ClientCAs = tls.RequireAndVerifyClientCert, clients.Pool
 	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				b, err := net.Dial("tcp", backend)
-				if err != nil {
-					return
-				}
-				defer b.Close()
-				go func() { _, _ = io.Copy(b, c); b.Close() }()
-				_, _ = io.Copy(c, b)
-			}()
+	return testnet.Serve(t, tls.NewListener(testnet.Listen(t), cfg), func(c net.Conn) {
+		b, err := net.Dial("tcp", backend)
+		if err != nil {
+			return
 		}
-	}()
-	return ln.Addr().String()
+		defer b.Close()
+		go func() { _, _ = io.Copy(b, c); b.Close() }()
+		_, _ = io.Copy(c, b)
+	})
 }
 
 func newCA(t *testing.T) *certgen.CA {
@@ -298,28 +284,11 @@ func TestCertFileChangeReloads(t *testing.T) {
 		defer c.Close()
 		return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
 	}
-	kept := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: roots}}
-	get := func() {
-		t.Helper()
-		resp, err := kept.Get("https://" + gw.Addr() + "/v1/models")
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	get := keptConnection(t, gw, roots)
 	get()
 	before := serial()
 	next := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
-	for _, f := range [][2]string{{next.KeyFile, leaf.KeyFile}, {next.CertFile, leaf.CertFile}} {
-		b, err := os.ReadFile(f[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(f[1], b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	overwrite(t, next, leaf)
 	want := next.Cert.Leaf.SerialNumber.String()
 	deadline := time.Now().Add(10 * time.Second)
 	for serial() != want {
@@ -329,6 +298,34 @@ func TestCertFileChangeReloads(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	get() // the kept connection
+}
+
+// keptConnection returns a request on one kept connection to gw's API.
+func keptConnection(t *testing.T, gw *lb.Server, cfg *tls.Config) func() {
+	kept := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+	return func() {
+		t.Helper()
+		resp, err := kept.Get("https://" + gw.Addr() + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// overwrite writes from's key and certificate over to's files, key first.
+func overwrite(t *testing.T, from, to certgen.Leaf) {
+	t.Helper()
+	for _, f := range [][2]string{{from.KeyFile, to.KeyFile}, {from.CertFile, to.CertFile}} {
+		b, err := os.ReadFile(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f[1], b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestCertListReload: a reload may add and remove certificates (a new
@@ -358,16 +355,7 @@ func TestCertListReload(t *testing.T) {
 		cfg.TLS.Certificates = certs
 		return gw.Reload(cfg)
 	}
-	kept := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"}}}
-	get := func() {
-		t.Helper()
-		resp, err := kept.Get("https://" + gw.Addr() + "/v1/models")
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	get := keptConnection(t, gw, &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"})
 	get()
 
 	if err := reload(pair(leaf), pair(other)); err != nil {
@@ -403,15 +391,7 @@ func TestCertListReload(t *testing.T) {
 
 	// The new list's files are watched.
 	next := issueLeaf(t, ca, time.Time{}, time.Time{}, "other.example")
-	for _, f := range [][2]string{{next.KeyFile, other.KeyFile}, {next.CertFile, other.CertFile}} {
-		b, err := os.ReadFile(f[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(f[1], b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	overwrite(t, next, other)
 	for deadline := time.Now().Add(10 * time.Second); served("other.example") != serial(next); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("still serving %s after the new list's files changed, want %s", served("other.example"), serial(next))

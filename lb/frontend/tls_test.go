@@ -204,13 +204,7 @@ func TestTLSRequestWithFinished(t *testing.T) {
 	ts := newTLSSetup(t)
 	for _, name := range frontEnds {
 		t.Run(name, func(t *testing.T) {
-			addr := serveWith(t, name, newApp().handler(), ts.options())
-			nc, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+			nc := dialTCP(t, serveWith(t, name, newApp().handler(), ts.options()))
 			cork := &corked{Conn: nc}
 			c := tls.Client(cork, ts.clientConfig("http/1.1"))
 			// The ClientHello goes out; the client's second flight
@@ -240,13 +234,7 @@ func TestTLSCloseNotify(t *testing.T) {
 	ts := newTLSSetup(t)
 	for _, name := range frontEnds {
 		t.Run(name, func(t *testing.T) {
-			addr := serveWith(t, name, newApp().handler(), ts.options())
-			nc, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+			nc := dialTCP(t, serveWith(t, name, newApp().handler(), ts.options()))
 			tap := &tapped{Conn: nc}
 			cfg := ts.clientConfig("http/1.1")
 			cfg.MaxVersion = tls.VersionTLS12
@@ -285,6 +273,19 @@ func (c *tapped) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.read = append(c.read, p[:n]...)
 	return n, err
+}
+
+// dialTCP opens a plain connection to addr, closed when t ends, with a
+// deadline for a test that would hang.
+func dialTCP(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	return nc
 }
 
 // corked passes a connection's first write through and holds the rest

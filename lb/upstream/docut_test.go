@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"pdlb/internal/testnet"
 )
 
 // TestDoCutBody: a watched call sends the request's body as it is, whole
@@ -23,11 +25,11 @@ import (
 func TestDoCutBody(t *testing.T) {
 	body := strings.Repeat(`{"prompt":"kv"}`, 100)
 	// fails reads a request and closes the connection unanswered.
-	fails := servePod(t, func(c net.Conn) {
+	fails := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
 		_, _ = http.ReadRequest(bufio.NewReader(c))
 	})
 	// echoes answers each request with its body.
-	echoes := servePod(t, func(c net.Conn) {
+	echoes := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
 			req, err := http.ReadRequest(br)
@@ -80,27 +82,4 @@ func TestDoCutBody(t *testing.T) {
 		fasthttp.ReleaseRequest(up)
 		fasthttp.ReleaseResponse(resp)
 	}
-}
-
-// servePod serves each connection to a new listener with serve.
-func servePod(t *testing.T, serve func(net.Conn)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				serve(c)
-			}()
-		}
-	}()
-	return ln.Addr().String()
 }

@@ -1,0 +1,40 @@
+// Package testnet serves a test's listener: the fake pods and proxies
+// tests stand up on loopback.
+package testnet
+
+import (
+	"net"
+	"testing"
+)
+
+// Serve accepts ln's connections until t ends, each served by serve on a
+// goroutine of its own and closed when serve returns; it returns ln's
+// address. The accepting has stopped when t's cleanup returns.
+func Serve(t testing.TB, ln net.Listener, serve func(net.Conn)) string {
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// Listen is a loopback listener on a port of the kernel's choosing.
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
