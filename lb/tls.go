@@ -56,10 +56,16 @@ func loadTLS(cfg config.TLS, log *slog.Logger) (*listenerTLS, error) {
 }
 
 // watch starts the watch of the files in use, ending the one before;
-// mu is held, or t is not shared yet.
+// mu is held, or t is not shared yet. Once stop is closed nothing is
+// watched.
 func (t *listenerTLS) watch() {
 	if t.unwatch != nil {
 		t.unwatch()
+	}
+	select {
+	case <-t.stop:
+		return
+	default:
 	}
 	var ctx context.Context
 	ctx, t.unwatch = context.WithCancel(context.Background())
