@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"pdlb/internal/testlog"
+	"pdlb/internal/testwait"
 )
 
 // TestEngineStoppedOnItsOwn: gnet stops its engine on an event loop's
@@ -182,11 +183,7 @@ func TestGNetCountsH2Sockets(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for deadline := time.Now().Add(5 * time.Second); s.h2.open.Load() < n; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d h2c connections reached the HTTP/2 server", s.h2.open.Load(), n)
-		}
-	}
+	testwait.For(t, "the h2c connections to reach the HTTP/2 server", func() bool { return s.h2.open.Load() == n })
 	if got := s.sockets(); got != before+n {
 		t.Fatalf("%d sockets counted with %d h2c connections open, %d before; want %d", got, n, before, before+n)
 	}
