@@ -242,21 +242,9 @@ func (s *GNet) handshake(gc *gconn) {
 		_ = gc.c.Close()
 		return
 	}
-	if !h2 {
-		return
+	if h2 {
+		s.serveH2(gc.remote, t.tc, t.w.nc)
 	}
-	// OnClose gave the connection's place under the per-address cap
-	// back; the HTTP/2 connection takes it again.
-	remote := gc.remote
-	if s.o.Conns != nil {
-		if !s.o.Conns.Acquire(remote) {
-			_ = t.w.nc.Close()
-			return
-		}
-		defer s.o.Conns.Release(remote)
-	}
-	s.h2.serve(t.tc)
-	_ = t.w.nc.Close()
 }
 
 // handshaken switches gc's wire from the feed, on the loop: an h2

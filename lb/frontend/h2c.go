@@ -42,21 +42,22 @@ func (s *GNet) h2cOnLoop(gc *gconn) (act gnet.Action, done bool) {
 	}
 	early := bytes.Clone(buf)
 	_, _ = c.Discard(len(buf))
-	remote := c.RemoteAddr()
-	go func() {
-		// OnClose gave the connection's place under the per-address cap
-		// back; the HTTP/2 connection takes it again.
-		if s.o.Conns != nil {
-			if !s.o.Conns.Acquire(remote) {
-				_ = nc.Close()
-				return
-			}
-			defer s.o.Conns.Release(remote)
-		}
-		s.h2.serve(&prefixedConn{Conn: nc, early: early})
-		_ = nc.Close()
-	}()
+	go s.serveH2(c.RemoteAddr(), &prefixedConn{Conn: nc, early: early}, nc)
 	return gnet.Close, true
+}
+
+// serveH2 serves an HTTP/2 connection a loop handed over, conn over the
+// duplicate socket nc, which it closes when done. OnClose gave the
+// connection's place under the per-address cap back; it is taken again.
+func (s *GNet) serveH2(remote net.Addr, conn, nc net.Conn) {
+	defer nc.Close()
+	if s.o.Conns != nil {
+		if !s.o.Conns.Acquire(remote) {
+			return
+		}
+		defer s.o.Conns.Release(remote)
+	}
+	s.h2.serve(conn)
 }
 
 // dupConn is a net.Conn on a duplicate of the socket fd.
