@@ -94,12 +94,9 @@ func keyPairs(files []config.CertFiles) []frontend.KeyPair {
 }
 
 // reload serves cfg's certificate lists, read from their files now; a
-// list that fails to load keeps the certificates in use. Whether a
-// listener speaks TLS is fixed at the start.
+// list that fails to load keeps the certificates in use. cfg passed
+// check: whether a listener speaks TLS is fixed at the start.
 func (t *listenerTLS) reload(cfg config.TLS) error {
-	if err := t.check(cfg); err != nil {
-		return err
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var errs []error
