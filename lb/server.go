@@ -216,18 +216,11 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 }
 
 // Reload applies a new fleet (see gateway.Gateway.Reload) and the
-// listeners' certificate lists, read from their files again. A
-// configuration refused changes neither; the certificate files in use are
-// read again all the same.
+// listeners' certificate lists, read from their files again, or nothing
+// of cfg when any of it is refused: the running configuration stays, as
+// nginx's does when its reload fails.
 func (s *Server) Reload(cfg config.Config) error {
-	err := s.tls.check(cfg.TLS)
-	if err == nil {
-		err = s.Gateway.Reload(cfg)
-	}
-	if err != nil {
-		cfg.TLS = s.tls.current()
-	}
-	return errors.Join(err, s.tls.reload(cfg.TLS))
+	return s.tls.apply(cfg.TLS, func() error { return s.Gateway.Reload(cfg) })
 }
 
 // ReopenLogs opens the access log's file anew, after rotation moved it.

@@ -3,7 +3,6 @@ package lb
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -57,7 +56,7 @@ func loadTLS(cfg config.TLS, log *slog.Logger) (*listenerTLS, error) {
 
 // watch starts the watch of the files in use, ending the one before;
 // mu is held, or t is not shared yet. Once stop is closed nothing is
-// watched.
+// watched. A changed file's reload takes mu, as apply's does.
 func (t *listenerTLS) watch() {
 	if t.unwatch != nil {
 		t.unwatch()
@@ -75,7 +74,10 @@ func (t *listenerTLS) watch() {
 		}
 		for _, f := range c.Files() {
 			go WatchFile(ctx, f, certWatchInterval, func() {
-				if err := c.Reload(); err != nil {
+				t.mu.Lock()
+				err := c.Reload()
+				t.mu.Unlock()
+				if err != nil {
 					t.log.Error("certificate not reloaded; the one in use stays", "file", f, "err", err)
 					return
 				}
@@ -93,35 +95,49 @@ func keyPairs(files []config.CertFiles) []frontend.KeyPair {
 	return pairs
 }
 
-// reload serves cfg's certificate lists, read from their files now; a
-// list that fails to load keeps the certificates in use. cfg passed
-// check: whether a listener speaks TLS is fixed at the start.
-func (t *listenerTLS) reload(cfg config.TLS) error {
+// apply reads cfg's certificate lists, then calls fleet (the gateway's
+// reload), and when both succeed serves the lists read; otherwise nothing
+// changes, neither certificates nor fleet. mu is held throughout so a file
+// watch's reload cannot land between the read and the swap, which would
+// put the older read back.
+func (t *listenerTLS) apply(cfg config.TLS, fleet func() error) error {
+	if err := t.check(cfg); err != nil {
+		return err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var errs []error
-	moved := false
-	for _, l := range []struct {
+	lists := []struct {
 		c    *frontend.Certs
 		now  *[]config.CertFiles
 		want []config.CertFiles
-	}{{t.api, &t.apiFiles, cfg.Certificates}, {t.admin, &t.adminFiles, cfg.AdminFiles()}} {
-		switch {
-		case l.c == nil:
-		case slices.Equal(*l.now, l.want):
-			errs = append(errs, l.c.Reload())
-		default:
-			if err := l.c.SetFiles(keyPairs(l.want)); err != nil {
-				errs = append(errs, err)
-				continue
-			}
+	}{{t.api, &t.apiFiles, cfg.Certificates}, {t.admin, &t.adminFiles, cfg.AdminFiles()}}
+	sets := make([]*frontend.CertSet, len(lists))
+	for i, l := range lists {
+		if l.c == nil {
+			continue
+		}
+		var err error
+		if sets[i], err = frontend.ReadCerts(keyPairs(l.want)); err != nil {
+			return err
+		}
+	}
+	if err := fleet(); err != nil {
+		return err
+	}
+	moved := false
+	for i, l := range lists {
+		if l.c == nil {
+			continue
+		}
+		l.c.Serve(sets[i])
+		if !slices.Equal(*l.now, l.want) {
 			*l.now, moved = l.want, true
 		}
 	}
 	if moved {
 		t.watch()
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // check refuses a configuration that would switch a listener between
@@ -134,13 +150,6 @@ func (t *listenerTLS) check(cfg config.TLS) error {
 		return fmt.Errorf("%w: tls.admin: the admin listener cannot switch between plain HTTP and TLS on reload; restart pdlb", config.ErrInvalid)
 	}
 	return nil
-}
-
-// current is a configuration of the certificate lists served now.
-func (t *listenerTLS) current() config.TLS {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return config.TLS{Certificates: t.apiFiles, Admin: t.adminFiles != nil, AdminCertificates: t.adminFiles}
 }
 
 func (t *listenerTLS) close() { close(t.stop) }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -377,10 +378,23 @@ func TestCertListReload(t *testing.T) {
 		t.Fatalf("after the reload dropped localhost's certificate: serial %s, want %s", got, serial(other))
 	}
 
-	// Refused: a file that does not load, a switch to plain HTTP.
+	// Refused: a file that does not exist, a key that is not the
+	// certificate's (which leaves the fleet as it was too), a switch to
+	// plain HTTP.
 	missing := config.CertFiles{CertFile: filepath.Join(t.TempDir(), "none.pem"), KeyFile: other.KeyFile}
 	if err := reload(pair(leaf), missing); err == nil || !strings.Contains(err.Error(), "none.pem") {
 		t.Fatalf("a certificate file that does not exist: %v; want an error naming it", err)
+	}
+	cfg := gw.Gateway.Config()
+	added := cfg.Pods[0]
+	added.Name, added.Address = "added", "127.0.0.1:1"
+	cfg.Pods = append(slices.Clone(cfg.Pods), added)
+	cfg.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: other.KeyFile}}
+	if err := gw.Reload(cfg); err == nil || !strings.Contains(err.Error(), leaf.CertFile) {
+		t.Fatalf("a key that does not match its certificate: %v; want an error naming the file", err)
+	}
+	if n := len(gw.Gateway.Config().Pods); n != len(cfg.Pods)-1 {
+		t.Fatalf("a reload refused for its certificate applied its pods: %d pods, want %d", n, len(cfg.Pods)-1)
 	}
 	if err := reload(); err == nil || !strings.Contains(err.Error(), "tls.certificates") || !strings.Contains(err.Error(), "restart") {
 		t.Fatalf("a reload to plain HTTP: %v; want an error naming tls.certificates and the restart it needs", err)

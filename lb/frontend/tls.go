@@ -36,54 +36,67 @@ type KeyPair struct{ CertFile, KeyFile string }
 
 // Certs is a listener's certificates. Each handshake takes the first whose
 // names match the client's server name (SNI), or the first of all; Reload
-// and SetFiles swap in a new set for the handshakes after them, and
+// and Serve swap in a new set for the handshakes after them, and
 // connections already open keep theirs.
 type Certs struct {
-	// mu serializes loads; files, under it, are what the set was read from.
+	// mu serializes swaps; files, under it, are what the set was read from.
 	mu    sync.Mutex
 	files []KeyPair
 	set   atomic.Pointer[[]tls.Certificate]
 }
 
-// LoadCerts reads files, which must name at least one pair.
+// CertSet is certificates read from their files and not served yet, so a
+// reload can read every new file before it changes anything.
+type CertSet struct {
+	files []KeyPair
+	set   []tls.Certificate
+}
+
+// ReadCerts reads files, which must name at least one pair.
+func ReadCerts(files []KeyPair) (*CertSet, error) {
+	if len(files) == 0 {
+		return nil, errors.New("frontend: no certificate")
+	}
+	s := &CertSet{files: slices.Clone(files), set: make([]tls.Certificate, len(files))}
+	for i, f := range files {
+		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("frontend: certificate %s with key %s: %w", f.CertFile, f.KeyFile, err)
+		}
+		s.set[i] = cert
+	}
+	return s, nil
+}
+
+// LoadCerts reads files, which must name at least one pair, and serves
+// them.
 func LoadCerts(files []KeyPair) (*Certs, error) {
+	s, err := ReadCerts(files)
+	if err != nil {
+		return nil, err
+	}
 	c := &Certs{}
-	return c, c.SetFiles(files)
+	c.Serve(s)
+	return c, nil
+}
+
+// Serve makes s the certificates of the handshakes from now on.
+func (c *Certs) Serve(s *CertSet) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.files = s.files
+	c.set.Store(&s.set)
 }
 
 // Reload reads the files again; on an error the certificates in use stay.
 func (c *Certs) Reload() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.load(c.files)
-}
-
-// SetFiles reads files, which must name at least one pair, and serves
-// them from now on; on an error the certificates in use stay.
-func (c *Certs) SetFiles(files []KeyPair) error {
-	if len(files) == 0 {
-		return errors.New("frontend: no certificate")
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.load(files); err != nil {
+	s, err := ReadCerts(c.files)
+	if err != nil {
 		return err
 	}
-	c.files = slices.Clone(files)
-	return nil
-}
-
-// load reads files into the set; mu is held.
-func (c *Certs) load(files []KeyPair) error {
-	set := make([]tls.Certificate, len(files))
-	for i, f := range files {
-		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
-		if err != nil {
-			return fmt.Errorf("frontend: certificate %s with key %s: %w", f.CertFile, f.KeyFile, err)
-		}
-		set[i] = cert
-	}
-	c.set.Store(&set)
+	c.set.Store(&s.set)
 	return nil
 }
 
