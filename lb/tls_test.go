@@ -365,6 +365,9 @@ func TestCertListReload(t *testing.T) {
 	if got := served("other.example"); got != serial(other) {
 		t.Fatalf("SNI other.example after the reload added its certificate: serial %s, want %s", got, serial(other))
 	}
+	if got := gw.Gateway.Config().TLS.Certificates; len(got) != 2 {
+		t.Fatalf("the configuration in force lists %v, want the two certificates served", got)
+	}
 	if got := served("localhost"); got != serial(leaf) {
 		t.Fatalf("SNI localhost: serial %s, want %s", got, serial(leaf))
 	}

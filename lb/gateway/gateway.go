@@ -203,6 +203,8 @@ func (g *Gateway) Reload(cfg config.Config) error {
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)
 	g.cfg.Pods, g.cfg.Models = cfg.Pods, cfg.Models
+	// The server serves cfg's certificate lists once this returns nil.
+	g.cfg.TLS.Certificates, g.cfg.TLS.AdminCertificates = cfg.TLS.Certificates, cfg.TLS.AdminCertificates
 	g.checker.Close()
 	g.checker = pool.StartChecker(snap, cfg.Health, cfg.Upstream.KeepaliveTimeout, g.log)
 	g.kv.close()
