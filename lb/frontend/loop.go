@@ -119,7 +119,8 @@ type Upstream struct {
 func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
 	gc := l.gc
 	ls := gc.ls
-	uc := ls.take(u.Addr)
+	now := time.Now().UnixNano()
+	uc := ls.take(u.Addr, now)
 	if uc == nil {
 		n := gc.s.upstreamCount(u.Addr)
 		if n.Add(1) > int32(u.MaxConns) {
@@ -143,7 +144,9 @@ func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fastht
 	}
 	uc.gc, uc.resp, uc.done, uc.stream = gc, resp, done, stream
 	gc.up = uc
-	uc.sentAt, uc.down = time.Now().UnixNano(), u.Down
+	// now, not after the write: an exchange the pod was found dead
+	// during is given up too.
+	uc.sentAt, uc.down = now, u.Down
 	uc.deadline = gc.s.now.Load() + int64(u.Timeout)
 	if u.FirstByte > 0 && u.FirstByte < u.Timeout {
 		uc.firstBy = gc.s.now.Load() + int64(u.FirstByte)
@@ -210,15 +213,15 @@ func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
 // instead, and the older ones with it: the sweep that closes them runs on
 // the clock's ticks, which may lag (the first one after the loops start
 // comes up to a tick later), and a request must not go out on a
-// connection its pod may have closed. The clock is read fresh here;
+// connection its pod may have closed. now is read fresh (unix ns);
 // idleSince, from the ticks' clock, errs towards older.
-func (ls *loopState) take(addr string) *upConn {
+func (ls *loopState) take(addr string, now int64) *upConn {
 	idle := ls.idle[addr]
 	if len(idle) == 0 {
 		return nil
 	}
 	uc := idle[len(idle)-1]
-	if time.Now().UnixNano()-uc.idleSince > uc.keepalive {
+	if now-uc.idleSince > uc.keepalive {
 		for i, old := range idle {
 			_ = old.c.Close() // OnClose forgets it
 			idle[i] = nil

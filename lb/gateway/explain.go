@@ -47,7 +47,8 @@ type explainer struct {
 	// lets every client ask.
 	tokenSum []byte
 	open     bool
-	// armedUntil is when recording stops (unix nanoseconds), set by a read.
+	// armedUntil is when recording stops (unix nanoseconds), set by a read;
+	// zero when unarmed.
 	armedUntil atomic.Int64
 	mu         sync.Mutex
 	rings      map[string]*explainRing
@@ -84,9 +85,21 @@ func (e *explainer) asked(debug, token []byte) bool {
 	return subtle.ConstantTimeCompare(sum[:], e.tokenSum) == 1
 }
 
-// recording says the ring wants decisions now.
+// recording says the ring wants decisions now. Unarmed (zero, as it
+// turns once past) it reads no clock: most requests are never explained.
 func (e *explainer) recording() bool {
-	return e != nil && time.Now().UnixNano() < e.armedUntil.Load()
+	if e == nil {
+		return false
+	}
+	until := e.armedUntil.Load()
+	if until == 0 {
+		return false
+	}
+	if time.Now().UnixNano() < until {
+		return true
+	}
+	e.armedUntil.CompareAndSwap(until, 0)
+	return false
 }
 
 func (e *explainer) record(x *explanation) {
