@@ -484,14 +484,9 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 	if gc.tls == nil || gc.stopped {
 		return gc.read()
 	}
-	if w := gc.tls.w; !w.enrolled {
-		// Handshaking: the bytes go to its goroutine. A client may send
-		// its first request right after its Finished, but no more.
+	if !gc.tls.w.enrolled {
 		b, _ := c.Next(-1)
-		if w.feed.push(b) > s.o.MaxHeaderBytes+s.o.MaxBodyBytes+maxOutbound {
-			return gnet.Close
-		}
-		return gnet.None
+		return s.handshaking(gc, b) // gnet_tls.go
 	}
 	err := gc.tls.pull()
 	act := gc.read()

@@ -57,6 +57,7 @@ type loopTLS struct {
 type loopWire struct {
 	c        gnet.Conn
 	feed     handshakeFeed
+	started  bool // the handshake's goroutine runs; on the loop
 	enrolled bool
 	in, out  []byte
 	nc       net.Conn
@@ -205,12 +206,28 @@ var plainBufs = sync.Pool{New: func() any { return new([]byte) }}
 // maxRecord is the most plaintext one TLS record carries.
 const maxRecord = 16 << 10
 
-// startTLS gives a new connection its TLS state and starts its
-// handshake; from OnOpen.
+// startTLS gives a new connection its TLS state; from OnOpen. Its
+// handshake starts with its first bytes (handshaking): a goroutine
+// started now would only wait for them. Until then the idle sweep holds
+// the connection to ReadTimeout, as a plain one before its first request.
 func (s *GNet) startTLS(gc *gconn) {
 	w := &loopWire{c: gc.c, feed: handshakeFeed{more: make(chan struct{}, 1)}}
 	gc.tls = &loopTLS{tc: tls.Server(w, s.tls), w: w}
-	go s.handshake(gc)
+}
+
+// handshaking feeds b, which arrived before gc's handshake ended, to the
+// handshake, and starts it on the first; on the loop. A client may send
+// its first request right after its Finished, but no more.
+func (s *GNet) handshaking(gc *gconn, b []byte) gnet.Action {
+	w := gc.tls.w
+	if w.feed.push(b) > s.o.MaxHeaderBytes+s.o.MaxBodyBytes+maxOutbound {
+		return gnet.Close
+	}
+	if !w.started {
+		w.started = true
+		go s.handshake(gc)
+	}
+	return gnet.None
 }
 
 // handshake runs gc's TLS handshake within ReadTimeout, then hands the
@@ -225,12 +242,20 @@ func (s *GNet) handshake(gc *gconn) {
 		return
 	}
 	h2 := t.tc.ConnectionState().NegotiatedProtocol == protoH2
-	done := make(chan error, 1)
+	// HTTP/1.1 is the loop's from the task on, and nothing waits for it
+	// here; h2 comes back for the HTTP/2 server.
+	var done chan error
+	if h2 {
+		done = make(chan error, 1)
+	}
 	err = gc.c.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		done <- s.handshaken(gc, h2)
+		err := s.handshaken(gc, h2)
+		if done != nil {
+			done <- err
+		}
 		return nil
 	}))
-	if err == nil {
+	if err == nil && done != nil {
 		// A task queued as the engine stops is never run.
 		select {
 		case err = <-done:

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -222,6 +223,31 @@ func TestTLSRequestWithFinished(t *testing.T) {
 			}
 			b, _ := io.ReadAll(resp.Body)
 			expect(t, resp, string(b), 200, "first")
+		})
+	}
+}
+
+// TestTLSHandshakeTimeout: a client that connects and sends nothing, or
+// only the start of a ClientHello, is closed once ReadTimeout passes
+// (on gnet by the idle sweep, which ticks every second, until the first
+// byte starts the handshake).
+func TestTLSHandshakeTimeout(t *testing.T) {
+	ts := newTLSSetup(t)
+	o := ts.options()
+	o.ReadTimeout = 300 * time.Millisecond
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			addr := serveWith(t, name, newApp().handler(), o)
+			for _, first := range []string{"", "\x16\x03\x01\x02\x00\x01"} {
+				nc := dialTCP(t, addr)
+				if _, err := io.WriteString(nc, first); err != nil {
+					t.Fatal(err)
+				}
+				_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+				if _, err := io.ReadAll(nc); errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("sent %q: still open 10 s later, with a read timeout of %v", first, o.ReadTimeout)
+				}
+			}
 		})
 	}
 }
