@@ -2,8 +2,11 @@ package lb_test
 
 import (
 	"bufio"
+	"fmt"
 	"io"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"pdlb/lb/config"
@@ -58,5 +61,33 @@ func TestReloadSwapsPodsWithoutDroppingStreams(t *testing.T) {
 	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
 	if strings.Contains(metrics, `pdlb_pod_in_flight{pod="m-0"}`) || !strings.Contains(metrics, `pdlb_pod_in_flight{pod="m-2"}`) {
 		t.Fatalf("per-pod series do not follow the fleet:\n%s", metrics)
+	}
+}
+
+// TestReloadAndDiscoveryDoNotUndoEachOther: a discovery update of the
+// pods that races a reload keeps the reload's models, whichever lands
+// last.
+func TestReloadAndDiscoveryDoNotUndoEachOther(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1)
+	s := testGateway(t, podsOf("m", sims[0]), nil)
+	for i := range 50 {
+		cfg := s.Gateway.Config()
+		name := fmt.Sprintf("added-%d", i)
+		cfg.Models = append(slices.Clone(cfg.Models), config.Model{Name: name, Policy: "round_robin"})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if err := s.Reload(cfg); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(func() {
+			if err := s.Gateway.SetPods(podsOf("m", sims[0])); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		if !slices.ContainsFunc(s.Gateway.Config().Models, func(m config.Model) bool { return m.Name == name }) {
+			t.Fatalf("round %d: the reload's model %s is gone after a discovery update raced it", i, name)
+		}
 	}
 }

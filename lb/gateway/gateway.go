@@ -178,11 +178,16 @@ func (g *Gateway) background(f func()) {
 // is read on the request path and changes only on restart; Reload refuses
 // a configuration that changes one.
 func (g *Gateway) Reload(cfg config.Config) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.reloadLocked(cfg)
+}
+
+// reloadLocked is Reload with mu held.
+func (g *Gateway) reloadLocked(cfg config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	same := cfg
 	same.Pods, same.Models = g.cfg.Pods, g.cfg.Models
 	same.TLS.Certificates, same.TLS.AdminCertificates = g.cfg.TLS.Certificates, g.cfg.TLS.AdminCertificates
@@ -242,13 +247,15 @@ func (g *Gateway) Config() config.Config {
 	return g.cfg
 }
 
-// SetPods replaces the fleet, as a discovery source reports it.
+// SetPods replaces the fleet, as a discovery source reports it, in the
+// configuration in force: under mu throughout, so a reload running at the
+// same time is neither undone nor undoes it.
 func (g *Gateway) SetPods(pods []config.Pod) error {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	cfg := g.cfg
-	g.mu.Unlock()
 	cfg.Pods = pods
-	return g.Reload(cfg)
+	return g.reloadLocked(cfg)
 }
 
 // AbortStreams ends every stream still relayed, each with an error event,
