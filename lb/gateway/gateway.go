@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -247,14 +248,19 @@ func (g *Gateway) Config() config.Config {
 	return g.cfg
 }
 
-// SetPods replaces the fleet, as a discovery source reports it, in the
-// configuration in force: under mu throughout, so a reload running at the
-// same time is neither undone nor undoes it.
+// SetPods replaces the fleet, as a discovery source reports it.
 func (g *Gateway) SetPods(pods []config.Pod) error {
+	return g.EditPods(func([]config.Pod) []config.Pod { return pods })
+}
+
+// EditPods reloads with the fleet edit makes of the pods in force (a
+// slice of its own). It runs under mu, as the reload does, so a reload
+// landing at the same time is neither undone nor undoes the edit.
+func (g *Gateway) EditPods(edit func([]config.Pod) []config.Pod) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	cfg := g.cfg
-	cfg.Pods = pods
+	cfg.Pods = edit(slices.Clone(cfg.Pods))
 	return g.reloadLocked(cfg)
 }
 

@@ -54,14 +54,15 @@ func (f *planFleet) Release(ctx context.Context, model string, names []string) e
 			leaving = append(leaving, p)
 		}
 	}
-	pods := slices.DeleteFunc(slices.Clone(f.g.Config().Pods), func(p config.Pod) bool {
-		if p.Model == model && slices.Contains(names, p.Name) {
-			f.released[p.Name] = p
-			return true
-		}
-		return false
+	err := f.g.EditPods(func(pods []config.Pod) []config.Pod {
+		return slices.DeleteFunc(pods, func(p config.Pod) bool {
+			if p.Model == model && slices.Contains(names, p.Name) {
+				f.released[p.Name] = p
+				return true
+			}
+			return false
+		})
 	})
-	err := f.g.SetPods(pods)
 	if err != nil {
 		for _, name := range names {
 			delete(f.released, name)
@@ -113,26 +114,27 @@ func (f *planFleet) noteRelease(model string, names []string, inFlight int64, dr
 func (f *planFleet) Assign(model string, changes []plan.Change) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	pods := slices.Clone(f.g.Config().Pods)
-	for _, name := range sortedKeys(f.released) {
-		pods = append(pods, f.released[name])
-	}
-	clear(f.released)
-	for i := range pods {
-		p := &pods[i]
-		if p.Model != model {
-			continue
+	return f.g.EditPods(func(pods []config.Pod) []config.Pod {
+		for _, name := range sortedKeys(f.released) {
+			pods = append(pods, f.released[name])
 		}
-		for _, c := range changes {
-			if c.Name == p.Name {
-				p.Role, p.Roleset = c.Role, c.Roleset
-				if c.BootstrapPort > 0 {
-					p.BootstrapPort = c.BootstrapPort
+		clear(f.released)
+		for i := range pods {
+			p := &pods[i]
+			if p.Model != model {
+				continue
+			}
+			for _, c := range changes {
+				if c.Name == p.Name {
+					p.Role, p.Roleset = c.Role, c.Roleset
+					if c.BootstrapPort > 0 {
+						p.BootstrapPort = c.BootstrapPort
+					}
 				}
 			}
 		}
-	}
-	return f.g.SetPods(pods)
+		return pods
+	})
 }
 
 func sortedKeys[V any](m map[string]V) []string {
