@@ -12,9 +12,10 @@ import (
 )
 
 // planFleet is the gateway as plan.RoleSwitcher drives it. A pod is taken
-// out of routing by leaving the fleet (SetPods without it: requests in
+// out of routing by leaving the fleet (EditPods without it: requests in
 // flight finish on the snapshot they started with, and their decode legs
-// still reach it) and comes back with its new role and roleset, a new pod
+// still reach it; pool.Pod.Leave keeps the requests still to pick with
+// that snapshot off it) and comes back with its new role and roleset, a new pod
 // to the pool (its learned speeds start over, as they should for a new
 // role). Pods whose roleset alone changes come back the same way.
 type planFleet struct {
@@ -67,6 +68,10 @@ func (f *planFleet) Release(ctx context.Context, model string, names []string) e
 		for _, name := range names {
 			delete(f.released, name)
 		}
+	} else {
+		for _, p := range leaving {
+			p.Leave()
+		}
 	}
 	f.mu.Unlock()
 	inFlight := int64(0)
@@ -77,8 +82,16 @@ func (f *planFleet) Release(ctx context.Context, model string, names []string) e
 	if err != nil {
 		return err
 	}
+	// A request that found a pod available just before it left counts
+	// itself in flight there a few microseconds later: the first look
+	// waits a poll for it.
 	tick := time.NewTicker(drainPoll)
 	defer tick.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tick.C:
+	}
 	for busy(leaving) {
 		select {
 		case <-ctx.Done():

@@ -68,6 +68,8 @@ type podLoad struct {
 	healthy      atomic.Bool
 	// halfOpen is set from an ejection until a request succeeds again.
 	halfOpen atomic.Bool
+	// leaving is set for good by Leave.
+	leaving atomic.Bool
 	// Speed learns the pod's prefill speed on uncached tokens. Held here,
 	// not behind a pointer, so a pick reads it without another cache miss
 	// per pod.
@@ -143,14 +145,14 @@ type Scraped struct {
 }
 
 // Available reports whether the pod may receive traffic at now: its last
-// active check passed and it is not ejected.
+// active check passed, it is not ejected, and it is not leaving.
 //
 // Passive ejection is a circuit breaker: closed while requests succeed, open
 // for the ejection time after threshold consecutive failures, then
 // half-open: one request at a time probes the pod until one succeeds
 // (closed again) or fails (open again at once).
 func (l *podLoad) Available(now int64) bool {
-	if !l.healthy.Load() || l.ejectedUntil.Load() > now {
+	if !l.healthy.Load() || l.leaving.Load() || l.ejectedUntil.Load() > now {
 		return false
 	}
 	return !l.halfOpen.Load() || l.inFlight.Load() == 0
@@ -181,6 +183,12 @@ func (p *Pod) Healthy() bool { return p.healthy.Load() }
 // listens at its address: it died or is draining) until a check passes
 // again; it reports whether the pod was healthy.
 func (p *Pod) Refused() bool { return p.healthy.Swap(false) }
+
+// Leave keeps the pod out of every pick from now on, by requests that
+// still hold a snapshot naming it too: the planner's release of a pod
+// that is about to switch roles, which a reload's new snapshot alone
+// would leave to be picked by requests that started before it.
+func (p *Pod) Leave() { p.leaving.Store(true) }
 
 // Ejected reports whether passive ejection keeps the pod out at now.
 func (p *Pod) Ejected(now int64) bool { return p.ejectedUntil.Load() > now }

@@ -56,6 +56,21 @@ func TestCircuitBreaker(t *testing.T) {
 	f(23*sec, CircuitClosed, false)
 }
 
+// TestLeave: a pod that left is passed by for good, healthy, closed
+// circuit and idle as it is.
+func TestLeave(t *testing.T) {
+	p := &Pod{podState: &podState{}}
+	p.healthy.Store(true)
+	p.Leave()
+	if p.Available(0) {
+		t.Fatal("a pod that left is available")
+	}
+	p.ReportSuccess()
+	if p.Available(int64(time.Hour)) {
+		t.Fatal("a pod that left is available again after a success")
+	}
+}
+
 func TestFill(t *testing.T) {
 	p := &Pod{ID: 7, Slot: 2, podState: &podState{}}
 	p.Speed.Init(5000, 0)
