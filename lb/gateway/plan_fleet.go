@@ -15,9 +15,9 @@ import (
 // out of routing by leaving the fleet (EditPods without it: requests in
 // flight finish on the snapshot they started with, and their decode legs
 // still reach it; pool.Pod.Leave keeps the requests still to pick with
-// that snapshot off it) and comes back with its new role and roleset, a new pod
-// to the pool (its learned speeds start over, as they should for a new
-// role). Pods whose roleset alone changes come back the same way.
+// that snapshot off it) and comes back with its new role and roleset, a
+// new pod to the pool (its learned speeds start over, as they should for
+// a new role). Pods whose roleset alone changes come back the same way.
 type planFleet struct {
 	g    *Gateway
 	loop *planLoop

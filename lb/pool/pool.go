@@ -54,7 +54,7 @@ type Pod struct {
 
 // podLoad is the part of a pod's state that a routing decision reads for
 // every pod of the model (availability and load), together at the head of
-// podState: 80 bytes, where they were spread over the podState, the Pod
+// podState: 88 bytes, where they were spread over the podState, the Pod
 // (weight), the Scraped and the speed learner.
 type podLoad struct {
 	inFlight atomic.Int64
