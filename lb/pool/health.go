@@ -113,7 +113,7 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 	} else if int(p.checkFails.Add(1)) < c.cfg.UnhealthyAfter && !errors.Is(err, syscall.ECONNREFUSED) {
 		return
 	}
-	if was := p.healthy.Swap(ok); was != ok {
+	if was := p.set(flagHealthy, ok); was != ok {
 		if ok {
 			c.log.Info("pod healthy", "pod", p.Config.Name)
 		} else {

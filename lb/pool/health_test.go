@@ -36,7 +36,7 @@ func TestCheckUnhealthyAfter(t *testing.T) {
 		return p.Healthy()
 	}
 	p := &Pod{Config: config.Pod{Address: strings.TrimPrefix(srv.URL, "http://")}, podState: &podState{}}
-	p.healthy.Store(true)
+	p.set(flagHealthy, true)
 	for i, want := range []bool{true, true, false, false} {
 		if got := check(p); got != want {
 			t.Fatalf("after %d failed checks in a row: healthy %v, want %v", i+1, got, want)
@@ -61,7 +61,7 @@ func TestCheckUnhealthyAfter(t *testing.T) {
 	closed := ln.Addr().String()
 	ln.Close()
 	dead := &Pod{Config: config.Pod{Address: closed}, podState: &podState{}}
-	dead.healthy.Store(true)
+	dead.set(flagHealthy, true)
 	if check(dead) {
 		t.Fatal("a refused connection did not mark the pod unhealthy at once")
 	}
@@ -100,7 +100,7 @@ func TestCheckTimeoutWhileAnswering(t *testing.T) {
 	client := &fasthttp.HostClient{Addr: strings.TrimPrefix(srv.URL, "http://")}
 	defer client.CloseIdleConnections()
 	p := &Pod{Config: config.Pod{Address: client.Addr}, podState: &podState{}}
-	p.healthy.Store(true)
+	p.set(flagHealthy, true)
 
 	slow.Store(true)
 	for i := range 4 {

@@ -54,7 +54,7 @@ type Pod struct {
 
 // podLoad is the part of a pod's state that a routing decision reads for
 // every pod of the model (availability and load), together at the head of
-// podState: 88 bytes, where they were spread over the podState, the Pod
+// podState: 80 bytes, where they were spread over the podState, the Pod
 // (weight), the Scraped and the speed learner.
 type podLoad struct {
 	inFlight atomic.Int64
@@ -65,11 +65,9 @@ type podLoad struct {
 	// callers pass (the gateway's: its ledger's monotonic nanoseconds); at
 	// or before now means not ejected.
 	ejectedUntil atomic.Int64
-	healthy      atomic.Bool
-	// halfOpen is set from an ejection until a request succeeds again.
-	halfOpen atomic.Bool
-	// leaving is set for good by Leave.
-	leaving atomic.Bool
+	// flags are the pod's availability bits (flagHealthy and the rest),
+	// one word so Available reads them with one load.
+	flags atomic.Uint32
 	// Speed learns the pod's prefill speed on uncached tokens. Held here,
 	// not behind a pointer, so a pick reads it without another cache miss
 	// per pod.
@@ -144,6 +142,26 @@ type Scraped struct {
 	At           time.Time
 }
 
+// The bits of podLoad.flags.
+const (
+	// flagHealthy: the last active check passed.
+	flagHealthy uint32 = 1 << iota
+	// flagHalfOpen: set from an ejection until a request succeeds again.
+	flagHalfOpen
+	// flagLeaving: set for good by Leave.
+	flagLeaving
+)
+
+func (l *podLoad) has(f uint32) bool { return l.flags.Load()&f != 0 }
+
+// set sets f, or clears it, and reports whether it was set before.
+func (l *podLoad) set(f uint32, on bool) bool {
+	if on {
+		return l.flags.Or(f)&f != 0
+	}
+	return l.flags.And(^f)&f != 0
+}
+
 // Available reports whether the pod may receive traffic at now: its last
 // active check passed, it is not ejected, and it is not leaving.
 //
@@ -152,10 +170,11 @@ type Scraped struct {
 // half-open: one request at a time probes the pod until one succeeds
 // (closed again) or fails (open again at once).
 func (l *podLoad) Available(now int64) bool {
-	if !l.healthy.Load() || l.leaving.Load() || l.ejectedUntil.Load() > now {
+	f := l.flags.Load()
+	if f&flagHealthy == 0 || f&flagLeaving != 0 || l.ejectedUntil.Load() > now {
 		return false
 	}
-	return !l.halfOpen.Load() || l.inFlight.Load() == 0
+	return f&flagHalfOpen == 0 || l.inFlight.Load() == 0
 }
 
 // Circuit states, as the pdlb_pod_circuit_state gauge reports them.
@@ -170,25 +189,25 @@ func (p *Pod) Circuit(now int64) int {
 	switch {
 	case p.ejectedUntil.Load() > now:
 		return CircuitOpen
-	case p.halfOpen.Load():
+	case p.has(flagHalfOpen):
 		return CircuitHalfOpen
 	}
 	return CircuitClosed
 }
 
 // Healthy reports the result of the pod's last active check.
-func (p *Pod) Healthy() bool { return p.healthy.Load() }
+func (p *Pod) Healthy() bool { return p.has(flagHealthy) }
 
 // Refused takes the pod out as a health check refused would (nothing
 // listens at its address: it died or is draining) until a check passes
 // again; it reports whether the pod was healthy.
-func (p *Pod) Refused() bool { return p.healthy.Swap(false) }
+func (p *Pod) Refused() bool { return p.set(flagHealthy, false) }
 
 // Leave keeps the pod out of every pick from now on, by requests that
 // still hold a snapshot naming it too: the planner's release of a pod
 // that is about to switch roles, which a reload's new snapshot alone
 // would leave to be picked by requests that started before it.
-func (p *Pod) Leave() { p.leaving.Store(true) }
+func (p *Pod) Leave() { p.set(flagLeaving, true) }
 
 // Ejected reports whether passive ejection keeps the pod out at now.
 func (p *Pod) Ejected(now int64) bool { return p.ejectedUntil.Load() > now }
@@ -288,8 +307,8 @@ func (p *Pod) ReportSuccess() {
 	if p.fails.Load() != 0 {
 		p.fails.Store(0)
 	}
-	if p.halfOpen.Load() {
-		p.halfOpen.Store(false)
+	if p.has(flagHalfOpen) {
+		p.set(flagHalfOpen, false)
 	}
 	if !p.answered.Load() {
 		p.answered.Store(true)
@@ -301,14 +320,14 @@ func (p *Pod) ReportSuccess() {
 // half-open (its first request after an ejection).
 func (p *Pod) ReportFailure(threshold int) bool {
 	p.upstreamErrors.Add(1)
-	return int(p.fails.Add(1)) >= threshold || p.halfOpen.Load()
+	return int(p.fails.Add(1)) >= threshold || p.has(flagHalfOpen)
 }
 
 // Eject keeps the pod out of every choice until now+d; then it is
 // half-open, taking one request at a time until one succeeds.
 func (p *Pod) Eject(now int64, d time.Duration) {
 	p.fails.Store(0)
-	p.halfOpen.Store(true)
+	p.set(flagHalfOpen, true)
 	p.ejectedUntil.Store(now + int64(d))
 	p.ejections.Add(1)
 }
@@ -502,7 +521,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			}
 			pod.Client = newClient(cfg, pc.Address, pod.Dial)
 			pod.pd = newPDState()
-			pod.healthy.Store(true)
+			pod.set(flagHealthy, true)
 		}
 		s.Pods = append(s.Pods, pod)
 		m := s.byName[pc.Model]

@@ -11,7 +11,7 @@ import (
 
 func TestCircuitBreaker(t *testing.T) {
 	p := &Pod{podState: &podState{}}
-	p.healthy.Store(true)
+	p.set(flagHealthy, true)
 	const sec = int64(time.Second)
 	f := func(now int64, wantState int, wantAvailable bool) {
 		t.Helper()
@@ -52,7 +52,7 @@ func TestCircuitBreaker(t *testing.T) {
 		t.Fatalf("ejections %d, errors %d", p.Ejections(), p.UpstreamErrors())
 	}
 	// A failed health check takes the pod out whatever the circuit says.
-	p.healthy.Store(false)
+	p.set(flagHealthy, false)
 	f(23*sec, CircuitClosed, false)
 }
 
@@ -60,7 +60,7 @@ func TestCircuitBreaker(t *testing.T) {
 // circuit and idle as it is.
 func TestLeave(t *testing.T) {
 	p := &Pod{podState: &podState{}}
-	p.healthy.Store(true)
+	p.set(flagHealthy, true)
 	p.Leave()
 	if p.Available(0) {
 		t.Fatal("a pod that left is available")
