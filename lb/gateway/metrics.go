@@ -5,6 +5,7 @@ import (
 	"io"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -88,6 +89,10 @@ type gatewayMetrics struct {
 	shed *metrics.PrometheusHistogram
 	// retry counts retries and holds the retry budget's count (retry.go).
 	retry *retryMetrics
+	// reloadFailed is whether the last operator's reload failed;
+	// reloadedAt, when one last succeeded (unix seconds; the start first).
+	reloadFailed atomic.Bool
+	reloadedAt   atomic.Int64
 }
 
 func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
@@ -99,7 +104,25 @@ func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
 	m.shed = m.set.NewPrometheusHistogramExt("pdlb_shed_duration_seconds", shedBuckets)
 	m.retry = newRetryMetrics(m.set)
 	m.models.Store(&[]*modelMetrics{})
+	m.reloadedAt.Store(time.Now().Unix())
+	m.set.NewGauge("pdlb_config_last_reload_successful", func() float64 {
+		if m.reloadFailed.Load() {
+			return 0
+		}
+		return 1
+	})
+	m.set.NewGauge("pdlb_config_last_reload_success_timestamp_seconds", func() float64 { return float64(m.reloadedAt.Load()) })
 	return m
+}
+
+// NoteReload records how an operator's reload (SIGHUP, a change to the
+// config file) ended, nil when it applied, for the
+// pdlb_config_last_reload_* gauges an alert watches.
+func (g *Gateway) NoteReload(err error) {
+	g.metrics.reloadFailed.Store(err != nil)
+	if err == nil {
+		g.metrics.reloadedAt.Store(time.Now().Unix())
+	}
 }
 
 func (m *gatewayMetrics) requests(model string) []*metrics.Counter {
@@ -190,24 +213,26 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 // gateway). A series added without an entry here shows up there with an
 // empty HELP; writers that print their own HELP text need no entry.
 var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, retryMetricsDoc, adapterMetricsDoc, promtext.Doc{
-	"pdlb_requests_total":                {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
-	"pdlb_requests_in_flight":            {Help: "Requests the gateway is serving now."},
-	"pdlb_time_to_first_token_seconds":   {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
-	"pdlb_time_per_output_token_seconds": {Help: "Time per output token after the first of a streaming request, in seconds."},
-	"pdlb_request_duration_seconds":      {Help: "Time from a request's arrival to the end of its answer, in seconds."},
-	"pdlb_shed_duration_seconds":         {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
-	"pdlb_prompt_tokens_total":           {Help: "Prompt tokens of the requests placed on a pod."},
-	"pdlb_prefix_cached_tokens_total":    {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
-	"pdlb_prompt_tokenized_total":        {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
-	"pdlb_completion_tokens_total":       {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},
-	"pdlb_fallback_requests_total":       {Help: "Requests for another model that this model served, as the other's fallback (it had no available pod, shed the request, or its pod answered 503)."},
-	"pdlb_adapter_loads_total":           {Help: "LoRA adapters the gateway loaded on the model's pods through the engine's API."},
-	"pdlb_upstream_errors_total":         {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
-	"pdlb_pod_healthy":                   {Help: "1 while the pod passes its health checks, else 0."},
-	"pdlb_pod_in_flight":                 {Help: "Requests the gateway has in flight on the pod."},
-	"pdlb_pod_ejections_total":           {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
-	"pdlb_pod_ejections_kept_total":      {Help: "Times the pod was due for ejection but kept in: health.max_ejected_percent of its model's pods were ejected already.", Type: "counter"},
-	"pdlb_pod_circuit_state":             {Help: "The pod's circuit breaker: 0 closed, 1 open (ejected), 2 half-open (one probe request at a time)."},
+	"pdlb_requests_total":                               {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
+	"pdlb_requests_in_flight":                           {Help: "Requests the gateway is serving now."},
+	"pdlb_config_last_reload_successful":                {Help: "1 if the last reload (SIGHUP, a change to the config file) applied, 0 if it failed and the running configuration stayed."},
+	"pdlb_config_last_reload_success_timestamp_seconds": {Help: "When the configuration was last applied (the start, or the last reload that succeeded), in Unix seconds."},
+	"pdlb_time_to_first_token_seconds":                  {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
+	"pdlb_time_per_output_token_seconds":                {Help: "Time per output token after the first of a streaming request, in seconds."},
+	"pdlb_request_duration_seconds":                     {Help: "Time from a request's arrival to the end of its answer, in seconds."},
+	"pdlb_shed_duration_seconds":                        {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
+	"pdlb_prompt_tokens_total":                          {Help: "Prompt tokens of the requests placed on a pod."},
+	"pdlb_prefix_cached_tokens_total":                   {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
+	"pdlb_prompt_tokenized_total":                       {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
+	"pdlb_completion_tokens_total":                      {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},
+	"pdlb_fallback_requests_total":                      {Help: "Requests for another model that this model served, as the other's fallback (it had no available pod, shed the request, or its pod answered 503)."},
+	"pdlb_adapter_loads_total":                          {Help: "LoRA adapters the gateway loaded on the model's pods through the engine's API."},
+	"pdlb_upstream_errors_total":                        {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
+	"pdlb_pod_healthy":                                  {Help: "1 while the pod passes its health checks, else 0."},
+	"pdlb_pod_in_flight":                                {Help: "Requests the gateway has in flight on the pod."},
+	"pdlb_pod_ejections_total":                          {Help: "Times the pod was ejected after consecutive failures.", Type: "counter"},
+	"pdlb_pod_ejections_kept_total":                     {Help: "Times the pod was due for ejection but kept in: health.max_ejected_percent of its model's pods were ejected already.", Type: "counter"},
+	"pdlb_pod_circuit_state":                            {Help: "The pod's circuit breaker: 0 closed, 1 open (ejected), 2 half-open (one probe request at a time)."},
 
 	// The token ledger's gauges: this replica's own charges, in tokens.
 	ledger.MetricActiveTokens: {Help: "Prompt tokens charged to the pod for prefill and not yet prefilled (token ledger)."},

@@ -175,7 +175,8 @@ func (f *gatewayFlags) stopping() stopping { return stopping{delay: f.delay, gra
 // down gracefully (stop). started, if set, runs once the gateway listens.
 // reload, if set, reads the configuration again on SIGHUP and when the
 // file at path changes, and applies its fleet without dropping
-// connections.
+// connections; unset, SIGHUP applies the running configuration again,
+// which reads its certificate files anew.
 func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, started func(*lb.Server),
 	reload func() (config.Config, error), path string) error {
 	// Caught from before the gateway starts: a SIGHUP or logrotate's
@@ -205,14 +206,16 @@ func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, starte
 		})
 	}
 	apply := func(why string) {
-		if reload == nil {
-			log.Warn("nothing to reload: no --config file", "trigger", why)
-			return
+		// Without a config file the running configuration goes again: its
+		// certificate files are read anew.
+		next, err := srv.Gateway.Config(), error(nil)
+		if reload != nil {
+			next, err = reload()
 		}
-		next, err := reload()
 		if err == nil {
 			err = srv.Reload(next)
 		}
+		srv.Gateway.NoteReload(err)
 		if err != nil {
 			log.Error("reload failed; the running configuration stays", "trigger", why, "err", err)
 		}

@@ -116,9 +116,31 @@ func TestServeSignals(t *testing.T) {
 	if got := models(); !strings.Contains(got, `"m"`) || strings.Contains(got, `"n"`) {
 		t.Fatalf("models before the reload: %s", got)
 	}
+	// A reload that fails (a file that does not parse) keeps the running
+	// configuration and says so on /metrics until one succeeds.
+	reloadOK := func(want string) func() bool {
+		return func() bool {
+			resp, err := http.Get("http://" + srv.AdminAddr() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return strings.Contains(string(b), "\npdlb_config_last_reload_successful "+want+"\n")
+		}
+	}
+	if err := os.WriteFile(path, []byte("pods: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	signal(syscall.SIGHUP)
+	until("pdlb_config_last_reload_successful 0 after a SIGHUP with a broken file", reloadOK("0"))
+	if got := models(); !strings.Contains(got, `"m"`) {
+		t.Fatalf("models after a failed reload: %s", got)
+	}
 	writeConfig("m", "n")
 	signal(syscall.SIGHUP)
 	until("model n served after SIGHUP", func() bool { return strings.Contains(models(), `"n"`) })
+	until("pdlb_config_last_reload_successful 1 after it", reloadOK("1"))
 
 	// SIGTERM: first a drain (--shutdown-delay), in which requests are
 	// served, each answer closing its connection, and /ready says 503.
