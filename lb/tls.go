@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -21,18 +20,17 @@ type listenerTLS struct {
 	stop       chan struct{} // ends ticket rotation and the file watch
 	log        *slog.Logger
 
-	// mu serializes reloads; under it, apiFiles and adminFiles are the
-	// lists served, and unwatch ends the watch of their files.
-	mu                   sync.Mutex
-	apiFiles, adminFiles []config.CertFiles
-	unwatch              context.CancelFunc
+	// mu serializes reloads; under it, unwatch ends the watch of the
+	// files in use.
+	mu      sync.Mutex
+	unwatch context.CancelFunc
 }
 
 // certWatchInterval is how often the certificate files are looked at.
 const certWatchInterval = 2 * time.Second
 
 func loadTLS(cfg config.TLS, log *slog.Logger) (*listenerTLS, error) {
-	t := &listenerTLS{stop: make(chan struct{}), log: log, apiFiles: cfg.Certificates, adminFiles: cfg.AdminFiles()}
+	t := &listenerTLS{stop: make(chan struct{}), log: log}
 	var err error
 	if cfg.Enabled() {
 		if t.api, err = frontend.LoadCerts(keyPairs(cfg.Certificates)); err != nil {
@@ -108,9 +106,8 @@ func (t *listenerTLS) apply(cfg config.TLS, fleet func() error) error {
 	defer t.mu.Unlock()
 	lists := []struct {
 		c    *frontend.Certs
-		now  *[]config.CertFiles
 		want []config.CertFiles
-	}{{t.api, &t.apiFiles, cfg.Certificates}, {t.admin, &t.adminFiles, cfg.AdminFiles()}}
+	}{{t.api, cfg.Certificates}, {t.admin, cfg.AdminFiles()}}
 	sets := make([]*frontend.CertSet, len(lists))
 	for i, l := range lists {
 		if l.c == nil {
@@ -126,12 +123,8 @@ func (t *listenerTLS) apply(cfg config.TLS, fleet func() error) error {
 	}
 	moved := false
 	for i, l := range lists {
-		if l.c == nil {
-			continue
-		}
-		l.c.Serve(sets[i])
-		if !slices.Equal(*l.now, l.want) {
-			*l.now, moved = l.want, true
+		if l.c != nil && l.c.Serve(sets[i]) {
+			moved = true
 		}
 	}
 	if moved {

@@ -80,12 +80,15 @@ func LoadCerts(files []KeyPair) (*Certs, error) {
 	return c, nil
 }
 
-// Serve makes s the certificates of the handshakes from now on.
-func (c *Certs) Serve(s *CertSet) {
+// Serve makes s the certificates of the handshakes from now on, and
+// reports whether s was read from other files than the set it replaced.
+func (c *Certs) Serve(s *CertSet) (moved bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	moved = !slices.Equal(c.files, s.files)
 	c.files = s.files
 	c.set.Store(&s.set)
+	return moved
 }
 
 // Reload reads the files again; on an error the certificates in use stay.

@@ -206,11 +206,14 @@ func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, starte
 		})
 	}
 	apply := func(why string) {
-		// Without a config file the running configuration goes again: its
-		// certificate files are read anew.
-		next, err := srv.Gateway.Config(), error(nil)
+		var next config.Config
+		var err error
 		if reload != nil {
 			next, err = reload()
+		} else {
+			// The running configuration again: its certificate files
+			// are read anew.
+			next = srv.Gateway.Config()
 		}
 		if err == nil {
 			err = srv.Reload(next)
