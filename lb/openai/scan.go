@@ -56,15 +56,21 @@ func (s *scanner) fail() {
 }
 
 // ws skips JSON whitespace.
-func (s *scanner) ws() {
-	for s.p < len(s.b) {
-		switch s.b[s.p] {
+func (s *scanner) ws() { s.p = len(s.b) - len(skipWS(s.b[s.p:])) }
+
+// skipWS returns b after its leading JSON whitespace. A loop, not
+// bytes.TrimLeft, which builds its cutset's table on every call: the SSE
+// counter calls it for every key of every event.
+func skipWS(b []byte) []byte {
+	for len(b) > 0 {
+		switch b[0] {
 		case ' ', '\t', '\n', '\r':
-			s.p++
+			b = b[1:]
 		default:
-			return
+			return b
 		}
 	}
+	return b
 }
 
 // open steps into the object or list at p (on its '{' or '[') and past the

@@ -196,11 +196,11 @@ func (e Event) Done() bool { return bytes.Equal(e.Data(), doneData) }
 // what vLLM and SGLang send when generation fails midway (and what
 // AppendErrorEvent writes).
 func (e Event) IsError() bool {
-	d := bytes.TrimLeft(e.Data(), " \t")
+	d := skipWS(e.Data())
 	if len(d) == 0 || d[0] != '{' {
 		return false
 	}
-	return bytes.HasPrefix(bytes.TrimLeft(d[1:], " \t\r\n"), errorKey)
+	return bytes.HasPrefix(skipWS(d[1:]), errorKey)
 }
 
 // AppendErrorEvent appends the event a broken stream ends with: e in
@@ -252,11 +252,11 @@ func (c *TokenCounter) ObserveBody(body []byte) {
 		if escaped(body, q) {
 			continue // inside a string
 		}
-		v := bytes.TrimLeft(body[q+len(completionTokensKey):], " \t\r\n")
+		v := skipWS(body[q+len(completionTokensKey):])
 		if len(v) == 0 || v[0] != ':' {
 			continue // a string's text, not a key
 		}
-		if n, ok := leadingInt(bytes.TrimLeft(v[1:], " \t\r\n")); ok {
+		if n, ok := leadingInt(skipWS(v[1:])); ok {
 			c.usage, c.exact = n, true
 			return
 		}
@@ -298,24 +298,26 @@ func (c *TokenCounter) Observe(ev Event) {
 	d := ev.Data()
 	output := false
 	// Every key ends in `":`, and inside a string a quote is escaped, so an
-	// unescaped quote followed by ':' always ends a key.
+	// unescaped quote followed by ':' always ends a key. The search is for
+	// the colon: JSON has a quote at both ends of every string, a colon
+	// only after each key (and in some text).
 	for i := 0; ; {
-		j := bytes.Index(d[i:], keyEnd)
+		j := bytes.IndexByte(d[i:], ':')
 		if j < 0 {
 			break
 		}
-		q := i + j // the key's closing quote
-		i = q + len(keyEnd)
-		if escaped(d, q) {
+		q := i + j - 1 // the key's closing quote, if the colon ends a key
+		i = q + 2
+		if q < 0 || d[q] != '"' || escaped(d, q) {
 			continue
 		}
-		v := bytes.TrimLeft(d[i:], " \t")
+		v := skipWS(d[i:])
 		switch {
 		case keyIs(d, q, "content"), keyIs(d, q, "text"), keyIs(d, q, "reasoning_content"), keyIs(d, q, "reasoning"):
 			output = output || len(v) > 1 && v[0] == '"' && v[1] != '"'
 		case keyIs(d, q, "tool_calls"):
 			if len(v) > 0 && v[0] == '[' {
-				inner := bytes.TrimLeft(v[1:], " \t")
+				inner := skipWS(v[1:])
 				output = output || len(inner) > 0 && inner[0] != ']'
 			}
 		case keyIs(d, q, "completion_tokens"):
@@ -328,8 +330,6 @@ func (c *TokenCounter) Observe(ev Event) {
 		c.deltas++
 	}
 }
-
-var keyEnd = []byte(`":`)
 
 // escaped says the byte at q is preceded by an odd run of backslashes.
 func escaped(d []byte, q int) bool {

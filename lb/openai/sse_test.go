@@ -199,6 +199,8 @@ func TestTokenCounter(t *testing.T) {
 	}, 2, true)
 	// an escaped quote before a key-like text is not a key
 	f([]string{`data: {"choices":[{"delta":{"content":"\\\"text\":\"x"}}]}` + "\n\n"}, 1, false)
+	// colons in text, and a data line that starts with one, are no keys
+	f([]string{`data: {"choices":[{"delta":{"content":"1:2 \"completion_tokens\": 9 http://x"}}]}` + "\n\n", "data::\n\n"}, 1, false)
 }
 
 // A non-streamed answer counts its usage figure, as its API key's token
