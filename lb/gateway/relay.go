@@ -238,6 +238,8 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 		return err
 	}
 	x.events.Feed(b)
+	// The events in b arrived together: one clock read times them all.
+	var now time.Time
 	for {
 		ev, ok := x.events.Next()
 		if !ok {
@@ -247,7 +249,10 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 		x.counted.Observe(ev)
 		x.tr.event(ev)
 		if x.counted.Tokens() > before {
-			t.last = time.Now()
+			if now.IsZero() {
+				now = time.Now()
+			}
+			t.last = now
 			if t.first.IsZero() {
 				t.first = t.last
 				g.prefillDone(x, pod, t.first)
