@@ -2,6 +2,7 @@ package frontend_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -37,7 +38,7 @@ var frontEnds = []string{frontend.NameFastHTTP, frontend.NameGNet}
 const testMaxBody = 64 << 10
 
 // app is the test handler. /echo answers the body; /close answers and
-// closes; /sse streams n events through frontend.SetBodyStreamWriter and
+// closes; /big answers a body of n bytes; /sse streams n events through frontend.SetBodyStreamWriter and
 // /sse-pipe through fasthttp's own SetBodyStreamWriter, each event flushed,
 // with gated=1 waiting on step before each; /flood streams 256 MiB
 // as fast as the client takes it, counting what the writer got through;
@@ -46,6 +47,9 @@ type app struct {
 	step      chan struct{}
 	streamErr chan error
 	flooded   atomic.Int64
+	// onLoop lets gnet run the handler on its loop (Handler.OnLoop), as
+	// the gateway does: a request on an idle connection is answered there.
+	onLoop bool
 }
 
 // floodStalled waits until /flood's writer stops making progress and
@@ -67,7 +71,7 @@ func (a *app) floodStalled() int64 {
 func newApp() *app { return &app{step: make(chan struct{}), streamErr: make(chan error, 4)} }
 
 func (a *app) handler() frontend.Handler {
-	return frontend.Handler{Serve: a.serve, Error: writeFrontError}
+	return frontend.Handler{Serve: a.serve, Error: writeFrontError, OnLoop: a.onLoop}
 }
 
 func (a *app) serve(ctx *fasthttp.RequestCtx) {
@@ -78,6 +82,8 @@ func (a *app) serve(ctx *fasthttp.RequestCtx) {
 	case "/close":
 		ctx.SetConnectionClose()
 		ctx.SetBodyString("bye")
+	case "/big":
+		ctx.SetBody(bytes.Repeat([]byte("b"), ctx.QueryArgs().GetUintOrZero("n")))
 	case "/sse", "/sse-pipe":
 		n := ctx.QueryArgs().GetUintOrZero("n")
 		gated := ctx.QueryArgs().GetBool("gated")
@@ -170,17 +176,28 @@ func serveWith(t testing.TB, name string, h frontend.Handler, o frontend.Options
 func forEach(t *testing.T, f func(t *testing.T, addr string, a *app)) {
 	ts := newTLSSetup(t)
 	for _, name := range frontEnds {
-		t.Run(name, func(t *testing.T) {
-			a := newApp()
-			f(t, serve(t, name, a.handler()), a)
-		})
-		t.Run(name+"/tls", func(t *testing.T) {
-			a := newApp()
-			addr := serveWith(t, name, a.handler(), ts.options())
-			tlsClients.Store(addr, ts.clientConfig("http/1.1"))
-			t.Cleanup(func() { tlsClients.Delete(addr) })
-			f(t, addr, a)
-		})
+		for _, onLoop := range []bool{false, true} {
+			if onLoop && name != frontend.NameGNet {
+				continue
+			}
+			sub := name
+			if onLoop {
+				sub += "/loop"
+			}
+			t.Run(sub, func(t *testing.T) {
+				a := newApp()
+				a.onLoop = onLoop
+				f(t, serve(t, name, a.handler()), a)
+			})
+			t.Run(sub+"/tls", func(t *testing.T) {
+				a := newApp()
+				a.onLoop = onLoop
+				addr := serveWith(t, name, a.handler(), ts.options())
+				tlsClients.Store(addr, ts.clientConfig("http/1.1"))
+				t.Cleanup(func() { tlsClients.Delete(addr) })
+				f(t, addr, a)
+			})
+		}
 	}
 }
 
@@ -308,6 +325,27 @@ func TestKeepAliveAndClose(t *testing.T) {
 		expect(t, resp, b, 200, "bye")
 		if _, err := c.br.Read(make([]byte, 1)); !resp.Close || err != io.EOF {
 			t.Fatalf("handler's Connection: close not honoured: close=%v, read %v", resp.Close, err)
+		}
+	})
+}
+
+// TestLastAnswerIsWhole: a connection's last answer reaches the client
+// whole before the close, one the socket takes at once and one far larger
+// than its buffers, which a client that waits before reading drains later.
+func TestLastAnswerIsWhole(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		for _, n := range []int{10, 8 << 20} {
+			c := dial(t, addr)
+			_ = c.tcp.SetReadBuffer(64 << 10)
+			c.send(t, fmt.Sprintf("GET /big?n=%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", n))
+			time.Sleep(100 * time.Millisecond)
+			resp, b := c.response(t)
+			if resp.StatusCode != 200 || len(b) != n || !resp.Close {
+				t.Fatalf("%d-byte answer: %d, %d bytes, close %v", n, resp.StatusCode, len(b), resp.Close)
+			}
+			if _, err := c.br.Read(make([]byte, 1)); err != io.EOF {
+				t.Fatalf("%d-byte answer: connection left open: %v", n, err)
+			}
 		}
 	})
 }

@@ -117,12 +117,14 @@ type gconn struct {
 // queued is a parsed request, a parse error to answer (ctx then holds what
 // was parsed), or, with ctx nil, a 100 Continue to send. A request begun on
 // the loop comes with the task that finishes it, or, with served, answered
-// already.
+// already; with written too, its answer, the connection's last, was
+// written and is draining (writeLast).
 type queued struct {
-	ctx    *fasthttp.RequestCtx
-	err    error
-	task   Task
-	served bool
+	ctx     *fasthttp.RequestCtx
+	err     error
+	task    Task
+	served  bool
+	written bool
 }
 
 func newGConn(s *GNet, c gnet.Conn) *gconn {
@@ -206,10 +208,11 @@ func (gc *gconn) afterLoop() {
 		t := gc.task
 		gc.task = nil
 		gc.enqueue(queued{ctx: ctx, task: t})
-	case resp.IsBodyStream() || gc.last(ctx):
-		// The worker's writes wait for the client: a stream's, and a last
-		// answer's, which must be out before the connection closes.
+	case resp.IsBodyStream():
+		// A stream's writes wait for the client, on a worker.
 		gc.enqueue(queued{ctx: ctx, served: true})
+	case gc.last(ctx):
+		gc.writeLast(ctx)
 	default:
 		if !gc.closed {
 			gc.renderWhole(ctx)
@@ -219,6 +222,33 @@ func (gc *gconn) afterLoop() {
 		}
 		gc.done(queued{ctx: ctx})
 	}
+}
+
+// writeLast writes the connection's last answer on the loop, then lets
+// the connection linger (linger.go) once gnet holds none of it: at once
+// when the socket took it all, as it mostly does; else a worker waits for
+// the rest to drain, since gnet drops what it still holds when it closes.
+// Handing the answer to a worker instead cost four thread handoffs per
+// connection (to the worker, its write, the write's callback, the close).
+func (gc *gconn) writeLast(ctx *fasthttp.RequestCtx) {
+	gc.stopped = true
+	if gc.closed {
+		gc.done(queued{ctx: ctx})
+		return
+	}
+	ctx.Response.SetConnectionClose()
+	gc.renderWhole(ctx)
+	switch err := gc.writev(gc.iov); {
+	case err != nil:
+		_ = gc.c.Close()
+	case gc.c.OutboundBuffered() == 0 && (gc.tls == nil || gc.tls.queued.Load() == 0):
+		gc.lingerOrClose()
+	default:
+		gc.stalled, gc.stallLimit = true, 0
+		gc.enqueue(queued{ctx: ctx, served: true, written: true})
+		return
+	}
+	gc.done(queued{ctx: ctx})
 }
 
 // resume parses what the client sent while its request was served on the
@@ -401,6 +431,10 @@ var ctxLogger fasthttp.Logger = log.Default()
 // and serve reports it handed the queue over.
 func (gc *gconn) serve(q queued) bool {
 	ctx := q.ctx
+	if q.written {
+		gc.wrapUp(gc.wait(), true)
+		return false
+	}
 	switch {
 	case q.task != nil:
 		q.task.Run()

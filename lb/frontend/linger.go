@@ -61,29 +61,35 @@ func (l *lingering) take() bool {
 
 func (l *lingering) release() { l.n.Add(-1) }
 
-// On gnet, the worker that wrote a connection's last answer asks the loop
-// to linger (the answer has left gnet's buffer by then: flush waited for
-// it); the loop half-closes the socket and its read discards what comes
-// (the connection is stopped). OnTraffic counts the bytes, OnTick's sweep
-// enforces the times, and OnClose gives the slot back.
+// On gnet, a connection lingers once its last answer has left gnet's
+// buffer (writeLast on the loop, flush on a worker): the loop half-closes
+// the socket and its read discards what comes (the connection is
+// stopped). OnTraffic counts the bytes, OnTick's sweep enforces the
+// times, and OnClose gives the slot back.
 
 // closeLast ends a connection after its last answer; from the worker.
 func (gc *gconn) closeLast() {
-	if !gc.s.linger.take() {
-		_ = gc.c.Close()
-		return
-	}
 	err := gc.c.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		gc.startLinger()
+		gc.lingerOrClose()
 		return nil
 	}))
 	if err != nil {
-		gc.s.linger.release()
 		_ = gc.c.Close()
 	}
 }
 
-// startLinger half-closes the connection and lets it linger; on the loop.
+// lingerOrClose lets the connection linger when a slot is free, else
+// closes it; on the loop.
+func (gc *gconn) lingerOrClose() {
+	if !gc.s.linger.take() {
+		_ = gc.c.Close()
+		return
+	}
+	gc.startLinger()
+}
+
+// startLinger half-closes the connection and lets it linger; on the loop,
+// holding a slot.
 func (gc *gconn) startLinger() {
 	if gc.closed {
 		gc.s.linger.release()
