@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"reflect"
@@ -61,8 +62,12 @@ type Gateway struct {
 	ledger *ledger.Ledger
 	admit  *admit.Controller
 	// mu serialises reloads; it guards checker and kv, which a reload
-	// replaces, and is never taken on the request path.
+	// replaces, and held, and is never taken on the request path.
 	mu sync.Mutex
+	// held are the pods a planner took out of the fleet to switch their
+	// roles, by name, until it puts them back (planFleet). A reload or a
+	// discovery update meanwhile leaves them out, as their new versions.
+	held map[string]config.Pod
 	// draining is set by Drain.
 	draining atomic.Bool
 	// ejectMu serialises passive ejections (podFailed), which are rare.
@@ -181,7 +186,33 @@ func (g *Gateway) background(f func()) {
 func (g *Gateway) Reload(cfg config.Config) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.reloadLocked(cfg)
+	return g.reloadHoldingLocked(cfg)
+}
+
+// reloadHoldingLocked is reloadLocked for a fleet from outside (the
+// operator's configuration, discovery): the pods the planner holds stay
+// out of it, held as cfg has them now; one cfg lacks is held no more, so
+// the planner does not bring it back. mu is held.
+func (g *Gateway) reloadHoldingLocked(cfg config.Config) error {
+	if len(g.held) == 0 {
+		return g.reloadLocked(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	held := map[string]config.Pod{}
+	cfg.Pods = slices.DeleteFunc(slices.Clone(cfg.Pods), func(p config.Pod) bool {
+		if _, ok := g.held[p.Name]; ok {
+			held[p.Name] = p
+			return true
+		}
+		return false
+	})
+	if err := g.reloadLocked(cfg); err != nil {
+		return err
+	}
+	g.held = held
+	return nil
 }
 
 // reloadLocked is Reload with mu held.
@@ -248,20 +279,34 @@ func (g *Gateway) Config() config.Config {
 	return g.cfg
 }
 
-// SetPods replaces the fleet, as a discovery source reports it.
+// SetPods replaces the fleet, as a discovery source reports it. It runs
+// under mu, as a reload does, so a reload landing at the same time is
+// neither undone nor undoes it.
 func (g *Gateway) SetPods(pods []config.Pod) error {
-	return g.EditPods(func([]config.Pod) []config.Pod { return pods })
-}
-
-// EditPods reloads with the fleet edit makes of the pods in force (a
-// slice of its own). It runs under mu, as the reload does, so a reload
-// landing at the same time is neither undone nor undoes the edit.
-func (g *Gateway) EditPods(edit func([]config.Pod) []config.Pod) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	cfg := g.cfg
-	cfg.Pods = edit(slices.Clone(cfg.Pods))
-	return g.reloadLocked(cfg)
+	cfg.Pods = pods
+	return g.reloadHoldingLocked(cfg)
+}
+
+// editPods reloads with the fleet edit makes of the pods in force and of
+// the held ones (a slice and a map of its own; the map is held from then
+// on), under mu as SetPods.
+func (g *Gateway) editPods(edit func(pods []config.Pod, held map[string]config.Pod) []config.Pod) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cfg := g.cfg
+	held := maps.Clone(g.held)
+	if held == nil {
+		held = map[string]config.Pod{}
+	}
+	cfg.Pods = edit(slices.Clone(cfg.Pods), held)
+	if err := g.reloadLocked(cfg); err != nil {
+		return err
+	}
+	g.held = held
+	return nil
 }
 
 // AbortStreams ends every stream still relayed, each with an error event,

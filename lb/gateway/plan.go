@@ -122,7 +122,7 @@ func (g *Gateway) startPlan(ctx context.Context) {
 	// idle connections leaves nothing behind when the gateway closes.
 	l := &planLoop{g: g, cfg: cfg, models: map[string]*modelPlan{},
 		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
-	l.fleet = &planFleet{g: g, loop: l, released: map[string]config.Pod{}}
+	l.fleet = &planFleet{g: g, loop: l}
 	if cfg.Webhook.URL != "" {
 		l.actuators = append(l.actuators, namedActuator{"webhook",
 			&plan.Webhook{URL: cfg.Webhook.URL, Timeout: cfg.Webhook.Timeout, Retries: cfg.Webhook.Retries, Client: l.client}})

@@ -12,19 +12,19 @@ import (
 )
 
 // planFleet is the gateway as plan.RoleSwitcher drives it. A pod is taken
-// out of routing by leaving the fleet (EditPods without it: requests in
-// flight finish on the snapshot they started with, and their decode legs
-// still reach it; pool.Pod.Leave keeps the requests still to pick with
-// that snapshot off it) and comes back with its new role and roleset, a
-// new pod to the pool (its learned speeds start over, as they should for
-// a new role). Pods whose roleset alone changes come back the same way.
+// out of routing by leaving the fleet for the gateway's held pods
+// (requests in flight finish on the snapshot they started with, and their
+// decode legs still reach it; pool.Pod.Leave keeps the requests still to
+// pick with that snapshot off it) and comes back with its new role and
+// roleset, a new pod to the pool (its learned speeds start over, as they
+// should for a new role). Pods whose roleset alone changes come back the
+// same way.
 type planFleet struct {
 	g    *Gateway
 	loop *planLoop
-	// mu orders the fleet's read-modify-write of the pods between models;
-	// it guards released, the pods out of routing by name.
-	mu       sync.Mutex
-	released map[string]config.Pod
+	// mu orders the planner's edits of the fleet between models: a
+	// release's pick of its pods, its edit and their Leave come as one.
+	mu sync.Mutex
 }
 
 // drainPoll is how often Release looks at the released pods' requests.
@@ -55,20 +55,16 @@ func (f *planFleet) Release(ctx context.Context, model string, names []string) e
 			leaving = append(leaving, p)
 		}
 	}
-	err := f.g.EditPods(func(pods []config.Pod) []config.Pod {
+	err := f.g.editPods(func(pods []config.Pod, held map[string]config.Pod) []config.Pod {
 		return slices.DeleteFunc(pods, func(p config.Pod) bool {
 			if p.Model == model && slices.Contains(names, p.Name) {
-				f.released[p.Name] = p
+				held[p.Name] = p
 				return true
 			}
 			return false
 		})
 	})
-	if err != nil {
-		for _, name := range names {
-			delete(f.released, name)
-		}
-	} else {
+	if err == nil {
 		for _, p := range leaving {
 			p.Leave()
 		}
@@ -122,16 +118,15 @@ func (f *planFleet) noteRelease(model string, names []string, inFlight int64, dr
 	}
 }
 
-// Assign applies changes to model's pods and brings every released pod
-// back.
+// Assign applies changes to model's pods and brings every held pod back.
 func (f *planFleet) Assign(model string, changes []plan.Change) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.g.EditPods(func(pods []config.Pod) []config.Pod {
-		for _, name := range sortedKeys(f.released) {
-			pods = append(pods, f.released[name])
+	return f.g.editPods(func(pods []config.Pod, held map[string]config.Pod) []config.Pod {
+		for _, name := range sortedKeys(held) {
+			pods = append(pods, held[name])
 		}
-		clear(f.released)
+		clear(held)
 		for i := range pods {
 			p := &pods[i]
 			if p.Model != model {

@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"pdlb/lb/config"
+	"pdlb/lb/plan"
+	"pdlb/lb/pool"
+)
+
+// TestHeldPodsStayOutOfReloads: a pod the planner released to switch its
+// role stays out of the fleet through a reload or a discovery update that
+// lists it (it came back routable mid-switch, and the planner's Assign
+// then added a second copy, which validation refused). Assign brings back
+// the version the last update had; one an update dropped stays gone.
+func TestHeldPodsStayOutOfReloads(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{
+		{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+		{Name: "dec2", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
+	}
+	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	f := &planFleet{g: g, loop: &planLoop{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pod := func(name string) *pool.Pod {
+		i := slices.IndexFunc(g.pool.Load().Pods, func(p *pool.Pod) bool { return p.Config.Name == name })
+		if i < 0 {
+			return nil
+		}
+		return g.pool.Load().Pods[i]
+	}
+
+	if err := f.Release(ctx, "m", []string{"dec2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if pod("dec2") != nil {
+		t.Fatal("a reload put the released pod back in the fleet mid-switch")
+	}
+	moved := slices.Clone(cfg.Pods)
+	moved[2].Address = "127.0.0.1:10004"
+	if err := g.SetPods(moved); err != nil {
+		t.Fatal(err)
+	}
+	if pod("dec2") != nil {
+		t.Fatal("a discovery update put the released pod back in the fleet mid-switch")
+	}
+	if err := f.Assign("m", []plan.Change{{Name: "dec2", Role: config.RolePrefill, Roleset: "a", Switch: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if p := pod("dec2"); p == nil || p.Config.Role != config.RolePrefill || p.Config.Address != "127.0.0.1:10004" {
+		t.Fatalf("after Assign: %+v, want dec2 as a prefill pod at discovery's address", p)
+	}
+
+	if err := f.Release(ctx, "m", []string{"dec2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetPods(cfg.Pods[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Assign("m", nil); err != nil {
+		t.Fatal(err)
+	}
+	if p := pod("dec2"); p != nil || len(g.pool.Load().Pods) != 2 {
+		t.Fatalf("a pod discovery dropped while it was held came back: %d pods", len(g.pool.Load().Pods))
+	}
+}
