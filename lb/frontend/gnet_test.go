@@ -3,6 +3,7 @@ package frontend
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
 
+	"pdlb/internal/certgen"
 	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
 )
@@ -187,4 +189,79 @@ func TestGNetCountsH2Sockets(t *testing.T) {
 	if got := s.sockets(); got != before+n {
 		t.Fatalf("%d sockets counted with %d h2c connections open, %d before; want %d", got, n, before, before+n)
 	}
+}
+
+// TestHandshakeFeedIsBounded: what a client sends while its handshake is
+// under way waits for the handshake's goroutine, and past one request's
+// worth (MaxHeaderBytes + MaxBodyBytes + maxOutbound) the connection is
+// closed, so a client cannot pile bytes up behind a slow handshake. The
+// handshake is held at its certificate lookup.
+func TestHandshakeFeedIsBounded(t *testing.T) {
+	ca, err := certgen.NewCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue([]string{"127.0.0.1"}, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := LoadCerts([]KeyPair{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{MaxHeaderBytes: 4096, MaxBodyBytes: 64 << 10, ReadTimeout: 30 * time.Second, TLS: &TLS{Certs: certs}}
+	s, err := StartGNet("127.0.0.1:0", Handler{Serve: func(*fasthttp.RequestCtx) {}, Error: func(*fasthttp.RequestCtx, error) {}}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.ShutdownWithContext(context.Background()) }()
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	defer close(release)
+	get := s.tls.GetCertificate
+	s.tls.GetCertificate = func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		held <- struct{}{}
+		<-release
+		return get(h)
+	}
+	// The loop takes mu in OnOpen, before it starts the handshake: the
+	// hook above is seen.
+	s.mu.Lock()
+	s.mu.Unlock()
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(clientHello(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handshake did not begin")
+	}
+	bound := o.MaxHeaderBytes + o.MaxBodyBytes + maxOutbound
+	go func() { _, _ = c.Write(make([]byte, 16*bound)) }()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(c); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("still open 10 s after %d bytes behind a held handshake (bound %d)", 16*bound, bound)
+	}
+}
+
+// clientHello is the first record a TLS client sends.
+func clientHello(t *testing.T) []byte {
+	t.Helper()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go func() { _ = tls.Client(a, &tls.Config{InsecureSkipVerify: true}).Handshake() }()
+	head := make([]byte, 5)
+	if _, err := io.ReadFull(b, head); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, int(head[3])<<8|int(head[4]))
+	if _, err := io.ReadFull(b, body); err != nil {
+		t.Fatal(err)
+	}
+	return append(head, body...)
 }
