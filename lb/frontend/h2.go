@@ -16,6 +16,8 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"pdlb/lb/upstream"
 )
 
 // HTTP2 bounds what an HTTP/2 client may cost (this package's server
@@ -593,8 +595,8 @@ func (c *h2Conn) closeStreamLocked(st *h2Stream, err error) {
 	}
 	st.cut = err
 	close(st.done)
-	for _, f := range st.onCut {
-		(*f)()
+	for _, w := range st.onCut {
+		w.Cut()
 	}
 	st.onCut = nil
 	delete(c.streams, st.id)
@@ -714,40 +716,45 @@ type h2Stream struct {
 	recvUnacked int64
 	recvEnded   bool // the client ended its side
 	started     bool // its handler runs
-	// onCut: what AfterClientGone arranged to run when the stream is cut.
-	onCut []*func()
+	// onCut: the calls ClientCut's watchers cut when the stream is; a
+	// call watches once, so cutBuf holds them without an allocation.
+	onCut  []upstream.Cutter
+	cutBuf [1]upstream.Cutter
 }
 
-// AfterClientGone is ClientGone for a caller that would rather not have a
-// goroutine wait on the channel: it arranges for f to run once the client
-// of ctx is gone (at once if it is), and returns stop, which undoes that.
-// f runs under the HTTP/2 connection's lock, so it must not block or come
-// back to the stream. nil where the front end has no such hook: ClientGone
-// is the way there.
-func AfterClientGone(ctx *fasthttp.RequestCtx) func(f func()) (stop func()) {
+// ClientCut is ClientGone for a caller that would rather not have a
+// goroutine wait on the channel: the client of ctx leaving as an
+// upstream.Cut. A watcher's Cut runs under the HTTP/2 connection's lock,
+// so it must not block or come back to the stream. nil where the front
+// end has no such hook: ClientGone is the way there.
+func ClientCut(ctx *fasthttp.RequestCtx) upstream.Cut {
 	if st, ok := ctx.Conn().(*h2Stream); ok {
-		return st.afterCut
+		return st
 	}
 	return nil
 }
 
-// afterCut is AfterClientGone for st.
-func (st *h2Stream) afterCut(f func()) func() {
+// Watch is ClientCut's for st.
+func (st *h2Stream) Watch(w upstream.Cutter) {
 	c := st.c
 	c.mu.Lock()
 	if st.cut != nil {
 		c.mu.Unlock()
-		f()
-		return func() {}
+		w.Cut()
+		return
 	}
-	hook := &f
-	st.onCut = append(st.onCut, hook)
+	if st.onCut == nil {
+		st.onCut = st.cutBuf[:0]
+	}
+	st.onCut = append(st.onCut, w)
 	c.mu.Unlock()
-	return func() {
-		c.mu.Lock()
-		st.onCut = slices.DeleteFunc(st.onCut, func(h *func()) bool { return h == hook })
-		c.mu.Unlock()
-	}
+}
+
+func (st *h2Stream) Unwatch(w upstream.Cutter) {
+	c := st.c
+	c.mu.Lock()
+	st.onCut = slices.DeleteFunc(st.onCut, func(h upstream.Cutter) bool { return h == w })
+	c.mu.Unlock()
 }
 
 // release returns the stream's ctx to the pool.

@@ -56,7 +56,7 @@ func (workerTransport) send(x *completion) {
 	// A stream is relayed as it comes; a whole answer is read whole.
 	x.resp.StreamBody = x.req.Stream
 	now := time.Now()
-	cut := upstream.Cut(frontend.AfterClientGone(x.ctx))
+	cut := frontend.ClientCut(x.ctx)
 	if cut == nil {
 		cut = upstream.ChanCut(frontend.ClientGone(x.ctx))
 	}
@@ -68,7 +68,7 @@ func (workerTransport) send(x *completion) {
 // exchange up (frontend.Upstream.Down); the latter ends it with
 // upstream.ErrPodDown.
 func callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time) error {
-	err := upstream.DoCut(upstream.EitherCut(cut, pod.AfterDown), pod.Client, up, resp, headBy, deadline)
+	err := upstream.DoCut(pod.Client, up, resp, headBy, deadline, cut, pod.Down())
 	if err == upstream.ErrCut && pod.DownAt.Load() > now.UnixNano() {
 		err = upstream.ErrPodDown
 	}

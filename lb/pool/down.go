@@ -5,36 +5,41 @@ import (
 	"time"
 )
 
-// downHooks are the functions to run when health checks find the pod
-// dead (AfterDown): calls on goroutines waiting for its first answer byte.
-// A map, not a slice: a pod may have hundreds of calls waiting, each
-// removing its hook as its answer begins.
+// downHooks are the calls to cut when health checks find the pod dead
+// (Down): calls on goroutines waiting for its first answer byte. A set,
+// not a slice: a pod may have hundreds of calls waiting, each leaving it
+// as its answer begins.
 type downHooks struct {
 	mu    sync.Mutex
-	hooks map[*func()]struct{}
+	hooks map[interface{ Cut() }]struct{}
 }
 
-// AfterDown arranges for f to run when health checks next find the pod
-// dead (it no longer answers at all), on the checker's goroutine, and
-// returns stop, which undoes that; f may still run while stop does. It
-// has the shape of upstream.Cut. The event loops watch DownAt instead.
-func (p *Pod) AfterDown(f func()) (stop func()) {
-	h := &p.down
-	hook := &f
+// Down is the pod's death as an upstream.Cut: a watched call is cut when
+// health checks next find the pod dead (it no longer answers at all), on
+// the checker's goroutine. The event loops watch DownAt instead.
+func (p *Pod) Down() DownCut { return DownCut{p} }
+
+// DownCut is Pod.Down's Cut.
+type DownCut struct{ p *Pod }
+
+func (d DownCut) Watch(c interface{ Cut() }) {
+	h := &d.p.down
 	h.mu.Lock()
 	if h.hooks == nil {
-		h.hooks = make(map[*func()]struct{})
+		h.hooks = make(map[interface{ Cut() }]struct{})
 	}
-	h.hooks[hook] = struct{}{}
+	h.hooks[c] = struct{}{}
 	h.mu.Unlock()
-	return func() {
-		h.mu.Lock()
-		delete(h.hooks, hook)
-		h.mu.Unlock()
-	}
 }
 
-// markDown stamps DownAt and runs the AfterDown hooks.
+func (d DownCut) Unwatch(c interface{ Cut() }) {
+	h := &d.p.down
+	h.mu.Lock()
+	delete(h.hooks, c)
+	h.mu.Unlock()
+}
+
+// markDown stamps DownAt and cuts the calls watching Down.
 func (p *Pod) markDown() {
 	p.DownAt.Store(time.Now().UnixNano())
 	h := &p.down
@@ -42,7 +47,7 @@ func (p *Pod) markDown() {
 	hooks := h.hooks
 	h.hooks = nil
 	h.mu.Unlock()
-	for f := range hooks {
-		(*f)()
+	for c := range hooks {
+		c.Cut()
 	}
 }

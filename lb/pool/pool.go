@@ -112,7 +112,7 @@ type podState struct {
 	// DownAt is when (unix ns) health checks last found the pod dead,
 	// 0 never: the transports give up its attempts sent before then
 	// that have no byte of an answer yet (frontend.Upstream.Down on the
-	// event loops, AfterDown on goroutines).
+	// event loops, Down on goroutines).
 	DownAt         atomic.Int64
 	down           downHooks
 	ejections      atomic.Int64

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -209,59 +210,72 @@ func ConnOf(resp *fasthttp.Response) *Conn {
 	return nil
 }
 
-// Cut is how a call learns it is given up: Cut(f) arranges for f to run
-// once the call is cut (at once if it is already), on whichever goroutine
-// cuts it, and returns stop, which undoes that. f may still run while or
-// after stop returns; Do's f then does nothing. nil: the call is never cut.
-type Cut func(f func()) (stop func())
+// A Cut is how a call learns it is given up (its client left, its pod was
+// found dead). Watch arranges for c.Cut to run once the call is cut (at
+// once if it is already), on whichever goroutine cuts it; Unwatch undoes
+// that, though c.Cut may still run while or after it returns (DoCut's
+// then does nothing). Watchers are kept by identity, so a call costs no
+// allocation. A nil Cut never cuts.
+type Cut interface {
+	Watch(c Cutter)
+	Unwatch(c Cutter)
+}
+
+// Cutter is what a Cut cuts: an alias, so packages below this one (the
+// pool) can watch for calls without importing it.
+type Cutter = interface{ Cut() }
 
 // ChanCut is the Cut of a channel that is closed when the call is cut: a
-// goroutine waits on it while the call does. A nil channel is a nil Cut.
+// goroutine per watch waits on it. A nil channel is a nil Cut.
 func ChanCut(ch <-chan struct{}) Cut {
 	if ch == nil {
 		return nil
 	}
-	return func(f func()) func() {
-		stop := make(chan struct{})
-		go func() {
-			select {
-			case <-ch:
-				f()
-			case <-stop:
-			}
-		}()
-		return func() { close(stop) }
-	}
+	return &chanCut{ch: ch}
 }
 
-// EitherCut is the Cut of a call cut by a or by b (either may be nil).
-func EitherCut(a, b Cut) Cut {
-	switch {
-	case a == nil:
-		return b
-	case b == nil:
-		return a
-	}
-	return func(f func()) func() {
-		stopA, stopB := a(f), b(f)
-		return func() { stopA(); stopB() }
-	}
+type chanCut struct {
+	ch    <-chan struct{}
+	mu    sync.Mutex
+	stops map[Cutter]chan struct{}
 }
 
-// Do is DoCut for a call that is cut when cut closes (ChanCut).
-func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time) error {
-	return DoCut(ChanCut(cut), client, up, resp, headBy, deadline)
+func (k *chanCut) Watch(c Cutter) {
+	stop := make(chan struct{})
+	k.mu.Lock()
+	if k.stops == nil {
+		k.stops = map[Cutter]chan struct{}{}
+	}
+	k.stops[c] = stop
+	k.mu.Unlock()
+	go func() {
+		select {
+		case <-k.ch:
+			c.Cut()
+		case <-stop:
+		}
+	}()
+}
+
+func (k *chanCut) Unwatch(c Cutter) {
+	k.mu.Lock()
+	stop := k.stops[c]
+	delete(k.stops, c)
+	k.mu.Unlock()
+	if stop != nil {
+		close(stop)
+	}
 }
 
 // DoCut is client.DoDeadline for a call that may be given up while a
-// goroutine waits for the pod's answer: cut (frontend.AfterClientGone,
-// nil where the front end cannot tell; or a request giving its leg up)
-// closes the pod's connection, which is how an engine learns to abort a
-// request, and the call returns ErrCut. fasthttp's client cannot
-// cancel a call, and does not say which connection it took; the request's
-// body, handed over as a stream, learns it as the client writes the body
-// (ConnOf: the response records the connection before the request goes
-// out).
+// goroutine waits for the pod's answer: any of cuts (frontend.ClientCut,
+// nil where the front end cannot tell; a request giving its leg up; the
+// pod found dead) closes the pod's connection, which is how an engine
+// learns to abort a request, and the call returns ErrCut. fasthttp's
+// client cannot cancel a call, and does not say which connection it took;
+// the request's body, handed over as a stream, learns it as the client
+// writes the body (ConnOf: the response records the connection before the
+// request goes out).
 //
 // The connection is a pooled keep-alive one, so the cut must never reach
 // it once it is back in the pool, serving another request. The response is
@@ -276,21 +290,22 @@ func Do(cut <-chan struct{}, client *fasthttp.HostClient, up *fasthttp.Request, 
 // of a whole answer by deadline: a header that is late fails with
 // fasthttp.ErrTimeout, and the connection is closed, which aborts the
 // request on the engine.
-func DoCut(cut Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time) error {
+func DoCut(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time, cuts ...Cut) error {
 	body := up.Body()
 	whole := !resp.StreamBody
 	if !headBy.Before(deadline) {
 		headBy = deadline
 	}
 	split := whole && headBy.Before(deadline)
-	if (cut == nil || len(body) == 0) && !split {
+	watched := len(body) > 0 && slices.ContainsFunc(cuts, func(c Cut) bool { return c != nil })
+	if !watched && !split {
 		return client.DoDeadline(up, resp, headBy)
 	}
 	resp.StreamBody = true
 	var err error
-	if cut == nil || len(body) == 0 {
+	if !watched {
 		err = client.DoDeadline(up, resp, headBy)
-	} else if err = doWatched(cut, client, up, resp, headBy); err == ErrCut {
+	} else if err = doWatched(cuts, client, up, resp, headBy); err == ErrCut {
 		return err
 	}
 	if whole {
@@ -305,9 +320,9 @@ func DoCut(cut Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fas
 	return err
 }
 
-// doWatched is DoCut's call of up, whose body is not empty, while cut is
-// watched; the answer is taken as a stream.
-func doWatched(cut Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+// doWatched is DoCut's call of up, whose body is not empty, while cuts
+// are watched; the answer is taken as a stream.
+func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
 	body := up.Body()
 	// Handing the body over as a stream would recycle the request's body
 	// buffer; with KeepBodyBuffer it is only truncated, so body's bytes
@@ -316,9 +331,17 @@ func doWatched(cut Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp 
 	up.KeepBodyBuffer = true
 	w := &watchedBody{resp: resp, body: body}
 	up.SetBodyStream(w, len(body))
-	stop := cut(w.cut)
+	for _, c := range cuts {
+		if c != nil {
+			c.Watch(w)
+		}
+	}
 	err := client.DoDeadline(up, resp, deadline)
-	stop()
+	for _, c := range cuts {
+		if c != nil {
+			c.Unwatch(w)
+		}
+	}
 	// The stream is spent: a retry on another pod sends the same bytes.
 	up.SetBodyRaw(w.body)
 	up.KeepBodyBuffer = keep
@@ -401,9 +424,9 @@ func (w *watchedBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// cut closes the connection the body went out on, unless the call was
+// Cut closes the connection the body went out on, unless the call was
 // answered first; a body not yet sent learns it from the state.
-func (w *watchedBody) cut() {
+func (w *watchedBody) Cut() {
 	if w.state.CompareAndSwap(watching, left) {
 		if c := w.conn.Load(); c != nil {
 			_ = c.Close()

@@ -47,7 +47,7 @@ func TestDoCutBody(t *testing.T) {
 	// One P: the other request's buffer comes from the pool's shard that
 	// up's would have gone back to.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	never := Cut(func(func()) func() { return func() {} })
+	never := ChanCut(make(chan struct{}))
 	for _, borrowed := range []bool{false, true} {
 		up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 		up.Header.SetMethod("POST")
@@ -58,7 +58,7 @@ func TestDoCutBody(t *testing.T) {
 			up.SetBody([]byte(body))
 		}
 		deadline := time.Now().Add(5 * time.Second)
-		if err := DoCut(never, client(fails), up, resp, deadline, deadline); err == nil {
+		if err := DoCut(client(fails), up, resp, deadline, deadline, never); err == nil {
 			t.Fatal("a pod that closed the connection unanswered: no error")
 		}
 		// Another request on this goroutine takes a body buffer from the
@@ -69,7 +69,7 @@ func TestDoCutBody(t *testing.T) {
 			t.Fatalf("borrowed %v: after a failed call the body is %d bytes %.40q…, want the request's %d", borrowed, len(got), got, len(body))
 		}
 		resp.Reset()
-		if err := DoCut(never, client(echoes), up, resp, deadline, deadline); err != nil {
+		if err := DoCut(client(echoes), up, resp, deadline, deadline, never); err != nil {
 			t.Fatalf("borrowed %v: retry: %v", borrowed, err)
 		}
 		if !bytes.Equal(resp.Body(), []byte(body)) || string(up.Body()) != body {
