@@ -496,7 +496,10 @@ func fault(ctx context.Context, f *fleet, i int, kind string, lasts time.Duratio
 		f.pods[i] = nil
 		f.mu.Unlock()
 		proxy.kill()
-		_ = pod.Kill()
+		// nil: its last restart failed; this fault's end tries again.
+		if pod != nil {
+			_ = pod.Kill()
+		}
 	case "hang":
 		proxy.mode.Store(modeHung)
 	case "slow":

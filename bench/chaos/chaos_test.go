@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -46,5 +47,22 @@ func TestChaos(t *testing.T) {
 	}
 	if rep.Completed == 0 {
 		t.Error("nothing completed: the scenario is not exercising the gateway")
+	}
+}
+
+// TestKillAfterFailedRestart: a pod whose restart failed (its proxy's
+// port was taken meanwhile) is down, not gone; the next kill it draws
+// restarts it instead of panicking on the missing pod.
+func TestKillAfterFailedRestart(t *testing.T) {
+	f, err := startFleet(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.close()
+	f.pods[0].Close()
+	f.pods[0] = nil
+	fault(context.Background(), f, 0, "kill", time.Millisecond, slog.New(slog.DiscardHandler))
+	if f.pods[0] == nil {
+		t.Fatal("the pod was not restarted")
 	}
 }
