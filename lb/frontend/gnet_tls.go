@@ -86,6 +86,7 @@ func (w *loopWire) Write(p []byte) (int, error) {
 	case w.nc != nil:
 		return w.nc.Write(p)
 	}
+	w.feed.answer()
 	// gnet writes it after the call returns, and crypto/tls reuses p.
 	return len(p), w.c.AsyncWrite(bytes.Clone(p), nil)
 }
@@ -129,20 +130,36 @@ func (w *loopWire) SetWriteDeadline(t time.Time) error {
 // handshakeFeed carries what a connection sends during its handshake
 // from the loop to the handshake's goroutine.
 type handshakeFeed struct {
-	mu     sync.Mutex
-	buf    []byte
-	closed bool
-	more   chan struct{} // holds one wake-up when buf grew or closed
+	mu       sync.Mutex
+	buf      []byte
+	closed   bool
+	answered bool          // the server sent its flight: the client's Finished, then its data, may come
+	more     chan struct{} // holds one wake-up when buf grew or closed
 }
 
-// push adds what arrived and returns how much waits; on the loop.
-func (f *handshakeFeed) push(b []byte) int {
+// push adds what arrived and reports whether it may wait: before the
+// server's flight, up to before bytes (a ClientHello); after it, up to
+// after, as the client may send its data right behind its Finished and
+// it waits until the handshake's goroutine has read the Finished and the
+// loop took the connection back; on the loop.
+func (f *handshakeFeed) push(b []byte, before, after int) bool {
 	f.mu.Lock()
 	f.buf = append(f.buf, b...)
-	n := len(f.buf)
+	limit := before
+	if f.answered {
+		limit = after
+	}
+	ok := len(f.buf) <= limit
 	f.mu.Unlock()
 	f.wake()
-	return n
+	return ok
+}
+
+// answer notes the server's flight; on the handshake's goroutine.
+func (f *handshakeFeed) answer() {
+	f.mu.Lock()
+	f.answered = true
+	f.mu.Unlock()
 }
 
 // close makes read return io.EOF once buf is empty; from OnClose.
@@ -215,12 +232,17 @@ func (s *GNet) startTLS(gc *gconn) {
 	gc.tls = &loopTLS{tc: tls.Server(w, s.tls), w: w}
 }
 
-// handshaking feeds b, which arrived before gc's handshake ended, to the
-// handshake, and starts it on the first; on the loop. A client may send
-// its first request right after its Finished, but no more.
+// handshaking feeds b, which arrived before the loop took gc back from
+// its handshake, to the handshake, and starts it on the first; on the
+// loop. Before the server's flight a client may send a request's worth;
+// after it, what a lingering connection would discard (lingerBytes): a
+// client may send its request and body right behind its Finished (a body
+// over MaxBodyBytes too, which the loop, once it has the connection,
+// answers 413 and discards), and those bytes wait only until the
+// handshake's goroutine reads the Finished, which junk fails at once.
 func (s *GNet) handshaking(gc *gconn, b []byte) gnet.Action {
 	w := gc.tls.w
-	if w.feed.push(b) > s.o.MaxHeaderBytes+s.o.MaxBodyBytes+maxOutbound {
+	if !w.feed.push(b, s.o.MaxHeaderBytes+s.o.MaxBodyBytes+maxOutbound, lingerBytes) {
 		return gnet.Close
 	}
 	if !w.started {
