@@ -19,6 +19,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/internal/lbtest"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -386,12 +387,6 @@ func TestUpstreamFaults(t *testing.T) {
 }
 
 func testUpstreamFaults(t *testing.T, frontend string, via *http.Client) {
-	closedPort := func() string {
-		ln, _ := net.Listen("tcp", "127.0.0.1:0")
-		addr := ln.Addr().String()
-		ln.Close()
-		return addr
-	}
 	hang := make(chan struct{})
 	broken := fakePod(t, func(c net.Conn, _ *http.Request) {})
 	hung := fakePod(t, func(c net.Conn, _ *http.Request) { <-hang })
@@ -420,7 +415,7 @@ func testUpstreamFaults(t *testing.T, frontend string, via *http.Client) {
 	t.Cleanup(func() { close(hang) })
 	pod := func(model, addr string) config.Pod { return config.Pod{Model: model, Address: addr} }
 	s := testGateway(t, []config.Pod{
-		pod("refused", closedPort()), pod("refused", closedPort()),
+		pod("refused", testnet.Refusing(t)), pod("refused", testnet.Refusing(t)),
 		pod("broken", broken), pod("hung", hung), pod("mid", midStream), pod("idle", idle),
 		pod("midbody", midBody), pod("stalledbody", stalledBody),
 	}, func(c *config.Config) {

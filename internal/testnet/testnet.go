@@ -4,6 +4,8 @@ package testnet
 
 import (
 	"net"
+	"strconv"
+	"syscall"
 	"testing"
 )
 
@@ -37,4 +39,26 @@ func Listen(t testing.TB) net.Listener {
 		t.Fatal(err)
 	}
 	return ln
+}
+
+// Refusing returns a loopback address whose connections are refused while
+// t runs: a socket holds its port bound without listening, so no other
+// test's listener or dial takes the port meanwhile, as one merely closed
+// again can be under go test ./... (the dial then reaches that test's
+// server instead of a refusal).
+func Refusing(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
 }
