@@ -272,11 +272,20 @@ func ledgerMembers(s *pool.Snapshot) []ledger.Member {
 	return m
 }
 
-// Config returns the configuration in force.
+// Config returns the configuration in force, the pods the planner holds
+// out of routing among its pods: reloading it (SIGHUP without a config
+// file) changes nothing, and keeps them held.
 func (g *Gateway) Config() config.Config {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.cfg
+	cfg := g.cfg
+	if len(g.held) > 0 {
+		cfg.Pods = slices.Clone(cfg.Pods)
+		for _, name := range sortedKeys(g.held) {
+			cfg.Pods = append(cfg.Pods, g.held[name])
+		}
+	}
+	return cfg
 }
 
 // SetPods replaces the fleet, as a discovery source reports it. It runs

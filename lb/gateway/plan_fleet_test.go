@@ -18,6 +18,7 @@ import (
 // lists it (it came back routable mid-switch, and the planner's Assign
 // then added a second copy, which validation refused). Assign brings back
 // the version the last update had; one an update dropped stays gone.
+// Reloading the running configuration keeps it held.
 func TestHeldPodsStayOutOfReloads(t *testing.T) {
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
@@ -50,6 +51,13 @@ func TestHeldPodsStayOutOfReloads(t *testing.T) {
 	}
 	if pod("dec2") != nil {
 		t.Fatal("a reload put the released pod back in the fleet mid-switch")
+	}
+	// What SIGHUP without a config file applies: the running configuration.
+	if err := g.Reload(g.Config()); err != nil {
+		t.Fatal(err)
+	}
+	if pod("dec2") != nil || len(g.held) != 1 {
+		t.Fatalf("reloading the running configuration: dec2 routable %v, %d pods held, want none and 1", pod("dec2") != nil, len(g.held))
 	}
 	moved := slices.Clone(cfg.Pods)
 	moved[2].Address = "127.0.0.1:10004"
