@@ -2,7 +2,6 @@ package lb_test
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"testing"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/testnet"
 	"pdlb/lb/config"
 )
 
@@ -103,12 +103,7 @@ func TestFallbackToPDModel(t *testing.T) {
 	e := pdEngines[0]
 	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
 	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := testnet.Refusing(t)
 	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), {Name: "a-0", Model: "a", Address: dead}},
 		func(c *config.Config) {
 			c.Models = []config.Model{{Name: "a", LoRA: config.LoRA{Fallback: []string{"m"}}}}

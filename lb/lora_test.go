@@ -3,7 +3,6 @@ package lb_test
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/engines/vllm"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 )
@@ -33,12 +33,7 @@ func TestModelsAdaptersAliasesFallbacks(t *testing.T) {
 		t.Cleanup(func() { p.Close() })
 		sims = append(sims, p)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := testnet.Refusing(t)
 	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
 			return

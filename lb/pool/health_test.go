@@ -15,6 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/internal/testnet"
 	"pdlb/lb/config"
 )
 
@@ -54,12 +55,7 @@ func TestCheckUnhealthyAfter(t *testing.T) {
 		}
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := ln.Addr().String()
-	ln.Close()
+	closed := testnet.Refusing(t)
 	dead := &Pod{Config: config.Pod{Address: closed}, podState: &podState{}}
 	dead.set(flagHealthy, true)
 	if check(dead) {

@@ -3,22 +3,18 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"pdlb/internal/testnet"
 )
 
 // TestCmdLoadJSON runs pdlb load against a closed port: every request is a
 // connect error, and the JSON report says so with its stable keys.
 func TestCmdLoadJSON(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testnet.Refusing(t)
 	var out bytes.Buffer
 	if err := cmdLoad([]string{"--target", "http://" + addr, "--concurrency", "2", "--requests", "5", "--workload", "mixed", "--json"}, &out); err != nil {
 		t.Fatal(err)
