@@ -3,6 +3,7 @@ package lb_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -65,8 +66,14 @@ func TestReplicasRouteAConversationToOnePod(t *testing.T) {
 			return events > before[home]
 		})
 		testwait.For(t, "the first replica's turn to end", func() bool { return ownInFlight(t, first, home) == 0 })
+		// A sync's counts are read before its round trip, which Redis
+		// stamps: the first publish stamped after the turn ended may
+		// carry counts from before, under a loaded machine's scheduling.
+		// Syncs run one after another, so the next one read after it.
 		ended := redisNow(t, rdb)
 		testwait.For(t, "the first replica to publish after the turn", func() bool { return lastSync(t, rdb, ids[i%2]) > ended })
+		stamped := lastSync(t, rdb, ids[i%2])
+		testwait.For(t, "the first replica to publish again", func() bool { return lastSync(t, rdb, ids[i%2]) > stamped })
 		published := lastSync(t, rdb, ids[i%2])
 		testwait.For(t, "the other replica to read that", func() bool { return lastSync(t, rdb, ids[(i+1)%2]) > published })
 		if n := remoteInFlight(t, second, home); n != 0 {
@@ -151,10 +158,14 @@ func redisNow(t *testing.T, rdb *goredis.Client) int64 {
 	return now.UnixMilli()
 }
 
-// lastSync is when replica id last synced, on Redis's clock in ms.
+// lastSync is when replica id last synced, on Redis's clock in ms; 0
+// before its first sync.
 func lastSync(t *testing.T, rdb *goredis.Client, id string) int64 {
 	t.Helper()
 	score, err := rdb.ZScore(context.Background(), replicaSet, id).Result()
+	if errors.Is(err, goredis.Nil) {
+		return 0
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
