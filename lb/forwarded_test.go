@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -58,6 +59,47 @@ func TestForwardedFor(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestRequestIDToPods: the pods and the client see one X-Request-Id: the
+// client's, or one the gateway made when the client sent none or an empty
+// one.
+func TestRequestIDToPods(t *testing.T) {
+	pod := fakePod(t, func(c net.Conn, r *http.Request) {
+		got := strings.Join(r.Header.Values("X-Request-Id"), "|")
+		io.WriteString(c, fmt.Sprintf("HTTP/1.1 200 OK\r\nConnection: close\r\nX-Request-Id: pod-own\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(got), got))
+	})
+	made := regexp.MustCompile(`^[0-9a-f]+-[0-9a-f]+$`)
+	for _, frontend := range []string{"fasthttp", "gnet"} {
+		t.Run(frontend, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = frontend })
+			for _, sent := range [][]string{nil, {"abc-123"}, {""}} {
+				req, err := newPost(s, chatBody)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if sent != nil {
+					req.Header["X-Request-Id"] = sent
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				ids := resp.Header.Values("X-Request-Id")
+				ok := resp.StatusCode == 200 && len(ids) == 1 && string(b) == ids[0]
+				if len(sent) == 1 && sent[0] != "" {
+					ok = ok && ids[0] == sent[0]
+				} else {
+					ok = ok && made.MatchString(ids[0])
+				}
+				if !ok {
+					t.Fatalf("sent %q: the pod got %q, the client %q (%d)", sent, b, ids, resp.StatusCode)
+				}
+			}
+		})
 	}
 }
 

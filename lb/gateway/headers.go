@@ -83,6 +83,7 @@ var (
 	pdlbPrefix    = []byte("x-pdlb-")
 	authorization = []byte(fasthttp.HeaderAuthorization)
 	forwardedFor  = []byte(fasthttp.HeaderXForwardedFor)
+	requestID     = []byte(headerRequestID) // fasthttp's canonical form
 	server        = []byte(fasthttp.HeaderServer)
 )
 
@@ -98,8 +99,8 @@ func sessionOf(ctx *fasthttp.RequestCtx) string {
 
 // buildUpstream copies the client's request into up: the body byte for
 // byte, the headers less hop-by-hop ones (the fixed names and those its
-// Connection header nominates) and any x-pdlb-* a client made up,
-// an X-Request-Id, generated when the client sent none, and the client's
+// Connection header nominates) and any x-pdlb-* a client made up, one
+// X-Request-Id (generated when the client sent none), and the client's
 // address appended to X-Forwarded-For (upstream.x_forwarded_for).
 func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
 	authorize, forward := g.keys.Enabled(), g.cfg.Upstream.XForwardedFor
@@ -115,8 +116,12 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 	up.Header.SetMethod(fasthttp.MethodPost)
 	up.SetRequestURIBytes(ctx.Path())
 	// The client's Connection values when they nominate other headers:
-	// rare, so the common request neither allocates nor scans twice.
-	var nominated []byte
+	// rare, so the common request neither allocates nor scans twice. Its
+	// X-Forwarded-For chain and X-Request-Id are read on the way, not
+	// looked up again (fasthttp's Peek normalizes the name each time).
+	var buf [128]byte
+	var nominated, clientID []byte
+	chain, sawID := buf[:0], false
 	ctx.Request.Header.VisitAll(func(k, v []byte) {
 		if isHopByHop(k) {
 			if len(k) == len(connection) && bytes.EqualFold(k, connection) && nominates(v) {
@@ -131,43 +136,53 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 		if authorize && bytes.EqualFold(k, authorization) {
 			return
 		}
-		// Set whole below, the client's chain with its address added.
+		// Set whole below: the client's fields joined as one (RFC 9110
+		// section 5.3), with its address added.
 		if forward && bytes.EqualFold(k, forwardedFor) {
+			if len(v) > 0 {
+				chain = append(append(chain, v...), ", "...)
+			}
+			return
+		}
+		// Pods get one X-Request-Id: the client's first, as Peek reads
+		// it, or, when that is empty, the one made below.
+		if bytes.EqualFold(k, requestID) {
+			if !sawID && len(v) > 0 {
+				clientID = v
+				up.Header.AddBytesKV(k, v)
+			}
+			sawID = true
 			return
 		}
 		up.Header.AddBytesKV(k, v)
 	})
-	clientChain := true
 	if nominated != nil {
 		eachNominated(nominated, up.Header.DelBytes)
-		eachNominated(nominated, func(name []byte) { clientChain = clientChain && !bytes.EqualFold(name, forwardedFor) })
+		eachNominated(nominated, func(name []byte) {
+			if bytes.EqualFold(name, forwardedFor) {
+				chain = chain[:0]
+			}
+		})
 	}
 	// up has neither header yet: added, not set, they skip fasthttp's scan
 	// of every header already there for one to replace.
 	if forward {
-		var buf [128]byte
-		up.Header.AddBytesV(fasthttp.HeaderXForwardedFor, appendForwardedFor(buf[:0], ctx, clientChain))
+		up.Header.AddBytesV(fasthttp.HeaderXForwardedFor, appendClientAddr(chain, ctx))
 	}
-	if len(ctx.Request.Header.Peek(headerRequestID)) == 0 {
+	if len(clientID) == 0 {
 		var id [32]byte
-		ctx.Request.Header.SetBytesV(headerRequestID, appendRequestID(id[:0], ctx.ID(), ctx.ConnTime()))
-		up.Header.AddBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+		gen := appendRequestID(id[:0], ctx.ID(), ctx.ConnTime())
+		ctx.Request.Header.SetCanonical(requestID, gen)
+		up.Header.AddBytesV(headerRequestID, gen)
 	}
 	// The body is the client's own buffer, valid until the handler returns;
 	// the upstream request is written before that.
 	up.SetBodyRaw(ctx.PostBody())
 }
 
-// appendForwardedFor appends the X-Forwarded-For the pods get: the
-// client's own (unless clientChain is false: its Connection header
-// nominated it), its several fields joined as one (RFC 9110 section 5.3),
-// then the client's address.
-func appendForwardedFor(b []byte, ctx *fasthttp.RequestCtx, clientChain bool) []byte {
-	for _, v := range ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor) {
-		if len(v) > 0 && clientChain {
-			b = append(append(b, v...), ", "...)
-		}
-	}
+// appendClientAddr appends the address ctx's client connected from,
+// "unknown" when it has none (a test's or a pipe's connection).
+func appendClientAddr(b []byte, ctx *fasthttp.RequestCtx) []byte {
 	if a, ok := clientAddr(ctx); ok {
 		return a.Addr().AppendTo(b)
 	}
@@ -187,7 +202,7 @@ func clientAddr(ctx *fasthttp.RequestCtx) (netip.AddrPort, bool) {
 // appendRequestID renders a request id unique per process run: the
 // connection's start time and the request's sequence number on it.
 func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
-	dst = strconv.AppendInt(dst, connTime.UnixNano(), 36)
+	dst = strconv.AppendInt(dst, connTime.UnixNano(), 16)
 	dst = append(dst, '-')
-	return strconv.AppendUint(dst, seq, 36)
+	return strconv.AppendUint(dst, seq, 16)
 }

@@ -27,25 +27,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	case status < 500:
 		pod.ReportSuccess()
 	}
-	ctx.SetStatusCode(status)
-	var nominated []byte // as in buildUpstream
-	resp.Header.VisitAll(func(k, v []byte) {
-		// The engine's Server (uvicorn under vLLM and SGLang) stays
-		// behind, as nginx and Envoy keep their upstreams' to
-		// themselves: x-pdlb-pod names the pod that answered.
-		if isHopByHop(k) {
-			if len(k) == len(connection) && bytes.EqualFold(k, connection) && nominates(v) {
-				nominated = append(append(nominated, v...), ',')
-			}
-		} else if !(len(k) == len(server) && bytes.EqualFold(k, server)) {
-			ctx.Response.Header.AddBytesKV(k, v)
-		}
-	})
-	if nominated != nil {
-		eachNominated(nominated, ctx.Response.Header.DelBytes)
-	}
-	ctx.Response.Header.Set(headerPod, pod.Config.Name)
-	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+	answerHead(ctx, resp, pod.Config.Name)
 	x.responding(pod)
 
 	if x.req.Stream && status == fasthttp.StatusOK {
@@ -80,6 +62,30 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		x.counted.ObserveBody(ctx.Response.Body())
 	}
 	g.finish(x, m, pod, resp, status)
+}
+
+// answerHead gives ctx's client resp's status and headers, all but the
+// hop-by-hop ones (and those its Connection nominates) and the engine's
+// Server (uvicorn under vLLM and SGLang), which stays behind as nginx and
+// Envoy keep their upstreams' to themselves; x-pdlb-pod names pod, and
+// X-Request-Id is the request's, whatever the pod sent.
+func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, pod string) {
+	ctx.SetStatusCode(resp.StatusCode())
+	var nominated []byte // as in buildUpstream
+	resp.Header.VisitAll(func(k, v []byte) {
+		if isHopByHop(k) {
+			if len(k) == len(connection) && bytes.EqualFold(k, connection) && nominates(v) {
+				nominated = append(append(nominated, v...), ',')
+			}
+		} else if !(len(k) == len(server) && bytes.EqualFold(k, server)) {
+			ctx.Response.Header.AddBytesKV(k, v)
+		}
+	})
+	if nominated != nil {
+		eachNominated(nominated, ctx.Response.Header.DelBytes)
+	}
+	ctx.Response.Header.Set(headerPod, pod)
+	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
 }
 
 // relay copies the SSE stream of resp to the client event by event as it
