@@ -108,13 +108,20 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 	stream := resp.BodyStream()
 	idle := g.cfg.Upstream.StreamIdleTimeout
 	t := &x.times
+	// The idle deadline moves at most every slack, to idle plus slack
+	// ahead: a read moving it costs a timer change in the poller, and
+	// tokens come every few ms. A stream is cut at most slack late.
+	slack := idle / 64
+	var armed time.Time
 	for {
-		if conn != nil {
-			by := time.Now().Add(idle)
-			if x.pd != nil {
-				by = x.pd.ReadDeadline(by, t.started)
-			}
-			_ = conn.SetReadDeadline(by)
+		switch now := time.Now(); {
+		case conn == nil:
+		case x.pd != nil:
+			// A PD decode leg's deadline is its own at every read.
+			_ = conn.SetReadDeadline(x.pd.ReadDeadline(now.Add(idle), t.started))
+		case now.Sub(armed) >= slack:
+			armed = now
+			_ = conn.SetReadDeadline(now.Add(idle + slack))
 		}
 		n, err := g.readUpstream(stream, x.wait[:])
 		if n > 0 {
