@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"pdlb/engines/sim"
@@ -97,8 +98,11 @@ type Report struct {
 	// OpenAI's shape, by reason; LostSamples holds a few of them.
 	Lost        map[string]int
 	LostSamples []string
-	// Faults counts the faults injected, by kind.
-	Faults map[string]int
+	// Faults counts the faults injected, by kind; RestartsFailed the
+	// killed pods that did not come back when their kill ended (their
+	// proxy's port taken meanwhile), which stayed down longer.
+	Faults         map[string]int
+	RestartsFailed int
 	// ByFault is what the clients saw of the requests a fault met, by the
 	// kind of the last fault each met (the pods' proxies tell: reset or
 	// hung before the answer's first byte, cut or hung mid-stream), then
@@ -141,7 +145,7 @@ func (r *Report) LostTotal() int {
 func (r *Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sent %d, completed %d, clean errors %d %v, lost %d %v\n", r.Sent, r.Completed, sum(r.CleanErrors), sorted(r.CleanErrors), r.LostTotal(), sorted(r.Lost))
-	fmt.Fprintf(&b, "faults %v over %s\n", sorted(r.Faults), r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(&b, "faults %v over %s, restarts failed %d\n", sorted(r.Faults), r.Elapsed.Round(time.Millisecond), r.RestartsFailed)
 	for _, kind := range []string{faultReset, faultHungBefore, faultCut, faultHungMid} {
 		fmt.Fprintf(&b, "%s: %d requests, the clients saw %v\n", kind, sum(r.ByFault[kind]), sorted(r.ByFault[kind]))
 	}
@@ -193,6 +197,9 @@ type fleet struct {
 	proxies  []*faultProxy
 	faults   faultLog
 	schedule schedule
+	// restartsFailed counts killed pods that did not come back when their
+	// fault ended (the next kill they draw tries again).
+	restartsFailed atomic.Int32
 }
 
 // schedule is the harness's timeline of faults: when each pod was killed,
@@ -415,6 +422,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	stop()
 	chaosDone.Wait()
 	rep.Elapsed = time.Since(start)
+	rep.RestartsFailed = int(f.restartsFailed.Load())
 	tr.CloseIdleConnections()
 
 	// Charges are released as requests end; give the last ones a moment.
@@ -523,6 +531,7 @@ func fault(ctx context.Context, f *fleet, i int, kind string, lasts time.Duratio
 		}
 	}
 	if err != nil {
+		f.restartsFailed.Add(1)
 		log.Error("chaos: restart failed", "pod", i, "err", err)
 		return
 	}

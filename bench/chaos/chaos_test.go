@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"log/slog"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -50,19 +51,28 @@ func TestChaos(t *testing.T) {
 	}
 }
 
-// TestKillAfterFailedRestart: a pod whose restart failed (its proxy's
-// port was taken meanwhile) is down, not gone; the next kill it draws
-// restarts it instead of panicking on the missing pod.
+// TestKillAfterFailedRestart: a killed pod whose restart failed (its
+// proxy's port was taken meanwhile) is counted, and is down, not gone: the
+// next kill it draws restarts it instead of panicking on the missing pod.
 func TestKillAfterFailedRestart(t *testing.T) {
 	f, err := startFleet(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.close()
-	f.pods[0].Close()
-	f.pods[0] = nil
-	fault(context.Background(), f, 0, "kill", time.Millisecond, slog.New(slog.DiscardHandler))
-	if f.pods[0] == nil {
-		t.Fatal("the pod was not restarted")
+	log := slog.New(slog.DiscardHandler)
+	f.proxies[0].kill()
+	taken, err := net.Listen("tcp", f.proxies[0].addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fault(context.Background(), f, 0, "kill", time.Millisecond, log)
+	taken.Close()
+	if f.pods[0] != nil || f.restartsFailed.Load() != 1 {
+		t.Fatalf("pod %v, %d restarts failed; want none and 1", f.pods[0], f.restartsFailed.Load())
+	}
+	fault(context.Background(), f, 0, "kill", time.Millisecond, log)
+	if f.pods[0] == nil || f.restartsFailed.Load() != 1 {
+		t.Fatalf("the pod was not restarted (%d restarts failed)", f.restartsFailed.Load())
 	}
 }
