@@ -9,11 +9,13 @@ package tracing
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 
+	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -172,17 +174,8 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 // Propagator reads and writes W3C traceparent and tracestate.
 var Propagator = propagation.TraceContext{}
 
-// Carrier is a header set (fasthttp's request headers): Peek, Set and
-// Del of one name's value.
-type Carrier interface {
-	Peek(key string) []byte
-	Set(key, value string)
-	Del(key string)
-}
-
-// headers adapts a Carrier (fasthttp's request headers) to
-// propagation.TextMapCarrier.
-type headers struct{ h Carrier }
+// headers adapts a request's headers to propagation.TextMapCarrier.
+type headers struct{ h *fasthttp.RequestHeader }
 
 func (c headers) Get(k string) string { return string(c.h.Peek(k)) }
 func (c headers) Keys() []string      { return nil }
@@ -197,11 +190,41 @@ func (c headers) Set(k, v string) {
 }
 
 // Extract is the span context the headers h carry on top of ctx.
-func Extract(ctx context.Context, h Carrier) context.Context {
+func Extract(ctx context.Context, h *fasthttp.RequestHeader) context.Context {
 	return Propagator.Extract(ctx, headers{h})
 }
 
 // Inject writes span's context into h as traceparent and tracestate.
-func Inject(span trace.Span, h Carrier) {
-	Propagator.Inject(trace.ContextWithSpan(context.Background(), span), headers{h})
+// Every request to a pod carries one, sampled or not, so the usual one,
+// without a tracestate, is written here as the propagator would, without
+// its strings and context (1.5 µs and 8 allocations a request).
+func Inject(span trace.Span, h *fasthttp.RequestHeader) {
+	sc := span.SpanContext()
+	if !sc.IsValid() {
+		return
+	}
+	if sc.TraceState().Len() > 0 {
+		Propagator.Inject(trace.ContextWithSpan(context.Background(), span), headers{h})
+		return
+	}
+	var b [len("00-") + 2*len(trace.TraceID{}) + 1 + 2*len(trace.SpanID{}) + len("-00")]byte
+	h.Del(traceparent)
+	h.Del(traceparentTitle)
+	h.SetBytesV(traceparent, appendTraceparent(b[:0], sc))
+}
+
+// The W3C trace context's field, as the propagator spells it and as
+// clients capitalize it.
+const (
+	traceparent      = "traceparent"
+	traceparentTitle = "Traceparent"
+)
+
+// appendTraceparent appends sc as a version 00 traceparent: the trace
+// and parent ids in lowercase hex, then the sampled flag alone.
+func appendTraceparent(b []byte, sc trace.SpanContext) []byte {
+	tid, sid := sc.TraceID(), sc.SpanID()
+	b = hex.AppendEncode(append(b, "00-"...), tid[:])
+	b = hex.AppendEncode(append(b, '-'), sid[:])
+	return hex.AppendEncode(append(b, '-'), []byte{byte(sc.TraceFlags() & trace.FlagsSampled)})
 }

@@ -3,7 +3,12 @@ package tracing
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // env is an environment lookup over m.
@@ -41,5 +46,35 @@ func TestSampler(t *testing.T) {
 	}
 	if _, err := Sampler("parentbased_jaeger_remote", 1); !errors.Is(err, ErrSettings) {
 		t.Errorf("unknown sampler: %v", err)
+	}
+}
+
+// TestInject: the traceparent Inject writes is the propagator's, sampled
+// or not, and replaces a client's in either spelling; a span context
+// with a tracestate sends that too.
+func TestInject(t *testing.T) {
+	tid, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
+	ts, _ := trace.ParseTraceState("vendor=abc")
+	for _, sc := range []trace.SpanContextConfig{
+		{TraceID: tid, SpanID: sid},
+		{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled},
+		{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, TraceState: ts},
+	} {
+		span := trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(sc)))
+		want := propagation.MapCarrier{}
+		Propagator.Inject(trace.ContextWithSpan(context.Background(), span), want)
+		for _, sent := range []string{"", "traceparent", "Traceparent"} {
+			var h fasthttp.RequestHeader
+			h.DisableNormalizing()
+			if sent != "" {
+				h.Set(sent, "00-11111111111111111111111111111111-2222222222222222-01")
+			}
+			Inject(span, &h)
+			got := strings.Count(string(h.Header()), "raceparent: ")
+			if string(h.Peek("traceparent")) != want["traceparent"] || got != 1 || string(h.Peek("tracestate")) != want["tracestate"] {
+				t.Errorf("client's %q: got %q (%d fields), tracestate %q; want %q, %q", sent, h.Peek("traceparent"), got, h.Peek("tracestate"), want["traceparent"], want["tracestate"])
+			}
+		}
 	}
 }

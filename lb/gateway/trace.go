@@ -87,7 +87,7 @@ func (g *Gateway) startTrace(x *completion) {
 	if x.req.Kind != openai.KindChat {
 		op = semconv.GenAIOperationNameTextCompletion
 	}
-	ctx, span := g.tracer.Start(parent, "request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.start))
+	ctx, span := g.tracer.Start(parent, "request", serverSpan, trace.WithTimestamp(x.start))
 	x.tr = reqTrace{tracer: g.tracer, ctx: ctx, root: span, rec: span.IsRecording(), reasons: x.tr.reasons[:0]}
 	if !x.tr.rec {
 		return
@@ -97,6 +97,10 @@ func (g *Gateway) startTrace(x *completion) {
 	span.SetAttributes(op, semconv.GenAIRequestModel(string(x.req.Model)), semconv.GenAIUsageInputTokens(x.req.PromptTokens()),
 		attribute.Bool("pdlb.stream", x.req.Stream), attribute.String("pdlb.policy", policyName(x)))
 }
+
+// serverSpan is made once: every request starts a span, sampled or not,
+// and an option made per call is an allocation.
+var serverSpan = trace.WithSpanKind(trace.SpanKindServer)
 
 // policyName is how x is routed: "pd", or its policy's registry name.
 func policyName(x *completion) string {
