@@ -3,9 +3,11 @@ package gateway
 import (
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -80,5 +82,28 @@ func BenchmarkAccessLogLine(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		g.logCompletion(ctx, x, pod, 200, nil)
+	}
+}
+
+// TestLogTimeAndMillis: the access log's time and durations read as
+// time.Time's RFC 3339 to the millisecond and a float's %.3f, across
+// seconds (the second's text is cached) and signs.
+func TestLogTimeAndMillis(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	at := time.Date(2026, 12, 31, 23, 59, 58, 0, time.FixedZone("CET", 3600))
+	for range 5000 {
+		at = at.Add(time.Duration(rng.Int64N(int64(300 * time.Millisecond))))
+		want := `{"time":"` + at.UTC().Format("2006-01-02T15:04:05.000Z07:00") + `"`
+		if got := string(appendTime(nil, at)); got != want {
+			t.Fatalf("%v: %s, want %s", at, got, want)
+		}
+		d := time.Duration(rng.Int64N(int64(2*time.Hour))) - time.Hour
+		if rng.IntN(4) == 0 {
+			d /= 1000000
+		}
+		want = `,"d":` + strconv.FormatFloat(float64(d.Microseconds())/1e3, 'f', 3, 64)
+		if got := string(appendMillis(nil, "d", d)); got != want {
+			t.Fatalf("%v: %s, want %s", d, got, want)
+		}
 	}
 }
