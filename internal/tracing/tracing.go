@@ -197,7 +197,7 @@ func Extract(ctx context.Context, h *fasthttp.RequestHeader) context.Context {
 // Inject writes span's context into h as traceparent and tracestate.
 // Every request to a pod carries one, sampled or not, so the usual one,
 // without a tracestate, is written here as the propagator would, without
-// its strings and context (1.5 µs and 8 allocations a request).
+// the context and strings it builds per call.
 func Inject(span trace.Span, h *fasthttp.RequestHeader) {
 	sc := span.SpanContext()
 	if !sc.IsValid() {

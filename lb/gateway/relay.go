@@ -114,14 +114,15 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 	slack := idle / 64
 	var armed time.Time
 	for {
-		switch now := time.Now(); {
-		case conn == nil:
-		case x.pd != nil:
-			// A PD decode leg's deadline is its own at every read.
-			_ = conn.SetReadDeadline(x.pd.ReadDeadline(now.Add(idle), t.started))
-		case now.Sub(armed) >= slack:
-			armed = now
-			_ = conn.SetReadDeadline(now.Add(idle + slack))
+		if conn != nil {
+			switch now := time.Now(); {
+			case x.pd != nil:
+				// A PD decode leg's deadline is its own at every read.
+				_ = conn.SetReadDeadline(x.pd.ReadDeadline(now.Add(idle), t.started))
+			case now.Sub(armed) >= slack:
+				armed = now
+				_ = conn.SetReadDeadline(now.Add(idle + slack))
+			}
 		}
 		n, err := g.readUpstream(stream, x.wait[:])
 		if n > 0 {
