@@ -53,15 +53,8 @@ func TestSampler(t *testing.T) {
 // or not, and replaces a client's in either spelling; a span context
 // with a tracestate sends that too.
 func TestInject(t *testing.T) {
-	tid, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
-	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
 	ts, _ := trace.ParseTraceState("vendor=abc")
-	for _, sc := range []trace.SpanContextConfig{
-		{TraceID: tid, SpanID: sid},
-		{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled},
-		{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, TraceState: ts},
-	} {
-		span := trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(sc)))
+	for _, span := range []trace.Span{testSpan(0, trace.TraceState{}), testSpan(trace.FlagsSampled, trace.TraceState{}), testSpan(trace.FlagsSampled, ts)} {
 		want := propagation.MapCarrier{}
 		Propagator.Inject(trace.ContextWithSpan(context.Background(), span), want)
 		for _, sent := range []string{"", "traceparent", "Traceparent"} {
@@ -77,4 +70,12 @@ func TestInject(t *testing.T) {
 			}
 		}
 	}
+}
+
+// testSpan is a span of a fixed trace, with flags and ts.
+func testSpan(flags trace.TraceFlags, ts trace.TraceState) trace.Span {
+	tid, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags, TraceState: ts})
+	return trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), sc))
 }

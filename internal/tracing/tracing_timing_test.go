@@ -1,7 +1,6 @@
 package tracing
 
 import (
-	"context"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -10,9 +9,7 @@ import (
 
 // BenchmarkInject: a request to a pod gets its traceparent.
 func BenchmarkInject(b *testing.B) {
-	tid, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
-	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
-	span := trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid})))
+	span := testSpan(0, trace.TraceState{})
 	var h fasthttp.RequestHeader
 	h.DisableNormalizing()
 	b.ReportAllocs()
