@@ -189,6 +189,10 @@ type h2Conn struct {
 	werr    error // the socket failed or was closed: every write fails
 	enc     *hpack.Encoder
 	hbuf    bytes.Buffer // enc's output, one header block at a time
+	// sent are the values of the last response's header fields, by
+	// place: HPACK's table keeps a field's strings, so each must be its
+	// own, and most repeat from one response to the next (valueLocked).
+	sent    []string
 	streams map[uint32]*h2Stream
 	// Send side: the connection's window and the client's settings.
 	sendWindow    int64

@@ -112,15 +112,18 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 	}
 	c.hbuf.Reset()
 	field := func(k, v string) { _ = c.enc.WriteField(hpack.HeaderField{Name: k, Value: v}) }
-	field(":status", strconv.Itoa(resp.StatusCode()))
+	var num [20]byte
+	field(":status", c.valueLocked(0, strconv.AppendInt(num[:0], int64(resp.StatusCode()), 10)))
+	i := 1
 	for k, v := range resp.Header.All() {
 		if hopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) {
 			continue
 		}
-		field(lowerName(k), string(v))
+		field(lowerName(k), c.valueLocked(i, v))
+		i++
 	}
 	if !stream {
-		field("content-length", strconv.Itoa(len(resp.Body())))
+		field("content-length", c.valueLocked(i, strconv.AppendInt(num[:0], int64(len(resp.Body())), 10)))
 	}
 	block := c.hbuf.Bytes()
 	n := min(len(block), c.maxFrameOut)
@@ -134,6 +137,26 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 	}
 	return nil
 }
+
+// valueLocked is v as a string: the one this connection sent last in
+// place i of a response's fields when it has the same bytes, else a copy,
+// kept for the next response; mu is held.
+func (c *h2Conn) valueLocked(i int, v []byte) string {
+	if i < len(c.sent) && c.sent[i] == string(v) {
+		return c.sent[i]
+	}
+	s := string(v)
+	switch {
+	case i < len(c.sent):
+		c.sent[i] = s
+	case i == len(c.sent) && i < h2SentFields:
+		c.sent = append(c.sent, s)
+	}
+	return s
+}
+
+// h2SentFields bounds the fields whose values a connection keeps.
+const h2SentFields = 16
 
 // writableLocked is why nothing more may be written on st, nil when it
 // may; mu is held.
