@@ -115,8 +115,13 @@ func appendTime(b []byte, now time.Time) []byte {
 		logSecond.Store(c)
 	}
 	b = append(append(b, `{"time":"`...), c.text...)
-	ms := now.Nanosecond() / int(time.Millisecond)
-	return append(b, '.', byte('0'+ms/100), byte('0'+ms/10%10), byte('0'+ms%10), 'Z', '"')
+	return append(appendThousandths(b, int64(now.Nanosecond()/int(time.Millisecond))), 'Z', '"')
+}
+
+// appendThousandths appends n, 0 to 999, as a fraction's three digits
+// after its point.
+func appendThousandths(b []byte, n int64) []byte {
+	return append(b, '.', byte('0'+n/100), byte('0'+n/10%10), byte('0'+n%10))
 }
 
 // secondText is a second's time as the access log writes it; logSecond
@@ -173,9 +178,7 @@ func appendMillis(b []byte, name string, d time.Duration) []byte {
 	if us < 0 {
 		b, us = append(b, '-'), -us
 	}
-	b = strconv.AppendInt(b, us/1000, 10)
-	frac := us % 1000
-	return append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10))
+	return appendThousandths(strconv.AppendInt(b, us/1000, 10), us%1000)
 }
 
 // appendName appends ,"name": to a line.
