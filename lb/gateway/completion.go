@@ -43,11 +43,13 @@ type completion struct {
 	// within bounds the current attempt's wait for its first answer byte,
 	// shorter than the response timeout when hedged (firstByteWithin);
 	// retrying: x holds a place in the retry budget (takeRetry);
-	// budgetWait: x is to wait for one before its retry (awaitRetry).
+	// budgetWait: x is to wait for one before its retry (awaitRetry),
+	// refused when worked retries had had their answers begin.
 	within     time.Duration
 	hedged     bool
 	retrying   bool
 	budgetWait bool
+	worked     int64
 	// inFlight: the request holds one of max_in_flight (enter, leave).
 	inFlight bool
 	// failure is the error the gateway answered with itself after the

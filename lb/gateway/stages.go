@@ -289,7 +289,7 @@ func (g *Gateway) failed(x *completion, f *failure) {
 	x.stage = stagePick
 	if !g.takeRetry(x, f.Reason == fail.Down) {
 		// pickStage waits for a place in the budget.
-		x.budgetWait = true
+		x.budgetWait, x.worked = true, g.metrics.retry.answered.Load()
 		return
 	}
 	g.retried(x, f)
@@ -325,18 +325,19 @@ func (g *Gateway) tryAgain(x *completion, f *failure) bool {
 
 // awaitRetry waits, on a worker, up to retryBudgetWait for x's place in
 // the retry budget (its last failure's retry was refused one). It takes
-// one once another retry has worked: a pod that failed with many requests
-// sends their retries at once, and the healthy pods' first answers free
-// places for the rest, while under a fleet-wide failure no retry works
-// and the budget stays as Envoy's. It goes on without one once the failed
-// pod is found out (a check, or a refused connection): as for a pod found
-// dead, its requests are what it held. False: neither came in time, or
-// the client left.
+// one once another retry has worked since x's was refused (not since the
+// wait began: the worker may start it after those answers came): a pod
+// that failed with many requests sends their retries at once, and the
+// healthy pods' first answers free places for the rest, while under a
+// fleet-wide failure no retry works and the budget stays as Envoy's. It
+// goes on without one once the failed pod is found out (a check, or a
+// refused connection): as for a pod found dead, its requests are what it
+// held. False: neither came in time, or the client left.
 func (g *Gateway) awaitRetry(x *completion) bool {
 	x.budgetWait = false
 	m := g.metrics.retry
-	for worked, deadline := m.answered.Load(), time.Now().Add(retryBudgetWait); ; {
-		if (m.answered.Load() != worked && g.takeRetry(x, false)) || (!x.last.Pod.Healthy() && g.takeRetry(x, true)) {
+	for deadline := time.Now().Add(retryBudgetWait); ; {
+		if (m.answered.Load() != x.worked && g.takeRetry(x, false)) || (!x.last.Pod.Healthy() && g.takeRetry(x, true)) {
 			g.retried(x, x.last)
 			return true
 		}

@@ -270,6 +270,37 @@ func TestStagesOnTheLoop(t *testing.T) {
 	}
 }
 
+// TestRetryBudgetWorkedBeforeTheWait: a retry the budget refused waits
+// for a place once another retry has worked since the refusal, though
+// that retry's answer came before the wait began on a worker (which a
+// loaded machine starts late): the burst's last requests were answered
+// 502 when the wait counted answers from its own start.
+func TestRetryBudgetWorkedBeforeTheWait(t *testing.T) {
+	g, m := stagesGateway(t, 1, nil)
+	r := g.metrics.retry
+	r.inFlight.Store(3) // the budget's minimum, all taken
+	loop := &scripted{async: true}
+	x, _ := startCompletion(t, g, m, loop, admit.Interactive)
+	g.advance(x)
+	x.Answered(fasthttp.ErrConnectionClosed)
+	if !x.budgetWait || loop.detached != 1 {
+		t.Fatalf("after a reset with the budget spent: waits %v, detached %d", x.budgetWait, loop.detached)
+	}
+	// One of the retries holding the budget has its answer begin.
+	r.answered.Add(1)
+	r.inFlight.Add(-1)
+	worker := &scripted{errs: []error{nil}, blocks: true}
+	x.via = worker
+	start := time.Now()
+	g.advance(x)
+	if len(worker.sent) != 1 || counted(g, m) != 200 || r.exhausted.Get() != 0 {
+		t.Fatalf("on the worker after %v: %d sends, status %d, %d refused by the budget", time.Since(start), len(worker.sent), counted(g, m), r.exhausted.Get())
+	}
+	if n := r.inFlight.Load(); n != 2 {
+		t.Fatalf("%d retries in flight after the end, want the 2 still busy", n)
+	}
+}
+
 // TestStagesAdmission: a request admission sheds is answered 429 with
 // Retry-After before any send; one it defers waits on a worker, picked
 // anew.
