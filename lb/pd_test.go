@@ -290,6 +290,44 @@ func TestPDDecodeMovesToAnotherRoleset(t *testing.T) {
 	ledgerSettles(t, s)
 }
 
+// TestPDRetryBudgetFreedAtFirstByte: a prefill/decode pair whose decode
+// leg moved to another pod (a retry) gives its place in the retry budget
+// back once the decode pod's answer begins, as a plain retry does, not
+// when its stream ends.
+func TestPDRetryBudgetFreedAtFirstByte(t *testing.T) {
+	e := pdEngines[0]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	pre1 := startSim(t, e, "pre1", sim.RolePrefill, nil)
+	// Real time: the stream lasts while the test looks.
+	dec1 := startSim(t, e, "dec1", sim.RoleDecode, func(c *sim.Config) { c.Speedup = 1 })
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"),
+		pdPod(pre1, pre1.Addr(), "rs1"), pdPod(dec1, dec1.Addr(), "rs1")},
+		func(c *config.Config) { c.Health.Interval = time.Hour })
+	if err := dec.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		req, err := newPost(s, pdBody("/v1/chat/completions", true, 400))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != "dec1" || !strings.HasPrefix(line, "data: ") {
+			t.Fatalf("request %d: %d via %q: %q %v", i, resp.StatusCode, resp.Header.Get("x-pdlb-decode-pod"), line, err)
+		}
+		if n := metricValue(t, s, "pdlb_upstream_retries_in_flight"); n != 0 {
+			t.Fatalf("request %d streaming: %v requests retrying, want 0", i, n)
+		}
+		resp.Body.Close()
+	}
+	waitIdle(t, s)
+}
+
 func TestPDPrefillKilledFailsFast(t *testing.T) {
 	for _, e := range pdEngines {
 		t.Run(e.name, func(t *testing.T) {

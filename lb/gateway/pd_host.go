@@ -67,8 +67,11 @@ func (x *completion) HandOver() (int64, ledger.Ticket) {
 	return x.uncached, x.ticket
 }
 
+// Respond relays the decode pod's answer, whose head is in: a retry of
+// the pair retries no more (retryAnswered), as on one pod.
 func (x *completion) Respond(pod *pool.Pod, resp *fasthttp.Response) {
 	x.tr.decodeHead(x.pd.PrefillEnd())
+	x.g.retryAnswered(x)
 	x.g.respond(x.ctx, x, x.m, pod, resp)
 }
 
@@ -112,6 +115,7 @@ func (x *completion) MoveDecode() bool {
 // TensorRT-LLM context response that finished at its first token), as
 // is; a streaming client gets it as the stream it asked for.
 func (x *completion) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, body []byte) {
+	x.g.retryAnswered(x)
 	ctx := x.ctx
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.Response.Header.Set(headerPod, pre.Config.Name)
