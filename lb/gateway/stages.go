@@ -386,6 +386,13 @@ func (g *Gateway) enter(x *completion) bool {
 
 func (g *Gateway) leave(x *completion) {
 	g.leaveRetry(x)
+	if x.deferred {
+		// Deferred, and ended before its wait began (no pod left on the
+		// worker, an adapter that failed to load): its queue entry would
+		// stand at the head, and every later deferred request behind it.
+		x.deferred = false
+		g.admit.Withdraw(x.ticket.ID)
+	}
 	if x.inFlight {
 		x.inFlight = false
 		g.inFlight.Add(-1)

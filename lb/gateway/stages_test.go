@@ -324,3 +324,28 @@ func TestStagesAdmission(t *testing.T) {
 	g.admit.Withdraw(x.ticket.ID)
 	g.fail(x.ctx, x, m, fail.ClientLeft)
 }
+
+// TestDeferredThenNoPod: a request admission deferred on the loop, whose
+// pick on the worker finds no pod left, is answered 503 and leaves the
+// deferral queue: an entry left behind would stand at its head, and every
+// later deferred request would wait behind it until its max wait ran out.
+func TestDeferredThenNoPod(t *testing.T) {
+	g, m := stagesGateway(t, 1, &admit.ClassConfig{TTFTSLO: 1e-9, MaxWait: 60})
+	loop := &scripted{}
+	x, ctx := startCompletion(t, g, m, loop, admit.Batch)
+	g.advance(x)
+	if !x.deferred || loop.detached != 1 {
+		t.Fatalf("not deferred on the loop: deferred %v, detached %d", x.deferred, loop.detached)
+	}
+	for _, p := range m.Pods {
+		p.Refused() // the pods fail their checks meanwhile
+	}
+	x.via = &scripted{blocks: true}
+	g.advance(x)
+	if ctx.Response.StatusCode() != 503 || g.inFlight.Load() != 0 {
+		t.Fatalf("status %d, %d in flight", ctx.Response.StatusCode(), g.inFlight.Load())
+	}
+	if d, ok := g.admit.Head(); ok {
+		t.Fatalf("request %d ended, and is still in the deferral queue (%d waiting)", d.ID, g.admit.Stats(admit.Batch).Waiting)
+	}
+}
