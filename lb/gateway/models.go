@@ -114,9 +114,13 @@ func (g *Gateway) unavailableAnswer(x *completion) bool {
 	if x.resp.StatusCode() != fasthttp.StatusServiceUnavailable || len(x.fallbacks) == 0 || x.pd != nil {
 		return false
 	}
-	_ = x.resp.CloseBodyStream()
+	// The pod is given back only when x moves on (fallBack releases the
+	// answer): a 503 relayed after all is finish's to give back.
+	if !g.fallBack(x) {
+		return false
+	}
 	g.unplace(x, x.pod)
-	return g.fallBack(x)
+	return true
 }
 
 // renderModels is the body of GET /v1/models: the models, then their

@@ -158,3 +158,23 @@ func TestFallbackRetokenizes(t *testing.T) {
 	f("n", llama, len(llama))
 	f("o", nil, tokenize.Count([]byte(prompt)))
 }
+
+// TestUnavailableNoFallbackLeft: a pod's 503 whose model's fallbacks have
+// no pod now is relayed, and the pod's in-flight count goes back once.
+func TestUnavailableNoFallbackLeft(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{{Name: "p0", Model: "m", Address: "127.0.0.1:10000"}}
+	cfg.Provision()
+	g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	s := &scripted{errs: []error{errAnswered503}, blocks: true}
+	x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+	x.fallbacks = m.LoRA.Fallback
+	g.advance(x)
+	if ctx.Response.StatusCode() != 503 || len(s.sent) != 1 {
+		t.Fatalf("status %d after %d sends", ctx.Response.StatusCode(), len(s.sent))
+	}
+	if n := m.Pods[0].InFlight(); n != 0 {
+		t.Fatalf("pod p0 counts %d in flight after the end", n)
+	}
+}
