@@ -293,13 +293,34 @@ func (c *Controller) removeAt(i int) {
 func (c *Controller) Withdraw(id uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	_, ok := c.takeLocked(id)
+	return ok
+}
+
+// Expire takes deferred request id out of the queue as rejected, its wait
+// over; false when it is not queued. A waiter that gives up takes its own
+// entry: were it to take the oldest expired one (Expired), an older
+// waiter that then left would find its entry gone and leave this one in
+// the queue for good, at its head.
+func (c *Controller) Expire(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.takeLocked(id)
+	if ok {
+		c.stats[e.Class].rejected.Add(1)
+	}
+	return ok
+}
+
+// takeLocked removes and returns id's entry; the caller holds mu.
+func (c *Controller) takeLocked(id uint64) (Deferred, bool) {
 	for i := 0; i < c.count; i++ {
-		if c.ring[(c.head+i)%len(c.ring)].ID == id {
+		if e := c.ring[(c.head+i)%len(c.ring)]; e.ID == id {
 			c.removeAt(i)
-			return true
+			return e, true
 		}
 	}
-	return false
+	return Deferred{}, false
 }
 
 // Head returns the oldest deferred request without removing it; ok is false

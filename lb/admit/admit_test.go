@@ -285,6 +285,27 @@ func TestWithdraw(t *testing.T) {
 	}
 }
 
+func TestExpire(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Classes[Batch].MaxWait = 100
+	c, _ := New(cfg)
+	for id := uint64(1); id <= 3; id++ {
+		c.Decide(Batch, id, 0, 1000, 0)
+	}
+	// The newest waiter gives up: its own entry goes, not the oldest.
+	if !c.Expire(3) || c.Expire(3) || c.Expire(9) {
+		t.Fatal("Expire found what is not queued, or missed what is")
+	}
+	for _, id := range []uint64{1, 2} {
+		if d, _ := c.Head(); d.ID != id || !c.Retry(id, 1, 1, 0) {
+			t.Fatalf("head %d, want %d", d.ID, id)
+		}
+	}
+	if s := c.Stats(Batch); s.Admitted != 2 || s.Rejected != 1 || s.Waiting != 0 {
+		t.Fatalf("batch stats %+v: an expired request counts rejected", s)
+	}
+}
+
 func TestDecideAllocs(t *testing.T) {
 	c, _ := New(DefaultConfig())
 	id := uint64(0)

@@ -63,9 +63,7 @@ func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttf
 		}
 		now := g.clock()
 		if now-since > maxWait {
-			// One expired entry leaves the queue per expired waiter, so
-			// the queue and the waiters stay in step.
-			g.admit.Expired(now)
+			g.admit.Expire(x.ticket.ID)
 			return g.reject(x, ttft, tpot, 1)
 		}
 		if d, ok := g.admit.Head(); !ok || d.ID != x.ticket.ID {

@@ -349,3 +349,30 @@ func TestDeferredThenNoPod(t *testing.T) {
 		t.Fatalf("request %d ended, and is still in the deferral queue (%d waiting)", d.ID, g.admit.Stats(admit.Batch).Waiting)
 	}
 }
+
+// TestDeferredWaitersExpireTheirOwn: a deferred request whose wait runs
+// out leaves the queue itself, not the oldest expired one: that one's
+// client may leave next, its waiter find its entry gone, and the first
+// request's entry would stay at the head for good, every later deferred
+// request waiting behind it.
+func TestDeferredWaitersExpireTheirOwn(t *testing.T) {
+	g, m := stagesGateway(t, 1, &admit.ClassConfig{TTFTSLO: 1e-9, MaxWait: 0.02})
+	older, _ := startCompletion(t, g, m, &scripted{}, admit.Batch)
+	g.advance(older)
+	newer, ctx := startCompletion(t, g, m, &scripted{}, admit.Batch)
+	g.advance(newer)
+	if !older.deferred || !newer.deferred {
+		t.Fatalf("not both deferred: %v %v", older.deferred, newer.deferred)
+	}
+	newer.via = &scripted{blocks: true}
+	g.advance(newer) // waits past its max wait
+	if ctx.Response.StatusCode() != 429 {
+		t.Fatalf("the expired request got %d", ctx.Response.StatusCode())
+	}
+	// The older request's client leaves, as its waiter sees it.
+	g.admit.Withdraw(older.ticket.ID)
+	g.fail(older.ctx, older, m, fail.ClientLeft)
+	if d, ok := g.admit.Head(); ok {
+		t.Fatalf("both requests ended, and request %d is still in the deferral queue", d.ID)
+	}
+}
