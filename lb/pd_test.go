@@ -668,3 +668,31 @@ func TestPDReady(t *testing.T) {
 	}
 	waitNotReady(t, s, "the model unready once its only decode pod is down")
 }
+
+// TestPDPrefillInfoRefusedMovesOn: TensorRT-LLM generation_first asks the
+// prefill pod for its /server_info before the legs; a prefill pod that
+// refuses that call received nothing of the request, so the pair goes to
+// the other prefill pod, and the refusal takes the dead pod out of the
+// next picks.
+func TestPDPrefillInfoRefusedMovesOn(t *testing.T) {
+	e := pdEngines[3]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	pre1 := startSim(t, e, "pre1", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(pre1, pre1.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")},
+		func(c *config.Config) { c.Health.Interval = time.Hour })
+	// Killed before any exchange asked it for its server info.
+	if err := pre.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		// Prompts of their own, so no cache draws them to one pod.
+		prompt := strings.Repeat(fmt.Sprintf("request %d has a prompt of its own ", i), 8)
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":8}`, prompt)
+		resp, b := post(t, s, "/v1/chat/completions", body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-prefill-pod") != "pre1" {
+			t.Fatalf("request %d: %d via %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), b)
+		}
+	}
+	ledgerSettles(t, s)
+}

@@ -58,9 +58,12 @@ func (c *Call) RunPair() *fail.Failure {
 		info, err := protocols.PrefillInfo(pre.Client, pre.Config.Address, path)
 		if err != nil {
 			fasthttp.ReleaseRequest(up)
-			// Nothing of the request went out: another pair may take it.
+			// Nothing of the request went out: another pair may take it, as
+			// after a prefill leg that failed so, and a refusal takes the
+			// pod out of the next picks.
+			c.fleet.CallFailed(pre, err)
 			return c.dropPair(pre, &fail.Failure{E: openai.UpstreamError("prefill pod " + pre.Config.Name + " " + path + ": " + err.Error()),
-				PDHeader: HeaderPrefillError, Pod: pre})
+				PDHeader: HeaderPrefillError, Pod: pre, Reason: fail.ReasonOf(err)})
 		}
 		c.ex.PrefillInfo = info
 	}
