@@ -696,3 +696,26 @@ func TestPDPrefillInfoRefusedMovesOn(t *testing.T) {
 	}
 	ledgerSettles(t, s)
 }
+
+// TestPDDecodeRefusedCountsOneRetry: a decode leg its pod refused, with
+// no other decode pod to move to, is one retry: the pair goes to the
+// combined pod, and pdlb_upstream_retries_total counts it once.
+func TestPDDecodeRefusedCountsOneRetry(t *testing.T) {
+	e := pdEngines[0]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(comb, comb.Addr(), "")},
+		func(c *config.Config) { c.Health.Interval = time.Hour })
+	if err := dec.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 8))
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-pod") != "comb" {
+		t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+	}
+	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`); n != 1 {
+		t.Fatalf("%v retries counted for one, want 1", n)
+	}
+	waitIdle(t, s)
+}

@@ -77,13 +77,12 @@ func (x *completion) Respond(pod *pool.Pod, resp *fasthttp.Response) {
 
 func (x *completion) Tried(pod *pool.Pod) { x.tried = append(x.tried, pod.ID) }
 
-func (x *completion) TryAgain(f *failure) bool { return x.g.tryAgain(x, f) }
-
 // MoveDecode switches the pair's decode leg to another available decode
 // pod, its own roleset's first, after the leg could not be sent to the
-// chosen one (TryAgain allowed it): the new pod takes the KV the prefill
-// leg left. False when there is none.
-func (x *completion) MoveDecode() bool {
+// chosen one (f), if tryAgain allows it: the new pod takes the KV the
+// prefill leg left. False when there is none, before tryAgain counts a
+// retry: the pair's own failure then decides the retry.
+func (x *completion) MoveDecode(f *failure) bool {
 	g, p := x.g, x.pd
 	now := g.ledger.Now()
 	var next *pool.Pod
@@ -95,7 +94,7 @@ func (x *completion) MoveDecode() bool {
 			next = d
 		}
 	}
-	if next == nil {
+	if next == nil || !g.tryAgain(x, f) {
 		return false
 	}
 	p.Ticket.Done()

@@ -44,11 +44,11 @@ type Host interface {
 	AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, body []byte)
 	// Tried rules pod out for the request's next picks.
 	Tried(pod *pool.Pod)
-	// TryAgain decides whether another pod may take the leg f failed.
-	TryAgain(f *fail.Failure) bool
-	// MoveDecode moves the decode leg to another decode pod (Call.Dec),
-	// charging it; false when none is left.
-	MoveDecode() bool
+	// MoveDecode moves the decode leg, which failed with f, to another
+	// decode pod (Call.Dec), charging it; false when none is left or the
+	// request may not retry (its retries, the retry budget), which it
+	// asks only when a pod is left.
+	MoveDecode(f *fail.Failure) bool
 }
 
 // Fleet is the gateway's side: the pods' connections and health, and the

@@ -234,7 +234,7 @@ func (c *Call) moveDecode(dec *pool.Pod, err error) bool {
 	c.fleet.CallFailed(dec, err)
 	c.host.Tried(dec)
 	f := c.fleet.PodFailure(dec, err, c.fleet.ResponseTimeout(c.stream))
-	return f.Reason == fail.Refused && c.host.TryAgain(f) && c.host.MoveDecode()
+	return f.Reason == fail.Refused && c.host.MoveDecode(f)
 }
 
 // decodeHeadersBy is the deadline of the decode leg's response headers

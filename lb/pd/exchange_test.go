@@ -40,7 +40,7 @@ type scriptedLegs struct {
 	sent   []string
 
 	c         *Call
-	retries   int         // TryAgain allows this many
+	retries   int         // MoveDecode allows this many
 	spare     []*pool.Pod // MoveDecode takes these in order
 	tried     []string
 	responded *pool.Pod
@@ -101,17 +101,11 @@ func (s *scriptedLegs) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response,
 	pre.Release()
 }
 func (s *scriptedLegs) Tried(pod *pool.Pod) { s.tried = append(s.tried, pod.Config.Name) }
-func (s *scriptedLegs) TryAgain(f *fail.Failure) bool {
-	if !f.MayRetry() || s.retries == 0 {
+func (s *scriptedLegs) MoveDecode(f *fail.Failure) bool {
+	if len(s.spare) == 0 || !f.MayRetry() || s.retries == 0 {
 		return false
 	}
 	s.retries--
-	return true
-}
-func (s *scriptedLegs) MoveDecode() bool {
-	if len(s.spare) == 0 {
-		return false
-	}
 	s.c.Dec, s.spare = s.spare[0], s.spare[1:]
 	return true
 }
