@@ -719,3 +719,39 @@ func TestPDDecodeRefusedCountsOneRetry(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestPDMovedDecodeKeepsPrefillCharge: in a concurrent exchange (SGLang)
+// the prefill leg runs beside the decode leg, so a decode leg that moves
+// to another pod leaves the prefill pod's active charge in place until
+// the prefill leg itself ends: token_load must not see an idle prefill
+// pod that is computing the prompt.
+func TestPDMovedDecodeKeepsPrefillCharge(t *testing.T) {
+	e := pdEngines[1]
+	pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) { c.Speedup = 1 })
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	dec1 := startSim(t, e, "dec1", sim.RoleDecode, nil)
+	// Pairs stay in their roleset: the pair is pre and dec, and the
+	// decode leg moves to dec1.
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(dec1, dec1.Addr(), "rs1")},
+		func(c *config.Config) { c.Health.Interval = time.Hour })
+	if err := dec.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":2}`, strings.Repeat("a long prompt to prefill ", 2000))
+	answered := make(chan string, 1)
+	go func() {
+		resp, b := post(t, s, "/v1/completions", body)
+		answered <- fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("x-pdlb-decode-pod"), " ", b)
+	}()
+	testwait.For(t, "the decode leg to move while the prefill runs", func() bool {
+		return metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`) == 1 && pre.Stats().Running == 1
+	})
+	active := metricValue(t, s, `pd_token_load_active_tokens{pod="pre"}`)
+	if pre.Stats().Running == 1 && active == 0 {
+		t.Errorf("the prefill pod computes the prompt with no active tokens charged")
+	}
+	if a := <-answered; !strings.HasPrefix(a, "200 dec1 ") {
+		t.Fatalf("answer %s", a)
+	}
+	waitIdle(t, s)
+}

@@ -177,6 +177,29 @@ func (tab chargeTable) takeActive(t Ticket) (s *podSlot, n int64) {
 	return s, n
 }
 
+// moveDecode moves the decode part of t's charge to s (nil: none),
+// routed at routedMs.
+func (tab chargeTable) moveDecode(t Ticket, s *podSlot, routedMs int64) {
+	sh, id := &tab[t.shard()], t.ID
+	sh.mu.Lock()
+	if i, ok := sh.find(id); ok {
+		c := &sh.slots[i].c
+		if old := c.decode; old != nil {
+			old.decode.Add(-c.decodeTokens)
+			old.decodeReqs.Add(-1)
+			old.routedMs.Add(-c.routedMs)
+		}
+		c.decode, c.routedMs = s, routedMs
+		if s != nil {
+			s.decode.Add(c.decodeTokens)
+			s.decodeReqs.Add(1)
+			s.routedMs.Add(routedMs)
+			s.touch()
+		}
+	}
+	sh.mu.Unlock()
+}
+
 // takeOlder removes every charge taken before cutoff (ledger-clock
 // nanoseconds) and appends them, with their ids, to dst.
 func (tab chargeTable) takeOlder(cutoff int64, dst []expired) []expired {

@@ -331,6 +331,18 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 	return c.active
 }
 
+// MoveDecode moves the decode part of t's charge to the pod decode at
+// now (Now's clock), leaving its prefill part as it is: a decode leg that
+// went to another pod while its prefill leg may still run, which releases
+// its active part itself (PrefillDone). A ticket without a charge is
+// ignored.
+func (l *Ledger) MoveDecode(t Ticket, decode int32, now int64) {
+	if t.home == 0 {
+		return
+	}
+	l.charges.moveDecode(t, l.charged(*l.table.Load(), decode), now/int64(time.Millisecond))
+}
+
 // newTokens is AIBrix's new_tokens: the growth since the session's last
 // shorter prompt, else the prompt less its (thresholded) prefix match, else
 // the whole prompt.

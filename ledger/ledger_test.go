@@ -194,6 +194,35 @@ func TestLifecycleAndIdempotentRelease(t *testing.T) {
 	tl.prefill(t, 2, 0, 0)
 }
 
+// TestMoveDecode: a decode leg that moves to another pod moves its decode
+// charge, routed anew; the prefill part stays as it was, for the prefill
+// leg to release.
+func TestMoveDecode(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	tk := tickets{}
+	p := Prompt{Tokens: 3000}
+	c := tl.Charge(tk.of(1), 0, 1, &p, tl.Now())
+	tl.advance(2 * time.Second)
+	tl.MoveDecode(*tk.of(1), 2, tl.Now())
+	tl.prefill(t, 0, c, c)
+	for pod, want := range []float64{0, 0, 3000} {
+		if tok, age := tl.Decode(int32(pod), tl.Now()); tok != want || age != 0 {
+			t.Fatalf("after the move, pod %d: decode %v tokens, age %v s; want %v, 0", pod, tok, age, want)
+		}
+	}
+	tl.PrefillDone(*tk.of(1))
+	tl.prefill(t, 0, 0, c)
+	tl.Finish(*tk.of(1))
+	tl.prefill(t, 0, 0, 0)
+	if tok, _ := tl.Decode(2, tl.Now()); tok != 0 {
+		t.Fatalf("after the finish: pod c holds %v decode tokens", tok)
+	}
+	tl.MoveDecode(*tk.of(1), 1, tl.Now()) // finished: nothing to move
+	if tok, _ := tl.Decode(1, tl.Now()); tok != 0 {
+		t.Fatalf("a finished ticket's move charged pod b %v decode tokens", tok)
+	}
+}
+
 func TestDecodeChargeAndGrowthAge(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tk := tickets{}

@@ -100,11 +100,11 @@ func (x *completion) MoveDecode(f *failure) bool {
 	p.Ticket.Done()
 	p.Dec = next
 	g.ledger.LockSelection()
-	g.ledger.Charge(&x.ticket, p.Pre.ID, next.ID, &p.Prompt, g.ledger.Now())
+	// Only the decode charge moves: a concurrent prefill leg may still
+	// run, and ends its active charge itself.
+	g.ledger.MoveDecode(x.ticket, next.ID, g.ledger.Now())
 	p.Ticket = next.Pending().Pick()
 	g.ledger.UnlockSelection()
-	// The prefill leg is over: only the decode charge stays.
-	g.ledger.PrefillDone(x.ticket)
 	// The move is an attempt: tryAgain's budget bounds it.
 	x.attempts++
 	return true
