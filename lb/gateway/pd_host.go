@@ -54,8 +54,9 @@ func (x *completion) PlacePair(pre, dec *pool.Pod) {
 
 func (x *completion) Unplace(pre *pool.Pod) { x.g.unplace(x, pre) }
 
-func (x *completion) PrefillDone(pre *pool.Pod, at time.Time, cut bool) {
-	if cut {
+func (x *completion) PrefillDone(pre *pool.Pod, at time.Time, cut, ok bool) {
+	if !ok {
+		// Not the pod's prefill speed: a failure may come at once.
 		x.idleStart = false
 	}
 	x.g.prefillDone(x, pre, at)

@@ -5,6 +5,7 @@ import (
 
 	"bytes"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/fail"
+	"pdlb/lb/openai"
 	"pdlb/lb/pd"
 	"pdlb/lb/route"
 	"pdlb/lb/upstream"
@@ -133,4 +135,47 @@ func TestPDStages(t *testing.T) {
 	f(tc{name: "timeout everywhere", retries: 1, errs: []error{fasthttp.ErrTimeout, fasthttp.ErrTimeout}, sends: 2, status: 504})
 	f(tc{name: "reset mid-answer", retries: 1, errs: []error{io.ErrUnexpectedEOF}, sends: 1, status: 502})
 	f(tc{name: "client gone", retries: 1, errs: []error{upstream.ErrCut}, sends: 1, status: fail.StatusClientClosed})
+}
+
+// TestPDFailedPrefillTeachesNoSpeed: a prefill leg that failed computed
+// nothing the gateway can time (here its pod sheds it with a 503 at
+// once), so the pod's learned prefill speed stays as it was: a pod that
+// fails fast must not look fast to the conductor policy and admission.
+func TestPDFailedPrefillTeachesNoSpeed(t *testing.T) {
+	ln := fasthttputil.NewInmemoryListener()
+	defer ln.Close()
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"error":{"message":"queue full","type":"server_error"}}`)
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	dial := func(string, time.Duration) (net.Conn, error) { return ln.Dial() }
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{
+		{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+	}
+	g, m := testGateway(t, cfg, dial, nil)
+	r, err := route.NewPDRouter(route.DefaultPDOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+	body := `{"model":"m","prompt":"` + strings.Repeat("a long prompt to prefill ", 400) + `","stream":true}`
+	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	ctx.Request.SetBodyString(body)
+	x.cascade = r
+	pre := m.Prefill[0]
+	speed := pre.Speed.TokensPerSec()
+	g.advance(x)
+	if ctx.Response.StatusCode() != fasthttp.StatusServiceUnavailable {
+		t.Fatalf("status %d (%s), want the prefill pod's 503", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if got := pre.Speed.TokensPerSec(); got != speed {
+		t.Fatalf("a prefill leg shed at once taught the pod a prefill speed of %.0f tokens/s (was %.0f)", got, speed)
+	}
 }

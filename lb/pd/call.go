@@ -31,8 +31,9 @@ type Host interface {
 	// out.
 	Unplace(pre *pool.Pod)
 	// PrefillDone: a sequential prefill leg on pre ended at at; cut, the
-	// client cut it short, so it times nothing.
-	PrefillDone(pre *pool.Pod, at time.Time, cut bool)
+	// client cut it short; ok, it succeeded: a leg that failed or was cut
+	// times nothing.
+	PrefillDone(pre *pool.Pod, at time.Time, cut, ok bool)
 	// HandOver gives the prefill pod's accounting to a concurrent prefill
 	// leg, which ends it itself: the uncached tokens queued on the pod and
 	// a copy of the request's ledger ticket.

@@ -121,8 +121,8 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 		// A prefill cut short times nothing.
 		c.Metrics.Prefill.Update(c.prefillEnd.Sub(c.legsStart).Seconds())
 	}
-	c.host.PrefillDone(pre, c.prefillEnd, err == upstream.ErrCut)
 	f := prefillFailure(c.fleet, pre, status, c.preResp, err, c.Opts.PrefillRequestTimeout)
+	c.host.PrefillDone(pre, c.prefillEnd, err == upstream.ErrCut, f == nil)
 	if f == nil && c.proto.PrefillAnswers(c.preResp) {
 		// The context pod finished at its first token: its answer is the
 		// client's, and the decode pod gets nothing.

@@ -85,11 +85,11 @@ func (s *scriptedLegs) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up.SetHost(pod.Config.Address)
 	return up
 }
-func (s *scriptedLegs) RequestID() string                      { return "" }
-func (s *scriptedLegs) PlacePair(pre, _ *pool.Pod)             { pre.Acquire() }
-func (s *scriptedLegs) Unplace(pre *pool.Pod)                  { pre.Release() }
-func (s *scriptedLegs) PrefillDone(*pool.Pod, time.Time, bool) {}
-func (s *scriptedLegs) HandOver() (int64, ledger.Ticket)       { return 0, ledger.Ticket{} }
+func (s *scriptedLegs) RequestID() string                            { return "" }
+func (s *scriptedLegs) PlacePair(pre, _ *pool.Pod)                   { pre.Acquire() }
+func (s *scriptedLegs) Unplace(pre *pool.Pod)                        { pre.Release() }
+func (s *scriptedLegs) PrefillDone(*pool.Pod, time.Time, bool, bool) {}
+func (s *scriptedLegs) HandOver() (int64, ledger.Ticket)             { return 0, ledger.Ticket{} }
 func (s *scriptedLegs) Respond(pod *pool.Pod, resp *fasthttp.Response) {
 	s.responded = pod
 	fasthttp.ReleaseResponse(resp)
