@@ -171,7 +171,10 @@ func (l *Link) prefill(c concurrentPrefill) {
 	}
 	fasthttp.ReleaseResponse(resp)
 	end := time.Now()
-	c.metrics.Prefill.Update(end.Sub(c.start).Seconds())
+	if err != upstream.ErrCut {
+		// A prefill cut short times nothing, as in runSequential.
+		c.metrics.Prefill.Update(end.Sub(c.start).Seconds())
+	}
 	c.pre.AddQueuedPrefill(-c.uncached)
 	c.pre.Release()
 	c.fleet.ReleasePrefill(c.ticket)

@@ -1,10 +1,12 @@
 package pd
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -258,4 +260,43 @@ func TestRunPair(t *testing.T) {
 	f(tc{name: "concurrent: decode answered 503, the prefill succeeds", pre: 3, dec: 1,
 		legs:  map[int][]leg{3: {{status: 200, body: "{}", delay: 20 * time.Millisecond}}, 1: {{status: 503}}},
 		tried: "[]", responded: "p1", sent: "[p1 p3]"})
+}
+
+// TestConcurrentPrefillCutTimesNothing: a concurrent prefill leg the
+// client cut short is not a prefill's time, as a sequential one is not:
+// pdlb_pd_prefill_seconds counts neither.
+func TestConcurrentPrefillCutTimesNothing(t *testing.T) {
+	pods := pdPods(t)
+	set := metrics.NewSet()
+	m := NewMetrics(set, "m", []float64{1})
+	for _, c := range []struct {
+		name     string
+		pre, dec int
+		legs     map[int][]leg
+	}{
+		{"sequential", 0, 1, map[int][]leg{0: {{err: upstream.ErrCut}}}},
+		{"concurrent", 3, 1, map[int][]leg{3: {{err: upstream.ErrCut}}, 1: {{wait: true}}}},
+	} {
+		s := &scriptedLegs{script: map[*pool.Pod][]leg{}}
+		for i, l := range c.legs {
+			s.script[pods[i]] = l
+		}
+		var req fasthttp.Request
+		req.SetBodyString(`{"model":"m","prompt":"hi"}`)
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
+		call := AcquireCall(s, s, ctx, route.PDOptions{PrefillRequestTimeout: time.Second}, m, false, false)
+		s.c, call.Pre, call.Dec = call, pods[c.pre], pods[c.dec]
+		if f := call.RunPair(); f != fail.ClientLeft {
+			t.Fatalf("%s: %v, want the client left", c.name, f)
+		}
+		call.Release()
+		var b bytes.Buffer
+		set.WritePrometheus(&b)
+		for _, line := range strings.Split(b.String(), "\n") {
+			if strings.HasPrefix(line, "pdlb_pd_prefill_seconds_count") && !strings.HasSuffix(line, " 0") {
+				t.Fatalf("%s: a prefill leg cut short was timed: %s", c.name, line)
+			}
+		}
+	}
 }
