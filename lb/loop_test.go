@@ -259,6 +259,10 @@ func TestLoopAnswerShapes(t *testing.T) {
 			pieces(c, "HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n",
 				"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"id\":1}")
 		}, `{"id":1}`},
+		// No length and not chunked: the body ends where the pod closes.
+		"until close": {func(c net.Conn, _ *http.Request) {
+			pieces(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n", "{\"id\"", ":1}")
+		}, `{"id":1}`},
 		// Gathered over many reads (see upConn.read).
 		"chunked large": {func(c net.Conn, _ *http.Request) { writeChunked(c, "", big) }, big},
 		"chunked with a trailer": {func(c net.Conn, _ *http.Request) {

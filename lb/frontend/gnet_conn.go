@@ -290,10 +290,16 @@ type parser struct {
 type peekReader struct {
 	b     []byte
 	short bool
+	// eof: the peer closed after b, which then ends a body that runs
+	// until the close.
+	eof bool
 }
 
 func (r *peekReader) Read(p []byte) (int, error) {
 	if len(r.b) == 0 {
+		if r.eof {
+			return 0, io.EOF
+		}
 		r.short = true
 		return 0, errNeedMore
 	}

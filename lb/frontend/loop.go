@@ -430,7 +430,7 @@ func (uc *upConn) read() gnet.Action {
 	} else {
 		buf, _ = c.Peek(n)
 	}
-	used, err := uc.parse(buf)
+	used, err := uc.parse(buf, false)
 	switch {
 	case err == errGather && uc.gathered == nil:
 		b, _ := c.Next(n)
@@ -465,12 +465,13 @@ func (uc *upConn) read() gnet.Action {
 }
 
 // parse reads the whole response at the head of buf into uc.resp:
-// errNeedMore when it is not all there yet.
-func (uc *upConn) parse(buf []byte) (int, error) {
+// errNeedMore when it is not all there yet. eof: the pod closed after
+// buf, which ends a body without a length.
+func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 	s := uc.ls.s
 	p := s.parsers.Get().(*parser)
 	defer s.parsers.Put(p)
-	p.src = peekReader{b: buf}
+	p.src = peekReader{b: buf, eof: eof}
 	p.br.Reset(&p.src)
 	resp := uc.resp
 	resp.Reset()
@@ -501,7 +502,7 @@ func (uc *upConn) parse(buf []byte) (int, error) {
 		} else {
 			// An interim answer (103 Early Hints) before the final one,
 			// which fasthttp's whole read skips to.
-			p.src = peekReader{b: buf}
+			p.src = peekReader{b: buf, eof: eof}
 			p.br.Reset(&p.src)
 			err = resp.ReadLimitBody(p.br, uc.maxBody)
 		}
@@ -548,8 +549,23 @@ func (uc *upConn) closed() {
 		err = upstream.ErrPodDown
 	case uc.got:
 		err = io.ErrUnexpectedEOF
+		if done, perr := uc.untilClose(); done {
+			err = perr
+		}
 	}
 	uc.finish(err)
+}
+
+// untilClose reads, in OnClose, an answer with neither a length nor
+// chunks, whose body the pod's close ends (RFC 9112 6.3): done when the
+// bytes buffered hold it, with err nil or fasthttp.ErrBodyTooLarge.
+func (uc *upConn) untilClose() (done bool, err error) {
+	if uc.gathered != nil {
+		return false, nil // chunked
+	}
+	buf, _ := uc.c.Peek(uc.c.InboundBuffered())
+	_, err = uc.parse(buf, true)
+	return err == nil || err == fasthttp.ErrBodyTooLarge, err
 }
 
 // ErrAnswerStalled ends an exchange whose answer began but was not whole
