@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -439,6 +440,35 @@ func TestPodClosesIdleConnections(t *testing.T) {
 			if n := accepted.Load(); n != 3 {
 				t.Fatalf("the pod accepted %d connections for 3 requests half a second apart; want 3", n)
 			}
+		})
+	}
+}
+
+// TestLoopBodilessAnswers: a 204 or 304 has no body whatever its header
+// says (RFC 9112 6.3), on a connection the pod keeps open: the loop must
+// not wait for one until the exchange times out.
+func TestLoopBodilessAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		answer string
+		status int
+	}{
+		{"HTTP/1.1 204 No Content\r\n\r\n", 204},
+		{"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n", 304},
+	} {
+		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+			hold := make(chan struct{})
+			pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+				io.WriteString(c, tc.answer)
+				<-hold
+			})
+			t.Cleanup(func() { close(hold) }) // before the pod's cleanup waits
+			s := gnetGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) {
+				c.Upstream.WholeResponseTimeout = 2 * time.Second
+			})
+			if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != tc.status {
+				t.Fatalf("%q: %d %s; want %d", tc.answer, resp.StatusCode, b, tc.status)
+			}
+			waitIdle(t, s)
 		})
 	}
 }

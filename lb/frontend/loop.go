@@ -482,6 +482,11 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 		return p.consumed(buf), errStreamHead
 	}
 	headed := err == nil
+	if code := resp.StatusCode(); headed && (code == fasthttp.StatusNoContent || code == fasthttp.StatusNotModified) {
+		// No body, whatever the header says (RFC 9112 6.3): one waited
+		// for would hold the exchange until its timeout.
+		return p.consumed(buf), nil
+	}
 	if headed {
 		cl := resp.Header.ContentLength()
 		if uc.maxBody > 0 && cl > uc.maxBody {
