@@ -472,3 +472,43 @@ func TestLoopBodilessAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestLoopIdleAfterLongStream: a stream relayed on the loop for longer
+// than client_idle_timeout leaves its keep-alive connection open for the
+// client's next request: the idle time runs from the answer's end.
+func TestLoopIdleAfterLongStream(t *testing.T) {
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		ev := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+		for range 4 {
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+			time.Sleep(time.Second)
+		}
+		io.WriteString(c, "0\r\n\r\n")
+	})
+	s := gnetGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) {
+		c.ClientIdleTimeout = 3 * time.Second
+	})
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(c)
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
+	for i := range 2 {
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || err != nil {
+			t.Fatalf("request %d: %d %v %s", i, resp.StatusCode, err, b)
+		}
+		// Past a tick of the idle sweep, well within the idle timeout.
+		time.Sleep(1100 * time.Millisecond)
+	}
+	waitIdle(t, s)
+}

@@ -329,6 +329,29 @@ func TestKeepAliveAndClose(t *testing.T) {
 	})
 }
 
+// TestIdleCountsFromTheAnswer: a keep-alive connection's idle time runs
+// from its last answer, not from its last request: a stream longer than
+// IdleTimeout must not have its connection closed right after it ends.
+func TestIdleCountsFromTheAnswer(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			a := newApp()
+			addr := serveWith(t, name, a.handler(), frontend.Options{MaxBodyBytes: testMaxBody, IdleTimeout: 3 * time.Second})
+			c := dial(t, addr)
+			c.send(t, "GET /sse?n=1&gated=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+			time.Sleep(4 * time.Second)
+			a.step <- struct{}{}
+			resp, b := c.response(t)
+			expect(t, resp, b, 200, "data: 0\n\n")
+			// Past a tick of the idle sweep, well within IdleTimeout.
+			time.Sleep(1100 * time.Millisecond)
+			c.send(t, post("/echo", "next"))
+			resp, b = c.response(t)
+			expect(t, resp, b, 200, "next")
+		})
+	}
+}
+
 // TestLastAnswerIsWhole: a connection's last answer reaches the client
 // whole before the close, one the socket takes at once and one far larger
 // than its buffers, which a client that waits before reading drains later.

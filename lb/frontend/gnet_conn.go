@@ -87,10 +87,12 @@ type gconn struct {
 	lchunks  loopChunks
 
 	// Read by OnTick's idle sweep.
-	lastRead atomic.Int64 // coarse unix nanoseconds of the last traffic
-	partial  atomic.Bool  // a request is due: part of one is buffered, or none came yet
-	busy     atomic.Bool  // a worker runs; changed under mu
-	held     atomic.Bool  // a request is served on the loop
+	// lastRead is the coarse unix nanoseconds of the last traffic, or of
+	// the end of the last answer: a connection's idle time runs from both.
+	lastRead atomic.Int64
+	partial  atomic.Bool // a request is due: part of one is buffered, or none came yet
+	busy     atomic.Bool // a worker runs; changed under mu
+	held     atomic.Bool // a request is served on the loop
 	// lingerSince is when the connection began to linger, 0 if it does
 	// not (linger.go); set on the loop.
 	lingerSince atomic.Int64
@@ -201,6 +203,9 @@ func (gc *gconn) afterLoop() {
 		return
 	}
 	gc.cur = nil
+	// Stamped before it looks idle: an exchange longer than IdleTimeout
+	// must not have the connection closed at the next tick.
+	gc.lastRead.Store(gc.s.now.Load())
 	gc.held.Store(false)
 	resp := &ctx.Response
 	switch {
@@ -406,6 +411,8 @@ func (gc *gconn) rest() bool {
 // idle, with mu held and the queue empty, marks the connection idle and
 // unlocks mu, waking the loop if it stopped parsing for a full queue.
 func (gc *gconn) idle() {
+	// Its idle time runs from here, not from its last request's arrival.
+	gc.lastRead.Store(gc.s.now.Load())
 	gc.busy.Store(false)
 	wake := gc.paused
 	gc.mu.Unlock()
