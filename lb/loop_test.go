@@ -512,3 +512,31 @@ func TestLoopIdleAfterLongStream(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestLoopEmptyStream: a stream's answer with Content-Length: 0 ends with
+// its header; the relay must not wait for a byte until its idle timeout
+// and then end it as a pod that stopped answering.
+func TestLoopEmptyStream(t *testing.T) {
+	hold := make(chan struct{})
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n")
+		<-hold
+	})
+	t.Cleanup(func() { close(hold) }) // before the pod's cleanup waits
+	s := gnetGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) {
+		c.Upstream.StreamIdleTimeout = 2 * time.Second
+	})
+	kc := &http.Client{Timeout: 10 * time.Second}
+	defer kc.CloseIdleConnections()
+	resp, err := kc.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || err != nil || len(b) != 0 {
+		t.Fatalf("an empty stream: %d %v %q; want 200 and no events", resp.StatusCode, err, b)
+	}
+	waitIdle(t, s)
+}

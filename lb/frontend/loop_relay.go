@@ -197,7 +197,9 @@ func (uc *upConn) end(sink Sink, err error) (out error) {
 func (uc *upConn) feed() gnet.Action {
 	c := uc.c
 	n := c.InboundBuffered()
-	if n == 0 {
+	if n == 0 && (uc.state != bodyFixed || uc.remain > 0) {
+		// Nothing to relay yet; a Content-Length: 0 body ends here
+		// (handOff), with no byte to wait for.
 		return gnet.None
 	}
 	uc.deadline = uc.ls.s.now.Load() + int64(uc.idle)
