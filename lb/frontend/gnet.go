@@ -455,7 +455,7 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 	}
 	if gc.relaying != nil {
 		// The pod learns to stop generating; OnClose ends the relay.
-		_ = gc.relaying.c.Close()
+		gc.relaying.abandon()
 	}
 	if gc.stalled {
 		gc.stalled = false

@@ -383,6 +383,12 @@ func (uc *upConn) opened(c gnet.Conn) ([]byte, gnet.Action) {
 	return uc.out, gnet.None
 }
 
+// closing reports whether a close of ours is on its way (gnet runs it on a
+// later turn of the loop): an answer that came first is taken, but the
+// connection must not be parked, or the close would end the next
+// exchange on it.
+func (uc *upConn) closing() bool { return uc.timedOut || uc.podDown || uc.clientGone }
+
 // abandon ends the exchange in flight because its client left: closing
 // the connection tells the pod to stop (OnClose ends the exchange with
 // ErrClientGone); one still dialing is closed once open.
@@ -453,7 +459,7 @@ func (uc *upConn) read() gnet.Action {
 		uc.finish(err)
 		return gnet.Close
 	}
-	keep := !uc.resp.ConnectionClose() && rest == 0
+	keep := !uc.resp.ConnectionClose() && rest == 0 && !uc.closing()
 	if keep {
 		uc.ls.park(uc)
 	}

@@ -215,7 +215,7 @@ func (uc *upConn) feed() gnet.Action {
 	case end:
 		// Parked first: the client's next request, which endRelay may
 		// start, can take the connection again.
-		keep := c.InboundBuffered() == 0 && !uc.closeAfter
+		keep := c.InboundBuffered() == 0 && !uc.closeAfter && !uc.closing()
 		if keep {
 			uc.ls.park(uc)
 		}

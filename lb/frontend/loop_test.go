@@ -1,0 +1,135 @@
+package frontend
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/valyala/fasthttp"
+)
+
+// loopAnswer answers a request served on the loop with its pod's answer,
+// or 504 and the exchange's error.
+type loopAnswer struct {
+	ctx  *fasthttp.RequestCtx
+	resp *fasthttp.Response
+}
+
+func (a *loopAnswer) Answered(err error) {
+	if err != nil {
+		a.ctx.SetStatusCode(fasthttp.StatusGatewayTimeout)
+		a.ctx.SetBodyString(err.Error())
+		return
+	}
+	a.ctx.SetStatusCode(a.resp.StatusCode())
+	a.ctx.SetBody(a.resp.Body())
+}
+
+// TestSweptConnectionIsNotReused: a connection the sweep closed for a
+// timeout, whose answer then came before the close ran (the loop's task
+// queue backed up under load), must not carry the next exchange: that
+// exchange would end at once with the timeout of the one before it.
+func TestSweptConnectionIsNotReused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotA, answerA := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					if r.URL.Path == "/a" {
+						close(gotA)
+						<-answerA
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"+r.URL.Path[1:]+"!")
+				}
+			})
+		}
+	})
+	pod := ln.Addr().String()
+
+	var onA atomic.Pointer[loopState]
+	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
+		l := LoopOf(ctx)
+		if string(ctx.Path()) == "/a" {
+			onA.Store(l.gc.ls)
+		}
+		req := fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(req)
+		req.SetRequestURI("http://" + pod + string(ctx.Path()))
+		a := &loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}
+		u := Upstream{Addr: pod, DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8}
+		if err := l.Send(u, false, req, a.resp, a); err != nil {
+			a.Answered(err)
+		}
+	}}
+	s, err := StartGNet("127.0.0.1:0", h, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.ShutdownWithContext(ctx)
+	})
+
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	// /b, pipelined, is parsed once /a's answer is written, and goes out
+	// on the connection /a's answer left idle.
+	io.WriteString(c, "GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-gotA
+	ls := onA.Load()
+	noop := gnet.RunnableFunc(func(context.Context) error { return nil })
+	_ = ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		// A backlog that leaves the sweep's close for a later turn of
+		// the loop than the pod's answer.
+		for range 2 * 1024 {
+			_ = ls.el.Execute(context.Background(), noop)
+		}
+		for _, uc := range ls.conns {
+			uc.deadline = 0
+		}
+		ls.sweepConns()
+		close(answerA)
+		time.Sleep(100 * time.Millisecond) // the answer reaches the socket
+		return nil
+	}))
+	br := bufio.NewReader(c)
+	for _, want := range []string{"a!", "b!"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || string(b) != want {
+			t.Fatalf("want 200 %q, got %d %q", want, resp.StatusCode, strings.TrimSpace(string(b)))
+		}
+	}
+}
