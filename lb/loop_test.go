@@ -540,3 +540,35 @@ func TestLoopEmptyStream(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestLoopStreamAfterEarlyHints: a stream's 200 that follows an interim
+// answer (103 Early Hints) is relayed as it comes, not read whole (which
+// outlasts response_timeout, the wait for a stream's header).
+func TestLoopStreamAfterEarlyHints(t *testing.T) {
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		ev := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+		for range 4 {
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+			time.Sleep(500 * time.Millisecond)
+		}
+		io.WriteString(c, "0\r\n\r\n")
+	})
+	s := gnetGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) {
+		c.Upstream.ResponseTimeout = time.Second
+	})
+	kc := &http.Client{Timeout: 10 * time.Second}
+	defer kc.CloseIdleConnections()
+	resp, err := kc.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || err != nil || strings.Count(string(b), "data: ") != 4 {
+		t.Fatalf("a stream after 103: %d %v %.200q; want 200 and 4 events", resp.StatusCode, err, b)
+	}
+	waitIdle(t, s)
+}

@@ -482,6 +482,14 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 	resp := uc.resp
 	resp.Reset()
 	err := resp.Header.Read(p.br)
+	// Interim answers (103 Early Hints) are skipped to the final one, as
+	// fasthttp's whole read does: a stream's 200 comes after them.
+	for n := 0; err == nil && interim(resp.StatusCode()); n++ {
+		if n == maxInterim {
+			return 0, errTooManyInterim
+		}
+		err = resp.Header.Read(p.br)
+	}
 	if err == nil && uc.stream && resp.StatusCode() == fasthttp.StatusOK {
 		uc.startBody(resp.Header.ContentLength())
 		uc.closeAfter = resp.ConnectionClose()
@@ -503,19 +511,11 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 			uc.need = p.consumed(buf) + cl
 			return 0, errNeedMore
 		}
-		if code := resp.StatusCode(); code >= 200 || code == fasthttp.StatusSwitchingProtocols {
-			// The body follows the header just read, which is not read
-			// again (as fasthttp's whole read would).
-			err = resp.ReadBody(p.br, uc.maxBody)
-			if err == nil && cl == -1 {
-				err = resp.Header.ReadTrailer(p.br)
-			}
-		} else {
-			// An interim answer (103 Early Hints) before the final one,
-			// which fasthttp's whole read skips to.
-			p.src = peekReader{b: buf, eof: eof}
-			p.br.Reset(&p.src)
-			err = resp.ReadLimitBody(p.br, uc.maxBody)
+		// The body follows the header just read, which is not read
+		// again (as fasthttp's whole read would).
+		err = resp.ReadBody(p.br, uc.maxBody)
+		if err == nil && cl == -1 {
+			err = resp.Header.ReadTrailer(p.br)
 		}
 	}
 	if err != nil && p.src.short && err != fasthttp.ErrBodyTooLarge {
@@ -526,6 +526,18 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 	}
 	return p.consumed(buf), err
 }
+
+// interim reports whether code is an interim answer's, which a final one
+// follows (101 Switching Protocols is final).
+func interim(code int) bool {
+	return code >= 100 && code < 200 && code != fasthttp.StatusSwitchingProtocols
+}
+
+// maxInterim bounds the interim answers before a final one (fasthttp's
+// bound).
+const maxInterim = 100
+
+var errTooManyInterim = errors.New("frontend: too many interim answers from the pod")
 
 // errGather: a whole answer's header is in, and its chunked body is not
 // all there yet (read gathers it).
