@@ -526,17 +526,9 @@ func TestLoopEmptyStream(t *testing.T) {
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) {
 		c.Upstream.StreamIdleTimeout = 2 * time.Second
 	})
-	kc := &http.Client{Timeout: 10 * time.Second}
-	defer kc.CloseIdleConnections()
-	resp, err := kc.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || err != nil || len(b) != 0 {
-		t.Fatalf("an empty stream: %d %v %q; want 200 and no events", resp.StatusCode, err, b)
+	resp, b := postStream(t, s)
+	if resp.StatusCode != 200 || len(b) != 0 {
+		t.Fatalf("an empty stream: %d %q; want 200 and no events", resp.StatusCode, b)
 	}
 	waitIdle(t, s)
 }
@@ -558,17 +550,18 @@ func TestLoopStreamAfterEarlyHints(t *testing.T) {
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) {
 		c.Upstream.ResponseTimeout = time.Second
 	})
-	kc := &http.Client{Timeout: 10 * time.Second}
-	defer kc.CloseIdleConnections()
-	resp, err := kc.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || err != nil || strings.Count(string(b), "data: ") != 4 {
-		t.Fatalf("a stream after 103: %d %v %.200q; want 200 and 4 events", resp.StatusCode, err, b)
+	resp, b := postStream(t, s)
+	if resp.StatusCode != 200 || strings.Count(b, "data: ") != 4 {
+		t.Fatalf("a stream after 103: %d %.200q; want 200 and 4 events", resp.StatusCode, b)
 	}
 	waitIdle(t, s)
+}
+
+// postStream asks s for a streamed chat completion over a connection it
+// keeps (so the loop relays the stream), and reads the whole answer.
+func postStream(t *testing.T, s *lb.Server) (*http.Response, string) {
+	t.Helper()
+	kc := &http.Client{Timeout: 10 * time.Second}
+	defer kc.CloseIdleConnections()
+	return postVia(t, kc, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 }

@@ -6,8 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,37 +38,16 @@ func (a *loopAnswer) Answered(err error) {
 // queue backed up under load), must not carry the next exchange: that
 // exchange would end at once with the timeout of the one before it.
 func TestSweptConnectionIsNotReused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	gotA, answerA := make(chan struct{}), make(chan struct{})
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					if r.URL.Path == "/a" {
-						close(gotA)
-						<-answerA
-					}
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"+r.URL.Path[1:]+"!")
-				}
-			})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/a" {
+			close(gotA)
+			<-answerA
 		}
-	})
-	pod := ln.Addr().String()
+		io.WriteString(w, r.URL.Path[1:]+"!")
+	}))
+	t.Cleanup(srv.Close)
+	pod := srv.Listener.Addr().String()
 
 	var onA atomic.Pointer[loopState]
 	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {

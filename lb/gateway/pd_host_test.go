@@ -1,9 +1,8 @@
 package gateway
 
 import (
-	"io"
-
 	"bytes"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -17,9 +16,29 @@ import (
 	"pdlb/lb/fail"
 	"pdlb/lb/openai"
 	"pdlb/lb/pd"
+	"pdlb/lb/pool"
 	"pdlb/lb/route"
 	"pdlb/lb/upstream"
 )
+
+// inMemoryPair is a gateway over a prefill pod "pre" and a decode pod
+// "dec" of model "m", one roleset, both answered by h over an in-memory
+// listener.
+func inMemoryPair(t *testing.T, h fasthttp.RequestHandler) (*Gateway, *pool.Model) {
+	t.Helper()
+	ln := fasthttputil.NewInmemoryListener()
+	t.Cleanup(func() { ln.Close() })
+	srv := &fasthttp.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	dial := func(string, time.Duration) (net.Conn, error) { return ln.Dial() }
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{
+		{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+	}
+	return testGateway(t, cfg, dial, nil)
+}
 
 // TestPDAnswerLeavesTheCompletion: a PD attempt that answers the client
 // finishes its completion, which goes back to its pool; the stages must
@@ -27,28 +46,18 @@ import (
 // of the cascade's kinds that answer inside the attempt are played: a
 // pair and the decode pod alone.
 func TestPDAnswerLeavesTheCompletion(t *testing.T) {
-	ln := fasthttputil.NewInmemoryListener()
-	defer ln.Close()
 	// The prefill pod answers with KV parameters, the decode pod with the
 	// completion.
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	answer := func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
 		if bytes.Contains(ctx.PostBody(), []byte(`"do_remote_decode":true`)) {
 			ctx.SetBodyString(`{"kv_transfer_params":{"remote_engine_id":"e"}}`)
 			return
 		}
 		ctx.SetBodyString(`{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}`)
-	}}
-	go func() { _ = srv.Serve(ln) }()
-	dial := func(string, time.Duration) (net.Conn, error) { return ln.Dial() }
+	}
 	for _, kind := range []route.PDKind{route.PDPair, route.PDLocal} {
-		cfg := config.Default()
-		cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
-		cfg.Pods = []config.Pod{
-			{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
-			{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
-		}
-		g, m := testGateway(t, cfg, dial, nil)
+		g, m := inMemoryPair(t, answer)
 		opts := route.DefaultPDOptions()
 		if kind == route.PDLocal {
 			opts.LocalPrefillMaxTokens = 1 << 20
@@ -142,22 +151,11 @@ func TestPDStages(t *testing.T) {
 // once), so the pod's learned prefill speed stays as it was: a pod that
 // fails fast must not look fast to the conductor policy and admission.
 func TestPDFailedPrefillTeachesNoSpeed(t *testing.T) {
-	ln := fasthttputil.NewInmemoryListener()
-	defer ln.Close()
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	g, m := inMemoryPair(t, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString(`{"error":{"message":"queue full","type":"server_error"}}`)
-	}}
-	go func() { _ = srv.Serve(ln) }()
-	dial := func(string, time.Duration) (net.Conn, error) { return ln.Dial() }
-	cfg := config.Default()
-	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
-	cfg.Pods = []config.Pod{
-		{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
-		{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
-	}
-	g, m := testGateway(t, cfg, dial, nil)
+	})
 	r, err := route.NewPDRouter(route.DefaultPDOptions())
 	if err != nil {
 		t.Fatal(err)
