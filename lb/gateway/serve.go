@@ -94,6 +94,9 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	// One clock read for both: under a VM's kvm-clock a read is a
 	// costly vDSO call.
 	now := time.Now()
+	// Only a first token times the pod's prefill (pass): an answer that
+	// ends without one may have failed at once.
+	x.idleStart = false
 	g.prefillDone(x, pod, now)
 	g.ledger.Finish(x.ticket)
 	pod.Release()
