@@ -149,8 +149,13 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 				err = x.events.Err()
 			}
 		}
-		if err == io.EOF {
+		if err == io.EOF && len(x.events.Pending()) == 0 {
 			break
+		}
+		if err == io.EOF {
+			// The body ended midway through an event (a pod's stream
+			// without length ends at its close): the pod cut it.
+			err = io.ErrUnexpectedEOF
 		}
 		if err != nil {
 			upstream.CloseStream(resp, err)
@@ -206,6 +211,10 @@ func (x *completion) Body(w *frontend.StreamWriter, p []byte) error {
 // End ends a stream relayed on the event loop (frontend.Sink).
 func (x *completion) End(w *frontend.StreamWriter, err error) {
 	g := x.g
+	if err == nil && len(x.events.Pending()) > 0 {
+		// The body ended midway through an event: the pod cut it.
+		err = io.ErrUnexpectedEOF
+	}
 	code := fasthttp.StatusOK
 	switch {
 	case err == nil:
