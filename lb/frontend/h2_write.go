@@ -66,12 +66,20 @@ func (c *h2Conn) writeResponse(st *h2Stream, resp *fasthttp.Response, head bool)
 	switch {
 	case stream:
 		bs := resp.BodyStream()
-		if err == nil && !head {
+		// A StreamWriter's writer runs even when the header could not go
+		// out (the client reset the stream meanwhile), its writes failing:
+		// what it holds, as the gateway's relay holds its request's
+		// charges, only its end gives back.
+		if _, sw := bs.(streamBody); (err == nil || sw) && !head {
 			w := h2Body{c: c, st: st}
+			var werr error
 			if wt, ok := bs.(io.WriterTo); ok {
-				_, err = wt.WriteTo(w)
+				_, werr = wt.WriteTo(w)
 			} else {
-				_, err = io.Copy(w, bs)
+				_, werr = io.Copy(w, bs)
+			}
+			if err == nil {
+				err = werr
 			}
 			if err == nil {
 				err = c.writeData(st, nil, true)
