@@ -20,9 +20,18 @@ func TestStreamCutMidEvent(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
 		io.WriteString(c, `data: {"choices":[{"delta":{"content":"a"}}]}`+"\n\n"+`data: {"choi`)
 	})
+	// A stray blank line after the last event cuts nothing.
+	whole := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+		io.WriteString(c, `data: {"choices":[{"delta":{"content":"a"}}]}`+"\n\ndata: [DONE]\n\n\n")
+	})
 	check := func(t *testing.T, frontend string, via *http.Client) {
-		s := testGateway(t, []config.Pod{{Model: "m", Address: cut}}, func(c *config.Config) { c.Frontend = frontend })
-		resp, b := postVia(t, via, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+		s := testGateway(t, []config.Pod{{Model: "m", Address: cut}, {Model: "whole", Address: whole}}, func(c *config.Config) { c.Frontend = frontend })
+		resp, b := postVia(t, via, s, "/v1/chat/completions", `{"model":"whole","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+		if resp.StatusCode != 200 || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+			t.Fatalf("whole stream relayed badly: %d %q", resp.StatusCode, b)
+		}
+		resp, b = postVia(t, via, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 		if resp.StatusCode != 200 || !strings.HasPrefix(b, `data: {"choices":[{"delta":{"content":"a"}}]}`+"\n\n") || strings.Contains(b, `{"choi`+"\n") {
 			t.Fatalf("cut stream relayed badly: %d %q", resp.StatusCode, b)
 		}

@@ -149,7 +149,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 				err = x.events.Err()
 			}
 		}
-		if err == io.EOF && len(x.events.Pending()) == 0 {
+		if err == io.EOF && !x.events.Cut() {
 			break
 		}
 		if err == io.EOF {
@@ -211,7 +211,7 @@ func (x *completion) Body(w *frontend.StreamWriter, p []byte) error {
 // End ends a stream relayed on the event loop (frontend.Sink).
 func (x *completion) End(w *frontend.StreamWriter, err error) {
 	g := x.g
-	if err == nil && len(x.events.Pending()) > 0 {
+	if err == nil && x.events.Cut() {
 		// The body ended midway through an event: the pod cut it.
 		err = io.ErrUnexpectedEOF
 	}

@@ -105,9 +105,13 @@ func (s *Splitter) hold(b []byte) {
 // Err returns ErrEventTooLarge once the splitter has stopped, else nil.
 func (s *Splitter) Err() error { return s.err }
 
-// Pending returns the bytes of an event begun and not yet ended: when the
-// stream ends, a non-empty Pending means it was cut midway through an event.
+// Pending returns the bytes of an event begun and not yet ended (see Cut).
 func (s *Splitter) Pending() []byte { return s.pend }
+
+// Cut says a stream that ends here ends midway through an event: Pending
+// holds more than line ends (a stray blank line after the last event
+// begins none).
+func (s *Splitter) Cut() bool { return len(bytes.Trim(s.pend, "\r\n")) > 0 }
 
 // Reset empties s for another stream and keeps its buffer.
 func (s *Splitter) Reset() {

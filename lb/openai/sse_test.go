@@ -57,6 +57,29 @@ func TestSplitter(t *testing.T) {
 	f(bytewise, whole, "")
 }
 
+// TestSplitterCut: a stream that ends with part of an event pending was
+// cut; one that ends after a stray blank line was not.
+func TestSplitterCut(t *testing.T) {
+	f := func(chunks []string, want bool) {
+		t.Helper()
+		var s Splitter
+		for _, c := range chunks {
+			s.Feed([]byte(c))
+			for _, ok := s.Next(); ok; _, ok = s.Next() {
+			}
+		}
+		if s.Cut() != want {
+			t.Errorf("%q: Cut %v, want %v", chunks, s.Cut(), want)
+		}
+	}
+	f([]string{"data: a\n\ndata: [DONE]\n\n"}, false)
+	f([]string{"data: a\n\n", "\n"}, false)
+	f([]string{"data: a\n\n\r\n"}, false)
+	f([]string{"data: a\n\ndata: {\"cho"}, true)
+	f([]string{"data: a\n\n", "data: [DONE]\n"}, true)
+	f([]string{"data: a\n\n", ": ping"}, true)
+}
+
 // TestSplitterNoCopy checks that an event within one chunk is a slice of it.
 func TestSplitterNoCopy(t *testing.T) {
 	chunk := []byte("data: a\n\ndata: b\n\n")
