@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/engines"
 	"pdlb/engines/sim"
 	"pdlb/engines/vllm"
 	"pdlb/internal/testwait"
@@ -129,6 +130,52 @@ func TestKVEventsKeepTheIndexExact(t *testing.T) {
 	if d := time.Since(start); d > 100*time.Millisecond {
 		t.Logf("index followed the clear after %v (target 100 ms; machine load may explain it)", d)
 	}
+}
+
+// TestKVFeedOutlivesAReload: a reload (or a discovery update) that keeps a
+// pod keeps following its KV events where it was, so the blocks it stored
+// before the reload leave the index when it evicts them after it, even
+// once the pod's replay buffer has moved on, as a busy engine's has.
+func TestKVFeedOutlivesAReload(t *testing.T) {
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	sims := testFleet(t, "m", 2, 100)
+	kv := config.Pod{Name: "kv-0", Model: "m", Address: sims[0].Addr(), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()}
+	s := testGateway(t, []config.Pod{kv}, func(c *config.Config) { c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}} })
+	// stored publishes one chain of n blocks (hashes from h) until the
+	// index holds want blocks for the pod: the subscriber may join late.
+	stored := func(h uint64, n, want int) {
+		t.Helper()
+		hashes, tokens := make([]uint64, n), make([]uint32, n*config.DefaultBlockSize)
+		for i := range hashes {
+			hashes[i] = h + uint64(i)
+		}
+		for i := range tokens {
+			tokens[i] = uint32(h) + uint32(i)
+		}
+		testwait.For(t, fmt.Sprintf("the index to hold %d blocks", want), func() bool {
+			if b, _ := indexBlocks(t, s, "kv-0"); b == want {
+				return true
+			}
+			pub.BlockStored(0, false, hashes, tokens, config.DefaultBlockSize, engines.ExtraKeys{})
+			time.Sleep(20 * time.Millisecond)
+			return false
+		})
+	}
+	stored(1000, 4, 4)
+	cfg := s.Gateway.Config()
+	cfg.Pods = append(cfg.Pods, podsOf("m", sims[1])...)
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	// Another prompt after the reload: the pod's feed is live again.
+	stored(2000, 1, 5)
+	// The pod evicts the first prompt.
+	pub.BlockRemoved([]uint64{1000, 1001, 1002, 1003})
+	testwait.For(t, "the evicted blocks to leave the index", func() bool { b, _ := indexBlocks(t, s, "kv-0"); return b == 1 })
 }
 
 func TestAdmissionShedsWhatCannotMeetItsTarget(t *testing.T) {

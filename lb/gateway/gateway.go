@@ -129,17 +129,17 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{Logger: log})
 	g.ledger.SetPods(ledgerMembers(snap))
-	if g.kv, err = startKVFeeds(snap, log); err != nil {
+	if g.kv, err = startKVFeeds(snap, nil, log); err != nil {
 		return nil, err
 	}
 	if cfg.AccessLog != "" {
 		if g.access, err = accesslog.Open(cfg.AccessLog, log); err != nil {
-			g.kv.close()
+			g.kv.close(nil)
 			return nil, err
 		}
 	}
 	if err := g.startObserving(os.LookupEnv); err != nil {
-		g.kv.close()
+		g.kv.close(nil)
 		if g.access != nil {
 			_ = g.access.Close()
 		}
@@ -231,7 +231,7 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 	if err != nil {
 		return err
 	}
-	kv, err := startKVFeeds(snap, g.log)
+	kv, err := startKVFeeds(snap, g.kv, g.log)
 	if err != nil {
 		return err
 	}
@@ -244,7 +244,7 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 	g.cfg.TLS.Certificates, g.cfg.TLS.AdminCertificates = cfg.TLS.Certificates, cfg.TLS.AdminCertificates
 	g.checker.Close()
 	g.checker = pool.StartChecker(snap, cfg.Health, cfg.Upstream.KeepaliveTimeout, g.log)
-	g.kv.close()
+	g.kv.close(kv)
 	g.kv = kv
 	// Pods that left keep their connections only as long as requests in
 	// flight use them.
@@ -342,7 +342,7 @@ func (g *Gateway) Close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.checker.Close()
-	g.kv.close()
+	g.kv.close(nil)
 	for _, p := range g.pool.Load().Pods {
 		p.Client.CloseIdleConnections()
 	}

@@ -26,17 +26,43 @@ type kvFeed struct {
 	index *kvindex.Pod
 }
 
-func startKVFeeds(s *pool.Snapshot, log *slog.Logger) (*kvFeeds, error) {
+// startKVFeeds follows the KV events of s's pods. A pod prev already
+// follows into the same index, from the same endpoints, keeps its feed:
+// a new one would know none of the blocks the pod stored before, so it
+// could not take them out of the index when the pod evicts them, nor
+// chain the pod's new blocks to them, unless the pod's replay buffer
+// still held its whole history. prev may be nil; on error nothing of it
+// is closed.
+func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, error) {
 	k := &kvFeeds{indexers: map[*pool.Model]*kvindex.Indexer{}}
+	kept := map[int32]kvFeed{}
+	if prev != nil {
+		for _, f := range prev.feeds {
+			kept[f.pod.ID] = f
+		}
+	}
+	// closeNew closes the feeds this call started, none of prev's.
+	closeNew := func() {
+		for _, f := range k.feeds {
+			if kept[f.pod.ID].sub != f.sub {
+				_ = f.sub.Close()
+			}
+		}
+	}
 	for _, m := range s.Models {
 		for _, p := range m.Pods {
 			if p.Config.KVEvents == "" {
 				continue
 			}
+			if f, ok := kept[p.ID]; ok && f.model.Prefix == m.Prefix && f.pod.PrefixID == p.PrefixID &&
+				f.pod.Config.KVEvents == p.Config.KVEvents && f.pod.Config.KVReplay == p.Config.KVReplay {
+				k.feeds = append(k.feeds, kvFeed{pod: p, model: m, sub: f.sub, index: f.index})
+				continue
+			}
 			if k.indexers[m] == nil {
 				ix, err := kvindex.New(m.Prefix, kvindex.Config{BlockSize: m.BlockSize})
 				if err != nil {
-					k.close()
+					closeNew()
 					return nil, fmt.Errorf("model %q: %w", m.Name, err)
 				}
 				k.indexers[m] = ix
@@ -44,7 +70,7 @@ func startKVFeeds(s *pool.Snapshot, log *slog.Logger) (*kvFeeds, error) {
 			feed := k.indexers[m].Pod(p.PrefixID, m.Name)
 			sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, feed)
 			if err != nil {
-				k.close()
+				closeNew()
 				return nil, fmt.Errorf("pod %q kv_events: %w", p.Config.Name, err)
 			}
 			log.Info("following KV events", "pod", p.Config.Name, "endpoint", p.Config.KVEvents)
@@ -54,9 +80,18 @@ func startKVFeeds(s *pool.Snapshot, log *slog.Logger) (*kvFeeds, error) {
 	return k, nil
 }
 
-func (k *kvFeeds) close() {
+// close stops the feeds, but those next carries on.
+func (k *kvFeeds) close(next *kvFeeds) {
+	carried := map[*protocols.KVSubscriber]bool{}
+	if next != nil {
+		for _, f := range next.feeds {
+			carried[f.sub] = true
+		}
+	}
 	for _, f := range k.feeds {
-		_ = f.sub.Close()
+		if !carried[f.sub] {
+			_ = f.sub.Close()
+		}
 	}
 	k.feeds = nil
 }
