@@ -21,10 +21,9 @@ import (
 // Pod is one discovered pod: the fields a static pod has, and those only
 // discovery finds out.
 type Pod struct {
+	// config.Pod is all the gateway takes (lb.Server): a field the pod
+	// needs at run time (an SGLang pod's BootstrapPort) belongs in it.
 	config.Pod
-	// BootstrapPort is an SGLang pod's PD bootstrap port; 0 for other
-	// engines.
-	BootstrapPort int
 	// ModelConfig is the pod's model.aibrix.ai/config annotation; nil when
 	// it has none, and always from DNS. The pod's BucketMin, BucketMax
 	// follow its default profile; a request that names another profile

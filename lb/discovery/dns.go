@@ -96,15 +96,15 @@ func (d *DNS) resolve(ctx context.Context) ([]Pod, error) {
 		addr := hostPort(host, ports[i])
 		p := Pod{
 			Pod: config.Pod{
-				Name:    addr,
-				Model:   d.spec.Model,
-				Address: addr,
-				Engine:  d.spec.Engine,
-				Role:    d.spec.Role,
-				Roleset: d.spec.Roleset,
-				Weight:  1,
+				Name:          addr,
+				Model:         d.spec.Model,
+				Address:       addr,
+				Engine:        d.spec.Engine,
+				Role:          d.spec.Role,
+				Roleset:       d.spec.Roleset,
+				Weight:        1,
+				BootstrapPort: d.spec.BootstrapPort,
 			},
-			BootstrapPort: d.spec.BootstrapPort,
 		}
 		if d.spec.KVEventsPort != 0 {
 			p.KVEvents = "tcp://" + hostPort(host, d.spec.KVEventsPort)

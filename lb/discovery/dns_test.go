@@ -220,3 +220,35 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestDiscoveredBootstrapPortReachesTheGateway: the gateway takes a
+// discovered pod's config.Pod (lb.Server hands it found[i].Pod), so an
+// SGLang pod's bootstrap port, from its annotation or the DNS spec, must
+// be there, not defaulted to 8998 by Provision.
+func TestDiscoveredBootstrapPortReachesTheGateway(t *testing.T) {
+	sgl := pdLabels("prefill", "g0")
+	sgl[spec.LabelEngine] = "sglang"
+	k, err := NewKubernetes(nil, spec.Kubernetes{Selector: spec.DefaultSelector}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r rebuilder
+	pods := r.rebuild([]any{kpod("s0", "10.0.0.4", sgl, map[string]string{spec.AnnotationBootstrapPort: "9001"})}, k.selector, quiet)
+	srv := startDNS(t)
+	srv.set(func() { srv.srvs["_http._tcp.sgl.test."] = []net.SRV{{Target: "pod-a.sgl.test.", Port: 30000}} })
+	dns, err := dnsSource(t, srv, spec.DNS{Name: "_http._tcp.sgl.test.", Type: "srv", Model: "qwen", Engine: "sglang", Role: "prefill",
+		Roleset: "g0", BootstrapPort: 9002, Interval: time.Second}, quiet).resolve(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := func(p Pod, want int) {
+		t.Helper()
+		c := p.Pod
+		c.Provision()
+		if c.BootstrapPort != want {
+			t.Errorf("pod %s: the gateway gets bootstrap port %d, want %d", c.Name, c.BootstrapPort, want)
+		}
+	}
+	f(pods[0], 9001)
+	f(dns[0], 9002)
+}
