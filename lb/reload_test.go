@@ -91,3 +91,25 @@ func TestReloadAndDiscoveryDoNotUndoEachOther(t *testing.T) {
 		}
 	}
 }
+
+// TestModelLeavesAndComesBack: a model whose last pod leaves (a reload,
+// discovery scaling it to zero) and that comes back later is served
+// again, with the series it had.
+func TestModelLeavesAndComesBack(t *testing.T) {
+	sims := testFleet(t, "m", 2, 100)
+	other := podsOf("other", sims[1])
+	// other is numbered before m: a model that leaves is not the last.
+	s := testGateway(t, append(other, podsOf("m", sims[0])...), nil)
+	cfg := s.Gateway.Config()
+	cfg.Pods = podsOf("m", sims[0])
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pods = append(podsOf("m", sims[0]), other...)
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if r, b := post(t, s, "/v1/chat/completions", chatBody); r.StatusCode != 200 {
+		t.Fatalf("%d %s", r.StatusCode, b)
+	}
+}

@@ -10,6 +10,7 @@ package pool
 import (
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"slices"
@@ -355,7 +356,8 @@ func (m *Model) MayEject(now int64, maxPercent int) bool {
 type Model struct {
 	Name string
 	// Index numbers the model for per-model tables; a model keeps its
-	// number across snapshots, and new models get new numbers.
+	// number across snapshots, even those it is absent from, and new
+	// models get new numbers.
 	Index int
 	// Pods are every pod of the model, in configuration order, and Slots
 	// is one past their highest Slot: the length of a Match's depths.
@@ -404,6 +406,10 @@ type Snapshot struct {
 	names  names // adapters and aliases (lora.go)
 	// podIDs hands out the pods' ids.
 	podIDs ids
+	// modelIndex numbers every model any snapshot had, so a model that
+	// leaves (its last pod gone) and comes back takes its number again:
+	// the per-model tables (metrics) keyed by it hold its series still.
+	modelIndex map[string]int
 	// commit changes the state s shares with the snapshot it replaces
 	// (kept pods' weights, departed pods' index slots): run by Commit, once
 	// nothing else can fail the reload.
@@ -450,20 +456,19 @@ type DialFunc func(addr string, timeout time.Duration) (net.Conn, error)
 // New pods start healthy (the first check corrects that within one
 // interval) so a fresh gateway serves at once.
 func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error) {
-	s := &Snapshot{byName: map[string]*Model{}, podIDs: ids{bits: ledger.IndexBits}}
+	s := &Snapshot{byName: map[string]*Model{}, podIDs: ids{bits: ledger.IndexBits}, modelIndex: map[string]int{}}
 	// The pods of prev by identity; those a pod of cfg takes over stay.
 	old := map[identity]*Pod{}
 	// Loaded tokenizers by settings, so models sharing one (and a reload
 	// keeping one) load it once.
 	prompts := prompt.Loaded{}
-	nextIndex := 0
 	if prev != nil {
 		s.podIDs = prev.podIDs.clone()
+		maps.Copy(s.modelIndex, prev.modelIndex)
 		for _, p := range prev.Pods {
 			old[identityOf(p.Config)] = p
 		}
 		for _, m := range prev.Models {
-			nextIndex = max(nextIndex, m.Index+1)
 			if m.Prompt != nil {
 				prompts[m.promptKey] = m.Prompt
 			}
@@ -540,12 +545,12 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			if m.Prompt, m.promptKey, err = loadPrompt(mc, prompts); err != nil {
 				return nil, fmt.Errorf("model %q: %w", pc.Model, err)
 			}
-			if pm := prev.model(pc.Model); pm != nil {
-				m.Index = pm.Index
-			} else {
-				m.Index = nextIndex
-				nextIndex++
+			i, ok := s.modelIndex[pc.Model]
+			if !ok {
+				i = len(s.modelIndex)
+				s.modelIndex[pc.Model] = i
 			}
+			m.Index = i
 			s.byName[pc.Model] = m
 			s.Models = append(s.Models, m)
 		}
