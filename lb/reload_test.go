@@ -4,12 +4,17 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"pdlb/internal/testwait"
 	"pdlb/lb/config"
+	"pdlb/lb/discovery/spec"
 )
 
 func TestReloadSwapsPodsWithoutDroppingStreams(t *testing.T) {
@@ -89,6 +94,32 @@ func TestReloadAndDiscoveryDoNotUndoEachOther(t *testing.T) {
 		if !slices.ContainsFunc(s.Gateway.Config().Models, func(m config.Model) bool { return m.Name == name }) {
 			t.Fatalf("round %d: the reload's model %s is gone after a discovery update raced it", i, name)
 		}
+	}
+}
+
+// TestReloadKeepsDiscoveredPods: a reload of the config file (SIGHUP, or
+// the file changed) brings the file's own pods; the pods discovery found
+// stay beside them, for discovery reports only when its list changes.
+func TestReloadKeepsDiscoveredPods(t *testing.T) {
+	sims := testFleet(t, "m", 2, 100)
+	_, port, _ := net.SplitHostPort(sims[1].Addr())
+	p, _ := strconv.Atoi(port)
+	static := podsOf("other", sims[0])
+	s := testGateway(t, static, func(c *config.Config) {
+		c.Discovery.DNS = []spec.DNS{{Name: "localhost", Port: p, Model: "m", Interval: 50 * time.Millisecond}}
+	})
+	testwait.For(t, "discovery to find the pod", func() bool {
+		r, _ := post(t, s, "/v1/chat/completions", chatBody)
+		return r.StatusCode == 200
+	})
+	// The file again, as config.Load reads it: its own pods.
+	cfg := s.Gateway.Config()
+	cfg.Pods = static
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if r, b := post(t, s, "/v1/chat/completions", chatBody); r.StatusCode != 200 {
+		t.Fatalf("after a reload of the file the discovered pod is gone: %d %s", r.StatusCode, b)
 	}
 }
 

@@ -3,6 +3,7 @@
 package lb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +41,12 @@ type Server struct {
 	// discovery, when configured, runs until Shutdown cancels it.
 	stopDiscovery context.CancelFunc
 	discovered    chan struct{}
+	// fleetMu orders the fleet's two sources while discovery runs: the
+	// configuration's own pods (static, replaced by a reload) and
+	// discovery's last list (found, nil before its first), each fleet
+	// update made of both.
+	fleetMu       sync.Mutex
+	static, found []config.Pod
 	tls           *listenerTLS
 }
 
@@ -185,10 +193,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // pods, and hands every complete list to the gateway. A discovered pod that
 // fails validation is left out with a log line; the rest are served.
 func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
-	src, err := discovery.New(cfg.Discovery, cfg.Pods, log)
+	// The configuration's pods are not a source of discovery's: a reload
+	// replaces them, and discovery reports only when its own list changes.
+	src, err := discovery.New(cfg.Discovery, nil, log)
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
+	s.static = cfg.Pods
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopDiscovery, s.discovered = cancel, make(chan struct{})
 	go func() {
@@ -204,7 +215,14 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 				}
 				pods = append(pods, p)
 			}
-			if err := s.Gateway.SetPods(pods); err != nil {
+			s.fleetMu.Lock()
+			defer s.fleetMu.Unlock()
+			s.found = pods
+			all := withFound(s.static, pods)
+			if len(all) < len(s.static)+len(pods) {
+				log.Warn("discovered pods named as configured ones left out", "pods", len(s.static)+len(pods)-len(all))
+			}
+			if err := s.Gateway.SetPods(all); err != nil {
 				log.Error("discovered fleet not applied", "err", err)
 			}
 		})
@@ -219,8 +237,39 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 // listeners' certificate lists, read from their files again, or nothing
 // of cfg when any of it is refused: the running configuration stays, as
 // nginx's does when its reload fails.
+//
+// cfg.Pods are the configuration's own pods: while discovery runs, the
+// pods it found last stay beside them.
 func (s *Server) Reload(cfg config.Config) error {
-	return s.tls.apply(cfg.TLS, func() error { return s.Gateway.Reload(cfg) })
+	if s.stopDiscovery == nil {
+		return s.tls.apply(cfg.TLS, func() error { return s.Gateway.Reload(cfg) })
+	}
+	s.fleetMu.Lock()
+	defer s.fleetMu.Unlock()
+	static := cfg.Pods
+	cfg.Pods = withFound(static, s.found)
+	err := s.tls.apply(cfg.TLS, func() error { return s.Gateway.Reload(cfg) })
+	if err == nil {
+		s.static = static
+	}
+	return err
+}
+
+// withFound is the configuration's pods, then the discovered ones whose
+// names no configured pod has (as discovery.Union keeps the first of two
+// pods with one name).
+func withFound(static, found []config.Pod) []config.Pod {
+	names := map[string]bool{}
+	for _, p := range static {
+		names[cmp.Or(p.Name, p.Address)] = true
+	}
+	out := slices.Clone(static)
+	for _, p := range found {
+		if !names[cmp.Or(p.Name, p.Address)] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // ReopenLogs opens the access log's file anew, after rotation moved it.
