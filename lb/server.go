@@ -195,7 +195,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 	// The configuration's pods are not a source of discovery's: a reload
 	// replaces them, and discovery reports only when its own list changes.
-	src, err := discovery.New(cfg.Discovery, nil, log)
+	src, err := discovery.New(cfg.Discovery, log)
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}

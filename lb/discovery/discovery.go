@@ -43,14 +43,11 @@ type Source interface {
 	Run(ctx context.Context, report func([]Pod)) error
 }
 
-// New makes one Source of everything configured: static pods (reported
-// as they are), each DNS name, and Kubernetes. d must have passed
-// Validate.
-func New(d spec.Discovery, static []config.Pod, log *slog.Logger) (Source, error) {
+// New makes one Source of everything d configures: each DNS name, and
+// Kubernetes (the config file's own pods are the server's to add, as a
+// reload replaces them). d must have passed Validate.
+func New(d spec.Discovery, log *slog.Logger) (Source, error) {
 	var sources []Source
-	if len(static) > 0 {
-		sources = append(sources, Static(static))
-	}
 	for _, s := range d.DNS {
 		sources = append(sources, NewDNS(s, net.DefaultResolver, log))
 	}
@@ -66,22 +63,6 @@ func New(d spec.Discovery, static []config.Pod, log *slog.Logger) (Source, error
 		sources = append(sources, k)
 	}
 	return Union(log, sources...), nil
-}
-
-// Static returns a Source that reports pods once.
-func Static(pods []config.Pod) Source { return static(pods) }
-
-type static []config.Pod
-
-func (s static) Run(ctx context.Context, report func([]Pod)) error {
-	pods := make([]Pod, len(s))
-	for i := range s {
-		pods[i].Pod = s[i]
-	}
-	sortByName(pods)
-	report(pods)
-	<-ctx.Done()
-	return ctx.Err()
 }
 
 // Union returns a Source that runs every source and reports the union of

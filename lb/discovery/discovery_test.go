@@ -35,19 +35,19 @@ func pod(name, model string) Pod {
 }
 
 func TestUnionMergesLatestLists(t *testing.T) {
-	a, b := newScripted(), newScripted()
-	static := []config.Pod{{Name: "s1", Model: "m"}, {Name: "s0", Model: "m"}}
-	w := follow(t, Union(quiet, Static(static), a, b))
-	// Static pods are reported at once, sorted.
-	w.expect("s0 m    ", "s1 m    ")
+	s, a, b := newScripted(), newScripted(), newScripted()
+	w := follow(t, Union(quiet, s, a, b))
+	// The first report is the union at once, sorted.
+	s.lists <- []Pod{pod("s1", "m"), pod("s0", "m")}
+	w.expect("s0 m    s0", "s1 m    s1")
 	a.lists <- []Pod{pod("a1:1", "m"), pod("a0:1", "m")}
-	w.expect("a0:1 m    a0:1", "a1:1 m    a1:1", "s0 m    ", "s1 m    ")
+	w.expect("a0:1 m    a0:1", "a1:1 m    a1:1", "s0 m    s0", "s1 m    s1")
 	// A name both sources report: the earlier source's pod is kept.
 	b.lists <- []Pod{pod("a0:1", "other"), pod("b0:1", "m")}
-	w.expect("a0:1 m    a0:1", "a1:1 m    a1:1", "b0:1 m    b0:1", "s0 m    ", "s1 m    ")
+	w.expect("a0:1 m    a0:1", "a1:1 m    a1:1", "b0:1 m    b0:1", "s0 m    s0", "s1 m    s1")
 	// A source's new list replaces its old one only.
 	a.lists <- nil
-	w.expect("a0:1 other    a0:1", "b0:1 m    b0:1", "s0 m    ", "s1 m    ")
+	w.expect("a0:1 other    a0:1", "b0:1 m    b0:1", "s0 m    s0", "s1 m    s1")
 }
 
 func TestUnionStopsOnError(t *testing.T) {

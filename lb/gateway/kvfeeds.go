@@ -54,7 +54,7 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 			if p.Config.KVEvents == "" {
 				continue
 			}
-			if f, ok := kept[p.ID]; ok && f.model.Prefix == m.Prefix && f.pod.PrefixID == p.PrefixID &&
+			if f, ok := kept[p.ID]; ok && f.model.Prefix == m.Prefix && f.model.BlockSize == m.BlockSize && f.pod.PrefixID == p.PrefixID &&
 				f.pod.Config.KVEvents == p.Config.KVEvents && f.pod.Config.KVReplay == p.Config.KVReplay {
 				k.feeds = append(k.feeds, kvFeed{pod: p, model: m, sub: f.sub, index: f.index})
 				continue
