@@ -43,8 +43,8 @@ type completion struct {
 	// within bounds the current attempt's wait for its first answer byte,
 	// shorter than the response timeout when hedged (firstByteWithin);
 	// retrying: x holds a place in the retry budget (takeRetry);
-	// budgetWait: x is to wait for one before its retry (awaitRetry),
-	// refused when worked retries had had their answers begin.
+	// budgetWait: x is to wait for one before its retry (awaitRetry);
+	// worked: how many retries' answers had begun when x's was refused.
 	within     time.Duration
 	hedged     bool
 	retrying   bool
