@@ -57,7 +57,8 @@ func TestConnCapAnswers(t *testing.T) {
 			}
 			defer over.Close()
 			resp, b, err := ask(over)
-			if err != nil || resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, `"error":{`) || !strings.Contains(b, "max_conns_per_ip") {
+			if err != nil || resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, `"error":{`) || !strings.Contains(b, "max_conns_per_ip") ||
+				resp.Header.Get("Retry-After") != "1" {
 				t.Fatalf("the connection over the cap: %v %v %s", resp, err, b)
 			}
 			if n, err := over.Read(make([]byte, 1)); n != 0 || err != io.EOF {

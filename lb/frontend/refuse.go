@@ -17,12 +17,14 @@ import (
 // before reading read the answer. With every lingering slot taken, it is
 // reset, which frees the socket at once.
 
-// refusal is that answer.
+// refusal is that answer. Its Retry-After is 1, as a key's concurrency
+// limit says: a slot frees when one of the address's connections closes,
+// which may be at any moment, and OpenAI's SDKs wait as told.
 var refusal = func() []byte {
 	e := openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRequests, Code: openai.CodeRateLimited,
 		Message: "Too many connections from your address are open (limits.max_conns_per_ip); send on one you hold, or close one and retry."}
 	body := e.AppendJSON(nil)
-	return fmt.Appendf(nil, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	return fmt.Appendf(nil, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 }()
 
 // refuse answers c with refusal and lets it linger, or resets it when no
