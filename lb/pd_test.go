@@ -328,6 +328,28 @@ func TestPDRetryBudgetFreedAtFirstByte(t *testing.T) {
 	waitIdle(t, s)
 }
 
+// TestPDAnswerFromPrefillCountsItsToken: a TensorRT-LLM context pod
+// whose answer finished at its first token answers the client itself;
+// that token counts (pdlb_completion_tokens_total, an API key's output
+// budget) as any answer's do.
+func TestPDAnswerFromPrefillCountsItsToken(t *testing.T) {
+	e := pdEngines[2] // context_first
+	one := func(c *sim.Config) { c.DefaultMaxTokens = 1 }
+	pre := startSim(t, e, "pre", sim.RolePrefill, one)
+	dec := startSim(t, e, "dec", sim.RoleDecode, one)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}, nil)
+	for i, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"stream":%v}`, strings.Repeat("the prefill pod computes this prompt once ", 8), stream)
+		resp, b := post(t, s, "/v1/chat/completions", body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-pod") != "pre" {
+			t.Fatalf("stream=%v: %d from %q: %s", stream, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+		}
+		if got := metricValue(t, s, `pdlb_completion_tokens_total{model="m"}`); got != float64(i+1) {
+			t.Fatalf("stream=%v: pdlb_completion_tokens_total = %v after the context pod's one-token answers, want %d", stream, got, i+1)
+		}
+	}
+}
+
 func TestPDPrefillKilledFailsFast(t *testing.T) {
 	for _, e := range pdEngines {
 		t.Run(e.name, func(t *testing.T) {

@@ -133,5 +133,10 @@ func (x *completion) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, b
 		ctx.SetContentType("text/event-stream; charset=utf-8")
 		ctx.SetBody(sse)
 	}
+	if status == fasthttp.StatusOK {
+		// Its usage is the output charged, as respond's for a whole
+		// answer: the context response is one whatever the client asked.
+		x.counted.ObserveBody(body)
+	}
 	x.g.finish(x, x.m, pre, resp, status)
 }
