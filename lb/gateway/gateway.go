@@ -391,10 +391,18 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		g.metrics.countRequest(nil, fasthttp.StatusMethodNotAllowed)
 	case "/v1/models":
-		if e = notAllowed(ctx, fasthttp.MethodGet); e == nil {
-			ctx.SetContentType("application/json")
-			ctx.SetBody(renderModels(g.pool.Load()))
+		if e = notAllowed(ctx, fasthttp.MethodGet); e != nil {
+			break
 		}
+		// Keys guard every API path, as OpenAI's: the list names the
+		// models and adapters served.
+		if _, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)); !d.OK() {
+			e = d.Error()
+			writeFailure(ctx, answer(e))
+			break
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(renderModels(g.pool.Load()))
 	case "/health":
 		// Liveness: the process serves requests.
 		ctx.SetStatusCode(fasthttp.StatusOK)
