@@ -249,8 +249,10 @@ func (a Admission) AdmitConfig() admit.Config {
 type Redis struct {
 	// Address is host:port; empty keeps every ledger local.
 	Address string `yaml:"address"`
-	// ReplicaID names this replica in Redis (default: the host name and
-	// the listen address).
+	// ReplicaID names this replica in Redis (default: 16 random hex
+	// digits, new at each start). Replicas must not share one: each
+	// replaces the entry under its id and ignores the load published
+	// under it as its own.
 	ReplicaID string `yaml:"replica_id"`
 }
 
