@@ -223,6 +223,7 @@ const (
 	wantCount      = "a non-negative integer"
 	wantTokenID    = "a token id (an integer from 0 to 4294967295)"
 	wantContent    = "a string or a list of parts"
+	wantPart       = "a string or an object"
 	wantPromptForm = "a string, a list of strings, a list of token ids or a list of lists of token ids"
 )
 
@@ -530,59 +531,111 @@ func (r *Request) parseMessage(s *scanner) error {
 
 // renderParts appends the text parts of message i's content list (s on its
 // '[') to r.Prompt, separated by "\n", and adds the other parts' raw sizes to
-// r.MediaBytes.
+// r.MediaBytes. Parts are read as vLLM reads them (chat_utils.py): a bare
+// string is text; text, input_text and output_text parts hold their text
+// in "text", refusal and thinking parts in "refusal" and "thinking", and
+// one whose text is null or absent is skipped; a part without a type is
+// media when it holds a media field.
 func (r *Request) renderParts(s *scanner, i int) error {
 	s.open()
 	texts := 0
 	for j := 0; s.more(']', j); j++ {
 		start := s.p
-		if s.c() != '{' {
-			return InvalidType(partPath(i, j, ""), wantObject, s.b[s.skip():s.p])
-		}
-		s.open()
-		var typ, text field
-		for k := 0; s.more('}', k); k++ {
-			switch b2s(s.key(&r.scratch)) {
-			case "type":
-				typ = s.field()
-			case "text":
-				text = s.field()
-			default:
-				s.skip()
-			}
-		}
-		switch typ.form {
+		var text field
+		switch s.c() {
 		case '"':
-		case 0:
-			return MissingParam(partPath(i, j, ".type"))
+			text = s.field()
+		case '{':
+			var err error
+			if text, err = r.readPart(s, i, j); err != nil {
+				return err
+			}
 		default:
-			return InvalidType(partPath(i, j, ".type"), wantString, typ.raw)
+			return InvalidType(partPath(i, j, ""), wantPart, s.b[s.skip():s.p])
 		}
-		typText, ok := r.text(typ)
-		if !ok {
-			return InvalidJSON()
-		}
-		if b2s(typText) != "text" {
+		switch text.form {
+		case 0: // no text: skipped, as vLLM skips it
+			continue
+		case 'm':
 			r.MediaBytes += s.p - start
 			r.media = radix.Extend(r.media, xxhash.Sum64(s.b[start:s.p]))
 			continue
-		}
-		switch text.form {
-		case '"':
-		case 0:
-			return MissingParam(partPath(i, j, ".text"))
-		default:
-			return InvalidType(partPath(i, j, ".text"), wantString, text.raw)
 		}
 		if texts > 0 {
 			r.Prompt = append(r.Prompt, '\n')
 		}
 		texts++
+		var ok bool
 		if r.Prompt, ok = appendUnquoted(r.Prompt, text.raw, text.esc); !ok {
 			return InvalidJSON()
 		}
 	}
 	return nil
+}
+
+// readPart reads the content part object at s.p (part j of message i) and
+// returns its text: a string field, form 0 for a text part without text,
+// or form 'm' for a media part.
+func (r *Request) readPart(s *scanner, i, j int) (field, error) {
+	s.open()
+	var typ field
+	var texts [3]field // "text", "refusal", "thinking"
+	media := false
+	for k := 0; s.more('}', k); k++ {
+		switch key := b2s(s.key(&r.scratch)); key {
+		case "type":
+			typ = s.field()
+		case "text":
+			texts[0] = s.field()
+		case "refusal":
+			texts[1] = s.field()
+		case "thinking":
+			texts[2] = s.field()
+		default:
+			media = media || mediaField(key)
+			s.skip()
+		}
+	}
+	switch typ.form {
+	case '"':
+	case 0:
+		if media {
+			return field{form: 'm'}, nil
+		}
+		return field{}, MissingParam(partPath(i, j, ".type"))
+	default:
+		return field{}, InvalidType(partPath(i, j, ".type"), wantString, typ.raw)
+	}
+	typText, ok := r.text(typ)
+	if !ok {
+		return field{}, InvalidJSON()
+	}
+	var text field
+	var name string
+	switch b2s(typText) {
+	case "text", "input_text", "output_text":
+		text, name = texts[0], ".text"
+	case "refusal":
+		text, name = texts[1], ".refusal"
+	case "thinking":
+		text, name = texts[2], ".thinking"
+	default:
+		return field{form: 'm'}, nil
+	}
+	if text.form != 0 && text.form != '"' {
+		return field{}, InvalidType(partPath(i, j, name), wantString, text.raw)
+	}
+	return text, nil
+}
+
+// mediaField says whether a part's key is one that makes a part without a
+// type a media part in vLLM (_parse_chat_message_content_mm_part).
+func mediaField(key string) bool {
+	switch key {
+	case "image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url", "input_audio", "video_url", "tool_reference":
+		return true
+	}
+	return false
 }
 
 // text returns the string f holds, unescaped into r.scratch if need be
