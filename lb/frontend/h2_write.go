@@ -194,8 +194,9 @@ func (c *h2Conn) writeData(st *h2Stream, p []byte, end bool) error {
 		if err := c.writableLocked(st); err != nil {
 			return err
 		}
-		n := int64(min(len(p), c.maxFrameOut))
-		n = min(n, st.sendWindow, c.sendWindow)
+		// A window may be negative (the client shrank its initial
+		// window): nothing may be sent then but an empty, ending frame.
+		n := max(min(int64(min(len(p), c.maxFrameOut)), st.sendWindow, c.sendWindow), 0)
 		if (n <= 0 && len(p) > 0) || (c.writing && len(c.out) >= h2MaxPending) {
 			// The client gets what is gathered before it is waited
 			// on to open its windows.

@@ -1,0 +1,74 @@
+package frontend_test
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"pdlb/lb/frontend"
+)
+
+// h2Get opens stream id on fr with a GET of path.
+func h2Get(fr *http2.Framer, id uint32, path string) {
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range []hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: path}, {Name: ":authority", Value: "x"}} {
+		_ = enc.WriteField(f)
+	}
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true})
+}
+
+// h2Until reads frames from fr until want says stop.
+func h2Until(t *testing.T, fr *http2.Framer, what string, want func(http2.Frame) bool) {
+	t.Helper()
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if want(f) {
+			return
+		}
+	}
+}
+
+// TestHTTP2NegativeWindowEnd: a client may shrink its
+// SETTINGS_INITIAL_WINDOW_SIZE below what a stream already took, which
+// leaves the stream's window negative (RFC 9113 6.9.2); the empty DATA
+// frame that ends the stream needs no window and still goes out.
+func TestHTTP2NegativeWindowEnd(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			release := make(chan struct{})
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+				frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
+					_, _ = w.Write([]byte("data: 1\n\n"))
+					_ = w.Flush()
+					<-release
+				})
+			}, Error: writeFrontError}
+			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+			h2Get(fr, 1, "/stream")
+			h2Until(t, fr, "the first event", func(f http2.Frame) bool {
+				d, ok := f.(*http2.DataFrame)
+				return ok && d.StreamID == 1 && len(d.Data()) > 0
+			})
+			_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+			h2Until(t, fr, "the SETTINGS' ack", func(f http2.Frame) bool {
+				s, ok := f.(*http2.SettingsFrame)
+				return ok && s.IsAck()
+			})
+			close(release)
+			h2Until(t, fr, "the stream's end", func(f http2.Frame) bool {
+				if r, ok := f.(*http2.RSTStreamFrame); ok {
+					t.Fatalf("stream reset (%v) instead of ended", r.ErrCode)
+				}
+				d, ok := f.(*http2.DataFrame)
+				return ok && d.StreamID == 1 && d.StreamEnded()
+			})
+		})
+	}
+}
