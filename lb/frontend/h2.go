@@ -358,10 +358,15 @@ func (c *h2Conn) onSettings(f *http2.SettingsFrame) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	err := f.ForeachSetting(func(s http2.Setting) error {
+		// The framer checks only a frame's first INITIAL_WINDOW_SIZE;
+		// a MAX_FRAME_SIZE of 0 would loop writeHeaders for good.
+		if err := s.Valid(); err != nil {
+			return err
+		}
 		switch s.ID {
 		case http2.SettingInitialWindowSize:
-			// Valid() bounded it. Open streams' windows move by the
-			// difference (RFC 9113 6.9.2).
+			// Open streams' windows move by the difference (RFC 9113
+			// 6.9.2).
 			d := int64(s.Val) - c.initialWindow
 			c.initialWindow = int64(s.Val)
 			for _, st := range c.streams {
