@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -201,6 +202,10 @@ type h2Conn struct {
 	goingAway     bool   // GOAWAY sent: no new streams
 	lastID        uint32 // the highest stream the client opened
 	idle          *time.Timer
+	// reading times out the requests whose body is still coming
+	// (onReadTimeout); readArmed: it is set to fire.
+	reading   *time.Timer
+	readArmed bool
 
 	// Owned by run.
 	recvWindow  int64 // the connection's receive window left
@@ -503,8 +508,55 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	st.recvEnded = f.StreamEnded()
 	if st.recvEnded || st.err != nil {
 		c.dispatch(st)
+	} else {
+		c.awaitBodyLocked(st)
 	}
 	return nil
+}
+
+// awaitBodyLocked gives st's request ReadTimeout to come whole, as on
+// HTTP/1.1: a client that stops midway, or died, must not hold the stream
+// and its connection for good. One timer a connection serves all its
+// streams; mu is held.
+func (c *h2Conn) awaitBodyLocked(st *h2Stream) {
+	limit := c.s.o.ReadTimeout
+	if limit <= 0 {
+		return
+	}
+	st.readBy = time.Now().Add(limit)
+	if c.readArmed {
+		return
+	}
+	c.readArmed = true
+	if c.reading == nil {
+		c.reading = time.AfterFunc(limit, c.onReadTimeout)
+	} else {
+		c.reading.Reset(limit)
+	}
+}
+
+// onReadTimeout answers each request whose body is overdue with the Error
+// handler's timeout, and sets the timer for the next one due.
+func (c *h2Conn) onReadTimeout() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	var next time.Time
+	for _, st := range c.streams {
+		switch {
+		case st.started:
+		case !now.Before(st.readBy):
+			st.err = os.ErrDeadlineExceeded
+			c.dispatch(st)
+		case next.IsZero() || st.readBy.Before(next):
+			next = st.readBy
+		}
+	}
+	// After end the map is empty: nothing is dispatched past run's
+	// handlers.Wait.
+	if c.readArmed = !next.IsZero(); c.readArmed {
+		c.reading.Reset(next.Sub(now))
+	}
 }
 
 // h2Fields reports whether a request's fields are free of the
@@ -700,6 +752,9 @@ func (c *h2Conn) end(err error) {
 	if c.idle != nil {
 		c.idle.Stop()
 	}
+	if c.reading != nil {
+		c.reading.Stop()
+	}
 	_ = c.nc.Close()
 	c.cond.Broadcast()
 }
@@ -723,8 +778,9 @@ type h2Stream struct {
 	recvWindow int64
 	// recvUnacked is received body not yet given back in a WINDOW_UPDATE.
 	recvUnacked int64
-	recvEnded   bool // the client ended its side
-	started     bool // its handler runs
+	recvEnded   bool      // the client ended its side
+	readBy      time.Time // when the request must be whole (awaitBodyLocked)
+	started     bool      // its handler runs
 	// onCut: the calls ClientCut's watchers cut when the stream is; a
 	// call watches once, so cutBuf holds them without an allocation.
 	onCut  []upstream.Cutter
