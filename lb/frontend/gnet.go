@@ -436,7 +436,7 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 	s.mu.Lock()
 	delete(s.conns, gc)
 	s.mu.Unlock()
-	if s.o.Conns != nil && !gc.refused {
+	if s.o.Conns != nil && !gc.refused && !gc.handed {
 		s.o.Conns.Release(c.RemoteAddr())
 	}
 	gc.closed = true

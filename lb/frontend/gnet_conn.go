@@ -70,6 +70,7 @@ type gconn struct {
 	closed    bool                 // OnClose ran
 	lingered  int                  // bytes discarded while lingering (linger.go)
 	sniffed   bool                 // its first bytes are not HTTP/2's preface (h2c.go)
+	handed    bool                 // h2c: the HTTP/2 server took it with its place under the cap
 	tls       *loopTLS             // nil: plain (gnet_tls.go)
 	// stalled: the writer waits until OutboundBuffered() <= stallLimit.
 	stalled    bool

@@ -290,7 +290,7 @@ func (s *GNet) handshake(gc *gconn) {
 		return
 	}
 	if h2 {
-		s.serveH2(gc.remote, t.tc, t.w.nc)
+		s.serveH2(gc.remote, t.tc, t.w.nc, false)
 	}
 }
 

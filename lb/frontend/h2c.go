@@ -42,17 +42,22 @@ func (s *GNet) h2cOnLoop(gc *gconn) (act gnet.Action, done bool) {
 	}
 	early := bytes.Clone(buf)
 	_, _ = c.Discard(len(buf))
-	go s.serveH2(c.RemoteAddr(), &prefixedConn{Conn: nc, early: early}, nc)
+	// Its place under the per-address cap goes with it: taken again on
+	// the goroutine, it could be before OnClose gave it back, and a
+	// client at its cap would be refused.
+	gc.handed = true
+	go s.serveH2(c.RemoteAddr(), &prefixedConn{Conn: nc, early: early}, nc, true)
 	return gnet.Close, true
 }
 
 // serveH2 serves an HTTP/2 connection a loop handed over, conn over the
-// duplicate socket nc, which it closes when done. OnClose gave the
-// connection's place under the per-address cap back; it is taken again.
-func (s *GNet) serveH2(remote net.Addr, conn, nc net.Conn) {
+// duplicate socket nc, which it closes when done. Unless held (the
+// connection kept its place under the per-address cap), OnClose gave the
+// place back; it is taken again.
+func (s *GNet) serveH2(remote net.Addr, conn, nc net.Conn, held bool) {
 	defer nc.Close()
 	if s.o.Conns != nil {
-		if !s.o.Conns.Acquire(remote) {
+		if !held && !s.o.Conns.Acquire(remote) {
 			return
 		}
 		defer s.o.Conns.Release(remote)
