@@ -230,6 +230,9 @@ const maxRecord = 16 << 10
 func (s *GNet) startTLS(gc *gconn) {
 	w := &loopWire{c: gc.c, feed: handshakeFeed{more: make(chan struct{}, 1)}}
 	gc.tls = &loopTLS{tc: tls.Server(w, s.tls), w: w}
+	// Its h2 comes by ALPN: the cleartext preface is plain HTTP on the
+	// TLS port, which the handshake refuses.
+	gc.sniffed = true
 }
 
 // handshaking feeds b, which arrived before the loop took gc back from
