@@ -5,6 +5,7 @@ package lb
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -117,14 +118,15 @@ func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, adminLn net.
 		}
 	}
 	if adminLn != nil {
-		s.admin = &http.Server{Handler: limits.AdminGuard(cfg.Access.AdminToken, g.Admin()), ReadHeaderTimeout: 10 * time.Second,
-			TLSConfig: lt.adminConfig(cfg.TLS)}
+		s.admin = &http.Server{Handler: limits.AdminGuard(cfg.Access.AdminToken, g.Admin()), ReadHeaderTimeout: 10 * time.Second}
+		ln := adminLn
+		if tc := lt.adminConfig(cfg.TLS); tc != nil {
+			// Not ServeTLS: it handshakes with a clone of tc, whose
+			// session-ticket keys would never rotate.
+			ln = tls.NewListener(adminLn, tc)
+		}
 		go func() {
-			serve := s.admin.Serve
-			if s.admin.TLSConfig != nil {
-				serve = func(ln net.Listener) error { return s.admin.ServeTLS(ln, "", "") }
-			}
-			if err := serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+			if err := s.admin.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				s.done <- err
 			}
 		}()
