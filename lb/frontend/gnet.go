@@ -87,14 +87,6 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	if !o.HTTP2.Disabled {
 		s.h2 = newH2Server(h, s.o)
 	}
-	if o.TLS != nil {
-		protos := []string{protoHTTP1}
-		if s.h2 != nil {
-			protos = []string{protoH2, protoHTTP1}
-		}
-		s.tlsStop = make(chan struct{})
-		s.tls = o.TLS.Config(protos, s.tlsStop)
-	}
 	// Each loop binds its own socket to addr, and each bind to port 0 would
 	// get a port of its own. A port is chosen first, with a socket that holds
 	// it until the loops are bound beside it.
@@ -111,6 +103,16 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	others, err := listenersOn(s.addr)
 	if err != nil {
 		return nil, err
+	}
+	// Only now: its ticket-key rotation runs until stop, or until the
+	// engine fails to start.
+	if o.TLS != nil {
+		protos := []string{protoHTTP1}
+		if s.h2 != nil {
+			protos = []string{protoH2, protoHTTP1}
+		}
+		s.tlsStop = make(chan struct{})
+		s.tls = o.TLS.Config(protos, s.tlsStop)
 	}
 	go func() {
 		logger := &gnetLogger{}
@@ -166,6 +168,9 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 		s.o.FDs.SetOpen(func() int { return base + s.sockets() })
 		return s, nil
 	case <-s.stopped:
+		if s.tlsStop != nil {
+			close(s.tlsStop)
+		}
 		return nil, fmt.Errorf("gnet: %w", s.runErr)
 	}
 }

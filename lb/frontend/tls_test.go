@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -632,4 +633,30 @@ func TestHTTP2WriteStall(t *testing.T) {
 			t.Fatal("the writer to a socket nobody reads never failed")
 		}
 	})
+}
+
+// TestTLSStartFailureLeavesNothing: a front end that fails to start over
+// TLS leaves no goroutine behind (the session-ticket keys' rotation).
+func TestTLSStartFailureLeavesNothing(t *testing.T) {
+	ts := newTLSSetup(t)
+	rotations := func() int {
+		buf := make([]byte, 1<<20)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "frontend.rotateTickets")
+	}
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			before := rotations()
+			if s, err := frontend.Start(name, "256.0.0.1:0", newApp().handler(), ts.options()); err == nil {
+				_ = s.ShutdownWithContext(context.Background())
+				t.Fatal("started on an address that is none")
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for rotations() > before {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d ticket-key rotations still run after the failed start, %d before it", rotations(), before)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
 }
