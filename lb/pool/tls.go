@@ -19,9 +19,7 @@ import (
 func upstreamTLS(u config.UpstreamTLS) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: u.ServerName,
 		// The pods speak HTTP/1.1, which fasthttp's client writes.
-		NextProtos: []string{"http/1.1"},
-		// One pod gets many connections: resuming skips the key exchange.
-		ClientSessionCache: tls.NewLRUClientSessionCache(0)}
+		NextProtos: []string{"http/1.1"}}
 	if u.CAFile != "" {
 		pem, err := os.ReadFile(u.CAFile)
 		if err != nil {
@@ -52,6 +50,13 @@ type pinned interface{ Pin() }
 // the relay's deadlines and cuts still reach the socket under TLS
 // (upstream.ConnOf).
 func dialTLS(dial func(string) (net.Conn, error), cfg *tls.Config, timeout time.Duration) func(string) (net.Conn, error) {
+	// One pod gets many connections: resuming skips the key exchange. A
+	// cache of its own, as crypto/tls keys sessions by server name, which
+	// pods on one host, or under upstream.tls.server_name, share: each
+	// would be offered the ticket of the pod dialed last, which it cannot
+	// open.
+	cfg = cfg.Clone()
+	cfg.ClientSessionCache = tls.NewLRUClientSessionCache(1)
 	return func(addr string) (net.Conn, error) {
 		c, err := dial(addr)
 		if err != nil {
