@@ -1,7 +1,6 @@
 package frontend_test
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"testing"
@@ -29,12 +28,7 @@ func TestHTTP2ReadTimeout(t *testing.T) {
 				}}
 			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody, ReadTimeout: 200 * time.Millisecond}), nil)
 			fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-			var block bytes.Buffer
-			enc := hpack.NewEncoder(&block)
-			for _, f := range []hpack.HeaderField{{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: "/echo"}, {Name: ":authority", Value: "x"}} {
-				_ = enc.WriteField(f)
-			}
-			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true})
+			h2Open(fr, 1, "POST", "/echo", false)
 			_ = fr.WriteData(1, false, []byte(`{"model":`))
 			select {
 			case err := <-got:

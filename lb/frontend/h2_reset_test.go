@@ -1,13 +1,11 @@
 package frontend_test
 
 import (
-	"bytes"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"pdlb/lb/frontend"
 )
@@ -33,12 +31,7 @@ func TestHTTP2StreamWriterRunsOnceReset(t *testing.T) {
 				})
 			}, Error: writeFrontError}
 			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
-			var block bytes.Buffer
-			enc := hpack.NewEncoder(&block)
-			for _, f := range []hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: "/stream"}, {Name: ":authority", Value: "x"}} {
-				_ = enc.WriteField(f)
-			}
-			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true})
+			h2Get(fr, 1, "/stream")
 			<-started
 			// The server reads frames in order: the PING's ack says it
 			// has taken in the reset.

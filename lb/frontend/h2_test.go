@@ -1,13 +1,11 @@
 package frontend_test
 
 import (
-	"bytes"
 	"context"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"pdlb/lb/frontend"
 )
@@ -23,25 +21,7 @@ func TestHTTP2Shutdown(t *testing.T) {
 				t.Fatal(err)
 			}
 			fr := rawH2(t, s.Addr(), nil)
-			var block bytes.Buffer
-			enc := hpack.NewEncoder(&block)
-			for _, f := range []hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: "/sse?n=2&gated=1"}, {Name: ":authority", Value: "x"}} {
-				_ = enc.WriteField(f)
-			}
-			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true})
-			// until reads frames until want says stop.
-			until := func(what string, want func(http2.Frame) bool) {
-				t.Helper()
-				for {
-					f, err := fr.ReadFrame()
-					if err != nil {
-						t.Fatalf("waiting for %s: %v", what, err)
-					}
-					if want(f) {
-						return
-					}
-				}
-			}
+			h2Get(fr, 1, "/sse?n=2&gated=1")
 			data := func(end bool) func(http2.Frame) bool {
 				return func(f http2.Frame) bool {
 					d, ok := f.(*http2.DataFrame)
@@ -49,7 +29,7 @@ func TestHTTP2Shutdown(t *testing.T) {
 				}
 			}
 			a.step <- struct{}{}
-			until("the first event", data(false))
+			h2Until(t, fr, "the first event", data(false))
 
 			done := make(chan error, 1)
 			go func() {
@@ -57,7 +37,7 @@ func TestHTTP2Shutdown(t *testing.T) {
 				defer cancel()
 				done <- s.ShutdownWithContext(ctx)
 			}()
-			until("GOAWAY", func(f http2.Frame) bool {
+			h2Until(t, fr, "GOAWAY", func(f http2.Frame) bool {
 				ga, ok := f.(*http2.GoAwayFrame)
 				if ok && (ga.ErrCode != http2.ErrCodeNo || ga.LastStreamID != 1) {
 					t.Fatalf("GOAWAY %v, last stream %d; want NO_ERROR, 1", ga.ErrCode, ga.LastStreamID)
@@ -70,7 +50,7 @@ func TestHTTP2Shutdown(t *testing.T) {
 			default:
 			}
 			a.step <- struct{}{}
-			until("the stream's end", data(true))
+			h2Until(t, fr, "the stream's end", data(true))
 			if err := <-done; err != nil {
 				t.Fatalf("shutdown: %v", err)
 			}

@@ -12,13 +12,17 @@ import (
 )
 
 // h2Get opens stream id on fr with a GET of path.
-func h2Get(fr *http2.Framer, id uint32, path string) {
+func h2Get(fr *http2.Framer, id uint32, path string) { h2Open(fr, id, "GET", path, true) }
+
+// h2Open opens stream id on fr with a request's header; end: it has no
+// body.
+func h2Open(fr *http2.Framer, id uint32, method, path string, end bool) {
 	var block bytes.Buffer
 	enc := hpack.NewEncoder(&block)
-	for _, f := range []hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: path}, {Name: ":authority", Value: "x"}} {
+	for _, f := range []hpack.HeaderField{{Name: ":method", Value: method}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: path}, {Name: ":authority", Value: "x"}} {
 		_ = enc.WriteField(f)
 	}
-	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true})
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: end})
 }
 
 // h2Until reads frames from fr until want says stop.

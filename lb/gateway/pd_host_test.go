@@ -26,6 +26,15 @@ import (
 // listener.
 func inMemoryPair(t *testing.T, h fasthttp.RequestHandler) (*Gateway, *pool.Model) {
 	t.Helper()
+	return inMemoryGateway(t, h,
+		config.Pod{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		config.Pod{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"})
+}
+
+// inMemoryGateway is a gateway over pods of model "m", every one
+// answered by h over an in-memory listener.
+func inMemoryGateway(t *testing.T, h fasthttp.RequestHandler, pods ...config.Pod) (*Gateway, *pool.Model) {
+	t.Helper()
 	ln := fasthttputil.NewInmemoryListener()
 	t.Cleanup(func() { ln.Close() })
 	srv := &fasthttp.Server{Handler: h}
@@ -33,11 +42,21 @@ func inMemoryPair(t *testing.T, h fasthttp.RequestHandler) (*Gateway, *pool.Mode
 	dial := func(string, time.Duration) (net.Conn, error) { return ln.Dial() }
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
-	cfg.Pods = []config.Pod{
-		{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
-		{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
-	}
+	cfg.Pods = pods
 	return testGateway(t, cfg, dial, nil)
+}
+
+// startLongStream is a streamed completion of a prompt long enough to
+// time a prefill by, at its pick stage on a worker.
+func startLongStream(t *testing.T, g *Gateway, m *pool.Model) (*completion, *fasthttp.RequestCtx) {
+	t.Helper()
+	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+	body := `{"model":"m","prompt":"` + strings.Repeat("a long prompt to prefill ", 400) + `","stream":true}`
+	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	ctx.Request.SetBodyString(body)
+	return x, ctx
 }
 
 // TestPDAnswerLeavesTheCompletion: a PD attempt that answers the client
@@ -160,12 +179,7 @@ func TestPDFailedPrefillTeachesNoSpeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
-	body := `{"model":"m","prompt":"` + strings.Repeat("a long prompt to prefill ", 400) + `","stream":true}`
-	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
-		t.Fatal(err)
-	}
-	ctx.Request.SetBodyString(body)
+	x, ctx := startLongStream(t, g, m)
 	x.cascade = r
 	pre := m.Prefill[0]
 	speed := pre.Speed.TokensPerSec()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"pdlb/internal/certgen"
+	"pdlb/internal/testnet"
 	"pdlb/lb/config"
 )
 
@@ -40,21 +41,10 @@ func TestPodSessionsResume(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					_ = c.(*tls.Conn).Handshake()
-					_, _ = c.Read(make([]byte, 1))
-				}()
-			}
-		}()
-		addrs[i] = ln.Addr().String()
+		addrs[i] = testnet.Serve(t, ln, func(c net.Conn) {
+			_ = c.(*tls.Conn).Handshake()
+			_, _ = c.Read(make([]byte, 1))
+		})
 	}
 	for _, name := range []string{"", "pods.example"} {
 		cfg, err := upstreamTLS(config.UpstreamTLS{CAFile: ca.File, ServerName: name})
