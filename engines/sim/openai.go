@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"pdlb/engines"
 	"pdlb/engines/tokenize"
 )
 
@@ -21,6 +22,7 @@ type genRequest struct {
 	Prompt              json.RawMessage `json:"prompt"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	MinTokens           *int            `json:"min_tokens"` // vLLM's
 	Stream              bool            `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	// RequestID is vLLM's request_id extra parameter; RID is SGLang's.
@@ -63,6 +65,21 @@ type contentPart struct {
 }
 
 var errBadRequest = errors.New("bad request")
+
+// checkStreamOptions refuses stream_options without stream as vLLM's
+// validate_stream_options does: Python truthiness, so only a non-empty
+// object counts as given, and only a true stream as streaming.
+func checkStreamOptions(body []byte, stream bool) error {
+	raw, ok, err := engines.Field(body, "stream_options")
+	if err != nil || !ok || stream {
+		return nil
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil || len(m) == 0 {
+		return nil
+	}
+	return badRequest("Stream options can only be defined when `stream=True`.")
+}
 
 func badRequest(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))

@@ -433,7 +433,17 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		}
 	}()
 	var req genRequest
-	if !parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
+	if !parseBody(ctx, &req) {
+		return
+	}
+	if p.cfg.Engine == engines.VLLM {
+		// Refused while parsing the body, before the model is looked up.
+		if err := checkStreamOptions(ctx.PostBody(), req.Stream); err != nil {
+			refuse(ctx, err)
+			return
+		}
+	}
+	if !p.checkModel(ctx, req.Model) {
 		return
 	}
 	leg, err := p.legOf(&req)
@@ -571,6 +581,25 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 		r.maxTokens, r.limitReason = limit-prompt, finishLength
 	default:
 		r.maxTokens, r.limitReason = p.cfg.DefaultMaxTokens, finishStop
+	}
+	if p.cfg.Engine == engines.VLLM && req.MinTokens != nil {
+		// vLLM's SamplingParams._verify_args, against the max_tokens it
+		// resolved: the request's, else what the context leaves.
+		maxTokens := limit - prompt
+		if mt != nil {
+			maxTokens = *mt
+		}
+		var msg string
+		switch n := *req.MinTokens; {
+		case n < 0:
+			msg = fmt.Sprintf("min_tokens must be greater than or equal to 0, got %d.", n)
+		case n > maxTokens:
+			msg = fmt.Sprintf("min_tokens must be less than or equal to max_tokens=%d, got %d.", maxTokens, n)
+		}
+		if msg != "" {
+			writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", msg)
+			return false
+		}
 	}
 	return true
 }

@@ -317,3 +317,31 @@ func TestDeterministicText(t *testing.T) {
 		t.Fatal("different prompts, same text")
 	}
 }
+
+// TestRefusesAsVLLMSamplingChecks: vLLM answers 400 to stream_options
+// without stream (its validate_stream_options, a non-empty object only)
+// and to min_tokens above max_tokens (SamplingParams._verify_args), the
+// fields engines/vllm's PrefillBody strips for that reason; a sim that
+// served them would hide a prefill body that kept them.
+func TestRefusesAsVLLMSamplingChecks(t *testing.T) {
+	p := testPod(t, Config{Model: "m1", Speedup: fast, MaxModelLen: 100})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	f := func(body map[string]any, wantStatus int, wantIn string) {
+		t.Helper()
+		status, out := post(t, c, base+"/v1/chat/completions", chatBody("hi", body))
+		if status != wantStatus || !strings.Contains(string(out), wantIn) {
+			t.Fatalf("%v: status %d body %s; want %d containing %q", body, status, out, wantStatus, wantIn)
+		}
+	}
+	f(map[string]any{"max_tokens": 1, "stream_options": map[string]any{"include_usage": true}}, 400, "Stream options can only be defined when `stream=True`.")
+	f(map[string]any{"stream": false, "max_tokens": 1, "stream_options": map[string]any{"include_usage": false}}, 400, "Stream options")
+	f(map[string]any{"max_tokens": 1, "min_tokens": 2}, 400, "min_tokens must be less than or equal to max_tokens=1, got 2.")
+	f(map[string]any{"max_tokens": 4, "min_tokens": -1}, 400, "min_tokens must be greater than or equal to 0, got -1.")
+	// Without max_tokens the bound is what the context leaves.
+	f(map[string]any{"min_tokens": 99}, 400, "min_tokens must be less than or equal to max_tokens=")
+	// What vLLM lets through.
+	f(map[string]any{"max_tokens": 1, "stream_options": map[string]any{}}, 200, `"finish_reason":"length"`)
+	f(map[string]any{"max_tokens": 1, "stream_options": nil}, 200, `"finish_reason":"length"`)
+	f(map[string]any{"max_tokens": 2, "min_tokens": 2}, 200, `"completion_tokens":2`)
+}
