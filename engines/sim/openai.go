@@ -258,7 +258,7 @@ func newSSEWriter(chat bool, id string, created int64, model string, usage, cont
 		object = "chat.completion.chunk"
 	}
 	p := append([]byte(nil), `data: {"id":`...)
-	p = strconv.AppendQuote(p, id)
+	p = appendJSONString(p, id)
 	p = append(p, `,"object":"`...)
 	p = append(p, object...)
 	p = append(p, `","created":`...)
@@ -335,7 +335,7 @@ func appendFullResponse(dst []byte, chat bool, id string, created int64, model s
 		disagg, kvParams, promptIDs = pd.disaggParams, pd.kvTransferParams, pd.promptTokenIDs
 	}
 	dst = append(dst, `{"id":`...)
-	dst = strconv.AppendQuote(dst, id)
+	dst = appendJSONString(dst, id)
 	if chat {
 		dst = append(dst, `,"object":"chat.completion"`...)
 	} else {

@@ -345,3 +345,24 @@ func TestRefusesAsVLLMSamplingChecks(t *testing.T) {
 	f(map[string]any{"max_tokens": 1, "stream_options": nil}, 200, `"finish_reason":"length"`)
 	f(map[string]any{"max_tokens": 2, "min_tokens": 2}, 200, `"completion_tokens":2`)
 }
+
+// TestResponseIDIsJSON: the response id echoes the client's request_id,
+// which JSON allows to hold any character; the body must stay valid JSON,
+// streamed or whole, as vLLM's pydantic dump keeps it.
+func TestResponseIDIsJSON(t *testing.T) {
+	p := testPod(t, Config{Speedup: fast})
+	c := testClient(t)
+	const rid = "a\x01b\"é"
+	status, body := post(t, c, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 2, "request_id": rid})
+	var whole struct{ ID string }
+	if err := json.Unmarshal(body, &whole); status != 200 || err != nil || whole.ID != "cmpl-"+rid {
+		t.Fatalf("status %d, %v: %q", status, err, body)
+	}
+	_, events := stream(t, c, context.Background(), "http://"+p.Addr()+"/v1/chat/completions",
+		chatBody("hi", map[string]any{"stream": true, "max_tokens": 2, "request_id": rid}))
+	for _, ch := range parseChunks(t, events) {
+		if ch.ID != "chatcmpl-"+rid {
+			t.Fatalf("chunk id %q", ch.ID)
+		}
+	}
+}
