@@ -326,7 +326,8 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 	// Step 3: prefill scores, lowest per roleset.
 	s.preOut = grow(s.preOut, len(s.pre))
 	if fixedPre >= 0 {
-		clear(s.preOut)
+		// The fast path chose the pod, not only its roleset.
+		fixOnly(s.preOut, fixedPre)
 	} else {
 		r.prefill.Score(req, s.pre, s.preOut)
 		if !r.prefillSkips {
@@ -346,7 +347,7 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 	// Step 4: decode scores, lowest per roleset.
 	s.decOut = grow(s.decOut, len(s.dec))
 	if fixedDec >= 0 {
-		clear(s.decOut)
+		fixOnly(s.decOut, fixedDec)
 	} else {
 		// The view lives in the scratch: a pointer to a local passed to
 		// an interface method would escape.
@@ -378,6 +379,15 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 		d.Fired |= FiredLocalPrefill
 	}
 	return d, nil
+}
+
+// fixOnly scores the fixed pod at j 0 and every other pod +Inf, so the
+// roleset's lowest is the pod a fast path chose.
+func fixOnly(out []float64, j int) {
+	for i := range out {
+		out[i] = math.Inf(1)
+	}
+	out[j] = 0
 }
 
 // only keeps roleset k alone in play.

@@ -453,3 +453,39 @@ func TestPDEqualPodsOfARolesetShareTheTraffic(t *testing.T) {
 		}
 	}
 }
+
+// TestPDFastPathKeepsItsPod: a fast path picks a pod, not only its
+// roleset: the least loaded prefill (step 1) or decode pod (step 2) serves
+// the request, not another pod of its roleset drawn at random.
+func TestPDFastPathKeepsItsPod(t *testing.T) {
+	r := newRouter(t, nil)
+	// Roleset 0: prefill pods 0 (idle) and 1 (busy), decode pods 2 and 3;
+	// roleset 1: prefill pod 4 (busy), decode pod 5.
+	cands := []PDCandidate{
+		{Role: RolePrefill, Roleset: 0},
+		{Role: RolePrefill, Roleset: 0, Candidate: Candidate{InFlight: 40}},
+		{Role: RoleDecode, Roleset: 0, Candidate: Candidate{HasMetrics: true}},
+		{Role: RoleDecode, Roleset: 0, Candidate: Candidate{HasMetrics: true}},
+		{Role: RolePrefill, Roleset: 1, Candidate: Candidate{InFlight: 40}},
+		{Role: RoleDecode, Roleset: 1, Candidate: Candidate{HasMetrics: true}},
+	}
+	for i := range cands {
+		cands[i].Pod = int32(i)
+	}
+	var s PDScratch
+	for n := range 64 {
+		d, err := r.Decide(&Request{PromptTokens: 100, Rand: uint64(n) * 0x9e3779b97f4a7c15}, cands, &s)
+		if err != nil || d.Fired&FiredPrefillImbalance == 0 || d.Prefill != 0 {
+			t.Fatalf("request %d: %+v %v, want prefill pod 0 from the imbalance fast path", n, d, err)
+		}
+	}
+	// Decode: prefill balanced, decode pod 2 idle, 3 and 5 busy.
+	cands[1].InFlight, cands[4].InFlight = 0, 0
+	cands[3].Running, cands[5].Running = 40, 40
+	for n := range 64 {
+		d, err := r.Decide(&Request{PromptTokens: 100, Rand: uint64(n) * 0x9e3779b97f4a7c15}, cands, &s)
+		if err != nil || d.Fired&FiredDecodeCount == 0 || d.Decode != 2 {
+			t.Fatalf("request %d: %+v %v, want decode pod 2 from the count fast path", n, d, err)
+		}
+	}
+}
