@@ -184,13 +184,20 @@ func lowest(best *int32, score *float64, ties *uint64, at int32, v float64, rnd 
 		*best, *score, *ties = at, v, 1
 	case v == *score:
 		*ties++
-		x := rnd + *ties*0x9e3779b97f4a7c15
-		x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-		x = (x ^ x>>27) * 0x94d049bb133111eb
-		if (x^x>>31)%*ties == 0 {
+		if tieDraw(rnd, *ties) {
 			*best = at
 		}
 	}
+}
+
+// tieDraw is a reservoir draw: whether the ties-th of equal candidates
+// replaces the one kept, with probability 1/ties. It mixes rnd with ties
+// (splitmix64's finalizer) so the draws of one request are independent.
+func tieDraw(rnd, ties uint64) bool {
+	x := rnd + ties*0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return (x^x>>31)%ties == 0
 }
 
 // PDScratch holds a decision's working slices. A goroutine reuses one (or
@@ -544,7 +551,7 @@ func (r *PDRouter) leastLoadedCombined(req *Request, cands []PDCandidate, s *PDS
 			// Reservoir choice among equals, driven by the request's
 			// random number so equal pods share the traffic.
 			ties++
-			if (req.Rand>>8)%ties == 0 {
+			if tieDraw(req.Rand>>8, ties) {
 				best = int(i)
 			}
 		}
@@ -605,7 +612,7 @@ func argminSkipNaN(s []float64, rnd uint64) int {
 			best, ties = i, 1
 		case v == s[best]:
 			ties++
-			if rnd%ties == 0 {
+			if tieDraw(rnd, ties) {
 				best = i
 			}
 		}

@@ -489,3 +489,33 @@ func TestPDFastPathKeepsItsPod(t *testing.T) {
 		}
 	}
 }
+
+// TestPDEqualRolesetsAndCombinedPodsShareTheTraffic: equal rolesets (the
+// pair step) and equal combined pods each get about their share, where
+// drawing rnd modulo 2, 3, 4, ... sent the first three times its share
+// and the eighth under half of it.
+func TestPDEqualRolesetsAndCombinedPodsShareTheTraffic(t *testing.T) {
+	r := newRouter(t, nil)
+	const k, n = 8, 8000
+	check := func(what string, cands []PDCandidate, at func(PDDecision) int) {
+		t.Helper()
+		got := make([]int, len(cands))
+		var s PDScratch
+		for i := range n {
+			d, err := r.Decide(&Request{PromptTokens: 10, Rand: uint64(i) * 0x9e3779b97f4a7c15}, cands, &s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[at(d)]++
+		}
+		for _, c := range got {
+			if c != 0 && (c < n/k*7/10 || c > n/k*13/10) {
+				t.Fatalf("%s: picks %v, want about %d each", what, got, n/k)
+			}
+		}
+	}
+	check("rolesets", pdFleet(k, 0), func(d PDDecision) int { return d.Prefill })
+	cands := pdFleet(1, k)
+	cands[dec(0)].Down = true // no pair: the combined pods
+	check("combined pods", cands, func(d PDDecision) int { return d.Combined })
+}
