@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -679,7 +680,7 @@ func (p Pod) Validate(field string) error {
 	if p.BucketMax < 0 || (p.BucketMax > 0 && p.BucketMax < p.BucketMin) {
 		return invalid(field+".bucket_max", p.BucketMax, fmt.Sprintf("must be 0 (unlimited) or at least bucket_min (%d)", p.BucketMin))
 	}
-	if !(p.Weight >= 0) {
+	if !(p.Weight >= 0) || math.IsInf(p.Weight, 1) {
 		return invalid(field+".weight", p.Weight, "must be positive")
 	}
 	if p.KVEvents != "" {
@@ -697,7 +698,7 @@ func (p Pod) Validate(field string) error {
 	if p.CacheBlocks < 0 {
 		return invalid(field+".cache_blocks", p.CacheBlocks, "must not be negative (0 means unlimited)")
 	}
-	if !(p.PrefillTokensPerSec >= 0) {
+	if !(p.PrefillTokensPerSec >= 0) || math.IsInf(p.PrefillTokensPerSec, 1) {
 		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive (0 means 20,000)")
 	}
 	if p.BootstrapPort < 0 || p.BootstrapPort > 65535 {

@@ -3,6 +3,7 @@ package config
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -157,8 +158,8 @@ func (c *Config) validateNames() error {
 			if f, ok := owner[t.Model]; !ok || strings.HasPrefix(f, "aliases") {
 				return invalid(field+".model", t.Model, "is not a model or adapter")
 			}
-			if t.Weight < 0 {
-				return invalid(field+".weight", t.Weight, "must not be negative")
+			if !(t.Weight >= 0) || math.IsInf(t.Weight, 1) {
+				return invalid(field+".weight", t.Weight, "must be a finite number, not negative")
 			}
 		}
 	}

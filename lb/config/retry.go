@@ -104,13 +104,13 @@ func (r *Retry) Validate() error {
 			return invalid("upstream.retry_on["+strconv.Itoa(i)+"]", on, "is not refused, reset, timeout, 503 or none")
 		}
 	}
-	if r.Budget.Percent <= 0 || r.Budget.Percent > 100 {
+	if !(r.Budget.Percent > 0 && r.Budget.Percent <= 100) {
 		return invalid("upstream.retry_budget.percent", r.Budget.Percent, "must be in (0, 100]")
 	}
 	if r.Budget.MinRetries < 0 {
 		return invalid("upstream.retry_budget.min_retries", r.Budget.MinRetries, "must not be negative")
 	}
-	if r.FirstByte.Factor < 0 {
+	if !(r.FirstByte.Factor >= 0) {
 		return invalid("upstream.first_byte.factor", r.FirstByte.Factor, "must not be negative")
 	}
 	if r.FirstByte.Floor < 0 {

@@ -79,7 +79,7 @@ func (t Tracing) Validate() error {
 	if t.Sampler != "" && !slices.Contains(tracing.Samplers, t.Sampler) {
 		return invalid("tracing.sampler", t.Sampler, "is not a sampler (known: always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio)")
 	}
-	if t.SamplerRatio < 0 || t.SamplerRatio > 1 {
+	if !(t.SamplerRatio >= 0 && t.SamplerRatio <= 1) {
 		return invalid("tracing.sampler_ratio", t.SamplerRatio, "must be from 0 to 1")
 	}
 	if t.ExplainHistory < 1 {
