@@ -104,3 +104,11 @@ func metadata(line []byte, prefix string) (name, rest string, ok bool) {
 func escapeHelp(s string) string { return helpEscaper.Replace(s) }
 
 var helpEscaper = strings.NewReplacer(`\`, `\\`, "\n", `\n`)
+
+// Label returns v as a quoted label value of the text format: in double
+// quotes, with backslash, double quote and line feed escaped and every
+// other byte as it is. Go's %q is not that: it writes \t, \x7f or \u00a0,
+// escapes the format lacks, which Prometheus' parsers reject.
+func Label(v string) string { return `"` + labelEscaper.Replace(v) + `"` }
+
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)

@@ -48,7 +48,7 @@ func newAdapterRequests(set *metrics.Set, md *pool.Model) *adapterRequests {
 }
 
 func (r *adapterRequests) newCounter(adapter string) *metrics.Counter {
-	return r.set.NewCounter(fmt.Sprintf(`pdlb_adapter_requests_total{model=%q,adapter=%q}`, r.model, adapter))
+	return r.set.NewCounter(fmt.Sprintf(`pdlb_adapter_requests_total{model=%s,adapter=%s}`, promtext.Label(r.model), promtext.Label(adapter)))
 }
 
 // counter is adapter's counter, made on its first use while the model has

@@ -132,7 +132,7 @@ func (m *gatewayMetrics) requests(model string) []*metrics.Counter {
 		if i < len(statusCodes) {
 			code = strconv.Itoa(statusCodes[i])
 		}
-		out[i] = m.set.NewCounter(fmt.Sprintf(`pdlb_requests_total{model=%q,code=%q}`, model, code))
+		out[i] = m.set.NewCounter(fmt.Sprintf(`pdlb_requests_total{model=%s,code=%q}`, promtext.Label(model), code))
 	}
 	return out
 }
@@ -155,19 +155,19 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 		}
 		next[md.Index] = &modelMetrics{
 			requests:         m.requests(md.Name),
-			ttft:             m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_to_first_token_seconds{model=%q}`, md.Name), ttftBuckets),
-			tpot:             m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_per_output_token_seconds{model=%q}`, md.Name), tpotBuckets),
-			e2e:              m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_request_duration_seconds{model=%q}`, md.Name), e2eBuckets),
-			promptTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%q}`, md.Name)),
-			cachedTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%q}`, md.Name)),
-			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%q}`, md.Name)),
-			fallbacks:        m.set.NewCounter(fmt.Sprintf(`pdlb_fallback_requests_total{model=%q}`, md.Name)),
-			adapterLoads:     m.set.NewCounter(fmt.Sprintf(`pdlb_adapter_loads_total{model=%q}`, md.Name)),
+			ttft:             m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_to_first_token_seconds{model=%s}`, promtext.Label(md.Name)), ttftBuckets),
+			tpot:             m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_time_per_output_token_seconds{model=%s}`, promtext.Label(md.Name)), tpotBuckets),
+			e2e:              m.set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_request_duration_seconds{model=%s}`, promtext.Label(md.Name)), e2eBuckets),
+			promptTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokens_total{model=%s}`, promtext.Label(md.Name))),
+			cachedTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%s}`, promtext.Label(md.Name))),
+			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%s}`, promtext.Label(md.Name))),
+			fallbacks:        m.set.NewCounter(fmt.Sprintf(`pdlb_fallback_requests_total{model=%s}`, promtext.Label(md.Name))),
+			adapterLoads:     m.set.NewCounter(fmt.Sprintf(`pdlb_adapter_loads_total{model=%s}`, promtext.Label(md.Name))),
 			adapters:         newAdapterRequests(m.set, md),
 			pd:               pd.NewMetrics(m.set, md.Name, ttftBuckets),
 		}
 		for i, name := range tokenModeNames {
-			next[md.Index].tokenized[i] = m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokenized_total{model=%q,mode=%q}`, md.Name, name))
+			next[md.Index].tokenized[i] = m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokenized_total{model=%s,mode=%q}`, promtext.Label(md.Name), name))
 		}
 	}
 	m.models.Store(&next)
@@ -192,7 +192,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 	family := func(name, typ string, value func(p *pool.Pod) int64) {
 		fmt.Fprintf(w, "# HELP %s\n# TYPE %s %s\n", name, name, typ)
 		for _, p := range s.Pods {
-			fmt.Fprintf(w, "%s{pod=%q} %d\n", name, p.Config.Name, value(p))
+			fmt.Fprintf(w, "%s{pod=%s} %d\n", name, promtext.Label(p.Config.Name), value(p))
 		}
 	}
 	family("pdlb_upstream_errors_total", "counter", (*pool.Pod).UpstreamErrors)
@@ -262,12 +262,12 @@ func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 	for i, m := range snap.Models {
 		stats[i] = m.Prefix.Stats()
 		for _, p := range m.Pods {
-			fmt.Fprintf(w, "pdlb_prefix_index_blocks{model=%q,pod=%q} %d\n", m.Name, p.Config.Name, stats[i].PodBlocks[p.Slot])
+			fmt.Fprintf(w, "pdlb_prefix_index_blocks{model=%s,pod=%s} %d\n", promtext.Label(m.Name), promtext.Label(p.Config.Name), stats[i].PodBlocks[p.Slot])
 		}
 	}
 	fmt.Fprint(w, "# HELP pdlb_prefix_index_bytes Memory the prefix index's arenas hold.\n# TYPE pdlb_prefix_index_bytes gauge\n")
 	for i, m := range snap.Models {
-		fmt.Fprintf(w, "pdlb_prefix_index_bytes{model=%q} %d\n", m.Name, stats[i].Bytes)
+		fmt.Fprintf(w, "pdlb_prefix_index_bytes{model=%s} %d\n", promtext.Label(m.Name), stats[i].Bytes)
 	}
 	g.mu.Lock()
 	feeds := g.kv.feeds
@@ -275,15 +275,15 @@ func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 	if len(feeds) > 0 {
 		fmt.Fprint(w, "# HELP pdlb_kv_events_total KV events received from a pod.\n# TYPE pdlb_kv_events_total counter\n")
 		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_events_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Events.Load())
+			fmt.Fprintf(w, "pdlb_kv_events_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.sub.Counters.Events.Load())
 		}
 		fmt.Fprint(w, "# HELP pdlb_kv_event_gaps_total Sequence gaps seen in a pod's KV events.\n# TYPE pdlb_kv_event_gaps_total counter\n")
 		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_event_gaps_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Gaps.Load())
+			fmt.Fprintf(w, "pdlb_kv_event_gaps_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.sub.Counters.Gaps.Load())
 		}
 		fmt.Fprint(w, "# HELP pdlb_kv_event_replayed_batches_total KV-event batches recovered through a pod's replay socket.\n# TYPE pdlb_kv_event_replayed_batches_total counter\n")
 		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%q} %d\n", f.pod.Config.Name, f.sub.Counters.Replayed.Load())
+			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.sub.Counters.Replayed.Load())
 		}
 	}
 	if g.admit != nil {

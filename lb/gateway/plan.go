@@ -15,6 +15,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/plan"
 	"pdlb/lb/pool"
+	"pdlb/promtext"
 )
 
 // The planning loop (config plan.enabled): once a window it reads, for every
@@ -365,7 +366,7 @@ func (l *planLoop) writeMetrics(w io.Writer) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
 		for _, m := range names {
 			p, d := value(&l.models[m].view)
-			fmt.Fprintf(w, "%s{model=%q,role=\"prefill\"} %g\n%s{model=%q,role=\"decode\"} %g\n", name, m, p, name, m, d)
+			fmt.Fprintf(w, "%s{model=%s,role=\"prefill\"} %g\n%s{model=%s,role=\"decode\"} %g\n", name, promtext.Label(m), p, name, promtext.Label(m), d)
 		}
 	}
 	gauge("pdlb_plan_current_instances", "Prefill and decode pods the model's pool runs, a pod being switched counted in its new role.",
@@ -377,7 +378,7 @@ func (l *planLoop) writeMetrics(w io.Writer) {
 	counter := func(name, help string, value func(v *planView) float64) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n", name, help, name)
 		for _, m := range names {
-			fmt.Fprintf(w, "%s{model=%q} %g\n", name, m, value(&l.models[m].view))
+			fmt.Fprintf(w, "%s{model=%s} %g\n", name, promtext.Label(m), value(&l.models[m].view))
 		}
 	}
 	counter("pdlb_plan_role_switches_total", "Pods the planner moved to another role.",

@@ -39,16 +39,16 @@ type Metrics struct {
 // legBuckets (seconds).
 func NewMetrics(set *metrics.Set, model string, legBuckets []float64) *Metrics {
 	m := &Metrics{
-		decision:   set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_decision_seconds{model=%q}`, model), pdDecisionBuckets),
-		Prefill:    set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_prefill_seconds{model=%q}`, model), legBuckets),
-		KVTransfer: set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_kv_transfer_seconds{model=%q}`, model), legBuckets),
-		Watchdog:   set.NewCounter(fmt.Sprintf(`gateway_request_model_fail_total{model=%q,status="pd_decode_watchdog",status_code="504"}`, model)),
+		decision:   set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_decision_seconds{model=%s}`, promtext.Label(model)), pdDecisionBuckets),
+		Prefill:    set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_prefill_seconds{model=%s}`, promtext.Label(model)), legBuckets),
+		KVTransfer: set.NewPrometheusHistogramExt(fmt.Sprintf(`pdlb_pd_kv_transfer_seconds{model=%s}`, promtext.Label(model)), legBuckets),
+		Watchdog:   set.NewCounter(fmt.Sprintf(`gateway_request_model_fail_total{model=%s,status="pd_decode_watchdog",status_code="504"}`, promtext.Label(model))),
 	}
 	for _, k := range pdKinds {
-		m.Kinds = append(m.Kinds, set.NewCounter(fmt.Sprintf(`pdlb_pd_routed_total{model=%q,kind=%q}`, model, k)))
+		m.Kinds = append(m.Kinds, set.NewCounter(fmt.Sprintf(`pdlb_pd_routed_total{model=%s,kind=%q}`, promtext.Label(model), k)))
 	}
 	for _, s := range pdSteps {
-		m.fired = append(m.fired, set.NewCounter(fmt.Sprintf(`pdlb_pd_cascade_fired_total{model=%q,step=%q}`, model, s)))
+		m.fired = append(m.fired, set.NewCounter(fmt.Sprintf(`pdlb_pd_cascade_fired_total{model=%s,step=%q}`, promtext.Label(model), s)))
 	}
 	return m
 }
