@@ -561,7 +561,11 @@ func (c Config) Validate() error {
 		return invalid("health.max_ejected_percent", c.Health.MaxEjectedPercent, "must be between 0 and 100")
 	}
 	if err := c.Admission.AdmitConfig().Validate(); err != nil {
-		return fmt.Errorf("%w: admission: %v", ErrInvalid, err)
+		// admit names its fields as its own Config does (classes.batch.
+		// max_wait); the file spells them admission.batch.max_wait.
+		field, _ := strings.CutPrefix(err.Error(), "admit: invalid config: ")
+		field, _ = strings.CutPrefix(field, "classes.")
+		return fmt.Errorf("%w: admission.%s", ErrInvalid, field)
 	}
 	if err := c.TokenLoad.Validate(); err != nil {
 		return fmt.Errorf("%w: token_load: %v", ErrInvalid, err)

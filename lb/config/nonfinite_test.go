@@ -35,3 +35,26 @@ func TestValidateRejectsNonFinite(t *testing.T) {
 	f("aliases: [{name: a, targets: [{model: m, weight: .nan}]}]\n"+pod, "aliases[0].targets[0].weight = NaN")
 	f("aliases: [{name: a, targets: [{model: m, weight: .inf}]}]\n"+pod, "aliases[0].targets[0].weight = +Inf")
 }
+
+// TestAdmissionErrorsNameTheirField: an admission error names the field
+// as the config file spells it (admission.interactive.ttft_slo), not as
+// the admit package's own Config does (classes.interactive.ttft_slo), a
+// key the file has not got.
+func TestAdmissionErrorsNameTheirField(t *testing.T) {
+	pod := "pods: [{model: m, address: '127.0.0.1:8001'}]\n"
+	for yml, want := range map[string]string{
+		"admission: {interactive: {ttft_slo: -1}}\n": "admission.interactive.ttft_slo = -1",
+		"admission: {batch: {tpot_slo: -0.5}}\n":     "admission.batch.tpot_slo = -0.5",
+		"admission: {batch: {max_wait: .nan}}\n":     "admission.batch.max_wait = NaN",
+		"admission: {defer_queue: -1}\n":             "admission.defer_queue = -1",
+	} {
+		c := Default()
+		err := c.UnmarshalYAML([]byte(yml + pod))
+		if err == nil {
+			err = c.Validate()
+		}
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want one naming %q", strings.TrimSpace(yml), err, want)
+		}
+	}
+}
