@@ -58,6 +58,9 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
 	if err := gf.check(); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 
@@ -26,6 +27,9 @@ model, engine and address, and serves until SIGINT or SIGTERM.`, stdout)
 	fs.Float64Var(&speedup, "speedup", 0, "run every pod this much faster than real time (default: each pod's speedup from the file)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	if path == "" {
 		return errors.New("--config is required")

@@ -215,3 +215,30 @@ func TestDemoTokenizerRefused(t *testing.T) {
 		t.Fatalf("demo --tokenizer %s: %v", dir, err)
 	}
 }
+
+// TestStrayArgumentsRefused: a word after the flags is refused, as serve
+// does, rather than ignored. "pdlb demo --tls false" parses --tls as true
+// and leaves "false" over: ignored, the demo serves TLS the user turned
+// off.
+func TestStrayArgumentsRefused(t *testing.T) {
+	for _, cmd := range []struct {
+		name string
+		run  func([]string, io.Writer) error
+		args []string
+	}{
+		{"demo", cmdDemo, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--tls", "false"}},
+		{"fleet", cmdFleet, []string{"--config", "../../engines/sim/testdata/fleet.yaml", "--speedup", "10", "false"}},
+	} {
+		// A command that ignored the word would serve until a signal.
+		done := make(chan error, 1)
+		go func() { done <- cmd.run(cmd.args, io.Discard) }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "unexpected arguments: false") {
+				t.Errorf("%s %s: %v", cmd.name, strings.Join(cmd.args, " "), err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s %s started serving, ignoring %q", cmd.name, strings.Join(cmd.args, " "), "false")
+		}
+	}
+}
