@@ -37,6 +37,7 @@ func (l *Ledger) expireCharges(now int64) {
 // forgotten.
 func (l *Ledger) dropIdle(now int64) {
 	var dropped []string
+	var forgot []*pod
 	l.mu.Lock()
 	kept := l.pods[:0]
 	for _, p := range l.pods {
@@ -64,12 +65,23 @@ func (l *Ledger) dropIdle(now int64) {
 		}
 		if idle && !p.live {
 			delete(l.byID, p.slot.id)
+			forgot = append(forgot, p)
 			continue
 		}
 		kept = append(kept, p)
 	}
 	clear(l.pods[len(kept):])
 	l.pods = kept
+	// A forgotten pod's charges stay in its name's counter while another
+	// pod of that name (its successor) is registered.
+	for _, f := range forgot {
+		for _, p := range kept {
+			if p.name == f.name {
+				p.carried += f.slot.ops.Load() + f.carried
+				break
+			}
+		}
+	}
 	l.mu.Unlock()
 	if l.onDrop != nil {
 		for _, name := range dropped {

@@ -111,6 +111,9 @@ type pod struct {
 	// have sat at zero with no charge (-1: it is not).
 	seenOps   uint64
 	zeroSince int64
+	// carried are the charges of pods of this name the janitor forgot,
+	// so the name's charges counter never goes down (metrics.go).
+	carried uint64
 }
 
 // Prompt is what a prefill charge is computed from. The caller owns it.

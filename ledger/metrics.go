@@ -35,7 +35,11 @@ func (l *Ledger) RegisterMetrics(set *metrics.Set) { set.RegisterMetricsWriter(l
 // not include other replicas').
 func (l *Ledger) WritePrometheus(w io.Writer) {
 	l.mu.Lock()
-	sums := l.sumBy(podName, func(p *pod) (counters, bool) { return p.slot.series(), !p.slot.dropped.Load() })
+	sums := l.sumBy(podName, func(p *pod) (counters, bool) {
+		c := p.slot.series()
+		c[3] += int64(p.carried)
+		return c, !p.slot.dropped.Load()
+	})
 	l.mu.Unlock()
 	for j, family := range seriesFamilies {
 		if len(sums) > 0 {
