@@ -502,6 +502,9 @@ func (c Config) Validate() error {
 	if err := checkAddr("admin", c.Admin, true); err != nil {
 		return err
 	}
+	if c.Admin != "" && overlap(c.Listen, c.Admin) {
+		return invalid("admin", c.Admin, "shares its port with listen ("+quote(c.Listen)+"): the listeners bind with SO_REUSEPORT, so the API's connections would go to the admin listener")
+	}
 	if c.Frontend != "fasthttp" && c.Frontend != "gnet" {
 		return invalid("frontend", c.Frontend, "is not a front end (known: fasthttp, gnet)")
 	}
@@ -709,6 +712,19 @@ func (p Pod) Validate(field string) error {
 		return invalid(field+".bootstrap_port", p.BootstrapPort, "must be a port, 1 to 65535 (0 means 8998)")
 	}
 	return nil
+}
+
+// overlap reports whether two valid listen addresses bind one port on a
+// common address: the same host, or either on every interface. Port 0
+// picks a free port each, so it never overlaps.
+func overlap(a, b string) bool {
+	ha, pa, _ := net.SplitHostPort(a)
+	hb, pb, _ := net.SplitHostPort(b)
+	if na, _ := strconv.Atoi(pa); na == 0 || pa != pb {
+		return false
+	}
+	wild := func(h string) bool { ip := net.ParseIP(h); return h == "" || ip != nil && ip.IsUnspecified() }
+	return ha == hb || wild(ha) || wild(hb)
 }
 
 func checkAddr(field, addr string, emptyOK bool) error {
