@@ -331,13 +331,17 @@ func TestRetryPDDecodeLeg(t *testing.T) {
 			c.Health.Interval = time.Hour
 			c.Health.EjectAfterFailures = 100 // the bad pod stays a candidate
 		})
-	for i := range 8 {
+	// The decode pick between dec and bad is a draw among equals, which
+	// 8 requests may all miss (one run in 2^8): more are sent, up to 64,
+	// until one decode leg went to bad.
+	const resets = `pdlb_upstream_retries_total{reason="reset"}`
+	for i := 0; i < 8 || (i < 64 && metricValue(t, s, resets) == 0); i++ {
 		resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", i%2 == 1, 8))
 		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != "dec" {
 			t.Fatalf("request %d: %d via %q/%q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), resp.Header.Get("x-pdlb-decode-pod"), b)
 		}
 	}
-	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="reset"}`); n == 0 {
+	if n := metricValue(t, s, resets); n == 0 {
 		t.Fatal("no decode leg went to the resetting pod: the test shows nothing")
 	}
 	ledgerSettles(t, s)
