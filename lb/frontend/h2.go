@@ -188,8 +188,12 @@ type h2Conn struct {
 	spare   []byte
 	writing bool  // a goroutine is writing to nc, mu released
 	werr    error // the socket failed or was closed: every write fails
-	enc     *hpack.Encoder
-	hbuf    bytes.Buffer // enc's output, one header block at a time
+	// writeBy is nc's write deadline as flushLocked last set it;
+	// finalWrite: end set the last one, which no flush moves.
+	writeBy    time.Time
+	finalWrite bool
+	enc        *hpack.Encoder
+	hbuf       bytes.Buffer // enc's output, one header block at a time
 	// sent are the values of the last response's header fields, by
 	// place: HPACK's table keeps a field's strings, so each must be its
 	// own, and most repeat from one response to the next (valueLocked).
@@ -734,6 +738,7 @@ func (c *h2Conn) end(err error) {
 		c.goingAway = true
 		_ = c.fr.WriteGoAway(c.lastID, code, nil)
 		_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		c.finalWrite = true
 		for c.writing {
 			c.cond.Wait()
 		}

@@ -247,15 +247,21 @@ func (c *h2Conn) flushLocked() error {
 			runtime.Gosched()
 			c.mu.Lock()
 		}
+		if limit := c.s.o.IdleTimeout; limit > 0 && !c.finalWrite {
+			// A client that stops reading its socket holds up every
+			// stream of the connection: it is closed. The deadline
+			// moves only once it is less than limit ahead, to limit
+			// plus slack: moving it is a timer change in the poller,
+			// and a stream flushes at every token.
+			if now := time.Now(); now.Add(limit).After(c.writeBy) {
+				c.writeBy = now.Add(limit + limit/64)
+				_ = c.nc.SetWriteDeadline(c.writeBy)
+			}
+		}
 		out := c.out
 		c.out, c.spare = c.spare[:0], nil
 		c.writing = true
 		c.mu.Unlock()
-		if limit := c.s.o.IdleTimeout; limit > 0 {
-			// A client that stops reading its socket holds up every
-			// stream of the connection: it is closed.
-			_ = c.nc.SetWriteDeadline(time.Now().Add(limit))
-		}
 		_, err := c.nc.Write(out)
 		c.mu.Lock()
 		c.writing = false
