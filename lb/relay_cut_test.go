@@ -48,3 +48,38 @@ func TestStreamCutMidEvent(t *testing.T) {
 		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
 	})
 }
+
+// TestStreamEngineErrorEvent: an engine that fails a stream after its 200
+// (vLLM and SGLang send {"error": {..., "code": 500}}, then [DONE]) has
+// its events relayed as they came, and the request counts with the
+// event's status, not as a success, and teaches no TPOT, on both front
+// ends and both of gnet's relays.
+func TestStreamEngineErrorEvent(t *testing.T) {
+	const errEvent = `data: {"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n"
+	const stream = `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n" +
+		`data: {"choices":[{"delta":{"content":"b"}}]}` + "\n\n" + errEvent + "data: [DONE]\n\n"
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+stream)
+	})
+	check := func(t *testing.T, frontend string, via *http.Client) {
+		s := testGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = frontend })
+		resp, b := postVia(t, via, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+		if resp.StatusCode != 200 || b != stream {
+			t.Fatalf("the stream relayed as %d %q; want 200 and the pod's bytes", resp.StatusCode, b)
+		}
+		waitIdle(t, s)
+		if n := metricValue(t, s, `pdlb_requests_total{model="m",code="200"}`); n != 0 {
+			t.Errorf("a stream the engine failed counted as %v successes", n)
+		}
+		if n := metricValue(t, s, `pdlb_requests_total{model="m",code="500"}`); n != 1 {
+			t.Errorf("a stream the engine failed with code 500 counted %v times as 500; want 1", n)
+		}
+		if n := metricValue(t, s, `pdlb_time_per_output_token_seconds_count{model="m"}`); n != 0 {
+			t.Errorf("a failed stream taught %v TPOT samples", n)
+		}
+	}
+	t.Run("fasthttp", func(t *testing.T) { check(t, "fasthttp", client) })
+	t.Run("gnet", func(t *testing.T) {
+		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
+	})
+}

@@ -162,8 +162,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 			return g.relayBroke(w, x, err)
 		}
 	}
-	g.relayDone(x, pod)
-	return fasthttp.StatusOK
+	return g.relayEnded(x, pod)
 }
 
 // relayBroke ends a stream that broke with err with an error event and
@@ -178,8 +177,17 @@ func (g *Gateway) relayBroke(w *frontend.StreamWriter, x *completion, err error)
 	return e.Status
 }
 
-// relayDone learns from a stream that ran to its end: its TPOT.
-func (g *Gateway) relayDone(x *completion, pod *pool.Pod) {
+// relayEnded ends a stream that ran to its end and returns the status to
+// count: 200, having learned the stream's TPOT; or, when the engine's own
+// error event ended it, that event's status (the client got the event as
+// the pod sent it), a 5xx counting against the pod.
+func (g *Gateway) relayEnded(x *completion, pod *pool.Pod) int {
+	if status, failed := x.counted.EngineError(); failed {
+		if fail.IsFault(status) {
+			g.podFailed(pod)
+		}
+		return status
+	}
 	t := &x.times
 	if n := x.counted.Tokens(); n > 1 {
 		tpot := t.last.Sub(t.first).Seconds() / float64(n-1)
@@ -192,6 +200,7 @@ func (g *Gateway) relayDone(x *completion, pod *pool.Pod) {
 			g.admit.Observe(x.class, t.first.Sub(x.start).Seconds(), tpot)
 		}
 	}
+	return fasthttp.StatusOK
 }
 
 // Body relays the pod's next bytes of a stream on the event loop
@@ -215,10 +224,10 @@ func (x *completion) End(w *frontend.StreamWriter, err error) {
 		// The body ended midway through an event: the pod cut it.
 		err = io.ErrUnexpectedEOF
 	}
-	code := fasthttp.StatusOK
+	var code int
 	switch {
 	case err == nil:
-		g.relayDone(x, x.pod)
+		code = g.relayEnded(x, x.pod)
 	case errors.Is(err, frontend.ErrClientGone):
 		code = fail.StatusClientClosed
 	default:
@@ -269,7 +278,11 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 			return nil
 		}
 		before := x.counted.Tokens()
+		_, failed := x.counted.EngineError()
 		x.counted.Observe(ev)
+		if status, now := x.counted.EngineError(); now && !failed {
+			x.failure = openai.EngineErrorEvent(ev, status)
+		}
 		x.tr.event(ev)
 		if x.counted.Tokens() > before {
 			if now.IsZero() {

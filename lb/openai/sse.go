@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 )
 
@@ -235,10 +236,17 @@ func AppendErrorEvent(dst []byte, e *Error) []byte {
 // tokens (stream intervals, speculative decoding). Events that only open the
 // assistant turn (empty content), carry a finish_reason, [DONE] or an error
 // count nothing. The zero value is ready to use.
+//
+// It also notes the engine's own error event: vLLM and SGLang end a
+// stream that fails after its 200 with {"error": {..., "code": N}} (older
+// engines with a top-level "object": "error"), then [DONE].
 type TokenCounter struct {
 	deltas int
 	usage  int
 	exact  bool
+	// errCode is the first error event's code, -1 when it had none that
+	// reads as a number; 0: no error event.
+	errCode int
 }
 
 // ObserveBody counts a whole (non-streamed) completion body: its usage
@@ -301,6 +309,7 @@ func leadingInt(v []byte) (n int, ok bool) {
 func (c *TokenCounter) Observe(ev Event) {
 	d := ev.Data()
 	output := false
+	failed, code := false, -1
 	// Every key ends in `":`, and inside a string a quote is escaped, so an
 	// unescaped quote followed by ':' always ends a key. The search is for
 	// the colon: JSON has a quote at both ends of every string, a colon
@@ -328,11 +337,62 @@ func (c *TokenCounter) Observe(ev Event) {
 			if n, ok := leadingInt(v); ok {
 				c.usage, c.exact = n, true
 			}
+		case keyIs(d, q, "error"):
+			failed = failed || len(v) > 0 && v[0] == '{'
+		case keyIs(d, q, "object"):
+			failed = failed || bytes.HasPrefix(v, []byte(`"error"`))
+		case keyIs(d, q, "code"):
+			if n, ok := leadingInt(v); ok && n > 0 {
+				code = n
+			}
 		}
 	}
 	if output {
 		c.deltas++
 	}
+	if failed && c.errCode == 0 {
+		c.errCode = code
+	}
+}
+
+// EngineErrorEvent is the error the engine's error event ev reports (see
+// TokenCounter.EngineError), with the status it stands for: the engine's
+// message and type when ev gives them. Decoded whole: error events are
+// rare.
+func EngineErrorEvent(ev Event, status int) *Error {
+	var v struct {
+		Error *struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+		} `json:"error"`
+		Message string `json:"message"`
+		Type    string `json:"type"`
+	}
+	_ = json.Unmarshal(ev.Data(), &v)
+	if v.Error != nil {
+		v.Message, v.Type = v.Error.Message, v.Error.Type
+	}
+	e := &Error{Status: status, Type: TypeServer, Message: "the engine ended the stream with an error event"}
+	if v.Message != "" {
+		e.Message += ": " + v.Message
+	}
+	if v.Type != "" {
+		e.Type = v.Type
+	}
+	return e
+}
+
+// EngineError says whether the stream carried the engine's error event,
+// and the HTTP status it stands for: its code when that is a 4xx or 5xx,
+// else 500.
+func (c *TokenCounter) EngineError() (status int, ok bool) {
+	if c.errCode == 0 {
+		return 0, false
+	}
+	if c.errCode >= 400 && c.errCode <= 599 {
+		return c.errCode, true
+	}
+	return 500, true
 }
 
 // escaped says the byte at q is preceded by an odd run of backslashes.

@@ -226,6 +226,41 @@ func TestTokenCounter(t *testing.T) {
 	f([]string{`data: {"choices":[{"delta":{"content":"1:2 \"completion_tokens\": 9 http://x"}}]}` + "\n\n", "data::\n\n"}, 1, false)
 }
 
+// The engine's own error event, after a 200 and some tokens, says the
+// stream failed, with the status its code gives: vLLM's and SGLang's shape
+// ({"error": {...}}), the older top-level "object": "error", a code that is
+// no HTTP status; tokens, text that mentions errors and codes, and tool
+// arguments that hold an "error" key are no error event.
+func TestTokenCounterEngineError(t *testing.T) {
+	token := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+	for _, c := range []struct {
+		event  string
+		status int
+		ok     bool
+		tokens int // the event's own
+	}{
+		{`data: {"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n", 500, true, 0},
+		{`data: {"error": {"object": "error", "message": "bad tool call", "type": "BadRequestError", "param": null, "code": 400}}` + "\n\n", 400, true, 0},
+		{`data: {"object": "error", "message": "x", "type": "BadRequestError", "code": 400}` + "\n\n", 400, true, 0},
+		{`data: {"error": {"message": "blocked", "type": "content_policy_violation", "code": "content_blocked"}}` + "\n\n", 500, true, 0},
+		{`data: {"error": {"message": "x", "code": 0}}` + "\n\n", 500, true, 0},
+		{`data: {"choices":[{"delta":{"content":"\"error\": {\"code\": 500}"}}]}` + "\n\n", 0, false, 1},
+		{`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"error\":{}}"}}]}}]}` + "\n\n", 0, false, 1},
+		{`data: {"id":"c","object":"chat.completion.chunk","choices":[]}` + "\n\n", 0, false, 0},
+	} {
+		var tc TokenCounter
+		for _, ev := range []string{token, c.event, "data: [DONE]\n\n"} {
+			tc.Observe(Event(ev))
+		}
+		if status, ok := tc.EngineError(); status != c.status || ok != c.ok {
+			t.Errorf("EngineError after %q: %d %v, want %d %v", c.event, status, ok, c.status, c.ok)
+		}
+		if tc.Tokens() != 1+c.tokens {
+			t.Errorf("%d tokens counted with %q; want %d", tc.Tokens(), c.event, 1+c.tokens)
+		}
+	}
+}
+
 // A non-streamed answer counts its usage figure, as its API key's token
 // bucket is charged from it.
 func TestTokenCounterBody(t *testing.T) {
