@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"pdlb/lb/config"
 )
@@ -82,4 +83,35 @@ func TestStreamEngineErrorEvent(t *testing.T) {
 	t.Run("gnet", func(t *testing.T) {
 		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
 	})
+}
+
+// TestStreamChoicesTPOT: a stream of n choices brings each step's tokens
+// as n events, and its usage counts them all; its TPOT is the time
+// between one choice's tokens, not n times less.
+func TestStreamChoicesTPOT(t *testing.T) {
+	const steps, step = 5, 20 * time.Millisecond
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+		for i := range steps {
+			if i > 0 {
+				time.Sleep(step)
+			}
+			io.WriteString(c, `data: {"choices":[{"index":0,"delta":{"content":"a"}}]}`+"\n\n"+
+				`data: {"choices":[{"index":1,"delta":{"content":"b"}}]}`+"\n\n")
+		}
+		io.WriteString(c, "data: [DONE]\n\n")
+	})
+	s := testGateway(t, []config.Pod{{Model: "m", Address: pod}}, nil)
+	resp, _ := postVia(t, client, s, "/v1/chat/completions", `{"model":"m","n":2,"messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	waitIdle(t, s)
+	if n := metricValue(t, s, `pdlb_time_per_output_token_seconds_count{model="m"}`); n != 1 {
+		t.Fatalf("%v TPOT samples; want 1", n)
+	}
+	// The pod paced its steps at least step apart.
+	if tpot := metricValue(t, s, `pdlb_time_per_output_token_seconds_sum{model="m"}`); tpot < step.Seconds()*0.9 {
+		t.Errorf("TPOT %.1f ms of steps at least %v apart", tpot*1000, step)
+	}
 }

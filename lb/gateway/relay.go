@@ -189,8 +189,10 @@ func (g *Gateway) relayEnded(x *completion, pod *pool.Pod) int {
 		return status
 	}
 	t := &x.times
-	if n := x.counted.Tokens(); n > 1 {
-		tpot := t.last.Sub(t.first).Seconds() / float64(n-1)
+	// The n choices' tokens come interleaved, a step's worth at a time:
+	// each choice's count times the steps.
+	if n := float64(x.counted.Tokens()) / float64(x.req.Choices); n > 1 {
+		tpot := t.last.Sub(t.first).Seconds() / (n - 1)
 		x.modelStats.tpot.Update(tpot)
 		// The pod's step time at its batch teaches its TPOT line, which
 		// admission predicts from.

@@ -80,6 +80,10 @@ type Request struct {
 	MaxTokens int
 	// MaxCompletionTokens says MaxTokens came from "max_completion_tokens".
 	MaxCompletionTokens bool
+	// Choices is "n", the completions generated for the prompt (default
+	// 1): their tokens come interleaved in one stream, and usage counts
+	// them all.
+	Choices int
 	// HasStreamOptions says "stream_options" was an object; IncludeUsage is
 	// its "include_usage" (default false).
 	HasStreamOptions bool
@@ -132,7 +136,7 @@ func AcquireRequest() *Request {
 	if r, ok := requestPool.Get().(*Request); ok {
 		return r
 	}
-	return &Request{MaxTokens: -1}
+	return &Request{MaxTokens: -1, Choices: 1}
 }
 
 // ReleaseRequest returns r to the pool; r must not be used afterwards.
@@ -152,7 +156,7 @@ func ReleaseRequest(r *Request) {
 // which the compiler builds on the stack and copies.)
 func (r *Request) Reset() {
 	model, prompt, ids, salt, scratch := r.Model[:0], r.Prompt[:0], r.PromptIDs[:0], r.CacheSalt[:0], r.scratch[:0]
-	*r = Request{MaxTokens: -1}
+	*r = Request{MaxTokens: -1, Choices: 1}
 	r.Model, r.Prompt, r.PromptIDs, r.CacheSalt, r.scratch = model, prompt, ids, salt, scratch
 }
 
@@ -296,6 +300,8 @@ func (r *Request) parse(s *scanner) error {
 			maxTokens, err = parseCount(s, "max_tokens")
 		case "max_completion_tokens":
 			maxCompletion, err = parseCount(s, "max_completion_tokens")
+		case "n":
+			err = r.parseChoices(s)
 		case "stream_options":
 			err = r.parseStreamOptions(s)
 		case "cache_salt":
@@ -393,6 +399,21 @@ func parseCount(s *scanner, param string) (int, error) {
 		return int(v), nil
 	}
 	return -1, InvalidType(param, wantCount, s.b[s.skip():s.p])
+}
+
+// parseChoices reads "n": null or absent is 1, and 0 is refused, as vLLM
+// refuses it.
+func (r *Request) parseChoices(s *scanner) error {
+	n, err := parseCount(s, "n")
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return InvalidValue("n", "must be at least 1")
+	case n > 0:
+		r.Choices = n
+	}
+	return nil
 }
 
 // parseStreamOptions reads "stream_options": an object whose include_usage

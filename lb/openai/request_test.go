@@ -168,6 +168,8 @@ func TestParseErrors(t *testing.T) {
 
 	// scalars
 	f(KindChat, `{"model":"m","stream":"yes",`+chat+`}`, `"stream" must be a boolean, got "yes"`, "stream", CodeInvalidType)
+	f(KindChat, `{"model":"m","n":0,`+chat+`}`, `"n" must be at least 1`, "n", CodeInvalidValue)
+	f(KindChat, `{"model":"m","n":"2",`+chat+`}`, `"n" must be a non-negative integer, got "2"`, "n", CodeInvalidType)
 	f(KindChat, `{"model":"m","max_tokens":"abc",`+chat+`}`, `"max_tokens" must be a non-negative integer, got "abc"`, "max_tokens", CodeInvalidType)
 	f(KindChat, `{"model":"m","max_tokens":-1,`+chat+`}`, `"max_tokens" must be a non-negative integer, got -1`, "max_tokens", CodeInvalidType)
 	f(KindChat, `{"model":"m","max_tokens":1.5,`+chat+`}`, `"max_tokens" must be a non-negative integer, got 1.5`, "max_tokens", CodeInvalidType)
@@ -341,6 +343,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(uint8(KindChat), []byte(`{"model":"m","cache_salt":"t\u00e9n@nt","messages":[{"role":"user","content":"x"}]}`))
 	f.Add(uint8(KindCompletion), []byte(`{"cache_salt":null,"model":"m","prompt":"x","cache_salt":"`+strings.Repeat("s", 128)+`"}`))
 	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":"x","cache_salt":["s"]}`))
+	f.Add(uint8(KindChat), []byte(`{"model":"m","n":3,"messages":[{"role":"user","content":"x"}]}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":"x","n":0}`))
 	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
 		kind := KindChat
 		if k&1 == 1 {
@@ -364,11 +368,11 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if string(r.Model) != ref.model || r.Stream != ref.stream || r.MaxTokens != ref.maxTokens || string(r.CacheSalt) != ref.salt ||
+		if string(r.Model) != ref.model || r.Stream != ref.stream || r.MaxTokens != ref.maxTokens || r.Choices != ref.choices || string(r.CacheSalt) != ref.salt ||
 			r.IncludeUsage != ref.usage || string(r.Prompt) != ref.prompt || r.TokenIDs != (ref.ids != nil) ||
 			!slices.Equal(r.PromptIDs, ref.ids) {
-			t.Fatalf("Parse(%s)\n got model %q stream %v max %d usage %v prompt %q ids %v\nwant %+v",
-				body, r.Model, r.Stream, r.MaxTokens, r.IncludeUsage, r.Prompt, r.PromptIDs, ref)
+			t.Fatalf("Parse(%s)\n got model %q stream %v max %d n %d usage %v prompt %q ids %v\nwant %+v",
+				body, r.Model, r.Stream, r.MaxTokens, r.Choices, r.IncludeUsage, r.Prompt, r.PromptIDs, ref)
 		}
 	})
 }
@@ -379,6 +383,7 @@ type reference struct {
 	model         string
 	stream, usage bool
 	maxTokens     int
+	choices       int
 	prompt        string
 	ids           []uint32
 	salt          string
@@ -431,6 +436,11 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 	if maxCompletion >= 0 {
 		ref.maxTokens = maxCompletion
 	}
+	choices, ok := count(top["n"])
+	if !ok || choices == 0 {
+		return ref, false
+	}
+	ref.choices = max(choices, 1)
 	if so, present := top["stream_options"]; present && so != nil {
 		m, isObj := so.(map[string]any)
 		if !isObj {
@@ -687,5 +697,22 @@ func TestParseChatGoldens(t *testing.T) {
 		if err := r.Parse(KindChat, c.Request); err != nil || r.Unindexed() {
 			t.Errorf("%s/%s: Parse = %v, unindexed %v; vLLM renders it", c.Model, c.Name, err, r.Unindexed())
 		}
+	}
+}
+
+// TestParseChoices: "n" is read as the number of choices, 1 when absent
+// or null.
+func TestParseChoices(t *testing.T) {
+	for body, want := range map[string]int{
+		`{"model":"m","prompt":"x"}`:          1,
+		`{"model":"m","prompt":"x","n":null}`: 1,
+		`{"model":"m","prompt":"x","n":1}`:    1,
+		`{"model":"m","prompt":"x","n":4}`:    4,
+	} {
+		r := AcquireRequest()
+		if err := r.Parse(KindCompletion, []byte(body)); err != nil || r.Choices != want {
+			t.Errorf("Parse(%s): n %d, %v; want %d", body, r.Choices, err, want)
+		}
+		ReleaseRequest(r)
 	}
 }
