@@ -20,13 +20,7 @@ func (g *Gateway) startSharedLedger(ctx context.Context) {
 	// The shared ledger logs Redis going and coming back once each; the
 	// client's own line per failed dial would repeat every sync.
 	redis.SetLogger(redisLog{g.log})
-	rdb := redis.NewClient(&redis.Options{
-		Addr:         g.cfg.Redis.Address,
-		DialTimeout:  200 * time.Millisecond,
-		ReadTimeout:  200 * time.Millisecond,
-		WriteTimeout: 200 * time.Millisecond,
-		MaxRetries:   -1,
-	})
+	rdb := redis.NewClient(sharedRedisOptions(g.cfg.Redis.Address))
 	sh := ledger.NewShared(g.ledger, rdb, ledger.SharedOptions{
 		ReplicaID: g.cfg.Redis.ReplicaID,
 		Interval:  time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs) * time.Millisecond,
@@ -37,6 +31,20 @@ func (g *Gateway) startSharedLedger(ctx context.Context) {
 		sh.Run(ctx)
 		_ = rdb.Close()
 	})
+}
+
+// sharedRedisOptions are the client options ledger.NewShared asks for: a
+// failed sync is tried again on the next tick, so the client neither
+// retries a command nor redials (go-redis dials 5 times when left at 0).
+func sharedRedisOptions(addr string) *redis.Options {
+	return &redis.Options{
+		Addr:          addr,
+		DialTimeout:   200 * time.Millisecond,
+		ReadTimeout:   200 * time.Millisecond,
+		WriteTimeout:  200 * time.Millisecond,
+		MaxRetries:    -1,
+		DialerRetries: 1,
+	}
 }
 
 // addRemote adds the other replicas' requests in flight and queued prefill
