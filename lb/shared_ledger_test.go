@@ -2,18 +2,23 @@ package lb_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"pdlb/engines/sim"
 	"pdlb/internal/redistest"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/ledger"
 )
 
 // decodeLoad reads, from a gateway's /admin/pods, the decode tokens its
@@ -99,4 +104,28 @@ func TestReplicasShareTheDecodeLedger(t *testing.T) {
 	}
 	ledgerSettles(t, a)
 	ledgerSettles(t, b)
+}
+
+// TestSharedLedgerKeyPrefix: redis.key_prefix namespaces a gateway's keys,
+// so two deployments sharing one Redis server keep their loads apart.
+func TestSharedLedgerKeyPrefix(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	sims := testFleet(t, "m", 1, 100)
+	testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+		c.Redis.Address, c.Redis.ReplicaID, c.Redis.KeyPrefix = srv.Addr(), "a", "staging"
+		c.TokenLoad.SharedSyncIntervalMs = 20
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	replicas := func(prefix string) []string {
+		ids, err := rdb.ZRange(context.Background(), "{"+prefix+"}:decode:replicas", 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	testwait.For(t, "replica a in the staging replica set", func() bool { return slices.Equal(replicas("staging"), []string{"a"}) })
+	if ids := replicas(ledger.DefaultKeyPrefix); len(ids) != 0 {
+		t.Fatalf("replicas %v under the default prefix", ids)
+	}
 }

@@ -51,6 +51,9 @@ end
 return out
 `)
 
+// DefaultKeyPrefix is SharedOptions.KeyPrefix's default.
+const DefaultKeyPrefix = "pdlb"
+
 // SharedOptions configures a Shared.
 type SharedOptions struct {
 	// ReplicaID names this gateway replica (default: 16 random hex digits).
@@ -99,7 +102,7 @@ func NewShared(l *Ledger, rdb redis.UniversalClient, o SharedOptions) *Shared {
 		o.ReplicaID = hex.EncodeToString(b[:])
 	}
 	if o.KeyPrefix == "" {
-		o.KeyPrefix = "pdlb"
+		o.KeyPrefix = DefaultKeyPrefix
 	}
 	if o.Interval <= 0 {
 		o.Interval = DefaultSharedSyncIntervalMs * time.Millisecond

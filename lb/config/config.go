@@ -63,6 +63,7 @@ const (
 	DefaultMaxEjectedPercent  = 50
 	DefaultMaxConnsPerPod     = 1024
 	DefaultMaxResponseBytes   = 64 << 20
+	DefaultRedisKeyPrefix     = ledger.DefaultKeyPrefix
 )
 
 // Roles a pod can play (AIBrix's role-name label; "combined" runs both
@@ -255,6 +256,11 @@ type Redis struct {
 	// replaces the entry under its id and ignores the load published
 	// under it as its own.
 	ReplicaID string `yaml:"replica_id"`
+	// KeyPrefix namespaces the keys in Redis (default "pdlb"). Replicas of
+	// one gateway share it; gateways that share a Redis server but not
+	// their load need distinct ones, or each adds the other's load on pods
+	// of the same name to its own.
+	KeyPrefix string `yaml:"key_prefix"`
 }
 
 // Model holds per-model routing settings.
@@ -383,6 +389,7 @@ func Default() Config {
 		PD:        route.DefaultPDOptions(),
 		Plan:      DefaultPlan(),
 		Tracing:   DefaultTracing(),
+		Redis:     Redis{KeyPrefix: DefaultRedisKeyPrefix},
 		Health: Health{
 			Interval:           DefaultHealthInterval,
 			Timeout:            DefaultHealthTimeout,
@@ -576,6 +583,9 @@ func (c Config) Validate() error {
 	if c.Redis.Address != "" {
 		if err := checkAddr("redis.address", c.Redis.Address, false); err != nil {
 			return err
+		}
+		if c.Redis.KeyPrefix == "" {
+			return invalid("redis.key_prefix", c.Redis.KeyPrefix, "must not be empty")
 		}
 	}
 	if err := c.Tracing.Validate(); err != nil {

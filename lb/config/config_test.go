@@ -57,6 +57,7 @@ func TestValidateRejects(t *testing.T) {
 	f("admission: {interactive: {ttft_slo: -1}}\n"+pod, "admission")
 	f("token_load: {kv_weight: -1}\n"+pod, "kv_weight")
 	f("redis: {address: nowhere}\n"+pod, `redis.address = "nowhere"`)
+	f("redis: {address: '127.0.0.1:6379', key_prefix: ''}\n"+pod, `redis.key_prefix = "" must not be empty`)
 }
 
 func TestLoadFillsDefaults(t *testing.T) {
@@ -89,6 +90,25 @@ pods:
 	if c.ModelFor("m").Policy != "round_robin" || c.ModelFor("m").BlockSize != DefaultBlockSize || c.ModelFor("other").Policy != DefaultPolicy {
 		t.Fatal("ModelFor")
 	}
+}
+
+func TestRedisKeyPrefix(t *testing.T) {
+	f := func(yml, want string) {
+		t.Helper()
+		c := Default()
+		if err := c.UnmarshalYAML([]byte(yml + "pods: [{model: m, address: '127.0.0.1:8001'}]\n")); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if c.Redis.KeyPrefix != want {
+			t.Fatalf("%q: key prefix %q, want %q", yml, c.Redis.KeyPrefix, want)
+		}
+	}
+	f("", DefaultRedisKeyPrefix)
+	f("redis: {address: '127.0.0.1:6379'}\n", "pdlb")
+	f("redis: {address: '127.0.0.1:6379', replica_id: a, key_prefix: staging}\n", "staging")
 }
 
 // TestValidateNeverCorrects: a field whose empty value means a default is

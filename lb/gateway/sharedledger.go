@@ -23,6 +23,7 @@ func (g *Gateway) startSharedLedger(ctx context.Context) {
 	rdb := redis.NewClient(sharedRedisOptions(g.cfg.Redis.Address))
 	sh := ledger.NewShared(g.ledger, rdb, ledger.SharedOptions{
 		ReplicaID: g.cfg.Redis.ReplicaID,
+		KeyPrefix: g.cfg.Redis.KeyPrefix,
 		Interval:  time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs) * time.Millisecond,
 		Expiry:    time.Duration(g.cfg.TokenLoad.SharedExpiryMs) * time.Millisecond,
 		Logger:    g.log,
