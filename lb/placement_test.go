@@ -65,6 +65,44 @@ func TestCacheAwareRoutingFollowsPrefixes(t *testing.T) {
 	}
 }
 
+// TestPerRequestCachePolicyReadsTheIndex: a cache-aware policy that a
+// routing-strategy header or a profile chooses, on a model whose own
+// policy reads no prefixes, still finds what the pods hold.
+func TestPerRequestCachePolicyReadsTheIndex(t *testing.T) {
+	sims := testFleet(t, "m", 4, 100)
+	for _, tc := range []struct{ name, header, value string }{
+		{"header", "routing-strategy", "prefix_cache"},
+		{"profile", "config-profile", "cache"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+				c.Models = []config.Model{{Name: "m", Policy: "least_request",
+					Profiles: []config.Profile{{Name: "default"}, {Name: "cache", RoutingStrategy: "prefix_cache"}}}}
+			})
+			home := map[int]string{}
+			for turn := 0; turn < 3; turn++ {
+				for conv := 0; conv < 4; conv++ {
+					system := strings.Repeat(fmt.Sprintf("conversation %d system prompt. ", conv), 200)
+					resp, b := postWith(t, s, chat(system, fmt.Sprintf("turn %d", turn), 2, false), tc.header, tc.value)
+					if resp.StatusCode != 200 {
+						t.Fatalf("%d: %s", resp.StatusCode, b)
+					}
+					pod := resp.Header.Get("x-pdlb-pod")
+					if turn == 0 {
+						home[conv] = pod
+					} else if pod != home[conv] {
+						t.Fatalf("conversation %d turn %d went to %s, its prefix is on %s", conv, turn, pod, home[conv])
+					}
+				}
+			}
+			metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+			if !strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"}`) || strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"} 0`) {
+				t.Fatalf("no cached tokens counted:\n%s", metrics)
+			}
+		})
+	}
+}
+
 func get(t *testing.T, url string) string {
 	t.Helper()
 	resp, err := client.Get(url)

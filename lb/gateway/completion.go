@@ -83,11 +83,13 @@ type completion struct {
 	firstSeen bool
 
 	// policy, when set, replaces the model's policy for this request (a
-	// routing-strategy header naming one); cascade routes a request whose
-	// strategy is "pd", and pd is its prefill/decode exchange.
-	policy  route.Policy
-	cascade *route.PDRouter
-	pd      *pd.Call
+	// routing-strategy header naming one), and policyCache says it reads
+	// prefix matches; cascade routes a request whose strategy is "pd", and
+	// pd is its prefill/decode exchange.
+	policy      route.Policy
+	policyCache bool
+	cascade     *route.PDRouter
+	pd          *pd.Call
 
 	// The request's own, for its parts that run as a frontend.Task or
 	// frontend.Done: the gateway, the client's context and the model; a
@@ -146,7 +148,7 @@ func releaseCompletion(x *completion) {
 		x.key.Done(time.Now(), x.counted.Tokens())
 		x.key = nil
 	}
-	x.policy, x.cascade = nil, nil
+	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks = nil, "", nil
 	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil
 	x.deferred = false

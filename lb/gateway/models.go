@@ -91,7 +91,7 @@ func (g *Gateway) fallBack(x *completion) bool {
 			x.pd = nil
 		}
 		x.m, x.served, x.adapter = m, name, nil
-		x.policy, x.cascade, x.looked, x.last = res.Policy, res.PD, false, nil
+		x.policy, x.policyCache, x.cascade, x.looked, x.last = res.Policy, res.UsesCache, res.PD, false, nil
 		x.stage = stagePick
 		g.metrics.model(m).fallbacks.Inc()
 		return true

@@ -47,7 +47,7 @@ func (x *completion) PlacePair(pre, dec *pool.Pod) {
 	if x.adapter != nil {
 		dec.UseAdapter(x.adapter, &x.m.LoRA)
 	}
-	if x.m.UsesCache && len(x.keys) > 0 {
+	if x.usesCache(x.m) && len(x.keys) > 0 {
 		x.m.Prefix.Insert(dec.PrefixID, x.keys)
 	}
 }

@@ -19,10 +19,16 @@ const (
 	headerPriority      = "x-priority"
 )
 
+// usesCache says x reads and feeds m's prefix index: m's policy or cascade
+// does, or the policy a header or profile chose for x alone does.
+func (x *completion) usesCache(m *pool.Model) bool {
+	return m.UsesCache || x.policyCache
+}
+
 // lookup finds how much of the prompt each pod of m holds, once per
 // request (retries reuse it): block keys, then one walk of the index.
 func (g *Gateway) lookup(m *pool.Model, x *completion) {
-	if x.looked || !m.UsesCache {
+	if x.looked || !x.usesCache(m) {
 		return
 	}
 	x.looked = true
@@ -100,7 +106,7 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 // chosen candidate's prefix.
 func promptOf(m *pool.Model, x *completion, session string) ledger.Prompt {
 	prompt := ledger.Prompt{Tokens: int64(x.routeReq.PromptTokens), Model: m.Name, SessionKey: session}
-	if m.UsesCache && x.routeReq.PromptTokens > 0 {
+	if x.usesCache(m) && x.routeReq.PromptTokens > 0 {
 		prompt.Matched = true
 		prompt.MatchPct = 100 * float64(x.chosen.CachedTokens) / float64(x.routeReq.PromptTokens)
 	}
@@ -120,7 +126,7 @@ func (g *Gateway) candidate(c *route.Candidate, m *pool.Model, x *completion, p 
 
 // matchOf is x's prefix match on m as the candidates report it.
 func matchOf(m *pool.Model, x *completion) pool.Match {
-	if !m.UsesCache {
+	if !x.usesCache(m) {
 		return pool.Match{}
 	}
 	return pool.Match{Depth: x.depth, BlockSize: m.BlockSize, PromptTokens: x.routeReq.PromptTokens}
@@ -153,7 +159,7 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
 	if x.adapter != nil {
 		pod.UseAdapter(x.adapter, &m.LoRA)
 	}
-	if m.UsesCache && len(x.keys) > 0 {
+	if x.usesCache(m) && len(x.keys) > 0 {
 		m.Prefix.Insert(pod.PrefixID, x.keys)
 	}
 	stats := g.metrics.model(m)

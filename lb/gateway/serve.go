@@ -150,7 +150,7 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
 		return false
 	}
-	x.cascade, x.policy = res.PD, res.Policy
+	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
 	return true
 }
 

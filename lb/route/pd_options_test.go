@@ -146,11 +146,15 @@ func TestModelProfilesResolve(t *testing.T) {
 		if (res.Strategy == StrategyPD) != (res.PD != nil) || (res.Strategy != "" && res.Strategy != StrategyPD) != (res.Policy != nil) {
 			t.Fatalf("Resolve(%q, %q): strategy %q with PD %v policy %v", profile, header, res.Strategy, res.PD, res.Policy)
 		}
+		if res.UsesCache != (res.Policy != nil && UsesCache(res.Strategy)) {
+			t.Fatalf("Resolve(%q, %q): strategy %q with UsesCache %v", profile, header, res.Strategy, res.UsesCache)
+		}
 	}
 	f("", "", "default", "pd")
 	f("long", "", "long", "pd")
 	f("nosuch", "", "default", "pd")
 	f("", "random", "default", "random")
+	f("", "prefix_cache", "default", "prefix_cache")
 	f("plain", "", "plain", "")
 	if res, _ := m.Resolve("long", ""); res.PD.Options().PrefillScorePolicy != PrefillPolicyTokenLoad {
 		t.Fatal("profile's options not in its router")

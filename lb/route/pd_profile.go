@@ -58,6 +58,7 @@ type ModelProfiles struct {
 type namedPolicy struct {
 	name   string
 	policy Policy
+	cache  bool
 }
 
 // ErrUnknownStrategy is returned by Resolve for a routing-strategy header
@@ -137,7 +138,7 @@ func (m *ModelProfiles) Freeze() error {
 	}
 	m.policies = m.policies[:0]
 	for _, r := range registry {
-		m.policies = append(m.policies, namedPolicy{r.name, r.build(m.Profiles[m.def].PD.routeOptions())})
+		m.policies = append(m.policies, namedPolicy{r.name, r.build(m.Profiles[m.def].PD.routeOptions()), r.cache})
 	}
 	return nil
 }
@@ -151,8 +152,10 @@ type Resolved struct {
 	Strategy string
 	// PD is the profile's cascade when Strategy is "pd".
 	PD *PDRouter
-	// Policy is the registry policy when Strategy names one.
-	Policy Policy
+	// Policy is the registry policy when Strategy names one, and
+	// UsesCache says whether it reads prefix-cache matches (UsesCache).
+	Policy    Policy
+	UsesCache bool
 }
 
 // Resolve picks the profile (the config-profile header's, else the
@@ -181,7 +184,7 @@ func (m *ModelProfiles) Resolve(profileHeader, strategyHeader string) (Resolved,
 	default:
 		for i := range m.policies {
 			if m.policies[i].name == strategy {
-				res.Policy = m.policies[i].policy
+				res.Policy, res.UsesCache = m.policies[i].policy, m.policies[i].cache
 				return res, nil
 			}
 		}
