@@ -95,7 +95,7 @@ config file, e.g.
 	)
 	fs.StringVar(&path, "config", "", "YAML config file (see README: Configuration)")
 	fs.Var(&pods, "pod", "a pod to route to, as key=value pairs (repeatable)")
-	gf.register(fs)
+	gf.register(fs.FlagSet)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

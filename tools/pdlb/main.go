@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 )
 
 // command is one subcommand. run parses its own flags from args and returns
@@ -43,6 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	var bad *usageError
 	for _, c := range commands {
 		if c.name == args[0] {
 			err := c.run(args[1:], stdout)
@@ -51,6 +53,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 				return 0
 			case errors.Is(err, flag.ErrHelp):
 				return 0
+			case errors.As(err, &bad):
+				fmt.Fprintf(stderr, "pdlb %s: %v\n%s", c.name, err, bad.usage)
+				return 2
 			default:
 				fmt.Fprintf(stderr, "pdlb %s: %v\n", c.name, err)
 				return 1
@@ -77,14 +82,56 @@ Commands:
 	fmt.Fprint(w, "\nRun 'pdlb <command> --help' for a command's flags.\n")
 }
 
-// newFlagSet returns a flag set whose --help prints a synopsis, what the
-// command does and its flags, to stdout, as a person running --help expects.
-func newFlagSet(name, synopsis, about string, stdout io.Writer) *flag.FlagSet {
+// flagSet is a command's flags. Its Parse prints --help's usage to stdout,
+// as a person running --help expects, and returns a bad flag as a
+// usageError, which run prints once on stderr with the usage, as the flag
+// package's ExitOnError does.
+type flagSet struct {
+	*flag.FlagSet
+	stdout io.Writer
+}
+
+// usageError is a command line the command's flags refuse; usage is the
+// command's usage text.
+type usageError struct {
+	err   error
+	usage string
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// newFlagSet returns a flag set whose usage is a synopsis, what the command
+// does and its flags.
+func newFlagSet(name, synopsis, about string, stdout io.Writer) *flagSet {
 	fs := flag.NewFlagSet("pdlb "+name, flag.ContinueOnError)
-	fs.SetOutput(stdout)
+	// The flag package writes its message and usage on every failure;
+	// Parse below writes them once, each where it belongs.
+	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
-		fmt.Fprintf(stdout, "Usage: pdlb %s %s\n\n%s\n\nFlags:\n", name, synopsis, about)
+		fmt.Fprintf(fs.Output(), "Usage: pdlb %s %s\n\n%s\n\nFlags:\n", name, synopsis, about)
 		fs.PrintDefaults()
 	}
-	return fs
+	return &flagSet{fs, stdout}
+}
+
+// Parse parses args; on --help it prints the usage to stdout and returns
+// flag.ErrHelp, on a bad flag it returns a usageError.
+func (f *flagSet) Parse(args []string) error {
+	err := f.FlagSet.Parse(args)
+	if err == nil {
+		return nil
+	}
+	var usage strings.Builder
+	w := io.Writer(&usage)
+	if errors.Is(err, flag.ErrHelp) {
+		w = f.stdout
+	}
+	f.SetOutput(w)
+	f.Usage()
+	f.SetOutput(io.Discard)
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &usageError{err, usage.String()}
 }
