@@ -50,7 +50,7 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		tokenizer string
 		withTLS   bool
 	)
-	gf.register(fs.FlagSet)
+	gf.register(fs.FlagSet, false)
 	fs.Float64Var(&speedup, "speedup", 1, "how much faster than real time the simulated pods run")
 	fs.StringVar(&policy, "policy", "", "routing policy of every demo model (default: the gateway's default)")
 	fs.StringVar(&tokenizer, "tokenizer", "", "a Hugging Face tokenizer directory every demo model uses, pods and gateway alike, the vLLM pods publishing KV events in its ids (default: the stand-in)")

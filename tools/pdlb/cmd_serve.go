@@ -37,11 +37,17 @@ type gatewayFlags struct {
 	tlsCert, tlsKey                    string
 }
 
-func (f *gatewayFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.listen, "listen", "", "address of the OpenAI API (default "+config.DefaultListen+", or the config file's)")
-	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin (default "+config.DefaultAdmin+", or the config file's)")
-	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+", or the config file's)")
-	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output; reopened on SIGUSR1; default none, or the config file's)")
+// register adds the flags to fs; withConfig says the command also reads a
+// config file, whose settings are then the defaults the flags override.
+func (f *gatewayFlags) register(fs *flag.FlagSet, withConfig bool) {
+	orFile := ""
+	if withConfig {
+		orFile = ", or the config file's"
+	}
+	fs.StringVar(&f.listen, "listen", "", "address of the OpenAI API (default "+config.DefaultListen+orFile+")")
+	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin (default "+config.DefaultAdmin+orFile+")")
+	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+orFile+")")
+	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output; reopened on SIGUSR1; default none"+orFile+")")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve the API over TLS with this PEM certificate chain (with --tls-key; reloaded on SIGHUP and when it changes)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
@@ -95,7 +101,7 @@ config file, e.g.
 	)
 	fs.StringVar(&path, "config", "", "YAML config file (see README: Configuration)")
 	fs.Var(&pods, "pod", "a pod to route to, as key=value pairs (repeatable)")
-	gf.register(fs.FlagSet)
+	gf.register(fs.FlagSet, true)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -240,5 +243,23 @@ func TestStrayArgumentsRefused(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Errorf("%s %s started serving, ignoring %q", cmd.name, strings.Join(cmd.args, " "), "false")
 		}
+	}
+}
+
+// TestDemoHelpNamesNoConfigFile: demo takes no config file, so its --help
+// must not offer one as the source of a default; serve's does.
+func TestDemoHelpNamesNoConfigFile(t *testing.T) {
+	var demo, serve bytes.Buffer
+	if err := cmdDemo([]string{"--help"}, &demo); !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	if err := cmdServe([]string{"--help"}, &serve); !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	if strings.Contains(demo.String(), "config file") {
+		t.Errorf("demo --help mentions a config file:\n%s", demo.String())
+	}
+	if !strings.Contains(serve.String(), "or the config file's") {
+		t.Errorf("serve --help lost the config file's defaults:\n%s", serve.String())
 	}
 }
