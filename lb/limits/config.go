@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -46,7 +47,8 @@ type Config struct {
 	Conns ConnLimits `yaml:"limits"`
 	// AdminToken, when set, is the bearer token the admin listener requires
 	// (default ""). It must be set when the admin listener binds an address
-	// that is not loopback. Compared in constant time.
+	// that is not loopback, and must not start or end with white space.
+	// Compared in constant time.
 	AdminToken string `yaml:"admin_token"`
 }
 
@@ -138,6 +140,11 @@ func (c *Config) Validate(admin string) error {
 	}
 	if c.Conns.IdleTimeout < 0 {
 		return invalid("limits.idle_timeout", c.Conns.IdleTimeout.String(), "must not be negative (0 turns it off)")
+	}
+	if c.AdminToken != strings.TrimSpace(c.AdminToken) {
+		// AdminGuard trims the token a client sends, so this one could never
+		// match. The value is a secret: not quoted.
+		return fmt.Errorf("%w: admin_token has white space at its start or end (a YAML block scalar keeps its final newline)", ErrInvalid)
 	}
 	if admin != "" && c.AdminToken == "" && !IsLoopback(admin) {
 		return invalid("admin_token", "", "must be set when admin ("+strconv.Quote(admin)+") is not a loopback address")
