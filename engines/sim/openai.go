@@ -35,6 +35,11 @@ type genRequest struct {
 	AddSpecialTokens *bool `json:"add_special_tokens"`
 	// CacheSalt is vLLM's cache_salt (null for none); see cacheSalt.
 	CacheSalt any `json:"cache_salt"`
+	// TruncatePromptTokens and TruncationSide are vLLM's: keep only the
+	// last (truncation_side "right": the first) so many prompt tokens;
+	// see truncation.
+	TruncatePromptTokens *int    `json:"truncate_prompt_tokens"`
+	TruncationSide       *string `json:"truncation_side"`
 	// PD fields of each engine; pd.go reads them.
 	KVTransferParams    *kvTransferParams `json:"kv_transfer_params"` // vLLM
 	BootstrapHost       string            `json:"bootstrap_host"`     // SGLang
@@ -104,6 +109,40 @@ func (r *genRequest) cacheSalt() (string, error) {
 		return s, nil
 	}
 	return "", badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+}
+
+// truncation returns how many prompt tokens vLLM keeps of the request
+// (-1: all) and whether it keeps the first ones rather than the last,
+// refusing what vLLM refuses. truncate_prompt_tokens -1 is the context
+// less the output budget (TokenizeParams.max_input_tokens); no value may
+// exceed that. Without truncation_side vLLM cuts on the tokenizer's side,
+// which it sets to the left for generative models.
+func (r *genRequest) truncation(maxModelLen int) (keep int, right bool, err error) {
+	if s := r.TruncationSide; s != nil && *s != "left" && *s != "right" {
+		return 0, false, badRequest("truncation_side must be 'left' or 'right', got %q.", *s)
+	}
+	right = r.TruncationSide != nil && *r.TruncationSide == "right"
+	k := r.TruncatePromptTokens
+	if k == nil {
+		return -1, right, nil
+	}
+	out := r.MaxCompletionTokens
+	if out == nil {
+		out = r.MaxTokens
+	}
+	input := maxModelLen
+	if out != nil {
+		input -= *out
+	}
+	switch {
+	case *k < -1:
+		return 0, false, badRequest("truncate_prompt_tokens must be greater than or equal to -1, got %d.", *k)
+	case *k == -1:
+		return input, right, nil
+	case *k > input:
+		return 0, false, badRequest("truncate_prompt_tokens=%d cannot be greater than max_model_len - max_tokens = %d. Please request a smaller truncation size.", *k, input)
+	}
+	return *k, right, nil
 }
 
 // renderChat renders messages with the chat template the gateway uses

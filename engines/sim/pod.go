@@ -383,37 +383,64 @@ func parseBody(ctx *fasthttp.RequestCtx, v any) bool {
 
 // requestTokens renders and tokenizes the prompt of a chat or completions
 // request as the pod's engine would: with the model's tokenizer and chat
-// template when the pod has them (cfg.Prompt), else with the stand-in.
-// Chat messages the engine would refuse are a *chat.RequestError either
-// way.
+// template when the pod has them (cfg.Prompt), else with the stand-in;
+// then a vLLM pod truncates them as the request asks. Chat messages the
+// engine would refuse are a *chat.RequestError either way.
 func (p *Pod) requestTokens(body []byte, req *genRequest, isChat bool) ([]uint32, error) {
+	keep, right := -1, false
+	if p.cfg.Engine == engines.VLLM {
+		var err error
+		if keep, right, err = req.truncation(p.cfg.MaxModelLen); err != nil {
+			return nil, err
+		}
+	}
+	ids, byTokenizer, special, err := p.untruncatedTokens(body, req, isChat)
+	switch {
+	case err != nil || keep < 0 || keep >= len(ids):
+		return ids, err
+	case byTokenizer:
+		// HF's truncation spares the special tokens it added.
+		return p.cfg.Prompt.Tokenizer().Truncate(ids, keep, right, special), nil
+	case right:
+		return ids[:keep], nil
+	}
+	return ids[len(ids)-keep:], nil
+}
+
+// untruncatedTokens is requestTokens before truncation; byTokenizer says
+// cfg.Prompt's tokenizer made the ids, with its special tokens if special,
+// rather than the client or the stand-in.
+func (p *Pod) untruncatedTokens(body []byte, req *genRequest, isChat bool) (ids []uint32, byTokenizer, special bool, err error) {
 	if !isChat {
 		if p.cfg.Prompt != nil {
 			if s, ok := promptString(req.Prompt); ok {
-				return p.cfg.Prompt.Completion(nil, []byte(s), req.AddSpecialTokens == nil || *req.AddSpecialTokens), nil
+				add := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+				return p.cfg.Prompt.Completion(nil, []byte(s), add), true, add, nil
 			}
 		}
-		return promptTokens(nil, req.Prompt)
+		ids, err = promptTokens(nil, req.Prompt)
+		return ids, false, false, err
 	}
 	c := chat.AcquireConversation()
 	defer chat.ReleaseConversation(c)
 	if err := c.ParseRequest(body); err != nil {
-		return nil, err
+		return nil, false, false, err
 	}
 	if p.cfg.Prompt != nil {
-		ids, err := p.cfg.Prompt.AppendChat(nil, c, req.AddSpecialTokens != nil && *req.AddSpecialTokens)
+		add := req.AddSpecialTokens != nil && *req.AddSpecialTokens
+		ids, err := p.cfg.Prompt.AppendChat(nil, c, add)
 		// What the template engine cannot render as Python would (media
 		// parts, say) the sim still serves, with the stand-in's count, as
 		// the real engine serves it.
 		if !errors.Is(err, chat.ErrInexact) {
-			return ids, err
+			return ids, true, add, err
 		}
 	}
 	text, err := renderChat(nil, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 	if err != nil {
-		return nil, err
+		return nil, false, false, err
 	}
-	return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), nil
+	return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), false, false, nil
 }
 
 // generate serves /v1/chat/completions and /v1/completions.
@@ -652,13 +679,14 @@ func isClosed(c chan struct{}) bool {
 }
 
 // tokenize serves vLLM's POST /tokenize, with the tokens the sim computes for
-// the same prompt in a generation request.
+// the same prompt in a generation request. It truncates nothing, as vLLM's
+// has no truncate_prompt_tokens.
 func (p *Pod) tokenize(ctx *fasthttp.RequestCtx) {
 	var req genRequest
 	if !parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	tokens, err := p.requestTokens(ctx.PostBody(), &req, req.Messages != nil)
+	tokens, _, _, err := p.untruncatedTokens(ctx.PostBody(), &req, req.Messages != nil)
 	if err != nil {
 		refuse(ctx, err)
 		return

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"pdlb/engines"
 	"pdlb/engines/prompt"
 	"pdlb/internal/tokfiles"
 )
@@ -72,4 +73,75 @@ func TestPodRefusesMessagesAsVLLM(t *testing.T) {
 	f([]map[string]any{{"role": "user", "content": nil}}, "messages[0].content")
 	f([]map[string]any{{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": []map[string]any{{"type": "function"}}}}, "messages[1].tool_calls[0].id")
 	f([]map[string]any{{"role": "user", "content": []map[string]any{{"type": "video_frame"}}}}, "messages[0].content[0].type")
+}
+
+// TestPodTruncatesPromptsAsVLLM: a vLLM pod keeps the last
+// truncate_prompt_tokens tokens of the prompt (the first, with
+// truncation_side "right"), the tokenizer's BOS spared; prompts that
+// differ only before the kept tokens then share their cached blocks.
+// SGLang has no such field and keeps the whole prompt.
+func TestPodTruncatesPromptsAsVLLM(t *testing.T) {
+	m, err := prompt.Load(prompt.Config{Tokenizer: tokfiles.Dir(t, "llama3.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	phys := DefaultPhysics()
+	phys.BlockSize = 16
+	p := testPod(t, Config{Prompt: m, Speedup: 1000, Physics: phys, MaxModelLen: 4096})
+	c := testClient(t)
+	usage := func(base string, body map[string]any) int {
+		t.Helper()
+		status, b := post(t, c, base+"/v1/completions", body)
+		var resp struct {
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		if status != 200 || json.Unmarshal(b, &resp) != nil {
+			t.Fatalf("%v: %d %s", body, status, b)
+		}
+		return resp.Usage.PromptTokens
+	}
+	base := "http://" + p.Addr()
+	tail := strings.Repeat("The river runs north past the old mill and the stone bridge. ", 12)
+	text := strings.Repeat("alpha ", 100) + "\n" + tail
+	if n := usage(base, map[string]any{"prompt": text, "max_tokens": 1}); n < 200 {
+		t.Fatalf("the whole prompt is %d tokens", n)
+	}
+	if n := usage(base, map[string]any{"prompt": text, "max_tokens": 1, "truncate_prompt_tokens": 64}); n != 64 {
+		t.Fatalf("truncate_prompt_tokens 64: %d prompt tokens", n)
+	}
+	before := p.Stats().HitTokens
+	other := strings.Repeat("beta gamma ", 70) + "\n" + tail
+	if n := usage(base, map[string]any{"prompt": other, "max_tokens": 1, "truncate_prompt_tokens": 64, "truncation_side": "left"}); n != 64 {
+		t.Fatalf("truncation_side left: %d prompt tokens", n)
+	}
+	if hit := p.Stats().HitTokens - before; hit < 48 {
+		t.Fatalf("a prompt whose last 64 tokens were just served hit %d cached tokens", hit)
+	}
+	ids := make([]int, 100)
+	for i := range ids {
+		ids[i] = 1000 + i
+	}
+	if n := usage(base, map[string]any{"prompt": ids, "max_tokens": 1, "truncate_prompt_tokens": 40, "truncation_side": "right"}); n != 40 {
+		t.Fatalf("truncation_side right: %d prompt tokens", n)
+	}
+	if n := usage(base, map[string]any{"prompt": ids, "max_tokens": 1, "truncate_prompt_tokens": -1}); n != 100 {
+		t.Fatalf("truncate_prompt_tokens -1 of a prompt that fits: %d prompt tokens", n)
+	}
+	for _, bad := range []map[string]any{
+		{"truncate_prompt_tokens": -2},
+		{"truncate_prompt_tokens": 4096, "max_tokens": 1},
+		{"truncate_prompt_tokens": 8, "truncation_side": "middle"},
+	} {
+		bad["prompt"] = ids
+		if status, b := post(t, c, base+"/v1/completions", bad); status != 400 {
+			t.Errorf("%v: %d %s, want 400", bad, status, b)
+		}
+	}
+
+	sgl := testPod(t, Config{Engine: engines.SGLang, Speedup: 1000})
+	if n := usage("http://"+sgl.Addr(), map[string]any{"prompt": ids, "max_tokens": 1, "truncate_prompt_tokens": 40}); n != 100 {
+		t.Fatalf("SGLang: %d prompt tokens, want the whole prompt", n)
+	}
 }

@@ -361,6 +361,35 @@ func (t *Tokenizer) Count(text []byte, addSpecial bool) int {
 	return n
 }
 
+// Truncate cuts ids, which Append(nil, text, addSpecial) made, to the keep
+// > 0 tokens vLLM leaves of a prompt under truncate_prompt_tokens: the
+// last keep, or the first if right. vLLM has HF truncate the encoding,
+// which cuts the text's ids and spares the post-processor's special
+// tokens; when keep cannot hold those HF leaves the ids whole (its length
+// arithmetic wraps) and vLLM's own cut, which spares nothing, follows.
+// It works in place and returns ids[:min(keep, len(ids))].
+func (t *Tokenizer) Truncate(ids []uint32, keep int, right, addSpecial bool) []uint32 {
+	if keep <= 0 || keep >= len(ids) {
+		return ids
+	}
+	pre, suf := 0, 0
+	if addSpecial {
+		pre, suf = len(t.prefix), len(t.suffix)
+	}
+	if keep < pre+suf || pre+suf == 0 {
+		if right {
+			return ids[:keep]
+		}
+		return ids[:copy(ids, ids[len(ids)-keep:])]
+	}
+	text, end := keep-pre-suf, len(ids)-suf
+	if !right {
+		copy(ids[pre:], ids[end-text:end])
+	}
+	copy(ids[pre+text:], ids[end:])
+	return ids[:keep]
+}
+
 // ID returns the id of a vocabulary or added token.
 func (t *Tokenizer) ID(token string) (uint32, bool) {
 	if a, ok := t.added[token]; ok {

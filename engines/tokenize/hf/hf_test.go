@@ -385,6 +385,46 @@ func TestAppendAllocs(t *testing.T) {
 	}
 }
 
+// TestTruncate: ids cut as vLLM cuts a prompt under truncate_prompt_tokens.
+// The llama3.1 ids are what HF's Rust tokenizers give for the text with
+// truncation on (max_length 5, direction left, then right).
+func TestTruncate(t *testing.T) {
+	f := func(tok *Tokenizer, ids []uint32, keep int, right, special bool, want []uint32) {
+		t.Helper()
+		in := slices.Clone(ids)
+		if got := tok.Truncate(in, keep, right, special); !slices.Equal(got, want) {
+			t.Errorf("Truncate(%v, %d, right %v, special %v) = %v, want %v", ids, keep, right, special, got, want)
+		}
+	}
+	bos := &Tokenizer{prefix: []uint32{1}}
+	both := &Tokenizer{prefix: []uint32{1, 2}, suffix: []uint32{9}}
+	ids := []uint32{1, 10, 11, 12, 13}
+	f(bos, ids, 3, false, true, []uint32{1, 12, 13})
+	f(bos, ids, 3, true, true, []uint32{1, 10, 11})
+	f(bos, ids, 1, false, true, []uint32{1})
+	f(bos, ids, 5, false, true, ids)
+	f(bos, ids, 9, false, true, ids)
+	f(bos, ids, 0, false, true, ids)
+	// Without special tokens added, or with none to add, the ids are cut
+	// as they are.
+	f(bos, ids, 3, false, false, []uint32{11, 12, 13})
+	f(&Tokenizer{}, ids, 2, true, true, []uint32{1, 10})
+	ids = []uint32{1, 2, 10, 11, 12, 13, 9}
+	f(both, ids, 5, false, true, []uint32{1, 2, 12, 13, 9})
+	f(both, ids, 5, true, true, []uint32{1, 2, 10, 11, 9})
+	f(both, ids, 3, false, true, []uint32{1, 2, 9})
+	// Too short to hold the special tokens: HF leaves the ids whole and
+	// vLLM keeps their last (first) keep.
+	f(both, ids, 2, false, true, []uint32{13, 9})
+	f(both, ids, 2, true, true, []uint32{1, 2})
+
+	tok := load(t, "llama3.1")
+	full := tok.Append(nil, []byte("The quick brown fox jumps over the lazy dog. It was a sunny day."), true)
+	f(tok, full, 5, false, true, []uint32{128000, 264, 40798, 1938, 13})
+	f(tok, full, 5, true, true, []uint32{128000, 791, 4062, 14198, 39935})
+	f(tok, full, 1, false, true, []uint32{128000})
+}
+
 func FuzzEncode(f *testing.F) {
 	var toks, plain []*Tokenizer
 	for _, model := range []string{"qwen3", "llama3.1", "llama2"} {
