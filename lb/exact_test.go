@@ -143,3 +143,59 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 		}
 	}
 }
+
+// A completion with truncate_prompt_tokens is cached by a vLLM pod as the
+// ids it keeps (Llama 3.1's BOS and the text's last k-1). The gateway must
+// key the request by those ids, so a second prompt that differs only in
+// the part the engine cuts is predicted cached on the pod holding them.
+func TestTruncatedPromptMatchesTheEnginesEvents(t *testing.T) {
+	dir := tokfiles.Dir(t, "llama3.1")
+	m, err := prompt.Load(prompt.Config{Tokenizer: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods []config.Pod
+	for i := range 2 {
+		phys := sim.DefaultPhysics()
+		phys.BlockSize = 16
+		pods = append(pods, eventPod(t, sim.Config{Name: fmt.Sprintf("l-%d", i), Model: "m", Speedup: 100, Prompt: m, Physics: phys}))
+	}
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}
+	})
+	const keep = 256
+	tail := strings.Repeat("The river runs north past the old mill, the stone bridge and the church. ", 30)
+	body := func(head string) string {
+		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": head + "\n" + tail, "max_tokens": 2, "truncate_prompt_tokens": keep})
+		return string(b)
+	}
+	home := "l-1"
+	r0, err := client.Post("http://"+pods[1].Address+"/v1/completions", "application/json", strings.NewReader(body(strings.Repeat("alpha beta ", 200))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var usage struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(r0.Body).Decode(&usage)
+	r0.Body.Close()
+	if r0.StatusCode != 200 || err != nil || usage.Usage.PromptTokens != keep {
+		t.Fatalf("direct to the pod: %d %v %+v", r0.StatusCode, err, usage)
+	}
+	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, home); return blocks >= keep/16 })
+
+	resp, b := post(t, s, "/v1/completions", body(strings.Repeat("gamma delta epsilon ", 150)))
+	if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
+		t.Fatalf("second prompt on %s (%d %s), its kept part is on %s", resp.Header.Get("x-pdlb-pod"), resp.StatusCode, b, home)
+	}
+	var prompted, cached float64
+	for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
+		fmt.Sscanf(line, `pdlb_prompt_tokens_total{model="m"} %g`, &prompted)
+		fmt.Sscanf(line, `pdlb_prefix_cached_tokens_total{model="m"} %g`, &cached)
+	}
+	if prompted != keep || cached < keep-16 {
+		t.Fatalf("gateway counted %g prompt tokens and predicted %g cached; the engine keeps %d, all cached", prompted, cached, keep)
+	}
+}

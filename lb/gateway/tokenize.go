@@ -43,6 +43,7 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	x.ids, x.req.Tokens = x.ids[:0], 0
 	mode := tokensExact
+	var special bool // the tokenizer adds its special tokens
 	switch {
 	case x.req.Unindexed():
 		mode = tokensUnindexed
@@ -51,7 +52,8 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 		mode = tokensStandIn
 	case x.req.Kind == openai.KindChat:
 		var err error
-		if x.ids, err = m.Prompt.Chat(x.ids, body, x.req.SpecialTokensSet && x.req.SpecialTokens); err != nil {
+		special = x.req.SpecialTokensSet && x.req.SpecialTokens
+		if x.ids, err = m.Prompt.Chat(x.ids, body, special); err != nil {
 			if f := refusal(err); f != nil {
 				return f
 			}
@@ -63,7 +65,12 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 			}
 		}
 	default:
-		x.ids = m.Prompt.Completion(x.ids, x.req.Prompt, !x.req.SpecialTokensSet || x.req.SpecialTokens)
+		special = !x.req.SpecialTokensSet || x.req.SpecialTokens
+		x.ids = m.Prompt.Completion(x.ids, x.req.Prompt, special)
+	}
+	if k := x.req.TruncatePromptTokens; k > 0 && len(x.ids) > 0 {
+		// The engine caches and counts only the ids it keeps.
+		x.ids = m.Prompt.Tokenizer().Truncate(x.ids, k, x.req.TruncateRight, special)
 	}
 	if len(x.ids) > 0 {
 		x.req.Tokens = len(x.ids)
@@ -85,16 +92,17 @@ func refusal(err error) *failure {
 }
 
 // appendKeys appends the block keys of x's prompt on m: from the ids
-// tokenize made, the client's ids, or the stand-in's rendering.
+// tokenize made, the client's ids, or the stand-in's rendering, cut as
+// the engine cuts them.
 func appendKeys(dst []uint64, m *pool.Model, x *completion) []uint64 {
 	seed := x.req.KeySeed(keySeed(m, x))
 	switch {
 	case len(x.ids) > 0:
 		return radix.AppendBlockKeys(dst, seed, x.ids, m.BlockSize)
 	case x.req.TokenIDs:
-		return radix.AppendBlockKeys(dst, seed, x.req.PromptIDs, m.BlockSize)
+		return radix.AppendBlockKeys(dst, seed, x.req.PromptIDsKept(), m.BlockSize)
 	}
-	return tokenize.AppendBlockKeys(dst, seed, x.req.Prompt, m.BlockSize)
+	return tokenize.AppendBlockKeys(dst, seed, x.req.PromptKept(), m.BlockSize)
 }
 
 // serveIndexMatch is POST /admin/index/match: which pods hold the blocks

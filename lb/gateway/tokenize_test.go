@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -17,12 +19,18 @@ import (
 // giving the parse's error or tokenize's failure; the caller releases x.
 func tokenizedChat(t *testing.T, g *Gateway, body string) (*completion, error) {
 	t.Helper()
+	return tokenizedAs(t, g, openai.KindChat, body)
+}
+
+// tokenizedAs is tokenizedChat for a body of either kind.
+func tokenizedAs(t *testing.T, g *Gateway, kind openai.Kind, body string) (*completion, error) {
+	t.Helper()
 	req := new(fasthttp.Request)
 	req.SetBodyString(body)
 	x := acquireCompletion()
 	x.ctx = new(fasthttp.RequestCtx)
 	x.ctx.Init(req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
-	if err := x.req.Parse(openai.KindChat, []byte(body)); err != nil {
+	if err := x.req.Parse(kind, []byte(body)); err != nil {
 		return x, err
 	}
 	if x.m = g.resolveModel(x.ctx, x); x.m == nil {
@@ -66,4 +74,104 @@ func TestChatTextPartsTokenizeExactly(t *testing.T) {
 		}
 		releaseCompletion(x)
 	}
+}
+
+// TestTruncatedPromptKeys: a request with truncate_prompt_tokens k is
+// keyed and counted by the k tokens the engine keeps (the last k, or the
+// first with truncation_side "right"; a tokenizer's BOS spared, as HF
+// spares it), so requests differing only in what the engine cuts get
+// the blocks the engine cached, and keys are those of the kept tokens
+// sent alone.
+func TestTruncatedPromptKeys(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{
+		{Name: "stand-in", BlockSize: 16},
+		{Name: "llama", BlockSize: 16, Tokenizer: tokfiles.Dir(t, "llama3.1")},
+		{Name: "qwen", BlockSize: 16, Tokenizer: tokfiles.Dir(t, "qwen3")},
+	}
+	cfg.Pods = []config.Pod{
+		{Name: "s0", Model: "stand-in", Address: "127.0.0.1:10000"},
+		{Name: "l0", Model: "llama", Address: "127.0.0.1:10001"},
+		{Name: "q0", Model: "qwen", Address: "127.0.0.1:10002"},
+	}
+	cfg.Provision()
+	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	type keyed struct {
+		ids    string
+		keys   string
+		tokens int
+	}
+	key := func(kind openai.Kind, body string) keyed {
+		t.Helper()
+		x, err := tokenizedAs(t, g, kind, body)
+		defer releaseCompletion(x)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		return keyed{fmt.Sprint(x.ids), fmt.Sprint(appendKeys(nil, x.m, x)), x.req.PromptTokens()}
+	}
+	same := func(what string, got, want keyed) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s:\n got %d tokens, ids %.40s, keys %.40s\nwant %d tokens, ids %.40s, keys %.40s",
+				what, got.tokens, got.ids, got.keys, want.tokens, want.ids, want.keys)
+		}
+	}
+	completion := func(model, prompt, extra string) string {
+		return `{"model":"` + model + `","prompt":` + prompt + extra + `}`
+	}
+	quote := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+	// The stand-in: 4 bytes a token, so the kept tail is the prompt's last
+	// 4k bytes.
+	tail := strings.Repeat("the kept part of the prompt. ", 9)[:256] // 64 tokens
+	alone := key(openai.KindCompletion, completion("stand-in", quote(tail), ""))
+	same("stand-in, last 64", key(openai.KindCompletion, completion("stand-in", quote(strings.Repeat("a", 400)+tail), `,"truncate_prompt_tokens":64`)), alone)
+	same("stand-in, other head", key(openai.KindCompletion, completion("stand-in", quote(strings.Repeat("b", 804)+tail), `,"truncate_prompt_tokens":64,"truncation_side":"left"`)), alone)
+	same("stand-in, first 64", key(openai.KindCompletion, completion("stand-in", quote(tail+strings.Repeat("c", 99)), `,"truncate_prompt_tokens":64,"truncation_side":"right"`)), alone)
+	same("stand-in, -1", key(openai.KindCompletion, completion("stand-in", quote(tail), `,"truncate_prompt_tokens":-1`)), alone)
+
+	// Token ids are cut as they are.
+	ids := func(from, to int) string {
+		var b strings.Builder
+		for i := from; i < to; i++ {
+			if b.Len() > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprint(&b, 1000+i)
+		}
+		return "[" + b.String() + "]"
+	}
+	same("ids, last 40", key(openai.KindCompletion, completion("stand-in", ids(0, 100), `,"truncate_prompt_tokens":40`)),
+		key(openai.KindCompletion, completion("stand-in", ids(60, 100), "")))
+	same("ids, first 40", key(openai.KindCompletion, completion("stand-in", ids(0, 100), `,"truncate_prompt_tokens":40,"truncation_side":"right"`)),
+		key(openai.KindCompletion, completion("stand-in", ids(0, 40), "")))
+
+	// Llama 3.1 adds a BOS to completion prompts, which HF's truncation
+	// keeps: the kept ids are the BOS and the text's last k-1.
+	text := strings.Repeat("alpha beta ", 60) + "\n" + strings.Repeat("The river runs north past the mill. ", 8)
+	tok := g.pool.Load().Model([]byte("llama")).Prompt.Tokenizer()
+	want := append([]uint32{128000}, tok.Append(nil, []byte(text), false)...)
+	want = append(want[:1], want[len(want)-47:]...)
+	got := key(openai.KindCompletion, completion("llama", quote(text), `,"truncate_prompt_tokens":48`))
+	if got.ids != fmt.Sprint(want) || got.tokens != 48 {
+		t.Errorf("llama, last 48: %d tokens, ids %.60s\nwant the BOS and the text's last 47: %.60s", got.tokens, got.ids, fmt.Sprint(want))
+	}
+	same("llama, other head", key(openai.KindCompletion, completion("llama", quote(strings.Repeat("gamma ", 90)+"\n"+strings.Repeat("The river runs north past the mill. ", 8)), `,"truncate_prompt_tokens":48`)), got)
+
+	// A chat's ids carry no tokenizer specials (the template writes them):
+	// the last k of the rendered conversation are kept.
+	chat := func(system, extra string) string {
+		return `{"model":"qwen","messages":[{"role":"system","content":` + quote(system) + `},{"role":"user","content":"Where does the river run?"}]` + extra + `}`
+	}
+	whole, err := tokenizedChat(t, g, chat(strings.Repeat("Answer briefly. ", 40), ""))
+	defer releaseCompletion(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = key(openai.KindChat, chat(strings.Repeat("Answer briefly. ", 40), `,"truncate_prompt_tokens":32`))
+	if wantIDs := fmt.Sprint(whole.ids[len(whole.ids)-32:]); got.ids != wantIDs || got.tokens != 32 {
+		t.Errorf("qwen chat, last 32: %d tokens, ids %.60s\nwant %.60s", got.tokens, got.ids, wantIDs)
+	}
+	same("qwen chat, other system prompt", key(openai.KindChat, chat(strings.Repeat("Be brief. ", 50)+strings.Repeat("Answer briefly. ", 10), `,"truncate_prompt_tokens":32`)), got)
 }

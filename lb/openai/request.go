@@ -116,6 +116,16 @@ type Request struct {
 	// SpecialTokensSet is false when it was absent or null, and the
 	// engine's default applies (true for completions, false for chats).
 	SpecialTokens, SpecialTokensSet bool
+	// TruncatePromptTokens is vLLM's "truncate_prompt_tokens" when it
+	// cuts the prompt: the engine keeps only this many of its tokens, the
+	// last ones, or the first if TruncateRight ("truncation_side":
+	// "right"), and caches and counts only those. 0 keeps them all: the
+	// field absent or null; -1, which cuts to the context less the output
+	// budget, unknown here (only a prompt the engine would refuse as too
+	// long without the field is cut); or 0, which leaves an empty prompt
+	// the engine refuses.
+	TruncatePromptTokens int
+	TruncateRight        bool
 	// Tokens is the prompt's length as the model's own tokenizer counts
 	// it, once the gateway has tokenized it (0: not done, PromptTokens
 	// counts the client's ids or the stand-in's).
@@ -197,25 +207,56 @@ func (r *Request) KeySeed(model uint64) uint64 {
 // of the KV-event index, and it is routed without it.
 func (r *Request) Unindexed() bool { return r.MediaBytes > 0 }
 
-// PromptTokens is the prompt's length in tokens: Tokens when set, the id
-// count for token-id prompts, else tokenize.Count of the rendered prompt.
+// PromptTokens is the length in tokens of the prompt the engine keeps:
+// Tokens when set, the kept ids' count for token-id prompts, else
+// tokenize.Count of the kept rendered prompt.
 func (r *Request) PromptTokens() int {
 	if r.Tokens > 0 {
 		return r.Tokens
 	}
 	if r.TokenIDs {
-		return len(r.PromptIDs)
+		return len(r.PromptIDsKept())
 	}
-	return tokenize.Count(r.Prompt)
+	return tokenize.Count(r.PromptKept())
 }
 
-// AppendTokens appends the prompt's token ids to dst (PromptIDs, or the
-// shared tokenizer's ids of Prompt) and returns the extended slice.
+// AppendTokens appends the ids of the prompt the engine keeps to dst
+// (PromptIDsKept, or the shared tokenizer's ids of PromptKept) and
+// returns the extended slice.
 func (r *Request) AppendTokens(dst []uint32) []uint32 {
 	if r.TokenIDs {
-		return append(dst, r.PromptIDs...)
+		return append(dst, r.PromptIDsKept()...)
 	}
-	return tokenize.Append(dst, r.Prompt)
+	return tokenize.Append(dst, r.PromptKept())
+}
+
+// PromptIDsKept is PromptIDs cut as TruncatePromptTokens asks: the ids
+// the engine keeps.
+func (r *Request) PromptIDsKept() []uint32 {
+	from, to := r.kept(len(r.PromptIDs))
+	return r.PromptIDs[from:to]
+}
+
+// PromptKept is Prompt cut as TruncatePromptTokens asks, in the shared
+// tokenizer's tokens: the text whose ids are those the engine keeps when
+// it tokenizes as the shared tokenizer does. A model's own tokenizer must
+// cut its ids instead, since text cut short encodes differently.
+func (r *Request) PromptKept() []byte {
+	from, to := r.kept(tokenize.Count(r.Prompt))
+	return r.Prompt[from*tokenize.BytesPerToken : min(to*tokenize.BytesPerToken, len(r.Prompt))]
+}
+
+// kept returns the range [from, to) of an n-token prompt the engine
+// keeps.
+func (r *Request) kept(n int) (from, to int) {
+	switch k := r.TruncatePromptTokens; {
+	case k <= 0 || k >= n:
+		return 0, n
+	case r.TruncateRight:
+		return 0, k
+	default:
+		return n - k, n
+	}
 }
 
 // Field forms named in error messages.
@@ -229,6 +270,8 @@ const (
 	wantContent    = "a string or a list of parts"
 	wantPart       = "a string or an object"
 	wantPromptForm = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+	wantTruncation = "an integer from -1 to 2147483647"
+	wantSide       = `"left" or "right"`
 )
 
 // Parse resets r and fills it from body, a request of the given kind. It
@@ -306,6 +349,10 @@ func (r *Request) parse(s *scanner) error {
 			err = r.parseStreamOptions(s)
 		case "cache_salt":
 			err = r.parseCacheSalt(s)
+		case "truncate_prompt_tokens":
+			r.TruncatePromptTokens, err = parseTruncation(s)
+		case "truncation_side":
+			r.TruncateRight, err = r.parseTruncationSide(s)
 		case "messages":
 			if r.Kind == KindChat {
 				seenPrompt, err = r.parseMessages(s)
@@ -399,6 +446,52 @@ func parseCount(s *scanner, param string) (int, error) {
 		return int(v), nil
 	}
 	return -1, InvalidType(param, wantCount, s.b[s.skip():s.p])
+}
+
+// parseTruncation reads "truncate_prompt_tokens": null, -1 or a token
+// count up to MaxInt32 (vLLM takes larger ones, to refuse them as more
+// than the context holds); see Request.TruncatePromptTokens for why null,
+// -1 and 0 all give 0.
+func parseTruncation(s *scanner) (int, error) {
+	switch c := s.c(); {
+	case c == 'n':
+		s.skip()
+		return 0, nil
+	case c == '-' || c >= '0' && c <= '9':
+		v, raw, ok := s.uint(math.MaxInt32)
+		switch {
+		case ok:
+			return int(v), nil
+		case string(raw) == "-1":
+			return 0, nil
+		}
+		return 0, InvalidType("truncate_prompt_tokens", wantTruncation, raw)
+	}
+	return 0, InvalidType("truncate_prompt_tokens", wantTruncation, s.b[s.skip():s.p])
+}
+
+// parseTruncationSide reads "truncation_side": right is true for "right",
+// false for "left" or null (vLLM then cuts on its tokenizer's side, the
+// left for generative models).
+func (r *Request) parseTruncationSide(s *scanner) (right bool, err error) {
+	f := s.field()
+	switch f.form {
+	case 0:
+		return false, nil
+	case '"':
+	default:
+		return false, InvalidType("truncation_side", wantSide, f.raw)
+	}
+	side, ok := r.text(f)
+	switch {
+	case !ok:
+		return false, InvalidJSON()
+	case string(side) == "left":
+		return false, nil
+	case string(side) == "right":
+		return true, nil
+	}
+	return false, InvalidValue("truncation_side", "must be "+wantSide+", got "+cut(s.b[f.start:s.p]))
 }
 
 // parseChoices reads "n": null or absent is 1, and 0 is refused, as vLLM

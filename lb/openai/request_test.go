@@ -188,6 +188,16 @@ func TestParseErrors(t *testing.T) {
 	f(KindChat, `{"model":"m","cache_salt":"a@b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
 	f(KindChat, `{"model":"m","cache_salt":"a\\b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
 	f(KindChat, `{"model":"m","cache_salt":"a\u0000",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
+	// truncate_prompt_tokens and truncation_side, as vLLM types them
+	badTrunc := `"truncate_prompt_tokens" must be an integer from -1 to 2147483647, got `
+	f(KindChat, `{"model":"m","truncate_prompt_tokens":-2,`+chat+`}`, badTrunc+`-2`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","truncate_prompt_tokens":"5",`+chat+`}`, badTrunc+`"5"`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":1.5,"prompt":"x"}`, badTrunc+`1.5`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":2147483648,"prompt":"x"}`, badTrunc+`2147483648`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":[8],"prompt":"x"}`, badTrunc+`[8]`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","truncation_side":"middle",`+chat+`}`, `"truncation_side" must be "left" or "right", got "middle"`, "truncation_side", CodeInvalidValue)
+	f(KindChat, `{"model":"m","truncation_side":"Left",`+chat+`}`, `"truncation_side" must be "left" or "right", got "Left"`, "truncation_side", CodeInvalidValue)
+	f(KindCompletion, `{"model":"m","truncation_side":1,"prompt":"x"}`, `"truncation_side" must be "left" or "right", got 1`, "truncation_side", CodeInvalidType)
 
 	// messages
 	f(KindChat, `{"model":"m"}`, `"messages" is required`, "messages", CodeMissingParam)
@@ -286,7 +296,7 @@ func TestParseGrammar(t *testing.T) {
 func TestParseReusesRequest(t *testing.T) {
 	r := AcquireRequest()
 	defer ReleaseRequest(r)
-	if err := r.Parse(KindCompletion, []byte(`{"model":"long-model","prompt":[1,2,3],"stream":true,"max_tokens":9,"stream_options":{"include_usage":true},"cache_salt":"s"}`)); err != nil {
+	if err := r.Parse(KindCompletion, []byte(`{"model":"long-model","prompt":[1,2,3],"stream":true,"max_tokens":9,"stream_options":{"include_usage":true},"cache_salt":"s","truncate_prompt_tokens":2,"truncation_side":"right"}`)); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Parse(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`)); err != nil {
@@ -294,14 +304,15 @@ func TestParseReusesRequest(t *testing.T) {
 	}
 	if string(r.Model) != "m" || r.Stream || r.MaxTokens != -1 || r.HasStreamOptions || r.IncludeUsage ||
 		r.TokenIDs || len(r.PromptIDs) != 0 || string(r.Prompt) != turn("user", "")+tokenize.GenerationPrompt ||
-		r.Kind != KindChat || r.MediaBytes != len(`{"type":"image_url"}`) || len(r.CacheSalt) != 0 {
+		r.Kind != KindChat || r.MediaBytes != len(`{"type":"image_url"}`) || len(r.CacheSalt) != 0 ||
+		r.PromptTokens() != tokenize.Count(r.Prompt) {
 		t.Fatalf("stale state after reuse: %+v", r)
 	}
 }
 
 func TestParseAllocs(t *testing.T) {
 	bodies := map[string][]byte{"chat": chatBody(1 << 10), "chat32k": chatBody(32 << 10),
-		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true,"cache_salt":"tenant-\u0031"}`)}
+		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true,"cache_salt":"tenant-\u0031","truncate_prompt_tokens":2,"truncation_side":"righ\u0074"}`)}
 	for name, body := range bodies {
 		kind := KindChat
 		if name == "ids" {
@@ -345,6 +356,10 @@ func FuzzParse(f *testing.F) {
 	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":"x","cache_salt":["s"]}`))
 	f.Add(uint8(KindChat), []byte(`{"model":"m","n":3,"messages":[{"role":"user","content":"x"}]}`))
 	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":"x","n":0}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":"abcdefghij","truncate_prompt_tokens":2}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":[[1,2,3],[4]],"truncate_prompt_tokens":3,"truncation_side":"right"}`))
+	f.Add(uint8(KindChat), []byte(`{"model":"m","truncate_prompt_tokens":-1,"truncation_side":"left","messages":[{"role":"user","content":"x"}]}`))
+	f.Add(uint8(KindChat), []byte(`{"model":"m","truncate_prompt_tokens":0,"truncation_side":null,"messages":[{"role":"user","content":"x"}]}`))
 	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
 		kind := KindChat
 		if k&1 == 1 {
@@ -374,6 +389,9 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse(%s)\n got model %q stream %v max %d n %d usage %v prompt %q ids %v\nwant %+v",
 				body, r.Model, r.Stream, r.MaxTokens, r.Choices, r.IncludeUsage, r.Prompt, r.PromptIDs, ref)
 		}
+		if got, want := r.AppendTokens(nil), ref.kept(); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
+			t.Fatalf("Parse(%s): kept tokens %v (PromptTokens %d), want %v", body, got, r.PromptTokens(), want)
+		}
 	})
 }
 
@@ -387,6 +405,23 @@ type reference struct {
 	prompt        string
 	ids           []uint32
 	salt          string
+	keep          int // truncate_prompt_tokens; 0 for none, null or -1
+	right         bool
+}
+
+// kept is the reference's tokens of the prompt the engine keeps.
+func (ref reference) kept() []uint32 {
+	ids := ref.ids
+	if ids == nil {
+		ids = tokenize.Append([]uint32{}, []byte(ref.prompt))
+	}
+	switch {
+	case ref.keep <= 0 || ref.keep >= len(ids):
+		return ids
+	case ref.right:
+		return ids[:ref.keep]
+	}
+	return ids[len(ids)-ref.keep:]
 }
 
 // referenceParse is Parse's rules restated over encoding/json's generic
@@ -455,6 +490,19 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		if !ok || ref.salt == "" || utf8.RuneCountInString(ref.salt) > 128 || strings.ContainsAny(ref.salt, "@/\\\x00") {
 			return ref, false
 		}
+	}
+	if v, present := top["truncate_prompt_tokens"]; present && v != nil {
+		if n, isNum := v.(json.Number); isNum && n == "-1" {
+			ref.keep = 0
+		} else if ref.keep, ok = count(v); !ok {
+			return ref, false
+		}
+	}
+	if v, present := top["truncation_side"]; present && v != nil {
+		if v != "left" && v != "right" {
+			return ref, false
+		}
+		ref.right = v == "right"
 	}
 	if kind == KindChat {
 		ref.prompt, ok = referenceChat(top["messages"])
@@ -715,4 +763,38 @@ func TestParseChoices(t *testing.T) {
 		}
 		ReleaseRequest(r)
 	}
+}
+
+// TestParseTruncation: a prompt is counted and tokenized as the engine
+// keeps it under truncate_prompt_tokens: its last k tokens, or its first
+// with truncation_side "right"; null, -1 (the context, unknown here) and
+// 0 keep it whole.
+func TestParseTruncation(t *testing.T) {
+	f := func(kind Kind, body string, want []uint32) {
+		t.Helper()
+		r := AcquireRequest()
+		defer ReleaseRequest(r)
+		if err := r.Parse(kind, []byte(body)); err != nil {
+			t.Fatalf("Parse(%s): %v", body, err)
+		}
+		if got := r.AppendTokens(nil); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
+			t.Fatalf("Parse(%s): tokens %v (PromptTokens %d), want %v", body, got, r.PromptTokens(), want)
+		}
+	}
+	ids := func(s string) []uint32 { return tokenize.Append(nil, []byte(s)) }
+	f(KindCompletion, `{"model":"m","prompt":"aaaabbbbccccdd","truncate_prompt_tokens":2}`, ids("ccccdd"))
+	f(KindCompletion, `{"model":"m","prompt":"aaaabbbbccccdd","truncate_prompt_tokens":2,"truncation_side":"left"}`, ids("ccccdd"))
+	f(KindCompletion, `{"model":"m","prompt":"aaaabbbbccccdd","truncate_prompt_tokens":2,"truncation_side":"righ\u0074"}`, ids("aaaabbbb"))
+	f(KindCompletion, `{"truncate_prompt_tokens":2,"model":"m","prompt":["aaaa","bbbb","cc"]}`, ids("bbbbcc"))
+	f(KindCompletion, `{"model":"m","prompt":"aaaabbbb","truncate_prompt_tokens":9}`, ids("aaaabbbb"))
+	for _, none := range []string{"null", "-1", "0"} {
+		f(KindCompletion, `{"model":"m","prompt":"aaaabbbb","truncate_prompt_tokens":`+none+`,"truncation_side":"right"}`, ids("aaaabbbb"))
+	}
+	f(KindCompletion, `{"model":"m","prompt":[1,2,3,4,5],"truncate_prompt_tokens":3}`, []uint32{3, 4, 5})
+	f(KindCompletion, `{"model":"m","prompt":[[1,2],[3,4,5]],"truncate_prompt_tokens":3,"truncation_side":"right"}`, []uint32{1, 2, 3})
+	chat := turn("user", "hello there") + tokenize.GenerationPrompt
+	all := ids(chat)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"hello there"}],"truncate_prompt_tokens":4}`, all[len(all)-4:])
+	// The last value of a repeated key wins.
+	f(KindCompletion, `{"model":"m","prompt":[1,2,3],"truncate_prompt_tokens":1,"truncate_prompt_tokens":null,"truncation_side":"right","truncation_side":"left"}`, []uint32{1, 2, 3})
 }
