@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strconv"
 )
 
 // SSE framing for relaying a pod's streamed response (text/event-stream).
@@ -309,7 +310,6 @@ func leadingInt(v []byte) (n int, ok bool) {
 func (c *TokenCounter) Observe(ev Event) {
 	d := ev.Data()
 	output := false
-	failed, code := false, -1
 	// Every key ends in `":`, and inside a string a quote is escaped, so an
 	// unescaped quote followed by ':' always ends a key. The search is for
 	// the colon: JSON has a quote at both ends of every string, a colon
@@ -337,22 +337,58 @@ func (c *TokenCounter) Observe(ev Event) {
 			if n, ok := leadingInt(v); ok {
 				c.usage, c.exact = n, true
 			}
-		case keyIs(d, q, "error"):
-			failed = failed || len(v) > 0 && v[0] == '{'
-		case keyIs(d, q, "object"):
-			failed = failed || bytes.HasPrefix(v, []byte(`"error"`))
-		case keyIs(d, q, "code"):
-			if n, ok := leadingInt(v); ok && n > 0 {
-				code = n
-			}
 		}
 	}
 	if output {
 		c.deltas++
 	}
-	if failed && c.errCode == 0 {
-		c.errCode = code
+	if c.errCode == 0 && errorEvent(d) {
+		c.errCode = errorCode(d)
 	}
+}
+
+// errorEvent says data is an engine's error event: an object whose first
+// key is "error" holding an object, or "object" saying "error". Only the
+// head is looked at; engines write the error first.
+func errorEvent(d []byte) bool {
+	d = skipWS(d)
+	if len(d) == 0 || d[0] != '{' {
+		return false
+	}
+	d = skipWS(d[1:])
+	key := func(name string) []byte {
+		if !bytes.HasPrefix(d, []byte(name)) {
+			return nil
+		}
+		v := skipWS(d[len(name):])
+		if len(v) == 0 || v[0] != ':' {
+			return nil
+		}
+		return skipWS(v[1:])
+	}
+	if v := key(`"error"`); len(v) > 0 && v[0] == '{' {
+		return true
+	}
+	return bytes.HasPrefix(key(`"object"`), []byte(`"error"`))
+}
+
+// errorCode is the code of the error event d, -1 when it has none that
+// reads as a positive integer. Decoded whole: error events are rare.
+func errorCode(d []byte) int {
+	var v struct {
+		Error *struct {
+			Code json.RawMessage `json:"code"`
+		} `json:"error"`
+		Code json.RawMessage `json:"code"`
+	}
+	_ = json.Unmarshal(d, &v)
+	if v.Error != nil {
+		v.Code = v.Error.Code
+	}
+	if n, err := strconv.Atoi(string(v.Code)); err == nil && n > 0 {
+		return n
+	}
+	return -1
 }
 
 // EngineErrorEvent is the error the engine's error event ev reports (see
@@ -395,6 +431,12 @@ func (c *TokenCounter) EngineError() (status int, ok bool) {
 	return 500, true
 }
 
+// keyIs says the key whose closing quote is at q is name.
+func keyIs(d []byte, q int, name string) bool {
+	start := q - len(name)
+	return start >= 1 && d[start-1] == '"' && string(d[start:q]) == name
+}
+
 // escaped says the byte at q is preceded by an odd run of backslashes.
 func escaped(d []byte, q int) bool {
 	n := 0
@@ -402,12 +444,6 @@ func escaped(d []byte, q int) bool {
 		n++
 	}
 	return n%2 == 1
-}
-
-// keyIs says the key whose closing quote is at q is name.
-func keyIs(d []byte, q int, name string) bool {
-	start := q - len(name)
-	return start >= 1 && d[start-1] == '"' && string(d[start:q]) == name
 }
 
 // Tokens returns the completion tokens seen so far: the usage figure if the
