@@ -777,3 +777,45 @@ func TestPDMovedDecodeKeepsPrefillCharge(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestPDLatePrefillLegKeepsRetryCharge: a concurrent prefill leg
+// (TensorRT-LLM generation_first) outlives its attempt when the decode pod
+// resets the decode leg and the request is retried on the combined pod;
+// when that leg ends, it must not release the retry's active charge,
+// which the same request id holds.
+func TestPDLatePrefillLegKeepsRetryCharge(t *testing.T) {
+	e := pdEngines[3]
+	hang := make(chan struct{})
+	took := make(chan struct{}, 1)
+	pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) { c.KVTimeout = time.Hour })
+	dec := fakePod(t, func(net.Conn, *http.Request) {}) // reset before any byte
+	comb := fakePod(t, func(net.Conn, *http.Request) {
+		took <- struct{}{}
+		<-hang
+	})
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"),
+		{Name: "dec", Model: "m", Address: dec, Engine: "trtllm", Role: sim.RoleDecode, Roleset: "rs0"},
+		{Name: "comb", Model: "m", Address: comb, Engine: "trtllm"}},
+		func(c *config.Config) {
+			c.Health.Interval = time.Hour
+			c.PD.PrefillRequestTimeout = 300 * time.Millisecond
+		})
+	answered := make(chan struct{})
+	go func() {
+		defer close(answered)
+		resp, err := client.Post("http://"+s.Addr()+"/v1/completions", "application/json",
+			strings.NewReader(pdBody("/v1/completions", false, 2)))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	// Before the pods' cleanups wait for their connections.
+	defer func() { close(hang); <-answered }()
+	<-took
+	testwait.For(t, "the first attempt's prefill leg to end", func() bool {
+		return metricValue(t, s, `pdlb_pod_in_flight{pod="pre"}`) == 0
+	})
+	if active := metricValue(t, s, `pd_token_load_active_tokens{pod="comb"}`); active == 0 {
+		t.Errorf("the retry on comb computes the prompt with no active tokens charged")
+	}
+}

@@ -63,6 +63,7 @@ type chargeShard struct {
 type chargeSlot struct {
 	id   uint64
 	used bool
+	gen  uint32 // the Ticket's gen at its Charge
 	c    charge
 }
 
@@ -100,9 +101,10 @@ func (sh *chargeShard) find(id uint64) (int, bool) {
 	return i, false
 }
 
-// insert puts c under id into the empty slot i that find returned.
-func (sh *chargeShard) insert(i int, id uint64, c charge) {
-	sh.slots[i] = chargeSlot{id: id, used: true, c: c}
+// insert puts c under id, of generation gen, into the empty slot i that
+// find returned.
+func (sh *chargeShard) insert(i int, id uint64, gen uint32, c charge) {
+	sh.slots[i] = chargeSlot{id: id, used: true, gen: gen, c: c}
 	sh.n++
 	if 4*sh.n > 3*len(sh.slots) {
 		old := sh.slots
@@ -134,17 +136,17 @@ func (sh *chargeShard) remove(i int) {
 	sh.n--
 }
 
-// swap stores c under t's id in its shard and returns the charge it
-// replaced.
+// swap stores c under t's id and gen in its shard and returns the charge
+// it replaced.
 func (tab chargeTable) swap(t Ticket, c charge) (old charge, ok bool) {
 	sh, id := &tab[t.shard()], t.ID
 	sh.mu.Lock()
 	i, ok := sh.find(id)
 	if ok {
 		old = sh.slots[i].c
-		sh.slots[i].c = c
+		sh.slots[i].c, sh.slots[i].gen = c, t.gen
 	} else {
-		sh.insert(i, id, c)
+		sh.insert(i, id, t.gen, c)
 	}
 	sh.mu.Unlock()
 	return old, ok
@@ -164,11 +166,12 @@ func (tab chargeTable) take(t Ticket) (c charge, ok bool) {
 }
 
 // takeActive zeroes the active part of t's charge and returns its pod and
-// amount; n == 0 when there is nothing left to release.
+// amount; n == 0 when there is nothing left to release, or the charge is a
+// later generation's than t.
 func (tab chargeTable) takeActive(t Ticket) (s *podSlot, n int64) {
 	sh, id := &tab[t.shard()], t.ID
 	sh.mu.Lock()
-	if i, ok := sh.find(id); ok {
+	if i, ok := sh.find(id); ok && sh.slots[i].gen == t.gen {
 		c := &sh.slots[i].c
 		s, n = c.prefill, c.active
 		c.active = 0

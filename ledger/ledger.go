@@ -281,14 +281,18 @@ func (l *Ledger) UnlockSelection() { l.selection.Unlock() }
 // Ticket is a request's claim check on the ledger: Charge records where
 // it keeps the request's charge, and PrefillDone and Finish go straight
 // there. The place is the shard of the first pod charged and never changes,
-// so a copy taken after the first Charge stays valid across re-charges, and
-// requests on different pods never share a lock or a cache line.
+// so requests on different pods never share a lock or a cache line. A copy
+// releases the active part of the charge it was taken with only: a leg of
+// an earlier attempt that ends after a re-charge (a retry) must not release
+// the retry's.
 type Ticket struct {
 	// ID names the request; unique among the charges outstanding. Set it
 	// before the first Charge.
 	ID uint64
 	// home is the charge's shard + 1; 0 until the first Charge.
 	home uint8
+	// gen counts the Charges of the ticket, which mark their charge with it.
+	gen uint32
 }
 
 // shard returns the ticket's shard; only for a charged ticket.
@@ -311,6 +315,7 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 	if t.home == 0 {
 		t.home = uint8(uint32(max(prefill, decode, 0)&indexMask)%chargeShards) + 1
 	}
+	t.gen++
 	if c.prefill != nil {
 		c.active = l.requestCost + l.newTokens(p, now)
 		c.kv = c.active
@@ -361,7 +366,8 @@ func (l *Ledger) newTokens(p *Prompt, now int64) int64 {
 
 // PrefillDone releases the active part of t's prefill charge: the prefill
 // call returned and the pod only holds the KV now. Idempotent; a ticket
-// never charged, or already finished, is ignored.
+// never charged, already finished, or charged again since t was copied, is
+// ignored.
 func (l *Ledger) PrefillDone(t Ticket) {
 	if t.home == 0 {
 		return

@@ -192,6 +192,18 @@ func TestLifecycleAndIdempotentRelease(t *testing.T) {
 	tl.prefill(t, 2, c, c)
 	tl.Finish(*tk.of(9))
 	tl.prefill(t, 2, 0, 0)
+
+	// A copy taken before a retry's charge (a concurrent prefill leg of
+	// the earlier attempt) releases nothing of the retry's when it ends.
+	tl.Charge(tk.of(10), 0, -1, &p, tl.Now())
+	leg := *tk.of(10)
+	tl.Charge(tk.of(10), 2, -1, &p, tl.Now())
+	tl.PrefillDone(leg)
+	tl.prefill(t, 2, c, c)
+	tl.PrefillDone(*tk.of(10))
+	tl.prefill(t, 2, 0, c)
+	tl.Finish(*tk.of(10))
+	tl.prefill(t, 2, 0, 0)
 }
 
 // TestMoveDecode: a decode leg that moves to another pod moves its decode

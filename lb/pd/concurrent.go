@@ -147,7 +147,7 @@ type concurrentPrefill struct {
 	up       *fasthttp.Request
 	timeout  time.Duration
 	uncached int64
-	ticket   ledger.Ticket // a copy, valid since the first Charge
+	ticket   ledger.Ticket // a copy: it releases this attempt's charge only
 	proto    engines.Protocol
 	ex       engines.Exchange
 	metrics  *Metrics
