@@ -779,10 +779,10 @@ func TestPDMovedDecodeKeepsPrefillCharge(t *testing.T) {
 }
 
 // TestPDLatePrefillLegKeepsRetryCharge: a concurrent prefill leg
-// (TensorRT-LLM generation_first) outlives its attempt when the decode pod
-// resets the decode leg and the request is retried on the combined pod;
-// when that leg ends, it must not release the retry's active charge,
-// which the same request id holds.
+// (TensorRT-LLM generation_first) may end after its request, whose decode
+// pod reset the decode leg, was retried on the combined pod; when it ends,
+// it must not release the retry's active charge, which the same request id
+// holds.
 func TestPDLatePrefillLegKeepsRetryCharge(t *testing.T) {
 	e := pdEngines[3]
 	hang := make(chan struct{})
@@ -817,5 +817,58 @@ func TestPDLatePrefillLegKeepsRetryCharge(t *testing.T) {
 	})
 	if active := metricValue(t, s, `pd_token_load_active_tokens{pod="comb"}`); active == 0 {
 		t.Errorf("the retry on comb computes the prompt with no active tokens charged")
+	}
+}
+
+// TestPDAbandonedPrefillLegCountsNothing: when the decode leg of a
+// concurrent exchange fails (TensorRT-LLM generation_first, which has no
+// abort call), no decode pod will take the prefill leg's KV: the gateway
+// gives the leg up at once, which gives the prefill pod's counts back,
+// and the leg counts no failure against the healthy prefill pod.
+func TestPDAbandonedPrefillLegCountsNothing(t *testing.T) {
+	e := pdEngines[3]
+	reset := func(net.Conn, *http.Request) {}
+	answer500 := func(c net.Conn, _ *http.Request) {
+		const body = `{"error":{"message":"decode failed"}}`
+		fmt.Fprintf(c, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	for _, c := range []struct {
+		name    string
+		decode  func(net.Conn, *http.Request)
+		timeout time.Duration // the prefill leg's; past testwait's bound, the counts are held until it
+		status  int
+		inBody  string
+	}{
+		{"decode reset", reset, time.Minute, http.StatusBadGateway, "server closed connection"},
+		// The decode pod's own answer is relayed, whole.
+		{"decode answered 500", answer500, time.Minute, http.StatusInternalServerError, `"decode failed"`},
+		{"decode reset, short prefill timeout", reset, 300 * time.Millisecond, http.StatusBadGateway, "server closed connection"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) { c.KVTimeout = time.Hour })
+			dec := fakePod(t, c.decode)
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"),
+				{Name: "dec", Model: "m", Address: dec, Engine: "trtllm", Role: sim.RoleDecode, Roleset: "rs0"}},
+				func(cfg *config.Config) {
+					cfg.Health.Interval = time.Hour
+					cfg.Health.EjectAfterFailures = 1
+					cfg.PD.PrefillRequestTimeout = c.timeout
+				})
+			// A client that keeps its connection: closing it would cut the
+			// leg as a client that left.
+			kc := &http.Client{Timeout: 20 * time.Second}
+			defer kc.CloseIdleConnections()
+			resp, b := postVia(t, kc, s, "/v1/completions", pdBody("/v1/completions", false, 2))
+			if resp.StatusCode != c.status || !strings.Contains(b, c.inBody) {
+				t.Fatalf("%d %s, want %d with %s", resp.StatusCode, b, c.status, c.inBody)
+			}
+			waitIdle(t, s)
+			if n := metricValue(t, s, `pdlb_upstream_errors_total{pod="pre"}`); n != 0 {
+				t.Fatalf("the abandoned prefill leg counted %v failures against its pod", n)
+			}
+			if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="pre"}`); n != 0 {
+				t.Fatalf("the prefill pod was ejected %v times", n)
+			}
+		})
 	}
 }

@@ -19,8 +19,8 @@ import (
 // pdFleet is the gateway as a pd.Fleet.
 type pdFleet struct{ g *Gateway }
 
-func (f pdFleet) Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
-	return callPod(upstream.ChanCut(cut), pod, up, resp, time.Now(), deadline, deadline)
+func (f pdFleet) Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	return callPod(upstream.ChansCut(cut, drop), pod, up, resp, time.Now(), deadline, deadline)
 }
 func (f pdFleet) CallFailed(pod *pool.Pod, err error) { f.g.callFailed(pod, err) }
 func (f pdFleet) PodFailed(pod *pool.Pod)             { f.g.podFailed(pod) }

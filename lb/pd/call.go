@@ -58,8 +58,9 @@ type Host interface {
 type Fleet interface {
 	// Send sends a leg, up, to pod and reads its answer into resp: its
 	// head when resp.StreamBody is set, else all of it, by deadline;
-	// closing cut gives it up (upstream.DoCut with upstream.ChanCut).
-	Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error
+	// closing cut or drop (either may be nil) gives it up (upstream.DoCut
+	// with upstream.ChansCut).
+	Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error
 	// CallFailed counts a call to pod that failed with err; PodFailed an
 	// answer of pod's that is its fault.
 	CallFailed(pod *pool.Pod, err error)

@@ -30,10 +30,11 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 	// pool while a leg still runs.
 	up.SetBody(c.preBody)
 	l.Hold()
+	l.PreCut = make(chan struct{})
 	go l.prefill(concurrentPrefill{
 		fleet: c.fleet, pre: c.Pre, dec: c.Dec, up: up, timeout: c.Opts.PrefillRequestTimeout, uncached: uncached, ticket: ticket,
 		proto: c.proto, ex: c.ex, metrics: c.Metrics, limit: c.watchdogLimit(), start: c.legsStart,
-		gone: frontend.ClientGone(c.ctx),
+		gone: frontend.ClientGone(c.ctx), drop: l.PreCut,
 	})
 	resp := c.sendConcurrentDecode()
 	var watchdog <-chan time.Time
@@ -71,6 +72,8 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 						return c.dropPair(nil, f)
 					}
 				case <-time.After(prefillGrace):
+					// A decode pod that answered an error takes no KV.
+					c.abandonPrefill()
 				}
 			}
 			if err == nil {
@@ -91,7 +94,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 				continue
 			}
 			// The prefill leg waits for a pickup that will not come.
-			Abort(c.proto, &c.ex, c.Pre)
+			c.abandonPrefill()
 			return c.dropPair(nil, c.decodeFailure(err))
 		case <-watchdog:
 			c.abandonDecode(resp)
@@ -139,6 +142,16 @@ func (c *Call) abandonDecode(resp *fasthttp.Response) {
 	c.Dec.Release()
 }
 
+// abandonPrefill gives up the prefill leg, still running, whose KV no
+// decode leg will take: its pod drops the request (the abort call, else
+// the closed connection) at once, rather than hold it and the pod's
+// counts until PrefillRequestTimeout, and the leg counts nothing against
+// the pod (prefill).
+func (c *Call) abandonPrefill() {
+	Abort(c.proto, &c.ex, c.Pre)
+	close(c.link.PreCut)
+}
+
 // concurrentPrefill is what a concurrent prefill leg's goroutine needs;
 // it touches nothing of the request itself.
 type concurrentPrefill struct {
@@ -154,15 +167,16 @@ type concurrentPrefill struct {
 	limit    time.Duration
 	start    time.Time
 	gone     <-chan struct{} // the client's, for Send
+	drop     <-chan struct{} // closed when the request gives the leg up
 }
 
 // prefill runs the prefill leg of a concurrent exchange and reports it on
 // l.PreDone: nil for success, else the client's error, after aborting the
-// decode leg.
+// decode leg. A leg the request gave up (drop) reports nothing.
 func (l *Link) prefill(c concurrentPrefill) {
 	defer l.Release()
 	resp := fasthttp.AcquireResponse()
-	err := c.fleet.Send(c.gone, c.pre, c.up, resp, time.Now().Add(c.timeout))
+	err := c.fleet.Send(c.gone, c.drop, c.pre, c.up, resp, time.Now().Add(c.timeout))
 	fasthttp.ReleaseRequest(c.up)
 	status := 0
 	if err == nil {
@@ -178,6 +192,14 @@ func (l *Link) prefill(c concurrentPrefill) {
 	c.pre.AddQueuedPrefill(-c.uncached)
 	c.pre.Release()
 	c.fleet.ReleasePrefill(c.ticket)
+	select {
+	case <-c.drop:
+		// Given up by the request, which no longer waits for it: however
+		// it ended is not the pod's failure, and the decode leg, if one
+		// is relayed, is not this leg's to cut.
+		return
+	default:
+	}
 	f := prefillFailure(c.fleet, c.pre, status, l.Buf, err, c.timeout)
 	if f == nil {
 		l.PrefillEnd.Store(end.UnixNano())

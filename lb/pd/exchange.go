@@ -36,7 +36,8 @@ import (
 // their own timeout (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s by
 // default): neither has a call to drop it, and the prefill leg's
 // connection has already ended. An SGLang or generation_first prefill leg
-// still waiting for the pickup is ended by its PrefillRequestTimeout.
+// still waiting for the pickup is given up (abandonPrefill): its
+// connection is closed, SGLang's pod also gets /abort_request.
 
 // RunPair carries out a PDPair decision (c.Pre, c.Dec): nil once the
 // client is answered.
@@ -109,7 +110,7 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 	pre := c.Pre
 	up.SetBodyRaw(c.preBody)
 	resp := fasthttp.AcquireResponse()
-	err := c.fleet.Send(frontend.ClientGone(c.ctx), pre, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout))
+	err := c.fleet.Send(frontend.ClientGone(c.ctx), nil, pre, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout))
 	fasthttp.ReleaseRequest(up)
 	status := 0
 	if err == nil {
@@ -204,7 +205,7 @@ func (c *Call) sequentialDecode() *fail.Failure {
 		dec.Acquire()
 		// Streamed even for a whole answer: the watchdog times its reads.
 		resp.StreamBody = true
-		err := c.fleet.Send(frontend.ClientGone(c.ctx), dec, up, resp, c.decodeHeadersBy())
+		err := c.fleet.Send(frontend.ClientGone(c.ctx), nil, dec, up, resp, c.decodeHeadersBy())
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
 			c.Ticket.Done()

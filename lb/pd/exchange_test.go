@@ -48,7 +48,7 @@ type scriptedLegs struct {
 	responded *pool.Pod
 }
 
-func (s *scriptedLegs) Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, _ time.Time) error {
+func (s *scriptedLegs) Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, _ time.Time) error {
 	s.mu.Lock()
 	s.sent = append(s.sent, pod.Config.Name)
 	l := leg{err: errors.New("no script")}
@@ -57,7 +57,10 @@ func (s *scriptedLegs) Send(cut <-chan struct{}, pod *pool.Pod, up *fasthttp.Req
 	}
 	s.mu.Unlock()
 	if l.wait {
-		<-cut
+		select {
+		case <-cut:
+		case <-drop:
+		}
 		return upstream.ErrCut
 	}
 	time.Sleep(l.delay)

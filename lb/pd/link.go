@@ -44,6 +44,9 @@ type Link struct {
 	// it abandons the leg): its connection is closed, which is how a
 	// decode pod that waits for KV that will not come learns to stop.
 	Cut chan struct{}
+	// PreCut gives up the prefill leg in flight: the request closes it
+	// when the leg's KV has no decode leg left to take it.
+	PreCut chan struct{}
 	// mu guards decConn, the decode leg's connection while the request
 	// relays it: a failed prefill leg closes it, and it must not outlive
 	// the request (the client pool reuses connections).
@@ -109,7 +112,7 @@ func (l *Link) WithDecConn(f func(*upstream.Conn)) {
 // delivers them, or cleans up after a request that left.
 func (l *Link) decode(fl Fleet, cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
 	defer l.Release()
-	err := fl.Send(cut, dec, up, resp, by)
+	err := fl.Send(cut, nil, dec, up, resp, by)
 	fasthttp.ReleaseRequest(up)
 	if l.DecState.CompareAndSwap(DecPending, DecDelivered) {
 		l.DecDone <- err

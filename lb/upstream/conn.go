@@ -227,17 +227,21 @@ type Cutter = interface{ Cut() }
 
 // ChanCut is the Cut of a channel that is closed when the call is cut: a
 // goroutine per watch waits on it. A nil channel is a nil Cut.
-func ChanCut(ch <-chan struct{}) Cut {
-	if ch == nil {
+func ChanCut(ch <-chan struct{}) Cut { return ChansCut(ch, nil) }
+
+// ChansCut is ChanCut of two channels, either of which cuts the call; a
+// nil one never does.
+func ChansCut(ch, or <-chan struct{}) Cut {
+	if ch == nil && or == nil {
 		return nil
 	}
-	return &chanCut{ch: ch}
+	return &chanCut{ch: ch, or: or}
 }
 
 type chanCut struct {
-	ch    <-chan struct{}
-	mu    sync.Mutex
-	stops map[Cutter]chan struct{}
+	ch, or <-chan struct{}
+	mu     sync.Mutex
+	stops  map[Cutter]chan struct{}
 }
 
 func (k *chanCut) Watch(c Cutter) {
@@ -251,6 +255,8 @@ func (k *chanCut) Watch(c Cutter) {
 	go func() {
 		select {
 		case <-k.ch:
+			c.Cut()
+		case <-k.or:
 			c.Cut()
 		case <-stop:
 		}
