@@ -1,8 +1,10 @@
 package lb_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"pdlb/engines/sim"
 	"pdlb/internal/testwait"
 	"pdlb/internal/tokfiles"
+	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
@@ -36,6 +39,36 @@ func tokenizedCounts(t *testing.T, admin string) (tokenizer string, counts map[s
 	return "", nil
 }
 
+// followed waits until the gateway follows pod's KV events, sending the
+// pod short prompts of its own until the index holds blocks from it, and
+// returns the blocks it holds then. A pod's events published before the
+// gateway's subscription connected are replayed only once a later batch
+// shows the gap (as with vLLM's publisher), so a test that sends one
+// request straight to a pod must know the subscription is up first.
+func followed(t *testing.T, s *lb.Server, pod config.Pod) int {
+	t.Helper()
+	polls := 0
+	testwait.For(t, "the gateway to follow "+pod.Name+"'s KV events", func() bool {
+		if blocks, _ := indexBlocks(t, s, pod.Name); blocks > 0 {
+			return true
+		}
+		if polls%50 == 0 { // about every 100 ms
+			b, _ := json.Marshal(map[string]any{"model": pod.Model, "max_tokens": 1,
+				"prompt": fmt.Sprintf("warm-up %d: %s", polls, strings.Repeat("a few words to fill a block ", 8))})
+			resp, err := client.Post("http://"+pod.Address+"/v1/completions", "application/json", bytes.NewReader(b))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		polls++
+		return false
+	})
+	blocks, _ := indexBlocks(t, s, pod.Name)
+	return blocks
+}
+
 // Pods and gateway both tokenize as Qwen3 does; the pods publish real
 // vLLM KV events. The gateway's keys for a request must equal those the
 // index built from the events, so a second request sharing the first's
@@ -60,6 +93,7 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 	// The first request goes to a pod directly: the gateway learns of its
 	// blocks only from the pod's KV events, in the pod's own token ids.
 	home := "q-1"
+	before := followed(t, s, pods[1])
 	r0, err := client.Post("http://"+pods[1].Address+"/v1/chat/completions", "application/json", strings.NewReader(chat(system, "Where is the capital of China?", 2, false)))
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +108,7 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 	if r0.StatusCode != 200 || err != nil || usage.Usage.PromptTokens < 500 {
 		t.Fatalf("direct to the pod: %d %v %+v", r0.StatusCode, err, usage)
 	}
-	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, home); return blocks >= usage.Usage.PromptTokens/16 })
+	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, home); return blocks >= before+usage.Usage.PromptTokens/16 })
 
 	// The second request shares the system prompt: its blocks are the
 	// events' blocks only if both sides computed the same ids.
@@ -170,6 +204,7 @@ func TestTruncatedPromptMatchesTheEnginesEvents(t *testing.T) {
 		return string(b)
 	}
 	home := "l-1"
+	before := followed(t, s, pods[1])
 	r0, err := client.Post("http://"+pods[1].Address+"/v1/completions", "application/json", strings.NewReader(body(strings.Repeat("alpha beta ", 200))))
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +219,7 @@ func TestTruncatedPromptMatchesTheEnginesEvents(t *testing.T) {
 	if r0.StatusCode != 200 || err != nil || usage.Usage.PromptTokens != keep {
 		t.Fatalf("direct to the pod: %d %v %+v", r0.StatusCode, err, usage)
 	}
-	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, home); return blocks >= keep/16 })
+	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, home); return blocks >= before+keep/16 })
 
 	resp, b := post(t, s, "/v1/completions", body(strings.Repeat("gamma delta epsilon ", 150)))
 	if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
