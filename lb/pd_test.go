@@ -658,6 +658,56 @@ func TestPDConcurrentDecodeCutOnPrefillFailure(t *testing.T) {
 	}
 }
 
+// streamFailingPrefill stands in front of an SGLang prefill pod: it passes
+// what the gateway reads of it and answers every prefill leg as SGLang
+// answers a streamed request its scheduler aborts (serving_chat.py): 200,
+// an error event, [DONE].
+func streamFailingPrefill(t *testing.T, addr string) string {
+	t.Helper()
+	target, err := url.Parse("http://" + addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			pass.ServeHTTP(w, r)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"error": {"object": "error", "message": "queue full", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}`+"\n\n")
+		io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// TestPDStreamedPrefillErrorEvent: SGLang's prefill leg carries the
+// client's "stream": true, so a prefill the engine fails after accepting
+// it answers 200 with an error event. That is a failed prefill leg: the
+// decode leg, which would wait for KV that never comes, is dropped and the
+// client gets the prefill's error at once, not the decode watchdog's.
+func TestPDStreamedPrefillErrorEvent(t *testing.T) {
+	e := pdEngines[1]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, func(c *sim.Config) { c.KVTimeout = time.Hour })
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, streamFailingPrefill(t, pre.Addr()), "g"), pdPod(dec, dec.Addr(), "g")},
+		func(c *config.Config) {
+			c.Health.Interval = time.Hour
+			c.PD.DecodeFirstResponseTimeout = 2 * time.Second
+		})
+	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("x-error-pd-prefill") != "true" || !strings.Contains(b, "queue full") {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	testwait.For(t, "the decode pod to stop waiting for the KV", func() bool {
+		st := dec.Stats()
+		return st.Running+st.Waiting == 0
+	})
+	ledgerSettles(t, s)
+}
+
 // TestPDReady: a model served only by prefill and decode pods is ready
 // while one roleset has an available pod of each role, and not when its
 // only decode pod is down or sits in another roleset than every prefill

@@ -1,6 +1,7 @@
 package pd
 
 import (
+	"bytes"
 	"strconv"
 	"time"
 
@@ -167,17 +168,50 @@ func prefillFailure(fl Fleet, pre *pool.Pod, status int, body []byte, err error,
 		f.PDHeader = HeaderPrefillError
 		return f
 	case status != fasthttp.StatusOK:
-		if fail.IsFault(status) {
-			fl.PodFailed(pre)
-		}
-		f := &fail.Failure{E: prefillAnswered(status, body), PDHeader: HeaderPrefillError, Pod: pre}
-		if status == fasthttp.StatusServiceUnavailable {
-			f.Reason = fail.Unavailable
-		}
-		return f
+		return answeredFailure(fl, pre, status, prefillAnswered(status, body))
+	}
+	if e := streamedError(body); e != nil {
+		return answeredFailure(fl, pre, e.Status, e)
 	}
 	pre.ReportSuccess()
 	return nil
+}
+
+// answeredFailure is the client's failure for a prefill leg pre answered
+// with an error of status, e.
+func answeredFailure(fl Fleet, pre *pool.Pod, status int, e *openai.Error) *fail.Failure {
+	if fail.IsFault(status) {
+		fl.PodFailed(pre)
+	}
+	f := &fail.Failure{E: e, PDHeader: HeaderPrefillError, Pod: pre}
+	if status == fasthttp.StatusServiceUnavailable {
+		f.Reason = fail.Unavailable
+	}
+	return f
+}
+
+// streamedError is the engine's error event in a prefill answer that is an
+// event stream, nil for any other answer. SGLang's prefill leg carries the
+// client's "stream", and SGLang fails a streamed request it accepted (a
+// scheduler abort, a failed KV transfer) with 200 and an error event
+// (serving_chat.py), not with an error status.
+func streamedError(body []byte) *openai.Error {
+	if !bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n"), []byte("data:")) {
+		return nil
+	}
+	var tc openai.TokenCounter
+	for rest := body; ; {
+		n := openai.EventLen(rest)
+		if n < 0 {
+			return nil
+		}
+		ev := openai.Event(rest[:n])
+		rest = rest[n:]
+		tc.Observe(ev)
+		if status, ok := tc.EngineError(); ok {
+			return openai.EngineErrorEvent(ev, status)
+		}
+	}
 }
 
 // prefillAnswered is the client's error for a prefill leg the pod
