@@ -52,8 +52,8 @@ type genRequest struct {
 	PromptTokenIDs []uint32 `json:"prompt_token_ids"`
 }
 
-// streamOptions follows vLLM, where include_usage defaults to true once
-// stream_options is given at all.
+// streamOptions is stream_options; an unset include_usage takes the
+// engine's default (see the pod's stream answer).
 type streamOptions struct {
 	IncludeUsage         *bool `json:"include_usage"`
 	ContinuousUsageStats bool  `json:"continuous_usage_stats"`

@@ -553,7 +553,12 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	usage, continuous := false, false
 	if o := req.StreamOptions; o != nil {
-		usage = o.IncludeUsage == nil || *o.IncludeUsage
+		// Unset, include_usage is true on vLLM and TensorRT-LLM, false on
+		// SGLang (each engine's StreamOptions in its openai protocol.py).
+		usage = p.cfg.Engine != engines.SGLang
+		if o.IncludeUsage != nil {
+			usage = *o.IncludeUsage
+		}
 		continuous = o.ContinuousUsageStats
 	}
 	sse := newSSEWriter(isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), usage, continuous, len(tokens))

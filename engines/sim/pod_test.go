@@ -162,6 +162,24 @@ func TestStreamingChunks(t *testing.T) {
 	}
 }
 
+// TestIncludeUsageDefaultPerEngine: stream_options without include_usage
+// streams usage on vLLM and TensorRT-LLM (StreamOptions.include_usage
+// defaults to True in their openai protocol.py), not on SGLang (False).
+func TestIncludeUsageDefaultPerEngine(t *testing.T) {
+	for _, tc := range []struct {
+		engine engines.Kind
+		usage  bool
+	}{{engines.VLLM, true}, {engines.SGLang, false}, {engines.TRTLLM, true}} {
+		p := testPod(t, Config{Speedup: fast, Engine: tc.engine})
+		_, events := stream(t, testClient(t), context.Background(), "http://"+p.Addr()+"/v1/completions",
+			map[string]any{"prompt": "stream me", "stream": true, "max_tokens": 3, "stream_options": map[string]any{}})
+		chunks := parseChunks(t, events)
+		if got := chunks[len(chunks)-1].Usage != nil; got != tc.usage {
+			t.Errorf("%s: usage chunk %v, want %v: %s", tc.engine, got, tc.usage, events[len(chunks)-1].data)
+		}
+	}
+}
+
 func TestIncrementalStreaming(t *testing.T) {
 	// 80 tokens at batch 1: 80 × 10.2 ms simulated, about 160 ms of wall
 	// time at speedup 5, against a first token after a 0.5 ms prefill.
