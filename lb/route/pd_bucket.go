@@ -252,9 +252,12 @@ func upper(s BucketRoleset) int {
 	return s.Max + 1
 }
 
+// decay halves the picture, rounding the remainder down so that a bin
+// without new traffic reaches 0 (rounded up, a 1 would stay for good). Only
+// Rebuild subtracts, so a concurrent Record can only leave a bin larger.
 func (p *BucketPlanner) decay() {
 	for b := range histBins {
-		p.count[b].Add(-(p.count[b].Load() / 2))
-		p.mass[b].Add(-(p.mass[b].Load() / 2))
+		p.count[b].Add(-((p.count[b].Load() + 1) / 2))
+		p.mass[b].Add(-((p.mass[b].Load() + 1) / 2))
 	}
 }

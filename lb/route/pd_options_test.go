@@ -255,3 +255,27 @@ func TestBucketPlanner(t *testing.T) {
 		t.Fatalf("Record+Roleset allocate %v", n)
 	}
 }
+
+// TestBucketPlannerForgets: traffic that stopped fades out of the picture
+// entirely. Halving rounded down left every bin that ever saw a request at
+// a weight of 1 for good, which in rps mode weighs as much as a live
+// request per rebuild and kept a stale plan published.
+func TestBucketPlannerForgets(t *testing.T) {
+	for _, mode := range []string{BucketServeRPS, BucketServeThroughput} {
+		p := NewBucketPlanner(mode)
+		for n := range 64 {
+			p.Record(100 + 50*n)
+		}
+		sets := []BucketRoleset{{Replicas: 1}, {Replicas: 1}}
+		for range 64 {
+			p.Rebuild(sets)
+		}
+		if got := p.between(0, maxPlanTokens); got != 0 {
+			t.Errorf("%s: %v of traffic left after 64 rebuilds without any", mode, got)
+		}
+		p.Rebuild(sets)
+		if k := p.Roleset(100); k != -1 {
+			t.Errorf("%s: a plan without traffic bands 100 tokens to roleset %d", mode, k)
+		}
+	}
+}
