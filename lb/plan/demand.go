@@ -201,7 +201,8 @@ func Split(total int, needPrefill, needDecode float64) Ratio {
 func DecodeCapacity(base, perSeq float64, maxBatch int, tpotSLO float64) float64 {
 	b := maxBatch
 	if tpotSLO > 0 && perSeq > 0 {
-		b = min(b, int(math.Floor((tpotSLO-base)/perSeq)))
+		// Clamped as a float: a tiny slope allows a batch beyond any int.
+		b = int(max(min(math.Floor((tpotSLO-base)/perSeq), float64(b)), 0))
 	}
 	if b < 1 || (tpotSLO > 0 && base+perSeq*float64(b) > tpotSLO) {
 		return 0

@@ -107,6 +107,10 @@ func TestDecodeCapacity(t *testing.T) {
 	// A flat line: the whole batch, or nothing.
 	f(0.010, 0, 8, 0.02, 800)
 	f(0.030, 0, 8, 0.02, 0)
+	// A learned line can be flat up to rounding: a slope so small that the
+	// batch the target allows overflows an int is the whole batch too.
+	f(0.010, 1e-300, 8, 0.02, 800)
+	f(0.010, 1e-21, 8, 0.02, 800)
 }
 
 func TestValidate(t *testing.T) {
