@@ -228,24 +228,33 @@ func (l *planLoop) counts(m *pool.Model, st *modelPlan, dt float64) plan.Counts 
 	c.Finished = float64(stats.requests[statusIndex(200)].Get())
 	c.PromptTokens, c.CachedTokens = float64(stats.promptTokens.Get()), float64(stats.cachedTokens.Get())
 	for _, p := range m.Pods {
-		s := p.Scraped()
-		if p.Config.Role == config.RolePrefill || s == nil {
-			// A prefill pod's token is the decode pod's first one too.
-			continue
-		}
-		if s.GeneratedTokens < 0 {
-			if s.TokensPerSec > 0 && dt > 0 {
-				st.output += s.TokensPerSec * dt
-			}
-			continue
-		}
-		if last, seen := st.generated[p.Config.Name]; seen && s.GeneratedTokens >= last {
-			st.output += s.GeneratedTokens - last
-		}
-		st.generated[p.Config.Name] = s.GeneratedTokens
+		st.countOutput(p.Config.Name, p.Config.Role, p.Scraped(), dt)
 	}
 	c.OutputTokens = st.output
 	return c
+}
+
+// countOutput adds to st.output what the pod name, serving role, generated
+// since its last reading s (nil before its first scrape); dt is as counts
+// takes it.
+func (st *modelPlan) countOutput(name, role string, s *pool.Scraped, dt float64) {
+	if s == nil {
+		return
+	}
+	// A prefill pod's token is the decode pod's first one too. Its counter
+	// still moves the baseline: a pod switched back to decode must not
+	// bring its prefill tokens with it.
+	decodes := role != config.RolePrefill
+	if s.GeneratedTokens < 0 {
+		if decodes && s.TokensPerSec > 0 && dt > 0 {
+			st.output += s.TokensPerSec * dt
+		}
+		return
+	}
+	if last, seen := st.generated[name]; decodes && seen && s.GeneratedTokens >= last {
+		st.output += s.GeneratedTokens - last
+	}
+	st.generated[name] = s.GeneratedTokens
 }
 
 // prefillCapacity is the mean learned prefill speed of m's prefill pods on

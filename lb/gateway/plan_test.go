@@ -1,0 +1,30 @@
+package gateway
+
+import (
+	"testing"
+
+	"pdlb/engines"
+	"pdlb/lb/config"
+	"pdlb/lb/pool"
+)
+
+// TestPlanOutputAcrossRoles: a pod the planner moved to prefill and back
+// adds to the model's output only what it generated as a decode pod. The
+// first tokens it generated as a prefill pod are the decode pods' output
+// already; credited when it came back, they landed in one window as a
+// burst of decode demand.
+func TestPlanOutputAcrossRoles(t *testing.T) {
+	st := &modelPlan{generated: map[string]float64{}}
+	read := func(role string, tokens float64) {
+		t.Helper()
+		st.countOutput("pod", role, &pool.Scraped{Load: engines.Load{GeneratedTokens: tokens}}, 60)
+	}
+	read(config.RoleDecode, 1000)
+	read(config.RoleDecode, 1500) // +500 as a decode pod
+	read(config.RolePrefill, 1600)
+	read(config.RolePrefill, 9600) // 8000 first tokens as a prefill pod
+	read(config.RoleDecode, 9700)  // +100 as a decode pod again
+	if st.output != 600 {
+		t.Fatalf("output %v tokens, want 600 (500 + 100 generated as a decode pod)", st.output)
+	}
+}
