@@ -251,7 +251,10 @@ func (st *modelPlan) countOutput(name, role string, s *pool.Scraped, dt float64)
 		}
 		return
 	}
-	if last, seen := st.generated[name]; decodes && seen && s.GeneratedTokens >= last {
+	if last, seen := st.generated[name]; decodes && seen {
+		if s.GeneratedTokens < last {
+			last = 0 // the pod restarted: all it counts is new
+		}
 		st.output += s.GeneratedTokens - last
 	}
 	st.generated[name] = s.GeneratedTokens

@@ -28,3 +28,16 @@ func TestPlanOutputAcrossRoles(t *testing.T) {
 		t.Fatalf("output %v tokens, want 600 (500 + 100 generated as a decode pod)", st.output)
 	}
 }
+
+// TestPlanOutputAfterRestart: a pod whose token counter went backwards
+// restarted, and what it generated since counts, as Prometheus's rate
+// counts a reset, rather than being lost with the window.
+func TestPlanOutputAfterRestart(t *testing.T) {
+	st := &modelPlan{generated: map[string]float64{}}
+	for _, tokens := range []float64{1000, 1500, 200, 300} {
+		st.countOutput("pod", config.RoleDecode, &pool.Scraped{Load: engines.Load{GeneratedTokens: tokens}}, 60)
+	}
+	if st.output != 800 {
+		t.Fatalf("output %v tokens, want 800 (500, then 200 since the restart, then 100)", st.output)
+	}
+}
