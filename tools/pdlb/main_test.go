@@ -25,3 +25,24 @@ func TestFlagErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestUsage: pdlb alone is a bad command line, its usage on stderr with
+// exit 2, as go does; help, -h and --help ask for it, on stdout with exit 0.
+func TestUsage(t *testing.T) {
+	f := func(args []string, wantRC int, onStderr bool) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		rc := run(args, &stdout, &stderr)
+		out, other := &stdout, &stderr
+		if onStderr {
+			out, other = other, out
+		}
+		if rc != wantRC || other.Len() != 0 || !strings.Contains(out.String(), "Usage: pdlb <command>") {
+			t.Errorf("pdlb %q: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", args, rc, wantRC, stdout.String(), stderr.String())
+		}
+	}
+	f(nil, 2, true)
+	f([]string{"help"}, 0, false)
+	f([]string{"-h"}, 0, false)
+	f([]string{"--help"}, 0, false)
+}
