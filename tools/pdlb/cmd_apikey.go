@@ -17,7 +17,7 @@ func cmdAPIKey(args []string, stdout io.Writer) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return fs.usageError(fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
 	key, digest, err := limits.NewKey()
 	if err != nil {

@@ -59,7 +59,7 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+		return fs.usageError(fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " ")))
 	}
 	if err := gf.check(); err != nil {
 		return err

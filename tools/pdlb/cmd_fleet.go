@@ -29,7 +29,7 @@ model, engine and address, and serves until SIGINT or SIGTERM.`, stdout)
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+		return fs.usageError(fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " ")))
 	}
 	if path == "" {
 		return errors.New("--config is required")

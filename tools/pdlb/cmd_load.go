@@ -89,7 +89,7 @@ Example: pdlb load --workload seed-chat --rate 10 --duration 30s --plot plots`, 
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errLoadUsage, fs.Arg(0))
+		return fs.usageError(fmt.Errorf("%w: unexpected argument %q", errLoadUsage, fs.Arg(0)))
 	}
 	if t := strings.Split(cfg.Target, ","); len(t) > 1 {
 		cfg.Target, cfg.Targets = t[0], t[1:]

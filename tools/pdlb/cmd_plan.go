@@ -62,7 +62,7 @@ Example (prints the study's planner table): pdlb plan --phases seed --total 24 -
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errSimUsage, fs.Arg(0))
+		return fs.usageError(fmt.Errorf("%w: unexpected argument %q", errSimUsage, fs.Arg(0)))
 	}
 	if *total < 2 {
 		return fmt.Errorf("%w: --total %d must be at least 2", errSimUsage, *total)

@@ -106,7 +106,7 @@ config file, e.g.
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+		return fs.usageError(fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " ")))
 	}
 	if err := gf.check(); err != nil {
 		return err

@@ -46,7 +46,7 @@ Example: pdlb sim --rate 70 --policy min_ttft --reject`, stdout)
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errSimUsage, fs.Arg(0))
+		return fs.usageError(fmt.Errorf("%w: unexpected argument %q", errSimUsage, fs.Arg(0)))
 	}
 
 	name := *policy

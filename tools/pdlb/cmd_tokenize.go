@@ -72,7 +72,7 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (the request body is read from standard input)", fs.Arg(0))
+		return fs.usageError(fmt.Errorf("unexpected argument %q (the request body is read from standard input)", fs.Arg(0)))
 	}
 	if blockSize < 1 {
 		return fmt.Errorf("--block-size %d: must be at least 1", blockSize)

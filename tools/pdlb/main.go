@@ -124,16 +124,22 @@ func (f *flagSet) Parse(args []string) error {
 	if err == nil {
 		return nil
 	}
-	var usage strings.Builder
-	w := io.Writer(&usage)
 	if errors.Is(err, flag.ErrHelp) {
-		w = f.stdout
-	}
-	f.SetOutput(w)
-	f.Usage()
-	f.SetOutput(io.Discard)
-	if errors.Is(err, flag.ErrHelp) {
+		f.SetOutput(f.stdout)
+		f.Usage()
+		f.SetOutput(io.Discard)
 		return err
 	}
+	return f.usageError(err)
+}
+
+// usageError returns err, a command line the command refuses after its
+// flags parsed (an argument it takes none of), as a usageError, for run to
+// report as it reports a bad flag.
+func (f *flagSet) usageError(err error) error {
+	var usage strings.Builder
+	f.SetOutput(&usage)
+	f.Usage()
+	f.SetOutput(io.Discard)
 	return &usageError{err, usage.String()}
 }

@@ -46,3 +46,17 @@ func TestUsage(t *testing.T) {
 	f([]string{"-h"}, 0, false)
 	f([]string{"--help"}, 0, false)
 }
+
+// TestUnexpectedArguments: an argument no command takes is a bad command
+// line, reported as a bad flag is: once on stderr, with the command's
+// usage, exit 2.
+func TestUnexpectedArguments(t *testing.T) {
+	for _, c := range commands {
+		var stdout, stderr bytes.Buffer
+		rc := run([]string{c.name, "extra"}, &stdout, &stderr)
+		if rc != 2 || stdout.Len() != 0 || !strings.HasPrefix(stderr.String(), "pdlb "+c.name+": ") ||
+			strings.Count(stderr.String(), "unexpected argument") != 1 || !strings.Contains(stderr.String(), "Usage: pdlb "+c.name) {
+			t.Errorf("pdlb %s extra: exit %d\nstdout:\n%s\nstderr:\n%s", c.name, rc, stdout.String(), stderr.String())
+		}
+	}
+}
