@@ -69,26 +69,35 @@ func followed(t *testing.T, s *lb.Server, pod config.Pod) int {
 	return blocks
 }
 
+// eventFleet starts pods prefix-0 and prefix-1 of model m, which
+// tokenize with the reference tokenizer files of name and publish real
+// vLLM KV events in blocks of 16, and a gateway keying m with the same
+// tokenizer under prefix_cache; dir is the tokenizer's directory.
+func eventFleet(t *testing.T, name, prefix string) (dir string, m *prompt.Model, pods []config.Pod, s *lb.Server) {
+	t.Helper()
+	dir = tokfiles.Dir(t, name)
+	m, err := prompt.Load(prompt.Config{Tokenizer: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		phys := sim.DefaultPhysics()
+		phys.BlockSize = 16
+		pods = append(pods, eventPod(t, sim.Config{Name: fmt.Sprintf("%s-%d", prefix, i), Model: "m", Speedup: 100, Prompt: m, Physics: phys}))
+	}
+	s = testGateway(t, pods, func(c *config.Config) {
+		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}
+	})
+	return dir, m, pods, s
+}
+
 // Pods and gateway both tokenize as Qwen3 does; the pods publish real
 // vLLM KV events. The gateway's keys for a request must equal those the
 // index built from the events, so a second request sharing the first's
 // long system prompt is predicted cached on the pod that holds it, and
 // the pod's own prefix cache agrees.
 func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
-	dir := tokfiles.Dir(t, "qwen3")
-	m, err := prompt.Load(prompt.Config{Tokenizer: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pods []config.Pod
-	for i := range 2 {
-		phys := sim.DefaultPhysics()
-		phys.BlockSize = 16
-		pods = append(pods, eventPod(t, sim.Config{Name: fmt.Sprintf("q-%d", i), Model: "m", Speedup: 100, Prompt: m, Physics: phys}))
-	}
-	s := testGateway(t, pods, func(c *config.Config) {
-		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}
-	})
+	dir, m, pods, s := eventFleet(t, "qwen3", "q")
 	system := strings.Repeat("You answer questions about the geography of East Asia, briefly and accurately. ", 40)
 	// The first request goes to a pod directly: the gateway learns of its
 	// blocks only from the pod's KV events, in the pod's own token ids.
@@ -183,20 +192,7 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 // key the request by those ids, so a second prompt that differs only in
 // the part the engine cuts is predicted cached on the pod holding them.
 func TestTruncatedPromptMatchesTheEnginesEvents(t *testing.T) {
-	dir := tokfiles.Dir(t, "llama3.1")
-	m, err := prompt.Load(prompt.Config{Tokenizer: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pods []config.Pod
-	for i := range 2 {
-		phys := sim.DefaultPhysics()
-		phys.BlockSize = 16
-		pods = append(pods, eventPod(t, sim.Config{Name: fmt.Sprintf("l-%d", i), Model: "m", Speedup: 100, Prompt: m, Physics: phys}))
-	}
-	s := testGateway(t, pods, func(c *config.Config) {
-		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}
-	})
+	_, _, pods, s := eventFleet(t, "llama3.1", "l")
 	const keep = 256
 	tail := strings.Repeat("The river runs north past the old mill, the stone bridge and the church. ", 30)
 	body := func(head string) string {

@@ -611,8 +611,8 @@ func TestPDConnectionCapIsNotPodFailure(t *testing.T) {
 
 // failingPrefill stands in front of a prefill pod: it passes what the
 // gateway reads of it (health, metrics, server info) and answers every
-// prefill leg 500, as a pod that is up but failing does.
-func failingPrefill(t *testing.T, addr string) string {
+// prefill leg with answer, as a pod that is up but failing does.
+func failingPrefill(t *testing.T, addr string, answer func(w http.ResponseWriter)) string {
 	t.Helper()
 	target, err := url.Parse("http://" + addr)
 	if err != nil {
@@ -625,12 +625,17 @@ func failingPrefill(t *testing.T, addr string) string {
 			return
 		}
 		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusInternalServerError)
-		io.WriteString(w, `{"error":{"message":"prefill failed","type":"InternalServerError","code":500}}`)
+		answer(w)
 	}))
 	t.Cleanup(srv.Close)
 	return srv.Listener.Addr().String()
+}
+
+// prefill500 answers a prefill leg 500.
+func prefill500(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusInternalServerError)
+	io.WriteString(w, `{"error":{"message":"prefill failed","type":"InternalServerError","code":500}}`)
 }
 
 // TestPDConcurrentDecodeCutOnPrefillFailure: in the concurrent exchanges
@@ -643,7 +648,7 @@ func TestPDConcurrentDecodeCutOnPrefillFailure(t *testing.T) {
 		t.Run(e.name, func(t *testing.T) {
 			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
 			dec := startSim(t, e, "dec", sim.RoleDecode, func(c *sim.Config) { c.KVTimeout = time.Hour })
-			s := pdGateway(t, e, []config.Pod{pdPod(pre, failingPrefill(t, pre.Addr()), "g"), pdPod(dec, dec.Addr(), "g")},
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, failingPrefill(t, pre.Addr(), prefill500), "g"), pdPod(dec, dec.Addr(), "g")},
 				func(c *config.Config) { c.Health.Interval = time.Hour })
 			resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
 			if resp.StatusCode < 500 || resp.Header.Get("x-error-pd-prefill") != "true" {
@@ -658,29 +663,13 @@ func TestPDConcurrentDecodeCutOnPrefillFailure(t *testing.T) {
 	}
 }
 
-// streamFailingPrefill stands in front of an SGLang prefill pod: it passes
-// what the gateway reads of it and answers every prefill leg as SGLang
-// answers a streamed request its scheduler aborts (serving_chat.py): 200,
-// an error event, [DONE].
-func streamFailingPrefill(t *testing.T, addr string) string {
-	t.Helper()
-	target, err := url.Parse("http://" + addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pass := httputil.NewSingleHostReverseProxy(target)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			pass.ServeHTTP(w, r)
-			return
-		}
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, `data: {"error": {"object": "error", "message": "queue full", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}`+"\n\n")
-		io.WriteString(w, "data: [DONE]\n\n")
-	}))
-	t.Cleanup(srv.Close)
-	return srv.Listener.Addr().String()
+// prefillAborted answers a prefill leg as SGLang answers a streamed
+// request its scheduler aborts (serving_chat.py): 200, an error event,
+// [DONE].
+func prefillAborted(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	io.WriteString(w, `data: {"error": {"object": "error", "message": "queue full", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}`+"\n\n")
+	io.WriteString(w, "data: [DONE]\n\n")
 }
 
 // TestPDStreamedPrefillErrorEvent: SGLang's prefill leg carries the
@@ -692,7 +681,7 @@ func TestPDStreamedPrefillErrorEvent(t *testing.T) {
 	e := pdEngines[1]
 	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
 	dec := startSim(t, e, "dec", sim.RoleDecode, func(c *sim.Config) { c.KVTimeout = time.Hour })
-	s := pdGateway(t, e, []config.Pod{pdPod(pre, streamFailingPrefill(t, pre.Addr()), "g"), pdPod(dec, dec.Addr(), "g")},
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, failingPrefill(t, pre.Addr(), prefillAborted), "g"), pdPod(dec, dec.Addr(), "g")},
 		func(c *config.Config) {
 			c.Health.Interval = time.Hour
 			c.PD.DecodeFirstResponseTimeout = 2 * time.Second

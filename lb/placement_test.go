@@ -38,29 +38,9 @@ func TestCacheAwareRoutingFollowsPrefixes(t *testing.T) {
 			s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
 				c.Models = []config.Model{{Name: "m", Policy: policy}}
 			})
-			// Four conversations, each with its own long system prompt: every
-			// turn of a conversation must land on the pod that served its
-			// first turn.
-			home := map[int]string{}
-			for turn := 0; turn < 3; turn++ {
-				for conv := 0; conv < 4; conv++ {
-					system := strings.Repeat(fmt.Sprintf("conversation %d system prompt. ", conv), 200)
-					resp, b := post(t, s, "/v1/chat/completions", chat(system, fmt.Sprintf("turn %d", turn), 2, false))
-					if resp.StatusCode != 200 {
-						t.Fatalf("%d: %s", resp.StatusCode, b)
-					}
-					pod := resp.Header.Get("x-pdlb-pod")
-					if turn == 0 {
-						home[conv] = pod
-					} else if pod != home[conv] {
-						t.Fatalf("conversation %d turn %d went to %s, its prefix is on %s", conv, turn, pod, home[conv])
-					}
-				}
-			}
-			metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
-			if !strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"}`) || strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"} 0`) {
-				t.Fatalf("no cached tokens counted:\n%s", metrics)
-			}
+			conversationsStayHome(t, s, func(body string) (*http.Response, string) {
+				return post(t, s, "/v1/chat/completions", body)
+			})
 		})
 	}
 }
@@ -79,27 +59,38 @@ func TestPerRequestCachePolicyReadsTheIndex(t *testing.T) {
 				c.Models = []config.Model{{Name: "m", Policy: "least_request",
 					Profiles: []config.Profile{{Name: "default"}, {Name: "cache", RoutingStrategy: "prefix_cache"}}}}
 			})
-			home := map[int]string{}
-			for turn := 0; turn < 3; turn++ {
-				for conv := 0; conv < 4; conv++ {
-					system := strings.Repeat(fmt.Sprintf("conversation %d system prompt. ", conv), 200)
-					resp, b := postWith(t, s, chat(system, fmt.Sprintf("turn %d", turn), 2, false), tc.header, tc.value)
-					if resp.StatusCode != 200 {
-						t.Fatalf("%d: %s", resp.StatusCode, b)
-					}
-					pod := resp.Header.Get("x-pdlb-pod")
-					if turn == 0 {
-						home[conv] = pod
-					} else if pod != home[conv] {
-						t.Fatalf("conversation %d turn %d went to %s, its prefix is on %s", conv, turn, pod, home[conv])
-					}
-				}
-			}
-			metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
-			if !strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"}`) || strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"} 0`) {
-				t.Fatalf("no cached tokens counted:\n%s", metrics)
-			}
+			conversationsStayHome(t, s, func(body string) (*http.Response, string) {
+				return postWith(t, s, body, tc.header, tc.value)
+			})
 		})
+	}
+}
+
+// conversationsStayHome sends three turns of four conversations, each
+// with its own long system prompt, through send: every turn of a
+// conversation must land on the pod that served its first turn, and the
+// gateway must count cached tokens.
+func conversationsStayHome(t *testing.T, s *lb.Server, send func(body string) (*http.Response, string)) {
+	t.Helper()
+	home := map[int]string{}
+	for turn := 0; turn < 3; turn++ {
+		for conv := 0; conv < 4; conv++ {
+			system := strings.Repeat(fmt.Sprintf("conversation %d system prompt. ", conv), 200)
+			resp, b := send(chat(system, fmt.Sprintf("turn %d", turn), 2, false))
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d: %s", resp.StatusCode, b)
+			}
+			pod := resp.Header.Get("x-pdlb-pod")
+			if turn == 0 {
+				home[conv] = pod
+			} else if pod != home[conv] {
+				t.Fatalf("conversation %d turn %d went to %s, its prefix is on %s", conv, turn, pod, home[conv])
+			}
+		}
+	}
+	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+	if !strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"}`) || strings.Contains(metrics, `pdlb_prefix_cached_tokens_total{model="m"} 0`) {
+		t.Fatalf("no cached tokens counted:\n%s", metrics)
 	}
 }
 
