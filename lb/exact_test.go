@@ -69,6 +69,31 @@ func followed(t *testing.T, s *lb.Server, pod config.Pod) int {
 	return blocks
 }
 
+// direct sends body to path on pod itself, once the gateway follows the
+// pod's KV events, waits until the gateway's index holds the blocks of
+// the prompt the pod reports, and returns that prompt's length in tokens.
+func direct(t *testing.T, s *lb.Server, pod config.Pod, path, body string) int {
+	t.Helper()
+	before := followed(t, s, pod)
+	resp, err := client.Post("http://"+pod.Address+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var usage struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&usage)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || err != nil {
+		t.Fatalf("direct to the pod: %d %v %+v", resp.StatusCode, err, usage)
+	}
+	n := usage.Usage.PromptTokens
+	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, pod.Name); return blocks >= before+n/16 })
+	return n
+}
+
 // eventFleet starts pods prefix-0 and prefix-1 of model m, which
 // tokenize with the reference tokenizer files of name and publish real
 // vLLM KV events in blocks of 16, and a gateway keying m with the same
@@ -102,22 +127,10 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 	// The first request goes to a pod directly: the gateway learns of its
 	// blocks only from the pod's KV events, in the pod's own token ids.
 	home := "q-1"
-	before := followed(t, s, pods[1])
-	r0, err := client.Post("http://"+pods[1].Address+"/v1/chat/completions", "application/json", strings.NewReader(chat(system, "Where is the capital of China?", 2, false)))
-	if err != nil {
-		t.Fatal(err)
+	prompted := direct(t, s, pods[1], "/v1/chat/completions", chat(system, "Where is the capital of China?", 2, false))
+	if prompted < 500 {
+		t.Fatalf("the first prompt is %d tokens; want the long system prompt's", prompted)
 	}
-	var usage struct {
-		Usage struct {
-			PromptTokens int `json:"prompt_tokens"`
-		} `json:"usage"`
-	}
-	err = json.NewDecoder(r0.Body).Decode(&usage)
-	r0.Body.Close()
-	if r0.StatusCode != 200 || err != nil || usage.Usage.PromptTokens < 500 {
-		t.Fatalf("direct to the pod: %d %v %+v", r0.StatusCode, err, usage)
-	}
-	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, home); return blocks >= before+usage.Usage.PromptTokens/16 })
 
 	// The second request shares the system prompt: its blocks are the
 	// events' blocks only if both sides computed the same ids.
@@ -133,8 +146,8 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 	}
 	// The system prompt is most of the prompt: the gateway must have
 	// predicted nearly all of it cached, as blocks of 16.
-	if cached < float64(usage.Usage.PromptTokens)*0.9-16 {
-		t.Fatalf("gateway predicted %g cached tokens of %g prompted; the first prompt alone was %d tokens", cached, prompt, usage.Usage.PromptTokens)
+	if cached < float64(prompted)*0.9-16 {
+		t.Fatalf("gateway predicted %g cached tokens of %g prompted; the first prompt alone was %d tokens", cached, prompt, prompted)
 	}
 	tok, counts := tokenizedCounts(t, s.AdminAddr())
 	if tok != dir || counts["exact"] != 1 || counts["stand_in"] != 0 || counts["unindexed"] != 0 {
@@ -181,8 +194,8 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 		t.Fatalf("/admin/index/match: %v %+v", err, match)
 	}
 	for _, p := range match.Pods {
-		if (p.Pod == home) != (p.CachedTokens >= usage.Usage.PromptTokens*9/10-16) {
-			t.Fatalf("/admin/index/match: %+v (home %s, first prompt %d tokens)", match.Pods, home, usage.Usage.PromptTokens)
+		if (p.Pod == home) != (p.CachedTokens >= prompted*9/10-16) {
+			t.Fatalf("/admin/index/match: %+v (home %s, first prompt %d tokens)", match.Pods, home, prompted)
 		}
 	}
 }
@@ -200,22 +213,9 @@ func TestTruncatedPromptMatchesTheEnginesEvents(t *testing.T) {
 		return string(b)
 	}
 	home := "l-1"
-	before := followed(t, s, pods[1])
-	r0, err := client.Post("http://"+pods[1].Address+"/v1/completions", "application/json", strings.NewReader(body(strings.Repeat("alpha beta ", 200))))
-	if err != nil {
-		t.Fatal(err)
+	if n := direct(t, s, pods[1], "/v1/completions", body(strings.Repeat("alpha beta ", 200))); n != keep {
+		t.Fatalf("the pod kept %d prompt tokens; want %d", n, keep)
 	}
-	var usage struct {
-		Usage struct {
-			PromptTokens int `json:"prompt_tokens"`
-		} `json:"usage"`
-	}
-	err = json.NewDecoder(r0.Body).Decode(&usage)
-	r0.Body.Close()
-	if r0.StatusCode != 200 || err != nil || usage.Usage.PromptTokens != keep {
-		t.Fatalf("direct to the pod: %d %v %+v", r0.StatusCode, err, usage)
-	}
-	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, home); return blocks >= before+keep/16 })
 
 	resp, b := post(t, s, "/v1/completions", body(strings.Repeat("gamma delta epsilon ", 150)))
 	if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
