@@ -155,6 +155,7 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 	snap := l.g.pool.Load()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	planned := make(map[string]bool, len(snap.Models))
 	for _, m := range snap.Models {
 		st := l.models[m.Name]
 		current := plan.Ratio{Prefill: len(m.Prefill), Decode: len(m.Decode)}
@@ -167,6 +168,7 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 		if total < 2 {
 			continue
 		}
+		planned[m.Name] = true
 		if st == nil {
 			st = &modelPlan{generated: map[string]float64{}, view: planView{Model: m.Name, History: []planWave{}}}
 			l.models[m.Name] = st
@@ -212,6 +214,14 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 			l.startWave(ctx, m.Name, st, dec, now)
 		case dec.Switch:
 			st.view.Reason += " (advice only: no actuator is configured)"
+		}
+	}
+	// A model a reload removed, or left too few pods to split, shows no
+	// split: its last one would read as the pool's. One whose switch is
+	// running stays until the switch ends.
+	for name, st := range l.models {
+		if !planned[name] && st.wave == nil {
+			delete(l.models, name)
 		}
 	}
 }

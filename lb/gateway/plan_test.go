@@ -1,7 +1,16 @@
 package gateway
 
 import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"pdlb/engines"
 	"pdlb/lb/config"
@@ -39,5 +48,62 @@ func TestPlanOutputAfterRestart(t *testing.T) {
 	}
 	if st.output != 800 {
 		t.Fatalf("output %v tokens, want 800 (500, then 200 since the restart, then 100)", st.output)
+	}
+}
+
+// TestPlanForgetsRemovedModels: a model a reload removed, or left with
+// fewer than two prefill and decode pods, is planned no more, and
+// /admin/plan and the pdlb_plan_* series stop showing its last split as
+// the pool's.
+func TestPlanForgetsRemovedModels(t *testing.T) {
+	cfg := config.Default()
+	cfg.Plan.Enabled = true
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}, {Name: "n", Policy: "least_request"}, {Name: "o", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{
+		{Name: "m-pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		{Name: "m-dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+		{Name: "n-pre", Model: "n", Address: "127.0.0.1:10003", Role: config.RolePrefill, Roleset: "a"},
+		{Name: "n-dec", Model: "n", Address: "127.0.0.1:10004", Role: config.RoleDecode, Roleset: "a"},
+		{Name: "o-pre", Model: "o", Address: "127.0.0.1:10005", Role: config.RolePrefill, Roleset: "a"},
+		{Name: "o-dec", Model: "o", Address: "127.0.0.1:10006", Role: config.RoleDecode, Roleset: "a"},
+	}
+	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	planned := func() []string {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		g.servePlan(rec, httptest.NewRequest(http.MethodGet, "/admin/plan", nil))
+		var out struct{ Models []struct{ Model string } }
+		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, m := range out.Models {
+			names = append(names, m.Model)
+		}
+		var b strings.Builder
+		g.plan.writeMetrics(&b)
+		for _, m := range []string{"m", "n", "o"} {
+			if in := strings.Contains(b.String(), `model="`+m+`"`); in != slices.Contains(names, m) {
+				t.Fatalf("model %s in /admin/plan %v, in the metrics %v:\n%s", m, !in, in, b.String())
+			}
+		}
+		return names
+	}
+	if got := planned(); !slices.Equal(got, []string{"m", "n", "o"}) {
+		t.Fatalf("planned %v at start, want [m n o]", got)
+	}
+	// n leaves; o keeps one pod, too few to split.
+	cfg.Models = []config.Model{cfg.Models[0], cfg.Models[2]}
+	cfg.Pods = []config.Pod{cfg.Pods[0], cfg.Pods[1], cfg.Pods[4]}
+	if err := g.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	g.plan.tick(context.Background(), time.Now().Add(time.Minute))
+	if got := planned(); !slices.Equal(got, []string{"m"}) {
+		t.Fatalf("planned %v after n left and o kept one pod, want [m]", got)
 	}
 }
