@@ -240,8 +240,24 @@ func (l *planLoop) counts(m *pool.Model, st *modelPlan, dt float64) plan.Counts 
 	for _, p := range m.Pods {
 		st.countOutput(p.Config.Name, p.Config.Role, p.Scraped(), dt)
 	}
+	if st.wave == nil {
+		// The pods a switch released are out of m until it ends, and
+		// keep their baselines.
+		st.forgetGone(m.Pods)
+	}
 	c.OutputTokens = st.output
 	return c
+}
+
+// forgetGone drops the token baselines of the pods that left the model:
+// they would pile up as pods come and go, and one back under the same
+// name would be credited what it generated away from the model.
+func (st *modelPlan) forgetGone(pods []*pool.Pod) {
+	for name := range st.generated {
+		if !slices.ContainsFunc(pods, func(p *pool.Pod) bool { return p.Config.Name == name }) {
+			delete(st.generated, name)
+		}
+	}
 }
 
 // countOutput adds to st.output what the pod name, serving role, generated

@@ -51,6 +51,32 @@ func TestPlanOutputAfterRestart(t *testing.T) {
 	}
 }
 
+// TestPlanOutputOfPodsThatLeft: a pod that left the model leaves no token
+// baseline behind, so baselines do not pile up as pods come and go, and
+// one back under the same name is not credited what it generated away
+// (serving another model, say).
+func TestPlanOutputOfPodsThatLeft(t *testing.T) {
+	st := &modelPlan{generated: map[string]float64{}}
+	read := func(name string, tokens float64) {
+		t.Helper()
+		st.countOutput(name, config.RoleDecode, &pool.Scraped{Load: engines.Load{GeneratedTokens: tokens}}, 60)
+	}
+	stay := &pool.Pod{Config: config.Pod{Name: "stay"}}
+	read("stay", 100)
+	read("away", 1000)
+	read("stay", 200)
+	read("away", 1500)
+	st.forgetGone([]*pool.Pod{stay}) // "away" left
+	if len(st.generated) != 1 {
+		t.Fatalf("baselines of %v, want only the pod that stayed", st.generated)
+	}
+	read("away", 9500) // back, 8000 tokens on
+	read("away", 9600)
+	if st.output != 700 {
+		t.Fatalf("output %v tokens, want 700 (100 + 500 + 100 since it came back)", st.output)
+	}
+}
+
 // TestPlanForgetsRemovedModels: a model a reload removed, or left with
 // fewer than two prefill and decode pods, is planned no more, and
 // /admin/plan and the pdlb_plan_* series stop showing its last split as
