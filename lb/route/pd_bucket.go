@@ -19,7 +19,8 @@ import (
 // share each still lacks (by replicas when none lacks any), lower ranges
 // taking the lower band, with cut points at quantiles of the observed
 // traffic in that segment. A roleset covering several shared segments
-// debits one share, not one per segment.
+// debits one share, not one per segment. A shared segment the picture
+// holds no traffic in is no roleset's band.
 //
 // The unit of the traffic is the mode: "throughput" counts prompt tokens,
 // "rps" requests. Record is the hot path (two atomic adds, no allocation);
@@ -131,8 +132,12 @@ func (p *BucketPlanner) between(lo, hi int) float64 {
 	return sum
 }
 
-// quantile is the length x in [lo, hi] with between(lo, x) ≈ target.
+// quantile is the length x in [lo, hi] with between(lo, x) ≈ target; lo
+// for a target of 0, which is an empty band.
 func (p *BucketPlanner) quantile(lo, hi int, target float64) int {
+	if target <= 0 {
+		return lo
+	}
 	for b := histBin(lo); b < histBins && target > 0; b++ {
 		bl, bh := binRange(b)
 		if bl >= hi {
@@ -205,7 +210,9 @@ func (p *BucketPlanner) Rebuild(sets []BucketRoleset) {
 		}
 	}
 	for _, sg := range segs {
-		if len(sg.cover) == 1 {
+		if len(sg.cover) == 1 || sg.mass == 0 {
+			// A shared segment without traffic has no quantiles to cut
+			// at: the cascade chooses there until traffic shows.
 			continue
 		}
 		// Lower ranges take the lower band.

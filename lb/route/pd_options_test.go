@@ -279,3 +279,40 @@ func TestBucketPlannerForgets(t *testing.T) {
 		}
 	}
 }
+
+// TestBucketPlannerZeroShares: a roleset whose share of a shared segment
+// is zero gets none of it, and a shared segment without traffic is banded
+// to no roleset (the cascade chooses there) until traffic shows where to
+// cut it. A zero share used to cut at the top of the segment, handing all
+// of it to the lowest roleset.
+func TestBucketPlannerZeroShares(t *testing.T) {
+	f := func(p *BucketPlanner, n, want int) {
+		t.Helper()
+		if got := p.Roleset(n); got != want {
+			t.Fatalf("Roleset(%d) = %d, want %d", n, got, want)
+		}
+	}
+	// Roleset 0's share is 125 of 500 requests and its own lengths bring
+	// 400: the shared lengths from 1000 on all go to roleset 1.
+	p := NewBucketPlanner(BucketServeRPS)
+	for range 400 {
+		p.Record(500)
+	}
+	for n := range 100 {
+		p.Record(1000 + n*10)
+	}
+	p.Rebuild([]BucketRoleset{{Min: 0, Replicas: 1}, {Min: 1000, Replicas: 3}})
+	f(p, 500, 0)
+	f(p, 1000, 1)
+	f(p, 1500, 1)
+	// Both rolesets cover 1000..1999, which saw no traffic.
+	q := NewBucketPlanner(BucketServeRPS)
+	for range 10 {
+		q.Record(500)
+		q.Record(5000)
+	}
+	q.Rebuild([]BucketRoleset{{Min: 0, Max: 1999, Replicas: 1}, {Min: 1000, Replicas: 1}})
+	f(q, 500, 0)
+	f(q, 1500, -1)
+	f(q, 5000, 1)
+}
