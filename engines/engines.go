@@ -37,6 +37,21 @@ func ParseKind(s string) (Kind, error) {
 	return "", fmt.Errorf("unknown engine %q (known: vllm, sglang, trtllm)", s)
 }
 
+// TruncatesPrompt says whether engine k cuts a prompt to a request's
+// truncate_prompt_tokens; ids says the client sent the prompt as token
+// ids. vLLM cuts any prompt; TensorRT-LLM only the text it tokenizes
+// itself (HF truncation on its tokenizer's left side); SGLang has no
+// such field and ignores it.
+func TruncatesPrompt(k Kind, ids bool) bool {
+	switch k {
+	case VLLM, "":
+		return true
+	case TRTLLM:
+		return !ids
+	}
+	return false
+}
+
 // Load is what the gateway reads from a pod's /metrics scrape.
 type Load struct {
 	Running float64 // requests in the running batch

@@ -69,9 +69,9 @@ func (g *Gateway) fallBack(x *completion) bool {
 		if err != nil || (res.PD == nil && len(m.Combined) == 0) {
 			continue // no strategy of m's serves it, or no pod
 		}
-		if !whole || m.Prompt != with {
-			// m's engine makes other ids of the prompt: its keys are
-			// made of those.
+		if !whole || m.Prompt != with || m.Engine != x.req.Engine {
+			// m's engine makes other ids of the prompt (its tokenizer,
+			// or its truncation): its keys are made of those.
 			with = m.Prompt
 			if whole = g.tokenize(x, m, x.ctx.PostBody()) == nil; !whole {
 				continue // m's engine would refuse the prompt

@@ -41,7 +41,7 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // whose earlier turns were seen costs tens of microseconds (the
 // tokenizer's segment cache; engines/prompt's benchmarks).
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
-	x.ids, x.req.Tokens = x.ids[:0], 0
+	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
 	mode := tokensExact
 	var special bool // the tokenizer adds its special tokens
 	switch {
@@ -68,9 +68,9 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 		special = !x.req.SpecialTokensSet || x.req.SpecialTokens
 		x.ids = m.Prompt.Completion(x.ids, x.req.Prompt, special)
 	}
-	if k := x.req.TruncatePromptTokens; k > 0 && len(x.ids) > 0 {
+	if k, right := x.req.Truncation(); k > 0 && len(x.ids) > 0 {
 		// The engine caches and counts only the ids it keeps.
-		x.ids = m.Prompt.Tokenizer().Truncate(x.ids, k, x.req.TruncateRight, special)
+		x.ids = m.Prompt.Tokenizer().Truncate(x.ids, k, right, special)
 	}
 	if len(x.ids) > 0 {
 		x.req.Tokens = len(x.ids)

@@ -175,3 +175,49 @@ func TestTruncatedPromptKeys(t *testing.T) {
 	}
 	same("qwen chat, other system prompt", key(openai.KindChat, chat(strings.Repeat("Be brief. ", 50)+strings.Repeat("Answer briefly. ", 10), `,"truncate_prompt_tokens":32`)), got)
 }
+
+// TestTruncationFollowsTheEngine: only the engines that cut a prompt to
+// truncate_prompt_tokens have it keyed cut. SGLang has no such field and
+// caches the whole prompt; TensorRT-LLM cuts the text it tokenizes (on
+// the left) but not a client's token ids; vLLM cuts both.
+func TestTruncationFollowsTheEngine(t *testing.T) {
+	cfg := config.Default()
+	dir := tokfiles.Dir(t, "llama3.1")
+	cfg.Models = []config.Model{
+		{Name: "vllm", BlockSize: 16, Tokenizer: dir},
+		{Name: "sglang", BlockSize: 16, Tokenizer: dir},
+		{Name: "trtllm", BlockSize: 16, Tokenizer: dir},
+	}
+	cfg.Pods = []config.Pod{
+		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
+		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
+		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
+	}
+	cfg.Provision()
+	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	key := func(body string) (string, int) {
+		t.Helper()
+		x, err := tokenizedAs(t, g, openai.KindCompletion, body)
+		defer releaseCompletion(x)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		return fmt.Sprint(appendKeys(nil, x.m, x)), x.req.PromptTokens()
+	}
+	text := `"` + strings.Repeat("alpha beta ", 60) + `"`
+	ids := "[" + strings.Repeat("1000,", 99) + "1001]"
+	f := func(model, prompt string, cut bool) {
+		t.Helper()
+		whole, n := key(`{"model":"` + model + `","prompt":` + prompt + `}`)
+		got, m := key(`{"model":"` + model + `","prompt":` + prompt + `,"truncate_prompt_tokens":32}`)
+		if (got != whole || m != n) != cut || cut && m != 32 {
+			t.Errorf("%s, prompt %.10s: keyed %d tokens of %d, want them cut: %v", model, prompt, m, n, cut)
+		}
+	}
+	f("vllm", text, true)
+	f("vllm", ids, true)
+	f("sglang", text, false)
+	f("sglang", ids, false)
+	f("trtllm", text, true)
+	f("trtllm", ids, false)
+}

@@ -17,6 +17,7 @@ import (
 	sonicutf8 "github.com/bytedance/sonic/utf8"
 	"github.com/cespare/xxhash/v2"
 
+	"pdlb/engines"
 	"pdlb/engines/tokenize"
 	"pdlb/radix"
 )
@@ -126,6 +127,10 @@ type Request struct {
 	// the engine refuses.
 	TruncatePromptTokens int
 	TruncateRight        bool
+	// Engine is the engine that serves the request: whether it cuts the
+	// prompt as TruncatePromptTokens asks is engines.TruncatesPrompt's
+	// answer. "", as Parse leaves it, is vLLM.
+	Engine engines.Kind
 	// Tokens is the prompt's length as the model's own tokenizer counts
 	// it, once the gateway has tokenized it (0: not done, PromptTokens
 	// counts the client's ids or the stand-in's).
@@ -246,13 +251,22 @@ func (r *Request) PromptKept() []byte {
 	return r.Prompt[from*tokenize.BytesPerToken : min(to*tokenize.BytesPerToken, len(r.Prompt))]
 }
 
+// Truncation is how many prompt tokens Engine keeps (0: all), the first
+// ones if right: TruncatePromptTokens where Engine cuts such a prompt.
+func (r *Request) Truncation() (keep int, right bool) {
+	if !engines.TruncatesPrompt(r.Engine, r.TokenIDs) {
+		return 0, false
+	}
+	return r.TruncatePromptTokens, r.TruncateRight
+}
+
 // kept returns the range [from, to) of an n-token prompt the engine
 // keeps.
 func (r *Request) kept(n int) (from, to int) {
-	switch k := r.TruncatePromptTokens; {
+	switch k, right := r.Truncation(); {
 	case k <= 0 || k >= n:
 		return 0, n
-	case r.TruncateRight:
+	case right:
 		return 0, k
 	default:
 		return n - k, n

@@ -395,6 +395,10 @@ type Model struct {
 	promptKey string
 	// LoRA are the model's adapter settings (lora.go).
 	LoRA config.LoRA
+	// Engine is the engine of the model's first pod: a prompt has one set
+	// of keys, made as that engine makes its ids (it decides whether
+	// truncate_prompt_tokens cuts them).
+	Engine engines.Kind
 }
 
 // Snapshot is an immutable view of the fleet. Never modify one after it is
@@ -541,7 +545,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 				return nil, err
 			}
 			m = &Model{Name: pc.Model, Policy: pol, UsesCache: route.UsesCache(mc.Policy),
-				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model), Profiles: profiles}
+				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model), Profiles: profiles, Engine: kind}
 			if m.Prompt, m.promptKey, err = loadPrompt(mc, prompts); err != nil {
 				return nil, fmt.Errorf("model %q: %w", pc.Model, err)
 			}
