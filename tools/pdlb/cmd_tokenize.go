@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"pdlb/engines"
 	"pdlb/engines/chat"
 	"pdlb/engines/prompt"
-	"pdlb/engines/tokenize"
 	"pdlb/lb/openai"
 	"pdlb/radix"
 )
@@ -57,13 +57,14 @@ keys pdlb's prefix index files them under. With --admin it also asks a
 running gateway which pods hold those blocks. Run it first when cache hits
 look low: the gateway, configured with the same files, computes the same.`, stdout)
 	var (
-		dir, tmpl, kwargs, admin, token string
-		blockSize                       int
-		asJSON                          bool
+		dir, tmpl, kwargs, admin, token, eng string
+		blockSize                            int
+		asJSON                               bool
 	)
 	fs.StringVar(&dir, "tokenizer", "", "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json); default: pdlb's stand-in, which no engine matches")
 	fs.StringVar(&tmpl, "chat-template", "", "chat template file (or text) replacing the tokenizer's, as vLLM's --chat-template")
 	fs.StringVar(&kwargs, "chat-template-kwargs", "", `default chat_template_kwargs as JSON, e.g. '{"enable_thinking":false}'`)
+	fs.StringVar(&eng, "engine", "vllm", "the model's engine (vllm, sglang, trtllm): whether truncate_prompt_tokens cuts the prompt")
 	fs.IntVar(&blockSize, "block-size", 16, "tokens per index block (the model's block_size)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object (model, tokenizer, exact, prompt, ids, tokens, block_size, keys, pods)")
 	fs.StringVar(&admin, "admin", "", "a gateway's admin address (host:port) to ask which pods hold the blocks")
@@ -76,6 +77,10 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 	}
 	if blockSize < 1 {
 		return fmt.Errorf("--block-size %d: must be at least 1", blockSize)
+	}
+	kind, err := engines.ParseKind(eng)
+	if err != nil {
+		return fmt.Errorf("--engine %q: %v", eng, err)
 	}
 	cfg := prompt.Config{Tokenizer: dir, ChatTemplate: tmpl}
 	if kwargs != "" {
@@ -91,7 +96,7 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 	if err != nil {
 		return err
 	}
-	t, err := tokenizeBody(model, body)
+	t, err := tokenizeBody(model, body, kind)
 	if err != nil {
 		return err
 	}
@@ -118,8 +123,9 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 }
 
 // tokenizeBody renders and encodes body as the engine would (m non-nil)
-// or as the gateway's stand-in does.
-func tokenizeBody(m *prompt.Model, body []byte) (tokenized, error) {
+// or as the gateway's stand-in does, and keeps the ids engine keeps of
+// them under truncate_prompt_tokens, as the gateway does.
+func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized, error) {
 	var req struct {
 		Model    string          `json:"model"`
 		Messages json.RawMessage `json:"messages"`
@@ -137,13 +143,16 @@ func tokenizeBody(m *prompt.Model, body []byte) (tokenized, error) {
 	if err := r.Parse(kind, body); err != nil {
 		return t, err
 	}
+	r.Engine = engine
 	t.seed, t.Unindexed, t.salt = r.KeySeed(radix.Seed(t.Model)), r.Unindexed(), string(r.CacheSalt)
+	var special bool // the tokenizer added its special tokens
 	switch {
-	case r.TokenIDs:
-		t.IDs, t.Exact = append(t.IDs, r.PromptIDs...), true // the client's own ids
-	case m == nil:
-		t.Prompt = string(r.Prompt)
-		t.IDs = tokenize.Append(nil, r.Prompt)
+	case r.TokenIDs || m == nil:
+		// The client's own ids, or the stand-in's, cut as the engine cuts them.
+		t.IDs, t.Exact = r.AppendTokens(nil), t.Exact || r.TokenIDs
+		if !r.TokenIDs {
+			t.Prompt = string(r.Prompt)
+		}
 	case kind == openai.KindChat:
 		c := chat.AcquireConversation()
 		defer chat.ReleaseConversation(c)
@@ -155,10 +164,15 @@ func tokenizeBody(m *prompt.Model, body []byte) (tokenized, error) {
 			return t, err
 		}
 		t.Prompt = string(text)
-		t.IDs = m.Tokenizer().Append(nil, text, r.SpecialTokensSet && r.SpecialTokens)
+		special = r.SpecialTokensSet && r.SpecialTokens
+		t.IDs = m.Tokenizer().Append(nil, text, special)
 	default:
 		t.Prompt = string(r.Prompt)
-		t.IDs = m.Completion(nil, r.Prompt, !r.SpecialTokensSet || r.SpecialTokens)
+		special = !r.SpecialTokensSet || r.SpecialTokens
+		t.IDs = m.Completion(nil, r.Prompt, special)
+	}
+	if k, right := r.Truncation(); k > 0 && m != nil && !r.TokenIDs {
+		t.IDs = m.Tokenizer().Truncate(t.IDs, k, right, special)
 	}
 	for _, id := range t.IDs {
 		t.Tokens = append(t.Tokens, tokenText(m, id))

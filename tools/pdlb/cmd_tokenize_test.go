@@ -85,3 +85,41 @@ func TestCmdTokenizeAsksTheGateway(t *testing.T) {
 		t.Fatalf("a refused query: %v", err)
 	}
 }
+
+// TestCmdTokenizeTruncates: a request with truncate_prompt_tokens shows
+// the ids the engine keeps, which the gateway keys, and SGLang, which has
+// no such field, keeps them all.
+func TestCmdTokenizeTruncates(t *testing.T) {
+	dir := tokfiles.Dir(t, "llama3.1")
+	ids := func(body string, args ...string) []uint32 {
+		t.Helper()
+		out, err := tokenizeRun(t, body, append(args, "--json")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got tokenized
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("--json printed %q: %v", out, err)
+		}
+		return got.IDs
+	}
+	text := `"` + strings.Repeat("alpha beta ", 20) + `"`
+	whole := ids(`{"model":"m","prompt":`+text+`}`, "--tokenizer", dir)
+	want := append(whole[:1:1], whole[len(whole)-7:]...) // the BOS and the text's last 7
+	cut := `{"model":"m","prompt":` + text + `,"truncate_prompt_tokens":8}`
+	if got := ids(cut, "--tokenizer", dir); !slices.Equal(got, want) {
+		t.Errorf("text, last 8: %v, want %v", got, want)
+	}
+	if got := ids(cut, "--tokenizer", dir, "--engine", "sglang"); !slices.Equal(got, whole) {
+		t.Errorf("sglang: %v, want them all: %v", got, whole)
+	}
+	if got := ids(`{"model":"m","prompt":[1,2,3,4,5,6],"truncate_prompt_tokens":4,"truncation_side":"right"}`); !slices.Equal(got, []uint32{1, 2, 3, 4}) {
+		t.Errorf("ids, first 4: %v", got)
+	}
+	if got, whole := ids(cut), ids(`{"model":"m","prompt":`+text+`}`); len(got) != 8 || !slices.Equal(got, whole[len(whole)-8:]) {
+		t.Errorf("stand-in, last 8: %v of %v", got, whole)
+	}
+	if _, err := tokenizeRun(t, cut, "--engine", "tgi"); err == nil || !strings.Contains(err.Error(), `--engine "tgi"`) {
+		t.Errorf("--engine tgi: %v", err)
+	}
+}
