@@ -100,9 +100,9 @@ Example: pdlb load --workload seed-chat --rate 10 --duration 30s --plot plots`, 
 	switch {
 	case set["concurrency"] && cfg.Concurrency < 1:
 		// Else it would fall through to a rate run the user did not ask for.
-		return fmt.Errorf("%w: --concurrency %d must be at least 1", errLoadUsage, cfg.Concurrency)
+		return fs.usageError(fmt.Errorf("%w: --concurrency %d must be at least 1", errLoadUsage, cfg.Concurrency))
 	case cfg.Concurrency > 0 && set["rate"]:
-		return fmt.Errorf("%w: give --rate or --concurrency, not both", errLoadUsage)
+		return fs.usageError(fmt.Errorf("%w: give --rate or --concurrency, not both", errLoadUsage))
 	case cfg.Concurrency > 0:
 		cfg.Arrival = load.Closed
 	case spec.Name == load.WorkloadTrace && !set["rate"]:
@@ -115,7 +115,7 @@ Example: pdlb load --workload seed-chat --rate 10 --duration 30s --plot plots`, 
 	case arrival == "constant":
 		cfg.Arrival = load.Constant
 	default:
-		return fmt.Errorf("%w: --arrival %q (known: poisson, constant)", errLoadUsage, arrival)
+		return fs.usageError(fmt.Errorf("%w: --arrival %q (known: poisson, constant)", errLoadUsage, arrival))
 	}
 	cfg.Seed = spec.Seed
 	slo[admit.Interactive] = load.SLO{TTFT: ttftSLO, TPOT: tpotSLO}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -65,10 +66,10 @@ Example (prints the study's planner table): pdlb plan --phases seed --total 24 -
 		return fs.usageError(fmt.Errorf("%w: unexpected argument %q", errSimUsage, fs.Arg(0)))
 	}
 	if *total < 2 {
-		return fmt.Errorf("%w: --total %d must be at least 2", errSimUsage, *total)
+		return fs.usageError(fmt.Errorf("%w: --total %d must be at least 2", errSimUsage, *total))
 	}
 	if *simulate && !(*phaseSec > 0) {
-		return fmt.Errorf("%w: --phase-sec %v must be positive", errSimUsage, *phaseSec)
+		return fs.usageError(fmt.Errorf("%w: --phase-sec %v must be positive", errSimUsage, *phaseSec))
 	}
 	static := plan.Ratio{Prefill: *total / 2, Decode: *total - *total/2}
 	if *staticArg != "" {
@@ -77,10 +78,13 @@ Example (prints the study's planner table): pdlb plan --phases seed --total 24 -
 			return err
 		}
 		if static.Total() != *total {
-			return fmt.Errorf("%w: --static %v places %d instances, --total is %d", errSimUsage, static, static.Total(), *total)
+			return fs.usageError(fmt.Errorf("%w: --static %v places %d instances, --total is %d", errSimUsage, static, static.Total(), *total))
 		}
 	}
 	phases, err := readPhases(*phasesArg)
+	if errors.Is(err, errSimUsage) {
+		return fs.usageError(err)
+	}
 	if err != nil {
 		return err
 	}
@@ -103,7 +107,7 @@ Example (prints the study's planner table): pdlb plan --phases seed --total 24 -
 	}
 	if *asJSON {
 		if *simulate {
-			return fmt.Errorf("%w: --simulate prints a table, not JSON", errSimUsage)
+			return fs.usageError(fmt.Errorf("%w: --simulate prints a table, not JSON", errSimUsage))
 		}
 		return json.NewEncoder(stdout).Encode(rows)
 	}

@@ -72,12 +72,12 @@ Example: pdlb sim --rate 70 --policy min_ttft --reject`, stdout)
 		return simLoRA(cfg, cluster.NewLoRAChat(*rate, *duration, cfg.Physics.BlockSize, *seed), opts, *asJSON, stdout)
 	case "seed-chat":
 		if !(*rate > 0) || !(*duration > 0) {
-			return fmt.Errorf("%w: --rate %v and --duration %v must be positive", errSimUsage, *rate, *duration)
+			return fs.usageError(fmt.Errorf("%w: --rate %v and --duration %v must be positive", errSimUsage, *rate, *duration))
 		}
 		w = cluster.NewSeedChat(*rate, *duration, cfg.Physics.BlockSize, *seed).Start()
 	case "trace":
 		if *traceFile == "" {
-			return fmt.Errorf("%w: --workload trace needs --trace FILE", errSimUsage)
+			return fs.usageError(fmt.Errorf("%w: --workload trace needs --trace FILE", errSimUsage))
 		}
 		f, err := os.Open(*traceFile)
 		if err != nil {
@@ -90,7 +90,7 @@ Example: pdlb sim --rate 70 --policy min_ttft --reject`, stdout)
 		}
 		w = tr.Start()
 	default:
-		return fmt.Errorf("%w: --workload %q (known: seed-chat, trace, lora)", errSimUsage, *workload)
+		return fs.usageError(fmt.Errorf("%w: --workload %q (known: seed-chat, trace, lora)", errSimUsage, *workload))
 	}
 
 	res, err := cluster.Run(cfg, w)

@@ -60,3 +60,22 @@ func TestUnexpectedArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestBadFlagValues: a flag value or combination a command refuses is a
+// bad command line too: once on stderr, with the command's usage, exit 2.
+func TestBadFlagValues(t *testing.T) {
+	f := func(want string, args ...string) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		rc := run(args, &stdout, &stderr)
+		if rc != 2 || stdout.Len() != 0 || !strings.HasPrefix(stderr.String(), "pdlb "+args[0]+": ") ||
+			strings.Count(stderr.String(), want) != 1 || !strings.Contains(stderr.String(), "Usage: pdlb "+args[0]) {
+			t.Errorf("pdlb %q: exit %d\nstdout:\n%s\nstderr:\n%s", args, rc, stdout.String(), stderr.String())
+		}
+	}
+	f("--total 1 must be at least 2", "plan", "--phases", "seed", "--total", "1")
+	f("--phases FILE or --phases seed is required", "plan", "--total", "4")
+	f("give --rate or --concurrency, not both", "load", "--rate", "5", "--concurrency", "2")
+	f(`--arrival "burst"`, "load", "--arrival", "burst")
+	f(`--workload "nope"`, "sim", "--workload", "nope")
+}
