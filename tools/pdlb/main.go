@@ -78,8 +78,13 @@ Usage: pdlb <command> [flags]
 
 Commands:
 `)
+	// The summaries start one column past the longest name.
+	width := 0
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-7s %s\n", c.name, c.summary)
+		width = max(width, len(c.name))
+	}
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-*s %s\n", width, c.name, c.summary)
 	}
 	fmt.Fprint(w, "\nRun 'pdlb <command> --help' for a command's flags.\n")
 }

@@ -79,3 +79,24 @@ func TestBadFlagValues(t *testing.T) {
 	f(`--arrival "burst"`, "load", "--arrival", "burst")
 	f(`--workload "nope"`, "sim", "--workload", "nope")
 }
+
+// TestUsageAligned: every command's summary starts in one column.
+func TestUsageAligned(t *testing.T) {
+	var out bytes.Buffer
+	usage(&out)
+	col := -1
+	for _, c := range commands {
+		i := strings.Index(out.String(), "\n  "+c.name+" ")
+		if i < 0 {
+			t.Fatalf("no line for %s:\n%s", c.name, out.String())
+		}
+		line := out.String()[i+1:]
+		at := strings.Index(line, c.summary)
+		if col < 0 {
+			col = at
+		}
+		if at != col {
+			t.Errorf("%s's summary starts at column %d, the others' at %d:\n%s", c.name, at, col, out.String())
+		}
+	}
+}
