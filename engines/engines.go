@@ -52,6 +52,11 @@ func TruncatesPrompt(k Kind, ids bool) bool {
 	return false
 }
 
+// IncludeUsageDefault is a stream's include_usage when stream_options is
+// given without it: true on vLLM and TensorRT-LLM, false on SGLang (each
+// engine's StreamOptions in its OpenAI protocol module).
+func (k Kind) IncludeUsageDefault() bool { return k != SGLang }
+
 // Load is what the gateway reads from a pod's /metrics scrape.
 type Load struct {
 	Running float64 // requests in the running batch

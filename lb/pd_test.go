@@ -350,6 +350,46 @@ func TestPDAnswerFromPrefillCountsItsToken(t *testing.T) {
 	}
 }
 
+// TestPDAnswerFromPrefillUsageDefault: the stream the gateway makes of a
+// context pod's one-token answer carries a usage chunk exactly when the
+// engine's own stream would; TensorRT-LLM's include_usage defaults to true
+// once stream_options is present.
+func TestPDAnswerFromPrefillUsageDefault(t *testing.T) {
+	e := pdEngines[2] // context_first
+	one := func(c *sim.Config) { c.DefaultMaxTokens = 1 }
+	pre := startSim(t, e, "pre", sim.RolePrefill, one)
+	dec := startSim(t, e, "dec", sim.RoleDecode, one)
+	comb := startSim(t, e, "comb", sim.RoleCombined, one)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}, nil)
+	hasUsage := func(body string) bool {
+		found := false
+		readEvents(t, strings.NewReader(body), func(data string, _ time.Time) {
+			var c struct{ Usage json.RawMessage }
+			if json.Unmarshal([]byte(data), &c) == nil && len(c.Usage) > 0 && string(c.Usage) != "null" {
+				found = true
+			}
+		})
+		return found
+	}
+	prompt := strings.Repeat("the prefill pod computes this prompt once ", 8)
+	for _, opts := range []string{``, `,"stream_options":{}`, `,"stream_options":{"include_usage":true}`, `,"stream_options":{"include_usage":false}`} {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"stream":true%s}`, prompt, opts)
+		resp, err := client.Post("http://"+comb.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		resp, b := post(t, s, "/v1/chat/completions", body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-pod") != "pre" {
+			t.Fatalf("%s: %d from %q: %s", opts, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+		}
+		if got, want := hasUsage(b), hasUsage(string(direct)); got != want {
+			t.Fatalf("stream options %q: usage chunk %v through the gateway, %v from the engine\ngateway: %s\nengine: %s", opts, got, want, b, direct)
+		}
+	}
+}
+
 func TestPDPrefillKilledFailsFast(t *testing.T) {
 	for _, e := range pdEngines {
 		t.Run(e.name, func(t *testing.T) {

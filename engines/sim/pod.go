@@ -553,9 +553,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	usage, continuous := false, false
 	if o := req.StreamOptions; o != nil {
-		// Unset, include_usage is true on vLLM and TensorRT-LLM, false on
-		// SGLang (each engine's StreamOptions in its openai protocol.py).
-		usage = p.cfg.Engine != engines.SGLang
+		usage = p.cfg.Engine.IncludeUsageDefault()
 		if o.IncludeUsage != nil {
 			usage = *o.IncludeUsage
 		}

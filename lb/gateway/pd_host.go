@@ -5,6 +5,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/engines"
 	"pdlb/lb/openai"
 	"pdlb/lb/pd"
 	"pdlb/lb/pool"
@@ -111,6 +112,17 @@ func (x *completion) MoveDecode(f *failure) bool {
 	return true
 }
 
+// includeUsage says whether the stream of x ends with a usage chunk as
+// engine k would send it: stream_options without include_usage takes the
+// engine's default.
+func (x *completion) includeUsage(k engines.Kind) bool {
+	r := x.req
+	if r.HasStreamOptions && !r.HasIncludeUsage {
+		return k.IncludeUsageDefault()
+	}
+	return r.IncludeUsage
+}
+
 // AnswerFromPrefill answers x with the prefill leg's answer (a
 // TensorRT-LLM context response that finished at its first token), as
 // is; a streaming client gets it as the stream it asked for.
@@ -125,7 +137,7 @@ func (x *completion) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, b
 	if !x.req.Stream {
 		ctx.SetContentType("application/json")
 		ctx.SetBody(body)
-	} else if sse, err := pd.AppendAnswerSSE(nil, body, x.req.Kind == openai.KindChat, x.req.IncludeUsage); err != nil {
+	} else if sse, err := pd.AppendAnswerSSE(nil, body, x.req.Kind == openai.KindChat, x.includeUsage(pre.Engine)); err != nil {
 		e := openai.UpstreamError("the context pod's final answer does not parse: " + err.Error())
 		writeFailure(ctx, answer(e))
 		x.failure, status = e, e.Status

@@ -86,9 +86,11 @@ type Request struct {
 	// them all.
 	Choices int
 	// HasStreamOptions says "stream_options" was an object; IncludeUsage is
-	// its "include_usage" (default false).
+	// its "include_usage" (default false), and HasIncludeUsage says the key
+	// was there (null included): without it the engine's default applies.
 	HasStreamOptions bool
 	IncludeUsage     bool
+	HasIncludeUsage  bool
 
 	// Prompt is the prompt rendered as the engine sees it. Chat: each
 	// message as tokenize.AppendTurn(role, content), then
@@ -526,7 +528,7 @@ func (r *Request) parseChoices(s *scanner) error {
 // parseStreamOptions reads "stream_options": an object whose include_usage
 // is read and other keys skipped, or null.
 func (r *Request) parseStreamOptions(s *scanner) error {
-	r.HasStreamOptions, r.IncludeUsage = false, false
+	r.HasStreamOptions, r.IncludeUsage, r.HasIncludeUsage = false, false, false
 	switch s.c() {
 	case 'n':
 		s.skip()
@@ -539,6 +541,7 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 	s.open()
 	for i := 0; s.more('}', i); i++ {
 		if b2s(s.key(&r.scratch)) == "include_usage" {
+			r.HasIncludeUsage = true
 			var err error
 			if r.IncludeUsage, err = parseBool(s, "stream_options.include_usage"); err != nil {
 				return err

@@ -30,6 +30,7 @@ func TestParseFields(t *testing.T) {
 		maxTokens     int
 		maxCompletion bool
 		hasSO, usage  bool
+		hasUsage      bool // include_usage present
 		prompt        string
 		ids           []uint32 // nil: text prompt
 		messages      int
@@ -44,13 +45,13 @@ func TestParseFields(t *testing.T) {
 			t.Fatalf("Parse(%s): %v", body, err)
 		}
 		got := want{string(r.Model), r.Stream, r.MaxTokens, r.MaxCompletionTokens,
-			r.HasStreamOptions, r.IncludeUsage, string(r.Prompt), nil, r.Messages, r.MediaBytes, string(r.CacheSalt)}
+			r.HasStreamOptions, r.IncludeUsage, r.HasIncludeUsage, string(r.Prompt), nil, r.Messages, r.MediaBytes, string(r.CacheSalt)}
 		if r.TokenIDs {
 			got.ids = append([]uint32{}, r.PromptIDs...)
 		}
 		if (got.ids == nil) != (w.ids == nil) || !slices.Equal(got.ids, w.ids) || got.model != w.model || got.stream != w.stream ||
 			got.maxTokens != w.maxTokens || got.maxCompletion != w.maxCompletion ||
-			got.hasSO != w.hasSO || got.usage != w.usage || got.prompt != w.prompt ||
+			got.hasSO != w.hasSO || got.usage != w.usage || got.hasUsage != w.hasUsage || got.prompt != w.prompt ||
 			got.messages != w.messages || got.media != w.media || got.salt != w.salt {
 			t.Fatalf("Parse(%s)\n got %+v\nwant %+v", body, got, w)
 		}
@@ -101,13 +102,13 @@ func TestParseFields(t *testing.T) {
 
 	// scalar fields
 	f(KindChat, `{"model":"m\u002fx","stream":true,"max_tokens":128,"stream_options":{"include_usage":true,"continuous_usage_stats":false},"messages":[{"role":"user","content":""}]}`,
-		want{model: "m/x", stream: true, maxTokens: 128, hasSO: true, usage: true, prompt: turn("user", "") + gen, messages: 1})
+		want{model: "m/x", stream: true, maxTokens: 128, hasSO: true, usage: true, hasUsage: true, prompt: turn("user", "") + gen, messages: 1})
 	f(KindChat, `{"model":"m","stream":null,"max_tokens":null,"stream_options":null,"messages":[{"role":"user","content":""}]}`,
 		want{model: "m", maxTokens: -1, prompt: turn("user", "") + gen, messages: 1})
 	f(KindChat, `{"model":"m","stream":false,"max_completion_tokens":0,"max_tokens":7,"stream_options":{},"messages":[{"role":"user","content":""}]}`,
 		want{model: "m", maxTokens: 0, maxCompletion: true, hasSO: true, prompt: turn("user", "") + gen, messages: 1})
 	f(KindChat, `{"model":"m","max_tokens":2147483647,"stream_options":{"include_usage":null},"messages":[{"role":"user","content":""}]}`,
-		want{model: "m", maxTokens: math.MaxInt32, hasSO: true, prompt: turn("user", "") + gen, messages: 1})
+		want{model: "m", maxTokens: math.MaxInt32, hasSO: true, hasUsage: true, prompt: turn("user", "") + gen, messages: 1})
 	// cache_salt: a string of up to 128 characters, null for none
 	f(KindChat, `{"model":"m","cache_salt":"s\u00e9l-1","messages":[{"role":"user","content":"x"}]}`,
 		want{model: "m", maxTokens: -1, prompt: turn("user", "x") + gen, messages: 1, salt: "sél-1"})
@@ -302,7 +303,7 @@ func TestParseReusesRequest(t *testing.T) {
 	if err := r.Parse(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`)); err != nil {
 		t.Fatal(err)
 	}
-	if string(r.Model) != "m" || r.Stream || r.MaxTokens != -1 || r.HasStreamOptions || r.IncludeUsage ||
+	if string(r.Model) != "m" || r.Stream || r.MaxTokens != -1 || r.HasStreamOptions || r.IncludeUsage || r.HasIncludeUsage ||
 		r.TokenIDs || len(r.PromptIDs) != 0 || string(r.Prompt) != turn("user", "")+tokenize.GenerationPrompt ||
 		r.Kind != KindChat || r.MediaBytes != len(`{"type":"image_url"}`) || len(r.CacheSalt) != 0 ||
 		r.PromptTokens() != tokenize.Count(r.Prompt) {
@@ -384,10 +385,10 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		if string(r.Model) != ref.model || r.Stream != ref.stream || r.MaxTokens != ref.maxTokens || r.Choices != ref.choices || string(r.CacheSalt) != ref.salt ||
-			r.IncludeUsage != ref.usage || string(r.Prompt) != ref.prompt || r.TokenIDs != (ref.ids != nil) ||
+			r.IncludeUsage != ref.usage || r.HasIncludeUsage != ref.hasUsage || string(r.Prompt) != ref.prompt || r.TokenIDs != (ref.ids != nil) ||
 			!slices.Equal(r.PromptIDs, ref.ids) {
-			t.Fatalf("Parse(%s)\n got model %q stream %v max %d n %d usage %v prompt %q ids %v\nwant %+v",
-				body, r.Model, r.Stream, r.MaxTokens, r.Choices, r.IncludeUsage, r.Prompt, r.PromptIDs, ref)
+			t.Fatalf("Parse(%s)\n got model %q stream %v max %d n %d usage %v (set %v) prompt %q ids %v\nwant %+v",
+				body, r.Model, r.Stream, r.MaxTokens, r.Choices, r.IncludeUsage, r.HasIncludeUsage, r.Prompt, r.PromptIDs, ref)
 		}
 		if got, want := r.AppendTokens(nil), ref.kept(); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
 			t.Fatalf("Parse(%s): kept tokens %v (PromptTokens %d), want %v", body, got, r.PromptTokens(), want)
@@ -400,6 +401,7 @@ func isControl(r rune) bool { return r < 0x20 }
 type reference struct {
 	model         string
 	stream, usage bool
+	hasUsage      bool // include_usage present, null included
 	maxTokens     int
 	choices       int
 	prompt        string
@@ -481,7 +483,9 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		if !isObj {
 			return ref, false
 		}
-		if ref.usage, ok = boolean(m["include_usage"]); !ok {
+		var v any
+		v, ref.hasUsage = m["include_usage"]
+		if ref.usage, ok = boolean(v); !ok {
 			return ref, false
 		}
 	}
