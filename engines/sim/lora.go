@@ -154,7 +154,7 @@ func (p *Pod) unloadAdapter(ctx *fasthttp.RequestCtx) { p.adapterCall(ctx, false
 // SGLang's {"success", "error_message"} (400 when refused).
 func (p *Pod) adapterCall(ctx *fasthttp.RequestCtx, load bool) {
 	var q engines.AdapterRequest
-	if !parseBody(ctx, &q) {
+	if !p.parseBody(ctx, &q) {
 		return
 	}
 	status, typ, msg := fasthttp.StatusOK, "", ""
@@ -177,7 +177,7 @@ func (p *Pod) adapterCall(ctx *fasthttp.RequestCtx, load bool) {
 		ctx.SetStatusCode(min(status, fasthttp.StatusBadRequest))
 		writeJSON(ctx, body)
 	case status != fasthttp.StatusOK:
-		writeError(ctx, status, typ, "", msg)
+		p.writeError(ctx, status, typ, "", msg)
 	case load:
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString(fmt.Sprintf("Success: LoRA adapter '%s' added successfully.", q.Name))

@@ -253,12 +253,26 @@ type apiErrorInfo struct {
 	Code    int     `json:"code"`
 }
 
-func errorBody(code int, typ, param, msg string) []byte {
-	e := apiError{Error: apiErrorInfo{Message: msg, Type: typ, Code: code}}
+// flatError is SGLang's and TensorRT-LLM's error body: their ErrorResponse
+// dumped at the top level, "object" first.
+type flatError struct {
+	Object string `json:"object"`
+	apiErrorInfo
+}
+
+// errorBody is engine k's whole-body error: vLLM nests it under "error",
+// SGLang and TensorRT-LLM do not (create_error_response in SGLang's
+// serving_base.py and in TensorRT-LLM's openai_server.py).
+func errorBody(k engines.Kind, code int, typ, param, msg string) []byte {
+	info := apiErrorInfo{Message: msg, Type: typ, Code: code}
 	if param != "" {
-		e.Error.Param = &param
+		info.Param = &param
 	}
-	b, _ := json.Marshal(e) // a struct of strings and ints cannot fail
+	var v any = apiError{Error: info}
+	if k != engines.VLLM {
+		v = flatError{Object: "error", apiErrorInfo: info}
+	}
+	b, _ := json.Marshal(v) // a struct of strings and ints cannot fail
 	return b
 }
 

@@ -248,7 +248,7 @@ func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, r *request, leg pdLeg) bool {
 			cancel()
 			if err != nil {
 				p.sched.send(schedMsg{kind: msgCancel, req: r})
-				writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "",
+				p.writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "",
 					fmt.Sprintf("KV transfer from %s failed: %v", leg.src.Addr, err))
 				return false
 			}
@@ -315,11 +315,11 @@ func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, cha
 	})
 	if err != nil {
 		p.sched.send(schedMsg{kind: msgUnpin, req: r})
-		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
+		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
 		return
 	}
 	if leg.push && !p.awaitPickup(conn, picked) {
-		writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "", "the KV was not taken by a decode pod")
+		p.writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "", "the KV was not taken by a decode pod")
 		return
 	}
 	var pd pdAnswer

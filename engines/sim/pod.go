@@ -346,36 +346,41 @@ func writeJSON(ctx *fasthttp.RequestCtx, body []byte) {
 	ctx.SetBody(body)
 }
 
-func writeError(ctx *fasthttp.RequestCtx, code int, typ, param, msg string) {
+// writeError answers code with the pod's engine's error body (errorBody).
+func (p *Pod) writeError(ctx *fasthttp.RequestCtx, code int, typ, param, msg string) {
 	ctx.SetStatusCode(code)
-	writeJSON(ctx, errorBody(code, typ, param, msg))
+	writeJSON(ctx, errorBody(p.cfg.Engine, code, typ, param, msg))
 }
 
 // refuse answers 400 for a request the engine would not serve; a message
-// vLLM refuses before rendering gets vLLM's own body, naming the field.
-func refuse(ctx *fasthttp.RequestCtx, err error) {
+// vLLM refuses before rendering gets vLLM's own body, naming the field
+// (the other engines name it in their own shape).
+func (p *Pod) refuse(ctx *fasthttp.RequestCtx, err error) {
 	var re *chat.RequestError
-	if errors.As(err, &re) {
+	switch {
+	case errors.As(err, &re) && p.cfg.Engine == engines.VLLM:
 		ctx.SetStatusCode(fasthttp.StatusBadRequest)
 		ctx.SetContentType("application/json")
 		ctx.SetBody(re.AppendBody(nil))
-		return
+	case re != nil:
+		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", re.Param, re.Message)
+	default:
+		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
 }
 
 func (p *Pod) checkModel(ctx *fasthttp.RequestCtx, model string) bool {
 	if model == "" || model == p.cfg.Model || p.lora.has(model) {
 		return true
 	}
-	writeError(ctx, fasthttp.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", model))
+	p.writeError(ctx, fasthttp.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", model))
 	return false
 }
 
 // parseBody decodes a JSON request body, answering 400 when it is not one.
-func parseBody(ctx *fasthttp.RequestCtx, v any) bool {
+func (p *Pod) parseBody(ctx *fasthttp.RequestCtx, v any) bool {
 	if err := json.Unmarshal(ctx.PostBody(), v); err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", "invalid JSON body: "+err.Error())
+		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", "invalid JSON body: "+err.Error())
 		return false
 	}
 	return true
@@ -460,13 +465,13 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		}
 	}()
 	var req genRequest
-	if !parseBody(ctx, &req) {
+	if !p.parseBody(ctx, &req) {
 		return
 	}
 	if p.cfg.Engine == engines.VLLM {
 		// Refused while parsing the body, before the model is looked up.
 		if err := checkStreamOptions(ctx.PostBody(), req.Stream); err != nil {
-			refuse(ctx, err)
+			p.refuse(ctx, err)
 			return
 		}
 	}
@@ -488,7 +493,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		err = badRequest("the prompt is empty")
 	}
 	if err != nil {
-		refuse(ctx, err)
+		p.refuse(ctx, err)
 		return
 	}
 	span = p.startSpan(ctx, leg.kind, req.Model, len(tokens))
@@ -523,7 +528,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		respID = "chatcmpl-" + id
 	}
 	if !p.sched.send(schedMsg{kind: msgSubmit, req: r}) {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", "the engine is shutting down")
+		p.writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", "the engine is shutting down")
 		return
 	}
 	if leg.kind == legDecode {
@@ -594,14 +599,14 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 	}
 	switch {
 	case mt != nil && *mt < 1:
-		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", *mt))
+		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", *mt))
 		return false
 	case mt != nil && prompt+*mt > limit || prompt >= limit:
 		want := prompt
 		if mt != nil {
 			want += *mt
 		}
-		writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
+		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 			limit, want, prompt, want-prompt))
 		return false
@@ -627,7 +632,7 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 			msg = fmt.Sprintf("min_tokens must be less than or equal to max_tokens=%d, got %d.", maxTokens, n)
 		}
 		if msg != "" {
-			writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", msg)
+			p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", msg)
 			return false
 		}
 	}
@@ -686,12 +691,12 @@ func isClosed(c chan struct{}) bool {
 // has no truncate_prompt_tokens.
 func (p *Pod) tokenize(ctx *fasthttp.RequestCtx) {
 	var req genRequest
-	if !parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
+	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
 	tokens, _, _, err := p.untruncatedTokens(ctx.PostBody(), &req, req.Messages != nil)
 	if err != nil {
-		refuse(ctx, err)
+		p.refuse(ctx, err)
 		return
 	}
 	if tokens == nil {
@@ -790,7 +795,7 @@ func (p *Pod) abortRequest(ctx *fasthttp.RequestCtx) {
 		RID      string `json:"rid"`
 		AbortAll bool   `json:"abort_all"`
 	}
-	if !parseBody(ctx, &req) {
+	if !p.parseBody(ctx, &req) {
 		return
 	}
 	m := schedMsg{kind: msgAbortRID, rid: req.RID}

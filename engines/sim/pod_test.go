@@ -384,3 +384,40 @@ func TestResponseIDIsJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorBodiesByEngine: a whole-body error has the engine's own shape:
+// vLLM nests it under "error", SGLang and TensorRT-LLM dump their
+// ErrorResponse at the top level with "object": "error".
+func TestErrorBodiesByEngine(t *testing.T) {
+	type body struct {
+		Object  string        `json:"object"`
+		Message string        `json:"message"`
+		Type    string        `json:"type"`
+		Param   *string       `json:"param"`
+		Code    int           `json:"code"`
+		Error   *apiErrorInfo `json:"error"`
+	}
+	for _, k := range engines.Kinds {
+		p := testPod(t, Config{Model: "m1", Engine: k, Speedup: fast})
+		c := testClient(t)
+		f := func(path string, req any, wantStatus int, wantParam string) {
+			t.Helper()
+			status, b := post(t, c, "http://"+p.Addr()+path, req)
+			var e body
+			if err := json.Unmarshal(b, &e); err != nil || status != wantStatus {
+				t.Fatalf("%s %s: %d %s", k, path, status, b)
+			}
+			if k == engines.VLLM {
+				if e.Error == nil || e.Object != "" || e.Error.Code != wantStatus || e.Error.Message == "" || e.Error.Param == nil || *e.Error.Param != wantParam {
+					t.Fatalf("%s %s: %s, want vLLM's nested error naming %q", k, path, b, wantParam)
+				}
+				return
+			}
+			if e.Error != nil || e.Object != "error" || e.Code != wantStatus || e.Message == "" || e.Type == "" || e.Param == nil || *e.Param != wantParam {
+				t.Fatalf("%s %s: %s, want a top-level ErrorResponse naming %q", k, path, b, wantParam)
+			}
+		}
+		f("/v1/completions", map[string]any{"model": "other", "prompt": "hi"}, 404, "model")
+		f("/v1/chat/completions", map[string]any{"model": "m1", "messages": []map[string]any{{"role": "user", "content": nil}}}, 400, "messages[0].content")
+	}
+}

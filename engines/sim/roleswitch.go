@@ -169,7 +169,7 @@ func (p *Pod) enter(ctx *fasthttp.RequestCtx) bool {
 		return true
 	}
 	p.active.Add(-1)
-	writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "",
+	p.writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "",
 		fmt.Sprintf("The pod is %s, switching from %s to %s; send the request to another pod.", v.State, v.Role, v.Target))
 	return false
 }
@@ -193,19 +193,19 @@ func (p *Pod) serveRole(ctx *fasthttp.RequestCtx) {
 			Role      string  `json:"role"`
 			WarmupSec float64 `json:"warmup_s"`
 		}
-		if !parseBody(ctx, &req) {
+		if !p.parseBody(ctx, &req) {
 			return
 		}
 		started, err := p.SwitchRole(req.Role, req.WarmupSec)
 		switch {
 		case errors.Is(err, ErrSwitching):
-			writeError(ctx, fasthttp.StatusConflict, "ConflictError", "role", err.Error())
+			p.writeError(ctx, fasthttp.StatusConflict, "ConflictError", "role", err.Error())
 			return
 		case errors.Is(err, ErrClosed):
-			writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", err.Error())
+			p.writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", err.Error())
 			return
 		case err != nil:
-			writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "role", err.Error())
+			p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "role", err.Error())
 			return
 		case started:
 			ctx.SetStatusCode(fasthttp.StatusAccepted)
