@@ -42,7 +42,7 @@ func ParseKind(s string) (Kind, error) {
 // ids. vLLM cuts any prompt; TensorRT-LLM only the text it tokenizes
 // itself (HF truncation on its tokenizer's left side); SGLang has no
 // such field and ignores it.
-func TruncatesPrompt(k Kind, ids bool) bool {
+func (k Kind) TruncatesPrompt(ids bool) bool {
 	switch k {
 	case VLLM, "":
 		return true

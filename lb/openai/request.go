@@ -130,7 +130,7 @@ type Request struct {
 	TruncatePromptTokens int
 	TruncateRight        bool
 	// Engine is the engine that serves the request: whether it cuts the
-	// prompt as TruncatePromptTokens asks is engines.TruncatesPrompt's
+	// prompt as TruncatePromptTokens asks is Kind.TruncatesPrompt's
 	// answer. "", as Parse leaves it, is vLLM.
 	Engine engines.Kind
 	// Tokens is the prompt's length as the model's own tokenizer counts
@@ -256,7 +256,7 @@ func (r *Request) PromptKept() []byte {
 // Truncation is how many prompt tokens Engine keeps (0: all), the first
 // ones if right: TruncatePromptTokens where Engine cuts such a prompt.
 func (r *Request) Truncation() (keep int, right bool) {
-	if !engines.TruncatesPrompt(r.Engine, r.TokenIDs) {
+	if !r.Engine.TruncatesPrompt(r.TokenIDs) {
 		return 0, false
 	}
 	return r.TruncatePromptTokens, r.TruncateRight
