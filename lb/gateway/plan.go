@@ -69,7 +69,8 @@ type modelPlan struct {
 	wave *planWave
 }
 
-// planView is a model in GET /admin/plan.
+// planView is a model in GET /admin/plan. Its Target is "none" while the
+// planner has no split to propose (the model lacks pods of a role).
 type planView struct {
 	Model string `json:"model"`
 	// Window is the last window's observation, with Current the split the
@@ -183,7 +184,16 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 			st.planner, st.total = p, total
 		}
 		st.view.current = current
-		if st.view.Reason == "" {
+		missing := missingRole(current)
+		switch {
+		case missing != "":
+			// Requests that find no pod of a role fail routing before they
+			// are counted, so there is no demand to split: say so, and
+			// claim no target rather than one with no pod of a role.
+			st.view.target, st.view.needP, st.view.needD = plan.Ratio{}, 0, 0
+			st.view.Reason = "hold: the model has no " + missing + " pods; the planner needs pods of both roles to measure and split"
+		case st.view.Reason == "" || st.view.target == plan.Ratio{}:
+			// The first tick, or the missing role's pods are back.
 			st.view.target, st.view.Reason = current, "hold: no window observed yet"
 		}
 		dt := 0.0 // the first reading only sets the baseline
@@ -201,6 +211,9 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 				st.view.needP, st.view.needD = d.Needs()
 			}
 			st.view.Reason = fmt.Sprintf("hold: switch %s → %s in progress", st.wave.From, st.wave.To)
+			continue
+		}
+		if missing != "" {
 			continue
 		}
 		if err := st.planner.Observe(plan.Window{Demand: d, Current: current}); err != nil {
@@ -224,6 +237,17 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 			delete(l.models, name)
 		}
 	}
+}
+
+// missingRole names the role current has no pod of, "" when it has both.
+func missingRole(current plan.Ratio) string {
+	switch {
+	case current.Prefill == 0:
+		return config.RolePrefill
+	case current.Decode == 0:
+		return config.RoleDecode
+	}
+	return ""
 }
 
 // counts reads model m's cumulative counters; dt is the time since the
@@ -370,6 +394,9 @@ func (g *Gateway) servePlan(w http.ResponseWriter, _ *http.Request) {
 		for _, name := range l.modelNames() {
 			v := l.models[name].view
 			v.Current, v.Target = v.current.String(), v.target.String()
+			if v.target == (plan.Ratio{}) {
+				v.Target = "none"
+			}
 			v.NeedP, v.NeedD = v.needP, v.needD
 			v.Needed = plan.Ratio{Prefill: int(math.Ceil(v.needP)), Decode: int(math.Ceil(v.needD))}.String()
 			v.Switching = l.models[name].wave != nil
@@ -403,7 +430,11 @@ func (l *planLoop) writeMetrics(w io.Writer) {
 	gauge := func(name, help string, value func(v *planView) (p, d float64)) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
 		for _, m := range names {
-			p, d := value(&l.models[m].view)
+			v := &l.models[m].view
+			if name == "pdlb_plan_target_instances" && v.target == (plan.Ratio{}) {
+				continue // no split to propose (a role has no pods)
+			}
+			p, d := value(v)
 			fmt.Fprintf(w, "%s{model=%s,role=\"prefill\"} %g\n%s{model=%s,role=\"decode\"} %g\n", name, promtext.Label(m), p, name, promtext.Label(m), d)
 		}
 	}

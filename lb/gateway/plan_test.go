@@ -133,3 +133,47 @@ func TestPlanForgetsRemovedModels(t *testing.T) {
 		t.Fatalf("planned %v after n left and o kept one pod, want [m]", got)
 	}
 }
+
+// TestPlanModelMissingARole: a PD model left with pods of one role (its
+// prefill pods crashed, say) holds with a reason that says so, and claims
+// no split: requests that find no prefill pod fail before they are
+// counted, so the planner has no demand to split, and a target of 0
+// prefill instances is one no planner would set.
+func TestPlanModelMissingARole(t *testing.T) {
+	cfg := config.Default()
+	cfg.Plan.Enabled = true
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{
+		{Name: "d1", Model: "m", Address: "127.0.0.1:10001", Role: config.RoleDecode, Roleset: "a"},
+		{Name: "d2", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+		{Name: "d3", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
+	}
+	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	for i := 1; i <= 2; i++ {
+		g.plan.tick(context.Background(), time.Now().Add(time.Duration(i)*time.Minute))
+		rec := httptest.NewRecorder()
+		g.servePlan(rec, httptest.NewRequest(http.MethodGet, "/admin/plan", nil))
+		var out struct {
+			Models []struct{ Current, Target, Reason string }
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Models) != 1 {
+			t.Fatalf("tick %d: planned %+v, want model m", i, out.Models)
+		}
+		v := out.Models[0]
+		if v.Current != "0P3D" || v.Target != "none" || !strings.Contains(v.Reason, "no prefill pods") {
+			t.Fatalf("tick %d: current %s, target %s, reason %q; want 0P3D, none and a reason naming the missing prefill pods", i, v.Current, v.Target, v.Reason)
+		}
+		var b strings.Builder
+		g.plan.writeMetrics(&b)
+		if strings.Contains(b.String(), "pdlb_plan_target_instances{") {
+			t.Fatalf("tick %d: a target series for a model without a split:\n%s", i, b.String())
+		}
+	}
+}
