@@ -55,8 +55,21 @@ type genRequest struct {
 // streamOptions is stream_options; an unset include_usage takes the
 // engine's default (see the pod's stream answer).
 type streamOptions struct {
-	IncludeUsage         *bool `json:"include_usage"`
-	ContinuousUsageStats bool  `json:"continuous_usage_stats"`
+	IncludeUsage         nullableBool `json:"include_usage"`
+	ContinuousUsageStats bool         `json:"continuous_usage_stats"`
+}
+
+// nullableBool tells an absent field (set false) from an explicit null
+// (set, false): pydantic fills Optional[bool] defaults only for absent
+// keys, and the engines' truthiness checks read None as false.
+type nullableBool struct{ set, val bool }
+
+func (b *nullableBool) UnmarshalJSON(d []byte) error {
+	b.set, b.val = true, false
+	if string(d) == "null" {
+		return nil
+	}
+	return json.Unmarshal(d, &b.val)
 }
 
 type chatMessage struct {

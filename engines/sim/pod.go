@@ -559,8 +559,8 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	usage, continuous := false, false
 	if o := req.StreamOptions; o != nil {
 		usage = p.cfg.Engine.IncludeUsageDefault()
-		if o.IncludeUsage != nil {
-			usage = *o.IncludeUsage
+		if o.IncludeUsage.set {
+			usage = o.IncludeUsage.val
 		}
 		continuous = o.ContinuousUsageStats
 	}

@@ -164,7 +164,8 @@ func TestStreamingChunks(t *testing.T) {
 
 // TestIncludeUsageDefaultPerEngine: stream_options without include_usage
 // streams usage on vLLM and TensorRT-LLM (StreamOptions.include_usage
-// defaults to True in their openai protocol.py), not on SGLang (False).
+// defaults to True in their openai protocol.py), not on SGLang (False);
+// an explicit null streams none on any engine.
 func TestIncludeUsageDefaultPerEngine(t *testing.T) {
 	for _, tc := range []struct {
 		engine engines.Kind
@@ -176,6 +177,14 @@ func TestIncludeUsageDefaultPerEngine(t *testing.T) {
 		chunks := parseChunks(t, events)
 		if got := chunks[len(chunks)-1].Usage != nil; got != tc.usage {
 			t.Errorf("%s: usage chunk %v, want %v: %s", tc.engine, got, tc.usage, events[len(chunks)-1].data)
+		}
+		// An explicit null is None, which every engine's check reads as
+		// false (vLLM's should_include_usage: `include_usage or ...`).
+		_, events = stream(t, testClient(t), context.Background(), "http://"+p.Addr()+"/v1/completions",
+			map[string]any{"prompt": "stream me", "stream": true, "max_tokens": 3, "stream_options": map[string]any{"include_usage": nil}})
+		chunks = parseChunks(t, events)
+		if chunks[len(chunks)-1].Usage != nil {
+			t.Errorf("%s: include_usage null streamed a usage chunk: %s", tc.engine, events[len(chunks)-1].data)
 		}
 	}
 }
