@@ -108,7 +108,7 @@ func (p *Pod) legOf(req *genRequest) (pdLeg, error) {
 	case engines.VLLM:
 		leg, err = vllmLeg(req.KVTransferParams)
 	case engines.SGLang:
-		leg, err = sglangLeg(req, role, p.cfg.KVTimeout)
+		leg, err = sglangLeg(req, role, p.cfg.KVTimeout, p.cfg.BootstrapPort)
 	case engines.TRTLLM:
 		leg, err = p.trtLeg(req.DisaggregatedParams)
 	}
@@ -141,8 +141,11 @@ func vllmLeg(kv *kvTransferParams) (pdLeg, error) {
 }
 
 // sglangLeg: one body goes to both pods; the pod's role says which leg it
-// is. The room is the handle on the prefill pod's bootstrap server.
-func sglangLeg(req *genRequest, role string, kvTimeout time.Duration) (pdLeg, error) {
+// is. The room is the handle on the prefill pod's bootstrap server. A
+// decode leg without bootstrap_port uses ownPort, the pod's configured
+// one, as SGLang's Scheduler.handle_generate_request fills in
+// --disaggregation-bootstrap-port (default 8998).
+func sglangLeg(req *genRequest, role string, kvTimeout time.Duration, ownPort int) (pdLeg, error) {
 	if req.BootstrapRoom == nil {
 		return pdLeg{}, nil
 	}
@@ -153,11 +156,15 @@ func sglangLeg(req *genRequest, role string, kvTimeout time.Duration) (pdLeg, er
 	if role == RolePrefill {
 		return pdLeg{kind: legPrefill, handle: room, push: true}, nil
 	}
-	if req.BootstrapHost == "" || req.BootstrapPort == nil {
-		return pdLeg{}, badRequest("bootstrap_room needs bootstrap_host and bootstrap_port")
+	if req.BootstrapHost == "" {
+		return pdLeg{}, badRequest("bootstrap_room needs bootstrap_host")
+	}
+	port := cmp.Or(ownPort, engines.DefaultBootstrapPort)
+	if req.BootstrapPort != nil {
+		port = *req.BootstrapPort
 	}
 	return pdLeg{kind: legDecode, wait: kvTimeout, src: kvxfer.Descriptor{
-		Addr: net.JoinHostPort(req.BootstrapHost, strconv.Itoa(*req.BootstrapPort)), Handle: room,
+		Addr: net.JoinHostPort(req.BootstrapHost, strconv.Itoa(port)), Handle: room,
 	}}, nil
 }
 

@@ -433,3 +433,29 @@ func TestPDServerInfo(t *testing.T) {
 		t.Fatalf("trtllm gen /server_info: %s", raw)
 	}
 }
+
+// TestSGLangDecodeDefaultsBootstrapPort: a decode leg with bootstrap_port
+// null (or absent) reaches the prefill pod at the decode pod's own
+// bootstrap port, as SGLang's Scheduler.handle_generate_request fills in
+// --disaggregation-bootstrap-port.
+func TestSGLangDecodeDefaultsBootstrapPort(t *testing.T) {
+	pre := testPod(t, Config{Engine: engines.SGLang, Model: "m", Seed: 11, Speedup: fast, Role: RolePrefill, KVTimeout: 3 * time.Second})
+	host, port, _ := net.SplitHostPort(pre.KVXferAddr())
+	portN, _ := strconv.Atoi(port)
+	dec := testPod(t, Config{Engine: engines.SGLang, Model: "m", Seed: 11, Speedup: fast, Role: RoleDecode, BootstrapPort: portN})
+	c := testClient(t)
+	b := chatBody("port from the decode pod", map[string]any{"max_tokens": 4,
+		"bootstrap_host": host, "bootstrap_port": nil, "bootstrap_room": rand.Int64()})
+	var wg sync.WaitGroup
+	var preStatus int
+	var preBody []byte
+	wg.Go(func() { preStatus, preBody = postNoFatal(c, "http://"+pre.Addr()+"/v1/chat/completions", b) })
+	status, body := postNoFatal(c, "http://"+dec.Addr()+"/v1/chat/completions", b)
+	wg.Wait()
+	if preStatus != http.StatusOK || status != http.StatusOK {
+		t.Fatalf("prefill leg %d %s; decode leg %d %s", preStatus, preBody, status, body)
+	}
+	if a := jsonAnswer(t, decodeJSON(t, status, body)); a.finish != "length" {
+		t.Fatalf("decode leg answered %+v", a)
+	}
+}
