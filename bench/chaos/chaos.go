@@ -631,14 +631,25 @@ func errKind(err error) string {
 	return err.Error()
 }
 
+// isOpenAIError: vLLM nests its error under "error"; SGLang and
+// TensorRT-LLM answer a flat ErrorResponse whose object is "error".
 func isOpenAIError(b []byte) bool {
-	var e struct {
-		Error *struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-		} `json:"error"`
+	type body struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
 	}
-	return json.Unmarshal(b, &e) == nil && e.Error != nil && e.Error.Message != "" && e.Error.Type != ""
+	var e struct {
+		Error  *body  `json:"error"`
+		Object string `json:"object"`
+		body
+	}
+	if json.Unmarshal(b, &e) != nil {
+		return false
+	}
+	if e.Error == nil && e.Object == "error" {
+		e.Error = &e.body
+	}
+	return e.Error != nil && e.Error.Message != "" && e.Error.Type != ""
 }
 
 // ledgerCharges sums the token ledger gauges on the admin /metrics page,
