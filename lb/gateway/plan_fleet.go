@@ -25,6 +25,10 @@ type planFleet struct {
 	// mu orders the planner's edits of the fleet between models: a
 	// release's pick of its pods, its edit and their Leave come as one.
 	mu sync.Mutex
+	// released are the pods each model's switch holds, by model, under mu:
+	// models switch at once, and one's Assign must not bring back another's
+	// pods before they have changed role.
+	released map[string][]string
 }
 
 // drainPoll is how often Release looks at the released pods' requests.
@@ -68,6 +72,10 @@ func (f *planFleet) Release(ctx context.Context, model string, names []string) e
 		for _, p := range leaving {
 			p.Leave()
 		}
+		if f.released == nil {
+			f.released = map[string][]string{}
+		}
+		f.released[model] = append(f.released[model], names...)
 	}
 	f.mu.Unlock()
 	inFlight := int64(0)
@@ -118,15 +126,19 @@ func (f *planFleet) noteRelease(model string, names []string, inFlight int64, dr
 	}
 }
 
-// Assign applies changes to model's pods and brings every held pod back.
+// Assign applies changes to model's pods and brings back the pods model's
+// switch released (those a reload or discovery update has not dropped).
 func (f *planFleet) Assign(model string, changes []plan.Change) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.g.editPods(func(pods []config.Pod, held map[string]config.Pod) []config.Pod {
-		for _, name := range sortedKeys(held) {
-			pods = append(pods, held[name])
+	names := slices.Sorted(slices.Values(f.released[model]))
+	err := f.g.editPods(func(pods []config.Pod, held map[string]config.Pod) []config.Pod {
+		for _, name := range names {
+			if p, ok := held[name]; ok {
+				pods = append(pods, p)
+				delete(held, name)
+			}
 		}
-		clear(held)
 		for i := range pods {
 			p := &pods[i]
 			if p.Model != model {
@@ -143,6 +155,10 @@ func (f *planFleet) Assign(model string, changes []plan.Change) error {
 		}
 		return pods
 	})
+	if err == nil {
+		delete(f.released, model)
+	}
+	return err
 }
 
 func sortedKeys[V any](m map[string]V) []string {

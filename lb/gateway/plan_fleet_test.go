@@ -87,3 +87,52 @@ func TestHeldPodsStayOutOfReloads(t *testing.T) {
 		t.Fatalf("a pod discovery dropped while it was held came back: %d pods", len(g.pool.Load().Pods))
 	}
 }
+
+// TestAssignReturnsOnlyItsModelsPods: two models' switches run at once
+// (a wave each); the one that ends first brings back its own pods only,
+// not the other's, still changing role.
+func TestAssignReturnsOnlyItsModelsPods(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "a", Policy: "least_request"}, {Name: "b", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{
+		{Name: "a-pre", Model: "a", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "x"},
+		{Name: "a-dec", Model: "a", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "x"},
+		{Name: "a-dec2", Model: "a", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "x"},
+		{Name: "b-pre", Model: "b", Address: "127.0.0.1:10011", Role: config.RolePrefill, Roleset: "y"},
+		{Name: "b-dec", Model: "b", Address: "127.0.0.1:10012", Role: config.RoleDecode, Roleset: "y"},
+		{Name: "b-dec2", Model: "b", Address: "127.0.0.1:10013", Role: config.RoleDecode, Roleset: "y"},
+	}
+	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	f := &planFleet{g: g, loop: &planLoop{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	routable := func(name string) bool {
+		return slices.ContainsFunc(g.pool.Load().Pods, func(p *pool.Pod) bool { return p.Config.Name == name })
+	}
+
+	if err := f.Release(ctx, "a", []string{"a-dec2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx, "b", []string{"b-dec2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Assign("a", []plan.Change{{Name: "a-dec2", Role: config.RolePrefill, Roleset: "x", Switch: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if !routable("a-dec2") {
+		t.Fatal("model a's Assign did not bring back its own pod")
+	}
+	if routable("b-dec2") {
+		t.Fatal("model a's Assign brought back model b's pod mid-switch, in the role it is leaving")
+	}
+	if err := f.Assign("b", []plan.Change{{Name: "b-dec2", Role: config.RolePrefill, Roleset: "y", Switch: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if !routable("b-dec2") || len(g.held) != 0 {
+		t.Fatalf("after both Assigns: b-dec2 routable %v, %d pods held, want true and 0", routable("b-dec2"), len(g.held))
+	}
+}

@@ -113,9 +113,9 @@ type Fleet interface {
 	// once the gateway has no request in flight on them, or ctx ends (the
 	// pods stay out either way until Assign).
 	Release(ctx context.Context, model string, names []string) error
-	// Assign applies changes to model's pods and puts every released pod
-	// back into routing, in its new role if changes give one, else in its
-	// old one.
+	// Assign applies changes to model's pods and puts each pod released for
+	// model (not another model's) back into routing, in its new role if
+	// changes give one, else in its old one.
 	Assign(model string, changes []Change) error
 }
 
