@@ -65,10 +65,19 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 			}
 		}
 	default:
+		// A batch's prompts are the engine's separate requests: each is
+		// tokenized and cut on its own, and their ids are concatenated.
 		special = !x.req.SpecialTokensSet || x.req.SpecialTokens
-		x.ids = m.Prompt.Completion(x.ids, x.req.Prompt, special)
+		k, right := x.req.Truncation()
+		for i := range x.req.Batch() {
+			start := len(x.ids)
+			x.ids = m.Prompt.Completion(x.ids, x.req.BatchPrompt(i), special)
+			if k > 0 {
+				x.ids = x.ids[:start+len(m.Prompt.Tokenizer().Truncate(x.ids[start:], k, right, special))]
+			}
+		}
 	}
-	if k, right := x.req.Truncation(); k > 0 && len(x.ids) > 0 {
+	if k, right := x.req.Truncation(); k > 0 && len(x.ids) > 0 && x.req.Kind == openai.KindChat {
 		// The engine caches and counts only the ids it keeps.
 		x.ids = m.Prompt.Tokenizer().Truncate(x.ids, k, right, special)
 	}

@@ -159,6 +159,20 @@ func TestTruncatedPromptKeys(t *testing.T) {
 	}
 	same("llama, other head", key(openai.KindCompletion, completion("llama", quote(strings.Repeat("gamma ", 90)+"\n"+strings.Repeat("The river runs north past the mill. ", 8)), `,"truncate_prompt_tokens":48`)), got)
 
+	// A batch's prompts are the engine's separate requests, each cut on
+	// its own: the keys start with the first one's kept blocks, and the
+	// count is every prompt's kept tokens (64 + 20 here, not 64).
+	batch := key(openai.KindCompletion, completion("stand-in", "["+quote(strings.Repeat("a", 544)+tail)+","+quote(strings.Repeat("q", 80))+"]", `,"truncate_prompt_tokens":64`))
+	if !strings.HasPrefix(batch.keys, strings.TrimSuffix(alone.keys, "]")) || batch.tokens != 84 {
+		t.Errorf("stand-in batch, last 64 of each: %d tokens, keys %.60s\nwant 84, keys from %.60s", batch.tokens, batch.keys, alone.keys)
+	}
+	short := "The river runs north past the mill."
+	wantBatch := fmt.Sprint(append(append(want, 128000), tok.Append(nil, []byte(short), false)...))
+	got = key(openai.KindCompletion, completion("llama", "["+quote(text)+","+quote(short)+"]", `,"truncate_prompt_tokens":48`))
+	if got.ids != wantBatch {
+		t.Errorf("llama batch, last 48 of each: %d tokens, ids %.60s\nwant %.60s", got.tokens, got.ids, wantBatch)
+	}
+
 	// A chat's ids carry no tokenizer specials (the template writes them):
 	// the last k of the rendered conversation are kept.
 	chat := func(system, extra string) string {

@@ -98,8 +98,9 @@ type Request struct {
 	// its text parts joined by "\n" (as vLLM and TensorRT-LLM join them) and
 	// skips other parts. Completion: the prompt string; a list of strings
 	// (a batch to the engine) renders as their concatenation, since routing
-	// needs the whole batch's tokens and one prefix. Empty when the prompt
-	// is given as token ids.
+	// needs the whole batch's tokens and one prefix (its first prompt's
+	// blocks are those a pod caches as a chain). Empty when the prompt is
+	// given as token ids.
 	Prompt []byte
 	// TokenIDs says the completion prompt was token ids (a list of ids or a
 	// list of lists of ids); PromptIDs holds them, lists concatenated.
@@ -140,6 +141,12 @@ type Request struct {
 
 	media   uint64 // digest of the non-text content parts (MediaBytes > 0)
 	scratch []byte // unescaped keys and roles
+	// ends is where each prompt of a prompt list ends in Prompt (bytes)
+	// or PromptIDs: vLLM cuts each prompt of a batch on its own.
+	ends []int
+	// keptText and keptIDs hold a cut batch's kept prompts, concatenated.
+	keptText []byte
+	keptIDs  []uint32
 }
 
 // maxPooledPrompt bounds the prompt buffer a pooled Request keeps (bytes), so
@@ -164,6 +171,9 @@ func ReleaseRequest(r *Request) {
 	if cap(r.PromptIDs)*4 > maxPooledPrompt {
 		r.PromptIDs = nil
 	}
+	if cap(r.keptText) > maxPooledPrompt || cap(r.keptIDs)*4 > maxPooledPrompt {
+		r.keptText, r.keptIDs = nil, nil
+	}
 	r.Reset()
 	requestPool.Put(r)
 }
@@ -173,8 +183,10 @@ func ReleaseRequest(r *Request) {
 // which the compiler builds on the stack and copies.)
 func (r *Request) Reset() {
 	model, prompt, ids, salt, scratch := r.Model[:0], r.Prompt[:0], r.PromptIDs[:0], r.CacheSalt[:0], r.scratch[:0]
+	ends, keptText, keptIDs := r.ends[:0], r.keptText[:0], r.keptIDs[:0]
 	*r = Request{MaxTokens: -1, Choices: 1}
 	r.Model, r.Prompt, r.PromptIDs, r.CacheSalt, r.scratch = model, prompt, ids, salt, scratch
+	r.ends, r.keptText, r.keptIDs = ends, keptText, keptIDs
 }
 
 // WithModel returns body, the body r was parsed from (or the last body
@@ -238,19 +250,69 @@ func (r *Request) AppendTokens(dst []uint32) []uint32 {
 }
 
 // PromptIDsKept is PromptIDs cut as TruncatePromptTokens asks: the ids
-// the engine keeps.
+// the engine keeps. A batch's prompts are cut one by one, as vLLM cuts
+// them, and concatenated (into a buffer r keeps: valid until the next
+// call).
 func (r *Request) PromptIDsKept() []uint32 {
-	from, to := r.kept(len(r.PromptIDs))
-	return r.PromptIDs[from:to]
+	if !r.batchCut() {
+		from, to := r.kept(len(r.PromptIDs))
+		return r.PromptIDs[from:to]
+	}
+	r.keptIDs = r.keptIDs[:0]
+	for i := range r.ends {
+		p := r.PromptIDs[r.start(i):r.ends[i]]
+		from, to := r.kept(len(p))
+		r.keptIDs = append(r.keptIDs, p[from:to]...)
+	}
+	return r.keptIDs
 }
 
 // PromptKept is Prompt cut as TruncatePromptTokens asks, in the shared
 // tokenizer's tokens: the text whose ids are those the engine keeps when
 // it tokenizes as the shared tokenizer does. A model's own tokenizer must
-// cut its ids instead, since text cut short encodes differently.
+// cut its ids instead, since text cut short encodes differently. A
+// batch's prompts are cut one by one, as in PromptIDsKept.
 func (r *Request) PromptKept() []byte {
-	from, to := r.kept(tokenize.Count(r.Prompt))
-	return r.Prompt[from*tokenize.BytesPerToken : min(to*tokenize.BytesPerToken, len(r.Prompt))]
+	if !r.batchCut() {
+		return keptText(r.Prompt, r)
+	}
+	r.keptText = r.keptText[:0]
+	for i := range r.ends {
+		r.keptText = append(r.keptText, keptText(r.Prompt[r.start(i):r.ends[i]], r)...)
+	}
+	return r.keptText
+}
+
+// keptText is one prompt's text cut as r's truncation asks.
+func keptText(p []byte, r *Request) []byte {
+	from, to := r.kept(tokenize.Count(p))
+	return p[from*tokenize.BytesPerToken : min(to*tokenize.BytesPerToken, len(p))]
+}
+
+// Batch is the number of prompts in a completion's prompt list; 1 for a
+// single prompt (a string or a list of token ids).
+func (r *Request) Batch() int { return max(len(r.ends), 1) }
+
+// BatchPrompt is the text of prompt i of the Batch, a part of Prompt.
+func (r *Request) BatchPrompt(i int) []byte {
+	if len(r.ends) == 0 {
+		return r.Prompt
+	}
+	return r.Prompt[r.start(i):r.ends[i]]
+}
+
+// start is where prompt i of the batch starts in Prompt or PromptIDs.
+func (r *Request) start(i int) int {
+	if i == 0 {
+		return 0
+	}
+	return r.ends[i-1]
+}
+
+// batchCut says the engine cuts each of several prompts.
+func (r *Request) batchCut() bool {
+	k, _ := r.Truncation()
+	return k > 0 && len(r.ends) > 1
 }
 
 // Truncation is how many prompt tokens Engine keeps (0: all), the first
@@ -783,7 +845,7 @@ func (r *Request) text(f field) (text []byte, ok bool) {
 // ids, or a list of lists of token ids; the first element of a list decides
 // which. seen is false for null, which counts as absent.
 func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
-	r.Prompt, r.PromptIDs, r.TokenIDs = r.Prompt[:0], r.PromptIDs[:0], false
+	r.Prompt, r.PromptIDs, r.TokenIDs, r.ends = r.Prompt[:0], r.PromptIDs[:0], false, r.ends[:0]
 	switch s.c() {
 	case 'n':
 		s.skip()
@@ -813,6 +875,7 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 			if r.Prompt, ok = appendUnquoted(r.Prompt, raw, esc); !ok {
 				return false, InvalidJSON()
 			}
+			r.ends = append(r.ends, len(r.Prompt))
 		case first == '[' && c == '[':
 			s.open()
 			for k := 0; s.more(']', k); k++ {
@@ -820,6 +883,7 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 					return false, err
 				}
 			}
+			r.ends = append(r.ends, len(r.PromptIDs))
 		case first != '"' && first != '[':
 			if err := r.parseTokenID(s, j, -1); err != nil {
 				return false, err

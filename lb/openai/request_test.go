@@ -409,21 +409,47 @@ type reference struct {
 	salt          string
 	keep          int // truncate_prompt_tokens; 0 for none, null or -1
 	right         bool
+	// texts and lists are a list prompt's strings or lists of ids: the
+	// engine cuts each on its own.
+	texts []string
+	lists [][]uint32
 }
 
-// kept is the reference's tokens of the prompt the engine keeps.
+// kept is the reference's tokens of the prompt the engine keeps: each
+// prompt of a batch cut on its own, then concatenated (text before it is
+// tokenized).
 func (ref reference) kept() []uint32 {
-	ids := ref.ids
-	if ids == nil {
-		ids = tokenize.Append([]uint32{}, []byte(ref.prompt))
+	cut := func(n int) (from, to int) {
+		switch {
+		case ref.keep <= 0 || ref.keep >= n:
+			return 0, n
+		case ref.right:
+			return 0, ref.keep
+		}
+		return n - ref.keep, n
 	}
 	switch {
-	case ref.keep <= 0 || ref.keep >= len(ids):
+	case ref.ids != nil && ref.lists != nil && ref.keep > 0:
+		ids := []uint32{}
+		for _, l := range ref.lists {
+			from, to := cut(len(l))
+			ids = append(ids, l[from:to]...)
+		}
 		return ids
-	case ref.right:
-		return ids[:ref.keep]
+	case ref.ids != nil:
+		from, to := cut(len(ref.ids))
+		return ref.ids[from:to]
 	}
-	return ids[len(ids)-ref.keep:]
+	texts := []string{ref.prompt}
+	if ref.texts != nil && ref.keep > 0 {
+		texts = ref.texts
+	}
+	var text string
+	for _, t := range texts {
+		from, to := cut(len(tokenize.Append(nil, []byte(t))))
+		text += t[from*tokenize.BytesPerToken : min(to*tokenize.BytesPerToken, len(t))]
+	}
+	return tokenize.Append([]uint32{}, []byte(text))
 }
 
 // referenceParse is Parse's rules restated over encoding/json's generic
@@ -511,7 +537,7 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 	if kind == KindChat {
 		ref.prompt, ok = referenceChat(top["messages"])
 	} else {
-		ref.prompt, ref.ids, ok = referencePrompt(top["prompt"])
+		ref.prompt, ref.ids, ref.texts, ref.lists, ok = referencePrompt(top["prompt"])
 	}
 	return ref, ok
 }
@@ -591,7 +617,7 @@ func referenceChat(v any) (string, bool) {
 	return string(b) + tokenize.GenerationPrompt, true
 }
 
-func referencePrompt(v any) (string, []uint32, bool) {
+func referencePrompt(v any) (text string, ids []uint32, texts []string, lists [][]uint32, ok bool) {
 	id := func(v any) (uint32, bool) {
 		n, isNum := v.(json.Number)
 		if !isNum || strings.ContainsAny(string(n), "-.eE") {
@@ -602,47 +628,50 @@ func referencePrompt(v any) (string, []uint32, bool) {
 	}
 	switch p := v.(type) {
 	case string:
-		return p, nil, true
+		return p, nil, nil, nil, true
 	case []any:
 		if len(p) == 0 {
-			return "", nil, false
+			return "", nil, nil, nil, false
 		}
-		var text string
-		ids := []uint32{}
+		ids = []uint32{}
 		for _, e := range p {
 			switch p[0].(type) {
 			case string:
 				s, isStr := e.(string)
 				if !isStr {
-					return "", nil, false
+					return "", nil, nil, nil, false
 				}
 				text += s
+				texts = append(texts, s)
 			case []any:
 				inner, isList := e.([]any)
 				if !isList {
-					return "", nil, false
+					return "", nil, nil, nil, false
 				}
+				list := []uint32{}
 				for _, x := range inner {
 					i, ok := id(x)
 					if !ok {
-						return "", nil, false
+						return "", nil, nil, nil, false
 					}
-					ids = append(ids, i)
+					list = append(list, i)
 				}
+				ids = append(ids, list...)
+				lists = append(lists, list)
 			default:
 				i, ok := id(e)
 				if !ok {
-					return "", nil, false
+					return "", nil, nil, nil, false
 				}
 				ids = append(ids, i)
 			}
 		}
 		if _, isStr := p[0].(string); isStr {
-			return text, nil, true
+			return text, nil, texts, nil, true
 		}
-		return "", ids, true
+		return "", ids, nil, lists, true
 	}
-	return "", nil, false
+	return "", nil, nil, nil, false
 }
 
 // TestInvalidUTF8 checks that Parse refuses every malformed sequence,
@@ -789,13 +818,18 @@ func TestParseTruncation(t *testing.T) {
 	f(KindCompletion, `{"model":"m","prompt":"aaaabbbbccccdd","truncate_prompt_tokens":2}`, ids("ccccdd"))
 	f(KindCompletion, `{"model":"m","prompt":"aaaabbbbccccdd","truncate_prompt_tokens":2,"truncation_side":"left"}`, ids("ccccdd"))
 	f(KindCompletion, `{"model":"m","prompt":"aaaabbbbccccdd","truncate_prompt_tokens":2,"truncation_side":"righ\u0074"}`, ids("aaaabbbb"))
-	f(KindCompletion, `{"truncate_prompt_tokens":2,"model":"m","prompt":["aaaa","bbbb","cc"]}`, ids("bbbbcc"))
+	// vLLM cuts each prompt of a batch on its own.
+	f(KindCompletion, `{"truncate_prompt_tokens":2,"model":"m","prompt":["aaaa","bbbb","cc"]}`, ids("aaaabbbbcc"))
+	f(KindCompletion, `{"truncate_prompt_tokens":2,"model":"m","prompt":["aaaabbbbcccc","ddddeeeeffff"]}`, ids("bbbbcccceeeeffff"))
+	f(KindCompletion, `{"model":"m","prompt":["`+strings.Repeat("p", 800)+`","`+strings.Repeat("q", 80)+`"],"truncate_prompt_tokens":64}`,
+		ids(strings.Repeat("p", 256)+strings.Repeat("q", 80)))
 	f(KindCompletion, `{"model":"m","prompt":"aaaabbbb","truncate_prompt_tokens":9}`, ids("aaaabbbb"))
 	for _, none := range []string{"null", "-1", "0"} {
 		f(KindCompletion, `{"model":"m","prompt":"aaaabbbb","truncate_prompt_tokens":`+none+`,"truncation_side":"right"}`, ids("aaaabbbb"))
 	}
 	f(KindCompletion, `{"model":"m","prompt":[1,2,3,4,5],"truncate_prompt_tokens":3}`, []uint32{3, 4, 5})
-	f(KindCompletion, `{"model":"m","prompt":[[1,2],[3,4,5]],"truncate_prompt_tokens":3,"truncation_side":"right"}`, []uint32{1, 2, 3})
+	f(KindCompletion, `{"model":"m","prompt":[[1,2],[3,4,5]],"truncate_prompt_tokens":3,"truncation_side":"right"}`, []uint32{1, 2, 3, 4, 5})
+	f(KindCompletion, `{"model":"m","prompt":[[1,2,3,4],[5,6,7]],"truncate_prompt_tokens":2}`, []uint32{3, 4, 6, 7})
 	chat := turn("user", "hello there") + tokenize.GenerationPrompt
 	all := ids(chat)
 	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"hello there"}],"truncate_prompt_tokens":4}`, all[len(all)-4:])
