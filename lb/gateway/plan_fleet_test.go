@@ -2,8 +2,6 @@ package gateway
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -27,11 +25,7 @@ func TestHeldPodsStayOutOfReloads(t *testing.T) {
 		{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
 		{Name: "dec2", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
 	}
-	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Close)
+	g := started(t, cfg)
 	f := &planFleet{g: g, loop: &planLoop{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -102,11 +96,7 @@ func TestAssignReturnsOnlyItsModelsPods(t *testing.T) {
 		{Name: "b-dec", Model: "b", Address: "127.0.0.1:10012", Role: config.RoleDecode, Roleset: "y"},
 		{Name: "b-dec2", Model: "b", Address: "127.0.0.1:10013", Role: config.RoleDecode, Roleset: "y"},
 	}
-	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Close)
+	g := started(t, cfg)
 	f := &planFleet{g: g, loop: &planLoop{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

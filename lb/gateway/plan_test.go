@@ -93,11 +93,7 @@ func TestPlanForgetsRemovedModels(t *testing.T) {
 		{Name: "o-pre", Model: "o", Address: "127.0.0.1:10005", Role: config.RolePrefill, Roleset: "a"},
 		{Name: "o-dec", Model: "o", Address: "127.0.0.1:10006", Role: config.RoleDecode, Roleset: "a"},
 	}
-	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Close)
+	g := started(t, cfg)
 	planned := func() []string {
 		t.Helper()
 		rec := httptest.NewRecorder()
@@ -148,11 +144,7 @@ func TestPlanModelMissingARole(t *testing.T) {
 		{Name: "d2", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
 		{Name: "d3", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
 	}
-	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Close)
+	g := started(t, cfg)
 	for i := 1; i <= 2; i++ {
 		g.plan.tick(context.Background(), time.Now().Add(time.Duration(i)*time.Minute))
 		rec := httptest.NewRecorder()
@@ -176,4 +168,15 @@ func TestPlanModelMissingARole(t *testing.T) {
 			t.Fatalf("tick %d: a target series for a model without a split:\n%s", i, b.String())
 		}
 	}
+}
+
+// started is a gateway New made of cfg, logging nowhere, closed with t.
+func started(t *testing.T, cfg config.Config) *Gateway {
+	t.Helper()
+	g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	return g
 }
