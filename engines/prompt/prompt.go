@@ -167,6 +167,22 @@ func (m *Model) Completion(dst []uint32, prompt []byte, addSpecial bool) []uint3
 	return m.tok.Append(dst, prompt, addSpecial)
 }
 
+// Batch appends the ids an engine prefills for a batch of n completion
+// prompts (prompt(i) is each): every prompt is the engine's own request,
+// tokenized on its own (as Completion) and, with keep > 0, cut to keep
+// tokens as vLLM's truncate_prompt_tokens cuts it (the first ones if
+// right; see hf.Tokenizer.Truncate).
+func (m *Model) Batch(dst []uint32, n int, prompt func(int) []byte, addSpecial bool, keep int, right bool) []uint32 {
+	for i := range n {
+		start := len(dst)
+		dst = m.Completion(dst, prompt(i), addSpecial)
+		if keep > 0 {
+			dst = dst[:start+len(m.tok.Truncate(dst[start:], keep, right, addSpecial))]
+		}
+	}
+	return dst
+}
+
 func (m *Model) acquireText() *[]byte {
 	if b, ok := m.text.Get().(*[]byte); ok {
 		return b

@@ -69,13 +69,7 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 		// tokenized and cut on its own, and their ids are concatenated.
 		special = !x.req.SpecialTokensSet || x.req.SpecialTokens
 		k, right := x.req.Truncation()
-		for i := range x.req.Batch() {
-			start := len(x.ids)
-			x.ids = m.Prompt.Completion(x.ids, x.req.BatchPrompt(i), special)
-			if k > 0 {
-				x.ids = x.ids[:start+len(m.Prompt.Tokenizer().Truncate(x.ids[start:], k, right, special))]
-			}
-		}
+		x.ids = m.Prompt.Batch(x.ids, x.req.Batch(), x.req.BatchPrompt, special, k, right)
 	}
 	if k, right := x.req.Truncation(); k > 0 && len(x.ids) > 0 && x.req.Kind == openai.KindChat {
 		// The engine caches and counts only the ids it keeps.

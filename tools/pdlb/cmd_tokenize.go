@@ -145,7 +145,6 @@ func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized,
 	}
 	r.Engine = engine
 	t.seed, t.Unindexed, t.salt = r.KeySeed(radix.Seed(t.Model)), r.Unindexed(), string(r.CacheSalt)
-	var special bool // the tokenizer added its special tokens
 	switch {
 	case r.TokenIDs || m == nil:
 		// The client's own ids, or the stand-in's, cut as the engine cuts them.
@@ -164,15 +163,16 @@ func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized,
 			return t, err
 		}
 		t.Prompt = string(text)
-		special = r.SpecialTokensSet && r.SpecialTokens
+		special := r.SpecialTokensSet && r.SpecialTokens
 		t.IDs = m.Tokenizer().Append(nil, text, special)
+		if k, right := r.Truncation(); k > 0 {
+			t.IDs = m.Tokenizer().Truncate(t.IDs, k, right, special)
+		}
 	default:
+		// As the gateway keys it: each prompt of a batch on its own.
 		t.Prompt = string(r.Prompt)
-		special = !r.SpecialTokensSet || r.SpecialTokens
-		t.IDs = m.Completion(nil, r.Prompt, special)
-	}
-	if k, right := r.Truncation(); k > 0 && m != nil && !r.TokenIDs {
-		t.IDs = m.Tokenizer().Truncate(t.IDs, k, right, special)
+		k, right := r.Truncation()
+		t.IDs = m.Batch(nil, r.Batch(), r.BatchPrompt, !r.SpecialTokensSet || r.SpecialTokens, k, right)
 	}
 	for _, id := range t.IDs {
 		t.Tokens = append(t.Tokens, tokenText(m, id))

@@ -113,6 +113,14 @@ func TestCmdTokenizeTruncates(t *testing.T) {
 	if got := ids(cut, "--tokenizer", dir, "--engine", "sglang"); !slices.Equal(got, whole) {
 		t.Errorf("sglang: %v, want them all: %v", got, whole)
 	}
+	// A batch's prompts are the engine's separate requests, each cut on
+	// its own: the ids are those of each prompt sent alone, one after the
+	// other.
+	other := `"` + strings.Repeat("gamma delta ", 15) + `"`
+	alone := append(ids(cut, "--tokenizer", dir), ids(`{"model":"m","prompt":`+other+`,"truncate_prompt_tokens":8}`, "--tokenizer", dir)...)
+	if got := ids(`{"model":"m","prompt":[`+text+`,`+other+`],"truncate_prompt_tokens":8}`, "--tokenizer", dir); !slices.Equal(got, alone) {
+		t.Errorf("batch, last 8 of each: %v, want %v", got, alone)
+	}
 	if got := ids(`{"model":"m","prompt":[1,2,3,4,5,6],"truncate_prompt_tokens":4,"truncation_side":"right"}`); !slices.Equal(got, []uint32{1, 2, 3, 4}) {
 		t.Errorf("ids, first 4: %v", got)
 	}
