@@ -75,7 +75,7 @@ Example (prints the study's planner table): pdlb plan --phases seed --total 24 -
 	if *staticArg != "" {
 		var err error
 		if static, err = plan.ParseRatio(*staticArg); err != nil {
-			return err
+			return fs.usageError(fmt.Errorf("--static %q: %w", *staticArg, err))
 		}
 		if static.Total() != *total {
 			return fs.usageError(fmt.Errorf("%w: --static %v places %d instances, --total is %d", errSimUsage, static, static.Total(), *total))

@@ -76,11 +76,11 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 		return fs.usageError(fmt.Errorf("unexpected argument %q (the request body is read from standard input)", fs.Arg(0)))
 	}
 	if blockSize < 1 {
-		return fmt.Errorf("--block-size %d: must be at least 1", blockSize)
+		return fs.usageError(fmt.Errorf("--block-size %d: must be at least 1", blockSize))
 	}
 	kind, err := engines.ParseKind(eng)
 	if err != nil {
-		return fmt.Errorf("--engine %q: %v", eng, err)
+		return fs.usageError(fmt.Errorf("--engine %q: %v", eng, err))
 	}
 	cfg := prompt.Config{Tokenizer: dir, ChatTemplate: tmpl}
 	if kwargs != "" {

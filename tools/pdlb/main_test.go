@@ -78,6 +78,9 @@ func TestBadFlagValues(t *testing.T) {
 	f("give --rate or --concurrency, not both", "load", "--rate", "5", "--concurrency", "2")
 	f(`--arrival "burst"`, "load", "--arrival", "burst")
 	f(`--workload "nope"`, "sim", "--workload", "nope")
+	f("--block-size 0: must be at least 1", "tokenize", "--block-size", "0")
+	f(`--engine "tgi"`, "tokenize", "--engine", "tgi")
+	f(`--static "12x"`, "plan", "--phases", "seed", "--total", "4", "--static", "12x")
 }
 
 // TestUsageAligned: every command's summary starts in one column.
