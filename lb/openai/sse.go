@@ -372,20 +372,32 @@ func errorEvent(d []byte) bool {
 	return bytes.HasPrefix(key(`"object"`), []byte(`"error"`))
 }
 
-// errorCode is the code of the error event d, -1 when it has none that
-// reads as a positive integer. Decoded whole: error events are rare.
-func errorCode(d []byte) int {
+// errorFields are an engine's error: under "error" (vLLM, and SGLang's
+// stream) or at the top level (the older shape).
+type errorFields struct {
+	Message string          `json:"message"`
+	Type    string          `json:"type"`
+	Code    json.RawMessage `json:"code"`
+}
+
+// decodeError decodes the error event d, either shape. Decoded whole:
+// error events are rare.
+func decodeError(d []byte) errorFields {
 	var v struct {
-		Error *struct {
-			Code json.RawMessage `json:"code"`
-		} `json:"error"`
-		Code json.RawMessage `json:"code"`
+		Error *errorFields `json:"error"`
+		errorFields
 	}
 	_ = json.Unmarshal(d, &v)
 	if v.Error != nil {
-		v.Code = v.Error.Code
+		return *v.Error
 	}
-	if n, err := strconv.Atoi(string(v.Code)); err == nil && n > 0 {
+	return v.errorFields
+}
+
+// errorCode is the code of the error event d, -1 when it has none that
+// reads as a positive integer.
+func errorCode(d []byte) int {
+	if n, err := strconv.Atoi(string(decodeError(d).Code)); err == nil && n > 0 {
 		return n
 	}
 	return -1
@@ -393,27 +405,15 @@ func errorCode(d []byte) int {
 
 // EngineErrorEvent is the error the engine's error event ev reports (see
 // TokenCounter.EngineError), with the status it stands for: the engine's
-// message and type when ev gives them. Decoded whole: error events are
-// rare.
+// message and type when ev gives them.
 func EngineErrorEvent(ev Event, status int) *Error {
-	var v struct {
-		Error *struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-		} `json:"error"`
-		Message string `json:"message"`
-		Type    string `json:"type"`
-	}
-	_ = json.Unmarshal(ev.Data(), &v)
-	if v.Error != nil {
-		v.Message, v.Type = v.Error.Message, v.Error.Type
-	}
+	f := decodeError(ev.Data())
 	e := &Error{Status: status, Type: TypeServer, Message: "the engine ended the stream with an error event"}
-	if v.Message != "" {
-		e.Message += ": " + v.Message
+	if f.Message != "" {
+		e.Message += ": " + f.Message
 	}
-	if v.Type != "" {
-		e.Type = v.Type
+	if f.Type != "" {
+		e.Type = f.Type
 	}
 	return e
 }
@@ -431,12 +431,6 @@ func (c *TokenCounter) EngineError() (status int, ok bool) {
 	return 500, true
 }
 
-// keyIs says the key whose closing quote is at q is name.
-func keyIs(d []byte, q int, name string) bool {
-	start := q - len(name)
-	return start >= 1 && d[start-1] == '"' && string(d[start:q]) == name
-}
-
 // escaped says the byte at q is preceded by an odd run of backslashes.
 func escaped(d []byte, q int) bool {
 	n := 0
@@ -444,6 +438,12 @@ func escaped(d []byte, q int) bool {
 		n++
 	}
 	return n%2 == 1
+}
+
+// keyIs says the key whose closing quote is at q is name.
+func keyIs(d []byte, q int, name string) bool {
+	start := q - len(name)
+	return start >= 1 && d[start-1] == '"' && string(d[start:q]) == name
 }
 
 // Tokens returns the completion tokens seen so far: the usage figure if the
