@@ -43,7 +43,6 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
 	mode := tokensExact
-	var special bool // the tokenizer adds its special tokens
 	switch {
 	case x.req.Unindexed():
 		mode = tokensUnindexed
@@ -51,8 +50,8 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	case m.Prompt == nil:
 		mode = tokensStandIn
 	case x.req.Kind == openai.KindChat:
+		special := x.req.SpecialTokensSet && x.req.SpecialTokens
 		var err error
-		special = x.req.SpecialTokensSet && x.req.SpecialTokens
 		if x.ids, err = m.Prompt.Chat(x.ids, body, special); err != nil {
 			if f := refusal(err); f != nil {
 				return f
@@ -63,17 +62,15 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 				g.log.Warn("prompt not tokenized as the engine would; routed without the KV-event index",
 					"model", m.Name, "err", err, "suppressed", held)
 			}
+		} else if k, right := x.req.Truncation(); k > 0 {
+			// The engine caches and counts only the ids it keeps.
+			x.ids = m.Prompt.Tokenizer().Truncate(x.ids, k, right, special)
 		}
 	default:
 		// A batch's prompts are the engine's separate requests: each is
 		// tokenized and cut on its own, and their ids are concatenated.
-		special = !x.req.SpecialTokensSet || x.req.SpecialTokens
 		k, right := x.req.Truncation()
-		x.ids = m.Prompt.Batch(x.ids, x.req.Batch(), x.req.BatchPrompt, special, k, right)
-	}
-	if k, right := x.req.Truncation(); k > 0 && len(x.ids) > 0 && x.req.Kind == openai.KindChat {
-		// The engine caches and counts only the ids it keeps.
-		x.ids = m.Prompt.Tokenizer().Truncate(x.ids, k, right, special)
+		x.ids = m.Prompt.Batch(x.ids, x.req.Batch(), x.req.BatchPrompt, !x.req.SpecialTokensSet || x.req.SpecialTokens, k, right)
 	}
 	if len(x.ids) > 0 {
 		x.req.Tokens = len(x.ids)
