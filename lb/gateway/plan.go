@@ -427,23 +427,28 @@ func (l *planLoop) writeMetrics(w io.Writer) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	names := l.modelNames()
-	gauge := func(name, help string, value func(v *planView) (p, d float64)) {
+	// value's ok is false for a model without the series.
+	gauge := func(name, help string, value func(v *planView) (p, d float64, ok bool)) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
 		for _, m := range names {
-			v := &l.models[m].view
-			if name == "pdlb_plan_target_instances" && v.target == (plan.Ratio{}) {
-				continue // no split to propose (a role has no pods)
+			p, d, ok := value(&l.models[m].view)
+			if !ok {
+				continue
 			}
-			p, d := value(v)
 			fmt.Fprintf(w, "%s{model=%s,role=\"prefill\"} %g\n%s{model=%s,role=\"decode\"} %g\n", name, promtext.Label(m), p, name, promtext.Label(m), d)
 		}
 	}
 	gauge("pdlb_plan_current_instances", "Prefill and decode pods the model's pool runs, a pod being switched counted in its new role.",
-		func(v *planView) (float64, float64) { return float64(v.current.Prefill), float64(v.current.Decode) })
+		func(v *planView) (float64, float64, bool) {
+			return float64(v.current.Prefill), float64(v.current.Decode), true
+		})
 	gauge("pdlb_plan_target_instances", "The split of the model's pool the planner would run.",
-		func(v *planView) (float64, float64) { return float64(v.target.Prefill), float64(v.target.Decode) })
+		func(v *planView) (float64, float64, bool) {
+			// None while a role has no pods: no split to propose.
+			return float64(v.target.Prefill), float64(v.target.Decode), v.target != plan.Ratio{}
+		})
 	gauge("pdlb_plan_needed_instances", "Instances of each role the last window's load keeps busy (the planner's need, unrounded).",
-		func(v *planView) (float64, float64) { return v.needP, v.needD })
+		func(v *planView) (float64, float64, bool) { return v.needP, v.needD, true })
 	counter := func(name, help string, value func(v *planView) float64) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n", name, help, name)
 		for _, m := range names {
