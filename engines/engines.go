@@ -94,8 +94,10 @@ var names = map[Kind]metricNames{
 }
 
 // ParseMetrics reads a Prometheus text exposition from an engine of kind k.
-// Samples of one name are summed over their label sets (an engine serving
-// several models or data-parallel ranks exports one series each). ok is false
+// An engine serving several models or data-parallel ranks exports one
+// series each (vLLM's engine label, SGLang's dp_rank): request counts and
+// token counters are summed over them, while KV usage, each series the
+// fraction of its own rank's equal-sized cache, is their mean. ok is false
 // when the engine exports none of the load metrics, as trtllm-serve, whose
 // /metrics is JSON iteration stats.
 //
@@ -107,7 +109,9 @@ func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
 		return Load{}, false
 	}
 	l.GeneratedTokens, l.Throughput = -1, -1
-	var seenGen, seenThr, seenKV bool
+	var seenGen, seenThr bool
+	var kvSeries, kvOldSeries int
+	var kvOldSum float64
 	for len(text) > 0 {
 		var line []byte
 		line, text, _ = bytes.Cut(text, []byte{'\n'})
@@ -135,17 +139,13 @@ func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
 			l.Waiting += v
 			ok = true
 		case n.kvUsage:
-			if !seenKV {
-				l.KVUsage = 0
-			}
 			l.KVUsage += v
-			seenKV = true
+			kvSeries++
 			ok = true
 		case n.kvUsageOld:
-			if !seenKV {
-				l.KVUsage += v
-				ok = true
-			}
+			kvOldSum += v
+			kvOldSeries++
+			ok = true
 		case n.generated:
 			if !seenGen {
 				l.GeneratedTokens = 0
@@ -159,6 +159,12 @@ func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
 			}
 			l.Throughput += v
 		}
+	}
+	switch {
+	case kvSeries > 0:
+		l.KVUsage /= float64(kvSeries)
+	case kvOldSeries > 0:
+		l.KVUsage = kvOldSum / float64(kvOldSeries)
 	}
 	return l, ok
 }

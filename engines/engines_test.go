@@ -19,6 +19,19 @@ vllm:kv_cache_usage_perc{model_name="m"} 0.25
 vllm:generation_tokens_total{model_name="m"} 1234
 `, Load{Running: 5, Waiting: 7, KVUsage: 0.25, GeneratedTokens: 1234, Throughput: -1}, true)
 	f(VLLM, "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\n", Load{KVUsage: 0.5, GeneratedTokens: -1, Throughput: -1}, true)
+	// A data-parallel pod exports one series per engine, each the fraction
+	// of that engine's own KV cache: the pod's use is their mean.
+	f(VLLM, `vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.75
+`, Load{KVUsage: 0.625, GeneratedTokens: -1, Throughput: -1}, true)
+	f(VLLM, `vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.75
+`, Load{KVUsage: 0.625, GeneratedTokens: -1, Throughput: -1}, true)
+	f(SGLang, `sglang:token_usage{model_name="m",tp_rank="0",dp_rank="0"} 0.25
+sglang:token_usage{model_name="m",tp_rank="0",dp_rank="1"} 1
+`, Load{KVUsage: 0.625, GeneratedTokens: -1, Throughput: -1}, true)
 	f(SGLang, `sglang:num_running_reqs{model_name="m"} 4
 sglang:num_queue_reqs{model_name="m"} 1
 sglang:token_usage{model_name="m"} 0.5
