@@ -71,9 +71,13 @@ type Load struct {
 	Throughput float64
 }
 
-// metricNames maps an engine's metric names to Load fields.
+// metricNames maps an engine's metric names to Load fields. breakdown
+// names a label whose non-empty values mark series that split a total
+// exported beside them (under the empty value), which must not be added
+// to it.
 type metricNames struct {
 	running, waiting, kvUsage, kvUsageOld, generated, throughput string
+	breakdown                                                    string
 }
 
 var names = map[Kind]metricNames{
@@ -90,6 +94,10 @@ var names = map[Kind]metricNames{
 		kvUsage:    "sglang:token_usage",
 		generated:  "sglang:generation_tokens_total",
 		throughput: "sglang:gen_throughput",
+		// --enable-priority-scheduling: _log_gauge_queue_count sets the
+		// total under priority="" and each priority's share under
+		// priority="<n>".
+		breakdown: "priority",
 	},
 }
 
@@ -131,6 +139,11 @@ func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
 		if err != nil {
 			continue
 		}
+		if n.breakdown != "" && line[end] == '{' {
+			if len(labelValue(line[end+1:sp], n.breakdown)) > 0 {
+				continue
+			}
+		}
 		switch string(name) {
 		case n.running:
 			l.Running += v
@@ -167,4 +180,31 @@ func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
 		l.KVUsage = kvOldSum / float64(kvOldSeries)
 	}
 	return l, ok
+}
+
+// labelValue returns the raw (still escaped) value of label name in
+// labels, the text after a sample's '{'; nil when it has none.
+func labelValue(labels []byte, name string) []byte {
+	for {
+		eq := bytes.IndexByte(labels, '=')
+		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
+			return nil
+		}
+		key := bytes.TrimSpace(labels[:eq])
+		rest := labels[eq+2:]
+		i := 0
+		for i < len(rest) && rest[i] != '"' {
+			if rest[i] == '\\' {
+				i++
+			}
+			i++
+		}
+		if i >= len(rest) {
+			return nil
+		}
+		if string(key) == name {
+			return rest[:i]
+		}
+		labels = bytes.TrimLeft(rest[i+1:], ", ")
+	}
 }

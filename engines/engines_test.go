@@ -36,6 +36,16 @@ sglang:token_usage{model_name="m",tp_rank="0",dp_rank="1"} 1
 sglang:num_queue_reqs{model_name="m"} 1
 sglang:token_usage{model_name="m"} 0.5
 sglang:gen_throughput{model_name="m"} 812.5`, Load{Running: 4, Waiting: 1, KVUsage: 0.5, GeneratedTokens: -1, Throughput: 812.5}, true)
+	// With --enable-priority-scheduling SGLang exports the total under
+	// priority="" and the same requests again under priority="<n>".
+	f(SGLang, `sglang:num_running_reqs{model_name="m",priority=""} 4
+sglang:num_running_reqs{model_name="m",priority="0"} 3
+sglang:num_running_reqs{model_name="m",priority="1"} 1
+sglang:num_queue_reqs{model_name="m",priority="",dp_rank="0"} 2
+sglang:num_queue_reqs{model_name="m",priority="7",dp_rank="0"} 2
+sglang:num_queue_reqs{model_name="m",priority="",dp_rank="1"} 1
+sglang:num_queue_reqs{model_name="m",dp_rank="1",priority="7"} 1
+`, Load{Running: 4, Waiting: 3, GeneratedTokens: -1, Throughput: -1}, true)
 	f(VLLM, "garbage\n{\nvllm:num_requests_running notanumber\n", Load{GeneratedTokens: -1, Throughput: -1}, false)
 	f(TRTLLM, `[{"iter":1}]`, Load{}, false)
 }
