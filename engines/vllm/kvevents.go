@@ -32,6 +32,13 @@
 // AllBlocksCleared has none. Unknown map keys and extra trailing array
 // elements are skipped, so newer vLLM fields do not break decoding.
 //
+// SGLang (python/sglang/srt/disaggregation/kv_events.py) publishes the
+// same framing and structs up to medium. A salted BlockStored carries the
+// request's cache_salt after them: in the array layout as a
+// BlockStoredMetadata map {cache_salt, session_id} where vLLM has
+// lora_name, in the map layout as a cache_salt field. Decode reads it as
+// the salt vLLM puts in extra_keys.
+//
 // # Extra keys
 //
 // extra_keys holds, per block of block_hashes, what vLLM hashed into the
@@ -136,10 +143,11 @@ type Event struct {
 	LoraName string
 	// Medium is where the blocks live ("GPU", "CPU", ...; "" for None).
 	Medium string
-	// CacheSalt is the cache_salt found in the extra keys of a BlockStored
-	// that starts a prompt ("" for none); Media is, per block, the digest
-	// of its other extra keys (0 for none; nil when no block has any). See
-	// the package doc. Encode writes lora_name and CacheSalt into
+	// CacheSalt is the cache_salt found in the extra keys (SGLang: its
+	// cache_salt) of a BlockStored that starts a prompt ("" for none);
+	// Media is, per block, the digest of its other extra keys (0 for
+	// none; nil when no block has any). See the package doc. Encode
+	// writes lora_name and CacheSalt into
 	// extra_keys as vLLM does; a digest cannot be written back, so Encode
 	// leaves Media out.
 	CacheSalt string
@@ -274,6 +282,9 @@ type decoder struct {
 	// if it has none: the value is typed once the event's other fields
 	// are known.
 	extraAt int
+	// salt is the current event's SGLang cache_salt ("" for none), kept
+	// until its parent is known.
+	salt string
 }
 
 func (d *decoder) fail(what string, err error) error {
@@ -760,7 +771,7 @@ func (d *decoder) arrayEvent(ev *Event) error {
 		return d.failf("%s: %d fields, want at least %d", ev.Kind, n, required(ev.Kind))
 	}
 	fields := fieldsOf(ev.Kind)
-	d.extraAt = -1
+	d.extraAt, d.salt = -1, ""
 	for i := range n {
 		if i < len(fields) {
 			err = d.field(ev, fields[i])
@@ -771,7 +782,7 @@ func (d *decoder) arrayEvent(ev *Event) error {
 			return err
 		}
 	}
-	return d.typeExtraKeys(ev)
+	return d.finishStored(ev)
 }
 
 func (d *decoder) mapEvent(ev *Event) error {
@@ -783,7 +794,7 @@ func (d *decoder) mapEvent(ev *Event) error {
 	// collected into the union Event and checked against the kind at the
 	// end.
 	var sawHashes, sawTokens, sawSize bool
-	d.extraAt = -1
+	d.extraAt, d.salt = -1, ""
 	for range n {
 		k, err := d.raw("event key")
 		if err != nil {
@@ -804,6 +815,9 @@ func (d *decoder) mapEvent(ev *Event) error {
 				break
 			}
 		}
+		if string(k) == sglangSalt {
+			name = sglangSalt
+		}
 		sawHashes = sawHashes || name == "block_hashes"
 		sawTokens = sawTokens || name == "token_ids"
 		sawSize = sawSize || name == "block_size"
@@ -816,7 +830,7 @@ func (d *decoder) mapEvent(ev *Event) error {
 		if !sawHashes || !sawTokens || !sawSize {
 			return d.failf("BlockStored: block_hashes, token_ids or block_size missing")
 		}
-		return d.typeExtraKeys(ev)
+		return d.finishStored(ev)
 	case BlockRemoved:
 		if !sawHashes {
 			return d.failf("BlockRemoved: block_hashes missing")
@@ -855,7 +869,14 @@ func (d *decoder) field(ev *Event, name string) error {
 	case "medium":
 		ev.Medium, err = d.str(name)
 	case "lora_name":
-		ev.LoraName, err = d.str(name)
+		var c byte
+		if c, err = d.peek(); err == nil && isMap(c) {
+			err = d.sglangMetadata()
+		} else if err == nil {
+			ev.LoraName, err = d.str(name)
+		}
+	case sglangSalt:
+		d.salt, err = d.str(name)
 	case "group_idx":
 		ev.GroupIdx, err = d.int(name)
 	case "extra_keys":
@@ -867,13 +888,59 @@ func (d *decoder) field(ev *Event, name string) error {
 	return err
 }
 
+// sglangSalt is the key of SGLang's cache_salt, in its metadata map and
+// in its map-layout events.
+const sglangSalt = "cache_salt"
+
+// sglangMetadata reads SGLang's BlockStoredMetadata map, which its array
+// layout puts where vLLM has lora_name: the cache_salt, skipping the rest
+// (session_id, which does not key blocks).
+func (d *decoder) sglangMetadata() error {
+	n, err := d.mapLen("metadata")
+	if err != nil {
+		return err
+	}
+	for range n {
+		k, err := d.raw("metadata key")
+		if err != nil {
+			return err
+		}
+		if string(k) == sglangSalt {
+			d.salt, err = d.str(sglangSalt)
+		} else {
+			err = d.skip(1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finishStored completes a BlockStored once all its fields are read: it
+// types its extra keys and takes an SGLang salt as the salt of a run that
+// starts a prompt, as vLLM's extra_keys give it; later runs carry it
+// through their parent.
+func (d *decoder) finishStored(ev *Event) error {
+	if ev.Kind != BlockStored {
+		return nil
+	}
+	if err := d.typeExtraKeys(ev); err != nil {
+		return err
+	}
+	if d.salt != "" && !ev.HasParent {
+		ev.CacheSalt = d.salt
+	}
+	return nil
+}
+
 // typeExtraKeys reads the BlockStored ev's extra_keys, already checked by
 // skip at d.extraAt, into CacheSalt and Media (see the package doc). It
 // runs once the event's other fields are read, since lora_name, the parent
 // and the number of blocks decide what each key is, and map fields may
 // come in any order.
 func (d *decoder) typeExtraKeys(ev *Event) error {
-	if d.extraAt < 0 || ev.Kind != BlockStored {
+	if d.extraAt < 0 {
 		return nil
 	}
 	end := len(d.buf) - d.r.Len()

@@ -297,6 +297,79 @@ func TestDecodeExtraKeys(t *testing.T) {
 	f(0, "", false, false, []any{}, want{})
 }
 
+// sglangFixture encodes a batch of SGLang's KV events as SGLang 0.5.18
+// and later write them: the batch an array [ts, events, attn_dp_rank];
+// events positional arrays (tag, block_hashes, parent_block_hash,
+// token_ids, block_size, lora_id, medium), a salted store followed by its
+// BlockStoredMetadata map, or, when maps, tagged maps whose cache_salt
+// and session_id are fields of the event. One salted store starts a
+// prompt, an unsalted one continues it, then a removal.
+func sglangFixture(t testing.TB, maps bool) []byte {
+	t.Helper()
+	buf, e, must := fixtureEncoder(t)
+	type field struct {
+		k string
+		v any
+	}
+	event := func(fields []field, meta []field) {
+		if !maps {
+			must(e.EncodeArrayLen(len(fields) + min(len(meta), 1)))
+			for _, f := range fields {
+				must(e.Encode(f.v))
+			}
+			if len(meta) > 0 {
+				must(e.EncodeMapLen(len(meta)))
+				for _, f := range meta {
+					must(e.EncodeString(f.k))
+					must(e.Encode(f.v))
+				}
+			}
+			return
+		}
+		must(e.EncodeMapLen(len(fields) + len(meta)))
+		for _, f := range append(fields, meta...) {
+			must(e.EncodeString(f.k))
+			must(e.Encode(f.v))
+		}
+	}
+	stored := func(hash, parent any, tokens []uint32) []field {
+		return []field{{"type", "BlockStored"}, {"block_hashes", []any{hash}}, {"parent_block_hash", parent},
+			{"token_ids", tokens}, {"block_size", len(tokens)}, {"lora_id", nil}, {"medium", "GPU"}}
+	}
+	must(e.EncodeArrayLen(3))
+	must(e.EncodeFloat64(2.5))
+	must(e.EncodeArrayLen(3))
+	event(stored(11, nil, []uint32{1, 2}), []field{{"cache_salt", "tenant-a"}, {"session_id", "s-1"}})
+	event(stored(12, 11, []uint32{3, 4}), []field{{"session_id", "s-1"}})
+	event([]field{{"type", "BlockRemoved"}, {"block_hashes", []any{10}}, {"medium", "GPU"}}, nil)
+	must(e.EncodeInt(0))
+	return buf.Bytes()
+}
+
+// TestDecodeSGLangCacheSalt: SGLang's salted stores carry the request's
+// cache_salt beside vLLM's positional fields, or as a field of a map
+// event; it keys the prompt's blocks as the gateway keys a salted request.
+func TestDecodeSGLangCacheSalt(t *testing.T) {
+	want := Batch{
+		TS: 2.5,
+		Events: []Event{
+			{Kind: BlockStored, BlockHashes: []uint64{11}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: MediumGPU, CacheSalt: "tenant-a"},
+			{Kind: BlockStored, BlockHashes: []uint64{12}, ParentHash: 11, HasParent: true, TokenIDs: []uint32{3, 4}, BlockSize: 2, Medium: MediumGPU},
+			{Kind: BlockRemoved, BlockHashes: []uint64{10}, Medium: MediumGPU},
+		},
+		HasDPRank: true,
+	}
+	for _, maps := range []bool{false, true} {
+		got, err := Decode(sglangFixture(t, maps))
+		if err != nil {
+			t.Fatalf("maps %v: %v", maps, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("maps %v:\n got %+v\nwant %+v", maps, got, want)
+		}
+	}
+}
+
 func TestFoldHash(t *testing.T) {
 	f := func(in string, want uint64) {
 		t.Helper()
