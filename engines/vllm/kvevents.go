@@ -27,8 +27,8 @@
 //     without a default are always present, possibly nil.
 //
 // Field order of BlockStored: block_hashes, parent_block_hash, token_ids,
-// block_size, lora_id, medium, lora_name, extra_keys, group_idx, then newer
-// optional fields; of BlockRemoved: block_hashes, medium, group_idx, ...;
+// block_size, lora_id, medium, lora_name, extra_keys, group_idx,
+// kv_cache_spec_kind, then newer optional fields; of BlockRemoved: block_hashes, medium, group_idx, ...;
 // AllBlocksCleared has none. Unknown map keys and extra trailing array
 // elements are skipped, so newer vLLM fields do not break decoding.
 //
@@ -153,7 +153,11 @@ type Event struct {
 	CacheSalt string
 	Media     []uint64
 	// GroupIdx is the KV-cache group of hybrid models (0 for None).
+	// SpecKind is a BlockStored's kv_cache_spec_kind, the kind of cache
+	// its group holds ("full_attention", "sliding_window", "mamba", ...;
+	// "" for None, as vLLM sent before it named them).
 	GroupIdx int64
+	SpecKind string
 }
 
 // Extra returns the extra keys of a BlockStored in the engine-neutral form
@@ -400,11 +404,17 @@ func (d *decoder) str(what string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if string(b) == MediumGPU {
-		return MediumGPU, nil
+	for _, known := range interned {
+		if string(b) == known {
+			return known, nil
+		}
 	}
 	return string(b), nil
 }
+
+// interned are the strings most events repeat: decoding them allocates
+// nothing.
+var interned = [...]string{MediumGPU, "full_attention", "mla_attention", "sliding_window", "mamba"}
 
 // int reads an integer (nil as 0).
 func (d *decoder) int(what string) (int64, error) {
@@ -729,7 +739,7 @@ func (d *decoder) kind(what string) (Kind, error) {
 
 // Positional fields of each kind after the tag, in vLLM's declaration order.
 var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
 	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
 
@@ -879,6 +889,8 @@ func (d *decoder) field(ev *Event, name string) error {
 		d.salt, err = d.str(name)
 	case "group_idx":
 		ev.GroupIdx, err = d.int(name)
+	case "kv_cache_spec_kind":
+		ev.SpecKind, err = d.str(name)
 	case "extra_keys":
 		d.extraAt = len(d.buf) - d.r.Len()
 		err = d.skip(1)
@@ -1203,23 +1215,26 @@ func (en *encoder) batch(b *Batch, enc Encoding) {
 }
 
 // event writes ev as an array (tag first) or as a map (tag under "type").
-// In both, required fields are written, extra_keys when a block has one
-// and group_idx only when set; in the array layout extra_keys is written
-// as nil before a group_idx to keep it at its position.
+// In both, required fields are written, and extra_keys, group_idx and
+// kv_cache_spec_kind when set; in the array layout an unset one is written
+// as nil before a set one to keep it at its position.
 func (en *encoder) event(ev *Event, array bool) {
 	var n int
 	salt := ev.CacheSalt != "" && !ev.HasParent
 	extra := ev.LoraName != "" || salt
+	// Which of BlockStored's optional fields to write: extra_keys,
+	// group_idx, kv_cache_spec_kind.
+	opt := [3]bool{extra, ev.GroupIdx != 0, ev.SpecKind != ""}
+	if array {
+		opt[1] = opt[1] || opt[2]
+		opt[0] = opt[0] || opt[1]
+	}
 	switch ev.Kind {
 	case BlockStored:
 		n = 7 // block_hashes .. lora_name
-		if extra {
-			n++
-		}
-		if ev.GroupIdx != 0 {
-			n++ // group_idx
-			if array && !extra {
-				n++ // extra_keys before it
+		for _, o := range opt {
+			if o {
+				n++
 			}
 		}
 	case BlockRemoved:
@@ -1265,16 +1280,21 @@ func (en *encoder) event(ev *Event, array bool) {
 		en.optStr(ev.Medium)
 		key("lora_name")
 		en.optStr(ev.LoraName)
-		switch {
-		case extra:
+		if opt[0] {
 			key("extra_keys")
-			en.extraKeys(ev, salt)
-		case ev.GroupIdx != 0 && array:
-			en.null() // extra_keys
+			if extra {
+				en.extraKeys(ev, salt)
+			} else {
+				en.null()
+			}
 		}
-		if ev.GroupIdx != 0 {
+		if opt[1] {
 			key("group_idx")
-			en.int(ev.GroupIdx)
+			en.optInt(ev.GroupIdx)
+		}
+		if opt[2] {
+			key("kv_cache_spec_kind")
+			en.str(ev.SpecKind)
 		}
 	case BlockRemoved:
 		key("block_hashes")

@@ -58,14 +58,14 @@ cb 3ff8000000000000         # ts 1.5
 `
 
 // Fixture (c): the map layout of current vLLM, with hashes as bytes (the
-// raw 32-byte digest), extra keys of a LoRA multimodal block, and a field
-// newer than this decoder (kv_cache_spec_kind) that must be skipped.
+// raw 32-byte digest), extra keys of a LoRA multimodal block, its group's
+// kind, and a field newer than this decoder that must be skipped.
 var fixtureMap = `
 83                          # KVEventBatch {ts, events, data_parallel_rank}
 a2 ` + hexStr("ts") + ` cb 41d954fc40100000   # 1700000000.25
 a6 ` + hexStr("events") + `
 92
- 8b                         # BlockStored: 11 entries
+ 8c                         # BlockStored: 12 entries
   a4 ` + hexStr("type") + ` ab ` + hexStr("BlockStored") + `
   ac ` + hexStr("block_hashes") + `
    91 c4 20 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
@@ -80,6 +80,7 @@ a6 ` + hexStr("events") + `
    a5 ` + hexStr("sql-x") + ` 92 a3 ` + hexStr("abc") + ` 00 c4 02 0102
   a9 ` + hexStr("group_idx") + ` 01
   b2 ` + hexStr("kv_cache_spec_kind") + ` ae ` + hexStr("full_attention") + `
+  b5 ` + hexStr("kv_cache_future_field") + ` 91 c0
  84                         # BlockRemoved: 4 entries, type not first
   ac ` + hexStr("block_hashes") + ` 92 01 c4 03 010203
   a4 ` + hexStr("type") + ` ac ` + hexStr("BlockRemoved") + `
@@ -191,6 +192,7 @@ func TestDecodeFixtures(t *testing.T) {
 				Medium:      MediumGPU,
 				Media:       []uint64{digestExtra(digestExtra(0, unhex(t, "92 a3"+hexStr("abc")+"00")), unhex(t, "c4 02 0102"))},
 				GroupIdx:    1,
+				SpecKind:    "full_attention",
 			},
 			{Kind: BlockRemoved, BlockHashes: []uint64{1, 0x010203}, Medium: "CPU", GroupIdx: 2},
 		},
@@ -427,6 +429,8 @@ func TestEncodeRoundTrip(t *testing.T) {
 			{Kind: BlockStored, BlockHashes: []uint64{5}, ParentHash: 1 << 63, HasParent: true, TokenIDs: []uint32{9, 0xffffffff}, BlockSize: 2, LoraID: 3, LoraName: "a", GroupIdx: 4},
 			{Kind: BlockStored, BlockHashes: []uint64{6, 7}, TokenIDs: []uint32{1, 2}, BlockSize: 1, CacheSalt: "salt", GroupIdx: 1},
 			{Kind: BlockStored, BlockHashes: []uint64{8, 9}, TokenIDs: []uint32{1, 2}, BlockSize: 1, LoraID: 1, LoraName: "a", CacheSalt: "a"},
+			{Kind: BlockStored, BlockHashes: []uint64{10}, TokenIDs: []uint32{1}, BlockSize: 1, SpecKind: "full_attention"},
+			{Kind: BlockStored, BlockHashes: []uint64{11}, TokenIDs: []uint32{1}, BlockSize: 1, CacheSalt: "s", GroupIdx: 2, SpecKind: "mamba"},
 			{Kind: BlockRemoved, BlockHashes: []uint64{5, 1}, Medium: MediumGPU},
 			{Kind: BlockRemoved, BlockHashes: []uint64{}, GroupIdx: 1},
 			{Kind: AllBlocksCleared},

@@ -395,3 +395,68 @@ func TestDeliverExtraKeys(t *testing.T) {
 	}
 	checkDeliver(t, b, want, "the unnamed adapter's")
 }
+
+// groupsFixture encodes, in vLLM's map layout, a batch in which each KV-
+// cache group i of kinds[i] stores a prompt's block, then group 0 evicts
+// it.
+func groupsFixture(t testing.TB, kinds ...string) []byte {
+	t.Helper()
+	buf, e, must := fixtureEncoder(t)
+	kv := func(k string, v any) {
+		must(e.EncodeString(k))
+		must(e.Encode(v))
+	}
+	must(e.EncodeMapLen(2))
+	kv("ts", 1.0)
+	must(e.EncodeString("events"))
+	must(e.EncodeArrayLen(len(kinds) + 1))
+	for group, kind := range kinds {
+		must(e.EncodeMapLen(10))
+		kv("type", "BlockStored")
+		kv("block_hashes", []uint64{7})
+		kv("parent_block_hash", nil)
+		kv("token_ids", []uint32{1, 2})
+		kv("block_size", 2)
+		kv("lora_id", nil)
+		kv("medium", "GPU")
+		kv("lora_name", nil)
+		kv("group_idx", group)
+		kv("kv_cache_spec_kind", kind)
+	}
+	must(e.EncodeMapLen(4))
+	kv("type", "BlockRemoved")
+	kv("block_hashes", []uint64{7})
+	kv("medium", "GPU")
+	kv("group_idx", 0)
+	return buf.Bytes()
+}
+
+// TestDeliverFullAttentionGroup: of a hybrid model's groups the index
+// follows the first vLLM names a kind that keeps a whole prompt, whatever
+// its group_idx; the other groups' stores and evictions do not reach it.
+// gpt-oss, Gemma 3 and Qwen3.5 start with sliding-window or Mamba layers,
+// so their group 0 is one of those: there group 0 evicting a block its
+// window left behind must not take it from the index while the full
+// attention group still holds it.
+func TestDeliverFullAttentionGroup(t *testing.T) {
+	f := func(kinds []string, want []string, skipped uint64) {
+		t.Helper()
+		rec := &recorder{}
+		s := &Subscriber{sink: rec, last: -1}
+		if !s.deliver(0, groupsFixture(t, kinds...)) {
+			t.Fatal("batch not delivered")
+		}
+		if got := rec.snapshot(); !slices.Equal(got, want) {
+			t.Fatalf("%q: sink calls:\n got %q\nwant %q", kinds, got, want)
+		}
+		if n := s.Counters.Skipped.Load(); n != skipped {
+			t.Fatalf("%q: skipped %d events, want %d", kinds, n, skipped)
+		}
+	}
+	stored, removed := "stored 0/false [7] [1 2] 2", "removed [7]"
+	f([]string{"sliding_window", "full_attention", "mamba"}, []string{stored}, 3)
+	f([]string{"mamba", "mamba", "mamba", "full_attention"}, []string{stored}, 4)
+	// Dense models, MLA ones (DeepSeek) included, have one such group.
+	f([]string{"full_attention"}, []string{stored, removed}, 0)
+	f([]string{"mla_attention"}, []string{stored, removed}, 0)
+}

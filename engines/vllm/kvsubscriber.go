@@ -81,9 +81,9 @@ type SubscriberCounters struct {
 	Batches atomic.Uint64
 	Events  atomic.Uint64
 	// Skipped counts events not meant for the GPU prefix index: another
-	// medium (CPU offload), another KV-cache group than 0, or the blocks
-	// of a LoRA adapter without a lora_name (older vLLM), which cannot be
-	// keyed as a request for the adapter is.
+	// medium (CPU offload), another KV-cache group than the one followed
+	// (see forIndex), or the blocks of a LoRA adapter without a lora_name
+	// (older vLLM), which cannot be keyed as a request for the adapter is.
 	Skipped atomic.Uint64
 	// Gaps counts sequence gaps seen on the live stream.
 	Gaps atomic.Uint64
@@ -124,6 +124,10 @@ type Subscriber struct {
 	// seq follows on.
 	suspect bool
 	removed []uint64 // scratch: a run of BlockRemoved events' hashes
+	// group is the KV-cache group the index follows, once a store named
+	// its kind (hasGroup); see forIndex.
+	group    int64
+	hasGroup bool
 }
 
 // NewSubscriber validates cfg and starts following the pod; it returns at
@@ -212,11 +216,13 @@ func (s *Subscriber) onBatch(seq int64, payload []byte) {
 	s.deliver(seq, payload)
 }
 
-// reset forgets the pod's state: the sink clears it, counted in c.
+// reset forgets the pod's state: the sink clears it, counted in c. A
+// restarted pod may serve another model, so its groups are learnt again.
 func (s *Subscriber) reset(c *atomic.Uint64) {
 	c.Add(1)
 	s.sink.AllBlocksCleared()
 	s.last = -1
+	s.hasGroup = false
 }
 
 // catchUp replays the batches the subscriber lacks before live batch seq.
@@ -342,7 +348,7 @@ func (s *Subscriber) deliver(seq int64, payload []byte) bool {
 		switch {
 		case ev.Kind == AllBlocksCleared:
 			s.sink.AllBlocksCleared()
-		case !forGPUIndex(ev):
+		case !s.forIndex(ev):
 			s.Counters.Skipped.Add(1)
 		case ev.Kind == BlockStored:
 			s.sink.BlockStored(ev.ParentHash, ev.HasParent, ev.BlockHashes, ev.TokenIDs, ev.BlockSize, ev.Extra())
@@ -353,7 +359,7 @@ func (s *Subscriber) deliver(seq int64, payload []byte) bool {
 			// where one call per block walks the chain once per block
 			// (quadratic in a long prompt's length).
 			removed := append(s.removed[:0], ev.BlockHashes...)
-			for i+1 < len(b.Events) && b.Events[i+1].Kind == BlockRemoved && forGPUIndex(&b.Events[i+1]) {
+			for i+1 < len(b.Events) && b.Events[i+1].Kind == BlockRemoved && s.forIndex(&b.Events[i+1]) {
 				i++
 				removed = append(removed, b.Events[i].BlockHashes...)
 			}
@@ -364,10 +370,43 @@ func (s *Subscriber) deliver(seq int64, payload []byte) bool {
 	return true
 }
 
-// forGPUIndex says whether a block event belongs in the gateway's prefix
-// index: GPU blocks (or medium unspecified) of KV-cache group 0, without a
-// LoRA adapter or with a named one (the index keys an adapter's blocks by
-// its name, as vLLM hashes them; older vLLM named it by lora_id only).
-func forGPUIndex(ev *Event) bool {
-	return (ev.Medium == "" || ev.Medium == MediumGPU) && ev.GroupIdx == 0 && (ev.LoraID == 0 || ev.LoraName != "")
+// forIndex says whether a block event belongs in the gateway's prefix
+// index: GPU blocks (or medium unspecified) of the KV-cache group it
+// follows, without a LoRA adapter or with a named one (the index keys an
+// adapter's blocks by its name, as vLLM hashes them; older vLLM named it
+// by lora_id only).
+//
+// A hybrid model's groups hold the same blocks under the same hashes, but
+// only full attention (MLA included) keeps a prompt's every block: a
+// sliding-window group evicts the blocks behind its window and a Mamba
+// group keeps state, not blocks, and vLLM numbers groups in layer order,
+// so group 0 is one of those on models whose first layers are (gpt-oss,
+// Gemma 3, Qwen3.5). The followed group is the first whose stores name
+// (kv_cache_spec_kind) a kind that keeps the whole prompt; stores naming
+// another kind are skipped. Group 0 until then, and for engines that name
+// no kind.
+func (s *Subscriber) forIndex(ev *Event) bool {
+	if ev.Medium != "" && ev.Medium != MediumGPU || ev.LoraID != 0 && ev.LoraName == "" {
+		return false
+	}
+	if ev.SpecKind != "" {
+		if !keepsPrompt(ev.SpecKind) {
+			return false
+		}
+		if !s.hasGroup {
+			s.group, s.hasGroup = ev.GroupIdx, true
+		}
+	}
+	return ev.GroupIdx == s.group
+}
+
+// keepsPrompt says whether a group of this kv_cache_spec_kind holds every
+// block of a cached prompt (vLLM's KVCacheSpecKind): all but windowed
+// attention and recurrent state do.
+func keepsPrompt(kind string) bool {
+	switch kind {
+	case "sliding_window", "sliding_window_mla", "chunked_local_attention", "mamba":
+		return false
+	}
+	return true
 }
