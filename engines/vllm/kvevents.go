@@ -37,7 +37,9 @@
 // request's cache_salt after them: in the array layout as a
 // BlockStoredMetadata map {cache_salt, session_id} where vLLM has
 // lora_name, in the map layout as a cache_salt field. Decode reads it as
-// the salt vLLM puts in extra_keys.
+// the salt vLLM puts in extra_keys. Under EAGLE speculative decoding
+// SGLang lists each token id as the bigram [token, next token]; Decode
+// keeps the token.
 //
 // # Extra keys
 //
@@ -481,6 +483,27 @@ func intAt(buf []byte, off int) (bits uint64, unsigned64 bool, n int) {
 	return 0, false, -1
 }
 
+// bigramAt decodes, as intAt does, a token SGLang lists as the bigram
+// [token, next token] its radix cache keys pages by under EAGLE
+// speculative decoding: the token is the first.
+func bigramAt(buf []byte, off int) (bits uint64, unsigned64 bool, n int) {
+	if off >= len(buf) {
+		return 0, false, 0
+	}
+	if buf[off] != msgpcode.FixedArrayLow|2 {
+		return 0, false, -1
+	}
+	bits, unsigned64, w := intAt(buf, off+1)
+	if w <= 0 {
+		return 0, false, w
+	}
+	_, _, next := intAt(buf, off+1+w)
+	if next <= 0 {
+		return 0, false, next
+	}
+	return bits, unsigned64, 1 + w + next
+}
+
 // intErr is the error for intAt's failure n at off.
 func (d *decoder) intErr(what string, off, n int) error {
 	if n == 0 {
@@ -546,6 +569,9 @@ func (d *decoder) tokens() ([]uint32, error) {
 	off := start
 	for i := range out {
 		bits, unsigned64, w := intAt(d.buf, off)
+		if w < 0 {
+			bits, unsigned64, w = bigramAt(d.buf, off)
+		}
 		if w <= 0 {
 			_, _ = d.r.Seek(int64(off-start), io.SeekCurrent) // report the failing offset
 			return nil, d.intErr("token_ids", off, w)

@@ -372,6 +372,37 @@ func TestDecodeSGLangCacheSalt(t *testing.T) {
 	}
 }
 
+// TestDecodeSGLangBigrams: under EAGLE speculative decoding (DeepSeek's
+// MTP included) SGLang's radix cache keys pages by bigrams, and its
+// BlockStored lists each token as the pair [token, next token]; the block
+// holds the first of each.
+func TestDecodeSGLangBigrams(t *testing.T) {
+	buf, e, must := fixtureEncoder(t)
+	must(e.EncodeArrayLen(3))
+	must(e.EncodeFloat64(1))
+	must(e.EncodeArrayLen(1))
+	must(e.Encode([]any{"BlockStored", []uint64{21}, nil, [][]uint32{{5, 6}, {6, 70000}, {70000, 8}}, 3, nil, "GPU"}))
+	must(e.EncodeInt(0))
+	got, err := Decode(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Event{Kind: BlockStored, BlockHashes: []uint64{21}, TokenIDs: []uint32{5, 6, 70000}, BlockSize: 3, Medium: MediumGPU}
+	if !reflect.DeepEqual(got.Events, []Event{want}) {
+		t.Fatalf("got %+v\nwant %+v", got.Events, want)
+	}
+	// Anything else in token_ids is still refused.
+	for _, bad := range [][]any{{[]uint32{1}}, {[]uint32{1, 2, 3}}, {[]any{1, "x"}}, {[]any{-1, 2}}} {
+		buf, e, must := fixtureEncoder(t)
+		must(e.EncodeArrayLen(2))
+		must(e.EncodeFloat64(1))
+		must(e.Encode([]any{[]any{"BlockStored", []uint64{21}, nil, bad, 1, nil, "GPU"}}))
+		if _, err := Decode(buf.Bytes()); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("token_ids %v: err %v, want ErrMalformed", bad, err)
+		}
+	}
+}
+
 func TestFoldHash(t *testing.T) {
 	f := func(in string, want uint64) {
 		t.Helper()
