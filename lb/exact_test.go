@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"pdlb/engines"
 	"pdlb/engines/prompt"
 	"pdlb/engines/sim"
 	"pdlb/internal/testwait"
@@ -94,11 +95,12 @@ func direct(t *testing.T, s *lb.Server, pod config.Pod, path, body string) int {
 	return n
 }
 
-// eventFleet starts pods prefix-0 and prefix-1 of model m, which
-// tokenize with the reference tokenizer files of name and publish real
-// vLLM KV events in blocks of 16, and a gateway keying m with the same
-// tokenizer under prefix_cache; dir is the tokenizer's directory.
-func eventFleet(t *testing.T, name, prefix string) (dir string, m *prompt.Model, pods []config.Pod, s *lb.Server) {
+// eventFleet starts pods prefix-0 and prefix-1 of model m, engine
+// engine's sim pods which tokenize with the reference tokenizer files of
+// name and publish real vLLM KV events in blocks of 16, and a gateway
+// keying m with the same tokenizer under prefix_cache; dir is the
+// tokenizer's directory.
+func eventFleet(t *testing.T, engine engines.Kind, name, prefix string) (dir string, m *prompt.Model, pods []config.Pod, s *lb.Server) {
 	t.Helper()
 	dir = tokfiles.Dir(t, name)
 	m, err := prompt.Load(prompt.Config{Tokenizer: dir})
@@ -108,7 +110,7 @@ func eventFleet(t *testing.T, name, prefix string) (dir string, m *prompt.Model,
 	for i := range 2 {
 		phys := sim.DefaultPhysics()
 		phys.BlockSize = 16
-		pods = append(pods, eventPod(t, sim.Config{Name: fmt.Sprintf("%s-%d", prefix, i), Model: "m", Speedup: 100, Prompt: m, Physics: phys}))
+		pods = append(pods, eventPod(t, sim.Config{Name: fmt.Sprintf("%s-%d", prefix, i), Model: "m", Engine: engine, Speedup: 100, Prompt: m, Physics: phys}))
 	}
 	s = testGateway(t, pods, func(c *config.Config) {
 		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}
@@ -122,7 +124,7 @@ func eventFleet(t *testing.T, name, prefix string) (dir string, m *prompt.Model,
 // long system prompt is predicted cached on the pod that holds it, and
 // the pod's own prefix cache agrees.
 func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
-	dir, m, pods, s := eventFleet(t, "qwen3", "q")
+	dir, m, pods, s := eventFleet(t, engines.VLLM, "qwen3", "q")
 	system := strings.Repeat("You answer questions about the geography of East Asia, briefly and accurately. ", 40)
 	// The first request goes to a pod directly: the gateway learns of its
 	// blocks only from the pod's KV events, in the pod's own token ids.
@@ -200,12 +202,19 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 	}
 }
 
-// A completion with truncate_prompt_tokens is cached by a vLLM pod as the
-// ids it keeps (Llama 3.1's BOS and the text's last k-1). The gateway must
-// key the request by those ids, so a second prompt that differs only in
-// the part the engine cuts is predicted cached on the pod holding them.
+// A completion with truncate_prompt_tokens is cached by a vLLM or
+// TensorRT-LLM pod as the ids it keeps (Llama 3.1's BOS and the text's
+// last k-1). The gateway must key the request by those ids, so a second
+// prompt that differs only in the part the engine cuts is predicted
+// cached on the pod holding them.
 func TestTruncatedPromptMatchesTheEnginesEvents(t *testing.T) {
-	_, _, pods, s := eventFleet(t, "llama3.1", "l")
+	for _, e := range []engines.Kind{engines.VLLM, engines.TRTLLM} {
+		t.Run(string(e), func(t *testing.T) { truncatedPromptMatches(t, e) })
+	}
+}
+
+func truncatedPromptMatches(t *testing.T, engine engines.Kind) {
+	_, _, pods, s := eventFleet(t, engine, "llama3.1", "l")
 	const keep = 256
 	tail := strings.Repeat("The river runs north past the old mill, the stone bridge and the church. ", 30)
 	body := func(head string) string {

@@ -223,5 +223,5 @@ func eventPod(t *testing.T, cfg sim.Config) config.Pod {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pod.Close() })
-	return config.Pod{Name: cfg.Name, Model: cfg.Model, Address: pod.Addr(), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()}
+	return config.Pod{Name: cfg.Name, Model: cfg.Model, Address: pod.Addr(), Engine: string(cfg.Engine), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()}
 }

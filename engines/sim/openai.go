@@ -124,13 +124,43 @@ func (r *genRequest) cacheSalt() (string, error) {
 	return "", badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
 }
 
-// truncation returns how many prompt tokens vLLM keeps of the request
-// (-1: all) and whether it keeps the first ones rather than the last,
-// refusing what vLLM refuses. truncate_prompt_tokens -1 is the context
+// truncation returns how many tokens engine k keeps of a prompt it cuts
+// (-1: all; Kind.TruncatesPrompt says which prompts it cuts) and whether
+// it keeps the first ones rather than the last, refusing what the engine
+// refuses. SGLang has neither field and ignores both.
+func (r *genRequest) truncation(k engines.Kind, body []byte, maxModelLen int) (keep int, right bool, err error) {
+	switch k {
+	case engines.VLLM:
+		return r.vllmTruncation(maxModelLen)
+	case engines.TRTLLM:
+		return r.trtTruncation(body)
+	}
+	return -1, false, nil
+}
+
+// trtTruncation is TensorRT-LLM's: truncate_prompt_tokens is null or at
+// least 1 (its protocol's Field(ge=1)), and the HF tokenizer it loads
+// truncates on the left; its request models forbid unknown fields, so
+// truncation_side, even null, is refused.
+func (r *genRequest) trtTruncation(body []byte) (keep int, right bool, err error) {
+	if _, ok, _ := engines.Field(body, "truncation_side"); ok {
+		return 0, false, badRequest("truncation_side: Extra inputs are not permitted")
+	}
+	switch k := r.TruncatePromptTokens; {
+	case k == nil:
+		return -1, false, nil
+	case *k < 1:
+		return 0, false, badRequest("truncate_prompt_tokens: Input should be greater than or equal to 1")
+	default:
+		return *k, false, nil
+	}
+}
+
+// vllmTruncation is vLLM's: truncate_prompt_tokens -1 is the context
 // less the output budget (TokenizeParams.max_input_tokens); no value may
 // exceed that. Without truncation_side vLLM cuts on the tokenizer's side,
 // which it sets to the left for generative models.
-func (r *genRequest) truncation(maxModelLen int) (keep int, right bool, err error) {
+func (r *genRequest) vllmTruncation(maxModelLen int) (keep int, right bool, err error) {
 	if s := r.TruncationSide; s != nil && *s != "left" && *s != "right" {
 		return 0, false, badRequest("truncation_side must be 'left' or 'right', got %q.", *s)
 	}
@@ -198,42 +228,42 @@ func renderChat(dst []byte, msgs []chatMessage, generationPrompt bool) ([]byte, 
 	return dst, nil
 }
 
-// promptTokens returns the tokens of a completions prompt: a string, a list
-// of token ids, or a one-element list of either (the sim serves one prompt
-// per request).
-func promptTokens(dst []uint32, raw json.RawMessage) ([]uint32, error) {
+// promptTokens returns the tokens of a completions prompt: a string (in
+// the stand-in's tokens; text says so), a list of token ids, or a
+// one-element list of either (the sim serves one prompt per request).
+func promptTokens(dst []uint32, raw json.RawMessage) (ids []uint32, text bool, err error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
-		return dst, badRequest("prompt is required")
+		return dst, false, badRequest("prompt is required")
 	}
 	if raw[0] == '"' {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return dst, badRequest("prompt: %v", err)
+			return dst, true, badRequest("prompt: %v", err)
 		}
-		return tokenize.Append(dst, []byte(s)), nil
+		return tokenize.Append(dst, []byte(s)), true, nil
 	}
 	var list []json.RawMessage
 	if err := json.Unmarshal(raw, &list); err != nil {
-		return dst, badRequest("prompt must be a string, a list of token ids or a list of one of them")
+		return dst, false, badRequest("prompt must be a string, a list of token ids or a list of one of them")
 	}
 	if len(list) == 0 {
-		return dst, badRequest("prompt must not be empty")
+		return dst, false, badRequest("prompt must not be empty")
 	}
 	if first := bytes.TrimSpace(list[0]); len(first) > 0 && (first[0] == '"' || first[0] == '[') {
 		if len(list) != 1 {
-			return dst, badRequest("prompt: batches of %d prompts are not supported by the sim; send one per request", len(list))
+			return dst, false, badRequest("prompt: batches of %d prompts are not supported by the sim; send one per request", len(list))
 		}
 		return promptTokens(dst, list[0])
 	}
 	for i, e := range list {
 		id, err := strconv.ParseUint(string(bytes.TrimSpace(e)), 10, 32)
 		if err != nil {
-			return dst, badRequest("prompt[%d] = %s is not a token id", i, e)
+			return dst, false, badRequest("prompt[%d] = %s is not a token id", i, e)
 		}
 		dst = append(dst, uint32(id))
 	}
-	return dst, nil
+	return dst, false, nil
 }
 
 // promptString is a completion prompt given as one string (or a list of

@@ -389,21 +389,18 @@ func (p *Pod) parseBody(ctx *fasthttp.RequestCtx, v any) bool {
 // requestTokens renders and tokenizes the prompt of a chat or completions
 // request as the pod's engine would: with the model's tokenizer and chat
 // template when the pod has them (cfg.Prompt), else with the stand-in;
-// then a vLLM pod truncates them as the request asks. Chat messages the
-// engine would refuse are a *chat.RequestError either way.
+// then it truncates them where the engine cuts such a prompt. Chat
+// messages the engine would refuse are a *chat.RequestError either way.
 func (p *Pod) requestTokens(body []byte, req *genRequest, isChat bool) ([]uint32, error) {
-	keep, right := -1, false
-	if p.cfg.Engine == engines.VLLM {
-		var err error
-		if keep, right, err = req.truncation(p.cfg.MaxModelLen); err != nil {
-			return nil, err
-		}
+	keep, right, err := req.truncation(p.cfg.Engine, body, p.cfg.MaxModelLen)
+	if err != nil {
+		return nil, err
 	}
-	ids, byTokenizer, special, err := p.untruncatedTokens(body, req, isChat)
+	ids, src, special, err := p.untruncatedTokens(body, req, isChat)
 	switch {
-	case err != nil || keep < 0 || keep >= len(ids):
+	case err != nil || keep < 0 || keep >= len(ids) || !p.cfg.Engine.TruncatesPrompt(src == idsClient):
 		return ids, err
-	case byTokenizer:
+	case src == idsTokenizer:
 		// HF's truncation spares the special tokens it added.
 		return p.cfg.Prompt.Tokenizer().Truncate(ids, keep, right, special), nil
 	case right:
@@ -412,24 +409,40 @@ func (p *Pod) requestTokens(body []byte, req *genRequest, isChat bool) ([]uint32
 	return ids[len(ids)-keep:], nil
 }
 
-// untruncatedTokens is requestTokens before truncation; byTokenizer says
-// cfg.Prompt's tokenizer made the ids, with its special tokens if special,
-// rather than the client or the stand-in.
-func (p *Pod) untruncatedTokens(body []byte, req *genRequest, isChat bool) (ids []uint32, byTokenizer, special bool, err error) {
+// idSource is where a prompt's ids came from.
+type idSource uint8
+
+const (
+	idsClient    idSource = iota // the request's own token ids
+	idsStandIn                   // the stand-in tokenizer's, of the prompt's text
+	idsTokenizer                 // cfg.Prompt's tokenizer's, of the prompt's text
+)
+
+// untruncatedTokens is requestTokens before truncation; src says who made
+// the ids, and special that cfg.Prompt's tokenizer added its special
+// tokens. A TensorRT-LLM chat's prompt_token_ids (a generation leg's copy
+// of the context response's) replace its messages' rendering.
+func (p *Pod) untruncatedTokens(body []byte, req *genRequest, isChat bool) (ids []uint32, src idSource, special bool, err error) {
 	if !isChat {
 		if p.cfg.Prompt != nil {
 			if s, ok := promptString(req.Prompt); ok {
 				add := req.AddSpecialTokens == nil || *req.AddSpecialTokens
-				return p.cfg.Prompt.Completion(nil, []byte(s), add), true, add, nil
+				return p.cfg.Prompt.Completion(nil, []byte(s), add), idsTokenizer, add, nil
 			}
 		}
-		ids, err = promptTokens(nil, req.Prompt)
-		return ids, false, false, err
+		ids, text, err := promptTokens(nil, req.Prompt)
+		if text {
+			src = idsStandIn
+		}
+		return ids, src, false, err
+	}
+	if p.cfg.Engine == engines.TRTLLM && len(req.PromptTokenIDs) > 0 {
+		return req.PromptTokenIDs, idsClient, false, nil
 	}
 	c := chat.AcquireConversation()
 	defer chat.ReleaseConversation(c)
 	if err := c.ParseRequest(body); err != nil {
-		return nil, false, false, err
+		return nil, idsStandIn, false, err
 	}
 	if p.cfg.Prompt != nil {
 		add := req.AddSpecialTokens != nil && *req.AddSpecialTokens
@@ -438,14 +451,14 @@ func (p *Pod) untruncatedTokens(body []byte, req *genRequest, isChat bool) (ids 
 		// parts, say) the sim still serves, with the stand-in's count, as
 		// the real engine serves it.
 		if !errors.Is(err, chat.ErrInexact) {
-			return ids, true, add, err
+			return ids, idsTokenizer, add, err
 		}
 	}
 	text, err := renderChat(nil, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 	if err != nil {
-		return nil, false, false, err
+		return nil, idsStandIn, false, err
 	}
-	return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), false, false, nil
+	return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), idsStandIn, false, nil
 }
 
 // generate serves /v1/chat/completions and /v1/completions.
@@ -480,11 +493,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	leg, err := p.legOf(&req)
 	var tokens []uint32
-	switch {
-	case err != nil:
-	case isChat && p.cfg.Engine == engines.TRTLLM && len(req.PromptTokenIDs) > 0:
-		tokens = req.PromptTokenIDs
-	default:
+	if err == nil {
 		tokens, err = p.requestTokens(ctx.PostBody(), &req, isChat)
 	}
 	salt, saltErr := req.cacheSalt()

@@ -145,3 +145,68 @@ func TestPodTruncatesPromptsAsVLLM(t *testing.T) {
 		t.Fatalf("SGLang: %d prompt tokens, want the whole prompt", n)
 	}
 }
+
+// TestPodTruncatesPromptsAsTRTLLM: TensorRT-LLM cuts only the text it
+// tokenizes itself, completions and chats alike, keeping the last
+// truncate_prompt_tokens ids (its tokenizer truncates on the left, the
+// BOS it adds spared); token ids, a completion's or a generation leg's
+// prompt_token_ids, stay whole. It takes no value under 1 and, refusing
+// unknown fields, no truncation_side.
+func TestPodTruncatesPromptsAsTRTLLM(t *testing.T) {
+	m, err := prompt.Load(prompt.Config{Tokenizer: tokfiles.Dir(t, "llama3.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	phys := DefaultPhysics()
+	phys.BlockSize = 16
+	p := testPod(t, Config{Engine: engines.TRTLLM, Prompt: m, Speedup: 1000, Physics: phys, MaxModelLen: 4096})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	usage := func(path string, body map[string]any) int {
+		t.Helper()
+		status, b := post(t, c, base+path, body)
+		var resp struct {
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		if status != 200 || json.Unmarshal(b, &resp) != nil {
+			t.Fatalf("%s %v: %d %s", path, body, status, b)
+		}
+		return resp.Usage.PromptTokens
+	}
+	tail := strings.Repeat("The river runs north past the old mill and the stone bridge. ", 12)
+	if n := usage("/v1/completions", map[string]any{"prompt": strings.Repeat("alpha ", 100) + "\n" + tail, "max_tokens": 1, "truncate_prompt_tokens": 64}); n != 64 {
+		t.Fatalf("completion text, truncate_prompt_tokens 64: %d prompt tokens", n)
+	}
+	before := p.Stats().HitTokens
+	if n := usage("/v1/completions", map[string]any{"prompt": strings.Repeat("beta gamma ", 70) + "\n" + tail, "max_tokens": 1, "truncate_prompt_tokens": 64}); n != 64 {
+		t.Fatalf("other completion text: %d prompt tokens", n)
+	}
+	if hit := p.Stats().HitTokens - before; hit < 48 {
+		t.Fatalf("a prompt whose last 64 tokens were just served hit %d cached tokens", hit)
+	}
+	if n := usage("/v1/chat/completions", chatBody(tail, map[string]any{"max_tokens": 1, "truncate_prompt_tokens": 32})); n != 32 {
+		t.Fatalf("chat, truncate_prompt_tokens 32: %d prompt tokens", n)
+	}
+	ids := make([]int, 100)
+	for i := range ids {
+		ids[i] = 1000 + i
+	}
+	if n := usage("/v1/completions", map[string]any{"prompt": ids, "max_tokens": 1, "truncate_prompt_tokens": 40}); n != 100 {
+		t.Fatalf("completion ids: %d prompt tokens, want them whole", n)
+	}
+	if n := usage("/v1/chat/completions", chatBody("hi", map[string]any{"prompt_token_ids": ids, "max_tokens": 1, "truncate_prompt_tokens": 40})); n != 100 {
+		t.Fatalf("chat prompt_token_ids: %d prompt tokens, want them whole", n)
+	}
+	for _, bad := range []map[string]any{
+		{"truncate_prompt_tokens": 0},
+		{"truncate_prompt_tokens": -1},
+		{"truncate_prompt_tokens": 8, "truncation_side": "left"},
+	} {
+		bad["prompt"] = "hello there"
+		if status, b := post(t, c, base+"/v1/completions", bad); status != 400 || !strings.Contains(string(b), `"object":"error"`) {
+			t.Errorf("%v: %d %s, want TensorRT-LLM's 400", bad, status, b)
+		}
+	}
+}
