@@ -23,9 +23,9 @@ import (
 // engine's protocol. Every protocol comes down to the same two legs:
 //
 //   - A prefill leg (on a prefill pod) computes the prompt's KV and its
-//     first token, holds the KV on the pod's kvxfer server and answers,
-//     always as one JSON body, with whatever the decode pod needs to find
-//     it. Pull-style protocols (vLLM, TensorRT-LLM context_first) answer at
+//     first token, holds the KV on the pod's kvxfer server and answers
+//     with whatever the decode pod needs to find it: one JSON body, or an
+//     event stream for a streamed SGLang leg, which needs nothing. Pull-style protocols (vLLM, TensorRT-LLM context_first) answer at
 //     once; push-style ones (SGLang, TensorRT-LLM generation_first), whose
 //     decode leg is already waiting, answer once the KV was taken.
 //   - A decode leg (on a decode pod) takes a batch slot and KV room, pulls
@@ -294,19 +294,27 @@ type pdAnswer struct {
 }
 
 // answerPrefill waits for a prefill leg's first token, holds its KV for
-// pickup and answers with the engine's handoff fields.
-func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, chat bool, respID string, created int64, text textStream) {
+// pickup and answers with the engine's handoff fields: as one body, or,
+// with sse, as an event stream (SGLang's leg carries the client's
+// "stream" and has no handoff fields to answer).
+func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, chat bool, respID string, created int64, text textStream, sse *sseWriter) {
 	conn := ctx.Conn()
 	n, reason := p.wait(r, conn, nil)
 	if reason == finishNone {
 		return // the client is gone; the scheduler unpinned the KV
 	}
 	prompt := len(r.tokens)
-	body := func(pd *pdAnswer) []byte {
-		return appendFullResponse(nil, chat, respID, created, cmp.Or(r.lora, p.cfg.Model), text.appendText(nil, 0, n), reason, prompt, n, pd)
+	answer := func(pd *pdAnswer) {
+		if sse != nil {
+			b := sse.appendDelta(nil, text.appendText(nil, 0, n), n, reason)
+			ctx.SetContentType(sseContentType)
+			ctx.SetBody(sse.appendEnd(b, n))
+			return
+		}
+		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, cmp.Or(r.lora, p.cfg.Model), text.appendText(nil, 0, n), reason, prompt, n, pd))
 	}
 	if reason == finishAbort {
-		writeJSON(ctx, body(nil))
+		answer(nil)
 		return
 	}
 	picked := make(chan kvxfer.Outcome, 1)
@@ -322,11 +330,11 @@ func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, cha
 	})
 	if err != nil {
 		p.sched.send(schedMsg{kind: msgUnpin, req: r})
-		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", err.Error())
+		p.failAccepted(ctx, sse != nil, fasthttp.StatusBadRequest, "BadRequestError", err.Error())
 		return
 	}
 	if leg.push && !p.awaitPickup(conn, picked) {
-		p.writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "", "the KV was not taken by a decode pod")
+		p.failAccepted(ctx, sse != nil, fasthttp.StatusInternalServerError, "InternalServerError", "the KV was not taken by a decode pod")
 		return
 	}
 	var pd pdAnswer
@@ -337,7 +345,7 @@ func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, cha
 		pd.disaggParams = p.trtParams(d, text, leg)
 		pd.promptTokenIDs = r.tokens
 	}
-	writeJSON(ctx, body(&pd))
+	answer(&pd)
 }
 
 // awaitPickup waits until the decode pod took the KV, as SGLang's prefill

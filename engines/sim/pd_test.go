@@ -459,3 +459,59 @@ func TestSGLangDecodeDefaultsBootstrapPort(t *testing.T) {
 		t.Fatalf("decode leg answered %+v", a)
 	}
 }
+
+// TestSGLangStreamedPrefillLeg: SGLang's prefill leg carries the client's
+// "stream", and a streamed one is answered as any streamed request: an
+// event stream of its one token, finish_reason "length" (the prefill
+// scheduler finishes it once the decode pod took the KV), [DONE]. One
+// whose KV no decode pod takes fails after it was accepted, as SGLang
+// fails a stream it started: 200, an error event, [DONE].
+func TestSGLangStreamedPrefillLeg(t *testing.T) {
+	p := startTrio(t, engines.SGLang, nil)
+	c := testClient(t)
+	host, port, _ := net.SplitHostPort(p.pre.KVXferAddr())
+	portN, _ := strconv.Atoi(port)
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+		body := map[string]any{"model": "m", "max_tokens": 9, "stream": true}
+		if strings.Contains(path, "chat") {
+			body = chatBody("a streamed prefill leg", body)
+		} else {
+			body["prompt"] = "a streamed prefill leg"
+		}
+		want := finalAnswer(t, c, "http://"+p.comb.Addr()+path, body)
+		b := clone(t, body)
+		b["bootstrap_host"], b["bootstrap_port"], b["bootstrap_room"] = host, portN, rand.Int64()
+		var wg sync.WaitGroup
+		var decStatus int
+		var decBody []byte
+		wg.Go(func() { decStatus, decBody = postNoFatal(c, "http://"+p.dec.Addr()+path, b) })
+		resp, events := stream(t, c, context.Background(), "http://"+p.pre.Addr()+path, b)
+		wg.Wait()
+		if decStatus != http.StatusOK {
+			t.Fatalf("%s decode leg: %d %s", path, decStatus, decBody)
+		}
+		text, finish := streamedText(parseChunks(t, events))
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") ||
+			text != want.text[:4] || finish != "length" {
+			t.Fatalf("%s prefill leg: %d %s, text %q finish %q; want the combined answer's first token %q",
+				path, resp.StatusCode, resp.Header.Get("Content-Type"), text, finish, want.text[:4])
+		}
+	}
+
+	lone := testPod(t, Config{Engine: engines.SGLang, Model: "m", Speedup: fast, Role: RolePrefill, KVTimeout: 50 * time.Millisecond})
+	host, port, _ = net.SplitHostPort(lone.KVXferAddr())
+	portN, _ = strconv.Atoi(port)
+	b := chatBody("no decode pod takes this", map[string]any{"stream": true,
+		"bootstrap_host": host, "bootstrap_port": portN, "bootstrap_room": rand.Int64()})
+	resp, events := stream(t, c, context.Background(), "http://"+lone.Addr()+"/v1/chat/completions", b)
+	var e struct {
+		Error struct {
+			Object, Message, Type string
+			Code                  int
+		}
+	}
+	if resp.StatusCode != http.StatusOK || len(events) != 2 || string(events[1].data) != "[DONE]" ||
+		json.Unmarshal(events[0].data, &e) != nil || e.Error.Code != 500 || e.Error.Type != "INTERNAL_SERVER_ERROR" || e.Error.Object != "error" {
+		t.Fatalf("a prefill leg nobody picked up: %d, %d events, first %s", resp.StatusCode, len(events), events[0].data)
+	}
+}

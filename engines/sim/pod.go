@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -346,10 +347,29 @@ func writeJSON(ctx *fasthttp.RequestCtx, body []byte) {
 	ctx.SetBody(body)
 }
 
+// sseContentType is what the engines' streamed answers are.
+const sseContentType = "text/event-stream; charset=utf-8"
+
 // writeError answers code with the pod's engine's error body (errorBody).
 func (p *Pod) writeError(ctx *fasthttp.RequestCtx, code int, typ, param, msg string) {
 	ctx.SetStatusCode(code)
 	writeJSON(ctx, errorBody(p.cfg.Engine, code, typ, param, msg))
+}
+
+// failAccepted answers a request that failed after the engine accepted
+// it: with writeError, or, for a streamed request on SGLang, as SGLang
+// fails a stream it started (a scheduler abort carrying a status): 200,
+// an error event typed by the status's name, then [DONE]
+// (create_streaming_error_response in its OpenAI serving code).
+func (p *Pod) failAccepted(ctx *fasthttp.RequestCtx, stream bool, code int, typ, msg string) {
+	if !stream || p.cfg.Engine != engines.SGLang {
+		p.writeError(ctx, code, typ, "", msg)
+		return
+	}
+	name := strings.ToUpper(strings.ReplaceAll(fasthttp.StatusMessage(code), " ", "_"))
+	b := append([]byte(`data: {"error":`), errorBody(engines.SGLang, code, name, "", msg)...)
+	ctx.SetContentType(sseContentType)
+	ctx.SetBody(append(b, "}\n\ndata: [DONE]\n\n"...))
 }
 
 // refuse answers 400 for a request the engine would not serve; a message
@@ -550,13 +570,22 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	text := newTextStream(p.cfg.Seed, tokens)
 	created := time.Now().Unix()
+	var sse *sseWriter
+	if req.Stream {
+		sse = p.streamWriter(&req, isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), len(tokens))
+	}
 	if leg.kind == legPrefill {
 		produced, finished = 1, finishLength
-		p.answerPrefill(ctx, r, leg, isChat, respID, created, text)
+		if p.cfg.Engine != engines.SGLang {
+			// vLLM's and TensorRT-LLM's handoff fields are in a whole
+			// body: their routers send the prefill leg stream false.
+			sse = nil
+		}
+		p.answerPrefill(ctx, r, leg, isChat, respID, created, text, sse)
 		return
 	}
 	conn := ctx.Conn()
-	if !req.Stream {
+	if sse == nil {
 		n, reason := p.wait(r, conn, nil)
 		produced, finished = n, reason
 		if reason == finishNone {
@@ -565,16 +594,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), text.appendText(nil, 0, n), reason, len(tokens), n, nil))
 		return
 	}
-	usage, continuous := false, false
-	if o := req.StreamOptions; o != nil {
-		usage = p.cfg.Engine.IncludeUsageDefault()
-		if o.IncludeUsage.set {
-			usage = o.IncludeUsage.val
-		}
-		continuous = o.ContinuousUsageStats
-	}
-	sse := newSSEWriter(isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), usage, continuous, len(tokens))
-	ctx.SetContentType("text/event-stream; charset=utf-8")
+	ctx.SetContentType(sseContentType)
 	handedOff = true
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer p.leave()
@@ -596,6 +616,21 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		})
 		span.end(n, reason)
 	})
+}
+
+// streamWriter is the SSE writer of a streamed answer to req, with usage
+// as its stream_options ask (an unset include_usage takes the engine's
+// default).
+func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int64, model string, prompt int) *sseWriter {
+	usage, continuous := false, false
+	if o := req.StreamOptions; o != nil {
+		usage = p.cfg.Engine.IncludeUsageDefault()
+		if o.IncludeUsage.set {
+			usage = o.IncludeUsage.val
+		}
+		continuous = o.ContinuousUsageStats
+	}
+	return newSSEWriter(isChat, id, created, model, usage, continuous, prompt)
 }
 
 // setMaxTokens sets r's output length from the request, answering 400 as
