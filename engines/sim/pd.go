@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -87,9 +88,11 @@ type pdLeg struct {
 	handle string
 	push   bool
 	// Decode legs: where the KV is, and how long the source should wait
-	// for it to be held (0: it must be held already).
-	src  kvxfer.Descriptor
-	wait time.Duration
+	// for it to be held (0: it must be held already); unreachable, when
+	// set, is why the KV cannot be fetched at all.
+	src         kvxfer.Descriptor
+	wait        time.Duration
+	unreachable error
 	// TensorRT-LLM's disagg_request_id, echoed in the context response.
 	disaggID *int64
 }
@@ -144,7 +147,10 @@ func vllmLeg(kv *kvTransferParams) (pdLeg, error) {
 // is. The room is the handle on the prefill pod's bootstrap server. A
 // decode leg without bootstrap_port uses ownPort, the pod's configured
 // one, as SGLang's Scheduler.handle_generate_request fills in
-// --disaggregation-bootstrap-port (default 8998).
+// --disaggregation-bootstrap-port (default 8998). One without
+// bootstrap_host is taken too: SGLang's KV receiver formats the missing
+// host as "None" and fails to fetch the prefill's parallel info there,
+// which fails the handshake once the request is queued.
 func sglangLeg(req *genRequest, role string, kvTimeout time.Duration, ownPort int) (pdLeg, error) {
 	if req.BootstrapRoom == nil {
 		return pdLeg{}, nil
@@ -156,16 +162,17 @@ func sglangLeg(req *genRequest, role string, kvTimeout time.Duration, ownPort in
 	if role == RolePrefill {
 		return pdLeg{kind: legPrefill, handle: room, push: true}, nil
 	}
-	if req.BootstrapHost == "" {
-		return pdLeg{}, badRequest("bootstrap_room needs bootstrap_host")
-	}
 	port := cmp.Or(ownPort, engines.DefaultBootstrapPort)
 	if req.BootstrapPort != nil {
 		port = *req.BootstrapPort
 	}
-	return pdLeg{kind: legDecode, wait: kvTimeout, src: kvxfer.Descriptor{
-		Addr: net.JoinHostPort(req.BootstrapHost, strconv.Itoa(port)), Handle: room,
-	}}, nil
+	leg := pdLeg{kind: legDecode, wait: kvTimeout, src: kvxfer.Descriptor{
+		Addr: net.JoinHostPort(cmp.Or(req.BootstrapHost, "None"), strconv.Itoa(port)), Handle: room,
+	}}
+	if req.BootstrapHost == "" {
+		leg.unreachable = errors.New("could not fetch the prefill's parallel info: no bootstrap_host")
+	}
+	return leg, nil
 }
 
 func (p *Pod) trtLeg(dp *disaggParams) (pdLeg, error) {
@@ -225,9 +232,10 @@ func (p *Pod) kvPace(n int64) time.Duration {
 }
 
 // receiveKV pulls a decode leg's KV once the scheduler admitted r, then
-// lets its prefill run. It returns false when it answered (a failed pull)
-// or the client left; true when the response is due, r aborted included.
-func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, r *request, leg pdLeg) bool {
+// lets its prefill run. It returns false when it answered (a failed pull,
+// as failAccepted answers for a stream or not) or the client left; true
+// when the response is due, r aborted included.
+func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, stream bool) bool {
 	conn := ctx.Conn()
 	pullCtx, cancel := context.WithCancel(context.Background())
 	var done chan error
@@ -246,7 +254,10 @@ func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, r *request, leg pdLeg) bool {
 			admitted = nil
 			done = make(chan error, 1)
 			go func() {
-				tr, err := p.transport.Pull(pullCtx, leg.src, leg.wait)
+				tr, err := kvxfer.Transfer{}, leg.unreachable
+				if err == nil {
+					tr, err = p.transport.Pull(pullCtx, leg.src, leg.wait)
+				}
 				p.m.kvPulled(tr.Elapsed.Seconds()*p.cfg.Speedup, err == nil)
 				done <- err
 			}()
@@ -255,7 +266,7 @@ func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, r *request, leg pdLeg) bool {
 			cancel()
 			if err != nil {
 				p.sched.send(schedMsg{kind: msgCancel, req: r})
-				p.writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "",
+				p.failAccepted(ctx, stream, fasthttp.StatusInternalServerError, "InternalServerError",
 					fmt.Sprintf("KV transfer from %s failed: %v", leg.src.Addr, err))
 				return false
 			}

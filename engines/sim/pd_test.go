@@ -515,3 +515,29 @@ func TestSGLangStreamedPrefillLeg(t *testing.T) {
 		t.Fatalf("a prefill leg nobody picked up: %d, %d events, first %s", resp.StatusCode, len(events), events[0].data)
 	}
 }
+
+// TestSGLangDecodeWithoutBootstrapHost: SGLang takes a decode leg without
+// bootstrap_host; its KV receiver then looks for the prefill pod at
+// "None:<port>" (Python's rendering of the missing host), the handshake
+// fails and the scheduler aborts the request with a 500: the status of a
+// whole answer, an error event in a stream it started.
+func TestSGLangDecodeWithoutBootstrapHost(t *testing.T) {
+	dec := testPod(t, Config{Engine: engines.SGLang, Model: "m", Seed: 11, Speedup: fast, Role: RoleDecode})
+	c := testClient(t)
+	url := "http://" + dec.Addr() + "/v1/chat/completions"
+	b := chatBody("no host to fetch the KV from", map[string]any{"max_tokens": 4, "bootstrap_room": rand.Int64()})
+	if status, body := post(t, c, url, b); status != http.StatusInternalServerError || !strings.Contains(string(body), "None:8998") {
+		t.Fatalf("decode leg without bootstrap_host: %d %s, want a 500 for the failed handshake", status, body)
+	}
+	b["stream"] = true
+	resp, events := stream(t, c, context.Background(), url, b)
+	var e struct{ Error struct{ Code int } }
+	if resp.StatusCode != http.StatusOK || len(events) != 2 || string(events[1].data) != "[DONE]" ||
+		json.Unmarshal(events[0].data, &e) != nil || e.Error.Code != 500 {
+		t.Fatalf("streamed decode leg without bootstrap_host: %d, %d events, first %s", resp.StatusCode, len(events), events[0].data)
+	}
+	testwait.For(t, "the decode pod to let the failed requests go", func() bool {
+		s := dec.Stats()
+		return s.Running+s.Waiting == 0 && s.UsedBlocks == 0
+	})
+}

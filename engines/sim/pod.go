@@ -562,7 +562,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	if leg.kind == legDecode {
 		pulled := span.step("kv_pull")
-		ok := p.receiveKV(ctx, r, leg)
+		ok := p.receiveKV(ctx, r, leg, req.Stream)
 		pulled()
 		if !ok {
 			return
