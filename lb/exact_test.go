@@ -239,3 +239,44 @@ func truncatedPromptMatches(t *testing.T, engine engines.Kind) {
 		t.Fatalf("gateway counted %g prompt tokens and predicted %g cached; the engine keeps %d, all cached", prompted, cached, keep)
 	}
 }
+
+// A completion batch runs on a vLLM pod as its prompts' own requests, each
+// cut to truncate_prompt_tokens and cached as its own chain of blocks. The
+// gateway keys the batch by its prompts' kept ids, the first prompt's
+// first, so a second batch that differs only in the parts the engine cuts
+// routes to the pod whose KV events reported the first batch, and that
+// pod finds every prompt's blocks cached.
+func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
+	_, _, pods, s := eventFleet(t, engines.VLLM, "llama3.1", "b")
+	const keep = 128
+	tails := []string{
+		strings.Repeat("The river runs north past the old mill, the stone bridge and the church. ", 20),
+		strings.Repeat("A train leaves the harbour at dawn with coal, timber and letters. ", 20),
+	}
+	body := func(head string) string {
+		b, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "truncate_prompt_tokens": keep,
+			"prompt": []string{head + "\n" + tails[0], head + " again\n" + tails[1]}})
+		return string(b)
+	}
+	home := pods[1]
+	if n := direct(t, s, home, "/v1/completions", body(strings.Repeat("alpha beta ", 200))); n != 2*keep {
+		t.Fatalf("the pod kept %d prompt tokens of the batch; want %d of each of its 2 prompts", n, keep)
+	}
+	hits := adminMetric(t, home.Address, "vllm:prefix_cache_hits_total")
+
+	resp, b := post(t, s, "/v1/completions", body(strings.Repeat("gamma delta epsilon ", 150)))
+	if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home.Name {
+		t.Fatalf("second batch on %s (%d %s), its kept prompts are on %s", resp.Header.Get("x-pdlb-pod"), resp.StatusCode, b, home.Name)
+	}
+	var prompted, cached float64
+	for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
+		fmt.Sscanf(line, `pdlb_prompt_tokens_total{model="m"} %g`, &prompted)
+		fmt.Sscanf(line, `pdlb_prefix_cached_tokens_total{model="m"} %g`, &cached)
+	}
+	if prompted != 2*keep || cached < keep-16 {
+		t.Fatalf("gateway counted %g prompt tokens and predicted %g cached; the engine keeps %d of each prompt", prompted, cached, keep)
+	}
+	if hit := adminMetric(t, home.Address, "vllm:prefix_cache_hits_total") - hits; hit < 2*(keep-16) {
+		t.Fatalf("the pod found %g tokens of the second batch cached; want most of both prompts' %d", hit, 2*keep)
+	}
+}

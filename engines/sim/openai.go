@@ -228,9 +228,35 @@ func renderChat(dst []byte, msgs []chatMessage, generationPrompt bool) ([]byte, 
 	return dst, nil
 }
 
-// promptTokens returns the tokens of a completions prompt: a string (in
-// the stand-in's tokens; text says so), a list of token ids, or a
-// one-element list of either (the sim serves one prompt per request).
+// completionPrompts splits a completions prompt into the prompts the
+// engine runs, each as its own request: a string or a list of token ids
+// is one; a list of strings or of token-id lists (a batch) is one each.
+func completionPrompts(raw json.RawMessage) ([]json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '[' {
+		return []json.RawMessage{raw}, nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, badRequest("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids")
+	}
+	if len(list) == 0 {
+		return nil, badRequest("prompt must not be empty")
+	}
+	form := func(e json.RawMessage) byte { return bytes.TrimSpace(e)[0] } // Unmarshal left no empty element
+	if f := form(list[0]); f != '"' && f != '[' {
+		return []json.RawMessage{raw}, nil
+	}
+	for i, e := range list {
+		if form(e) != form(list[0]) {
+			return nil, badRequest("prompt[%d] = %s: a batch is all strings or all lists of token ids", i, e)
+		}
+	}
+	return list, nil
+}
+
+// promptTokens returns the tokens of one completions prompt: a string, in
+// the stand-in's tokens (text says so), or a list of token ids.
 func promptTokens(dst []uint32, raw json.RawMessage) (ids []uint32, text bool, err error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
@@ -245,16 +271,7 @@ func promptTokens(dst []uint32, raw json.RawMessage) (ids []uint32, text bool, e
 	}
 	var list []json.RawMessage
 	if err := json.Unmarshal(raw, &list); err != nil {
-		return dst, false, badRequest("prompt must be a string, a list of token ids or a list of one of them")
-	}
-	if len(list) == 0 {
-		return dst, false, badRequest("prompt must not be empty")
-	}
-	if first := bytes.TrimSpace(list[0]); len(first) > 0 && (first[0] == '"' || first[0] == '[') {
-		if len(list) != 1 {
-			return dst, false, badRequest("prompt: batches of %d prompts are not supported by the sim; send one per request", len(list))
-		}
-		return promptTokens(dst, list[0])
+		return dst, false, badRequest("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids")
 	}
 	for i, e := range list {
 		id, err := strconv.ParseUint(string(bytes.TrimSpace(e)), 10, 32)
@@ -266,18 +283,10 @@ func promptTokens(dst []uint32, raw json.RawMessage) (ids []uint32, text bool, e
 	return dst, false, nil
 }
 
-// promptString is a completion prompt given as one string (or a list of
-// one string), which the model's tokenizer encodes; ok is false for token
-// ids.
+// promptString is one completions prompt given as a string, which the
+// model's tokenizer encodes; ok is false for token ids.
 func promptString(raw json.RawMessage) (s string, ok bool) {
 	raw = bytes.TrimSpace(raw)
-	if len(raw) > 0 && raw[0] == '[' {
-		var list []json.RawMessage
-		if json.Unmarshal(raw, &list) != nil || len(list) != 1 {
-			return "", false
-		}
-		raw = bytes.TrimSpace(list[0])
-	}
 	if len(raw) == 0 || raw[0] != '"' {
 		return "", false
 	}
@@ -338,17 +347,22 @@ func appendUsage(dst []byte, prompt, completion int, details bool) []byte {
 // chunk models dumped with exclude_unset, so a chunk carries exactly the
 // fields it sets: the chat role chunk, then content deltas, the last with
 // finish_reason and stop_reason, then (with include_usage) a chunk with
-// empty choices and the usage, then [DONE].
+// empty choices and the usage, then [DONE]. The prompts of a completion
+// batch stream interleaved, each chunk with its prompt's index.
 type sseWriter struct {
 	chat       bool
 	prefix     []byte // `data: {"id":…,"object":…,"created":…,"model":…,"choices":[`
 	usage      bool
 	continuous bool
-	prompt     int
-	sentRole   bool
+	// perPrompt sends each prompt's usage chunk once it finished, as
+	// TensorRT-LLM merges its prompts' streams; otherwise one chunk at
+	// the end sums them (vLLM, SGLang).
+	perPrompt bool
+	prompts   []int // each prompt's length in tokens
+	sentRole  bool
 }
 
-func newSSEWriter(chat bool, id string, created int64, model string, usage, continuous bool, prompt int) *sseWriter {
+func newSSEWriter(chat bool, id string, created int64, model string, usage, continuous, perPrompt bool, prompts []int) *sseWriter {
 	object := "text_completion"
 	if chat {
 		object = "chat.completion.chunk"
@@ -362,25 +376,28 @@ func newSSEWriter(chat bool, id string, created int64, model string, usage, cont
 	p = append(p, `,"model":`...)
 	p = appendJSONString(p, model)
 	p = append(p, `,"choices":[`...)
-	return &sseWriter{chat: chat, prefix: p, usage: usage, continuous: continuous, prompt: prompt}
+	return &sseWriter{chat: chat, prefix: p, usage: usage, continuous: continuous, perPrompt: perPrompt, prompts: prompts}
 }
 
-// appendDelta appends the chunks for new output text; completion is the
-// number of tokens produced so far and reason the finish reason, if any.
-func (w *sseWriter) appendDelta(dst []byte, text []byte, completion int, reason uint8) []byte {
+// appendDelta appends the chunks for prompt i's new output text;
+// completion is the number of tokens it produced so far and reason its
+// finish reason, if any.
+func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, reason uint8) []byte {
 	if w.chat && !w.sentRole {
 		w.sentRole = true
 		dst = append(dst, w.prefix...)
 		dst = append(dst, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
-		dst = w.closeChunk(dst, 0)
+		dst = w.closeChunk(dst, w.prompts[0], 0)
 	}
 	dst = append(dst, w.prefix...)
+	dst = append(dst, `{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
 	if w.chat {
-		dst = append(dst, `{"index":0,"delta":{"content":`...)
+		dst = append(dst, `,"delta":{"content":`...)
 		dst = appendJSONBytes(dst, text)
 		dst = append(dst, `},"logprobs":null,"finish_reason":`...)
 	} else {
-		dst = append(dst, `{"index":0,"text":`...)
+		dst = append(dst, `,"text":`...)
 		dst = appendJSONBytes(dst, text)
 		dst = append(dst, `,"logprobs":null,"finish_reason":`...)
 	}
@@ -395,36 +412,60 @@ func (w *sseWriter) appendDelta(dst []byte, text []byte, completion int, reason 
 		dst = append(dst, `,"stop_reason":null`...)
 	}
 	dst = append(dst, "}]"...)
-	return w.closeChunk(dst, completion)
+	dst = w.closeChunk(dst, w.prompts[i], completion)
+	if reason != finishNone && w.perPrompt {
+		dst = w.appendUsage(dst, w.prompts[i], completion)
+	}
+	return dst
 }
 
-func (w *sseWriter) closeChunk(dst []byte, completion int) []byte {
+func (w *sseWriter) closeChunk(dst []byte, prompt, completion int) []byte {
 	if w.continuous {
 		dst = append(dst, `,"usage":`...)
-		dst = appendUsage(dst, w.prompt, completion, false)
+		dst = appendUsage(dst, prompt, completion, false)
 	}
 	return append(dst, "}\n\n"...)
 }
 
-// appendEnd appends the usage chunk, if asked for, and [DONE].
+// appendUsage appends a usage chunk, if asked for.
+func (w *sseWriter) appendUsage(dst []byte, prompt, completion int) []byte {
+	if !w.usage {
+		return dst
+	}
+	dst = append(dst, w.prefix...)
+	dst = append(dst, `],"usage":`...)
+	dst = appendUsage(dst, prompt, completion, false)
+	return append(dst, "}\n\n"...)
+}
+
+// appendEnd appends the usage chunk summing the prompts, unless each had
+// its own, and [DONE]; completion is the tokens of every prompt.
 func (w *sseWriter) appendEnd(dst []byte, completion int) []byte {
-	if w.usage {
-		dst = append(dst, w.prefix...)
-		dst = append(dst, `],"usage":`...)
-		dst = appendUsage(dst, w.prompt, completion, false)
-		dst = append(dst, "}\n\n"...)
+	if !w.perPrompt {
+		prompt := 0
+		for _, n := range w.prompts {
+			prompt += n
+		}
+		dst = w.appendUsage(dst, prompt, completion)
 	}
 	return append(dst, "data: [DONE]\n\n"...)
 }
 
+// choice is one answer of a response: a prompt's text and finish reason.
+type choice struct {
+	text   []byte
+	reason uint8
+}
+
 // appendFullResponse appends a non-streaming chat.completion or
 // text_completion body, every field vLLM's response model has (it dumps
-// them all, nulls included).
+// them all, nulls included): one choice per prompt, and the usage of
+// them all.
 //
 // pd, when not nil, adds a prefill leg's answer fields: vLLM's top-level
 // kv_transfer_params, TensorRT-LLM's choices[0].disaggregated_params and
 // top-level prompt_token_ids.
-func appendFullResponse(dst []byte, chat bool, id string, created int64, model string, text []byte, reason uint8, prompt, completion int, pd *pdAnswer) []byte {
+func appendFullResponse(dst []byte, chat bool, id string, created int64, model string, choices []choice, prompt, completion int, pd *pdAnswer) []byte {
 	var disagg, kvParams []byte
 	var promptIDs []uint32
 	if pd != nil {
@@ -441,23 +482,30 @@ func appendFullResponse(dst []byte, chat bool, id string, created int64, model s
 	dst = strconv.AppendInt(dst, created, 10)
 	dst = append(dst, `,"model":`...)
 	dst = appendJSONString(dst, model)
-	if chat {
-		dst = append(dst, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
-		dst = appendJSONBytes(dst, text)
-		dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"`...)
-		dst = append(dst, finishNames[reason]...)
-		dst = append(dst, `","stop_reason":null`...)
+	dst = append(dst, `,"choices":[`...)
+	for i, c := range choices {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"index":`...)
+		dst = strconv.AppendInt(dst, int64(i), 10)
+		if chat {
+			dst = append(dst, `,"message":{"role":"assistant","content":`...)
+			dst = appendJSONBytes(dst, c.text)
+			dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"`...)
+			dst = append(dst, finishNames[c.reason]...)
+			dst = append(dst, `","stop_reason":null`...)
+		} else {
+			dst = append(dst, `,"text":`...)
+			dst = appendJSONBytes(dst, c.text)
+			dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
+			dst = append(dst, finishNames[c.reason]...)
+			dst = append(dst, `","stop_reason":null,"prompt_logprobs":null`...)
+		}
 		dst = appendDisagg(dst, disagg)
-		dst = append(dst, "}]"...)
-	} else {
-		dst = append(dst, `,"choices":[{"index":0,"text":`...)
-		dst = appendJSONBytes(dst, text)
-		dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
-		dst = append(dst, finishNames[reason]...)
-		dst = append(dst, `","stop_reason":null,"prompt_logprobs":null`...)
-		dst = appendDisagg(dst, disagg)
-		dst = append(dst, "}]"...)
+		dst = append(dst, '}')
 	}
+	dst = append(dst, ']')
 	dst = append(dst, `,"service_tier":null,"system_fingerprint":null,"usage":`...)
 	dst = appendUsage(dst, prompt, completion, true)
 	if chat {

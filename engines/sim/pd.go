@@ -310,19 +310,21 @@ type pdAnswer struct {
 // "stream" and has no handoff fields to answer).
 func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, chat bool, respID string, created int64, text textStream, sse *sseWriter) {
 	conn := ctx.Conn()
-	n, reason := p.wait(r, conn, nil)
-	if reason == finishNone {
+	outs := p.waitAll([]*request{r}, conn, nil)
+	if outs == nil {
 		return // the client is gone; the scheduler unpinned the KV
 	}
+	n, reason := outs[0].produced, outs[0].reason
 	prompt := len(r.tokens)
 	answer := func(pd *pdAnswer) {
 		if sse != nil {
-			b := sse.appendDelta(nil, text.appendText(nil, 0, n), n, reason)
+			b := sse.appendDelta(nil, 0, text.appendText(nil, 0, n), n, reason)
 			ctx.SetContentType(sseContentType)
 			ctx.SetBody(sse.appendEnd(b, n))
 			return
 		}
-		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, cmp.Or(r.lora, p.cfg.Model), text.appendText(nil, 0, n), reason, prompt, n, pd))
+		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, cmp.Or(r.lora, p.cfg.Model),
+			[]choice{{text.appendText(nil, 0, n), reason}}, prompt, n, pd))
 	}
 	if reason == finishAbort {
 		answer(nil)

@@ -406,27 +406,54 @@ func (p *Pod) parseBody(ctx *fasthttp.RequestCtx, v any) bool {
 	return true
 }
 
-// requestTokens renders and tokenizes the prompt of a chat or completions
-// request as the pod's engine would: with the model's tokenizer and chat
-// template when the pod has them (cfg.Prompt), else with the stand-in;
-// then it truncates them where the engine cuts such a prompt. Chat
-// messages the engine would refuse are a *chat.RequestError either way.
-func (p *Pod) requestTokens(body []byte, req *genRequest, isChat bool) ([]uint32, error) {
+// requestTokens renders and tokenizes the prompts of a chat or completions
+// request as the pod's engine would: a chat's one, or each prompt of a
+// completion batch on its own (the engines run each as its own request);
+// with the model's tokenizer and chat template when the pod has them
+// (cfg.Prompt), else with the stand-in; then it cuts each where the
+// engine cuts such a prompt. Chat messages the engine would refuse are a
+// *chat.RequestError either way.
+func (p *Pod) requestTokens(body []byte, req *genRequest, isChat bool) ([][]uint32, error) {
 	keep, right, err := req.truncation(p.cfg.Engine, body, p.cfg.MaxModelLen)
 	if err != nil {
 		return nil, err
 	}
-	ids, src, special, err := p.untruncatedTokens(body, req, isChat)
+	if isChat {
+		ids, src, special, err := p.chatTokens(body, req)
+		if err != nil {
+			return nil, err
+		}
+		return [][]uint32{p.kept(ids, src, special, keep, right)}, nil
+	}
+	raws, err := completionPrompts(req.Prompt)
+	if err != nil {
+		return nil, err
+	}
+	prompts := make([][]uint32, len(raws))
+	for i, raw := range raws {
+		ids, src, special, err := p.completionTokens(raw, req)
+		if err != nil {
+			return nil, err
+		}
+		prompts[i] = p.kept(ids, src, special, keep, right)
+	}
+	return prompts, nil
+}
+
+// kept is the part of a prompt's ids the engine keeps under truncation:
+// the last keep (-1: all), or the first if right, where the engine cuts a
+// prompt src made.
+func (p *Pod) kept(ids []uint32, src idSource, special bool, keep int, right bool) []uint32 {
 	switch {
-	case err != nil || keep < 0 || keep >= len(ids) || !p.cfg.Engine.TruncatesPrompt(src == idsClient):
-		return ids, err
+	case keep < 0 || keep >= len(ids) || !p.cfg.Engine.TruncatesPrompt(src == idsClient):
+		return ids
 	case src == idsTokenizer:
 		// HF's truncation spares the special tokens it added.
-		return p.cfg.Prompt.Tokenizer().Truncate(ids, keep, right, special), nil
+		return p.cfg.Prompt.Tokenizer().Truncate(ids, keep, right, special)
 	case right:
-		return ids[:keep], nil
+		return ids[:keep]
 	}
-	return ids[len(ids)-keep:], nil
+	return ids[len(ids)-keep:]
 }
 
 // idSource is where a prompt's ids came from.
@@ -438,24 +465,28 @@ const (
 	idsTokenizer                 // cfg.Prompt's tokenizer's, of the prompt's text
 )
 
-// untruncatedTokens is requestTokens before truncation; src says who made
-// the ids, and special that cfg.Prompt's tokenizer added its special
-// tokens. A TensorRT-LLM chat's prompt_token_ids (a generation leg's copy
-// of the context response's) replace its messages' rendering.
-func (p *Pod) untruncatedTokens(body []byte, req *genRequest, isChat bool) (ids []uint32, src idSource, special bool, err error) {
-	if !isChat {
-		if p.cfg.Prompt != nil {
-			if s, ok := promptString(req.Prompt); ok {
-				add := req.AddSpecialTokens == nil || *req.AddSpecialTokens
-				return p.cfg.Prompt.Completion(nil, []byte(s), add), idsTokenizer, add, nil
-			}
+// completionTokens is one completions prompt's ids before truncation; src
+// says who made them, and special that cfg.Prompt's tokenizer added its
+// special tokens.
+func (p *Pod) completionTokens(raw json.RawMessage, req *genRequest) (ids []uint32, src idSource, special bool, err error) {
+	if p.cfg.Prompt != nil {
+		if s, ok := promptString(raw); ok {
+			add := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+			return p.cfg.Prompt.Completion(nil, []byte(s), add), idsTokenizer, add, nil
 		}
-		ids, text, err := promptTokens(nil, req.Prompt)
-		if text {
-			src = idsStandIn
-		}
-		return ids, src, false, err
 	}
+	ids, text, err := promptTokens(nil, raw)
+	if text {
+		src = idsStandIn
+	}
+	return ids, src, false, err
+}
+
+// chatTokens is a chat's prompt ids before truncation, as
+// completionTokens's. A TensorRT-LLM chat's prompt_token_ids (a
+// generation leg's copy of the context response's) replace its messages'
+// rendering.
+func (p *Pod) chatTokens(body []byte, req *genRequest) (ids []uint32, src idSource, special bool, err error) {
 	if p.cfg.Engine == engines.TRTLLM && len(req.PromptTokenIDs) > 0 {
 		return req.PromptTokenIDs, idsClient, false, nil
 	}
@@ -481,7 +512,10 @@ func (p *Pod) untruncatedTokens(body []byte, req *genRequest, isChat bool) (ids 
 	return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), idsStandIn, false, nil
 }
 
-// generate serves /v1/chat/completions and /v1/completions.
+// generate serves /v1/chat/completions and /v1/completions. Each prompt
+// of a completion batch is its own scheduler request; the answer has one
+// choice per prompt and their usage summed, as every engine answers a
+// batch.
 func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if !p.enter(ctx) {
 		return
@@ -512,67 +546,91 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		return
 	}
 	leg, err := p.legOf(&req)
-	var tokens []uint32
+	var prompts [][]uint32
 	if err == nil {
-		tokens, err = p.requestTokens(ctx.PostBody(), &req, isChat)
+		prompts, err = p.requestTokens(ctx.PostBody(), &req, isChat)
 	}
 	salt, saltErr := req.cacheSalt()
 	err = cmp.Or(err, saltErr)
-	if err == nil && len(tokens) == 0 {
-		err = badRequest("the prompt is empty")
+	if err == nil && len(prompts) > 1 && leg.kind != legPlain {
+		err = badRequest("a batch of %d prompts on a %s leg: the sim serves batches on plain requests only", len(prompts), legNames[leg.kind])
+	}
+	lengths := make([]int, len(prompts))
+	for i, tokens := range prompts {
+		if err == nil && len(tokens) == 0 {
+			err = badRequest("the prompt is empty")
+		}
+		lengths[i] = len(tokens)
 	}
 	if err != nil {
 		p.refuse(ctx, err)
 		return
 	}
-	span = p.startSpan(ctx, leg.kind, req.Model, len(tokens))
-	r := newRequest()
-	if leg.kind == legDecode {
-		r = newRemoteRequest()
-	}
-	r.tokens = tokens
-	if !p.setMaxTokens(ctx, r, &req) {
-		return
-	}
-	if leg.kind == legPrefill {
-		// The prefill leg yields the first token only, whatever the body
-		// asks, and keeps its KV for the decode pod.
-		r.pin = true
-		if r.maxTokens > 1 {
-			r.maxTokens, r.limitReason = 1, finishLength
-		}
-	}
-	r.salt = salt
-	if req.Model != p.cfg.Model {
-		r.lora = req.Model // checkModel let only an adapter's name through
-	}
-	r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), radix.SeedWith(p.seed, r.lora, salt), tokens, p.cfg.Physics.BlockSize)
+	promptTotal := sum(lengths)
+	span = p.startSpan(ctx, leg.kind, req.Model, promptTotal)
 	// The response id follows vLLM: the X-Request-Id header, else the
 	// request_id parameter, else a random one. SGLang aborts by rid.
 	id := cmp.Or(string(ctx.Request.Header.Peek("X-Request-Id")), req.RequestID, req.RID,
 		fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64()))
-	r.rid = cmp.Or(req.RID, id)
+	rid := cmp.Or(req.RID, id)
+	rs := make([]*request, len(prompts))
+	texts := make([]textStream, len(prompts))
+	for i, tokens := range prompts {
+		r := newRequest()
+		if leg.kind == legDecode {
+			r = newRemoteRequest()
+		}
+		if i > 0 {
+			// One waiter follows the whole batch.
+			r.notify = rs[0].notify
+		}
+		r.tokens = tokens
+		if !p.setMaxTokens(ctx, r, &req) {
+			return
+		}
+		if leg.kind == legPrefill {
+			// The prefill leg yields the first token only, whatever the
+			// body asks, and keeps its KV for the decode pod.
+			r.pin = true
+			if r.maxTokens > 1 {
+				r.maxTokens, r.limitReason = 1, finishLength
+			}
+		}
+		r.salt = salt
+		if req.Model != p.cfg.Model {
+			r.lora = req.Model // checkModel let only an adapter's name through
+		}
+		r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), radix.SeedWith(p.seed, r.lora, salt), tokens, p.cfg.Physics.BlockSize)
+		// vLLM names a batch's requests after the prompts' places.
+		r.rid = rid
+		if len(prompts) > 1 {
+			r.rid = rid + "-" + strconv.Itoa(i)
+		}
+		rs[i], texts[i] = r, newTextStream(p.cfg.Seed, tokens)
+	}
 	respID := "cmpl-" + id
 	if isChat {
 		respID = "chatcmpl-" + id
 	}
-	if !p.sched.send(schedMsg{kind: msgSubmit, req: r}) {
-		p.writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", "the engine is shutting down")
-		return
+	for _, r := range rs {
+		if !p.sched.send(schedMsg{kind: msgSubmit, req: r}) {
+			p.writeError(ctx, fasthttp.StatusServiceUnavailable, "ServiceUnavailableError", "", "the engine is shutting down")
+			return
+		}
 	}
 	if leg.kind == legDecode {
 		pulled := span.step("kv_pull")
-		ok := p.receiveKV(ctx, r, leg, req.Stream)
+		ok := p.receiveKV(ctx, rs[0], leg, req.Stream)
 		pulled()
 		if !ok {
 			return
 		}
 	}
-	text := newTextStream(p.cfg.Seed, tokens)
 	created := time.Now().Unix()
+	model := cmp.Or(rs[0].lora, p.cfg.Model)
 	var sse *sseWriter
 	if req.Stream {
-		sse = p.streamWriter(&req, isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), len(tokens))
+		sse = p.streamWriter(&req, isChat, respID, created, model, lengths)
 	}
 	if leg.kind == legPrefill {
 		produced, finished = 1, finishLength
@@ -581,17 +639,21 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			// body: their routers send the prefill leg stream false.
 			sse = nil
 		}
-		p.answerPrefill(ctx, r, leg, isChat, respID, created, text, sse)
+		p.answerPrefill(ctx, rs[0], leg, isChat, respID, created, texts[0], sse)
 		return
 	}
 	conn := ctx.Conn()
 	if sse == nil {
-		n, reason := p.wait(r, conn, nil)
-		produced, finished = n, reason
-		if reason == finishNone {
+		outs := p.waitAll(rs, conn, nil)
+		if outs == nil {
 			return // the client is gone
 		}
-		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, cmp.Or(r.lora, p.cfg.Model), text.appendText(nil, 0, n), reason, len(tokens), n, nil))
+		choices := make([]choice, len(outs))
+		for i, o := range outs {
+			choices[i] = choice{texts[i].appendText(nil, 0, o.produced), o.reason}
+		}
+		produced, finished = totals(outs)
+		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, model, choices, promptTotal, produced, nil))
 		return
 	}
 	ctx.SetContentType(sseContentType)
@@ -599,14 +661,18 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer p.leave()
 		var buf, piece []byte
-		sent := 0
-		n, reason := p.wait(r, conn, func(n int, reason uint8) bool {
+		sent := make([]int, len(rs))
+		left, completion := len(rs), 0
+		outs := p.waitAll(rs, conn, func(i, n int, reason uint8) bool {
 			span.token()
-			piece = text.appendText(piece[:0], sent, n)
-			buf = sse.appendDelta(buf[:0], piece, n, reason)
-			sent = n
+			piece = texts[i].appendText(piece[:0], sent[i], n)
+			buf = sse.appendDelta(buf[:0], i, piece, n, reason)
+			sent[i] = n
 			if reason != finishNone {
-				buf = sse.appendEnd(buf, n)
+				left, completion = left-1, completion+n
+				if left == 0 {
+					buf = sse.appendEnd(buf, completion)
+				}
 			}
 			_, err := w.Write(buf)
 			if err == nil {
@@ -614,14 +680,14 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			}
 			return err == nil
 		})
-		span.end(n, reason)
+		span.end(totals(outs))
 	})
 }
 
 // streamWriter is the SSE writer of a streamed answer to req, with usage
 // as its stream_options ask (an unset include_usage takes the engine's
 // default).
-func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int64, model string, prompt int) *sseWriter {
+func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int64, model string, prompts []int) *sseWriter {
 	usage, continuous := false, false
 	if o := req.StreamOptions; o != nil {
 		usage = p.cfg.Engine.IncludeUsageDefault()
@@ -630,7 +696,7 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 		}
 		continuous = o.ContinuousUsageStats
 	}
-	return newSSEWriter(isChat, id, created, model, usage, continuous, prompt)
+	return newSSEWriter(isChat, id, created, model, usage, continuous, p.cfg.Engine == engines.TRTLLM, prompts)
 }
 
 // setMaxTokens sets r's output length from the request, answering 400 as
@@ -683,40 +749,78 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 	return true
 }
 
-// wait follows r until it finishes or its client hangs up, calling deliver
-// (when not nil) with the tokens produced so far each time they change. A
-// false from deliver, or a closed connection, cancels the request. It returns
-// the tokens produced and the finish reason, finishNone if cancelled.
-func (p *Pod) wait(r *request, conn net.Conn, deliver func(produced int, reason uint8) bool) (int, uint8) {
+// outcome is how one request ended: the tokens it produced and its
+// finish reason.
+type outcome struct {
+	produced int
+	reason   uint8
+}
+
+// totals is the tokens a batch's requests produced, and the finish reason
+// of the last.
+func totals(outs []outcome) (produced int, reason uint8) {
+	for _, o := range outs {
+		produced, reason = produced+o.produced, o.reason
+	}
+	return produced, reason
+}
+
+func sum(ns []int) (total int) {
+	for _, n := range ns {
+		total += n
+	}
+	return total
+}
+
+// waitAll follows rs, which share one notify channel, until each finished
+// or the client hung up, calling deliver (when not nil) with request i's
+// tokens produced so far each time they change. A false from deliver, or
+// a closed connection, cancels every request. It returns how each ended,
+// nil if cancelled.
+func (p *Pod) waitAll(rs []*request, conn net.Conn, deliver func(i, produced int, reason uint8) bool) []outcome {
 	poll := time.NewTicker(disconnectPoll)
 	defer poll.Stop()
-	delivered := 0
+	cancel := func() []outcome {
+		for _, r := range rs {
+			p.sched.send(schedMsg{kind: msgCancel, req: r})
+		}
+		return nil
+	}
+	outs := make([]outcome, len(rs))
+	delivered := make([]int, len(rs))
+	left := len(rs)
 	for {
 		select {
-		case <-r.notify:
+		case <-rs[0].notify:
 		case <-poll.C:
 			if connGone(conn) {
-				p.sched.send(schedMsg{kind: msgCancel, req: r})
-				return 0, finishNone
+				return cancel()
 			}
 			continue
 		case <-p.sched.exited:
 			// The scheduler finished everything it knew of; a request
 			// that reached it too late is aborted here.
 		}
-		n, reason := r.load()
-		if reason == finishNone && isClosed(p.sched.exited) {
-			reason = finishAbort
-		}
-		if deliver != nil && (n > delivered || reason != finishNone) {
-			if !deliver(n, reason) {
-				p.sched.send(schedMsg{kind: msgCancel, req: r})
-				return 0, finishNone
+		for i, r := range rs {
+			if outs[i].reason != finishNone {
+				continue
 			}
-			delivered = n
+			n, reason := r.load()
+			if reason == finishNone && isClosed(p.sched.exited) {
+				reason = finishAbort
+			}
+			if deliver != nil && (n > delivered[i] || reason != finishNone) {
+				if !deliver(i, n, reason) {
+					return cancel()
+				}
+				delivered[i] = n
+			}
+			if reason != finishNone {
+				outs[i], left = outcome{n, reason}, left-1
+			}
 		}
-		if reason != finishNone {
-			return n, reason
+		if left == 0 {
+			return outs
 		}
 	}
 }
@@ -738,7 +842,13 @@ func (p *Pod) tokenize(ctx *fasthttp.RequestCtx) {
 	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	tokens, _, _, err := p.untruncatedTokens(ctx.PostBody(), &req, req.Messages != nil)
+	var tokens []uint32
+	var err error
+	if req.Messages != nil {
+		tokens, _, _, err = p.chatTokens(ctx.PostBody(), &req)
+	} else {
+		tokens, _, _, err = p.completionTokens(req.Prompt, &req)
+	}
 	if err != nil {
 		p.refuse(ctx, err)
 		return

@@ -238,7 +238,8 @@ func TestErrors(t *testing.T) {
 	f("/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 0}, 400, "BadRequestError", "max_tokens must be at least 1")
 	f("/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 100}, 400, "BadRequestError", "maximum context length is 100 tokens")
 	f("/v1/completions", map[string]any{"prompt": ""}, 400, "BadRequestError", "empty")
-	f("/v1/completions", map[string]any{"prompt": []string{"a", "b"}}, 400, "BadRequestError", "batches")
+	f("/v1/completions", map[string]any{"prompt": []any{"a", []int{1}}}, 400, "BadRequestError", "a batch is all strings")
+	f("/v1/completions", map[string]any{"prompt": []any{}}, 400, "BadRequestError", "must not be empty")
 	f("/v1/chat/completions", map[string]any{"messages": []any{}}, 400, "BadRequestError", "messages")
 
 	// A default output length that would overflow the context is cut to

@@ -62,14 +62,14 @@ func BenchmarkStreams64(b *testing.B) {
 
 // BenchmarkAppendDelta is the per-delivery cost of building a chat chunk.
 func BenchmarkAppendDelta(b *testing.B) {
-	w := newSSEWriter(true, "chatcmpl-0123456789abcdef", 1700000000, "meta-llama/Llama-3.1-8B-Instruct", true, false, 100)
+	w := newSSEWriter(true, "chatcmpl-0123456789abcdef", 1700000000, "meta-llama/Llama-3.1-8B-Instruct", true, false, false, []int{100})
 	text := newTextStream(1, []uint32{1, 2, 3})
 	var buf, piece []byte
-	buf = w.appendDelta(buf, nil, 0, finishNone) // the role chunk, once
+	buf = w.appendDelta(buf, 0, nil, 0, finishNone) // the role chunk, once
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
 		piece = text.appendText(piece[:0], i, i+1)
-		buf = w.appendDelta(buf[:0], piece, i+1, finishNone)
+		buf = w.appendDelta(buf[:0], 0, piece, i+1, finishNone)
 	}
 }

@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -208,5 +210,106 @@ func TestPodTruncatesPromptsAsTRTLLM(t *testing.T) {
 		if status, b := post(t, c, base+"/v1/completions", bad); status != 400 || !strings.Contains(string(b), `"object":"error"`) {
 			t.Errorf("%v: %d %s, want TensorRT-LLM's 400", bad, status, b)
 		}
+	}
+}
+
+// TestPodServesBatches: a completion whose prompt is a list of strings or
+// of token-id lists is a batch, and every engine runs each prompt as its
+// own request: one choice per prompt, indexed by it (n is 1), each the
+// answer the prompt alone gets, each prompt's blocks cached on their own,
+// and the usage summed. Streamed, each chunk carries its prompt's index;
+// vLLM and SGLang end with one usage chunk summing the prompts,
+// TensorRT-LLM sends each prompt's own as that prompt finishes.
+func TestPodServesBatches(t *testing.T) {
+	type usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	}
+	type response struct {
+		Choices []struct {
+			Index        int
+			Text         string
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage usage
+	}
+	ids := func(from, n int) []int {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = from + i
+		}
+		return out
+	}
+	for _, e := range engines.Kinds {
+		t.Run(string(e), func(t *testing.T) {
+			phys := DefaultPhysics()
+			phys.BlockSize = 16
+			p := testPod(t, Config{Engine: e, Speedup: 1000, Physics: phys})
+			c := testClient(t)
+			url := "http://" + p.Addr() + "/v1/completions"
+			ask := func(body map[string]any) response {
+				t.Helper()
+				status, b := post(t, c, url, body)
+				var r response
+				if status != 200 || json.Unmarshal(b, &r) != nil {
+					t.Fatalf("%d %s", status, b)
+				}
+				return r
+			}
+			for _, prompts := range [][]any{
+				{strings.Repeat("the first prompt of the batch ", 10), strings.Repeat("and the second one, a longer one ", 14)},
+				{ids(1000, 70), ids(5000, 90)},
+			} {
+				batch := ask(map[string]any{"prompt": prompts, "max_tokens": 7})
+				var sum usage
+				each := make([]usage, len(prompts))
+				for i, pr := range prompts {
+					before := p.Stats().HitTokens
+					alone := ask(map[string]any{"prompt": pr, "max_tokens": 7})
+					n := alone.Usage.PromptTokens
+					if hit := p.Stats().HitTokens - before; hit < int64(n/16*16) {
+						t.Fatalf("prompt %d alone after the batch: %d of its %d tokens cached", i, hit, n)
+					}
+					if len(batch.Choices) != len(prompts) || batch.Choices[i].Index != i ||
+						batch.Choices[i].Text != alone.Choices[0].Text || batch.Choices[i].FinishReason != "length" {
+						t.Fatalf("batch choices %+v; prompt %d alone answers %+v", batch.Choices, i, alone.Choices)
+					}
+					each[i] = alone.Usage
+					sum.PromptTokens += n
+					sum.CompletionTokens += alone.Usage.CompletionTokens
+				}
+				if batch.Usage != sum {
+					t.Fatalf("batch usage %+v, want the prompts' sum %+v", batch.Usage, sum)
+				}
+
+				resp, events := stream(t, c, context.Background(), url, map[string]any{"prompt": prompts, "max_tokens": 7, "stream": true,
+					"stream_options": map[string]any{"include_usage": true}})
+				texts := make([]string, len(prompts))
+				var usages []usage
+				for _, ch := range parseChunks(t, events) {
+					for _, choice := range ch.Choices {
+						texts[choice.Index] += *choice.Text
+					}
+					if ch.Usage != nil {
+						usages = append(usages, usage{ch.Usage.PromptTokens, ch.Usage.CompletionTokens})
+					}
+				}
+				for i := range prompts {
+					if texts[i] != batch.Choices[i].Text {
+						t.Fatalf("streamed prompt %d: %q, want %q", i, texts[i], batch.Choices[i].Text)
+					}
+				}
+				want := []usage{sum}
+				if e == engines.TRTLLM {
+					want = each
+					if len(usages) == 2 && usages[0] != want[0] {
+						usages[0], usages[1] = usages[1], usages[0] // the prompts may finish in either order
+					}
+				}
+				if resp.StatusCode != 200 || fmt.Sprint(usages) != fmt.Sprint(want) {
+					t.Fatalf("streamed batch: %d, usage chunks %v, want %v", resp.StatusCode, usages, want)
+				}
+			}
+		})
 	}
 }
