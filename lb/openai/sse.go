@@ -229,7 +229,10 @@ func AppendErrorEvent(dst []byte, e *Error) []byte {
 // (no JSON decoding, no allocation).
 //
 // Exact when the stream carries usage (stream_options.include_usage, or
-// vLLM's continuous usage stats): the last "completion_tokens" seen.
+// vLLM's continuous usage stats): the last "completion_tokens" seen, or,
+// once usage chunks without choices came, their sum: one sums the whole
+// stream on vLLM and SGLang, while TensorRT-LLM sends one per prompt of a
+// batch as that prompt finishes.
 // Otherwise an estimate: one token per event that carries generated output
 // (a non-empty "content", "reasoning_content", "reasoning" or "text" string,
 // or non-empty "tool_calls"), which is exact for engines that stream one
@@ -245,6 +248,10 @@ type TokenCounter struct {
 	deltas int
 	usage  int
 	exact  bool
+	// final sums the usage of the chunks without choices; finals says
+	// there were some.
+	final  int
+	finals bool
 	// errCode is the first error event's code, -1 when it had none that
 	// reads as a number; 0: no error event.
 	errCode int
@@ -309,7 +316,7 @@ func leadingInt(v []byte) (n int, ok bool) {
 // Observe counts ev.
 func (c *TokenCounter) Observe(ev Event) {
 	d := ev.Data()
-	output := false
+	output, noChoices := false, false
 	// Every key ends in `":`, and inside a string a quote is escaped, so an
 	// unescaped quote followed by ':' always ends a key. The search is for
 	// the colon: JSON has a quote at both ends of every string, a colon
@@ -333,9 +340,18 @@ func (c *TokenCounter) Observe(ev Event) {
 				inner := skipWS(v[1:])
 				output = output || len(inner) > 0 && inner[0] != ']'
 			}
+		case keyIs(d, q, "choices"):
+			// Engines write "choices" before "usage".
+			if len(v) > 0 && v[0] == '[' {
+				inner := skipWS(v[1:])
+				noChoices = len(inner) > 0 && inner[0] == ']'
+			}
 		case keyIs(d, q, "completion_tokens"):
 			if n, ok := leadingInt(v); ok {
 				c.usage, c.exact = n, true
+				if noChoices {
+					c.final, c.finals = c.final+n, true
+				}
 			}
 		}
 	}
@@ -446,10 +462,14 @@ func keyIs(d []byte, q int, name string) bool {
 	return start >= 1 && d[start-1] == '"' && string(d[start:q]) == name
 }
 
-// Tokens returns the completion tokens seen so far: the usage figure if the
-// stream sent one, else the count of output events.
+// Tokens returns the completion tokens seen so far: the usage figures if
+// the stream sent some (see TokenCounter), else the count of output
+// events.
 func (c *TokenCounter) Tokens() int {
-	if c.exact {
+	switch {
+	case c.finals:
+		return c.final
+	case c.exact:
 		return c.usage
 	}
 	return c.deltas

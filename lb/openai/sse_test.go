@@ -220,6 +220,21 @@ func TestTokenCounter(t *testing.T) {
 		`data: {"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}` + "\n\n",
 		`data: {"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}` + "\n\n",
 	}, 2, true)
+	// TensorRT-LLM streams a batch's prompts merged, each prompt's usage
+	// chunk (empty choices) as that prompt finishes: they add up
+	f([]string{
+		`data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":1,"text":" a","finish_reason":"length"}]}` + "\n\n",
+		`data: {"id":"cmpl-1","object":"text_completion","choices":[],"usage":{"prompt_tokens":9,"total_tokens":16,"completion_tokens":7}}` + "\n\n",
+		`data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" b","finish_reason":"length"}]}` + "\n\n",
+		`data: {"id":"cmpl-1","object":"text_completion","choices": [ ],"usage":{"prompt_tokens":5,"total_tokens":12,"completion_tokens":7}}` + "\n\n",
+		"data: [DONE]\n\n",
+	}, 14, true)
+	// continuous usage, then the final chunk summing the stream: it counts
+	f([]string{
+		`data: {"choices":[{"index":0,"text":"a"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}` + "\n\n",
+		`data: {"choices":[{"index":1,"text":"b"}],"usage":{"prompt_tokens":4,"completion_tokens":1}}` + "\n\n",
+		`data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}` + "\n\n",
+	}, 2, true)
 	// an escaped quote before a key-like text is not a key
 	f([]string{`data: {"choices":[{"delta":{"content":"\\\"text\":\"x"}}]}` + "\n\n"}, 1, false)
 	// colons in text, and a data line that starts with one, are no keys
