@@ -644,9 +644,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: pods: no pods configured (give a config file with pods or discovery, or --pod)", ErrInvalid)
 	}
 	names := map[string]int{}
+	pd := PDEngines{}
 	for i := range c.Pods {
 		p := &c.Pods[i]
-		if err := p.Validate(fmt.Sprintf("pods[%d]", i)); err != nil {
+		field := fmt.Sprintf("pods[%d]", i)
+		if err := p.Validate(field); err != nil {
+			return err
+		}
+		if err := pd.Check(field, *p); err != nil {
 			return err
 		}
 		name := cmp.Or(p.Name, p.Address)

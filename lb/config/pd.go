@@ -2,10 +2,12 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 
 	"gopkg.in/yaml.v3"
 
+	"pdlb/engines"
 	"pdlb/lb/route"
 )
 
@@ -33,6 +35,33 @@ func (c *Config) hasPDPods(model string) bool {
 		}
 	}
 	return false
+}
+
+// PDEngines keeps, by model, the first prefill or decode pod Check saw,
+// whose engine the model's other such pods must run: KV moves only between
+// pods of one engine, and a decode leg may move to any decode pod of the
+// model and the planner any pod to any roleset, so the rule is per model,
+// not per roleset. Combined pods may run another engine.
+type PDEngines map[string]Pod
+
+// Check records p, a valid pod, or returns an error naming it as field
+// when it plays prefill or decode for a model whose first such pod runs
+// another engine.
+func (e PDEngines) Check(field string, p Pod) error {
+	if p.Role != RolePrefill && p.Role != RoleDecode {
+		return nil
+	}
+	first, seen := e[p.Model]
+	if !seen {
+		e[p.Model] = p
+		return nil
+	}
+	want, _ := engines.ParseKind(first.Engine)
+	if got, _ := engines.ParseKind(p.Engine); got != want {
+		return invalid(field+".engine", string(got), fmt.Sprintf("(%s pod %q of model %q) is not %s, the engine of its %s pod %q: KV moves only between pods of one engine (serve each engine as its own model; an alias may split the traffic)",
+			p.Role, cmp.Or(p.Name, p.Address), p.Model, want, first.Role, cmp.Or(first.Name, first.Address)))
+	}
+	return nil
 }
 
 // Profiles builds and freezes model's profile set: its profiles over the

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,7 +15,7 @@ import (
 
 const pdPods = `pods:
   - {name: p, model: m, address: '127.0.0.1:8001', role: prefill, roleset: a, engine: sglang}
-  - {name: d, model: m, address: '127.0.0.1:8002', role: decode, roleset: a}
+  - {name: d, model: m, address: '127.0.0.1:8002', role: decode, roleset: a, engine: sglang}
   - {name: c, model: plain, address: '127.0.0.1:8003'}
 `
 
@@ -47,6 +48,31 @@ func TestPDSectionRejects(t *testing.T) {
 	}
 }
 
+// TestPDEnginesOfAModel: a model's prefill and decode pods run one
+// engine, in every roleset (a decode leg may move to another roleset's
+// pod); its combined pods may run another.
+func TestPDEnginesOfAModel(t *testing.T) {
+	f := func(pods, wantErr string) {
+		t.Helper()
+		c := Default()
+		if err := c.UnmarshalYAML([]byte("pods:\n" + pods)); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Validate()
+		if wantErr == "" && err != nil || wantErr != "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(fmt.Sprint(err), wantErr)) {
+			t.Fatalf("%s: error %v, want %q", pods, err, wantErr)
+		}
+	}
+	const pre = "  - {name: p, model: m, address: 'h:1', role: prefill, roleset: a}\n"
+	f(pre+"  - {name: d, model: m, address: 'h:2', role: decode, roleset: a, engine: vllm}\n"+
+		"  - {name: c, model: m, address: 'h:3', engine: sglang}\n", "")
+	f(pre+"  - {name: d, model: m, address: 'h:2', role: decode, roleset: a, engine: sglang}\n",
+		`pods[1].engine = "sglang" (decode pod "d" of model "m") is not vllm, the engine of its prefill pod "p"`)
+	f(pre+"  - {name: d, model: m, address: 'h:2', role: decode, roleset: a}\n"+
+		"  - {name: p2, model: m, address: 'h:3', role: prefill, roleset: b, engine: trtllm}\n", `pods[2].engine = "trtllm"`)
+	f(pre+"  - {name: d, model: other, address: 'h:2', role: decode, roleset: a, engine: sglang}\n", "")
+}
+
 func TestProfiles(t *testing.T) {
 	c := Default()
 	yml := `pd: {decode_first_response_timeout: 5s}
@@ -65,8 +91,8 @@ models:
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if c.Pods[0].BootstrapPort != engines.DefaultBootstrapPort || c.Pods[1].BootstrapPort != 0 {
-		t.Fatalf("bootstrap ports %d, %d: want SGLang's default on the SGLang pod only", c.Pods[0].BootstrapPort, c.Pods[1].BootstrapPort)
+	if c.Pods[0].BootstrapPort != engines.DefaultBootstrapPort || c.Pods[1].BootstrapPort != engines.DefaultBootstrapPort || c.Pods[2].BootstrapPort != 0 {
+		t.Fatalf("bootstrap ports %d, %d, %d: want SGLang's default on the SGLang pods only", c.Pods[0].BootstrapPort, c.Pods[1].BootstrapPort, c.Pods[2].BootstrapPort)
 	}
 	f := func(model, profile, header, wantStrategy string, check func(o route.PDOptions) bool) {
 		t.Helper()
