@@ -3,12 +3,20 @@ package lb_test
 import (
 	"context"
 	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/lbtest"
+	"pdlb/internal/testlog"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/lb/discovery/spec"
 )
 
 // TestPDEnginesDoNotMix: a model whose prefill and decode pods run
@@ -33,5 +41,37 @@ func TestPDEnginesDoNotMix(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the refusal %q does not name %s", err, want)
 		}
+	}
+}
+
+// TestDiscoveredPDPodOfAnotherEngineLeftOut: a decode pod discovery finds
+// running another engine than the model's prefill pod is left out, with a
+// log line naming it, and the rest of what discovery found is served.
+func TestDiscoveredPDPodOfAnotherEngineLeftOut(t *testing.T) {
+	pre := startSim(t, pdEngines[0], "pre", sim.RolePrefill, nil)
+	dec := startSim(t, pdEngines[0], "dec", sim.RoleDecode, nil)
+	odd := startSim(t, pdEngines[1], "odd", sim.RoleDecode, nil)
+	found := func(p *sim.Pod) spec.DNS {
+		host, port, _ := net.SplitHostPort(p.Addr())
+		n, _ := strconv.Atoi(port)
+		return spec.DNS{Name: host, Port: n, Model: "m", Engine: string(p.Config().Engine), Role: spec.RoleDecode,
+			Roleset: "rs0", Interval: 50 * time.Millisecond}
+	}
+	var logs testlog.Buffer
+	s := lbtest.StartGatewayLog(t, []config.Pod{pdPod(pre, pre.Addr(), "rs0")}, func(c *config.Config) {
+		c.Discovery.DNS = []spec.DNS{found(dec), found(odd)}
+	}, slog.New(slog.NewTextHandler(&logs, nil)))
+	testwait.For(t, "discovery to add the decode pod", func() bool {
+		return strings.Contains(get(t, "http://"+s.AdminAddr()+"/admin/pods"), dec.Addr())
+	})
+	if pods := get(t, "http://"+s.AdminAddr()+"/admin/pods"); strings.Contains(pods, odd.Addr()) {
+		t.Fatalf("the sglang decode pod joined the vllm prefill pod's model:\n%s", pods)
+	}
+	if l := logs.String(); !strings.Contains(l, "discovered pod left out") || !strings.Contains(l, odd.Addr()) || !strings.Contains(l, "sglang") {
+		t.Fatalf("no log line names the sglang pod left out:\n%s", l)
+	}
+	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 8))
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != dec.Addr() {
+		t.Fatalf("%d via %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-decode-pod"), b)
 	}
 }

@@ -45,9 +45,10 @@ type Server struct {
 	// fleetMu orders the fleet's two sources while discovery runs: the
 	// configuration's own pods (static, replaced by a reload) and
 	// discovery's last list (found, nil before its first), each fleet
-	// update made of both.
+	// update made of both; log says which found pods that leaves out.
 	fleetMu       sync.Mutex
 	static, found []config.Pod
+	log           *slog.Logger
 	tls           *listenerTLS
 }
 
@@ -201,7 +202,7 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	s.static = cfg.Pods
+	s.static, s.log = cfg.Pods, log
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopDiscovery, s.discovered = cancel, make(chan struct{})
 	go func() {
@@ -220,11 +221,7 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 			s.fleetMu.Lock()
 			defer s.fleetMu.Unlock()
 			s.found = pods
-			all := withFound(s.static, pods)
-			if len(all) < len(s.static)+len(pods) {
-				log.Warn("discovered pods named as configured ones left out", "pods", len(s.static)+len(pods)-len(all))
-			}
-			if err := s.Gateway.SetPods(all); err != nil {
+			if err := s.Gateway.SetPods(withFound(s.static, pods, log)); err != nil {
 				log.Error("discovered fleet not applied", "err", err)
 			}
 		})
@@ -249,7 +246,7 @@ func (s *Server) Reload(cfg config.Config) error {
 	s.fleetMu.Lock()
 	defer s.fleetMu.Unlock()
 	static := cfg.Pods
-	cfg.Pods = withFound(static, s.found)
+	cfg.Pods = withFound(static, s.found, s.log)
 	err := s.tls.apply(cfg.TLS, func() error { return s.Gateway.Reload(cfg) })
 	if err == nil {
 		s.static = static
@@ -259,17 +256,30 @@ func (s *Server) Reload(cfg config.Config) error {
 
 // withFound is the configuration's pods, then the discovered ones whose
 // names no configured pod has (as discovery.Union keeps the first of two
-// pods with one name).
-func withFound(static, found []config.Pod) []config.Pod {
+// pods with one name) and that run their model's prefill and decode
+// engine where they play either role (config.PDEngines): each pod left
+// out is logged, and the rest serve. It runs again for each reload, whose
+// pods may change the engine a discovered pod must run.
+func withFound(static, found []config.Pod, log *slog.Logger) []config.Pod {
 	names := map[string]bool{}
+	pd := config.PDEngines{}
 	for _, p := range static {
 		names[cmp.Or(p.Name, p.Address)] = true
+		// Where the configuration's own pods mix engines, Validate
+		// refuses the whole configuration.
+		_ = pd.Check("", p)
 	}
 	out := slices.Clone(static)
 	for _, p := range found {
-		if !names[cmp.Or(p.Name, p.Address)] {
-			out = append(out, p)
+		if names[cmp.Or(p.Name, p.Address)] {
+			log.Warn("discovered pod named as a configured one left out", "pod", p.Name, "address", p.Address)
+			continue
 		}
+		if err := pd.Check("discovered pod "+p.Name, p); err != nil {
+			log.Warn("discovered pod left out", "err", err)
+			continue
+		}
+		out = append(out, p)
 	}
 	return out
 }
