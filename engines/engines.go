@@ -52,6 +52,11 @@ func (k Kind) TruncatesPrompt(ids bool) bool {
 	return false
 }
 
+// ReadsTruncation says whether engine k reads truncate_prompt_tokens and
+// truncation_side, and so refuses values of them it cannot take. SGLang
+// has neither field, and its protocol ignores fields it does not know.
+func (k Kind) ReadsTruncation() bool { return k != SGLang }
+
 // IncludeUsageDefault is a stream's include_usage when stream_options is
 // given without it: true on vLLM and TensorRT-LLM, false on SGLang (each
 // engine's StreamOptions in its OpenAI protocol module).

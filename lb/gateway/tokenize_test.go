@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -234,4 +235,43 @@ func TestTruncationFollowsTheEngine(t *testing.T) {
 	f("sglang", ids, false)
 	f("trtllm", text, true)
 	f("trtllm", ids, false)
+}
+
+// TestTruncationRefusedWhereTheEngineReadsIt: a truncate_prompt_tokens or
+// truncation_side value vLLM and TensorRT-LLM refuse gets their 400, the
+// field named, on their models; SGLang has neither field and its protocol
+// ignores fields it does not know, so its models serve the request.
+func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
+	cfg := config.Default()
+	cfg.Pods = []config.Pod{
+		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
+		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
+		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
+	}
+	cfg.Provision()
+	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	f := func(model, fields, wantParam string) {
+		t.Helper()
+		x, err := tokenizedAs(t, g, openai.KindCompletion, `{"model":"`+model+`","prompt":"say it",`+fields+`}`)
+		defer releaseCompletion(x)
+		var e *openai.Error
+		if refused := errors.As(err, &e); refused != (wantParam != "") || refused && (e.Status != 400 || e.Param != wantParam) {
+			want := "served"
+			if wantParam != "" {
+				want = "a 400 naming " + wantParam
+			}
+			t.Errorf("%s, %s: %v; want it %s", model, fields, err, want)
+		}
+	}
+	for _, c := range []struct{ fields, param string }{
+		{`"truncate_prompt_tokens":-2`, "truncate_prompt_tokens"},
+		{`"truncate_prompt_tokens":"8"`, "truncate_prompt_tokens"},
+		{`"truncation_side":"middle"`, "truncation_side"},
+	} {
+		f("vllm", c.fields, c.param)
+		f("trtllm", c.fields, c.param)
+		f("sglang", c.fields, "")
+	}
+	// The last of a repeated key counts, as in the engines' JSON.
+	f("vllm", `"truncate_prompt_tokens":"8","truncate_prompt_tokens":8`, "")
 }

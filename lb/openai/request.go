@@ -130,6 +130,11 @@ type Request struct {
 	// the engine refuses.
 	TruncatePromptTokens int
 	TruncateRight        bool
+	// badTruncate and badSide are the 400s for a truncate_prompt_tokens
+	// or truncation_side value an engine that reads them refuses (their
+	// fields then keep the whole prompt): TruncationError's, for the
+	// engine to decide.
+	badTruncate, badSide *Error
 	// Engine is the engine that serves the request: whether it cuts the
 	// prompt as TruncatePromptTokens asks is Kind.TruncatesPrompt's
 	// answer. "", as Parse leaves it, is vLLM.
@@ -356,7 +361,9 @@ const (
 // returns nil or an *Error (400) that names the offending field, e.g.
 // `"messages[2].content" must be a string or a list of parts, got 5`.
 // Unknown fields are skipped; a repeated key counts once, its last value
-// winning, as in Python's json module that engines parse with.
+// winning, as in Python's json module that engines parse with. Bad values
+// of truncate_prompt_tokens and truncation_side, which SGLang ignores, are
+// TruncationError's to answer once the engine is known.
 //
 // The body must be JSON as sonic.Valid defines it (see scanner: raw control
 // bytes inside strings are let through), with valid escapes, in UTF-8. One
@@ -428,9 +435,9 @@ func (r *Request) parse(s *scanner) error {
 		case "cache_salt":
 			err = r.parseCacheSalt(s)
 		case "truncate_prompt_tokens":
-			r.TruncatePromptTokens, err = parseTruncation(s)
+			r.TruncatePromptTokens, r.badTruncate = parseTruncation(s)
 		case "truncation_side":
-			r.TruncateRight, err = r.parseTruncationSide(s)
+			r.TruncateRight, r.badSide, err = r.parseTruncationSide(s)
 		case "messages":
 			if r.Kind == KindChat {
 				seenPrompt, err = r.parseMessages(s)
@@ -529,8 +536,9 @@ func parseCount(s *scanner, param string) (int, error) {
 // parseTruncation reads "truncate_prompt_tokens": null, -1 or a token
 // count up to MaxInt32 (vLLM takes larger ones, to refuse them as more
 // than the context holds); see Request.TruncatePromptTokens for why null,
-// -1 and 0 all give 0.
-func parseTruncation(s *scanner) (int, error) {
+// -1 and 0 all give 0. Any other value is bad: the 400 an engine that
+// reads the field answers.
+func parseTruncation(s *scanner) (keep int, bad *Error) {
 	switch c := s.c(); {
 	case c == 'n':
 		s.skip()
@@ -550,26 +558,41 @@ func parseTruncation(s *scanner) (int, error) {
 
 // parseTruncationSide reads "truncation_side": right is true for "right",
 // false for "left" or null (vLLM then cuts on its tokenizer's side, the
-// left for generative models).
-func (r *Request) parseTruncationSide(s *scanner) (right bool, err error) {
+// left for generative models). Any other value is bad, as in
+// parseTruncation; err is a string the JSON grammar refuses.
+func (r *Request) parseTruncationSide(s *scanner) (right bool, bad *Error, err error) {
 	f := s.field()
 	switch f.form {
 	case 0:
-		return false, nil
+		return false, nil, nil
 	case '"':
 	default:
-		return false, InvalidType("truncation_side", wantSide, f.raw)
+		return false, InvalidType("truncation_side", wantSide, f.raw), nil
 	}
 	side, ok := r.text(f)
 	switch {
 	case !ok:
-		return false, InvalidJSON()
+		return false, nil, InvalidJSON()
 	case string(side) == "left":
-		return false, nil
+		return false, nil, nil
 	case string(side) == "right":
-		return true, nil
+		return true, nil, nil
 	}
-	return false, InvalidValue("truncation_side", "must be "+wantSide+", got "+cut(s.b[f.start:s.p]))
+	return false, InvalidValue("truncation_side", "must be "+wantSide+", got "+cut(s.b[f.start:s.p])), nil
+}
+
+// TruncationError is the 400 Engine answers to r's truncate_prompt_tokens
+// or truncation_side, nil when their values are good or Engine does not
+// read them (Kind.ReadsTruncation). Parse leaves them to it: only the
+// caller knows the engine that serves r.
+func (r *Request) TruncationError() *Error {
+	if !r.Engine.ReadsTruncation() {
+		return nil
+	}
+	if r.badTruncate != nil {
+		return r.badTruncate
+	}
+	return r.badSide
 }
 
 // parseChoices reads "n": null or absent is 1, and 0 is refused, as vLLM

@@ -13,6 +13,7 @@ import (
 
 	"github.com/bytedance/sonic"
 
+	"pdlb/engines"
 	"pdlb/engines/tokenize"
 	"pdlb/radix"
 )
@@ -189,17 +190,6 @@ func TestParseErrors(t *testing.T) {
 	f(KindChat, `{"model":"m","cache_salt":"a@b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
 	f(KindChat, `{"model":"m","cache_salt":"a\\b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
 	f(KindChat, `{"model":"m","cache_salt":"a\u0000",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
-	// truncate_prompt_tokens and truncation_side, as vLLM types them
-	badTrunc := `"truncate_prompt_tokens" must be an integer from -1 to 2147483647, got `
-	f(KindChat, `{"model":"m","truncate_prompt_tokens":-2,`+chat+`}`, badTrunc+`-2`, "truncate_prompt_tokens", CodeInvalidType)
-	f(KindChat, `{"model":"m","truncate_prompt_tokens":"5",`+chat+`}`, badTrunc+`"5"`, "truncate_prompt_tokens", CodeInvalidType)
-	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":1.5,"prompt":"x"}`, badTrunc+`1.5`, "truncate_prompt_tokens", CodeInvalidType)
-	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":2147483648,"prompt":"x"}`, badTrunc+`2147483648`, "truncate_prompt_tokens", CodeInvalidType)
-	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":[8],"prompt":"x"}`, badTrunc+`[8]`, "truncate_prompt_tokens", CodeInvalidType)
-	f(KindChat, `{"model":"m","truncation_side":"middle",`+chat+`}`, `"truncation_side" must be "left" or "right", got "middle"`, "truncation_side", CodeInvalidValue)
-	f(KindChat, `{"model":"m","truncation_side":"Left",`+chat+`}`, `"truncation_side" must be "left" or "right", got "Left"`, "truncation_side", CodeInvalidValue)
-	f(KindCompletion, `{"model":"m","truncation_side":1,"prompt":"x"}`, `"truncation_side" must be "left" or "right", got 1`, "truncation_side", CodeInvalidType)
-
 	// messages
 	f(KindChat, `{"model":"m"}`, `"messages" is required`, "messages", CodeMissingParam)
 	f(KindChat, `{"model":"m","messages":null}`, `"messages" is required`, "messages", CodeMissingParam)
@@ -311,6 +301,48 @@ func TestParseReusesRequest(t *testing.T) {
 	}
 }
 
+// TestTruncationError: Parse takes any truncate_prompt_tokens and
+// truncation_side, keeping the whole prompt for a value vLLM refuses;
+// TruncationError is vLLM's 400 for it where the engine reads the fields,
+// none where it ignores them (SGLang).
+func TestTruncationError(t *testing.T) {
+	f := func(kind Kind, body, wantMsg, wantParam, wantCode string) {
+		t.Helper()
+		var r Request
+		if err := r.Parse(kind, []byte(body)); err != nil {
+			t.Fatalf("Parse(%s) = %v", body, err)
+		}
+		for _, k := range engines.Kinds {
+			r.Engine = k
+			e := r.TruncationError()
+			if keep, right := r.Truncation(); keep != 0 || right {
+				t.Fatalf("%s: %s keeps %d tokens (right: %v) of a prompt it refuses or ignores the cut of", body, k, keep, right)
+			}
+			if !k.ReadsTruncation() {
+				if e != nil {
+					t.Fatalf("%s: %s, which ignores the field, refuses it: %v", body, k, e)
+				}
+				continue
+			}
+			if e == nil || e.Status != 400 || e.Type != TypeInvalidRequest || e.Message != wantMsg || e.Param != wantParam || e.Code != wantCode {
+				t.Fatalf("%s: %s answers %+v\nwant message %q param %q code %q", body, k, e, wantMsg, wantParam, wantCode)
+			}
+		}
+	}
+	const chat = `"messages":[{"role":"user","content":"x"}]`
+	badTrunc := `"truncate_prompt_tokens" must be an integer from -1 to 2147483647, got `
+	f(KindChat, `{"model":"m","truncate_prompt_tokens":-2,`+chat+`}`, badTrunc+`-2`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","truncate_prompt_tokens":"5",`+chat+`}`, badTrunc+`"5"`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":1.5,"prompt":"x"}`, badTrunc+`1.5`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":2147483648,"prompt":"x"}`, badTrunc+`2147483648`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":[8],"prompt":"x"}`, badTrunc+`[8]`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","truncation_side":"middle",`+chat+`}`, `"truncation_side" must be "left" or "right", got "middle"`, "truncation_side", CodeInvalidValue)
+	f(KindChat, `{"model":"m","truncation_side":"Left",`+chat+`}`, `"truncation_side" must be "left" or "right", got "Left"`, "truncation_side", CodeInvalidValue)
+	f(KindCompletion, `{"model":"m","truncation_side":1,"prompt":"x"}`, `"truncation_side" must be "left" or "right", got 1`, "truncation_side", CodeInvalidType)
+	// Both bad: the count is named first.
+	f(KindCompletion, `{"model":"m","truncation_side":1,"prompt":"x","truncate_prompt_tokens":-2}`, badTrunc+`-2`, "truncate_prompt_tokens", CodeInvalidType)
+}
+
 func TestParseAllocs(t *testing.T) {
 	bodies := map[string][]byte{"chat": chatBody(1 << 10), "chat32k": chatBody(32 << 10),
 		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true,"cache_salt":"tenant-\u0031","truncate_prompt_tokens":2,"truncation_side":"righ\u0074"}`)}
@@ -361,6 +393,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":[[1,2,3],[4]],"truncate_prompt_tokens":3,"truncation_side":"right"}`))
 	f.Add(uint8(KindChat), []byte(`{"model":"m","truncate_prompt_tokens":-1,"truncation_side":"left","messages":[{"role":"user","content":"x"}]}`))
 	f.Add(uint8(KindChat), []byte(`{"model":"m","truncate_prompt_tokens":0,"truncation_side":null,"messages":[{"role":"user","content":"x"}]}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":"abcdefghij","truncate_prompt_tokens":-2,"truncation_side":"middle"}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":[1,2,3],"truncate_prompt_tokens":"2","truncate_prompt_tokens":2,"truncation_side":5}`))
 	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
 		kind := KindChat
 		if k&1 == 1 {
@@ -390,6 +424,9 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse(%s)\n got model %q stream %v max %d n %d usage %v (set %v) prompt %q ids %v\nwant %+v",
 				body, r.Model, r.Stream, r.MaxTokens, r.Choices, r.IncludeUsage, r.HasIncludeUsage, r.Prompt, r.PromptIDs, ref)
 		}
+		if bad := r.TruncationError() != nil; bad != ref.badTruncation {
+			t.Fatalf("Parse(%s): vLLM refuses its truncation: %v, want %v", body, bad, ref.badTruncation)
+		}
 		if got, want := r.AppendTokens(nil), ref.kept(); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
 			t.Fatalf("Parse(%s): kept tokens %v (PromptTokens %d), want %v", body, got, r.PromptTokens(), want)
 		}
@@ -407,8 +444,11 @@ type reference struct {
 	prompt        string
 	ids           []uint32
 	salt          string
-	keep          int // truncate_prompt_tokens; 0 for none, null or -1
+	keep          int // truncate_prompt_tokens; 0 for none, null, -1 or a bad value
 	right         bool
+	// badTruncation: a truncate_prompt_tokens or truncation_side value
+	// vLLM refuses.
+	badTruncation bool
 	// texts and lists are a list prompt's strings or lists of ids: the
 	// engine cuts each on its own.
 	texts []string
@@ -525,14 +565,12 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		if n, isNum := v.(json.Number); isNum && n == "-1" {
 			ref.keep = 0
 		} else if ref.keep, ok = count(v); !ok {
-			return ref, false
+			ref.keep, ref.badTruncation = 0, true
 		}
 	}
 	if v, present := top["truncation_side"]; present && v != nil {
-		if v != "left" && v != "right" {
-			return ref, false
-		}
 		ref.right = v == "right"
+		ref.badTruncation = ref.badTruncation || v != "left" && !ref.right
 	}
 	if kind == KindChat {
 		ref.prompt, ok = referenceChat(top["messages"])

@@ -144,6 +144,9 @@ func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized,
 		return t, err
 	}
 	r.Engine = engine
+	if e := r.TruncationError(); e != nil {
+		return t, e
+	}
 	t.seed, t.Unindexed, t.salt = r.KeySeed(radix.Seed(t.Model)), r.Unindexed(), string(r.CacheSalt)
 	switch {
 	case r.TokenIDs || m == nil:

@@ -113,6 +113,14 @@ func TestCmdTokenizeTruncates(t *testing.T) {
 	if got := ids(cut, "--tokenizer", dir, "--engine", "sglang"); !slices.Equal(got, whole) {
 		t.Errorf("sglang: %v, want them all: %v", got, whole)
 	}
+	// A value vLLM refuses, SGLang ignores.
+	bad := `{"model":"m","prompt":` + text + `,"truncate_prompt_tokens":-2}`
+	if got := ids(bad, "--tokenizer", dir, "--engine", "sglang"); !slices.Equal(got, whole) {
+		t.Errorf("sglang, truncate_prompt_tokens -2: %v, want them all: %v", got, whole)
+	}
+	if _, err := tokenizeRun(t, bad, "--tokenizer", dir); err == nil || !strings.Contains(err.Error(), `"truncate_prompt_tokens" must be`) {
+		t.Errorf("vllm, truncate_prompt_tokens -2: %v", err)
+	}
 	// A batch's prompts are the engine's separate requests, each cut on
 	// its own: the ids are those of each prompt sent alone, one after the
 	// other.
