@@ -10,6 +10,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/engines"
 	"pdlb/internal/tokfiles"
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
@@ -191,10 +192,21 @@ func TestTruncatedPromptKeys(t *testing.T) {
 	same("qwen chat, other system prompt", key(openai.KindChat, chat(strings.Repeat("Be brief. ", 50)+strings.Repeat("Answer briefly. ", 10), `,"truncate_prompt_tokens":32`)), got)
 }
 
+// mixedPods are a model's pods of two engines at port and the next, the
+// first's first, as in a migration from one engine to the other.
+func mixedPods(model string, port int, first, then engines.Kind) []config.Pod {
+	return []config.Pod{
+		{Name: model + "-0", Model: model, Address: fmt.Sprintf("127.0.0.1:%d", port), Engine: string(first)},
+		{Name: model + "-1", Model: model, Address: fmt.Sprintf("127.0.0.1:%d", port+1), Engine: string(then)},
+	}
+}
+
 // TestTruncationFollowsTheEngine: only the engines that cut a prompt to
 // truncate_prompt_tokens have it keyed cut. SGLang has no such field and
 // caches the whole prompt; TensorRT-LLM cuts the text it tokenizes (on
-// the left) but not a client's token ids; vLLM cuts both.
+// the left) but not a client's token ids; vLLM cuts both. A model whose
+// pods mix engines keys as the one of them that cuts the fewest prompts,
+// whichever pod comes first.
 func TestTruncationFollowsTheEngine(t *testing.T) {
 	cfg := config.Default()
 	dir := tokfiles.Dir(t, "llama3.1")
@@ -202,12 +214,16 @@ func TestTruncationFollowsTheEngine(t *testing.T) {
 		{Name: "vllm", BlockSize: 16, Tokenizer: dir},
 		{Name: "sglang", BlockSize: 16, Tokenizer: dir},
 		{Name: "trtllm", BlockSize: 16, Tokenizer: dir},
+		{Name: "vllm+sglang", BlockSize: 16, Tokenizer: dir},
+		{Name: "vllm+trtllm", BlockSize: 16, Tokenizer: dir},
 	}
 	cfg.Pods = []config.Pod{
 		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
 		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
 		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
 	}
+	cfg.Pods = append(cfg.Pods, mixedPods("vllm+sglang", 10010, engines.VLLM, engines.SGLang)...)
+	cfg.Pods = append(cfg.Pods, mixedPods("vllm+trtllm", 10020, engines.VLLM, engines.TRTLLM)...)
 	cfg.Provision()
 	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
 	key := func(body string) (string, int) {
@@ -235,12 +251,18 @@ func TestTruncationFollowsTheEngine(t *testing.T) {
 	f("sglang", ids, false)
 	f("trtllm", text, true)
 	f("trtllm", ids, false)
+	f("vllm+sglang", text, false)
+	f("vllm+sglang", ids, false)
+	f("vllm+trtllm", text, true)
+	f("vllm+trtllm", ids, false)
 }
 
 // TestTruncationRefusedWhereTheEngineReadsIt: a truncate_prompt_tokens or
 // truncation_side value vLLM and TensorRT-LLM refuse gets their 400, the
 // field named, on their models; SGLang has neither field and its protocol
-// ignores fields it does not know, so its models serve the request.
+// ignores fields it does not know, so its models serve the request, and
+// so do those with an SGLang pod among others: the gateway refuses
+// nothing a pod of the model would serve.
 func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 	cfg := config.Default()
 	cfg.Pods = []config.Pod{
@@ -248,6 +270,7 @@ func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
 		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
 	}
+	cfg.Pods = append(cfg.Pods, mixedPods("vllm+sglang", 10010, engines.VLLM, engines.SGLang)...)
 	cfg.Provision()
 	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
 	f := func(model, fields, wantParam string) {
@@ -271,6 +294,7 @@ func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 		f("vllm", c.fields, c.param)
 		f("trtllm", c.fields, c.param)
 		f("sglang", c.fields, "")
+		f("vllm+sglang", c.fields, "")
 	}
 	// The last of a repeated key counts, as in the engines' JSON.
 	f("vllm", `"truncate_prompt_tokens":"8","truncate_prompt_tokens":8`, "")

@@ -395,10 +395,27 @@ type Model struct {
 	promptKey string
 	// LoRA are the model's adapter settings (lora.go).
 	LoRA config.LoRA
-	// Engine is the engine of the model's first pod: a prompt has one set
-	// of keys, made as that engine makes its ids (it decides whether
-	// truncate_prompt_tokens cuts them).
+	// Engine is the engine the model's prompts are keyed as: a prompt has
+	// one set of keys, made as that engine makes its ids (it decides
+	// whether truncate_prompt_tokens cuts them, and whether a bad value
+	// of it is refused). Where the model's pods run several engines (a
+	// migration), it is the one of theirs that cuts the fewest prompts,
+	// whatever the pods' order: its keys count no fewer tokens than any
+	// pod computes, and where one is SGLang's, which ignores the field,
+	// the gateway refuses no value of it.
 	Engine engines.Kind
+}
+
+// cutForms counts the prompt forms (text, token ids) engine k cuts to
+// truncate_prompt_tokens.
+func cutForms(k engines.Kind) int {
+	n := 0
+	for _, ids := range [...]bool{false, true} {
+		if k.TruncatesPrompt(ids) {
+			n++
+		}
+	}
+	return n
 }
 
 // Snapshot is an immutable view of the fleet. Never modify one after it is
@@ -559,6 +576,9 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			s.Models = append(s.Models, m)
 		}
 		m.Pods = append(m.Pods, pod)
+		if cutForms(kind) < cutForms(m.Engine) {
+			m.Engine = kind
+		}
 		if pc.Role == config.RoleCombined {
 			m.Combined = append(m.Combined, pod)
 		}
