@@ -899,13 +899,43 @@ func TestPDLatePrefillLegKeepsRetryCharge(t *testing.T) {
 	}
 }
 
+// pickupPair starts a TensorRT-LLM generation_first pair whose prefill
+// pod (a sim) answers its leg only once a decode pod took the KV, which
+// the fake decode pod, decode, never does; edit adjusts the gateway.
+func pickupPair(t *testing.T, decode func(net.Conn, *http.Request), edit func(*config.Config)) *lb.Server {
+	t.Helper()
+	e := pdEngines[3]
+	pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) { c.KVTimeout = time.Hour })
+	dec := fakePod(t, decode)
+	return pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"),
+		{Name: "dec", Model: "m", Address: dec, Engine: "trtllm", Role: sim.RoleDecode, Roleset: "rs0"}},
+		func(cfg *config.Config) {
+			cfg.Health.Interval = time.Hour
+			cfg.Health.EjectAfterFailures = 1
+			edit(cfg)
+		})
+}
+
+// prefillLegCountedNothing waits until nothing is charged or in flight on
+// a pickupPair's gateway, and checks that its prefill leg counted no
+// failure against pod "pre".
+func prefillLegCountedNothing(t *testing.T, s *lb.Server) {
+	t.Helper()
+	waitIdle(t, s)
+	if n := metricValue(t, s, `pdlb_upstream_errors_total{pod="pre"}`); n != 0 {
+		t.Fatalf("the abandoned prefill leg counted %v failures against its pod", n)
+	}
+	if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="pre"}`); n != 0 {
+		t.Fatalf("the prefill pod was ejected %v times", n)
+	}
+}
+
 // TestPDAbandonedPrefillLegCountsNothing: when the decode leg of a
 // concurrent exchange fails (TensorRT-LLM generation_first, which has no
 // abort call), no decode pod will take the prefill leg's KV: the gateway
 // gives the leg up at once, which gives the prefill pod's counts back,
 // and the leg counts no failure against the healthy prefill pod.
 func TestPDAbandonedPrefillLegCountsNothing(t *testing.T) {
-	e := pdEngines[3]
 	reset := func(net.Conn, *http.Request) {}
 	answer500 := func(c net.Conn, _ *http.Request) {
 		const body = `{"error":{"message":"decode failed"}}`
@@ -924,15 +954,7 @@ func TestPDAbandonedPrefillLegCountsNothing(t *testing.T) {
 		{"decode reset, short prefill timeout", reset, 300 * time.Millisecond, http.StatusBadGateway, "server closed connection"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) { c.KVTimeout = time.Hour })
-			dec := fakePod(t, c.decode)
-			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"),
-				{Name: "dec", Model: "m", Address: dec, Engine: "trtllm", Role: sim.RoleDecode, Roleset: "rs0"}},
-				func(cfg *config.Config) {
-					cfg.Health.Interval = time.Hour
-					cfg.Health.EjectAfterFailures = 1
-					cfg.PD.PrefillRequestTimeout = c.timeout
-				})
+			s := pickupPair(t, c.decode, func(cfg *config.Config) { cfg.PD.PrefillRequestTimeout = c.timeout })
 			// A client that keeps its connection: closing it would cut the
 			// leg as a client that left.
 			kc := &http.Client{Timeout: 20 * time.Second}
@@ -941,13 +963,92 @@ func TestPDAbandonedPrefillLegCountsNothing(t *testing.T) {
 			if resp.StatusCode != c.status || !strings.Contains(b, c.inBody) {
 				t.Fatalf("%d %s, want %d with %s", resp.StatusCode, b, c.status, c.inBody)
 			}
-			waitIdle(t, s)
-			if n := metricValue(t, s, `pdlb_upstream_errors_total{pod="pre"}`); n != 0 {
-				t.Fatalf("the abandoned prefill leg counted %v failures against its pod", n)
+			prefillLegCountedNothing(t, s)
+		})
+	}
+}
+
+// TestPDBrokenDecodeStreamGivesUpPrefillLeg: in a concurrent exchange the
+// decode pod's 200 may reach the client while the prefill leg still runs
+// (SGLang's and generation_first's decode pods answer at once, then wait
+// for the KV). When that stream then breaks (the pod cuts it, the decode
+// watchdog finds it idle, the engine ends it with its error event, the
+// client leaves) no decode leg will take the KV: the prefill leg is given
+// up at once, as when the decode leg fails before its 200, on fasthttp
+// too, which cannot watch the client while the leg runs.
+func TestPDBrokenDecodeStreamGivesUpPrefillLeg(t *testing.T) {
+	const head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+	const token = `data: {"choices":[{"index":0,"text":"a"}]}` + "\n\n"
+	const errEvent = `data: {"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n"
+	cut := func(c net.Conn, _ *http.Request) { io.WriteString(c, head+token+`data: {"choi`) }
+	engineError := func(c net.Conn, _ *http.Request) { io.WriteString(c, head+token+errEvent+"data: [DONE]\n\n") }
+	stalls := func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, head+token)
+		io.Copy(io.Discard, c) // until the gateway closes it
+	}
+	// Tokens until the gateway closes the stream (at most 20 s).
+	streams := func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, head)
+		for range 2000 {
+			if _, err := io.WriteString(c, token); err != nil {
+				return
 			}
-			if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="pre"}`); n != 0 {
-				t.Fatalf("the prefill pod was ejected %v times", n)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	body := pdBody("/v1/completions", true, 2)
+	// ask reads the answer whole, over a connection it keeps until the
+	// test ends: closing it would cut the leg as a client that left.
+	ask := func(want string) func(t *testing.T, s *lb.Server) {
+		return func(t *testing.T, s *lb.Server) {
+			kc := &http.Client{Timeout: 20 * time.Second}
+			t.Cleanup(kc.CloseIdleConnections)
+			resp, b := postVia(t, kc, s, "/v1/completions", body)
+			if resp.StatusCode != http.StatusOK || !strings.HasPrefix(b, token) || !strings.Contains(b, want) {
+				t.Fatalf("%d %q, want 200, a token, then %s", resp.StatusCode, b, want)
 			}
+		}
+	}
+	leave := func(t *testing.T, s *lb.Server) {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("no token before %v", err)
+			}
+			if strings.HasPrefix(line, "data: ") {
+				return
+			}
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		decode   func(net.Conn, *http.Request)
+		frontend string
+		timeout  time.Duration // the prefill leg's; past testwait's bound, the counts are held until it
+		client   func(t *testing.T, s *lb.Server)
+	}{
+		{"stream cut", cut, "gnet", time.Minute, ask(`data: {"error"`)},
+		{"engine error event", engineError, "gnet", time.Minute, ask("Internal server error")},
+		{"stream idle", stalls, "gnet", time.Minute, ask("decode watchdog")},
+		{"client left mid-stream", streams, "fasthttp", time.Minute, leave},
+		{"stream cut, short prefill timeout", cut, "gnet", 300 * time.Millisecond, ask(`data: {"error"`)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := pickupPair(t, c.decode, func(cfg *config.Config) {
+				cfg.Frontend = c.frontend
+				cfg.PD.PrefillRequestTimeout = c.timeout
+				cfg.PD.DecodeStreamIdleTimeout = 300 * time.Millisecond
+			})
+			c.client(t, s)
+			prefillLegCountedNothing(t, s)
 		})
 	}
 }

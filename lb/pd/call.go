@@ -238,6 +238,11 @@ func (c *Call) End(pod *pool.Pod, status int) {
 		// Before the connection goes back to the client pool, where a
 		// late prefill failure must not find it.
 		c.link.SetDecConn(nil)
+		if status != fasthttp.StatusOK {
+			// A decode answer that failed after its head (a broken
+			// stream, an error event, a client that left) takes no KV.
+			c.abandonPrefill()
+		}
 	}
 	if !c.active {
 		return

@@ -142,14 +142,24 @@ func (c *Call) abandonDecode(resp *fasthttp.Response) {
 	c.Dec.Release()
 }
 
-// abandonPrefill gives up the prefill leg, still running, whose KV no
-// decode leg will take: its pod drops the request (the abort call, else
-// the closed connection) at once, rather than hold it and the pod's
-// counts until PrefillRequestTimeout, and the leg counts nothing against
-// the pod (prefill).
+// abandonPrefill gives up the prefill leg whose KV no decode leg will
+// take: its pod drops the request (the abort call, else the closed
+// connection) at once, rather than hold it and the pod's counts until
+// PrefillRequestTimeout, and the leg counts nothing against the pod
+// (prefill). Only the request's goroutine closes PreCut: a second call
+// does nothing.
 func (c *Call) abandonPrefill() {
-	Abort(c.proto, &c.ex, c.Pre)
-	close(c.link.PreCut)
+	l := c.link
+	select {
+	case <-l.PreCut:
+		return
+	default:
+	}
+	close(l.PreCut)
+	if l.PrefillEnd.Load() == 0 && l.PreErr.Load() == nil {
+		// Still running: a leg that ended has nothing left to abort.
+		Abort(c.proto, &c.ex, c.Pre)
+	}
 }
 
 // concurrentPrefill is what a concurrent prefill leg's goroutine needs;

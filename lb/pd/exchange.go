@@ -37,8 +37,9 @@ import (
 // their own timeout (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s by
 // default): neither has a call to drop it, and the prefill leg's
 // connection has already ended. An SGLang or generation_first prefill leg
-// still waiting for the pickup is given up (abandonPrefill): its
-// connection is closed, SGLang's pod also gets /abort_request.
+// still waiting for the pickup when its decode leg fails, before or after
+// the decode answer's head, is given up (abandonPrefill): its connection
+// is closed, SGLang's pod also gets /abort_request.
 
 // RunPair carries out a PDPair decision (c.Pre, c.Dec): nil once the
 // client is answered.
