@@ -42,11 +42,15 @@ const testMaxBody = 64 << 10
 // /sse-pipe through fasthttp's own SetBodyStreamWriter, each event flushed,
 // with gated=1 waiting on step before each; /flood streams 256 MiB
 // as fast as the client takes it, counting what the writer got through;
-// /panic streams one event, then its writer panics.
+// /panic streams one event, then its writer panics; /watch watches its
+// client (frontend.WatchClient), says so on watching, and waits for step
+// (then answers "stayed") or for the client to leave (then says so on
+// left).
 type app struct {
-	step      chan struct{}
-	streamErr chan error
-	flooded   atomic.Int64
+	step           chan struct{}
+	streamErr      chan error
+	watching, left chan struct{}
+	flooded        atomic.Int64
 	// onLoop lets gnet run the handler on its loop (Handler.OnLoop), as
 	// the gateway does: a request on an idle connection is answered there.
 	onLoop bool
@@ -68,7 +72,9 @@ func (a *app) floodStalled() int64 {
 	return last
 }
 
-func newApp() *app { return &app{step: make(chan struct{}), streamErr: make(chan error, 4)} }
+func newApp() *app {
+	return &app{step: make(chan struct{}), streamErr: make(chan error, 4), watching: make(chan struct{}), left: make(chan struct{})}
+}
 
 func (a *app) handler() frontend.Handler {
 	return frontend.Handler{Serve: a.serve, Error: writeFrontError, OnLoop: a.onLoop}
@@ -126,6 +132,15 @@ func (a *app) serve(ctx *fasthttp.RequestCtx) {
 				a.flooded.Add(int64(len(block)))
 			}
 		})
+	case "/watch":
+		gone := frontend.WatchClient(ctx)
+		a.watching <- struct{}{}
+		select {
+		case <-gone:
+			a.left <- struct{}{}
+		case <-a.step:
+			ctx.SetBodyString("stayed")
+		}
 	default:
 		ctx.SetStatusCode(http.StatusNotFound)
 	}
@@ -621,6 +636,66 @@ func TestClientDisconnect(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestWatchClient: a handler that watches its client learns that it
+// left, over TLS too, whose client sends close_notify before its FIN; a
+// request the client pipelines meanwhile is no leaving, and it is
+// answered next, as is one after it on the same connection.
+func TestWatchClient(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, a *app) {
+		if a.onLoop {
+			t.Skip("a handler on the loop must not wait")
+		}
+		c := dial(t, addr)
+		watch := "GET /watch HTTP/1.1\r\nHost: x\r\n\r\n"
+		c.send(t, watch)
+		<-a.watching
+		c.send(t, post("/echo", "pipelined"))
+		select {
+		case a.step <- struct{}{}:
+		case <-a.left:
+			t.Fatal("a pipelined request was taken for the client leaving")
+		}
+		resp, b := c.response(t)
+		expect(t, resp, b, 200, "stayed")
+		resp, b = c.response(t)
+		expect(t, resp, b, 200, "pipelined")
+		c.send(t, watch)
+		<-a.watching
+		c.Close()
+		waitLeft(t, a)
+	})
+}
+
+// TestWatchOutlivesReadTimeout: on fasthttp, the read deadline of a
+// request does not end its watch, nor does that of the request pipelined
+// behind it end the latter's.
+func TestWatchOutlivesReadTimeout(t *testing.T) {
+	const readTimeout = 50 * time.Millisecond
+	a := newApp()
+	c := dial(t, serveWith(t, frontend.NameFastHTTP, a.handler(), frontend.Options{ReadTimeout: readTimeout}))
+	watch := "GET /watch HTTP/1.1\r\nHost: x\r\n\r\n"
+	c.send(t, watch+watch)
+	<-a.watching
+	time.Sleep(2 * readTimeout)
+	// fasthttp holds the first answer back until the pipelined request's
+	// is ready.
+	a.step <- struct{}{}
+	<-a.watching
+	time.Sleep(2 * readTimeout)
+	c.Close()
+	waitLeft(t, a)
+}
+
+// waitLeft waits for a's /watch to report that its client left.
+func waitLeft(t *testing.T, a *app) {
+	t.Helper()
+	select {
+	case <-a.left:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never learned that its client left")
+	}
 }
 
 // TestGateway runs the real gateway over a simulated vLLM pod on each front

@@ -168,16 +168,19 @@ func (ln *lingerListener) Accept() (net.Conn, error) {
 }
 
 // lingerConn is a server's connection that lingers on Close after an
-// answer. Reads and writes come from the connection's serving goroutine;
-// Close may come from any.
+// answer, and that a request may watch for its client's leaving
+// (WatchClient). Reads and writes come from the connection's serving
+// goroutine; Close may come from any.
 type lingerConn struct {
 	*net.TCPConn
 	l        *lingering
 	answered atomic.Bool // the last read or write begun was a write
 	closed   atomic.Bool
+	w        watcher
 }
 
 func (c *lingerConn) Read(b []byte) (int, error) {
+	c.unwatch(true)
 	c.answered.Store(false)
 	return c.TCPConn.Read(b)
 }
@@ -194,6 +197,7 @@ func (c *lingerConn) Close() error {
 	if c.closed.Swap(true) {
 		return net.ErrClosed
 	}
+	c.unwatch(false)
 	if !c.answered.Load() || !c.l.add(c) {
 		return c.TCPConn.Close()
 	}

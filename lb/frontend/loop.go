@@ -54,7 +54,7 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 // admission deferral, a prefill/decode exchange). On gnet, whose loop
 // watches every connection; nil (never ready) on fasthttp, which reads
 // nothing while a handler runs: there a client's leaving shows only when
-// its answer is written.
+// its answer is written, or to a request that watches it (WatchClient).
 func ClientGone(ctx *fasthttp.RequestCtx) <-chan struct{} {
 	if st, ok := ctx.Conn().(*h2Stream); ok {
 		return st.done

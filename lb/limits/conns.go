@@ -262,6 +262,9 @@ func timeOf(mono int64) time.Time {
 	return epoch.Add(time.Duration(mono))
 }
 
+// NetConn is the connection c limits.
+func (c *conn) NetConn() net.Conn { return c.Conn }
+
 func (c *conn) SetDeadline(t time.Time) error {
 	if err := c.arm(&c.read, t, c.Conn.SetReadDeadline); err != nil {
 		return err
