@@ -529,50 +529,55 @@ func TestPDDecodeWatchdog(t *testing.T) {
 // prefill leg cut (closing the leg's connection is how a pod learns to
 // abort; SGLang's legs also get /abort_request) and gets no decode leg; one
 // that leaves during a whole answer's decode has the decode leg cut. Every
-// engine's exchange, on gnet, which sees the client go while a worker
-// waits; nothing stays charged, and the request counts 499.
+// engine's exchange, on gnet, whose loop sees the client go while a worker
+// waits, and on fasthttp, where the exchange watches the connection;
+// nothing stays charged, and the request counts 499.
 func TestPDClientLeaves(t *testing.T) {
-	for _, e := range pdEngines {
-		for _, during := range []string{"prefill", "decode"} {
-			t.Run(e.name+"/"+during, func(t *testing.T) {
-				slow := func(c *sim.Config) { c.Speedup = 1 }
-				pre := startSim(t, e, "pre", sim.RolePrefill, slow)
-				dec := startSim(t, e, "dec", sim.RoleDecode, slow)
-				s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "g"), pdPod(dec, dec.Addr(), "g")}, func(c *config.Config) { c.Frontend = "gnet" })
-				// A stream leaves in its prefill, a whole answer in its
-				// decode: neither has had a byte of its answer.
-				stream, busy := true, pre
-				if during == "decode" {
-					stream, busy = false, dec
-				}
-				body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":3000,"stream":%v}`, strings.Repeat("a long prompt to prefill ", 2000), stream)
-				c, err := net.Dial("tcp", s.Addr())
-				if err != nil {
-					t.Fatal(err)
-				}
-				fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-				testwait.For(t, "the "+during+" to start", func() bool { return busy.Stats().Running == 1 })
-				c.Close()
-				testwait.For(t, "both pods to be idle", func() bool {
-					p, d := pre.Stats(), dec.Stats()
-					return p.Running+p.Waiting+d.Running+d.Waiting == 0 && metricValue(t, s, "pdlb_requests_in_flight") == 0
-				})
-				p, d := pre.Stats(), dec.Stats()
-				switch {
-				case during == "prefill" && (p.Aborted != 1 || p.PromptTokens != 0 || d.GeneratedTokens != 0):
-					t.Fatalf("after leaving in the prefill: prefill pod %+v, decode pod %+v; want the prefill aborted and no decoding", p, d)
-				case during == "decode" && (d.Aborted != 1 || d.GeneratedTokens >= 3000):
-					t.Fatalf("after leaving in the decode: decode pod %+v; want it aborted", d)
-				}
-				ledgerSettles(t, s)
-				if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
-					t.Fatalf("%v requests counted 499, want 1", n)
-				}
-				if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 0 {
-					t.Fatalf("the pods were charged %v failures for a client that left", n)
-				}
-			})
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		for _, e := range pdEngines {
+			for _, during := range []string{"prefill", "decode"} {
+				t.Run(fe+"/"+e.name+"/"+during, func(t *testing.T) { testPDClientLeaves(t, fe, e, during) })
+			}
 		}
+	}
+}
+
+func testPDClientLeaves(t *testing.T, fe string, e pdEngine, during string) {
+	slow := func(c *sim.Config) { c.Speedup = 1 }
+	pre := startSim(t, e, "pre", sim.RolePrefill, slow)
+	dec := startSim(t, e, "dec", sim.RoleDecode, slow)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "g"), pdPod(dec, dec.Addr(), "g")}, func(c *config.Config) { c.Frontend = fe })
+	// A stream leaves in its prefill, a whole answer in its decode:
+	// neither has had a byte of its answer.
+	stream, busy := true, pre
+	if during == "decode" {
+		stream, busy = false, dec
+	}
+	body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":3000,"stream":%v}`, strings.Repeat("a long prompt to prefill ", 2000), stream)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	testwait.For(t, "the "+during+" to start", func() bool { return busy.Stats().Running == 1 })
+	c.Close()
+	testwait.For(t, "both pods to be idle", func() bool {
+		p, d := pre.Stats(), dec.Stats()
+		return p.Running+p.Waiting+d.Running+d.Waiting == 0 && metricValue(t, s, "pdlb_requests_in_flight") == 0
+	})
+	p, d := pre.Stats(), dec.Stats()
+	switch {
+	case during == "prefill" && (p.Aborted != 1 || p.PromptTokens != 0 || d.GeneratedTokens != 0):
+		t.Fatalf("after leaving in the prefill: prefill pod %+v, decode pod %+v; want the prefill aborted and no decoding", p, d)
+	case during == "decode" && (d.Aborted != 1 || d.GeneratedTokens >= 3000):
+		t.Fatalf("after leaving in the decode: decode pod %+v; want it aborted", d)
+	}
+	waitIdle(t, s)
+	if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
+		t.Fatalf("%v requests counted 499, want 1", n)
+	}
+	if n := metricValue(t, s, "pdlb_upstream_errors_total"); n != 0 {
+		t.Fatalf("the pods were charged %v failures for a client that left", n)
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 
 	"pdlb/engines"
 	"pdlb/lb/fail"
-	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -102,6 +101,9 @@ type Call struct {
 	chat   bool
 	proto  engines.Protocol
 	ex     engines.Exchange
+	// gone is closed when the client leaves (frontend.WatchClient), from
+	// the legs' start on.
+	gone <-chan struct{}
 	// active: a pair's exchange is under way, so the decode watchdog
 	// applies and End has work to do.
 	active bool
@@ -133,7 +135,7 @@ func (c *Call) Release() {
 		c.link.Release()
 	}
 	clear(c.Pods)
-	c.host, c.fleet, c.ctx, c.proto, c.ex, c.link, c.Pre, c.Dec, c.Metrics = nil, nil, nil, nil, engines.Exchange{}, nil, nil, nil, nil
+	c.host, c.fleet, c.ctx, c.gone, c.proto, c.ex, c.link, c.Pre, c.Dec, c.Metrics = nil, nil, nil, nil, nil, engines.Exchange{}, nil, nil, nil, nil
 	c.active, c.watched, c.Prompt = false, false, ledger.Prompt{}
 	c.Cands, c.Pods = c.Cands[:0], c.Pods[:0]
 	callPool.Put(c)
@@ -257,7 +259,7 @@ func (c *Call) End(pod *pool.Pod, status int) {
 // far as its front end can tell.
 func (c *Call) clientLeft() bool {
 	select {
-	case <-frontend.ClientGone(c.ctx):
+	case <-c.gone:
 		return true
 	default:
 		return false

@@ -7,7 +7,6 @@ import (
 
 	"pdlb/engines"
 	"pdlb/lb/fail"
-	"pdlb/lb/frontend"
 	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 	"pdlb/ledger"
@@ -34,7 +33,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 	go l.prefill(concurrentPrefill{
 		fleet: c.fleet, pre: c.Pre, dec: c.Dec, up: up, timeout: c.Opts.PrefillRequestTimeout, uncached: uncached, ticket: ticket,
 		proto: c.proto, ex: c.ex, metrics: c.Metrics, limit: c.watchdogLimit(), start: c.legsStart,
-		gone: frontend.ClientGone(c.ctx), drop: l.PreCut,
+		gone: c.gone, drop: l.PreCut,
 	})
 	resp := c.sendConcurrentDecode()
 	var watchdog <-chan time.Time
@@ -100,7 +99,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 			c.abandonDecode(resp)
 			c.watched = true
 			return c.dropPair(nil, c.decodeFailure(fasthttp.ErrTimeout))
-		case <-frontend.ClientGone(c.ctx):
+		case <-c.gone:
 			// Both pods drop the request where the protocol can say so.
 			c.abandonDecode(resp)
 			Abort(c.proto, &c.ex, c.Pre)

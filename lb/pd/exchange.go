@@ -81,6 +81,9 @@ func (c *Call) RunPair() *fail.Failure {
 		return c.dropPair(pre, &fail.Failure{E: openai.UpstreamError(err.Error()), PDHeader: HeaderPrefillError})
 	}
 	c.active = true
+	// The legs may run long: a client that leaves cuts them, on fasthttp
+	// too.
+	c.gone = frontend.WatchClient(c.ctx)
 	c.legsStart = time.Now()
 	if c.proto.Concurrent() {
 		return c.runConcurrent(up)
@@ -112,7 +115,7 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 	pre := c.Pre
 	up.SetBodyRaw(c.preBody)
 	resp := fasthttp.AcquireResponse()
-	err := c.fleet.Send(frontend.ClientGone(c.ctx), nil, pre, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout))
+	err := c.fleet.Send(c.gone, nil, pre, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout))
 	fasthttp.ReleaseRequest(up)
 	status := 0
 	if err == nil {
@@ -240,7 +243,7 @@ func (c *Call) sequentialDecode() *fail.Failure {
 		dec.Acquire()
 		// Streamed even for a whole answer: the watchdog times its reads.
 		resp.StreamBody = true
-		err := c.fleet.Send(frontend.ClientGone(c.ctx), nil, dec, up, resp, c.decodeHeadersBy())
+		err := c.fleet.Send(c.gone, nil, dec, up, resp, c.decodeHeadersBy())
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
 			c.Ticket.Done()
