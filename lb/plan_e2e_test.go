@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/redistest"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/plan"
@@ -22,16 +25,19 @@ type planStatus struct {
 	Enabled   bool     `json:"enabled"`
 	Actuators []string `json:"actuators"`
 	Models    []struct {
-		Model     string       `json:"model"`
-		Window    *plan.Demand `json:"window"`
-		Current   string       `json:"current"`
-		Target    string       `json:"target"`
-		Reason    string       `json:"reason"`
-		Switching bool         `json:"switching"`
-		Switches  int          `json:"switches"`
-		Failures  int          `json:"failures"`
-		LastError string       `json:"last_error"`
-		History   []struct {
+		Model      string       `json:"model"`
+		ObservedAt time.Time    `json:"observed_at"`
+		Window     *plan.Demand `json:"window"`
+		NeedP      float64      `json:"need_prefill"`
+		NeedD      float64      `json:"need_decode"`
+		Current    string       `json:"current"`
+		Target     string       `json:"target"`
+		Reason     string       `json:"reason"`
+		Switching  bool         `json:"switching"`
+		Switches   int          `json:"switches"`
+		Failures   int          `json:"failures"`
+		LastError  string       `json:"last_error"`
+		History    []struct {
 			From, To string
 			Moves    int
 			Released []string
@@ -299,5 +305,80 @@ func TestPlanAdminWithoutPlannedModels(t *testing.T) {
 		if m := get(t, "http://"+s.AdminAddr()+"/metrics"); strings.Contains(m, "pdlb_plan_current_instances{") {
 			t.Errorf("enabled %v: plan series without a planned model", enabled)
 		}
+	}
+}
+
+// TestPlanReplicasMeasureTheFleet: two gateway replicas share one Redis
+// and a 1P1D fleet, each planning it. A burst through replica a alone and
+// the same burst split between a and b make the same window in a's
+// planner: a planner splits the whole fleet, so it must measure the
+// whole fleet's demand, whichever replica the requests came through.
+func TestPlanReplicasMeasureTheFleet(t *testing.T) {
+	const (
+		burst     = 8
+		maxTokens = 32
+		windowSec = 2
+	)
+	redis := redistest.Start(t, 0)
+	e := pdEngines[0] // vLLM
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	pods := []config.Pod{pdPod(pre, pre.Addr(), "A"), pdPod(dec, dec.Addr(), "A")}
+	replica := func(id string) *lb.Server {
+		return pdGateway(t, e, pods, func(c *config.Config) {
+			c.Redis.Address, c.Redis.ReplicaID = redis.Addr(), id
+			c.TokenLoad.SharedSyncIntervalMs = 20
+			c.Plan.Enabled, c.Plan.WindowSec = true, windowSec
+		})
+	}
+	a, b := replica("a"), replica("b")
+
+	// window sends a burst through the replicas of via in turn right after
+	// a's planner closed a window, and returns the next window a observes
+	// (which holds the whole burst, done long before it closes) and the
+	// requests a counted in it. Prompts never repeat: no prefix is cached.
+	seq := 0
+	window := func(via ...*lb.Server) (plan.Demand, float64) {
+		t.Helper()
+		closed := func() time.Time { return readPlan(t, a).Models[0].ObservedAt }
+		last := closed()
+		testwait.For(t, "a's planner to close a window", func() bool { return closed().After(last) })
+		opened := closed()
+		var wg sync.WaitGroup
+		for i := range burst {
+			seq++
+			wg.Add(1)
+			go func(s *lb.Server, body string) {
+				defer wg.Done()
+				resp, err := client.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("%d %s", resp.StatusCode, b)
+				}
+			}(via[i%len(via)], completion(seq, 20, maxTokens, false))
+		}
+		wg.Wait()
+		testwait.For(t, "a's planner to close the burst's window", func() bool { return closed().After(opened) })
+		st := readPlan(t, a).Models[0]
+		dt := st.ObservedAt.Sub(opened).Seconds()
+		if st.Window == nil || dt > 1.5*windowSec {
+			t.Fatalf("the burst's window: %+v over %.2fs, want one of %ds", st.Window, dt, windowSec)
+		}
+		t.Logf("via %d replicas: %.1f requests, %+v, needs %.3fP %.3fD", len(via), st.Window.Rate*dt, *st.Window, st.NeedP, st.NeedD)
+		return *st.Window, st.Window.Rate * dt
+	}
+	alone, n := window(a)
+	if math.Round(n) != burst || alone.OutputTokens != maxTokens {
+		t.Fatalf("through a alone: %.1f requests of %.1f output tokens, want %d of %d", n, alone.OutputTokens, burst, maxTokens)
+	}
+	split, n := window(a, b)
+	if math.Round(n) != burst || split.OutputTokens != maxTokens || split.PromptTokens != alone.PromptTokens {
+		t.Errorf("through a and b: %.1f requests of %.1f prompt and %.1f output tokens; through a alone, %d of %.1f and %.1f",
+			n, split.PromptTokens, split.OutputTokens, burst, alone.PromptTokens, alone.OutputTokens)
 	}
 }

@@ -22,7 +22,10 @@ const (
 // window it measures each model's load and its prefill and decode pods'
 // speeds, decides the split of the model's prefill/decode pods (lb/plan),
 // and has the actuators move pods between roles. Models without at least
-// two prefill or decode pods are not planned.
+// two prefill or decode pods are not planned. Replicas sharing a Redis
+// (redis.address) add their counts up there, so every one measures the
+// whole fleet's load; enable the planner on all of them, or the requests
+// of those without it go uncounted.
 type Plan struct {
 	// Enabled turns the planning loop on (default false).
 	Enabled bool `yaml:"enabled"`

@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 
@@ -95,6 +96,9 @@ type Gateway struct {
 	// shared: the ledger is shared with other replicas (sharedledger.go);
 	// set in New.
 	shared bool
+	// redis is redis.address's client, nil without one; closed after the
+	// background loops that use it.
+	redis *redis.Client
 	// plan is the planning loop, nil when plan.enabled is off (plan.go).
 	plan *planLoop
 	// access is the access log, nil when access_log is off (accesslog.go).
@@ -161,6 +165,9 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	g.stop = cancel
 	g.background(func() { g.ledger.RunJanitor(ctx) })
 	g.background(func() { g.rebuildBuckets(ctx) })
+	if cfg.Redis.Address != "" {
+		g.redis = newRedis(cfg.Redis.Address, log)
+	}
 	if cfg.Redis.Address != "" && cfg.TokenLoad.SharedLedger {
 		g.startSharedLedger(ctx)
 	}
@@ -339,6 +346,9 @@ func (g *Gateway) Drain() { g.draining.Store(true) }
 func (g *Gateway) Close() {
 	g.stop()
 	g.bg.Wait()
+	if g.redis != nil {
+		_ = g.redis.Close()
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.checker.Close()

@@ -21,8 +21,9 @@ import (
 // The planning loop (config plan.enabled): once a window it reads, for every
 // model with at least two prefill or decode pods, the gateway's own
 // counters (the PD cascade's routing decisions, made as requests arrive;
-// requests answered 200; prompt and prefix-cached tokens placed) and
-// the tokens its pods generated (their scraped counters), turns them into
+// requests answered 200; prompt and prefix-cached tokens placed), added
+// up over the replicas sharing its Redis (plan_shared.go), and the tokens
+// its pods generated (their scraped counters), turns them into
 // the window's demand (plan.Observer), adds the pods' learned speeds
 // (prefill: Pod.Speed; decode: plan.DecodeCapacity of the pod's learned
 // DecodeLine under plan.tpot_slo) and asks the model's plan.Planner. When
@@ -42,6 +43,9 @@ type planLoop struct {
 	// client carries the actuators' calls.
 	client *http.Client
 	fleet  *planFleet
+	// share adds the counts up over the replicas; nil without Redis,
+	// where this replica is the only one.
+	share *planShare
 
 	mu     sync.Mutex
 	models map[string]*modelPlan
@@ -63,6 +67,9 @@ type modelPlan struct {
 	output    float64
 	generated map[string]float64
 	lastTick  time.Time
+	// blind says the reason is that the last tick could not read the
+	// other replicas' counts.
+	blind bool
 
 	view planView
 	// wave is the switch running, nil when none.
@@ -133,6 +140,10 @@ func (g *Gateway) startPlan(ctx context.Context) {
 		l.actuators = append(l.actuators, namedActuator{"switch_roles",
 			&plan.RoleSwitcher{Fleet: l.fleet, WarmupSec: cfg.WarmupSec, Timeout: cfg.SwitchTimeout, Client: l.client}})
 	}
+	if g.cfg.Redis.Address != "" {
+		l.share = newPlanShare(g)
+		g.background(func() { l.share.run(ctx, g.planCountsByModel) })
+	}
 	g.plan = l
 	l.tick(ctx, time.Now())
 	g.metrics.set.RegisterMetricsWriter(l.writeMetrics)
@@ -201,8 +212,22 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 			dt = now.Sub(st.lastTick).Seconds()
 		}
 		st.lastTick = now
-		d, ok := st.observer.Observe(now, l.counts(m, st, dt), prefillCapacity(m), decodeCapacity(m, l.cfg))
+		c, err := l.counts(m, st, dt)
+		if err != nil {
+			// The window is left open: the next reading covers it.
+			if missing == "" {
+				st.view.Reason, st.blind = "hold: the other replicas' counts are not known: "+err.Error(), true
+			}
+			continue
+		}
+		blind := st.blind
+		st.blind = false
+		d, ok := st.observer.Observe(now, c, prefillCapacity(m), decodeCapacity(m, l.cfg))
 		if !ok {
+			if blind && missing == "" {
+				// The counts are back, as the first reading.
+				st.view.Reason = "hold: no window observed yet"
+			}
 			continue
 		}
 		st.view.ObservedAt, st.view.Window = now, &d
@@ -250,17 +275,39 @@ func missingRole(current plan.Ratio) string {
 	return ""
 }
 
-// counts reads model m's cumulative counters; dt is the time since the
-// last reading, over which a pod without a token counter is credited its
-// throughput.
-func (l *planLoop) counts(m *pool.Model, st *modelPlan, dt float64) plan.Counts {
-	stats := l.g.metrics.model(m)
+// planCounts reads the counters this replica keeps of model m's requests:
+// every count of plan.Counts but the output.
+func (g *Gateway) planCounts(m *pool.Model) plan.Counts {
+	stats := g.metrics.model(m)
 	var c plan.Counts
 	for _, k := range stats.pd.Kinds {
 		c.Requests += float64(k.Get())
 	}
 	c.Finished = float64(stats.requests[statusIndex(200)].Get())
 	c.PromptTokens, c.CachedTokens = float64(stats.promptTokens.Get()), float64(stats.cachedTokens.Get())
+	return c
+}
+
+// planCountsByModel is planCounts of every model, by name.
+func (g *Gateway) planCountsByModel() map[string]plan.Counts {
+	models := g.pool.Load().Models
+	out := make(map[string]plan.Counts, len(models))
+	for _, m := range models {
+		out[m.Name] = g.planCounts(m)
+	}
+	return out
+}
+
+// counts reads model m's cumulative counters, the fleet's: every
+// replica's requests and the pods' output. dt is the time since the last
+// reading, over which a pod without a token counter is credited its
+// throughput. An error says the other replicas' counts are not known.
+func (l *planLoop) counts(m *pool.Model, st *modelPlan, dt float64) (plan.Counts, error) {
+	c := l.g.planCounts(m)
+	var err error
+	if l.share != nil {
+		c, err = l.share.counts(m.Name, c)
+	}
 	for _, p := range m.Pods {
 		st.countOutput(p.Config.Name, p.Config.Role, p.Scraped(), dt)
 	}
@@ -270,7 +317,7 @@ func (l *planLoop) counts(m *pool.Model, st *modelPlan, dt float64) plan.Counts 
 		st.forgetGone(m.Pods)
 	}
 	c.OutputTokens = st.output
-	return c
+	return c, err
 }
 
 // forgetGone drops the token baselines of the pods that left the model:

@@ -17,21 +17,24 @@ import (
 // replicas' charges and pod counts.
 func (g *Gateway) startSharedLedger(ctx context.Context) {
 	g.shared = true
-	// The shared ledger logs Redis going and coming back once each; the
-	// client's own line per failed dial would repeat every sync.
-	redis.SetLogger(redisLog{g.log})
-	rdb := redis.NewClient(sharedRedisOptions(g.cfg.Redis.Address))
-	sh := ledger.NewShared(g.ledger, rdb, ledger.SharedOptions{
+	sh := ledger.NewShared(g.ledger, g.redis, ledger.SharedOptions{
 		ReplicaID: g.cfg.Redis.ReplicaID,
 		KeyPrefix: g.cfg.Redis.KeyPrefix,
 		Interval:  time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs) * time.Millisecond,
 		Expiry:    time.Duration(g.cfg.TokenLoad.SharedExpiryMs) * time.Millisecond,
 		Logger:    g.log,
 	})
-	g.background(func() {
-		sh.Run(ctx)
-		_ = rdb.Close()
-	})
+	g.background(func() { sh.Run(ctx) })
+}
+
+// newRedis is the client of redis.address that the loops exchanging with
+// the other replicas every tick share (the shared ledger, the planner's
+// counts).
+func newRedis(addr string, log *slog.Logger) *redis.Client {
+	// The loops log Redis going and coming back once each; the client's
+	// own line per failed dial would repeat every tick.
+	redis.SetLogger(redisLog{log})
+	return redis.NewClient(sharedRedisOptions(addr))
 }
 
 // sharedRedisOptions are the client options ledger.NewShared asks for: a

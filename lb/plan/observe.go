@@ -23,6 +23,18 @@ type Counts struct {
 	OutputTokens float64
 }
 
+// Add returns c with every counter of d added.
+func (c Counts) Add(d Counts) Counts {
+	return Counts{c.Requests + d.Requests, c.Finished + d.Finished, c.PromptTokens + d.PromptTokens,
+		c.CachedTokens + d.CachedTokens, c.OutputTokens + d.OutputTokens}
+}
+
+// Sub returns what each counter of c counts beyond d's.
+func (c Counts) Sub(d Counts) Counts {
+	return Counts{c.Requests - d.Requests, c.Finished - d.Finished, c.PromptTokens - d.PromptTokens,
+		c.CachedTokens - d.CachedTokens, c.OutputTokens - d.OutputTokens}
+}
+
 // Observer turns successive readings of Counts into the demand of the
 // window between them. The zero value is ready; it is not safe for
 // concurrent use (the planning loop owns it).
@@ -49,8 +61,8 @@ func (o *Observer) Observe(now time.Time, c Counts, prefillCap, decodeCap float6
 	prev, prevAt, primed := o.last, o.lastAt, o.primed
 	o.last, o.lastAt, o.primed = c, now, true
 	dt := now.Sub(prevAt).Seconds()
-	dReq, dFin, dPrompt, dCached, dOut := c.Requests-prev.Requests, c.Finished-prev.Finished,
-		c.PromptTokens-prev.PromptTokens, c.CachedTokens-prev.CachedTokens, c.OutputTokens-prev.OutputTokens
+	dc := c.Sub(prev)
+	dReq, dFin, dPrompt, dCached, dOut := dc.Requests, dc.Finished, dc.PromptTokens, dc.CachedTokens, dc.OutputTokens
 	if !primed || !(dt > 0) || min(dReq, dFin, dPrompt, dCached, dOut) < 0 {
 		return Demand{}, false
 	}
