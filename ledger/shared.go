@@ -91,15 +91,20 @@ type Shared struct {
 	down     bool // last round trip failed; only the loop goroutine touches it
 }
 
+// NewReplicaID returns a new replica id: 16 random hex digits.
+func NewReplicaID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // NewShared shares l through rdb. Give rdb short timeouts (dial, read and
 // write of a few sync intervals), MaxRetries -1 and DialerRetries 1: a sync
 // that fails is simply tried again on the next tick, and Redis going away
 // should stop the sharing within a tick or two.
 func NewShared(l *Ledger, rdb redis.UniversalClient, o SharedOptions) *Shared {
 	if o.ReplicaID == "" {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		o.ReplicaID = hex.EncodeToString(b[:])
+		o.ReplicaID = NewReplicaID()
 	}
 	if o.KeyPrefix == "" {
 		o.KeyPrefix = DefaultKeyPrefix

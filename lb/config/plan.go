@@ -25,7 +25,8 @@ const (
 // two prefill or decode pods are not planned. Replicas sharing a Redis
 // (redis.address) add their counts up there, so every one measures the
 // whole fleet's load; enable the planner on all of them, or the requests
-// of those without it go uncounted.
+// of those without it go uncounted. Only the one holding the plan lease
+// in Redis runs the actuators.
 type Plan struct {
 	// Enabled turns the planning loop on (default false).
 	Enabled bool `yaml:"enabled"`
@@ -47,12 +48,15 @@ type Plan struct {
 	// SwitchRoles moves pods between roles itself, through the simulated
 	// engine's POST /admin/role, and re-roles them in the gateway (default
 	// false). For the configured pods only: with discovery, the webhook's
-	// controller owns the roles.
+	// controller owns the roles. For one replica only: with several, the
+	// acting one re-roles pods in its own pool, and the others keep
+	// routing to them in their old roles.
 	SwitchRoles bool `yaml:"switch_roles"`
 	// SwitchTimeout bounds one switch of switch_roles, from taking the pods
 	// out of routing to putting them back (default 10m).
 	SwitchTimeout time.Duration `yaml:"switch_timeout"`
-	// Webhook, when its URL is set, receives each model's desired split.
+	// Webhook, when its URL is set, receives each model's desired split:
+	// from the replica holding the plan lease, when replicas share a Redis.
 	Webhook PlanWebhook `yaml:"webhook"`
 }
 

@@ -97,8 +97,10 @@ type Gateway struct {
 	// set in New.
 	shared bool
 	// redis is redis.address's client, nil without one; closed after the
-	// background loops that use it.
-	redis *redis.Client
+	// background loops that use it. replica names this gateway there
+	// (redis.replica_id, or a random one).
+	redis   *redis.Client
+	replica string
 	// plan is the planning loop, nil when plan.enabled is off (plan.go).
 	plan *planLoop
 	// access is the access log, nil when access_log is off (accesslog.go).
@@ -166,7 +168,10 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	g.background(func() { g.ledger.RunJanitor(ctx) })
 	g.background(func() { g.rebuildBuckets(ctx) })
 	if cfg.Redis.Address != "" {
-		g.redis = newRedis(cfg.Redis.Address, log)
+		g.redis, g.replica = newRedis(cfg.Redis.Address, log), cfg.Redis.ReplicaID
+		if g.replica == "" {
+			g.replica = ledger.NewReplicaID()
+		}
 	}
 	if cfg.Redis.Address != "" && cfg.TokenLoad.SharedLedger {
 		g.startSharedLedger(ctx)

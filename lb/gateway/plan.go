@@ -247,11 +247,18 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 		}
 		dec := st.planner.Plan()
 		st.view.target, st.view.needP, st.view.needD, st.view.Reason = dec.Target, dec.NeedPrefill, dec.NeedDecode, dec.Reason
-		switch {
-		case dec.Switch && len(l.actuators) > 0:
-			l.startWave(ctx, m.Name, st, dec, now)
-		case dec.Switch:
+		if !dec.Switch {
+			continue
+		}
+		// A replica that does not act still lets its planner take the
+		// switch: its dwell runs with the acting replica's.
+		switch acts, holder, _ := l.acting(); {
+		case len(l.actuators) == 0:
 			st.view.Reason += " (advice only: no actuator is configured)"
+		case !acts:
+			st.view.Reason += fmt.Sprintf(" (advice only: replica %q holds the plan lease and acts)", holder)
+		default:
+			l.startWave(ctx, m.Name, st, dec, now)
 		}
 	}
 	// A model a reload removed, or left too few pods to split, shows no
@@ -262,6 +269,16 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 			delete(l.models, name)
 		}
 	}
+}
+
+// acting says whether this replica runs the actuators, which replica
+// holds the plan lease, and how many replicas plan: without Redis this
+// one, alone.
+func (l *planLoop) acting() (acts bool, holder string, replicas int64) {
+	if l.share == nil {
+		return true, "", 1
+	}
+	return l.share.lease()
 }
 
 // missingRole names the role current has no pod of, "" when it has both.
@@ -427,15 +444,26 @@ func (l *planLoop) startWave(ctx context.Context, model string, st *modelPlan, d
 // servePlan serves GET /admin/plan.
 func (g *Gateway) servePlan(w http.ResponseWriter, _ *http.Request) {
 	out := struct {
-		Enabled   bool       `json:"enabled"`
-		WindowSec float64    `json:"window_sec"`
-		Actuators []string   `json:"actuators"`
-		Models    []planView `json:"models"`
+		Enabled   bool     `json:"enabled"`
+		WindowSec float64  `json:"window_sec"`
+		Actuators []string `json:"actuators"`
+		// Acting says this replica runs the actuators, Replicas how many
+		// replicas plan (0 while Redis is out of reach). With Redis,
+		// Replica is this one's id and LeaseHolder the acting one's.
+		Acting      bool       `json:"acting"`
+		Replicas    int64      `json:"replicas"`
+		Replica     string     `json:"replica,omitempty"`
+		LeaseHolder string     `json:"lease_holder,omitempty"`
+		Models      []planView `json:"models"`
 	}{Actuators: []string{}, Models: []planView{}}
 	if l := g.plan; l != nil {
 		out.Enabled, out.WindowSec = true, l.cfg.WindowSec
 		for _, a := range l.actuators {
 			out.Actuators = append(out.Actuators, a.name)
+		}
+		out.Acting, out.LeaseHolder, out.Replicas = l.acting()
+		if l.share != nil {
+			out.Replica = l.share.id
 		}
 		l.mu.Lock()
 		for _, name := range l.modelNames() {

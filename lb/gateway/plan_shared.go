@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -19,68 +20,110 @@ import (
 // replica that added to them: long enough for every replica to restart.
 const planCountsExpiry = time.Hour
 
-// planCountsScript adds this replica's counts since its last exchange to
-// the fleet's counters and returns the totals, one round trip for every
-// model.
+// planShareScript is one exchange: it renews this replica's membership of
+// the planning replicas and takes or renews the plan lease, which names
+// the one replica whose actuators run (SET NX PX, as a Redis lock, renewed
+// by its holder only), then adds this replica's counts since its last
+// exchange to the fleet's counters and returns the totals. TIME is
+// Redis's, so every replica's membership ages on one clock.
 //
-//	KEYS[i]  model i's counters (hash: requests finished prompt cached)
-//	ARGV[1]  expiry ms, then four increments a model, in the order of KEYS
+//	KEYS[1]    the lease (string: the holder's id)
+//	KEYS[2]    the planning replicas (sorted set, score = expiry ms)
+//	KEYS[2+i]  model i's counters (hash: requests finished prompt cached)
+//	ARGV[1] replica id, ARGV[2] lease and membership ms, ARGV[3] counters'
+//	expiry ms, then four increments a model, in the order of KEYS
 //
-// It returns one {requests, finished, prompt, cached} array a model. Every
-// key carries the {prefix} hash tag, so a cluster keeps them in one slot.
-var planCountsScript = redis.NewScript(`
+// It returns {holder, replicas, counts...}: one {requests, finished,
+// prompt, cached} array a model. Every key carries the {prefix} hash tag,
+// so a cluster keeps them in one slot.
+var planShareScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local id, ttl = ARGV[1], tonumber(ARGV[2])
+redis.call('ZADD', KEYS[2], now + ttl, id)
+redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local holder = redis.call('GET', KEYS[1])
+if not holder or holder == id then
+  redis.call('SET', KEYS[1], id, 'PX', ttl)
+  holder = id
+end
+local out = {holder, redis.call('ZCARD', KEYS[2])}
 local fields = {'requests', 'finished', 'prompt', 'cached'}
-local out = {}
-for i, key in ipairs(KEYS) do
+for i = 3, #KEYS do
   for j, field in ipairs(fields) do
-    local n = tonumber(ARGV[1 + (i - 1) * 4 + j])
-    if n ~= 0 then redis.call('HINCRBY', key, field, n) end
+    local n = tonumber(ARGV[3 + (i - 3) * 4 + j])
+    if n ~= 0 then redis.call('HINCRBY', KEYS[i], field, n) end
   end
-  redis.call('PEXPIRE', key, ARGV[1])
-  out[i] = redis.call('HMGET', key, unpack(fields))
+  redis.call('PEXPIRE', KEYS[i], ARGV[3])
+  out[#out + 1] = redis.call('HMGET', KEYS[i], unpack(fields))
 end
 return out
 `)
 
-// planShare adds the planners' counts up over the gateway replicas that
-// share a Redis. A replica counts the requests it routes, while the pods'
-// counters (the output) count every replica's: a planner reading its own
+// planShare shares the planning loop with the other gateway replicas that
+// share a Redis and plan.
+//
+// Counts: a replica counts the requests it routes, while the pods'
+// counters (the output) count every replica's; a planner reading its own
 // counts beside them would see each request N times as long and 1/N of
 // the prompts, and split the fleet for that. So each replica adds what it
-// counted since its last exchange to one set of counters a model in
-// Redis and reads the totals back, every token_load.shared_sync_interval_ms,
+// counted since its last exchange to one set of counters a model in Redis
+// and reads the totals back, every token_load.shared_sync_interval_ms,
 // and its planner reads the fleet's counts: the others' as of the last
 // exchange, its own as of now.
+//
+// Acting: every replica plans and shows its plan, but only the holder of
+// the plan lease runs the actuators, so the webhook hears one split per
+// decision and switch_roles never has two replicas move the same pods.
+// The holder renews the lease every exchange; when it stops (it ended, or
+// lost Redis), another takes the lease once it expires
+// (token_load.shared_expiry_ms).
 type planShare struct {
-	rdb      redis.UniversalClient
+	rdb redis.UniversalClient
+	id  string
+	// keys are the lease's and the replicas', keyPre the counters' prefix.
+	keys     []string
 	keyPre   string
 	interval time.Duration
-	// stale is the age past which the last exchange's totals are no
-	// longer the fleet's (token_load.shared_expiry_ms, when the shared
-	// ledger forgets a replica too).
+	// stale is the age past which the last exchange no longer tells the
+	// fleet's counts, nor that this replica holds the lease
+	// (token_load.shared_expiry_ms, when the shared ledger forgets a
+	// replica too).
 	stale time.Duration
-	log   *slog.Logger
-	// down says the last exchange failed; only run's goroutine touches it.
-	down bool
+	// switchRoles is plan.switch_roles, which warns when several
+	// replicas plan.
+	switchRoles bool
+	log         *slog.Logger
+	// down says the last exchange failed, warned that several replicas
+	// plan with switch_roles; only run's goroutine touches them.
+	down, warned bool
 
 	// mu guards the last exchange: run writes it, the planning loop reads.
 	mu sync.Mutex
 	// pushed is by model what this replica has added to the counters (a
 	// model a reload removed keeps its entry: its counts go on if it comes
 	// back), fleet the totals after the last exchange; at is when that
-	// exchange was sent.
+	// exchange was sent, holder the lease's holder it found, replicas the
+	// planning replicas.
 	pushed, fleet map[string]plan.Counts
 	at            time.Time
+	holder        string
+	replicas      int64
 }
 
 func newPlanShare(g *Gateway) *planShare {
+	pre := "{" + g.cfg.Redis.KeyPrefix + "}:plan:"
 	return &planShare{
-		rdb:      g.redis,
-		pushed:   map[string]plan.Counts{},
-		keyPre:   "{" + g.cfg.Redis.KeyPrefix + "}:plan:counts:",
-		interval: time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs) * time.Millisecond,
-		stale:    time.Duration(g.cfg.TokenLoad.SharedExpiryMs) * time.Millisecond,
-		log:      g.log,
+		rdb:         g.redis,
+		pushed:      map[string]plan.Counts{},
+		id:          g.replica,
+		keys:        []string{pre + "lease", pre + "replicas"},
+		keyPre:      pre + "counts:",
+		interval:    time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs) * time.Millisecond,
+		stale:       time.Duration(g.cfg.TokenLoad.SharedExpiryMs) * time.Millisecond,
+		switchRoles: g.cfg.Plan.SwitchRoles,
+		log:         g.log,
 	}
 }
 
@@ -99,29 +142,33 @@ func (s *planShare) run(ctx context.Context, own func() map[string]plan.Counts) 
 }
 
 // exchange adds own, this replica's cumulative counts by model, to the
-// fleet's counters and keeps the totals; a failure is logged once until
-// an exchange works again.
+// fleet's counters, keeps the totals and renews the lease; a failure is
+// logged once until an exchange works again.
 func (s *planShare) exchange(ctx context.Context, own map[string]plan.Counts) {
 	models := sortedKeys(own)
-	keys := make([]string, len(models))
-	args := []any{planCountsExpiry.Milliseconds()}
+	keys := slices.Clone(s.keys)
+	args := []any{s.id, s.stale.Milliseconds(), planCountsExpiry.Milliseconds()}
 	s.mu.Lock()
-	for i, m := range models {
-		keys[i] = s.keyPre + m
+	for _, m := range models {
+		keys = append(keys, s.keyPre+m)
 		d := own[m].Sub(s.pushed[m])
 		args = append(args, int64(d.Requests), int64(d.Finished), int64(d.PromptTokens), int64(d.CachedTokens))
 	}
 	s.mu.Unlock()
 	sent := time.Now()
-	res, err := planCountsScript.Run(ctx, s.rdb, keys, args...).Slice()
-	var fleet map[string]plan.Counts
+	res, err := planShareScript.Run(ctx, s.rdb, keys, args...).Slice()
+	var (
+		holder   string
+		replicas int64
+		fleet    map[string]plan.Counts
+	)
 	if err == nil {
-		fleet, err = parseFleetCounts(models, res)
+		holder, replicas, fleet, err = parsePlanShare(models, res)
 	}
 	if err != nil {
 		if ctx.Err() == nil && !s.down {
 			s.down = true
-			s.log.Warn("plan: Redis unreachable, the planner holds until it reads the other replicas' counts again", slog.Any("err", err))
+			s.log.Warn("plan: Redis unreachable, the planner holds and acts on nothing until it reads the other replicas' counts again", slog.Any("err", err))
 		}
 		return
 	}
@@ -129,24 +176,34 @@ func (s *planShare) exchange(ctx context.Context, own map[string]plan.Counts) {
 		s.down = false
 		s.log.Info("plan: Redis reachable again, the planner reads the other replicas' counts")
 	}
+	if s.switchRoles && replicas > 1 && !s.warned {
+		s.warned = true
+		s.log.Warn("plan: switch_roles re-roles pods in the acting replica's pool only; the other replicas keep routing to them in their old roles (use the webhook with discovery)",
+			slog.Int64("replicas", replicas))
+	}
 	s.mu.Lock()
 	maps.Copy(s.pushed, own)
-	s.fleet, s.at = fleet, sent
+	s.fleet, s.at, s.holder, s.replicas = fleet, sent, holder, replicas
 	s.mu.Unlock()
 }
 
-var errPlanReply = errors.New("plan: malformed reply of the fleet's counters")
+var errPlanReply = errors.New("plan: malformed reply of the plan's exchange with Redis")
 
-// parseFleetCounts reads planCountsScript's reply for models.
-func parseFleetCounts(models []string, res []any) (map[string]plan.Counts, error) {
-	if len(res) != len(models) {
-		return nil, errPlanReply
+// parsePlanShare reads planShareScript's reply for models.
+func parsePlanShare(models []string, res []any) (holder string, replicas int64, fleet map[string]plan.Counts, err error) {
+	if len(res) != 2+len(models) {
+		return "", 0, nil, errPlanReply
 	}
-	out := make(map[string]plan.Counts, len(models))
+	holder, ok1 := res[0].(string)
+	replicas, ok2 := res[1].(int64)
+	if !ok1 || !ok2 {
+		return "", 0, nil, errPlanReply
+	}
+	fleet = make(map[string]plan.Counts, len(models))
 	for i, m := range models {
-		vals, ok := res[i].([]any)
+		vals, ok := res[2+i].([]any)
 		if !ok || len(vals) != 4 {
-			return nil, errPlanReply
+			return "", 0, nil, errPlanReply
 		}
 		var n [4]float64
 		for j, v := range vals {
@@ -157,13 +214,13 @@ func parseFleetCounts(models []string, res []any) (map[string]plan.Counts, error
 			str, _ := v.(string)
 			x, err := strconv.ParseInt(str, 10, 64)
 			if err != nil {
-				return nil, errPlanReply
+				return "", 0, nil, errPlanReply
 			}
 			n[j] = float64(x)
 		}
-		out[m] = plan.Counts{Requests: n[0], Finished: n[1], PromptTokens: n[2], CachedTokens: n[3]}
+		fleet[m] = plan.Counts{Requests: n[0], Finished: n[1], PromptTokens: n[2], CachedTokens: n[3]}
 	}
-	return out, nil
+	return holder, replicas, fleet, nil
 }
 
 // counts returns model's counts over every replica, given own, this
@@ -171,14 +228,36 @@ func parseFleetCounts(models []string, res []any) (map[string]plan.Counts, error
 func (s *planShare) counts(model string, own plan.Counts) (plan.Counts, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.staleLocked(); err != nil {
+		return plan.Counts{}, err
+	}
 	fleet, ok := s.fleet[model]
-	switch age := time.Since(s.at); {
-	case s.at.IsZero():
-		return plan.Counts{}, errors.New("no exchange with Redis yet")
-	case age > s.stale:
-		return plan.Counts{}, fmt.Errorf("no exchange with Redis for %.1fs", age.Seconds())
-	case !ok:
+	if !ok {
 		return plan.Counts{}, errors.New("the model was not exchanged yet")
 	}
 	return fleet.Add(own.Sub(s.pushed[model])), nil
+}
+
+// lease says whether this replica holds the plan lease as of the last
+// exchange, and which replica does ("" when that exchange is too old to
+// tell), and how many replicas plan.
+func (s *planShare) lease() (holds bool, holder string, replicas int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.staleLocked() != nil {
+		return false, "", 0
+	}
+	return s.holder == s.id, s.holder, s.replicas
+}
+
+// staleLocked says why the last exchange no longer counts, nil when it
+// does; mu is held.
+func (s *planShare) staleLocked() error {
+	switch age := time.Since(s.at); {
+	case s.at.IsZero():
+		return errors.New("no exchange with Redis yet")
+	case age > s.stale:
+		return fmt.Errorf("no exchange with Redis for %.1fs", age.Seconds())
+	}
+	return nil
 }

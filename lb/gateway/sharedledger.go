@@ -18,7 +18,7 @@ import (
 func (g *Gateway) startSharedLedger(ctx context.Context) {
 	g.shared = true
 	sh := ledger.NewShared(g.ledger, g.redis, ledger.SharedOptions{
-		ReplicaID: g.cfg.Redis.ReplicaID,
+		ReplicaID: g.replica,
 		KeyPrefix: g.cfg.Redis.KeyPrefix,
 		Interval:  time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs) * time.Millisecond,
 		Expiry:    time.Duration(g.cfg.TokenLoad.SharedExpiryMs) * time.Millisecond,

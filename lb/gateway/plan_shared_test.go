@@ -1,0 +1,146 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"pdlb/internal/redistest"
+	"pdlb/internal/testwait"
+	"pdlb/lb/config"
+)
+
+// TestPlanReplicasActOnce: two replicas plan one fleet through one Redis,
+// each with the webhook. Both decide the same switch, but only one posts
+// it: the controller behind the webhook hears one split per decision, not
+// one per replica. The other says it only advises, and takes over once
+// the acting replica is gone.
+func TestPlanReplicasActOnce(t *testing.T) {
+	redis := redistest.Start(t, 0)
+	var mu sync.Mutex
+	var posted []string // the replica of every webhook call
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		posted = append(posted, strings.TrimPrefix(r.URL.Path, "/"))
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	calls := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(posted)
+	}
+
+	replicas := map[string]*Gateway{}
+	closed := map[string]bool{}
+	t.Cleanup(func() {
+		for id, g := range replicas {
+			if !closed[id] {
+				g.Close()
+			}
+		}
+	})
+	for _, id := range []string{"a", "b"} {
+		cfg := config.Default()
+		cfg.Redis.Address, cfg.Redis.ReplicaID = redis.Addr(), id
+		cfg.TokenLoad.SharedSyncIntervalMs, cfg.TokenLoad.SharedExpiryMs = 10, 300
+		// A switch costs next to nothing and may follow the last at once:
+		// every window whose load wants more prefill pods switches.
+		cfg.Plan.Enabled, cfg.Plan.MinDwellSec = true, 0
+		cfg.Plan.DrainSec, cfg.Plan.WarmupSec = 0.1, 0.1
+		cfg.Plan.Webhook.URL = hook.URL + "/" + id
+		cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+		cfg.Pods = []config.Pod{
+			{Name: "p1", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+			{Name: "d1", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+			{Name: "d2", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
+		}
+		g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		replicas[id] = g
+	}
+
+	// window closes a planning window on each replica of ids after each
+	// routed a minute of long prompts, about 3.3 prefill pods of work for
+	// the 1P2D pool at the default 20,000 tokens/s; then it waits for the
+	// switch it started, if any, to end.
+	start, windows := time.Now(), 0
+	window := func(ids ...string) {
+		t.Helper()
+		windows++
+		for _, id := range ids {
+			g := replicas[id]
+			stats := g.metrics.model(g.pool.Load().Models[0])
+			stats.pd.Kinds[0].Add(100)
+			stats.requests[statusIndex(200)].Add(100)
+			stats.promptTokens.Add(100 * 20000)
+		}
+		for _, id := range ids {
+			replicas[id].plan.tick(context.Background(), start.Add(time.Duration(windows)*time.Minute))
+		}
+		for _, id := range ids {
+			testwait.For(t, "replica "+id+"'s switch to end", func() bool { return !planOf(t, replicas[id]).Models[0].Switching })
+		}
+	}
+	testwait.For(t, "a replica to post a switch", func() bool {
+		window("a", "b")
+		return len(calls()) > 0
+	})
+	for range 3 {
+		window("a", "b")
+	}
+	got := calls()
+	acting := got[0]
+	other := map[string]string{"a": "b", "b": "a"}[acting]
+	if slices.Contains(got, other) {
+		t.Fatalf("the webhook heard both replicas: %v", got)
+	}
+	st := planOf(t, replicas[other])
+	if st.Acting || st.LeaseHolder != acting || !strings.Contains(st.Models[0].Reason, "advice only") {
+		t.Errorf("replica %s, not acting: %+v", other, st)
+	}
+
+	// The acting replica ends; the other takes the lease when it expires.
+	replicas[acting].Close()
+	closed[acting] = true
+	n := len(got)
+	testwait.For(t, "replica "+other+" to post a switch", func() bool {
+		window(other)
+		return len(calls()) > n
+	})
+	if got := calls()[n:]; slices.ContainsFunc(got, func(id string) bool { return id != other }) {
+		t.Fatalf("after %s ended the webhook heard %v", acting, got)
+	}
+}
+
+// planStatus is the part of GET /admin/plan TestPlanReplicasActOnce reads.
+type planStatus struct {
+	Acting      bool   `json:"acting"`
+	LeaseHolder string `json:"lease_holder"`
+	Models      []struct {
+		Reason    string `json:"reason"`
+		Switching bool   `json:"switching"`
+	} `json:"models"`
+}
+
+// planOf is g's GET /admin/plan.
+func planOf(t *testing.T, g *Gateway) planStatus {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	g.servePlan(rec, httptest.NewRequest(http.MethodGet, "/admin/plan", nil))
+	var st planStatus
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil || len(st.Models) != 1 {
+		t.Fatalf("/admin/plan: %s (%v)", rec.Body, err)
+	}
+	return st
+}
