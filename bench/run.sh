@@ -23,10 +23,22 @@ OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
 
-# section TITLE [TEXT]: a heading and an optional paragraph.
+# section TITLE [TEXT]: a heading and an optional paragraph. It ends the
+# section before it, if still open.
+SECTION_START=
 section() {
+	section_end
 	printf '\n## %s\n\n' "$1" | tee -a "$OUT"
 	if [ $# -gt 1 ]; then printf '%s\n' "$2" | tee -a "$OUT"; fi
+	SECTION_START=$(date +%s)
+}
+
+# section_end: the open section's elapsed seconds, under it, so that
+# RESULTS.md shows where a run's time went.
+section_end() {
+	[ -n "$SECTION_START" ] || return 0
+	printf '\nSection time: %d s.\n' $(($(date +%s) - SECTION_START)) | tee -a "$OUT"
+	SECTION_START=
 }
 
 # record CMD...: run CMD, writing the command and its output (stdout and
@@ -280,7 +292,7 @@ machine() {
 }
 
 main() {
-	local names=("$@") full=0 s start
+	local names=("$@") full=0 s start took
 	if [ ${#names[@]} -eq 0 ]; then
 		names=("${SCENARIOS[@]}")
 		full=1
@@ -298,9 +310,12 @@ main() {
 	start=$(date +%s)
 	for s in "${names[@]}"; do
 		"scenario_$s"
+		section_end
 	done
+	took=$(($(date +%s) - start))
+	printf '\nTotal time: %d s.\n' "$took" >>"$OUT"
 	echo
-	echo "bench/run.sh: done in $(($(date +%s) - start)) s"
+	echo "bench/run.sh: done in $took s"
 	if [ $full -eq 1 ]; then
 		{
 			printf '# pdlb benchmark results\n\n'
