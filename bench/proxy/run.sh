@@ -13,7 +13,10 @@
 # Progress goes to stderr.
 #
 # Knobs (environment): CONNS (64), ROUNDS (3), DURATION (6s per sample),
-# WARMUP (2s before each), THREADS (wrk threads, 2), PROFILE (1: take a 10 s
+# WARMUP (1s before each: every target runs from the start, so only the
+# first round's warm-up warms it; the others set it apart from the target
+# before and count its syscalls, a steady ratio at tens of thousands of
+# requests a second), THREADS (wrk threads, 2), PROFILE (1: take a 10 s
 # CPU profile of pdlb under the same load after the rounds and print its
 # top), KEEP (1: keep the scratch directory with wrk outputs, logs and the
 # profile), BASE (a git revision: pdlb built from it runs beside this tree's
@@ -30,7 +33,7 @@ HERE=$ROOT/bench/proxy
 CONNS=${CONNS:-64}
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-6s}
-WARMUP=${WARMUP:-2s}
+WARMUP=${WARMUP:-1s}
 THREADS=${THREADS:-2}
 PROFILE=${PROFILE:-1}
 QUICK=${QUICK:-}
