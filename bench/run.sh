@@ -12,8 +12,12 @@
 # section (`record_as SHOWN CMD...` shows SHOWN as the command, for a
 # function that runs a family of commands). A command that fails is
 # recorded as failed and the run goes on; the script exits 1 at the end if
-# any did. A full run takes about 22 minutes on a 2-core machine, 5 of them
-# the chaos soak; keep it under half an hour.
+# any did. Each section ends with the seconds it took, RESULTS.md with the
+# run's total. A full run takes about 36½ minutes on a 2-core machine: 25
+# of them live loads and soaks whose length is part of what they measure
+# (routing 6, chaos 5, exact 5, replicas 3, tokenload 2, overload 2, churn
+# 1, live ½), 8½ the proxy, SSE, TLS and upgrade rounds, 2½ the micro
+# benchmarks.
 set -u
 cd "$(dirname "$0")/.."
 
