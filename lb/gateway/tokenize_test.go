@@ -288,7 +288,7 @@ func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 	}
 	for _, c := range []struct{ fields, param string }{
 		{`"truncate_prompt_tokens":-2`, "truncate_prompt_tokens"},
-		{`"truncate_prompt_tokens":"8"`, "truncate_prompt_tokens"},
+		{`"truncate_prompt_tokens":"8.5"`, "truncate_prompt_tokens"},
 		{`"truncation_side":"middle"`, "truncation_side"},
 	} {
 		f("vllm", c.fields, c.param)
@@ -297,5 +297,5 @@ func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 		f("vllm+sglang", c.fields, "")
 	}
 	// The last of a repeated key counts, as in the engines' JSON.
-	f("vllm", `"truncate_prompt_tokens":"8","truncate_prompt_tokens":8`, "")
+	f("vllm", `"truncate_prompt_tokens":"8.5","truncate_prompt_tokens":8`, "")
 }

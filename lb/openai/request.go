@@ -420,14 +420,14 @@ func (r *Request) parse(s *scanner) error {
 		case "model":
 			err = r.parseModel(s)
 		case "stream":
-			r.Stream, err = parseBool(s, "stream")
+			r.Stream, err = r.parseBool(s, "stream")
 		case "add_special_tokens":
 			r.SpecialTokensSet = s.c() != 'n'
-			r.SpecialTokens, err = parseBool(s, "add_special_tokens")
+			r.SpecialTokens, err = r.parseBool(s, "add_special_tokens")
 		case "max_tokens":
-			maxTokens, err = parseCount(s, "max_tokens")
+			maxTokens, err = r.parseCount(s, "max_tokens")
 		case "max_completion_tokens":
-			maxCompletion, err = parseCount(s, "max_completion_tokens")
+			maxCompletion, err = r.parseCount(s, "max_completion_tokens")
 		case "n":
 			err = r.parseChoices(s)
 		case "stream_options":
@@ -435,7 +435,7 @@ func (r *Request) parse(s *scanner) error {
 		case "cache_salt":
 			err = r.parseCacheSalt(s)
 		case "truncate_prompt_tokens":
-			r.TruncatePromptTokens, r.badTruncate = parseTruncation(s)
+			r.TruncatePromptTokens, r.badTruncate = r.parseTruncation(s)
 		case "truncation_side":
 			r.TruncateRight, r.badSide, err = r.parseTruncationSide(s)
 		case "messages":
@@ -503,57 +503,48 @@ func (r *Request) parseModel(s *scanner) error {
 	return InvalidType("model", wantString, s.b[s.skip():s.p])
 }
 
-// parseBool reads a boolean; null means false, the API's default.
-func parseBool(s *scanner, param string) (bool, error) {
-	switch s.c() {
-	case 't':
-		s.skip()
-		return true, nil
-	case 'f', 'n':
-		s.skip()
-		return false, nil
+// parseBool reads a boolean as the engines do (laxBool); null means
+// false, the API's default.
+func (r *Request) parseBool(s *scanner, param string) (bool, error) {
+	v, raw, ok := r.laxBool(s)
+	if !ok {
+		return false, InvalidType(param, wantBool, raw)
 	}
-	return false, InvalidType(param, wantBool, s.b[s.skip():s.p])
+	return v, nil
 }
 
-// parseCount reads a token count: a non-negative integer up to MaxInt32, or
-// null, which gives -1 (absent).
-func parseCount(s *scanner, param string) (int, error) {
-	switch c := s.c(); {
-	case c == 'n':
+// parseCount reads a token count as the engines read an integer (laxInt):
+// a non-negative one up to MaxInt32, or null, which gives -1 (absent).
+func (r *Request) parseCount(s *scanner, param string) (int, error) {
+	if s.c() == 'n' {
 		s.skip()
 		return -1, nil
-	case c == '-' || c >= '0' && c <= '9':
-		v, raw, ok := s.uint(math.MaxInt32)
-		if !ok {
-			return -1, InvalidType(param, wantCount, raw)
-		}
-		return int(v), nil
 	}
-	return -1, InvalidType(param, wantCount, s.b[s.skip():s.p])
+	v, raw, ok := r.laxInt(s)
+	if !ok || v < 0 || v > math.MaxInt32 {
+		return -1, InvalidType(param, wantCount, raw)
+	}
+	return int(v), nil
 }
 
-// parseTruncation reads "truncate_prompt_tokens": null, -1 or a token
-// count up to MaxInt32 (vLLM takes larger ones, to refuse them as more
+// parseTruncation reads "truncate_prompt_tokens" as the engines read an
+// integer (laxInt): null, -1 or a token count up to MaxInt32 (vLLM takes larger ones, to refuse them as more
 // than the context holds); see Request.TruncatePromptTokens for why null,
 // -1 and 0 all give 0. Any other value is bad: the 400 an engine that
 // reads the field answers.
-func parseTruncation(s *scanner) (keep int, bad *Error) {
-	switch c := s.c(); {
-	case c == 'n':
+func (r *Request) parseTruncation(s *scanner) (keep int, bad *Error) {
+	if s.c() == 'n' {
 		s.skip()
 		return 0, nil
-	case c == '-' || c >= '0' && c <= '9':
-		v, raw, ok := s.uint(math.MaxInt32)
-		switch {
-		case ok:
-			return int(v), nil
-		case string(raw) == "-1":
-			return 0, nil
-		}
+	}
+	switch v, raw, ok := r.laxInt(s); {
+	case ok && v >= 0 && v <= math.MaxInt32:
+		return int(v), nil
+	case ok && v == -1:
+		return 0, nil
+	default:
 		return 0, InvalidType("truncate_prompt_tokens", wantTruncation, raw)
 	}
-	return 0, InvalidType("truncate_prompt_tokens", wantTruncation, s.b[s.skip():s.p])
 }
 
 // parseTruncationSide reads "truncation_side": right is true for "right",
@@ -598,7 +589,7 @@ func (r *Request) TruncationError() *Error {
 // parseChoices reads "n": null or absent is 1, and 0 is refused, as vLLM
 // refuses it.
 func (r *Request) parseChoices(s *scanner) error {
-	n, err := parseCount(s, "n")
+	n, err := r.parseCount(s, "n")
 	switch {
 	case err != nil:
 		return err
@@ -628,7 +619,7 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 		if b2s(s.key(&r.scratch)) == "include_usage" {
 			r.HasIncludeUsage = true
 			var err error
-			if r.IncludeUsage, err = parseBool(s, "stream_options.include_usage"); err != nil {
+			if r.IncludeUsage, err = r.parseBool(s, "stream_options.include_usage"); err != nil {
 				return err
 			}
 		} else {
@@ -922,22 +913,25 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 // within the prompt for an error message (k < 0 for a flat list), whose
 // path is built only when there is an error.
 func (r *Request) parseTokenID(s *scanner, j, k int) error {
-	var got []byte
-	if c := s.c(); c == '-' || c >= '0' && c <= '9' {
-		v, raw, ok := s.uint(math.MaxUint32)
-		if ok {
+	start := s.p
+	if c := s.c(); c >= '0' && c <= '9' {
+		if v, _, ok := s.uint(math.MaxUint32); ok {
 			r.PromptIDs = append(r.PromptIDs, uint32(v))
 			return nil
 		}
-		got = raw
-	} else {
-		got = s.b[s.skip():s.p]
+		s.p = start
+	}
+	// Not a plain id: the engines' list of ints takes what laxInt does.
+	v, raw, ok := r.laxInt(s)
+	if ok && v >= 0 && v <= math.MaxUint32 {
+		r.PromptIDs = append(r.PromptIDs, uint32(v))
+		return nil
 	}
 	param := indexPath("prompt", j, "")
 	if k >= 0 {
 		param = indexPath(param, k, "")
 	}
-	return InvalidType(param, wantTokenID, got)
+	return InvalidType(param, wantTokenID, raw)
 }
 
 // promptElementForm names what every element of a prompt list must be,

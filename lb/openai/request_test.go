@@ -6,9 +6,12 @@ import (
 	"errors"
 	"math"
 	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/bytedance/sonic"
@@ -169,17 +172,22 @@ func TestParseErrors(t *testing.T) {
 	f(KindChat, `{"model":["m"],`+chat+`}`, `"model" must be a string, got ["m"]`, "model", CodeInvalidType)
 
 	// scalars
-	f(KindChat, `{"model":"m","stream":"yes",`+chat+`}`, `"stream" must be a boolean, got "yes"`, "stream", CodeInvalidType)
+	f(KindChat, `{"model":"m","stream":"maybe",`+chat+`}`, `"stream" must be a boolean, got "maybe"`, "stream", CodeInvalidType)
+	f(KindChat, `{"model":"m","stream":" true",`+chat+`}`, `"stream" must be a boolean, got " true"`, "stream", CodeInvalidType)
+	f(KindChat, `{"model":"m","stream":2,`+chat+`}`, `"stream" must be a boolean, got 2`, "stream", CodeInvalidType)
 	f(KindChat, `{"model":"m","n":0,`+chat+`}`, `"n" must be at least 1`, "n", CodeInvalidValue)
-	f(KindChat, `{"model":"m","n":"2",`+chat+`}`, `"n" must be a non-negative integer, got "2"`, "n", CodeInvalidType)
+	f(KindChat, `{"model":"m","n":"2.5",`+chat+`}`, `"n" must be a non-negative integer, got "2.5"`, "n", CodeInvalidType)
+	f(KindChat, `{"model":"m","n":"0x2",`+chat+`}`, `"n" must be a non-negative integer, got "0x2"`, "n", CodeInvalidType)
 	f(KindChat, `{"model":"m","max_tokens":"abc",`+chat+`}`, `"max_tokens" must be a non-negative integer, got "abc"`, "max_tokens", CodeInvalidType)
 	f(KindChat, `{"model":"m","max_tokens":-1,`+chat+`}`, `"max_tokens" must be a non-negative integer, got -1`, "max_tokens", CodeInvalidType)
 	f(KindChat, `{"model":"m","max_tokens":1.5,`+chat+`}`, `"max_tokens" must be a non-negative integer, got 1.5`, "max_tokens", CodeInvalidType)
-	f(KindChat, `{"model":"m","max_tokens":1e3,`+chat+`}`, `"max_tokens" must be a non-negative integer, got 1e3`, "max_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_tokens":"1e3",`+chat+`}`, `"max_tokens" must be a non-negative integer, got "1e3"`, "max_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_tokens":"-1",`+chat+`}`, `"max_tokens" must be a non-negative integer, got "-1"`, "max_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_tokens":1e400,`+chat+`}`, `"max_tokens" must be a non-negative integer, got 1e400`, "max_tokens", CodeInvalidType)
 	f(KindChat, `{"model":"m","max_tokens":2147483648,`+chat+`}`, `"max_tokens" must be a non-negative integer, got 2147483648`, "max_tokens", CodeInvalidType)
-	f(KindChat, `{"model":"m","max_completion_tokens":true,`+chat+`}`, `"max_completion_tokens" must be a non-negative integer, got true`, "max_completion_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","max_completion_tokens":[1],`+chat+`}`, `"max_completion_tokens" must be a non-negative integer, got [1]`, "max_completion_tokens", CodeInvalidType)
 	f(KindChat, `{"model":"m","stream_options":true,`+chat+`}`, `"stream_options" must be an object, got true`, "stream_options", CodeInvalidType)
-	f(KindChat, `{"model":"m","stream_options":{"include_usage":1},`+chat+`}`, `"stream_options.include_usage" must be a boolean, got 1`, "stream_options.include_usage", CodeInvalidType)
+	f(KindChat, `{"model":"m","stream_options":{"include_usage":0.5},`+chat+`}`, `"stream_options.include_usage" must be a boolean, got 0.5`, "stream_options.include_usage", CodeInvalidType)
 
 	// cache_salt, as vLLM validates it
 	f(KindChat, `{"model":"m","cache_salt":5,`+chat+`}`, `"cache_salt" must be a non-empty string, got 5`, "cache_salt", CodeInvalidType)
@@ -230,8 +238,8 @@ func TestParseErrors(t *testing.T) {
 	f(KindCompletion, `{"model":"m","prompt":[[1],2]}`, `"prompt[1]" must be a list of token ids, got 2`, "prompt[1]", CodeInvalidType)
 	f(KindCompletion, `{"model":"m","prompt":[[1],[2,1.5]]}`,
 		`"prompt[1][1]" must be a token id (an integer from 0 to 4294967295), got 1.5`, "prompt[1][1]", CodeInvalidType)
-	f(KindCompletion, `{"model":"m","prompt":[true]}`,
-		`"prompt[0]" must be a token id (an integer from 0 to 4294967295), got true`, "prompt[0]", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":[null]}`,
+		`"prompt[0]" must be a token id (an integer from 0 to 4294967295), got null`, "prompt[0]", CodeInvalidType)
 	// long values are cut in the message
 	long := strings.Repeat("x", 100)
 	f(KindCompletion, `{"model":"m","prompt":{"a":"`+long+`"}}`,
@@ -332,7 +340,7 @@ func TestTruncationError(t *testing.T) {
 	const chat = `"messages":[{"role":"user","content":"x"}]`
 	badTrunc := `"truncate_prompt_tokens" must be an integer from -1 to 2147483647, got `
 	f(KindChat, `{"model":"m","truncate_prompt_tokens":-2,`+chat+`}`, badTrunc+`-2`, "truncate_prompt_tokens", CodeInvalidType)
-	f(KindChat, `{"model":"m","truncate_prompt_tokens":"5",`+chat+`}`, badTrunc+`"5"`, "truncate_prompt_tokens", CodeInvalidType)
+	f(KindChat, `{"model":"m","truncate_prompt_tokens":"5.5",`+chat+`}`, badTrunc+`"5.5"`, "truncate_prompt_tokens", CodeInvalidType)
 	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":1.5,"prompt":"x"}`, badTrunc+`1.5`, "truncate_prompt_tokens", CodeInvalidType)
 	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":2147483648,"prompt":"x"}`, badTrunc+`2147483648`, "truncate_prompt_tokens", CodeInvalidType)
 	f(KindCompletion, `{"model":"m","truncate_prompt_tokens":[8],"prompt":"x"}`, badTrunc+`[8]`, "truncate_prompt_tokens", CodeInvalidType)
@@ -345,10 +353,11 @@ func TestTruncationError(t *testing.T) {
 
 func TestParseAllocs(t *testing.T) {
 	bodies := map[string][]byte{"chat": chatBody(1 << 10), "chat32k": chatBody(32 << 10),
-		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true,"cache_salt":"tenant-\u0031","truncate_prompt_tokens":2,"truncation_side":"righ\u0074"}`)}
+		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true,"cache_salt":"tenant-\u0031","truncate_prompt_tokens":2,"truncation_side":"righ\u0074"}`),
+		"lax": []byte(`{"model":"m","prompt":[1.0,"2",true],"stream":"On","max_tokens":" 1_0.00 ","n":2e0,"truncate_prompt_tokens":"\u0032"}`)}
 	for name, body := range bodies {
 		kind := KindChat
-		if name == "ids" {
+		if name == "ids" || name == "lax" {
 			kind = KindCompletion
 		}
 		r := AcquireRequest()
@@ -395,6 +404,8 @@ func FuzzParse(f *testing.F) {
 	f.Add(uint8(KindChat), []byte(`{"model":"m","truncate_prompt_tokens":0,"truncation_side":null,"messages":[{"role":"user","content":"x"}]}`))
 	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":"abcdefghij","truncate_prompt_tokens":-2,"truncation_side":"middle"}`))
 	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":[1,2,3],"truncate_prompt_tokens":"2","truncate_prompt_tokens":2,"truncation_side":5}`))
+	f.Add(uint8(KindCompletion), []byte(`{"model":"m","prompt":[1.0,"2",true],"stream":"on","max_tokens":" 1_0.00 ","n":2e0,"truncate_prompt_tokens":"-1"}`))
+	f.Add(uint8(KindChat), []byte(`{"model":"m","stream":1,"stream_options":{"include_usage":"No"},"max_completion_tokens":"08","messages":[{"role":"user","content":"x"}]}`))
 	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
 		kind := KindChat
 		if k&1 == 1 {
@@ -508,20 +519,10 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		if v == nil {
 			return -1, true
 		}
-		n, isNum := v.(json.Number)
-		if !isNum || strings.ContainsAny(string(n), "-.eE") || len(n) > 10 {
-			return 0, false
-		}
-		i, err := n.Int64()
-		return int(i), err == nil && i <= math.MaxInt32
+		i, ok := referenceInt(v)
+		return int(i), ok && i >= 0 && i <= math.MaxInt32
 	}
-	boolean := func(v any) (bool, bool) {
-		if v == nil {
-			return false, true
-		}
-		b, isBool := v.(bool)
-		return b, isBool
-	}
+	boolean := referenceBool
 	model, isStr := top["model"].(string)
 	if !isStr || model == "" {
 		return ref, false
@@ -562,7 +563,7 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		}
 	}
 	if v, present := top["truncate_prompt_tokens"]; present && v != nil {
-		if n, isNum := v.(json.Number); isNum && n == "-1" {
+		if i, ok := referenceInt(v); ok && i == -1 {
 			ref.keep = 0
 		} else if ref.keep, ok = count(v); !ok {
 			ref.keep, ref.badTruncation = 0, true
@@ -578,6 +579,60 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		ref.prompt, ref.ids, ref.texts, ref.lists, ok = referencePrompt(top["prompt"])
 	}
 	return ref, ok
+}
+
+// intString is the form of a string pydantic's lax mode reads as an int,
+// once trimmed: sign, digits with single underscores between them (leading
+// zeros and underscores among them), a tail of a dot and zeros.
+var intString = regexp.MustCompile(`^[+-]?(0[0_]*[1-9][0-9]*(_[0-9]+)*|[1-9][0-9]*(_[0-9]+)*|0([0_]*0)?)(\.0+)?$`)
+
+// referenceInt is an engine's int field's reading of a decoded JSON value
+// (pydantic, lax mode), within int64.
+func referenceInt(v any) (int64, bool) {
+	switch v := v.(type) {
+	case bool:
+		if v {
+			return 1, true
+		}
+		return 0, true
+	case json.Number:
+		if i, err := v.Int64(); err == nil {
+			return i, true
+		}
+		f, err := v.Float64()
+		return int64(f), err == nil && f == math.Trunc(f) && math.Abs(f) < 1<<63
+	case string:
+		t := strings.TrimFunc(v, unicode.IsSpace)
+		if !intString.MatchString(t) {
+			return 0, false
+		}
+		t, _, _ = strings.Cut(strings.ReplaceAll(t, "_", ""), ".")
+		i, err := strconv.ParseInt(t, 10, 64)
+		return i, err == nil
+	}
+	return 0, false
+}
+
+// referenceBool is an engine's bool field's reading of a decoded JSON
+// value (pydantic, lax mode); null is false.
+func referenceBool(v any) (bool, bool) {
+	switch v := v.(type) {
+	case nil:
+		return false, true
+	case bool:
+		return v, true
+	case json.Number:
+		f, err := v.Float64()
+		return f == 1, err == nil && (f == 0 || f == 1)
+	case string:
+		switch strings.ToLower(v) {
+		case "0", "f", "n", "no", "off", "false":
+			return false, true
+		case "1", "t", "y", "yes", "on", "true":
+			return true, true
+		}
+	}
+	return false, false
 }
 
 func referenceChat(v any) (string, bool) {
@@ -657,12 +712,8 @@ func referenceChat(v any) (string, bool) {
 
 func referencePrompt(v any) (text string, ids []uint32, texts []string, lists [][]uint32, ok bool) {
 	id := func(v any) (uint32, bool) {
-		n, isNum := v.(json.Number)
-		if !isNum || strings.ContainsAny(string(n), "-.eE") {
-			return 0, false
-		}
-		i, err := n.Int64()
-		return uint32(i), err == nil && i <= math.MaxUint32
+		i, ok := referenceInt(v)
+		return uint32(i), ok && i >= 0 && i <= math.MaxUint32
 	}
 	switch p := v.(type) {
 	case string:
