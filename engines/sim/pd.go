@@ -143,8 +143,14 @@ func vllmLeg(kv *kvTransferParams) (pdLeg, error) {
 	}}, nil
 }
 
+// errNoBootstrapRoom is SGLang's refusal of a request without
+// bootstrap_room on a pod in either disaggregation mode: its scheduler
+// aborts the request with a 400 rather than prefill it locally.
+var errNoBootstrapRoom = errors.New("Invalid request: Disaggregated request received without bootstrap room id")
+
 // sglangLeg: one body goes to both pods; the pod's role says which leg it
-// is. The room is the handle on the prefill pod's bootstrap server. A
+// is; one without bootstrap_room is refused (errNoBootstrapRoom). The room
+// is the handle on the prefill pod's bootstrap server. A
 // decode leg without bootstrap_port uses ownPort, the pod's configured
 // one, as SGLang's Scheduler.handle_generate_request fills in
 // --disaggregation-bootstrap-port (default 8998). One without
@@ -153,7 +159,7 @@ func vllmLeg(kv *kvTransferParams) (pdLeg, error) {
 // which fails the handshake once the request is queued.
 func sglangLeg(req *genRequest, role string, kvTimeout time.Duration, ownPort int) (pdLeg, error) {
 	if req.BootstrapRoom == nil {
-		return pdLeg{}, nil
+		return pdLeg{}, errNoBootstrapRoom
 	}
 	if *req.BootstrapRoom < 0 {
 		return pdLeg{}, badRequest("bootstrap_room = %d must not be negative", *req.BootstrapRoom)

@@ -417,6 +417,46 @@ func TestPDRoles(t *testing.T) {
 	}
 }
 
+// A prefill or decode pod of each engine takes a request that carries
+// none of the exchange's fields as its engine does: vLLM's NixlConnector
+// computes it locally (no kv_transfer_params, no remote prefill), and a
+// TensorRT-LLM server runs it whole (trtllm-serve's conditional
+// disaggregation sends such requests to generation servers); SGLang's
+// scheduler in either disaggregation mode aborts it with a 400, the status
+// of a whole answer and the code of an error event in a stream.
+func TestPDRolesPlainRequests(t *testing.T) {
+	for _, engine := range engines.Kinds {
+		t.Run(string(engine), func(t *testing.T) {
+			p := startTrio(t, engine, nil)
+			c := testClient(t)
+			url := func(pod *Pod) string { return "http://" + pod.Addr() + "/v1/chat/completions" }
+			plain := chatBody("plain request", map[string]any{"max_tokens": 5})
+			want := jsonAnswer(t, postJSON(t, c, url(p.comb), plain))
+			for _, pod := range []*Pod{p.pre, p.dec} {
+				role := pod.Config().Role
+				if engine != engines.SGLang {
+					if got := jsonAnswer(t, postJSON(t, c, url(pod), plain)); got != want {
+						t.Fatalf("%s answered %+v, combined %+v", role, got, want)
+					}
+					continue
+				}
+				const refusal = "Disaggregated request received without bootstrap room id"
+				if status, body := post(t, c, url(pod), plain); status != http.StatusBadRequest || !strings.Contains(string(body), refusal) {
+					t.Fatalf("%s: %d %s, want 400 with %q", role, status, body, refusal)
+				}
+				streamed := clone(t, plain)
+				streamed["stream"] = true
+				resp, events := stream(t, c, context.Background(), url(pod), streamed)
+				var e struct{ Error struct{ Code int } }
+				if resp.StatusCode != http.StatusOK || len(events) != 2 || json.Unmarshal(events[0].data, &e) != nil ||
+					e.Error.Code != http.StatusBadRequest || !strings.Contains(string(events[0].data), refusal) {
+					t.Fatalf("%s, streamed: %d, %d events, first %s", role, resp.StatusCode, len(events), events[0].data)
+				}
+			}
+		})
+	}
+}
+
 func TestPDServerInfo(t *testing.T) {
 	c := testClient(t)
 	sg := startTrio(t, engines.SGLang, nil)

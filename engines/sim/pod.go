@@ -546,6 +546,11 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		return
 	}
 	leg, err := p.legOf(&req)
+	if errors.Is(err, errNoBootstrapRoom) {
+		// The scheduler aborts it once it arrives, after a stream began.
+		p.failAccepted(ctx, req.Stream, fasthttp.StatusBadRequest, "BadRequestError", err.Error())
+		return
+	}
 	var prompts [][]uint32
 	if err == nil {
 		prompts, err = p.requestTokens(ctx.PostBody(), &req, isChat)
