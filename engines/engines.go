@@ -62,6 +62,15 @@ func (k Kind) ReadsTruncation() bool { return k != SGLang }
 // engine's StreamOptions in its OpenAI protocol module).
 func (k Kind) IncludeUsageDefault() bool { return k != SGLang }
 
+// DecodeServesPlain says whether a decode pod of engine k serves a request
+// that carries none of the prefill/decode exchange's fields by prefilling
+// it itself. vLLM's NixlConnector computes a request without
+// kv_transfer_params locally, and a TensorRT-LLM generation server runs
+// one without disaggregated_params whole (its own conditional
+// disaggregation sends them so); SGLang's scheduler, in either
+// disaggregation mode, refuses one without bootstrap_room with a 400.
+func (k Kind) DecodeServesPlain() bool { return k != SGLang }
+
 // Load is what the gateway reads from a pod's /metrics scrape.
 type Load struct {
 	Running float64 // requests in the running batch

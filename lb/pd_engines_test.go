@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/engines"
 	"pdlb/engines/sim"
 	"pdlb/internal/lbtest"
 	"pdlb/internal/testlog"
@@ -73,5 +74,50 @@ func TestDiscoveredPDPodOfAnotherEngineLeftOut(t *testing.T) {
 	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 8))
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != dec.Addr() {
 		t.Fatalf("%d via %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-decode-pod"), b)
+	}
+}
+
+// TestPDLocalPrefillByEngine: conditional disaggregation sends a prompt
+// the decode pod lacks little of to the decode pod whole, which vLLM and
+// TensorRT-LLM decode pods serve by prefilling it themselves. SGLang's
+// decode pods refuse a request without bootstrap_room, so on an SGLang
+// model local_prefill_max_tokens is ignored, with a log line at start
+// saying so, and every request goes through the exchange.
+func TestPDLocalPrefillByEngine(t *testing.T) {
+	for _, e := range pdEngines {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			var logs testlog.Buffer
+			s := lbtest.StartGatewayLog(t, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}, func(c *config.Config) {
+				c.PD.LocalPrefillMaxTokens = 1 << 20
+				if e.style != "" {
+					c.PD.TRTScheduleStyle = e.style
+				}
+			}, slog.New(slog.NewTextHandler(&logs, nil)))
+			const path = "/v1/chat/completions"
+			body := pdBody(path, false, 8)
+			resp, b := post(t, s, path, body)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s", resp.StatusCode, b)
+			}
+			kind, prefillPod, pulls := "local", "", int64(0)
+			if e.engine == engines.SGLang {
+				kind, prefillPod, pulls = "pair", "pre", 1
+			}
+			if got := resp.Header.Get("x-pdlb-prefill-pod"); got != prefillPod || resp.Header.Get("x-pdlb-decode-pod") != "dec" {
+				t.Fatalf("prefill pod %q, decode pod %q: want %q, %q", got, resp.Header.Get("x-pdlb-decode-pod"), prefillPod, "dec")
+			}
+			if n := metricValue(t, s, `pdlb_pd_routed_total{model="m",kind="`+kind+`"}`); n != 1 {
+				t.Fatalf("pdlb_pd_routed_total %s = %v, want 1", kind, n)
+			}
+			if got := dec.Stats().KVPulls; got != pulls {
+				t.Fatalf("the decode pod pulled KV %d times, want %d", got, pulls)
+			}
+			warned := strings.Contains(logs.String(), "local_prefill_max_tokens")
+			if warned != (e.engine == engines.SGLang) {
+				t.Fatalf("log names local_prefill_max_tokens: %v, want it for sglang only:\n%s", warned, logs.String())
+			}
+		})
 	}
 }

@@ -26,15 +26,16 @@ type Profile struct {
 	PD yaml.Node `yaml:"pd"`
 }
 
-// hasPDPods says whether some pod of model plays the prefill or decode role.
-func (c *Config) hasPDPods(model string) bool {
+// firstPDPod is the first pod of model that plays the prefill or decode
+// role, nil when none does.
+func (c *Config) firstPDPod(model string) *Pod {
 	for i := range c.Pods {
 		p := &c.Pods[i]
 		if p.Model == model && (p.Role == RolePrefill || p.Role == RoleDecode) {
-			return true
+			return p
 		}
 	}
-	return false
+	return nil
 }
 
 // PDEngines keeps, by model, the first prefill or decode pod Check saw,
@@ -68,14 +69,21 @@ func (e PDEngines) Check(field string, p Pod) error {
 // pd section (one profile, "default", when it lists none), its locked
 // strategy and default profile. An empty routing strategy means "pd" for a
 // model with prefill or decode pods, else the model's own policy over its
-// combined pods. Call it on a validated configuration.
+// combined pods. The engine of its prefill and decode pods (one per model,
+// PDEngines) says whether its decode pods serve a request whole
+// (route.ModelProfiles.DecodeNeedsExchange). Call it on a validated
+// configuration.
 func (c *Config) Profiles(model string) (*route.ModelProfiles, error) {
 	m := c.ModelFor(model)
-	strategy := m.RoutingStrategy
-	if strategy == "" && c.hasPDPods(model) {
-		strategy = route.StrategyPD
-	}
 	mp := &route.ModelProfiles{LockedRoutingStrategy: m.LockedRoutingStrategy, DefaultProfile: m.DefaultProfile}
+	strategy := m.RoutingStrategy
+	if p := c.firstPDPod(model); p != nil {
+		if strategy == "" {
+			strategy = route.StrategyPD
+		}
+		k, _ := engines.ParseKind(p.Engine)
+		mp.DecodeNeedsExchange = !k.DecodeServesPlain()
+	}
 	if len(m.Profiles) == 0 {
 		mp.Profiles = []route.PDProfile{{Name: route.DefaultProfileName, RoutingStrategy: strategy, PD: c.PD}}
 	}

@@ -125,6 +125,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial}
+	g.logIgnoredKnobs(snap)
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
 			return nil, err
@@ -248,6 +249,7 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 		return err
 	}
 	snap.Commit()
+	g.logIgnoredKnobs(snap)
 	g.ledger.SetPods(ledgerMembers(snap))
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)
@@ -271,6 +273,21 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 	}
 	g.log.Info("configuration reloaded", "pods", len(snap.Pods), "models", len(snap.Models))
 	return nil
+}
+
+// logIgnoredKnobs names, at start and on each reload, the profiles whose
+// conditional disaggregation s's models ignore: their decode pods refuse a
+// request that did not go through the exchange.
+func (g *Gateway) logIgnoredKnobs(s *pool.Snapshot) {
+	for _, m := range s.Models {
+		if m.Profiles == nil || len(m.Decode) == 0 {
+			continue
+		}
+		for _, name := range m.Profiles.IgnoredLocalPrefill() {
+			g.log.Warn("pd.local_prefill_max_tokens ignored: this engine's decode pods refuse a request without the prefill/decode exchange's fields, so every request takes the exchange",
+				"model", m.Name, "profile", name, "engine", m.Decode[0].Config.Engine)
+		}
+	}
 }
 
 // ledgerMembers are s's pods as the ledger knows them: by id, which a pod

@@ -118,6 +118,9 @@ type PDRouter struct {
 	prefillSkips bool
 	decode       DecodeScorer
 	plan         *BucketPlanner
+	// needsExchange: the decode pods refuse a request that did not go
+	// through the exchange (ModelProfiles.DecodeNeedsExchange).
+	needsExchange bool
 }
 
 // NewPDRouter validates o and builds the router.
@@ -381,7 +384,7 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 	d.Prefill, d.Decode = int(s.sets[k].bestPre), int(s.sets[k].bestDec)
 
 	// Conditional disaggregation.
-	if lim := o.LocalPrefillMaxTokens; lim > 0 && n-min(cands[d.Decode].CachedTokens, n) <= lim {
+	if lim := o.LocalPrefillMaxTokens; lim > 0 && !r.needsExchange && n-min(cands[d.Decode].CachedTokens, n) <= lim {
 		d.Kind, d.Prefill = PDLocal, -1
 		d.Fired |= FiredLocalPrefill
 	}

@@ -129,7 +129,8 @@ type PDOptions struct {
 	// LocalPrefillMaxTokens is conditional disaggregation: when
 	// the prompt tokens the chosen decode pod does not already hold are at
 	// most this many, the prefill leg is skipped and the decode pod prefills
-	// locally (default 0 = always disaggregate).
+	// locally (default 0 = always disaggregate). Ignored on a model whose
+	// decode pods refuse such a request (SGLang's: ModelProfiles.DecodeNeedsExchange).
 	LocalPrefillMaxTokens int `yaml:"local_prefill_max_tokens"`
 }
 

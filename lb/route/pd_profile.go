@@ -50,6 +50,11 @@ type ModelProfiles struct {
 	DefaultProfile string `yaml:"default_profile"`
 	// Profiles lists the profiles.
 	Profiles []PDProfile `yaml:"profiles"`
+	// DecodeNeedsExchange says the model's decode pods refuse a request
+	// that did not go through the exchange (engines.Kind.DecodeServesPlain):
+	// the cascades then never send one there whole, and
+	// LocalPrefillMaxTokens is ignored.
+	DecodeNeedsExchange bool `yaml:"-"`
 
 	def      int
 	policies []namedPolicy
@@ -93,6 +98,18 @@ func (m *ModelProfiles) Routers() []*PDRouter {
 	return out
 }
 
+// IgnoredLocalPrefill names the profiles whose LocalPrefillMaxTokens is
+// ignored because the model's decode pods need the exchange.
+func (m *ModelProfiles) IgnoredLocalPrefill() []string {
+	var out []string
+	for i := range m.Profiles {
+		if m.DecodeNeedsExchange && m.Profiles[i].PD.LocalPrefillMaxTokens > 0 {
+			out = append(out, m.Profiles[i].Name)
+		}
+	}
+	return out
+}
+
 // Freeze validates every profile, builds their PD routers and the
 // registry's policies, and fixes the default profile.
 func (m *ModelProfiles) Freeze() error {
@@ -125,6 +142,7 @@ func (m *ModelProfiles) Freeze() error {
 		if err != nil {
 			return fmt.Errorf("%s (profile %q): %w", field, p.Name, err)
 		}
+		r.needsExchange = m.DecodeNeedsExchange
 		p.router = r
 		if p.Name == want {
 			m.def = i
