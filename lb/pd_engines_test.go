@@ -121,3 +121,57 @@ func TestPDLocalPrefillByEngine(t *testing.T) {
 		})
 	}
 }
+
+// TestPDBatch: a completion batch (several prompts) cannot go through one
+// exchange: vLLM's prefill answer carries the first prompt's
+// kv_transfer_params only, SGLang meets both pods under one bootstrap room
+// per prompt, and trtllm-serve's disaggregated server refuses batches. It
+// goes whole to a combined pod of the model; without one, to a decode pod
+// that prefills it itself (vLLM, TensorRT-LLM); on SGLang decode pods,
+// which refuse that, the client gets a 400 naming the prompt.
+func TestPDBatch(t *testing.T) {
+	for _, e := range pdEngines {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+			const path = "/v1/completions"
+			body := `{"model":"m","prompt":["the first prompt of the batch","and its second prompt"],"max_tokens":6}`
+			want := askDirect(t, comb.Addr(), path, body)
+			f := func(pods []config.Pod, pod, kind string) {
+				t.Helper()
+				s := pdGateway(t, e, pods, nil)
+				resp, b := post(t, s, path, body)
+				if kind == "" {
+					if resp.StatusCode != http.StatusBadRequest || !strings.Contains(b, `"param":"prompt"`) {
+						t.Fatalf("%d %s, want a 400 naming the prompt", resp.StatusCode, b)
+					}
+					return
+				}
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("%d %s", resp.StatusCode, b)
+				}
+				if got := parseAnswer(t, resp, b); got != want {
+					t.Fatalf("answer %+v, a combined pod's %+v", got, want)
+				}
+				if got := resp.Header.Get("x-pdlb-pod"); got != pod || resp.Header.Get("x-pdlb-prefill-pod") != "" {
+					t.Fatalf("served by %q (prefill pod %q), want %q alone", got, resp.Header.Get("x-pdlb-prefill-pod"), pod)
+				}
+				if n := metricValue(t, s, `pdlb_pd_routed_total{model="m",kind="`+kind+`"}`); n != 1 {
+					t.Fatalf("pdlb_pd_routed_total %s = %v, want 1", kind, n)
+				}
+				ledgerSettles(t, s)
+			}
+			pair := []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}
+			f(append(pair, pdPod(comb, comb.Addr(), "")), "comb", "combined")
+			if e.engine == engines.SGLang {
+				f(pair, "", "")
+			} else {
+				f(pair, "dec", "local")
+			}
+			if st := pre.Stats(); st.HeldKVBlocks != 0 || dec.Stats().KVPulls != 0 {
+				t.Fatalf("a batch went through an exchange: the prefill pod holds %d blocks, the decode pod pulled %d times", st.HeldKVBlocks, dec.Stats().KVPulls)
+			}
+		})
+	}
+}

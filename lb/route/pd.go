@@ -23,6 +23,10 @@ import (
 //	then     conditional disaggregation: skip the prefill leg when
 //	         the decode pod lacks only a few of the prompt's tokens
 //
+// A request that must go whole (Request.Whole) takes a combined pod after
+// step 0, else the cascade's decode pod without a prefill leg, where the
+// decode pods serve it (not needsExchange).
+//
 // A decision allocates nothing: the caller owns the candidates and a
 // PDScratch it reuses.
 
@@ -295,6 +299,15 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 			s.pending, s.lines = append(s.pending, float64(c.Pending.Load())), append(s.lines, c.Line)
 		}
 	}
+	if req.Whole {
+		switch {
+		case len(s.comb) > 0:
+			d.Kind, d.Combined, d.Fired = PDCombined, r.leastLoadedCombined(req, cands, s, math.MaxInt), FiredNoPair
+			return d, nil
+		case r.needsExchange:
+			return d, fmt.Errorf("%w for a request that cannot go through the exchange, whose decode pods refuse it whole", ErrNoPDPair)
+		}
+	}
 	if len(s.comb) > 0 && r.pdBusy(s) {
 		if i := r.leastLoadedCombined(req, cands, s, o.CombinedIdleMaxInFlight); i >= 0 {
 			d.Kind, d.Combined, d.Fired = PDCombined, i, FiredOverflow
@@ -383,8 +396,8 @@ func (r *PDRouter) Decide(req *Request, cands []PDCandidate, s *PDScratch) (PDDe
 	k := r.bestPair(req, s)
 	d.Prefill, d.Decode = int(s.sets[k].bestPre), int(s.sets[k].bestDec)
 
-	// Conditional disaggregation.
-	if lim := o.LocalPrefillMaxTokens; lim > 0 && !r.needsExchange && n-min(cands[d.Decode].CachedTokens, n) <= lim {
+	// Conditional disaggregation, or a request that must go whole.
+	if lim := o.LocalPrefillMaxTokens; req.Whole || (lim > 0 && !r.needsExchange && n-min(cands[d.Decode].CachedTokens, n) <= lim) {
 		d.Kind, d.Prefill = PDLocal, -1
 		d.Fired |= FiredLocalPrefill
 	}
