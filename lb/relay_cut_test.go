@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -89,6 +90,20 @@ func TestStreamEngineErrorEvent(t *testing.T) {
 // as n events, and its usage counts them all; its TPOT is the time
 // between one choice's tokens, not n times less.
 func TestStreamChoicesTPOT(t *testing.T) {
+	streamTPOT(t, "/v1/chat/completions", `{"model":"m","n":2,"messages":[{"role":"user","content":"hi"}],"stream":true}`, 2)
+}
+
+// TestStreamBatchTPOT: a completion batch of k prompts with n choices
+// each streams k×n choices a step, as vLLM indexes them (prompt×n+j).
+func TestStreamBatchTPOT(t *testing.T) {
+	streamTPOT(t, "/v1/completions", `{"model":"m","n":2,"prompt":["hi","ho"],"stream":true}`, 4)
+}
+
+// streamTPOT posts body to a pod that streams each step's token of every
+// one of choices, steps at least 20 ms apart, and checks the one TPOT
+// sample the gateway takes is a step's time.
+func streamTPOT(t *testing.T, path, body string, choices int) {
+	t.Helper()
 	const steps, step = 5, 20 * time.Millisecond
 	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
@@ -96,13 +111,14 @@ func TestStreamChoicesTPOT(t *testing.T) {
 			if i > 0 {
 				time.Sleep(step)
 			}
-			io.WriteString(c, `data: {"choices":[{"index":0,"delta":{"content":"a"}}]}`+"\n\n"+
-				`data: {"choices":[{"index":1,"delta":{"content":"b"}}]}`+"\n\n")
+			for j := range choices {
+				fmt.Fprintf(c, `data: {"choices":[{"index":%d,"delta":{"content":"a"}}]}`+"\n\n", j)
+			}
 		}
 		io.WriteString(c, "data: [DONE]\n\n")
 	})
 	s := testGateway(t, []config.Pod{{Model: "m", Address: pod}}, nil)
-	resp, _ := postVia(t, client, s, "/v1/chat/completions", `{"model":"m","n":2,"messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	resp, _ := postVia(t, client, s, path, body)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
