@@ -61,6 +61,19 @@ end
 return out
 `)
 
+// planReleaseScript is a clean stop: it gives up the plan lease if this
+// replica holds it, so another takes it at its next exchange rather than
+// when it expires, and leaves the planning replicas. KEYS and ARGV[1] are
+// planShareScript's.
+var planReleaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+redis.call('ZREM', KEYS[2], ARGV[1])
+`)
+
+// planReleaseTimeout bounds the release on a clean stop: a Redis out of
+// reach lets the lease expire instead.
+const planReleaseTimeout = time.Second
+
 // planShare shares the planning loop with the other gateway replicas that
 // share a Redis and plan.
 //
@@ -76,9 +89,9 @@ return out
 // Acting: every replica plans and shows its plan, but only the holder of
 // the plan lease runs the actuators, so the webhook hears one split per
 // decision and switch_roles never has two replicas move the same pods.
-// The holder renews the lease every exchange; when it stops (it ended, or
-// lost Redis), another takes the lease once it expires
-// (token_load.shared_expiry_ms).
+// The holder renews the lease every exchange and gives it up when it ends
+// cleanly; when it stops otherwise (it crashed, or lost Redis), another
+// takes the lease once it expires (token_load.shared_expiry_ms).
 type planShare struct {
 	rdb redis.UniversalClient
 	id  string
@@ -127,7 +140,8 @@ func newPlanShare(g *Gateway) *planShare {
 	}
 }
 
-// run exchanges own's counts every interval until ctx ends.
+// run exchanges own's counts every interval until ctx ends, then
+// releases the lease.
 func (s *planShare) run(ctx context.Context, own func() map[string]plan.Counts) {
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
@@ -135,9 +149,20 @@ func (s *planShare) run(ctx context.Context, own func() map[string]plan.Counts) 
 		s.exchange(ctx, own())
 		select {
 		case <-ctx.Done():
+			s.release(context.WithoutCancel(ctx))
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// release gives up the lease if this replica holds it and leaves the
+// planning replicas, within planReleaseTimeout.
+func (s *planShare) release(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, planReleaseTimeout)
+	defer cancel()
+	if err := planReleaseScript.Run(ctx, s.rdb, s.keys, s.id).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		s.log.Warn("plan: could not release the plan lease; another replica acts once it expires", slog.Any("err", err))
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"pdlb/internal/redistest"
 	"pdlb/internal/testwait"
 	"pdlb/lb/config"
@@ -24,7 +26,7 @@ import (
 // one per replica. The other says it only advises, and takes over once
 // the acting replica is gone.
 func TestPlanReplicasActOnce(t *testing.T) {
-	redis := redistest.Start(t, 0)
+	srv := redistest.Start(t, 0)
 	var mu sync.Mutex
 	var posted []string // the replica of every webhook call
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -39,36 +41,7 @@ func TestPlanReplicasActOnce(t *testing.T) {
 		return slices.Clone(posted)
 	}
 
-	replicas := map[string]*Gateway{}
-	closed := map[string]bool{}
-	t.Cleanup(func() {
-		for id, g := range replicas {
-			if !closed[id] {
-				g.Close()
-			}
-		}
-	})
-	for _, id := range []string{"a", "b"} {
-		cfg := config.Default()
-		cfg.Redis.Address, cfg.Redis.ReplicaID = redis.Addr(), id
-		cfg.TokenLoad.SharedSyncIntervalMs, cfg.TokenLoad.SharedExpiryMs = 10, 300
-		// A switch costs next to nothing and may follow the last at once:
-		// every window whose load wants more prefill pods switches.
-		cfg.Plan.Enabled, cfg.Plan.MinDwellSec = true, 0
-		cfg.Plan.DrainSec, cfg.Plan.WarmupSec = 0.1, 0.1
-		cfg.Plan.Webhook.URL = hook.URL + "/" + id
-		cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
-		cfg.Pods = []config.Pod{
-			{Name: "p1", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
-			{Name: "d1", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
-			{Name: "d2", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
-		}
-		g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		replicas[id] = g
-	}
+	replicas, closeReplica := planReplicas(t, srv.Addr(), 300, hook.URL, "a", "b")
 
 	// window closes a planning window on each replica of ids after each
 	// routed a minute of long prompts, about 3.3 prefill pods of work for
@@ -111,8 +84,7 @@ func TestPlanReplicasActOnce(t *testing.T) {
 	}
 
 	// The acting replica ends; the other takes the lease when it expires.
-	replicas[acting].Close()
-	closed[acting] = true
+	closeReplica(acting)
 	n := len(got)
 	testwait.For(t, "replica "+other+" to post a switch", func() bool {
 		window(other)
@@ -123,10 +95,92 @@ func TestPlanReplicasActOnce(t *testing.T) {
 	}
 }
 
-// planStatus is the part of GET /admin/plan TestPlanReplicasActOnce reads.
+// TestPlanLeaseReleasedOnClose: the acting replica gives up the plan lease
+// when it closes, so the other acts at its next exchange rather than once
+// the lease expires, here long after the test's wait. A replica that
+// closes without holding the lease leaves it to its holder.
+func TestPlanLeaseReleasedOnClose(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	replicas, closeReplica := planReplicas(t, srv.Addr(), 60_000, "", "a", "b")
+	var holder string
+	testwait.For(t, "both replicas to see one lease holder", func() bool {
+		a, b := planOf(t, replicas["a"]), planOf(t, replicas["b"])
+		holder = a.LeaseHolder
+		return holder != "" && b.LeaseHolder == holder && a.Replicas == 2 && b.Replicas == 2
+	})
+	other := map[string]string{"a": "b", "b": "a"}[holder]
+
+	closeReplica(holder)
+	testwait.For(t, "replica "+other+" to act after "+holder+" closed", func() bool {
+		st := planOf(t, replicas[other])
+		return st.Acting && st.Replicas == 1
+	})
+
+	// Another replica, say one that just took over, holds the lease.
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	lease := replicas[other].plan.share.keys[0]
+	if err := rdb.Set(context.Background(), lease, "c", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "replica "+other+" to see c hold the lease", func() bool {
+		return planOf(t, replicas[other]).LeaseHolder == "c"
+	})
+	closeReplica(other)
+	if got, err := rdb.Get(context.Background(), lease).Result(); got != "c" {
+		t.Fatalf("after %s, not holding the lease, closed, it is %q (%v), want c", other, got, err)
+	}
+}
+
+// planReplicas starts a gateway for each of ids planning one 1P2D fleet
+// through the Redis at addr: exchanging every 10 ms, its lease lasting
+// expiryMs, posting to hook+"/"+id unless hook is "". close ends one
+// before the test does.
+func planReplicas(t *testing.T, addr string, expiryMs int, hook string, ids ...string) (replicas map[string]*Gateway, close func(id string)) {
+	t.Helper()
+	replicas = map[string]*Gateway{}
+	closed := map[string]bool{}
+	t.Cleanup(func() {
+		for id, g := range replicas {
+			if !closed[id] {
+				g.Close()
+			}
+		}
+	})
+	for _, id := range ids {
+		cfg := config.Default()
+		cfg.Redis.Address, cfg.Redis.ReplicaID = addr, id
+		cfg.TokenLoad.SharedSyncIntervalMs, cfg.TokenLoad.SharedExpiryMs = 10, expiryMs
+		// A switch costs next to nothing and may follow the last at once:
+		// every window whose load wants more prefill pods switches.
+		cfg.Plan.Enabled, cfg.Plan.MinDwellSec = true, 0
+		cfg.Plan.DrainSec, cfg.Plan.WarmupSec = 0.1, 0.1
+		if hook != "" {
+			cfg.Plan.Webhook.URL = hook + "/" + id
+		}
+		cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+		cfg.Pods = []config.Pod{
+			{Name: "p1", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+			{Name: "d1", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+			{Name: "d2", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
+		}
+		g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		replicas[id] = g
+	}
+	return replicas, func(id string) {
+		replicas[id].Close()
+		closed[id] = true
+	}
+}
+
+// planStatus is the part of GET /admin/plan the plan's tests read.
 type planStatus struct {
 	Acting      bool   `json:"acting"`
 	LeaseHolder string `json:"lease_holder"`
+	Replicas    int64  `json:"replicas"`
 	Models      []struct {
 		Reason    string `json:"reason"`
 		Switching bool   `json:"switching"`
