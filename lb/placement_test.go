@@ -318,15 +318,15 @@ func testBatchRequestsWait(t *testing.T, via *http.Client) {
 	}
 }
 
-// batchGateway is a gnet gateway with admission on, over one sim pod
-// prefilling 2,000 tokens/s that the gateway first believes does
+// batchGateway is a gateway on front end fe with admission on, over one
+// sim pod prefilling 2,000 tokens/s that the gateway first believes does
 // gatewaySpeed; batch requests wait up to a minute for a TTFT of slo
 // seconds.
-func batchGateway(t *testing.T, gatewaySpeed, slo float64) (*sim.Pod, *lb.Server) {
+func batchGateway(t *testing.T, fe string, gatewaySpeed, slo float64) (*sim.Pod, *lb.Server) {
 	t.Helper()
 	pod := physicsPod(t, "slow", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 2000 })
 	s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: gatewaySpeed}}, func(c *config.Config) {
-		c.Frontend = "gnet"
+		c.Frontend = fe
 		c.Admission.Enabled = true
 		c.Admission.Batch.TTFTSLO = slo
 		c.Admission.Batch.MaxWait = 60
@@ -347,11 +347,18 @@ func sendBatch(t *testing.T, s *lb.Server, body string) net.Conn {
 }
 
 // TestDeferredClientLeaves: a batch request waiting for admission whose
-// client leaves gives its queue slot up at once (gnet, whose loop sees the
-// client go), instead of holding it to the end of its wait and then going
-// to a pod for nobody.
+// client leaves gives its queue slot up at once, on both front ends (gnet's
+// loop sees the client go, fasthttp's waiter watches its connection),
+// instead of holding it to the end of its wait and then going to a pod for
+// nobody.
 func TestDeferredClientLeaves(t *testing.T) {
-	pod, s := batchGateway(t, 2000, 0.5)
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) { testDeferredClientLeaves(t, fe) })
+	}
+}
+
+func testDeferredClientLeaves(t *testing.T, fe string) {
+	pod, s := batchGateway(t, fe, 2000, 0.5)
 	// ~1,600 tokens: 0.8 s of prefill, so the prediction never clears.
 	c := sendBatch(t, s, chat(strings.Repeat("x", 6400), "hi", 2, false))
 	waiting := func() float64 { return metricValue(t, s, `pdlb_admission_waiting{class="batch"}`) }
@@ -374,7 +381,7 @@ func TestAdmittedClientLeaves(t *testing.T) {
 	// The gateway starts from half the pod's prefill speed: a request
 	// waiting behind another is predicted to miss its target until the
 	// first prefill ends sooner than predicted.
-	pod, s := batchGateway(t, 1000, 1.3)
+	pod, s := batchGateway(t, "gnet", 1000, 1.3)
 	// First a long stream of ~1,000 tokens of prompt (0.5 s of prefill);
 	// then a batch request of ~600 (0.3 s), predicted to wait 1.6 s in all,
 	// which is admitted once that prefill is done (its first token out).

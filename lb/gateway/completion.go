@@ -162,10 +162,12 @@ func releaseCompletion(x *completion) {
 }
 
 // clientLeft reports whether x's client has closed its connection, as far
-// as its front end can tell (frontend.ClientGone).
+// as its front end can tell. It is asked only on a worker's waits (a
+// deferral, a retry's), which may last seconds: on fasthttp it watches the
+// connection from the first ask on (frontend.WatchClient).
 func (x *completion) clientLeft() bool {
 	select {
-	case <-frontend.ClientGone(x.ctx):
+	case <-frontend.WatchClient(x.ctx):
 		return true
 	default:
 		return false
