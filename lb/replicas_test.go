@@ -208,11 +208,11 @@ func podCounts(t *testing.T, s *lb.Server, pod string) podCount {
 	return podCount{}
 }
 
-// eventPod starts a sim pod as cfg says, on loopback, publishing vLLM KV
-// events, and returns its entry in the gateway's configuration.
+// eventPod starts a sim pod as cfg says, on loopback, publishing KV events
+// as its engine does, and returns its entry in the gateway's configuration.
 func eventPod(t *testing.T, cfg sim.Config) config.Pod {
 	t.Helper()
-	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Engine: cfg.Engine})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -213,11 +213,14 @@ func (s *storedBlocks) BlockRemoved([]uint64) {}
 func (s *storedBlocks) AllBlocksCleared()     {}
 
 func TestFleetPublishesKVEvents(t *testing.T) {
-	fc, err := ParseFleet([]byte("defaults:\n  physics: {block_size: 16}\npods:\n  - listen: 127.0.0.1:0\n    kv_events: tcp://127.0.0.1:0\n  - listen: 127.0.0.1:0\n"))
+	fc, err := ParseFleet([]byte("defaults:\n  physics: {block_size: 16}\npods:\n  - listen: 127.0.0.1:0\n    kv_events: tcp://127.0.0.1:0\n  - listen: 127.0.0.1:0\n" +
+		"  - listen: 127.0.0.1:0\n    engine: sglang\n    kv_events: tcp://127.0.0.1:0\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fc.Events[0].ReplayEndpoint != "tcp://127.0.0.1:0" || fc.Events[1].Endpoint != "" {
+	// Each publishes as its engine does (vllm.PublisherConfig.Engine).
+	if fc.Events[0].ReplayEndpoint != "tcp://127.0.0.1:0" || fc.Events[1].Endpoint != "" ||
+		fc.Events[0].Engine != engines.VLLM || fc.Events[2].Engine != engines.SGLang {
 		t.Fatalf("publishers: %+v", fc.Events)
 	}
 	fl, err := StartFleet(fc)

@@ -36,7 +36,7 @@ import (
 //	  kvxfer_listen: ""       # or its whole host:port (default listen's host, bootstrap_port)
 //	  kv_scale: 0.0009765625  # fraction of the KV bytes a transfer really moves
 //	  kv_timeout: 480s        # how long KV waits for pickup
-//	  kv_events: ""           # tcp://host:port: publish KV events there as vLLM does (replay on kv_replay)
+//	  kv_events: ""           # tcp://host:port: publish KV events there as the engine does (replay on kv_replay)
 //	  kv_replay: ""           # the replay socket (default: kv_events' port + 1)
 //	  tokenizer: ""           # a Hugging Face tokenizer directory: count and cache the model's real ids
 //	  chat_template: ""       # a template file (or text) replacing the tokenizer's, as vLLM's --chat-template
@@ -208,7 +208,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 			return FleetConfig{}, fmt.Errorf("%w: pods[%d].listen = %q repeats pods[%d].listen", errFleet, i, c.Listen, j)
 		}
 		listens[c.Listen] = i
-		ev, err := publisherOf(pf)
+		ev, err := publisherOf(pf, c.Engine)
 		if err != nil {
 			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
 		}
@@ -218,17 +218,17 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 	return fc, nil
 }
 
-// publisherOf is the KV-event publisher a pod's kv_events and kv_replay
-// ask for; the replay socket defaults to the next port, as vLLM's 5557 and
-// 5558.
-func publisherOf(p podFile) (vllm.PublisherConfig, error) {
+// publisherOf is the KV-event publisher a pod of engine asks for with
+// kv_events and kv_replay, publishing as that engine does; the replay
+// socket defaults to the next port, as vLLM's 5557 and 5558.
+func publisherOf(p podFile, engine engines.Kind) (vllm.PublisherConfig, error) {
 	if p.KVEvents == "" {
 		if p.KVReplay != "" {
 			return vllm.PublisherConfig{}, fmt.Errorf("kv_replay = %q needs kv_events", p.KVReplay)
 		}
 		return vllm.PublisherConfig{}, nil
 	}
-	c := vllm.PublisherConfig{Endpoint: p.KVEvents, ReplayEndpoint: p.KVReplay}
+	c := vllm.PublisherConfig{Endpoint: p.KVEvents, ReplayEndpoint: p.KVReplay, Engine: engine}
 	if c.ReplayEndpoint == "" {
 		host, port, err := net.SplitHostPort(strings.TrimPrefix(p.KVEvents, "tcp://"))
 		n, perr := strconv.Atoi(port)

@@ -154,11 +154,13 @@ type Event struct {
 	// leaves Media out.
 	CacheSalt string
 	Media     []uint64
-	// GroupIdx is the KV-cache group of hybrid models (0 for None).
-	// SpecKind is a BlockStored's kv_cache_spec_kind, the kind of cache
-	// its group holds ("full_attention", "sliding_window", "mamba", ...;
-	// "" for None, as vLLM sent before it named them).
+	// GroupIdx is the event's KV-cache group (group_idx); HasGroup is
+	// false for None, as vLLM sent before it named groups and SGLang
+	// sends. SpecKind is a BlockStored's kv_cache_spec_kind, the kind of
+	// cache its group holds ("full_attention", "sliding_window", "mamba",
+	// ...; "" for None).
 	GroupIdx int64
+	HasGroup bool
 	SpecKind string
 }
 
@@ -914,7 +916,11 @@ func (d *decoder) field(ev *Event, name string) error {
 	case sglangSalt:
 		d.salt, err = d.str(name)
 	case "group_idx":
-		ev.GroupIdx, err = d.int(name)
+		var isNil bool
+		if isNil, err = d.nilNext(); err == nil && !isNil {
+			ev.GroupIdx, err = d.int(name)
+			ev.HasGroup = err == nil
+		}
 	case "kv_cache_spec_kind":
 		ev.SpecKind, err = d.str(name)
 	case "extra_keys":
@@ -1248,9 +1254,10 @@ func (en *encoder) event(ev *Event, array bool) {
 	var n int
 	salt := ev.CacheSalt != "" && !ev.HasParent
 	extra := ev.LoraName != "" || salt
+	group := ev.HasGroup
 	// Which of BlockStored's optional fields to write: extra_keys,
 	// group_idx, kv_cache_spec_kind.
-	opt := [3]bool{extra, ev.GroupIdx != 0, ev.SpecKind != ""}
+	opt := [3]bool{extra, group, ev.SpecKind != ""}
 	if array {
 		opt[1] = opt[1] || opt[2]
 		opt[0] = opt[0] || opt[1]
@@ -1265,7 +1272,7 @@ func (en *encoder) event(ev *Event, array bool) {
 		}
 	case BlockRemoved:
 		n = 2 // block_hashes, medium
-		if ev.GroupIdx != 0 {
+		if group {
 			n++
 		}
 	case AllBlocksCleared:
@@ -1316,7 +1323,11 @@ func (en *encoder) event(ev *Event, array bool) {
 		}
 		if opt[1] {
 			key("group_idx")
-			en.optInt(ev.GroupIdx)
+			if group {
+				en.int(ev.GroupIdx)
+			} else {
+				en.null()
+			}
 		}
 		if opt[2] {
 			key("kv_cache_spec_kind")
@@ -1327,7 +1338,7 @@ func (en *encoder) event(ev *Event, array bool) {
 		en.hashes(ev.BlockHashes)
 		key("medium")
 		en.optStr(ev.Medium)
-		if ev.GroupIdx != 0 {
+		if group {
 			key("group_idx")
 			en.int(ev.GroupIdx)
 		}

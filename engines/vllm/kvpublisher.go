@@ -65,6 +65,12 @@ type PublisherConfig struct {
 	// DataParallelRank is written as the batches' data_parallel_rank
 	// (default 0, as vLLM fills it in).
 	DataParallelRank int64
+	// Engine is the engine whose events these are (default vLLM). vLLM's
+	// name their KV-cache group: group_idx on stores and removals and
+	// kv_cache_spec_kind on stores, group 0 of full attention for a model
+	// of one kind of attention layers, as the simulated pods are. SGLang's
+	// name none.
+	Engine engines.Kind
 }
 
 func (c PublisherConfig) withDefaults() PublisherConfig {
@@ -107,6 +113,9 @@ func (c PublisherConfig) Validate() error {
 	if c.Encoding > EncodingArray {
 		return fmt.Errorf("vllm: PublisherConfig.Encoding %d is unknown", c.Encoding)
 	}
+	if _, err := engines.ParseKind(string(c.Engine)); err != nil {
+		return fmt.Errorf("vllm: PublisherConfig.Engine %q is unknown", c.Engine)
+	}
 	return nil
 }
 
@@ -140,6 +149,9 @@ type Publisher struct {
 	pub    zmq4.Socket
 	router zmq4.Socket
 	topic  []byte
+	// specKind is the kv_cache_spec_kind of the stores' KV-cache group,
+	// "" when the events name no group (see PublisherConfig.Engine).
+	specKind string
 
 	mu      sync.Mutex
 	closed  bool
@@ -187,6 +199,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	p := &Publisher{
 		cfg:        cfg,
 		topic:      []byte(cfg.Topic),
+		specKind:   specKindOf(cfg.Engine),
 		ring:       make([]buffered, cfg.BufferSteps),
 		ringNewest: -1,
 		done:       make(chan struct{}),
@@ -242,7 +255,19 @@ func (p *Publisher) BlockStored(parentHash uint64, hasParent bool, blockHashes [
 		Medium:      MediumGPU,
 		LoraName:    extra.LoRA,
 		CacheSalt:   extra.CacheSalt,
+		HasGroup:    p.specKind != "",
+		SpecKind:    p.specKind,
 	})
+}
+
+// specKindOf is the kv_cache_spec_kind of engine's stores, "" when its
+// events name no KV-cache group: a plain model's one group holds full
+// attention.
+func specKindOf(engine engines.Kind) string {
+	if engine == engines.SGLang {
+		return ""
+	}
+	return "full_attention"
 }
 
 // BlockRemoved queues one BlockRemoved event (medium GPU) per block, as
@@ -260,6 +285,7 @@ func (p *Publisher) BlockRemoved(blockHashes []uint64) {
 			Kind:        BlockRemoved,
 			BlockHashes: p.hashes[i : i+1 : i+1],
 			Medium:      MediumGPU,
+			HasGroup:    p.specKind != "",
 		})
 	}
 }

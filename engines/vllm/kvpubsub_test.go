@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/goleak"
 
 	"pdlb/engines"
@@ -261,6 +262,7 @@ func TestConfigValidate(t *testing.T) {
 	f(PublisherConfig{BufferSteps: -1}.withDefaults().Validate(), "BufferSteps -1")
 	f(PublisherConfig{FlushInterval: -time.Second}.withDefaults().Validate(), `FlushInterval "-1s"`)
 	f(PublisherConfig{Encoding: 7}.withDefaults().Validate(), "Encoding 7")
+	f(PublisherConfig{Engine: "tgi"}.withDefaults().Validate(), `Engine "tgi"`)
 	f(SubscriberConfig{}.withDefaults().Validate(), `Endpoint ""`)
 	f(SubscriberConfig{Endpoint: "tcp://h:1", ReplayTimeout: -1}.withDefaults().Validate(), `ReplayTimeout "-1ns"`)
 	if err := (SubscriberConfig{Endpoint: "tcp://10.0.0.1:5557"}).withDefaults().Validate(); err != nil {
@@ -459,4 +461,43 @@ func TestDeliverFullAttentionGroup(t *testing.T) {
 	// Dense models, MLA ones (DeepSeek) included, have one such group.
 	f([]string{"full_attention"}, []string{stored, removed}, 0)
 	f([]string{"mla_attention"}, []string{stored, removed}, 0)
+}
+
+// TestPublisherNamesTheGroup: a vLLM publisher's events name their
+// KV-cache group on the wire as current vLLM's do for a model of one
+// kind of layers (group_idx 0 on stores and removals, kv_cache_spec_kind
+// on stores); an SGLang publisher's name none, as SGLang's.
+func TestPublisherNamesTheGroup(t *testing.T) {
+	f := func(engine engines.Kind, want map[string]map[string]any) {
+		t.Helper()
+		p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", FlushInterval: time.Hour, Engine: engine})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		p.BlockStored(0, false, []uint64{1}, []uint32{1, 2}, 2, engines.ExtraKeys{})
+		p.BlockRemoved([]uint64{1})
+		p.flush()
+		var batch struct {
+			Events []map[string]any `msgpack:"events"`
+		}
+		if err := msgpack.Unmarshal(p.since(0)[0].payload, &batch); err != nil || len(batch.Events) != 2 {
+			t.Fatalf("%s: %d events (%v)", engine, len(batch.Events), err)
+		}
+		for _, ev := range batch.Events {
+			typ := fmt.Sprint(ev["type"])
+			for _, key := range []string{"group_idx", "kv_cache_spec_kind"} {
+				got, ok := ev[key]
+				w, wok := want[typ][key]
+				if ok != wok || fmt.Sprint(got) != fmt.Sprint(w) {
+					t.Errorf("%s: %s %s = %v (sent %v), want %v (sent %v)", engine, typ, key, got, ok, w, wok)
+				}
+			}
+		}
+	}
+	f(engines.VLLM, map[string]map[string]any{
+		"BlockStored":  {"group_idx": 0, "kv_cache_spec_kind": "full_attention"},
+		"BlockRemoved": {"group_idx": 0},
+	})
+	f(engines.SGLang, nil)
 }
