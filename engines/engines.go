@@ -88,10 +88,15 @@ type Load struct {
 // metricNames maps an engine's metric names to Load fields. breakdown
 // names a label whose non-empty values mark series that split a total
 // exported beside them (under the empty value), which must not be added
-// to it.
+// to it. replica names a label whose values tell apart ranks that export
+// one group's counts each, the same; groups names the labels that tell
+// the groups apart. Only the lowest replica's series of a group is
+// counted.
 type metricNames struct {
 	running, waiting, kvUsage, kvUsageOld, generated, throughput string
 	breakdown                                                    string
+	replica                                                      string
+	groups                                                       [2]string
 }
 
 var names = map[Kind]metricNames{
@@ -112,28 +117,66 @@ var names = map[Kind]metricNames{
 		// total under priority="" and each priority's share under
 		// priority="<n>".
 		breakdown: "priority",
+		// A scheduler exports its gauges when its attention-TP rank is 0,
+		// or with --enable-metrics-for-all-schedulers always: then every
+		// tensor-parallel rank of a data-parallel rank (and pipeline
+		// stage) repeats that rank's counts under its own tp_rank. Under
+		// DP attention a DP rank's first tp_rank is not 0.
+		replica: "tp_rank",
+		groups:  [2]string{"dp_rank", "pp_rank"},
 	},
+}
+
+// metricSlot is the Load field a series adds to.
+type metricSlot int
+
+const (
+	slotNone metricSlot = iota
+	slotRunning
+	slotWaiting
+	slotKVUsage
+	slotKVUsageOld
+	slotGenerated
+	slotThroughput
+)
+
+// slot is the field the series of metric name adds to.
+func (n *metricNames) slot(name []byte) metricSlot {
+	switch string(name) {
+	case n.running:
+		return slotRunning
+	case n.waiting:
+		return slotWaiting
+	case n.kvUsage:
+		return slotKVUsage
+	case n.kvUsageOld:
+		return slotKVUsageOld
+	case n.generated:
+		return slotGenerated
+	case n.throughput:
+		return slotThroughput
+	}
+	return slotNone
 }
 
 // ParseMetrics reads a Prometheus text exposition from an engine of kind k.
 // An engine serving several models or data-parallel ranks exports one
 // series each (vLLM's engine label, SGLang's dp_rank): request counts and
 // token counters are summed over them, while KV usage, each series the
-// fraction of its own rank's equal-sized cache, is their mean. ok is false
-// when the engine exports none of the load metrics, as trtllm-serve, whose
-// /metrics is JSON iteration stats.
+// fraction of its own rank's equal-sized cache, is their mean. Series that
+// repeat a rank's counts (SGLang's tensor-parallel ranks) count once. ok is
+// false when the engine exports none of the load metrics, as trtllm-serve,
+// whose /metrics is JSON iteration stats.
 //
-// This reads four names out of a few kilobytes once a second per pod; a full
-// exposition-format parser would cost more than it brings.
-func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
+// This reads a few names out of a few kilobytes once a second per pod; a
+// full exposition-format parser would cost more than it brings.
+func ParseMetrics(k Kind, text []byte) (Load, bool) {
 	n, known := names[k]
 	if !known {
 		return Load{}, false
 	}
-	l.GeneratedTokens, l.Throughput = -1, -1
-	var seenGen, seenThr bool
-	var kvSeries, kvOldSeries int
-	var kvOldSum float64
+	sum := loadSum{l: Load{GeneratedTokens: -1, Throughput: -1}}
+	var replicas []replicaSeries
 	for len(text) > 0 {
 		var line []byte
 		line, text, _ = bytes.Cut(text, []byte{'\n'})
@@ -144,56 +187,110 @@ func ParseMetrics(k Kind, text []byte) (l Load, ok bool) {
 		if end <= 0 {
 			continue
 		}
-		name := line[:end]
+		slot := n.slot(line[:end])
 		sp := bytes.LastIndexByte(line, ' ')
-		if sp < end {
+		if slot == slotNone || sp < end {
 			continue
 		}
 		v, err := strconv.ParseFloat(string(bytes.TrimSpace(line[sp+1:])), 64)
 		if err != nil {
 			continue
 		}
-		if n.breakdown != "" && line[end] == '{' {
-			if len(labelValue(line[end+1:sp], n.breakdown)) > 0 {
+		var labels []byte
+		if line[end] == '{' {
+			labels = line[end+1 : sp]
+		}
+		if n.breakdown != "" && len(labelValue(labels, n.breakdown)) > 0 {
+			continue
+		}
+		if n.replica != "" {
+			if rank, err := strconv.Atoi(string(labelValue(labels, n.replica))); err == nil {
+				group := [2]string{string(labelValue(labels, n.groups[0])), string(labelValue(labels, n.groups[1]))}
+				replicas = lowestReplica(replicas, replicaSeries{slot, group, rank, v})
 				continue
 			}
 		}
-		switch string(name) {
-		case n.running:
-			l.Running += v
-			ok = true
-		case n.waiting:
-			l.Waiting += v
-			ok = true
-		case n.kvUsage:
-			l.KVUsage += v
-			kvSeries++
-			ok = true
-		case n.kvUsageOld:
-			kvOldSum += v
-			kvOldSeries++
-			ok = true
-		case n.generated:
-			if !seenGen {
-				l.GeneratedTokens = 0
-				seenGen = true
+		sum.add(slot, v)
+	}
+	for _, r := range replicas {
+		sum.add(r.slot, r.v)
+	}
+	return sum.load()
+}
+
+// replicaSeries is the series of one metric and group that ParseMetrics
+// counts: the lowest replica's seen so far.
+type replicaSeries struct {
+	slot  metricSlot
+	group [2]string // the values of metricNames.groups
+	rank  int
+	v     float64
+}
+
+// lowestReplica keeps s in kept unless a series of its metric and group
+// with a lower rank is there.
+func lowestReplica(kept []replicaSeries, s replicaSeries) []replicaSeries {
+	for i, k := range kept {
+		if k.slot == s.slot && k.group == s.group {
+			if s.rank < k.rank {
+				kept[i] = s
 			}
-			l.GeneratedTokens += v
-		case n.throughput:
-			if !seenThr {
-				l.Throughput = 0
-				seenThr = true
-			}
-			l.Throughput += v
+			return kept
 		}
 	}
-	switch {
-	case kvSeries > 0:
-		l.KVUsage /= float64(kvSeries)
-	case kvOldSeries > 0:
-		l.KVUsage = kvOldSum / float64(kvOldSeries)
+	return append(kept, s)
+}
+
+// loadSum adds an exposition's counted series up into a Load.
+type loadSum struct {
+	l                     Load
+	ok, seenGen, seenThr  bool
+	kvSeries, kvOldSeries int
+	kvOldSum              float64
+}
+
+func (s *loadSum) add(slot metricSlot, v float64) {
+	switch slot {
+	case slotRunning:
+		s.l.Running += v
+		s.ok = true
+	case slotWaiting:
+		s.l.Waiting += v
+		s.ok = true
+	case slotKVUsage:
+		s.l.KVUsage += v
+		s.kvSeries++
+		s.ok = true
+	case slotKVUsageOld:
+		s.kvOldSum += v
+		s.kvOldSeries++
+		s.ok = true
+	case slotGenerated:
+		if !s.seenGen {
+			s.l.GeneratedTokens = 0
+			s.seenGen = true
+		}
+		s.l.GeneratedTokens += v
+	case slotThroughput:
+		if !s.seenThr {
+			s.l.Throughput = 0
+			s.seenThr = true
+		}
+		s.l.Throughput += v
 	}
-	return l, ok
+}
+
+// load is the Load the series added up to, and whether any load metric
+// was among them.
+func (s *loadSum) load() (Load, bool) {
+	l := s.l
+	switch {
+	case s.kvSeries > 0:
+		l.KVUsage /= float64(s.kvSeries)
+	case s.kvOldSeries > 0:
+		l.KVUsage = s.kvOldSum / float64(s.kvOldSeries)
+	}
+	return l, s.ok
 }
 
 // labelValue returns the raw (still escaped) value of label name in

@@ -46,6 +46,37 @@ sglang:num_queue_reqs{model_name="m",priority="7",dp_rank="0"} 2
 sglang:num_queue_reqs{model_name="m",priority="",dp_rank="1"} 1
 sglang:num_queue_reqs{model_name="m",dp_rank="1",priority="7"} 1
 `, Load{Running: 4, Waiting: 3, GeneratedTokens: -1, Throughput: -1}, true)
+	// With --enable-metrics-for-all-schedulers every tensor-parallel rank
+	// of a data-parallel rank exports that rank's counts again under its
+	// own tp_rank (and moe_ep_rank): each is counted once, as its lowest
+	// tp_rank's. Here TP 4 without DP, then TP 4 with DP attention over 2.
+	f(SGLang, `sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 3.0
+sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="1"} 3.0
+sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="1",pp_rank="0",tp_rank="2"} 3.0
+sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="1",pp_rank="0",tp_rank="3"} 3.0
+sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 2.0
+sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="1"} 2.0
+sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="1",pp_rank="0",tp_rank="2"} 2.0
+sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="1",pp_rank="0",tp_rank="3"} 2.0
+`, Load{Running: 3, Waiting: 2, GeneratedTokens: -1, Throughput: -1}, true)
+	f(SGLang, `sglang:num_running_reqs{dp_rank="0",model_name="m",pp_rank="0",tp_rank="1"} 3.0
+sglang:num_running_reqs{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 3.0
+sglang:num_running_reqs{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 5.0
+sglang:num_running_reqs{dp_rank="1",model_name="m",pp_rank="0",tp_rank="3"} 5.0
+sglang:token_usage{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 0.5
+sglang:token_usage{dp_rank="0",model_name="m",pp_rank="0",tp_rank="1"} 0.5
+sglang:token_usage{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 0.25
+sglang:token_usage{dp_rank="1",model_name="m",pp_rank="0",tp_rank="3"} 0.25
+sglang:gen_throughput{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 100
+sglang:gen_throughput{dp_rank="0",model_name="m",pp_rank="0",tp_rank="1"} 100
+sglang:gen_throughput{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 50
+sglang:gen_throughput{dp_rank="1",model_name="m",pp_rank="0",tp_rank="3"} 50
+`, Load{Running: 8, KVUsage: 0.375, GeneratedTokens: -1, Throughput: 150}, true)
+	// Without the flag only each DP rank's first attention rank exports:
+	// under DP attention its tp_rank is not 0.
+	f(SGLang, `sglang:num_running_reqs{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 3.0
+sglang:num_running_reqs{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 5.0
+`, Load{Running: 8, GeneratedTokens: -1, Throughput: -1}, true)
 	f(VLLM, "garbage\n{\nvllm:num_requests_running notanumber\n", Load{GeneratedTokens: -1, Throughput: -1}, false)
 	f(TRTLLM, `[{"iter":1}]`, Load{}, false)
 }
