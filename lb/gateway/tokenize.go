@@ -34,16 +34,16 @@ const (
 var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 
 // tokenize gives x the ids m's engine computes for its prompt, when m has
-// a tokenizer, and counts how x's keys will be made. A truncation m's
-// engine refuses, or a message vLLM would refuse before rendering, fails
-// the request with the engine's 400; anything else the gateway cannot
-// render exactly routes the request without the index.
+// a tokenizer, and counts how x's keys will be made. A truncation or a
+// cache salt m's engine refuses, or a message vLLM would refuse before
+// rendering, fails the request with the engine's 400; anything else the
+// gateway cannot render exactly routes the request without the index.
 // It runs before the pick, on the connection's loop or worker: a chat
 // whose earlier turns were seen costs tens of microseconds (the
 // tokenizer's segment cache; engines/prompt's benchmarks).
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
-	if e := x.req.TruncationError(); e != nil {
+	if e := x.req.EngineRefusal(); e != nil {
 		return answer(e)
 	}
 	mode := tokensExact

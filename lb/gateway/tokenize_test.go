@@ -15,6 +15,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/upstream"
+	"pdlb/radix"
 )
 
 // tokenizedChat parses and tokenizes a chat body as serveCompletion does,
@@ -298,4 +299,58 @@ func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 	}
 	// The last of a repeated key counts, as in the engines' JSON.
 	f("vllm", `"truncate_prompt_tokens":"8.5","truncate_prompt_tokens":8`, "")
+}
+
+// TestCacheSaltRefusedAsTheEngineDoes: a cache_salt gets the 400 of the
+// model's engine only: vLLM refuses an empty one, one over 128 characters
+// or one holding '@', '/', '\' or NUL; TensorRT-LLM a blank one; SGLang
+// takes any string and a list of strings (a salt for each prompt). Every
+// engine refuses a number. What an engine takes keys the prompt's blocks
+// with the salt it hashes: the string, or the first prompt's.
+func TestCacheSaltRefusedAsTheEngineDoes(t *testing.T) {
+	cfg := config.Default()
+	cfg.Pods = []config.Pod{
+		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
+		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
+		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
+	}
+	cfg.Provision()
+	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	f := func(model, salt string, refused bool, keyedAs string) {
+		t.Helper()
+		x, err := tokenizedAs(t, g, openai.KindCompletion, `{"model":"`+model+`","prompt":["say it","again"],"cache_salt":`+salt+`}`)
+		defer releaseCompletion(x)
+		var e *openai.Error
+		switch {
+		case errors.As(err, &e) != refused || refused && (e.Status != 400 || e.Param != "cache_salt"):
+			want := "served"
+			if refused {
+				want = "a 400 naming cache_salt"
+			}
+			t.Errorf("%s, cache_salt %s: %v; want it %s", model, salt, err, want)
+		case !refused && x.req.KeySeed(radix.Seed(model)) != radix.SeedWith(radix.Seed(model), "", keyedAs):
+			t.Errorf("%s, cache_salt %s: keyed apart from salt %q", model, salt, keyedAs)
+		}
+	}
+	long := `"` + strings.Repeat("a", 129) + `"`
+	for _, c := range []struct {
+		salt                 string
+		vllm, trtllm, sglang bool // refused
+		keyedAs              string
+	}{
+		{`"tenant-1"`, false, false, false, "tenant-1"},
+		{`""`, true, true, false, ""},
+		{`" "`, false, true, false, " "},
+		{long, true, false, false, long[1 : len(long)-1]},
+		{`"a/b"`, true, false, false, "a/b"},
+		{`"a@b"`, true, false, false, "a@b"},
+		{`"a\u0000"`, true, false, false, "a\x00"},
+		{`["s1","s2"]`, true, true, false, "s1"},
+		{`5`, true, true, true, ""},
+		{`["s1",5]`, true, true, true, ""},
+	} {
+		f("vllm", c.salt, c.vllm, c.keyedAs)
+		f("trtllm", c.salt, c.trtllm, c.keyedAs)
+		f("sglang", c.salt, c.sglang, c.keyedAs)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/bytedance/sonic"
@@ -112,9 +113,13 @@ type Request struct {
 	// text (image_url, input_audio, ...): not rendered into Prompt, it lets
 	// a caller weigh multimodal requests (bytes, not tokens).
 	MediaBytes int
-	// CacheSalt is vLLM's "cache_salt" (empty when absent or null): the
-	// engine keys the prompt's cached blocks apart from other salts'.
+	// CacheSalt is "cache_salt" (empty when absent or null), the first of
+	// a list of them: the engine keys the prompt's cached blocks apart from
+	// other salts'. salt is its JSON form, and saltGot the text of one that
+	// is not a string, for CacheSaltError.
 	CacheSalt []byte
+	salt      saltForm
+	saltGot   []byte
 	// SpecialTokens is vLLM's "add_special_tokens" when given: whether the
 	// tokenizer adds its special tokens (BOS) to the prompt text;
 	// SpecialTokensSet is false when it was absent or null, and the
@@ -188,10 +193,10 @@ func ReleaseRequest(r *Request) {
 // which the compiler builds on the stack and copies.)
 func (r *Request) Reset() {
 	model, prompt, ids, salt, scratch := r.Model[:0], r.Prompt[:0], r.PromptIDs[:0], r.CacheSalt[:0], r.scratch[:0]
-	ends, keptText, keptIDs := r.ends[:0], r.keptText[:0], r.keptIDs[:0]
+	ends, keptText, keptIDs, saltGot := r.ends[:0], r.keptText[:0], r.keptIDs[:0], r.saltGot[:0]
 	*r = Request{MaxTokens: -1, Choices: 1}
 	r.Model, r.Prompt, r.PromptIDs, r.CacheSalt, r.scratch = model, prompt, ids, salt, scratch
-	r.ends, r.keptText, r.keptIDs = ends, keptText, keptIDs
+	r.ends, r.keptText, r.keptIDs, r.saltGot = ends, keptText, keptIDs, saltGot
 }
 
 // WithModel returns body, the body r was parsed from (or the last body
@@ -362,8 +367,9 @@ const (
 // `"messages[2].content" must be a string or a list of parts, got 5`.
 // Unknown fields are skipped; a repeated key counts once, its last value
 // winning, as in Python's json module that engines parse with. Bad values
-// of truncate_prompt_tokens and truncation_side, which SGLang ignores, are
-// TruncationError's to answer once the engine is known.
+// of truncate_prompt_tokens, truncation_side and cache_salt, which the
+// engines judge differently, are EngineRefusal's to answer once the engine
+// is known.
 //
 // The body must be JSON as sonic.Valid defines it (see scanner: raw control
 // bytes inside strings are let through), with valid escapes, in UTF-8. One
@@ -586,6 +592,16 @@ func (r *Request) TruncationError() *Error {
 	return r.badSide
 }
 
+// EngineRefusal is the 400 Engine answers to what Parse left to it, nil if
+// it serves r: CacheSaltError first (vLLM checks the salt before reading
+// the fields), else TruncationError.
+func (r *Request) EngineRefusal() *Error {
+	if e := r.CacheSaltError(); e != nil {
+		return e
+	}
+	return r.TruncationError()
+}
+
 // parseChoices reads "n": null or absent is 1, and 0 is refused, as vLLM
 // refuses it.
 func (r *Request) parseChoices(s *scanner) error {
@@ -633,25 +649,87 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 // (code points).
 const maxCacheSalt = 128
 
-// parseCacheSalt reads "cache_salt" as vLLM validates it: null or absent,
-// else a non-empty string of at most maxCacheSalt characters without '@',
-// '/', '\' or NUL (which downstream cache backends use as separators).
+// saltForm is the JSON form of "cache_salt": which engines take it depends
+// on it (CacheSaltError).
+type saltForm uint8
+
+const (
+	saltNone   saltForm = iota // absent or null
+	saltString                 // a string, CacheSalt
+	saltList                   // a list of strings: SGLang's, a salt for each prompt of a batch
+	saltOther                  // any other value, which no engine takes
+)
+
+// parseCacheSalt reads "cache_salt": a string, or a list of strings whose
+// first is the salt of the prompt the index keys (a batch's first).
+// Whether the engine takes it is CacheSaltError's to say; a value that is
+// not a string keeps its text for that error.
 func (r *Request) parseCacheSalt(s *scanner) error {
-	r.CacheSalt = r.CacheSalt[:0]
+	r.CacheSalt, r.salt = r.CacheSalt[:0], saltString
+	start := s.p
 	switch s.c() {
 	case 'n':
 		s.skip()
+		r.salt = saltNone
 		return nil
 	case '"':
+		return r.appendSalt(s)
+	case '[':
+		r.salt = saltList
+		s.open()
+		for i := 0; s.more(']', i); i++ {
+			switch {
+			case s.c() != '"':
+				s.skip()
+				r.salt = saltOther
+			case i == 0:
+				if err := r.appendSalt(s); err != nil {
+					return err
+				}
+			default:
+				s.str()
+			}
+		}
 	default:
-		return InvalidType("cache_salt", "a non-empty string", s.b[s.skip():s.p])
+		s.skip()
+		r.salt = saltOther
 	}
+	// InvalidType shows at most gotLimit bytes, and "..." past them.
+	r.saltGot = append(r.saltGot[:0], s.b[start:min(s.p, start+gotLimit+1)]...)
+	return nil
+}
+
+// appendSalt appends the string at s.p, unescaped, to CacheSalt.
+func (r *Request) appendSalt(s *scanner) error {
 	raw, esc := s.str()
 	var ok bool
 	if r.CacheSalt, ok = appendUnquoted(r.CacheSalt, raw, esc); !ok {
 		return InvalidJSON()
 	}
+	return nil
+}
+
+// CacheSaltError is the 400 Engine answers to r's cache_salt, nil when it
+// takes it. vLLM takes a non-empty string of at most maxCacheSalt
+// characters without '@', '/', '\' or NUL, which its cache backends use as
+// separators (validate_cache_salt); TensorRT-LLM a string that is not
+// blank; SGLang any string ("" is no salt) or a list of strings.
+func (r *Request) CacheSaltError() *Error {
 	switch {
+	case r.salt == saltNone:
+		return nil
+	case r.Engine == engines.SGLang:
+		if r.salt == saltOther {
+			return InvalidType("cache_salt", "a string or a list of strings", r.saltGot)
+		}
+		return nil
+	case r.salt != saltString:
+		return InvalidType("cache_salt", "a non-empty string", r.saltGot)
+	case r.Engine == engines.TRTLLM:
+		if len(bytes.TrimFunc(r.CacheSalt, isPythonSpace)) == 0 {
+			return InvalidValue("cache_salt", "must not be blank")
+		}
+		return nil
 	case len(r.CacheSalt) == 0:
 		return InvalidValue("cache_salt", "must not be empty")
 	case utf8.RuneCount(r.CacheSalt) > maxCacheSalt || bytes.ContainsAny(r.CacheSalt, "@/\\\x00"):
@@ -659,6 +737,11 @@ func (r *Request) parseCacheSalt(s *scanner) error {
 	}
 	return nil
 }
+
+// isPythonSpace says whether Python's str.strip, which TensorRT-LLM's
+// blank check uses, strips c: Go's white space and the separators
+// U+001C to U+001F.
+func isPythonSpace(c rune) bool { return unicode.IsSpace(c) || c >= 0x1c && c <= 0x1f }
 
 // parseMessages reads "messages" and renders them into r.Prompt. seen is
 // false for null, which counts as absent.

@@ -189,15 +189,6 @@ func TestParseErrors(t *testing.T) {
 	f(KindChat, `{"model":"m","stream_options":true,`+chat+`}`, `"stream_options" must be an object, got true`, "stream_options", CodeInvalidType)
 	f(KindChat, `{"model":"m","stream_options":{"include_usage":0.5},`+chat+`}`, `"stream_options.include_usage" must be a boolean, got 0.5`, "stream_options.include_usage", CodeInvalidType)
 
-	// cache_salt, as vLLM validates it
-	f(KindChat, `{"model":"m","cache_salt":5,`+chat+`}`, `"cache_salt" must be a non-empty string, got 5`, "cache_salt", CodeInvalidType)
-	f(KindChat, `{"model":"m","cache_salt":"",`+chat+`}`, `"cache_salt" must not be empty`, "cache_salt", CodeInvalidValue)
-	badSalt := `"cache_salt" must be at most 128 characters and must not contain '@', '/', '\\' or NUL`
-	f(KindChat, `{"model":"m","cache_salt":"`+strings.Repeat("a", 129)+`",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
-	f(KindChat, `{"model":"m","cache_salt":"a/b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
-	f(KindChat, `{"model":"m","cache_salt":"a@b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
-	f(KindChat, `{"model":"m","cache_salt":"a\\b",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
-	f(KindChat, `{"model":"m","cache_salt":"a\u0000",`+chat+`}`, badSalt, "cache_salt", CodeInvalidValue)
 	// messages
 	f(KindChat, `{"model":"m"}`, `"messages" is required`, "messages", CodeMissingParam)
 	f(KindChat, `{"model":"m","messages":null}`, `"messages" is required`, "messages", CodeMissingParam)
@@ -351,6 +342,59 @@ func TestTruncationError(t *testing.T) {
 	f(KindCompletion, `{"model":"m","truncation_side":1,"prompt":"x","truncate_prompt_tokens":-2}`, badTrunc+`-2`, "truncate_prompt_tokens", CodeInvalidType)
 }
 
+// TestCacheSaltError: Parse takes any cache_salt; CacheSaltError is the
+// 400 of the engine that serves the request, nil where it takes the salt.
+func TestCacheSaltError(t *testing.T) {
+	const chat = `"messages":[{"role":"user","content":"x"}]`
+	f := func(salt string, engine engines.Kind, wantMsg, wantCode string) {
+		t.Helper()
+		var r Request
+		body := `{"model":"m","cache_salt":` + salt + `,` + chat + `}`
+		if err := r.Parse(KindChat, []byte(body)); err != nil {
+			t.Fatalf("Parse(%s) = %v", body, err)
+		}
+		r.Engine = engine
+		e := r.CacheSaltError()
+		if wantMsg == "" {
+			if e != nil {
+				t.Errorf("%s: %s refuses cache_salt %s: %v", engine, body, salt, e)
+			}
+			return
+		}
+		if e == nil || e.Status != 400 || e.Type != TypeInvalidRequest || e.Message != wantMsg || e.Param != "cache_salt" || e.Code != wantCode {
+			t.Errorf("%s: cache_salt %s answers %+v\nwant message %q code %q", engine, salt, e, wantMsg, wantCode)
+		}
+	}
+	badSalt := `"cache_salt" must be at most 128 characters and must not contain '@', '/', '\\' or NUL`
+	notString := `"cache_salt" must be a non-empty string, got `
+	for _, vllm := range []engines.Kind{"", engines.VLLM} {
+		f(`"tenant-1"`, vllm, "", "")
+		f(`null`, vllm, "", "")
+		f(`"`+strings.Repeat("é", 128)+`"`, vllm, "", "")
+		f(`5`, vllm, notString+`5`, CodeInvalidType)
+		f(`["s"]`, vllm, notString+`["s"]`, CodeInvalidType)
+		f(`""`, vllm, `"cache_salt" must not be empty`, CodeInvalidValue)
+		f(`"`+strings.Repeat("a", 129)+`"`, vllm, badSalt, CodeInvalidValue)
+		f(`"a/b"`, vllm, badSalt, CodeInvalidValue)
+		f(`"a@b"`, vllm, badSalt, CodeInvalidValue)
+		f(`"a\\b"`, vllm, badSalt, CodeInvalidValue)
+		f(`"a\u0000"`, vllm, badSalt, CodeInvalidValue)
+	}
+	f(`"a/b@c"`, engines.TRTLLM, "", "")
+	f(`"`+strings.Repeat("a", 129)+`"`, engines.TRTLLM, "", "")
+	f(`" \t\u001f\u3000 "`, engines.TRTLLM, `"cache_salt" must not be blank`, CodeInvalidValue)
+	f(`""`, engines.TRTLLM, `"cache_salt" must not be blank`, CodeInvalidValue)
+	f(`["s"]`, engines.TRTLLM, notString+`["s"]`, CodeInvalidType)
+	f(`""`, engines.SGLang, "", "")
+	f(`"a/b\u0000"`, engines.SGLang, "", "")
+	f(`["s1","s2"]`, engines.SGLang, "", "")
+	f(`[]`, engines.SGLang, "", "")
+	f(`5`, engines.SGLang, `"cache_salt" must be a string or a list of strings, got 5`, CodeInvalidType)
+	f(`["s",{"a":1}]`, engines.SGLang, `"cache_salt" must be a string or a list of strings, got ["s",{"a":1}]`, CodeInvalidType)
+	long := `[` + strings.Repeat(`"s",`, 100) + `5]`
+	f(long, engines.TRTLLM, notString+long[:gotLimit]+"...", CodeInvalidType)
+}
+
 func TestParseAllocs(t *testing.T) {
 	bodies := map[string][]byte{"chat": chatBody(1 << 10), "chat32k": chatBody(32 << 10),
 		"ids": []byte(`{"model":"m","prompt":[[1,2,3],[4,5]],"stream":true,"cache_salt":"tenant-\u0031","truncate_prompt_tokens":2,"truncation_side":"righ\u0074"}`),
@@ -438,6 +482,9 @@ func FuzzParse(f *testing.F) {
 		if bad := r.TruncationError() != nil; bad != ref.badTruncation {
 			t.Fatalf("Parse(%s): vLLM refuses its truncation: %v, want %v", body, bad, ref.badTruncation)
 		}
+		if bad := r.CacheSaltError() != nil; bad != ref.badSalt {
+			t.Fatalf("Parse(%s): vLLM refuses its cache_salt: %v, want %v", body, bad, ref.badSalt)
+		}
 		if got, want := r.AppendTokens(nil), ref.kept(); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
 			t.Fatalf("Parse(%s): kept tokens %v (PromptTokens %d), want %v", body, got, r.PromptTokens(), want)
 		}
@@ -458,8 +505,8 @@ type reference struct {
 	keep          int // truncate_prompt_tokens; 0 for none, null, -1 or a bad value
 	right         bool
 	// badTruncation: a truncate_prompt_tokens or truncation_side value
-	// vLLM refuses.
-	badTruncation bool
+	// vLLM refuses; badSalt: a cache_salt vLLM refuses.
+	badTruncation, badSalt bool
 	// texts and lists are a list prompt's strings or lists of ids: the
 	// engine cuts each on its own.
 	texts []string
@@ -557,10 +604,13 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		}
 	}
 	if salt, present := top["cache_salt"]; present && salt != nil {
-		ref.salt, ok = salt.(string)
-		if !ok || ref.salt == "" || utf8.RuneCountInString(ref.salt) > 128 || strings.ContainsAny(ref.salt, "@/\\\x00") {
-			return ref, false
+		// vLLM's rule; a list's first string keys the prompt (SGLang's)
+		if list, isList := salt.([]any); isList && len(list) > 0 {
+			ref.salt, _ = list[0].(string)
 		}
+		s, isString := salt.(string)
+		ref.salt += s
+		ref.badSalt = !isString || s == "" || utf8.RuneCountInString(s) > 128 || strings.ContainsAny(s, "@/\\\x00")
 	}
 	if v, present := top["truncate_prompt_tokens"]; present && v != nil {
 		if i, ok := referenceInt(v); ok && i == -1 {

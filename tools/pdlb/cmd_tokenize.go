@@ -144,7 +144,7 @@ func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized,
 		return t, err
 	}
 	r.Engine = engine
-	if e := r.TruncationError(); e != nil {
+	if e := r.EngineRefusal(); e != nil {
 		return t, e
 	}
 	t.seed, t.Unindexed, t.salt = r.KeySeed(radix.Seed(t.Model)), r.Unindexed(), string(r.CacheSalt)
