@@ -57,6 +57,11 @@ func (k Kind) TruncatesPrompt(ids bool) bool {
 // has neither field, and its protocol ignores fields it does not know.
 func (k Kind) ReadsTruncation() bool { return k != SGLang }
 
+// RequiresModel says whether engine k refuses a request without "model"
+// (absent, null or ""): TensorRT-LLM's protocol requires it, vLLM and
+// SGLang serve such a request with the pod's model.
+func (k Kind) RequiresModel() bool { return k == TRTLLM }
+
 // IncludeUsageDefault is a stream's include_usage when stream_options is
 // given without it: true on vLLM and TensorRT-LLM, false on SGLang (each
 // engine's StreamOptions in its OpenAI protocol module).

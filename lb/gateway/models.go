@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"math/rand/v2"
+	"slices"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -23,6 +25,15 @@ const headerModel = "x-pdlb-model"
 func (g *Gateway) resolveModel(ctx *fasthttp.RequestCtx, x *completion) *pool.Model {
 	snap := g.pool.Load()
 	name := x.req.Model
+	if len(name) == 0 {
+		// The pod serves it with its own model: one the gateway can name
+		// only when it serves one.
+		if len(snap.Models) != 1 || snap.Models[0].Engine.RequiresModel() {
+			return nil
+		}
+		x.req.Model = append(x.req.Model, snap.Models[0].Name...)
+		name = x.req.Model
+	}
 	if al := snap.Alias(name); al != nil {
 		x.served = al.Target(rand.Float64())
 		name = []byte(x.served)
@@ -38,6 +49,25 @@ func (g *Gateway) resolveModel(ctx *fasthttp.RequestCtx, x *completion) *pool.Mo
 	}
 	ctx.Response.Header.SetBytesV(headerModel, name)
 	return m
+}
+
+// unresolved is the error for x, whose model resolveModel found nothing
+// to serve: a 404 for a name, a 400 for none, which lists the models a
+// client may name when there are several.
+func (g *Gateway) unresolved(x *completion) *openai.Error {
+	if len(x.req.Model) > 0 {
+		return openai.ModelNotFound(x.req.Model)
+	}
+	e := openai.MissingParam("model")
+	if snap := g.pool.Load(); len(snap.Models) > 1 {
+		names := make([]string, len(snap.Models))
+		for i, m := range snap.Models {
+			names[i] = m.Name
+		}
+		slices.Sort(names)
+		e.Message += ": this gateway serves " + strings.Join(names, ", ")
+	}
+	return e
 }
 
 // keySeed is the seed of x's block keys on m: its adapter's, whose blocks

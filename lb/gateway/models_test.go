@@ -178,3 +178,54 @@ func TestUnavailableNoFallbackLeft(t *testing.T) {
 		t.Fatalf("pod p0 counts %d in flight after the end", n)
 	}
 }
+
+// TestRequestWithoutModel: a request naming no model (absent, null or "")
+// is served by the gateway's one model, as vLLM and SGLang serve it with
+// the pod's; TensorRT-LLM requires the field, and a gateway of several
+// models cannot choose: both answer a 400 naming it, the latter listing
+// the models served.
+func TestRequestWithoutModel(t *testing.T) {
+	gateway := func(pods ...config.Pod) *Gateway {
+		cfg := config.Default()
+		cfg.Pods = pods
+		cfg.Provision()
+		g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+		return g
+	}
+	f := func(g *Gateway, model, want, wantErr string) {
+		t.Helper()
+		body := `{` + model + `"messages":[{"role":"user","content":"x"}]}`
+		x := acquireCompletion()
+		defer releaseCompletion(x)
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Request.SetBodyString(body)
+		if err := x.req.Parse(openai.KindChat, []byte(body)); err != nil {
+			t.Errorf("%s: %v; want it served", body, err)
+			return
+		}
+		m := g.resolveModel(ctx, x)
+		switch {
+		case m == nil && wantErr == "":
+			t.Errorf("%s: %v; want it served by %s", body, g.unresolved(x).Message, want)
+		case m == nil:
+			if e := g.unresolved(x); e.Status != 400 || e.Param != "model" || e.Message != wantErr {
+				t.Errorf("%s: %+v; want a 400: %s", body, e, wantErr)
+			}
+		case wantErr != "":
+			t.Errorf("%s: served by %s; want a 400: %s", body, m.Name, wantErr)
+		case m.Name != want || string(x.req.Model) != want || string(ctx.Response.Header.Peek(headerModel)) != want:
+			t.Errorf("%s: served by %s, as %q, header %q; want %s", body, m.Name, x.req.Model, ctx.Response.Header.Peek(headerModel), want)
+		}
+	}
+	one := gateway(config.Pod{Name: "v0", Model: "m", Address: "127.0.0.1:10000"}, config.Pod{Name: "v1", Model: "m", Address: "127.0.0.1:10001"})
+	sgl := gateway(config.Pod{Name: "s0", Model: "s", Address: "127.0.0.1:10002", Engine: "sglang"})
+	trt := gateway(config.Pod{Name: "t0", Model: "t", Address: "127.0.0.1:10003", Engine: "trtllm"})
+	two := gateway(config.Pod{Name: "v0", Model: "m", Address: "127.0.0.1:10000"}, config.Pod{Name: "w0", Model: "n", Address: "127.0.0.1:10004"})
+	for _, model := range []string{``, `"model":null,`, `"model":"",`} {
+		f(one, model, "m", "")
+		f(sgl, model, "s", "")
+		f(trt, model, "", `"model" is required`)
+		f(two, model, "", `"model" is required: this gateway serves m, n`)
+	}
+	f(two, `"model":"n",`, "n", "")
+}

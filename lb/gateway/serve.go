@@ -34,7 +34,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	}
 	m := g.resolveModel(ctx, x)
 	if m == nil {
-		g.fail(ctx, x, nil, answer(openai.ModelNotFound(x.req.Model)))
+		g.fail(ctx, x, nil, answer(g.unresolved(x)))
 		return
 	}
 	// Tokenized before the key's token budget is charged, so the budget

@@ -69,9 +69,10 @@ func KindFromPath(path []byte) (k Kind, ok bool) {
 // A Request is not safe for concurrent use.
 type Request struct {
 	Kind Kind
-	// Model is the "model" field (required, non-empty); modelAt is where
-	// its JSON value lies in the parsed body, quotes included
-	// ([start, end) byte offsets), for WithModel.
+	// Model is the "model" field, empty when absent, null or "": vLLM and
+	// SGLang then serve the request with the pod's model. modelAt is where
+	// its JSON value lies in the parsed body, quotes included ([start,
+	// end) byte offsets), for WithModel.
 	Model   []byte
 	modelAt [2]int
 	// Stream is the "stream" field (default false).
@@ -469,9 +470,6 @@ func (r *Request) parse(s *scanner) error {
 	if s.bad {
 		return nil
 	}
-	if len(r.Model) == 0 {
-		return MissingParam("model")
-	}
 	if !seenPrompt {
 		if r.Kind == KindChat {
 			return MissingParam("messages")
@@ -485,10 +483,9 @@ func (r *Request) parse(s *scanner) error {
 	return nil
 }
 
-// parseModel reads "model". null counts as absent (the caller reports it);
-// the empty string is rejected here.
+// parseModel reads "model": a string, or null, which counts as absent.
 func (r *Request) parseModel(s *scanner) error {
-	r.Model = r.Model[:0]
+	r.Model, r.modelAt = r.Model[:0], [2]int{}
 	switch s.c() {
 	case 'n':
 		s.skip()
@@ -500,9 +497,6 @@ func (r *Request) parseModel(s *scanner) error {
 		var ok bool
 		if r.Model, ok = appendUnquoted(r.Model, raw, esc); !ok {
 			return InvalidJSON()
-		}
-		if len(r.Model) == 0 {
-			return InvalidValue("model", "must not be empty")
 		}
 		return nil
 	}

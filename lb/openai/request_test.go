@@ -100,6 +100,11 @@ func TestParseFields(t *testing.T) {
 	// repeated keys: the last value wins, as in Python's json
 	f(KindChat, `{"model":"a","model":"b","messages":[{"role":"user","content":"x","content":"y"}],"messages":[{"role":"user","content":"z"}]}`,
 		want{model: "b", maxTokens: -1, prompt: turn("user", "z") + gen, messages: 1})
+	// no model, null or "": the pod's own, which the gateway decides
+	for _, model := range []string{``, `"model":null,`, `"model":"",`, `"model":"a","model":null,`} {
+		f(KindChat, `{`+model+`"messages":[{"role":"user","content":"x"}]}`,
+			want{maxTokens: -1, prompt: turn("user", "x") + gen, messages: 1})
+	}
 	// "prompt" is not read on the chat path, nor "messages" on the completion path
 	f(KindChat, `{"model":"m","prompt":5,"messages":[{"role":"user","content":"x"}]}`,
 		want{model: "m", maxTokens: -1, prompt: turn("user", "x") + gen, messages: 1})
@@ -165,9 +170,6 @@ func TestParseErrors(t *testing.T) {
 	f(KindChat, ` "x"`, "The request body must be a JSON object.", "", "")
 
 	// model
-	f(KindChat, `{`+chat+`}`, `"model" is required`, "model", CodeMissingParam)
-	f(KindChat, `{"model":null,`+chat+`}`, `"model" is required`, "model", CodeMissingParam)
-	f(KindChat, `{"model":"",`+chat+`}`, `"model" must not be empty`, "model", CodeInvalidValue)
 	f(KindChat, `{"model":5,`+chat+`}`, `"model" must be a string, got 5`, "model", CodeInvalidType)
 	f(KindChat, `{"model":["m"],`+chat+`}`, `"model" must be a string, got ["m"]`, "model", CodeInvalidType)
 
@@ -570,11 +572,12 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		return int(i), ok && i >= 0 && i <= math.MaxInt32
 	}
 	boolean := referenceBool
-	model, isStr := top["model"].(string)
-	if !isStr || model == "" {
-		return ref, false
+	// a model absent or null is the pod's; the gateway decides
+	if model, present := top["model"]; present && model != nil {
+		if ref.model, ok = model.(string); !ok {
+			return ref, false
+		}
 	}
-	ref.model = model
 	if ref.stream, ok = boolean(top["stream"]); !ok {
 		return ref, false
 	}
