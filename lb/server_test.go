@@ -231,7 +231,7 @@ func TestErrors(t *testing.T) {
 		}
 	}
 	f("POST", "/v1/chat/completions", `{"model":"m","messages":[`, 400, "JSON")
-	f("POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, 400, `"model"`)
+	f("POST", "/v1/chat/completions", `{"model":5,"messages":[{"role":"user","content":"hi"}]}`, 400, `"model"`)
 	f("POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":"maybe"}`, 400, `"stream"`)
 	f("POST", "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":-1}`, 400, `"max_tokens"`)
 	f("POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, "nope")
