@@ -72,7 +72,7 @@ func hardeningCases() []hardeningCase {
 		{name: "not an object", send: raw(post("/v1/chat/completions", "", "[]")), want: []int{400}},
 		{name: "empty messages", send: raw(post("/v1/chat/completions", "", `{"model":"m","messages":[]}`)), want: []int{400}},
 		{name: "messages not an array", send: raw(post("/v1/chat/completions", "", `{"model":"m","messages":"hi"}`)), want: []int{400}},
-		{name: "no model", send: raw(post("/v1/chat/completions", "", `{"messages":[{"role":"user","content":"hi"}]}`)), want: []int{400}},
+		{name: "model not a string", send: raw(post("/v1/chat/completions", "", `{"model":5,"messages":[{"role":"user","content":"hi"}]}`)), want: []int{400}},
 		{name: "unknown model", send: raw(post("/v1/chat/completions", "", `{"model":"other","messages":[{"role":"user","content":"hi"}]}`)), want: []int{404}},
 		{name: "body over max_body_bytes", send: raw(post("/v1/chat/completions", "", `{"model":"m","prompt":"`+strings.Repeat("x", maxBody)+`"}`)), want: []int{413}},
 		{name: "huge content-length, no body", send: raw("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000000000000\r\n\r\n"), want: []int{413}, closeOK: true},

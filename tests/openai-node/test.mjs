@@ -99,7 +99,7 @@ test('unknown model: NotFoundError 404', async () => {
 
 test('bad request: BadRequestError 400 naming the parameter', async () => {
   await expectAPIError(client.chat.completions.create({ model: 'm', messages, max_tokens: -1 }), OpenAI.BadRequestError, 400, 'max_tokens');
-  await expectAPIError(client.completions.create({ model: 'm', prompt: 'x', stream: 'yes' }), OpenAI.BadRequestError, 400, 'stream');
+  await expectAPIError(client.completions.create({ model: 'm', prompt: 'x', stream: 'maybe' }), OpenAI.BadRequestError, 400, 'stream');
 });
 
 test('no healthy pod: InternalServerError 503', async () => {
