@@ -2,8 +2,9 @@ package chat
 
 import (
 	"strconv"
-	"strings"
 	"sync"
+
+	"pdlb/engines"
 )
 
 // RequestError is a request vLLM refuses before rendering: the HTTP 400 it
@@ -259,6 +260,8 @@ func (c *Conversation) syntax() error {
 	return nil
 }
 
+// optBool reads a bool field as pydantic v2's lax mode does (see
+// engines.LaxBoolString); null, like an absent field, gives def.
 func (c *Conversation) optBool(field string, def bool) (v, given bool, err error) {
 	s := &c.sc
 	if s.isNull() {
@@ -267,26 +270,19 @@ func (c *Conversation) optBool(field string, def bool) (v, given bool, err error
 	if v, ok := s.boolean(); ok {
 		return v, true, nil
 	}
-	// Pydantic's lax mode also takes 0 and 1 and a few words.
 	switch ch := s.peek(); {
 	case ch == '"':
 		var w span
 		c.arena, w = s.str(c.arena)
-		word := strings.ToLower(string(c.bytes(w)))
+		v, ok := engines.LaxBoolString(string(c.bytes(w)))
 		c.arena = c.arena[:w.lo]
-		switch word {
-		case "1", "true", "t", "yes", "y", "on":
-			return true, true, nil
-		case "0", "false", "f", "no", "n", "off":
-			return false, true, nil
+		if ok {
+			return v, true, nil
 		}
 	case ch == '-' || ch >= '0' && ch <= '9':
 		text, _ := s.number()
-		switch string(text) {
-		case "1", "1.0":
-			return true, true, nil
-		case "0", "0.0", "-0":
-			return false, true, nil
+		if v, ok := engines.LaxBoolNumber(string(text)); ok {
+			return v, true, nil
 		}
 	default:
 		s.skip()

@@ -145,6 +145,9 @@ func TestParseRequestAccepts(t *testing.T) {
 	// optional.
 	f(`{"messages":[{"role":"robot","content":"hi"},{"role":"user"},{"role":"tool","content":"r"}]}`, "robot=hi;user;tool=r;")
 	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":"No","continue_final_message":1}`, "user=a; nogen continue")
+	// Any number equal to 0 or 1 is a bool to pydantic's lax mode.
+	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":-0.0,"continue_final_message":1e0}`, "user=a; nogen continue")
+	f(`{"messages":[{"role":"user","content":"a"}],"add_generation_prompt":0.00,"continue_final_message":10E-1}`, "user=a; nogen continue")
 	f(`{"messages":[{"role":"developer","content":"d"},{"role":"function","name":"f","content":null},{"role":"tool","tool_call_id":"1","content":"r"}],"add_generation_prompt":null}`,
 		"developer=d;function;tool=r;")
 }
