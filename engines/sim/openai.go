@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -20,31 +21,31 @@ type genRequest struct {
 	Model               string          `json:"model"`
 	Messages            []chatMessage   `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	MinTokens           *int            `json:"min_tokens"` // vLLM's
-	Stream              bool            `json:"stream"`
+	MaxTokens           *laxInt         `json:"max_tokens"`
+	MaxCompletionTokens *laxInt         `json:"max_completion_tokens"`
+	MinTokens           *laxInt         `json:"min_tokens"` // vLLM's
+	Stream              laxBool         `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	// RequestID is vLLM's request_id extra parameter; RID is SGLang's.
 	RequestID string `json:"request_id"`
 	RID       string `json:"rid"`
 	// AddGenerationPrompt is /tokenize's (default true).
-	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+	AddGenerationPrompt *laxBool `json:"add_generation_prompt"`
 	// AddSpecialTokens is vLLM's completion field (default true): whether
 	// the tokenizer adds its BOS and other special tokens to the prompt.
-	AddSpecialTokens *bool `json:"add_special_tokens"`
+	AddSpecialTokens *laxBool `json:"add_special_tokens"`
 	// CacheSalt is vLLM's cache_salt (null for none); see cacheSalt.
 	CacheSalt any `json:"cache_salt"`
 	// TruncatePromptTokens and TruncationSide are vLLM's: keep only the
 	// last (truncation_side "right": the first) so many prompt tokens;
 	// see truncation.
-	TruncatePromptTokens *int    `json:"truncate_prompt_tokens"`
+	TruncatePromptTokens *laxInt `json:"truncate_prompt_tokens"`
 	TruncationSide       *string `json:"truncation_side"`
 	// PD fields of each engine; pd.go reads them.
 	KVTransferParams    *kvTransferParams `json:"kv_transfer_params"` // vLLM
 	BootstrapHost       string            `json:"bootstrap_host"`     // SGLang
-	BootstrapPort       *int              `json:"bootstrap_port"`
-	BootstrapRoom       *int64            `json:"bootstrap_room"`
+	BootstrapPort       *laxInt           `json:"bootstrap_port"`
+	BootstrapRoom       *laxInt           `json:"bootstrap_room"`
 	DisaggregatedParams *disaggParams     `json:"disaggregated_params"` // TensorRT-LLM
 	// PromptTokenIDs is TensorRT-LLM's chat field that replaces the
 	// messages' tokenization (a generation leg's copy of the context
@@ -56,7 +57,7 @@ type genRequest struct {
 // engine's default (see the pod's stream answer).
 type streamOptions struct {
 	IncludeUsage         nullableBool `json:"include_usage"`
-	ContinuousUsageStats bool         `json:"continuous_usage_stats"`
+	ContinuousUsageStats laxBool      `json:"continuous_usage_stats"`
 }
 
 // nullableBool tells an absent field (set false) from an explicit null
@@ -65,11 +66,65 @@ type streamOptions struct {
 type nullableBool struct{ set, val bool }
 
 func (b *nullableBool) UnmarshalJSON(d []byte) error {
-	b.set, b.val = true, false
-	if string(d) == "null" {
+	var v laxBool
+	err := v.UnmarshalJSON(d)
+	b.set, b.val = true, bool(v)
+	return err
+}
+
+// laxInt is an int request field, read as the engines' pydantic v2 lax
+// mode reads one: 8, 8.0, 1e3, true and "8" are all ints. null leaves it
+// unset.
+type laxInt int64
+
+func (v *laxInt) UnmarshalJSON(d []byte) error {
+	var n int64
+	var ok bool
+	switch d[0] {
+	case 'n':
 		return nil
+	case 't':
+		n, ok = 1, true
+	case 'f':
+		ok = true
+	case '"':
+		var s string
+		_ = json.Unmarshal(d, &s) // a string the decoder checked
+		n, ok = engines.LaxIntString(s)
+	default:
+		n, ok = engines.LaxIntNumber(string(d))
 	}
-	return json.Unmarshal(d, &b.val)
+	if !ok {
+		return &json.UnmarshalTypeError{Value: string(d), Type: reflect.TypeFor[int]()}
+	}
+	*v = laxInt(n)
+	return nil
+}
+
+// laxBool is a bool request field, read as the engines' pydantic v2 lax
+// mode reads one: true, 1, 1.0, "yes", "on" and "true" are all true. null
+// leaves it unset (false).
+type laxBool bool
+
+func (b *laxBool) UnmarshalJSON(d []byte) error {
+	var v, ok bool
+	switch d[0] {
+	case 'n':
+		return nil
+	case 't', 'f':
+		v, ok = d[0] == 't', true
+	case '"':
+		var s string
+		_ = json.Unmarshal(d, &s) // a string the decoder checked
+		v, ok = engines.LaxBoolString(s)
+	default:
+		v, ok = engines.LaxBoolNumber(string(d))
+	}
+	if !ok {
+		return &json.UnmarshalTypeError{Value: string(d), Type: reflect.TypeFor[bool]()}
+	}
+	*b = laxBool(v)
+	return nil
 }
 
 type chatMessage struct {
@@ -152,7 +207,7 @@ func (r *genRequest) trtTruncation(body []byte) (keep int, right bool, err error
 	case *k < 1:
 		return 0, false, badRequest("truncate_prompt_tokens: Input should be greater than or equal to 1")
 	default:
-		return *k, false, nil
+		return int(*k), false, nil
 	}
 }
 
@@ -165,27 +220,27 @@ func (r *genRequest) vllmTruncation(maxModelLen int) (keep int, right bool, err 
 		return 0, false, badRequest("truncation_side must be 'left' or 'right', got %q.", *s)
 	}
 	right = r.TruncationSide != nil && *r.TruncationSide == "right"
-	k := r.TruncatePromptTokens
-	if k == nil {
+	if r.TruncatePromptTokens == nil {
 		return -1, right, nil
 	}
+	k := int(*r.TruncatePromptTokens)
 	out := r.MaxCompletionTokens
 	if out == nil {
 		out = r.MaxTokens
 	}
 	input := maxModelLen
 	if out != nil {
-		input -= *out
+		input -= int(*out)
 	}
 	switch {
-	case *k < -1:
-		return 0, false, badRequest("truncate_prompt_tokens must be greater than or equal to -1, got %d.", *k)
-	case *k == -1:
+	case k < -1:
+		return 0, false, badRequest("truncate_prompt_tokens must be greater than or equal to -1, got %d.", k)
+	case k == -1:
 		return input, right, nil
-	case *k > input:
-		return 0, false, badRequest("truncate_prompt_tokens=%d cannot be greater than max_model_len - max_tokens = %d. Please request a smaller truncation size.", *k, input)
+	case k > input:
+		return 0, false, badRequest("truncate_prompt_tokens=%d cannot be greater than max_model_len - max_tokens = %d. Please request a smaller truncation size.", k, input)
 	}
-	return *k, right, nil
+	return k, right, nil
 }
 
 // renderChat renders messages with the chat template the gateway uses

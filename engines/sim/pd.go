@@ -164,13 +164,13 @@ func sglangLeg(req *genRequest, role string, kvTimeout time.Duration, ownPort in
 	if *req.BootstrapRoom < 0 {
 		return pdLeg{}, badRequest("bootstrap_room = %d must not be negative", *req.BootstrapRoom)
 	}
-	room := strconv.FormatInt(*req.BootstrapRoom, 10)
+	room := strconv.FormatInt(int64(*req.BootstrapRoom), 10)
 	if role == RolePrefill {
 		return pdLeg{kind: legPrefill, handle: room, push: true}, nil
 	}
 	port := cmp.Or(ownPort, engines.DefaultBootstrapPort)
 	if req.BootstrapPort != nil {
-		port = *req.BootstrapPort
+		port = int(*req.BootstrapPort)
 	}
 	leg := pdLeg{kind: legDecode, wait: kvTimeout, src: kvxfer.Descriptor{
 		Addr: net.JoinHostPort(cmp.Or(req.BootstrapHost, "None"), strconv.Itoa(port)), Handle: room,

@@ -471,7 +471,7 @@ const (
 func (p *Pod) completionTokens(raw json.RawMessage, req *genRequest) (ids []uint32, src idSource, special bool, err error) {
 	if p.cfg.Prompt != nil {
 		if s, ok := promptString(raw); ok {
-			add := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+			add := req.AddSpecialTokens == nil || bool(*req.AddSpecialTokens)
 			return p.cfg.Prompt.Completion(nil, []byte(s), add), idsTokenizer, add, nil
 		}
 	}
@@ -496,7 +496,7 @@ func (p *Pod) chatTokens(body []byte, req *genRequest) (ids []uint32, src idSour
 		return nil, idsStandIn, false, err
 	}
 	if p.cfg.Prompt != nil {
-		add := req.AddSpecialTokens != nil && *req.AddSpecialTokens
+		add := req.AddSpecialTokens != nil && bool(*req.AddSpecialTokens)
 		ids, err := p.cfg.Prompt.AppendChat(nil, c, add)
 		// What the template engine cannot render as Python would (media
 		// parts, say) the sim still serves, with the stand-in's count, as
@@ -505,7 +505,7 @@ func (p *Pod) chatTokens(body []byte, req *genRequest) (ids []uint32, src idSour
 			return ids, idsTokenizer, add, err
 		}
 	}
-	text, err := renderChat(nil, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+	text, err := renderChat(nil, req.Messages, req.AddGenerationPrompt == nil || bool(*req.AddGenerationPrompt))
 	if err != nil {
 		return nil, idsStandIn, false, err
 	}
@@ -537,7 +537,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	if p.cfg.Engine == engines.VLLM {
 		// Refused while parsing the body, before the model is looked up.
-		if err := checkStreamOptions(ctx.PostBody(), req.Stream); err != nil {
+		if err := checkStreamOptions(ctx.PostBody(), bool(req.Stream)); err != nil {
 			p.refuse(ctx, err)
 			return
 		}
@@ -548,7 +548,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	leg, err := p.legOf(&req)
 	if errors.Is(err, errNoBootstrapRoom) {
 		// The scheduler aborts it once it arrives, after a stream began.
-		p.failAccepted(ctx, req.Stream, fasthttp.StatusBadRequest, "BadRequestError", err.Error())
+		p.failAccepted(ctx, bool(req.Stream), fasthttp.StatusBadRequest, "BadRequestError", err.Error())
 		return
 	}
 	var prompts [][]uint32
@@ -625,7 +625,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	if leg.kind == legDecode {
 		pulled := span.step("kv_pull")
-		ok := p.receiveKV(ctx, rs[0], leg, req.Stream)
+		ok := p.receiveKV(ctx, rs[0], leg, bool(req.Stream))
 		pulled()
 		if !ok {
 			return
@@ -699,7 +699,7 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 		if o.IncludeUsage.set {
 			usage = o.IncludeUsage.val
 		}
-		continuous = o.ContinuousUsageStats
+		continuous = bool(o.ContinuousUsageStats)
 	}
 	return newSSEWriter(isChat, id, created, model, usage, continuous, p.cfg.Engine == engines.TRTLLM, prompts)
 }
@@ -716,17 +716,17 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 	case mt != nil && *mt < 1:
 		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", *mt))
 		return false
-	case mt != nil && prompt+*mt > limit || prompt >= limit:
+	case mt != nil && prompt+int(*mt) > limit || prompt >= limit:
 		want := prompt
 		if mt != nil {
-			want += *mt
+			want += int(*mt)
 		}
 		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 			limit, want, prompt, want-prompt))
 		return false
 	case mt != nil:
-		r.maxTokens, r.limitReason = *mt, finishLength
+		r.maxTokens, r.limitReason = int(*mt), finishLength
 	case prompt+p.cfg.DefaultMaxTokens > limit:
 		r.maxTokens, r.limitReason = limit-prompt, finishLength
 	default:
@@ -737,10 +737,10 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 		// resolved: the request's, else what the context leaves.
 		maxTokens := limit - prompt
 		if mt != nil {
-			maxTokens = *mt
+			maxTokens = int(*mt)
 		}
 		var msg string
-		switch n := *req.MinTokens; {
+		switch n := int(*req.MinTokens); {
 		case n < 0:
 			msg = fmt.Sprintf("min_tokens must be greater than or equal to 0, got %d.", n)
 		case n > maxTokens:

@@ -189,6 +189,51 @@ func TestIncludeUsageDefaultPerEngine(t *testing.T) {
 	}
 }
 
+// TestLaxFields: the pod reads its int and bool request fields as the
+// engines' pydantic v2 lax mode does ("8", 8.0 and true for an int;
+// "yes", "on", 1 for a bool), as the gateway passes them on, and refuses
+// what pydantic refuses.
+func TestLaxFields(t *testing.T) {
+	p := testPod(t, Config{Speedup: fast})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+
+	_, events := stream(t, c, context.Background(), base+"/v1/chat/completions", map[string]any{
+		"messages": []map[string]any{{"role": "user", "content": "hi"}}, "stream": "yes",
+		"max_tokens": "8", "min_tokens": 2.0, "add_generation_prompt": "True", "add_special_tokens": 0,
+		"stream_options": map[string]any{"include_usage": "on", "continuous_usage_stats": 1.0},
+	})
+	chunks := parseChunks(t, events)
+	if _, finish := streamedText(chunks); finish != "length" {
+		t.Errorf("stream finished with %q, want length", finish)
+	}
+	for _, ch := range chunks {
+		if ch.Usage == nil {
+			t.Fatalf("chunk without usage, though continuous_usage_stats is 1.0: %+v", ch)
+		}
+	}
+	if u := chunks[len(chunks)-1].Usage; len(chunks[len(chunks)-1].Choices) != 0 || u.CompletionTokens != 8 {
+		t.Errorf("last chunk %+v, want the usage chunk of 8 tokens", chunks[len(chunks)-1])
+	}
+
+	status, out := post(t, c, base+"/v1/completions", map[string]any{
+		"prompt": "tell me a long story", "stream": "off", "max_tokens": 5.0, "max_completion_tokens": nil,
+		"truncate_prompt_tokens": " 2 ", "add_special_tokens": "1",
+	})
+	var resp struct{ Usage usageJSON }
+	if err := json.Unmarshal(out, &resp); status != http.StatusOK || err != nil ||
+		resp.Usage.PromptTokens != 2 || resp.Usage.CompletionTokens != 5 {
+		t.Errorf("lax completion: %d %s, want 200 with 2 prompt and 5 completion tokens", status, out)
+	}
+
+	for _, bad := range []map[string]any{{"max_tokens": "8.5"}, {"max_tokens": 8.5}, {"stream": "maybe"}, {"stream": 2}, {"stream": " true"}} {
+		bad["prompt"] = "hi"
+		if status, out := post(t, c, base+"/v1/completions", bad); status != http.StatusBadRequest {
+			t.Errorf("%v: %d %s, want 400", bad, status, out)
+		}
+	}
+}
+
 func TestIncrementalStreaming(t *testing.T) {
 	// 80 tokens at batch 1: 80 × 10.2 ms simulated, about 160 ms of wall
 	// time at speedup 5, against a first token after a 0.5 ms prefill.
