@@ -57,6 +57,12 @@ func (k Kind) TruncatesPrompt(ids bool) bool {
 // has neither field, and its protocol ignores fields it does not know.
 func (k Kind) ReadsTruncation() bool { return k != SGLang }
 
+// RefusesChatAsVLLM says whether engine k refuses a chat request before
+// rendering exactly where vLLM does (engines/chat's RequestError). SGLang
+// and TensorRT-LLM validate messages, parts and tools by their own types
+// and take some of what vLLM refuses, so only their pods may answer.
+func (k Kind) RefusesChatAsVLLM() bool { return k == VLLM || k == "" }
+
 // RequiresModel says whether engine k refuses a request without "model"
 // (absent, null or ""): TensorRT-LLM's protocol requires it, vLLM and
 // SGLang serve such a request with the pod's model.

@@ -35,9 +35,10 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 
 // tokenize gives x the ids m's engine computes for its prompt, when m has
 // a tokenizer, and counts how x's keys will be made. A truncation or a
-// cache salt m's engine refuses, or a message vLLM would refuse before
-// rendering, fails the request with the engine's 400; anything else the
-// gateway cannot render exactly routes the request without the index.
+// cache salt m's engine refuses, or, on vLLM, a chat it would refuse
+// before rendering, fails the request with the engine's 400; anything
+// else the gateway cannot render exactly routes the request without the
+// index.
 // It runs before the pick, on the connection's loop or worker: a chat
 // whose earlier turns were seen costs tens of microseconds (the
 // tokenizer's segment cache; engines/prompt's benchmarks).
@@ -57,7 +58,7 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 		special := x.req.SpecialTokensSet && x.req.SpecialTokens
 		var err error
 		if x.ids, err = m.Prompt.Chat(x.ids, body, special); err != nil {
-			if f := refusal(err); f != nil {
+			if f := refusal(err, m); f != nil {
 				return f
 			}
 			mode = tokensUnindexed
@@ -83,12 +84,13 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	return nil
 }
 
-// refusal is the 400 for a chat vLLM refuses before rendering, nil for
-// any other error. (Apart from tokenize, so its error variable does not
-// escape on every request.)
-func refusal(err error) *failure {
+// refusal is the 400 for a chat vLLM refuses before rendering, when m's
+// engine refuses it as vLLM does (on a model mixing engines, m.Engine is
+// vLLM only when every pod is); nil for any other error. (Apart from
+// tokenize, so its error variable does not escape on every request.)
+func refusal(err error, m *pool.Model) *failure {
 	var refused *chat.RequestError
-	if !errors.As(err, &refused) {
+	if !m.Engine.RefusesChatAsVLLM() || !errors.As(err, &refused) {
 		return nil
 	}
 	return &failure{E: &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,

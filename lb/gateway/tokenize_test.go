@@ -354,3 +354,54 @@ func TestCacheSaltRefusedAsTheEngineDoes(t *testing.T) {
 		f("sglang", c.salt, c.sglang, c.keyedAs)
 	}
 }
+
+// TestChatRefusedOnlyByVLLM: a chat vLLM refuses before rendering gets
+// vLLM's 400 on a model whose pods are all vLLM; on an SGLang or
+// TensorRT-LLM model, or one with such a pod among vLLM's, the engine
+// answers it: SGLang takes a reasoning_effort from 0 to 0.99 and a tool
+// of any type, TensorRT-LLM a message of any role with a null content.
+// Such a request is routed without the index, as one the gateway cannot
+// render.
+func TestChatRefusedOnlyByVLLM(t *testing.T) {
+	cfg := config.Default()
+	dir := tokfiles.Dir(t, "llama3.1")
+	cfg.Models = []config.Model{
+		{Name: "vllm", BlockSize: 16, Tokenizer: dir},
+		{Name: "sglang", BlockSize: 16, Tokenizer: dir},
+		{Name: "trtllm", BlockSize: 16, Tokenizer: dir},
+		{Name: "vllm+sglang", BlockSize: 16, Tokenizer: dir},
+		{Name: "vllm+trtllm", BlockSize: 16, Tokenizer: dir},
+	}
+	cfg.Pods = []config.Pod{
+		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
+		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
+		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
+	}
+	cfg.Pods = append(cfg.Pods, mixedPods("vllm+sglang", 10010, engines.VLLM, engines.SGLang)...)
+	cfg.Pods = append(cfg.Pods, mixedPods("vllm+trtllm", 10020, engines.VLLM, engines.TRTLLM)...)
+	cfg.Provision()
+	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	f := func(model, fields, wantParam string) {
+		t.Helper()
+		x, err := tokenizedChat(t, g, `{"model":"`+model+`",`+fields+`}`)
+		defer releaseCompletion(x)
+		var e *openai.Error
+		refused := errors.As(err, &e)
+		switch {
+		case wantParam != "" && (!refused || e.Status != 400 || e.Param != wantParam):
+			t.Errorf("%s, %s: %v; want a 400 naming %s", model, fields, err, wantParam)
+		case wantParam == "" && (err != nil || len(x.ids) > 0):
+			t.Errorf("%s, %s: %v, %d ids; want it routed without the index", model, fields, err, len(x.ids))
+		}
+	}
+	for _, c := range []struct{ fields, param string }{
+		{`"messages":[{"role":"user","content":"hi"}],"reasoning_effort":0.5`, "reasoning_effort"},
+		{`"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"custom","function":{"name":"f"}}]`, "tools[0].type"},
+		{`"messages":[{"role":"user","content":null}]`, "messages[0].content"},
+	} {
+		f("vllm", c.fields, c.param)
+		for _, model := range []string{"sglang", "trtllm", "vllm+sglang", "vllm+trtllm"} {
+			f(model, c.fields, "")
+		}
+	}
+}
