@@ -515,7 +515,8 @@ func TestLoopIdleAfterLongStream(t *testing.T) {
 
 // TestLoopEmptyStream: a stream's answer with Content-Length: 0 ends with
 // its header; the relay must not wait for a byte until its idle timeout
-// and then end it as a pod that stopped answering.
+// and then end it as a pod that stopped answering, but end it at once as
+// a stream cut before its [DONE].
 func TestLoopEmptyStream(t *testing.T) {
 	hold := make(chan struct{})
 	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
@@ -527,8 +528,8 @@ func TestLoopEmptyStream(t *testing.T) {
 		c.Upstream.StreamIdleTimeout = 2 * time.Second
 	})
 	resp, b := postStream(t, s)
-	if resp.StatusCode != 200 || len(b) != 0 {
-		t.Fatalf("an empty stream: %d %q; want 200 and no events", resp.StatusCode, b)
+	if resp.StatusCode != 200 || !strings.HasPrefix(b, `data: {"error"`) || !strings.Contains(b, "unexpected EOF") {
+		t.Fatalf("an empty stream: %d %q; want 200 and an error event for the cut", resp.StatusCode, b)
 	}
 	waitIdle(t, s)
 }
@@ -545,14 +546,14 @@ func TestLoopStreamAfterEarlyHints(t *testing.T) {
 			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
 			time.Sleep(500 * time.Millisecond)
 		}
-		io.WriteString(c, "0\r\n\r\n")
+		io.WriteString(c, "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
 	})
 	s := gnetGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) {
 		c.Upstream.ResponseTimeout = time.Second
 	})
 	resp, b := postStream(t, s)
-	if resp.StatusCode != 200 || strings.Count(b, "data: ") != 4 {
-		t.Fatalf("a stream after 103: %d %.200q; want 200 and 4 events", resp.StatusCode, b)
+	if resp.StatusCode != 200 || strings.Count(b, "data: ") != 5 || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+		t.Fatalf("a stream after 103: %d %.200q; want 200, 4 events and [DONE]", resp.StatusCode, b)
 	}
 	waitIdle(t, s)
 }

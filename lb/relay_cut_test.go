@@ -51,6 +51,43 @@ func TestStreamCutMidEvent(t *testing.T) {
 	})
 }
 
+// TestStreamEndsWithoutDone: vLLM, SGLang and TensorRT-LLM end every
+// stream with "data: [DONE]", after an error event too, so a stream whose
+// body ends cleanly between events without it was cut: closed early on a
+// stream without length, or a chunked one ended early. The client gets the
+// events, then an error event, and the request counts as failed, on both
+// front ends and both of gnet's relays.
+func TestStreamEndsWithoutDone(t *testing.T) {
+	const events = `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+	closed := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+events)
+	})
+	chunked := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(events), events)
+	})
+	check := func(t *testing.T, frontend string, via *http.Client) {
+		s := testGateway(t, []config.Pod{{Model: "closed", Address: closed}, {Model: "chunked", Address: chunked}}, func(c *config.Config) { c.Frontend = frontend })
+		for _, model := range []string{"closed", "chunked"} {
+			resp, b := postVia(t, via, s, "/v1/chat/completions", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+			if resp.StatusCode != 200 || !strings.HasPrefix(b, events) {
+				t.Fatalf("%s: stream relayed badly: %d %q", model, resp.StatusCode, b)
+			}
+			if !strings.Contains(b, `data: {"error"`) {
+				t.Errorf("%s: a stream without [DONE] ended without an error event: %q", model, b)
+			}
+			waitIdle(t, s)
+			if n := metricValue(t, s, `pdlb_requests_total{model="`+model+`",code="200"}`); n != 0 {
+				t.Errorf("%s: a stream without [DONE] counted as %v successes", model, n)
+			}
+		}
+	}
+	t.Run("fasthttp", func(t *testing.T) { check(t, "fasthttp", client) })
+	t.Run("gnet", func(t *testing.T) {
+		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
+	})
+}
+
 // TestStreamEngineErrorEvent: an engine that fails a stream after its 200
 // (vLLM and SGLang send {"error": {..., "code": 500}}, then [DONE]) has
 // its events relayed as they came, and the request counts with the

@@ -149,12 +149,12 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 				err = x.events.Err()
 			}
 		}
-		if err == io.EOF && !x.events.Cut() {
+		if err == io.EOF && !x.cutShort() {
 			break
 		}
 		if err == io.EOF {
-			// The body ended midway through an event (a pod's stream
-			// without length ends at its close): the pod cut it.
+			// A pod's stream without length ends at its close, and a
+			// chunked one can end early: the pod cut it.
 			err = io.ErrUnexpectedEOF
 		}
 		if err != nil {
@@ -164,6 +164,11 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 	}
 	return g.relayEnded(x, pod)
 }
+
+// cutShort says a stream whose body ended cleanly was cut all the same:
+// midway through an event, or before the [DONE] engines end every stream
+// with.
+func (x *completion) cutShort() bool { return x.events.Cut() || !x.counted.Done() }
 
 // relayBroke ends a stream that broke with err with an error event and
 // returns the status to count.
@@ -223,8 +228,7 @@ func (x *completion) Body(w *frontend.StreamWriter, p []byte) error {
 // End ends a stream relayed on the event loop (frontend.Sink).
 func (x *completion) End(w *frontend.StreamWriter, err error) {
 	g := x.g
-	if err == nil && x.events.Cut() {
-		// The body ended midway through an event: the pod cut it.
+	if err == nil && x.cutShort() {
 		err = io.ErrUnexpectedEOF
 	}
 	var code int

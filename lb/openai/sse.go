@@ -255,6 +255,8 @@ type TokenCounter struct {
 	// errCode is the first error event's code, -1 when it had none that
 	// reads as a number; 0: no error event.
 	errCode int
+	// done says the stream's end marker, [DONE], came.
+	done bool
 }
 
 // ObserveBody counts a whole (non-streamed) completion body: its usage
@@ -361,6 +363,7 @@ func (c *TokenCounter) Observe(ev Event) {
 	if c.errCode == 0 && errorEvent(d) {
 		c.errCode = errorCode(d)
 	}
+	c.done = c.done || bytes.Equal(d, doneData)
 }
 
 // errorEvent says data is an engine's error event: an object whose first
@@ -474,6 +477,10 @@ func (c *TokenCounter) Tokens() int {
 	}
 	return c.deltas
 }
+
+// Done says the stream's end marker, "data: [DONE]", came: vLLM, SGLang
+// and TensorRT-LLM end every stream with it, after an error event too.
+func (c *TokenCounter) Done() bool { return c.done }
 
 // Exact says Tokens comes from the engine's usage figure.
 func (c *TokenCounter) Exact() bool { return c.exact }
