@@ -202,13 +202,11 @@ func mixedPods(model string, port int, first, then engines.Kind) []config.Pod {
 	}
 }
 
-// TestTruncationFollowsTheEngine: only the engines that cut a prompt to
-// truncate_prompt_tokens have it keyed cut. SGLang has no such field and
-// caches the whole prompt; TensorRT-LLM cuts the text it tokenizes (on
-// the left) but not a client's token ids; vLLM cuts both. A model whose
-// pods mix engines keys as the one of them that cuts the fewest prompts,
-// whichever pod comes first.
-func TestTruncationFollowsTheEngine(t *testing.T) {
+// enginesGateway is a gateway of a model for each engine and two whose
+// pods mix engines (vllm+sglang, vllm+trtllm), all with Llama 3.1's
+// tokenizer and no pods listening.
+func enginesGateway(t *testing.T) *Gateway {
+	t.Helper()
 	cfg := config.Default()
 	dir := tokfiles.Dir(t, "llama3.1")
 	cfg.Models = []config.Model{
@@ -227,6 +225,17 @@ func TestTruncationFollowsTheEngine(t *testing.T) {
 	cfg.Pods = append(cfg.Pods, mixedPods("vllm+trtllm", 10020, engines.VLLM, engines.TRTLLM)...)
 	cfg.Provision()
 	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	return g
+}
+
+// TestTruncationFollowsTheEngine: only the engines that cut a prompt to
+// truncate_prompt_tokens have it keyed cut. SGLang has no such field and
+// caches the whole prompt; TensorRT-LLM cuts the text it tokenizes (on
+// the left) but not a client's token ids; vLLM cuts both. A model whose
+// pods mix engines keys as the one of them that cuts the fewest prompts,
+// whichever pod comes first.
+func TestTruncationFollowsTheEngine(t *testing.T) {
+	g := enginesGateway(t)
 	key := func(body string) (string, int) {
 		t.Helper()
 		x, err := tokenizedAs(t, g, openai.KindCompletion, body)
@@ -363,24 +372,7 @@ func TestCacheSaltRefusedAsTheEngineDoes(t *testing.T) {
 // Such a request is routed without the index, as one the gateway cannot
 // render.
 func TestChatRefusedOnlyByVLLM(t *testing.T) {
-	cfg := config.Default()
-	dir := tokfiles.Dir(t, "llama3.1")
-	cfg.Models = []config.Model{
-		{Name: "vllm", BlockSize: 16, Tokenizer: dir},
-		{Name: "sglang", BlockSize: 16, Tokenizer: dir},
-		{Name: "trtllm", BlockSize: 16, Tokenizer: dir},
-		{Name: "vllm+sglang", BlockSize: 16, Tokenizer: dir},
-		{Name: "vllm+trtllm", BlockSize: 16, Tokenizer: dir},
-	}
-	cfg.Pods = []config.Pod{
-		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
-		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
-		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
-	}
-	cfg.Pods = append(cfg.Pods, mixedPods("vllm+sglang", 10010, engines.VLLM, engines.SGLang)...)
-	cfg.Pods = append(cfg.Pods, mixedPods("vllm+trtllm", 10020, engines.VLLM, engines.TRTLLM)...)
-	cfg.Provision()
-	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	g := enginesGateway(t)
 	f := func(model, fields, wantParam string) {
 		t.Helper()
 		x, err := tokenizedChat(t, g, `{"model":"`+model+`",`+fields+`}`)
