@@ -13,11 +13,9 @@
 # function that runs a family of commands). A command that fails is
 # recorded as failed and the run goes on; the script exits 1 at the end if
 # any did. Each section ends with the seconds it took, RESULTS.md with the
-# run's total. A full run takes about 36½ minutes on a 2-core machine: 25
-# of them live loads and soaks whose length is part of what they measure
-# (routing 6, chaos 5, exact 5, replicas 3, tokenload 2, overload 2, churn
-# 1, live ½), 8½ the proxy, SSE, TLS and upgrade rounds, 2½ the micro
-# benchmarks.
+# run's total: the last full run's lines there say how long one takes and
+# where the time goes (most of it live loads and soaks whose length is part
+# of what they measure).
 set -u
 cd "$(dirname "$0")/.."
 
