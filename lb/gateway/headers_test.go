@@ -1,8 +1,16 @@
 package gateway
 
 import (
+	"bufio"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/config"
+	"pdlb/lb/upstream"
 )
 
 func TestIsHopByHop(t *testing.T) {
@@ -35,4 +43,48 @@ func TestEachNominated(t *testing.T) {
 	f("X-Hop", "X-Hop")
 	f(" close ,\tX-A,, x-b ,", "X-A", "x-b")
 	f("keep-alive,X-A,close,", "X-A")
+}
+
+// TestBuildUpstreamFromCopy checks what a copy of the client's header
+// carries that is the client's connection's, not the pod's: its protocol
+// version, Connection: close, the hop-by-hop names, Expect, Host.
+func TestBuildUpstreamFromCopy(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m"}}
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: "127.0.0.1:10000"}}
+	g, _ := bareGateway(t, cfg, upstream.Dialer(nil))
+	const body = `{"model":"m"}`
+	head := "POST /v1/chat/completions HTTP/1.0\r\nHost: lb.example\r\nConnection: close, X-Hop\r\nKeep-Alive: timeout=5\r\n" +
+		"X-Hop: 1\r\nTe: trailers\r\nExpect: 100-continue\r\nx-pdlb-pod: p\r\nUser-Agent: sdk/1\r\nCookie: a=b\r\n" +
+		"X-Request-Id: \r\nX-Request-Id: second\r\nX-Forwarded-For: 10.0.0.1\r\nX-Custom: kept\r\n" +
+		"Content-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	var req fasthttp.Request
+	if err := req.Read(bufio.NewReader(strings.NewReader(head))); err != nil {
+		t.Fatal(err)
+	}
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
+	var up fasthttp.Request
+	g.buildUpstream(&ctx, &up)
+	up.Header.SetHost("127.0.0.1:10000")
+	up.Header.SetContentLength(len(up.Body()))
+	got := string(up.Header.Header())
+	for _, want := range []string{"POST /v1/chat/completions HTTP/1.1\r\n", "\r\nHost: 127.0.0.1:10000\r\n", "\r\nUser-Agent: sdk/1\r\n",
+		"\r\nCookie: a=b\r\n", "\r\nX-Custom: kept\r\n", "\r\nContent-Type: application/json\r\n", "\r\nX-Forwarded-For: 10.0.0.1, 10.0.0.7\r\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the pod's request lacks %q:\n%s", want, got)
+		}
+	}
+	for _, not := range []string{"lb.example", "Connection", "Keep-Alive", "X-Hop", "Te:", "Expect", "x-pdlb", "X-Pdlb", "HTTP/1.0"} {
+		if strings.Contains(got, not) {
+			t.Errorf("the pod's request has %q:\n%s", not, got)
+		}
+	}
+	// The first X-Request-Id was empty: one made up goes, not the second.
+	if ids := strings.Count(got, "X-Request-Id:"); ids != 1 || strings.Contains(got, "second") {
+		t.Errorf("want one X-Request-Id of the gateway's:\n%s", got)
+	}
+	if string(up.Body()) != body {
+		t.Errorf("body %q", up.Body())
+	}
 }
