@@ -110,7 +110,7 @@ func TestRequestIDToPods(t *testing.T) {
 func TestConnectionNominated(t *testing.T) {
 	pod := fakePod(t, func(c net.Conn, r *http.Request) {
 		got := fmt.Sprintf("hop=%q keep=%q xff=%q", r.Header.Get("X-Hop"), r.Header.Get("X-Keep"), r.Header.Get("X-Forwarded-For"))
-		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close, X-Pod-Hop\r\nX-Pod-Hop: 1\r\nX-Pod-Keep: 2\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(got), got)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close, x-pod-hop\r\nX-Pod-Hop: 1\r\nX-Pod-Keep: 2\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(got), got)
 	})
 	for _, frontend := range []string{"fasthttp", "gnet"} {
 		t.Run(frontend, func(t *testing.T) {
@@ -119,7 +119,7 @@ func TestConnectionNominated(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			req.Header.Set("Connection", "keep-alive, X-Hop,x-forwarded-for")
+			req.Header.Set("Connection", "keep-alive, x-hop,x-forwarded-for")
 			req.Header.Set("X-Hop", "1")
 			req.Header.Set("X-Keep", "2")
 			req.Header.Set("X-Forwarded-For", "203.0.113.7")

@@ -163,7 +163,16 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 		up.Header.DelBytes(k)
 	})
 	if nominated != nil {
-		eachNominated(nominated, up.Header.DelBytes)
+		// A name matches whatever its case: up's header does not
+		// normalise the name DelBytes gets, so each goes as the client
+		// sent it.
+		ctx.Request.Header.VisitAll(func(k, _ []byte) {
+			eachNominated(nominated, func(name []byte) {
+				if bytes.EqualFold(k, name) {
+					up.Header.DelBytes(k)
+				}
+			})
+		})
 		eachNominated(nominated, func(name []byte) {
 			if bytes.EqualFold(name, forwardedFor) {
 				chain = chain[:0]
