@@ -127,7 +127,11 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 		if hopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) {
 			continue
 		}
-		field(lowerName(k), c.valueLocked(i, v))
+		name := lowerName(k)
+		// A value no later answer repeats is sent not indexed: indexed,
+		// each would evict another field from the table this connection
+		// and its client keep in step, a cost per answer on both sides.
+		_ = c.enc.WriteField(hpack.HeaderField{Name: name, Value: c.valueLocked(i, v), Sensitive: name == "x-request-id"})
 		i++
 	}
 	if !stream {

@@ -1,0 +1,53 @@
+package frontend_test
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"pdlb/lb/frontend"
+)
+
+// TestHTTP2RequestIDNotIndexed: an answer's X-Request-Id, which no later
+// answer repeats, goes as a literal never indexed, so it evicts nothing
+// from the connection's HPACK table; the fields that repeat are indexed.
+func TestHTTP2RequestIDNotIndexed(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			n := 0
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+				n++
+				ctx.Response.Header.Set("X-Request-Id", "req-"+strconv.Itoa(n))
+				ctx.Response.Header.Set("X-Pdlb-Pod", "pod-a")
+				ctx.SetBodyString("ok")
+			}}
+			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+			fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+			for id := uint32(1); id <= 3; id += 2 {
+				h2Open(fr, id, "GET", "/", true)
+				h2Until(t, fr, "the answer", func(f http2.Frame) bool {
+					mh, ok := f.(*http2.MetaHeadersFrame)
+					if !ok || mh.StreamID != id {
+						return false
+					}
+					for _, hf := range mh.Fields {
+						switch hf.Name {
+						case "x-request-id":
+							if !hf.Sensitive {
+								t.Errorf("stream %d: x-request-id %q went indexed", id, hf.Value)
+							}
+						case "x-pdlb-pod":
+							if hf.Sensitive {
+								t.Errorf("stream %d: x-pdlb-pod went never indexed", id)
+							}
+						}
+					}
+					return true
+				})
+			}
+		})
+	}
+}
