@@ -42,9 +42,11 @@ type loopTLS struct {
 	queued atomic.Int32
 	flat   []byte // what one write seals, its iov joined: one record, not one per slice
 
-	// On the loop: decrypted bytes, plain[off:] not parsed yet.
+	// On the loop: decrypted bytes, plain[off:] not parsed yet, in the
+	// pooled buffer held (put back whole, so the pool allocates nothing).
 	plain []byte
 	off   int
+	held  *[]byte
 }
 
 // loopWire is the net.Conn under a gnet connection's tls.Conn. It has
@@ -337,7 +339,8 @@ func (t *loopTLS) pull() error {
 	}
 	t.w.in = raw
 	if t.plain == nil {
-		t.plain = *plainBufs.Get().(*[]byte)
+		t.held = plainBufs.Get().(*[]byte)
+		t.plain = *t.held
 	}
 	var err error
 	for err == nil {
@@ -367,10 +370,10 @@ func (t *loopTLS) settle() {
 		return
 	}
 	if cap(t.plain) <= 4*maxRecord {
-		b := t.plain[:0]
-		plainBufs.Put(&b)
+		*t.held = t.plain[:0]
+		plainBufs.Put(t.held)
 	}
-	t.plain, t.off = nil, 0
+	t.plain, t.held, t.off = nil, nil, 0
 }
 
 // write seals iov as one record (or as many as its size needs) and sends
