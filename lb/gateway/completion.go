@@ -20,6 +20,7 @@ import (
 // allocates nothing the next one could reuse.
 type completion struct {
 	req *openai.Request
+	hdr clientHeaders
 	// key is the client's API key, nil when keys are off; releasing the
 	// completion returns its concurrency slot and charges its output.
 	key *limits.Key
@@ -151,7 +152,7 @@ func releaseCompletion(x *completion) {
 	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks = nil, "", nil
 	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil
-	x.deferred = false
+	x.deferred, x.hdr = false, clientHeaders{}
 	if x.pd != nil {
 		x.pd.Release()
 		x.pd = nil

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/route"
 )
 
 // Headers the gateway sets itself.
@@ -90,10 +92,10 @@ var (
 
 // sessionOf returns the request's session key, "" when it has none. Only
 // requests that carry one pay for the string.
-func sessionOf(ctx *fasthttp.RequestCtx) string {
-	v := ctx.Request.Header.Peek(headerSession)
+func sessionOf(x *completion) string {
+	v := x.hdr[hdrSession]
 	if len(v) == 0 {
-		v = ctx.Request.Header.Peek(headerSessionAIBrix)
+		v = x.hdr[hdrSessionAIBrix]
 	}
 	return string(v)
 }
@@ -226,4 +228,60 @@ func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
 	dst = strconv.AppendInt(dst, connTime.UnixNano(), 16)
 	dst = append(dst, '-')
 	return strconv.AppendUint(dst, seq, 16)
+}
+
+// The client's headers the gateway acts on, by index in clientHeaders.
+const (
+	hdrAuthorization = iota
+	hdrPriority
+	hdrDebug
+	hdrAdminToken
+	hdrProfile
+	hdrStrategy
+	hdrSession
+	hdrSessionAIBrix
+	numClientHeaders
+)
+
+var clientHeaderNames = [numClientHeaders][]byte{
+	hdrAuthorization: authorization,
+	hdrPriority:      []byte(headerPriority),
+	hdrDebug:         []byte(headerDebug),
+	hdrAdminToken:    []byte(headerAdminToken),
+	hdrProfile:       []byte(route.HeaderConfigProfile),
+	hdrStrategy:      []byte(route.HeaderRoutingStrategy),
+	hdrSession:       []byte(headerSession),
+	hdrSessionAIBrix: []byte(headerSessionAIBrix),
+}
+
+// clientHeaderLens has bit n set when a name in clientHeaderNames is n
+// bytes long: most of a client's headers are passed over on their length.
+var clientHeaderLens = func() (m uint64) {
+	for _, name := range clientHeaderNames {
+		m |= 1 << len(name)
+	}
+	return m
+}()
+
+// clientHeaders holds the values of the client's headers the gateway acts
+// on, each the first of its name as Peek would find it, read in one pass:
+// Peek normalises the name and walks every header each time, and a
+// request looked up eight. The values are the request header's own
+// bytes, valid while the request is served.
+type clientHeaders [numClientHeaders][]byte
+
+func (h *clientHeaders) read(rh *fasthttp.RequestHeader) {
+	*h = clientHeaders{}
+	var seen uint
+	rh.VisitAll(func(k, v []byte) {
+		if len(k) >= 64 || clientHeaderLens&(1<<len(k)) == 0 {
+			return
+		}
+		for i, name := range clientHeaderNames {
+			if len(k) == len(name) && seen&(1<<i) == 0 && bytes.EqualFold(k, name) {
+				h[i], seen = v, seen|1<<i
+				return
+			}
+		}
+	})
 }

@@ -88,3 +88,25 @@ func TestBuildUpstreamFromCopy(t *testing.T) {
 		t.Errorf("body %q", up.Body())
 	}
 }
+
+// TestClientHeadersAsPeek: the one pass finds what Peek would, name by
+// name: the first of its name, whatever the case, empty or not.
+func TestClientHeadersAsPeek(t *testing.T) {
+	head := "POST / HTTP/1.1\r\nHost: x\r\nx-priority: \r\nX-Priority: batch\r\nAUTHORIZATION: Bearer a\r\nAuthorization: Bearer b\r\n" +
+		"X-Session-Key: s1\r\nx-aibrix-session-key: s2\r\nrouting-strategy: pd\r\nConfig-Profile: p\r\nX-Pdlb-Debug: 1\r\n" +
+		"x-pdlb-admin-token: t\r\nX-Other: o\r\nContent-Length: 0\r\n\r\n"
+	var req fasthttp.Request
+	if err := req.Read(bufio.NewReader(strings.NewReader(head))); err != nil {
+		t.Fatal(err)
+	}
+	var h clientHeaders
+	h.read(&req.Header)
+	for i, name := range clientHeaderNames {
+		if want := req.Header.PeekBytes(name); string(h[i]) != string(want) {
+			t.Errorf("%s: %q, Peek %q", name, h[i], want)
+		}
+	}
+	if string(h[hdrAuthorization]) != "Bearer a" || string(h[hdrSession]) != "s1" {
+		t.Errorf("read %q", h)
+	}
+}

@@ -35,7 +35,7 @@ func (g *Gateway) pickPD(x *completion) error {
 	// Each attempt places the prompt anew.
 	x.firstSeen = false
 	var err error
-	x.pd.Decision, err = g.decidePD(x.m, x, x.cascade, sessionOf(x.ctx))
+	x.pd.Decision, err = g.decidePD(x.m, x, x.cascade, sessionOf(x))
 	// A pair's exchange runs in lb/pd (attemptStage); the whole request
 	// to one pod (PDLocal, PDCombined) is a plain attempt on it.
 	x.pod = nil

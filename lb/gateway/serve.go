@@ -19,7 +19,8 @@ import (
 // /v1/completions.
 func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	x := acquireCompletion()
-	key, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	x.hdr.read(&ctx.Request.Header)
+	key, d := g.keys.Lookup(x.hdr[hdrAuthorization])
 	if !d.OK() {
 		g.fail(ctx, x, nil, refused(d))
 		return
@@ -49,7 +50,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	}
 	x.key = key
 	var e *openai.Error
-	if x.class, e = classOf(ctx.Request.Header.Peek(headerPriority)); e != nil {
+	if x.class, e = classOf(x.hdr[hdrPriority]); e != nil {
 		g.fail(ctx, x, m, answer(e))
 		return
 	}
@@ -65,7 +66,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	if !g.resolve(ctx, x, m) {
 		return
 	}
-	x.explain = g.explain.asked(ctx.Request.Header.Peek(headerDebug), ctx.Request.Header.Peek(headerAdminToken))
+	x.explain = g.explain.asked(x.hdr[hdrDebug], x.hdr[hdrAdminToken])
 	g.startTrace(x)
 	x.stage = stagePick
 	if l := frontend.LoopOf(ctx); l != nil {
@@ -145,7 +146,7 @@ func (g *Gateway) responseTimeout(stream bool) time.Duration {
 // "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
 // false.
 func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) bool {
-	res, err := strategyOf(ctx, m)
+	res, err := strategyOf(x, m)
 	if err != nil {
 		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
 		return false
@@ -154,13 +155,12 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	return true
 }
 
-// strategyOf is the profile and strategy ctx's headers choose on m; none
+// strategyOf is the profile and strategy x's headers choose on m; none
 // (the model's policy) when m has no profiles.
-func strategyOf(ctx *fasthttp.RequestCtx, m *pool.Model) (route.Resolved, error) {
+func strategyOf(x *completion, m *pool.Model) (route.Resolved, error) {
 	if m.Profiles == nil {
 		return route.Resolved{}, nil
 	}
 	// The header strings are made only when a client sends them.
-	return m.Profiles.Resolve(string(ctx.Request.Header.Peek(route.HeaderConfigProfile)),
-		string(ctx.Request.Header.Peek(route.HeaderRoutingStrategy)))
+	return m.Profiles.Resolve(string(x.hdr[hdrProfile]), string(x.hdr[hdrStrategy]))
 }

@@ -106,7 +106,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 		}
 		picked = g.pickPD(x) == nil
 	} else {
-		x.pod = g.pick(x.m, x, sessionOf(x.ctx))
+		x.pod = g.pick(x.m, x, sessionOf(x))
 		picked = x.pod != nil
 	}
 	switch {
@@ -139,7 +139,7 @@ func (g *Gateway) admitStage(x *completion) bool {
 		predictOn = func() (float64, float64) { pre, dec := placedPD(x); return predict(x, pre, dec) }
 	} else {
 		replace = func() {
-			if p := g.pick(x.m, x, sessionOf(x.ctx)); p != nil {
+			if p := g.pick(x.m, x, sessionOf(x)); p != nil {
 				x.pod = p
 			}
 		}
