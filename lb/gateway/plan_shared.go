@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,15 +24,25 @@ const planCountsExpiry = time.Hour
 // planShareScript is one exchange: it renews this replica's membership of
 // the planning replicas and takes or renews the plan lease, which names
 // the one replica whose actuators run (SET NX PX, as a Redis lock, renewed
-// by its holder only), then adds this replica's counts since its last
-// exchange to the fleet's counters and returns the totals. TIME is
-// Redis's, so every replica's membership ages on one clock.
+// by its holder only), then brings the fleet's counters up to this
+// replica's cumulative counts and returns the totals. TIME is Redis's, so
+// every replica's membership ages on one clock.
+//
+// The replica sends its counts whole, not what they grew by: a reply lost
+// after the script ran (a reset, a read timeout) leaves the replica unsure
+// whether they went in, and an increment sent again would count them
+// twice. The script keeps, for this run of the replica, how far each count
+// has been added, and adds only what lies beyond; where it keeps nothing
+// (a new run, or one out of Redis past the counters' expiry) it starts
+// from the counts the replica knows were added, those of its last reply.
 //
 //	KEYS[1]    the lease (string: the holder's id)
 //	KEYS[2]    the planning replicas (sorted set, score = expiry ms)
-//	KEYS[2+i]  model i's counters (hash: requests finished prompt cached)
+//	KEYS[3]    how far this run's counts were added (hash: "field key" → count)
+//	KEYS[3+i]  model i's counters (hash: requests finished prompt cached)
 //	ARGV[1] replica id, ARGV[2] lease and membership ms, ARGV[3] counters'
-//	expiry ms, then four increments a model, in the order of KEYS
+//	expiry ms, then eight counts a model, in the order of KEYS: its four
+//	counts now, then the four its last reply acknowledged
 //
 // It returns {holder, replicas, counts...}: one {requests, finished,
 // prompt, cached} array a model. Every key carries the {prefix} hash tag,
@@ -50,24 +61,32 @@ if not holder or holder == id then
 end
 local out = {holder, redis.call('ZCARD', KEYS[2])}
 local fields = {'requests', 'finished', 'prompt', 'cached'}
-for i = 3, #KEYS do
+for i = 4, #KEYS do
   for j, field in ipairs(fields) do
-    local n = tonumber(ARGV[3 + (i - 3) * 4 + j])
-    if n ~= 0 then redis.call('HINCRBY', KEYS[i], field, n) end
+    local a = 3 + (i - 4) * 8 + j
+    local added = field .. ' ' .. KEYS[i]
+    local n = tonumber(ARGV[a])
+    local base = tonumber(redis.call('HGET', KEYS[3], added) or ARGV[a + 4])
+    if n > base then
+      redis.call('HINCRBY', KEYS[i], field, n - base)
+      redis.call('HSET', KEYS[3], added, ARGV[a])
+    end
   end
   redis.call('PEXPIRE', KEYS[i], ARGV[3])
   out[#out + 1] = redis.call('HMGET', KEYS[i], unpack(fields))
 end
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return out
 `)
 
 // planReleaseScript is a clean stop: it gives up the plan lease if this
 // replica holds it, so another takes it at its next exchange rather than
-// when it expires, and leaves the planning replicas. KEYS and ARGV[1] are
-// planShareScript's.
+// when it expires, leaves the planning replicas and drops what this run
+// added. KEYS and ARGV[1] are planShareScript's.
 var planReleaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[3])
 `)
 
 // planReleaseTimeout bounds the release on a clean stop: a Redis out of
@@ -80,11 +99,11 @@ const planReleaseTimeout = time.Second
 // Counts: a replica counts the requests it routes, while the pods'
 // counters (the output) count every replica's; a planner reading its own
 // counts beside them would see each request N times as long and 1/N of
-// the prompts, and split the fleet for that. So each replica adds what it
-// counted since its last exchange to one set of counters a model in Redis
-// and reads the totals back, every token_load.shared_sync_interval_ms,
-// and its planner reads the fleet's counts: the others' as of the last
-// exchange, its own as of now.
+// the prompts, and split the fleet for that. So each replica brings one
+// set of counters a model in Redis up to its own counts (each counted
+// once, whatever replies are lost) and reads the totals back, every
+// token_load.shared_sync_interval_ms, and its planner reads the fleet's
+// counts: the others' as of the last exchange, its own as of now.
 //
 // Acting: every replica plans and shows its plan, but only the holder of
 // the plan lease runs the actuators, so the webhook hears one split per
@@ -95,7 +114,8 @@ const planReleaseTimeout = time.Second
 type planShare struct {
 	rdb redis.UniversalClient
 	id  string
-	// keys are the lease's and the replicas', keyPre the counters' prefix.
+	// keys are the lease's, the replicas' and this run's added counts',
+	// keyPre the counters' prefix.
 	keys     []string
 	keyPre   string
 	interval time.Duration
@@ -116,7 +136,7 @@ type planShare struct {
 	mu sync.Mutex
 	// pushed is by model what this replica has added to the counters (a
 	// model a reload removed keeps its entry: its counts go on if it comes
-	// back), fleet the totals after the last exchange; at is when that
+	// back) as of the last reply, fleet the totals then; at is when that
 	// exchange was sent, holder the lease's holder it found, replicas the
 	// planning replicas.
 	pushed, fleet map[string]plan.Counts
@@ -131,7 +151,7 @@ func newPlanShare(g *Gateway) *planShare {
 		rdb:         g.redis,
 		pushed:      map[string]plan.Counts{},
 		id:          g.replica,
-		keys:        []string{pre + "lease", pre + "replicas"},
+		keys:        []string{pre + "lease", pre + "replicas", pre + "added:" + g.replica + ":" + rand.Text()},
 		keyPre:      pre + "counts:",
 		interval:    time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs) * time.Millisecond,
 		stale:       time.Duration(g.cfg.TokenLoad.SharedExpiryMs) * time.Millisecond,
@@ -166,9 +186,9 @@ func (s *planShare) release(ctx context.Context) {
 	}
 }
 
-// exchange adds own, this replica's cumulative counts by model, to the
-// fleet's counters, keeps the totals and renews the lease; a failure is
-// logged once until an exchange works again.
+// exchange brings the fleet's counters up to own, this replica's
+// cumulative counts by model, keeps the totals and renews the lease; a
+// failure is logged once until an exchange works again.
 func (s *planShare) exchange(ctx context.Context, own map[string]plan.Counts) {
 	models := sortedKeys(own)
 	keys := slices.Clone(s.keys)
@@ -176,8 +196,9 @@ func (s *planShare) exchange(ctx context.Context, own map[string]plan.Counts) {
 	s.mu.Lock()
 	for _, m := range models {
 		keys = append(keys, s.keyPre+m)
-		d := own[m].Sub(s.pushed[m])
-		args = append(args, int64(d.Requests), int64(d.Finished), int64(d.PromptTokens), int64(d.CachedTokens))
+		for _, c := range []plan.Counts{own[m], s.pushed[m]} {
+			args = append(args, int64(c.Requests), int64(c.Finished), int64(c.PromptTokens), int64(c.CachedTokens))
+		}
 	}
 	s.mu.Unlock()
 	sent := time.Now()

@@ -1,21 +1,26 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"pdlb/internal/redistest"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 )
@@ -129,6 +134,97 @@ func TestPlanLeaseReleasedOnClose(t *testing.T) {
 	closeReplica(other)
 	if got, err := rdb.Get(context.Background(), lease).Result(); got != "c" {
 		t.Fatalf("after %s, not holding the lease, closed, it is %q (%v), want c", other, got, err)
+	}
+}
+
+// TestPlanLostReplyCountsOnce: Redis runs an exchange that carries a
+// replica's new requests, and the reply is lost (the connection is cut, as
+// a reset or a read timeout leaves it). The replica cannot tell whether its
+// counts went in; its next exchange must not add them again, or every
+// replica's planner reads the window with them twice.
+func TestPlanLostReplyCountsOnce(t *testing.T) {
+	const requests = 4242
+	srv := redistest.Start(t, 0)
+	proxy := startReplyDropper(t, srv.Addr(), []byte(fmt.Sprintf("$4\r\n%d\r\n", requests)))
+	replicas, _ := planReplicas(t, proxy.addr, 60_000, "", "a")
+	g := replicas["a"]
+	testwait.For(t, "a's first exchange", func() bool { return planOf(t, g).LeaseHolder == "a" })
+
+	g.metrics.model(g.pool.Load().Models[0]).pd.Kinds[0].Add(requests)
+	testwait.For(t, "the reply to the exchange of the requests to be lost", proxy.dropped.Load)
+	lost := time.Now()
+	testwait.For(t, "an exchange after the lost reply", func() bool {
+		s := g.plan.share
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.at.After(lost)
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	got, err := rdb.HGet(context.Background(), g.plan.share.keyPre+"m", "requests").Int()
+	if err != nil || got != requests {
+		t.Fatalf("after a lost reply the fleet's counters hold %d requests (%v), want %d", got, err, requests)
+	}
+}
+
+// replyDropper passes a gateway's Redis connections through, but swallows
+// the reply to the first plan exchange whose command holds match, once
+// Redis has run it, and cuts that connection.
+type replyDropper struct {
+	addr, redis string
+	match       []byte
+	dropped     atomic.Bool
+}
+
+func startReplyDropper(t *testing.T, redisAddr string, match []byte) *replyDropper {
+	d := &replyDropper{redis: redisAddr, match: match}
+	d.addr = testnet.Serve(t, testnet.Listen(t), d.serve)
+	return d
+}
+
+func (d *replyDropper) serve(c net.Conn) {
+	up, err := net.Dial("tcp", d.redis)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	// The client sends one command and waits for its reply: the bytes
+	// that follow a matching command are its reply.
+	var drop atomic.Bool
+	go func() {
+		defer up.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 && !d.dropped.Load() && bytes.Contains(buf[:n], []byte(":plan:lease")) && bytes.Contains(buf[:n], d.match) {
+				drop.Store(true)
+			}
+			if n > 0 {
+				if _, err := up.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := up.Read(buf)
+		// An error reply (NOSCRIPT: the script did not run) goes through.
+		if n > 0 && drop.Load() && buf[0] != '-' && d.dropped.CompareAndSwap(false, true) {
+			return
+		}
+		drop.Store(false)
+		if n > 0 {
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
 	}
 }
 
