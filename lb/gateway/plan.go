@@ -142,6 +142,11 @@ func (g *Gateway) startPlan(ctx context.Context) {
 	}
 	if g.cfg.Redis.Address != "" {
 		l.share = newPlanShare(g)
+		// The first tick's reading is every model's baseline: without the
+		// fleet's counts it would set none, and the first window would
+		// end a window later. A Redis out of reach costs the start one
+		// dial timeout.
+		l.share.exchange(ctx, g.planCountsByModel())
 		g.background(func() { l.share.run(ctx, g.planCountsByModel) })
 	}
 	g.plan = l

@@ -129,7 +129,8 @@ type planShare struct {
 	switchRoles bool
 	log         *slog.Logger
 	// down says the last exchange failed, warned that several replicas
-	// plan with switch_roles; only run's goroutine touches them.
+	// plan with switch_roles; only the exchanges, one at a time, touch
+	// them.
 	down, warned bool
 
 	// mu guards the last exchange: run writes it, the planning loop reads.
@@ -160,18 +161,18 @@ func newPlanShare(g *Gateway) *planShare {
 	}
 }
 
-// run exchanges own's counts every interval until ctx ends, then
-// releases the lease.
+// run exchanges own's counts every interval, the first exchange being
+// the caller's, until ctx ends, then releases the lease.
 func (s *planShare) run(ctx context.Context, own func() map[string]plan.Counts) {
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	for {
-		s.exchange(ctx, own())
 		select {
 		case <-ctx.Done():
 			s.release(context.WithoutCancel(ctx))
 			return
 		case <-t.C:
+			s.exchange(ctx, own())
 		}
 	}
 }

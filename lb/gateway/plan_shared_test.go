@@ -167,6 +167,20 @@ func TestPlanLostReplyCountsOnce(t *testing.T) {
 	}
 }
 
+// TestPlanFirstWindowWithRedis: a replica that shares a Redis observes
+// its first window one window after it starts, as a replica alone does,
+// not two.
+func TestPlanFirstWindowWithRedis(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	replicas, _ := planReplicas(t, srv.Addr(), 60_000, "", "a")
+	g := replicas["a"]
+	testwait.For(t, "a's first exchange", func() bool { return planOf(t, g).LeaseHolder == "a" })
+	g.plan.tick(context.Background(), time.Now().Add(time.Minute))
+	if st := planOf(t, g).Models[0]; st.ObservedAt.IsZero() {
+		t.Fatalf("a window after the start, no window observed: %q", st.Reason)
+	}
+}
+
 // replyDropper passes a gateway's Redis connections through, but swallows
 // the reply to the first plan exchange whose command holds match, once
 // Redis has run it, and cuts that connection.
@@ -278,8 +292,9 @@ type planStatus struct {
 	LeaseHolder string `json:"lease_holder"`
 	Replicas    int64  `json:"replicas"`
 	Models      []struct {
-		Reason    string `json:"reason"`
-		Switching bool   `json:"switching"`
+		ObservedAt time.Time `json:"observed_at"`
+		Reason     string    `json:"reason"`
+		Switching  bool      `json:"switching"`
 	} `json:"models"`
 }
 
