@@ -132,22 +132,24 @@ func (g *Gateway) startPlan(ctx context.Context) {
 	l := &planLoop{g: g, cfg: cfg, models: map[string]*modelPlan{},
 		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
 	l.fleet = &planFleet{g: g, loop: l}
-	if cfg.Webhook.URL != "" {
-		l.actuators = append(l.actuators, namedActuator{"webhook",
-			&plan.Webhook{URL: cfg.Webhook.URL, Timeout: cfg.Webhook.Timeout, Retries: cfg.Webhook.Retries, Client: l.client}})
-	}
-	if cfg.SwitchRoles {
-		l.actuators = append(l.actuators, namedActuator{"switch_roles",
-			&plan.RoleSwitcher{Fleet: l.fleet, WarmupSec: cfg.WarmupSec, Timeout: cfg.SwitchTimeout, Client: l.client}})
-	}
+	var lease plan.Lease
 	if g.cfg.Redis.Address != "" {
 		l.share = newPlanShare(g)
+		lease = l.share
 		// The first tick's reading is every model's baseline: without the
 		// fleet's counts it would set none, and the first window would
 		// end a window later. A Redis out of reach costs the start one
 		// dial timeout.
 		l.share.exchange(ctx, g.planCountsByModel())
 		g.background(func() { l.share.run(ctx, g.planCountsByModel) })
+	}
+	if cfg.Webhook.URL != "" {
+		l.actuators = append(l.actuators, namedActuator{"webhook",
+			&plan.Webhook{URL: cfg.Webhook.URL, Timeout: cfg.Webhook.Timeout, Retries: cfg.Webhook.Retries, Client: l.client, Lease: lease}})
+	}
+	if cfg.SwitchRoles {
+		l.actuators = append(l.actuators, namedActuator{"switch_roles",
+			&plan.RoleSwitcher{Fleet: l.fleet, WarmupSec: cfg.WarmupSec, Timeout: cfg.SwitchTimeout, Client: l.client, Lease: lease}})
 	}
 	g.plan = l
 	l.tick(ctx, time.Now())
@@ -424,8 +426,14 @@ func (l *planLoop) startWave(ctx context.Context, model string, st *modelPlan, d
 	l.g.background(func() {
 		var errs []error
 		for _, a := range l.actuators {
-			if err := a.Apply(ctx, model, dec); err != nil {
+			err := a.Apply(ctx, model, dec)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", a.name, err))
+			}
+			if errors.Is(err, plan.ErrLeaseLost) {
+				// The new holder acts; draining pods for nothing would
+				// only cost their requests.
+				break
 			}
 		}
 		err := errors.Join(errs...)

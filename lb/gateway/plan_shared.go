@@ -89,6 +89,15 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3])
 `)
 
+// planHoldScript renews the plan lease for a full term if this replica
+// holds it, and returns its holder (nil: none). KEYS[1] and ARGV[1] are
+// planShareScript's, ARGV[2] the term in ms.
+var planHoldScript = redis.NewScript(`
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return holder
+`)
+
 // planReleaseTimeout bounds the release on a clean stop: a Redis out of
 // reach lets the lease expire instead.
 const planReleaseTimeout = time.Second
@@ -108,7 +117,8 @@ const planReleaseTimeout = time.Second
 // Acting: every replica plans and shows its plan, but only the holder of
 // the plan lease runs the actuators, so the webhook hears one split per
 // decision and switch_roles never has two replicas move the same pods.
-// The holder renews the lease every exchange and gives it up when it ends
+// The holder renews the lease every exchange, and its actuators before
+// each step they cannot take back (Hold), and gives it up when it ends
 // cleanly; when it stops otherwise (it crashed, or lost Redis), another
 // takes the lease once it expires (token_load.shared_expiry_ms).
 type planShare struct {
@@ -185,6 +195,22 @@ func (s *planShare) release(ctx context.Context) {
 	if err := planReleaseScript.Run(ctx, s.rdb, s.keys, s.id).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		s.log.Warn("plan: could not release the plan lease; another replica acts once it expires", slog.Any("err", err))
 	}
+}
+
+// Hold renews the plan lease for a full term (plan.Lease), one round trip
+// to Redis: the last exchange may be up to a term old, and the lease lapsed
+// since.
+func (s *planShare) Hold(ctx context.Context) error {
+	holder, err := planHoldScript.Run(ctx, s.rdb, s.keys[:1], s.id, s.stale.Milliseconds()).Text()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return fmt.Errorf("%w: it expired", plan.ErrLeaseLost)
+	case err != nil:
+		return fmt.Errorf("%w: Redis does not say: %v", plan.ErrLeaseLost, err)
+	case holder != s.id:
+		return fmt.Errorf("%w: replica %q holds it", plan.ErrLeaseLost, holder)
+	}
+	return nil
 }
 
 // exchange brings the fleet's counters up to own, this replica's

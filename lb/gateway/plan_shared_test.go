@@ -46,7 +46,7 @@ func TestPlanReplicasActOnce(t *testing.T) {
 		return slices.Clone(posted)
 	}
 
-	replicas, closeReplica := planReplicas(t, srv.Addr(), 300, hook.URL, "a", "b")
+	replicas, closeReplica := planReplicas(t, srv.Addr(), 300, hook.URL, nil, "a", "b")
 
 	// window closes a planning window on each replica of ids after each
 	// routed a minute of long prompts, about 3.3 prefill pods of work for
@@ -100,13 +100,88 @@ func TestPlanReplicasActOnce(t *testing.T) {
 	}
 }
 
+// TestPlanLeaseLostMidSwitch: the acting replica loses the plan lease
+// while its switch waits on the webhook (it was cut off from Redis for the
+// lease's term, and another replica took over). The rest of its switch
+// would run beside the new holder's: whether the webhook then fails or
+// takes the split, the replica must neither post it again nor tell a pod
+// to switch.
+func TestPlanLeaseLostMidSwitch(t *testing.T) {
+	f := func(status int) {
+		t.Helper()
+		srv := redistest.Start(t, 0)
+		var switched atomic.Int32 // POST /admin/role the pods received
+		var addrs []string
+		for range 3 {
+			pod := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPost && r.URL.Path == "/admin/role" {
+					switched.Add(1)
+				}
+				http.NotFound(w, r)
+			}))
+			defer pod.Close()
+			addrs = append(addrs, strings.TrimPrefix(pod.URL, "http://"))
+		}
+		// The first post waits for the test to take the lease; every post
+		// is then answered status (a 503 would be retried).
+		var posts atomic.Int32
+		answer := make(chan struct{})
+		hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			posts.Add(1)
+			<-answer
+			w.WriteHeader(status)
+		}))
+		defer hook.Close()
+		replicas, closeReplica := planReplicas(t, srv.Addr(), 60_000, hook.URL, func(c *config.Config) {
+			c.Plan.SwitchRoles = true
+			for i := range c.Pods {
+				c.Pods[i].Address = addrs[i]
+			}
+		}, "a")
+		defer closeReplica("a")
+		answered := sync.OnceFunc(func() { close(answer) })
+		defer answered()
+		g := replicas["a"]
+		testwait.For(t, "a to hold the lease", func() bool { return planOf(t, g).LeaseHolder == "a" })
+
+		// Windows of long prompts, as in TestPlanReplicasActOnce, until
+		// one starts a switch.
+		start, windows := time.Now(), 0
+		testwait.For(t, "a to start a switch", func() bool {
+			windows++
+			stats := g.metrics.model(g.pool.Load().Models[0])
+			stats.pd.Kinds[0].Add(100)
+			stats.requests[statusIndex(200)].Add(100)
+			stats.promptTokens.Add(100 * 20000)
+			g.plan.tick(context.Background(), start.Add(time.Duration(windows)*time.Minute))
+			return planOf(t, g).Models[0].Switching
+		})
+		testwait.For(t, "the switch to post to the webhook", func() bool { return posts.Load() > 0 })
+
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		defer rdb.Close()
+		if err := rdb.Set(context.Background(), g.plan.share.keys[0], "b", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, "a to see b hold the lease", func() bool { return planOf(t, g).LeaseHolder == "b" })
+		answered()
+		testwait.For(t, "a's switch to end", func() bool { return !planOf(t, g).Models[0].Switching })
+		if n, m := posts.Load(), switched.Load(); n != 1 || m != 0 {
+			t.Errorf("webhook answering %d: after a lost the lease, its switch went on: %d more webhook posts, %d pods told to switch",
+				status, n-1, m)
+		}
+	}
+	f(http.StatusServiceUnavailable)
+	f(http.StatusOK)
+}
+
 // TestPlanLeaseReleasedOnClose: the acting replica gives up the plan lease
 // when it closes, so the other acts at its next exchange rather than once
 // the lease expires, here long after the test's wait. A replica that
 // closes without holding the lease leaves it to its holder.
 func TestPlanLeaseReleasedOnClose(t *testing.T) {
 	srv := redistest.Start(t, 0)
-	replicas, closeReplica := planReplicas(t, srv.Addr(), 60_000, "", "a", "b")
+	replicas, closeReplica := planReplicas(t, srv.Addr(), 60_000, "", nil, "a", "b")
 	var holder string
 	testwait.For(t, "both replicas to see one lease holder", func() bool {
 		a, b := planOf(t, replicas["a"]), planOf(t, replicas["b"])
@@ -146,7 +221,7 @@ func TestPlanLostReplyCountsOnce(t *testing.T) {
 	const requests = 4242
 	srv := redistest.Start(t, 0)
 	proxy := startReplyDropper(t, srv.Addr(), []byte(fmt.Sprintf("$4\r\n%d\r\n", requests)))
-	replicas, _ := planReplicas(t, proxy.addr, 60_000, "", "a")
+	replicas, _ := planReplicas(t, proxy.addr, 60_000, "", nil, "a")
 	g := replicas["a"]
 	testwait.For(t, "a's first exchange", func() bool { return planOf(t, g).LeaseHolder == "a" })
 
@@ -172,7 +247,7 @@ func TestPlanLostReplyCountsOnce(t *testing.T) {
 // not two.
 func TestPlanFirstWindowWithRedis(t *testing.T) {
 	srv := redistest.Start(t, 0)
-	replicas, _ := planReplicas(t, srv.Addr(), 60_000, "", "a")
+	replicas, _ := planReplicas(t, srv.Addr(), 60_000, "", nil, "a")
 	g := replicas["a"]
 	testwait.For(t, "a's first exchange", func() bool { return planOf(t, g).LeaseHolder == "a" })
 	g.plan.tick(context.Background(), time.Now().Add(time.Minute))
@@ -244,9 +319,9 @@ func (d *replyDropper) serve(c net.Conn) {
 
 // planReplicas starts a gateway for each of ids planning one 1P2D fleet
 // through the Redis at addr: exchanging every 10 ms, its lease lasting
-// expiryMs, posting to hook+"/"+id unless hook is "". close ends one
-// before the test does.
-func planReplicas(t *testing.T, addr string, expiryMs int, hook string, ids ...string) (replicas map[string]*Gateway, close func(id string)) {
+// expiryMs, posting to hook+"/"+id unless hook is "", its configuration
+// then changed by edit unless nil. close ends one before the test does.
+func planReplicas(t *testing.T, addr string, expiryMs int, hook string, edit func(*config.Config), ids ...string) (replicas map[string]*Gateway, close func(id string)) {
 	t.Helper()
 	replicas = map[string]*Gateway{}
 	closed := map[string]bool{}
@@ -273,6 +348,9 @@ func planReplicas(t *testing.T, addr string, expiryMs int, hook string, ids ...s
 			{Name: "p1", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
 			{Name: "d1", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
 			{Name: "d2", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"},
+		}
+		if edit != nil {
+			edit(&cfg)
 		}
 		g, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {

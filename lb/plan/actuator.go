@@ -24,6 +24,29 @@ type Actuator interface {
 // ErrWebhook wraps the webhook's failures.
 var ErrWebhook = errors.New("plan: webhook")
 
+// Lease fences the actuators of gateway replicas that plan one fleet: only
+// the replica that holds the plan lease acts, and it may lose the lease
+// while its switch runs (cut off from Redis for the lease's term, it sees
+// another replica take over). Hold renews the lease for a full term, or
+// returns an error wrapping ErrLeaseLost when this replica no longer holds
+// it or cannot tell. An actuator calls it right before each step that
+// cannot be taken back, so a switch stops once another replica may start
+// its own.
+type Lease interface {
+	Hold(ctx context.Context) error
+}
+
+// ErrLeaseLost says a replica no longer holds the plan lease.
+var ErrLeaseLost = errors.New("plan: the plan lease is lost")
+
+// hold is l.Hold; a nil l is a replica that plans alone.
+func hold(ctx context.Context, l Lease) error {
+	if l == nil {
+		return nil
+	}
+	return l.Hold(ctx)
+}
+
 // Webhook tells a controller that owns the fleet (a Kubernetes operator)
 // the split it should run: it POSTs
 //
@@ -39,6 +62,8 @@ type Webhook struct {
 	Retries int
 	// Client sends the requests (nil: a client of its own).
 	Client *http.Client
+	// Lease is held before each attempt (nil: the replica plans alone).
+	Lease Lease
 }
 
 // webhookBackoff is the wait before the first retry.
@@ -64,6 +89,9 @@ func (w *Webhook) Apply(ctx context.Context, model string, d Decision) error {
 	}
 	wait := webhookBackoff
 	for attempt := 0; ; attempt++ {
+		if err := hold(ctx, w.Lease); err != nil {
+			return fmt.Errorf("%w: %s: attempt %d not sent: %w", ErrWebhook, w.URL, attempt+1, err)
+		}
 		retry, err := w.post(ctx, client, body)
 		if err == nil {
 			return nil
@@ -136,6 +164,9 @@ type RoleSwitcher struct {
 	Timeout time.Duration
 	// Client sends the admin calls (nil: a client of its own).
 	Client *http.Client
+	// Lease is held before the pods are told to switch (nil: the replica
+	// plans alone).
+	Lease Lease
 }
 
 // rolePoll is how often RoleSwitcher asks a switching pod how far it got.
@@ -172,6 +203,11 @@ func (s *RoleSwitcher) Apply(ctx context.Context, model string, d Decision) erro
 	}
 	if err := s.Fleet.Release(ctx, model, names); err != nil {
 		return errors.Join(fmt.Errorf("plan: draining %v: %w", names, err), s.Fleet.Assign(model, nil))
+	}
+	// A replica that lost the lease while the pods drained puts them back
+	// as they were: a pod told to switch cannot be stopped.
+	if err := hold(ctx, s.Lease); err != nil {
+		return errors.Join(fmt.Errorf("plan: switching %v: %w", names, err), s.Fleet.Assign(model, nil))
 	}
 	addr := map[string]string{}
 	for _, in := range pool {
