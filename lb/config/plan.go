@@ -48,9 +48,9 @@ type Plan struct {
 	// SwitchRoles moves pods between roles itself, through the simulated
 	// engine's POST /admin/role, and re-roles them in the gateway (default
 	// false). For the configured pods only: with discovery, the webhook's
-	// controller owns the roles. For one replica only: with several, the
-	// acting one re-roles pods in its own pool, and the others keep
-	// routing to them in their old roles.
+	// controller owns the roles. For one replica only: the acting one
+	// would re-role pods in its own pool, and the others keep routing to
+	// them in their old roles, so it holds while several replicas plan.
 	SwitchRoles bool `yaml:"switch_roles"`
 	// SwitchTimeout bounds one switch of switch_roles, from taking the pods
 	// out of routing to putting them back (default 10m).

@@ -56,6 +56,9 @@ type namedActuator struct {
 	plan.Actuator
 }
 
+// switchRolesActuator names switch_roles' actuator.
+const switchRolesActuator = "switch_roles"
+
 // modelPlan is one model's planner and what /admin/plan shows of it.
 type modelPlan struct {
 	planner  *plan.Planner
@@ -148,7 +151,7 @@ func (g *Gateway) startPlan(ctx context.Context) {
 			&plan.Webhook{URL: cfg.Webhook.URL, Timeout: cfg.Webhook.Timeout, Retries: cfg.Webhook.Retries, Client: l.client, Lease: lease}})
 	}
 	if cfg.SwitchRoles {
-		l.actuators = append(l.actuators, namedActuator{"switch_roles",
+		l.actuators = append(l.actuators, namedActuator{switchRolesActuator,
 			&plan.RoleSwitcher{Fleet: l.fleet, WarmupSec: cfg.WarmupSec, Timeout: cfg.SwitchTimeout, Client: l.client, Lease: lease}})
 	}
 	g.plan = l
@@ -259,13 +262,26 @@ func (l *planLoop) tick(ctx context.Context, now time.Time) {
 		}
 		// A replica that does not act still lets its planner take the
 		// switch: its dwell runs with the acting replica's.
-		switch acts, holder, _ := l.acting(); {
+		acts, holder, replicas := l.acting()
+		actuators, off := l.actuators, ""
+		if replicas > 1 && l.cfg.SwitchRoles {
+			// switch_roles re-roles pods in this replica's pool only: the
+			// other replicas would route to them in their old roles.
+			actuators = slices.DeleteFunc(slices.Clone(actuators), func(a namedActuator) bool { return a.name == switchRolesActuator })
+			off = fmt.Sprintf("switch_roles re-roles this replica's pods only, and %d replicas plan", replicas)
+		}
+		switch {
 		case len(l.actuators) == 0:
 			st.view.Reason += " (advice only: no actuator is configured)"
 		case !acts:
 			st.view.Reason += fmt.Sprintf(" (advice only: replica %q holds the plan lease and acts)", holder)
+		case len(actuators) == 0:
+			st.view.Reason += " (advice only: " + off + ")"
 		default:
-			l.startWave(ctx, m.Name, st, dec, now)
+			if off != "" {
+				st.view.Reason += " (webhook only: " + off + ")"
+			}
+			l.startWave(ctx, m.Name, st, dec, now, actuators)
 		}
 	}
 	// A model a reload removed, or left too few pods to split, shows no
@@ -416,8 +432,8 @@ func decodeCapacity(m *pool.Model, cfg config.Plan) float64 {
 	return sum / float64(n)
 }
 
-// startWave runs the actuators on dec in the background; l.mu is held.
-func (l *planLoop) startWave(ctx context.Context, model string, st *modelPlan, dec plan.Decision, now time.Time) {
+// startWave runs actuators on dec in the background; l.mu is held.
+func (l *planLoop) startWave(ctx context.Context, model string, st *modelPlan, dec plan.Decision, now time.Time, actuators []namedActuator) {
 	w := &planWave{At: now, From: dec.Current.String(), To: dec.Target.String(), Moves: dec.Moves, Reason: dec.Reason}
 	st.wave = w
 	st.view.Switches += int64(dec.Moves)
@@ -425,7 +441,7 @@ func (l *planLoop) startWave(ctx context.Context, model string, st *modelPlan, d
 	l.g.log.Info("plan: switching roles", "model", model, "from", w.From, "to", w.To, "reason", dec.Reason)
 	l.g.background(func() {
 		var errs []error
-		for _, a := range l.actuators {
+		for _, a := range actuators {
 			err := a.Apply(ctx, model, dec)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", a.name, err))

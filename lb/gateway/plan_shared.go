@@ -134,8 +134,8 @@ type planShare struct {
 	// (token_load.shared_expiry_ms, when the shared ledger forgets a
 	// replica too).
 	stale time.Duration
-	// switchRoles is plan.switch_roles, which warns when several
-	// replicas plan.
+	// switchRoles is plan.switch_roles, which holds, and warns, when
+	// several replicas plan.
 	switchRoles bool
 	log         *slog.Logger
 	// down says the last exchange failed, warned that several replicas
@@ -251,7 +251,7 @@ func (s *planShare) exchange(ctx context.Context, own map[string]plan.Counts) {
 	}
 	if s.switchRoles && replicas > 1 && !s.warned {
 		s.warned = true
-		s.log.Warn("plan: switch_roles re-roles pods in the acting replica's pool only; the other replicas keep routing to them in their old roles (use the webhook with discovery)",
+		s.log.Warn("plan: switch_roles holds while several replicas plan: it would re-role pods in the acting replica's pool only, and the others would route to them in their old roles (use the webhook with discovery)",
 			slog.Int64("replicas", replicas))
 	}
 	s.mu.Lock()

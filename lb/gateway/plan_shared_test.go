@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"pdlb/engines/sim"
 	"pdlb/internal/redistest"
 	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
@@ -49,19 +50,14 @@ func TestPlanReplicasActOnce(t *testing.T) {
 	replicas, closeReplica := planReplicas(t, srv.Addr(), 300, hook.URL, nil, "a", "b")
 
 	// window closes a planning window on each replica of ids after each
-	// routed a minute of long prompts, about 3.3 prefill pods of work for
-	// the 1P2D pool at the default 20,000 tokens/s; then it waits for the
-	// switch it started, if any, to end.
+	// routed a minute of long prompts; then it waits for the switch it
+	// started, if any, to end.
 	start, windows := time.Now(), 0
 	window := func(ids ...string) {
 		t.Helper()
 		windows++
 		for _, id := range ids {
-			g := replicas[id]
-			stats := g.metrics.model(g.pool.Load().Models[0])
-			stats.pd.Kinds[0].Add(100)
-			stats.requests[statusIndex(200)].Add(100)
-			stats.promptTokens.Add(100 * 20000)
+			routeLongPrompts(replicas[id])
 		}
 		for _, id := range ids {
 			replicas[id].plan.tick(context.Background(), start.Add(time.Duration(windows)*time.Minute))
@@ -144,15 +140,10 @@ func TestPlanLeaseLostMidSwitch(t *testing.T) {
 		g := replicas["a"]
 		testwait.For(t, "a to hold the lease", func() bool { return planOf(t, g).LeaseHolder == "a" })
 
-		// Windows of long prompts, as in TestPlanReplicasActOnce, until
-		// one starts a switch.
 		start, windows := time.Now(), 0
 		testwait.For(t, "a to start a switch", func() bool {
 			windows++
-			stats := g.metrics.model(g.pool.Load().Models[0])
-			stats.pd.Kinds[0].Add(100)
-			stats.requests[statusIndex(200)].Add(100)
-			stats.promptTokens.Add(100 * 20000)
+			routeLongPrompts(g)
 			g.plan.tick(context.Background(), start.Add(time.Duration(windows)*time.Minute))
 			return planOf(t, g).Models[0].Switching
 		})
@@ -173,6 +164,64 @@ func TestPlanLeaseLostMidSwitch(t *testing.T) {
 	}
 	f(http.StatusServiceUnavailable)
 	f(http.StatusOK)
+}
+
+// TestPlanSwitchRolesWithReplicas: two replicas plan one fleet of sim
+// pods with switch_roles. The acting one could re-role pods in its own
+// pool only, while the other would go on routing to them in their old
+// roles (a decode leg to a pod now serving prefill fails): with several
+// replicas the decision stays advice, and every replica routes each pod
+// in the role it serves.
+func TestPlanSwitchRolesWithReplicas(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	pods := map[string]*sim.Pod{}
+	for _, name := range []string{"p1", "d1", "d2"} {
+		role := sim.RoleDecode
+		if name == "p1" {
+			role = sim.RolePrefill
+		}
+		p, err := sim.Start(sim.Config{Name: name, Model: "m", Role: role, Speedup: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		pods[name] = p
+	}
+	replicas, _ := planReplicas(t, srv.Addr(), 60_000, "", func(c *config.Config) {
+		c.Plan.SwitchRoles = true
+		for i := range c.Pods {
+			c.Pods[i].Address = pods[c.Pods[i].Name].Addr()
+		}
+	}, "a", "b")
+	var holder string
+	testwait.For(t, "both replicas to see one lease holder", func() bool {
+		a, b := planOf(t, replicas["a"]), planOf(t, replicas["b"])
+		holder = a.LeaseHolder
+		return holder != "" && b.LeaseHolder == holder && a.Replicas == 2 && b.Replicas == 2
+	})
+
+	start, windows := time.Now(), 0
+	testwait.For(t, "the acting replica to decide a switch", func() bool {
+		windows++
+		for _, g := range replicas {
+			routeLongPrompts(g)
+		}
+		for _, g := range replicas {
+			g.plan.tick(context.Background(), start.Add(time.Duration(windows)*time.Minute))
+		}
+		return strings.HasPrefix(planOf(t, replicas[holder]).Models[0].Reason, "switch ")
+	})
+	for id, g := range replicas {
+		testwait.For(t, "replica "+id+"'s switch to end", func() bool { return !planOf(t, g).Models[0].Switching })
+		for _, p := range g.pool.Load().Pods {
+			if serves := pods[p.Config.Name].Role(); p.Config.Role != serves {
+				t.Errorf("replica %s routes %s as %s, the pod serves %s", id, p.Config.Name, p.Config.Role, serves)
+			}
+		}
+	}
+	if st := planOf(t, replicas[holder]).Models[0]; !strings.Contains(st.Reason, "advice only: switch_roles") {
+		t.Errorf("the acting replica's reason: %q", st.Reason)
+	}
 }
 
 // TestPlanLeaseReleasedOnClose: the acting replica gives up the plan lease
@@ -315,6 +364,16 @@ func (d *replyDropper) serve(c net.Conn) {
 			return
 		}
 	}
+}
+
+// routeLongPrompts counts on g a minute of long prompts, as if g had
+// routed them: about 3.3 prefill pods of work for the 1P2D pool of
+// planReplicas at the default 20,000 tokens/s.
+func routeLongPrompts(g *Gateway) {
+	stats := g.metrics.model(g.pool.Load().Models[0])
+	stats.pd.Kinds[0].Add(100)
+	stats.requests[statusIndex(200)].Add(100)
+	stats.promptTokens.Add(100 * 20000)
 }
 
 // planReplicas starts a gateway for each of ids planning one 1P2D fleet
