@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -286,6 +287,10 @@ func renderChat(dst []byte, msgs []chatMessage, generationPrompt bool) ([]byte, 
 // completionPrompts splits a completions prompt into the prompts the
 // engine runs, each as its own request: a string or a list of token ids
 // is one; a list of strings or of token-id lists (a batch) is one each.
+// The engines' pydantic model reads a list as the member of its union
+// that takes it most exactly: all strings is a list of strings even where
+// each would read as an int, all lists a list of lists of ints, and any
+// other list can only be ids (promptTokens reads them, "1" and 1.0 too).
 func completionPrompts(raw json.RawMessage) ([]json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || raw[0] != '[' {
@@ -299,19 +304,17 @@ func completionPrompts(raw json.RawMessage) ([]json.RawMessage, error) {
 		return nil, badRequest("prompt must not be empty")
 	}
 	form := func(e json.RawMessage) byte { return bytes.TrimSpace(e)[0] } // Unmarshal left no empty element
-	if f := form(list[0]); f != '"' && f != '[' {
-		return []json.RawMessage{raw}, nil
-	}
-	for i, e := range list {
-		if form(e) != form(list[0]) {
-			return nil, badRequest("prompt[%d] = %s: a batch is all strings or all lists of token ids", i, e)
+	for _, e := range list {
+		if f := form(e); f != form(list[0]) || f != '"' && f != '[' {
+			return []json.RawMessage{raw}, nil
 		}
 	}
 	return list, nil
 }
 
 // promptTokens returns the tokens of one completions prompt: a string, in
-// the stand-in's tokens (text says so), or a list of token ids.
+// the stand-in's tokens (text says so), or a list of token ids, each read
+// as the engines' list[int] with ids at least 0 reads it (tokenID).
 func promptTokens(dst []uint32, raw json.RawMessage) (ids []uint32, text bool, err error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
@@ -329,13 +332,26 @@ func promptTokens(dst []uint32, raw json.RawMessage) (ids []uint32, text bool, e
 		return dst, false, badRequest("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids")
 	}
 	for i, e := range list {
-		id, err := strconv.ParseUint(string(bytes.TrimSpace(e)), 10, 32)
-		if err != nil {
-			return dst, false, badRequest("prompt[%d] = %s is not a token id", i, e)
+		id, ok := tokenID(e)
+		if !ok {
+			return dst, false, badRequest("prompt[%d] = %s is not a token id, and a batch is all strings or all lists of token ids", i, e)
 		}
-		dst = append(dst, uint32(id))
+		dst = append(dst, id)
 	}
 	return dst, false, nil
+}
+
+// tokenID reads one prompt token id: an int as pydantic's lax mode reads
+// one (laxInt), not negative; null is none.
+func tokenID(e json.RawMessage) (uint32, bool) {
+	if id, err := strconv.ParseUint(string(e), 10, 32); err == nil {
+		return uint32(id), true // the common case, without the decoder
+	}
+	var v laxInt
+	if e[0] == 'n' || json.Unmarshal(e, &v) != nil || v < 0 || v > math.MaxUint32 {
+		return 0, false
+	}
+	return uint32(v), true
 }
 
 // promptString is one completions prompt given as a string, which the

@@ -313,3 +313,56 @@ func TestPodServesBatches(t *testing.T) {
 		})
 	}
 }
+
+// TestPodReadsTokenIDsAsPydantic: a completions prompt of token ids is
+// read as the engines' pydantic model reads its union of a list of ints,
+// a list of lists of ints, a string and a list of strings: a list of
+// strings only is a batch of texts (the exact match wins), and any other
+// list is ids, each taken as a lax int (1.0, "2" and true too) that is
+// not negative; what no member of the union takes is refused.
+func TestPodReadsTokenIDsAsPydantic(t *testing.T) {
+	p := testPod(t, Config{Speedup: fast})
+	c := testClient(t)
+	url := "http://" + p.Addr() + "/v1/completions"
+	answer := func(prompt string) (status, choices int, got string) {
+		t.Helper()
+		status, b := post(t, c, url, json.RawMessage(`{"max_tokens":3,"prompt":`+prompt+`}`))
+		var r struct {
+			Choices []struct{ Text string }
+			Usage   usageJSON
+		}
+		if status == 200 && json.Unmarshal(b, &r) != nil {
+			t.Fatalf("prompt %s: %s", prompt, b)
+		}
+		return status, len(r.Choices), fmt.Sprint(r.Choices, r.Usage)
+	}
+	if status, choices, got := answer(`["1","2"]`); status != 200 || choices != 2 {
+		t.Errorf(`prompt ["1","2"]: %d %s, want a batch of two texts`, status, got)
+	}
+	for lax, strict := range map[string]string{
+		`[1.0,"2",true,3e0]`:  `[1,2,1,3]`,
+		`["1",2]`:             `[1,2]`,
+		`[" 7 ","0_8",false]`: `[7,8,0]`,
+		`[["7"],[false,2.0]]`: `[[7],[0,2]]`,
+		`[["1","2"],[3]]`:     `[[1,2],[3]]`,
+		`[1,"1e0"]`:           ``,
+		`[1.5]`:               ``,
+		`[-1]`:                ``,
+		`[null]`:              ``,
+		`["1","a",2]`:         ``,
+		`[[1],2]`:             ``,
+		`[[1],["x"]]`:         ``,
+		`[{"id":1}]`:          ``,
+	} {
+		status, _, got := answer(lax)
+		if strict == "" {
+			if status != 400 {
+				t.Errorf("prompt %s: %d %s, want 400", lax, status, got)
+			}
+			continue
+		}
+		if wantStatus, _, want := answer(strict); status != 200 || wantStatus != 200 || got != want {
+			t.Errorf("prompt %s: %d %s, want %s's %s", lax, status, got, strict, want)
+		}
+	}
+}
