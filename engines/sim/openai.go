@@ -25,8 +25,12 @@ type genRequest struct {
 	MaxTokens           *laxInt         `json:"max_tokens"`
 	MaxCompletionTokens *laxInt         `json:"max_completion_tokens"`
 	MinTokens           *laxInt         `json:"min_tokens"` // vLLM's
-	Stream              laxBool         `json:"stream"`
-	StreamOptions       *streamOptions  `json:"stream_options"`
+	// N is the answers asked for each prompt (null: 1); Temperature
+	// decides whether vLLM samples them greedily (see choices).
+	N             *laxInt        `json:"n"`
+	Temperature   *laxFloat      `json:"temperature"`
+	Stream        laxBool        `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options"`
 	// RequestID is vLLM's request_id extra parameter; RID is SGLang's.
 	RequestID string `json:"request_id"`
 	RID       string `json:"rid"`
@@ -99,6 +103,34 @@ func (v *laxInt) UnmarshalJSON(d []byte) error {
 		return &json.UnmarshalTypeError{Value: string(d), Type: reflect.TypeFor[int]()}
 	}
 	*v = laxInt(n)
+	return nil
+}
+
+// laxFloat is a float request field, read as the engines' pydantic v2
+// lax mode reads one: a number, a bool, or a string holding a number
+// between white space. null leaves it unset.
+type laxFloat float64
+
+func (v *laxFloat) UnmarshalJSON(d []byte) error {
+	num := string(d)
+	switch d[0] {
+	case 'n':
+		return nil
+	case 't':
+		*v = 1
+		return nil
+	case 'f':
+		*v = 0
+		return nil
+	case '"':
+		_ = json.Unmarshal(d, &num) // a string the decoder checked
+		num = strings.TrimSpace(num)
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return &json.UnmarshalTypeError{Value: string(d), Type: reflect.TypeFor[float64]()}
+	}
+	*v = laxFloat(f)
 	return nil
 }
 
@@ -178,6 +210,35 @@ func (r *genRequest) cacheSalt() (string, error) {
 		return s, nil
 	}
 	return "", badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+}
+
+// vLLM's bounds on n (vllm/sampling_params.py): at most
+// VLLM_MAX_N_SEQUENCES, as it defaults; and a temperature below
+// samplingEps samples greedily.
+const (
+	maxChoices  = 16384
+	samplingEps = 1e-5
+)
+
+// choices is the number of answers engine k gives each prompt of r (n),
+// refused as vLLM's SamplingParams refuses it: below 1, above
+// maxChoices, or above 1 when greedy (a temperature below samplingEps;
+// without one, 1.0). SGLang samples greedily n times, and neither it nor
+// TensorRT-LLM bounds n; the sim keeps vLLM's bound on every engine.
+func (r *genRequest) choices(k engines.Kind) (int, error) {
+	if r.N == nil {
+		return 1, nil
+	}
+	switch n := int(*r.N); {
+	case n < 1:
+		return 0, badRequest("n must be at least 1, got %d.", n)
+	case n > maxChoices:
+		return 0, badRequest("n must be at most %d, got %d. To increase this limit, set the VLLM_MAX_N_SEQUENCES environment variable.", maxChoices, n)
+	case n > 1 && k == engines.VLLM && r.Temperature != nil && *r.Temperature < samplingEps:
+		return 0, badRequest("n must be 1 when using greedy sampling, got %d.", n)
+	default:
+		return n, nil
+	}
 }
 
 // truncation returns how many tokens engine k keeps of a prompt it cuts
@@ -416,24 +477,29 @@ func appendUsage(dst []byte, prompt, completion int, details bool) []byte {
 
 // sseWriter builds one response's SSE chunks in vLLM's shapes. vLLM streams
 // chunk models dumped with exclude_unset, so a chunk carries exactly the
-// fields it sets: the chat role chunk, then content deltas, the last with
-// finish_reason and stop_reason, then (with include_usage) a chunk with
-// empty choices and the usage, then [DONE]. The prompts of a completion
-// batch stream interleaved, each chunk with its prompt's index.
+// fields it sets: the chat role chunk of each choice, then content
+// deltas, the last with finish_reason and stop_reason, then (with
+// include_usage) a chunk with empty choices and the usage, then [DONE].
+// The n choices of each prompt of a completion batch stream interleaved,
+// each chunk with its choice's index: prompt×n + the prompt's choice.
 type sseWriter struct {
 	chat       bool
 	prefix     []byte // `data: {"id":…,"object":…,"created":…,"model":…,"choices":[`
 	usage      bool
 	continuous bool
-	// perPrompt sends each prompt's usage chunk once it finished, as
-	// TensorRT-LLM merges its prompts' streams; otherwise one chunk at
-	// the end sums them (vLLM, SGLang).
+	// perPrompt sends each prompt's usage chunk once its choices
+	// finished, as TensorRT-LLM merges its prompts' streams; otherwise
+	// one chunk at the end sums them (vLLM, SGLang).
 	perPrompt bool
 	prompts   []int // each prompt's length in tokens
-	sentRole  bool
+	n         int   // choices of each prompt
+	// left and produced are, for perPrompt, each prompt's choices still
+	// running and the tokens of those that finished.
+	left, produced []int
+	sentRole       bool
 }
 
-func newSSEWriter(chat bool, id string, created int64, model string, usage, continuous, perPrompt bool, prompts []int) *sseWriter {
+func newSSEWriter(chat bool, id string, created int64, model string, usage, continuous, perPrompt bool, prompts []int, n int) *sseWriter {
 	object := "text_completion"
 	if chat {
 		object = "chat.completion.chunk"
@@ -447,19 +513,33 @@ func newSSEWriter(chat bool, id string, created int64, model string, usage, cont
 	p = append(p, `,"model":`...)
 	p = appendJSONString(p, model)
 	p = append(p, `,"choices":[`...)
-	return &sseWriter{chat: chat, prefix: p, usage: usage, continuous: continuous, perPrompt: perPrompt, prompts: prompts}
+	w := &sseWriter{chat: chat, prefix: p, usage: usage, continuous: continuous, perPrompt: perPrompt, prompts: prompts, n: n}
+	if perPrompt {
+		w.left, w.produced = make([]int, len(prompts)), make([]int, len(prompts))
+		for i := range w.left {
+			w.left[i] = n
+		}
+	}
+	return w
 }
 
-// appendDelta appends the chunks for prompt i's new output text;
+// appendDelta appends the chunks for choice i's new output text;
 // completion is the number of tokens it produced so far and reason its
 // finish reason, if any.
 func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, reason uint8) []byte {
 	if w.chat && !w.sentRole {
+		// A chat has one prompt, whose choices each open with a role
+		// chunk before any text.
 		w.sentRole = true
-		dst = append(dst, w.prefix...)
-		dst = append(dst, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
-		dst = w.closeChunk(dst, w.prompts[0], 0)
+		for j := range w.n {
+			dst = append(dst, w.prefix...)
+			dst = append(dst, `{"index":`...)
+			dst = strconv.AppendInt(dst, int64(j), 10)
+			dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+			dst = w.closeChunk(dst, w.prompts[0], 0)
+		}
 	}
+	prompt := i / w.n
 	dst = append(dst, w.prefix...)
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
@@ -483,9 +563,13 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 		dst = append(dst, `,"stop_reason":null`...)
 	}
 	dst = append(dst, "}]"...)
-	dst = w.closeChunk(dst, w.prompts[i], completion)
+	dst = w.closeChunk(dst, w.prompts[prompt], completion)
 	if reason != finishNone && w.perPrompt {
-		dst = w.appendUsage(dst, w.prompts[i], completion)
+		w.left[prompt]--
+		w.produced[prompt] += completion
+		if w.left[prompt] == 0 {
+			dst = w.appendUsage(dst, w.prompts[prompt], w.produced[prompt])
+		}
 	}
 	return dst
 }
@@ -509,8 +593,9 @@ func (w *sseWriter) appendUsage(dst []byte, prompt, completion int) []byte {
 	return append(dst, "}\n\n"...)
 }
 
-// appendEnd appends the usage chunk summing the prompts, unless each had
-// its own, and [DONE]; completion is the tokens of every prompt.
+// appendEnd appends the usage chunk summing the prompts, each counted
+// once, unless each had its own, and [DONE]; completion is the tokens of
+// every choice.
 func (w *sseWriter) appendEnd(dst []byte, completion int) []byte {
 	if !w.perPrompt {
 		prompt := 0
@@ -522,7 +607,7 @@ func (w *sseWriter) appendEnd(dst []byte, completion int) []byte {
 	return append(dst, "data: [DONE]\n\n"...)
 }
 
-// choice is one answer of a response: a prompt's text and finish reason.
+// choice is one answer of a response: its text and finish reason.
 type choice struct {
 	text   []byte
 	reason uint8
@@ -530,7 +615,7 @@ type choice struct {
 
 // appendFullResponse appends a non-streaming chat.completion or
 // text_completion body, every field vLLM's response model has (it dumps
-// them all, nulls included): one choice per prompt, and the usage of
+// them all, nulls included): n choices per prompt, and the usage of
 // them all.
 //
 // pd, when not nil, adds a prefill leg's answer fields: vLLM's top-level

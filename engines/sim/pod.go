@@ -512,10 +512,10 @@ func (p *Pod) chatTokens(body []byte, req *genRequest) (ids []uint32, src idSour
 	return tokenize.Append(make([]uint32, 0, tokenize.Count(text)), text), idsStandIn, false, nil
 }
 
-// generate serves /v1/chat/completions and /v1/completions. Each prompt
-// of a completion batch is its own scheduler request; the answer has one
-// choice per prompt and their usage summed, as every engine answers a
-// batch.
+// generate serves /v1/chat/completions and /v1/completions. Each of the
+// n answers to each prompt of a completion batch is its own scheduler
+// request; the answer has n choices per prompt and their usage summed, as
+// every engine answers a batch.
 func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if !p.enter(ctx) {
 		return
@@ -557,8 +557,12 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	salt, saltErr := req.cacheSalt()
 	err = cmp.Or(err, saltErr)
-	if err == nil && len(prompts) > 1 && leg.kind != legPlain {
-		err = badRequest("a batch of %d prompts on a %s leg: the sim serves batches on plain requests only", len(prompts), legNames[leg.kind])
+	n := 1
+	if err == nil {
+		n, err = req.choices(p.cfg.Engine)
+	}
+	if err == nil && len(prompts)*n > 1 && leg.kind != legPlain {
+		err = badRequest("%d prompts of %d answers each on a %s leg: the sim serves batches and n above 1 on plain requests only", len(prompts), n, legNames[leg.kind])
 	}
 	lengths := make([]int, len(prompts))
 	for i, tokens := range prompts {
@@ -578,40 +582,46 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	id := cmp.Or(string(ctx.Request.Header.Peek("X-Request-Id")), req.RequestID, req.RID,
 		fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64()))
 	rid := cmp.Or(req.RID, id)
-	rs := make([]*request, len(prompts))
-	texts := make([]textStream, len(prompts))
-	for i, tokens := range prompts {
-		r := newRequest()
-		if leg.kind == legDecode {
-			r = newRemoteRequest()
-		}
-		if i > 0 {
-			// One waiter follows the whole batch.
-			r.notify = rs[0].notify
-		}
-		r.tokens = tokens
-		if !p.setMaxTokens(ctx, r, &req) {
-			return
-		}
-		if leg.kind == legPrefill {
-			// The prefill leg yields the first token only, whatever the
-			// body asks, and keeps its KV for the decode pod.
-			r.pin = true
-			if r.maxTokens > 1 {
-				r.maxTokens, r.limitReason = 1, finishLength
+	lora := ""
+	if req.Model != p.cfg.Model {
+		lora = req.Model // checkModel let only an adapter's name through
+	}
+	rs := make([]*request, 0, len(prompts)*n)
+	texts := make([]textStream, 0, len(prompts)*n)
+	for _, tokens := range prompts {
+		keys := radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), radix.SeedWith(p.seed, lora, salt), tokens, p.cfg.Physics.BlockSize)
+		text := newTextStream(p.cfg.Seed, tokens)
+		// Each of the prompt's n answers is a request of its own, as
+		// vLLM fans a request out into n child requests.
+		for j := range n {
+			r := newRequest()
+			if leg.kind == legDecode {
+				r = newRemoteRequest()
 			}
+			if len(rs) > 0 {
+				// One waiter follows them all.
+				r.notify = rs[0].notify
+			}
+			r.tokens = tokens
+			if !p.setMaxTokens(ctx, r, &req) {
+				return
+			}
+			if leg.kind == legPrefill {
+				// The prefill leg yields the first token only, whatever the
+				// body asks, and keeps its KV for the decode pod.
+				r.pin = true
+				if r.maxTokens > 1 {
+					r.maxTokens, r.limitReason = 1, finishLength
+				}
+			}
+			r.salt, r.lora, r.keys = salt, lora, keys
+			// vLLM names a batch's requests after the choices' places.
+			r.rid = rid
+			if len(prompts)*n > 1 {
+				r.rid = rid + "-" + strconv.Itoa(len(rs))
+			}
+			rs, texts = append(rs, r), append(texts, text.sample(j))
 		}
-		r.salt = salt
-		if req.Model != p.cfg.Model {
-			r.lora = req.Model // checkModel let only an adapter's name through
-		}
-		r.keys = radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), radix.SeedWith(p.seed, r.lora, salt), tokens, p.cfg.Physics.BlockSize)
-		// vLLM names a batch's requests after the prompts' places.
-		r.rid = rid
-		if len(prompts) > 1 {
-			r.rid = rid + "-" + strconv.Itoa(i)
-		}
-		rs[i], texts[i] = r, newTextStream(p.cfg.Seed, tokens)
 	}
 	respID := "cmpl-" + id
 	if isChat {
@@ -635,7 +645,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	model := cmp.Or(rs[0].lora, p.cfg.Model)
 	var sse *sseWriter
 	if req.Stream {
-		sse = p.streamWriter(&req, isChat, respID, created, model, lengths)
+		sse = p.streamWriter(&req, isChat, respID, created, model, lengths, n)
 	}
 	if leg.kind == legPrefill {
 		produced, finished = 1, finishLength
@@ -692,7 +702,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 // streamWriter is the SSE writer of a streamed answer to req, with usage
 // as its stream_options ask (an unset include_usage takes the engine's
 // default).
-func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int64, model string, prompts []int) *sseWriter {
+func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int64, model string, prompts []int, n int) *sseWriter {
 	usage, continuous := false, false
 	if o := req.StreamOptions; o != nil {
 		usage = p.cfg.Engine.IncludeUsageDefault()
@@ -701,7 +711,7 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 		}
 		continuous = bool(o.ContinuousUsageStats)
 	}
-	return newSSEWriter(isChat, id, created, model, usage, continuous, p.cfg.Engine == engines.TRTLLM, prompts)
+	return newSSEWriter(isChat, id, created, model, usage, continuous, p.cfg.Engine == engines.TRTLLM, prompts, n)
 }
 
 // setMaxTokens sets r's output length from the request, answering 400 as

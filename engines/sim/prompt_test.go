@@ -366,3 +366,136 @@ func TestPodReadsTokenIDsAsPydantic(t *testing.T) {
 		}
 	}
 }
+
+// TestPodAnswersNChoices: n asks every engine for that many answers to
+// each prompt: choice p×n+j is prompt p's j-th, sampled apart from the
+// others (the first is the prompt's n=1 answer), and the usage counts
+// each prompt once and every choice's tokens. Streamed, each chunk
+// carries its choice's index, a chat opens each choice with its role
+// chunk, and the usage chunks sum the choices as the engine sums them.
+// vLLM refuses n below 1, above its VLLM_MAX_N_SEQUENCES default, or
+// above 1 with greedy sampling; SGLang samples greedily n times.
+func TestPodAnswersNChoices(t *testing.T) {
+	type response struct {
+		Choices []struct {
+			Index        int
+			Text         string
+			Message      struct{ Content string }
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage usageJSON
+	}
+	for _, e := range engines.Kinds {
+		t.Run(string(e), func(t *testing.T) {
+			p := testPod(t, Config{Engine: e, Speedup: fast})
+			c := testClient(t)
+			base := "http://" + p.Addr()
+			ask := func(path string, body map[string]any) response {
+				t.Helper()
+				status, b := post(t, c, base+path, body)
+				var r response
+				if status != 200 || json.Unmarshal(b, &r) != nil {
+					t.Fatalf("%v: %d %s", body, status, b)
+				}
+				return r
+			}
+			text := func(r response, i int) string { return r.Choices[i].Text + r.Choices[i].Message.Content }
+			for _, tc := range []struct {
+				path    string
+				prompts []map[string]any // each prompt alone
+				body    map[string]any   // all of them, n of each
+			}{
+				{"/v1/chat/completions", []map[string]any{chatBody("choose", nil)}, chatBody("choose", nil)},
+				{"/v1/completions", []map[string]any{{"prompt": []int{50, 51}}, {"prompt": []int{7, 8, 9}}}, map[string]any{"prompt": [][]int{{50, 51}, {7, 8, 9}}}},
+			} {
+				const n, maxTokens = 3, 5
+				tc.body["n"], tc.body["max_tokens"] = "3", maxTokens
+				whole := ask(tc.path, tc.body)
+				var want usageJSON
+				for i, pr := range tc.prompts {
+					pr["max_tokens"] = maxTokens
+					alone := ask(tc.path, pr)
+					want.PromptTokens += alone.Usage.PromptTokens
+					for j := range n {
+						k := i*n + j
+						if len(whole.Choices) != len(tc.prompts)*n || whole.Choices[k].Index != k || whole.Choices[k].FinishReason != "length" ||
+							(j == 0) != (text(whole, k) == text(alone, 0)) {
+							t.Fatalf("%s n=%d: choices %+v; prompt %d alone answers %+v", tc.path, n, whole.Choices, i, alone.Choices)
+						}
+					}
+				}
+				want.CompletionTokens = len(tc.prompts) * n * maxTokens
+				want.TotalTokens = want.PromptTokens + want.CompletionTokens
+				if whole.Usage != want {
+					t.Fatalf("%s n=%d: usage %+v, want %+v", tc.path, n, whole.Usage, want)
+				}
+
+				tc.body["stream"], tc.body["stream_options"] = true, map[string]any{"include_usage": true}
+				resp, events := stream(t, c, context.Background(), base+tc.path, tc.body)
+				texts := make([]string, len(whole.Choices))
+				roles := make([]int, len(whole.Choices))
+				var usages []usageJSON
+				for _, ch := range parseChunks(t, events) {
+					for _, choice := range ch.Choices {
+						switch d := choice.Delta; {
+						case d != nil && d.Role != nil:
+							if texts[choice.Index] != "" {
+								t.Fatalf("%s: choice %d's role chunk after its text", tc.path, choice.Index)
+							}
+							roles[choice.Index]++
+						case d != nil:
+							texts[choice.Index] += *d.Content
+						default:
+							texts[choice.Index] += *choice.Text
+						}
+					}
+					if ch.Usage != nil {
+						usages = append(usages, *ch.Usage)
+					}
+				}
+				for k := range whole.Choices {
+					if texts[k] != text(whole, k) || tc.path == "/v1/chat/completions" && roles[k] != 1 {
+						t.Fatalf("%s: streamed choice %d %q after %d role chunks, want %q after one", tc.path, k, texts[k], roles[k], text(whole, k))
+					}
+				}
+				var sum usageJSON
+				for _, u := range usages {
+					sum.PromptTokens += u.PromptTokens
+					sum.CompletionTokens += u.CompletionTokens
+					sum.TotalTokens += u.TotalTokens
+					if e == engines.TRTLLM && u.CompletionTokens != n*maxTokens {
+						t.Fatalf("%s: TensorRT-LLM's usage chunk %+v, want one per prompt of its %d choices", tc.path, u, n)
+					}
+				}
+				if wantChunks := map[bool]int{false: 1, true: len(tc.prompts)}[e == engines.TRTLLM]; resp.StatusCode != 200 || len(usages) != wantChunks || sum != want {
+					t.Fatalf("%s: %d, usage chunks %+v, want %d summing %+v", tc.path, resp.StatusCode, usages, wantChunks, want)
+				}
+			}
+
+			refuse := func(body map[string]any, wantIn string) {
+				t.Helper()
+				status, b := post(t, c, base+"/v1/completions", body)
+				if wantIn == "" {
+					if status != 200 {
+						t.Errorf("%v: %d %s, want it served", body, status, b)
+					}
+					return
+				}
+				if status != 400 || !strings.Contains(string(b), wantIn) {
+					t.Errorf("%v: %d %s, want a 400 saying %q", body, status, b, wantIn)
+				}
+			}
+			refuse(map[string]any{"prompt": "x", "max_tokens": 1, "n": 0}, "n must be at least 1, got 0.")
+			greedy := map[string]any{"prompt": "x", "max_tokens": 1, "n": 2, "temperature": "0.0"}
+			big := map[string]any{"prompt": "x", "max_tokens": 1, "n": 16385}
+			if e == engines.VLLM {
+				refuse(greedy, "n must be 1 when using greedy sampling, got 2.")
+				refuse(big, "n must be at most 16384, got 16385.")
+			}
+			if e == engines.SGLang {
+				refuse(greedy, "")
+			}
+			refuse(map[string]any{"prompt": "x", "max_tokens": 1, "n": 1, "temperature": 0}, "")
+		})
+	}
+}

@@ -39,6 +39,15 @@ func newTextStream(seed uint64, tokens []uint32) textStream {
 	return textStream{base: splitmix(d.Sum64() ^ splitmix(seed))}
 }
 
+// sample is answer j of a request's n to the prompt: sampled answers
+// differ, and the first is the prompt's n=1 answer.
+func (s textStream) sample(j int) textStream {
+	if j == 0 {
+		return s
+	}
+	return textStream{base: splitmix(s.base ^ uint64(j))}
+}
+
 // word returns token i of the answer.
 func (s textStream) word(i int) string {
 	return words[splitmix(s.base+uint64(i)*0x9e3779b97f4a7c15)>>58]
