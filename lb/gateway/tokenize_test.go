@@ -312,10 +312,11 @@ func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 
 // TestCacheSaltRefusedAsTheEngineDoes: a cache_salt gets the 400 of the
 // model's engine only: vLLM refuses an empty one, one over 128 characters
-// or one holding '@', '/', '\' or NUL; TensorRT-LLM a blank one; SGLang
-// takes any string and a list of strings (a salt for each prompt). Every
-// engine refuses a number. What an engine takes keys the prompt's blocks
-// with the salt it hashes: the string, or the first prompt's.
+// or one holding '@', '/', '\' or NUL; TensorRT-LLM a blank one in a chat,
+// and any in a completion, whose request has no such field; SGLang takes
+// any string and an empty list, and fails a list of salts. Every engine
+// refuses a number. What an engine takes keys the prompt's blocks with
+// the salt it hashes.
 func TestCacheSaltRefusedAsTheEngineDoes(t *testing.T) {
 	cfg := config.Default()
 	cfg.Pods = []config.Pod{
@@ -325,9 +326,13 @@ func TestCacheSaltRefusedAsTheEngineDoes(t *testing.T) {
 	}
 	cfg.Provision()
 	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
-	f := func(model, salt string, refused bool, keyedAs string) {
+	f := func(kind openai.Kind, model, salt string, refused bool, keyedAs string) {
 		t.Helper()
-		x, err := tokenizedAs(t, g, openai.KindCompletion, `{"model":"`+model+`","prompt":["say it","again"],"cache_salt":`+salt+`}`)
+		body := `{"model":"` + model + `","prompt":["say it","again"],"cache_salt":` + salt + `}`
+		if kind == openai.KindChat {
+			body = `{"model":"` + model + `","messages":[{"role":"user","content":"say it"}],"cache_salt":` + salt + `}`
+		}
+		x, err := tokenizedAs(t, g, kind, body)
 		defer releaseCompletion(x)
 		var e *openai.Error
 		switch {
@@ -336,15 +341,15 @@ func TestCacheSaltRefusedAsTheEngineDoes(t *testing.T) {
 			if refused {
 				want = "a 400 naming cache_salt"
 			}
-			t.Errorf("%s, cache_salt %s: %v; want it %s", model, salt, err, want)
+			t.Errorf("%s %s, cache_salt %s: %v; want it %s", model, kind, salt, err, want)
 		case !refused && x.req.KeySeed(radix.Seed(model)) != radix.SeedWith(radix.Seed(model), "", keyedAs):
-			t.Errorf("%s, cache_salt %s: keyed apart from salt %q", model, salt, keyedAs)
+			t.Errorf("%s %s, cache_salt %s: keyed apart from salt %q", model, kind, salt, keyedAs)
 		}
 	}
 	long := `"` + strings.Repeat("a", 129) + `"`
 	for _, c := range []struct {
 		salt                 string
-		vllm, trtllm, sglang bool // refused
+		vllm, trtllm, sglang bool // refused (TensorRT-LLM: in a chat)
 		keyedAs              string
 	}{
 		{`"tenant-1"`, false, false, false, "tenant-1"},
@@ -354,13 +359,17 @@ func TestCacheSaltRefusedAsTheEngineDoes(t *testing.T) {
 		{`"a/b"`, true, false, false, "a/b"},
 		{`"a@b"`, true, false, false, "a@b"},
 		{`"a\u0000"`, true, false, false, "a\x00"},
-		{`["s1","s2"]`, true, true, false, "s1"},
+		{`null`, false, false, false, ""},
+		{`[]`, true, true, false, ""},
+		{`["s1","s2"]`, true, true, true, ""},
 		{`5`, true, true, true, ""},
 		{`["s1",5]`, true, true, true, ""},
 	} {
-		f("vllm", c.salt, c.vllm, c.keyedAs)
-		f("trtllm", c.salt, c.trtllm, c.keyedAs)
-		f("sglang", c.salt, c.sglang, c.keyedAs)
+		for _, kind := range []openai.Kind{openai.KindChat, openai.KindCompletion} {
+			f(kind, "vllm", c.salt, c.vllm, c.keyedAs)
+			f(kind, "trtllm", c.salt, c.trtllm || kind == openai.KindCompletion, c.keyedAs)
+			f(kind, "sglang", c.salt, c.sglang, c.keyedAs)
+		}
 	}
 }
 

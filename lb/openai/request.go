@@ -114,10 +114,10 @@ type Request struct {
 	// text (image_url, input_audio, ...): not rendered into Prompt, it lets
 	// a caller weigh multimodal requests (bytes, not tokens).
 	MediaBytes int
-	// CacheSalt is "cache_salt" (empty when absent or null), the first of
-	// a list of them: the engine keys the prompt's cached blocks apart from
-	// other salts'. salt is its JSON form, and saltGot the text of one that
-	// is not a string, for CacheSaltError.
+	// CacheSalt is "cache_salt" when it is a string (else empty): the
+	// engine keys the prompt's cached blocks apart from other salts'. salt
+	// is its JSON form, and saltGot the text of one that is not a string,
+	// for CacheSaltError.
 	CacheSalt []byte
 	salt      saltForm
 	saltGot   []byte
@@ -648,73 +648,77 @@ const maxCacheSalt = 128
 type saltForm uint8
 
 const (
-	saltNone   saltForm = iota // absent or null
-	saltString                 // a string, CacheSalt
-	saltList                   // a list of strings: SGLang's, a salt for each prompt of a batch
-	saltOther                  // any other value, which no engine takes
+	saltAbsent    saltForm = iota
+	saltNull               // null
+	saltString             // a string, CacheSalt
+	saltEmptyList          // [], which SGLang reads as no salt
+	saltList               // a list of strings, which SGLang's protocol takes and its server fails on
+	saltOther              // any other value, which no engine takes
 )
 
-// parseCacheSalt reads "cache_salt": a string, or a list of strings whose
-// first is the salt of the prompt the index keys (a batch's first).
-// Whether the engine takes it is CacheSaltError's to say; a value that is
-// not a string keeps its text for that error.
+// parseCacheSalt reads "cache_salt": a string, the salt, or any other
+// value, which keeps its text. Whether the engine takes it is
+// CacheSaltError's to say.
 func (r *Request) parseCacheSalt(s *scanner) error {
-	r.CacheSalt, r.salt = r.CacheSalt[:0], saltString
+	r.CacheSalt, r.salt = r.CacheSalt[:0], saltOther
 	start := s.p
 	switch s.c() {
 	case 'n':
 		s.skip()
-		r.salt = saltNone
+		r.salt = saltNull
 		return nil
 	case '"':
-		return r.appendSalt(s)
+		r.salt = saltString
+		raw, esc := s.str()
+		var ok bool
+		if r.CacheSalt, ok = appendUnquoted(r.CacheSalt, raw, esc); !ok {
+			return InvalidJSON()
+		}
+		return nil
 	case '[':
-		r.salt = saltList
+		r.salt = saltEmptyList
 		s.open()
 		for i := 0; s.more(']', i); i++ {
 			switch {
 			case s.c() != '"':
-				s.skip()
 				r.salt = saltOther
-			case i == 0:
-				if err := r.appendSalt(s); err != nil {
-					return err
-				}
-			default:
-				s.str()
+			case r.salt == saltEmptyList:
+				r.salt = saltList
 			}
+			s.skip()
 		}
 	default:
 		s.skip()
-		r.salt = saltOther
 	}
 	// InvalidType shows at most gotLimit bytes, and "..." past them.
 	r.saltGot = append(r.saltGot[:0], s.b[start:min(s.p, start+gotLimit+1)]...)
 	return nil
 }
 
-// appendSalt appends the string at s.p, unescaped, to CacheSalt.
-func (r *Request) appendSalt(s *scanner) error {
-	raw, esc := s.str()
-	var ok bool
-	if r.CacheSalt, ok = appendUnquoted(r.CacheSalt, raw, esc); !ok {
-		return InvalidJSON()
-	}
-	return nil
-}
-
 // CacheSaltError is the 400 Engine answers to r's cache_salt, nil when it
 // takes it. vLLM takes a non-empty string of at most maxCacheSalt
 // characters without '@', '/', '\' or NUL, which its cache backends use as
-// separators (validate_cache_salt); TensorRT-LLM a string that is not
-// blank; SGLang any string ("" is no salt) or a list of strings.
+// separators (validate_cache_salt); TensorRT-LLM's chat a string that is
+// not blank, and its completion request no cache_salt at all, null
+// included (its protocol forbids unknown fields); SGLang any string or
+// empty list (both "" and [] are no salt). SGLang's protocol takes a list
+// of strings too, which its server then fails with a 500
+// (_compute_extra_key wants a string): the gateway refuses it up front,
+// as the client's fault, rather than count it against the pod.
 func (r *Request) CacheSaltError() *Error {
 	switch {
-	case r.salt == saltNone:
+	case r.salt == saltAbsent:
+		return nil
+	case r.Engine == engines.TRTLLM && r.Kind == KindCompletion:
+		return InvalidValue("cache_salt", "is not a field of TensorRT-LLM's completion request")
+	case r.salt == saltNull:
 		return nil
 	case r.Engine == engines.SGLang:
-		if r.salt == saltOther {
+		switch r.salt {
+		case saltOther:
 			return InvalidType("cache_salt", "a string or a list of strings", r.saltGot)
+		case saltList:
+			return InvalidValue("cache_salt", "must be a string: SGLang's server fails a list of salts")
 		}
 		return nil
 	case r.salt != saltString:

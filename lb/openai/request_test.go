@@ -348,11 +348,15 @@ func TestTruncationError(t *testing.T) {
 // 400 of the engine that serves the request, nil where it takes the salt.
 func TestCacheSaltError(t *testing.T) {
 	const chat = `"messages":[{"role":"user","content":"x"}]`
+	kind, prompt := KindChat, chat
 	f := func(salt string, engine engines.Kind, wantMsg, wantCode string) {
 		t.Helper()
 		var r Request
-		body := `{"model":"m","cache_salt":` + salt + `,` + chat + `}`
-		if err := r.Parse(KindChat, []byte(body)); err != nil {
+		body := `{"model":"m","cache_salt":` + salt + `,` + prompt + `}`
+		if salt == "" {
+			body = `{"model":"m",` + prompt + `}`
+		}
+		if err := r.Parse(kind, []byte(body)); err != nil {
 			t.Fatalf("Parse(%s) = %v", body, err)
 		}
 		r.Engine = engine
@@ -389,12 +393,26 @@ func TestCacheSaltError(t *testing.T) {
 	f(`["s"]`, engines.TRTLLM, notString+`["s"]`, CodeInvalidType)
 	f(`""`, engines.SGLang, "", "")
 	f(`"a/b\u0000"`, engines.SGLang, "", "")
-	f(`["s1","s2"]`, engines.SGLang, "", "")
+	f(`null`, engines.TRTLLM, "", "")
 	f(`[]`, engines.SGLang, "", "")
+	f(`null`, engines.SGLang, "", "")
 	f(`5`, engines.SGLang, `"cache_salt" must be a string or a list of strings, got 5`, CodeInvalidType)
 	f(`["s",{"a":1}]`, engines.SGLang, `"cache_salt" must be a string or a list of strings, got ["s",{"a":1}]`, CodeInvalidType)
+	// SGLang's protocol takes a list of strings, and its server then fails
+	// on any but an empty one (a 500).
+	f(`["s1","s2"]`, engines.SGLang, `"cache_salt" must be a string: SGLang's server fails a list of salts`, CodeInvalidValue)
 	long := `[` + strings.Repeat(`"s",`, 100) + `5]`
 	f(long, engines.TRTLLM, notString+long[:gotLimit]+"...", CodeInvalidType)
+
+	// TensorRT-LLM's completion request has no cache_salt, and refuses
+	// fields it does not know, null ones too.
+	kind, prompt = KindCompletion, `"prompt":"x"`
+	noField := `"cache_salt" is not a field of TensorRT-LLM's completion request`
+	f(`"tenant-1"`, engines.TRTLLM, noField, CodeInvalidValue)
+	f(`null`, engines.TRTLLM, noField, CodeInvalidValue)
+	f(``, engines.TRTLLM, "", "")
+	f(`"tenant-1"`, engines.VLLM, "", "")
+	f(`"tenant-1"`, engines.SGLang, "", "")
 }
 
 func TestParseAllocs(t *testing.T) {
@@ -607,12 +625,9 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		}
 	}
 	if salt, present := top["cache_salt"]; present && salt != nil {
-		// vLLM's rule; a list's first string keys the prompt (SGLang's)
-		if list, isList := salt.([]any); isList && len(list) > 0 {
-			ref.salt, _ = list[0].(string)
-		}
+		// vLLM's rule
 		s, isString := salt.(string)
-		ref.salt += s
+		ref.salt = s
 		ref.badSalt = !isString || s == "" || utf8.RuneCountInString(s) > 128 || strings.ContainsAny(s, "@/\\\x00")
 	}
 	if v, present := top["truncate_prompt_tokens"]; present && v != nil {
