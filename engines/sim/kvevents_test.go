@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -225,5 +226,79 @@ func TestCacheSaltSeparatesBlocks(t *testing.T) {
 		if status != 400 || !strings.Contains(string(b), "Parameter 'cache_salt' must") {
 			t.Fatalf("cache_salt %q: %d %s, want vLLM's 400", salt, status, b)
 		}
+	}
+}
+
+// TestCacheSaltPerEngine: each engine takes or refuses a cache_salt by its
+// own rule (engines.Kind.CacheSaltFault): vLLM a non-empty string of at
+// most 128 characters without '@', '/', '\' or NUL; TensorRT-LLM's chat a
+// string that is not blank, and its completion none at all; SGLang any
+// string or empty list ("" and [] salt nothing, so they share the
+// unsalted blocks), while its server fails a list of salts with a 500.
+func TestCacheSaltPerEngine(t *testing.T) {
+	const bs = 16
+	phys := DefaultPhysics()
+	phys.BlockSize = bs
+	tokens := make([]int, 4*bs)
+	for i := range tokens {
+		tokens[i] = 1000 + i
+	}
+	ids, _ := json.Marshal(tokens)
+	for _, e := range engines.Kinds {
+		t.Run(string(e), func(t *testing.T) {
+			p := testPod(t, Config{Engine: e, Physics: phys, Speedup: fast})
+			c := testClient(t)
+			base := "http://" + p.Addr()
+			f := func(chat bool, salt string, want int) {
+				t.Helper()
+				path, body := "/v1/completions", `{"max_tokens":1,"prompt":`+string(ids)
+				if chat {
+					path, body = "/v1/chat/completions", `{"max_tokens":1,"messages":[{"role":"user","content":"hi"}]`
+				}
+				if salt != "" {
+					body += `,"cache_salt":` + salt
+				}
+				status, b := post(t, c, base+path, json.RawMessage(body+"}"))
+				if status != want {
+					t.Errorf("%s cache_salt %s: %d %s, want %d", path, salt, status, b, want)
+				}
+			}
+			long := `"` + strings.Repeat("s", 129) + `"`
+			for _, chat := range []bool{false, true} {
+				for _, c := range []struct {
+					salt                 string
+					vllm, sglang, trtllm int // TensorRT-LLM's chat; its completion refuses any
+				}{
+					{``, 200, 200, 200},
+					{`null`, 200, 200, 200},
+					{`"tenant-a"`, 200, 200, 200},
+					{`""`, 400, 200, 400},
+					{`" "`, 200, 200, 400},
+					{`"a/b"`, 400, 200, 200},
+					{`"a\u0000"`, 400, 200, 200},
+					{long, 400, 200, 200},
+					{`[]`, 400, 200, 400},
+					{`["s1","s2"]`, 400, 500, 400},
+					{`5`, 400, 400, 400},
+				} {
+					want := map[engines.Kind]int{engines.VLLM: c.vllm, engines.SGLang: c.sglang, engines.TRTLLM: c.trtllm}[e]
+					if e == engines.TRTLLM && !chat && c.salt != "" {
+						want = 400
+					}
+					f(chat, c.salt, want)
+				}
+			}
+			if e == engines.SGLang {
+				// "" and [] salt nothing: they hit the unsalted prompt's blocks.
+				f(false, ``, 200)
+				for _, salt := range []string{`""`, `[]`} {
+					before := p.Stats().HitTokens
+					f(false, salt, 200)
+					if hit := p.Stats().HitTokens - before; hit != 4*bs {
+						t.Errorf("cache_salt %s: %d tokens hit, want the unsalted prompt's %d", salt, hit, 4*bs)
+					}
+				}
+			}
+		})
 	}
 }

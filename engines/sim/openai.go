@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"pdlb/engines"
 	"pdlb/engines/tokenize"
@@ -39,8 +38,9 @@ type genRequest struct {
 	// AddSpecialTokens is vLLM's completion field (default true): whether
 	// the tokenizer adds its BOS and other special tokens to the prompt.
 	AddSpecialTokens *laxBool `json:"add_special_tokens"`
-	// CacheSalt is vLLM's cache_salt (null for none); see cacheSalt.
-	CacheSalt any `json:"cache_salt"`
+	// CacheSalt is the engines' cache_salt as sent (nil: absent); see
+	// cacheSalt.
+	CacheSalt json.RawMessage `json:"cache_salt"`
 	// TruncatePromptTokens and TruncationSide are vLLM's: keep only the
 	// last (truncation_side "right": the first) so many prompt tokens;
 	// see truncation.
@@ -191,26 +191,60 @@ func badRequest(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
 }
 
-// maxCacheSalt is the longest cache_salt vLLM accepts, in characters.
-const maxCacheSalt = 128
-
-// cacheSalt returns the request's cache_salt ("" for none), refused as
-// vLLM refuses it (validate_cache_salt).
-func (r *genRequest) cacheSalt() (string, error) {
-	switch s := r.CacheSalt.(type) {
-	case nil:
-		return "", nil
-	case string:
-		if s == "" {
-			break
-		}
-		if utf8.RuneCountInString(s) > maxCacheSalt || strings.ContainsAny(s, "@/\\\x00") {
-			return "", badRequest("Parameter 'cache_salt' must be at most %d characters and must not contain '@', '/', '\\\\', or NUL.", maxCacheSalt)
-		}
+// cacheSalt returns the salt of r's prompts ("" for none), refused as
+// engine k refuses it (engines.Kind.CacheSaltFault), in its words; chat
+// says r is a chat completion.
+func (r *genRequest) cacheSalt(k engines.Kind, chat bool) (string, error) {
+	form, s := saltForm(r.CacheSalt)
+	switch k.CacheSaltFault(chat, form, s) {
+	case engines.SaltTaken:
 		return s, nil
+	case engines.SaltWrongType:
+		if k != engines.VLLM {
+			return "", badRequest("cache_salt: Input should be a valid string")
+		}
+		return "", badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+	case engines.SaltEmpty, engines.SaltBlank:
+		return "", badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+	case engines.SaltBadChars:
+		return "", badRequest("Parameter 'cache_salt' must be at most %d characters and must not contain '@', '/', '\\\\', or NUL.", engines.MaxCacheSalt)
+	case engines.SaltListFails:
+		return "", serverFault("Value of cache_salt must be a string, but got list")
+	default: // engines.SaltNoField
+		return "", badRequest("cache_salt: Extra inputs are not permitted")
 	}
-	return "", badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
 }
+
+// saltForm is the form of raw, a request's cache_salt as sent (nil:
+// absent), and its text when it is a string.
+func saltForm(raw json.RawMessage) (engines.SaltForm, string) {
+	var s string
+	var list []json.RawMessage
+	switch {
+	case raw == nil:
+		return engines.SaltAbsent, ""
+	case string(raw) == "null":
+		return engines.SaltNull, ""
+	case json.Unmarshal(raw, &s) == nil:
+		return engines.SaltString, s
+	case json.Unmarshal(raw, &list) != nil:
+		return engines.SaltOther, ""
+	case len(list) == 0:
+		return engines.SaltEmptyList, ""
+	}
+	for _, e := range list {
+		if e[0] != '"' {
+			return engines.SaltOther, ""
+		}
+	}
+	return engines.SaltList, ""
+}
+
+// serverFault is a request the engine takes and its server then fails
+// with a 500, saying why.
+type serverFault string
+
+func (f serverFault) Error() string { return string(f) }
 
 // vLLM's bounds on n (vllm/sampling_params.py): at most
 // VLLM_MAX_N_SEQUENCES, as it defaults; and a temperature below

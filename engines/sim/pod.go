@@ -372,12 +372,16 @@ func (p *Pod) failAccepted(ctx *fasthttp.RequestCtx, stream bool, code int, typ,
 	ctx.SetBody(append(b, "}\n\ndata: [DONE]\n\n"...))
 }
 
-// refuse answers 400 for a request the engine would not serve; a message
-// vLLM refuses before rendering gets vLLM's own body, naming the field
-// (the other engines name it in their own shape).
+// refuse answers 400 for a request the engine would not serve, or 500
+// for one its server fails (serverFault); a message vLLM refuses before
+// rendering gets vLLM's own body, naming the field (the other engines
+// name it in their own shape).
 func (p *Pod) refuse(ctx *fasthttp.RequestCtx, err error) {
 	var re *chat.RequestError
+	var fault serverFault
 	switch {
+	case errors.As(err, &fault):
+		p.writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "", "Internal server error: "+string(fault))
 	case errors.As(err, &re) && p.cfg.Engine == engines.VLLM:
 		ctx.SetStatusCode(fasthttp.StatusBadRequest)
 		ctx.SetContentType("application/json")
@@ -555,7 +559,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if err == nil {
 		prompts, err = p.requestTokens(ctx.PostBody(), &req, isChat)
 	}
-	salt, saltErr := req.cacheSalt()
+	salt, saltErr := req.cacheSalt(p.cfg.Engine, isChat)
 	err = cmp.Or(err, saltErr)
 	n := 1
 	if err == nil {

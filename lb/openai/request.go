@@ -7,12 +7,9 @@
 package openai
 
 import (
-	"bytes"
 	"math"
 	"strconv"
 	"sync"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/bytedance/sonic"
 	sonicutf8 "github.com/bytedance/sonic/utf8"
@@ -119,7 +116,7 @@ type Request struct {
 	// is its JSON form, and saltGot the text of one that is not a string,
 	// for CacheSaltError.
 	CacheSalt []byte
-	salt      saltForm
+	salt      engines.SaltForm
 	saltGot   []byte
 	// SpecialTokens is vLLM's "add_special_tokens" when given: whether the
 	// tokenizer adds its special tokens (BOS) to the prompt text;
@@ -639,36 +636,19 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 	return nil
 }
 
-// maxCacheSalt is the longest cache_salt vLLM accepts, in characters
-// (code points).
-const maxCacheSalt = 128
-
-// saltForm is the JSON form of "cache_salt": which engines take it depends
-// on it (CacheSaltError).
-type saltForm uint8
-
-const (
-	saltAbsent    saltForm = iota
-	saltNull               // null
-	saltString             // a string, CacheSalt
-	saltEmptyList          // [], which SGLang reads as no salt
-	saltList               // a list of strings, which SGLang's protocol takes and its server fails on
-	saltOther              // any other value, which no engine takes
-)
-
 // parseCacheSalt reads "cache_salt": a string, the salt, or any other
 // value, which keeps its text. Whether the engine takes it is
 // CacheSaltError's to say.
 func (r *Request) parseCacheSalt(s *scanner) error {
-	r.CacheSalt, r.salt = r.CacheSalt[:0], saltOther
+	r.CacheSalt, r.salt = r.CacheSalt[:0], engines.SaltOther
 	start := s.p
 	switch s.c() {
 	case 'n':
 		s.skip()
-		r.salt = saltNull
+		r.salt = engines.SaltNull
 		return nil
 	case '"':
-		r.salt = saltString
+		r.salt = engines.SaltString
 		raw, esc := s.str()
 		var ok bool
 		if r.CacheSalt, ok = appendUnquoted(r.CacheSalt, raw, esc); !ok {
@@ -676,14 +656,14 @@ func (r *Request) parseCacheSalt(s *scanner) error {
 		}
 		return nil
 	case '[':
-		r.salt = saltEmptyList
+		r.salt = engines.SaltEmptyList
 		s.open()
 		for i := 0; s.more(']', i); i++ {
 			switch {
 			case s.c() != '"':
-				r.salt = saltOther
-			case r.salt == saltEmptyList:
-				r.salt = saltList
+				r.salt = engines.SaltOther
+			case r.salt == engines.SaltEmptyList:
+				r.salt = engines.SaltList
 			}
 			s.skip()
 		}
@@ -696,50 +676,29 @@ func (r *Request) parseCacheSalt(s *scanner) error {
 }
 
 // CacheSaltError is the 400 Engine answers to r's cache_salt, nil when it
-// takes it. vLLM takes a non-empty string of at most maxCacheSalt
-// characters without '@', '/', '\' or NUL, which its cache backends use as
-// separators (validate_cache_salt); TensorRT-LLM's chat a string that is
-// not blank, and its completion request no cache_salt at all, null
-// included (its protocol forbids unknown fields); SGLang any string or
-// empty list (both "" and [] are no salt). SGLang's protocol takes a list
-// of strings too, which its server then fails with a 500
-// (_compute_extra_key wants a string): the gateway refuses it up front,
-// as the client's fault, rather than count it against the pod.
+// takes it (engines.Kind.CacheSaltFault). SGLang fails a list of salts
+// with a 500: the gateway refuses it up front, as the client's fault,
+// rather than count it against the pod.
 func (r *Request) CacheSaltError() *Error {
-	switch {
-	case r.salt == saltAbsent:
-		return nil
-	case r.Engine == engines.TRTLLM && r.Kind == KindCompletion:
-		return InvalidValue("cache_salt", "is not a field of TensorRT-LLM's completion request")
-	case r.salt == saltNull:
-		return nil
-	case r.Engine == engines.SGLang:
-		switch r.salt {
-		case saltOther:
+	switch r.Engine.CacheSaltFault(r.Kind == KindChat, r.salt, b2s(r.CacheSalt)) {
+	case engines.SaltWrongType:
+		if r.Engine == engines.SGLang {
 			return InvalidType("cache_salt", "a string or a list of strings", r.saltGot)
-		case saltList:
-			return InvalidValue("cache_salt", "must be a string: SGLang's server fails a list of salts")
 		}
-		return nil
-	case r.salt != saltString:
 		return InvalidType("cache_salt", "a non-empty string", r.saltGot)
-	case r.Engine == engines.TRTLLM:
-		if len(bytes.TrimFunc(r.CacheSalt, isPythonSpace)) == 0 {
-			return InvalidValue("cache_salt", "must not be blank")
-		}
-		return nil
-	case len(r.CacheSalt) == 0:
+	case engines.SaltEmpty:
 		return InvalidValue("cache_salt", "must not be empty")
-	case utf8.RuneCount(r.CacheSalt) > maxCacheSalt || bytes.ContainsAny(r.CacheSalt, "@/\\\x00"):
-		return InvalidValue("cache_salt", "must be at most "+strconv.Itoa(maxCacheSalt)+` characters and must not contain '@', '/', '\\' or NUL`)
+	case engines.SaltBlank:
+		return InvalidValue("cache_salt", "must not be blank")
+	case engines.SaltBadChars:
+		return InvalidValue("cache_salt", "must be at most "+strconv.Itoa(engines.MaxCacheSalt)+` characters and must not contain '@', '/', '\\' or NUL`)
+	case engines.SaltListFails:
+		return InvalidValue("cache_salt", "must be a string: SGLang's server fails a list of salts")
+	case engines.SaltNoField:
+		return InvalidValue("cache_salt", "is not a field of TensorRT-LLM's completion request")
 	}
 	return nil
 }
-
-// isPythonSpace says whether Python's str.strip, which TensorRT-LLM's
-// blank check uses, strips c: Go's white space and the separators
-// U+001C to U+001F.
-func isPythonSpace(c rune) bool { return unicode.IsSpace(c) || c >= 0x1c && c <= 0x1f }
 
 // parseMessages reads "messages" and renders them into r.Prompt. seen is
 // false for null, which counts as absent.
