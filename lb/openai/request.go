@@ -916,6 +916,7 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 		return false, InvalidType("prompt", wantPromptForm, s.b[s.skip():s.p])
 	}
 	s.open()
+	elems := s.p
 	first := s.c()
 	if first == ']' {
 		return false, InvalidValue("prompt", "must not be an empty list")
@@ -923,6 +924,12 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 	r.TokenIDs = first != '"'
 	for j := 0; s.more(']', j); j++ {
 		switch c := s.c(); {
+		case first == '"' && c != '"' && c != '[':
+			// Strings beside other values are no batch of texts: the
+			// engines' prompt, a union, takes the list as one prompt of
+			// ids, each read as a lax int ("2" is 2). Read again so.
+			s.p, first, j = elems, '0', -1
+			r.Prompt, r.ends, r.TokenIDs = r.Prompt[:0], r.ends[:0], true
 		case first == '"' && c == '"':
 			raw, esc := s.str()
 			var ok bool

@@ -138,6 +138,8 @@ func TestParseFields(t *testing.T) {
 		want{model: "m", maxTokens: 3, prompt: "abc\nd"})
 	f(KindCompletion, `{"model":"m","prompt":[1, 2 ,4294967295,0]}`,
 		want{model: "m", maxTokens: -1, ids: []uint32{1, 2, math.MaxUint32, 0}})
+	f(KindCompletion, `{"model":"m","prompt":["1",2,"3"]}`,
+		want{model: "m", maxTokens: -1, ids: []uint32{1, 2, 3}})
 	f(KindCompletion, `{"model":"m","prompt":[[1,2],[],[3]]}`,
 		want{model: "m", maxTokens: -1, ids: []uint32{1, 2, 3}})
 	f(KindCompletion, `{"model":"m","messages":7,"prompt":"x"}`,
@@ -221,7 +223,7 @@ func TestParseErrors(t *testing.T) {
 	f(KindCompletion, `{"model":"m","prompt":{}}`,
 		`"prompt" must be a string, a list of strings, a list of token ids or a list of lists of token ids, got {}`, "prompt", CodeInvalidType)
 	f(KindCompletion, `{"model":"m","prompt":[]}`, `"prompt" must not be an empty list`, "prompt", CodeInvalidValue)
-	f(KindCompletion, `{"model":"m","prompt":["a",1]}`, `"prompt[1]" must be a string, got 1`, "prompt[1]", CodeInvalidType)
+	f(KindCompletion, `{"model":"m","prompt":["a",1]}`, `"prompt[0]" must be a token id (an integer from 0 to 4294967295), got "a"`, "prompt[0]", CodeInvalidType)
 	f(KindCompletion, `{"model":"m","prompt":[1,"a"]}`,
 		`"prompt[1]" must be a token id (an integer from 0 to 4294967295), got "a"`, "prompt[1]", CodeInvalidType)
 	f(KindCompletion, `{"model":"m","prompt":[1,-2]}`,
@@ -790,9 +792,19 @@ func referencePrompt(v any) (text string, ids []uint32, texts []string, lists []
 		if len(p) == 0 {
 			return "", nil, nil, nil, false
 		}
+		// pydantic's smart union: strings only are texts, lists only
+		// lists of ids, anything else one prompt of ids.
+		form := p[0]
+		for _, e := range p {
+			if _, isStr := e.(string); !isStr {
+				if _, isStr := form.(string); isStr {
+					form = 0
+				}
+			}
+		}
 		ids = []uint32{}
 		for _, e := range p {
-			switch p[0].(type) {
+			switch form.(type) {
 			case string:
 				s, isStr := e.(string)
 				if !isStr {
@@ -823,7 +835,7 @@ func referencePrompt(v any) (text string, ids []uint32, texts []string, lists []
 				ids = append(ids, i)
 			}
 		}
-		if _, isStr := p[0].(string); isStr {
+		if _, isStr := form.(string); isStr {
 			return text, nil, texts, nil, true
 		}
 		return "", ids, nil, lists, true
