@@ -33,11 +33,19 @@
 // default bound is thus about 19 MB per pod at worst with equal sizes. An engine cannot
 // hold more blocks than its KV cache has, so a pod over the bound means the
 // feed missed removals: the pod is cleared and rebuilt from later events.
+//
+// A pod whose engine runs several data-parallel ranks behind one API server
+// (vLLM's --data-parallel-size) gets a feed per rank (Indexer.Ranks): each
+// rank has its own cache and events, and the pod holds a block while any
+// rank does. The feeds count the ranks' blocks behind each gateway key (one
+// map entry per key) and take a key out of the index only when its last
+// block goes.
 package kvindex
 
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"pdlb/engines"
@@ -47,7 +55,7 @@ import (
 // Index is what the feed writes into (radix.Tree implements it). Its
 // methods must be safe to call from several goroutines at once: each pod's
 // feed writes from its own subscriber's goroutine (radix.Tree serialises
-// writers with its own mutex).
+// writers with its own mutex); the feeds of one pod's ranks take turns.
 type Index interface {
 	// Insert: pod now holds the chain keys[0:len], keys[0] starting a
 	// prompt.
@@ -121,6 +129,44 @@ func (ix *Indexer) Pod(pod int32, model string) *Pod {
 	return &Pod{ix: ix, id: pod, seed: radix.Seed(model), byHash: make(map[uint64]int32)}
 }
 
+// Ranks returns the feeds of one pod serving model whose engine runs n
+// data-parallel ranks, each publishing its own events: feed r takes rank
+// r's. Each feed is a Pod, but the pod holds a gateway key in the index
+// while a block of any rank holds it, so one rank's removals and clears
+// leave the other ranks' copies. The feeds' event methods may be called
+// from one goroutine each. Ranks(pod, model, 1) is a single Pod.
+func (ix *Indexer) Ranks(pod int32, model string, n int) []*Pod {
+	if n <= 1 {
+		return []*Pod{ix.Pod(pod, model)}
+	}
+	shared := &rankHolds{held: make(map[uint64]int32)}
+	feeds := make([]*Pod, n)
+	for r := range feeds {
+		feeds[r] = ix.Pod(pod, model)
+		feeds[r].ranks = shared
+	}
+	return feeds
+}
+
+// rankHolds is what the feeds of one pod's ranks share: for each gateway
+// key, the number of live blocks of any rank holding it. Its mutex is held
+// through a feed's whole event, index writes included, so a key one rank
+// releases cannot leave the index after another rank stored it again.
+type rankHolds struct {
+	mu   sync.Mutex
+	held map[uint64]int32
+}
+
+// release drops one hold of key and reports whether it was the last.
+func (h *rankHolds) release(key uint64) bool {
+	if n := h.held[key] - 1; n > 0 {
+		h.held[key] = n
+		return false
+	}
+	delete(h.held, key)
+	return true
+}
+
 // PodCounters are a Pod's plain atomic counters, for the gateway to export.
 type PodCounters struct {
 	// Stored and Removed count engine blocks taken into and out of the
@@ -142,14 +188,17 @@ type PodCounters struct {
 	Clears atomic.Uint64
 }
 
-// Pod keeps one pod's engine-hash → gateway-key map and writes its changes
-// into the index. Its event methods must be called from one goroutine at a
-// time (a Subscriber calls them from its own); Counters and Blocks may be
-// read from any.
+// Pod keeps one pod's (or one of its ranks') engine-hash → gateway-key map
+// and writes its changes into the index. Its event methods must be called
+// from one goroutine at a time (a Subscriber calls them from its own);
+// Counters and Blocks may be read from any.
 type Pod struct {
 	ix   *Indexer
 	id   int32
 	seed uint64
+	// ranks is shared by the feeds of the pod's data-parallel ranks; nil
+	// for a pod of one (see Indexer.Ranks).
+	ranks *rankHolds
 
 	// blockSize is the engine's block size in tokens, fixed by the first
 	// BlockStored after a clear; 0 before it. perBlock is the number of
@@ -197,6 +246,10 @@ func (p *Pod) Blocks() int { return int(p.blocks.Load()) }
 func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys) {
 	if len(blockHashes) == 0 {
 		return
+	}
+	if r := p.ranks; r != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
 	}
 	gw := p.ix.cfg.BlockSize
 	if blockSize <= 0 || (blockSize%gw != 0 && gw%blockSize != 0) || len(tokenIDs) != len(blockHashes)*blockSize ||
@@ -345,6 +398,7 @@ func (p *Pod) store(h uint64, parent int32, keys []uint64, toks []uint32) int32 
 		if p.slots[s].removed {
 			p.slots[s].removed = false
 			p.blocks.Add(1)
+			p.hold(s)
 		}
 		return s
 	}
@@ -372,7 +426,19 @@ func (p *Pod) store(h uint64, parent int32, keys []uint64, toks []uint32) int32 
 	}
 	p.byHash[h] = s
 	p.blocks.Add(1)
+	p.hold(s)
 	return s
+}
+
+// hold counts live slot s's gateway keys as held by one more block of the
+// pod's ranks.
+func (p *Pod) hold(s int32) {
+	if p.ranks == nil {
+		return
+	}
+	for _, k := range p.keysOf(s) {
+		p.ranks.held[k]++
+	}
 }
 
 // BlockRemoved takes the named engine blocks out of the index; unknown
@@ -383,6 +449,17 @@ func (p *Pod) store(h uint64, parent int32, keys []uint64, toks []uint32) int32 
 // engine evicts a prompt's deepest blocks first; a list may also run from
 // the root) go in one Remove.
 func (p *Pod) BlockRemoved(blockHashes []uint64) {
+	if r := p.ranks; r != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	p.Counters.Removed.Add(uint64(p.removeBlocks(blockHashes)))
+}
+
+// removeBlocks is BlockRemoved without the lock and the counter; it
+// returns the number of blocks removed.
+func (p *Pod) removeBlocks(blockHashes []uint64) int {
+	removed := 0
 	// Pending (when last ≥ 0): the last n keys of p.chain, blocks from the
 	// child of slot above down to slot last.
 	n, above, last := 0, int32(-1), int32(-1)
@@ -399,7 +476,7 @@ func (p *Pod) BlockRemoved(blockHashes []uint64) {
 			last = s
 		default:
 			if n > 0 {
-				p.ix.idx.Remove(p.id, p.chain, n)
+				p.remove(p.chain, n)
 			}
 			p.chain = p.appendPrefix(p.chain[:0], s)
 			n, above, last = 0, p.slots[s].parent, s
@@ -407,11 +484,35 @@ func (p *Pod) BlockRemoved(blockHashes []uint64) {
 		n += len(p.keysOf(s))
 		p.slots[s].removed = true
 		p.blocks.Add(-1)
-		p.Counters.Removed.Add(1)
+		removed++
 		p.release(s)
 	}
 	if n > 0 {
-		p.ix.idx.Remove(p.id, p.chain, n)
+		p.remove(p.chain, n)
+	}
+	return removed
+}
+
+// remove takes the pod's last n blocks of chain out of the index: on a pod
+// of several ranks only the keys no other block holds, in runs.
+func (p *Pod) remove(chain []uint64, n int) {
+	if p.ranks == nil {
+		p.ix.idx.Remove(p.id, chain, n)
+		return
+	}
+	run := 0 // released keys ending before chain[i]
+	for i := len(chain) - n; i < len(chain); i++ {
+		if p.ranks.release(chain[i]) {
+			run++
+			continue
+		}
+		if run > 0 {
+			p.ix.idx.Remove(p.id, chain[:i], run)
+			run = 0
+		}
+	}
+	if run > 0 {
+		p.ix.idx.Remove(p.id, chain, run)
 	}
 }
 
@@ -429,16 +530,45 @@ func (p *Pod) release(s int32) {
 	}
 }
 
-// AllBlocksCleared removes the pod from the index and forgets its blocks.
+// AllBlocksCleared forgets the pod's blocks and takes them out of the index
+// (a rank's: those no other rank holds).
 func (p *Pod) AllBlocksCleared() {
+	if r := p.ranks; r != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
 	p.Counters.Clears.Add(1)
 	p.clear()
 }
 
+// clear forgets the pod's blocks: all of the pod's in the index, or only
+// those of this rank's that no other rank holds.
 func (p *Pod) clear() {
-	p.ix.idx.RemovePod(p.id)
+	if p.ranks == nil {
+		p.ix.idx.RemovePod(p.id)
+	} else {
+		p.removeBlocks(p.leavesUp())
+	}
 	clear(p.byHash)
 	p.slots, p.keys, p.toks, p.free = p.slots[:0], p.keys[:0], p.toks[:0], p.free[:0]
 	p.blockSize, p.perBlock, p.group = 0, 0, 0
 	p.blocks.Store(0)
+}
+
+// leavesUp lists the hashes of the pod's blocks as removeBlocks takes them
+// in fewest runs: from each leaf up its chain, to the first block listed
+// before.
+func (p *Pod) leavesUp() []uint64 {
+	listed := make([]bool, len(p.slots))
+	hashes := make([]uint64, 0, len(p.byHash))
+	for _, s := range p.byHash {
+		if p.slots[s].children > 0 {
+			continue
+		}
+		for ; s >= 0 && !listed[s]; s = p.slots[s].parent {
+			listed[s] = true
+			hashes = append(hashes, p.slots[s].hash)
+		}
+	}
+	return hashes
 }

@@ -333,3 +333,42 @@ func TestRemovalsShareAChain(t *testing.T) {
 		}
 	}
 }
+
+// TestRanksKeepEachOthersBlocks: the ranks of a data-parallel pod cache
+// alone, each with its own events, and often the same prompt under the
+// same engine hashes (one PYTHONHASHSEED). The pod holds a block while any
+// rank does: one rank's eviction or clear leaves the other's copy in the
+// index.
+func TestRanksKeepEachOthersBlocks(t *testing.T) {
+	tree := newTree(t)
+	f := newFake()
+	ix := newIndexer(t, both{f, tree}, Config{BlockSize: 4})
+	ranks := ix.Ranks(7, model, 2)
+	shared, other := prompt(12, 1), prompt(8, 2)
+	match := func(tokens []uint32, want int) {
+		t.Helper()
+		keys := gatewayKeys(tokens, 4)
+		out := make([]int32, 8)
+		tree.Match(keys, out)
+		if got := f.match(7, keys); out[7] != int32(want) || got != want {
+			t.Fatalf("tree matches %d blocks, fake %d, want %d", out[7], got, want)
+		}
+	}
+	for _, r := range ranks {
+		r.BlockStored(0, false, []uint64{10, 11, 12}, shared, 4, engines.ExtraKeys{})
+	}
+	ranks[1].BlockStored(0, false, []uint64{20, 21}, other, 4, engines.ExtraKeys{})
+	match(shared, 3)
+
+	ranks[1].BlockRemoved([]uint64{12, 11, 10})
+	match(shared, 3)
+	ranks[1].BlockStored(0, false, []uint64{10, 11, 12}, shared, 4, engines.ExtraKeys{})
+	ranks[1].AllBlocksCleared()
+	match(other, 0)
+	match(shared, 3)
+
+	ranks[0].BlockRemoved([]uint64{12})
+	match(shared, 2)
+	ranks[0].AllBlocksCleared()
+	match(shared, 0)
+}
