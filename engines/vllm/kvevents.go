@@ -2,7 +2,10 @@
 // wire: the Go types and msgpack codec of its events (this file), a
 // Publisher with vLLM's PUB socket and replay ROUTER (kvpublisher.go), and a
 // per-pod Subscriber that follows a publisher, repairs sequence gaps through
-// replay and notices restarts (kvsubscriber.go).
+// replay and notices restarts (kvsubscriber.go). An engine started with
+// --data-parallel-size runs a publisher per rank, rank r on the configured
+// ports + r: StartRanks starts such a set, and a Subscriber follows one
+// rank (SubscriberConfig.DataParallelRank).
 //
 // # Wire format
 //

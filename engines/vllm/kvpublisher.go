@@ -8,6 +8,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -62,8 +63,11 @@ type PublisherConfig struct {
 	FlushInterval time.Duration
 	// Encoding is the payload layout (default EncodingMap, current vLLM's).
 	Encoding Encoding
-	// DataParallelRank is written as the batches' data_parallel_rank
-	// (default 0, as vLLM fills it in).
+	// DataParallelRank is the engine rank publishing (default 0): it is
+	// written as the batches' data_parallel_rank, and both sockets listen
+	// on their ports + DataParallelRank, as each rank of a vLLM engine
+	// started with --data-parallel-size offsets the kv_events_config
+	// endpoints all ranks share (ports 0 stay free ports).
 	DataParallelRank int64
 	// Engine is the engine whose events these are (default vLLM). vLLM's
 	// name their KV-cache group: group_idx on stores and removals and
@@ -101,6 +105,9 @@ func (c PublisherConfig) Validate() error {
 	if err := validateTCP("ReplayEndpoint", c.ReplayEndpoint); err != nil {
 		return err
 	}
+	if _, _, err := rankEndpoints("PublisherConfig", c.DataParallelRank, c.Endpoint, c.ReplayEndpoint); err != nil {
+		return err
+	}
 	if c.BufferSteps < 0 {
 		return fmt.Errorf("vllm: PublisherConfig.BufferSteps %d is negative", c.BufferSteps)
 	}
@@ -121,14 +128,48 @@ func (c PublisherConfig) Validate() error {
 
 // validateTCP checks that ep is tcp://host:port with a numeric port.
 func validateTCP(field, ep string) error {
-	hostPort, ok := strings.CutPrefix(ep, "tcp://")
-	if !ok {
-		return fmt.Errorf("vllm: %s %q is not tcp://host:port", field, ep)
-	}
-	if _, _, err := net.SplitHostPort(hostPort); err != nil {
+	if _, _, err := splitTCP(ep); err != nil {
 		return fmt.Errorf("vllm: %s %q is not tcp://host:port: %w", field, ep, err)
 	}
 	return nil
+}
+
+// splitTCP splits tcp://host:port.
+func splitTCP(ep string) (host string, port int, err error) {
+	hostPort, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return "", 0, errors.New("no tcp:// scheme")
+	}
+	host, p, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return "", 0, err
+	}
+	if port, err = strconv.Atoi(p); err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("port %q is not 0 to 65535", p)
+	}
+	return host, port, nil
+}
+
+// rankEndpoints returns a config's endpoints (config names it in errors)
+// as data-parallel rank rank uses them: each port + rank, as vLLM's
+// ZmqEventPublisher offsets them (offset_endpoint_port), but a port 0,
+// which picks a free port, stays 0. Both must be valid tcp:// endpoints.
+func rankEndpoints(config string, rank int64, ep, replay string) (string, string, error) {
+	if rank < 0 {
+		return "", "", fmt.Errorf("vllm: %s.DataParallelRank %d is negative", config, rank)
+	}
+	out := [2]string{ep, replay}
+	for i, field := range [2]string{"Endpoint", "ReplayEndpoint"} {
+		host, port, _ := splitTCP(out[i])
+		if port == 0 || rank == 0 {
+			continue
+		}
+		if int64(port)+rank > 65535 {
+			return "", "", fmt.Errorf("vllm: %s.%s %q: its port + DataParallelRank %d is past 65535", config, field, out[i], rank)
+		}
+		out[i] = "tcp://" + net.JoinHostPort(host, strconv.FormatInt(int64(port)+rank, 10))
+	}
+	return out[0], out[1], nil
 }
 
 // discardLog silences zmq4's own logging; the counters and errors of this
@@ -196,6 +237,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.Endpoint, cfg.ReplayEndpoint, _ = rankEndpoints("PublisherConfig", cfg.DataParallelRank, cfg.Endpoint, cfg.ReplayEndpoint)
 	p := &Publisher{
 		cfg:        cfg,
 		topic:      []byte(cfg.Topic),
@@ -224,6 +266,51 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	go p.flushLoop()
 	go p.replayLoop()
 	return p, nil
+}
+
+// rankPortTries bounds StartRanks' draws of free ports.
+const rankPortTries = 20
+
+// StartRanks starts the publishers of an engine's n data-parallel ranks,
+// which share cfg as vLLM's ranks share one kv_events_config: publisher r
+// is rank r's (cfg.DataParallelRank is ignored), on cfg's ports + r. Where
+// cfg has port 0, rank 0 listens on a free port and rank r on that + r; a
+// port taken by then is drawn again.
+func StartRanks(cfg PublisherConfig, n int) ([]*Publisher, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("vllm: StartRanks: %d ranks, want at least 1", n)
+	}
+	cfg = cfg.withDefaults()
+	_, port, _ := splitTCP(cfg.Endpoint)
+	_, replay, _ := splitTCP(cfg.ReplayEndpoint)
+	for try := 1; ; try++ {
+		pubs, err := startRanks(cfg, n)
+		if err == nil || try == rankPortTries || port != 0 && replay != 0 {
+			return pubs, err
+		}
+	}
+}
+
+func startRanks(cfg PublisherConfig, n int) ([]*Publisher, error) {
+	pubs := make([]*Publisher, 0, n)
+	for r := range n {
+		c := cfg
+		c.DataParallelRank = int64(r)
+		if r > 0 {
+			// Rank 0's ports, free ones as drawn.
+			c.Endpoint, c.ReplayEndpoint = pubs[0].Endpoint(), pubs[0].ReplayEndpoint()
+		}
+		p, err := NewPublisher(c)
+		if err != nil {
+			err = fmt.Errorf("vllm: data-parallel rank %d: %w", r, err)
+			for _, p := range pubs {
+				err = errors.Join(err, p.Close())
+			}
+			return nil, err
+		}
+		pubs = append(pubs, p)
+	}
+	return pubs, nil
 }
 
 // Endpoint is the PUB socket's address, tcp://host:port, with the port

@@ -167,6 +167,64 @@ func TestPubSubGapReplayAndRestart(t *testing.T) {
 	}
 }
 
+// TestDataParallelRanks: the ranks of an engine started with
+// --data-parallel-size share one kv_events_config and rank r listens on
+// its ports + r, tagging its batches with r; a subscriber told the rank
+// follows that rank alone, live and through its own replay socket.
+func TestDataParallelRanks(t *testing.T) {
+	const n = 3
+	pubs, err := StartRanks(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", FlushInterval: time.Hour}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := splitTCP(pubs[0].Endpoint())
+	_, replay, _ := splitTCP(pubs[0].ReplayEndpoint())
+	subs, recs := make([]*Subscriber, n), make([]*recorder, n)
+	for r, p := range pubs {
+		t.Cleanup(func() { p.Close() })
+		_, pp, _ := splitTCP(p.Endpoint())
+		_, rp, _ := splitTCP(p.ReplayEndpoint())
+		if pp != port+r || rp != replay+r {
+			t.Fatalf("rank %d listens on %d and %d, want %d and %d", r, pp, rp, port+r, replay+r)
+		}
+		recs[r] = &recorder{}
+		if subs[r], err = NewSubscriber(SubscriberConfig{Endpoint: pubs[0].Endpoint(), ReplayEndpoint: pubs[0].ReplayEndpoint(),
+			DataParallelRank: int64(r), RedialInterval: 10 * time.Millisecond}, recs[r]); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { subs[r].Close() })
+		joined(t, p, recs[r])
+		testwait.For(t, "warm-up replays", func() bool { return subs[r].Counters.Batches.Load() == uint64(p.nextSeq) })
+	}
+	base, wants := make([]int, n), make([][]string, n)
+	for r, p := range pubs {
+		base[r] = len(recs[r].snapshot())
+		// The last rank's first batch reaches its subscriber only by
+		// replay.
+		if r == n-1 {
+			p.dropSeq(p.nextSeq)
+		}
+		for i := range 2 {
+			wants[r] = append(wants[r], storeEvent(p, 10*r+i))
+			p.flush()
+		}
+	}
+	for r, p := range pubs {
+		want := wants[r]
+		testwait.For(t, fmt.Sprintf("rank %d's events", r), func() bool { return len(recs[r].snapshot()) >= base[r]+len(want) })
+		if got := recs[r].snapshot()[base[r]:]; !slices.Equal(got, want) {
+			t.Fatalf("rank %d's subscriber got %q, want %q", r, got, want)
+		}
+		b, err := Decode(p.since(0)[0].payload)
+		if err != nil || !b.HasDPRank || b.DPRank != int64(r) {
+			t.Fatalf("rank %d's batch: data_parallel_rank %d (set %v), %v", r, b.DPRank, b.HasDPRank, err)
+		}
+	}
+	if subs[n-1].Counters.Gaps.Load() == 0 {
+		t.Fatal("the withheld batch made no gap")
+	}
+}
+
 // subscriberAt builds a Subscriber that holds batch last (with a digest no
 // publisher will match) without running its goroutine, so a test can drive
 // onBatch against a real replay socket.
@@ -265,6 +323,13 @@ func TestConfigValidate(t *testing.T) {
 	f(PublisherConfig{Engine: "tgi"}.withDefaults().Validate(), `Engine "tgi"`)
 	f(SubscriberConfig{}.withDefaults().Validate(), `Endpoint ""`)
 	f(SubscriberConfig{Endpoint: "tcp://h:1", ReplayTimeout: -1}.withDefaults().Validate(), `ReplayTimeout "-1ns"`)
+	f(SubscriberConfig{Endpoint: "tcp://h:port"}.withDefaults().Validate(), `Endpoint "tcp://h:port" is not tcp://host:port: port "port"`)
+	f(PublisherConfig{DataParallelRank: -1}.withDefaults().Validate(), "PublisherConfig.DataParallelRank -1 is negative")
+	f(SubscriberConfig{Endpoint: "tcp://h:65534", DataParallelRank: 2}.withDefaults().Validate(),
+		`SubscriberConfig.Endpoint "tcp://h:65534": its port + DataParallelRank 2 is past 65535`)
+	if _, err := StartRanks(PublisherConfig{}, 0); err == nil {
+		t.Fatal("StartRanks started no rank")
+	}
 	if err := (SubscriberConfig{Endpoint: "tcp://10.0.0.1:5557"}).withDefaults().Validate(); err != nil {
 		t.Fatal(err)
 	}

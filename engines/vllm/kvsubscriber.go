@@ -39,6 +39,10 @@ type SubscriberConfig struct {
 	// RedialInterval is the wait between dials (default
 	// DefaultRedialInterval).
 	RedialInterval time.Duration
+	// DataParallelRank is the engine rank followed (default 0): a vLLM
+	// engine's rank r listens on Endpoint's and ReplayEndpoint's ports + r
+	// (see PublisherConfig.DataParallelRank).
+	DataParallelRank int64
 }
 
 func (c SubscriberConfig) withDefaults() SubscriberConfig {
@@ -63,6 +67,9 @@ func (c SubscriberConfig) Validate() error {
 		return err
 	}
 	if err := validateTCP("ReplayEndpoint", c.ReplayEndpoint); err != nil {
+		return err
+	}
+	if _, _, err := rankEndpoints("SubscriberConfig", c.DataParallelRank, c.Endpoint, c.ReplayEndpoint); err != nil {
 		return err
 	}
 	if c.ReplayTimeout < 0 {
@@ -137,6 +144,7 @@ func NewSubscriber(cfg SubscriberConfig, sink BlockEvents) (*Subscriber, error) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.Endpoint, cfg.ReplayEndpoint, _ = rankEndpoints("SubscriberConfig", cfg.DataParallelRank, cfg.Endpoint, cfg.ReplayEndpoint)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{cfg: cfg, sink: sink, ctx: ctx, cancel: cancel, done: make(chan struct{}), last: -1}
 	go s.run()
