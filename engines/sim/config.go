@@ -16,18 +16,19 @@ import (
 
 // Defaults of a pod's Config.
 const (
-	DefaultModel       = "sim-model"
-	DefaultListen      = "127.0.0.1:0"
-	DefaultSpeedup     = 1.0
-	DefaultMaxTokens   = 128
-	DefaultMaxModelLen = 32768
-	DefaultTick        = 2 * time.Millisecond
-	DefaultRole        = RoleCombined
-	DefaultKVScale     = 1.0 / 1024
-	DefaultKVTimeout   = 480 * time.Second // vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT
-	defaultNamePrefix  = "sim-"
-	maxSpeedup         = 1e6
-	maxModelNameLen    = 256
+	DefaultModel            = "sim-model"
+	DefaultListen           = "127.0.0.1:0"
+	DefaultSpeedup          = 1.0
+	DefaultMaxTokens        = 128
+	DefaultMaxModelLen      = 32768
+	DefaultTick             = 2 * time.Millisecond
+	DefaultRole             = RoleCombined
+	DefaultKVScale          = 1.0 / 1024
+	DefaultKVTimeout        = 480 * time.Second // vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT
+	DefaultDataParallelSize = 1
+	defaultNamePrefix       = "sim-"
+	maxSpeedup              = 1e6
+	maxModelNameLen         = 256
 )
 
 // Roles a pod plays in prefill/decode disaggregation.
@@ -107,9 +108,20 @@ type Config struct {
 	// a decode pod of a push-style protocol (SGLang, TensorRT-LLM
 	// generation_first) waits for it (default 480 s).
 	KVTimeout time.Duration
+	// DataParallelSize is the number of engine ranks behind the pod's one
+	// API server, as vLLM's --data-parallel-size with its internal load
+	// balancer (default 1). Requests go to the ranks in turn; each rank
+	// has a prefix cache of its own (of Physics.CacheBlocks) and publishes
+	// its own KV events. The ranks share the rest of the pod: one
+	// scheduler, its batch slots, KV room and timing.
+	DataParallelSize int
 	// KVEvents receives the prefix cache's stored, removed and cleared
-	// blocks (default nil: no events).
+	// blocks (default nil: no events); on a pod of several ranks, rank
+	// 0's.
 	KVEvents KVEventSink
+	// RankKVEvents receive the events of ranks 1, 2 and on, in order
+	// (default none: those ranks publish nothing).
+	RankKVEvents []KVEventSink
 	// Prompt is the model's tokenizer and chat template, so the pod counts
 	// and caches the ids the real engine would (default nil: the stand-in
 	// tokenizer the gateway also defaults to).
@@ -174,6 +186,9 @@ func (c Config) withDefaults() Config {
 	if c.KVTimeout == 0 {
 		c.KVTimeout = DefaultKVTimeout
 	}
+	if c.DataParallelSize == 0 {
+		c.DataParallelSize = DefaultDataParallelSize
+	}
 	c.loraDefaults()
 	return c
 }
@@ -226,6 +241,12 @@ func (c Config) Validate() error {
 	}
 	if c.KVTimeout <= 0 {
 		return bad("kv_timeout", c.KVTimeout, "must be positive")
+	}
+	if c.DataParallelSize < 1 {
+		return bad("data_parallel_size", c.DataParallelSize, "must be at least 1")
+	}
+	if len(c.RankKVEvents) >= c.DataParallelSize {
+		return bad("data_parallel_size", c.DataParallelSize, fmt.Sprintf("leaves no rank for RankKVEvents[%d]", c.DataParallelSize-1))
 	}
 	return c.validateLoRA(bad)
 }

@@ -260,4 +260,5 @@ func TestFleetPublishesKVEvents(t *testing.T) {
 	}
 	f("pods:\n  - kv_replay: tcp://127.0.0.1:5558\n", `kv_replay = "tcp://127.0.0.1:5558" needs kv_events`)
 	f("pods:\n  - kv_events: 127.0.0.1:5557\n", `kv_events = "127.0.0.1:5557" must be tcp://host:port`)
+	f("pods:\n  - data_parallel_size: -1\n", `data_parallel_size = "-1" must be at least 1`)
 }

@@ -37,7 +37,8 @@ import (
 //	  kv_scale: 0.0009765625  # fraction of the KV bytes a transfer really moves
 //	  kv_timeout: 480s        # how long KV waits for pickup
 //	  kv_events: ""           # tcp://host:port: publish KV events there as the engine does (replay on kv_replay)
-//	  kv_replay: ""           # the replay socket (default: kv_events' port + 1)
+//	  kv_replay: ""           # the replay socket (default: the port after kv_events' ranks)
+//	  data_parallel_size: 1   # engine ranks behind the API server (vLLM's --data-parallel-size): rank r publishes on both ports + r
 //	  tokenizer: ""           # a Hugging Face tokenizer directory: count and cache the model's real ids
 //	  chat_template: ""       # a template file (or text) replacing the tokenizer's, as vLLM's --chat-template
 //	  chat_template_kwargs: {} # defaults under each request's, as vLLM's --default-chat-template-kwargs
@@ -80,6 +81,7 @@ type podFile struct {
 	KVTimeout        time.Duration  `yaml:"kv_timeout"`
 	KVEvents         string         `yaml:"kv_events"`
 	KVReplay         string         `yaml:"kv_replay"`
+	DataParallelSize int            `yaml:"data_parallel_size"`
 	Tokenizer        string         `yaml:"tokenizer"`
 	ChatTemplate     string         `yaml:"chat_template"`
 	ChatTemplateArgs map[string]any `yaml:"chat_template_kwargs"`
@@ -120,6 +122,7 @@ func (p podFile) config() Config {
 		Speedup: p.Speedup, Seed: p.Seed, HashSeed: p.HashSeed,
 		DefaultMaxTokens: p.DefaultMaxTokens, MaxModelLen: p.MaxModelLen, Tick: p.Tick, Role: p.Role,
 		BootstrapPort: p.BootstrapPort, KVXferListen: p.KVXferListen, KVScale: p.KVScale, KVTimeout: p.KVTimeout,
+		DataParallelSize: p.DataParallelSize,
 		Physics: Physics{
 			PrefillTokensPerSec: f.PrefillTokensPerSec, DecodeBaseSec: f.DecodeBaseSec,
 			DecodePerSeqSec: f.DecodePerSeqSec, MaxBatch: f.MaxBatch, BlockSize: f.BlockSize,
@@ -133,7 +136,7 @@ func (p podFile) config() Config {
 
 // FleetConfig is a parsed fleet: one Config per pod, defaults applied and
 // validated, and beside each the KV-event publisher it feeds (Endpoint ""
-// for none).
+// for none), shared by its ranks (vllm.StartRanks).
 type FleetConfig struct {
 	Pods   []Config
 	Events []vllm.PublisherConfig
@@ -208,7 +211,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 			return FleetConfig{}, fmt.Errorf("%w: pods[%d].listen = %q repeats pods[%d].listen", errFleet, i, c.Listen, j)
 		}
 		listens[c.Listen] = i
-		ev, err := publisherOf(pf, c.Engine)
+		ev, err := publisherOf(pf, c.Engine, c.DataParallelSize)
 		if err != nil {
 			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
 		}
@@ -218,10 +221,11 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 	return fc, nil
 }
 
-// publisherOf is the KV-event publisher a pod of engine asks for with
-// kv_events and kv_replay, publishing as that engine does; the replay
-// socket defaults to the next port, as vLLM's 5557 and 5558.
-func publisherOf(p podFile, engine engines.Kind) (vllm.PublisherConfig, error) {
+// publisherOf is the KV-event publisher a pod of engine and ranks asks for
+// with kv_events and kv_replay, publishing as that engine does; the replay
+// socket defaults to the port after the ranks' PUB ports, as vLLM's 5557
+// and 5558 for one rank.
+func publisherOf(p podFile, engine engines.Kind, ranks int) (vllm.PublisherConfig, error) {
 	if p.KVEvents == "" {
 		if p.KVReplay != "" {
 			return vllm.PublisherConfig{}, fmt.Errorf("kv_replay = %q needs kv_events", p.KVReplay)
@@ -236,7 +240,7 @@ func publisherOf(p podFile, engine engines.Kind) (vllm.PublisherConfig, error) {
 			return c, fmt.Errorf("kv_events = %q must be tcp://host:port", p.KVEvents)
 		}
 		if n != 0 {
-			n++
+			n += ranks
 		}
 		c.ReplayEndpoint = "tcp://" + net.JoinHostPort(host, strconv.Itoa(n))
 	}
@@ -256,7 +260,7 @@ func hasZeroPort(addr string) bool {
 // Fleet is a set of running pods and their KV-event publishers.
 type Fleet struct {
 	pods []*Pod
-	pubs []*vllm.Publisher // pubs[i] is pods[i]'s, or nil
+	pubs [][]*vllm.Publisher // pubs[i] are pods[i]'s, one per rank, or none
 }
 
 // StartFleet starts every pod of fc, in order, each after its KV-event
@@ -265,29 +269,43 @@ type Fleet struct {
 func StartFleet(fc FleetConfig) (*Fleet, error) {
 	f := &Fleet{}
 	for i, c := range fc.Pods {
-		var pub *vllm.Publisher
+		var pubs []*vllm.Publisher
 		if i < len(fc.Events) && fc.Events[i].Endpoint != "" {
 			var err error
-			if pub, err = vllm.NewPublisher(fc.Events[i]); err != nil {
+			if pubs, err = vllm.StartRanks(fc.Events[i], max(c.DataParallelSize, 1)); err != nil {
 				return nil, errors.Join(fmt.Errorf("sim: pod %s: kv_events: %w", c.Name, err), f.Close())
 			}
-			c.KVEvents = pub
+			c.KVEvents = pubs[0]
+			for _, pub := range pubs[1:] {
+				c.RankKVEvents = append(c.RankKVEvents, pub)
+			}
 		}
 		p, err := Start(c)
 		if err != nil {
-			if pub != nil {
-				err = errors.Join(err, pub.Close())
-			}
-			return nil, errors.Join(err, f.Close())
+			return nil, errors.Join(err, closePublishers(pubs), f.Close())
 		}
 		f.pods = append(f.pods, p)
-		f.pubs = append(f.pubs, pub)
+		f.pubs = append(f.pubs, pubs)
 	}
 	return f, nil
 }
 
-// Publisher is pod i's KV-event publisher, nil if it has none.
-func (f *Fleet) Publisher(i int) *vllm.Publisher { return f.pubs[i] }
+// Publisher is pod i's KV-event publisher (its rank 0's), nil if it has
+// none.
+func (f *Fleet) Publisher(i int) *vllm.Publisher {
+	if len(f.pubs[i]) == 0 {
+		return nil
+	}
+	return f.pubs[i][0]
+}
+
+func closePublishers(pubs []*vllm.Publisher) error {
+	var err error
+	for _, p := range pubs {
+		err = errors.Join(err, p.Close())
+	}
+	return err
+}
 
 // Pods returns the running pods in fleet-file order. The slice is the
 // fleet's own; do not modify it.
@@ -302,9 +320,7 @@ func (f *Fleet) Close() error {
 		wg.Go(func() {
 			errs[i] = p.Close()
 			// After the pod: its scheduler no longer publishes.
-			if f.pubs[i] != nil {
-				errs[i] = errors.Join(errs[i], f.pubs[i].Close())
-			}
+			errs[i] = errors.Join(errs[i], closePublishers(f.pubs[i]))
 		})
 	}
 	wg.Wait()

@@ -35,6 +35,7 @@ type request struct {
 	notify   chan struct{} // capacity 1: progress changed
 
 	state     reqState
+	rank      int     // the data-parallel rank serving it
 	arrival   float64 // simulated seconds
 	generated int
 	reserved  int // KV blocks reserved at admission: prompt plus maxTokens
@@ -118,8 +119,8 @@ type scheduler struct {
 	speedup float64
 	tick    time.Duration
 	start   time.Time
-	cache   *PrefixCache
-	sink    KVEventSink
+	ranks   []rankCache // one per data-parallel rank
+	next    int         // the rank of the next request
 	m       *podMetrics
 
 	inbox  chan schedMsg
@@ -151,6 +152,13 @@ type scheduler struct {
 	lora  atomic.Pointer[loraActive]
 }
 
+// rankCache is one data-parallel rank's prefix cache and where its changes
+// are published (nil: nowhere).
+type rankCache struct {
+	cache *PrefixCache
+	sink  KVEventSink
+}
+
 // inboxSize bounds the messages in flight to the scheduler; senders block
 // beyond it, which only a burst of thousands of arrivals in one tick does.
 const inboxSize = 1024
@@ -161,8 +169,7 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 		speedup: cfg.Speedup,
 		tick:    cfg.Tick,
 		start:   start,
-		cache:   NewPrefixCache(cfg.Physics.CacheBlocks),
-		sink:    cfg.KVEvents,
+		ranks:   make([]rankCache, cfg.DataParallelSize),
 		m:       m,
 		inbox:   make(chan schedMsg, inboxSize),
 		done:    make(chan struct{}),
@@ -171,9 +178,14 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 	if cfg.loraEnabled() {
 		s.slots = &LoRASlots{Max: cfg.MaxLoras}
 	}
-	if s.sink != nil {
-		// PrefixCache.Store reports keys only into non-nil slices.
-		s.stored, s.evicted = make([]uint64, 0, 64), make([]uint64, 0, 64)
+	sinks := append([]KVEventSink{cfg.KVEvents}, cfg.RankKVEvents...)
+	for i := range s.ranks {
+		s.ranks[i].cache = NewPrefixCache(cfg.Physics.CacheBlocks)
+		if i < len(sinks) && sinks[i] != nil {
+			s.ranks[i].sink = sinks[i]
+			// PrefixCache.Store reports keys only into non-nil slices.
+			s.stored, s.evicted = make([]uint64, 0, 64), make([]uint64, 0, 64)
+		}
 	}
 	return s
 }
@@ -277,6 +289,7 @@ func (s *scheduler) handle(m schedMsg) {
 		r := m.req
 		r.arrival = s.clock
 		r.state = stateWaiting
+		r.rank, s.next = s.next, (s.next+1)%len(s.ranks)
 		s.waiting = append(s.waiting, r)
 	case msgCancel:
 		s.cancel(m.req)
@@ -298,9 +311,11 @@ func (s *scheduler) handle(m schedMsg) {
 	case msgUnpin:
 		s.unpin(m.req)
 	case msgClearCache:
-		s.cache.Clear()
-		if s.sink != nil {
-			s.sink.AllBlocksCleared()
+		for _, rc := range s.ranks {
+			rc.cache.Clear()
+			if rc.sink != nil {
+				rc.sink.AllBlocksCleared()
+			}
 		}
 	}
 	s.admit()
@@ -341,7 +356,7 @@ func (s *scheduler) kick() {
 	if !s.prefillBusy && len(s.prefill) > 0 {
 		r := s.prefill[0]
 		prompt := len(r.tokens)
-		cached := s.cache.Match(r.keys) * s.phys.BlockSize
+		cached := s.ranks[r.rank].cache.Match(r.keys) * s.phys.BlockSize
 		compute := prompt - cached
 		if r.remote {
 			compute = 0 // the prefill pod computed it; the first token comes at once
@@ -408,21 +423,22 @@ func (s *scheduler) endStep() {
 	s.decoding = slices.DeleteFunc(s.decoding, func(r *request) bool { return r.state != stateDecode })
 }
 
-// storeBlocks puts a prefilled prompt's blocks in the prefix cache and
-// reports what changed to the sink.
+// storeBlocks puts a prefilled prompt's blocks in its rank's prefix cache
+// and reports what changed to the rank's sink.
 func (s *scheduler) storeBlocks(r *request) {
 	if len(r.keys) == 0 {
 		return
 	}
-	stored, evicted := s.cache.Store(r.keys, s.stored[:0], s.evicted[:0])
-	if s.sink == nil {
+	rc := s.ranks[r.rank]
+	stored, evicted := rc.cache.Store(r.keys, s.stored[:0], s.evicted[:0])
+	if rc.sink == nil {
 		return
 	}
 	if len(stored) > 0 {
-		s.tokScratch = publishStored(s.sink, r.keys, stored, r.tokens, r.salt, r.lora, s.phys.BlockSize, s.tokScratch)
+		s.tokScratch = publishStored(rc.sink, r.keys, stored, r.tokens, r.salt, r.lora, s.phys.BlockSize, s.tokScratch)
 	}
 	if len(evicted) > 0 {
-		s.sink.BlockRemoved(evicted)
+		rc.sink.BlockRemoved(evicted)
 	}
 	s.stored, s.evicted = stored, evicted
 }

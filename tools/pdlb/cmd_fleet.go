@@ -68,6 +68,9 @@ func runFleet(fc sim.FleetConfig, stdout io.Writer, stop <-chan os.Signal) error
 		ev := "-"
 		if pub := fleet.Publisher(i); pub != nil {
 			ev = pub.Endpoint()
+			if c.DataParallelSize > 1 {
+				ev += fmt.Sprintf(" (%d ranks: ports + rank)", c.DataParallelSize)
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\n", c.Name, c.Model, c.Engine, p.Addr(), c.Speedup, ev)
 	}
