@@ -1,5 +1,11 @@
 package engines
 
+// DefaultKVReplayPort is the port of a pod's KV-event replay socket when
+// its configuration names none, on the host of its KV events: the port
+// after vLLM's PUB default (5557), where deployments put it (vLLM opens a
+// replay socket only when configured one).
+const DefaultKVReplayPort = 5558
+
 // ExtraKeys is what an engine hashed into a run of stored blocks besides
 // their token ids (vLLM's extra_keys): the index keys those blocks apart
 // from plain ones, as the engine does. The zero value means none: plain

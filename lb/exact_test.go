@@ -180,24 +180,13 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, _ := json.Marshal(map[string]any{"model": "m", "ids": ids})
-	r, err := client.Post("http://"+s.AdminAddr()+"/admin/index/match", "application/json", strings.NewReader(string(q)))
-	if err != nil {
-		t.Fatal(err)
+	match := indexMatch(t, s, "m", ids)
+	if len(match) != 2 {
+		t.Fatalf("/admin/index/match: %v", match)
 	}
-	defer r.Body.Close()
-	var match struct {
-		Pods []struct {
-			Pod          string
-			CachedTokens int `json:"cached_tokens"`
-		}
-	}
-	if err := json.NewDecoder(r.Body).Decode(&match); err != nil || len(match.Pods) != 2 {
-		t.Fatalf("/admin/index/match: %v %+v", err, match)
-	}
-	for _, p := range match.Pods {
-		if (p.Pod == home) != (p.CachedTokens >= prompted*9/10-16) {
-			t.Fatalf("/admin/index/match: %+v (home %s, first prompt %d tokens)", match.Pods, home, prompted)
+	for pod, cached := range match {
+		if (pod == home) != (cached >= prompted*9/10-16) {
+			t.Fatalf("/admin/index/match: %v (home %s, first prompt %d tokens)", match, home, prompted)
 		}
 	}
 }

@@ -143,21 +143,7 @@ func TestAdapterBlocksFromKVEvents(t *testing.T) {
 	}
 	cached := func(model string) int {
 		t.Helper()
-		resp, err := client.Post("http://"+s.AdminAddr()+"/admin/index/match", "application/json",
-			strings.NewReader(`{"model":"`+model+`","ids":`+string(prompt)+`}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out struct {
-			Pods []struct {
-				CachedTokens int `json:"cached_tokens"`
-			}
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Pods) != 1 {
-			t.Fatalf("%s: %v %+v", model, err, out)
-		}
-		return out.Pods[0].CachedTokens
+		return indexMatch(t, s, model, ids)["kv-0"]
 	}
 	direct("sql")
 	testwait.For(t, "the adapter's blocks", func() bool { return cached("sql") == len(ids) })

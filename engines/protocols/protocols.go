@@ -98,8 +98,9 @@ func PrefillInfo(client *fasthttp.HostClient, addr, path string) ([]byte, error)
 type KVSubscriber = vllm.Subscriber
 
 // SubscribeKVEvents follows a pod's ZMQ KV-event stream at endpoint (and
-// its replay endpoint, "" for none) into sink until closed. Pods publish
-// in vLLM's event format (kv_events in the pod's configuration).
-func SubscribeKVEvents(endpoint, replay string, sink vllm.BlockEvents) (*KVSubscriber, error) {
-	return vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: endpoint, ReplayEndpoint: replay}, sink)
+// its replay endpoint, "" for the default) into sink until closed: that of
+// its data-parallel rank rank, on both ports + rank. Pods publish in
+// vLLM's event format (kv_events in the pod's configuration).
+func SubscribeKVEvents(endpoint, replay string, rank int, sink vllm.BlockEvents) (*KVSubscriber, error) {
+	return vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: endpoint, ReplayEndpoint: replay, DataParallelRank: int64(rank)}, sink)
 }

@@ -24,7 +24,7 @@ const (
 	// DefaultEventsPort is vLLM's PUB port (endpoint "tcp://*:5557").
 	DefaultEventsPort = 5557
 	// DefaultReplayPort is the replay ROUTER port deployments pair with it.
-	DefaultReplayPort = 5558
+	DefaultReplayPort = engines.DefaultKVReplayPort
 	// DefaultBufferSteps is how many batches vLLM keeps for replay.
 	DefaultBufferSteps = 10_000
 	// DefaultHWM is vLLM's PUB high-water mark in messages: beyond it

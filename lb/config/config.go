@@ -48,6 +48,7 @@ const (
 	DefaultPolicy             = route.DefaultPolicy
 	DefaultBlockSize          = radix.DefaultBlockSize
 	DefaultPrefillSpeed       = 20000
+	DefaultDataParallelSize   = 1
 	DefaultConnectTimeout     = 2 * time.Second
 	DefaultResponseTimeout    = 60 * time.Second
 	DefaultWholeTimeout       = 10 * time.Minute
@@ -335,6 +336,12 @@ type Pod struct {
 	// KVReplay is the pod's KV-event replay socket, tcp://host:port
 	// (default: the kv_events host, port 5558).
 	KVReplay string `yaml:"kv_replay"`
+	// DataParallelSize is the number of engine ranks behind the pod's one
+	// API server, as vLLM's --data-parallel-size with its internal load
+	// balancer (default 1). Each rank caches on its own and publishes its
+	// KV events on kv_events' and kv_replay's ports + its rank; the
+	// gateway follows every rank, and a block any rank holds is the pod's.
+	DataParallelSize int `yaml:"data_parallel_size"`
 	// CacheBlocks bounds what the gateway assumes the pod caches, in
 	// blocks of the model's block_size (default 0: unlimited). Set it to
 	// the engine's KV capacity when the pod publishes no KV events, so the
@@ -475,8 +482,9 @@ func (m *Model) provision() {
 }
 
 // Provision fills the pod's empty name (its address), role (combined),
-// weight (1), prefill speed and, for SGLang, bootstrap port, and spells its
-// engine as engines.ParseKind does (empty: vLLM).
+// weight (1), prefill speed, data-parallel size (1) and, for SGLang,
+// bootstrap port, and spells its engine as engines.ParseKind does (empty:
+// vLLM).
 func (p *Pod) Provision() {
 	p.provisionScheme()
 	if p.Name == "" {
@@ -494,6 +502,9 @@ func (p *Pod) Provision() {
 	}
 	if p.PrefillTokensPerSec == 0 {
 		p.PrefillTokensPerSec = DefaultPrefillSpeed
+	}
+	if p.DataParallelSize == 0 {
+		p.DataParallelSize = DefaultDataParallelSize
 	}
 	if p.BootstrapPort == 0 && err == nil && k == engines.SGLang {
 		p.BootstrapPort = engines.DefaultBootstrapPort
@@ -717,6 +728,14 @@ func (p Pod) Validate(field string) error {
 			return invalid(field+".kv_replay", p.KVReplay, "must be tcp://host:port, beside kv_events")
 		}
 	}
+	if p.DataParallelSize < 0 {
+		return invalid(field+".data_parallel_size", p.DataParallelSize, "must be at least 1 (0 means 1)")
+	}
+	if p.KVEvents != "" {
+		if err := p.validateRankPorts(field); err != nil {
+			return err
+		}
+	}
 	if p.CacheBlocks < 0 {
 		return invalid(field+".cache_blocks", p.CacheBlocks, "must not be negative (0 means unlimited)")
 	}
@@ -727,6 +746,40 @@ func (p Pod) Validate(field string) error {
 		return invalid(field+".bootstrap_port", p.BootstrapPort, "must be a port, 1 to 65535 (0 means 8998)")
 	}
 	return nil
+}
+
+// validateRankPorts checks the ports of the pod's ranks' KV events, valid
+// endpoints: rank r publishes on kv_events' port + r and replays on
+// kv_replay's + r, so both runs must end by port 65535 and must not meet
+// on one host.
+func (p Pod) validateRankPorts(field string) error {
+	last := max(p.DataParallelSize, 1) - 1
+	evHost, evPort := splitTCP(p.KVEvents)
+	rpHost, rpPort, replay := evHost, engines.DefaultKVReplayPort, fmt.Sprintf("the default port %d", engines.DefaultKVReplayPort)
+	if p.KVReplay != "" {
+		rpHost, rpPort = splitTCP(p.KVReplay)
+		replay = "kv_replay's port"
+	}
+	switch {
+	case evPort+last > 65535:
+		return invalid(field+".data_parallel_size", p.DataParallelSize,
+			fmt.Sprintf("puts rank %d's KV events on port %d (kv_events' port + %d), past 65535", last, evPort+last, last))
+	case rpPort+last > 65535:
+		return invalid(field+".data_parallel_size", p.DataParallelSize,
+			fmt.Sprintf("puts rank %d's replay socket on port %d (%s + %d), past 65535", last, rpPort+last, replay, last))
+	case evHost == rpHost && evPort <= rpPort+last && rpPort <= evPort+last:
+		return invalid(field+".kv_replay", p.KVReplay,
+			fmt.Sprintf("puts the replay sockets of ranks 0 to %d on ports %d to %d (%s + rank), where their KV events are (%d to %d); set kv_replay apart",
+				last, rpPort, rpPort+last, replay, evPort, evPort+last))
+	}
+	return nil
+}
+
+// splitTCP splits a valid tcp://host:port.
+func splitTCP(ep string) (host string, port int) {
+	host, p, _ := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	port, _ = strconv.Atoi(p)
+	return host, port
 }
 
 // overlap reports whether two valid listen addresses bind one port on a

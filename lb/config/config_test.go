@@ -49,6 +49,16 @@ func TestValidateRejects(t *testing.T) {
 	f("pods: [{model: m, adress: 'h:1'}]\n", "adress")
 	f("pods: [{model: m, address: 'h:1', kv_events: 'h:5557'}]\n", `pods[0].kv_events = "h:5557"`)
 	f("pods: [{model: m, address: 'h:1', cache_blocks: -1}]\n", "pods[0].cache_blocks = -1")
+	f("pods: [{model: m, address: 'h:1', data_parallel_size: -1}]\n", "pods[0].data_parallel_size = -1 must be at least 1")
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:65534', kv_replay: 'tcp://h:5558', data_parallel_size: 4}]\n",
+		"pods[0].data_parallel_size = 4 puts rank 3's KV events on port 65537 (kv_events' port + 3), past 65535")
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:5557', kv_replay: 'tcp://h:65535', data_parallel_size: 2}]\n",
+		"pods[0].data_parallel_size = 2 puts rank 1's replay socket on port 65536 (kv_replay's port + 1), past 65535")
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:5557', data_parallel_size: 2}]\n",
+		`pods[0].kv_replay = "" puts the replay sockets of ranks 0 to 1 on ports 5558 to 5559 (the default port 5558 + rank), where their KV events are (5557 to 5558)`)
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:6000', kv_replay: 'tcp://h:5990', data_parallel_size: 16}]\n",
+		`pods[0].kv_replay = "tcp://h:5990" puts the replay sockets of ranks 0 to 15 on ports 5990 to 6005`)
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:5558'}]\n", `pods[0].kv_replay = "" puts the replay sockets of ranks 0 to 0 on ports 5558 to 5558`)
 	f("pods: [{model: m, address: 'h:1', prefill_tokens_per_sec: -5}]\n", "pods[0].prefill_tokens_per_sec = -5")
 	f("models: [{name: m, block_size: -16}]\n"+pod, "models[0].block_size = -16")
 	f("models: [{name: m, tokenizer: /nonexistent/qwen3}]\n"+pod, `models[0].tokenizer = "/nonexistent/qwen3" must be a directory holding tokenizer.json`)
@@ -58,6 +68,31 @@ func TestValidateRejects(t *testing.T) {
 	f("token_load: {kv_weight: -1}\n"+pod, "kv_weight")
 	f("redis: {address: nowhere}\n"+pod, `redis.address = "nowhere"`)
 	f("redis: {address: '127.0.0.1:6379', key_prefix: ''}\n"+pod, `redis.key_prefix = "" must not be empty`)
+}
+
+// TestDataParallelPods: a pod's ranks' KV-event ports may run anywhere
+// they neither pass 65535 nor meet on one host.
+func TestDataParallelPods(t *testing.T) {
+	for _, pod := range []string{
+		"{model: m, address: 'h:1', data_parallel_size: 8}",
+		"{model: m, address: 'h:1', kv_events: 'tcp://h:5557', kv_replay: 'tcp://h:5657', data_parallel_size: 100}",
+		"{model: m, address: 'h:1', kv_events: 'tcp://h:5557', kv_replay: 'tcp://g:5557', data_parallel_size: 2}",
+		"{model: m, address: 'h:1', kv_events: 'tcp://h:65528', kv_replay: 'tcp://h:65520', data_parallel_size: 8}",
+	} {
+		c := Default()
+		if err := c.UnmarshalYAML([]byte("pods: [" + pod + "]\n")); err != nil {
+			t.Fatal(err)
+		}
+		c.Provision()
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", pod, err)
+		}
+	}
+	var p Pod
+	p.Provision()
+	if p.DataParallelSize != DefaultDataParallelSize || DefaultDataParallelSize != 1 {
+		t.Fatalf("data_parallel_size provisioned as %d", p.DataParallelSize)
+	}
 }
 
 func TestLoadFillsDefaults(t *testing.T) {

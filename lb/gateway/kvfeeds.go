@@ -22,12 +22,26 @@ type kvFeeds struct {
 type kvFeed struct {
 	pod   *pool.Pod
 	model *pool.Model
-	sub   *protocols.KVSubscriber
-	index *kvindex.Pod
+	subs  []*protocols.KVSubscriber // one per data-parallel rank
 }
 
-// startKVFeeds follows the KV events of s's pods. A pod prev already
-// follows into the same index, from the same endpoints, keeps its feed:
+// feedCounts are a feed's subscriber counters, added up over its ranks.
+type feedCounts struct{ events, gaps, replayed, restarts uint64 }
+
+func (f kvFeed) counts() feedCounts {
+	var c feedCounts
+	for _, s := range f.subs {
+		c.events += s.Counters.Events.Load()
+		c.gaps += s.Counters.Gaps.Load()
+		c.replayed += s.Counters.Replayed.Load()
+		c.restarts += s.Counters.Restarts.Load()
+	}
+	return c
+}
+
+// startKVFeeds follows the KV events of s's pods, every rank of a pod of
+// several data-parallel ranks. A pod prev already follows into the same
+// index, from the same endpoints and ranks, keeps its feed:
 // a new one would know none of the blocks the pod stored before, so it
 // could not take them out of the index when the pod evicts them, nor
 // chain the pod's new blocks to them, unless the pod's replay buffer
@@ -41,56 +55,59 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 			kept[f.pod.ID] = f
 		}
 	}
-	// closeNew closes the feeds this call started, none of prev's.
-	closeNew := func() {
-		for _, f := range k.feeds {
-			if kept[f.pod.ID].sub != f.sub {
-				_ = f.sub.Close()
-			}
-		}
-	}
 	for _, m := range s.Models {
 		for _, p := range m.Pods {
 			if p.Config.KVEvents == "" {
 				continue
 			}
 			if f, ok := kept[p.ID]; ok && f.model.Prefix == m.Prefix && f.model.BlockSize == m.BlockSize && f.pod.PrefixID == p.PrefixID &&
-				f.pod.Config.KVEvents == p.Config.KVEvents && f.pod.Config.KVReplay == p.Config.KVReplay {
-				k.feeds = append(k.feeds, kvFeed{pod: p, model: m, sub: f.sub, index: f.index})
+				f.pod.Config.KVEvents == p.Config.KVEvents && f.pod.Config.KVReplay == p.Config.KVReplay &&
+				f.pod.Config.DataParallelSize == p.Config.DataParallelSize {
+				k.feeds = append(k.feeds, kvFeed{pod: p, model: m, subs: f.subs})
 				continue
 			}
 			if k.indexers[m] == nil {
 				ix, err := kvindex.New(m.Prefix, kvindex.Config{BlockSize: m.BlockSize})
 				if err != nil {
-					closeNew()
+					k.close(prev)
 					return nil, fmt.Errorf("model %q: %w", m.Name, err)
 				}
 				k.indexers[m] = ix
 			}
-			feed := k.indexers[m].Pod(p.PrefixID, m.Name)
-			sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, feed)
-			if err != nil {
-				closeNew()
-				return nil, fmt.Errorf("pod %q kv_events: %w", p.Config.Name, err)
+			f := kvFeed{pod: p, model: m}
+			// A subscriber per rank: each numbers its batches, and replays, on its own.
+			for r, rank := range k.indexers[m].Ranks(p.PrefixID, m.Name, p.Config.DataParallelSize) {
+				sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, r, rank)
+				if err != nil {
+					k.feeds = append(k.feeds, f)
+					k.close(prev)
+					return nil, fmt.Errorf("pod %q kv_events, data-parallel rank %d: %w", p.Config.Name, r, err)
+				}
+				f.subs = append(f.subs, sub)
 			}
-			log.Info("following KV events", "pod", p.Config.Name, "endpoint", p.Config.KVEvents)
-			k.feeds = append(k.feeds, kvFeed{pod: p, model: m, sub: sub, index: feed})
+			log.Info("following KV events", "pod", p.Config.Name, "endpoint", p.Config.KVEvents, "ranks", len(f.subs))
+			k.feeds = append(k.feeds, f)
 		}
 	}
 	return k, nil
 }
 
-// close stops the feeds, but those next carries on.
+// close stops the feeds, but those next carries on (or, on a failed
+// start, those of prev it kept).
 func (k *kvFeeds) close(next *kvFeeds) {
 	carried := map[*protocols.KVSubscriber]bool{}
 	if next != nil {
 		for _, f := range next.feeds {
-			carried[f.sub] = true
+			for _, s := range f.subs {
+				carried[s] = true
+			}
 		}
 	}
 	for _, f := range k.feeds {
-		if !carried[f.sub] {
-			_ = f.sub.Close()
+		for _, s := range f.subs {
+			if !carried[s] {
+				_ = s.Close()
+			}
 		}
 	}
 	k.feeds = nil
@@ -103,6 +120,7 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		Pod            string `json:"pod"`
 		Blocks         int    `json:"blocks"`
 		KVEvents       string `json:"kv_events,omitempty"`
+		Ranks          int    `json:"data_parallel_size,omitempty"` // of a pod of several ranks, whose counters add up
 		EventsReceived uint64 `json:"events_received,omitempty"`
 		Gaps           uint64 `json:"gaps,omitempty"`
 		Replayed       uint64 `json:"replayed_batches,omitempty"`
@@ -145,12 +163,13 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		}
 		for _, p := range m.Pods {
 			pi := podIndex{Pod: p.Config.Name, Blocks: st.PodBlocks[p.Slot], KVEvents: p.Config.KVEvents}
+			if p.Config.DataParallelSize > 1 {
+				pi.Ranks = p.Config.DataParallelSize
+			}
 			for _, f := range feeds {
 				if f.pod.ID == p.ID {
-					pi.EventsReceived = f.sub.Counters.Events.Load()
-					pi.Gaps = f.sub.Counters.Gaps.Load()
-					pi.Replayed = f.sub.Counters.Replayed.Load()
-					pi.Restarts = f.sub.Counters.Restarts.Load()
+					c := f.counts()
+					pi.EventsReceived, pi.Gaps, pi.Replayed, pi.Restarts = c.events, c.gaps, c.replayed, c.restarts
 				}
 			}
 			mi.Pods = append(mi.Pods, pi)

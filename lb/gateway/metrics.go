@@ -275,15 +275,15 @@ func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 	if len(feeds) > 0 {
 		fmt.Fprint(w, "# HELP pdlb_kv_events_total KV events received from a pod.\n# TYPE pdlb_kv_events_total counter\n")
 		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_events_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.sub.Counters.Events.Load())
+			fmt.Fprintf(w, "pdlb_kv_events_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().events)
 		}
 		fmt.Fprint(w, "# HELP pdlb_kv_event_gaps_total Sequence gaps seen in a pod's KV events.\n# TYPE pdlb_kv_event_gaps_total counter\n")
 		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_event_gaps_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.sub.Counters.Gaps.Load())
+			fmt.Fprintf(w, "pdlb_kv_event_gaps_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().gaps)
 		}
 		fmt.Fprint(w, "# HELP pdlb_kv_event_replayed_batches_total KV-event batches recovered through a pod's replay socket.\n# TYPE pdlb_kv_event_replayed_batches_total counter\n")
 		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.sub.Counters.Replayed.Load())
+			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().replayed)
 		}
 	}
 	if g.admit != nil {
