@@ -48,9 +48,9 @@ type genRequest struct {
 	TruncationSide       *string `json:"truncation_side"`
 	// PD fields of each engine; pd.go reads them.
 	KVTransferParams    *kvTransferParams `json:"kv_transfer_params"` // vLLM
-	BootstrapHost       string            `json:"bootstrap_host"`     // SGLang
-	BootstrapPort       *laxInt           `json:"bootstrap_port"`
-	BootstrapRoom       *laxInt           `json:"bootstrap_room"`
+	BootstrapHost       perPrompt[string] `json:"bootstrap_host"`     // SGLang
+	BootstrapPort       perPrompt[laxInt] `json:"bootstrap_port"`
+	BootstrapRoom       perPrompt[laxInt] `json:"bootstrap_room"`
 	DisaggregatedParams *disaggParams     `json:"disaggregated_params"` // TensorRT-LLM
 	// PromptTokenIDs is TensorRT-LLM's chat field that replaces the
 	// messages' tokenization (a generation leg's copy of the context
@@ -158,6 +158,38 @@ func (b *laxBool) UnmarshalJSON(d []byte) error {
 	}
 	*b = laxBool(v)
 	return nil
+}
+
+// perPrompt is a field that holds one value for every prompt of a
+// request, or a list of one per prompt (SGLang's bootstrap fields). null
+// leaves it, or a list's element, unset.
+type perPrompt[T any] struct {
+	one    *T
+	list   []*T
+	isList bool
+}
+
+func (f *perPrompt[T]) UnmarshalJSON(d []byte) error {
+	switch d[0] {
+	case 'n':
+		return nil
+	case '[':
+		f.isList = true
+		return json.Unmarshal(d, &f.list)
+	}
+	f.one = new(T)
+	return json.Unmarshal(d, f.one)
+}
+
+// at is prompt i's value (nil: unset); false when a list has none for it.
+func (f *perPrompt[T]) at(i int) (*T, bool) {
+	switch {
+	case !f.isList:
+		return f.one, true
+	case i < len(f.list):
+		return f.list[i], true
+	}
+	return nil, false
 }
 
 type chatMessage struct {

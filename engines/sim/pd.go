@@ -11,6 +11,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -34,6 +35,9 @@ import (
 //     answer from its first token, exactly as a combined pod would: token
 //     i depends only on the seed, the prompt and i, so the answer equals a
 //     combined pod's byte for byte in content.
+//
+// An SGLang completion batch plays both legs once per prompt, each prompt
+// under its own bootstrap room.
 //
 // Held KV is released on pickup or after Config.KVTimeout; Stats'
 // HeldKVBlocks shows it. A combined pod ignores every PD field, as an
@@ -97,34 +101,38 @@ type pdLeg struct {
 	disaggID *int64
 }
 
-// legOf reads a request's PD fields for the pod's engine and role. A leg
-// the pod's role does not serve is an error; a combined pod serves
-// everything as a plain request.
-func (p *Pod) legOf(req *genRequest) (pdLeg, error) {
+// legsOf reads a request's PD fields for the pod's engine and role: the
+// leg each of its prompts plays. A leg the pod's role does not serve is an
+// error; a combined pod serves everything as a plain request. Only SGLang
+// gives each prompt of a batch a leg of its own; the sim serves the other
+// engines' batches on plain requests only.
+func (p *Pod) legsOf(req *genRequest, prompts int) ([]pdLeg, error) {
 	role := p.Role()
 	if role == RoleCombined {
-		return pdLeg{}, nil
+		return []pdLeg{{}}, nil
 	}
-	var leg pdLeg
+	legs := []pdLeg{{}}
 	var err error
 	switch p.cfg.Engine {
 	case engines.VLLM:
-		leg, err = vllmLeg(req.KVTransferParams)
+		legs[0], err = vllmLeg(req.KVTransferParams)
 	case engines.SGLang:
-		leg, err = sglangLeg(req, role, p.cfg.KVTimeout, p.cfg.BootstrapPort)
+		legs, err = sglangLegs(req, role, prompts, p.cfg.KVTimeout, p.cfg.BootstrapPort)
 	case engines.TRTLLM:
-		leg, err = p.trtLeg(req.DisaggregatedParams)
+		legs[0], err = p.trtLeg(req.DisaggregatedParams)
 	}
 	if err != nil {
-		return pdLeg{}, err
+		return nil, err
 	}
-	switch {
-	case leg.kind == legPrefill && role != RolePrefill:
-		return pdLeg{}, badRequest("this pod's role is %s: it does not serve prefill legs", role)
-	case leg.kind == legDecode && role != RoleDecode:
-		return pdLeg{}, badRequest("this pod's role is %s: it does not serve decode legs", role)
+	switch kind := legs[0].kind; {
+	case kind == legPrefill && role != RolePrefill:
+		return nil, badRequest("this pod's role is %s: it does not serve prefill legs", role)
+	case kind == legDecode && role != RoleDecode:
+		return nil, badRequest("this pod's role is %s: it does not serve decode legs", role)
+	case kind != legPlain && len(legs) < prompts:
+		return nil, badRequest("a batch of %d prompts on a %s leg: the sim serves batches on plain requests only", prompts, legNames[kind])
 	}
-	return leg, nil
+	return legs, nil
 }
 
 func vllmLeg(kv *kvTransferParams) (pdLeg, error) {
@@ -148,37 +156,63 @@ func vllmLeg(kv *kvTransferParams) (pdLeg, error) {
 // aborts the request with a 400 rather than prefill it locally.
 var errNoBootstrapRoom = errors.New("Invalid request: Disaggregated request received without bootstrap room id")
 
-// sglangLeg: one body goes to both pods; the pod's role says which leg it
-// is; one without bootstrap_room is refused (errNoBootstrapRoom). The room
-// is the handle on the prefill pod's bootstrap server. A
-// decode leg without bootstrap_port uses ownPort, the pod's configured
-// one, as SGLang's Scheduler.handle_generate_request fills in
+// errBootstrapIndex is SGLang's failure, a 500, on a request whose list of
+// bootstrap values is shorter than its batch: GenerateReqInput.__getitem__
+// indexes each list by the prompt's place.
+var errBootstrapIndex = errors.New("Internal server error: list index out of range")
+
+// sglangLegs: one body goes to both pods; the pod's role says which leg
+// each prompt plays. Each prompt takes its own bootstrap values, from a
+// list of one per prompt or the one value of all; one room numbers the
+// batch's prompts on from it (GenerateReqInput._normalize_bootstrap_params
+// in python/sglang/srt/managers/io_struct.py). A prompt without a room is
+// refused (errNoBootstrapRoom). The room is the handle on the prefill
+// pod's bootstrap server. A decode leg without bootstrap_port uses
+// ownPort, the pod's configured one, as SGLang's
+// Scheduler.handle_generate_request fills in
 // --disaggregation-bootstrap-port (default 8998). One without
 // bootstrap_host is taken too: SGLang's KV receiver formats the missing
 // host as "None" and fails to fetch the prefill's parallel info there,
 // which fails the handshake once the request is queued.
-func sglangLeg(req *genRequest, role string, kvTimeout time.Duration, ownPort int) (pdLeg, error) {
-	if req.BootstrapRoom == nil {
-		return pdLeg{}, errNoBootstrapRoom
+func sglangLegs(req *genRequest, role string, prompts int, kvTimeout time.Duration, ownPort int) ([]pdLeg, error) {
+	legs := make([]pdLeg, prompts)
+	for i := range legs {
+		room, okRoom := req.BootstrapRoom.at(i)
+		host, okHost := req.BootstrapHost.at(i)
+		port, okPort := req.BootstrapPort.at(i)
+		switch {
+		case !okRoom || !okHost || !okPort:
+			return nil, errBootstrapIndex
+		case room == nil:
+			return nil, errNoBootstrapRoom
+		case *room < 0:
+			return nil, badRequest("bootstrap_room = %d must not be negative", *room)
+		}
+		n := uint64(*room)
+		if !req.BootstrapRoom.isList {
+			n += uint64(i)
+		}
+		handle := strconv.FormatUint(n, 10)
+		if role == RolePrefill {
+			legs[i] = pdLeg{kind: legPrefill, handle: handle, push: true}
+			continue
+		}
+		portN := cmp.Or(ownPort, engines.DefaultBootstrapPort)
+		if port != nil {
+			portN = int(*port)
+		}
+		hostS := ""
+		if host != nil {
+			hostS = *host
+		}
+		legs[i] = pdLeg{kind: legDecode, wait: kvTimeout, src: kvxfer.Descriptor{
+			Addr: net.JoinHostPort(cmp.Or(hostS, "None"), strconv.Itoa(portN)), Handle: handle,
+		}}
+		if hostS == "" {
+			legs[i].unreachable = errors.New("could not fetch the prefill's parallel info: no bootstrap_host")
+		}
 	}
-	if *req.BootstrapRoom < 0 {
-		return pdLeg{}, badRequest("bootstrap_room = %d must not be negative", *req.BootstrapRoom)
-	}
-	room := strconv.FormatInt(int64(*req.BootstrapRoom), 10)
-	if role == RolePrefill {
-		return pdLeg{kind: legPrefill, handle: room, push: true}, nil
-	}
-	port := cmp.Or(ownPort, engines.DefaultBootstrapPort)
-	if req.BootstrapPort != nil {
-		port = int(*req.BootstrapPort)
-	}
-	leg := pdLeg{kind: legDecode, wait: kvTimeout, src: kvxfer.Descriptor{
-		Addr: net.JoinHostPort(cmp.Or(req.BootstrapHost, "None"), strconv.Itoa(port)), Handle: room,
-	}}
-	if req.BootstrapHost == "" {
-		leg.unreachable = errors.New("could not fetch the prefill's parallel info: no bootstrap_host")
-	}
-	return leg, nil
+	return legs, nil
 }
 
 func (p *Pod) trtLeg(dp *disaggParams) (pdLeg, error) {
@@ -237,70 +271,89 @@ func (p *Pod) kvPace(n int64) time.Duration {
 	return time.Duration(sec * float64(time.Second))
 }
 
-// receiveKV pulls a decode leg's KV once the scheduler admitted r, then
-// lets its prefill run. It returns false when it answered (a failed pull,
-// as failAccepted answers for a stream or not) or the client left; true
-// when the response is due, r aborted included.
-func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, stream bool) bool {
+// receiveKV pulls the KV of a decode leg's requests, rs[i]'s from
+// legs[i].src once the scheduler admitted it, and lets each one's prefill
+// run as its KV arrives. It returns false when it answered (a failed pull,
+// as failAccepted answers for a stream or not, which cancels them all) or
+// the client left; true when the response is due, aborted requests
+// included.
+func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLeg, stream bool) bool {
 	conn := ctx.Conn()
 	pullCtx, cancel := context.WithCancel(context.Background())
-	var done chan error
-	stop := func() {
+	type pulled struct {
+		i   int
+		err error
+	}
+	done := make(chan pulled, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() {
+			select {
+			case <-r.admitted:
+			case <-pullCtx.Done():
+				return
+			}
+			tr, err := kvxfer.Transfer{}, legs[i].unreachable
+			if err == nil {
+				tr, err = p.transport.Pull(pullCtx, legs[i].src, legs[i].wait)
+			}
+			p.m.kvPulled(tr.Elapsed.Seconds()*p.cfg.Speedup, err == nil)
+			done <- pulled{i, err}
+		})
+	}
+	defer func() {
 		cancel()
-		if done != nil {
-			<-done
+		wg.Wait()
+	}()
+	cancelAll := func() {
+		for _, r := range rs {
+			p.sched.send(schedMsg{kind: msgCancel, req: r})
 		}
 	}
 	poll := time.NewTicker(disconnectPoll)
 	defer poll.Stop()
-	admitted := r.admitted
-	for {
+	settled := make([]bool, len(rs)) // its KV arrived, or it was aborted
+	left, woke := len(rs), false
+	for left > 0 {
 		select {
-		case <-admitted:
-			admitted = nil
-			done = make(chan error, 1)
-			go func() {
-				tr, err := kvxfer.Transfer{}, leg.unreachable
-				if err == nil {
-					tr, err = p.transport.Pull(pullCtx, leg.src, leg.wait)
-				}
-				p.m.kvPulled(tr.Elapsed.Seconds()*p.cfg.Speedup, err == nil)
-				done <- err
-			}()
-		case err := <-done:
-			done = nil
-			cancel()
-			if err != nil {
-				p.sched.send(schedMsg{kind: msgCancel, req: r})
+		case d := <-done:
+			if settled[d.i] {
+				continue // aborted while pulling
+			}
+			if d.err != nil {
+				cancelAll()
 				p.failAccepted(ctx, stream, fasthttp.StatusInternalServerError, "InternalServerError",
-					fmt.Sprintf("KV transfer from %s failed: %v", leg.src.Addr, err))
+					fmt.Sprintf("KV transfer from %s failed: %v", legs[d.i].src.Addr, d.err))
 				return false
 			}
-			p.sched.send(schedMsg{kind: msgKVReady, req: r})
-			return true
-		case <-r.notify:
-			if _, reason := r.load(); reason != finishNone {
-				// Aborted (SGLang's /abort_request): answer as any
-				// aborted request. Wait reads progress on a wake-up, so
-				// hand this one on.
-				stop()
-				select {
-				case r.notify <- struct{}{}:
-				default:
+			settled[d.i], left = true, left-1
+			p.sched.send(schedMsg{kind: msgKVReady, req: rs[d.i]})
+		case <-rs[0].notify:
+			// Aborted (SGLang's /abort_request): answered as any aborted
+			// request, without its KV.
+			woke = true
+			for i, r := range rs {
+				if _, reason := r.load(); !settled[i] && reason != finishNone {
+					settled[i], left = true, left-1
 				}
-				return true
 			}
 		case <-poll.C:
 			if connGone(conn) {
-				p.sched.send(schedMsg{kind: msgCancel, req: r})
-				stop()
+				cancelAll()
 				return false
 			}
 		case <-p.sched.exited:
-			stop()
 			return true
 		}
 	}
+	if woke {
+		// Wait reads progress on a wake-up, so hand this one on.
+		select {
+		case rs[0].notify <- struct{}{}:
+		default:
+		}
+	}
+	return true
 }
 
 // pdAnswer is a prefill leg's fields in its response body (raw JSON).
@@ -310,59 +363,87 @@ type pdAnswer struct {
 	promptTokenIDs   []uint32
 }
 
-// answerPrefill waits for a prefill leg's first token, holds its KV for
-// pickup and answers with the engine's handoff fields: as one body, or,
-// with sse, as an event stream (SGLang's leg carries the client's
-// "stream" and has no handoff fields to answer).
-func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, r *request, leg pdLeg, chat bool, respID string, created int64, text textStream, sse *sseWriter) {
+// answerPrefill waits for a prefill leg's first token of each of its
+// requests, holds rs[i]'s KV under legs[i]'s handle for pickup and answers
+// with the engine's handoff fields: as one body, or, with sse, as an event
+// stream (SGLang's leg carries the client's "stream" and has no handoff
+// fields to answer). Only SGLang's legs carry several prompts.
+func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLeg, chat bool, respID string, created int64, texts []textStream, sse *sseWriter) {
 	conn := ctx.Conn()
-	outs := p.waitAll([]*request{r}, conn, nil)
+	outs := p.waitAll(rs, conn, nil)
 	if outs == nil {
 		return // the client is gone; the scheduler unpinned the KV
 	}
-	n, reason := outs[0].produced, outs[0].reason
-	prompt := len(r.tokens)
+	prompt := 0
+	for _, r := range rs {
+		prompt += len(r.tokens)
+	}
+	produced, _ := totals(outs)
+	model := cmp.Or(rs[0].lora, p.cfg.Model)
 	answer := func(pd *pdAnswer) {
 		if sse != nil {
-			b := sse.appendDelta(nil, 0, text.appendText(nil, 0, n), n, reason)
+			var b []byte
+			for i, o := range outs {
+				b = sse.appendDelta(b, i, texts[i].appendText(nil, 0, o.produced), o.produced, o.reason)
+			}
 			ctx.SetContentType(sseContentType)
-			ctx.SetBody(sse.appendEnd(b, n))
+			ctx.SetBody(sse.appendEnd(b, produced))
 			return
 		}
-		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, cmp.Or(r.lora, p.cfg.Model),
-			[]choice{{text.appendText(nil, 0, n), reason}}, prompt, n, pd))
+		choices := make([]choice, len(outs))
+		for i, o := range outs {
+			choices[i] = choice{texts[i].appendText(nil, 0, o.produced), o.reason}
+		}
+		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, model, choices, prompt, produced, pd))
 	}
-	if reason == finishAbort {
-		answer(nil)
-		return
-	}
-	picked := make(chan kvxfer.Outcome, 1)
-	d, err := p.xfer.Load().Hold(kvxfer.Hold{
-		Handle: leg.handle, Tokens: prompt, Bytes: p.kvBytes(prompt), TTL: p.cfg.KVTimeout,
-		Released: func(o kvxfer.Outcome) {
+	unpin := func(rs []*request) {
+		for _, r := range rs {
 			p.sched.send(schedMsg{kind: msgUnpin, req: r})
-			if o == kvxfer.Expired {
-				p.m.kvHoldExpired()
-			}
-			picked <- o
-		},
-	})
-	if err != nil {
-		p.sched.send(schedMsg{kind: msgUnpin, req: r})
-		p.failAccepted(ctx, sse != nil, fasthttp.StatusBadRequest, "BadRequestError", err.Error())
-		return
+		}
 	}
-	if leg.push && !p.awaitPickup(conn, picked) {
-		p.failAccepted(ctx, sse != nil, fasthttp.StatusInternalServerError, "InternalServerError", "the KV was not taken by a decode pod")
-		return
+	for _, o := range outs {
+		if o.reason == finishAbort {
+			unpin(rs)
+			answer(nil)
+			return
+		}
+	}
+	picked := make(chan kvxfer.Outcome, len(rs))
+	var d kvxfer.Descriptor
+	for i, r := range rs {
+		var err error
+		d, err = p.xfer.Load().Hold(kvxfer.Hold{
+			Handle: legs[i].handle, Tokens: len(r.tokens), Bytes: p.kvBytes(len(r.tokens)), TTL: p.cfg.KVTimeout,
+			Released: func(o kvxfer.Outcome) {
+				p.sched.send(schedMsg{kind: msgUnpin, req: r})
+				if o == kvxfer.Expired {
+					p.m.kvHoldExpired()
+				}
+				picked <- o
+			},
+		})
+		if err != nil {
+			// What it held already goes with its pickup or its timeout.
+			unpin(rs[i:])
+			p.failAccepted(ctx, sse != nil, fasthttp.StatusBadRequest, "BadRequestError", err.Error())
+			return
+		}
+	}
+	if legs[0].push {
+		for range rs {
+			if !p.awaitPickup(conn, picked) {
+				p.failAccepted(ctx, sse != nil, fasthttp.StatusInternalServerError, "InternalServerError", "the KV was not taken by a decode pod")
+				return
+			}
+		}
 	}
 	var pd pdAnswer
 	switch p.cfg.Engine {
 	case engines.VLLM:
 		pd.kvTransferParams = p.vllmParams(d)
 	case engines.TRTLLM:
-		pd.disaggParams = p.trtParams(d, text, leg)
-		pd.promptTokenIDs = r.tokens
+		pd.disaggParams = p.trtParams(d, texts[0], legs[0])
+		pd.promptTokenIDs = rs[0].tokens
 	}
 	answer(&pd)
 }

@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -578,6 +580,87 @@ func TestSGLangDecodeWithoutBootstrapHost(t *testing.T) {
 	}
 	testwait.For(t, "the decode pod to let the failed requests go", func() bool {
 		s := dec.Stats()
+		return s.Running+s.Waiting == 0 && s.UsedBlocks == 0
+	})
+}
+
+// TestSGLangBatchLegs: SGLang runs each prompt of a completion batch as a
+// request of its own with its own bootstrap room: bootstrap_host, _port
+// and _room as lists of one per prompt (what SGLang's router sends), or
+// one room, which the engine numbers on for the batch's next prompts
+// (GenerateReqInput._normalize_bootstrap_params). Both pods run each
+// prompt's leg, the decode pod pulls each prompt's KV, and the answer is
+// a combined pod's. A list shorter than the batch fails the request (the
+// engine's IndexError); a prompt whose room is null is refused as a
+// request without one.
+func TestSGLangBatchLegs(t *testing.T) {
+	p := startTrio(t, engines.SGLang, nil)
+	c := testClient(t)
+	host, port, _ := net.SplitHostPort(p.pre.KVXferAddr())
+	portN, _ := strconv.Atoi(port)
+	const path = "/v1/completions"
+	body := map[string]any{"model": "m", "max_tokens": 6, "prompt": []string{"the first prompt of the batch", "and its second prompt, a little longer"}}
+	type answer struct {
+		Choices []struct {
+			Index        int
+			Text         string
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	read := func(status int, b []byte) answer {
+		t.Helper()
+		var a answer
+		if err := json.Unmarshal(b, &a); status != http.StatusOK || err != nil {
+			t.Fatalf("%d %s %v", status, b, err)
+		}
+		return a
+	}
+	want := read(post(t, c, "http://"+p.comb.Addr()+path, body))
+	room := rand.Int64N(1 << 62)
+	pulls := int64(0)
+	for _, fields := range []map[string]any{
+		{"bootstrap_host": []any{host, host}, "bootstrap_port": []any{portN, portN}, "bootstrap_room": []any{room, room + 7}},
+		{"bootstrap_host": host, "bootstrap_port": portN, "bootstrap_room": room + 100},
+	} {
+		b := clone(t, body)
+		maps.Copy(b, fields)
+		var wg sync.WaitGroup
+		var preStatus int
+		var preBody []byte
+		wg.Go(func() { preStatus, preBody = postNoFatal(c, "http://"+p.pre.Addr()+path, b) })
+		got := read(post(t, c, "http://"+p.dec.Addr()+path, b))
+		wg.Wait()
+		if pre := read(preStatus, preBody); len(pre.Choices) != 2 || pre.Usage.CompletionTokens != 2 {
+			t.Fatalf("%v: the prefill leg answered %+v, want a token for each prompt", fields["bootstrap_room"], pre)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%v: the decode leg answered %+v, a combined pod %+v", fields["bootstrap_room"], got, want)
+		}
+		pulls += 2
+		if s := p.dec.Stats(); s.KVPulls != pulls || s.KVPullFailures != 0 {
+			t.Fatalf("%v: decode pod %+v, want %d pulls, one per prompt", fields["bootstrap_room"], s, pulls)
+		}
+		testwait.For(t, "the prefill pod to free each prompt's KV", func() bool {
+			s := p.pre.Stats()
+			return s.HeldKVBlocks == 0 && s.UsedBlocks == 0
+		})
+	}
+
+	b := clone(t, body)
+	b["bootstrap_host"], b["bootstrap_port"], b["bootstrap_room"] = host, portN, []any{room + 200}
+	if status, got := post(t, c, "http://"+p.dec.Addr()+path, b); status != http.StatusInternalServerError || !strings.Contains(string(got), "list index out of range") {
+		t.Fatalf("a room list shorter than the batch: %d %s, want the engine's 500", status, got)
+	}
+	b["bootstrap_room"] = []any{room + 300, nil}
+	if status, got := post(t, c, "http://"+p.dec.Addr()+path, b); status != http.StatusBadRequest || !strings.Contains(string(got), "without bootstrap room id") {
+		t.Fatalf("a prompt without its room: %d %s, want a 400", status, got)
+	}
+	testwait.For(t, "the decode pod to let the refused batches go", func() bool {
+		s := p.dec.Stats()
 		return s.Running+s.Waiting == 0 && s.UsedBlocks == 0
 	})
 }

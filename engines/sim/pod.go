@@ -549,15 +549,19 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if !p.checkModel(ctx, req.Model) {
 		return
 	}
-	leg, err := p.legOf(&req)
-	if errors.Is(err, errNoBootstrapRoom) {
+	prompts, err := p.requestTokens(ctx.PostBody(), &req, isChat)
+	var legs []pdLeg
+	if err == nil {
+		legs, err = p.legsOf(&req, len(prompts))
+	}
+	switch {
+	case errors.Is(err, errNoBootstrapRoom):
 		// The scheduler aborts it once it arrives, after a stream began.
 		p.failAccepted(ctx, bool(req.Stream), fasthttp.StatusBadRequest, "BadRequestError", err.Error())
 		return
-	}
-	var prompts [][]uint32
-	if err == nil {
-		prompts, err = p.requestTokens(ctx.PostBody(), &req, isChat)
+	case errors.Is(err, errBootstrapIndex):
+		p.writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", "", err.Error())
+		return
 	}
 	salt, saltErr := req.cacheSalt(p.cfg.Engine, isChat)
 	err = cmp.Or(err, saltErr)
@@ -565,8 +569,8 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if err == nil {
 		n, err = req.choices(p.cfg.Engine)
 	}
-	if err == nil && len(prompts)*n > 1 && leg.kind != legPlain {
-		err = badRequest("%d prompts of %d answers each on a %s leg: the sim serves batches and n above 1 on plain requests only", len(prompts), n, legNames[leg.kind])
+	if err == nil && n > 1 && legs[0].kind != legPlain {
+		err = badRequest("n = %d on a %s leg: the sim serves n above 1 on plain requests only", n, legNames[legs[0].kind])
 	}
 	lengths := make([]int, len(prompts))
 	for i, tokens := range prompts {
@@ -580,7 +584,8 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		return
 	}
 	promptTotal := sum(lengths)
-	span = p.startSpan(ctx, leg.kind, req.Model, promptTotal)
+	kind := legs[0].kind
+	span = p.startSpan(ctx, kind, req.Model, promptTotal)
 	// The response id follows vLLM: the X-Request-Id header, else the
 	// request_id parameter, else a random one. SGLang aborts by rid.
 	id := cmp.Or(string(ctx.Request.Header.Peek("X-Request-Id")), req.RequestID, req.RID,
@@ -599,7 +604,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		// vLLM fans a request out into n child requests.
 		for j := range n {
 			r := newRequest()
-			if leg.kind == legDecode {
+			if kind == legDecode {
 				r = newRemoteRequest()
 			}
 			if len(rs) > 0 {
@@ -610,7 +615,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			if !p.setMaxTokens(ctx, r, &req) {
 				return
 			}
-			if leg.kind == legPrefill {
+			if kind == legPrefill {
 				// The prefill leg yields the first token only, whatever the
 				// body asks, and keeps its KV for the decode pod.
 				r.pin = true
@@ -637,9 +642,9 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			return
 		}
 	}
-	if leg.kind == legDecode {
+	if kind == legDecode {
 		pulled := span.step("kv_pull")
-		ok := p.receiveKV(ctx, rs[0], leg, bool(req.Stream))
+		ok := p.receiveKV(ctx, rs, legs, bool(req.Stream))
 		pulled()
 		if !ok {
 			return
@@ -651,14 +656,14 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if req.Stream {
 		sse = p.streamWriter(&req, isChat, respID, created, model, lengths, n)
 	}
-	if leg.kind == legPrefill {
-		produced, finished = 1, finishLength
+	if kind == legPrefill {
+		produced, finished = len(rs), finishLength
 		if p.cfg.Engine != engines.SGLang {
 			// vLLM's and TensorRT-LLM's handoff fields are in a whole
 			// body: their routers send the prefill leg stream false.
 			sse = nil
 		}
-		p.answerPrefill(ctx, rs[0], leg, isChat, respID, created, texts[0], sse)
+		p.answerPrefill(ctx, rs, legs, isChat, respID, created, texts, sse)
 		return
 	}
 	conn := ctx.Conn()
