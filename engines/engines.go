@@ -82,6 +82,15 @@ func (k Kind) IncludeUsageDefault() bool { return k != SGLang }
 // disaggregation mode, refuses one without bootstrap_room with a 400.
 func (k Kind) DecodeServesPlain() bool { return k != SGLang }
 
+// ExchangesBatch says whether a prefill/decode exchange of engine k
+// carries a completion batch (a prompt list of several prompts). SGLang's
+// does: each prompt runs as a request of its own under its own bootstrap
+// room, and its router sends bootstrap_host, bootstrap_port and
+// bootstrap_room as lists of one per prompt. vLLM's prefill answer
+// carries one prompt's kv_transfer_params, and trtllm-serve's
+// disaggregated server refuses batches.
+func (k Kind) ExchangesBatch() bool { return k == SGLang }
+
 // Load is what the gateway reads from a pod's /metrics scrape.
 type Load struct {
 	Running float64 // requests in the running batch

@@ -51,6 +51,9 @@ type Exchange struct {
 	RequestID string
 	// Chat says the request is /v1/chat/completions (else /v1/completions).
 	Chat bool
+	// Batch is the number of prompts of a completion batch (0 or 1: one
+	// prompt); only a protocol whose Kind.ExchangesBatch gets more.
+	Batch int
 	// PrefillHost is the prefill pod's host, without port.
 	PrefillHost string
 	// BootstrapPort is the prefill pod's KV bootstrap port (SGLang; 0 means

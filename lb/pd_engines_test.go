@@ -2,6 +2,8 @@ package lb_test
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -122,56 +124,84 @@ func TestPDLocalPrefillByEngine(t *testing.T) {
 	}
 }
 
-// TestPDBatch: a completion batch (several prompts) cannot go through one
-// exchange: vLLM's prefill answer carries the first prompt's
-// kv_transfer_params only, SGLang meets both pods under one bootstrap room
-// per prompt, and trtllm-serve's disaggregated server refuses batches. It
-// goes whole to a combined pod of the model; without one, to a decode pod
-// that prefills it itself (vLLM, TensorRT-LLM); on SGLang decode pods,
-// which refuse that, the client gets a 400 naming the prompt.
+// TestPDBatch: a completion batch (several prompts, as text or as token
+// ids) goes through SGLang's exchange with a bootstrap room for each
+// prompt, as SGLang's router sends it: both pods run every prompt, the
+// decode pod pulls each prompt's KV, and the answer and its usage are a
+// combined pod's. Other engines' exchanges hand one prompt's KV over
+// (vLLM's prefill answer carries the first prompt's kv_transfer_params
+// only, and trtllm-serve's disaggregated server refuses batches): there a
+// batch goes whole to a combined pod of the model, else to a decode pod
+// that prefills it itself.
 func TestPDBatch(t *testing.T) {
+	bodies := []string{
+		`{"model":"m","prompt":["the first prompt of the batch","and its second prompt"],"max_tokens":6}`,
+		`{"model":"m","prompt":[[5,17,42,99,3,12,77],[8,8,1,64,30]],"max_tokens":5,"stream":true}`,
+	}
+	type usage struct {
+		Usage *struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
 	for _, e := range pdEngines {
 		t.Run(e.name, func(t *testing.T) {
 			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
 			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
 			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
 			const path = "/v1/completions"
-			body := `{"model":"m","prompt":["the first prompt of the batch","and its second prompt"],"max_tokens":6}`
-			want := askDirect(t, comb.Addr(), path, body)
 			f := func(pods []config.Pod, pod, kind string) {
 				t.Helper()
 				s := pdGateway(t, e, pods, nil)
-				resp, b := post(t, s, path, body)
-				if kind == "" {
-					if resp.StatusCode != http.StatusBadRequest || !strings.Contains(b, `"param":"prompt"`) {
-						t.Fatalf("%d %s, want a 400 naming the prompt", resp.StatusCode, b)
+				for _, body := range bodies {
+					want := askDirect(t, comb.Addr(), path, body)
+					resp, b := post(t, s, path, body)
+					if resp.StatusCode != http.StatusOK {
+						t.Fatalf("%d %s", resp.StatusCode, b)
 					}
-					return
+					if got := parseAnswer(t, resp, b); got != want {
+						t.Fatalf("answer %+v, a combined pod's %+v", got, want)
+					}
+					prefillPod := ""
+					if kind == "pair" {
+						prefillPod = "pre"
+					}
+					if got := resp.Header.Get("x-pdlb-pod"); got != pod || resp.Header.Get("x-pdlb-prefill-pod") != prefillPod {
+						t.Fatalf("served by %q (prefill pod %q), want %q (prefill pod %q)", got, resp.Header.Get("x-pdlb-prefill-pod"), pod, prefillPod)
+					}
+					if !strings.Contains(body, `"stream":true`) {
+						var got, direct usage
+						r, err := client.Post("http://"+comb.Addr()+path, "application/json", strings.NewReader(body))
+						if err != nil {
+							t.Fatal(err)
+						}
+						wb, _ := io.ReadAll(r.Body)
+						r.Body.Close()
+						if json.Unmarshal([]byte(b), &got) != nil || json.Unmarshal(wb, &direct) != nil || got.Usage == nil || direct.Usage == nil || *got.Usage != *direct.Usage {
+							t.Fatalf("usage %s, a combined pod's %s", b, wb)
+						}
+					}
 				}
-				if resp.StatusCode != http.StatusOK {
-					t.Fatalf("%d %s", resp.StatusCode, b)
-				}
-				if got := parseAnswer(t, resp, b); got != want {
-					t.Fatalf("answer %+v, a combined pod's %+v", got, want)
-				}
-				if got := resp.Header.Get("x-pdlb-pod"); got != pod || resp.Header.Get("x-pdlb-prefill-pod") != "" {
-					t.Fatalf("served by %q (prefill pod %q), want %q alone", got, resp.Header.Get("x-pdlb-prefill-pod"), pod)
-				}
-				if n := metricValue(t, s, `pdlb_pd_routed_total{model="m",kind="`+kind+`"}`); n != 1 {
-					t.Fatalf("pdlb_pd_routed_total %s = %v, want 1", kind, n)
+				if n := metricValue(t, s, `pdlb_pd_routed_total{model="m",kind="`+kind+`"}`); n != float64(len(bodies)) {
+					t.Fatalf("pdlb_pd_routed_total %s = %v, want %d", kind, n, len(bodies))
 				}
 				ledgerSettles(t, s)
 			}
 			pair := []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}
-			f(append(pair, pdPod(comb, comb.Addr(), "")), "comb", "combined")
-			if e.engine == engines.SGLang {
-				f(pair, "", "")
-			} else {
+			if e.engine != engines.SGLang {
+				f(append(pair, pdPod(comb, comb.Addr(), "")), "comb", "combined")
 				f(pair, "dec", "local")
+				if st := pre.Stats(); st.HeldKVBlocks != 0 || dec.Stats().KVPulls != 0 {
+					t.Fatalf("a batch went through an exchange: the prefill pod holds %d blocks, the decode pod pulled %d times", st.HeldKVBlocks, dec.Stats().KVPulls)
+				}
+				return
 			}
-			if st := pre.Stats(); st.HeldKVBlocks != 0 || dec.Stats().KVPulls != 0 {
-				t.Fatalf("a batch went through an exchange: the prefill pod holds %d blocks, the decode pod pulled %d times", st.HeldKVBlocks, dec.Stats().KVPulls)
+			f(append(pair, pdPod(comb, comb.Addr(), "")), "dec", "pair")
+			f(pair, "dec", "pair")
+			if st, want := dec.Stats(), int64(2*2*len(bodies)); st.KVPulls != want || st.KVPullFailures != 0 {
+				t.Fatalf("the decode pod pulled %d times (%d failed), want %d: one per prompt", st.KVPulls, st.KVPullFailures, want)
 			}
+			testwait.For(t, "the prefill pod to free each prompt's KV", func() bool { return pre.Stats().HeldKVBlocks == 0 })
 		})
 	}
 }

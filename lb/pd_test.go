@@ -107,23 +107,30 @@ func askDirect(t *testing.T, addr, path, body string) pdAnswer {
 	return parseAnswer(t, resp, string(b))
 }
 
-// parseAnswer reads a whole or streamed completion answer.
+// parseAnswer reads a whole or streamed completion answer: its choices'
+// texts in index order (a stream interleaves a batch's), and the last
+// finish reason.
 func parseAnswer(t *testing.T, resp *http.Response, body string) pdAnswer {
 	t.Helper()
 	type choice struct {
+		Index        int
 		Text         string
 		Message      struct{ Content string }
 		Delta        struct{ Content string }
 		FinishReason *string `json:"finish_reason"`
 	}
 	var a pdAnswer
+	var texts []string
 	add := func(data string) {
 		var c struct{ Choices []choice }
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
 			t.Fatalf("bad answer %q: %v", data, err)
 		}
 		for _, ch := range c.Choices {
-			a.text += ch.Text + ch.Message.Content + ch.Delta.Content
+			if ch.Index >= len(texts) {
+				texts = append(texts, make([]string, ch.Index+1-len(texts))...)
+			}
+			texts[ch.Index] += ch.Text + ch.Message.Content + ch.Delta.Content
 			if ch.FinishReason != nil {
 				a.finish = *ch.FinishReason
 			}
@@ -131,6 +138,7 @@ func parseAnswer(t *testing.T, resp *http.Response, body string) pdAnswer {
 	}
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		add(body)
+		a.text = strings.Join(texts, "")
 		return a
 	}
 	done := false
@@ -144,6 +152,7 @@ func parseAnswer(t *testing.T, resp *http.Response, body string) pdAnswer {
 	if !done {
 		t.Fatalf("stream without [DONE]: %q", body)
 	}
+	a.text = strings.Join(texts, "")
 	return a
 }
 

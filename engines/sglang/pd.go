@@ -2,6 +2,7 @@
 package sglang
 
 import (
+	"math"
 	"math/rand/v2"
 	"strconv"
 
@@ -12,9 +13,13 @@ import (
 // bootstrap_host and bootstrap_port (where the decode pod fetches the KV
 // from the prefill pod) and bootstrap_room (the number both pods meet
 // under), goes to both pods at once; the decode pod's response is the
-// answer and the prefill pod's is drained. Both legs carry rid, the
-// gateway's request id, so a stuck decode request can be dropped with
-// POST /abort_request {"rid": ...}.
+// answer and the prefill pod's is drained. A completion batch takes the
+// three as lists of one per prompt, as SGLang's router sends them
+// (inject_bootstrap_into_value in sgl-model-gateway's
+// src/routers/http/pd_router.rs): SGLang runs each prompt as a request of
+// its own under its own room. Both legs carry rid, the gateway's request
+// id, so a stuck decode request can be dropped with POST /abort_request
+// {"rid": ...}.
 type PD struct{}
 
 // AbortPath is SGLang's abort endpoint.
@@ -28,8 +33,9 @@ func (PD) Concurrent() bool { return true }
 
 // Begin implements engines.Protocol: draws the bootstrap room, a random
 // non-negative int63 (rand/v2's generator is per-goroutine-safe and
-// lock-free).
-func (PD) Begin(x *engines.Exchange) { x.ID = rand.Int64() }
+// lock-free); a batch's prompts take it and the rooms after it, which
+// stay int63s.
+func (PD) Begin(x *engines.Exchange) { x.ID = rand.Int64N(math.MaxInt64 - int64(max(x.Batch, 1)) + 1) }
 
 // PrefillInfoPath implements engines.Protocol.
 func (PD) PrefillInfoPath() string { return "" }
@@ -40,13 +46,15 @@ func (PD) PrefillBody(dst, orig []byte, x *engines.Exchange) ([]byte, error) {
 	if port == 0 {
 		port = engines.DefaultBootstrapPort
 	}
-	// One small stack buffer holds the four values.
-	var buf [256]byte
-	b := engines.AppendJSONString(buf[:0], x.PrefillHost)
+	n := max(x.Batch, 1)
+	// One stack buffer holds the four values, unless a batch's lists
+	// outgrow it.
+	var buf [512]byte
+	b := appendValues(buf[:0], n, func(b []byte, _ int) []byte { return engines.AppendJSONString(b, x.PrefillHost) })
 	host := len(b)
-	b = strconv.AppendInt(b, int64(port), 10)
+	b = appendValues(b, n, func(b []byte, _ int) []byte { return strconv.AppendInt(b, int64(port), 10) })
 	portEnd := len(b)
-	b = strconv.AppendInt(b, x.ID, 10)
+	b = appendValues(b, n, func(b []byte, i int) []byte { return strconv.AppendInt(b, x.ID+int64(i), 10) })
 	room := len(b)
 	b = engines.AppendJSONString(b, x.RequestID)
 	edits := [4]engines.Edit{
@@ -55,11 +63,27 @@ func (PD) PrefillBody(dst, orig []byte, x *engines.Exchange) ([]byte, error) {
 		{Key: "bootstrap_room", Value: b[portEnd:room]},
 		{Key: "rid", Value: b[room:]},
 	}
-	n := len(edits)
+	k := len(edits)
 	if x.RequestID == "" {
-		n-- // keep the client's rid, if any
+		k-- // keep the client's rid, if any
 	}
-	return engines.EditObject(dst, orig, edits[:n]...)
+	return engines.EditObject(dst, orig, edits[:k]...)
+}
+
+// appendValues appends the value v makes for prompt 0 of n, or a list of
+// the values of all n.
+func appendValues(b []byte, n int, v func(b []byte, i int) []byte) []byte {
+	if n == 1 {
+		return v(b, 0)
+	}
+	b = append(b, '[')
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = v(b, i)
+	}
+	return append(b, ']')
 }
 
 // PrefillAnswers implements engines.Protocol.
@@ -72,9 +96,12 @@ func (p PD) DecodeBody(dst, orig, _ []byte, x *engines.Exchange) ([]byte, error)
 
 // Abort implements engines.Protocol. Without a request id it falls back to
 // closing the connection: SGLang matches rid as a prefix, so an empty one
-// would abort every request on the pod.
+// would abort every request on the pod. So it does for a batch, whose
+// prompts SGLang runs under rid_0, rid_1, ...: its tokenizer manager
+// passes an abort on only for a rid it holds as named
+// (TokenizerManager.abort_request), which the batch's own rid is not.
 func (PD) Abort(dst []byte, x *engines.Exchange) (string, []byte) {
-	if x.RequestID == "" {
+	if x.RequestID == "" || x.Batch > 1 {
 		return "", nil
 	}
 	dst = append(dst, `{"rid":`...)

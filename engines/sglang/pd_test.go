@@ -1,6 +1,7 @@
 package sglang
 
 import (
+	"math"
 	"testing"
 
 	"pdlb/engines"
@@ -44,6 +45,35 @@ func TestPDBodies(t *testing.T) {
 		p.Begin(x)
 		if x.ID < 0 {
 			t.Fatalf("negative bootstrap room %d", x.ID)
+		}
+	}
+}
+
+// TestPDBatchBodies: a completion batch's legs carry bootstrap_host,
+// bootstrap_port and bootstrap_room as lists of one per prompt, each
+// prompt its own room, as SGLang's router sends them. SGLang runs the
+// prompts under rid_0, rid_1, ..., which /abort_request cannot name at
+// once, so closing the connection is the abort.
+func TestPDBatchBodies(t *testing.T) {
+	var p PD
+	x := &engines.Exchange{RequestID: "req-2", PrefillHost: "10.0.0.7", BootstrapPort: 9000, Batch: 3, ID: 40}
+	orig := []byte(`{"model":"m","prompt":["a","b","c"],"bootstrap_room":5}`)
+	want := `{"model":"m","prompt":["a","b","c"],"bootstrap_room":[40,41,42],"bootstrap_host":["10.0.0.7","10.0.0.7","10.0.0.7"],"bootstrap_port":[9000,9000,9000],"rid":"req-2"}`
+	pre, err := p.PrefillBody(nil, orig, x)
+	if err != nil || string(pre) != want {
+		t.Fatalf("prefill body\n got %s %v\nwant %s", pre, err, want)
+	}
+	if dec, _ := p.DecodeBody(nil, orig, nil, x); string(dec) != want {
+		t.Fatalf("decode body\n got %s\nwant %s", dec, want)
+	}
+	if path, body := p.Abort(nil, x); path != "" || body != nil {
+		t.Fatalf("abort of a batch = %q %s, want a close", path, body)
+	}
+	x.Batch = 1 << 20
+	for range 100 {
+		p.Begin(x)
+		if x.ID < 0 || x.ID > math.MaxInt64-int64(x.Batch-1) {
+			t.Fatalf("bootstrap room %d: the batch's last room is no int63", x.ID)
 		}
 	}
 }

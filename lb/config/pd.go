@@ -70,9 +70,8 @@ func (e PDEngines) Check(field string, p Pod) error {
 // strategy and default profile. An empty routing strategy means "pd" for a
 // model with prefill or decode pods, else the model's own policy over its
 // combined pods. The engine of its prefill and decode pods (one per model,
-// PDEngines) says whether its decode pods serve a request whole
-// (route.ModelProfiles.DecodeNeedsExchange). Call it on a validated
-// configuration.
+// PDEngines) is the profiles' (route.ModelProfiles.Engine). Call it on a
+// validated configuration.
 func (c *Config) Profiles(model string) (*route.ModelProfiles, error) {
 	m := c.ModelFor(model)
 	mp := &route.ModelProfiles{LockedRoutingStrategy: m.LockedRoutingStrategy, DefaultProfile: m.DefaultProfile}
@@ -81,8 +80,7 @@ func (c *Config) Profiles(model string) (*route.ModelProfiles, error) {
 		if strategy == "" {
 			strategy = route.StrategyPD
 		}
-		k, _ := engines.ParseKind(p.Engine)
-		mp.DecodeNeedsExchange = !k.DecodeServesPlain()
+		mp.Engine, _ = engines.ParseKind(p.Engine)
 	}
 	if len(m.Profiles) == 0 {
 		mp.Profiles = []route.PDProfile{{Name: route.DefaultProfileName, RoutingStrategy: strategy, PD: c.PD}}

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -30,7 +29,7 @@ import (
 // pickPD routes x with its cascade, taking a pd.Call on its first pick.
 func (g *Gateway) pickPD(x *completion) error {
 	if x.pd == nil {
-		x.pd = pd.AcquireCall(x, pdFleet{g}, x.ctx, x.cascade.Options(), g.metrics.model(x.m).pd, x.req.Stream, x.req.Kind == openai.KindChat)
+		x.pd = pd.AcquireCall(x, pdFleet{g}, x.ctx, x.cascade.Options(), g.metrics.model(x.m).pd, x.req.Stream, x.req.Kind == openai.KindChat, x.req.Batch())
 	}
 	// Each attempt places the prompt anew.
 	x.firstSeen = false
@@ -43,17 +42,6 @@ func (g *Gateway) pickPD(x *completion) error {
 		x.pod, _ = placedPD(x)
 	}
 	return err
-}
-
-// batchRefused is the 400 for a completion batch on a model none of whose
-// pods can serve it: it has no combined pod, and its decode pods refuse a
-// request that did not go through the exchange (one exchange hands one
-// prompt's KV over). Nil when the model can serve x.
-func batchRefused(x *completion) *openai.Error {
-	if n := x.req.Batch(); n > 1 && len(x.m.Combined) == 0 && x.m.Profiles.DecodeNeedsExchange {
-		return openai.InvalidValue("prompt", fmt.Sprintf("is a batch of %d prompts, which model %q cannot serve: its prefill/decode exchange hands one prompt's KV over, its decode pods refuse a request without one, and it has no combined pod; send one prompt per request", n, x.m.Name))
-	}
-	return nil
 }
 
 // placedPD is the prefill and decode pods x's PD decision puts it on, as
@@ -78,7 +66,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 	p.Ticket.Done()
 	g.lookup(m, x)
 	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64(),
-		Whole: x.req.Batch() > 1}
+		Whole: x.req.Batch() > 1 && !m.Profiles.Engine.ExchangesBatch()}
 	g.ledger.LockSelection()
 	defer g.ledger.UnlockSelection()
 	// One reading of the gateway's clock (its ledger's) for the breakers,

@@ -99,6 +99,7 @@ type Call struct {
 	ctx    *fasthttp.RequestCtx
 	stream bool
 	chat   bool
+	batch  int
 	proto  engines.Protocol
 	ex     engines.Exchange
 	// gone is closed when the client leaves (frontend.WatchClient), from
@@ -121,10 +122,10 @@ type Call struct {
 var callPool = sync.Pool{New: func() any { return new(Call) }}
 
 // AcquireCall returns a Call for the client's request ctx, routed with
-// opts; stream and chat are the request's.
-func AcquireCall(h Host, f Fleet, ctx *fasthttp.RequestCtx, opts route.PDOptions, m *Metrics, stream, chat bool) *Call {
+// opts; stream, chat and batch (its prompts) are the request's.
+func AcquireCall(h Host, f Fleet, ctx *fasthttp.RequestCtx, opts route.PDOptions, m *Metrics, stream, chat bool, batch int) *Call {
 	c := callPool.Get().(*Call)
-	c.host, c.fleet, c.ctx, c.Opts, c.Metrics, c.stream, c.chat = h, f, ctx, opts, m, stream, chat
+	c.host, c.fleet, c.ctx, c.Opts, c.Metrics, c.stream, c.chat, c.batch = h, f, ctx, opts, m, stream, chat, batch
 	return c
 }
 

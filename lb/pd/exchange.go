@@ -53,6 +53,7 @@ func (c *Call) RunPair() *fail.Failure {
 	c.ex = engines.Exchange{
 		RequestID:     h.RequestID(),
 		Chat:          c.chat,
+		Batch:         c.batch,
 		PrefillHost:   HostOf(pre.Config.Address),
 		BootstrapPort: pre.Config.BootstrapPort,
 	}

@@ -175,7 +175,7 @@ func TestRunPair(t *testing.T) {
 		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 		opts := c.opts
 		opts.PrefillRequestTimeout = time.Second
-		call := AcquireCall(s, s, ctx, opts, m, c.stream, false)
+		call := AcquireCall(s, s, ctx, opts, m, c.stream, false, 1)
 		defer call.Release()
 		s.c, call.Pre, call.Dec = call, pods[c.pre], pods[c.dec]
 		before := m.Watchdog.Get()
@@ -288,7 +288,7 @@ func TestConcurrentPrefillCutTimesNothing(t *testing.T) {
 		req.SetBodyString(`{"model":"m","prompt":"hi"}`)
 		ctx := new(fasthttp.RequestCtx)
 		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
-		call := AcquireCall(s, s, ctx, route.PDOptions{PrefillRequestTimeout: time.Second}, m, false, false)
+		call := AcquireCall(s, s, ctx, route.PDOptions{PrefillRequestTimeout: time.Second}, m, false, false, 1)
 		s.c, call.Pre, call.Dec = call, pods[c.pre], pods[c.dec]
 		if f := call.RunPair(); f != fail.ClientLeft {
 			t.Fatalf("%s: %v, want the client left", c.name, f)

@@ -3,6 +3,8 @@ package route
 import (
 	"errors"
 	"fmt"
+
+	"pdlb/engines"
 )
 
 // Per-model profiles (AIBrix, "Enable PD Routing" and "Config Profiles"):
@@ -50,11 +52,11 @@ type ModelProfiles struct {
 	DefaultProfile string `yaml:"default_profile"`
 	// Profiles lists the profiles.
 	Profiles []PDProfile `yaml:"profiles"`
-	// DecodeNeedsExchange says the model's decode pods refuse a request
-	// that did not go through the exchange (engines.Kind.DecodeServesPlain):
-	// the cascades then never send one there whole, and
-	// LocalPrefillMaxTokens is ignored.
-	DecodeNeedsExchange bool `yaml:"-"`
+	// Engine is the engine of the model's prefill and decode pods ("" when
+	// it has none): it says whether they serve a request that did not go
+	// through their exchange (DecodeNeedsExchange) and what the exchange
+	// carries (engines.Kind.ExchangesBatch).
+	Engine engines.Kind `yaml:"-"`
 
 	def      int
 	policies []namedPolicy
@@ -98,12 +100,18 @@ func (m *ModelProfiles) Routers() []*PDRouter {
 	return out
 }
 
+// DecodeNeedsExchange says the model's decode pods refuse a request that
+// did not go through the exchange (engines.Kind.DecodeServesPlain): the
+// cascades then never send one there whole, and LocalPrefillMaxTokens is
+// ignored.
+func (m *ModelProfiles) DecodeNeedsExchange() bool { return !m.Engine.DecodeServesPlain() }
+
 // IgnoredLocalPrefill names the profiles whose LocalPrefillMaxTokens is
 // ignored because the model's decode pods need the exchange.
 func (m *ModelProfiles) IgnoredLocalPrefill() []string {
 	var out []string
 	for i := range m.Profiles {
-		if m.DecodeNeedsExchange && m.Profiles[i].PD.LocalPrefillMaxTokens > 0 {
+		if m.DecodeNeedsExchange() && m.Profiles[i].PD.LocalPrefillMaxTokens > 0 {
 			out = append(out, m.Profiles[i].Name)
 		}
 	}
@@ -142,7 +150,7 @@ func (m *ModelProfiles) Freeze() error {
 		if err != nil {
 			return fmt.Errorf("%s (profile %q): %w", field, p.Name, err)
 		}
-		r.needsExchange = m.DecodeNeedsExchange
+		r.needsExchange = m.DecodeNeedsExchange()
 		p.router = r
 		if p.Name == want {
 			m.def = i

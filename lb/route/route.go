@@ -30,10 +30,11 @@ type Request struct {
 	// every random choice and tie break from it, so a virtual-time run with a
 	// fixed seed is deterministic and the hot path needs no locked RNG.
 	Rand uint64
-	// Whole says the request cannot go through a prefill/decode exchange,
-	// which hands one prompt's KV over: a completion batch. PDRouter.Decide
-	// sends it whole to a combined pod, else to a decode pod that prefills
-	// it itself.
+	// Whole says the request cannot go through the model's prefill/decode
+	// exchange: a completion batch where the exchange hands one prompt's
+	// KV over (engines.Kind.ExchangesBatch). PDRouter.Decide sends it
+	// whole to a combined pod, else to a decode pod that prefills it
+	// itself.
 	Whole bool
 }
 
