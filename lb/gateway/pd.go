@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -44,6 +45,26 @@ func (g *Gateway) pickPD(x *completion) error {
 	return err
 }
 
+// exchangeCarries says whether the model's prefill/decode exchange
+// carries x: a completion batch or several choices (n) only where its
+// engine's exchange does (engines.Kind.ExchangesBatch, ExchangesChoices).
+// One it does not carry goes whole.
+func exchangeCarries(x *completion) bool {
+	e := x.m.Profiles.Engine
+	return (x.req.Batch() == 1 || e.ExchangesBatch()) && (x.req.Choices == 1 || e.ExchangesChoices())
+}
+
+// choicesRefused is the 400 for several choices (n) on a model none of
+// whose pods can serve them: its exchange cannot, its decode pods refuse
+// a request that did not go through it, and it has no combined pod. Nil
+// when the model can serve x.
+func choicesRefused(x *completion) *openai.Error {
+	if n := x.req.Choices; n > 1 && !x.m.Profiles.Engine.ExchangesChoices() && len(x.m.Combined) == 0 && x.m.Profiles.DecodeNeedsExchange() {
+		return openai.InvalidValue("n", fmt.Sprintf("is %d, which model %q cannot serve: its prefill/decode exchange runs one choice of a prompt, its decode pods refuse a request that did not go through it, and it has no combined pod; send one request per choice", n, x.m.Name))
+	}
+	return nil
+}
+
 // placedPD is the prefill and decode pods x's PD decision puts it on, as
 // admission predicts them.
 func placedPD(x *completion) (pre, dec *pool.Pod) {
@@ -66,7 +87,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 	p.Ticket.Done()
 	g.lookup(m, x)
 	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64(),
-		Whole: x.req.Batch() > 1 && !m.Profiles.Engine.ExchangesBatch()}
+		Whole: !exchangeCarries(x)}
 	g.ledger.LockSelection()
 	defer g.ledger.UnlockSelection()
 	// One reading of the gateway's clock (its ledger's) for the breakers,

@@ -100,6 +100,10 @@ func (g *Gateway) pickStage(x *completion) bool {
 	}
 	picked, start := false, x.tr.mark()
 	if x.cascade != nil {
+		if e := choicesRefused(x); e != nil {
+			x.last, x.stage = answer(e), stageFail
+			return true
+		}
 		picked = g.pickPD(x) == nil
 	} else {
 		x.pod = g.pick(x.m, x, sessionOf(x))

@@ -32,9 +32,10 @@ type Request struct {
 	Rand uint64
 	// Whole says the request cannot go through the model's prefill/decode
 	// exchange: a completion batch where the exchange hands one prompt's
-	// KV over (engines.Kind.ExchangesBatch). PDRouter.Decide sends it
-	// whole to a combined pod, else to a decode pod that prefills it
-	// itself.
+	// KV over, or several choices (n) where it runs one
+	// (engines.Kind.ExchangesBatch, ExchangesChoices). PDRouter.Decide
+	// sends it whole to a combined pod, else to a decode pod that
+	// prefills it itself.
 	Whole bool
 }
 
