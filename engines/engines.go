@@ -91,13 +91,6 @@ func (k Kind) DecodeServesPlain() bool { return k != SGLang }
 // disaggregated server refuses batches.
 func (k Kind) ExchangesBatch() bool { return k == SGLang }
 
-// ExchangesChoices says whether a prefill/decode exchange of engine k
-// serves n > 1. SGLang's does not: its tokenizer manager sends a prompt's
-// n samples, and a prefix-caching run before them, under the prompt's one
-// bootstrap room whatever rooms the request names, and their KV transfers
-// collide, so the decode leg hangs or fails.
-func (k Kind) ExchangesChoices() bool { return k != SGLang }
-
 // Load is what the gateway reads from a pod's /metrics scrape.
 type Load struct {
 	Running float64 // requests in the running batch

@@ -206,38 +206,47 @@ func TestPDBatch(t *testing.T) {
 	}
 }
 
-// TestPDChoicesSGLang: SGLang's exchange cannot serve n > 1: its
-// tokenizer manager sends a prompt's n samples, and a prefix-caching run
-// before them, under the prompt's one bootstrap room, whatever rooms the
-// request names, and their transfers collide (the decode leg hangs or
-// fails). Such a request goes whole to a combined pod of the model;
-// without one the client gets a 400 naming n and its value. n = 1 still
-// goes through the exchange.
-func TestPDChoicesSGLang(t *testing.T) {
-	e := pdEngines[1]
-	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
-	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-	comb := startSim(t, e, "comb", sim.RoleCombined, nil)
-	pair := []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}
-	withComb := pdGateway(t, e, append(pair, pdPod(comb, comb.Addr(), "")), nil)
-	without := pdGateway(t, e, pair, nil)
-	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
-		body := strings.Replace(pdBody(path, false, 6), `"max_tokens"`, `"n":3,"max_tokens"`, 1)
-		resp, b := post(t, withComb, path, body)
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-pod") != "comb" || resp.Header.Get("x-pdlb-prefill-pod") != "" {
-			t.Fatalf("%s n=3: %d from %q (prefill pod %q), want the combined pod's answer: %s",
-				path, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), resp.Header.Get("x-pdlb-prefill-pod"), b)
-		}
-		resp, b = post(t, without, path, body)
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(b, `"param":"n"`) || !strings.Contains(b, "is 3,") {
-			t.Fatalf("%s n=3 without a combined pod: %d %s, want a 400 naming n and its value", path, resp.StatusCode, b)
-		}
-		one := strings.Replace(body, `"n":3`, `"n":1`, 1)
-		if resp, b := post(t, without, path, one); resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-prefill-pod") != "pre" {
-			t.Fatalf("%s n=1: %d via prefill pod %q: %s", path, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), b)
-		}
-	}
-	if got := dec.Stats().KVPulls; got != 2 {
-		t.Fatalf("the decode pod pulled KV %d times, want 2: the n=1 requests only", got)
+// TestPDChoicesGoWhole: no engine's exchange carries n > 1 (each runs a
+// prompt's n samples as requests of their own, and its exchange hands one
+// request's KV over), so such a request goes whole to a combined pod;
+// without one, to a decode pod that prefills it itself, and on SGLang,
+// whose decode pods refuse a request without a room, it is refused with
+// a 400 naming n. n = 1 goes through the exchange.
+func TestPDChoicesGoWhole(t *testing.T) {
+	for _, e := range pdEngines {
+		t.Run(e.name, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+			pair := []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}
+			withComb := pdGateway(t, e, append(pair, pdPod(comb, comb.Addr(), "")), nil)
+			without := pdGateway(t, e, pair, nil)
+			for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+				body := strings.Replace(pdBody(path, false, 6), `"max_tokens"`, `"n":3,"max_tokens"`, 1)
+				resp, b := post(t, withComb, path, body)
+				if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-pod") != "comb" || resp.Header.Get("x-pdlb-prefill-pod") != "" {
+					t.Fatalf("%s n=3: %d from %q (prefill pod %q), want the combined pod's answer: %s",
+						path, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), resp.Header.Get("x-pdlb-prefill-pod"), b)
+				}
+				resp, b = post(t, without, path, body)
+				switch {
+				case e.engine.DecodeServesPlain():
+					if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-pod") != "dec" || resp.Header.Get("x-pdlb-prefill-pod") != "" ||
+						strings.Count(b, `"index":`) < 3 {
+						t.Fatalf("%s n=3 without a combined pod: %d from %q (prefill pod %q), want the decode pod's three choices: %s",
+							path, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), resp.Header.Get("x-pdlb-prefill-pod"), b)
+					}
+				case resp.StatusCode != http.StatusBadRequest || !strings.Contains(b, `"param":"n"`) || !strings.Contains(b, "is 3,"):
+					t.Fatalf("%s n=3 without a combined pod: %d %s, want a 400 naming n and its value", path, resp.StatusCode, b)
+				}
+				one := strings.Replace(body, `"n":3`, `"n":1`, 1)
+				if resp, b := post(t, without, path, one); resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-prefill-pod") != "pre" {
+					t.Fatalf("%s n=1: %d via prefill pod %q: %s", path, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), b)
+				}
+			}
+			if got := dec.Stats().KVPulls; got != 2 {
+				t.Fatalf("the decode pod pulled KV %d times, want 2: the n=1 requests only", got)
+			}
+		})
 	}
 }

@@ -46,12 +46,18 @@ func (g *Gateway) pickPD(x *completion) error {
 }
 
 // exchangeCarries says whether the model's prefill/decode exchange
-// carries x: a completion batch or several choices (n) only where its
-// engine's exchange does (engines.Kind.ExchangesBatch, ExchangesChoices).
-// One it does not carry goes whole.
+// carries x: a completion batch only where its engine's exchange does
+// (engines.Kind.ExchangesBatch), several choices (n) on none. Each engine
+// runs a prompt's n samples as requests of their own while its exchange
+// hands one request's KV over: SGLang runs them all under the prompt's
+// one bootstrap room, whatever rooms the request names, and their
+// transfers collide; vLLM's prefill answer carries one child request's
+// kv_transfer_params (vllm-project/vllm pull request 38900, open, would
+// add the others'); TensorRT-LLM's disaggregated server passes on the
+// first choice's disaggregated_params only. One it does not carry goes
+// whole.
 func exchangeCarries(x *completion) bool {
-	e := x.m.Profiles.Engine
-	return (x.req.Batch() == 1 || e.ExchangesBatch()) && (x.req.Choices == 1 || e.ExchangesChoices())
+	return (x.req.Batch() == 1 || x.m.Profiles.Engine.ExchangesBatch()) && x.req.Choices == 1
 }
 
 // choicesRefused is the 400 for several choices (n) on a model none of
@@ -59,7 +65,7 @@ func exchangeCarries(x *completion) bool {
 // a request that did not go through it, and it has no combined pod. Nil
 // when the model can serve x.
 func choicesRefused(x *completion) *openai.Error {
-	if n := x.req.Choices; n > 1 && !x.m.Profiles.Engine.ExchangesChoices() && len(x.m.Combined) == 0 && x.m.Profiles.DecodeNeedsExchange() {
+	if n := x.req.Choices; n > 1 && len(x.m.Combined) == 0 && x.m.Profiles.DecodeNeedsExchange() {
 		return openai.InvalidValue("n", fmt.Sprintf("is %d, which model %q cannot serve: its prefill/decode exchange runs one choice of a prompt, its decode pods refuse a request that did not go through it, and it has no combined pod; send one request per choice", n, x.m.Name))
 	}
 	return nil

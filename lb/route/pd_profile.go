@@ -55,7 +55,7 @@ type ModelProfiles struct {
 	// Engine is the engine of the model's prefill and decode pods ("" when
 	// it has none): it says whether they serve a request that did not go
 	// through their exchange (DecodeNeedsExchange) and what the exchange
-	// carries (engines.Kind.ExchangesBatch, ExchangesChoices).
+	// carries (engines.Kind.ExchangesBatch).
 	Engine engines.Kind `yaml:"-"`
 
 	def      int

@@ -32,8 +32,8 @@ type Request struct {
 	Rand uint64
 	// Whole says the request cannot go through the model's prefill/decode
 	// exchange: a completion batch where the exchange hands one prompt's
-	// KV over, or several choices (n) where it runs one
-	// (engines.Kind.ExchangesBatch, ExchangesChoices). PDRouter.Decide
+	// KV over (engines.Kind.ExchangesBatch), or several choices (n),
+	// which no engine's exchange carries. PDRouter.Decide
 	// sends it whole to a combined pod, else to a decode pod that
 	// prefills it itself.
 	Whole bool
