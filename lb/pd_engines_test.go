@@ -146,9 +146,7 @@ func TestPDBatch(t *testing.T) {
 	}
 	for _, e := range pdEngines {
 		t.Run(e.name, func(t *testing.T) {
-			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
-			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+			pre, dec, comb := startTrio(t, e)
 			const path = "/v1/completions"
 			f := func(pods []config.Pod, pod, kind string) {
 				t.Helper()
@@ -215,9 +213,7 @@ func TestPDBatch(t *testing.T) {
 func TestPDChoicesGoWhole(t *testing.T) {
 	for _, e := range pdEngines {
 		t.Run(e.name, func(t *testing.T) {
-			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
-			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+			pre, dec, comb := startTrio(t, e)
 			pair := []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}
 			withComb := pdGateway(t, e, append(pair, pdPod(comb, comb.Addr(), "")), nil)
 			without := pdGateway(t, e, pair, nil)

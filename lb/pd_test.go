@@ -45,6 +45,13 @@ var pdEngines = []pdEngine{
 }
 
 // startSim starts one sim pod of model "m" in role; mutate adjusts it.
+// startTrio starts a prefill, a decode and a combined pod of e, named
+// pre, dec and comb.
+func startTrio(t *testing.T, e pdEngine) (pre, dec, comb *sim.Pod) {
+	t.Helper()
+	return startSim(t, e, "pre", sim.RolePrefill, nil), startSim(t, e, "dec", sim.RoleDecode, nil), startSim(t, e, "comb", sim.RoleCombined, nil)
+}
+
 func startSim(t *testing.T, e pdEngine, name, role string, mutate func(*sim.Config)) *sim.Pod {
 	t.Helper()
 	cfg := sim.Config{Name: name, Model: "m", Engine: e.engine, Role: role, Seed: 7, Speedup: 200,
@@ -201,9 +208,7 @@ func ledgerSettles(t *testing.T, s *lb.Server) {
 func TestPDAnswersEqualCombined(t *testing.T) {
 	for _, e := range pdEngines {
 		t.Run(e.name, func(t *testing.T) {
-			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
-			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+			pre, dec, comb := startTrio(t, e)
 			log := filepath.Join(t.TempDir(), "access.log")
 			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(comb, comb.Addr(), "")},
 				func(c *config.Config) { c.AccessLog = log })
@@ -250,9 +255,7 @@ func TestPDAnswersEqualCombined(t *testing.T) {
 func TestPDDecodeKilledFallsBack(t *testing.T) {
 	for _, e := range pdEngines[:2] {
 		t.Run(e.name, func(t *testing.T) {
-			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
-			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-			comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+			pre, dec, comb := startTrio(t, e)
 			s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(comb, comb.Addr(), "")},
 				func(c *config.Config) { c.Health.Interval = time.Hour }) // the gateway learns of the death from the request
 			if err := dec.Kill(); err != nil {
@@ -817,9 +820,7 @@ func TestPDPrefillInfoRefusedMovesOn(t *testing.T) {
 // combined pod, and pdlb_upstream_retries_total counts it once.
 func TestPDDecodeRefusedCountsOneRetry(t *testing.T) {
 	e := pdEngines[0]
-	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
-	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-	comb := startSim(t, e, "comb", sim.RoleCombined, nil)
+	pre, dec, comb := startTrio(t, e)
 	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), pdPod(comb, comb.Addr(), "")},
 		func(c *config.Config) { c.Health.Interval = time.Hour })
 	if err := dec.Kill(); err != nil {
