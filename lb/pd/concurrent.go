@@ -203,9 +203,13 @@ func (l *Link) prefill(c concurrentPrefill) {
 	c.fleet.ReleasePrefill(c.ticket)
 	select {
 	case <-c.drop:
-		// Given up by the request, which no longer waits for it: however
-		// it ended is not the pod's failure, and the decode leg, if one
-		// is relayed, is not this leg's to cut.
+		// Given up by the request, which no longer waits for it: the cut
+		// is not the pod's failure, and the decode leg, if one is
+		// relayed, is not this leg's to cut. A leg that failed before the
+		// cut (a refused dial) failed the pod all the same, and counts.
+		if err != nil && err != upstream.ErrCut {
+			c.fleet.CallFailed(c.pre, err)
+		}
 		return
 	default:
 	}
