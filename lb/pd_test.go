@@ -417,8 +417,23 @@ func TestPDPrefillKilledFailsFast(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
-			if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
+			// SGLang's legs go out together, and its decode pod answers a
+			// stream's 200 before the KV comes: when that 200 wins the
+			// race with the prefill leg's refused dial, the stream ends
+			// with the failed transfer's error event instead.
+			midStream := e.engine == engines.SGLang && resp.StatusCode == http.StatusOK &&
+				strings.Contains(b, `"error"`) && strings.Contains(b, "KV transfer")
+			if !midStream && (resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true") {
 				t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+			}
+			if midStream {
+				// Its prefill leg, given up as the stream ended, may not
+				// have dialed the dead pod at all: then the next request
+				// does, and fails fast; else the pod is out already.
+				resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 8))
+				if resp.StatusCode != http.StatusServiceUnavailable && (resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true") {
+					t.Fatalf("after a stream that failed mid-way: %d %v %s", resp.StatusCode, resp.Header, b)
+				}
 			}
 			// The refusal took the prefill pod out: the next request is
 			// not sent to it.
