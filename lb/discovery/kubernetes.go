@@ -272,6 +272,27 @@ func (r *rebuilder) podFrom(kp *corev1.Pod, configs map[string]*spec.ModelConfig
 		}
 		p.KVEvents = "tcp://" + hostPort(kp.Status.PodIP, kv)
 	}
+	if v, ok := ann[spec.AnnotationKVReplayPort]; ok {
+		rp, err := parsePort("annotation "+spec.AnnotationKVReplayPort, v)
+		if err != nil {
+			return p, err
+		}
+		if p.KVEvents == "" {
+			return p, fmt.Errorf("annotation %s = %q needs annotation %s beside it", spec.AnnotationKVReplayPort, v, spec.AnnotationKVEventsPort)
+		}
+		p.KVReplay = "tcp://" + hostPort(kp.Status.PodIP, rp)
+	}
+	if v, ok := ann[spec.AnnotationDataParallelSize]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return p, fmt.Errorf("annotation %s = %q is not a number of ranks, 1 or more", spec.AnnotationDataParallelSize, v)
+		}
+		p.DataParallelSize = n
+		// The ranks' ports, as a configured pod's are checked.
+		if err := p.Pod.Validate("pod"); err != nil {
+			return p, fmt.Errorf("annotations %s, %s and %s: %w", spec.AnnotationKVEventsPort, spec.AnnotationKVReplayPort, spec.AnnotationDataParallelSize, err)
+		}
+	}
 	if v, ok := ann[spec.AnnotationLoRAAdapters]; ok {
 		if _, err := config.ParseAdapters(v); err != nil {
 			return p, fmt.Errorf("annotation %s = %q: %v", spec.AnnotationLoRAAdapters, v, err)

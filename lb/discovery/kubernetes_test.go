@@ -226,6 +226,12 @@ func TestKubernetesAnnotations(t *testing.T) {
 		kpod("bad-bootstrap", "10.0.0.9", sgl, map[string]string{spec.AnnotationBootstrapPort: "0"}),
 		kpod("bad-kv", "10.0.0.10", map[string]string{spec.LabelModel: "m"}, map[string]string{spec.AnnotationKVEventsPort: "x"}),
 		kpod("bad-lora", "10.0.0.11", map[string]string{spec.LabelModel: "m"}, map[string]string{spec.AnnotationLoRAAdapters: "sql,sql"}),
+		kpod("dp", "10.0.0.12", map[string]string{spec.LabelModel: "my-model"},
+			map[string]string{spec.AnnotationKVEventsPort: "5557", spec.AnnotationKVReplayPort: "5600", spec.AnnotationDataParallelSize: "4"}),
+		kpod("bad-dp", "10.0.0.13", map[string]string{spec.LabelModel: "m"}, map[string]string{spec.AnnotationDataParallelSize: "0"}),
+		kpod("dp-no-replay", "10.0.0.14", map[string]string{spec.LabelModel: "m"},
+			map[string]string{spec.AnnotationKVEventsPort: "5557", spec.AnnotationDataParallelSize: "2"}),
+		kpod("replay-alone", "10.0.0.15", map[string]string{spec.LabelModel: "m"}, map[string]string{spec.AnnotationKVReplayPort: "5600"}),
 	)
 	var logged strings.Builder
 	var logMu sync.Mutex
@@ -237,10 +243,14 @@ func TestKubernetesAnnotations(t *testing.T) {
 	pods := w.expect(
 		"inference/c0 my-model vllm combined  10.0.0.3:8000",
 		"inference/d0 my-model vllm decode g0 10.0.0.2:8000",
+		"inference/dp my-model vllm combined  10.0.0.12:8000",
 		"inference/p0 my-model vllm prefill g0 10.0.0.1:8000",
 		"inference/s0 my-model sglang prefill g0 10.0.0.4:8000",
 	)
-	c0, d0, p0, s0 := pods[0], pods[1], pods[2], pods[3]
+	c0, d0, dp, p0, s0 := pods[0], pods[1], pods[2], pods[3], pods[4]
+	if dp.KVEvents != "tcp://10.0.0.12:5557" || dp.KVReplay != "tcp://10.0.0.12:5600" || dp.DataParallelSize != 4 || p0.DataParallelSize != 0 {
+		t.Errorf("data-parallel pod: %+v", dp)
+	}
 	if c0.BucketMin != 2048 || c0.BucketMax != 0 || !c0.ModelConfig.Profiles["default"].RoutingConfig.Combined {
 		t.Errorf("combined pod: %+v", c0)
 	}
@@ -267,6 +277,9 @@ func TestKubernetesAnnotations(t *testing.T) {
 		`pod=inference/bad-bootstrap err="model.aibrix.ai/sglang-bootstrap-port = \"0\" is not a port"`,
 		`pod=inference/bad-kv err="annotation pdlb/kv-events-port = \"x\" is not a port"`,
 		`pod=inference/bad-lora err="annotation pdlb/lora-adapters = \"sql,sql\": adapter \"sql\" is listed twice"`,
+		`pod=inference/bad-dp err="annotation pdlb/data-parallel-size = \"0\" is not a number of ranks, 1 or more"`,
+		`pod=inference/dp-no-replay err="annotations pdlb/kv-events-port, pdlb/kv-replay-port and pdlb/data-parallel-size: config: invalid: pod.kv_replay = \"\" puts the replay sockets of ranks 0 to 1 on ports 5558 to 5559`,
+		`pod=inference/replay-alone err="annotation pdlb/kv-replay-port = \"5600\" needs annotation pdlb/kv-events-port beside it"`,
 	} {
 		if !strings.Contains(logged.String(), want) {
 			t.Errorf("log lacks %s:\n%s", want, logged.String())

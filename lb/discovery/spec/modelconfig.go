@@ -30,6 +30,13 @@ const (
 	// publisher (vLLM's default is 5557); absent, the gateway learns the
 	// pod's cache only from its own routing decisions.
 	AnnotationKVEventsPort = "pdlb/kv-events-port"
+	// AnnotationKVReplayPort is pdlb's own: the port of the pod's KV-event
+	// replay socket, beside AnnotationKVEventsPort (default 5558).
+	AnnotationKVReplayPort = "pdlb/kv-replay-port"
+	// AnnotationDataParallelSize is pdlb's own: the engine ranks behind the
+	// pod's API server (vLLM's --data-parallel-size, default 1); rank r
+	// publishes its KV events on both ports + r.
+	AnnotationDataParallelSize = "pdlb/data-parallel-size"
 	// AnnotationLoRAAdapters is pdlb's own: the LoRA adapters the pod
 	// serves from its start (its --lora-modules), "name" or "name=path",
 	// comma-separated (config.ParseAdapters).
