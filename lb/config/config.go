@@ -651,6 +651,11 @@ func (c Config) Validate() error {
 	if err := c.Discovery.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
+	for i, d := range c.Discovery.DNS {
+		if err := dnsRankPorts(fmt.Sprintf("discovery.dns[%d]", i), d); err != nil {
+			return err
+		}
+	}
 	if len(c.Pods) == 0 && !c.Discovery.Enabled() {
 		return fmt.Errorf("%w: pods: no pods configured (give a config file with pods or discovery, or --pod)", ErrInvalid)
 	}
@@ -732,7 +737,7 @@ func (p Pod) Validate(field string) error {
 		return invalid(field+".data_parallel_size", p.DataParallelSize, "must be at least 1 (0 means 1)")
 	}
 	if p.KVEvents != "" {
-		if err := p.validateRankPorts(field); err != nil {
+		if err := p.validateRankPorts(field, "kv_replay"); err != nil {
 			return err
 		}
 	}
@@ -751,14 +756,14 @@ func (p Pod) Validate(field string) error {
 // validateRankPorts checks the ports of the pod's ranks' KV events, valid
 // endpoints: rank r publishes on kv_events' port + r and replays on
 // kv_replay's + r, so both runs must end by port 65535 and must not meet
-// on one host.
-func (p Pod) validateRankPorts(field string) error {
+// on one host. replayField names the replay port's setting in errors.
+func (p Pod) validateRankPorts(field, replayField string) error {
 	last := max(p.DataParallelSize, 1) - 1
 	evHost, evPort := splitTCP(p.KVEvents)
 	rpHost, rpPort, replay := evHost, engines.DefaultKVReplayPort, fmt.Sprintf("the default port %d", engines.DefaultKVReplayPort)
 	if p.KVReplay != "" {
 		rpHost, rpPort = splitTCP(p.KVReplay)
-		replay = "kv_replay's port"
+		replay = replayField + "'s port"
 	}
 	switch {
 	case evPort+last > 65535:
@@ -768,11 +773,24 @@ func (p Pod) validateRankPorts(field string) error {
 		return invalid(field+".data_parallel_size", p.DataParallelSize,
 			fmt.Sprintf("puts rank %d's replay socket on port %d (%s + %d), past 65535", last, rpPort+last, replay, last))
 	case evHost == rpHost && evPort <= rpPort+last && rpPort <= evPort+last:
-		return invalid(field+".kv_replay", p.KVReplay,
-			fmt.Sprintf("puts the replay sockets of ranks 0 to %d on ports %d to %d (%s + rank), where their KV events are (%d to %d); set kv_replay apart",
-				last, rpPort, rpPort+last, replay, evPort, evPort+last))
+		return invalid(field+"."+replayField, p.KVReplay,
+			fmt.Sprintf("puts the replay sockets of ranks 0 to %d on ports %d to %d (%s + rank), where their KV events are (%d to %d); set %s apart",
+				last, rpPort, rpPort+last, replay, evPort, evPort+last, replayField))
 	}
 	return nil
+}
+
+// dnsRankPorts checks the ports of the KV events of the ranks of the pods
+// DNS source d finds, as validateRankPorts checks a configured pod's.
+func dnsRankPorts(field string, d spec.DNS) error {
+	if d.KVEventsPort == 0 {
+		return nil
+	}
+	p := Pod{KVEvents: "tcp://" + net.JoinHostPort(d.Name, strconv.Itoa(d.KVEventsPort)), DataParallelSize: d.DataParallelSize}
+	if d.KVReplayPort != 0 {
+		p.KVReplay = "tcp://" + net.JoinHostPort(d.Name, strconv.Itoa(d.KVReplayPort))
+	}
+	return p.validateRankPorts(field, "kv_replay_port")
 }
 
 // splitTCP splits a valid tcp://host:port.

@@ -60,6 +60,10 @@ func TestValidateRejects(t *testing.T) {
 		`pods[0].kv_replay = "tcp://h:5990" puts the replay sockets of ranks 0 to 15 on ports 5990 to 6005`)
 	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:5558'}]\n", `pods[0].kv_replay = "" puts the replay sockets of ranks 0 to 0 on ports 5558 to 5558`)
 	f("pods: [{model: m, address: 'h:1', prefill_tokens_per_sec: -5}]\n", "pods[0].prefill_tokens_per_sec = -5")
+	f("discovery: {dns: [{name: llama.test, port: 8000, model: m, kv_events_port: 5557, data_parallel_size: 2}]}\n",
+		`discovery.dns[0].kv_replay_port = "" puts the replay sockets of ranks 0 to 1 on ports 5558 to 5559 (the default port 5558 + rank), where their KV events are (5557 to 5558); set kv_replay_port apart`)
+	f("discovery: {dns: [{name: llama.test, port: 8000, model: m, kv_events_port: 65535, kv_replay_port: 5600, data_parallel_size: 2}]}\n",
+		"discovery.dns[0].data_parallel_size = 2 puts rank 1's KV events on port 65536")
 	f("models: [{name: m, block_size: -16}]\n"+pod, "models[0].block_size = -16")
 	f("models: [{name: m, tokenizer: /nonexistent/qwen3}]\n"+pod, `models[0].tokenizer = "/nonexistent/qwen3" must be a directory holding tokenizer.json`)
 	f("models: [{name: m, chat_template: t.jinja}]\n"+pod, `models[0].chat_template = "t.jinja" needs tokenizer`)

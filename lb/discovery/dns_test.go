@@ -145,12 +145,13 @@ func TestDNSARecords(t *testing.T) {
 	var logged strings.Builder
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
-	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", KVEventsPort: 5557, Interval: 50 * time.Millisecond}, log))
+	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", KVEventsPort: 5557, KVReplayPort: 5600, DataParallelSize: 2, Interval: 50 * time.Millisecond}, log))
 	pods := w.expect(
 		"127.0.0.11:8000 llama vllm combined  127.0.0.11:8000",
 		"[fd00::1]:8000 llama vllm combined  [fd00::1]:8000",
 	)
-	if pods[0].KVEvents != "tcp://127.0.0.11:5557" || pods[1].KVEvents != "tcp://[fd00::1]:5557" || pods[0].Weight != 1 {
+	if pods[0].KVEvents != "tcp://127.0.0.11:5557" || pods[1].KVEvents != "tcp://[fd00::1]:5557" || pods[0].Weight != 1 ||
+		pods[0].KVReplay != "tcp://127.0.0.11:5600" || pods[1].DataParallelSize != 2 {
 		t.Fatalf("pods: %+v", pods)
 	}
 	// Re-resolution picks up a pod that joined and one that left.

@@ -96,6 +96,13 @@ type DNS struct {
 	// KVEventsPort is the port of each pod's KV-event publisher on the same
 	// host (default 0: none; vLLM's default is 5557).
 	KVEventsPort int `yaml:"kv_events_port"`
+	// KVReplayPort is the port of each pod's KV-event replay socket on the
+	// same host (default 0: 5558), beside KVEventsPort.
+	KVReplayPort int `yaml:"kv_replay_port"`
+	// DataParallelSize is the engine ranks behind each pod's API server
+	// (vLLM's --data-parallel-size, default 1): rank r publishes on both
+	// ports + r.
+	DataParallelSize int `yaml:"data_parallel_size"`
 	// BootstrapPort is each SGLang pod's PD bootstrap port (default 8998 for
 	// sglang; must be 0 for other engines).
 	BootstrapPort int `yaml:"bootstrap_port"`
@@ -160,6 +167,14 @@ func (d *DNS) validate(field string) error {
 	}
 	if d.KVEventsPort < 0 || d.KVEventsPort > 65535 {
 		return invalid(field+".kv_events_port", d.KVEventsPort, "must be 0 (none) or 1..65535")
+	}
+	switch {
+	case d.KVReplayPort < 0 || d.KVReplayPort > 65535:
+		return invalid(field+".kv_replay_port", d.KVReplayPort, "must be 0 (5558) or 1..65535")
+	case d.KVReplayPort != 0 && d.KVEventsPort == 0:
+		return invalid(field+".kv_replay_port", d.KVReplayPort, "needs kv_events_port beside it")
+	case d.DataParallelSize < 0:
+		return invalid(field+".data_parallel_size", d.DataParallelSize, "must be at least 1 (0 means 1)")
 	}
 	switch {
 	case k == engines.SGLang && d.BootstrapPort == 0:
