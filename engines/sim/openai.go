@@ -83,27 +83,9 @@ func (b *nullableBool) UnmarshalJSON(d []byte) error {
 type laxInt int64
 
 func (v *laxInt) UnmarshalJSON(d []byte) error {
-	var n int64
-	var ok bool
-	switch d[0] {
-	case 'n':
-		return nil
-	case 't':
-		n, ok = 1, true
-	case 'f':
-		ok = true
-	case '"':
-		var s string
-		_ = json.Unmarshal(d, &s) // a string the decoder checked
-		n, ok = engines.LaxIntString(s)
-	default:
-		n, ok = engines.LaxIntNumber(string(d))
-	}
-	if !ok {
-		return &json.UnmarshalTypeError{Value: string(d), Type: reflect.TypeFor[int]()}
-	}
-	*v = laxInt(n)
-	return nil
+	return readLax(d, v, reflect.TypeFor[int](), func(b bool) laxInt { return laxInt(boolInt(b)) },
+		func(s string) (laxInt, bool) { n, ok := engines.LaxIntString(s); return laxInt(n), ok },
+		func(s string) (laxInt, bool) { n, ok := engines.LaxIntNumber(s); return laxInt(n), ok })
 }
 
 // laxFloat is a float request field, read as the engines' pydantic v2
@@ -112,26 +94,11 @@ func (v *laxInt) UnmarshalJSON(d []byte) error {
 type laxFloat float64
 
 func (v *laxFloat) UnmarshalJSON(d []byte) error {
-	num := string(d)
-	switch d[0] {
-	case 'n':
-		return nil
-	case 't':
-		*v = 1
-		return nil
-	case 'f':
-		*v = 0
-		return nil
-	case '"':
-		_ = json.Unmarshal(d, &num) // a string the decoder checked
-		num = strings.TrimSpace(num)
+	num := func(s string) (laxFloat, bool) {
+		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		return laxFloat(f), err == nil
 	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil {
-		return &json.UnmarshalTypeError{Value: string(d), Type: reflect.TypeFor[float64]()}
-	}
-	*v = laxFloat(f)
-	return nil
+	return readLax(d, v, reflect.TypeFor[float64](), func(b bool) laxFloat { return laxFloat(boolInt(b)) }, num, num)
 }
 
 // laxBool is a bool request field, read as the engines' pydantic v2 lax
@@ -140,24 +107,44 @@ func (v *laxFloat) UnmarshalJSON(d []byte) error {
 type laxBool bool
 
 func (b *laxBool) UnmarshalJSON(d []byte) error {
-	var v, ok bool
+	return readLax(d, b, reflect.TypeFor[bool](), func(b bool) laxBool { return laxBool(b) },
+		func(s string) (laxBool, bool) { v, ok := engines.LaxBoolString(s); return laxBool(v), ok },
+		func(s string) (laxBool, bool) { v, ok := engines.LaxBoolNumber(s); return laxBool(v), ok })
+}
+
+// readLax reads d, a JSON value, into *v as pydantic v2's lax mode reads
+// a field of type want: null leaves it unset, true and false, a string
+// and a number each by their rule (the string unquoted).
+func readLax[T any](d []byte, v *T, want reflect.Type, fromBool func(bool) T, fromString, fromNumber func(string) (T, bool)) error {
+	var (
+		x  T
+		ok bool
+	)
 	switch d[0] {
 	case 'n':
 		return nil
 	case 't', 'f':
-		v, ok = d[0] == 't', true
+		x, ok = fromBool(d[0] == 't'), true
 	case '"':
 		var s string
 		_ = json.Unmarshal(d, &s) // a string the decoder checked
-		v, ok = engines.LaxBoolString(s)
+		x, ok = fromString(s)
 	default:
-		v, ok = engines.LaxBoolNumber(string(d))
+		x, ok = fromNumber(string(d))
 	}
 	if !ok {
-		return &json.UnmarshalTypeError{Value: string(d), Type: reflect.TypeFor[bool]()}
+		return &json.UnmarshalTypeError{Value: string(d), Type: want}
 	}
-	*b = laxBool(v)
+	*v = x
 	return nil
+}
+
+// boolInt is b as the engines' lax int reads it.
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // perPrompt is a field that holds one value for every prompt of a
