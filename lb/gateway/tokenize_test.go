@@ -202,6 +202,15 @@ func mixedPods(model string, port int, first, then engines.Kind) []config.Pod {
 	}
 }
 
+// enginePods are one pod of each engine, each of a model named after it.
+func enginePods() []config.Pod {
+	return []config.Pod{
+		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
+		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
+		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
+	}
+}
+
 // enginesGateway is a gateway of a model for each engine and two whose
 // pods mix engines (vllm+sglang, vllm+trtllm), all with Llama 3.1's
 // tokenizer and no pods listening.
@@ -216,11 +225,7 @@ func enginesGateway(t *testing.T) *Gateway {
 		{Name: "vllm+sglang", BlockSize: 16, Tokenizer: dir},
 		{Name: "vllm+trtllm", BlockSize: 16, Tokenizer: dir},
 	}
-	cfg.Pods = []config.Pod{
-		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
-		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
-		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
-	}
+	cfg.Pods = enginePods()
 	cfg.Pods = append(cfg.Pods, mixedPods("vllm+sglang", 10010, engines.VLLM, engines.SGLang)...)
 	cfg.Pods = append(cfg.Pods, mixedPods("vllm+trtllm", 10020, engines.VLLM, engines.TRTLLM)...)
 	cfg.Provision()
@@ -275,11 +280,7 @@ func TestTruncationFollowsTheEngine(t *testing.T) {
 // nothing a pod of the model would serve.
 func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 	cfg := config.Default()
-	cfg.Pods = []config.Pod{
-		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
-		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
-		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
-	}
+	cfg.Pods = enginePods()
 	cfg.Pods = append(cfg.Pods, mixedPods("vllm+sglang", 10010, engines.VLLM, engines.SGLang)...)
 	cfg.Provision()
 	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
@@ -319,11 +320,7 @@ func TestTruncationRefusedWhereTheEngineReadsIt(t *testing.T) {
 // the salt it hashes.
 func TestCacheSaltRefusedAsTheEngineDoes(t *testing.T) {
 	cfg := config.Default()
-	cfg.Pods = []config.Pod{
-		{Name: "v0", Model: "vllm", Address: "127.0.0.1:10000"},
-		{Name: "s0", Model: "sglang", Address: "127.0.0.1:10001", Engine: "sglang"},
-		{Name: "t0", Model: "trtllm", Address: "127.0.0.1:10002", Engine: "trtllm"},
-	}
+	cfg.Pods = enginePods()
 	cfg.Provision()
 	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
 	f := func(kind openai.Kind, model, salt string, refused bool, keyedAs string) {
