@@ -454,15 +454,20 @@ func testUpstreamFaults(t *testing.T, frontend string, via *http.Client) {
 	waitIdle(t, s)
 }
 
-// TestPodHeaders: the pod's own headers reach the client, its hop-by-hop
-// ones and its Server do not (nginx and Envoy keep their upstreams'
-// Server to themselves), whole answers and streams alike, on both front
-// ends.
+// TestPodHeaders: the pod's own headers reach the client as it sent them,
+// repeated ones too; its hop-by-hop ones, its Server (nginx and Envoy keep
+// their upstreams' Server to themselves), its Date and those the gateway
+// sets itself (X-Request-Id, x-pdlb-*) do not, whole answers and streams
+// alike, on both front ends. An answer without a Content-Type gets none.
 func TestPodHeaders(t *testing.T) {
-	const head = "HTTP/1.1 200 OK\r\nServer: uvicorn\r\nX-Engine: vllm\r\nKeep-Alive: timeout=5\r\n"
+	const head = "HTTP/1.1 200 OK\r\nServer: uvicorn\r\nX-Engine: vllm\r\nKeep-Alive: timeout=5\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\n" +
+		"Date: Mon, 01 Jan 2001 00:00:00 GMT\r\nX-Request-Id: pods\r\nx-pdlb-pod: liar\r\nX-Pdlb-Model: liar\r\n"
 	const answer = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`
 	whole := fakePod(t, func(c net.Conn, _ *http.Request) {
 		fmt.Fprintf(c, "%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", head, len(answer), answer)
+	})
+	bare := fakePod(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer)
 	})
 	stream := fakePod(t, func(c net.Conn, _ *http.Request) {
 		io.WriteString(c, head+"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -470,8 +475,12 @@ func TestPodHeaders(t *testing.T) {
 		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
 	})
 	check := func(t *testing.T, frontend string, via *http.Client) {
-		s := testGateway(t, []config.Pod{{Model: "whole", Address: whole}, {Model: "stream", Address: stream}},
-			func(c *config.Config) { c.Frontend = frontend })
+		s := testGateway(t, []config.Pod{{Name: "w", Model: "whole", Address: whole}, {Name: "s", Model: "stream", Address: stream},
+			{Name: "b", Model: "bare", Address: bare}}, func(c *config.Config) { c.Frontend = frontend })
+		resp, _ := postVia(t, via, s, "/v1/chat/completions", `{"model":"bare","messages":[{"role":"user","content":"hi"}]}`)
+		if got := resp.Header.Values("Content-Type"); resp.StatusCode != 200 || len(got) > 0 {
+			t.Errorf("an answer without a Content-Type: %d, Content-Type %q", resp.StatusCode, got)
+		}
 		for _, model := range []string{"whole", "stream"} {
 			resp, b := postVia(t, via, s, "/v1/chat/completions",
 				fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"stream":%v}`, model, model == "stream"))
@@ -487,8 +496,20 @@ func TestPodHeaders(t *testing.T) {
 			if got := resp.Header.Get("Keep-Alive"); got != "" {
 				t.Errorf("%s: the pod's hop-by-hop Keep-Alive reached the client: %q", model, got)
 			}
-			if resp.Header.Get("x-pdlb-pod") == "" {
-				t.Errorf("%s: no x-pdlb-pod", model)
+			if got := resp.Header.Values("Set-Cookie"); len(got) != 2 || got[0] != "a=1" || got[1] != "b=2" {
+				t.Errorf("%s: the pod's two Set-Cookie came back as %q", model, got)
+			}
+			if got := resp.Header.Get("Date"); got == "" || strings.Contains(got, "2001") {
+				t.Errorf("%s: Date %q, want the gateway's", model, got)
+			}
+			if got := resp.Header.Values("X-Request-Id"); len(got) != 1 || got[0] == "pods" {
+				t.Errorf("%s: X-Request-Id %q, want the gateway's one", model, got)
+			}
+			if got := resp.Header.Values("x-pdlb-pod"); len(got) != 1 || got[0] != model[:1] {
+				t.Errorf("%s: x-pdlb-pod %q, want the gateway's one", model, got)
+			}
+			if got := resp.Header.Values("X-Pdlb-Model"); len(got) != 1 || got[0] != model {
+				t.Errorf("%s: X-Pdlb-Model %q, want the gateway's one", model, got)
 			}
 		}
 	}

@@ -109,8 +109,12 @@ type gconn struct {
 	written gnet.AsyncCallback
 	drained gnet.AsyncCallback
 	timer   *time.Timer
-	failed  bool     // a write failed: the rest of the queue is dropped
-	out     []byte   // response header block
+	failed  bool   // a write failed: the rest of the queue is dropped
+	out     []byte // response header block
+	// The pod's header lines PassHead gave passFor's answer; set on the
+	// loop while the request is served there, read when it is rendered.
+	pass    []byte
+	passFor *fasthttp.RequestCtx
 	head    []byte   // a stream's header block, sent with its first chunk
 	iov     [][]byte // what the next AsyncWritev sends
 	size    [20]byte // a chunk's size line
@@ -499,7 +503,7 @@ func (gc *gconn) last(ctx *fasthttp.RequestCtx) bool {
 // worker, 4.0 on its own goroutine.
 func (gc *gconn) stream(q queued, last bool) {
 	body := q.ctx.Response.BodyStream().(streamBody)
-	gc.startChunked(&q.ctx.Response)
+	gc.startChunked(q.ctx)
 	releaseCtx(q.ctx)
 	_, err := body.WriteTo(&gc.chunks)
 	gc.wrapUp(gc.endChunked(err, last), last)
@@ -531,7 +535,7 @@ func (gc *gconn) renderWhole(ctx *fasthttp.RequestCtx) {
 	if ctx.IsHead() {
 		body = nil
 	}
-	gc.out = resp.Header.AppendBytes(gc.out[:0])
+	gc.appendHead(ctx)
 	gc.iov = append(gc.iov[:0], gc.out, body)
 }
 
@@ -540,18 +544,18 @@ func (gc *gconn) renderWhole(ctx *fasthttp.RequestCtx) {
 // writer in a goroutine of its own behind a pipe), copied chunk by chunk.
 func (gc *gconn) writeStream(ctx *fasthttp.RequestCtx, last bool) error {
 	resp := &ctx.Response
-	gc.startChunked(resp)
+	gc.startChunked(ctx)
 	err := gc.copyStream(resp.BodyStream())
 	// Tells a stream writer still running that the client is gone.
 	_ = resp.CloseBodyStream()
 	return gc.endChunked(err, last)
 }
 
-// startChunked renders resp's header block, which goes out with the first
+// startChunked renders ctx's header block, which goes out with the first
 // chunk.
-func (gc *gconn) startChunked(resp *fasthttp.Response) {
-	resp.Header.SetContentLength(-1)
-	gc.out = resp.Header.AppendBytes(gc.out[:0])
+func (gc *gconn) startChunked(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Header.SetContentLength(-1)
+	gc.appendHead(ctx)
 	gc.head = gc.out
 }
 

@@ -98,6 +98,10 @@ type Upstream struct {
 	// (pool.Pod.DownAt): an exchange sent before then with no byte of its
 	// answer yet ends with upstream.ErrPodDown at the next sweep.
 	Down *atomic.Int64
+	// Head, when set, takes the answer's header lines as the pod sent
+	// them, and the response's header then holds only its status, framing
+	// and Connection: close (AnswerHead).
+	Head *AnswerHead
 }
 
 // Send sends req to the pod at u.Addr over an idle keep-alive
@@ -156,6 +160,7 @@ func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fastht
 	}
 	uc.keepalive = int64(u.Keepalive)
 	uc.maxBody = u.MaxBody
+	uc.head = u.Head
 	gc.s.noteTimeout(u.Timeout)
 	gc.s.noteTimeout(u.Keepalive)
 	return nil
@@ -315,8 +320,9 @@ type upConn struct {
 	closeAfter bool // the pod answered Connection: close
 
 	idleSince int64
-	keepalive int64 // nanoseconds it may idle (Upstream.Keepalive)
-	maxBody   int   // Upstream.MaxBody of the exchange in flight
+	keepalive int64       // nanoseconds it may idle (Upstream.Keepalive)
+	maxBody   int         // Upstream.MaxBody of the exchange in flight
+	head      *AnswerHead // Upstream.Head of the exchange in flight
 }
 
 // dial connects on a goroutine of its own and enrolls the connection on
@@ -477,18 +483,34 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 	s := uc.ls.s
 	p := s.parsers.Get().(*parser)
 	defer s.parsers.Put(p)
-	p.src = peekReader{b: buf, eof: eof}
-	p.br.Reset(&p.src)
 	resp := uc.resp
 	resp.Reset()
-	err := resp.Header.Read(p.br)
-	// Interim answers (103 Early Hints) are skipped to the final one, as
-	// fasthttp's whole read does: a stream's 200 comes after them.
-	for n := 0; err == nil && interim(resp.StatusCode()); n++ {
-		if n == maxInterim {
-			return 0, errTooManyInterim
+	var err error
+	if h, ok := scanHead(buf); ok && uc.head != nil {
+		resp.SetStatusCode(h.status)
+		resp.Header.SetContentLength(h.length)
+		if h.close {
+			resp.SetConnectionClose()
 		}
+		uc.head.Raw, uc.head.Lines = true, append(uc.head.Lines[:0], h.lines...)
+		p.src = peekReader{b: buf[h.n:], eof: eof}
+		p.br.Reset(&p.src)
+	} else {
+		if uc.head != nil {
+			uc.head.Raw = false
+		}
+		p.src = peekReader{b: buf, eof: eof}
+		p.br.Reset(&p.src)
 		err = resp.Header.Read(p.br)
+		// Interim answers (103 Early Hints) are skipped to the final
+		// one, as fasthttp's whole read does: a stream's 200 comes
+		// after them.
+		for n := 0; err == nil && interim(resp.StatusCode()); n++ {
+			if n == maxInterim {
+				return 0, errTooManyInterim
+			}
+			err = resp.Header.Read(p.br)
+		}
 	}
 	if err == nil && uc.stream && resp.StatusCode() == fasthttp.StatusOK {
 		uc.startBody(resp.Header.ContentLength())

@@ -58,7 +58,7 @@ func (l *Loop) Relay(idle time.Duration, sink Sink) {
 	gc.s.noteTimeout(idle)
 	uc.w = StreamWriter{chunks: &gc.lchunks}
 	ctx := gc.cur
-	gc.startChunked(&ctx.Response)
+	gc.startChunked(ctx)
 	releaseCtx(ctx)
 	gc.cur = nil
 }

@@ -101,6 +101,11 @@ type completion struct {
 	up   *fasthttp.Request
 	resp *fasthttp.Response
 	pod  *pool.Pod
+	// head is the answer's header lines when the event loop scanned
+	// them (Raw), which resp's header then lacks; reqID is the
+	// X-Request-Id up carried (empty for a PD pair's legs).
+	head  frontend.AnswerHead
+	reqID []byte
 	// A stream's: its model's metrics and its tokens' timing.
 	modelStats *modelMetrics
 	times      tokenTimes
@@ -141,7 +146,7 @@ func releaseCompletion(x *completion) {
 	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
 	x.stage, x.via, x.attempts, x.downMoves, x.last = stagePick, nil, 0, 0, nil
 	x.within, x.hedged, x.budgetWait = 0, false, false
-	x.logHead, x.times = x.logHead[:0], tokenTimes{}
+	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false
 	x.ids, x.keys, x.looked = x.ids[:0], x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
 	x.class = admit.Interactive

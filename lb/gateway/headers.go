@@ -88,6 +88,7 @@ var (
 	forwardedFor  = []byte(fasthttp.HeaderXForwardedFor)
 	requestID     = []byte(headerRequestID) // fasthttp's canonical form
 	server        = []byte(fasthttp.HeaderServer)
+	date          = []byte(fasthttp.HeaderDate)
 )
 
 // sessionOf returns the request's session key, "" when it has none. Only
@@ -104,8 +105,10 @@ func sessionOf(x *completion) string {
 // byte, the headers less hop-by-hop ones (the fixed names and those its
 // Connection header nominates) and any x-pdlb-* a client made up, one
 // X-Request-Id (generated when the client sent none), and the client's
-// address appended to X-Forwarded-For (upstream.x_forwarded_for).
-func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
+// address appended to X-Forwarded-For (upstream.x_forwarded_for). It
+// returns id with that X-Request-Id appended, which the client's answer
+// carries too.
+func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id []byte) []byte {
 	authorize, forward := g.keys.Enabled(), g.cfg.Upstream.XForwardedFor
 	// Copied whole, then what the pod must not get is deleted: adding
 	// header by header, fasthttp checked and normalised again every name
@@ -138,7 +141,7 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 			// Each write sets it from the body (render, fasthttp's).
 			return
 		case isHopByHop(k):
-			if len(k) == len(connection) && bytes.EqualFold(k, connection) && nominates(v) {
+			if nominatesIn(k, v) {
 				nominated = append(append(nominated, v...), ',')
 			}
 		case len(k) >= len(pdlbPrefix) && (k[0]|0x20) == 'x' && bytes.EqualFold(k[:len(pdlbPrefix)], pdlbPrefix):
@@ -192,15 +195,17 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request) 
 			up.Header.AddBytesKV(requestID, clientID)
 		}
 	}
-	if len(clientID) == 0 {
-		var id [32]byte
-		gen := appendRequestID(id[:0], ctx.ID(), ctx.ConnTime())
-		ctx.Request.Header.SetCanonical(requestID, gen)
-		up.Header.AddBytesV(headerRequestID, gen)
-	}
 	// The body is the client's own buffer, valid until the handler returns;
 	// the upstream request is written before that.
 	up.SetBodyRaw(ctx.PostBody())
+	if len(clientID) > 0 {
+		return append(id, clientID...)
+	}
+	n := len(id)
+	id = appendRequestID(id, ctx.ID(), ctx.ConnTime())
+	ctx.Request.Header.SetCanonical(requestID, id[n:])
+	up.Header.AddBytesV(headerRequestID, id[n:])
+	return id
 }
 
 // appendClientAddr appends the address ctx's client connected from,

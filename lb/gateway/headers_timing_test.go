@@ -41,11 +41,12 @@ func BenchmarkHeaders(b *testing.B) {
 		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
 		b.Run(name+"/request", func(b *testing.B) {
 			var up fasthttp.Request
+			var id []byte
 			b.ReportAllocs()
 			for b.Loop() {
 				up.Reset()
 				ctx.Request.Header.Del(headerRequestID)
-				g.buildUpstream(&ctx, &up)
+				id = g.buildUpstream(&ctx, &up, id[:0])
 			}
 		})
 		var resp fasthttp.Response
@@ -53,10 +54,11 @@ func BenchmarkHeaders(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(name+"/answer", func(b *testing.B) {
+			var x completion
 			b.ReportAllocs()
 			for b.Loop() {
 				ctx.Response.Reset()
-				answerHead(&ctx, &resp, "p")
+				answerHead(&ctx, &resp, &x, "p")
 			}
 		})
 	}

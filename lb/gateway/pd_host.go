@@ -33,7 +33,9 @@ func (f pdFleet) ResponseTimeout(stream bool) time.Duration { return f.g.respons
 
 func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up := fasthttp.AcquireRequest()
-	x.g.buildUpstream(x.ctx, up)
+	// The legs may be built at once: the id is read where it is set.
+	var id [32]byte
+	x.g.buildUpstream(x.ctx, up, id[:0])
 	up.SetHost(pod.Config.Address)
 	x.tr.leg(up, pod, pod == x.pd.Pre, x.attempts)
 	return up

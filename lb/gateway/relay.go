@@ -27,7 +27,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	case status < 500:
 		pod.ReportSuccess()
 	}
-	answerHead(ctx, resp, pod.Config.Name)
+	answerHead(ctx, resp, x, pod.Config.Name)
 	x.responding(pod)
 
 	if x.req.Stream && status == fasthttp.StatusOK {
@@ -64,28 +64,95 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	g.finish(x, m, pod, resp, status)
 }
 
-// answerHead gives ctx's client resp's status and headers, all but the
-// hop-by-hop ones (and those its Connection nominates) and the engine's
-// Server (uvicorn under vLLM and SGLang), which stays behind as nginx and
-// Envoy keep their upstreams' to themselves; x-pdlb-pod names pod, and
-// X-Request-Id is the request's, whatever the pod sent.
-func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, pod string) {
+// answerHead gives ctx's client resp's status and the pod's header (x's
+// head lines when the loop scanned them, else resp's), less the fields
+// answerField drops and those its Connection nominates; x-pdlb-pod names
+// pod, and X-Request-Id is the request's, whatever the pod sent.
+func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion, pod string) {
 	ctx.SetStatusCode(resp.StatusCode())
+	// Only the pod's Content-Type, as behind nginx: not fasthttp's
+	// default (text/plain) where the pod sent none.
+	ctx.Response.Header.SetNoDefaultContentType(true)
+	id := x.reqID
+	if len(id) == 0 {
+		id = ctx.Request.Header.Peek(headerRequestID)
+	}
+	if x.head.Raw && frontend.PlainValue(pod) {
+		passHead(ctx, &x.head, pod, id)
+		return
+	}
+	// Else its visit yields fasthttp's default Content-Type.
+	resp.Header.SetNoDefaultContentType(true)
 	var nominated []byte // as in buildUpstream
 	resp.Header.VisitAll(func(k, v []byte) {
-		if isHopByHop(k) {
-			if len(k) == len(connection) && bytes.EqualFold(k, connection) && nominates(v) {
-				nominated = append(append(nominated, v...), ',')
-			}
-		} else if !(len(k) == len(server) && bytes.EqualFold(k, server)) {
+		if answerField(k) {
 			ctx.Response.Header.AddBytesKV(k, v)
+		} else if nominatesIn(k, v) {
+			nominated = append(append(nominated, v...), ',')
 		}
 	})
 	if nominated != nil {
 		eachNominated(nominated, ctx.Response.Header.DelBytes)
 	}
 	ctx.Response.Header.Set(headerPod, pod)
-	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+	ctx.Response.Header.SetBytesV(headerRequestID, id)
+}
+
+// passHead gives ctx's client the pod's header lines that answerField and
+// the pod's Connection leave, byte for byte, then x-pdlb-pod and
+// X-Request-Id; head's lines are filtered in place.
+func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, id []byte) {
+	kept := head.Lines[:0]
+	var nominated []byte
+	frontend.EachField(head.Lines, func(k, v, line []byte) {
+		if answerField(k) {
+			kept = append(kept, line...)
+		} else if nominatesIn(k, v) {
+			nominated = append(append(nominated, v...), ',')
+		}
+	})
+	if nominated != nil {
+		rest := kept
+		kept = kept[:0]
+		frontend.EachField(rest, func(k, _, line []byte) {
+			named := false
+			eachNominated(nominated, func(name []byte) { named = named || bytes.EqualFold(k, name) })
+			if !named {
+				kept = append(kept, line...)
+			}
+		})
+	}
+	kept = append(append(append(kept, headerPod+": "...), pod...), "\r\n"...)
+	kept = append(append(append(kept, headerRequestID+": "...), id...), "\r\n"...)
+	head.Lines = kept
+	if !frontend.PassHead(ctx, kept) {
+		frontend.EachField(kept, func(k, v, _ []byte) { ctx.Response.Header.AddBytesKV(k, v) })
+	}
+}
+
+// answerField reports whether a pod's header field named k goes on to the
+// client: not the hop-by-hop ones, nor the engine's Server (uvicorn under
+// vLLM and SGLang), which stays behind as nginx and Envoy keep their
+// upstreams' to themselves, nor the pod's Date (the answer's is the
+// gateway's, as behind nginx), nor those the gateway sets itself
+// (X-Request-Id, x-pdlb-*).
+func answerField(k []byte) bool {
+	switch {
+	case isHopByHop(k):
+		return false
+	case len(k) == len(server) && bytes.EqualFold(k, server),
+		len(k) == len(date) && bytes.EqualFold(k, date),
+		len(k) == len(requestID) && bytes.EqualFold(k, requestID),
+		len(k) >= len(pdlbPrefix) && (k[0]|0x20) == 'x' && bytes.EqualFold(k[:len(pdlbPrefix)], pdlbPrefix):
+		return false
+	}
+	return true
+}
+
+// nominatesIn reports whether the field k: v is a Connection header that
+// nominates others (hop-by-hop too).
+func nominatesIn(k, v []byte) bool {
+	return len(k) == len(connection) && bytes.EqualFold(k, connection) && nominates(v)
 }
 
 // relay copies the SSE stream of resp to the client event by event as it

@@ -180,6 +180,8 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		return false // the loop's own connections speak no TLS: a worker dials
 	}
 	x.attempts++
+	// Only the loop's scan of this attempt's answer sets it (Send).
+	x.head.Raw = false
 	if x.pd != nil && x.pd.Decision.Kind == route.PDPair {
 		if x.up != nil {
 			// Held since an attempt on one pod failed; the legs build
@@ -197,7 +199,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	}
 	if x.up == nil {
 		x.up, x.resp = fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		g.buildUpstream(x.ctx, x.up)
+		x.reqID = g.buildUpstream(x.ctx, x.up, x.reqID[:0])
 	}
 	x.tried = append(x.tried, x.pod.ID)
 	x.up.Header.SetHost(x.pod.Config.Address)

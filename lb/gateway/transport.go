@@ -33,7 +33,7 @@ type loopTransport struct{ l *frontend.Loop }
 func (t loopTransport) send(x *completion) {
 	g, u := x.g, &x.g.cfg.Upstream
 	to := frontend.Upstream{Addr: x.pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: g.responseTimeout(x.req.Stream),
-		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod, MaxBody: u.MaxResponseBytes, FirstByte: x.within, Down: &x.pod.DownAt}
+		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod, MaxBody: u.MaxResponseBytes, FirstByte: x.within, Down: &x.pod.DownAt, Head: &x.head}
 	if err := t.l.Send(to, x.req.Stream, x.up, x.resp, x); err != nil {
 		x.answered(err)
 	}

@@ -1,0 +1,228 @@
+package frontend
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// A pod's answer head, passed on as it came. fasthttp's parser checks,
+// normalises and stores every field of the pod's head, and its render
+// writes each out again: a quarter of the loop's user time per proxied
+// request went to reading the pod's head and giving it to the client. The
+// loop scans a plain head itself instead: status, framing and Connection
+// are read, and the other lines go to the client byte for byte, as nginx
+// and HAProxy pass an upstream's header. A head that is not plain (an
+// interim answer, HTTP/1.0, folded lines, framing fasthttp must judge) is
+// parsed by fasthttp, as before.
+
+// AnswerHead is the header block of a pod's answer as the loop scanned it
+// (Upstream.Head).
+type AnswerHead struct {
+	// Raw: Lines holds the head's header lines, each "name: value\r\n"
+	// as the pod sent it, and the response's header only its status,
+	// framing and Connection: close. False: the response's header holds
+	// them all (fasthttp parsed the head).
+	Raw   bool
+	Lines []byte
+}
+
+// plainHead is what scanHead found in a plain head: its status, its
+// body's framing (ContentLength's convention: the length, -1 chunked, -2
+// until the pod closes), whether the pod closes the connection after it,
+// the header lines, and the head's whole length.
+type plainHead struct {
+	status, length int
+	close          bool
+	lines          []byte
+	n              int
+}
+
+// scanHead reads the head at the start of b when it is whole and plain:
+// "HTTP/1.1", a final status, CRLF line ends, field names of token
+// characters, values without control bytes, at most one Content-Length
+// (digits) or one Transfer-Encoding (chunked) and not both. ok false
+// leaves the head, whole or not, to fasthttp's parser.
+func scanHead(b []byte) (h plainHead, ok bool) {
+	const proto = "HTTP/1.1 "
+	if len(b) < len(proto)+5 || string(b[:len(proto)]) != proto {
+		return h, false
+	}
+	d := b[len(proto):]
+	if !isDigit(d[0]) || !isDigit(d[1]) || !isDigit(d[2]) {
+		return h, false
+	}
+	h.status = int(d[0]-'0')*100 + int(d[1]-'0')*10 + int(d[2]-'0')
+	if h.status < 200 {
+		return h, false
+	}
+	line, rest, ok := cutLine(d[3:])
+	if !ok || len(line) > 0 && (line[0] != ' ' || !PlainValue(line)) {
+		return h, false
+	}
+	start := len(b) - len(rest)
+	h.length = -2
+	var sawLength, chunked bool
+	for {
+		// PlainValue and token refuse a CR within the line too.
+		if line, rest, ok = cutLine(rest); !ok {
+			return h, false
+		}
+		if len(line) == 0 {
+			break
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || !token(line[:colon]) || !PlainValue(line[colon+1:]) {
+			return h, false
+		}
+		// Only framing and Connection are read, and told apart by
+		// their names' lengths first.
+		switch name := line[:colon]; len(name) {
+		case len(headerContentLength):
+			if !bytes.EqualFold(name, headerContentLength) {
+				break
+			}
+			v := bytes.Trim(line[colon+1:], " \t")
+			if sawLength || len(v) == 0 || len(v) > 18 {
+				return h, false
+			}
+			n := 0
+			for _, c := range v {
+				if !isDigit(c) {
+					return h, false
+				}
+				n = n*10 + int(c-'0')
+			}
+			h.length, sawLength = n, true
+		case len(headerTransferEncoding):
+			if !bytes.EqualFold(name, headerTransferEncoding) {
+				break
+			}
+			if chunked || !bytes.EqualFold(bytes.Trim(line[colon+1:], " \t"), chunkedToken) {
+				return h, false
+			}
+			h.length, chunked = -1, true
+		case len(headerConnection):
+			if bytes.EqualFold(name, headerConnection) {
+				h.close = h.close || hasToken(line[colon+1:], closeToken)
+			}
+		}
+	}
+	if sawLength && chunked {
+		return h, false
+	}
+	h.n = len(b) - len(rest)
+	h.lines = b[start : h.n-2]
+	return h, true
+}
+
+// cutLine splits b at its first LF, which a CR must come before: false
+// when there is none.
+func cutLine(b []byte) (line, rest []byte, ok bool) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 1 || b[i-1] != '\r' {
+		return nil, nil, false
+	}
+	return b[:i-1], b[i+1:], true
+}
+
+// token reports whether b is an RFC 9110 token (a field name).
+func token(b []byte) bool {
+	for _, c := range b {
+		if !tokenChars[c] {
+			return false
+		}
+	}
+	return true
+}
+
+var tokenChars = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+// PlainValue reports whether b has no control byte but tab: a field's
+// value, or a status line's reason, that a header block may carry as it
+// is.
+func PlainValue[T string | []byte](b T) bool {
+	for i := range len(b) {
+		if c := b[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// hasToken reports whether the comma-separated list v names tok, whatever
+// its case.
+func hasToken(v, tok []byte) bool {
+	for len(v) > 0 {
+		t := v
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			t, v = v[:i], v[i+1:]
+		} else {
+			v = nil
+		}
+		if bytes.EqualFold(bytes.Trim(t, " \t"), tok) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	headerContentLength    = []byte(fasthttp.HeaderContentLength)
+	headerTransferEncoding = []byte(fasthttp.HeaderTransferEncoding)
+	headerConnection       = []byte(fasthttp.HeaderConnection)
+	chunkedToken           = []byte("chunked")
+	closeToken             = []byte("close")
+)
+
+// EachField calls f with each field of lines, a head's header lines as
+// AnswerHead holds them: its name, its value without the whitespace around
+// it, and its whole line with the CRLF that ends it.
+func EachField(lines []byte, f func(name, value, line []byte)) {
+	for len(lines) > 0 {
+		i := bytes.IndexByte(lines, '\n') + 1
+		line := lines[:i]
+		colon := bytes.IndexByte(line, ':')
+		lines = lines[i:]
+		f(line[:colon], bytes.Trim(line[colon+1:len(line)-2], " \t"), line)
+	}
+}
+
+// PassHead gives ctx's answer lines, header lines each "name: value\r\n",
+// as they are, after the fields its header holds, when it is next
+// rendered; lines must not repeat those fields, and ctx's header must not
+// default its Content-Type (SetNoDefaultContentType). False when ctx's
+// front end cannot (HTTP/2, fasthttp's server): the caller adds them to
+// the header instead.
+func PassHead(ctx *fasthttp.RequestCtx, lines []byte) bool {
+	gc, ok := ctx.Conn().(*gconn)
+	if !ok {
+		return false
+	}
+	gc.pass, gc.passFor = append(gc.pass[:0], lines...), ctx
+	return true
+}
+
+// appendHead renders ctx's header block into gc.out, with the lines
+// PassHead gave it.
+func (gc *gconn) appendHead(ctx *fasthttp.RequestCtx) {
+	gc.out = ctx.Response.Header.AppendBytes(gc.out[:0])
+	if gc.passFor == ctx {
+		// Before the blank line that ends the block.
+		gc.out = append(append(gc.out[:len(gc.out)-2], gc.pass...), crlf...)
+	}
+	gc.passFor = nil
+}
