@@ -695,6 +695,11 @@ func (p Pod) Validate(field string) error {
 	if p.Model == "" {
 		return invalid(field+".model", p.Model, "must not be empty")
 	}
+	if strings.ContainsFunc(p.Name, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+		// It is sent as it is in answers' x-pdlb-pod header, whose
+		// value may hold tabs but no other control byte.
+		return invalid(field+".name", p.Name, "must not hold control characters but tab")
+	}
 	if err := checkAddr(field+".address", p.Address, false); err != nil {
 		return err
 	}

@@ -45,6 +45,7 @@ func TestValidateRejects(t *testing.T) {
 	f("pods: [{model: m, address: 'h:1', role: prefill}]\n", `pods[0].roleset = ""`)
 	f("pods: [{model: m, address: 'h:1', bucket_min: 10, bucket_max: 5}]\n", "pods[0].bucket_max = 5")
 	f("pods: [{model: m, address: 'h:1', weight: -2}]\n", "pods[0].weight = -2")
+	f("pods: [{name: \"p\\x01\", model: m, address: 'h:1'}]\n", `pods[0].name = "p\x01"`)
 	f("pods: [{model: m, address: 'h:1'}, {model: m, address: 'h:1'}]\n", `pods[1].name = "h:1"`)
 	f("pods: [{model: m, adress: 'h:1'}]\n", "adress")
 	f("pods: [{model: m, address: 'h:1', kv_events: 'h:5557'}]\n", `pods[0].kv_events = "h:5557"`)

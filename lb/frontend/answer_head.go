@@ -57,14 +57,14 @@ func scanHead(b []byte) (h plainHead, ok bool) {
 		return h, false
 	}
 	line, rest, ok := cutLine(d[3:])
-	if !ok || len(line) > 0 && (line[0] != ' ' || !PlainValue(line)) {
+	if !ok || len(line) > 0 && (line[0] != ' ' || !plainValue(line)) {
 		return h, false
 	}
 	start := len(b) - len(rest)
 	h.length = -2
 	var sawLength, chunked bool
 	for {
-		// PlainValue and token refuse a CR within the line too.
+		// plainValue and token refuse a CR within the line too.
 		if line, rest, ok = cutLine(rest); !ok {
 			return h, false
 		}
@@ -72,7 +72,7 @@ func scanHead(b []byte) (h plainHead, ok bool) {
 			break
 		}
 		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || !token(line[:colon]) || !PlainValue(line[colon+1:]) {
+		if colon <= 0 || !token(line[:colon]) || !plainValue(line[colon+1:]) {
 			return h, false
 		}
 		// Only framing and Connection are read, and told apart by
@@ -149,12 +149,12 @@ var tokenChars = func() (t [256]bool) {
 	return t
 }()
 
-// PlainValue reports whether b has no control byte but tab: a field's
+// plainValue reports whether b has no control byte but tab: a field's
 // value, or a status line's reason, that a header block may carry as it
 // is.
-func PlainValue[T string | []byte](b T) bool {
-	for i := range len(b) {
-		if c := b[i]; c < ' ' && c != '\t' || c == 0x7f {
+func plainValue(b []byte) bool {
+	for _, c := range b {
+		if c < ' ' && c != '\t' || c == 0x7f {
 			return false
 		}
 	}

@@ -77,7 +77,7 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 	if len(id) == 0 {
 		id = ctx.Request.Header.Peek(headerRequestID)
 	}
-	if x.head.Raw && frontend.PlainValue(pod) {
+	if x.head.Raw {
 		passHead(ctx, &x.head, pod, id)
 		return
 	}
