@@ -624,10 +624,12 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 				}
 			}
 			r.salt, r.lora, r.keys = salt, lora, keys
-			// vLLM names a batch's requests after the choices' places.
+			// A batch's requests are named after the choices' places:
+			// rid-0, rid-1 on vLLM, rid_0, rid_1 on SGLang (its
+			// GenerateReqInput).
 			r.rid = rid
 			if len(prompts)*n > 1 {
-				r.rid = rid + "-" + strconv.Itoa(len(rs))
+				r.rid = rid + p.batchSep() + strconv.Itoa(len(rs))
 			}
 			rs, texts = append(rs, r), append(texts, text.sample(j))
 		}
@@ -965,6 +967,14 @@ func (p *Pod) resetPrefixCache(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString("Cache flushed.\n")
 	}
+}
+
+// batchSep joins a batch's rid and a request's place in it.
+func (p *Pod) batchSep() string {
+	if p.cfg.Engine == engines.SGLang {
+		return "_"
+	}
+	return "-"
 }
 
 // abortRequest serves SGLang's POST /abort_request {"rid": …, "abort_all": …}.

@@ -3,6 +3,7 @@ package sim
 import (
 	"math"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -294,10 +295,22 @@ func (s *scheduler) handle(m schedMsg) {
 	case msgCancel:
 		s.cancel(m.req)
 	case msgAbortRID:
-		for _, q := range [][]*request{s.waiting, s.receiving, s.prefill, s.decoding} {
-			if i := slices.IndexFunc(q, func(r *request) bool { return r.rid == m.rid }); i >= 0 {
-				s.cancel(q[i])
-				break
+		// As SGLang: its tokenizer manager passes an abort on only for a
+		// rid it holds (TokenizerManager.abort_request), and its
+		// scheduler then drops every request whose rid starts with it.
+		queues := [...][]*request{s.waiting, s.receiving, s.prefill, s.decoding}
+		var hit []*request
+		held := false
+		for _, q := range queues {
+			for _, r := range q {
+				if strings.HasPrefix(r.rid, m.rid) {
+					hit, held = append(hit, r), held || r.rid == m.rid
+				}
+			}
+		}
+		if m.rid != "" && held {
+			for _, r := range hit {
+				s.cancel(r)
 			}
 		}
 	case msgAbortAll:

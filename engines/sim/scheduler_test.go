@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -199,6 +200,60 @@ func TestSGLangAbortRequest(t *testing.T) {
 	if err := json.Unmarshal(body, &info); err != nil || info["served_model_name"] != DefaultModel || info["max_running_requests"] != float64(DefaultMaxBatch) {
 		t.Fatalf("get_server_info: %v %s", err, body)
 	}
+}
+
+// TestSGLangAbortByPrefix: as SGLang, an abort drops every request whose
+// rid starts with the one it names (its scheduler's match), but only a
+// rid some request holds is passed on (its tokenizer manager's check): a
+// mere prefix drops none.
+func TestSGLangAbortByPrefix(t *testing.T) {
+	p := testPod(t, Config{Engine: engines.SGLang, Speedup: 1})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	stream := func(rid string) chan string {
+		end := make(chan string, 1)
+		b, _ := json.Marshal(chatBody("abort me", map[string]any{"stream": true, "max_tokens": 10000, "rid": rid}))
+		go func() {
+			resp, err := c.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+			if err != nil {
+				end <- err.Error()
+				return
+			}
+			all, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			end <- string(all)
+		}()
+		return end
+	}
+	ended := func(name string, end chan string) {
+		t.Helper()
+		select {
+		case got := <-end:
+			if !strings.Contains(got, `"finish_reason":"abort"`) {
+				t.Fatalf("%s: %s, want it aborted", name, got)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: still running 20 s after the abort", name)
+		}
+	}
+	abort := func(rid string) {
+		t.Helper()
+		if status, body := post(t, c, base+"/abort_request", map[string]any{"rid": rid}); status != 200 {
+			t.Fatalf("abort_request %s: %d %s", rid, status, body)
+		}
+	}
+	one, ten, other := stream("job-1"), stream("job-10"), stream("other")
+	testwait.For(t, "three streams running", func() bool { return p.Stats().Running == 3 })
+	// Taken in order: by the time "other" ended, "job" was passed over.
+	abort("job")
+	abort("other")
+	ended("other", other)
+	if n := p.Stats().Running; n != 2 {
+		t.Fatalf("%d requests run after an abort of a prefix no request holds, want 2", n)
+	}
+	abort("job-1")
+	ended("job-1", one)
+	ended("job-10, which job-1 is a prefix of", ten)
 }
 
 func TestCloseAbortsStreams(t *testing.T) {
