@@ -2,6 +2,7 @@
 package sglang
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -18,8 +19,8 @@ import (
 // (inject_bootstrap_into_value in sgl-model-gateway's
 // src/routers/http/pd_router.rs): SGLang runs each prompt as a request of
 // its own under its own room. Both legs carry rid, the gateway's request
-// id, so a stuck decode request can be dropped with POST /abort_request
-// {"rid": ...}.
+// id and the room (appendRID), so a stuck decode request can be dropped
+// with POST /abort_request {"rid": ...}.
 type PD struct{}
 
 // AbortPath is SGLang's abort endpoint.
@@ -56,7 +57,7 @@ func (PD) PrefillBody(dst, orig []byte, x *engines.Exchange) ([]byte, error) {
 	portEnd := len(b)
 	b = appendValues(b, n, func(b []byte, i int) []byte { return strconv.AppendInt(b, x.ID+int64(i), 10) })
 	room := len(b)
-	b = engines.AppendJSONString(b, x.RequestID)
+	b = appendRID(b, x)
 	edits := [4]engines.Edit{
 		{Key: "bootstrap_host", Value: b[:host]},
 		{Key: "bootstrap_port", Value: b[host:portEnd]},
@@ -105,8 +106,21 @@ func (PD) Abort(dst []byte, x *engines.Exchange) (string, []byte) {
 		return "", nil
 	}
 	dst = append(dst, `{"rid":`...)
-	dst = engines.AppendJSONString(dst, x.RequestID)
+	dst = appendRID(dst, x)
 	return AbortPath, append(dst, '}')
+}
+
+// appendRID appends, as a JSON string, the rid the exchange's legs carry:
+// the request id, then its room in 16 hex digits. SGLang's scheduler
+// aborts every request whose rid starts with the one /abort_request names,
+// and request ids alone are not prefix-free (a client's job-1 and job-10,
+// or the gateway's own ids of one connection): with the room, whose
+// digits are as many for all and drawn at random, one abort matches its
+// own request only.
+func appendRID(b []byte, x *engines.Exchange) []byte {
+	b = engines.AppendJSONString(b, x.RequestID)
+	// Neither '-' nor a hex digit is escaped: in before the closing quote.
+	return fmt.Appendf(b[:len(b)-1], "-%016x\"", uint64(x.ID))
 }
 
 var _ engines.Protocol = PD{}
