@@ -1082,3 +1082,39 @@ func TestPDBrokenDecodeStreamGivesUpPrefillLeg(t *testing.T) {
 		})
 	}
 }
+
+// TestSGLangAbortSparesOthers: a client that leaves its SGLang exchange
+// has it aborted on both pods (/abort_request), and only it: SGLang
+// aborts every request whose rid starts with the one named, and the
+// request ids job-1 and job-10 do. job-10 runs to its end.
+func TestSGLangAbortSparesOthers(t *testing.T) {
+	e := pdEngines[1]
+	slow := func(c *sim.Config) { c.Speedup = 1 }
+	pre := startSim(t, e, "pre", sim.RolePrefill, slow)
+	dec := startSim(t, e, "dec", sim.RoleDecode, slow)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "g"), pdPod(dec, dec.Addr(), "g")}, func(c *config.Config) { c.Frontend = "gnet" })
+	send := func(id string, maxTokens int) net.Conn {
+		body := pdBody("/v1/completions", false, maxTokens)
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", id, len(body), body)
+		return c
+	}
+	ten := send("job-10", 200)
+	defer ten.Close()
+	testwait.For(t, "job-10 to decode", func() bool { return dec.Stats().Running == 1 })
+	one := send("job-1", 3000)
+	testwait.For(t, "job-1 to decode", func() bool { return dec.Stats().Running == 2 })
+	one.Close()
+	resp, err := http.ReadResponse(bufio.NewReader(ten), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"finish_reason":"length"`) {
+		t.Fatalf("job-10, after job-1's client left: %d %s", resp.StatusCode, b)
+	}
+}
