@@ -54,11 +54,19 @@ func TestOpenFilesLimit(t *testing.T) {
 			t.Cleanup(open)
 			addr, admin := startFDsChild(t, fe, pod)
 			// The flood: twice as many connections as the limit allows.
+			// A connection over the reserve may be reset before its dial
+			// returns (on a busy machine most are): a reset all the same.
 			var conns []net.Conn
+			dialResets := 0
 			for i := 0; i < 2*fdsLimit; i++ {
 				c, err := net.Dial("tcp", addr)
-				if err == nil {
+				switch {
+				case err == nil:
 					conns = append(conns, c)
+				case errors.Is(err, syscall.ECONNRESET):
+					dialResets++
+				default:
+					t.Fatal(err)
 				}
 			}
 			request := "POST /v1/chat/completions HTTP/1.1\r\nHost: pdlb\r\nContent-Type: application/json\r\nContent-Length: " +
@@ -107,8 +115,9 @@ func TestOpenFilesLimit(t *testing.T) {
 					t.Fatalf("outcomes so far: %v of %d connections", count, len(conns))
 				}
 			}
-			t.Logf("%d connections: %v", len(conns), count)
-			if count["reset"] == 0 || count["503 open-files"] == 0 || count["200"] == 0 || count["reset"]+count["503 open-files"]+count["200"] != len(conns) {
+			t.Logf("%d connections, %d more reset as they were dialed: %v", len(conns), dialResets, count)
+			count["reset"] += dialResets
+			if count["reset"] == 0 || count["503 open-files"] == 0 || count["200"] == 0 || count["reset"]+count["503 open-files"]+count["200"] != len(conns)+dialResets {
 				t.Fatalf("outcomes %v; want resets, 503s naming the limit and answers, nothing else", count)
 			}
 			// The gateway serves on, and the pod was not blamed.
