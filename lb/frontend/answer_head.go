@@ -7,14 +7,13 @@ import (
 )
 
 // A pod's answer head, passed on as it came. fasthttp's parser checks,
-// normalises and stores every field of the pod's head, and its render
-// writes each out again: a quarter of the loop's user time per proxied
-// request went to reading the pod's head and giving it to the client. The
+// normalises and stores every field of the pod's head, the gateway adds
+// each to the client's header, and the render writes each out again. The
 // loop scans a plain head itself instead: status, framing and Connection
 // are read, and the other lines go to the client byte for byte, as nginx
 // and HAProxy pass an upstream's header. A head that is not plain (an
 // interim answer, HTTP/1.0, folded lines, framing fasthttp must judge) is
-// parsed by fasthttp, as before.
+// parsed by fasthttp.
 
 // AnswerHead is the header block of a pod's answer as the loop scanned it
 // (Upstream.Head).

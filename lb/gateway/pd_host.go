@@ -33,7 +33,8 @@ func (f pdFleet) ResponseTimeout(stream bool) time.Duration { return f.g.respons
 
 func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up := fasthttp.AcquireRequest()
-	// The legs may be built at once: the id is read where it is set.
+	// Legs may be built at the same time, so none keeps the id in x:
+	// RequestID reads it from the client's header, where it is set.
 	var id [32]byte
 	x.g.buildUpstream(x.ctx, up, id[:0])
 	up.SetHost(pod.Config.Address)
