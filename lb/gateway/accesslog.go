@@ -34,7 +34,7 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 	if len(x.logHead) > 0 {
 		b = append(b, x.logHead...)
 	} else {
-		b = appendWhat(appendWho(b, ctx), ctx)
+		b = appendWhat(appendWho(b, ctx, x.reqID), ctx)
 	}
 	b = appendInt(b, "status", status)
 	b = appendMillis(b, "duration_ms", now.Sub(x.start))
@@ -74,7 +74,7 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 // stream's relay, which may not touch ctx, begins.
 func (g *Gateway) keepLogHead(ctx *fasthttp.RequestCtx, x *completion) {
 	if g.access != nil {
-		x.logHead = appendWhat(appendWho(x.logHead[:0], ctx), ctx)
+		x.logHead = appendWhat(appendWho(x.logHead[:0], ctx, x.reqID), ctx)
 	}
 }
 
@@ -88,7 +88,7 @@ func (g *Gateway) logPlain(ctx *fasthttp.RequestCtx, start time.Time, e *openai.
 	}
 	var buf [lineBytes]byte
 	now := time.Now()
-	b := appendWho(appendTime(buf[:0], now), ctx)
+	b := appendWho(appendTime(buf[:0], now), ctx, ctx.Request.Header.Peek(headerRequestID))
 	if !start.IsZero() {
 		b = appendWhat(b, ctx)
 	}
@@ -135,8 +135,8 @@ type secondText struct {
 var logSecond atomic.Pointer[secondText]
 
 // appendWho appends the request's id and its client's address.
-func appendWho(b []byte, ctx *fasthttp.RequestCtx) []byte {
-	b = appendBytesField(b, "request_id", ctx.Request.Header.Peek(headerRequestID))
+func appendWho(b []byte, ctx *fasthttp.RequestCtx, id []byte) []byte {
+	b = appendBytesField(b, "request_id", id)
 	if a, ok := clientAddr(ctx); ok {
 		b = append(appendName(b, "client"), '"')
 		b = append(a.AppendTo(b), '"')

@@ -103,7 +103,7 @@ type completion struct {
 	pod  *pool.Pod
 	// head is the answer's header lines when the event loop scanned
 	// them (Raw), which resp's header then lacks; reqID is the
-	// X-Request-Id up carried (empty for a PD pair's legs).
+	// request's X-Request-Id (requestIDOf).
 	head  frontend.AnswerHead
 	reqID []byte
 	// A stream's: its model's metrics and its tokens' timing.

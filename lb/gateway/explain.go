@@ -193,7 +193,7 @@ func (g *Gateway) observePick(x *completion, start time.Time) {
 
 // explainPick explains x's latest pick.
 func (g *Gateway) explainPick(x *completion) *explanation {
-	e := &explanation{Time: time.Now(), RequestID: string(x.ctx.Request.Header.Peek(headerRequestID)), Model: x.m.Name,
+	e := &explanation{Time: time.Now(), RequestID: string(x.reqID), Model: x.m.Name,
 		Policy: policyName(x), Attempt: x.attempts + 1, PredictedTTFT: x.predictedTTFT, Kind: "combined"}
 	uncached := func(c *route.Candidate) *float64 {
 		v := admit.TTFT(c.QueuedPrefillTokens, float64(max(x.routeReq.PromptTokens-c.CachedTokens, 0)), c.PrefillTokensPerSec, 0)

@@ -105,10 +105,9 @@ func sessionOf(x *completion) string {
 // byte, the headers less hop-by-hop ones (the fixed names and those its
 // Connection header nominates) and any x-pdlb-* a client made up, one
 // X-Request-Id (generated when the client sent none), and the client's
-// address appended to X-Forwarded-For (upstream.x_forwarded_for). It
-// returns id with that X-Request-Id appended, which the client's answer
-// carries too.
-func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id []byte) []byte {
+// address appended to X-Forwarded-For (upstream.x_forwarded_for). id is
+// the request's X-Request-Id (requestIDOf).
+func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id []byte) {
 	authorize, forward := g.keys.Enabled(), g.cfg.Upstream.XForwardedFor
 	// Copied whole, then what the pod must not get is deleted: adding
 	// header by header, fasthttp checked and normalised again every name
@@ -154,8 +153,8 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 				chain = append(append(chain, v...), ", "...)
 			}
 		case len(k) == len(requestID) && bytes.EqualFold(k, requestID):
-			// Pods get one X-Request-Id: the client's first, as Peek
-			// reads it, or, when that is empty, the one made below.
+			// Pods get one X-Request-Id, id: a client's lone one is
+			// it, and stays where the copy put it.
 			if ids == 0 {
 				clientID = v
 			}
@@ -189,23 +188,26 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 	if forward {
 		up.Header.AddBytesV(fasthttp.HeaderXForwardedFor, appendClientAddr(chain, ctx))
 	}
-	if ids > 1 || (ids == 1 && len(clientID) == 0) {
-		up.Header.DelBytes(requestID)
-		if len(clientID) > 0 {
-			up.Header.AddBytesKV(requestID, clientID)
+	if ids != 1 || len(clientID) == 0 {
+		if ids > 0 {
+			up.Header.DelBytes(requestID)
 		}
+		up.Header.AddBytesKV(requestID, id)
 	}
 	// The body is the client's own buffer, valid until the handler returns;
 	// the upstream request is written before that.
 	up.SetBodyRaw(ctx.PostBody())
-	if len(clientID) > 0 {
-		return append(id, clientID...)
+}
+
+// requestIDOf appends the request's X-Request-Id to dst: the client's
+// first (as Peek reads it), or, when that is empty, one made up. Pods get
+// it, the client's answer carries it, and the access log and the explain
+// trail name the request by it.
+func requestIDOf(dst []byte, ctx *fasthttp.RequestCtx, client []byte) []byte {
+	if len(client) > 0 {
+		return append(dst, client...)
 	}
-	n := len(id)
-	id = appendRequestID(id, ctx.ID(), ctx.ConnTime())
-	ctx.Request.Header.SetCanonical(requestID, id[n:])
-	up.Header.AddBytesV(headerRequestID, id[n:])
-	return id
+	return appendRequestID(dst, ctx.ID(), ctx.ConnTime())
 }
 
 // appendClientAddr appends the address ctx's client connected from,
@@ -245,6 +247,7 @@ const (
 	hdrStrategy
 	hdrSession
 	hdrSessionAIBrix
+	hdrRequestID
 	numClientHeaders
 )
 
@@ -257,6 +260,7 @@ var clientHeaderNames = [numClientHeaders][]byte{
 	hdrStrategy:      []byte(route.HeaderRoutingStrategy),
 	hdrSession:       []byte(headerSession),
 	hdrSessionAIBrix: []byte(headerSessionAIBrix),
+	hdrRequestID:     requestID,
 }
 
 // clientHeaderLens has bit n set when a name in clientHeaderNames is n

@@ -65,7 +65,7 @@ func TestBuildUpstreamFromCopy(t *testing.T) {
 	var ctx fasthttp.RequestCtx
 	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
 	var up fasthttp.Request
-	g.buildUpstream(&ctx, &up, nil)
+	g.buildUpstream(&ctx, &up, requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID)))
 	up.Header.SetHost("127.0.0.1:10000")
 	up.Header.SetContentLength(len(up.Body()))
 	got := string(up.Header.Header())

@@ -45,8 +45,8 @@ func BenchmarkHeaders(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				up.Reset()
-				ctx.Request.Header.Del(headerRequestID)
-				id = g.buildUpstream(&ctx, &up, id[:0])
+				id = requestIDOf(id[:0], &ctx, nil)
+				g.buildUpstream(&ctx, &up, id)
 			}
 		})
 		var resp fasthttp.Response

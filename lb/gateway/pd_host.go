@@ -33,17 +33,14 @@ func (f pdFleet) ResponseTimeout(stream bool) time.Duration { return f.g.respons
 
 func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up := fasthttp.AcquireRequest()
-	// Legs may be built at the same time, so none keeps the id in x:
-	// RequestID reads it from the client's header, where it is set.
-	var id [32]byte
-	x.g.buildUpstream(x.ctx, up, id[:0])
+	x.g.buildUpstream(x.ctx, up, x.reqID)
 	up.SetHost(pod.Config.Address)
 	x.tr.leg(up, pod, pod == x.pd.Pre, x.attempts)
 	return up
 }
 
 func (x *completion) RequestID() string {
-	return string(x.ctx.Request.Header.Peek(headerRequestID))
+	return string(x.reqID)
 }
 
 func (x *completion) PlacePair(pre, dec *pool.Pod) {
@@ -135,7 +132,7 @@ func (x *completion) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, b
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.Response.Header.Set(headerPod, pre.Config.Name)
 	ctx.Response.Header.Set(pd.HeaderPrefillPod, pre.Config.Name)
-	ctx.Response.Header.SetBytesV(headerRequestID, ctx.Request.Header.Peek(headerRequestID))
+	ctx.Response.Header.SetBytesV(headerRequestID, x.reqID)
 	status := fasthttp.StatusOK
 	if !x.req.Stream {
 		ctx.SetContentType("application/json")

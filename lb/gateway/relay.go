@@ -74,9 +74,6 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 	// default (text/plain) where the pod sent none.
 	ctx.Response.Header.SetNoDefaultContentType(true)
 	id := x.reqID
-	if len(id) == 0 {
-		id = ctx.Request.Header.Peek(headerRequestID)
-	}
 	if x.head.Raw {
 		passHead(ctx, &x.head, pod, id)
 		return

@@ -199,7 +199,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	}
 	if x.up == nil {
 		x.up, x.resp = fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		x.reqID = g.buildUpstream(x.ctx, x.up, x.reqID[:0])
+		g.buildUpstream(x.ctx, x.up, x.reqID)
 	}
 	x.tried = append(x.tried, x.pod.ID)
 	x.up.Header.SetHost(x.pod.Config.Address)
