@@ -108,6 +108,11 @@ func testAccessLog(t *testing.T, frontend string, via *http.Client) {
 	if code := send("nope", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`); code != 404 {
 		t.Fatalf("unknown model: %d", code)
 	}
+	// A completion that names no id is logged under the one it was
+	// given, refused or not.
+	if code := send("", "/v1/chat/completions", `{"model":"nope-too","messages":[{"role":"user","content":"hi"}]}`); code != 404 {
+		t.Fatalf("unknown model, no id: %d", code)
+	}
 	if code := send("models", "/v1/models", ""); code != 200 {
 		t.Fatalf("models: %d", code)
 	}
@@ -139,8 +144,8 @@ func testAccessLog(t *testing.T, frontend string, via *http.Client) {
 		}
 		byID[l.str("request_id")] = l
 	}
-	if len(lines) != 7 || len(byID) != 7 {
-		t.Fatalf("%d lines, %d request ids, want 7: %v", len(lines), len(byID), lines)
+	if len(lines) != 8 || len(byID) != 8 {
+		t.Fatalf("%d lines, %d request ids, want 8: %v", len(lines), len(byID), lines)
 	}
 	want := func(id string, check func(l accessLine) bool) {
 		t.Helper()
@@ -160,6 +165,15 @@ func testAccessLog(t *testing.T, frontend string, via *http.Client) {
 	want("nope", func(l accessLine) bool {
 		return l.num("status") == 404 && l.str("model") == "nope" && l["pod"] == nil && strings.Contains(l.str("error"), "nope")
 	})
+	made := 0
+	for id, l := range byID {
+		if l.str("model") == "nope-too" && id != "" && l.num("status") == 404 {
+			made++
+		}
+	}
+	if made != 1 {
+		t.Fatalf("no line of the refused request without an id under an id of its own: %v", lines)
+	}
 	want("models", func(l accessLine) bool {
 		return l.str("method") == "GET" && l.str("path") == "/v1/models" && l.num("status") == 200
 	})
