@@ -298,10 +298,9 @@ func (s *scheduler) handle(m schedMsg) {
 		// As SGLang: its tokenizer manager passes an abort on only for a
 		// rid it holds (TokenizerManager.abort_request), and its
 		// scheduler then drops every request whose rid starts with it.
-		queues := [...][]*request{s.waiting, s.receiving, s.prefill, s.decoding}
 		var hit []*request
 		held := false
-		for _, q := range queues {
+		for _, q := range [][]*request{s.waiting, s.receiving, s.prefill, s.decoding} {
 			for _, r := range q {
 				if strings.HasPrefix(r.rid, m.rid) {
 					hit, held = append(hit, r), held || r.rid == m.rid

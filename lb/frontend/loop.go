@@ -486,7 +486,11 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 	resp := uc.resp
 	resp.Reset()
 	var err error
-	if h, ok := scanHead(buf); ok && uc.head != nil {
+	h, plain := plainHead{}, false
+	if uc.head != nil {
+		h, plain = scanHead(buf)
+	}
+	if plain {
 		resp.SetStatusCode(h.status)
 		resp.Header.SetContentLength(h.length)
 		if h.close {

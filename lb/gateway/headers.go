@@ -52,6 +52,14 @@ func isHopByHop(k []byte) bool {
 	return false
 }
 
+// namedIn reports whether nominated (Connection values joined by commas)
+// names the header k, whatever its case.
+func namedIn(nominated, k []byte) bool {
+	named := false
+	eachNominated(nominated, func(name []byte) { named = named || bytes.EqualFold(k, name) })
+	return named
+}
+
 // nominates reports whether v, a Connection header's value, names a header
 // beyond the hop-by-hop ones every message loses anyway (close,
 // keep-alive, upgrade...): only then must the headers it names be dropped.
@@ -171,17 +179,13 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 		// normalise the name DelBytes gets, so each goes as the client
 		// sent it.
 		ctx.Request.Header.VisitAll(func(k, _ []byte) {
-			eachNominated(nominated, func(name []byte) {
-				if bytes.EqualFold(k, name) {
-					up.Header.DelBytes(k)
-				}
-			})
-		})
-		eachNominated(nominated, func(name []byte) {
-			if bytes.EqualFold(name, forwardedFor) {
-				chain = chain[:0]
+			if namedIn(nominated, k) {
+				up.Header.DelBytes(k)
 			}
 		})
+		if namedIn(nominated, forwardedFor) {
+			chain = chain[:0]
+		}
 	}
 	// up has neither header now: added, not set, they skip fasthttp's scan
 	// of every header already there for one to replace.

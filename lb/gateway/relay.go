@@ -73,9 +73,8 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 	// Only the pod's Content-Type, as behind nginx: not fasthttp's
 	// default (text/plain) where the pod sent none.
 	ctx.Response.Header.SetNoDefaultContentType(true)
-	id := x.reqID
 	if x.head.Raw {
-		passHead(ctx, &x.head, pod, id)
+		passHead(ctx, &x.head, pod, x.reqID)
 		return
 	}
 	// Else its visit yields fasthttp's default Content-Type.
@@ -92,7 +91,7 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 		eachNominated(nominated, ctx.Response.Header.DelBytes)
 	}
 	ctx.Response.Header.Set(headerPod, pod)
-	ctx.Response.Header.SetBytesV(headerRequestID, id)
+	ctx.Response.Header.SetBytesV(headerRequestID, x.reqID)
 }
 
 // passHead gives ctx's client the pod's header lines that answerField and
@@ -112,9 +111,7 @@ func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, i
 		rest := kept
 		kept = kept[:0]
 		frontend.EachField(rest, func(k, _, line []byte) {
-			named := false
-			eachNominated(nominated, func(name []byte) { named = named || bytes.EqualFold(k, name) })
-			if !named {
+			if !namedIn(nominated, k) {
 				kept = append(kept, line...)
 			}
 		})
