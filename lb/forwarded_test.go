@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -98,6 +99,19 @@ func TestRequestIDToPods(t *testing.T) {
 				if !ok {
 					t.Fatalf("sent %q: the pod got %q, the client %q (%d)", sent, b, ids, resp.StatusCode)
 				}
+			}
+			// The answer carries the client's id as it came (on gnet, as
+			// a line of its header block): one with a bare CR, which
+			// would end that line early, is refused before it gets there.
+			c, err := net.Dial("tcp", s.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\rInjected: 1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Injected") != "" {
+				t.Fatalf("an id with a bare CR: %v %v", resp, err)
 			}
 		})
 	}
