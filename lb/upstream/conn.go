@@ -370,8 +370,11 @@ func readBodyWhole(resp *fasthttp.Response, limit int) error {
 	if s == nil {
 		return nil
 	}
-	b := bytebufferpool.Get()
-	defer bytebufferpool.Put(b)
+	b, _ := bodyBufs.Get().(*bytebufferpool.ByteBuffer)
+	if b == nil {
+		b = new(bytebufferpool.ByteBuffer)
+	}
+	defer putBodyBuf(b)
 	if n := resp.Header.ContentLength(); n >= 0 && n < limit {
 		// Room for the body and the read that finds its end, or the
 		// buffer grows (doubling) when the body fills it exactly.
@@ -386,6 +389,23 @@ func readBodyWhole(resp *fasthttp.Response, limit int) error {
 	// old buffer.
 	b.B = resp.SwapBody(b.B)
 	return nil
+}
+
+// bodyBufs holds readBodyWhole's buffers. Not bytebufferpool's pool: what
+// goes back is the response's old buffer, empty, and that pool sizes itself
+// by the lengths put back, so it dropped every one once it had counted them
+// and each body was read into a new allocation.
+var bodyBufs sync.Pool
+
+// maxPooledBody caps the capacity of a buffer bodyBufs keeps, in bytes: a
+// rare large answer is not held for the next one.
+const maxPooledBody = 1 << 20
+
+func putBodyBuf(b *bytebufferpool.ByteBuffer) {
+	if cap(b.B) <= maxPooledBody {
+		b.Reset()
+		bodyBufs.Put(b)
+	}
 }
 
 // ErrCut is DoCut's error for a call given up (cut closed) before the pod
