@@ -519,6 +519,24 @@ func TestPodHeaders(t *testing.T) {
 	})
 }
 
+// TestPodHeadTooLarge: a pod's answer head longer than the gateway reads
+// one into (max_header_bytes on the event loop; the pods' clients read
+// 4 KB) is refused with a 502 on both front ends, however it arrives, as
+// nginx refuses one over proxy_buffer_size ("upstream sent too big
+// header").
+func TestPodHeadTooLarge(t *testing.T) {
+	big := fakePod(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nX-Big: %s\r\nContent-Length: 2\r\n\r\n{}", strings.Repeat("a", config.DefaultMaxHeaderBytes))
+	})
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: big}}, func(c *config.Config) { c.Frontend = fe })
+		resp, b := postVia(t, client, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Errorf("%s: a pod's head over %d bytes: %d %q, want 502", fe, config.DefaultMaxHeaderBytes, resp.StatusCode, b)
+		}
+	}
+}
+
 // TestQueueFullIsNotPodFailure: an engine whose waiting queue is full
 // (SGLang's --max-queued-requests) answers 503 "The request queue is full."
 // at admission: load shedding, not a fault. The client gets the engine's

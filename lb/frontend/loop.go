@@ -488,7 +488,10 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 	var err error
 	h, plain := plainHead{}, false
 	if uc.head != nil {
+		// A head longer than the parser's buffer goes to fasthttp, which
+		// refuses it, as it refuses one that arrives in pieces.
 		h, plain = scanHead(buf)
+		plain = plain && h.n <= s.o.MaxHeaderBytes
 	}
 	if plain {
 		resp.SetStatusCode(h.status)
