@@ -186,6 +186,10 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 		if namedIn(nominated, forwardedFor) {
 			chain = chain[:0]
 		}
+		if namedIn(nominated, requestID) {
+			// Deleted with the rest; the pod still gets id.
+			ids = 0
+		}
 	}
 	// up has neither header now: added, not set, they skip fasthttp's scan
 	// of every header already there for one to replace.

@@ -89,6 +89,32 @@ func TestBuildUpstreamFromCopy(t *testing.T) {
 	}
 }
 
+// TestBuildUpstreamNominatedID: a client whose Connection names
+// X-Request-Id still has its id reach the pod, the id the gateway
+// answers and logs with.
+func TestBuildUpstreamNominatedID(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m"}}
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: "127.0.0.1:10000"}}
+	g, _ := bareGateway(t, cfg, upstream.Dialer(nil))
+	for _, ids := range []string{"X-Request-Id: abc\r\n", "X-Request-Id: abc\r\nx-request-id: def\r\n"} {
+		head := "POST /v1/chat/completions HTTP/1.1\r\nHost: lb\r\nConnection: keep-alive, x-request-id\r\n" + ids + "Content-Length: 2\r\n\r\n{}"
+		var req fasthttp.Request
+		if err := req.Read(bufio.NewReader(strings.NewReader(head))); err != nil {
+			t.Fatal(err)
+		}
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&req, nil, nil)
+		id := requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID))
+		var up fasthttp.Request
+		g.buildUpstream(&ctx, &up, id)
+		got := string(up.Header.Header())
+		if string(id) != "abc" || strings.Count(strings.ToLower(got), "x-request-id:") != 1 || !strings.Contains(got, "X-Request-Id: abc\r\n") {
+			t.Errorf("ids %q: the gateway's id %q; the pod's request:\n%s", ids, id, got)
+		}
+	}
+}
+
 // TestClientHeadersAsPeek: the one pass finds what Peek would, name by
 // name: the first of its name, whatever the case, empty or not.
 func TestClientHeadersAsPeek(t *testing.T) {
