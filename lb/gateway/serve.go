@@ -123,6 +123,8 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f
 	}
 	g.leave(x)
 	g.ledger.Finish(x.ticket)
+	// The id the access log names it by, as on a pod's answer.
+	ctx.Response.Header.SetBytesV(headerRequestID, x.reqID)
 	writeFailure(ctx, f)
 	g.logCompletion(ctx, x, nil, f.E.Status, f.E)
 	g.observeEnd(x, nil, f.E.Status, f.E)
