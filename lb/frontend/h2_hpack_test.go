@@ -1,8 +1,10 @@
 package frontend_test
 
 import (
+	"net/http"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
@@ -48,6 +50,38 @@ func TestHTTP2RequestIDNotIndexed(t *testing.T) {
 					return true
 				})
 			}
+		})
+	}
+}
+
+// TestHTTP2Date: an answer over h2 carries the time it was sent, as one
+// over HTTP/1.1 does (RFC 9110 6.6.1: a server with a clock sends Date).
+func TestHTTP2Date(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }}
+			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+			fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+			h2Open(fr, 1, "GET", "/", true)
+			h2Until(t, fr, "the answer", func(f http2.Frame) bool {
+				mh, ok := f.(*http2.MetaHeadersFrame)
+				if !ok || mh.StreamID != 1 {
+					return false
+				}
+				var dates []string
+				for _, hf := range mh.Fields {
+					if hf.Name == "date" {
+						dates = append(dates, hf.Value)
+					}
+				}
+				if len(dates) != 1 {
+					t.Fatalf("date fields %q, want one", dates)
+				}
+				if d, err := http.ParseTime(dates[0]); err != nil || time.Since(d).Abs() > time.Minute {
+					t.Errorf("date %q: %v", dates[0], err)
+				}
+				return true
+			})
 		})
 	}
 }

@@ -122,7 +122,11 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 	field := func(k, v string) { _ = c.enc.WriteField(hpack.HeaderField{Name: k, Value: v}) }
 	var num [20]byte
 	field(":status", c.valueLocked(0, strconv.AppendInt(num[:0], int64(resp.StatusCode()), 10)))
-	i := 1
+	// fasthttp writes the Date of an HTTP/1.1 answer itself and keeps
+	// none in the header (RFC 9110 6.6.1: a server with a clock sends it).
+	var date [32]byte
+	field("date", c.valueLocked(1, fasthttp.AppendHTTPDate(date[:0], time.Now())))
+	i := 2
 	for k, v := range resp.Header.All() {
 		if hopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) {
 			continue
