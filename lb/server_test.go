@@ -461,7 +461,8 @@ func testUpstreamFaults(t *testing.T, frontend string, via *http.Client) {
 // alike, on both front ends. An answer without a Content-Type gets none.
 func TestPodHeaders(t *testing.T) {
 	const head = "HTTP/1.1 200 OK\r\nServer: uvicorn\r\nX-Engine: vllm\r\nKeep-Alive: timeout=5\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\n" +
-		"Date: Mon, 01 Jan 2001 00:00:00 GMT\r\nX-Request-Id: pods\r\nx-pdlb-pod: liar\r\nX-Pdlb-Model: liar\r\n"
+		"Date: Mon, 01 Jan 2001 00:00:00 GMT\r\nX-Request-Id: pods\r\nx-pdlb-pod: liar\r\nX-Pdlb-Model: liar\r\n" +
+		"Connection: keep-alive, X-Gone, x-pdlb-model\r\nX-Gone: 1\r\n"
 	const answer = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`
 	whole := fakePod(t, func(c net.Conn, _ *http.Request) {
 		fmt.Fprintf(c, "%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", head, len(answer), answer)
@@ -492,6 +493,9 @@ func TestPodHeaders(t *testing.T) {
 			}
 			if got := resp.Header.Get("Server"); got != "" {
 				t.Errorf("%s: the pod's Server reached the client: %q", model, got)
+			}
+			if got := resp.Header.Get("X-Gone"); got != "" {
+				t.Errorf("%s: a field the pod's Connection named reached the client: %q", model, got)
 			}
 			if got := resp.Header.Get("Keep-Alive"); got != "" {
 				t.Errorf("%s: the pod's hop-by-hop Keep-Alive reached the client: %q", model, got)

@@ -88,7 +88,13 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 		}
 	})
 	if nominated != nil {
-		eachNominated(nominated, ctx.Response.Header.DelBytes)
+		eachNominated(nominated, func(k []byte) {
+			// The pod's fields only: what the gateway set stays, as on
+			// the loop, where the pod's lines are filtered apart.
+			if answerField(k) {
+				ctx.Response.Header.DelBytes(k)
+			}
+		})
 	}
 	ctx.Response.Header.Set(headerPod, pod)
 	ctx.Response.Header.SetBytesV(headerRequestID, x.reqID)
