@@ -94,7 +94,8 @@ type Config struct {
 	// larger ones get 413.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// MaxHeaderBytes is the largest request line and header block accepted
-	// (default 8 KiB); larger ones get 431.
+	// (default 8 KiB); larger ones get 431. A pod's answer head is held to
+	// it too: a larger one fails the attempt (502).
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// MaxHeaders is the most header fields a request may carry (default
 	// 100); more get 431.

@@ -59,6 +59,10 @@ func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		return openai.UpstreamError(fmt.Sprintf("its answer is over upstream.max_response_bytes (%d bytes)", g.cfg.Upstream.MaxResponseBytes))
 	}
+	if small := (*fasthttp.ErrSmallBuffer)(nil); errors.As(err, &small) {
+		// fasthttp's message quotes the head, which is the pod's business.
+		return openai.UpstreamError(fmt.Sprintf("its answer's header is over max_header_bytes (%d bytes)", g.cfg.MaxHeaderBytes))
+	}
 	if errors.Is(err, fasthttp.ErrNoFreeConns) {
 		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
 			Message: fmt.Sprintf("Every connection the gateway may open to the inference server is busy (upstream.max_conns_per_pod: %d); retry the request.", g.cfg.Upstream.MaxConnsPerPod)}

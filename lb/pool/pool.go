@@ -699,7 +699,9 @@ func newClient(cfg *config.Config, addr string, dial fasthttp.DialFunc) *fasthtt
 		// A request is retried by the gateway on another pod, not by the
 		// client on the same one.
 		MaxIdemponentCallAttempts: 1,
-		Dial:                      dial,
+		// The head of an answer must fit, as on the event loop.
+		ReadBufferSize: cfg.MaxHeaderBytes,
+		Dial:           dial,
 	}
 }
 
