@@ -546,6 +546,22 @@ func TestPodHeadTooLarge(t *testing.T) {
 	}
 }
 
+// TestPodHeadGarbage: a pod's answer head that does not parse fails with a
+// 502 whose message quotes none of it, on both front ends: the pod's
+// fields (its cookies) are not the client's business.
+func TestPodHeadGarbage(t *testing.T) {
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 2x0 OK\r\nSet-Cookie: secret=1\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = fe })
+		resp, b := postVia(t, client, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+		if resp.StatusCode != http.StatusBadGateway || strings.Contains(b, "secret") || strings.Contains(b, "2x0") {
+			t.Errorf("%s: %d %s; want 502 quoting nothing of the pod's head", fe, resp.StatusCode, b)
+		}
+	}
+}
+
 // TestQueueFullIsNotPodFailure: an engine whose waiting queue is full
 // (SGLang's --max-queued-requests) answers 503 "The request queue is full."
 // at admission: load shedding, not a fault. The client gets the engine's

@@ -553,8 +553,16 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 		}
 		return 0, errNeedMore
 	}
+	if small := (*fasthttp.ErrSmallBuffer)(nil); err != nil && !headed && !errors.As(err, &small) {
+		err = errPodHead
+	}
 	return p.consumed(buf), err
 }
+
+// errPodHead fails an exchange whose answer's head does not parse. It names
+// no byte of the head, which fasthttp's error quotes: the client's error
+// says why the exchange failed, and the pod's fields are not its business.
+var errPodHead = errors.New("its answer's head does not parse as HTTP/1.1")
 
 // interim reports whether code is an interim answer's, which a final one
 // follows (101 Switching Protocols is final).

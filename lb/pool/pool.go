@@ -701,7 +701,10 @@ func newClient(cfg *config.Config, addr string, dial fasthttp.DialFunc) *fasthtt
 		MaxIdemponentCallAttempts: 1,
 		// The head of an answer must fit, as on the event loop.
 		ReadBufferSize: cfg.MaxHeaderBytes,
-		Dial:           dial,
+		// The error of an answer that does not parse, which reaches the
+		// client, does not quote it.
+		SecureErrorLogMessage: true,
+		Dial:                  dial,
 	}
 }
 
