@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -217,9 +218,10 @@ type h2Conn struct {
 	handlers    sync.WaitGroup
 	running     atomic.Int32
 	finished    sync.Once
-	tokens      float64 // rapid-reset bucket; see onReset
+	tokens      float64 // rapid-reset bucket; see charge
 	last        time.Time
 	strikes     int
+	refused     int // streams reset for a frame of the client's, not yet charged
 }
 
 func newH2Conn(s *h2Server, nc net.Conn) *h2Conn {
@@ -269,9 +271,20 @@ func (c *h2Conn) run() {
 			err = c.handle(f)
 		} else if se, ok := err.(http2.StreamError); ok {
 			c.mu.Lock()
-			c.resetLocked(se.StreamID, se.Code)
+			if se.StreamID%2 == 1 && se.StreamID > c.lastID {
+				// A HEADERS frame the framer refused opened its stream,
+				// closed now: frames the client sent on it meanwhile
+				// are dropped, not taken for an idle stream's (RFC 9113
+				// 5.1).
+				c.lastID = se.StreamID
+			}
+			c.refuseLocked(se.StreamID, se.Code)
 			c.mu.Unlock()
 			err = nil
+		}
+		if err == nil && c.refused > 0 {
+			err = c.charge(float64(c.refused))
+			c.refused = 0
 		}
 		if err == nil && c.br.Buffered() == 0 {
 			// About to wait for the client: what its frames made goes
@@ -409,20 +422,14 @@ func (c *h2Conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
 		}
 	} else if st := c.streams[f.StreamID]; st != nil {
 		if st.sendWindow += int64(f.Increment); st.sendWindow > h2MaxWindow {
-			c.resetLocked(f.StreamID, http2.ErrCodeFlowControl)
+			c.refuseLocked(f.StreamID, http2.ErrCodeFlowControl)
 		}
 	}
 	c.cond.Broadcast()
 	return nil
 }
 
-// onReset cancels a stream at the client's request. A token bucket allows
-// MaxResetsPerSecond of them with bursts of ten seconds' worth: the
-// rapid-reset attack (CVE-2023-44487) opens and cancels streams in a loop,
-// each costing the server a stream while the client pays two small
-// frames. Past the bucket the connection's reads pause (the offender is
-// throttled; nobody else is), and one still over after resetStrikes
-// pauses is closed.
+// onReset cancels a stream at the client's request.
 func (c *h2Conn) onReset(f *http2.RSTStreamFrame) error {
 	c.mu.Lock()
 	if st := c.streams[f.StreamID]; st != nil {
@@ -432,8 +439,20 @@ func (c *h2Conn) onReset(f *http2.RSTStreamFrame) error {
 		return http2.ConnectionError(http2.ErrCodeProtocol) // an idle stream
 	}
 	c.mu.Unlock()
+	return c.charge(1)
+}
+
+// charge takes n streams' cancellations from a token bucket that allows
+// MaxResetsPerSecond of them with bursts of ten seconds' worth: the
+// rapid-reset attack (CVE-2023-44487) opens and cancels streams in a loop,
+// each costing the server a stream while the client pays two small
+// frames, and its variant (CVE-2025-8671) has the server reset them, for
+// a frame it must refuse. Past the bucket the connection's reads pause
+// (the offender is throttled; nobody else is), and one still over after
+// resetStrikes pauses is closed. On run's goroutine.
+func (c *h2Conn) charge(n float64) error {
 	now := time.Now()
-	c.tokens = min(c.tokens+now.Sub(c.last).Seconds()*c.s.resetRate, 10*c.s.resetRate) - 1
+	c.tokens = min(c.tokens+now.Sub(c.last).Seconds()*c.s.resetRate, 10*c.s.resetRate) - n
 	c.last = now
 	if c.tokens < 0 {
 		if c.strikes++; c.strikes > resetStrikes {
@@ -452,9 +471,10 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st := c.streams[id]; st != nil {
-		// Trailers: they end the request; their fields are dropped.
-		if st.recvEnded || !f.StreamEnded() {
-			c.resetLocked(id, http2.ErrCodeProtocol)
+		// Trailers: they end the request; their fields are dropped. No
+		// pseudo-header may be among them (RFC 9113 8.1).
+		if st.recvEnded || !f.StreamEnded() || len(f.PseudoFields()) > 0 || !st.bodyWhole(true) {
+			c.refuseLocked(id, http2.ErrCodeProtocol)
 			return nil
 		}
 		st.recvEnded = true
@@ -465,7 +485,7 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
 	if id <= c.lastID {
-		c.resetLocked(id, http2.ErrCodeStreamClosed)
+		c.refuseLocked(id, http2.ErrCodeStreamClosed)
 		return nil
 	}
 	c.lastID = id
@@ -473,7 +493,7 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	case c.goingAway:
 		return nil
 	case len(c.streams) >= int(c.s.maxStreams):
-		c.resetLocked(id, http2.ErrCodeRefusedStream)
+		c.refuseLocked(id, http2.ErrCodeRefusedStream)
 		return nil
 	case c.running.Load() >= 4*int32(c.s.maxStreams):
 		// Streams the client cancelled whose handlers still run.
@@ -483,10 +503,15 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	if method == "" || f.PseudoValue("scheme") == "" || !(strings.HasPrefix(path, "/") || path == "*") || !h2Fields(f.RegularFields()) {
 		// Malformed (RFC 9113 8.1.1): the stream is refused, the
 		// connection goes on.
-		c.resetLocked(id, http2.ErrCodeProtocol)
+		c.refuseLocked(id, http2.ErrCodeProtocol)
 		return nil
 	}
-	st := &h2Stream{parent: c.nc, c: c, id: id, done: make(chan struct{}),
+	declared, ok := h2ContentLength(f.RegularFields())
+	if !ok || f.StreamEnded() && declared > 0 {
+		c.refuseLocked(id, http2.ErrCodeProtocol)
+		return nil
+	}
+	st := &h2Stream{parent: c.nc, c: c, id: id, done: make(chan struct{}), declared: declared,
 		sendWindow: c.initialWindow, recvWindow: h2StreamWindow, ctx: h2Ctxs.Get().(*fasthttp.RequestCtx)}
 	st.ctx.Init2(st, ctxLogger, false)
 	req := &st.ctx.Request
@@ -601,12 +626,12 @@ func (c *h2Conn) onData(f *http2.DataFrame) error {
 			return http2.ConnectionError(http2.ErrCodeProtocol)
 		}
 		if st != nil {
-			c.resetLocked(f.StreamID, http2.ErrCodeStreamClosed)
+			c.refuseLocked(f.StreamID, http2.ErrCodeStreamClosed)
 		}
 		return nil // a stream already closed: its frames are dropped
 	}
 	if st.recvWindow -= n; st.recvWindow < 0 {
-		c.resetLocked(f.StreamID, http2.ErrCodeFlowControl)
+		c.refuseLocked(f.StreamID, http2.ErrCodeFlowControl)
 		return nil
 	}
 	if st.err == nil {
@@ -616,6 +641,12 @@ func (c *h2Conn) onData(f *http2.DataFrame) error {
 		} else {
 			st.ctx.Request.AppendBody(f.Data())
 		}
+	}
+	if !st.bodyWhole(f.StreamEnded()) {
+		// Malformed: its DATA disagrees with its content-length (RFC
+		// 9113 8.1.1).
+		c.refuseLocked(f.StreamID, http2.ErrCodeProtocol)
+		return nil
 	}
 	st.recvEnded = f.StreamEnded()
 	if st.recvEnded {
@@ -641,8 +672,43 @@ func (c *h2Conn) dispatch(st *h2Stream) {
 	c.s.workers.run(st)
 }
 
+// bodyWhole reports whether st's body so far agrees with the
+// content-length its client declared, with ended if it is all there; a
+// body refused as too large agrees with any. mu is held.
+func (st *h2Stream) bodyWhole(ended bool) bool {
+	if st.declared < 0 || st.err != nil {
+		return true
+	}
+	n := int64(len(st.ctx.Request.Body()))
+	return n < st.declared && !ended || n == st.declared
+}
+
+// h2ContentLength is the content-length among a request's fields, -1 when
+// there is none; false when one does not parse or two disagree.
+func h2ContentLength(fields []hpack.HeaderField) (int64, bool) {
+	n := int64(-1)
+	for _, hf := range fields {
+		if hf.Name != "content-length" {
+			continue
+		}
+		v, err := strconv.ParseInt(hf.Value, 10, 64)
+		if err != nil || strings.TrimLeft(hf.Value, "0123456789") != "" || n >= 0 && v != n {
+			return 0, false
+		}
+		n = v
+	}
+	return n, true
+}
+
 // work serves the stream on a worker (workers).
 func (st *h2Stream) work() { st.c.serveStream(st) }
+
+// refuseLocked resets stream id for a frame of the client's, which the
+// rapid-reset bucket is charged for; mu is held, on run's goroutine.
+func (c *h2Conn) refuseLocked(id uint32, code http2.ErrCode) {
+	c.resetLocked(id, code)
+	c.refused++
+}
 
 // resetLocked sends RST_STREAM for id and closes the stream; mu is held.
 func (c *h2Conn) resetLocked(id uint32, code http2.ErrCode) {
@@ -784,6 +850,7 @@ type h2Stream struct {
 	// recvUnacked is received body not yet given back in a WINDOW_UPDATE.
 	recvUnacked int64
 	recvEnded   bool      // the client ended its side
+	declared    int64     // the request's content-length; -1: none
 	readBy      time.Time // when the request must be whole (awaitBodyLocked)
 	started     bool      // its handler runs
 	// onCut: the calls ClientCut's watchers cut when the stream is; a

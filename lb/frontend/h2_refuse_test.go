@@ -1,0 +1,198 @@
+package frontend_test
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"pdlb/lb/frontend"
+)
+
+// h2Request is a request's header block: method, path and fields.
+func h2Request(method, path string, fields ...hpack.HeaderField) []byte {
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	for _, f := range append([]hpack.HeaderField{{Name: ":method", Value: method}, {Name: ":scheme", Value: "http"},
+		{Name: ":path", Value: path}, {Name: ":authority", Value: "x"}}, fields...) {
+		_ = enc.WriteField(f)
+	}
+	return b.Bytes()
+}
+
+// h2Outcome reads fr until stream id is answered: "status N", "RST
+// CODE", or the connection's end ("GOAWAY CODE", a read error).
+func h2Outcome(fr *http2.Framer, id uint32) string {
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return "read error: " + err.Error()
+		}
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			return "GOAWAY " + f.ErrCode.String()
+		case *http2.RSTStreamFrame:
+			if f.StreamID == id {
+				return "RST " + f.ErrCode.String()
+			}
+		case *http2.MetaHeadersFrame:
+			if f.StreamID == id {
+				return "status " + f.PseudoValue("status")
+			}
+		}
+	}
+}
+
+func echoBody(ctx *fasthttp.RequestCtx) { ctx.SetBody(ctx.Request.Body()) }
+
+// TestHTTP2RefusedStreamClosed: a stream whose HEADERS the framer refuses
+// (a name in upper case) is reset and closed; the DATA or RST_STREAM its
+// client sent on it meanwhile is dropped (RFC 9113 5.1), and the
+// connection serves the next stream.
+func TestHTTP2RefusedStreamClosed(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			for _, then := range []string{"DATA", "RST_STREAM"} {
+				fr := rawH2(t, serveWith(t, name, frontend.Handler{Serve: echoBody, Error: writeFrontError}, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h2Request("POST", "/", hpack.HeaderField{Name: "Content-Type", Value: "text/plain"}), EndHeaders: true})
+				if then == "DATA" {
+					_ = fr.WriteData(1, true, []byte("hello"))
+				} else {
+					_ = fr.WriteRSTStream(1, http2.ErrCodeCancel)
+				}
+				h2Open(fr, 3, "GET", "/", true)
+				if got := h2Outcome(fr, 3); got != "status 200" {
+					t.Errorf("%s on the refused stream, then stream 3: %s, want status 200", then, got)
+				}
+			}
+		})
+	}
+}
+
+// TestHTTP2ContentLengthMismatch: a request whose DATA disagrees with its
+// content-length is malformed (RFC 9113 8.1.1): its stream is reset with
+// PROTOCOL_ERROR and its handler does not run.
+func TestHTTP2ContentLengthMismatch(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			for _, tc := range []struct {
+				length, body string
+				want         string
+			}{
+				{"10", "12345", "RST PROTOCOL_ERROR"},
+				{"2", "12345", "RST PROTOCOL_ERROR"},
+				{"3", "", "RST PROTOCOL_ERROR"}, // HEADERS ends the stream
+				{"+5", "12345", "RST PROTOCOL_ERROR"},
+				{"5", "12345", "status 200"},
+			} {
+				fr := rawH2(t, serveWith(t, name, frontend.Handler{Serve: echoBody, Error: writeFrontError}, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h2Request("POST", "/", hpack.HeaderField{Name: "content-length", Value: tc.length}),
+					EndHeaders: true, EndStream: tc.body == ""})
+				if tc.body != "" {
+					_ = fr.WriteData(1, true, []byte(tc.body))
+				}
+				if got := h2Outcome(fr, 1); got != tc.want {
+					t.Errorf("content-length %s, %d bytes of DATA: %s, want %s", tc.length, len(tc.body), got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// TestHTTP2TrailerPseudoHeader: trailers that carry a pseudo-header make
+// the request malformed (RFC 9113 8.1).
+func TestHTTP2TrailerPseudoHeader(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			fr := rawH2(t, serveWith(t, name, frontend.Handler{Serve: echoBody, Error: writeFrontError}, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h2Request("POST", "/"), EndHeaders: true})
+			_ = fr.WriteData(1, false, []byte("hi"))
+			// A literal never indexed: the server's table stays as the
+			// first block left it.
+			var b bytes.Buffer
+			_ = hpack.NewEncoder(&b).WriteField(hpack.HeaderField{Name: ":method", Value: "GET", Sensitive: true})
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: b.Bytes(), EndHeaders: true, EndStream: true})
+			if got := h2Outcome(fr, 1); got != "RST PROTOCOL_ERROR" {
+				t.Errorf("trailers with :method: %s, want RST PROTOCOL_ERROR", got)
+			}
+		})
+	}
+}
+
+// TestRapidResetByServer: a client that has the server reset its streams
+// (a zero WINDOW_UPDATE on each it opens, CVE-2025-8671) is charged as one
+// that resets them itself: each such stream frees its place while its
+// handler runs on, and the client is throttled, then cut off, before it
+// has more handlers running than the streams it may have open. Another
+// client is served meanwhile.
+func TestRapidResetByServer(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			const maxStreams = 250
+			var held atomic.Int32
+			release := make(chan struct{})
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+				if string(ctx.Path()) == "/hold" {
+					held.Add(1)
+					<-release
+				}
+				echoBody(ctx)
+			}, Error: writeFrontError}
+			o := frontend.Options{MaxBodyBytes: testMaxBody, HTTP2: frontend.HTTP2{MaxResetsPerSecond: 10, MaxConcurrentStreams: maxStreams}}
+			addr := serveWith(t, name, h, o)
+			t.Cleanup(func() { close(release) }) // before the server's shutdown
+			fr := rawH2(t, addr, nil)
+			fr.AllowIllegalWrites = true
+			closed := make(chan error, 1)
+			go func() {
+				for {
+					if _, err := fr.ReadFrame(); err != nil {
+						closed <- err
+						return
+					}
+				}
+			}()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				block := h2Request("GET", "/hold")
+				for id := uint32(1); ; id += 2 {
+					if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true, EndStream: true}) != nil ||
+						fr.WriteWindowUpdate(id, 0) != nil {
+						return
+					}
+				}
+			}()
+			other := h2Client(nil)
+			for range 5 {
+				resp, err := other.Post("http://"+addr+"/", "text/plain", strings.NewReader("ok"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || string(b) != "ok" {
+					t.Fatalf("other client: %d %q", resp.StatusCode, b)
+				}
+			}
+			select {
+			case err := <-closed:
+				t.Logf("the offender's connection ended (%v) with %d handlers running", err, held.Load())
+			case <-time.After(12 * time.Second):
+				t.Fatal("the offender is still connected")
+			}
+			<-done
+			if n := held.Load(); n >= maxStreams {
+				t.Errorf("%d handlers ran for streams the server reset, more than the %d streams a connection may have open", n, maxStreams)
+			}
+		})
+	}
+}
