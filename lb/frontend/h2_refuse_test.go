@@ -2,9 +2,6 @@ package frontend_test
 
 import (
 	"bytes"
-	"io"
-	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,18 +168,7 @@ func TestRapidResetByServer(t *testing.T) {
 					}
 				}
 			}()
-			other := h2Client(nil)
-			for range 5 {
-				resp, err := other.Post("http://"+addr+"/", "text/plain", strings.NewReader("ok"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK || string(b) != "ok" {
-					t.Fatalf("other client: %d %q", resp.StatusCode, b)
-				}
-			}
+			othersServed(t, "http://"+addr+"/")
 			select {
 			case err := <-closed:
 				t.Logf("the offender's connection ended (%v) with %d handlers running", err, held.Load())

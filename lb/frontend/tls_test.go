@@ -436,8 +436,6 @@ func TestRapidReset(t *testing.T) {
 					}
 				}
 			}()
-			// Another client is served throughout.
-			other := h2Client(nil)
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
@@ -449,17 +447,7 @@ func TestRapidReset(t *testing.T) {
 					}
 				}
 			}()
-			for range 5 {
-				resp, err := other.Post("http://"+addr+"/echo", "text/plain", strings.NewReader("ok"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if string(b) != "ok" {
-					t.Fatalf("other client: %q", b)
-				}
-			}
+			othersServed(t, "http://"+addr+"/echo")
 			select {
 			case err := <-closed:
 				t.Logf("the offender's connection ended: %v", err)
@@ -469,6 +457,24 @@ func TestRapidReset(t *testing.T) {
 			<-done
 			wg.Wait()
 		})
+	}
+}
+
+// othersServed checks that another h2c client is served at url (an echo)
+// while an offender is dealt with.
+func othersServed(t *testing.T, url string) {
+	t.Helper()
+	other := h2Client(nil)
+	for range 5 {
+		resp, err := other.Post(url, "text/plain", strings.NewReader("ok"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(b) != "ok" {
+			t.Fatalf("other client: %d %q", resp.StatusCode, b)
+		}
 	}
 }
 
