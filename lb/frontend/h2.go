@@ -33,7 +33,8 @@ type HTTP2 struct {
 	// 16384).
 	MaxFrameBytes uint32
 	// MaxResetsPerSecond is the rate of stream cancellations a client may
-	// keep up (default 100); see h2Conn.onReset.
+	// keep up, its own and those its frames make the server's (default
+	// 100); see h2Conn.charge.
 	MaxResetsPerSecond int
 }
 
@@ -46,8 +47,9 @@ const (
 
 // Receive windows the server grants, in bytes: per stream (its
 // SETTINGS_INITIAL_WINDOW_SIZE) and per connection. Request bodies are
-// read whole before the handler runs and are capped by MaxBodyBytes, so
-// the windows bound nothing in memory and are replenished as DATA comes.
+// read whole before the handler runs, each capped by MaxBodyBytes and a
+// connection's together by h2BodyBudget, so the windows bound nothing in
+// memory and are replenished as DATA comes.
 const (
 	h2StreamWindow = 1 << 20
 	h2ConnWindow   = 1 << 24
@@ -56,6 +58,10 @@ const (
 	h2InitialWindow = 65535
 	// h2MaxWindow is the largest flow-control window (RFC 9113 6.9.1).
 	h2MaxWindow = 1<<31 - 1
+	// h2BodyBudget is how many largest bodies (MaxBodyBytes) the request
+	// bodies a connection holds may add up to: without it, one client
+	// could have max_concurrent_streams of them held at once.
+	h2BodyBudget = 4
 )
 
 // h2MaxPending is how many bytes of frames may wait for the socket before
@@ -78,6 +84,7 @@ type h2Server struct {
 	o            Options
 	maxStreams   uint32
 	maxFrame     uint32
+	bodyBudget   int64 // bytes of request bodies a connection may hold; see onData
 	resetRate    float64
 	headerLimit  uint32
 	shuttingDown atomic.Bool
@@ -98,6 +105,7 @@ func newH2Server(h Handler, o Options) *h2Server {
 		maxFrame:    cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
 		resetRate:   float64(cmpOr(max(c.MaxResetsPerSecond, 0), DefaultMaxResetsPerSecond)),
 		headerLimit: uint32(cmpOr(o.MaxHeaderBytes, DefaultMaxHeaderBytes)),
+		bodyBudget:  h2BodyBudget * int64(o.MaxBodyBytes),
 	}
 }
 
@@ -203,6 +211,7 @@ type h2Conn struct {
 	// Send side: the connection's window and the client's settings.
 	sendWindow    int64
 	initialWindow int64
+	bodies        int64 // bytes of request bodies the streams hold (held)
 	maxFrameOut   int
 	goingAway     bool   // GOAWAY sent: no new streams
 	lastID        uint32 // the highest stream the client opened
@@ -635,11 +644,22 @@ func (c *h2Conn) onData(f *http2.DataFrame) error {
 		return nil
 	}
 	if st.err == nil {
-		if body := st.ctx.Request.Body(); len(body)+len(f.Data()) > c.s.o.MaxBodyBytes {
+		data := f.Data()
+		switch {
+		case len(st.ctx.Request.Body())+len(data) > c.s.o.MaxBodyBytes:
 			st.err = fasthttp.ErrBodyTooLarge
 			c.dispatch(st)
-		} else {
-			st.ctx.Request.AppendBody(f.Data())
+		case c.bodies+int64(len(data)) > c.s.bodyBudget:
+			// The connection holds its budget of bodies: the stream is
+			// refused before anything of it was processed, which its
+			// client may send again (RFC 9113 8.7). Not the client's
+			// fault, so not charged as a reset.
+			c.resetLocked(f.StreamID, http2.ErrCodeRefusedStream)
+			return nil
+		default:
+			st.ctx.Request.AppendBody(data)
+			st.held += int64(len(data))
+			c.bodies += int64(len(data))
 		}
 	}
 	if !st.bodyWhole(f.StreamEnded()) {
@@ -732,10 +752,18 @@ func (c *h2Conn) closeStreamLocked(st *h2Stream, err error) {
 	st.onCut = nil
 	delete(c.streams, st.id)
 	if !st.started {
+		c.dropBodyLocked(st)
 		st.release()
 	}
 	c.idleLocked()
 	c.cond.Broadcast()
+}
+
+// dropBodyLocked takes st's body out of the connection's count, once its
+// handler is done with it or never ran; mu is held.
+func (c *h2Conn) dropBodyLocked(st *h2Stream) {
+	c.bodies -= st.held
+	st.held = 0
 }
 
 // idleLocked arms the idle timer when no stream is open: a connection
@@ -850,6 +878,7 @@ type h2Stream struct {
 	// recvUnacked is received body not yet given back in a WINDOW_UPDATE.
 	recvUnacked int64
 	recvEnded   bool      // the client ended its side
+	held        int64     // body bytes counted in c.bodies
 	declared    int64     // the request's content-length; -1: none
 	readBy      time.Time // when the request must be whole (awaitBodyLocked)
 	started     bool      // its handler runs

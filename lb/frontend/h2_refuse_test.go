@@ -27,7 +27,9 @@ func h2Request(method, path string, fields ...hpack.HeaderField) []byte {
 // h2Outcome reads fr until stream id is answered: "status N", "RST
 // CODE", or the connection's end ("GOAWAY CODE", a read error).
 func h2Outcome(fr *http2.Framer, id uint32) string {
-	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if fr.ReadMetaHeaders == nil {
+		fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	}
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -178,6 +180,39 @@ func TestRapidResetByServer(t *testing.T) {
 			<-done
 			if n := held.Load(); n >= maxStreams {
 				t.Errorf("%d handlers ran for streams the server reset, more than the %d streams a connection may have open", n, maxStreams)
+			}
+		})
+	}
+}
+
+// TestHTTP2BodyBudget: the request bodies one connection holds add up to
+// at most four of the largest (MaxBodyBytes); a stream whose DATA would
+// go past that is refused (REFUSED_STREAM, which a client may send
+// again), and the budget comes back as handlers finish.
+func TestHTTP2BodyBudget(t *testing.T) {
+	const maxBody = 1000
+	part := bytes.Repeat([]byte("x"), 900)
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			fr := rawH2(t, serveWith(t, name, frontend.Handler{Serve: echoBody, Error: writeFrontError}, frontend.Options{MaxBodyBytes: maxBody}), nil)
+			for id := uint32(1); id <= 9; id += 2 {
+				h2Open(fr, id, "POST", "/", false)
+				_ = fr.WriteData(id, false, part)
+			}
+			// Four bodies of 900 bytes are held; the fifth would make 4,500.
+			if got := h2Outcome(fr, 9); got != "RST REFUSED_STREAM" {
+				t.Fatalf("a fifth body held on one connection: %s, want RST REFUSED_STREAM", got)
+			}
+			for id := uint32(1); id <= 7; id += 2 {
+				_ = fr.WriteData(id, true, nil)
+				if got := h2Outcome(fr, id); got != "status 200" {
+					t.Fatalf("stream %d, within the budget: %s", id, got)
+				}
+			}
+			h2Open(fr, 11, "POST", "/", false)
+			_ = fr.WriteData(11, true, part)
+			if got := h2Outcome(fr, 11); got != "status 200" {
+				t.Errorf("a body after the others were answered: %s, want status 200", got)
 			}
 		})
 	}

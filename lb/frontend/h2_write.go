@@ -43,6 +43,7 @@ func (c *h2Conn) serveStream(st *h2Stream) {
 		}
 		_ = c.flushLocked()
 	}
+	c.dropBodyLocked(st)
 	c.running.Add(-1)
 	c.closeIfDoneLocked()
 	c.mu.Unlock()
