@@ -433,6 +433,8 @@ func (c *h2Conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
 		if st.sendWindow += int64(f.Increment); st.sendWindow > h2MaxWindow {
 			c.refuseLocked(f.StreamID, http2.ErrCodeFlowControl)
 		}
+	} else if f.StreamID > c.lastID {
+		return http2.ConnectionError(http2.ErrCodeProtocol) // an idle stream (RFC 9113 5.1)
 	}
 	c.cond.Broadcast()
 	return nil
@@ -481,8 +483,13 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	defer c.mu.Unlock()
 	if st := c.streams[id]; st != nil {
 		// Trailers: they end the request; their fields are dropped. No
-		// pseudo-header may be among them (RFC 9113 8.1).
-		if st.recvEnded || !f.StreamEnded() || len(f.PseudoFields()) > 0 || !st.bodyWhole(true) {
+		// pseudo-header may be among them (RFC 9113 8.1), and nothing may
+		// follow the end of the client's side (5.1: half-closed).
+		switch {
+		case st.recvEnded:
+			c.refuseLocked(id, http2.ErrCodeStreamClosed)
+			return nil
+		case !f.StreamEnded() || len(f.PseudoFields()) > 0 || !st.bodyWhole(true):
 			c.refuseLocked(id, http2.ErrCodeProtocol)
 			return nil
 		}

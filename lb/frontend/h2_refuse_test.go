@@ -217,3 +217,34 @@ func TestHTTP2BodyBudget(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTP2FramesOutOfState: a WINDOW_UPDATE on a stream the client never
+// opened is a connection error (RFC 9113 5.1, idle), and HEADERS on a
+// stream whose client side ended is a stream error STREAM_CLOSED (5.1,
+// half-closed (remote)) while its handler runs.
+func TestHTTP2FramesOutOfState(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			release := make(chan struct{})
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+				<-release
+				echoBody(ctx)
+			}, Error: writeFrontError}
+			addr := serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody})
+			t.Cleanup(func() { close(release) }) // before the server's shutdown
+
+			fr := rawH2(t, addr, nil)
+			_ = fr.WriteWindowUpdate(5, 100)
+			if got := h2Outcome(fr, 5); got != "GOAWAY PROTOCOL_ERROR" {
+				t.Errorf("WINDOW_UPDATE on an idle stream: %s, want GOAWAY PROTOCOL_ERROR", got)
+			}
+
+			fr = rawH2(t, addr, nil)
+			h2Open(fr, 1, "GET", "/", true)
+			h2Open(fr, 1, "GET", "/", true)
+			if got := h2Outcome(fr, 1); got != "RST STREAM_CLOSED" {
+				t.Errorf("HEADERS after the client's side ended: %s, want RST STREAM_CLOSED", got)
+			}
+		})
+	}
+}
