@@ -276,20 +276,16 @@ func (c *h2Conn) run() {
 	err := c.start()
 	for err == nil {
 		var f http2.Frame
+		// The next frame's type, should the framer refuse it; a peek at
+		// what ReadFrame reads next, which waits no longer than it would.
+		typ := http2.FrameType(0xff)
+		if h, perr := c.br.Peek(9); perr == nil {
+			typ = http2.FrameType(h[3])
+		}
 		if f, err = c.fr.ReadFrame(); err == nil {
 			err = c.handle(f)
 		} else if se, ok := err.(http2.StreamError); ok {
-			c.mu.Lock()
-			if se.StreamID%2 == 1 && se.StreamID > c.lastID {
-				// A HEADERS frame the framer refused opened its stream,
-				// closed now: frames the client sent on it meanwhile
-				// are dropped, not taken for an idle stream's (RFC 9113
-				// 5.1).
-				c.lastID = se.StreamID
-			}
-			c.refuseLocked(se.StreamID, se.Code)
-			c.mu.Unlock()
-			err = nil
+			err = c.onStreamError(se, typ)
 		}
 		if err == nil && c.refused > 0 {
 			err = c.charge(float64(c.refused))
@@ -306,6 +302,24 @@ func (c *h2Conn) run() {
 	c.end(err)
 	c.handlers.Wait()
 	_ = c.nc.Close()
+}
+
+// onStreamError resets the stream of a frame of type typ the framer
+// refused. A HEADERS frame opened its stream, closed now: frames the
+// client sent on it meanwhile are dropped, not taken for an idle stream's.
+// Any other frame on an idle stream is a connection error (RFC 9113 5.1),
+// which no RST_STREAM may answer (6.4).
+func (c *h2Conn) onStreamError(se http2.StreamError, typ http2.FrameType) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if se.StreamID > c.lastID {
+		if typ != http2.FrameHeaders || se.StreamID%2 == 0 {
+			return http2.ConnectionError(http2.ErrCodeProtocol)
+		}
+		c.lastID = se.StreamID
+	}
+	c.refuseLocked(se.StreamID, se.Code)
+	return nil
 }
 
 // start reads the client's preface and sends the server's SETTINGS.

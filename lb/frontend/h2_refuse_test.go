@@ -219,7 +219,9 @@ func TestHTTP2BodyBudget(t *testing.T) {
 }
 
 // TestHTTP2FramesOutOfState: a WINDOW_UPDATE on a stream the client never
-// opened is a connection error (RFC 9113 5.1, idle), and HEADERS on a
+// opened is a connection error (RFC 9113 5.1, idle), a zero one too (the
+// framer refuses it, and no RST_STREAM may answer a frame on an idle
+// stream), and HEADERS on a
 // stream whose client side ended is a stream error STREAM_CLOSED (5.1,
 // half-closed (remote)) while its handler runs.
 func TestHTTP2FramesOutOfState(t *testing.T) {
@@ -237,6 +239,13 @@ func TestHTTP2FramesOutOfState(t *testing.T) {
 			_ = fr.WriteWindowUpdate(5, 100)
 			if got := h2Outcome(fr, 5); got != "GOAWAY PROTOCOL_ERROR" {
 				t.Errorf("WINDOW_UPDATE on an idle stream: %s, want GOAWAY PROTOCOL_ERROR", got)
+			}
+
+			fr = rawH2(t, addr, nil)
+			fr.AllowIllegalWrites = true
+			_ = fr.WriteWindowUpdate(5, 0) // which the framer refuses
+			if got := h2Outcome(fr, 5); got != "GOAWAY PROTOCOL_ERROR" {
+				t.Errorf("a zero WINDOW_UPDATE on an idle stream: %s, want GOAWAY PROTOCOL_ERROR", got)
 			}
 
 			fr = rawH2(t, addr, nil)
