@@ -76,3 +76,35 @@ func TestHTTP2NegativeWindowEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTP2WindowOpensDuringFlush: a client that grants one byte of window
+// at a time, each as soon as the byte comes, gets the whole answer. The
+// writer flushes before it waits for the window, and the flush lets go of
+// the connection's lock while it writes: a WINDOW_UPDATE handled then
+// must not be missed, or the stream waits for good.
+func TestHTTP2WindowOpensDuringFlush(t *testing.T) {
+	body := bytes.Repeat([]byte("x"), 4000)
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBody(body) }, Error: writeFrontError}
+			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+			_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1})
+			h2Get(fr, 1, "/")
+			got := 0
+			h2Until(t, fr, "the answer, a byte of window at a time", func(f http2.Frame) bool {
+				d, ok := f.(*http2.DataFrame)
+				if !ok {
+					return false
+				}
+				if n := len(d.Data()); n > 0 {
+					got += n
+					_ = fr.WriteWindowUpdate(1, uint32(n))
+				}
+				return d.StreamEnded()
+			})
+			if got != len(body) {
+				t.Errorf("%d bytes of the body came, want %d", got, len(body))
+			}
+		})
+	}
+}

@@ -207,10 +207,14 @@ func (c *h2Conn) writeData(st *h2Stream, p []byte, end bool) error {
 		// window): nothing may be sent then but an empty, ending frame.
 		n := max(min(int64(min(len(p), c.maxFrameOut)), st.sendWindow, c.sendWindow), 0)
 		if (n <= 0 && len(p) > 0) || (c.writing && len(c.out) >= h2MaxPending) {
-			// The client gets what is gathered before it is waited
-			// on to open its windows.
-			if err := c.flushLocked(); err != nil {
-				return err
+			if !c.writing && len(c.out) > 0 {
+				// The client gets what is gathered before it is waited
+				// on to open its windows. The flush releases mu, and a
+				// window that opened meanwhile wakes nobody: look again.
+				if err := c.flushLocked(); err != nil {
+					return err
+				}
+				continue
 			}
 			if limit := c.s.o.IdleTimeout; limit > 0 {
 				switch {
