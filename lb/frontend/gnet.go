@@ -297,6 +297,7 @@ func (s *GNet) stop() error {
 		<-s.stopped
 		cancel()
 		close(s.workers.quit)
+		s.linger.stop() // the HTTP/2 connections' (lingerConn)
 		if s.tlsStop != nil {
 			close(s.tlsStop)
 		}

@@ -311,7 +311,7 @@ func (s *GNet) handshaken(gc *gconn, h2 bool) error {
 	w := gc.tls.w
 	early := w.feed.rest()
 	if h2 {
-		nc, err := dupConn(gc.c.Fd())
+		nc, err := s.dupConn(gc.c.Fd())
 		if err != nil {
 			return err
 		}

@@ -125,17 +125,13 @@ func (s *h2Server) serve(nc net.Conn) {
 	c.run()
 }
 
-// finish counts c out of the open connections, once: when it closed after
-// its last stream, or when run returned. The former comes first where the
-// close lingers (lingerConn): the socket stays open, and run's read
-// waiting, until the client closes or the linger's bound.
+// finish counts c out of the open connections once run returned; a close
+// that lingers (lingerConn) goes on without it.
 func (c *h2Conn) finish() {
-	c.finished.Do(func() {
-		c.s.mu.Lock()
-		delete(c.s.conns, c)
-		c.s.mu.Unlock()
-		c.s.open.Add(-1)
-	})
+	c.s.mu.Lock()
+	delete(c.s.conns, c)
+	c.s.mu.Unlock()
+	c.s.open.Add(-1)
 }
 
 // track makes c one that shutdown sends GOAWAY, once c sent its SETTINGS
@@ -216,6 +212,7 @@ type h2Conn struct {
 	goingAway     bool   // GOAWAY sent: no new streams
 	lastID        uint32 // the highest stream the client opened
 	idle          *time.Timer
+	grace         *time.Timer // ends the connection h2GoAwayGrace after its last stream
 	// reading times out the requests whose body is still coming
 	// (onReadTimeout); readArmed: it is set to fire.
 	reading   *time.Timer
@@ -226,7 +223,6 @@ type h2Conn struct {
 	recvUnacked int64 // received bytes not yet given back in a WINDOW_UPDATE
 	handlers    sync.WaitGroup
 	running     atomic.Int32
-	finished    sync.Once
 	tokens      float64 // rapid-reset bucket; see charge
 	last        time.Time
 	strikes     int
@@ -823,14 +819,22 @@ func (c *h2Conn) goAway(code http2.ErrCode) {
 	c.closeIfDoneLocked()
 }
 
-// closeIfDoneLocked closes the socket of a connection that sent GOAWAY
-// and has no stream left, which ends run's read; mu is held.
+// closeIfDoneLocked ends a connection that sent GOAWAY and has no stream
+// left, h2GoAwayGrace later: meanwhile run still reads, so what the
+// client sent before it saw the GOAWAY is not left unread (which would
+// make the close a reset that can take the GOAWAY with it), and its
+// PINGs are answered. The client's own close ends it sooner. mu is held.
 func (c *h2Conn) closeIfDoneLocked() {
-	if c.goingAway && len(c.streams) == 0 && c.running.Load() == 0 && !c.writing {
-		_ = c.nc.Close()
-		c.finish()
+	if c.goingAway && c.grace == nil && len(c.streams) == 0 && c.running.Load() == 0 && !c.writing {
+		// run's read fails at the deadline, and run closes the socket.
+		c.grace = time.AfterFunc(h2GoAwayGrace, func() { _ = c.nc.SetReadDeadline(time.Now()) })
 	}
 }
+
+// h2GoAwayGrace is how long a connection that sent GOAWAY and has no
+// stream left waits for its client to close it (Go's server waits one
+// second too).
+const h2GoAwayGrace = time.Second
 
 // end closes the connection after run's last read: a connection error is
 // sent to the client in a GOAWAY; every stream still open is cut.
@@ -874,6 +878,9 @@ func (c *h2Conn) end(err error) {
 	}
 	if c.reading != nil {
 		c.reading.Stop()
+	}
+	if c.grace != nil {
+		c.grace.Stop()
 	}
 	_ = c.nc.Close()
 	c.cond.Broadcast()

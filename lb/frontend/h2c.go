@@ -35,7 +35,7 @@ func (s *GNet) h2cOnLoop(gc *gconn) (act gnet.Action, done bool) {
 		return gnet.None, true
 	}
 	gc.sniffed = true
-	nc, err := dupConn(c.Fd())
+	nc, err := s.dupConn(c.Fd())
 	if err != nil {
 		s.logDebug("frontend: h2c connection not taken over", err)
 		return gnet.Close, true
@@ -65,15 +65,20 @@ func (s *GNet) serveH2(remote net.Addr, conn, nc net.Conn, held bool) {
 	s.h2.serve(conn)
 }
 
-// dupConn is a net.Conn on a duplicate of the socket fd.
-func dupConn(fd int) (net.Conn, error) {
+// dupConn is a net.Conn on a duplicate of the socket fd, whose close
+// lingers as the loops' own do.
+func (s *GNet) dupConn(fd int) (net.Conn, error) {
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
 	f := os.NewFile(uintptr(dup), "h2c")
 	defer f.Close()
-	return net.FileConn(f)
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	return &lingerConn{TCPConn: c.(*net.TCPConn), l: &s.linger}, nil
 }
 
 func (s *GNet) logDebug(msg string, err error) {

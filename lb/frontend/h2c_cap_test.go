@@ -20,7 +20,7 @@ func TestH2CKeepsItsPlace(t *testing.T) {
 	conns := limits.NewConns(limits.ConnLimits{MaxConnsPerIP: 1})
 	addr := serveWith(t, frontend.NameGNet, newApp().handler(), frontend.Options{MaxBodyBytes: testMaxBody, Conns: conns})
 	for i := range 200 {
-		fr := rawH2(t, addr, nil)
+		fr, c := rawH2Conn(t, addr, nil)
 		h2Get(fr, 1, "/big?n=1")
 		h2Until(t, fr, fmt.Sprintf("connection %d's answer", i), func(f http2.Frame) bool {
 			if ga, ok := f.(*http2.GoAwayFrame); ok {
@@ -30,6 +30,7 @@ func TestH2CKeepsItsPlace(t *testing.T) {
 			return ok && d.StreamEnded()
 		})
 		_ = fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+		_ = c.Close()
 		deadline := time.Now().Add(5 * time.Second)
 		for conns.Open() > 0 && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)

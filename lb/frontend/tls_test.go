@@ -577,6 +577,13 @@ func TestHTTP2Limits(t *testing.T) {
 // preface and empty settings.
 func rawH2(t *testing.T, addr string, s *tlsSetup) *http2.Framer {
 	t.Helper()
+	fr, _ := rawH2Conn(t, addr, s)
+	return fr
+}
+
+// rawH2Conn is rawH2 with the connection under its framer.
+func rawH2Conn(t *testing.T, addr string, s *tlsSetup) (*http2.Framer, net.Conn) {
+	t.Helper()
 	var c net.Conn
 	var err error
 	if s != nil {
@@ -592,7 +599,7 @@ func rawH2(t *testing.T, addr string, s *tlsSetup) *http2.Framer {
 	_, _ = io.WriteString(c, http2.ClientPreface)
 	fr := http2.NewFramer(c, c)
 	_ = fr.WriteSettings()
-	return fr
+	return fr, c
 }
 
 // TestHTTP2WriteStall: a stream whose client opens no window for
