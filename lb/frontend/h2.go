@@ -303,16 +303,21 @@ func (c *h2Conn) run() {
 // onStreamError resets the stream of a frame of type typ the framer
 // refused. A HEADERS frame opened its stream, closed now: frames the
 // client sent on it meanwhile are dropped, not taken for an idle stream's.
-// Any other frame on an idle stream is a connection error (RFC 9113 5.1),
-// which no RST_STREAM may answer (6.4).
+// Any other frame but PRIORITY on an idle stream is a connection error
+// (RFC 9113 5.1), which no RST_STREAM may answer (6.4).
 func (c *h2Conn) onStreamError(se http2.StreamError, typ http2.FrameType) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if se.StreamID > c.lastID {
-		if typ != http2.FrameHeaders || se.StreamID%2 == 0 {
+		switch {
+		case typ == http2.FramePriority:
+			// PRIORITY may name an idle stream, which stays idle; its
+			// faults are stream errors (5.3.1, 6.3).
+		case typ == http2.FrameHeaders && se.StreamID%2 == 1:
+			c.lastID = se.StreamID
+		default:
 			return http2.ConnectionError(http2.ErrCodeProtocol)
 		}
-		c.lastID = se.StreamID
 	}
 	c.refuseLocked(se.StreamID, se.Code)
 	return nil
@@ -376,8 +381,16 @@ func (c *h2Conn) handle(f http2.Frame) error {
 		c.goAway(http2.ErrCodeNo)
 	case *http2.PushPromiseFrame:
 		return http2.ConnectionError(http2.ErrCodeProtocol)
+	case *http2.PriorityFrame:
+		// Priorities are not acted on, but a stream cannot depend on
+		// itself (RFC 9113 5.3.1).
+		if f.StreamDep == f.StreamID {
+			c.mu.Lock()
+			c.refuseLocked(f.StreamID, http2.ErrCodeProtocol)
+			c.mu.Unlock()
+		}
 	}
-	// PRIORITY and unknown frames are ignored.
+	// Unknown frames are ignored.
 	return nil
 }
 
@@ -491,7 +504,7 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	id := f.StreamID
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if st := c.streams[id]; st != nil {
+	if st := c.open(id); st != nil {
 		// Trailers: they end the request; their fields are dropped. No
 		// pseudo-header may be among them (RFC 9113 8.1), and nothing may
 		// follow the end of the client's side (5.1: half-closed).
@@ -499,7 +512,7 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		case st.recvEnded:
 			c.refuseLocked(id, http2.ErrCodeStreamClosed)
 			return nil
-		case !f.StreamEnded() || len(f.PseudoFields()) > 0 || !st.bodyWhole(true):
+		case !f.StreamEnded() || len(f.PseudoFields()) > 0 || selfDependent(f) || !st.bodyWhole(true):
 			c.refuseLocked(id, http2.ErrCodeProtocol)
 			return nil
 		}
@@ -511,8 +524,9 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
 	if id <= c.lastID {
-		c.refuseLocked(id, http2.ErrCodeStreamClosed)
-		return nil
+		// A closed stream, or one the client skipped, which a higher
+		// one closed (RFC 9113 5.1.1).
+		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
 	c.lastID = id
 	switch {
@@ -526,7 +540,7 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 	}
 	method, path := f.PseudoValue("method"), f.PseudoValue("path")
-	if method == "" || f.PseudoValue("scheme") == "" || !(strings.HasPrefix(path, "/") || path == "*") || !h2Fields(f.RegularFields()) {
+	if method == "" || f.PseudoValue("scheme") == "" || !(strings.HasPrefix(path, "/") || path == "*") || !h2Fields(f.RegularFields()) || selfDependent(f) {
 		// Malformed (RFC 9113 8.1.1): the stream is refused, the
 		// connection goes on.
 		c.refuseLocked(id, http2.ErrCodeProtocol)
@@ -614,6 +628,12 @@ func (c *h2Conn) onReadTimeout() {
 	}
 }
 
+// selfDependent reports whether f makes its stream depend on itself, a
+// stream error (RFC 9113 5.3.1).
+func selfDependent(f *http2.MetaHeadersFrame) bool {
+	return f.HasPriority() && f.Priority.StreamDep == f.StreamID
+}
+
 // h2Fields reports whether a request's fields are free of the
 // connection-specific ones HTTP/2 forbids (RFC 9113 8.2.2).
 func h2Fields(fields []hpack.HeaderField) bool {
@@ -646,15 +666,22 @@ func (c *h2Conn) onData(f *http2.DataFrame) error {
 		c.recvWindow += c.recvUnacked
 		c.recvUnacked = 0
 	}
-	st := c.streams[f.StreamID]
-	if st == nil || st.recvEnded {
-		if f.StreamID > c.lastID {
-			return http2.ConnectionError(http2.ErrCodeProtocol)
+	st := c.open(f.StreamID)
+	switch {
+	case st == nil && f.StreamID > c.lastID:
+		return http2.ConnectionError(http2.ErrCodeProtocol) // an idle stream
+	case st == nil:
+		// A closed stream (RFC 9113 6.1): the reset costs no handler,
+		// so it is not charged, but a client that sends such frames
+		// faster than it reads the resets is a flood.
+		if len(c.out) > h2MaxControl {
+			return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 		}
-		if st != nil {
-			c.refuseLocked(f.StreamID, http2.ErrCodeStreamClosed)
-		}
-		return nil // a stream already closed: its frames are dropped
+		_ = c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeStreamClosed)
+		return nil
+	case st.recvEnded:
+		c.refuseLocked(f.StreamID, http2.ErrCodeStreamClosed)
+		return nil
 	}
 	if st.recvWindow -= n; st.recvWindow < 0 {
 		c.refuseLocked(f.StreamID, http2.ErrCodeFlowControl)
@@ -694,6 +721,15 @@ func (c *h2Conn) onData(f *http2.DataFrame) error {
 		_ = c.fr.WriteWindowUpdate(st.id, uint32(st.recvUnacked))
 		st.recvWindow += st.recvUnacked
 		st.recvUnacked = 0
+	}
+	return nil
+}
+
+// open is stream id unless it is closed: not in streams, or ended by
+// both sides (its handler may not have let go of it yet). mu is held.
+func (c *h2Conn) open(id uint32) *h2Stream {
+	if st := c.streams[id]; st != nil && !(st.recvEnded && st.sentEnd) {
+		return st
 	}
 	return nil
 }
@@ -906,6 +942,7 @@ type h2Stream struct {
 	// recvUnacked is received body not yet given back in a WINDOW_UPDATE.
 	recvUnacked int64
 	recvEnded   bool      // the client ended its side
+	sentEnd     bool      // the server ended its side
 	held        int64     // body bytes counted in c.bodies
 	declared    int64     // the request's content-length; -1: none
 	readBy      time.Time // when the request must be whole (awaitBodyLocked)

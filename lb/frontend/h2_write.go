@@ -145,6 +145,7 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 	block := c.hbuf.Bytes()
 	n := min(len(block), c.maxFrameOut)
 	_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: block[:n], EndStream: end, EndHeaders: n == len(block)})
+	st.sentEnd = end
 	for block = block[n:]; len(block) > 0; block = block[n:] {
 		n = min(len(block), c.maxFrameOut)
 		_ = c.fr.WriteContinuation(st.id, n == len(block), block[:n])
@@ -237,6 +238,7 @@ func (c *h2Conn) writeData(st *h2Stream, p []byte, end bool) error {
 		since = time.Time{}
 		last := end && int(n) == len(p)
 		_ = c.fr.WriteData(st.id, last, p[:n])
+		st.sentEnd = last
 		st.sendWindow -= n
 		c.sendWindow -= n
 		p = p[n:]
