@@ -211,8 +211,14 @@ type h2Conn struct {
 	maxFrameOut   int
 	goingAway     bool   // GOAWAY sent: no new streams
 	lastID        uint32 // the highest stream the client opened
-	idle          *time.Timer
-	grace         *time.Timer // ends the connection h2GoAwayGrace after its last stream
+	awayID        uint32 // the last stream GOAWAY said is served
+	// resets are the last streams the server reset, in a ring at
+	// resetAt: what the client sent on them before it saw the reset is
+	// dropped (RFC 9113 5.1, closed).
+	resets  [32]uint32
+	resetAt int
+	idle    *time.Timer
+	grace   *time.Timer // ends the connection h2GoAwayGrace after its last stream
 	// reading times out the requests whose body is still coming
 	// (onReadTimeout); readArmed: it is set to fire.
 	reading   *time.Timer
@@ -303,21 +309,16 @@ func (c *h2Conn) run() {
 // onStreamError resets the stream of a frame of type typ the framer
 // refused. A HEADERS frame opened its stream, closed now: frames the
 // client sent on it meanwhile are dropped, not taken for an idle stream's.
-// Any other frame but PRIORITY on an idle stream is a connection error
-// (RFC 9113 5.1), which no RST_STREAM may answer (6.4).
+// Any other frame on an idle stream is a connection error (RFC 9113 5.1),
+// which no RST_STREAM may answer (6.4).
 func (c *h2Conn) onStreamError(se http2.StreamError, typ http2.FrameType) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if se.StreamID > c.lastID {
-		switch {
-		case typ == http2.FramePriority:
-			// PRIORITY may name an idle stream, which stays idle; its
-			// faults are stream errors (5.3.1, 6.3).
-		case typ == http2.FrameHeaders && se.StreamID%2 == 1:
-			c.lastID = se.StreamID
-		default:
+		if typ != http2.FrameHeaders || se.StreamID%2 == 0 {
 			return http2.ConnectionError(http2.ErrCodeProtocol)
 		}
+		c.lastID = se.StreamID
 	}
 	c.refuseLocked(se.StreamID, se.Code)
 	return nil
@@ -524,6 +525,9 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
 	if id <= c.lastID {
+		if c.droppedLocked(id) {
+			return nil
+		}
 		// A closed stream, or one the client skipped, which a higher
 		// one closed (RFC 9113 5.1.1).
 		return http2.ConnectionError(http2.ErrCodeProtocol)
@@ -670,6 +674,8 @@ func (c *h2Conn) onData(f *http2.DataFrame) error {
 	switch {
 	case st == nil && f.StreamID > c.lastID:
 		return http2.ConnectionError(http2.ErrCodeProtocol) // an idle stream
+	case st == nil && c.droppedLocked(f.StreamID):
+		return nil
 	case st == nil:
 		// A closed stream (RFC 9113 6.1): the reset costs no handler,
 		// so it is not charged, but a client that sends such frames
@@ -734,6 +740,13 @@ func (c *h2Conn) open(id uint32) *h2Stream {
 	return nil
 }
 
+// droppedLocked reports whether the frames of closed stream id are
+// dropped: the server reset it (lately), or it came after the GOAWAY's
+// last stream (RFC 9113 6.8). mu is held.
+func (c *h2Conn) droppedLocked(id uint32) bool {
+	return c.goingAway && id > c.awayID || slices.Contains(c.resets[:], id)
+}
+
 // dispatch starts st's handler; mu is held.
 func (c *h2Conn) dispatch(st *h2Stream) {
 	if st.started {
@@ -786,6 +799,8 @@ func (c *h2Conn) refuseLocked(id uint32, code http2.ErrCode) {
 // resetLocked sends RST_STREAM for id and closes the stream; mu is held.
 func (c *h2Conn) resetLocked(id uint32, code http2.ErrCode) {
 	_ = c.fr.WriteRSTStream(id, code)
+	c.resets[c.resetAt] = id
+	c.resetAt = (c.resetAt + 1) % len(c.resets)
 	if st := c.streams[id]; st != nil {
 		c.closeStreamLocked(st, errStreamReset)
 	}
@@ -849,7 +864,7 @@ func (c *h2Conn) goAway(code http2.ErrCode) {
 	if c.goingAway {
 		return
 	}
-	c.goingAway = true
+	c.goingAway, c.awayID = true, c.lastID
 	_ = c.fr.WriteGoAway(c.lastID, code, nil)
 	_ = c.flushLocked()
 	c.closeIfDoneLocked()
@@ -861,7 +876,7 @@ func (c *h2Conn) goAway(code http2.ErrCode) {
 // make the close a reset that can take the GOAWAY with it), and its
 // PINGs are answered. The client's own close ends it sooner. mu is held.
 func (c *h2Conn) closeIfDoneLocked() {
-	if c.goingAway && c.grace == nil && len(c.streams) == 0 && c.running.Load() == 0 && !c.writing {
+	if c.goingAway && c.grace == nil && c.werr == nil && len(c.streams) == 0 && c.running.Load() == 0 && !c.writing {
 		// run's read fails at the deadline, and run closes the socket.
 		c.grace = time.AfterFunc(h2GoAwayGrace, func() { _ = c.nc.SetReadDeadline(time.Now()) })
 	}
@@ -890,7 +905,7 @@ func (c *h2Conn) end(err error) {
 		code = 0xff // the socket failed: nothing to tell the client
 	}
 	if code != 0xff && !c.goingAway {
-		c.goingAway = true
+		c.goingAway, c.awayID = true, c.lastID
 		_ = c.fr.WriteGoAway(c.lastID, code, nil)
 		_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
 		c.finalWrite = true

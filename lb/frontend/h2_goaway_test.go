@@ -2,11 +2,13 @@ package frontend_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
 
 	"pdlb/lb/frontend"
@@ -79,6 +81,85 @@ func TestHTTP2ErrorCloseLingers(t *testing.T) {
 			}
 			if !goAway || !errors.Is(ended, io.EOF) {
 				t.Fatalf("GOAWAY PROTOCOL_ERROR read: %v; the connection ended with %v, want EOF", goAway, ended)
+			}
+		})
+	}
+}
+
+// TestHTTP2FramesAfterGoAway: a stream the client opened before it saw
+// the server's GOAWAY is not served, and its DATA and trailers are dropped
+// (RFC 9113 6.8); the stream the GOAWAY lets finish is answered.
+func TestHTTP2FramesAfterGoAway(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			release := make(chan struct{})
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+				<-release
+				ctx.SetBodyString("ok")
+			}, Error: writeFrontError}
+			s, err := frontend.Start(name, "127.0.0.1:0", h, frontend.Options{MaxBodyBytes: testMaxBody})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fr := rawH2(t, s.Addr(), nil)
+			h2Get(fr, 1, "/")
+			h2Until(t, fr, "the SETTINGS acknowledgement", func(f http2.Frame) bool {
+				sf, ok := f.(*http2.SettingsFrame)
+				return ok && sf.IsAck()
+			})
+			done := make(chan error, 1)
+			go func() { done <- s.ShutdownWithContext(context.Background()) }()
+			h2Until(t, fr, "the GOAWAY", func(f http2.Frame) bool {
+				_, ok := f.(*http2.GoAwayFrame)
+				return ok
+			})
+			h2Open(fr, 3, "POST", "/", false)
+			_ = fr.WriteData(3, false, []byte("body"))
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: h2Trailers(), EndHeaders: true, EndStream: true})
+			_ = fr.WritePing(false, [8]byte{1})
+			h2Until(t, fr, "the PING's acknowledgement", func(f http2.Frame) bool {
+				p, ok := f.(*http2.PingFrame)
+				return ok && p.IsAck()
+			})
+			close(release)
+			if got := h2Outcome(fr, 1); got != "status 200" {
+				t.Errorf("stream 1, below the GOAWAY's last stream: %s, want status 200", got)
+			}
+			if err := <-done; err != nil {
+				t.Errorf("shutdown: %v", err)
+			}
+		})
+	}
+}
+
+// TestHTTP2LingerOutlastsGrace: a connection error while a handler still
+// runs ends the connection in a lingering close, which the GOAWAY's grace
+// (armed when that handler ends) must not cut short: the client may send
+// on for the linger's bounds.
+func TestHTTP2LingerOutlastsGrace(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+				time.Sleep(200 * time.Millisecond)
+				ctx.SetBodyString("ok")
+			}, Error: writeFrontError}
+			fr, c := rawH2Conn(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+			h2Get(fr, 1, "/")
+			// HEADERS on an even stream: a connection error.
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 2, BlockFragment: h2Request("GET", "/"), EndHeaders: true, EndStream: true})
+			var end error
+			for end == nil {
+				_, end = fr.ReadFrame()
+			}
+			if !errors.Is(end, io.EOF) {
+				t.Fatalf("the connection ended with %v, want EOF", end)
+			}
+			start := time.Now()
+			for time.Since(start) < 1500*time.Millisecond {
+				if _, err := c.Write(make([]byte, 100)); err != nil {
+					t.Fatalf("the linger ended %v after the EOF: %v", time.Since(start).Round(10*time.Millisecond), err)
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
 		})
 	}

@@ -257,3 +257,49 @@ func TestHTTP2FramesOutOfState(t *testing.T) {
 		})
 	}
 }
+
+// h2Trailers is a trailer block of one field.
+func h2Trailers() []byte {
+	var b bytes.Buffer
+	_ = hpack.NewEncoder(&b).WriteField(hpack.HeaderField{Name: "x-checksum", Value: "abc"})
+	return b.Bytes()
+}
+
+// TestHTTP2FramesAfterServerReset: the DATA and trailers a client sent on
+// a stream before it saw the server reset it (a 413 answered early, a
+// stream over the body budget refused) are dropped (RFC 9113 5.1): the
+// connection and its other streams go on.
+func TestHTTP2FramesAfterServerReset(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			for _, why := range []string{"413", "budget"} {
+				const maxBody = 1000
+				fr := rawH2(t, serveWith(t, name, frontend.Handler{Serve: echoBody, Error: writeFrontError}, frontend.Options{MaxBodyBytes: maxBody}), nil)
+				// Streams 1 to 7 wait for the ends of their bodies.
+				for id := uint32(1); id <= 7; id += 2 {
+					h2Open(fr, id, "POST", "/", false)
+					_ = fr.WriteData(id, false, make([]byte, 900))
+				}
+				want := "RST REFUSED_STREAM" // a fifth body of 900 bytes is over the budget
+				if why == "413" {
+					_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 9, BlockFragment: h2Request("POST", "/", hpack.HeaderField{Name: "content-length", Value: "5000"}), EndHeaders: true})
+					want = "status 413"
+				} else {
+					h2Open(fr, 9, "POST", "/", false)
+					_ = fr.WriteData(9, false, make([]byte, 900))
+				}
+				if got := h2Outcome(fr, 9); got != want {
+					t.Fatalf("%s: stream 9: %s, want %s", why, got, want)
+				}
+				_ = fr.WriteData(9, false, []byte("more"))
+				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 9, BlockFragment: h2Trailers(), EndHeaders: true, EndStream: true})
+				for id := uint32(1); id <= 7; id += 2 {
+					_ = fr.WriteData(id, true, nil)
+					if got := h2Outcome(fr, id); got != "status 200" {
+						t.Fatalf("%s: stream %d after DATA and trailers on the reset stream 9: %s, want status 200", why, id, got)
+					}
+				}
+			}
+		})
+	}
+}
