@@ -536,7 +536,7 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	switch {
 	case c.goingAway:
 		return nil
-	case len(c.streams) >= int(c.s.maxStreams):
+	case len(c.streams) >= int(c.s.maxStreams) && c.openCountLocked() >= int(c.s.maxStreams):
 		c.refuseLocked(id, http2.ErrCodeRefusedStream)
 		return nil
 	case c.running.Load() >= 4*int32(c.s.maxStreams):
@@ -732,12 +732,28 @@ func (c *h2Conn) onData(f *http2.DataFrame) error {
 }
 
 // open is stream id unless it is closed: not in streams, or ended by
-// both sides (its handler may not have let go of it yet). mu is held.
+// both sides. mu is held.
 func (c *h2Conn) open(id uint32) *h2Stream {
-	if st := c.streams[id]; st != nil && !(st.recvEnded && st.sentEnd) {
+	if st := c.streams[id]; st != nil && !st.ended() {
 		return st
 	}
 	return nil
+}
+
+// ended reports whether both sides ended st, which is closed then though
+// its handler may not have let go of it yet; c.mu is held.
+func (st *h2Stream) ended() bool { return st.recvEnded && st.sentEnd }
+
+// openCountLocked is how many of streams are open (see open): what
+// MaxConcurrentStreams bounds (RFC 9113 5.1.2). mu is held.
+func (c *h2Conn) openCountLocked() int {
+	n := 0
+	for _, st := range c.streams {
+		if !st.ended() {
+			n++
+		}
+	}
+	return n
 }
 
 // droppedLocked reports whether the frames of closed stream id are
