@@ -553,10 +553,18 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 		}
 		return 0, errNeedMore
 	}
-	if small := (*fasthttp.ErrSmallBuffer)(nil); err != nil && !headed && !errors.As(err, &small) {
+	if err != nil && !headed && !headTooLarge(err) {
 		err = errPodHead
 	}
 	return p.consumed(buf), err
+}
+
+// headTooLarge reports whether err is fasthttp's for a head over its
+// buffer. A function of its own: the target errors.As fills escapes, and
+// declared in parse it was an allocation at every answer.
+func headTooLarge(err error) bool {
+	var small *fasthttp.ErrSmallBuffer
+	return errors.As(err, &small)
 }
 
 // errPodHead fails an exchange whose answer's head does not parse. It names

@@ -112,3 +112,23 @@ func TestSweptConnectionIsNotReused(t *testing.T) {
 		}
 	}
 }
+
+// TestParseAllocatesNothing: reading a pod's whole answer on a loop
+// allocates nothing, with the head scanned raw (as the gateway asks) or
+// by fasthttp.
+func TestParseAllocatesNothing(t *testing.T) {
+	s := &GNet{o: Options{}.withDefaults()}
+	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
+	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	for _, head := range []*AnswerHead{nil, {}} {
+		uc := &upConn{ls: &loopState{s: s}, resp: new(fasthttp.Response), head: head}
+		allocs := testing.AllocsPerRun(1000, func() {
+			if _, err := uc.parse(answer, false); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("raw head %v: %.1f allocations per answer, want 0", head != nil, allocs)
+		}
+	}
+}
