@@ -494,6 +494,10 @@ func (c *h2Conn) charge(n float64) error {
 			return errRapidReset
 		}
 		time.Sleep(min(time.Duration(-c.tokens/c.s.resetRate*float64(time.Second)), time.Second))
+	} else {
+		// Only pauses in a row count: a client over the bucket once an
+		// hour is within the rate, not an attacker.
+		c.strikes = 0
 	}
 	return nil
 }

@@ -40,3 +40,31 @@ func TestHTTP2GoAwayWriteBounded(t *testing.T) {
 		t.Fatalf("the GOAWAY's write may wait %v; want at most a second", ahead.Round(time.Second))
 	}
 }
+
+// TestHTTP2StrikesInARow: a client over the rapid-reset bucket now and
+// then, within the rate on average, is paused each time but never closed:
+// only pauses in a row count towards resetStrikes. One that keeps over it
+// is closed.
+func TestHTTP2StrikesInARow(t *testing.T) {
+	c := newH2Conn(newH2Server(Handler{}, Options{HTTP2: HTTP2{MaxResetsPerSecond: 100}}), &deadlineConn{})
+	burst := func() (err error) {
+		// The bucket's worth of resets, one at a time, and one more.
+		for n := 0; err == nil && n <= int(10*c.s.resetRate); n++ {
+			err = c.charge(1)
+		}
+		return err
+	}
+	for hour := range 2 * resetStrikes {
+		c.last = c.last.Add(-time.Hour) // an hour without a reset: the bucket is full
+		if err := burst(); err != nil {
+			t.Fatalf("burst %d, an hour after the last: %v", hour+1, err)
+		}
+	}
+	var err error
+	for n := 0; err == nil && n <= resetStrikes; n++ {
+		err = c.charge(1)
+	}
+	if err != errRapidReset {
+		t.Fatalf("resets on after the bucket ran out: %v, want errRapidReset", err)
+	}
+}
