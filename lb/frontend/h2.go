@@ -848,7 +848,7 @@ func (c *h2Conn) closeStreamLocked(st *h2Stream, err error) {
 }
 
 // dropBodyLocked takes st's body out of the connection's count, once its
-// handler is done with it or never ran; mu is held.
+// answer ended, its handler is done with it, or it never ran; mu is held.
 func (c *h2Conn) dropBodyLocked(st *h2Stream) {
 	c.bodies -= st.held
 	st.held = 0

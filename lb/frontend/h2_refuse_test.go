@@ -303,3 +303,41 @@ func TestHTTP2FramesAfterServerReset(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTP2BodyBudgetBackWithAnswer: the connection's body budget gets a
+// request's body back once its answer ended, so a client that uploads the
+// next bodies as soon as it read the answers is never refused at the
+// budget's edge.
+func TestHTTP2BodyBudgetBackWithAnswer(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			const maxBody = 1000 // a budget of four bodies of 900 bytes
+			fr := rawH2(t, serveWith(t, name, frontend.Handler{Serve: echoBody, Error: writeFrontError}, frontend.Options{MaxBodyBytes: maxBody}), nil)
+			id := uint32(1)
+			for round := range 1000 {
+				for k := range uint32(4) {
+					h2Open(fr, id+2*k, "POST", "/", false)
+					_ = fr.WriteData(id+2*k, true, make([]byte, 900))
+				}
+				for ended := 0; ended < 4; {
+					f, err := fr.ReadFrame()
+					if err != nil {
+						t.Fatalf("round %d: %v", round, err)
+					}
+					switch f := f.(type) {
+					case *http2.RSTStreamFrame:
+						t.Fatalf("round %d, stream %d: RST %v", round, f.StreamID, f.ErrCode)
+					case *http2.DataFrame:
+						if n := len(f.Data()); n > 0 {
+							_ = fr.WriteWindowUpdate(0, uint32(n))
+						}
+						if f.StreamEnded() {
+							ended++
+						}
+					}
+				}
+				id += 8
+			}
+		})
+	}
+}

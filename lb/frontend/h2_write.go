@@ -145,7 +145,7 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 	block := c.hbuf.Bytes()
 	n := min(len(block), c.maxFrameOut)
 	_ = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: block[:n], EndStream: end, EndHeaders: n == len(block)})
-	st.sentEnd = end
+	c.sentEndLocked(st, end)
 	for block = block[n:]; len(block) > 0; block = block[n:] {
 		n = min(len(block), c.maxFrameOut)
 		_ = c.fr.WriteContinuation(st.id, n == len(block), block[:n])
@@ -238,7 +238,7 @@ func (c *h2Conn) writeData(st *h2Stream, p []byte, end bool) error {
 		since = time.Time{}
 		last := end && int(n) == len(p)
 		_ = c.fr.WriteData(st.id, last, p[:n])
-		st.sentEnd = last
+		c.sentEndLocked(st, last)
 		st.sendWindow -= n
 		c.sendWindow -= n
 		p = p[n:]
@@ -289,6 +289,16 @@ func (c *h2Conn) flushLocked() error {
 	}
 	c.closeIfDoneLocked()
 	return c.werr
+}
+
+// sentEndLocked records whether the answer's last frame is queued; then
+// the request's body is no longer counted in the connection's budget, so
+// a client that sends its next upload as soon as it read the answer is
+// not refused for it. mu is held.
+func (c *h2Conn) sentEndLocked(st *h2Stream, end bool) {
+	if st.sentEnd = end; end {
+		c.dropBodyLocked(st)
+	}
 }
 
 // wake wakes the goroutines waiting on cond, to look at the time.
