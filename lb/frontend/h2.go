@@ -280,14 +280,19 @@ func (c *h2Conn) run() {
 		var f http2.Frame
 		// The next frame's type, should the framer refuse it; a peek at
 		// what ReadFrame reads next, which waits no longer than it would.
-		typ := http2.FrameType(0xff)
+		typ, whole := http2.FrameType(0xff), false
 		if h, perr := c.br.Peek(9); perr == nil {
 			typ = http2.FrameType(h[3])
+			whole = c.br.Buffered() >= 9+int(h[0])<<16|int(h[1])<<8|int(h[2])
 		}
 		if f, err = c.fr.ReadFrame(); err == nil {
 			err = c.handle(f)
 		} else if se, ok := err.(http2.StreamError); ok {
 			err = c.onStreamError(se, typ)
+		} else if whole && errors.Is(err, io.ErrUnexpectedEOF) {
+			// A frame too short for its fields (a padded one of length
+			// 0), which the framer reports as a short read (RFC 9113 4.2).
+			err = http2.ConnectionError(http2.ErrCodeFrameSize)
 		}
 		if err == nil && c.refused > 0 {
 			err = c.charge(float64(c.refused))

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/http2"
+
+	"pdlb/lb/frontend"
 )
 
 // TestHTTP2InvalidSettings: a SETTINGS value out of its range is a
@@ -35,6 +37,27 @@ func TestHTTP2InvalidSettings(t *testing.T) {
 			f(t, addr, http2.ErrCodeProtocol, http2.Setting{ID: http2.SettingEnablePush, Val: 2})
 			// The framer checks the first INITIAL_WINDOW_SIZE alone.
 			f(t, addr, http2.ErrCodeFlowControl, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20}, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 31})
+		})
+	}
+}
+
+// TestHTTP2FrameTooShort: a padded DATA or HEADERS frame too short to
+// hold its pad length is a connection error FRAME_SIZE_ERROR (RFC 9113
+// 4.2), sent in a GOAWAY, not a silent close.
+func TestHTTP2FrameTooShort(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			for _, typ := range []http2.FrameType{http2.FrameData, http2.FrameHeaders} {
+				fr, c := rawH2Conn(t, serveWith(t, name, newApp().handler(), frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+				if typ == http2.FrameData {
+					h2Open(fr, 1, "POST", "/", false)
+				}
+				// Length 0, the PADDED flag, stream 1.
+				_, _ = c.Write([]byte{0, 0, 0, byte(typ), 0x8, 0, 0, 0, 1})
+				if got := h2Outcome(fr, 1); got != "GOAWAY FRAME_SIZE_ERROR" {
+					t.Errorf("an empty padded %v frame: %s, want GOAWAY FRAME_SIZE_ERROR", typ, got)
+				}
+			}
 		})
 	}
 }
