@@ -167,5 +167,5 @@ func (t *listenerTLS) adminConfig(cfg config.TLS) *tls.Config {
 
 func http2Options(c config.HTTP2) frontend.HTTP2 {
 	return frontend.HTTP2{Disabled: c.Disabled, MaxConcurrentStreams: c.MaxConcurrentStreams,
-		MaxFrameBytes: c.MaxFrameBytes, MaxResetsPerSecond: c.MaxResetsPerSecond}
+		MaxFrameBytes: c.MaxFrameBytes, MaxResetsPerSecond: c.MaxResetsPerSecond, MaxBodyBytesPerConnection: c.MaxBodyBytesPerConnection}
 }

@@ -643,6 +643,9 @@ func (c Config) Validate() error {
 	if err := c.HTTP2.Validate(); err != nil {
 		return err
 	}
+	if n := c.HTTP2.MaxBodyBytesPerConnection; n != 0 && n < int64(c.MaxBodyBytes) {
+		return invalid("http2.max_body_bytes_per_connection", n, fmt.Sprintf("must be at least max_body_bytes (%d): a body that large could never be held", c.MaxBodyBytes))
+	}
 	if err := c.Upstream.TLS.Validate(); err != nil {
 		return err
 	}

@@ -131,6 +131,11 @@ type HTTP2 struct {
 	// and then closed (default 100): the rapid-reset attack
 	// (CVE-2023-44487) opens and cancels streams in a loop.
 	MaxResetsPerSecond int `yaml:"max_resets_per_second"`
+	// MaxBodyBytesPerConnection bounds the request bodies one connection
+	// holds at once, those still coming and those whose answer has not
+	// ended (default 0: four times max_body_bytes); a stream past it is
+	// refused with REFUSED_STREAM, which its client may send again.
+	MaxBodyBytesPerConnection int64 `yaml:"max_body_bytes_per_connection"`
 }
 
 func (h *HTTP2) provision() {
@@ -152,6 +157,9 @@ func (h HTTP2) Validate() error {
 	}
 	if h.MaxResetsPerSecond < 0 {
 		return invalid("http2.max_resets_per_second", h.MaxResetsPerSecond, "must be positive (0 means 100)")
+	}
+	if h.MaxBodyBytesPerConnection < 0 {
+		return invalid("http2.max_body_bytes_per_connection", h.MaxBodyBytesPerConnection, "must be positive (0 means four times max_body_bytes)")
 	}
 	return nil
 }

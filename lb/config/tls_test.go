@@ -39,6 +39,9 @@ func TestTLSValidate(t *testing.T) {
 	f(func(c *Config) { c.TLS.Admin = true }, "tls.admin")
 	f(func(c *Config) { c.HTTP2.MaxFrameBytes = 100 }, "http2.max_frame_bytes = 100")
 	f(func(c *Config) { c.HTTP2.MaxResetsPerSecond = -1 }, "http2.max_resets_per_second")
+	f(func(c *Config) { c.HTTP2.MaxBodyBytesPerConnection = -1 }, "http2.max_body_bytes_per_connection = -1")
+	f(func(c *Config) { c.HTTP2.MaxBodyBytesPerConnection = 1000 }, "http2.max_body_bytes_per_connection = 1000 must be at least max_body_bytes (8388608)")
+	f(func(c *Config) { c.HTTP2.MaxBodyBytesPerConnection = 64 << 20 }, "")
 	f(func(c *Config) { c.Upstream.TLS.CertFile = file }, "upstream.tls.key_file")
 	f(func(c *Config) { c.Upstream.TLS.CAFile = missing }, "upstream.tls.ca_file")
 }

@@ -36,6 +36,9 @@ type HTTP2 struct {
 	// keep up, its own and those its frames make the server's (default
 	// 100); see h2Conn.charge.
 	MaxResetsPerSecond int
+	// MaxBodyBytesPerConnection bounds the request bodies a connection
+	// holds (default h2BodyBudget of MaxBodyBytes); see onData.
+	MaxBodyBytesPerConnection int64
 }
 
 // Defaults of HTTP2.
@@ -59,8 +62,8 @@ const (
 	// h2MaxWindow is the largest flow-control window (RFC 9113 6.9.1).
 	h2MaxWindow = 1<<31 - 1
 	// h2BodyBudget is how many largest bodies (MaxBodyBytes) the request
-	// bodies a connection holds may add up to: without it, one client
-	// could have max_concurrent_streams of them held at once.
+	// bodies a connection holds may add up to by default: without a bound,
+	// one client could have max_concurrent_streams of them held at once.
 	h2BodyBudget = 4
 )
 
@@ -105,7 +108,7 @@ func newH2Server(h Handler, o Options) *h2Server {
 		maxFrame:    cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
 		resetRate:   float64(cmpOr(max(c.MaxResetsPerSecond, 0), DefaultMaxResetsPerSecond)),
 		headerLimit: uint32(cmpOr(o.MaxHeaderBytes, DefaultMaxHeaderBytes)),
-		bodyBudget:  h2BodyBudget * int64(o.MaxBodyBytes),
+		bodyBudget:  cmpOr(c.MaxBodyBytesPerConnection, h2BodyBudget*int64(o.MaxBodyBytes)),
 	}
 }
 

@@ -186,33 +186,43 @@ func TestRapidResetByServer(t *testing.T) {
 }
 
 // TestHTTP2BodyBudget: the request bodies one connection holds add up to
-// at most four of the largest (MaxBodyBytes); a stream whose DATA would
-// go past that is refused (REFUSED_STREAM, which a client may send
-// again), and the budget comes back as handlers finish.
+// at most four of the largest (MaxBodyBytes), or to
+// MaxBodyBytesPerConnection; a stream whose DATA would go past that is
+// refused (REFUSED_STREAM, which a client may send again), and the budget
+// comes back as answers end.
 func TestHTTP2BodyBudget(t *testing.T) {
 	const maxBody = 1000
 	part := bytes.Repeat([]byte("x"), 900)
 	for _, name := range frontEnds {
 		t.Run(name, func(t *testing.T) {
-			fr := rawH2(t, serveWith(t, name, frontend.Handler{Serve: echoBody, Error: writeFrontError}, frontend.Options{MaxBodyBytes: maxBody}), nil)
-			for id := uint32(1); id <= 9; id += 2 {
-				h2Open(fr, id, "POST", "/", false)
-				_ = fr.WriteData(id, false, part)
-			}
-			// Four bodies of 900 bytes are held; the fifth would make 4,500.
-			if got := h2Outcome(fr, 9); got != "RST REFUSED_STREAM" {
-				t.Fatalf("a fifth body held on one connection: %s, want RST REFUSED_STREAM", got)
-			}
-			for id := uint32(1); id <= 7; id += 2 {
-				_ = fr.WriteData(id, true, nil)
-				if got := h2Outcome(fr, id); got != "status 200" {
-					t.Fatalf("stream %d, within the budget: %s", id, got)
+			// By default four bodies of 900 bytes are held, the fifth
+			// would make 4,500; max_body_bytes_per_connection at 6,300
+			// holds seven.
+			for _, tc := range []struct {
+				perConn int64
+				held    uint32
+			}{{0, 4}, {6300, 7}} {
+				o := frontend.Options{MaxBodyBytes: maxBody, HTTP2: frontend.HTTP2{MaxBodyBytesPerConnection: tc.perConn}}
+				fr := rawH2(t, serveWith(t, name, frontend.Handler{Serve: echoBody, Error: writeFrontError}, o), nil)
+				over := 2*tc.held + 1
+				for id := uint32(1); id <= over; id += 2 {
+					h2Open(fr, id, "POST", "/", false)
+					_ = fr.WriteData(id, false, part)
 				}
-			}
-			h2Open(fr, 11, "POST", "/", false)
-			_ = fr.WriteData(11, true, part)
-			if got := h2Outcome(fr, 11); got != "status 200" {
-				t.Errorf("a body after the others were answered: %s, want status 200", got)
+				if got := h2Outcome(fr, over); got != "RST REFUSED_STREAM" {
+					t.Fatalf("per connection %d: body %d held on one connection: %s, want RST REFUSED_STREAM", tc.perConn, tc.held+1, got)
+				}
+				for id := uint32(1); id < over; id += 2 {
+					_ = fr.WriteData(id, true, nil)
+					if got := h2Outcome(fr, id); got != "status 200" {
+						t.Fatalf("per connection %d: stream %d, within the budget: %s", tc.perConn, id, got)
+					}
+				}
+				h2Open(fr, over+2, "POST", "/", false)
+				_ = fr.WriteData(over+2, true, part)
+				if got := h2Outcome(fr, over+2); got != "status 200" {
+					t.Errorf("per connection %d: a body after the others were answered: %s, want status 200", tc.perConn, got)
+				}
 			}
 		})
 	}
