@@ -168,3 +168,36 @@ func streamTPOT(t *testing.T, path, body string, choices int) {
 		t.Errorf("TPOT %.1f ms of steps at least %v apart", tpot*1000, step)
 	}
 }
+
+// TestStreamChunkFramingSplit: a chunked stream whose framing arrives in
+// pieces (a chunk-size line split from its CRLF, the last chunk's CRLF
+// split in two) is relayed whole, on both front ends and both of gnet's
+// relays.
+func TestStreamChunkFramingSplit(t *testing.T) {
+	event := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+	done := "data: [DONE]\n\n"
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		parts := []string{
+			"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x", len(event)),
+			"\r\n" + event + "\r\n" + fmt.Sprintf("%x", len(done)),
+			"\r\n" + done + "\r",
+			"\n0\r\n\r\n",
+		}
+		for _, p := range parts {
+			io.WriteString(c, p)
+			time.Sleep(30 * time.Millisecond)
+		}
+	})
+	check := func(t *testing.T, frontend string, via *http.Client) {
+		s := testGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = frontend })
+		resp, b := postVia(t, via, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+		if resp.StatusCode != 200 || b != event+done {
+			t.Fatalf("stream relayed as %d %q, want 200 %q", resp.StatusCode, b, event+done)
+		}
+		waitIdle(t, s)
+	}
+	t.Run("fasthttp", func(t *testing.T) { check(t, "fasthttp", client) })
+	t.Run("gnet", func(t *testing.T) {
+		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
+	})
+}

@@ -205,7 +205,11 @@ func (uc *upConn) feed() gnet.Action {
 	uc.deadline = uc.ls.s.now.Load() + int64(uc.idle)
 	buf, _ := c.Peek(n)
 	used, end, err := uc.decode(buf)
-	_, _ = c.Discard(used)
+	if used > 0 {
+		// Discard(0) drops all that is buffered: a size line or CRLF
+		// split across reads would go with it.
+		_, _ = c.Discard(used)
+	}
 	if err == nil {
 		err = uc.w.Flush()
 	}
