@@ -406,6 +406,20 @@ func TestExpectContinue(t *testing.T) {
 			resp, b = c.response(t)
 		}
 		expectError(t, resp, b, 413)
+
+		// A request with no body has nothing to wait for: it is served
+		// (the go-ahead may be omitted, RFC 9110 10.1.1), with or without
+		// a Content-Length.
+		for _, length := range []string{"Content-Length: 0\r\n", ""} {
+			c := dial(t, addr) // the 413 closed the other
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"+length+"\r\n")
+			resp, b := c.response(t)
+			if resp.StatusCode == 100 {
+				resp, b = c.response(t)
+			}
+			expect(t, resp, b, 200, "")
+		}
 	})
 }
 

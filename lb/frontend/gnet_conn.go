@@ -342,9 +342,10 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 		switch {
 		case cl > gc.s.o.MaxBodyBytes:
 			err = fasthttp.ErrBodyTooLarge
-		case req.MayContinue() && !gc.continued && len(buf) == head:
+		case req.MayContinue() && !gc.continued && len(buf) == head && (cl > 0 || cl == -1):
 			// The client waits for the go-ahead, which must follow the
-			// responses to the requests before it.
+			// responses to the requests before it; a request without a
+			// body has none to send, and no reparse would come for it.
 			gc.continued = true
 			gc.enqueue(queued{})
 			return nil, 0, errNeedMore
