@@ -390,10 +390,29 @@ func (s *GNet) closeIdle(now int64) {
 		if gc.partial.Load() {
 			limit = s.o.ReadTimeout
 		}
-		if now == 0 || now-gc.lastRead.Load() > int64(limit) {
+		switch {
+		case now == 0:
 			_ = gc.c.Close()
+		case now-gc.lastRead.Load() > int64(limit):
+			// Closed on its loop unless the client is still reading
+			// an answer.
+			_ = gc.c.EventLoop().Execute(context.Background(), gc.checkIdle)
 		}
 	}
+}
+
+// checkIdleOnLoop closes an idle connection, unless the answer it sent is
+// still going out and the client took some of it since the last look: a
+// slow reader is idle only once it takes nothing for IdleTimeout.
+func (gc *gconn) checkIdleOnLoop(context.Context) error {
+	if gc.closed {
+		return nil
+	}
+	if n := int64(gc.c.OutboundBuffered()); n > 0 && n != gc.pending.Swap(n) {
+		gc.lastRead.Store(gc.s.now.Load())
+		return nil
+	}
+	return gc.c.Close()
 }
 
 // OnOpen gives the connection its state; during Shutdown, or over its
@@ -483,9 +502,13 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 			return act
 		}
 	}
-	if gc.stalled && c.OutboundBuffered() <= gc.stallLimit {
-		gc.stalled = false
-		gc.wrote <- nil
+	if gc.stalled {
+		if n := c.OutboundBuffered(); n <= gc.stallLimit {
+			gc.stalled = false
+			gc.wrote <- nil
+		} else {
+			gc.pending.Store(int64(n))
+		}
 	}
 	if gc.tls == nil || gc.stopped {
 		return gc.read()

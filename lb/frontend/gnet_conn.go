@@ -92,8 +92,13 @@ type gconn struct {
 	// the end of the last answer: a connection's idle time runs from both.
 	lastRead atomic.Int64
 	partial  atomic.Bool // a request is due: part of one is buffered, or none came yet
-	busy     atomic.Bool // a worker runs; changed under mu
-	held     atomic.Bool // a request is served on the loop
+	// pending is the outbound bytes the loop last saw waiting for the
+	// client: a writer waiting on them (wait) and the idle sweep
+	// (checkIdle) take a change for progress.
+	pending   atomic.Int64
+	checkIdle gnet.Runnable // checkIdleOnLoop, bound once
+	busy      atomic.Bool   // a worker runs; changed under mu
+	held      atomic.Bool   // a request is served on the loop
 	// lingerSince is when the connection began to linger, 0 if it does
 	// not (linger.go); set on the loop.
 	lingerSince atomic.Int64
@@ -143,6 +148,7 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 	gc.partial.Store(true)
 	// Bound once: a method value made per write would allocate.
 	gc.written = func(c gnet.Conn, err error) error { return gc.settle(c, err, maxOutbound) }
+	gc.checkIdle = gnet.RunnableFunc(gc.checkIdleOnLoop)
 	gc.drained = func(c gnet.Conn, err error) error { return gc.settle(c, err, 0) }
 	gc.chunks.gc = gc
 	gc.loop.gc = gc
@@ -627,7 +633,8 @@ func (gc *gconn) flush(last bool) error {
 
 func (gc *gconn) wait() error {
 	poll := time.Millisecond
-	var waited time.Duration
+	var waited time.Duration // without progress
+	last := gc.pending.Load()
 	for {
 		if gc.timer == nil {
 			gc.timer = time.NewTimer(poll)
@@ -639,6 +646,11 @@ func (gc *gconn) wait() error {
 			gc.timer.Stop()
 			return err
 		case <-gc.timer.C:
+			if p := gc.pending.Load(); p != last {
+				// The client took some of what waits: a slow reader,
+				// not a stalled one.
+				last, waited = p, 0
+			}
 			if waited += poll; waited > gc.s.o.IdleTimeout {
 				return errWriteStalled
 			}
