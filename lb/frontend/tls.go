@@ -154,27 +154,36 @@ func (t *TLS) Config(protos []string, stop <-chan struct{}) *tls.Config {
 	if every <= 0 {
 		every = DefaultTicketRotation
 	}
-	go rotateTickets(cfg, every, stop)
+	// The first key is in place before any handshake: one made before
+	// would get a ticket under crypto/tls's own key, which the first
+	// SetSessionTicketKeys drops.
+	go rotateTickets(cfg, nextTicketKey(cfg, nil), every, stop)
 	return cfg
 }
 
-// rotateTickets puts a new session-ticket key first every period and
-// drops the oldest past ticketKeys.
-func rotateTickets(cfg *tls.Config, every time.Duration, stop <-chan struct{}) {
-	var keys [][32]byte
+// rotateTickets puts a new session-ticket key first every period until
+// stop is closed.
+func rotateTickets(cfg *tls.Config, keys [][32]byte, every time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		var k [32]byte
-		_, _ = rand.Read(k[:])
-		keys = append([][32]byte{k}, keys[:min(len(keys), ticketKeys-1)]...)
-		cfg.SetSessionTicketKeys(keys)
 		select {
 		case <-t.C:
+			keys = nextTicketKey(cfg, keys)
 		case <-stop:
 			return
 		}
 	}
+}
+
+// nextTicketKey puts a new session-ticket key before keys, drops the
+// oldest past ticketKeys, and sets them on cfg.
+func nextTicketKey(cfg *tls.Config, keys [][32]byte) [][32]byte {
+	var k [32]byte
+	_, _ = rand.Read(k[:])
+	keys = append([][32]byte{k}, keys[:min(len(keys), ticketKeys-1)]...)
+	cfg.SetSessionTicketKeys(keys)
+	return keys
 }
 
 // ALPN protocol names.
