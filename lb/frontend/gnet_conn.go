@@ -93,8 +93,8 @@ type gconn struct {
 	lastRead atomic.Int64
 	partial  atomic.Bool // a request is due: part of one is buffered, or none came yet
 	// pending is the outbound bytes the loop last saw waiting for the
-	// client: a writer waiting on them (wait) and the idle sweep
-	// (checkIdle) take a change for progress.
+	// client, after a write or a look: a writer waiting on them (wait)
+	// and the idle sweep (checkIdle) take a change for progress.
 	pending   atomic.Int64
 	checkIdle gnet.Runnable // checkIdleOnLoop, bound once
 	busy      atomic.Bool   // a worker runs; changed under mu
@@ -667,10 +667,12 @@ func (gc *gconn) settle(c gnet.Conn, err error, limit int) error {
 	if err == nil && gc.closed {
 		err = net.ErrClosed
 	}
-	if err == nil && c.OutboundBuffered() > limit {
+	n := c.OutboundBuffered()
+	if err == nil && n > limit {
 		gc.stalled, gc.stallLimit = true, limit
 		return nil
 	}
+	gc.pending.Store(int64(n)) // the idle sweep's baseline
 	gc.wrote <- err
 	return nil
 }

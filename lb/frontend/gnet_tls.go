@@ -461,10 +461,13 @@ func (gc *gconn) consume(n int) {
 
 // writev writes iov; on the loop.
 func (gc *gconn) writev(iov [][]byte) error {
+	var err error
 	if gc.tls != nil {
-		return gc.tls.write(iov, nil)
+		err = gc.tls.write(iov, nil)
+	} else {
+		_, err = gc.c.Writev(iov)
 	}
-	_, err := gc.c.Writev(iov)
+	gc.pending.Store(int64(gc.c.OutboundBuffered())) // the idle sweep's baseline
 	return err
 }
 

@@ -132,3 +132,48 @@ func TestParseAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// idleConn is a gnet.Conn whose outbound buffer holds out bytes.
+type idleConn struct {
+	gnet.Conn
+	out    int
+	closed bool
+}
+
+func (c *idleConn) OutboundBuffered() int { return c.out }
+func (c *idleConn) Close() error          { c.closed = true; return nil }
+func (c *idleConn) LocalAddr() net.Addr   { return &net.TCPAddr{} }
+func (c *idleConn) RemoteAddr() net.Addr  { return &net.TCPAddr{} }
+func (c *idleConn) Writev(bs [][]byte) (int, error) {
+	n := 0
+	for _, b := range bs {
+		n += len(b)
+	}
+	c.out += n
+	return n, nil
+}
+
+// TestIdleFromTheLastWrite: the idle sweep closes a connection whose
+// client took nothing of its answer since the answer was written (by the
+// loop, or by a worker whose last write was taken), and keeps one whose
+// client took some.
+func TestIdleFromTheLastWrite(t *testing.T) {
+	for _, by := range []string{"loop", "worker"} {
+		for _, took := range []int{0, 100} {
+			c := &idleConn{}
+			gc := newGConn(&GNet{}, c)
+			if by == "loop" {
+				_ = gc.writev([][]byte{make([]byte, 1000)})
+			} else {
+				c.out = 1000
+				_ = gc.settle(c, nil, maxOutbound)
+				<-gc.wrote
+			}
+			c.out -= took
+			_ = gc.checkIdleOnLoop(context.Background())
+			if c.closed != (took == 0) {
+				t.Errorf("written by the %s, %d bytes taken since: closed %v", by, took, c.closed)
+			}
+		}
+	}
+}
