@@ -553,16 +553,18 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 		}
 		return 0, errNeedMore
 	}
-	if err != nil && !headed && !headTooLarge(err) {
+	if err != nil && !headed && !HeadTooLarge(err) {
 		err = errPodHead
 	}
 	return p.consumed(buf), err
 }
 
-// headTooLarge reports whether err is fasthttp's for a head over its
-// buffer. A function of its own: the target errors.As fills escapes, and
-// declared in parse it was an allocation at every answer.
-func headTooLarge(err error) bool {
+// HeadTooLarge reports whether err is fasthttp's for a head (a request's
+// or a pod's answer's) over its buffer; fasthttp's error types do not
+// unwrap, hence As on the concrete type. A function of its own: the
+// target errors.As fills escapes, and declared in parse it was an
+// allocation at every answer.
+func HeadTooLarge(err error) bool {
 	var small *fasthttp.ErrSmallBuffer
 	return errors.As(err, &small)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/fail"
+	"pdlb/lb/frontend"
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
@@ -59,7 +60,7 @@ func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		return openai.UpstreamError(fmt.Sprintf("its answer is over upstream.max_response_bytes (%d bytes)", g.cfg.Upstream.MaxResponseBytes))
 	}
-	if small := (*fasthttp.ErrSmallBuffer)(nil); errors.As(err, &small) {
+	if frontend.HeadTooLarge(err) {
 		// fasthttp's message quotes the head, which is the pod's business.
 		return openai.UpstreamError(fmt.Sprintf("its answer's header is over max_header_bytes (%d bytes)", g.cfg.MaxHeaderBytes))
 	}

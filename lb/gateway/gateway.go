@@ -470,9 +470,7 @@ func (g *Gateway) requestError(ctx *fasthttp.RequestCtx, err error) *openai.Erro
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		return openai.BodyTooLarge(g.cfg.MaxBodyBytes)
 	}
-	// fasthttp's error types do not unwrap, hence As on the concrete type.
-	var small *fasthttp.ErrSmallBuffer
-	if errors.As(err, &small) {
+	if frontend.HeadTooLarge(err) {
 		return &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
 			Message: "The request's headers exceed the limit of " + strconv.Itoa(g.cfg.MaxHeaderBytes) + " bytes."}
 	}
