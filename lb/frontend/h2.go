@@ -228,8 +228,9 @@ type h2Conn struct {
 	readArmed bool
 
 	// Owned by run.
-	recvWindow  int64 // the connection's receive window left
-	recvUnacked int64 // received bytes not yet given back in a WINDOW_UPDATE
+	block       *h2Block // the last header block read
+	recvWindow  int64    // the connection's receive window left
+	recvUnacked int64    // received bytes not yet given back in a WINDOW_UPDATE
 	handlers    sync.WaitGroup
 	running     atomic.Int32
 	tokens      float64 // rapid-reset bucket; see charge
@@ -245,8 +246,7 @@ func newH2Conn(s *h2Server, nc net.Conn) *h2Conn {
 	c.cond.L = &c.mu
 	c.fr = http2.NewFramer((*h2Out)(c), c.br)
 	c.fr.SetMaxReadFrameSize(s.maxFrame)
-	c.fr.MaxHeaderListSize = s.headerLimit
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.block = newH2Block(s.headerLimit)
 	c.fr.SetReuseFrames()
 	c.enc = hpack.NewEncoder(&c.hbuf)
 	return c
@@ -290,9 +290,10 @@ func (c *h2Conn) run() {
 		}
 		if f, err = c.fr.ReadFrame(); err == nil {
 			err = c.handle(f)
-		} else if se, ok := err.(http2.StreamError); ok {
+		}
+		if se, ok := err.(http2.StreamError); ok {
 			err = c.onStreamError(se, typ)
-		} else if whole && errors.Is(err, io.ErrUnexpectedEOF) {
+		} else if f == nil && whole && errors.Is(err, io.ErrUnexpectedEOF) {
 			// A frame too short for its fields (a padded one of length
 			// 0), which the framer reports as a short read (RFC 9113 4.2).
 			err = http2.ConnectionError(http2.ErrCodeFrameSize)
@@ -371,8 +372,11 @@ func (c *h2Conn) start() error {
 // handle acts on one frame from the client; an error ends the connection.
 func (c *h2Conn) handle(f http2.Frame) error {
 	switch f := f.(type) {
-	case *http2.MetaHeadersFrame:
-		return c.onHeaders(f)
+	case *http2.HeadersFrame:
+		if err := c.block.read(c.fr, f); err != nil {
+			return err
+		}
+		return c.onHeaders(c.block)
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.SettingsFrame:
@@ -513,7 +517,7 @@ func (c *h2Conn) charge(n float64) error {
 const resetStrikes = 3
 
 // onHeaders opens a stream, or ends one with trailers.
-func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
+func (c *h2Conn) onHeaders(f *h2Block) error {
 	id := f.StreamID
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -525,7 +529,7 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		case st.recvEnded:
 			c.refuseLocked(id, http2.ErrCodeStreamClosed)
 			return nil
-		case !f.StreamEnded() || len(f.PseudoFields()) > 0 || selfDependent(f) || !st.bodyWhole(true):
+		case !f.StreamEnded() || len(f.PseudoFields()) > 0 || f.selfDependent() || !st.bodyWhole(true):
 			c.refuseLocked(id, http2.ErrCodeProtocol)
 			return nil
 		}
@@ -556,7 +560,7 @@ func (c *h2Conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 	}
 	method, path := f.PseudoValue("method"), f.PseudoValue("path")
-	if method == "" || f.PseudoValue("scheme") == "" || !(strings.HasPrefix(path, "/") || path == "*") || !h2Fields(f.RegularFields()) || selfDependent(f) {
+	if method == "" || f.PseudoValue("scheme") == "" || !(strings.HasPrefix(path, "/") || path == "*") || !h2Fields(f.RegularFields()) || f.selfDependent() {
 		// Malformed (RFC 9113 8.1.1): the stream is refused, the
 		// connection goes on.
 		c.refuseLocked(id, http2.ErrCodeProtocol)
@@ -642,12 +646,6 @@ func (c *h2Conn) onReadTimeout() {
 	if c.readArmed = !next.IsZero(); c.readArmed {
 		c.reading.Reset(next.Sub(now))
 	}
-}
-
-// selfDependent reports whether f makes its stream depend on itself, a
-// stream error (RFC 9113 5.3.1).
-func selfDependent(f *http2.MetaHeadersFrame) bool {
-	return f.HasPriority() && f.Priority.StreamDep == f.StreamID
 }
 
 // h2Fields reports whether a request's fields are free of the
