@@ -14,6 +14,7 @@ import (
 
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/lb/limits"
 )
 
 // podFlags collects repeated --pod flags.
@@ -192,6 +193,7 @@ func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, starte
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sig)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	defer limits.HeapFloor(limits.HeapHeadroom)()
 	srv, err := lb.Start(cfg, log)
 	if err != nil {
 		return err

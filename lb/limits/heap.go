@@ -1,0 +1,79 @@
+package limits
+
+import (
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync/atomic"
+)
+
+// HeapHeadroom is the least the heap grows between two collections under
+// HeapFloor, in bytes.
+const HeapHeadroom = 64 << 20
+
+// HeapFloor keeps the collector from running before the heap has grown by
+// headroom bytes since the last collection, or by GOGC's 100% of the live
+// heap when that is more. A gateway's live heap is a few MiB, so with
+// GOGC alone it collects after every few MiB allocated, which a load of
+// TLS handshakes or HTTP/2 streams allocates many times a second. After
+// each collection it sets the GC percent to max(100, headroom/live), so a
+// live heap over headroom collects as with the default; GOMEMLIMIT still
+// caps the heap.
+//
+// An operator's GOGC, set in the environment, is left alone: HeapFloor
+// then does nothing. stop ends the tuning, leaving the GC percent as it
+// was last set.
+func HeapFloor(headroom uint64) (stop func()) {
+	if _, set := os.LookupEnv("GOGC"); set {
+		return func() {}
+	}
+	t := &heapTuner{headroom: headroom, percent: 100}
+	t.sample[0].Name = "/gc/heap/live:bytes"
+	t.adjust()
+	t.arm()
+	return func() { t.stopped.Store(true) }
+}
+
+type heapTuner struct {
+	headroom uint64
+	percent  int // the GC percent last set
+	sample   [1]metrics.Sample
+	stopped  atomic.Bool
+}
+
+// heapSentinel is garbage from the moment it is made: its finalizer runs
+// after the next collection. It holds a pointer, so it is not batched
+// with other small objects (which could keep it from being finalized).
+type heapSentinel struct{ t *heapTuner }
+
+// arm has the tuner called after the next collection. The finalizers run
+// on one goroutine, one at a time: adjust needs no lock.
+func (t *heapTuner) arm() {
+	runtime.SetFinalizer(&heapSentinel{t: t}, func(s *heapSentinel) {
+		if !s.t.stopped.Load() {
+			s.t.adjust()
+			s.t.arm()
+		}
+	})
+}
+
+// adjust sets the GC percent from the live heap the last collection left;
+// a change under an eighth is not worth the call.
+func (t *heapTuner) adjust() {
+	metrics.Read(t.sample[:])
+	p := heapPercent(t.headroom, t.sample[0].Value.Uint64())
+	if d := p - t.percent; d > t.percent/8 || -d > t.percent/8 {
+		debug.SetGCPercent(p)
+		t.percent = p
+	}
+}
+
+// heapPercent is the GC percent that lets a heap of live bytes grow by
+// headroom before the next collection, and never less than the default.
+// Before the first collection live is 0; the runtime's own least heap
+// goal (4 MiB) stands in for it.
+func heapPercent(headroom, live uint64) int {
+	live = max(live, 4<<20)
+	return int(max(100, headroom*100/live))
+}
