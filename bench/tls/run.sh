@@ -18,10 +18,12 @@
 # progress goes to stderr.
 #
 # Knobs (environment): CONNS (64), THREADS (2), DURATION (5s per sample),
-# H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (40000), SSE_STREAMS
-# (2000), SSE_EVENTS (50), ROUNDS (3), BASE (a git revision: pdlb built from
-# it runs beside this tree's, both front ends), ROWS (the rows to run, of
-# "ka hs h2 sse").
+# H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (150000), SSE_STREAMS
+# (16000), SSE_EVENTS (50), ROUNDS (3), BASE (a git revision: pdlb built
+# from it runs beside this tree's, both front ends), ROWS (the rows to run,
+# of "ka hs h2 sse"). The h2 counts make samples of a few seconds, as the
+# wrk rows' DURATION: one-second samples move by a tenth from one round to
+# the next on a shared machine.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,8 +33,8 @@ THREADS=${THREADS:-2}
 DURATION=${DURATION:-5s}
 H2_CLIENTS=${H2_CLIENTS:-16}
 H2_STREAMS=${H2_STREAMS:-10}
-H2_REQUESTS=${H2_REQUESTS:-40000}
-SSE_STREAMS=${SSE_STREAMS:-2000}
+H2_REQUESTS=${H2_REQUESTS:-150000}
+SSE_STREAMS=${SSE_STREAMS:-16000}
 SSE_EVENTS=${SSE_EVENTS:-50}
 ROUNDS=${ROUNDS:-3}
 BASE=${BASE:-}
