@@ -74,6 +74,46 @@ type podSocket struct {
 	peekFn func(fd uintptr)
 	peekE  syscall.Errno
 	peekB  [1]byte
+	// readBy and writeBy are the deadlines last set on the socket, in
+	// Unix nanoseconds (0: none). Atomic: a PD call tightens the read
+	// deadline of a decode answer its relay is reading.
+	readBy, writeBy atomic.Int64
+}
+
+// setDeadline sets a deadline of s, *by being the one last set, to t, or
+// leaves it where it is when that is no earlier than t and no later by
+// more than a 64th of the time to t. fasthttp's client moves both
+// deadlines at every request, each move a change to a timer in the
+// runtime's poller; set, a deadline is placed that 64th late, so the
+// requests that follow mostly fit under it. A timeout fires at most that
+// late.
+func setDeadline(by *atomic.Int64, t time.Time, set func(time.Time) error) error {
+	var at int64
+	if t.IsZero() {
+		if by.Load() == 0 {
+			return nil
+		}
+	} else {
+		slack := max(time.Until(t)/64, 0)
+		if cur := by.Load(); cur != 0 && cur >= t.UnixNano() && cur <= t.Add(slack).UnixNano() {
+			return nil
+		}
+		t = t.Add(slack)
+		at = t.UnixNano()
+	}
+	if err := set(t); err != nil {
+		return err
+	}
+	by.Store(at)
+	return nil
+}
+
+func (s *podSocket) setReadDeadline(t time.Time) error {
+	return setDeadline(&s.readBy, t, s.Conn.SetReadDeadline)
+}
+
+func (s *podSocket) setWriteDeadline(t time.Time) error {
+	return setDeadline(&s.writeBy, t, s.Conn.SetWriteDeadline)
 }
 
 // dialSocket dials a pod through fds.
@@ -154,7 +194,7 @@ func (c *Conn) redial(old *podSocket) (*podSocket, error) {
 		return nil, fmt.Errorf("the pod closed a kept connection, and dialing it again failed: %w", err)
 	}
 	if !c.writeDeadline.IsZero() {
-		_ = s.SetWriteDeadline(c.writeDeadline)
+		_ = s.setWriteDeadline(c.writeDeadline)
 	}
 	c.cur.Store(s)
 	// A Close while this dialed closed old; it must close s too.
@@ -172,18 +212,21 @@ func (c *Conn) Close() error {
 	return c.cur.Load().Close()
 }
 
+// Deadlines are set by the goroutine that has the connection, and may
+// fire a 64th of their distance late (setDeadline).
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.writeDeadline = t
-	return c.cur.Load().SetDeadline(t)
+	s := c.cur.Load()
+	return errors.Join(s.setReadDeadline(t), s.setWriteDeadline(t))
 }
 
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	return c.cur.Load().SetReadDeadline(t)
+	return c.cur.Load().setReadDeadline(t)
 }
 
 func (c *Conn) SetWriteDeadline(t time.Time) error {
 	c.writeDeadline = t
-	return c.cur.Load().SetWriteDeadline(t)
+	return c.cur.Load().setWriteDeadline(t)
 }
 
 // Dialer dials pods through fds (nil: no guard) and wraps the

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,5 +180,34 @@ func TestReadBodyWholeAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, read); n > 1 {
 		t.Fatalf("%v allocations per body, want at most 1", n)
+	}
+}
+
+// TestDeadlineSlack: a deadline is set a 64th of its distance late, the
+// ones that follow within that are not set again, and an earlier one or
+// none is.
+func TestDeadlineSlack(t *testing.T) {
+	var by atomic.Int64
+	var sets []time.Time
+	set := func(d time.Time) error { sets = append(sets, d); return nil }
+	at := time.Now().Add(64 * time.Second)
+	if err := setDeadline(&by, at, set); err != nil || len(sets) != 1 {
+		t.Fatalf("first deadline: %v, %d sets", err, len(sets))
+	}
+	if late := sets[0].Sub(at); late < 900*time.Millisecond || late > time.Second {
+		t.Fatalf("set %v late, want about a 64th of 64 s", late)
+	}
+	for _, d := range []time.Duration{time.Millisecond, 500 * time.Millisecond} {
+		if _ = setDeadline(&by, at.Add(d), set); len(sets) != 1 {
+			t.Fatalf("a deadline %v later was set again", d)
+		}
+	}
+	for i, d := range []time.Time{at.Add(-time.Second), at.Add(2 * time.Second), {}} {
+		if _ = setDeadline(&by, d, set); len(sets) != i+2 || !sets[i+1].IsZero() != !d.IsZero() {
+			t.Fatalf("deadline %v not set: %v", d, sets)
+		}
+	}
+	if _ = setDeadline(&by, time.Time{}, set); len(sets) != 4 {
+		t.Fatalf("no deadline, twice: set again")
 	}
 }
