@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/internal/racebuild"
 	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 )
@@ -63,7 +64,7 @@ func relay(ctx *fasthttp.RequestCtx) {
 // allocates so (Wake and Execute: a closure and a node). The front end's
 // own code allocates nothing per event.
 func TestRelayAllocs(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("allocation counts are the race detector's under -race")
 	}
 	budget := map[string]float64{frontend.NameFastHTTP: 0, frontend.NameGNet: 3}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"pdlb/internal/racebuild"
 	"pdlb/internal/tokfiles"
 )
 
@@ -364,7 +365,7 @@ func b2i(b bool) int {
 // TestAppendAllocs: with warm caches and room in dst, encoding allocates
 // nothing.
 func TestAppendAllocs(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("allocation counts mean nothing under the race detector")
 	}
 	text, err := os.ReadFile(filepath.Join("testdata", "bench.txt"))

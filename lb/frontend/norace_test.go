@@ -1,5 +1,0 @@
-//go:build !race
-
-package frontend_test
-
-const raceEnabled = false
