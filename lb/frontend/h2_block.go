@@ -27,7 +27,8 @@ type h2Block struct {
 
 	dec        *hpack.Decoder
 	limit      uint32 // SETTINGS_MAX_HEADER_LIST_SIZE, in RFC 9113 6.5.2's bytes
-	remain     uint32 // what is left of limit for this block
+	remain     uint32 // what is left of limit for this block's fields
+	trailers   uint32 // and for its "trailer" fields, a budget of their own
 	sawRegular bool
 	invalid    error // why the block is malformed; nil when it is not
 }
@@ -56,19 +57,16 @@ var (
 func (b *h2Block) read(fr *http2.Framer, hf *http2.HeadersFrame) error {
 	b.FrameHeader, b.Priority = hf.FrameHeader, hf.Priority
 	b.Fields, b.Truncated = b.Fields[:0], false
-	b.remain, b.sawRegular, b.invalid = b.limit, false, nil
+	b.remain, b.trailers, b.sawRegular, b.invalid = b.limit, b.limit, false, nil
 	b.dec.SetEmitEnabled(true)
 	frag, ended := hf.HeaderBlockFragment(), hf.HeadersEnded()
 	for {
-		// A fragment over twice the limit and what is left of it, or
-		// any after the limit was passed or a field found malformed
-		// (which stopped the counting), ends the connection rather than
-		// costing the decoding (CONTINUATION floods).
-		budget := 2 * (int64(b.remain) + int64(b.limit))
-		if b.Truncated {
-			budget = 0
-		}
-		if int64(len(frag)) > budget || b.invalid != nil {
+		// A fragment over twice what is left of both budgets, or any
+		// after the limit was passed (which empties them) or a field
+		// found malformed (which stopped the counting), ends the
+		// connection rather than costing the decoding (CONTINUATION
+		// floods).
+		if int64(len(frag)) > 2*(int64(b.remain)+int64(b.trailers)) || b.invalid != nil {
 			return http2.ConnectionError(http2.ErrCodeProtocol)
 		}
 		if _, err := b.dec.Write(frag); err != nil {
@@ -117,12 +115,21 @@ func (b *h2Block) emit(hf hpack.HeaderField) {
 		b.dec.SetEmitEnabled(false)
 		return
 	}
-	if size := hf.Size(); size > b.remain {
+	remain, size := &b.remain, hf.Size()
+	if hf.Name == "trailer" {
+		// Each name it announces becomes a header a request may carry
+		// at its end, so each costs a field's 32 bytes of overhead (as
+		// x/net's framer counts it): a few KB of short names would
+		// otherwise make a trailer set of thousands.
+		n := uint32(strings.Count(hf.Value, ",") + 1)
+		remain, size = &b.trailers, uint32(len(hf.Value))-n+1+32*n
+	}
+	if size > *remain {
 		b.dec.SetEmitEnabled(false)
-		b.Truncated, b.remain = true, 0
+		b.Truncated, b.remain, b.trailers = true, 0, 0
 		return
 	}
-	b.remain -= hf.Size()
+	*remain -= size
 	b.Fields = append(b.Fields, hf)
 }
 

@@ -3,6 +3,8 @@ package frontend
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -103,6 +105,137 @@ func TestH2BlockMalformed(t *testing.T) {
 		f, _ := fr.ReadFrame()
 		if err := b.read(fr, f.(*http2.HeadersFrame)); err != nil || !b.Truncated || len(b.Fields) != 4 {
 			t.Fatalf("got %v, truncated %v, %d fields; want a truncated block of the 4 pseudo-headers", err, b.Truncated, len(b.Fields))
+		}
+	})
+}
+
+// blockOutcome is what decoding one header block came to: its error's
+// kind, or its fields and whether they were cut short.
+type blockOutcome struct {
+	err       string
+	fields    string
+	truncated bool
+}
+
+func outcomeOf(err error) blockOutcome {
+	var se http2.StreamError
+	var ce http2.ConnectionError
+	switch {
+	case errors.As(err, &se):
+		return blockOutcome{err: fmt.Sprintf("stream %d %v", se.StreamID, se.Code)}
+	case errors.As(err, &ce):
+		return blockOutcome{err: fmt.Sprintf("connection %v", http2.ErrCode(ce))}
+	}
+	return blockOutcome{err: err.Error()}
+}
+
+// decodeXNet decodes the header blocks of in as x/net's framer does with
+// ReadMetaHeaders, up to the first connection error or the end of in.
+func decodeXNet(in []byte, limit uint32) []blockOutcome {
+	fr := http2.NewFramer(nil, bytes.NewReader(in))
+	fr.MaxHeaderListSize = limit
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	var out []blockOutcome
+	for {
+		f, err := fr.ReadFrame()
+		switch {
+		case err == nil:
+			if mh, ok := f.(*http2.MetaHeadersFrame); ok {
+				out = append(out, blockOutcome{fields: fmt.Sprint(mh.Fields), truncated: mh.Truncated})
+			}
+			continue
+		case errors.Is(err, io.EOF):
+			return out
+		}
+		if out = append(out, outcomeOf(err)); !errors.As(err, new(http2.StreamError)) {
+			return out
+		}
+	}
+}
+
+// decodeBlocks decodes them with h2Block, as a connection does.
+func decodeBlocks(in []byte, limit uint32) []blockOutcome {
+	fr := http2.NewFramer(nil, bytes.NewReader(in))
+	b := newH2Block(limit)
+	var out []blockOutcome
+	for {
+		f, err := fr.ReadFrame()
+		if hf, ok := f.(*http2.HeadersFrame); ok && err == nil {
+			if err = b.read(fr, hf); err == nil {
+				out = append(out, blockOutcome{fields: fmt.Sprint(b.Fields), truncated: b.Truncated})
+				continue
+			}
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, io.EOF):
+			return out
+		}
+		if out = append(out, outcomeOf(err)); !errors.As(err, new(http2.StreamError)) {
+			return out
+		}
+	}
+}
+
+// trailerNames is a "trailer" field value of short names, about size
+// bytes long.
+func trailerNames(size int) string {
+	var b strings.Builder
+	for i := 0; b.Len() < size; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%c%c%d", 'a'+i/26%26, 'a'+i%26, i/676)
+	}
+	return b.String()
+}
+
+// TestH2BlockTrailerBudget: a "trailer" field is counted against a budget
+// of its own, each name it announces as a field of its own, as x/net's
+// framer counts it: a short one beside fields near the limit passes, and
+// a few KB of short names are over a 4 KB limit.
+func TestH2BlockTrailerBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		limit     uint32
+		fields    []hpack.HeaderField
+		truncated bool
+	}{
+		{"beside fields near the limit", 400, []hpack.HeaderField{{Name: "x-pad", Value: strings.Repeat("p", 150)}, {Name: "trailer", Value: "x-checksum"}}, false},
+		{"thousands of short names", DefaultMaxHeaderBytes, []hpack.HeaderField{{Name: "trailer", Value: trailerNames(3800)}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := blockFrames(t, append(chatFields[:4:4], tc.fields...))
+			got, want := decodeBlocks(in, tc.limit), decodeXNet(in, tc.limit)
+			if len(got) != 1 || got[0].truncated != tc.truncated || fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("got %v, want truncated %v, as x/net: %v", got, tc.truncated, want)
+			}
+		})
+	}
+}
+
+// FuzzH2BlockDiff: any frames, at any header list limit, decode block by
+// block to what x/net's framer makes of them: the same fields, cut short
+// alike, or the same error of the same kind.
+func FuzzH2BlockDiff(f *testing.F) {
+	var hb, out bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, hf := range append(chatFields, hpack.HeaderField{Name: "trailer", Value: "a, b, c"}) {
+		_ = enc.WriteField(hf)
+	}
+	frag := hb.Bytes()
+	fr := http2.NewFramer(&out, nil)
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: frag[:5], EndStream: true})
+	_ = fr.WriteContinuation(1, true, frag[5:])
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: frag, EndHeaders: true})
+	for _, limit := range []uint16{100, 300, 8000} {
+		f.Add(out.Bytes(), limit)
+	}
+	f.Fuzz(func(t *testing.T, in []byte, limit16 uint16) {
+		limit := max(uint32(limit16), 1)
+		if got, want := decodeBlocks(in, limit), decodeXNet(in, limit); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("limit %d:\nh2Block %v\nx/net   %v", limit, got, want)
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -526,36 +527,46 @@ func TestHTTP2FlowControl(t *testing.T) {
 	})
 }
 
-// TestHTTP2Limits: a header list over MaxHeaderBytes gets 431, and a
-// frame over MaxFrameBytes ends the connection with FRAME_SIZE_ERROR.
+// TestHTTP2Limits: a header list over MaxHeaderBytes gets 431 (a
+// "trailer" field's names each counted as a field, as x/net's framer
+// counts them), and a frame over MaxFrameBytes ends the connection with
+// FRAME_SIZE_ERROR.
 func TestHTTP2Limits(t *testing.T) {
+	var big []hpack.HeaderField
+	for i := range 8 {
+		big = append(big, hpack.HeaderField{Name: "x-big-" + string(rune('a'+i)), Value: strings.Repeat("b", 1000)})
+	}
+	var names []string
+	for i := 0; len(names)*5 < 3800; i++ {
+		names = append(names, fmt.Sprintf("x%03d", i))
+	}
+	trailer := []hpack.HeaderField{{Name: "trailer", Value: strings.Join(names, ",")}}
 	forEachH2(t, frontend.Options{MaxHeaderBytes: 4096}, func(t *testing.T, addr string, s *tlsSetup, _ *app) {
-		fr := rawH2(t, addr, s)
-		var block bytes.Buffer
-		enc := hpack.NewEncoder(&block)
-		for _, f := range []hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: "/echo"}, {Name: ":authority", Value: "x"}} {
-			_ = enc.WriteField(f)
-		}
-		for i := range 8 {
-			_ = enc.WriteField(hpack.HeaderField{Name: "x-big-" + string(rune('a'+i)), Value: strings.Repeat("b", 1000)})
-		}
-		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true})
-		dec := hpack.NewDecoder(4096, nil)
-		for status := ""; status == ""; {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				t.Fatalf("no answer to oversized headers: %v", err)
+		for _, fields := range [][]hpack.HeaderField{big, trailer} {
+			fr := rawH2(t, addr, s)
+			var block bytes.Buffer
+			enc := hpack.NewEncoder(&block)
+			for _, f := range append([]hpack.HeaderField{{Name: ":method", Value: "GET"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: "/echo"}, {Name: ":authority", Value: "x"}}, fields...) {
+				_ = enc.WriteField(f)
 			}
-			if h, ok := f.(*http2.HeadersFrame); ok && h.StreamID == 1 {
-				fields, _ := dec.DecodeFull(h.HeaderBlockFragment())
-				status = fields[0].Value
-				if status != "431" {
-					t.Fatalf("oversized headers: %s, want 431", status)
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true})
+			dec := hpack.NewDecoder(4096, nil)
+			for status := ""; status == ""; {
+				f, err := fr.ReadFrame()
+				if err != nil {
+					t.Fatalf("no answer to oversized headers: %v", err)
+				}
+				if h, ok := f.(*http2.HeadersFrame); ok && h.StreamID == 1 {
+					fields, _ := dec.DecodeFull(h.HeaderBlockFragment())
+					status = fields[0].Value
+					if status != "431" {
+						t.Fatalf("oversized headers (a %d-byte block): %s, want 431", block.Len(), status)
+					}
 				}
 			}
 		}
 
-		fr = rawH2(t, addr, s)
+		fr := rawH2(t, addr, s)
 		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x83, 0x86, 0x84, 0x41, 0x01, 'x'}, EndHeaders: true})
 		_ = fr.WriteData(1, false, make([]byte, 64<<10))
 		for {
