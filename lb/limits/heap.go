@@ -17,9 +17,9 @@ const HeapHeadroom = 64 << 20
 // heap when that is more. A gateway's live heap is a few MiB, so with
 // GOGC alone it collects after every few MiB allocated, which a load of
 // TLS handshakes or HTTP/2 streams allocates many times a second. After
-// each collection it sets the GC percent to max(100, headroom/live), so a
-// live heap over headroom collects as with the default; GOMEMLIMIT still
-// caps the heap.
+// each collection it sets the GC percent to max(100, headroom/(live heap
+// + stacks + globals)), so a process whose sum is over headroom collects
+// as with the default; GOMEMLIMIT still caps the heap.
 //
 // An operator's GOGC, set in the environment, is left alone: HeapFloor
 // then does nothing. stop ends the tuning, leaving the GC percent as it
@@ -30,6 +30,8 @@ func HeapFloor(headroom uint64) (stop func()) {
 	}
 	t := &heapTuner{headroom: headroom, percent: 100}
 	t.sample[0].Name = "/gc/heap/live:bytes"
+	t.sample[1].Name = "/gc/scan/stack:bytes"
+	t.sample[2].Name = "/gc/scan/globals:bytes"
 	t.adjust()
 	t.arm()
 	return func() { t.stopped.Store(true) }
@@ -37,8 +39,8 @@ func HeapFloor(headroom uint64) (stop func()) {
 
 type heapTuner struct {
 	headroom uint64
-	percent  int // the GC percent last set
-	sample   [1]metrics.Sample
+	percent  int               // the GC percent last set
+	sample   [3]metrics.Sample // what the GC percent applies to
 	stopped  atomic.Bool
 }
 
@@ -58,22 +60,25 @@ func (t *heapTuner) arm() {
 	})
 }
 
-// adjust sets the GC percent from the live heap the last collection left;
-// a change under an eighth is not worth the call.
+// adjust sets the GC percent from the last collection's live heap,
+// stacks and globals, the sum the pacer applies the GC percent to (a
+// proxy with thousands of connections' goroutines may have more stack
+// than heap); a change under an eighth is not worth the call.
 func (t *heapTuner) adjust() {
 	metrics.Read(t.sample[:])
-	p := heapPercent(t.headroom, t.sample[0].Value.Uint64())
+	p := heapPercent(t.headroom, t.sample[0].Value.Uint64()+t.sample[1].Value.Uint64()+t.sample[2].Value.Uint64())
 	if d := p - t.percent; d > t.percent/8 || -d > t.percent/8 {
 		debug.SetGCPercent(p)
 		t.percent = p
 	}
 }
 
-// heapPercent is the GC percent that lets a heap of live bytes grow by
-// headroom before the next collection, and never less than the default.
-// Before the first collection live is 0; the runtime's own least heap
-// goal (4 MiB) stands in for it.
-func heapPercent(headroom, live uint64) int {
-	live = max(live, 4<<20)
-	return int(max(100, headroom*100/live))
+// heapPercent is the GC percent that lets the heap grow by headroom
+// before the next collection, scanned being the live heap, stacks and
+// globals it applies to; never less than the default. Before the first
+// collection scanned is 0; the runtime's own least heap goal (4 MiB)
+// stands in for it.
+func heapPercent(headroom, scanned uint64) int {
+	scanned = max(scanned, 4<<20)
+	return int(max(100, headroom*100/scanned))
 }
