@@ -5,7 +5,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"sync/atomic"
+	"sync"
 )
 
 // HeapHeadroom is the least the heap grows between two collections under
@@ -22,8 +22,7 @@ const HeapHeadroom = 64 << 20
 // as with the default; GOMEMLIMIT still caps the heap.
 //
 // An operator's GOGC, set in the environment, is left alone: HeapFloor
-// then does nothing. stop ends the tuning, leaving the GC percent as it
-// was last set.
+// then does nothing. stop ends the tuning and puts GOGC's default back.
 func HeapFloor(headroom uint64) (stop func()) {
 	if _, set := os.LookupEnv("GOGC"); set {
 		return func() {}
@@ -34,14 +33,24 @@ func HeapFloor(headroom uint64) (stop func()) {
 	t.sample[2].Name = "/gc/scan/globals:bytes"
 	t.adjust()
 	t.arm()
-	return func() { t.stopped.Store(true) }
+	return t.stop
 }
 
+// heapTuner's mu orders stop with the finalizer's adjust, which the
+// runtime runs on its finalizer goroutine, one at a time.
 type heapTuner struct {
 	headroom uint64
+	mu       sync.Mutex
+	stopped  bool
 	percent  int               // the GC percent last set
 	sample   [3]metrics.Sample // what the GC percent applies to
-	stopped  atomic.Bool
+}
+
+func (t *heapTuner) stop() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopped = true
+	debug.SetGCPercent(100)
 }
 
 // heapSentinel is garbage from the moment it is made: its finalizer runs
@@ -49,12 +58,10 @@ type heapTuner struct {
 // with other small objects (which could keep it from being finalized).
 type heapSentinel struct{ t *heapTuner }
 
-// arm has the tuner called after the next collection. The finalizers run
-// on one goroutine, one at a time: adjust needs no lock.
+// arm has the tuner called after the next collection.
 func (t *heapTuner) arm() {
 	runtime.SetFinalizer(&heapSentinel{t: t}, func(s *heapSentinel) {
-		if !s.t.stopped.Load() {
-			s.t.adjust()
+		if s.t.adjust() {
 			s.t.arm()
 		}
 	})
@@ -63,14 +70,21 @@ func (t *heapTuner) arm() {
 // adjust sets the GC percent from the last collection's live heap,
 // stacks and globals, the sum the pacer applies the GC percent to (a
 // proxy with thousands of connections' goroutines may have more stack
-// than heap); a change under an eighth is not worth the call.
-func (t *heapTuner) adjust() {
+// than heap); a change under an eighth is not worth the call. false:
+// the tuner was stopped.
+func (t *heapTuner) adjust() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return false
+	}
 	metrics.Read(t.sample[:])
 	p := heapPercent(t.headroom, t.sample[0].Value.Uint64()+t.sample[1].Value.Uint64()+t.sample[2].Value.Uint64())
 	if d := p - t.percent; d > t.percent/8 || -d > t.percent/8 {
 		debug.SetGCPercent(p)
 		t.percent = p
 	}
+	return true
 }
 
 // heapPercent is the GC percent that lets the heap grow by headroom

@@ -46,8 +46,8 @@ func scanned() uint64 {
 func near(got, want int) bool { return max(got-want, want-got) <= got/8 }
 
 // TestHeapFloor: after a collection the GC percent is the one that gives
-// the live heap its headroom; with GOGC in the environment it is left
-// alone.
+// the heap its headroom, until stop puts the default back; with GOGC in
+// the environment it is left alone.
 func TestHeapFloor(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	if _, set := os.LookupEnv("GOGC"); !set {
@@ -61,12 +61,16 @@ func TestHeapFloor(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		stop()
 		if got := gcPercent(); !near(got, want) || want <= 100 {
 			t.Fatalf("GC percent %d, want %d or within an eighth of it (over 100 for this test's small heap)", got, want)
 		}
+		stop()
+		runtime.GC()
+		runtime.GC()
+		if got := gcPercent(); got != 100 {
+			t.Fatalf("GC percent %d after stop, want the default back", got)
+		}
 	}
-	debug.SetGCPercent(100)
 	t.Setenv("GOGC", "100")
 	stop := HeapFloor(HeapHeadroom)
 	defer stop()
