@@ -177,7 +177,8 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 	t := &x.times
 	// The idle deadline moves at most every slack, to idle plus slack
 	// ahead: a read moving it costs a timer change in the poller, and
-	// tokens come every few ms. A stream is cut at most slack late.
+	// tokens come every few ms. With the pod connection's own slack
+	// (upstream.Conn), a stream is cut at most about two slacks late.
 	slack := idle / 64
 	var armed time.Time
 	for {

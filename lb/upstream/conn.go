@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -74,46 +75,73 @@ type podSocket struct {
 	peekFn func(fd uintptr)
 	peekE  syscall.Errno
 	peekB  [1]byte
-	// readBy and writeBy are the deadlines last set on the socket, in
-	// Unix nanoseconds (0: none). Atomic: a PD call tightens the read
-	// deadline of a decode answer its relay is reading.
-	readBy, writeBy atomic.Int64
+	// readBy and writeBy are the deadlines last set on the socket.
+	readBy, writeBy deadline
 }
 
-// setDeadline sets a deadline of s, *by being the one last set, to t, or
-// leaves it where it is when that is no earlier than t and no later by
-// more than a 64th of the time to t. fasthttp's client moves both
-// deadlines at every request, each move a change to a timer in the
-// runtime's poller; set, a deadline is placed that 64th late, so the
-// requests that follow mostly fit under it. A timeout fires at most that
-// late.
-func setDeadline(by *atomic.Int64, t time.Time, set func(time.Time) error) error {
-	var at int64
+// deadline is a socket deadline as last set: when it fires, in time
+// since epoch as the runtime counts it (the monotonic clock, so a step
+// of the wall clock moves nothing), and whether one is set. mu makes
+// setting and recording one step: a PD call tightens the read deadline
+// of a decode answer its relay is reading.
+type deadline struct {
+	mu    sync.Mutex
+	armed bool
+	at    time.Duration
+}
+
+// epoch is where deadline counts from.
+var epoch = time.Now()
+
+// set sets the deadline to t with set, or leaves it where it is when
+// that is no earlier than t and no later by more than a 64th of the time
+// to t. fasthttp's client moves both deadlines at every request, each
+// move a change to a timer in the runtime's poller; set, a deadline is
+// placed that 64th late, so the requests that follow mostly fit under
+// it. A timeout fires at most that late.
+func (d *deadline) set(t time.Time, set func(time.Time) error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var at time.Duration
 	if t.IsZero() {
-		if by.Load() == 0 {
+		if !d.armed {
 			return nil
 		}
 	} else {
-		slack := max(time.Until(t)/64, 0)
-		if cur := by.Load(); cur != 0 && cur >= t.UnixNano() && cur <= t.Add(slack).UnixNano() {
+		// As the runtime places it: now on its clock, plus t.Sub(now),
+		// which is monotonic when t has a monotonic reading and wall
+		// time when it does not (time.Unix).
+		now := time.Now()
+		until := t.Sub(now)
+		slack := max(until/64, 0)
+		at = addSat(now.Sub(epoch), until)
+		if d.armed && d.at >= at && d.at <= addSat(at, slack) {
 			return nil
 		}
-		t = t.Add(slack)
-		at = t.UnixNano()
+		t, at = t.Add(slack), addSat(at, slack)
 	}
 	if err := set(t); err != nil {
 		return err
 	}
-	by.Store(at)
+	d.armed, d.at = !t.IsZero(), at
 	return nil
 }
 
+// addSat is a+b, held at the largest duration rather than wrapping (a
+// deadline centuries away).
+func addSat(a, b time.Duration) time.Duration {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
 func (s *podSocket) setReadDeadline(t time.Time) error {
-	return setDeadline(&s.readBy, t, s.Conn.SetReadDeadline)
+	return s.readBy.set(t, s.Conn.SetReadDeadline)
 }
 
 func (s *podSocket) setWriteDeadline(t time.Time) error {
-	return setDeadline(&s.writeBy, t, s.Conn.SetWriteDeadline)
+	return s.writeBy.set(t, s.Conn.SetWriteDeadline)
 }
 
 // dialSocket dials a pod through fds.
@@ -213,7 +241,7 @@ func (c *Conn) Close() error {
 }
 
 // Deadlines are set by the goroutine that has the connection, and may
-// fire a 64th of their distance late (setDeadline).
+// fire a 64th of their distance late (deadline.set).
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.writeDeadline = t
 	s := c.cur.Load()

@@ -7,9 +7,10 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
@@ -192,27 +193,100 @@ func TestReadBodyWholeAllocs(t *testing.T) {
 // ones that follow within that are not set again, and an earlier one or
 // none is.
 func TestDeadlineSlack(t *testing.T) {
-	var by atomic.Int64
+	var d deadline
 	var sets []time.Time
-	set := func(d time.Time) error { sets = append(sets, d); return nil }
+	set := func(at time.Time) error { sets = append(sets, at); return nil }
 	at := time.Now().Add(64 * time.Second)
-	if err := setDeadline(&by, at, set); err != nil || len(sets) != 1 {
+	if err := d.set(at, set); err != nil || len(sets) != 1 {
 		t.Fatalf("first deadline: %v, %d sets", err, len(sets))
 	}
 	if late := sets[0].Sub(at); late < 900*time.Millisecond || late > time.Second {
 		t.Fatalf("set %v late, want about a 64th of 64 s", late)
 	}
-	for _, d := range []time.Duration{time.Millisecond, 500 * time.Millisecond} {
-		if _ = setDeadline(&by, at.Add(d), set); len(sets) != 1 {
-			t.Fatalf("a deadline %v later was set again", d)
+	for _, later := range []time.Duration{time.Millisecond, 500 * time.Millisecond} {
+		if _ = d.set(at.Add(later), set); len(sets) != 1 {
+			t.Fatalf("a deadline %v later was set again", later)
 		}
 	}
-	for i, d := range []time.Time{at.Add(-time.Second), at.Add(2 * time.Second), {}} {
-		if _ = setDeadline(&by, d, set); len(sets) != i+2 || !sets[i+1].IsZero() != !d.IsZero() {
-			t.Fatalf("deadline %v not set: %v", d, sets)
+	for i, next := range []time.Time{at.Add(-time.Second), at.Add(2 * time.Second), {}, time.Unix(0, 0), {}} {
+		if _ = d.set(next, set); len(sets) != i+2 || sets[i+1].IsZero() != next.IsZero() {
+			t.Fatalf("deadline %v not set: %v", next, sets)
 		}
 	}
-	if _ = setDeadline(&by, time.Time{}, set); len(sets) != 4 {
+	if _ = d.set(time.Time{}, set); len(sets) != 6 {
 		t.Fatalf("no deadline, twice: set again")
+	}
+}
+
+// TestDeadlineTightenedMeanwhile: a deadline tightened by another
+// goroutine while one is being set (a PD call's, under its relay's) is
+// what the socket and the record end with, together, so the relay's next
+// deadline is set.
+func TestDeadlineTightenedMeanwhile(t *testing.T) {
+	var d deadline
+	var mu sync.Mutex
+	var socket time.Time
+	set := func(at time.Time) error { mu.Lock(); socket = at; mu.Unlock(); return nil }
+	now := time.Now()
+	loose, tight := now.Add(20*time.Second), now.Add(2*time.Second)
+	inSet, release, tightened, loosened := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = d.set(loose, func(at time.Time) error { _ = set(at); close(inSet); <-release; return nil })
+		close(loosened)
+	}()
+	<-inSet
+	go func() { _ = d.set(tight, set); close(tightened) }()
+	select {
+	case <-tightened: // it got in between the setting and the recording
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-tightened
+	<-loosened
+	want := time.Now().Add(20 * time.Second)
+	_ = d.set(want, set)
+	mu.Lock()
+	defer mu.Unlock()
+	if socket.Before(want) {
+		t.Fatalf("asked for a deadline %v away; the socket's fires %v away", time.Until(want).Round(time.Millisecond), time.Until(socket).Round(time.Millisecond))
+	}
+}
+
+// stepWall is t as time.Now() reads after the system's wall clock was
+// stepped by secs (NTP's makestep, a VM resumed): its monotonic reading
+// as it was, its wall reading moved. It relies on time.Time's layout
+// (wall bits, ext, loc); ok is false when that is not what it finds.
+func stepWall(t time.Time, secs int64) (_ time.Time, ok bool) {
+	type layout struct {
+		wall uint64
+		ext  int64
+		loc  *time.Location
+	}
+	if unsafe.Sizeof(t) != unsafe.Sizeof(layout{}) {
+		return t, false
+	}
+	p := (*layout)(unsafe.Pointer(&t))
+	if p.wall&(1<<63) == 0 { // no monotonic reading
+		return t, false
+	}
+	p.wall += uint64(secs << 30) // seconds are bits 30 to 62
+	return t, true
+}
+
+// TestDeadlineWallStep: after the wall clock is stepped back a second, a
+// deadline 3 s away is set, not taken for the 2 s one already there: the
+// record counts on the runtime's clock, not the wall's.
+func TestDeadlineWallStep(t *testing.T) {
+	var d deadline
+	var sets []time.Time
+	set := func(at time.Time) error { sets = append(sets, at); return nil }
+	now := time.Now()
+	_ = d.set(now.Add(2*time.Second), set)
+	stepped, ok := stepWall(now.Add(3*time.Second), -1)
+	if !ok {
+		t.Skip("time.Time's layout is not the one this test steps")
+	}
+	if _ = d.set(stepped, set); len(sets) != 2 {
+		t.Fatalf("a deadline a second later than the one set, asked for after the wall clock stepped back a second, was not set")
 	}
 }
