@@ -175,22 +175,17 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 	stream := resp.BodyStream()
 	idle := g.cfg.Upstream.StreamIdleTimeout
 	t := &x.times
-	// The idle deadline moves at most every slack, to idle plus slack
-	// ahead: a read moving it costs a timer change in the poller, and
-	// tokens come every few ms. With the pod connection's own slack
-	// (upstream.Conn), a stream is cut at most about two slacks late.
-	slack := idle / 64
-	var armed time.Time
 	for {
 		if conn != nil {
-			switch now := time.Now(); {
-			case x.pd != nil:
-				// A PD decode leg's deadline is its own at every read.
-				_ = conn.SetReadDeadline(x.pd.ReadDeadline(now.Add(idle), t.started))
-			case now.Sub(armed) >= slack:
-				armed = now
-				_ = conn.SetReadDeadline(now.Add(idle + slack))
+			// Asked at every read, moved only now and then: the pod
+			// connection sets a deadline a 64th late and keeps it while
+			// later ones fit under it, so a stream is cut at most that
+			// late. A PD decode leg's deadline is its own.
+			deadline := time.Now().Add(idle)
+			if x.pd != nil {
+				deadline = x.pd.ReadDeadline(deadline, t.started)
 			}
+			_ = conn.SetReadDeadline(deadline)
 		}
 		n, err := g.readUpstream(stream, x.wait[:])
 		if n > 0 {
