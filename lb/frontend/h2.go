@@ -412,6 +412,11 @@ func (c *h2Conn) handle(f http2.Frame) error {
 func (c *h2Conn) control(write func() error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.controlLocked(write)
+}
+
+// controlLocked is control with mu held.
+func (c *h2Conn) controlLocked(write func() error) error {
 	if len(c.out) > h2MaxControl {
 		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 	}
@@ -452,10 +457,7 @@ func (c *h2Conn) onSettings(f *http2.SettingsFrame) error {
 	if err != nil {
 		return err
 	}
-	if len(c.out) > h2MaxControl {
-		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
-	}
-	return c.fr.WriteSettingsAck()
+	return c.controlLocked(c.fr.WriteSettingsAck)
 }
 
 func (c *h2Conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
@@ -690,11 +692,7 @@ func (c *h2Conn) onData(f *http2.DataFrame) error {
 		// A closed stream (RFC 9113 6.1): the reset costs no handler,
 		// so it is not charged, but a client that sends such frames
 		// faster than it reads the resets is a flood.
-		if len(c.out) > h2MaxControl {
-			return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
-		}
-		_ = c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeStreamClosed)
-		return nil
+		return c.controlLocked(func() error { return c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeStreamClosed) })
 	case st.recvEnded:
 		c.refuseLocked(f.StreamID, http2.ErrCodeStreamClosed)
 		return nil
