@@ -411,8 +411,19 @@ func (p *Publisher) Close() error {
 	p.mu.Unlock()
 	close(p.done)
 	<-p.flushed // the last batch is queued before the PUB socket closes
-	err := errors.Join(p.pub.Close(), p.router.Close())
+	err := errors.Join(socketClosed(p.pub.Close()), socketClosed(p.router.Close()))
 	<-p.replayDone
+	return err
+}
+
+// socketClosed is a zmq4 socket's Close error, but for net.ErrClosed: a
+// connection whose peer dropped it is closed when it fails and taken off
+// the socket later by a reaper goroutine, and a Close in between closes it
+// again and reports that (the first of its connections' errors).
+func socketClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
 	return err
 }
 
