@@ -33,7 +33,10 @@
 // block_size, lora_id, medium, lora_name, extra_keys, group_idx,
 // kv_cache_spec_kind, then newer optional fields; of BlockRemoved: block_hashes, medium, group_idx, ...;
 // AllBlocksCleared has none. Unknown map keys and extra trailing array
-// elements are skipped, so newer vLLM fields do not break decoding.
+// elements are skipped, so newer vLLM fields do not break decoding, and
+// events with an unknown tag are left out (Batch.Unknown). A block_size of 0 is
+// accepted: vLLM's OffloadingConnector stores its CPU blocks with no
+// tokens and block_size 0.
 //
 // SGLang (python/sglang/srt/disaggregation/kv_events.py) publishes the
 // same framing and structs up to medium. A salted BlockStored carries the
@@ -190,6 +193,11 @@ type Batch struct {
 	// (Python's time.time()).
 	TS     float64
 	Events []Event
+	// Unknown counts the events Decode left out of Events for a type it
+	// does not know: they are skipped, not failed, so that the known
+	// events beside them are not lost (vLLM's offloading connectors
+	// publish their own events in the same batches as the block pool's).
+	Unknown int
 	// DPRank is data_parallel_rank; HasDPRank is false for None (older
 	// vLLM has no such field).
 	DPRank    int64
@@ -674,7 +682,7 @@ func (d *decoder) batch() (Batch, error) {
 		if b.TS, err = d.float("ts"); err != nil {
 			return b, err
 		}
-		if b.Events, err = d.events(); err != nil {
+		if b.Events, b.Unknown, err = d.events(); err != nil {
 			return b, err
 		}
 		if n >= 3 {
@@ -704,7 +712,7 @@ func (d *decoder) batch() (Batch, error) {
 			b.TS, err = d.float("ts")
 			sawTS = true
 		case "events":
-			b.Events, err = d.events()
+			b.Events, b.Unknown, err = d.events()
 			sawEvents = true
 		case "data_parallel_rank":
 			b.DPRank, b.HasDPRank, err = d.optInt("data_parallel_rank")
@@ -729,27 +737,35 @@ func (d *decoder) optInt(what string) (int64, bool, error) {
 	return v, err == nil, err
 }
 
-func (d *decoder) events() ([]Event, error) {
+// events decodes a batch's events, leaving out those of an unknown type,
+// which it counts.
+func (d *decoder) events() (out []Event, unknown int, err error) {
 	n, err := d.arrayLen("events")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	out := make([]Event, n)
-	for i := range out {
+	out = make([]Event, n)
+	j := 0
+	for range n {
 		c, err := d.peek()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if isArray(c) {
-			err = d.arrayEvent(&out[i])
+			err = d.arrayEvent(&out[j])
 		} else {
-			err = d.mapEvent(&out[i])
+			err = d.mapEvent(&out[j])
 		}
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
+		if out[j].Kind == 0 {
+			unknown++
+			continue
+		}
+		j++
 	}
-	return out, nil
+	return out[:j], unknown, nil
 }
 
 func (d *decoder) kind(what string) (Kind, error) {
@@ -765,7 +781,7 @@ func (d *decoder) kind(what string) (Kind, error) {
 	case tagAllBlocksCleared:
 		return AllBlocksCleared, nil
 	}
-	return 0, d.failf("unknown event tag %q", tag)
+	return 0, nil
 }
 
 // Positional fields of each kind after the tag, in vLLM's declaration order.
@@ -808,6 +824,14 @@ func (d *decoder) arrayEvent(ev *Event) error {
 		return err
 	}
 	n--
+	if ev.Kind == 0 {
+		for range n {
+			if err := d.skip(1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if n < required(ev.Kind) {
 		return d.failf("%s: %d fields, want at least %d", ev.Kind, n, required(ev.Kind))
 	}
@@ -834,7 +858,7 @@ func (d *decoder) mapEvent(ev *Event) error {
 	// The tag may come anywhere (msgspec writes it first), so fields are
 	// collected into the union Event and checked against the kind at the
 	// end.
-	var sawHashes, sawTokens, sawSize bool
+	var sawHashes, sawTokens, sawSize, unknown bool
 	d.extraAt, d.salt = -1, ""
 	for range n {
 		k, err := d.raw("event key")
@@ -843,6 +867,16 @@ func (d *decoder) mapEvent(ev *Event) error {
 		}
 		if string(k) == "type" {
 			if ev.Kind, err = d.kind("event type"); err != nil {
+				return err
+			}
+			if ev.Kind == 0 {
+				*ev = Event{}
+				unknown = true
+			}
+			continue
+		}
+		if unknown {
+			if err := d.skip(1); err != nil {
 				return err
 			}
 			continue
@@ -865,6 +899,9 @@ func (d *decoder) mapEvent(ev *Event) error {
 		if err := d.field(ev, name); err != nil {
 			return err
 		}
+	}
+	if unknown {
+		return nil
 	}
 	switch ev.Kind {
 	case BlockStored:
@@ -900,7 +937,7 @@ func (d *decoder) field(ev *Event, name string) error {
 	case "block_size":
 		var v int64
 		if v, err = d.int(name); err == nil {
-			if v <= 0 || v > math.MaxInt32 {
+			if v < 0 || v > math.MaxInt32 {
 				return d.failf("block_size %d out of range", v)
 			}
 			ev.BlockSize = int(v)

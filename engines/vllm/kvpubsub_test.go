@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -565,4 +566,82 @@ func TestPublisherNamesTheGroup(t *testing.T) {
 		"BlockRemoved": {"group_idx": 0},
 	})
 	f(engines.SGLang, nil)
+}
+
+// offloadFixture encodes, field by field as msgspec writes them, a batch
+// as vLLM's scheduler publishes it with the OffloadingConnector: the block
+// pool's GPU events and the connector's own in one batch. The connector
+// stores its CPU copy of a block with no tokens and block_size 0; an event
+// type this package does not know (array or map layout) stands beside
+// them, as newer engines and their connectors add types.
+func offloadFixture(t testing.TB, maps bool) []byte {
+	t.Helper()
+	buf, e, must := fixtureEncoder(t)
+	kv := func(k string, v any) {
+		must(e.EncodeString(k))
+		must(e.Encode(v))
+	}
+	if maps {
+		must(e.EncodeMapLen(2))
+		kv("ts", 1.5)
+		must(e.EncodeString("events"))
+	} else {
+		must(e.EncodeArrayLen(2))
+		must(e.EncodeFloat64(1.5))
+	}
+	must(e.EncodeArrayLen(4))
+	must(e.EncodeMapLen(8))
+	kv("type", "BlockStored")
+	kv("block_hashes", []uint64{0xbeef})
+	kv("parent_block_hash", nil)
+	kv("token_ids", []uint32{1, 2, 3, 4})
+	kv("block_size", 4)
+	kv("lora_id", nil)
+	kv("medium", "GPU")
+	kv("lora_name", nil)
+	must(e.EncodeMapLen(8))
+	kv("type", "BlockStored")
+	kv("block_hashes", [][]byte{bytes.Repeat([]byte{7}, 32)})
+	kv("parent_block_hash", nil)
+	kv("token_ids", []uint32{})
+	kv("block_size", 0)
+	kv("lora_id", nil)
+	kv("medium", "CPU")
+	kv("lora_name", nil)
+	if maps {
+		// Keys a known event has, of other types: skipped unread.
+		must(e.EncodeMapLen(4))
+		kv("type", "CacheStoreCommitted")
+		kv("block_hashes", "r-1")
+		kv("medium", 7)
+		kv("block_size", -1)
+	} else {
+		must(e.Encode([]any{"TransferInitiated", "r-1", "GPU", "CPU", 3}))
+	}
+	must(e.EncodeMapLen(3))
+	kv("type", "BlockRemoved")
+	kv("block_hashes", []uint64{0xbeef})
+	kv("medium", "GPU")
+	return buf.Bytes()
+}
+
+// TestDeliverOffloadBatch: the OffloadingConnector's CPU stores and event
+// types the decoder does not know are skipped one by one; the GPU events
+// of their batch reach the index. Rejecting them failed the whole batch,
+// and the index missed every GPU block stored and evicted with them.
+func TestDeliverOffloadBatch(t *testing.T) {
+	for _, maps := range []bool{true, false} {
+		rec := &recorder{}
+		s := &Subscriber{sink: rec, last: -1}
+		if !s.deliver(0, offloadFixture(t, maps)) {
+			t.Fatalf("maps %v: batch not delivered (malformed %d)", maps, s.Counters.Malformed.Load())
+		}
+		want := []string{"stored 0/false [48879] [1 2 3 4] 4", "removed [48879]"}
+		if got := rec.snapshot(); !slices.Equal(got, want) {
+			t.Fatalf("maps %v: sink calls:\n got %q\nwant %q", maps, got, want)
+		}
+		if n := s.Counters.Skipped.Load(); n != 2 {
+			t.Fatalf("maps %v: skipped %d events, want 2 (the CPU store, the unknown type)", maps, n)
+		}
+	}
 }

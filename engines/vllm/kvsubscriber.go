@@ -89,8 +89,9 @@ type SubscriberCounters struct {
 	Events  atomic.Uint64
 	// Skipped counts events not meant for the GPU prefix index: another
 	// medium (CPU offload), another KV-cache group than the one followed
-	// (see forIndex), or the blocks of a LoRA adapter without a lora_name
-	// (older vLLM), which cannot be keyed as a request for the adapter is.
+	// (see forIndex), the blocks of a LoRA adapter without a lora_name
+	// (older vLLM), which cannot be keyed as a request for the adapter is,
+	// or a type of event this package does not know.
 	Skipped atomic.Uint64
 	// Gaps counts sequence gaps seen on the live stream.
 	Gaps atomic.Uint64
@@ -350,7 +351,8 @@ func (s *Subscriber) deliver(seq int64, payload []byte) bool {
 		return false
 	}
 	s.Counters.Batches.Add(1)
-	s.Counters.Events.Add(uint64(len(b.Events)))
+	s.Counters.Events.Add(uint64(len(b.Events) + b.Unknown))
+	s.Counters.Skipped.Add(uint64(b.Unknown))
 	for i := 0; i < len(b.Events); i++ {
 		ev := &b.Events[i]
 		switch {
