@@ -82,6 +82,33 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 	}
 }
 
+// TestFirstByteNoRetryLeft: the first-byte deadline gives up on a pod
+// only where a retry can follow. The only pod of a model, answering in
+// 0.8 s, well within the response timeout, is waited for on both front
+// ends; it was cut at the hedge's 200 ms floor and answered 504.
+func TestFirstByteNoRetryLeft(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
+				time.Sleep(800 * time.Millisecond)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+			})
+			s := testGateway(t, []config.Pod{{Name: "only", Model: "m", Address: slow}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+			})
+			// Twice: gnet's loop sweeps deadlines from the first exchange on.
+			for i := range 2 {
+				if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+					t.Fatalf("request %d: %d from the only pod, which answers in 0.8 s: %s", i, resp.StatusCode, b)
+				}
+			}
+		})
+	}
+}
+
 // TestRetryBudgetBurst: a pod that fails a burst of requests at once
 // sends their retries together, more than a small budget holds, and every
 // client still gets its answer from the other pod. The retries over the

@@ -109,12 +109,13 @@ func (g *Gateway) leaveRetry(x *completion) {
 // firstByteWithin is how long x's attempt on dec (prefilled on pre) may
 // wait for the first byte of its answer: upstream.first_byte's k × the
 // predicted time to it, plus its floor, when that is shorter than the
-// response timeout (hedged); else the response timeout. A stream's first
-// byte is its header, due about its first token; a whole answer comes
-// after its last token, which needs max_tokens to predict.
+// response timeout and the attempt could be retried (hedged); else the
+// response timeout. A stream's first byte is its header, due about its
+// first token; a whole answer comes after its last token, which needs
+// max_tokens to predict.
 func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within time.Duration, hedged bool) {
 	fb, limit := g.cfg.Upstream.Retry.FirstByte, g.responseTimeout(x.req.Stream)
-	if fb.Factor <= 0 || (!x.req.Stream && x.req.MaxTokens <= 0) {
+	if fb.Factor <= 0 || (!x.req.Stream && x.req.MaxTokens <= 0) || !g.mayHedge(x) {
 		return limit, false
 	}
 	ttft, tpot := predict(x, pre, dec)
@@ -127,4 +128,20 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 		return limit, false
 	}
 	return time.Duration(d), true
+}
+
+// mayHedge says a hung attempt of x could go on elsewhere: retry_on lists
+// timeouts, x has attempts left (as mayRetry counts them) and its model a
+// pod it has not tried. Else giving up at the first-byte deadline only
+// turns an answer on its way into a 504.
+func (g *Gateway) mayHedge(x *completion) bool {
+	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) {
+		return false
+	}
+	for _, p := range x.m.Combined {
+		if !tried(x.tried, p.ID) {
+			return true
+		}
+	}
+	return false
 }

@@ -236,6 +236,35 @@ func TestStages(t *testing.T) {
 	f(tc{name: "client gone on the loop", retries: 1, errs: []error{frontend.ErrClientGone}, sends: 1, status: fail.StatusClientClosed})
 }
 
+// TestFirstByteHedgedOnlyWithARetry: an attempt gets the first-byte
+// deadline only when giving up on it could lead to another pod: attempts
+// left, timeouts in retry_on, and a pod of the model not tried yet.
+func TestFirstByteHedgedOnlyWithARetry(t *testing.T) {
+	f := func(name string, retries int, retryOn []string, tried int, want bool) {
+		t.Helper()
+		g, m := stagesGateway(t, retries, nil)
+		g.cfg.Upstream.Retry.FirstByte.Factor = 3
+		if retryOn != nil {
+			g.cfg.Upstream.Retry.On = retryOn
+		}
+		x, _ := startCompletion(t, g, m, &scripted{}, admit.Interactive)
+		defer g.leave(x)
+		x.req.MaxTokens = 16
+		for _, p := range m.Combined[:tried] {
+			x.attempts++
+			x.tried = append(x.tried, p.ID)
+		}
+		if _, hedged := g.firstByteWithin(x, m.Combined[0], m.Combined[0]); hedged != want {
+			t.Errorf("%s: hedged %v, want %v", name, hedged, want)
+		}
+	}
+	f("first of two attempts", 1, nil, 1, true)
+	f("last attempt", 1, nil, 2, false)
+	f("no retries", 0, nil, 1, false)
+	f("retry_on without timeout", 1, []string{config.RetryOnReset}, 1, false)
+	f("every pod tried", 5, nil, 3, false)
+}
+
 // counted is the one status g counted for m's requests, 0 for none.
 func counted(g *Gateway, m *pool.Model) int {
 	status := 0
