@@ -78,7 +78,7 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 		pod := func(name, role string) {
 			// One seed per model: a PD answer equals a combined pod's.
 			sc := sim.Config{Name: name, Model: m.model, Engine: m.engine, Listen: "127.0.0.1:0", Speedup: speedup, Role: role, Prompt: model}
-			if m.engine == engines.VLLM && role == sim.RoleCombined {
+			if m.engine == engines.VLLM {
 				sc.LoRAModules, sc.MaxLoras = []sim.LoRAModule{{Name: demoAdapterStatic, Path: "/loras/sql"}}, 2
 			}
 			fc.Pods = append(fc.Pods, sc)
