@@ -174,3 +174,34 @@ func TestAccessLogPredictedTTFT(t *testing.T) {
 		t.Fatalf("access log %v, want ttft_ms and predicted_ttft_ms", lines)
 	}
 }
+
+// TestMetricsListener: metrics serves GET /metrics to anyone, and nothing
+// else, while the admin listener beside it keeps requiring admin_token.
+func TestMetricsListener(t *testing.T) {
+	sims := testFleet(t, "m", 1, 100)
+	s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+		c.Access.AdminToken = adminToken
+		c.Metrics = "127.0.0.1:0"
+	})
+	status := func(url string) int {
+		t.Helper()
+		resp, err := client.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	m := "http://" + s.MetricsAddr()
+	if b := get(t, m+"/metrics"); !strings.Contains(b, "pdlb_requests_in_flight") {
+		t.Fatalf("metrics listener's /metrics:\n%.300s", b)
+	}
+	for _, path := range []string{"/debug/pprof/", "/admin/pods", "/admin/explain?model=m", "/"} {
+		if code := status(m + path); code != http.StatusNotFound {
+			t.Errorf("metrics listener %s: %d, want 404", path, code)
+		}
+	}
+	if code := status("http://" + s.AdminAddr() + "/metrics"); code != http.StatusUnauthorized {
+		t.Errorf("admin listener's /metrics without the token: %d, want 401", code)
+	}
+}

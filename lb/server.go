@@ -34,8 +34,11 @@ type Server struct {
 	front   frontend.Server
 	admin   *http.Server
 	adminLn net.Listener
-	done    chan error
-	stopped chan struct{}
+	// metrics serves metricsLn, when cfg.Metrics is set.
+	metrics   *http.Server
+	metricsLn net.Listener
+	done      chan error
+	stopped   chan struct{}
 
 	shutdown    sync.Once
 	shutdownErr error
@@ -60,29 +63,51 @@ func Start(cfg config.Config, log *slog.Logger) (*Server, error) {
 	}
 	warnShared(log, "listen", cfg.Listen)
 	warnShared(log, "admin", cfg.Admin)
-	var adminLn net.Listener
-	if cfg.Admin != "" {
-		var err error
-		if adminLn, err = frontend.Listen(cfg.Admin); err != nil {
-			return nil, fmt.Errorf("admin: %w", err)
-		}
-	}
-	lt, err := loadTLS(cfg.TLS, log)
+	warnShared(log, "metrics", cfg.Metrics)
+	var lns httpListeners
+	err := lns.listen(cfg)
 	if err == nil {
-		var g *gateway.Gateway
-		if g, err = gateway.New(cfg, log); err == nil {
-			return start(cfg, log, g, adminLn, lt)
+		var lt *listenerTLS
+		if lt, err = loadTLS(cfg.TLS, log); err == nil {
+			var g *gateway.Gateway
+			if g, err = gateway.New(cfg, log); err == nil {
+				return start(cfg, log, g, lns, lt)
+			}
+			lt.close()
 		}
-		lt.close()
 	}
-	if adminLn != nil {
-		adminLn.Close()
-	}
+	lns.close()
 	return nil, err
 }
 
+// httpListeners are the admin and metrics listeners' sockets, nil when off.
+type httpListeners struct{ admin, metrics net.Listener }
+
+func (l *httpListeners) listen(cfg config.Config) error {
+	var err error
+	if cfg.Admin != "" {
+		if l.admin, err = frontend.Listen(cfg.Admin); err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+	}
+	if cfg.Metrics != "" {
+		if l.metrics, err = frontend.Listen(cfg.Metrics); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+func (l httpListeners) close() {
+	for _, ln := range []net.Listener{l.admin, l.metrics} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
 // start serves g on cfg's listeners, with lt's certificates.
-func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, adminLn net.Listener, lt *listenerTLS) (*Server, error) {
+func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, lns httpListeners, lt *listenerTLS) (*Server, error) {
 	front, err := frontend.Start(cfg.Frontend, cfg.Listen, frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler, OnLoop: true}, frontend.Options{
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		MaxHeaderBytes: cfg.MaxHeaderBytes,
@@ -97,12 +122,10 @@ func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, adminLn net.
 	if err != nil {
 		lt.close()
 		g.Close()
-		if adminLn != nil {
-			adminLn.Close()
-		}
+		lns.close()
 		return nil, fmt.Errorf("listen: %w", err)
 	}
-	s := &Server{Gateway: g, front: front, adminLn: adminLn, done: make(chan error, 2), stopped: make(chan struct{}), tls: lt}
+	s := &Server{Gateway: g, front: front, adminLn: lns.admin, metricsLn: lns.metrics, done: make(chan error, 3), stopped: make(chan struct{}), tls: lt}
 	go func() {
 		select {
 		case err := <-front.Done():
@@ -118,21 +141,28 @@ func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, adminLn net.
 			return nil, err
 		}
 	}
-	if adminLn != nil {
+	if lns.admin != nil {
 		s.admin = &http.Server{Handler: limits.AdminGuard(cfg.Access.AdminToken, g.Admin()), ReadHeaderTimeout: 10 * time.Second}
-		ln := adminLn
+		ln := lns.admin
 		if tc := lt.adminConfig(cfg.TLS); tc != nil {
 			// Not ServeTLS: it handshakes with a clone of tc, whose
 			// session-ticket keys would never rotate.
-			ln = tls.NewListener(adminLn, tc)
+			ln = tls.NewListener(ln, tc)
 		}
-		go func() {
-			if err := s.admin.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				s.done <- err
-			}
-		}()
+		go s.serveHTTP(s.admin, ln)
+	}
+	if lns.metrics != nil {
+		s.metrics = &http.Server{Handler: g.Metrics(), ReadHeaderTimeout: 10 * time.Second}
+		go s.serveHTTP(s.metrics, lns.metrics)
 	}
 	return s, nil
+}
+
+// serveHTTP serves srv on ln until Shutdown, reporting any other end.
+func (s *Server) serveHTTP(srv *http.Server, ln net.Listener) {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		s.done <- err
+	}
 }
 
 // warnShared warns when another process already listens on addr: the
@@ -160,6 +190,14 @@ func (s *Server) AdminAddr() string {
 	return s.adminLn.Addr().String()
 }
 
+// MetricsAddr is the metrics listener's address, empty when it is off.
+func (s *Server) MetricsAddr() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.Addr().String()
+}
+
 // Done reports a listener that stopped on its own with an error.
 func (s *Server) Done() <-chan error { return s.done }
 
@@ -183,8 +221,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			_ = s.front.ShutdownWithContext(wait)
 			cancel()
 		}
-		if s.admin != nil {
-			_ = s.admin.Shutdown(ctx)
+		for _, srv := range []*http.Server{s.admin, s.metrics} {
+			if srv != nil {
+				_ = srv.Shutdown(ctx)
+			}
 		}
 		s.Gateway.Close()
 		s.tls.close()

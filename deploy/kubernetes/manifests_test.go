@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -23,6 +22,7 @@ import (
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"pdlb/lb/config"
 	"pdlb/lb/discovery/spec"
 )
 
@@ -171,18 +171,16 @@ func TestManifests(t *testing.T) {
 		t.Fatalf("ConfigMap has no %s", file)
 	}
 
-	// The config listens where the ports and probes say, and discovers the
-	// pods of the namespace the Role covers.
-	var cfg struct {
-		Listen    string         `yaml:"listen"`
-		Admin     string         `yaml:"admin"`
-		Discovery spec.Discovery `yaml:"discovery"`
-	}
-	if err := yaml.Unmarshal([]byte(text), &cfg); err != nil {
+	// pdlb serve takes the config as it is, and it listens where the ports
+	// and probes say, and discovers the pods of the namespace the Role
+	// covers.
+	cfg := config.Default()
+	if err := cfg.UnmarshalYAML([]byte(text)); err != nil {
 		t.Fatal(err)
 	}
-	if err := cfg.Discovery.Validate(); err != nil {
-		t.Fatal(err)
+	cfg.Provision()
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("pdlb serve refuses the ConfigMap's %s: %v", file, err)
 	}
 	if k := cfg.Discovery.Kubernetes; k == nil || k.Namespace != role.Namespace || k.Selector != spec.LabelModel {
 		t.Errorf("discovery.kubernetes = %+v, want namespace %q and AIBrix's model label", k, role.Namespace)
@@ -191,15 +189,15 @@ func TestManifests(t *testing.T) {
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	if !strings.HasSuffix(cfg.Listen, ":8080") || ports["http"] != 8080 || !strings.HasSuffix(cfg.Admin, ":9090") || ports["admin"] != 9090 {
-		t.Errorf("listen %q admin %q vs container ports %v", cfg.Listen, cfg.Admin, ports)
+	if !strings.HasSuffix(cfg.Listen, ":8080") || ports["http"] != 8080 || !strings.HasSuffix(cfg.Metrics, ":9100") || ports["metrics"] != 9100 {
+		t.Errorf("listen %q metrics %q vs container ports %v", cfg.Listen, cfg.Metrics, ports)
 	}
 	for _, probe := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
 		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Port.StrVal != "http" {
 			t.Errorf("probe %+v must GET the API port", probe)
 		}
 	}
-	if pod.Annotations["prometheus.io/port"] != "9090" {
+	if pod.Annotations["prometheus.io/port"] != "9100" || pod.Annotations["prometheus.io/path"] != "/metrics" {
 		t.Errorf("scrape annotations %v", pod.Annotations)
 	}
 

@@ -36,3 +36,30 @@ func TestAdminAndListenApart(t *testing.T) {
 	f("127.0.0.1:0", "127.0.0.1:0", false)
 	f(":9090", "", false)
 }
+
+// TestMetricsApart: the metrics listener overlaps neither listen nor admin,
+// for the same reason.
+func TestMetricsApart(t *testing.T) {
+	f := func(metrics, refusedFor string) {
+		t.Helper()
+		c := Default()
+		c.Listen, c.Admin, c.Metrics = ":8080", "127.0.0.1:9090", metrics
+		c.Pods = []Pod{{Model: "m", Address: "127.0.0.1:8001"}}
+		c.Provision()
+		err := c.Validate()
+		if refusedFor == "" {
+			if err != nil {
+				t.Errorf("metrics %q: %v", metrics, err)
+			}
+			return
+		}
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `metrics = "`+metrics+`"`) || !strings.Contains(err.Error(), refusedFor) {
+			t.Errorf("metrics %q: %v, want an error naming metrics and %s", metrics, err, refusedFor)
+		}
+	}
+	f(":9100", "")
+	f("", "")
+	f("127.0.0.1:8080", "listen")
+	f(":9090", "admin")
+	f("9100", "host:port")
+}

@@ -82,6 +82,11 @@ type Config struct {
 	// Admin is the address of /metrics, /debug/pprof and /admin (default
 	// "127.0.0.1:9090"); empty disables it.
 	Admin string `yaml:"admin"`
+	// Metrics is the address of a listener that serves only GET /metrics,
+	// to anyone (default "": off), for scrapers that cannot send
+	// admin_token, such as Prometheus' pod annotations, while the admin
+	// listener, with pprof and /admin, stays on loopback.
+	Metrics string `yaml:"metrics"`
 	// Frontend is the server that accepts clients: gnet (default: an
 	// event loop per core, completions served on the loops) or
 	// fasthttp (a goroutine per connection).
@@ -523,6 +528,14 @@ func (c Config) Validate() error {
 	}
 	if c.Admin != "" && overlap(c.Listen, c.Admin) {
 		return invalid("admin", c.Admin, "shares its port with listen ("+quote(c.Listen)+"): the listeners bind with SO_REUSEPORT, so the API's connections would go to the admin listener")
+	}
+	if err := checkAddr("metrics", c.Metrics, true); err != nil {
+		return err
+	}
+	for _, other := range []struct{ name, addr string }{{"listen", c.Listen}, {"admin", c.Admin}} {
+		if c.Metrics != "" && other.addr != "" && overlap(other.addr, c.Metrics) {
+			return invalid("metrics", c.Metrics, "shares its port with "+other.name+" ("+quote(other.addr)+"): the listeners bind with SO_REUSEPORT, so one would get the other's connections")
+		}
 	}
 	if c.Frontend != "fasthttp" && c.Frontend != "gnet" {
 		return invalid("frontend", c.Frontend, "is not a front end (known: fasthttp, gnet)")

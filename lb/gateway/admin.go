@@ -12,10 +12,7 @@ import (
 // and pprof plugs in as is.
 func (g *Gateway) Admin() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		_ = g.metrics.writePrometheus(w)
-	})
+	mux.HandleFunc("GET /metrics", g.serveMetrics)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -27,6 +24,19 @@ func (g *Gateway) Admin() http.Handler {
 	mux.HandleFunc("GET /admin/plan", g.servePlan)
 	mux.HandleFunc("GET /admin/explain", g.serveExplain)
 	return mux
+}
+
+// Metrics is the handler of the metrics listener: GET /metrics, the
+// admin listener's, and nothing else.
+func (g *Gateway) Metrics() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", g.serveMetrics)
+	return mux
+}
+
+func (g *Gateway) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_ = g.metrics.writePrometheus(w)
 }
 
 // podView is one pod in GET /admin/pods.

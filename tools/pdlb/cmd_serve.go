@@ -33,9 +33,9 @@ func (p *podFlags) Set(s string) error {
 
 // gatewayFlags are the flags serve and demo share.
 type gatewayFlags struct {
-	listen, admin, frontend, accessLog string
-	shutdown, delay                    time.Duration
-	tlsCert, tlsKey                    string
+	listen, admin, metrics, frontend, accessLog string
+	shutdown, delay                             time.Duration
+	tlsCert, tlsKey                             string
 }
 
 // register adds the flags to fs; withConfig says the command also reads a
@@ -47,6 +47,7 @@ func (f *gatewayFlags) register(fs *flag.FlagSet, withConfig bool) {
 	}
 	fs.StringVar(&f.listen, "listen", "", "address of the OpenAI API (default "+config.DefaultListen+orFile+")")
 	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin (default "+config.DefaultAdmin+orFile+")")
+	fs.StringVar(&f.metrics, "metrics", "", "address of a listener with /metrics only, for anyone: for scrapers that cannot send admin_token, with --admin kept on loopback (default none"+orFile+")")
 	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+orFile+")")
 	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output; reopened on SIGUSR1; default none"+orFile+")")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
@@ -75,6 +76,9 @@ func (f *gatewayFlags) apply(cfg *config.Config) {
 	}
 	if f.admin != "" {
 		cfg.Admin = f.admin
+	}
+	if f.metrics != "" {
+		cfg.Metrics = f.metrics
 	}
 	if f.frontend != "" {
 		cfg.Frontend = f.frontend
@@ -198,7 +202,7 @@ func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, starte
 	if err != nil {
 		return err
 	}
-	log.Info("pdlb serving", "listen", srv.Addr(), "admin", srv.AdminAddr(), "pods", len(cfg.Pods))
+	log.Info("pdlb serving", "listen", srv.Addr(), "admin", srv.AdminAddr(), "metrics", srv.MetricsAddr(), "pods", len(cfg.Pods))
 	if started != nil {
 		started(srv)
 	}
