@@ -125,6 +125,7 @@ func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, lns httpList
 		lns.close()
 		return nil, fmt.Errorf("listen: %w", err)
 	}
+	lt.noteReloads(g.NoteReload)
 	s := &Server{Gateway: g, front: front, adminLn: lns.admin, metricsLn: lns.metrics, done: make(chan error, 3), stopped: make(chan struct{}), tls: lt}
 	go func() {
 		select {

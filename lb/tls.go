@@ -21,9 +21,18 @@ type listenerTLS struct {
 	log        *slog.Logger
 
 	// mu serializes reloads; under it, unwatch ends the watch of the
-	// files in use.
+	// files in use, and noted, when set, hears how a changed file's
+	// reload ended (the gateway's reload gauges).
 	mu      sync.Mutex
 	unwatch context.CancelFunc
+	noted   func(error)
+}
+
+// noteReloads has the reloads of changed files reported to f.
+func (t *listenerTLS) noteReloads(f func(error)) {
+	t.mu.Lock()
+	t.noted = f
+	t.mu.Unlock()
 }
 
 // certWatchInterval is how often the certificate files are looked at.
@@ -74,6 +83,9 @@ func (t *listenerTLS) watch() {
 			go WatchFile(ctx, f, certWatchInterval, func() {
 				t.mu.Lock()
 				err := c.Reload()
+				if t.noted != nil {
+					t.noted(err)
+				}
 				t.mu.Unlock()
 				if err != nil {
 					t.log.Error("certificate not reloaded; the one in use stays", "file", f, "err", err)

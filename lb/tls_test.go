@@ -301,6 +301,30 @@ func TestCertFileChangeReloads(t *testing.T) {
 	get() // the kept connection
 }
 
+// TestCertFileChangeFailureCounted: a certificate file changed into one
+// that does not load keeps the certificate in use and shows on the
+// reload gauges an alert watches, as a failed SIGHUP does; the next good
+// file sets them back. Only a log line said so before.
+func TestCertFileChangeFailureCounted(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1000)
+	ca, leaf, gw := tlsGateway(t, sims, nil)
+	metrics := "http://" + gw.AdminAddr() + "/metrics"
+	waitMetric := func(line string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(get(t, metrics), line); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q on /metrics after the file changed", line)
+			}
+		}
+	}
+	if err := os.WriteFile(leaf.CertFile, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitMetric("pdlb_config_last_reload_successful 0")
+	overwrite(t, issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1"), leaf)
+	waitMetric("pdlb_config_last_reload_successful 1")
+}
+
 // keptConnection returns a request on one kept connection to gw's API.
 func keptConnection(t *testing.T, gw *lb.Server, cfg *tls.Config) func() {
 	kept := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}

@@ -116,7 +116,7 @@ func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
 }
 
 // NoteReload records how an operator's reload (SIGHUP, a change to the
-// config file) ended, nil when it applied, for the
+// config file or to a certificate file) ended, nil when it applied, for the
 // pdlb_config_last_reload_* gauges an alert watches.
 func (g *Gateway) NoteReload(err error) {
 	g.metrics.reloadFailed.Store(err != nil)
@@ -215,7 +215,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, retryMetricsDoc, adapterMetricsDoc, promtext.Doc{
 	"pdlb_requests_total":                               {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
 	"pdlb_requests_in_flight":                           {Help: "Requests the gateway is serving now."},
-	"pdlb_config_last_reload_successful":                {Help: "1 if the last reload (SIGHUP, a change to the config file) applied, 0 if it failed and the running configuration stayed."},
+	"pdlb_config_last_reload_successful":                {Help: "1 if the last reload (SIGHUP, a change to the config file or to a certificate file) applied, 0 if it failed and the running configuration (or certificate) stayed."},
 	"pdlb_config_last_reload_success_timestamp_seconds": {Help: "When the configuration was last applied (the start, or the last reload that succeeded), in Unix seconds."},
 	"pdlb_time_to_first_token_seconds":                  {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
 	"pdlb_time_per_output_token_seconds":                {Help: "Time per output token after the first of a streaming request, in seconds."},
