@@ -386,14 +386,14 @@ func (s *GNet) closeIdle(now int64) {
 			_ = gc.c.Close()
 			continue
 		}
-		limit := s.o.IdleTimeout
+		since, limit := gc.lastRead.Load(), s.o.IdleTimeout
 		if gc.partial.Load() {
-			limit = s.o.ReadTimeout
+			since, limit = gc.dueSince.Load(), s.o.ReadTimeout
 		}
 		switch {
 		case now == 0:
 			_ = gc.c.Close()
-		case now-gc.lastRead.Load() > int64(limit):
+		case now-since > int64(limit):
 			// Closed on its loop unless the client is still reading
 			// an answer.
 			_ = gc.c.EventLoop().Execute(context.Background(), gc.checkIdle)
@@ -497,6 +497,7 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 	}
 	gc := c.Context().(*gconn)
 	gc.lastRead.Store(s.now.Load())
+	gc.arrived()
 	if !gc.sniffed && s.h2 != nil {
 		if act, done := s.h2cOnLoop(gc); done {
 			return act

@@ -91,7 +91,14 @@ type gconn struct {
 	// lastRead is the coarse unix nanoseconds of the last traffic, or of
 	// the end of the last answer: a connection's idle time runs from both.
 	lastRead atomic.Int64
-	partial  atomic.Bool // a request is due: part of one is buffered, or none came yet
+	// partial: a request is due: some of one came (on TLS, maybe only
+	// part of a record), or none came yet on a new connection. dueSince
+	// is the coarse unix nanoseconds since when, or since the answer
+	// before it ended: ReadTimeout bounds a request's whole reading,
+	// however its bytes trickle in, as fasthttp's does (nginx's
+	// client_header_timeout); IdleTimeout the wait for one to begin.
+	partial  atomic.Bool
+	dueSince atomic.Int64
 	// pending is the outbound bytes the loop last saw waiting for the
 	// client, after a write or a look: a writer waiting on them (wait)
 	// and the idle sweep (checkIdle) take a change for progress.
@@ -146,6 +153,7 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 	// fasthttp (nginx's client_header_timeout), not the keep-alive idle
 	// time.
 	gc.partial.Store(true)
+	gc.dueSince.Store(s.now.Load())
 	// Bound once: a method value made per write would allocate.
 	gc.written = func(c gnet.Conn, err error) error { return gc.settle(c, err, maxOutbound) }
 	gc.checkIdle = gnet.RunnableFunc(gc.checkIdleOnLoop)
@@ -156,9 +164,26 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 	return gc
 }
 
+// arrived marks a request due once bytes come to a connection that had
+// none due; on the loop, before read.
+func (gc *gconn) arrived() {
+	if !gc.partial.Load() && gc.c.InboundBuffered() > 0 {
+		gc.dueSince.Store(gc.s.now.Load())
+		gc.partial.Store(true)
+	}
+}
+
+// answered restarts the connection's clocks at the end of an answer: its
+// idle time, and the reading time of a request that came before it ended.
+func (gc *gconn) answered() {
+	now := gc.s.now.Load()
+	gc.lastRead.Store(now)
+	gc.dueSince.Store(now)
+}
+
 // read parses and queues every complete request buffered; on the loop.
 func (gc *gconn) read() gnet.Action {
-	c := gc.c
+	c, parsed := gc.c, false
 	for {
 		n := gc.inbound()
 		if gc.stopped {
@@ -173,7 +198,7 @@ func (gc *gconn) read() gnet.Action {
 			break
 		}
 		gc.consume(used)
-		gc.need, gc.continued = 0, false
+		gc.need, gc.continued, parsed = 0, false, true
 		if err != nil || ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() || gc.s.shutdown.Load() {
 			gc.stopped = true
 		}
@@ -185,7 +210,12 @@ func (gc *gconn) read() gnet.Action {
 		gc.enqueue(queued{ctx: ctx, err: err})
 	}
 	n := gc.inbound()
-	gc.partial.Store(n > 0)
+	if parsed {
+		if n > 0 {
+			gc.dueSince.Store(gc.s.now.Load())
+		}
+		gc.partial.Store(n > 0)
+	}
 	// A client pipelining past a full queue: what it sent beyond one
 	// largest request is refused.
 	if n > gc.s.o.MaxHeaderBytes+gc.s.o.MaxBodyBytes+maxOutbound {
@@ -216,7 +246,7 @@ func (gc *gconn) afterLoop() {
 	gc.cur = nil
 	// Stamped before it looks idle: an exchange longer than IdleTimeout
 	// must not have the connection closed at the next tick.
-	gc.lastRead.Store(gc.s.now.Load())
+	gc.answered()
 	gc.held.Store(false)
 	resp := &ctx.Response
 	switch {
@@ -424,7 +454,7 @@ func (gc *gconn) rest() bool {
 // unlocks mu, waking the loop if it stopped parsing for a full queue.
 func (gc *gconn) idle() {
 	// Its idle time runs from here, not from its last request's arrival.
-	gc.lastRead.Store(gc.s.now.Load())
+	gc.answered()
 	gc.busy.Store(false)
 	wake := gc.paused
 	gc.mu.Unlock()

@@ -258,7 +258,7 @@ func (uc *upConn) endRelay(err error) {
 	}
 	gc.head = nil
 	gc.relaying = nil
-	gc.lastRead.Store(gc.s.now.Load()) // idle from here (see afterLoop)
+	gc.answered() // idle from here (see afterLoop)
 	gc.held.Store(false)
 	gc.s.serving.Add(-1)
 	gc.resume()

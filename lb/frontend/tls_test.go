@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -682,5 +683,71 @@ func TestTLSStartFailureLeavesNothing(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// trickle writes what it is given a byte at a time, every 200 ms, once
+// on is set.
+type trickle struct {
+	net.Conn
+	on atomic.Bool
+}
+
+func (c *trickle) Write(p []byte) (int, error) {
+	if !c.on.Load() {
+		return c.Conn.Write(p)
+	}
+	for i := range p {
+		time.Sleep(200 * time.Millisecond)
+		if _, err := c.Conn.Write(p[i : i+1]); err != nil {
+			return i, err
+		}
+	}
+	return len(p), nil
+}
+
+// TestReadTimeoutWhole: ReadTimeout bounds the whole reading of a request,
+// its header or its body trickled a byte at a time, in the clear or inside
+// one TLS record (nginx: client_header_timeout). gnet timed it from the
+// last byte read (on its coarse clock: a ReadTimeout under two of its
+// one-second ticks hid it), so a client that sent a byte every second
+// held its connection forever.
+func TestReadTimeoutWhole(t *testing.T) {
+	ts := newTLSSetup(t)
+	for _, name := range frontEnds {
+		for _, tc := range []struct{ name, head, drip string }{
+			{"header", "", "GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: " + strings.Repeat("a", 60)},
+			{"body", "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n", strings.Repeat("b", 59)},
+			{"tls record", "", "GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: " + strings.Repeat("a", 60)},
+		} {
+			t.Run(name+"/"+tc.name, func(t *testing.T) {
+				o := frontend.Options{MaxBodyBytes: testMaxBody, ReadTimeout: 2 * time.Second, IdleTimeout: time.Minute}
+				if tc.name == "tls record" {
+					o = ts.options()
+					o.ReadTimeout, o.IdleTimeout = 2*time.Second, time.Minute
+				}
+				nc := &trickle{Conn: dialTCP(t, serveWith(t, name, newApp().handler(), o))}
+				var c net.Conn = nc
+				if tc.name == "tls record" {
+					tc := tls.Client(nc, ts.clientConfig("http/1.1"))
+					if err := tc.Handshake(); err != nil {
+						t.Fatal(err)
+					}
+					c = tc
+				}
+				if _, err := io.WriteString(c, tc.head); err != nil {
+					t.Fatal(err)
+				}
+				nc.on.Store(true)
+				ended := make(chan struct{})
+				go func() { _, _ = io.Copy(io.Discard, c); close(ended) }()
+				go func() { _, _ = io.WriteString(c, tc.drip) }()
+				select {
+				case <-ended:
+				case <-time.After(7 * time.Second):
+					t.Fatalf("a request trickled a byte every 200 ms is still read 7 s on (ReadTimeout %v)", o.ReadTimeout)
+				}
+			})
+		}
 	}
 }
