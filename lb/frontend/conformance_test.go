@@ -841,6 +841,51 @@ func TestShutdownInTwoSteps(t *testing.T) {
 	}
 }
 
+// TestShutdownFinishesRequestBeingRead: a request whose body is still
+// coming when a shutdown begins is read whole and answered (with
+// Connection: close), as nginx and fasthttp do; a connection that has
+// sent nothing, or is between requests, is closed at once. gnet closed
+// the first too, and the client could not tell whether its POST got
+// through.
+func TestShutdownFinishesRequestBeingRead(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			s, err := frontend.Start(name, "127.0.0.1:0", newApp().handler(), frontend.Options{MaxBodyBytes: testMaxBody})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, idle := dial(t, s.Addr()), dial(t, s.Addr())
+			c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello")
+			idle.send(t, post("/echo", "x", ""))
+			resp, b := idle.response(t)
+			expect(t, resp, b, 200, "x")
+			time.Sleep(100 * time.Millisecond)
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				done <- s.ShutdownWithContext(ctx)
+			}()
+			if _, err := idle.br.Read(make([]byte, 1)); err != io.EOF {
+				t.Errorf("the connection between requests: %v, want closed", err)
+			}
+			c.send(t, "world")
+			resp, err = http.ReadResponse(c.br, nil)
+			if err != nil {
+				t.Fatalf("a request whose body was coming when the shutdown began: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			expect(t, resp, string(body), 200, "helloworld")
+			if !resp.Close {
+				t.Error("answered during a shutdown without Connection: close")
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestRebindAfterShutdown: connections the server closed first wait out
 // TIME_WAIT on its port; a listener that sets SO_REUSEADDR without
 // SO_REUSEPORT (Go's, nginx's, the other front end) must still bind it at

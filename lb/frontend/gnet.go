@@ -275,7 +275,7 @@ func (s *GNet) ShutdownWithContext(ctx context.Context) error {
 // drain waits until nothing is served, the engine stopped (on its own:
 // what it served went with its connections), or ctx ends.
 func (s *GNet) drain(ctx context.Context) error {
-	for s.serving.Load() > 0 {
+	for s.serving.Load() > 0 || s.reading() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -372,9 +372,23 @@ func (s *GNet) OnTick() (time.Duration, gnet.Action) {
 	return every, gnet.None
 }
 
+// reading says a connection is reading a request (its ReadTimeout bounds
+// it).
+func (s *GNet) reading() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for gc := range s.conns {
+		if gc.partial.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // closeIdle closes the connections that serve nothing and either waited
 // for a request longer than IdleTimeout or have sent part of one for longer
-// than ReadTimeout; now == 0 closes every one that serves nothing.
+// than ReadTimeout; now == 0 closes every one that serves nothing and is
+// not reading a request.
 func (s *GNet) closeIdle(now int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -386,13 +400,19 @@ func (s *GNet) closeIdle(now int64) {
 			_ = gc.c.Close()
 			continue
 		}
+		reading := gc.partial.Load()
 		since, limit := gc.lastRead.Load(), s.o.IdleTimeout
-		if gc.partial.Load() {
+		if reading || gc.fresh.Load() {
 			since, limit = gc.dueSince.Load(), s.o.ReadTimeout
 		}
 		switch {
 		case now == 0:
-			_ = gc.c.Close()
+			// A request partly read is finished and answered (drain
+			// waits for it), as nginx and fasthttp do: a client cannot
+			// tell whether a cut POST got through.
+			if !reading {
+				_ = gc.c.Close()
+			}
 		case now-since > int64(limit):
 			// Closed on its loop unless the client is still reading
 			// an answer.

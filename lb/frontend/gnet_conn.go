@@ -91,14 +91,16 @@ type gconn struct {
 	// lastRead is the coarse unix nanoseconds of the last traffic, or of
 	// the end of the last answer: a connection's idle time runs from both.
 	lastRead atomic.Int64
-	// partial: a request is due: some of one came (on TLS, maybe only
-	// part of a record), or none came yet on a new connection. dueSince
-	// is the coarse unix nanoseconds since when, or since the answer
-	// before it ended: ReadTimeout bounds a request's whole reading,
-	// however its bytes trickle in, as fasthttp's does (nginx's
-	// client_header_timeout); IdleTimeout the wait for one to begin.
-	partial  atomic.Bool
-	dueSince atomic.Int64
+	// partial: some of a request came (on TLS, maybe only part of a
+	// record); fresh: nothing came yet on this new connection, which owes
+	// its first request within ReadTimeout too. dueSince is the coarse
+	// unix nanoseconds since when a request is due (the connection's
+	// open, the first byte, or the end of the answer before it):
+	// ReadTimeout bounds a request's whole reading, however its bytes
+	// trickle in, as fasthttp's does (nginx's client_header_timeout);
+	// IdleTimeout the wait for one to begin.
+	partial, fresh atomic.Bool
+	dueSince       atomic.Int64
 	// pending is the outbound bytes the loop last saw waiting for the
 	// client, after a write or a look: a writer waiting on them (wait)
 	// and the idle sweep (checkIdle) take a change for progress.
@@ -152,7 +154,7 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 	// A new connection owes its first request within ReadTimeout, as on
 	// fasthttp (nginx's client_header_timeout), not the keep-alive idle
 	// time.
-	gc.partial.Store(true)
+	gc.fresh.Store(true)
 	gc.dueSince.Store(s.now.Load())
 	// Bound once: a method value made per write would allocate.
 	gc.written = func(c gnet.Conn, err error) error { return gc.settle(c, err, maxOutbound) }
@@ -167,10 +169,13 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 // arrived marks a request due once bytes come to a connection that had
 // none due; on the loop, before read.
 func (gc *gconn) arrived() {
-	if !gc.partial.Load() && gc.c.InboundBuffered() > 0 {
-		gc.dueSince.Store(gc.s.now.Load())
-		gc.partial.Store(true)
+	if gc.partial.Load() || gc.c.InboundBuffered() == 0 {
+		return
 	}
+	if !gc.fresh.Swap(false) {
+		gc.dueSince.Store(gc.s.now.Load())
+	}
+	gc.partial.Store(true)
 }
 
 // answered restarts the connection's clocks at the end of an answer: its
