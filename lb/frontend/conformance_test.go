@@ -431,6 +431,20 @@ func TestChunkedRequestBody(t *testing.T) {
 		c.send(t, "6\r\n world\r\n0\r\n\r\n")
 		resp, b := c.response(t)
 		expect(t, resp, b, 200, "hello world")
+		// A byte a read, with a chunk extension and a trailer.
+		body := "5;x=y\r\nhello\r\n6\r\n world\r\n0\r\nT: v\r\n\r\n"
+		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := range len(body) {
+			time.Sleep(time.Millisecond)
+			c.send(t, body[i:i+1])
+		}
+		resp, b = c.response(t)
+		expect(t, resp, b, 200, "hello world")
+		// A malformed size is refused at once, not after more bytes.
+		c = dial(t, addr)
+		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5x\r\nhe")
+		resp, b = c.response(t)
+		expectError(t, resp, b, 400)
 	})
 }
 

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"log"
@@ -64,6 +65,7 @@ type gconn struct {
 	// Owned by the event loop.
 	next      *fasthttp.RequestCtx // parsed into; kept while incomplete
 	need      int                  // bytes the head request needs before a reparse (0: unknown)
+	chunkAt   int                  // where the head request's chunked body is scanned from next (chunkedNeed)
 	continued bool                 // 100 Continue queued for the head request
 	stopped   bool                 // no more requests: Connection: close, a parse error, Shutdown
 	refused   bool                 // over its address's cap, answered 429 (refuse.go)
@@ -203,7 +205,7 @@ func (gc *gconn) read() gnet.Action {
 			break
 		}
 		gc.consume(used)
-		gc.need, gc.continued, parsed = 0, false, true
+		gc.need, gc.chunkAt, gc.continued, parsed = 0, 0, false, true
 		if err != nil || ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() || gc.s.shutdown.Load() {
 			gc.stopped = true
 		}
@@ -393,6 +395,11 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 		case cl >= 0 && len(buf) < head+cl:
 			gc.need = head + cl
 			return nil, 0, errNeedMore
+		case cl == -1:
+			if gc.chunkAt, gc.need = chunkedNeed(buf, max(gc.chunkAt, head), gc.s.o.MaxBodyBytes); gc.need > 0 {
+				return nil, 0, errNeedMore
+			}
+			err = req.ContinueReadBody(p.br, gc.s.o.MaxBodyBytes, false)
 		default:
 			err = req.ContinueReadBody(p.br, gc.s.o.MaxBodyBytes, false)
 		}
@@ -403,6 +410,60 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 	ctx := gc.next
 	gc.next = nil
 	return ctx, p.consumed(buf), err
+}
+
+// chunkedNeed scans the chunked body in buf from at, the start of a
+// chunk's size line, past every chunk wholly there, so that a body that
+// comes in many reads is parsed once it may be whole, not again at each
+// read (each parse decodes it from its start). It returns where the next
+// scan starts, and the length buf must reach before that scan is worth
+// it; 0 when the body may be whole, or the scan cannot tell (a malformed
+// size, the last chunk, more than max bytes): the parser says then.
+func chunkedNeed(buf []byte, at, max int) (next, need int) {
+	total := 0
+	for {
+		lf := bytes.IndexByte(buf[at:], '\n')
+		if lf < 0 {
+			return at, len(buf) + 1
+		}
+		line, size, digits := buf[at:at+lf], 0, 0
+		for _, c := range line {
+			v := hexValue(c)
+			if v < 0 {
+				break
+			}
+			size, digits = size<<4|v, digits+1
+			if size > max {
+				return at, 0
+			}
+		}
+		total += size
+		if digits == 0 || size == 0 || total > max || digits < len(line) && !sizeEnds(line[digits]) {
+			return at, 0
+		}
+		end := at + lf + 1 + size + 2 // the data and its CRLF
+		if end > len(buf) {
+			return at, end
+		}
+		at = end
+	}
+}
+
+// sizeEnds says c may follow a chunk size: its line's end, or an
+// extension (RFC 9112 7.1.1).
+func sizeEnds(c byte) bool { return c == '\r' || c == ';' || c == ' ' || c == '\t' }
+
+// hexValue is c's value as a hex digit, -1 when it is not one.
+func hexValue(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
 }
 
 // work serves the queue in order until it is empty or a stream takes it

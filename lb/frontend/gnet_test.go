@@ -265,3 +265,27 @@ func clientHello(t *testing.T) []byte {
 	}
 	return append(head, body...)
 }
+
+// TestChunkedNeed: the scan of a chunked body that came in part skips the
+// chunks wholly there and asks for the rest of the one that is not; it
+// leaves to the parser what may be whole or is malformed.
+func TestChunkedNeed(t *testing.T) {
+	f := func(buf string, at, wantNext, wantNeed int) {
+		t.Helper()
+		if next, need := chunkedNeed([]byte(buf), at, 100); next != wantNext || need != wantNeed {
+			t.Errorf("%q from %d: next %d, need %d; want %d, %d", buf, at, next, need, wantNext, wantNeed)
+		}
+	}
+	f("5\r\nhel", 0, 0, 10)
+	f("5\r\n", 0, 0, 10)
+	f("5", 0, 0, 2)
+	f("5\r\nhello\r\n3\r\nab", 0, 10, 18)
+	f("5\r\nhello\r\n3\r\nab", 10, 10, 18)
+	f("5;name=value\r\nhello\r\n", 0, 21, 22)
+	f("A\r\n0123456789\r\n", 0, 15, 16)
+	f("5\r\nhello\r\n0\r\n", 0, 10, 0) // the last chunk: trailers follow
+	f("5x\r\nhello\r\n", 0, 0, 0)      // malformed
+	f("\r\n", 0, 0, 0)
+	f("65\r\n", 0, 0, 0)                                       // 101 bytes: over max
+	f("3c\r\n"+strings.Repeat("a", 60)+"\r\n3c\r\n", 0, 66, 0) // 120 in all
+}
