@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -58,7 +59,13 @@ func (workerTransport) send(x *completion) {
 	now := time.Now()
 	cut := frontend.ClientCut(x.ctx)
 	if cut == nil {
-		cut = upstream.ChanCut(frontend.ClientGone(x.ctx))
+		if gone := frontend.ClientGone(x.ctx); gone != nil || x.req.Stream {
+			// A stream's first write after its head finds a client
+			// gone on fasthttp.
+			cut = upstream.ChanCut(gone)
+		} else {
+			cut = &lateWatch{ctx: x.ctx}
+		}
 	}
 	x.answered(callPod(cut, x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
 }
@@ -88,3 +95,54 @@ func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Respon
 }
 
 func (workerTransport) block(*completion) bool { return true }
+
+// lateWatch cuts a whole answer's call on fasthttp once its client leaves.
+// fasthttp reads nothing while a handler runs, and a whole answer is the
+// pod's whole generation (max_tokens of GPU time, the ledger's charge
+// held), so a watch of the client's connection (frontend.WatchClient)
+// sees it leave; it starts only once the call has taken clientWatchAfter,
+// so that the many short answers pay a timer, not the watch's goroutine
+// and deadline changes.
+type lateWatch struct {
+	ctx *fasthttp.RequestCtx
+	// mu orders the timer's start of the watch with Unwatch: none starts
+	// after it, when fasthttp may be reading the connection again.
+	mu      sync.Mutex
+	timer   *time.Timer
+	stop    chan struct{}
+	stopped bool
+}
+
+// clientWatchAfter is how long a whole answer is waited for before its
+// client's connection is watched.
+const clientWatchAfter = 250 * time.Millisecond
+
+func (w *lateWatch) Watch(c upstream.Cutter) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stop = make(chan struct{})
+	w.timer = time.AfterFunc(clientWatchAfter, func() {
+		w.mu.Lock()
+		var gone <-chan struct{}
+		if !w.stopped {
+			gone = frontend.WatchClient(w.ctx)
+		}
+		w.mu.Unlock()
+		if gone == nil {
+			return
+		}
+		select {
+		case <-gone:
+			c.Cut()
+		case <-w.stop:
+		}
+	})
+}
+
+func (w *lateWatch) Unwatch(upstream.Cutter) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	w.timer.Stop()
+	close(w.stop)
+}
