@@ -229,3 +229,35 @@ func TestAccessLogReopen(t *testing.T) {
 		t.Fatalf("the rotated file holds %q (%v)", old, err)
 	}
 }
+
+// TestPodFailureNamed: an answer the gateway gives for a pod that failed
+// (reset: 502; no answer in time: 504) names the pod in x-pdlb-pod and in
+// its access log line, on both front ends, as nginx's $upstream_addr
+// does. Neither did before: an operator had to guess which pod.
+func TestPodFailureNamed(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		for _, fl := range []struct {
+			name  string
+			serve func(net.Conn, *http.Request)
+			want  int
+		}{{"reset", resetPod, 502}, {"hung", hungPod, 504}} {
+			t.Run(fe+"/"+fl.name, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "access.log")
+				s := testGateway(t, []config.Pod{{Name: "pod-bad", Model: "m", Address: fakePod(t, fl.serve)}}, func(c *config.Config) {
+					c.Frontend = fe
+					c.AccessLog = path
+					c.Health.Interval = time.Hour
+					c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = 300*time.Millisecond, 300*time.Millisecond
+				})
+				resp, b := post(t, s, "/v1/chat/completions", chatBody)
+				if resp.StatusCode != fl.want || resp.Header.Get("x-pdlb-pod") != "pod-bad" {
+					t.Fatalf("%d from %q, want %d from pod-bad: %s", resp.StatusCode, resp.Header.Get("x-pdlb-pod"), fl.want, b)
+				}
+				lines := readAccessLog(t, s, path)
+				if len(lines) != 1 || lines[0].str("pod") != "pod-bad" || lines[0].num("status") != float64(fl.want) {
+					t.Fatalf("access log %v, want one %d line naming pod-bad", lines, fl.want)
+				}
+			})
+		}
+	}
+}

@@ -123,10 +123,14 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f
 	}
 	g.leave(x)
 	g.ledger.Finish(x.ticket)
-	// The id the access log names it by, as on a pod's answer.
+	// The id the access log names it by, as on a pod's answer, and the pod
+	// that failed it, if one did.
 	ctx.Response.Header.SetBytesV(headerRequestID, x.reqID)
+	if f.Pod != nil {
+		ctx.Response.Header.Set(headerPod, f.Pod.Config.Name)
+	}
 	writeFailure(ctx, f)
-	g.logCompletion(ctx, x, nil, f.E.Status, f.E)
+	g.logCompletion(ctx, x, f.Pod, f.E.Status, f.E)
 	g.observeEnd(x, nil, f.E.Status, f.E)
 	g.metrics.countRequest(m, f.E.Status)
 	if f.E.Status == fasthttp.StatusTooManyRequests {
