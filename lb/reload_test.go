@@ -40,6 +40,14 @@ func TestReloadSwapsPodsWithoutDroppingStreams(t *testing.T) {
 	if err := s.Reload(cfg); err == nil || !strings.Contains(err.Error(), "restart") {
 		t.Fatalf("a reload that changes the listeners: %v", err)
 	}
+	// The refusal names the setting, and both values.
+	cfg = s.Gateway.Config()
+	retries := cfg.Upstream.Retries
+	cfg.Upstream.Retries = retries + 2
+	want := fmt.Sprintf("upstream.retries: %d → %d needs a restart", retries, retries+2)
+	if err := s.Reload(cfg); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a reload that changes upstream.retries: %v; want %q", err, want)
+	}
 	cfg = s.Gateway.Config()
 	cfg.Pods = podsOf("m", sims[1], sims[2])
 	if err := s.Reload(cfg); err != nil {

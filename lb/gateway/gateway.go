@@ -19,7 +19,6 @@ import (
 	"maps"
 	"net"
 	"os"
-	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -236,8 +235,8 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 	same := cfg
 	same.Pods, same.Models = g.cfg.Pods, g.cfg.Models
 	same.TLS.Certificates, same.TLS.AdminCertificates = g.cfg.TLS.Certificates, g.cfg.TLS.AdminCertificates
-	if !reflect.DeepEqual(same, g.cfg) {
-		return fmt.Errorf("%w: only pods, models and certificate lists change on reload; the other settings need a restart", config.ErrInvalid)
+	if d := config.Diff(g.cfg, same); d != "" {
+		return fmt.Errorf("%w: %s needs a restart (only pods, models and certificate lists change on reload)", config.ErrInvalid, d)
 	}
 	prev := g.pool.Load()
 	snap, err := pool.Build(&cfg, g.dial, prev)
