@@ -63,3 +63,17 @@ func TestMetricsApart(t *testing.T) {
 	f(":9090", "admin")
 	f("9100", "host:port")
 }
+
+// TestAdminTokenRequired: an admin listener beyond loopback wants a
+// token, and the refusal names admin_token as the file spells it (a top
+// level key), not under the limits package's prefix.
+func TestAdminTokenRequired(t *testing.T) {
+	c := Default()
+	c.Admin = ":9090"
+	c.Pods = []Pod{{Model: "m", Address: "127.0.0.1:8001"}}
+	c.Provision()
+	err := c.Validate()
+	if want := `config: invalid: admin_token = "" must be set when admin (":9090") is not a loopback address`; err == nil || err.Error() != want {
+		t.Fatalf("got %v, want %s", err, want)
+	}
+}

@@ -663,7 +663,8 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Access.Validate(c.Admin); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
+		// Its keys are the file's top level: not "limits: invalid".
+		return fmt.Errorf("%w: %s", ErrInvalid, strings.TrimPrefix(err.Error(), limits.ErrInvalid.Error()+": "))
 	}
 	if err := c.Discovery.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)

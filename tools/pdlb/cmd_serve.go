@@ -95,8 +95,9 @@ func cmdServe(args []string, stdout io.Writer) error {
 	fs := newFlagSet("serve", "[--config FILE] [--pod SPEC]... [--listen ADDR] [--admin ADDR]",
 		`Runs the gateway in front of the pods of a config file and/or --pod flags.
 
-A pod spec is comma-separated key=value pairs with the keys of a pod in the
-config file, e.g.
+A pod spec is comma-separated key=value pairs, with these keys of a pod in
+the config file: model, address, engine, role, roleset, name, bucket_min,
+bucket_max, weight, bootstrap_port (KV events and the rest: the file), e.g.
   --pod model=llama,address=10.0.0.5:8000,engine=vllm
   --pod model=llama,address=10.0.0.6:8000,engine=sglang,weight=2`, stdout)
 	var (
