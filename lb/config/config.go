@@ -454,9 +454,77 @@ func (c *Config) UnmarshalYAML(data []byte) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return fmt.Errorf("%w: %s", ErrInvalid, nameFields(data, te))
+		}
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	return nil
+}
+
+// nameFields rewrites yaml's "line 3: cannot unmarshal !!str `many` into
+// int" as "upstream.retries: cannot unmarshal !!str `many` into int (line
+// 3)", the field found by its line and value in data, with a hint for a
+// duration given as a bare number.
+func nameFields(data []byte, te *yaml.TypeError) string {
+	var doc yaml.Node
+	_ = yaml.Unmarshal(data, &doc)
+	out := make([]string, len(te.Errors))
+	for i, e := range te.Errors {
+		out[i] = e
+		var line int
+		var rest string
+		if n, _ := fmt.Sscanf(e, "line %d:", &line); n != 1 {
+			continue
+		}
+		_, rest, _ = strings.Cut(e, ": ")
+		value := ""
+		if _, v, ok := strings.Cut(rest, "`"); ok {
+			value, _, _ = strings.Cut(v, "`")
+		}
+		if path := fieldAt(&doc, "", line, value); path != "" {
+			out[i] = fmt.Sprintf("%s: %s (line %d)", path, rest, line)
+		}
+		if strings.HasSuffix(rest, "into time.Duration") {
+			out[i] += "; a duration has a unit, e.g. 30s or 1m"
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// fieldAt is the path of the scalar value on line whose text is value,
+// under n (at path); "" when there is none.
+func fieldAt(n *yaml.Node, path string, line int, value string) string {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if p := fieldAt(c, path, line, value); p != "" {
+				return p
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := n.Content[i].Value
+			if path != "" {
+				p = path + "." + p
+			}
+			if p := fieldAt(n.Content[i+1], p, line, value); p != "" {
+				return p
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			if p := fieldAt(c, fmt.Sprintf("%s[%d]", path, i), line, value); p != "" {
+				return p
+			}
+		}
+	case yaml.ScalarNode:
+		if n.Line == line && n.Value == value {
+			return path
+		}
+	}
+	return ""
 }
 
 // Provision fills the fields whose empty value means a default: each

@@ -191,3 +191,20 @@ func TestParsePodFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestWrongTypeNamesField: a value of the wrong type is refused naming its
+// field by its path in the file, as every other bad value is; a duration
+// given as a bare number says how to write one.
+func TestWrongTypeNamesField(t *testing.T) {
+	f := func(doc, want string) {
+		t.Helper()
+		c := Default()
+		if err := c.UnmarshalYAML([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want %q in it", doc, err, want)
+		}
+	}
+	f("max_body_bytes: lots\n", "max_body_bytes: cannot unmarshal !!str `lots` into int (line 1)")
+	f("upstream:\n  retries: many\n", "upstream.retries: cannot unmarshal !!str `many` into int (line 2)")
+	f("client_read_timeout: 30\n", "client_read_timeout: cannot unmarshal !!int `30` into time.Duration (line 1); a duration has a unit")
+	f("pods:\n  - {model: m, address: \"a:1\", weight: x}\n", "pods[0].weight: cannot unmarshal !!str `x` into float64 (line 2)")
+}
