@@ -1004,3 +1004,25 @@ func TestHandOverWhileDraining(t *testing.T) {
 		})
 	}
 }
+
+// TestChunkedOverLimitInSmallReads: a chunked body that goes over
+// MaxBodyBytes a chunk a read is refused with 413 once it does, and a
+// size line ending in a bare LF with 400 at once, on both front ends.
+func TestChunkedOverLimitInSmallReads(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		c := dial(t, addr)
+		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+		chunk := fmt.Sprintf("%x\r\n%s\r\n", 1024, strings.Repeat("c", 1024))
+		for range testMaxBody/1024 + 16 {
+			c.send(t, chunk)
+			time.Sleep(time.Millisecond)
+		}
+		resp, b := c.response(t)
+		expectError(t, resp, b, 413)
+
+		c = dial(t, addr)
+		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n400\nhe")
+		resp, b = c.response(t)
+		expectError(t, resp, b, 400)
+	})
+}

@@ -3,6 +3,7 @@ package frontend
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"errors"
 	"io"
 	"log"
@@ -65,7 +66,7 @@ type gconn struct {
 	// Owned by the event loop.
 	next      *fasthttp.RequestCtx // parsed into; kept while incomplete
 	need      int                  // bytes the head request needs before a reparse (0: unknown)
-	chunkAt   int                  // where the head request's chunked body is scanned from next (chunkedNeed)
+	scanned   chunkScan            // the head request's chunked body, as far as scanned
 	continued bool                 // 100 Continue queued for the head request
 	stopped   bool                 // no more requests: Connection: close, a parse error, Shutdown
 	refused   bool                 // over its address's cap, answered 429 (refuse.go)
@@ -205,7 +206,7 @@ func (gc *gconn) read() gnet.Action {
 			break
 		}
 		gc.consume(used)
-		gc.need, gc.chunkAt, gc.continued, parsed = 0, 0, false, true
+		gc.need, gc.scanned, gc.continued, parsed = 0, chunkScan{}, false, true
 		if err != nil || ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() || gc.s.shutdown.Load() {
 			gc.stopped = true
 		}
@@ -396,7 +397,7 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 			gc.need = head + cl
 			return nil, 0, errNeedMore
 		case cl == -1:
-			if gc.chunkAt, gc.need = chunkedNeed(buf, max(gc.chunkAt, head), gc.s.o.MaxBodyBytes); gc.need > 0 {
+			if gc.need = gc.scanned.need(buf, head, gc.s.o.MaxBodyBytes); gc.need > 0 {
 				return nil, 0, errNeedMore
 			}
 			err = req.ContinueReadBody(p.br, gc.s.o.MaxBodyBytes, false)
@@ -412,46 +413,52 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 	return ctx, p.consumed(buf), err
 }
 
-// chunkedNeed scans the chunked body in buf from at, the start of a
-// chunk's size line, past every chunk wholly there, so that a body that
-// comes in many reads is parsed once it may be whole, not again at each
-// read (each parse decodes it from its start). It returns where the next
-// scan starts, and the length buf must reach before that scan is worth
-// it; 0 when the body may be whole, or the scan cannot tell (a malformed
-// size, the last chunk, more than max bytes): the parser says then.
-func chunkedNeed(buf []byte, at, max int) (next, need int) {
-	total := 0
+// chunkScan is how far the chunked body of the request at the head of the
+// buffer has been scanned: at, the start of the next chunk's size line;
+// body, the bytes of the chunks before it. Zero: not scanned yet.
+type chunkScan struct{ at, body int }
+
+// need scans the chunked body in buf (its head head bytes long) from
+// where the last scan stopped, past every chunk wholly there, so that a
+// body that comes in many reads is parsed once it may be whole, not again
+// at each read (each parse decodes it from its start). It returns the
+// length buf must reach before the next scan is worth it; 0 when the body
+// may be whole or is not plainly well formed (the last chunk, a size line
+// other than 1-15 hex digits with an optional extension and CRLF, data
+// without its CRLF, more than max bytes in all): the parser says then.
+func (s *chunkScan) need(buf []byte, head, max int) int {
+	s.at = cmp.Or(s.at, head)
 	for {
-		lf := bytes.IndexByte(buf[at:], '\n')
+		lf := bytes.IndexByte(buf[s.at:], '\n')
 		if lf < 0 {
-			return at, len(buf) + 1
+			return len(buf) + 1
 		}
-		line, size, digits := buf[at:at+lf], 0, 0
-		for _, c := range line {
-			v := hexValue(c)
+		line := buf[s.at : s.at+lf]
+		if len(line) == 0 || line[len(line)-1] != '\r' {
+			return 0
+		}
+		line = line[:len(line)-1]
+		size, digits := 0, 0
+		for ; digits < len(line) && digits < 16; digits++ {
+			v := hexValue(line[digits])
 			if v < 0 {
 				break
 			}
-			size, digits = size<<4|v, digits+1
-			if size > max {
-				return at, 0
-			}
+			size = size<<4 | v
 		}
-		total += size
-		if digits == 0 || size == 0 || total > max || digits < len(line) && !sizeEnds(line[digits]) {
-			return at, 0
+		if digits == 0 || digits > 15 || size == 0 || size > max-s.body || digits < len(line) && line[digits] != ';' {
+			return 0
 		}
-		end := at + lf + 1 + size + 2 // the data and its CRLF
+		end := s.at + lf + 1 + size + 2 // the data and its CRLF
 		if end > len(buf) {
-			return at, end
+			return end
 		}
-		at = end
+		if buf[end-2] != '\r' || buf[end-1] != '\n' {
+			return 0
+		}
+		s.at, s.body = end, s.body+size
 	}
 }
-
-// sizeEnds says c may follow a chunk size: its line's end, or an
-// extension (RFC 9112 7.1.1).
-func sizeEnds(c byte) bool { return c == '\r' || c == ';' || c == ' ' || c == '\t' }
 
 // hexValue is c's value as a hex digit, -1 when it is not one.
 func hexValue(c byte) int {

@@ -268,24 +268,41 @@ func clientHello(t *testing.T) []byte {
 
 // TestChunkedNeed: the scan of a chunked body that came in part skips the
 // chunks wholly there and asks for the rest of the one that is not; it
-// leaves to the parser what may be whole or is malformed.
+// leaves to the parser what may be whole or is not plainly well formed,
+// and counts the body's bytes across scans.
 func TestChunkedNeed(t *testing.T) {
-	f := func(buf string, at, wantNext, wantNeed int) {
+	f := func(buf string, wantAt, wantNeed int) {
 		t.Helper()
-		if next, need := chunkedNeed([]byte(buf), at, 100); next != wantNext || need != wantNeed {
-			t.Errorf("%q from %d: next %d, need %d; want %d, %d", buf, at, next, need, wantNext, wantNeed)
+		var s chunkScan
+		if need := s.need([]byte(buf), 0, 100); s.at != wantAt || need != wantNeed {
+			t.Errorf("%q: at %d, need %d; want %d, %d", buf, s.at, need, wantAt, wantNeed)
 		}
 	}
-	f("5\r\nhel", 0, 0, 10)
-	f("5\r\n", 0, 0, 10)
-	f("5", 0, 0, 2)
-	f("5\r\nhello\r\n3\r\nab", 0, 10, 18)
-	f("5\r\nhello\r\n3\r\nab", 10, 10, 18)
-	f("5;name=value\r\nhello\r\n", 0, 21, 22)
-	f("A\r\n0123456789\r\n", 0, 15, 16)
-	f("5\r\nhello\r\n0\r\n", 0, 10, 0) // the last chunk: trailers follow
-	f("5x\r\nhello\r\n", 0, 0, 0)      // malformed
-	f("\r\n", 0, 0, 0)
-	f("65\r\n", 0, 0, 0)                                       // 101 bytes: over max
-	f("3c\r\n"+strings.Repeat("a", 60)+"\r\n3c\r\n", 0, 66, 0) // 120 in all
+	f("5\r\nhel", 0, 10)
+	f("5\r\n", 0, 10)
+	f("5", 0, 2)
+	f("5\r\nhello\r\n3\r\nab", 10, 18)
+	f("5;name=value\r\nhello\r\n", 21, 22)
+	f("A\r\n0123456789\r\n", 15, 16)
+	f("5\r\nhello\r\n0\r\n", 10, 0) // the last chunk: trailers follow
+	f("5x\r\nhello\r\n", 0, 0)      // not plainly well formed: the parser says
+	f("5 \r\nhello\r\n", 0, 0)
+	f("5\nhello\r\n", 0, 0)
+	f("5\r\nhelloXY", 0, 0)
+	f("0000000000000005\r\nhello\r\n", 0, 0) // 16 digits
+	f("\r\n", 0, 0)
+	f("65\r\n", 0, 0) // 101 bytes: over max
+	f("3c\r\n"+strings.Repeat("a", 60)+"\r\n3c\r\n", 66, 0)
+
+	// Across scans, from where the last stopped, the body counted whole.
+	var s chunkScan
+	chunk := "32\r\n" + strings.Repeat("b", 50) + "\r\n"
+	buf := "HEAD" + chunk
+	if need := s.need([]byte(buf), 4, 100); need != len(buf)+1 || s.at != len(buf) || s.body != 50 {
+		t.Fatalf("first scan: need %d, at %d, body %d", need, s.at, s.body)
+	}
+	buf += chunk + chunk
+	if need := s.need([]byte(buf), 4, 100); need != 0 || s.body != 100 {
+		t.Fatalf("a third chunk over max: need %d, body %d; want 0 (the parser's 413)", need, s.body)
+	}
 }
