@@ -900,6 +900,64 @@ func TestShutdownFinishesRequestBeingRead(t *testing.T) {
 	}
 }
 
+// TestShutdownClosesWhatReadsNoRequest: a shutdown does not wait for a
+// connection that is reading no request: one still sending after its
+// 413 (its bytes are discarded), or, on gnet, a TLS connection that
+// finished its handshake and sent nothing (fasthttp's own shutdown waits
+// for that one until its read timeout).
+func TestShutdownClosesWhatReadsNoRequest(t *testing.T) {
+	ts := newTLSSetup(t)
+	for _, name := range frontEnds {
+		for _, tc := range []string{"after 413", "tls, no request"} {
+			if tc == "tls, no request" && name == frontend.NameFastHTTP {
+				continue
+			}
+			t.Run(name+"/"+tc, func(t *testing.T) {
+				o := frontend.Options{MaxBodyBytes: testMaxBody, ReadTimeout: 20 * time.Second}
+				if tc == "tls, no request" {
+					o = ts.options()
+					o.ReadTimeout = 20 * time.Second
+				}
+				s, err := frontend.Start(name, "127.0.0.1:0", newApp().handler(), o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				nc := dialTCP(t, s.Addr())
+				if tc == "tls, no request" {
+					if err := tls.Client(nc, ts.clientConfig("http/1.1")).Handshake(); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					c := &client{Conn: nc, br: bufio.NewReader(nc)}
+					c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n")
+					resp, b := c.response(t)
+					expectError(t, resp, b, 413)
+					stop := make(chan struct{})
+					defer close(stop)
+					go func() {
+						for {
+							select {
+							case <-stop:
+								return
+							case <-time.After(50 * time.Millisecond):
+							}
+							if _, err := nc.Write(make([]byte, 1024)); err != nil {
+								return
+							}
+						}
+					}()
+				}
+				time.Sleep(300 * time.Millisecond)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := s.ShutdownWithContext(ctx); err != nil {
+					t.Fatalf("shutdown: %v", err)
+				}
+			})
+		}
+	}
+}
+
 // TestRebindAfterShutdown: connections the server closed first wait out
 // TIME_WAIT on its port; a listener that sets SO_REUSEADDR without
 // SO_REUSEPORT (Go's, nginx's, the other front end) must still bind it at

@@ -378,7 +378,7 @@ func (s *GNet) reading() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for gc := range s.conns {
-		if gc.partial.Load() {
+		if gc.unread.Load() {
 			return true
 		}
 	}
@@ -400,9 +400,8 @@ func (s *GNet) closeIdle(now int64) {
 			_ = gc.c.Close()
 			continue
 		}
-		reading := gc.partial.Load()
 		since, limit := gc.lastRead.Load(), s.o.IdleTimeout
-		if reading || gc.fresh.Load() {
+		if gc.partial.Load() || gc.fresh.Load() {
 			since, limit = gc.dueSince.Load(), s.o.ReadTimeout
 		}
 		switch {
@@ -410,7 +409,7 @@ func (s *GNet) closeIdle(now int64) {
 			// A request partly read is finished and answered (drain
 			// waits for it), as nginx and fasthttp do: a client cannot
 			// tell whether a cut POST got through.
-			if !reading {
+			if !gc.unread.Load() {
 				_ = gc.c.Close()
 			}
 		case now-since > int64(limit):

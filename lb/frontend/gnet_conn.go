@@ -104,6 +104,10 @@ type gconn struct {
 	// IdleTimeout the wait for one to begin.
 	partial, fresh atomic.Bool
 	dueSince       atomic.Int64
+	// unread: read left bytes of a request it could not parse yet, which
+	// a shutdown lets come whole and answers (unlike a connection that
+	// sent nothing, a TLS handshake, or a stopped one's discarded bytes).
+	unread atomic.Bool
 	// pending is the outbound bytes the loop last saw waiting for the
 	// client, after a write or a look: a writer waiting on them (wait)
 	// and the idle sweep (checkIdle) take a change for progress.
@@ -224,6 +228,7 @@ func (gc *gconn) read() gnet.Action {
 		}
 		gc.partial.Store(n > 0)
 	}
+	gc.unread.Store(n > 0)
 	// A client pipelining past a full queue: what it sent beyond one
 	// largest request is refused.
 	if n > gc.s.o.MaxHeaderBytes+gc.s.o.MaxBodyBytes+maxOutbound {
