@@ -131,16 +131,23 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 }
 
 // mayHedge says a hung attempt of x could go on elsewhere: retry_on lists
-// timeouts, x has attempts left (as mayRetry counts them) and its model a
-// pod it has not tried. Else giving up at the first-byte deadline only
-// turns an answer on its way into a 504.
+// timeouts, x has attempts left (as mayRetry counts them), and its model
+// a pod that could answer it and that it has not tried (a combined pod,
+// or a decode pod, alone or in a pair) or a fallback model to go to.
+// Else giving up at the first-byte deadline only turns an answer on its
+// way into a 504.
 func (g *Gateway) mayHedge(x *completion) bool {
 	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) {
 		return false
 	}
-	for _, p := range x.m.Combined {
-		if !tried(x.tried, p.ID) {
-			return true
+	if len(x.fallbacks) > 0 {
+		return true
+	}
+	for _, pods := range [][]*pool.Pod{x.m.Combined, x.m.Decode} {
+		for _, p := range pods {
+			if !tried(x.tried, p.ID) {
+				return true
+			}
 		}
 	}
 	return false

@@ -265,6 +265,54 @@ func TestFirstByteHedgedOnlyWithARetry(t *testing.T) {
 	f("every pod tried", 5, nil, 3, false)
 }
 
+// TestFirstByteHedgedWithFallbackOrDecode: a retry may also go to a
+// fallback model, or on a PD model to another decode pod: the hedge stays
+// on for those (it was off where the model had no other combined pod).
+func TestFirstByteHedgedWithFallbackOrDecode(t *testing.T) {
+	t.Run("fallback", func(t *testing.T) {
+		cfg := config.Default()
+		cfg.Upstream.Retries = 1
+		cfg.Upstream.Retry.FirstByte.Factor = 3
+		cfg.Models = []config.Model{{Name: "m", Policy: "least_request", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n", Policy: "least_request"}}
+		cfg.Pods = []config.Pod{{Name: "hung", Model: "m", Address: "127.0.0.1:10000"}, {Name: "ok", Model: "n", Address: "127.0.0.1:10001"}}
+		cfg.Provision()
+		g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
+		s := &scripted{errs: []error{fasthttp.ErrTimeout, nil}, blocks: true}
+		x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+		ctx.Request.SetBodyString(`{"model":"m","prompt":"say something long enough to count"}`)
+		x.fallbacks = m.LoRA.Fallback
+		x.req.MaxTokens = 16
+		g.advance(x)
+		if fmt.Sprint(s.sent) != "[hung ok]" {
+			t.Fatalf("sent to %v", s.sent)
+		}
+		if n := g.metrics.retry.byReason[fail.Hung].Get(); n != 1 {
+			t.Errorf("%d hedged retries, want 1 (its retry went to fallback n)", n)
+		}
+	})
+	t.Run("decode", func(t *testing.T) {
+		cfg := config.Default()
+		cfg.Upstream.Retries = 1
+		cfg.Upstream.Retry.FirstByte.Factor = 3
+		cfg.Models = []config.Model{{Name: "m"}}
+		pod := func(name, role string, port int) config.Pod {
+			return config.Pod{Name: name, Model: "m", Address: fmt.Sprintf("127.0.0.1:%d", port), Role: role, Roleset: "a"}
+		}
+		cfg.Pods = []config.Pod{pod("p0", "prefill", 10000), pod("d0", "decode", 10001), pod("d1", "decode", 10002)}
+		cfg.Provision()
+		g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
+		x, _ := startCompletion(t, g, m, &scripted{}, admit.Interactive)
+		defer g.leave(x)
+		x.req.MaxTokens = 16
+		d0 := m.Decode[0]
+		x.attempts++
+		x.tried = append(x.tried, d0.ID)
+		if _, hedged := g.firstByteWithin(x, d0, d0); !hedged {
+			t.Errorf("decode pod d0 with d1 not tried: not hedged")
+		}
+	})
+}
+
 // counted is the one status g counted for m's requests, 0 for none.
 func counted(g *Gateway, m *pool.Model) int {
 	status := 0
