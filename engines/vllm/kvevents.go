@@ -866,6 +866,9 @@ func (d *decoder) mapEvent(ev *Event) error {
 			return err
 		}
 		if string(k) == "type" {
+			if ev.Kind != 0 || unknown {
+				return d.failf("event: type given twice")
+			}
 			if ev.Kind, err = d.kind("event type"); err != nil {
 				return err
 			}

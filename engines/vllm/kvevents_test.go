@@ -442,6 +442,8 @@ func TestDecodeRejects(t *testing.T) {
 	f("hash of wrong type", "92 cb 3ff8000000000000 91 92 ac "+hexStr("BlockRemoved")+" 91 c3")
 	f("negative token", "92 cb 3ff8000000000000 91 95 ab "+hexStr("BlockStored")+" 90 c0 91 ff 01")
 	f("map event without type", "92 cb 3ff8000000000000 91 81 ac "+hexStr("block_hashes")+" 90")
+	// A known type after an unknown one would skip the known one's checks.
+	f("type twice", "92 cb 3ff8000000000000 91 82 a4 "+hexStr("type")+" a3 "+hexStr("Foo")+" a4 "+hexStr("type")+" ac "+hexStr("BlockRemoved"))
 	f("map BlockStored without tokens", "92 cb 3ff8000000000000 91 82 a4 "+hexStr("type")+" ab "+hexStr("BlockStored")+" ac "+hexStr("block_hashes")+" 90")
 	f("map batch without events", "81 a2 "+hexStr("ts")+" 01")
 	f("trailing bytes", "92 cb 3ff8000000000000 90 00")
