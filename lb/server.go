@@ -125,7 +125,7 @@ func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, lns httpList
 		lns.close()
 		return nil, fmt.Errorf("listen: %w", err)
 	}
-	lt.noteReloads(g.NoteReload)
+	lt.noteReloads(g.NoteCertReload)
 	s := &Server{Gateway: g, front: front, adminLn: lns.admin, metricsLn: lns.metrics, done: make(chan error, 3), stopped: make(chan struct{}), tls: lt}
 	go func() {
 		select {
@@ -139,6 +139,8 @@ func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, lns httpList
 	if cfg.Discovery.Enabled() {
 		if err := s.startDiscovery(cfg, log); err != nil {
 			s.Shutdown(context.Background())
+			// Not served yet, so Shutdown has no server to close them.
+			lns.close()
 			return nil, err
 		}
 	}

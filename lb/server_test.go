@@ -2,6 +2,7 @@ package lb_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/lb/discovery/spec"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, lbtest.LeakOptions()...) }
@@ -962,4 +964,35 @@ func waitNotReady(t *testing.T, s *lb.Server, what string) {
 		resp.Body.Close()
 		return resp.StatusCode == 503
 	})
+}
+
+// TestStartFailureFreesListeners: a Start that fails after binding (here
+// Kubernetes discovery, out of a cluster) lets go of the admin and
+// metrics ports, so a retry or another process can bind them.
+func TestStartFailureFreesListeners(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	free := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	cfg := config.Default()
+	cfg.Listen, cfg.Admin, cfg.Metrics = "127.0.0.1:0", free(), free()
+	cfg.Discovery.Kubernetes = &spec.Kubernetes{Namespace: "x"}
+	cfg.Provision()
+	if s, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil {
+		s.Shutdown(context.Background())
+		t.Skip("Kubernetes discovery started here")
+	}
+	for _, addr := range []string{cfg.Admin, cfg.Metrics} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("%s still bound after a failed Start: %v", addr, err)
+			continue
+		}
+		ln.Close()
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -323,6 +324,40 @@ func TestCertFileChangeFailureCounted(t *testing.T) {
 	waitMetric("pdlb_config_last_reload_successful 0")
 	overwrite(t, issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1"), leaf)
 	waitMetric("pdlb_config_last_reload_successful 1")
+
+	// A certificate that loads does not hide a configuration reload that
+	// failed, nor move its timestamp.
+	before := get(t, metrics)
+	gw.Gateway.NoteReload(errors.New("refused")) // as a failed SIGHUP
+	next := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	overwrite(t, next, leaf)
+	roots := &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		c, err := tls.Dial("tcp", gw.Addr(), roots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := c.ConnectionState().PeerCertificates[0].SerialNumber
+		c.Close()
+		if served.Cmp(next.Cert.Leaf.SerialNumber) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new certificate not served")
+		}
+	}
+	after := get(t, metrics)
+	if !strings.Contains(after, "pdlb_config_last_reload_successful 0") {
+		t.Error("a certificate reload set the gauge back to 1 over a failed configuration reload")
+	}
+	stamp := func(m string) string {
+		_, rest, _ := strings.Cut(m, "pdlb_config_last_reload_success_timestamp_seconds ")
+		v, _, _ := strings.Cut(rest, "\n")
+		return v
+	}
+	if stamp(before) != stamp(after) {
+		t.Errorf("a certificate reload moved the configuration's timestamp: %s to %s", stamp(before), stamp(after))
+	}
 }
 
 // keptConnection returns a request on one kept connection to gw's API.

@@ -91,8 +91,11 @@ type gatewayMetrics struct {
 	retry *retryMetrics
 	// reloadFailed is whether the last operator's reload failed;
 	// reloadedAt, when one last succeeded (unix seconds; the start first).
-	reloadFailed atomic.Bool
-	reloadedAt   atomic.Int64
+	// certFailed is whether the last reload of a changed certificate
+	// file failed (cleared by its next, or by a reload that applied,
+	// which reads every certificate file anew).
+	reloadFailed, certFailed atomic.Bool
+	reloadedAt               atomic.Int64
 }
 
 func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
@@ -106,7 +109,7 @@ func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
 	m.models.Store(&[]*modelMetrics{})
 	m.reloadedAt.Store(time.Now().Unix())
 	m.set.NewGauge("pdlb_config_last_reload_successful", func() float64 {
-		if m.reloadFailed.Load() {
+		if m.reloadFailed.Load() || m.certFailed.Load() {
 			return 0
 		}
 		return 1
@@ -116,13 +119,22 @@ func newMetrics(inFlight *atomic.Int64) *gatewayMetrics {
 }
 
 // NoteReload records how an operator's reload (SIGHUP, a change to the
-// config file or to a certificate file) ended, nil when it applied, for the
+// config file) ended, nil when it applied, for the
 // pdlb_config_last_reload_* gauges an alert watches.
 func (g *Gateway) NoteReload(err error) {
 	g.metrics.reloadFailed.Store(err != nil)
 	if err == nil {
+		g.metrics.certFailed.Store(false)
 		g.metrics.reloadedAt.Store(time.Now().Unix())
 	}
+}
+
+// NoteCertReload records how the reload of a changed certificate file
+// ended: a failure shows on pdlb_config_last_reload_successful until the
+// next one, or a reload, succeeds; neither moves the configuration's
+// timestamp, nor does a success hide a failed reload's 0.
+func (g *Gateway) NoteCertReload(err error) {
+	g.metrics.certFailed.Store(err != nil)
 }
 
 func (m *gatewayMetrics) requests(model string) []*metrics.Counter {
@@ -215,7 +227,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, retryMetricsDoc, adapterMetricsDoc, promtext.Doc{
 	"pdlb_requests_total":                               {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
 	"pdlb_requests_in_flight":                           {Help: "Requests the gateway is serving now."},
-	"pdlb_config_last_reload_successful":                {Help: "1 if the last reload (SIGHUP, a change to the config file or to a certificate file) applied, 0 if it failed and the running configuration (or certificate) stayed."},
+	"pdlb_config_last_reload_successful":                {Help: "1 if the last reload (SIGHUP, a change to the config file) applied and the last change to a certificate file loaded, 0 if either failed and what was running stayed."},
 	"pdlb_config_last_reload_success_timestamp_seconds": {Help: "When the configuration was last applied (the start, or the last reload that succeeded), in Unix seconds."},
 	"pdlb_time_to_first_token_seconds":                  {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
 	"pdlb_time_per_output_token_seconds":                {Help: "Time per output token after the first of a streaming request, in seconds."},

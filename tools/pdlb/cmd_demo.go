@@ -21,7 +21,7 @@ import (
 // has its combined pods and one prefill/decode roleset, so its requests
 // run the engine's disaggregated exchange (x-pdlb-prefill-pod and
 // x-pdlb-decode-pod name the pair) and overflow to the combined pods. The
-// vLLM model serves two LoRA adapters on its combined pods: one every pod
+// vLLM model serves two LoRA adapters on all its pods: one every pod
 // loads at start, one the gateway loads where it is first asked for.
 var demoFleet = []struct {
 	model  string
