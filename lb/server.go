@@ -336,7 +336,10 @@ func (s *Server) Drain() { s.Gateway.Drain() }
 
 // WatchFile calls changed whenever the file at path changes (its size or
 // modification time), checking every interval until ctx ends. Editors that
-// replace the file rather than write it are seen too.
+// replace the file rather than write it are seen too. It reads the file's
+// stamp before it returns, so a change right after it, the file having
+// been read just before, is not missed; the checks run on a goroutine of
+// their own.
 func WatchFile(ctx context.Context, path string, interval time.Duration, changed func()) {
 	stamp := func() (time.Time, int64) {
 		fi, err := os.Stat(path)
@@ -346,17 +349,19 @@ func WatchFile(ctx context.Context, path string, interval time.Duration, changed
 		return fi.ModTime(), fi.Size()
 	}
 	mod, size := stamp()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if m, sz := stamp(); !m.Equal(mod) || sz != size {
-				mod, size = m, sz
-				changed()
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if m, sz := stamp(); !m.Equal(mod) || sz != size {
+					mod, size = m, sz
+					changed()
+				}
 			}
 		}
-	}
+	}()
 }

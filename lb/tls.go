@@ -80,7 +80,7 @@ func (t *listenerTLS) watch() {
 			continue
 		}
 		for _, f := range c.Files() {
-			go WatchFile(ctx, f, certWatchInterval, func() {
+			WatchFile(ctx, f, certWatchInterval, func() {
 				t.mu.Lock()
 				err := c.Reload()
 				if t.noted != nil {

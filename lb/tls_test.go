@@ -537,3 +537,34 @@ func TestH2ClientGone(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchFileSeesAnEarlyChange: a change made as soon as WatchFile
+// returns is seen. The first stamp was taken on the watch's goroutine, so
+// a change made before that goroutine ran became its baseline and was
+// never reported (TestCertFileChangeFailureCounted failed so under make
+// test's load).
+func TestWatchFileSeesAnEarlyChange(t *testing.T) {
+	for i := range 20 {
+		path := filepath.Join(t.TempDir(), "f")
+		if err := os.WriteFile(path, []byte("before"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		changed := make(chan struct{}, 1)
+		lb.WatchFile(ctx, path, 10*time.Millisecond, func() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		})
+		if err := os.WriteFile(path, []byte("after, longer"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-changed:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: a change right after WatchFile returned was not seen", i)
+		}
+		cancel()
+	}
+}

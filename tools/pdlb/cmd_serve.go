@@ -211,7 +211,7 @@ func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, starte
 	if reload != nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go lb.WatchFile(ctx, path, 2*time.Second, func() {
+		lb.WatchFile(ctx, path, 2*time.Second, func() {
 			select {
 			case changed <- struct{}{}:
 			default:
