@@ -91,7 +91,9 @@ func TestFirstByteNoRetryLeft(t *testing.T) {
 		t.Run(fe, func(t *testing.T) {
 			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
 				time.Sleep(800 * time.Millisecond)
-				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+				// The fake pod closes after each answer, so it says so:
+				// a kept connection would fail the next request.
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
 			})
 			s := testGateway(t, []config.Pod{{Name: "only", Model: "m", Address: slow}}, func(c *config.Config) {
 				c.Frontend = fe
