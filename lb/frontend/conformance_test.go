@@ -1065,7 +1065,8 @@ func TestHandOverWhileDraining(t *testing.T) {
 
 // TestChunkedOverLimitInSmallReads: a chunked body that goes over
 // MaxBodyBytes a chunk a read is refused with 413 once it does, and a
-// size line ending in a bare LF with 400 at once, on both front ends.
+// malformed size line (a bare LF, a CR inside, not hex, even before its
+// LF comes) with 400 at once, on both front ends.
 func TestChunkedOverLimitInSmallReads(t *testing.T) {
 	forEach(t, func(t *testing.T, addr string, _ *app) {
 		c := dial(t, addr)
@@ -1078,9 +1079,49 @@ func TestChunkedOverLimitInSmallReads(t *testing.T) {
 		resp, b := c.response(t)
 		expectError(t, resp, b, 413)
 
-		c = dial(t, addr)
-		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n400\nhe")
-		resp, b = c.response(t)
-		expectError(t, resp, b, 400)
+		for _, bad := range []string{"400\nhe", "5;a\rb\r\n", "zz", "5\rX"} {
+			c = dial(t, addr)
+			c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"+bad)
+			resp, b = c.response(t)
+			expectError(t, resp, b, 400)
+		}
 	})
+}
+
+// TestShutdownPipelinedPartial: during a shutdown, a request served on a
+// worker (or the loop) is answered with Connection: close; the part of a
+// pipelined request behind it is discarded, and the shutdown does not
+// wait for it (it waited until the linger ended, past its grace).
+func TestShutdownPipelinedPartial(t *testing.T) {
+	for _, onLoop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("onLoop=%v", onLoop), func(t *testing.T) {
+			a := newApp()
+			a.onLoop = onLoop
+			s, err := frontend.Start(frontend.NameGNet, "127.0.0.1:0", a.handler(), frontend.Options{MaxBodyBytes: testMaxBody})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := dial(t, s.Addr())
+			c.send(t, "GET /watch HTTP/1.1\r\nHost: x\r\n\r\nGET /echo HTTP/1.1\r\nHo")
+			<-a.watching
+			time.Sleep(100 * time.Millisecond)
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				done <- s.ShutdownWithContext(ctx)
+			}()
+			time.Sleep(100 * time.Millisecond)
+			a.step <- struct{}{}
+			resp, err := http.ReadResponse(c.br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			expect(t, resp, string(b), 200, "stayed")
+			if err := <-done; err != nil {
+				t.Errorf("shutdown: %v", err)
+			}
+		})
+	}
 }

@@ -435,23 +435,17 @@ func (s *chunkScan) need(buf []byte, head, max int) int {
 	s.at = cmp.Or(s.at, head)
 	for {
 		lf := bytes.IndexByte(buf[s.at:], '\n')
-		if lf < 0 {
-			return len(buf) + 1
+		line := buf[s.at:]
+		if lf >= 0 {
+			line = line[:lf]
 		}
-		line := buf[s.at : s.at+lf]
-		if len(line) == 0 || line[len(line)-1] != '\r' {
+		size, ok := chunkSize(line, lf >= 0)
+		switch {
+		case !ok:
 			return 0
-		}
-		line = line[:len(line)-1]
-		size, digits := 0, 0
-		for ; digits < len(line) && digits < 16; digits++ {
-			v := hexValue(line[digits])
-			if v < 0 {
-				break
-			}
-			size = size<<4 | v
-		}
-		if digits == 0 || digits > 15 || size == 0 || size > max-s.body || digits < len(line) && line[digits] != ';' {
+		case lf < 0:
+			return len(buf) + 1
+		case size == 0 || size > max-s.body:
 			return 0
 		}
 		end := s.at + lf + 1 + size + 2 // the data and its CRLF
@@ -463,6 +457,33 @@ func (s *chunkScan) need(buf []byte, head, max int) int {
 		}
 		s.at, s.body = end, s.body+size
 	}
+}
+
+// chunkSize reads a chunk's size line, without its LF: 1-15 hex digits,
+// an optional extension (";" and anything but CR), then CR. A line not
+// whole yet is ok while it may still become such a line.
+func chunkSize(line []byte, whole bool) (size int, ok bool) {
+	digits := 0
+	for ; digits < len(line) && digits < 16; digits++ {
+		v := hexValue(line[digits])
+		if v < 0 {
+			break
+		}
+		size = size<<4 | v
+	}
+	if digits > 15 || digits == 0 && (whole || len(line) > 0) {
+		return 0, false
+	}
+	rest := line[digits:]
+	if n := len(rest); n > 0 && rest[n-1] == '\r' {
+		rest = rest[:n-1]
+	} else if whole {
+		return 0, false
+	}
+	if len(rest) > 0 && rest[0] != ';' || bytes.IndexByte(rest, '\r') >= 0 {
+		return 0, false
+	}
+	return size, true
 }
 
 // hexValue is c's value as a hex digit, -1 when it is not one.

@@ -292,6 +292,12 @@ func TestChunkedNeed(t *testing.T) {
 	f("0000000000000005\r\nhello\r\n", 0, 0) // 16 digits
 	f("\r\n", 0, 0)
 	f("65\r\n", 0, 0) // 101 bytes: over max
+	f("5;a\rb\r\nhello\r\n", 0, 0)
+	// A size line not whole yet waits while it may still be clean.
+	f("", 0, 1)
+	f("5;ext\r", 0, 7)
+	f("zz", 0, 0)
+	f("5\rX", 0, 0)
 	f("3c\r\n"+strings.Repeat("a", 60)+"\r\n3c\r\n", 66, 0)
 
 	// Across scans, from where the last stopped, the body counted whole.

@@ -107,8 +107,10 @@ func (gc *gconn) startLinger() {
 	now := gc.s.now.Load()
 	gc.lingerSince.Store(now)
 	gc.lastRead.Store(now)
-	// What arrived while the answer was written is discarded now.
+	// What arrived while the answer was written is discarded now: no
+	// request of it will be read (a shutdown waits on none).
 	gc.discard()
+	gc.unread.Store(false)
 }
 
 // discard drops the inbound bytes of a stopped connection (a TLS one's
