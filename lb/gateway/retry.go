@@ -143,11 +143,17 @@ func (g *Gateway) mayHedge(x *completion) bool {
 	if len(x.fallbacks) > 0 {
 		return true
 	}
-	for _, pods := range [][]*pool.Pod{x.m.Combined, x.m.Decode} {
-		for _, p := range pods {
-			if !tried(x.tried, p.ID) {
-				return true
-			}
+	for _, p := range x.m.Combined {
+		if !tried(x.tried, p.ID) {
+			return true
+		}
+	}
+	// A PD retry takes only a decode pod that is available and serves
+	// the request's adapter (as MoveDecode picks one).
+	now := g.ledger.Now()
+	for _, d := range x.m.Decode {
+		if !tried(x.tried, d.ID) && d.Available(now) && (x.adapter == nil || d.Has(x.adapter)) {
+			return true
 		}
 	}
 	return false

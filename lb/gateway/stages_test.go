@@ -310,6 +310,12 @@ func TestFirstByteHedgedWithFallbackOrDecode(t *testing.T) {
 		if _, hedged := g.firstByteWithin(x, d0, d0); !hedged {
 			t.Errorf("decode pod d0 with d1 not tried: not hedged")
 		}
+		// No retry takes a decode pod that is down.
+		d1 := m.Decode[1]
+		d1.Refused()
+		if _, hedged := g.firstByteWithin(x, d0, d0); hedged || d1.Available(g.ledger.Now()) {
+			t.Errorf("hedged with the only other decode pod down")
+		}
 	})
 }
 
