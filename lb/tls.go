@@ -3,6 +3,7 @@ package lb
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -26,6 +27,10 @@ type listenerTLS struct {
 	mu      sync.Mutex
 	unwatch context.CancelFunc
 	noted   func(error)
+	// failed holds, per listener's certificates, why the last reload of
+	// one of its changed files failed; reported whole, so that one
+	// listener's good rotation does not hide the other's failure.
+	failed map[*frontend.Certs]error
 }
 
 // noteReloads has the reloads of changed files reported to f.
@@ -39,7 +44,7 @@ func (t *listenerTLS) noteReloads(f func(error)) {
 const certWatchInterval = 2 * time.Second
 
 func loadTLS(cfg config.TLS, log *slog.Logger) (*listenerTLS, error) {
-	t := &listenerTLS{stop: make(chan struct{}), log: log}
+	t := &listenerTLS{stop: make(chan struct{}), log: log, failed: map[*frontend.Certs]error{}}
 	var err error
 	if cfg.Enabled() {
 		if t.api, err = frontend.LoadCerts(keyPairs(cfg.Certificates)); err != nil {
@@ -83,8 +88,17 @@ func (t *listenerTLS) watch() {
 			WatchFile(ctx, f, certWatchInterval, func() {
 				t.mu.Lock()
 				err := c.Reload()
+				if err != nil {
+					t.failed[c] = err
+				} else {
+					delete(t.failed, c)
+				}
 				if t.noted != nil {
-					t.noted(err)
+					var all []error
+					for _, e := range t.failed {
+						all = append(all, e)
+					}
+					t.noted(errors.Join(all...))
 				}
 				t.mu.Unlock()
 				if err != nil {
@@ -133,6 +147,8 @@ func (t *listenerTLS) apply(cfg config.TLS, fleet func() error) error {
 	if err := fleet(); err != nil {
 		return err
 	}
+	// Every file was read anew and loaded.
+	clear(t.failed)
 	moved := false
 	for i, l := range lists {
 		if l.c != nil && l.c.Serve(sets[i]) {

@@ -568,3 +568,57 @@ func TestWatchFileSeesAnEarlyChange(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestCertFailureKeptAcrossListeners: the API listener's certificate file
+// failing to load stays on the reload gauge while the admin listener's
+// own certificate is rotated well (that rotation set it back to 1).
+func TestCertFailureKeptAcrossListeners(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1000)
+	ca := newCA(t)
+	adminLeaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	_, leaf, gw := tlsGateway(t, sims, func(c *config.Config) {
+		c.TLS.Admin = true
+		c.TLS.AdminCertificates = []config.CertFiles{{CertFile: adminLeaf.CertFile, KeyFile: adminLeaf.KeyFile}}
+	})
+	roots := &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: roots}}
+	gauge := func() string {
+		t.Helper()
+		resp, err := hc.Get("https://" + gw.AdminAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		_, rest, _ := strings.Cut(string(b), "\npdlb_config_last_reload_successful ")
+		v, _, _ := strings.Cut(rest, "\n")
+		return v
+	}
+	if err := os.WriteFile(leaf.CertFile, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); gauge() != "0"; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the API certificate's failure never showed")
+		}
+	}
+	next := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	overwrite(t, next, adminLeaf)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		c, err := tls.Dial("tcp", gw.AdminAddr(), roots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := c.ConnectionState().PeerCertificates[0].SerialNumber
+		c.Close()
+		if served.Cmp(next.Cert.Leaf.SerialNumber) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the admin listener's new certificate not served")
+		}
+	}
+	if g := gauge(); g != "0" {
+		t.Errorf("pdlb_config_last_reload_successful %s while the API listener's certificate file still fails to load", g)
+	}
+}
