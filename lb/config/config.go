@@ -483,8 +483,8 @@ func nameFields(data []byte, te *yaml.TypeError) string {
 		if _, v, ok := strings.Cut(rest, "`"); ok {
 			value, _, _ = strings.Cut(v, "`")
 		}
-		if path := fieldAt(&doc, "", line, value); path != "" {
-			out[i] = fmt.Sprintf("%s: %s (line %d)", path, rest, line)
+		if paths := fieldsAt(&doc, "", line, value, nil); len(paths) == 1 {
+			out[i] = fmt.Sprintf("%s: %s (line %d)", paths[0], rest, line)
 		}
 		if strings.HasSuffix(rest, "into time.Duration") {
 			out[i] += "; a duration has a unit, e.g. 30s or 1m"
@@ -493,15 +493,14 @@ func nameFields(data []byte, te *yaml.TypeError) string {
 	return strings.Join(out, "; ")
 }
 
-// fieldAt is the path of the scalar value on line whose text is value,
-// under n (at path); "" when there is none.
-func fieldAt(n *yaml.Node, path string, line int, value string) string {
+// fieldsAt appends to paths the path of each scalar under n (at path) on
+// line whose text is value, as yaml quotes it: a value over 10 bytes cut
+// to its first 7 and "...". One is the field; more, and none can be named.
+func fieldsAt(n *yaml.Node, path string, line int, value string, paths []string) []string {
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
-			if p := fieldAt(c, path, line, value); p != "" {
-				return p
-			}
+			paths = fieldsAt(c, path, line, value, paths)
 		}
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -509,22 +508,19 @@ func fieldAt(n *yaml.Node, path string, line int, value string) string {
 			if path != "" {
 				p = path + "." + p
 			}
-			if p := fieldAt(n.Content[i+1], p, line, value); p != "" {
-				return p
-			}
+			paths = fieldsAt(n.Content[i+1], p, line, value, paths)
 		}
 	case yaml.SequenceNode:
 		for i, c := range n.Content {
-			if p := fieldAt(c, fmt.Sprintf("%s[%d]", path, i), line, value); p != "" {
-				return p
-			}
+			paths = fieldsAt(c, fmt.Sprintf("%s[%d]", path, i), line, value, paths)
 		}
 	case yaml.ScalarNode:
-		if n.Line == line && n.Value == value {
-			return path
+		cut, short := strings.CutSuffix(value, "...")
+		if n.Line == line && (n.Value == value || short && len(n.Value) > 10 && strings.HasPrefix(n.Value, cut)) {
+			paths = append(paths, path)
 		}
 	}
-	return ""
+	return paths
 }
 
 // Provision fills the fields whose empty value means a default: each

@@ -207,4 +207,8 @@ func TestWrongTypeNamesField(t *testing.T) {
 	f("upstream:\n  retries: many\n", "upstream.retries: cannot unmarshal !!str `many` into int (line 2)")
 	f("client_read_timeout: 30\n", "client_read_timeout: cannot unmarshal !!int `30` into time.Duration (line 1); a duration has a unit")
 	f("pods:\n  - {model: m, address: \"a:1\", weight: x}\n", "pods[0].weight: cannot unmarshal !!str `x` into float64 (line 2)")
+	// yaml cuts a long value; the field is found by its start.
+	f("upstream:\n  retries: lots-and-lots\n", "upstream.retries: cannot unmarshal")
+	// The same value twice on the line: no guess.
+	f("pods:\n  - {name: x, model: m, address: \"a:1\", weight: x}\n", "line 2: cannot unmarshal !!str `x` into float64")
 }
