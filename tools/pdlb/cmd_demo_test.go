@@ -1,35 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"io"
 	"net/http"
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"pdlb/internal/testlog"
 )
-
-// syncBuffer is a bytes.Buffer the demo writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // demoCompletion is one of the completion lines pdlb demo prints: its
 // URL, a header it sets (or none) and its body.
@@ -40,7 +22,7 @@ var demoCompletion = regexp.MustCompile(`curl (?:-i |-N )?(\S+/v1/(?:chat/)?comp
 // model's prefill/decode pods, which the routing may pick for an
 // adapter's request, did not serve the adapters.
 func TestDemoCurlLines(t *testing.T) {
-	var out syncBuffer
+	var out testlog.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- cmdDemo([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--speedup", "50"}, &out)
