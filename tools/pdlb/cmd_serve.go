@@ -199,14 +199,8 @@ func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, starte
 	defer signal.Stop(sig)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	defer limits.HeapFloor(limits.HeapHeadroom)()
-	srv, err := lb.Start(cfg, log)
-	if err != nil {
-		return err
-	}
-	log.Info("pdlb serving", "listen", srv.Addr(), "admin", srv.AdminAddr(), "metrics", srv.MetricsAddr(), "pods", len(cfg.Pods))
-	if started != nil {
-		started(srv)
-	}
+	// Watched from before the start, so an edit made while it starts is
+	// applied once it has (changed holds one).
 	changed := make(chan struct{}, 1)
 	if reload != nil {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -217,6 +211,14 @@ func serveUntilSignal(cfg config.Config, stop stopping, stdout io.Writer, starte
 			default:
 			}
 		})
+	}
+	srv, err := lb.Start(cfg, log)
+	if err != nil {
+		return err
+	}
+	log.Info("pdlb serving", "listen", srv.Addr(), "admin", srv.AdminAddr(), "metrics", srv.MetricsAddr(), "pods", len(cfg.Pods))
+	if started != nil {
+		started(srv)
 	}
 	apply := func(why string) {
 		var next config.Config

@@ -263,3 +263,59 @@ func TestDemoHelpNamesNoConfigFile(t *testing.T) {
 		t.Errorf("serve --help lost the config file's defaults:\n%s", serve.String())
 	}
 }
+
+// TestConfigChangeDuringStart: the config file changed while the gateway
+// starts (read before, watched only after) is applied once it has
+// started; the change became the watch's baseline and was never applied.
+func TestConfigChangeDuringStart(t *testing.T) {
+	pods := map[string]string{}
+	for _, model := range []string{"m", "n"} {
+		p, err := sim.Start(sim.Config{Name: model + "-0", Model: model, Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		pods[model] = p.Addr()
+	}
+	path := filepath.Join(t.TempDir(), "pdlb.yaml")
+	write := func(models ...string) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\npods:\n")
+		for _, m := range models {
+			fmt.Fprintf(&b, "  - {model: %s, address: %q}\n", m, pods[m])
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("m")
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, done := make(chan *lb.Server, 1), make(chan error, 1)
+	go func() {
+		done <- serveUntilSignal(cfg, stopping{grace: 2 * time.Second}, io.Discard,
+			func(s *lb.Server) { write("m", "n"); started <- s },
+			func() (config.Config, error) { return config.Load(path) }, path)
+	}()
+	srv := <-started
+	defer func() {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+		<-done
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get("http://" + srv.Addr() + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), `"n"`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the config file changed during the start was never applied")
+		}
+	}
+}
