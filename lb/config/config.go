@@ -514,6 +514,10 @@ func fieldsAt(n *yaml.Node, path string, line int, value string, paths []string)
 		for i, c := range n.Content {
 			paths = fieldsAt(c, fmt.Sprintf("%s[%d]", path, i), line, value, paths)
 		}
+	case yaml.AliasNode:
+		// yaml reports an alias's error at its anchor: the anchor's field
+		// and every alias's match, and none is named.
+		paths = fieldsAt(n.Alias, path, line, value, paths)
 	case yaml.ScalarNode:
 		cut, short := strings.CutSuffix(value, "...")
 		if n.Line == line && (n.Value == value || short && len(n.Value) > 10 && strings.HasPrefix(n.Value, cut)) {

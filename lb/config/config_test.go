@@ -209,6 +209,8 @@ func TestWrongTypeNamesField(t *testing.T) {
 	f("pods:\n  - {model: m, address: \"a:1\", weight: x}\n", "pods[0].weight: cannot unmarshal !!str `x` into float64 (line 2)")
 	// yaml cuts a long value; the field is found by its start.
 	f("upstream:\n  retries: lots-and-lots\n", "upstream.retries: cannot unmarshal")
+	// An alias's error is reported at its anchor: no guess either.
+	f("pods:\n  - model: &m x\n    address: \"a:1\"\n    weight: *m\n", "line 2: cannot unmarshal !!str `x` into float64")
 	// The same value twice on the line: no guess.
 	f("pods:\n  - {name: x, model: m, address: \"a:1\", weight: x}\n", "line 2: cannot unmarshal !!str `x` into float64")
 }
