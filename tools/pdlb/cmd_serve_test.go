@@ -29,27 +29,12 @@ import (
 // returns. The signals go to the test process itself, which serve catches
 // as it would in its own.
 func TestServeSignals(t *testing.T) {
-	pods := map[string]string{}
-	for _, model := range []string{"m", "n"} {
-		p, err := sim.Start(sim.Config{Name: model + "-0", Model: model, Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		pods[model] = p.Addr()
-	}
+	pods := modelPods(t, "m", "n")
 	dir := t.TempDir()
 	path, accessLog := filepath.Join(dir, "pdlb.yaml"), filepath.Join(dir, "access.log")
 	writeConfig := func(models ...string) {
 		t.Helper()
-		var b strings.Builder
-		fmt.Fprintf(&b, "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\naccess_log: %s\npods:\n", accessLog)
-		for _, m := range models {
-			fmt.Fprintf(&b, "  - {model: %s, address: %q}\n", m, pods[m])
-		}
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeFleet(t, path, "access_log: "+accessLog+"\n", pods, models...)
 	}
 	writeConfig("m")
 	cfg, err := config.Load(path)
@@ -268,26 +253,9 @@ func TestDemoHelpNamesNoConfigFile(t *testing.T) {
 // starts (read before, watched only after) is applied once it has
 // started; the change became the watch's baseline and was never applied.
 func TestConfigChangeDuringStart(t *testing.T) {
-	pods := map[string]string{}
-	for _, model := range []string{"m", "n"} {
-		p, err := sim.Start(sim.Config{Name: model + "-0", Model: model, Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		pods[model] = p.Addr()
-	}
+	pods := modelPods(t, "m", "n")
 	path := filepath.Join(t.TempDir(), "pdlb.yaml")
-	write := func(models ...string) {
-		var b strings.Builder
-		fmt.Fprintf(&b, "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\npods:\n")
-		for _, m := range models {
-			fmt.Fprintf(&b, "  - {model: %s, address: %q}\n", m, pods[m])
-		}
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(models ...string) { writeFleet(t, path, "", pods, models...) }
 	write("m")
 	cfg, err := config.Load(path)
 	if err != nil {
@@ -317,5 +285,35 @@ func TestConfigChangeDuringStart(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the config file changed during the start was never applied")
 		}
+	}
+}
+
+// modelPods starts a simulated pod per model, stopped when the test ends,
+// and returns their addresses by model.
+func modelPods(t *testing.T, models ...string) map[string]string {
+	t.Helper()
+	pods := map[string]string{}
+	for _, model := range models {
+		p, err := sim.Start(sim.Config{Name: model + "-0", Model: model, Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		pods[model] = p.Addr()
+	}
+	return pods
+}
+
+// writeFleet writes a config file at path with loopback listeners, extra,
+// and one pod of each of models (addresses from pods).
+func writeFleet(t *testing.T, path, extra string, pods map[string]string, models ...string) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n%spods:\n", extra)
+	for _, m := range models {
+		fmt.Fprintf(&b, "  - {model: %s, address: %q}\n", m, pods[m])
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
