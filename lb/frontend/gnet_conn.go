@@ -179,18 +179,23 @@ func (gc *gconn) arrived() {
 	if gc.partial.Load() || gc.c.InboundBuffered() == 0 {
 		return
 	}
-	if !gc.fresh.Swap(false) {
+	if gc.fresh.Load() {
+		gc.fresh.Store(false) // due since the connection opened
+	} else {
 		gc.dueSince.Store(gc.s.now.Load())
 	}
 	gc.partial.Store(true)
 }
 
 // answered restarts the connection's clocks at the end of an answer: its
-// idle time, and the reading time of a request that came before it ended.
+// idle time, and the reading time of a request that came before it ended
+// (one that comes after starts its own, in arrived).
 func (gc *gconn) answered() {
 	now := gc.s.now.Load()
 	gc.lastRead.Store(now)
-	gc.dueSince.Store(now)
+	if gc.partial.Load() {
+		gc.dueSince.Store(now)
+	}
 }
 
 // read parses and queues every complete request buffered; on the loop.
@@ -228,7 +233,9 @@ func (gc *gconn) read() gnet.Action {
 		}
 		gc.partial.Store(n > 0)
 	}
-	gc.unread.Store(n > 0)
+	if gc.unread.Load() != (n > 0) {
+		gc.unread.Store(n > 0)
+	}
 	// A client pipelining past a full queue: what it sent beyond one
 	// largest request is refused.
 	if n > gc.s.o.MaxHeaderBytes+gc.s.o.MaxBodyBytes+maxOutbound {
@@ -401,11 +408,8 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 		case cl >= 0 && len(buf) < head+cl:
 			gc.need = head + cl
 			return nil, 0, errNeedMore
-		case cl == -1:
-			if gc.need = gc.scanned.need(buf, head, gc.s.o.MaxBodyBytes); gc.need > 0 {
-				return nil, 0, errNeedMore
-			}
-			err = req.ContinueReadBody(p.br, gc.s.o.MaxBodyBytes, false)
+		case cl == -1 && gc.chunksDue(buf, head):
+			return nil, 0, errNeedMore
 		default:
 			err = req.ContinueReadBody(p.br, gc.s.o.MaxBodyBytes, false)
 		}
@@ -416,6 +420,13 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 	ctx := gc.next
 	gc.next = nil
 	return ctx, p.consumed(buf), err
+}
+
+// chunksDue says the chunked body in buf is plainly not whole yet, and
+// sets need to the length to wait for (chunkScan.need).
+func (gc *gconn) chunksDue(buf []byte, head int) bool {
+	gc.need = gc.scanned.need(buf, head, gc.s.o.MaxBodyBytes)
+	return gc.need > 0
 }
 
 // chunkScan is how far the chunked body of the request at the head of the
