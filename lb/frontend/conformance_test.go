@@ -270,6 +270,10 @@ func post(path, body string, extra ...string) string {
 		strings.Join(extra, "") + "\r\n" + body
 }
 
+func post10(path, body string, extra ...string) string {
+	return strings.Replace(post(path, body, extra...), " HTTP/1.1\r\n", " HTTP/1.0\r\n", 1)
+}
+
 func expect(t *testing.T, resp *http.Response, body string, status int, want string) {
 	t.Helper()
 	if resp.StatusCode != status || body != want {
@@ -340,6 +344,42 @@ func TestKeepAliveAndClose(t *testing.T) {
 		expect(t, resp, b, 200, "bye")
 		if _, err := c.br.Read(make([]byte, 1)); !resp.Close || err != io.EOF {
 			t.Fatalf("handler's Connection: close not honoured: close=%v, read %v", resp.Close, err)
+		}
+	})
+}
+
+// TestHTTP10: an HTTP/1.0 client keeps its connection only when it asks
+// (Connection: keep-alive, as ab -k sends) and is told so in the answer;
+// a streamed answer reaches it unframed, ended by the close, since it
+// cannot read chunked framing (RFC 9112, 6.1), whatever it asked.
+func TestHTTP10(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		c := dial(t, addr)
+		for i := 0; i < 2; i++ {
+			c.send(t, post10("/echo", "again", "Connection: keep-alive\r\n"))
+			resp, b := c.response(t)
+			expect(t, resp, b, 200, "again")
+			if resp.Close || !strings.EqualFold(resp.Header.Get("Connection"), "keep-alive") {
+				t.Fatalf("answer %d to an HTTP/1.0 keep-alive request: close=%v, Connection %q", i, resp.Close, resp.Header.Get("Connection"))
+			}
+		}
+		c.send(t, post10("/echo", "last"))
+		resp, b := c.response(t)
+		expect(t, resp, b, 200, "last")
+		if _, err := c.br.Read(make([]byte, 1)); !resp.Close || err != io.EOF {
+			t.Fatalf("HTTP/1.0 request without keep-alive: close=%v, then read %v", resp.Close, err)
+		}
+
+		for _, path := range []string{"/sse?n=3", "/sse-pipe?n=3"} {
+			c = dial(t, addr)
+			c.send(t, post10(path, "", "Connection: keep-alive\r\n"))
+			resp, b = c.response(t)
+			if resp.StatusCode != 200 || len(resp.TransferEncoding) > 0 || resp.ContentLength != -1 || !resp.Close {
+				t.Fatalf("%s over HTTP/1.0: status %d, Transfer-Encoding %q, length %d, close=%v", path, resp.StatusCode, resp.TransferEncoding, resp.ContentLength, resp.Close)
+			}
+			if want := "data: 0\n\ndata: 1\n\ndata: 2\n\n"; b != want {
+				t.Fatalf("%s over HTTP/1.0: body %q, want %q", path, b, want)
+			}
 		}
 	})
 }

@@ -4,7 +4,9 @@ package frontend
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -62,7 +64,12 @@ type Options struct {
 func FastHTTP(h Handler, o Options) *fasthttp.Server {
 	o = o.withDefaults()
 	return &fasthttp.Server{
-		Handler:               h.Serve,
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			h.Serve(ctx)
+			if ctx.Response.IsBodyStream() && !ctx.Request.Header.IsHTTP11() {
+				streamRaw(ctx)
+			}
+		},
 		ErrorHandler:          h.Error,
 		MaxRequestBodySize:    o.MaxBodyBytes,
 		ReadBufferSize:        o.MaxHeaderBytes,
@@ -72,6 +79,30 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 		CloseOnShutdown:       true,
 		Logger:                debugLog{o.Log},
 	}
+}
+
+// streamRaw writes ctx's streamed answer to an HTTP/1.0 client, which
+// cannot read the chunked framing fasthttp would give it: the body goes
+// out as it comes and the close ends it. The connection is then
+// fasthttp's as hijacked with nothing left to write, which it closes.
+func streamRaw(ctx *fasthttp.RequestCtx) {
+	resp := &ctx.Response
+	body := resp.BodyStream()
+	resp.Header.Del(fasthttp.HeaderTransferEncoding)
+	resp.Header.SetContentLength(-2) // no length, Connection: close
+	c := ctx.Conn()
+	_, err := c.Write(resp.Header.Header())
+	if err == nil && !ctx.IsHead() {
+		if sb, ok := body.(streamBody); ok {
+			_, _ = sb.WriteTo(c)
+		} else {
+			_, _ = io.Copy(c, body)
+		}
+	}
+	// Tells a stream writer still running that the client is gone.
+	_ = resp.CloseBodyStream()
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(net.Conn) {})
 }
 
 // debugLog hands fasthttp's messages (a client that went away, a malformed

@@ -137,6 +137,7 @@ type gconn struct {
 	pass    []byte
 	passFor *fasthttp.RequestCtx
 	head    []byte   // a stream's header block, sent with its first chunk
+	raw     bool     // the stream goes out unframed, ended by the close (HTTP/1.0)
 	iov     [][]byte // what the next AsyncWritev sends
 	size    [20]byte // a chunk's size line
 	chunks  chunkWriter
@@ -216,7 +217,7 @@ func (gc *gconn) read() gnet.Action {
 		}
 		gc.consume(used)
 		gc.need, gc.scanned, gc.continued, parsed = 0, chunkScan{}, false, true
-		if err != nil || ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() || gc.s.shutdown.Load() {
+		if err != nil || ctx.Request.ConnectionClose() || gc.s.shutdown.Load() {
 			gc.stopped = true
 		}
 		gc.s.serving.Add(1)
@@ -613,6 +614,9 @@ func (gc *gconn) serve(q queued) bool {
 	}
 	resp := &ctx.Response
 	last := q.err != nil || gc.last(ctx)
+	// HTTP/1.0 has no chunked framing: its stream ends with the connection.
+	gc.raw = resp.IsBodyStream() && !ctx.Request.Header.IsHTTP11()
+	last = last || gc.raw
 	if last {
 		resp.SetConnectionClose()
 	}
@@ -630,10 +634,11 @@ func (gc *gconn) serve(q queued) bool {
 	return false
 }
 
-// last reports whether ctx's response is the connection's last.
+// last reports whether ctx's response is the connection's last. An
+// HTTP/1.0 request closes unless it says keep-alive (fasthttp's
+// ConnectionClose says so).
 func (gc *gconn) last(ctx *fasthttp.RequestCtx) bool {
-	return ctx.Request.ConnectionClose() || !ctx.Request.Header.IsHTTP11() ||
-		ctx.Response.ConnectionClose() || gc.s.shutdown.Load()
+	return ctx.Request.ConnectionClose() || ctx.Response.ConnectionClose() || gc.s.shutdown.Load()
 }
 
 // stream writes a StreamWriter's stream, then serves the rest of the queue
@@ -682,6 +687,10 @@ func (gc *gconn) renderWhole(ctx *fasthttp.RequestCtx) {
 	if ctx.IsHead() {
 		body = nil
 	}
+	if !resp.ConnectionClose() && !ctx.Request.Header.IsHTTP11() {
+		// An HTTP/1.0 client keeps the connection only when told so.
+		resp.Header.Set(fasthttp.HeaderConnection, "keep-alive")
+	}
 	gc.appendHead(ctx)
 	gc.iov = append(gc.iov[:0], gc.out, body)
 }
@@ -699,9 +708,15 @@ func (gc *gconn) writeStream(ctx *fasthttp.RequestCtx, last bool) error {
 }
 
 // startChunked renders ctx's header block, which goes out with the first
-// chunk.
+// chunk: chunked, or none for raw (-2 leaves the length unsaid).
 func (gc *gconn) startChunked(ctx *fasthttp.RequestCtx) {
-	ctx.Response.Header.SetContentLength(-1)
+	h := &ctx.Response.Header
+	if gc.raw {
+		h.Del(fasthttp.HeaderTransferEncoding)
+		h.SetContentLength(-2)
+	} else {
+		h.SetContentLength(-1)
+	}
 	gc.appendHead(ctx)
 	gc.head = gc.out
 }
@@ -712,7 +727,10 @@ func (gc *gconn) endChunked(err error, last bool) error {
 	if err != nil {
 		return err
 	}
-	gc.iov = append(gc.iov[:0], gc.head, lastChunk)
+	gc.iov = append(gc.iov[:0], gc.head)
+	if !gc.raw {
+		gc.iov = append(gc.iov, lastChunk)
+	}
 	gc.head = nil
 	return gc.flush(last)
 }
@@ -746,9 +764,13 @@ func (w *chunkWriter) Write(p []byte) (int, error) {
 		return 0, nil
 	}
 	gc := w.gc
-	size := strconv.AppendInt(gc.size[:0], int64(len(p)), 16)
-	size = append(size, crlf...)
-	gc.iov = append(gc.iov[:0], gc.head, size, p, crlf)
+	if gc.raw {
+		gc.iov = append(gc.iov[:0], gc.head, p)
+	} else {
+		size := strconv.AppendInt(gc.size[:0], int64(len(p)), 16)
+		size = append(size, crlf...)
+		gc.iov = append(gc.iov[:0], gc.head, size, p, crlf)
+	}
 	gc.head = nil
 	if err := gc.flush(false); err != nil {
 		return 0, err

@@ -42,9 +42,12 @@ var ErrClientGone = errors.New("frontend: the client went away")
 const maxStreamBacklog = 256 << 10
 
 // CanRelay reports whether a stream may be relayed on this loop: the
-// connection goes on after it (a last answer is written by a worker, which
-// waits for the client before it closes).
-func (l *Loop) CanRelay() bool { return !l.gc.last(l.gc.cur) }
+// connection goes on after it, framed (a last answer, and an HTTP/1.0
+// client's stream, which only the close ends, are written by a worker,
+// which waits for the client before it closes).
+func (l *Loop) CanRelay() bool {
+	return !l.gc.last(l.gc.cur) && l.gc.cur.Request.Header.IsHTTP11()
+}
 
 // Relay streams the answer of the Send that just ended (Answered
 // with nil, the answer's header in its response) to the client, chunked,
