@@ -70,7 +70,17 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 				streamRaw(ctx)
 			}
 		},
-		ErrorHandler:          h.Error,
+		ErrorHandler: h.Error,
+		// A body over the limit is refused before the client sends it,
+		// as gnet and nginx refuse it; fasthttp's own handling gives the
+		// go-ahead first.
+		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
+			if ctx.Request.Header.ContentLength() > o.MaxBodyBytes {
+				h.Error(ctx, fasthttp.ErrBodyTooLarge)
+				return fasthttp.StatusRequestEntityTooLarge
+			}
+			return fasthttp.StatusContinue
+		},
 		MaxRequestBodySize:    o.MaxBodyBytes,
 		ReadBufferSize:        o.MaxHeaderBytes,
 		ReadTimeout:           o.ReadTimeout,
