@@ -1125,6 +1125,33 @@ func TestChunkedOverLimitInSmallReads(t *testing.T) {
 	})
 }
 
+// TestBareLFHead: a request head whose lines end in a bare LF, which
+// fasthttp's parser takes for an unfinished head, is answered 400 at once
+// on gnet (it waited for the read timeout, then answered 408). The
+// fasthttp front end still waits: its reads are fasthttp's own.
+func TestBareLFHead(t *testing.T) {
+	a := newApp()
+	s, err := frontend.Start(frontend.NameGNet, "127.0.0.1:0", a.handler(), frontend.Options{MaxBodyBytes: testMaxBody})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.ShutdownWithContext(context.Background()) })
+	for _, head := range []string{"GET /echo HTTP/1.1\nHost: x\n\n", "GET /echo HTTP/1.1\r\nHost: x\r\n\n"} {
+		c := dial(t, s.Addr())
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		c.send(t, head)
+		resp, b := c.response(t)
+		expectError(t, resp, b, 400)
+	}
+	// A body may hold blank lines of its own.
+	c := dial(t, s.Addr())
+	c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\na\n\nb\r\n")
+	time.Sleep(20 * time.Millisecond)
+	c.send(t, "0\r\n\r\n")
+	resp, b := c.response(t)
+	expect(t, resp, b, 200, "a\n\nb")
+}
+
 // TestShutdownPipelinedPartial: during a shutdown, a request served on a
 // worker (or the loop) is answered with Connection: close; the part of a
 // pipelined request behind it is discarded, and the shutdown does not

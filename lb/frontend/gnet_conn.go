@@ -46,6 +46,7 @@ const (
 
 var (
 	errNeedMore = errors.New("frontend: request incomplete")
+	errBareLF   = errors.New("a line of the request head ends in a bare LF, not CRLF")
 	// errNotConn answers a handler that reads or writes the connection
 	// itself: on gnet the loop and the worker own its bytes.
 	errNotConn = errors.New("frontend: the gnet front end owns the connection's bytes")
@@ -56,6 +57,7 @@ var (
 	continueLine = []byte("HTTP/1.1 100 Continue\r\n\r\n")
 	lastChunk    = []byte("0\r\n\r\n")
 	crlf         = []byte("\r\n")
+	lfLF         = []byte("\n\n")
 )
 
 type gconn struct {
@@ -393,6 +395,11 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 	req.Reset()
 
 	err := req.Header.Read(p.br)
+	if err != nil && p.src.short && bytes.Contains(buf, lfLF) {
+		// fasthttp waits for a CRLF CRLF that will not come; a blank line
+		// a CRLF head cannot hold means the client ends lines in a bare LF.
+		err, p.src.short = errBareLF, false
+	}
 	if err == nil {
 		head := p.consumed(buf)
 		cl := req.Header.ContentLength()
