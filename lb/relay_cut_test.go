@@ -201,3 +201,53 @@ func TestStreamChunkFramingSplit(t *testing.T) {
 		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
 	})
 }
+
+// TestClientGoneBeforeStreamHead: a client that asked for a stream and
+// reset its connection before the pod's head came has the pod's call cut
+// and every charge given back, over HTTP/1.1 and HTTP/1.0 on both front
+// ends (fasthttp's HTTP/1.0 stream never ran its writer when the head's
+// write failed: the pod streamed on for nobody and the charges stayed).
+func TestClientGoneBeforeStreamHead(t *testing.T) {
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+			t.Run(fe+"/"+proto, func(t *testing.T) {
+				got, release, podDone := make(chan struct{}, 1), make(chan struct{}), make(chan error, 1)
+				pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+					got <- struct{}{}
+					<-release
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+					ev := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+					for i := 0; i < 200; i++ {
+						if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+							podDone <- err
+							return
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
+					podDone <- nil
+				})
+				s := testGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = fe })
+				body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
+				c, err := net.Dial("tcp", s.Addr())
+				if err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintf(c, "POST /v1/chat/completions %s\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", proto, len(body), body)
+				<-got
+				_ = c.(*net.TCPConn).SetLinger(0)
+				c.Close() // a reset
+				time.Sleep(50 * time.Millisecond)
+				close(release)
+				select {
+				case err := <-podDone:
+					if err == nil {
+						t.Error("the pod streamed all its events (4 s) to a client that had left")
+					}
+				case <-time.After(8 * time.Second):
+					t.Error("the pod's connection still open 8 s after the client left")
+				}
+				waitIdle(t, s)
+			})
+		}
+	}
+}

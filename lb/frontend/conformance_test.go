@@ -381,6 +381,36 @@ func TestHTTP10(t *testing.T) {
 				t.Fatalf("%s over HTTP/1.0: body %q, want %q", path, b, want)
 			}
 		}
+
+		// Behind a pipelined answer (fasthttp may still hold it: it wrote
+		// the stream ahead of it).
+		c = dial(t, addr)
+		c.send(t, post10("/echo", "first", "Connection: keep-alive\r\n")+post10("/sse?n=3", "", "Connection: keep-alive\r\n"))
+		resp, b = c.response(t)
+		expect(t, resp, b, 200, "first")
+		resp, b = c.response(t)
+		expect(t, resp, b, 200, "data: 0\n\ndata: 1\n\ndata: 2\n\n")
+	})
+}
+
+// TestHeadOfAStream: a HEAD answered with a stream gets its header alone,
+// and a keep-alive connection stays in step (gnet sent the body's chunks,
+// read as the next answer).
+func TestHeadOfAStream(t *testing.T) {
+	forEach(t, func(t *testing.T, addr string, _ *app) {
+		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+			c := dial(t, addr)
+			c.send(t, "HEAD /sse?n=2 "+proto+"\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+			resp, err := http.ReadResponse(c.br, &http.Request{Method: "HEAD"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if rest, _ := io.ReadAll(c.br); resp.StatusCode != 200 || len(rest) > 0 {
+				t.Errorf("%s HEAD of a stream: %d, then %q", proto, resp.StatusCode, rest)
+			}
+		}
 	})
 }
 
@@ -438,6 +468,14 @@ func TestExpectContinue(t *testing.T) {
 		c.send(t, body)
 		resp, b = c.response(t)
 		expect(t, resp, b, 200, body)
+
+		// HTTP/1.0's expectation is ignored (RFC 9110 10.1.1): no
+		// interim answer it cannot read.
+		c.send(t, "POST /echo HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+		time.Sleep(20 * time.Millisecond)
+		c.send(t, "hello")
+		resp, b = c.response(t)
+		expect(t, resp, b, 200, "hello")
 
 		// Too large a body is refused before it is sent: no go-ahead.
 		c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "+strconv.Itoa(testMaxBody+1)+"\r\n\r\n")

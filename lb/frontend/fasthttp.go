@@ -3,6 +3,7 @@
 package frontend
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -66,7 +67,7 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			h.Serve(ctx)
-			if ctx.Response.IsBodyStream() && !ctx.Request.Header.IsHTTP11() {
+			if ctx.Response.IsBodyStream() && !ctx.Request.Header.IsHTTP11() && !ctx.IsHead() {
 				streamRaw(ctx)
 			}
 		},
@@ -91,29 +92,60 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 	}
 }
 
-// streamRaw writes ctx's streamed answer to an HTTP/1.0 client, which
-// cannot read the chunked framing fasthttp would give it: the body goes
-// out as it comes and the close ends it. The connection is then
-// fasthttp's as hijacked with nothing left to write, which it closes.
+// streamRaw answers an HTTP/1.0 client's stream, which cannot read the
+// chunked framing fasthttp would give it. On a connection's first request
+// the body goes out unframed as it comes and the close ends it: the
+// handler writes it to the connection, then hands the connection back as
+// hijacked with nothing to write, which fasthttp closes. A later request
+// may have answers before it still in fasthttp's write buffer, which the
+// connection must not overtake: there the stream is gathered and answered
+// whole, with its length.
 func streamRaw(ctx *fasthttp.RequestCtx) {
 	resp := &ctx.Response
 	body := resp.BodyStream()
+	sb, ok := body.(streamBody)
+	if ctx.ConnRequestNum() > 1 {
+		var whole bytes.Buffer
+		var err error
+		if ok {
+			_, err = sb.WriteTo(&whole)
+		} else {
+			_, err = io.Copy(&whole, body)
+		}
+		if err == nil {
+			resp.SetBody(whole.Bytes())
+			return
+		}
+		// A broken stream is not answered as if whole.
+		_ = resp.CloseBodyStream()
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(net.Conn) {})
+		return
+	}
 	resp.Header.Del(fasthttp.HeaderTransferEncoding)
 	resp.Header.SetContentLength(-2) // no length, Connection: close
 	c := ctx.Conn()
 	_, err := c.Write(resp.Header.Header())
-	if err == nil && !ctx.IsHead() {
-		if sb, ok := body.(streamBody); ok {
-			_, _ = sb.WriteTo(c)
-		} else {
-			_, _ = io.Copy(c, body)
-		}
+	switch {
+	case ok && err != nil:
+		// A stream writer finishes its request (the pod's call, its
+		// charge, the log line) once a write fails, so it must run.
+		_, _ = sb.WriteTo(failedWriter{err})
+	case ok:
+		_, _ = sb.WriteTo(c)
+	case err == nil:
+		_, _ = io.Copy(c, body)
 	}
 	// Tells a stream writer still running that the client is gone.
 	_ = resp.CloseBodyStream()
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(net.Conn) {})
 }
+
+// failedWriter fails every write with err.
+type failedWriter struct{ err error }
+
+func (w failedWriter) Write([]byte) (int, error) { return 0, w.err }
 
 // debugLog hands fasthttp's messages (a client that went away, a malformed
 // request already answered) to the gateway's log at debug level: they are

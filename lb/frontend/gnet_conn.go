@@ -136,13 +136,14 @@ type gconn struct {
 	out     []byte // response header block
 	// The pod's header lines PassHead gave passFor's answer; set on the
 	// loop while the request is served there, read when it is rendered.
-	pass    []byte
-	passFor *fasthttp.RequestCtx
-	head    []byte   // a stream's header block, sent with its first chunk
-	raw     bool     // the stream goes out unframed, ended by the close (HTTP/1.0)
-	iov     [][]byte // what the next AsyncWritev sends
-	size    [20]byte // a chunk's size line
-	chunks  chunkWriter
+	pass     []byte
+	passFor  *fasthttp.RequestCtx
+	head     []byte   // a stream's header block, sent with its first chunk
+	raw      bool     // the stream goes out unframed, ended by the close (HTTP/1.0)
+	bodyless bool     // the stream answers HEAD: its header alone goes out
+	iov      [][]byte // what the next AsyncWritev sends
+	size     [20]byte // a chunk's size line
+	chunks   chunkWriter
 }
 
 // queued is a parsed request, a parse error to answer (ctx then holds what
@@ -621,10 +622,10 @@ func (gc *gconn) serve(q queued) bool {
 	}
 	resp := &ctx.Response
 	last := q.err != nil || gc.last(ctx)
-	// HTTP/1.0 has no chunked framing: its stream ends with the connection.
-	gc.raw = resp.IsBodyStream() && !ctx.Request.Header.IsHTTP11()
-	last = last || gc.raw
-	if last {
+	if last || resp.IsBodyStream() && !ctx.Request.Header.IsHTTP11() {
+		// HTTP/1.0 has no chunked framing: its stream ends with the
+		// connection (startChunked).
+		last = true
 		resp.SetConnectionClose()
 	}
 	if _, ok := resp.BodyStream().(streamBody); ok {
@@ -715,9 +716,11 @@ func (gc *gconn) writeStream(ctx *fasthttp.RequestCtx, last bool) error {
 }
 
 // startChunked renders ctx's header block, which goes out with the first
-// chunk: chunked, or none for raw (-2 leaves the length unsaid).
+// chunk: chunked, or for HTTP/1.0 unframed (-2 leaves the length unsaid),
+// and notes whether the body goes out at all (not for HEAD).
 func (gc *gconn) startChunked(ctx *fasthttp.RequestCtx) {
 	h := &ctx.Response.Header
+	gc.raw, gc.bodyless = !ctx.Request.Header.IsHTTP11(), ctx.IsHead()
 	if gc.raw {
 		h.Del(fasthttp.HeaderTransferEncoding)
 		h.SetContentLength(-2)
@@ -735,7 +738,7 @@ func (gc *gconn) endChunked(err error, last bool) error {
 		return err
 	}
 	gc.iov = append(gc.iov[:0], gc.head)
-	if !gc.raw {
+	if !gc.raw && !gc.bodyless {
 		gc.iov = append(gc.iov, lastChunk)
 	}
 	gc.head = nil
@@ -771,9 +774,15 @@ func (w *chunkWriter) Write(p []byte) (int, error) {
 		return 0, nil
 	}
 	gc := w.gc
-	if gc.raw {
+	switch {
+	case gc.bodyless:
+		if gc.head == nil {
+			return len(p), nil
+		}
+		gc.iov = append(gc.iov[:0], gc.head)
+	case gc.raw:
 		gc.iov = append(gc.iov[:0], gc.head, p)
-	} else {
+	default:
 		size := strconv.AppendInt(gc.size[:0], int64(len(p)), 16)
 		size = append(size, crlf...)
 		gc.iov = append(gc.iov[:0], gc.head, size, p, crlf)

@@ -42,11 +42,12 @@ var ErrClientGone = errors.New("frontend: the client went away")
 const maxStreamBacklog = 256 << 10
 
 // CanRelay reports whether a stream may be relayed on this loop: the
-// connection goes on after it, framed (a last answer, and an HTTP/1.0
+// connection goes on after it, chunked (a last answer, and an HTTP/1.0
 // client's stream, which only the close ends, are written by a worker,
-// which waits for the client before it closes).
+// which waits for the client before it closes; so is a HEAD's header).
 func (l *Loop) CanRelay() bool {
-	return !l.gc.last(l.gc.cur) && l.gc.cur.Request.Header.IsHTTP11()
+	ctx := l.gc.cur
+	return !l.gc.last(ctx) && ctx.Request.Header.IsHTTP11() && !ctx.IsHead()
 }
 
 // Relay streams the answer of the Send that just ended (Answered
