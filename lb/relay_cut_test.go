@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -204,12 +205,13 @@ func TestStreamChunkFramingSplit(t *testing.T) {
 
 // TestClientGoneBeforeStreamHead: a client that asked for a stream and
 // reset its connection before the pod's head came has the pod's call cut
-// and every charge given back, over HTTP/1.1 and HTTP/1.0 on both front
-// ends (fasthttp's HTTP/1.0 stream never ran its writer when the head's
-// write failed: the pod streamed on for nobody and the charges stayed).
+// and every charge given back, over HTTP/1.1 and HTTP/1.0 (on a new
+// connection and on a kept one) on both front ends (fasthttp's HTTP/1.0
+// stream never ran its writer when the head's write failed, and gathered
+// a kept connection's: the pod streamed on for nobody, charges taken).
 func TestClientGoneBeforeStreamHead(t *testing.T) {
 	for _, fe := range []string{"fasthttp", "gnet"} {
-		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0", "HTTP/1.0 kept"} {
 			t.Run(fe+"/"+proto, func(t *testing.T) {
 				got, release, podDone := make(chan struct{}, 1), make(chan struct{}), make(chan error, 1)
 				pod := fakePod(t, func(c net.Conn, _ *http.Request) {
@@ -231,6 +233,15 @@ func TestClientGoneBeforeStreamHead(t *testing.T) {
 				c, err := net.Dial("tcp", s.Addr())
 				if err != nil {
 					t.Fatal(err)
+				}
+				if p, kept := strings.CutSuffix(proto, " kept"); kept {
+					proto = p + "\r\nConnection: keep-alive"
+					io.WriteString(c, "GET /health HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+					if err != nil || resp.Close {
+						t.Fatalf("first answer on the kept connection: %v", err)
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
 				}
 				fmt.Fprintf(c, "POST /v1/chat/completions %s\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", proto, len(body), body)
 				<-got

@@ -353,7 +353,7 @@ func TestKeepAliveAndClose(t *testing.T) {
 // a streamed answer reaches it unframed, ended by the close, since it
 // cannot read chunked framing (RFC 9112, 6.1), whatever it asked.
 func TestHTTP10(t *testing.T) {
-	forEach(t, func(t *testing.T, addr string, _ *app) {
+	forEach(t, func(t *testing.T, addr string, a *app) {
 		c := dial(t, addr)
 		for i := 0; i < 2; i++ {
 			c.send(t, post10("/echo", "again", "Connection: keep-alive\r\n"))
@@ -390,6 +390,27 @@ func TestHTTP10(t *testing.T) {
 		expect(t, resp, b, 200, "first")
 		resp, b = c.response(t)
 		expect(t, resp, b, 200, "data: 0\n\ndata: 1\n\ndata: 2\n\n")
+
+		// A kept connection's stream comes as it is made, not gathered.
+		c = dial(t, addr)
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.send(t, post10("/echo", "first", "Connection: keep-alive\r\n"))
+		resp, b = c.response(t)
+		expect(t, resp, b, 200, "first")
+		c.send(t, post10("/sse?gated=1&n=2", "", "Connection: keep-alive\r\n"))
+		a.step <- struct{}{}
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make([]byte, len("data: 0\n\n"))
+		if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: 0\n\n" {
+			t.Fatalf("a kept connection's stream: first event %q, %v", first, err)
+		}
+		a.step <- struct{}{}
+		if rest, _ := io.ReadAll(resp.Body); string(rest) != "data: 1\n\n" {
+			t.Fatalf("a kept connection's stream: then %q", rest)
+		}
 	})
 }
 

@@ -3,7 +3,6 @@
 package frontend
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -67,8 +66,8 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			h.Serve(ctx)
-			if ctx.Response.IsBodyStream() && !ctx.Request.Header.IsHTTP11() && !ctx.IsHead() {
-				streamRaw(ctx)
+			if !ctx.Request.Header.IsHTTP11() {
+				http10(ctx)
 			}
 		},
 		ErrorHandler: h.Error,
@@ -92,41 +91,32 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 	}
 }
 
-// streamRaw answers an HTTP/1.0 client's stream, which cannot read the
-// chunked framing fasthttp would give it. On a connection's first request
-// the body goes out unframed as it comes and the close ends it: the
-// handler writes it to the connection, then hands the connection back as
-// hijacked with nothing to write, which fasthttp closes. A later request
-// may have answers before it still in fasthttp's write buffer, which the
-// connection must not overtake: there the stream is gathered and answered
-// whole, with its length.
+// http10 settles the answer to an HTTP/1.0 request. fasthttp holds an
+// answer back while a pipelined request is buffered behind it; an
+// HTTP/1.0 one goes out at once instead (a handler's write deadline makes
+// fasthttp flush, and the zero one sets none), so that a stream behind it,
+// which streamRaw writes to the connection itself, cannot overtake it. A
+// client pipelining an HTTP/1.0 stream behind an HTTP/1.1 request may
+// still get the two out of order.
+func http10(ctx *fasthttp.RequestCtx) {
+	_ = ctx.SetWriteDeadline(time.Time{})
+	if ctx.Response.IsBodyStream() && !ctx.IsHead() {
+		streamRaw(ctx)
+	}
+}
+
+// streamRaw writes ctx's streamed answer to an HTTP/1.0 client, which
+// cannot read the chunked framing fasthttp would give it: the body goes
+// out as it comes and the close ends it. The connection is then
+// fasthttp's as hijacked with nothing left to write, which it closes.
 func streamRaw(ctx *fasthttp.RequestCtx) {
 	resp := &ctx.Response
 	body := resp.BodyStream()
-	sb, ok := body.(streamBody)
-	if ctx.ConnRequestNum() > 1 {
-		var whole bytes.Buffer
-		var err error
-		if ok {
-			_, err = sb.WriteTo(&whole)
-		} else {
-			_, err = io.Copy(&whole, body)
-		}
-		if err == nil {
-			resp.SetBody(whole.Bytes())
-			return
-		}
-		// A broken stream is not answered as if whole.
-		_ = resp.CloseBodyStream()
-		ctx.HijackSetNoResponse(true)
-		ctx.Hijack(func(net.Conn) {})
-		return
-	}
 	resp.Header.Del(fasthttp.HeaderTransferEncoding)
 	resp.Header.SetContentLength(-2) // no length, Connection: close
 	c := ctx.Conn()
 	_, err := c.Write(resp.Header.Header())
-	switch {
+	switch sb, ok := body.(streamBody); {
 	case ok && err != nil:
 		// A stream writer finishes its request (the pod's call, its
 		// charge, the log line) once a write fails, so it must run.
