@@ -95,9 +95,11 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 // answer back while a pipelined request is buffered behind it; an
 // HTTP/1.0 one goes out at once instead (a handler's write deadline makes
 // fasthttp flush, and the zero one sets none), so that a stream behind it,
-// which streamRaw writes to the connection itself, cannot overtake it. A
-// client pipelining an HTTP/1.0 stream behind an HTTP/1.1 request may
-// still get the two out of order.
+// which streamRaw writes to the connection itself, cannot overtake it. An
+// HTTP/1.1 answer is still held (flushing each costs every request a
+// deadline set and reset): a client that pipelines an HTTP/1.0 stream
+// behind an HTTP/1.1 request gets that answer at the end of the stream's
+// body, on its own connection.
 func http10(ctx *fasthttp.RequestCtx) {
 	_ = ctx.SetWriteDeadline(time.Time{})
 	if ctx.Response.IsBodyStream() && !ctx.IsHead() {
