@@ -114,8 +114,7 @@ func http10(ctx *fasthttp.RequestCtx) {
 func streamRaw(ctx *fasthttp.RequestCtx) {
 	resp := &ctx.Response
 	body := resp.BodyStream()
-	resp.Header.Del(fasthttp.HeaderTransferEncoding)
-	resp.Header.SetContentLength(-2) // no length, Connection: close
+	setUnframed(&resp.Header)
 	c := ctx.Conn()
 	_, err := c.Write(resp.Header.Header())
 	switch sb, ok := body.(streamBody); {

@@ -716,16 +716,14 @@ func (gc *gconn) writeStream(ctx *fasthttp.RequestCtx, last bool) error {
 }
 
 // startChunked renders ctx's header block, which goes out with the first
-// chunk: chunked, or for HTTP/1.0 unframed (-2 leaves the length unsaid),
-// and notes whether the body goes out at all (not for HEAD).
+// chunk: chunked, or for HTTP/1.0 unframed; and notes whether the body
+// goes out at all (not for HEAD).
 func (gc *gconn) startChunked(ctx *fasthttp.RequestCtx) {
-	h := &ctx.Response.Header
 	gc.raw, gc.bodyless = !ctx.Request.Header.IsHTTP11(), ctx.IsHead()
 	if gc.raw {
-		h.Del(fasthttp.HeaderTransferEncoding)
-		h.SetContentLength(-2)
+		setUnframed(&ctx.Response.Header)
 	} else {
-		h.SetContentLength(-1)
+		ctx.Response.Header.SetContentLength(-1)
 	}
 	gc.appendHead(ctx)
 	gc.head = gc.out

@@ -22,6 +22,15 @@ func SetBodyStreamWriter(ctx *fasthttp.RequestCtx, sw func(w *StreamWriter)) {
 	ctx.Response.SetBodyStream(streamBody(sw), -1)
 }
 
+// setUnframed makes h announce a body that only the close ends, as an
+// HTTP/1.0 client's stream is sent: no length and no chunked coding (-2,
+// which also says Connection: close; it leaves a Transfer-Encoding set
+// before in place, hence the Del).
+func setUnframed(h *fasthttp.ResponseHeader) {
+	h.Del(fasthttp.HeaderTransferEncoding)
+	h.SetContentLength(-2)
+}
+
 // StreamWriter gathers a streamed body's bytes between two Flushes, which
 // then leave as one HTTP chunk. Its buffer comes from a pool at the first
 // Write after a Flush and goes back at the Flush, so a stream waiting for
