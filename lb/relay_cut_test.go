@@ -211,8 +211,11 @@ func TestStreamChunkFramingSplit(t *testing.T) {
 // a kept connection's: the pod streamed on for nobody, charges taken).
 func TestClientGoneBeforeStreamHead(t *testing.T) {
 	for _, fe := range []string{"fasthttp", "gnet"} {
-		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0", "HTTP/1.0 kept"} {
-			t.Run(fe+"/"+proto, func(t *testing.T) {
+		for _, tc := range []struct {
+			name, proto string
+			kept        bool // an answer came on the connection before
+		}{{"HTTP/1.1", "HTTP/1.1", false}, {"HTTP/1.0", "HTTP/1.0", false}, {"HTTP/1.0 kept", "HTTP/1.0", true}} {
+			t.Run(fe+"/"+tc.name, func(t *testing.T) {
 				got, release, podDone := make(chan struct{}, 1), make(chan struct{}), make(chan error, 1)
 				pod := fakePod(t, func(c net.Conn, _ *http.Request) {
 					got <- struct{}{}
@@ -234,8 +237,9 @@ func TestClientGoneBeforeStreamHead(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if p, kept := strings.CutSuffix(proto, " kept"); kept {
-					proto = p + "\r\nConnection: keep-alive"
+				keep := ""
+				if tc.kept {
+					keep = "Connection: keep-alive\r\n"
 					io.WriteString(c, "GET /health HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
 					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 					if err != nil || resp.Close {
@@ -243,7 +247,7 @@ func TestClientGoneBeforeStreamHead(t *testing.T) {
 					}
 					_, _ = io.Copy(io.Discard, resp.Body)
 				}
-				fmt.Fprintf(c, "POST /v1/chat/completions %s\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", proto, len(body), body)
+				fmt.Fprintf(c, "POST /v1/chat/completions %s\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tc.proto, keep, len(body), body)
 				<-got
 				_ = c.(*net.TCPConn).SetLinger(0)
 				c.Close() // a reset
