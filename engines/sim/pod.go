@@ -327,6 +327,9 @@ func (p *Pod) routeTable() map[string]route {
 }
 
 func (p *Pod) serveHTTP(ctx *fasthttp.RequestCtx) {
+	if p.cfg.Engine != engines.TRTLLM && p.cors(ctx) {
+		return
+	}
 	r, ok := p.routes[string(ctx.Path())]
 	if !ok {
 		// FastAPI's answers, which vLLM, SGLang and trtllm-serve share.
@@ -340,6 +343,29 @@ func (p *Pod) serveHTTP(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	r.h(ctx)
+}
+
+// cors answers as vLLM's and SGLang's servers do with their CORS
+// defaults (any origin, method and header, no credentials): a request
+// with Origin gets Access-Control-Allow-Origin: *, and a preflight is
+// answered here, true. trtllm-serve has no CORS.
+func (p *Pod) cors(ctx *fasthttp.RequestCtx) bool {
+	if ctx.Request.Header.Peek(fasthttp.HeaderOrigin) == nil {
+		return false
+	}
+	h := &ctx.Response.Header
+	h.Set(fasthttp.HeaderAccessControlAllowOrigin, "*")
+	if !ctx.IsOptions() || ctx.Request.Header.Peek(fasthttp.HeaderAccessControlRequestMethod) == nil {
+		return false
+	}
+	h.Set(fasthttp.HeaderAccessControlAllowMethods, "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT")
+	h.Set(fasthttp.HeaderAccessControlMaxAge, "600")
+	if asked := ctx.Request.Header.Peek(fasthttp.HeaderAccessControlRequestHeaders); asked != nil {
+		h.SetBytesV(fasthttp.HeaderAccessControlAllowHeaders, asked)
+	}
+	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.SetBodyString("OK")
+	return true
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, body []byte) {
