@@ -151,6 +151,8 @@ type Config struct {
 	// TLS and HTTP2 are the listeners' TLS and HTTP/2 (tls.go).
 	TLS   TLS   `yaml:"tls"`
 	HTTP2 HTTP2 `yaml:"http2"`
+	// CORS answers browsers' cross-origin calls (cors.go).
+	CORS CORS `yaml:"cors"`
 }
 
 // Upstream bounds the gateway's calls to pods.
@@ -402,6 +404,7 @@ func Default() Config {
 		PD:        route.DefaultPDOptions(),
 		Plan:      DefaultPlan(),
 		Tracing:   DefaultTracing(),
+		CORS:      DefaultCORS(),
 		Redis:     Redis{KeyPrefix: DefaultRedisKeyPrefix},
 		Health: Health{
 			Interval:           DefaultHealthInterval,
@@ -680,6 +683,9 @@ func (c Config) Validate() error {
 		if c.Redis.KeyPrefix == "" {
 			return invalid("redis.key_prefix", c.Redis.KeyPrefix, "must not be empty")
 		}
+	}
+	if err := c.CORS.Validate(); err != nil {
+		return err
 	}
 	if err := c.Tracing.Validate(); err != nil {
 		return err

@@ -319,7 +319,10 @@ func lowerName(k []byte) string {
 // h2Names are the names the gateway's responses carry, lowered once.
 var h2Names = map[string]string{"Content-Type": "content-type", "Server": "server", "Date": "date",
 	"Cache-Control": "cache-control", "X-Request-Id": "x-request-id", "Retry-After": "retry-after",
-	"X-Pdlb-Model": "x-pdlb-model", "X-Pdlb-Pod": "x-pdlb-pod"}
+	"X-Pdlb-Model": "x-pdlb-model", "X-Pdlb-Pod": "x-pdlb-pod", "Vary": "vary",
+	"Access-Control-Allow-Origin": "access-control-allow-origin", "Access-Control-Allow-Credentials": "access-control-allow-credentials",
+	"Access-Control-Expose-Headers": "access-control-expose-headers", "Access-Control-Allow-Methods": "access-control-allow-methods",
+	"Access-Control-Allow-Headers": "access-control-allow-headers", "Access-Control-Max-Age": "access-control-max-age"}
 
 // hopByHop reports the HTTP/1.1 connection headers HTTP/2 forbids.
 func hopByHop(k []byte) bool {

@@ -51,6 +51,8 @@ type Gateway struct {
 	log     *slog.Logger
 	// keys are the clients' API keys and their limits (nil: none needed).
 	keys *limits.Keys
+	// corsPolicy answers browsers' cross-origin calls (cors.go).
+	corsPolicy corsPolicy
 	// conns caps client connections per address; fds keeps the last file
 	// descriptors for accepting, and dial opens pods' connections through
 	// it.
@@ -123,7 +125,8 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial}
+	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial,
+		corsPolicy: newCORS(cfg.CORS)}
 	g.logIgnoredKnobs(snap)
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
@@ -403,6 +406,10 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		// Each client moves to another replica after this answer.
 		ctx.SetConnectionClose()
 	}
+	if preflight, e := g.cors(ctx); preflight {
+		g.logPlain(ctx, start, e)
+		return
+	}
 	path := ctx.Path()
 	if n := ctx.Request.Header.Len(); n > g.cfg.MaxHeaders {
 		ctx.SetConnectionClose()
@@ -458,6 +465,9 @@ func kindOf(path []byte) openai.Kind {
 // oversized body, a malformed request line) in OpenAI's error shape.
 func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	if e := g.requestError(ctx, err); e != nil {
+		if o := g.corsPolicy.origin(ctx); o != nil {
+			g.corsPolicy.allow(&ctx.Response.Header, o)
+		}
 		writeFailure(ctx, answer(e))
 		g.logPlain(ctx, time.Time{}, e)
 	}

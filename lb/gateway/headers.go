@@ -92,6 +92,7 @@ var (
 	contentLength = []byte(fasthttp.HeaderContentLength)
 	closeToken    = []byte("close")
 	pdlbPrefix    = []byte("x-pdlb-")
+	accessControl = []byte("access-control-")
 	authorization = []byte(fasthttp.HeaderAuthorization)
 	forwardedFor  = []byte(fasthttp.HeaderXForwardedFor)
 	requestID     = []byte(headerRequestID) // fasthttp's canonical form

@@ -73,15 +73,16 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 	// Only the pod's Content-Type, as behind nginx: not fasthttp's
 	// default (text/plain) where the pod sent none.
 	ctx.Response.Header.SetNoDefaultContentType(true)
+	cors := x.g.corsPolicy.on
 	if x.head.Raw {
-		passHead(ctx, &x.head, pod, x.reqID)
+		passHead(ctx, &x.head, pod, x.reqID, cors)
 		return
 	}
 	// Else its visit yields fasthttp's default Content-Type.
 	resp.Header.SetNoDefaultContentType(true)
 	var nominated []byte // as in buildUpstream
 	resp.Header.VisitAll(func(k, v []byte) {
-		if answerField(k) {
+		if answerField(k, cors) {
 			ctx.Response.Header.AddBytesKV(k, v)
 		} else if nominatesIn(k, v) {
 			nominated = append(append(nominated, v...), ',')
@@ -91,7 +92,7 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 		eachNominated(nominated, func(k []byte) {
 			// The pod's fields only: what the gateway set stays, as on
 			// the loop, where the pod's lines are filtered apart.
-			if answerField(k) {
+			if answerField(k, cors) {
 				ctx.Response.Header.DelBytes(k)
 			}
 		})
@@ -100,14 +101,14 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 	ctx.Response.Header.SetBytesV(headerRequestID, x.reqID)
 }
 
-// passHead gives ctx's client the pod's header lines that answerField and
-// the pod's Connection leave, byte for byte, then x-pdlb-pod and
-// X-Request-Id; head's lines are filtered in place.
-func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, id []byte) {
+// passHead gives ctx's client the pod's header lines that answerField
+// (with cors) and the pod's Connection leave, byte for byte, then
+// x-pdlb-pod and X-Request-Id; head's lines are filtered in place.
+func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, id []byte, cors bool) {
 	kept := head.Lines[:0]
 	var nominated []byte
 	frontend.EachField(head.Lines, func(k, v, line []byte) {
-		if answerField(k) {
+		if answerField(k, cors) {
 			kept = append(kept, line...)
 		} else if nominatesIn(k, v) {
 			nominated = append(append(nominated, v...), ',')
@@ -135,10 +136,12 @@ func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, i
 // vLLM and SGLang), which stays behind as nginx and Envoy keep their
 // upstreams' to themselves, nor the pod's Date (the answer's is the
 // gateway's, as behind nginx), nor those the gateway sets itself
-// (X-Request-Id, x-pdlb-*).
-func answerField(k []byte) bool {
+// (X-Request-Id, x-pdlb-*, and with cors on the Access-Control-* ones).
+func answerField(k []byte, cors bool) bool {
 	switch {
 	case isHopByHop(k):
+		return false
+	case cors && len(k) > len(accessControl) && (k[0]|0x20) == 'a' && bytes.EqualFold(k[:len(accessControl)], accessControl):
 		return false
 	case len(k) == len(server) && bytes.EqualFold(k, server),
 		len(k) == len(date) && bytes.EqualFold(k, date),
