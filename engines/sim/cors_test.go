@@ -10,9 +10,11 @@ import (
 )
 
 // TestCORS: vLLM and SGLang pods answer as their servers do with their CORS
-// defaults (any origin, method and header): a preflight gets 200 "OK"
-// with the fields, a request with Origin gets Access-Control-Allow-Origin:
-// *; trtllm-serve has no CORS, so its preflight is a 405 like any OPTIONS.
+// settings (any origin, method and header; credentials on SGLang): a
+// preflight gets 200 "OK" with the fields, a request with Origin gets
+// Access-Control-Allow-Origin: * (SGLang's preflight names the origin, as
+// credentials require); trtllm-serve has no CORS, so its preflight is a
+// 405 like any OPTIONS.
 func TestCORS(t *testing.T) {
 	c := testClient(t)
 	for _, e := range []engines.Kind{engines.VLLM, engines.SGLang, engines.TRTLLM} {
@@ -35,7 +37,12 @@ func TestCORS(t *testing.T) {
 				}
 				return
 			}
-			if resp.StatusCode != 200 || string(b) != "OK" || h.Get("Access-Control-Allow-Origin") != "*" ||
+			credentials, allowed := "", "*"
+			if e == engines.SGLang {
+				credentials, allowed = "true", "https://app.example.com"
+			}
+			if resp.StatusCode != 200 || string(b) != "OK" || h.Get("Access-Control-Allow-Origin") != allowed ||
+				h.Get("Access-Control-Allow-Credentials") != credentials ||
 				h.Get("Access-Control-Allow-Headers") != "authorization, content-type" || h.Get("Access-Control-Max-Age") != "600" ||
 				!strings.Contains(h.Get("Access-Control-Allow-Methods"), "POST") {
 				t.Fatalf("preflight: %d %q %v", resp.StatusCode, b, h)
@@ -48,7 +55,8 @@ func TestCORS(t *testing.T) {
 			}
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			if resp.StatusCode != 200 || resp.Header.Get("Access-Control-Allow-Origin") != "*" {
+			if resp.StatusCode != 200 || resp.Header.Get("Access-Control-Allow-Origin") != "*" ||
+				resp.Header.Get("Access-Control-Allow-Credentials") != credentials {
 				t.Fatalf("request: %d %v", resp.StatusCode, resp.Header)
 			}
 		})

@@ -345,17 +345,30 @@ func (p *Pod) serveHTTP(ctx *fasthttp.RequestCtx) {
 	r.h(ctx)
 }
 
-// cors answers as vLLM's and SGLang's servers do with their CORS
-// defaults (any origin, method and header, no credentials): a request
-// with Origin gets Access-Control-Allow-Origin: *, and a preflight is
-// answered here, true. trtllm-serve has no CORS.
+// cors answers as vLLM's and SGLang's servers do (Starlette's CORS
+// middleware) with their settings: any origin, method and header, and
+// credentials for SGLang alone (vLLM's --allow-credentials is off by
+// default). A request with Origin gets Access-Control-Allow-Origin: *, or
+// its origin when credentials go with it (a preflight; a request with a
+// Cookie); a preflight is answered here, true. trtllm-serve has no CORS.
 func (p *Pod) cors(ctx *fasthttp.RequestCtx) bool {
-	if ctx.Request.Header.Peek(fasthttp.HeaderOrigin) == nil {
+	origin := ctx.Request.Header.Peek(fasthttp.HeaderOrigin)
+	if origin == nil {
 		return false
 	}
+	credentials := p.cfg.Engine == engines.SGLang
+	preflight := ctx.IsOptions() && ctx.Request.Header.Peek(fasthttp.HeaderAccessControlRequestMethod) != nil
 	h := &ctx.Response.Header
-	h.Set(fasthttp.HeaderAccessControlAllowOrigin, "*")
-	if !ctx.IsOptions() || ctx.Request.Header.Peek(fasthttp.HeaderAccessControlRequestMethod) == nil {
+	if credentials && (preflight || ctx.Request.Header.Peek(fasthttp.HeaderCookie) != nil) {
+		h.SetBytesV(fasthttp.HeaderAccessControlAllowOrigin, origin)
+		h.Set(fasthttp.HeaderVary, fasthttp.HeaderOrigin)
+	} else {
+		h.Set(fasthttp.HeaderAccessControlAllowOrigin, "*")
+	}
+	if credentials {
+		h.Set(fasthttp.HeaderAccessControlAllowCredentials, "true")
+	}
+	if !preflight {
 		return false
 	}
 	h.Set(fasthttp.HeaderAccessControlAllowMethods, "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT")
