@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,7 @@ func TestCORSDefaults(t *testing.T) {
 			s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
 				c.Frontend = fe
 				c.Access.APIKeys = []limits.APIKey{{Name: "team-a", SHA256: limits.HashKey("sk-good")}}
+				c.MaxHeaders = 16
 			})
 			resp, b := corsDo(t, client, s, http.MethodOptions, "/v1/chat/completions", origin, "",
 				"Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "authorization, content-type")
@@ -85,6 +87,19 @@ func TestCORSDefaults(t *testing.T) {
 			wantFields(t, "preflight", resp, "Access-Control-Allow-Origin", "*", "Access-Control-Allow-Methods", "POST",
 				"Access-Control-Allow-Headers", "authorization, content-type", "Access-Control-Max-Age", "600",
 				"Access-Control-Allow-Credentials", "", "Vary", "")
+			// A preflight is a request too: held to max_headers.
+			many := []string{"Access-Control-Request-Method", "POST"}
+			for i := range 20 {
+				many = append(many, "X-Filler-"+strconv.Itoa(i), "x")
+			}
+			if resp, _ := corsDo(t, client, s, http.MethodOptions, "/v1/chat/completions", origin, "", many...); resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+				t.Errorf("preflight with 22 fields: %d, want 431", resp.StatusCode)
+			} else {
+				wantFields(t, "431", resp, "Access-Control-Allow-Origin", "*")
+			}
+			// An empty Origin is none.
+			resp, _ = corsDo(t, client, s, http.MethodPost, "/v1/chat/completions", "", chatBody, "Origin", "", "Authorization", "Bearer sk-good")
+			wantFields(t, "empty Origin", resp, "Access-Control-Allow-Origin", "")
 			// An OPTIONS that is no preflight is what it was.
 			if resp, _ := corsDo(t, client, s, http.MethodOptions, "/v1/chat/completions", origin, ""); resp.StatusCode != http.StatusMethodNotAllowed {
 				t.Errorf("OPTIONS without Access-Control-Request-Method: %d, want 405", resp.StatusCode)

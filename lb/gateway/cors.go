@@ -65,14 +65,14 @@ func (g *Gateway) cors(ctx *fasthttp.RequestCtx) (bool, *openai.Error) {
 		return false, nil
 	}
 	method := ctx.Request.Header.Peek(fasthttp.HeaderAccessControlRequestMethod)
-	if method == nil || !ctx.IsOptions() {
+	if len(method) == 0 || !ctx.IsOptions() {
 		p.allow(&ctx.Response.Header, origin)
 		return false, nil
 	}
 	asked := ctx.Request.Header.Peek(fasthttp.HeaderAccessControlRequestHeaders)
 	var why string
 	switch {
-	case !p.anyOrigin && !slices.Contains(p.origins, string(origin)):
+	case !p.allowed(origin):
 		why = "origin " + strconv.Quote(string(origin)) + " is not in cors.allowed_origins"
 	case p.methods != nil && !slices.Contains(p.methods, string(method)):
 		why = "method " + strconv.Quote(string(method)) + " is not in cors.allowed_methods"
@@ -105,13 +105,39 @@ func (g *Gateway) cors(ctx *fasthttp.RequestCtx) (bool, *openai.Error) {
 	return true, nil
 }
 
+// corsFields gives ctx's answer the Access-Control-* fields its Origin
+// gets, for an answer made before the handler's cors ran.
+func (g *Gateway) corsFields(ctx *fasthttp.RequestCtx) {
+	if o := g.corsPolicy.origin(ctx); o != nil {
+		g.corsPolicy.allow(&ctx.Response.Header, o)
+	}
+}
+
 // origin is ctx's Origin when CORS is on, nil when it is off or ctx has
-// none.
+// none (or an empty one).
 func (p *corsPolicy) origin(ctx *fasthttp.RequestCtx) []byte {
 	if !p.on {
 		return nil
 	}
-	return ctx.Request.Header.Peek(fasthttp.HeaderOrigin)
+	if o := ctx.Request.Header.Peek(fasthttp.HeaderOrigin); len(o) > 0 {
+		return o
+	}
+	return nil
+}
+
+// allowed reports whether origin may call the API.
+func (p *corsPolicy) allowed(origin []byte) bool {
+	if p.anyOrigin {
+		return true
+	}
+	for _, o := range p.origins {
+		// Compared without a conversion, which would allocate for an
+		// origin longer than 32 bytes.
+		if string(origin) == o {
+			return true
+		}
+	}
+	return false
 }
 
 // allow sets the fields of an answer to origin: the origin allowed ("*"
@@ -122,7 +148,7 @@ func (p *corsPolicy) allow(h *fasthttp.ResponseHeader, origin []byte) {
 	switch {
 	case p.anyOrigin && !p.credentials:
 		h.Set(fasthttp.HeaderAccessControlAllowOrigin, "*")
-	case p.anyOrigin || slices.Contains(p.origins, string(origin)):
+	case p.allowed(origin):
 		h.SetBytesV(fasthttp.HeaderAccessControlAllowOrigin, origin)
 		// The answer depends on Origin: a cache must not give it to
 		// another.

@@ -406,16 +406,17 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		// Each client moves to another replica after this answer.
 		ctx.SetConnectionClose()
 	}
-	if preflight, e := g.cors(ctx); preflight {
-		g.logPlain(ctx, start, e)
-		return
-	}
 	path := ctx.Path()
 	if n := ctx.Request.Header.Len(); n > g.cfg.MaxHeaders {
 		ctx.SetConnectionClose()
+		g.corsFields(ctx)
 		e := &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
 			Message: "The request has " + strconv.Itoa(n) + " header fields; the limit is " + strconv.Itoa(g.cfg.MaxHeaders) + "."}
 		writeFailure(ctx, answer(e))
+		g.logPlain(ctx, start, e)
+		return
+	}
+	if preflight, e := g.cors(ctx); preflight {
 		g.logPlain(ctx, start, e)
 		return
 	}
@@ -465,9 +466,7 @@ func kindOf(path []byte) openai.Kind {
 // oversized body, a malformed request line) in OpenAI's error shape.
 func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	if e := g.requestError(ctx, err); e != nil {
-		if o := g.corsPolicy.origin(ctx); o != nil {
-			g.corsPolicy.allow(&ctx.Response.Header, o)
-		}
+		g.corsFields(ctx)
 		writeFailure(ctx, answer(e))
 		g.logPlain(ctx, time.Time{}, e)
 	}
