@@ -2,6 +2,7 @@ package config
 
 import (
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,7 +39,7 @@ type CORS struct {
 	// always-safe ones (default none), e.g. x-request-id.
 	ExposeHeaders []string `yaml:"expose_headers"`
 	// MaxAge is how long a browser may cache a preflight's answer
-	// (default 10m), in whole seconds.
+	// (default 10m), whole seconds.
 	MaxAge time.Duration `yaml:"max_age"`
 }
 
@@ -62,6 +63,10 @@ func (c CORS) Validate() error {
 			// Browsers send Origin in lower case, and it is compared as
 			// sent.
 			return invalid(field, o, "must be in lower case, as browsers send it")
+		case strings.HasPrefix(o, "https://") && strings.HasSuffix(o, ":443"), strings.HasPrefix(o, "http://") && strings.HasSuffix(o, ":80"):
+			return invalid(field, o, "names its scheme's default port, which browsers leave out of Origin")
+		case !isASCII(o):
+			return invalid(field, o, "must name its host in punycode (xn--...), as browsers send it")
 		}
 	}
 	for _, l := range []struct {
@@ -74,10 +79,29 @@ func (c CORS) Validate() error {
 			}
 		}
 	}
-	if c.MaxAge < 0 {
-		return invalid("cors.max_age", c.MaxAge, "must not be negative")
+	for i, m := range c.AllowedMethods {
+		// Fetch sends these six in upper case whatever the page wrote,
+		// and compares methods as sent.
+		if u := strings.ToUpper(m); u != m && slices.Contains([]string{"DELETE", "GET", "HEAD", "OPTIONS", "POST", "PUT"}, u) {
+			return invalid("cors.allowed_methods["+strconv.Itoa(i)+"]", m, "must be "+u+", as browsers send it")
+		}
+	}
+	if c.AllowCredentials && slices.Contains(c.ExposeHeaders, "*") {
+		return invalid("cors.expose_headers", c.ExposeHeaders, `holds "*", which with allow_credentials names a field called "*", not every field: list them`)
+	}
+	if c.MaxAge < 0 || c.MaxAge%time.Second != 0 {
+		return invalid("cors.max_age", c.MaxAge, "must be whole seconds, not negative (Access-Control-Max-Age counts seconds)")
 	}
 	return nil
+}
+
+func isASCII(s string) bool {
+	for i := range len(s) {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // isOrigin reports whether o is a serialized origin as browsers send it

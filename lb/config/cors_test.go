@@ -38,7 +38,17 @@ func TestCORSValidate(t *testing.T) {
 	f(func(c *CORS) { c.AllowedMethods = []string{"GET POST"} }, `cors.allowed_methods[0] = "GET POST" is not a token`)
 	f(func(c *CORS) { c.AllowedHeaders = []string{"authorization", "x:y"} }, `cors.allowed_headers[1] = "x:y" is not a token`)
 	f(func(c *CORS) { c.ExposeHeaders = []string{""} }, `cors.expose_headers[0] = "" is not a token`)
-	f(func(c *CORS) { c.MaxAge = -time.Second }, "cors.max_age = -1s must not be negative")
+	f(func(c *CORS) { c.MaxAge = -time.Second }, "cors.max_age = -1s must be whole seconds, not negative")
+	f(func(c *CORS) { c.MaxAge = 1500 * time.Millisecond }, "cors.max_age = 1.5s must be whole seconds")
+	f(func(c *CORS) { c.AllowedOrigins = []string{"https://a.example:443"} }, `"https://a.example:443" names its scheme's default port`)
+	f(func(c *CORS) { c.AllowedOrigins = []string{"http://a.example:80"} }, `"http://a.example:80" names its scheme's default port`)
+	f(func(c *CORS) { c.AllowedOrigins = []string{"https://a.example:8443", "http://a.example:8080"} }, "")
+	f(func(c *CORS) { c.AllowedOrigins = []string{"https://bücher.example"} }, `must name its host in punycode`)
+	f(func(c *CORS) { c.AllowedOrigins = []string{"https://xn--bcher-kva.example"} }, "")
+	f(func(c *CORS) { c.AllowedMethods = []string{"GET", "post"} }, `cors.allowed_methods[1] = "post" must be POST, as browsers send it`)
+	f(func(c *CORS) { c.AllowedMethods = []string{"patch", "PATCH"} }, "") // Fetch does not upper-case PATCH
+	f(func(c *CORS) { c.ExposeHeaders = []string{"*"} }, "")
+	f(func(c *CORS) { c.ExposeHeaders, c.AllowCredentials = []string{"*"}, true }, `cors.expose_headers = [*] holds "*"`)
 	// The whole configuration's check runs the section's.
 	c := Default()
 	c.Pods = []Pod{{Name: "p", Model: "m", Address: "127.0.0.1:8000"}}
