@@ -2,6 +2,7 @@ package lb_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -237,7 +238,7 @@ func TestErrors(t *testing.T) {
 	f("POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":"maybe"}`, 400, `"stream"`)
 	f("POST", "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":-1}`, 400, `"max_tokens"`)
 	f("POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, "nope")
-	f("POST", "/v1/embeddings", `{}`, 404, "/v1/embeddings")
+	f("POST", "/v1/images/generations", `{}`, 404, "/v1/images/generations")
 	f("GET", "/v1/chat/completions", ``, 405, "GET")
 	f("POST", "/v1/chat/completions", `{"model":"m","prompt":"`+strings.Repeat("x", 5000)+`"}`, 413, "4096")
 }
@@ -345,7 +346,10 @@ func scriptedPod(t *testing.T, ln net.Listener, script podScript) string {
 					if err != nil {
 						return
 					}
-					io.Copy(io.Discard, r.Body)
+					// Read whole, so that serve may answer first; serve
+					// gets it still.
+					body, _ := io.ReadAll(r.Body)
+					r.Body = io.NopCloser(bytes.NewReader(body))
 					if r.URL.Path != "/health" && r.URL.Path != "/metrics" {
 						script.serve(c, r)
 						return

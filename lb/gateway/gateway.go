@@ -421,14 +421,17 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var e *openai.Error
-	switch string(path) {
-	case "/v1/chat/completions", "/v1/completions":
+	if kind, ok := openai.KindFromPath(path); ok {
 		if e = notAllowed(ctx, fasthttp.MethodPost); e == nil {
 			// Logged when its answer is done.
-			g.serveCompletion(ctx, kindOf(path))
+			g.serveCompletion(ctx, kind)
 			return
 		}
 		g.metrics.countRequest(nil, fasthttp.StatusMethodNotAllowed)
+		g.logPlain(ctx, start, e)
+		return
+	}
+	switch string(path) {
 	case "/v1/models":
 		if e = notAllowed(ctx, fasthttp.MethodGet); e != nil {
 			break
@@ -452,14 +455,6 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		writeFailure(ctx, answer(e))
 	}
 	g.logPlain(ctx, start, e)
-}
-
-// kindOf is the kind of request a completion path serves.
-func kindOf(path []byte) openai.Kind {
-	if string(path) == "/v1/chat/completions" {
-		return openai.KindChat
-	}
-	return openai.KindCompletion
 }
 
 // ErrorHandler answers what fasthttp rejects before the handler runs (an

@@ -104,7 +104,11 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	pod.Release()
 	g.leave(x)
 	stats := g.metrics.model(m)
-	stats.e2e.Update(now.Sub(x.start).Seconds())
+	if x.req.Kind != openai.KindOther {
+		// The model's generation latency: an embedding or a tokenization
+		// would pull it down.
+		stats.e2e.Update(now.Sub(x.start).Seconds())
+	}
 	stats.completionTokens.Add(x.counted.Tokens())
 	g.metrics.countRequest(m, status)
 	releaseCompletion(x)
@@ -159,6 +163,10 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		return false
 	}
 	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
+	if x.req.Kind == openai.KindOther {
+		// Nothing to prefill and decode: a combined pod answers it.
+		x.cascade = nil
+	}
 	return true
 }
 

@@ -44,6 +44,9 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // tokenizer's segment cache; engines/prompt's benchmarks).
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
+	if x.req.Kind == openai.KindOther {
+		return nil // no prompt was read
+	}
 	if e := x.req.EngineRefusal(); e != nil {
 		return answer(e)
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"path"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -83,9 +84,15 @@ func (g *Gateway) startTrace(x *completion) {
 		return
 	}
 	parent := tracing.Extract(context.Background(), &x.ctx.Request.Header)
-	op := semconv.GenAIOperationNameChat
-	if x.req.Kind != openai.KindChat {
+	var op attribute.KeyValue
+	switch x.req.Kind {
+	case openai.KindChat:
+		op = semconv.GenAIOperationNameChat
+	case openai.KindCompletion:
 		op = semconv.GenAIOperationNameTextCompletion
+	default:
+		// The API's name: "embeddings" is GenAI's own.
+		op = semconv.GenAIOperationNameKey.String(path.Base(string(x.ctx.Path())))
 	}
 	ctx, span := g.tracer.Start(parent, "request", serverSpan, trace.WithTimestamp(x.start))
 	x.tr = reqTrace{tracer: g.tracer, ctx: ctx, root: span, rec: span.IsRecording(), reasons: x.tr.reasons[:0]}

@@ -29,6 +29,10 @@ const (
 	KindChat Kind = iota + 1
 	// KindCompletion is POST /v1/completions: the prompt is "prompt".
 	KindCompletion
+	// KindOther is a POST to another of the engines' JSON APIs that names
+	// its model (embeddings, tokenize, scores, reranking, pooling): only
+	// "model" is read, and the body goes to a pod as it came.
+	KindOther
 )
 
 // String returns the kind's name.
@@ -38,18 +42,25 @@ func (k Kind) String() string {
 		return "chat"
 	case KindCompletion:
 		return "completion"
+	case KindOther:
+		return "other"
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
 
-// KindFromPath returns the kind of an OpenAI inference path; ok is false for
-// any other path.
+// KindFromPath returns the kind of a path the gateway routes to pods; ok
+// is false for any other path. KindOther's are vLLM's and SGLang's
+// model-bearing JSON APIs that hold no state between requests (not
+// /v1/responses, whose follow-ups name a response one pod stored).
 func KindFromPath(path []byte) (k Kind, ok bool) {
 	switch string(path) {
 	case "/v1/chat/completions":
 		return KindChat, true
 	case "/v1/completions":
 		return KindCompletion, true
+	case "/v1/embeddings", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/v1/score",
+		"/rerank", "/v1/rerank", "/v2/rerank":
+		return KindOther, true
 	}
 	return 0, false
 }
@@ -378,7 +389,7 @@ const (
 func (r *Request) Parse(kind Kind, body []byte) error {
 	r.Reset()
 	r.Kind = kind
-	if kind != KindChat && kind != KindCompletion {
+	if kind != KindChat && kind != KindCompletion && kind != KindOther {
 		panic("BUG: openai: Parse with " + kind.String())
 	}
 	s := scanner{b: body}
@@ -419,6 +430,10 @@ func (r *Request) parse(s *scanner) error {
 	var seenPrompt bool
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
+		if r.Kind == KindOther && b2s(key) != "model" {
+			s.skip()
+			continue
+		}
 		var err error
 		switch b2s(key) {
 		case "model":
@@ -465,6 +480,11 @@ func (r *Request) parse(s *scanner) error {
 		s.fail() // trailing bytes
 	}
 	if s.bad {
+		return nil
+	}
+	if r.Kind == KindOther {
+		// Nothing to generate: no output to charge or wait for.
+		r.MaxTokens = 0
 		return nil
 	}
 	if !seenPrompt {

@@ -446,8 +446,34 @@ func TestKindFromPath(t *testing.T) {
 	}
 	f("/v1/chat/completions", KindChat, true)
 	f("/v1/completions", KindCompletion, true)
+	f("/v1/embeddings", KindOther, true)
+	f("/tokenize", KindOther, true)
+	f("/v2/rerank", KindOther, true)
 	f("/v1/models", 0, false)
 	f("/v1/completions/", 0, false)
+	f("/v1/responses", 0, false)
+}
+
+// TestParseOther: another API's body gives its model alone, whatever else
+// it holds, and no output to charge; its JSON is still checked.
+func TestParseOther(t *testing.T) {
+	r := AcquireRequest()
+	defer ReleaseRequest(r)
+	body := `{"input":["a",{"b":[1,2]}],"stream":"maybe","max_tokens":-5,"messages":7,"model":"emb","prompt":null}`
+	if err := r.Parse(KindOther, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	if string(r.Model) != "emb" || r.Stream || r.MaxTokens != 0 || r.PromptTokens() != 0 {
+		t.Errorf("got model %q, stream %v, max_tokens %d, prompt tokens %d", r.Model, r.Stream, r.MaxTokens, r.PromptTokens())
+	}
+	if got := string(r.WithModel([]byte(body), "other")); got != strings.Replace(body, `"emb"`, `"other"`, 1) {
+		t.Errorf("WithModel: %s", got)
+	}
+	for _, bad := range []string{`{"model":"emb","input":`, `[1]`, `{"model":5}`} {
+		if err := r.Parse(KindOther, []byte(bad)); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
 }
 
 // FuzzParse checks Parse against a reference built on encoding/json: both
