@@ -3,7 +3,6 @@ package lb_test
 import (
 	"context"
 	"crypto/tls"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -18,30 +17,13 @@ import (
 	"pdlb/lb/limits"
 )
 
-// corsDo sends method to path on s with Origin origin and the header
-// fields in extra (name, value pairs), and returns the answer and its body.
+// corsDo is send with Origin origin, none when it is "".
 func corsDo(t *testing.T, c *http.Client, s *lb.Server, method, path, origin, body string, extra ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, "http://"+s.Addr()+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if origin != "" {
-		req.Header.Set("Origin", origin)
+		extra = append([]string{"Origin", origin}, extra...)
 	}
-	for i := 0; i+1 < len(extra); i += 2 {
-		req.Header.Set(extra[i], extra[i+1])
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(b)
+	return send(t, c, s, method, path, body, extra...)
 }
 
 // wantFields fails unless resp has each field of want (name, value pairs)

@@ -885,19 +885,29 @@ func newPost(s *lb.Server, body string) (*http.Request, error) {
 // postWith posts a chat body with headers given as name, value pairs.
 func postWith(t *testing.T, s *lb.Server, body string, headers ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := newPost(s, body)
+	return send(t, client, s, http.MethodPost, "/v1/chat/completions", body, append([]string{"Content-Type", "application/json"}, headers...)...)
+}
+
+// send sends method to path on s through c with the header fields given
+// as name, value pairs, and returns the answer and its body.
+func send(t *testing.T, c *http.Client, s *lb.Server, method, path, body string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+s.Addr()+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	resp, err := client.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return resp, string(b)
 }
 
