@@ -183,6 +183,7 @@ Try:
   curl -i %[1]s/v1/completions -d '{"model":"%[3]s","prompt":"SELECT","max_tokens":8}'   # a LoRA adapter: x-pdlb-model
   curl -i %[1]s/v1/completions -d '{"model":"%[4]s","prompt":"hi","max_tokens":8}'   # loaded on a pod at the first request
   curl %[1]s/v1/models   # adapters with their parent
+  curl %[1]s/tokenize -d '{"model":"demo-vllm","prompt":"hi"}'   # the engines' other APIs (embeddings, rerank...) go to a pod of the model
   curl -si %[1]s/v1/chat/completions -H 'x-pdlb-debug: explain' -d '{"model":"demo-vllm","messages":[{"role":"user","content":"hi"}]}' | grep -i x-pdlb-explain
   curl '%[2]s/admin/explain?model=demo-vllm'   # arms recording; the next requests' decisions show on the next read
   curl %[2]s/metrics

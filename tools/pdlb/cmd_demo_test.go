@@ -15,7 +15,7 @@ import (
 
 // demoCompletion is one of the completion lines pdlb demo prints: its
 // URL, a header it sets (or none) and its body.
-var demoCompletion = regexp.MustCompile(`curl (?:-i |-N )?(\S+/v1/(?:chat/)?completions)(?: -H '([^:]+): ([^']+)')? -d '([^']+)'`)
+var demoCompletion = regexp.MustCompile(`curl (?:-i |-N )?(\S+/(?:v1/(?:chat/)?completions|tokenize))(?: -H '([^:]+): ([^']+)')? -d '([^']+)'`)
 
 // TestDemoCurlLines: every completion the demo prints answers 200, as a
 // user pasting it would see. The adapter lines answered 404 and 503: the
@@ -46,7 +46,7 @@ func TestDemoCurlLines(t *testing.T) {
 		}
 	}()
 	lines := demoCompletion.FindAllStringSubmatch(out.String(), -1)
-	if len(lines) < 6 {
+	if len(lines) < 7 {
 		t.Fatalf("%d completion lines in the demo's output:\n%s", len(lines), out.String())
 	}
 	client := &http.Client{Timeout: 20 * time.Second}
