@@ -7,10 +7,24 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"pdlb/internal/testnet"
 	"pdlb/lb/config"
+	"pdlb/lb/limits"
 )
+
+// answerJSON answers a fake pod's request with status and body, and
+// closes.
+func answerJSON(c net.Conn, status int, body string) {
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+}
+
+const embedding = `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"emb","usage":{"prompt_tokens":1,"total_tokens":1}}`
 
 // TestOtherAPIs: the engines' other model-bearing JSON APIs (embeddings,
 // tokenize, scores, reranking...) reach a combined pod of the model the
@@ -82,17 +96,113 @@ func TestOtherAPIs(t *testing.T) {
 
 // TestOtherAPIsSkipPD: a model served by prefill/decode pods and combined
 // pods sends the other APIs to the combined ones, whatever its routing
-// strategy: there is nothing to prefill.
+// strategy, the first model's or a fallback's: there is nothing to
+// prefill. A model with prefill/decode pods alone answers 400 naming
+// why, not a 503 that SDKs retry.
 func TestOtherAPIsSkipPD(t *testing.T) {
 	e := pdEngines[0]
 	pre, dec, comb := startTrio(t, e)
-	s := testGateway(t, []config.Pod{pdPod(pre, pre.Addr(), "rs"), pdPod(dec, dec.Addr(), "rs"), pdPod(comb, comb.Addr(), "")}, func(c *config.Config) {
-		c.Models = []config.Model{{Name: "m", RoutingStrategy: "pd"}}
+	s := testGateway(t, []config.Pod{pdPod(pre, pre.Addr(), "rs"), pdPod(dec, dec.Addr(), "rs"), pdPod(comb, comb.Addr(), ""),
+		{Name: "a-0", Model: "a", Address: testnet.Refusing(t)}}, func(c *config.Config) {
+		c.Models = []config.Model{{Name: "m", RoutingStrategy: "pd"}, {Name: "a", LoRA: config.LoRA{Fallback: []string{"m"}}}}
 	})
-	for range 4 {
-		resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hello there"}`)
+	for _, model := range []string{"m", "a", "m", "a"} {
+		resp, b := post(t, s, "/tokenize", `{"model":"`+model+`","prompt":"hello there"}`)
 		if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != comb.Config().Name {
-			t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+			t.Fatalf("model %s: %d from %q: %s", model, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
 		}
 	}
+	pdOnly := testGateway(t, []config.Pod{pdPod(pre, pre.Addr(), "rs"), pdPod(dec, dec.Addr(), "rs")}, nil)
+	resp, b := post(t, pdOnly, "/tokenize", `{"model":"m","prompt":"hello there"}`)
+	if resp.StatusCode != 400 || !strings.Contains(b, "served by prefill and decode pods only; /tokenize goes to a combined pod") {
+		t.Errorf("a model of prefill/decode pods: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestOtherAPIsByLoad: the other APIs go to the pod with the fewest
+// requests in flight; under slo_cache, which weighs queued prompt tokens
+// they add none of, they went to either pod at random.
+func TestOtherAPIsByLoad(t *testing.T) {
+	var slowGot atomic.Int32
+	slow := fakePod(t, func(c net.Conn, _ *http.Request) {
+		slowGot.Add(1)
+		time.Sleep(time.Second)
+		answerJSON(c, 200, embedding)
+	})
+	fast := fakePod(t, func(c net.Conn, _ *http.Request) { answerJSON(c, 200, embedding) })
+	s := testGateway(t, []config.Pod{{Name: "slow", Model: "emb", Address: slow}, {Name: "fast", Model: "emb", Address: fast}}, nil)
+	var wg sync.WaitGroup
+	const n = 20
+	for range n {
+		wg.Go(func() { post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`) })
+		time.Sleep(10 * time.Millisecond)
+	}
+	wg.Wait()
+	if got := slowGot.Load(); got > 3 {
+		t.Errorf("the pod holding a request for a second got %d of %d more", got, n)
+	}
+}
+
+// TestOtherAPIsAccounting: the other APIs are charged to an API key's
+// token budget by their body's size (a completion's prompt as large is
+// refused, so must an embedding be), count no output tokens, and say
+// nothing of the pod's health: a pod failing every completion is ejected
+// whatever /tokenize calls it answers between them (vLLM answers those
+// without its engine), and a pod is not failed for an answer over the
+// gateway's max_response_bytes (a big batch of embeddings).
+func TestOtherAPIsAccounting(t *testing.T) {
+	key := "sk-other-0123456789abcdef0123456789"
+	t.Run("budget", func(t *testing.T) {
+		pod := fakePod(t, func(c net.Conn, _ *http.Request) { answerJSON(c, 200, embedding) })
+		s := testGateway(t, []config.Pod{{Name: "e0", Model: "emb", Address: pod}}, func(c *config.Config) {
+			c.Access.APIKeys = []limits.APIKey{{Name: "k", SHA256: limits.HashKey(key), TokensPerMinute: 1000}}
+		})
+		input := strings.Repeat("word ", 5000)
+		for _, path := range []string{"/v1/completions", "/v1/embeddings"} {
+			resp, b := send(t, client, s, "POST", path, `{"model":"emb","prompt":"`+input+`","input":"`+input+`","max_tokens":1}`, "Authorization", "Bearer "+key)
+			if resp.StatusCode != http.StatusTooManyRequests {
+				t.Errorf("%s of ~6250 tokens on a key of 1000 a minute: %d %.200s", path, resp.StatusCode, b)
+			}
+		}
+		if resp, b := send(t, client, s, "POST", "/v1/embeddings", `{"model":"emb","input":"x"}`, "Authorization", "Bearer "+key); resp.StatusCode != 200 {
+			t.Errorf("a small embedding: %d %s", resp.StatusCode, b)
+		}
+		if n := metricValue(t, s, `pdlb_completion_tokens_total{model="emb"}`); n != 0 {
+			t.Errorf("pdlb_completion_tokens_total after an embedding: %v, want 0", n)
+		}
+	})
+	t.Run("ejection", func(t *testing.T) {
+		pod := fakePod(t, func(c net.Conn, r *http.Request) {
+			if r.URL.Path == "/tokenize" {
+				answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
+				return
+			}
+			answerJSON(c, 500, `{"error":{"message":"CUDA error","type":"InternalServerError","code":500}}`)
+		})
+		s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: pod}}, func(c *config.Config) { c.Health.EjectAfterFailures = 3 })
+		for range 3 {
+			post(t, s, "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":2}`)
+			post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`)
+		}
+		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="p0"}`); n == 0 {
+			t.Error("a pod that failed 3 completions in a row, answering /tokenize between them, was not ejected")
+		}
+	})
+	t.Run("max_response_bytes", func(t *testing.T) {
+		pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+			answerJSON(c, 200, `{"object":"list","data":[{"embedding":[`+strings.Repeat("0.0123456789,", 1000)+`0]}]}`)
+		})
+		s := testGateway(t, []config.Pod{{Name: "e0", Model: "emb", Address: pod}}, func(c *config.Config) {
+			c.Upstream.MaxResponseBytes = 4096
+			c.Health.EjectAfterFailures = 3
+		})
+		for range 4 {
+			if resp, b := post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`); resp.StatusCode != http.StatusBadGateway {
+				t.Fatalf("an answer over max_response_bytes: %d %s, want 502", resp.StatusCode, b)
+			}
+		}
+		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="e0"}`); n != 0 {
+			t.Errorf("a pod was ejected for answers over the gateway's max_response_bytes (%v)", n)
+		}
+	})
 }

@@ -11,10 +11,11 @@ import (
 )
 
 // callFailed counts a call to p that failed with err against p, unless
-// the gateway's own limits refused it: every connection to p busy, or no
-// file descriptor to open one.
+// the gateway's own limits refused it: every connection to p busy, no
+// file descriptor to open one, or an answer over max_response_bytes.
 func (g *Gateway) callFailed(p *pool.Pod, err error) {
-	if !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) {
+	// The gateway's own limits fail calls the pod has no part in.
+	if !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) && !errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		g.podFailed(p)
 	}
 	// Refused: nothing listens at the pod's address; the picks that follow

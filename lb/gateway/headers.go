@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/openai"
 	"pdlb/lb/route"
 )
 
@@ -103,6 +104,9 @@ var (
 // sessionOf returns the request's session key, "" when it has none. Only
 // requests that carry one pay for the string.
 func sessionOf(x *completion) string {
+	if x.req.Kind == openai.KindOther {
+		return "" // no prompt of the session's
+	}
 	v := x.hdr[hdrSession]
 	if len(v) == 0 {
 		v = x.hdr[hdrSessionAIBrix]

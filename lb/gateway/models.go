@@ -95,7 +95,7 @@ func (g *Gateway) fallBack(x *completion) bool {
 		if m == nil {
 			continue
 		}
-		res, err := strategyOf(x, m)
+		res, err := strategyFor(x, m)
 		if err != nil || (res.PD == nil && len(m.Combined) == 0) {
 			continue // no strategy of m's serves it, or no pod
 		}

@@ -21,7 +21,11 @@ import (
 func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response) {
 	// Headers are in: from here on the pod owes the client this response.
 	status := resp.StatusCode()
+	other := x.req.Kind == openai.KindOther
 	switch {
+	case other:
+		// No evidence about the pod's generation: vLLM answers
+		// /tokenize in its API server, without the engine.
 	case fail.IsFault(status):
 		g.podFailed(pod)
 	case status < 500:
@@ -52,11 +56,11 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	if err != nil {
 		upstream.CloseStream(resp, err)
 		ctx.Response.ResetBody()
-		g.podFailed(pod)
+		g.callFailed(pod, err)
 		f := g.streamFailure(x, err)
 		writeFailure(ctx, f)
 		x.failure, status = f.E, f.E.Status
-	} else if status == fasthttp.StatusOK {
+	} else if status == fasthttp.StatusOK && !other {
 		// Its usage is the output the API key's token bucket and
 		// pdlb_completion_tokens_total are charged.
 		x.counted.ObserveBody(ctx.Response.Body())

@@ -157,18 +157,27 @@ func (g *Gateway) responseTimeout(stream bool) time.Duration {
 // "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
 // false.
 func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) bool {
-	res, err := strategyOf(x, m)
+	res, err := strategyFor(x, m)
 	if err != nil {
 		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
 		return false
 	}
 	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
-	if x.req.Kind == openai.KindOther {
-		// Nothing to prefill and decode: a combined pod answers it.
-		x.cascade = nil
-	}
 	return true
 }
+
+// strategyFor is strategyOf for x's kind: the engines' other APIs have no
+// prompt to match and nothing to prefill and decode, so whatever the
+// model and headers say, a combined pod with the fewest requests in
+// flight answers them (otherPolicy).
+func strategyFor(x *completion, m *pool.Model) (route.Resolved, error) {
+	if x.req.Kind == openai.KindOther {
+		return route.Resolved{Policy: otherPolicy}, nil
+	}
+	return strategyOf(x, m)
+}
+
+var otherPolicy route.Policy = route.ScorePolicy{Scorer: route.LeastRequest{}}
 
 // strategyOf is the profile and strategy x's headers choose on m; none
 // (the model's policy) when m has no profiles.

@@ -45,7 +45,11 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
 	if x.req.Kind == openai.KindOther {
-		return nil // no prompt was read
+		// No prompt was read: the body's size at the stand-in's 4 bytes
+		// a token stands for the input the pod works on, for the API
+		// key's token budget and the pod's ledger.
+		x.req.Tokens = tokenize.CountLen(len(body))
+		return nil
 	}
 	if e := x.req.EngineRefusal(); e != nil {
 		return answer(e)
