@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"pdlb/internal/testnet"
+	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
 )
@@ -145,11 +146,13 @@ func TestOtherAPIsByLoad(t *testing.T) {
 
 // TestOtherAPIsAccounting: the other APIs are charged to an API key's
 // token budget by their body's size (a completion's prompt as large is
-// refused, so must an embedding be), count no output tokens, and say
-// nothing of the pod's health: a pod failing every completion is ejected
-// whatever /tokenize calls it answers between them (vLLM answers those
-// without its engine), and a pod is not failed for an answer over the
-// gateway's max_response_bytes (a big batch of embeddings).
+// refused, so must an embedding be) but to no pod's queue or prompt
+// counts, and count no output tokens. An embedding's answer is evidence
+// of the pod's health as a completion's is; a /tokenize's (vLLM answers
+// it without its engine) ends a half-open probe but does not clear the
+// failures in a row of the completions around it. A pod is not failed
+// for an answer over the gateway's max_response_bytes (a big batch of
+// embeddings).
 func TestOtherAPIsAccounting(t *testing.T) {
 	key := "sk-other-0123456789abcdef0123456789"
 	t.Run("budget", func(t *testing.T) {
@@ -186,6 +189,78 @@ func TestOtherAPIsAccounting(t *testing.T) {
 		}
 		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="p0"}`); n == 0 {
 			t.Error("a pod that failed 3 completions in a row, answering /tokenize between them, was not ejected")
+		}
+	})
+	t.Run("engine faults", func(t *testing.T) {
+		bad := fakePod(t, func(c net.Conn, _ *http.Request) {
+			answerJSON(c, 500, `{"error":{"message":"CUDA error","type":"InternalServerError","code":500}}`)
+		})
+		good := fakePod(t, func(c net.Conn, _ *http.Request) { answerJSON(c, 200, embedding) })
+		s := testGateway(t, []config.Pod{{Name: "bad", Model: "emb", Address: bad}, {Name: "good", Model: "emb", Address: good}},
+			func(c *config.Config) { c.Health.EjectAfterFailures = 3 })
+		for range 20 {
+			post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`)
+		}
+		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="bad"}`); n == 0 {
+			t.Error("a pod answering 500 to every embedding was not ejected")
+		}
+	})
+	t.Run("half-open", func(t *testing.T) {
+		// Its first three connections drop; then it answers, slowly.
+		var n atomic.Int32
+		pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+			if n.Add(1) <= 3 {
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+			answerJSON(c, 200, embedding)
+		})
+		s := testGateway(t, []config.Pod{{Name: "e0", Model: "emb", Address: pod}}, func(c *config.Config) {
+			c.Health.EjectAfterFailures, c.Health.EjectionTime, c.Upstream.Retries = 3, 100*time.Millisecond, 0
+		})
+		for range 3 {
+			post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if resp, b := post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`); resp.StatusCode != 200 {
+			t.Fatalf("after the ejection: %d %s", resp.StatusCode, b)
+		}
+		// Closed again: it takes more than one request at a time.
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				if resp, b := post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`); resp.StatusCode != 200 {
+					t.Errorf("concurrent embeddings on a pod that answered its probe: %d %s", resp.StatusCode, b)
+				}
+			})
+		}
+		wg.Wait()
+	})
+	t.Run("tokenize is no prefill", func(t *testing.T) {
+		release := make(chan struct{})
+		pod := fakePod(t, func(c net.Conn, r *http.Request) {
+			if r.URL.Path == "/tokenize" {
+				<-release
+				answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
+				return
+			}
+			answerJSON(c, 200, `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+		})
+		s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod, PrefillTokensPerSec: 2000}}, func(c *config.Config) {
+			c.Admission.Enabled = true
+			c.Admission.Interactive.TTFTSLO = 0.5
+		})
+		var wg sync.WaitGroup
+		wg.Go(func() { post(t, s, "/tokenize", `{"model":"m","prompt":"`+strings.Repeat("x", 8000)+`"}`) })
+		testwait.For(t, "the /tokenize in flight", func() bool { return metricValue(t, s, `pdlb_pod_in_flight{pod="p"}`) == 1 })
+		resp, b := post(t, s, "/v1/chat/completions", chatBody)
+		close(release)
+		wg.Wait()
+		if resp.StatusCode != 200 {
+			t.Errorf("a short chat while a /tokenize of 8,000 bytes waits on an idle engine: %d %s", resp.StatusCode, b)
+		}
+		if n := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`); n > 100 {
+			t.Errorf("pdlb_prompt_tokens_total %v counts the /tokenize's body", n)
 		}
 	})
 	t.Run("max_response_bytes", func(t *testing.T) {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"pdlb/lb/openai"
 	"pdlb/lb/route"
 )
 
@@ -104,7 +103,7 @@ var (
 // sessionOf returns the request's session key, "" when it has none. Only
 // requests that carry one pay for the string.
 func sessionOf(x *completion) string {
-	if x.req.Kind == openai.KindOther {
+	if !x.req.Kind.Generates() {
 		return "" // no prompt of the session's
 	}
 	v := x.hdr[hdrSession]

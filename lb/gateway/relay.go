@@ -21,14 +21,15 @@ import (
 func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, pod *pool.Pod, resp *fasthttp.Response) {
 	// Headers are in: from here on the pod owes the client this response.
 	status := resp.StatusCode()
-	other := x.req.Kind == openai.KindOther
 	switch {
-	case other:
-		// No evidence about the pod's generation: vLLM answers
-		// /tokenize in its API server, without the engine.
 	case fail.IsFault(status):
 		g.podFailed(pod)
-	case status < 500:
+	case status >= 500:
+	case x.req.Kind == openai.KindTokenizer:
+		// The API server answered without the engine: whether the
+		// engine works, the requests that reach it say.
+		pod.ReportAnswered()
+	default:
 		pod.ReportSuccess()
 	}
 	answerHead(ctx, resp, x, pod.Config.Name)
@@ -60,7 +61,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		f := g.streamFailure(x, err)
 		writeFailure(ctx, f)
 		x.failure, status = f.E, f.E.Status
-	} else if status == fasthttp.StatusOK && !other {
+	} else if status == fasthttp.StatusOK && x.req.Kind.Generates() {
 		// Its usage is the output the API key's token bucket and
 		// pdlb_completion_tokens_total are charged.
 		x.counted.ObserveBody(ctx.Response.Body())

@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/engines/tokenize"
 	"pdlb/lb/frontend"
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
@@ -45,7 +46,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, m, f)
 		return
 	}
-	if d = key.Admit(x.start, x.req.PromptTokens()); !d.OK() {
+	if d = key.Admit(x.start, budgeted(x, ctx.PostBody())); !d.OK() {
 		g.fail(ctx, x, m, refused(d))
 		return
 	}
@@ -104,7 +105,7 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	pod.Release()
 	g.leave(x)
 	stats := g.metrics.model(m)
-	if x.req.Kind != openai.KindOther {
+	if x.req.Kind.Generates() {
 		// The model's generation latency: an embedding or a tokenization
 		// would pull it down.
 		stats.e2e.Update(now.Sub(x.start).Seconds())
@@ -166,12 +167,24 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	return true
 }
 
+// budgeted is the input tokens x charges its API key's token budget: its
+// prompt's, or for the other APIs, whose prompt is not read, the body's
+// size at the stand-in's 4 bytes a token. Only the budget counts them so:
+// a pod's ledger and queue, which they would hold up as prefill work, get
+// nothing.
+func budgeted(x *completion, body []byte) int {
+	if x.req.Kind.Generates() {
+		return x.req.PromptTokens()
+	}
+	return tokenize.CountLen(len(body))
+}
+
 // strategyFor is strategyOf for x's kind: the engines' other APIs have no
 // prompt to match and nothing to prefill and decode, so whatever the
 // model and headers say, a combined pod with the fewest requests in
 // flight answers them (otherPolicy).
 func strategyFor(x *completion, m *pool.Model) (route.Resolved, error) {
-	if x.req.Kind == openai.KindOther {
+	if !x.req.Kind.Generates() {
 		return route.Resolved{Policy: otherPolicy}, nil
 	}
 	return strategyOf(x, m)

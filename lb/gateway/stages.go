@@ -116,7 +116,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 		return g.adapterReady(x)
 	case g.fallBack(x):
 		// picked anew on a fallback model
-	case x.last == nil && x.req.Kind == openai.KindOther && len(x.m.Combined) == 0:
+	case x.last == nil && !x.req.Kind.Generates() && len(x.m.Combined) == 0:
 		// Not a passing state a retry would outlast: a 400 names it.
 		x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest,
 			Message: "The model `" + x.m.Name + "` is served by prefill and decode pods only; " + string(x.ctx.Path()) + " goes to a combined pod."}), stageFail
@@ -132,7 +132,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 // already). A deferral waits on a worker, where x is picked anew and the
 // wait goes on: false says x moved to one.
 func (g *Gateway) admitStage(x *completion) bool {
-	if g.admit == nil || x.attempts > 0 || x.req.Kind == openai.KindOther {
+	if g.admit == nil || x.attempts > 0 || !x.req.Kind.Generates() {
 		// Admission predicts a generation's latency: the other APIs
 		// have none to predict.
 		x.stage = stageAttempt

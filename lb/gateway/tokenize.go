@@ -44,12 +44,8 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // tokenizer's segment cache; engines/prompt's benchmarks).
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
-	if x.req.Kind == openai.KindOther {
-		// No prompt was read: the body's size at the stand-in's 4 bytes
-		// a token stands for the input the pod works on, for the API
-		// key's token budget and the pod's ledger.
-		x.req.Tokens = tokenize.CountLen(len(body))
-		return nil
+	if !x.req.Kind.Generates() {
+		return nil // no prompt was read
 	}
 	if e := x.req.EngineRefusal(); e != nil {
 		return answer(e)

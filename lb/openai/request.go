@@ -30,10 +30,18 @@ const (
 	// KindCompletion is POST /v1/completions: the prompt is "prompt".
 	KindCompletion
 	// KindOther is a POST to another of the engines' JSON APIs that names
-	// its model (embeddings, tokenize, scores, reranking, pooling): only
-	// "model" is read, and the body goes to a pod as it came.
+	// its model and runs on the engine (embeddings, scores, reranking,
+	// pooling, classification): only "model" is read, and the body goes
+	// to a pod as it came.
 	KindOther
+	// KindTokenizer is KindOther for /tokenize and /detokenize, which the
+	// engine's API server answers without the engine.
+	KindTokenizer
 )
+
+// Generates reports whether k's requests generate tokens: chat and
+// completion, whose prompt is read.
+func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 
 // String returns the kind's name.
 func (k Kind) String() string {
@@ -44,23 +52,27 @@ func (k Kind) String() string {
 		return "completion"
 	case KindOther:
 		return "other"
+	case KindTokenizer:
+		return "tokenizer"
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
 
 // KindFromPath returns the kind of a path the gateway routes to pods; ok
-// is false for any other path. KindOther's are vLLM's and SGLang's
-// model-bearing JSON APIs that hold no state between requests (not
-// /v1/responses, whose follow-ups name a response one pod stored).
+// is false for any other path. KindOther's and KindTokenizer's are vLLM's
+// and SGLang's model-bearing JSON APIs that hold no state between
+// requests (not /v1/responses, whose follow-ups name a response one pod
+// stored).
 func KindFromPath(path []byte) (k Kind, ok bool) {
 	switch string(path) {
 	case "/v1/chat/completions":
 		return KindChat, true
 	case "/v1/completions":
 		return KindCompletion, true
-	case "/v1/embeddings", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/v1/score",
-		"/rerank", "/v1/rerank", "/v2/rerank":
+	case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank":
 		return KindOther, true
+	case "/tokenize", "/detokenize":
+		return KindTokenizer, true
 	}
 	return 0, false
 }
@@ -389,7 +401,7 @@ const (
 func (r *Request) Parse(kind Kind, body []byte) error {
 	r.Reset()
 	r.Kind = kind
-	if kind != KindChat && kind != KindCompletion && kind != KindOther {
+	if kind < KindChat || kind > KindTokenizer {
 		panic("BUG: openai: Parse with " + kind.String())
 	}
 	s := scanner{b: body}
@@ -430,7 +442,7 @@ func (r *Request) parse(s *scanner) error {
 	var seenPrompt bool
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
-		if r.Kind == KindOther && b2s(key) != "model" {
+		if !r.Kind.Generates() && b2s(key) != "model" {
 			s.skip()
 			continue
 		}
@@ -482,7 +494,7 @@ func (r *Request) parse(s *scanner) error {
 	if s.bad {
 		return nil
 	}
-	if r.Kind == KindOther {
+	if !r.Kind.Generates() {
 		// Nothing to generate: no output to charge or wait for.
 		r.MaxTokens = 0
 		return nil

@@ -447,7 +447,8 @@ func TestKindFromPath(t *testing.T) {
 	f("/v1/chat/completions", KindChat, true)
 	f("/v1/completions", KindCompletion, true)
 	f("/v1/embeddings", KindOther, true)
-	f("/tokenize", KindOther, true)
+	f("/tokenize", KindTokenizer, true)
+	f("/detokenize", KindTokenizer, true)
 	f("/v2/rerank", KindOther, true)
 	f("/v1/models", 0, false)
 	f("/v1/completions/", 0, false)
@@ -460,7 +461,7 @@ func TestParseOther(t *testing.T) {
 	r := AcquireRequest()
 	defer ReleaseRequest(r)
 	body := `{"input":["a",{"b":[1,2]}],"stream":"maybe","max_tokens":-5,"messages":7,"model":"emb","prompt":null}`
-	if err := r.Parse(KindOther, []byte(body)); err != nil {
+	if err := r.Parse(KindTokenizer, []byte(body)); err != nil {
 		t.Fatal(err)
 	}
 	if string(r.Model) != "emb" || r.Stream || r.MaxTokens != 0 || r.PromptTokens() != 0 {
