@@ -150,7 +150,7 @@ func TestCORSListed(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(b, tc.says) {
 			t.Errorf("preflight %s %s %q: %d %s, want 400 saying %s", tc.origin, tc.method, tc.headers, resp.StatusCode, b, tc.says)
 		}
-		wantFields(t, "refused preflight", resp, "Access-Control-Allow-Origin", "")
+		wantFields(t, "refused preflight", resp, "Access-Control-Allow-Origin", "", "Vary", "Origin")
 	}
 	resp, b = corsDo(t, client, s, http.MethodPost, "/v1/chat/completions", "https://a.example", chatBody)
 	if resp.StatusCode != 200 {

@@ -83,6 +83,10 @@ func (g *Gateway) cors(ctx *fasthttp.RequestCtx) (bool, *openai.Error) {
 	}
 	if why != "" {
 		e := &openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "CORS preflight refused: " + why + "."}
+		if !p.anyOrigin {
+			// Refused for this origin: another's may be answered.
+			ctx.Response.Header.Add(fasthttp.HeaderVary, fasthttp.HeaderOrigin)
+		}
 		writeFailure(ctx, answer(e))
 		return true, e
 	}
