@@ -97,9 +97,10 @@ func TestOtherAPIs(t *testing.T) {
 
 // TestOtherAPIsSkipPD: a model served by prefill/decode pods and combined
 // pods sends the other APIs to the combined ones, whatever its routing
-// strategy, the first model's or a fallback's: there is nothing to
-// prefill. A model with prefill/decode pods alone answers 400 naming
-// why, not a 503 that SDKs retry.
+// strategy: there is nothing to prefill. A model with prefill/decode pods
+// alone answers 400 naming why, not a 503 that SDKs retry. Nor do they
+// fall back to another model: its token ids or embeddings would pass for
+// the asked model's.
 func TestOtherAPIsSkipPD(t *testing.T) {
 	e := pdEngines[0]
 	pre, dec, comb := startTrio(t, e)
@@ -107,11 +108,14 @@ func TestOtherAPIsSkipPD(t *testing.T) {
 		{Name: "a-0", Model: "a", Address: testnet.Refusing(t)}}, func(c *config.Config) {
 		c.Models = []config.Model{{Name: "m", RoutingStrategy: "pd"}, {Name: "a", LoRA: config.LoRA{Fallback: []string{"m"}}}}
 	})
-	for _, model := range []string{"m", "a", "m", "a"} {
-		resp, b := post(t, s, "/tokenize", `{"model":"`+model+`","prompt":"hello there"}`)
+	for range 4 {
+		resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hello there"}`)
 		if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != comb.Config().Name {
-			t.Fatalf("model %s: %d from %q: %s", model, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+			t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
 		}
+	}
+	if resp, b := post(t, s, "/tokenize", `{"model":"a","prompt":"hello there"}`); resp.StatusCode == 200 || resp.Header.Get("x-pdlb-model") != "a" {
+		t.Errorf("model a, whose pod refuses, with a fallback: %d as %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-model"), b)
 	}
 	pdOnly := testGateway(t, []config.Pod{pdPod(pre, pre.Addr(), "rs"), pdPod(dec, dec.Addr(), "rs")}, nil)
 	resp, b := post(t, pdOnly, "/tokenize", `{"model":"m","prompt":"hello there"}`)
@@ -148,11 +152,12 @@ func TestOtherAPIsByLoad(t *testing.T) {
 // token budget by their body's size (a completion's prompt as large is
 // refused, so must an embedding be) but to no pod's queue or prompt
 // counts, and count no output tokens. An embedding's answer is evidence
-// of the pod's health as a completion's is; a /tokenize's (vLLM answers
-// it without its engine) ends a half-open probe but does not clear the
-// failures in a row of the completions around it. A pod is not failed
-// for an answer over the gateway's max_response_bytes (a big batch of
-// embeddings).
+// of the pod's health as a completion's is; an answer the API server
+// gives without the engine (a /tokenize, a 404 for an API the pod does not
+// serve) is none: it neither clears the failures in a row of the
+// completions around it, nor ends the probe of a pod ejected, nor shows a
+// pod whose checks hang busy. A pod is not failed for an answer over the
+// gateway's max_response_bytes (a big batch of embeddings).
 func TestOtherAPIsAccounting(t *testing.T) {
 	key := "sk-other-0123456789abcdef0123456789"
 	t.Run("budget", func(t *testing.T) {
@@ -174,21 +179,65 @@ func TestOtherAPIsAccounting(t *testing.T) {
 			t.Errorf("pdlb_completion_tokens_total after an embedding: %v, want 0", n)
 		}
 	})
-	t.Run("ejection", func(t *testing.T) {
-		pod := fakePod(t, func(c net.Conn, r *http.Request) {
-			if r.URL.Path == "/tokenize" {
-				answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
-				return
-			}
+	// brokenEngine's API server answers; its engine fails.
+	brokenEngine := func(c net.Conn, r *http.Request) {
+		switch r.URL.Path {
+		case "/tokenize":
+			answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
+		case "/v1/embeddings":
+			answerJSON(c, 404, `{"detail":"Not Found"}`)
+		default:
 			answerJSON(c, 500, `{"error":{"message":"CUDA error","type":"InternalServerError","code":500}}`)
+		}
+	}
+	const completion = `{"model":"m","prompt":"hi","max_tokens":2}`
+	t.Run("ejection", func(t *testing.T) {
+		s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: fakePod(t, brokenEngine)}}, func(c *config.Config) {
+			c.Health.EjectAfterFailures, c.Health.EjectionTime, c.Upstream.Retries = 3, 200*time.Millisecond, 0
 		})
-		s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: pod}}, func(c *config.Config) { c.Health.EjectAfterFailures = 3 })
 		for range 3 {
-			post(t, s, "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":2}`)
+			post(t, s, "/v1/completions", completion)
+			post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`)
+			post(t, s, "/v1/embeddings", `{"model":"m","input":"hi"}`)
+		}
+		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="p0"}`); n != 1 {
+			t.Fatalf("a pod that failed 3 completions in a row, answering /tokenize and 404 between them, was ejected %v times", n)
+		}
+		time.Sleep(250 * time.Millisecond) // half-open now
+		if resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`); resp.StatusCode != 200 {
+			t.Fatalf("/tokenize: %d %s", resp.StatusCode, b)
+		}
+		// A half-open pod takes one of them, whose failure ejects it again.
+		var wg sync.WaitGroup
+		var reached atomic.Int32
+		for range 8 {
+			wg.Go(func() {
+				if resp, _ := post(t, s, "/v1/completions", completion); resp.StatusCode == 500 {
+					reached.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if n := reached.Load(); n > 1 {
+			t.Errorf("a /tokenize ended the probe of a pod whose engine fails: %d of 8 concurrent completions reached it", n)
+		}
+	})
+	t.Run("hung checks", func(t *testing.T) {
+		var hung atomic.Bool
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod := scriptedPod(t, ln, podScript{checks: func() bool { return !hung.Load() }, serve: brokenEngine})
+		s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: pod}}, func(c *config.Config) {
+			c.Health.Interval, c.Health.Timeout, c.Health.UnhealthyAfter = 50*time.Millisecond, 50*time.Millisecond, 2
+		})
+		hung.Store(true)
+		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 			post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`)
 		}
-		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="p0"}`); n == 0 {
-			t.Error("a pod that failed 3 completions in a row, answering /tokenize between them, was not ejected")
+		if h := metricValue(t, s, `pdlb_pod_healthy{pod="p0"}`); h != 0 {
+			t.Error("a pod whose checks hung for a second, answering /tokenize, is still healthy")
 		}
 	})
 	t.Run("engine faults", func(t *testing.T) {
@@ -280,4 +329,61 @@ func TestOtherAPIsAccounting(t *testing.T) {
 			t.Errorf("a pod was ejected for answers over the gateway's max_response_bytes (%v)", n)
 		}
 	})
+}
+
+// TestOtherAPIsAdapterSlot: a /tokenize naming a LoRA adapter takes no
+// GPU slot in the gateway's books (vLLM's API server tokenizes for it
+// without the engine): with one slot a pod, the adapter a pod runs stays
+// its own, and its completions stay there.
+func TestOtherAPIsAdapterSlot(t *testing.T) {
+	var block atomic.Value // the pod whose /pooling waits for release
+	block.Store("")
+	release := make(chan struct{})
+	serve := func(name string) func(c net.Conn, r *http.Request) {
+		return func(c net.Conn, r *http.Request) {
+			switch r.URL.Path {
+			case "/tokenize":
+				answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
+			case "/pooling":
+				if block.Load() == name {
+					<-release
+				}
+				answerJSON(c, 200, embedding)
+			default:
+				answerJSON(c, 200, `{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"hi","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+			}
+		}
+	}
+	s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: fakePod(t, serve("p0"))}, {Name: "p1", Model: "m", Address: fakePod(t, serve("p1"))}},
+		func(c *config.Config) {
+			c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 1, AdapterLoadSec: 1, Adapters: []config.Adapter{{Name: "sql"}, {Name: "fin"}}}}}
+		})
+	const sql = `{"model":"sql","prompt":"hi","max_tokens":2}`
+	resp, b := post(t, s, "/v1/completions", sql)
+	if resp.StatusCode != 200 {
+		t.Fatalf("completion: %d %s", resp.StatusCode, b)
+	}
+	holder := resp.Header.Get("x-pdlb-pod")
+	// A request held on the other pod sends the /tokenize to the holder.
+	block.Store(map[string]string{"p0": "p1", "p1": "p0"}[holder])
+	var wg sync.WaitGroup
+	for held := false; !held; {
+		done := make(chan struct{})
+		wg.Go(func() { post(t, s, "/pooling", `{"model":"m","input":"x"}`); close(done) })
+		select {
+		case <-done: // the holder answered it
+		case <-time.After(100 * time.Millisecond):
+			held = true
+		}
+	}
+	if resp, _ := post(t, s, "/tokenize", `{"model":"fin","prompt":"hi"}`); resp.Header.Get("x-pdlb-pod") != holder {
+		t.Fatalf("/tokenize went to %s, want %s", resp.Header.Get("x-pdlb-pod"), holder)
+	}
+	close(release)
+	wg.Wait()
+	for range 4 {
+		if resp, _ := post(t, s, "/v1/completions", sql); resp.Header.Get("x-pdlb-pod") != holder {
+			t.Fatalf("a completion of sql went to %s after a /tokenize of fin on %s, which still runs sql", resp.Header.Get("x-pdlb-pod"), holder)
+		}
+	}
 }

@@ -63,6 +63,10 @@ type modelMetrics struct {
 	// stream's counted from its events, or its usage when it carries it; a
 	// whole answer's from its usage).
 	completionTokens *metrics.Counter
+	// generated counts the completions answered 200: the planner's
+	// finished requests, whose output it averages (the other APIs'
+	// answers have none).
+	generated atomic.Int64
 	// fallbacks counts requests for another model moved to this one
 	// (models.go).
 	fallbacks *metrics.Counter

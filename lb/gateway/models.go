@@ -84,6 +84,11 @@ func keySeed(m *pool.Model, x *completion) uint64 {
 // anew there, its prompt tokenized anew when that model's tokenizer is
 // another. False when none is left.
 func (g *Gateway) fallBack(x *completion) bool {
+	if !x.req.Kind.Generates() {
+		// Another model's embeddings or token ids would pass for the
+		// asked model's: an error is better.
+		return false
+	}
 	snap := g.pool.Load()
 	// with is the tokenizer x.ids come from; whole says they are all
 	// there (a refused tokenization leaves them part made).
@@ -95,7 +100,7 @@ func (g *Gateway) fallBack(x *completion) bool {
 		if m == nil {
 			continue
 		}
-		res, err := strategyFor(x, m)
+		res, err := strategyOf(x, m)
 		if err != nil || (res.PD == nil && len(m.Combined) == 0) {
 			continue // no strategy of m's serves it, or no pod
 		}

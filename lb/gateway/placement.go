@@ -6,6 +6,7 @@ import (
 
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
+	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
 	"pdlb/ledger"
@@ -156,7 +157,9 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
 	x.idleStart = pod.QueuedPrefill() == 0
 	pod.AddQueuedPrefill(x.uncached)
 	pod.Acquire()
-	if x.adapter != nil {
+	if x.adapter != nil && x.req.Kind != openai.KindTokenizer {
+		// A tokenization for an adapter runs in the API server: no GPU
+		// slot changes.
 		pod.UseAdapter(x.adapter, &m.LoRA)
 	}
 	if x.usesCache(m) && len(x.keys) > 0 {

@@ -12,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"pdlb/engines"
 	"pdlb/lb/config"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 )
 
 // TestPlanOutputAcrossRoles: a pod the planner moved to prefill and back
@@ -179,4 +182,32 @@ func started(t *testing.T, cfg config.Config) *Gateway {
 	}
 	t.Cleanup(g.Close)
 	return g
+}
+
+// TestPlanCountsCompletionsOnly: the planner averages output over the
+// finished requests; answers of the other APIs (a /tokenize) have none and
+// must not dilute it.
+func TestPlanCountsCompletionsOnly(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
+	}))
+	t.Cleanup(srv.Close)
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{{Name: "p0", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
+	g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	for range 10 {
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Request.Header.SetMethod(fasthttp.MethodPost)
+		ctx.Request.SetRequestURI("/tokenize")
+		ctx.Request.SetBodyString(`{"model":"m","prompt":"hi"}`)
+		g.Handler(ctx)
+		if ctx.Response.StatusCode() != 200 {
+			t.Fatalf("/tokenize: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+	}
+	if c := g.planCounts(m); c.Finished != 0 {
+		t.Errorf("after 10 /tokenize the planner counts %v finished requests, want 0", c.Finished)
+	}
 }

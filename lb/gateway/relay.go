@@ -22,14 +22,14 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	// Headers are in: from here on the pod owes the client this response.
 	status := resp.StatusCode()
 	switch {
+	case x.req.Kind == openai.KindTokenizer, !x.req.Kind.Generates() && status < 500 && status >= 300:
+		// The API server answered without the engine (a tokenization,
+		// an API the pod does not serve): whether the engine works, the
+		// requests that reach it say; nor does this end the probe of a
+		// pod ejected.
 	case fail.IsFault(status):
 		g.podFailed(pod)
-	case status >= 500:
-	case x.req.Kind == openai.KindTokenizer:
-		// The API server answered without the engine: whether the
-		// engine works, the requests that reach it say.
-		pod.ReportAnswered()
-	default:
+	case status < 500:
 		pod.ReportSuccess()
 	}
 	answerHead(ctx, resp, x, pod.Config.Name)

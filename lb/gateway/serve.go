@@ -106,9 +106,12 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	g.leave(x)
 	stats := g.metrics.model(m)
 	if x.req.Kind.Generates() {
-		// The model's generation latency: an embedding or a tokenization
-		// would pull it down.
+		// The model's generation latency and output: an embedding or a
+		// tokenization would pull them down.
 		stats.e2e.Update(now.Sub(x.start).Seconds())
+		if status == fasthttp.StatusOK {
+			stats.generated.Add(1)
+		}
 	}
 	stats.completionTokens.Add(x.counted.Tokens())
 	g.metrics.countRequest(m, status)
@@ -182,7 +185,8 @@ func budgeted(x *completion, body []byte) int {
 // strategyFor is strategyOf for x's kind: the engines' other APIs have no
 // prompt to match and nothing to prefill and decode, so whatever the
 // model and headers say, a combined pod with the fewest requests in
-// flight answers them (otherPolicy).
+// flight answers them (otherPolicy); nor do they fall back to another
+// model (fallBack).
 func strategyFor(x *completion, m *pool.Model) (route.Resolved, error) {
 	if !x.req.Kind.Generates() {
 		return route.Resolved{Policy: otherPolicy}, nil

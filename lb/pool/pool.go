@@ -308,14 +308,6 @@ func (p *Pod) ReportSuccess() {
 	if p.fails.Load() != 0 {
 		p.fails.Store(0)
 	}
-	p.ReportAnswered()
-}
-
-// ReportAnswered records an answer that shows the pod's server up but not
-// its engine (vLLM answers /tokenize without it): it ends a half-open
-// probe and shows the pod busy rather than hung to the health checks, but
-// leaves the failures in a row to requests that reach the engine.
-func (p *Pod) ReportAnswered() {
 	if p.has(flagHalfOpen) {
 		p.set(flagHalfOpen, false)
 	}
