@@ -222,6 +222,24 @@ func TestOtherAPIsAccounting(t *testing.T) {
 			t.Errorf("a /tokenize ended the probe of a pod whose engine fails: %d of 8 concurrent completions reached it", n)
 		}
 	})
+	t.Run("tokenize drops", func(t *testing.T) {
+		// Every third connection drops, never two in a row.
+		var n atomic.Int32
+		pod := fakePod(t, func(c net.Conn, r *http.Request) {
+			if n.Add(1)%3 != 0 {
+				answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
+			}
+		})
+		s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: pod}}, func(c *config.Config) {
+			c.Health.EjectAfterFailures, c.Upstream.Retries = 3, 0
+		})
+		for range 9 {
+			post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`)
+		}
+		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="p0"}`); n != 0 {
+			t.Errorf("3 dropped /tokenize calls, none in a row, ejected the pod (%v)", n)
+		}
+	})
 	t.Run("hung checks", func(t *testing.T) {
 		var hung atomic.Bool
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

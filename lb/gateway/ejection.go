@@ -11,11 +11,13 @@ import (
 )
 
 // callFailed counts a call to p that failed with err against p, unless
-// the gateway's own limits refused it: every connection to p busy, no
-// file descriptor to open one, or an answer over max_response_bytes.
-func (g *Gateway) callFailed(p *pool.Pod, err error) {
+// the gateway's own limits refused it (every connection to p busy, no
+// file descriptor to open one, an answer over max_response_bytes) or the
+// call was one p's API server answers without the engine (engine false:
+// a tokenization), whose answers count neither way either.
+func (g *Gateway) callFailed(p *pool.Pod, err error, engine bool) {
 	// The gateway's own limits fail calls the pod has no part in.
-	if !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) && !errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	if engine && !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) && !errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		g.podFailed(p)
 	}
 	// Refused: nothing listens at the pod's address; the picks that follow

@@ -373,6 +373,7 @@ func routeLongPrompts(g *Gateway) {
 	stats := g.metrics.model(g.pool.Load().Models[0])
 	stats.pd.Kinds[0].Add(100)
 	stats.requests[statusIndex(200)].Add(100)
+	stats.generated.Add(100)
 	stats.promptTokens.Add(100 * 20000)
 }
 

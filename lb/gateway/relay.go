@@ -57,7 +57,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	if err != nil {
 		upstream.CloseStream(resp, err)
 		ctx.Response.ResetBody()
-		g.callFailed(pod, err)
+		g.callFailed(pod, err, x.req.Kind != openai.KindTokenizer)
 		f := g.streamFailure(x, err)
 		writeFailure(ctx, f)
 		x.failure, status = f.E, f.E.Status
