@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"pdlb/internal/testnet"
-	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
 )
@@ -240,6 +239,49 @@ func TestOtherAPIsAccounting(t *testing.T) {
 			t.Errorf("3 dropped /tokenize calls, none in a row, ejected the pod (%v)", n)
 		}
 	})
+	t.Run("tokenize beside a probe", func(t *testing.T) {
+		// Three completions fail and eject the pod; then its engine
+		// works, and a /tokenize takes 200 ms.
+		var failing atomic.Int32
+		failing.Store(3)
+		pod := fakePod(t, func(c net.Conn, r *http.Request) {
+			if r.URL.Path == "/tokenize" {
+				time.Sleep(200 * time.Millisecond)
+				answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
+				return
+			}
+			if failing.Add(-1) >= 0 {
+				answerJSON(c, 500, `{"error":{"message":"CUDA error","type":"InternalServerError","code":500}}`)
+				return
+			}
+			answerJSON(c, 200, `{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"hi","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+		})
+		s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: pod}}, func(c *config.Config) {
+			c.Health.EjectAfterFailures, c.Health.EjectionTime, c.Upstream.Retries = 3, 100*time.Millisecond, 0
+		})
+		for range 3 {
+			post(t, s, "/v1/completions", completion)
+		}
+		time.Sleep(150 * time.Millisecond) // half-open now
+		// Concurrent tokenizations all pass a half-open pod, and the
+		// completion beside them is its probe, which closes it.
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				if resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`); resp.StatusCode != 200 {
+					t.Errorf("a /tokenize on a half-open pod: %d %s", resp.StatusCode, b)
+				}
+			})
+		}
+		time.Sleep(50 * time.Millisecond)
+		if resp, b := post(t, s, "/v1/completions", completion); resp.StatusCode != 200 {
+			t.Errorf("the probe beside tokenizations: %d %s", resp.StatusCode, b)
+		}
+		wg.Wait()
+		if v := metricValue(t, s, `pdlb_pod_circuit_state{pod="p0"}`); v != 0 {
+			t.Errorf("circuit state %v after the probe succeeded, want 0", v)
+		}
+	})
 	t.Run("hung checks", func(t *testing.T) {
 		var hung atomic.Bool
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -304,9 +346,10 @@ func TestOtherAPIsAccounting(t *testing.T) {
 		wg.Wait()
 	})
 	t.Run("tokenize is no prefill", func(t *testing.T) {
-		release := make(chan struct{})
+		arrived, release := make(chan struct{}), make(chan struct{})
 		pod := fakePod(t, func(c net.Conn, r *http.Request) {
 			if r.URL.Path == "/tokenize" {
+				close(arrived)
 				<-release
 				answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
 				return
@@ -319,7 +362,7 @@ func TestOtherAPIsAccounting(t *testing.T) {
 		})
 		var wg sync.WaitGroup
 		wg.Go(func() { post(t, s, "/tokenize", `{"model":"m","prompt":"`+strings.Repeat("x", 8000)+`"}`) })
-		testwait.For(t, "the /tokenize in flight", func() bool { return metricValue(t, s, `pdlb_pod_in_flight{pod="p"}`) == 1 })
+		<-arrived
 		resp, b := post(t, s, "/v1/chat/completions", chatBody)
 		close(release)
 		wg.Wait()

@@ -156,11 +156,11 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
 	x.uncached = int64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0))
 	x.idleStart = pod.QueuedPrefill() == 0
 	pod.AddQueuedPrefill(x.uncached)
-	pod.Acquire()
-	if x.adapter != nil && x.req.Kind != openai.KindTokenizer {
-		// A tokenization for an adapter runs in the API server: no GPU
-		// slot changes.
-		pod.UseAdapter(x.adapter, &m.LoRA)
+	if x.holds() {
+		pod.Acquire()
+		if x.adapter != nil {
+			pod.UseAdapter(x.adapter, &m.LoRA)
+		}
 	}
 	if x.usesCache(m) && len(x.keys) > 0 {
 		m.Prefix.Insert(pod.PrefixID, x.keys)
@@ -173,9 +173,18 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
 // unplace undoes place for a pod that refused the request.
 func (g *Gateway) unplace(x *completion, pod *pool.Pod) {
 	pod.AddQueuedPrefill(-x.uncached)
-	pod.Release()
+	if x.holds() {
+		pod.Release()
+	}
 	x.uncached = 0
 }
+
+// holds reports whether x counts in flight on its pod, and takes a GPU
+// slot for its adapter (place). A tokenization does neither: the API
+// server answers it beside the engine's work, no request of its batch;
+// nor is it the one probe a half-open pod takes, which its answer could
+// not end.
+func (x *completion) holds() bool { return x.req.Kind != openai.KindTokenizer }
 
 // prefillDone runs once per request when its first token is out (or the
 // whole response, for a non-streaming one): the prompt has left the pod's

@@ -102,7 +102,9 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	x.idleStart = false
 	g.prefillDone(x, pod, now)
 	g.ledger.Finish(x.ticket)
-	pod.Release()
+	if x.holds() {
+		pod.Release()
+	}
 	g.leave(x)
 	stats := g.metrics.model(m)
 	if x.req.Kind.Generates() {
