@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"pdlb/internal/testnet"
+	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
 )
@@ -241,20 +242,21 @@ func TestOtherAPIsAccounting(t *testing.T) {
 	})
 	t.Run("tokenize beside a probe", func(t *testing.T) {
 		// Three completions fail and eject the pod; then its engine
-		// works, and a /tokenize takes 200 ms.
+		// works, slowly.
 		var failing atomic.Int32
 		failing.Store(3)
+		probing := make(chan struct{})
 		pod := fakePod(t, func(c net.Conn, r *http.Request) {
-			if r.URL.Path == "/tokenize" {
-				time.Sleep(200 * time.Millisecond)
+			switch {
+			case r.URL.Path == "/tokenize":
 				answerJSON(c, 200, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
-				return
-			}
-			if failing.Add(-1) >= 0 {
+			case failing.Add(-1) >= 0:
 				answerJSON(c, 500, `{"error":{"message":"CUDA error","type":"InternalServerError","code":500}}`)
-				return
+			default:
+				close(probing)
+				time.Sleep(300 * time.Millisecond)
+				answerJSON(c, 200, `{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"hi","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
 			}
-			answerJSON(c, 200, `{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"hi","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
 		})
 		s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: pod}}, func(c *config.Config) {
 			c.Health.EjectAfterFailures, c.Health.EjectionTime, c.Upstream.Retries = 3, 100*time.Millisecond, 0
@@ -262,22 +264,31 @@ func TestOtherAPIsAccounting(t *testing.T) {
 		for range 3 {
 			post(t, s, "/v1/completions", completion)
 		}
-		time.Sleep(150 * time.Millisecond) // half-open now
-		// Concurrent tokenizations all pass a half-open pod, and the
-		// completion beside them is its probe, which closes it.
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Go(func() {
-				if resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`); resp.StatusCode != 200 {
-					t.Errorf("a /tokenize on a half-open pod: %d %s", resp.StatusCode, b)
-				}
-			})
+		testwait.For(t, "the pod half-open", func() bool { return metricValue(t, s, `pdlb_pod_circuit_state{pod="p0"}`) == 2 })
+		// Tokenizations pass a half-open pod before, and beside, the
+		// completion that probes it, which closes it.
+		tokenize := func() {
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() {
+					if resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`); resp.StatusCode != 200 {
+						t.Errorf("a /tokenize on a half-open pod: %d %s", resp.StatusCode, b)
+					}
+				})
+			}
+			wg.Wait()
 		}
-		time.Sleep(50 * time.Millisecond)
-		if resp, b := post(t, s, "/v1/completions", completion); resp.StatusCode != 200 {
-			t.Errorf("the probe beside tokenizations: %d %s", resp.StatusCode, b)
+		tokenize()
+		done := make(chan int)
+		go func() {
+			resp, _ := post(t, s, "/v1/completions", completion)
+			done <- resp.StatusCode
+		}()
+		<-probing
+		tokenize()
+		if code := <-done; code != 200 {
+			t.Errorf("the probe: %d", code)
 		}
-		wg.Wait()
 		if v := metricValue(t, s, `pdlb_pod_circuit_state{pod="p0"}`); v != 0 {
 			t.Errorf("circuit state %v after the probe succeeded, want 0", v)
 		}

@@ -170,12 +170,17 @@ func (l *podLoad) set(f uint32, on bool) bool {
 // for the ejection time after threshold consecutive failures, then
 // half-open: one request at a time probes the pod until one succeeds
 // (closed again) or fails (open again at once).
-func (l *podLoad) Available(now int64) bool {
+func (l *podLoad) Available(now int64) bool { return l.available(now, false) }
+
+// available is Available for a request answered beside the engine's work
+// (beside: a tokenization), which is no probe: a half-open pod's probe in
+// flight does not keep it off.
+func (l *podLoad) available(now int64, beside bool) bool {
 	f := l.flags.Load()
 	if f&flagHealthy == 0 || f&flagLeaving != 0 || l.ejectedUntil.Load() > now {
 		return false
 	}
-	return f&flagHalfOpen == 0 || l.inFlight.Load() == 0
+	return beside || f&flagHalfOpen == 0 || l.inFlight.Load() == 0
 }
 
 // Circuit states, as the pdlb_pod_circuit_state gauge reports them.
@@ -243,15 +248,16 @@ type Match struct {
 }
 
 // AppendCombined appends to cands a candidate for each combined pod of m
-// that is available at now and whose ID is not in skip, filled as Fill
-// does, and returns the extended slice. The loop lives here, over
+// that is available at now (for a request answered beside the engine's
+// work, with beside) and whose ID is not in skip, filled as Fill does,
+// and returns the extended slice. The loop lives here, over
 // m.CombinedLoads, so it reads no Pod and calls nothing per pod: a fill
 // called per pod, with the slice header reloaded from memory each time,
 // cost a fifth of a pick over 64 pods.
-func (m *Model) AppendCombined(cands []route.Candidate, now int64, skip []int32, match *Match) []route.Candidate {
+func (m *Model) AppendCombined(cands []route.Candidate, now int64, skip []int32, match *Match, beside bool) []route.Candidate {
 	for i := range m.CombinedLoads {
 		l := &m.CombinedLoads[i]
-		if !l.Available(now) || slices.Contains(skip, l.ID) {
+		if !l.available(now, beside) || slices.Contains(skip, l.ID) {
 			continue
 		}
 		cands = append(cands, route.Candidate{})

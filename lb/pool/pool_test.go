@@ -35,6 +35,10 @@ func TestCircuitBreaker(t *testing.T) {
 	f(11*sec, CircuitHalfOpen, true)
 	p.Acquire()
 	f(11*sec, CircuitHalfOpen, false)
+	// A request beside the engine's work passes beside the probe.
+	if !p.available(11*sec, true) {
+		t.Fatal("a half-open pod with its probe in flight refuses a tokenization")
+	}
 	// A failed probe opens it again at once, without three failures.
 	p.Release()
 	if !p.ReportFailure(3) {
