@@ -61,7 +61,7 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 	now := g.ledger.Now()
 	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	match := matchOf(m, x)
-	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match, !x.holds())
+	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match, !x.reachesEngine())
 	if len(x.cands) == 0 && x.attempts > 0 {
 		x.cands = appendPanic(m, x.cands, x.tried, &match) // panic.go
 	}
@@ -156,7 +156,7 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
 	x.uncached = int64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0))
 	x.idleStart = pod.QueuedPrefill() == 0
 	pod.AddQueuedPrefill(x.uncached)
-	if x.holds() {
+	if x.reachesEngine() {
 		pod.Acquire()
 		if x.adapter != nil {
 			pod.UseAdapter(x.adapter, &m.LoRA)
@@ -173,18 +173,19 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
 // unplace undoes place for a pod that refused the request.
 func (g *Gateway) unplace(x *completion, pod *pool.Pod) {
 	pod.AddQueuedPrefill(-x.uncached)
-	if x.holds() {
+	if x.reachesEngine() {
 		pod.Release()
 	}
 	x.uncached = 0
 }
 
-// holds reports whether x counts in flight on its pod, and takes a GPU
-// slot for its adapter (place). A tokenization does neither: the API
-// server answers it beside the engine's work, no request of its batch;
-// nor is it the one probe a half-open pod takes, which its answer could
-// not end.
-func (x *completion) holds() bool { return x.req.Kind != openai.KindTokenizer }
+// reachesEngine reports whether x reaches its pod's engine. A
+// tokenization does not: the API server answers it beside the engine's
+// work, so it counts in flight on no pod (place), takes no GPU slot for
+// an adapter, is not the one probe a half-open pod takes nor kept off by
+// it, and its outcome is no evidence of the pod's health (respond,
+// callFailed).
+func (x *completion) reachesEngine() bool { return x.req.Kind != openai.KindTokenizer }
 
 // prefillDone runs once per request when its first token is out (or the
 // whole response, for a non-streaming one): the prompt has left the pod's

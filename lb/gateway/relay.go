@@ -22,7 +22,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	// Headers are in: from here on the pod owes the client this response.
 	status := resp.StatusCode()
 	switch {
-	case x.req.Kind == openai.KindTokenizer, !x.req.Kind.Generates() && status < 500 && status >= 300:
+	case !x.reachesEngine(), !x.req.Kind.Generates() && status < 500 && status >= 300:
 		// The API server answered without the engine (a tokenization,
 		// an API the pod does not serve): whether the engine works, the
 		// requests that reach it say; nor does this end the probe of a
@@ -57,7 +57,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	if err != nil {
 		upstream.CloseStream(resp, err)
 		ctx.Response.ResetBody()
-		g.callFailed(pod, err, x.req.Kind != openai.KindTokenizer)
+		g.callFailed(pod, err, x.reachesEngine())
 		f := g.streamFailure(x, err)
 		writeFailure(ctx, f)
 		x.failure, status = f.E, f.E.Status

@@ -102,7 +102,7 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	x.idleStart = false
 	g.prefillDone(x, pod, now)
 	g.ledger.Finish(x.ticket)
-	if x.holds() {
+	if x.reachesEngine() {
 		pod.Release()
 	}
 	g.leave(x)

@@ -252,7 +252,7 @@ func (x *completion) answered(err error) {
 		x.last, x.stage = fail.ClientLeft, stageFail
 	default:
 		g.unplace(x, x.pod)
-		g.callFailed(x.pod, err, x.req.Kind != openai.KindTokenizer)
+		g.callFailed(x.pod, err, x.reachesEngine())
 		f := g.podFailure(x.pod, err, x.within)
 		if f.Reason == fail.Timeout && x.hedged {
 			f.Reason = fail.Hung
