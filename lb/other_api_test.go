@@ -14,6 +14,7 @@ import (
 
 	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
+	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
 )
@@ -23,6 +24,21 @@ import (
 func answerJSON(c net.Conn, status int, body string) {
 	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		status, http.StatusText(status), len(body), body)
+}
+
+// allOK posts body to path on s n times at once, and fails for each
+// answer but 200, saying what it was.
+func allOK(t *testing.T, s *lb.Server, n int, path, body, what string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if resp, b := post(t, s, path, body); resp.StatusCode != 200 {
+				t.Errorf("%s: %d %s", what, resp.StatusCode, b)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 const embedding = `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"emb","usage":{"prompt_tokens":1,"total_tokens":1}}`
@@ -267,17 +283,7 @@ func TestOtherAPIsAccounting(t *testing.T) {
 		testwait.For(t, "the pod half-open", func() bool { return metricValue(t, s, `pdlb_pod_circuit_state{pod="p0"}`) == 2 })
 		// Tokenizations pass a half-open pod before, and beside, the
 		// completion that probes it, which closes it.
-		tokenize := func() {
-			var wg sync.WaitGroup
-			for range 4 {
-				wg.Go(func() {
-					if resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`); resp.StatusCode != 200 {
-						t.Errorf("a /tokenize on a half-open pod: %d %s", resp.StatusCode, b)
-					}
-				})
-			}
-			wg.Wait()
-		}
+		tokenize := func() { allOK(t, s, 4, "/tokenize", `{"model":"m","prompt":"hi"}`, "a /tokenize on a half-open pod") }
 		tokenize()
 		done := make(chan int)
 		go func() {
@@ -341,20 +347,12 @@ func TestOtherAPIsAccounting(t *testing.T) {
 		for range 3 {
 			post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`)
 		}
-		time.Sleep(200 * time.Millisecond)
+		testwait.For(t, "the pod half-open", func() bool { return metricValue(t, s, `pdlb_pod_circuit_state{pod="e0"}`) == 2 })
 		if resp, b := post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`); resp.StatusCode != 200 {
 			t.Fatalf("after the ejection: %d %s", resp.StatusCode, b)
 		}
 		// Closed again: it takes more than one request at a time.
-		var wg sync.WaitGroup
-		for range 3 {
-			wg.Go(func() {
-				if resp, b := post(t, s, "/v1/embeddings", `{"model":"emb","input":"x"}`); resp.StatusCode != 200 {
-					t.Errorf("concurrent embeddings on a pod that answered its probe: %d %s", resp.StatusCode, b)
-				}
-			})
-		}
-		wg.Wait()
+		allOK(t, s, 3, "/v1/embeddings", `{"model":"emb","input":"x"}`, "concurrent embeddings on a pod that answered its probe")
 	})
 	t.Run("tokenize is no prefill", func(t *testing.T) {
 		arrived, release := make(chan struct{}), make(chan struct{})
