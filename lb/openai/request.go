@@ -7,6 +7,7 @@
 package openai
 
 import (
+	"bytes"
 	"math"
 	"strconv"
 	"sync"
@@ -37,6 +38,15 @@ const (
 	// KindTokenizer is KindOther for /tokenize and /detokenize, which the
 	// engine's API server answers without the engine.
 	KindTokenizer
+	// KindResponses is POST /v1/responses, OpenAI's Responses API: read
+	// as KindOther, and besides "model" its "stream", "store",
+	// "previous_response_id" and "request_id" (vLLM names the response
+	// after it), since a stored response lives on the pod that made it.
+	KindResponses
+	// KindStored is a request about a stored response, by the id in its
+	// path (GET or DELETE /v1/responses/{id}, its /cancel and
+	// /input_items): it has no body to read.
+	KindStored
 )
 
 // Generates reports whether k's requests generate tokens: chat and
@@ -54,15 +64,18 @@ func (k Kind) String() string {
 		return "other"
 	case KindTokenizer:
 		return "tokenizer"
+	case KindResponses:
+		return "responses"
+	case KindStored:
+		return "stored"
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
 
-// KindFromPath returns the kind of a path the gateway routes to pods; ok
-// is false for any other path. KindOther's and KindTokenizer's are vLLM's
-// and SGLang's model-bearing JSON APIs that hold no state between
-// requests (not /v1/responses, whose follow-ups name a response one pod
-// stored).
+// KindFromPath returns the kind of a POST path the gateway routes to pods
+// by the model its body names; ok is false for any other path. KindOther's
+// and KindTokenizer's are vLLM's and SGLang's model-bearing JSON APIs
+// that hold no state between requests.
 func KindFromPath(path []byte) (k Kind, ok bool) {
 	switch string(path) {
 	case "/v1/chat/completions":
@@ -73,8 +86,27 @@ func KindFromPath(path []byte) (k Kind, ok bool) {
 		return KindOther, true
 	case "/tokenize", "/detokenize":
 		return KindTokenizer, true
+	case "/v1/responses":
+		return KindResponses, true
 	}
 	return 0, false
+}
+
+// StoredID returns the response id a KindStored path names, and what
+// follows it: /v1/responses/{id} (""), /v1/responses/{id}/cancel
+// ("cancel") or /v1/responses/{id}/input_items ("input_items"). ok is
+// false for any other path.
+func StoredID(path []byte) (id []byte, sub string, ok bool) {
+	rest, ok := bytes.CutPrefix(path, []byte("/v1/responses/"))
+	if !ok {
+		return nil, "", false
+	}
+	id, after, _ := bytes.Cut(rest, []byte("/"))
+	switch sub = string(after); sub {
+	case "", "cancel", "input_items":
+		return id, sub, len(id) > 0
+	}
+	return nil, "", false
 }
 
 // Request is what the gateway reads from a chat or completion request body.
@@ -170,6 +202,12 @@ type Request struct {
 	// counts the client's ids or the stand-in's).
 	Tokens int
 
+	// KindResponses: Previous is "previous_response_id" and ResponseID
+	// "request_id", each empty when absent or null; NoStore says "store"
+	// was false (the API's default is true).
+	Previous, ResponseID []byte
+	NoStore              bool
+
 	media   uint64 // digest of the non-text content parts (MediaBytes > 0)
 	scratch []byte // unescaped keys and roles
 	// ends is where each prompt of a prompt list ends in Prompt (bytes)
@@ -215,9 +253,11 @@ func ReleaseRequest(r *Request) {
 func (r *Request) Reset() {
 	model, prompt, ids, salt, scratch := r.Model[:0], r.Prompt[:0], r.PromptIDs[:0], r.CacheSalt[:0], r.scratch[:0]
 	ends, keptText, keptIDs, saltGot := r.ends[:0], r.keptText[:0], r.keptIDs[:0], r.saltGot[:0]
+	previous, responseID := r.Previous[:0], r.ResponseID[:0]
 	*r = Request{MaxTokens: -1, Choices: 1}
 	r.Model, r.Prompt, r.PromptIDs, r.CacheSalt, r.scratch = model, prompt, ids, salt, scratch
 	r.ends, r.keptText, r.keptIDs, r.saltGot = ends, keptText, keptIDs, saltGot
+	r.Previous, r.ResponseID = previous, responseID
 }
 
 // WithModel returns body, the body r was parsed from (or the last body
@@ -401,7 +441,7 @@ const (
 func (r *Request) Parse(kind Kind, body []byte) error {
 	r.Reset()
 	r.Kind = kind
-	if kind < KindChat || kind > KindTokenizer {
+	if kind < KindChat || kind > KindResponses {
 		panic("BUG: openai: Parse with " + kind.String())
 	}
 	s := scanner{b: body}
@@ -442,7 +482,7 @@ func (r *Request) parse(s *scanner) error {
 	var seenPrompt bool
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
-		if !r.Kind.Generates() && b2s(key) != "model" {
+		if !r.Kind.Generates() && b2s(key) != "model" && (r.Kind != KindResponses || !responsesField(key)) {
 			s.skip()
 			continue
 		}
@@ -469,6 +509,18 @@ func (r *Request) parse(s *scanner) error {
 			r.TruncatePromptTokens, r.badTruncate = r.parseTruncation(s)
 		case "truncation_side":
 			r.TruncateRight, r.badSide, err = r.parseTruncationSide(s)
+		case "store":
+			if s.c() == 'n' {
+				s.skip() // null: the default, true
+				break
+			}
+			var store bool
+			store, err = r.parseBool(s, "store")
+			r.NoStore = !store
+		case "previous_response_id":
+			r.Previous, err = r.parseID(s, r.Previous, "previous_response_id")
+		case "request_id":
+			r.ResponseID, err = r.parseID(s, r.ResponseID, "request_id")
 		case "messages":
 			if r.Kind == KindChat {
 				seenPrompt, err = r.parseMessages(s)
@@ -530,6 +582,58 @@ func (r *Request) parseModel(s *scanner) error {
 		return nil
 	}
 	return InvalidType("model", wantString, s.b[s.skip():s.p])
+}
+
+// responsesField reports whether key is one of the fields Parse reads of
+// a KindResponses body besides "model".
+func responsesField(key []byte) bool {
+	switch b2s(key) {
+	case "stream", "store", "previous_response_id", "request_id":
+		return true
+	}
+	return false
+}
+
+// parseID reads a response id field into dst[:0]: a string, or null, which
+// counts as absent.
+func (r *Request) parseID(s *scanner, dst []byte, param string) ([]byte, error) {
+	dst = dst[:0]
+	switch s.c() {
+	case 'n':
+		s.skip()
+		return dst, nil
+	case '"':
+		raw, esc := s.str()
+		dst, ok := appendUnquoted(dst, raw, esc)
+		if !ok {
+			return dst, InvalidJSON()
+		}
+		return dst, nil
+	}
+	return dst, InvalidType(param, wantString, s.b[s.skip():s.p])
+}
+
+// WithResponseID returns body, the body r was parsed from, with
+// "request_id": id first in its object: vLLM names the response it
+// makes after it. r's model offsets move with the bytes after them. The
+// result is a new slice.
+func (r *Request) WithResponseID(body []byte, id string) []byte {
+	open := bytes.IndexByte(body, '{') + 1
+	if open == 0 {
+		panic("BUG: openai: WithResponseID on a body that is no object")
+	}
+	out := make([]byte, 0, len(body)+len(id)+16)
+	out = append(append(out, body[:open]...), `"request_id":`...)
+	out = AppendJSONString(out, id)
+	if rest := bytes.TrimLeft(body[open:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
+		out = append(out, ',')
+	}
+	if r.modelAt[1] != 0 {
+		shift := len(out) - open
+		r.modelAt[0] += shift
+		r.modelAt[1] += shift
+	}
+	return append(out, body[open:]...)
 }
 
 // parseBool reads a boolean as the engines do (laxBool); null means

@@ -452,7 +452,73 @@ func TestKindFromPath(t *testing.T) {
 	f("/v2/rerank", KindOther, true)
 	f("/v1/models", 0, false)
 	f("/v1/completions/", 0, false)
-	f("/v1/responses", 0, false)
+	f("/v1/responses", KindResponses, true)
+	f("/v1/responses/resp_1", 0, false)
+}
+
+func TestStoredID(t *testing.T) {
+	for path, want := range map[string]string{
+		"/v1/responses/resp_1":             "resp_1 ",
+		"/v1/responses/resp_1/cancel":      "resp_1 cancel",
+		"/v1/responses/resp_1/input_items": "resp_1 input_items",
+		"/v1/responses/resp_1/other":       "",
+		"/v1/responses/":                   "",
+		"/v1/responses//cancel":            "",
+		"/v1/responses":                    "",
+		"/v1/chat/completions":             "",
+	} {
+		id, sub, ok := StoredID([]byte(path))
+		if got := string(id) + " " + sub; ok != (want != "") || ok && got != want {
+			t.Errorf("StoredID(%q) = %q, %v; want %q", path, got, ok, want)
+		}
+	}
+}
+
+// TestParseResponses: a Responses API body gives its model, stream,
+// store and ids, and nothing of its input; WithResponseID names its
+// response first in the object, and a later WithModel still finds the
+// model.
+func TestParseResponses(t *testing.T) {
+	r := AcquireRequest()
+	defer ReleaseRequest(r)
+	body := `{"input":[{"role":"user","content":"hi"}],"model":"m","stream":true,"store":false,"previous_response_id":"resp_\u0041","max_output_tokens":5}`
+	if err := r.Parse(KindResponses, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	if string(r.Model) != "m" || !r.Stream || !r.NoStore || string(r.Previous) != "resp_A" || len(r.ResponseID) != 0 || r.MaxTokens != 0 || r.PromptTokens() != 0 {
+		t.Errorf("got %q stream %v nostore %v previous %q id %q max %d", r.Model, r.Stream, r.NoStore, r.Previous, r.ResponseID, r.MaxTokens)
+	}
+	for b, noStore := range map[string]bool{
+		`{"model":"m","store":null,"request_id":"resp_x","previous_response_id":null}`: false,
+		`{"model":"m","store":"false"}`: true,
+		`{"model":"m"}`:                 false,
+	} {
+		if err := r.Parse(KindResponses, []byte(b)); err != nil || r.NoStore != noStore || len(r.Previous) != 0 {
+			t.Errorf("%s: %v, nostore %v, previous %q", b, err, r.NoStore, r.Previous)
+		}
+	}
+	if string(r.ResponseID) != "" {
+		t.Errorf("request_id kept from an earlier body: %q", r.ResponseID)
+	}
+	for _, bad := range []string{`{"model":"m","previous_response_id":5}`, `{"model":"m","request_id":["x"]}`, `{"model":"m","store":"maybe"}`} {
+		if err := r.Parse(KindResponses, []byte(bad)); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+	for b, want := range map[string]string{
+		` { "model" : "m" }`: ` {"request_id":"resp_1", "model" : "n" }`,
+		`{"model":"m"}`:      `{"request_id":"resp_1","model":"n"}`,
+	} {
+		if err := r.Parse(KindResponses, []byte(b)); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(r.WithModel(r.WithResponseID([]byte(b), "resp_1"), "n")); got != want {
+			t.Errorf("%s: got %s, want %s", b, got, want)
+		}
+	}
+	if got := string(r.WithResponseID([]byte("{ }"), "resp_1")); got != `{"request_id":"resp_1" }` {
+		t.Errorf("empty object: %s", got)
+	}
 }
 
 // TestParseOther: another API's body gives its model alone, whatever else
