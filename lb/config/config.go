@@ -45,6 +45,7 @@ const (
 	DefaultMaxHeaders         = 100
 	DefaultClientReadTimeout  = 30 * time.Second
 	DefaultClientIdleTimeout  = 90 * time.Second
+	DefaultMaxStoredResponses = 100000
 	DefaultPolicy             = route.DefaultPolicy
 	DefaultBlockSize          = radix.DefaultBlockSize
 	DefaultPrefillSpeed       = 20000
@@ -114,6 +115,13 @@ type Config struct {
 	// no cap); past it requests are shed at once with 429 and Retry-After
 	// rather than queued until they time out.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// MaxStoredResponses is how many stored responses (the Responses API's
+	// store, on by default) the gateway remembers the pod of, so that a
+	// follow-up naming one (previous_response_id) and a retrieval or
+	// cancel by its id reach that pod, the only one holding it; past it
+	// the oldest is forgotten (default 100000, about 14 MB). 0 remembers
+	// none.
+	MaxStoredResponses int `yaml:"max_stored_responses"`
 	// Upstream bounds the calls to pods.
 	Upstream Upstream `yaml:"upstream"`
 	// Health configures active checks, scrapes and passive ejection.
@@ -374,14 +382,15 @@ type Pod struct {
 // Default returns a configuration with every default and no pods.
 func Default() Config {
 	return Config{
-		Listen:            DefaultListen,
-		Admin:             DefaultAdmin,
-		Frontend:          DefaultFrontend,
-		MaxBodyBytes:      DefaultMaxBodyBytes,
-		MaxHeaderBytes:    DefaultMaxHeaderBytes,
-		MaxHeaders:        DefaultMaxHeaders,
-		ClientReadTimeout: DefaultClientReadTimeout,
-		ClientIdleTimeout: DefaultClientIdleTimeout,
+		Listen:             DefaultListen,
+		Admin:              DefaultAdmin,
+		Frontend:           DefaultFrontend,
+		MaxBodyBytes:       DefaultMaxBodyBytes,
+		MaxHeaderBytes:     DefaultMaxHeaderBytes,
+		MaxHeaders:         DefaultMaxHeaders,
+		ClientReadTimeout:  DefaultClientReadTimeout,
+		ClientIdleTimeout:  DefaultClientIdleTimeout,
+		MaxStoredResponses: DefaultMaxStoredResponses,
 		Upstream: Upstream{
 			ConnectTimeout:       DefaultConnectTimeout,
 			ResponseTimeout:      DefaultResponseTimeout,
@@ -619,6 +628,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxHeaders <= 0 {
 		return invalid("max_headers", c.MaxHeaders, "must be positive")
+	}
+	if c.MaxStoredResponses < 0 {
+		return invalid("max_stored_responses", c.MaxStoredResponses, "must not be negative (0 remembers none)")
 	}
 	if c.MaxInFlight < 0 {
 		return invalid("max_in_flight", c.MaxInFlight, "must not be negative (0 means no cap)")

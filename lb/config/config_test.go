@@ -27,6 +27,7 @@ func TestValidateRejects(t *testing.T) {
 	f("listen: nope\n"+pod, `listen = "nope"`)
 	f("max_body_bytes: -1\n"+pod, "max_body_bytes = -1")
 	f("max_in_flight: -1\n"+pod, "max_in_flight = -1")
+	f("max_stored_responses: -1\n"+pod, "max_stored_responses = -1")
 	f("frontend: nginx\n"+pod, `frontend = "nginx"`)
 	f("max_header_bytes: 10\n"+pod, "max_header_bytes = 10")
 	f("client_read_timeout: 0s\n"+pod, `client_read_timeout = "0s"`)
