@@ -64,7 +64,12 @@ type completion struct {
 	wait    [1]byte
 	events  openai.Splitter
 	counted openai.TokenCounter
-	start   time.Time
+	// home is the pod of the stored response x names, when the gateway
+	// knows it: x goes there alone; respID names the response x makes,
+	// when it is to be stored (responses.go).
+	home   home
+	respID []byte
+	start  time.Time
 
 	// The prompt as the prefix index sees it: its ids as the model's
 	// engine computes them (empty unless the model has a tokenizer; see
@@ -156,6 +161,7 @@ func releaseCompletion(x *completion) {
 	}
 	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks = nil, "", nil
+	x.home, x.respID = home{}, x.respID[:0]
 	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil
 	x.deferred, x.hdr = false, clientHeaders{}
 	if x.pd != nil {

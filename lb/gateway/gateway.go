@@ -53,6 +53,9 @@ type Gateway struct {
 	keys *limits.Keys
 	// corsPolicy answers browsers' cross-origin calls (cors.go).
 	corsPolicy corsPolicy
+	// homes remembers the pods of stored responses (responses.go); nil
+	// when max_stored_responses is 0.
+	homes *homes
 	// conns caps client connections per address; fds keeps the last file
 	// descriptors for accepting, and dial opens pods' connections through
 	// it.
@@ -126,7 +129,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial,
-		corsPolicy: newCORS(cfg.CORS)}
+		corsPolicy: newCORS(cfg.CORS), homes: newHomes(cfg.MaxStoredResponses)}
 	g.logIgnoredKnobs(snap)
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
@@ -428,6 +431,14 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		g.metrics.countRequest(nil, fasthttp.StatusMethodNotAllowed)
+		g.logPlain(ctx, start, e)
+		return
+	}
+	if id, sub, ok := openai.StoredID(path); ok {
+		if e = g.serveStored(ctx, id, sub); e == nil {
+			return // logged when its answer is done
+		}
+		g.metrics.countRequest(nil, e.Status)
 		g.logPlain(ctx, start, e)
 		return
 	}

@@ -65,6 +65,9 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 	if len(x.cands) == 0 && x.attempts > 0 {
 		x.cands = appendPanic(m, x.cands, x.tried, &match) // panic.go
 	}
+	if x.home.pod != "" {
+		x.cands = keepHome(m, x.cands, x.home.pod) // responses.go
+	}
 	if g.shared {
 		for i := range x.cands {
 			g.addRemote(&x.cands[i])
@@ -180,12 +183,14 @@ func (g *Gateway) unplace(x *completion, pod *pool.Pod) {
 }
 
 // reachesEngine reports whether x reaches its pod's engine. A
-// tokenization does not: the API server answers it beside the engine's
-// work, so it counts in flight on no pod (place), takes no GPU slot for
-// an adapter, is not the one probe a half-open pod takes nor kept off by
-// it, and its outcome is no evidence of the pod's health (respond,
-// callFailed).
-func (x *completion) reachesEngine() bool { return x.req.Kind != openai.KindTokenizer }
+// tokenization does not, nor a request about a stored response: the API
+// server answers them beside the engine's work, so they count in flight
+// on no pod (place), take no GPU slot for an adapter, are not the one
+// probe a half-open pod takes nor kept off by it, and their outcome is no
+// evidence of the pod's health (respond, callFailed).
+func (x *completion) reachesEngine() bool {
+	return x.req.Kind != openai.KindTokenizer && x.req.Kind != openai.KindStored
+}
 
 // prefillDone runs once per request when its first token is out (or the
 // whole response, for a non-streaming one): the prompt has left the pod's

@@ -34,6 +34,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	}
 	answerHead(ctx, resp, x, pod.Config.Name)
 	x.responding(pod)
+	g.stored(x, m, pod, status)
 
 	if x.req.Stream && status == fasthttp.StatusOK {
 		g.keepLogHead(ctx, x)
@@ -237,9 +238,11 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 }
 
 // cutShort says a stream whose body ended cleanly was cut all the same:
-// midway through an event, or before the [DONE] engines end every stream
-// with.
-func (x *completion) cutShort() bool { return x.events.Cut() || !x.counted.Done() }
+// midway through an event, or before the [DONE] engines end every
+// completion's stream with (a Responses API stream has none).
+func (x *completion) cutShort() bool {
+	return x.events.Cut() || (x.req.Kind.Generates() && !x.counted.Done())
+}
 
 // relayBroke ends a stream that broke with err with an error event and
 // returns the status to count.

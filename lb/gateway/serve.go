@@ -27,7 +27,9 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, refused(d))
 		return
 	}
-	if err := x.req.Parse(kind, ctx.PostBody()); err != nil {
+	if kind == openai.KindStored {
+		x.req.Kind = kind // no body to read
+	} else if err := x.req.Parse(kind, ctx.PostBody()); err != nil {
 		var e *openai.Error
 		if !errors.As(err, &e) {
 			panic("BUG: gateway: openai.Request.Parse returned " + err.Error())
@@ -35,11 +37,18 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, answer(e))
 		return
 	}
+	g.placeStored(ctx, x)
 	m := g.resolveModel(ctx, x)
 	if m == nil {
 		g.fail(ctx, x, nil, answer(g.unresolved(x)))
 		return
 	}
+	if x.home.model != m.Name {
+		// The response x names is another model's, which an alias did not
+		// pick this time: x goes by load.
+		x.home = home{}
+	}
+	g.nameResponse(ctx, x)
 	// Tokenized before the key's token budget is charged, so the budget
 	// counts the engine's tokens.
 	if f := g.tokenize(x, m, ctx.PostBody()); f != nil {

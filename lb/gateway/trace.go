@@ -90,6 +90,9 @@ func (g *Gateway) startTrace(x *completion) {
 		op = semconv.GenAIOperationNameChat
 	case openai.KindCompletion:
 		op = semconv.GenAIOperationNameTextCompletion
+	case openai.KindResponses, openai.KindStored:
+		// Not the stored response's id, which a path's base would be.
+		op = semconv.GenAIOperationNameKey.String("responses")
 	default:
 		// The API's name: "embeddings" is GenAI's own.
 		op = semconv.GenAIOperationNameKey.String(path.Base(string(x.ctx.Path())))

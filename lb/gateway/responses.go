@@ -1,0 +1,209 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/openai"
+	"pdlb/lb/pool"
+	"pdlb/lb/route"
+)
+
+// The Responses API's stored responses. vLLM keeps a response it stored
+// (store: true, the API's default, kept under
+// VLLM_ENABLE_RESPONSES_API_STORE) in its API server's memory, so only
+// the pod that made it can answer a follow-up naming it
+// (previous_response_id), a retrieval (GET /v1/responses/{id}) or a
+// cancel; any other pod answers 404. The gateway names each stored
+// response itself ("request_id", which vLLM names the response after,
+// added to the body when the client sent none) and remembers the pod
+// that answered it: requests naming it go to that pod alone.
+
+// homes remembers the pod of each stored response, up to a bound past
+// which the oldest is forgotten (a follow-up naming a forgotten one goes
+// by load, like one naming a response the gateway never saw).
+type homes struct {
+	mu   sync.Mutex
+	byID map[string]home
+	// order holds the ids in the order they came, oldest at next once
+	// it is full.
+	order []string
+	next  int
+}
+
+// home is where a stored response lives: its model and pod, by name (a
+// reload may rebuild both).
+type home struct{ model, pod string }
+
+func newHomes(max int) *homes {
+	if max <= 0 {
+		return nil
+	}
+	return &homes{byID: make(map[string]home), order: make([]string, 0, min(max, 1024))}
+}
+
+// put records that id lives on h, forgetting the oldest id when full.
+func (t *homes) put(id string, h home, max int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.byID[id]; ok {
+		t.byID[id] = h
+		return
+	}
+	if len(t.order) < max {
+		t.order = append(t.order, id)
+	} else {
+		delete(t.byID, t.order[t.next])
+		t.order[t.next] = id
+		t.next = (t.next + 1) % max
+	}
+	t.byID[id] = h
+}
+
+// get returns id's home.
+func (t *homes) get(id []byte) (home, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.byID[string(id)]
+	return h, h.pod != ""
+}
+
+// forget drops id's home (a deleted response). Its entry stays, empty,
+// until its place in order comes round: put again, the id keeps that
+// place rather than taking a second one.
+func (t *homes) forget(id []byte) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.byID[string(id)]; ok {
+		t.byID[string(id)] = home{}
+	}
+}
+
+// storedMethods are the methods a stored response's paths take, by the
+// part of the path after its id.
+var storedMethods = map[string]string{"": "GET, DELETE", "cancel": "POST", "input_items": "GET"}
+
+// serveStored serves a request about the stored response id (GET or
+// DELETE /v1/responses/{id}, POST .../cancel, GET .../input_items): on
+// the pod that made it, or a 404 as vLLM words it when the gateway knows
+// of no such response.
+func (g *Gateway) serveStored(ctx *fasthttp.RequestCtx, id []byte, sub string) *openai.Error {
+	allow := storedMethods[sub]
+	if !methodIn(ctx.Method(), allow) {
+		ctx.Response.Header.Set("Allow", allow)
+		e := openai.MethodNotAllowed(ctx.Method(), ctx.Path())
+		writeFailure(ctx, answer(e))
+		return e
+	}
+	if g.homes != nil {
+		if _, ok := g.homes.get(id); ok {
+			g.serveCompletion(ctx, openai.KindStored)
+			return nil
+		}
+	}
+	e := &openai.Error{Status: fasthttp.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "response_id",
+		Message: "Response with id '" + string(id) + "' not found."}
+	if _, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)); !d.OK() {
+		e = d.Error() // keys guard it as every API path
+	}
+	writeFailure(ctx, answer(e))
+	return e
+}
+
+// methodIn reports whether method is one of allow's, a list as the Allow
+// header writes it.
+func methodIn(method []byte, allow string) bool {
+	for len(allow) > 0 {
+		var m string
+		m, allow, _ = cutList(allow)
+		if m == string(method) {
+			return true
+		}
+	}
+	return false
+}
+
+// cutList cuts the first element off a ", "-separated list.
+func cutList(s string) (first, rest string, ok bool) {
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] == ',' && s[i+1] == ' ' {
+			return s[:i], s[i+2:], true
+		}
+	}
+	return s, "", false
+}
+
+// placeStored reads where x, a Responses API request, must go: the pod of
+// the stored response it names (x.home), when the gateway knows it. A
+// KindStored request takes its model from there, and streams when its
+// query says stream=true (a retrieval resumed as vLLM's).
+func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) {
+	if g.homes == nil {
+		return
+	}
+	switch x.req.Kind {
+	case openai.KindStored:
+		id, _, _ := openai.StoredID(ctx.Path())
+		if h, ok := g.homes.get(id); ok {
+			x.home = h
+			x.req.Model = append(x.req.Model[:0], h.model...)
+		}
+		x.req.Stream = ctx.QueryArgs().GetBool("stream")
+	case openai.KindResponses:
+		if len(x.req.Previous) > 0 {
+			x.home, _ = g.homes.get(x.req.Previous)
+		}
+	}
+}
+
+// nameResponse names x's response, when it is to be stored: its own
+// "request_id", or a new one added to its body.
+func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
+	if g.homes == nil || x.req.Kind != openai.KindResponses || x.req.NoStore {
+		return
+	}
+	if len(x.req.ResponseID) > 0 {
+		x.respID = append(x.respID[:0], x.req.ResponseID...)
+		return
+	}
+	// As vLLM names one: resp_ and a random UUID's 32 hex digits, which
+	// no one can guess (a response's id is all it takes to read it).
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	x.respID = hex.AppendEncode(append(x.respID[:0], "resp_"...), b[:])
+	ctx.Request.SetBody(x.req.WithResponseID(ctx.PostBody(), string(x.respID)))
+}
+
+// stored records where x's response lives, now that pod answered it, or
+// forgets one a DELETE removed.
+func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int) {
+	if status != fasthttp.StatusOK || g.homes == nil {
+		return
+	}
+	switch {
+	case len(x.respID) > 0:
+		g.homes.put(string(x.respID), home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses)
+	case x.req.Kind == openai.KindStored && x.ctx.IsDelete():
+		id, _, _ := openai.StoredID(x.ctx.Path())
+		g.homes.forget(id)
+	}
+}
+
+// keepHome keeps of cands, m's combined pods that x may go to, only the
+// pod named home.
+func keepHome(m *pool.Model, cands []route.Candidate, name string) []route.Candidate {
+	for j, p := range m.Combined {
+		if p.Config.Name != name {
+			continue
+		}
+		for _, c := range cands {
+			if c.Pod == m.CombinedLoads[j].ID {
+				return append(cands[:0], c)
+			}
+		}
+	}
+	return cands[:0]
+}

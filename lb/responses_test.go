@@ -1,0 +1,230 @@
+package lb_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"pdlb/internal/testwait"
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// responsesPod is a fake pod serving the Responses API as vLLM does with
+// VLLM_ENABLE_RESPONSES_API_STORE=1: a response stored (store, default
+// true) under its request_id (else a random id) lives in this pod's
+// memory alone, and a follow-up naming one it does not hold
+// (previous_response_id), or a retrieval of one, gets vLLM's 404.
+type responsesPod struct {
+	mu     sync.Mutex
+	stored map[string]bool
+	bodies []string // the POST bodies it got
+	n      int
+}
+
+func (p *responsesPod) serve(c net.Conn, r *http.Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	notFound := func(id string) {
+		answerJSON(c, 404, fmt.Sprintf(`{"error":{"message":"Response with id '%s' not found.","type":"invalid_request_error","param":"response_id","code":404}}`, id))
+	}
+	if id, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok {
+		id, _, _ = strings.Cut(id, "/") // cancel
+		if !p.stored[id] {
+			notFound(id)
+			return
+		}
+		if r.Method == http.MethodDelete {
+			delete(p.stored, id)
+		}
+		answerJSON(c, 200, `{"id":"`+id+`","object":"response","status":"completed"}`)
+		return
+	}
+	b, _ := io.ReadAll(r.Body)
+	p.bodies = append(p.bodies, string(b))
+	var req struct {
+		RequestID string  `json:"request_id"`
+		Previous  *string `json:"previous_response_id"`
+		Store     *bool   `json:"store"`
+		Stream    bool    `json:"stream"`
+	}
+	if json.Unmarshal(b, &req) != nil {
+		answerJSON(c, 400, `{"error":{"message":"bad JSON"}}`)
+		return
+	}
+	if req.Previous != nil && !p.stored[*req.Previous] {
+		notFound(*req.Previous)
+		return
+	}
+	p.n++
+	id := req.RequestID
+	if id == "" {
+		id = fmt.Sprintf("resp_pod%p%d", p, p.n)
+	}
+	if req.Store == nil || *req.Store {
+		p.stored[id] = true
+	}
+	resp := `{"id":"` + id + `","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}]}`
+	if !req.Stream {
+		answerJSON(c, 200, resp)
+		return
+	}
+	// vLLM's stream: named events, no [DONE]; the connection's close
+	// ends it.
+	io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+	for _, ev := range []string{"response.created", "response.output_text.delta", "response.completed"} {
+		fmt.Fprintf(c, "event: %s\ndata: {\"type\":%q,\"response\":%s}\n\n", ev, ev, resp)
+	}
+}
+
+// TestResponses: a stored response lives on the pod that made it, and
+// every request naming it reaches that pod, on either front end and
+// client: follow-ups (previous_response_id), retrievals, deletions; the
+// gateway names the response (request_id) when the client did not.
+func TestResponses(t *testing.T) {
+	pods := map[string]*responsesPod{}
+	var cfgPods []config.Pod
+	for _, name := range []string{"a", "b", "c"} {
+		p := &responsesPod{stored: map[string]bool{}}
+		pods[name] = p
+		cfgPods = append(cfgPods, config.Pod{Name: name, Model: "m", Address: fakePod(t, p.serve)})
+	}
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, cfgPods, func(c *config.Config) { c.Frontend = fe })
+			bothClients(t, func(t *testing.T, via *http.Client) { testResponses(t, s, via, pods) })
+		})
+	}
+}
+
+func testResponses(t *testing.T, s *lb.Server, via *http.Client, pods map[string]*responsesPod) {
+	idOf := func(b string) string {
+		var r struct{ ID string }
+		if json.Unmarshal([]byte(b), &r) != nil || r.ID == "" {
+			t.Fatalf("no id in %s", b)
+		}
+		return r.ID
+	}
+	resp, b := send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","input":"hello"}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("first: %d %s", resp.StatusCode, b)
+	}
+	id, home := idOf(b), resp.Header.Get("x-pdlb-pod")
+	if !strings.HasPrefix(id, "resp_") || len(id) != len("resp_")+32 {
+		t.Errorf("the gateway named the response %q, not as vLLM names one", id)
+	}
+	// Each follow-up reaches the pod holding the one before it; by load,
+	// two of three would land on a pod that answers 404.
+	for i := range 12 {
+		resp, b = send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","input":"more","previous_response_id":"`+id+`"}`)
+		if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
+			t.Fatalf("follow-up %d of %s (on %s): %d on %s: %s", i, id, home, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+		}
+		id = idOf(b)
+	}
+	// Streamed: relayed whole, no error event added for the [DONE] a
+	// Responses stream never sends; its follow-up goes home too.
+	resp, b = send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","input":"more","stream":true,"previous_response_id":"`+id+`"}`)
+	if resp.StatusCode != 200 || strings.Count(b, "event: ") != 3 || !strings.HasSuffix(b, "\n\n") || strings.Contains(b, "error") {
+		t.Fatalf("stream: %d %q", resp.StatusCode, b)
+	}
+	var ev struct{ Response struct{ ID string } }
+	_, data, _ := strings.Cut(b, "data: ")
+	data, _, _ = strings.Cut(data, "\n")
+	if json.Unmarshal([]byte(data), &ev) != nil {
+		t.Fatalf("stream's first event: %q", data)
+	}
+	id = ev.Response.ID
+	if resp, b = send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"`+id+`"}`); resp.StatusCode != 200 {
+		t.Fatalf("after the stream: %d %s", resp.StatusCode, b)
+	}
+	// The client's own request_id names its response.
+	own := "resp_mine" + strings.ReplaceAll(t.Name(), "/", "_")
+	if resp, b = send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","request_id":"`+own+`","input":"x"}`); resp.StatusCode != 200 || idOf(b) != own {
+		t.Fatalf("own id: %d %s", resp.StatusCode, b)
+	}
+	home = resp.Header.Get("x-pdlb-pod")
+	// Retrieval, cancel and deletion by id go home as well.
+	for _, r := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/responses/" + own},
+		{http.MethodPost, "/v1/responses/" + own + "/cancel"},
+		{http.MethodGet, "/v1/responses/" + own + "?stream=false"},
+		{http.MethodDelete, "/v1/responses/" + own},
+	} {
+		if resp, b = send(t, via, s, r.method, r.path, ""); resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home || idOf(b) != own {
+			t.Fatalf("%s %s: %d on %s (home %s): %s", r.method, r.path, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), home, b)
+		}
+	}
+	// Deleted, the gateway knows it no more: vLLM's 404, from the gateway.
+	resp, b = send(t, via, s, http.MethodGet, "/v1/responses/"+own, "")
+	if resp.StatusCode != 404 || resp.Header.Get("x-pdlb-pod") != "" || !strings.Contains(b, `"message":"Response with id '`+own+`' not found."`) || !strings.Contains(b, `"param":"response_id"`) {
+		t.Errorf("deleted: %d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	if resp, _ = send(t, via, s, http.MethodPut, "/v1/responses/"+own, ""); resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, DELETE" {
+		t.Errorf("PUT: %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+	// Not stored: the body goes byte for byte, by load.
+	body := `{"model":"m","store":false,"input":"x"}`
+	if resp, b = send(t, via, s, http.MethodPost, "/v1/responses", body); resp.StatusCode != 200 {
+		t.Fatalf("store false: %d %s", resp.StatusCode, b)
+	}
+	p := pods[resp.Header.Get("x-pdlb-pod")]
+	p.mu.Lock()
+	got := p.bodies[len(p.bodies)-1]
+	p.mu.Unlock()
+	if got != body {
+		t.Errorf("store false: the pod got %s", got)
+	}
+}
+
+// TestResponsesHomeDown: a follow-up whose response lives on a pod found
+// dead gets 503 naming that pod, not another pod's 404; a gateway with
+// max_stored_responses 0 names nothing and follows by load.
+func TestResponsesHomeDown(t *testing.T) {
+	var down atomic.Bool
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &responsesPod{stored: map[string]bool{}}
+	b := &responsesPod{stored: map[string]bool{}}
+	pods := []config.Pod{
+		{Name: "a", Model: "m", Address: scriptedPod(t, ln, podScript{checks: func() bool { return !down.Load() }, serve: a.serve})},
+		{Name: "b", Model: "m", Address: fakePod(t, b.serve)},
+	}
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Health.Timeout, c.Health.UnhealthyAfter = 50*time.Millisecond, 2
+	})
+	// Until one lands on a.
+	var id string
+	for id == "" {
+		if resp, body := post(t, s, "/v1/responses", `{"model":"m","input":"x"}`); resp.Header.Get("x-pdlb-pod") == "a" {
+			id = body[strings.Index(body, "resp_") : strings.Index(body, "resp_")+len("resp_")+32]
+		}
+	}
+	down.Store(true)
+	testwait.For(t, "pod a found dead", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="a"}`) == 0 })
+	resp, body := post(t, s, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"`+id+`"}`)
+	if resp.StatusCode != 503 || !strings.Contains(body, "pod `a`") {
+		t.Errorf("follow-up of a response on a dead pod: %d %s", resp.StatusCode, body)
+	}
+
+	off := testGateway(t, pods[1:], func(c *config.Config) { c.MaxStoredResponses = 0 })
+	body = `{"model":"m","input":"x"}`
+	if resp, _ := post(t, off, "/v1/responses", body); resp.StatusCode != 200 {
+		t.Fatalf("max_stored_responses 0: %d", resp.StatusCode)
+	}
+	b.mu.Lock()
+	got := b.bodies[len(b.bodies)-1]
+	b.mu.Unlock()
+	if got != body {
+		t.Errorf("max_stored_responses 0: the pod got %s", got)
+	}
+}
