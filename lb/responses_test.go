@@ -151,6 +151,14 @@ func testResponses(t *testing.T, s *lb.Server, via *http.Client, pods map[string
 		t.Fatalf("own id: %d %s", resp.StatusCode, b)
 	}
 	home = resp.Header.Get("x-pdlb-pod")
+	// One too long to remember: answered, not remembered.
+	long := "resp_" + strings.Repeat("x", 300)
+	if resp, b = send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","request_id":"`+long+`","input":"x"}`); resp.StatusCode != 200 || idOf(b) != long {
+		t.Fatalf("long id: %d %s", resp.StatusCode, b)
+	}
+	if resp, _ = send(t, via, s, http.MethodGet, "/v1/responses/"+long, ""); resp.StatusCode != 404 || resp.Header.Get("x-pdlb-pod") != "" {
+		t.Errorf("a 305-byte id was remembered: %d on %q", resp.StatusCode, resp.Header.Get("x-pdlb-pod"))
+	}
 	// Retrieval, cancel and deletion by id go home as well.
 	for _, r := range []struct{ method, path string }{
 		{http.MethodGet, "/v1/responses/" + own},

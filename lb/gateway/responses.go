@@ -34,6 +34,11 @@ type homes struct {
 	next  int
 }
 
+// maxRememberedID is the longest response id of a client's the gateway
+// remembers (vLLM's are 37 bytes): a longer one goes unremembered, so the
+// table's bound bounds its memory.
+const maxRememberedID = 256
+
 // home is where a stored response lives: its model and pod, by name (a
 // reload may rebuild both).
 type home struct{ model, pod string }
@@ -166,7 +171,9 @@ func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
 		return
 	}
 	if len(x.req.ResponseID) > 0 {
-		x.respID = append(x.respID[:0], x.req.ResponseID...)
+		if len(x.req.ResponseID) <= maxRememberedID {
+			x.respID = append(x.respID[:0], x.req.ResponseID...)
+		}
 		return
 	}
 	// As vLLM names one: resp_ and a random UUID's 32 hex digits, which
