@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -234,5 +235,47 @@ func TestResponsesHomeDown(t *testing.T) {
 	b.mu.Unlock()
 	if got != body {
 		t.Errorf("max_stored_responses 0: the pod got %s", got)
+	}
+}
+
+// TestResponsesConversation: a conversation's requests (one
+// prompt_cache_key, stored or not) go to the pod its last one went to,
+// where its earlier turns are cached; when that pod is unavailable, to
+// another, which it then keeps.
+func TestResponsesConversation(t *testing.T) {
+	var down [3]atomic.Bool
+	var pods []config.Pod
+	for i := range down {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &responsesPod{stored: map[string]bool{}}
+		pods = append(pods, config.Pod{Name: fmt.Sprint(i), Model: "m",
+			Address: scriptedPod(t, ln, podScript{checks: func() bool { return !down[i].Load() }, serve: p.serve})})
+	}
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Health.Timeout, c.Health.UnhealthyAfter = 50*time.Millisecond, 2
+	})
+	turns := func(n int) string {
+		t.Helper()
+		var on string
+		for i := range n {
+			resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","store":false,"prompt_cache_key":"conv-1"}`)
+			if resp.StatusCode != 200 || (on != "" && resp.Header.Get("x-pdlb-pod") != on) {
+				t.Fatalf("turn %d: %d on %s, the conversation's pod %s: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), on, b)
+			}
+			on = resp.Header.Get("x-pdlb-pod")
+		}
+		return on
+	}
+	first := turns(10)
+	i, _ := strconv.Atoi(first)
+	down[i].Store(true)
+	testwait.For(t, "the conversation's pod found dead", func() bool {
+		return metricValue(t, s, `pdlb_pod_healthy{pod="`+first+`"}`) == 0
+	})
+	if next := turns(10); next == first {
+		t.Errorf("the conversation stayed on its dead pod %s", first)
 	}
 }

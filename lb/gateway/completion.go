@@ -65,11 +65,13 @@ type completion struct {
 	events  openai.Splitter
 	counted openai.TokenCounter
 	// home is the pod of the stored response x names, when the gateway
-	// knows it: x goes there alone; respID names the response x makes,
-	// when it is to be stored (responses.go).
-	home   home
-	respID []byte
-	start  time.Time
+	// knows it: x goes there alone; prefer the pod its conversation
+	// (prompt_cache_key) went to last, which x goes to while it is
+	// available; respID names the response x makes, when it is to be
+	// stored (responses.go).
+	home, prefer home
+	respID       []byte
+	start        time.Time
 
 	// The prompt as the prefix index sees it: its ids as the model's
 	// engine computes them (empty unless the model has a tokenizer; see
@@ -161,7 +163,7 @@ func releaseCompletion(x *completion) {
 	}
 	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks = nil, "", nil
-	x.home, x.respID = home{}, x.respID[:0]
+	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]
 	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil
 	x.deferred, x.hdr = false, clientHeaders{}
 	if x.pd != nil {

@@ -53,9 +53,10 @@ type Gateway struct {
 	keys *limits.Keys
 	// corsPolicy answers browsers' cross-origin calls (cors.go).
 	corsPolicy corsPolicy
-	// homes remembers the pods of stored responses (responses.go); nil
-	// when max_stored_responses is 0.
-	homes *homes
+	// homes remembers the pods of stored responses, conversations those
+	// of Responses API conversations by prompt_cache_key (responses.go);
+	// nil when max_stored_responses is 0.
+	homes, conversations *homes
 	// conns caps client connections per address; fds keeps the last file
 	// descriptors for accepting, and dial opens pods' connections through
 	// it.
@@ -129,7 +130,8 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial,
-		corsPolicy: newCORS(cfg.CORS), homes: newHomes(cfg.MaxStoredResponses)}
+		corsPolicy: newCORS(cfg.CORS), homes: newHomes(cfg.MaxStoredResponses),
+		conversations: newHomes(cfg.MaxStoredResponses)}
 	g.logIgnoredKnobs(snap)
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {

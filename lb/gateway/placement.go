@@ -66,7 +66,9 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 		x.cands = appendPanic(m, x.cands, x.tried, &match) // panic.go
 	}
 	if x.home.pod != "" {
-		x.cands = keepHome(m, x.cands, x.home.pod) // responses.go
+		x.cands = keepHome(m, x.cands, x.home.pod, false) // responses.go
+	} else if x.prefer.pod != "" {
+		x.cands = keepHome(m, x.cands, x.prefer.pod, true)
 	}
 	if g.shared {
 		for i := range x.cands {

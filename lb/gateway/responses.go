@@ -34,9 +34,9 @@ type homes struct {
 	next  int
 }
 
-// maxRememberedID is the longest response id of a client's the gateway
-// remembers (vLLM's are 37 bytes): a longer one goes unremembered, so the
-// table's bound bounds its memory.
+// maxRememberedID is the longest response id or prompt_cache_key of a
+// client's the gateway remembers (vLLM's ids are 37 bytes): a longer one
+// goes unremembered, so the tables' bound bounds their memory.
 const maxRememberedID = 256
 
 // home is where a stored response lives: its model and pod, by name (a
@@ -161,6 +161,9 @@ func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) {
 		if len(x.req.Previous) > 0 {
 			x.home, _ = g.homes.get(x.req.Previous)
 		}
+		if len(x.req.CacheKey) > 0 && x.home.pod == "" {
+			x.prefer, _ = g.conversations.get(x.req.CacheKey)
+		}
 	}
 }
 
@@ -190,6 +193,9 @@ func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int
 	if status != fasthttp.StatusOK || g.homes == nil {
 		return
 	}
+	if k := x.req.CacheKey; x.req.Kind == openai.KindResponses && len(k) > 0 && len(k) <= maxRememberedID {
+		g.conversations.put(string(k), home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses)
+	}
 	switch {
 	case len(x.respID) > 0:
 		g.homes.put(string(x.respID), home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses)
@@ -200,8 +206,8 @@ func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int
 }
 
 // keepHome keeps of cands, m's combined pods that x may go to, only the
-// pod named home.
-func keepHome(m *pool.Model, cands []route.Candidate, name string) []route.Candidate {
+// pod named name; if it is not among them, none, or with soft all.
+func keepHome(m *pool.Model, cands []route.Candidate, name string, soft bool) []route.Candidate {
 	for j, p := range m.Combined {
 		if p.Config.Name != name {
 			continue
@@ -211,6 +217,9 @@ func keepHome(m *pool.Model, cands []route.Candidate, name string) []route.Candi
 				return append(cands[:0], c)
 			}
 		}
+	}
+	if soft {
+		return cands
 	}
 	return cands[:0]
 }

@@ -48,6 +48,9 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		// pick this time: x goes by load.
 		x.home = home{}
 	}
+	if x.prefer.model != m.Name {
+		x.prefer = home{}
+	}
 	g.nameResponse(ctx, x)
 	// Tokenized before the key's token budget is charged, so the budget
 	// counts the engine's tokens.

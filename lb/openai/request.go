@@ -41,7 +41,8 @@ const (
 	// KindResponses is POST /v1/responses, OpenAI's Responses API: read
 	// as KindOther, and besides "model" its "stream", "store",
 	// "previous_response_id" and "request_id" (vLLM names the response
-	// after it), since a stored response lives on the pod that made it.
+	// after it), since a stored response lives on the pod that made it,
+	// and "prompt_cache_key", a conversation's key.
 	KindResponses
 	// KindStored is a request about a stored response, by the id in its
 	// path (GET or DELETE /v1/responses/{id}, its /cancel and
@@ -202,11 +203,12 @@ type Request struct {
 	// counts the client's ids or the stand-in's).
 	Tokens int
 
-	// KindResponses: Previous is "previous_response_id" and ResponseID
-	// "request_id", each empty when absent or null; NoStore says "store"
-	// was false (the API's default is true).
-	Previous, ResponseID []byte
-	NoStore              bool
+	// KindResponses: Previous is "previous_response_id", ResponseID
+	// "request_id" and CacheKey "prompt_cache_key" (a conversation's
+	// key, which vLLM ignores), each empty when absent or null; NoStore
+	// says "store" was false (the API's default is true).
+	Previous, ResponseID, CacheKey []byte
+	NoStore                        bool
 
 	media   uint64 // digest of the non-text content parts (MediaBytes > 0)
 	scratch []byte // unescaped keys and roles
@@ -253,11 +255,11 @@ func ReleaseRequest(r *Request) {
 func (r *Request) Reset() {
 	model, prompt, ids, salt, scratch := r.Model[:0], r.Prompt[:0], r.PromptIDs[:0], r.CacheSalt[:0], r.scratch[:0]
 	ends, keptText, keptIDs, saltGot := r.ends[:0], r.keptText[:0], r.keptIDs[:0], r.saltGot[:0]
-	previous, responseID := r.Previous[:0], r.ResponseID[:0]
+	previous, responseID, cacheKey := r.Previous[:0], r.ResponseID[:0], r.CacheKey[:0]
 	*r = Request{MaxTokens: -1, Choices: 1}
 	r.Model, r.Prompt, r.PromptIDs, r.CacheSalt, r.scratch = model, prompt, ids, salt, scratch
 	r.ends, r.keptText, r.keptIDs, r.saltGot = ends, keptText, keptIDs, saltGot
-	r.Previous, r.ResponseID = previous, responseID
+	r.Previous, r.ResponseID, r.CacheKey = previous, responseID, cacheKey
 }
 
 // WithModel returns body, the body r was parsed from (or the last body
@@ -482,7 +484,13 @@ func (r *Request) parse(s *scanner) error {
 	var seenPrompt bool
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
-		if !r.Kind.Generates() && b2s(key) != "model" && (r.Kind != KindResponses || !responsesField(key)) {
+		if r.Kind == KindResponses {
+			if err := r.responsesField(s, key); err != nil {
+				return err
+			}
+			continue
+		}
+		if !r.Kind.Generates() && b2s(key) != "model" {
 			s.skip()
 			continue
 		}
@@ -509,18 +517,6 @@ func (r *Request) parse(s *scanner) error {
 			r.TruncatePromptTokens, r.badTruncate = r.parseTruncation(s)
 		case "truncation_side":
 			r.TruncateRight, r.badSide, err = r.parseTruncationSide(s)
-		case "store":
-			if s.c() == 'n' {
-				s.skip() // null: the default, true
-				break
-			}
-			var store bool
-			store, err = r.parseBool(s, "store")
-			r.NoStore = !store
-		case "previous_response_id":
-			r.Previous, err = r.parseID(s, r.Previous, "previous_response_id")
-		case "request_id":
-			r.ResponseID, err = r.parseID(s, r.ResponseID, "request_id")
 		case "messages":
 			if r.Kind == KindChat {
 				seenPrompt, err = r.parseMessages(s)
@@ -584,14 +580,32 @@ func (r *Request) parseModel(s *scanner) error {
 	return InvalidType("model", wantString, s.b[s.skip():s.p])
 }
 
-// responsesField reports whether key is one of the fields Parse reads of
-// a KindResponses body besides "model".
-func responsesField(key []byte) bool {
+// responsesField reads the field key of a KindResponses body, or steps
+// over it.
+func (r *Request) responsesField(s *scanner, key []byte) (err error) {
 	switch b2s(key) {
-	case "stream", "store", "previous_response_id", "request_id":
-		return true
+	case "model":
+		err = r.parseModel(s)
+	case "stream":
+		r.Stream, err = r.parseBool(s, "stream")
+	case "store":
+		if s.c() == 'n' {
+			s.skip() // null: the default, true
+			break
+		}
+		var store bool
+		store, err = r.parseBool(s, "store")
+		r.NoStore = !store
+	case "previous_response_id":
+		r.Previous, err = r.parseID(s, r.Previous, "previous_response_id")
+	case "request_id":
+		r.ResponseID, err = r.parseID(s, r.ResponseID, "request_id")
+	case "prompt_cache_key":
+		r.CacheKey, err = r.parseID(s, r.CacheKey, "prompt_cache_key")
+	default:
+		s.skip()
 	}
-	return false
+	return err
 }
 
 // parseID reads a response id field into dst[:0]: a string, or null, which

@@ -500,10 +500,18 @@ func TestParseResponses(t *testing.T) {
 	if string(r.ResponseID) != "" {
 		t.Errorf("request_id kept from an earlier body: %q", r.ResponseID)
 	}
-	for _, bad := range []string{`{"model":"m","previous_response_id":5}`, `{"model":"m","request_id":["x"]}`, `{"model":"m","store":"maybe"}`} {
+	for _, bad := range []string{`{"model":"m","previous_response_id":5}`, `{"model":"m","request_id":["x"]}`, `{"model":"m","store":"maybe"}`, `{"model":"m","prompt_cache_key":{}}`} {
 		if err := r.Parse(KindResponses, []byte(bad)); err == nil {
 			t.Errorf("%s: accepted", bad)
 		}
+		// Not read of other APIs' bodies, which the engine judges.
+		other := strings.Replace(bad, `{`, `{"messages":[{"role":"user","content":"x"}],`, 1)
+		if err := r.Parse(KindChat, []byte(other)); err != nil || len(r.Previous)+len(r.ResponseID)+len(r.CacheKey) > 0 || r.NoStore {
+			t.Errorf("chat %s: %v", other, err)
+		}
+	}
+	if err := r.Parse(KindResponses, []byte(`{"model":"m","prompt_cache_key":"conv-1"}`)); err != nil || string(r.CacheKey) != "conv-1" {
+		t.Errorf("prompt_cache_key: %v %q", err, r.CacheKey)
 	}
 	for b, want := range map[string]string{
 		` { "model" : "m" }`: ` {"request_id":"resp_1", "model" : "n" }`,
