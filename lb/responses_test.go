@@ -27,6 +27,7 @@ type responsesPod struct {
 	mu     sync.Mutex
 	stored map[string]bool
 	bodies []string // the POST bodies it got
+	byID   []string // the method and target of each request by id
 	n      int
 }
 
@@ -37,6 +38,7 @@ func (p *responsesPod) serve(c net.Conn, r *http.Request) {
 		answerJSON(c, 404, fmt.Sprintf(`{"error":{"message":"Response with id '%s' not found.","type":"invalid_request_error","param":"response_id","code":404}}`, id))
 	}
 	if id, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok {
+		p.byID = append(p.byID, r.Method+" "+r.RequestURI)
 		id, _, _ = strings.Cut(id, "/") // cancel
 		if !p.stored[id] {
 			notFound(id)
@@ -152,6 +154,25 @@ func testResponses(t *testing.T, s *lb.Server, via *http.Client, pods map[string
 		t.Fatalf("own id: %d %s", resp.StatusCode, b)
 	}
 	home = resp.Header.Get("x-pdlb-pod")
+	// One a path escapes: it reaches the pod as the client escaped it.
+	odd := "resp_ a?b#c%d" // not "/": no route of vLLM's matches one, escaped or not
+	if resp, b = send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","request_id":"`+odd+`","input":"x"}`); resp.StatusCode != 200 {
+		t.Fatalf("odd id: %d %s", resp.StatusCode, b)
+	}
+	if resp, b = send(t, via, s, http.MethodGet, "/v1/responses/resp_%20a%3Fb%23c%25d", ""); resp.StatusCode != 200 || idOf(b) != odd {
+		t.Errorf("odd id's retrieval: %d %s", resp.StatusCode, b)
+	}
+	// null or "": vLLM's to judge, and the body goes as it came.
+	for _, body := range []string{`{"model":"m","request_id":"","input":"x"}`, `{"model":"m","input":"x","request_id":null}`} {
+		resp, _ = send(t, via, s, http.MethodPost, "/v1/responses", body)
+		p := pods[resp.Header.Get("x-pdlb-pod")]
+		p.mu.Lock()
+		got := p.bodies[len(p.bodies)-1]
+		p.mu.Unlock()
+		if got != body {
+			t.Errorf("the pod got %s for %s", got, body)
+		}
+	}
 	// One too long to remember: answered, not remembered.
 	long := "resp_" + strings.Repeat("x", 300)
 	if resp, b = send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","request_id":"`+long+`","input":"x"}`); resp.StatusCode != 200 || idOf(b) != long {
@@ -160,16 +181,28 @@ func testResponses(t *testing.T, s *lb.Server, via *http.Client, pods map[string
 	if resp, _ = send(t, via, s, http.MethodGet, "/v1/responses/"+long, ""); resp.StatusCode != 404 || resp.Header.Get("x-pdlb-pod") != "" {
 		t.Errorf("a 305-byte id was remembered: %d on %q", resp.StatusCode, resp.Header.Get("x-pdlb-pod"))
 	}
-	// Retrieval, cancel and deletion by id go home as well.
+	// Retrieval, cancel and deletion by id go home as well, with their
+	// method and query.
 	for _, r := range []struct{ method, path string }{
 		{http.MethodGet, "/v1/responses/" + own},
 		{http.MethodPost, "/v1/responses/" + own + "/cancel"},
-		{http.MethodGet, "/v1/responses/" + own + "?stream=false"},
+		{http.MethodGet, "/v1/responses/" + own + "?stream=false&starting_after=3"},
+		{http.MethodGet, "/v1/responses/" + own + "/input_items?limit=5"},
 		{http.MethodDelete, "/v1/responses/" + own},
 	} {
 		if resp, b = send(t, via, s, r.method, r.path, ""); resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home || idOf(b) != own {
 			t.Fatalf("%s %s: %d on %s (home %s): %s", r.method, r.path, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), home, b)
 		}
+		p := pods[home]
+		p.mu.Lock()
+		got := p.byID[len(p.byID)-1]
+		p.mu.Unlock()
+		if got != r.method+" "+r.path {
+			t.Errorf("%s %s reached the pod as %s", r.method, r.path, got)
+		}
+	}
+	if resp, _ = send(t, via, s, http.MethodGet, "/v1/responses/"+own+"/", ""); resp.StatusCode != 404 || resp.Header.Get("x-pdlb-pod") != "" {
+		t.Errorf("a trailing slash: %d on %q", resp.StatusCode, resp.Header.Get("x-pdlb-pod"))
 	}
 	// Deleted, the gateway knows it no more: vLLM's 404, from the gateway.
 	resp, b = send(t, via, s, http.MethodGet, "/v1/responses/"+own, "")
@@ -277,5 +310,30 @@ func TestResponsesConversation(t *testing.T) {
 	})
 	if next := turns(10); next == first {
 		t.Errorf("the conversation stayed on its dead pod %s", first)
+	}
+}
+
+// TestResponsesPinnedHedge: with first-byte hedging on, a follow-up bound
+// to its response's pod waits for that pod's answer; cut at the
+// first-byte deadline it would have nowhere else to go (a 504 for an
+// answer on its way).
+func TestResponsesPinnedHedge(t *testing.T) {
+	slow := func(name string) config.Pod {
+		p := &responsesPod{stored: map[string]bool{}}
+		return config.Pod{Name: name, Model: "m", Address: fakePod(t, func(c net.Conn, r *http.Request) {
+			if r.ContentLength > 60 {
+				time.Sleep(400 * time.Millisecond) // a follow-up: templating, a queue
+			}
+			p.serve(c, r)
+		})}
+	}
+	s := testGateway(t, []config.Pod{slow("a"), slow("b")}, func(c *config.Config) {
+		c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 1, Floor: 100 * time.Millisecond}
+	})
+	if resp, b := post(t, s, "/v1/responses", `{"model":"m","request_id":"resp_h","input":"x"}`); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","stream":true,"previous_response_id":"resp_h"}`); resp.StatusCode != 200 || strings.Contains(b, "error") {
+		t.Errorf("a follow-up slower than the first-byte deadline: %d %s", resp.StatusCode, b)
 	}
 }

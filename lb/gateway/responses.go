@@ -109,13 +109,18 @@ func (g *Gateway) serveStored(ctx *fasthttp.RequestCtx, id []byte, sub string) *
 			return nil
 		}
 	}
-	e := &openai.Error{Status: fasthttp.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "response_id",
-		Message: "Response with id '" + string(id) + "' not found."}
+	e := storedNotFound(id)
 	if _, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)); !d.OK() {
 		e = d.Error() // keys guard it as every API path
 	}
 	writeFailure(ctx, answer(e))
 	return e
+}
+
+// storedNotFound is vLLM's 404 for a stored response id it does not hold.
+func storedNotFound(id []byte) *openai.Error {
+	return &openai.Error{Status: fasthttp.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "response_id",
+		Message: "Response with id '" + string(id) + "' not found."}
 }
 
 // methodIn reports whether method is one of allow's, a list as the Allow
@@ -142,20 +147,25 @@ func cutList(s string) (first, rest string, ok bool) {
 }
 
 // placeStored reads where x, a Responses API request, must go: the pod of
-// the stored response it names (x.home), when the gateway knows it. A
-// KindStored request takes its model from there, and streams when its
-// query says stream=true (a retrieval resumed as vLLM's).
-func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) {
+// the stored response it names (x.home), when the gateway knows it, or
+// the pod its conversation went to (x.prefer). A KindStored request takes
+// its model from there, and streams when its query says stream=true (a
+// retrieval resumed as vLLM's); false when the gateway no longer knows
+// its response (forgotten since serveStored looked), which was answered.
+func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 	if g.homes == nil {
-		return
+		return true
 	}
 	switch x.req.Kind {
 	case openai.KindStored:
 		id, _, _ := openai.StoredID(ctx.Path())
-		if h, ok := g.homes.get(id); ok {
-			x.home = h
-			x.req.Model = append(x.req.Model[:0], h.model...)
+		h, ok := g.homes.get(id)
+		if !ok {
+			g.fail(ctx, x, nil, answer(storedNotFound(id)))
+			return false
 		}
+		x.home = h
+		x.req.Model = append(x.req.Model[:0], h.model...)
 		x.req.Stream = ctx.QueryArgs().GetBool("stream")
 	case openai.KindResponses:
 		if len(x.req.Previous) > 0 {
@@ -165,6 +175,7 @@ func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) {
 			x.prefer, _ = g.conversations.get(x.req.CacheKey)
 		}
 	}
+	return true
 }
 
 // nameResponse names x's response, when it is to be stored: its own
@@ -173,8 +184,9 @@ func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
 	if g.homes == nil || x.req.Kind != openai.KindResponses || x.req.NoStore {
 		return
 	}
-	if len(x.req.ResponseID) > 0 {
-		if len(x.req.ResponseID) <= maxRememberedID {
+	if x.req.ResponseIDSet {
+		// The client's name (one null or "" is vLLM's to judge).
+		if n := len(x.req.ResponseID); n > 0 && n <= maxRememberedID {
 			x.respID = append(x.respID[:0], x.req.ResponseID...)
 		}
 		return

@@ -133,11 +133,11 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 // mayHedge says a hung attempt of x could go on elsewhere: retry_on lists
 // timeouts, x has attempts left (as mayRetry counts them), and its model
 // a pod that could answer it and that it has not tried (a combined pod,
-// or a decode pod, alone or in a pair) or a fallback model to go to.
-// Else giving up at the first-byte deadline only turns an answer on its
+// or a decode pod, alone or in a pair) or a fallback model to go to, and
+// it is not bound to its stored response's pod (x.home). Else giving up at the first-byte deadline only turns an answer on its
 // way into a 504.
 func (g *Gateway) mayHedge(x *completion) bool {
-	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) {
+	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) || x.home.pod != "" {
 		return false
 	}
 	if len(x.fallbacks) > 0 {

@@ -37,7 +37,9 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, answer(e))
 		return
 	}
-	g.placeStored(ctx, x)
+	if !g.placeStored(ctx, x) {
+		return
+	}
 	m := g.resolveModel(ctx, x)
 	if m == nil {
 		g.fail(ctx, x, nil, answer(g.unresolved(x)))

@@ -209,6 +209,12 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	if x.up == nil {
 		x.up, x.resp = fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 		g.buildUpstream(x.ctx, x.up, x.reqID)
+		if x.req.Kind == openai.KindStored {
+			// Its method, and its query (stream, starting_after, limit)
+			// with the id as the client escaped it.
+			x.up.Header.SetMethodBytes(x.ctx.Method())
+			x.up.SetRequestURIBytes(x.ctx.RequestURI())
+		}
 	}
 	x.tried = append(x.tried, x.pod.ID)
 	x.up.Header.SetHost(x.pod.Config.Address)
@@ -315,13 +321,14 @@ func (g *Gateway) failed(x *completion, f *failure) {
 // attempts left (upstream.retries after the first). Moves off pods found
 // dead (fail.Down) spend none: the checks, not the request, failed those
 // pods, and a retry never goes back to a pod it tried, so the pods bound
-// them.
+// them. A request that only its stored response's pod can answer (x.home)
+// has nowhere else to go.
 func (g *Gateway) mayRetry(x *completion, f *failure) bool {
 	spent := x.attempts - x.downMoves
 	if f.Reason == fail.Down {
 		spent--
 	}
-	return f.MayRetry() && g.retryOn(f.Reason) && spent <= g.cfg.Upstream.Retries
+	return f.MayRetry() && g.retryOn(f.Reason) && spent <= g.cfg.Upstream.Retries && x.home.pod == ""
 }
 
 // tryAgain decides a retry that cannot wait: mayRetry, and the retry

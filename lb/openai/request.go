@@ -102,10 +102,10 @@ func StoredID(path []byte) (id []byte, sub string, ok bool) {
 	if !ok {
 		return nil, "", false
 	}
-	id, after, _ := bytes.Cut(rest, []byte("/"))
+	id, after, slash := bytes.Cut(rest, []byte("/"))
 	switch sub = string(after); sub {
 	case "", "cancel", "input_items":
-		return id, sub, len(id) > 0
+		return id, sub, len(id) > 0 && (sub != "" || !slash)
 	}
 	return nil, "", false
 }
@@ -205,10 +205,11 @@ type Request struct {
 
 	// KindResponses: Previous is "previous_response_id", ResponseID
 	// "request_id" and CacheKey "prompt_cache_key" (a conversation's
-	// key, which vLLM ignores), each empty when absent or null; NoStore
+	// key, which vLLM ignores), each empty when absent or null;
+	// ResponseIDSet says "request_id" was there, null or "" too; NoStore
 	// says "store" was false (the API's default is true).
 	Previous, ResponseID, CacheKey []byte
-	NoStore                        bool
+	ResponseIDSet, NoStore         bool
 
 	media   uint64 // digest of the non-text content parts (MediaBytes > 0)
 	scratch []byte // unescaped keys and roles
@@ -223,6 +224,11 @@ type Request struct {
 // maxPooledPrompt bounds the prompt buffer a pooled Request keeps (bytes), so
 // one huge request does not pin its buffer in the pool for good.
 const maxPooledPrompt = 1 << 20
+
+// maxPooledID bounds the buffers of a pooled Request's response ids and
+// conversation key together (bytes): vLLM's ids are 37 bytes, a client's
+// may be as long as a body.
+const maxPooledID = 4 << 10
 
 var requestPool sync.Pool
 
@@ -244,6 +250,9 @@ func ReleaseRequest(r *Request) {
 	}
 	if cap(r.keptText) > maxPooledPrompt || cap(r.keptIDs)*4 > maxPooledPrompt {
 		r.keptText, r.keptIDs = nil, nil
+	}
+	if cap(r.Previous)+cap(r.ResponseID)+cap(r.CacheKey) > maxPooledID {
+		r.Previous, r.ResponseID, r.CacheKey = nil, nil, nil
 	}
 	r.Reset()
 	requestPool.Put(r)
@@ -599,6 +608,7 @@ func (r *Request) responsesField(s *scanner, key []byte) (err error) {
 	case "previous_response_id":
 		r.Previous, err = r.parseID(s, r.Previous, "previous_response_id")
 	case "request_id":
+		r.ResponseIDSet = true
 		r.ResponseID, err = r.parseID(s, r.ResponseID, "request_id")
 	case "prompt_cache_key":
 		r.CacheKey, err = r.parseID(s, r.CacheKey, "prompt_cache_key")
