@@ -31,6 +31,13 @@ type responsesPod struct {
 	n      int
 }
 
+// lastBody returns the body of the last POST p got.
+func (p *responsesPod) lastBody() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bodies[len(p.bodies)-1]
+}
+
 func (p *responsesPod) serve(c net.Conn, r *http.Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -165,11 +172,7 @@ func testResponses(t *testing.T, s *lb.Server, via *http.Client, pods map[string
 	// null or "": vLLM's to judge, and the body goes as it came.
 	for _, body := range []string{`{"model":"m","request_id":"","input":"x"}`, `{"model":"m","input":"x","request_id":null}`} {
 		resp, _ = send(t, via, s, http.MethodPost, "/v1/responses", body)
-		p := pods[resp.Header.Get("x-pdlb-pod")]
-		p.mu.Lock()
-		got := p.bodies[len(p.bodies)-1]
-		p.mu.Unlock()
-		if got != body {
+		if got := pods[resp.Header.Get("x-pdlb-pod")].lastBody(); got != body {
 			t.Errorf("the pod got %s for %s", got, body)
 		}
 	}
@@ -217,11 +220,7 @@ func testResponses(t *testing.T, s *lb.Server, via *http.Client, pods map[string
 	if resp, b = send(t, via, s, http.MethodPost, "/v1/responses", body); resp.StatusCode != 200 {
 		t.Fatalf("store false: %d %s", resp.StatusCode, b)
 	}
-	p := pods[resp.Header.Get("x-pdlb-pod")]
-	p.mu.Lock()
-	got := p.bodies[len(p.bodies)-1]
-	p.mu.Unlock()
-	if got != body {
+	if got := pods[resp.Header.Get("x-pdlb-pod")].lastBody(); got != body {
 		t.Errorf("store false: the pod got %s", got)
 	}
 }
@@ -263,10 +262,7 @@ func TestResponsesHomeDown(t *testing.T) {
 	if resp, _ := post(t, off, "/v1/responses", body); resp.StatusCode != 200 {
 		t.Fatalf("max_stored_responses 0: %d", resp.StatusCode)
 	}
-	b.mu.Lock()
-	got := b.bodies[len(b.bodies)-1]
-	b.mu.Unlock()
-	if got != body {
+	if got := b.lastBody(); got != body {
 		t.Errorf("max_stored_responses 0: the pod got %s", got)
 	}
 }

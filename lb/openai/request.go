@@ -571,22 +571,14 @@ func (r *Request) parse(s *scanner) error {
 
 // parseModel reads "model": a string, or null, which counts as absent.
 func (r *Request) parseModel(s *scanner) error {
-	r.Model, r.modelAt = r.Model[:0], [2]int{}
-	switch s.c() {
-	case 'n':
-		s.skip()
-		return nil
-	case '"':
-		start := s.p
-		raw, esc := s.str()
+	start, quoted := s.p, s.c() == '"'
+	var err error
+	r.Model, err = r.parseString(s, r.Model, "model")
+	r.modelAt = [2]int{}
+	if quoted && err == nil {
 		r.modelAt = [2]int{start, s.p}
-		var ok bool
-		if r.Model, ok = appendUnquoted(r.Model, raw, esc); !ok {
-			return InvalidJSON()
-		}
-		return nil
 	}
-	return InvalidType("model", wantString, s.b[s.skip():s.p])
+	return err
 }
 
 // responsesField reads the field key of a KindResponses body, or steps
@@ -606,21 +598,21 @@ func (r *Request) responsesField(s *scanner, key []byte) (err error) {
 		store, err = r.parseBool(s, "store")
 		r.NoStore = !store
 	case "previous_response_id":
-		r.Previous, err = r.parseID(s, r.Previous, "previous_response_id")
+		r.Previous, err = r.parseString(s, r.Previous, "previous_response_id")
 	case "request_id":
 		r.ResponseIDSet = true
-		r.ResponseID, err = r.parseID(s, r.ResponseID, "request_id")
+		r.ResponseID, err = r.parseString(s, r.ResponseID, "request_id")
 	case "prompt_cache_key":
-		r.CacheKey, err = r.parseID(s, r.CacheKey, "prompt_cache_key")
+		r.CacheKey, err = r.parseString(s, r.CacheKey, "prompt_cache_key")
 	default:
 		s.skip()
 	}
 	return err
 }
 
-// parseID reads a response id field into dst[:0]: a string, or null, which
-// counts as absent.
-func (r *Request) parseID(s *scanner, dst []byte, param string) ([]byte, error) {
+// parseString reads a string field into dst[:0]: a string, or null,
+// which counts as absent.
+func (r *Request) parseString(s *scanner, dst []byte, param string) ([]byte, error) {
 	dst = dst[:0]
 	switch s.c() {
 	case 'n':
