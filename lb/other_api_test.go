@@ -209,9 +209,7 @@ func TestOtherAPIsAccounting(t *testing.T) {
 	const completion = `{"model":"m","prompt":"hi","max_tokens":2}`
 	t.Run("ejection", func(t *testing.T) {
 		s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: fakePod(t, brokenEngine)}}, func(c *config.Config) {
-			// Ejected for a second: the eight concurrent completions
-			// below all come within it on a loaded machine too.
-			c.Health.EjectAfterFailures, c.Health.EjectionTime, c.Upstream.Retries = 3, time.Second, 0
+			c.Health.EjectAfterFailures, c.Health.EjectionTime, c.Upstream.Retries = 3, 200*time.Millisecond, 0
 		})
 		for range 3 {
 			post(t, s, "/v1/completions", completion)
@@ -221,7 +219,7 @@ func TestOtherAPIsAccounting(t *testing.T) {
 		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="p0"}`); n != 1 {
 			t.Fatalf("a pod that failed 3 completions in a row, answering /tokenize and 404 between them, was ejected %v times", n)
 		}
-		time.Sleep(1050 * time.Millisecond) // half-open now
+		time.Sleep(250 * time.Millisecond) // half-open now
 		if resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`); resp.StatusCode != 200 {
 			t.Fatalf("/tokenize: %d %s", resp.StatusCode, b)
 		}

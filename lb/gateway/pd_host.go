@@ -44,7 +44,8 @@ func (x *completion) RequestID() string {
 }
 
 func (x *completion) PlacePair(pre, dec *pool.Pod) {
-	x.g.place(x.m, x, pre)
+	// The pair is decided whole (pd): its prefill pod is counted as picked.
+	x.g.place(x.m, x, pre, false)
 	if x.adapter != nil {
 		dec.UseAdapter(x.adapter, &x.m.LoRA)
 	}

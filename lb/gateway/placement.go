@@ -156,23 +156,30 @@ func tried(ids []int32, id int32) bool {
 
 // place commits x to pod: its uncached tokens join the pod's prefill queue,
 // the index learns that the pod will hold the prompt, and the pod counts
-// the request in flight.
-func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod) {
-	x.uncached = int64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0))
-	x.idleStart = pod.QueuedPrefill() == 0
-	pod.AddQueuedPrefill(x.uncached)
+// the request in flight. With probe, x was picked as available: false,
+// committing nothing, when the pod is half-open and another request took
+// its one probe since (pool.Pod.AcquireProbe).
+func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod, probe bool) bool {
 	if x.reachesEngine() {
-		pod.Acquire()
+		if !probe {
+			pod.Acquire()
+		} else if !pod.AcquireProbe() {
+			return false
+		}
 		if x.adapter != nil {
 			pod.UseAdapter(x.adapter, &m.LoRA)
 		}
 	}
+	x.uncached = int64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0))
+	x.idleStart = pod.QueuedPrefill() == 0
+	pod.AddQueuedPrefill(x.uncached)
 	if x.usesCache(m) && len(x.keys) > 0 {
 		m.Prefix.Insert(pod.PrefixID, x.keys)
 	}
 	stats := g.metrics.model(m)
 	stats.promptTokens.Add(x.routeReq.PromptTokens)
 	stats.cachedTokens.Add(x.chosen.CachedTokens)
+	return true
 }
 
 // unplace undoes place for a pod that refused the request.

@@ -219,8 +219,14 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	x.tried = append(x.tried, x.pod.ID)
 	x.up.Header.SetHost(x.pod.Config.Address)
 	x.within, x.hedged = g.firstByteWithin(x, x.pod, x.pod)
+	if !g.place(x.m, x, x.pod, true) {
+		// Another request became the half-open pod's probe since x
+		// picked it: x picks again, no attempt made.
+		x.attempts, x.tried = x.attempts-1, x.tried[:len(x.tried)-1]
+		x.stage = stagePick
+		return true
+	}
 	x.tr.attempt(x.up, x.pod, x.attempts)
-	g.place(x.m, x, x.pod)
 	x.stage = stageAwait
 	x.via.send(x)
 	return true

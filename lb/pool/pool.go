@@ -232,6 +232,19 @@ func (p *Pod) InFlight() int64 { return p.inFlight.Load() }
 // Acquire counts a request against the pod; pair it with Release.
 func (p *Pod) Acquire() { p.inFlight.Add(1) }
 
+// AcquireProbe is Acquire for a request picked while the pod was
+// available: false, counting nothing, when the pod is half-open and a
+// request counts on it already. A half-open pod takes one probe, and the
+// pick's look (available) and this count are two steps, which two picks
+// on two event loops can pass together.
+func (p *Pod) AcquireProbe() bool {
+	if p.has(flagHalfOpen) {
+		return p.inFlight.CompareAndSwap(0, 1)
+	}
+	p.inFlight.Add(1)
+	return true
+}
+
 // Release ends a request counted by Acquire.
 func (p *Pod) Release() { p.inFlight.Add(-1) }
 

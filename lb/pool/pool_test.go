@@ -33,7 +33,13 @@ func TestCircuitBreaker(t *testing.T) {
 	f(5*sec, CircuitOpen, false)
 	// Then half-open: one probe at a time.
 	f(11*sec, CircuitHalfOpen, true)
-	p.Acquire()
+	if !p.AcquireProbe() {
+		t.Fatal("a half-open pod with nothing in flight refuses its probe")
+	}
+	// A second pick that saw it available before the probe was counted.
+	if p.AcquireProbe() || p.InFlight() != 1 {
+		t.Fatalf("a half-open pod took a second probe: %d in flight", p.InFlight())
+	}
 	f(11*sec, CircuitHalfOpen, false)
 	// A request beside the engine's work passes beside the probe.
 	if !p.available(11*sec, true) {
@@ -50,7 +56,9 @@ func TestCircuitBreaker(t *testing.T) {
 	f(23*sec, CircuitHalfOpen, true)
 	p.ReportSuccess()
 	f(23*sec, CircuitClosed, true)
-	p.Acquire()
+	if !p.AcquireProbe() || !p.AcquireProbe() {
+		t.Fatal("a closed pod refused a request")
+	}
 	f(23*sec, CircuitClosed, true)
 	if p.Ejections() != 2 || p.UpstreamErrors() != 4 {
 		t.Fatalf("ejections %d, errors %d", p.Ejections(), p.UpstreamErrors())
