@@ -81,7 +81,8 @@ func (p *responsesPod) serve(c net.Conn, r *http.Request) {
 	if req.Store == nil || *req.Store {
 		p.stored[id] = true
 	}
-	resp := `{"id":"` + id + `","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}]}`
+	resp := `{"id":"` + id + `","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],` +
+		`"usage":{"input_tokens":5,"output_tokens":7,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":12}}`
 	if !req.Stream {
 		answerJSON(c, 200, resp)
 		return
@@ -89,9 +90,9 @@ func (p *responsesPod) serve(c net.Conn, r *http.Request) {
 	// vLLM's stream: named events, no [DONE]; the connection's close
 	// ends it.
 	io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
-	for _, ev := range []string{"response.created", "response.output_text.delta", "response.completed"} {
-		fmt.Fprintf(c, "event: %s\ndata: {\"type\":%q,\"response\":%s}\n\n", ev, ev, resp)
-	}
+	fmt.Fprintf(c, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":%q,\"usage\":null}}\n\n", id)
+	io.WriteString(c, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n")
+	fmt.Fprintf(c, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":%s}\n\n", resp)
 }
 
 // TestResponses: a stored response lives on the pod that made it, and
@@ -331,5 +332,24 @@ func TestResponsesPinnedHedge(t *testing.T) {
 	}
 	if resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","stream":true,"previous_response_id":"resp_h"}`); resp.StatusCode != 200 || strings.Contains(b, "error") {
 		t.Errorf("a follow-up slower than the first-byte deadline: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestResponsesUsage: a Responses answer's output tokens (its usage,
+// whole or in response.completed) count as a completion's; its stream
+// times no first token, the Responses prompt being unread.
+func TestResponsesUsage(t *testing.T) {
+	p := &responsesPod{stored: map[string]bool{}}
+	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: fakePod(t, p.serve)}}, nil)
+	for i, body := range []string{`{"model":"m","input":"x"}`, `{"model":"m","input":"x","stream":true}`} {
+		if resp, b := post(t, s, "/v1/responses", body); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, b)
+		}
+		if n := metricValue(t, s, `pdlb_completion_tokens_total{model="m"}`); n != float64(7*(i+1)) {
+			t.Errorf("after %s: pdlb_completion_tokens_total %v, want %d", body, n, 7*(i+1))
+		}
+	}
+	if n := metricValue(t, s, `pdlb_time_to_first_token_seconds_count{model="m"}`); n != 0 {
+		t.Errorf("a Responses stream timed %v first tokens", n)
 	}
 }

@@ -62,7 +62,7 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		f := g.streamFailure(x, err)
 		writeFailure(ctx, f)
 		x.failure, status = f.E, f.E.Status
-	} else if status == fasthttp.StatusOK && x.req.Kind.Generates() {
+	} else if status == fasthttp.StatusOK && x.req.Kind.Outputs() {
 		// Its usage is the output the API key's token bucket and
 		// pdlb_completion_tokens_total are charged.
 		x.counted.ObserveBody(ctx.Response.Body())
@@ -271,7 +271,7 @@ func (g *Gateway) relayEnded(x *completion, pod *pool.Pod) int {
 	// The choices' tokens come interleaved, a step's worth at a time: n
 	// for each prompt of a completion batch, so each choice's count times
 	// the prompts times n.
-	if n := float64(x.counted.Tokens()) / float64(x.req.Choices*x.req.Batch()); n > 1 {
+	if n := float64(x.counted.Tokens()) / float64(x.req.Choices*x.req.Batch()); n > 1 && x.req.Kind.Generates() {
 		tpot := t.last.Sub(t.first).Seconds() / (n - 1)
 		x.modelStats.tpot.Update(tpot)
 		// The pod's step time at its batch teaches its TPOT line, which
@@ -365,7 +365,9 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 			x.failure = openai.EngineErrorEvent(ev, status)
 		}
 		x.tr.event(ev)
-		if x.counted.Tokens() > before {
+		if x.counted.Tokens() > before && x.req.Kind.Generates() {
+			// A Responses stream's tokens time nothing: its prompt was
+			// not read, so no prefill was charged or predicted.
 			if now.IsZero() {
 				now = time.Now()
 			}

@@ -54,6 +54,10 @@ const (
 // completion, whose prompt is read.
 func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 
+// Outputs reports whether k's answers carry generated tokens to count:
+// Generates' and the Responses API's, whose prompt is not read.
+func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses }
+
 // String returns the kind's name.
 func (k Kind) String() string {
 	switch k {

@@ -260,45 +260,58 @@ type TokenCounter struct {
 }
 
 // ObserveBody counts a whole (non-streamed) completion body: its usage
-// figure when it has one, as OpenAI-compatible engines always send, else
+// figure when it has one, as OpenAI-compatible engines always send
+// ("completion_tokens"; a Responses API answer's "output_tokens"), else
 // one output. Only the usage key is looked for, from the end, where
 // engines put it: a body's content is never scanned key by key.
 func (c *TokenCounter) ObserveBody(body []byte) {
-	for end := len(body); ; {
-		q := lastKey(body[:end])
-		if q < 0 {
-			c.deltas++
+	for _, key := range usageKeys {
+		if n, ok := lastUsage(body, key); ok {
+			c.usage, c.exact = n, true
 			return
+		}
+	}
+	c.deltas++
+}
+
+// usageKeys are the output token counts of a completion's usage and of a
+// Responses API answer's.
+var usageKeys = [...][]byte{[]byte(`"completion_tokens"`), []byte(`"output_tokens"`)}
+
+// lastUsage returns the number the last key in body (a key, not a
+// string's text) holds.
+func lastUsage(body, key []byte) (int, bool) {
+	for end := len(body); ; {
+		q := lastKey(body[:end], key)
+		if q < 0 {
+			return 0, false
 		}
 		end = q
 		if escaped(body, q) {
 			continue // inside a string
 		}
-		v := skipWS(body[q+len(completionTokensKey):])
+		v := skipWS(body[q+len(key):])
 		if len(v) == 0 || v[0] != ':' {
 			continue // a string's text, not a key
 		}
 		if n, ok := leadingInt(skipWS(v[1:])); ok {
-			c.usage, c.exact = n, true
-			return
+			return n, true
 		}
 	}
 }
 
-var completionTokensKey = []byte(`"completion_tokens"`)
-
-// lastKey returns where the last completionTokensKey in d begins, -1 if
-// none. It steps back from one 'k' to the next (rare in JSON and prose, and
-// the key's only one) and compares there, where bytes.LastIndex would hash
+// lastKey returns where the last key in d begins, -1 if none. It steps
+// back from one 'k' to the next (rare in JSON and prose, and each usage
+// key's only one) and compares there, where bytes.LastIndex would hash
 // every byte on the way.
-func lastKey(d []byte) int {
-	const k = len(`"completion_to`) // the key's 'k'
+func lastKey(d, key []byte) int {
+	k := bytes.IndexByte(key, 'k')
 	for end := len(d); ; {
 		i := bytes.LastIndexByte(d[:end], 'k')
 		if i < 0 {
 			return -1
 		}
-		if q := i - k; q >= 0 && q+len(completionTokensKey) <= len(d) && bytes.Equal(d[q:q+len(completionTokensKey)], completionTokensKey) {
+		if q := i - k; q >= 0 && q+len(key) <= len(d) && bytes.Equal(d[q:q+len(key)], key) {
 			return q
 		}
 		end = i
@@ -334,21 +347,31 @@ func (c *TokenCounter) Observe(ev Event) {
 			continue
 		}
 		v := skipWS(d[i:])
-		switch {
-		case keyIs(d, q, "content"), keyIs(d, q, "text"), keyIs(d, q, "reasoning_content"), keyIs(d, q, "reasoning"):
+		// The key: back to its opening quote (a key with an escaped
+		// quote is none of these).
+		open := bytes.LastIndexByte(d[:q], '"')
+		if open < 0 {
+			continue
+		}
+		switch string(d[open+1 : q]) {
+		case "content", "text", "reasoning_content", "reasoning":
 			output = output || len(v) > 1 && v[0] == '"' && v[1] != '"'
-		case keyIs(d, q, "tool_calls"):
+		case "tool_calls":
 			if len(v) > 0 && v[0] == '[' {
 				inner := skipWS(v[1:])
 				output = output || len(inner) > 0 && inner[0] != ']'
 			}
-		case keyIs(d, q, "choices"):
+		case "choices":
 			// Engines write "choices" before "usage".
 			if len(v) > 0 && v[0] == '[' {
 				inner := skipWS(v[1:])
 				noChoices = len(inner) > 0 && inner[0] == ']'
 			}
-		case keyIs(d, q, "completion_tokens"):
+		case "delta":
+			// A Responses API stream's text, reasoning or arguments
+			// (a completion chunk's delta is an object).
+			output = output || len(v) > 1 && v[0] == '"' && v[1] != '"'
+		case "completion_tokens", "output_tokens":
 			if n, ok := leadingInt(v); ok {
 				c.usage, c.exact = n, true
 				if noChoices {
@@ -457,12 +480,6 @@ func escaped(d []byte, q int) bool {
 		n++
 	}
 	return n%2 == 1
-}
-
-// keyIs says the key whose closing quote is at q is name.
-func keyIs(d []byte, q int, name string) bool {
-	start := q - len(name)
-	return start >= 1 && d[start-1] == '"' && string(d[start:q]) == name
 }
 
 // Tokens returns the completion tokens seen so far: the usage figures if

@@ -290,10 +290,40 @@ func TestTokenCounterBody(t *testing.T) {
 	f(`{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there"},"finish_reason":"stop"}],`+
 		`"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`, 12, true)
 	f(`{"id":"c1","object":"text_completion","choices":[{"index":0,"text":"Once upon","finish_reason":"length"}]}`, 1, false) // no usage: one output
+	// A Responses API answer's, as vLLM writes it.
+	f(`{"id":"resp_1","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"output_tokens: 3"}]}],`+
+		`"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens":7,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":16},"user":null}`, 7, true)
 	f(`{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"usage":{"completion_tokens":0}}`, 0, true)
 	// the key's text inside a string is not the key
 	f(`{"choices":[{"message":{"content":"say \"completion_tokens\": 7"}}],"usage": {"completion_tokens" : 3}}`, 3, true)
 	f(`{"choices":[{"message":{"content":"\"completion_tokens\":9"}}]}`, 1, false)
+}
+
+// TestTokenCounterResponses: a Responses API stream counts one output per
+// event with a text delta, and its usage once response.completed brings
+// it; a completion chunk's delta object is not such an event.
+func TestTokenCounterResponses(t *testing.T) {
+	var c TokenCounter
+	for _, d := range []string{
+		`{"type":"response.created","response":{"id":"resp_1","output":[],"usage":null},"sequence_number":0}`,
+		`{"type":"response.output_text.delta","item_id":"m","output_index":0,"content_index":0,"delta":"Hel","sequence_number":4}`,
+		`{"type":"response.output_text.delta","item_id":"m","output_index":0,"content_index":0,"delta":"lo","sequence_number":5}`,
+		`{"type":"response.output_text.delta","item_id":"m","output_index":0,"content_index":0,"delta":"","sequence_number":6}`,
+	} {
+		c.Observe(Event("event: x\ndata: " + d + "\n\n"))
+	}
+	if c.Tokens() != 2 || c.Exact() {
+		t.Fatalf("after the deltas: %d tokens, exact %v", c.Tokens(), c.Exact())
+	}
+	c.Observe(Event(`event: response.completed` + "\n" + `data: {"type":"response.completed","response":{"id":"resp_1","usage":{"input_tokens":3,"output_tokens":5,"output_tokens_details":{"reasoning_tokens":1},"total_tokens":8}},"sequence_number":9}` + "\n\n"))
+	if c.Tokens() != 5 || !c.Exact() {
+		t.Fatalf("after response.completed: %d tokens, exact %v", c.Tokens(), c.Exact())
+	}
+	var chat TokenCounter
+	chat.Observe(Event("data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"))
+	if chat.Tokens() != 0 {
+		t.Errorf("a chat chunk opening the turn counted %d", chat.Tokens())
+	}
 }
 
 // TestSplitAllocs checks that splitting and counting allocate nothing per
@@ -364,8 +394,10 @@ func FuzzSSE(f *testing.F) {
 			t.Fatalf("negative token count %d", c.Tokens())
 		}
 		// The stream's bytes read as a whole answer's body.
-		if got, want := lastKey(stream), bytes.LastIndex(stream, completionTokensKey); got != want {
-			t.Fatalf("lastKey = %d, bytes.LastIndex %d", got, want)
+		for _, key := range usageKeys {
+			if got, want := lastKey(stream, key), bytes.LastIndex(stream, key); got != want {
+				t.Fatalf("lastKey(%s) = %d, bytes.LastIndex %d", key, got, want)
+			}
 		}
 		var body TokenCounter
 		body.ObserveBody(stream)
