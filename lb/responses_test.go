@@ -177,13 +177,13 @@ func testResponses(t *testing.T, s *lb.Server, via *http.Client, pods map[string
 			t.Errorf("the pod got %s for %s", got, body)
 		}
 	}
-	// One too long to remember: answered, not remembered.
+	// One too long to remember: answered, and found by asking the pods.
 	long := "resp_" + strings.Repeat("x", 300)
 	if resp, b = send(t, via, s, http.MethodPost, "/v1/responses", `{"model":"m","request_id":"`+long+`","input":"x"}`); resp.StatusCode != 200 || idOf(b) != long {
 		t.Fatalf("long id: %d %s", resp.StatusCode, b)
 	}
-	if resp, _ = send(t, via, s, http.MethodGet, "/v1/responses/"+long, ""); resp.StatusCode != 404 || resp.Header.Get("x-pdlb-pod") != "" {
-		t.Errorf("a 305-byte id was remembered: %d on %q", resp.StatusCode, resp.Header.Get("x-pdlb-pod"))
+	if resp, b = send(t, via, s, http.MethodGet, "/v1/responses/"+long, ""); resp.StatusCode != 200 || idOf(b) != long {
+		t.Errorf("a 305-byte id's retrieval: %d %s", resp.StatusCode, b)
 	}
 	// Retrieval, cancel and deletion by id go home as well, with their
 	// method and query.
@@ -208,9 +208,9 @@ func testResponses(t *testing.T, s *lb.Server, via *http.Client, pods map[string
 	if resp, _ = send(t, via, s, http.MethodGet, "/v1/responses/"+own+"/", ""); resp.StatusCode != 404 || resp.Header.Get("x-pdlb-pod") != "" {
 		t.Errorf("a trailing slash: %d on %q", resp.StatusCode, resp.Header.Get("x-pdlb-pod"))
 	}
-	// Deleted, the gateway knows it no more: vLLM's 404, from the gateway.
+	// Deleted: no pod holds it, each says so (vLLM's 404).
 	resp, b = send(t, via, s, http.MethodGet, "/v1/responses/"+own, "")
-	if resp.StatusCode != 404 || resp.Header.Get("x-pdlb-pod") != "" || !strings.Contains(b, `"message":"Response with id '`+own+`' not found."`) || !strings.Contains(b, `"param":"response_id"`) {
+	if resp.StatusCode != 404 || !strings.Contains(b, `"message":"Response with id '`+own+`' not found."`) || !strings.Contains(b, `"param":"response_id"`) {
 		t.Errorf("deleted: %d %v %s", resp.StatusCode, resp.Header, b)
 	}
 	if resp, _ = send(t, via, s, http.MethodPut, "/v1/responses/"+own, ""); resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, DELETE" {
@@ -351,5 +351,59 @@ func TestResponsesUsage(t *testing.T) {
 	}
 	if n := metricValue(t, s, `pdlb_time_to_first_token_seconds_count{model="m"}`); n != 0 {
 		t.Errorf("a Responses stream timed %v first tokens", n)
+	}
+}
+
+// TestResponsesSeek: a response made through one replica (or before a
+// restart) is unknown to another; there its follow-up and its retrieval
+// ask the model's pods in turn, each once, until the one holding it
+// answers, and the replica remembers it from then on.
+func TestResponsesSeek(t *testing.T) {
+	var pods []config.Pod
+	var fakes []*responsesPod
+	for _, name := range []string{"a", "b", "c", "d"} {
+		p := &responsesPod{stored: map[string]bool{}}
+		fakes = append(fakes, p)
+		pods = append(pods, config.Pod{Name: name, Model: "m", Address: fakePod(t, p.serve)})
+	}
+	asked := func() (n int) {
+		for _, p := range fakes {
+			p.mu.Lock()
+			n += len(p.bodies) + len(p.byID)
+			p.mu.Unlock()
+		}
+		return n
+	}
+	one := testGateway(t, pods, nil)
+	other := testGateway(t, pods, func(c *config.Config) { c.Upstream.Retries = 0 })
+	resp, b := post(t, one, "/v1/responses", `{"model":"m","input":"x","request_id":"resp_seek"}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	home := resp.Header.Get("x-pdlb-pod")
+	before := asked()
+	resp, b = post(t, other, "/v1/responses", `{"model":"m","input":"x","request_id":"resp_seek2","previous_response_id":"resp_seek"}`)
+	if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
+		t.Fatalf("follow-up through the other replica: %d on %s (home %s): %s", resp.StatusCode, resp.Header.Get("x-pdlb-pod"), home, b)
+	}
+	if n := asked() - before; n < 1 || n > len(pods) {
+		t.Errorf("the search asked %d times for %d pods", n, len(pods))
+	}
+	// Remembered now: one request each.
+	before = asked()
+	if resp, b = send(t, client, other, http.MethodGet, "/v1/responses/resp_seek", ""); resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
+		t.Fatalf("retrieval through the other replica: %d %s", resp.StatusCode, b)
+	}
+	if n := asked() - before; n != 1 {
+		t.Errorf("a remembered retrieval asked %d times", n)
+	}
+	// Unknown everywhere: every pod asked once, vLLM's 404.
+	before = asked()
+	resp, b = send(t, client, other, http.MethodGet, "/v1/responses/resp_none", "")
+	if resp.StatusCode != 404 || !strings.Contains(b, "Response with id 'resp_none' not found.") {
+		t.Errorf("unknown everywhere: %d %s", resp.StatusCode, b)
+	}
+	if n := asked() - before; n != len(pods) {
+		t.Errorf("an unknown id asked %d times, want %d", n, len(pods))
 	}
 }

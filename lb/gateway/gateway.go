@@ -436,8 +436,8 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.logPlain(ctx, start, e)
 		return
 	}
-	if id, sub, ok := openai.StoredID(path); ok {
-		if e = g.serveStored(ctx, id, sub); e == nil {
+	if _, sub, ok := openai.StoredID(path); ok {
+		if e = g.serveStored(ctx, sub); e == nil {
 			return // logged when its answer is done
 		}
 		g.metrics.countRequest(nil, e.Status)

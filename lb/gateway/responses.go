@@ -50,8 +50,12 @@ func newHomes(max int) *homes {
 	return &homes{byID: make(map[string]home), order: make([]string, 0, min(max, 1024))}
 }
 
-// put records that id lives on h, forgetting the oldest id when full.
+// put records that id lives on h, forgetting the oldest id when full. The
+// methods of a nil table (max_stored_responses 0) remember nothing.
 func (t *homes) put(id string, h home, max int) {
+	if t == nil || len(id) > maxRememberedID {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.byID[id]; ok {
@@ -70,6 +74,9 @@ func (t *homes) put(id string, h home, max int) {
 
 // get returns id's home.
 func (t *homes) get(id []byte) (home, bool) {
+	if t == nil {
+		return home{}, false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	h := t.byID[string(id)]
@@ -80,6 +87,9 @@ func (t *homes) get(id []byte) (home, bool) {
 // until its place in order comes round: put again, the id keeps that
 // place rather than taking a second one.
 func (t *homes) forget(id []byte) {
+	if t == nil {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.byID[string(id)]; ok {
@@ -91,11 +101,10 @@ func (t *homes) forget(id []byte) {
 // part of the path after its id.
 var storedMethods = map[string]string{"": "GET, DELETE", "cancel": "POST", "input_items": "GET"}
 
-// serveStored serves a request about the stored response id (GET or
-// DELETE /v1/responses/{id}, POST .../cancel, GET .../input_items): on
-// the pod that made it, or a 404 as vLLM words it when the gateway knows
-// of no such response.
-func (g *Gateway) serveStored(ctx *fasthttp.RequestCtx, id []byte, sub string) *openai.Error {
+// serveStored serves a request about a stored response (GET or DELETE
+// /v1/responses/{id}, POST .../cancel, GET .../input_items) with its
+// method, else answers 405.
+func (g *Gateway) serveStored(ctx *fasthttp.RequestCtx, sub string) *openai.Error {
 	allow := storedMethods[sub]
 	if !methodIn(ctx.Method(), allow) {
 		ctx.Response.Header.Set("Allow", allow)
@@ -103,18 +112,8 @@ func (g *Gateway) serveStored(ctx *fasthttp.RequestCtx, id []byte, sub string) *
 		writeFailure(ctx, answer(e))
 		return e
 	}
-	if g.homes != nil {
-		if _, ok := g.homes.get(id); ok {
-			g.serveCompletion(ctx, openai.KindStored)
-			return nil
-		}
-	}
-	e := storedNotFound(id)
-	if _, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)); !d.OK() {
-		e = d.Error() // keys guard it as every API path
-	}
-	writeFailure(ctx, answer(e))
-	return e
+	g.serveCompletion(ctx, openai.KindStored)
+	return nil
 }
 
 // storedNotFound is vLLM's 404 for a stored response id it does not hold.
@@ -150,19 +149,23 @@ func cutList(s string) (first, rest string, ok bool) {
 // the stored response it names (x.home), when the gateway knows it, or
 // the pod its conversation went to (x.prefer). A KindStored request takes
 // its model from there, and streams when its query says stream=true (a
-// retrieval resumed as vLLM's); false when the gateway no longer knows
-// its response (forgotten since serveStored looked), which was answered.
+// retrieval resumed as vLLM's); false when its response is unknown and
+// the gateway serves several models: it was answered 404.
 func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
-	if g.homes == nil {
-		return true
-	}
 	switch x.req.Kind {
 	case openai.KindStored:
 		id, _, _ := openai.StoredID(ctx.Path())
 		h, ok := g.homes.get(id)
 		if !ok {
-			g.fail(ctx, x, nil, answer(storedNotFound(id)))
-			return false
+			// Unknown here (made through another replica, or before a
+			// restart): with one model the pods are asked in turn
+			// (seekStored); with several, which one made it is unknown.
+			models := g.pool.Load().Models
+			if len(models) != 1 {
+				g.fail(ctx, x, nil, answer(storedNotFound(id)))
+				return false
+			}
+			h.model = models[0].Name
 		}
 		x.home = h
 		x.req.Model = append(x.req.Model[:0], h.model...)
@@ -199,13 +202,50 @@ func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
 	ctx.Request.SetBody(x.req.WithResponseID(ctx.PostBody(), string(x.respID)))
 }
 
+// seekStored moves x, which names a stored response the gateway does not
+// know (another replica, or this one before a restart, saw it made), on
+// to the model's next pod after its pod answered 404, as vLLM answers for
+// a response it does not hold (before any engine work); false leaves the
+// answer to be relayed: x names none, or no pod is left to ask. Each pod
+// is asked once, and the search spends no retry.
+func (g *Gateway) seekStored(x *completion) bool {
+	if x.home.pod != "" || storedIDOf(x) == nil || len(x.tried) >= len(x.m.Combined) {
+		return false
+	}
+	_ = x.resp.CloseBodyStream()
+	x.resp.Reset()
+	g.unplace(x, x.pod)
+	x.downMoves++ // as a move off a dead pod: no retry spent
+	x.last = &failure{E: storedNotFound(storedIDOf(x)), Pod: x.pod}
+	x.stage = stagePick
+	return true
+}
+
+// storedIDOf is the stored response x names, nil when none.
+func storedIDOf(x *completion) []byte {
+	switch x.req.Kind {
+	case openai.KindResponses:
+		if len(x.req.Previous) > 0 {
+			return x.req.Previous
+		}
+	case openai.KindStored:
+		id, _, _ := openai.StoredID(x.ctx.Path())
+		return id
+	}
+	return nil
+}
+
 // stored records where x's response lives, now that pod answered it, or
 // forgets one a DELETE removed.
 func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int) {
-	if status != fasthttp.StatusOK || g.homes == nil {
+	if status != fasthttp.StatusOK {
 		return
 	}
-	if k := x.req.CacheKey; x.req.Kind == openai.KindResponses && len(k) > 0 && len(k) <= maxRememberedID {
+	if id := storedIDOf(x); id != nil && x.home.pod == "" && !(x.req.Kind == openai.KindStored && x.ctx.IsDelete()) {
+		// Found by seekStored, or by load.
+		g.homes.put(string(id), home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses)
+	}
+	if k := x.req.CacheKey; x.req.Kind == openai.KindResponses && len(k) > 0 {
 		g.conversations.put(string(k), home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses)
 	}
 	switch {

@@ -249,6 +249,8 @@ func (x *completion) answered(err error) {
 	case err == nil && x.resp.StatusCode() == fasthttp.StatusServiceUnavailable && (g.shed(x) || g.unavailableAnswer(x)):
 		// picked anew: on another pod of the model (retry_on: 503), else
 		// on a fallback model
+	case err == nil && x.resp.StatusCode() == fasthttp.StatusNotFound && g.seekStored(x):
+		// picked anew: another pod may hold the stored response
 	case err == nil:
 		// Sent for good; x.resp stays: the relay finishes with it. A
 		// retry that got its answer's head retries no more (Envoy
