@@ -219,10 +219,11 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	x.tried = append(x.tried, x.pod.ID)
 	x.up.Header.SetHost(x.pod.Config.Address)
 	x.within, x.hedged = g.firstByteWithin(x, x.pod, x.pod)
-	if !g.place(x.m, x, x.pod, true) {
+	if !g.place(x.m, x, x.pod, !x.panicked) {
 		// Another request became the half-open pod's probe since x
-		// picked it: x picks again, no attempt made.
-		x.attempts, x.tried = x.attempts-1, x.tried[:len(x.tried)-1]
+		// picked it: x picks again, elsewhere (the pod stays tried), as
+		// after a move off a dead pod: no retry spent, admission done.
+		x.downMoves++
 		x.stage = stagePick
 		return true
 	}

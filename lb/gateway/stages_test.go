@@ -459,3 +459,58 @@ func TestDeferredWaitersExpireTheirOwn(t *testing.T) {
 		t.Fatalf("both requests ended, and request %d is still in the deferral queue", d.ID)
 	}
 }
+
+// TestProbeTakenRetry: a panic retry (every other pod ejected) goes to an
+// ejected pod whatever it holds in flight, as before the half-open probe
+// was claimed; it looped, picking that pod and giving it back, until the
+// pod's requests ended.
+func TestProbeTakenRetry(t *testing.T) {
+	g, m := stagesGateway(t, 2, nil)
+	for _, i := range []int{1, 2} {
+		m.Pods[i].Acquire() // a request in flight on it
+		m.Pods[i].Eject(g.ledger.Now(), time.Minute)
+	}
+	s := &scripted{errs: []error{fasthttp.ErrConnectionClosed, nil}, blocks: true}
+	x, _ := startCompletion(t, g, m, s, admit.Interactive)
+	done := make(chan struct{})
+	go func() { g.advance(x); close(done) }()
+	select {
+	case <-done:
+		if len(s.sent) != 2 {
+			t.Errorf("sent to %v", s.sent)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("the retry still looping after 2 s; sent to %v", s.sent)
+		for _, i := range []int{1, 2} {
+			m.Pods[i].Release()
+		}
+		<-done
+	}
+}
+
+// TestProbeTakenAdmittedOnce: a request whose half-open pod another took
+// as its probe since its pick goes elsewhere without being admitted anew
+// (which counted it twice, and could defer or shed one admitted).
+func TestProbeTakenAdmittedOnce(t *testing.T) {
+	g, m := stagesGateway(t, 0, &admit.ClassConfig{TTFTSLO: 1000})
+	for _, p := range m.Pods {
+		p.Eject(g.ledger.Now(), 0) // half-open, idle
+	}
+	s := &scripted{errs: []error{nil}, blocks: true}
+	x, _ := startCompletion(t, g, m, s, admit.Interactive)
+	if !g.pickStage(x) || !g.admitStage(x) || x.stage != stageAttempt {
+		t.Fatalf("stage %d", x.stage)
+	}
+	taken := x.pod
+	if !taken.AcquireProbe() { // another loop's request
+		t.Fatal("probe")
+	}
+	g.advance(x)
+	if st := g.admit.Stats(admit.Interactive); st.Admitted != 1 {
+		t.Errorf("admission counted %d admitted for one request", st.Admitted)
+	}
+	if len(s.sent) != 1 || s.sent[0] == taken.Config.Name {
+		t.Errorf("sent to %v; %s was taken", s.sent, taken.Config.Name)
+	}
+	taken.Release()
+}
