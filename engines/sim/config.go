@@ -139,6 +139,10 @@ type Config struct {
 	// Tracer, when set, traces every generation request, continuing the
 	// caller's traceparent (default nil: no spans; see trace.go).
 	Tracer trace.Tracer
+	// ResponsesStore keeps the Responses API's stored responses in the
+	// pod's memory, as VLLM_ENABLE_RESPONSES_API_STORE=1 does vLLM's
+	// (default false: nothing kept, follow-ups and retrievals get 404).
+	ResponsesStore bool
 }
 
 var errConfig = errors.New("sim: invalid config")

@@ -42,6 +42,7 @@ import (
 //	  tokenizer: ""           # a Hugging Face tokenizer directory: count and cache the model's real ids
 //	  chat_template: ""       # a template file (or text) replacing the tokenizer's, as vLLM's --chat-template
 //	  chat_template_kwargs: {} # defaults under each request's, as vLLM's --default-chat-template-kwargs
+//	  responses_store: false  # keep the Responses API's stored responses (VLLM_ENABLE_RESPONSES_API_STORE=1)
 //	  physics:                # the global-scheduling study's timing model
 //	    prefill_tokens_per_sec: 20000
 //	    decode_base_sec: 0.010
@@ -89,6 +90,7 @@ type podFile struct {
 	EnableLoRA       bool           `yaml:"enable_lora"`
 	LoRAModules      []LoRAModule   `yaml:"lora_modules"`
 	MaxLoras         int            `yaml:"max_loras"`
+	ResponsesStore   bool           `yaml:"responses_store"`
 }
 
 // physicsFile is Physics with the snake_case names Physics.Validate uses.
@@ -131,6 +133,7 @@ func (p podFile) config() Config {
 			AdapterLoadSec: f.AdapterLoadSec,
 		},
 		EnableLoRA: p.EnableLoRA, LoRAModules: p.LoRAModules, MaxLoras: p.MaxLoras,
+		ResponsesStore: p.ResponsesStore,
 	}
 }
 

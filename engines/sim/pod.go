@@ -36,9 +36,11 @@ type Pod struct {
 	m       *podMetrics
 	sched   *scheduler
 	lora    *adapters // registered LoRA adapters
-	ln      net.Listener
-	srv     *fasthttp.Server
-	served  chan struct{} // closed when Serve returned
+	// responses are the Responses API's stored responses (responses.go).
+	responses responseStore
+	ln        net.Listener
+	srv       *fasthttp.Server
+	served    chan struct{} // closed when Serve returned
 	// xfer serves a prefill pod's held KV (nil until the pod first plays
 	// prefill; kept after it leaves the role, so decode pods can still pull
 	// what it held); transport pulls a decode leg's.
@@ -310,6 +312,7 @@ func (p *Pod) routeTable() map[string]route {
 	switch p.cfg.Engine {
 	case engines.VLLM:
 		rt["/tokenize"] = post(p.tokenize)
+		rt["/v1/responses"] = post(p.createResponse)
 		rt["/reset_prefix_cache"] = post(p.resetPrefixCache)
 		rt["/version"] = get(p.version)
 	case engines.SGLang:
@@ -328,6 +331,10 @@ func (p *Pod) routeTable() map[string]route {
 
 func (p *Pod) serveHTTP(ctx *fasthttp.RequestCtx) {
 	if p.cfg.Engine != engines.TRTLLM && p.cors(ctx) {
+		return
+	}
+	if rest, ok := responsesRoute(string(ctx.Path())); ok && p.cfg.Engine == engines.VLLM {
+		p.serveStoredResponse(ctx, rest)
 		return
 	}
 	r, ok := p.routes[string(ctx.Path())]

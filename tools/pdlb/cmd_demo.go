@@ -80,6 +80,8 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 			sc := sim.Config{Name: name, Model: m.model, Engine: m.engine, Listen: "127.0.0.1:0", Speedup: speedup, Role: role, Prompt: model}
 			if m.engine == engines.VLLM {
 				sc.LoRAModules, sc.MaxLoras = []sim.LoRAModule{{Name: demoAdapterStatic, Path: "/loras/sql"}}, 2
+				// As VLLM_ENABLE_RESPONSES_API_STORE=1: follow-ups work.
+				sc.ResponsesStore = true
 			}
 			fc.Pods = append(fc.Pods, sc)
 			var ev vllm.PublisherConfig
@@ -184,6 +186,7 @@ Try:
   curl -i %[1]s/v1/completions -d '{"model":"%[4]s","prompt":"hi","max_tokens":8}'   # loaded on a pod at the first request
   curl %[1]s/v1/models   # adapters with their parent
   curl %[1]s/tokenize -d '{"model":"demo-vllm","prompt":"hi"}'   # the engines' other APIs (embeddings, rerank...) go to a pod of the model
+  curl %[1]s/v1/responses -d '{"model":"demo-vllm","input":"hi","max_output_tokens":16}'   # OpenAI's Responses API; a follow-up naming its id (previous_response_id) reaches the pod that stored it
   curl -si %[1]s/v1/chat/completions -H 'x-pdlb-debug: explain' -d '{"model":"demo-vllm","messages":[{"role":"user","content":"hi"}]}' | grep -i x-pdlb-explain
   curl '%[2]s/admin/explain?model=demo-vllm'   # arms recording; the next requests' decisions show on the next read
   curl %[2]s/metrics

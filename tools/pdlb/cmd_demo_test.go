@@ -15,7 +15,7 @@ import (
 
 // demoCompletion is one of the completion lines pdlb demo prints: its
 // URL, a header it sets (or none) and its body.
-var demoCompletion = regexp.MustCompile(`curl (?:-i |-N )?(\S+/(?:v1/(?:chat/)?completions|tokenize))(?: -H '([^:]+): ([^']+)')? -d '([^']+)'`)
+var demoCompletion = regexp.MustCompile(`curl (?:-i |-N )?(\S+/(?:v1/(?:chat/)?completions|tokenize|v1/responses))(?: -H '([^:]+): ([^']+)')? -d '([^']+)'`)
 
 // TestDemoCurlLines: every completion the demo prints answers 200, as a
 // user pasting it would see. The adapter lines answered 404 and 503: the
