@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/engines/sim"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -405,5 +406,40 @@ func TestResponsesSeek(t *testing.T) {
 	}
 	if n := asked() - before; n != len(pods) {
 		t.Errorf("an unknown id asked %d times, want %d", n, len(pods))
+	}
+}
+
+// TestResponsesSim: through the gateway to simulated vLLM pods that keep
+// their responses, a conversation of chained follow-ups, streamed or
+// not, each on the pod holding the one before.
+func TestResponsesSim(t *testing.T) {
+	var pods []config.Pod
+	for i := range 3 {
+		p, err := sim.Start(sim.Config{Name: fmt.Sprint("sim-", i), Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		pods = append(pods, config.Pod{Name: p.Config().Name, Model: "m", Address: p.Addr()})
+	}
+	s := testGateway(t, pods, nil)
+	prev := ""
+	for i := range 8 {
+		body := `{"model":"m","input":"turn ` + fmt.Sprint(i) + `","stream":` + fmt.Sprint(i%2 == 1)
+		if prev != "" {
+			body += `,"previous_response_id":"` + prev + `"`
+		}
+		resp, b := post(t, s, "/v1/responses", body+"}")
+		if resp.StatusCode != 200 {
+			t.Fatalf("turn %d: %d %s", i, resp.StatusCode, b)
+		}
+		i := strings.Index(b, `"id":"resp_`)
+		if i < 0 {
+			t.Fatalf("no id in %s", b)
+		}
+		prev = b[i+len(`"id":"`) : i+len(`"id":"`)+len("resp_")+32]
+	}
+	if resp, b := send(t, client, s, http.MethodGet, "/v1/responses/"+prev, ""); resp.StatusCode != 200 || !strings.Contains(b, prev) {
+		t.Errorf("retrieval: %d %s", resp.StatusCode, b)
 	}
 }
