@@ -210,10 +210,11 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		x.up, x.resp = fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 		g.buildUpstream(x.ctx, x.up, x.reqID)
 		if x.req.Kind == openai.KindStored {
-			// Its method, and its query (stream, starting_after, limit)
-			// with the id as the client escaped it.
+			// Its method, and its query (stream, starting_after, limit),
+			// on the path routed: the id escaped anew, dot segments
+			// resolved, in origin form.
 			x.up.Header.SetMethodBytes(x.ctx.Method())
-			x.up.SetRequestURIBytes(x.ctx.RequestURI())
+			x.up.SetRequestURIBytes(x.ctx.URI().RequestURI())
 		}
 	}
 	x.tried = append(x.tried, x.pod.ID)
