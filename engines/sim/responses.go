@@ -158,7 +158,9 @@ func (p *Pod) createResponse(ctx *fasthttp.RequestCtx) {
 		store: p.cfg.ResponsesStore && (req.Store == nil || *req.Store), pod: p}
 	if !req.Stream {
 		var out chatAnswer
-		_ = json.Unmarshal(inner.Response.Body(), &out)
+		if json.Unmarshal(inner.Response.Body(), &out) != nil || out.Usage == nil {
+			return // the client left, and generate cancelled it: nothing to keep
+		}
 		r.text, r.finish, r.usage = out.text(), out.finish(), out.Usage
 		writeJSON(ctx, r.finished())
 		return
@@ -289,10 +291,11 @@ func (r *response) message(status string) map[string]any {
 		"content": []any{map[string]any{"type": "output_text", "text": r.text, "annotations": []any{}}}}
 }
 
-// finished renders the whole answer and keeps it when it is stored.
+// finished renders the whole answer and keeps it when it is stored and
+// ran to its end (not aborted, as on the pod's shutdown).
 func (r *response) finished() []byte {
 	answer, _ := json.Marshal(r.object("completed"))
-	if r.store {
+	if r.store && r.finish != "abort" {
 		r.pod.responses.put(r.id, &storedResponse{messages: append(r.turns, chatTurn{"assistant", r.text}), answer: answer})
 	}
 	return answer

@@ -3,9 +3,14 @@ package sim
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"pdlb/internal/testwait"
 )
 
 // respAnswer is what the tests read of a Responses answer.
@@ -123,5 +128,35 @@ func TestResponses(t *testing.T) {
 		} else {
 			resp.Body.Close()
 		}
+	}
+}
+
+// TestResponsesClientLeft: a response whose client left before its answer
+// is not kept (vLLM cancels the request), streamed or not; it kept an
+// empty "completed" one when not streamed.
+func TestResponsesClientLeft(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
+			p := testPod(t, Config{Model: "m", Speedup: 1, DefaultMaxTokens: 2000, ResponsesStore: true})
+			c := testClient(t)
+			conn, err := net.Dial("tcp", p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := fmt.Sprintf(`{"model":"m","input":"hello","request_id":"resp_gone","stream":%v}`, stream)
+			fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			if stream {
+				if _, err := bufio.NewReader(conn).ReadString('\n'); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testwait.For(t, "in flight", func() bool { return p.RoleStatus().InFlight == 1 })
+			conn.Close()
+			testwait.For(t, "gone", func() bool { return p.RoleStatus().InFlight == 0 })
+			time.Sleep(50 * time.Millisecond) // the handler's last steps
+			if code, b := get(t, c, "http://"+p.Addr()+"/v1/responses/resp_gone"); code != 404 {
+				t.Errorf("a response whose client left was kept: %d %s", code, b)
+			}
+		})
 	}
 }
