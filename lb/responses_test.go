@@ -445,3 +445,44 @@ func TestResponsesSim(t *testing.T) {
 		t.Errorf("retrieval: %d %s", resp.StatusCode, b)
 	}
 }
+
+// TestResponsesSeekEnds: the search for an unknown stored response asks
+// the available pods, each at once, and ends with vLLM's 404: not a dead
+// pod's 502 (a panic pick took it), nor after a retry's growing backoff
+// per pod asked (twelve pods took 6.6 s); and a model of prefill/decode
+// pods alone has no pod to ask: vLLM's 404, not a 400.
+func TestResponsesSeekEnds(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	var pods []config.Pod
+	for i := range 12 {
+		p := &responsesPod{stored: map[string]bool{}}
+		pods = append(pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fakePod(t, p.serve)})
+	}
+	s := testGateway(t, append(pods, config.Pod{Name: "dead", Model: "m", Address: dead}), nil)
+	testwait.For(t, "the dead pod found dead", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="dead"}`) == 0 })
+	notFound := "Response with id 'resp_none' not found."
+	for i := range 3 {
+		start := time.Now()
+		resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_none", "")
+		if resp.StatusCode != 404 || !strings.Contains(b, notFound) {
+			t.Errorf("retrieval %d: %d %s", i, resp.StatusCode, b)
+		}
+		if resp, b = post(t, s, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_none"}`); resp.StatusCode != 404 || !strings.Contains(b, notFound) {
+			t.Errorf("follow-up %d: %d %s", i, resp.StatusCode, b)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("asking twelve pods that answer at once, twice, took %v", d)
+		}
+	}
+	e := pdEngines[0]
+	pre, dec := startSim(t, e, "pre", sim.RolePrefill, nil), startSim(t, e, "dec", sim.RoleDecode, nil)
+	pd := testGateway(t, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}, nil)
+	if resp, b := send(t, client, pd, http.MethodGet, "/v1/responses/resp_none", ""); resp.StatusCode != 404 || !strings.Contains(b, notFound) {
+		t.Errorf("prefill/decode pods alone: %d %s", resp.StatusCode, b)
+	}
+}

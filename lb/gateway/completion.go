@@ -38,11 +38,13 @@ type completion struct {
 	via      transport
 	attempts int
 	// panicked: the last pick took any untried pod, whatever its state
-	// (appendPanic), so its attempt claims no half-open probe.
-	panicked bool
-	// downMoves: attempts given up on pods found dead, or taken back from
-	// a half-open pod another request was probing, which spend no retry
-	// (mayRetry).
+	// (appendPanic), so its attempt claims no half-open probe; seeking:
+	// x asks the pods in turn for a stored response (seekStored), which
+	// neither backs off nor panics; admitted: admission let x through,
+	// so a pick again after a lost probe does not ask it anew.
+	panicked, seeking, admitted bool
+	// downMoves: attempts given up on pods found dead, which spend no
+	// retry (mayRetry).
 	downMoves int
 	last      *failure
 	// within bounds the current attempt's wait for its first answer byte,
@@ -155,7 +157,8 @@ func releaseCompletion(x *completion) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
 	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
-	x.stage, x.via, x.attempts, x.downMoves, x.last, x.panicked = stagePick, nil, 0, 0, nil, false
+	x.stage, x.via, x.attempts, x.downMoves, x.last = stagePick, nil, 0, 0, nil
+	x.panicked, x.seeking, x.admitted = false, false, false
 	x.within, x.hedged, x.budgetWait = 0, false, false
 	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false
 	x.ids, x.keys, x.looked = x.ids[:0], x.keys[:0], false

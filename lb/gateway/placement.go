@@ -62,7 +62,7 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	match := matchOf(m, x)
 	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match, !x.reachesEngine())
-	x.panicked = len(x.cands) == 0 && x.attempts > 0
+	x.panicked = len(x.cands) == 0 && x.attempts > 0 && !x.seeking
 	if x.panicked {
 		x.cands = appendPanic(m, x.cands, x.tried, &match) // panic.go
 	}

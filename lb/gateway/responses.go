@@ -161,7 +161,7 @@ func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 			// restart): with one model the pods are asked in turn
 			// (seekStored); with several, which one made it is unknown.
 			models := g.pool.Load().Models
-			if len(models) != 1 {
+			if len(models) != 1 || len(models[0].Combined) == 0 {
 				g.fail(ctx, x, nil, answer(storedNotFound(id)))
 				return false
 			}
@@ -217,7 +217,7 @@ func (g *Gateway) seekStored(x *completion) bool {
 	g.unplace(x, x.pod)
 	x.downMoves++ // as a move off a dead pod: no retry spent
 	x.last = &failure{E: storedNotFound(storedIDOf(x)), Pod: x.pod}
-	x.stage = stagePick
+	x.stage, x.seeking = stagePick, true
 	return true
 }
 

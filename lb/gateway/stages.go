@@ -82,13 +82,13 @@ func (g *Gateway) advance(x *completion) {
 // stageFail when no pod is left. A retry waits on a worker: false says x
 // moved to one.
 func (g *Gateway) pickStage(x *completion) bool {
-	if x.attempts > 0 {
+	if x.attempts > 0 && !x.seeking {
 		if !x.via.block(x) {
 			return false
 		}
 		// Back off a little, with jitter, so a fleet-wide hiccup is not
 		// met by every request retrying in lockstep.
-		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << (x.attempts - 1))))
+		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << min(x.attempts-1, maxBackoffShift))))
 		if x.budgetWait && !g.awaitRetry(x) {
 			x.stage = stageFail // the last attempt's failure
 			return true
@@ -135,7 +135,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 // already). A deferral waits on a worker, where x is picked anew and the
 // wait goes on: false says x moved to one.
 func (g *Gateway) admitStage(x *completion) bool {
-	if g.admit == nil || x.attempts > 0 || !x.req.Kind.Generates() {
+	if g.admit == nil || x.attempts > 0 || x.admitted || !x.req.Kind.Generates() {
 		// Admission predicts a generation's latency: the other APIs
 		// have none to predict.
 		x.stage = stageAttempt
@@ -174,7 +174,7 @@ func (g *Gateway) admitStage(x *completion) bool {
 	if f != nil && !g.fallBackFrom(x, f) {
 		x.last, x.stage = f, stageFail
 	} else if f == nil {
-		x.stage = stageAttempt
+		x.stage, x.admitted = stageAttempt, true
 	}
 	return true
 }
@@ -222,9 +222,9 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	x.within, x.hedged = g.firstByteWithin(x, x.pod, x.pod)
 	if !g.place(x.m, x, x.pod, !x.panicked) {
 		// Another request became the half-open pod's probe since x
-		// picked it: x picks again, elsewhere (the pod stays tried), as
-		// after a move off a dead pod: no retry spent, admission done.
-		x.downMoves++
+		// picked it: x picks again, elsewhere (the pod stays tried), no
+		// attempt made and admission done.
+		x.attempts--
 		x.stage = stagePick
 		return true
 	}
@@ -403,6 +403,10 @@ const notSentLogEvery = time.Second
 // retryBackoff is the longest first wait before a retry (it doubles per
 // attempt); a retry goes to another pod, so it need not wait long.
 const retryBackoff = 5 * time.Millisecond
+
+// maxBackoffShift caps the doubling (5 ms << 10: about 5 s), which a
+// long retry list (upstream.retries) would overflow.
+const maxBackoffShift = 10
 
 // enter counts x in flight unless max_in_flight requests already are;
 // leave, on every way out (finish, fail), gives the count back.
