@@ -409,6 +409,10 @@ func TestResponsesSeek(t *testing.T) {
 	if n := asked() - before; n != len(pods) {
 		t.Errorf("an unknown id asked %d times, want %d", n, len(pods))
 	}
+	// The one it made and the one it found.
+	if n := metricValue(t, other, "pdlb_stored_responses"); n != 2 {
+		t.Errorf("pdlb_stored_responses %v, want 2", n)
+	}
 }
 
 // TestResponsesSim: through the gateway to simulated vLLM pods that keep

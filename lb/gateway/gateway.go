@@ -160,6 +160,8 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = newMetrics(&g.inFlight)
+	g.metrics.set.NewGauge("pdlb_stored_responses", func() float64 { return float64(g.homes.len()) })
+	g.metrics.set.NewGauge("pdlb_responses_conversations", func() float64 { return float64(g.conversations.len()) })
 	g.metrics.addModels(snap)
 	g.ledger.RegisterMetrics(g.metrics.set)
 	g.metrics.set.RegisterMetricsWriter(g.keys.WritePrometheus)

@@ -72,6 +72,17 @@ func (t *homes) put(id string, h home, max int) {
 	t.byID[id] = h
 }
 
+// len is how many ids the table holds, deleted ones included until
+// their place comes round.
+func (t *homes) len() int {
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.byID)
+}
+
 // get returns id's home.
 func (t *homes) get(id []byte) (home, bool) {
 	if t == nil {
