@@ -490,3 +490,33 @@ func TestResponsesSeekEnds(t *testing.T) {
 		t.Errorf("prefill/decode pods alone: %d %s", resp.StatusCode, b)
 	}
 }
+
+// TestResponsesSeekBudget: a pod's failure in the middle of a search is
+// retried within the retry budget, as any other; the search's own steps
+// skipped the budget wait for the failure's retry too.
+func TestResponsesSeekBudget(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			var pods []config.Pod
+			for i := range 3 {
+				p := &responsesPod{stored: map[string]bool{}}
+				pods = append(pods, config.Pod{Name: fmt.Sprint("p", i), Model: "m", Address: fakePod(t, p.serve)})
+			}
+			pods = append(pods, config.Pod{Name: "bad", Model: "m", Address: fakePod(t, resetPod)})
+			s := testGateway(t, pods, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval, c.Health.EjectAfterFailures = time.Hour, 1000
+				c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+				c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1, MinRetries: 0}
+			})
+			statuses := map[int]int{}
+			for range 8 {
+				resp, _ := send(t, client, s, http.MethodGet, "/v1/responses/resp_none", "")
+				statuses[resp.StatusCode]++
+			}
+			if statuses[502] != 8 {
+				t.Errorf("the retry budget shut, yet %v: a search's retry went on outside it", statuses)
+			}
+		})
+	}
+}

@@ -40,9 +40,11 @@ type completion struct {
 	// panicked: the last pick took any untried pod, whatever its state
 	// (appendPanic), so its attempt claims no half-open probe; seeking:
 	// x asks the pods in turn for a stored response (seekStored), which
-	// neither backs off nor panics; admitted: admission let x through,
-	// so a pick again after a lost probe does not ask it anew.
-	panicked, seeking, admitted bool
+	// never panics, and asked: its last pod just said it has none, so
+	// the next pick goes at once (a failure's retry still backs off and
+	// waits for the budget); admitted: admission let x through, so a
+	// pick again after a lost probe does not ask it anew.
+	panicked, seeking, asked, admitted bool
 	// downMoves: attempts given up on pods found dead, which spend no
 	// retry (mayRetry).
 	downMoves int
@@ -158,7 +160,7 @@ func releaseCompletion(x *completion) {
 	x.req = nil
 	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
 	x.stage, x.via, x.attempts, x.downMoves, x.last = stagePick, nil, 0, 0, nil
-	x.panicked, x.seeking, x.admitted = false, false, false
+	x.panicked, x.seeking, x.asked, x.admitted = false, false, false, false
 	x.within, x.hedged, x.budgetWait = 0, false, false
 	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false
 	x.ids, x.keys, x.looked = x.ids[:0], x.keys[:0], false

@@ -228,7 +228,7 @@ func (g *Gateway) seekStored(x *completion) bool {
 	g.unplace(x, x.pod)
 	x.downMoves++ // as a move off a dead pod: no retry spent
 	x.last = &failure{E: storedNotFound(storedIDOf(x)), Pod: x.pod}
-	x.stage, x.seeking = stagePick, true
+	x.stage, x.seeking, x.asked = stagePick, true, true
 	return true
 }
 

@@ -82,7 +82,9 @@ func (g *Gateway) advance(x *completion) {
 // stageFail when no pod is left. A retry waits on a worker: false says x
 // moved to one.
 func (g *Gateway) pickStage(x *completion) bool {
-	if x.attempts > 0 && !x.seeking {
+	asked := x.asked
+	x.asked = false
+	if x.attempts > 0 && !asked {
 		if !x.via.block(x) {
 			return false
 		}
