@@ -3,6 +3,8 @@ package gateway
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -20,11 +22,13 @@ import (
 // cancel; any other pod answers 404. The gateway names each stored
 // response itself ("request_id", which vLLM names the response after,
 // added to the body when the client sent none) and remembers the pod
-// that answered it: requests naming it go to that pod alone.
+// that answered it: requests naming it go to that pod alone. One it does
+// not know (made through another replica, or before a restart) is sought
+// on the model's pods (seekStored).
 
 // homes remembers the pod of each stored response, up to a bound past
-// which the oldest is forgotten (a follow-up naming a forgotten one goes
-// by load, like one naming a response the gateway never saw).
+// which the oldest is forgotten (then sought as one the gateway never
+// saw).
 type homes struct {
 	mu   sync.Mutex
 	byID map[string]home
@@ -110,15 +114,15 @@ func (t *homes) forget(id []byte) {
 
 // storedMethods are the methods a stored response's paths take, by the
 // part of the path after its id.
-var storedMethods = map[string]string{"": "GET, DELETE", "cancel": "POST", "input_items": "GET"}
+var storedMethods = map[string][]string{"": {"GET", "DELETE"}, "cancel": {"POST"}, "input_items": {"GET"}}
 
 // serveStored serves a request about a stored response (GET or DELETE
 // /v1/responses/{id}, POST .../cancel, GET .../input_items) with its
 // method, else answers 405.
 func (g *Gateway) serveStored(ctx *fasthttp.RequestCtx, sub string) *openai.Error {
 	allow := storedMethods[sub]
-	if !methodIn(ctx.Method(), allow) {
-		ctx.Response.Header.Set("Allow", allow)
+	if !slices.Contains(allow, string(ctx.Method())) {
+		ctx.Response.Header.Set("Allow", strings.Join(allow, ", "))
 		e := openai.MethodNotAllowed(ctx.Method(), ctx.Path())
 		writeFailure(ctx, answer(e))
 		return e
@@ -133,35 +137,12 @@ func storedNotFound(id []byte) *openai.Error {
 		Message: "Response with id '" + string(id) + "' not found."}
 }
 
-// methodIn reports whether method is one of allow's, a list as the Allow
-// header writes it.
-func methodIn(method []byte, allow string) bool {
-	for len(allow) > 0 {
-		var m string
-		m, allow, _ = cutList(allow)
-		if m == string(method) {
-			return true
-		}
-	}
-	return false
-}
-
-// cutList cuts the first element off a ", "-separated list.
-func cutList(s string) (first, rest string, ok bool) {
-	for i := 0; i+1 < len(s); i++ {
-		if s[i] == ',' && s[i+1] == ' ' {
-			return s[:i], s[i+2:], true
-		}
-	}
-	return s, "", false
-}
-
 // placeStored reads where x, a Responses API request, must go: the pod of
 // the stored response it names (x.home), when the gateway knows it, or
 // the pod its conversation went to (x.prefer). A KindStored request takes
 // its model from there, and streams when its query says stream=true (a
 // retrieval resumed as vLLM's); false when its response is unknown and
-// the gateway serves several models: it was answered 404.
+// no one model of combined pods can be searched: it was answered 404.
 func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 	switch x.req.Kind {
 	case openai.KindStored:
@@ -252,16 +233,17 @@ func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int
 	if status != fasthttp.StatusOK {
 		return
 	}
+	h, max := home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses
 	if id := storedIDOf(x); id != nil && x.home.pod == "" && !(x.req.Kind == openai.KindStored && x.ctx.IsDelete()) {
 		// Found by seekStored, or by load.
-		g.homes.put(string(id), home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses)
+		g.homes.put(string(id), h, max)
 	}
 	if k := x.req.CacheKey; x.req.Kind == openai.KindResponses && len(k) > 0 {
-		g.conversations.put(string(k), home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses)
+		g.conversations.put(string(k), h, max)
 	}
 	switch {
 	case len(x.respID) > 0:
-		g.homes.put(string(x.respID), home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses)
+		g.homes.put(string(x.respID), h, max)
 	case x.req.Kind == openai.KindStored && x.ctx.IsDelete():
 		id, _, _ := openai.StoredID(x.ctx.Path())
 		g.homes.forget(id)
