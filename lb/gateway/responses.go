@@ -251,20 +251,40 @@ func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int
 }
 
 // keepHome keeps of cands, m's combined pods that x may go to, only the
-// pod named name; if it is not among them, none, or with soft all.
+// pod named name; if it is not among them, none. With soft (a
+// conversation's pod, which holds its earlier turns in its prefix cache)
+// all instead, and all too while that pod is overloaded as SGLang's
+// router's cache_aware counts it against the least loaded candidate
+// (more requests in flight by both balance thresholds): then the
+// conversation goes by load, and moves.
 func keepHome(m *pool.Model, cands []route.Candidate, name string, soft bool) []route.Candidate {
 	for j, p := range m.Combined {
 		if p.Config.Name != name {
 			continue
 		}
 		for _, c := range cands {
-			if c.Pod == m.CombinedLoads[j].ID {
-				return append(cands[:0], c)
+			if c.Pod != m.CombinedLoads[j].ID {
+				continue
 			}
+			if soft && overloaded(c, cands) {
+				return cands
+			}
+			return append(cands[:0], c)
 		}
 	}
 	if soft {
 		return cands
 	}
 	return cands[:0]
+}
+
+// overloaded reports whether c has more requests in flight than the least
+// loaded of cands by route.DefaultBalanceAbsThreshold and by
+// route.DefaultBalanceRelThreshold times.
+func overloaded(c route.Candidate, cands []route.Candidate) bool {
+	lo := c.InFlight
+	for i := range cands {
+		lo = min(lo, cands[i].InFlight)
+	}
+	return float64(c.InFlight-lo) > route.DefaultBalanceAbsThreshold && float64(c.InFlight) > route.DefaultBalanceRelThreshold*float64(lo)
 }

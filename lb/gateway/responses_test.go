@@ -3,6 +3,8 @@ package gateway
 import (
 	"strconv"
 	"testing"
+
+	"pdlb/lb/route"
 )
 
 // TestHomesBound: past its bound the table forgets the oldest ids, one
@@ -37,5 +39,37 @@ func TestHomesBound(t *testing.T) {
 	}
 	if newHomes(0) != nil {
 		t.Error("a bound of 0 keeps a table")
+	}
+}
+
+// TestKeepHomeOverloaded: a conversation keeps to its pod until that pod
+// has more requests in flight than the least loaded by both of
+// cache_aware's balance thresholds (64 more, and 1.5 times); a stored
+// response's pod is kept whatever its load.
+func TestKeepHomeOverloaded(t *testing.T) {
+	_, m := stagesGateway(t, 0, nil)
+	home := m.Combined[0].Config.Name
+	cands := func(load ...int) []route.Candidate {
+		out := make([]route.Candidate, len(load))
+		for i, n := range load {
+			out[i] = route.Candidate{Pod: m.CombinedLoads[i].ID, InFlight: n}
+		}
+		return out
+	}
+	for _, c := range []struct {
+		load []int
+		soft bool
+		kept int // candidates left
+	}{
+		{[]int{10, 0, 0}, true, 1},
+		{[]int{64, 0, 5}, true, 1},      // 64 more: not past the absolute threshold
+		{[]int{100, 40, 70}, true, 1},   // 60 more
+		{[]int{100, 35, 70}, true, 3},   // 65 more, and 2.9 times
+		{[]int{200, 135, 140}, true, 1}, // 65 more, 1.48 times
+		{[]int{100, 0, 0}, false, 1},
+	} {
+		if got := keepHome(m, cands(c.load...), home, c.soft); len(got) != c.kept || c.kept == 1 && got[0].Pod != m.CombinedLoads[0].ID {
+			t.Errorf("%v soft %v: kept %v", c.load, c.soft, got)
+		}
 	}
 }
