@@ -66,15 +66,17 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 	if x.panicked {
 		x.cands = appendPanic(m, x.cands, x.tried, &match) // panic.go
 	}
-	if x.home.pod != "" {
-		x.cands = keepHome(m, x.cands, x.home.pod, false) // responses.go
-	} else if x.prefer.pod != "" {
-		x.cands = keepHome(m, x.cands, x.prefer.pod, true)
-	}
 	if g.shared {
 		for i := range x.cands {
 			g.addRemote(&x.cands[i])
 		}
+	}
+	// After the other replicas' load is in: a conversation's pod is
+	// weighed with it.
+	if x.home.pod != "" {
+		x.cands = keepHome(m, x.cands, x.home.pod, false) // responses.go
+	} else if x.prefer.pod != "" {
+		x.cands = keepHome(m, x.cands, x.prefer.pod, true)
 	}
 	if x.adapter != nil {
 		x.cands = m.FillAdapter(x.cands, x.adapter)
