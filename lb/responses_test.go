@@ -520,3 +520,58 @@ func TestResponsesSeekBudget(t *testing.T) {
 		})
 	}
 }
+
+// TestResponsesRetrievalUncounted: a streamed retrieval replays a
+// response's events, usage included: its output tokens were counted when
+// it was made, not again (14 for one response and its retrieval).
+func TestResponsesRetrievalUncounted(t *testing.T) {
+	p := &responsesPod{stored: map[string]bool{}}
+	addr := fakePod(t, func(c net.Conn, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Query().Get("stream") == "true" {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+			io.WriteString(c, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n")
+			io.WriteString(c, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":7,\"total_tokens\":12}}}\n\n")
+			return
+		}
+		p.serve(c, r)
+	})
+	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: addr}}, nil)
+	if resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","request_id":"resp_r"}`); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_r?stream=true", ""); resp.StatusCode != 200 || !strings.Contains(b, "response.completed") {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if n := metricValue(t, s, `pdlb_completion_tokens_total{model="m"}`); n != 7 {
+		t.Errorf("pdlb_completion_tokens_total %v after one response and its retrieval, want 7", n)
+	}
+}
+
+// TestResponsesPodRenamed: a reload that renames (or removes) the pod a
+// stored response was remembered on leaves no pod of that name: the
+// requests naming it seek it on the pods (503 naming the old pod, for
+// good, before).
+func TestResponsesPodRenamed(t *testing.T) {
+	var pods []config.Pod
+	for _, name := range []string{"a", "b"} {
+		p := &responsesPod{stored: map[string]bool{}}
+		pods = append(pods, config.Pod{Name: name, Model: "m", Address: fakePod(t, p.serve)})
+	}
+	s := testGateway(t, pods, nil)
+	if resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","request_id":"resp_rn"}`); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	renamed := []config.Pod{pods[0], pods[1]}
+	renamed[0].Name, renamed[1].Name = "a2", "b2"
+	if err := s.Gateway.SetPods(renamed); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_rn", ""); resp.StatusCode != 200 {
+			t.Errorf("retrieval %d after the rename: %d %s", i, resp.StatusCode, b)
+		}
+		if resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_rn"}`); resp.StatusCode != 200 {
+			t.Errorf("follow-up %d after the rename: %d %s", i, resp.StatusCode, b)
+		}
+	}
+}

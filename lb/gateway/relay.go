@@ -343,8 +343,9 @@ func (g *Gateway) readUpstream(stream io.Reader, b []byte) (int, error) {
 }
 
 // pass feeds the pod's bytes b to the stream's SSE splitter and writes every
-// event they complete, unchanged, counting tokens on the way. It returns the
-// client's write error.
+// event they complete, unchanged, counting tokens on the way (of the kinds
+// whose output is counted: a stored response's retrieval replays one
+// counted when it was made). It returns the client's write error.
 func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *pool.Pod) error {
 	t := &x.times
 	if err := writeExplain(w, x); err != nil {
@@ -360,7 +361,9 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 		}
 		before := x.counted.Tokens()
 		_, failed := x.counted.EngineError()
-		x.counted.Observe(ev)
+		if x.req.Kind.Outputs() {
+			x.counted.Observe(ev)
+		}
 		if status, now := x.counted.EngineError(); now && !failed {
 			x.failure = openai.EngineErrorEvent(ev, status)
 		}

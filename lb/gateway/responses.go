@@ -201,27 +201,28 @@ func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
 // answer to be relayed: x names none, or no pod is left to ask. Each pod
 // is asked once, and the search spends no retry.
 func (g *Gateway) seekStored(x *completion) bool {
-	if x.home.pod != "" || storedIDOf(x) == nil || len(x.tried) >= len(x.m.Combined) {
+	if x.home.pod != "" || storedIDOf(x.ctx, x) == nil || len(x.tried) >= len(x.m.Combined) {
 		return false
 	}
 	_ = x.resp.CloseBodyStream()
 	x.resp.Reset()
 	g.unplace(x, x.pod)
 	x.downMoves++ // as a move off a dead pod: no retry spent
-	x.last = &failure{E: storedNotFound(storedIDOf(x)), Pod: x.pod}
+	x.last = &failure{E: storedNotFound(storedIDOf(x.ctx, x)), Pod: x.pod}
 	x.stage, x.seeking, x.asked = stagePick, true, true
 	return true
 }
 
-// storedIDOf is the stored response x names, nil when none.
-func storedIDOf(x *completion) []byte {
+// storedIDOf is the stored response x, a request of ctx, names, nil when
+// none.
+func storedIDOf(ctx *fasthttp.RequestCtx, x *completion) []byte {
 	switch x.req.Kind {
 	case openai.KindResponses:
 		if len(x.req.Previous) > 0 {
 			return x.req.Previous
 		}
 	case openai.KindStored:
-		id, _, _ := openai.StoredID(x.ctx.Path())
+		id, _, _ := openai.StoredID(ctx.Path())
 		return id
 	}
 	return nil
@@ -234,7 +235,7 @@ func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int
 		return
 	}
 	h, max := home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses
-	if id := storedIDOf(x); id != nil && x.home.pod == "" && !(x.req.Kind == openai.KindStored && x.ctx.IsDelete()) {
+	if id := storedIDOf(x.ctx, x); id != nil && x.home.pod == "" && !(x.req.Kind == openai.KindStored && x.ctx.IsDelete()) {
 		// Found by seekStored, or by load.
 		g.homes.put(string(id), h, max)
 	}
@@ -258,10 +259,7 @@ func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int
 // (more requests in flight by both balance thresholds): then the
 // conversation goes by load, and moves.
 func keepHome(m *pool.Model, cands []route.Candidate, name string, soft bool) []route.Candidate {
-	for j, p := range m.Combined {
-		if p.Config.Name != name {
-			continue
-		}
+	if j := combinedNamed(m, name); j >= 0 {
 		for _, c := range cands {
 			if c.Pod != m.CombinedLoads[j].ID {
 				continue
@@ -276,6 +274,11 @@ func keepHome(m *pool.Model, cands []route.Candidate, name string, soft bool) []
 		return cands
 	}
 	return cands[:0]
+}
+
+// combinedNamed is the index of m's combined pod named name, -1 if none.
+func combinedNamed(m *pool.Model, name string) int {
+	return slices.IndexFunc(m.Combined, func(p *pool.Pod) bool { return p.Config.Name == name })
 }
 
 // overloaded reports whether c has more requests in flight than the least

@@ -134,8 +134,8 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 // timeouts, x has attempts left (as mayRetry counts them), and its model
 // a pod that could answer it and that it has not tried (a combined pod,
 // or a decode pod, alone or in a pair) or a fallback model to go to, and
-// it is not bound to its stored response's pod (x.home). Else giving up at the first-byte deadline only turns an answer on its
-// way into a 504.
+// it is not bound to its stored response's pod (x.home). Else giving up
+// at the first-byte deadline only turns an answer on its way into a 504.
 func (g *Gateway) mayHedge(x *completion) bool {
 	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) || x.home.pod != "" {
 		return false

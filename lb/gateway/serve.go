@@ -49,6 +49,11 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		// The response x names is another model's, which an alias did not
 		// pick this time: x goes by load.
 		x.home = home{}
+	} else if x.home.pod != "" && combinedNamed(m, x.home.pod) < 0 {
+		// Its pod left the fleet, or was renamed, on a reload: forgotten,
+		// x seeks it (seekStored).
+		g.homes.forget(storedIDOf(ctx, x))
+		x.home.pod = ""
 	}
 	if x.prefer.model != m.Name {
 		x.prefer = home{}
