@@ -47,7 +47,8 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	}
 	if x.home.model != m.Name {
 		// The response x names is another model's, which an alias did not
-		// pick this time: x goes by load.
+		// pick this time: x is sought on this one's pods, as an unknown
+		// one.
 		x.home = home{}
 	} else if x.home.pod != "" && combinedNamed(m, x.home.pod) < 0 {
 		// Its pod left the fleet, or was renamed, on a reload: forgotten,
