@@ -119,7 +119,7 @@ type Config struct {
 	// store, on by default) the gateway remembers the pod of, so that a
 	// follow-up naming one (previous_response_id) and a retrieval or
 	// cancel by its id reach that pod, the only one holding it; past it
-	// the oldest is forgotten (default 100000, about 14 MB). 0 remembers
+	// the oldest is forgotten (default 100000, about 15 MB). 0 remembers
 	// none.
 	MaxStoredResponses int `yaml:"max_stored_responses"`
 	// Upstream bounds the calls to pods.

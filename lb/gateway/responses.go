@@ -26,16 +26,24 @@ import (
 // not know (made through another replica, or before a restart) is sought
 // on the model's pods (seekStored).
 
-// homes remembers the pod of each stored response, up to a bound past
-// which the oldest is forgotten (then sought as one the gateway never
-// saw).
+// homes remembers the pod of each stored response (or conversation)
+// put within its last max puts: an id is forgotten once max puts came
+// after its last (then sought as one the gateway never saw), so a
+// conversation's key, put at each turn, stays while it is busy.
 type homes struct {
 	mu   sync.Mutex
-	byID map[string]home
-	// order holds the ids in the order they came, oldest at next once
-	// it is full.
+	byID map[string]slotted
+	// order is a ring of the ids by when they were last put, the oldest
+	// at next once it is full; "" marks a place left by an id put again
+	// or deleted.
 	order []string
 	next  int
+}
+
+// slotted is a home and its id's place in order.
+type slotted struct {
+	home
+	at int
 }
 
 // maxRememberedID is the longest response id or prompt_cache_key of a
@@ -51,33 +59,37 @@ func newHomes(max int) *homes {
 	if max <= 0 {
 		return nil
 	}
-	return &homes{byID: make(map[string]home), order: make([]string, 0, min(max, 1024))}
+	return &homes{byID: make(map[string]slotted), order: make([]string, 0, min(max, 1024))}
 }
 
-// put records that id lives on h, forgetting the oldest id when full. The
-// methods of a nil table (max_stored_responses 0) remember nothing.
+// put records that id lives on h, as the most recent id: one put before
+// leaves its old place empty, and when the ring is full the id in the
+// place it takes is forgotten. The methods of a nil table (max_stored_responses 0)
+// remember nothing.
 func (t *homes) put(id string, h home, max int) {
 	if t == nil || len(id) > maxRememberedID {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.byID[id]; ok {
-		t.byID[id] = h
-		return
+	if old, ok := t.byID[id]; ok {
+		t.order[old.at] = ""
 	}
-	if len(t.order) < max {
+	at := len(t.order)
+	if at < max {
 		t.order = append(t.order, id)
 	} else {
-		delete(t.byID, t.order[t.next])
-		t.order[t.next] = id
-		t.next = (t.next + 1) % max
+		at = t.next
+		if gone := t.order[at]; gone != "" {
+			delete(t.byID, gone)
+		}
+		t.order[at] = id
+		t.next = (at + 1) % max
 	}
-	t.byID[id] = h
+	t.byID[id] = slotted{h, at}
 }
 
-// len is how many ids the table holds, deleted ones included until
-// their place comes round.
+// len is how many ids the table holds.
 func (t *homes) len() int {
 	if t == nil {
 		return 0
@@ -94,21 +106,20 @@ func (t *homes) get(id []byte) (home, bool) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	h := t.byID[string(id)]
-	return h, h.pod != ""
+	e, ok := t.byID[string(id)]
+	return e.home, ok
 }
 
-// forget drops id's home (a deleted response). Its entry stays, empty,
-// until its place in order comes round: put again, the id keeps that
-// place rather than taking a second one.
+// forget drops id (a deleted response), leaving its place empty.
 func (t *homes) forget(id []byte) {
 	if t == nil {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.byID[string(id)]; ok {
-		t.byID[string(id)] = home{}
+	if e, ok := t.byID[string(id)]; ok {
+		t.order[e.at] = ""
+		delete(t.byID, string(id))
 	}
 }
 

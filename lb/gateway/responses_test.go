@@ -7,35 +7,52 @@ import (
 	"pdlb/lb/route"
 )
 
-// TestHomesBound: past its bound the table forgets the oldest ids, one
-// for each new one; an id put again, deleted or not, keeps its place and
-// takes its new home.
+// TestHomesBound: the table holds the ids of its last max puts: an id is
+// forgotten once max puts came after its last, so one put again (a
+// conversation's next turn) stays while others go; a deleted id is gone
+// and counted no more.
 func TestHomesBound(t *testing.T) {
 	const max = 3
 	h := newHomes(max)
-	for i := range 5 {
-		h.put("r"+strconv.Itoa(i), home{model: "m", pod: "p" + strconv.Itoa(i)}, max)
-	}
-	for i := range 5 {
-		got, ok := h.get([]byte("r" + strconv.Itoa(i)))
-		if ok != (i >= 2) || ok && got.pod != "p"+strconv.Itoa(i) {
-			t.Errorf("r%d: %v %v", i, got, ok)
+	put := func(id, pod string) { h.put(id, home{model: "m", pod: pod}, max) }
+	has := func(want ...string) {
+		t.Helper()
+		if h.len() != len(want) {
+			t.Errorf("%d ids held, want %v (order %v)", h.len(), want, h.order)
+		}
+		for _, id := range want {
+			if _, ok := h.get([]byte(id)); !ok {
+				t.Errorf("%s forgotten (order %v)", id, h.order)
+			}
 		}
 	}
-	h.put("r4", home{model: "m", pod: "q"}, max)
-	h.forget([]byte("r3"))
-	if _, ok := h.get([]byte("r3")); ok {
-		t.Error("r3 deleted, still found")
+	for i := range 5 {
+		put("r"+strconv.Itoa(i), "p"+strconv.Itoa(i))
 	}
-	h.put("r3", home{model: "m", pod: "p3"}, max)
-	h.put("r5", home{model: "m", pod: "p5"}, max)
-	if len(h.byID) != max || len(h.order) != max {
-		t.Errorf("%d ids held, order %v", len(h.byID), h.order)
+	has("r2", "r3", "r4")
+	if got, _ := h.get([]byte("r3")); got.pod != "p3" {
+		t.Errorf("r3 on %q", got.pod)
 	}
-	for id, pod := range map[string]string{"r3": "p3", "r4": "q", "r5": "p5"} {
-		if got, ok := h.get([]byte(id)); !ok || got.pod != pod {
-			t.Errorf("%s: %v %v", id, got, ok)
-		}
+	// r2, the oldest, put again: r3 is the oldest now.
+	put("r2", "q")
+	put("r5", "p5")
+	has("r2", "r4", "r5")
+	if got, _ := h.get([]byte("r2")); got.pod != "q" {
+		t.Errorf("r2 put again on %q", got.pod)
+	}
+	// One kept busy outlives a run of new ones.
+	for i := range 10 {
+		put("busy", "b")
+		put("n"+strconv.Itoa(i), "p")
+	}
+	has("busy", "n8", "n9")
+	h.forget([]byte("n9"))
+	has("busy", "n8")
+	put("n10", "p")
+	put("n11", "p")
+	has("n10", "n11") // busy's last put is three puts back
+	if len(h.order) != max {
+		t.Errorf("order grew to %d", len(h.order))
 	}
 	if newHomes(0) != nil {
 		t.Error("a bound of 0 keeps a table")
