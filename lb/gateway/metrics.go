@@ -231,7 +231,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, retryMetricsDoc, adapterMetricsDoc, promtext.Doc{
 	"pdlb_requests_total":                               {Help: "Requests answered, by model and HTTP status (model is empty for unknown models)."},
 	"pdlb_requests_in_flight":                           {Help: "Requests the gateway is serving now."},
-	"pdlb_stored_responses":                             {Help: "Stored Responses API responses whose pod the gateway remembers (max_stored_responses bounds them; a deleted one counts until its place in the table is reused)."},
+	"pdlb_stored_responses":                             {Help: "Stored Responses API responses whose pod the gateway remembers (those of the last max_stored_responses made or found)."},
 	"pdlb_responses_conversations":                      {Help: "Responses API conversations (prompt_cache_key) whose last pod the gateway remembers (max_stored_responses bounds them)."},
 	"pdlb_config_last_reload_successful":                {Help: "1 if the last reload (SIGHUP, a change to the config file) applied and the last change to a certificate file loaded, 0 if either failed and what was running stayed."},
 	"pdlb_config_last_reload_success_timestamp_seconds": {Help: "When the configuration was last applied (the start, or the last reload that succeeded), in Unix seconds."},
