@@ -67,8 +67,8 @@ func newHomes(max int) *homes {
 // place it takes is forgotten. The methods of a nil table (max_stored_responses 0)
 // remember nothing.
 func (t *homes) put(id string, h home, max int) {
-	if t == nil || len(id) > maxRememberedID {
-		return
+	if t == nil || id == "" || len(id) > maxRememberedID {
+		return // "" marks a hole in order
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -54,6 +54,11 @@ func TestHomesBound(t *testing.T) {
 	if len(h.order) != max {
 		t.Errorf("order grew to %d", len(h.order))
 	}
+	// "" would pass for a hole, never to be deleted.
+	put("", "p")
+	put("n12", "p")
+	put("n13", "p")
+	has("n11", "n12", "n13")
 	if newHomes(0) != nil {
 		t.Error("a bound of 0 keeps a table")
 	}
