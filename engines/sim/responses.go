@@ -192,9 +192,7 @@ func inputTurns(raw json.RawMessage) ([]chatTurn, error) {
 		}
 		var text string
 		if json.Unmarshal(it.Content, &text) != nil {
-			var parts []struct {
-				Text string `json:"text"`
-			}
+			var parts []contentPart // input_text, output_text
 			if err := json.Unmarshal(it.Content, &parts); err != nil {
 				return nil, fmt.Errorf("input[%d].content must be a string or a list of text parts", i)
 			}
