@@ -488,13 +488,17 @@ func TestParseResponses(t *testing.T) {
 	if string(r.Model) != "m" || !r.Stream || !r.NoStore || string(r.Previous) != "resp_A" || len(r.ResponseID) != 0 || r.MaxTokens != 0 || r.PromptTokens() != 0 {
 		t.Errorf("got %q stream %v nostore %v previous %q id %q max %d", r.Model, r.Stream, r.NoStore, r.Previous, r.ResponseID, r.MaxTokens)
 	}
-	for b, noStore := range map[string]bool{
-		`{"model":"m","store":null,"request_id":"resp_x","previous_response_id":null}`: false,
-		`{"model":"m","store":"false"}`: true,
-		`{"model":"m"}`:                 false,
+	// In this order: the last body must not keep the first's request_id.
+	for _, c := range []struct {
+		body    string
+		noStore bool
+	}{
+		{`{"model":"m","store":null,"request_id":"resp_x","previous_response_id":null}`, false},
+		{`{"model":"m","store":"false"}`, true},
+		{`{"model":"m"}`, false},
 	} {
-		if err := r.Parse(KindResponses, []byte(b)); err != nil || r.NoStore != noStore || len(r.Previous) != 0 {
-			t.Errorf("%s: %v, nostore %v, previous %q", b, err, r.NoStore, r.Previous)
+		if err := r.Parse(KindResponses, []byte(c.body)); err != nil || r.NoStore != c.noStore || len(r.Previous) != 0 {
+			t.Errorf("%s: %v, nostore %v, previous %q", c.body, err, r.NoStore, r.Previous)
 		}
 	}
 	if string(r.ResponseID) != "" {
