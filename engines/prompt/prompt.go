@@ -132,9 +132,23 @@ func (m *Model) Tokenizer() *hf.Tokenizer { return m.tok }
 // a *chat.RequestError; one the template engine cannot render as Python
 // would, with chat.ErrInexact.
 func (m *Model) Chat(dst []uint32, body []byte, addSpecial bool) ([]uint32, error) {
+	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial)
+}
+
+// Responses appends the ids of a Responses API request body to dst: the
+// conversation vLLM makes of it (chat.Conversation.ParseResponses),
+// rendered and encoded as Chat's, without special tokens (the API has no
+// add_special_tokens). What vLLM renders otherwise fails with
+// chat.ErrInexact.
+func (m *Model) Responses(dst []uint32, body []byte) ([]uint32, error) {
+	return m.conversation(dst, body, (*chat.Conversation).ParseResponses, false)
+}
+
+// conversation appends the ids of the conversation parse reads from body.
+func (m *Model) conversation(dst []uint32, body []byte, parse func(*chat.Conversation, []byte) error, addSpecial bool) ([]uint32, error) {
 	c := chat.AcquireConversation()
 	defer chat.ReleaseConversation(c)
-	if err := c.ParseRequest(body); err != nil {
+	if err := parse(c, body); err != nil {
 		return dst, err
 	}
 	return m.AppendChat(dst, c, addSpecial)

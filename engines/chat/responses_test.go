@@ -1,0 +1,99 @@
+package chat
+
+import (
+	"errors"
+	"testing"
+)
+
+// TestParseResponses: a Responses request renders as the chat request
+// vLLM makes of it (construct_input_messages), and what vLLM renders
+// otherwise is ErrInexact, not a guess.
+func TestParseResponses(t *testing.T) {
+	plain, err := Compile(`{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	templates := map[string]*Template{"plain": plain, "qwen3": loadTemplate(t, "qwen3")}
+	defer func() {
+		for _, tmpl := range templates {
+			tmpl.learners.Wait()
+		}
+	}()
+	same := func(responses, chat string) {
+		t.Helper()
+		for name, tmpl := range templates {
+			r, c := AcquireConversation(), AcquireConversation()
+			if err := r.ParseResponses([]byte(responses)); err != nil {
+				t.Fatalf("%s: ParseResponses(%s): %v", name, responses, err)
+			}
+			if err := c.ParseRequest([]byte(chat)); err != nil {
+				t.Fatalf("%s: ParseRequest(%s): %v", name, chat, err)
+			}
+			got, err := tmpl.Render(nil, r, nil)
+			if err != nil {
+				t.Fatalf("%s: %s: %v", name, responses, err)
+			}
+			want, err := tmpl.Render(nil, c, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want) {
+				t.Errorf("%s: %s rendered\n%q\nwant (as %s)\n%q", name, responses, got, chat, want)
+			}
+			ReleaseConversation(r)
+			ReleaseConversation(c)
+		}
+	}
+	same(`{"model":"m","input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
+	same(`{"input":"Hi","instructions":"Be brief."}`, `{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`)
+	// Empty instructions make no system message (vLLM tests them as a
+	// Python truth value); the last of repeated keys wins.
+	same(`{"instructions":"","input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
+	same(`{"instructions":"a","instructions":null,"input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
+	// A list of message items, as a client resending its history sends
+	// it: a user's parts are kept as the chat API reads them, an
+	// assistant's content is its first part's text.
+	same(`{"instructions":"S","input":[
+		{"role":"user","content":"one"},
+		{"type":"message","role":"assistant","id":"msg_1","status":"completed","content":[{"type":"output_text","text":"two","annotations":[]},{"type":"output_text","text":"dropped"}]},
+		{"type":"message","role":"user","content":[{"type":"input_text","text":"three"},{"type":"input_text","text":"four"}]},
+		{"role":"developer","content":"five"},
+		{"role":"assistant","content":"six"},
+		{"role":"assistant","content":[]}],"store":false,"stream":true}`,
+		`{"messages":[{"role":"system","content":"S"},{"role":"user","content":"one"},{"role":"assistant","content":"two"},
+		{"role":"user","content":[{"type":"input_text","text":"three"},{"type":"input_text","text":"four"}]},
+		{"role":"developer","content":"five"},{"role":"assistant","content":"six"},{"role":"assistant","content":""}]}`)
+
+	inexact := func(body string) {
+		t.Helper()
+		c := AcquireConversation()
+		defer ReleaseConversation(c)
+		if err := c.ParseResponses([]byte(body)); !errors.Is(err, ErrInexact) {
+			t.Errorf("%s: %v, want ErrInexact", body, err)
+		}
+	}
+	inexact(`{"input":"Hi","previous_response_id":"resp_1"}`)
+	inexact(`{"input":"Hi","tools":[{"type":"function","name":"f"}]}`)
+	inexact(`{"input":"Hi","reasoning":{"effort":"low"}}`)
+	inexact(`{"model":"m"}`)
+	inexact(`{"input":[]}`)
+	inexact(`{"input":3}`)
+	inexact(`{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}`)
+	inexact(`{"input":[{"role":"user","content":"q"},{"type":"function_call_output","call_id":"c","output":"42"}]}`)
+	inexact(`{"input":[{"type":"reasoning","id":"rs_1","summary":[]}]}`)
+	inexact(`{"input":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"output_text","text":"draft"}],"status":"incomplete"}]}`)
+	inexact(`{"input":[{"role":"tool","content":"q"}]}`)
+	inexact(`{"input":[{"role":"assistant","content":[{"type":"refusal","refusal":"no"}]}]}`)
+	inexact(`{"input":[{"role":"user","content":[{"type":"bogus"}]}]}`)
+	inexact(`{"input":["Hi"]}`)
+
+	c := AcquireConversation()
+	defer ReleaseConversation(c)
+	var re *RequestError
+	if err := c.ParseResponses([]byte(`[1]`)); !errors.As(err, &re) {
+		t.Errorf("a body that is no object: %v, want a *RequestError", err)
+	}
+	if err := c.ParseResponses([]byte(`{"input":"Hi",}`)); !errors.As(err, &re) {
+		t.Errorf("a body that is no JSON: %v, want a *RequestError", err)
+	}
+}
