@@ -38,11 +38,13 @@ const (
 	// KindTokenizer is KindOther for /tokenize and /detokenize, which the
 	// engine's API server answers without the engine.
 	KindTokenizer
-	// KindResponses is POST /v1/responses, OpenAI's Responses API: read
-	// as KindOther, and besides "model" its "stream", "store",
-	// "previous_response_id" and "request_id" (vLLM names the response
-	// after it), since a stored response lives on the pod that made it,
-	// and "prompt_cache_key", a conversation's key.
+	// KindResponses is POST /v1/responses, OpenAI's Responses API: its
+	// prompt is "instructions" and "input" (renderResponses), its output
+	// budget "max_output_tokens"; besides "model", "cache_salt" and
+	// "stream", its "store", "previous_response_id" and "request_id"
+	// (vLLM names the response after it) are read, since a stored
+	// response lives on the pod that made it, and "prompt_cache_key", a
+	// conversation's key.
 	KindResponses
 	// KindStored is a request about a stored response, by the id in its
 	// path (GET or DELETE /v1/responses/{id}, its /cancel and
@@ -54,8 +56,9 @@ const (
 // completion, whose prompt is read.
 func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 
-// Outputs reports whether k's answers carry generated tokens to count:
-// Generates' and the Responses API's, whose prompt is not read.
+// Outputs reports whether k's requests have a prompt the gateway reads
+// and answers that carry generated tokens to count: Generates' and the
+// Responses API's.
 func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses }
 
 // String returns the kind's name.
@@ -158,8 +161,9 @@ type Request struct {
 	// skips other parts. Completion: the prompt string; a list of strings
 	// (a batch to the engine) renders as their concatenation, since routing
 	// needs the whole batch's tokens and one prefix (its first prompt's
-	// blocks are those a pod caches as a chain). Empty when the prompt is
-	// given as token ids.
+	// blocks are those a pod caches as a chain). Responses: the chat turns
+	// vLLM makes of the instructions and input (renderResponses). Empty
+	// when the prompt is given as token ids.
 	Prompt []byte
 	// TokenIDs says the completion prompt was token ids (a list of ids or a
 	// list of lists of ids); PromptIDs holds them, lists concatenated.
@@ -495,10 +499,11 @@ func (r *Request) parse(s *scanner) error {
 	s.open()
 	var maxTokens, maxCompletion = -1, -1
 	var seenPrompt bool
+	var instructions, input field // KindResponses: rendered once all is read
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
 		if r.Kind == KindResponses {
-			if err := r.responsesField(s, key); err != nil {
+			if err := r.responsesField(s, key, &instructions, &input); err != nil {
 				return err
 			}
 			continue
@@ -555,6 +560,10 @@ func (r *Request) parse(s *scanner) error {
 	if s.bad {
 		return nil
 	}
+	if r.Kind == KindResponses {
+		r.renderResponses(s.b, instructions, input)
+		return nil
+	}
 	if !r.Kind.Generates() {
 		// Nothing to generate: no output to charge or wait for.
 		r.MaxTokens = 0
@@ -586,9 +595,17 @@ func (r *Request) parseModel(s *scanner) error {
 }
 
 // responsesField reads the field key of a KindResponses body, or steps
-// over it.
-func (r *Request) responsesField(s *scanner, key []byte) (err error) {
+// over it; instructions and input are kept for renderResponses.
+func (r *Request) responsesField(s *scanner, key []byte, instructions, input *field) (err error) {
 	switch b2s(key) {
+	case "instructions":
+		*instructions = s.field()
+	case "input":
+		*input = s.field()
+	case "max_output_tokens":
+		r.MaxTokens, err = r.parseCount(s, "max_output_tokens")
+	case "cache_salt":
+		err = r.parseCacheSalt(s)
 	case "model":
 		err = r.parseModel(s)
 	case "stream":
@@ -612,6 +629,125 @@ func (r *Request) responsesField(s *scanner, key []byte) (err error) {
 		s.skip()
 	}
 	return err
+}
+
+// renderResponses renders a Responses request's prompt into Prompt as
+// the chat vLLM makes of it (engines/chat's Conversation.ParseResponses),
+// in the turns a chat's messages render: the instructions, when a string
+// not empty, as the system's turn, then the input's, then
+// tokenize.GenerationPrompt. An input string is the user's turn; a list's
+// message items are turns of their role, an assistant's holding its
+// content's first part's text alone; any other item (a function call,
+// its output, reasoning) renders as its JSON, which keys it the same at
+// every turn. An input the engine refuses leaves Prompt empty: the engine
+// answers it.
+func (r *Request) renderResponses(body []byte, instructions, input field) {
+	r.Prompt = r.Prompt[:0]
+	if instructions.form == '"' && len(instructions.raw) > 0 {
+		r.Prompt = tokenize.AppendTurnOpen(r.Prompt, []byte("system"))
+		r.Prompt, _ = appendUnquoted(r.Prompt, instructions.raw, instructions.esc)
+		r.Prompt = tokenize.AppendTurnClose(r.Prompt)
+	}
+	ok := false
+	switch s := (&scanner{b: body, p: input.start}); input.form {
+	case '"':
+		r.Prompt = tokenize.AppendTurnOpen(r.Prompt, []byte("user"))
+		r.Prompt, ok = appendUnquoted(r.Prompt, input.raw, input.esc)
+		r.Prompt = tokenize.AppendTurnClose(r.Prompt)
+	case '[':
+		s.open()
+		items := 0
+		for ok = true; ok && s.more(']', items); items++ {
+			ok = r.renderItem(s, items)
+		}
+		ok = ok && items > 0
+	}
+	if !ok {
+		r.Prompt, r.MediaBytes, r.media = r.Prompt[:0], 0, 0
+		return
+	}
+	r.Prompt = append(r.Prompt, tokenize.GenerationPrompt...)
+}
+
+// renderItem renders input item j of a Responses request (s on it) as a
+// chat turn; false when the engine would refuse it.
+func (r *Request) renderItem(s *scanner, j int) bool {
+	start := s.p
+	if s.c() != '{' {
+		s.skip()
+		return false
+	}
+	s.open()
+	var role, content, typ field
+	for k := 0; s.more('}', k); k++ {
+		switch b2s(s.key(&r.scratch)) {
+		case "role":
+			role = s.field()
+		case "content":
+			content = s.field()
+		case "type":
+			typ = s.field()
+		default:
+			s.skip()
+		}
+	}
+	if typ.form != 0 && string(typ.raw) != "message" || role.form != '"' {
+		if typ.form != '"' {
+			return false
+		}
+		r.Prompt = tokenize.AppendTurn(r.Prompt, typ.raw, s.b[start:s.p])
+		return true
+	}
+	roleText, ok := r.text(role)
+	if !ok {
+		return false
+	}
+	r.Prompt = tokenize.AppendTurnOpen(r.Prompt, roleText)
+	switch content.form {
+	case '"':
+		r.Prompt, ok = appendUnquoted(r.Prompt, content.raw, content.esc)
+	case '[':
+		ps := &scanner{b: s.b, p: content.start}
+		if string(roleText) == "assistant" {
+			ok = r.firstText(ps)
+		} else {
+			ok = r.renderParts(ps, j) == nil
+		}
+	default:
+		ok = false
+	}
+	r.Prompt = tokenize.AppendTurnClose(r.Prompt)
+	return ok
+}
+
+// firstText appends the text of an assistant item's first content part
+// (s on the list), all vLLM keeps of it: a string, or a part's "text".
+func (r *Request) firstText(s *scanner) bool {
+	s.open()
+	if !s.more(']', 0) {
+		return true
+	}
+	switch s.c() {
+	case '"':
+		f := s.field()
+		var ok bool
+		r.Prompt, ok = appendUnquoted(r.Prompt, f.raw, f.esc)
+		return ok
+	case '{':
+		s.open()
+		var text field
+		for k := 0; s.more('}', k); k++ {
+			if b2s(s.key(&r.scratch)) == "text" {
+				text = s.field()
+			} else {
+				s.skip()
+			}
+		}
+		var ok bool
+		r.Prompt, ok = appendUnquoted(r.Prompt, text.raw, text.esc && text.form == '"')
+		return ok && (text.form == '"' || text.form == 0)
+	}
+	return false
 }
 
 // parseString reads a string field into dst[:0]: a string, or null,

@@ -475,7 +475,7 @@ func TestStoredID(t *testing.T) {
 }
 
 // TestParseResponses: a Responses API body gives its model, stream,
-// store and ids, and nothing of its input; WithResponseID names its
+// store, ids and output budget; WithResponseID names its
 // response first in the object, and a later WithModel still finds the
 // model.
 func TestParseResponses(t *testing.T) {
@@ -485,7 +485,7 @@ func TestParseResponses(t *testing.T) {
 	if err := r.Parse(KindResponses, []byte(body)); err != nil {
 		t.Fatal(err)
 	}
-	if string(r.Model) != "m" || !r.Stream || !r.NoStore || string(r.Previous) != "resp_A" || len(r.ResponseID) != 0 || r.MaxTokens != 0 || r.PromptTokens() != 0 {
+	if string(r.Model) != "m" || !r.Stream || !r.NoStore || string(r.Previous) != "resp_A" || len(r.ResponseID) != 0 || r.MaxTokens != 5 {
 		t.Errorf("got %q stream %v nostore %v previous %q id %q max %d", r.Model, r.Stream, r.NoStore, r.Previous, r.ResponseID, r.MaxTokens)
 	}
 	// In this order: the last body must not keep the first's request_id.
@@ -530,6 +530,55 @@ func TestParseResponses(t *testing.T) {
 	}
 	if got := string(r.WithResponseID([]byte("{ }"), "resp_1")); got != `{"request_id":"resp_1" }` {
 		t.Errorf("empty object: %s", got)
+	}
+}
+
+// TestParseResponsesPrompt: a Responses body's prompt renders as the
+// chat vLLM makes of it (construct_input_messages) renders: the same
+// turns, so a conversation sent through either API keys its blocks
+// alike; an input the engine refuses renders no prompt.
+func TestParseResponsesPrompt(t *testing.T) {
+	r, c := AcquireRequest(), AcquireRequest()
+	defer ReleaseRequest(r)
+	defer ReleaseRequest(c)
+	same := func(responses, chat string) {
+		t.Helper()
+		if err := r.Parse(KindResponses, []byte(responses)); err != nil {
+			t.Fatalf("%s: %v", responses, err)
+		}
+		if err := c.Parse(KindChat, []byte(chat)); err != nil {
+			t.Fatalf("%s: %v", chat, err)
+		}
+		if string(r.Prompt) != string(c.Prompt) || r.PromptTokens() != c.PromptTokens() || r.Unindexed() != c.Unindexed() {
+			t.Errorf("%s rendered\n%q\nwant (as %s)\n%q", responses, r.Prompt, chat, c.Prompt)
+		}
+	}
+	same(`{"model":"m","input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
+	same(`{"input":"H\u0069","instructions":"Be brief."}`, `{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`)
+	same(`{"instructions":"","input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
+	same(`{"instructions":"S","input":[
+		{"role":"user","content":"one"},
+		{"type":"message","role":"assistant","id":"msg_1","content":[{"type":"output_text","text":"two","annotations":[]},{"type":"output_text","text":"dropped"}]},
+		{"type":"message","role":"user","content":[{"type":"input_text","text":"three"},{"type":"input_text","text":"four"}]},
+		{"role":"assistant","content":[]},
+		{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]}],"store":false}`,
+		`{"messages":[{"role":"system","content":"S"},{"role":"user","content":"one"},{"role":"assistant","content":"two"},
+		{"role":"user","content":[{"type":"input_text","text":"three"},{"type":"input_text","text":"four"}]},{"role":"assistant","content":""},
+		{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]}]}`)
+	// Items that are no message render as their JSON, the same at every
+	// turn of the conversation that resends them.
+	call := `{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"}`
+	if err := r.Parse(KindResponses, []byte(`{"input":[{"role":"user","content":"q"},`+call+`]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if want := tokenize.AppendTurn(nil, []byte("function_call"), []byte(call)); !strings.Contains(string(r.Prompt), string(want)) {
+		t.Errorf("function call rendered %q, want it to hold %q", r.Prompt, want)
+	}
+	for _, refused := range []string{`{"model":"m"}`, `{"input":[]}`, `{"input":7}`, `{"input":[{"content":"no role"}]}`, `{"input":[3]}`,
+		`{"input":[{"role":"user","content":[{"text":"no type"}]}]}`, `{"input":[{"role":"user","content":5}]}`} {
+		if err := r.Parse(KindResponses, []byte(refused)); err != nil || len(r.Prompt) != 0 || r.PromptTokens() != 0 {
+			t.Errorf("%s: %v, prompt %q", refused, err, r.Prompt)
+		}
 	}
 }
 
