@@ -36,6 +36,7 @@ type responsesRequest struct {
 	Store           *bool           `json:"store"`
 	Stream          bool            `json:"stream"`
 	MaxOutputTokens *int            `json:"max_output_tokens"`
+	CacheSalt       json.RawMessage `json:"cache_salt"`
 }
 
 // responseItem is an input item the sim serves: a message, its content a
@@ -49,14 +50,20 @@ type responseItem struct {
 // storedResponse is a response kept for follow-ups and retrievals: the
 // conversation through its output, and its answer.
 type storedResponse struct {
-	messages []chatTurn
+	messages []chatMessage
 	answer   []byte
 }
 
-// chatTurn is one message of the chat a Responses request runs as.
+// chatTurn is a chat answer's message, or a stream chunk's delta.
 type chatTurn struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+}
+
+// textMessage is a chat message whose content is text.
+func textMessage(role, text string) chatMessage {
+	content, _ := json.Marshal(text)
+	return chatMessage{Role: role, Content: content}
 }
 
 // responseStore is a pod's stored responses.
@@ -114,9 +121,12 @@ func (p *Pod) createResponse(ctx *fasthttp.RequestCtx) {
 	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	var turns []chatTurn
-	if req.Instructions != nil {
-		turns = append(turns, chatTurn{"system", *req.Instructions})
+	// As vLLM's construct_input_messages: empty instructions make no
+	// system message, and a previous conversation's system message
+	// (its instructions) does not carry over.
+	var turns []chatMessage
+	if req.Instructions != nil && *req.Instructions != "" {
+		turns = append(turns, textMessage("system", *req.Instructions))
 	}
 	if req.Previous != nil {
 		prev := p.responses.get(*req.Previous)
@@ -124,7 +134,11 @@ func (p *Pod) createResponse(ctx *fasthttp.RequestCtx) {
 			p.responseNotFound(ctx, *req.Previous)
 			return
 		}
-		turns = append(turns, prev.messages...)
+		for _, m := range prev.messages {
+			if m.Role != "system" {
+				turns = append(turns, m)
+			}
+		}
 	}
 	input, err := inputTurns(req.Input)
 	if err != nil {
@@ -142,6 +156,9 @@ func (p *Pod) createResponse(ctx *fasthttp.RequestCtx) {
 	}
 	if req.Stream {
 		chat["stream_options"] = map[string]bool{"include_usage": true}
+	}
+	if req.CacheSalt != nil {
+		chat["cache_salt"] = req.CacheSalt
 	}
 	body, _ := json.Marshal(chat)
 	var inner fasthttp.RequestCtx
@@ -173,36 +190,44 @@ func (p *Pod) createResponse(ctx *fasthttp.RequestCtx) {
 	})
 }
 
-// inputTurns are the chat messages of a Responses input: a string is the
-// user's message; a list holds message items, their content a string or
-// text parts (input_text, output_text), joined.
-func inputTurns(raw json.RawMessage) ([]chatTurn, error) {
+// inputTurns are the chat messages of a Responses input, as vLLM makes
+// them: a string is the user's message; a list holds message items, a
+// user's, system's or developer's content kept as it came (a string or
+// parts, read as a chat's), an assistant's its string or its first
+// part's text alone.
+func inputTurns(raw json.RawMessage) ([]chatMessage, error) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return []chatTurn{{"user", s}}, nil
+		return []chatMessage{textMessage("user", s)}, nil
 	}
 	var items []responseItem
 	if err := json.Unmarshal(raw, &items); err != nil || len(items) == 0 {
 		return nil, fmt.Errorf("input must be a string or a list of message items")
 	}
-	turns := make([]chatTurn, 0, len(items))
+	turns := make([]chatMessage, 0, len(items))
 	for i, it := range items {
 		if it.Role == "" || it.Type != "" && it.Type != "message" {
 			return nil, fmt.Errorf("input[%d]: the sim serves message items only, not %q", i, it.Type)
 		}
+		if it.Role != "assistant" {
+			turns = append(turns, chatMessage{Role: it.Role, Content: it.Content})
+			continue
+		}
 		var text string
 		if json.Unmarshal(it.Content, &text) != nil {
-			var parts []contentPart // input_text, output_text
+			var parts []json.RawMessage
 			if err := json.Unmarshal(it.Content, &parts); err != nil {
-				return nil, fmt.Errorf("input[%d].content must be a string or a list of text parts", i)
+				return nil, fmt.Errorf("input[%d].content must be a string or a list of parts", i)
 			}
-			var b strings.Builder
-			for _, part := range parts {
-				b.WriteString(part.Text)
+			if len(parts) > 0 && json.Unmarshal(parts[0], &text) != nil {
+				var part contentPart
+				if err := json.Unmarshal(parts[0], &part); err != nil {
+					return nil, fmt.Errorf("input[%d].content[0] must be a string or a part", i)
+				}
+				text = part.Text
 			}
-			text = b.String()
 		}
-		turns = append(turns, chatTurn{it.Role, text})
+		turns = append(turns, textMessage("assistant", text))
 	}
 	return turns, nil
 }
@@ -248,7 +273,7 @@ type response struct {
 	id, model string
 	created   int64
 	req       *responsesRequest
-	turns     []chatTurn
+	turns     []chatMessage
 	store     bool
 	pod       *Pod
 	// What the chat completion gave: its text, finish reason and usage.
@@ -294,7 +319,7 @@ func (r *response) message(status string) map[string]any {
 func (r *response) finished() []byte {
 	answer, _ := json.Marshal(r.object("completed"))
 	if r.store && r.finish != "abort" {
-		r.pod.responses.put(r.id, &storedResponse{messages: append(r.turns, chatTurn{"assistant", r.text}), answer: answer})
+		r.pod.responses.put(r.id, &storedResponse{messages: append(r.turns, textMessage("assistant", r.text)), answer: answer})
 	}
 	return answer
 }
