@@ -83,6 +83,7 @@ func direct(t *testing.T, s *lb.Server, pod config.Pod, path, body string) int {
 	var usage struct {
 		Usage struct {
 			PromptTokens int `json:"prompt_tokens"`
+			InputTokens  int `json:"input_tokens"` // the Responses API's
 		} `json:"usage"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&usage)
@@ -90,7 +91,7 @@ func direct(t *testing.T, s *lb.Server, pod config.Pod, path, body string) int {
 	if resp.StatusCode != 200 || err != nil {
 		t.Fatalf("direct to the pod: %d %v %+v", resp.StatusCode, err, usage)
 	}
-	n := usage.Usage.PromptTokens
+	n := max(usage.Usage.PromptTokens, usage.Usage.InputTokens)
 	testwait.For(t, "the pod's KV events", func() bool { blocks, _ := indexBlocks(t, s, pod.Name); return blocks >= before+n/16 })
 	return n
 }
@@ -188,6 +189,53 @@ func TestExactTokensMatchTheEnginesEvents(t *testing.T) {
 		if (pod == home) != (cached >= prompted*9/10-16) {
 			t.Fatalf("/admin/index/match: %v (home %s, first prompt %d tokens)", match, home, prompted)
 		}
+	}
+}
+
+// A Responses request runs on vLLM as the chat its instructions and
+// input make: the gateway keys it by that chat's ids, so a client that
+// resends the whole conversation each turn (store false) is sent to the
+// pod holding it, as a chat client is.
+func TestResponsesMatchTheEnginesEvents(t *testing.T) {
+	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "r")
+	system := strings.Repeat("You answer questions about the geography of East Asia, briefly and accurately. ", 40)
+	instructions, _ := json.Marshal(system)
+	first := `{"model":"m","instructions":` + string(instructions) + `,"input":"Where is the capital of China?","max_output_tokens":2,"store":false}`
+	home := "r-1"
+	prompted := direct(t, s, pods[1], "/v1/responses", first)
+	if prompted < 500 {
+		t.Fatalf("the first prompt is %d tokens; want the long instructions'", prompted)
+	}
+	next := `{"model":"m","instructions":` + string(instructions) + `,"store":false,"max_output_tokens":2,"input":[
+		{"role":"user","content":"Where is the capital of China?"},
+		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Beijing.","annotations":[]}]},
+		{"type":"message","role":"user","content":[{"type":"input_text","text":"And of Japan?"}]}]}`
+	// Again and again: by load alone, idle pods are a coin's toss.
+	for range 5 {
+		resp, b := post(t, s, "/v1/responses", next)
+		if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
+			t.Fatalf("second turn on %s (%d %.200s), its prefix is on %s", resp.Header.Get("x-pdlb-pod"), resp.StatusCode, b, home)
+		}
+	}
+	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+	var cached float64
+	for _, line := range strings.Split(metrics, "\n") {
+		fmt.Sscanf(line, `pdlb_prefix_cached_tokens_total{model="m"} %g`, &cached)
+	}
+	if cached < 5*(float64(prompted)*0.9-16) {
+		t.Fatalf("gateway predicted %g cached tokens in 5 requests; the first prompt alone was %d tokens", cached, prompted)
+	}
+	if _, counts := tokenizedCounts(t, s.AdminAddr()); counts["exact"] != 5 || counts["unindexed"] != 0 {
+		t.Fatalf("/admin/index counts %v", counts)
+	}
+	// Tools shape vLLM's prompt in ways not followed here: such a request
+	// is routed without the index, and counted so.
+	resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":1,"store":false,"tools":[{"type":"function","name":"f","parameters":{}}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("tools: %d %s", resp.StatusCode, b)
+	}
+	if _, counts := tokenizedCounts(t, s.AdminAddr()); counts["unindexed"] != 1 {
+		t.Fatalf("a request with tools was not counted unindexed: %v", counts)
 	}
 }
 

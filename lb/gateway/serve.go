@@ -198,7 +198,7 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 // a pod's ledger and queue, which they would hold up as prefill work, get
 // nothing.
 func budgeted(x *completion, body []byte) int {
-	if x.req.Kind.Generates() {
+	if x.req.Kind.Outputs() {
 		return x.req.PromptTokens()
 	}
 	return tokenize.CountLen(len(body))
@@ -208,9 +208,16 @@ func budgeted(x *completion, body []byte) int {
 // prompt to match and nothing to prefill and decode, so whatever the
 // model and headers say, a combined pod with the fewest requests in
 // flight answers them (otherPolicy); nor do they fall back to another
-// model (fallBack).
+// model (fallBack). A Responses request is routed by the model's policy
+// among its combined pods: the engine runs the prefill/decode exchange
+// of chats and completions only.
 func strategyFor(x *completion, m *pool.Model) (route.Resolved, error) {
-	if !x.req.Kind.Generates() {
+	switch {
+	case x.req.Kind == openai.KindResponses:
+		res, err := strategyOf(x, m)
+		res.PD = nil
+		return res, err
+	case !x.req.Kind.Generates():
 		return route.Resolved{Policy: otherPolicy}, nil
 	}
 	return strategyOf(x, m)

@@ -44,7 +44,7 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // tokenizer's segment cache; engines/prompt's benchmarks).
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
-	if !x.req.Kind.Generates() {
+	if !x.req.Kind.Outputs() {
 		return nil // no prompt was read
 	}
 	if e := x.req.EngineRefusal(); e != nil {
@@ -57,16 +57,24 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	case x.req.TokenIDs:
 	case m.Prompt == nil:
 		mode = tokensStandIn
-	case x.req.Kind == openai.KindChat:
+	case x.req.Kind == openai.KindChat, x.req.Kind == openai.KindResponses:
 		special := x.req.SpecialTokensSet && x.req.SpecialTokens
 		var err error
-		if x.ids, err = m.Prompt.Chat(x.ids, body, special); err != nil {
+		if x.req.Kind == openai.KindResponses {
+			x.ids, err = m.Prompt.Responses(x.ids, body)
+		} else {
+			x.ids, err = m.Prompt.Chat(x.ids, body, special)
+		}
+		if err != nil {
 			if f := refusal(err, m); f != nil {
 				return f
 			}
 			mode = tokensUnindexed
 			x.ids = x.ids[:0]
-			if held, ok := g.inexactLog.allow(time.Now().UnixNano(), time.Second); ok {
+			// A Responses request with tools, reasoning or a previous
+			// response is rendered by the engine alone, as expected.
+			if x.req.Kind == openai.KindResponses {
+			} else if held, ok := g.inexactLog.allow(time.Now().UnixNano(), time.Second); ok {
 				g.log.Warn("prompt not tokenized as the engine would; routed without the KV-event index",
 					"model", m.Name, "err", err, "suppressed", held)
 			}
