@@ -233,8 +233,20 @@ func testAdmissionShedsWhatCannotMeetItsTarget(t *testing.T, via *http.Client) {
 	if resp, b := postVia(t, via, s, "/v1/chat/completions", chat("short", "hi", 2, false)); resp.StatusCode != 200 {
 		t.Fatalf("a short prompt was not admitted: %d %s", resp.StatusCode, b)
 	}
+	// The Responses API's prompt is judged as a chat's.
+	before := pod.Stats().PromptTokens
+	resp, b = postVia(t, via, s, "/v1/responses", `{"model":"m","max_output_tokens":2,"store":false,"instructions":"`+strings.Repeat("x", 6400)+`","input":"hi"}`)
+	if resp.StatusCode != 429 || !strings.Contains(b, "predicted time to first token") {
+		t.Fatalf("long Responses request: got %d %.200q, want 429", resp.StatusCode, b)
+	}
+	if st := pod.Stats(); st.PromptTokens != before {
+		t.Fatalf("a rejected Responses request reached the pod: %+v", st)
+	}
+	if resp, b := postVia(t, via, s, "/v1/responses", `{"model":"m","max_output_tokens":2,"store":false,"input":"hi"}`); resp.StatusCode != 200 {
+		t.Fatalf("a short Responses request was not admitted: %d %s", resp.StatusCode, b)
+	}
 	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
-	for _, want := range []string{`pdlb_admission_requests_total{class="interactive",decision="rejected"} 1`, `pdlb_admission_requests_total{class="interactive",decision="admitted"} 1`} {
+	for _, want := range []string{`pdlb_admission_requests_total{class="interactive",decision="rejected"} 2`, `pdlb_admission_requests_total{class="interactive",decision="admitted"} 2`} {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("/metrics lacks %q", want)
 		}

@@ -339,8 +339,8 @@ func TestResponsesPinnedHedge(t *testing.T) {
 }
 
 // TestResponsesUsage: a Responses answer's output tokens (its usage,
-// whole or in response.completed) count as a completion's; its stream
-// times no first token, the Responses prompt being unread.
+// whole or in response.completed) count as a completion's, and its
+// stream's first token is timed as a completion's.
 func TestResponsesUsage(t *testing.T) {
 	p := &responsesPod{stored: map[string]bool{}}
 	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: fakePod(t, p.serve)}}, nil)
@@ -352,8 +352,10 @@ func TestResponsesUsage(t *testing.T) {
 			t.Errorf("after %s: pdlb_completion_tokens_total %v, want %d", body, n, 7*(i+1))
 		}
 	}
-	if n := metricValue(t, s, `pdlb_time_to_first_token_seconds_count{model="m"}`); n != 0 {
-		t.Errorf("a Responses stream timed %v first tokens", n)
+	// Its first output_text.delta is its first token: the pod's prefill
+	// of it is done then.
+	if n := metricValue(t, s, `pdlb_time_to_first_token_seconds_count{model="m"}`); n != 1 {
+		t.Errorf("a Responses stream timed %v first tokens, want 1", n)
 	}
 }
 

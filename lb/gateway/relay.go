@@ -271,7 +271,7 @@ func (g *Gateway) relayEnded(x *completion, pod *pool.Pod) int {
 	// The choices' tokens come interleaved, a step's worth at a time: n
 	// for each prompt of a completion batch, so each choice's count times
 	// the prompts times n.
-	if n := float64(x.counted.Tokens()) / float64(x.req.Choices*x.req.Batch()); n > 1 && x.req.Kind.Generates() {
+	if n := float64(x.counted.Tokens()) / float64(x.req.Choices*x.req.Batch()); n > 1 && x.req.Kind.Outputs() {
 		tpot := t.last.Sub(t.first).Seconds() / (n - 1)
 		x.modelStats.tpot.Update(tpot)
 		// The pod's step time at its batch teaches its TPOT line, which
@@ -368,9 +368,7 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 			x.failure = openai.EngineErrorEvent(ev, status)
 		}
 		x.tr.event(ev)
-		if x.counted.Tokens() > before && x.req.Kind.Generates() {
-			// A Responses stream's tokens time nothing: its prompt was
-			// not read, so no prefill was charged or predicted.
+		if x.counted.Tokens() > before && x.req.Kind.Outputs() {
 			if now.IsZero() {
 				now = time.Now()
 			}

@@ -137,7 +137,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 // already). A deferral waits on a worker, where x is picked anew and the
 // wait goes on: false says x moved to one.
 func (g *Gateway) admitStage(x *completion) bool {
-	if g.admit == nil || x.attempts > 0 || x.admitted || !x.req.Kind.Generates() {
+	if g.admit == nil || x.attempts > 0 || x.admitted || !x.req.Kind.Outputs() {
 		// Admission predicts a generation's latency: the other APIs
 		// have none to predict.
 		x.stage = stageAttempt
