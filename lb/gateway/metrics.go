@@ -63,10 +63,14 @@ type modelMetrics struct {
 	// stream's counted from its events, or its usage when it carries it; a
 	// whole answer's from its usage).
 	completionTokens *metrics.Counter
-	// generated counts the completions answered 200: the planner's
-	// finished requests, whose output it averages (the other APIs'
-	// answers have none).
+	// generated counts the completions and Responses answered 200: the
+	// planner's finished requests, whose output it averages (the other
+	// APIs' answers have none).
 	generated atomic.Int64
+	// responses counts the Responses requests that arrived: the planner's
+	// besides those the prefill/decode cascade decided (pd.Kinds), which
+	// Responses never take.
+	responses atomic.Int64
 	// fallbacks counts requests for another model moved to this one
 	// (models.go).
 	fallbacks *metrics.Counter
@@ -237,7 +241,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_config_last_reload_success_timestamp_seconds": {Help: "When the configuration was last applied (the start, or the last reload that succeeded), in Unix seconds."},
 	"pdlb_time_to_first_token_seconds":                  {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
 	"pdlb_time_per_output_token_seconds":                {Help: "Time per output token after the first of a streaming request, in seconds."},
-	"pdlb_request_duration_seconds":                     {Help: "Time from a completion's arrival to the end of its answer, in seconds (the engines' other APIs, such as embeddings, are not in it)."},
+	"pdlb_request_duration_seconds":                     {Help: "Time from a completion's or Responses request's arrival to the end of its answer, in seconds (the engines' other APIs, such as embeddings, are not in it)."},
 	"pdlb_shed_duration_seconds":                        {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
 	"pdlb_prompt_tokens_total":                          {Help: "Prompt tokens of the requests placed on a pod."},
 	"pdlb_prefix_cached_tokens_total":                   {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},

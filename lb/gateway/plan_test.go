@@ -184,6 +184,34 @@ func started(t *testing.T, cfg config.Config) *Gateway {
 	return g
 }
 
+// TestPlanCountsResponses: a Responses request is the model's demand as
+// a completion is: counted as it arrives and when answered, with its
+// prompt's tokens, so the planner's mean prompt length holds.
+func TestPlanCountsResponses(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"resp_1","object":"response","status":"completed","output":[],"usage":{"input_tokens":9,"output_tokens":3}}`)
+	}))
+	t.Cleanup(srv.Close)
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+	cfg.Pods = []config.Pod{{Name: "p0", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
+	g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	for range 4 {
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Request.Header.SetMethod(fasthttp.MethodPost)
+		ctx.Request.SetRequestURI("/v1/responses")
+		ctx.Request.SetBodyString(`{"model":"m","input":"a prompt of some words","store":false}`)
+		g.Handler(ctx)
+		if ctx.Response.StatusCode() != 200 {
+			t.Fatalf("/v1/responses: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+	}
+	if c := g.planCounts(m); c.Requests != 4 || c.Finished != 4 || c.PromptTokens <= 0 {
+		t.Errorf("after 4 Responses requests the planner counts %+v, want 4 requests, 4 finished and their prompt tokens", c)
+	}
+}
+
 // TestPlanCountsCompletionsOnly: the planner averages output over the
 // finished requests; answers of the other APIs (a /tokenize) have none and
 // must not dilute it.

@@ -127,7 +127,7 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	}
 	g.leave(x)
 	stats := g.metrics.model(m)
-	if x.req.Kind.Generates() {
+	if x.req.Kind.Outputs() {
 		// The model's generation latency and output: an embedding or a
 		// tokenization would pull them down.
 		stats.e2e.Update(now.Sub(x.start).Seconds())
@@ -189,6 +189,9 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		return false
 	}
 	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
+	if x.req.Kind == openai.KindResponses {
+		g.metrics.model(m).responses.Add(1)
+	}
 	return true
 }
 
