@@ -17,7 +17,20 @@ type BodyOptions struct {
 	// generates exactly max_tokens and runs compare; OpenAI-compatible
 	// servers that do not know it ignore it.
 	IgnoreEOS bool
+	// API is the API the requests go to: APIChat (the default, "") sends
+	// a chat as a chat completion and a prompt as a completion;
+	// APIResponses sends either to OpenAI's Responses API.
+	API string
 }
+
+// APIs of BodyOptions.API.
+const (
+	APIChat      = "chat"
+	APIResponses = "responses"
+)
+
+// responses says o sends the Responses API's requests.
+func (o BodyOptions) responses() bool { return o.API == APIResponses }
 
 type chatMessage struct {
 	Role    string `json:"role"`
@@ -40,9 +53,26 @@ type body struct {
 	StreamOptions *streamOptions `json:"stream_options,omitempty"`
 }
 
-// Path returns the API path r goes to.
-func (r *Request) Path() string {
-	if r.Chat() {
+// responsesBody is a Responses API request: a chat's system prompt as
+// its instructions and its turns as input messages, or a prompt as its
+// input string; stored nowhere, as a client keeping its own history
+// sends it.
+type responsesBody struct {
+	Model           string `json:"model"`
+	Instructions    string `json:"instructions,omitempty"`
+	Input           any    `json:"input"`
+	MaxOutputTokens int    `json:"max_output_tokens,omitempty"`
+	IgnoreEOS       bool   `json:"ignore_eos,omitempty"`
+	Store           bool   `json:"store"`
+	Stream          bool   `json:"stream"`
+}
+
+// Path returns the API path r goes to with o.
+func (r *Request) Path(o BodyOptions) string {
+	switch {
+	case o.responses():
+		return "/v1/responses"
+	case r.Chat():
 		return "/v1/chat/completions"
 	}
 	return "/v1/completions"
@@ -51,29 +81,54 @@ func (r *Request) Path() string {
 // AppendBody appends r's JSON body to dst. A zero OutputTokens sends no
 // max_tokens: the engine's default length.
 func (r *Request) AppendBody(dst []byte, o BodyOptions) []byte {
-	b := body{Model: o.Model, MaxTokens: r.OutputTokens, IgnoreEOS: o.IgnoreEOS && r.OutputTokens > 0, Stream: o.Stream}
-	if o.Stream {
-		b.StreamOptions = &streamOptions{IncludeUsage: true}
-	}
-	if r.Chat() {
-		b.Messages = make([]chatMessage, 0, 1+len(r.Turns))
-		if r.System != "" {
-			b.Messages = append(b.Messages, chatMessage{"system", r.System})
-		}
-		for _, t := range r.Turns {
-			b.Messages = append(b.Messages, chatMessage{"user", t})
-		}
+	var v any
+	if o.responses() {
+		v = r.responsesBody(o)
 	} else {
-		b.Prompt = &r.Prompt
+		v = r.body(o)
 	}
 	buf := bytes.NewBuffer(dst)
 	enc := json.NewEncoder(buf)
 	// Trace prompts carry chat templates ("<|user|>"); sent unescaped they
 	// stay readable in a vegeta file and byte-identical to the trace.
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(&b); err != nil {
+	if err := enc.Encode(v); err != nil {
 		panic("BUG: load: encoding a request body: " + err.Error())
 	}
 	out := buf.Bytes()
 	return out[:len(out)-1] // Encode's newline
+}
+
+// body is r's chat or completion request.
+func (r *Request) body(o BodyOptions) *body {
+	b := &body{Model: o.Model, MaxTokens: r.OutputTokens, IgnoreEOS: o.IgnoreEOS && r.OutputTokens > 0, Stream: o.Stream}
+	if o.Stream {
+		b.StreamOptions = &streamOptions{IncludeUsage: true}
+	}
+	if !r.Chat() {
+		b.Prompt = &r.Prompt
+		return b
+	}
+	b.Messages = make([]chatMessage, 0, 1+len(r.Turns))
+	if r.System != "" {
+		b.Messages = append(b.Messages, chatMessage{"system", r.System})
+	}
+	for _, t := range r.Turns {
+		b.Messages = append(b.Messages, chatMessage{"user", t})
+	}
+	return b
+}
+
+// responsesBody is r's Responses API request.
+func (r *Request) responsesBody(o BodyOptions) *responsesBody {
+	b := &responsesBody{Model: o.Model, Instructions: r.System, MaxOutputTokens: r.OutputTokens,
+		IgnoreEOS: o.IgnoreEOS && r.OutputTokens > 0, Stream: o.Stream, Input: r.Prompt}
+	if r.Chat() {
+		turns := make([]chatMessage, 0, len(r.Turns))
+		for _, t := range r.Turns {
+			turns = append(turns, chatMessage{"user", t})
+		}
+		b.Input = turns
+	}
+	return b
 }

@@ -90,9 +90,9 @@ const readBufSize = 32 << 10
 
 // send posts body for r to target and measures the answer into res. due is
 // when the request was due; the caller bounds ctx by the client timeout.
-func send(ctx context.Context, c *http.Client, target string, r *Request, body []byte, stream bool, due time.Time, res *Result) {
+func send(ctx context.Context, c *http.Client, target string, r *Request, body []byte, o BodyOptions, due time.Time, res *Result) {
 	res.Class, res.PromptTokens, res.Session = r.Class, r.PromptTokens, r.Session
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+r.Path(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+r.Path(o), bytes.NewReader(body))
 	if err != nil {
 		panic("BUG: load: building a request: " + err.Error())
 	}
@@ -120,11 +120,11 @@ func send(ctx context.Context, c *http.Client, target string, r *Request, body [
 		res.E2E = time.Since(due).Seconds()
 		return
 	}
-	if !stream {
+	if !o.Stream {
 		readWhole(resp.Body, due, res)
 		return
 	}
-	readStream(resp.Body, due, res)
+	readStream(resp.Body, due, res, o.responses())
 }
 
 // readWhole reads a non-streamed answer; its first token reaches the client
@@ -137,24 +137,24 @@ func readWhole(body io.Reader, due time.Time, res *Result) {
 	}
 	res.E2E = time.Since(due).Seconds()
 	res.TTFT = res.E2E
-	var out struct {
-		Usage struct {
-			CompletionTokens int `json:"completion_tokens"`
-		} `json:"usage"`
-	}
-	if json.Unmarshal(b, &out) != nil {
+	if !json.Valid(b) {
 		res.Outcome = Lost
 		return
 	}
-	res.Tokens, res.Outcome = out.Usage.CompletionTokens, OK
+	// A completion's usage.completion_tokens, a Responses answer's
+	// usage.output_tokens.
+	var tc openai.TokenCounter
+	tc.ObserveBody(b)
+	res.Tokens, res.Outcome = tc.Tokens(), OK
 }
 
 // readStream reads an SSE answer event by event. An event that raises the
 // token count carries output; the usage chunk that follows the last token
 // raises it too when the engine merged tokens into chunks, and engines send
 // it in the same write as the last token, so it does not move the end of
-// the output measurably.
-func readStream(body io.Reader, due time.Time, res *Result) {
+// the output measurably. A completion's stream is whole at its [DONE], a
+// Responses stream (responses) at its usage, in response.completed.
+func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
 	var (
 		split       openai.Splitter
 		tc          openai.TokenCounter
@@ -192,7 +192,7 @@ func readStream(body io.Reader, due time.Time, res *Result) {
 	switch {
 	case bad:
 		res.Outcome = StreamError
-	case !done || split.Err() != nil:
+	case !(done || responses && tc.Exact()) || split.Err() != nil:
 		res.Outcome = Lost
 	default:
 		res.Outcome = OK

@@ -68,13 +68,20 @@ func mustWorkload(t *testing.T, spec WorkloadSpec) Workload {
 }
 
 // TestRunThroughGateway sends the multi-turn chat through a real gateway
-// to sim pods and checks the report against what was sent.
+// to sim pods and checks the report against what was sent, as chat
+// completions and as Responses API requests.
 func TestRunThroughGateway(t *testing.T) {
+	for _, api := range []string{APIChat, APIResponses} {
+		t.Run(api, func(t *testing.T) { runThroughGateway(t, api) })
+	}
+}
+
+func runThroughGateway(t *testing.T, api string) {
 	// One pod, so every system prompt misses once at most.
 	target, metrics := testFleet(t, "m", 1)
 	const n, out = 40, 16
 	cfg := Config{
-		Target: target, Body: BodyOptions{Model: "m", Stream: true, IgnoreEOS: true},
+		Target: target, Body: BodyOptions{Model: "m", Stream: true, IgnoreEOS: true, API: api},
 		Arrival: Constant, Rate: 50, Requests: n, Timeout: 10 * time.Second, Metrics: metrics,
 	}
 	rep, err := Run(context.Background(), cfg, mustWorkload(t, WorkloadSpec{Name: WorkloadSeedChat, OutputTokens: out, BatchFraction: 0.25}))
@@ -216,6 +223,8 @@ func TestConfigValidate(t *testing.T) {
 	f(func(c *Config) { c.Timeout = -time.Second }, false)
 	f(func(c *Config) { c.SLO[admit.Batch].TTFT = 1 }, false) // interactive's TTFT left at 0
 	f(func(c *Config) { c.Metrics = []string{"not a url"} }, false)
+	f(func(c *Config) { c.Body.API = APIResponses }, true)
+	f(func(c *Config) { c.Body.API = "completions" }, false)
 }
 
 func TestParseCacheCounters(t *testing.T) {

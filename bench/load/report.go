@@ -20,6 +20,7 @@ type Report struct {
 	Target      string  `json:"target"`
 	Model       string  `json:"model"`
 	Stream      bool    `json:"stream"`
+	API         string  `json:"api,omitempty"` // "responses"; "" for chat and text completions
 	Arrival     string  `json:"arrival"`
 	Rate        float64 `json:"rate,omitempty"`
 	Concurrency int     `json:"concurrency,omitempty"`
@@ -127,6 +128,9 @@ func newReport(cfg Config, results []Result, elapsed time.Duration) *Report {
 		Target: cfg.Target, Model: cfg.Body.Model, Stream: cfg.Body.Stream, Arrival: cfg.Arrival.String(),
 		Requests: len(results), Errors: map[string]int{}, Duration: elapsed.Seconds(), Results: results,
 	}
+	if cfg.Body.responses() {
+		rep.API = APIResponses
+	}
 	switch cfg.Arrival {
 	case Poisson, Constant:
 		rep.Rate = cfg.Rate
@@ -210,6 +214,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	stream := "streaming"
 	if !r.Stream {
 		stream = "not streaming"
+	}
+	if r.API != "" {
+		stream += "  " + r.API + " API"
 	}
 	fmt.Fprintf(&b, "target %s  model %s  %s  %s\n", r.Target, r.Model, mode, stream)
 	fmt.Fprintf(&b, "requests %d  ok %d  lost %d  errors %s  in %.1f s: %.2f req/s, %.0f output tokens/s\n",

@@ -164,6 +164,8 @@ func (c Config) Validate() error {
 		return bad("arrival", c.Arrival, "is unknown")
 	}
 	switch {
+	case c.Body.API != "" && c.Body.API != APIChat && c.Body.API != APIResponses:
+		return bad("api", c.Body.API, "must be "+APIChat+" or "+APIResponses)
 	case c.Duration < 0:
 		return bad("duration", c.Duration, "must not be negative")
 	case c.Requests < 0:
@@ -350,7 +352,7 @@ func (r *run) send(ctx context.Context, req *Request, body []byte, due time.Time
 	ctx, cancel := context.WithDeadline(ctx, due.Add(r.cfg.Timeout))
 	defer cancel()
 	res := Result{Start: due.Sub(r.start).Seconds(), Target: int((n - 1) % int64(len(r.targets)))}
-	send(ctx, r.client, r.targets[res.Target], req, body, r.cfg.Body.Stream, due, &res)
+	send(ctx, r.client, r.targets[res.Target], req, body, r.cfg.Body, due, &res)
 	switch res.Outcome {
 	case OK:
 		r.ok.Add(1)

@@ -31,7 +31,7 @@ func WriteVegetaTargets(out io.Writer, w Workload, n int, target string, o BodyO
 			return i, nil
 		}
 		buf = r.AppendBody(buf[:0], o)
-		t := vegetaTarget{Method: http.MethodPost, URL: target + r.Path(), Body: buf, Header: http.Header{}}
+		t := vegetaTarget{Method: http.MethodPost, URL: target + r.Path(o), Body: buf, Header: http.Header{}}
 		setHeaders(t.Header, &r)
 		if err := enc.Encode(&t); err != nil {
 			return i, err

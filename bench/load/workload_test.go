@@ -88,6 +88,23 @@ func TestSeedChatShape(t *testing.T) {
 		!b.Stream || b.Options == nil || !b.Options.IncludeUsage {
 		t.Fatalf("body %+v", b)
 	}
+	// As a Responses request: the system prompt as instructions, the
+	// turns as input, stored nowhere.
+	o := BodyOptions{Model: "m", Stream: true, API: APIResponses}
+	var rb struct {
+		Instructions string
+		Input        []struct{ Role, Content string }
+		Store        *bool
+		Stream       bool
+		MaxOutput    int `json:"max_output_tokens"`
+	}
+	if err := json.Unmarshal(r.AppendBody(nil, o), &rb); err != nil {
+		t.Fatal(err)
+	}
+	if r.Path(o) != "/v1/responses" || rb.Instructions != r.System || len(rb.Input) != len(r.Turns) || rb.Input[0].Role != "user" ||
+		rb.Store == nil || *rb.Store || !rb.Stream || rb.MaxOutput != r.OutputTokens {
+		t.Fatalf("Responses body %+v to %s", rb, r.Path(o))
+	}
 }
 
 func TestWorkloadShapes(t *testing.T) {
