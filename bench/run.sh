@@ -20,7 +20,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro tokenize sim plan live routing exact tokenload overload proxy sse tls upgrade chaos churn replicas lora)
+SCENARIOS=(micro tokenize sim plan live routing exact responses tokenload overload proxy sse tls upgrade chaos churn replicas lora)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -227,6 +227,19 @@ scenario_exact() {
 	live_fleet fleet8-qwen3.yaml gateway8-qwen3.yaml slo_cache --workload seed-chat --rate 40 --duration 90s --output-tokens 16
 	live_fleet fleet8-qwen3.yaml gateway8-qwen3-noevents.yaml slo_cache --workload seed-chat --rate 40 --duration 90s --output-tokens 16
 	live_fleet fleet8-qwen3.yaml gateway8-qwen3-noevents.yaml random --workload seed-chat --rate 40 --duration 90s --output-tokens 16
+}
+
+scenario_responses() {
+	section "Live: the Responses API's resent conversations" "The multi-turn chat as OpenAI Responses API requests (the system prompt as instructions, the history resent as input messages, store false) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it and publish its KV events: once under slo_cache, once under least_request, how pdlb routed every Responses request before it read their prompts. The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
+	if ! tokref; then
+		printf '\nFAILED: npm ci in tests/tokref\n' | tee -a "$OUT"
+		FAILED=1
+		return
+	fi
+	local policy
+	for policy in slo_cache least_request; do
+		live_fleet fleet8-qwen3.yaml gateway8-qwen3.yaml "$policy" --api responses --workload seed-chat --rate 40 --duration 60s --output-tokens 16
+	done
 }
 
 scenario_tokenload() {
