@@ -130,6 +130,9 @@ func (c *Conversation) parseItem() error {
 	default:
 		return ErrInexact
 	}
+	// vLLM makes an assistant item's message of its content alone: its
+	// name, tool calls and reasoning never reach the template.
+	m.hasName, m.hasCallID, m.toolCalls, m.hasReason = false, false, span{}, false
 	switch m.contentKind {
 	case contentString:
 		return nil

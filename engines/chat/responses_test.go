@@ -52,17 +52,19 @@ func TestParseResponses(t *testing.T) {
 	same(`{"instructions":"a","instructions":null,"input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
 	// A list of message items, as a client resending its history sends
 	// it: a user's parts are kept as the chat API reads them, an
-	// assistant's content is its first part's text.
+	// assistant's content is its first part's text, and nothing else of
+	// it (its name, tool calls, reasoning) reaches the template.
 	same(`{"instructions":"S","input":[
 		{"role":"user","content":"one"},
 		{"type":"message","role":"assistant","id":"msg_1","status":"completed","content":[{"type":"output_text","text":"two","annotations":[]},{"type":"output_text","text":"dropped"}]},
 		{"type":"message","role":"user","content":[{"type":"input_text","text":"three"},{"type":"input_text","text":"four"}]},
 		{"role":"developer","content":"five"},
 		{"role":"assistant","content":"six"},
-		{"role":"assistant","content":[]}],"store":false,"stream":true}`,
+		{"role":"assistant","content":[]},
+		{"role":"assistant","content":"seven","name":"bot","reasoning_content":"hmm","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}],"store":false,"stream":true}`,
 		`{"messages":[{"role":"system","content":"S"},{"role":"user","content":"one"},{"role":"assistant","content":"two"},
 		{"role":"user","content":[{"type":"input_text","text":"three"},{"type":"input_text","text":"four"}]},
-		{"role":"developer","content":"five"},{"role":"assistant","content":"six"},{"role":"assistant","content":""}]}`)
+		{"role":"developer","content":"five"},{"role":"assistant","content":"six"},{"role":"assistant","content":""},{"role":"assistant","content":"seven"}]}`)
 
 	inexact := func(body string) {
 		t.Helper()
