@@ -189,6 +189,38 @@ type contentPart struct {
 	Text string `json:"text"`
 }
 
+// partText is the text vLLM keeps of a content part (chat_utils.py): a
+// bare string; the "text" of a text, input_text or output_text part, the
+// "refusal" of a refusal, the "thinking" of a thinking part. ok is false
+// for a part without text (null or absent) and for any other part.
+func partText(raw json.RawMessage) (text string, ok bool) {
+	if json.Unmarshal(raw, &text) == nil {
+		return text, true
+	}
+	var p struct {
+		Type     string  `json:"type"`
+		Text     *string `json:"text"`
+		Refusal  *string `json:"refusal"`
+		Thinking *string `json:"thinking"`
+	}
+	if json.Unmarshal(raw, &p) != nil {
+		return "", false
+	}
+	var t *string
+	switch p.Type {
+	case "text", "input_text", "output_text":
+		t = p.Text
+	case "refusal":
+		t = p.Refusal
+	case "thinking":
+		t = p.Thinking
+	}
+	if t == nil {
+		return "", false
+	}
+	return *t, true
+}
+
 var errBadRequest = errors.New("bad request")
 
 // checkStreamOptions refuses stream_options without stream as vLLM's
@@ -359,8 +391,9 @@ func (r *genRequest) vllmTruncation(maxModelLen int) (keep int, right bool, err 
 }
 
 // renderChat renders messages with the chat template the gateway uses
-// (engines/tokenize), so both sides compute the same tokens. Text parts of a
-// list content are concatenated; other parts (images) add nothing.
+// (engines/tokenize), so both sides compute the same tokens. A list
+// content renders as vLLM joins it: its text parts' texts joined by "\n"
+// (partText); other parts (images) add nothing.
 func renderChat(dst []byte, msgs []chatMessage, generationPrompt bool) ([]byte, error) {
 	if len(msgs) == 0 {
 		return dst, badRequest("messages must not be empty")
@@ -377,15 +410,22 @@ func renderChat(dst []byte, msgs []chatMessage, generationPrompt bool) ([]byte, 
 			}
 			dst = tokenize.AppendTurn(dst, []byte(m.Role), []byte(s))
 		case c[0] == '[':
-			var parts []contentPart
+			var parts []json.RawMessage
 			if err := json.Unmarshal(c, &parts); err != nil {
 				return dst, badRequest("messages[%d].content: %v", i, err)
 			}
 			dst = tokenize.AppendTurnOpen(dst, []byte(m.Role))
+			texts := 0
 			for _, p := range parts {
-				if p.Type == "text" {
-					dst = append(dst, p.Text...)
+				text, ok := partText(p)
+				if !ok {
+					continue
 				}
+				if texts > 0 {
+					dst = append(dst, '\n')
+				}
+				texts++
+				dst = append(dst, text...)
 			}
 			dst = tokenize.AppendTurnClose(dst)
 		default:

@@ -160,3 +160,43 @@ func TestResponsesClientLeft(t *testing.T) {
 		})
 	}
 }
+
+// TestResponsesPromptParts: a stand-in pod prefills a message's text
+// parts as vLLM joins them ("\n" between their texts; input_text and
+// output_text are text), as the gateway's stand-in counts them: the
+// Responses API's input_text parts, which the OpenAI SDKs send, and a
+// chat's parts give the tokens of the same text sent as a string.
+func TestResponsesPromptParts(t *testing.T) {
+	p := testPod(t, Config{Model: "m", Speedup: 100, DefaultMaxTokens: 1})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	text := strings.Repeat("where is the capital of china ", 20)
+	input := func(content any) int {
+		t.Helper()
+		code, b := post(t, c, base+"/v1/responses", map[string]any{"model": "m", "max_output_tokens": 1, "store": false,
+			"input": []any{map[string]any{"type": "message", "role": "user", "content": content}}})
+		var a respAnswer
+		if code != 200 || json.Unmarshal(b, &a) != nil {
+			t.Fatalf("%d %s", code, b)
+		}
+		return a.Usage.InputTokens
+	}
+	parts := []any{map[string]any{"type": "input_text", "text": text}, map[string]any{"type": "output_text", "text": "again"},
+		map[string]any{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}, map[string]any{"type": "input_text", "text": nil}}
+	if s, l := input(text+"\nagain"), input(parts); s != l || s < 100 {
+		t.Errorf("input_text parts prefilled %d tokens, the same text as a string %d", l, s)
+	}
+	chat := func(content any) int {
+		t.Helper()
+		code, b := post(t, c, base+"/v1/chat/completions", map[string]any{"model": "m", "max_tokens": 1,
+			"messages": []any{map[string]any{"role": "user", "content": content}}})
+		var a struct{ Usage usageJSON }
+		if code != 200 || json.Unmarshal(b, &a) != nil {
+			t.Fatalf("%d %s", code, b)
+		}
+		return a.Usage.PromptTokens
+	}
+	if s, l := chat(text+"\nagain"), chat([]any{map[string]any{"type": "text", "text": text}, "again"}); s != l {
+		t.Errorf("a chat's text parts prefilled %d tokens, the same text as a string %d", l, s)
+	}
+}
