@@ -452,6 +452,34 @@ func TestResponsesSim(t *testing.T) {
 	}
 }
 
+// TestResponsesStandInTokens: without a tokenizer, the gateway counts a
+// Responses request's prompt as a stand-in sim pod prefills it (the
+// instructions, message items as the SDKs send them, an assistant's
+// first part), so its prefill charge and keys are the pod's.
+func TestResponsesStandInTokens(t *testing.T) {
+	p, err := sim.Start(sim.Config{Name: "sim-0", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	s := testGateway(t, []config.Pod{{Name: "sim-0", Model: "m", Address: p.Addr()}}, nil)
+	resp, b := post(t, s, "/v1/responses", `{"model":"m","store":false,"max_output_tokens":1,"instructions":"Answer briefly.","input":[
+		{"role":"user","content":"Where is the capital of China?"},
+		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Beijing.","annotations":[]},{"type":"output_text","text":"dropped"}]},
+		{"type":"message","role":"user","content":[{"type":"input_text","text":"And of Japan?"},{"type":"input_text","text":"And of Korea?"}]}]}`)
+	var a struct {
+		Usage struct {
+			InputTokens int `json:"input_tokens"`
+		} `json:"usage"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &a) != nil {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if n := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`); n != float64(a.Usage.InputTokens) || n < 20 {
+		t.Errorf("the gateway counted %v prompt tokens, the pod prefilled %d", n, a.Usage.InputTokens)
+	}
+}
+
 // TestResponsesSeekEnds: the search for an unknown stored response asks
 // the available pods, each at once, and ends with vLLM's 404: not a dead
 // pod's 502 (a panic pick took it), nor after a retry's growing backoff
