@@ -415,6 +415,13 @@ func TestCacheSaltError(t *testing.T) {
 	f(``, engines.TRTLLM, "", "")
 	f(`"tenant-1"`, engines.VLLM, "", "")
 	f(`"tenant-1"`, engines.SGLang, "", "")
+
+	// A Responses request's salt is checked as a chat's, as vLLM checks
+	// it and runs the request.
+	kind, prompt = KindResponses, `"input":"x"`
+	f(`"tenant-1"`, engines.TRTLLM, "", "")
+	f(`""`, engines.VLLM, `"cache_salt" must not be empty`, CodeInvalidValue)
+	f(`5`, engines.VLLM, notString+`5`, CodeInvalidType)
 }
 
 func TestParseAllocs(t *testing.T) {
