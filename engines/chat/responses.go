@@ -10,7 +10,8 @@ import "slices"
 // assistant's content its string or its first part's text).
 //
 // What vLLM renders in ways this does not follow is ErrInexact: a
-// previous_response_id (the history is the pod's), tools, reasoning
+// previous_response_id, previous_response or previous_input_messages
+// (a history this does not rebuild), tools, reasoning
 // settings, items other than messages (function calls and their output,
 // reasoning), a partial final message vLLM continues, and any item the
 // chat API would refuse. The engine validates the request itself; a body
@@ -43,7 +44,7 @@ func (c *Conversation) ParseResponses(body []byte) error {
 			sawInput = true
 			c.msgs, c.parts = c.msgs[:0], c.parts[:0]
 			err = c.parseInput()
-		case "previous_response_id", "tools", "reasoning", "chat_template_kwargs":
+		case "previous_response_id", "previous_response", "previous_input_messages", "tools", "reasoning", "chat_template_kwargs":
 			if !s.isNull() {
 				s.skip()
 				err = ErrInexact

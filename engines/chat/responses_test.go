@@ -75,6 +75,7 @@ func TestParseResponses(t *testing.T) {
 		}
 	}
 	inexact(`{"input":"Hi","previous_response_id":"resp_1"}`)
+	inexact(`{"input":"Hi","previous_response":{"id":"resp_1","output":[]}}`)
 	inexact(`{"input":"Hi","tools":[{"type":"function","name":"f"}]}`)
 	inexact(`{"input":"Hi","reasoning":{"effort":"low"}}`)
 	inexact(`{"model":"m"}`)
