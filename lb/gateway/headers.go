@@ -103,7 +103,7 @@ var (
 // sessionOf returns the request's session key, "" when it has none. Only
 // requests that carry one pay for the string.
 func sessionOf(x *completion) string {
-	if !x.req.Kind.Generates() {
+	if !x.req.Kind.Outputs() {
 		return "" // no prompt of the session's
 	}
 	v := x.hdr[hdrSession]

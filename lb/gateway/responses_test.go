@@ -2,8 +2,11 @@ package gateway
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 
+	"pdlb/engines/tokenize"
+	"pdlb/lb/openai"
 	"pdlb/lb/route"
 )
 
@@ -92,6 +95,44 @@ func TestKeepHomeOverloaded(t *testing.T) {
 	} {
 		if got := keepHome(m, cands(c.load...), home, c.soft); len(got) != c.kept || c.kept == 1 && got[0].Pod != m.CombinedLoads[0].ID {
 			t.Errorf("%v soft %v: kept %v", c.load, c.soft, got)
+		}
+	}
+}
+
+// TestBudgetedResponses: an API key's budget is charged a Responses
+// request's prompt tokens, or its body's size when its input cannot be
+// rendered (the engine judges it): never nothing.
+func TestBudgetedResponses(t *testing.T) {
+	x := &completion{req: openai.AcquireRequest()}
+	defer openai.ReleaseRequest(x.req)
+	for body, rendered := range map[string]bool{
+		`{"model":"m","input":"a prompt of some words"}`:                              true,
+		`{"model":"m","input":[],"instructions":"` + strings.Repeat("x", 4000) + `"}`: false,
+	} {
+		if err := x.req.Parse(openai.KindResponses, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		want := tokenize.CountLen(len(body))
+		if rendered {
+			want = x.req.PromptTokens()
+		}
+		if got := budgeted(x, []byte(body)); got != want || got == 0 {
+			t.Errorf("%.60s: charged %d, want %d", body, got, want)
+		}
+	}
+}
+
+// TestSessionOfResponses: a Responses request's session header is its
+// session's, as a chat's is (the ledger charges a session's growth); an
+// API without a prompt has none.
+func TestSessionOfResponses(t *testing.T) {
+	x := &completion{req: openai.AcquireRequest()}
+	defer openai.ReleaseRequest(x.req)
+	x.hdr[hdrSession] = []byte("conv-7")
+	for kind, want := range map[openai.Kind]string{openai.KindResponses: "conv-7", openai.KindChat: "conv-7", openai.KindOther: ""} {
+		x.req.Kind = kind
+		if got := sessionOf(x); got != want {
+			t.Errorf("%s: session %q, want %q", kind, got, want)
 		}
 	}
 }

@@ -196,13 +196,18 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 }
 
 // budgeted is the input tokens x charges its API key's token budget: its
-// prompt's, or for the other APIs, whose prompt is not read, the body's
-// size at the stand-in's 4 bytes a token. Only the budget counts them so:
+// prompt's, or for the other APIs, whose prompt is not read, and a
+// prompt read as empty, the body's size at the stand-in's 4 bytes a
+// token. Only the budget counts them so:
 // a pod's ledger and queue, which they would hold up as prefill work, get
 // nothing.
 func budgeted(x *completion, body []byte) int {
 	if x.req.Kind.Outputs() {
-		return x.req.PromptTokens()
+		// A Responses input the gateway cannot render (the engine
+		// judges it) has no prompt tokens: its body is charged.
+		if n := x.req.PromptTokens(); n > 0 {
+			return n
+		}
 	}
 	return tokenize.CountLen(len(body))
 }
