@@ -182,19 +182,8 @@ func (c *Conversation) ParseRequest(body []byte) error {
 func (c *Conversation) parse(body []byte) error {
 	c.Reset()
 	s := &c.sc
-	s.reset(body)
-	if s.peek() != '{' {
-		return &RequestError{Param: "body", Message: "body: Input should be a valid dictionary or object to extract fields from"}
-	}
-	s.pos++
 	sawMessages := false
-	first := true
-	for s.more(&first, '}') {
-		var k span
-		c.arena, k = s.key(c.arena)
-		name := c.bytes(k)
-		c.arena = c.arena[:k.lo] // keys are not kept
-		var err error
+	err := c.object(body, func(name []byte) (err error) {
 		switch string(name) {
 		case "messages":
 			// Python's json.loads keeps the last of repeated keys.
@@ -219,15 +208,10 @@ func (c *Conversation) parse(body []byte) error {
 		default:
 			s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	if s.peek() != 0 {
-		s.fail()
-	}
-	if s.err != nil {
-		return &RequestError{Param: "body", Message: "JSON decode error: " + s.err.Error()}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if !sawMessages {
 		return fieldError("messages", "Field required")
@@ -241,6 +225,33 @@ func (c *Conversation) parse(body []byte) error {
 		return &RequestError{Param: "continue_final_message", Message: "continue_final_message and add_generation_prompt are not compatible. Use continue_final_message when you want the model to continue the final message, and add_generation_prompt when you want to add a header that will prompt it to generate a new assistant message instead."}
 	}
 	return nil
+}
+
+// object walks the request object body: field gets each key (valid until
+// it reads the value) with the scanner on its value, which it must read
+// or skip, and stops the walk with an error. A body that is no object,
+// or no JSON, is vLLM's 400 for it.
+func (c *Conversation) object(body []byte, field func(name []byte) error) error {
+	s := &c.sc
+	s.reset(body)
+	if s.peek() != '{' {
+		return &RequestError{Param: "body", Message: "body: Input should be a valid dictionary or object to extract fields from"}
+	}
+	s.pos++
+	first := true
+	for s.more(&first, '}') {
+		var k span
+		c.arena, k = s.key(c.arena)
+		name := c.bytes(k)
+		c.arena = c.arena[:k.lo] // keys are not kept
+		if err := field(name); err != nil {
+			return err
+		}
+	}
+	if s.peek() != 0 {
+		s.fail()
+	}
+	return c.syntax()
 }
 
 // checkEffort refuses a reasoning_effort outside vLLM's Literal.

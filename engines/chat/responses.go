@@ -19,22 +19,11 @@ import "slices"
 func (c *Conversation) ParseResponses(body []byte) error {
 	c.Reset()
 	s := &c.sc
-	s.reset(body)
 	defer s.reset(nil)
-	if s.peek() != '{' {
-		return &RequestError{Param: "body", Message: "body: Input should be a valid dictionary or object to extract fields from"}
-	}
-	s.pos++
 	var system span
 	hasSystem, sawInput := false, false
-	first := true
-	for s.more(&first, '}') {
-		var k span
-		c.arena, k = s.key(c.arena)
-		name := string(c.bytes(k))
-		c.arena = c.arena[:k.lo]
-		var err error
-		switch name {
+	err := c.object(body, func(name []byte) (err error) {
+		switch string(name) {
 		case "instructions":
 			// A repeated key's last value wins, as in json.loads.
 			if system, hasSystem, err = c.optString("instructions"); err != nil {
@@ -52,14 +41,9 @@ func (c *Conversation) ParseResponses(body []byte) error {
 		default:
 			s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	if s.peek() != 0 {
-		s.fail()
-	}
-	if err := c.syntax(); err != nil {
+		return err
+	})
+	if err != nil {
 		return err
 	}
 	if !sawInput {

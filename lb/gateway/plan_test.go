@@ -184,6 +184,22 @@ func started(t *testing.T, cfg config.Config) *Gateway {
 	return g
 }
 
+// postN posts body to path through g's handler n times, each answered
+// 200.
+func postN(t *testing.T, g *Gateway, n int, path, body string) {
+	t.Helper()
+	for range n {
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Request.Header.SetMethod(fasthttp.MethodPost)
+		ctx.Request.SetRequestURI(path)
+		ctx.Request.SetBodyString(body)
+		g.Handler(ctx)
+		if ctx.Response.StatusCode() != 200 {
+			t.Fatalf("%s: %d %s", path, ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+	}
+}
+
 // TestPlanCountsResponses: a Responses request is the model's demand as
 // a completion is: counted as it arrives and when answered, with its
 // prompt's tokens, so the planner's mean prompt length holds.
@@ -197,16 +213,7 @@ func TestPlanCountsResponses(t *testing.T) {
 	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
 	cfg.Pods = []config.Pod{{Name: "p0", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
 	g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
-	for range 4 {
-		ctx := new(fasthttp.RequestCtx)
-		ctx.Request.Header.SetMethod(fasthttp.MethodPost)
-		ctx.Request.SetRequestURI("/v1/responses")
-		ctx.Request.SetBodyString(`{"model":"m","input":"a prompt of some words","store":false}`)
-		g.Handler(ctx)
-		if ctx.Response.StatusCode() != 200 {
-			t.Fatalf("/v1/responses: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
-		}
-	}
+	postN(t, g, 4, "/v1/responses", `{"model":"m","input":"a prompt of some words","store":false}`)
 	if c := g.planCounts(m); c.Requests != 4 || c.Finished != 4 || c.PromptTokens <= 0 {
 		t.Errorf("after 4 Responses requests the planner counts %+v, want 4 requests, 4 finished and their prompt tokens", c)
 	}
@@ -225,16 +232,7 @@ func TestPlanCountsCompletionsOnly(t *testing.T) {
 	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
 	cfg.Pods = []config.Pod{{Name: "p0", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
 	g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
-	for range 10 {
-		ctx := new(fasthttp.RequestCtx)
-		ctx.Request.Header.SetMethod(fasthttp.MethodPost)
-		ctx.Request.SetRequestURI("/tokenize")
-		ctx.Request.SetBodyString(`{"model":"m","prompt":"hi"}`)
-		g.Handler(ctx)
-		if ctx.Response.StatusCode() != 200 {
-			t.Fatalf("/tokenize: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
-		}
-	}
+	postN(t, g, 10, "/tokenize", `{"model":"m","prompt":"hi"}`)
 	if c := g.planCounts(m); c.Finished != 0 {
 		t.Errorf("after 10 /tokenize the planner counts %v finished requests, want 0", c.Finished)
 	}
