@@ -354,7 +354,7 @@ func TestTokenizeAgreesWithTokenizer(t *testing.T) {
 	f(map[string]any{"prompt": "Hello, world! 12345"}, tokenize.Append(nil, []byte("Hello, world! 12345")))
 	f(chatBody("what is a GPU?", nil), chatTokens("what is a GPU?"))
 	parts := tokenize.AppendTurnOpen(nil, []byte("user"))
-	parts = append(parts, "part one, part two"...)
+	parts = append(parts, "part one, \npart two"...) // joined by "\n", as vLLM joins them
 	parts = tokenize.AppendTurnClose(parts)
 	f(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{
 		{"type": "text", "text": "part one, "}, {"type": "image_url", "image_url": map[string]any{"url": "x"}}, {"type": "text", "text": "part two"},
