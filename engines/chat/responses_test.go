@@ -100,3 +100,39 @@ func TestParseResponses(t *testing.T) {
 		t.Errorf("a body that is no JSON: %v, want a *RequestError", err)
 	}
 }
+
+// TestEmptyTextPart: vLLM drops a content part whose text is empty before
+// it joins a string-format template's texts ("a", "", "b" is "a\nb"); an
+// "openai"-format template gets the empty part as it came.
+func TestEmptyTextPart(t *testing.T) {
+	str, err := Compile(`{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := Compile(`{% for m in messages %}<{{ m.role }}>{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer str.learners.Wait()
+	defer parts.learners.Wait()
+	render := func(tmpl *Template, body string) string {
+		t.Helper()
+		c := AcquireConversation()
+		defer ReleaseConversation(c)
+		if err := c.ParseRequest([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		out, err := tmpl.Render(nil, c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	body := `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},"b"]}]}`
+	if got, want := render(str, body), render(str, `{"messages":[{"role":"user","content":"a\nb"}]}`); got != want {
+		t.Errorf("string format: %q, want %q", got, want)
+	}
+	if got := render(parts, body); got != "<user>[a][][b]" {
+		t.Errorf("openai format: %q, want the empty part kept", got)
+	}
+}

@@ -228,7 +228,28 @@ func (t *Template) contentValue(c *Conversation, m *message) (jinja.Value, error
 		}
 		return jinja.NewList(items), nil
 	}
-	return jinja.NewString(strings.Join(texts, "\n")), nil
+	return jinja.NewString(joinTexts(texts)), nil
+}
+
+// joinTexts is a content's texts as vLLM hands a string-format template
+// one: joined by "\n", an empty text dropped first (it keeps a part's
+// parse only when truthy; a part wrapped as a dict, in "openai" format,
+// always is).
+func joinTexts(texts []string) string {
+	if len(texts) == 1 {
+		return texts[0]
+	}
+	var b strings.Builder
+	for _, s := range texts {
+		if s == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(s)
+	}
+	return b.String()
 }
 
 // partsFor reports whether m's content reaches the template as a list of

@@ -192,10 +192,11 @@ type contentPart struct {
 // partText is the text vLLM keeps of a content part (chat_utils.py): a
 // bare string; the "text" of a text, input_text or output_text part, the
 // "refusal" of a refusal, the "thinking" of a thinking part. ok is false
-// for a part without text (null or absent) and for any other part.
+// for a part without text (null, absent or empty: vLLM drops an empty
+// text before it joins them) and for any other part.
 func partText(raw json.RawMessage) (text string, ok bool) {
 	if json.Unmarshal(raw, &text) == nil {
-		return text, true
+		return text, text != ""
 	}
 	var p struct {
 		Type     string  `json:"type"`
@@ -218,7 +219,7 @@ func partText(raw json.RawMessage) (text string, ok bool) {
 	if t == nil {
 		return "", false
 	}
-	return *t, true
+	return *t, *t != ""
 }
 
 var errBadRequest = errors.New("bad request")

@@ -1076,7 +1076,7 @@ func (r *Request) parseMessage(s *scanner) error {
 // r.MediaBytes. Parts are read as vLLM reads them (chat_utils.py): a bare
 // string is text; text, input_text and output_text parts hold their text
 // in "text", refusal and thinking parts in "refusal" and "thinking", and
-// one whose text is null or absent is skipped; a part without a type is
+// one whose text is null, absent or empty is skipped; a part without a type is
 // media when it holds a media field.
 func (r *Request) renderParts(s *scanner, i int) error {
 	s.open()
@@ -1095,10 +1095,11 @@ func (r *Request) renderParts(s *scanner, i int) error {
 		default:
 			return InvalidType(partPath(i, j, ""), wantPart, s.b[s.skip():s.p])
 		}
-		switch text.form {
-		case 0: // no text: skipped, as vLLM skips it
+		switch {
+		case text.form == 0, text.form == '"' && len(text.raw) == 0:
+			// No text, or an empty one: skipped, as vLLM skips it.
 			continue
-		case 'm':
+		case text.form == 'm':
 			r.MediaBytes += s.p - start
 			r.media = radix.Extend(r.media, xxhash.Sum64(s.b[start:s.p]))
 			continue

@@ -563,6 +563,8 @@ func TestParseResponsesPrompt(t *testing.T) {
 	same(`{"model":"m","input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
 	same(`{"input":"H\u0069","instructions":"Be brief."}`, `{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`)
 	same(`{"instructions":"","input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
+	// An empty text part is dropped before the texts are joined.
+	same(`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_text","text":""},"b"]}]}`, `{"messages":[{"role":"user","content":"a\nb"}]}`)
 	same(`{"instructions":"S","input":[
 		{"role":"user","content":"one"},
 		{"type":"message","role":"assistant","id":"msg_1","content":[{"type":"output_text","text":"two","annotations":[]},{"type":"output_text","text":"dropped"}]},
