@@ -103,8 +103,11 @@ var (
 // sessionOf returns the request's session key, "" when it has none. Only
 // requests that carry one pay for the string.
 func sessionOf(x *completion) string {
-	if !x.req.Kind.Outputs() {
-		return "" // no prompt of the session's
+	if !x.req.Kind.Outputs() || len(x.req.Previous) > 0 {
+		// No prompt of the session's; or a Responses follow-up's, which
+		// holds its new input alone, not the session's whole
+		// conversation the ledger's growth rule compares.
+		return ""
 	}
 	v := x.hdr[hdrSession]
 	if len(v) == 0 {

@@ -123,8 +123,9 @@ func TestBudgetedResponses(t *testing.T) {
 }
 
 // TestSessionOfResponses: a Responses request's session header is its
-// session's, as a chat's is (the ledger charges a session's growth); an
-// API without a prompt has none.
+// session's, as a chat's is (the ledger charges a session's growth), but
+// for a follow-up naming its previous response; an API without a prompt
+// has none.
 func TestSessionOfResponses(t *testing.T) {
 	x := &completion{req: openai.AcquireRequest()}
 	defer openai.ReleaseRequest(x.req)
@@ -134,5 +135,13 @@ func TestSessionOfResponses(t *testing.T) {
 		if got := sessionOf(x); got != want {
 			t.Errorf("%s: session %q, want %q", kind, got, want)
 		}
+	}
+	// A follow-up by previous_response_id sends its new input alone: its
+	// growth over the session's last prompt means nothing.
+	if err := x.req.Parse(openai.KindResponses, []byte(`{"model":"m","input":"more","previous_response_id":"resp_1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := sessionOf(x); got != "" {
+		t.Errorf("a follow-up's session %q, want none", got)
 	}
 }
