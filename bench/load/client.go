@@ -153,7 +153,9 @@ func readWhole(body io.Reader, due time.Time, res *Result) {
 // raises it too when the engine merged tokens into chunks, and engines send
 // it in the same write as the last token, so it does not move the end of
 // the output measurably. A completion's stream is whole at its [DONE], a
-// Responses stream (responses) at its usage, in response.completed.
+// Responses stream (responses) at its response.completed (or
+// response.incomplete) event; its error and response.failed events are
+// the stream's error.
 func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
 	var (
 		split       openai.Splitter
@@ -167,12 +169,19 @@ func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
 		now := time.Now()
 		split.Feed(buf[:n])
 		for ev, ok := split.Next(); ok; ev, ok = split.Next() {
+			var name []byte
+			if responses {
+				name = responsesEvent(ev)
+			}
 			switch {
 			case ev.Done():
 				done = true
-			case ev.IsError():
+			case ev.IsError(), string(name) == "error", string(name) == "response.failed":
 				bad = true
 			default:
+				if string(name) == "response.completed" || string(name) == "response.incomplete" {
+					done = true
+				}
 				before := tc.Tokens()
 				tc.Observe(ev)
 				if tc.Tokens() > before {
@@ -192,7 +201,7 @@ func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
 	switch {
 	case bad:
 		res.Outcome = StreamError
-	case !(done || responses && tc.Exact()) || split.Err() != nil:
+	case !done || split.Err() != nil:
 		res.Outcome = Lost
 	default:
 		res.Outcome = OK
@@ -205,4 +214,21 @@ func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
 	if res.Tokens >= 2 {
 		res.TPOT = last.Sub(first).Seconds() / float64(res.Tokens-1)
 	}
+}
+
+// responsesEvent is the type of a Responses API stream event: its
+// "event:" field, which OpenAI and vLLM send, else its data's "type".
+func responsesEvent(ev openai.Event) []byte {
+	for rest := []byte(ev); len(rest) > 0; {
+		line, after, _ := bytes.Cut(rest, []byte("\n"))
+		if name, ok := bytes.CutPrefix(bytes.TrimSuffix(line, []byte("\r")), []byte("event:")); ok {
+			return bytes.TrimSpace(name)
+		}
+		rest = after
+	}
+	var d struct {
+		Type string `json:"type"`
+	}
+	_ = json.Unmarshal(ev.Data(), &d)
+	return []byte(d.Type)
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -261,4 +262,33 @@ func closedTarget(t *testing.T) string {
 	}
 	defer ln.Close()
 	return "http://" + ln.Addr().String()
+}
+
+// TestReadResponsesStream: a Responses stream is whole at its
+// response.completed (named by its event line or by its data's type
+// alone), a StreamError at the API's error or response.failed events, and
+// lost when it ends before either.
+func TestReadResponsesStream(t *testing.T) {
+	ev := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	head := ev("response.created", `{"type":"response.created","response":{"status":"in_progress","usage":null}}`) +
+		ev("response.output_text.delta", `{"delta":"Hi","type":"response.output_text.delta"}`) +
+		ev("response.output_text.delta", `{"delta":" there","type":"response.output_text.delta"}`)
+	done := `{"response":{"status":"completed","usage":{"input_tokens":9,"output_tokens":2}},"type":"response.completed"}`
+	failed := `{"response":{"status":"failed","error":{"code":"server_error","message":"engine died"},"usage":{"input_tokens":9,"output_tokens":1}},"type":"response.failed"}`
+	for _, c := range []struct {
+		name, stream string
+		want         Outcome
+	}{
+		{"completed", head + ev("response.completed", done), OK},
+		{"completed, data only", head + "data: " + done + "\n\n", OK},
+		{"cut", head, Lost},
+		{"error event", head + ev("error", `{"type":"error","code":"server_error","message":"engine died"}`), StreamError},
+		{"response.failed", head + ev("response.failed", failed), StreamError},
+	} {
+		var res Result
+		readStream(strings.NewReader(c.stream), time.Now(), &res, true)
+		if res.Outcome != c.want || c.want == OK && res.Tokens != 2 {
+			t.Errorf("%s: outcome %v, %d tokens; want %v", c.name, res.Outcome, res.Tokens, c.want)
+		}
+	}
 }
