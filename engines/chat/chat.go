@@ -241,7 +241,7 @@ func (t *Template) renderJinja(c *Conversation, defaults map[string]any) (string
 func (t *Template) continueFinal(out string, c *Conversation) (string, error) {
 	m := &c.msgs[len(c.msgs)-1]
 	texts, _ := c.texts(m)
-	final := joinTexts(texts)
+	final := t.join(texts)
 	if t.partsFor(m) {
 		if len(texts) == 0 {
 			return "", &RequestError{Param: "continue_final_message", Message: "continue_final_message is set but we could not find any text to continue in the final message!"}

@@ -135,4 +135,15 @@ func TestEmptyTextPart(t *testing.T) {
 	if got := render(parts, body); got != "<user>[a][][b]" {
 		t.Errorf("openai format: %q, want the empty part kept", got)
 	}
+	// A tool result reaches an "openai"-format template joined, its
+	// parts wrapped first: the empty one kept.
+	tool := `{"messages":[{"role":"tool","tool_call_id":"c1","content":[{"type":"text","text":"a"},{"type":"text","text":""},"b"]}]}`
+	both, err := Compile(`{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}{% endfor %}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer both.learners.Wait()
+	if got := render(both, tool); got != "<tool>a\n\nb" {
+		t.Errorf("openai format, tool result: %q, want the empty part joined", got)
+	}
 }

@@ -228,7 +228,17 @@ func (t *Template) contentValue(c *Conversation, m *message) (jinja.Value, error
 		}
 		return jinja.NewList(items), nil
 	}
-	return jinja.NewString(joinTexts(texts)), nil
+	return jinja.NewString(t.join(texts)), nil
+}
+
+// join is a content's texts as vLLM joins them for t: in "openai" format
+// (a tool result's) every part was wrapped as a dict, an empty one kept,
+// then joined by "\n"; else joinTexts.
+func (t *Template) join(texts []string) string {
+	if t.format == formatOpenAI {
+		return strings.Join(texts, "\n")
+	}
+	return joinTexts(texts)
 }
 
 // joinTexts is a content's texts as vLLM hands a string-format template

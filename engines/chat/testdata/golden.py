@@ -94,7 +94,8 @@ def reshape(msg, fmt):
     if fmt == "openai":
         out = {"role": role, "content": [{"type": "text", "text": t} for t in texts]}
     else:
-        out = {"role": role, "content": "\n".join(texts)}
+        # A part's parse is kept only when truthy: an empty text is not.
+        out = {"role": role, "content": "\n".join(t for t in texts if t)}
     if role == "assistant":
         if msg.get("tool_calls"):
             # As validated by the OpenAI TypedDict: its field order, other
