@@ -103,7 +103,7 @@ var (
 // sessionOf returns the request's session key, "" when it has none. Only
 // requests that carry one pay for the string.
 func sessionOf(x *completion) string {
-	if !x.req.Kind.Outputs() || len(x.req.Previous) > 0 {
+	if !x.req.Kind.Outputs() || x.req.Continues() {
 		// No prompt of the session's; or a Responses follow-up's, which
 		// holds its new input alone, not the session's whole
 		// conversation the ledger's growth rule compares.

@@ -136,12 +136,22 @@ func TestSessionOfResponses(t *testing.T) {
 			t.Errorf("%s: session %q, want %q", kind, got, want)
 		}
 	}
-	// A follow-up by previous_response_id sends its new input alone: its
-	// growth over the session's last prompt means nothing.
-	if err := x.req.Parse(openai.KindResponses, []byte(`{"model":"m","input":"more","previous_response_id":"resp_1"}`)); err != nil {
-		t.Fatal(err)
+	// A follow-up by previous_response_id, or with vLLM's
+	// previous_response or previous_input_messages, sends its new input
+	// alone: its growth over the session's last prompt means nothing.
+	for _, body := range []string{
+		`{"model":"m","input":"more","previous_response_id":"resp_1"}`,
+		`{"model":"m","input":"more","previous_input_messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","previous_response":{"id":"resp_1","output":[]},"input":"more"}`,
+	} {
+		if err := x.req.Parse(openai.KindResponses, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		if got := sessionOf(x); got != "" {
+			t.Errorf("%s: session %q, want none", body, got)
+		}
 	}
-	if got := sessionOf(x); got != "" {
-		t.Errorf("a follow-up's session %q, want none", got)
+	if err := x.req.Parse(openai.KindResponses, []byte(`{"model":"m","input":"more","previous_input_messages":null}`)); err != nil || sessionOf(x) != "conv-7" {
+		t.Errorf("previous_input_messages null: %v, session %q", err, sessionOf(x))
 	}
 }

@@ -218,6 +218,9 @@ type Request struct {
 	// says "store" was false (the API's default is true).
 	Previous, ResponseID, CacheKey []byte
 	ResponseIDSet, NoStore         bool
+	// prior says "previous_response" or "previous_input_messages" (vLLM's)
+	// was given: see Continues.
+	prior bool
 
 	media   uint64 // digest of the non-text content parts (MediaBytes > 0)
 	scratch []byte // unescaped keys and roles
@@ -620,6 +623,11 @@ func (r *Request) responsesField(s *scanner, key []byte, instructions, input *fi
 		r.NoStore = !store
 	case "previous_response_id":
 		r.Previous, err = r.parseString(s, r.Previous, "previous_response_id")
+	case "previous_response", "previous_input_messages":
+		// vLLM's stateless history: the earlier turns come with the
+		// request, outside its input.
+		r.prior = s.c() != 'n'
+		s.skip()
 	case "request_id":
 		r.ResponseIDSet = true
 		r.ResponseID, err = r.parseString(s, r.ResponseID, "request_id")
@@ -630,6 +638,12 @@ func (r *Request) responsesField(s *scanner, key []byte, instructions, input *fi
 	}
 	return err
 }
+
+// Continues reports whether a Responses request continues a
+// conversation its input does not hold: one named by
+// previous_response_id, or one given as vLLM's previous_response or
+// previous_input_messages. Its prompt is then its new input alone.
+func (r *Request) Continues() bool { return len(r.Previous) > 0 || r.prior }
 
 // renderResponses renders a Responses request's prompt into Prompt as
 // the chat vLLM makes of it (engines/chat's Conversation.ParseResponses),
