@@ -124,7 +124,8 @@ func TestBudgetedResponses(t *testing.T) {
 
 // TestSessionOfResponses: a Responses request's session header is its
 // session's, as a chat's is (the ledger charges a session's growth), but
-// for a follow-up naming its previous response; an API without a prompt
+// for a follow-up whose history is elsewhere (previous_response_id,
+// previous_response, previous_input_messages); an API without a prompt
 // has none.
 func TestSessionOfResponses(t *testing.T) {
 	x := &completion{req: openai.AcquireRequest()}
@@ -151,7 +152,20 @@ func TestSessionOfResponses(t *testing.T) {
 			t.Errorf("%s: session %q, want none", body, got)
 		}
 	}
-	if err := x.req.Parse(openai.KindResponses, []byte(`{"model":"m","input":"more","previous_input_messages":null}`)); err != nil || sessionOf(x) != "conv-7" {
-		t.Errorf("previous_input_messages null: %v, session %q", err, sessionOf(x))
+	// Each key counts on its own (a client dumping every field sends the
+	// other null); null or an empty list is no history.
+	for body, continues := range map[string]bool{
+		`{"model":"m","input":"x","previous_input_messages":[{"role":"user","content":"hi"}],"previous_response":null}`: true,
+		`{"model":"m","input":"x","previous_response":{"id":"r","output":[]},"previous_input_messages":null}`:           true,
+		`{"model":"m","input":"x","previous_input_messages":[{"role":"user"}],"previous_input_messages":null}`:          false,
+		`{"model":"m","input":"x","previous_input_messages":[ ],"previous_response":null}`:                              false,
+	} {
+		if err := x.req.Parse(openai.KindResponses, []byte(body)); err != nil || (sessionOf(x) == "") != continues {
+			t.Errorf("%s: %v, session %q, want a follow-up %v", body, err, sessionOf(x), continues)
+		}
+	}
+	// Chats do not read the keys.
+	if err := x.req.Parse(openai.KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"previous_response":{"id":"r"}}`)); err != nil || sessionOf(x) != "conv-7" {
+		t.Errorf("a chat with previous_response: %v, session %q", err, sessionOf(x))
 	}
 }

@@ -43,8 +43,9 @@ const (
 	// budget "max_output_tokens"; besides "model", "cache_salt" and
 	// "stream", its "store", "previous_response_id" and "request_id"
 	// (vLLM names the response after it) are read, since a stored
-	// response lives on the pod that made it, and "prompt_cache_key", a
-	// conversation's key.
+	// response lives on the pod that made it, "prompt_cache_key", a
+	// conversation's key, and whether "previous_response" or
+	// "previous_input_messages" hold a history (Continues).
 	KindResponses
 	// KindStored is a request about a stored response, by the id in its
 	// path (GET or DELETE /v1/responses/{id}, its /cancel and
@@ -218,9 +219,9 @@ type Request struct {
 	// says "store" was false (the API's default is true).
 	Previous, ResponseID, CacheKey []byte
 	ResponseIDSet, NoStore         bool
-	// prior says "previous_response" or "previous_input_messages" (vLLM's)
-	// was given: see Continues.
-	prior bool
+	// prior has a bit for each of vLLM's "previous_response" and
+	// "previous_input_messages" given a history: see Continues.
+	prior uint8
 
 	media   uint64 // digest of the non-text content parts (MediaBytes > 0)
 	scratch []byte // unescaped keys and roles
@@ -625,9 +626,16 @@ func (r *Request) responsesField(s *scanner, key []byte, instructions, input *fi
 		r.Previous, err = r.parseString(s, r.Previous, "previous_response_id")
 	case "previous_response", "previous_input_messages":
 		// vLLM's stateless history: the earlier turns come with the
-		// request, outside its input.
-		r.prior = s.c() != 'n'
-		s.skip()
+		// request, outside its input. Each key's last value counts; null
+		// or an empty list adds no history.
+		bit := priorResponse
+		if b2s(key) == "previous_input_messages" {
+			bit = priorMessages
+		}
+		r.prior &^= bit
+		if history(s.b[s.skip():s.p]) {
+			r.prior |= bit
+		}
 	case "request_id":
 		r.ResponseIDSet = true
 		r.ResponseID, err = r.parseString(s, r.ResponseID, "request_id")
@@ -639,11 +647,30 @@ func (r *Request) responsesField(s *scanner, key []byte, instructions, input *fi
 	return err
 }
 
+// history says a JSON value v holds a history: it is neither null nor an
+// empty list (v may be cut short in a body that is no JSON).
+func history(v []byte) bool {
+	v = bytes.TrimSpace(v)
+	switch {
+	case len(v) == 0 || v[0] == 'n':
+		return false
+	case v[0] == '[':
+		return len(bytes.TrimSpace(bytes.TrimSuffix(v[1:], []byte("]")))) > 0
+	}
+	return true
+}
+
+// Bits of Request.prior.
+const (
+	priorResponse uint8 = 1 << iota
+	priorMessages
+)
+
 // Continues reports whether a Responses request continues a
 // conversation its input does not hold: one named by
 // previous_response_id, or one given as vLLM's previous_response or
 // previous_input_messages. Its prompt is then its new input alone.
-func (r *Request) Continues() bool { return len(r.Previous) > 0 || r.prior }
+func (r *Request) Continues() bool { return len(r.Previous) > 0 || r.prior != 0 }
 
 // renderResponses renders a Responses request's prompt into Prompt as
 // the chat vLLM makes of it (engines/chat's Conversation.ParseResponses),

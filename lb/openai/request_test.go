@@ -591,6 +591,18 @@ func TestParseResponsesPrompt(t *testing.T) {
 	}
 }
 
+// TestParsePriorCutShort: a body cut short in a stateless history's
+// value is refused as no JSON, not a panic.
+func TestParsePriorCutShort(t *testing.T) {
+	r := AcquireRequest()
+	defer ReleaseRequest(r)
+	for _, body := range []string{`{"previous_response":`, `{"previous_input_messages":[`, `{"previous_input_messages":[ `, `{"previous_response":n`} {
+		if err := r.Parse(KindResponses, []byte(body)); err == nil {
+			t.Errorf("%s: accepted", body)
+		}
+	}
+}
+
 // TestParseOther: another API's body gives its model alone, whatever else
 // it holds, and no output to charge; its JSON is still checked.
 func TestParseOther(t *testing.T) {
