@@ -73,10 +73,11 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 			x.ids = x.ids[:0]
 			// A Responses request with tools, reasoning or a previous
 			// response is rendered by the engine alone, as expected.
-			if x.req.Kind == openai.KindResponses {
-			} else if held, ok := g.inexactLog.allow(time.Now().UnixNano(), time.Second); ok {
-				g.log.Warn("prompt not tokenized as the engine would; routed without the KV-event index",
-					"model", m.Name, "err", err, "suppressed", held)
+			if x.req.Kind != openai.KindResponses {
+				if held, ok := g.inexactLog.allow(time.Now().UnixNano(), time.Second); ok {
+					g.log.Warn("prompt not tokenized as the engine would; routed without the KV-event index",
+						"model", m.Name, "err", err, "suppressed", held)
+				}
 			}
 		} else if k, right := x.req.Truncation(); k > 0 {
 			// The engine caches and counts only the ids it keeps.

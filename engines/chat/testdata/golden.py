@@ -16,9 +16,10 @@ context for hf_jinja_check.mjs, which renders them with @huggingface/jinja
 
 The request reshaping before rendering restates vLLM's rules
 (vllm/entrypoints/chat_utils.py, openai chat_completion protocol):
-content parts joined by "\\n" for "string" templates or wrapped as
-{"type": "text", "text": ...} for "openai" templates (those looping over
-message content), tool-call arguments parsed with json.loads ({} when
+content parts joined by "\\n" for "string" templates (empty texts
+dropped) or wrapped as {"type": "text", "text": ...} for "openai"
+templates (those looping over message content; a tool result's wrapped
+parts joined, empty ones kept), tool-call arguments parsed with json.loads ({} when
 invalid), reasoning/reasoning_content passed as both, tools dumped as
 vLLM's ChatCompletionToolsParam dumps them (declared fields in order,
 strict and defer_loading only when set, other keys dropped),
