@@ -219,6 +219,8 @@ CASES = [
                                   "add_generation_prompt": False}, {}),
     ("content-parts", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "First part."}, {"type": "text", "text": "Second part."}]}]}, {}),
+    ("content-parts-empty-text", {"messages": [{"role": "user", "content": [
+        "a", {"type": "text", "text": ""}, {"type": "input_text", "text": "b"}]}]}, {}),
     ("content-parts-null-text", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "Only."}, {"type": "text", "text": None}]}]}, {}),
     ("assistant-null-content", {"messages": [user("Hi"), {"role": "assistant", "content": None},
