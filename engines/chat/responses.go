@@ -20,17 +20,15 @@ func (c *Conversation) ParseResponses(body []byte) error {
 	c.Reset()
 	s := &c.sc
 	defer s.reset(nil)
-	var system span
-	hasSystem, sawInput := false, false
+	var system span // empty: no system message
 	err := c.object(body, func(name []byte) (err error) {
 		switch string(name) {
 		case "instructions":
 			// A repeated key's last value wins, as in json.loads.
-			if system, hasSystem, err = c.optString("instructions"); err != nil {
+			if system, _, err = c.optString("instructions"); err != nil {
 				return ErrInexact
 			}
 		case "input":
-			sawInput = true
 			c.msgs, c.parts = c.msgs[:0], c.parts[:0]
 			err = c.parseInput()
 		case "previous_response_id", "previous_response", "previous_input_messages", "tools", "reasoning", "chat_template_kwargs":
@@ -46,10 +44,10 @@ func (c *Conversation) ParseResponses(body []byte) error {
 	if err != nil {
 		return err
 	}
-	if !sawInput {
-		return ErrInexact
+	if len(c.msgs) == 0 {
+		return ErrInexact // no input
 	}
-	if hasSystem && !system.empty() {
+	if !system.empty() {
 		c.msgs = slices.Insert(c.msgs, 0, message{role: roleSystem, contentKind: contentString, content: system})
 	}
 	return nil

@@ -784,9 +784,14 @@ func (r *Request) firstText(s *scanner) bool {
 				s.skip()
 			}
 		}
-		var ok bool
-		r.Prompt, ok = appendUnquoted(r.Prompt, text.raw, text.esc && text.form == '"')
-		return ok && (text.form == '"' || text.form == 0)
+		switch text.form {
+		case 0: // no text: ""
+			return true
+		case '"':
+			var ok bool
+			r.Prompt, ok = appendUnquoted(r.Prompt, text.raw, text.esc)
+			return ok
+		}
 	}
 	return false
 }

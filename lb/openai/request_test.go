@@ -584,7 +584,8 @@ func TestParseResponsesPrompt(t *testing.T) {
 		t.Errorf("function call rendered %q, want it to hold %q", r.Prompt, want)
 	}
 	for _, refused := range []string{`{"model":"m"}`, `{"input":[]}`, `{"input":7}`, `{"input":[{"content":"no role"}]}`, `{"input":[3]}`,
-		`{"input":[{"role":"user","content":[{"text":"no type"}]}]}`, `{"input":[{"role":"user","content":5}]}`} {
+		`{"input":[{"role":"user","content":[{"text":"no type"}]}]}`, `{"input":[{"role":"user","content":5}]}`,
+		`{"input":[{"role":"assistant","content":[{"type":"output_text","text":5}]}]}`} {
 		if err := r.Parse(KindResponses, []byte(refused)); err != nil || len(r.Prompt) != 0 || r.PromptTokens() != 0 {
 			t.Errorf("%s: %v, prompt %q", refused, err, r.Prompt)
 		}
