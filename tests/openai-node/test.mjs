@@ -68,15 +68,29 @@ test('completion, not streaming', async () => {
 });
 
 test('completion, streaming', async () => {
-  const stream = await client.completions.create({ model: 'm', prompt: 'Once upon a time', max_tokens: 8, stream: true });
+  // An engine that falls behind sends several tokens in one chunk (vLLM
+  // coalesces them too), so the stream is known by its usage chunk, which
+  // comes on its own after the text.
+  const stream = await client.completions.create({
+    model: 'm', prompt: 'Once upon a time', max_tokens: 8, stream: true, stream_options: { include_usage: true },
+  });
   let text = '';
-  let chunks = 0;
+  let finish = null;
+  const chunks = [];
   for await (const chunk of stream) {
-    chunks++;
-    text += chunk.choices[0]?.text ?? '';
+    assert.equal(chunk.object, 'text_completion');
+    chunks.push(chunk);
+    for (const c of chunk.choices) {
+      text += c.text ?? '';
+      finish = c.finish_reason ?? finish;
+    }
   }
-  assert.ok(chunks > 1, `${chunks} chunks`);
+  assert.ok(chunks.length > 1, `${chunks.length} chunks`);
+  const last = chunks[chunks.length - 1];
+  assert.equal(last.choices.length, 0, 'the usage chunk has no choices');
+  assert.equal(last.usage?.completion_tokens, 8);
   assert.ok(text.length > 0);
+  assert.equal(finish, 'length');
 });
 
 // expectAPIError awaits p and checks it fails with the client's error class
