@@ -29,7 +29,7 @@ type GNet struct {
 	addr string
 
 	parsers sync.Pool // of *parser, used on the loops only
-	workers workers
+	workers *workers
 
 	eng      gnet.Engine
 	ready    chan struct{}
@@ -83,7 +83,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	s.now.Store(time.Now().UnixNano())
 	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
-	s.workers = workers{idle: make(chan job), quit: make(chan struct{})}
+	s.workers = newWorkers()
 	if !o.HTTP2.Disabled {
 		s.h2 = newH2Server(h, s.o)
 	}
@@ -296,52 +296,13 @@ func (s *GNet) stop() error {
 		go func() { _ = s.eng.Stop(stopCtx) }()
 		<-s.stopped
 		cancel()
-		close(s.workers.quit)
+		s.workers.stop()
 		s.linger.stop() // the HTTP/2 connections' (lingerConn)
 		if s.tlsStop != nil {
 			close(s.tlsStop)
 		}
 	})
 	return s.runErr
-}
-
-// workers runs jobs (connections' queues, HTTP/2 streams) on goroutines
-// kept between requests: a goroutine made per request would grow its
-// stack to the handler's depth each time (a profile showed the copying),
-// one kept has grown already.
-type workers struct {
-	idle chan job // taken by workers waiting for work
-	quit chan struct{}
-}
-
-// job is what a worker runs.
-type job interface{ work() }
-
-// workerIdle is how long a worker waits for work before it exits.
-const workerIdle = 10 * time.Second
-
-func (w *workers) run(j job) {
-	select {
-	case w.idle <- j:
-	default:
-		go w.loop(j)
-	}
-}
-
-func (w *workers) loop(j job) {
-	t := time.NewTimer(workerIdle)
-	defer t.Stop()
-	for {
-		j.work()
-		t.Reset(workerIdle)
-		select {
-		case j = <-w.idle:
-		case <-t.C:
-			return
-		case <-w.quit:
-			return
-		}
-	}
 }
 
 // OnBoot keeps the engine for Shutdown.

@@ -92,9 +92,8 @@ type h2Server struct {
 	headerLimit  uint32
 	shuttingDown atomic.Bool
 
-	// workers serve the streams; shutdown closes their quit.
-	workers  workers
-	quitOnce sync.Once
+	// workers serve the streams; shutdown stops them.
+	workers *workers
 
 	mu    sync.Mutex
 	conns map[*h2Conn]struct{}
@@ -103,7 +102,7 @@ type h2Server struct {
 
 func newH2Server(h Handler, o Options) *h2Server {
 	c := o.HTTP2
-	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{}, workers: workers{idle: make(chan job), quit: make(chan struct{})},
+	return &h2Server{h: h, o: o, conns: map[*h2Conn]struct{}{}, workers: newWorkers(),
 		maxStreams:  cmpOr(c.MaxConcurrentStreams, DefaultMaxConcurrentStreams),
 		maxFrame:    cmpOr(c.MaxFrameBytes, DefaultMaxFrameBytes),
 		resetRate:   float64(cmpOr(max(c.MaxResetsPerSecond, 0), DefaultMaxResetsPerSecond)),
@@ -152,7 +151,7 @@ func (s *h2Server) track(c *h2Conn) {
 // ctx ended; then it closes what is left.
 func (s *h2Server) shutdown(ctx context.Context) error {
 	s.shuttingDown.Store(true)
-	s.quitOnce.Do(func() { close(s.workers.quit) })
+	s.workers.stop()
 	s.each((*h2Conn).goAway, http2.ErrCodeNo)
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
