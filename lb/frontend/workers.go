@@ -13,7 +13,8 @@ import (
 // An idle worker waits on its own channel, on a stack: run hands a job to
 // the one idle last, so the few goroutines a load needs stay warm and the
 // rest stay idle until the reaper ends them. A job costs a lock and a
-// channel send, no timer and no select.
+// channel send, and its worker a lock and a clock read after it: no
+// timer and no select.
 type workers struct {
 	mu      sync.Mutex
 	ready   []*worker // idle, the longest idle first
@@ -55,7 +56,8 @@ func (w *workers) run(j job) {
 	go w.loop(&worker{jobs: make(chan job, 1)}, j)
 }
 
-// loop runs k's jobs, from j on, until it is told to stop (a nil job).
+// loop runs k's jobs, from j on, until it is told to stop (a nil job) or
+// finds the workers stopped after a job.
 func (w *workers) loop(k *worker, j job) {
 	for ; j != nil; j = <-k.jobs {
 		j.work()
@@ -102,9 +104,9 @@ func (w *workers) reap() {
 	}
 }
 
-// stop ends every worker once it is idle; a job run after stop runs on
-// a goroutine of its own. stopped is set before the reaper wakes, so no
-// worker goes idle after the reaper ended the idle ones.
+// stop ends every worker once it is idle; a job run after stop still
+// runs, on a worker that then ends. stopped is set before the reaper
+// wakes, so no worker goes idle after the reaper ended the idle ones.
 func (w *workers) stop() {
 	w.once.Do(func() {
 		w.mu.Lock()

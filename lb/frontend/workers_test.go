@@ -52,18 +52,40 @@ func TestWorkersReuse(t *testing.T) {
 	}
 }
 
-// TestWorkersReap: a worker idle for the idle time ends; one kept busy
+// TestWorkersReap: workers idle for the idle time end; one kept busy
 // stays.
 func TestWorkersReap(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newWorkers()
-	w.idle = 50 * time.Millisecond
+	w.idle = 200 * time.Millisecond
 	defer w.stop()
-	done := make(chan struct{})
-	w.run(jobFunc(func() { close(done) }))
-	<-done
-	idleWorkers(t, w, 1)
-	idleWorkers(t, w, 0)
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	for range 3 {
+		started.Add(1)
+		w.run(jobFunc(func() { started.Done(); <-release }))
+	}
+	started.Wait()
+	close(release)
+	warm := idleWorkers(t, w, 3)[2]
+	// The worker idle last takes a job every few milliseconds, so it is
+	// never idle for long; the others are.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		done := make(chan struct{})
+		w.run(jobFunc(func() { close(done) }))
+		<-done
+		w.mu.Lock()
+		ready := append([]*worker(nil), w.ready...)
+		w.mu.Unlock()
+		if len(ready) == 1 && ready[0] == warm {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle workers, want the warm one alone", len(ready))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // TestWorkersStop: stop ends the idle workers and, once their jobs end,
