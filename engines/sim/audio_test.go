@@ -1,0 +1,151 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"strings"
+	"testing"
+
+	"pdlb/engines"
+)
+
+// speechForm is a speech-to-text form: a WAV file of the given seconds
+// (silent, 16 kHz, 16-bit mono), then fields (name, value pairs).
+func speechForm(t *testing.T, seconds int, fields ...string) (*bytes.Buffer, string) {
+	t.Helper()
+	data := 32000 * seconds
+	var f bytes.Buffer
+	f.WriteString("RIFF")
+	_ = binary.Write(&f, binary.LittleEndian, uint32(36+data))
+	f.WriteString("WAVEfmt ")
+	for _, v := range []any{uint32(16), uint16(1), uint16(1), uint32(16000), uint32(32000), uint16(2), uint16(16)} {
+		_ = binary.Write(&f, binary.LittleEndian, v)
+	}
+	f.WriteString("data")
+	_ = binary.Write(&f, binary.LittleEndian, uint32(data))
+	f.Write(make([]byte, data))
+	var b bytes.Buffer
+	w := multipart.NewWriter(&b)
+	fw, err := w.CreateFormFile("file", "speech.wav")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw.Write(f.Bytes())
+	for i := 0; i+1 < len(fields); i += 2 {
+		_ = w.WriteField(fields[i], fields[i+1])
+	}
+	_ = w.Close()
+	return &b, w.FormDataContentType()
+}
+
+// TestSpeechToText: vLLM's transcription and translation APIs: a whole
+// answer's text and the audio's duration (a translation's without it), a
+// stream of transcription.chunk events with the usage chunk asked for and
+// [DONE], max_completion_tokens bounding the text, and vLLM's refusals.
+func TestSpeechToText(t *testing.T) {
+	p := testPod(t, Config{Model: "whisper", Speedup: 100})
+	c := testClient(t)
+	send := func(path string, seconds int, fields ...string) (int, string) {
+		t.Helper()
+		body, ct := speechForm(t, seconds, fields...)
+		resp, err := c.Post("http://"+p.Addr()+path, ct, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	var whole struct {
+		Text  string
+		Usage *struct {
+			Type    string
+			Seconds int
+		}
+	}
+	code, b := send("/v1/audio/transcriptions", 4, "model", "whisper")
+	if code != 200 || json.Unmarshal([]byte(b), &whole) != nil || whole.Text == "" || whole.Usage == nil || *whole.Usage != (struct {
+		Type    string
+		Seconds int
+	}{"duration", 4}) {
+		t.Fatalf("transcription: %d %s", code, b)
+	}
+	// About speechTokensPerSecond words a second of audio: the stand-in
+	// makes a token of each word.
+	if n := len(strings.Fields(whole.Text)); n != 4*speechTokensPerSecond+1 {
+		t.Errorf("a 4 s transcription of %d words: %q", n, whole.Text)
+	}
+	if code, b := send("/v1/audio/transcriptions", 4, "max_completion_tokens", "2"); code != 200 || json.Unmarshal([]byte(b), &whole) != nil || len(strings.Fields(whole.Text)) != 2 {
+		t.Errorf("max_completion_tokens 2: %d %s", code, b)
+	}
+	if code, b := send("/v1/audio/translations", 1, "model", "whisper"); code != 200 || !strings.HasPrefix(b, `{"text":`) || strings.Contains(b, "usage") {
+		t.Errorf("translation: %d %s", code, b)
+	}
+	code, b = send("/v1/audio/transcriptions", 2, "model", "whisper", "stream", "true", "stream_include_usage", "true")
+	events := strings.Split(strings.TrimSuffix(b, "\n\n"), "\n\n")
+	if code != 200 || len(events) < 3 || events[len(events)-1] != "data: [DONE]" {
+		t.Fatalf("stream: %d %q", code, events)
+	}
+	var text strings.Builder
+	for i, ev := range events[:len(events)-1] {
+		var ch struct {
+			Object  string
+			Choices []struct {
+				Delta        struct{ Content string }
+				FinishReason *string `json:"finish_reason"`
+			}
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		if json.Unmarshal([]byte(strings.TrimPrefix(ev, "data: ")), &ch) != nil || ch.Object != "transcription.chunk" {
+			t.Fatalf("event %d: %s", i, ev)
+		}
+		switch last := i == len(events)-2; {
+		case last && (ch.Usage == nil || ch.Usage.CompletionTokens != 2*speechTokensPerSecond+1 || len(ch.Choices) != 0):
+			t.Errorf("the usage chunk: %s", ev)
+		case !last && len(ch.Choices) == 1:
+			text.WriteString(ch.Choices[0].Delta.Content)
+			if f := ch.Choices[0].FinishReason; f != nil && (*f != "stop" || i != len(events)-3) {
+				t.Errorf("event %d finishes %q", i, *f)
+			}
+		}
+	}
+	if text.Len() == 0 {
+		t.Error("the stream carried no text")
+	}
+	for _, c := range []struct {
+		fields []string
+		code   int
+		want   string
+	}{
+		{[]string{"model", "other"}, 404, "The model `other` does not exist."},
+		{[]string{"stream_include_usage", "true"}, 400, "Stream options can only be defined when `stream=True`."},
+		{[]string{"response_format", "srt"}, 400, "Currently only support response_format"},
+		{[]string{"stream", "maybe"}, 400, "stream"},
+	} {
+		if code, b := send("/v1/audio/transcriptions", 1, c.fields...); code != c.code || !strings.Contains(b, c.want) {
+			t.Errorf("%q: %d %s", c.fields, code, b)
+		}
+	}
+	resp, err := c.Post("http://"+p.Addr()+"/v1/audio/transcriptions", "application/json", strings.NewReader(`{"model":"whisper"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnprocessableEntity {
+		t.Errorf("a JSON body: %d, want FastAPI's 422", resp.StatusCode)
+	}
+	// vLLM serves them; SGLang and TensorRT-LLM do not.
+	other := testPod(t, Config{Model: "whisper", Speedup: 100, Engine: engines.SGLang})
+	body, ct := speechForm(t, 1)
+	if resp, err := c.Post("http://"+other.Addr()+"/v1/audio/transcriptions", ct, body); err != nil || resp.StatusCode != 404 {
+		t.Errorf("SGLang: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+}
