@@ -81,13 +81,17 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 			}
 			return fasthttp.StatusContinue
 		},
-		MaxRequestBodySize:    o.MaxBodyBytes,
-		ReadBufferSize:        o.MaxHeaderBytes,
-		ReadTimeout:           o.ReadTimeout,
-		IdleTimeout:           o.IdleTimeout,
-		NoDefaultServerHeader: true,
-		CloseOnShutdown:       true,
-		Logger:                debugLog{o.Log},
+		MaxRequestBodySize: o.MaxBodyBytes,
+		// A form (the audio APIs') goes to its pod as it came; fasthttp
+		// would read every part of it first, and refuse one its parser
+		// chokes on before the gateway can answer it.
+		DisablePreParseMultipartForm: true,
+		ReadBufferSize:               o.MaxHeaderBytes,
+		ReadTimeout:                  o.ReadTimeout,
+		IdleTimeout:                  o.IdleTimeout,
+		NoDefaultServerHeader:        true,
+		CloseOnShutdown:              true,
+		Logger:                       debugLog{o.Log},
 	}
 }
 

@@ -27,9 +27,16 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, refused(d))
 		return
 	}
-	if kind == openai.KindStored {
+	var err error
+	switch kind {
+	case openai.KindStored:
 		x.req.Kind = kind // no body to read
-	} else if err := x.req.Parse(kind, ctx.PostBody()); err != nil {
+	case openai.KindAudio:
+		err = x.req.ParseForm(ctx.PostBody(), ctx.Request.Header.ContentType())
+	default:
+		err = x.req.Parse(kind, ctx.PostBody())
+	}
+	if err != nil {
 		var e *openai.Error
 		if !errors.As(err, &e) {
 			panic("BUG: gateway: openai.Request.Parse returned " + err.Error())

@@ -51,6 +51,11 @@ const (
 	// path (GET or DELETE /v1/responses/{id}, its /cancel and
 	// /input_items): it has no body to read.
 	KindStored
+	// KindAudio is POST /v1/audio/transcriptions or
+	// /v1/audio/translations, vLLM's speech-to-text APIs: a multipart
+	// form (ParseForm) whose "model" and "stream" are read; the body goes
+	// to a pod as it came.
+	KindAudio
 )
 
 // Generates reports whether k's requests generate tokens: chat and
@@ -77,6 +82,8 @@ func (k Kind) String() string {
 		return "responses"
 	case KindStored:
 		return "stored"
+	case KindAudio:
+		return "audio"
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -84,7 +91,7 @@ func (k Kind) String() string {
 // KindFromPath returns the kind of a POST path the gateway routes to pods
 // by the model its body names; ok is false for any other path. KindOther's
 // and KindTokenizer's are vLLM's and SGLang's model-bearing JSON APIs
-// that hold no state between requests.
+// that hold no state between requests; KindAudio's take a form.
 func KindFromPath(path []byte) (k Kind, ok bool) {
 	switch string(path) {
 	case "/v1/chat/completions":
@@ -97,6 +104,8 @@ func KindFromPath(path []byte) (k Kind, ok bool) {
 		return KindTokenizer, true
 	case "/v1/responses":
 		return KindResponses, true
+	case "/v1/audio/transcriptions", "/v1/audio/translations":
+		return KindAudio, true
 	}
 	return 0, false
 }
@@ -136,6 +145,9 @@ type Request struct {
 	// end) byte offsets), for WithModel.
 	Model   []byte
 	modelAt [2]int
+	// form says the body is a multipart form (ParseForm), where the
+	// model's value is its raw bytes.
+	form bool
 	// Stream is the "stream" field (default false).
 	Stream bool
 	// MaxTokens is the output budget in tokens: "max_completion_tokens" if
@@ -294,7 +306,11 @@ func (r *Request) WithModel(body []byte, name string) []byte {
 	}
 	out := make([]byte, 0, len(body)-(end-start)+len(name)+2)
 	out = append(out, body[:start]...)
-	out = AppendJSONString(out, name)
+	if r.form {
+		out = append(out, name...)
+	} else {
+		out = AppendJSONString(out, name)
+	}
 	r.modelAt[1] = len(out)
 	return append(out, body[end:]...)
 }

@@ -1,0 +1,148 @@
+package lb_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"strings"
+	"testing"
+
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// wav is a silent 16 kHz, 16-bit mono WAV file of the given seconds.
+func wav(seconds int) []byte {
+	data := 32000 * seconds
+	var b bytes.Buffer
+	b.WriteString("RIFF")
+	_ = binary.Write(&b, binary.LittleEndian, uint32(36+data))
+	b.WriteString("WAVEfmt ")
+	for _, v := range []any{uint32(16), uint16(1), uint16(1), uint32(16000), uint32(32000), uint16(2), uint16(16)} {
+		_ = binary.Write(&b, binary.LittleEndian, v)
+	}
+	b.WriteString("data")
+	_ = binary.Write(&b, binary.LittleEndian, uint32(data))
+	b.Write(make([]byte, data))
+	return b.Bytes()
+}
+
+// audioForm is a speech-to-text form: the file first, as the OpenAI Node
+// SDK sends it, then fields in the given order (name, value pairs).
+func audioForm(t *testing.T, audio []byte, fields ...string) (body []byte, contentType string) {
+	t.Helper()
+	var b bytes.Buffer
+	w := multipart.NewWriter(&b)
+	f, err := w.CreateFormFile("file", "speech.wav")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(audio)
+	for i := 0; i+1 < len(fields); i += 2 {
+		if err := w.WriteField(fields[i], fields[i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes(), w.FormDataContentType()
+}
+
+func postForm(t *testing.T, s *lb.Server, path string, body []byte, contentType string) (*http.Response, string) {
+	t.Helper()
+	resp, err := client.Post("http://"+s.Addr()+path, contentType, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+// TestAudioAPIs: vLLM's speech-to-text APIs (transcriptions, translations)
+// go to a pod of the model the form names, on either front end: whole
+// answers with the audio's duration, streams of chunks through [DONE], an
+// alias's model rewritten in the form (the pod refuses any other name),
+// and the gateway's own 400 and 404 for what it cannot route.
+func TestAudioAPIs(t *testing.T) {
+	pods := podsOf("whisper", testFleet(t, "whisper", 2, 1000)...)
+	audio := wav(2)
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, pods, func(c *config.Config) {
+				c.Frontend = fe
+				c.Aliases = []config.Alias{{Name: "whisper-1", Targets: []config.AliasTarget{{Model: "whisper"}}}}
+			})
+			for _, model := range []string{"whisper", "whisper-1"} {
+				body, ct := audioForm(t, audio, "model", model, "response_format", "json")
+				resp, b := postForm(t, s, "/v1/audio/transcriptions", body, ct)
+				var got struct {
+					Text  string
+					Usage struct {
+						Type    string
+						Seconds int
+					}
+				}
+				if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &got) != nil {
+					t.Fatalf("%s: %d %s", model, resp.StatusCode, b)
+				}
+				if got.Text == "" || got.Usage.Type != "duration" || got.Usage.Seconds != 2 {
+					t.Errorf("%s: answer %s", model, b)
+				}
+				if !strings.HasPrefix(resp.Header.Get("x-pdlb-pod"), "whisper-") {
+					t.Errorf("%s: x-pdlb-pod %q", model, resp.Header.Get("x-pdlb-pod"))
+				}
+			}
+			// A translation has no usage; the form's last model wins, as
+			// in the engine's form parser.
+			body, ct := audioForm(t, audio, "model", "nothing", "model", "whisper-1")
+			if resp, b := postForm(t, s, "/v1/audio/translations", body, ct); resp.StatusCode != 200 || !strings.HasPrefix(b, `{"text":`) || strings.Contains(b, "usage") {
+				t.Errorf("translation: %d %s", resp.StatusCode, b)
+			}
+			body, ct = audioForm(t, audio, "stream", "true", "model", "whisper", "stream_include_usage", "True")
+			resp, b := postForm(t, s, "/v1/audio/transcriptions", body, ct)
+			if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+				t.Fatalf("stream: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+			}
+			events := strings.Split(strings.TrimSuffix(b, "\n\n"), "\n\n")
+			if len(events) < 3 || events[len(events)-1] != "data: [DONE]" ||
+				!strings.Contains(events[0], `"object":"transcription.chunk"`) || !strings.Contains(events[len(events)-2], `"usage":{`) {
+				t.Errorf("stream: %q", events)
+			}
+			for _, c := range []struct {
+				body   []byte
+				ct     string
+				status int
+				want   string
+			}{
+				{[]byte(`{"model":"whisper"}`), "application/json", 400, "multipart/form-data"},
+				{body, "multipart/form-data", 400, "multipart/form-data"},
+				{body[:len(body)-10], ct, 400, "multipart/form-data body"},
+			} {
+				if resp, b := postForm(t, s, "/v1/audio/transcriptions", c.body, c.ct); resp.StatusCode != c.status || !strings.Contains(b, c.want) {
+					t.Errorf("%.40q (%s): %d %s, want %d with %q", c.body, c.ct, resp.StatusCode, b, c.status, c.want)
+				}
+			}
+			for _, c := range []struct {
+				fields []string
+				status int
+				want   string
+			}{
+				{[]string{"model", "whisper", "stream", "maybe"}, 400, `must be a boolean, got maybe`},
+				{[]string{"model", "nope"}, 404, "The model `nope` does not exist."},
+			} {
+				body, ct := audioForm(t, audio, c.fields...)
+				if resp, b := postForm(t, s, "/v1/audio/transcriptions", body, ct); resp.StatusCode != c.status || !strings.Contains(b, c.want) {
+					t.Errorf("%q: %d %s, want %d with %q", c.fields, resp.StatusCode, b, c.status, c.want)
+				}
+			}
+		})
+	}
+}

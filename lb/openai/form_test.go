@@ -1,0 +1,132 @@
+package openai
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"mime/multipart"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestParseForm reads forms Go's multipart.Writer makes, fields in every
+// order and the file's bytes full of look-alike delimiters (the boundary
+// too, where it delimits nothing), and checks
+// the model and stream against what multipart.Reader reads (a field's
+// last value winning); then WithModel's body, read again by
+// multipart.Reader, holds the new model and every other part unchanged.
+func TestParseForm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := range 300 {
+		var b bytes.Buffer
+		w := multipart.NewWriter(&b)
+		if err := w.SetBoundary("b" + strconv.FormatUint(rng.Uint64(), 36)); err != nil {
+			t.Fatal(err)
+		}
+		// The boundary itself, not at a delimiter's place or followed by
+		// other bytes, is content.
+		pieces := []string{"\r\n--", w.Boundary()[:rng.IntN(len(w.Boundary()))], "x", "\r\n\r\n",
+			"Content-Disposition: form-data; name=\"model\"\r\n", "\r\n--" + w.Boundary() + "x"}
+		var file []byte
+		for range rng.IntN(200) {
+			file = append(file, pieces[rng.IntN(len(pieces))]...)
+		}
+		fields := [][2]string{{"model", "whisper-" + string(rune('a'+i%26))}, {"stream", []string{"true", "0", "Yes", "off"}[i%4]}, {"language", "en"}, {"model", "m2"}}
+		rng.Shuffle(len(fields), func(a, b int) { fields[a], fields[b] = fields[b], fields[a] })
+		fields = fields[:1+rng.IntN(len(fields))]
+		at := rng.IntN(len(fields) + 1)
+		for j, f := range fields {
+			if j == at {
+				fw, _ := w.CreateFormFile("file", "a.wav")
+				fw.Write(file)
+			}
+			w.WriteField(f[0], f[1])
+		}
+		if at == len(fields) {
+			fw, _ := w.CreateFormFile("file", "a.wav")
+			fw.Write(file)
+		}
+		w.Close()
+		body := b.Bytes()
+
+		var r Request
+		if err := r.ParseForm(body, []byte(w.FormDataContentType())); err != nil {
+			t.Fatalf("form %d: %v", i, err)
+		}
+		want := readForm(t, body, w.Boundary())
+		if string(r.Model) != want["model"] || r.Kind != KindAudio {
+			t.Fatalf("form %d: model %q, want %q", i, r.Model, want["model"])
+		}
+		if s, ok := want["stream"]; ok && r.Stream != (s == "true" || s == "Yes") || !ok && r.Stream {
+			t.Fatalf("form %d: stream %v, the form says %q", i, r.Stream, s)
+		}
+		if _, ok := want["model"]; !ok {
+			continue
+		}
+		out := r.WithModel(body, "renamed")
+		got := readForm(t, out, w.Boundary())
+		if got["model"] != "renamed" || got["file"] != want["file"] || got["stream"] != want["stream"] || got["language"] != want["language"] {
+			t.Fatalf("form %d: WithModel's form reads %q", i, got)
+		}
+	}
+}
+
+// readForm reads body's parts with Go's multipart.Reader: the last value
+// of each field.
+func readForm(t *testing.T, body []byte, boundary string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	mr := multipart.NewReader(bytes.NewReader(body), boundary)
+	for {
+		p, err := mr.NextPart()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := io.ReadAll(p)
+		out[p.FormName()] = string(v)
+	}
+}
+
+// TestParseFormErrors: what is no form, or cut short, is the client's
+// 400, naming what is wrong.
+func TestParseFormErrors(t *testing.T) {
+	const ct = "multipart/form-data; boundary=XyZ"
+	part := "--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n"
+	for _, c := range []struct {
+		body, ct, want string
+	}{
+		{`{"model":"m"}`, "application/json", "must be multipart/form-data"},
+		{part + "--XyZ--", "multipart/form-data", "must be multipart/form-data"},
+		{part + "--XyZ--", "multipart/form-data; boundary=", "must be multipart/form-data"},
+		{part, ct, "could not parse"},
+		{part + "--XyZ", ct, "could not parse"},
+		{"--XyZ\r\nContent-Type: text/plain\r\n\r\nm\r\n--XyZ--", ct, "could not parse"},
+		{"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\nm\r\n--XyZ--", ct, "could not parse"},
+		{"no delimiter", ct, "could not parse"},
+		{strings.Replace(part, "\"model\"\r\n\r\nm", "\"stream\"\r\n\r\nmaybe", 1) + "--XyZ--", ct, `"stream" must be a boolean, got maybe`},
+	} {
+		var r Request
+		err := r.ParseForm([]byte(c.body), []byte(c.ct))
+		var e *Error
+		if !errors.As(err, &e) || e.Status != 400 || !strings.Contains(e.Message, c.want) {
+			t.Errorf("%q (%s): %v, want a 400 saying %q", c.body, c.ct, err, c.want)
+		}
+	}
+	// A preamble before the first delimiter, transport padding after one
+	// and an epilogue after the last are a form still.
+	var r Request
+	body := "preamble\r\n--XyZ  \t\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--XyZ--\r\nepilogue"
+	if err := r.ParseForm([]byte(body), []byte(ct)); err != nil || string(r.Model) != "m" {
+		t.Errorf("a preamble and padding: %v, model %q", err, r.Model)
+	}
+	// A part without headers names no field: the engine refuses it too.
+	body = "--XyZ\r\n\r\nheaderless\r\n--XyZ--"
+	if err := r.ParseForm([]byte(body), []byte(ct)); err == nil {
+		t.Error("a part without headers was read")
+	}
+}
