@@ -24,8 +24,9 @@ const nodeDir = "openai-node"
 
 // TestOpenAINodeClient runs tests/openai-node/test.mjs, the official openai
 // npm client against live gateways: chat and completions, streaming and
-// not, and the gateway's errors surfacing as the client's error classes;
-// over plain HTTP, then over HTTPS with a test CA (NODE_EXTRA_CA_CERTS).
+// not, the audio APIs, and the gateway's errors surfacing as the client's
+// error classes; over plain HTTP, then over HTTPS with a test CA
+// (NODE_EXTRA_CA_CERTS).
 func TestOpenAINodeClient(t *testing.T) {
 	node := lookTool(t, "node", "the official OpenAI client test needs Node.js")
 	npm := lookTool(t, "npm", "the official OpenAI client test installs its package with npm")
@@ -75,10 +76,12 @@ func runNodeClient(t *testing.T, node string, secure *nodeTLS) {
 		return scheme + "localhost:" + addr[strings.LastIndexByte(addr, ':')+1:] + "/v1"
 	}
 
-	// Gateway 1: model "m" on two fast pods; model "down" on a closed port.
+	// Gateway 1: model "m" on two fast pods; model "whisper" on one (the
+	// audio APIs); model "down" on a closed port.
 	fast := []config.Pod{
 		podConfig(startPod(t, "m-0", "m", engines.VLLM, 100)),
 		podConfig(startPod(t, "m-1", "m", engines.SGLang, 100)),
+		podConfig(startPod(t, "whisper-0", "whisper", engines.VLLM, 100)),
 		{Name: "down-0", Model: "down", Address: closedAddr(t)},
 	}
 	main := startGateway(t, fast, withTLS(nil))

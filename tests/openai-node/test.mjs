@@ -1,13 +1,14 @@
 // The official openai npm client against a live pdlb gateway. The gateways
 // and simulated pods are started by tests/openai_node_test.go, which passes:
-//   PDLB_BASE_URL          a gateway serving model "m" (healthy pods) and
-//                          model "down" (its only pod is gone)
+//   PDLB_BASE_URL          a gateway serving model "m" (healthy pods),
+//                          model "whisper" (a vLLM pod with the audio
+//                          APIs) and model "down" (its only pod is gone)
 //   PDLB_LIMITED_BASE_URL  a gateway with max_in_flight 1 serving model
 //                          "slow" (a pod at real-time speed)
 // Run: node test.mjs (node's own test runner; exit status 1 on a failure).
 import assert from 'node:assert/strict';
 import test from 'node:test';
-import OpenAI from 'openai';
+import OpenAI, { toFile } from 'openai';
 
 const baseURL = process.env.PDLB_BASE_URL;
 const limitedURL = process.env.PDLB_LIMITED_BASE_URL;
@@ -91,6 +92,50 @@ test('completion, streaming', async () => {
   assert.equal(last.usage?.completion_tokens, 8);
   assert.ok(text.length > 0);
   assert.equal(finish, 'length');
+});
+
+// wav is a silent 16 kHz, 16-bit mono WAV file of the given seconds.
+function wav(seconds) {
+  const data = 32000 * seconds;
+  const b = Buffer.alloc(44 + data);
+  b.write('RIFF', 0);
+  b.writeUInt32LE(36 + data, 4);
+  b.write('WAVEfmt ', 8);
+  b.writeUInt32LE(16, 16);
+  b.writeUInt16LE(1, 20);
+  b.writeUInt16LE(1, 22);
+  b.writeUInt32LE(16000, 24);
+  b.writeUInt32LE(32000, 28);
+  b.writeUInt16LE(2, 32);
+  b.writeUInt16LE(16, 34);
+  b.write('data', 36);
+  b.writeUInt32LE(data, 40);
+  return b;
+}
+
+test('audio transcription, not streaming', async () => {
+  const t = await client.audio.transcriptions.create({ file: await toFile(wav(3), 'speech.wav'), model: 'whisper' });
+  assert.ok(t.text.length > 0);
+  assert.deepEqual(t.usage, { type: 'duration', seconds: 3 });
+});
+
+test('audio transcription, streaming', async () => {
+  const stream = await client.audio.transcriptions.create({
+    file: await toFile(wav(3), 'speech.wav'), model: 'whisper', stream: true,
+  });
+  let text = '';
+  let chunks = 0;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'transcription.chunk');
+    chunks++;
+    text += chunk.choices[0]?.delta?.content ?? '';
+  }
+  assert.ok(chunks > 0 && text.length > 0, `${chunks} chunks, text ${JSON.stringify(text)}`);
+});
+
+test('audio translation', async () => {
+  const t = await client.audio.translations.create({ file: await toFile(wav(1), 'speech.wav'), model: 'whisper' });
+  assert.ok(t.text.length > 0);
 });
 
 // expectAPIError awaits p and checks it fails with the client's error class
