@@ -12,6 +12,7 @@ import (
 
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/lb/limits"
 )
 
 // wav is a silent 16 kHz, 16-bit mono WAV file of the given seconds.
@@ -144,5 +145,34 @@ func TestAudioAPIs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAudioBudget: an upload charges its key's tokens_per_minute for its
+// form's text, not for its audio: 15 s of WAV (480 KB, 120,000 tokens at
+// the stand-in's 4 bytes a token) passes a key of 1,000 a minute, a
+// prompt over it does not.
+func TestAudioBudget(t *testing.T) {
+	const key = "sk-audio-0123456789abcdef0123456789"
+	s := testGateway(t, podsOf("whisper", testFleet(t, "whisper", 1, 1000)...), func(c *config.Config) {
+		c.Access.APIKeys = []limits.APIKey{{Name: "k", SHA256: limits.HashKey(key), TokensPerMinute: 1000}}
+	})
+	for _, c := range []struct {
+		prompt string
+		status int
+	}{{"Names: pdlb.", 200}, {strings.Repeat("word ", 1000), 429}} {
+		body, ct := audioForm(t, wav(15), "model", "whisper", "prompt", c.prompt)
+		req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/audio/transcriptions", bytes.NewReader(body))
+		req.Header.Set("Content-Type", ct)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("a prompt of %d bytes: %d %s, want %d", len(c.prompt), resp.StatusCode, b, c.status)
+		}
 	}
 }

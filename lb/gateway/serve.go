@@ -205,10 +205,14 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 // budgeted is the input tokens x charges its API key's token budget: its
 // prompt's, or for the other APIs, whose prompt is not read, and a
 // prompt read as empty, the body's size at the stand-in's 4 bytes a
-// token. Only the budget counts them so:
-// a pod's ledger and queue, which they would hold up as prefill work, get
-// nothing.
+// token; an audio form's text fields alone, so, since its audio is no
+// text (requests_per_minute and max_concurrent bound uploads). Only the
+// budget counts them so: a pod's ledger and queue, which they would hold
+// up as prefill work, get nothing.
 func budgeted(x *completion, body []byte) int {
+	if x.req.Kind == openai.KindAudio {
+		return tokenize.CountLen(x.req.FormTextBytes)
+	}
 	if x.req.Kind.Outputs() {
 		// A Responses input the gateway cannot render (the engine
 		// judges it) has no prompt tokens: its body is charged.

@@ -13,9 +13,15 @@ import (
 // ParseForm reads a KindAudio request (POST /v1/audio/transcriptions or
 // /v1/audio/translations): a multipart/form-data body (RFC 7578), as
 // vLLM's speech-to-text API takes it, whose "model" and "stream" fields
-// are read; the audio file and every other field are stepped over.
-// contentType is the request's Content-Type, which names the boundary.
-// As the engine's form parser, a field's last value wins.
+// are read; the audio file and every other field are stepped over, and
+// FormTextBytes counts the fields' text. It reads the form as the
+// engine's parser (Starlette's, on python-multipart) does: a delimiter
+// is the boundary at a line's start followed by "--" or a line's end
+// (no transport padding), a part's last Content-Disposition names it,
+// a field's last value wins and an empty one counts as absent, and a form
+// holds at most 1,000 fields and 1,000 files. A part whose name cannot be
+// read is left to the engine to judge. contentType is the request's
+// Content-Type, which names the boundary.
 //
 // The parts are found by searching for their delimiter, not read through
 // mime/multipart: a Reader copies every byte of the audio (up to
@@ -31,45 +37,72 @@ func (r *Request) ParseForm(body, contentType []byte) error {
 	delim := append([]byte("\r\n--"), params["boundary"]...)
 	// The first delimiter may follow a preamble, or open the body.
 	var i int
-	if bytes.HasPrefix(body, delim[2:]) {
+	if bytes.HasPrefix(body, delim[2:]) && closes(body[len(delim)-2:]) {
 		i = len(delim) - 2
 	} else if i = nextDelimiter(body, delim); i < 0 {
 		return BadForm()
 	} else {
 		i += len(delim)
 	}
-	for {
-		rest := body[i:]
-		if bytes.HasPrefix(rest, []byte("--")) {
-			return nil // the close delimiter
-		}
-		// Transport padding, then the delimiter line's end, then the
-		// part's header lines up to an empty one.
-		line := len(body) - len(bytes.TrimLeft(rest, " \t"))
-		if !bytes.HasPrefix(body[line:], []byte("\r\n")) {
-			return BadForm()
-		}
+	var stream []byte // the last value, read at the end
+	fields, files := 0, 0
+	for !bytes.HasPrefix(body[i:], []byte("--")) {
+		// The delimiter line's end, then the part's header lines up to
+		// an empty one.
+		line := i
 		end := bytes.Index(body[line:], []byte("\r\n\r\n"))
 		if end < 0 {
 			return BadForm()
 		}
-		name, ok := formName(body[line : line+end])
+		name, file, named := formName(body[line : line+end])
 		from := line + end + 4
 		next := nextDelimiter(body[from:], delim)
-		if !ok || next < 0 {
+		if next < 0 {
 			return BadForm()
 		}
-		if err := r.formField(name, body[from:from+next], from); err != nil {
-			return err
+		value := body[from : from+next]
+		if file {
+			files++
+		} else {
+			fields++
+			r.FormTextBytes += len(value)
+		}
+		if fields > maxFormParts || files > maxFormParts {
+			return TooManyParts()
+		}
+		switch {
+		case !named || file:
+		case name == "model":
+			r.Model = append(r.Model[:0], value...)
+			r.modelAt = [2]int{from, from + len(value)}
+		case name == "stream":
+			stream = value
 		}
 		i = from + next + len(delim)
 	}
+	if len(stream) > 0 {
+		v, ok := engines.LaxBoolString(string(stream))
+		if !ok {
+			return InvalidType("stream", wantBool, stream)
+		}
+		r.Stream = v
+	}
+	return nil
 }
 
-// nextDelimiter returns where the first delimiter in b begins, -1 if none:
-// the delimiter followed by "--", or by transport padding and a line's
-// end. Where other bytes follow, the part's content goes on, as Go's and
-// the engines' form parsers read it.
+// maxFormParts is how many fields, and how many files, a form may hold:
+// Starlette's default max_fields and max_files.
+const maxFormParts = 1000
+
+// closes reports whether what follows a boundary makes it a delimiter:
+// "--" (the last) or a line's end.
+func closes(after []byte) bool {
+	return bytes.HasPrefix(after, []byte("--")) || bytes.HasPrefix(after, []byte("\r\n"))
+}
+
+// nextDelimiter returns where the first delimiter in b begins, -1 if none.
+// A boundary followed by other bytes is content, as the engine's form
+// parser reads it.
 func nextDelimiter(b, delim []byte) int {
 	for at := 0; ; {
 		k := bytes.Index(b[at:], delim)
@@ -77,34 +110,17 @@ func nextDelimiter(b, delim []byte) int {
 			return -1
 		}
 		k += at
-		after := b[k+len(delim):]
-		if bytes.HasPrefix(after, []byte("--")) || bytes.HasPrefix(bytes.TrimLeft(after, " \t"), []byte("\r\n")) {
+		if closes(b[k+len(delim):]) {
 			return k
 		}
 		at = k + 1
 	}
 }
 
-// formField takes the value of the field named name, which lies at
-// offset at of the body.
-func (r *Request) formField(name string, value []byte, at int) error {
-	switch name {
-	case "model":
-		r.Model = append(r.Model[:0], value...)
-		r.modelAt = [2]int{at, at + len(value)}
-	case "stream":
-		v, ok := engines.LaxBoolString(string(value))
-		if !ok {
-			return InvalidType("stream", wantBool, value)
-		}
-		r.Stream = v
-	}
-	return nil
-}
-
-// formName returns the field name a part's header block gives in its
-// Content-Disposition; ok is false for a header without one.
-func formName(head []byte) (string, bool) {
+// formName returns the field name the last Content-Disposition of a
+// part's header block gives, and whether the part is a file (it has a
+// filename); named is false when no such header can be read.
+func formName(head []byte) (name string, file, named bool) {
 	for line := range bytes.SplitSeq(head, []byte("\r\n")) {
 		k, v, ok := bytes.Cut(line, []byte(":"))
 		if !ok || !strings.EqualFold(string(bytes.TrimSpace(k)), "Content-Disposition") {
@@ -112,12 +128,15 @@ func formName(head []byte) (string, bool) {
 		}
 		disp, params, err := mime.ParseMediaType(string(v))
 		if err != nil || disp != "form-data" {
-			return "", false
+			name, file, named = "", false, false
+			continue
 		}
-		name, ok := params["name"]
-		return name, ok
+		_, plain := params["filename"]
+		_, starred := params["filename*"]
+		name, named = params["name"]
+		file = plain || starred
 	}
-	return "", false
+	return name, file, named
 }
 
 // NotAForm is the 400 for an audio request whose body is not a
@@ -131,4 +150,11 @@ func NotAForm(contentType []byte) *Error {
 func BadForm() *Error {
 	return &Error{Status: http.StatusBadRequest, Type: TypeInvalidRequest,
 		Message: "We could not parse the multipart/form-data body of your request."}
+}
+
+// TooManyParts is the 400 for a form of more fields, or files, than the
+// engine's form parser takes.
+func TooManyParts() *Error {
+	return &Error{Status: http.StatusBadRequest, Type: TypeInvalidRequest,
+		Message: "The form holds more than " + strconv.Itoa(maxFormParts) + " fields or " + strconv.Itoa(maxFormParts) + " files, the most the engines take."}
 }

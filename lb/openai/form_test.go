@@ -97,6 +97,9 @@ func readForm(t *testing.T, body []byte, boundary string) map[string]string {
 func TestParseFormErrors(t *testing.T) {
 	const ct = "multipart/form-data; boundary=XyZ"
 	part := "--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n"
+	field := func(name, value string) string {
+		return "--XyZ\r\nContent-Disposition: form-data; name=\"" + name + "\"\r\n\r\n" + value + "\r\n"
+	}
 	for _, c := range []struct {
 		body, ct, want string
 	}{
@@ -105,28 +108,46 @@ func TestParseFormErrors(t *testing.T) {
 		{part + "--XyZ--", "multipart/form-data; boundary=", "must be multipart/form-data"},
 		{part, ct, "could not parse"},
 		{part + "--XyZ", ct, "could not parse"},
-		{"--XyZ\r\nContent-Type: text/plain\r\n\r\nm\r\n--XyZ--", ct, "could not parse"},
 		{"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\nm\r\n--XyZ--", ct, "could not parse"},
 		{"no delimiter", ct, "could not parse"},
-		{strings.Replace(part, "\"model\"\r\n\r\nm", "\"stream\"\r\n\r\nmaybe", 1) + "--XyZ--", ct, `"stream" must be a boolean, got maybe`},
+		{field("stream", "maybe") + "--XyZ--", ct, `"stream" must be a boolean, got maybe`},
+		{field("stream", "true") + field("stream", "maybe") + "--XyZ--", ct, "got maybe"},
+		{strings.Repeat(field("language", "en"), 1001) + "--XyZ--", ct, "more than 1000 fields"},
 	} {
 		var r Request
 		err := r.ParseForm([]byte(c.body), []byte(c.ct))
 		var e *Error
 		if !errors.As(err, &e) || e.Status != 400 || !strings.Contains(e.Message, c.want) {
-			t.Errorf("%q (%s): %v, want a 400 saying %q", c.body, c.ct, err, c.want)
+			t.Errorf("%.80q (%s): %v, want a 400 saying %q", c.body, c.ct, err, c.want)
 		}
 	}
-	// A preamble before the first delimiter, transport padding after one
-	// and an epilogue after the last are a form still.
-	var r Request
-	body := "preamble\r\n--XyZ  \t\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--XyZ--\r\nepilogue"
-	if err := r.ParseForm([]byte(body), []byte(ct)); err != nil || string(r.Model) != "m" {
-		t.Errorf("a preamble and padding: %v, model %q", err, r.Model)
-	}
-	// A part without headers names no field: the engine refuses it too.
-	body = "--XyZ\r\n\r\nheaderless\r\n--XyZ--"
-	if err := r.ParseForm([]byte(body), []byte(ct)); err == nil {
-		t.Error("a part without headers was read")
+	file := "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF....\r\n"
+	for _, c := range []struct {
+		what, body string
+		model      string
+		stream     bool
+		text       int
+	}{
+		{"a preamble and an epilogue", "preamble\r\n" + part + "--XyZ--\r\nepilogue", "m", false, 1},
+		// Transport padding makes no delimiter for the engine's parser:
+		// the part is the preamble's.
+		{"padding", "--XyZ \r\n" + part[7:] + "--XyZ--", "", false, 0},
+		// Only a field's last value counts, a bad one before it too; an
+		// empty one is absent.
+		{"stream maybe, then ON", field("stream", "maybe") + field("stream", "ON") + "--XyZ--", "", true, 7},
+		{"stream empty", field("stream", "") + part + "--XyZ--", "m", false, 1},
+		// A file's bytes are not the form's text.
+		{"a file", file + field("prompt", "Hello") + part + "--XyZ--", "m", false, 6},
+		// A part without headers, or whose name cannot be read, is the
+		// engine's to judge.
+		{"a part without headers", "--XyZ\r\n\r\nheaderless\r\n" + part + "--XyZ--", "m", false, 11},
+		{"an unreadable file part", "--XyZ\r\nContent-Disposition: form-data; filename=a b.wav\r\n\r\nx\r\n" + part + "--XyZ--", "m", false, 2},
+		// The last Content-Disposition names the part.
+		{"two names", "--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm2\r\n--XyZ--", "m2", false, 2},
+	} {
+		var r Request
+		if err := r.ParseForm([]byte(c.body), []byte(ct)); err != nil || string(r.Model) != c.model || r.Stream != c.stream || r.FormTextBytes != c.text {
+			t.Errorf("%s: %v, model %q, stream %v, %d bytes of text", c.what, err, r.Model, r.Stream, r.FormTextBytes)
+		}
 	}
 }

@@ -148,6 +148,9 @@ type Request struct {
 	// form says the body is a multipart form (ParseForm), where the
 	// model's value is its raw bytes.
 	form bool
+	// FormTextBytes is the size of a form's fields, its files left out
+	// (ParseForm).
+	FormTextBytes int
 	// Stream is the "stream" field (default false).
 	Stream bool
 	// MaxTokens is the output budget in tokens: "max_completion_tokens" if
