@@ -164,7 +164,9 @@ func audioSeconds(b []byte) float64 {
 			case id == "fmt " && i+20 <= len(b):
 				rate = binary.LittleEndian.Uint32(b[i+16 : i+20])
 			case id == "data" && rate > 0:
-				return float64(size) / float64(rate)
+				// A WAV written to a pipe declares 0xFFFFFFFF: its
+				// samples run to the file's end.
+				return float64(min(int(size), len(b)-i-8)) / float64(rate)
 			}
 			i += 8 + int(size) + int(size&1)
 		}

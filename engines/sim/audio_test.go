@@ -13,11 +13,13 @@ import (
 	"pdlb/engines"
 )
 
-// speechForm is a speech-to-text form: a WAV file of the given seconds
-// (silent, 16 kHz, 16-bit mono), then fields (name, value pairs).
-func speechForm(t *testing.T, seconds int, fields ...string) (*bytes.Buffer, string) {
-	t.Helper()
+// wavFile is a silent 16 kHz, 16-bit mono WAV file of the given seconds
+// whose data chunk declares size bytes (0: its own).
+func wavFile(seconds int, size uint32) []byte {
 	data := 32000 * seconds
+	if size == 0 {
+		size = uint32(data)
+	}
 	var f bytes.Buffer
 	f.WriteString("RIFF")
 	_ = binary.Write(&f, binary.LittleEndian, uint32(36+data))
@@ -26,15 +28,22 @@ func speechForm(t *testing.T, seconds int, fields ...string) (*bytes.Buffer, str
 		_ = binary.Write(&f, binary.LittleEndian, v)
 	}
 	f.WriteString("data")
-	_ = binary.Write(&f, binary.LittleEndian, uint32(data))
+	_ = binary.Write(&f, binary.LittleEndian, size)
 	f.Write(make([]byte, data))
+	return f.Bytes()
+}
+
+// speechForm is a speech-to-text form: audio, then fields (name, value
+// pairs).
+func speechForm(t *testing.T, audio []byte, fields ...string) (*bytes.Buffer, string) {
+	t.Helper()
 	var b bytes.Buffer
 	w := multipart.NewWriter(&b)
 	fw, err := w.CreateFormFile("file", "speech.wav")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fw.Write(f.Bytes())
+	fw.Write(audio)
 	for i := 0; i+1 < len(fields); i += 2 {
 		_ = w.WriteField(fields[i], fields[i+1])
 	}
@@ -49,9 +58,9 @@ func speechForm(t *testing.T, seconds int, fields ...string) (*bytes.Buffer, str
 func TestSpeechToText(t *testing.T) {
 	p := testPod(t, Config{Model: "whisper", Speedup: 100})
 	c := testClient(t)
-	send := func(path string, seconds int, fields ...string) (int, string) {
+	sendAudio := func(path string, audio []byte, fields ...string) (int, string) {
 		t.Helper()
-		body, ct := speechForm(t, seconds, fields...)
+		body, ct := speechForm(t, audio, fields...)
 		resp, err := c.Post("http://"+p.Addr()+path, ct, body)
 		if err != nil {
 			t.Fatal(err)
@@ -59,6 +68,10 @@ func TestSpeechToText(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
+	}
+	send := func(path string, seconds int, fields ...string) (int, string) {
+		t.Helper()
+		return sendAudio(path, wavFile(seconds, 0), fields...)
 	}
 	var whole struct {
 		Text  string
@@ -78,6 +91,11 @@ func TestSpeechToText(t *testing.T) {
 	// makes a token of each word.
 	if n := len(strings.Fields(whole.Text)); n != 4*speechTokensPerSecond+1 {
 		t.Errorf("a 4 s transcription of %d words: %q", n, whole.Text)
+	}
+	// A WAV written to a pipe declares the largest size: its samples run
+	// to the file's end.
+	if code, b := sendAudio("/v1/audio/transcriptions", wavFile(3, 0xFFFFFFFF)); code != 200 || !strings.HasSuffix(b, `"usage":{"seconds":3,"type":"duration"}}`) {
+		t.Errorf("a piped WAV: %d %s", code, b)
 	}
 	if code, b := send("/v1/audio/transcriptions", 4, "max_completion_tokens", "2"); code != 200 || json.Unmarshal([]byte(b), &whole) != nil || len(strings.Fields(whole.Text)) != 2 {
 		t.Errorf("max_completion_tokens 2: %d %s", code, b)
@@ -142,7 +160,7 @@ func TestSpeechToText(t *testing.T) {
 	}
 	// vLLM serves them; SGLang and TensorRT-LLM do not.
 	other := testPod(t, Config{Model: "whisper", Speedup: 100, Engine: engines.SGLang})
-	body, ct := speechForm(t, 1)
+	body, ct := speechForm(t, wavFile(1, 0))
 	if resp, err := c.Post("http://"+other.Addr()+"/v1/audio/transcriptions", ct, body); err != nil || resp.StatusCode != 404 {
 		t.Errorf("SGLang: %v %v", resp, err)
 	} else {
