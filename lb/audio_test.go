@@ -1,70 +1,21 @@
 package lb_test
 
 import (
-	"bytes"
-	"encoding/binary"
 	"encoding/json"
-	"io"
-	"mime/multipart"
 	"net/http"
 	"strings"
 	"testing"
 
+	"pdlb/internal/testaudio"
 	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
 )
 
-// wav is a silent 16 kHz, 16-bit mono WAV file of the given seconds.
-func wav(seconds int) []byte {
-	data := 32000 * seconds
-	var b bytes.Buffer
-	b.WriteString("RIFF")
-	_ = binary.Write(&b, binary.LittleEndian, uint32(36+data))
-	b.WriteString("WAVEfmt ")
-	for _, v := range []any{uint32(16), uint16(1), uint16(1), uint32(16000), uint32(32000), uint16(2), uint16(16)} {
-		_ = binary.Write(&b, binary.LittleEndian, v)
-	}
-	b.WriteString("data")
-	_ = binary.Write(&b, binary.LittleEndian, uint32(data))
-	b.Write(make([]byte, data))
-	return b.Bytes()
-}
-
-// audioForm is a speech-to-text form: the file first, as the OpenAI Node
-// SDK sends it, then fields in the given order (name, value pairs).
-func audioForm(t *testing.T, audio []byte, fields ...string) (body []byte, contentType string) {
+// postForm posts a form to path on s.
+func postForm(t *testing.T, s *lb.Server, path string, body []byte, contentType string, headers ...string) (*http.Response, string) {
 	t.Helper()
-	var b bytes.Buffer
-	w := multipart.NewWriter(&b)
-	f, err := w.CreateFormFile("file", "speech.wav")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Write(audio)
-	for i := 0; i+1 < len(fields); i += 2 {
-		if err := w.WriteField(fields[i], fields[i+1]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes(), w.FormDataContentType()
-}
-
-func postForm(t *testing.T, s *lb.Server, path string, body []byte, contentType string) (*http.Response, string) {
-	t.Helper()
-	resp, err := client.Post("http://"+s.Addr()+path, contentType, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, string(b)
+	return send(t, client, s, "POST", path, string(body), append(headers, "Content-Type", contentType)...)
 }
 
 // TestAudioAPIs: vLLM's speech-to-text APIs (transcriptions, translations)
@@ -74,7 +25,7 @@ func postForm(t *testing.T, s *lb.Server, path string, body []byte, contentType 
 // and the gateway's own 400 and 404 for what it cannot route.
 func TestAudioAPIs(t *testing.T) {
 	pods := podsOf("whisper", testFleet(t, "whisper", 2, 1000)...)
-	audio := wav(2)
+	audio := testaudio.WAV(2, 0)
 	for _, fe := range []string{"fasthttp", "gnet"} {
 		t.Run(fe, func(t *testing.T) {
 			s := testGateway(t, pods, func(c *config.Config) {
@@ -82,7 +33,7 @@ func TestAudioAPIs(t *testing.T) {
 				c.Aliases = []config.Alias{{Name: "whisper-1", Targets: []config.AliasTarget{{Model: "whisper"}}}}
 			})
 			for _, model := range []string{"whisper", "whisper-1"} {
-				body, ct := audioForm(t, audio, "model", model, "response_format", "json")
+				body, ct := testaudio.Form(audio, "model", model, "response_format", "json")
 				resp, b := postForm(t, s, "/v1/audio/transcriptions", body, ct)
 				var got struct {
 					Text  string
@@ -103,11 +54,11 @@ func TestAudioAPIs(t *testing.T) {
 			}
 			// A translation has no usage; the form's last model wins, as
 			// in the engine's form parser.
-			body, ct := audioForm(t, audio, "model", "nothing", "model", "whisper-1")
+			body, ct := testaudio.Form(audio, "model", "nothing", "model", "whisper-1")
 			if resp, b := postForm(t, s, "/v1/audio/translations", body, ct); resp.StatusCode != 200 || !strings.HasPrefix(b, `{"text":`) || strings.Contains(b, "usage") {
 				t.Errorf("translation: %d %s", resp.StatusCode, b)
 			}
-			body, ct = audioForm(t, audio, "stream", "true", "model", "whisper", "stream_include_usage", "True")
+			body, ct = testaudio.Form(audio, "stream", "true", "model", "whisper", "stream_include_usage", "True")
 			resp, b := postForm(t, s, "/v1/audio/transcriptions", body, ct)
 			if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 				t.Fatalf("stream: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
@@ -139,7 +90,7 @@ func TestAudioAPIs(t *testing.T) {
 				{[]string{"model", "whisper", "stream", "maybe"}, 400, `must be a boolean, got maybe`},
 				{[]string{"model", "nope"}, 404, "The model `nope` does not exist."},
 			} {
-				body, ct := audioForm(t, audio, c.fields...)
+				body, ct := testaudio.Form(audio, c.fields...)
 				if resp, b := postForm(t, s, "/v1/audio/transcriptions", body, ct); resp.StatusCode != c.status || !strings.Contains(b, c.want) {
 					t.Errorf("%q: %d %s, want %d with %q", c.fields, resp.StatusCode, b, c.status, c.want)
 				}
@@ -161,17 +112,8 @@ func TestAudioBudget(t *testing.T) {
 		prompt string
 		status int
 	}{{"Names: pdlb.", 200}, {strings.Repeat("word ", 1000), 429}} {
-		body, ct := audioForm(t, wav(15), "model", "whisper", "prompt", c.prompt)
-		req, _ := http.NewRequest("POST", "http://"+s.Addr()+"/v1/audio/transcriptions", bytes.NewReader(body))
-		req.Header.Set("Content-Type", ct)
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != c.status {
+		body, ct := testaudio.Form(testaudio.WAV(15, 0), "model", "whisper", "prompt", c.prompt)
+		if resp, b := postForm(t, s, "/v1/audio/transcriptions", body, ct, "Authorization", "Bearer "+key); resp.StatusCode != c.status {
 			t.Errorf("a prompt of %d bytes: %d %s, want %d", len(c.prompt), resp.StatusCode, b, c.status)
 		}
 	}

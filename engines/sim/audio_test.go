@@ -2,54 +2,15 @@ package sim
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"strings"
 	"testing"
 
 	"pdlb/engines"
+	"pdlb/internal/testaudio"
 )
-
-// wavFile is a silent 16 kHz, 16-bit mono WAV file of the given seconds
-// whose data chunk declares size bytes (0: its own).
-func wavFile(seconds int, size uint32) []byte {
-	data := 32000 * seconds
-	if size == 0 {
-		size = uint32(data)
-	}
-	var f bytes.Buffer
-	f.WriteString("RIFF")
-	_ = binary.Write(&f, binary.LittleEndian, uint32(36+data))
-	f.WriteString("WAVEfmt ")
-	for _, v := range []any{uint32(16), uint16(1), uint16(1), uint32(16000), uint32(32000), uint16(2), uint16(16)} {
-		_ = binary.Write(&f, binary.LittleEndian, v)
-	}
-	f.WriteString("data")
-	_ = binary.Write(&f, binary.LittleEndian, size)
-	f.Write(make([]byte, data))
-	return f.Bytes()
-}
-
-// speechForm is a speech-to-text form: audio, then fields (name, value
-// pairs).
-func speechForm(t *testing.T, audio []byte, fields ...string) (*bytes.Buffer, string) {
-	t.Helper()
-	var b bytes.Buffer
-	w := multipart.NewWriter(&b)
-	fw, err := w.CreateFormFile("file", "speech.wav")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw.Write(audio)
-	for i := 0; i+1 < len(fields); i += 2 {
-		_ = w.WriteField(fields[i], fields[i+1])
-	}
-	_ = w.Close()
-	return &b, w.FormDataContentType()
-}
 
 // TestSpeechToText: vLLM's transcription and translation APIs: a whole
 // answer's text and the audio's duration (a translation's without it), a
@@ -60,8 +21,8 @@ func TestSpeechToText(t *testing.T) {
 	c := testClient(t)
 	sendAudio := func(path string, audio []byte, fields ...string) (int, string) {
 		t.Helper()
-		body, ct := speechForm(t, audio, fields...)
-		resp, err := c.Post("http://"+p.Addr()+path, ct, body)
+		body, ct := testaudio.Form(audio, fields...)
+		resp, err := c.Post("http://"+p.Addr()+path, ct, bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +32,7 @@ func TestSpeechToText(t *testing.T) {
 	}
 	send := func(path string, seconds int, fields ...string) (int, string) {
 		t.Helper()
-		return sendAudio(path, wavFile(seconds, 0), fields...)
+		return sendAudio(path, testaudio.WAV(seconds, 0), fields...)
 	}
 	var whole struct {
 		Text  string
@@ -94,7 +55,7 @@ func TestSpeechToText(t *testing.T) {
 	}
 	// A WAV written to a pipe declares the largest size: its samples run
 	// to the file's end.
-	if code, b := sendAudio("/v1/audio/transcriptions", wavFile(3, 0xFFFFFFFF)); code != 200 || !strings.HasSuffix(b, `"usage":{"seconds":3,"type":"duration"}}`) {
+	if code, b := sendAudio("/v1/audio/transcriptions", testaudio.WAV(3, 0xFFFFFFFF)); code != 200 || !strings.HasSuffix(b, `"usage":{"seconds":3,"type":"duration"}}`) {
 		t.Errorf("a piped WAV: %d %s", code, b)
 	}
 	if code, b := send("/v1/audio/transcriptions", 4, "max_completion_tokens", "2"); code != 200 || json.Unmarshal([]byte(b), &whole) != nil || len(strings.Fields(whole.Text)) != 2 {
@@ -160,8 +121,8 @@ func TestSpeechToText(t *testing.T) {
 	}
 	// vLLM serves them; SGLang and TensorRT-LLM do not.
 	other := testPod(t, Config{Model: "whisper", Speedup: 100, Engine: engines.SGLang})
-	body, ct := speechForm(t, wavFile(1, 0))
-	if resp, err := c.Post("http://"+other.Addr()+"/v1/audio/transcriptions", ct, body); err != nil || resp.StatusCode != 404 {
+	body, ct := testaudio.Form(testaudio.WAV(1, 0))
+	if resp, err := c.Post("http://"+other.Addr()+"/v1/audio/transcriptions", ct, bytes.NewReader(body)); err != nil || resp.StatusCode != 404 {
 		t.Errorf("SGLang: %v %v", resp, err)
 	} else {
 		resp.Body.Close()

@@ -28,21 +28,28 @@ func idleWorkers(t *testing.T, w *workers, n int) []*worker {
 	return nil
 }
 
+// burst runs n jobs on w at once and returns its n idle workers once
+// they all ended.
+func burst(t *testing.T, w *workers, n int) []*worker {
+	t.Helper()
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	for range n {
+		started.Add(1)
+		w.run(jobFunc(func() { started.Done(); <-release }))
+	}
+	started.Wait()
+	close(release)
+	return idleWorkers(t, w, n)
+}
+
 // TestWorkersReuse: a job goes to the worker idle last, and a burst
 // makes as many workers as jobs ran at once, no more.
 func TestWorkersReuse(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := newWorkers()
 	defer w.stop()
-	release := make(chan struct{})
-	var started sync.WaitGroup
-	for range 3 {
-		started.Add(1)
-		w.run(jobFunc(func() { started.Done(); <-release }))
-	}
-	started.Wait()
-	close(release)
-	ready := idleWorkers(t, w, 3)
+	ready := burst(t, w, 3)
 	done := make(chan struct{})
 	w.run(jobFunc(func() { close(done) }))
 	<-done
@@ -59,15 +66,7 @@ func TestWorkersReap(t *testing.T) {
 	w := newWorkers()
 	w.idle = 200 * time.Millisecond
 	defer w.stop()
-	release := make(chan struct{})
-	var started sync.WaitGroup
-	for range 3 {
-		started.Add(1)
-		w.run(jobFunc(func() { started.Done(); <-release }))
-	}
-	started.Wait()
-	close(release)
-	warm := idleWorkers(t, w, 3)[2]
+	warm := burst(t, w, 3)[2]
 	// The worker idle last takes a job every few milliseconds, so it is
 	// never idle for long; the others are.
 	deadline := time.Now().Add(10 * time.Second)
