@@ -2,7 +2,6 @@ package openai
 
 import (
 	"bytes"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,12 +14,14 @@ import (
 // vLLM's speech-to-text API takes it, whose "model" and "stream" fields
 // are read; the audio file and every other field are stepped over, and
 // FormTextBytes counts the fields' text. It reads the form as the
-// engine's parser (Starlette's, on python-multipart) does: a delimiter
-// is the boundary at a line's start followed by "--" or a line's end
-// (no transport padding), a part's last Content-Disposition names it,
-// a field's last value wins and an empty one counts as absent, and a form
-// holds at most 1,000 fields and 1,000 files. A part whose name cannot be
-// read is left to the engine to judge. contentType is the request's
+// engine's parser (Starlette's, on python-multipart) does: the first
+// delimiter is at the body's first '-', every other one is the boundary
+// at a line's start followed by "--" or a line's end (no transport
+// padding); a part's last Content-Disposition names it, its parameters
+// read as python-multipart reads them (optionsHeader), a filename making
+// it a file; a field's last value wins and an empty one counts as absent;
+// a form holds at most 1,000 fields and 1,000 files. A part without a
+// name is left to the engine to refuse. contentType is the request's
 // Content-Type, which names the boundary.
 //
 // The parts are found by searching for their delimiter, not read through
@@ -30,20 +31,23 @@ import (
 func (r *Request) ParseForm(body, contentType []byte) error {
 	r.Reset()
 	r.Kind, r.form = KindAudio, true
-	typ, params, err := mime.ParseMediaType(string(contentType))
-	if err != nil || typ != "multipart/form-data" || params["boundary"] == "" {
+	typ, boundary := "", ""
+	optionsHeader(contentType, func(t string) { typ = t }, func(k, v string) {
+		if k == "boundary" {
+			boundary = v
+		}
+	})
+	if typ != "multipart/form-data" || boundary == "" {
 		return NotAForm(contentType)
 	}
-	delim := append([]byte("\r\n--"), params["boundary"]...)
-	// The first delimiter may follow a preamble, or open the body.
-	var i int
-	if bytes.HasPrefix(body, delim[2:]) && closes(body[len(delim)-2:]) {
-		i = len(delim) - 2
-	} else if i = nextDelimiter(body, delim); i < 0 {
+	delim := append([]byte("\r\n--"), boundary...)
+	// The first delimiter is at the body's first '-', as python-multipart
+	// looks for it: a preamble without one goes before it.
+	i := bytes.IndexByte(body, '-')
+	if i < 0 || !bytes.HasPrefix(body[i:], delim[2:]) || !closes(body[i+len(delim)-2:]) {
 		return BadForm()
-	} else {
-		i += len(delim)
 	}
+	i += len(delim) - 2
 	var stream []byte // the last value, read at the end
 	fields, files := 0, 0
 	for !bytes.HasPrefix(body[i:], []byte("--")) {
@@ -119,24 +123,127 @@ func nextDelimiter(b, delim []byte) int {
 
 // formName returns the field name the last Content-Disposition of a
 // part's header block gives, and whether the part is a file (it has a
-// filename); named is false when no such header can be read.
+// filename); named is false when no such header names the part.
 func formName(head []byte) (name string, file, named bool) {
 	for line := range bytes.SplitSeq(head, []byte("\r\n")) {
 		k, v, ok := bytes.Cut(line, []byte(":"))
 		if !ok || !strings.EqualFold(string(bytes.TrimSpace(k)), "Content-Disposition") {
 			continue
 		}
-		disp, params, err := mime.ParseMediaType(string(v))
-		if err != nil || disp != "form-data" {
-			name, file, named = "", false, false
-			continue
-		}
-		_, plain := params["filename"]
-		_, starred := params["filename*"]
-		name, named = params["name"]
-		file = plain || starred
+		name, file, named = "", false, false
+		optionsHeader(v, func(string) {}, func(k, v string) {
+			switch k {
+			case "name":
+				name, named = v, true
+			case "filename":
+				file = true
+			}
+		})
 	}
 	return name, file, named
+}
+
+// optionsHeader reads a header value of a type and parameters
+// (Content-Type, Content-Disposition) as python-multipart's
+// parse_options_header does (it serves the engines' forms), so the
+// gateway names a form's parts as the engine does: typ gets the type as
+// written, param each parameter in order (a later one of the same key
+// wins), its key lower case, a quoted value unquoted with \\ and then
+// \" unescaped. A parameter whose key holds '*' (RFC 2231's extended
+// syntax, which RFC 7578 forbids) is skipped.
+func optionsHeader(v []byte, typ func(string), param func(k, v string)) {
+	segments := parseParams(string(v))
+	typ(segments[0])
+	for _, seg := range segments[1:] {
+		k, val, _ := strings.Cut(seg, "=")
+		if strings.Contains(k, "*") {
+			continue
+		}
+		if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
+			val = strings.ReplaceAll(strings.ReplaceAll(val[1:len(val)-1], `\\`, `\`), `\"`, `"`)
+		}
+		param(k, val)
+	}
+}
+
+// parseParams splits a header value at its ';'s outside double quotes,
+// step for step as Python's email.message._parseparam (which
+// python-multipart vendors), quirks included: a key before '=' is
+// lower-cased and right-trimmed, its value left-trimmed, the whole
+// segment trimmed. The first segment is the value's type.
+func parseParams(v string) []string {
+	s := ";" + v
+	var out []string
+	for start := 0; pyFind(s, ";", start) == start; {
+		start++
+		end := pyFind(s, ";", start)
+		ind, diff := start, 0
+		for end > 0 {
+			diff += pyCount(s, `"`, ind, end) - pyCount(s, `\"`, ind, end)
+			if diff%2 == 0 {
+				break
+			}
+			end, ind = ind, pyFind(s, ";", end+1)
+		}
+		if end < 0 {
+			end = len(s)
+		}
+		var f string
+		if i := strings.Index(s[start:max(end, start)], "="); i < 0 {
+			f = s[start:max(end, start)]
+		} else {
+			i += start
+			f = strings.ToLower(pyTrim(s[start:i], false, true)) + "=" + pyTrim(s[i+1:max(end, i+1)], true, false)
+		}
+		out = append(out, pyTrim(f, true, true))
+		start = end
+	}
+	return out
+}
+
+// pyTrim is Python's str.lstrip (left), rstrip (right) or strip (both)
+// of a header decoded as Latin-1, as python-multipart decodes it: each
+// byte a character, 0x85 and 0xA0 whitespace too.
+func pyTrim(s string, left, right bool) string {
+	space := func(b byte) bool {
+		return b == ' ' || b >= '\t' && b <= '\r' || b >= 0x1c && b <= 0x1f || b == 0x85 || b == 0xa0
+	}
+	for left && len(s) > 0 && space(s[0]) {
+		s = s[1:]
+	}
+	for right && len(s) > 0 && space(s[len(s)-1]) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// pySlice bounds start and end as Python bounds a slice s[start:end].
+func pySlice(s string, start, end int) (int, int) {
+	bound := func(i int) int {
+		if i < 0 {
+			i += len(s)
+		}
+		return min(max(i, 0), len(s))
+	}
+	return bound(start), bound(end)
+}
+
+// pyFind is Python's s.find(sub, start).
+func pyFind(s, sub string, start int) int {
+	lo, _ := pySlice(s, start, len(s))
+	if i := strings.Index(s[lo:], sub); i >= 0 {
+		return lo + i
+	}
+	return -1
+}
+
+// pyCount is Python's s.count(sub, start, end).
+func pyCount(s, sub string, start, end int) int {
+	lo, hi := pySlice(s, start, end)
+	if lo > hi {
+		return 0
+	}
+	return strings.Count(s[lo:hi], sub)
 }
 
 // NotAForm is the 400 for an audio request whose body is not a

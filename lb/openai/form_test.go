@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"mime/multipart"
 	"strconv"
@@ -113,6 +114,11 @@ func TestParseFormErrors(t *testing.T) {
 		{field("stream", "maybe") + "--XyZ--", ct, `"stream" must be a boolean, got maybe`},
 		{field("stream", "true") + field("stream", "maybe") + "--XyZ--", ct, "got maybe"},
 		{strings.Repeat(field("language", "en"), 1001) + "--XyZ--", ct, "more than 1000 fields"},
+		// Transport padding after a boundary: the engine's parser finds
+		// no line's end there either.
+		{"--XyZ \r\n" + part[7:] + "--XyZ--", ct, "could not parse"},
+		// The first delimiter is at the body's first '-'.
+		{"pre-amble\r\n" + part + "--XyZ--", ct, "could not parse"},
 	} {
 		var r Request
 		err := r.ParseForm([]byte(c.body), []byte(c.ct))
@@ -129,9 +135,8 @@ func TestParseFormErrors(t *testing.T) {
 		text       int
 	}{
 		{"a preamble and an epilogue", "preamble\r\n" + part + "--XyZ--\r\nepilogue", "m", false, 1},
-		// Transport padding makes no delimiter for the engine's parser:
-		// the part is the preamble's.
-		{"padding", "--XyZ \r\n" + part[7:] + "--XyZ--", "", false, 0},
+		{"a line's end, then the form", "\n" + part + "--XyZ--", "m", false, 1},
+		{"other bytes, then the form", "\r\nxx" + part + "--XyZ--", "m", false, 1},
 		// Only a field's last value counts, a bad one before it too; an
 		// empty one is absent.
 		{"stream maybe, then ON", field("stream", "maybe") + field("stream", "ON") + "--XyZ--", "", true, 7},
@@ -141,14 +146,30 @@ func TestParseFormErrors(t *testing.T) {
 		// A part without headers, or whose name cannot be read, is the
 		// engine's to judge.
 		{"a part without headers", "--XyZ\r\n\r\nheaderless\r\n" + part + "--XyZ--", "m", false, 11},
-		{"an unreadable file part", "--XyZ\r\nContent-Disposition: form-data; filename=a b.wav\r\n\r\nx\r\n" + part + "--XyZ--", "m", false, 2},
+		{"a file part Go's parser refuses", "--XyZ\r\nContent-Disposition: form-data; filename=a b.wav\r\n\r\nx\r\n" + part + "--XyZ--", "m", false, 1},
+		// Content-Disposition read as python-multipart reads it: its type
+		// is not looked at, a repeated key's last value wins, a word
+		// without '=' and an extended (starred) key are skipped.
+		{"attachment", strings.Replace(part, "form-data", "attachment", 1) + "--XyZ--", "m", false, 1},
+		{"two names", strings.Replace(part, `name="model"`, `name="x"; name="model"`, 1) + "--XyZ--", "m", false, 1},
+		{"a bare word", strings.Replace(part, `name="model"`, `name="model"; junk`, 1) + "--XyZ--", "m", false, 1},
+		{"filename*", strings.Replace(part, `name="model"`, `name="model"; filename*=UTF-8''a.wav`, 1) + "--XyZ--", "m", false, 1},
+		{"name*", strings.Replace(part, `name="model"`, `name="prompt"; name*=UTF-8''model`, 1) + "--XyZ--", "", false, 1},
+		{"a quoted ';'", strings.Replace(part, `name="model"`, `filename="a;b.wav"; name="model"`, 1) + "--XyZ--", "", false, 0},
 		// The last Content-Disposition names the part.
-		{"two names", "--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm2\r\n--XyZ--", "m2", false, 2},
+		{"two headers", "--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm2\r\n--XyZ--", "m2", false, 2},
 	} {
 		var r Request
 		if err := r.ParseForm([]byte(c.body), []byte(ct)); err != nil || string(r.Model) != c.model || r.Stream != c.stream || r.FormTextBytes != c.text {
 			t.Errorf("%s: %v, model %q, stream %v, %d bytes of text", c.what, err, r.Model, r.Stream, r.FormTextBytes)
 		}
+	}
+	// The boundary is unquoted as python-multipart unquotes it: only \\
+	// and \" are escapes, so X\=Z keeps its backslash.
+	var r Request
+	body := "--X\\=Z\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--X\\=Z--"
+	if err := r.ParseForm([]byte(body), []byte(`multipart/form-data; boundary="X\=Z"`)); err != nil || string(r.Model) != "m" {
+		t.Errorf("boundary X\\=Z: %v, model %q", err, r.Model)
 	}
 }
 
@@ -205,4 +226,38 @@ func BenchmarkParseForm(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestOptionsHeader: header parameters read as python-multipart reads
+// them. Each want is what its parse_options_header (at bdb2b4f, Python
+// 3) returned for the header.
+func TestOptionsHeader(t *testing.T) {
+	for _, c := range []struct {
+		header, typ string
+		params      map[string]string
+	}{
+		{`form-data; name="model"`, "form-data", map[string]string{"name": "model"}},
+		{`attachment; name="model"`, "attachment", map[string]string{"name": "model"}},
+		{`form-data; name="x"; name="model"`, "form-data", map[string]string{"name": "model"}},
+		{`form-data; name="model"; junk`, "form-data", map[string]string{"junk": "", "name": "model"}},
+		{`form-data; name="model"; filename*=UTF-8''a.wav`, "form-data", map[string]string{"name": "model"}},
+		{`form-data; name="prompt"; name*=UTF-8''model`, "form-data", map[string]string{"name": "prompt"}},
+		{`form-data; filename="a;b.wav"; name="model"`, "form-data", map[string]string{"filename": "a;b.wav", "name": "model"}},
+		{`form-data; name="a\"b;c"; x=1`, "form-data", map[string]string{"name": `a"b;c`, "x": "1"}},
+		{`form-data; name="a\\"; filename="x"`, "form-data", map[string]string{"name": `a"; filename="x`}},
+		{`form-data;name=model ;  FileName = "q" `, "form-data", map[string]string{"filename": "q", "name": "model"}},
+		{`multipart/form-data; boundary="X\=Z"`, "multipart/form-data", map[string]string{"boundary": `X\=Z`}},
+		{`Multipart/Form-Data; boundary=abc`, "Multipart/Form-Data", map[string]string{"boundary": "abc"}},
+		{`form-data; name="a"b"; c=";d"`, "form-data", map[string]string{`d"`: "", "name": `a"b"; c=`}},
+		{`form-data; name=""; name`, "form-data", map[string]string{"name": ""}},
+		{`;;name="x"`, "", map[string]string{"": "", "name": "x"}},
+		{`form-data; name="x\\\"y"`, "form-data", map[string]string{"name": `x\"y`}},
+	} {
+		var typ string
+		params := map[string]string{}
+		optionsHeader([]byte(c.header), func(s string) { typ = s }, func(k, v string) { params[k] = v })
+		if typ != c.typ || !maps.Equal(params, c.params) {
+			t.Errorf("%s: %q %q, want %q %q", c.header, typ, params, c.typ, c.params)
+		}
+	}
 }
