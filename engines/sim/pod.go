@@ -313,6 +313,7 @@ func (p *Pod) routeTable() map[string]route {
 	case engines.VLLM:
 		rt["/tokenize"] = post(p.tokenize)
 		rt["/v1/responses"] = post(p.createResponse)
+		rt["/v1/messages"] = post(p.createMessage)
 		rt["/v1/audio/transcriptions"] = post(p.speechToText("transcribe"))
 		rt["/v1/audio/translations"] = post(p.speechToText("translate"))
 		rt["/reset_prefix_cache"] = post(p.resetPrefixCache)
