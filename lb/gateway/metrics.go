@@ -63,14 +63,14 @@ type modelMetrics struct {
 	// stream's counted from its events, or its usage when it carries it; a
 	// whole answer's from its usage).
 	completionTokens *metrics.Counter
-	// generated counts the completions and Responses answered 200: the
-	// planner's finished requests, whose output it averages (the other
-	// APIs' answers have none).
+	// generated counts the completions, Responses and Messages answered
+	// 200: the planner's finished requests, whose output it averages (the
+	// other APIs' answers have none).
 	generated atomic.Int64
-	// responses counts the Responses requests that arrived: the planner's
-	// besides those the prefill/decode cascade decided (pd.Kinds), which
-	// Responses never take.
-	responses atomic.Int64
+	// uncascaded counts the Responses and Messages requests that arrived:
+	// the planner's besides those the prefill/decode cascade decided
+	// (pd.Kinds), which they never take.
+	uncascaded atomic.Int64
 	// fallbacks counts requests for another model moved to this one
 	// (models.go).
 	fallbacks *metrics.Counter

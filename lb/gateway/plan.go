@@ -323,7 +323,7 @@ func (g *Gateway) planCounts(m *pool.Model) plan.Counts {
 	for _, k := range stats.pd.Kinds {
 		c.Requests += float64(k.Get())
 	}
-	c.Requests += float64(stats.responses.Load())
+	c.Requests += float64(stats.uncascaded.Load())
 	c.Finished = float64(stats.generated.Load())
 	c.PromptTokens, c.CachedTokens = float64(stats.promptTokens.Get()), float64(stats.cachedTokens.Get())
 	return c

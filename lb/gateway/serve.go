@@ -196,8 +196,8 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		return false
 	}
 	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
-	if x.req.Kind == openai.KindResponses {
-		g.metrics.model(m).responses.Add(1)
+	if x.req.Kind.Outputs() && !x.req.Kind.Generates() {
+		g.metrics.model(m).uncascaded.Add(1)
 	}
 	return true
 }
@@ -227,12 +227,12 @@ func budgeted(x *completion, body []byte) int {
 // prompt to match and nothing to prefill and decode, so whatever the
 // model and headers say, a combined pod with the fewest requests in
 // flight answers them (otherPolicy); nor do they fall back to another
-// model (fallBack). A Responses request is routed by the model's policy
-// among its combined pods: the engine runs the prefill/decode exchange
-// of chats and completions only.
+// model (fallBack). A Responses or Messages request is routed by the
+// model's policy among its combined pods: the engine runs the
+// prefill/decode exchange of chats and completions only.
 func strategyFor(x *completion, m *pool.Model) (route.Resolved, error) {
 	switch {
-	case x.req.Kind == openai.KindResponses:
+	case x.req.Kind.Outputs() && !x.req.Kind.Generates():
 		res, err := strategyOf(x, m)
 		res.PD = nil
 		return res, err

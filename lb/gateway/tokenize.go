@@ -57,6 +57,10 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	case x.req.TokenIDs:
 	case m.Prompt == nil:
 		mode = tokensStandIn
+	case x.req.Kind == openai.KindMessages:
+		// The Messages API's chat is vLLM's to make: routed without the
+		// index, by the gateway's own record of its stand-in keys.
+		mode = tokensUnindexed
 	case x.req.Kind == openai.KindChat, x.req.Kind == openai.KindResponses:
 		special := x.req.SpecialTokensSet && x.req.SpecialTokens
 		var err error

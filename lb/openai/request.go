@@ -56,6 +56,10 @@ const (
 	// form (ParseForm) whose "model" and "stream" are read; the body goes
 	// to a pod as it came.
 	KindAudio
+	// KindMessages is POST /v1/messages, Anthropic's Messages API, which
+	// vLLM serves as the chat its messages make: its prompt is "system"
+	// and "messages" (renderMessages), its output budget "max_tokens".
+	KindMessages
 )
 
 // Generates reports whether k's requests generate tokens: chat and
@@ -63,9 +67,9 @@ const (
 func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 
 // Outputs reports whether k's requests have a prompt the gateway reads
-// and answers that carry generated tokens to count: Generates' and the
-// Responses API's.
-func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses }
+// and answers that carry generated tokens to count: Generates', the
+// Responses API's and the Messages API's.
+func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses || k == KindMessages }
 
 // String returns the kind's name.
 func (k Kind) String() string {
@@ -84,6 +88,8 @@ func (k Kind) String() string {
 		return "stored"
 	case KindAudio:
 		return "audio"
+	case KindMessages:
+		return "messages"
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -100,12 +106,14 @@ func KindFromPath(path []byte) (k Kind, ok bool) {
 		return KindCompletion, true
 	case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank":
 		return KindOther, true
-	case "/tokenize", "/detokenize":
+	case "/tokenize", "/detokenize", "/v1/messages/count_tokens":
 		return KindTokenizer, true
 	case "/v1/responses":
 		return KindResponses, true
 	case "/v1/audio/transcriptions", "/v1/audio/translations":
 		return KindAudio, true
+	case "/v1/messages":
+		return KindMessages, true
 	}
 	return 0, false
 }
@@ -483,7 +491,7 @@ const (
 func (r *Request) Parse(kind Kind, body []byte) error {
 	r.Reset()
 	r.Kind = kind
-	if kind < KindChat || kind > KindResponses {
+	if kind < KindChat || kind > KindResponses && kind != KindMessages {
 		panic("BUG: openai: Parse with " + kind.String())
 	}
 	s := scanner{b: body}
@@ -522,11 +530,18 @@ func (r *Request) parse(s *scanner) error {
 	s.open()
 	var maxTokens, maxCompletion = -1, -1
 	var seenPrompt bool
-	var instructions, input field // KindResponses: rendered once all is read
+	var instructions, input field // KindResponses, KindMessages: rendered once all is read
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
-		if r.Kind == KindResponses {
+		switch r.Kind {
+		case KindResponses:
 			if err := r.responsesField(s, key, &instructions, &input); err != nil {
+				return err
+			}
+			continue
+		case KindMessages:
+			// The system field and the messages.
+			if err := r.messagesField(s, key, &instructions, &input); err != nil {
 				return err
 			}
 			continue
@@ -583,8 +598,12 @@ func (r *Request) parse(s *scanner) error {
 	if s.bad {
 		return nil
 	}
-	if r.Kind == KindResponses {
+	switch r.Kind {
+	case KindResponses:
 		r.renderResponses(s.b, instructions, input)
+		return nil
+	case KindMessages:
+		r.renderMessages(s.b, instructions, input)
 		return nil
 	}
 	if !r.Kind.Generates() {

@@ -1,0 +1,65 @@
+package openai
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestParseMessagesPrompt: a Messages request renders the stand-in prompt
+// of the chat vLLM makes of it: the system field and system-role
+// messages joined as one system turn, Claude Code's billing header
+// dropped, text blocks as a chat's text parts; a message with other
+// blocks renders as its blocks' JSON, unchanged when a cache_control mark
+// moves off it; what the engine refuses renders nothing.
+func TestParseMessagesPrompt(t *testing.T) {
+	r, c := AcquireRequest(), AcquireRequest()
+	defer ReleaseRequest(r)
+	defer ReleaseRequest(c)
+	same := func(messages, chat string) {
+		t.Helper()
+		if err := r.Parse(KindMessages, []byte(messages)); err != nil {
+			t.Fatalf("%s: %v", messages, err)
+		}
+		if err := c.Parse(KindChat, []byte(chat)); err != nil {
+			t.Fatalf("%s: %v", chat, err)
+		}
+		if len(r.Prompt) == 0 || string(r.Prompt) != string(c.Prompt) || r.PromptTokens() != c.PromptTokens() {
+			t.Errorf("%s rendered\n%q\nwant (as %s)\n%q", messages, r.Prompt, chat, c.Prompt)
+		}
+	}
+	same(`{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"Hi"}]}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
+	same(`{"system":"Be brief.","messages":[{"role":"user","content":"H\u0069"}]}`, `{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`)
+	same(`{"system":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"You are"},{"type":"text","text":"","cache_control":{"type":"ephemeral"}},{"type":"text","text":" Claude."}],
+		"messages":[{"role":"system","content":[{"type":"text","text":" More."}]},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}]},
+		{"role":"assistant","content":[{"type":"text","text":"c"}]}]}`,
+		`{"messages":[{"role":"system","content":"You are Claude. More."},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":"c"}]}`)
+	if r.MaxTokens != -1 {
+		t.Errorf("max_tokens %d, want none", r.MaxTokens)
+	}
+	if err := r.Parse(KindMessages, []byte(`{"model":"m","max_tokens":9,"stream":true,"messages":[{"role":"user","content":"Hi"}]}`)); err != nil || r.MaxTokens != 9 || !r.Stream || string(r.Model) != "m" {
+		t.Errorf("max_tokens %d, stream %v, model %q (%v)", r.MaxTokens, r.Stream, r.Model, err)
+	}
+	// A tool call and its result key alike at every turn that resends
+	// them, whichever carries the cache_control mark.
+	turn := func(mark string) string {
+		return `{"max_tokens":9,"messages":[{"role":"user","content":"q"},
+			{"role":"assistant","content":[{"type":"text","text":"let me see"},{"type":"tool_use","id":"t1","name":"ls","input":{"path":"."}` + mark + `}]},
+			{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"a.go"` + mark + `}]}]}]}`
+	}
+	if err := r.Parse(KindMessages, []byte(turn(`,"cache_control":{"type":"ephemeral"}`))); err != nil {
+		t.Fatal(err)
+	}
+	marked := string(r.Prompt)
+	if err := r.Parse(KindMessages, []byte(turn(""))); err != nil {
+		t.Fatal(err)
+	}
+	if marked != string(r.Prompt) || strings.Contains(marked, "cache_control") || !strings.Contains(marked, `"tool_use_id":"t1"`) {
+		t.Errorf("with marks %q\nwithout %q", marked, r.Prompt)
+	}
+	for _, refused := range []string{`{"model":"m"}`, `{"messages":[]}`, `{"messages":"hi"}`, `{"messages":[{"content":"no role"}]}`,
+		`{"messages":[{"role":"tool","content":"x"}]}`, `{"messages":[3]}`, `{"messages":[{"role":"user","content":5}]}`, `{"system":5,"messages":[{"role":"user","content":"x"}]}`} {
+		if err := r.Parse(KindMessages, []byte(refused)); err != nil || len(r.Prompt) != 0 {
+			t.Errorf("%s: %v, prompt %q, want none", refused, err, r.Prompt)
+		}
+	}
+}
