@@ -119,8 +119,13 @@ func messagesChat(req messagesRequest) ([]chatMessage, error) {
 		turns = append(turns, textMessage("system", system.String()))
 	}
 	for i, m := range req.Messages {
-		if m.Role == "system" {
+		switch m.Role {
+		case "system":
 			continue
+		case "ctx", "msg":
+			// Roles newer Claude Code sends, which vLLM reads as the
+			// user's.
+			m.Role = "user"
 		}
 		var s string
 		if json.Unmarshal(m.Content, &s) == nil {
@@ -146,6 +151,10 @@ func messagesChat(req messagesRequest) ([]chatMessage, error) {
 		case len(parts) > 1:
 			content, _ := json.Marshal(parts)
 			turns = append(turns, chatMessage{Role: m.Role, Content: content})
+		case m.Role != "user":
+			// vLLM keeps an assistant's message without text, without
+			// content; a user's it leaves out.
+			turns = append(turns, chatMessage{Role: m.Role})
 		}
 	}
 	return turns, nil
