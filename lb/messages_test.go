@@ -3,8 +3,12 @@ package lb_test
 import (
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
+
+	"pdlb/lb/config"
 )
 
 // TestMessagesConversation: Anthropic's Messages API through the gateway
@@ -49,6 +53,8 @@ func TestMessagesConversation(t *testing.T) {
 		}
 		msgs = append(msgs, fmt.Sprintf(`{"role":"assistant","content":[{"type":"text","text":%q}]}`, a.Content[0].Text))
 	}
+	// A stream, from a pod slow enough that its tokens come apart.
+	s = testGateway(t, podsOf("m", testFleet(t, "m", 1, 20)...), nil)
 	before := metricValue(t, s, `pdlb_completion_tokens_total{model="m"}`)
 	resp, b := post(t, s, "/v1/messages", `{"model":"m","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	if resp.StatusCode != 200 || !strings.HasPrefix(b, "event: message_start\n") || !strings.HasSuffix(b, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n") {
@@ -59,5 +65,71 @@ func TestMessagesConversation(t *testing.T) {
 	}
 	if n := metricValue(t, s, `pdlb_time_to_first_token_seconds_count{model="m"}`); n != 1 {
 		t.Errorf("%v first tokens timed, want the stream's", n)
+	}
+	// Its first text_delta is its first token, not message_delta's usage
+	// at the end: the tokens after it took time.
+	if tpot := metricValue(t, s, `pdlb_time_per_output_token_seconds_sum{model="m"}`); tpot <= 0 {
+		t.Errorf("the stream's TPOT %v: its first token was timed at its end", tpot)
+	}
+}
+
+// TestMessagesStandInTokens: the gateway's prompt tokens equal the sim
+// pod's prefill for the requests whose chat vLLM makes in ways a chat
+// client would not write: empty messages (a user's left out, an
+// assistant's kept empty), newer Claude Code's ctx and msg roles, system
+// blocks that are no text, a billing header in a string system field
+// (which vLLM keeps).
+func TestMessagesStandInTokens(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1000)...), nil)
+	for _, messages := range []string{
+		`"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":""}]},{"role":"user","content":"b"}]`,
+		`"messages":[{"role":"user","content":"a"},{"role":"assistant","content":[]},{"role":"user","content":"b"}]`,
+		`"messages":[{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"text","text":""}]},{"role":"user","content":"b"}]`,
+		`"messages":[{"role":"ctx","content":"a"},{"role":"msg","content":[{"type":"text","text":"b"}]}]`,
+		`"system":[{"type":"text","text":"S"},{"type":"image","source":{}}],"messages":[{"role":"user","content":"a"}]`,
+		`"system":"x-anthropic-billing-header: cch=1; S","messages":[{"role":"user","content":"a"}]`,
+	} {
+		before := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`)
+		resp, b := post(t, s, "/v1/messages", `{"model":"m","max_tokens":1,`+messages+`}`)
+		var a struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+			}
+		}
+		if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &a) != nil {
+			t.Fatalf("%s: %d %s", messages, resp.StatusCode, b)
+		}
+		if n := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`) - before; n != float64(a.Usage.InputTokens) {
+			t.Errorf("%s: the gateway counted %v prompt tokens, the pod prefilled %d", messages, n, a.Usage.InputTokens)
+		}
+	}
+}
+
+// TestMessagesStreamErrors: the engine's error event in a Messages stream
+// (vLLM's, which no message_stop follows) reaches the client alone and
+// counts as the pod's failure; a stream cut before its message_stop ends
+// with the gateway's own error event, named as Anthropic's SDKs look for.
+func TestMessagesStreamErrors(t *testing.T) {
+	start := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"usage\":{\"input_tokens\":3,\"output_tokens\":0}}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n"
+	engineError := "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"message\":\"CUDA error\"}}\n\n"
+	for _, c := range []struct {
+		what, stream, want string
+		code               string
+	}{
+		{"the engine's error", start + engineError, start + engineError, "500"},
+		{"cut short", start, start + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"", "502"},
+	} {
+		pod := fakePod(t, func(conn net.Conn, _ *http.Request) {
+			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n%s", c.stream)
+		})
+		s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) { c.Upstream.Retries = 0 })
+		resp, b := post(t, s, "/v1/messages", `{"model":"m","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+		if resp.StatusCode != 200 || !strings.HasPrefix(b, c.want) || strings.Count(b, "event: error") != 1 {
+			t.Errorf("%s: %d %q", c.what, resp.StatusCode, b)
+		}
+		if n := metricValue(t, s, `pdlb_requests_total{model="m",code="`+c.code+`"}`); n != 1 {
+			t.Errorf("%s: counted %v as %s", c.what, n, c.code)
+		}
 	}
 }

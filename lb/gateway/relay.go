@@ -239,9 +239,18 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 
 // cutShort says a stream whose body ended cleanly was cut all the same:
 // midway through an event, or before the [DONE] engines end every
-// completion's stream with (a Responses API stream has none).
+// completion's stream with, or a Messages stream's message_stop, which
+// vLLM leaves out after its error event (a Responses API stream has
+// neither).
 func (x *completion) cutShort() bool {
-	return x.events.Cut() || (x.req.Kind.Generates() && !x.counted.Done())
+	if x.events.Cut() {
+		return true
+	}
+	if x.req.Kind == openai.KindMessages {
+		_, failed := x.counted.EngineError()
+		return !x.counted.Done() && !failed
+	}
+	return x.req.Kind.Generates() && !x.counted.Done()
 }
 
 // relayBroke ends a stream that broke with err with an error event and
@@ -250,7 +259,11 @@ func (g *Gateway) relayBroke(w *frontend.StreamWriter, x *completion, err error)
 	e := g.streamFailure(x, err).E
 	x.failure = e
 	buf := relayBufs.Get().(*[relayBufferBytes]byte)
-	_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
+	if x.req.Kind == openai.KindMessages {
+		_, _ = w.Write(openai.AppendMessagesErrorEvent(buf[:0], e))
+	} else {
+		_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
+	}
 	relayBufs.Put(buf)
 	_ = w.Flush()
 	return e.Status

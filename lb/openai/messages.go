@@ -3,7 +3,10 @@ package openai
 import (
 	"bytes"
 
+	"github.com/cespare/xxhash/v2"
+
 	"pdlb/engines/tokenize"
+	"pdlb/radix"
 )
 
 // messagesField reads the field key of a KindMessages body (Anthropic's
@@ -36,10 +39,11 @@ var billingHeader = []byte("x-anthropic-billing-header")
 // and the system-role messages' joined as one system turn (Claude Code's
 // billing header dropped), then each other message as a turn of its role,
 // its content a string or its text blocks joined as a chat's text parts.
-// A message with any other block (a tool call or result, thinking, an
-// image) renders as its blocks' JSON without their cache_control marks,
-// which clients move to the newest turn: it keys alike at every turn that
-// resends it. A request the engine would refuse leaves Prompt empty.
+// A message with any other block (a tool call or result, thinking)
+// renders as its blocks' JSON without their cache_control marks, which
+// clients move to the newest turn: it keys alike at every turn that
+// resends it; images and documents are media, as a chat's. A request the
+// engine would refuse leaves Prompt empty.
 func (r *Request) renderMessages(body []byte, system, messages field) {
 	r.Prompt = r.Prompt[:0]
 	if messages.form != '[' || !r.renderSystem(body, system, messages) {
@@ -174,6 +178,9 @@ func (r *Request) renderMessage(s *scanner, i int) bool {
 	switch string(role.raw) {
 	case "system":
 		return true
+	case "ctx", "msg":
+		// Roles newer Claude Code sends, which vLLM reads as the user's.
+		role.raw = []byte("user")
 	case "user", "assistant":
 	default:
 		return false
@@ -189,15 +196,24 @@ func (r *Request) renderMessage(s *scanner, i int) bool {
 	default:
 		return false
 	}
-	if textBlocks(s.b[content.start:]) {
-		r.Prompt = tokenize.AppendTurnOpen(r.Prompt, role.raw)
-		err := r.renderParts(&scanner{b: s.b, p: content.start}, i)
-		r.Prompt = tokenize.AppendTurnClose(r.Prompt)
-		return err == nil
-	}
+	mark := len(r.Prompt)
 	r.Prompt = tokenize.AppendTurnOpen(r.Prompt, role.raw)
+	open := len(r.Prompt)
+	if textBlocks(s.b[content.start:]) {
+		if err := r.renderParts(&scanner{b: s.b, p: content.start}, i); err != nil {
+			return false
+		}
+		if len(r.Prompt) == open && string(role.raw) == "user" {
+			// No text: vLLM leaves such a user message out of the chat
+			// (an assistant's stays, without content).
+			r.Prompt = r.Prompt[:mark]
+			return true
+		}
+		r.Prompt = tokenize.AppendTurnClose(r.Prompt)
+		return true
+	}
 	var ok bool
-	r.Prompt, ok = appendUnmarked(r.Prompt, &scanner{b: s.b, p: content.start})
+	r.Prompt, ok = r.appendBlocks(r.Prompt, &scanner{b: s.b, p: content.start})
 	r.Prompt = tokenize.AppendTurnClose(r.Prompt)
 	return ok
 }
@@ -229,17 +245,25 @@ func textBlocks(b []byte) bool {
 	return !s.bad
 }
 
-// appendUnmarked appends the JSON value at s.p, as it came but for every
-// object's "cache_control" member, which it leaves out; false for a value
-// that is no JSON.
-func appendUnmarked(dst []byte, s *scanner) ([]byte, bool) {
+// appendBlocks appends the JSON value at s.p, as it came but for every
+// object's "cache_control" member, which it leaves out, and for image and
+// document blocks, at any depth (a tool result's screenshot), which are
+// the request's media (MediaBytes, and the key seed's digest) rather than
+// prompt text; false for a value that is no JSON.
+func (r *Request) appendBlocks(dst []byte, s *scanner) ([]byte, bool) {
 	switch s.c() {
 	case '{':
+		start := s.p
+		if mediaBlock(s.b[start:]) {
+			s.skip()
+			r.MediaBytes += s.p - start
+			r.media = radix.Extend(r.media, xxhash.Sum64(s.b[start:s.p]))
+			return dst, !s.bad
+		}
 		s.open()
 		dst = append(dst, '{')
 		n := 0
 		for k := 0; s.more('}', k); k++ {
-			start := s.p
 			var scratch []byte
 			key := s.key(&scratch)
 			if string(key) == "cache_control" {
@@ -250,9 +274,10 @@ func appendUnmarked(dst []byte, s *scanner) ([]byte, bool) {
 				dst = append(dst, ',')
 			}
 			n++
-			dst = append(dst, bytes.TrimSpace(s.b[start:s.p])...)
+			dst = AppendJSONString(dst, b2s(key))
+			dst = append(dst, ':')
 			var ok bool
-			if dst, ok = appendUnmarked(dst, s); !ok {
+			if dst, ok = r.appendBlocks(dst, s); !ok {
 				return dst, false
 			}
 		}
@@ -260,12 +285,21 @@ func appendUnmarked(dst []byte, s *scanner) ([]byte, bool) {
 	case '[':
 		s.open()
 		dst = append(dst, '[')
+		n := 0
 		for j := 0; s.more(']', j); j++ {
-			if j > 0 {
+			var ok bool
+			if s.c() == '{' && mediaBlock(s.b[s.p:]) {
+				// Counted as media; nothing rendered.
+				if dst, ok = r.appendBlocks(dst, s); !ok {
+					return dst, false
+				}
+				continue
+			}
+			if n > 0 {
 				dst = append(dst, ',')
 			}
-			var ok bool
-			if dst, ok = appendUnmarked(dst, s); !ok {
+			n++
+			if dst, ok = r.appendBlocks(dst, s); !ok {
 				return dst, false
 			}
 		}
@@ -273,4 +307,21 @@ func appendUnmarked(dst []byte, s *scanner) ([]byte, bool) {
 	}
 	start := s.skip()
 	return append(dst, s.b[start:s.p]...), !s.bad
+}
+
+// mediaBlock reports whether the object at the start of b is an image or
+// a document block.
+func mediaBlock(b []byte) bool {
+	s := &scanner{b: b}
+	s.open()
+	for k := 0; s.more('}', k); k++ {
+		var scratch []byte
+		if b2s(s.key(&scratch)) != "type" {
+			s.skip()
+			continue
+		}
+		t := s.field()
+		return t.form == '"' && (string(t.raw) == "image" || string(t.raw) == "document")
+	}
+	return false
 }

@@ -56,6 +56,23 @@ func TestParseMessagesPrompt(t *testing.T) {
 	if marked != string(r.Prompt) || strings.Contains(marked, "cache_control") || !strings.Contains(marked, `"tool_use_id":"t1"`) {
 		t.Errorf("with marks %q\nwithout %q", marked, r.Prompt)
 	}
+	// Newer Claude Code's ctx and msg roles are the user's, as vLLM reads
+	// them; a user message without text is left out, an assistant's kept.
+	same(`{"messages":[{"role":"ctx","content":"a"},{"role":"user","content":[{"type":"text","text":""}]},{"role":"msg","content":[{"type":"text","text":"b"}]},{"role":"assistant","content":[]}]}`,
+		`{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"assistant"}]}`)
+	// Images, a tool result's screenshot too, are the request's media,
+	// not prompt text; keys render alike whatever the space around them.
+	img := `{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + strings.Repeat("QUJD", 1000) + `"}}`
+	if err := r.Parse(KindMessages, []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"see"},`+img+`,{"type":"tool_result","tool_use_id":"t","content":[`+img+`,{"type":"text","text":"ok"}]}]}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(r.Prompt), "QUJD") || r.MediaBytes < 8000 || !r.Unindexed() || !strings.Contains(string(r.Prompt), `"content":[{"type":"text","text":"ok"}]`) {
+		t.Errorf("images: prompt %q, %d media bytes, unindexed %v", r.Prompt, r.MediaBytes, r.Unindexed())
+	}
+	spaced := string(r.Prompt)
+	if err := r.Parse(KindMessages, []byte(`{"messages":[{"role":"user","content":[{"type" : "text","text":"see"} , `+img+`,{ "type":"tool_result" ,"tool_use_id" :"t","content":[`+img+`,{"type":"text","text":"ok"}]}]}]}`)); err != nil || string(r.Prompt) != spaced {
+		t.Errorf("spaced keys rendered %q, want %q (%v)", r.Prompt, spaced, err)
+	}
 	for _, refused := range []string{`{"model":"m"}`, `{"messages":[]}`, `{"messages":"hi"}`, `{"messages":[{"content":"no role"}]}`,
 		`{"messages":[{"role":"tool","content":"x"}]}`, `{"messages":[3]}`, `{"messages":[{"role":"user","content":5}]}`, `{"system":5,"messages":[{"role":"user","content":"x"}]}`} {
 		if err := r.Parse(KindMessages, []byte(refused)); err != nil || len(r.Prompt) != 0 {

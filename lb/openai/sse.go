@@ -224,6 +224,27 @@ func AppendErrorEvent(dst []byte, e *Error) []byte {
 	return append(dst, "\n\n"...)
 }
 
+// AppendMessagesErrorEvent appends e as the error event of an Anthropic
+// Messages stream, which its SDKs raise on: named "error", its data
+// {"type": "error", "error": {"type", "message"}}, typed as Anthropic
+// types such an error by its status.
+func AppendMessagesErrorEvent(dst []byte, e *Error) []byte {
+	typ := "api_error"
+	switch {
+	case e.Status == 503:
+		typ = "overloaded_error"
+	case e.Status == 429:
+		typ = "rate_limit_error"
+	case e.Status >= 400 && e.Status < 500:
+		typ = "invalid_request_error"
+	}
+	dst = append(dst, `event: error`+"\n"+`data: {"type":"error","error":{"type":"`...)
+	dst = append(dst, typ...)
+	dst = append(dst, `","message":`...)
+	dst = AppendJSONString(dst, e.Message)
+	return append(dst, "}}\n\n"...)
+}
+
 // TokenCounter counts a stream's completion tokens from its events, for
 // the decode ledger and TPOT metrics, scanning each event's bytes in place
 // (no JSON decoding, no allocation).
@@ -354,7 +375,7 @@ func (c *TokenCounter) Observe(ev Event) {
 			continue
 		}
 		switch string(d[open+1 : q]) {
-		case "content", "text", "reasoning_content", "reasoning":
+		case "content", "text", "reasoning_content", "reasoning", "thinking", "partial_json":
 			output = output || len(v) > 1 && v[0] == '"' && v[1] != '"'
 		case "tool_calls":
 			if len(v) > 0 && v[0] == '[' {
@@ -386,8 +407,11 @@ func (c *TokenCounter) Observe(ev Event) {
 	if c.errCode == 0 && errorEvent(d) {
 		c.errCode = errorCode(d)
 	}
-	c.done = c.done || bytes.Equal(d, doneData)
+	c.done = c.done || bytes.Equal(d, doneData) || bytes.HasPrefix(d, messageStop)
 }
+
+// messageStop begins the event that ends an Anthropic Messages stream.
+var messageStop = []byte(`{"type":"message_stop"`)
 
 // errorEvent says data is an engine's error event: an object whose first
 // key is "error" holding an object, or "object" saying "error". Only the
@@ -411,7 +435,8 @@ func errorEvent(d []byte) bool {
 	if v := key(`"error"`); len(v) > 0 && v[0] == '{' {
 		return true
 	}
-	return bytes.HasPrefix(key(`"object"`), []byte(`"error"`))
+	// Anthropic's Messages API: {"type": "error", "error": {...}}.
+	return bytes.HasPrefix(key(`"object"`), []byte(`"error"`)) || bytes.HasPrefix(key(`"type"`), []byte(`"error"`))
 }
 
 // errorFields are an engine's error: under "error" (vLLM, and SGLang's
@@ -490,13 +515,16 @@ func (c *TokenCounter) Tokens() int {
 	case c.finals:
 		return c.final
 	case c.exact:
-		return c.usage
+		// A usage figure can precede the output it counts: Anthropic's
+		// message_start carries output_tokens 0 before the text deltas.
+		return max(c.usage, c.deltas)
 	}
 	return c.deltas
 }
 
-// Done says the stream's end marker, "data: [DONE]", came: vLLM, SGLang
-// and TensorRT-LLM end every stream with it, after an error event too.
+// Done says the stream's end marker came: "data: [DONE]", with which
+// vLLM, SGLang and TensorRT-LLM end every completion's stream, after an
+// error event too; or an Anthropic Messages stream's message_stop.
 func (c *TokenCounter) Done() bool { return c.done }
 
 // Exact says Tokens comes from the engine's usage figure.

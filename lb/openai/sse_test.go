@@ -235,6 +235,19 @@ func TestTokenCounter(t *testing.T) {
 		`data: {"choices":[{"index":1,"text":"b"}],"usage":{"prompt_tokens":4,"completion_tokens":1}}` + "\n\n",
 		`data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}` + "\n\n",
 	}, 2, true)
+	// Anthropic's Messages stream: message_start's usage (0 output) comes
+	// before the deltas, which count until message_delta's usage; text,
+	// thinking and tool input are output, a signature is not.
+	anthropic := []string{
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"usage\":{\"input_tokens\":9,\"output_tokens\":0}}}\n\n",
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hm\"}}\n\n",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"ab\"}}\n\n",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\"}}\n\n",
+	}
+	f(anthropic, 3, true)
+	f(append(anthropic, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":9,\"output_tokens\":5}}\n\n"), 5, true)
 	// an escaped quote before a key-like text is not a key
 	f([]string{`data: {"choices":[{"delta":{"content":"\\\"text\":\"x"}}]}` + "\n\n"}, 1, false)
 	// colons in text, and a data line that starts with one, are no keys
@@ -262,6 +275,9 @@ func TestTokenCounterEngineError(t *testing.T) {
 		{`data: {"choices":[{"delta":{"content":"\"error\": {\"code\": 500}"}}]}` + "\n\n", 0, false, 1},
 		{`data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"error\":{}}"}}]}}]}` + "\n\n", 0, false, 1},
 		{`data: {"id":"c","object":"chat.completion.chunk","choices":[]}` + "\n\n", 0, false, 0},
+		// Anthropic's Messages stream's, and the Responses API's.
+		{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"message\":\"boom\"}}\n\n", 500, true, 0},
+		{"event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"boom\"}\n\n", 500, true, 0},
 	} {
 		var tc TokenCounter
 		for _, ev := range []string{token, c.event, "data: [DONE]\n\n"} {
@@ -405,4 +421,27 @@ func FuzzSSE(f *testing.F) {
 			t.Fatalf("ObserveBody: %d tokens, exact %v", body.Tokens(), body.Exact())
 		}
 	})
+}
+
+// A Messages stream's error, as the gateway writes it, is the named
+// event Anthropic's SDKs raise on, typed by its status, and an error
+// event to the gateway's own counter.
+func TestAppendMessagesErrorEvent(t *testing.T) {
+	for status, typ := range map[int]string{503: "overloaded_error", 429: "rate_limit_error", 400: "invalid_request_error", 502: "api_error", 504: "api_error"} {
+		ev := string(AppendMessagesErrorEvent(nil, &Error{Status: status, Message: `pod "p" failed`}))
+		name, data, _ := strings.Cut(ev, "\n")
+		var v struct {
+			Type  string
+			Error struct{ Type, Message string }
+		}
+		if name != "event: error" || !strings.HasSuffix(data, "\n\n") || json.Unmarshal([]byte(strings.TrimPrefix(data, "data: ")), &v) != nil ||
+			v.Type != "error" || v.Error.Type != typ || v.Error.Message != `pod "p" failed` {
+			t.Errorf("%d: %q", status, ev)
+		}
+		var tc TokenCounter
+		tc.Observe(Event(ev))
+		if _, ok := tc.EngineError(); !ok {
+			t.Errorf("%d: the counter took %q for no error", status, ev)
+		}
+	}
 }
