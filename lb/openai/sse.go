@@ -514,11 +514,11 @@ func (c *TokenCounter) Tokens() int {
 	switch {
 	case c.finals:
 		return c.final
-	case c.exact:
-		// A usage figure can precede the output it counts: Anthropic's
-		// message_start carries output_tokens 0 before the text deltas.
-		return max(c.usage, c.deltas)
+	case c.exact && (c.usage > 0 || c.deltas == 0):
+		return c.usage
 	}
+	// A usage figure of 0 can precede the output it counts: Anthropic's
+	// message_start carries output_tokens 0 before the text deltas.
 	return c.deltas
 }
 

@@ -247,6 +247,13 @@ func TestTokenCounter(t *testing.T) {
 		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\"}}\n\n",
 	}
 	f(anthropic, 3, true)
+	// A Responses stream's done events repeat the text: its usage counts.
+	f([]string{
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+		"event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"Hi\"}\n\n",
+		"event: response.content_part.done\ndata: {\"type\":\"response.content_part.done\",\"part\":{\"type\":\"output_text\",\"text\":\"Hi\"}}\n\n",
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+	}, 1, true)
 	f(append(anthropic, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":9,\"output_tokens\":5}}\n\n"), 5, true)
 	// an escaped quote before a key-like text is not a key
 	f([]string{`data: {"choices":[{"delta":{"content":"\\\"text\":\"x"}}]}` + "\n\n"}, 1, false)
