@@ -19,7 +19,8 @@ type BodyOptions struct {
 	IgnoreEOS bool
 	// API is the API the requests go to: APIChat (the default, "") sends
 	// a chat as a chat completion and a prompt as a completion;
-	// APIResponses sends either to OpenAI's Responses API.
+	// APIResponses sends either to OpenAI's Responses API, APIMessages to
+	// Anthropic's Messages API.
 	API string
 }
 
@@ -27,10 +28,15 @@ type BodyOptions struct {
 const (
 	APIChat      = "chat"
 	APIResponses = "responses"
+	APIMessages  = "messages"
 )
 
 // responses says o sends the Responses API's requests.
 func (o BodyOptions) responses() bool { return o.API == APIResponses }
+
+// named says o's streams are of named events (the Responses and Messages
+// APIs'), which end and fail by name.
+func (o BodyOptions) named() bool { return o.API == APIResponses || o.API == APIMessages }
 
 type chatMessage struct {
 	Role    string `json:"role"`
@@ -67,11 +73,29 @@ type responsesBody struct {
 	Stream          bool   `json:"stream"`
 }
 
+// messagesBody is a Messages API request: a chat's system prompt as its
+// system field and its turns as user messages, or a prompt as the one
+// user message. max_tokens is required: messagesDefaultMaxTokens when the
+// workload sets none.
+type messagesBody struct {
+	Model     string        `json:"model"`
+	System    string        `json:"system,omitempty"`
+	Messages  []chatMessage `json:"messages"`
+	MaxTokens int           `json:"max_tokens"`
+	Stream    bool          `json:"stream"`
+}
+
+// messagesDefaultMaxTokens is a Messages request's max_tokens when the
+// workload sets no output length (the API has no default).
+const messagesDefaultMaxTokens = 4096
+
 // Path returns the API path r goes to with o.
 func (r *Request) Path(o BodyOptions) string {
 	switch {
 	case o.responses():
 		return "/v1/responses"
+	case o.API == APIMessages:
+		return "/v1/messages"
 	case r.Chat():
 		return "/v1/chat/completions"
 	}
@@ -82,9 +106,12 @@ func (r *Request) Path(o BodyOptions) string {
 // max_tokens: the engine's default length.
 func (r *Request) AppendBody(dst []byte, o BodyOptions) []byte {
 	var v any
-	if o.responses() {
+	switch {
+	case o.responses():
 		v = r.responsesBody(o)
-	} else {
+	case o.API == APIMessages:
+		v = r.messagesBody(o)
+	default:
 		v = r.body(o)
 	}
 	buf := bytes.NewBuffer(dst)
@@ -129,6 +156,23 @@ func (r *Request) responsesBody(o BodyOptions) *responsesBody {
 			turns = append(turns, chatMessage{"user", t})
 		}
 		b.Input = turns
+	}
+	return b
+}
+
+// messagesBody is r's Messages API request.
+func (r *Request) messagesBody(o BodyOptions) *messagesBody {
+	b := &messagesBody{Model: o.Model, System: r.System, MaxTokens: r.OutputTokens, Stream: o.Stream}
+	if b.MaxTokens == 0 {
+		b.MaxTokens = messagesDefaultMaxTokens
+	}
+	if !r.Chat() {
+		b.Messages = []chatMessage{{"user", r.Prompt}}
+		return b
+	}
+	b.Messages = make([]chatMessage, 0, len(r.Turns))
+	for _, t := range r.Turns {
+		b.Messages = append(b.Messages, chatMessage{"user", t})
 	}
 	return b
 }

@@ -124,7 +124,7 @@ func send(ctx context.Context, c *http.Client, target string, r *Request, body [
 		readWhole(resp.Body, due, res)
 		return
 	}
-	readStream(resp.Body, due, res, o.responses())
+	readStream(resp.Body, due, res, o.named())
 }
 
 // readWhole reads a non-streamed answer; its first token reaches the client
@@ -152,11 +152,11 @@ func readWhole(body io.Reader, due time.Time, res *Result) {
 // token count carries output; the usage chunk that follows the last token
 // raises it too when the engine merged tokens into chunks, and engines send
 // it in the same write as the last token, so it does not move the end of
-// the output measurably. A completion's stream is whole at its [DONE], a
-// Responses stream (responses) at its response.completed (or
-// response.incomplete) event; its error and response.failed events are
-// the stream's error.
-func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
+// the output measurably. A completion's stream is whole at its [DONE]; a
+// stream of named events (named: the Responses and Messages APIs') at its
+// response.completed, response.incomplete or message_stop event, and its
+// error and response.failed events are the stream's error.
+func readStream(body io.Reader, due time.Time, res *Result, named bool) {
 	var (
 		split       openai.Splitter
 		tc          openai.TokenCounter
@@ -170,8 +170,8 @@ func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
 		split.Feed(buf[:n])
 		for ev, ok := split.Next(); ok; ev, ok = split.Next() {
 			var name []byte
-			if responses {
-				name = responsesEvent(ev)
+			if named {
+				name = eventName(ev)
 			}
 			switch {
 			case ev.Done():
@@ -179,7 +179,8 @@ func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
 			case ev.IsError(), string(name) == "error", string(name) == "response.failed":
 				bad = true
 			default:
-				if string(name) == "response.completed" || string(name) == "response.incomplete" {
+				switch string(name) {
+				case "response.completed", "response.incomplete", "message_stop":
 					done = true
 				}
 				before := tc.Tokens()
@@ -216,9 +217,9 @@ func readStream(body io.Reader, due time.Time, res *Result, responses bool) {
 	}
 }
 
-// responsesEvent is the type of a Responses API stream event: its
-// "event:" field, which OpenAI and vLLM send, else its data's "type".
-func responsesEvent(ev openai.Event) []byte {
+// eventName is the type of a named stream event: its "event:" field,
+// which OpenAI, Anthropic and vLLM send, else its data's "type".
+func eventName(ev openai.Event) []byte {
 	for rest := []byte(ev); len(rest) > 0; {
 		line, after, _ := bytes.Cut(rest, []byte("\n"))
 		if name, ok := bytes.CutPrefix(bytes.TrimSuffix(line, []byte("\r")), []byte("event:")); ok {

@@ -70,9 +70,9 @@ func mustWorkload(t *testing.T, spec WorkloadSpec) Workload {
 
 // TestRunThroughGateway sends the multi-turn chat through a real gateway
 // to sim pods and checks the report against what was sent, as chat
-// completions and as Responses API requests.
+// completions, as Responses API requests and as Messages API requests.
 func TestRunThroughGateway(t *testing.T) {
-	for _, api := range []string{APIChat, APIResponses} {
+	for _, api := range []string{APIChat, APIResponses, APIMessages} {
 		t.Run(api, func(t *testing.T) { runThroughGateway(t, api) })
 	}
 }
@@ -289,6 +289,33 @@ func TestReadResponsesStream(t *testing.T) {
 		readStream(strings.NewReader(c.stream), time.Now(), &res, true)
 		if res.Outcome != c.want || c.want == OK && res.Tokens != 2 {
 			t.Errorf("%s: outcome %v, %d tokens; want %v", c.name, res.Outcome, res.Tokens, c.want)
+		}
+	}
+}
+
+// TestReadMessagesStream: an Anthropic Messages stream is whole at its
+// message_stop, failed at an error event, lost when it ends before
+// either; its tokens are its text deltas until message_delta's usage.
+func TestReadMessagesStream(t *testing.T) {
+	ev := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	head := ev("message_start", `{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":9,"output_tokens":0}}}`) +
+		ev("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`) +
+		ev("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}`) +
+		ev("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" there"}}`) +
+		ev("content_block_stop", `{"type":"content_block_stop","index":0}`) +
+		ev("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":9,"output_tokens":2}}`)
+	for _, c := range []struct {
+		name, stream string
+		want         Outcome
+	}{
+		{"stopped", head + ev("message_stop", `{"type":"message_stop"}`), OK},
+		{"cut", head, Lost},
+		{"error event", head + ev("error", `{"type":"error","error":{"type":"overloaded_error","message":"busy"}}`), StreamError},
+	} {
+		var res Result
+		readStream(strings.NewReader(c.stream), time.Now(), &res, true)
+		if res.Outcome != c.want || res.Tokens != 2 {
+			t.Errorf("%s: outcome %v, %d tokens; want %v, 2", c.name, res.Outcome, res.Tokens, c.want)
 		}
 	}
 }

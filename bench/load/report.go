@@ -20,7 +20,7 @@ type Report struct {
 	Target      string  `json:"target"`
 	Model       string  `json:"model"`
 	Stream      bool    `json:"stream"`
-	API         string  `json:"api,omitempty"` // "responses"; "" for chat and text completions
+	API         string  `json:"api,omitempty"` // "responses" or "messages"; "" for chat and text completions
 	Arrival     string  `json:"arrival"`
 	Rate        float64 `json:"rate,omitempty"`
 	Concurrency int     `json:"concurrency,omitempty"`
@@ -128,8 +128,8 @@ func newReport(cfg Config, results []Result, elapsed time.Duration) *Report {
 		Target: cfg.Target, Model: cfg.Body.Model, Stream: cfg.Body.Stream, Arrival: cfg.Arrival.String(),
 		Requests: len(results), Errors: map[string]int{}, Duration: elapsed.Seconds(), Results: results,
 	}
-	if cfg.Body.responses() {
-		rep.API = APIResponses
+	if cfg.Body.named() {
+		rep.API = cfg.Body.API
 	}
 	switch cfg.Arrival {
 	case Poisson, Constant:

@@ -164,8 +164,8 @@ func (c Config) Validate() error {
 		return bad("arrival", c.Arrival, "is unknown")
 	}
 	switch {
-	case c.Body.API != "" && c.Body.API != APIChat && c.Body.API != APIResponses:
-		return bad("api", c.Body.API, "must be "+APIChat+" or "+APIResponses)
+	case c.Body.API != "" && c.Body.API != APIChat && c.Body.API != APIResponses && c.Body.API != APIMessages:
+		return bad("api", c.Body.API, "must be "+APIChat+", "+APIResponses+" or "+APIMessages)
 	case c.Duration < 0:
 		return bad("duration", c.Duration, "must not be negative")
 	case c.Requests < 0:
