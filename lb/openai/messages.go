@@ -29,6 +29,9 @@ func (r *Request) messagesField(s *scanner, key []byte, system, messages *field)
 	return err
 }
 
+// userRole is the role ctx and msg messages render as.
+var userRole = []byte("user")
+
 // billingHeader starts the system text block Claude Code adds to every
 // request, a hash of its own in it; vLLM drops it, since it would end
 // every prompt's shared prefix there.
@@ -180,7 +183,7 @@ func (r *Request) renderMessage(s *scanner, i int) bool {
 		return true
 	case "ctx", "msg":
 		// Roles newer Claude Code sends, which vLLM reads as the user's.
-		role.raw = []byte("user")
+		role.raw = userRole
 	case "user", "assistant":
 	default:
 		return false
@@ -249,20 +252,16 @@ func textBlocks(b []byte) bool {
 // object's "cache_control" member, which it leaves out, and for image and
 // document blocks, at any depth (a tool result's screenshot), which are
 // the request's media (MediaBytes, and the key seed's digest) rather than
-// prompt text; false for a value that is no JSON.
+// prompt text; false for a value that is no JSON. One pass: a block is
+// rendered, then taken back once its type says it is media.
 func (r *Request) appendBlocks(dst []byte, s *scanner) ([]byte, bool) {
 	switch s.c() {
 	case '{':
-		start := s.p
-		if mediaBlock(s.b[start:]) {
-			s.skip()
-			r.MediaBytes += s.p - start
-			r.media = radix.Extend(r.media, xxhash.Sum64(s.b[start:s.p]))
-			return dst, !s.bad
-		}
+		start, mark := s.p, len(dst)
+		mediaBytes, media := r.MediaBytes, r.media
 		s.open()
 		dst = append(dst, '{')
-		n := 0
+		n, isMedia := 0, false
 		for k := 0; s.more('}', k); k++ {
 			var scratch []byte
 			key := s.key(&scratch)
@@ -276,10 +275,22 @@ func (r *Request) appendBlocks(dst []byte, s *scanner) ([]byte, bool) {
 			n++
 			dst = AppendJSONString(dst, b2s(key))
 			dst = append(dst, ':')
+			if string(key) == "type" && s.c() == '"' {
+				v := s.field()
+				isMedia = !v.esc && (string(v.raw) == "image" || string(v.raw) == "document")
+				dst = append(dst, s.b[v.start:s.p]...)
+				continue
+			}
 			var ok bool
 			if dst, ok = r.appendBlocks(dst, s); !ok {
 				return dst, false
 			}
+		}
+		if isMedia {
+			// Its bytes once, not again for media nested in it.
+			r.MediaBytes = mediaBytes + s.p - start
+			r.media = radix.Extend(media, xxhash.Sum64(s.b[start:s.p]))
+			return dst[:mark], !s.bad
 		}
 		return append(dst, '}'), !s.bad
 	case '[':
@@ -287,41 +298,23 @@ func (r *Request) appendBlocks(dst []byte, s *scanner) ([]byte, bool) {
 		dst = append(dst, '[')
 		n := 0
 		for j := 0; s.more(']', j); j++ {
-			var ok bool
-			if s.c() == '{' && mediaBlock(s.b[s.p:]) {
-				// Counted as media; nothing rendered.
-				if dst, ok = r.appendBlocks(dst, s); !ok {
-					return dst, false
-				}
-				continue
-			}
+			at := len(dst)
 			if n > 0 {
 				dst = append(dst, ',')
 			}
-			n++
+			var ok bool
 			if dst, ok = r.appendBlocks(dst, s); !ok {
 				return dst, false
 			}
+			if len(dst) == at+min(n, 1) {
+				// A media block renders nothing, its comma neither.
+				dst = dst[:at]
+				continue
+			}
+			n++
 		}
 		return append(dst, ']'), !s.bad
 	}
 	start := s.skip()
 	return append(dst, s.b[start:s.p]...), !s.bad
-}
-
-// mediaBlock reports whether the object at the start of b is an image or
-// a document block.
-func mediaBlock(b []byte) bool {
-	s := &scanner{b: b}
-	s.open()
-	for k := 0; s.more('}', k); k++ {
-		var scratch []byte
-		if b2s(s.key(&scratch)) != "type" {
-			s.skip()
-			continue
-		}
-		t := s.field()
-		return t.form == '"' && (string(t.raw) == "image" || string(t.raw) == "document")
-	}
-	return false
 }

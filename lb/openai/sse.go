@@ -230,13 +230,25 @@ func AppendErrorEvent(dst []byte, e *Error) []byte {
 // types such an error by its status.
 func AppendMessagesErrorEvent(dst []byte, e *Error) []byte {
 	typ := "api_error"
-	switch {
-	case e.Status == 503:
+	switch e.Status {
+	case 503, 529:
 		typ = "overloaded_error"
-	case e.Status == 429:
+	case 429:
 		typ = "rate_limit_error"
-	case e.Status >= 400 && e.Status < 500:
-		typ = "invalid_request_error"
+	case 401:
+		typ = "authentication_error"
+	case 403:
+		typ = "permission_error"
+	case 404:
+		typ = "not_found_error"
+	case 413:
+		typ = "request_too_large"
+	case 504:
+		typ = "timeout_error"
+	default:
+		if e.Status >= 400 && e.Status < 500 {
+			typ = "invalid_request_error"
+		}
 	}
 	dst = append(dst, `event: error`+"\n"+`data: {"type":"error","error":{"type":"`...)
 	dst = append(dst, typ...)
@@ -407,36 +419,36 @@ func (c *TokenCounter) Observe(ev Event) {
 	if c.errCode == 0 && errorEvent(d) {
 		c.errCode = errorCode(d)
 	}
-	c.done = c.done || bytes.Equal(d, doneData) || bytes.HasPrefix(d, messageStop)
+	c.done = c.done || bytes.Equal(d, doneData) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"message_stop"`))
 }
 
-// messageStop begins the event that ends an Anthropic Messages stream.
-var messageStop = []byte(`{"type":"message_stop"`)
-
-// errorEvent says data is an engine's error event: an object whose first
-// key is "error" holding an object, or "object" saying "error". Only the
-// head is looked at; engines write the error first.
-func errorEvent(d []byte) bool {
+// headValue returns what follows the object d's first key when that key
+// is name (quoted), nil otherwise; spaces between the tokens are skipped.
+// Engines write an event's kind first.
+func headValue(d []byte, name string) []byte {
 	d = skipWS(d)
 	if len(d) == 0 || d[0] != '{' {
-		return false
+		return nil
 	}
 	d = skipWS(d[1:])
-	key := func(name string) []byte {
-		if !bytes.HasPrefix(d, []byte(name)) {
-			return nil
-		}
-		v := skipWS(d[len(name):])
-		if len(v) == 0 || v[0] != ':' {
-			return nil
-		}
-		return skipWS(v[1:])
+	if !bytes.HasPrefix(d, []byte(name)) {
+		return nil
 	}
-	if v := key(`"error"`); len(v) > 0 && v[0] == '{' {
+	v := skipWS(d[len(name):])
+	if len(v) == 0 || v[0] != ':' {
+		return nil
+	}
+	return skipWS(v[1:])
+}
+
+// errorEvent says data is an engine's error event: an object whose first
+// key is "error" holding an object, "object" saying "error", or "type"
+// saying "error" (Anthropic's Messages API, the Responses API).
+func errorEvent(d []byte) bool {
+	if v := headValue(d, `"error"`); len(v) > 0 && v[0] == '{' {
 		return true
 	}
-	// Anthropic's Messages API: {"type": "error", "error": {...}}.
-	return bytes.HasPrefix(key(`"object"`), []byte(`"error"`)) || bytes.HasPrefix(key(`"type"`), []byte(`"error"`))
+	return bytes.HasPrefix(headValue(d, `"object"`), []byte(`"error"`)) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"error"`))
 }
 
 // errorFields are an engine's error: under "error" (vLLM, and SGLang's
@@ -461,10 +473,20 @@ func decodeError(d []byte) errorFields {
 	return v.errorFields
 }
 
-// errorCode is the code of the error event d, -1 when it has none that
-// reads as a positive integer.
+// errorCode is the status of the error event d: its code when that reads
+// as a positive integer, else the status its Anthropic error type or its
+// Responses API error code stands for; -1 when neither says.
 func errorCode(d []byte) int {
-	if n, err := strconv.Atoi(string(decodeError(d).Code)); err == nil && n > 0 {
+	e := decodeError(d)
+	if n, err := strconv.Atoi(string(e.Code)); err == nil && n > 0 {
+		return n
+	}
+	var code string
+	_ = json.Unmarshal(e.Code, &code)
+	if n, ok := errorStatuses[e.Type]; ok {
+		return n
+	}
+	if n, ok := errorStatuses[code]; ok {
 		return n
 	}
 	return -1
@@ -532,3 +554,12 @@ func (c *TokenCounter) Exact() bool { return c.exact }
 
 // Reset empties c for another stream.
 func (c *TokenCounter) Reset() { *c = TokenCounter{} }
+
+// errorStatuses are the statuses of Anthropic's error types and of the
+// Responses API's error codes, for error events that carry no number.
+var errorStatuses = map[string]int{
+	"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
+	"not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
+	"api_error": 500, "timeout_error": 504, "overloaded_error": 529,
+	"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error": 500,
+}

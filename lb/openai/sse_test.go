@@ -285,6 +285,11 @@ func TestTokenCounterEngineError(t *testing.T) {
 		// Anthropic's Messages stream's, and the Responses API's.
 		{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"message\":\"boom\"}}\n\n", 500, true, 0},
 		{"event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"boom\"}\n\n", 500, true, 0},
+		// Their error's type, or code, is its status: a client's fault is
+		// none of the pod's.
+		{"event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\", \"message\": \"bad\"}}\n\n", 400, true, 0},
+		{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"}}\n\n", 529, true, 0},
+		{"event: error\ndata: {\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\"}\n\n", 429, true, 0},
 	} {
 		var tc TokenCounter
 		for _, ev := range []string{token, c.event, "data: [DONE]\n\n"} {
@@ -434,7 +439,8 @@ func FuzzSSE(f *testing.F) {
 // event Anthropic's SDKs raise on, typed by its status, and an error
 // event to the gateway's own counter.
 func TestAppendMessagesErrorEvent(t *testing.T) {
-	for status, typ := range map[int]string{503: "overloaded_error", 429: "rate_limit_error", 400: "invalid_request_error", 502: "api_error", 504: "api_error"} {
+	for status, typ := range map[int]string{503: "overloaded_error", 429: "rate_limit_error", 400: "invalid_request_error", 502: "api_error",
+		504: "timeout_error", 401: "authentication_error", 404: "not_found_error", 413: "request_too_large"} {
 		ev := string(AppendMessagesErrorEvent(nil, &Error{Status: status, Message: `pod "p" failed`}))
 		name, data, _ := strings.Cut(ev, "\n")
 		var v struct {
@@ -450,5 +456,22 @@ func TestAppendMessagesErrorEvent(t *testing.T) {
 		if _, ok := tc.EngineError(); !ok {
 			t.Errorf("%d: the counter took %q for no error", status, ev)
 		}
+	}
+}
+
+// A Messages stream ends at its message_stop however its JSON is spaced.
+func TestMessageStopDone(t *testing.T) {
+	for _, ev := range []string{
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+		"event: message_stop\ndata: { \"type\" : \"message_stop\" }\n\n",
+	} {
+		var tc TokenCounter
+		if tc.Observe(Event(ev)); !tc.Done() {
+			t.Errorf("%q did not end the stream", ev)
+		}
+	}
+	var tc TokenCounter
+	if tc.Observe(Event("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"text\":\"message_stop\"}}\n\n")); tc.Done() {
+		t.Error("a message_delta ended the stream")
 	}
 }
