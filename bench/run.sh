@@ -20,7 +20,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 PDLB=${PDLB:-./bin/pdlb}
-SCENARIOS=(micro tokenize sim plan live routing exact responses tokenload overload proxy sse tls upgrade chaos churn replicas lora)
+SCENARIOS=(micro tokenize sim plan live routing exact responses messages tokenload overload proxy sse tls upgrade chaos churn replicas lora)
 OUT=$(mktemp)
 FAILED=0
 trap 'rm -f "$OUT"' EXIT
@@ -239,6 +239,19 @@ scenario_responses() {
 	local policy
 	for policy in slo_cache least_request; do
 		live_fleet fleet8-qwen3.yaml gateway8-qwen3.yaml "$policy" --api responses --workload seed-chat --rate 40 --duration 60s --output-tokens 16
+	done
+}
+
+scenario_messages() {
+	section "Live: Anthropic's Messages API's resent conversations" "The multi-turn chat as Anthropic Messages API requests (the system prompt as system, the history resent as user messages, as Claude Code sends it) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it: once under slo_cache, which keys the stand-in rendering of that chat by the gateway's own record (the Messages conversion is not rendered exactly, so the KV-event index is not matched), once under least_request, as a balancer that reads no conversation routes them (pdlb answered them 404 before this scenario's commit). The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
+	if ! tokref; then
+		printf '\nFAILED: npm ci in tests/tokref\n' | tee -a "$OUT"
+		FAILED=1
+		return
+	fi
+	local policy
+	for policy in slo_cache least_request; do
+		live_fleet fleet8-qwen3.yaml gateway8-qwen3.yaml "$policy" --api messages --workload seed-chat --rate 40 --duration 60s --output-tokens 16
 	done
 }
 
