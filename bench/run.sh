@@ -231,6 +231,12 @@ scenario_exact() {
 
 scenario_responses() {
 	section "Live: the Responses API's resent conversations" "The multi-turn chat as OpenAI Responses API requests (the system prompt as instructions, the history resent as input messages, store false) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it and publish its KV events: once under slo_cache, once under least_request, how pdlb routed every Responses request before it read their prompts. The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
+	api_conversations responses
+}
+
+# api_conversations API: the multi-turn chat as API's requests to the exact
+# scenario's fleet, under slo_cache, then least_request.
+api_conversations() {
 	if ! tokref; then
 		printf '\nFAILED: npm ci in tests/tokref\n' | tee -a "$OUT"
 		FAILED=1
@@ -238,21 +244,13 @@ scenario_responses() {
 	fi
 	local policy
 	for policy in slo_cache least_request; do
-		live_fleet fleet8-qwen3.yaml gateway8-qwen3.yaml "$policy" --api responses --workload seed-chat --rate 40 --duration 60s --output-tokens 16
+		live_fleet fleet8-qwen3.yaml gateway8-qwen3.yaml "$policy" --api "$1" --workload seed-chat --rate 40 --duration 60s --output-tokens 16
 	done
 }
 
 scenario_messages() {
 	section "Live: Anthropic's Messages API's resent conversations" "The multi-turn chat as Anthropic Messages API requests (the system prompt as system, the history resent as user messages, as Claude Code sends it) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it: once under slo_cache, which keys the stand-in rendering of that chat by the gateway's own record (the Messages conversion is not rendered exactly, so the KV-event index is not matched), once under least_request, as a balancer that reads no conversation routes them (pdlb answered them 404 before this scenario's commit). The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
-	if ! tokref; then
-		printf '\nFAILED: npm ci in tests/tokref\n' | tee -a "$OUT"
-		FAILED=1
-		return
-	fi
-	local policy
-	for policy in slo_cache least_request; do
-		live_fleet fleet8-qwen3.yaml gateway8-qwen3.yaml "$policy" --api messages --workload seed-chat --rate 40 --duration 60s --output-tokens 16
-	done
+	api_conversations messages
 }
 
 scenario_tokenload() {

@@ -60,15 +60,8 @@ func (p *Pod) speechToText(task string) func(*fasthttp.RequestCtx) {
 		if req.stream {
 			completion["stream_options"] = map[string]bool{"include_usage": true}
 		}
-		body, _ := json.Marshal(completion)
-		var inner fasthttp.RequestCtx
-		inner.Init2(ctx.Conn(), nil, false)
-		inner.Request.Header.SetContentType("application/json")
-		inner.Request.SetBody(body)
-		p.generate(&inner, false)
-		if inner.Response.StatusCode() != fasthttp.StatusOK {
-			ctx.SetStatusCode(inner.Response.StatusCode())
-			writeJSON(ctx, inner.Response.Body())
+		inner, ok := p.runInner(ctx, completion, false)
+		if !ok {
 			return
 		}
 		if !req.stream {
@@ -84,12 +77,7 @@ func (p *Pod) speechToText(task string) func(*fasthttp.RequestCtx) {
 			writeJSON(ctx, b)
 			return
 		}
-		stream := inner.Response.BodyStream()
-		ctx.SetContentType(sseContentType)
-		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-			defer inner.Response.CloseBodyStream() //nolint:errcheck // the completion stream's end
-			req.relay(w, bufio.NewReader(stream), natural)
-		})
+		relayInner(ctx, inner, func(w *bufio.Writer, events *bufio.Reader) { req.relay(w, events, natural) })
 	}
 }
 

@@ -64,15 +64,8 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 		// As vLLM asks: the first chunk's usage is message_start's.
 		chat["stream_options"] = map[string]bool{"include_usage": true, "continuous_usage_stats": true}
 	}
-	body, _ := json.Marshal(chat)
-	var inner fasthttp.RequestCtx
-	inner.Init2(ctx.Conn(), nil, false)
-	ctx.Request.Header.CopyTo(&inner.Request.Header)
-	inner.Request.SetBody(body)
-	p.generate(&inner, true)
-	if inner.Response.StatusCode() != fasthttp.StatusOK {
-		ctx.SetStatusCode(inner.Response.StatusCode())
-		writeJSON(ctx, inner.Response.Body())
+	inner, ok := p.runInner(ctx, chat, true)
+	if !ok {
 		return
 	}
 	model := cmp.Or(req.Model, p.cfg.Model)
@@ -93,12 +86,7 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, b)
 		return
 	}
-	stream := inner.Response.BodyStream()
-	ctx.SetContentType(sseContentType)
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer inner.Response.CloseBodyStream() //nolint:errcheck // the chat stream's end
-		relayMessages(w, bufio.NewReader(stream), model)
-	})
+	relayInner(ctx, inner, func(w *bufio.Writer, events *bufio.Reader) { relayMessages(w, events, model) })
 }
 
 // messagesChat is the chat of a Messages request, as vLLM makes it.

@@ -160,15 +160,8 @@ func (p *Pod) createResponse(ctx *fasthttp.RequestCtx) {
 	if req.CacheSalt != nil {
 		chat["cache_salt"] = req.CacheSalt
 	}
-	body, _ := json.Marshal(chat)
-	var inner fasthttp.RequestCtx
-	inner.Init2(ctx.Conn(), nil, false)
-	ctx.Request.Header.CopyTo(&inner.Request.Header)
-	inner.Request.SetBody(body)
-	p.generate(&inner, true)
-	if inner.Response.StatusCode() != fasthttp.StatusOK {
-		ctx.SetStatusCode(inner.Response.StatusCode())
-		writeJSON(ctx, inner.Response.Body())
+	inner, ok := p.runInner(ctx, chat, true)
+	if !ok {
 		return
 	}
 	r := &response{id: id, model: cmp.Or(req.Model, p.cfg.Model), created: time.Now().Unix(), req: &req, turns: turns,
@@ -182,11 +175,37 @@ func (p *Pod) createResponse(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, r.finished())
 		return
 	}
+	relayInner(ctx, inner, r.relay)
+}
+
+// runInner runs req (a JSON object) as the chat completion (isChat) or
+// completion another API's request makes, on ctx's connection, with
+// ctx's headers but a JSON Content-Type. ok is false when it failed; ctx
+// then has its answer, the error as generate gave it.
+func (p *Pod) runInner(ctx *fasthttp.RequestCtx, req any, isChat bool) (*fasthttp.RequestCtx, bool) {
+	body, _ := json.Marshal(req)
+	inner := new(fasthttp.RequestCtx)
+	inner.Init2(ctx.Conn(), nil, false)
+	ctx.Request.Header.CopyTo(&inner.Request.Header)
+	inner.Request.Header.SetContentType("application/json")
+	inner.Request.SetBody(body)
+	p.generate(inner, isChat)
+	if inner.Response.StatusCode() != fasthttp.StatusOK {
+		ctx.SetStatusCode(inner.Response.StatusCode())
+		writeJSON(ctx, inner.Response.Body())
+		return nil, false
+	}
+	return inner, true
+}
+
+// relayInner answers ctx with a stream that relay rewrites from inner's,
+// the stream runInner started.
+func relayInner(ctx, inner *fasthttp.RequestCtx, relay func(w *bufio.Writer, events *bufio.Reader)) {
 	stream := inner.Response.BodyStream()
 	ctx.SetContentType(sseContentType)
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer inner.Response.CloseBodyStream() //nolint:errcheck // the chat stream's end
-		r.relay(w, bufio.NewReader(stream))
+		defer inner.Response.CloseBodyStream() //nolint:errcheck // the inner stream's end
+		relay(w, bufio.NewReader(stream))
 	})
 }
 

@@ -82,18 +82,7 @@ func (r *Request) renderSystem(body []byte, system, messages field) bool {
 		if s.c() != '{' {
 			return false
 		}
-		s.open()
-		var role, content field
-		for k := 0; s.more('}', k); k++ {
-			switch b2s(s.key(&r.scratch)) {
-			case "role":
-				role = s.field()
-			case "content":
-				content = s.field()
-			default:
-				s.skip()
-			}
-		}
+		role, content := r.objectFields(s, "role", "content")
 		if role.form == '"' && string(role.raw) == "system" {
 			ok = r.appendSystemText(body, content)
 		}
@@ -129,18 +118,7 @@ func (r *Request) appendSystemText(body []byte, v field) bool {
 		if s.c() != '{' {
 			return false
 		}
-		s.open()
-		var typ, text field
-		for k := 0; s.more('}', k); k++ {
-			switch b2s(s.key(&r.scratch)) {
-			case "type":
-				typ = s.field()
-			case "text":
-				text = s.field()
-			default:
-				s.skip()
-			}
-		}
+		typ, text := r.objectFields(s, "type", "text")
 		if typ.form != '"' || string(typ.raw) != "text" || text.form != '"' || len(text.raw) == 0 {
 			continue
 		}
@@ -156,6 +134,23 @@ func (r *Request) appendSystemText(body []byte, v field) bool {
 	return true
 }
 
+// objectFields reads the object at s.p, '{' checked, for the values of
+// its keys a and b (a repeated key's last value), stepping over the rest.
+func (r *Request) objectFields(s *scanner, a, b string) (fa, fb field) {
+	s.open()
+	for k := 0; s.more('}', k); k++ {
+		switch b2s(s.key(&r.scratch)) {
+		case a:
+			fa = s.field()
+		case b:
+			fb = s.field()
+		default:
+			s.skip()
+		}
+	}
+	return fa, fb
+}
+
 // renderMessage renders message i (s on it) as a turn; a system-role
 // message, in the system turn already, renders none. False when the
 // engine would refuse it.
@@ -163,18 +158,7 @@ func (r *Request) renderMessage(s *scanner, i int) bool {
 	if s.c() != '{' {
 		return false
 	}
-	s.open()
-	var role, content field
-	for k := 0; s.more('}', k); k++ {
-		switch b2s(s.key(&r.scratch)) {
-		case "role":
-			role = s.field()
-		case "content":
-			content = s.field()
-		default:
-			s.skip()
-		}
-	}
+	role, content := r.objectFields(s, "role", "content")
 	if role.form != '"' || role.esc {
 		return false
 	}
