@@ -261,7 +261,15 @@ func (r *Request) appendBlocks(dst []byte, s *scanner) ([]byte, bool) {
 			dst = append(dst, ':')
 			if string(key) == "type" && s.c() == '"' {
 				v := s.field()
-				isMedia = !v.esc && (string(v.raw) == "image" || string(v.raw) == "document")
+				if isMedia = !v.esc && (string(v.raw) == "image" || string(v.raw) == "document"); isMedia {
+					// The rest (an image's base64) is stepped over, not
+					// copied.
+					for k++; s.more('}', k); k++ {
+						s.key(&scratch)
+						s.skip()
+					}
+					break
+				}
 				dst = append(dst, s.b[v.start:s.p]...)
 				continue
 			}

@@ -69,6 +69,12 @@ func TestParseMessagesPrompt(t *testing.T) {
 	if strings.Contains(string(r.Prompt), "QUJD") || r.MediaBytes < 8000 || !r.Unindexed() || !strings.Contains(string(r.Prompt), `"content":[{"type":"text","text":"ok"}]`) {
 		t.Errorf("images: prompt %q, %d media bytes, unindexed %v", r.Prompt, r.MediaBytes, r.Unindexed())
 	}
+	// An image's bytes are stepped over, never copied into the prompt.
+	var fresh Request
+	big := `{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + strings.Repeat("QUJD", 1<<18) + `"}}`
+	if err := fresh.Parse(KindMessages, []byte(`{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[`+big+`]}]}]}`)); err != nil || cap(fresh.Prompt) > 4096 {
+		t.Errorf("a 1 MiB image grew the prompt buffer to %d bytes (%v)", cap(fresh.Prompt), err)
+	}
 	spaced := string(r.Prompt)
 	if err := r.Parse(KindMessages, []byte(`{"messages":[{"role":"user","content":[{"type" : "text","text":"see"} , `+img+`,{ "type":"tool_result" ,"tool_use_id" :"t","content":[`+img+`,{"type":"text","text":"ok"}]}]}]}`)); err != nil || string(r.Prompt) != spaced {
 		t.Errorf("spaced keys rendered %q, want %q (%v)", r.Prompt, spaced, err)

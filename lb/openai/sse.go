@@ -281,6 +281,10 @@ type TokenCounter struct {
 	deltas int
 	usage  int
 	exact  bool
+	// sinceUsage is deltas when the last usage figure came: the output
+	// events after it add to it (Anthropic's message_start gives one, 0
+	// or 1, before the text deltas).
+	sinceUsage int
 	// final sums the usage of the chunks without choices; finals says
 	// there were some.
 	final  int
@@ -364,7 +368,7 @@ func leadingInt(v []byte) (n int, ok bool) {
 // Observe counts ev.
 func (c *TokenCounter) Observe(ev Event) {
 	d := ev.Data()
-	output, noChoices := false, false
+	output, noChoices, usage := false, false, false
 	// Every key ends in `":`, and inside a string a quote is escaped, so an
 	// unescaped quote followed by ':' always ends a key. The search is for
 	// the colon: JSON has a quote at both ends of every string, a colon
@@ -406,7 +410,7 @@ func (c *TokenCounter) Observe(ev Event) {
 			output = output || len(v) > 1 && v[0] == '"' && v[1] != '"'
 		case "completion_tokens", "output_tokens":
 			if n, ok := leadingInt(v); ok {
-				c.usage, c.exact = n, true
+				c.usage, c.exact, usage = n, true, true
 				if noChoices {
 					c.final, c.finals = c.final+n, true
 				}
@@ -415,6 +419,10 @@ func (c *TokenCounter) Observe(ev Event) {
 	}
 	if output {
 		c.deltas++
+	}
+	if usage {
+		// The figure counts its own event's output.
+		c.sinceUsage = c.deltas
 	}
 	if c.errCode == 0 && errorEvent(d) {
 		c.errCode = errorCode(d)
@@ -536,11 +544,9 @@ func (c *TokenCounter) Tokens() int {
 	switch {
 	case c.finals:
 		return c.final
-	case c.exact && (c.usage > 0 || c.deltas == 0):
-		return c.usage
+	case c.exact:
+		return c.usage + c.deltas - c.sinceUsage
 	}
-	// A usage figure of 0 can precede the output it counts: Anthropic's
-	// message_start carries output_tokens 0 before the text deltas.
 	return c.deltas
 }
 
@@ -560,6 +566,8 @@ func (c *TokenCounter) Reset() { *c = TokenCounter{} }
 var errorStatuses = map[string]int{
 	"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
 	"not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
-	"api_error": 500, "timeout_error": 504, "overloaded_error": 529,
+	// Anthropic answers overload 529; here it is the 503 a pod sheds
+	// load with, no fault of the pod's.
+	"api_error": 500, "timeout_error": 504, "overloaded_error": 503,
 	"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error": 500,
 }

@@ -247,6 +247,9 @@ func TestTokenCounter(t *testing.T) {
 		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\"}}\n\n",
 	}
 	f(anthropic, 3, true)
+	// Anthropic's own API starts at output_tokens 1: the deltas add to it
+	// until the next figure.
+	f(append([]string{strings.Replace(anthropic[0], `"output_tokens":0`, `"output_tokens":1`, 1)}, anthropic[1:]...), 4, true)
 	// A Responses stream's done events repeat the text: its usage counts.
 	f([]string{
 		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
@@ -288,7 +291,7 @@ func TestTokenCounterEngineError(t *testing.T) {
 		// Their error's type, or code, is its status: a client's fault is
 		// none of the pod's.
 		{"event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\", \"message\": \"bad\"}}\n\n", 400, true, 0},
-		{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"}}\n\n", 529, true, 0},
+		{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"}}\n\n", 503, true, 0},
 		{"event: error\ndata: {\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\"}\n\n", 429, true, 0},
 	} {
 		var tc TokenCounter
