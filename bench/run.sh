@@ -249,7 +249,7 @@ api_conversations() {
 }
 
 scenario_messages() {
-	section "Live: Anthropic's Messages API's resent conversations" "The multi-turn chat as Anthropic Messages API requests (the system prompt as system, the history resent as user messages, as Claude Code sends it) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it: once under slo_cache, which keys the stand-in rendering of that chat by the gateway's own record (the Messages conversion is not rendered exactly, so the KV-event index is not matched), once under least_request, as a balancer that reads no conversation routes them (pdlb answered them 404 before this scenario's commit). The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
+	section "Live: Anthropic's Messages API's resent conversations" "The multi-turn chat as Anthropic Messages API requests (the system prompt as system, the session's user turns resent whole at each turn, as a client keeping its own history does) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it: once under slo_cache, which keys the stand-in rendering of that chat by the gateway's own record (the Messages conversion is not rendered exactly, so the KV-event index is not matched), once under least_request, as a balancer that reads no conversation routes them (pdlb answered them 404 before bce89cf). The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
 	api_conversations messages
 }
 
