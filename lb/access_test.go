@@ -2,8 +2,10 @@ package lb_test
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"pdlb/lb/config"
@@ -66,5 +68,36 @@ func TestAPIKeysGuardModels(t *testing.T) {
 			f("Bearer sk-bad", 401, "API key")
 			f("Bearer sk-good", 200, `"id":"m"`)
 		})
+	}
+}
+
+// TestAPIKeysFromXAPIKey: a key in x-api-key, where Anthropic's SDKs (and
+// Claude Code with ANTHROPIC_API_KEY) send it, is read as one in
+// Authorization; neither reaches the pod, whose business the client's key
+// is not.
+func TestAPIKeysFromXAPIKey(t *testing.T) {
+	var seen atomic.Value
+	pod := fakePod(t, func(c net.Conn, r *http.Request) {
+		seen.Store(r.Header.Get("X-Api-Key") + "|" + r.Header.Get("Authorization"))
+		answerJSON(c, 200, `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":3,"output_tokens":1}}`)
+	})
+	s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) {
+		c.Access.APIKeys = []limits.APIKey{{Name: "team-a", SHA256: limits.HashKey("sk-good")}}
+	})
+	const body = `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	for _, c := range []struct {
+		key    string
+		status int
+	}{{"sk-good", 200}, {"sk-bad", 401}, {"", 401}} {
+		resp, b := send(t, client, s, "POST", "/v1/messages", body, "X-Api-Key", c.key, "Anthropic-Version", "2023-06-01")
+		if resp.StatusCode != c.status {
+			t.Errorf("x-api-key %q: %d %s, want %d", c.key, resp.StatusCode, b, c.status)
+		}
+	}
+	if got, _ := seen.Load().(string); got != "|" {
+		t.Errorf("the pod got x-api-key|authorization %q, want neither", got)
+	}
+	if resp, b := send(t, client, s, "GET", "/v1/models", "", "X-Api-Key", "sk-good"); resp.StatusCode != 200 {
+		t.Errorf("/v1/models with x-api-key: %d %s", resp.StatusCode, b)
 	}
 }

@@ -453,7 +453,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		// Keys guard every API path, as OpenAI's: the list names the
 		// models and adapters served.
-		if _, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)); !d.OK() {
+		if _, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization), ctx.Request.Header.Peek("X-Api-Key")); !d.OK() {
 			e = d.Error()
 			writeFailure(ctx, answer(e))
 			break

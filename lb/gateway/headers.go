@@ -94,6 +94,7 @@ var (
 	pdlbPrefix    = []byte("x-pdlb-")
 	accessControl = []byte("access-control-")
 	authorization = []byte(fasthttp.HeaderAuthorization)
+	xAPIKey       = []byte("X-Api-Key") // where Anthropic's SDKs send a key
 	forwardedFor  = []byte(fasthttp.HeaderXForwardedFor)
 	requestID     = []byte(headerRequestID) // fasthttp's canonical form
 	server        = []byte(fasthttp.HeaderServer)
@@ -160,7 +161,7 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 			}
 		case len(k) >= len(pdlbPrefix) && (k[0]|0x20) == 'x' && bytes.EqualFold(k[:len(pdlbPrefix)], pdlbPrefix):
 		// A client's key is the gateway's business, not the pods'.
-		case authorize && len(k) == len(authorization) && bytes.EqualFold(k, authorization):
+		case authorize && (len(k) == len(authorization) && bytes.EqualFold(k, authorization) || len(k) == len(xAPIKey) && bytes.EqualFold(k, xAPIKey)):
 		// Set whole below: the client's fields joined as one (RFC 9110
 		// section 5.3), with its address added.
 		case forward && len(k) == len(forwardedFor) && bytes.EqualFold(k, forwardedFor):
@@ -255,6 +256,7 @@ func appendRequestID(dst []byte, seq uint64, connTime time.Time) []byte {
 // The client's headers the gateway acts on, by index in clientHeaders.
 const (
 	hdrAuthorization = iota
+	hdrAPIKey
 	hdrPriority
 	hdrDebug
 	hdrAdminToken
@@ -268,6 +270,7 @@ const (
 
 var clientHeaderNames = [numClientHeaders][]byte{
 	hdrAuthorization: authorization,
+	hdrAPIKey:        xAPIKey,
 	hdrPriority:      []byte(headerPriority),
 	hdrDebug:         []byte(headerDebug),
 	hdrAdminToken:    []byte(headerAdminToken),

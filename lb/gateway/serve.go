@@ -22,7 +22,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	x := acquireCompletion()
 	x.hdr.read(&ctx.Request.Header)
 	x.reqID = requestIDOf(x.reqID[:0], ctx, x.hdr[hdrRequestID])
-	key, d := g.keys.Lookup(x.hdr[hdrAuthorization])
+	key, d := g.keys.Lookup(x.hdr[hdrAuthorization], x.hdr[hdrAPIKey])
 	if !d.OK() {
 		g.fail(ctx, x, nil, refused(d))
 		return

@@ -111,7 +111,7 @@ func TestNewKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k, d := ks.Lookup([]byte("Bearer " + key)); k == nil || !d.OK() {
+	if k, d := ks.Lookup([]byte("Bearer "+key), nil); k == nil || !d.OK() {
 		t.Fatalf("a new key does not authenticate: %v", d.Limit)
 	}
 }

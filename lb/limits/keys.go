@@ -84,7 +84,7 @@ func (d Decision) Error() *openai.Error {
 		return nil
 	case MissingKey:
 		return &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeInvalidRequest, Code: codeInvalidAPIKey,
-			Message: "You didn't provide an API key. Send it in an Authorization header: Authorization: Bearer YOUR_KEY."}
+			Message: "You didn't provide an API key. Send it in an Authorization header (Authorization: Bearer YOUR_KEY) or an x-api-key header."}
 	case UnknownKey:
 		return &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeInvalidRequest, Code: codeInvalidAPIKey,
 			Message: "Incorrect API key provided."}
@@ -145,7 +145,9 @@ func (ks *Keys) Enabled() bool { return ks != nil && len(ks.keys) > 0 }
 var bearer = []byte("bearer")
 
 // Lookup finds the key of a request from its Authorization header value
-// ("Bearer <key>", the scheme in any case). It allocates nothing: the
+// ("Bearer <key>", the scheme in any case), or, when it sent none, from
+// its x-api-key header's (apiKey: the key alone, as Anthropic's SDKs send
+// it). It allocates nothing: the
 // token is hashed into an array on the stack and the map is keyed by the
 // digest.
 //
@@ -153,12 +155,15 @@ var bearer = []byte("bearer")
 // attack useless: how long the lookup takes depends on the digest of what
 // the client sent, and learning which digests are present does not help
 // find a key whose digest matches (SHA-256 is preimage-resistant).
-func (ks *Keys) Lookup(authorization []byte) (*Key, Decision) {
+func (ks *Keys) Lookup(authorization, apiKey []byte) (*Key, Decision) {
 	if !ks.Enabled() {
 		return nil, Decision{}
 	}
 	scheme, token, _ := bytes.Cut(bytes.TrimSpace(authorization), []byte{' '})
 	token = bytes.TrimSpace(token)
+	if len(authorization) == 0 {
+		scheme, token = bearer, bytes.TrimSpace(apiKey)
+	}
 	if len(token) == 0 || !bytes.EqualFold(scheme, bearer) {
 		ks.refused[MissingKey].Add(1)
 		return nil, Decision{Limit: MissingKey}

@@ -22,7 +22,7 @@ func TestLookup(t *testing.T) {
 	ks := newTestKeys(t, APIKey{Name: "a", SHA256: HashKey("sk-a")}, APIKey{Name: "b", SHA256: HashKey("sk-b")})
 	f := func(header, wantKey string, want Limit) {
 		t.Helper()
-		k, d := ks.Lookup([]byte(header))
+		k, d := ks.Lookup([]byte(header), nil)
 		name := ""
 		if k != nil {
 			name = k.Name
@@ -46,9 +46,32 @@ func TestLookup(t *testing.T) {
 	f("Bearer sk-", "", UnknownKey)
 	f("Bearer "+HashKey("sk-a"), "", UnknownKey) // the stored digest is not a key
 
+	// Anthropic's SDKs send the key alone in x-api-key; a request's
+	// Authorization, when it sends one, is the one read.
+	for _, c := range []struct {
+		authorization, apiKey, want string
+		limit                       Limit
+	}{
+		{"", "sk-a", "a", None},
+		{"", " sk-b ", "b", None},
+		{"Bearer sk-a", "sk-b", "a", None},
+		{"Basic c2stYQ==", "sk-a", "", MissingKey},
+		{"", "sk-c", "", UnknownKey},
+		{"", "", "", MissingKey},
+	} {
+		k, d := ks.Lookup([]byte(c.authorization), []byte(c.apiKey))
+		name := ""
+		if k != nil {
+			name = k.Name
+		}
+		if name != c.want || d.Limit != c.limit {
+			t.Errorf("Lookup(%q, x-api-key %q) = %q, %v; want %q, %v", c.authorization, c.apiKey, name, d.Limit, c.want, c.limit)
+		}
+	}
+
 	// No keys: everything passes with no key.
 	for _, off := range []*Keys{nil, newTestKeys(t)} {
-		if k, d := off.Lookup(nil); k != nil || !d.OK() || off.Enabled() {
+		if k, d := off.Lookup(nil, nil); k != nil || !d.OK() || off.Enabled() {
 			t.Fatalf("keys off: %v %v", k, d)
 		}
 	}
@@ -74,7 +97,7 @@ func TestAdmit(t *testing.T) {
 	f := func(name string, cfg APIKey, steps []step) {
 		t.Helper()
 		cfg.Name, cfg.SHA256 = name, HashKey(name)
-		k, _ := newTestKeys(t, cfg).Lookup([]byte("Bearer " + name))
+		k, _ := newTestKeys(t, cfg).Lookup([]byte("Bearer "+name), nil)
 		for i, s := range steps {
 			now := t0.Add(s.at)
 			if s.done {
@@ -137,7 +160,7 @@ func TestAdmit(t *testing.T) {
 
 func TestDecisionError(t *testing.T) {
 	ks := newTestKeys(t, APIKey{Name: "team-a", SHA256: HashKey("sk-secret"), RequestsPerMinute: 1, TokensPerMinute: 10, MaxConcurrent: 1})
-	k, _ := ks.Lookup([]byte("Bearer sk-secret"))
+	k, _ := ks.Lookup([]byte("Bearer sk-secret"), nil)
 	now := time.Unix(1_700_000_000, 0)
 	f := func(d Decision, status int, typ, code, inMsg string, retryAfter int) {
 		t.Helper()
@@ -155,9 +178,9 @@ func TestDecisionError(t *testing.T) {
 			t.Fatalf("%v: body %s: %v", d.Limit, e.AppendJSON(nil), err)
 		}
 	}
-	_, d := ks.Lookup(nil)
+	_, d := ks.Lookup(nil, nil)
 	f(d, 401, "invalid_request_error", "invalid_api_key", "didn't provide an API key", 0)
-	_, d = ks.Lookup([]byte("Bearer nope"))
+	_, d = ks.Lookup([]byte("Bearer nope"), nil)
 	f(d, 401, "invalid_request_error", "invalid_api_key", "Incorrect API key", 0)
 	f(k.Admit(now, 11), 429, "tokens", "rate_limit_exceeded", "Request too large for key team-a on tokens per minute (TPM): limit 10, requested 11", 0)
 	if !k.Admit(now, 10).OK() {
@@ -210,7 +233,7 @@ func TestAdmitAllocs(t *testing.T) {
 	header := []byte("Bearer sk-a")
 	now := time.Now()
 	if n := testing.AllocsPerRun(1000, func() {
-		k, d := ks.Lookup(header)
+		k, d := ks.Lookup(header, nil)
 		if !d.OK() {
 			t.Fatal(d.Limit)
 		}
@@ -232,7 +255,7 @@ func TestAdmitAllocs(t *testing.T) {
 func TestAdmitConcurrent(t *testing.T) {
 	const workers, each, rpm, maxConc = 8, 500, 1000, 3
 	ks := newTestKeys(t, APIKey{Name: "a", SHA256: HashKey("sk-a"), RequestsPerMinute: rpm, MaxConcurrent: maxConc})
-	k, _ := ks.Lookup([]byte("Bearer sk-a"))
+	k, _ := ks.Lookup([]byte("Bearer sk-a"), nil)
 	// A frozen clock: the bucket never refills, so exactly rpm requests can
 	// be admitted however they interleave.
 	now := time.Unix(1_700_000_000, 0)

@@ -23,7 +23,7 @@ func BenchmarkLookup(b *testing.B) {
 	ks, header := benchKeys(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, d := ks.Lookup(header); !d.OK() {
+		if _, d := ks.Lookup(header, nil); !d.OK() {
 			b.Fatal(d.Limit)
 		}
 	}
@@ -38,7 +38,7 @@ func BenchmarkAdmit(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now = now.Add(time.Millisecond)
-		k, _ := ks.Lookup(header)
+		k, _ := ks.Lookup(header, nil)
 		if d := k.Admit(now, 500); !d.OK() {
 			b.Fatal(d.Limit)
 		}
@@ -60,7 +60,7 @@ func BenchmarkAdmitParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			now := start.Add(time.Duration(ticks.Add(1)) * time.Millisecond)
-			k, _ := ks.Lookup(header)
+			k, _ := ks.Lookup(header, nil)
 			if d := k.Admit(now, 500); !d.OK() {
 				refused.Add(1)
 				continue
@@ -74,7 +74,7 @@ func BenchmarkAdmitParallel(b *testing.B) {
 // BenchmarkRefused is a refusal's cost before its error is rendered.
 func BenchmarkRefused(b *testing.B) {
 	ks := newTestKeys(b, APIKey{Name: "a", SHA256: HashKey("sk-a"), RequestsPerMinute: 1})
-	k, _ := ks.Lookup([]byte("Bearer sk-a"))
+	k, _ := ks.Lookup([]byte("Bearer sk-a"), nil)
 	now := time.Now()
 	k.Admit(now, 0)
 	b.ReportAllocs()
