@@ -120,7 +120,7 @@ func TestBuildUpstreamNominatedID(t *testing.T) {
 func TestClientHeadersAsPeek(t *testing.T) {
 	head := "POST / HTTP/1.1\r\nHost: x\r\nx-priority: \r\nX-Priority: batch\r\nAUTHORIZATION: Bearer a\r\nAuthorization: Bearer b\r\n" +
 		"X-Session-Key: s1\r\nx-aibrix-session-key: s2\r\nrouting-strategy: pd\r\nConfig-Profile: p\r\nX-Pdlb-Debug: 1\r\n" +
-		"x-pdlb-admin-token: t\r\nX-Other: o\r\nContent-Length: 0\r\n\r\n"
+		"x-pdlb-admin-token: t\r\nX-Other: o\r\nx-api-key: k1\r\nX-API-KEY: k2\r\nContent-Length: 0\r\n\r\n"
 	var req fasthttp.Request
 	if err := req.Read(bufio.NewReader(strings.NewReader(head))); err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestClientHeadersAsPeek(t *testing.T) {
 			t.Errorf("%s: %q, Peek %q", name, h[i], want)
 		}
 	}
-	if string(h[hdrAuthorization]) != "Bearer a" || string(h[hdrSession]) != "s1" {
+	if string(h[hdrAuthorization]) != "Bearer a" || string(h[hdrSession]) != "s1" || string(h[hdrAPIKey]) != "k1" {
 		t.Errorf("read %q", h)
 	}
 }

@@ -39,9 +39,9 @@ const (
 //	limits: {max_conns_per_ip: 64, idle_timeout: 2m}
 //	admin_token: "..."
 type Config struct {
-	// APIKeys, when not empty, makes every API request carry
-	// "Authorization: Bearer <key>" with one of these keys (default: none,
-	// no authentication).
+	// APIKeys, when not empty, makes every API request carry one of these
+	// keys, as "Authorization: Bearer <key>" or, as Anthropic's SDKs send
+	// it, "x-api-key: <key>" (default: none, no authentication).
 	APIKeys []APIKey `yaml:"api_keys"`
 	// Conns bounds client connections.
 	Conns ConnLimits `yaml:"limits"`

@@ -161,7 +161,8 @@ func (ks *Keys) Lookup(authorization, apiKey []byte) (*Key, Decision) {
 	}
 	scheme, token, _ := bytes.Cut(bytes.TrimSpace(authorization), []byte{' '})
 	token = bytes.TrimSpace(token)
-	if len(authorization) == 0 {
+	if len(bytes.TrimSpace(authorization)) == 0 {
+		// None sent, or only spaces (an HTTP/2 value is not trimmed).
 		scheme, token = bearer, bytes.TrimSpace(apiKey)
 	}
 	if len(token) == 0 || !bytes.EqualFold(scheme, bearer) {

@@ -53,6 +53,7 @@ func TestLookup(t *testing.T) {
 		limit                       Limit
 	}{
 		{"", "sk-a", "a", None},
+		{" ", "sk-a", "a", None},
 		{"", " sk-b ", "b", None},
 		{"Bearer sk-a", "sk-b", "a", None},
 		{"Basic c2stYQ==", "sk-a", "", MissingKey},

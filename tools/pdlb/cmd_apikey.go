@@ -11,7 +11,7 @@ import (
 // it; only the entry (the key's SHA-256) goes into the config file.
 func cmdAPIKey(args []string, stdout io.Writer) error {
 	fs := newFlagSet("apikey", "[--name NAME]",
-		"Prints a new random client API key, and the api_keys entry of the gateway's\nconfig that admits it. The config holds only the key's SHA-256; give the key to\nthe client, which sends it as Authorization: Bearer KEY.", stdout)
+		"Prints a new random client API key, and the api_keys entry of the gateway's\nconfig that admits it. The config holds only the key's SHA-256; give the key to\nthe client, which sends it as Authorization: Bearer KEY (or x-api-key: KEY).", stdout)
 	name := fs.String("name", "client", "the key's name in metrics and logs")
 	if err := fs.Parse(args); err != nil {
 		return err
