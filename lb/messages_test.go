@@ -133,3 +133,23 @@ func TestMessagesStreamErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestChatStreamEngineErrorEnds: a chat stream the engine ends with its
+// error event and no [DONE] reaches the client as the engine sent it,
+// without the gateway's own error event after it, and counts the
+// engine's status.
+func TestChatStreamEngineErrorEnds(t *testing.T) {
+	stream := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n" +
+		"data: {\"error\":{\"message\":\"CUDA error\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\n"
+	pod := fakePod(t, func(conn net.Conn, _ *http.Request) {
+		fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n%s", stream)
+	})
+	s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) { c.Upstream.Retries = 0 })
+	resp, b := post(t, s, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 || b != stream {
+		t.Errorf("%d %q", resp.StatusCode, b)
+	}
+	if n := metricValue(t, s, `pdlb_requests_total{model="m",code="500"}`); n != 1 {
+		t.Errorf("counted %v as 500", n)
+	}
+}

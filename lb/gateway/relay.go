@@ -239,18 +239,16 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 
 // cutShort says a stream whose body ended cleanly was cut all the same:
 // midway through an event, or before the [DONE] engines end every
-// completion's stream with, or a Messages stream's message_stop, which
-// vLLM leaves out after its error event (a Responses API stream has
-// neither).
+// completion's stream with, or a Messages stream's message_stop (a
+// Responses API stream has neither), unless the engine's own error event
+// ended it: vLLM's Messages stream has no message_stop after one.
 func (x *completion) cutShort() bool {
 	if x.events.Cut() {
 		return true
 	}
-	if x.req.Kind == openai.KindMessages {
-		_, failed := x.counted.EngineError()
-		return !x.counted.Done() && !failed
-	}
-	return x.req.Kind.Generates() && !x.counted.Done()
+	ends := x.req.Kind.Generates() || x.req.Kind == openai.KindMessages
+	_, failed := x.counted.EngineError()
+	return ends && !x.counted.Done() && !failed
 }
 
 // relayBroke ends a stream that broke with err with an error event and
