@@ -230,24 +230,13 @@ func AppendErrorEvent(dst []byte, e *Error) []byte {
 // types such an error by its status.
 func AppendMessagesErrorEvent(dst []byte, e *Error) []byte {
 	typ := "api_error"
-	switch e.Status {
-	case 503, 529:
-		typ = "overloaded_error"
-	case 429:
-		typ = "rate_limit_error"
-	case 401:
-		typ = "authentication_error"
-	case 403:
-		typ = "permission_error"
-	case 404:
-		typ = "not_found_error"
-	case 413:
-		typ = "request_too_large"
-	case 504:
-		typ = "timeout_error"
-	default:
-		if e.Status >= 400 && e.Status < 500 {
-			typ = "invalid_request_error"
+	if e.Status >= 400 && e.Status < 500 {
+		typ = "invalid_request_error"
+	}
+	for _, a := range anthropicErrors {
+		if a.status == e.Status || e.Status == 529 && a.status == 503 {
+			typ = a.typ
+			break
 		}
 	}
 	dst = append(dst, `event: error`+"\n"+`data: {"type":"error","error":{"type":"`...)
@@ -491,11 +480,18 @@ func errorCode(d []byte) int {
 	}
 	var code string
 	_ = json.Unmarshal(e.Code, &code)
-	if n, ok := errorStatuses[e.Type]; ok {
-		return n
+	for _, a := range anthropicErrors {
+		if a.typ == e.Type {
+			return a.status
+		}
 	}
-	if n, ok := errorStatuses[code]; ok {
-		return n
+	switch code {
+	case "rate_limit_exceeded":
+		return 429
+	case "invalid_prompt":
+		return 400
+	case "server_error":
+		return 500
 	}
 	return -1
 }
@@ -561,13 +557,16 @@ func (c *TokenCounter) Exact() bool { return c.exact }
 // Reset empties c for another stream.
 func (c *TokenCounter) Reset() { *c = TokenCounter{} }
 
-// errorStatuses are the statuses of Anthropic's error types and of the
-// Responses API's error codes, for error events that carry no number.
-var errorStatuses = map[string]int{
-	"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
-	"not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
-	// Anthropic answers overload 529; here it is the 503 a pod sheds
-	// load with, no fault of the pod's.
-	"api_error": 500, "timeout_error": 504, "overloaded_error": 503,
-	"rate_limit_exceeded": 429, "invalid_prompt": 400, "server_error": 500,
+// anthropicErrors are Anthropic's error types and the statuses they stand
+// for, read both ways: an engine's error event's status, and the type of
+// the gateway's own error in a Messages stream. Anthropic answers
+// overload 529; here it is the 503 a pod sheds load with, no fault of
+// the pod's.
+var anthropicErrors = [...]struct {
+	typ    string
+	status int
+}{
+	{"invalid_request_error", 400}, {"authentication_error", 401}, {"permission_error", 403},
+	{"not_found_error", 404}, {"request_too_large", 413}, {"rate_limit_error", 429},
+	{"api_error", 500}, {"overloaded_error", 503}, {"timeout_error", 504},
 }
