@@ -2,11 +2,13 @@ package openai
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"maps"
 	"math/rand/v2"
 	"mime/multipart"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -229,35 +231,26 @@ func BenchmarkParseForm(b *testing.B) {
 }
 
 // TestOptionsHeader: header parameters read as python-multipart reads
-// them. Each want is what its parse_options_header (at bdb2b4f, Python
-// 3) returned for the header.
+// them, header by header as its parse_options_header read them
+// (testdata/options_header.json, written by options_header.py).
 func TestOptionsHeader(t *testing.T) {
-	for _, c := range []struct {
-		header, typ string
-		params      map[string]string
-	}{
-		{`form-data; name="model"`, "form-data", map[string]string{"name": "model"}},
-		{`attachment; name="model"`, "attachment", map[string]string{"name": "model"}},
-		{`form-data; name="x"; name="model"`, "form-data", map[string]string{"name": "model"}},
-		{`form-data; name="model"; junk`, "form-data", map[string]string{"junk": "", "name": "model"}},
-		{`form-data; name="model"; filename*=UTF-8''a.wav`, "form-data", map[string]string{"name": "model"}},
-		{`form-data; name="prompt"; name*=UTF-8''model`, "form-data", map[string]string{"name": "prompt"}},
-		{`form-data; filename="a;b.wav"; name="model"`, "form-data", map[string]string{"filename": "a;b.wav", "name": "model"}},
-		{`form-data; name="a\"b;c"; x=1`, "form-data", map[string]string{"name": `a"b;c`, "x": "1"}},
-		{`form-data; name="a\\"; filename="x"`, "form-data", map[string]string{"name": `a"; filename="x`}},
-		{`form-data;name=model ;  FileName = "q" `, "form-data", map[string]string{"filename": "q", "name": "model"}},
-		{`multipart/form-data; boundary="X\=Z"`, "multipart/form-data", map[string]string{"boundary": `X\=Z`}},
-		{`Multipart/Form-Data; boundary=abc`, "Multipart/Form-Data", map[string]string{"boundary": "abc"}},
-		{`form-data; name="a"b"; c=";d"`, "form-data", map[string]string{`d"`: "", "name": `a"b"; c=`}},
-		{`form-data; name=""; name`, "form-data", map[string]string{"name": ""}},
-		{`;;name="x"`, "", map[string]string{"": "", "name": "x"}},
-		{`form-data; name="x\\\"y"`, "form-data", map[string]string{"name": `x\"y`}},
-	} {
+	raw, err := os.ReadFile("testdata/options_header.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []struct {
+		Header, Type string
+		Params       map[string]string
+	}
+	if err := json.Unmarshal(raw, &cases); err != nil || len(cases) == 0 {
+		t.Fatalf("options_header.json: %v", err)
+	}
+	for _, c := range cases {
 		var typ string
 		params := map[string]string{}
-		optionsHeader([]byte(c.header), func(s string) { typ = s }, func(k, v string) { params[k] = v })
-		if typ != c.typ || !maps.Equal(params, c.params) {
-			t.Errorf("%s: %q %q, want %q %q", c.header, typ, params, c.typ, c.params)
+		optionsHeader([]byte(c.Header), func(s string) { typ = s }, func(k, v string) { params[k] = v })
+		if typ != c.Type || !maps.Equal(params, c.Params) {
+			t.Errorf("%s: %q %q, want %q %q", c.Header, typ, params, c.Type, c.Params)
 		}
 	}
 }

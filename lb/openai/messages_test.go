@@ -17,15 +17,7 @@ func TestParseMessagesPrompt(t *testing.T) {
 	defer ReleaseRequest(c)
 	same := func(messages, chat string) {
 		t.Helper()
-		if err := r.Parse(KindMessages, []byte(messages)); err != nil {
-			t.Fatalf("%s: %v", messages, err)
-		}
-		if err := c.Parse(KindChat, []byte(chat)); err != nil {
-			t.Fatalf("%s: %v", chat, err)
-		}
-		if len(r.Prompt) == 0 || string(r.Prompt) != string(c.Prompt) || r.PromptTokens() != c.PromptTokens() {
-			t.Errorf("%s rendered\n%q\nwant (as %s)\n%q", messages, r.Prompt, chat, c.Prompt)
-		}
+		sameAsChat(t, r, c, KindMessages, messages, chat)
 	}
 	same(`{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"Hi"}]}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
 	same(`{"system":"Be brief.","messages":[{"role":"user","content":"H\u0069"}]}`, `{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`)

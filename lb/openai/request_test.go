@@ -540,6 +540,21 @@ func TestParseResponses(t *testing.T) {
 	}
 }
 
+// sameAsChat parses body as kind into r and chat as a chat into c, and
+// fails unless both render the same stand-in prompt.
+func sameAsChat(t *testing.T, r, c *Request, kind Kind, body, chat string) {
+	t.Helper()
+	if err := r.Parse(kind, []byte(body)); err != nil {
+		t.Fatalf("%s: %v", body, err)
+	}
+	if err := c.Parse(KindChat, []byte(chat)); err != nil {
+		t.Fatalf("%s: %v", chat, err)
+	}
+	if len(r.Prompt) == 0 || string(r.Prompt) != string(c.Prompt) || r.PromptTokens() != c.PromptTokens() || r.Unindexed() != c.Unindexed() {
+		t.Errorf("%s rendered\n%q\nwant (as %s)\n%q", body, r.Prompt, chat, c.Prompt)
+	}
+}
+
 // TestParseResponsesPrompt: a Responses body's prompt renders as the
 // chat vLLM makes of it (construct_input_messages) renders: the same
 // turns, so a conversation sent through either API keys its blocks
@@ -550,15 +565,7 @@ func TestParseResponsesPrompt(t *testing.T) {
 	defer ReleaseRequest(c)
 	same := func(responses, chat string) {
 		t.Helper()
-		if err := r.Parse(KindResponses, []byte(responses)); err != nil {
-			t.Fatalf("%s: %v", responses, err)
-		}
-		if err := c.Parse(KindChat, []byte(chat)); err != nil {
-			t.Fatalf("%s: %v", chat, err)
-		}
-		if string(r.Prompt) != string(c.Prompt) || r.PromptTokens() != c.PromptTokens() || r.Unindexed() != c.Unindexed() {
-			t.Errorf("%s rendered\n%q\nwant (as %s)\n%q", responses, r.Prompt, chat, c.Prompt)
-		}
+		sameAsChat(t, r, c, KindResponses, responses, chat)
 	}
 	same(`{"model":"m","input":"Hi"}`, `{"messages":[{"role":"user","content":"Hi"}]}`)
 	same(`{"input":"H\u0069","instructions":"Be brief."}`, `{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`)
