@@ -1,0 +1,977 @@
+package chat
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"pdlb/engines"
+)
+
+// billingHeader starts the system text Claude Code sends with a hash that
+// changes every request; vLLM drops that text so shared prefixes survive.
+const billingHeader = "x-anthropic-billing-header"
+
+// AppendMessages appends to dst the chat completion request vLLM makes of
+// an Anthropic Messages API request body (POST /v1/messages), the fields
+// that shape the prompt (messages, tools, reasoning_effort,
+// chat_template_kwargs), for ParseRequest to read:
+//   - the system field's text (its text blocks', Claude Code's billing
+//     header left out) as the system message;
+//   - a message's string content as it is; of its blocks, text as text
+//     parts (one alone as the content string), thinking as its reasoning,
+//     tool_use as tool_calls (arguments: the input as JSON), a user's
+//     tool_result as a tool message before it, its text parts joined by
+//     "\n", and an assistant's as "Tool result: ..." text; a user message
+//     left with nothing is dropped;
+//   - ctx and msg roles as user;
+//   - tools as functions (input_schema as parameters, typed "object" when
+//     untyped), output_config.effort as reasoning_effort.
+//
+// exact is false where vLLM's releases convert differently or the prompt
+// is not the template's alone: system-role messages in messages (hoisted
+// into the system message by older releases; newer ones keep them in
+// place or fold them into a user turn, by a probe of the template),
+// thinking disabled (a reasoning_effort chosen by a probe), a tool's
+// strict, an empty tools list, a tool_use without id (vLLM makes one from
+// the clock), images, tool references, and a result vLLM writes with
+// Python's repr. dst then holds a close conversion (a newer release's,
+// system messages kept in place) that the simulator serves. What vLLM
+// refuses (a role, a block type, a field of the wrong type) is a
+// *RequestError.
+func AppendMessages(dst, body []byte) (out []byte, exact bool, err error) {
+	v := messagesPool.Get().(*messagesConverter)
+	defer messagesPool.Put(v)
+	v.reset()
+	if err := v.convert(body); err != nil {
+		return dst, false, err
+	}
+	return append(dst, v.out...), v.exact, nil
+}
+
+var messagesPool = sync.Pool{New: func() any { return new(messagesConverter) }}
+
+// messagesConverter holds the buffers of one conversion, made in one pass
+// over the body where the keys come in the usual order. JSON strings are
+// copied as the body escapes them, unescaped only to be compared.
+type messagesConverter struct {
+	s       scanner
+	out     []byte // the chat request
+	msgs    []byte // the chat's messages after the system one, comma-joined
+	system  []byte // the system field's text, escaped
+	leading []byte // the text of the system-role messages leading messages
+	tools   []byte // the chat's tools, comma-joined
+	parts   []byte // the message being converted: its content parts
+	calls   []byte // its tool calls
+	reason  []byte // its reasoning, escaped
+	images  []byte // a tool result's image parts
+	text    []byte // a tool result's text, escaped
+	scratch []byte // unescaped keys and values being compared
+	path    []pathElem
+	exact   bool
+	leads   bool // no message but system-role ones seen yet
+	toolsN  int
+}
+
+// pathElem is one step of the path to the value being read, for errors:
+// a field, or an index when field is empty.
+type pathElem struct {
+	field string
+	index int
+}
+
+func (v *messagesConverter) reset() {
+	v.out, v.msgs, v.system, v.leading, v.tools, v.path = v.out[:0], v.msgs[:0], v.system[:0], v.leading[:0], v.tools[:0], v.path[:0]
+	v.exact, v.leads, v.toolsN = true, true, 0
+}
+
+// fieldError is vLLM's 400 for field of the value being read ("" for the
+// value itself).
+func (v *messagesConverter) fieldError(field, msg string) error {
+	var b strings.Builder
+	for _, e := range v.path {
+		if e.field == "" {
+			b.WriteByte('[')
+			b.WriteString(strconv.Itoa(e.index))
+			b.WriteByte(']')
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(e.field)
+	}
+	if field != "" {
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(field)
+	}
+	return fieldError(b.String(), msg)
+}
+
+// wrongType skips the value under the scanner and returns fieldError for
+// it.
+func (v *messagesConverter) wrongType(msg string) error {
+	v.s.skip()
+	return v.fieldError("", msg)
+}
+
+// in runs fn with field (or, when field is empty, index) added to the
+// path.
+func (v *messagesConverter) in(field string, index int, fn func() error) error {
+	v.path = append(v.path, pathElem{field, index})
+	err := fn()
+	v.path = v.path[:len(v.path)-1]
+	return err
+}
+
+// each runs fn with the scanner on each element of the array under it.
+func (v *messagesConverter) each(fn func() error) error {
+	s := &v.s
+	s.pos++
+	i := 0
+	for first := true; s.more(&first, ']'); i++ {
+		if err := v.in("", i, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// at runs fn with the scanner on raw, a value read before.
+func (v *messagesConverter) at(raw []byte, fn func() error) error {
+	saved := v.s
+	v.s.reset(raw)
+	err := fn()
+	v.s = saved
+	return err
+}
+
+func (v *messagesConverter) convert(body []byte) error {
+	s := &v.s
+	s.reset(body)
+	defer s.reset(nil)
+	if s.peek() != '{' {
+		return &RequestError{Param: "body", Message: "body: Input should be a valid dictionary or object to extract fields from"}
+	}
+	s.pos++
+	var output, thinking, kwargs []byte
+	sawMessages := false
+	var err error
+	for first := true; err == nil && s.more(&first, '}'); {
+		// A repeated key's last value wins, as in json.loads.
+		switch k := v.key(); k {
+		case "system":
+			v.system = v.system[:0]
+			err = v.in(k, 0, v.systemField)
+		case "messages":
+			v.msgs, v.leading, v.leads, sawMessages = v.msgs[:0], v.leading[:0], true, true
+			err = v.in(k, 0, v.messages)
+		case "tools":
+			v.tools, v.toolsN = v.tools[:0], 0
+			err = v.in(k, 0, v.toolList)
+		case "output_config":
+			output = s.raw()
+		case "thinking":
+			thinking = s.raw()
+		case "chat_template_kwargs":
+			kwargs = s.raw()
+		default:
+			s.skip()
+		}
+	}
+	if err == nil && s.peek() != 0 {
+		s.fail()
+	}
+	if err != nil || s.err != nil {
+		// The body is decoded whole before any field is validated: a JSON
+		// error anywhere is the one reported.
+		s.reset(body)
+		if s.skip(); s.peek() != 0 {
+			s.fail()
+		}
+		if s.err != nil {
+			return &RequestError{Param: "body", Message: "JSON decode error: " + s.err.Error()}
+		}
+		return err
+	}
+	if !sawMessages {
+		return fieldError("messages", "Field required")
+	}
+	v.out = append(v.out, `{"messages":[`...)
+	if len(v.system) > 0 && len(v.leading) > 0 {
+		v.system = append(v.system, `\n\n`...)
+	}
+	if v.system = append(v.system, v.leading...); len(v.system) > 0 {
+		v.out = append(v.out, `{"role":"system","content":"`...)
+		v.out = append(v.out, v.system...)
+		v.out = append(v.out, `"}`...)
+		if len(v.msgs) > 0 {
+			v.out = append(v.out, ',')
+		}
+	}
+	v.out = append(v.out, v.msgs...)
+	v.out = append(v.out, ']')
+	if v.toolsN > 0 {
+		v.out = append(v.out, `,"tools":[`...)
+		v.out = append(v.out, v.tools...)
+		v.out = append(v.out, ']')
+	}
+	if err := v.effort(output, thinking); err != nil {
+		return err
+	}
+	if !isNull(kwargs) {
+		if kwargs[0] != '{' {
+			return fieldError("chat_template_kwargs", "Input should be a valid dictionary")
+		}
+		v.out = append(v.out, `,"chat_template_kwargs":`...)
+		v.out = append(v.out, kwargs...)
+	}
+	v.out = append(v.out, '}')
+	return nil
+}
+
+// key reads an object key into scratch; valid until the next key.
+func (v *messagesConverter) key() string {
+	var k span
+	v.scratch, k = v.s.key(v.scratch[:0])
+	return string(v.scratch[k.lo:k.hi])
+}
+
+// unescaped is a raw JSON string's text, in scratch until the next use.
+func (v *messagesConverter) unescaped(raw []byte) []byte {
+	var t scanner
+	t.reset(raw)
+	var sp span
+	v.scratch, sp = t.str(v.scratch[:0])
+	return v.scratch[sp.lo:sp.hi]
+}
+
+func isNull(raw []byte) bool { return len(raw) == 0 || string(raw) == "null" }
+
+// inner is a raw JSON string's escaped text, without its quotes.
+func inner(raw []byte) []byte { return raw[1 : len(raw)-1] }
+
+// systemField gathers the system field's text: a string, or its text
+// blocks' non-empty text but the billing header's, joined.
+func (v *messagesConverter) systemField() error {
+	s := &v.s
+	switch s.peek() {
+	case 'n':
+		s.skip()
+		return nil
+	case '"':
+		raw := s.raw()
+		if s.err != nil {
+			return s.err
+		}
+		v.system = append(v.system, inner(raw)...)
+		return nil
+	case '[':
+	default:
+		return v.wrongType("Input should be a valid string or a list of content blocks")
+	}
+	var b contentBlock
+	return v.each(func() error {
+		if err := v.block(&b); err != nil {
+			return err
+		}
+		v.system = v.appendText(v.system, &b)
+		return nil
+	})
+}
+
+// appendText appends a text block's text, when not empty nor the billing
+// header's, as a system message's text is gathered.
+func (v *messagesConverter) appendText(dst []byte, b *contentBlock) []byte {
+	if b.typ != "text" || len(b.text) <= 2 || bytes.HasPrefix(v.unescaped(b.text), []byte(billingHeader)) {
+		return dst
+	}
+	return append(dst, inner(b.text)...)
+}
+
+// contentBlock is one content block's fields as raw JSON (nil when absent
+// or null); typ is its type, one vLLM accepts.
+type contentBlock struct {
+	typ                                 string
+	text, id, toolUseID, name, thinking []byte // strings
+	input, source                       []byte // dictionaries
+	content                             []byte // a string or a list
+}
+
+var blockTypes = map[string]string{"text": "text", "image": "image", "tool_use": "tool_use", "tool_result": "tool_result",
+	"tool_reference": "tool_reference", "thinking": "thinking", "redacted_thinking": "redacted_thinking"}
+
+// block reads the block under the scanner, checking the types vLLM's
+// content block model declares for the fields the conversion reads.
+func (v *messagesConverter) block(b *contentBlock) error {
+	*b = contentBlock{}
+	s := &v.s
+	if s.peek() != '{' {
+		return v.wrongType("Input should be a valid dictionary or object")
+	}
+	s.pos++
+	var typ []byte
+	for first := true; s.more(&first, '}'); {
+		k := v.key()
+		var dst *[]byte
+		want := byte('"')
+		switch k {
+		case "type":
+			dst = &typ
+		case "text":
+			dst = &b.text
+		case "id":
+			dst = &b.id
+		case "tool_use_id":
+			dst = &b.toolUseID
+		case "name":
+			dst = &b.name
+		case "thinking":
+			dst = &b.thinking
+		case "input":
+			dst, want = &b.input, '{'
+		case "source":
+			dst, want = &b.source, '{'
+		case "content":
+			dst, want = &b.content, 0
+		default:
+			s.skip()
+			continue
+		}
+		raw := s.raw()
+		switch {
+		case isNull(raw):
+			raw = nil
+		case want == '"' && raw[0] != want:
+			return v.fieldError(k, "Input should be a valid string")
+		case want == '{' && raw[0] != want:
+			return v.fieldError(k, "Input should be a valid dictionary")
+		case want == 0 && raw[0] != '"' && raw[0] != '[':
+			return v.fieldError(k, "Input should be a valid string or a list of dictionaries")
+		}
+		*dst = raw
+	}
+	if s.err != nil {
+		return s.err
+	}
+	if typ == nil {
+		return v.fieldError("type", "Field required")
+	}
+	var ok bool
+	if b.typ, ok = blockTypes[string(v.unescaped(typ))]; !ok {
+		return v.fieldError("type", "Input should be 'text', 'image', 'tool_use', 'tool_result', 'tool_reference', 'thinking' or 'redacted_thinking'")
+	}
+	return nil
+}
+
+// messages converts the messages list into v.msgs and v.leading.
+func (v *messagesConverter) messages() error {
+	if v.s.peek() != '[' {
+		return v.wrongType("Input should be a valid list")
+	}
+	return v.each(v.message)
+}
+
+// message converts the message under the scanner: in place when its role
+// comes first, as clients write it, else from its content read raw.
+func (v *messagesConverter) message() error {
+	s := &v.s
+	if s.peek() != '{' {
+		return v.wrongType("Input should be a valid dictionary or object")
+	}
+	s.pos++
+	mark := len(v.msgs)
+	var rawRole, content []byte
+	role, converted := "", ""
+	for first := true; s.more(&first, '}'); {
+		switch v.key() {
+		case "role":
+			rawRole = s.raw()
+			role = roleOf(v.unescaped(rawRole))
+		case "content":
+			start := s.peek()
+			from := s.pos
+			if (role == "user" || role == "assistant") && (start == '"' || start == '[') {
+				v.msgs = v.msgs[:mark]
+				if err := v.in("content", 0, func() error { return v.convertMessage(role) }); err != nil {
+					return err
+				}
+				converted = role
+			} else {
+				s.skip()
+				converted = ""
+			}
+			content = s.data[from:s.pos]
+		default:
+			s.skip()
+		}
+	}
+	if s.err != nil {
+		return s.err
+	}
+	switch {
+	case rawRole == nil:
+		return v.fieldError("role", "Field required")
+	case role == "":
+		return v.fieldError("role", "Input should be 'user', 'assistant' or 'system'")
+	case content == nil:
+		return v.fieldError("content", "Field required")
+	case content[0] != '"' && content[0] != '[':
+		return v.fieldError("content", "Input should be a valid string or a list of content blocks")
+	case role == "system":
+		v.exact = false
+		return v.in("content", 0, func() error { return v.at(content, v.systemMessage) })
+	}
+	v.leads = false
+	if converted == role {
+		return nil
+	}
+	v.msgs = v.msgs[:mark]
+	return v.in("content", 0, func() error { return v.at(content, func() error { return v.convertMessage(role) }) })
+}
+
+// roleOf is the role vLLM reads a message's as: ctx and msg as user; ""
+// for one it refuses.
+func roleOf(role []byte) string {
+	switch string(role) {
+	case "user", "ctx", "msg":
+		return "user"
+	case "assistant":
+		return "assistant"
+	case "system":
+		return "system"
+	}
+	return ""
+}
+
+// systemMessage gathers the text of the system-role message whose content
+// is under the scanner (its string unless the billing header's, or its
+// text blocks' text): into v.leading, "\n\n" after text before it, while
+// no other message came first; else as a system message kept in place, as
+// a newer vLLM does for templates that mark system turns.
+func (v *messagesConverter) systemMessage() error {
+	v.text = v.text[:0]
+	if v.s.peek() == '"' {
+		if raw := v.s.raw(); !bytes.HasPrefix(v.unescaped(raw), []byte(billingHeader)) {
+			v.text = append(v.text, inner(raw)...)
+		}
+	} else {
+		var b contentBlock
+		err := v.each(func() error {
+			if err := v.block(&b); err != nil {
+				return err
+			}
+			v.text = v.appendText(v.text, &b)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case len(v.text) == 0:
+	case v.leads:
+		if len(v.leading) > 0 {
+			v.leading = append(v.leading, `\n\n`...)
+		}
+		v.leading = append(v.leading, v.text...)
+	default:
+		v.openMessage("system")
+		v.msgs = append(v.msgs, `,"content":"`...)
+		v.msgs = append(v.msgs, v.text...)
+		v.msgs = append(v.msgs, `"}`...)
+	}
+	return nil
+}
+
+// openMessage starts a message of role in v.msgs, left open.
+func (v *messagesConverter) openMessage(role string) {
+	if len(v.msgs) > 0 {
+		v.msgs = append(v.msgs, ',')
+	}
+	v.msgs = append(v.msgs, `{"role":"`...)
+	v.msgs = append(v.msgs, role...)
+	v.msgs = append(v.msgs, '"')
+}
+
+// convertMessage converts a user's or assistant's message whose content
+// is under the scanner: the tool messages of a user's tool results first,
+// then the message itself.
+func (v *messagesConverter) convertMessage(role string) error {
+	s := &v.s
+	if s.peek() == '"' {
+		v.openMessage(role)
+		v.msgs = append(v.msgs, `,"content":`...)
+		v.msgs = append(v.msgs, s.raw()...)
+		v.msgs = append(v.msgs, '}')
+		return nil
+	}
+	v.parts, v.calls, v.reason = v.parts[:0], v.calls[:0], v.reason[:0]
+	nparts, hasReason := 0, false
+	var text span // in v.parts, the escaped text of the last text part
+	var b contentBlock
+	part := func() {
+		if nparts++; nparts > 1 {
+			v.parts = append(v.parts, ',')
+		}
+	}
+	textPart := func(prefix string, raw []byte) {
+		part()
+		v.parts = append(v.parts, `{"type":"text","text":"`...)
+		text.lo = uint32(len(v.parts))
+		v.parts = append(v.parts, prefix...)
+		v.parts = append(v.parts, raw...)
+		text.hi = uint32(len(v.parts))
+		v.parts = append(v.parts, `"}`...)
+	}
+	err := v.each(func() error {
+		if err := v.block(&b); err != nil {
+			return err
+		}
+		switch b.typ {
+		case "text":
+			if len(b.text) > 2 {
+				textPart("", inner(b.text))
+			}
+		case "image":
+			if b.source != nil && !emptyObject(b.source) {
+				v.exact = false
+				part()
+				v.parts = v.appendImage(v.parts, b.source)
+			}
+		case "thinking":
+			if b.thinking != nil {
+				hasReason = true
+				v.reason = append(v.reason, inner(b.thinking)...)
+			}
+		case "tool_use":
+			v.toolCall(&b)
+		case "tool_result":
+			if role == "user" {
+				return v.toolResult(&b)
+			}
+			var result []byte
+			switch {
+			case b.content == nil:
+			case b.content[0] == '"':
+				result = inner(b.content)
+			case !emptyArray(b.content):
+				// vLLM writes the list's Python repr.
+				v.exact = false
+				v.text = appendEscaped(v.text[:0], b.content)
+				result = inner(v.text)
+			}
+			textPart("Tool result: ", result)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if nparts == 0 && role == "user" {
+		return nil // vLLM drops a user message left without content
+	}
+	v.openMessage(role)
+	if hasReason {
+		v.msgs = append(v.msgs, `,"reasoning":"`...)
+		v.msgs = append(v.msgs, v.reason...)
+		v.msgs = append(v.msgs, '"')
+	}
+	if len(v.calls) > 0 {
+		v.msgs = append(v.msgs, `,"tool_calls":[`...)
+		v.msgs = append(v.msgs, v.calls...)
+		v.msgs = append(v.msgs, ']')
+	}
+	switch {
+	case nparts == 1 && text.hi > 0:
+		v.msgs = append(v.msgs, `,"content":"`...)
+		v.msgs = append(v.msgs, v.parts[text.lo:text.hi]...)
+		v.msgs = append(v.msgs, '"')
+	case nparts > 0:
+		v.msgs = append(v.msgs, `,"content":[`...)
+		v.msgs = append(v.msgs, v.parts...)
+		v.msgs = append(v.msgs, ']')
+	}
+	v.msgs = append(v.msgs, '}')
+	return nil
+}
+
+// toolCall appends a tool_use block as an OpenAI tool call: its input
+// dumped as the arguments string (vLLM's json.dumps, which the chat path
+// loads again: the object is what the template sees).
+func (v *messagesConverter) toolCall(b *contentBlock) {
+	if len(v.calls) > 0 {
+		v.calls = append(v.calls, ',')
+	}
+	v.calls = append(v.calls, `{"id":`...)
+	if len(b.id) > 2 {
+		v.calls = append(v.calls, b.id...)
+	} else {
+		v.exact = false
+		v.calls = append(v.calls, `"call_`...)
+		v.calls = strconv.AppendInt(v.calls, time.Now().Unix(), 10)
+		v.calls = append(v.calls, '"')
+	}
+	v.calls = append(v.calls, `,"type":"function","function":{"name":`...)
+	if b.name != nil {
+		v.calls = append(v.calls, b.name...)
+	} else {
+		v.calls = append(v.calls, `""`...)
+	}
+	v.calls = append(v.calls, `,"arguments":`...)
+	input := b.input
+	if input == nil {
+		input = []byte("{}")
+	}
+	v.calls = appendEscaped(v.calls, input)
+	v.calls = append(v.calls, "}}"...)
+}
+
+// toolResult appends a user's tool_result block as a tool message: its
+// string content, or its text items' text joined by "\n"; images in it
+// follow as a user message of image parts.
+func (v *messagesConverter) toolResult(b *contentBlock) error {
+	v.text, v.images = v.text[:0], v.images[:0]
+	switch {
+	case b.content == nil:
+	case b.content[0] == '"':
+		v.text = append(v.text, inner(b.content)...)
+	default:
+		var item contentItem
+		n := 0
+		err := v.in("content", 0, func() error {
+			return v.at(b.content, func() error {
+				return v.each(func() error {
+					if err := v.item(&item); err != nil {
+						return err
+					}
+					switch item.typ {
+					case "text":
+						if n++; n > 1 {
+							v.text = append(v.text, `\n`...)
+						}
+						switch {
+						case item.text == nil && !item.textNull:
+						case item.text != nil && item.text[0] == '"':
+							v.text = append(v.text, inner(item.text)...)
+						default:
+							v.exact = false // vLLM's join fails on what is no string
+						}
+					case "image":
+						v.exact = false
+						if len(v.images) > 0 {
+							v.images = append(v.images, ',')
+						}
+						v.images = v.appendImage(v.images, item.source)
+					case "tool_reference":
+						v.exact = false // a tool message of tool_reference parts
+					}
+					return nil
+				})
+			})
+		})
+		if err != nil {
+			return err
+		}
+	}
+	v.openMessage("tool")
+	v.msgs = append(v.msgs, `,"tool_call_id":`...)
+	if b.toolUseID != nil {
+		v.msgs = append(v.msgs, b.toolUseID...)
+	} else {
+		v.msgs = append(v.msgs, `""`...)
+	}
+	v.msgs = append(v.msgs, `,"content":"`...)
+	v.msgs = append(v.msgs, v.text...)
+	v.msgs = append(v.msgs, `"}`...)
+	if len(v.images) > 0 {
+		v.openMessage("user")
+		v.msgs = append(v.msgs, `,"content":[`...)
+		v.msgs = append(v.msgs, v.images...)
+		v.msgs = append(v.msgs, "]}"...)
+	}
+	return nil
+}
+
+// contentItem is one item of a tool result's content list, a dictionary
+// vLLM reads by key.
+type contentItem struct {
+	typ          string
+	text, source []byte
+	textNull     bool
+}
+
+func (v *messagesConverter) item(it *contentItem) error {
+	*it = contentItem{}
+	s := &v.s
+	if s.peek() != '{' {
+		return v.wrongType("Input should be a valid dictionary")
+	}
+	s.pos++
+	var typ []byte
+	for first := true; s.more(&first, '}'); {
+		switch v.key() {
+		case "type":
+			typ = s.raw()
+		case "text":
+			it.text = s.raw()
+			it.textNull = string(it.text) == "null"
+			if it.textNull {
+				it.text = nil
+			}
+		case "source":
+			it.source = s.raw()
+		default:
+			s.skip()
+		}
+	}
+	if s.err != nil {
+		return s.err
+	}
+	if len(typ) > 0 && typ[0] == '"' {
+		it.typ = blockTypes[string(v.unescaped(typ))]
+	}
+	return nil
+}
+
+// appendImage appends an image part for an image source, its URL as vLLM
+// makes it: a url source's url, else a data URL of media_type and data.
+func (v *messagesConverter) appendImage(dst, source []byte) []byte {
+	var typ, url, media, data []byte
+	if len(source) > 0 && source[0] == '{' {
+		var t scanner
+		t.reset(source)
+		t.pos++
+		for first := true; t.more(&first, '}'); {
+			var k span
+			v.scratch, k = t.key(v.scratch[:0])
+			switch string(v.scratch[k.lo:k.hi]) {
+			case "type":
+				typ = t.raw()
+			case "url":
+				url = t.raw()
+			case "media_type":
+				media = t.raw()
+			case "data":
+				data = t.raw()
+			default:
+				t.skip()
+			}
+		}
+	}
+	str := func(raw []byte, def string) []byte {
+		if len(raw) > 1 && raw[0] == '"' {
+			return inner(raw)
+		}
+		return []byte(def)
+	}
+	dst = append(dst, `{"type":"image_url","image_url":{"url":"`...)
+	if string(typ) == `"url"` {
+		dst = append(dst, str(url, "")...)
+	} else {
+		dst = append(dst, "data:"...)
+		dst = append(dst, str(media, "image/jpeg")...)
+		dst = append(dst, ";base64,"...)
+		dst = append(dst, str(data, "")...)
+	}
+	return append(dst, `"}}`...)
+}
+
+// toolList converts the tools list under the scanner into v.tools.
+func (v *messagesConverter) toolList() error {
+	switch v.s.peek() {
+	case 'n':
+		v.s.skip()
+		return nil
+	case '[':
+	default:
+		return v.wrongType("Input should be a valid list")
+	}
+	err := v.each(func() error {
+		if v.toolsN++; v.toolsN > 1 {
+			v.tools = append(v.tools, ',')
+		}
+		return v.tool()
+	})
+	if err == nil && v.toolsN == 0 {
+		v.exact = false // passed on as [], which a chat request cannot say
+	}
+	return err
+}
+
+// tool appends one tool: name, description, input_schema as parameters
+// (typed "object" when it names no type, as vLLM's tool model sets it),
+// defer_loading, and strict, which older releases drop.
+func (v *messagesConverter) tool() error {
+	s := &v.s
+	if s.peek() != '{' {
+		return v.wrongType("Input should be a valid dictionary or object")
+	}
+	s.pos++
+	var name, description, schema, strict, deferLoading []byte
+	for first := true; s.more(&first, '}'); {
+		switch v.key() {
+		case "name":
+			name = s.raw()
+		case "description":
+			description = s.raw()
+		case "input_schema":
+			schema = s.raw()
+		case "strict":
+			strict = s.raw()
+		case "defer_loading":
+			deferLoading = s.raw()
+		default:
+			s.skip()
+		}
+	}
+	if s.err != nil {
+		return s.err
+	}
+	switch {
+	case name == nil:
+		return v.fieldError("name", "Field required")
+	case name[0] != '"':
+		return v.fieldError("name", "Input should be a valid string")
+	case !isNull(description) && description[0] != '"':
+		return v.fieldError("description", "Input should be a valid string")
+	case schema == nil:
+		return v.fieldError("input_schema", "Field required")
+	case schema[0] != '{':
+		return v.fieldError("input_schema", "Input should be a valid dictionary")
+	}
+	v.tools = append(v.tools, `{"type":"function","function":{"name":`...)
+	v.tools = append(v.tools, name...)
+	v.tools = append(v.tools, `,"description":`...)
+	if isNull(description) {
+		v.tools = append(v.tools, "null"...)
+	} else {
+		v.tools = append(v.tools, description...)
+	}
+	v.tools = append(v.tools, `,"parameters":`...)
+	v.tools = v.appendTyped(v.tools, schema)
+	for _, f := range [...]struct {
+		name string
+		raw  []byte
+	}{{"strict", strict}, {"defer_loading", deferLoading}} {
+		if isNull(f.raw) {
+			continue
+		}
+		b, ok := laxBool(f.raw)
+		if !ok {
+			return v.fieldError(f.name, "Input should be a valid boolean")
+		}
+		if f.name == "strict" {
+			v.exact = false
+		}
+		v.tools = append(v.tools, `,"`...)
+		v.tools = append(v.tools, f.name...)
+		v.tools = append(v.tools, `":`...)
+		v.tools = strconv.AppendBool(v.tools, b)
+	}
+	v.tools = append(v.tools, "}}"...)
+	return nil
+}
+
+// appendTyped appends the JSON object schema, with "type": "object" last
+// when it has no type key.
+func (v *messagesConverter) appendTyped(dst, schema []byte) []byte {
+	var t scanner
+	t.reset(schema)
+	t.pos++
+	members := false
+	for first := true; t.more(&first, '}'); {
+		members = true
+		var k span
+		v.scratch, k = t.key(v.scratch[:0])
+		if string(v.scratch[k.lo:k.hi]) == "type" {
+			return append(dst, schema...)
+		}
+		t.skip()
+	}
+	dst = append(dst, bytes.TrimRight(schema[:len(schema)-1], " \t\r\n")...)
+	if members {
+		dst = append(dst, ',')
+	}
+	return append(dst, `"type":"object"}`...)
+}
+
+// laxBool is the bool pydantic's lax mode reads from a JSON value.
+func laxBool(raw []byte) (v, ok bool) {
+	switch c := raw[0]; {
+	case string(raw) == "true", string(raw) == "false":
+		return raw[0] == 't', true
+	case c == '"':
+		var t scanner
+		t.reset(raw)
+		s, sp := t.str(nil)
+		return engines.LaxBoolString(string(s[sp.lo:sp.hi]))
+	case c == '-' || c >= '0' && c <= '9':
+		return engines.LaxBoolNumber(string(raw))
+	}
+	return false, false
+}
+
+// effort appends reasoning_effort: output_config.effort, or, with
+// thinking disabled, the "none" a newer vLLM sets for templates that
+// honour it (a probe of the template picks "low" for others).
+func (v *messagesConverter) effort(output, thinking []byte) error {
+	var effort []byte
+	if !isNull(output) {
+		if output[0] != '{' {
+			return fieldError("output_config", "Input should be a valid dictionary or object")
+		}
+		var t scanner
+		t.reset(output)
+		t.pos++
+		for first := true; t.more(&first, '}'); {
+			var k span
+			v.scratch, k = t.key(v.scratch[:0])
+			if string(v.scratch[k.lo:k.hi]) == "effort" {
+				effort = t.raw()
+			} else {
+				t.skip()
+			}
+		}
+		switch string(effort) {
+		case "", "null":
+			effort = nil
+		case `"low"`, `"medium"`, `"high"`, `"xhigh"`, `"max"`:
+		default:
+			return fieldError("output_config.effort", "Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")
+		}
+	}
+	if !isNull(thinking) && thinking[0] == '{' {
+		var t scanner
+		t.reset(thinking)
+		t.pos++
+		for first := true; t.more(&first, '}'); {
+			var k span
+			v.scratch, k = t.key(v.scratch[:0])
+			if string(v.scratch[k.lo:k.hi]) == "type" && t.peek() == '"' && t.lit(`"disabled"`) {
+				v.exact = false
+				effort = []byte(`"none"`)
+				continue
+			}
+			t.skip()
+		}
+	}
+	if effort != nil {
+		v.out = append(v.out, `,"reasoning_effort":`...)
+		v.out = append(v.out, effort...)
+	}
+	return nil
+}
+
+// appendEscaped appends raw JSON text as a JSON string holding it.
+func appendEscaped(dst, raw []byte) []byte {
+	var o jsonOptions
+	return o.appendString(dst, string(raw))
+}
+
+func emptyObject(raw []byte) bool { return len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0 }
+func emptyArray(raw []byte) bool  { return len(raw) > 0 && raw[0] == '[' && emptyObject(raw) }
