@@ -281,7 +281,8 @@ func (s *scanner) skip() {
 	}
 }
 
-// skipString passes over a string, validating its escapes.
+// skipString passes over a string, validating its escapes and its UTF-8,
+// a run of plain bytes at a time (plainRun).
 func (s *scanner) skipString() {
 	if s.peek() != '"' {
 		s.fail()
@@ -289,40 +290,38 @@ func (s *scanner) skipString() {
 	}
 	s.pos++
 	for s.pos < len(s.data) {
-		c := s.data[s.pos]
-		switch {
+		i, ascii := plainRun(s.data, s.pos)
+		if !ascii && !utf8.Valid(s.data[s.pos:i]) {
+			s.fail()
+			return
+		}
+		s.pos = i
+		if i == len(s.data) {
+			break
+		}
+		switch c := s.data[i]; {
 		case c == '"':
 			s.pos++
 			return
 		case c < 0x20:
 			s.fail()
 			return
-		case c == '\\':
-			if s.pos+1 >= len(s.data) {
-				s.fail()
+		}
+		// Backslash escape.
+		if s.pos+1 >= len(s.data) {
+			break
+		}
+		switch s.data[s.pos+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			s.pos += 2
+		case 'u':
+			s.pos += 2
+			if _, ok := s.hex4(); !ok {
 				return
 			}
-			switch s.data[s.pos+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				s.pos += 2
-			case 'u':
-				s.pos += 2
-				if _, ok := s.hex4(); !ok {
-					return
-				}
-			default:
-				s.fail()
-				return
-			}
-		case c < utf8.RuneSelf:
-			s.pos++
 		default:
-			r, n := utf8.DecodeRune(s.data[s.pos:])
-			if r == utf8.RuneError && n == 1 {
-				s.fail()
-				return
-			}
-			s.pos += n
+			s.fail()
+			return
 		}
 	}
 	s.fail()
