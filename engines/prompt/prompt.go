@@ -144,6 +144,24 @@ func (m *Model) Responses(dst []uint32, body []byte) ([]uint32, error) {
 	return m.conversation(dst, body, (*chat.Conversation).ParseResponses, false)
 }
 
+// Messages appends the ids of an Anthropic Messages API request body to
+// dst: the chat request vLLM makes of it (chat.AppendMessages), rendered
+// and encoded as Chat's, without special tokens. A request vLLM's
+// releases convert differently fails with chat.ErrInexact.
+func (m *Model) Messages(dst []uint32, body []byte) ([]uint32, error) {
+	buf := m.acquireText()
+	defer m.text.Put(buf)
+	var exact bool
+	var err error
+	if *buf, exact, err = chat.AppendMessages((*buf)[:0], body); err != nil {
+		return dst, err
+	}
+	if !exact {
+		return dst, chat.ErrInexact
+	}
+	return m.Chat(dst, *buf, false)
+}
+
 // conversation appends the ids of the conversation parse reads from body.
 func (m *Model) conversation(dst []uint32, body []byte, parse func(*chat.Conversation, []byte) error, addSpecial bool) ([]uint32, error) {
 	c := chat.AcquireConversation()

@@ -1,9 +1,12 @@
 package prompt
 
 import (
+	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 
+	"pdlb/engines/chat"
 	"pdlb/internal/tokfiles"
 	"pdlb/radix"
 )
@@ -48,3 +51,65 @@ func BenchmarkChatSeen(b *testing.B) { benchChat(b, false) }
 // BenchmarkChatNewTurn: a conversation whose new user turn of about 300
 // tokens is new (its words are not).
 func BenchmarkChatNewTurn(b *testing.B) { benchChat(b, true) }
+
+// agentLoop is a coding agent's turn as a Messages API request: a long
+// system prompt, 12 tools, and turns of tool calls and their results,
+// resent whole.
+func agentLoop(turns int) []byte {
+	tools := make([]any, 12)
+	for i := range tools {
+		tools[i] = map[string]any{"name": "tool" + strconv.Itoa(i), "description": strings.Repeat("Does one thing well. ", 20),
+			"input_schema": map[string]any{"type": "object", "properties": map[string]any{
+				"path": map[string]string{"type": "string", "description": "An absolute path."},
+				"n":    map[string]any{"type": "integer", "minimum": 1}}, "required": []string{"path"}}}
+	}
+	msgs := []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "text", "text": "Why does the build fail?"}}}}
+	for i := range turns {
+		id := "toolu_" + strconv.Itoa(i)
+		msgs = append(msgs,
+			map[string]any{"role": "assistant", "content": []any{
+				map[string]any{"type": "text", "text": "Let me look at file " + strconv.Itoa(i) + "."},
+				map[string]any{"type": "tool_use", "id": id, "name": "tool1", "input": map[string]any{"path": "/src/f" + strconv.Itoa(i) + ".go", "n": i + 1}}}},
+			map[string]any{"role": "user", "content": []any{map[string]any{"type": "tool_result", "tool_use_id": id,
+				"content": strings.Repeat("func f() { return g(x) } // line "+strconv.Itoa(i)+"\n", 12)}}})
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 4096, "stream": true, "tools": tools, "messages": msgs,
+		"system": []any{map[string]any{"type": "text", "text": strings.Repeat("You are a careful coding agent. ", 60)}}})
+	return body
+}
+
+// benchAgent is the gateway's work for a 20-turn agent loop on Qwen3's
+// files (every segment seen before): as a Messages request, converted to
+// vLLM's chat first, or as that chat.
+func benchAgent(b *testing.B, messages bool) {
+	m := load(b, Config{Tokenizer: tokfiles.Dir(b, "qwen3")})
+	body := agentLoop(20)
+	render := m.Messages
+	if !messages {
+		converted, exact, err := chat.AppendMessages(nil, body)
+		if err != nil || !exact {
+			b.Fatal(err, exact)
+		}
+		body = converted
+		render = func(dst []uint32, body []byte) ([]uint32, error) { return m.Chat(dst, body, false) }
+	}
+	ids, err := render(nil, body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if ids, err = render(ids[:0], body); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(ids)), "tokens")
+	b.ReportMetric(float64(len(body)), "bytes")
+}
+
+// BenchmarkMessagesAgentLoop: the Messages request, converted and
+// rendered.
+func BenchmarkMessagesAgentLoop(b *testing.B) { benchAgent(b, true) }
+
+// BenchmarkChatAgentLoop: the same conversation as vLLM's chat request.
+func BenchmarkChatAgentLoop(b *testing.B) { benchAgent(b, false) }
