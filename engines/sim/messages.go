@@ -6,35 +6,27 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/valyala/fasthttp"
+
+	chatpkg "pdlb/engines/chat"
 )
 
 // Anthropic's Messages API as vLLM serves it (POST /v1/messages): the
-// request runs as the chat vLLM makes of it (the system field's text and
-// the system-role messages' joined as the system message, Claude Code's
-// billing header dropped; each other message's content a string, one
-// text block's text, or several text blocks as text parts), through the
-// pod's own generation, and its answer is rewritten in the Messages
-// shape: whole, or as vLLM's named events (message_start, a text block's
-// start, deltas and stop, message_delta with the stop reason and usage,
-// message_stop). The sim serves text blocks only; vLLM also converts
-// tool calls and results, thinking and images.
+// request runs as the chat vLLM makes of it (chat.AppendMessages: text,
+// thinking, tool_use and tool_result blocks, tools and effort converted),
+// through the pod's own generation, and its answer is rewritten in the
+// Messages shape: whole, or as vLLM's named events (message_start, a text
+// block's start, deltas and stop, message_delta with the stop reason and
+// usage, message_stop). The sim answers in text alone, never with
+// thinking or tool_use blocks.
 
-// messagesRequest is what the sim reads of a Messages API request.
+// messagesRequest is what the sim reads of a Messages API request besides
+// the chat it makes.
 type messagesRequest struct {
-	Model     string           `json:"model"`
-	System    json.RawMessage  `json:"system"`
-	Messages  []messagesTurn   `json:"messages"`
-	MaxTokens *int             `json:"max_tokens"`
-	Stream    bool             `json:"stream"`
-	Stop      *json.RawMessage `json:"stop_sequences"`
-}
-
-type messagesTurn struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Model     string `json:"model"`
+	MaxTokens *int   `json:"max_tokens"`
+	Stream    bool   `json:"stream"`
 }
 
 // stopReasons maps a chat's finish reason to the Messages API's, as vLLM
@@ -47,19 +39,28 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	if req.MaxTokens == nil {
+	refuse := func(msg string) {
 		ctx.SetStatusCode(fasthttp.StatusBadRequest)
-		writeJSON(ctx, []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}`))
-		return
-	}
-	turns, err := messagesChat(req)
-	if err != nil {
-		ctx.SetStatusCode(fasthttp.StatusBadRequest)
-		b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": "invalid_request_error", "message": err.Error()}})
+		b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": "invalid_request_error", "message": msg}})
 		writeJSON(ctx, b)
+	}
+	if req.MaxTokens == nil {
+		refuse("max_tokens: Field required")
 		return
 	}
-	chat := map[string]any{"model": req.Model, "messages": turns, "stream": req.Stream, "max_tokens": *req.MaxTokens}
+	converted, _, err := chatpkg.AppendMessages(nil, ctx.PostBody())
+	var fields map[string]json.RawMessage
+	if err == nil {
+		err = json.Unmarshal(converted, &fields)
+	}
+	if err != nil {
+		refuse(err.Error())
+		return
+	}
+	chat := map[string]any{"model": req.Model, "stream": req.Stream, "max_tokens": *req.MaxTokens}
+	for k, v := range fields {
+		chat[k] = v
+	}
 	if req.Stream {
 		// As vLLM asks: the first chunk's usage is message_start's.
 		chat["stream_options"] = map[string]bool{"include_usage": true, "continuous_usage_stats": true}
@@ -87,88 +88,6 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	relayInner(ctx, inner, func(w *bufio.Writer, events *bufio.Reader) { relayMessages(w, events, model) })
-}
-
-// messagesChat is the chat of a Messages request, as vLLM makes it.
-func messagesChat(req messagesRequest) ([]chatMessage, error) {
-	var system strings.Builder
-	if err := appendSystem(&system, req.System); err != nil {
-		return nil, fmt.Errorf("system: %w", err)
-	}
-	for i, m := range req.Messages {
-		if m.Role == "system" {
-			if err := appendSystem(&system, m.Content); err != nil {
-				return nil, fmt.Errorf("messages.%d.content: %w", i, err)
-			}
-		}
-	}
-	var turns []chatMessage
-	if system.Len() > 0 {
-		turns = append(turns, textMessage("system", system.String()))
-	}
-	for i, m := range req.Messages {
-		switch m.Role {
-		case "system":
-			continue
-		case "ctx", "msg":
-			// Roles newer Claude Code sends, which vLLM reads as the
-			// user's.
-			m.Role = "user"
-		}
-		var s string
-		if json.Unmarshal(m.Content, &s) == nil {
-			turns = append(turns, textMessage(m.Role, s))
-			continue
-		}
-		var blocks []contentPart
-		if err := json.Unmarshal(m.Content, &blocks); err != nil {
-			return nil, fmt.Errorf("messages.%d.content: a string or a list of blocks", i)
-		}
-		var parts []contentPart
-		for j, b := range blocks {
-			if b.Type != "text" {
-				return nil, fmt.Errorf("messages.%d.content.%d: the sim serves text blocks only, not %q", i, j, b.Type)
-			}
-			if b.Text != "" {
-				parts = append(parts, b)
-			}
-		}
-		switch {
-		case len(parts) == 1:
-			turns = append(turns, textMessage(m.Role, parts[0].Text))
-		case len(parts) > 1:
-			content, _ := json.Marshal(parts)
-			turns = append(turns, chatMessage{Role: m.Role, Content: content})
-		case m.Role != "user":
-			// vLLM keeps an assistant's message without text, without
-			// content; a user's it leaves out.
-			turns = append(turns, chatMessage{Role: m.Role})
-		}
-	}
-	return turns, nil
-}
-
-// appendSystem appends the text of a system value: a string, or its text
-// blocks' non-empty text, Claude Code's billing header left out.
-func appendSystem(b *strings.Builder, raw json.RawMessage) error {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		b.WriteString(s)
-		return nil
-	}
-	var blocks []contentPart
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return fmt.Errorf("a string or a list of text blocks")
-	}
-	for _, bl := range blocks {
-		if bl.Type == "text" && bl.Text != "" && !strings.HasPrefix(bl.Text, "x-anthropic-billing-header") {
-			b.WriteString(bl.Text)
-		}
-	}
-	return nil
 }
 
 // relayMessages rewrites a chat stream as vLLM's Messages stream.

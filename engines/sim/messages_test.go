@@ -5,6 +5,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"pdlb/engines/prompt"
+	"pdlb/internal/tokfiles"
 )
 
 // TestMessages: Anthropic's Messages API as vLLM serves it: the answer's
@@ -76,10 +79,59 @@ func TestMessages(t *testing.T) {
 	}{
 		{map[string]any{"model": "m", "messages": msgs}, 400, "max_tokens"},
 		{map[string]any{"model": "other", "max_tokens": 1, "messages": msgs}, 404, "does not exist"},
-		{map[string]any{"model": "m", "max_tokens": 1, "messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "image"}}}}}, 400, "text blocks only"},
+		{map[string]any{"model": "m", "max_tokens": 1, "messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "document"}}}}}, 400, "messages[0].content[0].type"},
 	} {
 		if code, b := post(t, c, base+"/v1/messages", c2.body); code != c2.code || !strings.Contains(string(b), c2.want) {
 			t.Errorf("%v: %d %s", c2.body, code, b)
 		}
+	}
+}
+
+// TestMessagesTools: a Messages request with tool_use and tool_result
+// blocks, thinking and tools is served as the chat vLLM makes of it: its
+// prompt is that chat's, token for token, on a pod with the model's
+// tokenizer and template.
+func TestMessagesTools(t *testing.T) {
+	m, err := prompt.Load(prompt.Config{Tokenizer: tokfiles.Dir(t, "qwen3")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testPod(t, Config{Model: "m", Speedup: 100, DefaultMaxTokens: 8, Prompt: m})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	tool := map[string]any{"name": "Read", "input_schema": map[string]any{"properties": map[string]any{"path": map[string]string{"type": "string"}}}}
+	messages := map[string]any{"model": "m", "max_tokens": 5, "tools": []any{tool}, "messages": []any{
+		map[string]any{"role": "user", "content": "Read /a"},
+		map[string]any{"role": "assistant", "content": []any{
+			map[string]any{"type": "thinking", "thinking": "read it", "signature": "s"},
+			map[string]any{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": map[string]any{"path": "/a"}}}},
+		map[string]any{"role": "user", "content": []any{
+			map[string]any{"type": "tool_result", "tool_use_id": "toolu_1", "content": []any{map[string]any{"type": "text", "text": "x"}, map[string]any{"type": "text", "text": "y"}}},
+			map[string]any{"type": "text", "text": "go on"}}},
+	}}
+	chat := map[string]any{"model": "m", "max_tokens": 5, "tools": []any{map[string]any{"type": "function", "function": map[string]any{
+		"name": "Read", "description": nil, "parameters": map[string]any{"properties": map[string]any{"path": map[string]string{"type": "string"}}, "type": "object"}}}},
+		"messages": []any{
+			map[string]any{"role": "user", "content": "Read /a"},
+			map[string]any{"role": "assistant", "reasoning": "read it", "tool_calls": []any{map[string]any{"id": "toolu_1", "type": "function",
+				"function": map[string]any{"name": "Read", "arguments": `{"path": "/a"}`}}}},
+			map[string]any{"role": "tool", "tool_call_id": "toolu_1", "content": "x\ny"},
+			map[string]any{"role": "user", "content": "go on"},
+		}}
+	code, b := post(t, c, base+"/v1/messages", messages)
+	code2, cb := post(t, c, base+"/v1/chat/completions", chat)
+	var ma struct {
+		Usage struct {
+			InputTokens int `json:"input_tokens"`
+		}
+	}
+	var ch struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		}
+	}
+	if code != 200 || code2 != 200 || json.Unmarshal(b, &ma) != nil || json.Unmarshal(cb, &ch) != nil ||
+		ma.Usage.InputTokens == 0 || ma.Usage.InputTokens != ch.Usage.PromptTokens {
+		t.Errorf("messages %d %s\nchat %d %s", code, b, code2, cb)
 	}
 }
