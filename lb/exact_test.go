@@ -239,6 +239,65 @@ func TestResponsesMatchTheEnginesEvents(t *testing.T) {
 	}
 }
 
+// A Messages request (Claude Code's) runs on vLLM as the chat vLLM makes
+// of it, tool_use and tool_result blocks as tool calls and tool
+// messages: the gateway keys it by that chat's ids, so each turn of an
+// agent's loop, resent whole, goes to the pod holding the turns before,
+// as the pod's own KV events say, and counts the prompt the pod prefilled.
+func TestMessagesMatchTheEnginesEvents(t *testing.T) {
+	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "a")
+	system, _ := json.Marshal(strings.Repeat("You are a coding agent. Read before you edit, and test after. ", 40))
+	tools := `"tools":[{"name":"Read","description":"Reads a file.","input_schema":{"type":"object","properties":{"file_path":{"type":"string"}},"required":["file_path"]}},` +
+		`{"name":"Bash","input_schema":{"properties":{"command":{"type":"string"},"timeout":{"type":"number"}}}}]`
+	head := `{"model":"m","max_tokens":2,"system":[{"type":"text","text":"x-anthropic-billing-header: cch=%d;"},{"type":"text","text":` + string(system) + `}],` + tools + `,"messages":[` +
+		`{"role":"user","content":[{"type":"text","text":"Why does make test fail?"}]},` +
+		`{"role":"assistant","content":[{"type":"thinking","thinking":"Run it.","signature":"s"},{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"make test","timeout":600000}}]},` +
+		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"FAIL TestX"}%s]}`
+	home := "a-1"
+	prompted := direct(t, s, pods[1], "/v1/messages", fmt.Sprintf(head, 1, "")+`]}`)
+	if prompted < 500 {
+		t.Fatalf("the first prompt is %d tokens; want the long system prompt's", prompted)
+	}
+	next := fmt.Sprintf(head, 2, `,{"type":"text","text":"Look at x_test.go.","cache_control":{"type":"ephemeral"}}`) +
+		`,{"role":"assistant","content":[{"type":"tool_use","id":"toolu_2","name":"Read","input":{"file_path":"/r/x_test.go"}}]},` +
+		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_2","content":[{"type":"text","text":"1\tpackage x"}]}]}]}`
+	for range 5 {
+		before := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`)
+		resp, b := post(t, s, "/v1/messages", next)
+		var a struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+			}
+		}
+		if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &a) != nil || resp.Header.Get("x-pdlb-pod") != home {
+			t.Fatalf("next turn on %s (%d %.200s), its prefix is on %s", resp.Header.Get("x-pdlb-pod"), resp.StatusCode, b, home)
+		}
+		if n := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`) - before; n != float64(a.Usage.InputTokens) {
+			t.Fatalf("the gateway counted %v prompt tokens, the pod prefilled %d", n, a.Usage.InputTokens)
+		}
+	}
+	var prompt, cached float64
+	for _, line := range strings.Split(get(t, "http://"+s.AdminAddr()+"/metrics"), "\n") {
+		fmt.Sscanf(line, `pdlb_prompt_tokens_total{model="m"} %g`, &prompt)
+		fmt.Sscanf(line, `pdlb_prefix_cached_tokens_total{model="m"} %g`, &cached)
+	}
+	if cached < 5*(float64(prompted)*0.9-16) {
+		t.Fatalf("gateway predicted %g cached tokens of %g in 5 requests; the first prompt alone was %d tokens", cached, prompt, prompted)
+	}
+	if _, counts := tokenizedCounts(t, s.AdminAddr()); counts["exact"] != 5 || counts["unindexed"] != 0 {
+		t.Fatalf("/admin/index counts %v", counts)
+	}
+	// A system-role message in messages is placed otherwise by each vLLM
+	// release: routed without the index, and counted so.
+	resp, b := post(t, s, "/v1/messages", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"},{"role":"system","content":"note"},{"role":"user","content":"b"}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("inline system: %d %s", resp.StatusCode, b)
+	}
+	if _, counts := tokenizedCounts(t, s.AdminAddr()); counts["unindexed"] != 1 {
+		t.Fatalf("a request with an inline system message was not counted unindexed: %v", counts)
+	}
+}
+
 // A completion with truncate_prompt_tokens is cached by a vLLM or
 // TensorRT-LLM pod as the ids it keeps (Llama 3.1's BOS and the text's
 // last k-1). The gateway must key the request by those ids, so a second

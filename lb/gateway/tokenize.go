@@ -57,27 +57,29 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	case x.req.TokenIDs:
 	case m.Prompt == nil:
 		mode = tokensStandIn
-	case x.req.Kind == openai.KindMessages:
-		// The Messages API's chat is vLLM's to make: routed without the
-		// index, by the gateway's own record of its stand-in keys.
-		mode = tokensUnindexed
-	case x.req.Kind == openai.KindChat, x.req.Kind == openai.KindResponses:
+	case x.req.Kind == openai.KindChat, x.req.Kind == openai.KindResponses, x.req.Kind == openai.KindMessages:
 		special := x.req.SpecialTokensSet && x.req.SpecialTokens
 		var err error
-		if x.req.Kind == openai.KindResponses {
+		switch x.req.Kind {
+		case openai.KindResponses:
 			x.ids, err = m.Prompt.Responses(x.ids, body)
-		} else {
+		case openai.KindMessages:
+			x.ids, err = m.Prompt.Messages(x.ids, body)
+		default:
 			x.ids, err = m.Prompt.Chat(x.ids, body, special)
 		}
 		if err != nil {
-			if f := refusal(err, m); f != nil {
+			// A Messages request vLLM refuses is refused by the engine,
+			// in Anthropic's shape.
+			if f := refusal(err, m); f != nil && x.req.Kind != openai.KindMessages {
 				return f
 			}
 			mode = tokensUnindexed
 			x.ids = x.ids[:0]
 			// A Responses request with tools, reasoning or a previous
-			// response is rendered by the engine alone, as expected.
-			if x.req.Kind != openai.KindResponses {
+			// response, and a Messages request with system-role messages
+			// or images, are rendered by the engine alone, as expected.
+			if x.req.Kind == openai.KindChat {
 				if held, ok := g.inexactLog.allow(time.Now().UnixNano(), time.Second); ok {
 					g.log.Warn("prompt not tokenized as the engine would; routed without the KV-event index",
 						"model", m.Name, "err", err, "suppressed", held)
