@@ -181,8 +181,8 @@ live_fleet() {
 	pods=$(sed -n 's/^ *- {name: [^,]*, model: [^,]*, address: "\([^"]*\)".*/http:\/\/\1\/metrics/p' "$gwfile" | paste -sd,)
 	record_as "pdlb load --target http://127.0.0.1:19090 $* (gateway policy $policy, fleet $fleet)" \
 		"$PDLB" load --target http://127.0.0.1:19090 --model m --metrics "$pods" "$@"
-	record_as "curl -s http://127.0.0.1:19091/metrics | grep -E 'pdlb_(prompt|prefix_cached)_tokens_total' (the gateway's view: cached over prompt tokens is the hit rate its index predicted)" \
-		sh -c "curl -s http://127.0.0.1:19091/metrics | grep -E '^pdlb_(prompt|prefix_cached)_tokens_total'"
+	record_as "curl -s http://127.0.0.1:19091/metrics | grep -E 'pdlb_(prompt|prefix_cached)_tokens_total|pdlb_prompt_tokenized_total' (the gateway's view: cached over prompt tokens is the hit rate its index predicted; tokenized, how it keyed the prompts)" \
+		sh -c "curl -s http://127.0.0.1:19091/metrics | grep -E '^(pdlb_(prompt|prefix_cached)_tokens_total|pdlb_prompt_tokenized_total)'"
 	if curl -s http://127.0.0.1:19091/metrics | grep -q '^pdlb_shed_duration_seconds_count [1-9]'; then
 		record_as "curl -s http://127.0.0.1:19091/metrics | grep -E 'pdlb_shed_duration_seconds|pdlb_admission_requests_total' (the gateway's own view of its 429s)" \
 			sh -c "curl -s http://127.0.0.1:19091/metrics | grep -E '^(pdlb_shed_duration_seconds|pdlb_admission_requests_total)'"
@@ -249,7 +249,7 @@ api_conversations() {
 }
 
 scenario_messages() {
-	section "Live: Anthropic's Messages API's resent conversations" "The multi-turn chat as Anthropic Messages API requests (the system prompt as system, the session's user turns resent whole at each turn, as a client keeping its own history does) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it: once under slo_cache, which keys the stand-in rendering of that chat by the gateway's own record (the Messages conversion is not rendered exactly, so the KV-event index is not matched), once under least_request, as a balancer that reads no conversation routes them (pdlb answered them 404 before bce89cf). The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
+	section "Live: Anthropic's Messages API's resent conversations" "The multi-turn chat as Claude Code's agent loop in Anthropic Messages API requests (the system prompt as the system field's text after a billing header block whose hash changes every request; the first turn as the user's text, each later one as the result of a tool call the assistant made before it; two tools; the whole loop resent each turn) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it and publish its KV events: once under slo_cache, which keys that chat's Qwen3 ids (mode exact) against the pods' KV events, once under least_request, as a balancer that reads no conversation routes them. The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
 	api_conversations messages
 }
 

@@ -3,6 +3,9 @@ package load
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"strconv"
 )
 
 // BodyOptions are the parts of a request body that come from the run, not
@@ -73,16 +76,60 @@ type responsesBody struct {
 	Stream          bool   `json:"stream"`
 }
 
-// messagesBody is a Messages API request: a chat's system prompt as its
-// system field and its turns as user messages, or a prompt as the one
-// user message. max_tokens is required: messagesDefaultMaxTokens when the
+// messagesBody is a Messages API request as Claude Code sends its agent
+// loop: the chat's system prompt as the system field's text, after the
+// billing header block whose hash changes every request; the first turn
+// as the user's text and each later one as the result of a tool call the
+// assistant made before it; the tools it may call; a cache_control mark
+// on the system prompt and on the newest turn. A prompt is the one user
+// message. max_tokens is required: messagesDefaultMaxTokens when the
 // workload sets none.
 type messagesBody struct {
-	Model     string        `json:"model"`
-	System    string        `json:"system,omitempty"`
-	Messages  []chatMessage `json:"messages"`
-	MaxTokens int           `json:"max_tokens"`
-	Stream    bool          `json:"stream"`
+	Model     string         `json:"model"`
+	System    []messageBlock `json:"system,omitempty"`
+	Tools     []messagesTool `json:"tools,omitempty"`
+	Messages  []messageTurn  `json:"messages"`
+	MaxTokens int            `json:"max_tokens"`
+	Stream    bool           `json:"stream"`
+}
+
+type messageTurn struct {
+	Role    string `json:"role"`
+	Content any    `json:"content"` // a string or []messageBlock
+}
+
+// messageBlock is a content block: text, tool_use or tool_result.
+type messageBlock struct {
+	Type         string         `json:"type"`
+	Text         string         `json:"text,omitempty"`
+	ID           string         `json:"id,omitempty"`
+	Name         string         `json:"name,omitempty"`
+	Input        map[string]any `json:"input,omitempty"`
+	ToolUseID    string         `json:"tool_use_id,omitempty"`
+	Content      string         `json:"content,omitempty"`
+	CacheControl *cacheControl  `json:"cache_control,omitempty"`
+}
+
+type cacheControl struct {
+	Type string `json:"type"`
+}
+
+type messagesTool struct {
+	Name        string         `json:"name"`
+	Description string         `json:"description"`
+	InputSchema map[string]any `json:"input_schema"`
+}
+
+// agentTools are the tools of a Messages agent loop.
+var agentTools = []messagesTool{
+	{Name: "Read", Description: "Reads a file from the local filesystem. The file_path must be absolute.", InputSchema: map[string]any{
+		"type": "object", "required": []string{"file_path"}, "properties": map[string]any{
+			"file_path": map[string]string{"type": "string", "description": "The absolute path of the file to read"},
+			"offset":    map[string]string{"type": "number", "description": "The line to start reading from"}}}},
+	{Name: "Bash", Description: "Runs a bash command and returns its output.", InputSchema: map[string]any{
+		"type": "object", "required": []string{"command"}, "properties": map[string]any{
+			"command": map[string]string{"type": "string", "description": "The command to run"},
+			"timeout": map[string]string{"type": "number", "description": "A timeout in milliseconds"}}}},
 }
 
 // messagesDefaultMaxTokens is a Messages request's max_tokens when the
@@ -162,17 +209,37 @@ func (r *Request) responsesBody(o BodyOptions) *responsesBody {
 
 // messagesBody is r's Messages API request.
 func (r *Request) messagesBody(o BodyOptions) *messagesBody {
-	b := &messagesBody{Model: o.Model, System: r.System, MaxTokens: r.OutputTokens, Stream: o.Stream}
+	b := &messagesBody{Model: o.Model, MaxTokens: r.OutputTokens, Stream: o.Stream}
 	if b.MaxTokens == 0 {
 		b.MaxTokens = messagesDefaultMaxTokens
 	}
 	if !r.Chat() {
-		b.Messages = []chatMessage{{"user", r.Prompt}}
+		b.Messages = []messageTurn{{"user", r.Prompt}}
 		return b
 	}
-	b.Messages = make([]chatMessage, 0, len(r.Turns))
-	for _, t := range r.Turns {
-		b.Messages = append(b.Messages, chatMessage{"user", t})
+	ephemeral := &cacheControl{"ephemeral"}
+	if r.System != "" {
+		b.System = []messageBlock{
+			{Type: "text", Text: fmt.Sprintf("x-anthropic-billing-header: cc_version=2.1.3; cch=%05x;", crc32.ChecksumIEEE([]byte(r.Turns[len(r.Turns)-1]))&0xfffff)},
+			{Type: "text", Text: r.System, CacheControl: ephemeral},
+		}
+	}
+	b.Tools = agentTools
+	b.Messages = make([]messageTurn, 0, 2*len(r.Turns))
+	for i, t := range r.Turns {
+		var last *cacheControl
+		if i == len(r.Turns)-1 {
+			last = ephemeral
+		}
+		if i == 0 {
+			b.Messages = append(b.Messages, messageTurn{"user", []messageBlock{{Type: "text", Text: t, CacheControl: last}}})
+			continue
+		}
+		id := "toolu_" + strconv.Itoa(i)
+		b.Messages = append(b.Messages,
+			messageTurn{"assistant", []messageBlock{{Type: "tool_use", ID: id, Name: "Read",
+				Input: map[string]any{"file_path": "/src/notes/" + strconv.Itoa(i) + ".md"}}}},
+			messageTurn{"user", []messageBlock{{Type: "tool_result", ToolUseID: id, Content: t, CacheControl: last}}})
 	}
 	return b
 }

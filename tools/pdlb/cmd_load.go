@@ -64,7 +64,7 @@ Example: pdlb load --workload seed-chat --rate 10 --duration 30s --plot plots`, 
 	fs.StringVar(&cfg.Body.Model, "model", load.DefaultModel, "model of every request")
 	fs.BoolVar(&cfg.Body.Stream, "stream", true, "stream answers (stream_options.include_usage); --stream=false measures whole answers")
 	fs.BoolVar(&cfg.Body.IgnoreEOS, "ignore-eos", true, "send ignore_eos so vLLM and SGLang generate exactly max_tokens")
-	fs.StringVar(&cfg.Body.API, "api", load.APIChat, "API of the requests: chat (chat and text completions, as the workload makes them), responses (OpenAI's Responses API: the system prompt as instructions, the turns or prompt as input, store false) or messages (Anthropic's Messages API: the system prompt as system, the turns or prompt as user messages, max_tokens 4096 when the workload sets none; --ignore-eos is not sent)")
+	fs.StringVar(&cfg.Body.API, "api", load.APIChat, "API of the requests: chat (chat and text completions, as the workload makes them), responses (OpenAI's Responses API: the system prompt as instructions, the turns or prompt as input, store false) or messages (Anthropic's Messages API as Claude Code's agent loop: the system prompt after a billing header block, the first turn as the user's text and each later one as a tool result answering the assistant's tool call, two tools, a prompt as the user message; max_tokens 4096 when the workload sets none; --ignore-eos is not sent)")
 	fs.StringVar(&spec.Name, "workload", load.WorkloadSeedChat, fmt.Sprintf("workload: %s", strings.Join(load.WorkloadNames, ", ")))
 	fs.StringVar(&trace, "trace", "", "JSONL trace file of --workload trace")
 	fs.Uint64Var(&spec.Seed, "seed", 0, "seed of the workload and of Poisson arrivals")
