@@ -57,6 +57,35 @@ type goldenCase struct {
 	Error    string          `json:"error"`
 }
 
+// templates returns a loader of each model's template (compiled from
+// source, when not empty), once per test; the templates' learners are
+// waited for when it ends.
+func templates(t *testing.T) func(t testing.TB, model, source string) *Template {
+	loaded := map[string]*Template{}
+	t.Cleanup(func() {
+		for _, tmpl := range loaded {
+			tmpl.learners.Wait()
+		}
+	})
+	return func(t testing.TB, model, source string) *Template {
+		t.Helper()
+		if tmpl, ok := loaded[model]; ok {
+			return tmpl
+		}
+		var tmpl *Template
+		if source != "" {
+			var err error
+			if tmpl, err = Compile(source, nil); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			tmpl = loadTemplate(t, model)
+		}
+		loaded[model] = tmpl
+		return tmpl
+	}
+}
+
 // TestGolden renders the requests of testdata/golden.json (made by
 // golden.py with Python's Jinja2, as vLLM renders them) on the fast path
 // where it applies and on the Jinja path, byte for byte.
@@ -69,27 +98,10 @@ func TestGolden(t *testing.T) {
 	if err := json.Unmarshal(raw, &cases); err != nil {
 		t.Fatal(err)
 	}
-	templates := map[string]*Template{}
-	defer func() {
-		for _, tmpl := range templates {
-			tmpl.learners.Wait()
-		}
-	}()
+	template := templates(t)
 	for _, gc := range cases {
 		t.Run(gc.Model+"/"+gc.Name, func(t *testing.T) {
-			tmpl, ok := templates[gc.Model]
-			switch {
-			case ok:
-			case gc.Template != "":
-				var err error
-				if tmpl, err = Compile(gc.Template, nil); err != nil {
-					t.Fatal(err)
-				}
-				templates[gc.Model] = tmpl
-			default:
-				tmpl = loadTemplate(t, gc.Model)
-				templates[gc.Model] = tmpl
-			}
+			tmpl := template(t, gc.Model, gc.Template)
 			c := AcquireConversation()
 			defer ReleaseConversation(c)
 			if err := c.ParseRequest(gc.Request); err != nil {

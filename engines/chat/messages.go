@@ -2,6 +2,7 @@ package chat
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -308,64 +309,74 @@ var blockTypes = map[string]string{"text": "text", "image": "image", "tool_use":
 // block reads the block under the scanner, checking the types vLLM's
 // content block model declares for the fields the conversion reads.
 func (v *messagesConverter) block(b *contentBlock) error {
-	*b = contentBlock{}
-	s := &v.s
-	if s.peek() != '{' {
-		return v.wrongType("Input should be a valid dictionary or object")
+	raws, err := v.fields(blockKeys, "Input should be a valid dictionary or object")
+	if err != nil {
+		return err
 	}
-	s.pos++
-	var typ []byte
-	for first := true; s.more(&first, '}'); {
-		k := v.key()
-		var dst *[]byte
-		want := byte('"')
-		switch k {
-		case "type":
-			dst = &typ
-		case "text":
-			dst = &b.text
-		case "id":
-			dst = &b.id
-		case "tool_use_id":
-			dst = &b.toolUseID
-		case "name":
-			dst = &b.name
-		case "thinking":
-			dst = &b.thinking
-		case "input":
-			dst, want = &b.input, '{'
-		case "source":
-			dst, want = &b.source, '{'
-		case "content":
-			dst, want = &b.content, 0
-		default:
-			s.skip()
-			continue
-		}
-		raw := s.raw()
-		switch {
+	for i, raw := range raws[:len(blockKeys)] {
+		switch want := blockKinds[i]; {
 		case isNull(raw):
-			raw = nil
-		case want == '"' && raw[0] != want:
-			return v.fieldError(k, "Input should be a valid string")
-		case want == '{' && raw[0] != want:
-			return v.fieldError(k, "Input should be a valid dictionary")
-		case want == 0 && raw[0] != '"' && raw[0] != '[':
-			return v.fieldError(k, "Input should be a valid string or a list of dictionaries")
+			raws[i] = nil
+		case want == '"' && raw[0] != '"':
+			return v.fieldError(blockKeys[i], "Input should be a valid string")
+		case want == '{' && raw[0] != '{':
+			return v.fieldError(blockKeys[i], "Input should be a valid dictionary")
+		case want == 'c' && raw[0] != '"' && raw[0] != '[':
+			return v.fieldError(blockKeys[i], "Input should be a valid string or a list of dictionaries")
 		}
-		*dst = raw
 	}
-	if s.err != nil {
-		return s.err
-	}
-	if typ == nil {
+	*b = contentBlock{text: raws[1], id: raws[2], toolUseID: raws[3], name: raws[4], thinking: raws[5],
+		input: raws[6], source: raws[7], content: raws[8]}
+	if raws[0] == nil {
 		return v.fieldError("type", "Field required")
 	}
 	var ok bool
-	if b.typ, ok = blockTypes[string(v.unescaped(typ))]; !ok {
+	if b.typ, ok = blockTypes[string(v.unescaped(raws[0]))]; !ok {
 		return v.fieldError("type", "Input should be 'text', 'image', 'tool_use', 'tool_result', 'tool_reference', 'thinking' or 'redacted_thinking'")
 	}
 	return nil
+}
+
+// blockKeys are the content block fields the conversion reads, and
+// blockKinds what each must hold when not null, as vLLM's content block
+// model declares them: a string ("), a dictionary ({), or a string or a
+// list (c).
+var blockKeys = []string{"type", "text", "id", "tool_use_id", "name", "thinking", "input", "source", "content"}
+
+const blockKinds = `""""""{{c`
+
+// maxFields is the most keys fields reads of one object.
+const maxFields = 9
+
+// fields reads the object under the scanner: the raw value of each of
+// keys (a repeated key's last) at its index in raws, nil when absent;
+// other keys are skipped. notObject is the error for a value that is no
+// object.
+func (v *messagesConverter) fields(keys []string, notObject string) (raws [maxFields][]byte, err error) {
+	s := &v.s
+	if s.peek() != '{' {
+		return raws, v.wrongType(notObject)
+	}
+	s.pos++
+	for first := true; s.more(&first, '}'); {
+		if i := slices.Index(keys, v.key()); i >= 0 {
+			raws[i] = s.raw()
+		} else {
+			s.skip()
+		}
+	}
+	return raws, s.err
+}
+
+// field is fields for one key of the object raw, read before; nil when
+// raw is no object.
+func (v *messagesConverter) field(raw []byte, key string) []byte {
+	var raws [maxFields][]byte
+	_ = v.at(raw, func() (err error) {
+		raws, err = v.fields([]string{key}, "")
+		return err
+	})
+	return raws[0]
 }
 
 // messages converts the messages list into v.msgs and v.leading.
@@ -706,63 +717,30 @@ type contentItem struct {
 }
 
 func (v *messagesConverter) item(it *contentItem) error {
-	*it = contentItem{}
-	s := &v.s
-	if s.peek() != '{' {
-		return v.wrongType("Input should be a valid dictionary")
+	raws, err := v.fields(itemKeys, "Input should be a valid dictionary")
+	if err != nil {
+		return err
 	}
-	s.pos++
-	var typ []byte
-	for first := true; s.more(&first, '}'); {
-		switch v.key() {
-		case "type":
-			typ = s.raw()
-		case "text":
-			it.text = s.raw()
-			it.textNull = string(it.text) == "null"
-			if it.textNull {
-				it.text = nil
-			}
-		case "source":
-			it.source = s.raw()
-		default:
-			s.skip()
-		}
+	*it = contentItem{text: raws[1], source: raws[2], textNull: string(raws[1]) == "null"}
+	if it.textNull {
+		it.text = nil
 	}
-	if s.err != nil {
-		return s.err
-	}
-	if len(typ) > 0 && typ[0] == '"' {
-		it.typ = blockTypes[string(v.unescaped(typ))]
+	if len(raws[0]) > 0 && raws[0][0] == '"' {
+		it.typ = blockTypes[string(v.unescaped(raws[0]))]
 	}
 	return nil
 }
 
+var itemKeys = []string{"type", "text", "source"}
+
 // appendImage appends an image part for an image source, its URL as vLLM
 // makes it: a url source's url, else a data URL of media_type and data.
 func (v *messagesConverter) appendImage(dst, source []byte) []byte {
-	var typ, url, media, data []byte
-	if len(source) > 0 && source[0] == '{' {
-		var t scanner
-		t.reset(source)
-		t.pos++
-		for first := true; t.more(&first, '}'); {
-			var k span
-			v.scratch, k = t.key(v.scratch[:0])
-			switch string(v.scratch[k.lo:k.hi]) {
-			case "type":
-				typ = t.raw()
-			case "url":
-				url = t.raw()
-			case "media_type":
-				media = t.raw()
-			case "data":
-				data = t.raw()
-			default:
-				t.skip()
-			}
-		}
-	}
+	var raws [maxFields][]byte
+	_ = v.at(source, func() (err error) {
+		raws, err = v.fields(imageKeys, "")
+		return err
+	})
 	str := func(raw []byte, def string) []byte {
 		if len(raw) > 1 && raw[0] == '"' {
 			return inner(raw)
@@ -770,16 +748,18 @@ func (v *messagesConverter) appendImage(dst, source []byte) []byte {
 		return []byte(def)
 	}
 	dst = append(dst, `{"type":"image_url","image_url":{"url":"`...)
-	if string(typ) == `"url"` {
-		dst = append(dst, str(url, "")...)
+	if string(raws[0]) == `"url"` {
+		dst = append(dst, str(raws[1], "")...)
 	} else {
 		dst = append(dst, "data:"...)
-		dst = append(dst, str(media, "image/jpeg")...)
+		dst = append(dst, str(raws[2], "image/jpeg")...)
 		dst = append(dst, ";base64,"...)
-		dst = append(dst, str(data, "")...)
+		dst = append(dst, str(raws[3], "")...)
 	}
 	return append(dst, `"}}`...)
 }
+
+var imageKeys = []string{"type", "url", "media_type", "data"}
 
 // toolList converts the tools list under the scanner into v.tools.
 func (v *messagesConverter) toolList() error {
@@ -807,31 +787,11 @@ func (v *messagesConverter) toolList() error {
 // (typed "object" when it names no type, as vLLM's tool model sets it),
 // defer_loading, and strict, which older releases drop.
 func (v *messagesConverter) tool() error {
-	s := &v.s
-	if s.peek() != '{' {
-		return v.wrongType("Input should be a valid dictionary or object")
+	raws, err := v.fields(toolKeys, "Input should be a valid dictionary or object")
+	if err != nil {
+		return err
 	}
-	s.pos++
-	var name, description, schema, strict, deferLoading []byte
-	for first := true; s.more(&first, '}'); {
-		switch v.key() {
-		case "name":
-			name = s.raw()
-		case "description":
-			description = s.raw()
-		case "input_schema":
-			schema = s.raw()
-		case "strict":
-			strict = s.raw()
-		case "defer_loading":
-			deferLoading = s.raw()
-		default:
-			s.skip()
-		}
-	}
-	if s.err != nil {
-		return s.err
-	}
+	name, description, schema, strict, deferLoading := raws[0], raws[1], raws[2], raws[3], raws[4]
 	switch {
 	case name == nil:
 		return v.fieldError("name", "Field required")
@@ -877,24 +837,16 @@ func (v *messagesConverter) tool() error {
 	return nil
 }
 
+var toolKeys = []string{"name", "description", "input_schema", "strict", "defer_loading"}
+
 // appendTyped appends the JSON object schema, with "type": "object" last
 // when it has no type key.
 func (v *messagesConverter) appendTyped(dst, schema []byte) []byte {
-	var t scanner
-	t.reset(schema)
-	t.pos++
-	members := false
-	for first := true; t.more(&first, '}'); {
-		members = true
-		var k span
-		v.scratch, k = t.key(v.scratch[:0])
-		if string(v.scratch[k.lo:k.hi]) == "type" {
-			return append(dst, schema...)
-		}
-		t.skip()
+	if v.field(schema, "type") != nil {
+		return append(dst, schema...)
 	}
 	dst = append(dst, bytes.TrimRight(schema[:len(schema)-1], " \t\r\n")...)
-	if members {
+	if !emptyObject(schema) {
 		dst = append(dst, ',')
 	}
 	return append(dst, `"type":"object"}`...)
@@ -925,40 +877,19 @@ func (v *messagesConverter) effort(output, thinking []byte) error {
 		if output[0] != '{' {
 			return fieldError("output_config", "Input should be a valid dictionary or object")
 		}
-		var t scanner
-		t.reset(output)
-		t.pos++
-		for first := true; t.more(&first, '}'); {
-			var k span
-			v.scratch, k = t.key(v.scratch[:0])
-			if string(v.scratch[k.lo:k.hi]) == "effort" {
-				effort = t.raw()
-			} else {
-				t.skip()
+		if effort = v.field(output, "effort"); !isNull(effort) {
+			switch string(v.unescaped(effort)) {
+			case "low", "medium", "high", "xhigh", "max":
+			default:
+				return fieldError("output_config.effort", "Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")
 			}
-		}
-		switch string(effort) {
-		case "", "null":
+		} else {
 			effort = nil
-		case `"low"`, `"medium"`, `"high"`, `"xhigh"`, `"max"`:
-		default:
-			return fieldError("output_config.effort", "Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")
 		}
 	}
-	if !isNull(thinking) && thinking[0] == '{' {
-		var t scanner
-		t.reset(thinking)
-		t.pos++
-		for first := true; t.more(&first, '}'); {
-			var k span
-			v.scratch, k = t.key(v.scratch[:0])
-			if string(v.scratch[k.lo:k.hi]) == "type" && t.peek() == '"' && t.lit(`"disabled"`) {
-				v.exact = false
-				effort = []byte(`"none"`)
-				continue
-			}
-			t.skip()
-		}
+	if !isNull(thinking) && string(v.unescaped(v.field(thinking, "type"))) == "disabled" {
+		v.exact = false
+		effort = []byte(`"none"`)
 	}
 	if effort != nil {
 		v.out = append(v.out, `,"reasoning_effort":`...)

@@ -30,12 +30,7 @@ func TestMessagesGolden(t *testing.T) {
 	if err := json.Unmarshal(raw, &cases); err != nil {
 		t.Fatal(err)
 	}
-	templates := map[string]*Template{}
-	defer func() {
-		for _, tmpl := range templates {
-			tmpl.learners.Wait()
-		}
-	}()
+	template := templates(t)
 	for _, gc := range cases {
 		t.Run(gc.Model+"/"+gc.Name, func(t *testing.T) {
 			converted, exact, err := AppendMessages(nil, gc.Request)
@@ -50,12 +45,7 @@ func TestMessagesGolden(t *testing.T) {
 			if !gc.Exact {
 				return // the simulator's conversion: parsed as a chat, not compared
 			}
-			tmpl, ok := templates[gc.Model]
-			if !ok {
-				tmpl = loadTemplate(t, gc.Model)
-				templates[gc.Model] = tmpl
-			}
-			got, err := tmpl.Render(nil, c, nil)
+			got, err := template(t, gc.Model, "").Render(nil, c, nil)
 			if gc.Want == nil {
 				if err == nil || !strings.Contains(err.Error(), gc.Error) {
 					t.Fatalf("Render error %v, want %q", err, gc.Error)
