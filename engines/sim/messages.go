@@ -39,13 +39,8 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	refuse := func(msg string) {
-		ctx.SetStatusCode(fasthttp.StatusBadRequest)
-		b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": "invalid_request_error", "message": msg}})
-		writeJSON(ctx, b)
-	}
 	if req.MaxTokens == nil {
-		refuse("max_tokens: Field required")
+		refuseMessage(ctx, "max_tokens: Field required")
 		return
 	}
 	converted, _, err := chatpkg.AppendMessages(nil, ctx.PostBody())
@@ -54,7 +49,7 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 		err = json.Unmarshal(converted, &fields)
 	}
 	if err != nil {
-		refuse(err.Error())
+		refuseMessage(ctx, err.Error())
 		return
 	}
 	chat := map[string]any{"model": req.Model, "stream": req.Stream, "max_tokens": *req.MaxTokens}
@@ -88,6 +83,38 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	relayInner(ctx, inner, func(w *bufio.Writer, events *bufio.Reader) { relayMessages(w, events, model) })
+}
+
+// refuseMessage answers a Messages request vLLM refuses: a 400 in
+// Anthropic's error shape.
+func refuseMessage(ctx *fasthttp.RequestCtx, msg string) {
+	ctx.SetStatusCode(fasthttp.StatusBadRequest)
+	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": "invalid_request_error", "message": msg}})
+	writeJSON(ctx, b)
+}
+
+// countTokens serves vLLM's POST /v1/messages/count_tokens: the prompt
+// tokens of the chat vLLM makes of the request, as {"input_tokens"}.
+func (p *Pod) countTokens(ctx *fasthttp.RequestCtx) {
+	var req messagesRequest
+	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
+		return
+	}
+	converted, _, err := chatpkg.AppendMessages(nil, ctx.PostBody())
+	var chat genRequest
+	if err == nil {
+		err = json.Unmarshal(converted, &chat)
+	}
+	var tokens []uint32
+	if err == nil {
+		tokens, _, _, err = p.chatTokens(converted, &chat)
+	}
+	if err != nil {
+		refuseMessage(ctx, err.Error())
+		return
+	}
+	b, _ := json.Marshal(map[string]int{"input_tokens": len(tokens)})
+	writeJSON(ctx, b)
 }
 
 // relayMessages rewrites a chat stream as vLLM's Messages stream.

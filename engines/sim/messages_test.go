@@ -135,3 +135,28 @@ func TestMessagesTools(t *testing.T) {
 		t.Errorf("messages %d %s\nchat %d %s", code, b, code2, cb)
 	}
 }
+
+// TestCountTokens: /v1/messages/count_tokens counts the prompt a
+// Messages request prefills, as vLLM's does; what vLLM refuses is a 400.
+func TestCountTokens(t *testing.T) {
+	p := testPod(t, Config{Model: "m", Speedup: 100, DefaultMaxTokens: 8})
+	c := testClient(t)
+	base := "http://" + p.Addr()
+	req := map[string]any{"model": "m", "system": "be brief", "messages": []any{map[string]any{"role": "user", "content": "hello there"}}}
+	code, b := post(t, c, base+"/v1/messages/count_tokens", req)
+	var n struct {
+		InputTokens int `json:"input_tokens"`
+	}
+	if code != 200 || json.Unmarshal(b, &n) != nil || n.InputTokens == 0 {
+		t.Fatalf("count_tokens: %d %s", code, b)
+	}
+	req["max_tokens"] = 1
+	code, b = post(t, c, base+"/v1/messages", req)
+	if code != 200 || !strings.Contains(string(b), `"input_tokens":`+strconv.Itoa(n.InputTokens)) {
+		t.Errorf("count_tokens said %d; the request: %d %s", n.InputTokens, code, b)
+	}
+	req["messages"] = []any{map[string]any{"role": "tool", "content": "x"}}
+	if code, b = post(t, c, base+"/v1/messages/count_tokens", req); code != 400 || !strings.Contains(string(b), "messages[0].role") {
+		t.Errorf("a tool role: %d %s", code, b)
+	}
+}

@@ -314,6 +314,7 @@ func (p *Pod) routeTable() map[string]route {
 		rt["/tokenize"] = post(p.tokenize)
 		rt["/v1/responses"] = post(p.createResponse)
 		rt["/v1/messages"] = post(p.createMessage)
+		rt["/v1/messages/count_tokens"] = post(p.countTokens)
 		rt["/v1/audio/transcriptions"] = post(p.speechToText("transcribe"))
 		rt["/v1/audio/translations"] = post(p.speechToText("translate"))
 		rt["/reset_prefix_cache"] = post(p.resetPrefixCache)
