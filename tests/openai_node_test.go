@@ -30,7 +30,7 @@ const nodeDir = "openai-node"
 func TestOpenAINodeClient(t *testing.T) {
 	node := lookTool(t, "node", "the official OpenAI client test needs Node.js")
 	npm := lookTool(t, "npm", "the official OpenAI client test installs its package with npm")
-	installClient(t, npm)
+	installClient(t, npm, nodeDir, "openai")
 	t.Run("http", func(t *testing.T) { runNodeClient(t, node, nil) })
 	t.Run("https", func(t *testing.T) {
 		ca, err := certgen.NewCA(t.TempDir())
@@ -89,7 +89,7 @@ func runNodeClient(t *testing.T, node string, secure *nodeTLS) {
 	// makes the next request a 429.
 	slow := startGateway(t, []config.Pod{podConfig(startPod(t, "slow-0", "slow", engines.VLLM, 1))},
 		withTLS(func(c *config.Config) { c.MaxInFlight = 1 }))
-	waitStatus(t, c, url(main.Addr())+"/chat/completions", `{"model":"down","messages":[{"role":"user","content":"hi"}]}`, 503)
+	waitStatus(t, c, url(main.Addr())+"/chat/completions", "", `{"model":"down","messages":[{"role":"user","content":"hi"}]}`, 503)
 
 	// The deadline only keeps a hung client from holding the test run.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -111,17 +111,18 @@ func runNodeClient(t *testing.T, node string, secure *nodeTLS) {
 	}
 }
 
-// installClient installs the pinned openai package (package-lock.json) when
-// node_modules lacks it; make test-deps does the same ahead of time.
-func installClient(t *testing.T, npm string) {
+// installClient installs the pinned npm package pkg of the Node project
+// in dir (its package-lock.json) when node_modules lacks it; make
+// test-deps does the same ahead of time.
+func installClient(t *testing.T, npm, dir, pkg string) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", "openai", "package.json")); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err == nil {
 		return
 	}
 	cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
-	cmd.Dir = nodeDir
+	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in tests/%s: %v\n%s", nodeDir, err, out)
+		t.Fatalf("npm ci in tests/%s: %v\n%s", dir, err, out)
 	}
 }
 
@@ -137,13 +138,22 @@ func closedAddr(t *testing.T) string {
 	return addr
 }
 
-// waitStatus posts body to url until the answer has status: the gateway
-// needs a health check or two to mark a dead pod down.
-func waitStatus(t *testing.T, client *http.Client, url, body string, status int) {
+// waitStatus posts body to url, with apiKey as x-api-key when not empty,
+// until the answer has status: the gateway needs a health check or two to
+// mark a dead pod down.
+func waitStatus(t *testing.T, client *http.Client, url, apiKey, body string, status int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := client.Post(url, "application/json", strings.NewReader(body))
+		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if apiKey != "" {
+			req.Header.Set("X-Api-Key", apiKey)
+		}
+		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

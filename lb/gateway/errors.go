@@ -33,6 +33,10 @@ func writeFailure(ctx *fasthttp.RequestCtx, f *failure) {
 	}
 	ctx.SetStatusCode(f.E.Status)
 	ctx.SetContentType("application/json")
+	if openai.MessagesPath(ctx.Path()) {
+		ctx.SetBody(openai.AppendMessagesError(nil, f.E))
+		return
+	}
 	ctx.SetBody(f.E.AppendJSON(nil))
 }
 

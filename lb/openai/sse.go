@@ -226,9 +226,17 @@ func AppendErrorEvent(dst []byte, e *Error) []byte {
 
 // AppendMessagesErrorEvent appends e as the error event of an Anthropic
 // Messages stream, which its SDKs raise on: named "error", its data
-// {"type": "error", "error": {"type", "message"}}, typed as Anthropic
-// types such an error by its status.
+// AppendMessagesError's body.
 func AppendMessagesErrorEvent(dst []byte, e *Error) []byte {
+	dst = append(dst, "event: error\ndata: "...)
+	dst = AppendMessagesError(dst, e)
+	return append(dst, "\n\n"...)
+}
+
+// AppendMessagesError appends e in the shape of Anthropic's errors, as
+// vLLM answers on its Messages API: {"type": "error", "error": {"type",
+// "message"}}, typed as Anthropic types an error of e's status.
+func AppendMessagesError(dst []byte, e *Error) []byte {
 	typ := "api_error"
 	if e.Status >= 400 && e.Status < 500 {
 		typ = "invalid_request_error"
@@ -239,11 +247,17 @@ func AppendMessagesErrorEvent(dst []byte, e *Error) []byte {
 			break
 		}
 	}
-	dst = append(dst, `event: error`+"\n"+`data: {"type":"error","error":{"type":"`...)
+	dst = append(dst, `{"type":"error","error":{"type":"`...)
 	dst = append(dst, typ...)
 	dst = append(dst, `","message":`...)
 	dst = AppendJSONString(dst, e.Message)
-	return append(dst, "}}\n\n"...)
+	return append(dst, "}}"...)
+}
+
+// MessagesPath reports whether path is one of Anthropic's Messages API's,
+// whose clients read errors in Anthropic's shape.
+func MessagesPath(path []byte) bool {
+	return string(path) == "/v1/messages" || string(path) == "/v1/messages/count_tokens"
 }
 
 // TokenCounter counts a stream's completion tokens from its events, for
