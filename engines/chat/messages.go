@@ -49,7 +49,7 @@ func AppendMessages(dst, body []byte) (out []byte, exact bool, err error) {
 	if err := v.convert(body); err != nil {
 		return dst, false, err
 	}
-	return append(dst, v.out...), v.exact, nil
+	return append(dst, v.out...), v.inexact == 0, nil
 }
 
 var messagesPool = sync.Pool{New: func() any { return new(messagesConverter) }}
@@ -71,9 +71,41 @@ type messagesConverter struct {
 	text    []byte // a tool result's text, escaped
 	scratch []byte // unescaped keys and values being compared
 	path    []pathElem
-	exact   bool
 	leads   bool // no message but system-role ones seen yet
 	toolsN  int
+	// inexact holds the fields (fieldSystem...) whose conversion is not
+	// one every vLLM release makes; cur is the field being converted. A
+	// repeated field's last value replaces its own.
+	inexact, cur uint8
+}
+
+// The request's fields that AppendMessages converts, as bits of inexact.
+const (
+	fieldSystem uint8 = 1 << iota
+	fieldMessages
+	fieldTools
+	fieldEffort
+)
+
+// notExact marks the field being converted as not converted as every
+// vLLM release converts it.
+func (v *messagesConverter) notExact() { v.inexact |= v.cur }
+
+// start begins converting field f, a repeated one anew.
+func (v *messagesConverter) start(f uint8) { v.inexact, v.cur = v.inexact&^f, f }
+
+// keep runs fn on the value under the scanner. A *RequestError it returns
+// is returned with the value skipped whole, for the caller to report
+// unless a repeated key's later value, the one json.loads keeps,
+// replaces it; a syntax error stops the scan.
+func (v *messagesConverter) keep(fn func() error) error {
+	from := v.s.pos
+	err := fn()
+	if _, ok := err.(*RequestError); ok && v.s.err == nil {
+		v.s.pos = from
+		v.s.skip()
+	}
+	return err
 }
 
 // pathElem is one step of the path to the value being read, for errors:
@@ -85,7 +117,7 @@ type pathElem struct {
 
 func (v *messagesConverter) reset() {
 	v.out, v.msgs, v.system, v.leading, v.tools, v.path = v.out[:0], v.msgs[:0], v.system[:0], v.leading[:0], v.tools[:0], v.path[:0]
-	v.exact, v.leads, v.toolsN = true, true, 0
+	v.leads, v.toolsN, v.inexact, v.cur = true, 0, 0, 0
 }
 
 // fieldError is vLLM's 400 for field of the value being read ("" for the
@@ -161,19 +193,22 @@ func (v *messagesConverter) convert(body []byte) error {
 	s.pos++
 	var output, thinking, kwargs []byte
 	sawMessages := false
-	var err error
-	for first := true; err == nil && s.more(&first, '}'); {
+	var errs [3]error // of system, messages and tools: the last value's
+	for first := true; s.err == nil && s.more(&first, '}'); {
 		// A repeated key's last value wins, as in json.loads.
 		switch k := v.key(); k {
 		case "system":
 			v.system = v.system[:0]
-			err = v.in(k, 0, v.systemField)
+			v.start(fieldSystem)
+			errs[0] = v.keep(func() error { return v.in(k, 0, v.systemField) })
 		case "messages":
 			v.msgs, v.leading, v.leads, sawMessages = v.msgs[:0], v.leading[:0], true, true
-			err = v.in(k, 0, v.messages)
+			v.start(fieldMessages)
+			errs[1] = v.keep(func() error { return v.in(k, 0, v.messages) })
 		case "tools":
 			v.tools, v.toolsN = v.tools[:0], 0
-			err = v.in(k, 0, v.toolList)
+			v.start(fieldTools)
+			errs[2] = v.keep(func() error { return v.in(k, 0, v.toolList) })
 		case "output_config":
 			output = s.raw()
 		case "thinking":
@@ -184,20 +219,22 @@ func (v *messagesConverter) convert(body []byte) error {
 			s.skip()
 		}
 	}
-	if err == nil && s.peek() != 0 {
+	if s.err == nil && s.peek() != 0 {
 		s.fail()
 	}
-	if err != nil || s.err != nil {
+	if s.err != nil {
 		// The body is decoded whole before any field is validated: a JSON
 		// error anywhere is the one reported.
 		s.reset(body)
 		if s.skip(); s.peek() != 0 {
 			s.fail()
 		}
-		if s.err != nil {
-			return &RequestError{Param: "body", Message: "JSON decode error: " + s.err.Error()}
+		return &RequestError{Param: "body", Message: "JSON decode error: " + s.err.Error()}
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
-		return err
 	}
 	if !sawMessages {
 		return fieldError("messages", "Field required")
@@ -221,6 +258,7 @@ func (v *messagesConverter) convert(body []byte) error {
 		v.out = append(v.out, v.tools...)
 		v.out = append(v.out, ']')
 	}
+	v.cur = fieldEffort
 	if err := v.effort(output, thinking); err != nil {
 		return err
 	}
@@ -291,7 +329,40 @@ func (v *messagesConverter) appendText(dst []byte, b *contentBlock) []byte {
 	if b.typ != "text" || len(b.text) <= 2 || bytes.HasPrefix(v.unescaped(b.text), []byte(billingHeader)) {
 		return dst
 	}
-	return append(dst, inner(b.text)...)
+	return v.join(dst, inner(b.text))
+}
+
+// join appends piece, a JSON string's escaped text, to dst, as Python
+// joins two strings with nothing between. A high surrogate's escape
+// ending dst and a low one's starting piece stay two lone surrogates
+// there, which the engine cannot encode, but would read as one character
+// here.
+func (v *messagesConverter) join(dst, piece []byte) []byte {
+	if n := len(dst); n >= 6 && len(piece) >= 6 && oddEscape(dst[:n-5]) &&
+		surrogate(dst[n-5:], 0xd800) && piece[0] == '\\' && surrogate(piece[1:], 0xdc00) {
+		v.notExact()
+	}
+	return append(dst, piece...)
+}
+
+// oddEscape reports whether b ends in an odd run of backslashes: its last
+// one starts an escape.
+func oddEscape(b []byte) bool {
+	n := 0
+	for n < len(b) && b[len(b)-1-n] == '\\' {
+		n++
+	}
+	return n%2 == 1
+}
+
+// surrogate reports whether b starts "uXXXX" with XXXX a surrogate of
+// the half starting at base (0xd800 high, 0xdc00 low).
+func surrogate(b []byte, base uint64) bool {
+	if len(b) < 5 || b[0] != 'u' {
+		return false
+	}
+	r, err := strconv.ParseUint(string(b[1:5]), 16, 16)
+	return err == nil && r&0xfc00 == base
 }
 
 // contentBlock is one content block's fields as raw JSON (nil when absent
@@ -407,11 +478,13 @@ func (v *messagesConverter) message() error {
 			start := s.peek()
 			from := s.pos
 			if (role == "user" || role == "assistant") && (start == '"' || start == '[') {
+				// Its error, if any, is made again from the raw content
+				// below, unless a later content replaces it.
 				v.msgs = v.msgs[:mark]
-				if err := v.in("content", 0, func() error { return v.convertMessage(role) }); err != nil {
-					return err
-				}
 				converted = role
+				if v.keep(func() error { return v.in("content", 0, func() error { return v.convertMessage(role) }) }) != nil {
+					converted = ""
+				}
 			} else {
 				s.skip()
 				converted = ""
@@ -434,8 +507,12 @@ func (v *messagesConverter) message() error {
 	case content[0] != '"' && content[0] != '[':
 		return v.fieldError("content", "Input should be a valid string or a list of content blocks")
 	case role == "system":
-		v.exact = false
+		v.notExact()
+		v.msgs = v.msgs[:mark] // content converted as a user's before a repeated role
 		return v.in("content", 0, func() error { return v.at(content, v.systemMessage) })
+	}
+	if string(v.unescaped(rawRole)) != role {
+		v.notExact() // ctx and msg: newer releases refuse them
 	}
 	v.leads = false
 	if converted == role {
@@ -550,14 +627,14 @@ func (v *messagesConverter) convertMessage(role string) error {
 			}
 		case "image":
 			if b.source != nil && !emptyObject(b.source) {
-				v.exact = false
+				v.notExact()
 				part()
 				v.parts = v.appendImage(v.parts, b.source)
 			}
 		case "thinking":
 			if b.thinking != nil {
 				hasReason = true
-				v.reason = append(v.reason, inner(b.thinking)...)
+				v.reason = v.join(v.reason, inner(b.thinking))
 			}
 		case "tool_use":
 			v.toolCall(&b)
@@ -572,7 +649,7 @@ func (v *messagesConverter) convertMessage(role string) error {
 				result = inner(b.content)
 			case !emptyArray(b.content):
 				// vLLM writes the list's Python repr.
-				v.exact = false
+				v.notExact()
 				v.text = appendEscaped(v.text[:0], b.content)
 				result = inner(v.text)
 			}
@@ -622,7 +699,7 @@ func (v *messagesConverter) toolCall(b *contentBlock) {
 	if len(b.id) > 2 {
 		v.calls = append(v.calls, b.id...)
 	} else {
-		v.exact = false
+		v.notExact()
 		v.calls = append(v.calls, `"call_`...)
 		v.calls = strconv.AppendInt(v.calls, time.Now().Unix(), 10)
 		v.calls = append(v.calls, '"')
@@ -670,16 +747,16 @@ func (v *messagesConverter) toolResult(b *contentBlock) error {
 						case item.text != nil && item.text[0] == '"':
 							v.text = append(v.text, inner(item.text)...)
 						default:
-							v.exact = false // vLLM's join fails on what is no string
+							v.notExact() // vLLM's join fails on what is no string
 						}
 					case "image":
-						v.exact = false
+						v.notExact()
 						if len(v.images) > 0 {
 							v.images = append(v.images, ',')
 						}
 						v.images = v.appendImage(v.images, item.source)
 					case "tool_reference":
-						v.exact = false // a tool message of tool_reference parts
+						v.notExact() // a tool message of tool_reference parts
 					}
 					return nil
 				})
@@ -778,7 +855,7 @@ func (v *messagesConverter) toolList() error {
 		return v.tool()
 	})
 	if err == nil && v.toolsN == 0 {
-		v.exact = false // passed on as [], which a chat request cannot say
+		v.notExact() // passed on as [], which a chat request cannot say
 	}
 	return err
 }
@@ -826,7 +903,7 @@ func (v *messagesConverter) tool() error {
 			return v.fieldError(f.name, "Input should be a valid boolean")
 		}
 		if f.name == "strict" {
-			v.exact = false
+			v.notExact()
 		}
 		v.tools = append(v.tools, `,"`...)
 		v.tools = append(v.tools, f.name...)
@@ -888,7 +965,7 @@ func (v *messagesConverter) effort(output, thinking []byte) error {
 		}
 	}
 	if !isNull(thinking) && string(v.unescaped(v.field(thinking, "type"))) == "disabled" {
-		v.exact = false
+		v.notExact()
 		effort = []byte(`"none"`)
 	}
 	if effort != nil {

@@ -190,3 +190,53 @@ func FuzzAppendMessages(f *testing.F) {
 		}
 	})
 }
+
+// TestMessagesRepeatedKeys: a repeated key's last value is the one vLLM
+// reads (json.loads keeps it): an earlier invalid value is no error, an
+// earlier inexact one leaves the conversion exact, and an earlier role's
+// conversion is undone.
+func TestMessagesRepeatedKeys(t *testing.T) {
+	for _, c := range []struct {
+		body, want string
+		exact      bool
+	}{
+		{`{"system":5,"system":"ok","messages":[{"role":"user","content":"x"}]}`,
+			`{"messages":[{"role":"system","content":"ok"},{"role":"user","content":"x"}]}`, true},
+		{`{"messages":[{"role":"user","content":[{"type":"text","text":1}],"content":"ok"}]}`,
+			`{"messages":[{"role":"user","content":"ok"}]}`, true},
+		{`{"tools":[{"name":"f"}],"tools":null,"messages":[{"role":"user","content":"x"}]}`,
+			`{"messages":[{"role":"user","content":"x"}]}`, true},
+		{`{"messages":[{"role":"system","content":"s"}],"messages":[{"role":"user","content":"x"}]}`,
+			`{"messages":[{"role":"user","content":"x"}]}`, true},
+		{`{"tools":[],"tools":[{"name":"f","input_schema":{}}],"messages":[]}`,
+			`{"messages":[],"tools":[{"type":"function","function":{"name":"f","description":null,"parameters":{"type":"object"}}}]}`, true},
+		{`{"messages":[{"role":"user","content":"a"},{"role":"user","content":"x","role":"system"}]}`,
+			`{"messages":[{"role":"user","content":"a"},{"role":"system","content":"x"}]}`, false},
+	} {
+		got, exact, err := AppendMessages(nil, []byte(c.body))
+		if err != nil || string(got) != c.want || exact != c.exact {
+			t.Errorf("%s:\n got %s exact %v %v\nwant %s exact %v", c.body, got, exact, err, c.want, c.exact)
+		}
+	}
+}
+
+// TestMessagesSplitSurrogates: text blocks vLLM joins with nothing
+// between stay two lone surrogates in Python where the escapes of a pair
+// meet; read here they would be one character, so the request is not
+// exact. A pair within one block, or blocks joined by a separator, are.
+func TestMessagesSplitSurrogates(t *testing.T) {
+	for _, c := range []struct {
+		body  string
+		exact bool
+	}{
+		{`{"system":[{"type":"text","text":"a\ud83d"},{"type":"text","text":"\ude42b"}],"messages":[]}`, false},
+		{`{"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"a\uD83D"},{"type":"thinking","thinking":"\uDE42"}]}]}`, false},
+		{`{"system":[{"type":"text","text":"a\\ud83d"},{"type":"text","text":"\ude42b"}],"messages":[]}`, true},
+		{`{"system":[{"type":"text","text":"a\ud83d\ude42"},{"type":"text","text":"b"}],"messages":[]}`, true},
+		{`{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"\ud83d"},{"type":"text","text":"\ude42"}]}]}]}`, true},
+	} {
+		if _, exact, err := AppendMessages(nil, []byte(c.body)); err != nil || exact != c.exact {
+			t.Errorf("%s: exact %v %v, want %v", c.body, exact, err, c.exact)
+		}
+	}
+}

@@ -11,9 +11,9 @@ request (vllm/entrypoints/anthropic/serving.py) and rendering that. The
 conversion is restated here in Python, where json.dumps, str.join and the
 dict semantics are the ones vLLM runs, and rendered by golden.py's
 rendering. A case vLLM's releases convert differently (a system-role
-message, thinking disabled, a tool's strict) or whose prompt is not the
-template's alone (images, a tool_use without id) is written with
-"exact": false and no prompt.
+message, ctx and msg roles, thinking disabled, a tool's strict) or whose
+prompt is not the template's alone (images, a tool_use without id) is
+written with "exact": false and no prompt.
 """
 
 import json
@@ -37,7 +37,9 @@ def to_chat(req):
     exact = True
     messages = [dict(m, role={"ctx": "user", "msg": "user"}.get(m["role"], m["role"]))
                 for m in req["messages"]]
-    if any(m["role"] == "system" for m in messages):
+    # Newer releases keep system-role messages in place or fold them, and
+    # refuse ctx and msg.
+    if any(m["role"] in ("system", "ctx", "msg") for m in req["messages"]):
         exact = False
     system = req.get("system")
     system = (system or "") if system is None or isinstance(system, str) else blocks_text(system)
