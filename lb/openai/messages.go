@@ -23,6 +23,10 @@ func (r *Request) messagesField(s *scanner, key []byte, system, messages *field)
 		err = r.parseModel(s)
 	case "stream":
 		r.Stream, err = r.parseBool(s, "stream")
+	case "cache_salt":
+		// Newer vLLM releases pass it to the chat they make; older ones
+		// drop it.
+		err = r.parseCacheSalt(s)
 	default:
 		s.skip()
 	}

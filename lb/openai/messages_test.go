@@ -3,6 +3,8 @@ package openai
 import (
 	"strings"
 	"testing"
+
+	"pdlb/engines"
 )
 
 // TestParseMessagesPrompt: a Messages request renders the stand-in prompt
@@ -76,5 +78,33 @@ func TestParseMessagesPrompt(t *testing.T) {
 		if err := r.Parse(KindMessages, []byte(refused)); err != nil || len(r.Prompt) != 0 {
 			t.Errorf("%s: %v, prompt %q, want none", refused, err, r.Prompt)
 		}
+	}
+}
+
+// TestMessagesCacheSalt: a Messages request's cache_salt seeds its keys
+// as a chat's does (newer vLLM releases salt the chat they make of it),
+// and vLLM's 400 for a salt it refuses is the gateway's.
+func TestMessagesCacheSalt(t *testing.T) {
+	r := AcquireRequest()
+	defer ReleaseRequest(r)
+	seed := func(kind Kind, body string) uint64 {
+		t.Helper()
+		if err := r.Parse(kind, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		return r.KeySeed(1)
+	}
+	plain := seed(KindMessages, `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"Hi"}]}`)
+	salted := seed(KindMessages, `{"model":"m","max_tokens":9,"cache_salt":"tenant-a","messages":[{"role":"user","content":"Hi"}]}`)
+	chat := seed(KindChat, `{"model":"m","cache_salt":"tenant-a","messages":[{"role":"user","content":"Hi"}]}`)
+	if plain == salted || salted != chat {
+		t.Errorf("seeds: plain %x, salted %x, the salted chat's %x", plain, salted, chat)
+	}
+	if err := r.Parse(KindMessages, []byte(`{"model":"m","max_tokens":9,"cache_salt":"","messages":[]}`)); err != nil {
+		t.Fatal(err)
+	}
+	r.Engine = engines.VLLM
+	if e := r.EngineRefusal(); e == nil || e.Status != 400 || e.Param != "cache_salt" {
+		t.Errorf("an empty salt: %+v", e)
 	}
 }

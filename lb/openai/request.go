@@ -1056,9 +1056,10 @@ func (r *Request) parseCacheSalt(s *scanner) error {
 // with a 500: the gateway refuses it up front, as the client's fault,
 // rather than count it against the pod.
 func (r *Request) CacheSaltError() *Error {
-	// vLLM checks a Responses request's salt as a chat's (its
-	// ResponsesRequest's check_cache_salt_support), and runs it as a chat.
-	chat := r.Kind == KindChat || r.Kind == KindResponses
+	// vLLM checks a Responses or Messages request's salt as a chat's (its
+	// ResponsesRequest's check_cache_salt_support; the chat request it
+	// makes of a Messages one), and runs it as a chat.
+	chat := r.Kind == KindChat || r.Kind == KindResponses || r.Kind == KindMessages
 	switch r.Engine.CacheSaltFault(chat, r.salt, b2s(r.CacheSalt)) {
 	case engines.SaltWrongType:
 		if r.Engine == engines.SGLang {
