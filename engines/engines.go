@@ -63,6 +63,12 @@ func (k Kind) ReadsTruncation() bool { return k != SGLang }
 // and take some of what vLLM refuses, so only their pods may answer.
 func (k Kind) RefusesChatAsVLLM() bool { return k == VLLM || k == "" }
 
+// ConvertsMessagesAsVLLM says whether engine k runs an Anthropic Messages
+// request as the chat vLLM makes of it (engines/chat.AppendMessages).
+// SGLang's conversion joins system blocks by "\n", keeps the billing
+// header and drops thinking, among others: its ids are not those.
+func (k Kind) ConvertsMessagesAsVLLM() bool { return k == VLLM || k == "" }
+
 // RequiresModel says whether engine k refuses a request without "model"
 // (absent, null or ""): TensorRT-LLM's protocol requires it, vLLM and
 // SGLang serve such a request with the pod's model.

@@ -57,6 +57,8 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	case x.req.TokenIDs:
 	case m.Prompt == nil:
 		mode = tokensStandIn
+	case x.req.Kind == openai.KindMessages && !m.Engine.ConvertsMessagesAsVLLM():
+		mode = tokensUnindexed
 	case x.req.Kind == openai.KindChat, x.req.Kind == openai.KindResponses, x.req.Kind == openai.KindMessages:
 		special := x.req.SpecialTokensSet && x.req.SpecialTokens
 		var err error

@@ -403,3 +403,26 @@ func TestChatRefusedOnlyByVLLM(t *testing.T) {
 		}
 	}
 }
+
+// TestMessagesTokenizeByEngine: a Messages request is keyed by the ids of
+// the chat vLLM makes of it on a vLLM model; SGLang converts it otherwise
+// (system blocks joined by "\n", the billing header kept, thinking
+// dropped), so on an SGLang model it is routed without the index.
+func TestMessagesTokenizeByEngine(t *testing.T) {
+	body := `{"model":"m","max_tokens":4,"system":[{"type":"text","text":"Be brief."}],"messages":[{"role":"user","content":"Hi"}]}`
+	for _, c := range []struct {
+		engine engines.Kind
+		exact  bool
+	}{{engines.VLLM, true}, {"", true}, {engines.SGLang, false}} {
+		cfg := config.Default()
+		cfg.Models = []config.Model{{Name: "m", Tokenizer: tokfiles.Dir(t, "qwen3")}}
+		cfg.Pods = []config.Pod{{Name: "p0", Model: "m", Address: "127.0.0.1:10000", Engine: string(c.engine)}}
+		cfg.Provision()
+		g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+		x, err := tokenizedAs(t, g, openai.KindMessages, body)
+		if err != nil || (len(x.ids) > 0) != c.exact {
+			t.Errorf("engine %q: %d ids (%v), want exact %v", c.engine, len(x.ids), err, c.exact)
+		}
+		releaseCompletion(x)
+	}
+}
