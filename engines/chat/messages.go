@@ -43,9 +43,21 @@ const billingHeader = "x-anthropic-billing-header"
 // refuses (a role, a block type, a field of the wrong type) is a
 // *RequestError.
 func AppendMessages(dst, body []byte) (out []byte, exact bool, err error) {
+	return appendMessages(dst, body, false)
+}
+
+// AppendCountTokens is AppendMessages for a count_tokens request (POST
+// /v1/messages/count_tokens), whose output_config and thinking vLLM's
+// count request model does not have.
+func AppendCountTokens(dst, body []byte) (out []byte, exact bool, err error) {
+	return appendMessages(dst, body, true)
+}
+
+func appendMessages(dst, body []byte, count bool) ([]byte, bool, error) {
 	v := messagesPool.Get().(*messagesConverter)
 	defer messagesPool.Put(v)
 	v.reset()
+	v.count = count
 	if err := v.convert(body); err != nil {
 		return dst, false, err
 	}
@@ -72,6 +84,7 @@ type messagesConverter struct {
 	scratch []byte // unescaped keys and values being compared
 	path    []pathElem
 	leads   bool // no message but system-role ones seen yet
+	count   bool // a count_tokens request
 	toolsN  int
 	// inexact holds the fields (fieldSystem...) whose conversion is not
 	// one every vLLM release makes; cur is the field being converted. A
@@ -192,27 +205,33 @@ func (v *messagesConverter) convert(body []byte) error {
 	}
 	s.pos++
 	var output, thinking, kwargs []byte
-	sawMessages := false
-	var errs [3]error // of system, messages and tools: the last value's
+	// The fields' errors, the last value's of each, in the order vLLM's
+	// request model declares them, which pydantic checks them in:
+	// messages, output_config, system, tools.
+	errs := [4]error{fieldError("messages", "Field required")}
 	for first := true; s.err == nil && s.more(&first, '}'); {
 		// A repeated key's last value wins, as in json.loads.
 		switch k := v.key(); k {
 		case "system":
 			v.system = v.system[:0]
 			v.start(fieldSystem)
-			errs[0] = v.keep(func() error { return v.in(k, 0, v.systemField) })
+			errs[2] = v.keep(func() error { return v.in(k, 0, v.systemField) })
 		case "messages":
-			v.msgs, v.leading, v.leads, sawMessages = v.msgs[:0], v.leading[:0], true, true
+			v.msgs, v.leading, v.leads = v.msgs[:0], v.leading[:0], true
 			v.start(fieldMessages)
-			errs[1] = v.keep(func() error { return v.in(k, 0, v.messages) })
+			errs[0] = v.keep(func() error { return v.in(k, 0, v.messages) })
 		case "tools":
 			v.tools, v.toolsN = v.tools[:0], 0
 			v.start(fieldTools)
-			errs[2] = v.keep(func() error { return v.in(k, 0, v.toolList) })
-		case "output_config":
-			output = s.raw()
-		case "thinking":
-			thinking = s.raw()
+			errs[3] = v.keep(func() error { return v.in(k, 0, v.toolList) })
+		case "output_config", "thinking":
+			if v.count {
+				s.skip() // not fields of a count_tokens request
+			} else if k == "thinking" {
+				thinking = s.raw()
+			} else {
+				output = s.raw()
+			}
 		case "chat_template_kwargs":
 			kwargs = s.raw()
 		default:
@@ -231,13 +250,13 @@ func (v *messagesConverter) convert(body []byte) error {
 		}
 		return &RequestError{Param: "body", Message: "JSON decode error: " + s.err.Error()}
 	}
+	v.cur = fieldEffort
+	effort, err := v.effort(output, thinking)
+	errs[1] = err
 	for _, err := range errs {
 		if err != nil {
 			return err
 		}
-	}
-	if !sawMessages {
-		return fieldError("messages", "Field required")
 	}
 	v.out = append(v.out, `{"messages":[`...)
 	if len(v.system) > 0 && len(v.leading) > 0 {
@@ -258,9 +277,9 @@ func (v *messagesConverter) convert(body []byte) error {
 		v.out = append(v.out, v.tools...)
 		v.out = append(v.out, ']')
 	}
-	v.cur = fieldEffort
-	if err := v.effort(output, thinking); err != nil {
-		return err
+	if effort != nil {
+		v.out = append(v.out, `,"reasoning_effort":`...)
+		v.out = append(v.out, effort...)
 	}
 	if !isNull(kwargs) {
 		if kwargs[0] != '{' {
@@ -466,7 +485,9 @@ func (v *messagesConverter) message() error {
 		return v.wrongType("Input should be a valid dictionary or object")
 	}
 	s.pos++
-	mark := len(v.msgs)
+	// A repeated content or role converts the message again: from what
+	// was written and found before it.
+	mark, was := len(v.msgs), v.inexact
 	var rawRole, content []byte
 	role, converted := "", ""
 	for first := true; s.more(&first, '}'); {
@@ -480,7 +501,7 @@ func (v *messagesConverter) message() error {
 			if (role == "user" || role == "assistant") && (start == '"' || start == '[') {
 				// Its error, if any, is made again from the raw content
 				// below, unless a later content replaces it.
-				v.msgs = v.msgs[:mark]
+				v.msgs, v.inexact = v.msgs[:mark], was
 				converted = role
 				if v.keep(func() error { return v.in("content", 0, func() error { return v.convertMessage(role) }) }) != nil {
 					converted = ""
@@ -506,9 +527,12 @@ func (v *messagesConverter) message() error {
 		return v.fieldError("content", "Field required")
 	case content[0] != '"' && content[0] != '[':
 		return v.fieldError("content", "Input should be a valid string or a list of content blocks")
-	case role == "system":
+	}
+	if converted != role {
+		v.msgs, v.inexact = v.msgs[:mark], was
+	}
+	if role == "system" {
 		v.notExact()
-		v.msgs = v.msgs[:mark] // content converted as a user's before a repeated role
 		return v.in("content", 0, func() error { return v.at(content, v.systemMessage) })
 	}
 	if string(v.unescaped(rawRole)) != role {
@@ -518,7 +542,6 @@ func (v *messagesConverter) message() error {
 	if converted == role {
 		return nil
 	}
-	v.msgs = v.msgs[:mark]
 	return v.in("content", 0, func() error { return v.at(content, func() error { return v.convertMessage(role) }) })
 }
 
@@ -945,20 +968,21 @@ func laxBool(raw []byte) (v, ok bool) {
 	return false, false
 }
 
-// effort appends reasoning_effort: output_config.effort, or, with
-// thinking disabled, the "none" a newer vLLM sets for templates that
-// honour it (a probe of the template picks "low" for others).
-func (v *messagesConverter) effort(output, thinking []byte) error {
+// effort is the chat's reasoning_effort (nil for none):
+// output_config.effort, or, with thinking disabled, the "none" a newer
+// vLLM sets for templates that honour it (a probe of the template picks
+// "low" for others).
+func (v *messagesConverter) effort(output, thinking []byte) ([]byte, error) {
 	var effort []byte
 	if !isNull(output) {
 		if output[0] != '{' {
-			return fieldError("output_config", "Input should be a valid dictionary or object")
+			return nil, fieldError("output_config", "Input should be a valid dictionary or object")
 		}
 		if effort = v.field(output, "effort"); !isNull(effort) {
 			switch string(v.unescaped(effort)) {
 			case "low", "medium", "high", "xhigh", "max":
 			default:
-				return fieldError("output_config.effort", "Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")
+				return nil, fieldError("output_config.effort", "Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")
 			}
 		} else {
 			effort = nil
@@ -968,11 +992,7 @@ func (v *messagesConverter) effort(output, thinking []byte) error {
 		v.notExact()
 		effort = []byte(`"none"`)
 	}
-	if effort != nil {
-		v.out = append(v.out, `,"reasoning_effort":`...)
-		v.out = append(v.out, effort...)
-	}
-	return nil
+	return effort, nil
 }
 
 // appendEscaped appends raw JSON text as a JSON string holding it.

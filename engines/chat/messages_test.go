@@ -87,6 +87,12 @@ func TestMessagesRefused(t *testing.T) {
 		{`{"messages":[],"tools":[{"name":"x","input_schema":{},"defer_loading":"maybe"}]}`, "tools[0].defer_loading"},
 		{`{"messages":[],"output_config":{"effort":"none"}}`, "output_config.effort"},
 		{`{"messages":[],"chat_template_kwargs":[]}`, "chat_template_kwargs"},
+		// The first error in the order vLLM's model declares its fields:
+		// messages, output_config, system, tools.
+		{`{"messages":[{"role":"tool","content":"x"}],"system":5}`, "messages[0].role"},
+		{`{"system":5}`, "messages"},
+		{`{"tools":5,"system":5,"messages":[],"output_config":{"effort":"none"}}`, "output_config.effort"},
+		{`{"tools":5,"system":5,"messages":[]}`, "system"},
 	} {
 		_, _, err := AppendMessages(nil, []byte(c.body))
 		var re *RequestError
@@ -212,6 +218,10 @@ func TestMessagesRepeatedKeys(t *testing.T) {
 			`{"messages":[],"tools":[{"type":"function","function":{"name":"f","description":null,"parameters":{"type":"object"}}}]}`, true},
 		{`{"messages":[{"role":"user","content":"a"},{"role":"user","content":"x","role":"system"}]}`,
 			`{"messages":[{"role":"user","content":"a"},{"role":"system","content":"x"}]}`, false},
+		{`{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u"}}],"content":"ok"}]}`,
+			`{"messages":[{"role":"user","content":"ok"}]}`, true},
+		{`{"messages":[{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}]}],"role":"user"}]}`,
+			`{"messages":[{"role":"tool","tool_call_id":"t","content":"r"}]}`, true},
 	} {
 		got, exact, err := AppendMessages(nil, []byte(c.body))
 		if err != nil || string(got) != c.want || exact != c.exact {
@@ -238,5 +248,18 @@ func TestMessagesSplitSurrogates(t *testing.T) {
 		if _, exact, err := AppendMessages(nil, []byte(c.body)); err != nil || exact != c.exact {
 			t.Errorf("%s: exact %v %v, want %v", c.body, exact, err, c.exact)
 		}
+	}
+}
+
+// TestCountTokensRequest: a count_tokens request has no output_config or
+// thinking in vLLM's model: they are neither refused nor converted.
+func TestCountTokensRequest(t *testing.T) {
+	body := []byte(`{"messages":[{"role":"user","content":"a"}],"output_config":{"effort":"bad"},"thinking":{"type":"disabled"}}`)
+	got, exact, err := AppendCountTokens(nil, body)
+	if want := `{"messages":[{"role":"user","content":"a"}]}`; err != nil || !exact || string(got) != want {
+		t.Errorf("count_tokens: %s exact %v %v, want %s", got, exact, err, want)
+	}
+	if _, _, err := AppendMessages(nil, body); err == nil {
+		t.Error("messages: the bad effort was not refused")
 	}
 }
