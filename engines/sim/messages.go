@@ -24,9 +24,10 @@ import (
 // messagesRequest is what the sim reads of a Messages API request besides
 // the chat it makes.
 type messagesRequest struct {
-	Model     string `json:"model"`
-	MaxTokens *int   `json:"max_tokens"`
-	Stream    bool   `json:"stream"`
+	Model     string          `json:"model"`
+	MaxTokens *int            `json:"max_tokens"`
+	Stream    bool            `json:"stream"`
+	CacheSalt json.RawMessage `json:"cache_salt"` // newer vLLM passes it to the chat
 }
 
 // stopReasons maps a chat's finish reason to the Messages API's, as vLLM
@@ -55,6 +56,9 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 	chat := map[string]any{"model": req.Model, "stream": req.Stream, "max_tokens": *req.MaxTokens}
 	for k, v := range fields {
 		chat[k] = v
+	}
+	if req.CacheSalt != nil {
+		chat["cache_salt"] = req.CacheSalt
 	}
 	if req.Stream {
 		// As vLLM asks: the first chunk's usage is message_start's.
@@ -100,7 +104,7 @@ func (p *Pod) countTokens(ctx *fasthttp.RequestCtx) {
 	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	converted, _, err := chatpkg.AppendMessages(nil, ctx.PostBody())
+	converted, _, err := chatpkg.AppendCountTokens(nil, ctx.PostBody())
 	var chat genRequest
 	if err == nil {
 		err = json.Unmarshal(converted, &chat)

@@ -160,3 +160,50 @@ func TestCountTokens(t *testing.T) {
 		t.Errorf("a tool role: %d %s", code, b)
 	}
 }
+
+// TestMessagesCacheSalt: a Messages request's cache_salt salts its
+// blocks, as newer vLLM releases pass it to the chat they make, and a
+// salt vLLM refuses is a 400.
+func TestMessagesCacheSalt(t *testing.T) {
+	phys := DefaultPhysics()
+	phys.BlockSize = 16
+	sink := &recordingSink{}
+	p := testPod(t, Config{Model: "m", Physics: phys, Speedup: fast, KVEvents: sink})
+	c := testClient(t)
+	req := map[string]any{"model": "m", "max_tokens": 1, "cache_salt": "tenant-a",
+		"messages": []any{map[string]any{"role": "user", "content": strings.Repeat("a few words to fill blocks ", 20)}}}
+	if code, b := post(t, c, "http://"+p.Addr()+"/v1/messages", req); code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	first := false
+	for _, e := range sink.take() {
+		if e.kind == "stored" && !e.hasParent {
+			first = true
+			if e.salt != "tenant-a" {
+				t.Errorf("the first block's salt %q, want tenant-a", e.salt)
+			}
+		}
+	}
+	if !first {
+		t.Fatal("no block stored")
+	}
+	req["cache_salt"] = ""
+	if code, b := post(t, c, "http://"+p.Addr()+"/v1/messages", req); code != 400 || !strings.Contains(string(b), "cache_salt") {
+		t.Errorf("an empty salt: %d %s, want vLLM's 400", code, b)
+	}
+}
+
+// TestCountTokensIgnoresOutputConfig: vLLM's count_tokens request has no
+// output_config or thinking; a value /v1/messages would refuse is not
+// refused, and thinking disabled does not change the count.
+func TestCountTokensIgnoresOutputConfig(t *testing.T) {
+	p := testPod(t, Config{Model: "m", Speedup: 100})
+	c := testClient(t)
+	base := map[string]any{"model": "m", "messages": []any{map[string]any{"role": "user", "content": "hello there"}}}
+	code, plain := post(t, c, "http://"+p.Addr()+"/v1/messages/count_tokens", base)
+	base["output_config"], base["thinking"] = map[string]any{"effort": "bad"}, map[string]any{"type": "disabled"}
+	code2, other := post(t, c, "http://"+p.Addr()+"/v1/messages/count_tokens", base)
+	if code != 200 || code2 != 200 || string(plain) != string(other) {
+		t.Errorf("%d %s; with output_config and thinking %d %s", code, plain, code2, other)
+	}
+}
