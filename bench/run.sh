@@ -155,7 +155,8 @@ scenario_live() {
 # gateway with the pods' /metrics for the hit rate; everything is stopped
 # afterwards. The fleet and gateway files are in bench/scenarios.
 live_fleet() {
-	local fleet=bench/scenarios/$1 gwfile=bench/scenarios/$2 policy=$3 flog glog cfg fpid gpid i pods
+	local fleet=bench/scenarios/$1 gwfile=bench/scenarios/$2 policy=$3 flog glog cfg fpid gpids=() i pods
+	local targets=http://127.0.0.1:19090 admins=(127.0.0.1:19091) shown=""
 	shift 3
 	flog=$(mktemp) glog=$(mktemp) cfg=$(mktemp --suffix=.yaml)
 	sed "s/POLICY/$policy/" "$gwfile" >"$cfg"
@@ -173,22 +174,30 @@ live_fleet() {
 		sleep 0.1
 	done
 	"$PDLB" serve --config "$cfg" --listen 127.0.0.1:19090 --admin 127.0.0.1:19091 >"$glog" 2>&1 &
-	gpid=$!
+	gpids+=($!)
+	if [ "${REPLICAS:-1}" = 2 ]; then
+		# A second replica of the same configuration; the load alternates.
+		"$PDLB" serve --config "$cfg" --listen 127.0.0.1:19092 --admin 127.0.0.1:19093 >>"$glog" 2>&1 &
+		gpids+=($!)
+		targets=$targets,http://127.0.0.1:19092 admins+=(127.0.0.1:19093) shown=", 2 replicas"
+	fi
 	for i in $(seq 100); do
-		curl -sf http://127.0.0.1:19090/ready >/dev/null 2>&1 && break
+		curl -sf http://127.0.0.1:19090/ready >/dev/null 2>&1 && { [ ${#gpids[@]} = 1 ] || curl -sf http://127.0.0.1:19092/ready >/dev/null 2>&1; } && break
 		sleep 0.1
 	done
 	pods=$(sed -n 's/^ *- {name: [^,]*, model: [^,]*, address: "\([^"]*\)".*/http:\/\/\1\/metrics/p' "$gwfile" | paste -sd,)
-	record_as "pdlb load --target http://127.0.0.1:19090 $* (gateway policy $policy, fleet $fleet)" \
-		"$PDLB" load --target http://127.0.0.1:19090 --model m --metrics "$pods" "$@"
-	record_as "curl -s http://127.0.0.1:19091/metrics | grep -E 'pdlb_(prompt|prefix_cached)_tokens_total|pdlb_prompt_tokenized_total' (the gateway's view: cached over prompt tokens is the hit rate its index predicted; tokenized, how it keyed the prompts)" \
-		sh -c "curl -s http://127.0.0.1:19091/metrics | grep -E '^(pdlb_(prompt|prefix_cached)_tokens_total|pdlb_prompt_tokenized_total)'"
+	record_as "pdlb load --target $targets $* (gateway policy $policy$shown, fleet $fleet, gateway $gwfile)" \
+		"$PDLB" load --target "$targets" --model m --metrics "$pods" "$@"
+	for i in "${admins[@]}"; do
+		record_as "curl -s http://$i/metrics | grep -E 'pdlb_(prompt|prefix_cached)_tokens_total|pdlb_prompt_tokenized_total' (the gateway's view: cached over prompt tokens is the hit rate its index predicted; tokenized, how it keyed the prompts)" \
+			sh -c "curl -s http://$i/metrics | grep -E '^(pdlb_(prompt|prefix_cached)_tokens_total|pdlb_prompt_tokenized_total)'"
+	done
 	if curl -s http://127.0.0.1:19091/metrics | grep -q '^pdlb_shed_duration_seconds_count [1-9]'; then
 		record_as "curl -s http://127.0.0.1:19091/metrics | grep -E 'pdlb_shed_duration_seconds|pdlb_admission_requests_total' (the gateway's own view of its 429s)" \
 			sh -c "curl -s http://127.0.0.1:19091/metrics | grep -E '^(pdlb_shed_duration_seconds|pdlb_admission_requests_total)'"
 	fi
-	kill "$gpid" "$fpid" 2>/dev/null
-	wait "$gpid" "$fpid" 2>/dev/null
+	kill "${gpids[@]}" "$fpid" 2>/dev/null
+	wait "${gpids[@]}" "$fpid" 2>/dev/null
 	rm -f "$flog" "$glog" "$cfg"
 }
 
@@ -249,8 +258,17 @@ api_conversations() {
 }
 
 scenario_messages() {
-	section "Live: Anthropic's Messages API's resent conversations" "The multi-turn chat as Claude Code's agent loop in Anthropic Messages API requests (the system prompt as the system field's text after a billing header block whose hash changes every request; the first turn as the user's text, each later one as the result of a tool call the assistant made before it; two tools; the whole loop resent each turn) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it and publish its KV events: once under slo_cache, which keys that chat's Qwen3 ids (mode exact) against the pods' KV events, once under least_request, as a balancer that reads no conversation routes them. The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
+	section "Live: Anthropic's Messages API's resent conversations" "The multi-turn chat as Claude Code's agent loop in Anthropic Messages API requests (the system prompt as the system field's text after a billing header block whose hash changes every request; the first turn as the user's text, each later one as the result of a tool call the assistant made before it; two tools; the whole loop resent each turn) at 40 req/s for 60 s through the gateway to the 8 Qwen3-tokenizing vLLM sim pods of the exact scenario, which run each as the chat vLLM makes of it and publish its KV events: once under slo_cache, which keys that chat's Qwen3 ids (mode exact) against the pods' KV events, once under least_request, as a balancer that reads no conversation routes them; then through two gateway replicas that the load alternates between, under slo_cache, once following the pods' KV events and once without them (each replica's index then learns only its own picks, as Messages requests were keyed before df95297). The pods' hit rate is their own (vllm:prefix_cache_hits_total / queries)."
 	api_conversations messages
+	# Two replicas behind a round robin, as an SRE runs them: each sees
+	# half of a conversation's turns. Following the pods' KV events, in
+	# the engine's token ids, a replica knows where the other sent the
+	# turns before; without them (how Messages requests were keyed before
+	# df95297) it knows only its own picks.
+	local gw
+	for gw in gateway8-qwen3.yaml gateway8-qwen3-noevents.yaml; do
+		REPLICAS=2 live_fleet fleet8-qwen3.yaml "$gw" slo_cache --api messages --workload seed-chat --rate 40 --duration 60s --output-tokens 16
+	done
 }
 
 scenario_tokenload() {
