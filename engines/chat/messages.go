@@ -42,22 +42,59 @@ const billingHeader = "x-anthropic-billing-header"
 // system messages kept in place) that the simulator serves. What vLLM
 // refuses (a role, a block type, a field of the wrong type) is a
 // *RequestError.
-func AppendMessages(dst, body []byte) (out []byte, exact bool, err error) {
-	return appendMessages(dst, body, false)
+func AppendMessages(dst, body []byte, inline InlineSystem) (out []byte, exact bool, err error) {
+	return appendMessages(dst, body, inline, false)
 }
 
 // AppendCountTokens is AppendMessages for a count_tokens request (POST
 // /v1/messages/count_tokens), whose output_config and thinking vLLM's
 // count request model does not have.
-func AppendCountTokens(dst, body []byte) (out []byte, exact bool, err error) {
-	return appendMessages(dst, body, true)
+func AppendCountTokens(dst, body []byte, inline InlineSystem) (out []byte, exact bool, err error) {
+	return appendMessages(dst, body, inline, true)
 }
 
-func appendMessages(dst, body []byte, count bool) ([]byte, bool, error) {
+// InlineSystem is where the vLLM release serving a model puts the
+// system-role messages inside a Messages request's messages, which newer
+// Claude Code sends most turns.
+type InlineSystem uint8
+
+const (
+	// InlineUnknown: not known, so a request with one is not exact. Its
+	// conversion is InlinePreserve's.
+	InlineUnknown InlineSystem = iota
+	// InlineHoist: earlier releases join their text with the system
+	// field's, nothing between, as the one system message leading the
+	// chat (a string's as it is, billing header and all).
+	InlineHoist
+	// InlinePreserve: newer releases whose probe of the template keeps
+	// them in place (vLLM logs "Anthropic inline system messages will be
+	// kept in place"): those leading messages join the system field's
+	// text, "\n\n" apart, the others stay where they are, moved past
+	// the tool results answering a tool_use before them. (With no system
+	// text at all such a release folds them into user turns instead,
+	// which is not exact here.)
+	InlinePreserve
+)
+
+// ParseInlineSystem reads an InlineSystem by its name in configuration:
+// "" (unknown), "hoist" or "preserve".
+func ParseInlineSystem(name string) (InlineSystem, bool) {
+	switch name {
+	case "":
+		return InlineUnknown, true
+	case "hoist":
+		return InlineHoist, true
+	case "preserve":
+		return InlinePreserve, true
+	}
+	return InlineUnknown, false
+}
+
+func appendMessages(dst, body []byte, inline InlineSystem, count bool) ([]byte, bool, error) {
 	v := messagesPool.Get().(*messagesConverter)
 	defer messagesPool.Put(v)
 	v.reset()
-	v.count = count
+	v.count, v.inline = count, inline
 	if err := v.convert(body); err != nil {
 		return dst, false, err
 	}
@@ -86,6 +123,16 @@ type messagesConverter struct {
 	leads   bool // no message but system-role ones seen yet
 	count   bool // a count_tokens request
 	toolsN  int
+	inline  InlineSystem
+	// hoisted: InlineHoist found a system-role message's part (an empty
+	// string is one); later: a system-role message with text came after
+	// another; toolUse: the message converted last has a tool_use block;
+	// awaiting: its tool results are awaited, and held are the texts of
+	// the system-role messages that came since, escaped, ending at
+	// heldEnds.
+	hoisted, later, toolUse, awaiting bool
+	held                              []byte
+	heldEnds                          []int
 	// inexact holds the fields (fieldSystem...) whose conversion is not
 	// one every vLLM release makes; cur is the field being converted. A
 	// repeated field's last value replaces its own.
@@ -131,6 +178,7 @@ type pathElem struct {
 func (v *messagesConverter) reset() {
 	v.out, v.msgs, v.system, v.leading, v.tools, v.path = v.out[:0], v.msgs[:0], v.system[:0], v.leading[:0], v.tools[:0], v.path[:0]
 	v.leads, v.toolsN, v.inexact, v.cur = true, 0, 0, 0
+	v.hoisted, v.later, v.awaiting, v.held, v.heldEnds = false, false, false, v.held[:0], v.heldEnds[:0]
 }
 
 // fieldError is vLLM's 400 for field of the value being read ("" for the
@@ -218,6 +266,7 @@ func (v *messagesConverter) convert(body []byte) error {
 			errs[2] = v.keep(func() error { return v.in(k, 0, v.systemField) })
 		case "messages":
 			v.msgs, v.leading, v.leads = v.msgs[:0], v.leading[:0], true
+			v.hoisted, v.later, v.awaiting, v.held, v.heldEnds = false, false, false, v.held[:0], v.heldEnds[:0]
 			v.start(fieldMessages)
 			errs[0] = v.keep(func() error { return v.in(k, 0, v.messages) })
 		case "tools":
@@ -259,10 +308,21 @@ func (v *messagesConverter) convert(body []byte) error {
 		}
 	}
 	v.out = append(v.out, `{"messages":[`...)
-	if len(v.system) > 0 && len(v.leading) > 0 {
-		v.system = append(v.system, `\n\n`...)
+	hoisted := v.inline == InlineHoist && (v.hoisted || len(v.system) > 0)
+	switch {
+	case v.inline == InlineHoist:
+		v.system = v.join(v.system, v.leading)
+	case v.later && len(v.system) == 0 && len(v.leading) == 0:
+		v.cur = fieldMessages
+		v.notExact() // folded into user turns by a newer release
+		fallthrough
+	default:
+		if len(v.system) > 0 && len(v.leading) > 0 {
+			v.system = append(v.system, `\n\n`...)
+		}
+		v.system = append(v.system, v.leading...)
 	}
-	if v.system = append(v.system, v.leading...); len(v.system) > 0 {
+	if len(v.system) > 0 || hoisted {
 		v.out = append(v.out, `{"role":"system","content":"`...)
 		v.out = append(v.out, v.system...)
 		v.out = append(v.out, `"}`...)
@@ -474,7 +534,45 @@ func (v *messagesConverter) messages() error {
 	if v.s.peek() != '[' {
 		return v.wrongType("Input should be a valid list")
 	}
-	return v.each(v.message)
+	if err := v.each(v.message); err != nil {
+		return err
+	}
+	v.flushHeld()
+	return nil
+}
+
+// flushHeld writes the held system-role messages where they stand.
+func (v *messagesConverter) flushHeld() {
+	lo := 0
+	for _, hi := range v.heldEnds {
+		v.openMessage("system")
+		v.msgs = append(v.msgs, `,"content":"`...)
+		v.msgs = append(v.msgs, v.held[lo:hi]...)
+		v.msgs = append(v.msgs, `"}`...)
+		lo = hi
+	}
+	v.held, v.heldEnds = v.held[:0], v.heldEnds[:0]
+}
+
+// placed puts the system-role messages held while tool results were
+// awaited after the message just converted (from mark in v.msgs), a
+// user's, or before it, an assistant's, as a newer vLLM moves them; and
+// notes whether that message awaits tool results in turn.
+func (v *messagesConverter) placed(role string, mark int) {
+	if len(v.heldEnds) > 0 {
+		if role == "user" {
+			v.flushHeld()
+		} else {
+			msg := append([]byte(nil), bytes.TrimPrefix(v.msgs[mark:], []byte(","))...)
+			v.msgs = v.msgs[:mark]
+			v.flushHeld()
+			if len(v.msgs) > 0 {
+				v.msgs = append(v.msgs, ',')
+			}
+			v.msgs = append(v.msgs, msg...)
+		}
+	}
+	v.awaiting = role == "assistant" && v.toolUse
 }
 
 // message converts the message under the scanner: in place when its role
@@ -532,17 +630,23 @@ func (v *messagesConverter) message() error {
 		v.msgs, v.inexact = v.msgs[:mark], was
 	}
 	if role == "system" {
-		v.notExact()
+		if v.inline == InlineUnknown {
+			v.notExact()
+		}
 		return v.in("content", 0, func() error { return v.at(content, v.systemMessage) })
 	}
 	if string(v.unescaped(rawRole)) != role {
 		v.notExact() // ctx and msg: newer releases refuse them
 	}
 	v.leads = false
-	if converted == role {
-		return nil
+	if converted != role {
+		err := v.in("content", 0, func() error { return v.at(content, func() error { return v.convertMessage(role) }) })
+		if err != nil {
+			return err
+		}
 	}
-	return v.in("content", 0, func() error { return v.at(content, func() error { return v.convertMessage(role) }) })
+	v.placed(role, mark)
+	return nil
 }
 
 // roleOf is the role vLLM reads a message's as: ctx and msg as user; ""
@@ -559,17 +663,21 @@ func roleOf(role []byte) string {
 	return ""
 }
 
-// systemMessage gathers the text of the system-role message whose content
-// is under the scanner (its string unless the billing header's, or its
-// text blocks' text): into v.leading, "\n\n" after text before it, while
-// no other message came first; else as a system message kept in place, as
-// a newer vLLM does for templates that mark system turns.
+// systemMessage places the text of the system-role message whose
+// content is under the scanner (its string unless the billing header's,
+// or its text blocks' text) as v.inline says: with InlineHoist, after the
+// system text before it; else into v.leading, "\n\n" after text before
+// it, while no other message came first, held while tool results are
+// awaited, or as a system message where it stands.
 func (v *messagesConverter) systemMessage() error {
+	hoist := v.inline == InlineHoist
 	v.text = v.text[:0]
 	if v.s.peek() == '"' {
-		if raw := v.s.raw(); !bytes.HasPrefix(v.unescaped(raw), []byte(billingHeader)) {
+		raw := v.s.raw()
+		if hoist || !bytes.HasPrefix(v.unescaped(raw), []byte(billingHeader)) {
 			v.text = append(v.text, inner(raw)...)
 		}
+		v.hoisted = true // earlier releases keep a string, even "", as a part
 	} else {
 		var b contentBlock
 		err := v.each(func() error {
@@ -582,15 +690,23 @@ func (v *messagesConverter) systemMessage() error {
 		if err != nil {
 			return err
 		}
+		v.hoisted = v.hoisted || len(v.text) > 0
 	}
 	switch {
+	case hoist:
+		v.leading = v.join(v.leading, v.text)
 	case len(v.text) == 0:
 	case v.leads:
 		if len(v.leading) > 0 {
 			v.leading = append(v.leading, `\n\n`...)
 		}
 		v.leading = append(v.leading, v.text...)
+	case v.awaiting:
+		v.later = true
+		v.held = append(v.held, v.text...)
+		v.heldEnds = append(v.heldEnds, len(v.held))
 	default:
+		v.later = true
 		v.openMessage("system")
 		v.msgs = append(v.msgs, `,"content":"`...)
 		v.msgs = append(v.msgs, v.text...)
@@ -614,6 +730,7 @@ func (v *messagesConverter) openMessage(role string) {
 // then the message itself.
 func (v *messagesConverter) convertMessage(role string) error {
 	s := &v.s
+	v.toolUse = false
 	if s.peek() == '"' {
 		v.openMessage(role)
 		v.msgs = append(v.msgs, `,"content":`...)
@@ -660,6 +777,7 @@ func (v *messagesConverter) convertMessage(role string) error {
 				v.reason = v.join(v.reason, inner(b.thinking))
 			}
 		case "tool_use":
+			v.toolUse = true
 			v.toolCall(&b)
 		case "tool_result":
 			if role == "user" {

@@ -12,8 +12,9 @@ import (
 // TestMessagesGolden converts the Anthropic requests of
 // testdata/messages_golden.json (made by messages_golden.py, which
 // restates vLLM's conversion in Python and renders with Python's Jinja2)
-// and renders them: the prompt vLLM renders, byte for byte, or exact false
-// where vLLM's releases convert otherwise.
+// and renders them, each with the placement of system-role messages it
+// names: the prompt vLLM renders, byte for byte, or exact false where
+// vLLM's releases convert otherwise.
 func TestMessagesGolden(t *testing.T) {
 	raw, err := os.ReadFile("testdata/messages_golden.json")
 	if err != nil {
@@ -23,6 +24,7 @@ func TestMessagesGolden(t *testing.T) {
 		Model   string          `json:"model"`
 		Name    string          `json:"name"`
 		Request json.RawMessage `json:"request"`
+		Inline  string          `json:"inline"`
 		Exact   bool            `json:"exact"`
 		Want    *string         `json:"want"`
 		Error   string          `json:"error"`
@@ -32,8 +34,12 @@ func TestMessagesGolden(t *testing.T) {
 	}
 	template := templates(t)
 	for _, gc := range cases {
-		t.Run(gc.Model+"/"+gc.Name, func(t *testing.T) {
-			converted, exact, err := AppendMessages(nil, gc.Request)
+		t.Run(gc.Model+"/"+gc.Name+"/"+gc.Inline, func(t *testing.T) {
+			inline, ok := ParseInlineSystem(gc.Inline)
+			if !ok {
+				t.Fatalf("inline %q", gc.Inline)
+			}
+			converted, exact, err := AppendMessages(nil, gc.Request, inline)
 			if err != nil || exact != gc.Exact {
 				t.Fatalf("AppendMessages: exact %v, error %v; want exact %v\n%s", exact, err, gc.Exact, converted)
 			}
@@ -94,7 +100,7 @@ func TestMessagesRefused(t *testing.T) {
 		{`{"tools":5,"system":5,"messages":[],"output_config":{"effort":"none"}}`, "output_config.effort"},
 		{`{"tools":5,"system":5,"messages":[]}`, "system"},
 	} {
-		_, _, err := AppendMessages(nil, []byte(c.body))
+		_, _, err := AppendMessages(nil, []byte(c.body), InlineUnknown)
 		var re *RequestError
 		if !errors.As(err, &re) || re.Param != c.param {
 			t.Errorf("%s: %v, want a *RequestError for %s", c.body, err, c.param)
@@ -126,7 +132,7 @@ func TestMessagesConversion(t *testing.T) {
 		{`{"messages":[{"role":"user","content":"a"}],"output_config":{"effort":"max"},"thinking":{"type":"disabled"},"chat_template_kwargs":{"k":1}}`,
 			`{"messages":[{"role":"user","content":"a"}],"reasoning_effort":"none","chat_template_kwargs":{"k":1}}`},
 	} {
-		got, _, err := AppendMessages(nil, []byte(c.body))
+		got, _, err := AppendMessages(nil, []byte(c.body), InlineUnknown)
 		if err != nil || string(got) != c.want {
 			t.Errorf("%s:\n got %s %v\nwant %s", c.body, got, err, c.want)
 		}
@@ -160,7 +166,7 @@ func BenchmarkAppendMessages(b *testing.B) {
 	b.SetBytes(int64(body.Len()))
 	b.ReportAllocs()
 	for b.Loop() {
-		if out, _, err = AppendMessages(out[:0], body.Bytes()); err != nil {
+		if out, _, err = AppendMessages(out[:0], body.Bytes(), InlineUnknown); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -183,7 +189,7 @@ func FuzzAppendMessages(f *testing.F) {
 		f.Add([]byte(c.Request))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		out, _, err := AppendMessages(nil, body)
+		out, _, err := AppendMessages(nil, body, InlineUnknown)
 		if err != nil {
 			var re *RequestError
 			if !errors.As(err, &re) {
@@ -223,7 +229,7 @@ func TestMessagesRepeatedKeys(t *testing.T) {
 		{`{"messages":[{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}]}],"role":"user"}]}`,
 			`{"messages":[{"role":"tool","tool_call_id":"t","content":"r"}]}`, true},
 	} {
-		got, exact, err := AppendMessages(nil, []byte(c.body))
+		got, exact, err := AppendMessages(nil, []byte(c.body), InlineUnknown)
 		if err != nil || string(got) != c.want || exact != c.exact {
 			t.Errorf("%s:\n got %s exact %v %v\nwant %s exact %v", c.body, got, exact, err, c.want, c.exact)
 		}
@@ -245,7 +251,7 @@ func TestMessagesSplitSurrogates(t *testing.T) {
 		{`{"system":[{"type":"text","text":"a\ud83d\ude42"},{"type":"text","text":"b"}],"messages":[]}`, true},
 		{`{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"\ud83d"},{"type":"text","text":"\ude42"}]}]}]}`, true},
 	} {
-		if _, exact, err := AppendMessages(nil, []byte(c.body)); err != nil || exact != c.exact {
+		if _, exact, err := AppendMessages(nil, []byte(c.body), InlineUnknown); err != nil || exact != c.exact {
 			t.Errorf("%s: exact %v %v, want %v", c.body, exact, err, c.exact)
 		}
 	}
@@ -255,11 +261,11 @@ func TestMessagesSplitSurrogates(t *testing.T) {
 // thinking in vLLM's model: they are neither refused nor converted.
 func TestCountTokensRequest(t *testing.T) {
 	body := []byte(`{"messages":[{"role":"user","content":"a"}],"output_config":{"effort":"bad"},"thinking":{"type":"disabled"}}`)
-	got, exact, err := AppendCountTokens(nil, body)
+	got, exact, err := AppendCountTokens(nil, body, InlineUnknown)
 	if want := `{"messages":[{"role":"user","content":"a"}]}`; err != nil || !exact || string(got) != want {
 		t.Errorf("count_tokens: %s exact %v %v, want %s", got, exact, err, want)
 	}
-	if _, _, err := AppendMessages(nil, body); err == nil {
+	if _, _, err := AppendMessages(nil, body, InlineUnknown); err == nil {
 		t.Error("messages: the bad effort was not refused")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -31,6 +32,9 @@ type Config struct {
 	// ChatTemplateKwargs are defaults under each request's
 	// chat_template_kwargs (vLLM's --default-chat-template-kwargs).
 	ChatTemplateKwargs map[string]any
+	// InlineSystem is where the engine puts the system-role messages
+	// inside a Messages API request's messages (chat.InlineSystem).
+	InlineSystem chat.InlineSystem
 }
 
 // Key names c's settings: configs with equal keys load the same Model, so
@@ -41,7 +45,7 @@ func (c Config) Key() string {
 	if err != nil {
 		kw = []byte(fmt.Sprint(c.ChatTemplateKwargs))
 	}
-	return c.Tokenizer + "\x00" + c.ChatTemplate + "\x00" + string(kw)
+	return c.Tokenizer + "\x00" + c.ChatTemplate + "\x00" + string(kw) + "\x00" + strconv.Itoa(int(c.InlineSystem))
 }
 
 // Loaded holds models by their settings (Config.Key), for callers that
@@ -68,6 +72,7 @@ type Model struct {
 	tok    *hf.Tokenizer
 	tmpl   *chat.Template
 	kwargs map[string]any
+	inline chat.InlineSystem
 	text   sync.Pool // *[]byte: rendered prompts
 }
 
@@ -96,7 +101,7 @@ func Load(c Config) (*Model, error) {
 			return nil, err
 		}
 	}
-	m := &Model{dir: c.Tokenizer, tok: tok, kwargs: c.ChatTemplateKwargs}
+	m := &Model{dir: c.Tokenizer, tok: tok, kwargs: c.ChatTemplateKwargs, inline: c.InlineSystem}
 	if src != "" {
 		if m.tmpl, err = chat.Compile(src, tok.SpecialTokens()); err != nil {
 			return nil, fmt.Errorf("prompt: chat template of %s: %w", c.Tokenizer, err)
@@ -145,15 +150,16 @@ func (m *Model) Responses(dst []uint32, body []byte) ([]uint32, error) {
 }
 
 // Messages appends the ids of an Anthropic Messages API request body to
-// dst: the chat request vLLM makes of it (chat.AppendMessages), rendered
-// and encoded as Chat's, without special tokens. A request vLLM's
-// releases convert differently fails with chat.ErrInexact.
+// dst: the chat request vLLM makes of it (chat.AppendMessages, with the
+// model's InlineSystem), rendered and encoded as Chat's, without special
+// tokens. A request vLLM's releases convert differently fails with
+// chat.ErrInexact.
 func (m *Model) Messages(dst []uint32, body []byte) ([]uint32, error) {
 	buf := m.acquireText()
 	defer m.text.Put(buf)
 	var exact bool
 	var err error
-	if *buf, exact, err = chat.AppendMessages((*buf)[:0], body); err != nil {
+	if *buf, exact, err = chat.AppendMessages((*buf)[:0], body, m.inline); err != nil {
 		return dst, err
 	}
 	if !exact {

@@ -86,7 +86,7 @@ func benchAgent(b *testing.B, messages bool) {
 	body := agentLoop(20)
 	render := m.Messages
 	if !messages {
-		converted, exact, err := chat.AppendMessages(nil, body)
+		converted, exact, err := chat.AppendMessages(nil, body, chat.InlineUnknown)
 		if err != nil || !exact {
 			b.Fatal(err, exact)
 		}

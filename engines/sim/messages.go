@@ -44,7 +44,7 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 		refuseMessage(ctx, "max_tokens: Field required")
 		return
 	}
-	converted, _, err := chatpkg.AppendMessages(nil, ctx.PostBody())
+	converted, _, err := chatpkg.AppendMessages(nil, ctx.PostBody(), chatpkg.InlinePreserve)
 	var fields map[string]json.RawMessage
 	if err == nil {
 		err = json.Unmarshal(converted, &fields)
@@ -104,7 +104,7 @@ func (p *Pod) countTokens(ctx *fasthttp.RequestCtx) {
 	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	converted, _, err := chatpkg.AppendCountTokens(nil, ctx.PostBody())
+	converted, _, err := chatpkg.AppendCountTokens(nil, ctx.PostBody(), chatpkg.InlinePreserve)
 	var chat genRequest
 	if err == nil {
 		err = json.Unmarshal(converted, &chat)

@@ -31,21 +31,93 @@ def blocks_text(blocks):
                    if b["type"] == "text" and b.get("text") and not b["text"].startswith(BILLING))
 
 
-def to_chat(req):
-    """The chat request vLLM makes of req, and whether every release makes
-    that one."""
-    exact = True
-    messages = [dict(m, role={"ctx": "user", "msg": "user"}.get(m["role"], m["role"]))
-                for m in req["messages"]]
-    # Newer releases keep system-role messages in place or fold them, and
-    # refuse ctx and msg.
-    if any(m["role"] in ("system", "ctx", "msg") for m in req["messages"]):
-        exact = False
-    system = req.get("system")
-    system = (system or "") if system is None or isinstance(system, str) else blocks_text(system)
-    out = [{"role": "system", "content": system}] if system else []
+def system_text(message):
+    """A system-role message's text, as newer releases read it."""
+    content = message["content"]
+    if isinstance(content, str):
+        return "" if content.startswith(BILLING) else content
+    return blocks_text(content)
+
+
+def join(*texts):
+    return "\n\n".join(t for t in texts if t)
+
+
+def move_out_of_tool_runs(messages):
+    """Newer releases move a system-role message that comes between a
+    tool_use and its results past them."""
+    out, held, awaiting = [], [], False
     for m in messages:
         if m["role"] == "system":
+            (held if awaiting else out).append(m)
+            continue
+        if m["role"] == "assistant":
+            out.extend(held)
+            held = []
+        out.append(m)
+        if m["role"] == "user":
+            out.extend(held)
+            held = []
+        awaiting = m["role"] == "assistant" and isinstance(m["content"], list) and any(
+            b["type"] == "tool_use" for b in m["content"])
+    return out + held
+
+
+def place_system(req, messages, inline):
+    """The system message's text and the messages left to convert, system
+    placeholders ({"role": "system", "text": ...}) among them, as the
+    release named by inline places system-role messages: "hoist" (earlier
+    releases), "preserve" (newer ones keeping them in place); None when
+    that release folds them instead."""
+    system = req.get("system")
+    if inline == "hoist":
+        parts = [system] if isinstance(system, str) and system else []
+        if isinstance(system, list):
+            parts += [b["text"] for b in system if b["type"] == "text" and b.get("text")
+                      and not b["text"].startswith(BILLING)]
+        for m in messages:
+            if m["role"] != "system":
+                continue
+            if isinstance(m["content"], str):
+                parts.append(m["content"])
+            else:
+                parts += [b["text"] for b in m["content"] if b["type"] == "text" and b.get("text")
+                          and not b["text"].startswith(BILLING)]
+        rest = [m for m in messages if m["role"] != "system"]
+        return ("".join(parts) if parts else None), rest
+    top = (system or "") if system is None or isinstance(system, str) else blocks_text(system)
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] == "system":
+        lead += 1
+    leading = join(*(system_text(m) for m in messages[:lead]))
+    rest = move_out_of_tool_runs(messages[lead:])
+    if any(m["role"] == "system" and system_text(m) for m in rest) and not (top or leading):
+        return None  # folded into user turns
+    rest = [{"role": "system", "text": system_text(m)} if m["role"] == "system" else m for m in rest]
+    return join(top, leading), rest
+
+
+def to_chat(req, inline):
+    """The chat request vLLM makes of req when it places system-role
+    messages as inline says ("hoist", "preserve", or "" for not known),
+    and whether that is the chat every such release makes."""
+    exact = True
+    # Newer releases refuse ctx and msg; an older one reads them as user.
+    if any(m["role"] in ("ctx", "msg") for m in req["messages"]):
+        exact = False
+    messages = [dict(m, role={"ctx": "user", "msg": "user"}.get(m["role"], m["role"]))
+                for m in req["messages"]]
+    if any(m["role"] == "system" for m in messages) and inline == "":
+        exact = False
+    placed = place_system(req, messages, inline or "preserve")
+    if placed is None:
+        return None, False
+    system, messages = placed
+    out = [{"role": "system", "content": system}] if system is not None and (system or inline == "hoist") else []
+    for m in messages:
+        if m["role"] == "system":
+            if m["text"]:
+                out.append({"role": "system", "content": m["text"]})
             continue
         if isinstance(m["content"], str):
             out.append({"role": m["role"], "content": m["content"]})
@@ -187,6 +259,28 @@ CASES = [
     ("effort-low", {"output_config": {"effort": "low"}, "messages": [user("2+2?")]}),
     ("inline-system", {"system": "S", "messages": [user("a"), {"role": "system", "content": "note"}, user("b")]}),
     ("leading-system", {"messages": [{"role": "system", "content": [text("S")]}, user("a")]}),
+    # Newer Claude Code's loop: a system-role message most turns, one of
+    # them between a tool call and its result (moved past the result by
+    # newer releases), one empty, one with the billing header, blocks.
+    ("inline-system-loop", {"system": [BILLING_BLOCK, text("You are Claude Code.")], "tools": [READ],
+                            "output_config": {"effort": "high"}, "messages": [
+        {"role": "system", "content": "Leading note."},
+        {"role": "system", "content": [text("Second "), text("leading note.")]},
+        user("Why does make test fail?"),
+        {"role": "system", "content": "<system-reminder>todo list empty</system-reminder>"},
+        assistant([{"type": "thinking", "thinking": "Read it.", "signature": "s"},
+                   {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/r/a.go"}}]),
+        {"role": "system", "content": "Held: the tool is still running."},
+        {"role": "system", "content": ""},
+        {"role": "system", "content": "x-anthropic-billing-header: cch=9;"},
+        user([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "package a"}, text("Go on.")]),
+        assistant([{"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {"file_path": "/r/b.go"}}]),
+        {"role": "system", "content": [text("Held until the next assistant turn.")]},
+        assistant("Still reading."),
+        {"role": "system", "content": "Trailing note."},
+    ]}),
+    ("inline-system-without-system-text", {"messages": [user("a"), {"role": "system", "content": "note"}, user("b")]}),
+    ("leading-system-only", {"messages": [{"role": "system", "content": "S1"}, {"role": "system", "content": "S2"}, user("a")]}),
     ("thinking-disabled", {"thinking": {"type": "disabled"}, "messages": [user("a")]}),
     ("tool-strict", {"tools": [dict(READ, strict=True)], "messages": [user("a")]}),
     ("empty-tools", {"tools": [], "messages": [user("a")]}),
@@ -214,14 +308,18 @@ def main():
         special = {k: cfg[k] for k in SPECIAL if isinstance(cfg.get(k), str)}
         for name, request in CASES:
             request = dict(request, model=model, max_tokens=1024)
-            chat, exact = to_chat(request)
-            case = {"model": model, "name": name, "request": request, "exact": exact}
-            if exact:
-                try:
-                    case["want"] = render(cfg["chat_template"], special, chat, {})
-                except jinja2.exceptions.TemplateError as e:
-                    case["error"] = str(e)
-            out.append(case)
+            inlines = [""]
+            if any(m["role"] == "system" for m in request["messages"]):
+                inlines += ["hoist", "preserve"]
+            for inline in inlines:
+                chat, exact = to_chat(request, inline)
+                case = {"model": model, "name": name, "inline": inline, "request": request, "exact": exact}
+                if exact:
+                    try:
+                        case["want"] = render(cfg["chat_template"], special, chat, {})
+                    except jinja2.exceptions.TemplateError as e:
+                        case["error"] = str(e)
+                out.append(case)
     with open(os.path.join(os.path.dirname(__file__), "messages_golden.json"), "w") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
