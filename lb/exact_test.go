@@ -101,7 +101,7 @@ func direct(t *testing.T, s *lb.Server, pod config.Pod, path, body string) int {
 // name and publish real vLLM KV events in blocks of 16, and a gateway
 // keying m with the same tokenizer under prefix_cache; dir is the
 // tokenizer's directory.
-func eventFleet(t *testing.T, engine engines.Kind, name, prefix string) (dir string, m *prompt.Model, pods []config.Pod, s *lb.Server) {
+func eventFleet(t *testing.T, engine engines.Kind, name, prefix string, edit ...func(*config.Model)) (dir string, m *prompt.Model, pods []config.Pod, s *lb.Server) {
 	t.Helper()
 	dir = tokfiles.Dir(t, name)
 	m, err := prompt.Load(prompt.Config{Tokenizer: dir})
@@ -115,6 +115,9 @@ func eventFleet(t *testing.T, engine engines.Kind, name, prefix string) (dir str
 	}
 	s = testGateway(t, pods, func(c *config.Config) {
 		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}
+		for _, e := range edit {
+			e(&c.Models[0])
+		}
 	})
 	return dir, m, pods, s
 }
@@ -295,6 +298,46 @@ func TestMessagesMatchTheEnginesEvents(t *testing.T) {
 	}
 	if _, counts := tokenizedCounts(t, s.AdminAddr()); counts["unindexed"] != 1 {
 		t.Fatalf("a request with an inline system message was not counted unindexed: %v", counts)
+	}
+}
+
+// Newer Claude Code sends a system-role message inside messages most
+// turns, which a newer vLLM keeps in place (the sim does): with
+// messages_inline_system preserve the gateway keys such a request by the
+// engine's ids, so it counts the prompt the pod prefills and its turns
+// stay on the pod the KV events show holding them.
+func TestMessagesInlineSystemMatchesTheEngine(t *testing.T) {
+	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "i", func(m *config.Model) { m.MessagesInlineSystem = "preserve" })
+	system, _ := json.Marshal(strings.Repeat("You are a coding agent. Read before you edit, and test after. ", 40))
+	turn := func(n int) string {
+		msgs := []string{`{"role":"system","content":"Session start."}`, `{"role":"user","content":"Why does make test fail?"}`}
+		for i := range n {
+			msgs = append(msgs, fmt.Sprintf(`{"role":"system","content":"<system-reminder>turn %d</system-reminder>"}`, i),
+				fmt.Sprintf(`{"role":"assistant","content":[{"type":"tool_use","id":"toolu_%d","name":"Bash","input":{"command":"make test"}}]}`, i),
+				fmt.Sprintf(`{"role":"system","content":"held %d"}`, i),
+				fmt.Sprintf(`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_%d","content":"FAIL %d"}]}`, i, i))
+		}
+		return `{"model":"m","max_tokens":2,"system":` + string(system) + `,"messages":[` + strings.Join(msgs, ",") + `]}`
+	}
+	home := "i-1"
+	prompted := direct(t, s, pods[1], "/v1/messages", turn(1))
+	for n := 2; n <= 4; n++ {
+		before := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`)
+		resp, b := post(t, s, "/v1/messages", turn(n))
+		var a struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+			}
+		}
+		if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &a) != nil || resp.Header.Get("x-pdlb-pod") != home {
+			t.Fatalf("turn %d on %s (%d %.200s), its prefix is on %s", n, resp.Header.Get("x-pdlb-pod"), resp.StatusCode, b, home)
+		}
+		if got := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`) - before; got != float64(a.Usage.InputTokens) || a.Usage.InputTokens <= prompted {
+			t.Fatalf("turn %d: the gateway counted %v prompt tokens, the pod prefilled %d (the first turn %d)", n, got, a.Usage.InputTokens, prompted)
+		}
+	}
+	if _, counts := tokenizedCounts(t, s.AdminAddr()); counts["exact"] != 3 || counts["unindexed"] != 0 {
+		t.Fatalf("/admin/index counts %v", counts)
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"pdlb/engines"
+	"pdlb/engines/chat"
 	"pdlb/lb/admit"
 	"pdlb/lb/discovery/spec"
 	"pdlb/lb/limits"
@@ -318,6 +319,14 @@ type Model struct {
 	// chat_template_kwargs, as vLLM's --default-chat-template-kwargs
 	// (default none).
 	ChatTemplateKwargs map[string]any `yaml:"chat_template_kwargs"`
+	// MessagesInlineSystem is where the model's vLLM puts the system-role
+	// messages inside an Anthropic Messages request's messages, which
+	// newer Claude Code sends most turns: "hoist" (earlier releases, into
+	// the leading system message) or "preserve" (newer releases that log
+	// "Anthropic inline system messages will be kept in place"). Default
+	// "": not known, and such a request is routed without the KV-event
+	// index.
+	MessagesInlineSystem string `yaml:"messages_inline_system"`
 	// LoRA: the model's adapters, their slots and its fallbacks.
 	LoRA `yaml:",inline"`
 }
@@ -732,6 +741,11 @@ func (c Config) Validate() error {
 			if len(m.ChatTemplateKwargs) > 0 {
 				return invalid(field+".chat_template_kwargs", m.ChatTemplateKwargs, "needs tokenizer (the stand-in has no template)")
 			}
+			if m.MessagesInlineSystem != "" {
+				return invalid(field+".messages_inline_system", m.MessagesInlineSystem, "needs tokenizer (the stand-in has no template)")
+			}
+		} else if _, ok := chat.ParseInlineSystem(m.MessagesInlineSystem); !ok {
+			return invalid(field+".messages_inline_system", m.MessagesInlineSystem, `must be "", "hoist" or "preserve"`)
 		} else if _, err := os.Stat(filepath.Join(m.Tokenizer, "tokenizer.json")); err != nil {
 			return invalid(field+".tokenizer", m.Tokenizer, "must be a directory holding tokenizer.json ("+err.Error()+")")
 		}

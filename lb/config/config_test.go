@@ -70,6 +70,8 @@ func TestValidateRejects(t *testing.T) {
 	f("models: [{name: m, tokenizer: /nonexistent/qwen3}]\n"+pod, `models[0].tokenizer = "/nonexistent/qwen3" must be a directory holding tokenizer.json`)
 	f("models: [{name: m, chat_template: t.jinja}]\n"+pod, `models[0].chat_template = "t.jinja" needs tokenizer`)
 	f("models: [{name: m, chat_template_kwargs: {enable_thinking: false}}]\n"+pod, `models[0].chat_template_kwargs = map[enable_thinking:false] needs tokenizer`)
+	f("models: [{name: m, messages_inline_system: preserve}]\n"+pod, `models[0].messages_inline_system = "preserve" needs tokenizer`)
+	f("models: [{name: m, tokenizer: /nonexistent/qwen3, messages_inline_system: fold}]\n"+pod, `models[0].messages_inline_system = "fold" must be "", "hoist" or "preserve"`)
 	f("admission: {interactive: {ttft_slo: -1}}\n"+pod, "admission")
 	f("token_load: {kv_weight: -1}\n"+pod, "kv_weight")
 	f("redis: {address: nowhere}\n"+pod, `redis.address = "nowhere"`)

@@ -426,3 +426,28 @@ func TestMessagesTokenizeByEngine(t *testing.T) {
 		releaseCompletion(x)
 	}
 }
+
+// TestMessagesInlineSystem: a Messages request with system-role messages
+// inside messages is keyed by the engine's ids when the model says where
+// its vLLM puts them (messages_inline_system), and routed without the
+// index when it does not.
+func TestMessagesInlineSystem(t *testing.T) {
+	body := `{"model":"m","max_tokens":4,"system":"S","messages":[{"role":"user","content":"Hi"},{"role":"system","content":"note"},{"role":"user","content":"Go on."}]}`
+	ids := map[string]string{}
+	for _, inline := range []string{"", "hoist", "preserve"} {
+		cfg := config.Default()
+		cfg.Models = []config.Model{{Name: "m", Tokenizer: tokfiles.Dir(t, "qwen3"), MessagesInlineSystem: inline}}
+		cfg.Pods = []config.Pod{{Name: "p0", Model: "m", Address: "127.0.0.1:10000"}}
+		cfg.Provision()
+		g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+		x, err := tokenizedAs(t, g, openai.KindMessages, body)
+		if err != nil || (len(x.ids) > 0) != (inline != "") {
+			t.Errorf("messages_inline_system %q: %d ids (%v)", inline, len(x.ids), err)
+		}
+		ids[inline] = fmt.Sprint(x.ids)
+		releaseCompletion(x)
+	}
+	if ids["hoist"] == ids["preserve"] {
+		t.Error("hoist and preserve gave the same ids")
+	}
+}

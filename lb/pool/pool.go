@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/engines"
+	"pdlb/engines/chat"
 	"pdlb/engines/prompt"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
@@ -694,7 +695,8 @@ func loadPrompt(mc config.Model, loaded prompt.Loaded) (m *prompt.Model, key str
 	if mc.Tokenizer == "" {
 		return nil, "", nil
 	}
-	c := prompt.Config{Tokenizer: mc.Tokenizer, ChatTemplate: mc.ChatTemplate, ChatTemplateKwargs: mc.ChatTemplateKwargs}
+	inline, _ := chat.ParseInlineSystem(mc.MessagesInlineSystem) // validated by config
+	c := prompt.Config{Tokenizer: mc.Tokenizer, ChatTemplate: mc.ChatTemplate, ChatTemplateKwargs: mc.ChatTemplateKwargs, InlineSystem: inline}
 	m, err = loaded.Load(c)
 	return m, c.Key(), err
 }
