@@ -196,7 +196,7 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		return false
 	}
 	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
-	if x.req.Kind.Outputs() && !x.req.Kind.Generates() {
+	if x.req.Kind.Uncascaded() {
 		g.metrics.model(m).uncascaded.Add(1)
 	}
 	return true
@@ -232,7 +232,7 @@ func budgeted(x *completion, body []byte) int {
 // prefill/decode exchange of chats and completions only.
 func strategyFor(x *completion, m *pool.Model) (route.Resolved, error) {
 	switch {
-	case x.req.Kind.Outputs() && !x.req.Kind.Generates():
+	case x.req.Kind.Uncascaded():
 		res, err := strategyOf(x, m)
 		res.PD = nil
 		return res, err

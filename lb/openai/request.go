@@ -71,6 +71,11 @@ func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 // Responses API's and the Messages API's.
 func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses || k == KindMessages }
 
+// Uncascaded reports whether k's requests are Outputs' that the gateway
+// runs on one combined pod, with no prefill/decode cascade: the
+// Responses API's and the Messages API's.
+func (k Kind) Uncascaded() bool { return k.Outputs() && !k.Generates() }
+
 // String returns the kind's name.
 func (k Kind) String() string {
 	switch k {
