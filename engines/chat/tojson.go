@@ -310,11 +310,22 @@ func (o *jsonOptions) close(dst []byte, level int, c byte) []byte {
 
 // appendString writes s as json.dumps does: '"', '\\' and control
 // characters escaped (\n, \r, \t, \b, \f by name), other characters as
-// they are, or as \uXXXX (surrogate pairs beyond the BMP) when ascii.
+// they are, or as \uXXXX (surrogate pairs beyond the BMP) when ascii. A
+// run of printable ASCII, most of a tool schema, is copied at once.
 func (o *jsonOptions) appendString(dst []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
-	for _, r := range s {
+	for i := 0; i < len(s); {
+		j := i
+		for j < len(s) && s[j] >= 0x20 && s[j] < 0x7f && s[j] != '"' && s[j] != '\\' {
+			j++
+		}
+		dst = append(dst, s[i:j]...)
+		if j == len(s) {
+			break
+		}
+		r, n := utf8.DecodeRuneInString(s[j:])
+		i = j + n
 		switch {
 		case r == '"':
 			dst = append(dst, `\"`...)

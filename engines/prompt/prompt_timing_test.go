@@ -113,3 +113,28 @@ func BenchmarkMessagesAgentLoop(b *testing.B) { benchAgent(b, true) }
 
 // BenchmarkChatAgentLoop: the same conversation as vLLM's chat request.
 func BenchmarkChatAgentLoop(b *testing.B) { benchAgent(b, false) }
+
+// BenchmarkChatManyTools: one short message with 25 tools of about 2 KB
+// each, the size of a coding agent's tool list, which it resends every
+// request: the template dumps them all (tojson) each time.
+func BenchmarkChatManyTools(b *testing.B) {
+	m := load(b, Config{Tokenizer: tokfiles.Dir(b, "qwen3")})
+	tools := make([]any, 25)
+	for i := range tools {
+		tools[i] = map[string]any{"type": "function", "function": map[string]any{"name": "tool" + strconv.Itoa(i),
+			"description": strings.Repeat("Does one thing well, and says so at length. ", 45),
+			"parameters": map[string]any{"type": "object", "required": []string{"path"}, "properties": map[string]any{
+				"path": map[string]string{"type": "string", "description": "An absolute path."},
+				"n":    map[string]any{"type": "integer", "minimum": 1}}}}}
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "tools": tools, "messages": []any{map[string]any{"role": "user", "content": "hi"}}})
+	var ids []uint32
+	var err error
+	b.ReportAllocs()
+	for b.Loop() {
+		if ids, err = m.Chat(ids[:0], body, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(body)), "bytes")
+}
