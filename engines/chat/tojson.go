@@ -195,8 +195,21 @@ var errNotJSON = errors.New("tojson: value is not JSON serializable")
 // pyToJSON is transformers' tojson: json.dumps(x, ensure_ascii=False,
 // indent=indent, separators=separators, sort_keys=sort_keys).
 func pyToJSON(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	o, err := jsonOptionsOf(args, kwargs)
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	out, err := o.append(nil, args[0], 0)
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	return jinja.NewString(string(out)), nil
+}
+
+// jsonOptionsOf reads tojson's arguments.
+func jsonOptionsOf(args []jinja.Value, kwargs map[string]jinja.Value) (jsonOptions, error) {
 	if len(args) == 0 {
-		return jinja.Undefined(), errors.New("tojson: no value")
+		return jsonOptions{}, errors.New("tojson: no value")
 	}
 	o := jsonOptions{indent: -1}
 	if v, ok := kwargs["indent"]; ok && v.IsInt() {
@@ -218,11 +231,7 @@ func pyToJSON(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, e
 	if v, ok := kwargs["ensure_ascii"]; ok && v.IsBool() {
 		o.ascii = v.AsBool()
 	}
-	out, err := o.append(nil, args[0], 0)
-	if err != nil {
-		return jinja.Undefined(), err
-	}
-	return jinja.NewString(string(out)), nil
+	return o, nil
 }
 
 type jsonOptions struct {

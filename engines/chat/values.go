@@ -30,6 +30,13 @@ type decoder struct {
 	lossy     bool
 }
 
+// merge adds o's inexactness flags to d's.
+func (d *decoder) merge(o *decoder) {
+	d.floatText = d.floatText || o.floatText
+	d.jsonText = d.jsonText || o.jsonText
+	d.lossy = d.lossy || o.lossy
+}
+
 // inexact reports values the template may write otherwise than Python.
 func (d *decoder) inexact(t *Template) bool {
 	return d.lossy || d.floatText || d.jsonText && !t.jsonExact
@@ -198,9 +205,7 @@ func toolCallsValue(raw []byte, d *decoder) (jinja.Value, error) {
 		if err != nil || sub.s.peek() != 0 {
 			parsed = jinja.NewDict()
 		}
-		d.floatText = d.floatText || sub.floatText
-		d.jsonText = d.jsonText || sub.jsonText
-		d.lossy = d.lossy || sub.lossy
+		d.merge(&sub)
 		name, _ := fn.AsDict().Get("name")
 		f := jinja.NewDict()
 		f.AsDict().Set("arguments", parsed)
@@ -362,14 +367,14 @@ func (t *Template) templateData(c *Conversation, defaults map[string]any) (map[s
 	if err != nil {
 		return nil, err
 	}
-	tools, err := toolsValue(c, &d)
+	tools, toJSON, err := t.tools(c, &d)
 	if err != nil {
 		return nil, err
 	}
 	if d.inexact(t) || c.hasTools && t.indentedJSON {
 		return nil, ErrInexact
 	}
-	data[jsonFunc] = jsonCallable
+	data[jsonFunc] = toJSON
 	data["messages"] = msgs
 	data["tools"] = tools
 	data["documents"] = jinja.None()

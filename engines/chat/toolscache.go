@@ -1,0 +1,138 @@
+package chat
+
+import (
+	"bytes"
+	"regexp"
+	"sync"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// toolsCache keeps the dumped tools (toolsValue) of a template's last
+// requests by their raw JSON, and what tojson wrote of them: an agent
+// resends the same list with every request, and dumping it again, then
+// writing it as JSON, was most of the render of such a request. The
+// values are shared by concurrent renders, read only: a template that
+// can change a value it is given (mutatesRE) caches nothing.
+type toolsCache struct {
+	mu      sync.Mutex
+	entries [toolsCacheSize]*toolsEntry
+	next    int // the entry to replace next
+}
+
+// toolsCacheSize is how many distinct tool lists a template keeps: a
+// fleet's clients (one agent's list per version) send few.
+const toolsCacheSize = 4
+
+type toolsEntry struct {
+	raw   []byte // the request's tools, as sent
+	v     jinja.Value
+	flags decoder // the decode's inexactness flags alone
+	// toJSON is the render's tojson (jsonFunc) with the list, each tool
+	// and each of their dicts and lists (owned) dumped once per set of
+	// options: the template dumps the same tools every request.
+	toJSON jinja.Value
+	owned  map[any]bool
+	mu     sync.Mutex
+	dumped map[dumpKey]string
+}
+
+type dumpKey struct {
+	value any // a *jinja.Dict or *jinja.List of owned
+	o     jsonOptions
+}
+
+// newToolsEntry keeps v, the tools dumped from raw.
+func newToolsEntry(raw []byte, v jinja.Value, flags decoder) *toolsEntry {
+	e := &toolsEntry{raw: bytes.Clone(raw), v: v, flags: flags, owned: map[any]bool{}, dumped: map[dumpKey]string{}}
+	e.own(v)
+	e.toJSON = jinja.NewCallable(jsonFunc, e.dump)
+	return e
+}
+
+// own adds v's containers, and theirs, to owned.
+func (e *toolsEntry) own(v jinja.Value) {
+	switch {
+	case v.IsList():
+		e.owned[v.AsList()] = true
+		for _, item := range v.AsList().Items {
+			e.own(item)
+		}
+	case v.IsDict():
+		e.owned[v.AsDict()] = true
+		for _, k := range v.AsDict().Keys {
+			item, _ := v.AsDict().Get(k)
+			e.own(item)
+		}
+	}
+}
+
+// dump is pyToJSON, remembering what it wrote of owned values.
+func (e *toolsEntry) dump(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	o, err := jsonOptionsOf(args, kwargs)
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	var key dumpKey
+	switch v := args[0]; {
+	case v.IsList():
+		key = dumpKey{v.AsList(), o}
+	case v.IsDict():
+		key = dumpKey{v.AsDict(), o}
+	}
+	if key.value == nil || !e.owned[key.value] {
+		return pyToJSON(args, kwargs)
+	}
+	e.mu.Lock()
+	s, ok := e.dumped[key]
+	e.mu.Unlock()
+	if !ok {
+		out, err := o.append(nil, args[0], 0)
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		s = string(out)
+		e.mu.Lock()
+		e.dumped[key] = s
+		e.mu.Unlock()
+	}
+	return jinja.NewString(s), nil
+}
+
+// mutatesRE finds the engine's list and dict methods that change their
+// value in place (github.com/ardanlabs/jinja v1.8.0's append, pop,
+// insert and update). Python's sandbox refuses them; the engine does not.
+var mutatesRE = regexp.MustCompile(`\.\s*(append|pop|insert|update)\s*\(`)
+
+// tools returns c's tools as toolsValue dumps them, from the cache when
+// the same list came before, and adds its decode's flags to d's; and the
+// render's tojson, which remembers the dumps of a cached list.
+func (t *Template) tools(c *Conversation, d *decoder) (jinja.Value, jinja.Value, error) {
+	if !c.hasTools || t.mutates {
+		v, err := toolsValue(c, d)
+		return v, jsonCallable, err
+	}
+	raw := c.bytes(c.tools)
+	tc := &t.toolsCache
+	tc.mu.Lock()
+	for _, e := range tc.entries {
+		if e != nil && bytes.Equal(e.raw, raw) {
+			tc.mu.Unlock()
+			d.merge(&e.flags)
+			return e.v, e.toJSON, nil
+		}
+	}
+	tc.mu.Unlock()
+	var own decoder
+	v, err := toolsValue(c, &own)
+	if err != nil {
+		return v, jsonCallable, err
+	}
+	d.merge(&own)
+	e := newToolsEntry(raw, v, decoder{floatText: own.floatText, jsonText: own.jsonText, lossy: own.lossy})
+	tc.mu.Lock()
+	tc.entries[tc.next] = e
+	tc.next = (tc.next + 1) % toolsCacheSize
+	tc.mu.Unlock()
+	return v, e.toJSON, nil
+}
