@@ -40,7 +40,7 @@ type Template struct {
 	jsonExact    bool // every tojson rewritten to Python's (tojson.go)
 	timeBound    bool // strftime_now: output depends on the day
 	noPlan       bool // a request's template: learning costs more than it saves
-	mutates      bool // changes a value in place (mutatesRE): no toolsCache
+	mutates      bool // may change a value in place (mutates): no toolsCache
 	triggers     []string
 	toolsCache   toolsCache
 
@@ -85,7 +85,7 @@ func Compile(source string, special map[string]string) (*Template, error) {
 		indentedJSON: indentedJSONRE.MatchString(rewritten),
 		jsonExact:    jsonExact,
 		timeBound:    strings.Contains(source, "strftime_now"),
-		mutates:      mutatesRE.MatchString(source),
+		mutates:      mutates(source),
 		triggers:     triggerLiterals(source),
 		format:       detectFormat(source),
 	}

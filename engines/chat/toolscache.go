@@ -13,7 +13,7 @@ import (
 // resends the same list with every request, and dumping it again, then
 // writing it as JSON, was most of the render of such a request. The
 // values are shared by concurrent renders, read only: a template that
-// can change a value it is given (mutatesRE) caches nothing.
+// can change a value it is given (mutates) caches nothing.
 type toolsCache struct {
 	mu      sync.Mutex
 	entries [toolsCacheSize]*toolsEntry
@@ -99,10 +99,35 @@ func (e *toolsEntry) dump(args []jinja.Value, kwargs map[string]jinja.Value) (ji
 	return jinja.NewString(s), nil
 }
 
-// mutatesRE finds the engine's list and dict methods that change their
-// value in place (github.com/ardanlabs/jinja v1.8.0's append, pop,
-// insert and update). Python's sandbox refuses them; the engine does not.
-var mutatesRE = regexp.MustCompile(`\.\s*(append|pop|insert|update)\s*\(`)
+// A template changes a value it is given in place (Python's sandbox
+// refuses both; github.com/ardanlabs/jinja v1.8.0 does not) by a list or
+// dict method that does, append, pop, insert or update, called or taken
+// as a value (methodRE); or by setting a key of a dict with a dotted set
+// (dottedSetRE), unless the name is bound to a namespace(), the
+// template's own state (namespaceRE).
+var (
+	methodRE    = regexp.MustCompile(`\.\s*(append|pop|insert|update)\b`)
+	dottedSetRE = regexp.MustCompile(`\bset\s+(\w+)\s*\.`)
+	namespaceRE = regexp.MustCompile(`\bset\s+(\w+)\s*=\s*namespace\s*\(`)
+)
+
+// mutates reports whether a template with source src may change a value
+// it is given.
+func mutates(src string) bool {
+	if methodRE.MatchString(src) {
+		return true
+	}
+	namespaces := map[string]bool{}
+	for _, m := range namespaceRE.FindAllStringSubmatch(src, -1) {
+		namespaces[m[1]] = true
+	}
+	for _, m := range dottedSetRE.FindAllStringSubmatch(src, -1) {
+		if !namespaces[m[1]] {
+			return true
+		}
+	}
+	return false
+}
 
 // tools returns c's tools as toolsValue dumps them, from the cache when
 // the same list came before, and adds its decode's flags to d's; and the

@@ -54,21 +54,38 @@ func TestToolsCacheShared(t *testing.T) {
 }
 
 // TestToolsCacheMutatingTemplate: a template that changes the tools it is
-// given (the engine allows list.append) sees a fresh list each render.
+// given (the engine allows list methods that do, called or taken as
+// values, and dotted sets on any dict) sees fresh tools each render; a
+// template whose dotted sets are on namespaces keeps them.
 func TestToolsCacheMutatingTemplate(t *testing.T) {
-	tmpl, err := Compile(`{% set _ = tools.append(tools[0]) %}{{ tools | length }}`, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		c := AcquireConversation()
-		if err := c.ParseRequest([]byte(`{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`)); err != nil {
+	for _, c := range []struct{ src, want string }{
+		{`{% set _ = tools.append(tools[0]) %}{{ tools | length }}`, "2"},
+		{`{% set add = tools.append %}{% set _ = add(tools[0]) %}{{ tools | length }}`, "2"},
+		{`{% set _ = (tools.pop)() %}{{ tools | length }}`, "0"},
+		{`{% set t0 = tools[0] %}{% set t0.type = t0.type ~ "!" %}{{ t0.type }}`, "function!"},
+		{`{% set t0 = tools[0] %}{{ t0 | tojson }}|{% set t0.type = "x" %}{{ t0 | tojson }}`,
+			`{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}|{"type": "x", "function": {"name": "f", "description": null, "parameters": null}}`},
+	} {
+		tmpl, err := Compile(c.src, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := tmpl.Render(nil, c, nil)
-		ReleaseConversation(c)
-		if err != nil || string(out) != "2" {
-			t.Fatalf("render %d: %q %v, want 2", i, out, err)
+		for i := range 3 {
+			cv := AcquireConversation()
+			if err := cv.ParseRequest([]byte(`{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`)); err != nil {
+				t.Fatal(err)
+			}
+			out, err := tmpl.Render(nil, cv, nil)
+			ReleaseConversation(cv)
+			if err != nil || string(out) != c.want {
+				t.Fatalf("%s, render %d: %q %v, want %q", c.src, i, out, err, c.want)
+			}
 		}
+	}
+	if mutates(`{%- set ns = namespace(multi_step_tool=true) %}{%- set ns.multi_step_tool = false %}`) {
+		t.Error("a namespace's dotted set counts as changing a value")
+	}
+	if qwen3 := loadTemplate(t, "qwen3"); qwen3.mutates {
+		t.Error("Qwen3's template keeps no tools")
 	}
 }
