@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"pdlb/engines/sim"
 	"pdlb/lb/config"
 )
 
@@ -168,6 +169,30 @@ func TestMessagesGatewayErrors(t *testing.T) {
 		resp, b := post(t, s, c.path, c.body)
 		if resp.StatusCode/100 != 4 || !strings.HasPrefix(b, c.want) {
 			t.Errorf("%s %s: %d %s, want %s...", c.path, c.body, resp.StatusCode, b, c.want)
+		}
+	}
+}
+
+// TestMessagesPD: on a model of vLLM prefill and decode pods only, a
+// Messages request takes the prefill/decode exchange as a chat does (vLLM
+// carries kv_transfer_params on its Messages API), whole and streamed:
+// the decode pod pulls the KV the prefill pod made, and nothing is left
+// held. It was a 400 ("goes to a combined pod") before.
+func TestMessagesPD(t *testing.T) {
+	pre := startSim(t, pdEngines[0], "pre", sim.RolePrefill, nil)
+	dec := startSim(t, pdEngines[0], "dec", sim.RoleDecode, nil)
+	s := testGateway(t, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}, nil)
+	prompt := strings.Repeat("a prompt long enough to fill blocks of the cache ", 8)
+	for i, stream := range []string{"false", "true"} {
+		resp, b := post(t, s, "/v1/messages", `{"model":"m","max_tokens":4,"stream":`+stream+`,"messages":[{"role":"user","content":"`+prompt+`"}]}`)
+		if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-prefill-pod") != "pre" || resp.Header.Get("x-pdlb-decode-pod") != "dec" {
+			t.Fatalf("stream %s: %d via %q→%q: %.300s", stream, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), resp.Header.Get("x-pdlb-decode-pod"), b)
+		}
+		if stream == "true" && !strings.HasSuffix(b, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n") || stream == "false" && !strings.Contains(b, `"output_tokens":4`) {
+			t.Errorf("stream %s: %s", stream, b)
+		}
+		if st := dec.Stats(); st.KVPulls != int64(i+1) || pre.Stats().HeldKVBlocks != 0 {
+			t.Errorf("stream %s: the decode pod pulled %d times, the prefill pod holds %d blocks", stream, st.KVPulls, pre.Stats().HeldKVBlocks)
 		}
 	}
 }

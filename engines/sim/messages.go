@@ -28,6 +28,9 @@ type messagesRequest struct {
 	MaxTokens *int            `json:"max_tokens"`
 	Stream    bool            `json:"stream"`
 	CacheSalt json.RawMessage `json:"cache_salt"` // newer vLLM passes it to the chat
+	// KVTransferParams, vLLM's prefill/decode exchange, goes to the chat
+	// and comes back in the answer, as vLLM passes it.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 // stopReasons maps a chat's finish reason to the Messages API's, as vLLM
@@ -60,6 +63,9 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 	if req.CacheSalt != nil {
 		chat["cache_salt"] = req.CacheSalt
 	}
+	if req.KVTransferParams != nil {
+		chat["kv_transfer_params"] = req.KVTransferParams
+	}
 	if req.Stream {
 		// As vLLM asks: the first chunk's usage is message_start's.
 		chat["stream_options"] = map[string]bool{"include_usage": true, "continuous_usage_stats": true}
@@ -71,18 +77,23 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 	model := cmp.Or(req.Model, p.cfg.Model)
 	if !req.Stream {
 		var out struct {
-			ID string `json:"id"`
+			ID string          `json:"id"`
+			KV json.RawMessage `json:"kv_transfer_params"`
 			chatAnswer
 		}
 		if json.Unmarshal(inner.Response.Body(), &out) != nil || out.Usage == nil {
 			return // the client left, and generate cancelled it
 		}
-		b, _ := json.Marshal(map[string]any{
+		answer := map[string]any{
 			"id": out.ID, "type": "message", "role": "assistant", "model": model,
 			"content":     []any{map[string]string{"type": "text", "text": out.text()}},
 			"stop_reason": stopReasons[out.finish()], "stop_sequence": nil,
 			"usage": map[string]int{"input_tokens": out.Usage.PromptTokens, "output_tokens": out.Usage.CompletionTokens},
-		})
+		}
+		if len(out.KV) > 0 && string(out.KV) != "null" {
+			answer["kv_transfer_params"] = out.KV
+		}
+		b, _ := json.Marshal(answer)
 		writeJSON(ctx, b)
 		return
 	}

@@ -67,9 +67,9 @@ type modelMetrics struct {
 	// 200: the planner's finished requests, whose output it averages (the
 	// other APIs' answers have none).
 	generated atomic.Int64
-	// uncascaded counts the Responses and Messages requests that arrived:
-	// the planner's besides those the prefill/decode cascade decided
-	// (pd.Kinds), which they never take.
+	// uncascaded counts the Responses and Messages requests that arrived
+	// and took no prefill/decode cascade (Kind.Uncascaded): the planner's
+	// besides those the cascade decided (pd.Kinds).
 	uncascaded atomic.Int64
 	// fallbacks counts requests for another model moved to this one
 	// (models.go).

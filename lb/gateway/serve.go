@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/engines"
 	"pdlb/engines/tokenize"
 	"pdlb/lb/frontend"
 	"pdlb/lb/limits"
@@ -196,7 +197,7 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		return false
 	}
 	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
-	if x.req.Kind.Uncascaded() {
+	if x.req.Kind.Uncascaded() && x.cascade == nil {
 		g.metrics.model(m).uncascaded.Add(1)
 	}
 	return true
@@ -232,6 +233,11 @@ func budgeted(x *completion, body []byte) int {
 // prefill/decode exchange of chats and completions only.
 func strategyFor(x *completion, m *pool.Model) (route.Resolved, error) {
 	switch {
+	case x.req.Kind == openai.KindMessages && m.Profiles != nil && m.Profiles.Engine == engines.VLLM:
+		// vLLM runs a Messages request's prefill/decode exchange as a
+		// chat's (its kv_transfer_params in and out); SGLang's Messages
+		// API drops its exchange fields.
+		return strategyOf(x, m)
 	case x.req.Kind.Uncascaded():
 		res, err := strategyOf(x, m)
 		res.PD = nil

@@ -118,7 +118,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 		return g.adapterReady(x)
 	case g.fallBack(x):
 		// picked anew on a fallback model
-	case x.last == nil && !x.req.Kind.Generates() && len(x.m.Combined) == 0:
+	case x.last == nil && x.cascade == nil && !x.req.Kind.Generates() && len(x.m.Combined) == 0:
 		// Not a passing state a retry would outlast: a 400 names it.
 		x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest,
 			Message: "The model `" + x.m.Name + "` is served by prefill and decode pods only; " + string(x.ctx.Path()) + " goes to a combined pod."}), stageFail

@@ -73,7 +73,8 @@ func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses || k =
 
 // Uncascaded reports whether k's requests are Outputs' that the gateway
 // runs on one combined pod, with no prefill/decode cascade: the
-// Responses API's and the Messages API's.
+// Responses API's, and the Messages API's but on a model of vLLM
+// prefill/decode pods (the gateway's strategyFor).
 func (k Kind) Uncascaded() bool { return k.Outputs() && !k.Generates() }
 
 // String returns the kind's name.
