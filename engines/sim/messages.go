@@ -31,6 +31,10 @@ type messagesRequest struct {
 	// KVTransferParams, vLLM's prefill/decode exchange, goes to the chat
 	// and comes back in the answer, as vLLM passes it.
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	Thinking         *struct {
+		Type         string `json:"type"`
+		BudgetTokens *int   `json:"budget_tokens"`
+	} `json:"thinking"`
 }
 
 // stopReasons maps a chat's finish reason to the Messages API's, as vLLM
@@ -46,6 +50,21 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 	if req.MaxTokens == nil {
 		refuseMessage(ctx, "max_tokens: Field required")
 		return
+	}
+	if th := req.Thinking; th != nil && th.Type == "enabled" {
+		// Newer vLLM's request model: a budget of at least 1,024 tokens,
+		// under max_tokens.
+		switch {
+		case th.BudgetTokens == nil:
+			refuseMessage(ctx, "thinking.enabled.budget_tokens: Field required")
+			return
+		case *th.BudgetTokens < 1024:
+			refuseMessage(ctx, "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024")
+			return
+		case *th.BudgetTokens >= *req.MaxTokens:
+			refuseMessage(ctx, "thinking.budget_tokens must be less than max_tokens")
+			return
+		}
 	}
 	converted, _, err := chatpkg.AppendMessages(nil, ctx.PostBody(), chatpkg.InlinePreserve)
 	var fields map[string]json.RawMessage

@@ -80,6 +80,8 @@ func TestMessages(t *testing.T) {
 		{map[string]any{"model": "m", "messages": msgs}, 400, "max_tokens"},
 		{map[string]any{"model": "other", "max_tokens": 1, "messages": msgs}, 404, "does not exist"},
 		{map[string]any{"model": "m", "max_tokens": 1, "messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "document"}}}}}, 400, "messages[0].content[0].type"},
+		{map[string]any{"model": "m", "max_tokens": 1024, "thinking": map[string]any{"type": "enabled", "budget_tokens": 1024}, "messages": msgs}, 400, "budget_tokens must be less than max_tokens"},
+		{map[string]any{"model": "m", "max_tokens": 4096, "thinking": map[string]any{"type": "enabled", "budget_tokens": 512}, "messages": msgs}, 400, "greater than or equal to 1024"},
 	} {
 		if code, b := post(t, c, base+"/v1/messages", c2.body); code != c2.code || !strings.Contains(string(b), c2.want) {
 			t.Errorf("%v: %d %s", c2.body, code, b)

@@ -34,17 +34,39 @@ func (PD) PrefillInfoPath() string { return "" }
 // PrefillBody implements engines.Protocol: the client's body with
 // kv_transfer_params for a remote decode, stream false and max_tokens 1
 // (max_completion_tokens 1 where the client set it), without
-// stream_options (invalid without stream) and min_tokens (vLLM rejects
-// min_tokens above max_tokens).
+// stream_options (invalid without stream), min_tokens (vLLM rejects
+// min_tokens above max_tokens) and a Messages request's enabled thinking.
 func (PD) PrefillBody(dst, orig []byte, _ *engines.Exchange) ([]byte, error) {
-	return engines.EditObject(dst, orig,
-		engines.Edit{Key: "kv_transfer_params", Value: []byte(prefillKVParams)},
-		engines.Edit{Key: "stream", Value: []byte("false")},
-		engines.Edit{Key: "max_tokens", Value: []byte("1")},
-		engines.Edit{Key: "max_completion_tokens", Value: []byte("1"), IfPresent: true},
-		engines.Edit{Key: "stream_options"},
-		engines.Edit{Key: "min_tokens"},
-	)
+	edits := [...]engines.Edit{
+		{Key: "kv_transfer_params", Value: []byte(prefillKVParams)},
+		{Key: "stream", Value: []byte("false")},
+		{Key: "max_tokens", Value: []byte("1")},
+		{Key: "max_completion_tokens", Value: []byte("1"), IfPresent: true},
+		{Key: "stream_options"},
+		{Key: "min_tokens"},
+		// A Messages request's enabled thinking: newer releases refuse a
+		// budget_tokens not under max_tokens, which 1 would make every
+		// budget; the budget bounds generation alone, which the prefill
+		// leg does not do. (Thinking disabled, which shapes the prompt,
+		// stays.)
+		{Key: "thinking"},
+	}
+	n := len(edits)
+	if !thinkingEnabled(orig) {
+		n--
+	}
+	return engines.EditObject(dst, orig, edits[:n]...)
+}
+
+// thinkingEnabled reports whether body (a Messages request) asks for
+// thinking with a budget: {"thinking": {"type": "enabled", ...}}.
+func thinkingEnabled(body []byte) bool {
+	thinking, ok, err := engines.Field(body, "thinking")
+	if err != nil || !ok || len(thinking) == 0 || thinking[0] != '{' {
+		return false
+	}
+	typ, ok, err := engines.Field(thinking, "type")
+	return err == nil && ok && string(typ) == `"enabled"`
 }
 
 // PrefillAnswers implements engines.Protocol: a vLLM prefill never answers

@@ -24,6 +24,15 @@ func TestPDBodies(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":false,"max_tokens":1,"temperature":0.7,"kv_transfer_params":`+kv+`}`)
 	f(`{"model":"m","prompt":"x","max_completion_tokens":9,"min_tokens":4}`,
 		`{"model":"m","prompt":"x","max_completion_tokens":1,"kv_transfer_params":`+kv+`,"stream":false,"max_tokens":1}`)
+	// A Messages request's enabled thinking goes (newer vLLM refuses a
+	// budget not under max_tokens); disabled, which shapes the prompt,
+	// and adaptive stay.
+	f(`{"model":"m","max_tokens":4096,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[]}`,
+		`{"model":"m","max_tokens":1,"messages":[],"kv_transfer_params":`+kv+`,"stream":false}`)
+	f(`{"model":"m","max_tokens":4096,"thinking":{"type":"disabled"},"messages":[]}`,
+		`{"model":"m","max_tokens":1,"thinking":{"type":"disabled"},"messages":[],"kv_transfer_params":`+kv+`,"stream":false}`)
+	f(`{"model":"m","max_tokens":4096,"thinking":{"type":"adaptive"},"messages":[]}`,
+		`{"model":"m","max_tokens":1,"thinking":{"type":"adaptive"},"messages":[],"kv_transfer_params":`+kv+`,"stream":false}`)
 
 	resp := []byte(`{"id":"c1","choices":[{"text":"a"}],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"10.0.0.1","remote_port":5600}}`)
 	orig := `{"model":"m","prompt":"x","stream":true,"max_tokens":64}`
