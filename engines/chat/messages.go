@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"pdlb/engines"
 )
 
 // billingHeader starts the system text Claude Code sends with a hash that
@@ -313,8 +311,7 @@ func (v *messagesConverter) convert(body []byte) error {
 	case v.inline == InlineHoist:
 		v.system = v.join(v.system, v.leading)
 	case v.later && len(v.system) == 0 && len(v.leading) == 0:
-		v.cur = fieldMessages
-		v.notExact() // folded into user turns by a newer release
+		v.inexact |= fieldMessages // folded into user turns by a newer release
 		fallthrough
 	default:
 		if len(v.system) > 0 && len(v.leading) > 0 {
@@ -1068,22 +1065,6 @@ func (v *messagesConverter) appendTyped(dst, schema []byte) []byte {
 		dst = append(dst, ',')
 	}
 	return append(dst, `"type":"object"}`...)
-}
-
-// laxBool is the bool pydantic's lax mode reads from a JSON value.
-func laxBool(raw []byte) (v, ok bool) {
-	switch c := raw[0]; {
-	case string(raw) == "true", string(raw) == "false":
-		return raw[0] == 't', true
-	case c == '"':
-		var t scanner
-		t.reset(raw)
-		s, sp := t.str(nil)
-		return engines.LaxBoolString(string(s[sp.lo:sp.hi]))
-	case c == '-' || c >= '0' && c <= '9':
-		return engines.LaxBoolNumber(string(raw))
-	}
-	return false, false
 }
 
 // effort is the chat's reasoning_effort (nil for none):

@@ -271,37 +271,38 @@ func (c *Conversation) syntax() error {
 	return nil
 }
 
-// optBool reads a bool field as pydantic v2's lax mode does (see
-// engines.LaxBoolString); null, like an absent field, gives def.
+// optBool reads a bool field as pydantic v2's lax mode does (laxBool);
+// null, like an absent field, gives def.
 func (c *Conversation) optBool(field string, def bool) (v, given bool, err error) {
-	s := &c.sc
-	if s.isNull() {
-		return def, false, nil
-	}
-	if v, ok := s.boolean(); ok {
-		return v, true, nil
-	}
-	switch ch := s.peek(); {
-	case ch == '"':
-		var w span
-		c.arena, w = s.str(c.arena)
-		v, ok := engines.LaxBoolString(string(c.bytes(w)))
-		c.arena = c.arena[:w.lo]
-		if ok {
-			return v, true, nil
-		}
-	case ch == '-' || ch >= '0' && ch <= '9':
-		text, _ := s.number()
-		if v, ok := engines.LaxBoolNumber(string(text)); ok {
-			return v, true, nil
-		}
-	default:
-		s.skip()
-	}
+	raw := c.sc.raw()
 	if err := c.syntax(); err != nil {
 		return def, false, err
 	}
+	if isNull(raw) {
+		return def, false, nil
+	}
+	if v, ok := laxBool(raw); ok {
+		return v, true, nil
+	}
 	return def, false, fieldError(field, "Input should be a valid boolean")
+}
+
+// laxBool is the bool pydantic's lax mode reads from a JSON value: true
+// or false, a string engines.LaxBoolString takes, a number
+// engines.LaxBoolNumber takes.
+func laxBool(raw []byte) (v, ok bool) {
+	switch c := raw[0]; {
+	case string(raw) == "true", string(raw) == "false":
+		return raw[0] == 't', true
+	case c == '"':
+		var t scanner
+		t.reset(raw)
+		s, sp := t.str(nil)
+		return engines.LaxBoolString(string(s[sp.lo:sp.hi]))
+	case c == '-' || c >= '0' && c <= '9':
+		return engines.LaxBoolNumber(string(raw))
+	}
+	return false, false
 }
 
 func (c *Conversation) optString(field string) (span, bool, error) {
