@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"regexp"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -14,10 +15,12 @@ import (
 // writing it as JSON, was most of the render of such a request. The
 // values are shared by concurrent renders, read only: a template that
 // can change a value it is given (mutates) caches nothing.
+// Renders look entries up without a lock (a list of another length
+// differs at once); only storing one takes mu.
 type toolsCache struct {
+	entries [toolsCacheSize]atomic.Pointer[toolsEntry]
 	mu      sync.Mutex
-	entries [toolsCacheSize]*toolsEntry
-	next    int // the entry to replace next
+	next    int // the entry to replace next; under mu
 }
 
 // toolsCacheSize is how many distinct tool lists a template keeps: a
@@ -139,15 +142,12 @@ func (t *Template) tools(c *Conversation, d *decoder) (jinja.Value, jinja.Value,
 	}
 	raw := c.bytes(c.tools)
 	tc := &t.toolsCache
-	tc.mu.Lock()
-	for _, e := range tc.entries {
-		if e != nil && bytes.Equal(e.raw, raw) {
-			tc.mu.Unlock()
+	for i := range tc.entries {
+		if e := tc.entries[i].Load(); e != nil && bytes.Equal(e.raw, raw) {
 			d.merge(&e.flags)
 			return e.v, e.toJSON, nil
 		}
 	}
-	tc.mu.Unlock()
 	var own decoder
 	v, err := toolsValue(c, &own)
 	if err != nil {
@@ -156,7 +156,7 @@ func (t *Template) tools(c *Conversation, d *decoder) (jinja.Value, jinja.Value,
 	d.merge(&own)
 	e := newToolsEntry(raw, v, decoder{floatText: own.floatText, jsonText: own.jsonText, lossy: own.lossy})
 	tc.mu.Lock()
-	tc.entries[tc.next] = e
+	tc.entries[tc.next].Store(e)
 	tc.next = (tc.next + 1) % toolsCacheSize
 	tc.mu.Unlock()
 	return v, e.toJSON, nil
