@@ -68,8 +68,8 @@ type modelMetrics struct {
 	// other APIs' answers have none).
 	generated atomic.Int64
 	// uncascaded counts the Responses and Messages requests that arrived
-	// and took no prefill/decode cascade (Kind.Uncascaded): the planner's
-	// besides those the cascade decided (pd.Kinds).
+	// and took no prefill/decode cascade: the planner's besides those the
+	// cascade decided (pd.Kinds).
 	uncascaded atomic.Int64
 	// fallbacks counts requests for another model moved to this one
 	// (models.go).

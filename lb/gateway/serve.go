@@ -197,7 +197,7 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		return false
 	}
 	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
-	if x.req.Kind.Uncascaded() && x.cascade == nil {
+	if x.req.Kind.RunsAsChat() && x.cascade == nil {
 		g.metrics.model(m).uncascaded.Add(1)
 	}
 	return true
@@ -238,7 +238,7 @@ func strategyFor(x *completion, m *pool.Model) (route.Resolved, error) {
 		// chat's (its kv_transfer_params in and out); SGLang's Messages
 		// API drops its exchange fields.
 		return strategyOf(x, m)
-	case x.req.Kind.Uncascaded():
+	case x.req.Kind.RunsAsChat():
 		res, err := strategyOf(x, m)
 		res.PD = nil
 		return res, err

@@ -73,8 +73,10 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 		if err != nil {
 			// A Messages request vLLM refuses is refused by the engine,
 			// in Anthropic's shape.
-			if f := refusal(err, m); f != nil && x.req.Kind != openai.KindMessages {
-				return f
+			if x.req.Kind != openai.KindMessages {
+				if f := refusal(err, m); f != nil {
+					return f
+				}
 			}
 			mode = tokensUnindexed
 			x.ids = x.ids[:0]

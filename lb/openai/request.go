@@ -71,11 +71,12 @@ func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 // Responses API's and the Messages API's.
 func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses || k == KindMessages }
 
-// Uncascaded reports whether k's requests are Outputs' that the gateway
-// runs on one combined pod, with no prefill/decode cascade: the
-// Responses API's, and the Messages API's but on a model of vLLM
-// prefill/decode pods (the gateway's strategyFor).
-func (k Kind) Uncascaded() bool { return k.Outputs() && !k.Generates() }
+// RunsAsChat reports whether k's requests are of an API the engine runs
+// as the chat it makes of them: the Responses and Messages APIs, Outputs'
+// besides chat and completion. The gateway runs them on one combined pod
+// but where the engine's prefill/decode exchange carries them (vLLM's, a
+// Messages request: the gateway's strategyFor).
+func (k Kind) RunsAsChat() bool { return k.Outputs() && !k.Generates() }
 
 // String returns the kind's name.
 func (k Kind) String() string {
