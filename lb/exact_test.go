@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -417,5 +418,50 @@ func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
 	}
 	if hit := adminMetric(t, home.Address, "vllm:prefix_cache_hits_total") - hits; hit < 2*(keep-16) {
 		t.Fatalf("the pod found %g tokens of the second batch cached; want most of both prompts' %d", hit, 2*keep)
+	}
+}
+
+// A prompt over 16 KiB is tokenized on a worker, not the event loop, which
+// meanwhile serves its other connections: the request is keyed and counted
+// as on the loop, answered whole or streamed, kept-alive or not, and a
+// refusal made on the worker reaches its client.
+func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
+	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "w")
+	system := strings.Repeat("Summarise the design document below; keep every figure it gives. ", 300)
+	home := "w-1"
+	prompted := direct(t, s, pods[1], "/v1/chat/completions", chat(system, "Begin.", 2, false))
+	offLoop := func() float64 { return metricValue(t, s, `pdlb_prompt_tokenized_off_loop_total{model="m"}`) }
+	n := 0
+	bothClients(t, func(t *testing.T, via *http.Client) {
+		for _, stream := range []bool{false, true} {
+			before := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`)
+			resp, b := postVia(t, via, s, "/v1/chat/completions", chat(system, "Begin.", 2, stream))
+			if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
+				t.Fatalf("stream %v: on %s (%d %.200s), its prefix is on %s", stream, resp.Header.Get("x-pdlb-pod"), resp.StatusCode, b, home)
+			}
+			if stream && !strings.HasSuffix(strings.TrimSpace(b), "data: [DONE]") {
+				t.Fatalf("the stream ends %q", b[max(len(b)-60, 0):])
+			}
+			if got := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`) - before; got != float64(prompted) {
+				t.Fatalf("the gateway counted %v prompt tokens, the pod prefilled %d", got, prompted)
+			}
+			if n++; offLoop() != float64(n) {
+				t.Fatalf("%v requests tokenized off the loop, want %d", offLoop(), n)
+			}
+		}
+	})
+	if _, counts := tokenizedCounts(t, s.AdminAddr()); counts["exact"] != 4 {
+		t.Fatalf("/admin/index counts %v", counts)
+	}
+	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 || offLoop() != float64(n) {
+		t.Fatalf("a small request: %d %s, %v tokenized off the loop, want %d", resp.StatusCode, b, offLoop(), n)
+	}
+	// vLLM refuses a message without content before rendering: the
+	// worker answers the gateway's 400, naming the field.
+	big, _ := json.Marshal(map[string]any{"model": "m", "messages": []any{
+		map[string]string{"role": "system", "content": system}, map[string]any{"role": "user", "content": nil}}})
+	resp, b := post(t, s, "/v1/chat/completions", string(big))
+	if resp.StatusCode != 400 || !strings.Contains(b, "content") || offLoop() != float64(n+1) {
+		t.Fatalf("a refused large request: %d %s, %v tokenized off the loop", resp.StatusCode, b, offLoop())
 	}
 }

@@ -78,12 +78,12 @@ func agentLoop(turns int) []byte {
 	return body
 }
 
-// benchAgent is the gateway's work for a 20-turn agent loop on Qwen3's
+// benchAgent is the gateway's work for an agent loop of turns on Qwen3's
 // files (every segment seen before): as a Messages request, converted to
 // vLLM's chat first, or as that chat.
-func benchAgent(b *testing.B, messages bool) {
+func benchAgent(b *testing.B, messages bool, turns int) {
 	m := load(b, Config{Tokenizer: tokfiles.Dir(b, "qwen3")})
-	body := agentLoop(20)
+	body := agentLoop(turns)
 	render := m.Messages
 	if !messages {
 		converted, exact, err := chat.AppendMessages(nil, body, chat.InlineUnknown)
@@ -109,10 +109,14 @@ func benchAgent(b *testing.B, messages bool) {
 
 // BenchmarkMessagesAgentLoop: the Messages request, converted and
 // rendered.
-func BenchmarkMessagesAgentLoop(b *testing.B) { benchAgent(b, true) }
+func BenchmarkMessagesAgentLoop(b *testing.B) { benchAgent(b, true, 20) }
+
+// BenchmarkMessagesLongAgentLoop: a 200-turn loop (150 KB), a long Claude
+// Code session, which the gateway renders whole every request.
+func BenchmarkMessagesLongAgentLoop(b *testing.B) { benchAgent(b, true, 200) }
 
 // BenchmarkChatAgentLoop: the same conversation as vLLM's chat request.
-func BenchmarkChatAgentLoop(b *testing.B) { benchAgent(b, false) }
+func BenchmarkChatAgentLoop(b *testing.B) { benchAgent(b, false, 20) }
 
 // BenchmarkChatManyTools: one short message with 25 tools of about 2 KB
 // each, the size of a coding agent's tool list, which it resends every

@@ -23,7 +23,9 @@ type completion struct {
 	hdr clientHeaders
 	// key is the client's API key, nil when keys are off; releasing the
 	// completion returns its concurrency slot and charges its output.
-	key *limits.Key
+	// found is the key of a request moved to a worker before the key
+	// admitted it (stageTokenize).
+	key, found *limits.Key
 	// ticket names the request (ticket.ID) and holds its ledger charge.
 	ticket   ledger.Ticket
 	class    admit.Class
@@ -170,6 +172,7 @@ func releaseCompletion(x *completion) {
 		x.key.Done(time.Now(), x.counted.Tokens())
 		x.key = nil
 	}
+	x.found = nil
 	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks = nil, "", nil
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]

@@ -68,33 +68,49 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		x.prefer = home{}
 	}
 	g.nameResponse(ctx, x)
+	x.g, x.ctx, x.m = g, ctx, m
+	if l := frontend.LoopOf(ctx); l != nil && tokenizesOffLoop(x, m, ctx.PostBody()) {
+		g.metrics.model(m).offLoop.Inc()
+		x.found, x.stage = key, stageTokenize
+		l.Detach(x)
+		return
+	}
+	if g.begin(x, key) {
+		g.advance(x)
+	}
+}
+
+// begin takes x, parsed and of model x.m, from its tokenization to its
+// first pick, and sets the transport it goes on with: false when x is
+// answered (refused) or moved to a worker.
+func (g *Gateway) begin(x *completion, key *limits.Key) bool {
+	ctx, m := x.ctx, x.m
 	// Tokenized before the key's token budget is charged, so the budget
 	// counts the engine's tokens.
 	if f := g.tokenize(x, m, ctx.PostBody()); f != nil {
 		g.fail(ctx, x, m, f)
-		return
+		return false
 	}
-	if d = key.Admit(x.start, budgeted(x, ctx.PostBody())); !d.OK() {
+	if d := key.Admit(x.start, budgeted(x, ctx.PostBody())); !d.OK() {
 		g.fail(ctx, x, m, refused(d))
-		return
+		return false
 	}
 	x.key = key
 	var e *openai.Error
 	if x.class, e = classOf(x.hdr[hdrPriority]); e != nil {
 		g.fail(ctx, x, m, answer(e))
-		return
+		return false
 	}
 	if !g.enter(x) {
 		g.fail(ctx, x, m, &failure{
 			E:          openai.Overloaded("the gateway has " + strconv.Itoa(g.cfg.MaxInFlight) + " requests in flight, its max_in_flight"),
 			RetryAfter: 1,
 		})
-		return
+		return false
 	}
 	x.ticket = ledger.Ticket{ID: g.nextID.Add(1)}
-	x.g, x.ctx, x.m = g, ctx, m
 	if !g.resolve(ctx, x, m) {
-		return
+		return false
 	}
 	x.explain = g.explain.asked(x.hdr[hdrDebug], x.hdr[hdrAdminToken])
 	g.startTrace(x)
@@ -105,12 +121,28 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 			// A PD exchange blocks, and a stream that is the connection's
 			// last answer is written by a worker: they go on one.
 			l.Detach(x)
-			return
+			return false
 		}
 	} else {
 		x.via = workerTransport{}
 	}
-	g.advance(x)
+	return true
+}
+
+// tokenizeOnLoopMax is the largest request body the event loop tokenizes
+// itself. Text the tokenizer has not seen takes about 20 us a KiB to
+// encode, and a request with tools is rendered by the Jinja engine whole
+// (engines/prompt's BenchmarkMessagesLongAgentLoop: 3.4 ms for 150 KB):
+// time in which the loop's other connections wait. A larger body is
+// tokenized on a worker, which costs its request a handoff and the
+// worker's upstream call, tens of microseconds.
+const tokenizeOnLoopMax = 16 << 10
+
+// tokenizesOffLoop reports whether x, of model m, is to be tokenized on a
+// worker: its prompt is read, m has a tokenizer, and body is larger than
+// tokenizeOnLoopMax.
+func tokenizesOffLoop(x *completion, m *pool.Model, body []byte) bool {
+	return m.Prompt != nil && x.req.Kind.Outputs() && len(body) > tokenizeOnLoopMax
 }
 
 // finish ends a request that reached a pod.

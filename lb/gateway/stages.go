@@ -22,9 +22,13 @@ import (
 type stage uint8
 
 const (
+	// stageTokenize tokenizes x, on a worker, and takes it to its first
+	// pick (begin): a large prompt is tokenized off the event loop
+	// (tokenizesOffLoop); any other is tokenized by serveCompletion.
+	stageTokenize stage = iota
 	// stagePick chooses a pod, or a PD decision, among those not tried;
 	// a retry backs off first.
-	stagePick stage = iota
+	stagePick
 	// stageAdmit asks admission about the first attempt: admit, wait, or
 	// shed.
 	stageAdmit
@@ -49,6 +53,10 @@ const (
 func (g *Gateway) advance(x *completion) {
 	for {
 		switch x.stage {
+		case stageTokenize:
+			if !g.begin(x, x.found) {
+				return
+			}
 		case stagePick:
 			if !g.pickStage(x) {
 				return
