@@ -39,22 +39,32 @@ func newCache(limit int) *cache {
 
 // get appends the cached ids of key to dst.
 func (c *cache) get(dst []uint32, h uint64, key []byte, first bool) ([]uint32, bool) {
-	s := &c.shards[h%cacheShards]
-	s.mu.RLock()
-	e, ok := s.m[h]
-	if ok && e.first == first && e.key == string(key) {
+	e, ok := c.lookup(h, key, first)
+	if ok {
 		dst = append(dst, e.ids...)
-	} else {
-		ok = false
 	}
-	s.mu.RUnlock()
 	return dst, ok
 }
 
-func (c *cache) put(h uint64, key []byte, first bool, ids []uint32) {
+// lookup returns key's entry. Its ids are never written: a caller may
+// keep them past the entry's eviction.
+func (c *cache) lookup(h uint64, key []byte, first bool) (cacheEntry, bool) {
+	s := &c.shards[h%cacheShards]
+	s.mu.RLock()
+	e, ok := s.m[h]
+	s.mu.RUnlock()
+	if !ok || e.first != first || e.key != string(key) {
+		return cacheEntry{}, false
+	}
+	return e, true
+}
+
+// put stores ids as key's and returns the entry it made, or false when
+// key and ids alone would pass a shard's limit.
+func (c *cache) put(h uint64, key []byte, first bool, ids []uint32) (cacheEntry, bool) {
 	size := len(key) + 4*len(ids) + entryOverhead
 	if size > c.limit {
-		return
+		return cacheEntry{}, false
 	}
 	e := cacheEntry{key: string(key), first: first, ids: append([]uint32(nil), ids...)}
 	s := &c.shards[h%cacheShards]
@@ -69,4 +79,5 @@ func (c *cache) put(h uint64, key []byte, first bool, ids []uint32) {
 	s.m[h] = e
 	s.bytes += size
 	s.mu.Unlock()
+	return e, true
 }

@@ -80,7 +80,16 @@ type encoder struct {
 	next    []int32
 	heap    []uint64
 	count   []uint32
+	// recent holds the words this encoder looked up last, by their hash
+	// (one slot each), in front of the tokenizer's word cache, whose
+	// lookups take a lock: two atomic writes of a shared cache line per
+	// word.
+	recent [recentWords]cacheEntry
 }
+
+// recentWords is how many words an encoder holds (recent): 1,024 slots,
+// 48 KB per encoder.
+const recentWords = 1024
 
 // encode appends the ids of text without post-processing.
 func (e *encoder) encode(t *Tokenizer, dst []uint32, text []byte) []uint32 {
@@ -338,16 +347,25 @@ func metaBoundary(w []byte) int {
 func (e *encoder) chunk(t *Tokenizer, dst []uint32, w []byte) []uint32 {
 	cached := t.words != nil && len(w) <= maxCachedWord
 	var h uint64
+	var r *cacheEntry
 	if cached {
 		h = xxhash.Sum64(w)
-		if out, ok := t.words.get(dst, h, w, false); ok {
-			return out
+		// A slot's key is never empty once set (words are not), so an
+		// empty slot matches no word.
+		if r = &e.recent[h%recentWords]; r.key == string(w) {
+			return append(dst, r.ids...)
+		}
+		if ent, ok := t.words.lookup(h, w, false); ok {
+			*r = ent
+			return append(dst, ent.ids...)
 		}
 	}
 	n := len(dst)
 	dst = e.merge(&t.bpe, dst, w)
 	if cached {
-		t.words.put(h, w, false, dst[n:])
+		if ent, ok := t.words.put(h, w, false, dst[n:]); ok {
+			*r = ent
+		}
 	}
 	return dst
 }

@@ -52,6 +52,25 @@ func BenchmarkEncodeWarm(b *testing.B) {
 	})
 }
 
+// BenchmarkEncodeWarmParallel is BenchmarkEncodeWarm on every core at
+// once, as the event loops and workers tokenize: they share the word
+// cache.
+func BenchmarkEncodeWarmParallel(b *testing.B) {
+	text := benchText(b)
+	tok := withCaches(load(b, "qwen3"), wordCacheBytes)
+	tok.segments = nil
+	tok.Append(nil, text, false)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var dst []uint32
+		for pb.Next() {
+			dst = tok.Append(dst[:0], text, false)
+		}
+	})
+}
+
 // BenchmarkSegmentHit encodes a text already seen: one segment-cache hit.
 func BenchmarkSegmentHit(b *testing.B) {
 	benchEncode(b, func(t *Tokenizer) *Tokenizer { return withCaches(t, segmentCacheBytes) })
