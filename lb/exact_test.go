@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"pdlb/engines"
@@ -455,6 +456,25 @@ func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
 	}
 	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 || offLoop() != float64(n) {
 		t.Fatalf("a small request: %d %s, %v tokenized off the loop, want %d", resp.StatusCode, b, offLoop(), n)
+	}
+	// A large prompt of token ids is not tokenized: it stays on the loop.
+	ids := `{"model":"m","max_tokens":2,"prompt":[` + strings.TrimSuffix(strings.Repeat("1234, ", 4000), ", ") + `]}`
+	if resp, b := post(t, s, "/v1/completions", ids); resp.StatusCode != 200 || offLoop() != float64(n) {
+		t.Fatalf("%d bytes of token ids: %d %.200s, %v tokenized off the loop, want %d", len(ids), resp.StatusCode, b, offLoop(), n)
+	}
+	// More large requests at once than the cores tokenize them: each
+	// waits for a slot, and all are answered.
+	var wg sync.WaitGroup
+	for i := range 12 {
+		wg.Go(func() {
+			if resp, b := post(t, s, "/v1/chat/completions", chat(system, fmt.Sprint("Part ", i), 2, i%2 == 0)); resp.StatusCode != 200 {
+				t.Errorf("concurrent request %d: %d %.200s", i, resp.StatusCode, b)
+			}
+		})
+	}
+	wg.Wait()
+	if n += 12; offLoop() != float64(n) {
+		t.Fatalf("%v requests tokenized off the loop, want %d", offLoop(), n)
 	}
 	// vLLM refuses a message without content before rendering: the
 	// worker answers the gateway's 400, naming the field.

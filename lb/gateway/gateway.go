@@ -19,6 +19,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -53,6 +54,12 @@ type Gateway struct {
 	keys *limits.Keys
 	// corsPolicy answers browsers' cross-origin calls (cors.go).
 	corsPolicy corsPolicy
+	// tokenizing holds a slot per request tokenized off the event loops
+	// (stageTokenize), GOMAXPROCS of them: no more at once than the
+	// cores, as the loops themselves took them one at a time each, so a
+	// burst of large prompts neither outruns the loops for the cores nor
+	// holds each one's rendering and ids at once.
+	tokenizing chan struct{}
 	// homes remembers the pods of stored responses, conversations those
 	// of Responses API conversations by prompt_cache_key (responses.go);
 	// nil when max_stored_responses is 0.
@@ -131,7 +138,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial,
 		corsPolicy: newCORS(cfg.CORS), homes: newHomes(cfg.MaxStoredResponses),
-		conversations: newHomes(cfg.MaxStoredResponses)}
+		conversations: newHomes(cfg.MaxStoredResponses), tokenizing: make(chan struct{}, runtime.GOMAXPROCS(0))}
 	g.logIgnoredKnobs(snap)
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {

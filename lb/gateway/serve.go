@@ -139,10 +139,14 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 const tokenizeOnLoopMax = 16 << 10
 
 // tokenizesOffLoop reports whether x, of model m, is to be tokenized on a
-// worker: its prompt is read, m has a tokenizer, and body is larger than
-// tokenizeOnLoopMax.
+// worker: its prompt is read, m's tokenizer encodes it (keying), and body
+// is larger than tokenizeOnLoopMax.
 func tokenizesOffLoop(x *completion, m *pool.Model, body []byte) bool {
-	return m.Prompt != nil && x.req.Kind.Outputs() && len(body) > tokenizeOnLoopMax
+	if len(body) <= tokenizeOnLoopMax || !x.req.Kind.Outputs() {
+		return false
+	}
+	_, encodes := keying(x, m)
+	return encodes
 }
 
 // finish ends a request that reached a pod.

@@ -54,7 +54,10 @@ func (g *Gateway) advance(x *completion) {
 	for {
 		switch x.stage {
 		case stageTokenize:
-			if !g.begin(x, x.found) {
+			g.tokenizing <- struct{}{}
+			goOn := g.begin(x, x.found)
+			<-g.tokenizing
+			if !goOn {
 				return
 			}
 		case stagePick:

@@ -50,15 +50,9 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	if e := x.req.EngineRefusal(); e != nil {
 		return answer(e)
 	}
-	mode := tokensExact
+	mode, encodes := keying(x, m)
 	switch {
-	case x.req.Unindexed():
-		mode = tokensUnindexed
-	case x.req.TokenIDs:
-	case m.Prompt == nil:
-		mode = tokensStandIn
-	case x.req.Kind == openai.KindMessages && !m.Engine.ConvertsMessagesAsVLLM():
-		mode = tokensUnindexed
+	case !encodes:
 	case x.req.Kind == openai.KindChat, x.req.Kind == openai.KindResponses, x.req.Kind == openai.KindMessages:
 		special := x.req.SpecialTokensSet && x.req.SpecialTokens
 		var err error
@@ -104,6 +98,23 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	}
 	g.metrics.model(m).tokenized[mode].Inc()
 	return nil
+}
+
+// keying says how the keys of x, whose prompt is read, are made on m:
+// encodes, by m's tokenizer (the mode then tokensExact, unless rendering
+// fails), else as mode says.
+func keying(x *completion, m *pool.Model) (mode tokenMode, encodes bool) {
+	switch {
+	case x.req.Unindexed():
+		return tokensUnindexed, false
+	case x.req.TokenIDs:
+		return tokensExact, false
+	case m.Prompt == nil:
+		return tokensStandIn, false
+	case x.req.Kind == openai.KindMessages && !m.Engine.ConvertsMessagesAsVLLM():
+		return tokensUnindexed, false
+	}
+	return tokensExact, true
 }
 
 // refusal is the 400 for a chat vLLM refuses before rendering, when m's
