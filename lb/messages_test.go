@@ -1,12 +1,17 @@
 package lb_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 
 	"pdlb/engines/sim"
 	"pdlb/lb/config"
@@ -195,6 +200,89 @@ func TestMessagesPD(t *testing.T) {
 		}
 		if st := dec.Stats(); st.KVPulls != int64(i+1) || pre.Stats().HeldKVBlocks != 0 {
 			t.Errorf("stream %s: the decode pod pulled %d times, the prefill pod holds %d blocks", stream, st.KVPulls, pre.Stats().HeldKVBlocks)
+		}
+	}
+}
+
+// TestHeaderListTooLargeOverH2: an HTTP/2 request whose header list is
+// over max_header_bytes gets the gateway's JSON 431, as over HTTP/1.1, in
+// Anthropic's shape on the Messages API's path, with the CORS fields a
+// browser needs to read it, and counted; it was a plain-text body before.
+func TestHeaderListTooLargeOverH2(t *testing.T) {
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1000)...), func(c *config.Config) { c.Frontend = fe })
+			for _, c := range []struct{ path, want string }{
+				{"/v1/chat/completions", `{"error":{"message":"The request's headers exceed the limit of`},
+				{"/v1/messages", `{"type":"error","error":{"type":"invalid_request_error","message":"The request's headers exceed the limit of`},
+			} {
+				status, header, body := h2cOversized(t, s.Addr(), c.path)
+				if status != "431" || !strings.HasPrefix(body, c.want) || header["access-control-allow-origin"] != "*" {
+					t.Errorf("%s: %s %v %s, want 431 %s...", c.path, status, header, body, c.want)
+				}
+			}
+			// 431 is none of the statuses counted on their own.
+			if n := metricValue(t, s, `pdlb_requests_total{model="",code="other"}`); n != 2 {
+				t.Errorf("counted %v requests under no model as other, want the 2 431s", n)
+			}
+		})
+	}
+}
+
+// h2cOversized sends one h2c POST to path on addr with 16 KB of header
+// fields and an Origin, and returns the answer's status, fields and body.
+func h2cOversized(t *testing.T, addr, path string) (string, map[string]string, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	_ = fr.WriteSettings()
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	fields := []hpack.HeaderField{{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "http"}, {Name: ":path", Value: path},
+		{Name: ":authority", Value: "x"}, {Name: "origin", Value: "https://app.example.com"}}
+	for i := range 16 {
+		fields = append(fields, hpack.HeaderField{Name: fmt.Sprintf("x-big-%d", i), Value: strings.Repeat("b", 1000)})
+	}
+	for _, f := range fields {
+		_ = enc.WriteField(f)
+	}
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true})
+	dec := hpack.NewDecoder(4096, nil)
+	header := map[string]string{}
+	var body []byte
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("%s: the answer broke off: %v", path, err)
+		}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			if f.StreamID == 1 {
+				hf, _ := dec.DecodeFull(f.HeaderBlockFragment())
+				for _, h := range hf {
+					header[h.Name] = h.Value
+				}
+			}
+			if f.StreamEnded() {
+				return header[":status"], header, string(body)
+			}
+		case *http2.DataFrame:
+			body = append(body, f.Data()...)
+			if f.StreamEnded() {
+				return header[":status"], header, string(body)
+			}
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = fr.WriteSettingsAck()
+			}
 		}
 	}
 }

@@ -150,12 +150,11 @@ func (a *app) serve(ctx *fasthttp.RequestCtx) {
 // OpenAI's error shape, as the gateway's ErrorHandler does, with the 431 it
 // lacks.
 func writeFrontError(ctx *fasthttp.RequestCtx, err error) {
-	var small *fasthttp.ErrSmallBuffer
 	e := &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "Malformed HTTP request: " + err.Error()}
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		e = openai.BodyTooLarge(testMaxBody)
-	case errors.As(err, &small):
+	case frontend.HeadTooLarge(err):
 		e = &openai.Error{Status: http.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest, Message: "The request headers are too large."}
 	}
 	ctx.SetStatusCode(e.Status)

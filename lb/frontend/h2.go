@@ -665,7 +665,9 @@ func h2Fields(fields []hpack.HeaderField) bool {
 	return true
 }
 
-// errHeaderList is a request whose header list is over MaxHeaderBytes.
+// errHeaderList is a request whose header list is over MaxHeaderBytes:
+// the Error handler answers it as an HTTP/1.1 head over the limit
+// (HeadTooLarge).
 var errHeaderList = errors.New("frontend: the HTTP/2 header list is over the limit")
 
 // onData adds a DATA frame to its stream's body and gives the window back.

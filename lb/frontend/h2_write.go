@@ -16,13 +16,9 @@ import (
 // serveStream runs the Handler for st and sends its response.
 func (c *h2Conn) serveStream(st *h2Stream) {
 	ctx := st.ctx
-	switch {
-	case st.err == errHeaderList:
-		ctx.Response.SetStatusCode(fasthttp.StatusRequestHeaderFieldsTooLarge)
-		ctx.Response.SetBodyString("Request Header Fields Too Large\n")
-	case st.err != nil:
+	if st.err != nil {
 		c.s.h.Error(ctx, st.err)
-	default:
+	} else {
 		ctx.Request.Header.SetContentLength(len(ctx.Request.Body()))
 		c.s.h.Serve(ctx)
 	}

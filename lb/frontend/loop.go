@@ -560,11 +560,15 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 }
 
 // HeadTooLarge reports whether err is fasthttp's for a head (a request's
-// or a pod's answer's) over its buffer; fasthttp's error types do not
-// unwrap, hence As on the concrete type. A function of its own: the
-// target errors.As fills escapes, and declared in parse it was an
-// allocation at every answer.
+// or a pod's answer's) over its buffer, or an HTTP/2 request's header
+// list over MaxHeaderBytes; fasthttp's error types do not unwrap, hence
+// As on the concrete type. A function of its own: the target errors.As
+// fills escapes, and declared in parse it was an allocation at every
+// answer.
 func HeadTooLarge(err error) bool {
+	if err == errHeaderList {
+		return true
+	}
 	var small *fasthttp.ErrSmallBuffer
 	return errors.As(err, &small)
 }

@@ -479,12 +479,14 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 	g.logPlain(ctx, start, e)
 }
 
-// ErrorHandler answers what fasthttp rejects before the handler runs (an
-// oversized body, a malformed request line) in OpenAI's error shape.
+// ErrorHandler answers what the front end rejects before the handler runs
+// (an oversized body or head, a malformed request line) in OpenAI's error
+// shape, counted under no model.
 func (g *Gateway) ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	if e := g.requestError(ctx, err); e != nil {
 		g.corsFields(ctx)
 		writeFailure(ctx, answer(e))
+		g.metrics.countRequest(nil, e.Status)
 		g.logPlain(ctx, time.Time{}, e)
 	}
 }
