@@ -1,6 +1,7 @@
 package hf
 
 import (
+	"bytes"
 	"unicode"
 	"unicode/utf8"
 )
@@ -15,10 +16,15 @@ type addedToken struct {
 // matches in a byte trie, which is what HF's Aho-Corasick automaton
 // (MatchKind::LeftmostLongest) reports.
 type addedSet struct {
-	first [256]bool         // bytes a token can start with
-	edges map[uint32]uint32 // node<<8 | byte -> child node
-	tok   []int32           // node -> index in toks, or -1
-	toks  []addedToken
+	first [256]bool // bytes a token can start with
+	// firsts counts them; when there is one (the '<' of every added token
+	// of Qwen, Llama and Mistral), only is it, and next jumps between its
+	// occurrences with IndexByte rather than looking at every byte.
+	firsts int
+	only   byte
+	edges  map[uint32]uint32 // node<<8 | byte -> child node
+	tok    []int32           // node -> index in toks, or -1
+	toks   []addedToken
 }
 
 // add inserts content; a content already present keeps its first token, as
@@ -31,7 +37,11 @@ func (s *addedSet) add(content string, tok addedToken) {
 		s.edges = map[uint32]uint32{}
 		s.tok = []int32{-1}
 	}
-	s.first[content[0]] = true
+	if !s.first[content[0]] {
+		s.first[content[0]] = true
+		s.firsts++
+		s.only = content[0]
+	}
 	node := uint32(0)
 	for i := 0; i < len(content); i++ {
 		k := node<<8 | uint32(content[i])
@@ -100,7 +110,13 @@ func (s *addedSet) next(text []byte, pos, from int) (start, stop, resume int, id
 		return 0, 0, 0, 0, false
 	}
 	for p := pos; p < len(text); p++ {
-		if !s.first[text[p]] {
+		if s.firsts == 1 {
+			i := bytes.IndexByte(text[p:], s.only)
+			if i < 0 {
+				break
+			}
+			p += i
+		} else if !s.first[text[p]] {
 			continue
 		}
 		end, k := s.longest(text, p)

@@ -1,0 +1,53 @@
+package hf
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestAddedJump: a set whose tokens all start with one byte jumps between
+// that byte's occurrences; it must find what the byte-by-byte scan of a
+// set with more first bytes finds, flags and all, on texts dense with
+// near misses.
+func TestAddedJump(t *testing.T) {
+	toks := []struct {
+		content string
+		tok     addedToken
+	}{
+		{"<|im_start|>", addedToken{id: 1}},
+		{"<|im_end|>", addedToken{id: 2, rstrip: true}},
+		{"<think>", addedToken{id: 3, lstrip: true}},
+		{"<|im", addedToken{id: 4, singleWord: true}},
+		{"<", addedToken{id: 5, singleWord: true}},
+	}
+	var jump, scan addedSet
+	for _, x := range toks {
+		jump.add(x.content, x.tok)
+		scan.add(x.content, x.tok)
+	}
+	scan.add("\x00never", addedToken{id: 6})
+	if jump.firsts != 1 || scan.firsts != 2 {
+		t.Fatalf("first bytes: %d and %d", jump.firsts, scan.firsts)
+	}
+	parts := []string{"<|im_start|>", "<|im_end|>", "<think>", "<|im", "<", "<|", "a", " ", "  ", "word", "<thin", "\n", "é"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	gap := func(dst []uint32, part []byte, first bool) []uint32 {
+		dst = append(dst, 1000+uint32(len(part)))
+		if first {
+			dst = append(dst, 999)
+		}
+		return dst
+	}
+	for range 5000 {
+		var b strings.Builder
+		for range rng.IntN(12) {
+			b.WriteString(parts[rng.IntN(len(parts))])
+		}
+		text := []byte(b.String())
+		if got, want := jump.split(nil, text, gap), scan.split(nil, text, gap); !slices.Equal(got, want) {
+			t.Fatalf("%q: jumping %v, scanning %v", text, got, want)
+		}
+	}
+}
