@@ -614,3 +614,55 @@ func waitServed(t *testing.T, addr string, roots *tls.Config, leaf certgen.Leaf)
 		}
 	}
 }
+
+// TestSilentConnectionsGetNoAnswer: a client that connects (and, over
+// TLS, finishes its handshake) and sends no request is closed at the read
+// timeout without an answer, as nginx closes a browser's preconnect, and
+// is not counted as a request; one that sent part of a request and is
+// answered (fasthttp's 408; gnet closes it) is counted. Over TLS on
+// fasthttp the silent one got a 408, counted.
+func TestSilentConnectionsGetNoAnswer(t *testing.T) {
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		for _, secure := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/tls=%v", fe, secure), func(t *testing.T) {
+				edit := func(c *config.Config) { c.Frontend, c.ClientReadTimeout = fe, 300*time.Millisecond }
+				var ca *certgen.CA
+				var s *lb.Server
+				if secure {
+					ca, _, s = tlsGateway(t, testFleet(t, "m", 1, 1000), edit)
+				} else {
+					s = testGateway(t, podsOf("m", testFleet(t, "m", 1, 1000)...), edit)
+				}
+				dial := func() net.Conn {
+					if !secure {
+						c, err := net.Dial("tcp", s.Addr())
+						if err != nil {
+							t.Fatal(err)
+						}
+						return c
+					}
+					c, err := tls.Dial("tcp", s.Addr(), &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1", NextProtos: []string{"http/1.1"}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return c
+				}
+				counted := func() float64 { return metricValue(t, s, `pdlb_requests_total{model=""`) }
+				for _, sent := range []string{"", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"} {
+					before := counted()
+					c := dial()
+					_, _ = io.WriteString(c, sent)
+					_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+					got, _ := io.ReadAll(c)
+					c.Close()
+					switch {
+					case sent == "" && (len(got) > 0 || counted() != before):
+						t.Errorf("a silent connection got %q, counted %v", got, counted()-before)
+					case sent != "" && len(got) > 0 && (!strings.HasPrefix(string(got), "HTTP/1.1 408") || counted() != before+1):
+						t.Errorf("a request cut short got %.60q, counted %v", got, counted()-before)
+					}
+				}
+			})
+		}
+	}
+}

@@ -289,7 +289,7 @@ func (s *connServer) serveConn(c net.Conn) {
 			s.h2.serve(tc)
 			return
 		}
-		c = tc
+		c = &tlsConn{Conn: tc}
 	} else if s.h2 != nil {
 		pc, h2c := sniffPreface(c, s.readTimeout)
 		if pc == nil {
@@ -375,3 +375,22 @@ func (l *handoff) put(c net.Conn) {
 		_ = c.Close()
 	}
 }
+
+// tlsConn is a TLS connection as fasthttp serves it, with Received as the
+// per-IP limits' connections have it (limits.conn), which the tls.Conn
+// hides: a client that finished its handshake and sent no request is
+// closed at the read timeout without an answer, as on plain HTTP.
+type tlsConn struct {
+	*tls.Conn
+	received bool
+}
+
+func (c *tlsConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.received = c.received || n > 0
+	return n, err
+}
+
+// Received reports whether the client has sent a byte of a request yet
+// (the handshake's do not count). Call it from the serving goroutine.
+func (c *tlsConn) Received() bool { return c.received }
