@@ -83,3 +83,48 @@ func TestDoCutBody(t *testing.T) {
 		fasthttp.ReleaseResponse(resp)
 	}
 }
+
+// TestDoCutBodyWrites: a watched call's body of 48 KB reaches the pod in
+// at most two writes (the head's buffer filled and flushed, then the
+// rest), not fasthttp's 4 KB a write.
+func TestDoCutBodyWrites(t *testing.T) {
+	body := strings.Repeat("0123456789abcdef", 3<<10)
+	echoes := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		b, _ := io.ReadAll(req.Body)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(b))+"\r\n\r\n"+string(b))
+	})
+	var writes countingConn
+	client := &fasthttp.HostClient{Addr: echoes, MaxResponseBodySize: 1 << 20, Dial: func(a string) (net.Conn, error) {
+		c, err := net.Dial("tcp", a)
+		writes.Conn = c
+		return &writes, err
+	}}
+	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(up)
+	defer fasthttp.ReleaseResponse(resp)
+	up.Header.SetMethod("POST")
+	up.SetRequestURI("http://pod/v1/completions")
+	up.SetBodyRaw([]byte(body))
+	deadline := time.Now().Add(5 * time.Second)
+	if err := DoCut(client, up, resp, deadline, deadline, ChanCut(make(chan struct{}))); err != nil {
+		t.Fatal(err)
+	}
+	if string(resp.Body()) != body || writes.n > 2 {
+		t.Fatalf("the pod got %d bytes of %d in %d writes, want all in at most 2", len(resp.Body()), len(body), writes.n)
+	}
+}
+
+// countingConn counts its writes.
+type countingConn struct {
+	net.Conn
+	n int
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.n++
+	return c.Conn.Write(p)
+}
