@@ -422,13 +422,14 @@ func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
 	}
 }
 
-// A prompt over 16 KiB is tokenized on a worker, not the event loop, which
-// meanwhile serves its other connections: the request is keyed and counted
-// as on the loop, answered whole or streamed, kept-alive or not, and a
-// refusal made on the worker reaches its client.
+// A prompt over 64 KiB, or 16 KiB with tools, is tokenized on a worker,
+// not the event loop, which meanwhile serves its other connections: the
+// request is keyed and counted as on the loop, answered whole or
+// streamed, kept-alive or not, and a refusal made on the worker reaches
+// its client.
 func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
 	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "w")
-	system := strings.Repeat("Summarise the design document below; keep every figure it gives. ", 300)
+	system := strings.Repeat("Summarise the design document below; keep every figure it gives. ", 1100)
 	home := "w-1"
 	prompted := direct(t, s, pods[1], "/v1/chat/completions", chat(system, "Begin.", 2, false))
 	offLoop := func() float64 { return metricValue(t, s, `pdlb_prompt_tokenized_off_loop_total{model="m"}`) }
@@ -457,8 +458,20 @@ func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
 	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 || offLoop() != float64(n) {
 		t.Fatalf("a small request: %d %s, %v tokenized off the loop, want %d", resp.StatusCode, b, offLoop(), n)
 	}
+	// 20 KB: without tools the loop renders it (a seen conversation costs
+	// microseconds); with them the Jinja engine does, on a worker.
+	medium := strings.Repeat("Keep every figure. ", 1000)
+	if resp, b := post(t, s, "/v1/chat/completions", chat(medium, "Begin.", 2, false)); resp.StatusCode != 200 || offLoop() != float64(n) {
+		t.Fatalf("20 KB without tools: %d %.200s, %v tokenized off the loop, want %d", resp.StatusCode, b, offLoop(), n)
+	}
+	tools, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "messages": []any{map[string]string{"role": "user", "content": medium}},
+		"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "read", "parameters": map[string]any{"type": "object"}}}}})
+	if resp, b := post(t, s, "/v1/chat/completions", string(tools)); resp.StatusCode != 200 || offLoop() != float64(n+1) {
+		t.Fatalf("20 KB with tools: %d %.200s, %v tokenized off the loop, want %d", resp.StatusCode, b, offLoop(), n+1)
+	}
+	n++
 	// A large prompt of token ids is not tokenized: it stays on the loop.
-	ids := `{"model":"m","max_tokens":2,"prompt":[` + strings.TrimSuffix(strings.Repeat("1234, ", 4000), ", ") + `]}`
+	ids := `{"model":"m","max_tokens":2,"prompt":[` + strings.TrimSuffix(strings.Repeat("1234, ", 12000), ", ") + `]}`
 	if resp, b := post(t, s, "/v1/completions", ids); resp.StatusCode != 200 || offLoop() != float64(n) {
 		t.Fatalf("%d bytes of token ids: %d %.200s, %v tokenized off the loop, want %d", len(ids), resp.StatusCode, b, offLoop(), n)
 	}

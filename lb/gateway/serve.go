@@ -129,20 +129,28 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 	return true
 }
 
-// tokenizeOnLoopMax is the largest request body the event loop tokenizes
-// itself. Text the tokenizer has not seen takes about 20 us a KiB to
-// encode, and a request with tools is rendered by the Jinja engine whole
-// (engines/prompt's BenchmarkMessagesLongAgentLoop: 3.4 ms for 150 KB):
-// time in which the loop's other connections wait. A larger body is
-// tokenized on a worker, which costs its request a handoff and the
-// worker's upstream call, tens of microseconds.
-const tokenizeOnLoopMax = 16 << 10
+// The largest request bodies the event loop tokenizes itself; a larger one
+// is tokenized on a worker, which costs its request a handoff and the
+// worker's upstream call (tens of microseconds). A request with tools is
+// rendered by the Jinja engine whole, seen turns too (engines/prompt's
+// BenchmarkMessagesAgentLoop: 1.1 ms for 23 KB; LongAgentLoop, 3.4 ms for
+// 150 KB), time in which the loop's other connections wait. Without
+// tools, a seen conversation renders and encodes in a few microseconds a
+// KiB; text the tokenizer has not seen takes about 20 us a KiB.
+const (
+	toolsOnLoopMax    = 16 << 10
+	tokenizeOnLoopMax = 64 << 10
+)
 
 // tokenizesOffLoop reports whether x, of model m, is to be tokenized on a
 // worker: its prompt is read, m's tokenizer encodes it (keying), and body
-// is larger than tokenizeOnLoopMax.
+// is larger than toolsOnLoopMax with tools, tokenizeOnLoopMax without.
 func tokenizesOffLoop(x *completion, m *pool.Model, body []byte) bool {
-	if len(body) <= tokenizeOnLoopMax || !x.req.Kind.Outputs() {
+	limit := tokenizeOnLoopMax
+	if x.req.Tools {
+		limit = toolsOnLoopMax
+	}
+	if len(body) <= limit || !x.req.Kind.Outputs() {
 		return false
 	}
 	_, encodes := keying(x, m)

@@ -168,6 +168,10 @@ type Request struct {
 	FormTextBytes int
 	// Stream is the "stream" field (default false).
 	Stream bool
+	// Tools says the request lists tools (a non-empty "tools" array) of a
+	// chat, Responses or Messages request: chat templates render those
+	// with the whole Jinja engine, the costly path.
+	Tools bool
 	// MaxTokens is the output budget in tokens: "max_completion_tokens" if
 	// present, else "max_tokens", else -1. vLLM gives
 	// max_completion_tokens the same precedence.
@@ -586,6 +590,12 @@ func (r *Request) parse(s *scanner) error {
 			} else {
 				s.skip()
 			}
+		case "tools":
+			if r.Kind == KindChat {
+				r.parseTools(s)
+			} else {
+				s.skip()
+			}
 		case "prompt":
 			if r.Kind == KindCompletion {
 				seenPrompt, err = r.parsePrompt(s)
@@ -631,6 +641,13 @@ func (r *Request) parse(s *scanner) error {
 	return nil
 }
 
+// parseTools reads whether "tools" lists any; its last value counts, as
+// the engines' JSON decoders keep a repeated key's last.
+func (r *Request) parseTools(s *scanner) {
+	f := s.field()
+	r.Tools = f.form == '[' && len(f.raw) > 2 && len(bytes.TrimSpace(f.raw[1:len(f.raw)-1])) > 0
+}
+
 // parseModel reads "model": a string, or null, which counts as absent.
 func (r *Request) parseModel(s *scanner) error {
 	start, quoted := s.p, s.c() == '"'
@@ -653,6 +670,8 @@ func (r *Request) responsesField(s *scanner, key []byte, instructions, input *fi
 		*input = s.field()
 	case "max_output_tokens":
 		r.MaxTokens, err = r.parseCount(s, "max_output_tokens")
+	case "tools":
+		r.parseTools(s)
 	case "cache_salt":
 		err = r.parseCacheSalt(s)
 	case "model":

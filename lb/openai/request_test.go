@@ -1150,6 +1150,35 @@ func TestParseChoices(t *testing.T) {
 	}
 }
 
+// TestParseTools: a chat, Responses or Messages request lists tools when
+// its last "tools" is a non-empty array.
+func TestParseTools(t *testing.T) {
+	const tool = `{"type":"function","function":{"name":"f"}}`
+	for _, c := range []struct {
+		kind Kind
+		body string
+		want bool
+	}{
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, false},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[]}`, false},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[ ]}`, false},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":null}`, false},
+		{KindChat, `{"model":"m","tools":[` + tool + `],"messages":[{"role":"user","content":"x"}]}`, true},
+		{KindChat, `{"model":"m","tools":[` + tool + `],"messages":[{"role":"user","content":"x"}],"tools":[]}`, false},
+		{KindChat, `{"model":"m","tools":[],"messages":[{"role":"user","content":"x"}],"tools":[` + tool + `]}`, true},
+		{KindCompletion, `{"model":"m","prompt":"x","tools":[` + tool + `]}`, false},
+		{KindResponses, `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}]}`, true},
+		{KindMessages, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f","input_schema":{}}]}`, true},
+		{KindMessages, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}]}`, false},
+	} {
+		r := AcquireRequest()
+		if err := r.Parse(c.kind, []byte(c.body)); err != nil || r.Tools != c.want {
+			t.Errorf("Parse(%v, %s): tools %v, %v; want %v", c.kind, c.body, r.Tools, err, c.want)
+		}
+		ReleaseRequest(r)
+	}
+}
+
 // TestParseTruncation: a prompt is counted and tokenized as the engine
 // keeps it under truncate_prompt_tokens: its last k tokens, or its first
 // with truncation_side "right"; null, -1 (the context, unknown here) and
