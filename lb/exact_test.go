@@ -470,6 +470,21 @@ func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
 		t.Fatalf("20 KB with tools: %d %.200s, %v tokenized off the loop, want %d", resp.StatusCode, b, offLoop(), n+1)
 	}
 	n++
+	// An agent's history of tool calls and results, no tools listed, is
+	// the Jinja engine's too.
+	history := []any{map[string]string{"role": "user", "content": "Why does the build fail?"}}
+	for i := range 20 {
+		id := fmt.Sprint("call_", i)
+		history = append(history,
+			map[string]any{"role": "assistant", "content": "", "tool_calls": []any{map[string]any{"id": id, "type": "function",
+				"function": map[string]any{"name": "read", "arguments": fmt.Sprintf(`{"path":"/src/f%d.go"}`, i)}}}},
+			map[string]any{"role": "tool", "tool_call_id": id, "content": strings.Repeat(fmt.Sprint("func f() { return g(x) } // line ", i, "\n"), 25)})
+	}
+	calls, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "messages": history})
+	if resp, b := post(t, s, "/v1/chat/completions", string(calls)); resp.StatusCode != 200 || offLoop() != float64(n+1) {
+		t.Fatalf("%d bytes of tool calls: %d %.200s, %v tokenized off the loop, want %d", len(calls), resp.StatusCode, b, offLoop(), n+1)
+	}
+	n++
 	// A large prompt of token ids is not tokenized: it stays on the loop.
 	ids := `{"model":"m","max_tokens":2,"prompt":[` + strings.TrimSuffix(strings.Repeat("1234, ", 12000), ", ") + `]}`
 	if resp, b := post(t, s, "/v1/completions", ids); resp.StatusCode != 200 || offLoop() != float64(n) {

@@ -131,24 +131,26 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 
 // The largest request bodies the event loop tokenizes itself; a larger one
 // is tokenized on a worker, which costs its request a handoff and the
-// worker's upstream call (tens of microseconds). A request with tools is
-// rendered by the Jinja engine whole, seen turns too (engines/prompt's
+// worker's upstream call (tens of microseconds). A request the template's
+// Jinja engine renders (openai.Request.Jinja: tools, tool calls...) is
+// rendered whole, seen turns too (engines/prompt's
 // BenchmarkMessagesAgentLoop: 1.1 ms for 23 KB; LongAgentLoop, 3.4 ms for
-// 150 KB), time in which the loop's other connections wait. Without
-// tools, a seen conversation renders and encodes in a few microseconds a
-// KiB; text the tokenizer has not seen takes about 20 us a KiB.
+// 150 KB), time in which the loop's other connections wait. Another, a
+// seen conversation, renders and encodes in a few microseconds a KiB;
+// text the tokenizer has not seen takes about 20 us a KiB.
 const (
-	toolsOnLoopMax    = 16 << 10
+	jinjaOnLoopMax    = 16 << 10
 	tokenizeOnLoopMax = 64 << 10
 )
 
 // tokenizesOffLoop reports whether x, of model m, is to be tokenized on a
 // worker: its prompt is read, m's tokenizer encodes it (keying), and body
-// is larger than toolsOnLoopMax with tools, tokenizeOnLoopMax without.
+// is larger than jinjaOnLoopMax when the Jinja engine renders it,
+// tokenizeOnLoopMax when not.
 func tokenizesOffLoop(x *completion, m *pool.Model, body []byte) bool {
 	limit := tokenizeOnLoopMax
-	if x.req.Tools {
-		limit = toolsOnLoopMax
+	if x.req.Jinja {
+		limit = jinjaOnLoopMax
 	}
 	if len(body) <= limit || !x.req.Kind.Outputs() {
 		return false

@@ -27,8 +27,6 @@ func (r *Request) messagesField(s *scanner, key []byte, system, messages *field)
 		// Newer vLLM releases pass it to the chat they make; older ones
 		// drop it.
 		err = r.parseCacheSalt(s)
-	case "tools":
-		r.parseTools(s)
 	default:
 		s.skip()
 	}
