@@ -2,6 +2,7 @@ package hf
 
 import (
 	"bytes"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -22,9 +23,18 @@ type addedSet struct {
 	// occurrences with IndexByte rather than looking at every byte.
 	firsts int
 	only   byte
-	edges  map[uint32]uint32 // node<<8 | byte -> child node
-	tok    []int32           // node -> index in toks, or -1
+	nodes  []addedNode // the trie; nodes[0] is its root
 	toks   []addedToken
+}
+
+// addedNode is a node of an addedSet's trie: the token ending there (an
+// index in toks, or -1) and its children, found by IndexByte in keys (a
+// node has a few, bar a root's or a numbered family's tens): a walk costs
+// no hashing.
+type addedNode struct {
+	tok  int32
+	keys string   // the bytes its edges take
+	kids []uint32 // kids[i] is the node keys[i] leads to
 }
 
 // add inserts content; a content already present keeps its first token, as
@@ -33,9 +43,8 @@ func (s *addedSet) add(content string, tok addedToken) {
 	if content == "" {
 		return
 	}
-	if s.edges == nil {
-		s.edges = map[uint32]uint32{}
-		s.tok = []int32{-1}
+	if s.nodes == nil {
+		s.nodes = []addedNode{{tok: -1}}
 	}
 	if !s.first[content[0]] {
 		s.first[content[0]] = true
@@ -44,17 +53,19 @@ func (s *addedSet) add(content string, tok addedToken) {
 	}
 	node := uint32(0)
 	for i := 0; i < len(content); i++ {
-		k := node<<8 | uint32(content[i])
-		child, ok := s.edges[k]
-		if !ok {
-			child = uint32(len(s.tok))
-			s.edges[k] = child
-			s.tok = append(s.tok, -1)
+		n := &s.nodes[node]
+		if k := strings.IndexByte(n.keys, content[i]); k >= 0 {
+			node = n.kids[k]
+			continue
 		}
+		child := uint32(len(s.nodes))
+		n.keys += content[i : i+1]
+		n.kids = append(n.kids, child)
+		s.nodes = append(s.nodes, addedNode{tok: -1})
 		node = child
 	}
-	if s.tok[node] < 0 {
-		s.tok[node] = int32(len(s.toks))
+	if n := &s.nodes[node]; n.tok < 0 {
+		n.tok = int32(len(s.toks))
 		s.toks = append(s.toks, tok)
 	}
 }
@@ -63,15 +74,15 @@ func (s *addedSet) add(content string, tok addedToken) {
 // index in toks, or -1.
 func (s *addedSet) longest(text []byte, i int) (end int, tok int32) {
 	tok = -1
-	node := uint32(0)
+	n := &s.nodes[0]
 	for j := i; j < len(text); j++ {
-		child, ok := s.edges[node<<8|uint32(text[j])]
-		if !ok {
+		k := strings.IndexByte(n.keys, text[j])
+		if k < 0 {
 			break
 		}
-		node = child
-		if k := s.tok[node]; k >= 0 {
-			end, tok = j+1, k
+		n = &s.nodes[n.kids[k]]
+		if n.tok >= 0 {
+			end, tok = j+1, n.tok
 		}
 	}
 	return end, tok
