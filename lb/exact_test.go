@@ -422,11 +422,11 @@ func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
 	}
 }
 
-// A prompt over 64 KiB, or 16 KiB with tools, is tokenized on a worker,
-// not the event loop, which meanwhile serves its other connections: the
-// request is keyed and counted as on the loop, answered whole or
-// streamed, kept-alive or not, and a refusal made on the worker reaches
-// its client.
+// A prompt over 64 KiB, or 16 KiB that its template's Jinja engine
+// renders, is tokenized on a worker, not the event loop, which meanwhile
+// serves its other connections: the request is keyed and counted as on
+// the loop, answered whole or streamed, kept-alive or not, and a refusal
+// made on the worker reaches its client.
 func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
 	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "w")
 	system := strings.Repeat("Summarise the design document below; keep every figure it gives. ", 1100)
@@ -470,8 +470,15 @@ func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
 		t.Fatalf("20 KB with tools: %d %.200s, %v tokenized off the loop, want %d", resp.StatusCode, b, offLoop(), n+1)
 	}
 	n++
-	// An agent's history of tool calls and results, no tools listed, is
-	// the Jinja engine's too.
+	// So are an agent's history of tool calls and results, no tools
+	// listed, and a plain one the fast path refuses: an assistant turn
+	// echoing Qwen3's <think>, a trigger of its template.
+	echo, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "messages": []any{map[string]string{"role": "user", "content": medium},
+		map[string]string{"role": "assistant", "content": "<think>\nA greeting.\n</think>\n\nHello!"}, map[string]string{"role": "user", "content": "More."}}})
+	if resp, b := post(t, s, "/v1/chat/completions", string(echo)); resp.StatusCode != 200 || offLoop() != float64(n+1) {
+		t.Fatalf("20 KB echoing <think>: %d %.200s, %v tokenized off the loop, want %d", resp.StatusCode, b, offLoop(), n+1)
+	}
+	n++
 	history := []any{map[string]string{"role": "user", "content": "Why does the build fail?"}}
 	for i := range 20 {
 		id := fmt.Sprint("call_", i)

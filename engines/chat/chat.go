@@ -14,6 +14,7 @@
 package chat
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -173,7 +174,20 @@ type Segment struct{ Start, End int }
 // match Python, *RequestError where vLLM answers 400 at rendering (the
 // template raised), others for a broken template.
 func (t *Template) Render(dst []byte, c *Conversation, defaults map[string]any) ([]byte, error) {
-	dst, _, err := t.render(dst, c, defaults, false)
+	dst, _, err := t.render(dst, c, defaults, false, false)
+	return dst, err
+}
+
+// ErrJinja is RenderFast's for a conversation the template's fast path
+// (its learnt plan) does not render, which the Jinja engine would, at
+// some microseconds a message: a caller that must not wait for that may
+// hand the request to another goroutine and Render it there.
+var ErrJinja = errors.New("chat: the template renders this conversation with its Jinja engine")
+
+// RenderFast is Render on the fast path only: ErrJinja, dst unchanged,
+// where Render would run the Jinja engine.
+func (t *Template) RenderFast(dst []byte, c *Conversation, defaults map[string]any) ([]byte, error) {
+	dst, _, err := t.render(dst, c, defaults, false, true)
 	return dst, err
 }
 
@@ -182,10 +196,10 @@ func (t *Template) Render(dst []byte, c *Conversation, defaults map[string]any) 
 // are known on the fast path only; otherwise the slice is empty. It is
 // reused from c and valid until c is reset.
 func (t *Template) RenderSegments(dst []byte, c *Conversation, defaults map[string]any) ([]byte, []Segment, error) {
-	return t.render(dst, c, defaults, true)
+	return t.render(dst, c, defaults, true, false)
 }
 
-func (t *Template) render(dst []byte, c *Conversation, defaults map[string]any, segs bool) ([]byte, []Segment, error) {
+func (t *Template) render(dst []byte, c *Conversation, defaults map[string]any, segs, fastOnly bool) ([]byte, []Segment, error) {
 	t, err := t.effective(c)
 	if err != nil {
 		return dst, nil, err
@@ -196,6 +210,9 @@ func (t *Template) render(dst []byte, c *Conversation, defaults map[string]any, 
 			return out, c.seg, nil
 		}
 		c.seg = c.seg[:0]
+	}
+	if fastOnly {
+		return dst, nil, ErrJinja
 	}
 	out, err := t.renderJinja(c, defaults)
 	if err != nil {

@@ -174,7 +174,7 @@ func TestFastPathMatchesJinja(t *testing.T) {
 
 // TestFastPathRefusals: templates whose output the plan cannot describe
 // render a three-message conversation with Jinja (no segments), and
-// rightly.
+// rightly; RenderFast says so (ErrJinja) rather than render it.
 func TestFastPathRefusals(t *testing.T) {
 	c := AcquireConversation()
 	defer ReleaseConversation(c)
@@ -198,6 +198,12 @@ func TestFastPathRefusals(t *testing.T) {
 		}
 		if fast := len(segs) > 0; fast != wantFast {
 			t.Errorf("%q: fast path %v, want %v", src, fast, wantFast)
+		}
+		// RenderFast renders what the fast path does, and nothing else.
+		dst := []byte("x")
+		got, err = tmpl.RenderFast(dst, c, nil)
+		if wantFast && (err != nil || string(got) != "x"+want) || !wantFast && (err != ErrJinja || string(got) != "x") {
+			t.Errorf("%q: RenderFast %q %v (fast path %v)", src, got, err, wantFast)
 		}
 	}
 	f(`{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}`, true)

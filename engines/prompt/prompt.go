@@ -137,7 +137,13 @@ func (m *Model) Tokenizer() *hf.Tokenizer { return m.tok }
 // a *chat.RequestError; one the template engine cannot render as Python
 // would, with chat.ErrInexact.
 func (m *Model) Chat(dst []uint32, body []byte, addSpecial bool) ([]uint32, error) {
-	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial)
+	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial, false)
+}
+
+// ChatFast is Chat on the template's fast path alone: chat.ErrJinja,
+// before any encoding, where Chat would render with the Jinja engine.
+func (m *Model) ChatFast(dst []uint32, body []byte, addSpecial bool) ([]uint32, error) {
+	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial, true)
 }
 
 // Responses appends the ids of a Responses API request body to dst: the
@@ -146,7 +152,7 @@ func (m *Model) Chat(dst []uint32, body []byte, addSpecial bool) ([]uint32, erro
 // add_special_tokens). What vLLM renders otherwise fails with
 // chat.ErrInexact.
 func (m *Model) Responses(dst []uint32, body []byte) ([]uint32, error) {
-	return m.conversation(dst, body, (*chat.Conversation).ParseResponses, false)
+	return m.conversation(dst, body, (*chat.Conversation).ParseResponses, false, false)
 }
 
 // Messages appends the ids of an Anthropic Messages API request body to
@@ -168,22 +174,27 @@ func (m *Model) Messages(dst []uint32, body []byte) ([]uint32, error) {
 	return m.Chat(dst, *buf, false)
 }
 
-// conversation appends the ids of the conversation parse reads from body.
-func (m *Model) conversation(dst []uint32, body []byte, parse func(*chat.Conversation, []byte) error, addSpecial bool) ([]uint32, error) {
+// conversation appends the ids of the conversation parse reads from body,
+// rendered on the template's fast path alone when fast.
+func (m *Model) conversation(dst []uint32, body []byte, parse func(*chat.Conversation, []byte) error, addSpecial, fast bool) ([]uint32, error) {
 	c := chat.AcquireConversation()
 	defer chat.ReleaseConversation(c)
 	if err := parse(c, body); err != nil {
 		return dst, err
 	}
-	return m.AppendChat(dst, c, addSpecial)
+	return m.appendChat(dst, c, addSpecial, fast)
 }
 
 // AppendChat is Chat for a conversation already parsed.
 func (m *Model) AppendChat(dst []uint32, c *chat.Conversation, addSpecial bool) ([]uint32, error) {
+	return m.appendChat(dst, c, addSpecial, false)
+}
+
+func (m *Model) appendChat(dst []uint32, c *chat.Conversation, addSpecial, fast bool) ([]uint32, error) {
 	buf := m.acquireText()
 	defer m.text.Put(buf)
 	var err error
-	if *buf, err = m.Render((*buf)[:0], c); err != nil {
+	if *buf, err = m.render((*buf)[:0], c, fast); err != nil {
 		return dst, err
 	}
 	return m.tok.Append(dst, *buf, addSpecial), nil
@@ -192,8 +203,15 @@ func (m *Model) AppendChat(dst []uint32, c *chat.Conversation, addSpecial bool) 
 // Render appends c rendered by the model's chat template to dst: the text
 // the engine tokenizes.
 func (m *Model) Render(dst []byte, c *chat.Conversation) ([]byte, error) {
-	if m.tmpl == nil {
+	return m.render(dst, c, false)
+}
+
+func (m *Model) render(dst []byte, c *chat.Conversation, fast bool) ([]byte, error) {
+	switch {
+	case m.tmpl == nil:
 		return dst, ErrNoTemplate
+	case fast:
+		return m.tmpl.RenderFast(dst, c, m.kwargs)
 	}
 	return m.tmpl.Render(dst, c, m.kwargs)
 }

@@ -70,9 +70,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	g.nameResponse(ctx, x)
 	x.g, x.ctx, x.m = g, ctx, m
 	if l := frontend.LoopOf(ctx); l != nil && tokenizesOffLoop(x, m, ctx.PostBody()) {
-		g.metrics.model(m).offLoop.Inc()
-		x.found, x.stage = key, stageTokenize
-		l.Detach(x)
+		g.tokenizeLater(l, x, key)
 		return
 	}
 	if g.begin(x, key) {
@@ -80,14 +78,31 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	}
 }
 
+// tokenizeLater moves x, whose tokenization would hold up loop l, to a
+// worker, which begins it (stageTokenize).
+func (g *Gateway) tokenizeLater(l *frontend.Loop, x *completion, key *limits.Key) {
+	g.metrics.model(x.m).offLoop.Inc()
+	x.found, x.stage = key, stageTokenize
+	l.Detach(x)
+}
+
 // begin takes x, parsed and of model x.m, from its tokenization to its
 // first pick, and sets the transport it goes on with: false when x is
 // answered (refused) or moved to a worker.
 func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 	ctx, m := x.ctx, x.m
+	body := ctx.PostBody()
+	// A chat over jinjaOnLoopMax is rendered on the loop only on its
+	// template's fast path.
+	l := frontend.LoopOf(ctx)
+	fast := l != nil && x.req.Kind == openai.KindChat && len(body) > jinjaOnLoopMax
 	// Tokenized before the key's token budget is charged, so the budget
 	// counts the engine's tokens.
-	if f := g.tokenize(x, m, ctx.PostBody()); f != nil {
+	if f := g.tokenize(x, m, body, fast); f != nil {
+		if f == errJinja {
+			g.tokenizeLater(l, x, key)
+			return false
+		}
 		g.fail(ctx, x, m, f)
 		return false
 	}
@@ -131,25 +146,27 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 
 // The largest request bodies the event loop tokenizes itself; a larger one
 // is tokenized on a worker, which costs its request a handoff and the
-// worker's upstream call (tens of microseconds). A request the template's
-// Jinja engine renders (openai.Request.Jinja: tools, tool calls...) is
-// rendered whole, seen turns too (engines/prompt's
-// BenchmarkMessagesAgentLoop: 1.1 ms for 23 KB; LongAgentLoop, 3.4 ms for
-// 150 KB), time in which the loop's other connections wait. Another, a
-// seen conversation, renders and encodes in a few microseconds a KiB;
-// text the tokenizer has not seen takes about 20 us a KiB.
+// worker's upstream call (tens of microseconds). Text the tokenizer has
+// not seen takes about 20 us a KiB. A conversation its template's Jinja
+// engine renders (tools, tool calls and results, names, parts, a template's
+// own refusals of its fast path) is rendered whole, seen turns too
+// (engines/prompt's BenchmarkMessagesAgentLoop: 1.1 ms for 23 KB;
+// LongAgentLoop, 3.4 ms for 150 KB), where the fast path copies it: a chat
+// over jinjaOnLoopMax is rendered on the loop on the fast path alone
+// (errJinja), and the Responses and Messages APIs' conversions, which
+// make such conversations, go to a worker past it.
 const (
 	jinjaOnLoopMax    = 16 << 10
 	tokenizeOnLoopMax = 64 << 10
 )
 
 // tokenizesOffLoop reports whether x, of model m, is to be tokenized on a
-// worker: its prompt is read, m's tokenizer encodes it (keying), and body
-// is larger than jinjaOnLoopMax when the Jinja engine renders it,
-// tokenizeOnLoopMax when not.
+// worker from the start: m's tokenizer encodes its prompt (keying), and
+// body is larger than tokenizeOnLoopMax, or than jinjaOnLoopMax for a
+// Responses or Messages request.
 func tokenizesOffLoop(x *completion, m *pool.Model, body []byte) bool {
 	limit := tokenizeOnLoopMax
-	if x.req.Jinja {
+	if x.req.Kind == openai.KindResponses || x.req.Kind == openai.KindMessages {
 		limit = jinjaOnLoopMax
 	}
 	if len(body) <= limit || !x.req.Kind.Outputs() {

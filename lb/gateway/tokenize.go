@@ -41,8 +41,9 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // index.
 // It runs before the pick, on the connection's loop or worker: a chat
 // whose earlier turns were seen costs tens of microseconds (the
-// tokenizer's segment cache; engines/prompt's benchmarks).
-func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
+// tokenizer's segment cache; engines/prompt's benchmarks). With fast, a
+// chat is rendered on its template's fast path alone (errJinja).
+func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool) *failure {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
 	if !x.req.Kind.Outputs() {
 		return nil // no prompt was read
@@ -56,11 +57,15 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	case x.req.Kind == openai.KindChat, x.req.Kind == openai.KindResponses, x.req.Kind == openai.KindMessages:
 		special := x.req.SpecialTokensSet && x.req.SpecialTokens
 		var err error
-		switch x.req.Kind {
-		case openai.KindResponses:
+		switch {
+		case x.req.Kind == openai.KindResponses:
 			x.ids, err = m.Prompt.Responses(x.ids, body)
-		case openai.KindMessages:
+		case x.req.Kind == openai.KindMessages:
 			x.ids, err = m.Prompt.Messages(x.ids, body)
+		case fast:
+			if x.ids, err = m.Prompt.ChatFast(x.ids, body, special); err == chat.ErrJinja {
+				return errJinja
+			}
 		default:
 			x.ids, err = m.Prompt.Chat(x.ids, body, special)
 		}
@@ -99,6 +104,11 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte) *failure {
 	g.metrics.model(m).tokenized[mode].Inc()
 	return nil
 }
+
+// errJinja is tokenize's, with fast, for a chat its template renders with
+// the Jinja engine: nothing is counted, and begin moves the request to a
+// worker, which tokenizes it whole.
+var errJinja = &failure{}
 
 // keying says how the keys of x, whose prompt is read, are made on m:
 // encodes, by m's tokenizer (the mode then tokensExact, unless rendering

@@ -168,16 +168,6 @@ type Request struct {
 	FormTextBytes int
 	// Stream is the "stream" field (default false).
 	Stream bool
-	// Jinja says the request may leave its chat template's fast path
-	// (engines/chat's plan) for the whole Jinja engine, which renders
-	// seen turns again at every request: a chat listing tools, with a
-	// chat_template or continue_final_message of its own, or with a
-	// message other than a system, user or assistant one of string
-	// content alone (tool calls and results, a name, reasoning, content
-	// parts); a Responses or Messages request, whose conversion makes
-	// such messages.
-	Jinja bool
-	tools bool // the chat's last "tools" lists some
 	// MaxTokens is the output budget in tokens: "max_completion_tokens" if
 	// present, else "max_tokens", else -1. vLLM gives
 	// max_completion_tokens the same precedence.
@@ -596,16 +586,6 @@ func (r *Request) parse(s *scanner) error {
 			} else {
 				s.skip()
 			}
-		case "tools":
-			if r.Kind == KindChat {
-				r.parseTools(s)
-			} else {
-				s.skip()
-			}
-		case "chat_template", "continue_final_message":
-			// Any value but null or false: probed no further.
-			r.Jinja = r.Jinja || r.Kind == KindChat && s.c() != 'n' && s.c() != 'f'
-			s.skip()
 		case "prompt":
 			if r.Kind == KindCompletion {
 				seenPrompt, err = r.parsePrompt(s)
@@ -625,7 +605,6 @@ func (r *Request) parse(s *scanner) error {
 	if s.bad {
 		return nil
 	}
-	r.Jinja = r.Jinja || r.tools || r.Kind == KindResponses || r.Kind == KindMessages
 	switch r.Kind {
 	case KindResponses:
 		r.renderResponses(s.b, instructions, input)
@@ -650,13 +629,6 @@ func (r *Request) parse(s *scanner) error {
 		r.MaxTokens, r.MaxCompletionTokens = maxCompletion, true
 	}
 	return nil
-}
-
-// parseTools reads whether "tools" lists any; its last value counts, as
-// the engines' JSON decoders keep a repeated key's last.
-func (r *Request) parseTools(s *scanner) {
-	f := s.field()
-	r.tools = f.form == '[' && len(f.raw) > 2 && len(bytes.TrimSpace(f.raw[1:len(f.raw)-1])) > 0
 }
 
 // parseModel reads "model": a string, or null, which counts as absent.
@@ -1159,9 +1131,6 @@ func (r *Request) parseMessage(s *scanner) error {
 		case "content":
 			c = s.field()
 		default:
-			// tool_calls, tool_call_id, name, reasoning...: the fast
-			// path renders none.
-			r.Jinja = true
 			s.skip()
 		}
 	}
@@ -1177,9 +1146,6 @@ func (r *Request) parseMessage(s *scanner) error {
 		return InvalidJSON()
 	}
 	r.Prompt = tokenize.AppendTurnOpen(r.Prompt, roleText)
-	if c.form != '"' || !plainRole(roleText) {
-		r.Jinja = true
-	}
 	switch c.form {
 	case 0: // absent or null: assistant turns that only call tools
 	case '"':
@@ -1195,16 +1161,6 @@ func (r *Request) parseMessage(s *scanner) error {
 	}
 	r.Prompt = tokenize.AppendTurnClose(r.Prompt)
 	return nil
-}
-
-// plainRole reports whether role is one a chat template's fast path
-// renders: system, user or assistant.
-func plainRole(role []byte) bool {
-	switch string(role) {
-	case "system", "user", "assistant":
-		return true
-	}
-	return false
 }
 
 // renderParts appends the text parts of message i's content list (s on its

@@ -1150,46 +1150,6 @@ func TestParseChoices(t *testing.T) {
 	}
 }
 
-// TestParseJinja: a request may leave the template's fast path when it is
-// a chat whose last "tools" lists some, with a template or
-// continue_final_message of its own, or a message the fast path does not
-// render; or a Responses or Messages request.
-func TestParseJinja(t *testing.T) {
-	const tool = `{"type":"function","function":{"name":"f"}}`
-	const user = `{"role":"user","content":"x"}`
-	for _, c := range []struct {
-		kind Kind
-		body string
-		want bool
-	}{
-		{KindChat, `{"model":"m","messages":[{"role":"system","content":"s"},` + user + `,{"role":"assistant","content":"a"}]}`, false},
-		{KindChat, `{"model":"m","messages":[` + user + `],"tools":[]}`, false},
-		{KindChat, `{"model":"m","messages":[` + user + `],"tools":[ ]}`, false},
-		{KindChat, `{"model":"m","messages":[` + user + `],"tools":null}`, false},
-		{KindChat, `{"model":"m","tools":[` + tool + `],"messages":[` + user + `]}`, true},
-		{KindChat, `{"model":"m","tools":[` + tool + `],"messages":[` + user + `],"tools":[]}`, false},
-		{KindChat, `{"model":"m","tools":[],"messages":[` + user + `],"tools":[` + tool + `]}`, true},
-		{KindChat, `{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[]}]}`, true},
-		{KindChat, `{"model":"m","messages":[{"role":"tool","content":"r","tool_call_id":"c"}]}`, true},
-		{KindChat, `{"model":"m","messages":[{"role":"tool","content":"r"}]}`, true},
-		{KindChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`, true},
-		{KindChat, `{"model":"m","messages":[{"role":"user","name":"ann","content":"x"}]}`, true},
-		{KindChat, `{"model":"m","messages":[` + user + `],"chat_template":"{{ x }}"}`, true},
-		{KindChat, `{"model":"m","messages":[` + user + `],"chat_template":null}`, false},
-		{KindChat, `{"model":"m","messages":[` + user + `],"continue_final_message":true}`, true},
-		{KindChat, `{"model":"m","messages":[` + user + `],"continue_final_message":false}`, false},
-		{KindCompletion, `{"model":"m","prompt":"x","tools":[` + tool + `],"chat_template":"x"}`, false},
-		{KindResponses, `{"model":"m","input":"x"}`, true},
-		{KindMessages, `{"model":"m","max_tokens":1,"messages":[` + user + `]}`, true},
-	} {
-		r := AcquireRequest()
-		if err := r.Parse(c.kind, []byte(c.body)); err != nil || r.Jinja != c.want {
-			t.Errorf("Parse(%v, %s): Jinja %v, %v; want %v", c.kind, c.body, r.Jinja, err, c.want)
-		}
-		ReleaseRequest(r)
-	}
-}
-
 // TestParseTruncation: a prompt is counted and tokenized as the engine
 // keeps it under truncate_prompt_tokens: its last k tokens, or its first
 // with truncation_side "right"; null, -1 (the context, unknown here) and
