@@ -200,6 +200,10 @@ func (t *Template) RenderSegments(dst []byte, c *Conversation, defaults map[stri
 }
 
 func (t *Template) render(dst []byte, c *Conversation, defaults map[string]any, segs, fastOnly bool) ([]byte, []Segment, error) {
+	if fastOnly && c.hasChatTemplate {
+		// A request's own template has no plan: not compiled here.
+		return dst, nil, ErrJinja
+	}
 	t, err := t.effective(c)
 	if err != nil {
 		return dst, nil, err

@@ -295,6 +295,11 @@ func TestRequestTemplateTrust(t *testing.T) {
 		if string(got) != want {
 			t.Errorf("trust %v %s:\n got %q\nwant %q", trust, body, got, want)
 		}
+		// A request's own template has no fast path: RenderFast leaves
+		// it, compiled or not, to Render.
+		if fast, err := tmpl.RenderFast(nil, c, nil); c.hasChatTemplate && (err != ErrJinja || len(fast) > 0) {
+			t.Errorf("trust %v %s: RenderFast %q %v, want ErrJinja", trust, body, fast, err)
+		}
 	}
 	refused := "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template."
 	f(false, `{"messages":[{"role":"user","content":"a"}],"chat_template":"[{{ messages[0].content }}]"}`, refused)
