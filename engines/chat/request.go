@@ -327,6 +327,9 @@ func (c *Conversation) rawValue() span {
 
 func (c *Conversation) parseKwargs() error {
 	s := &c.sc
+	// A repeated key's last value counts, as in json.loads: null drops
+	// an earlier one.
+	c.hasKwargs, c.kwargsTemplate = false, false
 	if s.isNull() {
 		return nil
 	}
@@ -354,6 +357,7 @@ func (c *Conversation) parseKwargs() error {
 // ChatCompletionToolsParam requires of each tool.
 func (c *Conversation) parseTools() error {
 	s := &c.sc
+	c.hasTools = false // as parseKwargs: the last value counts
 	if s.isNull() {
 		return nil
 	}

@@ -309,3 +309,36 @@ func TestRequestTemplateTrust(t *testing.T) {
 	f(true, `{"messages":[{"role":"user","content":"a"}],"chat_template":"{{ x | pprint }}"}`,
 		`chat: the template engine cannot render this chat template: filter "pprint" is not implemented`)
 }
+
+// TestRepeatedNullKeys: a repeated tools or chat_template_kwargs key's
+// last value counts, as json.loads keeps it (vLLM's parse): a null after
+// a value leaves none, and a value after a null is that value.
+func TestRepeatedNullKeys(t *testing.T) {
+	tmpl := loadTemplate(t, "qwen3")
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	const tools = `"tools":[{"type":"function","function":{"name":"read","parameters":{"type":"object"}}}]`
+	const kwargs = `"chat_template_kwargs":{"enable_thinking":false}`
+	render := func(body string) string {
+		t.Helper()
+		c := AcquireConversation()
+		defer ReleaseConversation(c)
+		if err := c.ParseRequest([]byte(body)); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		out, err := tmpl.Render(nil, c, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		return string(out)
+	}
+	for _, c := range [][2]string{
+		{`{` + msgs + `,` + tools + `,"tools":null}`, `{` + msgs + `}`},
+		{`{"tools":null,` + msgs + `,` + tools + `}`, `{` + msgs + `,` + tools + `}`},
+		{`{` + msgs + `,` + kwargs + `,"chat_template_kwargs":null}`, `{` + msgs + `}`},
+		{`{"chat_template_kwargs":null,` + msgs + `,` + kwargs + `}`, `{` + msgs + `,` + kwargs + `}`},
+	} {
+		if got, want := render(c[0]), render(c[1]); got != want {
+			t.Errorf("%s rendered\n%q\nwant, as %s,\n%q", c[0], got, c[1], want)
+		}
+	}
+}
