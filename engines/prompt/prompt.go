@@ -137,14 +137,19 @@ func (m *Model) Tokenizer() *hf.Tokenizer { return m.tok }
 // a *chat.RequestError; one the template engine cannot render as Python
 // would, with chat.ErrInexact.
 func (m *Model) Chat(dst []uint32, body []byte, addSpecial bool) ([]uint32, error) {
-	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial, false)
+	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial, -1)
 }
 
-// ChatFast is Chat on the template's fast path alone: chat.ErrJinja,
-// before any encoding, where Chat would render with the Jinja engine.
-func (m *Model) ChatFast(dst []uint32, body []byte, addSpecial bool) ([]uint32, error) {
-	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial, true)
+// ChatFast is Chat on the template's fast path alone, encoding at most
+// unseen bytes of text the tokenizer's segment cache does not hold:
+// chat.ErrJinja, before any encoding, where Chat would render with the
+// Jinja engine; ErrUnseen past unseen.
+func (m *Model) ChatFast(dst []uint32, body []byte, addSpecial bool, unseen int) ([]uint32, error) {
+	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial, unseen)
 }
+
+// ErrUnseen is ChatFast's for a prompt with more new text than its bound.
+var ErrUnseen = errors.New("prompt: more of the prompt is new to the tokenizer than the bound")
 
 // Responses appends the ids of a Responses API request body to dst: the
 // conversation vLLM makes of it (chat.Conversation.ParseResponses),
@@ -152,7 +157,7 @@ func (m *Model) ChatFast(dst []uint32, body []byte, addSpecial bool) ([]uint32, 
 // add_special_tokens). What vLLM renders otherwise fails with
 // chat.ErrInexact.
 func (m *Model) Responses(dst []uint32, body []byte) ([]uint32, error) {
-	return m.conversation(dst, body, (*chat.Conversation).ParseResponses, false, false)
+	return m.conversation(dst, body, (*chat.Conversation).ParseResponses, false, -1)
 }
 
 // Messages appends the ids of an Anthropic Messages API request body to
@@ -174,30 +179,37 @@ func (m *Model) Messages(dst []uint32, body []byte) ([]uint32, error) {
 	return m.Chat(dst, *buf, false)
 }
 
-// conversation appends the ids of the conversation parse reads from body,
-// rendered on the template's fast path alone when fast.
-func (m *Model) conversation(dst []uint32, body []byte, parse func(*chat.Conversation, []byte) error, addSpecial, fast bool) ([]uint32, error) {
+// conversation appends the ids of the conversation parse reads from body;
+// with unseen >= 0, as ChatFast does.
+func (m *Model) conversation(dst []uint32, body []byte, parse func(*chat.Conversation, []byte) error, addSpecial bool, unseen int) ([]uint32, error) {
 	c := chat.AcquireConversation()
 	defer chat.ReleaseConversation(c)
 	if err := parse(c, body); err != nil {
 		return dst, err
 	}
-	return m.appendChat(dst, c, addSpecial, fast)
+	return m.appendChat(dst, c, addSpecial, unseen)
 }
 
 // AppendChat is Chat for a conversation already parsed.
 func (m *Model) AppendChat(dst []uint32, c *chat.Conversation, addSpecial bool) ([]uint32, error) {
-	return m.appendChat(dst, c, addSpecial, false)
+	return m.appendChat(dst, c, addSpecial, -1)
 }
 
-func (m *Model) appendChat(dst []uint32, c *chat.Conversation, addSpecial, fast bool) ([]uint32, error) {
+func (m *Model) appendChat(dst []uint32, c *chat.Conversation, addSpecial bool, unseen int) ([]uint32, error) {
 	buf := m.acquireText()
 	defer m.text.Put(buf)
 	var err error
-	if *buf, err = m.render((*buf)[:0], c, fast); err != nil {
+	if *buf, err = m.render((*buf)[:0], c, unseen >= 0); err != nil {
 		return dst, err
 	}
-	return m.tok.Append(dst, *buf, addSpecial), nil
+	if unseen < 0 {
+		return m.tok.Append(dst, *buf, addSpecial), nil
+	}
+	ids, ok := m.tok.AppendWithin(dst, *buf, addSpecial, unseen)
+	if !ok {
+		return dst, ErrUnseen
+	}
+	return ids, nil
 }
 
 // Render appends c rendered by the model's chat template to dst: the text

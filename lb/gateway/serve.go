@@ -92,14 +92,14 @@ func (g *Gateway) tokenizeLater(l *frontend.Loop, x *completion, key *limits.Key
 func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 	ctx, m := x.ctx, x.m
 	body := ctx.PostBody()
-	// A chat over jinjaOnLoopMax is rendered on the loop only on its
-	// template's fast path.
+	// A chat over jinjaOnLoopMax is tokenized on the loop only on its
+	// template's fast path, and only if little of it is new.
 	l := frontend.LoopOf(ctx)
 	fast := l != nil && x.req.Kind == openai.KindChat && len(body) > jinjaOnLoopMax
 	// Tokenized before the key's token budget is charged, so the budget
 	// counts the engine's tokens.
 	if f := g.tokenize(x, m, body, fast); f != nil {
-		if f == errJinja {
+		if f == errOffLoop {
 			g.tokenizeLater(l, x, key)
 			return false
 		}
@@ -152,11 +152,13 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 // own refusals of its fast path) is rendered whole, seen turns too
 // (engines/prompt's BenchmarkMessagesAgentLoop: 1.1 ms for 23 KB;
 // LongAgentLoop, 3.4 ms for 150 KB), where the fast path copies it: a chat
-// over jinjaOnLoopMax is rendered on the loop on the fast path alone
-// (errJinja), and the Responses and Messages APIs' conversions, which
-// make such conversations, go to a worker past it.
+// over jinjaOnLoopMax is rendered on the loop on the fast path alone, and
+// encoded there when at most unseenOnLoopMax of it is new (errOffLoop);
+// the Responses and Messages APIs' conversions, which make Jinja's
+// conversations, go to a worker past jinjaOnLoopMax.
 const (
 	jinjaOnLoopMax    = 16 << 10
+	unseenOnLoopMax   = 16 << 10
 	tokenizeOnLoopMax = 64 << 10
 )
 

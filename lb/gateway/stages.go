@@ -24,8 +24,9 @@ type stage uint8
 const (
 	// stageTokenize tokenizes x, on a worker, and takes it to its first
 	// pick (begin): a large prompt is tokenized off the event loop
-	// (tokenizesOffLoop, or a chat its template's fast path refused:
-	// errJinja); any other begins in serveCompletion.
+	// (tokenizesOffLoop, or a chat its template's fast path refused or
+	// with much new text: errOffLoop); any other begins in
+	// serveCompletion.
 	stageTokenize stage = iota
 	// stagePick chooses a pod, or a PD decision, among those not tried;
 	// a retry backs off first.

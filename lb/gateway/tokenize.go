@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"pdlb/engines/chat"
+	"pdlb/engines/prompt"
 	"pdlb/engines/tokenize"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
@@ -42,7 +43,8 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // It runs before the pick, on the connection's loop or worker: a chat
 // whose earlier turns were seen costs tens of microseconds (the
 // tokenizer's segment cache; engines/prompt's benchmarks). With fast, a
-// chat is rendered on its template's fast path alone (errJinja).
+// chat is rendered on its template's fast path alone, and encoded only if
+// little of it is new (errOffLoop).
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool) *failure {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
 	if !x.req.Kind.Outputs() {
@@ -63,8 +65,8 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool)
 		case x.req.Kind == openai.KindMessages:
 			x.ids, err = m.Prompt.Messages(x.ids, body)
 		case fast:
-			if x.ids, err = m.Prompt.ChatFast(x.ids, body, special); err == chat.ErrJinja {
-				return errJinja
+			if x.ids, err = m.Prompt.ChatFast(x.ids, body, special, unseenOnLoopMax); err == chat.ErrJinja || err == prompt.ErrUnseen {
+				return errOffLoop
 			}
 		default:
 			x.ids, err = m.Prompt.Chat(x.ids, body, special)
@@ -105,10 +107,12 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool)
 	return nil
 }
 
-// errJinja is tokenize's, with fast, for a chat its template renders with
-// the Jinja engine: nothing is counted, and begin moves the request to a
-// worker, which tokenizes it whole.
-var errJinja = &failure{}
+// errOffLoop is tokenize's, with fast, for a chat the loop is not to
+// tokenize: its template renders it with the Jinja engine, or more than
+// unseenOnLoopMax of its text is new to the tokenizer. Nothing is
+// counted, and begin moves the request to a worker, which tokenizes it
+// whole.
+var errOffLoop = &failure{}
 
 // keying says how the keys of x, whose prompt is read, are made on m:
 // encodes, by m's tokenizer (the mode then tokensExact, unless rendering

@@ -51,3 +51,23 @@ func TestAddedJump(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendWithin: a text with more new bytes than the bound is not
+// encoded (false, dst as it came); within the bound, or once its
+// segments are cached, its ids are Append's.
+func TestAppendWithin(t *testing.T) {
+	tok := withCaches(load(t, "qwen3"), segmentCacheBytes)
+	text := []byte("<|im_start|>user\n" + strings.Repeat("Keep every figure of the report. ", 200) + "<|im_end|>\n<|im_start|>assistant\n")
+	want := withCaches(tok, 0).Append(nil, text, false)
+	dst := []uint32{7}
+	if got, ok := tok.AppendWithin(dst, text, false, 1000); ok || !slices.Equal(got, dst) {
+		t.Fatalf("over the bound: %v and %d ids, want false and dst alone", ok, len(got))
+	}
+	if got, ok := tok.AppendWithin(dst, text, false, len(text)); !ok || !slices.Equal(got, append([]uint32{7}, want...)) {
+		t.Fatalf("within the bound: %v, %d ids, want %d", ok, len(got), len(want)+1)
+	}
+	// Every segment is cached now: nothing is new.
+	if got, ok := tok.AppendWithin(nil, text, false, 0); !ok || !slices.Equal(got, want) {
+		t.Fatalf("seen: %v, %d ids, want %d", ok, len(got), len(want))
+	}
+}

@@ -85,6 +85,11 @@ type encoder struct {
 	// lookups take a lock: two atomic writes of a shared cache line per
 	// word.
 	recent [recentWords]cacheEntry
+	// unseen is how many more bytes of segments the segment cache does
+	// not hold this encode may take (< 0: any); over says it met one
+	// larger, and encodes nothing more.
+	unseen int
+	over   bool
 }
 
 // recentWords is how many words an encoder holds (recent): 1,024 slots,
@@ -105,6 +110,9 @@ const segmentSeed = 0x9e3779b97f4a7c15
 // segment encodes text between two raw added tokens: normalise, split on
 // the normalized added tokens, pre-tokenise, BPE.
 func (e *encoder) segment(t *Tokenizer, dst []uint32, seg []byte, first bool) []uint32 {
+	if e.over {
+		return dst
+	}
 	var h uint64
 	if t.segments != nil {
 		h = xxhash.Sum64(seg)
@@ -113,6 +121,12 @@ func (e *encoder) segment(t *Tokenizer, dst []uint32, seg []byte, first bool) []
 		}
 		if out, ok := t.segments.get(dst, h, seg, first); ok {
 			return out
+		}
+	}
+	if e.unseen >= 0 {
+		if e.unseen -= len(seg); e.unseen < 0 {
+			e.over = true
+			return dst
 		}
 	}
 	n := len(dst)

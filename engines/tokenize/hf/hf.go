@@ -337,7 +337,22 @@ func (t *Tokenizer) grow(id uint32) {
 // Special tokens written in text are recognised either way. With warm caches
 // and room in dst it allocates nothing.
 func (t *Tokenizer) Append(dst []uint32, text []byte, addSpecial bool) []uint32 {
+	dst, _ = t.appendWithin(dst, text, addSpecial, -1)
+	return dst
+}
+
+// AppendWithin is Append that encodes at most unseen bytes of text its
+// segment cache does not hold: false, and dst as it came, past that (the
+// segments encoded by then are cached).
+func (t *Tokenizer) AppendWithin(dst []uint32, text []byte, addSpecial bool, unseen int) ([]uint32, bool) {
+	return t.appendWithin(dst, text, addSpecial, unseen)
+}
+
+// appendWithin is AppendWithin, with no bound when unseen < 0.
+func (t *Tokenizer) appendWithin(dst []uint32, text []byte, addSpecial bool, unseen int) ([]uint32, bool) {
 	e := t.pool.Get().(*encoder)
+	start := len(dst)
+	e.unseen, e.over = unseen, false
 	if addSpecial {
 		dst = append(dst, t.prefix...)
 	}
@@ -345,13 +360,18 @@ func (t *Tokenizer) Append(dst []uint32, text []byte, addSpecial bool) []uint32 
 	if addSpecial {
 		dst = append(dst, t.suffix...)
 	}
+	over := e.over
 	t.pool.Put(e)
-	return dst
+	if over {
+		return dst[:start], false
+	}
+	return dst, true
 }
 
 // Count returns len(t.Append(nil, text, addSpecial)) without keeping the ids.
 func (t *Tokenizer) Count(text []byte, addSpecial bool) int {
 	e := t.pool.Get().(*encoder)
+	e.unseen, e.over = -1, false
 	e.count = e.encode(t, e.count[:0], text)
 	n := len(e.count)
 	t.pool.Put(e)
