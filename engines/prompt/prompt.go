@@ -141,9 +141,9 @@ func (m *Model) Chat(dst []uint32, body []byte, addSpecial bool) ([]uint32, erro
 }
 
 // ChatFast is Chat on the template's fast path alone, encoding at most
-// unseen bytes of text the tokenizer's segment cache does not hold:
-// chat.ErrJinja, before any encoding, where Chat would render with the
-// Jinja engine; ErrUnseen past unseen.
+// unseen (>= 0; a negative bound is Chat's) bytes of text the tokenizer's
+// segment cache does not hold: chat.ErrJinja, before any encoding, where
+// Chat would render with the Jinja engine; ErrUnseen past unseen.
 func (m *Model) ChatFast(dst []uint32, body []byte, addSpecial bool, unseen int) ([]uint32, error) {
 	return m.conversation(dst, body, (*chat.Conversation).ParseRequest, addSpecial, unseen)
 }
