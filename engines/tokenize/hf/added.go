@@ -17,14 +17,9 @@ type addedToken struct {
 // matches in a byte trie, which is what HF's Aho-Corasick automaton
 // (MatchKind::LeftmostLongest) reports.
 type addedSet struct {
-	first [256]bool // bytes a token can start with
-	// firsts counts them; when there is one (the '<' of every added token
-	// of Qwen, Llama and Mistral), only is it, and next jumps between its
-	// occurrences with IndexByte rather than looking at every byte.
-	firsts int
-	only   byte
-	nodes  []addedNode // the trie; nodes[0] is its root
-	toks   []addedToken
+	first [256]bool   // bytes a token can start with: the root's keys
+	nodes []addedNode // the trie; nodes[0] is its root
+	toks  []addedToken
 }
 
 // addedNode is a node of an addedSet's trie: the token ending there (an
@@ -46,11 +41,7 @@ func (s *addedSet) add(content string, tok addedToken) {
 	if s.nodes == nil {
 		s.nodes = []addedNode{{tok: -1}}
 	}
-	if !s.first[content[0]] {
-		s.first[content[0]] = true
-		s.firsts++
-		s.only = content[0]
-	}
+	s.first[content[0]] = true
 	node := uint32(0)
 	for i := 0; i < len(content); i++ {
 		n := &s.nodes[node]
@@ -120,9 +111,13 @@ func (s *addedSet) next(text []byte, pos, from int) (start, stop, resume int, id
 	if len(s.toks) == 0 {
 		return 0, 0, 0, 0, false
 	}
+	// When every token starts with one byte (the '<' of every added token
+	// of Qwen, Llama and Mistral), jump between its occurrences rather
+	// than look at every byte.
+	firsts := s.nodes[0].keys
 	for p := pos; p < len(text); p++ {
-		if s.firsts == 1 {
-			i := bytes.IndexByte(text[p:], s.only)
+		if len(firsts) == 1 {
+			i := bytes.IndexByte(text[p:], firsts[0])
 			if i < 0 {
 				break
 			}

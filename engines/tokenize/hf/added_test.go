@@ -28,8 +28,8 @@ func TestAddedJump(t *testing.T) {
 		scan.add(x.content, x.tok)
 	}
 	scan.add("\x00never", addedToken{id: 6})
-	if jump.firsts != 1 || scan.firsts != 2 {
-		t.Fatalf("first bytes: %d and %d", jump.firsts, scan.firsts)
+	if len(jump.nodes[0].keys) != 1 || len(scan.nodes[0].keys) != 2 {
+		t.Fatalf("first bytes: %q and %q", jump.nodes[0].keys, scan.nodes[0].keys)
 	}
 	parts := []string{"<|im_start|>", "<|im_end|>", "<think>", "<|im", "<", "<|", "a", " ", "  ", "word", "<thin", "\n", "é"}
 	rng := rand.New(rand.NewPCG(1, 2))

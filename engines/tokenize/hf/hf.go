@@ -337,19 +337,14 @@ func (t *Tokenizer) grow(id uint32) {
 // Special tokens written in text are recognised either way. With warm caches
 // and room in dst it allocates nothing.
 func (t *Tokenizer) Append(dst []uint32, text []byte, addSpecial bool) []uint32 {
-	dst, _ = t.appendWithin(dst, text, addSpecial, -1)
+	dst, _ = t.AppendWithin(dst, text, addSpecial, -1)
 	return dst
 }
 
 // AppendWithin is Append that encodes at most unseen bytes of text its
-// segment cache does not hold: false, and dst as it came, past that (the
-// segments encoded by then are cached).
+// segment cache does not hold (unseen < 0: any): false, and dst as it
+// came, past that (the segments encoded by then are cached).
 func (t *Tokenizer) AppendWithin(dst []uint32, text []byte, addSpecial bool, unseen int) ([]uint32, bool) {
-	return t.appendWithin(dst, text, addSpecial, unseen)
-}
-
-// appendWithin is AppendWithin, with no bound when unseen < 0.
-func (t *Tokenizer) appendWithin(dst []uint32, text []byte, addSpecial bool, unseen int) ([]uint32, bool) {
 	e := t.pool.Get().(*encoder)
 	start := len(dst)
 	e.unseen, e.over = unseen, false
