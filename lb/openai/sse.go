@@ -383,35 +383,25 @@ func (c *TokenCounter) Observe(ev Event) {
 		}
 		q := i + j - 1 // the key's closing quote, if the colon ends a key
 		i = q + 2
-		if q < 0 || d[q] != '"' || escaped(d, q) {
+		if q < 1 || d[q] != '"' || escaped(d, q) {
 			continue
 		}
 		v := skipWS(d[i:])
-		// The key: back to its opening quote (a key with an escaped
-		// quote is none of these).
-		open := bytes.LastIndexByte(d[:q], '"')
-		if open < 0 {
-			continue
-		}
-		switch string(d[open+1 : q]) {
-		case "content", "text", "reasoning_content", "reasoning", "thinking", "partial_json":
+		switch eventKeyAt(d, q) {
+		case keyText:
 			output = output || len(v) > 1 && v[0] == '"' && v[1] != '"'
-		case "tool_calls":
+		case keyToolCalls:
 			if len(v) > 0 && v[0] == '[' {
 				inner := skipWS(v[1:])
 				output = output || len(inner) > 0 && inner[0] != ']'
 			}
-		case "choices":
+		case keyChoices:
 			// Engines write "choices" before "usage".
 			if len(v) > 0 && v[0] == '[' {
 				inner := skipWS(v[1:])
 				noChoices = len(inner) > 0 && inner[0] == ']'
 			}
-		case "delta":
-			// A Responses API stream's text, reasoning or arguments
-			// (a completion chunk's delta is an object).
-			output = output || len(v) > 1 && v[0] == '"' && v[1] != '"'
-		case "completion_tokens", "output_tokens":
+		case keyTokens:
 			if n, ok := leadingInt(v); ok {
 				c.usage, c.exact, usage = n, true, true
 				if noChoices {
@@ -431,6 +421,59 @@ func (c *TokenCounter) Observe(ev Event) {
 		c.errCode = errorCode(d)
 	}
 	c.done = c.done || bytes.Equal(d, doneData) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"message_stop"`))
+}
+
+// eventKey is what Observe makes of a key.
+type eventKey uint8
+
+const (
+	keyOther eventKey = iota
+	// keyText: output when its value is a non-empty string. A chunk's
+	// content, text or reasoning; a Messages stream's thinking or
+	// partial_json; a Responses API stream's delta (a completion
+	// chunk's delta is an object).
+	keyText
+	keyToolCalls
+	keyChoices
+	keyTokens // completion_tokens, output_tokens: usage
+)
+
+// eventKeyAt names the key of d whose closing quote is at q (q >= 1): by
+// its last letter, which rules out most of a chunk's dozen keys without a
+// comparison, then in place, with no search back for its opening quote.
+func eventKeyAt(d []byte, q int) eventKey {
+	is := func(k string) bool {
+		s := q - len(k)
+		return s >= 1 && d[s-1] == '"' && string(d[s:q]) == k
+	}
+	switch d[q-1] {
+	case 't':
+		if is("content") || is("text") || is("reasoning_content") {
+			return keyText
+		}
+	case 'g':
+		if is("reasoning") || is("thinking") {
+			return keyText
+		}
+	case 'n':
+		if is("partial_json") {
+			return keyText
+		}
+	case 'a':
+		if is("delta") {
+			return keyText
+		}
+	case 's':
+		switch {
+		case is("choices"):
+			return keyChoices
+		case is("tool_calls"):
+			return keyToolCalls
+		case is("completion_tokens") || is("output_tokens"):
+			return keyTokens
+		}
+	}
+	return keyOther
 }
 
 // headValue returns what follows the object d's first key when that key
