@@ -66,7 +66,7 @@ func decide(g *Gateway, m *pool.Model, x *completion, body []byte, id uint64) {
 	if err := x.req.Parse(openai.KindChat, body); err != nil {
 		panic(err)
 	}
-	if f := g.tokenize(x, m, body, false); f != nil {
+	if f, _ := g.tokenize(x, m, body, false); f != nil {
 		panic(f.E)
 	}
 	x.ticket = ledger.Ticket{ID: id}

@@ -108,7 +108,8 @@ func (g *Gateway) fallBack(x *completion) bool {
 			// m's engine makes other ids of the prompt (its tokenizer,
 			// or its truncation): its keys are made of those.
 			with = m.Prompt
-			if whole = g.tokenize(x, m, x.ctx.PostBody(), false) == nil; !whole {
+			f, _ := g.tokenize(x, m, x.ctx.PostBody(), false)
+			if whole = f == nil; !whole {
 				continue // m's engine would refuse the prompt
 			}
 		}

@@ -134,7 +134,7 @@ func TestFallbackRetokenizes(t *testing.T) {
 	prompt := "Fallbacks re-tokenize: déjà vu, naïve façades, and 12345 tokens."
 	x := resolved(t, g, "m", prompt)
 	defer releaseCompletion(x)
-	if x.m != m || g.tokenize(x, m, x.ctx.PostBody(), false) != nil {
+	if f, _ := g.tokenize(x, m, x.ctx.PostBody(), false); x.m != m || f != nil {
 		t.Fatal("m does not resolve and tokenize")
 	}
 	f := func(want string, ids []uint32, tokens int) {

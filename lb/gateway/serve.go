@@ -98,11 +98,10 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 	fast := l != nil && x.req.Kind == openai.KindChat && len(body) > jinjaOnLoopMax
 	// Tokenized before the key's token budget is charged, so the budget
 	// counts the engine's tokens.
-	if f := g.tokenize(x, m, body, fast); f != nil {
-		if f == errOffLoop {
-			g.tokenizeLater(l, x, key)
-			return false
-		}
+	if f, later := g.tokenize(x, m, body, fast); later {
+		g.tokenizeLater(l, x, key)
+		return false
+	} else if f != nil {
 		g.fail(ctx, x, m, f)
 		return false
 	}
@@ -153,7 +152,7 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 // (engines/prompt's BenchmarkMessagesAgentLoop: 1.1 ms for 23 KB;
 // LongAgentLoop, 3.4 ms for 150 KB), where the fast path copies it: a chat
 // over jinjaOnLoopMax is rendered on the loop on the fast path alone, and
-// encoded there when at most unseenOnLoopMax of it is new (errOffLoop);
+// encoded there when at most unseenOnLoopMax of it is new (tokenize);
 // the Responses and Messages APIs' conversions, which make Jinja's
 // conversations, go to a worker past jinjaOnLoopMax.
 const (

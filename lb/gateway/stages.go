@@ -25,7 +25,7 @@ const (
 	// stageTokenize tokenizes x, on a worker, and takes it to its first
 	// pick (begin): a large prompt is tokenized off the event loop
 	// (tokenizesOffLoop, or a chat its template's fast path refused or
-	// with much new text: errOffLoop); any other begins in
+	// with much new text: tokenize); any other begins in
 	// serveCompletion.
 	stageTokenize stage = iota
 	// stagePick chooses a pod, or a PD decision, among those not tried;

@@ -44,14 +44,16 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // whose earlier turns were seen costs tens of microseconds (the
 // tokenizer's segment cache; engines/prompt's benchmarks). With fast, a
 // chat is rendered on its template's fast path alone, and encoded only if
-// little of it is new (errOffLoop).
-func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool) *failure {
+// little of it is new: later says it was not (its template renders it with
+// the Jinja engine, or more than unseenOnLoopMax of its text is new to the
+// tokenizer), nothing counted, for a worker to tokenize whole.
+func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool) (f *failure, later bool) {
 	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
 	if !x.req.Kind.Outputs() {
-		return nil // no prompt was read
+		return nil, false // no prompt was read
 	}
 	if e := x.req.EngineRefusal(); e != nil {
-		return answer(e)
+		return answer(e), false
 	}
 	mode, encodes := keying(x, m)
 	switch {
@@ -66,7 +68,7 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool)
 			x.ids, err = m.Prompt.Messages(x.ids, body)
 		case fast:
 			if x.ids, err = m.Prompt.ChatFast(x.ids, body, special, unseenOnLoopMax); err == chat.ErrJinja || err == prompt.ErrUnseen {
-				return errOffLoop
+				return nil, true
 			}
 		default:
 			x.ids, err = m.Prompt.Chat(x.ids, body, special)
@@ -76,7 +78,7 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool)
 			// in Anthropic's shape.
 			if x.req.Kind != openai.KindMessages {
 				if f := refusal(err, m); f != nil {
-					return f
+					return f, false
 				}
 			}
 			mode = tokensUnindexed
@@ -104,15 +106,8 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool)
 		x.req.Tokens = len(x.ids)
 	}
 	g.metrics.model(m).tokenized[mode].Inc()
-	return nil
+	return nil, false
 }
-
-// errOffLoop is tokenize's, with fast, for a chat the loop is not to
-// tokenize: its template renders it with the Jinja engine, or more than
-// unseenOnLoopMax of its text is new to the tokenizer. Nothing is
-// counted, and begin moves the request to a worker, which tokenizes it
-// whole.
-var errOffLoop = &failure{}
 
 // keying says how the keys of x, whose prompt is read, are made on m:
 // encodes, by m's tokenizer (the mode then tokensExact, unless rendering

@@ -39,7 +39,7 @@ func tokenizedAs(t *testing.T, g *Gateway, kind openai.Kind, body string) (*comp
 	if x.m = g.resolveModel(x.ctx, x); x.m == nil {
 		t.Fatal("no model")
 	}
-	if f := g.tokenize(x, x.m, x.ctx.PostBody(), false); f != nil {
+	if f, _ := g.tokenize(x, x.m, x.ctx.PostBody(), false); f != nil {
 		return x, f.E
 	}
 	return x, nil
