@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -419,6 +420,67 @@ func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
 	}
 	if hit := adminMetric(t, home.Address, "vllm:prefix_cache_hits_total") - hits; hit < 2*(keep-16) {
 		t.Fatalf("the pod found %g tokens of the second batch cached; want most of both prompts' %d", hit, 2*keep)
+	}
+}
+
+// TestFallbackTokenizedOffTheLoop: a request its model's pod answers 503
+// to, moved to a fallback model whose tokenizer the gateway runs, is
+// tokenized for it on a worker when the event loop it came on would be
+// held up (a long prompt, one the template's Jinja engine renders), on
+// the loop when it is small; its ids are that model's engine's.
+func TestFallbackTokenizedOffTheLoop(t *testing.T) {
+	dir := tokfiles.Dir(t, "llama3.1")
+	llama, err := prompt.Load(prompt.Config{Tokenizer: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := sim.Start(sim.Config{Name: "n-0", Model: "n", Listen: "127.0.0.1:0", Speedup: 100, Prompt: llama})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	t.Cleanup(busy.Close)
+	pods := append(podsOf("n", n), config.Pod{Name: "m-0", Model: "m", Address: strings.TrimPrefix(busy.URL, "http://")})
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n", Tokenizer: dir}}
+	})
+	offLoop := func() float64 { return metricValue(t, s, `pdlb_prompt_tokenized_off_loop_total{model="n"}`) }
+	f := func(what, body string, want float64) {
+		t.Helper()
+		ids, err := llama.Chat(nil, []byte(body), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := metricValue(t, s, `pdlb_prompt_tokens_total{model="n"}`)
+		resp, b := post(t, s, "/v1/chat/completions", body)
+		var answer struct {
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			}
+		}
+		_ = json.Unmarshal([]byte(b), &answer)
+		if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-model") != "n" || answer.Usage.PromptTokens != len(ids) {
+			t.Fatalf("%s: %d from model %q, %d prompt tokens, want 200 from n, %d: %.200s", what, resp.StatusCode, resp.Header.Get("x-pdlb-model"), answer.Usage.PromptTokens, len(ids), b)
+		}
+		if got := metricValue(t, s, `pdlb_prompt_tokens_total{model="n"}`) - before; got != float64(len(ids)) {
+			t.Errorf("%s: the gateway counted %v prompt tokens, the engine's are %d", what, got, len(ids))
+		}
+		if offLoop() != want {
+			t.Errorf("%s: %v requests tokenized off the loop, want %v", what, offLoop(), want)
+		}
+	}
+	f("a long prompt", chat(strings.Repeat("Summarise the design document below; keep every figure it gives. ", 1100), "Begin.", 2, false), 1)
+	tools, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "messages": []any{map[string]string{"role": "user", "content": strings.Repeat("Keep every figure. ", 1000)}},
+		"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "read", "parameters": map[string]any{"type": "object"}}}}})
+	f("20 KB with tools", string(tools), 2)
+	f("a short prompt", chatBody, 2)
+	if got := metricValue(t, s, `pdlb_fallback_requests_total{model="n"}`); got != 3 {
+		t.Errorf("pdlb_fallback_requests_total{model=\"n\"} = %v, want 3", got)
 	}
 }
 

@@ -82,17 +82,21 @@ func keySeed(m *pool.Model, x *completion) uint64 {
 // fallBack moves x, which its model cannot serve now, to the next model of
 // the first model's fallback list that has a pod: the request is picked
 // anew there, its prompt tokenized anew when that model's tokenizer is
-// another. False when none is left.
-func (g *Gateway) fallBack(x *completion) bool {
+// another (on a worker, stageRetokenize, where the event loop is not to
+// tokenize it). False when none is left.
+func (g *Gateway) fallBack(x *completion) bool { return g.nextModel(x, true) }
+
+// nextModel is fallBack; whole says x.ids are its model's whole ids (a
+// refused tokenization leaves them part made).
+func (g *Gateway) nextModel(x *completion, whole bool) bool {
 	if !x.req.Kind.Generates() {
 		// Another model's embeddings or token ids would pass for the
 		// asked model's: an error is better.
 		return false
 	}
 	snap := g.pool.Load()
-	// with is the tokenizer x.ids come from; whole says they are all
-	// there (a refused tokenization leaves them part made).
-	with, whole := x.m.Prompt, true
+	// with is the tokenizer x.ids come from.
+	with, later := x.m.Prompt, false
 	for len(x.fallbacks) > 0 {
 		name := x.fallbacks[0]
 		x.fallbacks = x.fallbacks[1:]
@@ -108,8 +112,10 @@ func (g *Gateway) fallBack(x *completion) bool {
 			// m's engine makes other ids of the prompt (its tokenizer,
 			// or its truncation): its keys are made of those.
 			with = m.Prompt
-			f, _ := g.tokenize(x, m, x.ctx.PostBody(), false)
-			if whole = f == nil; !whole {
+			var f *failure
+			if f, later = g.tokenizeHere(x, m); later {
+				g.metrics.model(m).offLoop.Inc()
+			} else if whole = f == nil; !whole {
 				continue // m's engine would refuse the prompt
 			}
 		}
@@ -129,10 +135,31 @@ func (g *Gateway) fallBack(x *completion) bool {
 		x.m, x.served, x.adapter = m, name, nil
 		x.policy, x.policyCache, x.cascade, x.looked, x.last = res.Policy, res.UsesCache, res.PD, false, nil
 		x.stage = stagePick
+		if later {
+			x.stage = stageRetokenize
+		}
 		g.metrics.model(m).fallbacks.Inc()
 		return true
 	}
 	return false
+}
+
+// retokenize tokenizes x's prompt, on a worker, for the fallback model
+// fallBack moved it to on an event loop, and moves on to its pick. A
+// prompt that model's engine would refuse moves x to the next fallback;
+// none left, x fails as a model without a pod would (its own failure, a
+// 429 or a pod's 503, is gone by then).
+func (g *Gateway) retokenize(x *completion) {
+	g.tokenizing <- struct{}{}
+	f, _ := g.tokenize(x, x.m, x.ctx.PostBody(), false)
+	<-g.tokenizing
+	switch {
+	case f == nil:
+		x.stage = stagePick
+	case g.nextModel(x, false):
+	default:
+		x.last, x.stage = answer(openai.NoHealthyPod(x.req.Model)), stageFail
+	}
 }
 
 // fallBackFrom moves x to a fallback model when f, the failure that ends

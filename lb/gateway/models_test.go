@@ -159,6 +159,35 @@ func TestFallbackRetokenizes(t *testing.T) {
 	f("o", nil, tokenize.Count([]byte(prompt)))
 }
 
+// TestRetokenizeRefused: a request moved to a fallback model on an event
+// loop, its prompt tokenized later on a worker (retokenize), moves on to
+// the next fallback when that model's engine refuses it (vLLM a cache
+// salt with a '/', SGLang takes it), and fails as a model without a pod
+// when none is left.
+func TestRetokenizeRefused(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m"}, {Name: "n", Tokenizer: tokfiles.Dir(t, "qwen3")}, {Name: "o"}}
+	for i, model := range []string{"m", "n", "o"} {
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: model + "-0", Model: model, Address: fmt.Sprintf("127.0.0.1:%d", 10000+i)})
+	}
+	cfg.Pods[2].Engine = "sglang"
+	cfg.Provision()
+	g, _ := testGateway(t, cfg, upstream.Dialer(nil), nil)
+	snap := g.pool.Load()
+	for _, next := range [][]string{{"o"}, nil} {
+		x := resolved(t, g, "m", `salted","cache_salt":"a/b`)
+		x.m, x.fallbacks, x.stage = snap.Model([]byte("n")), next, stageRetokenize
+		g.retokenize(x)
+		switch {
+		case next != nil && (x.stage != stagePick || x.m.Name != "o"):
+			t.Errorf("refused by n's engine: stage %d on %s, want a pick on o", x.stage, x.m.Name)
+		case next == nil && (x.stage != stageFail || x.last == nil || x.last.E.Status != 503):
+			t.Errorf("refused, no fallback left: stage %d, failure %+v, want a 503", x.stage, x.last)
+		}
+		releaseCompletion(x)
+	}
+}
+
 // TestUnavailableNoFallbackLeft: a pod's 503 whose model's fallbacks have
 // no pod now is relayed, and the pod's in-flight count goes back once.
 func TestUnavailableNoFallbackLeft(t *testing.T) {

@@ -69,10 +69,6 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	}
 	g.nameResponse(ctx, x)
 	x.g, x.ctx, x.m = g, ctx, m
-	if l := frontend.LoopOf(ctx); l != nil && tokenizesOffLoop(x, m, ctx.PostBody()) {
-		g.tokenizeLater(l, x, key)
-		return
-	}
 	if g.begin(x, key) {
 		g.advance(x)
 	}
@@ -91,15 +87,10 @@ func (g *Gateway) tokenizeLater(l *frontend.Loop, x *completion, key *limits.Key
 // answered (refused) or moved to a worker.
 func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 	ctx, m := x.ctx, x.m
-	body := ctx.PostBody()
-	// A chat over jinjaOnLoopMax is tokenized on the loop only on its
-	// template's fast path, and only if little of it is new.
-	l := frontend.LoopOf(ctx)
-	fast := l != nil && x.req.Kind == openai.KindChat && len(body) > jinjaOnLoopMax
 	// Tokenized before the key's token budget is charged, so the budget
 	// counts the engine's tokens.
-	if f, later := g.tokenize(x, m, body, fast); later {
-		g.tokenizeLater(l, x, key)
+	if f, later := g.tokenizeHere(x, m); later {
+		g.tokenizeLater(frontend.LoopOf(ctx), x, key)
 		return false
 	} else if f != nil {
 		g.fail(ctx, x, m, f)
@@ -160,6 +151,20 @@ const (
 	unseenOnLoopMax   = 16 << 10
 	tokenizeOnLoopMax = 64 << 10
 )
+
+// tokenizeHere tokenizes x's prompt for m where x is served, unless that
+// is an event loop the tokenization would hold up: later then says so,
+// and x is to be tokenized on a worker (tokenizesOffLoop, or a chat over
+// jinjaOnLoopMax that its template's fast path refuses or that has much
+// new text).
+func (g *Gateway) tokenizeHere(x *completion, m *pool.Model) (f *failure, later bool) {
+	body := x.ctx.PostBody()
+	onLoop := frontend.LoopOf(x.ctx) != nil
+	if onLoop && tokenizesOffLoop(x, m, body) {
+		return nil, true
+	}
+	return g.tokenize(x, m, body, onLoop && x.req.Kind == openai.KindChat && len(body) > jinjaOnLoopMax)
+}
 
 // tokenizesOffLoop reports whether x, of model m, is to be tokenized on a
 // worker from the start: m's tokenizer encodes its prompt (keying), and

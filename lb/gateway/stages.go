@@ -28,6 +28,9 @@ const (
 	// with much new text: tokenize); any other begins in
 	// serveCompletion.
 	stageTokenize stage = iota
+	// stageRetokenize tokenizes x, on a worker, for the fallback model
+	// fallBack moved it to on an event loop (retokenize), then picks.
+	stageRetokenize
 	// stagePick chooses a pod, or a PD decision, among those not tried;
 	// a retry backs off first.
 	stagePick
@@ -62,6 +65,11 @@ func (g *Gateway) advance(x *completion) {
 			if !goOn {
 				return
 			}
+		case stageRetokenize:
+			if !x.via.block(x) {
+				return
+			}
+			g.retokenize(x)
 		case stagePick:
 			if !g.pickStage(x) {
 				return

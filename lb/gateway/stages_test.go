@@ -91,7 +91,7 @@ func bareGateway(tb testing.TB, cfg config.Config, dial pool.DialFunc) (*Gateway
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now()}
+	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now(), tokenizing: make(chan struct{}, 1)}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
 	g.ledger.SetPods(ledgerMembers(snap))
 	g.metrics = newMetrics(&g.inFlight)
