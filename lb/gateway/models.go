@@ -134,10 +134,12 @@ func (g *Gateway) nextModel(x *completion, whole bool) bool {
 		}
 		x.m, x.served, x.adapter = m, name, nil
 		x.policy, x.policyCache, x.cascade, x.looked, x.last = res.Policy, res.UsesCache, res.PD, false, nil
-		x.stage = stagePick
 		if later {
+			// Counted once its engine takes the prompt (retokenize).
 			x.stage = stageRetokenize
+			return true
 		}
+		x.stage = stagePick
 		g.metrics.model(m).fallbacks.Inc()
 		return true
 	}
@@ -150,12 +152,14 @@ func (g *Gateway) nextModel(x *completion, whole bool) bool {
 // none left, x fails as a model without a pod would (its own failure, a
 // 429 or a pod's 503, is gone by then).
 func (g *Gateway) retokenize(x *completion) {
+	// The slot is held while later fallbacks tokenize too.
 	g.tokenizing <- struct{}{}
+	defer func() { <-g.tokenizing }()
 	f, _ := g.tokenize(x, x.m, x.ctx.PostBody(), false)
-	<-g.tokenizing
 	switch {
 	case f == nil:
 		x.stage = stagePick
+		g.metrics.model(x.m).fallbacks.Inc()
 	case g.nextModel(x, false):
 	default:
 		x.last, x.stage = answer(openai.NoHealthyPod(x.req.Model)), stageFail
