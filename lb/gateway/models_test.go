@@ -116,6 +116,32 @@ func TestFallbackOnShed(t *testing.T) {
 	m.Pods[0].AddQueuedPrefill(-1e9)
 }
 
+// TestFallbackToPDOnLoop: a request shed on the event loop (before any
+// attempt) whose fallback model is served by prefill and decode pods
+// moves to a worker before its PD pick, as begin moves a PD request: the
+// exchange blocks.
+func TestFallbackToPDOnLoop(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n"}}
+	cfg.Pods = []config.Pod{{Name: "busy", Model: "m", Address: "127.0.0.1:10000"},
+		{Name: "pre", Model: "n", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		{Name: "dec", Model: "n", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"}}
+	cfg.Provision()
+	g, m := testGateway(t, cfg, upstream.Dialer(nil), &admit.ClassConfig{TTFTSLO: 1})
+	m.Pods[0].AddQueuedPrefill(1e9)
+	defer m.Pods[0].AddQueuedPrefill(-1e9)
+	loop := &scripted{}
+	x, ctx := startCompletion(t, g, m, loop, admit.Interactive)
+	ctx.Request.SetBodyString(`{"model":"m","prompt":"say something long enough to count"}`)
+	x.fallbacks = m.LoRA.Fallback
+	g.advance(x)
+	if loop.detached != 1 || x.m.Name != "n" || x.stage != stagePick || x.pd != nil {
+		t.Fatalf("moved to a worker %d times, on model %s at stage %d, PD call %v; want one move to a worker, before n's PD pick", loop.detached, x.m.Name, x.stage, x.pd != nil)
+	}
+	x.via = workerTransport{}
+	g.leave(x)
+}
+
 // TestFallbackRetokenizes: a request moved to a fallback model whose
 // tokenizer is another gets that model's ids (and keys made of them), and
 // the stand-in's count on a model without one.

@@ -100,9 +100,15 @@ func (g *Gateway) advance(x *completion) {
 }
 
 // pickStage picks for x's next attempt and moves on to admission, or to
-// stageFail when no pod is left. A retry waits on a worker: false says x
-// moved to one.
+// stageFail when no pod is left. A retry waits on a worker, and a PD pick
+// is made on one: false says x moved to one.
 func (g *Gateway) pickStage(x *completion) bool {
+	if x.cascade != nil && !x.via.block(x) {
+		// A prefill/decode exchange blocks: begin moves one to a worker
+		// before its first pick, and a fallback to a PD model made on
+		// the loop (no pod, or shed, before any attempt) comes here.
+		return false
+	}
 	asked := x.asked
 	x.asked = false
 	if x.attempts > 0 && !asked {
