@@ -423,11 +423,40 @@ func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
 	}
 }
 
+// TestLargeBodyReadOffTheLoop: a body over 64 KiB is read on a worker
+// whatever its model, one without a tokenizer too (its parse and its
+// stand-in keys would hold up the loop): answered whole and streamed, and
+// refused there when it does not parse or names no model; a small body
+// stays on the loop.
+func TestLargeBodyReadOffTheLoop(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), nil)
+	offLoop := func() float64 { return metricValue(t, s, `pdlb_prompt_tokenized_off_loop_total{model="m"}`) }
+	long := strings.Repeat("Summarise the design document below; keep every figure it gives. ", 1100)
+	for i, stream := range []bool{false, true} {
+		resp, b := post(t, s, "/v1/chat/completions", chat(long, "Begin.", 2, stream))
+		if resp.StatusCode != 200 || (stream && !strings.HasSuffix(strings.TrimSpace(b), "data: [DONE]")) || offLoop() != float64(i+1) {
+			t.Fatalf("stream %v: %d %.200s, %v read off the loop, want %d", stream, resp.StatusCode, b, offLoop(), i+1)
+		}
+	}
+	for _, c := range []struct{ body, want string }{
+		{`{"model":"m","messages":[{"role":"user","content":"` + long + `"}],"max_tokens":"two"}`, "max_tokens"},
+		{strings.Replace(chat(long, "Begin.", 2, false), `"model":"m"`, `"model":"nope"`, 1), "nope"},
+	} {
+		if resp, b := post(t, s, "/v1/chat/completions", c.body); resp.StatusCode/100 != 4 || !strings.Contains(b, c.want) || offLoop() != 2 {
+			t.Errorf("%d %.300s, %v read off the loop; want a 4xx naming %s, 2", resp.StatusCode, b, offLoop(), c.want)
+		}
+	}
+	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 || offLoop() != 2 {
+		t.Fatalf("a small request: %d %s, %v read off the loop, want 2", resp.StatusCode, b, offLoop())
+	}
+}
+
 // TestFallbackTokenizedOffTheLoop: a request its model's pod answers 503
 // to, moved to a fallback model whose tokenizer the gateway runs, is
 // tokenized for it on a worker when the event loop it came on would be
-// held up (a long prompt, one the template's Jinja engine renders), on
-// the loop when it is small; its ids are that model's engine's.
+// held up (much new text, a prompt the template's Jinja engine renders),
+// on the loop when it is small; its ids are that model's engine's. (A
+// body over 64 KiB is read on a worker from the start.)
 func TestFallbackTokenizedOffTheLoop(t *testing.T) {
 	dir := tokfiles.Dir(t, "llama3.1")
 	llama, err := prompt.Load(prompt.Config{Tokenizer: dir})
@@ -474,7 +503,7 @@ func TestFallbackTokenizedOffTheLoop(t *testing.T) {
 			t.Errorf("%s: %v requests tokenized off the loop, want %v", what, offLoop(), want)
 		}
 	}
-	f("a long prompt", chat(strings.Repeat("Summarise the design document below; keep every figure it gives. ", 1100), "Begin.", 2, false), 1)
+	f("40 KB of new text", chat(strings.Repeat("Summarise the design document below; keep every figure it gives. ", 600), "Begin.", 2, false), 1)
 	tools, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "messages": []any{map[string]string{"role": "user", "content": strings.Repeat("Keep every figure. ", 1000)}},
 		"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "read", "parameters": map[string]any{"type": "object"}}}}})
 	f("20 KB with tools", string(tools), 2)
@@ -560,11 +589,18 @@ func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
 		t.Fatalf("%d bytes of tool calls: %d %.200s, %v tokenized off the loop, want %d", len(calls), resp.StatusCode, b, offLoop(), n+1)
 	}
 	n++
-	// A large prompt of token ids is not tokenized: it stays on the loop.
-	ids := `{"model":"m","max_tokens":2,"prompt":[` + strings.TrimSuffix(strings.Repeat("1234, ", 12000), ", ") + `]}`
-	if resp, b := post(t, s, "/v1/completions", ids); resp.StatusCode != 200 || offLoop() != float64(n) {
-		t.Fatalf("%d bytes of token ids: %d %.200s, %v tokenized off the loop, want %d", len(ids), resp.StatusCode, b, offLoop(), n)
+	// A prompt of token ids is not tokenized: under 64 KiB it stays on
+	// the loop; over, it is read on a worker, as any body is.
+	for _, c := range []struct {
+		ids  int
+		want float64
+	}{{6000, float64(n)}, {12000, float64(n + 1)}} {
+		ids := `{"model":"m","max_tokens":2,"prompt":[` + strings.TrimSuffix(strings.Repeat("1234, ", c.ids), ", ") + `]}`
+		if resp, b := post(t, s, "/v1/completions", ids); resp.StatusCode != 200 || offLoop() != c.want {
+			t.Fatalf("%d bytes of token ids: %d %.200s, %v tokenized off the loop, want %v", len(ids), resp.StatusCode, b, offLoop(), c.want)
+		}
 	}
+	n++
 	// More large requests at once than the cores tokenize them: each
 	// waits for a slot, and all are answered.
 	var wg sync.WaitGroup

@@ -24,7 +24,7 @@ type completion struct {
 	// key is the client's API key, nil when keys are off; releasing the
 	// completion returns its concurrency slot and charges its output.
 	// found is the key of a request moved to a worker before the key
-	// admitted it (stageTokenize).
+	// admitted it (stageParse, stageTokenize).
 	key, found *limits.Key
 	// ticket names the request (ticket.ID) and holds its ledger charge.
 	ticket   ledger.Ticket

@@ -54,8 +54,8 @@ type Gateway struct {
 	keys *limits.Keys
 	// corsPolicy answers browsers' cross-origin calls (cors.go).
 	corsPolicy corsPolicy
-	// tokenizing holds a slot per request tokenized off the event loops
-	// (stageTokenize), GOMAXPROCS of them: no more at once than the
+	// tokenizing holds a slot per request read or tokenized off the event
+	// loops (stageParse, stageTokenize, retokenize), GOMAXPROCS of them: no more at once than the
 	// cores, as the loops themselves took them one at a time each, so a
 	// burst of large prompts neither outruns the loops for the cores nor
 	// holds each one's rendering and ids at once.

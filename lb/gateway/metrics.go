@@ -59,8 +59,8 @@ type modelMetrics struct {
 	// (tokenMode): exactly as the engine, the stand-in, or not at all
 	// (routed without the KV-event index).
 	tokenized [numTokenModes]*metrics.Counter
-	// offLoop counts the requests tokenized on a worker, not the event
-	// loop they came on (tokenizesOffLoop).
+	// offLoop counts the requests read or tokenized on a worker, not the
+	// event loop they came on (stageParse, tokenizeHere).
 	offLoop *metrics.Counter
 	// completionTokens adds up the output of the answers relayed (a
 	// stream's counted from its events, or its usage when it carries it; a
@@ -250,7 +250,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_prompt_tokens_total":                          {Help: "Prompt tokens of the requests placed on a pod."},
 	"pdlb_prefix_cached_tokens_total":                   {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
 	"pdlb_prompt_tokenized_total":                       {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
-	"pdlb_prompt_tokenized_off_loop_total":              {Help: "Requests whose prompt was tokenized on a worker rather than the event loop they came on (a body over 64 KiB, or 16 KiB for the chat template's Jinja engine, on a model with a tokenizer, on the gnet front end)."},
+	"pdlb_prompt_tokenized_off_loop_total":              {Help: "Requests whose prompt was read or tokenized on a worker rather than the event loop they came on, on the gnet front end: a body over 64 KiB; over 16 KiB for the chat template's Jinja engine, on a model with a tokenizer."},
 	"pdlb_completion_tokens_total":                      {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},
 	"pdlb_fallback_requests_total":                      {Help: "Requests for another model that this model served, as the other's fallback (it had no available pod, shed the request, or its pod answered 503)."},
 	"pdlb_adapter_loads_total":                          {Help: "LoRA adapters the gateway loaded on the model's pods through the engine's API."},

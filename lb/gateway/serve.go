@@ -28,6 +28,25 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, refused(d))
 		return
 	}
+	x.g, x.ctx, x.req.Kind = g, ctx, kind
+	if l := frontend.LoopOf(ctx); l != nil && len(ctx.PostBody()) > readOnLoopMax {
+		// Read on a worker (stageParse): a large body's parse (the
+		// stand-in's rendering included) and its tokenization would
+		// hold up every connection of the loop.
+		x.found, x.stage = key, stageParse
+		l.Detach(x)
+		return
+	}
+	if g.parse(x, key, false) {
+		g.advance(x)
+	}
+}
+
+// parse reads x's request, resolves its model and begins it (begin); it
+// reports whether x goes on. offLoop says x came to a worker to be read,
+// which the model's off-loop counter counts.
+func (g *Gateway) parse(x *completion, key *limits.Key, offLoop bool) bool {
+	ctx, kind := x.ctx, x.req.Kind
 	var err error
 	switch kind {
 	case openai.KindStored:
@@ -43,15 +62,15 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 			panic("BUG: gateway: openai.Request.Parse returned " + err.Error())
 		}
 		g.fail(ctx, x, nil, answer(e))
-		return
+		return false
 	}
 	if !g.placeStored(ctx, x) {
-		return
+		return false
 	}
 	m := g.resolveModel(ctx, x)
 	if m == nil {
 		g.fail(ctx, x, nil, answer(g.unresolved(x)))
-		return
+		return false
 	}
 	if x.home.model != m.Name {
 		// The response x names is another model's, which an alias did not
@@ -68,10 +87,11 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		x.prefer = home{}
 	}
 	g.nameResponse(ctx, x)
-	x.g, x.ctx, x.m = g, ctx, m
-	if g.begin(x, key) {
-		g.advance(x)
+	x.m = m
+	if offLoop {
+		g.metrics.model(m).offLoop.Inc()
 	}
+	return g.begin(x, key)
 }
 
 // tokenizeLater moves x, whose tokenization would hold up loop l, to a
@@ -134,22 +154,23 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 	return true
 }
 
-// The largest request bodies the event loop tokenizes itself; a larger one
-// is tokenized on a worker, which costs its request a handoff and the
-// worker's upstream call (tens of microseconds). Text the tokenizer has
-// not seen takes about 20 us a KiB. A conversation its template's Jinja
-// engine renders (tools, tool calls and results, names, parts, a template's
-// own refusals of its fast path) is rendered whole, seen turns too
-// (engines/prompt's BenchmarkMessagesAgentLoop: 1.1 ms for 23 KB;
-// LongAgentLoop, 3.4 ms for 150 KB), where the fast path copies it: a chat
-// over jinjaOnLoopMax is rendered on the loop on the fast path alone, and
-// encoded there when at most unseenOnLoopMax of it is new (tokenize);
-// the Responses and Messages APIs' conversions, which make Jinja's
-// conversations, go to a worker past jinjaOnLoopMax.
+// The largest request body the event loop reads itself: a larger one is
+// parsed and tokenized on a worker (stageParse), which costs its request a
+// handoff and the worker's upstream call (tens of microseconds). A body
+// parses at 0.7-3.8 GB/s (lb/openai's BenchmarkExtract), and text the
+// tokenizer has not seen takes about 20 us a KiB. A conversation its
+// template's Jinja engine renders (tools, tool calls and results, names,
+// parts, a template's own refusals of its fast path) is rendered whole,
+// seen turns too (engines/prompt's BenchmarkMessagesAgentLoop: 1.1 ms for
+// 23 KB; LongAgentLoop, 3.4 ms for 150 KB), where the fast path copies it:
+// a chat over jinjaOnLoopMax is rendered on the loop on the fast path
+// alone, and encoded there when at most unseenOnLoopMax of it is new
+// (tokenize); the Responses and Messages APIs' conversions, which make
+// Jinja's conversations, go to a worker past jinjaOnLoopMax.
 const (
-	jinjaOnLoopMax    = 16 << 10
-	unseenOnLoopMax   = 16 << 10
-	tokenizeOnLoopMax = 64 << 10
+	jinjaOnLoopMax  = 16 << 10
+	unseenOnLoopMax = 16 << 10
+	readOnLoopMax   = 64 << 10
 )
 
 // tokenizeHere tokenizes x's prompt for m where x is served, unless that
@@ -167,15 +188,10 @@ func (g *Gateway) tokenizeHere(x *completion, m *pool.Model) (f *failure, later 
 }
 
 // tokenizesOffLoop reports whether x, of model m, is to be tokenized on a
-// worker from the start: m's tokenizer encodes its prompt (keying), and
-// body is larger than tokenizeOnLoopMax, or than jinjaOnLoopMax for a
-// Responses or Messages request.
+// worker from the start: a Responses or Messages request over
+// jinjaOnLoopMax whose prompt m's tokenizer encodes (keying).
 func tokenizesOffLoop(x *completion, m *pool.Model, body []byte) bool {
-	limit := tokenizeOnLoopMax
-	if x.req.Kind == openai.KindResponses || x.req.Kind == openai.KindMessages {
-		limit = jinjaOnLoopMax
-	}
-	if len(body) <= limit || !x.req.Kind.Outputs() {
+	if len(body) <= jinjaOnLoopMax || (x.req.Kind != openai.KindResponses && x.req.Kind != openai.KindMessages) {
 		return false
 	}
 	_, encodes := keying(x, m)

@@ -16,18 +16,22 @@ import (
 )
 
 // A completion request runs through these stages, in this order, on
-// either transport; x.stage is the next one to run. serveCompletion is
-// the parse stage; respond (relay.go) the respond and relay stages, which
-// end in finish.
+// either transport; x.stage is the next one to run. serveCompletion
+// parses a request on the goroutine it came on (parse), or moves a large
+// one to stageParse; respond (relay.go) runs the respond and relay
+// stages, which end in finish.
 type stage uint8
 
 const (
+	// stageParse reads x, on a worker, and takes it to its first pick
+	// (parse): a body over readOnLoopMax leaves the event loop before
+	// its parse.
+	stageParse stage = iota
 	// stageTokenize tokenizes x, on a worker, and takes it to its first
-	// pick (begin): a large prompt is tokenized off the event loop
-	// (tokenizesOffLoop, or a chat its template's fast path refused or
-	// with much new text: tokenize); any other begins in
-	// serveCompletion.
-	stageTokenize stage = iota
+	// pick (begin): a prompt read on the event loop whose tokenization
+	// would hold it up (tokenizesOffLoop, or a chat its template's fast
+	// path refused or with much new text: tokenize).
+	stageTokenize
 	// stageRetokenize tokenizes x, on a worker, for the fallback model
 	// fallBack moved it to on an event loop (retokenize), then picks.
 	stageRetokenize
@@ -58,9 +62,14 @@ const (
 func (g *Gateway) advance(x *completion) {
 	for {
 		switch x.stage {
-		case stageTokenize:
+		case stageParse, stageTokenize:
 			g.tokenizing <- struct{}{}
-			goOn := g.begin(x, x.found)
+			var goOn bool
+			if x.stage == stageParse {
+				goOn = g.parse(x, x.found, true)
+			} else {
+				goOn = g.begin(x, x.found)
+			}
 			<-g.tokenizing
 			if !goOn {
 				return
