@@ -425,8 +425,9 @@ func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
 
 // TestLargeBodyReadOffTheLoop: a body over 64 KiB is read on a worker
 // whatever its model, one without a tokenizer too (its parse and its
-// stand-in keys would hold up the loop): answered whole and streamed, and
-// refused there when it does not parse or names no model; a small body
+// stand-in keys would hold up the loop), answered whole and streamed and
+// counted off the loop; one that does not parse or names no model gets
+// the same 400 and 404 as on the loop, counted nowhere; a small body
 // stays on the loop.
 func TestLargeBodyReadOffTheLoop(t *testing.T) {
 	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), nil)
@@ -445,6 +446,12 @@ func TestLargeBodyReadOffTheLoop(t *testing.T) {
 		if resp, b := post(t, s, "/v1/chat/completions", c.body); resp.StatusCode/100 != 4 || !strings.Contains(b, c.want) || offLoop() != 2 {
 			t.Errorf("%d %.300s, %v read off the loop; want a 4xx naming %s, 2", resp.StatusCode, b, offLoop(), c.want)
 		}
+	}
+	// /tokenize reads a prompt but generates nothing: read off the loop,
+	// not counted as a generation's prompt.
+	tok := `{"model":"m","prompt":"` + long + `"}`
+	if resp, b := post(t, s, "/tokenize", tok); resp.StatusCode != 200 || offLoop() != 2 {
+		t.Errorf("/tokenize: %d %.200s, %v read off the loop, want 2", resp.StatusCode, b, offLoop())
 	}
 	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 || offLoop() != 2 {
 		t.Fatalf("a small request: %d %s, %v read off the loop, want 2", resp.StatusCode, b, offLoop())

@@ -44,7 +44,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 
 // parse reads x's request, resolves its model and begins it (begin); it
 // reports whether x goes on. offLoop says x came to a worker to be read,
-// which the model's off-loop counter counts.
+// which the model's off-loop counter counts for a generation's prompt.
 func (g *Gateway) parse(x *completion, key *limits.Key, offLoop bool) bool {
 	ctx, kind := x.ctx, x.req.Kind
 	var err error
@@ -88,7 +88,9 @@ func (g *Gateway) parse(x *completion, key *limits.Key, offLoop bool) bool {
 	}
 	g.nameResponse(ctx, x)
 	x.m = m
-	if offLoop {
+	if offLoop && x.req.Kind.Outputs() {
+		// A prompt read off the loop (not an upload's or an
+		// embedding's input).
 		g.metrics.model(m).offLoop.Inc()
 	}
 	return g.begin(x, key)
