@@ -144,9 +144,9 @@ func (g *Gateway) begin(x *completion, key *limits.Key) bool {
 	x.stage = stagePick
 	if l := frontend.LoopOf(ctx); l != nil {
 		x.via = loopTransport{l}
-		if x.cascade != nil || (x.req.Stream && !l.CanRelay()) {
-			// A PD exchange blocks, and a stream that is the connection's
-			// last answer is written by a worker: they go on one.
+		if x.req.Stream && !l.CanRelay() {
+			// A stream that is the connection's last answer is written
+			// by a worker (a PD exchange moves to one at its pick).
 			l.Detach(x)
 			return false
 		}

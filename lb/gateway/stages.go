@@ -113,9 +113,8 @@ func (g *Gateway) advance(x *completion) {
 // is made on one: false says x moved to one.
 func (g *Gateway) pickStage(x *completion) bool {
 	if x.cascade != nil && !x.via.block(x) {
-		// A prefill/decode exchange blocks: begin moves one to a worker
-		// before its first pick, and a fallback to a PD model made on
-		// the loop (no pod, or shed, before any attempt) comes here.
+		// A prefill/decode exchange blocks: a request of a PD strategy,
+		// or moved to a PD model by a fallback, picks on a worker.
 		return false
 	}
 	asked := x.asked
