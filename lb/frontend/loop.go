@@ -104,23 +104,51 @@ type Upstream struct {
 	Head *AnswerHead
 }
 
+// Request is a request Send sends: AppendRequest appends it whole, head
+// and body, as it goes to the pod, its target and Host header included.
+type Request interface{ AppendRequest(dst []byte) []byte }
+
+// FastRequest is a fasthttp request as Send sends it.
+type FastRequest fasthttp.Request
+
+// AppendRequest appends r as fasthttp's Request.Write would send it,
+// directly rather than through a pooled bufio.Writer: r's body is in
+// memory (the gateway's are) and it has no trailers. The Host header and
+// the request target go as r's header holds them; only a request without
+// a Host header takes both from its URI.
+func (r *FastRequest) AppendRequest(dst []byte) []byte {
+	req := (*fasthttp.Request)(r)
+	h := &req.Header
+	if len(h.Host()) == 0 {
+		uri := req.URI()
+		uri.DisablePathNormalizing = true
+		h.SetHostBytes(uri.Host())
+		h.SetRequestURIBytes(uri.RequestURI())
+	}
+	body := req.Body()
+	if len(body) > 0 || !(h.IsGet() || h.IsHead()) {
+		h.SetContentLength(len(body))
+	}
+	return append(h.AppendBytes(dst), body...)
+}
+
 // Send sends req to the pod at u.Addr over an idle keep-alive
 // connection of this loop, or a new one dialed while fewer than u.MaxConns
-// connections of this front end are open to it; the path and the Host
-// header go as req's header holds them (see render). At that cap it returns fasthttp.ErrNoFreeConns, as the pods' clients
-// do, and sends nothing. Otherwise done gets, on the loop, nil once resp
-// holds the whole response, or the error: the dial's; fasthttp.ErrTimeout
-// when no byte of it came within u.Timeout (or u.FirstByte);
-// upstream.ErrPodDown when none had come as u.Down passed the time it was sent;
-// ErrAnswerStalled when it began but was not whole within u.Timeout;
-// fasthttp.ErrConnectionClosed (no byte of it came) or io.ErrUnexpectedEOF
-// when the pod closed the connection first; ErrClientGone when the client
-// closed its connection first, which closes the pod's too (that is how a
-// pod learns to stop working on it, as behind nginx). With stream, a 200
-// answer ends the exchange at its header: Answered starts its Relay.
-// req may be reused once Send returns; resp is the exchange's until
+// connections of this front end are open to it. At that cap it returns
+// fasthttp.ErrNoFreeConns, as the pods' clients do, and sends nothing.
+// Otherwise done gets, on the loop, nil once resp holds the whole
+// response, or the error: the dial's; fasthttp.ErrTimeout when no byte of
+// it came within u.Timeout (or u.FirstByte); upstream.ErrPodDown when none
+// had come as u.Down passed the time it was sent; ErrAnswerStalled when it
+// began but was not whole within u.Timeout; fasthttp.ErrConnectionClosed
+// (no byte of it came) or io.ErrUnexpectedEOF when the pod closed the
+// connection first; ErrClientGone when the client closed its connection
+// first, which closes the pod's too (that is how a pod learns to stop
+// working on it, as behind nginx). With stream, a 200 answer ends the
+// exchange at its header: Answered starts its Relay. req is rendered
+// before Send returns, and may then change; resp is the exchange's until
 // done.
-func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fasthttp.Response, done Done) error {
+func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Response, done Done) error {
 	gc := l.gc
 	ls := gc.ls
 	now := time.Now().UnixNano()
@@ -135,7 +163,7 @@ func (l *Loop) Send(u Upstream, stream bool, req *fasthttp.Request, resp *fastht
 		ls.conns = append(ls.conns, uc)
 		go uc.dial(u.DialTimeout)
 	}
-	uc.render(req)
+	uc.out = req.AppendRequest(uc.out[:0])
 	uc.need, uc.got, uc.clientGone = 0, false, false
 	if uc.c != nil {
 		// A write that fails closes the connection, and gnet runs
@@ -353,26 +381,6 @@ func (uc *upConn) dial(timeout time.Duration) {
 		// The loop is gone (shutdown): so is the client's connection.
 		uc.ls.s.o.Log.Debug("frontend: upstream dial result dropped", "pod", uc.addr, "err", err)
 	}
-}
-
-// render writes req into uc.out as fasthttp's Request.Write would send it,
-// appended directly rather than through a pooled bufio.Writer: req's body
-// is in memory (the gateway's are) and it has no trailers. The Host header
-// and the request target go as req's header holds them; only a request
-// without a Host header takes both from its URI.
-func (uc *upConn) render(req *fasthttp.Request) {
-	h := &req.Header
-	if len(h.Host()) == 0 {
-		uri := req.URI()
-		uri.DisablePathNormalizing = true
-		h.SetHostBytes(uri.Host())
-		h.SetRequestURIBytes(uri.RequestURI())
-	}
-	body := req.Body()
-	if len(body) > 0 || !(h.IsGet() || h.IsHead()) {
-		h.SetContentLength(len(body))
-	}
-	uc.out = append(h.AppendBytes(uc.out[:0]), body...)
 }
 
 // opened is OnOpen of a dialed connection: the request waiting for it goes

@@ -60,7 +60,7 @@ func TestSweptConnectionIsNotReused(t *testing.T) {
 		req.SetRequestURI("http://" + pod + string(ctx.Path()))
 		a := &loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}
 		u := Upstream{Addr: pod, DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8}
-		if err := l.Send(u, false, req, a.resp, a); err != nil {
+		if err := l.Send(u, false, (*FastRequest)(req), a.resp, a); err != nil {
 			a.Answered(err)
 		}
 	}}

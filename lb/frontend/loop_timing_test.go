@@ -34,7 +34,7 @@ func TestRender(t *testing.T) {
 	f := func(name string, build func() *fasthttp.Request) {
 		t.Helper()
 		var uc upConn
-		uc.render(build())
+		uc.out = (*FastRequest)(build()).AppendRequest(uc.out[:0])
 		if got := string(uc.out); got != want {
 			t.Errorf("%s: rendered\n%q\nwant\n%q", name, got, want)
 		}
@@ -58,7 +58,7 @@ func TestRender(t *testing.T) {
 
 // BenchmarkRender is what a request to a pod costs from its target and
 // host to its bytes: the gateway's steps of each attempt and Send's
-// render, with the pod's address set in the Host header (as the gateway
+// rendering, with the pod's address set in the Host header (as the gateway
 // does) or as the host of the request's URI.
 func BenchmarkRender(b *testing.B) {
 	f := func(name string, setHost func(req *fasthttp.Request)) {
@@ -69,7 +69,7 @@ func BenchmarkRender(b *testing.B) {
 			for b.Loop() {
 				req.SetRequestURI("/v1/chat/completions")
 				setHost(req)
-				uc.render(req)
+				uc.out = (*FastRequest)(req).AppendRequest(uc.out[:0])
 			}
 		})
 	}

@@ -187,6 +187,27 @@ func releaseCompletion(x *completion) {
 	completionPool.Put(x)
 }
 
+// AppendRequest renders x's attempt on x.pod for the event loop's Send
+// (appendUpstream).
+func (x *completion) AppendRequest(dst []byte) []byte { return x.g.appendUpstream(dst, x) }
+
+// dropRequest gives back x.up, x's request to a pod, when it was made.
+func (x *completion) dropRequest() {
+	if x.up != nil {
+		fasthttp.ReleaseRequest(x.up)
+		x.up = nil
+	}
+}
+
+// dropUpstream gives back x's request to a pod and its response.
+func (x *completion) dropUpstream() {
+	x.dropRequest()
+	if x.resp != nil {
+		fasthttp.ReleaseResponse(x.resp)
+		x.resp = nil
+	}
+}
+
 // clientLeft reports whether x's client has closed its connection, as far
 // as its front end can tell. It is asked only on a worker's waits (a
 // deferral, a retry's), which may last seconds: on fasthttp it watches the

@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"bufio"
+	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,6 +12,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/config"
+	"pdlb/lb/frontend"
+	"pdlb/lb/limits"
 	"pdlb/lb/upstream"
 )
 
@@ -135,4 +139,88 @@ func TestClientHeadersAsPeek(t *testing.T) {
 	if string(h[hdrAuthorization]) != "Bearer a" || string(h[hdrSession]) != "s1" || string(h[hdrAPIKey]) != "k1" {
 		t.Errorf("read %q", h)
 	}
+}
+
+// TestAppendUpstreamAsBuild: the event loop's rendering of a request to
+// a pod (appendUpstream) sends what buildUpstream's fasthttp request
+// does, field for field (their order aside): for clients' headers with
+// hop-by-hop and nominated fields (before and after their Connection
+// header), X-Forwarded-For chains, several or empty X-Request-Ids,
+// cookies, keys, and with API keys and X-Forwarded-For on and off.
+func TestAppendUpstreamAsBuild(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m"}}
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: "127.0.0.1:10000"}}
+	g, snap := bareGateway(t, cfg, upstream.Dialer(nil))
+	pod := snap.Pods[0]
+	const body = `{"model":"m","messages":[]}`
+	heads := []string{
+		"Host: lb\r\nContent-Type: application/json\r\n",
+		"Host: lb\r\n",
+		"Host: lb.example\r\nConnection: close, X-Hop\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nTe: trailers\r\nExpect: 100-continue\r\n" +
+			"x-pdlb-pod: p\r\nUser-Agent: sdk/1\r\nCookie: a=b\r\nCookie: c=d\r\nX-Request-Id: \r\nX-Request-Id: second\r\n" +
+			"X-Forwarded-For: 10.0.0.1\r\nX-Custom: kept\r\nContent-Type: application/json\r\n",
+		"Host: lb\r\nX-Hop: 1\r\nx-hop: 2\r\nX-Forwarded-For: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2, 10.0.0.3\r\n" +
+			"Connection: keep-alive, x-hop , X-Forwarded-For\r\nX-Later: named\r\nConnection: x-later\r\n",
+		"Host: lb\r\nConnection: x-request-id\r\nX-Request-Id: abc\r\nx-request-id: def\r\n",
+		"Host: lb\r\nX-Request-Id: mine\r\nAuthorization: Bearer k\r\nx-api-key: k\r\nX-Api-Key-Other: kept\r\nProxy-Authorization: p\r\n",
+		"Host: lb\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nAccept: */*\r\n",
+	}
+	keys, err := limits.NewKeys([]limits.APIKey{{Name: "k", SHA256: limits.HashKey("k")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, authorize := range []bool{false, true} {
+		for _, forward := range []bool{true, false} {
+			g.keys, g.cfg.Upstream.XForwardedFor = nil, forward
+			if authorize {
+				g.keys = keys
+			}
+			for _, h := range heads {
+				var req fasthttp.Request
+				whole := "POST /v1/chat/completions HTTP/1.1\r\n" + h + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+				if err := req.Read(bufio.NewReader(strings.NewReader(whole))); err != nil {
+					t.Fatal(err)
+				}
+				var ctx fasthttp.RequestCtx
+				ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
+				x := &completion{g: g, ctx: &ctx, pod: pod, reqID: requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID))}
+				var up fasthttp.Request
+				g.buildUpstream(&ctx, &up, x.reqID)
+				up.Header.SetHost(pod.Config.Address)
+				built := (*frontend.FastRequest)(&up).AppendRequest(nil)
+				rendered := x.AppendRequest(nil)
+				if b, r := sentAs(t, built), sentAs(t, rendered); b != r {
+					t.Errorf("authorize %v, forward %v, client's header\n%s\nbuilt:\n%s\nrendered:\n%s", authorize, forward, h, b, r)
+				}
+				// Into a buffer of room (an upstream connection's), a
+				// request whose Connection nominates nothing allocates
+				// nothing.
+				if n := testing.AllocsPerRun(10, func() { rendered = x.AppendRequest(rendered[:0]) }); n != 0 && !strings.Contains(h, "Connection: ") {
+					t.Errorf("client's header\n%s\nrendered with %.0f allocations", h, n)
+				}
+			}
+		}
+	}
+}
+
+// sentAs is a request as its pod reads it: its request line, its header
+// fields in sorted order, its body.
+func sentAs(t *testing.T, wire []byte) string {
+	t.Helper()
+	var req fasthttp.Request
+	req.Header.DisableNormalizing()
+	br := bufio.NewReader(strings.NewReader(string(wire)))
+	if err := req.Read(br); err != nil {
+		t.Fatalf("%v:\n%s", err, wire)
+	}
+	if br.Buffered() > 0 {
+		t.Fatalf("%d bytes past the request:\n%s", br.Buffered(), wire)
+	}
+	var fields []string
+	for k, v := range req.Header.All() {
+		fields = append(fields, string(k)+": "+string(v))
+	}
+	slices.Sort(fields)
+	return fmt.Sprintf("%s %s %s\n%s\n\n%s", req.Header.Method(), req.Header.RequestURI(), req.Header.Protocol(), strings.Join(fields, "\n"), req.Body())
 }

@@ -119,12 +119,7 @@ func (g *Gateway) nextModel(x *completion, whole bool) bool {
 				continue // m's engine would refuse the prompt
 			}
 		}
-		if x.up != nil {
-			// Built with the old body.
-			fasthttp.ReleaseRequest(x.up)
-			fasthttp.ReleaseResponse(x.resp)
-			x.up, x.resp = nil, nil
-		}
+		x.dropUpstream() // x.up was built with the old body
 		x.ctx.Request.SetBody(x.req.WithModel(x.ctx.PostBody(), name))
 		x.ctx.Response.Header.Set(headerModel, name)
 		if x.pd != nil {

@@ -242,10 +242,7 @@ func refused(d limits.Decision) *failure {
 
 // fail answers a request that never reached a pod.
 func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f *failure) {
-	if x.up != nil {
-		fasthttp.ReleaseRequest(x.up)
-		fasthttp.ReleaseResponse(x.resp)
-	}
+	x.dropUpstream()
 	g.leave(x)
 	g.ledger.Finish(x.ticket)
 	// The id the access log names it by, as on a pod's answer, and the pod

@@ -229,13 +229,9 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	// Only the loop's scan of this attempt's answer sets it (Send).
 	x.head.Raw = false
 	if x.pd != nil && x.pd.Decision.Kind == route.PDPair {
-		if x.up != nil {
-			// Held since an attempt on one pod failed; the legs build
-			// their own.
-			fasthttp.ReleaseRequest(x.up)
-			fasthttp.ReleaseResponse(x.resp)
-			x.up, x.resp = nil, nil
-		}
+		// Held since an attempt on one pod failed; the legs build their
+		// own.
+		x.dropUpstream()
 		f := x.pd.RunPair()
 		if f == nil {
 			return false
@@ -243,8 +239,14 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		g.failed(x, f)
 		return true
 	}
-	if x.up == nil {
-		x.up, x.resp = fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	if x.resp == nil {
+		x.resp = fasthttp.AcquireResponse()
+	}
+	// The event loop renders a plain POST itself (appendUpstream), unless
+	// its trace context goes with it; x.up, once made, serves the later
+	// attempts.
+	if x.up == nil && !(x.via.renders() && x.req.Kind != openai.KindStored && !x.tr.injects()) {
+		x.up = fasthttp.AcquireRequest()
 		g.buildUpstream(x.ctx, x.up, x.reqID)
 		if x.req.Kind == openai.KindStored {
 			// Its method, and its query (stream, starting_after, limit),
@@ -255,7 +257,9 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		}
 	}
 	x.tried = append(x.tried, x.pod.ID)
-	x.up.Header.SetHost(x.pod.Config.Address)
+	if x.up != nil {
+		x.up.Header.SetHost(x.pod.Config.Address)
+	}
 	x.within, x.hedged = g.firstByteWithin(x, x.pod, x.pod)
 	if !g.place(x.m, x, x.pod, !x.panicked) {
 		// Another request became the half-open pod's probe since x
@@ -265,7 +269,9 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		x.stage = stagePick
 		return true
 	}
-	x.tr.attempt(x.up, x.pod, x.attempts)
+	if x.up != nil {
+		x.tr.attempt(x.up, x.pod, x.attempts)
+	}
 	x.stage = stageAwait
 	x.via.send(x)
 	return true
@@ -295,14 +301,14 @@ func (x *completion) answered(err error) {
 		// retry that got its answer's head retries no more (Envoy
 		// releases its budget there too), however long the answer.
 		g.retryAnswered(x)
-		fasthttp.ReleaseRequest(x.up)
-		x.up, x.stage = nil, stageRespond
+		x.dropRequest()
+		x.stage = stageRespond
 	case errors.Is(err, frontend.ErrClientGone):
 		// The event loop closed the pod's connection with the client's,
 		// which tells the pod to stop; not its failure. A prefill cut
 		// short times nothing.
-		fasthttp.ReleaseRequest(x.up)
-		x.up, x.idleStart, x.stage = nil, false, stageGone
+		x.dropRequest()
+		x.idleStart, x.stage = false, stageGone
 	case err == upstream.ErrCut:
 		g.unplace(x, x.pod)
 		x.last, x.stage = fail.ClientLeft, stageFail

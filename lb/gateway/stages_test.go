@@ -59,6 +59,10 @@ func (s *scripted) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) 
 	x.g.finish(x, x.m, pod, resp, fasthttp.StatusOK)
 }
 
+// renders as the event loop does when async: a request's x.up is then
+// never made.
+func (s *scripted) renders() bool { return s.async }
+
 func (s *scripted) block(*completion) bool {
 	if !s.blocks {
 		s.detached++

@@ -188,6 +188,10 @@ func (t *reqTrace) attempt(up *fasthttp.Request, pod *pool.Pod, n int) {
 	tracing.Inject(t.sent, &up.Header)
 }
 
+// injects reports whether attempt or leg would send a trace context in
+// the request to a pod.
+func (t *reqTrace) injects() bool { return t.rec || t.root != nil }
+
 // unsampled says a request to a pod, up, gets no span of its own: with
 // tracing off, or the request not sampled; the latter's context goes in
 // up, so the pod does not sample it either.

@@ -16,9 +16,13 @@ import (
 // the pod's client on a goroutine that may block (workerTransport). The
 // request's stages (stages.go) are the same on both.
 type transport interface {
-	// send sends x.up to x.pod; x.answered gets the outcome, before send
-	// returns or, on the loop, once the pod answered (Answered).
+	// send sends x's request to x.pod; x.answered gets the outcome,
+	// before send returns or, on the loop, once the pod answered
+	// (Answered).
 	send(x *completion)
+	// renders reports whether send renders x's request itself when x.up
+	// is nil (appendUpstream).
+	renders() bool
 	// relay streams the answer's body events to the client, then
 	// finishes x.
 	relay(x *completion, pod *pool.Pod, resp *fasthttp.Response)
@@ -35,10 +39,16 @@ func (t loopTransport) send(x *completion) {
 	g, u := x.g, &x.g.cfg.Upstream
 	to := frontend.Upstream{Addr: x.pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: g.responseTimeout(x.req.Stream),
 		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod, MaxBody: u.MaxResponseBytes, FirstByte: x.within, Down: &x.pod.DownAt, Head: &x.head}
-	if err := t.l.Send(to, x.req.Stream, x.up, x.resp, x); err != nil {
+	var req frontend.Request = x
+	if x.up != nil {
+		req = (*frontend.FastRequest)(x.up)
+	}
+	if err := t.l.Send(to, x.req.Stream, req, x.resp, x); err != nil {
 		x.answered(err)
 	}
 }
+
+func (loopTransport) renders() bool { return true }
 
 func (t loopTransport) relay(x *completion, _ *pool.Pod, _ *fasthttp.Response) {
 	t.l.Relay(x.g.cfg.Upstream.StreamIdleTimeout, x)
@@ -81,6 +91,8 @@ func callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fastht
 	}
 	return err
 }
+
+func (workerTransport) renders() bool { return false }
 
 func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {
 	g, m := x.g, x.m
