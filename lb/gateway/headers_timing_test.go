@@ -13,15 +13,16 @@ import (
 )
 
 // BenchmarkHeaders is the header work of one proxied request: the
-// upstream request's headers from the client's (buildUpstream), and the
-// client's answer head from the pod's (answerHead). The client is wrk's
-// benchmark request or the OpenAI Python SDK's; the pod is vLLM's
-// uvicorn.
+// upstream request's headers from the client's (request: buildUpstream,
+// as a worker sends it; rendered: appendUpstream, the event loop's whole
+// request with its body), and the client's answer head from the pod's
+// (answerHead). The client is wrk's benchmark request or the OpenAI
+// Python SDK's; the pod is vLLM's uvicorn.
 func BenchmarkHeaders(b *testing.B) {
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m"}}
 	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: "127.0.0.1:10000"}}
-	g, _ := bareGateway(b, cfg, upstream.Dialer(nil))
+	g, snap := bareGateway(b, cfg, upstream.Dialer(nil))
 	body := strings.Repeat("x", 1024)
 	clients := map[string]string{
 		"wrk": "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\nContent-Length: 1024\r\n\r\n",
@@ -47,6 +48,15 @@ func BenchmarkHeaders(b *testing.B) {
 				up.Reset()
 				id = requestIDOf(id[:0], &ctx, nil)
 				g.buildUpstream(&ctx, &up, id)
+			}
+		})
+		b.Run(name+"/rendered", func(b *testing.B) {
+			x := completion{g: g, ctx: &ctx, pod: snap.Pods[0]}
+			var out []byte
+			b.ReportAllocs()
+			for b.Loop() {
+				x.reqID = requestIDOf(x.reqID[:0], &ctx, nil)
+				out = x.AppendRequest(out[:0])
 			}
 		})
 		var resp fasthttp.Response
