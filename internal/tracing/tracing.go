@@ -213,6 +213,22 @@ func Inject(span trace.Span, h *fasthttp.RequestHeader) {
 	h.SetBytesV(traceparent, appendTraceparent(b[:0], sc))
 }
 
+// AppendFields appends span's context as Inject writes it, as header
+// lines each ending in CRLF: traceparent, then tracestate when the context
+// has one; nothing for a context that is not valid.
+func AppendFields(dst []byte, span trace.Span) []byte {
+	sc := span.SpanContext()
+	if !sc.IsValid() {
+		return dst
+	}
+	dst = appendTraceparent(append(dst, traceparent+": "...), sc)
+	dst = append(dst, "\r\n"...)
+	if ts := sc.TraceState(); ts.Len() > 0 {
+		dst = append(append(append(dst, "tracestate: "...), ts.String()...), "\r\n"...)
+	}
+	return dst
+}
+
 // The W3C trace context's field, as the propagator spells it and as
 // clients capitalize it.
 const (

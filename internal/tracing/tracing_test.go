@@ -72,6 +72,26 @@ func TestInject(t *testing.T) {
 	}
 }
 
+// TestAppendFields: the lines AppendFields writes are the fields the
+// propagator sets, and none for a context that is not valid.
+func TestAppendFields(t *testing.T) {
+	ts, _ := trace.ParseTraceState("vendor=abc")
+	for _, span := range []trace.Span{testSpan(0, trace.TraceState{}), testSpan(trace.FlagsSampled, trace.TraceState{}), testSpan(trace.FlagsSampled, ts)} {
+		want := propagation.MapCarrier{}
+		Propagator.Inject(trace.ContextWithSpan(context.Background(), span), want)
+		wantLines := "traceparent: " + want["traceparent"] + "\r\n"
+		if want["tracestate"] != "" {
+			wantLines += "tracestate: " + want["tracestate"] + "\r\n"
+		}
+		if got := AppendFields([]byte("x\r\n"), span); string(got) != "x\r\n"+wantLines {
+			t.Errorf("appended %q, want %q", got, wantLines)
+		}
+	}
+	if got := AppendFields(nil, trace.SpanFromContext(context.Background())); len(got) != 0 {
+		t.Errorf("no context: appended %q", got)
+	}
+}
+
 // testSpan is a span of a fixed trace, with flags and ts.
 func testSpan(flags trace.TraceFlags, ts trace.TraceState) trace.Span {
 	tid, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/internal/tracing"
 	"pdlb/lb/route"
 )
 
@@ -110,6 +111,8 @@ var (
 	xAPIKey       = []byte("X-Api-Key") // where Anthropic's SDKs send a key
 	forwardedFor  = []byte(fasthttp.HeaderXForwardedFor)
 	requestID     = []byte(headerRequestID) // fasthttp's canonical form
+	traceparent   = []byte("traceparent")
+	tracestate    = []byte("tracestate")
 	server        = []byte(fasthttp.HeaderServer)
 	date          = []byte(fasthttp.HeaderDate)
 )
@@ -208,6 +211,11 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	dst = append(append(dst, x.pod.Config.Address...), crlf...)
 	var buf [128]byte
 	p, chain, fields := g.podHeaders(), buf[:0], len(dst)
+	span := x.tr.attemptContext()
+	if span != nil {
+		// The attempt's trace context replaces the client's.
+		p.traceparent, p.tracestate = true, span.SpanContext().TraceState().Len() > 0
+	}
 	for k, v := range ctx.Request.Header.All() {
 		var fate fieldFate
 		if fate, chain = p.sort(k, v, chain); fate == fieldPassed {
@@ -235,6 +243,9 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	// The client's lone X-Request-Id, or its first, or one made up, as
 	// requestIDOf settled it: buildUpstream's one.
 	dst = appendHeaderLine(dst, requestID, x.reqID)
+	if span != nil {
+		dst = tracing.AppendFields(dst, span)
+	}
 	body := ctx.PostBody()
 	dst = append(dst, "Content-Length: "...)
 	dst = append(strconv.AppendInt(dst, int64(len(body)), 10), "\r\n\r\n"...)
@@ -262,8 +273,9 @@ func (g *Gateway) podHeaders() podHeaders {
 // Peek normalizes the name each time).
 type podHeaders struct {
 	// authorize: the gateway checks API keys; forward: the pod gets the
-	// client's address in X-Forwarded-For.
-	authorize, forward bool
+	// client's address in X-Forwarded-For; traceparent and tracestate: the
+	// request sends its own trace context's (appendUpstream).
+	authorize, forward, traceparent, tracestate bool
 	// nominated is the client's Connection values when they name other
 	// headers (rare), each followed by a comma; clientID its first
 	// X-Request-Id, and ids how many it sent.
@@ -305,6 +317,8 @@ func (p *podHeaders) sort(k, v, chain []byte) (fieldFate, []byte) {
 		if len(v) > 0 {
 			chain = append(append(chain, v...), ", "...)
 		}
+	case p.traceparent && len(k) == len(traceparent) && bytes.EqualFold(k, traceparent),
+		p.tracestate && len(k) == len(tracestate) && bytes.EqualFold(k, tracestate):
 	case len(k) == len(requestID) && bytes.EqualFold(k, requestID):
 		if p.ids == 0 {
 			p.clientID = v

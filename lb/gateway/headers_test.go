@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"pdlb/lb/config"
 	"pdlb/lb/frontend"
@@ -146,7 +148,8 @@ func TestClientHeadersAsPeek(t *testing.T) {
 // does, field for field (their order aside): for clients' headers with
 // hop-by-hop and nominated fields (before and after their Connection
 // header), X-Forwarded-For chains, several or empty X-Request-Ids,
-// cookies, keys, and with API keys and X-Forwarded-For on and off.
+// cookies, keys and trace contexts, with API keys and X-Forwarded-For on
+// and off, and with the attempt's trace context sent or not.
 func TestAppendUpstreamAsBuild(t *testing.T) {
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m"}}
@@ -165,6 +168,18 @@ func TestAppendUpstreamAsBuild(t *testing.T) {
 		"Host: lb\r\nConnection: x-request-id\r\nX-Request-Id: abc\r\nx-request-id: def\r\n",
 		"Host: lb\r\nX-Request-Id: mine\r\nAuthorization: Bearer k\r\nx-api-key: k\r\nX-Api-Key-Other: kept\r\nProxy-Authorization: p\r\n",
 		"Host: lb\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nAccept: */*\r\n",
+		"Host: lb\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\ntracestate: client=1\r\n",
+		"Host: lb\r\nTRACEPARENT: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00\r\nTraceState: client=1\r\nX-Custom: kept\r\n",
+	}
+	// The attempt's trace context: none (tracing off), one without a
+	// tracestate, one with.
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	state, _ := trace.ParseTraceState("pdlb=1")
+	spans := []trace.Span{nil}
+	for _, ts := range []trace.TraceState{{}, state} {
+		sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceState: ts})
+		spans = append(spans, trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), sc)))
 	}
 	keys, err := limits.NewKeys([]limits.APIKey{{Name: "k", SHA256: limits.HashKey("k")}})
 	if err != nil {
@@ -176,7 +191,7 @@ func TestAppendUpstreamAsBuild(t *testing.T) {
 			if authorize {
 				g.keys = keys
 			}
-			for _, h := range heads {
+			for i, h := range heads {
 				var req fasthttp.Request
 				whole := "POST /v1/chat/completions HTTP/1.1\r\n" + h + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 				if err := req.Read(bufio.NewReader(strings.NewReader(whole))); err != nil {
@@ -185,18 +200,22 @@ func TestAppendUpstreamAsBuild(t *testing.T) {
 				var ctx fasthttp.RequestCtx
 				ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
 				x := &completion{g: g, ctx: &ctx, pod: pod, reqID: requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID))}
+				x.tr.root = spans[i%len(spans)]
 				var up fasthttp.Request
 				g.buildUpstream(&ctx, &up, x.reqID)
 				up.Header.SetHost(pod.Config.Address)
+				inject(x.tr.attemptContext(), &up)
 				built := (*frontend.FastRequest)(&up).AppendRequest(nil)
 				rendered := x.AppendRequest(nil)
 				if b, r := sentAs(t, built), sentAs(t, rendered); b != r {
-					t.Errorf("authorize %v, forward %v, client's header\n%s\nbuilt:\n%s\nrendered:\n%s", authorize, forward, h, b, r)
+					t.Errorf("authorize %v, forward %v, trace context %v, client's header\n%s\nbuilt:\n%s\nrendered:\n%s",
+						authorize, forward, x.tr.root != nil, h, b, r)
 				}
 				// Into a buffer of room (an upstream connection's), a
 				// request whose Connection nominates nothing allocates
 				// nothing.
-				if n := testing.AllocsPerRun(10, func() { rendered = x.AppendRequest(rendered[:0]) }); n != 0 && !strings.Contains(h, "Connection: ") {
+				if n := testing.AllocsPerRun(10, func() { rendered = x.AppendRequest(rendered[:0]) }); n != 0 && !strings.Contains(h, "Connection: ") &&
+					(x.tr.root == nil || x.tr.root.SpanContext().TraceState().Len() == 0) {
 					t.Errorf("client's header\n%s\nrendered with %.0f allocations", h, n)
 				}
 			}

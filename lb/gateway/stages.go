@@ -242,10 +242,9 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	if x.resp == nil {
 		x.resp = fasthttp.AcquireResponse()
 	}
-	// The event loop renders a plain POST itself (appendUpstream), unless
-	// its trace context goes with it; x.up, once made, serves the later
-	// attempts.
-	if x.up == nil && !(x.via.renders() && x.req.Kind != openai.KindStored && !x.tr.injects()) {
+	// The event loop renders a POST itself (appendUpstream); x.up, once
+	// made, serves the later attempts.
+	if x.up == nil && !(x.via.renders() && x.req.Kind != openai.KindStored) {
 		x.up = fasthttp.AcquireRequest()
 		g.buildUpstream(x.ctx, x.up, x.reqID)
 		if x.req.Kind == openai.KindStored {
@@ -269,8 +268,9 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		x.stage = stagePick
 		return true
 	}
+	x.tr.attempt(x.pod, x.attempts)
 	if x.up != nil {
-		x.tr.attempt(x.up, x.pod, x.attempts)
+		inject(x.tr.attemptContext(), x.up)
 	}
 	x.stage = stageAwait
 	x.via.send(x)

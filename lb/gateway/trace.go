@@ -177,32 +177,33 @@ func endWith(s trace.Span, f *failure) {
 	s.End()
 }
 
-// attempt opens the span of an attempt on pod and sends its context in up.
-func (t *reqTrace) attempt(up *fasthttp.Request, pod *pool.Pod, n int) {
-	if t.unsampled(up) {
+// attempt opens the span of an attempt on pod, when x is sampled; the
+// request to the pod carries attemptContext.
+func (t *reqTrace) attempt(pod *pool.Pod, n int) {
+	if !t.rec {
 		return
 	}
 	t.endOpen(&t.sent, "superseded")
 	t.sent = t.child("attempt", trace.SpanKindClient, time.Now(), attribute.String("pdlb.pod", pod.Config.Name),
 		attribute.Int("pdlb.attempt", n), semconv.ServerAddress(pod.Config.Address))
-	tracing.Inject(t.sent, &up.Header)
 }
 
-// injects reports whether attempt or leg would send a trace context in
-// the request to a pod.
-func (t *reqTrace) injects() bool { return t.rec || t.root != nil }
-
-// unsampled says a request to a pod, up, gets no span of its own: with
-// tracing off, or the request not sampled; the latter's context goes in
-// up, so the pod does not sample it either.
-func (t *reqTrace) unsampled(up *fasthttp.Request) bool {
+// attemptContext is the span whose context an attempt's request to a pod
+// carries: the attempt's, or, the request not sampled, the request's,
+// which tells the pod not to sample it either; nil with tracing off.
+func (t *reqTrace) attemptContext() trace.Span {
 	if t.rec {
-		return false
+		return t.sent
 	}
-	if t.root != nil {
-		tracing.Inject(t.root, &up.Header)
+	return t.root
+}
+
+// inject writes the context of span (attemptContext, a leg's) into up;
+// nothing with tracing off.
+func inject(span trace.Span, up *fasthttp.Request) {
+	if span != nil {
+		tracing.Inject(span, &up.Header)
 	}
-	return true
 }
 
 // answered ends the attempt's span: its pod's answer's head is in (err
@@ -233,7 +234,8 @@ func (t *reqTrace) endOpen(s *trace.Span, why string) {
 // on pod and sends its context in up. A leg already open of the same kind
 // did not go through: its retry replaces it.
 func (t *reqTrace) leg(up *fasthttp.Request, pod *pool.Pod, prefill bool, n int) {
-	if t.unsampled(up) {
+	if !t.rec {
+		inject(t.root, up)
 		return
 	}
 	name, open := "decode", &t.decode
@@ -247,7 +249,7 @@ func (t *reqTrace) leg(up *fasthttp.Request, pod *pool.Pod, prefill bool, n int)
 	if !prefill {
 		t.decodeStart = now
 	}
-	tracing.Inject(*open, &up.Header)
+	inject(*open, up)
 }
 
 // prefillDone ends a sequential prefill leg at at.
