@@ -200,9 +200,9 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 }
 
 // appendUpstream appends x's request to x.pod as it goes on the wire: what
-// buildUpstream makes (a POST of the client's path and body), rendered
-// from the client's request without a fasthttp request in between, which
-// cost the event loop a sixth of its user time a request.
+// buildUpstream makes (a POST of the client's path and body), with the
+// attempt's trace context, rendered from the client's request with no
+// fasthttp request in between.
 func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	ctx := x.ctx
 	dst = append(dst, "POST "...)
