@@ -150,13 +150,10 @@ type completion struct {
 
 var completionPool = sync.Pool{New: func() any { return new(completion) }}
 
-// acquireCompletion returns a request's completion, started at start: its
-// ctx's Time, which the front ends read as they begin serving it, so that
-// a request pays one clock read for both.
-func acquireCompletion(start time.Time) *completion {
+func acquireCompletion() *completion {
 	x := completionPool.Get().(*completion)
 	x.req = openai.AcquireRequest()
-	x.start = start
+	x.start = time.Now()
 	return x
 }
 

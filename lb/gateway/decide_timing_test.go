@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"pdlb/internal/tokfiles"
 	"pdlb/lb/config"
@@ -98,7 +97,7 @@ func BenchmarkDecideQwen3(b *testing.B) {
 func benchDecide(b *testing.B, policy, tokenizer string) {
 	g, m := decideGateway(b, policy, tokenizer)
 	body := chatBody()
-	x := acquireCompletion(time.Now())
+	x := acquireCompletion()
 	defer releaseCompletion(x)
 	decide(g, m, x, body, 1)
 	if n := x.routeReq.PromptTokens; n < 1600 || (m.UsesCache && len(x.keys) < 100) {
@@ -118,7 +117,7 @@ func benchDecide(b *testing.B, policy, tokenizer string) {
 // on those.
 func BenchmarkPick(b *testing.B) {
 	g, m := decideGateway(b, "slo_cache", "")
-	x := acquireCompletion(time.Now())
+	x := acquireCompletion()
 	defer releaseCompletion(x)
 	if err := x.req.Parse(openai.KindChat, chatBody()); err != nil {
 		b.Fatal(err)
@@ -142,7 +141,7 @@ func BenchmarkDecideParallel(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		x := acquireCompletion(time.Now())
+		x := acquireCompletion()
 		defer releaseCompletion(x)
 		base := (atomicAdd(&next) + 1) << 40
 		for i := uint64(0); pb.Next(); i++ {

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -40,7 +39,7 @@ func resolved(t *testing.T, g *Gateway, model, prompt string) *completion {
 	req := new(fasthttp.Request)
 	body := `{"model":"` + model + `","prompt":"` + prompt + `"}`
 	req.SetBodyString(body)
-	x := acquireCompletion(time.Now())
+	x := acquireCompletion()
 	x.ctx = new(fasthttp.RequestCtx)
 	x.ctx.Init(req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
@@ -251,7 +250,7 @@ func TestRequestWithoutModel(t *testing.T) {
 	f := func(g *Gateway, model, want, wantErr string) {
 		t.Helper()
 		body := `{` + model + `"messages":[{"role":"user","content":"x"}]}`
-		x := acquireCompletion(time.Now())
+		x := acquireCompletion()
 		defer releaseCompletion(x)
 		ctx := new(fasthttp.RequestCtx)
 		ctx.Request.SetBodyString(body)
