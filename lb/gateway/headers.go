@@ -213,8 +213,12 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	p, chain, fields := g.podHeaders(), buf[:0], len(dst)
 	span := x.tr.attemptContext()
 	if span != nil {
-		// The attempt's trace context replaces the client's.
-		p.traceparent, p.tracestate = true, span.SpanContext().TraceState().Len() > 0
+		// The attempt's trace context replaces the client's, as Inject
+		// does: a context that is not valid sends nothing, and the
+		// client's goes.
+		if sc := span.SpanContext(); sc.IsValid() {
+			p.traceparent, p.tracestate = true, sc.TraceState().Len() > 0
+		}
 	}
 	for k, v := range ctx.Request.Header.All() {
 		var fate fieldFate
@@ -227,8 +231,11 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 		// may have come before it, and are taken out again.
 		kept := fields
 		for line := dst[fields:]; len(line) > 0; {
-			end := bytes.IndexByte(line, '\n') + 1
-			if k := line[:bytes.IndexByte(line, ':')]; !namedIn(p.nominated, k) {
+			end := len(line)
+			if i := bytes.IndexByte(line, '\n'); i >= 0 {
+				end = i + 1
+			}
+			if k, _, _ := bytes.Cut(line[:end], colon); !namedIn(p.nominated, k) {
 				kept += copy(dst[kept:], line[:end])
 			}
 			line = line[end:]
@@ -258,7 +265,10 @@ func appendHeaderLine(dst, k, v []byte) []byte {
 	return append(append(dst, v...), crlf...)
 }
 
-var crlf = []byte("\r\n")
+var (
+	crlf  = []byte("\r\n")
+	colon = []byte(":")
+)
 
 // podHeaders reads a client's header fields, one at a time (sort), for
 // its request to a pod: what the pod gets of them, as buildUpstream and

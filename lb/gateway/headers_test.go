@@ -171,12 +171,12 @@ func TestAppendUpstreamAsBuild(t *testing.T) {
 		"Host: lb\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\ntracestate: client=1\r\n",
 		"Host: lb\r\nTRACEPARENT: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00\r\nTraceState: client=1\r\nX-Custom: kept\r\n",
 	}
-	// The attempt's trace context: none (tracing off), one without a
-	// tracestate, one with.
+	// The attempt's trace context: none (tracing off), one not valid, one
+	// without a tracestate, one with.
 	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
 	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
 	state, _ := trace.ParseTraceState("pdlb=1")
-	spans := []trace.Span{nil}
+	spans := []trace.Span{nil, trace.SpanFromContext(context.Background())}
 	for _, ts := range []trace.TraceState{{}, state} {
 		sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceState: ts})
 		spans = append(spans, trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), sc)))
@@ -191,7 +191,8 @@ func TestAppendUpstreamAsBuild(t *testing.T) {
 			if authorize {
 				g.keys = keys
 			}
-			for i, h := range heads {
+			for i := range len(heads) * len(spans) {
+				h := heads[i/len(spans)]
 				var req fasthttp.Request
 				whole := "POST /v1/chat/completions HTTP/1.1\r\n" + h + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 				if err := req.Read(bufio.NewReader(strings.NewReader(whole))); err != nil {
