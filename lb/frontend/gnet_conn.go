@@ -534,7 +534,11 @@ func (gc *gconn) work() {
 			}
 			continue
 		}
-		if !gc.failed && gc.serve(q) {
+		// After a failed write the queue's requests are dropped, but not
+		// what holds a request the handler began (a task it detached, a
+		// stream it started: an in-flight slot, a pod's charge): served,
+		// it finds its client gone and gives them back.
+		if (!gc.failed || q.task != nil || q.served) && gc.serve(q) {
 			return
 		}
 		gc.done(q)
@@ -589,7 +593,7 @@ func (gc *gconn) done(q queued) {
 }
 
 // fail closes the connection after a failed write; the requests still
-// queued are dropped.
+// queued are dropped (work).
 func (gc *gconn) fail(err error) {
 	if err != nil {
 		gc.failed = true

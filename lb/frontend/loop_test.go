@@ -177,3 +177,54 @@ func TestIdleFromTheLastWrite(t *testing.T) {
 		}
 	}
 }
+
+// closedConn is a connection whose client left: every write fails.
+type closedConn struct{ idleConn }
+
+func (c *closedConn) AsyncWritev(_ [][]byte, cb gnet.AsyncCallback) error { return cb(c, net.ErrClosed) }
+
+// taskFunc is a Task.
+type taskFunc func()
+
+func (f taskFunc) Run() { f() }
+
+// TestFailedConnServesWhatItHolds: once a write on the connection failed,
+// the requests still queued are dropped, but a task the handler detached
+// and a stream it started on the loop still run (and find their client
+// gone): each holds what its request took (an in-flight slot, a pod's
+// charge), which only its end gives back.
+func TestFailedConnServesWhatItHolds(t *testing.T) {
+	gc := newGConn(&GNet{o: Options{}.withDefaults(), workers: newWorkers()}, &closedConn{})
+	gc.failed = true
+	ran, streamed := false, make(chan error, 1)
+	stream := acquireCtx()
+	SetBodyStreamWriter(stream, func(w *StreamWriter) {
+		_, err := w.Write([]byte("data: {}\n\n"))
+		if err == nil {
+			err = w.Flush()
+		}
+		streamed <- err
+	})
+	gc.queue = []queued{{ctx: acquireCtx()}, {ctx: acquireCtx(), task: taskFunc(func() { ran = true })}, {ctx: acquireCtx()}, {ctx: stream, served: true}}
+	gc.s.serving.Add(int64(len(gc.queue)))
+	gc.busy.Store(true)
+	gc.work() // the handler is nil: a plain request served would panic
+	if !ran {
+		t.Error("the detached task did not run")
+	}
+	select {
+	case err := <-streamed:
+		if err == nil {
+			t.Error("the stream's write to a failed connection did not fail")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the started stream's writer did not run")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for gc.s.serving.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := gc.s.serving.Load(); n != 0 {
+		t.Errorf("%d requests still counted as served", n)
+	}
+}
