@@ -232,10 +232,10 @@ func sentAs(t *testing.T, wire []byte) string {
 	req.Header.DisableNormalizing()
 	br := bufio.NewReader(strings.NewReader(string(wire)))
 	if err := req.Read(br); err != nil {
-		t.Fatalf("%v:\n%s", err, wire)
+		t.Fatalf("%v:\n%q", err, wire)
 	}
 	if br.Buffered() > 0 {
-		t.Fatalf("%d bytes past the request:\n%s", br.Buffered(), wire)
+		t.Fatalf("%d bytes past the request:\n%q", br.Buffered(), wire)
 	}
 	var fields []string
 	for k, v := range req.Header.All() {
@@ -243,4 +243,44 @@ func sentAs(t *testing.T, wire []byte) string {
 	}
 	slices.Sort(fields)
 	return fmt.Sprintf("%s %s %s\n%s\n\n%s", req.Header.Method(), req.Header.RequestURI(), req.Header.Protocol(), strings.Join(fields, "\n"), req.Body())
+}
+
+// FuzzAppendUpstream: whatever header a client's request that fasthttp
+// takes carries, the event loop's rendering and buildUpstream's send a
+// pod the same request, one that parses whole.
+func FuzzAppendUpstream(f *testing.F) {
+	f.Add("Host: lb\r\nContent-Type: application/json\r\n", true, true)
+	f.Add("Host: lb\r\nConnection: keep-alive, x-a\r\nX-A: 1\r\nX-Forwarded-For: 10.0.0.1\r\nX-Request-Id: a\r\nx-request-id: b\r\n", false, true)
+	f.Add("Host: lb\r\nCookie: a=b\r\nAuthorization: Bearer k\r\nTransfer-Encoding: chunked\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n", true, false)
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m"}}
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: "127.0.0.1:10000"}}
+	g, snap := bareGateway(f, cfg, upstream.Dialer(nil))
+	keys, err := limits.NewKeys([]limits.APIKey{{Name: "k", SHA256: limits.HashKey("k")}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, head string, authorize, forward bool) {
+		const body = `{"model":"m"}`
+		var req fasthttp.Request
+		whole := "POST /v1/chat/completions HTTP/1.1\r\n" + head + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+		br := bufio.NewReader(strings.NewReader(whole))
+		if req.Read(br) != nil || br.Buffered() > 0 {
+			return // not a request the front end takes whole
+		}
+		g.keys, g.cfg.Upstream.XForwardedFor = nil, forward
+		if authorize {
+			g.keys = keys
+		}
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
+		x := &completion{g: g, ctx: &ctx, pod: snap.Pods[0], reqID: requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID))}
+		var up fasthttp.Request
+		g.buildUpstream(&ctx, &up, x.reqID)
+		up.Header.SetHost(x.pod.Config.Address)
+		built := (*frontend.FastRequest)(&up).AppendRequest(nil)
+		if b, r := sentAs(t, built), sentAs(t, x.AppendRequest(nil)); b != r {
+			t.Errorf("client's header %q\nbuilt:\n%s\nrendered:\n%s", head, b, r)
+		}
+	})
 }
