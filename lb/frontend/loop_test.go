@@ -181,7 +181,9 @@ func TestIdleFromTheLastWrite(t *testing.T) {
 // closedConn is a connection whose client left: every write fails.
 type closedConn struct{ idleConn }
 
-func (c *closedConn) AsyncWritev(_ [][]byte, cb gnet.AsyncCallback) error { return cb(c, net.ErrClosed) }
+func (c *closedConn) AsyncWritev(_ [][]byte, cb gnet.AsyncCallback) error {
+	return cb(c, net.ErrClosed)
+}
 
 // taskFunc is a Task.
 type taskFunc func()
