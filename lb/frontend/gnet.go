@@ -449,12 +449,7 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 		gc.tls.w.feed.close()
 	}
 	gc.lingerClosed()
-	gc.mu.Lock()
-	gc.left = true
-	if gc.gone != nil {
-		close(gc.gone)
-	}
-	gc.mu.Unlock()
+	gc.leave()
 	if gc.up != nil {
 		gc.up.abandon()
 	}

@@ -124,8 +124,8 @@ type gconn struct {
 	mu     sync.Mutex
 	queue  []queued
 	paused bool          // parsing stopped on a full queue; the worker wakes the loop
-	left   bool          // closed, for the workers (ClientGone)
-	gone   chan struct{} // ClientGone's, made on first use; closed by OnClose
+	left   bool          // closed, or failed, for the workers (ClientGone)
+	gone   chan struct{} // ClientGone's, made on first use; closed by leave
 
 	// Owned by the queue's owner: the worker, or a stream's goroutine.
 	wrote   chan error // one result per AsyncWritev
@@ -537,8 +537,12 @@ func (gc *gconn) work() {
 		// After a failed write the queue's requests are dropped, but not
 		// what holds a request the handler began (a task it detached, a
 		// stream it started: an in-flight slot, a pod's charge): served,
-		// it finds its client gone and gives them back.
-		if (!gc.failed || q.task != nil || q.served) && gc.serve(q) {
+		// with its client gone, it ends at once and gives them back.
+		held := q.task != nil || q.served
+		if gc.failed && held {
+			gc.leave()
+		}
+		if (!gc.failed || held) && gc.serve(q) {
 			return
 		}
 		gc.done(q)
@@ -584,6 +588,19 @@ func (gc *gconn) idle() {
 	if wake {
 		_ = gc.c.Wake(nil)
 	}
+}
+
+// leave tells the workers the client is gone (ClientGone): it closed the
+// connection, or a write failed and nothing more can reach it.
+func (gc *gconn) leave() {
+	gc.mu.Lock()
+	if !gc.left {
+		gc.left = true
+		if gc.gone != nil {
+			close(gc.gone)
+		}
+	}
+	gc.mu.Unlock()
 }
 
 // done releases a served request.

@@ -192,13 +192,14 @@ func (f taskFunc) Run() { f() }
 
 // TestFailedConnServesWhatItHolds: once a write on the connection failed,
 // the requests still queued are dropped, but a task the handler detached
-// and a stream it started on the loop still run (and find their client
-// gone): each holds what its request took (an in-flight slot, a pod's
-// charge), which only its end gives back.
+// and a stream it started on the loop still run, and find their client
+// gone (ClientGone, so a task's pod call is cut at once): each holds what
+// its request took (an in-flight slot, a pod's charge), which only its
+// end gives back.
 func TestFailedConnServesWhatItHolds(t *testing.T) {
 	gc := newGConn(&GNet{o: Options{}.withDefaults(), workers: newWorkers()}, &closedConn{})
 	gc.failed = true
-	ran, streamed := false, make(chan error, 1)
+	ran, gone, streamed := false, false, make(chan error, 1)
 	stream := acquireCtx()
 	SetBodyStreamWriter(stream, func(w *StreamWriter) {
 		_, err := w.Write([]byte("data: {}\n\n"))
@@ -207,12 +208,22 @@ func TestFailedConnServesWhatItHolds(t *testing.T) {
 		}
 		streamed <- err
 	})
-	gc.queue = []queued{{ctx: acquireCtx()}, {ctx: acquireCtx(), task: taskFunc(func() { ran = true })}, {ctx: acquireCtx()}, {ctx: stream, served: true}}
+	detached := acquireCtx()
+	detached.Init2(gc, ctxLogger, false)
+	task := func() {
+		ran = true
+		select {
+		case <-ClientGone(detached):
+			gone = true
+		default:
+		}
+	}
+	gc.queue = []queued{{ctx: acquireCtx()}, {ctx: detached, task: taskFunc(task)}, {ctx: acquireCtx()}, {ctx: stream, served: true}}
 	gc.s.serving.Add(int64(len(gc.queue)))
 	gc.busy.Store(true)
 	gc.work() // the handler is nil: a plain request served would panic
-	if !ran {
-		t.Error("the detached task did not run")
+	if !ran || !gone {
+		t.Errorf("the detached task ran %v, and found its client gone %v", ran, gone)
 	}
 	select {
 	case err := <-streamed:
