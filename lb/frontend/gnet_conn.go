@@ -534,16 +534,12 @@ func (gc *gconn) work() {
 			}
 			continue
 		}
-		// After a failed write the queue's requests are dropped, but not
-		// what holds a request the handler began (a task it detached, a
-		// stream it started: an in-flight slot, a pod's charge): served,
-		// with its client gone, it ends at once and gives them back.
-		held := q.task != nil || q.served
-		if gc.failed && held {
-			gc.leave()
-		}
-		if (!gc.failed || held) && gc.serve(q) {
-			return
+		if !gc.failed {
+			if gc.serve(q) {
+				return
+			}
+		} else if q.task != nil || q.served {
+			gc.end(q)
 		}
 		gc.done(q)
 	}
@@ -587,6 +583,23 @@ func (gc *gconn) idle() {
 	gc.mu.Unlock()
 	if wake {
 		_ = gc.c.Wake(nil)
+	}
+}
+
+// end ends, on a connection whose write failed (or whose last answer
+// went), a request its handler began: the queue's other requests are
+// dropped, but a task it detached or a stream it started holds what the
+// request took (an in-flight slot, a pod's charge), which only its end
+// gives back. The task runs with its client gone (so a pod call is cut at
+// once), the stream's writer into a writer that fails; nothing is
+// written, so nothing waits on the connection's write results.
+func (gc *gconn) end(q queued) {
+	gc.leave()
+	if q.task != nil {
+		q.task.Run()
+	}
+	if body, ok := q.ctx.Response.BodyStream().(streamBody); ok {
+		_, _ = body.WriteTo(failedWriter{net.ErrClosed})
 	}
 }
 
