@@ -177,8 +177,8 @@ func endWith(s trace.Span, f *failure) {
 	s.End()
 }
 
-// attempt opens the span of an attempt on pod, when x is sampled; the
-// request to the pod carries attemptContext.
+// attempt opens the span of an attempt on pod, when the request is
+// sampled; the request to the pod carries attemptContext.
 func (t *reqTrace) attempt(pod *pool.Pod, n int) {
 	if !t.rec {
 		return
