@@ -55,10 +55,11 @@ type Gateway struct {
 	// corsPolicy answers browsers' cross-origin calls (cors.go).
 	corsPolicy corsPolicy
 	// tokenizing holds a slot per request read or tokenized off the event
-	// loops (stageParse, stageTokenize, retokenize), GOMAXPROCS of them: no more at once than the
-	// cores, as the loops themselves took them one at a time each, so a
-	// burst of large prompts neither outruns the loops for the cores nor
-	// holds each one's rendering and ids at once.
+	// loops (stageParse, stageTokenize, stageRetokenize), GOMAXPROCS of
+	// them: no more at once than the cores, as the loops themselves took
+	// them one at a time each, so a burst of large prompts neither outruns
+	// the loops for the cores nor holds each one's rendering and ids at
+	// once.
 	tokenizing chan struct{}
 	// homes remembers the pods of stored responses, conversations those
 	// of Responses API conversations by prompt_cache_key (responses.go);

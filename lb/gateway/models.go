@@ -145,11 +145,9 @@ func (g *Gateway) nextModel(x *completion, whole bool) bool {
 // fallBack moved it to on an event loop, and moves on to its pick. A
 // prompt that model's engine would refuse moves x to the next fallback;
 // none left, x fails as a model without a pod would (its own failure, a
-// 429 or a pod's 503, is gone by then).
+// 429 or a pod's 503, is gone by then). It runs under advance's
+// tokenizing slot, which the later fallbacks' tokenizations hold too.
 func (g *Gateway) retokenize(x *completion) {
-	// The slot is held while later fallbacks tokenize too.
-	g.tokenizing <- struct{}{}
-	defer func() { <-g.tokenizing }()
 	f, _ := g.tokenize(x, x.m, x.ctx.PostBody(), false)
 	switch {
 	case f == nil:

@@ -62,23 +62,28 @@ const (
 func (g *Gateway) advance(x *completion) {
 	for {
 		switch x.stage {
-		case stageParse, stageTokenize:
+		case stageParse, stageTokenize, stageRetokenize:
+			// A fallback's tokenization is the only one of the three
+			// asked for on the loop: the others were detached to a
+			// worker already.
+			if x.stage == stageRetokenize && !x.via.block(x) {
+				return
+			}
+			// Each holds a tokenizing slot while it reads or tokenizes.
 			g.tokenizing <- struct{}{}
-			var goOn bool
-			if x.stage == stageParse {
+			goOn := true
+			switch x.stage {
+			case stageParse:
 				goOn = g.parse(x, x.found, true)
-			} else {
+			case stageTokenize:
 				goOn = g.begin(x, x.found)
+			default:
+				g.retokenize(x)
 			}
 			<-g.tokenizing
 			if !goOn {
 				return
 			}
-		case stageRetokenize:
-			if !x.via.block(x) {
-				return
-			}
-			g.retokenize(x)
 		case stagePick:
 			if !g.pickStage(x) {
 				return
