@@ -183,13 +183,13 @@ type taskFunc func()
 
 func (f taskFunc) Run() { f() }
 
-// TestFailedConnServesWhatItHolds: once a write on the connection failed,
+// TestFailedConnEndsWhatItHolds: once a write on the connection failed,
 // the requests still queued are dropped, but a task the handler detached
 // and a stream it started on the loop still run to their end, with their
 // client gone (ClientGone, so a task's pod call is cut at once) and
 // nothing written: each holds what its request took (an in-flight slot,
 // a pod's charge), which only its end gives back.
-func TestFailedConnServesWhatItHolds(t *testing.T) {
+func TestFailedConnEndsWhatItHolds(t *testing.T) {
 	// Its AsyncWritev is the nil gnet.Conn's: a write would panic.
 	c := &idleConn{}
 	gc := newGConn(&GNet{o: Options{}.withDefaults()}, c)
