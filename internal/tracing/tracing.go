@@ -9,11 +9,15 @@ package tracing
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
@@ -56,7 +60,15 @@ type Settings struct {
 
 // Provider is a running tracer provider. A nil *Provider is tracing off.
 type Provider struct {
-	tp *sdktrace.TracerProvider
+	tp      *sdktrace.TracerProvider
+	sampler sdktrace.Sampler
+}
+
+// NewProvider is a provider of spans that sampler keeps, with opts (the
+// exporter, the resource) and ids that Tracer.Begin can choose first.
+func NewProvider(sampler sdktrace.Sampler, opts ...sdktrace.TracerProviderOption) *Provider {
+	opts = append(opts, sdktrace.WithSampler(sampler), sdktrace.WithIDGenerator(idGenerator{}))
+	return &Provider{tp: sdktrace.NewTracerProvider(opts...), sampler: sampler}
 }
 
 // ErrSettings wraps the errors of settings Start cannot use.
@@ -75,13 +87,9 @@ func Start(ctx context.Context, s Settings, defaultService string, lookup func(s
 	if !on(s, lookup) {
 		return nil, nil
 	}
-	var opts []sdktrace.TracerProviderOption
-	if s.Sampler != "" {
-		sm, err := Sampler(s.Sampler, s.Ratio)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, sdktrace.WithSampler(sm))
+	sm, err := samplerOf(s, lookup)
+	if err != nil {
+		return nil, err
 	}
 	name := s.ServiceName
 	if v, ok := lookup("OTEL_SERVICE_NAME"); name == "" && (!ok || v == "") {
@@ -89,7 +97,6 @@ func Start(ctx context.Context, s Settings, defaultService string, lookup func(s
 	}
 	res := resource.Default()
 	if name != "" {
-		var err error
 		if res, err = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName(name))); err != nil {
 			return nil, err
 		}
@@ -98,8 +105,35 @@ func Start(ctx context.Context, s Settings, defaultService string, lookup func(s
 	if err != nil {
 		return nil, err
 	}
-	opts = append(opts, sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	return &Provider{tp: sdktrace.NewTracerProvider(opts...)}, nil
+	return NewProvider(sm, sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+}
+
+// samplerOf is the sampler s names, else OTEL_TRACES_SAMPLER's (its
+// ratio OTEL_TRACES_SAMPLER_ARG, 1 when unset), else the SDK's default,
+// parentbased_always_on: the variables as the SDK reads them, but a value
+// it would log and replace is an error here.
+func samplerOf(s Settings, lookup func(string) (string, bool)) (sdktrace.Sampler, error) {
+	if s.Sampler != "" {
+		return Sampler(s.Sampler, s.Ratio)
+	}
+	v, _ := lookup("OTEL_TRACES_SAMPLER")
+	name := strings.ToLower(strings.TrimSpace(v))
+	if name == "" {
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), nil
+	}
+	ratio := 1.0
+	if arg, _ := lookup("OTEL_TRACES_SAMPLER_ARG"); strings.HasSuffix(name, "traceidratio") && strings.TrimSpace(arg) != "" {
+		r, err := strconv.ParseFloat(strings.TrimSpace(arg), 64)
+		if err != nil || !(r >= 0 && r <= 1) {
+			return nil, fmt.Errorf("%w: OTEL_TRACES_SAMPLER_ARG %q is not a ratio from 0 to 1", ErrSettings, arg)
+		}
+		ratio = r
+	}
+	sm, err := Sampler(name, ratio)
+	if err != nil {
+		return nil, fmt.Errorf("OTEL_TRACES_SAMPLER: %w", err)
+	}
+	return sm, nil
 }
 
 // exporter is the OTLP exporter of s's protocol, else the environment's
@@ -156,11 +190,86 @@ func Sampler(name string, ratio float64) (sdktrace.Sampler, error) {
 }
 
 // Tracer returns the named tracer; nil on a nil p.
-func (p *Provider) Tracer(name string) trace.Tracer {
+func (p *Provider) Tracer(name string) *Tracer {
 	if p == nil {
 		return nil
 	}
-	return p.tp.Tracer(name)
+	return &Tracer{Tracer: p.tp.Tracer(name), sampler: p.sampler}
+}
+
+// Tracer is a provider's tracer that can decide a span's sampling before
+// the SDK makes it (Begin): a request the sampler drops, most of them at
+// a low ratio, then costs no span, context or option.
+type Tracer struct {
+	trace.Tracer
+	sampler sdktrace.Sampler
+}
+
+// Begin starts a span called name of kind at start under parent's span
+// context, unless the provider's sampler drops it: then it returns
+// parent, no span, and the context the dropped span would have had,
+// which still tells a pod not to sample. The decision and the ids are
+// the SDK's own (newSpan's): the sampler is asked once here, and the
+// span is then started with the ids it was asked about, so the SDK, which
+// asks again, decides the same.
+func (t *Tracer) Begin(parent context.Context, name string, kind trace.SpanKind, start time.Time) (context.Context, trace.Span, trace.SpanContext) {
+	psc := trace.SpanContextFromContext(parent)
+	ids := presetIDs{tid: psc.TraceID(), sid: newSpanID()}
+	if !ids.tid.IsValid() {
+		ids.tid = newTraceID()
+	}
+	r := t.sampler.ShouldSample(sdktrace.SamplingParameters{ParentContext: parent, TraceID: ids.tid, Name: name, Kind: kind})
+	if r.Decision == sdktrace.Drop {
+		return parent, nil, trace.NewSpanContext(trace.SpanContextConfig{TraceID: ids.tid, SpanID: ids.sid,
+			TraceFlags: psc.TraceFlags() &^ trace.FlagsSampled, TraceState: r.Tracestate})
+	}
+	_, span := t.Start(context.WithValue(parent, presetKey{}, ids), name, trace.WithSpanKind(kind), trace.WithTimestamp(start))
+	// Children start from parent and the span, not from what Start
+	// returned: the preset ids would name them too.
+	return trace.ContextWithSpan(parent, span), span, span.SpanContext()
+}
+
+// presetIDs are the ids Begin chose for the span it starts, handed to
+// idGenerator under presetKey in the context.
+type presetIDs struct {
+	tid trace.TraceID
+	sid trace.SpanID
+}
+
+type presetKey struct{}
+
+// idGenerator makes random ids from the runtime's per-thread generator
+// (the SDK's default takes a lock for each), or gives the preset ones.
+type idGenerator struct{}
+
+func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	if p, ok := ctx.Value(presetKey{}).(presetIDs); ok {
+		return p.tid, p.sid
+	}
+	return newTraceID(), newSpanID()
+}
+
+func (idGenerator) NewSpanID(ctx context.Context, tid trace.TraceID) trace.SpanID {
+	if p, ok := ctx.Value(presetKey{}).(presetIDs); ok && p.tid == tid {
+		return p.sid
+	}
+	return newSpanID()
+}
+
+// newTraceID and newSpanID are random and valid (not all zero).
+func newTraceID() (id trace.TraceID) {
+	for !id.IsValid() {
+		binary.LittleEndian.PutUint64(id[:8], rand.Uint64())
+		binary.LittleEndian.PutUint64(id[8:], rand.Uint64())
+	}
+	return id
+}
+
+func newSpanID() (id trace.SpanID) {
+	for !id.IsValid() {
+		binary.LittleEndian.PutUint64(id[:], rand.Uint64())
+	}
+	return id
 }
 
 // Shutdown sends the spans still batched and stops the exporter.
@@ -194,17 +303,16 @@ func Extract(ctx context.Context, h *fasthttp.RequestHeader) context.Context {
 	return Propagator.Extract(ctx, headers{h})
 }
 
-// Inject writes span's context into h as traceparent and tracestate.
+// Inject writes the span context sc into h as traceparent and tracestate.
 // Every request to a pod carries one, sampled or not, so the usual one,
 // without a tracestate, is written here as the propagator would, without
 // the context and strings it builds per call.
-func Inject(span trace.Span, h *fasthttp.RequestHeader) {
-	sc := span.SpanContext()
+func Inject(sc trace.SpanContext, h *fasthttp.RequestHeader) {
 	if !sc.IsValid() {
 		return
 	}
 	if sc.TraceState().Len() > 0 {
-		Propagator.Inject(trace.ContextWithSpan(context.Background(), span), headers{h})
+		Propagator.Inject(trace.ContextWithSpanContext(context.Background(), sc), headers{h})
 		return
 	}
 	var b [len("00-") + 2*len(trace.TraceID{}) + 1 + 2*len(trace.SpanID{}) + len("-00")]byte
@@ -213,11 +321,10 @@ func Inject(span trace.Span, h *fasthttp.RequestHeader) {
 	h.SetBytesV(traceparent, appendTraceparent(b[:0], sc))
 }
 
-// AppendFields appends span's context as Inject writes it, as header
+// AppendFields appends the span context sc as Inject writes it, as header
 // lines each ending in CRLF: traceparent, then tracestate when the context
 // has one; nothing for a context that is not valid.
-func AppendFields(dst []byte, span trace.Span) []byte {
-	sc := span.SpanContext()
+func AppendFields(dst []byte, sc trace.SpanContext) []byte {
 	if !sc.IsValid() {
 		return dst
 	}

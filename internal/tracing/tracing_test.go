@@ -5,9 +5,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -49,21 +51,113 @@ func TestSampler(t *testing.T) {
 	}
 }
 
+// TestSamplerFromEnv: with no sampler set, OTEL_TRACES_SAMPLER and
+// OTEL_TRACES_SAMPLER_ARG name it as the SDK reads them, and a value the
+// SDK would log and replace is an error naming the variable.
+func TestSamplerFromEnv(t *testing.T) {
+	f := func(s Settings, vars map[string]string, want sdktrace.Sampler, wantErr string) {
+		t.Helper()
+		got, err := samplerOf(s, env(vars))
+		switch {
+		case wantErr != "":
+			if !errors.Is(err, ErrSettings) || !strings.Contains(err.Error(), wantErr) {
+				t.Errorf("%+v %v: err %v, want one naming %s", s, vars, err, wantErr)
+			}
+		case err != nil || got.Description() != want.Description():
+			t.Errorf("%+v %v: %v %v, want %s", s, vars, got, err, want.Description())
+		}
+	}
+	ratio := func(name, arg string) map[string]string {
+		return map[string]string{"OTEL_TRACES_SAMPLER": name, "OTEL_TRACES_SAMPLER_ARG": arg}
+	}
+	f(Settings{}, nil, sdktrace.ParentBased(sdktrace.AlwaysSample()), "")
+	f(Settings{}, ratio(" ", ""), sdktrace.ParentBased(sdktrace.AlwaysSample()), "")
+	f(Settings{}, ratio("always_off", "0.5"), sdktrace.NeverSample(), "")
+	f(Settings{}, ratio("TraceIDRatio", " 0.25 "), sdktrace.TraceIDRatioBased(0.25), "")
+	f(Settings{}, ratio("traceidratio", ""), sdktrace.TraceIDRatioBased(1), "")
+	f(Settings{}, ratio("parentbased_traceidratio", "0.01"), sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01)), "")
+	f(Settings{Sampler: "always_on"}, ratio("always_off", ""), sdktrace.AlwaysSample(), "")
+	f(Settings{}, ratio("traceidratio", "1%"), nil, "OTEL_TRACES_SAMPLER_ARG")
+	f(Settings{}, ratio("parentbased_traceidratio", "2"), nil, "OTEL_TRACES_SAMPLER_ARG")
+	f(Settings{}, ratio("jaeger_remote", ""), nil, "OTEL_TRACES_SAMPLER")
+}
+
+// TestBegin: a span Begin starts, or drops, is decided as the SDK decides
+// it for the same ids: a kept span is the SDK's, recording, with the ids
+// the sampler was asked about, which its children do not share; a dropped
+// one has the context the SDK's non-recording span would have.
+func TestBegin(t *testing.T) {
+	remote := func(flags trace.TraceFlags) context.Context {
+		ts, _ := trace.ParseTraceState("vendor=abc")
+		return trace.ContextWithRemoteSpanContext(context.Background(), testContext(flags, ts))
+	}
+	parents := map[string]context.Context{"none": context.Background(), "sampled": remote(trace.FlagsSampled), "unsampled": remote(0)}
+	for _, name := range Samplers {
+		sampler, _ := Sampler(name, 0.5)
+		tr := NewProvider(sampler).Tracer("test")
+		for pname, parent := range parents {
+			kept := 0
+			for range 200 {
+				ctx, span, sc := tr.Begin(parent, "request", trace.SpanKindServer, time.Now())
+				psc := trace.SpanContextFromContext(parent)
+				if !sc.IsValid() || psc.IsValid() && sc.TraceID() != psc.TraceID() {
+					t.Fatalf("%s, parent %s: span context %v", name, pname, sc)
+				}
+				want := sampler.ShouldSample(sdktrace.SamplingParameters{ParentContext: parent, TraceID: sc.TraceID(), Name: "request", Kind: trace.SpanKindServer})
+				if (span != nil) != (want.Decision != sdktrace.Drop) || sc.IsSampled() != (want.Decision == sdktrace.RecordAndSample) {
+					t.Fatalf("%s, parent %s: span %v, sampled %v; the sampler says %v for its trace", name, pname, span != nil, sc.IsSampled(), want.Decision)
+				}
+				if sc.TraceState().String() != want.Tracestate.String() {
+					t.Fatalf("%s, parent %s: tracestate %q, want %q", name, pname, sc.TraceState(), want.Tracestate)
+				}
+				if span == nil {
+					if ctx != parent {
+						t.Fatalf("%s, parent %s: a dropped span changed the context", name, pname)
+					}
+					continue
+				}
+				kept++
+				if !span.IsRecording() || !span.SpanContext().Equal(sc) || trace.SpanFromContext(ctx) != span {
+					t.Fatalf("%s, parent %s: kept span %v recording %v, context %v", name, pname, span.SpanContext(), span.IsRecording(), sc)
+				}
+				_, child := tr.Start(ctx, "child")
+				if child.SpanContext().TraceID() != sc.TraceID() || child.SpanContext().SpanID() == sc.SpanID() {
+					t.Fatalf("%s, parent %s: child %v of %v", name, pname, child.SpanContext(), sc)
+				}
+				child.End()
+				span.End()
+			}
+			if strings.Contains(name, "ratio") && pname == "none" && (kept < 40 || kept > 160) {
+				t.Errorf("%s: kept %d of 200 at ratio 0.5", name, kept)
+			}
+		}
+	}
+}
+
+// A span the sampler drops costs Begin no allocation.
+func TestBeginDroppedAllocatesNothing(t *testing.T) {
+	tr := NewProvider(sdktrace.NeverSample()).Tracer("test")
+	start := time.Now()
+	if n := testing.AllocsPerRun(100, func() { tr.Begin(context.Background(), "request", trace.SpanKindServer, start) }); n != 0 {
+		t.Fatalf("%v allocations per dropped span, want 0", n)
+	}
+}
+
 // TestInject: the traceparent Inject writes is the propagator's, sampled
 // or not, and replaces a client's in either spelling; a span context
 // with a tracestate sends that too.
 func TestInject(t *testing.T) {
 	ts, _ := trace.ParseTraceState("vendor=abc")
-	for _, span := range []trace.Span{testSpan(0, trace.TraceState{}), testSpan(trace.FlagsSampled, trace.TraceState{}), testSpan(trace.FlagsSampled, ts)} {
+	for _, sc := range []trace.SpanContext{testContext(0, trace.TraceState{}), testContext(trace.FlagsSampled, trace.TraceState{}), testContext(trace.FlagsSampled, ts)} {
 		want := propagation.MapCarrier{}
-		Propagator.Inject(trace.ContextWithSpan(context.Background(), span), want)
+		Propagator.Inject(trace.ContextWithSpanContext(context.Background(), sc), want)
 		for _, sent := range []string{"", "traceparent", "Traceparent"} {
 			var h fasthttp.RequestHeader
 			h.DisableNormalizing()
 			if sent != "" {
 				h.Set(sent, "00-11111111111111111111111111111111-2222222222222222-01")
 			}
-			Inject(span, &h)
+			Inject(sc, &h)
 			got := strings.Count(string(h.Header()), "raceparent: ")
 			if string(h.Peek("traceparent")) != want["traceparent"] || got != 1 || string(h.Peek("tracestate")) != want["tracestate"] {
 				t.Errorf("client's %q: got %q (%d fields), tracestate %q; want %q, %q", sent, h.Peek("traceparent"), got, h.Peek("tracestate"), want["traceparent"], want["tracestate"])
@@ -76,26 +170,25 @@ func TestInject(t *testing.T) {
 // propagator sets, and none for a context that is not valid.
 func TestAppendFields(t *testing.T) {
 	ts, _ := trace.ParseTraceState("vendor=abc")
-	for _, span := range []trace.Span{testSpan(0, trace.TraceState{}), testSpan(trace.FlagsSampled, trace.TraceState{}), testSpan(trace.FlagsSampled, ts)} {
+	for _, sc := range []trace.SpanContext{testContext(0, trace.TraceState{}), testContext(trace.FlagsSampled, trace.TraceState{}), testContext(trace.FlagsSampled, ts)} {
 		want := propagation.MapCarrier{}
-		Propagator.Inject(trace.ContextWithSpan(context.Background(), span), want)
+		Propagator.Inject(trace.ContextWithSpanContext(context.Background(), sc), want)
 		wantLines := "traceparent: " + want["traceparent"] + "\r\n"
 		if want["tracestate"] != "" {
 			wantLines += "tracestate: " + want["tracestate"] + "\r\n"
 		}
-		if got := AppendFields([]byte("x\r\n"), span); string(got) != "x\r\n"+wantLines {
+		if got := AppendFields([]byte("x\r\n"), sc); string(got) != "x\r\n"+wantLines {
 			t.Errorf("appended %q, want %q", got, wantLines)
 		}
 	}
-	if got := AppendFields(nil, trace.SpanFromContext(context.Background())); len(got) != 0 {
+	if got := AppendFields(nil, trace.SpanContext{}); len(got) != 0 {
 		t.Errorf("no context: appended %q", got)
 	}
 }
 
-// testSpan is a span of a fixed trace, with flags and ts.
-func testSpan(flags trace.TraceFlags, ts trace.TraceState) trace.Span {
+// testContext is a span context of a fixed trace, with flags and ts.
+func testContext(flags trace.TraceFlags, ts trace.TraceState) trace.SpanContext {
 	tid, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
 	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
-	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags, TraceState: ts})
-	return trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), sc))
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags, TraceState: ts})
 }

@@ -9,11 +9,11 @@ import (
 
 // BenchmarkInject: a request to a pod gets its traceparent.
 func BenchmarkInject(b *testing.B) {
-	span := testSpan(0, trace.TraceState{})
+	sc := testContext(0, trace.TraceState{})
 	var h fasthttp.RequestHeader
 	h.DisableNormalizing()
 	b.ReportAllocs()
 	for b.Loop() {
-		Inject(span, &h)
+		Inject(sc, &h)
 	}
 }

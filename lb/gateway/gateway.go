@@ -28,7 +28,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
-	"go.opentelemetry.io/otel/trace"
 
 	"pdlb/internal/tracing"
 	"pdlb/lb/accesslog"
@@ -120,7 +119,7 @@ type Gateway struct {
 	access *accesslog.Log
 	// tracer is nil when tracing is off; explain keeps decisions (trace.go,
 	// explain.go).
-	tracer  trace.Tracer
+	tracer  *tracing.Tracer
 	tracing *tracing.Provider
 	explain *explainer
 }

@@ -211,14 +211,12 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	dst = append(append(dst, x.pod.Config.Address...), crlf...)
 	var buf [128]byte
 	p, chain, fields := g.podHeaders(), buf[:0], len(dst)
-	span := x.tr.attemptContext()
-	if span != nil {
-		// The attempt's trace context replaces the client's, as Inject
-		// does: a context that is not valid sends nothing, and the
-		// client's goes.
-		if sc := span.SpanContext(); sc.IsValid() {
-			p.traceparent, p.tracestate = true, sc.TraceState().Len() > 0
-		}
+	// The attempt's trace context replaces the client's, as Inject does:
+	// a context that is not valid (tracing off) sends nothing, and the
+	// client's goes.
+	sc := x.tr.attemptContext()
+	if sc.IsValid() {
+		p.traceparent, p.tracestate = true, sc.TraceState().Len() > 0
 	}
 	for k, v := range ctx.Request.Header.All() {
 		var fate fieldFate
@@ -250,9 +248,7 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	// The client's lone X-Request-Id, or its first, or one made up, as
 	// requestIDOf settled it: buildUpstream's one.
 	dst = appendHeaderLine(dst, requestID, x.reqID)
-	if span != nil {
-		dst = tracing.AppendFields(dst, span)
-	}
+	dst = tracing.AppendFields(dst, sc)
 	body := ctx.PostBody()
 	dst = append(dst, "Content-Length: "...)
 	dst = append(strconv.AppendInt(dst, int64(len(body)), 10), "\r\n\r\n"...)
@@ -404,6 +400,7 @@ const (
 	hdrSession
 	hdrSessionAIBrix
 	hdrRequestID
+	hdrTraceparent
 	numClientHeaders
 )
 
@@ -418,6 +415,7 @@ var clientHeaderNames = [numClientHeaders][]byte{
 	hdrSession:       []byte(headerSession),
 	hdrSessionAIBrix: []byte(headerSessionAIBrix),
 	hdrRequestID:     requestID,
+	hdrTraceparent:   []byte("traceparent"),
 }
 
 // clientHeaderLens has bit n set when a name in clientHeaderNames is n

@@ -60,12 +60,14 @@ func (g *Gateway) stopTracing() {
 // reqTrace is one request's spans; the zero value traces nothing. Only
 // the request's own goroutine (or its relay's) touches it.
 type reqTrace struct {
-	tracer trace.Tracer
-	// ctx carries root, the request's span, nil when tracing is off; rec
-	// says the sampler kept it. An unsampled root records nothing, but its
-	// context still tells the pods not to sample.
+	tracer *tracing.Tracer
+	// ctx carries root, the request's span, when rec: the sampler kept it.
+	// sc is the request's span context, the root's or, not sampled, the
+	// one it would have had, which still tells the pods not to sample;
+	// zero when tracing is off.
 	ctx  context.Context
 	root trace.Span
+	sc   trace.SpanContext
 	rec  bool
 	// The spans still open: sent, the attempt on one pod, a PD pair's legs and
 	// the relay.
@@ -83,7 +85,17 @@ func (g *Gateway) startTrace(x *completion) {
 	if g.tracer == nil {
 		return
 	}
-	parent := tracing.Extract(context.Background(), &x.ctx.Request.Header)
+	// The propagator's lookups, for the client's traceparent and then its
+	// tracestate, are only worth it when the client sent one.
+	parent := context.Background()
+	if x.hdr[hdrTraceparent] != nil {
+		parent = tracing.Extract(parent, &x.ctx.Request.Header)
+	}
+	ctx, span, sc := g.tracer.Begin(parent, "request", trace.SpanKindServer, x.start)
+	x.tr = reqTrace{tracer: g.tracer, ctx: ctx, root: span, sc: sc, rec: span != nil && span.IsRecording(), reasons: x.tr.reasons[:0]}
+	if !x.tr.rec {
+		return
+	}
 	var op attribute.KeyValue
 	switch x.req.Kind {
 	case openai.KindChat:
@@ -97,20 +109,11 @@ func (g *Gateway) startTrace(x *completion) {
 		// The API's name: "embeddings" is GenAI's own.
 		op = semconv.GenAIOperationNameKey.String(path.Base(string(x.ctx.Path())))
 	}
-	ctx, span := g.tracer.Start(parent, "request", serverSpan, trace.WithTimestamp(x.start))
-	x.tr = reqTrace{tracer: g.tracer, ctx: ctx, root: span, rec: span.IsRecording(), reasons: x.tr.reasons[:0]}
-	if !x.tr.rec {
-		return
-	}
 	// GenAI's span name: the operation and the model.
 	span.SetName(op.Value.AsString() + " " + string(x.req.Model))
 	span.SetAttributes(op, semconv.GenAIRequestModel(string(x.req.Model)), semconv.GenAIUsageInputTokens(x.req.PromptTokens()),
 		attribute.Bool("pdlb.stream", x.req.Stream), attribute.String("pdlb.policy", policyName(x)))
 }
-
-// serverSpan is made once: every request starts a span, sampled or not,
-// and an option made per call is an allocation.
-var serverSpan = trace.WithSpanKind(trace.SpanKindServer)
 
 // policyName is how x is routed: "pd", or its policy's registry name.
 func policyName(x *completion) string {
@@ -188,22 +191,21 @@ func (t *reqTrace) attempt(pod *pool.Pod, n int) {
 		attribute.Int("pdlb.attempt", n), semconv.ServerAddress(pod.Config.Address))
 }
 
-// attemptContext is the span whose context an attempt's request to a pod
+// attemptContext is the span context an attempt's request to a pod
 // carries: the attempt's, or, the request not sampled, the request's,
-// which tells the pod not to sample it either; nil with tracing off.
-func (t *reqTrace) attemptContext() trace.Span {
+// which tells the pod not to sample it either; zero (not valid) with
+// tracing off.
+func (t *reqTrace) attemptContext() trace.SpanContext {
 	if t.rec {
-		return t.sent
+		return t.sent.SpanContext()
 	}
-	return t.root
+	return t.sc
 }
 
-// inject writes the context of span (attemptContext, a leg's) into up;
-// nothing with tracing off.
-func inject(span trace.Span, up *fasthttp.Request) {
-	if span != nil {
-		tracing.Inject(span, &up.Header)
-	}
+// inject writes sc (attemptContext, a leg's) into up; nothing with
+// tracing off.
+func inject(sc trace.SpanContext, up *fasthttp.Request) {
+	tracing.Inject(sc, &up.Header)
 }
 
 // answered ends the attempt's span: its pod's answer's head is in (err
@@ -235,7 +237,7 @@ func (t *reqTrace) endOpen(s *trace.Span, why string) {
 // did not go through: its retry replaces it.
 func (t *reqTrace) leg(up *fasthttp.Request, pod *pool.Pod, prefill bool, n int) {
 	if !t.rec {
-		inject(t.root, up)
+		inject(t.sc, up)
 		return
 	}
 	name, open := "decode", &t.decode
@@ -249,7 +251,7 @@ func (t *reqTrace) leg(up *fasthttp.Request, pod *pool.Pod, prefill bool, n int)
 	if !prefill {
 		t.decodeStart = now
 	}
-	inject(*open, up)
+	inject((*open).SpanContext(), up)
 }
 
 // prefillDone ends a sequential prefill leg at at.

@@ -3,13 +3,14 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
 
+	"pdlb/internal/tracing"
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
 	"pdlb/lb/upstream"
@@ -18,7 +19,7 @@ import (
 
 // hookGateway is a gateway over two pods of model "m", without sockets,
 // tracing with tracer (nil: off).
-func hookGateway(tb testing.TB, tracer trace.Tracer) *Gateway {
+func hookGateway(tb testing.TB, tracer *tracing.Tracer) *Gateway {
 	tb.Helper()
 	cfg := config.Default()
 	for i := range 2 {
@@ -36,7 +37,8 @@ var hookEvent = openai.Event(`data: {"choices":[{"index":0,"delta":{"content":"a
 // hooks runs every tracing and explaining hook a plain streamed request
 // meets, in order, on x (parsed, for model m, on request ctx).
 func hooks(g *Gateway, x *completion, up *fasthttp.Request) {
-	x.explain = g.explain.asked(x.ctx.Request.Header.Peek(headerDebug), x.ctx.Request.Header.Peek(headerAdminToken))
+	x.hdr.read(&x.ctx.Request.Header)
+	x.explain = g.explain.asked(x.hdr[hdrDebug], x.hdr[hdrAdminToken])
 	g.startTrace(x)
 	start := x.tr.mark()
 	x.pod = g.pick(x.m, x, "")
@@ -80,6 +82,26 @@ func TestHooksOffAllocateNothing(t *testing.T) {
 	}
 }
 
+// With tracing on and the request not sampled, the hooks allocate nothing
+// either, and the pod still gets a traceparent that says so: the client's
+// trace when it sent one, else a new one.
+func TestHooksUnsampledAllocateNothing(t *testing.T) {
+	g := hookGateway(t, sampledTracer(t, 0))
+	x, up := hookRequest(t, g)
+	hooks(g, x, up)
+	if tp := string(up.Header.Peek("traceparent")); len(tp) != 55 || tp[3:35] != "0af7651916cd43dd8448eb211c80319c" || tp[53:] != "00" {
+		t.Fatalf("traceparent %q, want the client's trace, not sampled", tp)
+	}
+	x.ctx.Request.Header.Del("traceparent")
+	if n := testing.AllocsPerRun(100, func() { hooks(g, x, up) }); n != 0 {
+		t.Fatalf("%v allocations per unsampled request, want 0", n)
+	}
+	tp := string(up.Header.Peek("traceparent"))
+	if len(tp) != 55 || tp[3:35] == "0af7651916cd43dd8448eb211c80319c" || tp[3:35] == strings.Repeat("0", 32) || tp[53:] != "00" {
+		t.Fatalf("traceparent %q, want a new trace, not sampled", tp)
+	}
+}
+
 // discard is a span exporter that drops everything.
 type discard struct{}
 
@@ -87,10 +109,10 @@ func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { ret
 func (discard) Shutdown(context.Context) error                             { return nil }
 
 // sampledTracer traces with ratio sampling, exporting to nowhere.
-func sampledTracer(tb testing.TB, ratio float64) trace.Tracer {
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}), sdktrace.WithSampler(sdktrace.TraceIDRatioBased(ratio)))
-	tb.Cleanup(func() { tp.Shutdown(context.Background()) })
-	return tp.Tracer("test")
+func sampledTracer(tb testing.TB, ratio float64) *tracing.Tracer {
+	p := tracing.NewProvider(sdktrace.TraceIDRatioBased(ratio), sdktrace.WithBatcher(discard{}))
+	tb.Cleanup(func() { p.Shutdown(context.Background()) })
+	return p.Tracer("test")
 }
 
 // With tracing on, the pod's request carries the attempt's span, in the
