@@ -43,15 +43,19 @@ func (x *completion) RequestID() string {
 	return string(x.reqID)
 }
 
-func (x *completion) PlacePair(pre, dec *pool.Pod) {
-	// The pair is decided whole (pd): its prefill pod is counted as picked.
-	x.g.place(x.m, x, pre, false)
+func (x *completion) PlacePair(pre, dec *pool.Pod) bool {
+	// The pair is decided whole (pd) among available pods: its prefill
+	// pod is counted as picked, and takes a half-open pod's probe.
+	if !x.g.place(x.m, x, pre, true) {
+		return false
+	}
 	if x.adapter != nil {
 		dec.UseAdapter(x.adapter, &x.m.LoRA)
 	}
 	if x.usesCache(x.m) && len(x.keys) > 0 {
 		x.m.Prefix.Insert(dec.PrefixID, x.keys)
 	}
+	return true
 }
 
 func (x *completion) Unplace(pre *pool.Pod) { x.g.unplace(x, pre) }

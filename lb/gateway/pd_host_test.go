@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,14 +28,15 @@ import (
 // listener.
 func inMemoryPair(t *testing.T, h fasthttp.RequestHandler) (*Gateway, *pool.Model) {
 	t.Helper()
-	return inMemoryGateway(t, h,
+	return inMemoryGateway(t, h, nil,
 		config.Pod{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
 		config.Pod{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"})
 }
 
 // inMemoryGateway is a gateway over pods of model "m", every one
-// answered by h over an in-memory listener.
-func inMemoryGateway(t *testing.T, h fasthttp.RequestHandler, pods ...config.Pod) (*Gateway, *pool.Model) {
+// answered by h over an in-memory listener; adm, if set, is every
+// class's admission.
+func inMemoryGateway(t *testing.T, h fasthttp.RequestHandler, adm *admit.ClassConfig, pods ...config.Pod) (*Gateway, *pool.Model) {
 	t.Helper()
 	ln := fasthttputil.NewInmemoryListener()
 	t.Cleanup(func() { ln.Close() })
@@ -43,7 +46,7 @@ func inMemoryGateway(t *testing.T, h fasthttp.RequestHandler, pods ...config.Pod
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
 	cfg.Pods = pods
-	return testGateway(t, cfg, dial, nil)
+	return testGateway(t, cfg, dial, adm)
 }
 
 // startLongStream is a streamed completion of a prompt long enough to
@@ -59,24 +62,25 @@ func startLongStream(t *testing.T, g *Gateway, m *pool.Model) (*completion, *fas
 	return x, ctx
 }
 
+// answerPair answers a vLLM pair's legs: the prefill leg with KV
+// parameters, the decode leg with the completion.
+func answerPair(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	if bytes.Contains(ctx.PostBody(), []byte(`"do_remote_decode":true`)) {
+		ctx.SetBodyString(`{"kv_transfer_params":{"remote_engine_id":"e"}}`)
+		return
+	}
+	ctx.SetBodyString(`{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}`)
+}
+
 // TestPDAnswerLeavesTheCompletion: a PD attempt that answers the client
 // finishes its completion, which goes back to its pool; the stages must
 // not touch it after that (another request may hold it by then). Both
 // of the cascade's kinds that answer inside the attempt are played: a
 // pair and the decode pod alone.
 func TestPDAnswerLeavesTheCompletion(t *testing.T) {
-	// The prefill pod answers with KV parameters, the decode pod with the
-	// completion.
-	answer := func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		if bytes.Contains(ctx.PostBody(), []byte(`"do_remote_decode":true`)) {
-			ctx.SetBodyString(`{"kv_transfer_params":{"remote_engine_id":"e"}}`)
-			return
-		}
-		ctx.SetBodyString(`{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}`)
-	}
 	for _, kind := range []route.PDKind{route.PDPair, route.PDLocal} {
-		g, m := inMemoryPair(t, answer)
+		g, m := inMemoryPair(t, answerPair)
 		opts := route.DefaultPDOptions()
 		if kind == route.PDLocal {
 			opts.LocalPrefillMaxTokens = 1 << 20
@@ -189,5 +193,59 @@ func TestPDFailedPrefillTeachesNoSpeed(t *testing.T) {
 	}
 	if got := pre.Speed.TokensPerSec(); got != speed {
 		t.Fatalf("a prefill leg shed at once taught the pod a prefill speed of %.0f tokens/s (was %.0f)", got, speed)
+	}
+}
+
+// TestPDProbeTaken: a pair whose half-open prefill pod another request
+// took as its one probe since the decision is not sent there: it is
+// decided anew, on the other prefill pod, without being admitted again,
+// and leaves nothing counted on the pod it lost.
+func TestPDProbeTaken(t *testing.T) {
+	var mu sync.Mutex
+	var hosts []string
+	g, m := inMemoryGateway(t, func(ctx *fasthttp.RequestCtx) {
+		mu.Lock()
+		hosts = append(hosts, string(ctx.Host()))
+		mu.Unlock()
+		answerPair(ctx)
+	}, &admit.ClassConfig{TTFTSLO: 1000},
+		config.Pod{Name: "pre0", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		config.Pod{Name: "pre1", Model: "m", Address: "127.0.0.1:10003", Role: config.RolePrefill, Roleset: "a"},
+		config.Pod{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"})
+	for _, p := range m.Prefill {
+		p.Eject(g.ledger.Now(), 0) // half-open, idle
+	}
+	r, err := route.NewPDRouter(route.DefaultPDOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+	ctx.Request.SetBodyString(`{"model":"m","prompt":"say something long enough to count"}`)
+	x.cascade = r
+	if !g.pickStage(x) || !g.admitStage(x) || x.stage != stageAttempt || x.pd.Decision.Kind != route.PDPair {
+		t.Fatalf("stage %d, decision %d", x.stage, x.pd.Decision.Kind)
+	}
+	taken := x.pd.Pre
+	if !taken.AcquireProbe() { // another loop's request
+		t.Fatal("probe")
+	}
+	g.advance(x)
+	taken.Release()
+	if ctx.Response.StatusCode() != 200 {
+		t.Fatalf("status %d (%s)", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if slices.Contains(hosts, taken.Config.Address) || string(ctx.Response.Header.Peek(pd.HeaderPrefillPod)) == taken.Config.Name {
+		t.Errorf("legs sent to %v, prefilled on %s; %s (%s) was taken", hosts, ctx.Response.Header.Peek(pd.HeaderPrefillPod), taken.Config.Name, taken.Config.Address)
+	}
+	if st := g.admit.Stats(admit.Interactive); st.Admitted != 1 {
+		t.Errorf("admission counted %d admitted for one request", st.Admitted)
+	}
+	if n := g.inFlight.Load(); n != 0 {
+		t.Errorf("%d in flight after the end", n)
+	}
+	for _, p := range m.Pods {
+		if active, _ := g.ledger.Prefill(p.ID); p.InFlight() != 0 || p.QueuedPrefill() != 0 || p.Pending().Load() != 0 || active != 0 {
+			t.Errorf("pod %s keeps %d in flight, %d tokens queued, %d pending, %d active tokens charged", p.Config.Name, p.InFlight(), p.QueuedPrefill(), p.Pending().Load(), active)
+		}
 	}
 }

@@ -17,7 +17,7 @@ func TestFailedStreamTeachesNoSpeed(t *testing.T) {
 		ctx.SetContentType("application/json")
 		ctx.SetStatusCode(fasthttp.StatusBadRequest)
 		ctx.SetBodyString(`{"error":{"message":"This model's maximum context length is 16 tokens.","type":"BadRequestError","param":null,"code":400}}`)
-	}, config.Pod{Name: "p", Model: "m", Address: "127.0.0.1:10001"})
+	}, nil, config.Pod{Name: "p", Model: "m", Address: "127.0.0.1:10001"})
 	x, ctx := startLongStream(t, g, m)
 	pod := m.Pods[0]
 	speed := pod.Speed.TokensPerSec()

@@ -237,12 +237,15 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		// Held since an attempt on one pod failed; the legs build their
 		// own.
 		x.dropUpstream()
-		f := x.pd.RunPair()
-		if f == nil {
+		switch f := x.pd.RunPair(); f {
+		case nil:
 			return false
+		case pd.ProbeTaken:
+			return pickAgain(x)
+		default:
+			g.failed(x, f)
+			return true
 		}
-		g.failed(x, f)
-		return true
 	}
 	if x.resp == nil {
 		x.resp = fasthttp.AcquireResponse()
@@ -266,12 +269,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	}
 	x.within, x.hedged = g.firstByteWithin(x, x.pod, x.pod)
 	if !g.place(x.m, x, x.pod, !x.panicked) {
-		// Another request became the half-open pod's probe since x
-		// picked it: x picks again, elsewhere (the pod stays tried), no
-		// attempt made and admission done.
-		x.attempts--
-		x.stage = stagePick
-		return true
+		return pickAgain(x)
 	}
 	x.tr.attempt(x.pod, x.attempts)
 	if x.up != nil {
@@ -279,6 +277,15 @@ func (g *Gateway) attemptStage(x *completion) bool {
 	}
 	x.stage = stageAwait
 	x.via.send(x)
+	return true
+}
+
+// pickAgain sends x back to its pick after another request became the
+// half-open pod's probe since x picked it: x picks again, elsewhere (the
+// pod stays tried), no attempt made and admission done.
+func pickAgain(x *completion) bool {
+	x.attempts--
+	x.stage = stagePick
 	return true
 }
 

@@ -24,8 +24,10 @@ type Host interface {
 	// RequestID is the request id Upstream settled on.
 	RequestID() string
 	// PlacePair commits the request to the prefill pod pre; the prefix
-	// index learns that dec will hold the prompt's KV too.
-	PlacePair(pre, dec *pool.Pod)
+	// index learns that dec will hold the prompt's KV too. False,
+	// committing nothing, when pre is half-open and another request took
+	// its one probe since the decision.
+	PlacePair(pre, dec *pool.Pod) bool
 	// Unplace undoes PlacePair's placement on pre, whose leg never went
 	// out.
 	Unplace(pre *pool.Pod)

@@ -41,12 +41,20 @@ import (
 // the decode answer's head, is given up (abandonPrefill): its connection
 // is closed, SGLang's pod also gets /abort_request.
 
+// ProbeTaken is RunPair's outcome for a pair whose prefill pod is
+// half-open and whose one probe another request took since the decision:
+// nothing was sent, the pod is tried, and the request is decided anew.
+var ProbeTaken = &fail.Failure{E: openai.Overloaded("another request took the half-open prefill pod's probe")}
+
 // RunPair carries out a PDPair decision (c.Pre, c.Dec): nil once the
 // client is answered.
 func (c *Call) RunPair() *fail.Failure {
 	h, pre := c.host, c.Pre
+	if !h.PlacePair(pre, c.Dec) {
+		h.Tried(pre)
+		return c.dropPair(nil, ProbeTaken)
+	}
 	c.proto = protocols.For(pre.Engine, c.Opts.PDOptions)
-	h.PlacePair(pre, c.Dec)
 	// The prefill leg's request carries the client's headers and the
 	// request id the host settles on.
 	up := h.Upstream(pre)

@@ -91,7 +91,7 @@ func (s *scriptedLegs) Upstream(pod *pool.Pod) *fasthttp.Request {
 	return up
 }
 func (s *scriptedLegs) RequestID() string                            { return "" }
-func (s *scriptedLegs) PlacePair(pre, _ *pool.Pod)                   { pre.Acquire() }
+func (s *scriptedLegs) PlacePair(pre, _ *pool.Pod) bool              { pre.Acquire(); return true }
 func (s *scriptedLegs) Unplace(pre *pool.Pod)                        { pre.Release() }
 func (s *scriptedLegs) PrefillDone(*pool.Pod, time.Time, bool, bool) {}
 func (s *scriptedLegs) HandOver() (int64, ledger.Ticket)             { return 0, ledger.Ticket{} }
