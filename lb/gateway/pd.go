@@ -106,7 +106,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 			Roleset:   max(pod.Roleset, 0),
 			BucketMin: pod.Config.BucketMin,
 			BucketMax: pod.Config.BucketMax,
-			Down:      !pod.Available(now) || tried(x.tried, pod.ID),
+			Down:      !pod.AvailablePD(now) || tried(x.tried, pod.ID),
 		}
 		g.candidate(&c.Candidate, m, x, pod)
 		if s := pod.Scraped(); s != nil {

@@ -9,6 +9,7 @@ import (
 	"pdlb/lb/openai"
 	"pdlb/lb/pd"
 	"pdlb/lb/pool"
+	"pdlb/lb/route"
 	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
@@ -91,26 +92,34 @@ func (x *completion) Tried(pod *pool.Pod) { x.tried = append(x.tried, pod.ID) }
 // retry: the pair's own failure then decides the retry.
 func (x *completion) MoveDecode(f *failure) bool {
 	g, p := x.g, x.pd
+	// Chosen and counted pending under the selection lock, as a decision
+	// is (pool.Pod.AvailablePD); tryAgain, which logs, runs outside it.
+	g.ledger.LockSelection()
 	now := g.ledger.Now()
 	var next *pool.Pod
 	for _, d := range x.m.Decode {
-		if !d.Available(now) || tried(x.tried, d.ID) || (x.adapter != nil && !d.Has(x.adapter)) {
+		if !d.AvailablePD(now) || tried(x.tried, d.ID) || (x.adapter != nil && !d.Has(x.adapter)) {
 			continue
 		}
 		if next == nil || (d.Roleset == p.Pre.Roleset && next.Roleset != p.Pre.Roleset) {
 			next = d
 		}
 	}
+	var pick route.PendingTicket
+	if next != nil {
+		pick = next.Pending().Pick()
+	}
+	g.ledger.UnlockSelection()
 	if next == nil || !g.tryAgain(x, f) {
+		pick.Done()
 		return false
 	}
 	p.Ticket.Done()
-	p.Dec = next
+	p.Dec, p.Ticket = next, pick
 	g.ledger.LockSelection()
 	// Only the decode charge moves: a concurrent prefill leg may still
 	// run, and ends its active charge itself.
 	g.ledger.MoveDecode(x.ticket, next.ID, g.ledger.Now())
-	p.Ticket = next.Pending().Pick()
 	g.ledger.UnlockSelection()
 	// The move is an attempt: tryAgain's budget bounds it.
 	x.attempts++

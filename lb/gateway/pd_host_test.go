@@ -249,3 +249,47 @@ func TestPDProbeTaken(t *testing.T) {
 		}
 	}
 }
+
+// TestPDDecodeProbePending: a pair's decode pod counts it in flight only
+// once its decode leg is sent, after the prefill leg; until then its
+// pending pick holds a half-open decode pod's one probe, so neither a
+// decision nor a decode leg moved off a refusing pod takes that pod.
+func TestPDDecodeProbePending(t *testing.T) {
+	g, m := inMemoryGateway(t, answerPair, nil,
+		config.Pod{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		config.Pod{Name: "dec0", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+		config.Pod{Name: "dec1", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"})
+	r, err := route.NewPDRouter(route.DefaultPDOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each decode pod half-open, idle, and picked by a pair whose prefill
+	// leg still runs.
+	held := make([]route.PendingTicket, len(m.Decode))
+	for i, d := range m.Decode {
+		d.Eject(g.ledger.Now(), 0)
+		held[i] = d.Pending().Pick()
+	}
+	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+	x.cascade = r
+	if err := g.pickPD(x); err == nil && x.pd.Decision.Kind == route.PDPair {
+		t.Errorf("paired with %s, whose probe a pending pick holds", x.pd.Dec.Config.Name)
+	}
+	held[0].Done()
+	if err := g.pickPD(x); err != nil || x.pd.Decision.Kind != route.PDPair || x.pd.Dec != m.Decode[0] {
+		t.Fatalf("decision %d on %v (%v), want a pair with dec0", x.pd.Decision.Kind, x.pd.Dec, err)
+	}
+	// The decode leg's connection is refused: dec1's probe is still held.
+	x.attempts = 1
+	x.tried = append(x.tried, m.Decode[0].ID)
+	if x.MoveDecode(&failure{E: openai.UpstreamError("refused"), Pod: m.Decode[0], Reason: fail.Refused}) {
+		t.Errorf("moved to %s, whose probe a pending pick holds", x.pd.Dec.Config.Name)
+	}
+	held[1].Done()
+	g.fail(ctx, x, m, fail.ClientLeft)
+	for _, d := range m.Decode {
+		if n := d.Pending().Load(); n != 0 || d.InFlight() != 0 {
+			t.Errorf("pod %s keeps %d pending, %d in flight", d.Config.Name, n, d.InFlight())
+		}
+	}
+}

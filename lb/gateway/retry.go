@@ -152,7 +152,7 @@ func (g *Gateway) mayHedge(x *completion) bool {
 	// the request's adapter (as MoveDecode picks one).
 	now := g.ledger.Now()
 	for _, d := range x.m.Decode {
-		if !tried(x.tried, d.ID) && d.Available(now) && (x.adapter == nil || d.Has(x.adapter)) {
+		if !tried(x.tried, d.ID) && d.AvailablePD(now) && (x.adapter == nil || d.Has(x.adapter)) {
 			return true
 		}
 	}

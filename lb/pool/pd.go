@@ -30,6 +30,17 @@ type pdState struct {
 // Pending is the pod's pending-decode counter.
 func (p *Pod) Pending() *route.PendingDecode { return &p.pd.pending }
 
+// AvailablePD is Available for a PD decision, which counts the request
+// pending on its decode pod at once but in flight only once the decode
+// leg is sent, after the prefill leg: a half-open pod with a pending pick
+// has lent its one probe. A decision reads it and takes its pending pick
+// under the ledger's selection lock, so no two decisions share the probe.
+func (p *Pod) AvailablePD(now int64) bool {
+	// Pending first: a leg counts in flight before its pick ends, so one
+	// of the two loads sees it.
+	return (!p.has(flagHalfOpen) || p.pd.pending.Load() == 0) && p.Available(now)
+}
+
 // DecodeLine is the pod's learned decode step-time line.
 func (p *Pod) DecodeLine() *admit.DecodeLine { return p.pd.line }
 

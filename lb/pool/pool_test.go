@@ -68,6 +68,31 @@ func TestCircuitBreaker(t *testing.T) {
 	f(23*sec, CircuitClosed, false)
 }
 
+// TestAvailablePD: a PD decision's pending pick on a half-open decode pod
+// is its one probe until the decode leg counts in flight, and until that
+// leg ends; a closed pod takes any number.
+func TestAvailablePD(t *testing.T) {
+	p := &Pod{podState: &podState{}}
+	p.set(flagHealthy, true)
+	pick := p.Pending().Pick()
+	if !p.AvailablePD(0) {
+		t.Fatal("a closed pod with a pending pick refuses another")
+	}
+	p.Eject(0, 0)
+	if p.AvailablePD(0) {
+		t.Fatal("a half-open pod with a pending pick takes another")
+	}
+	p.Acquire() // the decode leg is sent, then its answer's head comes
+	pick.Done()
+	if p.AvailablePD(0) {
+		t.Fatal("a half-open pod with its probe in flight takes another")
+	}
+	p.Release()
+	if !p.AvailablePD(0) {
+		t.Fatal("an idle half-open pod refuses its probe")
+	}
+}
+
 // TestLeave: a pod that left is passed by for good, healthy, closed
 // circuit and idle as it is.
 func TestLeave(t *testing.T) {
