@@ -32,8 +32,9 @@ func (g *Gateway) pickPD(x *completion) error {
 	if x.pd == nil {
 		x.pd = pd.AcquireCall(x, pdFleet{g}, x.ctx, x.cascade.Options(), g.metrics.model(x.m).pd, x.req.Stream, x.req.Kind == openai.KindChat, x.req.Batch())
 	}
-	// Each attempt places the prompt anew.
-	x.firstSeen = false
+	// Each attempt places the prompt anew, and among available pods: a
+	// panic pick of another model's, before a fallback, is not this one.
+	x.firstSeen, x.panicked = false, false
 	var err error
 	x.pd.Decision, err = g.decidePD(x.m, x, x.cascade, sessionOf(x))
 	// A pair's exchange runs in lb/pd (attemptStage); the whole request

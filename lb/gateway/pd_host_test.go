@@ -250,6 +250,50 @@ func TestPDProbeTaken(t *testing.T) {
 	}
 }
 
+// TestPDCombinedProbeAfterPanic: a PD decision is made among available
+// pods, so the whole request it sends to a half-open combined pod takes
+// that pod's one probe, even when the request's last pick (another
+// model's, before a fallback) was a panic pick, which takes none.
+func TestPDCombinedProbeAfterPanic(t *testing.T) {
+	var mu sync.Mutex
+	var hosts []string
+	g, m := inMemoryGateway(t, func(ctx *fasthttp.RequestCtx) {
+		mu.Lock()
+		hosts = append(hosts, string(ctx.Host()))
+		mu.Unlock()
+		answerPair(ctx)
+	}, nil,
+		config.Pod{Name: "comb0", Model: "m", Address: "127.0.0.1:10001", Role: config.RoleCombined},
+		config.Pod{Name: "comb1", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleCombined})
+	for _, p := range m.Pods {
+		p.Eject(g.ledger.Now(), 0) // half-open, idle
+	}
+	r, err := route.NewPDRouter(route.DefaultPDOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+	x.cascade = r
+	x.panicked = true
+	if !g.pickStage(x) || !g.admitStage(x) || x.stage != stageAttempt || x.pd.Decision.Kind != route.PDCombined {
+		t.Fatalf("stage %d, decision %d", x.stage, x.pd.Decision.Kind)
+	}
+	taken := x.pod
+	if !taken.AcquireProbe() { // another loop's request
+		t.Fatal("probe")
+	}
+	g.advance(x)
+	taken.Release()
+	if ctx.Response.StatusCode() != 200 || slices.Contains(hosts, taken.Config.Address) {
+		t.Errorf("status %d, sent to %v; %s (%s) was taken", ctx.Response.StatusCode(), hosts, taken.Config.Name, taken.Config.Address)
+	}
+	for _, p := range m.Pods {
+		if p.InFlight() != 0 {
+			t.Errorf("pod %s keeps %d in flight", p.Config.Name, p.InFlight())
+		}
+	}
+}
+
 // TestPDDecodeProbePending: a pair's decode pod counts it in flight only
 // once its decode leg is sent, after the prefill leg; until then its
 // pending pick holds a half-open decode pod's one probe, so neither a
