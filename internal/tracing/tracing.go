@@ -111,7 +111,7 @@ func Start(ctx context.Context, s Settings, defaultService string, lookup func(s
 // samplerOf is the sampler s names, else OTEL_TRACES_SAMPLER's (its
 // ratio OTEL_TRACES_SAMPLER_ARG, 1 when unset), else the SDK's default,
 // parentbased_always_on: the variables as the SDK reads them, but a value
-// it would log and replace is an error here.
+// it would log and replace, or a NaN ratio, is an error here.
 func samplerOf(s Settings, lookup func(string) (string, bool)) (sdktrace.Sampler, error) {
 	if s.Sampler != "" {
 		return Sampler(s.Sampler, s.Ratio)

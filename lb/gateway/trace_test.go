@@ -82,9 +82,9 @@ func TestHooksOffAllocateNothing(t *testing.T) {
 	}
 }
 
-// With tracing on and the request not sampled, the hooks allocate nothing
-// either, and the pod still gets a traceparent that says so: the client's
-// trace when it sent one, else a new one.
+// With tracing on and the request not sampled, the pod still gets a
+// traceparent that says so: the client's trace when it sent one, else a
+// new one; without the client's, the hooks allocate nothing either.
 func TestHooksUnsampledAllocateNothing(t *testing.T) {
 	g := hookGateway(t, sampledTracer(t, 0))
 	x, up := hookRequest(t, g)
