@@ -34,6 +34,11 @@ func TestAPIKeysAndTheirLimits(t *testing.T) {
 	if strings.Contains(get(t, "http://"+s.AdminAddr()+"/metrics"), "sk-good") {
 		t.Fatal("a key leaked into /metrics")
 	}
+	// Refused keys are counted as such, not among other statuses, before
+	// the body, and so the model, is read.
+	if n := metricValue(t, s, `pdlb_requests_total{model="",code="401"}`); n != 2 {
+		t.Errorf("%v requests counted 401, want 2", n)
+	}
 }
 
 // TestAPIKeysGuardModels: with api_keys set, /v1/models is an API request

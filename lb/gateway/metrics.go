@@ -19,10 +19,11 @@ import (
 	"pdlb/radix"
 )
 
-// statusCodes are the statuses the gateway answers with. Counters exist for
-// each model × status at start-up, so the hot path indexes a table instead of
+// statusCodes are the statuses the gateway answers with (401 a refused API
+// key, 408 and 431 a client's request cut short). Counters exist for each
+// model × status at start-up, so the hot path indexes a table instead of
 // building a metric name per request.
-var statusCodes = []int{200, 400, 404, 405, 413, 429, 499, 500, 502, 503, 504}
+var statusCodes = []int{200, 400, 401, 404, 405, 408, 413, 429, 431, 499, 500, 502, 503, 504}
 
 // statusIndex maps a status to its column; other upstream statuses share the
 // last column ("other").
