@@ -300,6 +300,17 @@ func testTracePDRequest(t *testing.T, e pdEngine) {
 	for _, name := range []string{"pick", "prefill", "kv_handoff", "decode", "relay"} {
 		childOf(t, one(t, m, "pdlb/"+name), root)
 	}
+	pick := one(t, m, "pdlb/pick")
+	for k, want := range map[string]string{"pdlb.pd.kind": "pair", "pdlb.prefill_pod": "pre", "pdlb.decode_pod": "dec"} {
+		if got := pick.attrs[k]; got != want {
+			t.Errorf("pick span %s = %q, want %q", k, got, want)
+		}
+	}
+	for _, k := range []string{"pdlb.candidates", "pdlb.cached_tokens", "pdlb.ttft.predicted_s"} {
+		if pick.attrs[k] == "" {
+			t.Errorf("pick span lacks %s", k)
+		}
+	}
 	prefill, decode := one(t, m, "pdlb/prefill"), one(t, m, "pdlb/decode")
 	childOf(t, one(t, m, "pdlb/first_token"), decode)
 	// The pods' spans continue the legs' contexts.

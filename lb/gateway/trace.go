@@ -137,21 +137,23 @@ func (t *reqTrace) picked(x *completion, start time.Time) {
 	if !t.rec {
 		return
 	}
-	s := t.child("pick", trace.SpanKindInternal, start, attribute.Int("pdlb.candidates", len(x.cands)),
+	// One list, given at the start: each SetAttributes is a lock and a
+	// grown slice of the span's.
+	attrs := append(make([]attribute.KeyValue, 0, 7), attribute.Int("pdlb.candidates", len(x.cands)),
 		attribute.Int("pdlb.cached_tokens", x.chosen.CachedTokens), attribute.Float64("pdlb.ttft.predicted_s", x.predictedTTFT))
 	if x.pd != nil {
-		s.SetAttributes(attribute.String("pdlb.pd.kind", pdKindName(x.pd.Decision.Kind)))
+		attrs = append(attrs, attribute.String("pdlb.pd.kind", pdKindName(x.pd.Decision.Kind)))
 		if x.pd.Pre != nil {
-			s.SetAttributes(attribute.String("pdlb.prefill_pod", x.pd.Pre.Config.Name))
+			attrs = append(attrs, attribute.String("pdlb.prefill_pod", x.pd.Pre.Config.Name))
 		}
 		if x.pd.Dec != nil {
-			s.SetAttributes(attribute.String("pdlb.decode_pod", x.pd.Dec.Config.Name))
+			attrs = append(attrs, attribute.String("pdlb.decode_pod", x.pd.Dec.Config.Name))
 		}
 	}
 	if x.pod != nil {
-		s.SetAttributes(attribute.String("pdlb.pod", x.pod.Config.Name))
+		attrs = append(attrs, attribute.String("pdlb.pod", x.pod.Config.Name))
 	}
-	s.End()
+	t.child("pick", trace.SpanKindInternal, start, attrs...).End()
 }
 
 // mark is the time a traced step starts; zero when x is not traced.
@@ -384,23 +386,25 @@ func (g *Gateway) observeEnd(x *completion, pod *pool.Pod, status int, e *openai
 	if !x.req.Stream && status == fasthttp.StatusOK {
 		t.reasons = appendFinishReasons(t.reasons, x.ctx.Response.Body())
 	}
-	r.SetAttributes(semconv.HTTPResponseStatusCode(status), attribute.Int("pdlb.attempts", x.attempts),
+	// One SetAttributes call, as in picked.
+	attrs := append(make([]attribute.KeyValue, 0, 10), semconv.HTTPResponseStatusCode(status), attribute.Int("pdlb.attempts", x.attempts),
 		attribute.Int("pdlb.cached_tokens", x.chosen.CachedTokens), attribute.Float64("pdlb.ttft.predicted_s", x.predictedTTFT))
 	if pod != nil {
-		r.SetAttributes(attribute.String("pdlb.pod", pod.Config.Name), semconv.GenAIUsageOutputTokens(x.counted.Tokens()))
+		attrs = append(attrs, attribute.String("pdlb.pod", pod.Config.Name), semconv.GenAIUsageOutputTokens(x.counted.Tokens()))
 	}
 	if x.pd != nil && x.pd.Pre != nil {
-		r.SetAttributes(attribute.String("pdlb.prefill_pod", x.pd.Pre.Config.Name))
+		attrs = append(attrs, attribute.String("pdlb.prefill_pod", x.pd.Pre.Config.Name))
 	}
 	if x.pd != nil && x.pd.Dec != nil {
-		r.SetAttributes(attribute.String("pdlb.decode_pod", x.pd.Dec.Config.Name))
+		attrs = append(attrs, attribute.String("pdlb.decode_pod", x.pd.Dec.Config.Name))
 	}
 	if len(t.reasons) > 0 {
-		r.SetAttributes(semconv.GenAIResponseFinishReasons(t.reasons...))
+		attrs = append(attrs, semconv.GenAIResponseFinishReasons(t.reasons...))
 	}
 	if !x.times.first.IsZero() {
-		r.SetAttributes(attribute.Float64("pdlb.ttft_s", x.times.first.Sub(x.start).Seconds()))
+		attrs = append(attrs, attribute.Float64("pdlb.ttft_s", x.times.first.Sub(x.start).Seconds()))
 	}
+	r.SetAttributes(attrs...)
 	endWithStatus(r, status, why)
 	*t = reqTrace{reasons: t.reasons[:0]}
 	x.predictedTTFT = 0
