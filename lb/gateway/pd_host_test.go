@@ -196,46 +196,67 @@ func TestPDFailedPrefillTeachesNoSpeed(t *testing.T) {
 	}
 }
 
+// recordHosts is answerPair's handler that also records the Host of each
+// request it answers, which hosts returns.
+func recordHosts() (answer func(*fasthttp.RequestCtx), hosts func() []string) {
+	var mu sync.Mutex
+	var seen []string
+	answer = func(ctx *fasthttp.RequestCtx) {
+		mu.Lock()
+		seen = append(seen, string(ctx.Host()))
+		mu.Unlock()
+		answerPair(ctx)
+	}
+	return answer, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+}
+
+// runPastTakenProbe picks and admits x with the PD router, wanting a
+// decision of kind, lets another loop's request take the probe of the
+// pod chosen names, runs x on, and returns that pod.
+func runPastTakenProbe(t *testing.T, g *Gateway, x *completion, kind route.PDKind, chosen func(*completion) *pool.Pod) *pool.Pod {
+	t.Helper()
+	r, err := route.NewPDRouter(route.DefaultPDOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.cascade = r
+	if !g.pickStage(x) || !g.admitStage(x) || x.stage != stageAttempt || x.pd.Decision.Kind != kind {
+		t.Fatalf("stage %d, decision %d", x.stage, x.pd.Decision.Kind)
+	}
+	taken := chosen(x)
+	if !taken.AcquireProbe() {
+		t.Fatal("probe")
+	}
+	g.advance(x)
+	taken.Release()
+	return taken
+}
+
 // TestPDProbeTaken: a pair whose half-open prefill pod another request
 // took as its one probe since the decision is not sent there: it is
 // decided anew, on the other prefill pod, without being admitted again,
 // and leaves nothing counted on the pod it lost.
 func TestPDProbeTaken(t *testing.T) {
-	var mu sync.Mutex
-	var hosts []string
-	g, m := inMemoryGateway(t, func(ctx *fasthttp.RequestCtx) {
-		mu.Lock()
-		hosts = append(hosts, string(ctx.Host()))
-		mu.Unlock()
-		answerPair(ctx)
-	}, &admit.ClassConfig{TTFTSLO: 1000},
+	answer, hosts := recordHosts()
+	g, m := inMemoryGateway(t, answer, &admit.ClassConfig{TTFTSLO: 1000},
 		config.Pod{Name: "pre0", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
 		config.Pod{Name: "pre1", Model: "m", Address: "127.0.0.1:10003", Role: config.RolePrefill, Roleset: "a"},
 		config.Pod{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"})
 	for _, p := range m.Prefill {
 		p.Eject(g.ledger.Now(), 0) // half-open, idle
 	}
-	r, err := route.NewPDRouter(route.DefaultPDOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
 	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
 	ctx.Request.SetBodyString(`{"model":"m","prompt":"say something long enough to count"}`)
-	x.cascade = r
-	if !g.pickStage(x) || !g.admitStage(x) || x.stage != stageAttempt || x.pd.Decision.Kind != route.PDPair {
-		t.Fatalf("stage %d, decision %d", x.stage, x.pd.Decision.Kind)
-	}
-	taken := x.pd.Pre
-	if !taken.AcquireProbe() { // another loop's request
-		t.Fatal("probe")
-	}
-	g.advance(x)
-	taken.Release()
+	taken := runPastTakenProbe(t, g, x, route.PDPair, func(x *completion) *pool.Pod { return x.pd.Pre })
 	if ctx.Response.StatusCode() != 200 {
 		t.Fatalf("status %d (%s)", ctx.Response.StatusCode(), ctx.Response.Body())
 	}
-	if slices.Contains(hosts, taken.Config.Address) || string(ctx.Response.Header.Peek(pd.HeaderPrefillPod)) == taken.Config.Name {
-		t.Errorf("legs sent to %v, prefilled on %s; %s (%s) was taken", hosts, ctx.Response.Header.Peek(pd.HeaderPrefillPod), taken.Config.Name, taken.Config.Address)
+	if slices.Contains(hosts(), taken.Config.Address) || string(ctx.Response.Header.Peek(pd.HeaderPrefillPod)) == taken.Config.Name {
+		t.Errorf("legs sent to %v, prefilled on %s; %s (%s) was taken", hosts(), ctx.Response.Header.Peek(pd.HeaderPrefillPod), taken.Config.Name, taken.Config.Address)
 	}
 	if st := g.admit.Stats(admit.Interactive); st.Admitted != 1 {
 		t.Errorf("admission counted %d admitted for one request", st.Admitted)
@@ -255,37 +276,18 @@ func TestPDProbeTaken(t *testing.T) {
 // that pod's one probe, even when the request's last pick (another
 // model's, before a fallback) was a panic pick, which takes none.
 func TestPDCombinedProbeAfterPanic(t *testing.T) {
-	var mu sync.Mutex
-	var hosts []string
-	g, m := inMemoryGateway(t, func(ctx *fasthttp.RequestCtx) {
-		mu.Lock()
-		hosts = append(hosts, string(ctx.Host()))
-		mu.Unlock()
-		answerPair(ctx)
-	}, nil,
+	answer, hosts := recordHosts()
+	g, m := inMemoryGateway(t, answer, nil,
 		config.Pod{Name: "comb0", Model: "m", Address: "127.0.0.1:10001", Role: config.RoleCombined},
 		config.Pod{Name: "comb1", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleCombined})
 	for _, p := range m.Pods {
 		p.Eject(g.ledger.Now(), 0) // half-open, idle
 	}
-	r, err := route.NewPDRouter(route.DefaultPDOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
 	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
-	x.cascade = r
 	x.panicked = true
-	if !g.pickStage(x) || !g.admitStage(x) || x.stage != stageAttempt || x.pd.Decision.Kind != route.PDCombined {
-		t.Fatalf("stage %d, decision %d", x.stage, x.pd.Decision.Kind)
-	}
-	taken := x.pod
-	if !taken.AcquireProbe() { // another loop's request
-		t.Fatal("probe")
-	}
-	g.advance(x)
-	taken.Release()
-	if ctx.Response.StatusCode() != 200 || slices.Contains(hosts, taken.Config.Address) {
-		t.Errorf("status %d, sent to %v; %s (%s) was taken", ctx.Response.StatusCode(), hosts, taken.Config.Name, taken.Config.Address)
+	taken := runPastTakenProbe(t, g, x, route.PDCombined, func(x *completion) *pool.Pod { return x.pod })
+	if ctx.Response.StatusCode() != 200 || slices.Contains(hosts(), taken.Config.Address) {
+		t.Errorf("status %d, sent to %v; %s (%s) was taken", ctx.Response.StatusCode(), hosts(), taken.Config.Name, taken.Config.Address)
 	}
 	for _, p := range m.Pods {
 		if p.InFlight() != 0 {
