@@ -81,7 +81,7 @@ func scanHead(b []byte) (h plainHead, ok bool) {
 			if !bytes.EqualFold(name, headerContentLength) {
 				break
 			}
-			v := bytes.Trim(line[colon+1:], " \t")
+			v := trimOWS(line[colon+1:])
 			if sawLength || len(v) == 0 || len(v) > 18 {
 				return h, false
 			}
@@ -97,7 +97,7 @@ func scanHead(b []byte) (h plainHead, ok bool) {
 			if !bytes.EqualFold(name, headerTransferEncoding) {
 				break
 			}
-			if chunked || !bytes.EqualFold(bytes.Trim(line[colon+1:], " \t"), chunkedToken) {
+			if chunked || !bytes.EqualFold(trimOWS(line[colon+1:]), chunkedToken) {
 				return h, false
 			}
 			h.length, chunked = -1, true
@@ -162,6 +162,19 @@ func plainValue(b []byte) bool {
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
+// trimOWS is v without the spaces and tabs around it (RFC 9110's OWS), as
+// bytes.Trim(v, " \t") but a fifth of its time: that builds its cutset's
+// table at each call, and a head's every value is trimmed.
+func trimOWS(v []byte) []byte {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
+}
+
 // hasToken reports whether the comma-separated list v names tok, whatever
 // its case.
 func hasToken(v, tok []byte) bool {
@@ -172,7 +185,7 @@ func hasToken(v, tok []byte) bool {
 		} else {
 			v = nil
 		}
-		if bytes.EqualFold(bytes.Trim(t, " \t"), tok) {
+		if bytes.EqualFold(trimOWS(t), tok) {
 			return true
 		}
 	}
@@ -196,7 +209,7 @@ func EachField(lines []byte, f func(name, value, line []byte)) {
 		line := lines[:i]
 		colon := bytes.IndexByte(line, ':')
 		lines = lines[i:]
-		f(line[:colon], bytes.Trim(line[colon+1:len(line)-2], " \t"), line)
+		f(line[:colon], trimOWS(line[colon+1:len(line)-2]), line)
 	}
 }
 

@@ -221,10 +221,12 @@ func (s *GNet) noteTimeout(timeout time.Duration) {
 // loopState is one event loop's upstream connections; only that loop
 // touches it.
 type loopState struct {
-	s     *GNet
-	el    gnet.EventLoop
-	idle  map[string][]*upConn // keep-alive connections waiting, by address
-	conns []*upConn            // every upstream connection, for the sweep
+	s  *GNet
+	el gnet.EventLoop
+	// idle holds the keep-alive connections waiting, by address; a list
+	// is kept by pointer, so a request takes and parks with one lookup.
+	idle  map[string]*[]*upConn
+	conns []*upConn // every upstream connection, for the sweep
 	sweep gnet.Runnable
 }
 
@@ -234,7 +236,7 @@ func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
 	defer s.mu.Unlock()
 	ls := s.loops[el]
 	if ls == nil {
-		ls = &loopState{s: s, el: el, idle: make(map[string][]*upConn)}
+		ls = &loopState{s: s, el: el, idle: make(map[string]*[]*upConn)}
 		ls.sweep = gnet.RunnableFunc(func(context.Context) error { ls.sweepConns(); return nil })
 		s.loops[el] = ls
 	}
@@ -249,36 +251,43 @@ func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
 // connection its pod may have closed. now is read fresh (unix ns);
 // idleSince, from the ticks' clock, errs towards older.
 func (ls *loopState) take(addr string, now int64) *upConn {
-	idle := ls.idle[addr]
-	if len(idle) == 0 {
+	list := ls.idle[addr]
+	if list == nil || len(*list) == 0 {
 		return nil
 	}
+	idle := *list
 	uc := idle[len(idle)-1]
 	if now-uc.idleSince > uc.keepalive {
 		for i, old := range idle {
 			_ = old.c.Close() // OnClose forgets it
 			idle[i] = nil
 		}
-		ls.idle[addr] = idle[:0]
+		*list = idle[:0]
 		return nil
 	}
 	idle[len(idle)-1] = nil
-	ls.idle[addr] = idle[:len(idle)-1]
+	*list = idle[:len(idle)-1]
 	return uc
 }
 
 func (ls *loopState) park(uc *upConn) {
 	uc.idleSince = ls.s.now.Load()
-	ls.idle[uc.addr] = append(ls.idle[uc.addr], uc)
+	list := ls.idle[uc.addr]
+	if list == nil {
+		list = new([]*upConn)
+		ls.idle[uc.addr] = list
+	}
+	*list = append(*list, uc)
 }
 
 // forget drops a closed connection from the loop's lists.
 func (ls *loopState) forget(uc *upConn) {
-	idle := ls.idle[uc.addr]
-	for i, v := range idle {
-		if v == uc {
-			ls.idle[uc.addr] = append(idle[:i], idle[i+1:]...)
-			break
+	if list := ls.idle[uc.addr]; list != nil {
+		for i, v := range *list {
+			if v == uc {
+				*list = append((*list)[:i], (*list)[i+1:]...)
+				break
+			}
 		}
 	}
 	for i, v := range ls.conns {
