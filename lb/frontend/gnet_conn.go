@@ -8,6 +8,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,7 @@ type gconn struct {
 	s             *GNet
 	c             gnet.Conn
 	local, remote net.Addr
+	client        netip.AddrPort // remote's, worked out once (ClientAddr)
 
 	// Owned by the event loop.
 	next      *fasthttp.RequestCtx // parsed into; kept while incomplete
@@ -161,6 +163,7 @@ type queued struct {
 
 func newGConn(s *GNet, c gnet.Conn) *gconn {
 	gc := &gconn{s: s, c: c, local: c.LocalAddr(), remote: c.RemoteAddr(), wrote: make(chan error, 1)}
+	gc.client, _ = addrPort(gc.remote)
 	gc.lastRead.Store(s.now.Load())
 	// A new connection owes its first request within ReadTimeout, as on
 	// fasthttp (nginx's client_header_timeout), not the keep-alive idle

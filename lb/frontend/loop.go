@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
@@ -72,6 +73,26 @@ func ClientGone(ctx *fasthttp.RequestCtx) <-chan struct{} {
 		}
 	}
 	return gc.gone
+}
+
+// ClientAddr is the address ctx's client connected from, IPv4 as such;
+// false when its connection has none (a pipe's, a test's). An event
+// loop's connection works it out once, not at every request.
+func ClientAddr(ctx *fasthttp.RequestCtx) (netip.AddrPort, bool) {
+	if gc, ok := ctx.Conn().(*gconn); ok {
+		return gc.client, gc.client.IsValid()
+	}
+	return addrPort(ctx.RemoteAddr())
+}
+
+// addrPort is a's address and port, IPv4 as such, when a is TCP's.
+func addrPort(a net.Addr) (netip.AddrPort, bool) {
+	t, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	ap := t.AddrPort()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
 }
 
 // Detach moves the rest of the request to a worker: when the handler (or

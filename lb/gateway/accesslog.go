@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 )
@@ -137,7 +138,7 @@ var logSecond atomic.Pointer[secondText]
 // appendWho appends the request's id and its client's address.
 func appendWho(b []byte, ctx *fasthttp.RequestCtx, id []byte) []byte {
 	b = appendBytesField(b, "request_id", id)
-	if a, ok := clientAddr(ctx); ok {
+	if a, ok := frontend.ClientAddr(ctx); ok {
 		b = append(appendName(b, "client"), '"')
 		b = append(a.AppendTo(b), '"')
 	}

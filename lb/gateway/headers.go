@@ -2,14 +2,13 @@ package gateway
 
 import (
 	"bytes"
-	"net"
-	"net/netip"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"pdlb/internal/tracing"
+	"pdlb/lb/frontend"
 	"pdlb/lb/route"
 )
 
@@ -364,20 +363,10 @@ func requestIDOf(dst []byte, ctx *fasthttp.RequestCtx, client []byte) []byte {
 // appendClientAddr appends the address ctx's client connected from,
 // "unknown" when it has none (a test's or a pipe's connection).
 func appendClientAddr(b []byte, ctx *fasthttp.RequestCtx) []byte {
-	if a, ok := clientAddr(ctx); ok {
+	if a, ok := frontend.ClientAddr(ctx); ok {
 		return a.Addr().AppendTo(b)
 	}
 	return append(b, "unknown"...)
-}
-
-// clientAddr is the address ctx's client connected from, IPv4 as such.
-func clientAddr(ctx *fasthttp.RequestCtx) (netip.AddrPort, bool) {
-	a, ok := ctx.RemoteAddr().(*net.TCPAddr)
-	if !ok {
-		return netip.AddrPort{}, false
-	}
-	ap := a.AddrPort()
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
 }
 
 // appendRequestID renders a request id unique per process run: the
