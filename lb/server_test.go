@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/net/http2"
 
 	"pdlb/engines/sim"
 	"pdlb/internal/lbtest"
@@ -78,6 +80,14 @@ func bothClients(t *testing.T, f func(t *testing.T, via *http.Client)) {
 		defer kc.CloseIdleConnections()
 		f(t, kc)
 	})
+}
+
+// h2cClient speaks HTTP/2 with prior knowledge over plain TCP.
+func h2cClient() *http.Client {
+	return &http.Client{Timeout: 20 * time.Second, Transport: &http2.Transport{AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}}}
 }
 
 // postVia is post with a client of the test's own (one that keeps its

@@ -52,6 +52,9 @@ func TestShutdownLetsStreamsFinish(t *testing.T) {
 
 func TestShutdownDeadlineEndsStreams(t *testing.T) {
 	bothClients(t, testShutdownDeadlineEndsStreams)
+	// An HTTP/2 connection's streams too: its server closed the
+	// connection at the grace's end, before the streams were ended.
+	t.Run("h2c", func(t *testing.T) { testShutdownDeadlineEndsStreams(t, h2cClient()) })
 }
 
 func testShutdownDeadlineEndsStreams(t *testing.T, via *http.Client) {

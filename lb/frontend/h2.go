@@ -148,9 +148,12 @@ func (s *h2Server) track(c *h2Conn) {
 }
 
 // shutdown sends every connection GOAWAY and waits until they closed or
-// ctx ended; then it closes what is left.
+// ctx ended. As the front ends' own, the first call that runs out of time
+// leaves what is still served running, so that the caller can end its
+// streams cleanly (with an error event) and call again; a later call
+// closes what is left when its ctx ends.
 func (s *h2Server) shutdown(ctx context.Context) error {
-	s.shuttingDown.Store(true)
+	first := !s.shuttingDown.Swap(true)
 	s.workers.stop()
 	s.each((*h2Conn).goAway, http2.ErrCodeNo)
 	t := time.NewTicker(5 * time.Millisecond)
@@ -158,7 +161,9 @@ func (s *h2Server) shutdown(ctx context.Context) error {
 	for s.open.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			s.each(func(c *h2Conn, _ http2.ErrCode) { _ = c.nc.Close() }, 0)
+			if !first {
+				s.each(func(c *h2Conn, _ http2.ErrCode) { _ = c.nc.Close() }, 0)
+			}
 			return ctx.Err()
 		case <-t.C:
 		}
@@ -886,6 +891,11 @@ func (c *h2Conn) onIdle() {
 func (c *h2Conn) goAway(code http2.ErrCode) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.goAwayLocked(code)
+}
+
+// goAwayLocked is goAway with mu held.
+func (c *h2Conn) goAwayLocked(code http2.ErrCode) {
 	if c.goingAway {
 		return
 	}
