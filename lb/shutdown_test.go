@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"strings"
 	"testing"
@@ -80,6 +81,46 @@ func testShutdownDeadlineEndsStreams(t *testing.T, via *http.Client) {
 	}
 	if !strings.Contains(string(rest), `data: {"error":{"message":"The gateway is shutting down`) {
 		t.Fatalf("the cut stream ended without the error event: %q", rest[max(0, len(rest)-300):])
+	}
+}
+
+// TestDrainMovesH2Clients: while the gateway drains, every answer ends
+// its connection so its client reconnects elsewhere; an HTTP/2 client is
+// told with GOAWAY, on either front end.
+func TestDrainMovesH2Clients(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) { c.Frontend = fe })
+			c := h2cClient()
+			defer c.CloseIdleConnections()
+			// reused says whether the request went on a connection
+			// the client kept.
+			reused := func() bool {
+				var kept bool
+				ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { kept = i.Reused }})
+				req, err := http.NewRequestWithContext(ctx, "POST", "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(chatBody))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("status %d", resp.StatusCode)
+				}
+				return kept
+			}
+			reused()
+			if !reused() {
+				t.Fatal("the h2 client did not keep its connection before the drain")
+			}
+			s.Drain()
+			reused()
+			testwait.For(t, "the h2 client to take a new connection", func() bool { return !reused() })
+		})
 	}
 }
 

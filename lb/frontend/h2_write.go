@@ -146,6 +146,12 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 		n = min(len(block), c.maxFrameOut)
 		_ = c.fr.WriteContinuation(st.id, n == len(block), block[:n])
 	}
+	if resp.ConnectionClose() {
+		// HTTP/2 has no Connection field: an answer that would close an
+		// HTTP/1.1 connection (a draining gateway's) makes this one go
+		// away, as Go's own server does; its open streams go on.
+		c.goAwayLocked(http2.ErrCodeNo)
+	}
 	if end {
 		return c.flushLocked()
 	}
