@@ -220,6 +220,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			// The grace is over and streams still run: end them with an
 			// error event, then give them a moment to go out.
 			s.Gateway.AbortStreams()
+			if a, ok := s.front.(interface{ AbortRelays() }); ok {
+				a.AbortRelays()
+			}
 			wait, cancel := context.WithTimeout(context.Background(), abortWait)
 			_ = s.front.ShutdownWithContext(wait)
 			cancel()

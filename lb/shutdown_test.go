@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"os"
 	"strings"
@@ -81,6 +83,55 @@ func testShutdownDeadlineEndsStreams(t *testing.T, via *http.Client) {
 	}
 	if !strings.Contains(string(rest), `data: {"error":{"message":"The gateway is shutting down`) {
 		t.Fatalf("the cut stream ended without the error event: %q", rest[max(0, len(rest)-300):])
+	}
+}
+
+// TestShutdownDeadlineEndsSilentStreams: a stream whose pod says nothing
+// more when the grace ends (a long prefill, a stalled engine) gets its
+// error event then, on a worker (a client that closes its connection) or
+// on an event loop (one that keeps it), not at its idle timeout, and gives
+// back what it held.
+func TestShutdownDeadlineEndsSilentStreams(t *testing.T) {
+	event := `data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}` + "\n\n"
+	pod := fakePod(t, func(c net.Conn, r *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		fmt.Fprintf(c, "%x\r\n%s\r\n", len(event), event)
+		// Then nothing, until the gateway closes the connection.
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		io.Copy(io.Discard, c)
+	})
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			bothClients(t, func(t *testing.T, via *http.Client) {
+				s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = fe })
+				resp, err := via.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				br := bufio.NewReader(resp.Body)
+				br.ReadString('\n')
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				defer cancel()
+				start := time.Now()
+				s.Shutdown(ctx)
+				rest, _ := io.ReadAll(br)
+				if d := time.Since(start); d > 1500*time.Millisecond {
+					t.Errorf("the stream ended %v after the shutdown began, the grace being 300ms", d)
+				}
+				if !strings.Contains(string(rest), `data: {"error":{"message":"The gateway is shutting down`) {
+					t.Errorf("the cut stream ended without the error event: %q", rest)
+				}
+				rec := httptest.NewRecorder()
+				s.Gateway.Metrics().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+				for _, line := range strings.Split(rec.Body.String(), "\n") {
+					if (strings.HasPrefix(line, "pdlb_requests_in_flight ") || strings.HasPrefix(line, `pdlb_pod_in_flight{pod="p"}`)) && !strings.HasSuffix(line, " 0") {
+						t.Errorf("after the shutdown: %s", line)
+					}
+				}
+			})
+		})
 	}
 }
 

@@ -47,6 +47,8 @@ type GNet struct {
 	// serving counts requests between parsing and their last byte written.
 	serving  atomic.Int64
 	shutdown atomic.Bool
+	// aborting: AbortRelays asked the loops to end their relays.
+	aborting atomic.Bool
 	linger   lingering
 
 	mu    sync.Mutex
@@ -270,6 +272,19 @@ func (s *GNet) ShutdownWithContext(ctx context.Context) error {
 		}
 	}
 	return s.stop()
+}
+
+// AbortRelays ends every stream relayed on a loop, at once, with
+// ErrAborted: a shutdown's grace is over, and a relay whose pod says
+// nothing would otherwise wait for its idle timeout. The pod's connection
+// is closed, which tells the pod to stop.
+func (s *GNet) AbortRelays() {
+	s.aborting.Store(true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ls := range s.loops {
+		_ = ls.el.Execute(context.Background(), ls.sweep)
+	}
 }
 
 // drain waits until nothing is served, the engine stopped (on its own:

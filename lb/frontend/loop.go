@@ -329,6 +329,9 @@ func (ls *loopState) sweepConns() {
 	for _, uc := range ls.conns {
 		switch {
 		case uc.c == nil:
+		case uc.sink != nil && ls.s.aborting.Load():
+			uc.aborted = true
+			_ = uc.c.Close()
 		case (uc.done != nil || uc.sink != nil) && (now > uc.deadline || (uc.done != nil && !uc.got && now > uc.firstBy)):
 			uc.timedOut = true
 			_ = uc.c.Close() // on a later turn of the loop: OnClose ends the exchange
@@ -365,6 +368,7 @@ type upConn struct {
 	got        bool // bytes of the response arrived
 	timedOut   bool // the sweep closed it
 	podDown    bool // the sweep closed it: its pod was found dead (Upstream.Down)
+	aborted    bool // the sweep closed it: AbortRelays
 	clientGone bool // the client left: abandon closed it
 	stream     bool // a 200 answer is relayed (see loop_relay.go)
 

@@ -36,6 +36,9 @@ type Sink interface {
 // reading.
 var ErrClientGone = errors.New("frontend: the client went away")
 
+// ErrAborted ends a relay that GNet.AbortRelays ended.
+var ErrAborted = errors.New("frontend: the relay was aborted")
+
 // maxStreamBacklog is how far a client may fall behind a stream relayed on
 // the loop (bytes waiting in gnet's outbound buffer) before it is cut: the
 // loop reads the pod as its events come and cannot pause it.
@@ -274,6 +277,8 @@ func (uc *upConn) relayClosed() {
 	switch {
 	case uc.gc.closed:
 		err = ErrClientGone
+	case uc.aborted:
+		err = ErrAborted
 	case uc.timedOut:
 		err = fasthttp.ErrTimeout
 	case uc.state != bodyToClose:

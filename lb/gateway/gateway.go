@@ -97,8 +97,13 @@ type Gateway struct {
 	stop context.CancelFunc
 	bg   sync.WaitGroup
 	// aborting is set when a shutdown's grace is over: relays end their
-	// streams at their next read.
+	// streams at their next read, which AbortStreams brings forward for
+	// the relays on workers, reading their pods' connections (relaying).
 	aborting atomic.Bool
+	relaying struct {
+		sync.Mutex
+		conns map[*upstream.Conn]struct{}
+	}
 	// nextID numbers requests for the ledger and the admission queue.
 	nextID atomic.Uint64
 	// epoch is when the gateway started: time zero of admission's clock.
@@ -363,9 +368,34 @@ func (g *Gateway) editPods(edit func(pods []config.Pod, held map[string]config.P
 	return nil
 }
 
-// AbortStreams ends every stream still relayed, each with an error event,
-// at its next read (within a token's time, or its idle timeout).
-func (g *Gateway) AbortStreams() { g.aborting.Store(true) }
+// AbortStreams ends every stream still relayed, each with an error event:
+// a relay on a worker at once (its pod's read is woken), one on an event
+// loop at its next read (the front end's AbortRelays ends those whose pod
+// says nothing).
+func (g *Gateway) AbortStreams() {
+	g.aborting.Store(true)
+	g.relaying.Lock()
+	defer g.relaying.Unlock()
+	for c := range g.relaying.conns {
+		_ = c.SetReadDeadline(time.Now())
+	}
+}
+
+// relayFrom counts a worker's relay as reading its pod's connection c
+// until the function it returns runs, for AbortStreams to wake.
+func (g *Gateway) relayFrom(c *upstream.Conn) (done func()) {
+	g.relaying.Lock()
+	defer g.relaying.Unlock()
+	if g.relaying.conns == nil {
+		g.relaying.conns = make(map[*upstream.Conn]struct{})
+	}
+	g.relaying.conns[c] = struct{}{}
+	return func() {
+		g.relaying.Lock()
+		delete(g.relaying.conns, c)
+		g.relaying.Unlock()
+	}
+}
 
 // Conns is the per-address cap on client connections, for the front end.
 func (g *Gateway) Conns() *limits.Conns { return g.conns }

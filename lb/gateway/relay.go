@@ -181,6 +181,9 @@ func nominatesIn(k, v []byte) bool {
 // from an event's Write to the Flush.
 func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *completion, pod *pool.Pod) int {
 	conn := upstream.ConnOf(resp)
+	if conn != nil {
+		defer g.relayFrom(conn)()
+	}
 	stream := resp.BodyStream()
 	idle := g.cfg.Upstream.StreamIdleTimeout
 	t := &x.times
@@ -313,8 +316,12 @@ func (x *completion) Body(w *frontend.StreamWriter, p []byte) error {
 // End ends a stream relayed on the event loop (frontend.Sink).
 func (x *completion) End(w *frontend.StreamWriter, err error) {
 	g := x.g
-	if err == nil && x.cutShort() {
+	switch {
+	case err == nil && x.cutShort():
 		err = io.ErrUnexpectedEOF
+	case errors.Is(err, frontend.ErrAborted):
+		// AbortStreams' (the server aborts the loops' relays with it).
+		err = errShuttingDown
 	}
 	var code int
 	switch {
@@ -346,6 +353,11 @@ type tokenTimes struct {
 // over it ends the stream instead, dropping what it read, rather than let
 // the stream run on or cut it mid-event.
 func (g *Gateway) readUpstream(stream io.Reader, b []byte) (int, error) {
+	// Asked before the read too: AbortStreams may have woken the
+	// connection before the relay moved its deadline on again.
+	if g.aborting.Load() {
+		return 0, errShuttingDown
+	}
 	n, err := stream.Read(b)
 	if g.aborting.Load() {
 		return 0, errShuttingDown
