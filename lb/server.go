@@ -210,6 +210,9 @@ func (s *Server) Done() <-chan error { return s.done }
 // Only the first call shuts down; later ones return its error.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdown.Do(func() {
+		// Every answer from here closes its connection (HTTP/2: GOAWAY),
+		// whichever front end keeps serving it meanwhile.
+		s.Gateway.Drain()
 		close(s.stopped)
 		if s.stopDiscovery != nil {
 			s.stopDiscovery()

@@ -3,6 +3,7 @@ package lb_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -132,6 +133,68 @@ func TestShutdownDeadlineEndsSilentStreams(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestShutdownClosesWhatIsLeft: once Shutdown returned, no connection of
+// its front end serves on: not a kept one whose stream the grace's end
+// cut (fasthttp's own shutdown left those serving), nor one that never
+// sent a byte, plain or in a TLS handshake (fasthttp's never saw those).
+func TestShutdownClosesWhatIsLeft(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1)
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "localhost", "127.0.0.1")
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		for _, kind := range []string{"plain", "h2-off", "tls"} {
+			t.Run(fe+"/"+kind, func(t *testing.T) {
+				s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+					c.Frontend = fe
+					c.HTTP2.Disabled = kind == "h2-off"
+					if kind == "tls" {
+						c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
+					}
+				})
+				silent, err := net.Dial("tcp", s.Addr())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer silent.Close()
+				var kept net.Conn
+				var stream, br *bufio.Reader
+				if kind != "tls" {
+					// A kept connection with a stream longer than the grace.
+					if kept, err = net.Dial("tcp", s.Addr()); err != nil {
+						t.Fatal(err)
+					}
+					defer kept.Close()
+					body := `{"model":"m","messages":[{"role":"user","content":"stream"}],"max_tokens":2000,"stream":true}`
+					fmt.Fprintf(kept, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+					br = bufio.NewReader(kept)
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer resp.Body.Close()
+					stream = bufio.NewReader(resp.Body)
+					stream.ReadString('\n')
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				defer cancel()
+				s.Shutdown(ctx)
+				_ = silent.SetReadDeadline(time.Now().Add(2 * time.Second))
+				if _, err := silent.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Error("a connection that sent nothing is still open 2 s after Shutdown returned")
+				}
+				if kept != nil {
+					_ = kept.SetDeadline(time.Now().Add(3 * time.Second))
+					io.ReadAll(stream)
+					fmt.Fprintf(kept, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+					if r, err := http.ReadResponse(br, nil); err == nil {
+						t.Errorf("the kept connection served a request after Shutdown returned: %s", r.Status)
+					}
+				}
+			})
+		}
 	}
 }
 

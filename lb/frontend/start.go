@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/valyala/fasthttp"
@@ -38,10 +39,11 @@ func Start(name, addr string, h Handler, o Options) (Server, error) {
 		return nil, fmt.Errorf("frontend: unknown front end %q (want %s or %s)", name, NameFastHTTP, NameGNet)
 	}
 	lg := new(lingering)
-	ln, err := listenLimited(addr, o, lg)
+	limited, err := listenLimited(addr, o, lg)
 	if err != nil {
 		return nil, err
 	}
+	ln := track(limited)
 	if o.TLS != nil || !o.HTTP2.Disabled {
 		// Handshakes and the h2c preface need a goroutine per connection
 		// (tls.go).
@@ -79,15 +81,25 @@ func listenLimited(addr string, o Options, lg *lingering) (net.Listener, error) 
 
 type fastServer struct {
 	*fasthttp.Server
-	ln     net.Listener
-	done   chan error
-	linger *lingering
+	ln       *tracked
+	done     chan error
+	linger   *lingering
+	shutting atomic.Bool
+	down     fastShutdown
 }
 
-// ShutdownWithContext is fasthttp's, and it ends the lingering
-// connections too.
+// ShutdownWithContext stops accepting and waits for fasthttp's
+// connections until ctx ends. As on gnet, the first call that runs out of
+// time leaves what is still served running, so that the caller can end its
+// streams and call again; a later call, or one that found nothing left,
+// closes what is left.
 func (s *fastServer) ShutdownWithContext(ctx context.Context) error {
-	err := s.Server.ShutdownWithContext(ctx)
+	first := !s.shutting.Swap(true)
+	err := s.down.wait(ctx, s.Server)
+	if err == nil || !first {
+		s.down.stop()
+		s.ln.closeAll()
+	}
 	s.linger.stop()
 	return err
 }

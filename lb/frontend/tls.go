@@ -206,14 +206,17 @@ type connServer struct {
 	stop        chan struct{} // closed by the first Shutdown: ticket rotation ends
 	stopOnce    sync.Once
 	linger      *lingering
+	conns       *tracked // every connection, handed off or not
+	shutting    atomic.Bool
+	down        fastShutdown
 }
 
 // startConnServer serves ln with TLS when o.TLS is set, else plain with
 // h2c.
-func startConnServer(ln net.Listener, h Handler, o Options, lg *lingering) *connServer {
+func startConnServer(ln *tracked, h Handler, o Options, lg *lingering) *connServer {
 	o = o.withDefaults()
 	s := &connServer{fast: FastHTTP(h, o), readTimeout: o.ReadTimeout, log: o.Log,
-		ln: newHandoff(ln), done: make(chan error, 1), stop: make(chan struct{}), linger: lg}
+		ln: newHandoff(ln), done: make(chan error, 1), stop: make(chan struct{}), linger: lg, conns: ln}
 	if !o.HTTP2.Disabled {
 		s.h2 = newH2Server(h, o)
 	}
@@ -237,19 +240,27 @@ func (s *connServer) Addr() string       { return s.ln.Addr().String() }
 func (s *connServer) Done() <-chan error { return s.done }
 
 // ShutdownWithContext closes the listener, sends HTTP/2 connections
-// GOAWAY, and waits for both servers' requests until ctx ends.
+// GOAWAY, and waits for both servers' requests until ctx ends. A call
+// that ends with nothing served, or a later call (the first ran out of
+// time), closes every connection left: those still in a handshake or an
+// h2c sniff, and those fasthttp's first shutdown left open.
 func (s *connServer) ShutdownWithContext(ctx context.Context) error {
+	first := !s.shutting.Swap(true)
 	s.stopOnce.Do(func() { close(s.stop) })
 	// fasthttp's Shutdown closes only a listener its Serve has taken, which
 	// a Shutdown right after the start may precede.
 	_ = s.ln.Close()
 	errc := make(chan error, 1)
-	go func() { errc <- s.fast.ShutdownWithContext(ctx) }()
+	go func() { errc <- s.down.wait(ctx, s.fast) }()
 	var err error
 	if s.h2 != nil {
 		err = s.h2.shutdown(ctx)
 	}
 	err = errors.Join(<-errc, err)
+	if err == nil || !first {
+		s.down.stop()
+		s.conns.closeAll()
+	}
 	s.linger.stop()
 	return err
 }
