@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -173,10 +174,7 @@ func (s *h2Server) shutdown(ctx context.Context) error {
 
 func (s *h2Server) each(f func(*h2Conn, http2.ErrCode), code http2.ErrCode) {
 	s.mu.Lock()
-	conns := make([]*h2Conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
+	conns := slices.Collect(maps.Keys(s.conns))
 	s.mu.Unlock()
 	for _, c := range conns {
 		f(c, code)

@@ -2,7 +2,9 @@ package frontend
 
 import (
 	"context"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -37,10 +39,7 @@ func (t *tracked) Accept() (net.Conn, error) {
 // closeAll closes every connection still open.
 func (t *tracked) closeAll() {
 	t.mu.Lock()
-	conns := make([]*trackedConn, 0, len(t.conns))
-	for c := range t.conns {
-		conns = append(conns, c)
-	}
+	conns := slices.Collect(maps.Keys(t.conns))
 	t.mu.Unlock()
 	for _, c := range conns {
 		_ = c.Close()
