@@ -623,9 +623,12 @@ func waitServed(t *testing.T, addr string, roots *tls.Config, leaf certgen.Leaf)
 // fasthttp the silent one got a 408, counted.
 func TestSilentConnectionsGetNoAnswer(t *testing.T) {
 	for _, fe := range []string{"fasthttp", "gnet"} {
-		for _, secure := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/tls=%v", fe, secure), func(t *testing.T) {
-				edit := func(c *config.Config) { c.Frontend, c.ClientReadTimeout = fe, 300*time.Millisecond }
+		for _, mode := range []string{"plain", "h2-off", "tls"} {
+			secure := mode == "tls"
+			t.Run(fe+"/"+mode, func(t *testing.T) {
+				edit := func(c *config.Config) {
+					c.Frontend, c.ClientReadTimeout, c.HTTP2.Disabled = fe, 300*time.Millisecond, mode == "h2-off"
+				}
 				var ca *certgen.CA
 				var s *lb.Server
 				if secure {

@@ -95,6 +95,9 @@ type fastServer struct {
 // closes what is left.
 func (s *fastServer) ShutdownWithContext(ctx context.Context) error {
 	first := !s.shutting.Swap(true)
+	// fasthttp's closes only a listener its Serve has taken, which a
+	// Shutdown right after the start may precede.
+	_ = s.ln.Close()
 	err := s.down.wait(ctx, s.Server)
 	if err == nil || !first {
 		s.down.stop()

@@ -56,6 +56,14 @@ type trackedConn struct {
 // (lingerConnOf).
 func (c *trackedConn) NetConn() net.Conn { return c.Conn }
 
+// Received is the per-address limit's (limits.Conns), which a client's
+// read timeout asks to tell a silent connection, which gets no answer,
+// from a slow request: true where the connection does not know.
+func (c *trackedConn) Received() bool {
+	r, ok := c.Conn.(interface{ Received() bool })
+	return !ok || r.Received()
+}
+
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.t.mu.Lock()
