@@ -136,6 +136,56 @@ func TestShutdownDeadlineEndsSilentStreams(t *testing.T) {
 	}
 }
 
+// TestShutdownDeadlineAnswersWholeRequests: on the event loops, a request
+// whose whole answer is still coming when the grace ends gets the
+// shutdown's 503, which tells the client to retry, not a closed
+// connection, and gives back what it held. (On fasthttp's front end its
+// pod call runs on a worker and is not cut: the connection closes.)
+func TestShutdownDeadlineAnswersWholeRequests(t *testing.T) {
+	bothClients(t, func(t *testing.T, via *http.Client) {
+		s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1)...), func(c *config.Config) { c.Frontend = "gnet" })
+		type answer struct {
+			status int
+			body   string
+			err    error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			// Twenty seconds of tokens at speedup 1, answered whole.
+			resp, err := via.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":2000}`))
+			if err != nil {
+				done <- answer{err: err}
+				return
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			done <- answer{resp.StatusCode, string(b), err}
+		}()
+		testwait.For(t, "the request to reach its pod", func() bool {
+			return metricValue(t, s, `pdlb_pod_in_flight{pod="m-0"}`) == 1
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		s.Shutdown(ctx)
+		a := <-done
+		if d := time.Since(start); d > 1500*time.Millisecond {
+			t.Errorf("answered %v after the shutdown began, the grace being 300ms", d)
+		}
+		if a.err != nil || a.status != 503 || !strings.Contains(a.body, "The gateway is shutting down") {
+			t.Errorf("got %d %q %v, want the shutdown's 503", a.status, a.body, a.err)
+		}
+		rec := httptest.NewRecorder()
+		s.Gateway.Metrics().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		for _, line := range strings.Split(rec.Body.String(), "\n") {
+			if (strings.HasPrefix(line, "pdlb_requests_in_flight ") || strings.HasPrefix(line, `pdlb_pod_in_flight{pod="m-0"}`)) && !strings.HasSuffix(line, " 0") {
+				t.Errorf("after the shutdown: %s", line)
+			}
+		}
+	})
+}
+
 // TestShutdownClosesWhatIsLeft: once Shutdown returned, no connection of
 // its front end serves on: not a kept one whose stream the grace's end
 // cut (fasthttp's own shutdown left those serving), nor one that never

@@ -274,10 +274,10 @@ func (s *GNet) ShutdownWithContext(ctx context.Context) error {
 	return s.stop()
 }
 
-// AbortRelays ends every stream relayed on a loop, at once, with
-// ErrAborted: a shutdown's grace is over, and a relay whose pod says
-// nothing would otherwise wait for its idle timeout. The pod's connection
-// is closed, which tells the pod to stop.
+// AbortRelays ends every exchange and stream relayed on a loop, at once,
+// with ErrAborted: a shutdown's grace is over, and one whose pod says
+// nothing would otherwise wait for its timeout. The pod's connection is
+// closed, which tells the pod to stop.
 func (s *GNet) AbortRelays() {
 	s.aborting.Store(true)
 	s.mu.Lock()

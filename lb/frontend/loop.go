@@ -329,7 +329,7 @@ func (ls *loopState) sweepConns() {
 	for _, uc := range ls.conns {
 		switch {
 		case uc.c == nil:
-		case uc.sink != nil && ls.s.aborting.Load():
+		case (uc.sink != nil || uc.done != nil) && ls.s.aborting.Load():
 			uc.aborted = true
 			_ = uc.c.Close()
 		case (uc.done != nil || uc.sink != nil) && (now > uc.deadline || (uc.done != nil && !uc.got && now > uc.firstBy)):
@@ -368,7 +368,7 @@ type upConn struct {
 	got        bool // bytes of the response arrived
 	timedOut   bool // the sweep closed it
 	podDown    bool // the sweep closed it: its pod was found dead (Upstream.Down)
-	aborted    bool // the sweep closed it: AbortRelays
+	aborted    bool // the sweep closed it: AbortRelays (the exchange's too)
 	clientGone bool // the client left: abandon closed it
 	stream     bool // a 200 answer is relayed (see loop_relay.go)
 
@@ -657,6 +657,8 @@ func (uc *upConn) closed() {
 	switch {
 	case uc.clientGone:
 		err = ErrClientGone
+	case uc.aborted:
+		err = ErrAborted
 	case uc.timedOut && uc.got:
 		err = ErrAnswerStalled
 	case uc.timedOut:

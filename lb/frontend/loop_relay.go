@@ -36,7 +36,7 @@ type Sink interface {
 // reading.
 var ErrClientGone = errors.New("frontend: the client went away")
 
-// ErrAborted ends a relay that GNet.AbortRelays ended.
+// ErrAborted ends an exchange or a relay that GNet.AbortRelays ended.
 var ErrAborted = errors.New("frontend: the relay was aborted")
 
 // maxStreamBacklog is how far a client may fall behind a stream relayed on

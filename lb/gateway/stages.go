@@ -324,6 +324,11 @@ func (x *completion) answered(err error) {
 	case err == upstream.ErrCut:
 		g.unplace(x, x.pod)
 		x.last, x.stage = fail.ClientLeft, stageFail
+	case errors.Is(err, frontend.ErrAborted):
+		// The shutdown's grace is over (AbortRelays): not the pod's
+		// failure, and no retry; the client is told to retry.
+		g.unplace(x, x.pod)
+		x.last, x.stage = &failure{E: g.upstreamError(errShuttingDown, 0)}, stageFail
 	default:
 		g.unplace(x, x.pod)
 		g.callFailed(x.pod, err, x.reachesEngine())
