@@ -19,6 +19,7 @@ import (
 	"pdlb/internal/lbtest"
 	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
+	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
@@ -124,15 +125,23 @@ func TestShutdownDeadlineEndsSilentStreams(t *testing.T) {
 				if !strings.Contains(string(rest), `data: {"error":{"message":"The gateway is shutting down`) {
 					t.Errorf("the cut stream ended without the error event: %q", rest)
 				}
-				rec := httptest.NewRecorder()
-				s.Gateway.Metrics().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-				for _, line := range strings.Split(rec.Body.String(), "\n") {
-					if (strings.HasPrefix(line, "pdlb_requests_in_flight ") || strings.HasPrefix(line, `pdlb_pod_in_flight{pod="p"}`)) && !strings.HasSuffix(line, " 0") {
-						t.Errorf("after the shutdown: %s", line)
-					}
-				}
+				wantNothingHeld(t, s, "p")
 			})
 		})
+	}
+}
+
+// wantNothingHeld fails t for a request s's gateway still counts in
+// flight, or one on pod, once it shut down (its admin listener is gone:
+// the metrics are read from the gateway).
+func wantNothingHeld(t *testing.T, s *lb.Server, pod string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	s.Gateway.Metrics().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if (strings.HasPrefix(line, "pdlb_requests_in_flight ") || strings.HasPrefix(line, `pdlb_pod_in_flight{pod="`+pod+`"}`)) && !strings.HasSuffix(line, " 0") {
+			t.Errorf("after the shutdown: %s", line)
+		}
 	}
 }
 
@@ -144,23 +153,20 @@ func TestShutdownDeadlineEndsSilentStreams(t *testing.T) {
 func TestShutdownDeadlineAnswersWholeRequests(t *testing.T) {
 	bothClients(t, func(t *testing.T, via *http.Client) {
 		s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1)...), func(c *config.Config) { c.Frontend = "gnet" })
-		type answer struct {
-			status int
-			body   string
-			err    error
-		}
-		done := make(chan answer, 1)
+		// Twenty seconds of tokens at speedup 1, answered whole; status
+		// and body are the goroutine's until done.
+		var status int
+		var body []byte
+		done := make(chan error, 1)
 		go func() {
-			// Twenty seconds of tokens at speedup 1, answered whole.
 			resp, err := via.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
 				strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":2000}`))
-			if err != nil {
-				done <- answer{err: err}
-				return
+			if err == nil {
+				status = resp.StatusCode
+				body, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
 			}
-			b, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			done <- answer{resp.StatusCode, string(b), err}
+			done <- err
 		}()
 		testwait.For(t, "the request to reach its pod", func() bool {
 			return metricValue(t, s, `pdlb_pod_in_flight{pod="m-0"}`) == 1
@@ -169,20 +175,14 @@ func TestShutdownDeadlineAnswersWholeRequests(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		s.Shutdown(ctx)
-		a := <-done
+		err := <-done
 		if d := time.Since(start); d > 1500*time.Millisecond {
 			t.Errorf("answered %v after the shutdown began, the grace being 300ms", d)
 		}
-		if a.err != nil || a.status != 503 || !strings.Contains(a.body, "The gateway is shutting down") {
-			t.Errorf("got %d %q %v, want the shutdown's 503", a.status, a.body, a.err)
+		if err != nil || status != 503 || !strings.Contains(string(body), "The gateway is shutting down") {
+			t.Errorf("got %d %q %v, want the shutdown's 503", status, body, err)
 		}
-		rec := httptest.NewRecorder()
-		s.Gateway.Metrics().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-		for _, line := range strings.Split(rec.Body.String(), "\n") {
-			if (strings.HasPrefix(line, "pdlb_requests_in_flight ") || strings.HasPrefix(line, `pdlb_pod_in_flight{pod="m-0"}`)) && !strings.HasSuffix(line, " 0") {
-				t.Errorf("after the shutdown: %s", line)
-			}
-		}
+		wantNothingHeld(t, s, "m-0")
 	})
 }
 
