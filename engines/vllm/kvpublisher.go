@@ -283,16 +283,33 @@ func StartRanks(cfg PublisherConfig, n int) ([]*Publisher, error) {
 	cfg = cfg.withDefaults()
 	_, port, _ := splitTCP(cfg.Endpoint)
 	_, replay, _ := splitTCP(cfg.ReplayEndpoint)
+	// The system may hand out the same free port at the next draw: the
+	// ports of a draw that failed are held until the ranks are started.
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			_ = l.Close()
+		}
+	}()
 	for try := 1; ; try++ {
-		pubs, err := startRanks(cfg, n)
+		pubs, drawn, err := startRanks(cfg, n)
 		if err == nil || try == rankPortTries || port != 0 && replay != 0 {
 			return pubs, err
+		}
+		for i, free := range [2]bool{port == 0, replay == 0} {
+			if free && len(drawn) == 2 {
+				if l, err := net.Listen("tcp", strings.TrimPrefix(drawn[i], "tcp://")); err == nil {
+					held = append(held, l)
+				}
+			}
 		}
 	}
 }
 
-func startRanks(cfg PublisherConfig, n int) ([]*Publisher, error) {
-	pubs := make([]*Publisher, 0, n)
+// startRanks starts n publishers on cfg's ports + their rank; failing, it
+// also returns the endpoints rank 0 was given (drawn, where cfg had 0).
+func startRanks(cfg PublisherConfig, n int) (pubs []*Publisher, drawn []string, err error) {
+	pubs = make([]*Publisher, 0, n)
 	for r := range n {
 		c := cfg
 		c.DataParallelRank = int64(r)
@@ -303,14 +320,17 @@ func startRanks(cfg PublisherConfig, n int) ([]*Publisher, error) {
 		p, err := NewPublisher(c)
 		if err != nil {
 			err = fmt.Errorf("vllm: data-parallel rank %d: %w", r, err)
+			if len(pubs) > 0 {
+				drawn = []string{pubs[0].Endpoint(), pubs[0].ReplayEndpoint()}
+			}
 			for _, p := range pubs {
 				err = errors.Join(err, p.Close())
 			}
-			return nil, err
+			return nil, drawn, err
 		}
 		pubs = append(pubs, p)
 	}
-	return pubs, nil
+	return pubs, nil, nil
 }
 
 // Endpoint is the PUB socket's address, tcp://host:port, with the port
