@@ -381,20 +381,21 @@ func (g *Gateway) AbortStreams() {
 	}
 }
 
-// relayFrom counts a worker's relay as reading its pod's connection c
-// until the function it returns runs, for AbortStreams to wake.
-func (g *Gateway) relayFrom(c *upstream.Conn) (done func()) {
+// relayFrom counts a worker's relay as reading its pod's connection c,
+// for AbortStreams to wake, until relayDone.
+func (g *Gateway) relayFrom(c *upstream.Conn) {
 	g.relaying.Lock()
 	defer g.relaying.Unlock()
 	if g.relaying.conns == nil {
 		g.relaying.conns = make(map[*upstream.Conn]struct{})
 	}
 	g.relaying.conns[c] = struct{}{}
-	return func() {
-		g.relaying.Lock()
-		delete(g.relaying.conns, c)
-		g.relaying.Unlock()
-	}
+}
+
+func (g *Gateway) relayDone(c *upstream.Conn) {
+	g.relaying.Lock()
+	defer g.relaying.Unlock()
+	delete(g.relaying.conns, c)
 }
 
 // Conns is the per-address cap on client connections, for the front end.

@@ -182,7 +182,8 @@ func nominatesIn(k, v []byte) bool {
 func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *completion, pod *pool.Pod) int {
 	conn := upstream.ConnOf(resp)
 	if conn != nil {
-		defer g.relayFrom(conn)()
+		g.relayFrom(conn)
+		defer g.relayDone(conn)
 	}
 	stream := resp.BodyStream()
 	idle := g.cfg.Upstream.StreamIdleTimeout
