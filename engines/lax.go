@@ -20,6 +20,13 @@ import (
 // and inside int64. ok is false for anything else; Python's json keeps
 // integers past int64 whole, which no field's range takes anyway.
 func LaxIntNumber(num string) (v int64, ok bool) {
+	digits := strings.TrimPrefix(num, "-")
+	if v, ok := shortDecimal(digits); ok {
+		if len(digits) < len(num) {
+			v = -v
+		}
+		return v, true
+	}
 	if !strings.ContainsAny(num, ".eE") {
 		v, err := strconv.ParseInt(num, 10, 64)
 		if err != nil {
@@ -32,6 +39,22 @@ func LaxIntNumber(num string) (v int64, ok bool) {
 		return 0, false
 	}
 	return int64(f), true
+}
+
+// shortDecimal is the value of d if it is 1 to 18 decimal digits (which
+// cannot overflow): the usual int field, summed without strconv's checks.
+func shortDecimal(d string) (v int64, ok bool) {
+	if len(d) == 0 || len(d) > 18 {
+		return 0, false
+	}
+	for i := 0; i < len(d); i++ {
+		c := d[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int64(c-'0')
+	}
+	return v, true
 }
 
 // LaxIntString is the int a JSON string's contents give where pydantic
