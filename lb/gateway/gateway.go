@@ -451,7 +451,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		// Each client moves to another replica after this answer.
 		ctx.SetConnectionClose()
 	}
-	path := ctx.Path()
+	path := pathOf(ctx)
 	if n := ctx.Request.Header.Len(); n > g.cfg.MaxHeaders {
 		ctx.SetConnectionClose()
 		g.corsFields(ctx)

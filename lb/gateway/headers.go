@@ -157,7 +157,7 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 	// client sends keeps the header, not the host of its parsed URI.
 	up.UseHostHeader = true
 	up.Header.SetMethod(fasthttp.MethodPost)
-	up.SetRequestURIBytes(ctx.Path())
+	up.SetRequestURIBytes(pathOf(ctx))
 	var buf [128]byte
 	p, chain := g.podHeaders(), buf[:0]
 	for k, v := range ctx.Request.Header.All() {
@@ -198,6 +198,27 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 	up.SetBodyRaw(ctx.PostBody())
 }
 
+// pathOf is ctx.Path(): the request target as sent when it is a plain
+// path (no escapes, query, fragment, dot or empty segment, all of which
+// Path decodes, drops or normalises), without parsing the URI.
+func pathOf(ctx *fasthttp.RequestCtx) []byte {
+	uri := ctx.Request.Header.RequestURI()
+	if len(uri) == 0 || uri[0] != '/' {
+		return ctx.Path()
+	}
+	for i, c := range uri {
+		switch c {
+		case '%', '?', '#', '.':
+			return ctx.Path()
+		case '/':
+			if i > 0 && uri[i-1] == '/' {
+				return ctx.Path()
+			}
+		}
+	}
+	return uri
+}
+
 // appendUpstream appends x's request to x.pod as it goes on the wire: what
 // buildUpstream makes (a POST of the client's path and body), with the
 // attempt's trace context, rendered from the client's request with no
@@ -205,7 +226,7 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	ctx := x.ctx
 	dst = append(dst, "POST "...)
-	dst = append(dst, ctx.Path()...)
+	dst = append(dst, pathOf(ctx)...)
 	dst = append(dst, " HTTP/1.1\r\nHost: "...)
 	dst = append(append(dst, x.pod.Config.Address...), crlf...)
 	var buf [128]byte

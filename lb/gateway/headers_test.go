@@ -284,3 +284,23 @@ func FuzzAppendUpstream(f *testing.F) {
 		}
 	})
 }
+
+// TestPathOf: pathOf answers what ctx.Path() would, for plain targets
+// without parsing the URI and for every target Path decodes or normalises.
+func TestPathOf(t *testing.T) {
+	for _, target := range []string{
+		"/v1/chat/completions", "/", "/v1/models/m", "/v1//chat/completions", "//v1/completions",
+		"/v1/chat/completions?x=1", "/v1/chat/completions#f", "/v1/%63hat/completions", "/v1/./chat/completions",
+		"/v1/x/../chat/completions", "/v1/chat/completions/.", "/v1/chat/completions/..", "/v1.0/models",
+		"/v1/chat/completions%3Fx", "/a+b/c", "/v1/ch\xc3\xa4t", "http://lb.example/v1/completions", "*",
+	} {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetRequestURI(target)
+		got := string(pathOf(&ctx))
+		var ref fasthttp.RequestCtx
+		ref.Request.Header.SetRequestURI(target)
+		if want := string(ref.Path()); got != want {
+			t.Errorf("pathOf(%q) = %q, want ctx.Path()'s %q", target, got, want)
+		}
+	}
+}
