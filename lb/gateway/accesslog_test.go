@@ -36,7 +36,7 @@ func loggedCompletion(t testing.TB) (*Gateway, *fasthttp.RequestCtx, *completion
 	req.Header.Set(headerRequestID, "req-1")
 	ctx := new(fasthttp.RequestCtx)
 	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5555}, nil)
-	x := acquireCompletion()
+	x := acquireCompletion(time.Now())
 	x.reqID = requestIDOf(x.reqID[:0], ctx, req.Header.Peek(headerRequestID))
 	if err := x.req.Parse(openai.KindChat, []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"a \"quoted\" prompt"}]}`)); err != nil {
 		t.Fatal(err)

@@ -150,10 +150,12 @@ type completion struct {
 
 var completionPool = sync.Pool{New: func() any { return new(completion) }}
 
-func acquireCompletion() *completion {
+// acquireCompletion takes the request's start, its RequestCtx's Time (set
+// as its head was read), so that no clock is read for it again.
+func acquireCompletion(start time.Time) *completion {
 	x := completionPool.Get().(*completion)
 	x.req = openai.AcquireRequest()
-	x.start = time.Now()
+	x.start = start
 	return x
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"pdlb/internal/tokfiles"
 	"pdlb/lb/config"
@@ -97,7 +98,7 @@ func BenchmarkDecideQwen3(b *testing.B) {
 func benchDecide(b *testing.B, policy, tokenizer string) {
 	g, m := decideGateway(b, policy, tokenizer)
 	body := chatBody()
-	x := acquireCompletion()
+	x := acquireCompletion(time.Now())
 	defer releaseCompletion(x)
 	decide(g, m, x, body, 1)
 	if n := x.routeReq.PromptTokens; n < 1600 || (m.UsesCache && len(x.keys) < 100) {
@@ -117,7 +118,7 @@ func benchDecide(b *testing.B, policy, tokenizer string) {
 // on those.
 func BenchmarkPick(b *testing.B) {
 	g, m := decideGateway(b, "slo_cache", "")
-	x := acquireCompletion()
+	x := acquireCompletion(time.Now())
 	defer releaseCompletion(x)
 	if err := x.req.Parse(openai.KindChat, chatBody()); err != nil {
 		b.Fatal(err)
@@ -141,7 +142,7 @@ func BenchmarkDecideParallel(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		x := acquireCompletion()
+		x := acquireCompletion(time.Now())
 		defer releaseCompletion(x)
 		base := (atomicAdd(&next) + 1) << 40
 		for i := uint64(0); pb.Next(); i++ {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -39,7 +40,7 @@ func resolved(t *testing.T, g *Gateway, model, prompt string) *completion {
 	req := new(fasthttp.Request)
 	body := `{"model":"` + model + `","prompt":"` + prompt + `"}`
 	req.SetBodyString(body)
-	x := acquireCompletion()
+	x := acquireCompletion(time.Now())
 	x.ctx = new(fasthttp.RequestCtx)
 	x.ctx.Init(req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
@@ -250,7 +251,7 @@ func TestRequestWithoutModel(t *testing.T) {
 	f := func(g *Gateway, model, want, wantErr string) {
 		t.Helper()
 		body := `{` + model + `"messages":[{"role":"user","content":"x"}]}`
-		x := acquireCompletion()
+		x := acquireCompletion(time.Now())
 		defer releaseCompletion(x)
 		ctx := new(fasthttp.RequestCtx)
 		ctx.Request.SetBodyString(body)

@@ -131,7 +131,7 @@ func startCompletion(t *testing.T, g *Gateway, m *pool.Model, via transport, cla
 	req.SetRequestURI("/v1/completions")
 	ctx := new(fasthttp.RequestCtx)
 	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
-	x := acquireCompletion()
+	x := acquireCompletion(time.Now())
 	if err := x.req.Parse(openai.KindCompletion, []byte(`{"model":"m","prompt":"say something long enough to count"}`)); err != nil {
 		t.Fatal(err)
 	}

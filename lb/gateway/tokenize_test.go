@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -30,7 +31,7 @@ func tokenizedAs(t *testing.T, g *Gateway, kind openai.Kind, body string) (*comp
 	t.Helper()
 	req := new(fasthttp.Request)
 	req.SetBodyString(body)
-	x := acquireCompletion()
+	x := acquireCompletion(time.Now())
 	x.ctx = new(fasthttp.RequestCtx)
 	x.ctx.Init(req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 	if err := x.req.Parse(kind, []byte(body)); err != nil {

@@ -58,7 +58,7 @@ func hooks(g *Gateway, x *completion, up *fasthttp.Request) {
 // hookRequest readies a completion as serveCompletion leaves it.
 func hookRequest(tb testing.TB, g *Gateway) (*completion, *fasthttp.Request) {
 	tb.Helper()
-	x := acquireCompletion()
+	x := acquireCompletion(time.Now())
 	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`)
 	if err := x.req.Parse(openai.KindChat, body); err != nil {
 		tb.Fatal(err)
