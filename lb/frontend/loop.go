@@ -582,6 +582,12 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 			uc.need = p.consumed(buf) + cl
 			return 0, errNeedMore
 		}
+		if plain && cl >= 0 && !resp.StreamBody {
+			// Whole in buf (checked above): copied once, not through
+			// the reader's buffer first.
+			resp.SetBody(buf[h.n : h.n+cl])
+			return h.n + cl, nil
+		}
 		// The body follows the header just read, which is not read
 		// again (as fasthttp's whole read would).
 		err = resp.ReadBody(p.br, uc.maxBody)
