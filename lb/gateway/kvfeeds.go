@@ -45,8 +45,9 @@ func (f kvFeed) counts() feedCounts {
 // a new one would know none of the blocks the pod stored before, so it
 // could not take them out of the index when the pod evicts them, nor
 // chain the pod's new blocks to them, unless the pod's replay buffer
-// still held its whole history. prev may be nil; on error nothing of it
-// is closed.
+// still held its whole history. For the same reason a pod prev follows
+// whose endpoints or ranks changed loses its blocks in the index before
+// its new feed starts. prev may be nil; on error nothing of it is closed.
 func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, error) {
 	k := &kvFeeds{indexers: map[*pool.Model]*kvindex.Indexer{}}
 	kept := map[int32]kvFeed{}
@@ -73,6 +74,14 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 					return nil, fmt.Errorf("model %q: %w", m.Name, err)
 				}
 				k.indexers[m] = ix
+			}
+			if f, ok := kept[p.ID]; ok && f.model.Prefix == m.Prefix && f.pod.PrefixID == p.PrefixID {
+				// The pod keeps its entries in the index but not its
+				// feed (its endpoints or ranks changed: a restarted
+				// engine, most likely with an empty cache). The new feed
+				// will never see the hashes of the blocks the old one
+				// stored, so it could not take them out: they go now.
+				m.Prefix.RemovePod(p.PrefixID)
 			}
 			f := kvFeed{pod: p, model: m}
 			// A subscriber per rank: each numbers its batches, and replays, on its own.

@@ -1,0 +1,80 @@
+package lb_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"pdlb/engines"
+	"pdlb/engines/vllm"
+	"pdlb/internal/testwait"
+	"pdlb/lb"
+	"pdlb/lb/config"
+)
+
+// publishChain publishes on pub one chain of n blocks (hashes from h) and
+// returns when the pod's block count in s's index is no longer one of
+// was: the subscriber may join late, so it publishes again until then.
+func publishChain(t *testing.T, s *lb.Server, pub *vllm.Publisher, pod string, h uint64, n int, was ...int) int {
+	t.Helper()
+	hashes, tokens := make([]uint64, n), make([]uint32, n*config.DefaultBlockSize)
+	for i := range hashes {
+		hashes[i] = h + uint64(i)
+	}
+	for i := range tokens {
+		tokens[i] = uint32(h) + uint32(i)
+	}
+	var blocks int
+	testwait.For(t, fmt.Sprintf("the index to take %d blocks of %s", n, pod), func() bool {
+		blocks, _ = indexBlocks(t, s, pod)
+		for _, w := range was {
+			if blocks == w {
+				pub.BlockStored(0, false, hashes, tokens, config.DefaultBlockSize, engines.ExtraKeys{})
+				time.Sleep(20 * time.Millisecond)
+				return false
+			}
+		}
+		return true
+	})
+	return blocks
+}
+
+// TestKVFeedReplacedOverKeptEntries: a reload that keeps a pod (same
+// name and address) but points its kv_events somewhere else (its engine
+// was restarted with another port, or another data_parallel_size) starts
+// a new feed for it, which knows none of the blocks the old feed put in
+// the index. Those blocks stay the pod's for good: the new feed can never
+// take them out (it has not seen their hashes), and a restarted engine
+// holds none of them. Routing then sends those prompts' repeats to the
+// pod as cache hits it does not have.
+func TestKVFeedReplacedOverKeptEntries(t *testing.T) {
+	newPub := func() *vllm.Publisher {
+		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pub.Close() })
+		return pub
+	}
+	old := newPub()
+	sims := testFleet(t, "m", 1, 100)
+	kv := config.Pod{Name: "kv-0", Model: "m", Address: sims[0].Addr(), KVEvents: old.Endpoint(), KVReplay: old.ReplayEndpoint()}
+	s := testGateway(t, []config.Pod{kv}, func(c *config.Config) { c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}} })
+	if b := publishChain(t, s, old, "kv-0", 1000, 4, 0); b != 4 {
+		t.Fatalf("index holds %d blocks of kv-0, want 4", b)
+	}
+
+	// The engine restarts, its cache empty, publishing on other ports.
+	old.Close()
+	restarted := newPub()
+	cfg := s.Gateway.Config()
+	cfg.Pods[0].KVEvents, cfg.Pods[0].KVReplay = restarted.Endpoint(), restarted.ReplayEndpoint()
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	// One new prompt of one block, from the restarted engine.
+	if b := publishChain(t, s, restarted, "kv-0", 2000, 1, 4, 0); b != 1 {
+		t.Fatalf("index holds %d blocks of kv-0 after its engine restarted and stored 1 block; want 1 "+
+			"(the 4 blocks the old feed stored stay, and no feed can remove them)", b)
+	}
+}
