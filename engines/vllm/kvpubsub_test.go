@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/goleak"
@@ -141,6 +142,9 @@ func TestPubSubGapReplayAndRestart(t *testing.T) {
 	// Restart: a new publisher on the same ports counts from 0 again. The
 	// subscriber must clear the pod, then deliver the new publisher's
 	// events from its seq 0 on, whichever batch it happens to see first.
+	// It may see the restart on reconnecting, before any live batch; what
+	// the publisher holds then comes with the next live batch, so one more
+	// is published after the clear.
 	ep, rp := p.Endpoint(), p.ReplayEndpoint()
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
@@ -150,14 +154,19 @@ func TestPubSubGapReplayAndRestart(t *testing.T) {
 	base = len(rec.snapshot())
 	want = want[:0]
 	restarts := s.Counters.Restarts.Load()
-	for i := 0; s.Counters.Restarts.Load() == restarts; i++ {
+	for i := 0; ; i++ {
 		if i == 500 {
 			t.Fatal("restart not detected")
 		}
 		want = append(want, storeEvent(p2, i))
 		p2.flush()
+		if s.Counters.Restarts.Load() != restarts {
+			break
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	want = append(want, storeEvent(p2, len(want)))
+	p2.flush()
 	want = append([]string{"cleared"}, want...)
 	testwait.For(t, "the new publisher's events", func() bool { return len(rec.snapshot()) >= base+len(want) })
 	if got := rec.snapshot()[base : base+len(want)]; !slices.Equal(got, want) {
@@ -643,5 +652,108 @@ func TestDeliverOffloadBatch(t *testing.T) {
 		if n := s.Counters.Skipped.Load(); n != 2 {
 			t.Fatalf("maps %v: skipped %d events, want 2 (the CPU store, the unknown type)", maps, n)
 		}
+	}
+}
+
+// TestRestartWhileIdleClears: a pod whose engine restarts (its cache
+// empty) and then publishes nothing, as an idle engine does, must not
+// keep its blocks: the subscriber sees its connection drop and come back,
+// and the restarted publisher's replay buffer no longer holds the batch
+// the subscriber last had. Until the sink is told, the gateway's index
+// keeps routing the pod's old prompts to it as cache hits.
+func TestRestartWhileIdleClears(t *testing.T) {
+	p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
+	rec := &recorder{}
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), RedialInterval: 10 * time.Millisecond}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	joined(t, p, rec)
+	want := storeEvent(p, 0)
+	p.flush()
+	testwait.For(t, "the stored block", func() bool { return slices.Contains(rec.snapshot(), want) })
+
+	ep, rp := p.Endpoint(), p.ReplayEndpoint()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2 := manualPublisher(t, ep, rp, 0)
+	defer p2.Close()
+	base := len(rec.snapshot())
+	testwait.For(t, "the reconnection", func() bool { return s.Counters.Reconnects.Load() > 0 })
+	// Give the subscriber time to look at the restarted publisher.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) && !slices.Contains(rec.snapshot()[base:], "cleared") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := rec.snapshot()[base:]; !slices.Contains(got, "cleared") {
+		t.Fatalf("publisher restarted (reconnects %d, restarts %d) and the sink was not cleared; calls since: %q",
+			s.Counters.Reconnects.Load(), s.Counters.Restarts.Load(), got)
+	}
+	if s.Counters.Restarts.Load() != 1 || s.Counters.Lost.Load() != 0 {
+		t.Fatalf("restarts %d lost %d, want 1 0", s.Counters.Restarts.Load(), s.Counters.Lost.Load())
+	}
+}
+
+// TestRecheck: after a reconnection the subscriber asks the publisher
+// whether it still holds the last batch delivered, and clears the pod
+// only when it does not: the same batch (a dropped connection) keeps it;
+// another batch under that seq, or none that far, is a restart; batches
+// past it without it, a lost history; replay unreachable leaves the check
+// to the next live batch.
+func TestRecheck(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		buffer           int   // the publisher's replay buffer, in batches (0: its default)
+		last             int64 // the batch the subscriber holds
+		sameDigest       bool
+		closed           bool // the replay socket is gone
+		restarts, lost   uint64
+		cleared, checked bool
+	}{
+		{name: "held", last: 3, sameDigest: true, checked: true},
+		{name: "another batch", last: 3, restarts: 1, cleared: true, checked: true},
+		{name: "not that far", last: 9, sameDigest: true, restarts: 1, cleared: true, checked: true},
+		{name: "overrun", buffer: 2, last: 1, sameDigest: true, lost: 1, cleared: true, checked: true},
+		{name: "unreachable", last: 3, sameDigest: true, closed: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", c.buffer)
+			defer p.Close()
+			var digest uint64
+			for i := range 6 {
+				storeEvent(p, i)
+				p.flush()
+				if int64(i) == c.last {
+					p.ringMu.Lock()
+					digest = xxhash.Sum64(p.ring[i%len(p.ring)].payload)
+					p.ringMu.Unlock()
+				}
+			}
+			rec := &recorder{}
+			s := subscriberAt(t, p, rec, c.last)
+			s.cfg.ReplayTimeout = 200 * time.Millisecond
+			if c.sameDigest && digest != 0 {
+				s.lastDigest = digest
+			}
+			if c.closed {
+				if err := p.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.suspect = true
+			s.recheck()
+			got := rec.snapshot()
+			if cleared := slices.Equal(got, []string{"cleared"}); cleared != c.cleared || !cleared && len(got) > 0 {
+				t.Fatalf("sink calls %q, want cleared %v and nothing else", got, c.cleared)
+			}
+			if s.Counters.Restarts.Load() != c.restarts || s.Counters.Lost.Load() != c.lost {
+				t.Fatalf("restarts %d lost %d, want %d %d", s.Counters.Restarts.Load(), s.Counters.Lost.Load(), c.restarts, c.lost)
+			}
+			if s.suspect == c.checked {
+				t.Fatalf("suspect %v after the check, want %v", s.suspect, !c.checked)
+			}
+		})
 	}
 }

@@ -128,8 +128,8 @@ type Subscriber struct {
 	last       int64  // seq of the last batch delivered; -1: none since the (re)start
 	lastDigest uint64 // xxhash of that batch's payload
 	// suspect is set by a reconnection: the publisher may have restarted,
-	// so the next batch is checked against the replay buffer even if its
-	// seq follows on.
+	// so its replay buffer is asked at once (recheck) and, if that fails,
+	// at the next batch even if its seq follows on.
 	suspect bool
 	removed []uint64 // scratch: a run of BlockRemoved events' hashes
 	// group is the KV-cache group the index follows, once a store named
@@ -171,6 +171,9 @@ func (s *Subscriber) run() {
 		// connection it makes.
 		if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err == nil {
 			if err := sub.Dial(s.cfg.Endpoint); err == nil {
+				if s.suspect {
+					s.recheck()
+				}
 				s.follow(sub)
 			}
 		}
@@ -234,6 +237,28 @@ func (s *Subscriber) reset(c *atomic.Uint64) {
 	s.hasGroup = false
 }
 
+// recheck asks a publisher just reconnected to whether it still holds the
+// last batch delivered. An engine that restarted (its cache empty) and
+// then published nothing, as an idle one does, would otherwise keep the
+// pod's old blocks in the index until its next batch. It delivers
+// nothing: live batches may already be queued behind the check. Replay
+// unreachable, the next live batch is checked instead (suspect stays).
+func (s *Subscriber) recheck() {
+	r := s.replay(s.last, s.last+1)
+	switch {
+	case r.err != nil:
+		return
+	case r.mismatch || !r.held && !r.newer:
+		// A different batch under seq last, or none that far: the
+		// publisher started again.
+		s.reset(&s.Counters.Restarts)
+	case !r.held:
+		// It counted past last without holding it: history lost.
+		s.reset(&s.Counters.Lost)
+	}
+	s.suspect = false
+}
+
 // catchUp replays the batches the subscriber lacks before live batch seq.
 //
 // Holding batch last, it asks from last, not last+1: the publisher must
@@ -271,6 +296,8 @@ func (s *Subscriber) catchUp(seq int64) {
 type replayResult struct {
 	mismatch bool  // the publisher's batch under seq last differs from ours
 	gone     bool  // the publisher no longer holds batch last
+	held     bool  // it holds batch last, as we had it (or we hold none)
+	newer    bool  // it sent a batch past last
 	err      error // the exchange failed (dial, timeout)
 }
 
@@ -313,8 +340,10 @@ func (s *Subscriber) replay(start, seq int64) replayResult {
 		}
 		rs := int64(binary.BigEndian.Uint64(f[0]))
 		if rs == replayEnd {
+			r.held = verified
 			return r
 		}
+		r.newer = r.newer || rs > s.last
 		if stopped || rs >= seq {
 			continue
 		}
