@@ -46,7 +46,8 @@ func publishChain(t *testing.T, s *lb.Server, pub *vllm.Publisher, pod string, h
 // the index. Those blocks stay the pod's for good: the new feed can never
 // take them out (it has not seen their hashes), and a restarted engine
 // holds none of them. Routing then sends those prompts' repeats to the
-// pod as cache hits it does not have.
+// pod as cache hits it does not have. The same holds when the reload
+// takes the pod's kv_events away.
 func TestKVFeedReplacedOverKeptEntries(t *testing.T) {
 	newPub := func() *vllm.Publisher {
 		pub, err := vllm.NewPublisher(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
@@ -76,5 +77,14 @@ func TestKVFeedReplacedOverKeptEntries(t *testing.T) {
 	if b := publishChain(t, s, restarted, "kv-0", 2000, 1, 4, 0); b != 1 {
 		t.Fatalf("index holds %d blocks of kv-0 after its engine restarted and stored 1 block; want 1 "+
 			"(the 4 blocks the old feed stored stay, and no feed can remove them)", b)
+	}
+
+	// Its kv_events go from the config: nothing will take that block out.
+	cfg.Pods[0].KVEvents, cfg.Pods[0].KVReplay = "", ""
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := indexBlocks(t, s, "kv-0"); b != 0 {
+		t.Fatalf("index holds %d blocks of kv-0 after a reload took its kv_events away; want 0", b)
 	}
 }

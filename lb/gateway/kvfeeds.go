@@ -46,8 +46,9 @@ func (f kvFeed) counts() feedCounts {
 // could not take them out of the index when the pod evicts them, nor
 // chain the pod's new blocks to them, unless the pod's replay buffer
 // still held its whole history. For the same reason a pod prev follows
-// whose endpoints or ranks changed loses its blocks in the index before
-// its new feed starts. prev may be nil; on error nothing of it is closed.
+// whose endpoints or ranks changed, or that has no kv_events any more,
+// loses its blocks in the index (before its new feed starts). prev may be
+// nil; on error nothing of it is closed.
 func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, error) {
 	k := &kvFeeds{indexers: map[*pool.Model]*kvindex.Indexer{}}
 	kept := map[int32]kvFeed{}
@@ -58,13 +59,23 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 	}
 	for _, m := range s.Models {
 		for _, p := range m.Pods {
-			if p.Config.KVEvents == "" {
+			old, had := kept[p.ID]
+			sameIndex := had && old.model.Prefix == m.Prefix && old.pod.PrefixID == p.PrefixID
+			if sameIndex && p.Config.KVEvents != "" && old.model.BlockSize == m.BlockSize &&
+				old.pod.Config.KVEvents == p.Config.KVEvents && old.pod.Config.KVReplay == p.Config.KVReplay &&
+				old.pod.Config.DataParallelSize == p.Config.DataParallelSize {
+				k.feeds = append(k.feeds, kvFeed{pod: p, model: m, subs: old.subs})
 				continue
 			}
-			if f, ok := kept[p.ID]; ok && f.model.Prefix == m.Prefix && f.model.BlockSize == m.BlockSize && f.pod.PrefixID == p.PrefixID &&
-				f.pod.Config.KVEvents == p.Config.KVEvents && f.pod.Config.KVReplay == p.Config.KVReplay &&
-				f.pod.Config.DataParallelSize == p.Config.DataParallelSize {
-				k.feeds = append(k.feeds, kvFeed{pod: p, model: m, subs: f.subs})
+			if sameIndex {
+				// The pod keeps its entries in the index but not its
+				// feed (its endpoints or ranks changed: a restarted
+				// engine, most likely with an empty cache; or it has
+				// none now). No event will take out the blocks the old
+				// feed stored: they go now.
+				m.Prefix.RemovePod(p.PrefixID)
+			}
+			if p.Config.KVEvents == "" {
 				continue
 			}
 			if k.indexers[m] == nil {
@@ -74,14 +85,6 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 					return nil, fmt.Errorf("model %q: %w", m.Name, err)
 				}
 				k.indexers[m] = ix
-			}
-			if f, ok := kept[p.ID]; ok && f.model.Prefix == m.Prefix && f.pod.PrefixID == p.PrefixID {
-				// The pod keeps its entries in the index but not its
-				// feed (its endpoints or ranks changed: a restarted
-				// engine, most likely with an empty cache). The new feed
-				// will never see the hashes of the blocks the old one
-				// stored, so it could not take them out: they go now.
-				m.Prefix.RemovePod(p.PrefixID)
 			}
 			f := kvFeed{pod: p, model: m}
 			// A subscriber per rank: each numbers its batches, and replays, on its own.
