@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/engines/sim"
 	"pdlb/internal/lbtest"
 	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
@@ -184,6 +185,54 @@ func TestShutdownDeadlineAnswersWholeRequests(t *testing.T) {
 		}
 		wantNothingHeld(t, s, "m-0")
 	})
+}
+
+// TestShutdownDeadlineAnswersDeferred: a request still waiting for
+// admission when the grace ends is answered the shutdown's 503 then, on
+// its own model (a shutdown is not the model's failure: no fallback), and
+// gives back what it held, on both front ends.
+func TestShutdownDeadlineAnswersDeferred(t *testing.T) {
+	fallback := testFleet(t, "n", 1, 100)
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			pod := physicsPod(t, "slow", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 2000 })
+			s := testGateway(t, append([]config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: 2000}}, podsOf("n", fallback...)...), func(c *config.Config) {
+				c.Frontend = fe
+				c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n"}}
+				c.Admission.Enabled = true
+				c.Admission.Batch.TTFTSLO = 0.5
+				c.Admission.Batch.MaxWait = 60
+			})
+			// ~1,600 tokens: 0.8 s of prefill, so the prediction never clears.
+			c := sendBatch(t, s, chat(strings.Repeat("x", 6400), "hi", 2, false))
+			defer c.Close()
+			testwait.For(t, "the request to wait for admission", func() bool {
+				return metricValue(t, s, `pdlb_admission_waiting{class="batch"}`) == 1
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			s.Shutdown(ctx)
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if d := time.Since(start); d > 1500*time.Millisecond {
+				t.Errorf("answered %v after the shutdown began, the grace being 300ms", d)
+			}
+			var body []byte
+			if err == nil {
+				body, err = io.ReadAll(resp.Body)
+			}
+			switch {
+			case err != nil:
+				t.Errorf("got %v, want the shutdown's 503", err)
+			case resp.StatusCode != 503 || !strings.Contains(string(body), "The gateway is shutting down"):
+				t.Errorf("got %d %q, want the shutdown's 503", resp.StatusCode, body)
+			case resp.Header.Get("x-pdlb-model") != "m":
+				t.Errorf("answered by model %q, want m: a shutdown is no reason to fall back", resp.Header.Get("x-pdlb-model"))
+			}
+			wantNothingHeld(t, s, "slow")
+		})
+	}
 }
 
 // TestShutdownClosesWhatIsLeft: once Shutdown returned, no connection of

@@ -49,17 +49,17 @@ func (g *Gateway) admitNow(x *completion, since, ttft, tpot float64) (wait bool,
 // deferred on.
 type admitWait struct{ since, ttft, tpot float64 }
 
-// awaitAdmission waits for a deferred x until a prediction clears or its
-// class's max wait runs out.
+// awaitAdmission waits for a deferred x until a prediction clears, its
+// class's max wait runs out, or the shutdown's grace does.
 func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttft, tpot float64), replace func()) *failure {
 	since, ttft, tpot := w.since, w.ttft, w.tpot
 	maxWait := g.admit.Config().Classes[x.class].MaxWait
 	for {
 		time.Sleep(deferPoll)
-		if x.clientLeft() {
+		if f := g.interrupted(x); f != nil {
 			// Its slot goes to a request someone still waits for.
 			g.admit.Withdraw(x.ticket.ID)
-			return fail.ClientLeft
+			return f
 		}
 		now := g.clock()
 		if now-since > maxWait {
@@ -77,6 +77,18 @@ func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttf
 			return nil
 		}
 	}
+}
+
+// interrupted is why x, waiting on a worker for admission, is to wait no
+// more: its client left, or the shutdown's grace is over; nil for neither.
+func (g *Gateway) interrupted(x *completion) *failure {
+	switch {
+	case x.clientLeft():
+		return fail.ClientLeft
+	case g.aborting.Load():
+		return shuttingDown
+	}
+	return nil
 }
 
 // reject is the 429 of a request admission sheds, saying which prediction

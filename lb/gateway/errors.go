@@ -44,6 +44,12 @@ func writeFailure(ctx *fasthttp.RequestCtx, f *failure) {
 // period is over.
 var errShuttingDown = errors.New("lb: the gateway is shutting down")
 
+// shuttingDown answers a request the shutdown's grace ended before it
+// had its answer: neither its pod's failure nor its model's, so it is not
+// retried, nor moved to a fallback model (fallBackFrom).
+var shuttingDown = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+	Message: "The gateway is shutting down; retry the request."})
+
 // podFailure is the failure of an attempt on pod that ended in err, an
 // I/O error of the call; within is the bound that passed, should err be a
 // timeout.
@@ -55,8 +61,7 @@ func (g *Gateway) podFailure(pod *pool.Pod, err error, within time.Duration) *fa
 // with err; within is the bound that passed, should err be a timeout.
 func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {
 	if errors.Is(err, errShuttingDown) {
-		return &openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
-			Message: "The gateway is shutting down; retry the request."}
+		return shuttingDown.E
 	}
 	if pool.IsTimeout(err) {
 		return openai.UpstreamTimeout(within)

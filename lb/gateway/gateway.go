@@ -98,7 +98,8 @@ type Gateway struct {
 	bg   sync.WaitGroup
 	// aborting is set when a shutdown's grace is over: relays end their
 	// streams at their next read, which AbortStreams brings forward for
-	// the relays on workers, reading their pods' connections (relaying).
+	// the relays on workers, reading their pods' connections (relaying);
+	// requests waiting for admission stop waiting (interrupted).
 	aborting atomic.Bool
 	relaying struct {
 		sync.Mutex

@@ -161,10 +161,10 @@ func (g *Gateway) retokenize(x *completion) {
 
 // fallBackFrom moves x to a fallback model when f, the failure that ends
 // x before anything reached its client, is one the model is unavailable
-// by: no pod (503) or shedding (429).
+// by: no pod (503) or shedding (429), not the gateway's shutdown.
 func (g *Gateway) fallBackFrom(x *completion, f *failure) bool {
 	s := f.E.Status
-	return (s == fasthttp.StatusServiceUnavailable || s == fasthttp.StatusTooManyRequests) && g.fallBack(x)
+	return f != shuttingDown && (s == fasthttp.StatusServiceUnavailable || s == fasthttp.StatusTooManyRequests) && g.fallBack(x)
 }
 
 // unavailableAnswer takes a pod's 503 head, sent before any byte reached

@@ -328,7 +328,7 @@ func (x *completion) answered(err error) {
 		// The shutdown's grace is over (AbortRelays): not the pod's
 		// failure, and no retry; the client is told to retry.
 		g.unplace(x, x.pod)
-		x.last, x.stage = &failure{E: g.upstreamError(errShuttingDown, 0)}, stageFail
+		x.last, x.stage = shuttingDown, stageFail
 	default:
 		g.unplace(x, x.pod)
 		g.callFailed(x.pod, err, x.reachesEngine())
