@@ -79,8 +79,9 @@ func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttf
 	}
 }
 
-// interrupted is why x, waiting on a worker for admission, is to wait no
-// more: its client left, or the shutdown's grace is over; nil for neither.
+// interrupted is why x, waiting on a worker (for admission, for a place
+// in the retry budget), is to wait no more: its client left, or the
+// shutdown's grace is over; nil for neither.
 func (g *Gateway) interrupted(x *completion) *failure {
 	switch {
 	case x.clientLeft():

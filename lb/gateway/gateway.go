@@ -99,7 +99,8 @@ type Gateway struct {
 	// aborting is set when a shutdown's grace is over: relays end their
 	// streams at their next read, which AbortStreams brings forward for
 	// the relays on workers, reading their pods' connections (relaying);
-	// requests waiting for admission stop waiting (interrupted).
+	// requests waiting for admission or a retry stop waiting
+	// (interrupted).
 	aborting atomic.Bool
 	relaying struct {
 		sync.Mutex

@@ -131,12 +131,13 @@ func (g *Gateway) pickStage(x *completion) bool {
 		// Back off a little, with jitter, so a fleet-wide hiccup is not
 		// met by every request retrying in lockstep.
 		time.Sleep(time.Duration(rand.Int64N(int64(retryBackoff) << min(x.attempts-1, maxBackoffShift))))
-		if x.budgetWait && !g.awaitRetry(x) {
-			x.stage = stageFail // the last attempt's failure
+		waited := !x.budgetWait || g.awaitRetry(x)
+		if f := g.interrupted(x); f != nil {
+			x.last, x.stage = f, stageFail
 			return true
 		}
-		if x.clientLeft() {
-			x.last, x.stage = fail.ClientLeft, stageFail
+		if !waited {
+			x.stage = stageFail // the last attempt's failure
 			return true
 		}
 	}
@@ -424,7 +425,7 @@ func (g *Gateway) tryAgain(x *completion, f *failure) bool {
 // fleet-wide failure no retry works and the budget stays as Envoy's. It
 // goes on without one once the failed pod is found out (a check, or a
 // refused connection): as for a pod found dead, its requests are what it
-// held. False: neither came in time, or the client left.
+// held. False: neither came in time, or x is to wait no more (interrupted).
 func (g *Gateway) awaitRetry(x *completion) bool {
 	x.budgetWait = false
 	m := g.metrics.retry
@@ -433,7 +434,7 @@ func (g *Gateway) awaitRetry(x *completion) bool {
 			g.retried(x, x.last)
 			return true
 		}
-		if x.clientLeft() || time.Now().After(deadline) {
+		if g.interrupted(x) != nil || time.Now().After(deadline) {
 			m.exhausted.Inc()
 			return false
 		}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -385,6 +386,29 @@ func TestRetryBudgetWorkedBeforeTheWait(t *testing.T) {
 	}
 	if n := r.inFlight.Load(); n != 2 {
 		t.Fatalf("%d retries in flight after the end, want the 2 still busy", n)
+	}
+}
+
+// TestRetryWaitEndsAtShutdown: a retry waiting for a place in the retry
+// budget when the shutdown's grace ends goes out no more: its client gets
+// the shutdown's 503 at once, not the failed attempt's error once the wait
+// runs out.
+func TestRetryWaitEndsAtShutdown(t *testing.T) {
+	g, m := stagesGateway(t, 1, nil)
+	g.metrics.retry.inFlight.Store(3) // the budget's minimum, all taken
+	loop := &scripted{async: true}
+	x, ctx := startCompletion(t, g, m, loop, admit.Interactive)
+	g.advance(x)
+	x.Answered(fasthttp.ErrConnectionClosed)
+	if !x.budgetWait {
+		t.Fatal("the retry does not wait for the budget")
+	}
+	g.AbortStreams()
+	worker := &scripted{blocks: true}
+	x.via = worker
+	g.advance(x)
+	if len(worker.sent) != 0 || ctx.Response.StatusCode() != 503 || !strings.Contains(string(ctx.Response.Body()), "shutting down") || g.inFlight.Load() != 0 {
+		t.Errorf("%d sends, got %d %q, %d in flight; want the shutdown's 503", len(worker.sent), ctx.Response.StatusCode(), ctx.Response.Body(), g.inFlight.Load())
 	}
 }
 
