@@ -146,45 +146,81 @@ func wantNothingHeld(t *testing.T, s *lb.Server, pod string) {
 	}
 }
 
-// TestShutdownDeadlineAnswersWholeRequests: on the event loops, a request
-// whose whole answer is still coming when the grace ends gets the
-// shutdown's 503, which tells the client to retry, not a closed
-// connection, and gives back what it held. (On fasthttp's front end its
-// pod call runs on a worker and is not cut: the connection closes.)
+// TestShutdownDeadlineAnswersWholeRequests: a request whose whole answer
+// is still coming when the grace ends gets the shutdown's 503, which tells
+// the client to retry, not a closed connection; its pod call is cut, so
+// the pod stops, and it gives back what it held: on the event loops, on
+// fasthttp's workers, and over HTTP/2 (on workers on both front ends).
 func TestShutdownDeadlineAnswersWholeRequests(t *testing.T) {
-	bothClients(t, func(t *testing.T, via *http.Client) {
-		s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1)...), func(c *config.Config) { c.Frontend = "gnet" })
-		// Twenty seconds of tokens at speedup 1, answered whole; status
-		// and body are the goroutine's until done.
-		var status int
-		var body []byte
-		done := make(chan error, 1)
-		go func() {
-			resp, err := via.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
-				strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":2000}`))
-			if err == nil {
-				status = resp.StatusCode
-				body, err = io.ReadAll(resp.Body)
-				resp.Body.Close()
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			each := func(t *testing.T, via *http.Client) {
+				sims := testFleet(t, "m", 1, 1)
+				s := testGateway(t, podsOf("m", sims...), func(c *config.Config) { c.Frontend = fe })
+				// Twenty seconds of tokens at speedup 1, answered whole.
+				wantShutdownAnswer(t, s, via, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":2000}`, sims[0])
+				wantNothingHeld(t, s, "m-0")
 			}
-			done <- err
-		}()
-		testwait.For(t, "the request to reach its pod", func() bool {
-			return metricValue(t, s, `pdlb_pod_in_flight{pod="m-0"}`) == 1
+			bothClients(t, each)
+			t.Run("h2c", func(t *testing.T) { each(t, h2cClient()) })
 		})
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		s.Shutdown(ctx)
-		err := <-done
-		if d := time.Since(start); d > 1500*time.Millisecond {
-			t.Errorf("answered %v after the shutdown began, the grace being 300ms", d)
+	}
+}
+
+// TestShutdownDeadlineAnswersPD: the same for a PD pair's whole answer,
+// whose legs run on workers, cut in its prefill or its decode leg, with a
+// sequential engine's exchange and a concurrent one's.
+func TestShutdownDeadlineAnswersPD(t *testing.T) {
+	for _, e := range pdEngines[:2] {
+		for _, during := range []string{"prefill", "decode"} {
+			t.Run(e.name+"/"+during, func(t *testing.T) {
+				slow := func(c *sim.Config) { c.Speedup = 1 }
+				pre := startSim(t, e, "pre", sim.RolePrefill, slow)
+				dec := startSim(t, e, "dec", sim.RoleDecode, slow)
+				s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "g"), pdPod(dec, dec.Addr(), "g")}, nil)
+				prompt, busy := "x", dec
+				if during == "prefill" {
+					prompt, busy = strings.Repeat("a long prompt to prefill ", 2000), pre
+				}
+				wantShutdownAnswer(t, s, client, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":3000}`, prompt), busy)
+				wantNothingHeld(t, s, "pre")
+				wantNothingHeld(t, s, "dec")
+			})
 		}
-		if err != nil || status != 503 || !strings.Contains(string(body), "The gateway is shutting down") {
-			t.Errorf("got %d %q %v, want the shutdown's 503", status, body, err)
+	}
+}
+
+// wantShutdownAnswer posts body to path of s via the client, shuts s down
+// with a grace of 300 ms once pod busy works on the request, and fails t
+// unless the client then got the shutdown's 503 at once and busy stops.
+func wantShutdownAnswer(t *testing.T, s *lb.Server, via *http.Client, path, body string, busy *sim.Pod) {
+	t.Helper()
+	// status and answer are the goroutine's until done.
+	var status int
+	var answer []byte
+	done := make(chan error, 1)
+	go func() {
+		resp, err := via.Post("http://"+s.Addr()+path, "application/json", strings.NewReader(body))
+		if err == nil {
+			status = resp.StatusCode
+			answer, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
 		}
-		wantNothingHeld(t, s, "m-0")
-	})
+		done <- err
+	}()
+	testwait.For(t, "the request to reach its pod", func() bool { return busy.Stats().Running == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	s.Shutdown(ctx)
+	err := <-done
+	if d := time.Since(start); d > 1500*time.Millisecond {
+		t.Errorf("answered %v after the shutdown began, the grace being 300ms", d)
+	}
+	if err != nil || status != 503 || !strings.Contains(string(answer), "The gateway is shutting down") {
+		t.Errorf("got %d %q %v, want the shutdown's 503", status, answer, err)
+	}
+	testwait.For(t, "pod "+busy.Config().Name+" to stop working on the request", func() bool { return busy.Stats().Running == 0 })
 }
 
 // TestShutdownDeadlineAnswersDeferred: a request still waiting for

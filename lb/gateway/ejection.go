@@ -6,6 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/frontend"
 	"pdlb/lb/limits"
 	"pdlb/lb/pool"
 )
@@ -16,8 +17,10 @@ import (
 // call was one p's API server answers without the engine (engine false:
 // a tokenization), whose answers count neither way either.
 func (g *Gateway) callFailed(p *pool.Pod, err error, engine bool) {
-	// The gateway's own limits fail calls the pod has no part in.
-	if engine && !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) && !errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	// The gateway's own limits, and its shutdown, fail calls the pod has
+	// no part in.
+	if engine && !errors.Is(err, fasthttp.ErrNoFreeConns) && !errors.Is(err, limits.ErrOutOfFDs) && !errors.Is(err, fasthttp.ErrBodyTooLarge) &&
+		!errors.Is(err, frontend.ErrAborted) {
 		g.podFailed(p)
 	}
 	// Refused: nothing listens at the pod's address; the picks that follow

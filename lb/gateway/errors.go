@@ -54,6 +54,11 @@ var shuttingDown = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailabl
 // I/O error of the call; within is the bound that passed, should err be a
 // timeout.
 func (g *Gateway) podFailure(pod *pool.Pod, err error, within time.Duration) *failure {
+	if errors.Is(err, frontend.ErrAborted) {
+		// No pod's: the shutdown's grace ended the call (a PD leg's,
+		// whose failure the exchange may mark as the leg's).
+		return &failure{E: shuttingDown.E}
+	}
 	return &failure{E: g.upstreamError(err, within), Pod: pod, Reason: fail.ReasonOf(err)}
 }
 

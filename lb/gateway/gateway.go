@@ -98,13 +98,13 @@ type Gateway struct {
 	bg   sync.WaitGroup
 	// aborting is set when a shutdown's grace is over: relays end their
 	// streams at their next read, which AbortStreams brings forward for
-	// the relays on workers, reading their pods' connections (relaying);
-	// requests waiting for admission or a retry stop waiting
-	// (interrupted).
+	// what works on workers (aborts: pod calls, relays reading their
+	// pods' connections); requests waiting for admission or a retry stop
+	// waiting (interrupted).
 	aborting atomic.Bool
-	relaying struct {
+	aborts   struct {
 		sync.Mutex
-		conns map[*upstream.Conn]struct{}
+		set map[upstream.Cutter]struct{}
 	}
 	// nextID numbers requests for the ledger and the admission queue.
 	nextID atomic.Uint64
@@ -370,34 +370,46 @@ func (g *Gateway) editPods(edit func(pods []config.Pod, held map[string]config.P
 	return nil
 }
 
-// AbortStreams ends every stream still relayed, each with an error event:
-// a relay on a worker at once (its pod's read is woken), one on an event
-// loop at its next read (the front end's AbortRelays ends those whose pod
-// says nothing).
+// AbortStreams ends what still runs at the end of a shutdown's grace:
+// every stream still relayed, with an error event, and every pod call of
+// a request still waiting for its answer, with a 503 that says to retry.
+// On a worker at once (its pod call is cut, its relay's read woken: the
+// abort Cut); on an event loop a relay at its next read, and the front
+// end's AbortRelays ends the rest.
 func (g *Gateway) AbortStreams() {
 	g.aborting.Store(true)
-	g.relaying.Lock()
-	defer g.relaying.Unlock()
-	for c := range g.relaying.conns {
-		_ = c.SetReadDeadline(time.Now())
+	g.aborts.Lock()
+	defer g.aborts.Unlock()
+	for c := range g.aborts.set {
+		c.Cut()
 	}
 }
 
-// relayFrom counts a worker's relay as reading its pod's connection c,
-// for AbortStreams to wake, until relayDone.
-func (g *Gateway) relayFrom(c *upstream.Conn) {
-	g.relaying.Lock()
-	defer g.relaying.Unlock()
-	if g.relaying.conns == nil {
-		g.relaying.conns = make(map[*upstream.Conn]struct{})
+// abortCut is the end of the shutdown's grace as an upstream.Cut: a
+// watched call is cut by AbortStreams, or at once once it ran. A
+// registry, not a goroutine or a timer per call.
+type abortCut struct{ g *Gateway }
+
+func (a abortCut) Watch(c upstream.Cutter) {
+	g := a.g
+	g.aborts.Lock()
+	if g.aborts.set == nil {
+		g.aborts.set = make(map[upstream.Cutter]struct{})
 	}
-	g.relaying.conns[c] = struct{}{}
+	g.aborts.set[c] = struct{}{}
+	g.aborts.Unlock()
+	// After the registration: either AbortStreams finds c, or c finds
+	// the flag it set first.
+	if g.aborting.Load() {
+		c.Cut()
+	}
 }
 
-func (g *Gateway) relayDone(c *upstream.Conn) {
-	g.relaying.Lock()
-	defer g.relaying.Unlock()
-	delete(g.relaying.conns, c)
+func (a abortCut) Unwatch(c upstream.Cutter) {
+	g := a.g
+	g.aborts.Lock()
+	defer g.aborts.Unlock()
+	delete(g.aborts.set, c)
 }
 
 // Conns is the per-address cap on client connections, for the front end.

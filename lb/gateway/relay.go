@@ -182,8 +182,8 @@ func nominatesIn(k, v []byte) bool {
 func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *completion, pod *pool.Pod) int {
 	conn := upstream.ConnOf(resp)
 	if conn != nil {
-		g.relayFrom(conn)
-		defer g.relayDone(conn)
+		abortCut{g}.Watch((*wakeRead)(conn))
+		defer abortCut{g}.Unwatch((*wakeRead)(conn))
 	}
 	stream := resp.BodyStream()
 	idle := g.cfg.Upstream.StreamIdleTimeout
@@ -349,6 +349,12 @@ type tokenTimes struct {
 	started     bool
 	first, last time.Time
 }
+
+// wakeRead is a relay's pod connection as what the abort Cut cuts: its
+// read is woken, and readUpstream ends the stream.
+type wakeRead upstream.Conn
+
+func (c *wakeRead) Cut() { _ = (*upstream.Conn)(c).SetReadDeadline(time.Now()) }
 
 // readUpstream reads the pod's next bytes into b. Once Shutdown's grace is
 // over it ends the stream instead, dropping what it read, rather than let

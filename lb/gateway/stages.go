@@ -326,8 +326,9 @@ func (x *completion) answered(err error) {
 		g.unplace(x, x.pod)
 		x.last, x.stage = fail.ClientLeft, stageFail
 	case errors.Is(err, frontend.ErrAborted):
-		// The shutdown's grace is over (AbortRelays): not the pod's
-		// failure, and no retry; the client is told to retry.
+		// The shutdown's grace is over (AbortRelays on a loop, callPod on
+		// a worker): not the pod's failure, and no retry; the client is
+		// told to retry.
 		g.unplace(x, x.pod)
 		x.last, x.stage = shuttingDown, stageFail
 	default:

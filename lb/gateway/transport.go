@@ -77,17 +77,23 @@ func (workerTransport) send(x *completion) {
 			cut = &lateWatch{ctx: x.ctx}
 		}
 	}
-	x.answered(callPod(cut, x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
+	x.answered(x.g.callPod(cut, x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
 }
 
-// callPod is upstream.DoCut of up on pod, sent at now, cut by cut and
-// when health checks find the pod dead, as the loop's sweep gives such an
-// exchange up (frontend.Upstream.Down); the latter ends it with
+// callPod is upstream.DoCut of up on pod, sent at now, cut by cut, when
+// the shutdown's grace is over and when health checks find the pod dead,
+// as the loops give such an exchange up (AbortRelays,
+// frontend.Upstream.Down); those end it with frontend.ErrAborted and
 // upstream.ErrPodDown.
-func callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time) error {
-	err := upstream.DoCut(pod.Client, up, resp, headBy, deadline, cut, pod.Down())
-	if err == upstream.ErrCut && pod.DownAt.Load() > now.UnixNano() {
-		err = upstream.ErrPodDown
+func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time) error {
+	err := upstream.DoCut(pod.Client, up, resp, headBy, deadline, cut, pod.Down(), abortCut{g})
+	if err == upstream.ErrCut {
+		switch {
+		case g.aborting.Load():
+			err = frontend.ErrAborted
+		case pod.DownAt.Load() > now.UnixNano():
+			err = upstream.ErrPodDown
+		}
 	}
 	return err
 }
