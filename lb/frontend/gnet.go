@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -28,7 +27,6 @@ type GNet struct {
 	o    Options
 	addr string
 
-	parsers sync.Pool // of *parser, used on the loops only
 	workers *workers
 
 	eng      gnet.Engine
@@ -84,7 +82,6 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1),
 		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	s.now.Store(time.Now().UnixNano())
-	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
 	s.workers = newWorkers()
 	if !o.HTTP2.Disabled {
 		s.h2 = newH2Server(h, s.o)
@@ -429,9 +426,7 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		return nil, s.refuse(c) // refuse.go
 	}
 	gc := newGConn(s, c)
-	if s.h.OnLoop {
-		gc.ls = s.loopOf(c.EventLoop())
-	}
+	gc.ls = s.loopOf(c.EventLoop())
 	c.SetContext(gc)
 	s.mu.Lock()
 	s.conns[gc] = struct{}{}

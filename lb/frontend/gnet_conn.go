@@ -227,7 +227,7 @@ func (gc *gconn) read() gnet.Action {
 			gc.stopped = true
 		}
 		gc.s.serving.Add(1)
-		if err == nil && gc.ls != nil && !gc.busy.Load() && c.OutboundBuffered() <= maxOutbound {
+		if err == nil && gc.s.h.OnLoop && !gc.busy.Load() && c.OutboundBuffered() <= maxOutbound {
 			gc.serveOnLoop(ctx)
 			continue
 		}
@@ -388,8 +388,7 @@ func (p *parser) consumed(buf []byte) int { return len(buf) - len(p.src.b) - p.b
 // all there yet, else the request and the bytes it took, with the error of
 // a request that cannot be served.
 func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
-	p := gc.s.parsers.Get().(*parser)
-	defer gc.s.parsers.Put(p)
+	p := gc.ls.parser()
 	p.src = peekReader{b: buf}
 	p.br.Reset(&p.src)
 	if gc.next == nil {

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -249,6 +250,17 @@ type loopState struct {
 	idle  map[string]*[]*upConn
 	conns []*upConn // every upstream connection, for the sweep
 	sweep gnet.Runnable
+	// p parses the requests and answers read on the loop, one at a
+	// time: no parse calls out before it returns.
+	p *parser
+}
+
+// parser is the loop's parser, made on first use.
+func (ls *loopState) parser() *parser {
+	if ls.p == nil {
+		ls.p = &parser{br: bufio.NewReaderSize(nil, ls.s.o.MaxHeaderBytes)}
+	}
+	return ls.p
 }
 
 // loopOf returns el's state, made on first use.
@@ -523,8 +535,7 @@ func (uc *upConn) read() gnet.Action {
 // buf, which ends a body without a length.
 func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 	s := uc.ls.s
-	p := s.parsers.Get().(*parser)
-	defer s.parsers.Put(p)
+	p := uc.ls.parser()
 	resp := uc.resp
 	resp.Reset()
 	var err error

@@ -118,7 +118,6 @@ func TestSweptConnectionIsNotReused(t *testing.T) {
 // by fasthttp.
 func TestParseAllocatesNothing(t *testing.T) {
 	s := &GNet{o: Options{}.withDefaults()}
-	s.parsers.New = func() any { return &parser{br: bufio.NewReaderSize(nil, s.o.MaxHeaderBytes)} }
 	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 	for _, head := range []*AnswerHead{nil, {}} {
 		uc := &upConn{ls: &loopState{s: s}, resp: new(fasthttp.Response), head: head}
