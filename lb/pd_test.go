@@ -67,6 +67,20 @@ func startSim(t *testing.T, e pdEngine, name, role string, mutate func(*sim.Conf
 	return p
 }
 
+// restartSim closes p and starts its engine again at its address, as a
+// container restart does; the test is skipped when the new process's
+// transceiver took the old one's port again.
+func restartSim(t *testing.T, e pdEngine, p *sim.Pod) *sim.Pod {
+	t.Helper()
+	c, addr, before := p.Config(), p.Addr(), p.KVXferAddr()
+	p.Close()
+	q := startSim(t, e, c.Name, c.Role, func(c *sim.Config) { c.Listen = addr })
+	if q.KVXferAddr() == before {
+		t.Skip("the restarted pod's transceiver took the old port again")
+	}
+	return q
+}
+
 // pdPod is p's entry in the gateway's configuration, at addr (its own
 // address unless a proxy stands in front of it).
 func pdPod(p *sim.Pod, addr, roleset string) config.Pod {

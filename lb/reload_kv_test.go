@@ -2,14 +2,17 @@ package lb_test
 
 import (
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
 	"pdlb/engines"
+	"pdlb/engines/sim"
 	"pdlb/engines/vllm"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/lb/route"
 )
 
 // publishChain publishes on pub one chain of n blocks (hashes from h) and
@@ -86,5 +89,40 @@ func TestKVFeedReplacedOverKeptEntries(t *testing.T) {
 	}
 	if b, _ := indexBlocks(t, s, "kv-0"); b != 0 {
 		t.Fatalf("index holds %d blocks of kv-0 after a reload took its kv_events away; want 0", b)
+	}
+}
+
+// TestPDPrefillInfoAfterPodRestart: TensorRT-LLM generation_first reads
+// the context pod's /server_info (its KV transceiver's endpoint) and
+// keeps it a minute, by the pod's address alone. A context pod that
+// restarts at its address (a container restart; a new pod given a
+// departed one's address) comes back with another transceiver endpoint,
+// and every request to it within the minute sends the generation pod to
+// the endpoint of the process that is gone.
+func TestPDPrefillInfoAfterPodRestart(t *testing.T) {
+	e := pdEngine{"trtllm-generation-first", engines.TRTLLM, route.TRTGenerationFirst}
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	addr := pre.Addr()
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, addr, "rs0"), pdPod(dec, dec.Addr(), "rs0")},
+		func(c *config.Config) { c.Health.Interval = 50 * time.Millisecond })
+	if resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 4)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("before the restart: %d %s", resp.StatusCode, b)
+	}
+	before := pre.KVXferAddr()
+	// The engine comes back at the same address, its transceiver on a
+	// port of its own.
+	restarted := restartSim(t, e, pre)
+	testwait.For(t, "the restarted pod to serve", func() bool {
+		resp, err := client.Get("http://" + addr + "/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	time.Sleep(200 * time.Millisecond) // a few health checks: the pod is healthy again
+	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 4))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the context pod restarted: %d %s (its transceiver moved from %s to %s)", resp.StatusCode, b, before, restarted.KVXferAddr())
 	}
 }

@@ -7,7 +7,6 @@ package protocols
 
 import (
 	"errors"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,18 +62,20 @@ type prefillInfoEntry struct {
 	at   time.Time
 }
 
-// prefillInfos caches answers by pod address: the answer is the pod's,
-// whichever gateway asks.
-var prefillInfos sync.Map
+// PrefillInfo is one pod's answer to engines.Protocol.PrefillInfoPath,
+// kept a minute. The answer is its process's (TRT-LLM: its KV
+// transceiver's endpoint), so the pod holds it and drops it when its
+// process may have changed (Forget). The zero value is empty; it is
+// safe for concurrent use.
+type PrefillInfo struct {
+	entry atomic.Pointer[prefillInfoEntry]
+}
 
-// PrefillInfo returns the answer of the pod at addr to GET path
-// (engines.Protocol.PrefillInfoPath), asked through client and kept a
-// minute. The body is shared: callers must not modify it.
-func PrefillInfo(client *fasthttp.HostClient, addr, path string) ([]byte, error) {
-	if v, ok := prefillInfos.Load(addr); ok {
-		if e := v.(*prefillInfoEntry); time.Since(e.at) < prefillInfoTTL {
-			return e.body, nil
-		}
+// Get returns the answer of the pod at addr to GET path, asked through
+// client unless kept. The body is shared: callers must not modify it.
+func (p *PrefillInfo) Get(client *fasthttp.HostClient, addr, path string) ([]byte, error) {
+	if e := p.entry.Load(); e != nil && time.Since(e.at) < prefillInfoTTL {
+		return e.body, nil
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -90,9 +91,13 @@ func PrefillInfo(client *fasthttp.HostClient, addr, path string) ([]byte, error)
 	}
 	// A copy: resp goes back to its pool.
 	body := append([]byte(nil), resp.Body()...)
-	prefillInfos.Store(addr, &prefillInfoEntry{body: body, at: time.Now()})
+	p.entry.Store(&prefillInfoEntry{body: body, at: time.Now()})
 	return body, nil
 }
+
+// Forget drops the kept answer: the pod failed a health check, and may
+// come back as another process.
+func (p *PrefillInfo) Forget() { p.entry.Store(nil) }
 
 // KVSubscriber follows one pod's KV events; its Counters are for export.
 type KVSubscriber = vllm.Subscriber

@@ -1,7 +1,12 @@
 package protocols
 
 import (
+	"net"
+	"sync/atomic"
 	"testing"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
 
 	"pdlb/engines"
 )
@@ -26,4 +31,28 @@ func TestForSharesTRTIDs(t *testing.T) {
 	if For(engines.TRTLLM, o) != For(engines.TRTLLM, o) {
 		t.Fatal("two TRT protocols for one style and machine id")
 	}
+}
+
+// TestPrefillInfo: the answer is asked once and kept until forgotten.
+func TestPrefillInfo(t *testing.T) {
+	var asked atomic.Int32
+	ln := fasthttputil.NewInmemoryListener()
+	go fasthttp.Serve(ln, func(ctx *fasthttp.RequestCtx) {
+		asked.Add(1)
+		ctx.SetBodyString("a")
+	})
+	defer ln.Close()
+	client := &fasthttp.HostClient{Addr: "pod", Dial: func(string) (net.Conn, error) { return ln.Dial() }}
+	var p PrefillInfo
+	get := func(wantAsked int32) {
+		t.Helper()
+		b, err := p.Get(client, "pod", "/server_info")
+		if err != nil || string(b) != "a" || asked.Load() != wantAsked {
+			t.Fatalf("Get: %q, %v after %d questions; want %q after %d", b, err, asked.Load(), "a", wantAsked)
+		}
+	}
+	get(1)
+	get(1)
+	p.Forget()
+	get(2)
 }

@@ -110,8 +110,12 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 	}
 	if ok {
 		p.checkFails.Store(0)
-	} else if int(p.checkFails.Add(1)) < c.cfg.UnhealthyAfter && !errors.Is(err, syscall.ECONNREFUSED) {
-		return
+	} else {
+		// The pod may come back as another process, with other PD info.
+		p.PrefillInfo.Forget()
+		if int(p.checkFails.Add(1)) < c.cfg.UnhealthyAfter && !errors.Is(err, syscall.ECONNREFUSED) {
+			return
+		}
 	}
 	if was := p.set(flagHealthy, ok); was != ok {
 		if ok {

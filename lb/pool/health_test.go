@@ -137,3 +137,38 @@ func TestLate(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckFailForgetsPrefillInfo: a pod that fails a check may come back
+// as another process, whose PD info (TensorRT-LLM's /server_info, its KV
+// transceiver's endpoint) is another: the pod asks for it anew.
+func TestCheckFailForgetsPrefillInfo(t *testing.T) {
+	var status atomic.Int32
+	var infos atomic.Int32
+	status.Store(http.StatusOK)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/server_info" {
+			infos.Add(1)
+			return
+		}
+		w.WriteHeader(int(status.Load()))
+	}))
+	defer srv.Close()
+	c := &Checker{cfg: config.Health{Timeout: time.Second, UnhealthyAfter: 3}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	client := &fasthttp.HostClient{Addr: strings.TrimPrefix(srv.URL, "http://")}
+	defer client.CloseIdleConnections()
+	p := &Pod{Config: config.Pod{Address: client.Addr}, podState: &podState{}}
+	p.set(flagHealthy, true)
+	info := func(want int32) {
+		t.Helper()
+		if _, err := p.PrefillInfo.Get(client, client.Addr, "/server_info"); err != nil || infos.Load() != want {
+			t.Fatalf("asked %d times (%v), want %d", infos.Load(), err, want)
+		}
+	}
+	info(1)
+	c.check(client, p)
+	info(1)
+	// One failure, short of UnhealthyAfter, is enough.
+	status.Store(http.StatusInternalServerError)
+	c.check(client, p)
+	info(2)
+}

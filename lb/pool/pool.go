@@ -22,6 +22,7 @@ import (
 	"pdlb/engines"
 	"pdlb/engines/chat"
 	"pdlb/engines/prompt"
+	"pdlb/engines/protocols"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/route"
@@ -122,6 +123,9 @@ type podState struct {
 	upstreamErrors atomic.Int64
 	pd             pdState
 	lora           podLoRA
+	// PrefillInfo is the pod's answer to its engine's PrefillInfoPath, its
+	// process's: a pod that changes identity gets a podState of its own.
+	PrefillInfo protocols.PrefillInfo
 }
 
 // UpstreamErrors counts the pod's failed exchanges.
