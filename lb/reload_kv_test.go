@@ -2,6 +2,7 @@ package lb_test
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -124,5 +125,43 @@ func TestPDPrefillInfoAfterPodRestart(t *testing.T) {
 	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 4))
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("after the context pod restarted: %d %s (its transceiver moved from %s to %s)", resp.StatusCode, b, before, restarted.KVXferAddr())
+	}
+}
+
+// TestRetryAfterReloadSeesTheNewFleet: a rolling update replaces the
+// only pod of a model (a reload, or discovery, with the new pod in and
+// the old one out) while a request waits for the old pod's first byte;
+// the old pod then resets the request as it shuts down. Nothing reached
+// the client, so the gateway retries, but the retry picks among the pods
+// of the snapshot the request started with: the old pod alone, tried.
+// The client gets an error while the new pod stands idle.
+func TestRetryAfterReloadSeesTheNewFleet(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			got, release := make(chan struct{}, 1), make(chan struct{})
+			old := fakePod(t, func(c net.Conn, _ *http.Request) {
+				got <- struct{}{}
+				<-release
+				resetPod(c, nil)
+			})
+			next := testFleet(t, "m", 1, 100)[0]
+			s := testGateway(t, []config.Pod{{Name: "old", Model: "m", Address: old}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+				c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+			})
+			done := postLater(s, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`)
+			<-got
+			cfg := s.Gateway.Config()
+			cfg.Pods = []config.Pod{{Name: "next", Model: "m", Address: next.Addr()}}
+			if err := s.Reload(cfg); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			a := <-done
+			if a.code != 200 || a.pod != "next" {
+				t.Fatalf("the request the old pod reset after the reload: %d from %q: %s; want 200 from the new pod", a.code, a.pod, a.body)
+			}
+		})
 	}
 }

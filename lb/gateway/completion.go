@@ -110,11 +110,13 @@ type completion struct {
 	pd          *pd.Call
 
 	// The request's own, for its parts that run as a frontend.Task or
-	// frontend.Done: the gateway, the client's context and the model; a
+	// frontend.Done: the gateway, the client's context, the model and the
+	// snapshot it is of (a pick on another follows the fleet: follow); a
 	// plain attempt's upstream request, response and pod.
 	g    *Gateway
 	ctx  *fasthttp.RequestCtx
 	m    *pool.Model
+	snap *pool.Snapshot
 	up   *fasthttp.Request
 	resp *fasthttp.Response
 	pod  *pool.Pod
@@ -178,7 +180,7 @@ func releaseCompletion(x *completion) {
 	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks = nil, "", nil
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]
-	x.g, x.ctx, x.m, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil
+	x.g, x.ctx, x.m, x.snap, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil, nil
 	x.deferred, x.hdr = false, clientHeaders{}
 	if x.pd != nil {
 		x.pd.Release()

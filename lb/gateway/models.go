@@ -9,6 +9,7 @@ import (
 
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
+	"pdlb/lb/route"
 )
 
 // Model names: a request's "model" is a model, a LoRA adapter of one (its
@@ -43,7 +44,7 @@ func (g *Gateway) resolveModel(ctx *fasthttp.RequestCtx, x *completion) *pool.Mo
 	if m == nil {
 		return nil
 	}
-	x.adapter, x.fallbacks = a, m.LoRA.Fallback
+	x.snap, x.adapter, x.fallbacks = snap, a, m.LoRA.Fallback
 	if a != nil {
 		g.metrics.model(m).adapters.counter(a.Name).Inc()
 	}
@@ -95,8 +96,7 @@ func (g *Gateway) nextModel(x *completion, whole bool) bool {
 		return false
 	}
 	snap := g.pool.Load()
-	// with is the tokenizer x.ids come from.
-	with, later := x.m.Prompt, false
+	later := false
 	for len(x.fallbacks) > 0 {
 		name := x.fallbacks[0]
 		x.fallbacks = x.fallbacks[1:]
@@ -108,10 +108,7 @@ func (g *Gateway) nextModel(x *completion, whole bool) bool {
 		if err != nil || (res.PD == nil && len(m.Combined) == 0) {
 			continue // no strategy of m's serves it, or no pod
 		}
-		if !whole || m.Prompt != with || m.Engine != x.req.Engine {
-			// m's engine makes other ids of the prompt (its tokenizer,
-			// or its truncation): its keys are made of those.
-			with = m.Prompt
+		if !whole || !sameIDs(x, m) {
 			var f *failure
 			if f, later = g.tokenizeHere(x, m); later {
 				g.metrics.model(m).offLoop.Inc()
@@ -122,13 +119,8 @@ func (g *Gateway) nextModel(x *completion, whole bool) bool {
 		x.dropUpstream() // x.up was built with the old body
 		x.ctx.Request.SetBody(x.req.WithModel(x.ctx.PostBody(), name))
 		x.ctx.Response.Header.Set(headerModel, name)
-		if x.pd != nil {
-			// The first model's decision: no leg of it ran.
-			x.pd.Release()
-			x.pd = nil
-		}
-		x.m, x.served, x.adapter = m, name, nil
-		x.policy, x.policyCache, x.cascade, x.looked, x.last = res.Policy, res.UsesCache, res.PD, false, nil
+		x.rebind(snap, m, res)
+		x.served, x.adapter, x.last = name, nil, nil
 		if later {
 			// Counted once its engine takes the prompt (retokenize).
 			x.stage = stageRetokenize
@@ -139,6 +131,63 @@ func (g *Gateway) nextModel(x *completion, whole bool) bool {
 		return true
 	}
 	return false
+}
+
+// sameIDs says x.ids, made for x.m, are m's too: m's engine makes no
+// other ids of the prompt (its tokenizer, or its truncation), and its
+// keys are made of those.
+func sameIDs(x *completion, m *pool.Model) bool {
+	return m.Prompt == x.m.Prompt && m.Engine == x.req.Engine
+}
+
+// rebind moves x onto model m of snapshot s, routed as res says. What
+// its pick made of the model it leaves is made anew at its next one: the
+// prefix lookup (m's index, slots and block size), and the PD decision,
+// no leg of which ran.
+func (x *completion) rebind(s *pool.Snapshot, m *pool.Model, res route.Resolved) {
+	if x.pd != nil {
+		x.pd.Release()
+		x.pd = nil
+	}
+	x.snap, x.m = s, m
+	x.policy, x.policyCache, x.cascade, x.looked = res.Policy, res.UsesCache, res.PD, false
+}
+
+// follow moves x, on a worker, onto the model of x.m's name in s, a
+// snapshot published since x.m's: a reload or discovery changed the
+// fleet, and x picks among that model's pods as they are now, as Envoy's
+// retries pick among a cluster's hosts as they are. Its strategy,
+// adapter and stored response's pod are resolved there as for a new
+// request, its prompt tokenized anew where the model's engine makes other
+// ids of it. False, x unmoved, when s has no model of that name, or not
+// x's adapter: x goes on as for a model without a pod (a fallback, else
+// a 503, not a new request's 404: the model was served when x came, and
+// a client may retry). f, x unmoved, is the model's refusal of x's
+// prompt or strategy header now, which answers x as a new request.
+func (g *Gateway) follow(x *completion, s *pool.Snapshot) (moved bool, f *failure) {
+	m, a := s.Model([]byte(x.m.Name)), x.adapter
+	if m != nil && a != nil {
+		var base *pool.Model
+		if base, a = s.Resolve([]byte(a.Name)); base != m || a == nil {
+			m = nil
+		}
+	}
+	if m == nil {
+		return false, nil
+	}
+	res, f := resolveStrategy(x, m)
+	if f != nil {
+		return false, f
+	}
+	if !sameIDs(x, m) {
+		if f, _ = g.tokenizeHere(x, m); f != nil {
+			return false, f
+		}
+	}
+	x.rebind(s, m, res)
+	x.adapter = a
+	g.settleHome(x, m)
+	return true, nil
 }
 
 // retokenize tokenizes x's prompt, on a worker, for the fallback model

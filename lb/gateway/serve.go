@@ -72,17 +72,7 @@ func (g *Gateway) parse(x *completion, key *limits.Key, offLoop bool) bool {
 		g.fail(ctx, x, nil, answer(g.unresolved(x)))
 		return false
 	}
-	if x.home.model != m.Name {
-		// The response x names is another model's, which an alias did not
-		// pick this time: x is sought on this one's pods, as an unknown
-		// one.
-		x.home = home{}
-	} else if x.home.pod != "" && combinedNamed(m, x.home.pod) < 0 {
-		// Its pod left the fleet, or was renamed, on a reload: forgotten,
-		// x seeks it (seekStored).
-		g.homes.forget(storedIDOf(ctx, x))
-		x.home.pod = ""
-	}
+	g.settleHome(x, m)
 	if x.prefer.model != m.Name {
 		x.prefer = home{}
 	}
@@ -94,6 +84,22 @@ func (g *Gateway) parse(x *completion, key *limits.Key, offLoop bool) bool {
 		g.metrics.model(m).offLoop.Inc()
 	}
 	return g.begin(x, key)
+}
+
+// settleHome keeps x's stored response's pod (x.home) where x, of model
+// m, can go to it.
+func (g *Gateway) settleHome(x *completion, m *pool.Model) {
+	if x.home.model != m.Name {
+		// The response x names is another model's, which an alias did not
+		// pick this time: x is sought on this one's pods, as an unknown
+		// one.
+		x.home = home{}
+	} else if x.home.pod != "" && combinedNamed(m, x.home.pod) < 0 {
+		// Its pod left the fleet, or was renamed, on a reload: forgotten,
+		// x seeks it (seekStored).
+		g.homes.forget(storedIDOf(x.ctx, x))
+		x.home.pod = ""
+	}
 }
 
 // tokenizeLater moves x, whose tokenization would hold up loop l, to a
@@ -275,9 +281,9 @@ func (g *Gateway) responseTimeout(stream bool) time.Duration {
 // "pd" strategy in x.cascade. Bad headers are answered, and resolve reports
 // false.
 func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model) bool {
-	res, err := strategyFor(x, m)
-	if err != nil {
-		g.fail(ctx, x, m, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error())))
+	res, f := resolveStrategy(x, m)
+	if f != nil {
+		g.fail(ctx, x, m, f)
 		return false
 	}
 	x.cascade, x.policy, x.policyCache = res.PD, res.Policy, res.UsesCache
@@ -285,6 +291,16 @@ func (g *Gateway) resolve(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 		g.metrics.model(m).uncascaded.Add(1)
 	}
 	return true
+}
+
+// resolveStrategy is strategyFor, refused with the client's 400 when x's
+// headers name a profile or strategy m does not have.
+func resolveStrategy(x *completion, m *pool.Model) (route.Resolved, *failure) {
+	res, err := strategyFor(x, m)
+	if err != nil {
+		return res, answer(openai.InvalidValue(route.HeaderRoutingStrategy, err.Error()))
+	}
+	return res, nil
 }
 
 // budgeted is the input tokens x charges its API key's token budget: its

@@ -122,9 +122,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 		// or moved to a PD model by a fallback, picks on a worker.
 		return false
 	}
-	asked := x.asked
-	x.asked = false
-	if x.attempts > 0 && !asked {
+	if x.attempts > 0 && !x.asked {
 		if !x.via.block(x) {
 			return false
 		}
@@ -141,14 +139,32 @@ func (g *Gateway) pickStage(x *completion) bool {
 			return true
 		}
 	}
+	moved := true
+	if s := g.pool.Load(); s != x.snap {
+		// A reload or discovery changed the fleet since x's model was
+		// resolved: x picks among its model's pods as they are now, on a
+		// worker, which may tokenize the prompt anew or decide a PD pair.
+		if !x.via.block(x) {
+			return false
+		}
+		var f *failure
+		if moved, f = g.follow(x, s); f != nil {
+			x.last, x.stage = f, stageFail
+			return true
+		}
+	}
+	x.asked = false
 	picked, start := false, x.tr.mark()
-	if x.cascade != nil {
+	switch {
+	case !moved:
+		// Its model left the fleet: x goes on as for a model without a pod.
+	case x.cascade != nil:
 		if e := choicesRefused(x); e != nil {
 			x.last, x.stage = answer(e), stageFail
 			return true
 		}
 		picked = g.pickPD(x) == nil
-	} else {
+	default:
 		x.pod = g.pick(x.m, x, sessionOf(x))
 		picked = x.pod != nil
 	}

@@ -141,7 +141,7 @@ func startCompletion(t *testing.T, g *Gateway, m *pool.Model, via transport, cla
 	}
 	x.class = class
 	x.ticket = ledger.Ticket{ID: g.nextID.Add(1)}
-	x.g, x.ctx, x.m, x.via, x.stage = g, ctx, m, via, stagePick
+	x.g, x.ctx, x.m, x.snap, x.via, x.stage = g, ctx, m, g.pool.Load(), via, stagePick
 	return x, ctx
 }
 
