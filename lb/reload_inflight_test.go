@@ -4,10 +4,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -70,4 +72,74 @@ func TestPDRetryAfterReloadSeesTheNewFleet(t *testing.T) {
 		t.Fatalf("the request the old prefill pod reset after the reload: %d from %q/%q: %s; want 200 from the new pair", a.code, a.pre, a.pod, a.body)
 	}
 	ledgerSettles(t, s)
+}
+
+// TestDeferredRequestPicksOnTheNewFleet: a batch request waits in
+// admission, its pick predicted too slow for its class's target, while a
+// reload replaces its model's pods with pods the gateway predicts fast.
+// It is admitted on the new pods, a combined pod or a PD pair, at once.
+// Before, it kept to the pods of the snapshot it started with, whose
+// predictions never cleared, until its wait ran out (a 429); had their
+// queues drained, it would have gone to pods no longer in the fleet. A
+// request whose model the reload removed is answered 503, as for a model
+// without a pod, without waiting out its wait.
+func TestDeferredRequestPicksOnTheNewFleet(t *testing.T) {
+	e := pdEngines[0]
+	// The gateway predicts a prefill of the request's ~1,600 tokens on
+	// the old pods to take 0.8 s, on the new ones (20,000 tokens/s) 0.08.
+	slow := func(p config.Pod) config.Pod {
+		p.PrefillTokensPerSec = 2000
+		return p
+	}
+	for _, c := range []struct {
+		name          string
+		before, after func() []config.Pod
+		code          int
+		pod           string
+	}{
+		{"combined", func() []config.Pod {
+			old := startSim(t, e, "old", sim.RoleCombined, nil)
+			return []config.Pod{slow(pdPod(old, old.Addr(), ""))}
+		}, func() []config.Pod {
+			next := startSim(t, e, "next", sim.RoleCombined, nil)
+			return []config.Pod{pdPod(next, next.Addr(), "")}
+		}, 200, "next"},
+		{"pd", func() []config.Pod {
+			pre, dec := startSim(t, e, "old-pre", sim.RolePrefill, nil), startSim(t, e, "old-dec", sim.RoleDecode, nil)
+			return []config.Pod{slow(pdPod(pre, pre.Addr(), "rs0")), pdPod(dec, dec.Addr(), "rs0")}
+		}, func() []config.Pod {
+			pre, dec := startSim(t, e, "pre", sim.RolePrefill, nil), startSim(t, e, "dec", sim.RoleDecode, nil)
+			return []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}
+		}, 200, "dec"},
+		{"model removed", func() []config.Pod {
+			old := startSim(t, e, "old", sim.RoleCombined, nil)
+			return []config.Pod{slow(pdPod(old, old.Addr(), ""))}
+		}, func() []config.Pod {
+			return podsOf("n", testFleet(t, "n", 1, 100)...)
+		}, 503, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := testGateway(t, c.before(), func(cfg *config.Config) {
+				cfg.Health.Interval = time.Hour
+				cfg.Admission.Enabled = true
+				cfg.Admission.Batch.TTFTSLO = 0.5
+				cfg.Admission.Batch.MaxWait = 3
+			})
+			done := postLater(s, chat(strings.Repeat("x", 6400), "hi", 2, false), "x-priority", "batch")
+			testwait.For(t, "the request to wait for admission", func() bool {
+				return metricValue(t, s, `pdlb_admission_waiting{class="batch"}`) == 1
+			})
+			cfg := s.Gateway.Config()
+			cfg.Pods = c.after()
+			if err := s.Reload(cfg); err != nil {
+				t.Fatal(err)
+			}
+			if a := <-done; a.code != c.code || a.pod != c.pod {
+				t.Fatalf("the request waiting for admission across the reload: %d from %q: %s; want %d from %q", a.code, a.pod, a.body, c.code, c.pod)
+			}
+			if n := metricValue(t, s, `pdlb_admission_waiting{class="batch"}`); n != 0 {
+				t.Fatalf("%v requests left waiting for admission", n)
+			}
+		})
+	}
 }

@@ -14,22 +14,6 @@ import (
 // polling is too.
 const deferPoll = 5 * time.Millisecond
 
-// admission decides whether x, placed by the router, may go upstream: its
-// predicted TTFT and TPOT within its class's targets, or else reject (429
-// at once) or wait in the bounded deferral queue until a prediction clears
-// or its wait runs out. predict returns the predictions for the current
-// placement from the pods' live queues; replace, if set, places the request
-// anew while it waits (a combined pod may be picked again; a PD pair keeps
-// its pods, whose queues drain).
-func (g *Gateway) admission(x *completion, predict func() (ttft, tpot float64), replace func()) *failure {
-	since := g.clock()
-	ttft, tpot := predict()
-	if wait, f := g.admitNow(x, since, ttft, tpot); !wait {
-		return f
-	}
-	return g.awaitAdmission(x, admitWait{since, ttft, tpot}, predict, replace)
-}
-
 // admitNow asks the admission controller about x once, with the
 // predictions ttft and tpot made at since: wait reports that x was deferred
 // (queued: awaitAdmission waits for it), else f is nil to admit x or the
@@ -49,9 +33,15 @@ func (g *Gateway) admitNow(x *completion, since, ttft, tpot float64) (wait bool,
 // deferred on.
 type admitWait struct{ since, ttft, tpot float64 }
 
-// awaitAdmission waits for a deferred x until a prediction clears, its
-// class's max wait runs out, or the shutdown's grace does.
-func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttft, tpot float64), replace func()) *failure {
+// awaitAdmission waits for a deferred x, placed by the router, until a
+// prediction clears (nil), its class's max wait runs out (a 429), or the
+// shutdown's grace does. predict returns the predictions for the current
+// placement from the pods' live queues; replace, if set, places x anew
+// once it is at the head of the queue (a combined pod may be picked
+// again; a PD pair keeps its pods, whose queues drain). repick says the
+// fleet changed since x was placed: x is to pick again on it, and wait on
+// in its place.
+func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttft, tpot float64), replace func()) (f *failure, repick bool) {
 	since, ttft, tpot := w.since, w.ttft, w.tpot
 	maxWait := g.admit.Config().Classes[x.class].MaxWait
 	for {
@@ -59,22 +49,25 @@ func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttf
 		if f := g.interrupted(x); f != nil {
 			// Its slot goes to a request someone still waits for.
 			g.admit.Withdraw(x.ticket.ID)
-			return f
+			return f, false
 		}
 		now := g.clock()
 		if now-since > maxWait {
 			g.admit.Expire(x.ticket.ID)
-			return g.reject(x, ttft, tpot, 1)
+			return g.reject(x, ttft, tpot, 1), false
 		}
 		if d, ok := g.admit.Head(); !ok || d.ID != x.ticket.ID {
 			continue
+		}
+		if g.pool.Load() != x.snap {
+			return nil, true
 		}
 		if replace != nil {
 			replace()
 		}
 		ttft, tpot = predict()
 		if g.admit.Retry(x.ticket.ID, now, ttft, tpot) {
-			return nil
+			return nil, false
 		}
 	}
 }

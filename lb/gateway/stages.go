@@ -214,8 +214,15 @@ func (g *Gateway) admitStage(x *completion) bool {
 	}
 	var f *failure
 	if x.deferred {
+		var repick bool
+		if f, repick = g.awaitAdmission(x, x.deferral, predictOn, replace); repick {
+			// Its pick was made among pods that may have left, or in a
+			// fleet without the pods that joined since: x picks again
+			// on the fleet as it is now (follow), its deferral kept.
+			x.stage = stagePick
+			return true
+		}
 		x.deferred = false
-		f = g.awaitAdmission(x, x.deferral, predictOn, replace)
 		x.tr.admitted(g.epoch.Add(time.Duration(x.deferral.since*float64(time.Second))), f)
 	} else {
 		since := g.clock()
