@@ -284,7 +284,9 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 	g.kv.close(kv)
 	g.kv = kv
 	// Pods that left keep their connections only as long as requests in
-	// flight use them.
+	// flight use them, and are out of the picks of requests that still
+	// hold prev (a PD decode leg moved, a pick racing the reload): their
+	// health is no longer checked, and they may be shutting down.
 	kept := map[*fasthttp.HostClient]bool{}
 	for _, p := range snap.Pods {
 		kept[p.Client] = true
@@ -292,6 +294,7 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 	for _, p := range prev.Pods {
 		if !kept[p.Client] {
 			p.Client.CloseIdleConnections()
+			p.Leave()
 		}
 	}
 	g.log.Info("configuration reloaded", "pods", len(snap.Pods), "models", len(snap.Models))

@@ -14,16 +14,17 @@ import (
 // planFleet is the gateway as plan.RoleSwitcher drives it. A pod is taken
 // out of routing by leaving the fleet for the gateway's held pods
 // (requests in flight finish on the snapshot they started with, and their
-// decode legs still reach it; pool.Pod.Leave keeps the requests still to
-// pick with that snapshot off it) and comes back with its new role and
-// roleset, a new pod to the pool (its learned speeds start over, as they
-// should for a new role). Pods whose roleset alone changes come back the
-// same way.
+// decode legs still reach it; the reload's pool.Pod.Leave keeps the
+// requests still to pick with that snapshot off it) and comes back with
+// its new role and roleset, a new pod to the pool (its learned speeds
+// start over, as they should for a new role). Pods whose roleset alone
+// changes come back the same way.
 type planFleet struct {
 	g    *Gateway
 	loop *planLoop
 	// mu orders the planner's edits of the fleet between models: a
-	// release's pick of its pods, its edit and their Leave come as one.
+	// release's pick of its pods and its edit (whose reload makes them
+	// Leave) come as one.
 	mu sync.Mutex
 	// released are the pods each model's switch holds, by model, under mu:
 	// models switch at once, and one's Assign must not bring back another's
@@ -69,9 +70,6 @@ func (f *planFleet) Release(ctx context.Context, model string, names []string) e
 		})
 	})
 	if err == nil {
-		for _, p := range leaving {
-			p.Leave()
-		}
 		if f.released == nil {
 			f.released = map[string][]string{}
 		}

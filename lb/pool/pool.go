@@ -215,9 +215,10 @@ func (p *Pod) Healthy() bool { return p.has(flagHealthy) }
 func (p *Pod) Refused() bool { return p.set(flagHealthy, false) }
 
 // Leave keeps the pod out of every pick from now on, by requests that
-// still hold a snapshot naming it too: the planner's release of a pod
-// that is about to switch roles, which a reload's new snapshot alone
-// would leave to be picked by requests that started before it.
+// still hold a snapshot naming it too. A reload calls it for each pod
+// that left the fleet (its state is never another snapshot's again),
+// which the new snapshot alone would leave to requests that started
+// before it.
 func (p *Pod) Leave() { p.set(flagLeaving, true) }
 
 // Ejected reports whether passive ejection keeps the pod out at now.
