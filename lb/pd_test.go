@@ -846,7 +846,9 @@ func TestPDPrefillInfoRefusedMovesOn(t *testing.T) {
 
 // TestPDDecodeRefusedCountsOneRetry: a decode leg its pod refused, with
 // no other decode pod to move to, is one retry: the pair goes to the
-// combined pod, and pdlb_upstream_retries_total counts it once.
+// combined pod, and pdlb_upstream_retries_total counts it once; it is one
+// request, which pdlb_pd_routed_total counts once too (it counted a pair
+// and a combined).
 func TestPDDecodeRefusedCountsOneRetry(t *testing.T) {
 	e := pdEngines[0]
 	pre, dec, comb := startTrio(t, e)
@@ -861,6 +863,10 @@ func TestPDDecodeRefusedCountsOneRetry(t *testing.T) {
 	}
 	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`); n != 1 {
 		t.Fatalf("%v retries counted for one, want 1", n)
+	}
+	if n := metricValue(t, s, `pdlb_pd_routed_total{model="m",`); n != 1 {
+		t.Errorf("pdlb_pd_routed_total counted %v for one request (pair %v, combined %v), want 1", n,
+			metricValue(t, s, `pdlb_pd_routed_total{model="m",kind="pair"}`), metricValue(t, s, `pdlb_pd_routed_total{model="m",kind="combined"}`))
 	}
 	waitIdle(t, s)
 }

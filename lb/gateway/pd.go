@@ -149,10 +149,12 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 	if p.Dec != nil {
 		p.Ticket = p.Dec.Pending().Pick()
 	}
-	if pl := r.Planner(); pl != nil {
+	p.Metrics.Decided(d, time.Duration(g.ledger.Now()-now))
+	if pl := r.Planner(); p.Routed(d.Kind) && pl != nil {
+		// The prompts of requests, as the planner counts them: one
+		// decided anew is one prompt.
 		pl.Record(x.routeReq.PromptTokens)
 	}
-	p.Metrics.Decided(d, time.Duration(g.ledger.Now()-now))
 	return d, nil
 }
 

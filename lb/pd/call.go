@@ -95,6 +95,8 @@ type Call struct {
 	// PDLocal); Ticket is Dec's pending-decode pick.
 	Pre, Dec *pool.Pod
 	Ticket   route.PendingTicket
+	// routed: the request is counted in Metrics.Kinds (Routed).
+	routed bool
 
 	host   Host
 	fleet  Fleet
@@ -139,9 +141,23 @@ func (c *Call) Release() {
 	}
 	clear(c.Pods)
 	c.host, c.fleet, c.ctx, c.gone, c.proto, c.ex, c.link, c.Pre, c.Dec, c.Metrics = nil, nil, nil, nil, nil, engines.Exchange{}, nil, nil, nil, nil
-	c.active, c.watched, c.Prompt = false, false, ledger.Prompt{}
+	c.active, c.watched, c.routed, c.Prompt = false, false, false, ledger.Prompt{}
 	c.Cands, c.Pods = c.Cands[:0], c.Pods[:0]
 	callPool.Put(c)
+}
+
+// Routed counts c's request as routed by a decision of kind k, once:
+// true the first time, false when it is decided anew (a retry, another
+// request took the half-open prefill pod's probe, an admission deferral
+// moved it to a worker), which the request's series (pdlb_pd_routed_total,
+// the planner's arrivals) must not count again.
+func (c *Call) Routed(k route.PDKind) bool {
+	if c.routed {
+		return false
+	}
+	c.routed = true
+	c.Metrics.Kinds[k].Inc()
+	return true
 }
 
 // ReadDeadline is the deadline of the relay's next read from a PD

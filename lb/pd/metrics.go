@@ -53,10 +53,11 @@ func NewMetrics(set *metrics.Set, model string, legBuckets []float64) *Metrics {
 	return m
 }
 
-// Decided counts one decision that took took.
+// Decided counts one decision that took took: its time and the steps of
+// the cascade that fired in it. A request decided anew counts each
+// decision here, and itself once in Kinds (Call.Routed).
 func (m *Metrics) Decided(d route.PDDecision, took time.Duration) {
 	m.decision.Update(took.Seconds())
-	m.Kinds[d.Kind].Inc()
 	for b, f := 0, d.Fired; f != 0; b, f = b+1, f>>1 {
 		if f&1 != 0 {
 			m.fired[b].Inc()
@@ -69,7 +70,7 @@ var MetricsDoc = promtext.Doc{
 	"pdlb_pd_decision_seconds":         {Help: "Time the prefill/decode cascade took to decide, in seconds."},
 	"pdlb_pd_prefill_seconds":          {Help: "Time from sending a prefill leg to its answer, in seconds."},
 	"pdlb_pd_kv_transfer_seconds":      {Help: "Time from a prefill leg's answer to the decode leg's response headers (KV handoff), in seconds; sequential protocols only."},
-	"pdlb_pd_routed_total":             {Help: "Requests the PD cascade routed, by kind: pair (prefill and decode pods), local (decode pod prefills itself), combined."},
+	"pdlb_pd_routed_total":             {Help: "Requests the PD cascade routed, by the kind of their first decision: pair (prefill and decode pods), local (decode pod prefills itself), combined; a request decided anew (a retry, a half-open probe taken, an admission deferral) counts once."},
 	"pdlb_pd_cascade_fired_total":      {Help: "Decisions in which a step of the PD cascade fired, by step."},
 	"gateway_request_model_fail_total": {Help: "Requests the decode watchdog failed (AIBrix's series; status_code is 504 even when the client saw a cut stream)."},
 }
