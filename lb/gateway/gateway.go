@@ -475,6 +475,9 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		e := &openai.Error{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Type: openai.TypeInvalidRequest,
 			Message: "The request has " + strconv.Itoa(n) + " header fields; the limit is " + strconv.Itoa(g.cfg.MaxHeaders) + "."}
 		writeFailure(ctx, answer(e))
+		// Counted under no model, as ErrorHandler's 431 for too many
+		// header bytes.
+		g.metrics.countRequest(nil, e.Status)
 		g.logPlain(ctx, start, e)
 		return
 	}
