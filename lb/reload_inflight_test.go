@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,5 +142,55 @@ func TestDeferredRequestPicksOnTheNewFleet(t *testing.T) {
 				t.Fatalf("%v requests left waiting for admission", n)
 			}
 		})
+	}
+}
+
+// TestSeekAfterReloadAsksTheNewPods: a retrieval of a stored response the
+// gateway does not know seeks it on the model's pods, each once. Here both
+// pods of the old fleet answer 404, the second after a reload replaced
+// them with two new pods, one of which holds the response: the search
+// goes on among the new pods, not ending because as many pods as the
+// model has were asked.
+func TestSeekAfterReloadAsksTheNewPods(t *testing.T) {
+	var n atomic.Int32
+	got, release := make(chan struct{}, 1), make(chan struct{})
+	old := func(c net.Conn, r *http.Request) {
+		if n.Add(1) == 2 {
+			got <- struct{}{}
+			<-release
+		}
+		answerJSON(c, 404, `{"error":{"message":"Response with id 'resp_x' not found.","type":"invalid_request_error","param":"response_id","code":404}}`)
+	}
+	c, d := &responsesPod{stored: map[string]bool{}}, &responsesPod{stored: map[string]bool{"resp_x": true}}
+	// The new pods first: their cleanups run after the gateway's.
+	next := []config.Pod{{Name: "c", Model: "m", Address: fakePod(t, c.serve)}, {Name: "d", Model: "m", Address: fakePod(t, d.serve)}}
+	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: fakePod(t, old)}, {Name: "b", Model: "m", Address: fakePod(t, old)}},
+		func(cfg *config.Config) { cfg.Health.Interval = time.Hour })
+	type answer struct {
+		code int
+		pod  string
+		body string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_x", "")
+		done <- answer{resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b}
+	}()
+	<-got
+	cfg := s.Gateway.Config()
+	cfg.Pods = next
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	a := <-done
+	c.mu.Lock()
+	cAsked := len(c.byID)
+	c.mu.Unlock()
+	d.mu.Lock()
+	dAsked := len(d.byID)
+	d.mu.Unlock()
+	if a.code != 200 || a.pod != "d" {
+		t.Fatalf("the search for resp_x across the reload: %d from %q (new pods asked: c %d, d %d): %s; want 200 from d", a.code, a.pod, cAsked, dAsked, a.body)
 	}
 }

@@ -212,7 +212,14 @@ func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
 // answer to be relayed: x names none, or no pod is left to ask. Each pod
 // is asked once, and the search spends no retry.
 func (g *Gateway) seekStored(x *completion) bool {
-	if x.home.pod != "" || storedIDOf(x.ctx, x) == nil || len(x.tried) >= len(x.m.Combined) {
+	m := x.m
+	if s := g.pool.Load(); s != x.snap {
+		// The search goes on among the model's pods as they are now (follow).
+		if m = s.Model([]byte(x.m.Name)); m == nil {
+			return false
+		}
+	}
+	if x.home.pod != "" || storedIDOf(x.ctx, x) == nil || !slices.ContainsFunc(m.Combined, func(p *pool.Pod) bool { return !tried(x.tried, p.ID) }) {
 		return false
 	}
 	_ = x.resp.CloseBodyStream()
