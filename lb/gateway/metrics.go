@@ -247,7 +247,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_time_to_first_token_seconds":                  {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
 	"pdlb_time_per_output_token_seconds":                {Help: "Time per output token after the first of a streaming request, in seconds."},
 	"pdlb_request_duration_seconds":                     {Help: "Time from a completion's or Responses request's arrival to the end of its answer, in seconds (the engines' other APIs, such as embeddings, are not in it)."},
-	"pdlb_shed_duration_seconds":                        {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission), in seconds."},
+	"pdlb_shed_duration_seconds":                        {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission, or over its API key's request or token rate), in seconds."},
 	"pdlb_prompt_tokens_total":                          {Help: "Prompt tokens of the requests placed on a pod."},
 	"pdlb_prefix_cached_tokens_total":                   {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},
 	"pdlb_prompt_tokenized_total":                       {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
