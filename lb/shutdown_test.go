@@ -405,3 +405,60 @@ func TestUpgradeInPlace(t *testing.T) {
 		}
 	}
 }
+
+// TestShutdownDeadlineAnswersAdapterWait: a request waiting for its LoRA
+// adapter to load on its pod (up to adapter_load_timeout, 30 s by
+// default) when the grace ends is answered the shutdown's 503 then, and
+// gives back what it held, on both front ends.
+func TestShutdownDeadlineAnswersAdapterWait(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			loading, stop := make(chan struct{}, 1), make(chan struct{})
+			addr := fakePod(t, func(c net.Conn, r *http.Request) {
+				switch r.URL.Path {
+				case "/v1/models":
+					answerJSON(c, 200, `{"object":"list","data":[{"id":"m","object":"model","root":"m"}]}`)
+				case "/v1/load_lora_adapter":
+					loading <- struct{}{}
+					<-stop // a load that takes its time
+				default:
+					answerJSON(c, 404, `{"error":{"message":"not found"}}`)
+				}
+			})
+			t.Cleanup(func() { close(stop) })
+			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: addr}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "fin", Path: "/loras/fin"}}, LoadAdapters: true, MaxLoras: 2}}}
+			})
+			type answer struct {
+				status int
+				body   string
+				err    error
+			}
+			done := make(chan answer, 1)
+			go func() {
+				resp, err := client.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(`{"model":"fin","prompt":"hello","max_tokens":2}`))
+				if err != nil {
+					done <- answer{err: err}
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				done <- answer{resp.StatusCode, string(b), err}
+			}()
+			<-loading
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			s.Shutdown(ctx)
+			a := <-done
+			if d := time.Since(start); d > 1500*time.Millisecond {
+				t.Errorf("answered %v after the shutdown began, the grace being 300ms", d)
+			}
+			if a.err != nil || a.status != 503 || !strings.Contains(a.body, "The gateway is shutting down") {
+				t.Errorf("got %d %q %v, want the shutdown's 503", a.status, a.body, a.err)
+			}
+			wantNothingHeld(t, s, "p")
+		})
+	}
+}

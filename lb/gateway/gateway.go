@@ -99,9 +99,10 @@ type Gateway struct {
 	// aborting is set when a shutdown's grace is over: relays end their
 	// streams at their next read, which AbortStreams brings forward for
 	// what works on workers (aborts: pod calls, relays reading their
-	// pods' connections); requests waiting for admission or a retry stop
-	// waiting (interrupted).
+	// pods' connections); requests waiting for admission, a retry or an
+	// adapter's load stop waiting (interrupted).
 	aborting atomic.Bool
+	aborted  chan struct{} // closed with aborting set, for waits that select
 	aborts   struct {
 		sync.Mutex
 		set map[upstream.Cutter]struct{}
@@ -145,7 +146,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: log, epoch: time.Now(), conns: limits.NewConns(cfg.Access.Conns), fds: fds, dial: dial,
 		corsPolicy: newCORS(cfg.CORS), homes: newHomes(cfg.MaxStoredResponses),
-		conversations: newHomes(cfg.MaxStoredResponses), tokenizing: make(chan struct{}, runtime.GOMAXPROCS(0))}
+		conversations: newHomes(cfg.MaxStoredResponses), tokenizing: make(chan struct{}, runtime.GOMAXPROCS(0)), aborted: make(chan struct{})}
 	g.logIgnoredKnobs(snap)
 	if cfg.Admission.Enabled {
 		if g.admit, err = admit.New(cfg.Admission.AdmitConfig()); err != nil {
@@ -380,7 +381,9 @@ func (g *Gateway) editPods(edit func(pods []config.Pod, held map[string]config.P
 // abort Cut); on an event loop a relay at its next read, and the front
 // end's AbortRelays ends the rest.
 func (g *Gateway) AbortStreams() {
-	g.aborting.Store(true)
+	if !g.aborting.Swap(true) {
+		close(g.aborted)
+	}
 	g.aborts.Lock()
 	defer g.aborts.Unlock()
 	for c := range g.aborts.set {

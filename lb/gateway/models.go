@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/frontend"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -301,7 +302,18 @@ func (g *Gateway) adapterReady(x *completion) bool {
 		if load == nil {
 			continue
 		}
-		if err := load.Wait(); err != nil {
+		// A load may take adapter_load_timeout: the client's leaving or
+		// the shutdown's grace ending stops the wait, the load runs on.
+		select {
+		case <-load.Done():
+		case <-frontend.WatchClient(x.ctx):
+		case <-g.aborted:
+		}
+		if f := g.interrupted(x); f != nil {
+			x.last, x.stage = f, stageFail
+			return true
+		}
+		if err := load.Err(); err != nil {
 			x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
 				Message: "The LoRA adapter `" + a.Name + "` could not be loaded on pod " + pods[i].Config.Name + ": " + err.Error()}), stageFail
 			return true

@@ -96,7 +96,7 @@ func bareGateway(tb testing.TB, cfg config.Config, dial pool.DialFunc) (*Gateway
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now(), tokenizing: make(chan struct{}, 1)}
+	g := &Gateway{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), epoch: time.Now(), tokenizing: make(chan struct{}, 1), aborted: make(chan struct{})}
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{})
 	g.ledger.SetPods(ledgerMembers(snap))
 	g.metrics = newMetrics(&g.inFlight)

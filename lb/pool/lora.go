@@ -400,9 +400,12 @@ type AdapterLoad struct {
 	err  error
 }
 
-// Wait returns when the load is over: nil when the pod serves the adapter
+// Done is closed when the load is over; Err then says how it went.
+func (l *AdapterLoad) Done() <-chan struct{} { return l.done }
+
+// Err waits for the load to end: nil when the pod serves the adapter
 // now, else why not.
-func (l *AdapterLoad) Wait() error {
+func (l *AdapterLoad) Err() error {
 	<-l.done
 	return l.err
 }
