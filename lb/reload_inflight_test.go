@@ -166,15 +166,10 @@ func TestSeekAfterReloadAsksTheNewPods(t *testing.T) {
 	next := []config.Pod{{Name: "c", Model: "m", Address: fakePod(t, c.serve)}, {Name: "d", Model: "m", Address: fakePod(t, d.serve)}}
 	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: fakePod(t, old)}, {Name: "b", Model: "m", Address: fakePod(t, old)}},
 		func(cfg *config.Config) { cfg.Health.Interval = time.Hour })
-	type answer struct {
-		code int
-		pod  string
-		body string
-	}
-	done := make(chan answer, 1)
+	done := make(chan laterAnswer, 1)
 	go func() {
 		resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_x", "")
-		done <- answer{resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b}
+		done <- laterAnswer{code: resp.StatusCode, pod: resp.Header.Get("x-pdlb-pod"), body: b}
 	}()
 	<-got
 	cfg := s.Gateway.Config()

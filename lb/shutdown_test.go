@@ -195,6 +195,18 @@ func TestShutdownDeadlineAnswersPD(t *testing.T) {
 // unless the client then got the shutdown's 503 at once and busy stops.
 func wantShutdownAnswer(t *testing.T, s *lb.Server, via *http.Client, path, body string, busy *sim.Pod) {
 	t.Helper()
+	wantShutdownAnswerAt(t, s, via, path, body, func() {
+		testwait.For(t, "the request to reach its pod", func() bool { return busy.Stats().Running == 1 })
+	})
+	testwait.For(t, "pod "+busy.Config().Name+" to stop working on the request", func() bool { return busy.Stats().Running == 0 })
+}
+
+// wantShutdownAnswerAt posts body to path of s via the client, shuts s
+// down with a grace of 300 ms once arrived returns (the request is where
+// the test wants it), and fails t unless the client then got the
+// shutdown's 503 at once.
+func wantShutdownAnswerAt(t *testing.T, s *lb.Server, via *http.Client, path, body string, arrived func()) {
+	t.Helper()
 	// status and answer are the goroutine's until done.
 	var status int
 	var answer []byte
@@ -208,7 +220,7 @@ func wantShutdownAnswer(t *testing.T, s *lb.Server, via *http.Client, path, body
 		}
 		done <- err
 	}()
-	testwait.For(t, "the request to reach its pod", func() bool { return busy.Stats().Running == 1 })
+	arrived()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -220,7 +232,6 @@ func wantShutdownAnswer(t *testing.T, s *lb.Server, via *http.Client, path, body
 	if err != nil || status != 503 || !strings.Contains(string(answer), "The gateway is shutting down") {
 		t.Errorf("got %d %q %v, want the shutdown's 503", status, answer, err)
 	}
-	testwait.For(t, "pod "+busy.Config().Name+" to stop working on the request", func() bool { return busy.Stats().Running == 0 })
 }
 
 // TestShutdownDeadlineAnswersDeferred: a request still waiting for
@@ -430,34 +441,7 @@ func TestShutdownDeadlineAnswersAdapterWait(t *testing.T) {
 				c.Frontend = fe
 				c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "fin", Path: "/loras/fin"}}, LoadAdapters: true, MaxLoras: 2}}}
 			})
-			type answer struct {
-				status int
-				body   string
-				err    error
-			}
-			done := make(chan answer, 1)
-			go func() {
-				resp, err := client.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(`{"model":"fin","prompt":"hello","max_tokens":2}`))
-				if err != nil {
-					done <- answer{err: err}
-					return
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				done <- answer{resp.StatusCode, string(b), err}
-			}()
-			<-loading
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			defer cancel()
-			start := time.Now()
-			s.Shutdown(ctx)
-			a := <-done
-			if d := time.Since(start); d > 1500*time.Millisecond {
-				t.Errorf("answered %v after the shutdown began, the grace being 300ms", d)
-			}
-			if a.err != nil || a.status != 503 || !strings.Contains(a.body, "The gateway is shutting down") {
-				t.Errorf("got %d %q %v, want the shutdown's 503", a.status, a.body, a.err)
-			}
+			wantShutdownAnswerAt(t, s, client, "/v1/completions", `{"model":"fin","prompt":"hello","max_tokens":2}`, func() { <-loading })
 			wantNothingHeld(t, s, "p")
 		})
 	}
