@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,9 +58,11 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 			t.Run(fe+"/"+fl.name, func(t *testing.T) {
 				good := testFleet(t, "m", 1, 100)[0]
 				bad := fakePod(t, fl.serve)
+				path := filepath.Join(t.TempDir(), "access.log")
 				s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: bad}, {Name: "good", Model: "m", Address: good.Addr()}},
 					func(c *config.Config) {
 						c.Frontend = fe
+						c.AccessLog = path
 						c.Health.Interval = time.Hour
 						c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
 						if fl.edit != nil {
@@ -77,6 +80,24 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 					t.Fatalf("%v retries for %s, want one per request round robin sent to the bad pod", n, fl.reason)
 				}
 				waitIdle(t, s)
+				// Each retried request's line lists the attempt that failed.
+				retried := 0
+				for _, l := range readAccessLog(t, s, path) {
+					r, _ := l["retried"].([]any)
+					if len(r) != int(l.num("attempts"))-1 {
+						t.Fatalf("%v attempts, retried %v", l["attempts"], l["retried"])
+					}
+					if len(r) == 1 {
+						a, _ := r[0].(map[string]any)
+						if a["pod"] != "bad" || a["reason"] != fl.reason || a["error"] == "" || a["error"] == nil {
+							t.Fatalf("retried %v, want the bad pod's %s and its error", r, fl.reason)
+						}
+						retried++
+					}
+				}
+				if retried < 2 {
+					t.Fatalf("%d lines name a retried attempt, want one per request sent to the bad pod first", retried)
+				}
 			})
 		}
 	}

@@ -698,6 +698,11 @@ type accessLine struct {
 	Pod       string `json:"pod"`
 	Attempts  int    `json:"attempts"`
 	Error     string `json:"error"`
+	Retried   []struct {
+		Pod    string `json:"pod"`
+		Reason string `json:"reason"`
+		Error  string `json:"error"`
+	} `json:"retried"`
 }
 
 // explainErrors reads the gateway's access log at path and counts each
@@ -728,8 +733,12 @@ func explainErrors(rep *Report, path string, erred map[string]erredRequest, f *f
 			for _, v := range faults.visited(l.RequestID) {
 				visits = append(visits, fmt.Sprintf("%d (%s) at %s", v.pod, sched.stateAt(v.pod, v.at), v.at.Sub(start).Round(time.Millisecond)))
 			}
-			rep.ErrorSamples = append(rep.ErrorSamples, fmt.Sprintf("%s at %s: %d (%s), %d attempts, on pods [%s], while pods %v were healthy: %s",
-				l.RequestID, e.after.Round(time.Millisecond), l.Status, o, l.Attempts, strings.Join(visits, ", "), e.healthy, l.Error))
+			var tried strings.Builder
+			for _, r := range l.Retried {
+				fmt.Fprintf(&tried, "; %s failed (%s): %s", r.Pod, r.Reason, r.Error)
+			}
+			rep.ErrorSamples = append(rep.ErrorSamples, fmt.Sprintf("%s at %s: %d (%s), %d attempts, on pods [%s], while pods %v were healthy%s; then %s: %s",
+				l.RequestID, e.after.Round(time.Millisecond), l.Status, o, l.Attempts, strings.Join(visits, ", "), e.healthy, tried.String(), l.Pod, l.Error))
 		}
 	}
 	rep.Origins["not in the access log"] += len(erred)

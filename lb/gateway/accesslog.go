@@ -54,6 +54,9 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 		}
 	}
 	b = appendInt(b, "attempts", x.attempts)
+	if len(x.retriedFrom) > 0 {
+		b = appendRetried(b, x.retriedFrom)
+	}
 	b = appendInt(b, "prompt_tokens", x.req.PromptTokens())
 	if pod != nil {
 		b = appendInt(b, "cached_tokens", x.chosen.CachedTokens)
@@ -69,6 +72,24 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 		b = appendField(b, "error", e.Message)
 	}
 	g.access.Write(append(b, '}'))
+}
+
+// appendRetried appends the attempts that failed and were retried, as
+// nginx's $upstream_addr and $upstream_status list them: each one's pod,
+// its pdlb_upstream_retries_total reason and its error.
+func appendRetried(b []byte, fs []*failure) []byte {
+	b = append(appendName(b, "retried"), '[')
+	for i, f := range fs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '{')
+		b = openai.AppendJSONString(append(b, `"pod":`...), f.Pod.Config.Name)
+		b = openai.AppendJSONString(append(b, `,"reason":`...), string(f.Reason))
+		b = openai.AppendJSONString(append(b, `,"error":`...), f.E.Message)
+		b = append(b, '}')
+	}
+	return append(b, ']')
 }
 
 // keepLogHead keeps in x what its access log line needs of ctx, before a

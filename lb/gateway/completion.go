@@ -51,6 +51,9 @@ type completion struct {
 	// retry (mayRetry).
 	downMoves int
 	last      *failure
+	// retriedFrom is each attempt that failed and was retried, in order,
+	// for the access log (the last failure, answered, is last).
+	retriedFrom []*failure
 	// within bounds the current attempt's wait for its first answer byte,
 	// shorter than the response timeout when hedged (firstByteWithin);
 	// retrying: x holds a place in the retry budget (takeRetry);
@@ -165,6 +168,8 @@ func releaseCompletion(x *completion) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
 	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
+	clear(x.retriedFrom)
+	x.retriedFrom = x.retriedFrom[:0]
 	x.stage, x.via, x.attempts, x.downMoves, x.last = stagePick, nil, 0, 0, nil
 	x.panicked, x.seeking, x.asked, x.admitted = false, false, false, false
 	x.within, x.hedged, x.budgetWait = 0, false, false

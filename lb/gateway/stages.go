@@ -477,6 +477,7 @@ func (g *Gateway) retried(x *completion, f *failure) {
 		x.downMoves++
 	}
 	g.metrics.retry.byReason[f.Reason].Inc()
+	x.retriedFrom = append(x.retriedFrom, f)
 	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
 		g.log.Warn("pod failed a request before answering; trying another", "pod", f.Pod.Config.Name, "reason", string(f.Reason), "err", f.E.Message, "suppressed", held)
 	}
