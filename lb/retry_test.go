@@ -132,6 +132,41 @@ func TestFirstByteNoRetryLeft(t *testing.T) {
 	}
 }
 
+// TestFirstByteKeepsTheOnlyAvailablePod: a slow pod is not given up at
+// the first-byte deadline when every other pod is down: the retry would
+// go to a dead pod (a panic pick) and the client get its error, while the
+// slow pod's answer, 0.8 s away, was on its way.
+func TestFirstByteKeepsTheOnlyAvailablePod(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
+				time.Sleep(800 * time.Millisecond)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+			})
+			s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: slow}, {Name: "dead", Model: "m", Address: dead}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+			})
+			testwait.For(t, "the dead pod found dead", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="dead"}`) == 0 })
+			for i := range 2 {
+				if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+					t.Fatalf("request %d: %d (x-pdlb-pod %q) while the slow pod, the only one up, answers in 0.8 s: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				}
+			}
+			if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="hung"}`); n != 0 {
+				t.Fatalf("%v requests given up as hung", n)
+			}
+		})
+	}
+}
+
 // TestRetryBudgetBurst: a pod that fails a burst of requests at once
 // sends their retries together, more than a small budget holds, and every
 // client still gets its answer from the other pod. The retries over the

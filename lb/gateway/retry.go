@@ -132,10 +132,12 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 
 // mayHedge says a hung attempt of x could go on elsewhere: retry_on lists
 // timeouts, x has attempts left (as mayRetry counts them), and its model
-// a pod that could answer it and that it has not tried (a combined pod,
-// or a decode pod, alone or in a pair) or a fallback model to go to, and
-// it is not bound to its stored response's pod (x.home). Else giving up
-// at the first-byte deadline only turns an answer on its way into a 504.
+// a pod available now that could answer it and that it has not tried (a
+// combined pod, or a decode pod, alone or in a pair) or a fallback model
+// to go to, and it is not bound to its stored response's pod (x.home).
+// Else giving up at the first-byte deadline only turns an answer on its
+// way into a 504, or sends it to a pod the checks found down (a panic
+// pick), which fails it.
 func (g *Gateway) mayHedge(x *completion) bool {
 	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) || x.home.pod != "" {
 		return false
@@ -143,14 +145,14 @@ func (g *Gateway) mayHedge(x *completion) bool {
 	if len(x.fallbacks) > 0 {
 		return true
 	}
+	now := g.ledger.Now()
 	for _, p := range x.m.Combined {
-		if !tried(x.tried, p.ID) {
+		if !tried(x.tried, p.ID) && p.Available(now) {
 			return true
 		}
 	}
 	// A PD retry takes only a decode pod that is available and serves
 	// the request's adapter (as MoveDecode picks one).
-	now := g.ledger.Now()
 	for _, d := range x.m.Decode {
 		if !tried(x.tried, d.ID) && d.AvailablePD(now) && (x.adapter == nil || d.Has(x.adapter)) {
 			return true
