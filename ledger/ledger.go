@@ -322,7 +322,6 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 		s := c.prefill
 		s.active.Add(c.active)
 		s.kv.Add(c.kv)
-		s.touch()
 	}
 	if c.decode != nil {
 		c.decodeTokens = p.Tokens
@@ -331,10 +330,18 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 		s.decode.Add(c.decodeTokens)
 		s.decodeReqs.Add(1)
 		s.routedMs.Add(c.routedMs)
-		s.touch()
 	}
-	if old, ok := l.charges.swap(*t, c); ok {
+	old, ok := l.charges.swap(*t, c)
+	if ok {
 		old.release()
+	}
+	// A pod counts a request once while it holds its charge: placed on
+	// it again (a deferred request's re-picks) it is not charged anew.
+	if c.prefill != nil && (!ok || old.prefill != c.prefill) {
+		c.prefill.touch()
+	}
+	if c.decode != nil && (!ok || old.decode != c.decode) {
+		c.decode.touch()
 	}
 	return c.active
 }

@@ -266,7 +266,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	ledger.MetricActiveTokens: {Help: "Prompt tokens charged to the pod for prefill and not yet prefilled (token ledger)."},
 	ledger.MetricKVTokens:     {Help: "Prompt tokens charged to the pod whose KV is still resident (token ledger)."},
 	ledger.MetricDecodeTokens: {Help: "Prompt tokens held by the pod's outstanding decode requests (token ledger)."},
-	ledger.MetricCharges:      {Help: "Charges the token ledger took on the pod: one per attempt sent to it (each side of a prefill/decode pair), summed over the pods that held its name.", Type: "counter"},
+	ledger.MetricCharges:      {Help: "Charges the token ledger took on the pod: one per request placed on it (each side of a prefill/decode pair), a request placed on it again while it holds its charge (a deferred request's re-picks) not counted again, summed over the pods that held its name.", Type: "counter"},
 })
 
 // writePrometheus writes the admin /metrics page: the gateway's series and
