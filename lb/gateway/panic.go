@@ -15,14 +15,16 @@ import (
 // and a retry that finds no pod fails a request another pod may answer.
 // A first attempt keeps to the available pods: until a pod failed the
 // request, "no healthy pod" is the fast and honest answer. Combined pods
-// only: a PD retry still decides among the available pods.
+// only: a PD retry still decides among the available pods. A pod that left
+// the fleet is no lagging state but a reload's word: never a panic pick.
 
 // appendPanic appends to cands a candidate for each combined pod of m not
-// in skip, available or not, filled as pool.PodLoad.Fill does.
+// in skip and still in the fleet, available or not, filled as
+// pool.PodLoad.Fill does.
 func appendPanic(m *pool.Model, cands []route.Candidate, skip []int32, match *pool.Match) []route.Candidate {
 	for i := range m.CombinedLoads {
 		l := &m.CombinedLoads[i]
-		if !slices.Contains(skip, l.ID) {
+		if !l.Left() && !slices.Contains(skip, l.ID) {
 			cands = append(cands, route.Candidate{})
 			l.Fill(&cands[len(cands)-1], match)
 		}

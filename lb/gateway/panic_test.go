@@ -10,14 +10,19 @@ import (
 )
 
 // TestPanicRetry: a retry that finds no untried pod available goes to an
-// untried pod that is not (panic routing); a first attempt with no pod
-// available is answered 503 without a send.
+// untried pod that is not (panic routing), but never to one that left the
+// fleet (a reload that raced the pick: the request still holds the
+// snapshot naming it); a first attempt with no pod available is answered
+// 503 without a send.
 func TestPanicRetry(t *testing.T) {
-	f := func(name string, ejected []int, errs []error, sends, status int) {
+	f := func(name string, ejected, left []int, errs []error, sends, status int) {
 		t.Helper()
 		g, m := stagesGateway(t, 2, nil)
 		for _, i := range ejected {
 			m.Pods[i].Eject(g.ledger.Now(), time.Minute)
+		}
+		for _, i := range left {
+			m.Pods[i].Leave()
 		}
 		s := &scripted{errs: errs, blocks: true}
 		x, ctx := startCompletion(t, g, m, s, admit.Interactive)
@@ -31,10 +36,17 @@ func TestPanicRetry(t *testing.T) {
 					t.Errorf("%s: sent to %v: a pod tried twice", name, s.sent)
 				}
 			}
+			for _, j := range left {
+				if p == m.Pods[j].Config.Name {
+					t.Errorf("%s: sent to %v: %s left the fleet", name, s.sent, p)
+				}
+			}
 		}
 	}
 	reset := fasthttp.ErrConnectionClosed
-	f("two pods ejected, reset, then answered", []int{1, 2}, []error{reset, nil}, 2, 200)
-	f("two pods ejected, reset everywhere", []int{1, 2}, []error{reset, reset, reset}, 3, 502)
-	f("every pod ejected", []int{0, 1, 2}, nil, 0, 503)
+	f("two pods ejected, reset, then answered", []int{1, 2}, nil, []error{reset, nil}, 2, 200)
+	f("two pods ejected, reset everywhere", []int{1, 2}, nil, []error{reset, reset, reset}, 3, 502)
+	f("every pod ejected", []int{0, 1, 2}, nil, nil, 0, 503)
+	f("two pods left, reset", nil, []int{1, 2}, []error{reset, nil}, 1, 502)
+	f("one pod ejected, one left, reset, then answered", []int{1}, []int{2}, []error{reset, nil, nil}, 2, 200)
 }

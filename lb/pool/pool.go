@@ -221,6 +221,10 @@ func (p *Pod) Refused() bool { return p.set(flagHealthy, false) }
 // before it.
 func (p *Pod) Leave() { p.set(flagLeaving, true) }
 
+// Left reports whether the pod left the fleet (Leave): unlike its health
+// or breaker, no later check or success brings it back.
+func (l *podLoad) Left() bool { return l.has(flagLeaving) }
+
 // Ejected reports whether passive ejection keeps the pod out at now.
 func (p *Pod) Ejected(now int64) bool { return p.ejectedUntil.Load() > now }
 

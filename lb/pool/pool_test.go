@@ -106,6 +106,9 @@ func TestLeave(t *testing.T) {
 	if p.Available(int64(time.Hour)) {
 		t.Fatal("a pod that left is available again after a success")
 	}
+	if !p.Left() {
+		t.Fatal("a pod that left is not Left")
+	}
 }
 
 func TestFill(t *testing.T) {
