@@ -166,7 +166,7 @@ func (x *completion) rebind(s *pool.Snapshot, m *pool.Model, res route.Resolved)
 // a client may retry). f, x unmoved, is the model's refusal of x's
 // prompt or strategy header now, which answers x as a new request.
 func (g *Gateway) follow(x *completion, s *pool.Snapshot) (moved bool, f *failure) {
-	m, a := s.Model([]byte(x.m.Name)), x.adapter
+	m, a := x.modelIn(s), x.adapter
 	if m != nil && a != nil {
 		var base *pool.Model
 		if base, a = s.Resolve([]byte(a.Name)); base != m || a == nil {
@@ -190,6 +190,10 @@ func (g *Gateway) follow(x *completion, s *pool.Snapshot) (moved bool, f *failur
 	g.settleHome(x, m)
 	return true, nil
 }
+
+// modelIn is the model of x.m's name in s, a snapshot published since
+// x.m's (follow, seekStored); nil when s serves none.
+func (x *completion) modelIn(s *pool.Snapshot) *pool.Model { return s.Model([]byte(x.m.Name)) }
 
 // retokenize tokenizes x's prompt, on a worker, for the fallback model
 // fallBack moved it to on an event loop, and moves on to its pick. A

@@ -215,7 +215,7 @@ func (g *Gateway) seekStored(x *completion) bool {
 	m := x.m
 	if s := g.pool.Load(); s != x.snap {
 		// The search goes on among the model's pods as they are now (follow).
-		if m = s.Model([]byte(x.m.Name)); m == nil {
+		if m = x.modelIn(s); m == nil {
 			return false
 		}
 	}
