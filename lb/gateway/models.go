@@ -160,11 +160,15 @@ func (x *completion) rebind(s *pool.Snapshot, m *pool.Model, res route.Resolved)
 // retries pick among a cluster's hosts as they are. Its strategy,
 // adapter and stored response's pod are resolved there as for a new
 // request, its prompt tokenized anew where the model's engine makes other
-// ids of it. False, x unmoved, when s has no model of that name, or not
-// x's adapter: x goes on as for a model without a pod (a fallback, else
-// a 503, not a new request's 404: the model was served when x came, and
-// a client may retry). f, x unmoved, is the model's refusal of x's
-// prompt or strategy header now, which answers x as a new request.
+// ids of it. Its fallbacks and an alias's draw stay those x came with:
+// as Envoy's route, they are chosen once a request, and x.fallbacks is
+// the rest of its first model's list, part of it tried (nextModel looks
+// each up in the newest snapshot, passing by those that left). False, x
+// unmoved, when s has no model of that name, or not x's adapter: x goes
+// on as for a model without a pod (a fallback, else a 503, not a new
+// request's 404: the model was served when x came, and a client may
+// retry). f, x unmoved, is the model's refusal of x's prompt or strategy
+// header now, which answers x as a new request.
 func (g *Gateway) follow(x *completion, s *pool.Snapshot) (moved bool, f *failure) {
 	m, a := x.modelIn(s), x.adapter
 	if m != nil && a != nil {
