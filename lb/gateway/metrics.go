@@ -246,7 +246,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_config_last_reload_success_timestamp_seconds": {Help: "When the configuration was last applied (the start, or the last reload that succeeded), in Unix seconds."},
 	"pdlb_time_to_first_token_seconds":                  {Help: "Time from a streaming request's arrival to its first token event, in seconds."},
 	"pdlb_time_per_output_token_seconds":                {Help: "Time per output token after the first of a streaming request, in seconds."},
-	"pdlb_request_duration_seconds":                     {Help: "Time from a completion's or Responses request's arrival to the end of its answer, in seconds (the engines' other APIs, such as embeddings, are not in it)."},
+	"pdlb_request_duration_seconds":                     {Help: "Time from the arrival of a completion, Responses or Messages request to the end of its answer, the gateway's own errors too (no pod available, retries spent, shed), in seconds (the engines' other APIs, such as embeddings, are not in it)."},
 	"pdlb_shed_duration_seconds":                        {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission, or over its API key's request or token rate), in seconds."},
 	"pdlb_prompt_tokens_total":                          {Help: "Prompt tokens of the requests placed on a pod."},
 	"pdlb_prefix_cached_tokens_total":                   {Help: "Prompt tokens the chosen pod was predicted to hold in its prefix cache."},

@@ -261,8 +261,14 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f
 	g.logCompletion(ctx, x, f.Pod, f.E.Status, f.E)
 	g.observeEnd(x, nil, f.E.Status, f.E)
 	g.metrics.countRequest(m, f.E.Status)
+	took := time.Since(x.start).Seconds()
+	if m != nil && x.req.Kind.Outputs() {
+		// Timed as finish times a pod's answer, error or not: the
+		// histogram has each of m's requests that pdlb_requests_total has.
+		g.metrics.model(m).e2e.Update(took)
+	}
 	if f.E.Status == fasthttp.StatusTooManyRequests {
-		g.metrics.shed.Update(time.Since(x.start).Seconds())
+		g.metrics.shed.Update(took)
 	}
 	releaseCompletion(x)
 }
