@@ -1,6 +1,8 @@
 package lb_test
 
 import (
+	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -34,5 +36,41 @@ func TestRequestDurationCountsGatewayErrors(t *testing.T) {
 				t.Errorf("pdlb_request_duration_seconds_count{model=\"m\"} = %v, pdlb_requests_total{model=\"m\"} = %v, after 4 requests answered %v; want 4 each", timed, answered, codes)
 			}
 		})
+	}
+}
+
+// TestPromptTokensCountedOnce: pdlb_prompt_tokens_total, which the
+// planner reads as demand, counts each request's prompt once, as the
+// access log does: a request retried on the other pod after the first
+// reset it was counted at each placement.
+func TestPromptTokensCountedOnce(t *testing.T) {
+	good := testFleet(t, "m", 1, 100)[0]
+	bad := fakePod(t, resetPod)
+	path := filepath.Join(t.TempDir(), "access.log")
+	s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: bad}, {Name: "good", Model: "m", Address: good.Addr()}}, func(c *config.Config) {
+		c.AccessLog = path
+		c.Health.Interval = time.Hour
+		c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+	})
+	for i := range 4 {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":2}`, i)
+		if resp, b := post(t, s, "/v1/chat/completions", body); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	waitIdle(t, s)
+	counted := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`)
+	logged, retried := 0.0, 0
+	for _, l := range readAccessLog(t, s, path) {
+		logged += l.num("prompt_tokens")
+		if l.num("attempts") > 1 {
+			retried++
+		}
+	}
+	if retried == 0 {
+		t.Fatal("no request was retried: the test did not take the path it is for")
+	}
+	if counted != logged {
+		t.Errorf("pdlb_prompt_tokens_total{model=\"m\"} = %v, the access log's prompt_tokens add up to %v (%d of 4 requests retried)", counted, logged, retried)
 	}
 }

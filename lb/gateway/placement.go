@@ -179,9 +179,13 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod, probe bool)
 	if x.usesCache(m) && len(x.keys) > 0 {
 		m.Prefix.Insert(pod.PrefixID, x.keys)
 	}
-	stats := g.metrics.model(m)
-	stats.promptTokens.Add(x.routeReq.PromptTokens)
-	stats.cachedTokens.Add(x.chosen.CachedTokens)
+	if x.attempts == 1 {
+		// A retry places the same prompt again: the planner reads these
+		// counters as the requests' demand, each request once.
+		stats := g.metrics.model(m)
+		stats.promptTokens.Add(x.routeReq.PromptTokens)
+		stats.cachedTokens.Add(x.chosen.CachedTokens)
+	}
 	return true
 }
 
