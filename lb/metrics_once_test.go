@@ -2,11 +2,13 @@ package lb_test
 
 import (
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"pdlb/lb/config"
+	"pdlb/lb/limits"
 )
 
 // TestRequestDurationCountsGatewayErrors: pdlb_request_duration_seconds
@@ -72,5 +74,36 @@ func TestPromptTokensCountedOnce(t *testing.T) {
 	}
 	if counted != logged {
 		t.Errorf("pdlb_prompt_tokens_total{model=\"m\"} = %v, the access log's prompt_tokens add up to %v (%d of 4 requests retried)", counted, logged, retried)
+	}
+}
+
+// TestPlainPathErrorsCounted: the gateway's 404 for a path it does not
+// serve and its 401 for /v1/models without a key are counted under no
+// model, as the 401 of a completion without one is: they were not
+// counted at all.
+func TestPlainPathErrorsCounted(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
+				c.Frontend = fe
+				c.Access.APIKeys = []limits.APIKey{{Name: "team-a", SHA256: limits.HashKey("sk-good")}}
+			})
+			for _, r := range []struct {
+				method, path string
+				status       int
+			}{
+				{http.MethodPost, "/v1/chat/completion", 404},
+				{http.MethodGet, "/v1/models", 401},
+			} {
+				resp, b := send(t, client, s, r.method, r.path, chatBody)
+				if resp.StatusCode != r.status {
+					t.Fatalf("%s %s: %d %s, want %d", r.method, r.path, resp.StatusCode, b, r.status)
+				}
+				series := fmt.Sprintf(`pdlb_requests_total{model="",code="%d"}`, r.status)
+				if n := metricValue(t, s, series); n != 1 {
+					t.Errorf("%s = %v after %s %s answered %d, want 1", series, n, r.method, r.path, r.status)
+				}
+			}
+		})
 	}
 }

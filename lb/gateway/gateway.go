@@ -530,6 +530,11 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		e = openai.InvalidURL(ctx.Method(), path)
 		writeFailure(ctx, answer(e))
 	}
+	if e != nil {
+		// Under no model, as the API paths' refusals: a client with a
+		// wrong base URL or no key shows on the dashboards.
+		g.metrics.countRequest(nil, e.Status)
+	}
 	g.logPlain(ctx, start, e)
 }
 
