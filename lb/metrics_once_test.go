@@ -107,3 +107,36 @@ func TestPlainPathErrorsCounted(t *testing.T) {
 		})
 	}
 }
+
+// TestAdmissionFallbackDecidedOnce: a request admission rejects on its
+// model and admits on the model's fallback is one decision, admitted: it
+// was counted rejected and admitted, and pdlb_slo_attainment_ratio, which
+// counts rejections as misses, saw two requests, one missed.
+func TestAdmissionFallbackDecidedOnce(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			m, n := testFleet(t, "m", 1, 100)[0], testFleet(t, "n", 1, 100)[0]
+			s := testGateway(t, []config.Pod{
+				// Believed to prefill a token a second, until measured:
+				// any prompt misses the 2 s TTFT target on it.
+				{Name: "slow", Model: "m", Address: m.Addr(), PrefillTokensPerSec: 1},
+				{Name: "fast", Model: "n", Address: n.Addr()},
+			}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Admission.Enabled = true
+				c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n"}}
+			})
+			resp, b := post(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":4,"stream":true}`)
+			if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-model") != "n" {
+				t.Fatalf("%d from model %q, want 200 from the fallback n: %s", resp.StatusCode, resp.Header.Get("x-pdlb-model"), b)
+			}
+			waitIdle(t, s)
+			admitted := metricValue(t, s, `pdlb_admission_requests_total{class="interactive",decision="admitted"}`)
+			rejected := metricValue(t, s, `pdlb_admission_requests_total{class="interactive",decision="rejected"}`)
+			attained := metricValue(t, s, `pdlb_slo_attainment_ratio{class="interactive"}`)
+			if admitted != 1 || rejected != 0 || attained != 1 {
+				t.Errorf("admitted %v, rejected %v, SLO attainment %v for one request admitted on its fallback; want 1, 0, 1", admitted, rejected, attained)
+			}
+		})
+	}
+}

@@ -156,7 +156,8 @@ type Deferred struct {
 }
 
 // ClassStats are one class's counters, plain numbers for the gateway's
-// metrics. Every request ends in exactly one of Admitted or Rejected;
+// metrics. Every request ends in exactly one of Admitted or Rejected, by
+// its last decision where the caller moves rejected ones on (Judge);
 // Deferred counts those that waited on the way (and Waiting those waiting
 // now); Met and Missed count admitted requests whose outcome the caller
 // reported through Observe.
@@ -221,6 +222,18 @@ func (c *Controller) fits(class Class, waited, ttft, tpot float64) bool {
 // pod the router picked. A Defer verdict means the request is now in the
 // deferral queue; a request the full queue cannot take is rejected.
 func (c *Controller) Decide(class Class, id uint64, now, ttft, tpot float64) Verdict {
+	v := c.Judge(class, id, now, ttft, tpot)
+	if v.Action == Reject {
+		c.Rejected(class)
+	}
+	return v
+}
+
+// Judge is Decide for a caller that may move a rejected request on, to be
+// decided anew elsewhere (the gateway's fallback model): it leaves the
+// rejection uncounted, for Rejected to count once it stands, so that a
+// request counts once, by its last decision.
+func (c *Controller) Judge(class Class, id uint64, now, ttft, tpot float64) Verdict {
 	st := &c.stats[class]
 	if c.fits(class, 0, ttft, tpot) {
 		st.admitted.Add(1)
@@ -230,9 +243,13 @@ func (c *Controller) Decide(class Class, id uint64, now, ttft, tpot float64) Ver
 		st.deferred.Add(1)
 		return Verdict{Action: Defer}
 	}
-	st.rejected.Add(1)
 	return Verdict{Action: Reject, RetryAfter: c.retryAfter(class, ttft)}
 }
+
+// Rejected counts a rejection of class that stands: one Judge left to the
+// caller, or that of a deferred request whose wait ran out and which the
+// caller took out of the queue (Withdraw).
+func (c *Controller) Rejected(class Class) { c.stats[class].rejected.Add(1) }
 
 // retryAfter is how many whole seconds (at least 1) the prediction ttft
 // overshoots class's TTFT target by.
@@ -288,27 +305,17 @@ func (c *Controller) removeAt(i int) {
 	c.count--
 }
 
-// Withdraw takes deferred request id out of the queue (its client left),
-// counted neither admitted nor rejected; false when it is not queued.
+// Withdraw takes deferred request id out of the queue, counted neither
+// admitted nor rejected: its client left, or its wait ran out (its
+// rejection is the caller's to count, with Rejected, once it stands);
+// false when it is not queued. A waiter that gives up takes its own
+// entry: were it to take the oldest expired one (Expired), an older
+// waiter that then left would find its entry gone and leave this one in
+// the queue for good, at its head.
 func (c *Controller) Withdraw(id uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	_, ok := c.takeLocked(id)
-	return ok
-}
-
-// Expire takes deferred request id out of the queue as rejected, its wait
-// over; false when it is not queued. A waiter that gives up takes its own
-// entry: were it to take the oldest expired one (Expired), an older
-// waiter that then left would find its entry gone and leave this one in
-// the queue for good, at its head.
-func (c *Controller) Expire(id uint64) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.takeLocked(id)
-	if ok {
-		c.stats[e.Class].rejected.Add(1)
-	}
 	return ok
 }
 

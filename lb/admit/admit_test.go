@@ -264,36 +264,43 @@ func TestExpiredKeepsOrderAcrossClasses(t *testing.T) {
 	}
 }
 
-// TestWithdrawAndExpire: a waiter takes its own entry out of the queue
-// (its client left, or its wait ran out; not the oldest expired one), and
-// the others keep their order; a withdrawn request counts neither
-// admitted nor rejected, an expired one rejected.
-func TestWithdrawAndExpire(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		take     func(*Controller, uint64) bool
-		rejected uint64
-	}{
-		{"withdraw", (*Controller).Withdraw, 0},
-		{"expire", (*Controller).Expire, 1},
-	} {
-		cfg := DefaultConfig()
-		cfg.Classes[Batch].MaxWait = 100
-		c, _ := New(cfg)
-		for id := uint64(1); id <= 3; id++ {
-			c.Decide(Batch, id, 0, 1000, 0)
+// TestWithdraw: a waiter takes its own entry out of the queue (its client
+// left, or its wait ran out; not the oldest expired one), and the others
+// keep their order; a withdrawn request counts neither admitted nor
+// rejected.
+func TestWithdraw(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Classes[Batch].MaxWait = 100
+	c, _ := New(cfg)
+	for id := uint64(1); id <= 3; id++ {
+		c.Decide(Batch, id, 0, 1000, 0)
+	}
+	if !c.Withdraw(2) || c.Withdraw(2) || c.Withdraw(9) {
+		t.Fatal("Withdraw found what is not queued, or missed what is")
+	}
+	for _, id := range []uint64{1, 3} {
+		if d, _ := c.Head(); d.ID != id || !c.Retry(id, 1, 1, 0) {
+			t.Fatalf("head %d, want %d", d.ID, id)
 		}
-		if !tc.take(c, 2) || tc.take(c, 2) || tc.take(c, 9) {
-			t.Fatalf("%s found what is not queued, or missed what is", tc.name)
-		}
-		for _, id := range []uint64{1, 3} {
-			if d, _ := c.Head(); d.ID != id || !c.Retry(id, 1, 1, 0) {
-				t.Fatalf("%s: head %d, want %d", tc.name, d.ID, id)
-			}
-		}
-		if s := c.Stats(Batch); s.Admitted != 2 || s.Rejected != tc.rejected || s.Waiting != 0 {
-			t.Fatalf("%s: batch stats %+v, want 2 admitted, %d rejected", tc.name, s, tc.rejected)
-		}
+	}
+	if s := c.Stats(Batch); s.Admitted != 2 || s.Rejected != 0 || s.Waiting != 0 {
+		t.Fatalf("batch stats %+v, want 2 admitted, none rejected", s)
+	}
+}
+
+// TestJudge: Judge rejects as Decide does but leaves the rejection for
+// Rejected to count, once it stands.
+func TestJudge(t *testing.T) {
+	c, _ := New(DefaultConfig())
+	if v := c.Judge(Interactive, 1, 0, 7.5, 0.05); v != (Verdict{Action: Reject, RetryAfter: 6}) {
+		t.Fatalf("Judge = %+v, want a rejection after 6 s", v)
+	}
+	if s := c.Stats(Interactive); s.Rejected != 0 {
+		t.Fatalf("%d rejected before Rejected, want 0", s.Rejected)
+	}
+	c.Rejected(Interactive)
+	if s := c.Stats(Interactive); s.Rejected != 1 || s.Admitted != 0 {
+		t.Fatalf("interactive stats %+v, want 1 rejected", s)
 	}
 }
 

@@ -17,9 +17,11 @@ const deferPoll = 5 * time.Millisecond
 // admitNow asks the admission controller about x once, with the
 // predictions ttft and tpot made at since: wait reports that x was deferred
 // (queued: awaitAdmission waits for it), else f is nil to admit x or the
-// rejection to answer.
+// rejection to answer. A decision on a fallback model replaces the
+// rejection x had on the model before it (x.rejected).
 func (g *Gateway) admitNow(x *completion, since, ttft, tpot float64) (wait bool, f *failure) {
-	v := g.admit.Decide(x.class, x.ticket.ID, since, ttft, tpot)
+	v := g.admit.Judge(x.class, x.ticket.ID, since, ttft, tpot)
+	x.rejected = v.Action == admit.Reject
 	switch v.Action {
 	case admit.Admit:
 		return false, nil
@@ -53,7 +55,8 @@ func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttf
 		}
 		now := g.clock()
 		if now-since > maxWait {
-			g.admit.Expire(x.ticket.ID)
+			g.admit.Withdraw(x.ticket.ID)
+			x.rejected = true
 			return g.reject(x, ttft, tpot, 1), false
 		}
 		if d, ok := g.admit.Head(); !ok || d.ID != x.ticket.ID {

@@ -132,9 +132,10 @@ type completion struct {
 	modelStats *modelMetrics
 	times      tokenTimes
 	// deferred: admission deferred x before it moved to a worker, as
-	// deferral says.
-	deferred bool
-	deferral admitWait
+	// deferral says; rejected: its last decision rejected x, counted when
+	// x is answered (fail) unless a fallback model's decision replaces it.
+	deferred, rejected bool
+	deferral           admitWait
 	// What the request's model name resolved to (models.go): its LoRA
 	// adapter (nil for none), the name that served it when an alias or a
 	// fallback chose it ("" otherwise), and the fallbacks left to try.
@@ -186,7 +187,7 @@ func releaseCompletion(x *completion) {
 	x.adapter, x.served, x.fallbacks = nil, "", nil
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]
 	x.g, x.ctx, x.m, x.snap, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil, nil
-	x.deferred, x.hdr = false, clientHeaders{}
+	x.deferred, x.rejected, x.hdr = false, false, clientHeaders{}
 	if x.pd != nil {
 		x.pd.Release()
 		x.pd = nil

@@ -316,7 +316,7 @@ func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 		}
 	}
 	if g.admit != nil {
-		fmt.Fprint(w, "# HELP pdlb_admission_requests_total Admission decisions by priority class.\n# TYPE pdlb_admission_requests_total counter\n")
+		fmt.Fprint(w, "# HELP pdlb_admission_requests_total Admission decisions by priority class: each request's last, admitted or rejected (one rejected on its model counts by its fallback model's decision), and the deferrals on the way.\n# TYPE pdlb_admission_requests_total counter\n")
 		for c := admit.Class(0); c < admit.NumClasses; c++ {
 			st := g.admit.Stats(c)
 			fmt.Fprintf(w, "pdlb_admission_requests_total{class=%q,decision=\"admitted\"} %d\n", c, st.Admitted)

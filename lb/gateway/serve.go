@@ -270,6 +270,10 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f
 	if f.E.Status == fasthttp.StatusTooManyRequests {
 		g.metrics.shed.Update(took)
 	}
+	if x.rejected {
+		// Admission's rejection stands: no fallback model decided x anew.
+		g.admit.Rejected(x.class)
+	}
 	releaseCompletion(x)
 }
 

@@ -480,6 +480,9 @@ func TestDeferredWaitersExpireTheirOwn(t *testing.T) {
 	if ctx.Response.StatusCode() != 429 {
 		t.Fatalf("the expired request got %d", ctx.Response.StatusCode())
 	}
+	if n := g.admit.Stats(admit.Batch).Rejected; n != 1 {
+		t.Fatalf("%d rejected after one wait ran out, want 1", n)
+	}
 	// The older request's client leaves, as its waiter sees it.
 	g.admit.Withdraw(older.ticket.ID)
 	g.fail(older.ctx, older, m, fail.ClientLeft)
