@@ -1183,26 +1183,63 @@ func TestChunkedOverLimitInSmallReads(t *testing.T) {
 	})
 }
 
-// TestBareLFHead: a request head whose lines end in a bare LF, which
-// fasthttp's parser takes for an unfinished head, is answered 400 at once
-// on gnet (it waited for the read timeout, then answered 408). The
-// fasthttp front end still waits: its reads are fasthttp's own.
+// TestBareLFHead: a request head with a line that ends in a bare LF is
+// answered 400 at once on gnet, wherever the LF is: fasthttp's parser
+// took some such heads for unfinished (held until the read timeout), and
+// served others (a bare LF before a CRLF CRLF, even one of a pipelined
+// request behind). The error handler gets none of the refused head. A
+// lone CR is refused too. The fasthttp front end still waits on, or
+// serves, these: its reads are fasthttp's own.
 func TestBareLFHead(t *testing.T) {
-	a := newApp()
-	s, err := frontend.Start(frontend.NameGNet, "127.0.0.1:0", a.handler(), frontend.Options{MaxBodyBytes: testMaxBody})
-	if err != nil {
-		t.Fatal(err)
+	const bareLF = "a line of the request head ends in a bare LF"
+	heads := []struct{ head, want string }{
+		{"GET /echo HTTP/1.1\nHost: x\n\n", bareLF},
+		{"GET /echo HTTP/1.1\r\nHost: x\r\n\n", bareLF},
+		{"GET /echo HTTP/1.1\r\nHost: x\n\r\n", bareLF},
+		{"GET /echo HTTP/1.1\r\nHost: x\n\n", bareLF},
+		{"GET /echo HTTP/1.1\r\nHost: x\n", bareLF},
+		{"GET /echo HTTP/1.1\nHost: x\r\n\r\n", bareLF},
+		{"GET /echo HTTP/1.1\r\nHost: x\nX: y\r\n\r\n", bareLF},
+		{"GET /echo HTTP/1.1\r\nHost: x\r\nX: y\n z\r\n\r\n", bareLF},
+		{"\nGET /echo HTTP/1.1\r\nHost: x\r\n\r\n", bareLF},
+		{"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\nX: y\r\n\r\nabc", bareLF},
+		{"GET /echo HTTP/1.1\r\nHost: x\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\n\r\n", bareLF},
+		{"GET /echo HTTP/1.1\r\nHost: x\rY: z\r\n\r\n", ""},
+		{"GET /echo HTTP/1.1\r\nHost: x\r\n\r\r\n", ""},
 	}
-	t.Cleanup(func() { _ = s.ShutdownWithContext(context.Background()) })
-	for _, head := range []string{"GET /echo HTTP/1.1\nHost: x\n\n", "GET /echo HTTP/1.1\r\nHost: x\r\n\n"} {
-		c := dial(t, s.Addr())
-		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-		c.send(t, head)
-		resp, b := c.response(t)
-		expectError(t, resp, b, 400)
+	for _, onLoop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("onLoop=%v", onLoop), func(t *testing.T) {
+			a := newApp()
+			a.onLoop = onLoop
+			handler := a.handler()
+			handler.Error = func(ctx *fasthttp.RequestCtx, err error) {
+				ctx.Response.Header.SetBytesV("X-Host", ctx.Request.Header.Host())
+				writeFrontError(ctx, err)
+			}
+			addr := serve(t, frontend.NameGNet, handler)
+			for _, h := range heads {
+				t.Run(fmt.Sprintf("%q", h.head), func(t *testing.T) {
+					t.Parallel()
+					c := dial(t, addr)
+					c.send(t, h.head)
+					resp, b := c.response(t)
+					expectError(t, resp, b, 400)
+					if !strings.Contains(b, h.want) {
+						t.Errorf("got %q, want it to say %q", b, h.want)
+					}
+					if host := resp.Header.Get("X-Host"); host != "" {
+						t.Errorf("the error handler read Host %q of the refused head", host)
+					}
+					// Nothing of the head is served, nor what follows it.
+					if rest, err := io.ReadAll(c.br); len(rest) > 0 || err != nil {
+						t.Errorf("after the 400: %q, %v", rest, err)
+					}
+				})
+			}
+		})
 	}
 	// A body may hold blank lines of its own.
-	c := dial(t, s.Addr())
+	c := dial(t, serve(t, frontend.NameGNet, newApp().handler()))
 	c.send(t, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\na\n\nb\r\n")
 	time.Sleep(20 * time.Millisecond)
 	c.send(t, "0\r\n\r\n")

@@ -58,7 +58,6 @@ var (
 	continueLine = []byte("HTTP/1.1 100 Continue\r\n\r\n")
 	lastChunk    = []byte("0\r\n\r\n")
 	crlf         = []byte("\r\n")
-	lfLF         = []byte("\n\n")
 )
 
 type gconn struct {
@@ -398,9 +397,11 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 	req.Reset()
 
 	err := req.Header.Read(p.br)
-	if err != nil && p.src.short && bytes.Contains(buf, lfLF) {
-		// fasthttp waits for a CRLF CRLF that will not come; a blank line
-		// a CRLF head cannot hold means the client ends lines in a bare LF.
+	// A head fasthttp took whole is checked too: its lines may end in one.
+	// Refused, it comes to the error handler unread, as any head fasthttp
+	// refuses (its fields are a reading of a framing pdlb does not take).
+	if (err == nil || p.src.short) && bareLF(buf) {
+		req.Header.Reset()
 		err, p.src.short = errBareLF, false
 	}
 	if err == nil {
@@ -431,6 +432,28 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 	ctx := gc.next
 	gc.next = nil
 	return ctx, p.consumed(buf), err
+}
+
+// bareLF reports whether a line of the request head at the start of buf
+// (up to the blank line that ends it, or all of buf while none does) ends
+// in a bare LF. fasthttp's parser takes one for a line's end once a CRLF
+// CRLF comes, even one past the head (in its body, in a request pipelined
+// behind), and else waits for that CRLF CRLF until the read timeout.
+func bareLF(buf []byte) bool {
+	began := false // past the blank lines a request line may follow
+	for at := 0; ; {
+		i := bytes.IndexByte(buf[at:], '\n')
+		switch {
+		case i < 0:
+			return false
+		case i == 0 || buf[at+i-1] != '\r':
+			return true
+		case i == 1 && began:
+			return false // the blank line that ends the head
+		}
+		began = began || i > 1
+		at += i + 1
+	}
 }
 
 // chunksDue says the chunked body in buf is plainly not whole yet, and

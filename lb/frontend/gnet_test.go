@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -311,4 +312,36 @@ func TestChunkedNeed(t *testing.T) {
 	if need := s.need([]byte(buf), 4, 100); need != 0 || s.body != 100 {
 		t.Fatalf("a third chunk over max: need %d, body %d; want 0 (the parser's 413)", need, s.body)
 	}
+}
+
+// FuzzBareLF: a request head that fasthttp's parser takes whole with a
+// line ending in a bare LF is one bareLF finds, so gnet refuses it.
+func FuzzBareLF(f *testing.F) {
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+		"\r\nGET / HTTP/1.1\nHost: x\r\nX: y\n z\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n\n\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h fasthttp.RequestHeader
+		br := bufio.NewReaderSize(bytes.NewReader(b), len(b)+16)
+		if h.Read(br) != nil {
+			return
+		}
+		head := b[:len(b)-br.Buffered()]
+		for i, c := range head {
+			if c == '\n' && (i == 0 || head[i-1] != '\r') {
+				if !bareLF(b) {
+					t.Fatalf("%q: fasthttp took the head %q, bareLF found no bare LF", b, head)
+				}
+				return
+			}
+		}
+		if bareLF(b) {
+			t.Fatalf("%q: bareLF found a bare LF outside the head %q", b, head)
+		}
+	})
 }
