@@ -167,6 +167,42 @@ func TestFirstByteKeepsTheOnlyAvailablePod(t *testing.T) {
 	}
 }
 
+// TestFirstByteKeepsThePodBeforeAFallback: a model's fallback does not
+// let the first-byte deadline give up its one available pod while the
+// model has a pod found dead it has not tried: the retry takes that pod
+// (a panic pick) before any fallback, and fails there.
+func TestFirstByteKeepsThePodBeforeAFallback(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
+				time.Sleep(800 * time.Millisecond)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+			})
+			other := testFleet(t, "n", 1, 100)[0]
+			s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: slow}, {Name: "dead", Model: "m", Address: dead},
+				{Name: "other", Model: "n", Address: other.Addr()}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n"}}
+				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+			})
+			testwait.For(t, "the dead pod found dead", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="dead"}`) == 0 })
+			// Twice: gnet's loop sweeps deadlines from the first exchange on.
+			for i := range 2 {
+				if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+					t.Fatalf("request %d: %d (x-pdlb-pod %q) while the slow pod answers in 0.8 s and the fallback's is up: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				}
+			}
+		})
+	}
+}
+
 // TestRetryBudgetBurst: a pod that fails a burst of requests at once
 // sends their retries together, more than a small budget holds, and every
 // client still gets its answer from the other pod. The retries over the

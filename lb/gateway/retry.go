@@ -142,14 +142,20 @@ func (g *Gateway) mayHedge(x *completion) bool {
 	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) || x.home.pod != "" {
 		return false
 	}
-	if len(x.fallbacks) > 0 {
-		return true
-	}
 	now := g.ledger.Now()
+	untried := false
 	for _, p := range x.m.Combined {
-		if !tried(x.tried, p.ID) && p.Available(now) {
-			return true
+		if !tried(x.tried, p.ID) {
+			if p.Available(now) {
+				return true
+			}
+			untried = true
 		}
+	}
+	// A combined retry reaches a fallback model only once no pod of its
+	// own is left untried: a pod found down takes it first (a panic pick).
+	if len(x.fallbacks) > 0 && (x.cascade != nil || !untried) {
+		return true
 	}
 	// A PD retry takes only a decode pod that is available and serves
 	// the request's adapter (as MoveDecode picks one).
