@@ -203,6 +203,40 @@ func TestFirstByteKeepsThePodBeforeAFallback(t *testing.T) {
 	}
 }
 
+// TestFirstByteWithinTheRetryBudget: the first-byte deadline gives up a
+// slow pod only when the retry budget has room for the retry; a budget
+// that refuses it turns the answer on its way into a 504.
+func TestFirstByteWithinTheRetryBudget(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
+				time.Sleep(800 * time.Millisecond)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+			})
+			good := testFleet(t, "m", 1, 100)[0]
+			s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: slow}, {Name: "good", Model: "m", Address: good.Addr()}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+				c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+				// No place for a retry with fewer than 100 requests in flight.
+				c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1}
+			})
+			// Round robin sends two of the four to the slow pod; gnet's
+			// loop sweeps deadlines from the first exchange on.
+			for i := range 4 {
+				if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+					t.Fatalf("request %d: %d (x-pdlb-pod %q) while the slow pod answers in 0.8 s and the budget has no room for a retry: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				}
+			}
+			if n := metricValue(t, s, "pdlb_upstream_retry_budget_exhausted_total"); n != 0 {
+				t.Fatalf("%v retries refused by the budget", n)
+			}
+		})
+	}
+}
+
 // TestRetryBudgetBurst: a pod that fails a burst of requests at once
 // sends their retries together, more than a small budget holds, and every
 // client still gets its answer from the other pod. The retries over the

@@ -79,14 +79,20 @@ func (g *Gateway) takeRetry(x *completion, force bool) bool {
 	if x.retrying {
 		return true
 	}
-	m, b := g.metrics.retry, &g.cfg.Upstream.Retry.Budget
-	limit := max(int64(b.MinRetries), int64(b.Percent/100*float64(g.inFlight.Load())))
-	if m.inFlight.Add(1) > limit && !force {
+	m := g.metrics.retry
+	if m.inFlight.Add(1) > g.retryLimit() && !force {
 		m.inFlight.Add(-1)
 		return false
 	}
 	x.retrying = true
 	return true
+}
+
+// retryLimit is how many requests may be retrying now: retry_budget's
+// share of the requests in flight, or its min_retries.
+func (g *Gateway) retryLimit() int64 {
+	b := &g.cfg.Upstream.Retry.Budget
+	return max(int64(b.MinRetries), int64(b.Percent/100*float64(g.inFlight.Load())))
 }
 
 // retryAnswered gives x's place in the retry budget back as its pod's
@@ -131,15 +137,20 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 }
 
 // mayHedge says a hung attempt of x could go on elsewhere: retry_on lists
-// timeouts, x has attempts left (as mayRetry counts them), and its model
-// a pod available now that could answer it and that it has not tried (a
-// combined pod, or a decode pod, alone or in a pair) or a fallback model
-// to go to, and it is not bound to its stored response's pod (x.home).
-// Else giving up at the first-byte deadline only turns an answer on its
-// way into a 504, or sends it to a pod the checks found down (a panic
-// pick), which fails it.
+// timeouts, x has attempts left (as mayRetry counts them) and a place in
+// the retry budget (held, or free now), and its model a pod available now
+// that could answer it and that it has not tried (a combined pod, or a
+// decode pod, alone or in a pair) or a fallback model to go to, and it is
+// not bound to its stored response's pod (x.home). Else giving up at the
+// first-byte deadline only turns an answer on its way into a 504, or
+// sends it to a pod the checks found down (a panic pick), which fails it.
 func (g *Gateway) mayHedge(x *completion) bool {
 	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) || x.home.pod != "" {
+		return false
+	}
+	if !x.retrying && g.metrics.retry.inFlight.Load() >= g.retryLimit() {
+		// The budget would refuse the retry: the pod's answer is the
+		// request's best chance, as it would be without a deadline.
 		return false
 	}
 	now := g.ledger.Now()
