@@ -502,6 +502,45 @@ func TestRetryPDDecodeLeg(t *testing.T) {
 	ledgerSettles(t, s)
 }
 
+// TestRetryPDDecodeRefusedOverBudget: a decode pod that refuses the
+// decode leg's connection is found out by the refusal, so the leg moves
+// to the other decode pod whatever the retry budget, as a combined
+// request's retry goes on once its pod is found out; no retry was refused
+// by the budget, and pdlb_upstream_retry_budget_exhausted_total says so.
+func TestRetryPDDecodeRefusedOverBudget(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	e := pdEngines[0]
+	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	badPod := pdPod(dec, dead, "rs0")
+	badPod.Name = "bad"
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0"), badPod},
+		func(c *config.Config) {
+			c.Health.Interval = time.Hour // the refusal alone finds the bad pod out
+			c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1}
+		})
+	// The decode pick between dec and bad is a draw among equals: requests
+	// go until one decode leg went to bad, which the refusal takes out.
+	for i := 0; i < 64 && metricValue(t, s, `pdlb_pod_healthy{pod="bad"}`) == 1; i++ {
+		resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", i%2 == 1, 8))
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != "dec" {
+			t.Fatalf("request %d: %d via %q/%q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), resp.Header.Get("x-pdlb-decode-pod"), b)
+		}
+	}
+	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`); n == 0 {
+		t.Fatal("no decode leg went to the refusing pod: the test shows nothing")
+	}
+	if n := metricValue(t, s, "pdlb_upstream_retry_budget_exhausted_total"); n != 0 {
+		t.Fatalf("pdlb_upstream_retry_budget_exhausted_total %v, and every request was retried and answered", n)
+	}
+	ledgerSettles(t, s)
+}
+
 // TestRetryPDPrefillFoundDown: a prefill pod that wedges, health checks
 // included, while it holds prefill legs gives them up once the checks find
 // it dead; their pairs go to the other prefill pod.

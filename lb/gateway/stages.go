@@ -403,7 +403,7 @@ func (g *Gateway) failed(x *completion, f *failure) {
 		return
 	}
 	x.stage = stagePick
-	if !g.takeRetry(x, f.Reason == fail.Down) {
+	if !g.takeRetry(x, foundOut(f)) {
 		// pickStage waits for a place in the budget.
 		x.budgetWait, x.worked = true, g.metrics.retry.answered.Load()
 		return
@@ -427,12 +427,12 @@ func (g *Gateway) mayRetry(x *completion, f *failure) bool {
 }
 
 // tryAgain decides a retry that cannot wait: mayRetry, and the retry
-// budget has room now (takeRetry).
+// budget has room now, or f's pod is found out (takeRetry).
 func (g *Gateway) tryAgain(x *completion, f *failure) bool {
 	if !g.mayRetry(x, f) {
 		return false
 	}
-	if !g.takeRetry(x, f.Reason == fail.Down) {
+	if !g.takeRetry(x, foundOut(f)) {
 		g.metrics.retry.exhausted.Inc()
 		return false
 	}
@@ -454,7 +454,7 @@ func (g *Gateway) awaitRetry(x *completion) bool {
 	x.budgetWait = false
 	m := g.metrics.retry
 	for deadline := time.Now().Add(retryBudgetWait); ; {
-		if (m.answered.Load() != x.worked && g.takeRetry(x, false)) || (!x.last.Pod.Healthy() && g.takeRetry(x, true)) {
+		if (m.answered.Load() != x.worked && g.takeRetry(x, false)) || (foundOut(x.last) && g.takeRetry(x, true)) {
 			g.retried(x, x.last)
 			return true
 		}
@@ -465,6 +465,11 @@ func (g *Gateway) awaitRetry(x *completion) bool {
 		time.Sleep(retryBackoff)
 	}
 }
+
+// foundOut says f's pod failed more than f's request: the checks found it
+// dead, or a refused connection took it out. Its requests are what it
+// held, so their retries go on whatever the retry budget.
+func foundOut(f *failure) bool { return f.Reason == fail.Down || !f.Pod.Healthy() }
 
 // retryBudgetWait bounds how long a retry waits for a place in the retry
 // budget, so that under a fleet-wide failure clients still get their
