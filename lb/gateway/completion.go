@@ -130,7 +130,10 @@ type completion struct {
 	reqID []byte
 	// A stream's: its model's metrics and its tokens' timing.
 	modelStats *modelMetrics
-	times      tokenTimes
+	// countedOn: the model whose prompt token counters counted x last
+	// (place), so that each model counts a request once.
+	countedOn *modelMetrics
+	times     tokenTimes
 	// deferred: admission deferred x before it moved to a worker, as
 	// deferral says; rejected: its last decision rejected x, counted when
 	// x is answered (fail) unless a fallback model's decision replaces it.
@@ -186,7 +189,7 @@ func releaseCompletion(x *completion) {
 	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks = nil, "", nil
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]
-	x.g, x.ctx, x.m, x.snap, x.up, x.resp, x.pod, x.modelStats = nil, nil, nil, nil, nil, nil, nil, nil
+	x.g, x.ctx, x.m, x.snap, x.up, x.resp, x.pod, x.modelStats, x.countedOn = nil, nil, nil, nil, nil, nil, nil, nil, nil
 	x.deferred, x.rejected, x.hdr = false, false, clientHeaders{}
 	if x.pd != nil {
 		x.pd.Release()

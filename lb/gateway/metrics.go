@@ -51,8 +51,8 @@ type modelMetrics struct {
 	ttft     *metrics.PrometheusHistogram
 	tpot     *metrics.PrometheusHistogram
 	e2e      *metrics.PrometheusHistogram
-	// promptTokens and cachedTokens add up the prompts placed, each at its
-	// request's first placement, and the part of them the chosen pod was
+	// promptTokens and cachedTokens add up the prompts placed, each
+	// request's once (place), and the part of them the chosen pod was
 	// predicted to hold: their ratio is the prefix hit rate the router
 	// achieved.
 	promptTokens *metrics.Counter
@@ -249,8 +249,8 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_time_per_output_token_seconds":                {Help: "Time per output token after the first of a streaming request, in seconds."},
 	"pdlb_request_duration_seconds":                     {Help: "Time from the arrival of a completion, Responses or Messages request to the end of its answer, the gateway's own errors too (no pod available, retries spent, shed), in seconds (the engines' other APIs, such as embeddings, are not in it)."},
 	"pdlb_shed_duration_seconds":                        {Help: "Time from a request's arrival to its 429 answer (shed or rejected by admission, or over its API key's request or token rate), in seconds."},
-	"pdlb_prompt_tokens_total":                          {Help: "Prompt tokens of the requests placed on a pod, each request's once, at its first placement (a retry's is not counted again)."},
-	"pdlb_prefix_cached_tokens_total":                   {Help: "Prompt tokens the pod chosen at a request's first placement was predicted to hold in its prefix cache."},
+	"pdlb_prompt_tokens_total":                          {Help: "Prompt tokens of the requests placed on the model's pods, each request's once (a retry's is not counted again; a fallback model counts the requests moved to it)."},
+	"pdlb_prefix_cached_tokens_total":                   {Help: "Prompt tokens the pod chosen at a request's placement on the model was predicted to hold in its prefix cache (counted as pdlb_prompt_tokens_total counts the prompt)."},
 	"pdlb_prompt_tokenized_total":                       {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
 	"pdlb_prompt_tokenized_off_loop_total":              {Help: "Requests whose prompt was read or tokenized on a worker rather than the event loop they came on, on the gnet front end: a body over 64 KiB; over 16 KiB, on a model with a tokenizer, for the chat template's Jinja engine or with over 16 KiB of text new to the tokenizer."},
 	"pdlb_completion_tokens_total":                      {Help: "Output tokens of the answers relayed, by model (a stream's counted from its events, or its usage when it carries it; a whole answer's from its usage)."},

@@ -179,10 +179,11 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod, probe bool)
 	if x.usesCache(m) && len(x.keys) > 0 {
 		m.Prefix.Insert(pod.PrefixID, x.keys)
 	}
-	if x.attempts == 1 {
-		// A retry places the same prompt again: the planner reads these
-		// counters as the requests' demand, each request once.
-		stats := g.metrics.model(m)
+	if stats := g.metrics.model(m); stats != x.countedOn {
+		// The planner reads these counters as a model's demand: a retry
+		// places the same prompt again and is not counted, a fallback
+		// model's placement is demand on that model and is.
+		x.countedOn = stats
 		stats.promptTokens.Add(x.routeReq.PromptTokens)
 		stats.cachedTokens.Add(x.chosen.CachedTokens)
 	}
