@@ -486,12 +486,7 @@ func TestResponsesStandInTokens(t *testing.T) {
 // per pod asked (twelve pods took 6.6 s); and a model of prefill/decode
 // pods alone has no pod to ask: vLLM's 404, not a 400.
 func TestResponsesSeekEnds(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := deadAddr(t)
 	var pods []config.Pod
 	for i := range 12 {
 		p := &responsesPod{stored: map[string]bool{}}

@@ -110,12 +110,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 func TestFirstByteNoRetryLeft(t *testing.T) {
 	for _, fe := range []string{"gnet", "fasthttp"} {
 		t.Run(fe, func(t *testing.T) {
-			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
-				time.Sleep(800 * time.Millisecond)
-				// The fake pod closes after each answer, so it says so:
-				// a kept connection would fail the next request.
-				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
-			})
+			slow := slowPod(t, 800*time.Millisecond)
 			s := testGateway(t, []config.Pod{{Name: "only", Model: "m", Address: slow}}, func(c *config.Config) {
 				c.Frontend = fe
 				c.Health.Interval = time.Hour
@@ -133,73 +128,40 @@ func TestFirstByteNoRetryLeft(t *testing.T) {
 }
 
 // TestFirstByteKeepsTheOnlyAvailablePod: a slow pod is not given up at
-// the first-byte deadline when every other pod is down: the retry would
-// go to a dead pod (a panic pick) and the client get its error, while the
-// slow pod's answer, 0.8 s away, was on its way.
+// the first-byte deadline when every other pod of its model is down: the
+// retry would go to a dead pod (a panic pick, which comes before any
+// fallback model) and the client get its error, while the slow pod's
+// answer, 0.8 s away, was on its way.
 func TestFirstByteKeepsTheOnlyAvailablePod(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := deadAddr(t)
 	for _, fe := range []string{"gnet", "fasthttp"} {
-		t.Run(fe, func(t *testing.T) {
-			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
-				time.Sleep(800 * time.Millisecond)
-				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
-			})
-			s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: slow}, {Name: "dead", Model: "m", Address: dead}}, func(c *config.Config) {
-				c.Frontend = fe
-				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
-				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
-			})
-			testwait.For(t, "the dead pod found dead", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="dead"}`) == 0 })
-			for i := range 2 {
-				if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
-					t.Fatalf("request %d: %d (x-pdlb-pod %q) while the slow pod, the only one up, answers in 0.8 s: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+		for _, fallback := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/fallback=%v", fe, fallback), func(t *testing.T) {
+				slow := slowPod(t, 800*time.Millisecond)
+				pods := []config.Pod{{Name: "slow", Model: "m", Address: slow}, {Name: "dead", Model: "m", Address: dead}}
+				if fallback {
+					pods = append(pods, config.Pod{Name: "other", Model: "n", Address: testFleet(t, "n", 1, 100)[0].Addr()})
 				}
-			}
-			if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="hung"}`); n != 0 {
-				t.Fatalf("%v requests given up as hung", n)
-			}
-		})
-	}
-}
-
-// TestFirstByteKeepsThePodBeforeAFallback: a model's fallback does not
-// let the first-byte deadline give up its one available pod while the
-// model has a pod found dead it has not tried: the retry takes that pod
-// (a panic pick) before any fallback, and fails there.
-func TestFirstByteKeepsThePodBeforeAFallback(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
-	for _, fe := range []string{"gnet", "fasthttp"} {
-		t.Run(fe, func(t *testing.T) {
-			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
-				time.Sleep(800 * time.Millisecond)
-				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
-			})
-			other := testFleet(t, "n", 1, 100)[0]
-			s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: slow}, {Name: "dead", Model: "m", Address: dead},
-				{Name: "other", Model: "n", Address: other.Addr()}}, func(c *config.Config) {
-				c.Frontend = fe
-				c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n"}}
-				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
-				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
-			})
-			testwait.For(t, "the dead pod found dead", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="dead"}`) == 0 })
-			// Twice: gnet's loop sweeps deadlines from the first exchange on.
-			for i := range 2 {
-				if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
-					t.Fatalf("request %d: %d (x-pdlb-pod %q) while the slow pod answers in 0.8 s and the fallback's is up: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				s := testGateway(t, pods, func(c *config.Config) {
+					c.Frontend = fe
+					if fallback {
+						c.Models = []config.Model{{Name: "m", LoRA: config.LoRA{Fallback: []string{"n"}}}, {Name: "n"}}
+					}
+					c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+					c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+				})
+				testwait.For(t, "the dead pod found dead", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="dead"}`) == 0 })
+				// Twice: gnet's loop sweeps deadlines from the first exchange on.
+				for i := range 2 {
+					if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+						t.Fatalf("request %d: %d (x-pdlb-pod %q) while the slow pod, the only one of m up, answers in 0.8 s: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+					}
 				}
-			}
-		})
+				if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="hung"}`); n != 0 {
+					t.Fatalf("%v requests given up as hung", n)
+				}
+			})
+		}
 	}
 }
 
@@ -209,10 +171,7 @@ func TestFirstByteKeepsThePodBeforeAFallback(t *testing.T) {
 func TestFirstByteWithinTheRetryBudget(t *testing.T) {
 	for _, fe := range []string{"gnet", "fasthttp"} {
 		t.Run(fe, func(t *testing.T) {
-			slow := fakePod(t, func(c net.Conn, _ *http.Request) {
-				time.Sleep(800 * time.Millisecond)
-				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
-			})
+			slow := slowPod(t, 800*time.Millisecond)
 			good := testFleet(t, "m", 1, 100)[0]
 			s := testGateway(t, []config.Pod{{Name: "slow", Model: "m", Address: slow}, {Name: "good", Model: "m", Address: good.Addr()}}, func(c *config.Config) {
 				c.Frontend = fe
@@ -508,12 +467,7 @@ func TestRetryPDDecodeLeg(t *testing.T) {
 // request's retry goes on once its pod is found out; no retry was refused
 // by the budget, and pdlb_upstream_retry_budget_exhausted_total says so.
 func TestRetryPDDecodeRefusedOverBudget(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := deadAddr(t)
 	e := pdEngines[0]
 	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
 	dec := startSim(t, e, "dec", sim.RoleDecode, nil)

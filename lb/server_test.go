@@ -312,6 +312,29 @@ func fakePod(t *testing.T, serve func(c net.Conn, r *http.Request)) string {
 	return fakePodOn(t, ln, serve)
 }
 
+// slowPod is a fakePod that answers every request with okAnswer after d,
+// closing the connection.
+func slowPod(t *testing.T, d time.Duration) string {
+	return fakePod(t, func(c net.Conn, _ *http.Request) {
+		time.Sleep(d)
+		// The fake pod closes after each answer, so it says so: a kept
+		// connection would fail the next request.
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+	})
+}
+
+// deadAddr is a loopback address nothing listens at: a connection to it
+// is refused.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
 // fakePodOn is fakePod on a listener of the test's.
 func fakePodOn(t *testing.T, ln net.Listener, serve func(c net.Conn, r *http.Request)) string {
 	t.Helper()

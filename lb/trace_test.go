@@ -334,12 +334,7 @@ func testTracePDRequest(t *testing.T, e pdEngine) {
 func TestTraceRetriesAreSiblings(t *testing.T) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
 	sink := startSink(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close() // refuses: the request never reaches it, so it is retried
+	dead := deadAddr(t) // refuses: the request never reaches it, so it is retried
 	live := tracedSim(t, sink, pdEngine{engine: engines.VLLM}, "live", sim.RoleCombined)
 	s := tracedGateway(t, sink, []config.Pod{{Name: "dead", Model: "m", Address: dead}, {Name: "live", Model: "m", Address: live.Addr()}}, "", func(c *config.Config) {
 		// Round robin sends the first request to the refusing pod.
