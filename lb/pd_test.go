@@ -1138,3 +1138,42 @@ func TestSGLangAbortSparesOthers(t *testing.T) {
 		t.Fatalf("job-10, after job-1's client left: %d %s", resp.StatusCode, b)
 	}
 }
+
+// prefillStopped answers a vLLM prefill leg as vLLM does when the one
+// token it produced ends the answer (EOS, a stop token or string): its
+// KV connector hands nothing over (request_finished returns no params
+// unless the request was length-capped), so kv_transfer_params is null.
+func prefillStopped(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"id":"cmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],`+
+		`"usage":{"prompt_tokens":80,"completion_tokens":1,"total_tokens":81},"kv_transfer_params":null}`)
+}
+
+// TestPDVLLMPrefillWithoutKV: a vLLM prefill leg that stopped at its
+// token answers kv_transfer_params null; vLLM's own proxy then sends the
+// decode leg without them, and the decode pod prefills the prompt itself.
+// The client gets the decode pod's answer, not a 502 blaming the prefill.
+func TestPDVLLMPrefillWithoutKV(t *testing.T) {
+	e := pdEngines[0]
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			s := pdGateway(t, e, []config.Pod{pdPod(pre, failingPrefill(t, pre.Addr(), prefillStopped), "g"), pdPod(dec, dec.Addr(), "g")},
+				func(c *config.Config) {
+					c.Frontend = fe
+					c.Health.Interval = time.Hour
+				})
+			for _, stream := range []bool{false, true} {
+				resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", stream, 8))
+				if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != "dec" {
+					t.Fatalf("stream %v: %d %v %s", stream, resp.StatusCode, resp.Header, b)
+				}
+				if a := parseAnswer(t, resp, b); a.text == "" {
+					t.Fatalf("stream %v: no text in %s", stream, b)
+				}
+			}
+			ledgerSettles(t, s)
+		})
+	}
+}

@@ -74,10 +74,15 @@ func thinkingEnabled(body []byte) bool {
 func (PD) PrefillAnswers([]byte) bool { return false }
 
 // DecodeBody implements engines.Protocol: the client's body plus the
-// prefill response's kv_transfer_params, which must be an object.
+// prefill response's kv_transfer_params, an object; or, where they are
+// null, without any, as vLLM's proxy sends it: the prefill's one token
+// ended its answer (EOS, a stop), and vLLM's KV connectors hand over the
+// KV of a length-capped prefill only, so the decode pod prefills itself.
 func (PD) DecodeBody(dst, orig, prefillResp []byte, _ *engines.Exchange) ([]byte, error) {
 	kv, ok, err := engines.Field(prefillResp, "kv_transfer_params")
-	if err != nil || !ok || len(kv) == 0 || kv[0] != '{' {
+	if err == nil && ok && string(kv) == "null" {
+		kv = nil
+	} else if err != nil || !ok || len(kv) == 0 || kv[0] != '{' {
 		return dst, fmt.Errorf("%w: no kv_transfer_params object", engines.ErrPrefillResponse)
 	}
 	return engines.EditObject(dst, orig, engines.Edit{Key: "kv_transfer_params", Value: kv})

@@ -41,7 +41,13 @@ func TestPDBodies(t *testing.T) {
 	if err != nil || string(got) != want {
 		t.Fatalf("DecodeBody\n got %s %v\nwant %s", got, err, want)
 	}
-	for _, bad := range []string{`{"choices":[]}`, `{"kv_transfer_params":null}`, `oops`} {
+	// A prefill whose token stopped it hands no KV over: the decode pod
+	// gets the client's body, any kv_transfer_params of its dropped.
+	got, err = p.DecodeBody(nil, []byte(`{"model":"m","prompt":"x","kv_transfer_params":{"a":1},"max_tokens":64}`), []byte(`{"choices":[{"text":""}],"kv_transfer_params": null}`), x)
+	if want := `{"model":"m","prompt":"x","max_tokens":64}`; err != nil || string(got) != want {
+		t.Fatalf("DecodeBody after a stopped prefill\n got %s %v\nwant %s", got, err, want)
+	}
+	for _, bad := range []string{`{"choices":[]}`, `{"kv_transfer_params":[]}`, `oops`} {
 		if _, err := p.DecodeBody(nil, []byte(orig), []byte(bad), x); !errors.Is(err, engines.ErrPrefillResponse) {
 			t.Fatalf("DecodeBody(prefill %s) err = %v", bad, err)
 		}
