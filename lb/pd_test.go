@@ -1177,3 +1177,40 @@ func TestPDVLLMPrefillWithoutKV(t *testing.T) {
 		})
 	}
 }
+
+// TestPDPrefillSecondsTimesAnswers: pdlb_pd_prefill_seconds times a
+// prefill leg up to its pod's answer. A leg its pod never received (the
+// connection refused) has none, and must not enter the histogram: during
+// a prefill pod's outage, its legs' instant failures read as prefills
+// that took no time.
+func TestPDPrefillSecondsTimesAnswers(t *testing.T) {
+	for _, e := range []pdEngine{pdEngines[0], pdEngines[1]} {
+		t.Run(e.name, func(t *testing.T) {
+			dead := startSim(t, e, "dead", sim.RolePrefill, nil)
+			pre := startSim(t, e, "pre", sim.RolePrefill, nil)
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			s := pdGateway(t, e, []config.Pod{pdPod(dead, dead.Addr(), "rs0"), pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")},
+				func(c *config.Config) { c.Health.Interval = time.Hour })
+			if err := dead.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			// The prefill pick between dead and pre is a draw: requests go
+			// until one prefill leg went to dead, whose refusal takes it out.
+			n := 0
+			for ; n < 64 && metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`) == 0; n++ {
+				prompt := strings.Repeat(fmt.Sprintf("request %d has a prompt of its own ", n), 8)
+				body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":4}`, prompt)
+				if resp, b := post(t, s, "/v1/completions", body); resp.StatusCode != http.StatusOK {
+					t.Fatalf("request %d: %d %s", n, resp.StatusCode, b)
+				}
+			}
+			if metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`) == 0 {
+				t.Fatal("no prefill leg went to the dead pod: the test shows nothing")
+			}
+			waitIdle(t, s)
+			if got := metricValue(t, s, `pdlb_pd_prefill_seconds_count{model="m"}`); got != float64(n) {
+				t.Fatalf("pdlb_pd_prefill_seconds counted %v legs for %d answered prefills", got, n)
+			}
+		})
+	}
+}

@@ -194,8 +194,8 @@ func (l *Link) prefill(c concurrentPrefill) {
 	}
 	fasthttp.ReleaseResponse(resp)
 	end := time.Now()
-	if err != upstream.ErrCut {
-		// A prefill cut short times nothing, as in runSequential.
+	if err == nil {
+		// Only an answer times the prefill, as in runSequential.
 		c.metrics.Prefill.Update(end.Sub(c.start).Seconds())
 	}
 	c.pre.AddQueuedPrefill(-c.uncached)

@@ -132,8 +132,9 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 		c.preResp = append(c.preResp[:0], resp.Body()...)
 	}
 	c.prefillEnd = time.Now()
-	if err != upstream.ErrCut {
-		// A prefill cut short times nothing.
+	if err == nil {
+		// Only an answer times the prefill: a leg refused, reset, timed
+		// out or cut short would read as a prefill that took that long.
 		c.Metrics.Prefill.Update(c.prefillEnd.Sub(c.legsStart).Seconds())
 	}
 	f := prefillFailure(c.fleet, pre, status, c.preResp, err, c.Opts.PrefillRequestTimeout)

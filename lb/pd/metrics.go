@@ -23,7 +23,8 @@ var pdDecisionBuckets = []float64{1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 5e-4
 // Metrics are one model's PD series, created with its other series.
 type Metrics struct {
 	decision *metrics.PrometheusHistogram
-	// Prefill is the prefill leg's time, request to answer; KVTransfer the
+	// Prefill is the prefill leg's time, request to answer (legs without
+	// one are not timed); KVTransfer the
 	// gap between the prefill leg's answer and the decode leg's response
 	// headers (sequential protocols: the decode pod pulls the KV before it
 	// answers).
@@ -68,7 +69,7 @@ func (m *Metrics) Decided(d route.PDDecision, took time.Duration) {
 // MetricsDoc documents the PD series for the admin /metrics page.
 var MetricsDoc = promtext.Doc{
 	"pdlb_pd_decision_seconds":         {Help: "Time the prefill/decode cascade took to decide, in seconds."},
-	"pdlb_pd_prefill_seconds":          {Help: "Time from sending a prefill leg to its answer, in seconds."},
+	"pdlb_pd_prefill_seconds":          {Help: "Time from sending a prefill leg to its pod's answer, in seconds; a leg without one (refused, reset, timed out, cut) is not timed."},
 	"pdlb_pd_kv_transfer_seconds":      {Help: "Time from a prefill leg's answer to the decode leg's response headers (KV handoff), in seconds; sequential protocols only."},
 	"pdlb_pd_routed_total":             {Help: "Requests the PD cascade routed, by the kind of their first decision: pair (prefill and decode pods), local (decode pod prefills itself), combined; a request decided anew (a retry, a half-open probe taken, an admission deferral) counts once."},
 	"pdlb_pd_cascade_fired_total":      {Help: "Decisions in which a step of the PD cascade fired, by step."},
