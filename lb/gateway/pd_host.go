@@ -50,13 +50,19 @@ func (x *completion) PlacePair(pre, dec *pool.Pod) bool {
 	if !x.g.place(x.m, x, pre, true) {
 		return false
 	}
+	x.placeDecode(dec)
+	return true
+}
+
+// placeDecode records that dec takes x's decode leg: the adapter it uses,
+// and the prompt's blocks it will hold (the prefill's KV) in the index.
+func (x *completion) placeDecode(dec *pool.Pod) {
 	if x.adapter != nil {
 		dec.UseAdapter(x.adapter, &x.m.LoRA)
 	}
 	if x.usesCache(x.m) && len(x.keys) > 0 {
 		x.m.Prefix.Insert(dec.PrefixID, x.keys)
 	}
-	return true
 }
 
 func (x *completion) Unplace(pre *pool.Pod) { x.g.unplace(x, pre) }
@@ -116,6 +122,7 @@ func (x *completion) MoveDecode(f *failure) bool {
 	}
 	p.Ticket.Done()
 	p.Dec, p.Ticket = next, pick
+	x.placeDecode(next)
 	g.ledger.LockSelection()
 	// Only the decode charge moves: a concurrent prefill leg may still
 	// run, and ends its active charge itself.

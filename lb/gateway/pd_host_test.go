@@ -339,3 +339,37 @@ func TestPDDecodeProbePending(t *testing.T) {
 		}
 	}
 }
+
+// TestPDMoveDecodeIndexesTheNewPod: a decode leg moved off a refusing pod
+// is indexed as holding the prompt on its new pod, as PlacePair indexes
+// the first one: the next turn of the conversation is routed by it.
+func TestPDMoveDecodeIndexesTheNewPod(t *testing.T) {
+	g, m := inMemoryGateway(t, answerPair, nil,
+		config.Pod{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		config.Pod{Name: "dec0", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+		config.Pod{Name: "dec1", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"})
+	r, err := route.NewPDRouter(route.DefaultPDOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, ctx := startLongStream(t, g, m)
+	x.cascade = r
+	if err := g.pickPD(x); err != nil || x.pd.Decision.Kind != route.PDPair {
+		t.Fatalf("decision %d (%v), want a pair", x.pd.Decision.Kind, err)
+	}
+	if !x.PlacePair(x.pd.Pre, x.pd.Dec) {
+		t.Fatal("the pair was not placed")
+	}
+	refused := x.pd.Dec
+	x.attempts = 1
+	x.tried = append(x.tried, refused.ID)
+	if !x.MoveDecode(&failure{E: openai.UpstreamError("refused"), Pod: refused, Reason: fail.Refused}) {
+		t.Fatal("the decode leg was not moved")
+	}
+	depth := make([]int32, m.Slots)
+	m.Prefix.Match(x.keys, depth)
+	if len(x.keys) == 0 || depth[x.pd.Dec.Slot] != int32(len(x.keys)) {
+		t.Errorf("%s, the decode leg's new pod, holds %d of the prompt's %d blocks in the index", x.pd.Dec.Config.Name, depth[x.pd.Dec.Slot], len(x.keys))
+	}
+	g.fail(ctx, x, m, fail.ClientLeft)
+}
