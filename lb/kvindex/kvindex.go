@@ -233,10 +233,12 @@ type slot struct {
 	parent   int32 // slot of the preceding block; -1 when it starts a prompt
 	children int32 // slots whose parent this is
 	depth    int32 // engine blocks before it in its prompt
-	// removed marks a block the engine evicted while blocks chained after
+	// copies counts the engine's physical copies of the block: vLLM keeps
+	// duplicates under one hash and stores and evicts each with an event
+	// (block_pool.py). 0 marks a block evicted while blocks chained after
 	// it are still held: the slot stays (their chain walks through it)
 	// until its last child goes.
-	removed bool
+	copies int32
 }
 
 // Blocks is the number of engine blocks the pod holds by its events.
@@ -271,7 +273,7 @@ func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint6
 	chain := p.chain[:0]
 	if hasParent {
 		s, ok := p.byHash[parentHash]
-		if !ok || p.slots[s].removed {
+		if !ok || p.slots[s].copies == 0 {
 			p.Counters.Orphans.Add(1)
 			return
 		}
@@ -391,18 +393,18 @@ func (p *Pod) appendPrefix(dst []uint64, s int32) []uint64 {
 // store records engine block h chained after slot parent with the given
 // keys entries (perBlock of them) and tokens (group > 1), and returns its
 // slot. A block already known keeps its slot and parent (engine hashes
-// chain their parent's, so the same hash means the same prefix) and is
-// revived if it was a tombstone.
+// chain their parent's, so the same hash means the same prefix) and counts
+// one more copy, revived if it was a tombstone.
 func (p *Pod) store(h uint64, parent int32, keys []uint64, toks []uint32) int32 {
 	if s, ok := p.byHash[h]; ok {
-		if p.slots[s].removed {
-			p.slots[s].removed = false
+		p.slots[s].copies++
+		if p.slots[s].copies == 1 {
 			p.blocks.Add(1)
 			p.hold(s)
 		}
 		return s
 	}
-	sl := slot{hash: h, parent: parent}
+	sl := slot{hash: h, parent: parent, copies: 1}
 	if parent >= 0 {
 		sl.depth = p.slots[parent].depth + 1
 		p.slots[parent].children++
@@ -442,12 +444,13 @@ func (p *Pod) hold(s int32) {
 }
 
 // BlockRemoved takes the named engine blocks out of the index; unknown
-// hashes are ignored. The index names blocks by their chain, so each
-// block's is built before its slot is released (a removed block's slot
-// stays while blocks chained after it are held, so blocks may come in any
-// order). Blocks next to each other in the event and in one chain (an
-// engine evicts a prompt's deepest blocks first; a list may also run from
-// the root) go in one Remove.
+// hashes are ignored, and a block with copies left loses one and stays.
+// The index names blocks by their chain, so each block's is built before
+// its slot is released (a removed block's slot stays while blocks chained
+// after it are held, so blocks may come in any order). Blocks next to
+// each other in the event and in one chain (an engine evicts a prompt's
+// deepest blocks first; a list may also run from the root) go in one
+// Remove.
 func (p *Pod) BlockRemoved(blockHashes []uint64) {
 	if r := p.ranks; r != nil {
 		r.mu.Lock()
@@ -465,7 +468,11 @@ func (p *Pod) removeBlocks(blockHashes []uint64) int {
 	n, above, last := 0, int32(-1), int32(-1)
 	for _, h := range blockHashes {
 		s, ok := p.byHash[h]
-		if !ok || p.slots[s].removed {
+		if !ok || p.slots[s].copies == 0 {
+			continue
+		}
+		if p.slots[s].copies > 1 {
+			p.slots[s].copies--
 			continue
 		}
 		switch {
@@ -482,7 +489,7 @@ func (p *Pod) removeBlocks(blockHashes []uint64) int {
 			n, above, last = 0, p.slots[s].parent, s
 		}
 		n += len(p.keysOf(s))
-		p.slots[s].removed = true
+		p.slots[s].copies = 0
 		p.blocks.Add(-1)
 		removed++
 		p.release(s)
@@ -519,7 +526,7 @@ func (p *Pod) remove(chain []uint64, n int) {
 // release frees removed slot s once nothing chains through it, and then
 // its removed ancestors that this leaves childless.
 func (p *Pod) release(s int32) {
-	for s >= 0 && p.slots[s].removed && p.slots[s].children == 0 {
+	for s >= 0 && p.slots[s].copies == 0 && p.slots[s].children == 0 {
 		parent := p.slots[s].parent
 		delete(p.byHash, p.slots[s].hash)
 		p.free = append(p.free, s)
@@ -547,6 +554,10 @@ func (p *Pod) clear() {
 	if p.ranks == nil {
 		p.ix.idx.RemovePod(p.id)
 	} else {
+		// A clear drops every copy: leave one of each for removeBlocks.
+		for i := range p.slots {
+			p.slots[i].copies = min(p.slots[i].copies, 1)
+		}
 		p.removeBlocks(p.leavesUp())
 	}
 	clear(p.byHash)

@@ -155,6 +155,33 @@ func TestRemovalByEngineHash(t *testing.T) {
 	}
 }
 
+// vLLM does not deduplicate cached blocks: a block computed again (the
+// last block of a repeated block-aligned prompt, or one two requests
+// computed at once) is a second physical copy under the same hash, stored
+// and evicted with an event each. The block stays until its last copy goes.
+func TestCopiesOfABlock(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	tokens := prompt(12, 1)
+	keys := gatewayKeys(tokens, 4)
+	p.BlockStored(0, false, []uint64{10, 11, 12}, tokens, 4, engines.ExtraKeys{})
+	p.BlockStored(11, true, []uint64{12}, tokens[8:], 4, engines.ExtraKeys{})
+
+	p.BlockRemoved([]uint64{12})
+	if got := f.match(7, keys); got != 3 || p.Blocks() != 3 {
+		t.Fatalf("one of two copies evicted: match %d blocks %d, want 3 3", got, p.Blocks())
+	}
+	p.BlockRemoved([]uint64{12})
+	if got := f.match(7, keys); got != 2 || p.Blocks() != 2 {
+		t.Fatalf("both copies evicted: match %d blocks %d, want 2 2", got, p.Blocks())
+	}
+	// Stored again after its last copy went, it is one copy again.
+	p.BlockStored(11, true, []uint64{12}, tokens[8:], 4, engines.ExtraKeys{})
+	p.BlockRemoved([]uint64{12})
+	if got := f.match(7, keys); got != 2 {
+		t.Fatalf("revived and evicted: match %d, want 2", got)
+	}
+}
+
 // A freed slot is reused for a new block: its keys are the new block's,
 // and engines whose blocks are the gateway's size keep no tokens (the
 // reuse panicked there, slicing the empty token table).
@@ -363,6 +390,7 @@ func TestRanksKeepEachOthersBlocks(t *testing.T) {
 	ranks[1].BlockRemoved([]uint64{12, 11, 10})
 	match(shared, 3)
 	ranks[1].BlockStored(0, false, []uint64{10, 11, 12}, shared, 4, engines.ExtraKeys{})
+	ranks[1].BlockStored(11, true, []uint64{12}, shared[8:], 4, engines.ExtraKeys{}) // a second copy: the clear takes both
 	ranks[1].AllBlocksCleared()
 	match(other, 0)
 	match(shared, 3)
