@@ -189,11 +189,29 @@ func (e Event) Data() []byte {
 }
 
 var (
-	cr        = []byte("\r")
-	dataField = []byte("data")
-	doneData  = []byte("[DONE]")
-	errorKey  = []byte(`"error"`)
+	cr         = []byte("\r")
+	dataField  = []byte("data")
+	eventField = []byte("event:")
+	space      = []byte(" ")
+	doneData   = []byte("[DONE]")
+	errorKey   = []byte(`"error"`)
 )
+
+// Name returns the value of the event's "event" field when that is its
+// first line, as engines write it ("event: response.completed"); nil
+// otherwise. A Responses API event's data has its "type" last (vLLM's,
+// fields in the order OpenAI's types declare them), so the name is where
+// its kind shows without a scan of the data.
+func (e Event) Name() []byte {
+	v, ok := bytes.CutPrefix(e, eventField)
+	if !ok {
+		return nil
+	}
+	if i := bytes.IndexByte(v, '\n'); i >= 0 {
+		v = v[:i]
+	}
+	return bytes.TrimPrefix(bytes.TrimSuffix(v, cr), space)
+}
 
 // Done says the event is the stream's end marker, "data: [DONE]".
 func (e Event) Done() bool { return bytes.Equal(e.Data(), doneData) }
@@ -417,7 +435,9 @@ func (c *TokenCounter) Observe(ev Event) {
 		// The figure counts its own event's output.
 		c.sinceUsage = c.deltas
 	}
-	if c.errCode == 0 && errorEvent(d) {
+	// An error event whose data has its "type" last (the Responses API's,
+	// from vLLM) shows by its name.
+	if c.errCode == 0 && (errorEvent(d) || string(ev.Name()) == "error") {
 		c.errCode = errorCode(d)
 	}
 	c.done = c.done || bytes.Equal(d, doneData) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"message_stop"`))

@@ -288,6 +288,10 @@ func TestTokenCounterEngineError(t *testing.T) {
 		// Anthropic's Messages stream's, and the Responses API's.
 		{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"message\":\"boom\"}}\n\n", 500, true, 0},
 		{"event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"boom\"}\n\n", 500, true, 0},
+		// vLLM's Responses API events have their "type" last: the name
+		// says it.
+		{"event: error\r\ndata: {\"code\":\"server_error\",\"message\":\"boom\",\"param\":null,\"sequence_number\":3,\"type\":\"error\"}\r\n\r\n", 500, true, 0},
+		{"event:error\ndata: {\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\",\"type\":\"error\"}\n\n", 429, true, 0},
 		// Their error's type, or code, is its status: a client's fault is
 		// none of the pod's.
 		{"event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\", \"message\": \"bad\"}}\n\n", 400, true, 0},
@@ -417,6 +421,7 @@ func FuzzSSE(f *testing.F) {
 			c.Observe(Event(ev))
 			Event(ev).Done()
 			Event(ev).IsError()
+			Event(ev).Name()
 		}
 		if EventLen([]byte(pending)) != -1 || bytes.Contains([]byte(pending), []byte("\n\n")) {
 			t.Fatalf("pending %q holds a whole event", pending)
