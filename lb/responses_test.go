@@ -603,9 +603,11 @@ func TestResponsesPodRenamed(t *testing.T) {
 
 // TestResponsesStreamEnds: a Responses API stream's events have their
 // "type" last (vLLM writes the fields in the order OpenAI's types declare
-// them), and one the engine ends with its own error event (named "error")
+// them). One the engine ends with its own error event (named "error")
 // reaches the client as sent and counts with its status, not as a
-// success, on both front ends and both of gnet's relays.
+// success; one whose pod closed before its response.completed was cut:
+// the client gets the events, then an error event, and it counts as
+// failed; on both front ends and both of gnet's relays.
 func TestResponsesStreamEnds(t *testing.T) {
 	const events = "event: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null},\"sequence_number\":0,\"type\":\"response.created\"}\n\n" +
 		"event: response.output_text.delta\ndata: {\"content_index\":0,\"delta\":\"Hi\",\"item_id\":\"msg_1\",\"output_index\":0,\"sequence_number\":1,\"type\":\"response.output_text.delta\"}\n\n"
@@ -616,15 +618,16 @@ func TestResponsesStreamEnds(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+stream)
 		})
 	}
-	pods := []config.Pod{{Model: "failed", Address: pod(events + engineError)}, {Model: "whole", Address: pod(events + completed)}}
+	pods := []config.Pod{{Model: "cut", Address: pod(events)}, {Model: "failed", Address: pod(events + engineError)}, {Model: "whole", Address: pod(events + completed)}}
 	check := func(t *testing.T, frontend string, via *http.Client) {
 		s := testGateway(t, pods, func(c *config.Config) { c.Frontend = frontend; c.Upstream.Retries = 0 })
 		for _, tc := range []struct{ model, want, code string }{
+			{"cut", events + `data: {"error":{`, "502"},
 			{"failed", events + engineError, "500"},
 			{"whole", events + completed, "200"},
 		} {
 			resp, b := postVia(t, via, s, "/v1/responses", `{"model":"`+tc.model+`","input":"hi","stream":true,"store":false}`)
-			if resp.StatusCode != 200 || b != tc.want {
+			if resp.StatusCode != 200 || !strings.HasPrefix(b, tc.want) || tc.model != "cut" && b != tc.want {
 				t.Errorf("%s: relayed as %d %q; want 200 %q", tc.model, resp.StatusCode, b, tc.want)
 			}
 			waitIdle(t, s)

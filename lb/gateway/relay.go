@@ -243,16 +243,16 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 
 // cutShort says a stream whose body ended cleanly was cut all the same:
 // midway through an event, or before the [DONE] engines end every
-// completion's stream with, or a Messages stream's message_stop (a
-// Responses API stream has neither), unless the engine's own error event
-// ended it: vLLM's Messages stream has no message_stop after one.
+// completion's stream with, a Messages stream's message_stop or a
+// Responses API stream's response.completed (the kinds whose events the
+// counter sees), unless the engine's own error event ended it: vLLM's
+// Messages stream has no message_stop after one.
 func (x *completion) cutShort() bool {
 	if x.events.Cut() {
 		return true
 	}
-	ends := x.req.Kind.Generates() || x.req.Kind == openai.KindMessages
 	_, failed := x.counted.EngineError()
-	return ends && !x.counted.Done() && !failed
+	return x.req.Kind.Outputs() && !x.counted.Done() && !failed
 }
 
 // relayBroke ends a stream that broke with err with an error event and

@@ -440,7 +440,18 @@ func (c *TokenCounter) Observe(ev Event) {
 	if c.errCode == 0 && (errorEvent(d) || string(ev.Name()) == "error") {
 		c.errCode = errorCode(d)
 	}
-	c.done = c.done || bytes.Equal(d, doneData) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"message_stop"`))
+	c.done = c.done || bytes.Equal(d, doneData) || streamEnd(ev.Name()) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"message_stop"`))
+}
+
+// streamEnd says name is that of the event that ends a Messages stream
+// (message_stop) or a Responses API stream (response.completed, or
+// .incomplete, .failed): what [DONE] is to a completion's.
+func streamEnd(name []byte) bool {
+	switch string(name) {
+	case "message_stop", "response.completed", "response.incomplete", "response.failed":
+		return true
+	}
+	return false
 }
 
 // eventKey is what Observe makes of a key.
@@ -625,7 +636,8 @@ func (c *TokenCounter) Tokens() int {
 
 // Done says the stream's end marker came: "data: [DONE]", with which
 // vLLM, SGLang and TensorRT-LLM end every completion's stream, after an
-// error event too; or an Anthropic Messages stream's message_stop.
+// error event too; an Anthropic Messages stream's message_stop; or a
+// Responses API stream's response.completed (.incomplete, .failed).
 func (c *TokenCounter) Done() bool { return c.done }
 
 // Exact says Tokens comes from the engine's usage figure.

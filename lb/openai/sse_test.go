@@ -467,11 +467,16 @@ func TestAppendMessagesErrorEvent(t *testing.T) {
 	}
 }
 
-// A Messages stream ends at its message_stop however its JSON is spaced.
+// A Messages stream ends at its message_stop however its JSON is spaced;
+// a Responses API stream at its response.completed (or .incomplete,
+// .failed), whose "type" vLLM writes last.
 func TestMessageStopDone(t *testing.T) {
 	for _, ev := range []string{
 		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 		"event: message_stop\ndata: { \"type\" : \"message_stop\" }\n\n",
+		"event: response.completed\ndata: {\"response\":{\"id\":\"r\",\"usage\":{\"output_tokens\":1}},\"sequence_number\":4,\"type\":\"response.completed\"}\n\n",
+		"event: response.incomplete\r\ndata: {\"response\":{\"id\":\"r\"},\"type\":\"response.incomplete\"}\r\n\r\n",
+		"event:response.failed\ndata: {\"response\":{\"id\":\"r\"},\"type\":\"response.failed\"}\n\n",
 	} {
 		var tc TokenCounter
 		if tc.Observe(Event(ev)); !tc.Done() {
@@ -481,5 +486,8 @@ func TestMessageStopDone(t *testing.T) {
 	var tc TokenCounter
 	if tc.Observe(Event("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"text\":\"message_stop\"}}\n\n")); tc.Done() {
 		t.Error("a message_delta ended the stream")
+	}
+	if tc.Observe(Event("event: response.output_text.done\ndata: {\"text\":\"response.completed\",\"type\":\"response.output_text.done\"}\n\n")); tc.Done() {
+		t.Error("a response.output_text.done ended the stream")
 	}
 }
