@@ -152,3 +152,17 @@ func TestModelLeavesAndComesBack(t *testing.T) {
 		t.Fatalf("%d %s", r.StatusCode, b)
 	}
 }
+
+// TestReloadProvisionsAsStartDoes: pdlb serve reloads the file's pods with
+// its --pod pods appended as parsed, as it started with them: a reload
+// must fill and spell them as Start does (an http:// address is host:port).
+func TestReloadProvisionsAsStartDoes(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1)
+	pods := func() []config.Pod { return []config.Pod{{Model: "m", Address: "http://" + sims[0].Addr()}} }
+	s := testGateway(t, pods(), nil)
+	cfg := s.Gateway.Config()
+	cfg.Pods = pods()
+	if err := s.Reload(cfg); err != nil {
+		t.Fatalf("reloading the configuration it started with: %v", err)
+	}
+}

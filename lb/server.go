@@ -289,6 +289,9 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 // cfg.Pods are the configuration's own pods: while discovery runs, the
 // pods it found last stay beside them.
 func (s *Server) Reload(cfg config.Config) error {
+	// As Start: pdlb serve's --pod pods come as parsed, after the file's
+	// were provisioned.
+	cfg.Provision()
 	if s.stopDiscovery == nil {
 		return s.tls.apply(cfg.TLS, func() error { return s.Gateway.Reload(cfg) })
 	}
