@@ -957,16 +957,27 @@ func checkAddr(field, addr string, emptyOK bool) error {
 // "model=llama,address=10.0.0.5:8000,engine=sglang".
 func ParsePodFlag(s string) (Pod, error) {
 	var p Pod
+	// A key given twice is refused, as the file refuses one: the last
+	// must not silently win.
+	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
 			return p, fmt.Errorf("%w: --pod %q: %q is not key=value", ErrInvalid, s, kv)
 		}
+		k = strings.TrimSpace(k)
+		if k == "addr" {
+			k = "address"
+		}
+		if seen[k] {
+			return p, fmt.Errorf("%w: --pod %q: %s is given twice", ErrInvalid, s, k)
+		}
+		seen[k] = true
 		var err error
-		switch strings.TrimSpace(k) {
+		switch k {
 		case "model":
 			p.Model = v
-		case "address", "addr":
+		case "address":
 			p.Address = v
 		case "engine":
 			p.Engine = v

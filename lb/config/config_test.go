@@ -195,6 +195,20 @@ func TestParsePodFlag(t *testing.T) {
 	}
 }
 
+// TestParsePodFlagTwice: a key given twice in one --pod (a pasted spec
+// edited at its end) is refused, as the file refuses a key twice, rather
+// than the last one silently winning.
+func TestParsePodFlagTwice(t *testing.T) {
+	for _, spec := range []string{
+		"model=a,address=127.0.0.1:9,model=b",
+		"model=m,address=127.0.0.1:9,addr=127.0.0.1:10",
+	} {
+		if p, err := ParsePodFlag(spec); err == nil || !strings.Contains(err.Error(), "twice") {
+			t.Errorf("--pod %q: %+v, %v; want an error naming the key given twice", spec, p, err)
+		}
+	}
+}
+
 // TestWrongTypeNamesField: a value of the wrong type is refused naming its
 // field by its path in the file, as every other bad value is; a duration
 // given as a bare number says how to write one.
