@@ -852,7 +852,10 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 func TestMetricsAndModels(t *testing.T) {
 	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), nil)
 	post(t, s, "/v1/chat/completions", chatBody)
-	post(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"s"}],"stream":true,"max_tokens":4}`)
+	// With its usage: the engine merges the deltas of a consumer that lags
+	// (the sim as vLLM), so the stream's events alone may count 1 token,
+	// and TPOT needs 2.
+	post(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"s"}],"stream":true,"max_tokens":4,"stream_options":{"include_usage":true}}`)
 	// A request's metrics are recorded once its last byte went out, so the
 	// client can read its answer before they are: scrape until they land.
 	lacking := func(b []byte) string {
