@@ -965,7 +965,7 @@ func ParsePodFlag(s string) (Pod, error) {
 		if !ok {
 			return p, fmt.Errorf("%w: --pod %q: %q is not key=value", ErrInvalid, s, kv)
 		}
-		k = strings.TrimSpace(k)
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
 		if k == "addr" {
 			k = "address"
 		}

@@ -209,6 +209,15 @@ func TestParsePodFlagTwice(t *testing.T) {
 	}
 }
 
+// TestParsePodFlagSpaces: spaces around a value go as those around its
+// key do: "model=llama ,address=..." served a model named "llama ".
+func TestParsePodFlagSpaces(t *testing.T) {
+	p, err := ParsePodFlag(" model = llama , address= 127.0.0.1:9 ,engine=vllm ")
+	if err != nil || p.Model != "llama" || p.Address != "127.0.0.1:9" || p.Engine != "vllm" {
+		t.Fatalf("%+v, %v; want model llama at 127.0.0.1:9 on vllm", p, err)
+	}
+}
+
 // TestWrongTypeNamesField: a value of the wrong type is refused naming its
 // field by its path in the file, as every other bad value is; a duration
 // given as a bare number says how to write one.
