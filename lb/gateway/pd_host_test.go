@@ -301,14 +301,7 @@ func TestPDCombinedProbeAfterPanic(t *testing.T) {
 // pending pick holds a half-open decode pod's one probe, so neither a
 // decision nor a decode leg moved off a refusing pod takes that pod.
 func TestPDDecodeProbePending(t *testing.T) {
-	g, m := inMemoryGateway(t, answerPair, nil,
-		config.Pod{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
-		config.Pod{Name: "dec0", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
-		config.Pod{Name: "dec1", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"})
-	r, err := route.NewPDRouter(route.DefaultPDOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, m, r := onePrefillTwoDecode(t)
 	// Each decode pod half-open, idle, and picked by a pair whose prefill
 	// leg still runs.
 	held := make([]route.PendingTicket, len(m.Decode))
@@ -344,14 +337,7 @@ func TestPDDecodeProbePending(t *testing.T) {
 // is indexed as holding the prompt on its new pod, as PlacePair indexes
 // the first one: the next turn of the conversation is routed by it.
 func TestPDMoveDecodeIndexesTheNewPod(t *testing.T) {
-	g, m := inMemoryGateway(t, answerPair, nil,
-		config.Pod{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
-		config.Pod{Name: "dec0", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
-		config.Pod{Name: "dec1", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"})
-	r, err := route.NewPDRouter(route.DefaultPDOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, m, r := onePrefillTwoDecode(t)
 	x, ctx := startLongStream(t, g, m)
 	x.cascade = r
 	if err := g.pickPD(x); err != nil || x.pd.Decision.Kind != route.PDPair {
@@ -372,4 +358,19 @@ func TestPDMoveDecodeIndexesTheNewPod(t *testing.T) {
 		t.Errorf("%s, the decode leg's new pod, holds %d of the prompt's %d blocks in the index", x.pd.Dec.Config.Name, depth[x.pd.Dec.Slot], len(x.keys))
 	}
 	g.fail(ctx, x, m, fail.ClientLeft)
+}
+
+// onePrefillTwoDecode is an in-memory gateway over a prefill pod and two
+// decode pods of one roleset, and a PD router with AIBrix's defaults.
+func onePrefillTwoDecode(t *testing.T) (*Gateway, *pool.Model, *route.PDRouter) {
+	t.Helper()
+	g, m := inMemoryGateway(t, answerPair, nil,
+		config.Pod{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+		config.Pod{Name: "dec0", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+		config.Pod{Name: "dec1", Model: "m", Address: "127.0.0.1:10003", Role: config.RoleDecode, Roleset: "a"})
+	r, err := route.NewPDRouter(route.DefaultPDOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, m, r
 }
