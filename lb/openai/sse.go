@@ -437,10 +437,11 @@ func (c *TokenCounter) Observe(ev Event) {
 	}
 	// An error event whose data has its "type" last (the Responses API's,
 	// from vLLM) shows by its name.
-	if c.errCode == 0 && (errorEvent(d) || string(ev.Name()) == "error") {
+	name := ev.Name()
+	if c.errCode == 0 && (errorEvent(d) || string(name) == "error") {
 		c.errCode = errorCode(d)
 	}
-	c.done = c.done || bytes.Equal(d, doneData) || streamEnd(ev.Name()) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"message_stop"`))
+	c.done = c.done || bytes.Equal(d, doneData) || streamEnd(name) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"message_stop"`))
 }
 
 // streamEnd says name is that of the event that ends a Messages stream
