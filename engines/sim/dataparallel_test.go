@@ -19,7 +19,9 @@ func TestDataParallelRanksCacheApart(t *testing.T) {
 	p := testPod(t, Config{Model: "m", Physics: phys, Speedup: fast, DataParallelSize: 2, KVEvents: sinks[0], RankKVEvents: []KVEventSink{sinks[1]}})
 	c := testClient(t)
 	url := "http://" + p.Addr() + "/v1/completions"
-	tokens := make([]uint32, 4*bs)
+	// A token past four blocks: a hit computes none of them again (see
+	// TestKVEventsCopyABlockComputedAgain).
+	tokens := make([]uint32, 4*bs+1)
 	for i := range tokens {
 		tokens[i] = uint32(i)
 	}

@@ -14,14 +14,16 @@ import (
 // the pod's simulated clock, so a sink should queue and return. The slices
 // are the pod's scratch: valid only during the call.
 type KVEventSink interface {
-	// BlockStored reports blocks newly cached, in prompt order, each
+	// BlockStored reports blocks newly cached (as vLLM, a block computed
+	// again beside a cached copy too), in prompt order, each
 	// chained to the one before; parentHash is the block before the first
 	// (hasParent false when the first is the prompt's first block).
 	// tokenIDs holds the blocks' tokens concatenated, blockSize per block;
 	// extra what the pod hashed into them besides (the request's cache
 	// salt, on a run that starts a prompt, as vLLM publishes it).
 	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys)
-	// BlockRemoved reports blocks evicted from the cache.
+	// BlockRemoved reports blocks evicted from the cache, a hash once for
+	// each copy evicted.
 	BlockRemoved(blockHashes []uint64)
 	// AllBlocksCleared reports that the whole cache was dropped.
 	AllBlocksCleared()
@@ -48,7 +50,7 @@ func engineSeed(model string, hashSeed uint64) uint64 {
 	return d.Sum64()
 }
 
-// publishStored reports the blocks of keys that Store inserted (stored, a
+// publishStored reports the blocks of keys that StoreCopies cached (stored, a
 // subsequence of keys in order) as one BlockStored per run of consecutive
 // blocks: a run's parent is the block before it, which the cache already
 // held. tokens are the prompt's tokens, salt its cache salt and lora its

@@ -57,11 +57,13 @@ func (s *recordingSink) take() []kvEvent {
 	return e
 }
 
-// expectedEvents is what a pod whose cache is mirror must report when it
-// stores keys of tokens: computed independently, from the shared LRU and
-// the stored/evicted keys it reports.
+// expectedEvents is what a vLLM pod whose cache is mirror must report when
+// it stores keys of tokens: computed independently, from the shared LRU and
+// the stored/evicted keys it reports. vLLM's hit stops a token short of the
+// prompt; the blocks after it are cached anew.
 func expectedEvents(mirror *PrefixCache, keys []uint64, tokens []uint32, bs int) []kvEvent {
-	stored, evicted := mirror.Store(keys, []uint64{}, []uint64{})
+	hit := min(mirror.Match(keys), (len(tokens)-1)/bs)
+	stored, evicted := mirror.StoreCopies(keys, hit, []uint64{}, []uint64{})
 	var out []kvEvent
 	isNew := func(i int) bool { return slices.Contains(stored, keys[i]) }
 	for i := 0; i < len(keys); i++ {
@@ -145,6 +147,61 @@ func TestKVEventsFollowTheCache(t *testing.T) {
 	}
 }
 
+// TestKVEventsCopyABlockComputedAgain: a vLLM pod's prefix-cache hit stops
+// a token short of the prompt, so a block-aligned prompt sent again has its
+// last block computed and cached again beside the cached copy, with a
+// BlockStored of its own; each copy is evicted, and reported, on its own.
+// SGLang's radix tree keeps one copy and reports nothing the second time.
+func TestKVEventsCopyABlockComputedAgain(t *testing.T) {
+	const bs, capacity = 16, 4
+	phys := DefaultPhysics()
+	phys.BlockSize, phys.CacheBlocks = bs, capacity
+	prompt := func(first uint32) []uint32 {
+		tokens := make([]uint32, 2*bs)
+		for i := range tokens {
+			tokens[i] = first + uint32(i)
+		}
+		return tokens
+	}
+	a, b, c := prompt(100), prompt(200), prompt(300)
+	run := func(engine engines.Kind, want [][]kvEvent) {
+		t.Helper()
+		sink := &recordingSink{}
+		p := testPod(t, Config{Engine: engine, Model: "m", Physics: phys, MaxModelLen: bs * capacity, Speedup: fast, KVEvents: sink})
+		client := testClient(t)
+		for i, tokens := range [][]uint32{a, a, b, c} {
+			if status, body := post(t, client, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": tokens, "max_tokens": 1}); status != 200 {
+				t.Fatalf("%s request %d: %d %s", engine, i, status, body)
+			}
+			if got := sink.take(); fmt.Sprint(got) != fmt.Sprint(want[i]) {
+				t.Fatalf("%s request %d:\n got %v\nwant %v", engine, i, got, want[i])
+			}
+		}
+	}
+	keys := func(tokens []uint32) []uint64 { return radix.AppendBlockKeys(nil, engineSeed("m", 0), tokens, bs) }
+	ka, kb, kc := keys(a), keys(b), keys(c)
+	stored := func(tokens []uint32, k []uint64, from int) kvEvent {
+		e := kvEvent{kind: "stored", hashes: k[from:], tokens: tokens[from*bs:], blockSize: bs}
+		if from > 0 {
+			e.parent, e.hasParent = k[from-1], true
+		}
+		return e
+	}
+	removed := func(hashes ...uint64) kvEvent { return kvEvent{kind: "removed", hashes: hashes} }
+	run(engines.VLLM, [][]kvEvent{
+		{stored(a, ka, 0)},
+		{stored(a, ka, 1)}, // a's last block again: two copies
+		{stored(b, kb, 0), removed(ka[1])},
+		{stored(c, kc, 0), removed(ka[0], ka[1])},
+	})
+	run(engines.SGLang, [][]kvEvent{
+		{stored(a, ka, 0)},
+		nil, // a's blocks touched
+		{stored(b, kb, 0)},
+		{stored(c, kc, 0), removed(ka[0], ka[1])},
+	})
+}
+
 func TestPublishStoredRuns(t *testing.T) {
 	sink := &recordingSink{}
 	keys := []uint64{10, 11, 12, 13, 14}
@@ -181,7 +238,9 @@ func TestCacheSaltSeparatesBlocks(t *testing.T) {
 	p := testPod(t, Config{Model: "m", Physics: phys, Speedup: fast, KVEvents: sink})
 	c := testClient(t)
 	url := "http://" + p.Addr() + "/v1/completions"
-	tokens := make([]uint32, 4*bs)
+	// A token past four blocks: a hit computes none of them again (see
+	// TestKVEventsCopyABlockComputedAgain).
+	tokens := make([]uint32, 4*bs+1)
 	for i := range tokens {
 		tokens[i] = uint32(i)
 	}

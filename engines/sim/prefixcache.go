@@ -7,11 +7,16 @@ package sim
 // is exactly the global-scheduling study's model (an OrderedDict with
 // move_to_end per block), so bench/cluster reproduces its numbers.
 //
+// StoreCopies models vLLM, which does not deduplicate: a block computed
+// again beside a cached copy is cached as another copy, its own entry in
+// the LRU and its capacity.
+//
 // Nodes live in a slice with a free list, so the cache allocates only when it
 // grows. It is not safe for concurrent use; the pod's scheduler owns it.
 type PrefixCache struct {
 	capacity int
-	index    map[uint64]int32
+	index    map[uint64]int32 // key → node of its oldest copy
+	used     int              // nodes holding a copy
 	nodes    []lruNode
 	free     int32 // head of the free list, -1 if empty
 	head     int32 // least recently used, -1 if empty
@@ -21,6 +26,7 @@ type PrefixCache struct {
 type lruNode struct {
 	key        uint64
 	prev, next int32
+	newer      int32 // node of the key's next newer copy, -1 if none
 }
 
 const none = -1
@@ -34,8 +40,8 @@ func NewPrefixCache(capacity int) *PrefixCache {
 	}
 }
 
-// Len returns the number of blocks held.
-func (c *PrefixCache) Len() int { return len(c.index) }
+// Len returns the number of blocks held, copies included.
+func (c *PrefixCache) Len() int { return c.used }
 
 // Capacity returns the most blocks the cache holds.
 func (c *PrefixCache) Capacity() int { return c.capacity }
@@ -62,24 +68,41 @@ func (c *PrefixCache) Contains(key uint64) bool {
 // the keys it inserted to stored and the keys it evicted to evicted (either
 // may be nil when the caller does not publish events) and returns both.
 func (c *PrefixCache) Store(keys []uint64, stored, evicted []uint64) ([]uint64, []uint64) {
-	for _, k := range keys {
-		if i, ok := c.index[k]; ok {
-			c.unlink(i)
-			c.pushTail(i)
+	return c.StoreCopies(keys, len(keys), stored, evicted)
+}
+
+// StoreCopies is Store for a prompt whose blocks keys[from:] were computed
+// anew, as vLLM computes every block past its prefix-cache hit: a key held
+// already gets another copy, the most recently used, instead of a touch,
+// and is reported in stored again. An evicted copy is reported in evicted,
+// once a copy.
+func (c *PrefixCache) StoreCopies(keys []uint64, from int, stored, evicted []uint64) ([]uint64, []uint64) {
+	for j, k := range keys {
+		oldest, held := c.index[k]
+		if held && j < from {
+			c.unlink(oldest)
+			c.pushTail(oldest)
 			continue
 		}
 		i := c.alloc(k)
-		c.index[k] = i
+		if held {
+			for c.nodes[oldest].newer != none {
+				oldest = c.nodes[oldest].newer
+			}
+			c.nodes[oldest].newer = i
+		} else {
+			c.index[k] = i
+		}
 		c.pushTail(i)
 		if stored != nil {
 			stored = append(stored, k)
 		}
 	}
-	for len(c.index) > c.capacity {
+	for c.used > c.capacity {
 		i := c.head
 		k := c.nodes[i].key
 		c.unlink(i)
-		delete(c.index, k)
+		c.dropCopy(k, i)
 		c.release(i)
 		if evicted != nil {
 			evicted = append(evicted, k)
@@ -88,25 +111,47 @@ func (c *PrefixCache) Store(keys []uint64, stored, evicted []uint64) ([]uint64, 
 	return stored, evicted
 }
 
+// dropCopy takes node i out of key k's copies, and k out of the index with
+// its last copy.
+func (c *PrefixCache) dropCopy(k uint64, i int32) {
+	p := c.index[k]
+	if p == i {
+		if n := c.nodes[i].newer; n != none {
+			c.index[k] = n
+		} else {
+			delete(c.index, k)
+		}
+		return
+	}
+	for c.nodes[p].newer != i {
+		p = c.nodes[p].newer
+	}
+	c.nodes[p].newer = c.nodes[i].newer
+}
+
 // Clear drops every block, as an engine restart or a cache reset does.
 func (c *PrefixCache) Clear() {
 	clear(c.index)
 	c.nodes = c.nodes[:0]
+	c.used = 0
 	c.free, c.head, c.tail = none, none, none
 }
 
 func (c *PrefixCache) alloc(k uint64) int32 {
+	c.used++
+	n := lruNode{key: k, prev: none, next: none, newer: none}
 	if c.free != none {
 		i := c.free
 		c.free = c.nodes[i].next
-		c.nodes[i] = lruNode{key: k, prev: none, next: none}
+		c.nodes[i] = n
 		return i
 	}
-	c.nodes = append(c.nodes, lruNode{key: k, prev: none, next: none})
+	c.nodes = append(c.nodes, n)
 	return int32(len(c.nodes) - 1)
 }
 
 func (c *PrefixCache) release(i int32) {
+	c.used--
 	c.nodes[i].next = c.free
 	c.free = i
 }

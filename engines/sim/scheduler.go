@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"pdlb/engines"
 )
 
 // request is one generation as the scheduler sees it. The handler fills the
@@ -146,6 +148,10 @@ type scheduler struct {
 
 	stored, evicted []uint64 // scratch for KV events
 	tokScratch      []uint32
+	// copies: the pod plays vLLM, whose cache keeps a block computed again
+	// as another copy (PrefixCache.StoreCopies); SGLang's and TensorRT-LLM's
+	// radix trees keep one.
+	copies bool
 
 	// slots are the pod's LoRA adapter slots (nil when it serves none),
 	// lora their use as vllm:lora_requests_info reports it.
@@ -172,6 +178,7 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 		start:   start,
 		ranks:   make([]rankCache, cfg.DataParallelSize),
 		m:       m,
+		copies:  cfg.Engine == engines.VLLM,
 		inbox:   make(chan schedMsg, inboxSize),
 		done:    make(chan struct{}),
 		exited:  make(chan struct{}),
@@ -442,7 +449,15 @@ func (s *scheduler) storeBlocks(r *request) {
 		return
 	}
 	rc := s.ranks[r.rank]
-	stored, evicted := rc.cache.Store(r.keys, s.stored[:0], s.evicted[:0])
+	from := len(r.keys)
+	if s.copies {
+		// vLLM computes every block past its prefix-cache hit, which stops
+		// a token short of the prompt so the last token yields logits
+		// (KVCacheManager.get_computed_blocks: max_cache_hit_length =
+		// num_tokens - 1), and caches each in a new block.
+		from = min(rc.cache.Match(r.keys), (len(r.tokens)-1)/s.phys.BlockSize)
+	}
+	stored, evicted := rc.cache.StoreCopies(r.keys, from, s.stored[:0], s.evicted[:0])
 	if rc.sink == nil {
 		return
 	}
