@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -208,6 +209,73 @@ func TestSaltedPromptsFromASimPod(t *testing.T) {
 	if got := indexed("tenant-a"); got != n {
 		t.Fatalf("tenant a's request matches %d of %d blocks in the index", got, n)
 	}
+	if feed.Counters.Mismatched.Load()+feed.Counters.Orphans.Load()+sub.Counters.Malformed.Load() != 0 {
+		t.Fatalf("events dropped: mismatched %d orphans %d malformed %d",
+			feed.Counters.Mismatched.Load(), feed.Counters.Orphans.Load(), sub.Counters.Malformed.Load())
+	}
+}
+
+// TestCopiesFromASimPod runs a simulated vLLM pod with a cache of four
+// blocks publishing over ZMQ into the index. A block-aligned prompt sent
+// twice has its last block computed again, a second copy with its own
+// BlockStored; evicting the older copy leaves the prompt whole in the pod
+// and in the index, and evicting the rest takes it out of both.
+func TestCopiesFromASimPod(t *testing.T) {
+	const bs = radix.DefaultBlockSize
+	pub := newPublisher(t)
+	phys := sim.DefaultPhysics()
+	phys.BlockSize, phys.CacheBlocks = bs, 4
+	pod, err := sim.Start(sim.Config{Name: "sim-0", Model: model, Listen: "127.0.0.1:0", Speedup: 1000, Physics: phys, MaxModelLen: 4 * bs, KVEvents: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	tree := newTree(t)
+	feed := newIndexer(t, tree, Config{}).Pod(0, model)
+	sub := subscribe(t, pub, feed)
+	client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+	defer client.CloseIdleConnections()
+
+	prompt := func(first uint32) []uint32 {
+		tokens := make([]uint32, 2*bs)
+		for i := range tokens {
+			tokens[i] = first + uint32(i)
+		}
+		return tokens
+	}
+	a := prompt(100)
+	keysA := radix.AppendBlockKeys(nil, radix.Seed(model), a, bs)
+	events := sub.Counters.Events.Load()
+	// send posts tokens and waits for the index to have the n events the
+	// pod publishes for them.
+	send := func(tokens []uint32, n uint64) {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"model": model, "prompt": tokens, "max_tokens": 1})
+		resp, err := client.Post("http://"+pod.Addr()+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		events += n
+		testwait.For(t, "the pod's events to reach the index", func() bool { return sub.Counters.Events.Load() >= events })
+	}
+	indexed := func(want int) {
+		t.Helper()
+		out := make([]int32, 1)
+		if tree.Match(keysA, out); out[0] != int32(want) {
+			t.Fatalf("the index matches %d of the prompt's blocks, want %d", out[0], want)
+		}
+	}
+	send(a, 1)           // stores a's two blocks
+	send(a, 1)           // stores a's last block again
+	send(prompt(200), 2) // stores two blocks, evicts the older copy
+	indexed(2)
+	send(prompt(300), 3) // stores two blocks, evicts a's first block and last copy
+	indexed(0)
 	if feed.Counters.Mismatched.Load()+feed.Counters.Orphans.Load()+sub.Counters.Malformed.Load() != 0 {
 		t.Fatalf("events dropped: mismatched %d orphans %d malformed %d",
 			feed.Counters.Mismatched.Load(), feed.Counters.Orphans.Load(), sub.Counters.Malformed.Load())
