@@ -235,9 +235,9 @@ type slot struct {
 	depth    int32 // engine blocks before it in its prompt
 	// copies counts the engine's physical copies of the block: vLLM keeps
 	// duplicates under one hash and stores and evicts each with an event
-	// (block_pool.py). 0 marks a block evicted while blocks chained after
-	// it are still held: the slot stays (their chain walks through it)
-	// until its last child goes.
+	// (block_pool.py), but for a hit it reports (see BlockStored). 0 marks
+	// a block evicted while blocks chained after it are still held: the
+	// slot stays (their chain walks through it) until its last child goes.
 	copies int32
 }
 
@@ -258,6 +258,15 @@ func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint6
 		(p.blockSize != 0 && blockSize != p.blockSize) ||
 		(extra.Media != nil && len(extra.Media) != len(blockHashes)) {
 		p.Counters.Mismatched.Add(1)
+		return
+	}
+	if !hasParent && p.holdsAll(blockHashes) {
+		// A report of a prefix-cache hit, not a copy: vLLM's per-request
+		// kv_cache_report_mode "full" stores a hit's blocks again from
+		// the prompt's first (BlockPool.emit_cached_block_events) and
+		// evicts them once. A copy from the first block needs a hit of
+		// none while the pod holds it: a one-block prompt cached again,
+		// or a request that skips the cache; that copy goes uncounted.
 		return
 	}
 	if len(p.slots)-len(p.free)+len(blockHashes) > p.ix.cfg.MaxBlocks {
@@ -298,6 +307,16 @@ func (p *Pod) BlockStored(parentHash uint64, hasParent bool, blockHashes []uint6
 	if len(chain) > n0 {
 		p.ix.idx.Insert(p.id, chain)
 	}
+}
+
+// holdsAll says whether every one of the engine blocks hashes is live.
+func (p *Pod) holdsAll(hashes []uint64) bool {
+	for _, h := range hashes {
+		if s, ok := p.byHash[h]; !ok || p.slots[s].copies == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // storeEach stores the blocks of an event block by block, chained after

@@ -182,6 +182,27 @@ func TestCopiesOfABlock(t *testing.T) {
 	}
 }
 
+// vLLM's per-request kv_cache_report_mode "full" also reports a prefix-cache
+// hit as a BlockStored from the prompt's first block, for blocks the engine
+// holds and evicts once each: the report is no copy, and the blocks go with
+// their one BlockRemoved.
+func TestHitReportsAreNoCopies(t *testing.T) {
+	f, p := newPod(t, Config{BlockSize: 4})
+	tokens := prompt(20, 1)
+	keys := gatewayKeys(tokens, 4)
+	p.BlockStored(0, false, []uint64{10, 11, 12}, tokens[:12], 4, engines.ExtraKeys{})
+	// A longer prompt hits three blocks and computes two more.
+	p.BlockStored(0, false, []uint64{10, 11, 12}, tokens[:12], 4, engines.ExtraKeys{})
+	p.BlockStored(12, true, []uint64{13, 14}, tokens[12:], 4, engines.ExtraKeys{})
+	if got := f.match(7, keys); got != 5 || p.Blocks() != 5 {
+		t.Fatalf("after the report: match %d blocks %d, want 5 5", got, p.Blocks())
+	}
+	p.BlockRemoved([]uint64{14, 13, 12, 11, 10})
+	if got := f.match(7, keys); got != 0 || p.Blocks() != 0 {
+		t.Fatalf("every block evicted: match %d blocks %d, want 0 0", got, p.Blocks())
+	}
+}
+
 // A freed slot is reused for a new block: its keys are the new block's,
 // and engines whose blocks are the gateway's size keep no tokens (the
 // reuse panicked there, slicing the empty token table).
