@@ -1139,6 +1139,59 @@ func TestSGLangAbortSparesOthers(t *testing.T) {
 	}
 }
 
+// TestSGLangAbortFollowsMovedDecodeLeg: a decode leg moved off a pod
+// that refused it is aborted (/abort_request) on the pod it moved to
+// when the prefill leg fails: that pod holds the request, waiting for
+// KV that will not come, while the refusing pod never had it.
+func TestSGLangAbortFollowsMovedDecodeLeg(t *testing.T) {
+	var mu sync.Mutex
+	var aborts []string
+	hold := func(c net.Conn, _ *http.Request) { io.Copy(io.Discard, c) } // until the gateway closes it
+	pre := fakePod(t, hold)
+	dec1 := fakePod(t, func(c net.Conn, r *http.Request) {
+		if r.URL.Path != "/abort_request" {
+			hold(c, r)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		aborts = append(aborts, string(b))
+		mu.Unlock()
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+	})
+	// Pairs stay in their roleset: the pair is pre and dec, which refuses
+	// the decode leg, and the leg moves to dec1.
+	s := pdGateway(t, pdEngines[1], []config.Pod{
+		{Name: "pre", Model: "m", Address: pre, Engine: "sglang", Role: sim.RolePrefill, Roleset: "rs0"},
+		{Name: "dec", Model: "m", Address: deadAddr(t), Engine: "sglang", Role: sim.RoleDecode, Roleset: "rs0"},
+		{Name: "dec1", Model: "m", Address: dec1, Engine: "sglang", Role: sim.RoleDecode, Roleset: "rs1"}},
+		func(c *config.Config) {
+			c.Health.Interval = time.Hour
+			// The prefill leg fails by its timeout, long after the decode
+			// leg moved.
+			c.PD.PrefillRequestTimeout = time.Second
+		})
+	resp, b := post(t, s, "/v1/completions", pdBody("/v1/completions", false, 8))
+	if resp.StatusCode < 500 || resp.Header.Get("x-error-pd-prefill") != "true" {
+		t.Fatalf("%d %v %s, want the prefill leg's failure", resp.StatusCode, resp.Header, b)
+	}
+	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="refused"}`); n != 1 {
+		t.Fatalf("%v decode legs moved, want 1", n)
+	}
+	rid := resp.Header.Get("X-Request-Id")
+	testwait.For(t, "dec1, which holds the decode leg, to get /abort_request", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, a := range aborts {
+			if strings.Contains(a, `"rid":"`+rid+`-`) {
+				return true
+			}
+		}
+		return false
+	})
+	waitIdle(t, s)
+}
+
 // prefillStopped answers a vLLM prefill leg as vLLM does when the one
 // token it produced ends the answer (EOS, a stop token or string): its
 // KV connector hands nothing over (request_finished returns no params

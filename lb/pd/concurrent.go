@@ -22,6 +22,7 @@ const prefillGrace = 250 * time.Millisecond
 func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 	l := AcquireLink()
 	c.link = l
+	l.Dec.Store(c.Dec)
 	// The prefill leg's goroutine takes the prefill pod off the request:
 	// the relay must not account for it again.
 	uncached, ticket := c.host.HandOver()
@@ -31,7 +32,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 	l.Hold()
 	l.PreCut = make(chan struct{})
 	go l.prefill(concurrentPrefill{
-		fleet: c.fleet, pre: c.Pre, dec: c.Dec, up: up, timeout: c.Opts.PrefillRequestTimeout, uncached: uncached, ticket: ticket,
+		fleet: c.fleet, pre: c.Pre, up: up, timeout: c.Opts.PrefillRequestTimeout, uncached: uncached, ticket: ticket,
 		proto: c.proto, ex: c.ex, metrics: c.Metrics, limit: c.watchdogLimit(), start: c.legsStart,
 		gone: c.gone, drop: l.PreCut,
 	})
@@ -89,6 +90,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 			fasthttp.ReleaseResponse(resp)
 			c.Dec.Release()
 			if c.moveDecode(c.Dec, err) {
+				l.Dec.Store(c.Dec)
 				resp = c.sendConcurrentDecode()
 				continue
 			}
@@ -165,7 +167,7 @@ func (c *Call) abandonPrefill() {
 // it touches nothing of the request itself.
 type concurrentPrefill struct {
 	fleet    Fleet
-	pre, dec *pool.Pod
+	pre      *pool.Pod
 	up       *fasthttp.Request
 	timeout  time.Duration
 	uncached int64
@@ -228,7 +230,7 @@ func (l *Link) prefill(c concurrentPrefill) {
 		}
 	} else {
 		l.PreErr.Store(f)
-		Abort(c.proto, &c.ex, c.dec)
+		Abort(c.proto, &c.ex, l.Dec.Load())
 		l.WithDecConn(func(conn *upstream.Conn) { _ = conn.Close() })
 	}
 	l.PreDone <- f

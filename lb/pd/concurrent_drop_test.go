@@ -37,7 +37,7 @@ func TestDroppedPrefillLegCountsItsRefusal(t *testing.T) {
 	drop := make(chan struct{})
 	close(drop)
 	pods[3].Acquire()
-	l.prefill(concurrentPrefill{fleet: f, pre: pods[3], dec: pods[3], up: fasthttp.AcquireRequest(), timeout: time.Second,
+	l.prefill(concurrentPrefill{fleet: f, pre: pods[3], up: fasthttp.AcquireRequest(), timeout: time.Second,
 		proto: sglang.PD{}, metrics: NewMetrics(metrics.NewSet(), "m", []float64{1}), start: time.Now(), drop: drop})
 	l.Release()
 	if len(f.failed) != 1 || f.failed[0] != errRefused {

@@ -47,6 +47,9 @@ type Link struct {
 	// PreCut gives up the prefill leg in flight: the request closes it
 	// when the leg's KV has no decode leg left to take it.
 	PreCut chan struct{}
+	// Dec is the decode pod the decode leg went to last (it moves off a
+	// pod that refused it), which a failed prefill leg aborts.
+	Dec atomic.Pointer[pool.Pod]
 	// mu guards decConn, the decode leg's connection while the request
 	// relays it: a failed prefill leg closes it, and it must not outlive
 	// the request (the client pool reuses connections).
@@ -78,6 +81,7 @@ func (l *Link) Release() {
 	l.PrefillEnd.Store(0)
 	l.PreErr.Store(nil)
 	l.Started.Store(false)
+	l.Dec.Store(nil)
 	l.decConn = nil
 	select {
 	case <-l.PreDone:
