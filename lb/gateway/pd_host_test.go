@@ -13,6 +13,8 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 
+	"pdlb/engines"
+	"pdlb/engines/sim"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/fail"
@@ -373,4 +375,40 @@ func onePrefillTwoDecode(t *testing.T) (*Gateway, *pool.Model, *route.PDRouter) 
 		t.Fatal(err)
 	}
 	return g, m, r
+}
+
+// TestPDLocalRequestsTeachDrainRate: a decode pod's drain rate, which
+// the cascade's drain step divides its running requests by, counts the
+// whole requests it serves (PDLocal: it prefills them itself) as it
+// counts pair legs: those run among its requests, and a pod serving only
+// them would read as draining nothing (rate 0: unknown, which turns the
+// drain step off for the whole model).
+func TestPDLocalRequestsTeachDrainRate(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
+	cfg.PD.LocalPrefillMaxTokens = 1 << 20
+	cfg.Health.Interval = time.Hour
+	cfg.Health.MetricsInterval = 10 * time.Millisecond
+	for _, role := range []string{config.RolePrefill, config.RoleDecode} {
+		p, err := sim.Start(sim.Config{Name: role, Model: "m", Engine: engines.VLLM, Role: role, Speedup: 200, DefaultMaxTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		cfg.Pods = append(cfg.Pods, config.Pod{Name: role, Model: "m", Address: p.Addr(), Engine: "vllm", Role: role, Roleset: "a"})
+	}
+	g := started(t, cfg)
+	m := g.pool.Load().Models[0]
+	dec, local := m.Decode[0], g.metrics.model(m).pd.Kinds[route.PDLocal]
+	// Requests until a scrape has seen one finish, or many more scrapes
+	// than that takes went by.
+	for deadline := time.Now().Add(5 * time.Second); dec.DrainRate() == 0 && time.Now().Before(deadline); {
+		postN(t, g, 1, "/v1/completions", `{"model":"m","prompt":"a short prompt"}`)
+	}
+	if local.Get() == 0 {
+		t.Fatal("no request was routed PDLocal")
+	}
+	if dec.DrainRate() == 0 {
+		t.Fatalf("decode pod %s finished every PDLocal request sent to it, and its drain rate reads 0", dec.Config.Name)
+	}
 }

@@ -252,7 +252,7 @@ func (c *Call) watchdog(err error) *fail.Failure {
 	}
 }
 
-// End ends an exchange whose answer (pod's, with status) was relayed,
+// End ends a request whose answer (pod's, with status) was relayed,
 // before its response is released; the request's finish calls it.
 func (c *Call) End(pod *pool.Pod, status int) {
 	if c.link != nil {
@@ -265,11 +265,11 @@ func (c *Call) End(pod *pool.Pod, status int) {
 			c.abandonPrefill()
 		}
 	}
-	if !c.active {
-		return
-	}
+	// A PDLocal request finishes on its decode pod too: its drain rate
+	// counts every request that its running ones count.
+	decoded := c.active || c.Decision.Kind == route.PDLocal
 	c.active = false
-	if status == fasthttp.StatusOK && pod == c.Dec {
+	if decoded && status == fasthttp.StatusOK && pod == c.Dec {
 		pod.DecodeFinished()
 	}
 }

@@ -18,9 +18,9 @@ type pdState struct {
 	pending route.PendingDecode
 	// line learns the pod's decode step time from the streams it serves.
 	line *admit.DecodeLine
-	// finished counts decode legs the pod completed; the scrape turns it
-	// into drain, the requests finished per second over the last scrape
-	// interval (float64 bits).
+	// finished counts the decode legs and the whole (PDLocal) requests the
+	// pod completed; the scrape turns it into drain, the requests finished
+	// per second over the last scrape interval (float64 bits).
 	finished     atomic.Int64
 	drain        atomic.Uint64
 	drainCount   atomic.Int64
@@ -44,7 +44,8 @@ func (p *Pod) AvailablePD(now int64) bool {
 // DecodeLine is the pod's learned decode step-time line.
 func (p *Pod) DecodeLine() *admit.DecodeLine { return p.pd.line }
 
-// DecodeFinished records one decode leg the pod completed.
+// DecodeFinished records one decode leg, or whole request, the pod
+// completed.
 func (p *Pod) DecodeFinished() { p.pd.finished.Add(1) }
 
 // DrainRate is the decode requests the pod finished per second over the
