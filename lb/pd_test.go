@@ -1103,6 +1103,32 @@ func TestPDBrokenDecodeStreamGivesUpPrefillLeg(t *testing.T) {
 	}
 }
 
+// TestPDWholeAnswerCutByPrefillSparesDecodePod: in a concurrent exchange
+// a failed prefill leg cuts the decode leg's connection, which may be
+// past its head, its whole answer being read. The client gets the
+// prefill leg's failure, and the decode pod is not counted a failure:
+// it was cut, it did not fail.
+func TestPDWholeAnswerCutByPrefillSparesDecodePod(t *testing.T) {
+	// The head and the start of a body, then nothing until the gateway
+	// closes the connection.
+	partial := func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"id\":")
+		io.Copy(io.Discard, c)
+	}
+	// The prefill leg times out: no decode pod takes its KV.
+	s := pickupPair(t, partial, func(cfg *config.Config) { cfg.PD.PrefillRequestTimeout = 300 * time.Millisecond })
+	kc := &http.Client{Timeout: 20 * time.Second}
+	defer kc.CloseIdleConnections()
+	resp, b := postVia(t, kc, s, "/v1/completions", pdBody("/v1/completions", false, 2))
+	if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get("x-error-pd-prefill") != "true" {
+		t.Fatalf("%d %v %s, want the prefill leg's timeout", resp.StatusCode, resp.Header, b)
+	}
+	if n := metricValue(t, s, `pdlb_upstream_errors_total{pod="dec"}`); n != 0 {
+		t.Fatalf("the decode pod was counted %v failures for an answer the prefill leg's failure cut", n)
+	}
+	waitIdle(t, s)
+}
+
 // TestSGLangAbortSparesOthers: a client that leaves its SGLang exchange
 // has it aborted on both pods (/abort_request), and only it: SGLang
 // aborts every request whose rid starts with the one named, and the

@@ -58,7 +58,10 @@ func (g *Gateway) respond(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model
 	if err != nil {
 		upstream.CloseStream(resp, err)
 		ctx.Response.ResetBody()
-		g.callFailed(pod, err, x.reachesEngine())
+		if x.pd == nil || x.pd.PrefillCut() == nil {
+			// Not when a failed prefill leg cut the read: the pod did not fail.
+			g.callFailed(pod, err, x.reachesEngine())
+		}
 		f := g.streamFailure(x, err)
 		writeFailure(ctx, f)
 		x.failure, status = f.E, f.E.Status

@@ -219,13 +219,11 @@ func (c *Call) StreamFailure(err error) *fail.Failure {
 	if !c.active {
 		return nil
 	}
-	if l := c.link; l != nil {
-		if f := l.PreErr.Load(); f != nil {
-			if c.stream {
-				return &fail.Failure{E: f.E} // past the headers: no x-error-pd-*
-			}
-			return f
+	if f := c.PrefillCut(); f != nil {
+		if c.stream {
+			return &fail.Failure{E: f.E} // past the headers: no x-error-pd-*
 		}
+		return f
 	}
 	if c.watched && pool.IsTimeout(err) {
 		f := c.watchdog(err)
@@ -235,6 +233,16 @@ func (c *Call) StreamFailure(err error) *fail.Failure {
 		return f
 	}
 	return nil
+}
+
+// PrefillCut is the failure of the concurrent prefill leg, which cuts
+// the decode leg's answer (Link.prefill), nil while it has none: a read
+// of that answer that failed then is not the decode pod's failure.
+func (c *Call) PrefillCut() *fail.Failure {
+	if c.link == nil {
+		return nil
+	}
+	return c.link.PreErr.Load()
 }
 
 // watchdog counts a request the watchdog failed, tells the decode pod to
