@@ -1257,6 +1257,49 @@ func TestPDVLLMPrefillWithoutKV(t *testing.T) {
 	}
 }
 
+// TestPDKVTransferSecondsTimesFirstToken: pdlb_pd_kv_transfer_seconds
+// is the KV handoff as the gateway sees it, from the prefill leg's answer
+// to the decode stream's first token. vLLM's decode pod sends a stream's
+// head at once (its OpenAI server's StreamingResponse sends it before the
+// engine runs), then pulls the KV and decodes: the head times nothing of
+// the handoff. A whole answer comes once the whole decode is done: it is
+// not timed.
+func TestPDKVTransferSecondsTimesFirstToken(t *testing.T) {
+	const pull = 300 * time.Millisecond // the fake decode pod's, before its first token
+	const events = `data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}` + "\n\n" +
+		`data: {"choices":[{"index":0,"text":"b","finish_reason":"length"}]}` + "\n\n" + "data: [DONE]\n\n"
+	const whole = `{"id":"c","object":"text_completion","choices":[{"index":0,"text":"ab","finish_reason":"length"}]}`
+	pre := startSim(t, pdEngines[0], "pre", sim.RolePrefill, nil)
+	dec := fakePod(t, func(c net.Conn, r *http.Request) {
+		var body struct{ Stream bool }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		if body.Stream {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+			time.Sleep(pull)
+			io.WriteString(c, events)
+			return
+		}
+		time.Sleep(pull)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(whole), whole)
+	})
+	s := pdGateway(t, pdEngines[0], []config.Pod{pdPod(pre, pre.Addr(), "g"),
+		{Name: "dec", Model: "m", Address: dec, Engine: "vllm", Role: sim.RoleDecode, Roleset: "g"}},
+		func(c *config.Config) { c.Health.Interval = time.Hour })
+	const series = `pdlb_pd_kv_transfer_seconds_`
+	if resp, b := post(t, s, "/v1/completions", pdBody("/v1/completions", true, 2)); resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-decode-pod") != "dec" {
+		t.Fatalf("stream: %d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	if n, sum := metricValue(t, s, series+"count"), metricValue(t, s, series+"sum"); n != 1 || sum < pull.Seconds() {
+		t.Errorf("after a stream whose first token came %v after its head: %v handoffs timed, %.3f s in all; want 1 of at least %v", pull, n, sum, pull)
+	}
+	if resp, b := post(t, s, "/v1/completions", pdBody("/v1/completions", false, 2)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("whole: %d %s", resp.StatusCode, b)
+	}
+	if n := metricValue(t, s, series+"count"); n != 1 {
+		t.Errorf("after a whole answer: %v handoffs timed, want the stream's alone", n)
+	}
+}
+
 // TestPDPrefillSecondsTimesAnswers: pdlb_pd_prefill_seconds times a
 // prefill leg up to its pod's answer. A leg its pod never received (the
 // connection refused) has none, and must not enter the histogram: during

@@ -409,6 +409,9 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 			if t.first.IsZero() {
 				t.first = t.last
 				g.prefillDone(x, pod, t.first)
+				if x.pd != nil {
+					x.pd.FirstToken(t.first)
+				}
 				x.tr.firstToken(t.first)
 				x.modelStats.ttft.Update(t.first.Sub(x.start).Seconds())
 			}

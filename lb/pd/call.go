@@ -211,6 +211,16 @@ func (c *Call) PrefillEnd() time.Time {
 	return c.prefillEnd
 }
 
+// FirstToken times the KV handoff of a sequential pair's stream, whose
+// first token came at at: from the prefill leg's answer. Only the first
+// token shows it: a decode pod sends a stream's headers before it pulls
+// the KV (vLLM's OpenAI server), and a whole answer after the decode.
+func (c *Call) FirstToken(at time.Time) {
+	if c.active && c.link == nil {
+		c.Metrics.KVTransfer.Update(at.Sub(c.prefillEnd).Seconds())
+	}
+}
+
 // StreamFailure is the client's failure for a failed read of the decode
 // leg's answer, whose headers are in, when the exchange knows its cause:
 // the prefill leg's when its failure cut the decode leg, the decode

@@ -257,7 +257,6 @@ func (c *Call) sequentialDecode() *fail.Failure {
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
 			c.Ticket.Done()
-			c.Metrics.KVTransfer.Update(time.Since(c.prefillEnd).Seconds())
 			c.respond(resp)
 			return nil
 		}

@@ -24,10 +24,9 @@ var pdDecisionBuckets = []float64{1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 5e-4
 type Metrics struct {
 	decision *metrics.PrometheusHistogram
 	// Prefill is the prefill leg's time, request to answer (legs without
-	// one are not timed); KVTransfer the
-	// gap between the prefill leg's answer and the decode leg's response
-	// headers (sequential protocols: the decode pod pulls the KV before it
-	// answers).
+	// one are not timed); KVTransfer the KV handoff of a sequential pair's
+	// stream, from the prefill leg's answer to the decode stream's first
+	// token (Call.FirstToken).
 	Prefill    *metrics.PrometheusHistogram
 	KVTransfer *metrics.PrometheusHistogram
 	Kinds      []*metrics.Counter // by route.PDKind
@@ -70,7 +69,7 @@ func (m *Metrics) Decided(d route.PDDecision, took time.Duration) {
 var MetricsDoc = promtext.Doc{
 	"pdlb_pd_decision_seconds":         {Help: "Time the prefill/decode cascade took to decide, in seconds."},
 	"pdlb_pd_prefill_seconds":          {Help: "Time from sending a prefill leg to its pod's answer, in seconds; a leg without one (refused, reset, timed out, cut) is not timed."},
-	"pdlb_pd_kv_transfer_seconds":      {Help: "Time from a prefill leg's answer to the decode leg's response headers (KV handoff), in seconds; sequential protocols only."},
+	"pdlb_pd_kv_transfer_seconds":      {Help: "KV handoff as the gateway sees it: time from a prefill leg's answer to the decode stream's first token (the decode pod's queue, its KV pull and its first step), in seconds; streams of sequential protocols (vLLM, TensorRT-LLM context_first) only: a decode pod sends a stream's headers before its KV pull, and a whole answer after its whole decode."},
 	"pdlb_pd_routed_total":             {Help: "Requests the PD cascade routed, by the kind of their first decision: pair (prefill and decode pods), local (decode pod prefills itself), combined; a request decided anew (a retry, a half-open probe taken, an admission deferral) counts once."},
 	"pdlb_pd_cascade_fired_total":      {Help: "Decisions in which a step of the PD cascade fired, by step."},
 	"gateway_request_model_fail_total": {Help: "Requests the decode watchdog failed (AIBrix's series; status_code is 504 even when the client saw a cut stream)."},
