@@ -698,7 +698,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: token_load: %v", ErrInvalid, err)
 	}
 	if c.Redis.Address != "" {
-		if err := checkAddr("redis.address", c.Redis.Address, false); err != nil {
+		if err := checkDialAddr("redis.address", c.Redis.Address); err != nil {
 			return err
 		}
 		if c.Redis.KeyPrefix == "" {
@@ -818,11 +818,8 @@ func (p Pod) Validate(field string) error {
 		// value may hold tabs but no other control byte.
 		return invalid(field+".name", p.Name, "must not hold control characters but tab")
 	}
-	if err := checkAddr(field+".address", p.Address, false); err != nil {
+	if err := checkDialAddr(field+".address", p.Address); err != nil {
 		return err
-	}
-	if _, port, _ := net.SplitHostPort(p.Address); port == "0" {
-		return invalid(field+".address", p.Address, "needs a port")
 	}
 	if _, err := engines.ParseKind(p.Engine); err != nil {
 		return invalid(field+".engine", p.Engine, "is not an engine (known: vllm, sglang, trtllm)")
@@ -846,13 +843,13 @@ func (p Pod) Validate(field string) error {
 	}
 	if p.KVEvents != "" {
 		host, ok := strings.CutPrefix(p.KVEvents, "tcp://")
-		if !ok || checkAddr("", host, false) != nil {
+		if !ok || checkDialAddr("", host) != nil {
 			return invalid(field+".kv_events", p.KVEvents, "must be tcp://host:port")
 		}
 	}
 	if p.KVReplay != "" {
 		host, ok := strings.CutPrefix(p.KVReplay, "tcp://")
-		if !ok || checkAddr("", host, false) != nil || p.KVEvents == "" {
+		if !ok || checkDialAddr("", host) != nil || p.KVEvents == "" {
 			return invalid(field+".kv_replay", p.KVReplay, "must be tcp://host:port, beside kv_events")
 		}
 	}
@@ -945,8 +942,25 @@ func checkAddr(field, addr string, emptyOK bool) error {
 	}
 	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 		return invalid(field, addr, "must be host:port")
-	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+	} else if n, err := strconv.Atoi(port); err != nil || strings.Trim(port, "0123456789") != "" || n > 65535 {
+		// Digits only: Atoi takes "+80", which a Host header must not carry.
 		return invalid(field, addr, "has no valid port")
+	}
+	return nil
+}
+
+// checkDialAddr checks an address the gateway dials: host:port with both.
+// Without a host Go dials this machine, which a listen address means but a
+// pod's or a server's never does (nginx refuses such an upstream too).
+func checkDialAddr(field, addr string) error {
+	if err := checkAddr(field, addr, false); err != nil {
+		return err
+	}
+	switch host, port, _ := net.SplitHostPort(addr); {
+	case host == "":
+		return invalid(field, addr, "has no host (a pod's or server's, e.g. 10.0.0.5"+addr+")")
+	case port == "0":
+		return invalid(field, addr, "needs a port")
 	}
 	return nil
 }

@@ -240,3 +240,41 @@ func TestWrongTypeNamesField(t *testing.T) {
 	// The same value twice on the line: no guess.
 	f("pods:\n  - {name: x, model: m, address: \"a:1\", weight: x}\n", "line 2: cannot unmarshal !!str `x` into float64")
 }
+
+// TestDialAddressNeedsHost: an address the gateway dials names its host
+// and a port of digits. Without a host Go dials this machine: ":8000" is
+// a listen address, never a pod's.
+func TestDialAddressNeedsHost(t *testing.T) {
+	f := func(yml, want string) {
+		t.Helper()
+		c := Default()
+		err := c.UnmarshalYAML([]byte(yml))
+		if err == nil {
+			c.Provision()
+			err = c.Validate()
+		}
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want %q in it", yml, err, want)
+		}
+	}
+	pod := func(addr string) string { return "pods: [{model: m, address: '" + addr + "'}]\n" }
+	f(pod(":8000"), `pods[0].address = ":8000" has no host (a pod's or server's, e.g. 10.0.0.5:8000)`)
+	// The scheme is gone by then: the value is what the gateway would dial.
+	f(pod("http://:8000"), `pods[0].address = ":8000" has no host`)
+	f(pod("https://:8443"), `pods[0].address = ":8443" has no host`)
+	f(pod("h:"), `pods[0].address = "h:" must be host:port`)
+	f(pod("h:0"), `pods[0].address = "h:0" needs a port`)
+	f(pod("h:65536"), `pods[0].address = "h:65536" has no valid port`)
+	f(pod("h:+80"), `pods[0].address = "h:+80" has no valid port`)
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://:5557'}]\n", `pods[0].kv_events = "tcp://:5557" must be tcp://host:port`)
+	f("redis: {address: ':6379'}\n"+pod("h:1"), `redis.address = ":6379" has no host`)
+	// A listen address may leave its host out: every interface.
+	c := Default()
+	if err := c.UnmarshalYAML([]byte("listen: ':8080'\n" + pod("h:1"))); err != nil {
+		t.Fatal(err)
+	}
+	c.Provision()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
