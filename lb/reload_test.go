@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/internal/lbtest"
+	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 	"pdlb/lb/discovery/spec"
@@ -164,5 +167,31 @@ func TestReloadProvisionsAsStartDoes(t *testing.T) {
 	cfg.Pods = pods()
 	if err := s.Reload(cfg); err != nil {
 		t.Fatalf("reloading the configuration it started with: %v", err)
+	}
+}
+
+// TestDiscoveredPodAtConfiguredAddressLeftOut: a pod discovery finds at
+// the address of a configured pod of another name (a DNS name over the
+// engines the file lists) is that pod's engine: it is left out, with a
+// log line naming both, rather than counted twice.
+func TestDiscoveredPodAtConfiguredAddressLeftOut(t *testing.T) {
+	sims := testFleet(t, "m", 1, 100)
+	_, port, _ := net.SplitHostPort(sims[0].Addr())
+	p, _ := strconv.Atoi(port)
+	var logs testlog.Buffer
+	s := lbtest.StartGatewayLog(t, podsOf("m", sims[0]), func(c *config.Config) {
+		c.Discovery.DNS = []spec.DNS{{Name: "127.0.0.1", Port: p, Model: "m", Interval: 50 * time.Millisecond}}
+	}, slog.New(slog.NewTextHandler(&logs, nil)))
+	found := fmt.Sprintf(`"name": %q`, sims[0].Addr())
+	var pods string
+	testwait.For(t, "discovery's first report", func() bool {
+		pods = get(t, "http://"+s.AdminAddr()+"/admin/pods")
+		return strings.Contains(logs.String(), "left out") || strings.Contains(pods, found)
+	})
+	if strings.Contains(pods, found) {
+		t.Fatalf("the engine of pod %s joined again as discovered pod %s:\n%s", sims[0].Config().Name, sims[0].Addr(), pods)
+	}
+	if l := logs.String(); !strings.Contains(l, "at another pod's address left out") || !strings.Contains(l, sims[0].Config().Name) {
+		t.Fatalf("no log line names the pod left out and the configured one:\n%s", l)
 	}
 }

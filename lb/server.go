@@ -308,15 +308,19 @@ func (s *Server) Reload(cfg config.Config) error {
 
 // withFound is the configuration's pods, then the discovered ones whose
 // names no configured pod has (as discovery.Union keeps the first of two
-// pods with one name) and that run their model's prefill and decode
-// engine where they play either role (config.PDEngines): each pod left
-// out is logged, and the rest serve. It runs again for each reload, whose
-// pods may change the engine a discovered pod must run.
+// pods with one name), whose engine no pod before them has (a Kubernetes
+// pod that a DNS name or the file lists too, under another name: counted
+// twice it would get twice its share) and that run their model's prefill
+// and decode engine where they play either role (config.PDEngines): each
+// pod left out is logged, and the rest serve. It runs again for each
+// reload, whose pods may change the engine a discovered pod must run.
 func withFound(static, found []config.Pod, log *slog.Logger) []config.Pod {
 	names := map[string]bool{}
+	endpoints := map[string]string{} // endpoint → the name of its pod
 	pd := config.PDEngines{}
 	for _, p := range static {
 		names[cmp.Or(p.Name, p.Address)] = true
+		endpoints[p.Endpoint()] = cmp.Or(p.Name, p.Address)
 		// Where the configuration's own pods mix engines, Validate
 		// refuses the whole configuration.
 		_ = pd.Check("", p)
@@ -327,10 +331,15 @@ func withFound(static, found []config.Pod, log *slog.Logger) []config.Pod {
 			log.Warn("discovered pod named as a configured one left out", "pod", p.Name, "address", p.Address)
 			continue
 		}
+		if other, ok := endpoints[p.Endpoint()]; ok {
+			log.Warn("discovered pod at another pod's address left out", "pod", p.Name, "address", p.Address, "other", other)
+			continue
+		}
 		if err := pd.Check("discovered pod "+p.Name, p); err != nil {
 			log.Warn("discovered pod left out", "err", err)
 			continue
 		}
+		endpoints[p.Endpoint()] = p.Name
 		out = append(out, p)
 	}
 	return out

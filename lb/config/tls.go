@@ -207,3 +207,11 @@ func (p *Pod) provisionScheme() {
 	}
 	p.Address = strings.TrimPrefix(p.Address, "http://")
 }
+
+// Endpoint is the engine behind the pod's address: host:port without the
+// scheme, in lower case as DNS compares names. Two pods with one are one
+// engine, whatever their names.
+func (p Pod) Endpoint() string {
+	p.provisionScheme()
+	return strings.ToLower(p.Address)
+}
