@@ -778,6 +778,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: pods: no pods configured (give a config file with pods or discovery, or --pod)", ErrInvalid)
 	}
 	names := map[string]int{}
+	endpoints := map[string]int{}
 	pd := PDEngines{}
 	for i := range c.Pods {
 		p := &c.Pods[i]
@@ -793,6 +794,14 @@ func (c Config) Validate() error {
 			return invalid(fmt.Sprintf("pods[%d].name", i), name, fmt.Sprintf("is also the name of pods[%d]", j))
 		}
 		names[name] = i
+		// One engine, one entry: a vLLM pod's LoRA adapters are its
+		// adapters, and its other served names are aliases.
+		if j, dup := endpoints[p.Endpoint()]; dup {
+			q := c.Pods[j]
+			return invalid(field+".address", p.Address, fmt.Sprintf("is also the address of pods[%d] (%s, model %s): one engine is one entry; list its LoRA adapters in adapters and its other model names in aliases",
+				j, quote(cmp.Or(q.Name, q.Address)), quote(q.Model)))
+		}
+		endpoints[p.Endpoint()] = i
 	}
 	if err := c.validateNames(); err != nil {
 		return err

@@ -49,6 +49,10 @@ func TestValidateRejects(t *testing.T) {
 	f("pods: [{name: \"p\\x01\", model: m, address: 'h:1'}]\n", `pods[0].name = "p\x01"`)
 	f("pods: [{model: m, address: 'h:1'}, {model: m, address: 'h:1'}]\n", `pods[1].name = "h:1"`)
 	f("pods: [{model: m, adress: 'h:1'}]\n", "adress")
+	f("pods: [{name: a, model: m, address: 'h:1'}, {name: b, model: m, address: 'h:1'}]\n",
+		`pods[1].address = "h:1" is also the address of pods[0] ("a", model "m"): one engine is one entry`)
+	f("pods: [{name: a, model: m, address: 'h:1'}, {name: b, model: m, address: 'H:1', role: decode, roleset: r}]\n",
+		`pods[1].address = "H:1" is also the address of pods[0] ("a", model "m")`)
 	f("pods: [{model: m, address: 'h:1', kv_events: 'h:5557'}]\n", `pods[0].kv_events = "h:5557"`)
 	f("pods: [{model: m, address: 'h:1', cache_blocks: -1}]\n", "pods[0].cache_blocks = -1")
 	f("pods: [{model: m, address: 'h:1', data_parallel_size: -1}]\n", "pods[0].data_parallel_size = -1 must be at least 1")
@@ -245,18 +249,7 @@ func TestWrongTypeNamesField(t *testing.T) {
 // and a port of digits. Without a host Go dials this machine: ":8000" is
 // a listen address, never a pod's.
 func TestDialAddressNeedsHost(t *testing.T) {
-	f := func(yml, want string) {
-		t.Helper()
-		c := Default()
-		err := c.UnmarshalYAML([]byte(yml))
-		if err == nil {
-			c.Provision()
-			err = c.Validate()
-		}
-		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: %v; want %q in it", yml, err, want)
-		}
-	}
+	f := func(yml, want string) { t.Helper(); loadRefuses(t, yml, want) }
 	pod := func(addr string) string { return "pods: [{model: m, address: '" + addr + "'}]\n" }
 	f(pod(":8000"), `pods[0].address = ":8000" has no host (a pod's or server's, e.g. 10.0.0.5:8000)`)
 	// The scheme is gone by then: the value is what the gateway would dial.
@@ -271,6 +264,38 @@ func TestDialAddressNeedsHost(t *testing.T) {
 	// A listen address may leave its host out: every interface.
 	c := Default()
 	if err := c.UnmarshalYAML([]byte("listen: ':8080'\n" + pod("h:1"))); err != nil {
+		t.Fatal(err)
+	}
+	c.Provision()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loadRefuses checks that yml, read as Load reads a file (then
+// provisioned), is refused with want in the error.
+func loadRefuses(t *testing.T, yml, want string) {
+	t.Helper()
+	c := Default()
+	err := c.UnmarshalYAML([]byte(yml))
+	if err == nil {
+		c.Provision()
+		err = c.Validate()
+	}
+	if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: %v; want %q in it", yml, err, want)
+	}
+}
+
+// TestOneEnginePerEntry: two pods at one address are one engine counted
+// twice (two ledgers, two health states, twice its share), whatever
+// their names, models or the address's scheme; a LoRA adapter is not a
+// model of its own but an adapter of its pod.
+func TestOneEnginePerEntry(t *testing.T) {
+	loadRefuses(t, "pods: [{name: a, model: m, address: 'h:1'}, {name: b, model: n, address: 'http://h:1'}]\n",
+		`pods[1].address = "h:1" is also the address of pods[0] ("a", model "m"): one engine is one entry; list its LoRA adapters in adapters and its other model names in aliases`)
+	c := Default()
+	if err := c.UnmarshalYAML([]byte("pods: [{name: a, model: m, address: 'h:1', adapters: sql}, {name: b, model: m, address: 'h:2'}]\n")); err != nil {
 		t.Fatal(err)
 	}
 	c.Provision()

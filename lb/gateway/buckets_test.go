@@ -11,8 +11,9 @@ import (
 
 func TestBucketRolesets(t *testing.T) {
 	cfg := config.Default()
+	// Never dialed; an address each, as each pod is an engine of its own.
 	pod := func(name, role, roleset string, lo, hi int) config.Pod {
-		return config.Pod{Name: name, Model: "m", Address: "127.0.0.1:1", Role: role, Roleset: roleset, BucketMin: lo, BucketMax: hi}
+		return config.Pod{Name: name, Model: "m", Address: name + ":1", Role: role, Roleset: roleset, BucketMin: lo, BucketMax: hi}
 	}
 	cfg.Pods = []config.Pod{
 		pod("p0", "prefill", "short", 0, 2048), pod("d0", "decode", "short", 0, 4096),
