@@ -487,7 +487,8 @@ func (c *Config) UnmarshalYAML(data []byte) error {
 // nameFields rewrites yaml's "line 3: cannot unmarshal !!str `many` into
 // int" as "upstream.retries: cannot unmarshal !!str `many` into int (line
 // 3)", the field found by its line and value in data, with a hint for a
-// duration given as a bare number.
+// duration given as a bare number, and an unknown key's "field X not found
+// in type T" by its path (nameUnknown).
 func nameFields(data []byte, te *yaml.TypeError) string {
 	var doc yaml.Node
 	_ = yaml.Unmarshal(data, &doc)
@@ -500,6 +501,13 @@ func nameFields(data []byte, te *yaml.TypeError) string {
 			continue
 		}
 		_, rest, _ = strings.Cut(e, ": ")
+		if name, ok := strings.CutPrefix(rest, "field "); ok && strings.Contains(name, " not found in type ") {
+			name, _, _ = strings.Cut(name, " ")
+			if msg, ok := nameUnknown(&doc, line, name); ok {
+				out[i] = msg
+			}
+			continue
+		}
 		value := ""
 		if _, v, ok := strings.Cut(rest, "`"); ok {
 			value, _, _ = strings.Cut(v, "`")

@@ -303,3 +303,31 @@ func TestOneEnginePerEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnknownFieldNamesPath: a key the file may not hold is refused by its
+// path in the file, not by the Go type yaml decodes it into, with the
+// closest key its section knows when it looks like a typo of one.
+func TestUnknownFieldNamesPath(t *testing.T) {
+	f := func(doc, want string) {
+		t.Helper()
+		c := Default()
+		if err := c.UnmarshalYAML([]byte(doc)); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want %q in it", doc, err, want)
+		}
+	}
+	f("upstream:\n  keepalive_timout: 3s\n", "upstream.keepalive_timout: unknown field (line 2); did you mean keepalive_timeout?")
+	f("helth: {interval: 1s}\n", "helth: unknown field (line 1); did you mean health?")
+	f("pods:\n  - {model: m, address: 'h:1'}\n  - {model: m, adress: 'h:2'}\n", "pods[1].adress: unknown field (line 3); did you mean address?")
+	// Inline sections' keys are their parent's: retry_on is upstream's.
+	f("upstream: {retry_onn: [reset]}\n", "upstream.retry_onn: unknown field (line 1); did you mean retry_on?")
+	f("models: [{name: m, adapter_load: 1}]\n", "models[0].adapter_load: unknown field (line 1)")
+	f("discovery:\n  dns: [{name: x, port: 1, model: m, intervall: 5s}]\n", "discovery.dns[0].intervall: unknown field (line 2); did you mean interval?")
+	// Nothing close: no guess.
+	f("colour: red\n", "colour: unknown field (line 1)")
+	c := Default()
+	if err := c.UnmarshalYAML([]byte("colour: red\n")); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("colour: %v; want no guess", err)
+	}
+	// Every unknown key of the file is named.
+	f("upstream: {retriez: 2}\nhealth: {timout: 1s}\n", "upstream.retriez: unknown field (line 1); did you mean retries?; health.timout: unknown field (line 2); did you mean timeout?")
+}
