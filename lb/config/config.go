@@ -470,7 +470,8 @@ func Load(path string) (Config, error) {
 	return cfg, nil
 }
 
-// UnmarshalYAML decodes data over c strictly.
+// UnmarshalYAML decodes data over c strictly: an unknown key is refused,
+// and so is a 0 that Provision would replace with a default (zeroIsUnset).
 func (c *Config) UnmarshalYAML(data []byte) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -481,7 +482,9 @@ func (c *Config) UnmarshalYAML(data []byte) error {
 		}
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	return nil
+	var doc yaml.Node
+	_ = yaml.Unmarshal(data, &doc)
+	return refuseUnsetZeros(&doc)
 }
 
 // nameFields rewrites yaml's "line 3: cannot unmarshal !!str `many` into
@@ -1023,7 +1026,9 @@ func ParsePodFlag(s string) (Pod, error) {
 		case "bucket_max":
 			p.BucketMax, err = strconv.Atoi(v)
 		case "weight":
-			p.Weight, err = strconv.ParseFloat(v, 64)
+			if p.Weight, err = strconv.ParseFloat(v, 64); err == nil && p.Weight == 0 {
+				return p, fmt.Errorf("%w: --pod %q: weight = 0 %s", ErrInvalid, s, zeroIsUnset["pods[].weight"])
+			}
 		case "bootstrap_port":
 			p.BootstrapPort, err = strconv.Atoi(v)
 		default:

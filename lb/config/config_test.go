@@ -331,3 +331,33 @@ func TestUnknownFieldNamesPath(t *testing.T) {
 	// Every unknown key of the file is named.
 	f("upstream: {retriez: 2}\nhealth: {timout: 1s}\n", "upstream.retriez: unknown field (line 1); did you mean retries?; health.timout: unknown field (line 2); did you mean timeout?")
 }
+
+// TestZeroIsNotSilentlyDefault: a setting of a list entry whose 0 means
+// "unset" to Provision, written 0, is refused rather than silently
+// changed to its default: adapter_load_sec 0 became 0.2, and a weight of
+// 0, meant to send a pod or alias target nothing, became 1.
+func TestZeroIsNotSilentlyDefault(t *testing.T) {
+	pod := "pods: [{model: m, address: 'h:1'}]\n"
+	f := func(yml, want string) { t.Helper(); loadRefuses(t, yml, want) }
+	f("models: [{name: m, adapter_load_sec: 0}]\n"+pod,
+		"models[0].adapter_load_sec = 0 must be positive: a load takes time, and a pod that holds the adapter is charged nothing already (leave it out for 0.2)")
+	f("models: [{name: m}, {name: n, adapter_load_sec: 0.0}]\n"+pod, "models[1].adapter_load_sec = 0 must be positive")
+	f("models: [{name: m, max_loras: 0}]\n"+pod, "models[0].max_loras = 0 must be a positive number of adapters (leave it out for 1)")
+	f("models: [{name: m, block_size: 0}]\n"+pod, "models[0].block_size = 0 must be a positive number of tokens (leave it out for 16)")
+	f("models: [{name: m, adapter_load_timeout: 0s}]\n"+pod, `models[0].adapter_load_timeout = "0s" must be positive (leave it out for 30s)`)
+	f("pods: [{model: m, address: 'h:1', weight: 0}]\n", "pods[0].weight = 0 must be positive; to send a pod nothing, remove it (leave weight out for 1)")
+	f("aliases: [{name: a, targets: [{model: m, weight: 9}, {model: m, weight: 0}]}]\n"+pod,
+		"aliases[0].targets[1].weight = 0 must be positive; to send a target nothing, remove it")
+	if _, err := ParsePodFlag("model=m,address=h:1,weight=0"); err == nil || !strings.Contains(err.Error(), "weight = 0 must be positive") {
+		t.Errorf("--pod weight=0: %v; want it refused", err)
+	}
+	// Left out, each gets its default.
+	c := Default()
+	if err := c.UnmarshalYAML([]byte("models: [{name: m, adapters: [{name: sql}]}]\naliases: [{name: a, targets: [{model: m}]}]\n" + pod)); err != nil {
+		t.Fatal(err)
+	}
+	c.Provision()
+	if m := c.Models[0]; m.AdapterLoadSec != DefaultAdapterLoadSec || m.MaxLoras != DefaultMaxLoras || c.Pods[0].Weight != 1 || c.Aliases[0].Targets[0].Weight != 1 {
+		t.Fatalf("defaults not filled: %+v, %+v, %+v", m.LoRA, c.Pods[0], c.Aliases[0])
+	}
+}

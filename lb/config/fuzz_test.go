@@ -8,16 +8,21 @@ import (
 )
 
 // FuzzConfig feeds arbitrary YAML to the loader. Decoding and Validate must
-// never panic, and a configuration Validate accepts must be a fixed point:
-// validated again it is still accepted, and written back to YAML and loaded
-// it validates to the same document. Documents are compared rather than
+// never panic, and a configuration Load accepts (decoded, provisioned,
+// validated) must be a fixed point: validated again it is still accepted,
+// and written back to YAML and loaded it validates to the same document.
+// Provisioned, it writes no 0 that means "unset" (zeroIsUnset). Documents are compared rather than
 // values so that NaN fields, which yaml accepts (.nan), compare equal. The
 // seed corpus is in testdata/fuzz/FuzzConfig.
 func FuzzConfig(f *testing.F) {
 	f.Add([]byte("pods: [{model: m, address: '127.0.0.1:8001'}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c := Default()
-		if c.UnmarshalYAML(data) != nil || c.Validate() != nil {
+		if c.UnmarshalYAML(data) != nil {
+			return
+		}
+		c.Provision()
+		if c.Validate() != nil {
 			return
 		}
 		first := marshal(t, c)

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -119,4 +121,41 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// zeroIsUnset are the settings of list entries, which have no Default to
+// start from, whose 0 Provision takes for unset and replaces with their
+// default, by path with [] for any index. Written 0 in the file, the value
+// would silently change: it is refused, saying why.
+var zeroIsUnset = map[string]string{
+	"models[].block_size":           fmt.Sprintf("must be a positive number of tokens (leave it out for %d)", DefaultBlockSize),
+	"models[].max_loras":            fmt.Sprintf("must be a positive number of adapters (leave it out for %d)", DefaultMaxLoras),
+	"models[].adapter_load_sec":     fmt.Sprintf("must be positive: a load takes time, and a pod that holds the adapter is charged nothing already (leave it out for %g)", DefaultAdapterLoadSec),
+	"models[].adapter_load_timeout": fmt.Sprintf("must be positive (leave it out for %v)", DefaultAdapterLoadTimeout),
+	"pods[].weight":                 "must be positive; to send a pod nothing, remove it (leave weight out for 1)",
+	"aliases[].targets[].weight":    "must be positive; to send a target nothing, remove it (leave weight out for 1)",
+}
+
+var index = regexp.MustCompile(`\[[0-9]+\]`)
+
+// refuseUnsetZeros refuses the first setting of zeroIsUnset that doc
+// writes 0.
+func refuseUnsetZeros(doc *yaml.Node) error {
+	var err error
+	walkKeys(doc, reflect.TypeFor[Config](), "", func(path string, _, value *yaml.Node, ft reflect.Type, _ map[string]reflect.Type) {
+		why := zeroIsUnset[index.ReplaceAllString(path, "[]")]
+		if why == "" || err != nil {
+			return
+		}
+		v := reflect.New(ft)
+		if value.Decode(v.Interface()) != nil || !v.Elem().IsZero() {
+			return
+		}
+		written := v.Elem().Interface()
+		if d, ok := written.(time.Duration); ok {
+			written = d.String()
+		}
+		err = invalid(path, written, why)
+	})
+	return err
 }
