@@ -210,7 +210,10 @@ type Upstream struct {
 type Health struct {
 	// Interval between active GET /health checks of each pod (default 2s).
 	Interval time.Duration `yaml:"interval"`
-	// Timeout of one check (default 1s).
+	// Timeout of one check, and of one scrape of /metrics (default 1s). It
+	// may exceed Interval, as Envoy's and HAProxy's may: the next check
+	// starts Interval after one ends (pool.Checker), so checks never
+	// overlap, and a busy engine's late /health is waited for longer.
 	Timeout time.Duration `yaml:"timeout"`
 	// UnhealthyAfter is how many checks in a row must fail (time out,
 	// break, answer other than 200) before a pod is marked unhealthy
