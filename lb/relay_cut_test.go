@@ -2,6 +2,8 @@ package lb_test
 
 import (
 	"bufio"
+	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+
+	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 )
 
@@ -263,6 +268,89 @@ func TestClientGoneBeforeStreamHead(t *testing.T) {
 				}
 				waitIdle(t, s)
 			})
+		}
+	}
+}
+
+// TestH2ResetCutsPod: an HTTP/2 client that cancels its stream
+// (RST_STREAM) while the pod is still prefilling has the pod's request
+// cut, whether the pod holds its head back until the first token (the
+// sim's fasthttp) or sends it at once, as uvicorn does under vLLM and
+// SGLang, and the relay waits for the first event; on both front ends,
+// over TLS and h2c. The request counts as the client's leaving (499),
+// its charges given back.
+func TestH2ResetCutsPod(t *testing.T) {
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "127.0.0.1")
+	// A prompt the sim prefills for minutes.
+	slow := testFleet(t, "m", 1, 0.0001)[0]
+	body := `{"model":"m","messages":[{"role":"user","content":"hello there"}],"stream":true,"max_tokens":4}`
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		for _, overTLS := range []bool{false, true} {
+			for _, pod := range []string{"sim", "head first"} {
+				t.Run(fmt.Sprintf("%s/tls=%v/%s", fe, overTLS, pod), func(t *testing.T) {
+					closed := make(chan struct{}, 1)
+					pods := []config.Pod{{Name: "p", Model: "m", Address: fakePod(t, func(c net.Conn, _ *http.Request) {
+						// A comment the client reads shows it the relay under way.
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+						fmt.Fprintf(c, "%x\r\n%s\r\n", len(": prefilling\n\n"), ": prefilling\n\n")
+						// Nothing more comes until the gateway closes the
+						// connection (or the test gives up on it).
+						_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+						if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+							closed <- struct{}{}
+						}
+					})}}
+					if pod == "sim" {
+						pods = podsOf("m", slow)
+					}
+					s := testGateway(t, pods, func(c *config.Config) {
+						c.Frontend = fe
+						c.Upstream.Retries = 0
+						if overTLS {
+							c.TLS.Certificates = []config.CertFiles{{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile}}
+						}
+					})
+					via, url := h2cClient(), "http://"+s.Addr()
+					if overTLS {
+						via, url = &http.Client{Transport: &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}, "https://"+s.Addr()
+					}
+					aborted := slow.Stats().Aborted
+					ctx, cancel := context.WithCancel(context.Background())
+					defer cancel()
+					req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(body))
+					if pod == "sim" {
+						go func() {
+							if resp, err := via.Do(req); err == nil {
+								resp.Body.Close()
+							}
+						}()
+						testwait.For(t, "the sim prefilling the request", func() bool { return slow.Stats().Running > 0 })
+						cancel() // the transport resets the stream
+						testwait.For(t, "the sim aborting the request", func() bool { return slow.Stats().Aborted > aborted })
+					} else {
+						resp, err := via.Do(req)
+						if err != nil {
+							t.Fatal(err)
+						}
+						line, err := bufio.NewReader(resp.Body).ReadString('\n')
+						if err != nil || line != ": prefilling\n" {
+							t.Fatalf("the stream began %q, %v", line, err)
+						}
+						cancel()
+						resp.Body.Close()
+						select {
+						case <-closed:
+						case <-time.After(5 * time.Second):
+							t.Fatal("the pod's connection still open 5 s after the client reset its stream")
+						}
+					}
+					waitIdle(t, s)
+					if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
+						t.Errorf("counted %v times as 499; want 1", n)
+					}
+				})
+			}
 		}
 	}
 }

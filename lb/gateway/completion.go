@@ -74,7 +74,9 @@ type completion struct {
 	logHead []byte
 	// wait is what a relay waiting for its pod's next bytes reads into
 	// (see relay): one byte, so an idle stream holds no buffer.
-	wait    [1]byte
+	wait [1]byte
+	// client wakes the relay's read when the client leaves.
+	client  clientLeft
 	events  openai.Splitter
 	counted openai.TokenCounter
 	// home is the pod of the stored response x names, when the gateway
@@ -190,7 +192,7 @@ func releaseCompletion(x *completion) {
 	x.adapter, x.served, x.fallbacks = nil, "", nil
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]
 	x.g, x.ctx, x.m, x.snap, x.up, x.resp, x.pod, x.modelStats, x.countedOn = nil, nil, nil, nil, nil, nil, nil, nil, nil
-	x.deferred, x.rejected, x.hdr = false, false, clientHeaders{}
+	x.deferred, x.rejected, x.hdr, x.client.conn = false, false, clientHeaders{}, nil
 	if x.pd != nil {
 		x.pd.Release()
 		x.pd = nil

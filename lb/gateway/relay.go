@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -182,11 +183,21 @@ func nominatesIn(k, v []byte) bool {
 // pooled relay buffer for the rest of what arrived, which goes back once
 // the events in it are written. The writer's buffer, likewise, is held only
 // from an event's Write to the Flush.
-func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *completion, pod *pool.Pod) int {
+//
+// client (frontend.ClientCut, nil where the front end has none) cuts the
+// wait for the pod when the client leaves: a pod still prefilling has
+// sent its head and nothing more for a while, and no write to the client
+// would find it gone before the first token.
+func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *completion, pod *pool.Pod, client upstream.Cut) int {
 	conn := upstream.ConnOf(resp)
+	x.client = clientLeft{conn: conn}
 	if conn != nil {
 		abortCut{g}.Watch((*wakeRead)(conn))
 		defer abortCut{g}.Unwatch((*wakeRead)(conn))
+		if client != nil {
+			client.Watch(&x.client)
+			defer client.Unwatch(&x.client)
+		}
 	}
 	stream := resp.BodyStream()
 	idle := g.cfg.Upstream.StreamIdleTimeout
@@ -203,7 +214,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 			}
 			_ = conn.SetReadDeadline(deadline)
 		}
-		n, err := g.readUpstream(stream, x.wait[:])
+		n, err := g.readUpstream(stream, x.wait[:], x)
 		if n > 0 {
 			t.started = true
 			werr := g.pass(w, x.wait[:n], x, pod)
@@ -212,7 +223,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 			// goes out first, and the relay waits bufferless again.
 			if werr == nil && err == nil && len(x.events.Pending()) > 0 {
 				buf := relayBufs.Get().(*[relayBufferBytes]byte)
-				if n, err = g.readUpstream(stream, buf[:]); n > 0 {
+				if n, err = g.readUpstream(stream, buf[:], x); n > 0 {
 					werr = g.pass(w, buf[:n], x, pod)
 				}
 				relayBufs.Put(buf)
@@ -238,6 +249,9 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 		}
 		if err != nil {
 			upstream.CloseStream(resp, err)
+			if x.client.left.Load() {
+				return fail.StatusClientClosed
+			}
 			return g.relayBroke(w, x, err)
 		}
 	}
@@ -359,14 +373,33 @@ type wakeRead upstream.Conn
 
 func (c *wakeRead) Cut() { _ = (*upstream.Conn)(c).SetReadDeadline(time.Now()) }
 
-// readUpstream reads the pod's next bytes into b. Once Shutdown's grace is
-// over it ends the stream instead, dropping what it read, rather than let
-// the stream run on or cut it mid-event.
-func (g *Gateway) readUpstream(stream io.Reader, b []byte) (int, error) {
-	// Asked before the read too: AbortStreams may have woken the
-	// connection before the relay moved its deadline on again.
+// clientLeft is a relay's pod connection as what its client's leaving
+// cuts: left is set and the read woken, and the relay ends the stream as
+// the client's (499), not the pod's failure. Its zero value is cut by
+// nothing.
+type clientLeft struct {
+	conn *upstream.Conn
+	left atomic.Bool
+}
+
+func (c *clientLeft) Cut() {
+	c.left.Store(true)
+	(*wakeRead)(c.conn).Cut()
+}
+
+// readUpstream reads the pod's next bytes into b for x's relay. Once
+// Shutdown's grace is over it ends the stream instead, dropping what it
+// read, rather than let the stream run on or cut it mid-event; once x's
+// client left, it reads nothing more.
+func (g *Gateway) readUpstream(stream io.Reader, b []byte, x *completion) (int, error) {
+	// Asked before the read too: AbortStreams, or the client's leaving,
+	// may have woken the connection before the relay moved its deadline
+	// on again.
 	if g.aborting.Load() {
 		return 0, errShuttingDown
+	}
+	if x.client.left.Load() {
+		return 0, frontend.ErrClientGone
 	}
 	n, err := stream.Read(b)
 	if g.aborting.Load() {

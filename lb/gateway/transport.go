@@ -102,13 +102,15 @@ func (workerTransport) renders() bool { return false }
 
 func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {
 	g, m := x.g, x.m
+	// Taken now: the writer must not touch ctx.
+	client := frontend.ClientCut(x.ctx)
 	frontend.SetBodyStreamWriter(x.ctx, func(w *frontend.StreamWriter) {
 		// Deferred, so that a relay that panics (the front end cuts the
 		// stream and logs it) still gives back its charges and in-flight
 		// counts.
 		code := fasthttp.StatusInternalServerError
 		defer func() { g.finish(x, m, pod, resp, code) }()
-		code = g.relay(w, resp, x, pod)
+		code = g.relay(w, resp, x, pod, client)
 	})
 }
 
