@@ -603,27 +603,31 @@ func TestResponsesPodRenamed(t *testing.T) {
 
 // TestResponsesStreamEnds: a Responses API stream's events have their
 // "type" last (vLLM writes the fields in the order OpenAI's types declare
-// them). One the engine ends with its own error event (named "error")
-// reaches the client as sent and counts with its status, not as a
-// success; one whose pod closed before its response.completed was cut:
-// the client gets the events, then an error event, and it counts as
-// failed; on both front ends and both of gnet's relays.
+// them). One the engine ends with its own error event (named "error"),
+// or with response.failed, reaches the client as sent and counts with
+// its status, not as a success; one whose pod closed before its
+// response.completed was cut: the client gets the events, then an error
+// event, and it counts as failed; on both front ends and both of gnet's
+// relays.
 func TestResponsesStreamEnds(t *testing.T) {
 	const events = "event: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null},\"sequence_number\":0,\"type\":\"response.created\"}\n\n" +
 		"event: response.output_text.delta\ndata: {\"content_index\":0,\"delta\":\"Hi\",\"item_id\":\"msg_1\",\"output_index\":0,\"sequence_number\":1,\"type\":\"response.output_text.delta\"}\n\n"
 	const engineError = "event: error\ndata: {\"code\":\"server_error\",\"message\":\"CUDA error\",\"param\":null,\"sequence_number\":2,\"type\":\"error\"}\n\n"
 	const completed = "event: response.completed\ndata: {\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":1,\"output_tokens\":1}},\"sequence_number\":2,\"type\":\"response.completed\"}\n\n"
+	const responseFailed = "event: response.failed\ndata: {\"response\":{\"id\":\"resp_1\",\"error\":{\"code\":\"server_error\",\"message\":\"CUDA error\"},\"status\":\"failed\"},\"sequence_number\":2,\"type\":\"response.failed\"}\n\n"
 	pod := func(stream string) string {
 		return fakePod(t, func(c net.Conn, _ *http.Request) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+stream)
 		})
 	}
-	pods := []config.Pod{{Model: "cut", Address: pod(events)}, {Model: "failed", Address: pod(events + engineError)}, {Model: "whole", Address: pod(events + completed)}}
+	pods := []config.Pod{{Model: "cut", Address: pod(events)}, {Model: "failed", Address: pod(events + engineError)},
+		{Model: "response-failed", Address: pod(events + responseFailed)}, {Model: "whole", Address: pod(events + completed)}}
 	check := func(t *testing.T, frontend string, via *http.Client) {
 		s := testGateway(t, pods, func(c *config.Config) { c.Frontend = frontend; c.Upstream.Retries = 0 })
 		for _, tc := range []struct{ model, want, code string }{
 			{"cut", events + `data: {"error":{`, "502"},
 			{"failed", events + engineError, "500"},
+			{"response-failed", events + responseFailed, "500"},
 			{"whole", events + completed, "200"},
 		} {
 			resp, b := postVia(t, via, s, "/v1/responses", `{"model":"`+tc.model+`","input":"hi","stream":true,"store":false}`)

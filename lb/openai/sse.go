@@ -297,7 +297,8 @@ func MessagesPath(path []byte) bool {
 //
 // It also notes the engine's own error event: vLLM and SGLang end a
 // stream that fails after its 200 with {"error": {..., "code": N}} (older
-// engines with a top-level "object": "error"), then [DONE].
+// engines with a top-level "object": "error"), then [DONE]; a Responses
+// API stream ends with an event named "error" or response.failed.
 type TokenCounter struct {
 	deltas int
 	usage  int
@@ -436,9 +437,10 @@ func (c *TokenCounter) Observe(ev Event) {
 		c.sinceUsage = c.deltas
 	}
 	// An error event whose data has its "type" last (the Responses API's,
-	// from vLLM) shows by its name.
+	// from vLLM) shows by its name, as does response.failed, whose error
+	// is in its response.
 	name := ev.Name()
-	if c.errCode == 0 && (errorEvent(d) || string(name) == "error") {
+	if c.errCode == 0 && (errorEvent(d) || string(name) == "error" || string(name) == "response.failed") {
 		c.errCode = errorCode(d)
 	}
 	c.done = c.done || bytes.Equal(d, doneData) || streamEnd(name) || bytes.HasPrefix(headValue(d, `"type"`), []byte(`"message_stop"`))
@@ -538,23 +540,30 @@ func errorEvent(d []byte) bool {
 }
 
 // errorFields are an engine's error: under "error" (vLLM, and SGLang's
-// stream) or at the top level (the older shape).
+// stream), under "response" then "error" (the Responses API's
+// response.failed) or at the top level (the older shape).
 type errorFields struct {
 	Message string          `json:"message"`
 	Type    string          `json:"type"`
 	Code    json.RawMessage `json:"code"`
 }
 
-// decodeError decodes the error event d, either shape. Decoded whole:
+// decodeError decodes the error event d, any shape. Decoded whole:
 // error events are rare.
 func decodeError(d []byte) errorFields {
 	var v struct {
-		Error *errorFields `json:"error"`
+		Error    *errorFields `json:"error"`
+		Response struct {
+			Error *errorFields `json:"error"`
+		} `json:"response"`
 		errorFields
 	}
 	_ = json.Unmarshal(d, &v)
-	if v.Error != nil {
+	switch {
+	case v.Error != nil:
 		return *v.Error
+	case v.Response.Error != nil:
+		return *v.Response.Error
 	}
 	return v.errorFields
 }

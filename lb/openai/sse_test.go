@@ -297,6 +297,13 @@ func TestTokenCounterEngineError(t *testing.T) {
 		{"event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\", \"message\": \"bad\"}}\n\n", 400, true, 0},
 		{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"}}\n\n", 503, true, 0},
 		{"event: error\ndata: {\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\"}\n\n", 429, true, 0},
+		// A Responses API stream the engine failed ends with
+		// response.failed, its error in the response.
+		{"event: response.failed\ndata: {\"response\":{\"id\":\"resp_1\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"},\"status\":\"failed\"},\"sequence_number\":3,\"type\":\"response.failed\"}\n\n", 500, true, 0},
+		{"event: response.failed\ndata: {\"response\":{\"error\":{\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\"},\"status\":\"failed\"},\"type\":\"response.failed\"}\n\n", 429, true, 0},
+		{"event: response.failed\ndata: {\"response\":{\"error\":null,\"status\":\"failed\"},\"type\":\"response.failed\"}\n\n", 500, true, 0},
+		// One that ran out of output tokens is whole.
+		{"event: response.incomplete\ndata: {\"response\":{\"error\":null,\"incomplete_details\":{\"reason\":\"max_output_tokens\"},\"status\":\"incomplete\"},\"type\":\"response.incomplete\"}\n\n", 0, false, 0},
 	} {
 		var tc TokenCounter
 		for _, ev := range []string{token, c.event, "data: [DONE]\n\n"} {
