@@ -572,6 +572,30 @@ func TestResponsesRetrievalUncounted(t *testing.T) {
 	}
 }
 
+// TestResponsesRetrievalCut: a streamed retrieval whose pod breaks off
+// midway through an event ends with the Responses API's error event,
+// numbered after the last whole event, as a response's own stream does.
+func TestResponsesRetrievalCut(t *testing.T) {
+	p := &responsesPod{stored: map[string]bool{}}
+	const delta = "event: response.output_text.delta\ndata: {\"content_index\":0,\"delta\":\"hi\",\"item_id\":\"msg_1\",\"output_index\":0,\"sequence_number\":5,\"type\":\"response.output_text.delta\"}\n\n"
+	addr := fakePod(t, func(c net.Conn, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Query().Get("stream") == "true" {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+delta+"event: response.output_text.delta\ndata: {\"cont")
+			return
+		}
+		p.serve(c, r)
+	})
+	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: addr}}, func(c *config.Config) { c.Upstream.Retries = 0 })
+	if resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","request_id":"resp_r"}`); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_r?stream=true&starting_after=4", "")
+	want := delta + "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"The inference server failed: unexpected EOF\",\"param\":null,\"sequence_number\":6}\n\n"
+	if resp.StatusCode != 200 || b != want {
+		t.Errorf("%d %q; want 200 %q", resp.StatusCode, b, want)
+	}
+}
+
 // TestResponsesPodRenamed: a reload that renames (or removes) the pod a
 // stored response was remembered on leaves no pod of that name: the
 // requests naming it seek it on the pods (503 naming the old pod, for
@@ -606,9 +630,10 @@ func TestResponsesPodRenamed(t *testing.T) {
 // them). One the engine ends with its own error event (named "error"),
 // or with response.failed, reaches the client as sent and counts with
 // its status, not as a success; one whose pod closed before its
-// response.completed was cut: the client gets the events, then an error
-// event, and it counts as failed; on both front ends and both of gnet's
-// relays.
+// response.completed was cut: the client gets the events, then the
+// Responses API's error event (named "error", its data typed "error",
+// numbered after the last event), and it counts as failed; on both front
+// ends and both of gnet's relays.
 func TestResponsesStreamEnds(t *testing.T) {
 	const events = "event: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null},\"sequence_number\":0,\"type\":\"response.created\"}\n\n" +
 		"event: response.output_text.delta\ndata: {\"content_index\":0,\"delta\":\"Hi\",\"item_id\":\"msg_1\",\"output_index\":0,\"sequence_number\":1,\"type\":\"response.output_text.delta\"}\n\n"
@@ -625,7 +650,7 @@ func TestResponsesStreamEnds(t *testing.T) {
 	check := func(t *testing.T, frontend string, via *http.Client) {
 		s := testGateway(t, pods, func(c *config.Config) { c.Frontend = frontend; c.Upstream.Retries = 0 })
 		for _, tc := range []struct{ model, want, code string }{
-			{"cut", events + `data: {"error":{`, "502"},
+			{"cut", events + "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"The inference server failed: ", "502"},
 			{"failed", events + engineError, "500"},
 			{"response-failed", events + responseFailed, "500"},
 			{"whole", events + completed, "200"},
@@ -633,6 +658,9 @@ func TestResponsesStreamEnds(t *testing.T) {
 			resp, b := postVia(t, via, s, "/v1/responses", `{"model":"`+tc.model+`","input":"hi","stream":true,"store":false}`)
 			if resp.StatusCode != 200 || !strings.HasPrefix(b, tc.want) || tc.model != "cut" && b != tc.want {
 				t.Errorf("%s: relayed as %d %q; want 200 %q", tc.model, resp.StatusCode, b, tc.want)
+			}
+			if tc.model == "cut" && !strings.HasSuffix(b, `,"param":null,"sequence_number":2}`+"\n\n") {
+				t.Errorf("cut: the error event %q is not numbered after the last event (1)", strings.TrimPrefix(b, events))
 			}
 			waitIdle(t, s)
 			if n := metricValue(t, s, `pdlb_requests_total{model="`+tc.model+`",code="`+tc.code+`"}`); n != 1 {

@@ -79,6 +79,9 @@ type completion struct {
 	client  clientLeft
 	events  openai.Splitter
 	counted openai.TokenCounter
+	// nextSeq is the sequence number of a Responses API stream's next
+	// event: the gateway's own error event, should the stream break.
+	nextSeq int
 	// home is the pod of the stored response x names, when the gateway
 	// knows it: x goes there alone; prefer the pod its conversation
 	// (prompt_cache_key) went to last, which x goes to while it is
@@ -199,6 +202,7 @@ func releaseCompletion(x *completion) {
 	}
 	x.events.Reset()
 	x.counted.Reset()
+	x.nextSeq = 0
 	completionPool.Put(x)
 }
 

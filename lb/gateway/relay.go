@@ -278,9 +278,13 @@ func (g *Gateway) relayBroke(w *frontend.StreamWriter, x *completion, err error)
 	e := g.streamFailure(x, err).E
 	x.failure = e
 	buf := relayBufs.Get().(*[relayBufferBytes]byte)
-	if x.req.Kind == openai.KindMessages {
+	// In the shape of the stream's API, which its clients parse.
+	switch {
+	case x.req.Kind == openai.KindMessages:
 		_, _ = w.Write(openai.AppendMessagesErrorEvent(buf[:0], e))
-	} else {
+	case x.req.Kind.StreamsResponses():
+		_, _ = w.Write(openai.AppendResponsesErrorEvent(buf[:0], e, x.nextSeq))
+	default:
 		_, _ = w.Write(openai.AppendErrorEvent(buf[:0], e))
 	}
 	relayBufs.Put(buf)
@@ -434,6 +438,11 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 			x.failure = openai.EngineErrorEvent(ev, status)
 		}
 		x.tr.event(ev)
+		if x.req.Kind.StreamsResponses() {
+			if n, ok := ev.SequenceNumber(); ok {
+				x.nextSeq = n + 1
+			}
+		}
 		if x.counted.Tokens() > before && x.req.Kind.Outputs() {
 			if now.IsZero() {
 				now = time.Now()

@@ -71,6 +71,10 @@ func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 // Responses API's and the Messages API's.
 func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses || k == KindMessages }
 
+// StreamsResponses reports whether k's streams are a Responses API
+// response's events: KindResponses', and a stored response's retrieval.
+func (k Kind) StreamsResponses() bool { return k == KindResponses || k == KindStored }
+
 // RunsAsChat reports whether k's requests are of an API the engine runs
 // as the chat it makes of them: the Responses and Messages APIs, Outputs'
 // besides chat and completion. The gateway runs them on one combined pod

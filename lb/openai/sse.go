@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -213,6 +214,12 @@ func (e Event) Name() []byte {
 	return bytes.TrimPrefix(bytes.TrimSuffix(v, cr), space)
 }
 
+// SequenceNumber returns the "sequence_number" of a Responses API event,
+// which numbers a stream's events from 0; false if it has none.
+func (e Event) SequenceNumber() (int, bool) { return lastNumber(e.Data(), sequenceKey, 'q') }
+
+var sequenceKey = []byte(`"sequence_number"`)
+
 // Done says the event is the stream's end marker, "data: [DONE]".
 func (e Event) Done() bool { return bytes.Equal(e.Data(), doneData) }
 
@@ -240,6 +247,24 @@ func AppendErrorEvent(dst []byte, e *Error) []byte {
 	dst = append(dst, "data: "...)
 	dst = e.AppendJSON(dst)
 	return append(dst, "\n\n"...)
+}
+
+// AppendResponsesErrorEvent appends e as the error event of a Responses
+// API stream, numbered seq, in the shape OpenAI's streaming reference
+// gives it and its SDKs type it (ResponseErrorEvent): named "error", its
+// data {"type": "error", "code", "message", "param", "sequence_number"}.
+// The code is e's, else its type (server_error, the code OpenAI gives a
+// failed response's error).
+func AppendResponsesErrorEvent(dst []byte, e *Error, seq int) []byte {
+	dst = append(dst, `event: error`+"\n"+`data: {"type":"error","code":`...)
+	dst = AppendJSONString(dst, cmp.Or(e.Code, e.Type))
+	dst = append(dst, `,"message":`...)
+	dst = AppendJSONString(dst, e.Message)
+	dst = append(dst, `,"param":`...)
+	dst = appendJSONStringOrNull(dst, e.Param)
+	dst = append(dst, `,"sequence_number":`...)
+	dst = strconv.AppendInt(dst, int64(seq), 10)
+	return append(dst, "}\n\n"...)
 }
 
 // AppendMessagesErrorEvent appends e as the error event of an Anthropic
@@ -325,7 +350,7 @@ type TokenCounter struct {
 // engines put it: a body's content is never scanned key by key.
 func (c *TokenCounter) ObserveBody(body []byte) {
 	for _, key := range usageKeys {
-		if n, ok := lastUsage(body, key); ok {
+		if n, ok := lastNumber(body, key, 'k'); ok {
 			c.usage, c.exact = n, true
 			return
 		}
@@ -337,11 +362,11 @@ func (c *TokenCounter) ObserveBody(body []byte) {
 // Responses API answer's.
 var usageKeys = [...][]byte{[]byte(`"completion_tokens"`), []byte(`"output_tokens"`)}
 
-// lastUsage returns the number the last key in body (a key, not a
-// string's text) holds.
-func lastUsage(body, key []byte) (int, bool) {
+// lastNumber returns the number the last key in body (a key, not a
+// string's text) holds; pivot is a letter of key's, found as lastKey's.
+func lastNumber(body, key []byte, pivot byte) (int, bool) {
 	for end := len(body); ; {
-		q := lastKey(body[:end], key)
+		q := lastKey(body[:end], key, pivot)
 		if q < 0 {
 			return 0, false
 		}
@@ -360,13 +385,13 @@ func lastUsage(body, key []byte) (int, bool) {
 }
 
 // lastKey returns where the last key in d begins, -1 if none. It steps
-// back from one 'k' to the next (rare in JSON and prose, and each usage
-// key's only one) and compares there, where bytes.LastIndex would hash
-// every byte on the way.
-func lastKey(d, key []byte) int {
-	k := bytes.IndexByte(key, 'k')
+// back from one pivot letter to the next (one rare in JSON and prose that
+// key holds once: 'k' for each usage key) and compares there, where
+// bytes.LastIndex would hash every byte on the way.
+func lastKey(d, key []byte, pivot byte) int {
+	k := bytes.IndexByte(key, pivot)
 	for end := len(d); ; {
-		i := bytes.LastIndexByte(d[:end], 'k')
+		i := bytes.LastIndexByte(d[:end], pivot)
 		if i < 0 {
 			return -1
 		}

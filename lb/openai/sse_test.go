@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -429,6 +430,7 @@ func FuzzSSE(f *testing.F) {
 			Event(ev).Done()
 			Event(ev).IsError()
 			Event(ev).Name()
+			Event(ev).SequenceNumber()
 		}
 		if EventLen([]byte(pending)) != -1 || bytes.Contains([]byte(pending), []byte("\n\n")) {
 			t.Fatalf("pending %q holds a whole event", pending)
@@ -437,9 +439,12 @@ func FuzzSSE(f *testing.F) {
 			t.Fatalf("negative token count %d", c.Tokens())
 		}
 		// The stream's bytes read as a whole answer's body.
-		for _, key := range usageKeys {
-			if got, want := lastKey(stream, key), bytes.LastIndex(stream, key); got != want {
-				t.Fatalf("lastKey(%s) = %d, bytes.LastIndex %d", key, got, want)
+		for _, k := range []struct {
+			key   []byte
+			pivot byte
+		}{{usageKeys[0], 'k'}, {usageKeys[1], 'k'}, {sequenceKey, 'q'}} {
+			if got, want := lastKey(stream, k.key, k.pivot), bytes.LastIndex(stream, k.key); got != want {
+				t.Fatalf("lastKey(%s) = %d, bytes.LastIndex %d", k.key, got, want)
 			}
 		}
 		var body TokenCounter
@@ -472,6 +477,49 @@ func TestAppendMessagesErrorEvent(t *testing.T) {
 			t.Errorf("%d: the counter took %q for no error", status, ev)
 		}
 	}
+}
+
+// A Responses stream's error, as the gateway writes it, is the event
+// OpenAI's streaming reference defines, numbered as told, and an error
+// event to the gateway's own counter.
+func TestAppendResponsesErrorEvent(t *testing.T) {
+	for _, e := range []*Error{UpstreamError("unexpected EOF"), UpstreamTimeout(2e9), RateLimited("10 per minute"), InvalidValue("input", "must not be empty")} {
+		ev := string(AppendResponsesErrorEvent(nil, e, 7))
+		name, data, _ := strings.Cut(ev, "\n")
+		var v struct {
+			Type, Code, Message string
+			Param               *string
+			Seq                 int `json:"sequence_number"`
+		}
+		if name != "event: error" || !strings.HasSuffix(data, "\n\n") || json.Unmarshal([]byte(strings.TrimPrefix(data, "data: ")), &v) != nil ||
+			v.Type != "error" || v.Code != cmp.Or(e.Code, e.Type) || v.Message != e.Message || (v.Param == nil) != (e.Param == "") || v.Seq != 7 {
+			t.Errorf("%d: %q", e.Status, ev)
+		}
+		if n, ok := Event(ev).SequenceNumber(); n != 7 || !ok {
+			t.Errorf("%d: %q numbered %d %v", e.Status, ev, n, ok)
+		}
+		var tc TokenCounter
+		tc.Observe(Event(ev))
+		if _, ok := tc.EngineError(); !ok {
+			t.Errorf("%d: the counter took %q for no error", e.Status, ev)
+		}
+	}
+}
+
+// A Responses API event's sequence number is its own key's, not a
+// string's text, wherever the engine writes it.
+func TestSequenceNumber(t *testing.T) {
+	f := func(ev string, want int, ok bool) {
+		t.Helper()
+		if n, got := Event(ev).SequenceNumber(); n != want || got != ok {
+			t.Errorf("SequenceNumber(%q) = %d %v, want %d %v", ev, n, got, want, ok)
+		}
+	}
+	f("event: response.output_text.delta\ndata: {\"content_index\":0,\"delta\":\"Hi\",\"item_id\":\"msg_1\",\"output_index\":0,\"sequence_number\":12,\"type\":\"response.output_text.delta\"}\n\n", 12, true)
+	f("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\": 0,\"response\":{\"id\":\"r\"}}\n\n", 0, true)
+	f("event: response.output_text.delta\ndata: {\"delta\":\"\\\"sequence_number\\\":9\",\"sequence_number\":3}\n\n", 3, true)
+	f("event: response.output_text.delta\ndata: {\"sequence_number\":4,\"delta\":\"\\\"sequence_number\\\":9\"}\n\n", 4, true)
+	f("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", 0, false)
 }
 
 // A Messages stream ends at its message_stop however its JSON is spaced;
