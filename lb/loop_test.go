@@ -29,7 +29,8 @@ import (
 // keep-alive connection, after hold returns; it counts the connections that
 // carried completions (health checks and scrapes come on their own). A
 // connection idle for idle (0: forever) is closed, as uvicorn does after its
-// timeout_keep_alive.
+// timeout_keep_alive; idle < 0 closes one at its second completion,
+// unanswered, as when that timeout runs out just as the request comes.
 func keepAlivePod(t *testing.T, idle time.Duration, hold func()) (addr string, accepted *atomic.Int32) {
 	t.Helper()
 	accepted = new(atomic.Int32)
@@ -46,6 +47,9 @@ func keepAlivePod(t *testing.T, idle time.Duration, hold func()) (addr string, a
 			}
 			io.Copy(io.Discard, r.Body)
 			if r.URL.Path == "/v1/chat/completions" {
+				if counted && idle < 0 {
+					return
+				}
 				if !counted {
 					counted = true
 					accepted.Add(1)
@@ -448,6 +452,40 @@ func TestPodClosesIdleConnections(t *testing.T) {
 			}
 			if n := accepted.Load(); n != 3 {
 				t.Fatalf("the pod accepted %d connections for 3 requests half a second apart; want 3", n)
+			}
+		})
+	}
+}
+
+// TestPodClosesAsTheRequestComes: a pod whose idle timeout closes a kept
+// connection just as the gateway's next request on it arrives (the close
+// and the request cross on the wire) never saw that request, so it goes
+// again on a new connection to the same pod: not a reset, which would
+// spend a retry (none is left here, so the client got 502) and count
+// against the pod.
+func TestPodClosesAsTheRequestComes(t *testing.T) {
+	for _, fe := range []string{"gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			addr, accepted := keepAlivePod(t, -1, nil)
+			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: addr}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+			})
+			// One client connection: on gnet, one loop and its pod connections.
+			kc := &http.Client{Timeout: 20 * time.Second}
+			defer kc.CloseIdleConnections()
+			for i := range 3 {
+				if resp, body := postVia(t, kc, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+					t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+				}
+			}
+			if n := accepted.Load(); n != 3 {
+				t.Fatalf("the pod accepted %d connections; want 3, one per request after its first closed", n)
+			}
+			for _, m := range []string{`pdlb_upstream_retries_total{reason="reset"}`, `pdlb_upstream_errors_total{pod="p"}`} {
+				if n := metricValue(t, s, m); n != 0 {
+					t.Fatalf("%s %v, want 0", m, n)
+				}
 			}
 		})
 	}

@@ -164,9 +164,11 @@ func (r *FastRequest) AppendRequest(dst []byte) []byte {
 // had come as u.Down passed the time it was sent; ErrAnswerStalled when it
 // began but was not whole within u.Timeout; fasthttp.ErrConnectionClosed
 // (no byte of it came) or io.ErrUnexpectedEOF when the pod closed the
-// connection first; ErrClientGone when the client closed its connection
-// first, which closes the pod's too (that is how a pod learns to stop
-// working on it, as behind nginx). With stream, a 200 answer ends the
+// connection first (a kept one closed before a byte came sends the
+// request again on a new one first: redial; fasthttp.ErrNoFreeConns at
+// u.MaxConns); ErrClientGone when the client closed its connection first,
+// which closes the pod's too (that is how a pod learns to stop working on
+// it, as behind nginx). With stream, a 200 answer ends the
 // exchange at its header: Answered starts its Relay. req is rendered
 // before Send returns, and may then change; resp is the exchange's until
 // done.
@@ -177,23 +179,22 @@ func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Respons
 	uc := ls.take(u.Addr, now)
 	if uc == nil {
 		n := gc.s.upstreamCount(u.Addr)
-		if n.Add(1) > int32(u.MaxConns) {
-			n.Add(-1)
+		if !reserveConn(n, u.MaxConns) {
 			return fasthttp.ErrNoFreeConns
 		}
 		uc = &upConn{ls: ls, addr: u.Addr, count: n}
-		ls.conns = append(ls.conns, uc)
-		go uc.dial(u.DialTimeout)
+		uc.open(u.DialTimeout)
 	}
+	uc.dialTimeout, uc.maxConns = u.DialTimeout, u.MaxConns
 	uc.out = req.AppendRequest(uc.out[:0])
-	uc.need, uc.got, uc.clientGone = 0, false, false
+	uc.need, uc.got, uc.clientGone, uc.reused = 0, false, false, uc.c != nil
 	if uc.c != nil {
 		// A write that fails closes the connection, and gnet runs
-		// OnClose inside the write: the exchange is not the
-		// connection's yet (done is set below), so its error comes back
-		// from here instead of from inside the handler.
-		if _, err := uc.c.Write(uc.out); err != nil {
-			return fasthttp.ErrConnectionClosed
+		// OnClose inside the write, while the exchange is not the
+		// connection's yet (done is set below): the pod closed it as it
+		// idled, and a new connection carries the request.
+		if _, err := uc.c.Write(uc.out); err != nil && !uc.redial() {
+			return fasthttp.ErrNoFreeConns
 		}
 	}
 	uc.gc, uc.resp, uc.done, uc.stream = gc, resp, done, stream
@@ -214,6 +215,16 @@ func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Respons
 	gc.s.noteTimeout(u.Timeout)
 	gc.s.noteTimeout(u.Keepalive)
 	return nil
+}
+
+// reserveConn counts a connection about to be dialed in n, a pod's count
+// of open connections, unless limit are open already.
+func reserveConn(n *atomic.Int32, limit int) bool {
+	if n.Add(1) > int32(limit) {
+		n.Add(-1)
+		return false
+	}
+	return true
 }
 
 // upstreamCount is addr's count of open upstream connections, across loops.
@@ -383,6 +394,11 @@ type upConn struct {
 	aborted    bool // the sweep closed it: AbortRelays (the exchange's too)
 	clientGone bool // the client left: abandon closed it
 	stream     bool // a 200 answer is relayed (see loop_relay.go)
+	// reused: the exchange went out on a kept connection, which the pod
+	// may have closed as the request came (redial).
+	reused      bool
+	dialTimeout time.Duration // Upstream.DialTimeout of the exchange in flight
+	maxConns    int           // Upstream.MaxConns of the exchange in flight
 
 	// The relay of a streamed answer (sink nil: none): the body decoder's
 	// state, the stream's writer, and the wait allowed for each next byte.
@@ -397,6 +413,28 @@ type upConn struct {
 	keepalive int64       // nanoseconds it may idle (Upstream.Keepalive)
 	maxBody   int         // Upstream.MaxBody of the exchange in flight
 	head      *AnswerHead // Upstream.Head of the exchange in flight
+}
+
+// open starts a new connection for uc, counted in uc.count already; the
+// exchange set on uc by then goes out once it is open (opened).
+func (uc *upConn) open(timeout time.Duration) {
+	uc.c, uc.reused = nil, false
+	uc.ls.conns = append(uc.ls.conns, uc)
+	go uc.dial(timeout)
+}
+
+// redial sends the exchange again on a new connection to the same pod,
+// after the kept one it went out on closed before a byte of the answer
+// came: the pod closed it as it idled, as the request was on its way, so
+// it never took the request (a browser, nginx and Go's net/http send it
+// again too). Not a retry: nothing of the pod's failed. False when the
+// pod's connections are at Upstream.MaxConns.
+func (uc *upConn) redial() bool {
+	if !reserveConn(uc.count, uc.maxConns) {
+		return false
+	}
+	uc.open(uc.dialTimeout)
+	return true
 }
 
 // dial connects on a goroutine of its own and enrolls the connection on
@@ -687,6 +725,11 @@ func (uc *upConn) closed() {
 		if done, perr := uc.untilClose(); done {
 			err = perr
 		}
+	case uc.reused:
+		if uc.redial() {
+			return
+		}
+		err = fasthttp.ErrNoFreeConns
 	}
 	uc.finish(err)
 }
