@@ -460,11 +460,11 @@ func TestPodClosesIdleConnections(t *testing.T) {
 // TestPodClosesAsTheRequestComes: a pod whose idle timeout closes a kept
 // connection just as the gateway's next request on it arrives (the close
 // and the request cross on the wire) never saw that request, so it goes
-// again on a new connection to the same pod: not a reset, which would
-// spend a retry (none is left here, so the client got 502) and count
-// against the pod.
+// again on a new connection to the same pod, on both front ends: not a
+// reset, which would spend a retry (none is left here, so the client got
+// 502) and count against the pod.
 func TestPodClosesAsTheRequestComes(t *testing.T) {
-	for _, fe := range []string{"gnet"} {
+	for _, fe := range []string{"gnet", "fasthttp"} {
 		t.Run(fe, func(t *testing.T) {
 			addr, accepted := keepAlivePod(t, -1, nil)
 			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: addr}}, func(c *config.Config) {

@@ -43,7 +43,9 @@ import (
 // first write of each request on a kept connection first peeks at the
 // socket; a pod's close (or bytes nobody asked for) there makes the
 // connection dial the pod again and send on the new socket. A pod that is
-// gone refuses that dial, which the gateway retries on another pod.
+// gone refuses that dial, which the gateway retries on another pod. A close
+// that comes after the peek, crossing the request on the wire, fails the
+// call before a byte of the answer came: DoCut then sends it again (Stale).
 type Conn struct {
 	cur   atomic.Pointer[podSocket]
 	local connAddr
@@ -56,7 +58,11 @@ type Conn struct {
 	// that has the connection from the client's pool.
 	kept          bool
 	writeDeadline time.Time
-	closed        atomic.Bool
+	// sentKept: the request last written went out on a kept socket and
+	// no byte has come back since; stale: that socket then failed as a
+	// pod's close fails it (Stale). The same goroutine's as kept.
+	sentKept, stale bool
+	closed          atomic.Bool
 	// pinned: the connection never moves to a new socket (Pin).
 	pinned bool
 }
@@ -192,23 +198,44 @@ func (c *Conn) RemoteAddr() net.Addr { return c.cur.Load().RemoteAddr() }
 func (c *Conn) Read(p []byte) (int, error) {
 	n, err := c.cur.Load().Read(p)
 	if n > 0 {
-		c.kept = true
+		c.kept, c.sentKept = true, false
+	} else if err != nil && c.sentKept {
+		c.stale = closedByPeer(err)
 	}
 	return n, err
 }
 
 func (c *Conn) Write(p []byte) (int, error) {
 	s := c.cur.Load()
-	if c.kept {
-		c.kept = false
-		if !c.pinned && s.peerDone() {
+	// A pinned socket's first request follows the TLS handshake's reads,
+	// not an answer: it is never taken for a kept one.
+	if c.kept && !c.pinned {
+		c.sentKept = true
+		if s.peerDone() {
 			var err error
 			if s, err = c.redial(s); err != nil {
 				return 0, err
 			}
+			c.sentKept = false
 		}
 	}
-	return s.Write(p)
+	c.kept = false
+	n, err := s.Write(p)
+	if err != nil && c.sentKept {
+		c.stale = closedByPeer(err)
+	}
+	return n, err
+}
+
+// Stale reports whether the last request on c went out on a kept
+// connection that then failed as the pod's close fails it (end of stream,
+// reset, broken pipe) before a byte of an answer came: the pod closed it
+// as it idled, the close crossing the request, and never took the request.
+func (c *Conn) Stale() bool { return c.stale }
+
+// closedByPeer says err is how a socket fails once its peer closed it.
+func closedByPeer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // redial replaces the socket old, which the pod is done with, by a new one.
@@ -376,12 +403,12 @@ func DoCut(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Res
 	split := whole && headBy.Before(deadline)
 	watched := len(body) > 0 && slices.ContainsFunc(cuts, func(c Cut) bool { return c != nil })
 	if !watched && !split {
-		return client.DoDeadline(up, resp, headBy)
+		return doKept(client, up, resp, headBy)
 	}
 	resp.StreamBody = true
 	var err error
 	if !watched {
-		err = client.DoDeadline(up, resp, headBy)
+		err = doKept(client, up, resp, headBy)
 	} else if err = doWatched(cuts, client, up, resp, headBy); err == ErrCut {
 		return err
 	}
@@ -397,6 +424,25 @@ func DoCut(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Res
 	return err
 }
 
+// doKept is client.DoDeadline, made again while it fails on a kept
+// connection the pod closed as the request came (Conn.Stale): the pod
+// never took it, so the call is the same call, not a retry. Each such
+// connection leaves the pool, so the calls are as many as it held.
+func doKept(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	for {
+		if err := client.DoDeadline(up, resp, deadline); !sentStale(err, resp) {
+			return err
+		}
+	}
+}
+
+// sentStale says err ended a call on a kept connection its pod had closed
+// (Conn.Stale).
+func sentStale(err error, resp *fasthttp.Response) bool {
+	c := ConnOf(resp)
+	return err != nil && c != nil && c.Stale()
+}
+
 // doWatched is DoCut's call of up, whose body is not empty, while cuts
 // are watched; the answer is taken as a stream.
 func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
@@ -407,13 +453,21 @@ func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, re
 	keep := up.KeepBodyBuffer
 	up.KeepBodyBuffer = true
 	w := &watchedBody{resp: resp, body: body}
-	up.SetBodyStream(w, len(body))
 	for _, c := range cuts {
 		if c != nil {
 			c.Watch(w)
 		}
 	}
-	err := client.DoDeadline(up, resp, deadline)
+	var err error
+	for {
+		// As doKept; the body is read anew, and records its new
+		// connection (begin).
+		w.off = 0
+		up.SetBodyStream(w, len(body))
+		if err = client.DoDeadline(up, resp, deadline); !sentStale(err, resp) {
+			break
+		}
+	}
 	for _, c := range cuts {
 		if c != nil {
 			c.Unwatch(w)

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,4 +128,51 @@ type countingConn struct {
 func (c *countingConn) Write(p []byte) (int, error) {
 	c.n++
 	return c.Conn.Write(p)
+}
+
+// TestDoCutKeptClosed: a pod that closes a kept connection as the next
+// request on it comes (its idle timeout ran out then) never took that
+// request, and DoCut sends it again on a new connection, watched or not;
+// a new connection the pod closes unanswered fails the call, sent once.
+func TestDoCutKeptClosed(t *testing.T) {
+	var calls atomic.Int32
+	// closesKept answers a connection's first request and closes it at
+	// the second; a request to /fail it closes unanswered.
+	closesKept := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; ; i++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			calls.Add(1)
+			if i > 0 || req.URL.Path == "/fail" {
+				return
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	client := &fasthttp.HostClient{Addr: closesKept, MaxResponseBodySize: 1 << 20, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second) }}
+	for _, cut := range []Cut{nil, ChanCut(make(chan struct{}))} {
+		up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		up.Header.SetMethod("POST")
+		up.SetRequestURI("http://pod/v1/completions")
+		up.SetBodyString(`{"prompt":"hi"}`)
+		for i := range 3 {
+			deadline := time.Now().Add(5 * time.Second)
+			if err := DoCut(client, up, resp, deadline, deadline, cut); err != nil || string(resp.Body()) != "ok" {
+				t.Fatalf("watched %v, call %d: %v %q", cut != nil, i, err, resp.Body())
+			}
+		}
+		client.CloseIdleConnections()
+		calls.Store(0)
+		up.SetRequestURI("http://pod/fail")
+		deadline := time.Now().Add(5 * time.Second)
+		if err := DoCut(client, up, resp, deadline, deadline, cut); err == nil || calls.Load() != 1 {
+			t.Fatalf("watched %v: a new connection closed unanswered: %v after %d requests; want an error after 1", cut != nil, err, calls.Load())
+		}
+		fasthttp.ReleaseRequest(up)
+		fasthttp.ReleaseResponse(resp)
+	}
 }
