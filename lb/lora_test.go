@@ -90,11 +90,20 @@ func TestModelsAdaptersAliasesFallbacks(t *testing.T) {
 	}
 
 	// The access log names the model asked for and, when a fallback or
-	// an alias chose another, the one that served.
+	// an alias chose another, the one that served; and lists each attempt
+	// a request moved on from, the 503 that moved u's to n included.
 	served := map[string]string{}
 	for _, l := range readAccessLog(t, s, logPath) {
-		if l.str("model") != "" { // not GET /v1/models
-			served[l.str("model")] = l.str("served_model")
+		if l.str("model") == "" { // GET /v1/models
+			continue
+		}
+		served[l.str("model")] = l.str("served_model")
+		r, _ := l["retried"].([]any)
+		if len(r) != int(l.num("attempts"))-1 {
+			t.Errorf("%s: %v attempts, retried %v", l.str("model"), l["attempts"], l["retried"])
+		}
+		if l.str("model") == "u" && (len(r) != 1 || r[0].(map[string]any)["pod"] != "u-0" || r[0].(map[string]any)["reason"] != "503") {
+			t.Errorf("u: retried %v, want u-0's 503", l["retried"])
 		}
 	}
 	if want := map[string]string{"m": "n", "u": "n", "n": "", "sql": "", "chat": "sql", "fin": ""}; fmt.Sprint(served) != fmt.Sprint(want) {

@@ -62,6 +62,11 @@ func (g *Gateway) podFailure(pod *pool.Pod, err error, within time.Duration) *fa
 	return &failure{E: g.upstreamError(err, within), Pod: pod, Reason: fail.ReasonOf(err)}
 }
 
+// podUnavailable is the failure of an attempt pod answered 503.
+func podUnavailable(pod *pool.Pod) *failure {
+	return &failure{E: openai.Overloaded("pod " + pod.Config.Name + " answered 503"), Pod: pod, Reason: fail.Unavailable}
+}
+
 // upstreamError is the client's error for a call to a pod that failed
 // with err; within is the bound that passed, should err be a timeout.
 func (g *Gateway) upstreamError(err error, within time.Duration) *openai.Error {

@@ -238,6 +238,8 @@ func (g *Gateway) unavailableAnswer(x *completion) bool {
 		return false
 	}
 	g.unplace(x, x.pod)
+	// An attempt x moved on from, as a retry's: the access log lists it.
+	x.retriedFrom = append(x.retriedFrom, podUnavailable(x.pod))
 	return true
 }
 

@@ -370,7 +370,7 @@ func (x *completion) answered(err error) {
 // answer to be relayed. The answer is whole (a 503 is never relayed as
 // a stream), and dropped.
 func (g *Gateway) shed(x *completion) bool {
-	f := &failure{E: openai.Overloaded("pod " + x.pod.Config.Name + " answered 503"), Pod: x.pod, Reason: fail.Unavailable}
+	f := podUnavailable(x.pod)
 	if !g.tryAgain(x, f) {
 		return false
 	}
