@@ -200,11 +200,13 @@ func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Respons
 	uc.gc, uc.resp, uc.done, uc.stream = gc, resp, done, stream
 	gc.up = uc
 	// now, not after the write: an exchange the pod was found dead
-	// during is given up too.
+	// during is given up too. The deadlines run from now too, not from
+	// the ticks' clock, which lags by up to a sweep's period (a second
+	// before the first exchange): they would come that much early.
 	uc.sentAt, uc.down = now, u.Down
-	uc.deadline = gc.s.now.Load() + int64(u.Timeout)
+	uc.deadline = now + int64(u.Timeout)
 	if u.FirstByte > 0 && u.FirstByte < u.Timeout {
-		uc.firstBy = gc.s.now.Load() + int64(u.FirstByte)
+		uc.firstBy = now + int64(u.FirstByte)
 		gc.s.noteTimeout(u.FirstByte)
 	} else {
 		uc.firstBy = uc.deadline

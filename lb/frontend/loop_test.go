@@ -234,3 +234,49 @@ func TestFailedConnEndsWhatItHolds(t *testing.T) {
 		t.Errorf("%d bytes written, closed %v: a failed connection takes no more", c.out, c.closed)
 	}
 }
+
+// TestFirstByteFromTheSend: an exchange's deadlines run from its Send, not
+// from the loops' coarse clock, which before the first exchange moves once
+// a second. A Send late in that second got a first-byte deadline most of
+// a second early, and its pod, answering well within it, was given up.
+func TestFirstByteFromTheSend(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(500 * time.Millisecond)
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(srv.Close)
+	pod := srv.Listener.Addr().String()
+	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
+		req := fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(req)
+		req.SetRequestURI("http://" + pod + "/")
+		a := &loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}
+		u := Upstream{Addr: pod, DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8, FirstByte: 900 * time.Millisecond}
+		if err := LoopOf(ctx).Send(u, false, (*FastRequest)(req), a.resp, a); err != nil {
+			a.Answered(err)
+		}
+	}}
+	s, err := StartGNet("127.0.0.1:0", h, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.ShutdownWithContext(ctx)
+	})
+	// The clock 0.8 s behind: its next tick is 0.2 s away, before the
+	// pod's answer and long before the deadline.
+	for time.Now().UnixNano()-s.now.Load() < int64(800*time.Millisecond) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + s.Addr() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(b) != "ok" {
+		t.Fatalf("a pod answering in 0.5 s with a first-byte deadline of 0.9 s: %d %q", resp.StatusCode, b)
+	}
+}
