@@ -127,6 +127,38 @@ func TestFirstByteNoRetryLeft(t *testing.T) {
 	}
 }
 
+// TestFirstByteWholeBatch: a whole answer of n choices to each prompt of
+// a batch is max_tokens decode steps of all n x prompts sequences, in
+// rounds of a full batch: its first-byte deadline counts them, or the
+// hedge gives up a pod working as fast as its line says. Here 4 prompts
+// times 32 choices are 128 sequences, two rounds of 64 at 22.8 ms a step
+// on pods at their real speed (the gateway's default line): 0.9 s, where
+// one sequence's 20 steps were predicted at 0.2 s and the hedge fired at
+// 2 x 0.2 s + 0.2 s.
+func TestFirstByteWholeBatch(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, podsOf("m", testFleet(t, "m", 2, 1)...), func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+			})
+			// The first answer one sequence's: gnet's loop sweeps
+			// deadlines from the first exchange on.
+			for _, body := range []string{`{"model":"m","prompt":"one","max_tokens":20}`,
+				`{"model":"m","prompt":["one","two","three","four"],"n":32,"max_tokens":20}`} {
+				if resp, b := post(t, s, "/v1/completions", body); resp.StatusCode != 200 {
+					t.Fatalf("%d: %s", resp.StatusCode, b)
+				}
+			}
+			if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="hung"}`); n != 0 {
+				t.Fatalf("%v attempts given up as hung", n)
+			}
+		})
+	}
+}
+
 // TestFirstByteKeepsTheOnlyAvailablePod: a slow pod is not given up at
 // the first-byte deadline when every other pod of its model is down: the
 // retry would go to a dead pod (a panic pick, which comes before any

@@ -118,7 +118,9 @@ func (g *Gateway) leaveRetry(x *completion) {
 // response timeout and the attempt could be retried (hedged); else the
 // response timeout. A stream's first byte is its header, due about its
 // first token; a whole answer comes after its last token, which needs
-// max_tokens to predict.
+// max_tokens to predict: max_tokens steps of the pod's batch with each
+// choice (n) of each prompt of the request in it, a sequence of its own,
+// in rounds of at most plan.decode_max_batch sequences (the rest wait).
 func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within time.Duration, hedged bool) {
 	fb, limit := g.cfg.Upstream.Retry.FirstByte, g.responseTimeout(x.req.Stream)
 	if fb.Factor <= 0 || (!x.req.Stream && x.req.MaxTokens <= 0) || !g.mayHedge(x) {
@@ -127,7 +129,11 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 	ttft, tpot := predict(x, pre, dec)
 	at := ttft
 	if !x.req.Stream {
-		at += float64(x.req.MaxTokens) * tpot
+		// tpot is the step with one sequence of the request's added.
+		seqs, full := x.req.Choices*x.req.Batch(), g.cfg.Plan.DecodeMaxBatch
+		_, perSeq := dec.DecodeLine().Line()
+		step := tpot + perSeq*float64(min(seqs, full)-1)
+		at += float64(x.req.MaxTokens*((seqs+full-1)/full)) * step
 	}
 	d := fb.Factor*at*float64(time.Second) + float64(fb.Floor)
 	if math.IsNaN(d) || d >= float64(limit) {
