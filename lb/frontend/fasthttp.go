@@ -65,12 +65,20 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 	o = o.withDefaults()
 	return &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
+			// Refused, as on gnet: the error handler gets the head
+			// unread, and nothing behind it is served.
+			if emptied(&ctx.Request.Header) {
+				h.Error(ctx, errBareLF)
+				ctx.SetConnectionClose()
+				return
+			}
 			h.Serve(ctx)
 			if !ctx.Request.Header.IsHTTP11() {
 				http10(ctx)
 			}
 		},
-		ErrorHandler: h.Error,
+		HeaderReceived: refuseBareLF,
+		ErrorHandler:   h.Error,
 		// A body over the limit is refused before the client sends it,
 		// as gnet and nginx refuse it; fasthttp's own handling gives the
 		// go-ahead first.
@@ -94,6 +102,23 @@ func FastHTTP(h Handler, o Options) *fasthttp.Server {
 		Logger:                       debugLog{o.Log},
 	}
 }
+
+// refuseBareLF empties a head whose header block has a line ending in a
+// bare LF, which fasthttp's parser took for the line's end because a CRLF
+// CRLF came after it (even one of a request pipelined behind): fasthttp
+// then reads no body and sends no 100 Continue for it, and the handler
+// refuses it (emptied) as gnet does. RawHeaders is the block as it came;
+// the request line, and a blank line before it, fasthttp keeps no copy of.
+func refuseBareLF(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if bareLF(h.RawHeaders()) {
+		h.Reset()
+	}
+	return fasthttp.RequestConfig{}
+}
+
+// emptied reports whether refuseBareLF emptied h: fasthttp serves no
+// other HTTP/1.1 head without a Host.
+func emptied(h *fasthttp.RequestHeader) bool { return len(h.Host()) == 0 && h.IsHTTP11() }
 
 // http10 settles the answer to an HTTP/1.0 request. fasthttp holds an
 // answer back while a pipelined request is buffered behind it; an
