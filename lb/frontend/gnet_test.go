@@ -315,13 +315,17 @@ func TestChunkedNeed(t *testing.T) {
 }
 
 // FuzzBareLF: a request head that fasthttp's parser takes whole with a
-// line ending in a bare LF is one bareLF finds, so gnet refuses it.
+// line ending in a bare LF is one bareLF finds, so gnet refuses it. The
+// fasthttp front end scans the header block (refuseBareLF), which
+// RawHeaders holds as it came: past the request line, and whole unless
+// the block is only its blank line.
 func FuzzBareLF(f *testing.F) {
 	for _, s := range []string{
 		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: x\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
 		"\r\nGET / HTTP/1.1\nHost: x\r\nX: y\n z\r\n\r\n",
 		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n\n\n",
+		"GET / HTTP/1.1\r\nhost: x\r\nx-y: a\r\n\tb\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -332,6 +336,9 @@ func FuzzBareLF(f *testing.F) {
 			return
 		}
 		head := b[:len(b)-br.Buffered()]
+		if block := headerBlock(head); len(block) > 2 && !bytes.Equal(h.RawHeaders(), block) {
+			t.Fatalf("%q: RawHeaders %q, the header block %q", b, h.RawHeaders(), block)
+		}
 		for i, c := range head {
 			if c == '\n' && (i == 0 || head[i-1] != '\r') {
 				if !bareLF(b) {
@@ -344,4 +351,17 @@ func FuzzBareLF(f *testing.F) {
 			t.Fatalf("%q: bareLF found a bare LF outside the head %q", b, head)
 		}
 	})
+}
+
+// headerBlock is what follows the request line of head, which fasthttp's
+// parser finds past the blank lines before it, each line ending at an LF.
+func headerBlock(head []byte) []byte {
+	for {
+		i := bytes.IndexByte(head, '\n')
+		line := bytes.TrimSuffix(head[:i], []byte("\r"))
+		head = head[i+1:]
+		if len(line) > 0 {
+			return head
+		}
+	}
 }
