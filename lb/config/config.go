@@ -427,6 +427,12 @@ func Default() Config {
 		Tracing:   DefaultTracing(),
 		CORS:      DefaultCORS(),
 		Redis:     Redis{KeyPrefix: DefaultRedisKeyPrefix},
+		TLS:       TLS{MinVersion: DefaultTLSMinVersion, TicketRotation: DefaultTicketRotation},
+		HTTP2: HTTP2{
+			MaxConcurrentStreams: DefaultMaxConcurrentStreams,
+			MaxFrameBytes:        DefaultMaxFrameBytes,
+			MaxResetsPerSecond:   DefaultMaxResetsPerSecond,
+		},
 		Health: Health{
 			Interval:           DefaultHealthInterval,
 			Timeout:            DefaultHealthTimeout,
@@ -568,8 +574,6 @@ func fieldsAt(n *yaml.Node, path string, line int, value string, paths []string)
 // Load calls it; a caller that builds a Config in code calls it before
 // Validate.
 func (c *Config) Provision() {
-	c.TLS.provision()
-	c.HTTP2.provision()
 	for i := range c.Models {
 		c.Models[i].provision()
 	}

@@ -68,15 +68,6 @@ func (t TLS) AdminFiles() []CertFiles {
 	return t.Certificates
 }
 
-func (t *TLS) provision() {
-	if t.MinVersion == "" {
-		t.MinVersion = DefaultTLSMinVersion
-	}
-	if t.TicketRotation == 0 {
-		t.TicketRotation = DefaultTicketRotation
-	}
-}
-
 // Validate checks the files exist and the fields are in range; whether the
 // files hold a usable key pair is checked when they are loaded.
 func (t TLS) Validate() error {
@@ -87,12 +78,14 @@ func (t TLS) Validate() error {
 		return err
 	}
 	switch t.MinVersion {
-	case "", "1.2", "1.3":
+	case "1.2", "1.3":
 	default:
-		return invalid("tls.min_version", t.MinVersion, `must be "1.2" or "1.3"`)
+		return invalid("tls.min_version", t.MinVersion, `must be "1.2" or "1.3" (default `+DefaultTLSMinVersion+`)`)
 	}
-	if t.TicketRotation < 0 {
-		return invalid("tls.ticket_rotation", t.TicketRotation, "must not be negative (0 means 1h)")
+	if t.TicketRotation <= 0 {
+		// A ticket key that never changes decrypts every session it
+		// resumed once stolen: there is no "off".
+		return invalid("tls.ticket_rotation", t.TicketRotation.String(), "must be positive: the ticket key must change (default "+DefaultTicketRotation.String()+")")
 	}
 	if t.Admin && !t.Enabled() && len(t.AdminCertificates) == 0 {
 		return invalid("tls.admin", t.Admin, "needs tls.certificates or tls.admin_certificates")
@@ -138,25 +131,16 @@ type HTTP2 struct {
 	MaxBodyBytesPerConnection int64 `yaml:"max_body_bytes_per_connection"`
 }
 
-func (h *HTTP2) provision() {
-	if h.MaxConcurrentStreams == 0 {
-		h.MaxConcurrentStreams = DefaultMaxConcurrentStreams
-	}
-	if h.MaxFrameBytes == 0 {
-		h.MaxFrameBytes = DefaultMaxFrameBytes
-	}
-	if h.MaxResetsPerSecond == 0 {
-		h.MaxResetsPerSecond = DefaultMaxResetsPerSecond
-	}
-}
-
 // Validate checks the bounds RFC 9113 sets.
 func (h HTTP2) Validate() error {
-	if h.MaxFrameBytes != 0 && (h.MaxFrameBytes < 16<<10 || h.MaxFrameBytes > 1<<24-1) {
-		return invalid("http2.max_frame_bytes", h.MaxFrameBytes, "must be 16384 to 16777215")
+	if h.MaxConcurrentStreams == 0 {
+		return invalid("http2.max_concurrent_streams", h.MaxConcurrentStreams, fmt.Sprintf("must be positive: 0 lets a client open no stream; to turn HTTP/2 off, set disabled (default %d)", DefaultMaxConcurrentStreams))
 	}
-	if h.MaxResetsPerSecond < 0 {
-		return invalid("http2.max_resets_per_second", h.MaxResetsPerSecond, "must be positive (0 means 100)")
+	if h.MaxFrameBytes < 16<<10 || h.MaxFrameBytes > 1<<24-1 {
+		return invalid("http2.max_frame_bytes", h.MaxFrameBytes, fmt.Sprintf("must be 16384 to 16777215 (default %d)", DefaultMaxFrameBytes))
+	}
+	if h.MaxResetsPerSecond <= 0 {
+		return invalid("http2.max_resets_per_second", h.MaxResetsPerSecond, fmt.Sprintf("must be positive: the rapid-reset guard has no off (default %d)", DefaultMaxResetsPerSecond))
 	}
 	if h.MaxBodyBytesPerConnection < 0 {
 		return invalid("http2.max_body_bytes_per_connection", h.MaxBodyBytesPerConnection, "must be positive (0 means four times max_body_bytes)")

@@ -60,3 +60,22 @@ func TestPodScheme(t *testing.T) {
 	f("http://10.0.0.1:8000", "10.0.0.1:8000", false)
 	f("https://10.0.0.1:8443", "10.0.0.1:8443", true)
 }
+
+// TestTLSHTTP2ZeroRefused: a 0 written in the tls or http2 section stays 0
+// and is refused with the default to leave it out for, as every other
+// section's; Provision used to turn it into the default silently, so
+// max_concurrent_streams 0, meant to stop h2 streams, allowed 250.
+func TestTLSHTTP2ZeroRefused(t *testing.T) {
+	pod := "pods: [{model: m, address: 'h:1'}]\n"
+	f := func(yml, want string) { t.Helper(); loadRefuses(t, yml+pod, want) }
+	f("tls: {ticket_rotation: 0s}\n", `tls.ticket_rotation = "0s" must be positive`)
+	f("tls: {min_version: ''}\n", `tls.min_version = "" must be "1.2" or "1.3"`)
+	f("http2: {max_concurrent_streams: 0}\n", "http2.max_concurrent_streams = 0 must be positive")
+	f("http2: {max_frame_bytes: 0}\n", "http2.max_frame_bytes = 0 must be 16384 to 16777215")
+	f("http2: {max_resets_per_second: 0}\n", "http2.max_resets_per_second = 0 must be positive")
+	c := Default()
+	if c.TLS.TicketRotation != DefaultTicketRotation || c.TLS.MinVersion != DefaultTLSMinVersion || c.HTTP2.MaxConcurrentStreams != DefaultMaxConcurrentStreams ||
+		c.HTTP2.MaxFrameBytes != DefaultMaxFrameBytes || c.HTTP2.MaxResetsPerSecond != DefaultMaxResetsPerSecond {
+		t.Fatalf("Default: %+v %+v", c.TLS, c.HTTP2)
+	}
+}
