@@ -881,7 +881,7 @@ func (p Pod) Validate(field string) error {
 		}
 	}
 	if p.DataParallelSize < 0 {
-		return invalid(field+".data_parallel_size", p.DataParallelSize, "must be at least 1 (0 means 1)")
+		return invalid(field+".data_parallel_size", p.DataParallelSize, "must be at least 1 (default 1)")
 	}
 	if p.KVEvents != "" {
 		if err := p.validateRankPorts(field, "kv_replay"); err != nil {
@@ -892,7 +892,7 @@ func (p Pod) Validate(field string) error {
 		return invalid(field+".cache_blocks", p.CacheBlocks, "must not be negative (0 means unlimited)")
 	}
 	if !(p.PrefillTokensPerSec >= 0) || math.IsInf(p.PrefillTokensPerSec, 1) {
-		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive (0 means 20,000)")
+		return invalid(field+".prefill_tokens_per_sec", p.PrefillTokensPerSec, "must be positive (default 20,000)")
 	}
 	if p.BootstrapPort < 0 || p.BootstrapPort > 65535 {
 		return invalid(field+".bootstrap_port", p.BootstrapPort, "must be a port, 1 to 65535 (0 means 8998)")
@@ -1033,9 +1033,7 @@ func ParsePodFlag(s string) (Pod, error) {
 		case "bucket_max":
 			p.BucketMax, err = strconv.Atoi(v)
 		case "weight":
-			if p.Weight, err = strconv.ParseFloat(v, 64); err == nil && p.Weight == 0 {
-				return p, fmt.Errorf("%w: --pod %q: weight = 0 %s", ErrInvalid, s, zeroIsUnset["pods[].weight"])
-			}
+			p.Weight, err = strconv.ParseFloat(v, 64)
 		case "bootstrap_port":
 			p.BootstrapPort, err = strconv.Atoi(v)
 		default:
@@ -1043,6 +1041,12 @@ func ParsePodFlag(s string) (Pod, error) {
 		}
 		if err != nil {
 			return p, fmt.Errorf("%w: --pod %q: %s = %q is not a number", ErrInvalid, s, k, v)
+		}
+		// A 0 that Provision would replace is refused, as in the file.
+		if why := zeroIsUnset["pods[]."+k]; why != "" {
+			if n, _ := strconv.ParseFloat(v, 64); n == 0 {
+				return p, fmt.Errorf("%w: --pod %q: %s = 0 %s", ErrInvalid, s, k, why)
+			}
 		}
 	}
 	return p, nil

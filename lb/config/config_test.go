@@ -351,6 +351,12 @@ func TestZeroIsNotSilentlyDefault(t *testing.T) {
 	if _, err := ParsePodFlag("model=m,address=h:1,weight=0"); err == nil || !strings.Contains(err.Error(), "weight = 0 must be positive") {
 		t.Errorf("--pod weight=0: %v; want it refused", err)
 	}
+	// A pod's prefill speed and ranks, and a DNS source's ranks and
+	// interval, are filled the same way.
+	f("pods: [{model: m, address: 'h:1', prefill_tokens_per_sec: 0}]\n", "pods[0].prefill_tokens_per_sec = 0 must be positive (leave it out for 20000 until measured)")
+	f("pods: [{model: m, address: 'h:1', data_parallel_size: 0}]\n", "pods[0].data_parallel_size = 0 must be at least 1 (leave it out for 1)")
+	f("discovery: {dns: [{name: x, port: 1, model: m, interval: 0s}]}\n", `discovery.dns[0].interval = "0s" must be positive (leave it out for 10s)`)
+	f("discovery: {dns: [{name: x, port: 1, model: m, data_parallel_size: 0}]}\n", "discovery.dns[0].data_parallel_size = 0 must be at least 1 (leave it out for 1)")
 	// Left out, each gets its default.
 	c := Default()
 	if err := c.UnmarshalYAML([]byte("models: [{name: m, adapters: [{name: sql}]}]\naliases: [{name: a, targets: [{model: m}]}]\n" + pod)); err != nil {

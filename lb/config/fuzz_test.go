@@ -16,6 +16,7 @@ import (
 // seed corpus is in testdata/fuzz/FuzzConfig.
 func FuzzConfig(f *testing.F) {
 	f.Add([]byte("pods: [{model: m, address: '127.0.0.1:8001'}]\n"))
+	f.Add([]byte("discovery: {dns: [{name: x, port: 1, model: m}]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c := Default()
 		if c.UnmarshalYAML(data) != nil {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"pdlb/lb/discovery/spec"
 )
 
 // walkKeys calls visit for each key of each mapping in the document under
@@ -124,17 +126,24 @@ func editDistance(a, b string) int {
 }
 
 // zeroIsUnset are the settings of list entries, which have no Default to
-// start from, whose 0 Provision takes for unset and replaces with their
-// default, by path with [] for any index. Written 0 in the file, the value
-// would silently change: it is refused, saying why.
+// start from, whose 0 Provision (or discovery's Validate) takes for unset
+// and replaces with their default, by path with [] for any index. Written
+// 0 in the file, the value would silently change: it is refused, saying
+// why.
 var zeroIsUnset = map[string]string{
-	"models[].block_size":           fmt.Sprintf("must be a positive number of tokens (leave it out for %d)", DefaultBlockSize),
-	"models[].max_loras":            fmt.Sprintf("must be a positive number of adapters (leave it out for %d)", DefaultMaxLoras),
-	"models[].adapter_load_sec":     fmt.Sprintf("must be positive: a load takes time, and a pod that holds the adapter is charged nothing already (leave it out for %g)", DefaultAdapterLoadSec),
-	"models[].adapter_load_timeout": fmt.Sprintf("must be positive (leave it out for %v)", DefaultAdapterLoadTimeout),
-	"pods[].weight":                 "must be positive; to send a pod nothing, remove it (leave weight out for 1)",
-	"aliases[].targets[].weight":    "must be positive; to send a target nothing, remove it (leave weight out for 1)",
+	"models[].block_size":                fmt.Sprintf("must be a positive number of tokens (leave it out for %d)", DefaultBlockSize),
+	"models[].max_loras":                 fmt.Sprintf("must be a positive number of adapters (leave it out for %d)", DefaultMaxLoras),
+	"models[].adapter_load_sec":          fmt.Sprintf("must be positive: a load takes time, and a pod that holds the adapter is charged nothing already (leave it out for %g)", DefaultAdapterLoadSec),
+	"models[].adapter_load_timeout":      fmt.Sprintf("must be positive (leave it out for %v)", DefaultAdapterLoadTimeout),
+	"pods[].weight":                      "must be positive; to send a pod nothing, remove it (leave weight out for 1)",
+	"pods[].prefill_tokens_per_sec":      fmt.Sprintf("must be positive (leave it out for %d until measured)", DefaultPrefillSpeed),
+	"pods[].data_parallel_size":          dataParallelUnset,
+	"aliases[].targets[].weight":         "must be positive; to send a target nothing, remove it (leave weight out for 1)",
+	"discovery.dns[].interval":           fmt.Sprintf("must be positive (leave it out for %v)", spec.DefaultDNSInterval),
+	"discovery.dns[].data_parallel_size": dataParallelUnset,
 }
+
+var dataParallelUnset = fmt.Sprintf("must be at least 1 (leave it out for %d)", DefaultDataParallelSize)
 
 var index = regexp.MustCompile(`\[[0-9]+\]`)
 

@@ -174,8 +174,9 @@ func (d *DNS) validate(field string) error {
 	case d.KVReplayPort != 0 && d.KVEventsPort == 0:
 		return invalid(field+".kv_replay_port", d.KVReplayPort, "needs kv_events_port beside it")
 	case d.DataParallelSize < 0:
-		return invalid(field+".data_parallel_size", d.DataParallelSize, "must be at least 1 (0 means 1)")
+		return invalid(field+".data_parallel_size", d.DataParallelSize, "must be at least 1 (default 1)")
 	}
+	d.DataParallelSize = max(d.DataParallelSize, 1)
 	switch {
 	case k == engines.SGLang && d.BootstrapPort == 0:
 		d.BootstrapPort = DefaultBootstrapPort
