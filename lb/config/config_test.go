@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"pdlb/lb/discovery/spec"
 )
 
 func TestValidateRejects(t *testing.T) {
@@ -365,5 +367,21 @@ func TestZeroIsNotSilentlyDefault(t *testing.T) {
 	c.Provision()
 	if m := c.Models[0]; m.AdapterLoadSec != DefaultAdapterLoadSec || m.MaxLoras != DefaultMaxLoras || c.Pods[0].Weight != 1 || c.Aliases[0].Targets[0].Weight != 1 {
 		t.Fatalf("defaults not filled: %+v, %+v, %+v", m.LoRA, c.Pods[0], c.Aliases[0])
+	}
+}
+
+// TestEmptySelectorRefused: in Kubernetes an empty label selector selects
+// every pod; pdlb took a written one for unset and watched AIBrix's label
+// instead. It is refused; left out, the selector is AIBrix's.
+func TestEmptySelectorRefused(t *testing.T) {
+	loadRefuses(t, "discovery: {kubernetes: {namespace: inference, selector: ''}}\n",
+		`discovery.kubernetes.selector = "" is empty, which in Kubernetes selects every pod, but only pods labelled model.aibrix.ai/name are routed to (leave it out for "model.aibrix.ai/name")`)
+	c := Default()
+	if err := c.UnmarshalYAML([]byte("discovery: {kubernetes: {namespace: inference}}\n")); err != nil {
+		t.Fatal(err)
+	}
+	c.Provision()
+	if err := c.Validate(); err != nil || c.Discovery.Kubernetes.Selector != spec.DefaultSelector {
+		t.Fatalf("selector left out: %v, %q", err, c.Discovery.Kubernetes.Selector)
 	}
 }

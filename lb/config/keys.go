@@ -125,11 +125,11 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// zeroIsUnset are the settings of list entries, which have no Default to
-// start from, whose 0 Provision (or discovery's Validate) takes for unset
-// and replaces with their default, by path with [] for any index. Written
-// 0 in the file, the value would silently change: it is refused, saying
-// why.
+// zeroIsUnset are the settings of list entries and of discovery.kubernetes,
+// which have no Default to start from, whose 0 or "" Provision (or
+// discovery's Validate) takes for unset and replaces with their default,
+// by path with [] for any index. Written in the file, the value would
+// silently change: it is refused, saying why.
 var zeroIsUnset = map[string]string{
 	"models[].block_size":                fmt.Sprintf("must be a positive number of tokens (leave it out for %d)", DefaultBlockSize),
 	"models[].max_loras":                 fmt.Sprintf("must be a positive number of adapters (leave it out for %d)", DefaultMaxLoras),
@@ -141,6 +141,9 @@ var zeroIsUnset = map[string]string{
 	"aliases[].targets[].weight":         "must be positive; to send a target nothing, remove it (leave weight out for 1)",
 	"discovery.dns[].interval":           fmt.Sprintf("must be positive (leave it out for %v)", spec.DefaultDNSInterval),
 	"discovery.dns[].data_parallel_size": dataParallelUnset,
+	// Honoured, "" would watch every pod of the namespace, or of the
+	// cluster, to leave out all but those with the model label.
+	"discovery.kubernetes.selector": fmt.Sprintf("is empty, which in Kubernetes selects every pod, but only pods labelled %s are routed to (leave it out for %q)", spec.LabelModel, spec.DefaultSelector),
 }
 
 var dataParallelUnset = fmt.Sprintf("must be at least 1 (leave it out for %d)", DefaultDataParallelSize)

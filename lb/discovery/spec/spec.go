@@ -66,7 +66,9 @@ type Kubernetes struct {
 	Namespace string `yaml:"namespace"`
 	// Selector is a Kubernetes label selector of the pods (default
 	// "model.aibrix.ai/name": every pod that names its model). It is parsed
-	// when the source is made, which reports a bad one.
+	// when the source is made, which reports a bad one. A pod it selects
+	// without that label is left out; written empty in the config file,
+	// which in Kubernetes selects every pod, it is refused.
 	Selector string `yaml:"selector"`
 	// Kubeconfig is the path of a kubeconfig file, for a gateway running
 	// outside the cluster (default "": the pod's service account).
