@@ -64,6 +64,10 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	if err := gf.check(); err != nil {
 		return err
 	}
+	if !(speedup > 0) {
+		// A sim pod takes 0 for unset and would run at 1.
+		return fs.usageError(fmt.Errorf("--speedup %g: must be positive (default 1)", speedup))
+	}
 	var model *prompt.Model
 	if tokenizer != "" {
 		var err error

@@ -204,6 +204,26 @@ func TestDemoTokenizerRefused(t *testing.T) {
 	}
 }
 
+// TestDemoSpeedupZeroRefused: the simulated pods take a speedup of 0 for
+// unset and run at 1, so "pdlb demo --speedup 0" ran in real time; it is
+// refused, as a negative one is, before anything starts.
+func TestDemoSpeedupZeroRefused(t *testing.T) {
+	for _, v := range []string{"0", "-1"} {
+		done := make(chan error, 1)
+		go func() {
+			done <- cmdDemo([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--speedup", v}, io.Discard)
+		}()
+		select {
+		case err := <-done:
+			if want := "--speedup " + v + ": must be positive (default 1)"; err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("demo --speedup %s: %v; want %q", v, err, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("demo --speedup %s started serving", v)
+		}
+	}
+}
+
 // TestStrayArgumentsRefused: a word after the flags is refused, as serve
 // does, rather than ignored. "pdlb demo --tls false" parses --tls as true
 // and leaves "false" over: ignored, the demo serves TLS the user turned
