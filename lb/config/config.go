@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/chat"
+	"pdlb/internal/yamlkeys"
 	"pdlb/lb/admit"
 	"pdlb/lb/discovery/spec"
 	"pdlb/lb/limits"
@@ -487,85 +489,13 @@ func (c *Config) UnmarshalYAML(data []byte) error {
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
-			return fmt.Errorf("%w: %s", ErrInvalid, nameFields(data, te))
+			return fmt.Errorf("%w: %s", ErrInvalid, yamlkeys.NameErrors(data, reflect.TypeFor[Config](), te))
 		}
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	var doc yaml.Node
 	_ = yaml.Unmarshal(data, &doc)
 	return refuseUnsetZeros(&doc)
-}
-
-// nameFields rewrites yaml's "line 3: cannot unmarshal !!str `many` into
-// int" as "upstream.retries: cannot unmarshal !!str `many` into int (line
-// 3)", the field found by its line and value in data, with a hint for a
-// duration given as a bare number, and an unknown key's "field X not found
-// in type T" by its path (nameUnknown).
-func nameFields(data []byte, te *yaml.TypeError) string {
-	var doc yaml.Node
-	_ = yaml.Unmarshal(data, &doc)
-	out := make([]string, len(te.Errors))
-	for i, e := range te.Errors {
-		out[i] = e
-		var line int
-		var rest string
-		if n, _ := fmt.Sscanf(e, "line %d:", &line); n != 1 {
-			continue
-		}
-		_, rest, _ = strings.Cut(e, ": ")
-		if name, ok := strings.CutPrefix(rest, "field "); ok && strings.Contains(name, " not found in type ") {
-			name, _, _ = strings.Cut(name, " ")
-			if msg, ok := nameUnknown(&doc, line, name); ok {
-				out[i] = msg
-			}
-			continue
-		}
-		value := ""
-		if _, v, ok := strings.Cut(rest, "`"); ok {
-			value, _, _ = strings.Cut(v, "`")
-		}
-		if paths := fieldsAt(&doc, "", line, value, nil); len(paths) == 1 {
-			out[i] = fmt.Sprintf("%s: %s (line %d)", paths[0], rest, line)
-		}
-		if strings.HasSuffix(rest, "into time.Duration") {
-			out[i] += "; a duration has a unit, e.g. 30s or 1m"
-		}
-	}
-	return strings.Join(out, "; ")
-}
-
-// fieldsAt appends to paths the path of each scalar under n (at path) on
-// line whose text is value, as yaml quotes it: a value over 10 bytes cut
-// to its first 7 and "...". One is the field; more, and none can be named.
-func fieldsAt(n *yaml.Node, path string, line int, value string, paths []string) []string {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			paths = fieldsAt(c, path, line, value, paths)
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			p := n.Content[i].Value
-			if path != "" {
-				p = path + "." + p
-			}
-			paths = fieldsAt(n.Content[i+1], p, line, value, paths)
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			paths = fieldsAt(c, fmt.Sprintf("%s[%d]", path, i), line, value, paths)
-		}
-	case yaml.AliasNode:
-		// yaml reports an alias's error at its anchor: the anchor's field
-		// and every alias's match, and none is named.
-		paths = fieldsAt(n.Alias, path, line, value, paths)
-	case yaml.ScalarNode:
-		cut, short := strings.CutSuffix(value, "...")
-		if n.Line == line && (n.Value == value || short && len(n.Value) > 10 && strings.HasPrefix(n.Value, cut)) {
-			paths = append(paths, path)
-		}
-	}
-	return paths
 }
 
 // Provision fills the fields whose empty value means a default: each

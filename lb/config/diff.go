@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+
+	"pdlb/internal/yamlkeys"
 )
 
 // Diff names the first setting that differs between a and b by its path
@@ -45,9 +47,9 @@ func diff(a, b reflect.Value, path string) (string, reflect.Value, reflect.Value
 		case name == "" && f.Tag.Get("yaml") != "":
 			// Inline: its keys are its parent's.
 		case name == "":
-			sub = join(path, strings.ToLower(f.Name))
+			sub = yamlkeys.Join(path, strings.ToLower(f.Name))
 		default:
-			sub = join(path, name)
+			sub = yamlkeys.Join(path, name)
 		}
 		if p, va, vb := diff(a.Field(i), b.Field(i), sub); p != "" {
 			return p, va, vb
@@ -68,13 +70,6 @@ func secret(path string) bool {
 		}
 	}
 	return false
-}
-
-func join(path, name string) string {
-	if path == "" {
-		return name
-	}
-	return path + "." + name
 }
 
 // short is v printed, cut to a line's worth.

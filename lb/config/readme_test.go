@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"pdlb/internal/yamlkeys"
 )
 
 // TestREADMEConfigurationIsDefault: every value the README's
@@ -36,7 +38,7 @@ func TestREADMEConfigurationIsDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]*yaml.Node{}
-	walkKeys(&defaults, reflect.TypeFor[Config](), "", func(path string, _, value *yaml.Node, _ reflect.Type, _ map[string]reflect.Type) {
+	yamlkeys.Walk(&defaults, reflect.TypeFor[Config](), "", func(path string, _, value *yaml.Node, _ reflect.Type, _ map[string]reflect.Type) {
 		want[path] = value
 	})
 	// Values the block shows as examples of what one may write.
@@ -46,7 +48,7 @@ func TestREADMEConfigurationIsDefault(t *testing.T) {
 		// SGLang's default, shown on the example's vllm pod.
 		"pods[0].bootstrap_port": true,
 	}
-	walkKeys(&readme, reflect.TypeFor[Config](), "", func(path string, _, value *yaml.Node, ft reflect.Type, _ map[string]reflect.Type) {
+	yamlkeys.Walk(&readme, reflect.TypeFor[Config](), "", func(path string, _, value *yaml.Node, ft reflect.Type, _ map[string]reflect.Type) {
 		w, ok := want[path]
 		// A struct, or a list of them, is compared key by key.
 		if ft == nil || examples[path] || !ok || inner(ft).Kind() == reflect.Struct {
