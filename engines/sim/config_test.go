@@ -92,8 +92,6 @@ func TestParseFleet(t *testing.T) {
 			t.Fatalf("%q: error %v, want one containing %q", yaml, err, want)
 		}
 	}
-	f("pods:\n  - name: a\n    modle: x\n", "field modle not found")
-	f("defaults:\n  physics:\n    max_batsh: 3\npods:\n  - name: a\n", "field max_batsh not found")
 	f("pods: []\n", "pods is empty")
 	f("pods:\n  - name: a\n    engine: tgi\n", `pods[0] (name "a"): sim: invalid config: engine = "tgi"`)
 	f("pods:\n  - name: a\n    physics:\n      block_size: -1\n", "block_size = -1")
@@ -104,6 +102,22 @@ func TestParseFleet(t *testing.T) {
 	if _, err := LoadFleet("testdata/missing.yaml"); err == nil || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: %v", err)
 	}
+}
+
+// TestParseFleetNamesPaths: a fleet file's unknown key or wrong type is
+// named by its path in the file, as the gateway's config names them,
+// not by the Go type it missed ("sim.podFile").
+func TestParseFleetNamesPaths(t *testing.T) {
+	f := func(yml, want string) {
+		t.Helper()
+		if _, err := ParseFleet([]byte(yml)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want %q in it", yml, err, want)
+		}
+	}
+	f("pods:\n  - name: a\n    modl: x\n", "pods[0].modl: unknown field (line 3); did you mean model?")
+	f("defaults:\n  physics:\n    max_batsh: 3\npods:\n  - name: a\n", "defaults.physics.max_batsh: unknown field (line 3); did you mean max_batch?")
+	f("pods:\n  - name: a\n  - speedup: fast\n", "pods[1].speedup: cannot unmarshal !!str `fast` into float64 (line 3)")
+	f("defaults: {tick: 5}\npods: [{name: a}]\n", "defaults.tick: cannot unmarshal !!int `5` into time.Duration (line 1); a duration has a unit")
 }
 
 func TestStartFleet(t *testing.T) {

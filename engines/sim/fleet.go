@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"pdlb/engines"
 	"pdlb/engines/prompt"
 	"pdlb/engines/vllm"
+	"pdlb/internal/yamlkeys"
 )
 
 // A fleet file lists simulated pods. Every pod starts from the defaults
@@ -167,6 +169,10 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 	dec.KnownFields(true)
 	var strict fleetFile
 	if err := dec.Decode(&strict); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return FleetConfig{}, fmt.Errorf("%w: %s", errFleet, yamlkeys.NameErrors(data, reflect.TypeFor[fleetFile](), te))
+		}
 		return FleetConfig{}, fmt.Errorf("%w: %w", errFleet, err)
 	}
 	// Pass two: each pod overlays the defaults, which overlay Physics'.
