@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"pdlb/engines/sim"
 	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 )
@@ -351,6 +352,84 @@ func TestH2ResetCutsPod(t *testing.T) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// TestHTTP1ClientLeavesStream: an HTTP/1.1 client that closes its
+// connection while the pod is still prefilling its stream has the pod's
+// request cut where a worker relays the stream (on gnet a stream that is
+// the connection's last answer, and a PD exchange's decode leg), whether the pod holds its head back until the
+// first token (the sim's fasthttp) or sends it at once, as uvicorn does
+// under vLLM and SGLang. The request counts as the client's leaving (499).
+func TestHTTP1ClientLeavesStream(t *testing.T) {
+	const comment = ": prefilling\n\n"
+	// A prompt the sim prefills for minutes.
+	slow := testFleet(t, "m", 1, 0.0001)[0]
+	for _, fe := range []string{"gnet"} {
+		for _, pod := range []string{"sim", "head first", "head first pd"} {
+			t.Run(fe+"/"+pod, func(t *testing.T) {
+				closed := make(chan struct{}, 1)
+				addr := fakePod(t, func(c net.Conn, _ *http.Request) {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+					fmt.Fprintf(c, "%x\r\n%s\r\n", len(comment), comment)
+					// Nothing more comes until the gateway closes the
+					// connection (or the test gives up on it).
+					_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+					if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+						closed <- struct{}{}
+					}
+				})
+				pods := []config.Pod{{Name: "p", Model: "m", Address: addr}}
+				switch pod {
+				case "sim":
+					pods = podsOf("m", slow)
+				case "head first pd":
+					pre := startSim(t, pdEngines[0], "pre", sim.RolePrefill, nil)
+					pods = []config.Pod{pdPod(pre, pre.Addr(), "g"), {Name: "p", Model: "m", Address: addr, Role: config.RoleDecode, Roleset: "g"}}
+				}
+				s := testGateway(t, pods, func(c *config.Config) {
+					c.Frontend = fe
+					c.Upstream.Retries = 0
+				})
+				body := `{"model":"m","messages":[{"role":"user","content":"hello there"}],"stream":true,"max_tokens":4}`
+				c, err := net.Dial("tcp", s.Addr())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				// The connection's last answer: gnet's loop hands its
+				// stream to a worker.
+				fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				if pod == "sim" {
+					aborted := slow.Stats().Aborted
+					testwait.For(t, "the sim prefilling the request", func() bool { return slow.Stats().Running > 0 })
+					c.Close()
+					testwait.For(t, "the sim aborting the request", func() bool { return slow.Stats().Aborted > aborted })
+				} else {
+					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if want := pod == "head first pd"; (resp.Header.Get("x-pdlb-prefill-pod") == "pre") != want {
+						t.Fatalf("prefill pod %q; want a PD exchange: %v", resp.Header.Get("x-pdlb-prefill-pod"), want)
+					}
+					line, err := bufio.NewReader(resp.Body).ReadString('\n')
+					if err != nil || line != ": prefilling\n" {
+						t.Fatalf("the stream began %q, %v", line, err)
+					}
+					c.Close()
+					select {
+					case <-closed:
+					case <-time.After(5 * time.Second):
+						t.Fatal("the pod's connection still open 5 s after the client closed its own")
+					}
+				}
+				waitIdle(t, s)
+				if n := metricValue(t, s, `pdlb_requests_total{model="m",code="499"}`); n != 1 {
+					t.Errorf("counted %v times as 499; want 1", n)
+				}
+			})
 		}
 	}
 }

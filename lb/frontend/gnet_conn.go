@@ -16,6 +16,8 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/upstream"
 )
 
 // A gnet connection's life. The event loop parses complete requests out of
@@ -127,6 +129,7 @@ type gconn struct {
 	paused bool          // parsing stopped on a full queue; the worker wakes the loop
 	left   bool          // closed, or failed, for the workers (ClientGone)
 	gone   chan struct{} // ClientGone's, made on first use; closed by leave
+	onCut  cutters       // ClientCut's watchers, cut by leave
 
 	// Owned by the queue's owner: the worker, or a stream's goroutine.
 	wrote   chan error // one result per AsyncWritev
@@ -637,7 +640,26 @@ func (gc *gconn) leave() {
 		if gc.gone != nil {
 			close(gc.gone)
 		}
+		gc.onCut.cut()
 	}
+	gc.mu.Unlock()
+}
+
+// Watch is ClientCut's for gc.
+func (gc *gconn) Watch(w upstream.Cutter) {
+	gc.mu.Lock()
+	if gc.left {
+		gc.mu.Unlock()
+		w.Cut()
+		return
+	}
+	gc.onCut.add(w)
+	gc.mu.Unlock()
+}
+
+func (gc *gconn) Unwatch(w upstream.Cutter) {
+	gc.mu.Lock()
+	gc.onCut.remove(w)
 	gc.mu.Unlock()
 }
 

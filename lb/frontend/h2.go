@@ -842,10 +842,7 @@ func (c *h2Conn) closeStreamLocked(st *h2Stream, err error) {
 	}
 	st.cut = err
 	close(st.done)
-	for _, w := range st.onCut {
-		w.Cut()
-	}
-	st.onCut = nil
+	st.onCut.cut()
 	delete(c.streams, st.id)
 	if !st.started {
 		c.dropBodyLocked(st)
@@ -995,20 +992,22 @@ type h2Stream struct {
 	declared    int64     // the request's content-length; -1: none
 	readBy      time.Time // when the request must be whole (awaitBodyLocked)
 	started     bool      // its handler runs
-	// onCut: the calls ClientCut's watchers cut when the stream is; a
-	// call watches once, so cutBuf holds them without an allocation.
-	onCut  []upstream.Cutter
-	cutBuf [1]upstream.Cutter
+	// onCut: the calls ClientCut's watchers cut when the stream is.
+	onCut cutters
 }
 
 // ClientCut is ClientGone for a caller that would rather not have a
 // goroutine wait on the channel: the client of ctx leaving as an
-// upstream.Cut. A watcher's Cut runs under the HTTP/2 connection's lock,
-// so it must not block or come back to the stream. nil where the front
-// end has no such hook: ClientGone is the way there.
+// upstream.Cut, on an HTTP/2 stream and on a gnet connection served on a
+// worker. A watcher's Cut runs under the connection's lock, so it must
+// not block or come back to the connection. nil on fasthttp's HTTP/1,
+// which has no such hook (WatchClient is the way there).
 func ClientCut(ctx *fasthttp.RequestCtx) upstream.Cut {
-	if st, ok := ctx.Conn().(*h2Stream); ok {
-		return st
+	switch c := ctx.Conn().(type) {
+	case *h2Stream:
+		return c
+	case *gconn:
+		return c
 	}
 	return nil
 }
@@ -1022,17 +1021,14 @@ func (st *h2Stream) Watch(w upstream.Cutter) {
 		w.Cut()
 		return
 	}
-	if st.onCut == nil {
-		st.onCut = st.cutBuf[:0]
-	}
-	st.onCut = append(st.onCut, w)
+	st.onCut.add(w)
 	c.mu.Unlock()
 }
 
 func (st *h2Stream) Unwatch(w upstream.Cutter) {
 	c := st.c
 	c.mu.Lock()
-	st.onCut = slices.DeleteFunc(st.onCut, func(h upstream.Cutter) bool { return h == w })
+	st.onCut.remove(w)
 	c.mu.Unlock()
 }
 

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
+
+	"pdlb/lb/upstream"
 )
 
 // Watching a fasthttp client. fasthttp reads nothing of a connection while
@@ -148,6 +151,33 @@ func (c *lingerConn) SetReadDeadline(t time.Time) error {
 func (c *lingerConn) SetDeadline(t time.Time) error {
 	c.setReadBy(t)
 	return c.TCPConn.SetDeadline(t)
+}
+
+// cutters is who a client's leaving cuts (ClientCut's watchers), under
+// the lock of the connection they watch. A request watches one call at a
+// time, so buf holds it without an allocation.
+type cutters struct {
+	list []upstream.Cutter
+	buf  [1]upstream.Cutter
+}
+
+func (cs *cutters) add(w upstream.Cutter) {
+	if cs.list == nil {
+		cs.list = cs.buf[:0]
+	}
+	cs.list = append(cs.list, w)
+}
+
+func (cs *cutters) remove(w upstream.Cutter) {
+	cs.list = slices.DeleteFunc(cs.list, func(h upstream.Cutter) bool { return h == w })
+}
+
+// cut cuts every watcher, once: none is left.
+func (cs *cutters) cut() {
+	for _, w := range cs.list {
+		w.Cut()
+	}
+	cs.list = nil
 }
 
 // peerClosed reports whether the client of socket fd has closed or reset

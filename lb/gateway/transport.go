@@ -68,14 +68,10 @@ func (workerTransport) send(x *completion) {
 	x.resp.StreamBody = x.req.Stream
 	now := time.Now()
 	cut := frontend.ClientCut(x.ctx)
-	if cut == nil {
-		if gone := frontend.ClientGone(x.ctx); gone != nil || x.req.Stream {
-			// A stream's first write after its head finds a client
-			// gone on fasthttp.
-			cut = upstream.ChanCut(gone)
-		} else {
-			cut = &lateWatch{ctx: x.ctx}
-		}
+	if cut == nil && !x.req.Stream {
+		// A stream's first write after its head finds a client gone on
+		// fasthttp.
+		cut = &lateWatch{ctx: x.ctx}
 	}
 	x.answered(x.g.callPod(cut, x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
 }
