@@ -359,14 +359,15 @@ func TestH2ResetCutsPod(t *testing.T) {
 // TestHTTP1ClientLeavesStream: an HTTP/1.1 client that closes its
 // connection while the pod is still prefilling its stream has the pod's
 // request cut where a worker relays the stream (on gnet a stream that is
-// the connection's last answer, and a PD exchange's decode leg), whether the pod holds its head back until the
+// the connection's last answer, and a PD exchange's decode leg; on
+// fasthttp every stream), whether the pod holds its head back until the
 // first token (the sim's fasthttp) or sends it at once, as uvicorn does
 // under vLLM and SGLang. The request counts as the client's leaving (499).
 func TestHTTP1ClientLeavesStream(t *testing.T) {
 	const comment = ": prefilling\n\n"
 	// A prompt the sim prefills for minutes.
 	slow := testFleet(t, "m", 1, 0.0001)[0]
-	for _, fe := range []string{"gnet"} {
+	for _, fe := range []string{"gnet", "fasthttp"} {
 		for _, pod := range []string{"sim", "head first", "head first pd"} {
 			t.Run(fe+"/"+pod, func(t *testing.T) {
 				closed := make(chan struct{}, 1)

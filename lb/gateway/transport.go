@@ -67,13 +67,7 @@ func (workerTransport) send(x *completion) {
 	// A stream is relayed as it comes; a whole answer is read whole.
 	x.resp.StreamBody = x.req.Stream
 	now := time.Now()
-	cut := frontend.ClientCut(x.ctx)
-	if cut == nil && !x.req.Stream {
-		// A stream's first write after its head finds a client gone on
-		// fasthttp.
-		cut = &lateWatch{ctx: x.ctx}
-	}
-	x.answered(x.g.callPod(cut, x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
+	x.answered(x.g.callPod(clientCut(x.ctx), x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
 }
 
 // callPod is upstream.DoCut of up on pod, sent at now, cut by cut, when
@@ -98,8 +92,9 @@ func (workerTransport) renders() bool { return false }
 
 func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {
 	g, m := x.g, x.m
-	// Taken now: the writer must not touch ctx.
-	client := frontend.ClientCut(x.ctx)
+	// Taken now: the writer must not touch ctx (the late watch's timer
+	// reads fasthttp's ctx only while the writer runs).
+	client := clientCut(x.ctx)
 	frontend.SetBodyStreamWriter(x.ctx, func(w *frontend.StreamWriter) {
 		// Deferred, so that a relay that panics (the front end cuts the
 		// stream and logs it) still gives back its charges and in-flight
@@ -112,13 +107,25 @@ func (workerTransport) relay(x *completion, pod *pool.Pod, resp *fasthttp.Respon
 
 func (workerTransport) block(*completion) bool { return true }
 
-// lateWatch cuts a whole answer's call on fasthttp once its client leaves.
-// fasthttp reads nothing while a handler runs, and a whole answer is the
-// pod's whole generation (max_tokens of GPU time, the ledger's charge
-// held), so a watch of the client's connection (frontend.WatchClient)
-// sees it leave; it starts only once the call has taken clientWatchAfter,
-// so that the many short answers pay a timer, not the watch's goroutine
-// and deadline changes.
+// clientCut is what cuts a worker's call to the pod, or its relay, when
+// ctx's client leaves: the front end's own ClientCut, else (fasthttp's
+// HTTP/1) a lateWatch.
+func clientCut(ctx *fasthttp.RequestCtx) upstream.Cut {
+	if cut := frontend.ClientCut(ctx); cut != nil {
+		return cut
+	}
+	return &lateWatch{ctx: ctx}
+}
+
+// lateWatch cuts a call or a stream's relay on fasthttp once its client
+// leaves. fasthttp reads nothing while a handler or a stream's writer
+// runs, and the wait may be long: a whole answer is the pod's whole
+// generation, and a stream waits for its first event through the
+// prefill, its head sent (uvicorn's) or not (the sim's); a write to a
+// client that closed its side succeeds all the same. So a watch of the
+// client's connection (frontend.WatchClient) sees it leave; it starts
+// only once the wait has taken clientWatchAfter, so that the many short
+// answers pay a timer, not the watch's goroutine and deadline changes.
 type lateWatch struct {
 	ctx *fasthttp.RequestCtx
 	// mu orders the timer's start of the watch with Unwatch: none starts
@@ -129,8 +136,8 @@ type lateWatch struct {
 	stopped bool
 }
 
-// clientWatchAfter is how long a whole answer is waited for before its
-// client's connection is watched.
+// clientWatchAfter is how long a call or relay waits before its client's
+// connection is watched.
 const clientWatchAfter = 250 * time.Millisecond
 
 func (w *lateWatch) Watch(c upstream.Cutter) {
