@@ -635,3 +635,39 @@ func TestRetryBudgetFleetWide(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestRetryRequestWriteReset: a pod that resets a new connection before
+// it took the whole request fails the gateway's write of it, and no byte
+// of an answer can have come, so the request goes to the other pod, as
+// after a reset that follows the request, on both front ends. The body
+// is larger than the sockets' buffers: the write is still under way when
+// the reset comes.
+func TestRetryRequestWriteReset(t *testing.T) {
+	prompt := strings.Repeat("hello ", 2<<20)
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := scriptedPod(t, ln, podScript{serve: resetPod, unread: true})
+			s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: bad}, {Name: "good", Model: "m", Address: slowPod(t, 0)}},
+				func(c *config.Config) {
+					c.Frontend = fe
+					c.MaxBodyBytes = 16 << 20
+					c.Health.Interval = time.Hour
+					c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+				})
+			for i := range 2 {
+				resp, b := post(t, s, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"%d %s","max_tokens":1}`, i, prompt))
+				if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" {
+					t.Fatalf("request %d: %d from %q: %.300s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				}
+			}
+			if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="reset"}`); n < 1 {
+				t.Fatalf("%v retries for a reset, want one per request round robin sent to the bad pod", n)
+			}
+			waitIdle(t, s)
+		})
+	}
+}

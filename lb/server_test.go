@@ -353,6 +353,9 @@ type podScript struct {
 	closeChecks bool
 	// serve answers any other request; the connection closes after it.
 	serve func(c net.Conn, r *http.Request)
+	// unread: serve gets the request with its body unread, as a pod that
+	// answers or resets before the whole request came.
+	unread bool
 }
 
 // scriptedPod serves ln as script says until the test ends, each
@@ -379,10 +382,12 @@ func scriptedPod(t *testing.T, ln net.Listener, script podScript) string {
 					if err != nil {
 						return
 					}
-					// Read whole, so that serve may answer first; serve
-					// gets it still.
-					body, _ := io.ReadAll(r.Body)
-					r.Body = io.NopCloser(bytes.NewReader(body))
+					if !script.unread {
+						// Read whole, so that serve may answer first;
+						// serve gets it still.
+						body, _ := io.ReadAll(r.Body)
+						r.Body = io.NopCloser(bytes.NewReader(body))
+					}
 					if r.URL.Path != "/health" && r.URL.Path != "/metrics" {
 						script.serve(c, r)
 						return

@@ -43,8 +43,8 @@ const (
 	// Refused: the connection was refused or never made; the pod never
 	// received the request.
 	Refused Reason = "refused"
-	// Reset: the pod closed or reset the connection after the request was
-	// written, before any byte of its answer.
+	// Reset: the pod closed or reset the connection before any byte of
+	// its answer, as the request was written or after.
 	Reset Reason = "reset"
 	// Timeout: no byte of the answer came within the response timeout.
 	Timeout Reason = "timeout"
@@ -70,7 +70,8 @@ func (f *Failure) MayRetry() bool { return f.Pod != nil && f.Reason != Began }
 // byte of the pod's answer, or Began when bytes of it came (or the failure
 // is the gateway's). Both transports end an exchange without a byte with
 // fasthttp.ErrConnectionClosed (closed or reset) or fasthttp.ErrTimeout,
-// the event loop's also with upstream.ErrPodDown;
+// the event loop's also with upstream.ErrPodDown, the pods' clients also
+// with the request's failed write (upstream.WriteFailed);
 // their errors once bytes came are others (io.ErrUnexpectedEOF,
 // frontend.ErrAnswerStalled, a body read's own error).
 func ReasonOf(err error) Reason {
@@ -79,7 +80,7 @@ func ReasonOf(err error) Reason {
 		return Down
 	case upstream.NotSent(err):
 		return Refused
-	case errors.Is(err, fasthttp.ErrConnectionClosed):
+	case errors.Is(err, fasthttp.ErrConnectionClosed), upstream.WriteFailed(err):
 		return Reset
 	case errors.Is(err, fasthttp.ErrTimeout):
 		return Timeout

@@ -35,3 +35,12 @@ func NotSent(err error) bool {
 	return errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, fasthttp.ErrNoFreeConns) ||
 		(errors.As(err, &op) && op.Op == "dial")
 }
+
+// WriteFailed reports whether err failed the request's write: the pod
+// closed or reset the connection before it took the whole request.
+// fasthttp's client reads an answer only once the request is out, so no
+// byte of one came, as when it answers fasthttp.ErrConnectionClosed.
+func WriteFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "write"
+}
