@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -380,7 +381,11 @@ func TestResponsesSeek(t *testing.T) {
 		return n
 	}
 	one := testGateway(t, pods, nil)
-	other := testGateway(t, pods, func(c *config.Config) { c.Upstream.Retries = 0 })
+	path := filepath.Join(t.TempDir(), "access.log")
+	other := testGateway(t, pods, func(c *config.Config) {
+		c.Upstream.Retries = 0
+		c.AccessLog = path
+	})
 	resp, b := post(t, one, "/v1/responses", `{"model":"m","input":"x","request_id":"resp_seek"}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, b)
@@ -414,6 +419,18 @@ func TestResponsesSeek(t *testing.T) {
 	// The one it made and the one it found.
 	if n := metricValue(t, other, "pdlb_stored_responses"); n != 2 {
 		t.Errorf("pdlb_stored_responses %v, want 2", n)
+	}
+	// Each line lists the pods the search moved on from, with their 404.
+	for _, l := range readAccessLog(t, other, path) {
+		r, _ := l["retried"].([]any)
+		if len(r) != int(l.num("attempts"))-1 {
+			t.Errorf("%v %v: %v attempts, retried %v", l["method"], l["path"], l["attempts"], l["retried"])
+		}
+		for _, a := range r {
+			if a, _ := a.(map[string]any); a["pod"] == l["pod"] || a["reason"] != "404" || !strings.Contains(fmt.Sprint(a["error"]), "not found") {
+				t.Errorf("%v %v answered by %v: retried %v, want the other pods' 404s", l["method"], l["path"], l["pod"], r)
+			}
+		}
 	}
 }
 

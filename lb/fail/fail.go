@@ -57,6 +57,10 @@ const (
 	// Unavailable: the pod answered 503 (load shed, or shutting down),
 	// which the gateway holds and has not relayed.
 	Unavailable Reason = "503"
+	// NotFound: the pod answered 404 for a stored response it does not
+	// hold, and the request sought it on the next pod: no retry, so no
+	// series of pdlb_upstream_retries_total; the access log lists it.
+	NotFound Reason = "404"
 )
 
 func (f *Failure) Error() string { return f.E.Message }

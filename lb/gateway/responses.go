@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/lb/fail"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -226,7 +227,10 @@ func (g *Gateway) seekStored(x *completion) bool {
 	x.resp.Reset()
 	g.unplace(x, x.pod)
 	x.downMoves++ // as a move off a dead pod: no retry spent
-	x.last = &failure{E: storedNotFound(storedIDOf(x.ctx, x)), Pod: x.pod}
+	e := storedNotFound(storedIDOf(x.ctx, x))
+	x.last = &failure{E: e, Pod: x.pod}
+	// An attempt x moved on from, as a retry's: the access log lists it.
+	x.retriedFrom = append(x.retriedFrom, &failure{E: e, Pod: x.pod, Reason: fail.NotFound})
 	x.stage, x.seeking, x.asked = stagePick, true, true
 	return true
 }
