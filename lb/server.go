@@ -106,6 +106,18 @@ func (l httpListeners) close() {
 	}
 }
 
+// loopTimeout is the shortest deadline u gives an exchange on gnet's
+// loops: a response, stream-idle or keep-alive timeout, or a first-byte
+// deadline, which is at least its floor (k × a prediction past it, which
+// may be next to nothing when the floor is 0).
+func loopTimeout(u config.Upstream) time.Duration {
+	d := min(u.ResponseTimeout, u.WholeResponseTimeout, u.StreamIdleTimeout, u.KeepaliveTimeout)
+	if fb := u.Retry.FirstByte; fb.Factor > 0 {
+		d = min(d, max(fb.Floor, time.Nanosecond))
+	}
+	return d
+}
+
 // start serves g on cfg's listeners, with lt's certificates.
 func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, lns httpListeners, lt *listenerTLS) (*Server, error) {
 	front, err := frontend.Start(cfg.Frontend, cfg.Listen, frontend.Handler{Serve: g.Handler, Error: g.ErrorHandler, OnLoop: true}, frontend.Options{
@@ -118,6 +130,8 @@ func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, lns httpList
 		Log:            log,
 		TLS:            lt.frontendTLS(cfg.TLS),
 		HTTP2:          http2Options(cfg.HTTP2),
+		// A reload's shorter ones are swept for from their first Send.
+		UpstreamTimeout: loopTimeout(cfg.Upstream),
 	})
 	if err != nil {
 		lt.close()

@@ -57,6 +57,13 @@ type Options struct {
 	// clients (tls.go, h2.go).
 	TLS   *TLS
 	HTTP2 HTTP2
+	// UpstreamTimeout is the shortest deadline an exchange on gnet's
+	// loops may be given (a first-byte deadline's floor, a response or
+	// keep-alive timeout): the loops sweep often enough for it from the
+	// first tick, as for each one a Send gave since (0: from the first
+	// Send, whose deadlines the ticker, a second between ticks until
+	// then and never woken early, may find that late).
+	UpstreamTimeout time.Duration
 }
 
 // FastHTTP serves h on ln with fasthttp until ln is closed or Shutdown is

@@ -82,6 +82,9 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1),
 		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	s.now.Store(time.Now().UnixNano())
+	if o.UpstreamTimeout > 0 {
+		s.noteTimeout(o.UpstreamTimeout)
+	}
 	s.workers = newWorkers()
 	if !o.HTTP2.Disabled {
 		s.h2 = newH2Server(h, s.o)

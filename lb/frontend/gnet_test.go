@@ -10,6 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -363,5 +365,48 @@ func headerBlock(head []byte) []byte {
 		if len(line) > 0 {
 			return head
 		}
+	}
+}
+
+// TestFirstExchangeSwept: the loops sweep for the shortest deadline
+// Options.UpstreamTimeout says an exchange may get from the first tick,
+// not a second after it (gnet's ticker cannot be woken early, and before
+// the first exchange it ticks once a second): the first exchange after
+// start, whose pod answers in 0.8 s, is given up at its first-byte
+// deadline of 0.1 s.
+func TestFirstExchangeSwept(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(800 * time.Millisecond)
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(srv.Close)
+	pod := srv.Listener.Addr().String()
+	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
+		req := fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(req)
+		req.SetRequestURI("http://" + pod + "/")
+		a := &loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}
+		u := Upstream{Addr: pod, DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8, FirstByte: 100 * time.Millisecond}
+		if err := LoopOf(ctx).Send(u, false, (*FastRequest)(req), a.resp, a); err != nil {
+			a.Answered(err)
+		}
+	}}
+	s, err := StartGNet("127.0.0.1:0", h, Options{UpstreamTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.ShutdownWithContext(ctx)
+	})
+	resp, err := http.Get("http://" + s.Addr() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("the first exchange, its first-byte deadline 0.1 s, its pod answering in 0.8 s: %d %q; want it given up", resp.StatusCode, b)
 	}
 }
