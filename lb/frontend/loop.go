@@ -104,8 +104,9 @@ func (l *Loop) Detach(t Task) { l.gc.task = t }
 type Upstream struct {
 	Addr string
 	// DialTimeout bounds dialing a new connection; Timeout the wait for
-	// the whole response (for a stream, its header); Keepalive how long
-	// the connection may then idle before it is closed.
+	// the whole response (for a stream, its header and first body bytes);
+	// Keepalive how long the connection may then idle before it is
+	// closed.
 	DialTimeout, Timeout, Keepalive time.Duration
 	// MaxConns caps this front end's open connections to Addr.
 	MaxConns int
@@ -113,7 +114,8 @@ type Upstream struct {
 	// ends with fasthttp.ErrBodyTooLarge. A streamed answer has none.
 	MaxBody int
 	// FirstByte, when set and shorter than Timeout, bounds the wait for
-	// the answer's first byte: past it the exchange ends with
+	// the answer's first byte (a stream's first body byte: engines send
+	// its head before the prefill): past it the exchange ends with
 	// fasthttp.ErrTimeout, as past Timeout without a byte.
 	FirstByte time.Duration
 	// Down, when set, holds when (unix ns) the pod was last found dead
@@ -168,8 +170,9 @@ func (r *FastRequest) AppendRequest(dst []byte) []byte {
 // request again on a new one first: redial; fasthttp.ErrNoFreeConns at
 // u.MaxConns); ErrClientGone when the client closed its connection first,
 // which closes the pod's too (that is how a pod learns to stop working on
-// it, as behind nginx). With stream, a 200 answer ends the
-// exchange at its header: Answered starts its Relay. req is rendered
+// it, as behind nginx). With stream, a 200 answer ends the exchange once
+// its first body bytes are in (before them, the head alone counts as no
+// byte): Answered starts its Relay. req is rendered
 // before Send returns, and may then change; resp is the exchange's until
 // done.
 func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Response, done Done) error {
@@ -187,7 +190,7 @@ func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Respons
 	}
 	uc.dialTimeout, uc.maxConns = u.DialTimeout, u.MaxConns
 	uc.out = req.AppendRequest(uc.out[:0])
-	uc.need, uc.got, uc.clientGone, uc.reused = 0, false, false, uc.c != nil
+	uc.need, uc.got, uc.headIn, uc.clientGone, uc.reused = 0, false, false, false, uc.c != nil
 	if uc.c != nil {
 		// A write that fails closes the connection, and gnet runs
 		// OnClose inside the write, while the exchange is not the
@@ -390,7 +393,8 @@ type upConn struct {
 	// gathered holds a whole answer with a chunked body, from when its
 	// header showed it until it ends (nil otherwise): see read.
 	gathered   []byte
-	got        bool // bytes of the response arrived
+	got        bool // bytes of the response arrived (a stream's: of its body)
+	headIn     bool // a stream's head arrived, parsed and consumed
 	timedOut   bool // the sweep closed it
 	podDown    bool // the sweep closed it: its pod was found dead (Upstream.Down)
 	aborted    bool // the sweep closed it: AbortRelays (the exchange's too)
@@ -514,6 +518,9 @@ func (uc *upConn) read() gnet.Action {
 		return gnet.None
 	}
 	uc.got = true
+	if uc.headIn {
+		return uc.handOff()
+	}
 	var buf []byte
 	if uc.gathered != nil {
 		// A chunked answer has no length to wait for, and parsing it
@@ -553,6 +560,12 @@ func (uc *upConn) read() gnet.Action {
 		rest = c.InboundBuffered()
 	}
 	if err == errStreamHead {
+		if rest == 0 && (uc.state != bodyFixed || uc.remain > 0) {
+			// Engines send a stream's head before its prefill: its
+			// first byte is its first body byte, not yet here.
+			uc.got, uc.headIn = false, true
+			return gnet.None
+		}
 		return uc.handOff()
 	}
 	if err != nil {
@@ -727,7 +740,8 @@ func (uc *upConn) closed() {
 		if done, perr := uc.untilClose(); done {
 			err = perr
 		}
-	case uc.reused:
+	case uc.reused && !uc.headIn:
+		// Not once a stream's head came: the pod took the request.
 		if uc.redial() {
 			return
 		}
@@ -755,8 +769,9 @@ var ErrAnswerStalled = fmt.Errorf("frontend: the pod's answer stopped coming: %w
 // errStreamHead: the header of an answer to relay is in.
 var errStreamHead = errors.New("frontend: a streamed answer's header")
 
-// handOff ends the exchange at its streamed answer's header: Answered
-// starts the relay, which takes the body from here.
+// handOff ends the exchange once its streamed answer's head and first
+// body bytes are in: Answered starts the relay, which takes the body
+// from here.
 func (uc *upConn) handOff() gnet.Action {
 	gc, done := uc.gc, uc.done
 	uc.resp, uc.done = nil, nil

@@ -280,3 +280,57 @@ func TestFirstByteFromTheSend(t *testing.T) {
 		t.Fatalf("a pod answering in 0.5 s with a first-byte deadline of 0.9 s: %d %q", resp.StatusCode, b)
 	}
 }
+
+// TestStreamHeadIsNotItsFirstByte: engines send a stream's head before
+// its prefill, so a stream whose head came at once and whose first event
+// does not come by FirstByte ends with fasthttp.ErrTimeout, as one
+// with no byte at all: nothing of it reached the client yet.
+func TestStreamHeadIsNotItsFirstByte(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // a prefill that hangs, until the gateway gives up
+	}))
+	t.Cleanup(srv.Close)
+	pod := srv.Listener.Addr().String()
+	errs := make(chan error, 1)
+	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
+		req := fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(req)
+		req.SetRequestURI("http://" + pod + "/v1/completions")
+		a := &streamAnswer{loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}, errs}
+		u := Upstream{Addr: pod, DialTimeout: time.Second, Timeout: time.Minute, FirstByte: 100 * time.Millisecond, Keepalive: time.Minute, MaxConns: 8}
+		if err := LoopOf(ctx).Send(u, true, (*FastRequest)(req), a.resp, a); err != nil {
+			a.Answered(err)
+		}
+	}}
+	s, err := StartGNet("127.0.0.1:0", h, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.ShutdownWithContext(ctx)
+	})
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + s.Addr() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := <-errs; err != fasthttp.ErrTimeout {
+		t.Fatalf("the exchange ended with %v (status %d), want fasthttp.ErrTimeout at its first-byte deadline", err, resp.StatusCode)
+	}
+}
+
+// streamAnswer is a loopAnswer that reports the exchange's end on errs.
+type streamAnswer struct {
+	loopAnswer
+	errs chan<- error
+}
+
+func (a *streamAnswer) Answered(err error) {
+	a.errs <- err
+	a.loopAnswer.Answered(err)
+}
