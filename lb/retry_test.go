@@ -26,6 +26,15 @@ var (
 	// hungPod reads the request and answers nothing until the gateway
 	// closes the connection.
 	hungPod = func(c net.Conn, _ *http.Request) { _, _ = io.Copy(io.Discard, c) }
+	// prefillingPod sends a stream's head at once, as vLLM's and
+	// TensorRT-LLM's OpenAI servers do before the prefill, then nothing,
+	// as a prefill that hangs; a whole answer gets nothing.
+	prefillingPod = func(c net.Conn, r *http.Request) {
+		if b, _ := io.ReadAll(r.Body); strings.Contains(string(b), `"stream":true`) {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n")
+		}
+		hungPod(c, r)
+	}
 	// busyPod sheds the request with SGLang's 503.
 	busyPod = func(c net.Conn, _ *http.Request) {
 		body := `{"error":{"message":"The request queue is full.","type":"ServiceUnavailable"}}`
@@ -34,7 +43,8 @@ var (
 )
 
 // TestRetryBeforeFirstByte: a request whose pod resets the connection
-// after reading it, never answers it, or sheds it with 503 is answered by
+// after reading it, never answers it (or only a stream's head: a stream's
+// first byte is its first event's), or sheds it with 503 is answered by
 // the other pod, on both front ends, streamed or not; the retry is
 // counted by its reason.
 func TestRetryBeforeFirstByte(t *testing.T) {
@@ -43,13 +53,15 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 		serve        func(net.Conn, *http.Request)
 		edit         func(*config.Config)
 	}
+	hedged := func(c *config.Config) {
+		// Past the client's patience: only the hedge answers in time.
+		c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+		c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+	}
 	faults := []fault{
 		{"reset", "reset", resetPod, nil},
-		{"hung", "hung", hungPod, func(c *config.Config) {
-			// Past the client's patience: only the hedge answers in time.
-			c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
-			c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
-		}},
+		{"hung", "hung", hungPod, hedged},
+		{"head then hung", "hung", prefillingPod, hedged},
 		{"503", "503", busyPod, func(c *config.Config) { c.Upstream.Retry.On = append(c.Upstream.Retry.On, config.RetryOn503) }},
 	}
 	patient := &http.Client{Timeout: 10 * time.Second}

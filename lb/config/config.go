@@ -170,9 +170,9 @@ type Config struct {
 type Upstream struct {
 	// ConnectTimeout bounds dialing a pod (default 2s).
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
-	// ResponseTimeout bounds the wait for the response headers of a
-	// stream, about its time to first token (default 60s); past it the
-	// client gets 504.
+	// ResponseTimeout bounds the wait for a stream's first event, its
+	// time to first token (default 60s): engines send its headers at
+	// once, before the prefill. Past it the client gets 504.
 	ResponseTimeout time.Duration `yaml:"response_timeout"`
 	// WholeResponseTimeout bounds the wait for a non-streaming answer
 	// (default 10m). Engines send it only when the whole generation is

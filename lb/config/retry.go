@@ -53,8 +53,9 @@ type RetryBudget struct {
 // timeout. Past it the attempt is given up (its connection is closed, so
 // the engine aborts the request), counted against the pod as a failure,
 // and retried as a "timeout". The predicted time is the time to first
-// token for a stream and to the whole answer otherwise, which needs the
-// request's max_tokens.
+// token for a stream (whose first byte is its first event's: engines send
+// its head before the prefill) and to the whole answer otherwise, which
+// needs the request's max_tokens.
 type FirstByte struct {
 	// Factor is k (default 0: no first-byte deadline).
 	Factor float64 `yaml:"factor"`

@@ -73,8 +73,11 @@ type completion struct {
 	// before a stream's relay (keepLogHead).
 	logHead []byte
 	// wait is what a relay waiting for its pod's next bytes reads into
-	// (see relay): one byte, so an idle stream holds no buffer.
-	wait [1]byte
+	// (see relay): one byte, so an idle stream holds no buffer; primed
+	// is how many of its bytes the attempt read, which the relay passes
+	// on first (workerTransport.send).
+	wait   [1]byte
+	primed int
 	// client wakes the relay's read when the client leaves.
 	client  clientLeft
 	events  openai.Splitter
@@ -181,7 +184,7 @@ func releaseCompletion(x *completion) {
 	x.retriedFrom = x.retriedFrom[:0]
 	x.stage, x.via, x.attempts, x.downMoves, x.last = stagePick, nil, 0, 0, nil
 	x.panicked, x.seeking, x.asked, x.admitted = false, false, false, false
-	x.within, x.hedged, x.budgetWait = 0, false, false
+	x.within, x.hedged, x.budgetWait, x.primed = 0, false, false, 0
 	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false
 	x.ids, x.keys, x.looked = x.ids[:0], x.keys[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}

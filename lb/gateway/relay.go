@@ -214,7 +214,12 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 			}
 			_ = conn.SetReadDeadline(deadline)
 		}
-		n, err := g.readUpstream(stream, x.wait[:], x)
+		n, err := x.primed, error(nil)
+		if n > 0 {
+			x.primed = 0
+		} else {
+			n, err = g.readUpstream(stream, x.wait[:], x)
+		}
 		if n > 0 {
 			t.started = true
 			werr := g.pass(w, x.wait[:n], x, pod)

@@ -116,11 +116,12 @@ func (g *Gateway) leaveRetry(x *completion) {
 // wait for the first byte of its answer: upstream.first_byte's k × the
 // predicted time to it, plus its floor, when that is shorter than the
 // response timeout and the attempt could be retried (hedged); else the
-// response timeout. A stream's first byte is its header, due about its
-// first token; a whole answer comes after its last token, which needs
-// max_tokens to predict: max_tokens steps of the pod's batch with each
-// choice (n) of each prompt of the request in it, a sequence of its own,
-// in rounds of at most plan.decode_max_batch sequences (the rest wait).
+// response timeout. A stream's first byte is its first event's, with its
+// first token (engines send its head at once, before the prefill); a
+// whole answer comes after its last token, which needs max_tokens to
+// predict: max_tokens steps of the pod's batch with each choice (n) of
+// each prompt of the request in it, a sequence of its own, in rounds of
+// at most plan.decode_max_batch sequences (the rest wait).
 func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within time.Duration, hedged bool) {
 	fb, limit := g.cfg.Upstream.Retry.FirstByte, g.responseTimeout(x.req.Stream)
 	if fb.Factor <= 0 || (!x.req.Stream && x.req.MaxTokens <= 0) || !g.mayHedge(x) {

@@ -314,7 +314,8 @@ func pickAgain(x *completion) bool {
 }
 
 // answered takes in the outcome of x's attempt on one pod: the head of
-// the pod's answer (err nil), or why none came.
+// the pod's answer (err nil; a 200 stream's first body bytes too), or why
+// none came.
 func (x *completion) answered(err error) {
 	g := x.g
 	x.tr.answered(err)

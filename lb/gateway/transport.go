@@ -67,7 +67,11 @@ func (workerTransport) send(x *completion) {
 	// A stream is relayed as it comes; a whole answer is read whole.
 	x.resp.StreamBody = x.req.Stream
 	now := time.Now()
-	x.answered(x.g.callPod(clientCut(x.ctx), x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream))))
+	// A stream's first body bytes are due with its head (within), and
+	// its relay begins with them.
+	n, err := x.g.callPod(clientCut(x.ctx), x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream)), x.wait[:])
+	x.primed = n
+	x.answered(err)
 }
 
 // callPod is upstream.DoCut of up on pod, sent at now, cut by cut, when
@@ -75,8 +79,8 @@ func (workerTransport) send(x *completion) {
 // as the loops give such an exchange up (AbortRelays,
 // frontend.Upstream.Down); those end it with frontend.ErrAborted and
 // upstream.ErrPodDown.
-func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time) error {
-	err := upstream.DoCut(pod.Client, up, resp, headBy, deadline, cut, pod.Down(), abortCut{g})
+func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time, first []byte) (int, error) {
+	n, err := upstream.DoCut(pod.Client, up, resp, headBy, deadline, first, cut, pod.Down(), abortCut{g})
 	if err == upstream.ErrCut {
 		switch {
 		case g.aborting.Load():
@@ -85,7 +89,7 @@ func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request,
 			err = upstream.ErrPodDown
 		}
 	}
-	return err
+	return n, err
 }
 
 func (workerTransport) renders() bool { return false }

@@ -393,24 +393,36 @@ func (k *chanCut) Unwatch(c Cutter) {
 // The answer's header is due by headBy (at the latest deadline), the rest
 // of a whole answer by deadline: a header that is late fails with
 // fasthttp.ErrTimeout, and the connection is closed, which aborts the
-// request on the engine.
-func DoCut(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time, cuts ...Cut) error {
+// request on the engine. With first, a streamed 200 answer's first body
+// bytes are due by headBy too, and read into first (n of them): engines
+// send a stream's head before its prefill (vLLM's and TensorRT-LLM's
+// OpenAI servers), so the head alone says nothing of its first token. A
+// stream with none by then fails as one without a head would,
+// fasthttp.ErrTimeout (fasthttp.ErrConnectionClosed when the pod closed
+// first), while the caller could still try another pod.
+func DoCut(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time, first []byte, cuts ...Cut) (int, error) {
 	body := up.Body()
 	whole := !resp.StreamBody
 	if !headBy.Before(deadline) {
 		headBy = deadline
 	}
 	split := whole && headBy.Before(deadline)
+	if whole {
+		first = nil
+	}
 	watched := len(body) > 0 && slices.ContainsFunc(cuts, func(c Cut) bool { return c != nil })
-	if !watched && !split {
-		return doKept(client, up, resp, headBy)
+	if !watched && !split && first == nil {
+		return 0, doKept(client, up, resp, headBy)
 	}
 	resp.StreamBody = true
+	var n int
 	var err error
 	if !watched {
-		err = doKept(client, up, resp, headBy)
-	} else if err = doWatched(cuts, client, up, resp, headBy); err == ErrCut {
-		return err
+		if err = doKept(client, up, resp, headBy); err == nil {
+			n, err = readFirst(resp, first, headBy)
+		}
+	} else if n, err = doWatched(cuts, client, up, resp, headBy, first); err == ErrCut {
+		return 0, err
 	}
 	if whole {
 		resp.StreamBody = false
@@ -421,7 +433,7 @@ func DoCut(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Res
 			err = readBodyWhole(resp, client.MaxResponseBodySize)
 		}
 	}
-	return err
+	return n, err
 }
 
 // doKept is client.DoDeadline, made again while it fails on a kept
@@ -444,8 +456,9 @@ func sentStale(err error, resp *fasthttp.Response) bool {
 }
 
 // doWatched is DoCut's call of up, whose body is not empty, while cuts
-// are watched; the answer is taken as a stream.
-func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+// are watched, through the read of the answer's first body bytes into
+// first; the answer is taken as a stream.
+func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, first []byte) (int, error) {
 	body := up.Body()
 	// Handing the body over as a stream would recycle the request's body
 	// buffer; with KeepBodyBuffer it is only truncated, so body's bytes
@@ -468,6 +481,10 @@ func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, re
 			break
 		}
 	}
+	var n int
+	if err == nil {
+		n, err = readFirst(resp, first, deadline)
+	}
 	for _, c := range cuts {
 		if c != nil {
 			c.Unwatch(w)
@@ -481,9 +498,35 @@ func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, re
 		if err == nil {
 			CloseStream(resp, ErrCut)
 		}
-		return ErrCut
+		return 0, ErrCut
 	}
-	return err
+	return n, err
+}
+
+// readFirst reads the first body bytes of resp, a 200 answer taken as a
+// stream, into first (none: nothing to read) by deadline. An answer
+// without any closes its stream.
+func readFirst(resp *fasthttp.Response, first []byte, deadline time.Time) (int, error) {
+	if len(first) == 0 || resp.StatusCode() != fasthttp.StatusOK {
+		return 0, nil
+	}
+	if c := ConnOf(resp); c != nil {
+		_ = c.SetReadDeadline(deadline)
+	}
+	n, err := resp.BodyStream().Read(first)
+	if n > 0 || err == nil || err == io.EOF {
+		// An empty body ends at once; its relay reads io.EOF again.
+		return n, nil
+	}
+	CloseStream(resp, err)
+	switch {
+	case pool.IsTimeout(err):
+		return 0, fasthttp.ErrTimeout
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+		// As the event loop's exchange ends when the pod closes then.
+		return 0, fasthttp.ErrConnectionClosed
+	}
+	return 0, err
 }
 
 // readBodyWhole reads the body of a response taken as a stream into the

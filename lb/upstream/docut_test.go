@@ -59,7 +59,7 @@ func TestDoCutBody(t *testing.T) {
 			up.SetBody([]byte(body))
 		}
 		deadline := time.Now().Add(5 * time.Second)
-		if err := DoCut(client(fails), up, resp, deadline, deadline, never); err == nil {
+		if _, err := DoCut(client(fails), up, resp, deadline, deadline, nil, never); err == nil {
 			t.Fatal("a pod that closed the connection unanswered: no error")
 		}
 		// Another request on this goroutine takes a body buffer from the
@@ -70,7 +70,7 @@ func TestDoCutBody(t *testing.T) {
 			t.Fatalf("borrowed %v: after a failed call the body is %d bytes %.40q…, want the request's %d", borrowed, len(got), got, len(body))
 		}
 		resp.Reset()
-		if err := DoCut(client(echoes), up, resp, deadline, deadline, never); err != nil {
+		if _, err := DoCut(client(echoes), up, resp, deadline, deadline, nil, never); err != nil {
 			t.Fatalf("borrowed %v: retry: %v", borrowed, err)
 		}
 		if !bytes.Equal(resp.Body(), []byte(body)) || string(up.Body()) != body {
@@ -111,7 +111,7 @@ func TestDoCutBodyWrites(t *testing.T) {
 	up.SetRequestURI("http://pod/v1/completions")
 	up.SetBodyRaw([]byte(body))
 	deadline := time.Now().Add(5 * time.Second)
-	if err := DoCut(client, up, resp, deadline, deadline, ChanCut(make(chan struct{}))); err != nil {
+	if _, err := DoCut(client, up, resp, deadline, deadline, nil, ChanCut(make(chan struct{}))); err != nil {
 		t.Fatal(err)
 	}
 	if string(resp.Body()) != body || writes.n > 2 {
@@ -128,6 +128,53 @@ type countingConn struct {
 func (c *countingConn) Write(p []byte) (int, error) {
 	c.n++
 	return c.Conn.Write(p)
+}
+
+// TestDoCutStreamFirstByte: a streamed answer's first body bytes are due
+// by headBy with its head, and read into first; a head alone (engines
+// send it before the prefill) fails as no answer would, watched or not.
+func TestDoCutStreamFirstByte(t *testing.T) {
+	const head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	const event = "data: {}\n\n"
+	prefilling := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+		_, _ = http.ReadRequest(bufio.NewReader(c))
+		_, _ = io.WriteString(c, head)
+		_, _ = io.Copy(io.Discard, c) // until the call gives up
+	})
+	streams := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+		_, _ = http.ReadRequest(bufio.NewReader(c))
+		_, _ = io.WriteString(c, head)
+		time.Sleep(50 * time.Millisecond) // the head goes on its own
+		_, _ = io.WriteString(c, strconv.FormatInt(int64(len(event)), 16)+"\r\n"+event+"\r\n0\r\n\r\n")
+	})
+	for _, cut := range []Cut{nil, ChanCut(make(chan struct{}))} {
+		call := func(addr string, first []byte) (*fasthttp.Response, int, error) {
+			client := &fasthttp.HostClient{Addr: addr, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second) }}
+			up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			t.Cleanup(func() { fasthttp.ReleaseRequest(up) })
+			up.Header.SetMethod("POST")
+			up.SetRequestURI("http://pod/v1/completions")
+			up.SetBodyString(`{"stream":true}`)
+			resp.StreamBody = true
+			now := time.Now()
+			n, err := DoCut(client, up, resp, now.Add(200*time.Millisecond), now.Add(time.Minute), first, cut)
+			return resp, n, err
+		}
+		var first [1]byte
+		if _, n, err := call(prefilling, first[:]); err != fasthttp.ErrTimeout || n != 0 {
+			t.Fatalf("watched %v: a head and no event by headBy: %d bytes, %v; want fasthttp.ErrTimeout", cut != nil, n, err)
+		}
+		resp, n, err := call(streams, first[:])
+		if err != nil || n != 1 {
+			t.Fatalf("watched %v: a head, then an event: %d bytes, %v", cut != nil, n, err)
+		}
+		rest, err := io.ReadAll(resp.BodyStream())
+		if got := string(first[:n]) + string(rest); err != nil || got != event {
+			t.Fatalf("watched %v: the body read %q, %v; want %q", cut != nil, got, err, event)
+		}
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+	}
 }
 
 // TestDoCutKeptClosed: a pod that closes a kept connection as the next
@@ -161,7 +208,7 @@ func TestDoCutKeptClosed(t *testing.T) {
 		up.SetBodyString(`{"prompt":"hi"}`)
 		for i := range 3 {
 			deadline := time.Now().Add(5 * time.Second)
-			if err := DoCut(client, up, resp, deadline, deadline, cut); err != nil || string(resp.Body()) != "ok" {
+			if _, err := DoCut(client, up, resp, deadline, deadline, nil, cut); err != nil || string(resp.Body()) != "ok" {
 				t.Fatalf("watched %v, call %d: %v %q", cut != nil, i, err, resp.Body())
 			}
 		}
@@ -169,7 +216,7 @@ func TestDoCutKeptClosed(t *testing.T) {
 		calls.Store(0)
 		up.SetRequestURI("http://pod/fail")
 		deadline := time.Now().Add(5 * time.Second)
-		if err := DoCut(client, up, resp, deadline, deadline, cut); err == nil || calls.Load() != 1 {
+		if _, err := DoCut(client, up, resp, deadline, deadline, nil, cut); err == nil || calls.Load() != 1 {
 			t.Fatalf("watched %v: a new connection closed unanswered: %v after %d requests; want an error after 1", cut != nil, err, calls.Load())
 		}
 		fasthttp.ReleaseRequest(up)
