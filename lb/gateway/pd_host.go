@@ -21,10 +21,8 @@ import (
 // pdFleet is the gateway as a pd.Fleet.
 type pdFleet struct{ g *Gateway }
 
-func (f pdFleet) Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
-	// A decode leg's first event is the decode watchdog's (pd.Call.ReadDeadline).
-	_, err := f.g.callPod(upstream.ChansCut(cut, drop), pod, up, resp, time.Now(), deadline, deadline, nil)
-	return err
+func (f pdFleet) Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, first []byte) (int, error) {
+	return f.g.callPod(upstream.ChansCut(cut, drop), pod, up, resp, time.Now(), deadline, deadline, first)
 }
 func (f pdFleet) CallFailed(pod *pool.Pod, err error) { f.g.callFailed(pod, err, true) }
 func (f pdFleet) PodFailed(pod *pool.Pod)             { f.g.podFailed(pod) }
@@ -83,9 +81,11 @@ func (x *completion) HandOver() (int64, ledger.Ticket) {
 	return x.uncached, x.ticket
 }
 
-// Respond relays the decode pod's answer, whose head is in: a retry of
-// the pair retries no more (retryAnswered), as on one pod.
-func (x *completion) Respond(pod *pool.Pod, resp *fasthttp.Response) {
+// Respond relays the decode pod's answer, whose head is in, its relay
+// beginning with first: a retry of the pair retries no more
+// (retryAnswered), as on one pod.
+func (x *completion) Respond(pod *pool.Pod, resp *fasthttp.Response, first []byte) {
+	x.primed = copy(x.wait[:], first)
 	x.tr.decodeHead(x.pd.PrefillEnd())
 	x.g.retryAnswered(x)
 	x.g.respond(x.ctx, x, x.m, pod, resp)

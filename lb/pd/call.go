@@ -39,8 +39,9 @@ type Host interface {
 	// leg, which ends it itself: the uncached tokens queued on the pod and
 	// a copy of the request's ledger ticket.
 	HandOver() (uncached int64, t ledger.Ticket)
-	// Respond relays the decode pod's answer, whose head is in.
-	Respond(pod *pool.Pod, resp *fasthttp.Response)
+	// Respond relays the decode pod's answer, whose head is in, and of a
+	// stream its first body bytes, first, read already.
+	Respond(pod *pool.Pod, resp *fasthttp.Response, first []byte)
 	// AnswerFromPrefill answers with the prefill pod's final answer body
 	// (resp's, copied), and finishes the request.
 	AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, body []byte)
@@ -58,10 +59,11 @@ type Host interface {
 // ended.
 type Fleet interface {
 	// Send sends a leg, up, to pod and reads its answer into resp: its
-	// head when resp.StreamBody is set, else all of it, by deadline;
+	// head when resp.StreamBody is set, else all of it, by deadline, and
+	// with first a 200 stream's first body bytes into it (n) by then too;
 	// closing cut or drop (either may be nil) gives it up (upstream.DoCut
 	// with upstream.ChansCut).
-	Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error
+	Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, first []byte) (n int, err error)
 	// CallFailed counts a call to pod that failed with err; PodFailed an
 	// answer of pod's that is its fault.
 	CallFailed(pod *pool.Pod, err error)
@@ -117,8 +119,11 @@ type Call struct {
 	watched bool
 	// prefillEnd is when the prefill leg answered (sequential protocols;
 	// concurrent ones publish it in link).
-	prefillEnd                time.Time
-	legsStart                 time.Time
+	prefillEnd time.Time
+	legsStart  time.Time
+	// first holds a sequential decode leg's first body bytes (firstN).
+	first                     [1]byte
+	firstN                    int
 	link                      *Link
 	preBody, decBody, preResp []byte
 }

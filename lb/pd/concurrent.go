@@ -17,8 +17,8 @@ import (
 const prefillGrace = 250 * time.Millisecond
 
 // runConcurrent sends both legs at once and waits for the one that
-// settles the request: the decode leg's headers (its answer), or a failed
-// prefill leg, or the watchdog.
+// settles the request: the decode leg's headers (its answer; a stream's
+// first event), or a failed prefill leg, or the watchdog.
 func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 	l := AcquireLink()
 	c.link = l
@@ -84,7 +84,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 					// known: cut it now, the relay reports the failure.
 					l.WithDecConn(func(conn *upstream.Conn) { _ = conn.Close() })
 				}
-				c.respond(resp)
+				c.respond(resp, l.First[:l.FirstN])
 				return nil
 			}
 			fasthttp.ReleaseResponse(resp)
@@ -123,7 +123,7 @@ func (c *Call) sendConcurrentDecode() *fasthttp.Response {
 	l.DecState.Store(DecPending)
 	l.Hold()
 	l.Cut = make(chan struct{})
-	go l.decode(c.fleet, l.Cut, c.Dec, up, resp, c.decodeHeadersBy())
+	go l.decode(c.fleet, l.Cut, c.Dec, up, resp, c.decodeHeadersBy(), c.firstOf(l.First[:]))
 	return resp
 }
 
@@ -187,7 +187,7 @@ type concurrentPrefill struct {
 func (l *Link) prefill(c concurrentPrefill) {
 	defer l.Release()
 	resp := fasthttp.AcquireResponse()
-	err := c.fleet.Send(c.gone, c.drop, c.pre, c.up, resp, time.Now().Add(c.timeout))
+	_, err := c.fleet.Send(c.gone, c.drop, c.pre, c.up, resp, time.Now().Add(c.timeout), nil)
 	fasthttp.ReleaseRequest(c.up)
 	status := 0
 	if err == nil {

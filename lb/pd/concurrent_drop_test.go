@@ -18,9 +18,9 @@ type refusedAsDropped struct {
 	failed []error
 }
 
-func (f *refusedAsDropped) Send(_, drop <-chan struct{}, _ *pool.Pod, _ *fasthttp.Request, _ *fasthttp.Response, _ time.Time) error {
+func (f *refusedAsDropped) Send(_, drop <-chan struct{}, _ *pool.Pod, _ *fasthttp.Request, _ *fasthttp.Response, _ time.Time, _ []byte) (int, error) {
 	<-drop
-	return errRefused
+	return 0, errRefused
 }
 
 func (f *refusedAsDropped) CallFailed(_ *pool.Pod, err error) { f.failed = append(f.failed, err) }

@@ -124,7 +124,7 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 	pre := c.Pre
 	up.SetBodyRaw(c.preBody)
 	resp := fasthttp.AcquireResponse()
-	err := c.fleet.Send(c.gone, nil, pre, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout))
+	_, err := c.fleet.Send(c.gone, nil, pre, up, resp, time.Now().Add(c.Opts.PrefillRequestTimeout), nil)
 	fasthttp.ReleaseRequest(up)
 	status := 0
 	if err == nil {
@@ -253,11 +253,12 @@ func (c *Call) sequentialDecode() *fail.Failure {
 		dec.Acquire()
 		// Streamed even for a whole answer: the watchdog times its reads.
 		resp.StreamBody = true
-		err := c.fleet.Send(c.gone, nil, dec, up, resp, c.decodeHeadersBy())
+		var err error
+		c.firstN, err = c.fleet.Send(c.gone, nil, dec, up, resp, c.decodeHeadersBy(), c.firstOf(c.first[:]))
 		fasthttp.ReleaseRequest(up)
 		if err == nil {
 			c.Ticket.Done()
-			c.respond(resp)
+			c.respond(resp, c.first[:c.firstN])
 			return nil
 		}
 		fasthttp.ReleaseResponse(resp)
@@ -285,10 +286,22 @@ func (c *Call) moveDecode(dec *pool.Pod, err error) bool {
 	return f.Reason == fail.Refused && c.host.MoveDecode(f)
 }
 
+// firstOf is where a decode leg reads a stream's first body bytes, with
+// its head: engines send a stream's head before they pull the KV, and the
+// client is answered nothing until its first event, so a prefill leg or
+// watchdog that fails first still gets the client a clean error. Nil
+// for a whole answer, whose body is read whole.
+func (c *Call) firstOf(buf []byte) []byte {
+	if !c.stream {
+		return nil
+	}
+	return buf
+}
+
 // decodeHeadersBy is the deadline of the decode leg's response headers
-// (and, without a stream, its whole body): the watchdog's first-response
-// bound for a stream, its response bound without one, else the upstream's
-// (ResponseTimeout).
+// and a stream's first event (and, without a stream, its whole body): the
+// watchdog's first-response bound for a stream, its response bound
+// without one, else the upstream's (ResponseTimeout).
 func (c *Call) decodeHeadersBy() time.Time {
 	limit := c.watchdogLimit()
 	c.watched = limit > 0
@@ -319,8 +332,9 @@ func (c *Call) decodeFailure(err error) *fail.Failure {
 	return f
 }
 
-// respond relays the decode leg's answer with the pair's headers.
-func (c *Call) respond(resp *fasthttp.Response) {
+// respond relays the decode leg's answer, and a stream's first body
+// bytes read already, with the pair's headers.
+func (c *Call) respond(resp *fasthttp.Response, first []byte) {
 	if conn := upstream.ConnOf(resp); conn != nil && !c.stream && c.Opts.DecodeResponseTimeout > 0 {
 		// The whole body is due within the watchdog's bound of the
 		// prefill's success, which a concurrent prefill leg may have
@@ -330,5 +344,5 @@ func (c *Call) respond(resp *fasthttp.Response) {
 	}
 	c.ctx.Response.Header.Set(HeaderPrefillPod, c.Pre.Config.Name)
 	c.ctx.Response.Header.Set(HeaderDecodePod, c.Dec.Config.Name)
-	c.host.Respond(c.Dec, resp)
+	c.host.Respond(c.Dec, resp, first)
 }

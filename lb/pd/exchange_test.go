@@ -48,7 +48,7 @@ type scriptedLegs struct {
 	responded *pool.Pod
 }
 
-func (s *scriptedLegs) Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, _ time.Time) error {
+func (s *scriptedLegs) Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, _ time.Time, _ []byte) (int, error) {
 	s.mu.Lock()
 	s.sent = append(s.sent, pod.Config.Name)
 	l := leg{err: errors.New("no script")}
@@ -61,15 +61,15 @@ func (s *scriptedLegs) Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fastht
 		case <-cut:
 		case <-drop:
 		}
-		return upstream.ErrCut
+		return 0, upstream.ErrCut
 	}
 	time.Sleep(l.delay)
 	if l.err != nil {
-		return l.err
+		return 0, l.err
 	}
 	resp.SetStatusCode(l.status)
 	resp.SetBodyString(l.body)
-	return nil
+	return 0, nil
 }
 
 func (s *scriptedLegs) CallFailed(*pool.Pod, error) {}
@@ -95,7 +95,7 @@ func (s *scriptedLegs) PlacePair(pre, _ *pool.Pod) bool              { pre.Acqui
 func (s *scriptedLegs) Unplace(pre *pool.Pod)                        { pre.Release() }
 func (s *scriptedLegs) PrefillDone(*pool.Pod, time.Time, bool, bool) {}
 func (s *scriptedLegs) HandOver() (int64, ledger.Ticket)             { return 0, ledger.Ticket{} }
-func (s *scriptedLegs) Respond(pod *pool.Pod, resp *fasthttp.Response) {
+func (s *scriptedLegs) Respond(pod *pool.Pod, resp *fasthttp.Response, _ []byte) {
 	s.responded = pod
 	fasthttp.ReleaseResponse(resp)
 	pod.Release()

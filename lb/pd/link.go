@@ -57,6 +57,10 @@ type Link struct {
 	decConn *upstream.Conn
 	// Buf holds the prefill leg's answer.
 	Buf []byte
+	// First holds the decode leg's stream's first body bytes (FirstN),
+	// which its goroutine reads before DecDone.
+	First  [1]byte
+	FirstN int
 }
 
 var linkPool = sync.Pool{New: func() any {
@@ -112,11 +116,13 @@ func (l *Link) WithDecConn(f func(*upstream.Conn)) {
 	}
 }
 
-// decode runs a concurrent decode leg until its response headers and
-// delivers them, or cleans up after a request that left.
-func (l *Link) decode(fl Fleet, cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time) {
+// decode runs a concurrent decode leg until its response headers (and
+// first's bytes) and delivers them, or cleans up after a request that
+// left.
+func (l *Link) decode(fl Fleet, cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time, first []byte) {
 	defer l.Release()
-	err := fl.Send(cut, nil, dec, up, resp, by)
+	var err error
+	l.FirstN, err = fl.Send(cut, nil, dec, up, resp, by, first)
 	fasthttp.ReleaseRequest(up)
 	if l.DecState.CompareAndSwap(DecPending, DecDelivered) {
 		l.DecDone <- err
