@@ -271,14 +271,24 @@ func (p *Pod) kvPace(n int64) time.Duration {
 	return time.Duration(sec * float64(time.Second))
 }
 
+// pullKV is receiveKV in the request's kv_pull span, with failed to
+// answer a failed pull: true when the response is due.
+func (p *Pod) pullKV(ctx *fasthttp.RequestCtx, span *genSpan, rs []*request, legs []pdLeg, failed func(error)) bool {
+	pulled := span.step("kv_pull")
+	ok, err := p.receiveKV(ctx.Conn(), rs, legs)
+	pulled()
+	if err != nil {
+		failed(err)
+	}
+	return ok
+}
+
 // receiveKV pulls the KV of a decode leg's requests, rs[i]'s from
 // legs[i].src once the scheduler admitted it, and lets each one's prefill
-// run as its KV arrives. It returns false when it answered (a failed pull,
-// as failAccepted answers for a stream or not, which cancels them all) or
-// the client left; true when the response is due, aborted requests
-// included.
-func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLeg, stream bool) bool {
-	conn := ctx.Conn()
+// run as its KV arrives. It returns true when the response is due,
+// aborted requests included; false when the client on conn left, or with
+// the error of a failed pull, which cancels them all.
+func (p *Pod) receiveKV(conn net.Conn, rs []*request, legs []pdLeg) (bool, error) {
 	pullCtx, cancel := context.WithCancel(context.Background())
 	type pulled struct {
 		i   int
@@ -322,9 +332,7 @@ func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLeg, s
 			}
 			if d.err != nil {
 				cancelAll()
-				p.failAccepted(ctx, stream, fasthttp.StatusInternalServerError, "InternalServerError",
-					fmt.Sprintf("KV transfer from %s failed: %v", legs[d.i].src.Addr, d.err))
-				return false
+				return false, fmt.Errorf("KV transfer from %s failed: %v", legs[d.i].src.Addr, d.err)
 			}
 			settled[d.i], left = true, left-1
 			p.sched.send(schedMsg{kind: msgKVReady, req: rs[d.i]})
@@ -340,10 +348,10 @@ func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLeg, s
 		case <-poll.C:
 			if connGone(conn) {
 				cancelAll()
-				return false
+				return false, nil
 			}
 		case <-p.sched.exited:
-			return true
+			return true, nil
 		}
 	}
 	if woke {
@@ -353,7 +361,7 @@ func (p *Pod) receiveKV(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLeg, s
 		default:
 		}
 	}
-	return true
+	return true, nil
 }
 
 // pdAnswer is a prefill leg's fields in its response body (raw JSON).

@@ -416,10 +416,23 @@ func (p *Pod) failAccepted(ctx *fasthttp.RequestCtx, stream bool, code int, typ,
 		p.writeError(ctx, code, typ, "", msg)
 		return
 	}
-	name := strings.ToUpper(strings.ReplaceAll(fasthttp.StatusMessage(code), " ", "_"))
-	b := append([]byte(`data: {"error":`), errorBody(engines.SGLang, code, name, "", msg)...)
 	ctx.SetContentType(sseContentType)
-	ctx.SetBody(append(b, "}\n\ndata: [DONE]\n\n"...))
+	ctx.SetBody(streamError(engines.SGLang, code, typ, msg))
+}
+
+// streamError is the end of a stream that failed after its head went
+// out: the engine's error event, then [DONE] (vLLM's and SGLang's
+// create_streaming_error_response). vLLM's error body is one already;
+// SGLang types it by the status's name.
+func streamError(k engines.Kind, code int, typ, msg string) []byte {
+	if k == engines.SGLang {
+		typ = strings.ToUpper(strings.ReplaceAll(fasthttp.StatusMessage(code), " ", "_"))
+	}
+	body := errorBody(k, code, typ, "", msg)
+	if k != engines.VLLM {
+		body = append(append([]byte(`{"error":`), body...), '}')
+	}
+	return append(append([]byte("data: "), body...), "\n\ndata: [DONE]\n\n"...)
 }
 
 // refuse answers 400 for a request the engine would not serve, or 500
@@ -694,11 +707,13 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			return
 		}
 	}
-	if kind == legDecode {
-		pulled := span.step("kv_pull")
-		ok := p.receiveKV(ctx, rs, legs, bool(req.Stream))
-		pulled()
-		if !ok {
+	conn := ctx.Conn()
+	if kind == legDecode && !req.Stream {
+		// A whole answer's head comes with its body; a stream's goes
+		// before the pull (below).
+		if !p.pullKV(ctx, span, rs, legs, func(err error) {
+			p.failAccepted(ctx, false, fasthttp.StatusInternalServerError, "InternalServerError", err.Error())
+		}) {
 			return
 		}
 	}
@@ -718,7 +733,6 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		p.answerPrefill(ctx, rs, legs, isChat, respID, created, texts, sse)
 		return
 	}
-	conn := ctx.Conn()
 	if sse == nil {
 		outs := p.waitAll(rs, conn, nil)
 		if outs == nil {
@@ -733,9 +747,22 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		return
 	}
 	ctx.SetContentType(sseContentType)
+	// The engines' OpenAI servers answer a stream with Starlette's
+	// StreamingResponse, whose head goes out before the body generator
+	// runs: before the prefill, and on a decode pod before the KV pull.
+	ctx.Response.ImmediateHeaderFlush = true
 	handedOff = true
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer p.leave()
+		if kind == legDecode && !p.pullKV(ctx, span, rs, legs, func(err error) {
+			// Past the head: as vLLM's stream generator fails, an error
+			// event, then [DONE].
+			_, _ = w.Write(streamError(p.cfg.Engine, fasthttp.StatusInternalServerError, "InternalServerError", err.Error()))
+			_ = w.Flush()
+		}) {
+			span.end(0, finishNone)
+			return
+		}
 		var buf, piece []byte
 		sent := make([]int, len(rs))
 		left, completion := len(rs), 0

@@ -203,6 +203,7 @@ func (p *Pod) runInner(ctx *fasthttp.RequestCtx, req any, isChat bool) (*fasthtt
 func relayInner(ctx, inner *fasthttp.RequestCtx, relay func(w *bufio.Writer, events *bufio.Reader)) {
 	stream := inner.Response.BodyStream()
 	ctx.SetContentType(sseContentType)
+	ctx.Response.ImmediateHeaderFlush = true // as generate's own stream
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer inner.Response.CloseBodyStream() //nolint:errcheck // the inner stream's end
 		relay(w, bufio.NewReader(stream))
