@@ -328,7 +328,13 @@ func testTracePDRequest(t *testing.T, e pdEngine) {
 	if simPre.attrs["sim.pod"] != "pre" || simDec.attrs["sim.pod"] != "dec" {
 		t.Errorf("pod spans from %q and %q", simPre.attrs["sim.pod"], simDec.attrs["sim.pod"])
 	}
-	childOf(t, one(t, m, "pdlb-sim/kv_pull"), simDec)
+	pull := one(t, m, "pdlb-sim/kv_pull")
+	childOf(t, pull, simDec)
+	// The handoff ends as the decode leg's stream shows the KV arrived,
+	// at its first event: the pod sent its head before the pull.
+	if kv := one(t, m, "pdlb/kv_handoff"); kv.end < pull.end {
+		t.Errorf("kv_handoff ends %v before the decode pod's kv_pull", time.Duration(pull.end-kv.end))
+	}
 }
 
 func TestTraceRetriesAreSiblings(t *testing.T) {

@@ -73,8 +73,9 @@ type reqTrace struct {
 	// the relay.
 	sent, prefill, decode, relay trace.Span
 	decodeStart                  time.Time
-	// decodeHeadAt is when the decode leg's head came in, until the KV
-	// handoff is recorded (a concurrent prefill leg's end may come later).
+	// decodeHeadAt is when the decode leg's answer came in (decodeHead),
+	// until the KV handoff is recorded (a concurrent prefill leg's end
+	// may come later).
 	decodeHeadAt time.Time
 	// reasons are the answer's finish_reason values, in order.
 	reasons []string
@@ -269,7 +270,8 @@ func (t *reqTrace) prefillDone(at time.Time, cut bool) {
 }
 
 // decodeHead records the KV handoff: from the prefill leg's end to the
-// decode leg's answer's head, now. A concurrent prefill leg may report
+// decode leg's answer, now: a stream's first event (its head comes before
+// the KV pull), a whole answer's head. A concurrent prefill leg may report
 // its end later (it answers once the KV is picked up): prefillKnown then
 // records the handoff.
 func (t *reqTrace) decodeHead(prefillEnd time.Time) {
