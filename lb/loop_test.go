@@ -613,3 +613,52 @@ func postStream(t *testing.T, s *lb.Server) (*http.Response, string) {
 	defer kc.CloseIdleConnections()
 	return postVia(t, kc, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 }
+
+// TestStreamHeadThenCloseIsNotSentAgain: a stream whose head came on a
+// kept connection before the pod closed it was taken by the pod (engines
+// send the head before the prefill), so the close is the pod's failure,
+// not a kept connection's close crossing the request: it is not sent to
+// the pod again on a new connection.
+func TestStreamHeadThenCloseIsNotSentAgain(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			var completions atomic.Int32
+			addr := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, r.Body)
+					if r.URL.Path != "/v1/chat/completions" {
+						fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+						continue
+					}
+					if completions.Add(1) > 1 {
+						// A stream's head, then the pod's close.
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+						return
+					}
+					body := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			})
+			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: addr}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+				c.Upstream.Retries = 0
+			})
+			kc := &http.Client{Timeout: 20 * time.Second}
+			defer kc.CloseIdleConnections()
+			if resp, body := postVia(t, kc, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+				t.Fatalf("the first request: %d %s", resp.StatusCode, body)
+			}
+			stream := strings.Replace(chatBody, `"max_tokens":8`, `"max_tokens":8,"stream":true`, 1)
+			postVia(t, kc, s, "/v1/chat/completions", stream)
+			if n := completions.Load(); n != 2 {
+				t.Fatalf("the pod got %d completions; want 2: the stream it began answering is not sent again", n)
+			}
+		})
+	}
+}
