@@ -381,25 +381,8 @@ func TestFirstExchangeSwept(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	pod := srv.Listener.Addr().String()
-	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
-		req := fasthttp.AcquireRequest()
-		defer fasthttp.ReleaseRequest(req)
-		req.SetRequestURI("http://" + pod + "/")
-		a := &loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}
-		u := Upstream{Addr: pod, DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8, FirstByte: 100 * time.Millisecond}
-		if err := LoopOf(ctx).Send(u, false, (*FastRequest)(req), a.resp, a); err != nil {
-			a.Answered(err)
-		}
-	}}
-	s, err := StartGNet("127.0.0.1:0", h, Options{UpstreamTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.ShutdownWithContext(ctx)
-	})
+	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8, FirstByte: 100 * time.Millisecond}
+	s := sendingGNet(t, Options{UpstreamTimeout: 100 * time.Millisecond}, pod, "/", u, false, nil)
 	resp, err := http.Get("http://" + s.Addr() + "/")
 	if err != nil {
 		t.Fatal(err)

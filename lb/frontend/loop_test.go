@@ -33,6 +33,38 @@ func (a *loopAnswer) Answered(err error) {
 	a.ctx.SetBody(a.resp.Body())
 }
 
+// sendingGNet starts a gnet front end that serves each request with an
+// exchange on its loop with pod: a request to path, by u (its Addr pod's),
+// streamed if stream; answer wraps the request's loopAnswer as the
+// exchange's Done (nil: the loopAnswer).
+func sendingGNet(t *testing.T, o Options, pod, path string, u Upstream, stream bool, answer func(*loopAnswer) Done) *GNet {
+	t.Helper()
+	u.Addr = pod
+	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
+		req := fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(req)
+		req.SetRequestURI("http://" + pod + path)
+		a := &loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}
+		var done Done = a
+		if answer != nil {
+			done = answer(a)
+		}
+		if err := LoopOf(ctx).Send(u, stream, (*FastRequest)(req), a.resp, done); err != nil {
+			done.Answered(err)
+		}
+	}}
+	s, err := StartGNet("127.0.0.1:0", h, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.ShutdownWithContext(ctx)
+	})
+	return s
+}
+
 // TestSweptConnectionIsNotReused: a connection the sweep closed for a
 // timeout, whose answer then came before the close ran (the loop's task
 // queue backed up under load), must not carry the next exchange: that
@@ -246,25 +278,8 @@ func TestFirstByteFromTheSend(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	pod := srv.Listener.Addr().String()
-	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
-		req := fasthttp.AcquireRequest()
-		defer fasthttp.ReleaseRequest(req)
-		req.SetRequestURI("http://" + pod + "/")
-		a := &loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}
-		u := Upstream{Addr: pod, DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8, FirstByte: 900 * time.Millisecond}
-		if err := LoopOf(ctx).Send(u, false, (*FastRequest)(req), a.resp, a); err != nil {
-			a.Answered(err)
-		}
-	}}
-	s, err := StartGNet("127.0.0.1:0", h, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.ShutdownWithContext(ctx)
-	})
+	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8, FirstByte: 900 * time.Millisecond}
+	s := sendingGNet(t, Options{}, pod, "/", u, false, nil)
 	// The clock 0.8 s behind: its next tick is 0.2 s away, before the
 	// pod's answer and long before the deadline.
 	for time.Now().UnixNano()-s.now.Load() < int64(800*time.Millisecond) {
@@ -295,25 +310,8 @@ func TestStreamHeadIsNotItsFirstByte(t *testing.T) {
 	t.Cleanup(srv.Close)
 	pod := srv.Listener.Addr().String()
 	errs := make(chan error, 1)
-	h := Handler{OnLoop: true, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
-		req := fasthttp.AcquireRequest()
-		defer fasthttp.ReleaseRequest(req)
-		req.SetRequestURI("http://" + pod + "/v1/completions")
-		a := &streamAnswer{loopAnswer{ctx: ctx, resp: new(fasthttp.Response)}, errs}
-		u := Upstream{Addr: pod, DialTimeout: time.Second, Timeout: time.Minute, FirstByte: 100 * time.Millisecond, Keepalive: time.Minute, MaxConns: 8}
-		if err := LoopOf(ctx).Send(u, true, (*FastRequest)(req), a.resp, a); err != nil {
-			a.Answered(err)
-		}
-	}}
-	s, err := StartGNet("127.0.0.1:0", h, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.ShutdownWithContext(ctx)
-	})
+	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, FirstByte: 100 * time.Millisecond, Keepalive: time.Minute, MaxConns: 8}
+	s := sendingGNet(t, Options{}, pod, "/v1/completions", u, true, func(a *loopAnswer) Done { return &streamAnswer{a, errs} })
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + s.Addr() + "/")
 	if err != nil {
 		t.Fatal(err)
@@ -326,7 +324,7 @@ func TestStreamHeadIsNotItsFirstByte(t *testing.T) {
 
 // streamAnswer is a loopAnswer that reports the exchange's end on errs.
 type streamAnswer struct {
-	loopAnswer
+	*loopAnswer
 	errs chan<- error
 }
 
