@@ -669,3 +669,46 @@ func TestSilentConnectionsGetNoAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPSPodClosesKeptConnections: an https pod that closes a kept
+// connection while it idles (uvicorn does after 5 s), or as the gateway's
+// next request on it comes, never took that request, so it goes again on
+// a new connection to the same pod, as to a plain pod
+// (TestPodClosesIdleConnections, TestPodClosesAsTheRequestComes): not a
+// reset, which would spend a retry (none is left: the client got 502) and
+// count against the pod.
+func TestHTTPSPodClosesKeptConnections(t *testing.T) {
+	ca := newCA(t)
+	leaf := issueLeaf(t, ca, time.Time{}, time.Time{}, "127.0.0.1")
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		for _, tc := range []struct {
+			name string
+			idle time.Duration // keepAlivePod's
+			gap  time.Duration // between requests
+		}{{"idle", 100 * time.Millisecond, 300 * time.Millisecond}, {"crossing", -1, 0}} {
+			t.Run(fe+"/"+tc.name, func(t *testing.T) {
+				addr, accepted := keepAlivePod(t, tc.idle, nil)
+				s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: "https://" + tlsProxy(t, leaf, addr, nil)}}, func(c *config.Config) {
+					c.Frontend = fe
+					c.Health.Interval = time.Hour
+					c.Upstream.TLS.CAFile = ca.File
+					c.Upstream.Retries = 0
+				})
+				for i := range 3 {
+					if i > 0 {
+						time.Sleep(tc.gap)
+					}
+					if resp, body := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+						t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+					}
+				}
+				if n := accepted.Load(); n != 3 {
+					t.Fatalf("the pod accepted %d connections; want 3, one per request after its first closed", n)
+				}
+				if n := metricValue(t, s, `pdlb_upstream_errors_total{pod="p"}`); n != 0 {
+					t.Fatalf("the pod was charged %v failures", n)
+				}
+			})
+		}
+	}
+}

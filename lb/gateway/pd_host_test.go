@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"crypto/tls"
 	"io"
 	"net"
 	"slices"
@@ -44,7 +45,7 @@ func inMemoryGateway(t *testing.T, h fasthttp.RequestHandler, adm *admit.ClassCo
 	t.Cleanup(func() { ln.Close() })
 	srv := &fasthttp.Server{Handler: h}
 	go func() { _ = srv.Serve(ln) }()
-	dial := func(string, time.Duration) (net.Conn, error) { return ln.Dial() }
+	dial := func(string, time.Duration, *tls.Config) (net.Conn, error) { return ln.Dial() }
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m", Policy: "least_request"}}
 	cfg.Pods = pods

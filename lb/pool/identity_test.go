@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"crypto/tls"
 	"fmt"
 	"math"
 	"net"
@@ -38,7 +39,9 @@ func (f *fleet) prepare(pods ...config.Pod) *Snapshot {
 	if err := cfg.Validate(); err != nil {
 		f.t.Fatal(err)
 	}
-	dial := func(string, time.Duration) (net.Conn, error) { return nil, fmt.Errorf("no dialing in this test") }
+	dial := func(string, time.Duration, *tls.Config) (net.Conn, error) {
+		return nil, fmt.Errorf("no dialing in this test")
+	}
 	s, err := Build(&cfg, dial, f.snap)
 	if err != nil {
 		f.t.Fatal(err)

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,7 +36,7 @@ func TestScrapeLearnsAdapters(t *testing.T) {
 	cfg := config.Default()
 	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
 	cfg.Provision()
-	snap, err := Build(&cfg, func(addr string, timeout time.Duration) (net.Conn, error) {
+	snap, err := Build(&cfg, func(addr string, timeout time.Duration, _ *tls.Config) (net.Conn, error) {
 		return net.DialTimeout("tcp", addr, timeout)
 	}, nil)
 	if err != nil {
@@ -98,7 +99,7 @@ func loraSnapshot(t *testing.T, roles ...string) (snap *Snapshot, fin, sql *Adap
 func offlineSnapshot(t *testing.T, cfg config.Config) *Snapshot {
 	t.Helper()
 	cfg.Provision()
-	snap, err := Build(&cfg, func(addr string, timeout time.Duration) (net.Conn, error) { return nil, net.ErrClosed }, nil)
+	snap, err := Build(&cfg, func(string, time.Duration, *tls.Config) (net.Conn, error) { return nil, net.ErrClosed }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -486,9 +486,10 @@ type Pool struct{ snap atomic.Pointer[Snapshot] }
 // Load returns the current snapshot.
 func (p *Pool) Load() *Snapshot { return p.snap.Load() }
 
-// DialFunc opens a connection to a pod within timeout; the gateway supplies one
+// DialFunc opens a connection to a pod within timeout, with TLS by tc
+// (nil: plain), its handshake within timeout too; the gateway supplies one
 // that lets it manage stream deadlines.
-type DialFunc func(addr string, timeout time.Duration) (net.Conn, error)
+type DialFunc func(addr string, timeout time.Duration, tc *tls.Config) (net.Conn, error)
 
 // Build makes the snapshot of a validated configuration, dialing pods with
 // dial. prev, if not nil, is the snapshot it replaces.
@@ -526,7 +527,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 	}
 	pcs := make([]config.Pod, len(cfg.Pods))
 	stays := map[*Pod]bool{}
-	var podTLS *tls.Config
+	var upTLS *tls.Config
 	for i := range cfg.Pods {
 		// The snapshot holds pods with their defaults filled, whoever
 		// built the configuration.
@@ -565,15 +566,16 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			pod.podState = new(podState)
 			pod.Speed.Init(pc.PrefillTokensPerSec, admit.DefaultSpeedAlpha)
 			pod.weight.Store(math.Float64bits(pc.Weight))
-			pod.Dial = func(addr string) (net.Conn, error) { return dial(addr, connectTimeout) }
+			var tc *tls.Config
 			if pc.TLS {
-				if podTLS == nil {
-					if podTLS, err = upstreamTLS(cfg.Upstream.TLS); err != nil {
+				if upTLS == nil {
+					if upTLS, err = upstreamTLS(cfg.Upstream.TLS); err != nil {
 						return nil, err
 					}
 				}
-				pod.Dial = dialTLS(pod.Dial, podTLS, connectTimeout)
+				tc = podTLS(upTLS, pc.Address)
 			}
+			pod.Dial = func(addr string) (net.Conn, error) { return dial(addr, connectTimeout, tc) }
 			pod.Client = newClient(cfg, pc.Address, pod.Dial)
 			pod.pd = newPDState()
 			pod.set(flagHealthy, true)

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"testing"
@@ -22,7 +23,7 @@ func TestTokenizerLoadedOnce(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	dial := func(string, time.Duration) (net.Conn, error) { return nil, errors.New("no dials here") }
+	dial := func(string, time.Duration, *tls.Config) (net.Conn, error) { return nil, errors.New("no dials here") }
 	s1, err := Build(&cfg, dial, nil)
 	if err != nil {
 		t.Fatal(err)

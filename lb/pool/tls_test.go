@@ -51,15 +51,14 @@ func TestPodSessionsResume(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tcp := func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, 5*time.Second) }
-		dials := make([]func(string) (net.Conn, error), 2)
-		for i := range dials {
-			dials[i] = dialTLS(tcp, cfg, 5*time.Second)
+		confs := make([]*tls.Config, 2)
+		for i, addr := range addrs {
+			confs[i] = podTLS(cfg, addr)
 			resumed[i].Store(0)
 		}
 		for range 3 {
 			for i, addr := range addrs {
-				c, err := dials[i](addr)
+				c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, confs[i])
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -5,6 +5,8 @@
 package upstream
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -46,6 +48,11 @@ import (
 // gone refuses that dial, which the gateway retries on another pod. A close
 // that comes after the peek, crossing the request on the wire, fails the
 // call before a byte of the answer came: DoCut then sends it again (Stale).
+//
+// A pod dialed with TLS has the TLS session inside the Conn, over its
+// socket: the peek looks at the socket under it, where a pod's close
+// (close_notify, then the end of the stream) or any record nobody asked
+// for waits unread, and a new socket gets a handshake of its own.
 type Conn struct {
 	cur   atomic.Pointer[podSocket]
 	local connAddr
@@ -53,6 +60,7 @@ type Conn struct {
 	fds     *limits.FDs
 	addr    string
 	timeout time.Duration
+	tls     *tls.Config // nil: plain
 	// kept: a response was read, so the next write starts a request on a
 	// kept connection. Both it and writeDeadline belong to the goroutine
 	// that has the connection from the client's pool.
@@ -63,18 +71,15 @@ type Conn struct {
 	// pod's close fails it (Stale). The same goroutine's as kept.
 	sentKept, stale bool
 	closed          atomic.Bool
-	// pinned: the connection never moves to a new socket (Pin).
-	pinned bool
 }
-
-// Pin keeps c on the socket it has: a TLS session on it cannot go on over
-// a new one, so a pod's close of a kept connection fails the request
-// instead (which is retried elsewhere only if nothing was sent).
-func (c *Conn) Pin() { c.pinned = true }
 
 // podSocket is one socket of an Conn.
 type podSocket struct {
+	// The socket: deadlines, the peek and Close act on it directly (a
+	// TLS close would first try to send close_notify, holding up a cut).
 	net.Conn
+	// rw carries the requests and answers: the socket, or TLS over it.
+	rw  io.ReadWriter
 	raw syscall.RawConn
 	// peekFn is peek as a value made once, so a peek allocates nothing;
 	// peek's error and buffer.
@@ -150,8 +155,9 @@ func (s *podSocket) setWriteDeadline(t time.Time) error {
 	return s.writeBy.set(t, s.Conn.SetWriteDeadline)
 }
 
-// dialSocket dials a pod through fds.
-func dialSocket(fds *limits.FDs, addr string, timeout time.Duration) (*podSocket, error) {
+// dialSocket dials a pod through fds, and makes the TLS handshake
+// within timeout when tc is set.
+func dialSocket(fds *limits.FDs, addr string, timeout time.Duration, tc *tls.Config) (*podSocket, error) {
 	c, err := fds.Dial(addr, timeout)
 	if err != nil {
 		return nil, err
@@ -166,8 +172,19 @@ func dialSocket(fds *limits.FDs, addr string, timeout time.Duration) (*podSocket
 		_ = c.Close()
 		return nil, err
 	}
-	s := &podSocket{Conn: c, raw: raw}
+	s := &podSocket{Conn: c, rw: c, raw: raw}
 	s.peekFn = s.peek
+	if tc != nil {
+		t := tls.Client(c, tc)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := t.HandshakeContext(ctx); err != nil {
+			_ = c.Close()
+			// A dial error: nothing was sent, another pod may be tried.
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: c.RemoteAddr(), Err: fmt.Errorf("TLS handshake with the pod failed: %w", err)}
+		}
+		s.rw = t
+	}
 	return s, nil
 }
 
@@ -196,7 +213,7 @@ func (c *Conn) LocalAddr() net.Addr  { return &c.local }
 func (c *Conn) RemoteAddr() net.Addr { return c.cur.Load().RemoteAddr() }
 
 func (c *Conn) Read(p []byte) (int, error) {
-	n, err := c.cur.Load().Read(p)
+	n, err := c.cur.Load().rw.Read(p)
 	if n > 0 {
 		c.kept, c.sentKept = true, false
 	} else if err != nil && c.sentKept {
@@ -207,9 +224,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 func (c *Conn) Write(p []byte) (int, error) {
 	s := c.cur.Load()
-	// A pinned socket's first request follows the TLS handshake's reads,
-	// not an answer: it is never taken for a kept one.
-	if c.kept && !c.pinned {
+	if c.kept {
 		c.sentKept = true
 		if s.peerDone() {
 			var err error
@@ -220,7 +235,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 		}
 	}
 	c.kept = false
-	n, err := s.Write(p)
+	n, err := s.rw.Write(p)
 	if err != nil && c.sentKept {
 		c.stale = closedByPeer(err)
 	}
@@ -244,7 +259,7 @@ func closedByPeer(err error) bool {
 // ErrTimeout, which would hide the dial.
 func (c *Conn) redial(old *podSocket) (*podSocket, error) {
 	_ = old.Close()
-	s, err := dialSocket(c.fds, c.addr, c.timeout)
+	s, err := dialSocket(c.fds, c.addr, c.timeout, c.tls)
 	if err != nil {
 		return nil, fmt.Errorf("the pod closed a kept connection, and dialing it again failed: %w", err)
 	}
@@ -287,12 +302,12 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // Dialer dials pods through fds (nil: no guard) and wraps the
 // connections.
 func Dialer(fds *limits.FDs) pool.DialFunc {
-	return func(addr string, timeout time.Duration) (net.Conn, error) {
-		s, err := dialSocket(fds, addr, timeout)
+	return func(addr string, timeout time.Duration, tc *tls.Config) (net.Conn, error) {
+		s, err := dialSocket(fds, addr, timeout, tc)
 		if err != nil {
 			return nil, err
 		}
-		uc := &Conn{fds: fds, addr: addr, timeout: timeout}
+		uc := &Conn{fds: fds, addr: addr, timeout: timeout, tls: tc}
 		uc.cur.Store(s)
 		uc.local = connAddr{Addr: s.LocalAddr(), conn: uc}
 		return uc, nil

@@ -62,7 +62,7 @@ func startEchoPod(t *testing.T, first string) *echoPod {
 func dialEchoPod(t *testing.T, first string) (*echoPod, net.Conn) {
 	t.Helper()
 	p := startEchoPod(t, first)
-	c, err := Dialer(nil)(p.ln.Addr().String(), time.Second)
+	c, err := Dialer(nil)(p.ln.Addr().String(), time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

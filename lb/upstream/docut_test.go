@@ -43,7 +43,7 @@ func TestDoCutBody(t *testing.T) {
 		}
 	})
 	client := func(addr string) *fasthttp.HostClient {
-		return &fasthttp.HostClient{Addr: addr, MaxResponseBodySize: 1 << 20, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second) }}
+		return &fasthttp.HostClient{Addr: addr, MaxResponseBodySize: 1 << 20, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second, nil) }}
 	}
 	// One P: the other request's buffer comes from the pool's shard that
 	// up's would have gone back to.
@@ -149,7 +149,7 @@ func TestDoCutStreamFirstByte(t *testing.T) {
 	})
 	for _, cut := range []Cut{nil, ChanCut(make(chan struct{}))} {
 		call := func(addr string, first []byte) (*fasthttp.Response, int, error) {
-			client := &fasthttp.HostClient{Addr: addr, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second) }}
+			client := &fasthttp.HostClient{Addr: addr, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second, nil) }}
 			up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 			t.Cleanup(func() { fasthttp.ReleaseRequest(up) })
 			up.Header.SetMethod("POST")
@@ -200,7 +200,7 @@ func TestDoCutKeptClosed(t *testing.T) {
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	client := &fasthttp.HostClient{Addr: closesKept, MaxResponseBodySize: 1 << 20, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second) }}
+	client := &fasthttp.HostClient{Addr: closesKept, MaxResponseBodySize: 1 << 20, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second, nil) }}
 	for _, cut := range []Cut{nil, ChanCut(make(chan struct{}))} {
 		up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 		up.Header.SetMethod("POST")
