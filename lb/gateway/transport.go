@@ -125,7 +125,7 @@ func clientCut(ctx *fasthttp.RequestCtx) upstream.Cut {
 // leaves. fasthttp reads nothing while a handler or a stream's writer
 // runs, and the wait may be long: a whole answer is the pod's whole
 // generation, and a stream waits for its first event through the
-// prefill, its head sent (uvicorn's) or not (the sim's); a write to a
+// prefill, its head sent at once (as the engines send it); a write to a
 // client that closed its side succeeds all the same. So a watch of the
 // client's connection (frontend.WatchClient) sees it leave; it starts
 // only once the wait has taken clientWatchAfter, so that the many short
