@@ -56,8 +56,9 @@ type PDCandidate struct {
 	Down bool
 	// Pending is a decode pod's pending-decode counter; nil counts 0.
 	Pending *PendingDecode
-	// DrainRate is how many requests a decode pod finishes per second,
-	// from its scraped counters; 0 means unknown.
+	// DrainRate is how many requests a decode pod finishes per second:
+	// the gateway's own count of them, made a rate at each scrape (the
+	// pool's Pod.DrainRate); 0 means unknown.
 	DrainRate float64
 	// Line is a decode pod's learned step-time line for the conductor
 	// decode score; nil uses the default line.
