@@ -171,11 +171,7 @@ func TestGNetLoggerDropsStaleEvents(t *testing.T) {
 // HTTP/2 server on a duplicate of its socket, which gnet stops counting;
 // the open-files guard's count of sockets must keep it.
 func TestGNetCountsH2Sockets(t *testing.T) {
-	s, err := StartGNet("127.0.0.1:0", Handler{Serve: func(*fasthttp.RequestCtx) {}}, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.ShutdownWithContext(context.Background()) })
+	s := startGNet(t, Handler{Serve: func(*fasthttp.RequestCtx) {}}, Options{})
 	before := s.sockets()
 	const n = 3
 	for range n {

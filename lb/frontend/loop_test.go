@@ -53,6 +53,12 @@ func sendingGNet(t *testing.T, o Options, pod, path string, u Upstream, stream b
 			done.Answered(err)
 		}
 	}}
+	return startGNet(t, h, o)
+}
+
+// startGNet starts a gnet front end serving h, shut down when t ends.
+func startGNet(t *testing.T, h Handler, o Options) *GNet {
+	t.Helper()
 	s, err := StartGNet("127.0.0.1:0", h, o)
 	if err != nil {
 		t.Fatal(err)
@@ -96,15 +102,7 @@ func TestSweptConnectionIsNotReused(t *testing.T) {
 			a.Answered(err)
 		}
 	}}
-	s, err := StartGNet("127.0.0.1:0", h, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.ShutdownWithContext(ctx)
-	})
+	s := startGNet(t, h, Options{})
 
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
