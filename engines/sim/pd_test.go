@@ -275,19 +275,29 @@ func TestPDOutputMatchesCombined(t *testing.T) {
 	}
 }
 
-func TestPDHeldKVExpires(t *testing.T) {
-	p := startTrio(t, engines.VLLM, func(c *Config) { c.KVTimeout = 50 * time.Millisecond })
-	c := testClient(t)
-	pre := chatBody("nobody comes for this KV", map[string]any{
+// expiredKV prefills prompt on p's prefill pod for a remote decode that
+// never comes, and returns its kv_transfer_params once the pod let the
+// held KV expire (p's KVTimeout).
+func expiredKV(t *testing.T, p pdTrio, c *http.Client, prompt string) any {
+	t.Helper()
+	pre := chatBody(prompt, map[string]any{
 		"max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true},
 	})
 	resp := postJSON(t, c, "http://"+p.pre.Addr()+"/v1/chat/completions", pre)
-	testwait.For(t, "the held KV expires", func() bool {
+	testwait.For(t, "the held KV expires", func() bool { return p.pre.Stats().KVExpired == 1 })
+	return resp["kv_transfer_params"]
+}
+
+func TestPDHeldKVExpires(t *testing.T) {
+	p := startTrio(t, engines.VLLM, func(c *Config) { c.KVTimeout = 50 * time.Millisecond })
+	c := testClient(t)
+	kv := expiredKV(t, p, c, "nobody comes for this KV")
+	testwait.For(t, "the expired KV's blocks freed", func() bool {
 		s := p.pre.Stats()
-		return s.HeldKVBlocks == 0 && s.UsedBlocks == 0 && s.KVExpired == 1
+		return s.HeldKVBlocks == 0 && s.UsedBlocks == 0
 	})
 	// A decode leg after the timeout finds nothing and says so.
-	dec := chatBody("nobody comes for this KV", map[string]any{"kv_transfer_params": resp["kv_transfer_params"]})
+	dec := chatBody("nobody comes for this KV", map[string]any{"kv_transfer_params": kv})
 	status, body := post(t, c, "http://"+p.dec.Addr()+"/v1/chat/completions", dec)
 	if status != http.StatusInternalServerError || !strings.Contains(string(body), "not held") {
 		t.Fatalf("late decode leg: %d %s", status, body)

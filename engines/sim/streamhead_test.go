@@ -87,12 +87,8 @@ func TestStreamHeadBeforeGeneration(t *testing.T) {
 func TestStreamKVFailureAfterHead(t *testing.T) {
 	p := startTrio(t, engines.VLLM, func(c *Config) { c.KVTimeout = 50 * time.Millisecond })
 	c := testClient(t)
-	pre := chatBody("nobody comes for this KV in time", map[string]any{
-		"max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true},
-	})
-	resp := postJSON(t, c, "http://"+p.pre.Addr()+"/v1/chat/completions", pre)
-	testwait.For(t, "the held KV expires", func() bool { return p.pre.Stats().KVExpired == 1 })
-	dec := chatBody("nobody comes for this KV in time", map[string]any{"kv_transfer_params": resp["kv_transfer_params"], "stream": true})
+	kv := expiredKV(t, p, c, "nobody comes for this KV in time")
+	dec := chatBody("nobody comes for this KV in time", map[string]any{"kv_transfer_params": kv, "stream": true})
 	status, body := post(t, c, "http://"+p.dec.Addr()+"/v1/chat/completions", dec)
 	if status != http.StatusOK || !strings.HasPrefix(string(body), `data: {"error":{"message":"KV transfer from`) ||
 		!strings.Contains(string(body), "not held") || !strings.HasSuffix(string(body), "\n\ndata: [DONE]\n\n") {
