@@ -66,6 +66,31 @@ func subscribe(t *testing.T, pub *vllm.Publisher, pod *Pod) *vllm.Subscriber {
 	return sub
 }
 
+// simPodFeed starts a sim pod of model with cfg's physics and limits,
+// publishing its KV events over ZMQ into a new index's pod 0 (tree);
+// sub counts what the index took. The test fails at its end if the index
+// dropped any event of the pod's.
+func simPodFeed(t *testing.T, cfg sim.Config) (*sim.Pod, *radix.Tree, *vllm.Subscriber) {
+	t.Helper()
+	pub := newPublisher(t)
+	cfg.Name, cfg.Model, cfg.Listen, cfg.Speedup, cfg.KVEvents = "sim-0", model, "127.0.0.1:0", 1000, pub
+	pod, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	tree := newTree(t)
+	feed := newIndexer(t, tree, Config{}).Pod(0, model)
+	sub := subscribe(t, pub, feed)
+	t.Cleanup(func() {
+		if feed.Counters.Mismatched.Load()+feed.Counters.Orphans.Load()+sub.Counters.Malformed.Load() != 0 {
+			t.Errorf("events dropped: mismatched %d orphans %d malformed %d",
+				feed.Counters.Mismatched.Load(), feed.Counters.Orphans.Load(), sub.Counters.Malformed.Load())
+		}
+	})
+	return pod, tree, sub
+}
+
 // TestFeedFromPublisher runs the whole path on loopback: an engine's
 // publisher sends vLLM-format events over ZMQ, a Subscriber decodes them and
 // feeds a Pod, and the index (a radix.Tree, and the naive fake beside it)
@@ -142,15 +167,7 @@ var _ Index = (*radix.Tree)(nil)
 // a third with the first's salt hits the pod's cache, and the index holds
 // every block of it under the keys the gateway computes for its body.
 func TestSaltedPromptsFromASimPod(t *testing.T) {
-	pub := newPublisher(t)
-	pod, err := sim.Start(sim.Config{Name: "sim-0", Model: model, Listen: "127.0.0.1:0", Speedup: 1000, KVEvents: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pod.Close()
-	tree := newTree(t)
-	feed := newIndexer(t, tree, Config{}).Pod(0, model)
-	sub := subscribe(t, pub, feed)
+	pod, tree, _ := simPodFeed(t, sim.Config{})
 
 	question := strings.Repeat("Which tenant asked this, and does its cache show? ", 20)
 	body := func(salt string) []byte {
@@ -209,10 +226,6 @@ func TestSaltedPromptsFromASimPod(t *testing.T) {
 	if got := indexed("tenant-a"); got != n {
 		t.Fatalf("tenant a's request matches %d of %d blocks in the index", got, n)
 	}
-	if feed.Counters.Mismatched.Load()+feed.Counters.Orphans.Load()+sub.Counters.Malformed.Load() != 0 {
-		t.Fatalf("events dropped: mismatched %d orphans %d malformed %d",
-			feed.Counters.Mismatched.Load(), feed.Counters.Orphans.Load(), sub.Counters.Malformed.Load())
-	}
 }
 
 // TestCopiesFromASimPod runs a simulated vLLM pod with a cache of four
@@ -222,17 +235,9 @@ func TestSaltedPromptsFromASimPod(t *testing.T) {
 // and in the index, and evicting the rest takes it out of both.
 func TestCopiesFromASimPod(t *testing.T) {
 	const bs = radix.DefaultBlockSize
-	pub := newPublisher(t)
 	phys := sim.DefaultPhysics()
 	phys.BlockSize, phys.CacheBlocks = bs, 4
-	pod, err := sim.Start(sim.Config{Name: "sim-0", Model: model, Listen: "127.0.0.1:0", Speedup: 1000, Physics: phys, MaxModelLen: 4 * bs, KVEvents: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pod.Close()
-	tree := newTree(t)
-	feed := newIndexer(t, tree, Config{}).Pod(0, model)
-	sub := subscribe(t, pub, feed)
+	pod, tree, sub := simPodFeed(t, sim.Config{Physics: phys, MaxModelLen: 4 * bs})
 	client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
 	defer client.CloseIdleConnections()
 
@@ -276,8 +281,4 @@ func TestCopiesFromASimPod(t *testing.T) {
 	indexed(2)
 	send(prompt(300), 3) // stores two blocks, evicts a's first block and last copy
 	indexed(0)
-	if feed.Counters.Mismatched.Load()+feed.Counters.Orphans.Load()+sub.Counters.Malformed.Load() != 0 {
-		t.Fatalf("events dropped: mismatched %d orphans %d malformed %d",
-			feed.Counters.Mismatched.Load(), feed.Counters.Orphans.Load(), sub.Counters.Malformed.Load())
-	}
 }
