@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -499,18 +500,23 @@ func (c *Config) UnmarshalYAML(data []byte) error {
 }
 
 // Provision fills the fields whose empty value means a default: each
-// model's and each pod's (Model.provision, Pod.Provision). It leaves every
-// other value as it is, for Validate to judge, and may be called again.
-// Load calls it; a caller that builds a Config in code calls it before
-// Validate.
+// model's, alias target's, pod's and discovery source's (Model.provision,
+// Pod.Provision, spec.Discovery.Provision). It leaves every other value as
+// it is, for Validate to judge, and may be called again. It fills copies
+// of the lists, so that the Config it was copied from by value (a caller
+// of lb.Start, the gateway's running one) keeps its own. Load calls it; a
+// caller that builds a Config in code calls it before Validate.
 func (c *Config) Provision() {
+	c.Models = slices.Clone(c.Models)
 	for i := range c.Models {
 		c.Models[i].provision()
 	}
 	c.provisionAliases()
+	c.Pods = slices.Clone(c.Pods)
 	for i := range c.Pods {
 		c.Pods[i].Provision()
 	}
+	c.Discovery.Provision()
 }
 
 // provision fills the model's empty policy and block size.

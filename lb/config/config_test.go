@@ -189,6 +189,42 @@ func TestValidateNeverCorrects(t *testing.T) {
 	}
 }
 
+// TestCopiesLeaveTheOriginal: Validate and Provision of a Config copied
+// by value (lb.Start's, a reload's from Gateway.Config) leave the
+// original's lists as they were: a reload compares the two.
+func TestCopiesLeaveTheOriginal(t *testing.T) {
+	const yml = `
+models: [{name: m}]
+aliases: [{name: a, targets: [{model: m}]}]
+pods: [{model: m, address: 'h:1', engine: sglang}]
+discovery:
+  kubernetes: {namespace: inference}
+  dns: [{name: x, port: 1, model: m, engine: sglang}]
+`
+	load := func() Config {
+		c := Default()
+		if err := c.UnmarshalYAML([]byte(yml)); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	orig, want := load(), load()
+	if err := orig.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if d := Diff(want, orig); d != "" {
+		t.Fatalf("Validate changed %s", d)
+	}
+	cp := orig
+	cp.Provision()
+	if d := Diff(want, orig); d != "" {
+		t.Fatalf("a copy's Provision changed the original's %s", d)
+	}
+	if d := Diff(want, cp); d == "" {
+		t.Fatal("Provision filled nothing")
+	}
+}
+
 func TestParsePodFlag(t *testing.T) {
 	p, err := ParsePodFlag("model=m,address=127.0.0.1:9,engine=sglang,weight=2,bucket_max=100")
 	if err != nil || p.Model != "m" || p.Address != "127.0.0.1:9" || p.Engine != "sglang" || p.Weight != 2 || p.BucketMax != 100 {

@@ -13,9 +13,8 @@ import (
 )
 
 // zeroIsUnset are the settings of list entries and of discovery.kubernetes,
-// which have no Default to start from, whose 0 or "" Provision (or
-// discovery's Validate) takes for unset and replaces with their default,
-// by path with [] for any index. Written in the file, the value would
+// which have no Default to start from, whose 0 or "" Provision takes for
+// unset and replaces with their default, by path with [] for any index. Written in the file, the value would
 // silently change: it is refused, saying why.
 var zeroIsUnset = map[string]string{
 	"models[].block_size":                fmt.Sprintf("must be a positive number of tokens (leave it out for %d)", DefaultBlockSize),

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -84,9 +85,11 @@ func (l *LoRA) provision() {
 	l.AdapterLoadTimeout = cmp.Or(l.AdapterLoadTimeout, DefaultAdapterLoadTimeout)
 }
 
-// provisionAliases fills the targets' empty weights.
+// provisionAliases fills the targets' empty weights, in copies.
 func (c *Config) provisionAliases() {
+	c.Aliases = slices.Clone(c.Aliases)
 	for i := range c.Aliases {
+		c.Aliases[i].Targets = slices.Clone(c.Aliases[i].Targets)
 		for j := range c.Aliases[i].Targets {
 			if c.Aliases[i].Targets[j].Weight == 0 {
 				c.Aliases[i].Targets[j].Weight = 1

@@ -130,6 +130,7 @@ func (s *dnsServer) answer(req []byte) ([]byte, bool) {
 func dnsSource(t *testing.T, srv *dnsServer, s spec.DNS, log *slog.Logger) *DNS {
 	t.Helper()
 	d := spec.Discovery{DNS: []spec.DNS{s}}
+	d.Provision()
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}

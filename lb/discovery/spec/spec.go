@@ -8,6 +8,7 @@ package spec
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -112,12 +113,49 @@ type DNS struct {
 	Interval time.Duration `yaml:"interval"`
 }
 
-// Validate checks every field and fills the defaults defined as "empty
-// means X". Errors name the field under "discovery." and quote the value.
-func (d *Discovery) Validate() error {
-	if k := d.Kubernetes; k != nil && k.Selector == "" {
+// Provision fills the settings whose empty value means a default, on
+// copies of d's lists, so that a Discovery copied by value keeps its own.
+// Validate accepts them empty.
+func (d *Discovery) Provision() {
+	if d.Kubernetes != nil && d.Kubernetes.Selector == "" {
+		k := *d.Kubernetes
 		k.Selector = DefaultSelector
+		d.Kubernetes = &k
 	}
+	d.DNS = slices.Clone(d.DNS)
+	for i := range d.DNS {
+		d.DNS[i].provision()
+	}
+}
+
+// provision fills the entry's empty type (a), engine (vllm), role
+// (combined), ranks (1), interval and, for SGLang, bootstrap port.
+func (d *DNS) provision() {
+	if d.Type == "" {
+		d.Type = DNSTypeA
+	}
+	k, err := engines.ParseKind(d.Engine)
+	if err == nil {
+		d.Engine = string(k)
+	}
+	if d.Role == "" {
+		d.Role = RoleCombined
+	}
+	if d.DataParallelSize == 0 {
+		d.DataParallelSize = 1
+	}
+	if err == nil && k == engines.SGLang && d.BootstrapPort == 0 {
+		d.BootstrapPort = DefaultBootstrapPort
+	}
+	if d.Interval == 0 {
+		d.Interval = DefaultDNSInterval
+	}
+}
+
+// Validate checks every field; one whose empty value means a default
+// (Provision) is valid empty. Errors name the field under "discovery."
+// and quote the value.
+func (d Discovery) Validate() error {
 	for i := range d.DNS {
 		if err := d.DNS[i].validate(fmt.Sprintf("discovery.dns[%d]", i)); err != nil {
 			return err
@@ -129,15 +167,12 @@ func (d *Discovery) Validate() error {
 // Enabled reports whether any source is configured.
 func (d *Discovery) Enabled() bool { return d.Kubernetes != nil || len(d.DNS) > 0 }
 
-func (d *DNS) validate(field string) error {
+func (d DNS) validate(field string) error {
 	if d.Name == "" {
 		return invalid(field+".name", d.Name, "must not be empty")
 	}
 	switch d.Type {
-	case "":
-		d.Type = DNSTypeA
-		fallthrough
-	case DNSTypeA:
+	case "", DNSTypeA:
 		if d.Port < 1 || d.Port > 65535 {
 			return invalid(field+".port", d.Port, "must be 1..65535 with type a")
 		}
@@ -155,11 +190,8 @@ func (d *DNS) validate(field string) error {
 	if err != nil {
 		return invalid(field+".engine", d.Engine, "is not an engine (known: vllm, sglang, trtllm)")
 	}
-	d.Engine = string(k)
 	switch d.Role {
-	case "":
-		d.Role = RoleCombined
-	case RoleCombined:
+	case "", RoleCombined:
 	case RolePrefill, RoleDecode:
 		if d.Roleset == "" {
 			return invalid(field+".roleset", d.Roleset, "must name the roleset of a "+d.Role+" pod")
@@ -178,17 +210,11 @@ func (d *DNS) validate(field string) error {
 	case d.DataParallelSize < 0:
 		return invalid(field+".data_parallel_size", d.DataParallelSize, "must be at least 1 (default 1)")
 	}
-	d.DataParallelSize = max(d.DataParallelSize, 1)
 	switch {
-	case k == engines.SGLang && d.BootstrapPort == 0:
-		d.BootstrapPort = DefaultBootstrapPort
-	case k == engines.SGLang && (d.BootstrapPort < 1 || d.BootstrapPort > 65535):
+	case k == engines.SGLang && (d.BootstrapPort < 0 || d.BootstrapPort > 65535):
 		return invalid(field+".bootstrap_port", d.BootstrapPort, "must be 1..65535")
 	case k != engines.SGLang && d.BootstrapPort != 0:
 		return invalid(field+".bootstrap_port", d.BootstrapPort, "is for sglang pods only")
-	}
-	if d.Interval == 0 {
-		d.Interval = DefaultDNSInterval
 	}
 	if d.Interval < 0 {
 		return invalid(field+".interval", d.Interval.String(), "must be positive")

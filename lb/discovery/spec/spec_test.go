@@ -50,13 +50,17 @@ func TestDiscoveryValidateRejects(t *testing.T) {
 	f("dns: [{name: a, port: 1, model: m}, {name: b, port: 1, model: m, interval: -1s}]", `discovery.dns[1].interval = "-1s"`)
 }
 
-func TestDiscoveryValidateFillsDefaults(t *testing.T) {
+func TestDiscoveryProvisionFillsDefaults(t *testing.T) {
 	d := decode(t, `
 kubernetes: {namespace: inference}
 dns:
   - {name: llama.inference.svc, port: 8000, model: llama}
   - {name: _http._tcp.sgl, type: srv, model: qwen, engine: sglang, role: prefill, roleset: g0, interval: 2s}
 `)
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d.Provision()
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}
