@@ -332,13 +332,30 @@ func loadRefuses(t *testing.T, yml, want string) {
 func TestOneEnginePerEntry(t *testing.T) {
 	loadRefuses(t, "pods: [{name: a, model: m, address: 'h:1'}, {name: b, model: n, address: 'http://h:1'}]\n",
 		`pods[1].address = "h:1" is also the address of pods[0] ("a", model "m"): one engine is one entry; list its LoRA adapters in adapters and its other model names in aliases`)
-	c := Default()
-	if err := c.UnmarshalYAML([]byte("pods: [{name: a, model: m, address: 'h:1', adapters: sql}, {name: b, model: m, address: 'h:2'}]\n")); err != nil {
-		t.Fatal(err)
+	// One IP and port, however written, is one engine: leading zeros of
+	// the port, IPv6's spellings, an IPv4 address mapped into IPv6.
+	two := func(a, b string) string {
+		return "pods: [{name: a, model: m, address: '" + a + "'}, {name: b, model: m, address: '" + b + "'}]\n"
 	}
-	c.Provision()
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
+	loadRefuses(t, two("10.0.0.5:8000", "10.0.0.5:08000"), `pods[1].address = "10.0.0.5:08000" is also the address of pods[0]`)
+	loadRefuses(t, two("[::1]:8000", "[0:0:0:0:0:0:0:1]:8000"), `pods[1].address = "[0:0:0:0:0:0:0:1]:8000" is also the address of pods[0]`)
+	loadRefuses(t, two("[FD00::5]:8000", "[fd00:0::5]:8000"), `pods[1].address = "[fd00:0::5]:8000" is also the address of pods[0]`)
+	loadRefuses(t, two("127.0.0.1:8000", "[::ffff:127.0.0.1]:8000"), `pods[1].address = "[::ffff:127.0.0.1]:8000" is also the address of pods[0]`)
+	// A name is not resolved: localhost may be ::1, where another engine
+	// may listen, and a DNS name may be a balanced service.
+	for _, yml := range []string{
+		"pods: [{name: a, model: m, address: 'h:1', adapters: sql}, {name: b, model: m, address: 'h:2'}]\n",
+		two("localhost:8000", "127.0.0.1:8000"),
+		two("[::1]:8000", "127.0.0.1:8000"),
+	} {
+		c := Default()
+		if err := c.UnmarshalYAML([]byte(yml)); err != nil {
+			t.Fatal(err)
+		}
+		c.Provision()
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", yml, err)
+		}
 	}
 }
 

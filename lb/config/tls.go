@@ -3,7 +3,10 @@ package config
 import (
 	"crypto/tls"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -193,9 +196,24 @@ func (p *Pod) provisionScheme() {
 }
 
 // Endpoint is the engine behind the pod's address: host:port without the
-// scheme, in lower case as DNS compares names. Two pods with one are one
-// engine, whatever their names.
+// scheme, a name in lower case as DNS compares names, an IP and the port
+// as Go dials them (IPv6's shortest form, an IPv4-mapped address as IPv4,
+// no leading zeros). Two pods with one are one engine, whatever their
+// names. A name is not resolved: it may be a balanced service, and
+// localhost may be ::1 as well as 127.0.0.1.
 func (p Pod) Endpoint() string {
 	p.provisionScheme()
-	return strings.ToLower(p.Address)
+	host, port, err := net.SplitHostPort(p.Address)
+	if err != nil {
+		return strings.ToLower(p.Address)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	} else {
+		host = strings.ToLower(host)
+	}
+	if n, err := strconv.Atoi(port); err == nil {
+		port = strconv.Itoa(n)
+	}
+	return net.JoinHostPort(host, port)
 }
