@@ -913,8 +913,9 @@ func checkAddr(field, addr string, emptyOK bool) error {
 }
 
 // checkDialAddr checks an address the gateway dials: host:port with both.
-// Without a host Go dials this machine, which a listen address means but a
-// pod's or a server's never does (nginx refuses such an upstream too).
+// Without a host, or with an unspecified IP (0.0.0.0, ::), Go dials this
+// machine, which a listen address means but a pod's or a server's never
+// does (nginx refuses such an upstream too).
 func checkDialAddr(field, addr string) error {
 	if err := checkAddr(field, addr, false); err != nil {
 		return err
@@ -922,6 +923,8 @@ func checkDialAddr(field, addr string) error {
 	switch host, port, _ := net.SplitHostPort(addr); {
 	case host == "":
 		return invalid(field, addr, "has no host (a pod's or server's, e.g. 10.0.0.5"+addr+")")
+	case net.ParseIP(host).IsUnspecified():
+		return invalid(field, addr, "is every interface, which is dialed as this machine (a pod's or server's host, e.g. 10.0.0.5:"+port+")")
 	case port == "0":
 		return invalid(field, addr, "needs a port")
 	}

@@ -294,6 +294,11 @@ func TestDialAddressNeedsHost(t *testing.T) {
 	f(pod("http://:8000"), `pods[0].address = ":8000" has no host`)
 	f(pod("https://:8443"), `pods[0].address = ":8443" has no host`)
 	f(pod("h:"), `pods[0].address = "h:" must be host:port`)
+	// Go dials an unspecified IP as it dials no host: this machine.
+	f(pod("0.0.0.0:8000"), `pods[0].address = "0.0.0.0:8000" is every interface, which is dialed as this machine (a pod's or server's host, e.g. 10.0.0.5:8000)`)
+	f(pod("[::]:8000"), `pods[0].address = "[::]:8000" is every interface`)
+	f("redis: {address: '0.0.0.0:6379'}\n"+pod("h:1"), `redis.address = "0.0.0.0:6379" is every interface`)
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://0.0.0.0:5557'}]\n", `pods[0].kv_events = "tcp://0.0.0.0:5557" must be tcp://host:port`)
 	f(pod("h:0"), `pods[0].address = "h:0" needs a port`)
 	f(pod("h:65536"), `pods[0].address = "h:65536" has no valid port`)
 	f(pod("h:+80"), `pods[0].address = "h:+80" has no valid port`)
