@@ -386,8 +386,9 @@ type Pod struct {
 	UID string `yaml:"uid"`
 	// BootstrapPort is an SGLang prefill pod's KV bootstrap port, where its
 	// decode pods fetch the KV (AIBrix's model.aibrix.ai/sglang-bootstrap-port,
-	// default 8998); other engines ignore it.
-	BootstrapPort int `yaml:"bootstrap_port"`
+	// default 8998). Other engines have none: a written 0 is refused
+	// (zeroIsUnset), so their 0 is not written back either.
+	BootstrapPort int `yaml:"bootstrap_port,omitempty"`
 	// Adapters are the LoRA adapters the pod serves from its start, as
 	// ParseAdapters reads them: "name" or "name=path", comma-separated
 	// (default none). Only this pod, and pods that list them, serve them.

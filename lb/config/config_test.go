@@ -417,6 +417,13 @@ func TestZeroIsNotSilentlyDefault(t *testing.T) {
 	f("pods: [{model: m, address: 'h:1', data_parallel_size: 0}]\n", "pods[0].data_parallel_size = 0 must be at least 1 (leave it out for 1)")
 	f("discovery: {dns: [{name: x, port: 1, model: m, interval: 0s}]}\n", `discovery.dns[0].interval = "0s" must be positive (leave it out for 10s)`)
 	f("discovery: {dns: [{name: x, port: 1, model: m, data_parallel_size: 0}]}\n", "discovery.dns[0].data_parallel_size = 0 must be at least 1 (leave it out for 1)")
+	// SGLang's bootstrap port 0 is no port a decode pod can reach.
+	f("pods: [{model: m, address: 'h:1', engine: sglang, bootstrap_port: 0}]\n",
+		"pods[0].bootstrap_port = 0 must be a port, 1 to 65535 (leave it out for SGLang's default, 8998; other engines have none)")
+	f("discovery: {dns: [{name: x, port: 1, model: m, engine: sglang, bootstrap_port: 0}]}\n", "discovery.dns[0].bootstrap_port = 0 must be a port, 1 to 65535")
+	if _, err := ParsePodFlag("model=m,address=h:1,engine=sglang,bootstrap_port=0"); err == nil || !strings.Contains(err.Error(), "bootstrap_port = 0 must be a port") {
+		t.Errorf("--pod bootstrap_port=0: %v; want it refused", err)
+	}
 	// Left out, each gets its default.
 	c := Default()
 	if err := c.UnmarshalYAML([]byte("models: [{name: m, adapters: [{name: sql}]}]\naliases: [{name: a, targets: [{model: m}]}]\n" + pod)); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"pdlb/engines"
 	"pdlb/internal/yamlkeys"
 	"pdlb/lb/discovery/spec"
 )
@@ -24,15 +25,20 @@ var zeroIsUnset = map[string]string{
 	"pods[].weight":                      "must be positive; to send a pod nothing, remove it (leave weight out for 1)",
 	"pods[].prefill_tokens_per_sec":      fmt.Sprintf("must be positive (leave it out for %d until measured)", DefaultPrefillSpeed),
 	"pods[].data_parallel_size":          dataParallelUnset,
+	"pods[].bootstrap_port":              bootstrapPortUnset,
 	"aliases[].targets[].weight":         "must be positive; to send a target nothing, remove it (leave weight out for 1)",
 	"discovery.dns[].interval":           fmt.Sprintf("must be positive (leave it out for %v)", spec.DefaultDNSInterval),
 	"discovery.dns[].data_parallel_size": dataParallelUnset,
+	"discovery.dns[].bootstrap_port":     bootstrapPortUnset,
 	// Honoured, "" would watch every pod of the namespace, or of the
 	// cluster, to leave out all but those with the model label.
 	"discovery.kubernetes.selector": fmt.Sprintf("is empty, which in Kubernetes selects every pod, but only pods labelled %s are routed to (leave it out for %q)", spec.LabelModel, spec.DefaultSelector),
 }
 
 var dataParallelUnset = fmt.Sprintf("must be at least 1 (leave it out for %d)", DefaultDataParallelSize)
+
+// SGLang's decode pods dial the bootstrap port: 0 is none they can reach.
+var bootstrapPortUnset = fmt.Sprintf("must be a port, 1 to 65535 (leave it out for SGLang's default, %d; other engines have none)", engines.DefaultBootstrapPort)
 
 var index = regexp.MustCompile(`\[[0-9]+\]`)
 

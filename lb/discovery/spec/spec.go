@@ -107,8 +107,9 @@ type DNS struct {
 	// ports + r.
 	DataParallelSize int `yaml:"data_parallel_size"`
 	// BootstrapPort is each SGLang pod's PD bootstrap port (default 8998 for
-	// sglang; must be 0 for other engines).
-	BootstrapPort int `yaml:"bootstrap_port"`
+	// sglang). Other engines have none: leave it out (a written 0 is
+	// refused, so their 0 is not written back either).
+	BootstrapPort int `yaml:"bootstrap_port,omitempty"`
 	// Interval between resolutions (default 10s).
 	Interval time.Duration `yaml:"interval"`
 }
