@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -196,6 +198,35 @@ func fieldsAt(n *yaml.Node, path string, line int, value string, paths []string)
 		}
 	}
 	return paths
+}
+
+var index = regexp.MustCompile(`\[[0-9]+\]`)
+
+// WrittenZero finds the first key of doc, decoded into root, written as
+// its field's zero value where why, given the key's path with [] for
+// each index ("pods[].weight"), says why a 0 there is refused: a setting
+// whose 0 a loader takes for unset and replaces with its default. It
+// returns the key's path ("pods[2].weight"), the value as written (a
+// duration as its String) and why; reason is "" when there is none.
+func WrittenZero(doc *yaml.Node, root reflect.Type, why func(path string) string) (path string, value any, reason string) {
+	Walk(doc, root, "", func(p string, _, v *yaml.Node, ft reflect.Type, _ map[string]reflect.Type) {
+		if reason != "" || ft == nil {
+			return
+		}
+		r := why(index.ReplaceAllString(p, "[]"))
+		if r == "" {
+			return
+		}
+		z := reflect.New(ft)
+		if v.Decode(z.Interface()) != nil || !z.Elem().IsZero() {
+			return
+		}
+		path, value, reason = p, z.Elem().Interface(), r
+		if d, ok := value.(time.Duration); ok {
+			value = d.String()
+		}
+	})
+	return path, value, reason
 }
 
 // Join is the path of key name in the mapping at path.

@@ -3,8 +3,6 @@ package config
 import (
 	"fmt"
 	"reflect"
-	"regexp"
-	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -40,26 +38,12 @@ var dataParallelUnset = fmt.Sprintf("must be at least 1 (leave it out for %d)", 
 // SGLang's decode pods dial the bootstrap port: 0 is none they can reach.
 var bootstrapPortUnset = fmt.Sprintf("must be a port, 1 to 65535 (leave it out for SGLang's default, %d; other engines have none)", engines.DefaultBootstrapPort)
 
-var index = regexp.MustCompile(`\[[0-9]+\]`)
-
 // refuseUnsetZeros refuses the first setting of zeroIsUnset that doc
 // writes 0.
 func refuseUnsetZeros(doc *yaml.Node) error {
-	var err error
-	yamlkeys.Walk(doc, reflect.TypeFor[Config](), "", func(path string, _, value *yaml.Node, ft reflect.Type, _ map[string]reflect.Type) {
-		why := zeroIsUnset[index.ReplaceAllString(path, "[]")]
-		if why == "" || err != nil {
-			return
-		}
-		v := reflect.New(ft)
-		if value.Decode(v.Interface()) != nil || !v.Elem().IsZero() {
-			return
-		}
-		written := v.Elem().Interface()
-		if d, ok := written.(time.Duration); ok {
-			written = d.String()
-		}
-		err = invalid(path, written, why)
-	})
-	return err
+	path, written, why := yamlkeys.WrittenZero(doc, reflect.TypeFor[Config](), func(path string) string { return zeroIsUnset[path] })
+	if why != "" {
+		return invalid(path, written, why)
+	}
+	return nil
 }
