@@ -147,6 +147,22 @@ type Config struct {
 
 var errConfig = errors.New("sim: invalid config")
 
+// fieldError refuses one setting, by its key in a fleet file
+// ("physics.max_batch"), so that ParseFleet can name where the file
+// wrote it.
+type fieldError struct {
+	kind  error // errConfig or errPhysics
+	field string
+	value string // as printed
+	why   string
+}
+
+func (e *fieldError) Error() string {
+	return fmt.Sprintf("%v: %s = %s %s", e.kind, e.field, e.value, e.why)
+}
+
+func (e *fieldError) Unwrap() error { return e.kind }
+
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
 	if c.Model == "" {
@@ -202,7 +218,7 @@ func (c Config) withDefaults() Config {
 // zero fields were filled (Start does both).
 func (c Config) Validate() error {
 	bad := func(field string, v any, why string) error {
-		return fmt.Errorf("%w: %s = %q %s", errConfig, field, fmt.Sprint(v), why)
+		return &fieldError{errConfig, field, strconv.Quote(fmt.Sprint(v)), why}
 	}
 	if c.Model == "" || len(c.Model) > maxModelNameLen || strings.ContainsAny(c.Model, "\"\\\n") {
 		return bad("model", c.Model, "must be 1 to 256 characters without quotes, backslashes or newlines")

@@ -93,7 +93,7 @@ func TestParseFleet(t *testing.T) {
 		}
 	}
 	f("pods: []\n", "pods is empty")
-	f("pods:\n  - name: a\n    engine: tgi\n", `pods[0] (name "a"): sim: invalid config: engine = "tgi"`)
+	f("pods:\n  - name: a\n    engine: tgi\n", `pods[0].engine = "tgi"`)
 	f("pods:\n  - name: a\n    physics:\n      block_size: -1\n", "block_size = -1")
 	f("pods:\n  - name: a\n  - name: a\n", `pods[1].name = "a" repeats pods[0].name`)
 	f("pods:\n  - listen: 127.0.0.1:8000\n  - listen: 127.0.0.1:8000\n", `pods[1].listen = "127.0.0.1:8000" repeats`)
@@ -118,6 +118,49 @@ func TestParseFleetNamesPaths(t *testing.T) {
 	f("defaults:\n  physics:\n    max_batsh: 3\npods:\n  - name: a\n", "defaults.physics.max_batsh: unknown field (line 3); did you mean max_batch?")
 	f("pods:\n  - name: a\n  - speedup: fast\n", "pods[1].speedup: cannot unmarshal !!str `fast` into float64 (line 3)")
 	f("defaults: {tick: 5}\npods: [{name: a}]\n", "defaults.tick: cannot unmarshal !!int `5` into time.Duration (line 1); a duration has a unit")
+}
+
+// TestParseFleetNamesValues: a value a pod cannot run with is named by
+// its path in the fleet file, the pod's own entry or the defaults it
+// inherits, as the gateway's config names it.
+func TestParseFleetNamesValues(t *testing.T) {
+	f := func(yml, want string) {
+		t.Helper()
+		if _, err := ParseFleet([]byte(yml)); err == nil || !errors.Is(err, errFleet) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want %q in it", yml, err, want)
+		}
+	}
+	f("pods:\n  - name: a\n  - name: b\n    engine: tgi\n", `sim: invalid fleet: pods[1].engine = "tgi" must be vllm, sglang or trtllm`)
+	f("defaults: {engine: tgi}\npods: [{name: a}]\n", `sim: invalid fleet: defaults.engine = "tgi" must be vllm, sglang or trtllm`)
+	f("defaults: {speedup: 2}\npods: [{name: a, speedup: -1}]\n", `sim: invalid fleet: pods[0].speedup = "-1" must be in (0, 1e6]`)
+	f("pods: [{name: a, physics: {block_size: -1}}]\n", "sim: invalid fleet: pods[0].physics.block_size = -1 must be positive")
+	f("defaults: {physics: {max_batch: -4}}\npods: [{name: a}]\n", "sim: invalid fleet: defaults.physics.max_batch = -4 must be positive")
+}
+
+// TestFleetZeroIsNotSilentlyDefault: a pod setting whose 0 the pod takes
+// for unset, written 0, is refused rather than silently run at its
+// default, as the gateway's config refuses one.
+func TestFleetZeroIsNotSilentlyDefault(t *testing.T) {
+	f := func(yml, want string) {
+		t.Helper()
+		if _, err := ParseFleet([]byte(yml)); err == nil || !errors.Is(err, errFleet) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want %q in it", yml, err, want)
+		}
+	}
+	f("pods: [{name: a, speedup: 0}]\n", "sim: invalid fleet: pods[0].speedup = 0 must be positive (leave it out for 1)")
+	f("defaults: {speedup: 0}\npods: [{name: a}]\n", "sim: invalid fleet: defaults.speedup = 0 must be positive (leave it out for 1)")
+	f("pods: [{name: a, default_max_tokens: 0}]\n", "pods[0].default_max_tokens = 0 must be at least 1 (leave it out for 128)")
+	f("pods: [{name: a, max_model_len: 0}]\n", "pods[0].max_model_len = 0 must be at least 2 (leave it out for 32768)")
+	f("pods: [{name: a}, {name: b, tick: 0s}]\n", `pods[1].tick = "0s" must be positive (leave it out for 2ms)`)
+	f("pods: [{name: a, kv_scale: 0}]\n", "pods[0].kv_scale = 0 must be in (0, 1] (leave it out for 0.0009765625)")
+	f("pods: [{name: a, kv_timeout: 0s}]\n", `pods[0].kv_timeout = "0s" must be positive (leave it out for 8m0s)`)
+	f("pods: [{name: a, data_parallel_size: 0}]\n", "pods[0].data_parallel_size = 0 must be at least 1 (leave it out for 1)")
+	f("pods: [{name: a, max_loras: 0}]\n", "pods[0].max_loras = 0 must be positive (leave it out for 1)")
+	// 0 means something for these: it is kept.
+	fc, err := ParseFleet([]byte("pods: [{name: a, seed: 0, hash_seed: 0, bootstrap_port: 0}]\n"))
+	if err != nil || fc.Pods[0].BootstrapPort != 0 {
+		t.Fatalf("%v, %+v", err, fc.Pods)
+	}
 }
 
 func TestStartFleet(t *testing.T) {

@@ -22,7 +22,9 @@ import (
 
 // A fleet file lists simulated pods. Every pod starts from the defaults
 // section and overrides what it sets; what neither sets takes Config's
-// defaults. Unknown fields are errors. Example (testdata/fleet.yaml):
+// defaults. Unknown fields are errors, and so is a 0 that would take a
+// default (fleetZeros); errors name the setting by its path in the file.
+// Example (testdata/fleet.yaml):
 //
 //	defaults:
 //	  model: meta-llama/Llama-3.1-8B-Instruct
@@ -149,6 +151,59 @@ type FleetConfig struct {
 
 var errFleet = errors.New("sim: invalid fleet")
 
+// fleetZeros are the pod settings whose 0 withDefaults takes for unset, by
+// key: written in a fleet file, the pod would silently run at the
+// default, so it is refused, saying why.
+var fleetZeros = map[string]string{
+	"speedup":            fmt.Sprintf("must be positive (leave it out for %g)", DefaultSpeedup),
+	"default_max_tokens": fmt.Sprintf("must be at least 1 (leave it out for %d)", DefaultMaxTokens),
+	"max_model_len":      fmt.Sprintf("must be at least 2 (leave it out for %d)", DefaultMaxModelLen),
+	"tick":               fmt.Sprintf("must be positive (leave it out for %v)", DefaultTick),
+	"kv_scale":           fmt.Sprintf("must be in (0, 1] (leave it out for %g)", DefaultKVScale),
+	"kv_timeout":         fmt.Sprintf("must be positive (leave it out for %v)", DefaultKVTimeout),
+	"data_parallel_size": fmt.Sprintf("must be at least 1 (leave it out for %d)", DefaultDataParallelSize),
+	"max_loras":          fmt.Sprintf("must be positive (leave it out for %d)", DefaultMaxLoras),
+}
+
+// unsetZero says why a 0 at path (indices as []) is refused: the path is
+// a key of fleetZeros in the defaults or in a pod.
+func unsetZero(path string) string {
+	for _, section := range []string{"defaults.", "pods[]."} {
+		if key, ok := strings.CutPrefix(path, section); ok {
+			return fleetZeros[key]
+		}
+	}
+	return ""
+}
+
+// podError is err, which refuses pod i, with the setting it names by its
+// path in the file: in the pod's own entry, else in the defaults section
+// the pod took it from.
+func podError(defaults, pod *yaml.Node, i int, name string, err error) error {
+	var fe *fieldError
+	if !errors.As(err, &fe) {
+		return fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, name, err)
+	}
+	key := fe.field
+	if fe.kind == errPhysics {
+		key = "physics." + key
+	}
+	path := fmt.Sprintf("pods[%d].%s", i, key)
+	if !sets(pod, key) && sets(defaults, key) {
+		path = "defaults." + key
+	}
+	return fmt.Errorf("%w: %s = %s %s", errFleet, path, fe.value, fe.why)
+}
+
+// sets reports whether the pod entry or defaults section n writes key.
+func sets(n *yaml.Node, key string) bool {
+	found := false
+	yamlkeys.Walk(n, reflect.TypeFor[podFile](), "", func(path string, _, _ *yaml.Node, _ reflect.Type, _ map[string]reflect.Type) {
+		found = found || path == key
+	})
+	return found
+}
+
 // LoadFleet reads and parses a fleet file.
 func LoadFleet(path string) (FleetConfig, error) {
 	data, err := os.ReadFile(path)
@@ -174,6 +229,14 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 			return FleetConfig{}, fmt.Errorf("%w: %s", errFleet, yamlkeys.NameErrors(data, reflect.TypeFor[fleetFile](), te))
 		}
 		return FleetConfig{}, fmt.Errorf("%w: %w", errFleet, err)
+	}
+	var doc yaml.Node
+	_ = yaml.Unmarshal(data, &doc)
+	if path, written, why := yamlkeys.WrittenZero(&doc, reflect.TypeFor[fleetFile](), unsetZero); why != "" {
+		if s, ok := written.(string); ok {
+			written = strconv.Quote(s)
+		}
+		return FleetConfig{}, fmt.Errorf("%w: %s = %v %s", errFleet, path, written, why)
 	}
 	// Pass two: each pod overlays the defaults, which overlay Physics'.
 	var nodes struct {
@@ -207,10 +270,10 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		c := pf.config().withDefaults()
 		var err error
 		if c.Prompt, err = prompts.Load(prompt.Config{Tokenizer: pf.Tokenizer, ChatTemplate: pf.ChatTemplate, ChatTemplateKwargs: pf.ChatTemplateArgs}); err != nil {
-			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
+			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, err)
 		}
 		if err := c.Validate(); err != nil {
-			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
+			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, err)
 		}
 		if j, dup := names[c.Name]; dup {
 			return FleetConfig{}, fmt.Errorf("%w: pods[%d].name = %q repeats pods[%d].name", errFleet, i, c.Name, j)
@@ -222,7 +285,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		listens[c.Listen] = i
 		ev, err := publisherOf(pf, c.Engine, c.DataParallelSize)
 		if err != nil {
-			return FleetConfig{}, fmt.Errorf("%w: pods[%d] (name %q): %w", errFleet, i, c.Name, err)
+			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, err)
 		}
 		fc.Pods = append(fc.Pods, c)
 		fc.Events = append(fc.Events, ev)

@@ -83,30 +83,31 @@ var errPhysics = errors.New("sim: invalid physics")
 
 // Validate rejects values the model cannot run with, naming the field.
 func (p Physics) Validate() error {
-	bad := func(field string, v any) error {
-		return fmt.Errorf("%w: %s = %v must be positive", errPhysics, field, v)
+	bad := func(field string, v any, why string) error {
+		return &fieldError{errPhysics, field, fmt.Sprint(v), why}
 	}
+	const positive, notNegative = "must be positive", "must not be negative"
 	switch {
 	case !(p.PrefillTokensPerSec > 0):
-		return bad("prefill_tokens_per_sec", p.PrefillTokensPerSec)
+		return bad("prefill_tokens_per_sec", p.PrefillTokensPerSec, positive)
 	case !(p.DecodeBaseSec > 0):
-		return bad("decode_base_sec", p.DecodeBaseSec)
+		return bad("decode_base_sec", p.DecodeBaseSec, positive)
 	case p.DecodePerSeqSec < 0:
-		return fmt.Errorf("%w: decode_per_seq_sec = %v must not be negative", errPhysics, p.DecodePerSeqSec)
+		return bad("decode_per_seq_sec", p.DecodePerSeqSec, notNegative)
 	case p.MaxBatch <= 0:
-		return bad("max_batch", p.MaxBatch)
+		return bad("max_batch", p.MaxBatch, positive)
 	case p.BlockSize <= 0:
-		return bad("block_size", p.BlockSize)
+		return bad("block_size", p.BlockSize, positive)
 	case p.CacheBlocks <= 0:
-		return bad("cache_blocks", p.CacheBlocks)
+		return bad("cache_blocks", p.CacheBlocks, positive)
 	case !(p.KVBytesPerToken > 0):
-		return bad("kv_bytes_per_token", p.KVBytesPerToken)
+		return bad("kv_bytes_per_token", p.KVBytesPerToken, positive)
 	case !(p.LinkBytesPerSec > 0):
-		return bad("link_bytes_per_sec", p.LinkBytesPerSec)
+		return bad("link_bytes_per_sec", p.LinkBytesPerSec, positive)
 	case p.LinkLatencySec < 0:
-		return fmt.Errorf("%w: link_latency_sec = %v must not be negative", errPhysics, p.LinkLatencySec)
+		return bad("link_latency_sec", p.LinkLatencySec, notNegative)
 	case p.AdapterLoadSec < 0:
-		return fmt.Errorf("%w: adapter_load_sec = %v must not be negative", errPhysics, p.AdapterLoadSec)
+		return bad("adapter_load_sec", p.AdapterLoadSec, notNegative)
 	}
 	return nil
 }
