@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -34,11 +35,17 @@ model, engine and address, and serves until SIGINT or SIGTERM.`, stdout)
 	if path == "" {
 		return errors.New("--config is required")
 	}
+	setSpeedup := false
+	fs.Visit(func(f *flag.Flag) { setSpeedup = setSpeedup || f.Name == "speedup" })
+	if setSpeedup && !(speedup > 0) {
+		// Its 0 stands for left out: written, it would be ignored.
+		return fs.usageError(fmt.Errorf("--speedup %g: must be positive (leave it out for each pod's from the file)", speedup))
+	}
 	fc, err := sim.LoadFleet(path)
 	if err != nil {
 		return err
 	}
-	if speedup != 0 {
+	if setSpeedup {
 		for i := range fc.Pods {
 			fc.Pods[i].Speedup = speedup
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -63,5 +64,23 @@ func TestCmdFleetErrors(t *testing.T) {
 	}
 	f(nil, "--config is required")
 	f([]string{"--config", "missing.yaml"}, "no such file")
-	f([]string{"--config", "../../engines/sim/testdata/fleet.yaml", "--speedup", "-2"}, `speedup = "-2"`)
+	f([]string{"--config", "../../engines/sim/testdata/fleet.yaml", "--speedup", "-2"}, "--speedup -2: must be positive")
+}
+
+// TestFleetSpeedupZeroRefused: --speedup left out runs each pod at the
+// file's speedup; written 0, which the flag took for left out, it is
+// refused rather than silently ignored.
+func TestFleetSpeedupZeroRefused(t *testing.T) {
+	done := make(chan error, 1)
+	go func() {
+		done <- cmdFleet([]string{"--config", "../../engines/sim/testdata/fleet.yaml", "--speedup", "0"}, io.Discard)
+	}()
+	select {
+	case err := <-done:
+		if want := "--speedup 0: must be positive (leave it out for each pod's from the file)"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("fleet --speedup 0: %v; want %q", err, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("fleet --speedup 0 started serving")
+	}
 }
