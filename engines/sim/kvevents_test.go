@@ -192,13 +192,13 @@ func TestKVEventsCopyABlockComputedAgain(t *testing.T) {
 		{stored(a, ka, 0)},
 		{stored(a, ka, 1)}, // a's last block again: two copies
 		{stored(b, kb, 0), removed(ka[1])},
-		{stored(c, kc, 0), removed(ka[0], ka[1])},
+		{stored(c, kc, 0), removed(ka[1], ka[0])},
 	})
 	run(engines.SGLang, [][]kvEvent{
 		{stored(a, ka, 0)},
 		nil, // a's blocks touched
 		{stored(b, kb, 0)},
-		{stored(c, kc, 0), removed(ka[0], ka[1])},
+		{stored(c, kc, 0), removed(ka[1], ka[0])},
 	})
 }
 
@@ -359,5 +359,50 @@ func TestCacheSaltPerEngine(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEvictionTakesThePromptTailFirst: vLLM frees a finished request's
+// blocks tail first onto its free queue and evicts from the queue's head
+// (KVCacheManager.free), so a full cache drops a prompt's last block and
+// keeps its head: the prefix still hits. SGLang's radix tree evicts leaves
+// first, to the same effect.
+func TestEvictionTakesThePromptTailFirst(t *testing.T) {
+	const bs, capacity = 16, 4
+	phys := DefaultPhysics()
+	phys.BlockSize, phys.CacheBlocks = bs, capacity
+	prompt := func(first uint32, blocks int) []uint32 {
+		tokens := make([]uint32, blocks*bs+1)
+		for i := range tokens {
+			tokens[i] = first + uint32(i)
+		}
+		return tokens
+	}
+	a, b := prompt(100, 3), prompt(200, 2)
+	ka := radix.AppendBlockKeys(nil, engineSeed("m", 0), a, bs)
+	for _, engine := range []engines.Kind{engines.VLLM, engines.SGLang} {
+		sink := &recordingSink{}
+		p := testPod(t, Config{Engine: engine, Model: "m", Physics: phys, MaxModelLen: bs * capacity, Speedup: fast, KVEvents: sink})
+		c := testClient(t)
+		url := "http://" + p.Addr() + "/v1/completions"
+		for _, tokens := range [][]uint32{a, b} {
+			if status, body := post(t, c, url, map[string]any{"prompt": tokens, "max_tokens": 1}); status != 200 {
+				t.Fatalf("%s: %d %s", engine, status, body)
+			}
+		}
+		var removed []uint64
+		for _, e := range sink.take() {
+			if e.kind == "removed" {
+				removed = append(removed, e.hashes...)
+			}
+		}
+		if !slices.Equal(removed, ka[2:]) {
+			t.Fatalf("%s: evicted %x, want a's last block %x", engine, removed, ka[2])
+		}
+		before := p.Stats().HitTokens
+		post(t, c, url, map[string]any{"prompt": a, "max_tokens": 1})
+		if hit := p.Stats().HitTokens - before; hit != 2*bs {
+			t.Fatalf("%s: a again hit %d tokens, want its first two blocks' %d", engine, hit, 2*bs)
+		}
 	}
 }

@@ -1,11 +1,17 @@
 package sim
 
+import "slices"
+
 // PrefixCache is a pod's prefix cache: an LRU set of chained block keys with
 // a capacity in blocks. A prompt hits the cache for as many leading blocks as
 // are present; storing a prompt makes all its blocks the most recently used,
-// in prompt order, then evicts least recently used blocks over capacity. That
-// is exactly the global-scheduling study's model (an OrderedDict with
-// move_to_end per block), so bench/cluster reproduces its numbers.
+// its last block first and its first block last, then evicts least recently
+// used blocks over capacity. A full cache thus drops a prompt's tail before
+// its head, as the engines do: vLLM frees a request's blocks in reverse
+// onto its free queue and evicts from the queue's head (KVCacheManager.free),
+// SGLang's radix tree evicts leaves, TensorRT-LLM releases blocks in reverse.
+// Otherwise it is the global-scheduling study's model (an OrderedDict with
+// move_to_end per block), which bench/cluster reproduces.
 //
 // StoreCopies models vLLM, which does not deduplicate: a block computed
 // again beside a cached copy is cached as another copy, its own entry in
@@ -63,8 +69,8 @@ func (c *PrefixCache) Contains(key uint64) bool {
 	return ok
 }
 
-// Store marks every key as most recently used, in order, inserting those not
-// held, then evicts the least recently used blocks over capacity. It appends
+// Store marks every key as most recently used, last to first, inserting
+// those not held, then evicts the least recently used blocks over capacity. It appends
 // the keys it inserted to stored and the keys it evicted to evicted (either
 // may be nil when the caller does not publish events) and returns both.
 func (c *PrefixCache) Store(keys []uint64, stored, evicted []uint64) ([]uint64, []uint64) {
@@ -77,7 +83,9 @@ func (c *PrefixCache) Store(keys []uint64, stored, evicted []uint64) ([]uint64, 
 // and is reported in stored again. An evicted copy is reported in evicted,
 // once a copy.
 func (c *PrefixCache) StoreCopies(keys []uint64, from int, stored, evicted []uint64) ([]uint64, []uint64) {
-	for j, k := range keys {
+	first := len(stored)
+	for j := len(keys) - 1; j >= 0; j-- {
+		k := keys[j]
 		oldest, held := c.index[k]
 		if held && j < from {
 			c.unlink(oldest)
@@ -98,6 +106,7 @@ func (c *PrefixCache) StoreCopies(keys []uint64, from int, stored, evicted []uin
 			stored = append(stored, k)
 		}
 	}
+	slices.Reverse(stored[first:])
 	for c.used > c.capacity {
 		i := c.head
 		k := c.nodes[i].key

@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// naiveLRU is the global-scheduling study's OrderedDict LRU: a slice in
-// recency order.
+// naiveLRU is the global-scheduling study's OrderedDict LRU, a slice in
+// recency order, storing a prompt's blocks last to first as the engines
+// free them.
 type naiveLRU struct {
 	order []uint64
 	cap   int
@@ -23,7 +24,7 @@ func (n *naiveLRU) match(keys []uint64) int {
 }
 
 func (n *naiveLRU) store(keys []uint64) {
-	for _, k := range keys {
+	for _, k := range slices.Backward(keys) {
 		if i := slices.Index(n.order, k); i >= 0 {
 			n.order = slices.Delete(n.order, i, i+1)
 		}
