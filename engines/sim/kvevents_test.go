@@ -298,7 +298,8 @@ func TestCacheSaltPerEngine(t *testing.T) {
 	const bs = 16
 	phys := DefaultPhysics()
 	phys.BlockSize = bs
-	tokens := make([]int, 4*bs)
+	// A token past four blocks, so a hit takes all four.
+	tokens := make([]int, 4*bs+1)
 	for i := range tokens {
 		tokens[i] = 1000 + i
 	}

@@ -41,6 +41,7 @@ type request struct {
 	rank      int     // the data-parallel rank serving it
 	arrival   float64 // simulated seconds
 	generated int
+	hit       int // prompt blocks found cached when its prefill started
 	reserved  int // KV blocks reserved at admission: prompt plus maxTokens
 	held      int // KV blocks the sequence holds now
 	lastToken float64
@@ -375,7 +376,12 @@ func (s *scheduler) kick() {
 	if !s.prefillBusy && len(s.prefill) > 0 {
 		r := s.prefill[0]
 		prompt := len(r.tokens)
-		cached := s.ranks[r.rank].cache.Match(r.keys) * s.phys.BlockSize
+		// The hit stops a token short of the prompt, whose last token
+		// must be computed for its logits, and counts whole blocks: vLLM's
+		// max_cache_hit_length = num_tokens - 1 (get_computed_blocks),
+		// SGLang's max_prefix_len = input_len - 1, page-aligned.
+		r.hit = min(s.ranks[r.rank].cache.Match(r.keys), (prompt-1)/s.phys.BlockSize)
+		cached := r.hit * s.phys.BlockSize
 		compute := prompt - cached
 		if r.remote {
 			compute = 0 // the prefill pod computed it; the first token comes at once
@@ -451,11 +457,8 @@ func (s *scheduler) storeBlocks(r *request) {
 	rc := s.ranks[r.rank]
 	from := len(r.keys)
 	if s.copies {
-		// vLLM computes every block past its prefix-cache hit, which stops
-		// a token short of the prompt so the last token yields logits
-		// (KVCacheManager.get_computed_blocks: max_cache_hit_length =
-		// num_tokens - 1), and caches each in a new block.
-		from = min(rc.cache.Match(r.keys), (len(r.tokens)-1)/s.phys.BlockSize)
+		// vLLM caches every block it computed past its hit in a new block.
+		from = r.hit
 	}
 	stored, evicted := rc.cache.StoreCopies(r.keys, from, s.stored[:0], s.evicted[:0])
 	if rc.sink == nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -265,5 +266,41 @@ func TestCloseAbortsStreams(t *testing.T) {
 		})
 	if _, finish := streamedText(parseChunks(t, events)); finish != "abort" {
 		t.Fatalf("finish_reason %q, want abort", finish)
+	}
+}
+
+// TestAFullHitComputesTheLastBlock: a prompt found whole in the cache still
+// computes its last token for the logits, and the hit is whole blocks, so
+// a block-aligned prompt sent again computes its last block: vLLM's
+// max_cache_hit_length = num_tokens - 1 (KVCacheManager.get_computed_blocks),
+// SGLang's max_prefix_len = input_len - 1, page-aligned.
+func TestAFullHitComputesTheLastBlock(t *testing.T) {
+	const bs = 16
+	phys := DefaultPhysics()
+	phys.BlockSize = bs
+	tokens := make([]int, 2*bs)
+	for i := range tokens {
+		tokens[i] = 100 + i
+	}
+	body := map[string]any{"prompt": tokens, "max_tokens": 1}
+	for _, engine := range []engines.Kind{engines.VLLM, engines.SGLang} {
+		p := testPod(t, Config{Engine: engine, Model: "m", Physics: phys, Speedup: fast})
+		c := testClient(t)
+		url := "http://" + p.Addr() + "/v1/completions"
+		post(t, c, url, body)
+		post(t, c, url, body)
+		if hit := p.Stats().HitTokens; hit != bs {
+			t.Fatalf("%s: %d tokens hit, want the first block's %d", engine, hit, bs)
+		}
+		if engine != engines.VLLM {
+			continue
+		}
+		// Simulated TTFTs, exact on an idle pod: the whole prompt, then
+		// its last block.
+		_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+		sum := metricValue(t, text, `vllm:time_to_first_token_seconds_sum{model_name="m",engine="0"}`)
+		if want := phys.PrefillSec(2*bs) + phys.PrefillSec(bs); math.Abs(sum-want) > 1e-9 {
+			t.Fatalf("time_to_first_token_seconds_sum = %v, want %v", sum, want)
+		}
 	}
 }
