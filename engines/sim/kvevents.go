@@ -15,10 +15,12 @@ import (
 // are the pod's scratch: valid only during the call.
 type KVEventSink interface {
 	// BlockStored reports blocks newly cached (as vLLM, a block computed
-	// again beside a cached copy too), in prompt order, each
-	// chained to the one before; parentHash is the block before the first
-	// (hasParent false when the first is the prompt's first block).
-	// tokenIDs holds the blocks' tokens concatenated, blockSize per block;
+	// again beside a cached copy too), the prompt's and then those its
+	// answer filled, in order, each chained to the one before; parentHash
+	// is the block before the first (hasParent false when the first is
+	// the prompt's first block). tokenIDs holds the blocks' tokens
+	// concatenated (an answer's: the ids the pod generated), blockSize per
+	// block;
 	// extra what the pod hashed into them besides (the request's cache
 	// salt, on a run that starts a prompt, as vLLM publishes it).
 	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys)
@@ -50,14 +52,14 @@ func engineSeed(model string, hashSeed uint64) uint64 {
 	return d.Sum64()
 }
 
-// publishStored reports the blocks of keys that StoreCopies cached (stored, a
-// subsequence of keys in order) as one BlockStored per run of consecutive
-// blocks: a run's parent is the block before it, which the cache already
-// held. tokens are the prompt's tokens, salt its cache salt and lora its
-// adapter ("" for none); scratch is reused between calls.
-func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, salt, lora string, blockSize int, scratch []uint32) []uint32 {
+// publishStored reports the blocks of keys[lo:] that StoreCopies cached
+// (stored, a subsequence of keys[lo:] in order) as one BlockStored per run
+// of consecutive blocks: a run's parent is the block before it, which the
+// cache already held. tokens are the tokens of keys[lo:]'s blocks, salt
+// the request's cache salt and lora its adapter ("" for none).
+func publishStored(sink KVEventSink, keys []uint64, lo int, stored []uint64, tokens []uint32, salt, lora string, blockSize int) {
 	j := 0
-	for i := 0; i < len(keys) && j < len(stored); {
+	for i := lo; i < len(keys) && j < len(stored); {
 		if keys[i] != stored[j] {
 			i++
 			continue
@@ -67,7 +69,6 @@ func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, sal
 			i++
 			j++
 		}
-		scratch = append(scratch[:0], tokens[start*blockSize:i*blockSize]...)
 		var parent uint64
 		extra := engines.ExtraKeys{LoRA: lora}
 		if start > 0 {
@@ -75,7 +76,6 @@ func publishStored(sink KVEventSink, keys, stored []uint64, tokens []uint32, sal
 		} else {
 			extra.CacheSalt = salt
 		}
-		sink.BlockStored(parent, start > 0, keys[start:i], scratch, blockSize, extra)
+		sink.BlockStored(parent, start > 0, keys[start:i], tokens[(start-lo)*blockSize:(i-lo)*blockSize], blockSize, extra)
 	}
-	return scratch
 }

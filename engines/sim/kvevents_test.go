@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"pdlb/engines"
+	"pdlb/engines/tokenize"
 	"pdlb/radix"
 )
 
@@ -206,7 +207,7 @@ func TestPublishStoredRuns(t *testing.T) {
 	sink := &recordingSink{}
 	keys := []uint64{10, 11, 12, 13, 14}
 	tokens := []uint32{0, 0, 1, 1, 2, 2, 3, 3, 4, 4}
-	publishStored(sink, keys, []uint64{11, 13, 14}, tokens, "s", "", 2, nil)
+	publishStored(sink, keys, 0, []uint64{11, 13, 14}, tokens, "s", "", 2)
 	want := []kvEvent{
 		{kind: "stored", parent: 10, hasParent: true, hashes: []uint64{11}, tokens: []uint32{1, 1}, blockSize: 2},
 		{kind: "stored", parent: 12, hasParent: true, hashes: []uint64{13, 14}, tokens: []uint32{3, 3, 4, 4}, blockSize: 2},
@@ -214,9 +215,14 @@ func TestPublishStoredRuns(t *testing.T) {
 	if got := sink.take(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
-	publishStored(sink, keys, keys[:2], tokens, "s", "", 2, nil)
+	publishStored(sink, keys, 0, keys[:2], tokens, "s", "", 2)
 	if got := sink.take(); len(got) != 1 || got[0].hasParent || len(got[0].hashes) != 2 || got[0].salt != "s" {
 		t.Fatalf("first blocks: %v", got)
+	}
+	publishStored(sink, keys, 3, keys[3:], tokens[6:], "s", "", 2)
+	want = []kvEvent{{kind: "stored", parent: 12, hasParent: true, hashes: []uint64{13, 14}, tokens: []uint32{3, 3, 4, 4}, blockSize: 2}}
+	if got := sink.take(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("from block 3: got %v, want %v", got, want)
 	}
 }
 
@@ -404,6 +410,63 @@ func TestEvictionTakesThePromptTailFirst(t *testing.T) {
 		post(t, c, url, map[string]any{"prompt": a, "max_tokens": 1})
 		if hit := p.Stats().HitTokens - before; hit != 2*bs {
 			t.Fatalf("%s: a again hit %d tokens, want its first two blocks' %d", engine, hit, 2*bs)
+		}
+	}
+}
+
+// TestGeneratedBlocksAreCached: the engines cache the blocks the answer's
+// tokens fill, not only the prompt's, so a follow-up prompt that carries
+// the answer hits them. The KV of every token but the last one sampled is
+// computed: prompt + answer - 1 tokens. vLLM caches each block as its
+// tokens are computed (allocate_slots caches up to request.num_tokens,
+// which counts the output), and publishes it chained to the block before;
+// SGLang inserts the prompt and output ids into its radix tree when the
+// request finishes (cache_finished_req).
+func TestGeneratedBlocksAreCached(t *testing.T) {
+	const bs, answer = 16, 40
+	phys := DefaultPhysics()
+	phys.BlockSize = bs
+	tokens := make([]uint32, 2*bs+3)
+	for i := range tokens {
+		tokens[i] = 100 + uint32(i)
+	}
+	stored := func(seq []uint32, k []uint64, from, to int) kvEvent {
+		e := kvEvent{kind: "stored", hashes: k[from:to], tokens: seq[from*bs : to*bs], blockSize: bs}
+		if from > 0 {
+			e.parent, e.hasParent = k[from-1], true
+		}
+		return e
+	}
+	for _, engine := range []engines.Kind{engines.VLLM, engines.SGLang} {
+		sink := &recordingSink{}
+		p := testPod(t, Config{Engine: engine, Model: "m", Physics: phys, Speedup: fast, KVEvents: sink})
+		c := testClient(t)
+		url := "http://" + p.Addr() + "/v1/completions"
+		status, b := post(t, c, url, map[string]any{"prompt": tokens, "max_tokens": answer})
+		var resp struct {
+			Choices []struct{ Text string } `json:"choices"`
+		}
+		if err := json.Unmarshal(b, &resp); status != 200 || err != nil || len(resp.Choices) != 1 {
+			t.Fatalf("%s: %d %s", engine, status, b)
+		}
+		// The sim's words are one stand-in token each.
+		seq := tokenize.Append(slices.Clone(tokens), []byte(resp.Choices[0].Text))
+		if len(seq) != len(tokens)+answer {
+			t.Fatalf("%s: answer %q is not %d tokens", engine, resp.Choices[0].Text, answer)
+		}
+		keys := radix.AppendBlockKeys(nil, engineSeed("m", 0), seq[:len(seq)-1], bs)
+		want := []kvEvent{stored(seq, keys, 0, 2), stored(seq, keys, 2, 3), stored(seq, keys, 3, 4)}
+		if engine == engines.SGLang {
+			want = []kvEvent{stored(seq, keys, 0, 2), stored(seq, keys, 2, 4)}
+		}
+		if got := sink.take(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s:\n got %v\nwant %v", engine, got, want)
+		}
+		// The follow-up prompt carries the answer: its four blocks hit.
+		before := p.Stats().HitTokens
+		post(t, c, url, map[string]any{"prompt": append(seq, 7, 8, 9), "max_tokens": 1})
+		if hit := p.Stats().HitTokens - before; hit != 4*bs {
+			t.Fatalf("%s: the follow-up hit %d tokens, want %d", engine, hit, 4*bs)
 		}
 	}
 }

@@ -661,7 +661,8 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	rs := make([]*request, 0, len(prompts)*n)
 	texts := make([]textStream, 0, len(prompts)*n)
 	for _, tokens := range prompts {
-		keys := radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), radix.SeedWith(p.seed, lora, salt), tokens, p.cfg.Physics.BlockSize)
+		seed := radix.SeedWith(p.seed, lora, salt)
+		keys := radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), seed, tokens, p.cfg.Physics.BlockSize)
 		text := newTextStream(p.cfg.Seed, tokens)
 		// Each of the prompt's n answers is a request of its own, as
 		// vLLM fans a request out into n child requests.
@@ -686,7 +687,9 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 					r.maxTokens, r.limitReason = 1, finishLength
 				}
 			}
-			r.salt, r.lora, r.keys = salt, lora, keys
+			// Each answer's keys grow apart: no room to share.
+			r.salt, r.lora, r.seed, r.keys = salt, lora, seed, keys[:len(keys):len(keys)]
+			r.text = text.sample(j)
 			// A batch's requests are named after the choices' places:
 			// rid-0, rid-1 on vLLM, rid_0, rid_1 on SGLang (its
 			// GenerateReqInput).
@@ -694,7 +697,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			if len(prompts)*n > 1 {
 				r.rid = rid + p.batchSep() + strconv.Itoa(len(rs))
 			}
-			rs, texts = append(rs, r), append(texts, text.sample(j))
+			rs, texts = append(rs, r), append(texts, r.text)
 		}
 	}
 	respID := "cmpl-" + id

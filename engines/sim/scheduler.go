@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"pdlb/engines"
+	"pdlb/radix"
 )
 
 // request is one generation as the scheduler sees it. The handler fills the
@@ -15,11 +16,15 @@ import (
 // the scheduler goroutine owns the last group. progress and notify are how
 // the scheduler tells the handler: it stores progress, then signals notify.
 type request struct {
-	rid         string
-	tokens      []uint32 // the prompt
-	keys        []uint64 // the prompt's engine block keys (engineSeed chain, salted)
-	salt        string   // the request's cache_salt ("" for none)
-	lora        string   // the LoRA adapter it names ("" for none)
+	rid    string
+	tokens []uint32 // the prompt
+	text   textStream
+	seed   uint64 // what keys chain from: engineSeed, salted
+	// keys are the engine block keys of the prompt's full blocks; the
+	// scheduler appends those of the blocks the answer fills.
+	keys        []uint64
+	salt        string // the request's cache_salt ("" for none)
+	lora        string // the LoRA adapter it names ("" for none)
 	maxTokens   int
 	limitReason uint8 // finish reason at maxTokens: length when the client set it, stop for the sim's own length
 	// remote marks a decode leg: its prompt's KV comes from a prefill pod.
@@ -149,6 +154,8 @@ type scheduler struct {
 
 	stored, evicted []uint64 // scratch for KV events
 	tokScratch      []uint32
+	// vocab holds the token ids of the words the pod generates (wordIDs).
+	vocab *[len(words)]uint32
 	// copies: the pod plays vLLM, whose cache keeps a block computed again
 	// as another copy (PrefixCache.StoreCopies); SGLang's and TensorRT-LLM's
 	// radix trees keep one.
@@ -180,6 +187,7 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 		ranks:   make([]rankCache, cfg.DataParallelSize),
 		m:       m,
 		copies:  cfg.Engine == engines.VLLM,
+		vocab:   wordIDs(cfg.Prompt),
 		inbox:   make(chan schedMsg, inboxSize),
 		done:    make(chan struct{}),
 		exited:  make(chan struct{}),
@@ -409,7 +417,12 @@ func (s *scheduler) endPrefill() {
 	r := s.prefill[0]
 	s.prefill = slices.Delete(s.prefill, 0, 1)
 	s.prefillBusy = false
-	s.storeBlocks(r)
+	from := len(r.keys)
+	if s.copies {
+		// vLLM caches every block it computed past its hit in a new block.
+		from = r.hit
+	}
+	s.storeBlocks(r, 0, from)
 	r.generated = 1
 	r.lastToken = s.clock
 	s.m.firstToken(len(r.tokens), s.clock-r.arrival)
@@ -436,6 +449,12 @@ func (s *scheduler) endStep() {
 		r.held = blocks
 		s.m.token(s.clock - r.lastToken)
 		r.lastToken = s.clock
+		if s.copies {
+			// vLLM caches a block as soon as its tokens' KV is computed.
+			lo := len(r.keys)
+			s.extendKeys(r)
+			s.storeBlocks(r, lo, lo)
+		}
 		if r.generated >= r.maxTokens {
 			s.finish(r, r.limitReason)
 		} else {
@@ -448,29 +467,58 @@ func (s *scheduler) endStep() {
 	s.decoding = slices.DeleteFunc(s.decoding, func(r *request) bool { return r.state != stateDecode })
 }
 
-// storeBlocks puts a prefilled prompt's blocks in its rank's prefix cache
-// and reports what changed to the rank's sink.
-func (s *scheduler) storeBlocks(r *request) {
-	if len(r.keys) == 0 {
+// storeBlocks puts r's blocks keys[lo:] in its rank's prefix cache, those
+// from keys[from] on computed anew (PrefixCache.StoreCopies), and reports
+// what changed to the rank's sink.
+func (s *scheduler) storeBlocks(r *request, lo, from int) {
+	if lo == len(r.keys) {
 		return
 	}
 	rc := s.ranks[r.rank]
-	from := len(r.keys)
-	if s.copies {
-		// vLLM caches every block it computed past its hit in a new block.
-		from = r.hit
-	}
-	stored, evicted := rc.cache.StoreCopies(r.keys, from, s.stored[:0], s.evicted[:0])
+	stored, evicted := rc.cache.StoreCopies(r.keys[lo:], from-lo, s.stored[:0], s.evicted[:0])
 	if rc.sink == nil {
 		return
 	}
 	if len(stored) > 0 {
-		s.tokScratch = publishStored(rc.sink, r.keys, stored, r.tokens, r.salt, r.lora, s.phys.BlockSize, s.tokScratch)
+		bs := s.phys.BlockSize
+		s.tokScratch = s.appendTokens(s.tokScratch[:0], r, lo*bs, len(r.keys)*bs)
+		publishStored(rc.sink, r.keys, lo, stored, s.tokScratch, r.salt, r.lora, bs)
 	}
 	if len(evicted) > 0 {
 		rc.sink.BlockRemoved(evicted)
 	}
 	s.stored, s.evicted = stored, evicted
+}
+
+// extendKeys appends to r.keys the keys of the blocks its answer filled.
+// The KV of every token but the last one sampled is computed, so they are
+// the full blocks of its prompt and answer less one token, as vLLM
+// (allocate_slots) and SGLang (cache_finished_req) cache them.
+func (s *scheduler) extendKeys(r *request) {
+	bs := s.phys.BlockSize
+	full := (len(r.tokens) + r.generated - 1) / bs
+	lo := len(r.keys)
+	if full <= lo {
+		return
+	}
+	parent := r.seed
+	if lo > 0 {
+		parent = r.keys[lo-1]
+	}
+	s.tokScratch = s.appendTokens(s.tokScratch[:0], r, lo*bs, full*bs)
+	r.keys = radix.AppendBlockKeys(r.keys, parent, s.tokScratch, bs)
+}
+
+// appendTokens appends tokens [from, to) of r's prompt and answer to dst.
+func (s *scheduler) appendTokens(dst []uint32, r *request, from, to int) []uint32 {
+	p := len(r.tokens)
+	if from < p {
+		dst = append(dst, r.tokens[from:min(to, p)]...)
+	}
+	for i := max(from, p); i < to; i++ {
+		dst = append(dst, s.vocab[r.text.index(i-p)])
+	}
+	return dst
 }
 
 // cancel removes a request wherever it is and finishes it as aborted.
@@ -505,6 +553,12 @@ func (s *scheduler) cancel(r *request) {
 }
 
 func (s *scheduler) finish(r *request, reason uint8) {
+	if r.generated > 0 {
+		// Its blocks become evictable, its first last, as the engines
+		// free them; SGLang and TensorRT-LLM cache the answer's now.
+		s.extendKeys(r)
+		s.storeBlocks(r, 0, len(r.keys))
+	}
 	r.state = stateDone
 	s.reserved -= r.reserved
 	s.held -= r.held

@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 
 	"github.com/cespare/xxhash/v2"
+
+	"pdlb/engines/prompt"
+	"pdlb/engines/tokenize"
 )
 
 // words is the simulated model's vocabulary. Every word is a space and three
@@ -49,8 +52,31 @@ func (s textStream) sample(j int) textStream {
 }
 
 // word returns token i of the answer.
-func (s textStream) word(i int) string {
-	return words[splitmix(s.base+uint64(i)*0x9e3779b97f4a7c15)>>58]
+func (s textStream) word(i int) string { return words[s.index(i)] }
+
+// index returns token i of the answer as its place in words.
+func (s textStream) index(i int) int {
+	return int(splitmix(s.base+uint64(i)*0x9e3779b97f4a7c15) >> 58)
+}
+
+// wordIDs returns the token id of each of words, the ids the pod caches
+// for the answers it generates: as m's tokenizer encodes the word alone
+// (nil: the stand-in's), which is how a chat template that keeps the
+// answer's leading space encodes it again in the next turn's prompt. A
+// word the tokenizer splits takes its first piece's id; the words are one
+// token each in the Llama 3 and Qwen3 vocabularies.
+func wordIDs(m *prompt.Model) *[len(words)]uint32 {
+	var ids [len(words)]uint32
+	var buf []uint32
+	for i, w := range words {
+		if m != nil {
+			buf = m.Completion(buf[:0], []byte(w), false)
+		} else {
+			buf = tokenize.Append(buf[:0], []byte(w))
+		}
+		ids[i] = buf[0]
+	}
+	return &ids
 }
 
 // appendText appends tokens [from, to) of the answer.

@@ -12,10 +12,12 @@ import (
 	"go.uber.org/goleak"
 
 	"pdlb/engines"
+	engprompt "pdlb/engines/prompt"
 	"pdlb/engines/sim"
 	"pdlb/engines/tokenize"
 	"pdlb/engines/vllm"
 	"pdlb/internal/testwait"
+	"pdlb/internal/tokfiles"
 	"pdlb/lb/openai"
 	"pdlb/radix"
 )
@@ -288,4 +290,75 @@ func TestCopiesFromASimPod(t *testing.T) {
 	indexed(2)
 	send(prompt(300), 3) // stores two blocks, evicts a's first block and last copy
 	indexed(0)
+}
+
+// TestAnAnswerHitsInTheNextTurn runs a chat over a sim pod with Qwen3's
+// tokenizer and template: the pod caches, and publishes, the blocks its
+// answer fills as well as the prompt's, so the index matches the next
+// turn's prompt, which renders the answer again, past the first prompt's
+// blocks: up to the prompt and answer less the last sampled token, whose
+// KV no engine computed. Qwen3's template keeps an earlier answer as it
+// was sent, and its tokenizer encodes each of the sim's words (a space and
+// three letters) as the one id the pod generated for it.
+func TestAnAnswerHitsInTheNextTurn(t *testing.T) {
+	m, err := engprompt.Load(engprompt.Config{Tokenizer: tokfiles.Dir(t, "qwen3")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bs, answer = radix.DefaultBlockSize, 3 * radix.DefaultBlockSize
+	phys := sim.DefaultPhysics()
+	phys.BlockSize = bs
+	pod, tree, _ := simPodFeed(t, sim.Config{Physics: phys, Prompt: m})
+	client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+	defer client.CloseIdleConnections()
+
+	first := []map[string]string{
+		{"role": "system", "content": "You are a terse assistant."},
+		{"role": "user", "content": strings.Repeat("Explain prefix caching for LLM inference servers. ", 4)},
+	}
+	body, _ := json.Marshal(map[string]any{"model": model, "messages": first, "max_tokens": answer})
+	resp, err := client.Post("http://"+pod.Addr()+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var out struct {
+		Choices []struct{ Message struct{ Content string } }
+		Usage   struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.Unmarshal(b, &out); resp.StatusCode != http.StatusOK || err != nil || len(out.Choices) != 1 || out.Usage.CompletionTokens != answer {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	ids, err := m.Chat(nil, body, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := append(first, map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content},
+		map[string]string{"role": "user", "content": "And with two pods?"})
+	body, _ = json.Marshal(map[string]any{"model": model, "messages": next})
+	nextIDs, err := m.Chat(nil, body, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := radix.AppendBlockKeys(nil, radix.Seed(model), ids, bs)
+	nextKeys := radix.AppendBlockKeys(nil, radix.Seed(model), nextIDs, bs)
+	want := (len(ids) + answer - 1) / bs
+	if want <= len(keys) {
+		t.Fatalf("BUG: a %d-token answer to a %d-token prompt fills no block of its own", answer, len(ids))
+	}
+	matched := func(k []uint64) int {
+		out := make([]int32, 1)
+		tree.Match(k, out)
+		return int(out[0])
+	}
+	testwait.For(t, "the answer's blocks to reach the index", func() bool { return matched(nextKeys) >= want })
+	if got := matched(nextKeys); got != want {
+		t.Fatalf("the next turn matches %d blocks, want %d", got, want)
+	}
+	if got := matched(keys); got != len(keys) {
+		t.Fatalf("the first prompt matches %d blocks, want its %d", got, len(keys))
+	}
 }
