@@ -153,8 +153,10 @@ type completion struct {
 	adapter   *pool.Adapter
 	served    string
 	fallbacks []string
-	// tiers is the PD path's scratch for its pods' adapter fit.
+	// tiers is the PD path's scratch for its pods' adapter fit; loads
+	// are the adapter loads the pick's pods wait for (loadAdapter).
 	tiers []uint8
+	loads [2]*pool.AdapterLoad
 	// tr is the request's spans, predictedTTFT its pick's prediction
 	// (seconds; 0 when nothing reads it); explain says the client asked
 	// for its decision, explained is the explanation still to send
@@ -195,7 +197,7 @@ func releaseCompletion(x *completion) {
 	}
 	x.found = nil
 	x.policy, x.policyCache, x.cascade = nil, false, nil
-	x.adapter, x.served, x.fallbacks = nil, "", nil
+	x.adapter, x.served, x.fallbacks, x.loads = nil, "", nil, [2]*pool.AdapterLoad{}
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]
 	x.g, x.ctx, x.m, x.snap, x.up, x.resp, x.pod, x.modelStats, x.countedOn = nil, nil, nil, nil, nil, nil, nil, nil, nil
 	x.deferred, x.rejected, x.hdr, x.client.conn = false, false, clientHeaders{}, nil

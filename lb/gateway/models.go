@@ -273,42 +273,50 @@ func renderModels(s *pool.Snapshot) []byte {
 	return append(b, "]}"...)
 }
 
-// adapterReady makes sure the pods of x's pick serve x's adapter: the
-// pod, or a PD pair's prefill and decode pods (both run the adapter: the
-// request names it on both legs). Where one does not and the model lets
-// the gateway load adapters, the load starts (or one under way is
-// joined), and x waits for them on a worker. False says x moved to one,
-// to be picked anew there (the loading pods are then its pick); a failed
-// load fails x with 503.
-func (g *Gateway) adapterReady(x *completion) bool {
-	a, l := x.adapter, &x.m.LoRA
-	if a == nil || a.Path == "" || !l.LoadAdapters {
+// loadAdapter makes sure pre and dec, the pods of x's pick on m (the
+// same pod twice for one pod), serve x's adapter: where one does not and
+// m lets the gateway load adapters, the pick begins the load, or joins
+// one under way, and x.loads are the loads adapterReady waits for. seen
+// is m.LoadsBegun read before the pick looked at the pods; false says
+// another pick began a load since, which this pick did not see: it picks
+// again, and nothing began.
+func (g *Gateway) loadAdapter(m *pool.Model, x *completion, pre, dec *pool.Pod, seen uint64) bool {
+	x.loads = [2]*pool.AdapterLoad{}
+	a, l := x.adapter, &m.LoRA
+	if a == nil || a.Path == "" || !l.LoadAdapters || (pre.Has(a) && dec.Has(a)) {
 		return true
 	}
-	pods := [2]*pool.Pod{x.pod, x.pod}
-	if x.cascade != nil {
-		pods[0], pods[1] = placedPD(x)
+	pods := [2]*pool.Pod{pre, dec}
+	loads, started, ok := m.LoadAdapter(a, pods, seen, l.AdapterLoadTimeout)
+	if !ok {
+		return false
 	}
-	var loads [2]*pool.AdapterLoad
+	x.loads = loads
 	for i, p := range pods {
-		if p.Has(a) || (i == 1 && p == pods[0]) {
-			continue
-		}
-		load, started := p.StartAdapterLoad(a, l.AdapterLoadTimeout)
-		if started {
-			g.metrics.model(x.m).adapterLoads.Inc()
+		if started[i] {
+			g.metrics.model(m).adapterLoads.Inc()
 			g.log.Info("loading LoRA adapter", "adapter", a.Name, "pod", p.Config.Name)
 		}
-		loads[i] = load
 	}
-	if loads[0] == nil && loads[1] == nil {
+	return true
+}
+
+// adapterReady waits for the adapter loads of x's pick (loadAdapter), on
+// a worker. False says x moved to one, to be picked anew there (the
+// loading pods are then its pick); a failed load fails x with 503.
+func (g *Gateway) adapterReady(x *completion) bool {
+	if x.loads == [2]*pool.AdapterLoad{} {
 		return true
 	}
 	if !x.via.block(x) {
 		x.stage = stagePick
 		return false
 	}
-	for i, load := range loads {
+	pods := [2]*pool.Pod{x.pod, x.pod}
+	if x.cascade != nil {
+		pods[0], pods[1] = placedPD(x)
+	}
+	for i, load := range x.loads {
 		if load == nil {
 			continue
 		}
@@ -325,7 +333,7 @@ func (g *Gateway) adapterReady(x *completion) bool {
 		}
 		if err := load.Err(); err != nil {
 			x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
-				Message: "The LoRA adapter `" + a.Name + "` could not be loaded on pod " + pods[i].Config.Name + ": " + err.Error()}), stageFail
+				Message: "The LoRA adapter `" + x.adapter.Name + "` could not be loaded on pod " + pods[i].Config.Name + ": " + err.Error()}), stageFail
 			return true
 		}
 	}

@@ -10,11 +10,13 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/engines/sim"
 	"pdlb/engines/tokenize"
 	"pdlb/internal/tokfiles"
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/openai"
+	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
 	"pdlb/radix"
 )
@@ -90,6 +92,82 @@ func TestAdapterKeys(t *testing.T) {
 	f("m", []int32{n, 0})
 	f("sql", []int32{0, n})
 	f("chat", []int32{0, n})
+}
+
+// TestAdapterLoadedOncePerBurst: two requests for an adapter no pod has,
+// picked before either one's load began (on two event loops at once),
+// load it once on one pod of each role the request needs, and both go to
+// those pods: the second pick sees the loads the first began.
+func TestAdapterLoadedOncePerBurst(t *testing.T) {
+	f := func(roles ...string) {
+		t.Helper()
+		cfg := config.Default()
+		// Left to their policies, round_robin sends the second combined
+		// pick to the other pod, and the PD cascade the second decode leg
+		// to the decode pod the first left idle.
+		cfg.Models = []config.Model{{Name: "n", Policy: "round_robin",
+			LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "fin", Path: "/loras/fin"}}, LoadAdapters: true, MaxLoras: 2}}}
+		var sims []*sim.Pod
+		for i, role := range roles {
+			p, err := sim.Start(sim.Config{Name: fmt.Sprint(role, "-", i), Model: "n", Role: role, Listen: "127.0.0.1:0", Speedup: 100, EnableLoRA: true, MaxLoras: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			sims = append(sims, p)
+			pod := config.Pod{Name: p.Config().Name, Model: "n", Address: p.Addr(), Role: role}
+			if role != config.RoleCombined {
+				pod.Roleset = "a"
+			}
+			cfg.Pods = append(cfg.Pods, pod)
+		}
+		cfg.Provision()
+		g, m := testGateway(t, cfg, upstream.Dialer(nil), nil)
+		var xs [2]*completion
+		var picks [2]string
+		for i := range xs {
+			x := resolved(t, g, "fin", "hello")
+			defer releaseCompletion(x)
+			x.g, x.via = g, &scripted{blocks: true}
+			res, err := strategyFor(x, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pre, dec *pool.Pod
+			if x.cascade = res.PD; x.cascade != nil {
+				if err := g.pickPD(x); err != nil {
+					t.Fatal(err)
+				}
+				pre, dec = placedPD(x)
+			} else {
+				x.pod = g.pick(m, x, "")
+				pre, dec = x.pod, x.pod
+			}
+			xs[i], picks[i] = x, pre.Config.Name+","+dec.Config.Name
+		}
+		for _, x := range xs {
+			if !g.adapterReady(x) || x.last != nil {
+				t.Fatalf("%v: fin not ready: %v", roles, x.last)
+			}
+		}
+		var loadedOn []string
+		for _, p := range sims {
+			_, body, err := fasthttp.Get(nil, "http://"+p.Addr()+"/v1/models")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(body), `"fin"`) {
+				loadedOn = append(loadedOn, p.Config().Name)
+			}
+		}
+		want := len(slices.Compact(slices.Clone(roles)))
+		loads := g.metrics.model(m).adapterLoads.Get()
+		if int(loads) != want || len(loadedOn) != want || picks[0] != picks[1] {
+			t.Errorf("%v: %d loads, fin loaded on %v; picks %v; want %d, both picks on its pods", roles, loads, loadedOn, picks, want)
+		}
+	}
+	f(config.RoleCombined, config.RoleCombined)
+	f(config.RolePrefill, config.RolePrefill, config.RoleDecode, config.RoleDecode)
 }
 
 // TestFallbackOnShed: a request admission would shed on its model's pods

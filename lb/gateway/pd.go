@@ -88,7 +88,8 @@ func placedPD(x *completion) (pre, dec *pool.Pod) {
 // decidePD runs the cascade over every pod of m not yet tried, under the
 // ledger's selection lock, and charges the decision: the prefill and
 // decode pods' ledgers and the decode pod's pending count, before any I/O,
-// so the next decision sees them.
+// so the next decision sees them. It decides again when the pods it chose
+// must load x's adapter and another pick began a load since (loadAdapter).
 func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, session string) (route.PDDecision, error) {
 	p := x.pd
 	p.Ticket.Done()
@@ -100,6 +101,60 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 	// One reading of the gateway's clock (its ledger's) for the breakers,
 	// the ledger and the decision's duration.
 	now := g.ledger.Now()
+	var d route.PDDecision
+	var preID, decID int32
+	for {
+		g.pdCandidates(m, x, now)
+		var seen uint64
+		if x.adapter != nil {
+			seen = m.LoadsBegun()
+			x.tiers = m.FillAdapterPD(p.Cands, p.Pods, x.adapter, x.tiers)
+		}
+		var err error
+		if d, err = r.Decide(&x.routeReq, p.Cands, &p.Scratch); err != nil {
+			return d, err
+		}
+		preID, decID = -1, -1
+		p.Pre, p.Dec = nil, nil
+		switch d.Kind {
+		case route.PDPair:
+			p.Pre, p.Dec = p.Pods[d.Prefill], p.Pods[d.Decode]
+			x.chosen = p.Cands[d.Prefill].Candidate
+			preID, decID = p.Pre.ID, p.Dec.ID
+		case route.PDLocal:
+			// The decode pod prefills the few tokens it lacks: both
+			// charges are its own.
+			p.Dec = p.Pods[d.Decode]
+			x.chosen = p.Cands[d.Decode].Candidate
+			preID, decID = p.Dec.ID, p.Dec.ID
+		default:
+			x.chosen = p.Cands[d.Combined].Candidate
+			preID = p.Pods[d.Combined].ID
+		}
+		p.Decision = d
+		if pre, dec := placedPD(x); g.loadAdapter(m, x, pre, dec, seen) {
+			break
+		}
+	}
+	p.Prompt = promptOf(m, x, session)
+	g.ledger.Charge(&x.ticket, preID, decID, &p.Prompt, now)
+	if p.Dec != nil {
+		p.Ticket = p.Dec.Pending().Pick()
+	}
+	p.Metrics.Decided(d, time.Duration(g.ledger.Now()-now))
+	if pl := r.Planner(); p.Routed(d.Kind) && pl != nil {
+		// The prompts of requests, as the planner counts them: one
+		// decided anew is one prompt.
+		pl.Record(x.routeReq.PromptTokens)
+	}
+	return d, nil
+}
+
+// pdCandidates fills x's PD call with a candidate for each pod of m at
+// now, down where unavailable or tried; the caller holds the ledger's
+// selection lock.
+func (g *Gateway) pdCandidates(m *pool.Model, x *completion, now int64) {
+	p := x.pd
 	p.Cands, p.Pods = p.Cands[:0], p.Pods[:0]
 	for _, pod := range m.Pods {
 		c := route.PDCandidate{
@@ -120,42 +175,6 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 		p.Cands = append(p.Cands, c)
 		p.Pods = append(p.Pods, pod)
 	}
-	if x.adapter != nil {
-		x.tiers = m.FillAdapterPD(p.Cands, p.Pods, x.adapter, x.tiers)
-	}
-	d, err := r.Decide(&x.routeReq, p.Cands, &p.Scratch)
-	if err != nil {
-		return d, err
-	}
-	preID, decID := int32(-1), int32(-1)
-	p.Pre, p.Dec = nil, nil
-	switch d.Kind {
-	case route.PDPair:
-		p.Pre, p.Dec = p.Pods[d.Prefill], p.Pods[d.Decode]
-		x.chosen = p.Cands[d.Prefill].Candidate
-		preID, decID = p.Pre.ID, p.Dec.ID
-	case route.PDLocal:
-		// The decode pod prefills the few tokens it lacks: both charges
-		// are its own.
-		p.Dec = p.Pods[d.Decode]
-		x.chosen = p.Cands[d.Decode].Candidate
-		preID, decID = p.Dec.ID, p.Dec.ID
-	default:
-		x.chosen = p.Cands[d.Combined].Candidate
-		preID = p.Pods[d.Combined].ID
-	}
-	p.Prompt = promptOf(m, x, session)
-	g.ledger.Charge(&x.ticket, preID, decID, &p.Prompt, now)
-	if p.Dec != nil {
-		p.Ticket = p.Dec.Pending().Pick()
-	}
-	p.Metrics.Decided(d, time.Duration(g.ledger.Now()-now))
-	if pl := r.Planner(); p.Routed(d.Kind) && pl != nil {
-		// The prompts of requests, as the planner counts them: one
-		// decided anew is one prompt.
-		pl.Record(x.routeReq.PromptTokens)
-	}
-	return d, nil
 }
 
 // streamFailure is the client's failure for a failed read of a pod's

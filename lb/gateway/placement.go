@@ -53,7 +53,20 @@ func (g *Gateway) lookup(m *pool.Model, x *completion) {
 // read before the lock: the gateway changes it after the pick, outside the
 // lock, so holding the lock would not make it more current, and the
 // shorter critical section is what lets concurrent picks use every core.
+//
+// The pick of a pod that must load x's adapter begins the load
+// (loadAdapter), or picks again if another pick began one since it looked.
 func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
+	for {
+		if pod, raced := g.pickOnce(m, x, session); !raced {
+			return pod
+		}
+	}
+}
+
+// pickOnce is one try of pick: raced says another pick began an adapter
+// load this one did not see, and nothing was charged.
+func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *pool.Pod, raced bool) {
 	g.lookup(m, x)
 	// One clock reading serves the breakers and the charge: the gateway's
 	// clock is its ledger's (time.Now, wall and monotonic, cost twice as
@@ -78,7 +91,9 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 	} else if x.prefer.pod != "" {
 		x.cands = keepHome(m, x.cands, x.prefer.pod, true)
 	}
+	var seen uint64
 	if x.adapter != nil {
+		seen = m.LoadsBegun()
 		x.cands = m.FillAdapter(x.cands, x.adapter)
 	}
 	policy := m.Policy
@@ -97,18 +112,21 @@ func (g *Gateway) pick(m *pool.Model, x *completion, session string) *pool.Pod {
 	}
 	i := policy.Pick(&x.routeReq, x.cands, x.scratch[:len(x.cands)])
 	if i < 0 {
-		return nil
+		return nil, false
 	}
 	x.chosen = x.cands[i]
-	prompt := promptOf(m, x, session)
-	g.ledger.Charge(&x.ticket, x.chosen.Pod, -1, &prompt, now)
 	// Candidate i came from m.CombinedLoads[j] for some j ≥ i
 	// (AppendCombined skips pods, never repeats them): usually j == i.
-	for j := i; ; j++ {
-		if m.CombinedLoads[j].ID == x.chosen.Pod {
-			return m.Combined[j]
-		}
+	j := i
+	for m.CombinedLoads[j].ID != x.chosen.Pod {
+		j++
 	}
+	if !g.loadAdapter(m, x, m.Combined[j], m.Combined[j], seen) {
+		return nil, true
+	}
+	prompt := promptOf(m, x, session)
+	g.ledger.Charge(&x.ticket, x.chosen.Pod, -1, &prompt, now)
+	return m.Combined[j], false
 }
 
 // promptOf is x's prompt as the ledger charges it, matched against the

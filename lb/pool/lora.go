@@ -261,7 +261,7 @@ const (
 func (p *Pod) adapterFit(a *Adapter, l *config.LoRA) (tier uint8, sec float64) {
 	sec = p.AdapterSec(a, l)
 	switch {
-	case p.Has(a) || p.loading(a):
+	case p.Has(a) || p.pendingLoad(a) != nil:
 		return fitServes, sec
 	case a.Path == "" || !l.LoadAdapters:
 		return fitNever, sec
@@ -410,21 +410,76 @@ func (l *AdapterLoad) Err() error {
 	return l.err
 }
 
-// StartAdapterLoad loads a on p through its engine's API (engines.
-// AdapterPaths) within timeout, unless a load of a on p is under way:
-// requests for it share that one (single flight); started says this call
-// began it. Until it ends the pod counts as serving a (FillAdapter keeps
-// it), so a burst of requests for a lands on it, not on a load each.
-func (p *Pod) StartAdapterLoad(a *Adapter, timeout time.Duration) (l *AdapterLoad, started bool) {
-	p.lora.mu.Lock()
-	defer p.lora.mu.Unlock()
-	if l = p.lora.loads[a.Name]; l != nil {
+// loadGate orders the decisions to load adapters on a model's pods (it
+// outlives a snapshot: Build hands it on). A pick reads begun before it
+// looks at which pods serve or load its adapter; a load begins under mu
+// only while begun is still what that pick read, then begun counts it.
+// So of two picks that each found no pod loading the adapter, the later
+// one to begin a load sees begun moved, and picks again among pods that
+// now include the one loading it: one load per burst, not one per pick.
+type loadGate struct {
+	mu    sync.Mutex
+	begun atomic.Uint64
+}
+
+// LoadsBegun counts the adapter loads begun on m's pods; a pick reads it
+// before FillAdapter or FillAdapterPD, for LoadAdapter.
+func (m *Model) LoadsBegun() uint64 { return m.loads.begun.Load() }
+
+// LoadAdapter makes pods (a pick's prefill and decode pod, or one pod
+// twice) serve a: loads[i] is the load pods[i] waits for, nil when it
+// serves a already; a load under way is joined, else one begins through
+// the engine's API (engines.AdapterPaths), bounded by timeout, and
+// started says so. seen is LoadsBegun read before the pick looked at the
+// pods: when a load must begin and another began since, which the pick
+// did not see, none begins and ok is false: pick again.
+func (m *Model) LoadAdapter(a *Adapter, pods [2]*Pod, seen uint64, timeout time.Duration) (loads [2]*AdapterLoad, started [2]bool, ok bool) {
+	m.loads.mu.Lock()
+	defer m.loads.mu.Unlock()
+	for i, p := range pods {
+		if i == 1 && p == pods[0] {
+			break
+		}
+		l, serves := p.adapterState(a)
+		loads[i], started[i] = l, l == nil && !serves
+	}
+	if !started[0] && !started[1] {
+		return loads, started, true
+	}
+	if m.loads.begun.Load() != seen {
+		return [2]*AdapterLoad{}, [2]bool{}, false
+	}
+	for i, p := range pods {
+		if started[i] {
+			loads[i] = p.startAdapterLoad(a, timeout)
+		}
+	}
+	m.loads.begun.Add(1)
+	return loads, started, true
+}
+
+// adapterState is the load of a under way on p, or whether p serves a.
+// The load is looked up first: one that succeeds marks p as serving a
+// before it is forgotten (startAdapterLoad), so p never seems to do
+// neither in between.
+func (p *Pod) adapterState(a *Adapter) (l *AdapterLoad, serves bool) {
+	if l = p.pendingLoad(a); l != nil {
 		return l, false
 	}
+	return nil, p.Has(a)
+}
+
+// startAdapterLoad begins a's load on p; the caller holds the model's
+// loadGate and found none under way. Until it ends the pod counts as
+// serving a (FillAdapter keeps it), so a burst of requests for a lands on
+// it, not on a load each.
+func (p *Pod) startAdapterLoad(a *Adapter, timeout time.Duration) *AdapterLoad {
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
 	if p.lora.loads == nil {
 		p.lora.loads = map[string]*AdapterLoad{}
 	}
-	l = &AdapterLoad{done: make(chan struct{})}
+	l := &AdapterLoad{done: make(chan struct{})}
 	p.lora.loads[a.Name] = l
 	go func() {
 		l.err = p.loadAdapter(a, timeout)
@@ -436,7 +491,7 @@ func (p *Pod) StartAdapterLoad(a *Adapter, timeout time.Duration) (l *AdapterLoa
 		p.lora.mu.Unlock()
 		close(l.done)
 	}()
-	return l, true
+	return l
 }
 
 // loadAdapter makes the engine's load call.
@@ -459,9 +514,9 @@ func (p *Pod) loadAdapter(a *Adapter, timeout time.Duration) error {
 	return engines.AdapterLoaded(p.Engine, resp.StatusCode(), resp.Body())
 }
 
-// loading reports whether a load of a on p is under way.
-func (p *Pod) loading(a *Adapter) bool {
+// pendingLoad is the load of a under way on p, or nil.
+func (p *Pod) pendingLoad(a *Adapter) *AdapterLoad {
 	p.lora.mu.Lock()
 	defer p.lora.mu.Unlock()
-	return p.lora.loads[a.Name] != nil
+	return p.lora.loads[a.Name]
 }

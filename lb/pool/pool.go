@@ -422,8 +422,10 @@ type Model struct {
 	// promptKey names its settings, so a reload keeps a loaded one.
 	Prompt    *prompt.Model
 	promptKey string
-	// LoRA are the model's adapter settings (lora.go).
-	LoRA config.LoRA
+	// LoRA are the model's adapter settings (lora.go), and loads orders
+	// the loads of adapters on its pods.
+	LoRA  config.LoRA
+	loads *loadGate
 	// Engine is the engine the model's prompts are keyed as: a prompt has
 	// one set of keys, made as that engine makes its ids (it decides
 	// whether truncate_prompt_tokens cuts them, and whether a bad value
@@ -593,7 +595,12 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 				return nil, err
 			}
 			m = &Model{Name: pc.Model, Policy: pol, UsesCache: route.UsesCache(mc.Policy),
-				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model), Profiles: profiles, Engine: kind}
+				BlockSize: mc.BlockSize, Seed: radix.Seed(pc.Model), Profiles: profiles, Engine: kind, loads: new(loadGate)}
+			if pm := prev.model(pc.Model); pm != nil {
+				// A pick on the previous snapshot may be loading an
+				// adapter on the pods this one keeps.
+				m.loads = pm.loads
+			}
 			if m.Prompt, m.promptKey, err = loadPrompt(mc, prompts); err != nil {
 				return nil, fmt.Errorf("model %q: %w", pc.Model, err)
 			}
