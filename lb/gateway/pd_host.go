@@ -99,10 +99,47 @@ func (x *completion) Tried(pod *pool.Pod) { x.tried = append(x.tried, pod.ID) }
 // prefill leg left. False when there is none, before tryAgain counts a
 // retry: the pair's own failure then decides the retry.
 func (x *completion) MoveDecode(f *failure) bool {
+	next, pick := x.nextDecode()
+	// tryAgain, which logs, runs outside the selection lock.
+	if next == nil || !x.g.tryAgain(x, f) {
+		pick.Done()
+		return false
+	}
+	x.switchDecode(next, pick)
+	// The move is an attempt: tryAgain's budget bounds it.
+	x.attempts++
+	return true
+}
+
+// TakeDecode counts the decode leg in flight on its pod as it goes out.
+// The pod was available at the decision, but a pair's prefill may outlast
+// that: a pod ejected or taken out by its checks since, or half-open with
+// its one probe out (pairs decided before its ejection each hold a leg
+// for it), gets the leg only when no other decode pod is available; else
+// the leg moves to one, spending no retry (nothing was sent).
+func (x *completion) TakeDecode() {
+	for {
+		dec := x.pd.Dec
+		if dec.Available(x.g.ledger.Now()) && dec.AcquireProbe() {
+			return
+		}
+		next, pick := x.nextDecode()
+		if next == nil {
+			dec.Acquire()
+			return
+		}
+		x.switchDecode(next, pick)
+	}
+}
+
+// nextDecode is the available decode pod the pair's leg may move to, its
+// prefill pod's roleset's first, not tried, serving the request's adapter,
+// with its pending pick taken; nil when there is none. Chosen and counted
+// pending under the selection lock, as a decision is (pool.Pod.AvailablePD).
+func (x *completion) nextDecode() (*pool.Pod, route.PendingTicket) {
 	g, p := x.g, x.pd
-	// Chosen and counted pending under the selection lock, as a decision
-	// is (pool.Pod.AvailablePD); tryAgain, which logs, runs outside it.
 	g.ledger.LockSelection()
+	defer g.ledger.UnlockSelection()
 	now := g.ledger.Now()
 	var next *pool.Pod
 	for _, d := range x.m.Decode {
@@ -113,15 +150,16 @@ func (x *completion) MoveDecode(f *failure) bool {
 			next = d
 		}
 	}
-	var pick route.PendingTicket
-	if next != nil {
-		pick = next.Pending().Pick()
+	if next == nil {
+		return nil, route.PendingTicket{}
 	}
-	g.ledger.UnlockSelection()
-	if next == nil || !g.tryAgain(x, f) {
-		pick.Done()
-		return false
-	}
+	return next, next.Pending().Pick()
+}
+
+// switchDecode moves the pair's decode leg to next, whose pending pick is
+// pick.
+func (x *completion) switchDecode(next *pool.Pod, pick route.PendingTicket) {
+	g, p := x.g, x.pd
 	p.Ticket.Done()
 	p.Dec, p.Ticket = next, pick
 	x.placeDecode(next)
@@ -130,9 +168,6 @@ func (x *completion) MoveDecode(f *failure) bool {
 	// run, and ends its active charge itself.
 	g.ledger.MoveDecode(x.ticket, next.ID, g.ledger.Now())
 	g.ledger.UnlockSelection()
-	// The move is an attempt: tryAgain's budget bounds it.
-	x.attempts++
-	return true
 }
 
 // includeUsage says whether the stream of x ends with a usage chunk as

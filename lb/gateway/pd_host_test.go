@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -412,4 +413,77 @@ func TestPDLocalRequestsTeachDrainRate(t *testing.T) {
 	if dec.DrainRate() == 0 {
 		t.Fatalf("decode pod %s finished every PDLocal request sent to it, and its drain rate reads 0", dec.Config.Name)
 	}
+}
+
+// TestPDDecodeLegAfterEjection: pairs decided on a decode pod that turns
+// unavailable before their prefill legs end (ejected, or found down) send
+// it no decode leg while another decode pod is available; once half-open
+// it takes one of them, its probe, and the other goes to the other pod.
+func TestPDDecodeLegAfterEjection(t *testing.T) {
+	const dec0Addr, dec1Addr = "127.0.0.1:10002", "127.0.0.1:10003"
+	f := func(name string, out func(dec0 *pool.Pod, now int64), want ...string) {
+		t.Helper()
+		// Decode legs to dec0 wait, so the first is in flight when the
+		// second goes out.
+		var mu sync.Mutex
+		var decodes []string
+		arrived, release := make(chan struct{}, 2), make(chan struct{})
+		g, m := inMemoryGateway(t, func(ctx *fasthttp.RequestCtx) {
+			if !bytes.Contains(ctx.PostBody(), []byte(`"do_remote_decode":true`)) {
+				mu.Lock()
+				decodes = append(decodes, string(ctx.Host()))
+				mu.Unlock()
+				if string(ctx.Host()) == dec0Addr {
+					arrived <- struct{}{}
+					select {
+					case <-release:
+					case <-time.After(time.Second):
+					}
+				}
+			}
+			answerPair(ctx)
+		}, nil,
+			config.Pod{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a"},
+			config.Pod{Name: "dec0", Model: "m", Address: dec0Addr, Role: config.RoleDecode, Roleset: "a"},
+			config.Pod{Name: "dec1", Model: "m", Address: dec1Addr, Role: config.RoleDecode, Roleset: "a"})
+		r, err := route.NewPDRouter(route.DefaultPDOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec0, dec1 := m.Decode[0], m.Decode[1]
+		var xs [2]*completion
+		for i := range xs {
+			x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+			ctx.Request.SetBodyString(`{"model":"m","prompt":"say something long enough to count"}`)
+			x.cascade = r
+			x.tried = append(x.tried, dec1.ID) // decided on dec0
+			if err := g.pickPD(x); err != nil || x.pd.Decision.Kind != route.PDPair || x.pd.Dec != dec0 {
+				t.Fatalf("%s: decision %d on %v (%v), want a pair with dec0", name, x.pd.Decision.Kind, x.pd.Dec, err)
+			}
+			x.tried, x.stage = x.tried[:0], stageAttempt
+			xs[i] = x
+		}
+		out(dec0, g.ledger.Now())
+		done := make(chan struct{})
+		go func() { g.advance(xs[0]); close(done) }()
+		if want[0] == dec0Addr {
+			<-arrived // the half-open pod's probe is out
+		} else {
+			<-done
+		}
+		g.advance(xs[1])
+		close(release)
+		<-done
+		if fmt.Sprint(decodes) != fmt.Sprint(want) {
+			t.Errorf("%s: decode legs sent to %v, want %v", name, decodes, want)
+		}
+		for _, p := range m.Pods {
+			if p.InFlight() != 0 || p.Pending().Load() != 0 {
+				t.Errorf("%s: pod %s keeps %d in flight, %d pending", name, p.Config.Name, p.InFlight(), p.Pending().Load())
+			}
+		}
+	}
+	f("ejected", func(d *pool.Pod, now int64) { d.Eject(now, time.Hour) }, dec1Addr, dec1Addr)
+	f("down", func(d *pool.Pod, _ int64) { d.Refused() }, dec1Addr, dec1Addr)
+	f("half-open", func(d *pool.Pod, now int64) { d.Eject(now, 0) }, dec0Addr, dec1Addr)
 }

@@ -47,6 +47,11 @@ type Host interface {
 	AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, body []byte)
 	// Tried rules pod out for the request's next picks.
 	Tried(pod *pool.Pod)
+	// TakeDecode counts a sequential decode leg in flight on Dec as it
+	// goes out, first moving it to another available decode pod (Dec
+	// then) when Dec has turned unavailable since the decision (ejected,
+	// down, or half-open with its one probe out) and one is.
+	TakeDecode()
 	// MoveDecode moves the decode leg, which failed with f, to another
 	// decode pod (Call.Dec), charging it; false when none is left or the
 	// request may not retry (its retries, the retry budget), which it

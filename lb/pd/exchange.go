@@ -247,10 +247,10 @@ func prefillAnswered(status int, body []byte) *openai.Error {
 // relays the answer.
 func (c *Call) sequentialDecode() *fail.Failure {
 	for {
+		c.host.TakeDecode()
 		dec := c.Dec
 		up, resp := c.host.Upstream(dec), fasthttp.AcquireResponse()
 		up.SetBodyRaw(c.decBody)
-		dec.Acquire()
 		// Streamed even for a whole answer: the watchdog times its reads.
 		resp.StreamBody = true
 		var err error

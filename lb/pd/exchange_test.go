@@ -105,6 +105,7 @@ func (s *scriptedLegs) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response,
 	fasthttp.ReleaseResponse(resp)
 	pre.Release()
 }
+func (s *scriptedLegs) TakeDecode()         { s.c.Dec.Acquire() }
 func (s *scriptedLegs) Tried(pod *pool.Pod) { s.tried = append(s.tried, pod.Config.Name) }
 func (s *scriptedLegs) MoveDecode(f *fail.Failure) bool {
 	if len(s.spare) == 0 || !f.MayRetry() || s.retries == 0 {
