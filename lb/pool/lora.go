@@ -2,6 +2,7 @@ package pool
 
 import (
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -172,7 +173,11 @@ func (s *Snapshot) Adapters() []*Adapter {
 // scrapes.
 type podLoRA struct {
 	view atomic.Pointer[loraView]
-	mu   sync.Mutex
+	// marks numbers the gateway's loads that ended on the pod
+	// (markListed), so a scrape tells those after it asked apart.
+	marks atomic.Uint64
+	// mu guards slots and loads, and orders the view's writers.
+	mu sync.Mutex
 	// slots holds at most max_loras adapter names, least recently placed
 	// first; loads are the dynamic loads under way, by adapter.
 	slots []string
@@ -186,8 +191,10 @@ type loraView struct {
 	// Active are the adapters it runs or queues requests of.
 	Active []string
 	// listed are the adapters it serves, by name: those in /v1/models
-	// with the pod's model as parent, and the active ones.
+	// with the pod's model as parent, and the active ones, and those the
+	// gateway loaded (loaded: by their mark) since the scrape asked.
 	listed map[string]*Adapter
+	loaded map[string]uint64
 }
 
 // Has reports whether the pod serves a: every pod has a configured
@@ -326,12 +333,21 @@ func (m *Model) FillAdapterPD(cands []route.PDCandidate, pods []*Pod, a *Adapter
 
 // scrapedLoRA takes in what a scrape of p's /metrics and /v1/models says
 // of its adapters; listed false says /v1/models did not answer, and the
-// adapters known before stay.
-func (p *Pod) scrapedLoRA(info engines.LoRAInfo, cards []engines.ModelCard, listed bool) {
-	v := &loraView{MaxLoras: info.MaxLoras, listed: map[string]*Adapter{}}
-	if old := p.lora.view.Load(); old != nil && !listed {
-		for n, a := range old.listed {
-			v.listed[n] = a
+// adapters known before stay. since is p's marks when the scrape asked
+// /v1/models: an adapter the gateway loaded after that stays too, as the
+// pod may have answered before the load.
+func (p *Pod) scrapedLoRA(info engines.LoRAInfo, cards []engines.ModelCard, listed bool, since uint64) {
+	v := &loraView{MaxLoras: info.MaxLoras, listed: map[string]*Adapter{}, loaded: map[string]uint64{}}
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
+	if old := p.lora.view.Load(); old != nil {
+		if !listed {
+			maps.Copy(v.listed, old.listed)
+		}
+		for n, mark := range old.loaded {
+			if mark > since || !listed {
+				v.listed[n], v.loaded[n] = old.listed[n], mark
+			}
 		}
 	}
 	v.Active = append(append(v.Active, info.Running...), info.Waiting...)
@@ -352,16 +368,17 @@ func (p *Pod) scrapedLoRA(info engines.LoRAInfo, cards []engines.ModelCard, list
 }
 
 // markListed records that p now serves a (the gateway loaded it there),
-// until its next scrape says so itself.
+// until a scrape that asked after says otherwise.
 func (p *Pod) markListed(a *Adapter) {
-	v := &loraView{listed: map[string]*Adapter{}}
+	v := &loraView{listed: map[string]*Adapter{}, loaded: map[string]uint64{}}
+	p.lora.mu.Lock()
+	defer p.lora.mu.Unlock()
 	if old := p.lora.view.Load(); old != nil {
 		v.MaxLoras, v.Active = old.MaxLoras, old.Active
-		for n, x := range old.listed {
-			v.listed[n] = x
-		}
+		maps.Copy(v.listed, old.listed)
+		maps.Copy(v.loaded, old.loaded)
 	}
-	v.listed[a.Name] = a
+	v.listed[a.Name], v.loaded[a.Name] = a, p.lora.marks.Add(1)
 	p.lora.view.Store(v)
 }
 
@@ -377,11 +394,12 @@ func (c *Checker) scrapeLoRA(client *fasthttp.HostClient, p *Pod, metrics []byte
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + p.Config.Address + "/v1/models")
 	var cards []engines.ModelCard
+	since := p.lora.marks.Load()
 	err := client.DoTimeout(req, resp, c.cfg.Timeout)
 	if err == nil && resp.StatusCode() == fasthttp.StatusOK {
 		cards, err = engines.ParseModelList(resp.Body())
 	}
-	p.scrapedLoRA(info, cards, err == nil && resp.StatusCode() == fasthttp.StatusOK)
+	p.scrapedLoRA(info, cards, err == nil && resp.StatusCode() == fasthttp.StatusOK, since)
 }
 
 // Aliases lists the snapshot's alias names, sorted.

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,6 +73,70 @@ func TestScrapeLearnsAdapters(t *testing.T) {
 	}
 	if other := (&Pod{Config: config.Pod{Name: "q", Model: "m"}, podState: &podState{}}); other.Has(sql) {
 		t.Error("a pod that did not list a learned adapter serves it")
+	}
+}
+
+// TestScrapeKeepsALoadItRaced: a load the gateway makes while a scrape's
+// /v1/models is under way (the pod answered before the load, the scrape
+// is taken in after it) leaves the adapter served: the next pick for it
+// loads it nowhere again. The scrape after that has the pod's own word.
+func TestScrapeKeepsALoadItRaced(t *testing.T) {
+	var loaded atomic.Bool
+	// The first /v1/models waits, its answer made, until the load is done.
+	var first sync.Once
+	listing, answer := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			io.WriteString(w, `vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7e9`+"\n")
+		case "/v1/load_lora_adapter":
+			loaded.Store(true)
+			io.WriteString(w, "Success: LoRA adapter 'fin' added successfully.")
+		case "/v1/models":
+			body := `{"data":[{"id":"m","root":"m"}]}`
+			if loaded.Load() {
+				body = `{"data":[{"id":"m","root":"m"},{"id":"fin","root":"/l/fin","parent":"m"}]}`
+			}
+			first.Do(func() {
+				close(listing)
+				<-answer
+			})
+			io.WriteString(w, body)
+		}
+	}))
+	defer srv.Close()
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 2, LoadAdapters: true, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}}}}}
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
+	cfg.Provision()
+	snap, err := Build(&cfg, func(addr string, timeout time.Duration, _ *tls.Config) (net.Conn, error) {
+		return net.DialTimeout("tcp", addr, timeout)
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, p := snap.Models[0], snap.Pods[0]
+	_, fin := snap.Resolve([]byte("fin"))
+	c := &Checker{cfg: config.Health{Timeout: 5 * time.Second}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	client := &fasthttp.HostClient{Addr: p.Config.Address}
+	defer client.CloseIdleConnections()
+	scraped := make(chan struct{})
+	go func() { c.scrape(client, p); close(scraped) }()
+	<-listing // the pod's list, without fin, is made
+	loads, _, ok := m.LoadAdapter(fin, [2]*Pod{p, p}, m.LoadsBegun(), 5*time.Second)
+	if !ok || loads[0] == nil || loads[0].Err() != nil {
+		t.Fatalf("load: %v %v", ok, loads[0])
+	}
+	close(answer)
+	<-scraped
+	if loads, started, _ := m.LoadAdapter(fin, [2]*Pod{p, p}, m.LoadsBegun(), 5*time.Second); started[0] {
+		loads[0].Err()
+		t.Error("the scrape that raced the load forgot it: fin is loaded on p again")
+	}
+	loaded.Store(false) // the pod restarted, say
+	c.scrape(client, p)
+	if p.Has(fin) {
+		t.Error("a scrape after the load, whose /v1/models lacks fin, leaves it served")
 	}
 }
 
