@@ -16,12 +16,12 @@ import (
 )
 
 // laterAnswer is what a client got: the status, the pod that answered
-// (a PD pair's decode pod) and a pair's prefill pod, and the body, or the
-// error.
+// (a PD pair's decode pod) and a pair's prefill pod, the explanation of
+// its last pick when it asked for one, and the body, or the error.
 type laterAnswer struct {
-	code     int
-	pod, pre string
-	body     string
+	code              int
+	pod, pre, explain string
+	body              string
 }
 
 // postLater posts body to s's chat completions, with headers (name,
@@ -40,7 +40,7 @@ func postLater(s *lb.Server, body string, headers ...string) <-chan laterAnswer 
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		done <- laterAnswer{resp.StatusCode, resp.Header.Get("x-pdlb-pod"), resp.Header.Get("x-pdlb-prefill-pod"), string(b)}
+		done <- laterAnswer{resp.StatusCode, resp.Header.Get("x-pdlb-pod"), resp.Header.Get("x-pdlb-prefill-pod"), resp.Header.Get("x-pdlb-explain"), string(b)}
 	}()
 	return done
 }

@@ -1,8 +1,10 @@
 package lb_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -460,6 +462,12 @@ func TestDrainingPodKeepsItsRequests(t *testing.T) {
 // wedgingPod answers health checks until down is set, then nothing at
 // all; it never answers a request, counting them in waiting.
 func wedgingPod(t *testing.T, down *atomic.Bool, waiting *atomic.Int32) string {
+	return wedgeFirst(t, down, waiting, math.MaxInt32)
+}
+
+// wedgeFirst is wedgingPod for its first n requests; it answers the
+// later ones with okAnswer, counting them in waiting too.
+func wedgeFirst(t *testing.T, down *atomic.Bool, waiting *atomic.Int32, n int32) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -468,10 +476,100 @@ func wedgingPod(t *testing.T, down *atomic.Bool, waiting *atomic.Int32) string {
 	return scriptedPod(t, ln, podScript{
 		checks: func() bool { return !down.Load() },
 		serve: func(c net.Conn, _ *http.Request) {
-			waiting.Add(1)
+			if waiting.Add(1) > n {
+				answerJSON(c, http.StatusOK, okAnswer)
+				return
+			}
 			_, _ = io.Copy(io.Discard, c)
 		},
 	})
+}
+
+// TestRetryReturnsToPodBackUp: a request every pod of its model failed
+// without taking any of it (two found dead while they held it, one that
+// refused its connection) goes back to a pod it tried once the checks
+// find that pod healthy again, while its retries last: the pod that
+// wedged first is back before the last one is found dead. A pod it went
+// back to that is found dead again spends a retry, so a fleet that keeps
+// failing ends the request: with no retries, 502 rather than a third
+// move to the other pod, back up by then.
+func TestRetryReturnsToPodBackUp(t *testing.T) {
+	f := func(name string, wedged int32, retries, want int) {
+		t.Run(name, func(t *testing.T) {
+			down := make([]atomic.Bool, 2)
+			held := make([]atomic.Int32, 2)
+			pods := []config.Pod{{Name: "refusing", Model: "m", Address: deadAddr(t)}}
+			for i := range down {
+				pods = append(pods, config.Pod{Name: fmt.Sprintf("w%d", i), Model: "m", Address: wedgeFirst(t, &down[i], &held[i], wedged)})
+			}
+			path := filepath.Join(t.TempDir(), "access.log")
+			s := testGateway(t, pods, func(c *config.Config) {
+				c.AccessLog = path
+				c.Tracing.Explain = true
+				c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+				c.Health.Interval, c.Health.Timeout, c.Health.UnhealthyAfter = 20*time.Millisecond, 50*time.Millisecond, 2
+				c.Health.EjectAfterFailures = 1000
+				// No hedge and no response timeout in the test's time:
+				// only the checks' findings move the request.
+				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+				c.Upstream.Retry.FirstByte = config.FirstByte{}
+				c.Upstream.Retries = retries
+			})
+			testwait.For(t, "the checks to find the refusing pod out", func() bool { return !podCounts(t, s, "refusing").Healthy })
+			answer := postLater(s, chatBody, "x-pdlb-debug", "explain")
+			testwait.For(t, "a wedging pod to hold the request", func() bool { return held[0].Load()+held[1].Load() == 1 })
+			first := 0
+			if held[1].Load() == 1 {
+				first = 1
+			}
+			other := 1 - first
+			down[first].Store(true)
+			testwait.For(t, "the request to move to the other wedging pod", func() bool { return held[other].Load() == 1 })
+			down[first].Store(false)
+			testwait.For(t, "the first wedging pod to be healthy again", func() bool { return podCounts(t, s, pods[1+first].Name).Healthy })
+			down[other].Store(true)
+			if wedged > 1 {
+				testwait.For(t, "the request to go back to the first wedging pod, or its answer", func() bool { return held[first].Load() == 2 || len(answer) > 0 })
+				down[other].Store(false)
+				testwait.For(t, "the other wedging pod to be healthy again", func() bool { return podCounts(t, s, pods[1+other].Name).Healthy })
+				down[first].Store(true)
+			}
+			a := <-answer
+			if a.code != want {
+				t.Fatalf("%d from %q, want %d: %s", a.code, a.pod, want, a.body)
+			}
+			waitIdle(t, s)
+			lines := readAccessLog(t, s, path)
+			l := lines[len(lines)-1]
+			r, _ := l["retried"].([]any)
+			if want == http.StatusOK {
+				if a.pod != pods[1+first].Name {
+					t.Fatalf("answered by %q, want %s, the pod back up", a.pod, pods[1+first].Name)
+				}
+				var e explained
+				if err := json.Unmarshal([]byte(a.explain), &e); err != nil {
+					t.Fatalf("x-pdlb-explain %q: %v", a.explain, err)
+				}
+				skipped := map[string]string{}
+				for _, c := range e.Candidates {
+					skipped[c.Pod] = c.Skipped + c.Chosen
+				}
+				if skipped[pods[1+first].Name] != "pod" || skipped[pods[1+other].Name] != "tried already" {
+					t.Fatalf("explained %+v: want the pod back up chosen, the other tried already", e)
+				}
+				if l.num("attempts") != 3 || len(r) != 2 {
+					t.Fatalf("%v attempts, retried %v; want 3, the two found down", l["attempts"], l["retried"])
+				}
+			}
+			for _, a := range r {
+				if a.(map[string]any)["reason"] != "down" {
+					t.Fatalf("retried %v, want only moves off pods found down", r)
+				}
+			}
+		})
+	}
+	f("back up", 1, 1, http.StatusOK)
+	f("down again", 2, 0, http.StatusBadGateway)
 }
 
 // TestRetryPDDecodeLeg: a decode pod that resets the decode leg before its

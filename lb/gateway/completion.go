@@ -32,7 +32,9 @@ type completion struct {
 	routeReq route.Request
 	cands    []route.Candidate
 	scratch  []float64
-	tried    []int32
+	// tried is the pods x was sent to, a pod once per attempt on it;
+	// back those of them it may go to again (mayReturn) once available.
+	tried, back []int32
 	// stage is the next of the request's stages to run (stages.go), via
 	// the transport it runs on; attempts counts the attempts made, and
 	// last is the latest one's failure, or what ends the request.
@@ -181,7 +183,7 @@ func acquireCompletion(start time.Time) *completion {
 func releaseCompletion(x *completion) {
 	openai.ReleaseRequest(x.req)
 	x.req = nil
-	x.cands, x.tried, x.failure = x.cands[:0], x.tried[:0], nil
+	x.cands, x.tried, x.back, x.failure = x.cands[:0], x.tried[:0], x.back[:0], nil
 	clear(x.retriedFrom)
 	x.retriedFrom = x.retriedFrom[:0]
 	x.stage, x.via, x.attempts, x.downMoves, x.last = stagePick, nil, 0, 0, nil

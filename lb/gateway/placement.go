@@ -75,9 +75,13 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	match := matchOf(m, x)
 	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match, !x.reachesEngine())
-	x.panicked = len(x.cands) == 0 && x.attempts > 0 && !x.seeking
-	if x.panicked {
-		x.cands = appendPanic(m, x.cands, x.tried, &match) // panic.go
+	x.panicked = false
+	if len(x.cands) == 0 && x.attempts > 0 && !x.seeking {
+		// A retry with no untried pod available (panic.go).
+		if x.cands = appendBack(m, x.cands, now, x.back, &match); len(x.cands) == 0 {
+			x.panicked = true
+			x.cands = appendPanic(m, x.cands, x.tried, &match)
+		}
 	}
 	if g.shared {
 		for i := range x.cands {

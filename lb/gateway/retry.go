@@ -44,7 +44,7 @@ type retryMetrics struct {
 
 // retryMetricsDoc documents the retry series on the admin /metrics page.
 var retryMetricsDoc = promtext.Doc{
-	"pdlb_upstream_retries_total":                {Help: "Attempts that got no byte of a pod's answer and went to another pod, by reason (refused, reset, timeout, hung: past the first-byte deadline, down: health checks found the pod dead, 503)."},
+	"pdlb_upstream_retries_total":                {Help: "Attempts that got no byte of a pod's answer and went to another pod (or back to one found healthy again), by reason (refused, reset, timeout, hung: past the first-byte deadline, down: health checks found the pod dead, 503)."},
 	"pdlb_upstream_retry_budget_exhausted_total": {Help: "Retries not made because upstream.retry_budget's share of the requests in flight were retrying already."},
 	"pdlb_upstream_retries_in_flight":            {Help: "Requests in flight that have been retried (upstream.retry_budget counts these)."},
 }
@@ -147,7 +147,8 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 // timeouts, x has attempts left (as mayRetry counts them) and a place in
 // the retry budget (held, or free now), and its model a pod available now
 // that could answer it and that it has not tried (a combined pod, or a
-// decode pod, alone or in a pair) or a fallback model to go to, and it is
+// decode pod, alone or in a pair) or, off the PD path, may go back to (a
+// combined pod in x.back: panic.go), or a fallback model to go to, and it is
 // not bound to its stored response's pod (x.home). Else giving up at the
 // first-byte deadline only turns an answer on its way into a 504, or
 // sends it to a pod the checks found down (a panic pick), which fails it.
@@ -163,11 +164,15 @@ func (g *Gateway) mayHedge(x *completion) bool {
 	now := g.ledger.Now()
 	untried := false
 	for _, p := range x.m.Combined {
-		if !tried(x.tried, p.ID) {
+		switch {
+		case !tried(x.tried, p.ID):
 			if p.Available(now) {
 				return true
 			}
 			untried = true
+		case x.cascade == nil && tried(x.back, p.ID) && p.Available(now):
+			// A PD retry decides among the pods not tried.
+			return true
 		}
 	}
 	// A combined retry reaches a fallback model only once no pod of its

@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -288,6 +289,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		}
 	}
 	x.tried = append(x.tried, x.pod.ID)
+	x.back = slices.DeleteFunc(x.back, func(id int32) bool { return id == x.pod.ID })
 	if x.up != nil {
 		x.up.Header.SetHost(x.pod.Config.Address)
 	}
@@ -415,13 +417,11 @@ func (g *Gateway) failed(x *completion, f *failure) {
 // mayRetry says f allows a retry (MayRetry: a pod failed x before any
 // byte of its answer came) for a reason upstream.retry_on lists, and x has
 // attempts left (upstream.retries after the first). Moves off pods found
-// dead (fail.Down) spend none: the checks, not the request, failed those
-// pods, and a retry never goes back to a pod it tried, so the pods bound
-// them. A request that only its stored response's pod can answer (x.home)
-// has nowhere else to go.
+// dead (freeMove) spend none. A request that only its stored response's
+// pod can answer (x.home) has nowhere else to go.
 func (g *Gateway) mayRetry(x *completion, f *failure) bool {
 	spent := x.attempts - x.downMoves
-	if f.Reason == fail.Down {
+	if freeMove(x, f) {
 		spent--
 	}
 	return f.MayRetry() && g.retryOn(f.Reason) && spent <= g.cfg.Upstream.Retries && x.home.pod == ""
@@ -472,6 +472,29 @@ func (g *Gateway) awaitRetry(x *completion) bool {
 // held, so their retries go on whatever the retry budget.
 func foundOut(f *failure) bool { return f.Reason == fail.Down || !f.Pod.Healthy() }
 
+// freeMove says x's move on from f spends no retry: f's pod was found
+// dead (fail.Down) on x's first attempt on it. The checks, not the
+// request, failed it, and the pods bound such moves; a pod x went back
+// to (mayReturn) that is found dead again spends one, so a fleet whose
+// pods keep dying and coming back cannot hold x for ever.
+func freeMove(x *completion, f *failure) bool {
+	if f.Reason != fail.Down || !f.MayRetry() {
+		return false
+	}
+	i := slices.Index(x.tried, f.Pod.ID)
+	return i < 0 || !slices.Contains(x.tried[i+1:], f.Pod.ID)
+}
+
+// mayReturn says x may go back to f's pod once the checks find it
+// healthy again: nothing of x is left there (its connection was refused,
+// or closed before a byte of its answer as the checks found the pod
+// dead), and f's pod is out, so its being available again says a check
+// passed since. A pod that hung past a deadline, reset the connection or
+// shed x was not found out by it: x does not go back to those.
+func mayReturn(f *failure) bool {
+	return (f.Reason == fail.Refused || f.Reason == fail.Down) && foundOut(f)
+}
+
 // retryBudgetWait bounds how long a retry waits for a place in the retry
 // budget, so that under a fleet-wide failure clients still get their
 // error fast.
@@ -479,8 +502,11 @@ const retryBudgetWait = 250 * time.Millisecond
 
 // retried counts x's retry after f and logs it, spaced.
 func (g *Gateway) retried(x *completion, f *failure) {
-	if f.Reason == fail.Down {
+	if freeMove(x, f) {
 		x.downMoves++
+	}
+	if mayReturn(f) {
+		x.back = append(x.back, f.Pod.ID)
 	}
 	g.metrics.retry.byReason[f.Reason].Inc()
 	x.retriedFrom = append(x.retriedFrom, f)
