@@ -117,6 +117,29 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 	}
 }
 
+// TestRetryNowhereToGo: a failure a retry would follow, with no other
+// pod to go to, is the request's answer, not a retry: the access log
+// lists no retried attempt beside it, and pdlb_upstream_retries_total
+// counts none.
+func TestRetryNowhereToGo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	s := testGateway(t, []config.Pod{{Name: "only", Model: "m", Address: fakePod(t, resetPod)}}, func(c *config.Config) {
+		c.AccessLog = path
+		c.Health.Interval = time.Hour
+	})
+	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("%d from the only pod, which resets: %s", resp.StatusCode, b)
+	}
+	waitIdle(t, s)
+	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="reset"}`); n != 0 {
+		t.Errorf("%v retries counted, want none", n)
+	}
+	l := readAccessLog(t, s, path)[0]
+	if r, _ := l["retried"].([]any); l.num("attempts") != 1 || l.str("pod") != "only" || len(r) != 0 {
+		t.Fatalf("%v attempts, retried %v, then %v: want the one attempt, answered, not retried", l["attempts"], l["retried"], l["pod"])
+	}
+}
+
 // TestFirstByteNoRetryLeft: the first-byte deadline gives up on a pod
 // only where a retry can follow. The only pod of a model, answering in
 // 0.8 s, well within the response timeout, is waited for on both front

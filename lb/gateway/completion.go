@@ -54,8 +54,11 @@ type completion struct {
 	downMoves int
 	last      *failure
 	// retriedFrom is each attempt that failed and was retried, in order,
-	// for the access log (the last failure, answered, is last).
+	// for the access log (the failure x is answered with is not one);
+	// retryFrom is the failure x is to be retried after, counted and
+	// listed (retried) once a pick found x a pod.
 	retriedFrom []*failure
+	retryFrom   *failure
 	// within bounds the current attempt's wait for its first answer byte,
 	// shorter than the response timeout when hedged (firstByteWithin);
 	// retrying: x holds a place in the retry budget (takeRetry);
@@ -186,7 +189,7 @@ func releaseCompletion(x *completion) {
 	x.cands, x.tried, x.back, x.failure = x.cands[:0], x.tried[:0], x.back[:0], nil
 	clear(x.retriedFrom)
 	x.retriedFrom = x.retriedFrom[:0]
-	x.stage, x.via, x.attempts, x.downMoves, x.last = stagePick, nil, 0, 0, nil
+	x.stage, x.via, x.attempts, x.downMoves, x.last, x.retryFrom = stagePick, nil, 0, 0, nil, nil
 	x.panicked, x.seeking, x.asked, x.admitted = false, false, false, false
 	x.within, x.hedged, x.budgetWait, x.primed = 0, false, false, 0
 	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false

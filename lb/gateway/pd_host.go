@@ -105,6 +105,7 @@ func (x *completion) MoveDecode(f *failure) bool {
 		pick.Done()
 		return false
 	}
+	x.g.retried(x)
 	x.switchDecode(next, pick)
 	// The move is an attempt: tryAgain's budget bounds it.
 	x.attempts++

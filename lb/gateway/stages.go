@@ -171,6 +171,7 @@ func (g *Gateway) pickStage(x *completion) bool {
 	}
 	switch {
 	case picked:
+		g.retried(x)
 		g.observePick(x, start)
 		x.stage = stageAdmit
 		return g.adapterReady(x)
@@ -406,12 +407,11 @@ func (g *Gateway) failed(x *completion, f *failure) {
 		return
 	}
 	x.stage = stagePick
+	x.retryAfter(f)
 	if !g.takeRetry(x, foundOut(f)) {
 		// pickStage waits for a place in the budget.
 		x.budgetWait, x.worked = true, g.metrics.retry.answered.Load()
-		return
 	}
-	g.retried(x, f)
 }
 
 // mayRetry says f allows a retry (MayRetry: a pod failed x before any
@@ -428,7 +428,8 @@ func (g *Gateway) mayRetry(x *completion, f *failure) bool {
 }
 
 // tryAgain decides a retry that cannot wait: mayRetry, and the retry
-// budget has room now, or f's pod is found out (takeRetry).
+// budget has room now, or f's pod is found out (takeRetry). The caller
+// counts it (retried) once x has its pod.
 func (g *Gateway) tryAgain(x *completion, f *failure) bool {
 	if !g.mayRetry(x, f) {
 		return false
@@ -437,8 +438,18 @@ func (g *Gateway) tryAgain(x *completion, f *failure) bool {
 		g.metrics.retry.exhausted.Inc()
 		return false
 	}
-	g.retried(x, f)
+	x.retryAfter(f)
 	return true
+}
+
+// retryAfter makes f the failure x's next pick retries, which retried
+// counts once the pick found x a pod; f's pod may take x again once it
+// is back (mayReturn), which f decides as it comes.
+func (x *completion) retryAfter(f *failure) {
+	x.retryFrom = f
+	if mayReturn(f) {
+		x.back = append(x.back, f.Pod.ID)
+	}
 }
 
 // awaitRetry waits, on a worker, up to retryBudgetWait for x's place in
@@ -456,7 +467,6 @@ func (g *Gateway) awaitRetry(x *completion) bool {
 	m := g.metrics.retry
 	for deadline := time.Now().Add(retryBudgetWait); ; {
 		if (m.answered.Load() != x.worked && g.takeRetry(x, false)) || (foundOut(x.last) && g.takeRetry(x, true)) {
-			g.retried(x, x.last)
 			return true
 		}
 		if g.interrupted(x) != nil || time.Now().After(deadline) {
@@ -500,13 +510,17 @@ func mayReturn(f *failure) bool {
 // error fast.
 const retryBudgetWait = 250 * time.Millisecond
 
-// retried counts x's retry after f and logs it, spaced.
-func (g *Gateway) retried(x *completion, f *failure) {
+// retried counts x's retry after x.retryFrom, if one is due, and logs
+// it, spaced: x has a pod to go to. A retry that found none is no retry:
+// its failure is x's answer.
+func (g *Gateway) retried(x *completion) {
+	f := x.retryFrom
+	if f == nil {
+		return
+	}
+	x.retryFrom = nil
 	if freeMove(x, f) {
 		x.downMoves++
-	}
-	if mayReturn(f) {
-		x.back = append(x.back, f.Pod.ID)
 	}
 	g.metrics.retry.byReason[f.Reason].Inc()
 	x.retriedFrom = append(x.retriedFrom, f)
