@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -224,4 +226,76 @@ func eventPod(t *testing.T, cfg sim.Config) config.Pod {
 	}
 	t.Cleanup(func() { pod.Close() })
 	return config.Pod{Name: cfg.Name, Model: cfg.Model, Address: pod.Addr(), Engine: string(cfg.Engine), KVEvents: pub.Endpoint(), KVReplay: pub.ReplayEndpoint()}
+}
+
+// TestReplicasAdmitOnTheFleetsQueue: admission predicts a request's time
+// to first token from its pod's whole prefill queue, the other replicas'
+// share included, as the routing policies read it. A replica whose own
+// queue on the pod is empty admitted a request that waits behind another
+// replica's long prefill.
+func TestReplicasAdmitOnTheFleetsQueue(t *testing.T) {
+	// The pod prefills 1,000 tokens/s, as the replicas believe: the held
+	// prompt's ~3,000 tokens put a new one 3 s from its first token, past
+	// the interactive 2 s target; a ~200-token prompt alone takes 0.2 s.
+	pod := physicsPod(t, "slow", 1, func(p *sim.Physics) { p.PrefillTokensPerSec = 1000 })
+	pods := []config.Pod{{Name: "slow", Model: "m", Address: pod.Addr(), PrefillTokensPerSec: 1000}}
+	// Batch: a admits it whatever its own prediction.
+	held := heldStream{body: chat(strings.Repeat("x", 12000), "summarize", 4, true), headers: []string{"x-priority", "batch"}}
+	resp, body := admittedBeside(t, pods, nil, held, chat(strings.Repeat("y", 800), "hi", 2, false))
+	if resp.StatusCode != 429 || !strings.Contains(body, "predicted time to first token") {
+		t.Fatalf("a short prompt through b, queued behind a's on the pod: %d %s, want 429 for its predicted TTFT", resp.StatusCode, body)
+	}
+}
+
+// heldStream is a stream a test holds open through a gateway: its body,
+// and header fields as name, value pairs.
+type heldStream struct {
+	body    string
+	headers []string
+}
+
+// admittedBeside starts replicas a and b of a gateway over pods, one pod
+// with admission on, sharing their load through a Redis server (edit, if
+// set, adjusts both configs), and sends held through a, which counts it
+// on the pod from its placement (its answer's head waits for the first
+// token). Once b counts it too, it returns b's answer to body, then ends
+// held and waits for both replicas to settle.
+func admittedBeside(t *testing.T, pods []config.Pod, edit func(*config.Config), held heldStream, body string) (*http.Response, string) {
+	t.Helper()
+	redis := redistest.Start(t, 0)
+	replica := func(id string) *lb.Server {
+		return testGateway(t, pods, func(c *config.Config) {
+			c.Admission.Enabled = true
+			c.Redis.Address, c.Redis.ReplicaID = redis.Addr(), id
+			c.TokenLoad.SharedSyncIntervalMs = 20
+			if edit != nil {
+				edit(c)
+			}
+		})
+	}
+	a, b := replica("a"), replica("b")
+	req, err := newPost(a, held.body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(held.headers); i += 2 {
+		req.Header.Set(held.headers[i], held.headers[i+1])
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		if stream, err := client.Do(req.WithContext(ctx)); err == nil {
+			io.Copy(io.Discard, stream.Body)
+			stream.Body.Close()
+		}
+	}()
+	testwait.For(t, "b to count a's stream on the pod", func() bool { return remoteInFlight(t, b, pods[0].Name) == 1 })
+	resp, answer := post(t, b, "/v1/chat/completions", body)
+	cancel()
+	<-ended
+	waitIdle(t, a)
+	waitIdle(t, b)
+	return resp, answer
 }

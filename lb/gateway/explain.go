@@ -182,7 +182,7 @@ func (g *Gateway) observePick(x *completion, start time.Time) {
 	if x.pd != nil {
 		pre, dec = placedPD(x)
 	}
-	x.predictedTTFT, _ = predict(x, pre, dec)
+	x.predictedTTFT, _ = g.predict(x, pre, dec)
 	x.tr.picked(x, start)
 	if x.explain || g.explain.recording() {
 		e := g.explainPick(x)

@@ -250,10 +250,13 @@ func (g *Gateway) prefillDone(x *completion, pod *pool.Pod, at time.Time) {
 // predict is the TTFT of x on prefill pod pre, from its queue now (queued
 // uncached tokens / speed + this prompt's uncached tokens / speed), and the
 // TPOT on decode pod dec, from its learned step-time line
-// at its batch and KV usage with this request added.
-func predict(x *completion, pre, dec *pool.Pod) (ttft, tpot float64) {
+// at its batch and KV usage with this request added. The queue is the
+// fleet's: the other replicas' prompts queued on pre (addRemote) delay x
+// as much as this replica's.
+func (g *Gateway) predict(x *completion, pre, dec *pool.Pod) (ttft, tpot float64) {
 	batch, kv := decodeBatch(dec)
-	return admit.Predict(admit.Path{QueuedTokens: float64(pre.QueuedPrefill()), UncachedTokens: float64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0)),
+	_, remote := g.ledger.Remote(pre.ID)
+	return admit.Predict(admit.Path{QueuedTokens: float64(pre.QueuedPrefill() + remote), UncachedTokens: float64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0)),
 		PrefillTokensPerSec: pre.Speed.TokensPerSec(), Batch: batch, KVUsage: kv, Line: dec.DecodeLine()})
 }
 

@@ -127,7 +127,7 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 	if fb.Factor <= 0 || (!x.req.Stream && x.req.MaxTokens <= 0) || !g.mayHedge(x) {
 		return limit, false
 	}
-	ttft, tpot := predict(x, pre, dec)
+	ttft, tpot := g.predict(x, pre, dec)
 	at := ttft
 	if !x.req.Stream {
 		// tpot is the step with one sequence of the request's added.

@@ -202,11 +202,11 @@ func (g *Gateway) admitStage(x *completion) bool {
 		x.stage = stageAttempt
 		return true
 	}
-	predictOn := func() (float64, float64) { return predict(x, x.pod, x.pod) }
+	predictOn := func() (float64, float64) { return g.predict(x, x.pod, x.pod) }
 	var replace func()
 	if x.cascade != nil {
 		// A PD pair keeps its pods while it waits: their queues drain.
-		predictOn = func() (float64, float64) { pre, dec := placedPD(x); return predict(x, pre, dec) }
+		predictOn = func() (float64, float64) { pre, dec := placedPD(x); return g.predict(x, pre, dec) }
 	} else {
 		replace = func() {
 			if p := g.pick(x.m, x, sessionOf(x)); p != nil {
