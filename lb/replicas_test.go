@@ -299,3 +299,24 @@ func admittedBeside(t *testing.T, pods []config.Pod, edit func(*config.Config), 
 	waitIdle(t, b)
 	return resp, answer
 }
+
+// TestReplicasAdmitOnTheFleetsBatch: admission predicts a request's time
+// per output token at its pod's whole batch, the other replicas'
+// requests in flight included, as the routing policies count them. A
+// replica with none of its own on the pod predicted the step of a batch
+// of one.
+func TestReplicasAdmitOnTheFleetsBatch(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1)
+	tight := func(c *config.Config) {
+		// The untaught step line, 10 ms + 0.2 ms a sequence, takes
+		// 10.2 ms at a batch of one and 10.4 ms at two: the target lies
+		// between. No scrape tells the pod's own batch.
+		c.Admission.Interactive.TPOTSLO = 0.0103
+		c.Health.MetricsInterval = 0
+	}
+	held := heldStream{body: chat("You are terse.", "write a long story", 5000, true)}
+	resp, body := admittedBeside(t, podsOf("m", sims...), tight, held, chat("You are terse.", "hi", 2, false))
+	if resp.StatusCode != 429 || !strings.Contains(body, "predicted time per output token") {
+		t.Fatalf("a request through b beside a's stream: %d %s, want 429 for its predicted TPOT", resp.StatusCode, body)
+	}
+}

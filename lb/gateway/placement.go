@@ -254,17 +254,18 @@ func (g *Gateway) prefillDone(x *completion, pod *pool.Pod, at time.Time) {
 // fleet's: the other replicas' prompts queued on pre (addRemote) delay x
 // as much as this replica's.
 func (g *Gateway) predict(x *completion, pre, dec *pool.Pod) (ttft, tpot float64) {
-	batch, kv := decodeBatch(dec)
+	batch, kv := g.decodeBatch(dec)
 	_, remote := g.ledger.Remote(pre.ID)
 	return admit.Predict(admit.Path{QueuedTokens: float64(pre.QueuedPrefill() + remote), UncachedTokens: float64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0)),
 		PrefillTokensPerSec: pre.Speed.TokensPerSec(), Batch: batch, KVUsage: kv, Line: dec.DecodeLine()})
 }
 
 // decodeBatch is the pod's decode batch as best known: the engine's
-// running count when scraped, at least the gateway's own in-flight count;
-// and its KV usage.
-func decodeBatch(p *pool.Pod) (batch int, kvUsage float64) {
-	batch = int(p.InFlight())
+// running count when scraped, at least the fleet's in-flight count (the
+// gateway's own and, shared, the other replicas'); and its KV usage.
+func (g *Gateway) decodeBatch(p *pool.Pod) (batch int, kvUsage float64) {
+	remote, _ := g.ledger.Remote(p.ID)
+	batch = int(p.InFlight() + remote)
 	if s := p.Scraped(); s != nil {
 		batch = max(batch, int(s.Running))
 		kvUsage = s.KVUsage

@@ -317,7 +317,7 @@ func (g *Gateway) relayEnded(x *completion, pod *pool.Pod) int {
 		x.modelStats.tpot.Update(tpot)
 		// The pod's step time at its batch teaches its TPOT line, which
 		// admission predicts from.
-		batch, _ := decodeBatch(pod)
+		batch, _ := g.decodeBatch(pod)
 		pod.DecodeLine().Observe(max(batch, 1), tpot)
 		if g.admit != nil {
 			g.admit.Observe(x.class, t.first.Sub(x.start).Seconds(), tpot)
