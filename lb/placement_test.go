@@ -66,6 +66,20 @@ func TestPerRequestCachePolicyReadsTheIndex(t *testing.T) {
 	}
 }
 
+// TestDecodeScorerIsNoStrategy: decode_token_load scores decode pods by
+// their decode charges, which a pick among combined pods never takes: as
+// a routing-strategy it picked a pod at random. It is refused as an
+// unknown strategy, naming the header.
+func TestDecodeScorerIsNoStrategy(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 2, 100)...), func(c *config.Config) {
+		c.Models = []config.Model{{Name: "m", Profiles: []config.Profile{{Name: "default"}}}}
+	})
+	resp, b := postWith(t, s, chatBody, "routing-strategy", "decode_token_load")
+	if resp.StatusCode != 400 || !strings.Contains(b, "routing-strategy") {
+		t.Fatalf("routing-strategy: decode_token_load: %d %s, want 400 naming the header", resp.StatusCode, b)
+	}
+}
+
 // conversationsStayHome sends three turns of four conversations, each
 // with its own long system prompt, through send: every turn of a
 // conversation must land on the pod that served its first turn, and the

@@ -39,6 +39,7 @@ func TestValidateRejects(t *testing.T) {
 	f("health: {max_ejected_percent: 101}\n"+pod, "health.max_ejected_percent = 101")
 	f("health: {unhealthy_after: 0}\n"+pod, "health.unhealthy_after = 0")
 	f("models: [{name: m, policy: fastest}]\n"+pod, `models[0].policy = "fastest"`)
+	f("models: [{name: m, policy: decode_token_load}]\n"+pod, `models[0].policy = "decode_token_load"`)
 	f("models: [{name: m}, {name: m}]\n"+pod, `models[1].name = "m" is listed twice`)
 	f("pods: []\n", "no pods")
 	f("pods: [{address: '127.0.0.1:1'}]\n", `pods[0].model = ""`)

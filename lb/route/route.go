@@ -277,7 +277,6 @@ var registry = []struct {
 	{"cache_aware", true, func(o Options) Policy { return CacheAware{o} }},
 	{"token_load", false, func(o Options) Policy { return ScorePolicy{TokenLoad{o}} }},
 	{"hybrid_cache_load", true, func(o Options) Policy { return ScorePolicy{HybridCacheLoad{o}} }},
-	{"decode_token_load", false, func(o Options) Policy { return ScorePolicy{DecodeTokenLoad{o}} }},
 }
 
 // New builds the policy called name.

@@ -105,10 +105,11 @@ func genRate(c *Candidate) float64 {
 	return c.GenTokensPerSec / float64(c.Running)
 }
 
-// They read the ledger's counters (ReadsLedger).
+// They read the ledger's prefill counters (ReadsLedger). DecodeTokenLoad
+// scores the PD cascade's decode pods only: a pick among combined pods
+// takes no decode charge, so it is no policy of the registry.
 func (TokenLoad) readsLedger()       {}
 func (HybridCacheLoad) readsLedger() {}
-func (DecodeTokenLoad) readsLedger() {}
 
 var (
 	_ Scorer       = TokenLoad{}
@@ -116,5 +117,4 @@ var (
 	_ Scorer       = DecodeTokenLoad{}
 	_ ledgerReader = TokenLoad{}
 	_ ledgerReader = HybridCacheLoad{}
-	_ ledgerReader = DecodeTokenLoad{}
 )

@@ -102,7 +102,7 @@ func TestDecodeTokenLoadScore(t *testing.T) {
 }
 
 func TestTokenLoadRegistryAndDefaults(t *testing.T) {
-	for _, name := range []string{"token_load", "hybrid_cache_load", "decode_token_load"} {
+	for _, name := range []string{"token_load", "hybrid_cache_load"} {
 		if _, err := New(name, DefaultOptions()); err != nil {
 			t.Fatal(err)
 		}
@@ -124,8 +124,9 @@ func TestTokenLoadPickAllocs(t *testing.T) {
 	}
 	req := &Request{PromptTokens: 1000}
 	scratch := make([]float64, len(cands))
-	for _, name := range []string{"token_load", "hybrid_cache_load", "decode_token_load"} {
-		p, _ := New(name, DefaultOptions())
+	token, _ := New("token_load", DefaultOptions())
+	hybrid, _ := New("hybrid_cache_load", DefaultOptions())
+	for name, p := range map[string]Policy{"token_load": token, "hybrid_cache_load": hybrid, "decode_token_load": ScorePolicy{DecodeTokenLoad{DefaultOptions()}}} {
 		if a := testing.AllocsPerRun(100, func() { p.Pick(req, cands, scratch) }); a != 0 {
 			t.Fatalf("%s: %v allocs per pick", name, a)
 		}
@@ -138,7 +139,7 @@ func TestTokenLoadPickAllocs(t *testing.T) {
 // one picks the same pod whatever the counters say.
 func TestReadsLedger(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	ledgerPolicies := map[string]bool{"token_load": true, "hybrid_cache_load": true, "decode_token_load": true}
+	ledgerPolicies := map[string]bool{"token_load": true, "hybrid_cache_load": true}
 	pick := func(name string, req *Request, cands []Candidate) int {
 		p, err := New(name, DefaultOptions()) // a fresh one: round_robin keeps state
 		if err != nil {
