@@ -37,13 +37,7 @@ func TestScrapeLearnsAdapters(t *testing.T) {
 	defer srv.Close()
 	cfg := config.Default()
 	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
-	cfg.Provision()
-	snap, err := Build(&cfg, func(addr string, timeout time.Duration, _ *tls.Config) (net.Conn, error) {
-		return net.DialTimeout("tcp", addr, timeout)
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := buildDialing(t, cfg)
 	p := snap.Pods[0]
 	c := &Checker{cfg: config.Health{Timeout: time.Second}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	client := &fasthttp.HostClient{Addr: p.Config.Address}
@@ -108,13 +102,7 @@ func TestScrapeKeepsALoadItRaced(t *testing.T) {
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 2, LoadAdapters: true, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}}}}}
 	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
-	cfg.Provision()
-	snap, err := Build(&cfg, func(addr string, timeout time.Duration, _ *tls.Config) (net.Conn, error) {
-		return net.DialTimeout("tcp", addr, timeout)
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := buildDialing(t, cfg)
 	m, p := snap.Models[0], snap.Pods[0]
 	_, fin := snap.Resolve([]byte("fin"))
 	c := &Checker{cfg: config.Health{Timeout: 5 * time.Second}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -265,4 +253,18 @@ func TestDeclaredAdapters(t *testing.T) {
 	if fmt.Sprint(names) != "[fin ops]" {
 		t.Errorf("Adapters() = %v", names)
 	}
+}
+
+// buildDialing provisions cfg and builds its snapshot, dialing pods over
+// TCP.
+func buildDialing(t *testing.T, cfg config.Config) *Snapshot {
+	t.Helper()
+	cfg.Provision()
+	snap, err := Build(&cfg, func(addr string, timeout time.Duration, _ *tls.Config) (net.Conn, error) {
+		return net.DialTimeout("tcp", addr, timeout)
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
 }
