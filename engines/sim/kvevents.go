@@ -25,7 +25,9 @@ type KVEventSink interface {
 	// salt, on a run that starts a prompt, as vLLM publishes it).
 	BlockStored(parentHash uint64, hasParent bool, blockHashes []uint64, tokenIDs []uint32, blockSize int, extra engines.ExtraKeys)
 	// BlockRemoved reports blocks evicted from the cache, a hash once for
-	// each copy evicted.
+	// each copy evicted, when a request takes their room: as vLLM, before
+	// that request's BlockStored. Blocks of running requests are never
+	// evicted.
 	BlockRemoved(blockHashes []uint64)
 	// AllBlocksCleared reports that the whole cache was dropped.
 	AllBlocksCleared()
@@ -52,7 +54,7 @@ func engineSeed(model string, hashSeed uint64) uint64 {
 	return d.Sum64()
 }
 
-// publishStored reports the blocks of keys[lo:] that StoreCopies cached
+// publishStored reports the blocks of keys[lo:] that PrefixCache.Hold cached
 // (stored, a subsequence of keys[lo:] in order) as one BlockStored per run
 // of consecutive blocks: a run's parent is the block before it, which the
 // cache already held. tokens are the tokens of keys[lo:]'s blocks, salt

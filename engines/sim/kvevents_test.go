@@ -1,9 +1,13 @@
 package sim
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +15,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/tokenize"
+	"pdlb/internal/testwait"
 	"pdlb/radix"
 )
 
@@ -59,13 +64,21 @@ func (s *recordingSink) take() []kvEvent {
 }
 
 // expectedEvents is what a vLLM pod whose cache is mirror must report when
-// it stores keys of tokens: computed independently, from the shared LRU and
-// the stored/evicted keys it reports. vLLM's hit stops a token short of the
-// prompt; the blocks after it are cached anew.
+// it serves a prompt of tokens with keys alone, to its first token:
+// computed independently, from the shared cache and the stored/evicted
+// keys it reports. vLLM's hit stops a token short of the prompt; the
+// prompt's blocks, allocated beside it, evict cached ones (reported first),
+// and those after the hit are cached anew.
 func expectedEvents(mirror *PrefixCache, keys []uint64, tokens []uint32, bs int) []kvEvent {
 	hit := min(mirror.Match(keys), (len(tokens)-1)/bs)
-	stored, evicted := mirror.StoreCopies(keys, hit, []uint64{}, []uint64{})
+	nodes, _ := mirror.Hold(keys[:hit], hit, nil, nil)
+	evicted := mirror.Evict((len(tokens)+bs-1)/bs, []uint64{})
+	nodes, stored := mirror.Hold(keys[hit:], 0, nodes, []uint64{})
+	mirror.Release(nodes)
 	var out []kvEvent
+	if len(evicted) > 0 {
+		out = append(out, kvEvent{kind: "removed", hashes: evicted})
+	}
 	isNew := func(i int) bool { return slices.Contains(stored, keys[i]) }
 	for i := 0; i < len(keys); i++ {
 		if !isNew(i) {
@@ -81,9 +94,6 @@ func expectedEvents(mirror *PrefixCache, keys []uint64, tokens []uint32, bs int)
 		}
 		out = append(out, e)
 		i = j
-	}
-	if len(evicted) > 0 {
-		out = append(out, kvEvent{kind: "removed", hashes: evicted})
 	}
 	return out
 }
@@ -192,14 +202,14 @@ func TestKVEventsCopyABlockComputedAgain(t *testing.T) {
 	run(engines.VLLM, [][]kvEvent{
 		{stored(a, ka, 0)},
 		{stored(a, ka, 1)}, // a's last block again: two copies
-		{stored(b, kb, 0), removed(ka[1])},
-		{stored(c, kc, 0), removed(ka[1], ka[0])},
+		{removed(ka[1]), stored(b, kb, 0)},
+		{removed(ka[1], ka[0]), stored(c, kc, 0)},
 	})
 	run(engines.SGLang, [][]kvEvent{
 		{stored(a, ka, 0)},
 		nil, // a's blocks touched
 		{stored(b, kb, 0)},
-		{stored(c, kc, 0), removed(ka[1], ka[0])},
+		{removed(ka[1], ka[0]), stored(c, kc, 0)},
 	})
 }
 
@@ -373,9 +383,10 @@ func TestCacheSaltPerEngine(t *testing.T) {
 // blocks tail first onto its free queue and evicts from the queue's head
 // (KVCacheManager.free), so a full cache drops a prompt's last block and
 // keeps its head: the prefix still hits. SGLang's radix tree evicts leaves
-// first, to the same effect.
+// first, to the same effect. b's three blocks, its last partly filled,
+// leave room for two of a's.
 func TestEvictionTakesThePromptTailFirst(t *testing.T) {
-	const bs, capacity = 16, 4
+	const bs, capacity = 16, 5
 	phys := DefaultPhysics()
 	phys.BlockSize, phys.CacheBlocks = bs, capacity
 	prompt := func(first uint32, blocks int) []uint32 {
@@ -467,6 +478,78 @@ func TestGeneratedBlocksAreCached(t *testing.T) {
 		post(t, c, url, map[string]any{"prompt": append(seq, 7, 8, 9), "max_tokens": 1})
 		if hit := p.Stats().HitTokens - before; hit != 4*bs {
 			t.Fatalf("%s: the follow-up hit %d tokens, want %d", engine, hit, 4*bs)
+		}
+	}
+}
+
+// TestRunningRequestsBlocksStayCached: the blocks of a running request are
+// in use, so the engines never evict them: vLLM's free queue holds only
+// blocks whose ref_cnt is 0 (BlockPool.free_blocks), a hit takes its blocks
+// out of it (BlockPool.touch), and a new block comes from its head
+// (get_new_blocks); SGLang's radix tree evicts only unlocked nodes. Other
+// prompts passing through a full cache evict one another while a long
+// request decodes, and its prompt's blocks still hit; they are stored once.
+func TestRunningRequestsBlocksStayCached(t *testing.T) {
+	const bs, capacity = 16, 8
+	phys := DefaultPhysics()
+	phys.BlockSize, phys.CacheBlocks = bs, capacity
+	phys.DecodeBaseSec = 1e6 // the long request's first decode step never ends
+	prompt := func(first uint32) []uint32 {
+		tokens := make([]uint32, 2*bs+1)
+		for i := range tokens {
+			tokens[i] = first + uint32(i)
+		}
+		return tokens
+	}
+	long := prompt(100)
+	keys := radix.AppendBlockKeys(nil, engineSeed("m", 0), long, bs)
+	for _, engine := range []engines.Kind{engines.VLLM, engines.SGLang} {
+		sink := &recordingSink{}
+		p := testPod(t, Config{Engine: engine, Model: "m", Physics: phys, MaxModelLen: bs * capacity, Speedup: fast, KVEvents: sink})
+		c := testClient(t)
+		url := "http://" + p.Addr() + "/v1/completions"
+		ctx, cancel := context.WithCancel(context.Background())
+		running := make(chan struct{})
+		go func() {
+			defer close(running)
+			b, _ := json.Marshal(map[string]any{"prompt": long, "max_tokens": 40, "stream": true})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+			if resp, err := c.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		testwait.For(t, "the long request decoding", func() bool { return p.Stats().GeneratedTokens == 1 })
+		for i := range 4 {
+			if status, body := post(t, c, url, map[string]any{"prompt": prompt(uint32(1000 * (i + 1))), "max_tokens": 1}); status != 200 {
+				t.Fatalf("%s: %d %s", engine, status, body)
+			}
+		}
+		before := p.Stats().HitTokens
+		post(t, c, url, map[string]any{"prompt": long, "max_tokens": 1})
+		hit := p.Stats().HitTokens - before
+		if p.Stats().Running != 1 {
+			t.Fatalf("%s: the long request ended early", engine)
+		}
+		cancel()
+		<-running
+		testwait.For(t, "the long request gone", func() bool { return p.Stats().Running == 0 })
+		stored, removed := 0, 0
+		for _, e := range sink.take() {
+			for _, h := range e.hashes {
+				if !slices.Contains(keys, h) {
+					continue
+				}
+				if e.kind == "stored" {
+					stored++
+				} else {
+					removed++
+				}
+			}
+		}
+		if hit != 2*bs || stored != len(keys) || removed != 0 {
+			t.Fatalf("%s: while it ran its prompt hit %d tokens, its blocks were stored %d times and removed %d; want %d, %d and 0",
+				engine, hit, stored, removed, 2*bs, len(keys))
 		}
 	}
 }

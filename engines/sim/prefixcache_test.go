@@ -83,3 +83,36 @@ func TestPhysics(t *testing.T) {
 		t.Fatal("max_batch = 0 accepted")
 	}
 }
+
+// TestPrefixCacheHeldBlocks: blocks in use are matched but never evicted,
+// and join the LRU list when released, last first; a Clear under them
+// leaves them with their request until it releases them.
+func TestPrefixCacheHeldBlocks(t *testing.T) {
+	c := NewPrefixCache(4)
+	running, _ := c.Hold([]uint64{1, 2}, 0, nil, nil)
+	c.Store([]uint64{3, 4, 5}, nil, nil)
+	if got := c.Evict(2, []uint64{}); !slices.Equal(got, []uint64{5}) || c.Match([]uint64{1, 2}) != 2 {
+		t.Fatalf("evicted %v beside 2 blocks in use; want the stored prompt's tail [5], and 1, 2 kept", got)
+	}
+	other, _ := c.Hold([]uint64{1, 2, 6}, 2, nil, nil) // shares 1 and 2
+	if got := c.Evict(2+3, []uint64{}); !slices.Equal(got, []uint64{4}) {
+		t.Fatalf("evicted %v beside 3 distinct blocks in use, want [4]", got)
+	}
+	c.Release(running)
+	c.Release(other)
+	if got := c.Evict(0, []uint64{}); len(got) != 0 || c.Len() != 4 {
+		t.Fatalf("evicted %v with nothing in use; want none, 4 cached", got)
+	}
+	if got := c.Evict(3, []uint64{}); !slices.Equal(got, []uint64{3, 6, 2}) {
+		t.Fatalf("evicted %v, want the least recently used, tails first: [3 6 2]", got)
+	}
+	held, _ := c.Hold([]uint64{1}, 1, nil, nil)
+	c.Clear()
+	if c.Match([]uint64{1}) != 0 || c.Len() != 1 {
+		t.Fatalf("after Clear: Match %d, Len %d; want 0 and the block in use", c.Match([]uint64{1}), c.Len())
+	}
+	c.Release(held)
+	if stored, evicted := c.Store([]uint64{1, 2, 3, 4, 5}, []uint64{}, []uint64{}); c.Len() != 4 || len(stored) != 5 || !slices.Equal(evicted, []uint64{5}) {
+		t.Fatalf("after Clear and Release: Len %d, stored %v, evicted %v", c.Len(), stored, evicted)
+	}
+}

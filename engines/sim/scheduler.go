@@ -47,6 +47,9 @@ type request struct {
 	arrival   float64 // simulated seconds
 	generated int
 	hit       int // prompt blocks found cached when its prefill started
+	// blocks are the nodes of its rank's prefix cache it holds (in use,
+	// never evicted), of keys[:len(blocks)].
+	blocks    []int32
 	reserved  int // KV blocks reserved at admission: prompt plus maxTokens
 	held      int // KV blocks the sequence holds now
 	lastToken float64
@@ -157,7 +160,7 @@ type scheduler struct {
 	// vocab holds the token ids of the words the pod generates (wordIDs).
 	vocab *[len(words)]uint32
 	// copies: the pod plays vLLM, whose cache keeps a block computed again
-	// as another copy (PrefixCache.StoreCopies); SGLang's and TensorRT-LLM's
+	// as another copy (PrefixCache.Hold); SGLang's and TensorRT-LLM's
 	// radix trees keep one.
 	copies bool
 
@@ -167,11 +170,13 @@ type scheduler struct {
 	lora  atomic.Pointer[loraActive]
 }
 
-// rankCache is one data-parallel rank's prefix cache and where its changes
-// are published (nil: nowhere).
+// rankCache is one data-parallel rank's prefix cache, where its changes
+// are published (nil: nowhere), and the KV blocks its requests and pinned
+// KV hold.
 type rankCache struct {
 	cache *PrefixCache
 	sink  KVEventSink
+	held  int
 }
 
 // inboxSize bounds the messages in flight to the scheduler; senders block
@@ -200,7 +205,7 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 		s.ranks[i].cache = NewPrefixCache(cfg.Physics.CacheBlocks)
 		if i < len(sinks) && sinks[i] != nil {
 			s.ranks[i].sink = sinks[i]
-			// PrefixCache.Store reports keys only into non-nil slices.
+			// PrefixCache reports keys only into non-nil slices.
 			s.stored, s.evicted = make([]uint64, 0, 64), make([]uint64, 0, 64)
 		}
 	}
@@ -367,8 +372,7 @@ func (s *scheduler) admit() {
 		if r.remote {
 			// The KV lands in blocks allocated now, as vLLM's and
 			// SGLang's decode sides allocate before receiving.
-			r.held = s.phys.Blocks(len(r.tokens))
-			s.held += r.held
+			s.setHeld(r, s.phys.Blocks(len(r.tokens)))
 			r.state = stateReceiving
 			s.receiving = append(s.receiving, r)
 			close(r.admitted)
@@ -388,15 +392,17 @@ func (s *scheduler) kick() {
 		// must be computed for its logits, and counts whole blocks: vLLM's
 		// max_cache_hit_length = num_tokens - 1 (get_computed_blocks),
 		// SGLang's max_prefix_len = input_len - 1, page-aligned.
-		r.hit = min(s.ranks[r.rank].cache.Match(r.keys), (prompt-1)/s.phys.BlockSize)
+		// The hit blocks are in use from now on, before the prompt's own
+		// blocks are allocated, as vLLM's allocate_slots touches them.
+		cache := s.ranks[r.rank].cache
+		r.hit = min(cache.Match(r.keys), (prompt-1)/s.phys.BlockSize)
+		r.blocks, _ = cache.Hold(r.keys[:r.hit], r.hit, r.blocks[:0], nil)
 		cached := r.hit * s.phys.BlockSize
 		compute := prompt - cached
 		if r.remote {
 			compute = 0 // the prefill pod computed it; the first token comes at once
 		}
-		blocks := s.phys.Blocks(prompt)
-		s.held += blocks - r.held
-		r.held = blocks
+		s.setHeld(r, s.phys.Blocks(prompt))
 		s.prefillBusy = true
 		s.prefillEnd = s.clock + s.phys.PrefillSec(compute)
 		if r.lora != "" && s.slots != nil && s.slots.Use(r.lora) {
@@ -422,7 +428,7 @@ func (s *scheduler) endPrefill() {
 		// vLLM caches every block it computed past its hit in a new block.
 		from = r.hit
 	}
-	s.storeBlocks(r, 0, from)
+	s.storeBlocks(r, from)
 	r.generated = 1
 	r.lastToken = s.clock
 	s.m.firstToken(len(r.tokens), s.clock-r.arrival)
@@ -444,16 +450,13 @@ func (s *scheduler) endStep() {
 		}
 		n++
 		r.generated++
-		blocks := s.phys.Blocks(len(r.tokens) + r.generated)
-		s.held += blocks - r.held
-		r.held = blocks
+		s.setHeld(r, s.phys.Blocks(len(r.tokens)+r.generated))
 		s.m.token(s.clock - r.lastToken)
 		r.lastToken = s.clock
 		if s.copies {
 			// vLLM caches a block as soon as its tokens' KV is computed.
-			lo := len(r.keys)
 			s.extendKeys(r)
-			s.storeBlocks(r, lo, lo)
+			s.storeBlocks(r, len(r.blocks))
 		}
 		if r.generated >= r.maxTokens {
 			s.finish(r, r.limitReason)
@@ -467,27 +470,50 @@ func (s *scheduler) endStep() {
 	s.decoding = slices.DeleteFunc(s.decoding, func(r *request) bool { return r.state != stateDecode })
 }
 
-// storeBlocks puts r's blocks keys[lo:] in its rank's prefix cache, those
-// from keys[from] on computed anew (PrefixCache.StoreCopies), and reports
-// what changed to the rank's sink.
-func (s *scheduler) storeBlocks(r *request, lo, from int) {
+// storeBlocks puts r's blocks past those it holds in its rank's prefix
+// cache, in use by r, those from keys[from] on computed anew
+// (PrefixCache.Hold), and reports what it stored to the rank's sink.
+func (s *scheduler) storeBlocks(r *request, from int) {
+	lo := len(r.blocks)
 	if lo == len(r.keys) {
 		return
 	}
 	rc := s.ranks[r.rank]
-	stored, evicted := rc.cache.StoreCopies(r.keys[lo:], from-lo, s.stored[:0], s.evicted[:0])
-	if rc.sink == nil {
-		return
-	}
-	if len(stored) > 0 {
+	var stored []uint64
+	r.blocks, stored = rc.cache.Hold(r.keys[lo:], from-lo, r.blocks, s.stored[:0])
+	if rc.sink != nil && len(stored) > 0 {
 		bs := s.phys.BlockSize
 		s.tokScratch = s.appendTokens(s.tokScratch[:0], r, lo*bs, len(r.keys)*bs)
 		publishStored(rc.sink, r.keys, lo, stored, s.tokScratch, r.salt, r.lora, bs)
 	}
-	if len(evicted) > 0 {
+	s.stored = stored
+}
+
+// setHeld makes r hold blocks KV blocks. Blocks it takes are taken from
+// those cached that no request uses, least recently used first: vLLM's
+// get_new_blocks evicts the blocks it allocates from its free queue's head,
+// and publishes their removal then.
+func (s *scheduler) setHeld(r *request, blocks int) {
+	d := blocks - r.held
+	r.held = blocks
+	s.held += d
+	rc := &s.ranks[r.rank]
+	rc.held += d
+	if d <= 0 {
+		return
+	}
+	evicted := rc.cache.Evict(rc.held, s.evicted[:0])
+	if rc.sink != nil && len(evicted) > 0 {
 		rc.sink.BlockRemoved(evicted)
 	}
-	s.stored, s.evicted = stored, evicted
+	s.evicted = evicted
+}
+
+// release gives r's blocks back to its rank's prefix cache: its first
+// evicted last, as the engines free them.
+func (s *scheduler) release(r *request) {
+	s.ranks[r.rank].cache.Release(r.blocks)
+	r.blocks = nil
 }
 
 // extendKeys appends to r.keys the keys of the blocks its answer filled.
@@ -554,20 +580,22 @@ func (s *scheduler) cancel(r *request) {
 
 func (s *scheduler) finish(r *request, reason uint8) {
 	if r.generated > 0 {
-		// Its blocks become evictable, its first last, as the engines
-		// free them; SGLang and TensorRT-LLM cache the answer's now.
+		// SGLang and TensorRT-LLM cache the answer's blocks now.
 		s.extendKeys(r)
-		s.storeBlocks(r, 0, len(r.keys))
+		s.storeBlocks(r, len(r.keys))
 	}
 	r.state = stateDone
 	s.reserved -= r.reserved
-	s.held -= r.held
-	r.reserved, r.held = 0, 0
+	r.reserved = 0
 	if r.pin && reason != finishAbort {
+		// Its prompt's blocks stay in use until a decode pod pulls them.
 		r.pinned = s.phys.Blocks(len(r.tokens))
 		s.pinned += r.pinned
 		s.reserved += r.pinned
-		s.held += r.pinned
+		s.setHeld(r, r.pinned)
+	} else {
+		s.setHeld(r, 0)
+		s.release(r)
 	}
 	s.setProgress(r, reason)
 	s.m.finish(reason, s.clock-r.arrival)
@@ -576,10 +604,14 @@ func (s *scheduler) finish(r *request, reason uint8) {
 // unpin frees a finished prefill leg's pinned blocks; a no-op the second
 // time.
 func (s *scheduler) unpin(r *request) {
+	if r.pinned == 0 {
+		return
+	}
 	s.pinned -= r.pinned
 	s.reserved -= r.pinned
-	s.held -= r.pinned
 	r.pinned = 0
+	s.setHeld(r, 0)
+	s.release(r)
 }
 
 // abortRunning aborts every request the pod holds, as SGLang's abort_all.
