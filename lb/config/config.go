@@ -806,15 +806,16 @@ func (p Pod) Validate(field string) error {
 		return invalid(field+".weight", p.Weight, "must be positive")
 	}
 	if p.KVEvents != "" {
-		host, ok := strings.CutPrefix(p.KVEvents, "tcp://")
-		if !ok || checkDialAddr("", host) != nil {
-			return invalid(field+".kv_events", p.KVEvents, "must be tcp://host:port")
+		if err := checkDialEndpoint(field+".kv_events", p.KVEvents); err != nil {
+			return err
 		}
 	}
 	if p.KVReplay != "" {
-		host, ok := strings.CutPrefix(p.KVReplay, "tcp://")
-		if !ok || checkDialAddr("", host) != nil || p.KVEvents == "" {
-			return invalid(field+".kv_replay", p.KVReplay, "must be tcp://host:port, beside kv_events")
+		if err := checkDialEndpoint(field+".kv_replay", p.KVReplay); err != nil {
+			return err
+		}
+		if p.KVEvents == "" {
+			return invalid(field+".kv_replay", p.KVReplay, "needs kv_events")
 		}
 	}
 	if p.DataParallelSize < 0 {
@@ -898,38 +899,69 @@ func overlap(a, b string) bool {
 }
 
 func checkAddr(field, addr string, emptyOK bool) error {
-	if addr == "" {
-		if emptyOK {
-			return nil
-		}
-		return invalid(field, addr, "must be host:port")
+	if addr == "" && emptyOK {
+		return nil
 	}
-	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
-		return invalid(field, addr, "must be host:port")
-	} else if n, err := strconv.Atoi(port); err != nil || strings.Trim(port, "0123456789") != "" || n > 65535 {
-		// Digits only: Atoi takes "+80", which a Host header must not carry.
-		return invalid(field, addr, "has no valid port")
+	if why := addrProblem(addr); why != "" {
+		return invalid(field, addr, why)
 	}
 	return nil
 }
 
-// checkDialAddr checks an address the gateway dials: host:port with both.
-// Without a host, or with an unspecified IP (0.0.0.0, ::), Go dials this
-// machine, which a listen address means but a pod's or a server's never
-// does (nginx refuses such an upstream too).
-func checkDialAddr(field, addr string) error {
-	if err := checkAddr(field, addr, false); err != nil {
-		return err
+// addrProblem says why addr is no host:port with a port of digits, or "".
+func addrProblem(addr string) string {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return "must be host:port"
+	} else if n, err := strconv.Atoi(port); err != nil || strings.Trim(port, "0123456789") != "" || n > 65535 {
+		// Digits only: Atoi takes "+80", which a Host header must not carry.
+		return "has no valid port"
 	}
-	switch host, port, _ := net.SplitHostPort(addr); {
-	case host == "":
-		return invalid(field, addr, "has no host (a pod's or server's, e.g. 10.0.0.5"+addr+")")
-	case net.ParseIP(host).IsUnspecified():
-		return invalid(field, addr, "is every interface, which is dialed as this machine (a pod's or server's host, e.g. 10.0.0.5:"+port+")")
-	case port == "0":
-		return invalid(field, addr, "needs a port")
+	return ""
+}
+
+// checkDialAddr checks an address the gateway dials: host:port with both.
+func checkDialAddr(field, addr string) error {
+	if why := dialAddrProblem("", addr); why != "" {
+		return invalid(field, addr, why)
 	}
 	return nil
+}
+
+// checkDialEndpoint checks a tcp://host:port endpoint the gateway dials.
+func checkDialEndpoint(field, ep string) error {
+	addr, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return invalid(field, ep, "must be tcp://host:port")
+	}
+	if why := dialAddrProblem("tcp://", addr); why != "" {
+		return invalid(field, ep, why)
+	}
+	return nil
+}
+
+// dialAddrProblem says why addr, written after scheme, is no address to
+// dial, or "". Without a host, or with an unspecified IP (0.0.0.0, ::),
+// Go dials this machine, which a listen address means but a pod's or a
+// server's never does (nginx refuses such an upstream too); "*" is
+// ZeroMQ's listen wildcard (vLLM's kv-events endpoint tcp://*:5557),
+// which zmq4 dials as 0.0.0.0 and Go's resolver does not know.
+func dialAddrProblem(scheme, addr string) string {
+	if why := addrProblem(addr); why != "" {
+		return why
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	example := scheme + "10.0.0.5:" + port
+	switch {
+	case host == "":
+		return "has no host (a pod's or server's, e.g. " + example + ")"
+	case net.ParseIP(host).IsUnspecified():
+		return "is every interface, which is dialed as this machine (a pod's or server's host, e.g. " + example + ")"
+	case host == "*":
+		return "is every interface, a listen address, not one to dial (a pod's or server's host, e.g. " + example + ")"
+	case port == "0":
+		return "needs a port"
+	}
+	return ""
 }
 
 // ParsePodFlag parses one --pod flag: comma-separated key=value pairs with

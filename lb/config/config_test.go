@@ -299,11 +299,20 @@ func TestDialAddressNeedsHost(t *testing.T) {
 	f(pod("0.0.0.0:8000"), `pods[0].address = "0.0.0.0:8000" is every interface, which is dialed as this machine (a pod's or server's host, e.g. 10.0.0.5:8000)`)
 	f(pod("[::]:8000"), `pods[0].address = "[::]:8000" is every interface`)
 	f("redis: {address: '0.0.0.0:6379'}\n"+pod("h:1"), `redis.address = "0.0.0.0:6379" is every interface`)
-	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://0.0.0.0:5557'}]\n", `pods[0].kv_events = "tcp://0.0.0.0:5557" must be tcp://host:port`)
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://0.0.0.0:5557'}]\n", `pods[0].kv_events = "tcp://0.0.0.0:5557" is every interface, which is dialed as this machine (a pod's or server's host, e.g. tcp://10.0.0.5:5557)`)
+	// "*" is ZeroMQ's bind wildcard, as in vLLM's kv-events-config
+	// endpoint: never a host to dial.
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://*:5557'}]\n", `pods[0].kv_events = "tcp://*:5557" is every interface, a listen address, not one to dial (a pod's or server's host, e.g. tcp://10.0.0.5:5557)`)
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:5557', kv_replay: 'tcp://*:5558'}]\n", `pods[0].kv_replay = "tcp://*:5558" is every interface, a listen address, not one to dial (a pod's or server's host, e.g. tcp://10.0.0.5:5558)`)
+	f(pod("*:8000"), `pods[0].address = "*:8000" is every interface, a listen address, not one to dial (a pod's or server's host, e.g. 10.0.0.5:8000)`)
+	f(pod("http://*:8000"), `pods[0].address = "*:8000" is every interface, a listen address`)
+	f("redis: {address: '*:6379'}\n"+pod("h:1"), `redis.address = "*:6379" is every interface, a listen address, not one to dial`)
 	f(pod("h:0"), `pods[0].address = "h:0" needs a port`)
 	f(pod("h:65536"), `pods[0].address = "h:65536" has no valid port`)
 	f(pod("h:+80"), `pods[0].address = "h:+80" has no valid port`)
-	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://:5557'}]\n", `pods[0].kv_events = "tcp://:5557" must be tcp://host:port`)
+	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://:5557'}]\n", `pods[0].kv_events = "tcp://:5557" has no host (a pod's or server's, e.g. tcp://10.0.0.5:5557)`)
+	f("pods: [{model: m, address: 'h:1', kv_events: 'h:5557'}]\n", `pods[0].kv_events = "h:5557" must be tcp://host:port`)
+	f("pods: [{model: m, address: 'h:1', kv_replay: 'tcp://h:5558'}]\n", `pods[0].kv_replay = "tcp://h:5558" needs kv_events`)
 	f("redis: {address: ':6379'}\n"+pod("h:1"), `redis.address = ":6379" has no host`)
 	// A listen address may leave its host out: every interface.
 	c := Default()
