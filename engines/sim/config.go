@@ -12,6 +12,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/prompt"
+	"pdlb/internal/yamlkeys"
 )
 
 // Defaults of a pod's Config.
@@ -218,7 +219,7 @@ func (c Config) withDefaults() Config {
 // zero fields were filled (Start does both).
 func (c Config) Validate() error {
 	bad := func(field string, v any, why string) error {
-		return &fieldError{errConfig, field, strconv.Quote(fmt.Sprint(v)), why}
+		return &fieldError{errConfig, field, yamlkeys.Quote(v), why}
 	}
 	if c.Model == "" || len(c.Model) > maxModelNameLen || strings.ContainsAny(c.Model, "\"\\\n") {
 		return bad("model", c.Model, "must be 1 to 256 characters without quotes, backslashes or newlines")

@@ -31,14 +31,14 @@ func TestConfigValidate(t *testing.T) {
 	f(func(c *Config) { c.Model = `a"b` }, `model = "a\"b"`)
 	f(func(c *Config) { c.Engine = "tgi" }, `engine = "tgi"`)
 	f(func(c *Config) { c.Listen = "8000" }, `listen = "8000"`)
-	f(func(c *Config) { c.Speedup = -1 }, `speedup = "-1"`)
-	f(func(c *Config) { c.DefaultMaxTokens = -5 }, `default_max_tokens = "-5"`)
-	f(func(c *Config) { c.MaxModelLen = 1 << 30 }, `max_model_len = "1073741824" needs 16777216 KV blocks`)
+	f(func(c *Config) { c.Speedup = -1 }, `speedup = -1`)
+	f(func(c *Config) { c.DefaultMaxTokens = -5 }, `default_max_tokens = -5`)
+	f(func(c *Config) { c.MaxModelLen = 1 << 30 }, `max_model_len = 1073741824 needs 16777216 KV blocks`)
 	f(func(c *Config) { c.Tick = -time.Second }, `tick = "-1s"`)
 	f(func(c *Config) { c.Role = "both" }, `role = "both"`)
-	f(func(c *Config) { c.BootstrapPort = 70000 }, `bootstrap_port = "70000"`)
+	f(func(c *Config) { c.BootstrapPort = 70000 }, `bootstrap_port = 70000`)
 	f(func(c *Config) { c.KVXferListen = "9000" }, `kvxfer_listen = "9000"`)
-	f(func(c *Config) { c.KVScale = 2 }, `kv_scale = "2"`)
+	f(func(c *Config) { c.KVScale = 2 }, `kv_scale = 2`)
 	f(func(c *Config) { c.KVTimeout = -time.Second }, `kv_timeout = "-1s"`)
 	for _, role := range []string{RoleCombined, RolePrefill, RoleDecode} {
 		c := Config{Role: role}.withDefaults()
@@ -132,7 +132,9 @@ func TestParseFleetNamesValues(t *testing.T) {
 	}
 	f("pods:\n  - name: a\n  - name: b\n    engine: tgi\n", `sim: invalid fleet: pods[1].engine = "tgi" must be vllm, sglang or trtllm`)
 	f("defaults: {engine: tgi}\npods: [{name: a}]\n", `sim: invalid fleet: defaults.engine = "tgi" must be vllm, sglang or trtllm`)
-	f("defaults: {speedup: 2}\npods: [{name: a, speedup: -1}]\n", `sim: invalid fleet: pods[0].speedup = "-1" must be in (0, 1e6]`)
+	f("defaults: {speedup: 2}\npods: [{name: a, speedup: -1}]\n", `sim: invalid fleet: pods[0].speedup = -1 must be in (0, 1e6]`)
+	f("pods: [{name: a, tick: -1s}]\n", "sim: invalid fleet: pods[0].tick = \"-1s\" must be positive")
+	f("pods: [{name: a, kv_scale: 2}]\n", "sim: invalid fleet: pods[0].kv_scale = 2 must be in (0, 1]")
 	f("pods: [{name: a, physics: {block_size: -1}}]\n", "sim: invalid fleet: pods[0].physics.block_size = -1 must be positive")
 	f("defaults: {physics: {max_batch: -4}}\npods: [{name: a}]\n", "sim: invalid fleet: defaults.physics.max_batch = -4 must be positive")
 }
@@ -317,5 +319,5 @@ func TestFleetPublishesKVEvents(t *testing.T) {
 	}
 	f("pods:\n  - kv_replay: tcp://127.0.0.1:5558\n", `kv_replay = "tcp://127.0.0.1:5558" needs kv_events`)
 	f("pods:\n  - kv_events: 127.0.0.1:5557\n", `kv_events = "127.0.0.1:5557" must be tcp://host:port`)
-	f("pods:\n  - data_parallel_size: -1\n", `data_parallel_size = "-1" must be at least 1`)
+	f("pods:\n  - data_parallel_size: -1\n", "data_parallel_size = -1 must be at least 1")
 }

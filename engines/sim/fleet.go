@@ -233,10 +233,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 	var doc yaml.Node
 	_ = yaml.Unmarshal(data, &doc)
 	if path, written, why := yamlkeys.WrittenZero(&doc, reflect.TypeFor[fleetFile](), unsetZero); why != "" {
-		if s, ok := written.(string); ok {
-			written = strconv.Quote(s)
-		}
-		return FleetConfig{}, fmt.Errorf("%w: %s = %v %s", errFleet, path, written, why)
+		return FleetConfig{}, fmt.Errorf("%w: %s = %s %s", errFleet, path, yamlkeys.Quote(written), why)
 	}
 	// Pass two: each pod overlays the defaults, which overlay Physics'.
 	var nodes struct {

@@ -9,8 +9,8 @@ package sim
 
 import (
 	"errors"
-	"fmt"
 
+	"pdlb/internal/yamlkeys"
 	"pdlb/kvxfer"
 )
 
@@ -84,7 +84,7 @@ var errPhysics = errors.New("sim: invalid physics")
 // Validate rejects values the model cannot run with, naming the field.
 func (p Physics) Validate() error {
 	bad := func(field string, v any, why string) error {
-		return &fieldError{errPhysics, field, fmt.Sprint(v), why}
+		return &fieldError{errPhysics, field, yamlkeys.Quote(v), why}
 	}
 	const positive, notNegative = "must be positive", "must not be negative"
 	switch {

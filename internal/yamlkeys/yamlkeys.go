@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -206,8 +207,8 @@ var index = regexp.MustCompile(`\[[0-9]+\]`)
 // its field's zero value where why, given the key's path with [] for
 // each index ("pods[].weight"), says why a 0 there is refused: a setting
 // whose 0 a loader takes for unset and replaces with its default. It
-// returns the key's path ("pods[2].weight"), the value as written (a
-// duration as its String) and why; reason is "" when there is none.
+// returns the key's path ("pods[2].weight"), the value as written and
+// why; reason is "" when there is none.
 func WrittenZero(doc *yaml.Node, root reflect.Type, why func(path string) string) (path string, value any, reason string) {
 	Walk(doc, root, "", func(p string, _, v *yaml.Node, ft reflect.Type, _ map[string]reflect.Type) {
 		if reason != "" || ft == nil {
@@ -222,9 +223,6 @@ func WrittenZero(doc *yaml.Node, root reflect.Type, why func(path string) string
 			return
 		}
 		path, value, reason = p, z.Elem().Interface(), r
-		if d, ok := value.(time.Duration); ok {
-			value = d.String()
-		}
 	})
 	return path, value, reason
 }
@@ -235,4 +233,16 @@ func Join(path, name string) string {
 		return name
 	}
 	return path + "." + name
+}
+
+// Quote is v as an error naming its key shows it: what YAML writes as a
+// string (a string, a duration: "30s") quoted, a number or list as %v.
+func Quote(v any) string {
+	if d, ok := v.(time.Duration); ok {
+		return strconv.Quote(d.String())
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.String {
+		return strconv.Quote(rv.String())
+	}
+	return fmt.Sprint(v)
 }

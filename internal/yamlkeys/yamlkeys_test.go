@@ -37,3 +37,21 @@ func TestNameErrors(t *testing.T) {
 	f("every: 5\n", "every: cannot unmarshal !!int `5` into time.Duration (line 1); a duration has a unit, e.g. 30s or 1m")
 	f("colour: red\n", "colour: unknown field (line 1)")
 }
+
+// TestQuote: what YAML writes as a string is quoted, a number is not,
+// as lb/config's and fleet files' errors show values.
+func TestQuote(t *testing.T) {
+	type kind string
+	f := func(v any, want string) {
+		t.Helper()
+		if got := Quote(v); got != want {
+			t.Errorf("Quote(%#v) = %s, want %s", v, got, want)
+		}
+	}
+	f("a\"b", `"a\"b"`)
+	f(kind("tgi"), `"tgi"`)
+	f(-time.Second, `"-1s"`)
+	f(-1.5, "-1.5")
+	f(70000, "70000")
+	f([]string{"x"}, "[x]")
+}

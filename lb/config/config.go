@@ -453,16 +453,7 @@ func Default() Config {
 var ErrInvalid = errors.New("config: invalid")
 
 func invalid(field string, value any, why string) error {
-	return fmt.Errorf("%w: %s = %s %s", ErrInvalid, field, quote(value), why)
-}
-
-func quote(v any) string {
-	switch v := v.(type) {
-	case string:
-		return strconv.Quote(v)
-	default:
-		return fmt.Sprintf("%v", v)
-	}
+	return fmt.Errorf("%w: %s = %s %s", ErrInvalid, field, yamlkeys.Quote(value), why)
 }
 
 // Load reads a YAML file over the defaults. Unknown fields are errors, so a
@@ -571,14 +562,14 @@ func (c Config) Validate() error {
 		return err
 	}
 	if c.Admin != "" && overlap(c.Listen, c.Admin) {
-		return invalid("admin", c.Admin, "shares its port with listen ("+quote(c.Listen)+"): the listeners bind with SO_REUSEPORT, so the API's connections would go to the admin listener")
+		return invalid("admin", c.Admin, "shares its port with listen ("+yamlkeys.Quote(c.Listen)+"): the listeners bind with SO_REUSEPORT, so the API's connections would go to the admin listener")
 	}
 	if err := checkAddr("metrics", c.Metrics, true); err != nil {
 		return err
 	}
 	for _, other := range []struct{ name, addr string }{{"listen", c.Listen}, {"admin", c.Admin}} {
 		if c.Metrics != "" && other.addr != "" && overlap(other.addr, c.Metrics) {
-			return invalid("metrics", c.Metrics, "shares its port with "+other.name+" ("+quote(other.addr)+"): the listeners bind with SO_REUSEPORT, so one would get the other's connections")
+			return invalid("metrics", c.Metrics, "shares its port with "+other.name+" ("+yamlkeys.Quote(other.addr)+"): the listeners bind with SO_REUSEPORT, so one would get the other's connections")
 		}
 	}
 	if c.Frontend != "fasthttp" && c.Frontend != "gnet" {
@@ -615,11 +606,11 @@ func (c Config) Validate() error {
 		{"health.ejection_time", c.Health.EjectionTime},
 	} {
 		if d.v <= 0 {
-			return invalid(d.field, d.v.String(), "must be positive")
+			return invalid(d.field, d.v, "must be positive")
 		}
 	}
 	if c.Health.MetricsInterval < 0 {
-		return invalid("health.metrics_interval", c.Health.MetricsInterval.String(), "must not be negative (0 turns scraping off)")
+		return invalid("health.metrics_interval", c.Health.MetricsInterval, "must not be negative (0 turns scraping off)")
 	}
 	if c.Upstream.Retries < 0 {
 		return invalid("upstream.retries", c.Upstream.Retries, "must not be negative")
@@ -754,7 +745,7 @@ func (c Config) Validate() error {
 		if j, dup := endpoints[p.Endpoint()]; dup {
 			q := c.Pods[j]
 			return invalid(field+".address", p.Address, fmt.Sprintf("is also the address of pods[%d] (%s, model %s): one engine is one entry; list its LoRA adapters in adapters and its other model names in aliases",
-				j, quote(cmp.Or(q.Name, q.Address)), quote(q.Model)))
+				j, yamlkeys.Quote(cmp.Or(q.Name, q.Address)), yamlkeys.Quote(q.Model)))
 		}
 		endpoints[p.Endpoint()] = i
 	}

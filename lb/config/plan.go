@@ -101,9 +101,9 @@ func (p Plan) Validate() error {
 	case p.DecodeMaxBatch < 1:
 		return invalid("plan.decode_max_batch", p.DecodeMaxBatch, "must be at least 1")
 	case p.SwitchTimeout <= 0:
-		return invalid("plan.switch_timeout", p.SwitchTimeout.String(), "must be positive")
+		return invalid("plan.switch_timeout", p.SwitchTimeout, "must be positive")
 	case p.Webhook.Timeout <= 0:
-		return invalid("plan.webhook.timeout", p.Webhook.Timeout.String(), "must be positive")
+		return invalid("plan.webhook.timeout", p.Webhook.Timeout, "must be positive")
 	case p.Webhook.Retries < 0:
 		return invalid("plan.webhook.retries", p.Webhook.Retries, "must not be negative")
 	}

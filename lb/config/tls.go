@@ -88,7 +88,7 @@ func (t TLS) Validate() error {
 	if t.TicketRotation <= 0 {
 		// A ticket key that never changes decrypts every session it
 		// resumed once stolen: there is no "off".
-		return invalid("tls.ticket_rotation", t.TicketRotation.String(), "must be positive: the ticket key must change (default "+DefaultTicketRotation.String()+")")
+		return invalid("tls.ticket_rotation", t.TicketRotation, "must be positive: the ticket key must change (default "+DefaultTicketRotation.String()+")")
 	}
 	if t.Admin && !t.Enabled() && len(t.AdminCertificates) == 0 {
 		return invalid("tls.admin", t.Admin, "needs tls.certificates or tls.admin_certificates")
