@@ -80,31 +80,53 @@ type Model struct {
 // was configured, so chat requests cannot be rendered as the engine would.
 var ErrNoTemplate = errors.New("prompt: the tokenizer has no chat template and none is configured (chat_template)")
 
+// SettingError is a Config that does not load, by the setting at fault
+// as config files spell it (tokenizer, chat_template or
+// chat_template_kwargs), so that a loader can name where it was written.
+// Its text is Err's.
+type SettingError struct {
+	Setting string
+	Err     error
+}
+
+func (e *SettingError) Error() string { return e.Err.Error() }
+
+func (e *SettingError) Unwrap() error { return e.Err }
+
 // Load reads the tokenizer and compiles the chat template of c. It returns
 // nil and no error when c names no tokenizer (the stand-in). A model whose
 // tokenizer has no template still encodes completions; its chat requests
-// fail with ErrNoTemplate.
+// fail with ErrNoTemplate. Its errors are *SettingError.
 func Load(c Config) (*Model, error) {
+	// A template comes from chat_template, else from the tokenizer's files.
+	tmplSetting := "tokenizer"
+	if c.ChatTemplate != "" {
+		tmplSetting = "chat_template"
+	}
 	if c.Tokenizer == "" {
 		if c.ChatTemplate != "" || len(c.ChatTemplateKwargs) > 0 {
-			return nil, errors.New("prompt: chat_template and chat_template_kwargs need a tokenizer (the stand-in has no template)")
+			setting := "chat_template_kwargs"
+			if c.ChatTemplate != "" {
+				setting = tmplSetting
+			}
+			return nil, &SettingError{setting, errors.New("prompt: chat_template and chat_template_kwargs need a tokenizer (the stand-in has no template)")}
 		}
 		return nil, nil
 	}
 	tok, err := hf.Load(c.Tokenizer)
 	if err != nil {
-		return nil, err
+		return nil, &SettingError{"tokenizer", err}
 	}
 	src := tok.ChatTemplate()
 	if c.ChatTemplate != "" {
 		if src, err = templateText(c.ChatTemplate); err != nil {
-			return nil, err
+			return nil, &SettingError{tmplSetting, err}
 		}
 	}
 	m := &Model{dir: c.Tokenizer, tok: tok, kwargs: c.ChatTemplateKwargs, inline: c.InlineSystem}
 	if src != "" {
 		if m.tmpl, err = chat.Compile(src, tok.SpecialTokens()); err != nil {
-			return nil, fmt.Errorf("prompt: chat template of %s: %w", c.Tokenizer, err)
+			return nil, &SettingError{tmplSetting, fmt.Errorf("prompt: chat template of %s: %w", c.Tokenizer, err)}
 		}
 		m.tmpl.Warm(c.ChatTemplateKwargs)
 	}

@@ -13,6 +13,7 @@ import (
 	"pdlb/engines"
 	chatpkg "pdlb/engines/chat"
 	"pdlb/engines/vllm"
+	"pdlb/internal/tokfiles"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -137,6 +138,19 @@ func TestParseFleetNamesValues(t *testing.T) {
 	f("pods: [{name: a, kv_scale: 2}]\n", "sim: invalid fleet: pods[0].kv_scale = 2 must be in (0, 1]")
 	f("pods: [{name: a, physics: {block_size: -1}}]\n", "sim: invalid fleet: pods[0].physics.block_size = -1 must be positive")
 	f("defaults: {physics: {max_batch: -4}}\npods: [{name: a}]\n", "sim: invalid fleet: defaults.physics.max_batch = -4 must be positive")
+	// The KV-event publisher's settings and the tokenizer's alike.
+	f("pods: [{name: a, kv_events: 'tcp://h'}]\n", `sim: invalid fleet: pods[0].kv_events = "tcp://h" must be tcp://host:port`)
+	f("defaults: {kv_events: 'tcp://h:70000'}\npods: [{name: a}]\n", `sim: invalid fleet: defaults.kv_events = "tcp://h:70000" must be tcp://host:port`)
+	f("pods: [{name: a, kv_events: 'tcp://h:1', kv_replay: 'h:2'}]\n", `sim: invalid fleet: pods[0].kv_replay = "h:2" must be tcp://host:port`)
+	f("defaults: {kv_replay: 'tcp://h:1'}\npods: [{name: a}]\n", `sim: invalid fleet: defaults.kv_replay = "tcp://h:1" needs kv_events`)
+	f("defaults: {kv_events: 'tcp://h:65000'}\npods: [{name: a, data_parallel_size: 600}]\n",
+		"sim: invalid fleet: pods[0].data_parallel_size = 600 puts the replay socket on port 65600 (kv_events' port + 600), past 65535: set kv_replay")
+	f("pods: [{name: a, tokenizer: /nonexistent}]\n", `sim: invalid fleet: pods[0].tokenizer = "/nonexistent" cannot be loaded: hf: open /nonexistent/tokenizer.json`)
+	f("defaults: {chat_template: '{{ x }}'}\npods: [{name: a}]\n", `sim: invalid fleet: defaults.chat_template = "{{ x }}" cannot be loaded: prompt: chat_template and chat_template_kwargs need a tokenizer`)
+	f("pods: [{name: a, chat_template_kwargs: {enable_thinking: false}}]\n", `sim: invalid fleet: pods[0].chat_template_kwargs = map[enable_thinking:false] cannot be loaded`)
+	dir := tokfiles.Dir(t, "qwen3")
+	f("defaults: {tokenizer: "+dir+"}\npods: [{name: a, chat_template: /nonexistent.jinja}]\n", `sim: invalid fleet: pods[0].chat_template = "/nonexistent.jinja" cannot be loaded: prompt: chat_template: open /nonexistent.jinja`)
+	f("pods: [{name: a, tokenizer: "+dir+", chat_template: '{% for %}'}]\n", `sim: invalid fleet: pods[0].chat_template = "{% for %}" cannot be loaded: prompt: chat template of`)
 }
 
 // TestFleetZeroIsNotSilentlyDefault: a pod setting whose 0 the pod takes

@@ -267,7 +267,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		c := pf.config().withDefaults()
 		var err error
 		if c.Prompt, err = prompts.Load(prompt.Config{Tokenizer: pf.Tokenizer, ChatTemplate: pf.ChatTemplate, ChatTemplateKwargs: pf.ChatTemplateArgs}); err != nil {
-			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, err)
+			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, promptError(pf, err))
 		}
 		if err := c.Validate(); err != nil {
 			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, err)
@@ -290,33 +290,66 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 	return fc, nil
 }
 
+// promptError is err, from loading pf's tokenizer and chat template, as
+// a fieldError of the setting at fault.
+func promptError(pf podFile, err error) error {
+	var se *prompt.SettingError
+	if !errors.As(err, &se) {
+		return err
+	}
+	var v any
+	switch se.Setting {
+	case "tokenizer":
+		v = pf.Tokenizer
+	case "chat_template":
+		v = pf.ChatTemplate
+	case "chat_template_kwargs":
+		v = pf.ChatTemplateArgs
+	}
+	return &fieldError{errConfig, se.Setting, yamlkeys.Quote(v), "cannot be loaded: " + se.Err.Error()}
+}
+
 // publisherOf is the KV-event publisher a pod of engine and ranks asks for
 // with kv_events and kv_replay, publishing as that engine does; the replay
 // socket defaults to the port after the ranks' PUB ports, as vLLM's 5557
-// and 5558 for one rank.
+// and 5558 for one rank. Its errors are fieldErrors.
 func publisherOf(p podFile, engine engines.Kind, ranks int) (vllm.PublisherConfig, error) {
+	bad := func(key string, v any, why string) error {
+		return &fieldError{errConfig, key, yamlkeys.Quote(v), why}
+	}
 	if p.KVEvents == "" {
 		if p.KVReplay != "" {
-			return vllm.PublisherConfig{}, fmt.Errorf("kv_replay = %q needs kv_events", p.KVReplay)
+			return vllm.PublisherConfig{}, bad("kv_replay", p.KVReplay, "needs kv_events")
 		}
 		return vllm.PublisherConfig{}, nil
 	}
 	c := vllm.PublisherConfig{Endpoint: p.KVEvents, ReplayEndpoint: p.KVReplay, Engine: engine}
-	if c.ReplayEndpoint == "" {
-		host, port, err := net.SplitHostPort(strings.TrimPrefix(p.KVEvents, "tcp://"))
-		n, perr := strconv.Atoi(port)
-		if err != nil || perr != nil || !strings.HasPrefix(p.KVEvents, "tcp://") {
-			return c, fmt.Errorf("kv_events = %q must be tcp://host:port", p.KVEvents)
+	host, port, ok := splitEndpoint(p.KVEvents)
+	switch {
+	case !ok:
+		return c, bad("kv_events", p.KVEvents, "must be tcp://host:port")
+	case p.KVReplay != "":
+		if _, _, ok := splitEndpoint(p.KVReplay); !ok {
+			return c, bad("kv_replay", p.KVReplay, "must be tcp://host:port")
 		}
-		if n != 0 {
-			n += ranks
+	case port != 0 && port+ranks > 65535:
+		return c, bad("data_parallel_size", ranks, fmt.Sprintf("puts the replay socket on port %d (kv_events' port + %d), past 65535: set kv_replay", port+ranks, ranks))
+	default:
+		if port != 0 { // else both pick a free port
+			port += ranks
 		}
-		c.ReplayEndpoint = "tcp://" + net.JoinHostPort(host, strconv.Itoa(n))
-	}
-	if err := c.Validate(); err != nil {
-		return c, fmt.Errorf("kv_events: %w", err)
+		c.ReplayEndpoint = "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
 	}
 	return c, nil
+}
+
+// splitEndpoint splits tcp://host:port, whose port is 0 (a free one) to
+// 65535.
+func splitEndpoint(ep string) (host string, port int, ok bool) {
+	hostPort, ok := strings.CutPrefix(ep, "tcp://")
+	host, p, err := net.SplitHostPort(hostPort)
+	port, perr := strconv.Atoi(p)
+	return host, port, ok && err == nil && perr == nil && port >= 0 && port <= 65535
 }
 
 // hasZeroPort reports a listen address that picks a free port, which any
