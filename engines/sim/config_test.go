@@ -172,6 +172,12 @@ func TestFleetZeroIsNotSilentlyDefault(t *testing.T) {
 	f("pods: [{name: a, kv_timeout: 0s}]\n", `pods[0].kv_timeout = "0s" must be positive (leave it out for 8m0s)`)
 	f("pods: [{name: a, data_parallel_size: 0}]\n", "pods[0].data_parallel_size = 0 must be at least 1 (leave it out for 1)")
 	f("pods: [{name: a, max_loras: 0}]\n", "pods[0].max_loras = 0 must be positive (leave it out for 1)")
+	// So is a written "" that takes a default.
+	f("pods: [{name: a, model: ''}]\n", `sim: invalid fleet: pods[0].model = "" must name a model (leave it out for "sim-model")`)
+	f("defaults: {engine: ''}\npods: [{name: a}]\n", `sim: invalid fleet: defaults.engine = "" must be vllm, sglang or trtllm (leave it out for vllm)`)
+	f("pods: [{name: a, role: ''}]\n", `sim: invalid fleet: pods[0].role = "" must be combined, prefill or decode (leave it out for combined)`)
+	f("pods: [{name: a, listen: ''}]\n", `sim: invalid fleet: pods[0].listen = "" must be host:port (leave it out for "127.0.0.1:0")`)
+	f("pods: [{name: a}, {name: ''}]\n", `sim: invalid fleet: pods[1].name = "" must name the pod (leave it out for "pod-" and its index)`)
 	// 0 means something for these: it is kept.
 	fc, err := ParseFleet([]byte("pods: [{name: a, seed: 0, hash_seed: 0, bootstrap_port: 0}]\n"))
 	if err != nil || fc.Pods[0].BootstrapPort != 0 {

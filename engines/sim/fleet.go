@@ -22,8 +22,9 @@ import (
 
 // A fleet file lists simulated pods. Every pod starts from the defaults
 // section and overrides what it sets; what neither sets takes Config's
-// defaults. Unknown fields are errors, and so is a 0 that would take a
-// default (fleetZeros); errors name the setting by its path in the file.
+// defaults. Unknown fields are errors, and so is a 0 or "" that would
+// take a default (fleetZeros); errors name the setting by its path in the
+// file.
 // Example (testdata/fleet.yaml):
 //
 //	defaults:
@@ -151,10 +152,15 @@ type FleetConfig struct {
 
 var errFleet = errors.New("sim: invalid fleet")
 
-// fleetZeros are the pod settings whose 0 withDefaults takes for unset, by
-// key: written in a fleet file, the pod would silently run at the
-// default, so it is refused, saying why.
+// fleetZeros are the pod settings whose 0 or "" ParseFleet and
+// withDefaults take for unset, by key: written in a fleet file, the pod
+// would silently run at the default, so it is refused, saying why.
 var fleetZeros = map[string]string{
+	"name":               `must name the pod (leave it out for "pod-" and its index)`,
+	"model":              fmt.Sprintf("must name a model (leave it out for %q)", DefaultModel),
+	"engine":             fmt.Sprintf("must be vllm, sglang or trtllm (leave it out for %s)", engines.VLLM),
+	"role":               fmt.Sprintf("must be combined, prefill or decode (leave it out for %s)", DefaultRole),
+	"listen":             fmt.Sprintf("must be host:port (leave it out for %q)", DefaultListen),
 	"speedup":            fmt.Sprintf("must be positive (leave it out for %g)", DefaultSpeedup),
 	"default_max_tokens": fmt.Sprintf("must be at least 1 (leave it out for %d)", DefaultMaxTokens),
 	"max_model_len":      fmt.Sprintf("must be at least 2 (leave it out for %d)", DefaultMaxModelLen),
