@@ -14,6 +14,7 @@ import (
 	"pdlb/engines/vllm"
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/lb/route"
 )
 
 // demoFleet is the simulated fleet of `pdlb demo`: one model per engine so
@@ -52,7 +53,7 @@ in one process, and prints how to use it. Stop it with Ctrl-C.`, stdout)
 	)
 	gf.register(fs.FlagSet, false)
 	fs.Float64Var(&speedup, "speedup", 1, "how much faster than real time the simulated pods run")
-	fs.StringVar(&policy, "policy", "", "routing policy of every demo model (default: the gateway's default)")
+	fs.StringVar(&policy, "policy", "", "routing policy of every demo model: "+strings.Join(route.Names(), ", ")+" (default "+config.DefaultPolicy+")")
 	fs.StringVar(&tokenizer, "tokenizer", "", "a Hugging Face tokenizer directory every demo model uses, pods and gateway alike, the vLLM pods publishing KV events in its ids (default: the stand-in)")
 	fs.BoolVar(&withTLS, "tls", false, "serve the API over TLS (and HTTP/2) with a certificate for localhost from a CA made for the run")
 	if err := fs.Parse(args); err != nil {

@@ -19,7 +19,8 @@ func cmdFleet(args []string, stdout io.Writer) error {
 	fs := newFlagSet("fleet", "--config FILE [--speedup X]",
 		`Starts the simulated engine pods a fleet file lists (format: engines/sim
 fleet.go; example: engines/sim/testdata/fleet.yaml), prints each pod's name,
-model, engine and address, and serves until SIGINT or SIGTERM.`, stdout)
+model, engine, address, speedup and KV-event endpoint, and serves until
+SIGINT or SIGTERM.`, stdout)
 	var (
 		path    string
 		speedup float64

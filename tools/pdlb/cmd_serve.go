@@ -53,7 +53,7 @@ func (f *gatewayFlags) register(fs *flag.FlagSet, withConfig bool) {
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve the API over TLS with this PEM certificate chain (with --tls-key; reloaded on SIGHUP and when it changes)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
-	fs.DurationVar(&f.delay, "shutdown-delay", 0, "on SIGINT/SIGTERM, how long to go on serving first with /ready answering 503 and each answer closing its connection, so balancers and Kubernetes endpoints move clients away (a second signal ends it)")
+	fs.DurationVar(&f.delay, "shutdown-delay", 0, "on SIGINT/SIGTERM, how long to go on serving first with /ready answering 503 and each answer closing its connection, so balancers and Kubernetes endpoints move clients away (default 0s: none; a second signal ends it)")
 }
 
 // check refuses what the flags cannot mean: a negative wait would pass

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"pdlb/lb/config"
+	"pdlb/lb/route"
 )
 
 // TestFlagErrors: a bad flag is reported once, on stderr, followed by the
@@ -100,6 +103,47 @@ func TestUsageAligned(t *testing.T) {
 		}
 		if at != col {
 			t.Errorf("%s's summary starts at column %d, the others' at %d:\n%s", c.name, at, col, out.String())
+		}
+	}
+}
+
+// TestHelpShowsDefaults: the help of the commands that run a gateway or
+// pods says what leaving out a number or duration flag gives, which Go
+// prints only when it is not 0: a 0 is a setting too (no drain, no
+// limit), which a flag of a string or a bool is not.
+func TestHelpShowsDefaults(t *testing.T) {
+	for _, cmd := range []string{"serve", "demo", "fleet"} {
+		var stdout, stderr bytes.Buffer
+		run([]string{cmd, "--help"}, &stdout, &stderr)
+		lines := strings.Split(stdout.String(), "\n")
+		for i, l := range lines[:len(lines)-1] {
+			name, ok := strings.CutPrefix(l, "  -")
+			name, typ, _ := strings.Cut(name, " ")
+			if ok && (typ == "duration" || typ == "int" || typ == "float") && !strings.Contains(lines[i+1], "default") {
+				t.Errorf("pdlb %s --%s (%s): its help says no default:\n%s", cmd, name, typ, lines[i+1])
+			}
+		}
+	}
+}
+
+// TestHelpNamesChoices: demo's --policy names the default and the
+// choices, and fleet's help names every column it prints.
+func TestHelpNamesChoices(t *testing.T) {
+	help := func(cmd string) string {
+		var stdout, stderr bytes.Buffer
+		run([]string{cmd, "--help"}, &stdout, &stderr)
+		return stdout.String()
+	}
+	demo := help("demo")
+	for _, want := range append(route.Names(), "(default "+config.DefaultPolicy) {
+		if !strings.Contains(demo, want) {
+			t.Errorf("pdlb demo --help does not name %q:\n%s", want, demo)
+		}
+	}
+	fleet := help("fleet")
+	for _, want := range []string{"name", "model", "engine", "address", "speedup", "KV-event endpoint"} {
+		if !strings.Contains(fleet, want) {
+			t.Errorf("pdlb fleet --help does not name %q:\n%s", want, fleet)
 		}
 	}
 }
