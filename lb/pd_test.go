@@ -430,24 +430,12 @@ func TestPDPrefillKilledFailsFast(t *testing.T) {
 			if err := pre.Kill(); err != nil {
 				t.Fatal(err)
 			}
+			// The decode pod may fail the stream it opened before the
+			// prefill leg's refusal is known: the refusal is the answer
+			// still (TestPDPrefillFailsAfterDecodeAnswer).
 			resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
-			// SGLang's legs go out together, and its decode pod answers a
-			// stream's 200 before the KV comes: when that 200 wins the
-			// race with the prefill leg's refused dial, the stream ends
-			// with the failed transfer's error event instead.
-			midStream := e.engine == engines.SGLang && resp.StatusCode == http.StatusOK &&
-				strings.Contains(b, `"error"`) && strings.Contains(b, "KV transfer")
-			if !midStream && (resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true") {
+			if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
 				t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
-			}
-			if midStream {
-				// Its prefill leg, given up as the stream ended, may not
-				// have dialed the dead pod at all: then the next request
-				// does, and fails fast; else the pod is out already.
-				resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", false, 8))
-				if resp.StatusCode != http.StatusServiceUnavailable && (resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true") {
-					t.Fatalf("after a stream that failed mid-way: %d %v %s", resp.StatusCode, resp.Header, b)
-				}
 			}
 			// The refusal took the prefill pod out: the next request is
 			// not sent to it.
@@ -461,6 +449,37 @@ func TestPDPrefillKilledFailsFast(t *testing.T) {
 			ledgerSettles(t, s)
 		})
 	}
+}
+
+// TestPDPrefillFailsAfterDecodeAnswer: a generation_first decode pod
+// fails the stream it opened as soon as the KV transfer is refused, an
+// instant before the prefill leg fails on the same dead pod. TensorRT-LLM's
+// own disaggregated server answers such a stream only once its context leg
+// succeeded (openai_disagg_service.py, _send_disagg_request_gen_first), so
+// the client gets the prefill's error, not the decode pod's error event.
+func TestPDPrefillFailsAfterDecodeAnswer(t *testing.T) {
+	e := pdEngines[3]
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	info := fmt.Sprintf(`{"disaggregated_params":{"ctx_info_endpoint":"tcp://%s","ctx_dp_rank":0}}`, deadAddr(t))
+	preAddr := fakePod(t, func(c net.Conn, r *http.Request) {
+		if r.URL.Path == "/server_info" {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(info), info)
+			return
+		}
+		// The context leg fails, closed unanswered, once the decode pod
+		// found its KV unreachable.
+		for deadline := time.Now().Add(testwait.Timeout); dec.Stats().KVPullFailures == 0 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	})
+	pre := pdPod(dec, preAddr, "rs0")
+	pre.Name, pre.Role = "pre", sim.RolePrefill
+	s := pdGateway(t, e, []config.Pod{pre, pdPod(dec, dec.Addr(), "rs0")}, nil)
+	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
+	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	ledgerSettles(t, s)
 }
 
 // stallProxy stands in front of addr: it relays requests whole, and of

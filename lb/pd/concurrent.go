@@ -12,8 +12,8 @@ import (
 	"pdlb/ledger"
 )
 
-// prefillGrace is how long a concurrent decode leg's error answer waits
-// for the prefill leg's outcome.
+// prefillGrace is how long a concurrent decode leg's answer waits for
+// the prefill leg's outcome.
 const prefillGrace = 250 * time.Millisecond
 
 // runConcurrent sends both legs at once and waits for the one that
@@ -56,9 +56,13 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 				watchdog = t.C
 			}
 		case err := <-l.DecDone:
-			if err == nil && resp.StatusCode() != fasthttp.StatusOK && preDone != nil {
-				// A decode leg whose KV never came fails too: when the
-				// prefill leg fails within moments, it names the cause.
+			if err == nil && preDone != nil {
+				// A decode leg whose KV never came fails too, with an
+				// error status or, past a stream's head, an error event:
+				// when the prefill leg fails within moments, it names the
+				// cause, as TensorRT-LLM's disaggregated server relays a
+				// generation_first stream only once its context leg
+				// answered.
 				select {
 				case f := <-preDone:
 					preDone = nil
@@ -72,8 +76,10 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 						return c.dropPair(nil, f)
 					}
 				case <-time.After(prefillGrace):
-					// A decode pod that answered an error takes no KV.
-					c.abandonPrefill()
+					if resp.StatusCode() != fasthttp.StatusOK {
+						// A decode pod that answered an error takes no KV.
+						c.abandonPrefill()
+					}
 				}
 			}
 			if err == nil {
