@@ -1,9 +1,11 @@
 package lb_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 )
 
@@ -59,10 +62,53 @@ func TestMessagesConversation(t *testing.T) {
 		}
 		msgs = append(msgs, fmt.Sprintf(`{"role":"assistant","content":[{"type":"text","text":%q}]}`, a.Content[0].Text))
 	}
-	// A stream, from a pod slow enough that its tokens come apart.
-	s = testGateway(t, podsOf("m", testFleet(t, "m", 1, 20)...), nil)
+	// A stream whose tokens come apart: the sim pod's own answer, replayed
+	// by a pod that holds what follows the first text until the client
+	// read it (the sim's later tokens may reach a lagging relay in one
+	// read with the first, which times them all at once).
+	streamBody := `{"model":"m","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	resp, err := client.Post("http://"+testFleet(t, "m", 1, 1000)[0].Addr()+"/v1/messages", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	const firstText = `"text_delta"`
+	cut := bytes.Index(direct, []byte(firstText))
+	if cut < 0 {
+		t.Fatalf("the sim pod's stream has no text: %s", direct)
+	}
+	cut += bytes.Index(direct[cut:], []byte("\n\n")) + 2
+	firstRead := make(chan struct{})
+	replay := fakePod(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nConnection: close\r\n\r\n%s", direct[:cut])
+		select {
+		case <-firstRead:
+		case <-time.After(testwait.Timeout):
+		}
+		_, _ = c.Write(direct[cut:])
+	})
+	s = testGateway(t, []config.Pod{{Name: "replay", Model: "m", Address: replay}}, nil)
 	before := metricValue(t, s, `pdlb_completion_tokens_total{model="m"}`)
-	resp, b := post(t, s, "/v1/messages", `{"model":"m","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	resp, err = client.Post("http://"+s.Addr()+"/v1/messages", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	seen := false
+	for br := bufio.NewReader(resp.Body); ; {
+		line, err := br.ReadBytes('\n')
+		got.Write(line)
+		if !seen && bytes.Contains(line, []byte(firstText)) {
+			seen = true
+			close(firstRead)
+		}
+		if err != nil {
+			break
+		}
+	}
+	resp.Body.Close()
+	b := got.String()
 	if resp.StatusCode != 200 || !strings.HasPrefix(b, "event: message_start\n") || !strings.HasSuffix(b, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n") {
 		t.Fatalf("stream: %d %s", resp.StatusCode, b)
 	}
