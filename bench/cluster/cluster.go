@@ -247,7 +247,7 @@ func (r *run) arrive(a *Arrival) {
 		r.place(a, i, a.Time)
 		return
 	}
-	switch r.ctrl.Decide(a.Class, id, a.Time, ttft, 0).Action {
+	switch r.ctrl.Decide(a.Class, "", id, a.Time, ttft, 0).Action {
 	case admit.Admit:
 		r.place(a, i, a.Time)
 	case admit.Reject:

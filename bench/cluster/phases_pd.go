@@ -409,7 +409,7 @@ func (r *pdRun) arrive(a *Arrival) {
 
 	if r.ctrl != nil {
 		ttft, tpot := r.predict(&req, pc, dp)
-		if r.ctrl.Decide(a.Class, uint64(len(r.reqs)+1), r.now, ttft, tpot).Action != admit.Admit {
+		if r.ctrl.Decide(a.Class, "", uint64(len(r.reqs)+1), r.now, ttft, tpot).Action != admit.Admit {
 			ps.rejected++
 			return
 		}

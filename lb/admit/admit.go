@@ -152,6 +152,7 @@ type Verdict struct {
 type Deferred struct {
 	ID    uint64  // the caller's request id
 	Class Class   // its priority class
+	Lane  string  // the lane it waits in (see Controller)
 	Since float64 // when it arrived, on the caller's clock (seconds)
 }
 
@@ -179,9 +180,12 @@ func (s ClassStats) Attainment() float64 {
 // Controller makes admission decisions. All methods are safe for concurrent
 // use and allocate nothing. Decide needs no lock (counters are atomic); the
 // deferral queue is a fixed ring behind a mutex held for a few instructions.
-// The queue is drained by one goroutine at a time (Expired, Head, Retry),
-// typically whenever a pod finishes a prefill, because that is when a
-// prediction can clear.
+//
+// The queue is first come, first served within a lane (the gateway's lanes
+// are its models): a deferred request is retried (Retry) only once it is
+// the oldest of its lane (First), so a lane whose pods are overloaded does
+// not hold up another's requests, whose predictions come from other pods.
+// The deferral queue's bound and the max waits are the queue's as a whole.
 //
 // Times are seconds on the caller's clock: wall time in the gateway,
 // virtual time in bench/cluster.
@@ -193,6 +197,16 @@ type Controller struct {
 	ring  []Deferred
 	head  int
 	count int
+	// lanes holds each lane with a request in the ring: its oldest entry
+	// and how many it has. At most one a ring slot, so it never grows
+	// past its first capacity.
+	lanes []lane
+}
+
+// lane is one lane's place in the deferral queue.
+type lane struct {
+	first Deferred // its oldest entry
+	n     int      // its entries in the ring
 }
 
 type classCounters struct {
@@ -204,7 +218,7 @@ func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Controller{cfg: cfg, ring: make([]Deferred, cfg.DeferQueue)}, nil
+	return &Controller{cfg: cfg, ring: make([]Deferred, cfg.DeferQueue), lanes: make([]lane, 0, cfg.DeferQueue)}, nil
 }
 
 // Config returns the controller's configuration.
@@ -220,9 +234,10 @@ func (c *Controller) fits(class Class, waited, ttft, tpot float64) bool {
 // Decide admits, defers or rejects a newly arrived request of class, whose
 // id the caller chose, given the predicted TTFT and TPOT (seconds) on the
 // pod the router picked. A Defer verdict means the request is now in the
-// deferral queue; a request the full queue cannot take is rejected.
-func (c *Controller) Decide(class Class, id uint64, now, ttft, tpot float64) Verdict {
-	v := c.Judge(class, id, now, ttft, tpot)
+// deferral queue, in lane; a request the full queue cannot take is
+// rejected.
+func (c *Controller) Decide(class Class, lane string, id uint64, now, ttft, tpot float64) Verdict {
+	v := c.Judge(class, lane, id, now, ttft, tpot)
 	if v.Action == Reject {
 		c.Rejected(class)
 	}
@@ -233,13 +248,13 @@ func (c *Controller) Decide(class Class, id uint64, now, ttft, tpot float64) Ver
 // decided anew elsewhere (the gateway's fallback model): it leaves the
 // rejection uncounted, for Rejected to count once it stands, so that a
 // request counts once, by its last decision.
-func (c *Controller) Judge(class Class, id uint64, now, ttft, tpot float64) Verdict {
+func (c *Controller) Judge(class Class, lane string, id uint64, now, ttft, tpot float64) Verdict {
 	st := &c.stats[class]
 	if c.fits(class, 0, ttft, tpot) {
 		st.admitted.Add(1)
 		return Verdict{Action: Admit}
 	}
-	if c.cfg.Classes[class].MaxWait > 0 && c.push(Deferred{ID: id, Class: class, Since: now}) {
+	if c.cfg.Classes[class].MaxWait > 0 && c.push(Deferred{ID: id, Class: class, Lane: lane, Since: now}) {
 		st.deferred.Add(1)
 		return Verdict{Action: Defer}
 	}
@@ -269,7 +284,24 @@ func (c *Controller) push(d Deferred) bool {
 	}
 	c.ring[(c.head+c.count)%len(c.ring)] = d
 	c.count++
+	if l := c.laneOf(d.Lane); l != nil {
+		l.n++
+	} else {
+		c.lanes = append(c.lanes, lane{first: d, n: 1})
+	}
 	return true
+}
+
+// laneOf is the lane named name, nil when none of its requests waits;
+// the caller holds mu. There are few lanes (models) and each waiter asks
+// once a poll, so a scan beats a map, which would allocate.
+func (c *Controller) laneOf(name string) *lane {
+	for i := range c.lanes {
+		if c.lanes[i].first.Lane == name {
+			return &c.lanes[i]
+		}
+	}
+	return nil
 }
 
 // Expired removes and returns the oldest deferred request whose wait has
@@ -298,11 +330,30 @@ func (c *Controller) Expired(now float64) (d Deferred, ok bool) {
 // removeAt drops the i-th oldest entry, keeping the others in order; the
 // caller holds mu.
 func (c *Controller) removeAt(i int) {
+	e := c.ring[(c.head+i)%len(c.ring)]
 	for j := i; j > 0; j-- {
 		c.ring[(c.head+j)%len(c.ring)] = c.ring[(c.head+j-1)%len(c.ring)]
 	}
 	c.head = (c.head + 1) % len(c.ring)
 	c.count--
+	l := c.laneOf(e.Lane)
+	if l.n--; l.n == 0 {
+		*l = c.lanes[len(c.lanes)-1]
+		c.lanes = c.lanes[:len(c.lanes)-1]
+		return
+	}
+	if l.first.ID != e.ID {
+		return
+	}
+	// e was its lane's oldest, so the next is among the entries after
+	// it, which now begin at i.
+	for j := i; j < c.count; j++ {
+		if d := c.ring[(c.head+j)%len(c.ring)]; d.Lane == e.Lane {
+			l.first = d
+			return
+		}
+	}
+	panic("BUG: admit: a lane counts more entries than the ring holds")
 }
 
 // Withdraw takes deferred request id out of the queue, counted neither
@@ -331,8 +382,8 @@ func (c *Controller) takeLocked(id uint64) (Deferred, bool) {
 }
 
 // Head returns the oldest deferred request without removing it; ok is false
-// when the queue is empty. The caller routes it again and passes the fresh
-// predictions to Retry.
+// when the queue is empty. It is the oldest of its lane: the caller may
+// route it again and pass the fresh predictions to Retry.
 func (c *Controller) Head() (d Deferred, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -342,23 +393,40 @@ func (c *Controller) Head() (d Deferred, ok bool) {
 	return c.ring[c.head], true
 }
 
-// Retry re-decides the oldest deferred request, which must be id (else it
-// returns false and changes nothing: another goroutine got there first).
-// When the predictions now meet its class's targets, counting the time it
-// has already waited, it leaves the queue as admitted and Retry returns
-// true; otherwise it keeps waiting, and later requests wait behind it, so
-// the queue stays first come, first served.
+// First reports whether deferred request id is the oldest of its lane,
+// the one whose turn it is to be routed again and passed to Retry.
+func (c *Controller) First(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.firstLocked(id) != nil
+}
+
+// firstLocked is the lane whose oldest entry is id, or nil; the caller
+// holds mu.
+func (c *Controller) firstLocked(id uint64) *lane {
+	for i := range c.lanes {
+		if c.lanes[i].first.ID == id {
+			return &c.lanes[i]
+		}
+	}
+	return nil
+}
+
+// Retry re-decides deferred request id, which must be the oldest of its
+// lane (else it returns false and changes nothing: another goroutine got
+// there first). When the predictions now meet its class's targets,
+// counting the time it has already waited, it leaves the queue as
+// admitted and Retry returns true; otherwise it keeps waiting, and later
+// requests of its lane wait behind it, so each lane stays first come,
+// first served.
 func (c *Controller) Retry(id uint64, now, ttft, tpot float64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.count == 0 || c.ring[c.head].ID != id {
+	l := c.firstLocked(id)
+	if l == nil || !c.fits(l.first.Class, now-l.first.Since, ttft, tpot) {
 		return false
 	}
-	e := c.ring[c.head]
-	if !c.fits(e.Class, now-e.Since, ttft, tpot) {
-		return false
-	}
-	c.removeAt(0)
+	e, _ := c.takeLocked(id)
 	c.stats[e.Class].admitted.Add(1)
 	return true
 }

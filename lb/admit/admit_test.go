@@ -2,6 +2,7 @@ package admit
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -154,7 +155,7 @@ func TestDecide(t *testing.T) {
 	}
 	f := func(class Class, ttft, tpot float64, want Verdict) {
 		t.Helper()
-		if got := c.Decide(class, 1, 0, ttft, tpot); got != want {
+		if got := c.Decide(class, "", 1, 0, ttft, tpot); got != want {
 			t.Fatalf("Decide(%v, ttft %v, tpot %v) = %+v, want %+v", class, ttft, tpot, got, want)
 		}
 	}
@@ -197,7 +198,7 @@ func TestDeferralQueue(t *testing.T) {
 		if id == 4 {
 			want = Reject
 		}
-		if v := c.Decide(Batch, id, float64(id), 100, 0); v.Action != want {
+		if v := c.Decide(Batch, "", id, float64(id), 100, 0); v.Action != want {
 			t.Fatalf("request %d: %v, want %v", id, v.Action, want)
 		}
 	}
@@ -237,7 +238,7 @@ func TestDeferralQueue(t *testing.T) {
 	}
 	// The ring wraps: fill and drain it again in order.
 	for id := uint64(10); id < 13; id++ {
-		c.Decide(Batch, id, 20, 100, 0)
+		c.Decide(Batch, "", id, 20, 100, 0)
 	}
 	for id := uint64(10); id < 13; id++ {
 		if d, _ := c.Head(); d.ID != id || !c.Retry(id, 21, 1, 0) {
@@ -251,9 +252,9 @@ func TestExpiredKeepsOrderAcrossClasses(t *testing.T) {
 	cfg.Classes[Interactive].MaxWait = 1 // interactive may wait a little here
 	cfg.Classes[Batch].MaxWait = 100
 	c, _ := New(cfg)
-	c.Decide(Batch, 1, 0, 1000, 0)
-	c.Decide(Interactive, 2, 0, 1000, 0)
-	c.Decide(Batch, 3, 0, 1000, 0)
+	c.Decide(Batch, "", 1, 0, 1000, 0)
+	c.Decide(Interactive, "", 2, 0, 1000, 0)
+	c.Decide(Batch, "", 3, 0, 1000, 0)
 	if d, ok := c.Expired(2); !ok || d.ID != 2 {
 		t.Fatalf("expired %+v %v, want the interactive request 2", d, ok)
 	}
@@ -273,7 +274,7 @@ func TestWithdraw(t *testing.T) {
 	cfg.Classes[Batch].MaxWait = 100
 	c, _ := New(cfg)
 	for id := uint64(1); id <= 3; id++ {
-		c.Decide(Batch, id, 0, 1000, 0)
+		c.Decide(Batch, "", id, 0, 1000, 0)
 	}
 	if !c.Withdraw(2) || c.Withdraw(2) || c.Withdraw(9) {
 		t.Fatal("Withdraw found what is not queued, or missed what is")
@@ -288,11 +289,56 @@ func TestWithdraw(t *testing.T) {
 	}
 }
 
+// TestLanes: the oldest request of each lane may be retried whatever
+// waits in the other lanes; within a lane, only its oldest, and whichever
+// way it leaves (admitted, withdrawn, expired) the next takes its turn.
+func TestLanes(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Classes[Batch].MaxWait = 10
+	c, _ := New(cfg)
+	for id, lane := range []string{"hot", "hot", "cold", "hot", "cold", "cold"} {
+		c.Decide(Batch, lane, uint64(id+1), float64(id), 1000, 0)
+	}
+	f := func(firsts ...uint64) {
+		t.Helper()
+		for id := uint64(1); id <= 6; id++ {
+			if want := slices.Contains(firsts, id); c.First(id) != want {
+				t.Fatalf("First(%d) = %v, want the oldest of each lane, %v", id, !want, firsts)
+			}
+		}
+	}
+	f(1, 3)
+	if c.Retry(5, 6, 1, 0) || !c.Retry(3, 6, 1, 0) {
+		t.Fatal("cold's oldest request did not pass hot's, or its second one did")
+	}
+	f(1, 5)
+	if !c.Withdraw(1) {
+		t.Fatal("Withdraw missed hot's oldest request")
+	}
+	f(2, 5)
+	// Request 2 arrived at 1 and expires past 11; request 4 past 13.
+	if d, ok := c.Expired(12); !ok || d.ID != 2 {
+		t.Fatalf("expired %+v %v, want request 2", d, ok)
+	}
+	f(4, 5)
+	for _, id := range []uint64{4, 5, 6} {
+		if !c.Retry(id, 12, 1, 0) {
+			t.Fatalf("request %d not admitted", id)
+		}
+	}
+	if _, ok := c.Head(); ok || c.First(6) {
+		t.Fatal("queue not empty")
+	}
+	if s := c.Stats(Batch); s.Admitted != 4 || s.Rejected != 1 || s.Waiting != 0 {
+		t.Fatalf("batch stats %+v", s)
+	}
+}
+
 // TestJudge: Judge rejects as Decide does but leaves the rejection for
 // Rejected to count, once it stands.
 func TestJudge(t *testing.T) {
 	c, _ := New(DefaultConfig())
-	if v := c.Judge(Interactive, 1, 0, 7.5, 0.05); v != (Verdict{Action: Reject, RetryAfter: 6}) {
+	if v := c.Judge(Interactive, "", 1, 0, 7.5, 0.05); v != (Verdict{Action: Reject, RetryAfter: 6}) {
 		t.Fatalf("Judge = %+v, want a rejection after 6 s", v)
 	}
 	if s := c.Stats(Interactive); s.Rejected != 0 {
@@ -309,8 +355,8 @@ func TestDecideAllocs(t *testing.T) {
 	id := uint64(0)
 	allocs := testing.AllocsPerRun(1000, func() {
 		id++
-		c.Decide(Interactive, id, 0, 1.5, 0.05)
-		c.Decide(Batch, id, 0, 100, 0)
+		c.Decide(Interactive, "", id, 0, 1.5, 0.05)
+		c.Decide(Batch, "", id, 0, 100, 0)
 		if d, ok := c.Head(); ok {
 			c.Retry(d.ID, 1, 1, 0)
 		}

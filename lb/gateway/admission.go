@@ -9,8 +9,8 @@ import (
 	"pdlb/lb/openai"
 )
 
-// deferPoll is how often a deferred request looks whether it is at the head
-// of the queue and its prediction has cleared. The queue is bounded, so the
+// deferPoll is how often a deferred request looks whether it is the oldest
+// of its model's in the queue and its prediction has cleared. The queue is bounded, so the
 // polling is too.
 const deferPoll = 5 * time.Millisecond
 
@@ -18,9 +18,10 @@ const deferPoll = 5 * time.Millisecond
 // predictions ttft and tpot made at since: wait reports that x was deferred
 // (queued: awaitAdmission waits for it), else f is nil to admit x or the
 // rejection to answer. A decision on a fallback model replaces the
-// rejection x had on the model before it (x.rejected).
+// rejection x had on the model before it (x.rejected). A deferred request
+// waits in its model's lane: one model's overload delays no other's.
 func (g *Gateway) admitNow(x *completion, since, ttft, tpot float64) (wait bool, f *failure) {
-	v := g.admit.Judge(x.class, x.ticket.ID, since, ttft, tpot)
+	v := g.admit.Judge(x.class, x.m.Name, x.ticket.ID, since, ttft, tpot)
 	x.rejected = v.Action == admit.Reject
 	switch v.Action {
 	case admit.Admit:
@@ -39,10 +40,10 @@ type admitWait struct{ since, ttft, tpot float64 }
 // prediction clears (nil), its class's max wait runs out (a 429), or the
 // shutdown's grace does. predict returns the predictions for the current
 // placement from the pods' live queues; replace, if set, places x anew
-// once it is at the head of the queue (a combined pod may be picked
-// again; a PD pair keeps its pods, whose queues drain). repick says the
-// fleet changed since x was placed: x is to pick again on it, and wait on
-// in its place.
+// once it is the oldest of its model's in the queue (a combined pod may
+// be picked again; a PD pair keeps its pods, whose queues drain). repick
+// says the fleet changed since x was placed: x is to pick again on it,
+// and wait on in its place.
 func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttft, tpot float64), replace func()) (f *failure, repick bool) {
 	since, ttft, tpot := w.since, w.ttft, w.tpot
 	maxWait := g.admit.Config().Classes[x.class].MaxWait
@@ -59,7 +60,7 @@ func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttf
 			x.rejected = true
 			return g.reject(x, ttft, tpot, 1), false
 		}
-		if d, ok := g.admit.Head(); !ok || d.ID != x.ticket.ID {
+		if !g.admit.First(x.ticket.ID) {
 			continue
 		}
 		if g.pool.Load() != x.snap {
