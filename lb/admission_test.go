@@ -3,8 +3,15 @@ package lb_test
 import (
 	"context"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"pdlb/engines/sim"
 	"pdlb/internal/testwait"
@@ -12,18 +19,19 @@ import (
 	"pdlb/lb/config"
 )
 
-// slowPrefillPod starts a sim pod of model that prefills 200 tokens/s in wall
-// time, so a prompt of 3,000 tokens holds its prefill queue for 15 s.
-func slowPrefillPod(t *testing.T, name, model string) (*sim.Pod, config.Pod) {
+// slowPrefillPod starts the sim pod cfg (its name, model, adapters) that
+// prefills 200 tokens/s in wall time, so a prompt of 3,000 tokens holds
+// its prefill queue for 15 s.
+func slowPrefillPod(t *testing.T, cfg sim.Config) (*sim.Pod, config.Pod) {
 	t.Helper()
-	physics := sim.DefaultPhysics()
-	physics.PrefillTokensPerSec = 200
-	pod, err := sim.Start(sim.Config{Name: name, Model: model, Listen: "127.0.0.1:0", Speedup: 1, Physics: physics})
+	cfg.Listen, cfg.Speedup, cfg.Physics = "127.0.0.1:0", 1, sim.DefaultPhysics()
+	cfg.Physics.PrefillTokensPerSec = 200
+	pod, err := sim.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pod.Close() })
-	return pod, config.Pod{Name: name, Model: model, Address: pod.Addr(), PrefillTokensPerSec: 200}
+	return pod, config.Pod{Name: cfg.Name, Model: cfg.Model, Address: pod.Addr(), PrefillTokensPerSec: 200}
 }
 
 // holdStream sends body as a stream through s and reads it on until the
@@ -73,8 +81,8 @@ func postAsync(t *testing.T, s *lb.Server, body string, headers ...string) <-cha
 // every model kept it behind that request until the latter's max wait
 // ran out.
 func TestDeferralQueuePerModel(t *testing.T) {
-	hot, hotCfg := slowPrefillPod(t, "hot-0", "hot")
-	cold, coldCfg := slowPrefillPod(t, "cold-0", "cold")
+	hot, hotCfg := slowPrefillPod(t, sim.Config{Name: "hot-0", Model: "hot"})
+	cold, coldCfg := slowPrefillPod(t, sim.Config{Name: "cold-0", Model: "cold"})
 	s := testGateway(t, []config.Pod{hotCfg, coldCfg}, func(c *config.Config) {
 		c.Admission.Enabled = true
 		// Interactive requests are admitted whatever their queue: they
@@ -116,5 +124,84 @@ func TestDeferralQueuePerModel(t *testing.T) {
 	if a := <-first; a.code != 200 {
 		t.Fatalf("hot's batch request: %d %s", a.code, a.body)
 	}
+	waitIdle(t, s)
+}
+
+// TestDeferredRepickWaitsForTheAdapter: a request for an adapter that
+// waits for admission and is placed anew, on a pod that must load the
+// adapter first (the pod that served it failed its checks meanwhile),
+// goes to it once the load is done. It went at once, and the pod
+// answered 404.
+func TestDeferredRepickWaitsForTheAdapter(t *testing.T) {
+	served, servedCfg := slowPrefillPod(t, sim.Config{Name: "n-0", Model: "n", LoRAModules: []sim.LoRAModule{{Name: "fin", Path: "/loras/fin"}}})
+	bare, err := sim.Start(sim.Config{Name: "n-1", Model: "n", Listen: "127.0.0.1:0", Speedup: 100, EnableLoRA: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bare.Close() })
+	// n-0 fails its checks, and n-1's adapter loads wait, when the test
+	// says so.
+	var sick atomic.Bool
+	var listed atomic.Int32 // n-0's /v1/models asked
+	release := make(chan struct{})
+	front := func(addr string) string {
+		proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: addr})
+		f := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/health":
+				if sick.Load() && addr == served.Addr() {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+			case "/v1/load_lora_adapter":
+				<-release
+			case "/v1/models":
+				if addr == served.Addr() {
+					listed.Add(1)
+				}
+			}
+			proxy.ServeHTTP(w, r)
+		}))
+		t.Cleanup(f.Close)
+		return strings.TrimPrefix(f.URL, "http://")
+	}
+	servedCfg.Address = front(served.Addr())
+	s := testGateway(t, []config.Pod{servedCfg, {Name: "n-1", Model: "n", Address: front(bare.Addr())}}, func(c *config.Config) {
+		c.Models = []config.Model{{Name: "n", LoRA: config.LoRA{Adapters: []config.Adapter{{Name: "fin", Path: "/loras/fin"}}, LoadAdapters: true}}}
+		c.Admission.Enabled = true
+		c.Admission.Interactive.TTFTSLO = 1000
+		c.Admission.Batch.TTFTSLO = 5
+	})
+	// Cleanups run last first: a test that fails ends the loads' wait
+	// before the servers wait for their handlers.
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
+	fin := func(system string, stream bool) string {
+		return strings.Replace(chat(system, "hi", 2, stream), `"m"`, `"fin"`, 1)
+	}
+	// A scrape asks one pod's /v1/models after the other: by the second,
+	// the gateway knows the first's answer, that n-0 serves fin.
+	testwait.For(t, "the gateway to learn n-0's adapters", func() bool { return listed.Load() >= 2 })
+	// A long prompt on n-0, the one pod that serves fin, defers the batch
+	// request, which n-0's queue would keep 15 s from its first token.
+	cut := holdStream(t, s, fin(strings.Repeat("x", 12000), true))
+	testwait.For(t, "n-0's prefill to start", func() bool { return served.Stats().Running == 1 })
+	deferred := postAsync(t, s, fin("s", false), "x-priority", "batch")
+	testwait.For(t, "the batch request to wait", func() bool { return metricValue(t, s, `pdlb_admission_waiting{class="batch"}`) == 1 })
+	// n-0 fails its checks: the waiting request is placed on n-1, which
+	// begins loading fin.
+	sick.Store(true)
+	testwait.For(t, "n-0 to fail its checks", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="n-0"}`) == 0 })
+	testwait.For(t, "fin's load on n-1 to begin", func() bool { return metricValue(t, s, `pdlb_adapter_loads_total{model="n"}`) == 1 })
+	select {
+	case a := <-deferred:
+		t.Fatalf("the request was answered before its adapter loaded on n-1: %d %s", a.code, a.body)
+	case <-time.After(100 * time.Millisecond):
+	}
+	unblock()
+	if a := <-deferred; a.code != 200 {
+		t.Fatalf("after its adapter loaded: %d %s", a.code, a.body)
+	}
+	cut()
 	waitIdle(t, s)
 }

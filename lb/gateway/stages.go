@@ -226,6 +226,13 @@ func (g *Gateway) admitStage(x *completion) bool {
 		}
 		x.deferred = false
 		x.tr.admitted(g.epoch.Add(time.Duration(x.deferral.since*float64(time.Second))), f)
+		if f == nil {
+			// Its pick anew (replace) may have begun loading its adapter
+			// on the pod: the pod has it once the load is done. On this
+			// worker, adapterReady waits.
+			x.stage, x.admitted = stageAttempt, true
+			return g.adapterReady(x)
+		}
 	} else {
 		since := g.clock()
 		ttft, tpot := predictOn()
