@@ -205,3 +205,31 @@ func TestDeferredRepickWaitsForTheAdapter(t *testing.T) {
 	cut()
 	waitIdle(t, s)
 }
+
+// TestDeferralEndsAtItsTarget: a deferred request whose wait alone has
+// passed its TTFT target is shed then, saying so, not at its class's
+// longer max wait: no prediction can meet the target any more. It waited
+// the whole max wait, and its 429 named a prediction that left the wait
+// out.
+func TestDeferralEndsAtItsTarget(t *testing.T) {
+	pod, podCfg := slowPrefillPod(t, sim.Config{Name: "p-0", Model: "m"})
+	s := testGateway(t, []config.Pod{podCfg}, func(c *config.Config) {
+		c.Admission.Enabled = true
+		c.Admission.Interactive.TTFTSLO = 1000
+		c.Admission.Batch.TTFTSLO = 0.5
+		c.Admission.Batch.MaxWait = 60
+	})
+	cut := holdStream(t, s, chat(strings.Repeat("x", 12000), "hi", 4, true))
+	testwait.For(t, "the long prefill to start", func() bool { return pod.Stats().Running == 1 })
+	start := time.Now()
+	resp, b := postWith(t, s, chat("s", "hi", 2, false), "x-priority", "batch")
+	// Far below the max wait: the target, not the max wait, ended it.
+	if took := time.Since(start); resp.StatusCode != 429 || took > 30*time.Second {
+		t.Fatalf("%d after %v: %s; want 429 once its wait passed its 0.5 s target", resp.StatusCode, took, b)
+	}
+	if !strings.Contains(b, "of it waiting for admission) exceeds the 0.5s target of class batch") {
+		t.Fatalf("429 %s; want its wait counted in the prediction it names", b)
+	}
+	cut()
+	waitIdle(t, s)
+}

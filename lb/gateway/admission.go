@@ -10,8 +10,8 @@ import (
 )
 
 // deferPoll is how often a deferred request looks whether it is the oldest
-// of its model's in the queue and its prediction has cleared. The queue is bounded, so the
-// polling is too.
+// of its model's in the queue and its prediction has cleared. The queue is
+// bounded, so the polling is too.
 const deferPoll = 5 * time.Millisecond
 
 // admitNow asks the admission controller about x once, with the
@@ -27,7 +27,7 @@ func (g *Gateway) admitNow(x *completion, since, ttft, tpot float64) (wait bool,
 	case admit.Admit:
 		return false, nil
 	case admit.Reject:
-		return false, g.reject(x, ttft, tpot, v.RetryAfter)
+		return false, g.reject(x, ttft, tpot, 0, v.RetryAfter)
 	}
 	return true, nil
 }
@@ -37,8 +37,9 @@ func (g *Gateway) admitNow(x *completion, since, ttft, tpot float64) (wait bool,
 type admitWait struct{ since, ttft, tpot float64 }
 
 // awaitAdmission waits for a deferred x, placed by the router, until a
-// prediction clears (nil), its class's max wait runs out (a 429), or the
-// shutdown's grace does. predict returns the predictions for the current
+// prediction clears (nil), its class's max wait runs out or its wait alone
+// passes its TTFT target, which no prediction can then meet (a 429), or
+// the shutdown's grace does. predict returns the predictions for the current
 // placement from the pods' live queues; replace, if set, places x anew
 // once it is the oldest of its model's in the queue (a combined pod may
 // be picked again; a PD pair keeps its pods, whose queues drain). repick
@@ -46,7 +47,8 @@ type admitWait struct{ since, ttft, tpot float64 }
 // and wait on in its place.
 func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttft, tpot float64), replace func()) (f *failure, repick bool) {
 	since, ttft, tpot := w.since, w.ttft, w.tpot
-	maxWait := g.admit.Config().Classes[x.class].MaxWait
+	c := g.admit.Config().Classes[x.class]
+	maxWait := min(c.MaxWait, c.TTFTSLO)
 	for {
 		time.Sleep(deferPoll)
 		if f := g.interrupted(x); f != nil {
@@ -58,7 +60,7 @@ func (g *Gateway) awaitAdmission(x *completion, w admitWait, predict func() (ttf
 		if now-since > maxWait {
 			g.admit.Withdraw(x.ticket.ID)
 			x.rejected = true
-			return g.reject(x, ttft, tpot, 1), false
+			return g.reject(x, ttft, tpot, now-since, 1), false
 		}
 		if !g.admit.First(x.ticket.ID) {
 			continue
@@ -89,15 +91,28 @@ func (g *Gateway) interrupted(x *completion) *failure {
 	return nil
 }
 
-// reject is the 429 of a request admission sheds, saying which prediction
-// missed its class's target.
-func (g *Gateway) reject(x *completion, ttft, tpot float64, retryAfter int) *failure {
+// reject is the 429 of a request admission sheds after it waited (s) in
+// the deferral queue, saying which prediction, its wait counted, missed
+// its class's target, or that its wait ran out behind earlier requests
+// for its model.
+func (g *Gateway) reject(x *completion, ttft, tpot, waited float64, retryAfter int) *failure {
 	c := g.admit.Config().Classes[x.class]
-	why := "predicted time to first token " + strconv.FormatFloat(ttft, 'f', 2, 64) +
-		"s exceeds the " + strconv.FormatFloat(c.TTFTSLO, 'f', -1, 64) + "s target of class " + x.class.String()
-	if ttft <= c.TTFTSLO && c.TPOTSLO > 0 && tpot > c.TPOTSLO {
+	secs := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) + "s" }
+	class := " target of class " + x.class.String()
+	var why string
+	switch {
+	case waited+ttft > c.TTFTSLO:
+		why = "predicted time to first token " + secs(waited+ttft)
+		if waited > 0 {
+			why += " (" + secs(waited) + " of it waiting for admission)"
+		}
+		why += " exceeds the " + strconv.FormatFloat(c.TTFTSLO, 'f', -1, 64) + "s" + class
+	case c.TPOTSLO > 0 && tpot > c.TPOTSLO:
 		why = "predicted time per output token " + strconv.FormatFloat(tpot*1000, 'f', 1, 64) +
-			" ms exceeds the " + strconv.FormatFloat(c.TPOTSLO*1000, 'f', -1, 64) + " ms target of class " + x.class.String()
+			" ms exceeds the " + strconv.FormatFloat(c.TPOTSLO*1000, 'f', -1, 64) + " ms" + class
+	default:
+		why = "it waited " + secs(waited) + " for admission, the max wait of class " + x.class.String() +
+			", behind earlier requests for model " + x.m.Name
 	}
 	return &failure{E: openai.Overloaded(why), RetryAfter: retryAfter}
 }
