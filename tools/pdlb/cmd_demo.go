@@ -176,7 +176,12 @@ func printDemo(w io.Writer, s *lb.Server, fleet *sim.Fleet, ca string) {
 	if ca != "" {
 		host = demoTLSBase(ca, host)
 	}
-	fmt.Fprintf(w, "pdlb demo: gateway on %s, admin on %s\n\nSimulated pods:\n", s.Addr(), s.AdminAddr())
+	admin := s.AdminAddr()
+	if admin == "" {
+		fmt.Fprintf(w, "pdlb demo: gateway on %s, no admin listener\n\nSimulated pods:\n", s.Addr())
+	} else {
+		fmt.Fprintf(w, "pdlb demo: gateway on %s, admin on %s\n\nSimulated pods:\n", s.Addr(), admin)
+	}
 	for _, p := range fleet.Pods() {
 		pc := p.Config()
 		fmt.Fprintf(w, "  %-22s %-12s %-7s %-9s %s\n", pc.Name, pc.Model, pc.Engine, pc.Role, p.Addr())
@@ -187,17 +192,21 @@ Try:
   curl -i %[1]s/v1/chat/completions -d '{"model":"demo-trtllm","messages":[{"role":"user","content":"hi"}]}'   # x-pdlb-prefill-pod, x-pdlb-decode-pod
   curl %[1]s/v1/chat/completions -H 'routing-strategy: least_request' -d '{"model":"demo-sglang","messages":[{"role":"user","content":"hi"}]}'   # combined pods only
   curl %[1]s/v1/completions -d '{"model":"demo-sglang","prompt":"Once upon a time","max_tokens":16}'
-  curl -i %[1]s/v1/completions -d '{"model":"%[3]s","prompt":"SELECT","max_tokens":8}'   # a LoRA adapter: x-pdlb-model
-  curl -i %[1]s/v1/completions -d '{"model":"%[4]s","prompt":"hi","max_tokens":8}'   # loaded on a pod at the first request
+  curl -i %[1]s/v1/completions -d '{"model":"%[2]s","prompt":"SELECT","max_tokens":8}'   # a LoRA adapter: x-pdlb-model
+  curl -i %[1]s/v1/completions -d '{"model":"%[3]s","prompt":"hi","max_tokens":8}'   # loaded on a pod at the first request
   curl %[1]s/v1/models   # adapters with their parent
   curl %[1]s/tokenize -d '{"model":"demo-vllm","prompt":"hi"}'   # the engines' other APIs (embeddings, rerank...) go to a pod of the model
   curl %[1]s/v1/responses -d '{"model":"demo-vllm","input":"hi","max_output_tokens":16}'   # OpenAI's Responses API; a follow-up naming its id (previous_response_id) reaches the pod that stored it
   curl -si %[1]s/v1/chat/completions -H 'x-pdlb-debug: explain' -d '{"model":"demo-vllm","messages":[{"role":"user","content":"hi"}]}' | grep -i x-pdlb-explain
-  curl '%[2]s/admin/explain?model=demo-vllm'   # arms recording; the next requests' decisions show on the next read
-  curl %[2]s/metrics
-  curl %[2]s/admin/pods
-
+`, host, demoAdapterStatic, demoAdapterDynamic)
+	if admin != "" {
+		fmt.Fprintf(w, `  curl '%[1]s/admin/explain?model=demo-vllm'   # arms recording; the next requests' decisions show on the next read
+  curl %[1]s/metrics
+  curl %[1]s/admin/pods
+`, admin)
+	}
+	fmt.Fprint(w, `
 Traces: start with OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 (Jaeger, a collector).
 Press Ctrl-C to stop.
-`, host, s.AdminAddr(), demoAdapterStatic, demoAdapterDynamic)
+`)
 }

@@ -36,6 +36,9 @@ type gatewayFlags struct {
 	listen, admin, metrics, frontend, accessLog string
 	shutdown, delay                             time.Duration
 	tlsCert, tlsKey                             string
+	// fs says which flags were given: an empty --admin, --metrics or
+	// --access-log turns off what the config file turned on.
+	fs *flag.FlagSet
 }
 
 // register adds the flags to fs; withConfig says the command also reads a
@@ -46,10 +49,11 @@ func (f *gatewayFlags) register(fs *flag.FlagSet, withConfig bool) {
 		orFile = ", or the config file's"
 	}
 	fs.StringVar(&f.listen, "listen", "", "address of the OpenAI API (default "+config.DefaultListen+orFile+")")
-	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin (default "+config.DefaultAdmin+orFile+")")
-	fs.StringVar(&f.metrics, "metrics", "", "address of a listener with /metrics only, for anyone: for scrapers that cannot send admin_token, with --admin kept on loopback (default none"+orFile+")")
+	f.fs = fs
+	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin, \"\" for none (default "+config.DefaultAdmin+orFile+")")
+	fs.StringVar(&f.metrics, "metrics", "", "address of a listener with /metrics only, for anyone: for scrapers that cannot send admin_token, with --admin kept on loopback, \"\" for none (default none"+orFile+")")
 	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+orFile+")")
-	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output; reopened on SIGUSR1; default none"+orFile+")")
+	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output, \"\": none; reopened on SIGUSR1; default none"+orFile+")")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve the API over TLS with this PEM certificate chain (with --tls-key; reloaded on SIGHUP and when it changes)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
@@ -74,21 +78,27 @@ func (f *gatewayFlags) apply(cfg *config.Config) {
 	if f.listen != "" {
 		cfg.Listen = f.listen
 	}
-	if f.admin != "" {
+	if f.given("admin") {
 		cfg.Admin = f.admin
 	}
-	if f.metrics != "" {
+	if f.given("metrics") {
 		cfg.Metrics = f.metrics
 	}
 	if f.frontend != "" {
 		cfg.Frontend = f.frontend
 	}
-	if f.accessLog != "" {
+	if f.given("access-log") {
 		cfg.AccessLog = f.accessLog
 	}
 	if f.tlsCert != "" || f.tlsKey != "" {
 		cfg.TLS.Certificates = []config.CertFiles{{CertFile: f.tlsCert, KeyFile: f.tlsKey}}
 	}
+}
+
+// given says the command line set the flag called name, "" included.
+func (f *gatewayFlags) given(name string) (set bool) {
+	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set
 }
 
 func cmdServe(args []string, stdout io.Writer) error {

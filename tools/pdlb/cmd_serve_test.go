@@ -194,6 +194,35 @@ func TestGatewayFlagsNegative(t *testing.T) {
 	}
 }
 
+// TestEmptyFlagsTurnOff: an empty --admin, --metrics or --access-log
+// turns off what the config file turned on, as the file's "" does; a
+// flag not given leaves the file's value. They were ignored when empty.
+func TestEmptyFlagsTurnOff(t *testing.T) {
+	file := func() config.Config {
+		c := config.Default()
+		c.Admin, c.Metrics, c.AccessLog = "127.0.0.1:9901", "127.0.0.1:9902", "/var/log/pdlb.log"
+		return c
+	}
+	parse := func(args ...string) config.Config {
+		t.Helper()
+		var gf gatewayFlags
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		gf.register(fs, true)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		c := file()
+		gf.apply(&c)
+		return c
+	}
+	if c := parse("--admin", "", "--metrics=", "--access-log", ""); c.Admin != "" || c.Metrics != "" || c.AccessLog != "" {
+		t.Errorf("empty flags: admin %q, metrics %q, access log %q; want all off", c.Admin, c.Metrics, c.AccessLog)
+	}
+	if c, f := parse("--listen", "127.0.0.1:8000"), file(); c.Admin != f.Admin || c.Metrics != f.Metrics || c.AccessLog != f.AccessLog {
+		t.Errorf("flags not given: admin %q, metrics %q, access log %q; want the file's", c.Admin, c.Metrics, c.AccessLog)
+	}
+}
+
 // pdlb demo --tokenizer loads the files before it starts anything, and a
 // directory without them is refused naming the flag.
 func TestDemoTokenizerRefused(t *testing.T) {
