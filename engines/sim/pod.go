@@ -245,7 +245,7 @@ func (p *Pod) Close() error {
 // Stats is a snapshot of a pod's scheduler and counters.
 type Stats struct {
 	Running, Waiting int // requests admitted to the batch, and queued
-	UsedBlocks       int // KV blocks held by running requests
+	UsedBlocks       int // KV blocks held by running requests, a shared one once
 	KVUsage          float64
 	PromptTokens     int64 // prompt tokens prefilled
 	GeneratedTokens  int64

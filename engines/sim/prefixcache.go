@@ -57,6 +57,10 @@ func NewPrefixCache(capacity int) *PrefixCache {
 // Len returns the number of blocks held, copies and blocks in use included.
 func (c *PrefixCache) Len() int { return c.used }
 
+// Shared returns the holds of blocks in use beyond a block's first: the
+// blocks requests hold, each counted once, are their holds less Shared.
+func (c *PrefixCache) Shared() int { return c.shared }
+
 // Capacity returns the most blocks the cache holds.
 func (c *PrefixCache) Capacity() int { return c.capacity }
 

@@ -509,6 +509,17 @@ func (s *scheduler) setHeld(r *request, blocks int) {
 	s.evicted = evicted
 }
 
+// shared is how many of the blocks requests hold are another request's
+// too: the engines hold a shared block once (vLLM's ref_cnt, SGLang's
+// radix node lock, TensorRT-LLM's block reuse).
+func (s *scheduler) shared() int {
+	n := 0
+	for _, rc := range s.ranks {
+		n += rc.cache.Shared()
+	}
+	return n
+}
+
 // release gives r's blocks back to its rank's prefix cache: its first
 // evicted last, as the engines free them.
 func (s *scheduler) release(r *request) {
@@ -659,7 +670,7 @@ func (s *scheduler) publish() {
 	s.m.waiting.Store(int64(len(s.waiting) + len(s.receiving)))
 	s.m.pinnedBlocks.Store(int64(s.pinned))
 	s.m.prefilling.Store(int64(len(s.prefill)))
-	s.m.usedBlocks.Store(int64(s.held))
+	s.m.usedBlocks.Store(int64(s.held - s.shared()))
 	if s.slots != nil {
 		s.lora.Store(&loraActive{running: activeAdapters(s.prefill, s.decoding), waiting: activeAdapters(s.waiting, s.receiving)})
 	}
