@@ -75,6 +75,17 @@ func (c *PrefixCache) Match(keys []uint64) int {
 	return len(keys)
 }
 
+// InUse returns how many leading keys the cache holds in blocks a request
+// uses: those Hold shares at no cost in room.
+func (c *PrefixCache) InUse(keys []uint64) int {
+	for i, k := range keys {
+		if n, ok := c.index[k]; !ok || c.nodes[n].refs == 0 {
+			return i
+		}
+	}
+	return len(keys)
+}
+
 // Contains reports whether the cache holds key.
 func (c *PrefixCache) Contains(key uint64) bool {
 	_, ok := c.index[key]

@@ -361,14 +361,22 @@ func (s *scheduler) handle(m schedMsg) {
 func (s *scheduler) admit() {
 	for len(s.waiting) > 0 && len(s.receiving)+len(s.prefill)+len(s.decoding) < s.phys.MaxBatch {
 		r := s.waiting[0]
+		// Blocks of its prefix that running requests hold cost no room
+		// (vLLM's allocate_slots needs blocks only past a hit in use), so
+		// it holds them from now on. Room counts each block once:
+		// reservations less the blocks shared.
+		cache := s.ranks[r.rank].cache
+		shared := cache.InUse(r.keys[:s.maxHit(r)])
 		need := s.phys.Blocks(len(r.tokens) + r.maxTokens)
-		if s.reserved+need > s.phys.CacheBlocks {
+		if s.reserved-s.shared()+need-shared > s.phys.CacheBlocks {
 			return
 		}
 		s.waiting[0] = nil
 		s.waiting = s.waiting[1:]
 		r.reserved = need
 		s.reserved += need
+		r.blocks, _ = cache.Hold(r.keys[:shared], shared, r.blocks[:0], nil)
+		s.setHeld(r, shared)
 		if r.remote {
 			// The KV lands in blocks allocated now, as vLLM's and
 			// SGLang's decode sides allocate before receiving.
@@ -383,6 +391,12 @@ func (s *scheduler) admit() {
 	}
 }
 
+// maxHit is the most prompt blocks r may find cached: all whole blocks
+// short of its last token (see kick).
+func (s *scheduler) maxHit(r *request) int {
+	return min(len(r.keys), (len(r.tokens)-1)/s.phys.BlockSize)
+}
+
 // kick starts the head's prefill and a decode step when they are due.
 func (s *scheduler) kick() {
 	if !s.prefillBusy && len(s.prefill) > 0 {
@@ -394,9 +408,11 @@ func (s *scheduler) kick() {
 		// SGLang's max_prefix_len = input_len - 1, page-aligned.
 		// The hit blocks are in use from now on, before the prompt's own
 		// blocks are allocated, as vLLM's allocate_slots touches them.
+		// It holds the blocks admit found in use already.
 		cache := s.ranks[r.rank].cache
-		r.hit = min(cache.Match(r.keys), (prompt-1)/s.phys.BlockSize)
-		r.blocks, _ = cache.Hold(r.keys[:r.hit], r.hit, r.blocks[:0], nil)
+		lo := len(r.blocks)
+		r.hit = max(lo, min(cache.Match(r.keys), s.maxHit(r)))
+		r.blocks, _ = cache.Hold(r.keys[lo:r.hit], r.hit-lo, r.blocks, nil)
 		cached := r.hit * s.phys.BlockSize
 		compute := prompt - cached
 		if r.remote {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"pdlb/engines"
+	"pdlb/internal/testwait"
 )
 
 // sharedPrefixPod starts a pod of 16-token blocks whose decode steps take a
@@ -83,5 +84,31 @@ func TestSharedPrefixCountsOnce(t *testing.T) {
 				t.Fatalf("stats %+v: want 6 running holding 70 to 76 blocks", s)
 			}
 		})
+	}
+}
+
+// TestSharedPrefixAdmission: a request needs KV room only for the blocks
+// past those of its prefix that running requests hold, as vLLM's
+// allocate_slots asks the pool for blocks past the request's hit, a hit
+// block in use (ref_cnt > 0) costing none. A pod of 100 blocks admits
+// five requests of 71 blocks (prompt and answer) sharing 64.
+func TestSharedPrefixAdmission(t *testing.T) {
+	p := sharedPrefixPod(t, engines.VLLM, 100)
+	c := testClient(t)
+	startStream(t, c, p, sharedPrefixPrompt(0))
+	for i := 1; i < 6; i++ {
+		b, _ := json.Marshal(map[string]any{"prompt": sharedPrefixPrompt(i), "stream": true, "max_tokens": 100})
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
+		go func() {
+			if resp, err := c.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	// Nothing frees room for a second: each is admitted when it arrives or not at all.
+	testwait.For(t, "six requests", func() bool { s := p.Stats(); return s.Running+s.Waiting == 6 })
+	if s := p.Stats(); s.Running != 5 || s.Waiting != 1 || s.UsedBlocks > 100 {
+		t.Fatalf("stats %+v: want 5 running within 100 blocks, 1 waiting", s)
 	}
 }
