@@ -3,11 +3,13 @@ package route
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
 	"pdlb/engines"
+	"pdlb/internal/yamlkeys"
 )
 
 // PDOptions carries every knob of the prefill/decode cascade: each of
@@ -388,7 +390,7 @@ var pdKnobs = []pdKnob{
 }
 
 // KnobError is a knob Validate rejects: its YAML name, its value as the
-// YAML shows it (strings quoted), and why. It matches ErrInvalidPDOption.
+// YAML shows it (strings and durations quoted), and why. It matches ErrInvalidPDOption.
 type KnobError struct{ Knob, Value, Why string }
 
 func (e *KnobError) Error() string {
@@ -398,21 +400,9 @@ func (e *KnobError) Error() string {
 // Unwrap makes errors.Is(err, ErrInvalidPDOption) hold.
 func (e *KnobError) Unwrap() error { return ErrInvalidPDOption }
 
-func knobValue(p any) string {
-	switch v := p.(type) {
-	case *string:
-		return strconv.Quote(*v)
-	case *time.Duration:
-		return v.String()
-	case *bool:
-		return strconv.FormatBool(*v)
-	case *int:
-		return strconv.Itoa(*v)
-	case *float64:
-		return strconv.FormatFloat(*v, 'g', -1, 64)
-	}
-	panic("BUG: route: pd knob of unknown type")
-}
+// knobValue is the value of the knob at p as the other config errors show
+// theirs (yamlkeys.Quote).
+func knobValue(p any) string { return yamlkeys.Quote(reflect.ValueOf(p).Elem().Interface()) }
 
 // Validate rejects the first bad knob with a *KnobError, its YAML name
 // and the value quoted. It never corrects a value, unlike AIBrix's
