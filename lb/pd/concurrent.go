@@ -45,10 +45,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 			preDone = nil
 			if f != nil {
 				c.abandonDecode(resp)
-				if f.MayRetry() {
-					c.host.Tried(c.Pre)
-				}
-				return c.dropPair(nil, f)
+				return c.prefillFailed(f)
 			}
 			if limit := c.watchdogLimit(); limit > 0 {
 				t := time.NewTimer(time.Until(c.firstBy(limit)))
@@ -70,10 +67,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 						upstream.CloseStream(resp, ErrAbandoned)
 						fasthttp.ReleaseResponse(resp)
 						c.Dec.Release()
-						if f.MayRetry() {
-							c.host.Tried(c.Pre)
-						}
-						return c.dropPair(nil, f)
+						return c.prefillFailed(f)
 					}
 				case <-time.After(prefillGrace):
 					if resp.StatusCode() != fasthttp.StatusOK {
@@ -131,6 +125,16 @@ func (c *Call) sendConcurrentDecode() *fasthttp.Response {
 	l.Cut = make(chan struct{})
 	go l.decode(c.fleet, l.Cut, c.Dec, up, resp, c.decodeHeadersBy(), c.firstOf(l.First[:]))
 	return resp
+}
+
+// prefillFailed ends the pair whose prefill leg failed with f (a
+// concurrent decode leg given up already): the prefill pod is ruled out
+// for the retry when f allows one.
+func (c *Call) prefillFailed(f *fail.Failure) *fail.Failure {
+	if f.MayRetry() {
+		c.host.Tried(c.Pre)
+	}
+	return c.dropPair(nil, f)
 }
 
 // abandonDecode gives up a concurrent decode leg the request no longer

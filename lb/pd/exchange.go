@@ -161,10 +161,7 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 		}
 	}
 	if f != nil {
-		if f.MayRetry() {
-			c.host.Tried(pre)
-		}
-		return c.dropPair(nil, f)
+		return c.prefillFailed(f)
 	}
 	return c.sequentialDecode()
 }
