@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/engines"
 	"pdlb/engines/sim"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
@@ -231,5 +232,52 @@ func TestDeferralEndsAtItsTarget(t *testing.T) {
 		t.Fatalf("429 %s; want its wait counted in the prediction it names", b)
 	}
 	cut()
+	waitIdle(t, s)
+}
+
+// TestAdmissionCountsTheEventsCache: admission predicts a request's time
+// to first token from what its pod holds, as the pods' KV events tell,
+// whatever policy chose the pod: under least_request, and decided by the
+// PD cascade, a follow-up turn whose long system prompt its pod holds is
+// admitted, one with a prompt no pod holds is shed. Where the policy
+// reads no prefixes, admission took every prompt as uncached.
+func TestAdmissionCountsTheEventsCache(t *testing.T) {
+	// The gateway believes the pods prefill 500 tokens/s: the ~850-token
+	// prompt is 1.7 s from its first token uncached, past the 1 s target,
+	// and its new turn alone a few hundredths of a second.
+	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "lr", func(c *config.Config) {
+		c.Models[0].Policy = "least_request"
+		c.Models[0].Profiles = []config.Profile{{Name: "default"}}
+		for i := range c.Pods {
+			c.Pods[i].PrefillTokensPerSec = 500
+		}
+		c.Admission.Enabled = true
+		c.Admission.Interactive.TTFTSLO = 1
+	})
+	system := strings.Repeat("You answer questions about the geography of East Asia, briefly and accurately. ", 60)
+	// Both pods hold the system prompt, whichever least_request picks.
+	var prompted int
+	for _, p := range pods {
+		prompted = direct(t, s, p, "/v1/chat/completions", chat(system, "Where is the capital of China?", 2, false))
+	}
+	if prompted < 700 {
+		t.Fatalf("the first prompt is %d tokens; want the long system prompt's", prompted)
+	}
+	for _, tc := range []struct {
+		name    string
+		headers []string
+	}{{"least_request", nil}, {"pd", []string{"routing-strategy", "pd"}}} {
+		if resp, b := postWith(t, s, chat(system, "And of "+tc.name+"?", 2, false), tc.headers...); resp.StatusCode != 200 {
+			t.Fatalf("%s: a follow-up turn its pod holds: %d %s", tc.name, resp.StatusCode, b)
+		}
+	}
+	cold := strings.Repeat("You answer questions about the history of South America, in a few words. ", 60)
+	if resp, b := postWith(t, s, chat(cold, "Who founded Lima?", 2, false)); resp.StatusCode != 429 || !strings.Contains(b, "predicted time to first token") {
+		t.Fatalf("a prompt no pod holds: %d %s, want 429 for its predicted TTFT", resp.StatusCode, b)
+	}
+	// What the pods were charged and the planner counts: cached tokens.
+	if cached := metricValue(t, s, `pdlb_prefix_cached_tokens_total{model="m"}`); cached < 2*(float64(prompted)*0.9-16) {
+		t.Fatalf("gateway counted %g cached tokens over two follow-ups of a %d-token prompt", cached, prompted)
+	}
 	waitIdle(t, s)
 }

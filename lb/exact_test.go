@@ -102,9 +102,9 @@ func direct(t *testing.T, s *lb.Server, pod config.Pod, path, body string) int {
 // eventFleet starts pods prefix-0 and prefix-1 of model m, engine
 // engine's sim pods which tokenize with the reference tokenizer files of
 // name and publish real vLLM KV events in blocks of 16, and a gateway
-// keying m with the same tokenizer under prefix_cache; dir is the
-// tokenizer's directory.
-func eventFleet(t *testing.T, engine engines.Kind, name, prefix string, edit ...func(*config.Model)) (dir string, m *prompt.Model, pods []config.Pod, s *lb.Server) {
+// keying m with the same tokenizer under prefix_cache (edit, if given,
+// adjusts the gateway's config); dir is the tokenizer's directory.
+func eventFleet(t *testing.T, engine engines.Kind, name, prefix string, edit ...func(*config.Config)) (dir string, m *prompt.Model, pods []config.Pod, s *lb.Server) {
 	t.Helper()
 	dir = tokfiles.Dir(t, name)
 	m, err := prompt.Load(prompt.Config{Tokenizer: dir})
@@ -119,7 +119,7 @@ func eventFleet(t *testing.T, engine engines.Kind, name, prefix string, edit ...
 	s = testGateway(t, pods, func(c *config.Config) {
 		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16, Tokenizer: dir}}
 		for _, e := range edit {
-			e(&c.Models[0])
+			e(c)
 		}
 	})
 	return dir, m, pods, s
@@ -310,7 +310,7 @@ func TestMessagesMatchTheEnginesEvents(t *testing.T) {
 // engine's ids, so it counts the prompt the pod prefills and its turns
 // stay on the pod the KV events show holding them.
 func TestMessagesInlineSystemMatchesTheEngine(t *testing.T) {
-	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "i", func(m *config.Model) { m.MessagesInlineSystem = "preserve" })
+	_, _, pods, s := eventFleet(t, engines.VLLM, "qwen3", "i", func(c *config.Config) { c.Models[0].MessagesInlineSystem = "preserve" })
 	system, _ := json.Marshal(strings.Repeat("You are a coding agent. Read before you edit, and test after. ", 40))
 	turn := func(n int) string {
 		msgs := []string{`{"role":"system","content":"Session start."}`, `{"role":"user","content":"Why does make test fail?"}`}

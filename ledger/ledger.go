@@ -124,9 +124,9 @@ type Prompt struct {
 	// caller-owned session header, "" for none. Both are copied when stored.
 	Model      string
 	SessionKey string
-	// Matched says the scorer looked the prompt up in the prefix index
-	// (hybrid_cache_load); MatchPct is then the selected pod's match, in
-	// percent of the prompt.
+	// Matched says the prompt was looked up in the prefix index (for
+	// hybrid_cache_load, say); MatchPct is then the selected pod's match,
+	// in percent of the prompt.
 	Matched  bool
 	MatchPct float64
 }

@@ -26,10 +26,20 @@ func (x *completion) usesCache(m *pool.Model) bool {
 	return m.UsesCache || x.policyCache
 }
 
+// looksUp says x's prompt is to be looked up in m's prefix index: its
+// policy reads the matches, or admission predicts its prefill on a model
+// whose pods publish KV events, which tell how much of it the chosen pod
+// holds whatever policy chose the pod.
+func (g *Gateway) looksUp(m *pool.Model, x *completion) bool {
+	return x.usesCache(m) || (m.KVEvents && g.admit != nil)
+}
+
 // lookup finds how much of the prompt each pod of m holds, once per
-// request (retries reuse it): block keys, then one walk of the index.
+// request (retries reuse it) and where looksUp says so: block keys, then
+// one walk of the index. x.looked then says the candidates, the charge
+// and admission's prediction count the match (matchOf, promptOf).
 func (g *Gateway) lookup(m *pool.Model, x *completion) {
-	if x.looked || !x.usesCache(m) {
+	if x.looked || !g.looksUp(m, x) {
 		return
 	}
 	x.looked = true
@@ -137,7 +147,7 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 // chosen candidate's prefix.
 func promptOf(m *pool.Model, x *completion, session string) ledger.Prompt {
 	prompt := ledger.Prompt{Tokens: int64(x.routeReq.PromptTokens), Model: m.Name, SessionKey: session}
-	if x.usesCache(m) && x.routeReq.PromptTokens > 0 {
+	if x.looked && x.routeReq.PromptTokens > 0 {
 		prompt.Matched = true
 		prompt.MatchPct = 100 * float64(x.chosen.CachedTokens) / float64(x.routeReq.PromptTokens)
 	}
@@ -155,9 +165,11 @@ func (g *Gateway) candidate(c *route.Candidate, m *pool.Model, x *completion, p 
 	g.fillCharges(c)
 }
 
-// matchOf is x's prefix match on m as the candidates report it.
+// matchOf is x's prefix match on m as the candidates report it: none
+// unless x was looked up. A policy that reads no prefixes (route.UsesCache
+// false) reads no CachedTokens either, so its pick is the same with it.
 func matchOf(m *pool.Model, x *completion) pool.Match {
-	if !x.usesCache(m) {
+	if !x.looked {
 		return pool.Match{}
 	}
 	return pool.Match{Depth: x.depth, BlockSize: m.BlockSize, PromptTokens: x.routeReq.PromptTokens}

@@ -406,6 +406,10 @@ type Model struct {
 	// UsesCache says the policy reads prefix matches: requests are then
 	// looked up in Prefix.
 	UsesCache bool
+	// KVEvents says some pod of the model publishes its KV events
+	// (kv_events) into Prefix, which then knows what that pod holds
+	// whatever policy sent the prompts there.
+	KVEvents bool
 	// Prefix is the model's prefix index: which pod holds which blocks,
 	// from the gateway's own routing and the pods' KV events. prefixIDs
 	// hands out its pod ids, capacity is each pod's capacity in it
@@ -621,6 +625,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 			m.Combined = append(m.Combined, pod)
 		}
 		m.addPD(pod)
+		m.KVEvents = m.KVEvents || pc.KVEvents != ""
 	}
 	// Pods that left a kept index leave it on Commit.
 	for _, m := range s.Models {

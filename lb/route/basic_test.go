@@ -1,6 +1,9 @@
 package route
 
-import "testing"
+import (
+	"math/rand/v2"
+	"testing"
+)
 
 func TestArgminTiesSpread(t *testing.T) {
 	s := []float64{3, 1, 2, 1, 1}
@@ -65,5 +68,37 @@ func TestPickAllocs(t *testing.T) {
 	req := &Request{}
 	if n := testing.AllocsPerRun(100, func() { p.Pick(req, cands, scratch) }); n != 0 {
 		t.Fatalf("least_request allocates %v per pick", n)
+	}
+}
+
+// TestCacheBlindPoliciesIgnoreCachedTokens: a policy the registry marks
+// as reading no prefixes picks the same pod whatever the candidates'
+// CachedTokens, so the gateway may fill them (for admission's prediction)
+// without moving its picks.
+func TestCacheBlindPoliciesIgnoreCachedTokens(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, name := range Names() {
+		if UsesCache(name) {
+			continue
+		}
+		// Two of each: round_robin's counter moves with each pick.
+		blind, _ := New(name, DefaultOptions())
+		seeing, _ := New(name, DefaultOptions())
+		for range 200 {
+			cands := make([]Candidate, 1+rng.IntN(8))
+			for i := range cands {
+				cands[i] = Candidate{Pod: int32(i), InFlight: rng.IntN(4), Weight: float64(1 + rng.IntN(2)),
+					QueuedPrefillTokens: float64(rng.IntN(3) * 1000), PrefillTokensPerSec: 10000,
+					ActiveTokens: float64(rng.IntN(3) * 1000), KVTokens: float64(rng.IntN(3) * 1000)}
+			}
+			req := Request{PromptTokens: 4000, BlockSize: 16, Rand: rng.Uint64()}
+			want := blind.Pick(&req, cands, make([]float64, len(cands)))
+			for i := range cands {
+				cands[i].CachedTokens = 16 * rng.IntN(251)
+			}
+			if got := seeing.Pick(&req, cands, make([]float64, len(cands))); got != want {
+				t.Fatalf("%s picked %d with cached tokens, %d without: %+v", name, got, want, cands)
+			}
+		}
 	}
 }
