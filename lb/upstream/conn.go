@@ -75,12 +75,14 @@ type Conn struct {
 
 // podSocket is one socket of an Conn.
 type podSocket struct {
-	// The socket: deadlines, the peek and Close act on it directly (a
-	// TLS close would first try to send close_notify, holding up a cut).
+	// The socket: deadlines and the peek act on it directly.
 	net.Conn
-	// rw carries the requests and answers: the socket, or TLS over it.
-	rw  io.ReadWriter
-	raw syscall.RawConn
+	// rw carries the requests and answers: the socket, or tls over it
+	// (under is then the socket as tls writes it).
+	rw    io.ReadWriter
+	tls   *tls.Conn
+	under *tlsSocket
+	raw   syscall.RawConn
 	// peekFn is peek as a value made once, so a peek allocates nothing;
 	// peek's error and buffer.
 	peekFn func(fd uintptr)
@@ -175,7 +177,8 @@ func dialSocket(fds *limits.FDs, addr string, timeout time.Duration, tc *tls.Con
 	s := &podSocket{Conn: c, rw: c, raw: raw}
 	s.peekFn = s.peek
 	if tc != nil {
-		t := tls.Client(c, tc)
+		s.under = &tlsSocket{Conn: c, raw: raw}
+		t := tls.Client(s.under, tc)
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		if err := t.HandshakeContext(ctx); err != nil {
@@ -183,9 +186,47 @@ func dialSocket(fds *limits.FDs, addr string, timeout time.Duration, tc *tls.Con
 			// A dial error: nothing was sent, another pod may be tried.
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: c.RemoteAddr(), Err: fmt.Errorf("TLS handshake with the pod failed: %w", err)}
 		}
-		s.rw = t
+		s.rw, s.tls = t, t
 	}
 	return s, nil
+}
+
+// Close closes the socket, a TLS session's after its close_notify alert:
+// RFC 8446 6.1 requires one, and a pod's TLS library may take a close
+// without it for a failed connection (OpenSSL 3: "unexpected eof while
+// reading").
+func (s *podSocket) Close() error {
+	if s.tls == nil {
+		return s.Conn.Close()
+	}
+	s.under.closing.Store(true)
+	return s.tls.Close()
+}
+
+// tlsSocket is the socket under a pod's TLS session. Once the session
+// closes, a write (its close_notify alert) goes out only if the socket's
+// buffer has room for it at once: crypto/tls would wait up to 5 s, and a
+// pod that stopped reading must not hold up a cut.
+type tlsSocket struct {
+	net.Conn
+	raw     syscall.RawConn
+	closing atomic.Bool
+}
+
+func (s *tlsSocket) Write(p []byte) (int, error) {
+	if !s.closing.Load() {
+		return s.Conn.Write(p)
+	}
+	var n int
+	var err error
+	if cerr := s.raw.Write(func(fd uintptr) bool {
+		// The socket is non-blocking: a full buffer answers EAGAIN.
+		n, err = syscall.Write(int(fd), p)
+		return true
+	}); cerr != nil {
+		return 0, cerr
+	}
+	return max(n, 0), err
 }
 
 // peerDone reports whether the pod closed the socket or sent bytes no
