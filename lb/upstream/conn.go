@@ -226,7 +226,10 @@ func (s *tlsSocket) Write(p []byte) (int, error) {
 	}); cerr != nil {
 		return 0, cerr
 	}
-	return max(n, 0), err
+	if n = max(n, 0); n < len(p) && err == nil {
+		err = io.ErrShortWrite // the alert went out in part: no use to the pod
+	}
+	return n, err
 }
 
 // peerDone reports whether the pod closed the socket or sent bytes no
