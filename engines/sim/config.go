@@ -112,9 +112,10 @@ type Config struct {
 	// DataParallelSize is the number of engine ranks behind the pod's one
 	// API server, as vLLM's --data-parallel-size with its internal load
 	// balancer (default 1). Requests go to the ranks in turn; each rank
-	// has a prefix cache of its own (of Physics.CacheBlocks) and publishes
-	// its own KV events. The ranks share the rest of the pod: one
-	// scheduler, its batch slots, KV room and timing.
+	// has Physics.MaxBatch slots and a KV cache of Physics.CacheBlocks of
+	// its own, reports its own load gauges and publishes its own KV
+	// events. The ranks share the pod's timing: one prefill at a time,
+	// one decode step.
 	DataParallelSize int
 	// KVEvents receives the prefix cache's stored, removed and cleared
 	// blocks (default nil: no events); on a pod of several ranks, rank

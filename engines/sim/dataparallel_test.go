@@ -1,11 +1,17 @@
 package sim
 
 import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"pdlb/engines"
 	"pdlb/engines/vllm"
+	"pdlb/internal/testwait"
 )
 
 // TestDataParallelRanksCacheApart: a pod of two data-parallel ranks sends
@@ -108,5 +114,89 @@ func TestFleetDataParallelPod(t *testing.T) {
 			t.Fatalf("%d %s", status, b)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// dataParallelPod starts a pod of two ranks of 100 blocks of 16 tokens
+// each, whose decode steps take a simulated second, so what requests hold
+// does not move while a test looks.
+func dataParallelPod(t *testing.T, engine engines.Kind) *Pod {
+	t.Helper()
+	phys := DefaultPhysics()
+	phys.BlockSize = 16
+	phys.CacheBlocks = 100
+	phys.DecodeBaseSec = 1
+	return testPod(t, Config{Model: "m", Engine: engine, Physics: phys, Speedup: 1, MaxModelLen: 1600, DataParallelSize: 2})
+}
+
+// TestDataParallelRanksHaveKVRoomEach: each data-parallel rank is an
+// engine core of its own, with a KV cache of cache_blocks (vLLM's
+// EngineCore per DP rank, SGLang's scheduler per dp_rank), so a pod of two
+// ranks of 100 blocks runs two requests of 71 blocks at once, one a rank.
+func TestDataParallelRanksHaveKVRoomEach(t *testing.T) {
+	p := dataParallelPod(t, engines.VLLM)
+	c := testClient(t)
+	startStream(t, c, p, sharedPrefixPrompt(0)) // rank 0
+	b, _ := json.Marshal(map[string]any{"prompt": tokenRange(50000, 64*16+8), "stream": true, "max_tokens": 100})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
+	go func() { // rank 1
+		if resp, err := c.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	testwait.For(t, "two requests", func() bool { s := p.Stats(); return s.Running+s.Waiting == 2 })
+	if s := p.Stats(); s.Running != 2 || s.Waiting != 0 {
+		t.Fatalf("stats %+v: want 2 running, one on each rank", s)
+	}
+}
+
+// tokenRange is n token ids from first on.
+func tokenRange(first, n int) []uint32 {
+	ids := make([]uint32, n)
+	for i := range ids {
+		ids[i] = uint32(first + i)
+	}
+	return ids
+}
+
+// TestDataParallelRankGauges: the load gauges of a pod of two ranks come
+// one series a rank, each its rank's own, as the engines export them:
+// vLLM's under engine="<rank>" (PrometheusStatLogger's per-engine
+// labels), SGLang's schedulers' under dp_rank="<rank>". The gateway's
+// scraper adds up the requests and averages the ranks' KV usage.
+func TestDataParallelRankGauges(t *testing.T) {
+	for _, tc := range []struct {
+		engine       engines.Kind
+		running, kv  string // metric names
+		rank0, rank1 string // label sets
+	}{
+		{engines.VLLM, "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+			`{model_name="m",engine="0"}`, `{model_name="m",engine="1"}`},
+		{engines.SGLang, "sglang:num_running_reqs", "sglang:token_usage",
+			`{model_name="m",tp_rank="0",dp_rank="0"}`, `{model_name="m",tp_rank="0",dp_rank="1"}`},
+	} {
+		t.Run(string(tc.engine), func(t *testing.T) {
+			p := dataParallelPod(t, tc.engine)
+			c := testClient(t)
+			// The ranks take requests in turn: rank 0 runs prompts of 11
+			// and 31 blocks, rank 1 one of 21.
+			for i := range 3 {
+				startStream(t, c, p, tokenRange(100000*(i+1), 16*(10+10*i)+8))
+			}
+			_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+			if r0, r1 := metricValue(t, text, tc.running+tc.rank0), metricValue(t, text, tc.running+tc.rank1); r0 != 2 || r1 != 1 {
+				t.Fatalf("running: rank 0 %v, rank 1 %v; want 2, 1\n%s", r0, r1, text)
+			}
+			// Their first tokens fit in the prompts' last blocks.
+			kv0, kv1 := metricValue(t, text, tc.kv+tc.rank0), metricValue(t, text, tc.kv+tc.rank1)
+			if kv0 != 0.42 || kv1 != 0.21 {
+				t.Fatalf("KV usage: rank 0 %v, rank 1 %v; want 0.42, 0.21", kv0, kv1)
+			}
+			load, ok := engines.ParseMetrics(tc.engine, text)
+			if !ok || load.Running != 3 || load.KVUsage != (kv0+kv1)/2 {
+				t.Fatalf("ParseMetrics = %+v, %v: want 3 running, KV usage %v", load, ok, (kv0+kv1)/2)
+			}
+		})
 	}
 }

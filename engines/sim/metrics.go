@@ -51,8 +51,10 @@ var finishNames = [numFinish]string{"", "stop", "length", "abort"}
 // the pod's own (many pods share a process, so never the global set). The
 // scheduler goroutine writes it; scrapes read it concurrently.
 type podMetrics struct {
-	// Gauges, published by the scheduler after each wake-up.
+	// Gauges, published by the scheduler after each wake-up: the pod's,
+	// and each data-parallel rank's share.
 	running, waiting, prefilling, usedBlocks, pinnedBlocks atomic.Int64
+	ranks                                                  []rankGauges
 	// Counters, in tokens or requests.
 	promptTokens, generationTokens, queryTokens, hitTokens atomic.Int64
 	finished                                               [numFinish]atomic.Int64
@@ -76,7 +78,7 @@ type podMetrics struct {
 	thrMu           sync.Mutex
 	thrAt, thrValue float64
 	thrTokens       int64
-	cacheBlocks     int
+	cacheBlocks     int // a rank's
 	blockSize       int
 	now             func() float64 // simulated seconds since start
 }
@@ -85,18 +87,30 @@ type podMetrics struct {
 // and newlines out of model names, so only backslashes could need it.
 func labelValue(s string) string { return strings.ReplaceAll(s, `\`, `\\`) }
 
+// rankGauges are one data-parallel rank's gauges.
+type rankGauges struct{ running, waiting, usedBlocks atomic.Int64 }
+
+// rankLoad is what one rank's gauges are set to: requests running and
+// waiting, and KV blocks in use.
+type rankLoad struct{ running, waiting, usedBlocks int }
+
 func newPodMetrics(cfg Config, now func() float64) *podMetrics {
-	m := &podMetrics{cacheBlocks: cfg.Physics.CacheBlocks, blockSize: cfg.Physics.BlockSize, now: now}
+	m := &podMetrics{cacheBlocks: cfg.Physics.CacheBlocks, blockSize: cfg.Physics.BlockSize, now: now,
+		ranks: make([]rankGauges, cfg.DataParallelSize)}
 	model := labelValue(cfg.Model)
 	switch cfg.Engine {
 	case engines.VLLM:
 		// vLLM labels every series with the served model and the engine
-		// (data-parallel rank) index.
+		// (data-parallel rank) index. The sim's ranks share one set of
+		// counters and histograms, rank 0's.
 		l := fmt.Sprintf(`{model_name=%q,engine="0"}`, model)
 		s := metrics.NewSet()
-		s.NewGauge("vllm:num_requests_running"+l, func() float64 { return float64(m.running.Load()) })
-		s.NewGauge("vllm:num_requests_waiting"+l, func() float64 { return float64(m.waiting.Load()) })
-		s.NewGauge("vllm:kv_cache_usage_perc"+l, m.kvUsage)
+		for i := range m.ranks {
+			g, rl := &m.ranks[i], fmt.Sprintf(`{model_name=%q,engine="%d"}`, model, i)
+			s.NewGauge("vllm:num_requests_running"+rl, func() float64 { return float64(g.running.Load()) })
+			s.NewGauge("vllm:num_requests_waiting"+rl, func() float64 { return float64(g.waiting.Load()) })
+			s.NewGauge("vllm:kv_cache_usage_perc"+rl, func() float64 { return m.rankKVUsage(g) })
+		}
 		m.queryC = s.NewCounter("vllm:prefix_cache_queries_total" + l)
 		m.hitC = s.NewCounter("vllm:prefix_cache_hits_total" + l)
 		m.promptC = s.NewCounter("vllm:prompt_tokens_total" + l)
@@ -112,14 +126,27 @@ func newPodMetrics(cfg Config, now func() float64) *podMetrics {
 		m.kvExpiredC = s.NewCounter("vllm:nixl_num_kv_expired_reqs_total" + l)
 		m.set = s
 	case engines.SGLang:
+		// The scheduler of each rank (dp_size > 1) labels its gauges
+		// with its tp_rank and dp_rank too (SchedulerMetricsCollector);
+		// the tokenizer manager's counters and histograms are the pod's.
+		// The sim's ranks share one decode loop: rank 0's throughput and
+		// hit rate are the pod's.
 		l := fmt.Sprintf(`{model_name=%q}`, model)
 		s := metrics.NewSet()
-		s.NewGauge("sglang:num_running_reqs"+l, func() float64 { return float64(m.running.Load()) })
-		s.NewGauge("sglang:num_queue_reqs"+l, func() float64 { return float64(m.waiting.Load()) })
-		s.NewGauge("sglang:num_used_tokens"+l, func() float64 { return float64(m.usedBlocks.Load()) * float64(m.blockSize) })
-		s.NewGauge("sglang:token_usage"+l, m.kvUsage)
-		s.NewGauge("sglang:gen_throughput"+l, m.genThroughput)
-		s.NewGauge("sglang:cache_hit_rate"+l, m.cacheHitRate)
+		for i := range m.ranks {
+			g, rl := &m.ranks[i], l
+			if len(m.ranks) > 1 {
+				rl = fmt.Sprintf(`{model_name=%q,tp_rank="0",dp_rank="%d"}`, model, i)
+			}
+			s.NewGauge("sglang:num_running_reqs"+rl, func() float64 { return float64(g.running.Load()) })
+			s.NewGauge("sglang:num_queue_reqs"+rl, func() float64 { return float64(g.waiting.Load()) })
+			s.NewGauge("sglang:num_used_tokens"+rl, func() float64 { return float64(g.usedBlocks.Load()) * float64(m.blockSize) })
+			s.NewGauge("sglang:token_usage"+rl, func() float64 { return m.rankKVUsage(g) })
+			if i == 0 {
+				s.NewGauge("sglang:gen_throughput"+rl, m.genThroughput)
+				s.NewGauge("sglang:cache_hit_rate"+rl, m.cacheHitRate)
+			}
+		}
 		m.promptC = s.NewCounter("sglang:prompt_tokens_total" + l)
 		m.genC = s.NewCounter("sglang:generation_tokens_total" + l)
 		m.hitC = s.NewCounter("sglang:cached_tokens_total" + l)
@@ -135,9 +162,37 @@ func newPodMetrics(cfg Config, now func() float64) *podMetrics {
 	return m
 }
 
-func (m *podMetrics) kvUsage() float64 {
-	return float64(m.usedBlocks.Load()) / float64(m.cacheBlocks)
+// setLoads sets the gauges of the ranks, loads[i] rank i's, and the
+// pod's, their sums.
+func (m *podMetrics) setLoads(loads []rankLoad) {
+	var pod rankLoad
+	for i, l := range loads {
+		g := &m.ranks[i]
+		g.running.Store(int64(l.running))
+		g.waiting.Store(int64(l.waiting))
+		g.usedBlocks.Store(int64(l.usedBlocks))
+		pod.running += l.running
+		pod.waiting += l.waiting
+		pod.usedBlocks += l.usedBlocks
+	}
+	m.running.Store(int64(pod.running))
+	m.waiting.Store(int64(pod.waiting))
+	m.usedBlocks.Store(int64(pod.usedBlocks))
 }
+
+// kvUsage is the fraction of the pod's KV blocks in use: of all its ranks'
+// caches, the mean of theirs.
+func (m *podMetrics) kvUsage() float64 {
+	return float64(m.usedBlocks.Load()) / float64(m.podBlocks())
+}
+
+// rankKVUsage is the fraction of rank g's KV cache in use.
+func (m *podMetrics) rankKVUsage(g *rankGauges) float64 {
+	return float64(g.usedBlocks.Load()) / float64(m.cacheBlocks)
+}
+
+// podBlocks is the KV capacity of all the pod's ranks, in blocks.
+func (m *podMetrics) podBlocks() int { return m.cacheBlocks * len(m.ranks) }
 
 // cacheHitRate is hit tokens over queried prompt tokens since start (SGLang
 // reports it per logging interval; cumulative is steadier for a scraper).
@@ -333,8 +388,8 @@ func (m *podMetrics) trtllm(maxBatch int, timestamp string) trtllmStats {
 		MaxBatchSizeRuntime:  maxBatch,
 		MaxBatchSizeStatic:   maxBatch,
 		KvCacheStats: trtllmKVCacheStats{
-			MaxNumBlocks:   m.cacheBlocks,
-			FreeNumBlocks:  int64(m.cacheBlocks) - used,
+			MaxNumBlocks:   m.podBlocks(),
+			FreeNumBlocks:  int64(m.podBlocks()) - used,
 			UsedNumBlocks:  used,
 			TokensPerBlock: m.blockSize,
 			ReusedBlocks:   hit / int64(m.blockSize),

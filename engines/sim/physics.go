@@ -43,13 +43,14 @@ type Physics struct {
 	// DecodePerSeqSec is what each sequence in the batch adds to a step
 	// (default 0.0002): memory traffic grows with the batch.
 	DecodePerSeqSec float64
-	// MaxBatch is the most sequences decoded at once (default 64); the rest
-	// wait in the queue.
+	// MaxBatch is the most sequences decoded at once (default 64), on
+	// each data-parallel rank; the rest wait in the queue.
 	MaxBatch int
 	// BlockSize is the number of tokens per KV block (default 64).
 	BlockSize int
-	// CacheBlocks is the pod's KV capacity in blocks (default 3,000), shared
-	// by running sequences and the LRU prefix cache.
+	// CacheBlocks is the KV capacity in blocks (default 3,000) of the pod,
+	// or of each of its data-parallel ranks, shared by running sequences
+	// and the LRU prefix cache.
 	CacheBlocks int
 	// KVBytesPerToken is the size of one token's KV cache in bytes (default
 	// 131,072), for transfer times.

@@ -109,7 +109,9 @@ type schedMsg struct {
 // simulation that keeps up with the wall clock (times Speedup).
 //
 // Requests wait in FIFO order until a batch slot (at most MaxBatch admitted)
-// and KV room for prompt plus max tokens are free. Admitted requests prefill
+// and KV room for prompt plus max tokens are free on their data-parallel
+// rank, each rank having its own slots and KV cache as an engine core of
+// its own; the ranks share the timing below. Admitted requests prefill
 // one at a time in FIFO order, as the study's per-pod busy queue: the uncached
 // part, after a prefix-cache match at prefill start, at PrefillTokensPerSec.
 // A prefill's end produces the first token and stores the prompt's blocks in
@@ -133,6 +135,7 @@ type scheduler struct {
 	start   time.Time
 	ranks   []rankCache // one per data-parallel rank
 	next    int         // the rank of the next request
+	loads   []rankLoad  // publish's, one per rank
 	m       *podMetrics
 
 	inbox  chan schedMsg
@@ -150,8 +153,6 @@ type scheduler struct {
 	stepping    bool
 	stepStart   float64
 	stepEnd     float64
-	reserved    int // KV blocks reserved by admitted requests and pinned KV
-	held        int // KV blocks held by admitted requests and pinned KV
 	pinned      int // KV blocks of finished prefill legs awaiting pickup
 	notifyQ     []*request
 
@@ -172,11 +173,16 @@ type scheduler struct {
 
 // rankCache is one data-parallel rank's prefix cache, where its changes
 // are published (nil: nowhere), and the KV blocks its requests and pinned
-// KV hold.
+// KV reserve and hold.
 type rankCache struct {
-	cache *PrefixCache
-	sink  KVEventSink
-	held  int
+	cache    *PrefixCache
+	sink     KVEventSink
+	held     int
+	reserved int
+	// slots and full are admit's: the rank's admitted requests, and
+	// whether its queue's head waits for room.
+	slots int
+	full  bool
 }
 
 // inboxSize bounds the messages in flight to the scheduler; senders block
@@ -190,6 +196,7 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 		tick:    cfg.Tick,
 		start:   start,
 		ranks:   make([]rankCache, cfg.DataParallelSize),
+		loads:   make([]rankLoad, cfg.DataParallelSize),
 		m:       m,
 		copies:  cfg.Engine == engines.VLLM,
 		vocab:   wordIDs(cfg.Prompt),
@@ -356,26 +363,42 @@ func (s *scheduler) handle(m schedMsg) {
 }
 
 // admit moves waiting requests into the batch in FIFO order while a slot and
-// KV room for their prompt and whole output are free. The head of the queue
-// blocks the rest, as in vLLM's first-come-first-served scheduling.
+// KV room for their prompt and whole output are free on their rank. A
+// rank's first waiting request blocks the rank's others, as in vLLM's
+// first-come-first-served scheduling; the other ranks go on.
 func (s *scheduler) admit() {
-	for len(s.waiting) > 0 && len(s.receiving)+len(s.prefill)+len(s.decoding) < s.phys.MaxBatch {
-		r := s.waiting[0]
+	for i := range s.ranks {
+		s.ranks[i].slots, s.ranks[i].full = 0, false
+	}
+	for _, q := range [][]*request{s.receiving, s.prefill, s.decoding} {
+		for _, r := range q {
+			s.ranks[r.rank].slots++
+		}
+	}
+	for i, full := 0, 0; i < len(s.waiting) && full < len(s.ranks); {
+		r := s.waiting[i]
+		rc := &s.ranks[r.rank]
+		if rc.full {
+			i++
+			continue
+		}
 		// Blocks of its prefix that running requests hold cost no room
 		// (vLLM's allocate_slots needs blocks only past a hit in use), so
 		// it holds them from now on. Room counts each block once:
 		// reservations less the blocks shared.
-		cache := s.ranks[r.rank].cache
-		shared := cache.InUse(r.keys[:s.maxHit(r)])
+		shared := rc.cache.InUse(r.keys[:s.maxHit(r)])
 		need := s.phys.Blocks(len(r.tokens) + r.maxTokens)
-		if s.reserved-s.shared()+need-shared > s.phys.CacheBlocks {
-			return
+		if rc.slots >= s.phys.MaxBatch || rc.reserved-rc.cache.Shared()+need-shared > s.phys.CacheBlocks {
+			rc.full = true
+			full++
+			i++
+			continue
 		}
-		s.waiting[0] = nil
-		s.waiting = s.waiting[1:]
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+		rc.slots++
 		r.reserved = need
-		s.reserved += need
-		r.blocks, _ = cache.Hold(r.keys[:shared], shared, r.blocks[:0], nil)
+		rc.reserved += need
+		r.blocks, _ = rc.cache.Hold(r.keys[:shared], shared, r.blocks[:0], nil)
 		s.setHeld(r, shared)
 		if r.remote {
 			// The KV lands in blocks allocated now, as vLLM's and
@@ -512,7 +535,6 @@ func (s *scheduler) storeBlocks(r *request, from int) {
 func (s *scheduler) setHeld(r *request, blocks int) {
 	d := blocks - r.held
 	r.held = blocks
-	s.held += d
 	rc := &s.ranks[r.rank]
 	rc.held += d
 	if d <= 0 {
@@ -523,17 +545,6 @@ func (s *scheduler) setHeld(r *request, blocks int) {
 		rc.sink.BlockRemoved(evicted)
 	}
 	s.evicted = evicted
-}
-
-// shared is how many of the blocks requests hold are another request's
-// too: the engines hold a shared block once (vLLM's ref_cnt, SGLang's
-// radix node lock, TensorRT-LLM's block reuse).
-func (s *scheduler) shared() int {
-	n := 0
-	for _, rc := range s.ranks {
-		n += rc.cache.Shared()
-	}
-	return n
 }
 
 // release gives r's blocks back to its rank's prefix cache: its first
@@ -612,13 +623,14 @@ func (s *scheduler) finish(r *request, reason uint8) {
 		s.storeBlocks(r, len(r.keys))
 	}
 	r.state = stateDone
-	s.reserved -= r.reserved
+	rc := &s.ranks[r.rank]
+	rc.reserved -= r.reserved
 	r.reserved = 0
 	if r.pin && reason != finishAbort {
 		// Its prompt's blocks stay in use until a decode pod pulls them.
 		r.pinned = s.phys.Blocks(len(r.tokens))
 		s.pinned += r.pinned
-		s.reserved += r.pinned
+		rc.reserved += r.pinned
 		s.setHeld(r, r.pinned)
 	} else {
 		s.setHeld(r, 0)
@@ -635,7 +647,7 @@ func (s *scheduler) unpin(r *request) {
 		return
 	}
 	s.pinned -= r.pinned
-	s.reserved -= r.pinned
+	s.ranks[r.rank].reserved -= r.pinned
 	r.pinned = 0
 	s.setHeld(r, 0)
 	s.release(r)
@@ -681,12 +693,26 @@ func (s *scheduler) setProgress(r *request, reason uint8) {
 // gauges too.
 func (s *scheduler) publish() {
 	// Requests waiting for their KV count as waiting, as vLLM's
-	// WAITING_FOR_REMOTE_KVS requests do, though they hold a slot.
-	s.m.running.Store(int64(len(s.prefill) + len(s.decoding)))
-	s.m.waiting.Store(int64(len(s.waiting) + len(s.receiving)))
+	// WAITING_FOR_REMOTE_KVS requests do, though they hold a slot. A
+	// shared block counts once, as the engines hold it (vLLM's ref_cnt,
+	// SGLang's radix node lock, TensorRT-LLM's block reuse).
+	loads := s.loads
+	for i, rc := range s.ranks {
+		loads[i] = rankLoad{usedBlocks: rc.held - rc.cache.Shared()}
+	}
+	for _, q := range [][]*request{s.prefill, s.decoding} {
+		for _, r := range q {
+			loads[r.rank].running++
+		}
+	}
+	for _, q := range [][]*request{s.waiting, s.receiving} {
+		for _, r := range q {
+			loads[r.rank].waiting++
+		}
+	}
+	s.m.setLoads(loads)
 	s.m.pinnedBlocks.Store(int64(s.pinned))
 	s.m.prefilling.Store(int64(len(s.prefill)))
-	s.m.usedBlocks.Store(int64(s.held - s.shared()))
 	if s.slots != nil {
 		s.lora.Store(&loraActive{running: activeAdapters(s.prefill, s.decoding), waiting: activeAdapters(s.waiting, s.receiving)})
 	}
