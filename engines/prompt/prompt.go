@@ -82,16 +82,29 @@ var ErrNoTemplate = errors.New("prompt: the tokenizer has no chat template and n
 
 // SettingError is a Config that does not load, by the setting at fault
 // as config files spell it (tokenizer, chat_template or
-// chat_template_kwargs), so that a loader can name where it was written.
-// Its text is Err's.
+// chat_template_kwargs) and the value written there, so that a loader can
+// name where it was written. Its text is Err's.
 type SettingError struct {
 	Setting string
+	Value   any
 	Err     error
 }
 
 func (e *SettingError) Error() string { return e.Err.Error() }
 
 func (e *SettingError) Unwrap() error { return e.Err }
+
+// settingError is err, which setting of c caused.
+func (c Config) settingError(setting string, err error) *SettingError {
+	var v any = c.Tokenizer
+	switch setting {
+	case "chat_template":
+		v = c.ChatTemplate
+	case "chat_template_kwargs":
+		v = c.ChatTemplateKwargs
+	}
+	return &SettingError{setting, v, err}
+}
 
 // Load reads the tokenizer and compiles the chat template of c. It returns
 // nil and no error when c names no tokenizer (the stand-in). A model whose
@@ -109,24 +122,24 @@ func Load(c Config) (*Model, error) {
 			if c.ChatTemplate != "" {
 				setting = tmplSetting
 			}
-			return nil, &SettingError{setting, errors.New("prompt: chat_template and chat_template_kwargs need a tokenizer (the stand-in has no template)")}
+			return nil, c.settingError(setting, errors.New("prompt: chat_template and chat_template_kwargs need a tokenizer (the stand-in has no template)"))
 		}
 		return nil, nil
 	}
 	tok, err := hf.Load(c.Tokenizer)
 	if err != nil {
-		return nil, &SettingError{"tokenizer", err}
+		return nil, c.settingError("tokenizer", err)
 	}
 	src := tok.ChatTemplate()
 	if c.ChatTemplate != "" {
 		if src, err = templateText(c.ChatTemplate); err != nil {
-			return nil, &SettingError{tmplSetting, err}
+			return nil, c.settingError(tmplSetting, err)
 		}
 	}
 	m := &Model{dir: c.Tokenizer, tok: tok, kwargs: c.ChatTemplateKwargs, inline: c.InlineSystem}
 	if src != "" {
 		if m.tmpl, err = chat.Compile(src, tok.SpecialTokens()); err != nil {
-			return nil, &SettingError{tmplSetting, fmt.Errorf("prompt: chat template of %s: %w", c.Tokenizer, err)}
+			return nil, c.settingError(tmplSetting, fmt.Errorf("prompt: chat template of %s: %w", c.Tokenizer, err))
 		}
 		m.tmpl.Warm(c.ChatTemplateKwargs)
 	}

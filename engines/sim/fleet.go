@@ -273,7 +273,7 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 		c := pf.config().withDefaults()
 		var err error
 		if c.Prompt, err = prompts.Load(prompt.Config{Tokenizer: pf.Tokenizer, ChatTemplate: pf.ChatTemplate, ChatTemplateKwargs: pf.ChatTemplateArgs}); err != nil {
-			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, promptError(pf, err))
+			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, promptError(err))
 		}
 		if err := c.Validate(); err != nil {
 			return FleetConfig{}, podError(&nodes.Defaults, &nodes.Pods[i], i, c.Name, err)
@@ -296,23 +296,14 @@ func ParseFleet(data []byte) (FleetConfig, error) {
 	return fc, nil
 }
 
-// promptError is err, from loading pf's tokenizer and chat template, as
-// a fieldError of the setting at fault.
-func promptError(pf podFile, err error) error {
+// promptError is err, from loading a pod's tokenizer and chat template,
+// as a fieldError of the setting at fault.
+func promptError(err error) error {
 	var se *prompt.SettingError
 	if !errors.As(err, &se) {
 		return err
 	}
-	var v any
-	switch se.Setting {
-	case "tokenizer":
-		v = pf.Tokenizer
-	case "chat_template":
-		v = pf.ChatTemplate
-	case "chat_template_kwargs":
-		v = pf.ChatTemplateArgs
-	}
-	return &fieldError{errConfig, se.Setting, yamlkeys.Quote(v), "cannot be loaded: " + se.Err.Error()}
+	return &fieldError{errConfig, se.Setting, yamlkeys.Quote(se.Value), "cannot be loaded: " + se.Err.Error()}
 }
 
 // publisherOf is the KV-event publisher a pod of engine and ranks asks for

@@ -30,6 +30,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/chat"
+	"pdlb/engines/prompt"
 	"pdlb/internal/yamlkeys"
 	"pdlb/lb/admit"
 	"pdlb/lb/discovery/spec"
@@ -1027,6 +1028,18 @@ func (c *Config) ModelFor(model string) Model {
 	}
 	m.provision()
 	return m
+}
+
+// PromptError is err, from loading the tokenizer and chat template of
+// model, naming where the setting at fault is written (a
+// *prompt.SettingError's).
+func (c *Config) PromptError(model string, err error) error {
+	var se *prompt.SettingError
+	i := slices.IndexFunc(c.Models, func(m Model) bool { return m.Name == model })
+	if !errors.As(err, &se) || i < 0 {
+		return fmt.Errorf("model %q: %w", model, err)
+	}
+	return invalid(fmt.Sprintf("models[%d].%s", i, se.Setting), se.Value, "cannot be loaded: "+se.Err.Error())
 }
 
 // RouteOptions are the policies' knobs as this configuration sets them.

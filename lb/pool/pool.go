@@ -606,7 +606,7 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 				m.loads = pm.loads
 			}
 			if m.Prompt, m.promptKey, err = loadPrompt(mc, prompts); err != nil {
-				return nil, fmt.Errorf("model %q: %w", pc.Model, err)
+				return nil, cfg.PromptError(pc.Model, err)
 			}
 			i, ok := s.modelIndex[pc.Model]
 			if !ok {

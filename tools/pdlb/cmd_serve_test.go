@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/tokfiles"
 	"pdlb/lb"
 	"pdlb/lb/config"
 )
@@ -364,5 +365,33 @@ func writeFleet(t *testing.T, path, extra string, pods map[string]string, models
 	}
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestServeTokenizerRefused: a model's tokenizer or chat template that
+// does not load stops serve with the path of the setting in the config
+// file, as the other config errors name theirs (a fleet file's too).
+func TestServeTokenizerRefused(t *testing.T) {
+	pods := modelPods(t, "m", "n")
+	dir := t.TempDir()
+	broken, path := filepath.Join(dir, "broken"), filepath.Join(dir, "pdlb.yaml")
+	if err := os.Mkdir(broken, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(broken, "tokenizer.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	qwen := strconv.Quote(tokfiles.Dir(t, "qwen3"))
+	for _, tc := range []struct{ models, want string }{
+		{"models: [{name: m}, {name: n, tokenizer: " + strconv.Quote(broken) + "}]\n",
+			"models[1].tokenizer = " + strconv.Quote(broken) + " cannot be loaded: hf: "},
+		{"models: [{name: m, tokenizer: " + qwen + ", chat_template: '{% if %}'}]\n",
+			`models[0].chat_template = "{% if %}" cannot be loaded: prompt: chat template of `},
+	} {
+		writeFleet(t, path, tc.models, pods, "m", "n")
+		err := cmdServe([]string{"--config", path}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: serve: %v; want %q", tc.models, err, tc.want)
+		}
 	}
 }
