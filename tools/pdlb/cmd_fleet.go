@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -75,12 +76,12 @@ func runFleet(fc sim.FleetConfig, stdout io.Writer, stop <-chan os.Signal) error
 		c := p.Config()
 		ev := "-"
 		if pub := fleet.Publisher(i); pub != nil {
-			ev = pub.Endpoint()
+			ev = "tcp://" + dialable(strings.TrimPrefix(pub.Endpoint(), "tcp://"))
 			if c.DataParallelSize > 1 {
 				ev += fmt.Sprintf(" (%d ranks: ports + rank)", c.DataParallelSize)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\n", c.Name, c.Model, c.Engine, p.Addr(), c.Speedup, ev)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\n", c.Name, c.Model, c.Engine, dialable(p.Addr()), c.Speedup, ev)
 	}
 	if err := tw.Flush(); err != nil {
 		return errors.Join(err, fleet.Close())
@@ -89,4 +90,15 @@ func runFleet(fc sim.FleetConfig, stdout io.Writer, stop <-chan os.Signal) error
 	s := <-stop
 	fmt.Fprintf(stdout, "%v: closing the fleet\n", s)
 	return fleet.Close()
+}
+
+// dialable is listen address addr as a client on this machine dials it:
+// a host of every interface (0.0.0.0, [::]) as 127.0.0.1, so that a
+// serve config, which refuses those hosts, can take what is listed.
+func dialable(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); err == nil && (host == "" || ip != nil && ip.IsUnspecified()) {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
 }

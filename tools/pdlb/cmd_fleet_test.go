@@ -12,6 +12,8 @@ import (
 
 	"pdlb/engines/sim"
 	"pdlb/internal/testlog"
+	"pdlb/internal/testwait"
+	"pdlb/lb/config"
 )
 
 func TestRunFleet(t *testing.T) {
@@ -82,5 +84,31 @@ func TestFleetSpeedupZeroRefused(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("fleet --speedup 0 started serving")
+	}
+}
+
+// TestRunFleetListsDialableAddresses: a pod listening and publishing on
+// every interface (listen 0.0.0.0:port, kv_events tcp://*:port, as vLLM's
+// default endpoint) is listed at addresses a serve config takes for the
+// pod's address and kv_events, which refuses every-interface hosts.
+func TestRunFleetListsDialableAddresses(t *testing.T) {
+	fc, err := sim.ParseFleet([]byte("pods:\n  - listen: 0.0.0.0:0\n    kv_events: tcp://*:0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out testlog.Buffer
+	stop := make(chan os.Signal, 1)
+	done := make(chan error, 1)
+	go func() { done <- runFleet(fc, &out, stop) }()
+	testwait.For(t, "the pod listing", func() bool { return strings.Contains(out.String(), "Serving") })
+	stop <- syscall.SIGTERM
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(strings.Split(out.String(), "\n")[1])
+	cfg := config.Default()
+	cfg.Pods = []config.Pod{{Model: "m", Address: f[3], KVEvents: f[5]}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("listing %q: %v", f, err)
 	}
 }
