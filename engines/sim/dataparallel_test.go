@@ -200,3 +200,20 @@ func TestDataParallelRankGauges(t *testing.T) {
 		})
 	}
 }
+
+// TestFleetRankPortsRefused: a fleet file whose ranks' KV-event ports run
+// past 65535 or into their replay sockets' is refused at load naming the
+// setting, as a serve config is, rather than failing to bind at start.
+func TestFleetRankPortsRefused(t *testing.T) {
+	f := func(pod, want string) {
+		t.Helper()
+		_, err := ParseFleet([]byte("pods:\n  - " + pod + "\n"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want %q", pod, err, want)
+		}
+	}
+	f("{kv_events: tcp://127.0.0.1:7000, kv_replay: tcp://127.0.0.1:7001, data_parallel_size: 2}",
+		`pods[0].kv_replay = "tcp://127.0.0.1:7001" puts the replay sockets of ranks 0 to 1 on ports 7001 to 7002`)
+	f("{kv_events: tcp://127.0.0.1:65535, kv_replay: tcp://127.0.0.1:6000, data_parallel_size: 2}",
+		"pods[0].data_parallel_size = 2 puts rank 1's KV events on port 65536")
+}

@@ -326,8 +326,20 @@ func publisherOf(p podFile, engine engines.Kind, ranks int) (vllm.PublisherConfi
 	case !ok:
 		return c, bad("kv_events", p.KVEvents, "must be tcp://host:port")
 	case p.KVReplay != "":
-		if _, _, ok := splitEndpoint(p.KVReplay); !ok {
+		rpHost, rpPort, ok := splitEndpoint(p.KVReplay)
+		if !ok {
 			return c, bad("kv_replay", p.KVReplay, "must be tcp://host:port")
+		}
+		if port == 0 || rpPort == 0 { // free ports meet nothing
+			break
+		}
+		r := engines.RankPorts{Ranks: ranks, EventsHost: host, EventsPort: port, ReplayHost: rpHost, ReplayPort: rpPort,
+			Replay: "kv_replay's port", ReplaySetting: "kv_replay"}
+		switch setting, why := r.Problem(); setting {
+		case "data_parallel_size":
+			return c, bad(setting, ranks, why)
+		case "kv_replay":
+			return c, bad(setting, p.KVReplay, why)
 		}
 	case port != 0 && port+ranks > 65535:
 		return c, bad("data_parallel_size", ranks, fmt.Sprintf("puts the replay socket on port %d (kv_events' port + %d), past 65535: set kv_replay", port+ranks, ranks))

@@ -835,26 +835,22 @@ func (p Pod) Validate(field string) error {
 // kv_replay's + r, so both runs must end by port 65535 and must not meet
 // on one host. replayField names the replay port's setting in errors.
 func (p Pod) validateRankPorts(field, replayField string) error {
-	last := max(p.DataParallelSize, 1) - 1
-	evHost, evPort := splitTCP(p.KVEvents)
-	rpHost, rpPort, replay := evHost, engines.DefaultKVReplayPort, fmt.Sprintf("the default port %d", engines.DefaultKVReplayPort)
+	r := engines.RankPorts{Ranks: max(p.DataParallelSize, 1), ReplayPort: engines.DefaultKVReplayPort,
+		Replay: fmt.Sprintf("the default port %d", engines.DefaultKVReplayPort), ReplaySetting: replayField}
+	r.EventsHost, r.EventsPort = splitTCP(p.KVEvents)
+	r.ReplayHost = r.EventsHost
 	if p.KVReplay != "" {
-		rpHost, rpPort = splitTCP(p.KVReplay)
-		replay = replayField + "'s port"
+		r.ReplayHost, r.ReplayPort = splitTCP(p.KVReplay)
+		r.Replay = replayField + "'s port"
 	}
-	switch {
-	case evPort+last > 65535:
-		return invalid(field+".data_parallel_size", p.DataParallelSize,
-			fmt.Sprintf("puts rank %d's KV events on port %d (kv_events' port + %d), past 65535", last, evPort+last, last))
-	case rpPort+last > 65535:
-		return invalid(field+".data_parallel_size", p.DataParallelSize,
-			fmt.Sprintf("puts rank %d's replay socket on port %d (%s + %d), past 65535", last, rpPort+last, replay, last))
-	case evHost == rpHost && evPort <= rpPort+last && rpPort <= evPort+last:
-		return invalid(field+"."+replayField, p.KVReplay,
-			fmt.Sprintf("puts the replay sockets of ranks 0 to %d on ports %d to %d (%s + rank), where their KV events are (%d to %d); set %s apart",
-				last, rpPort, rpPort+last, replay, evPort, evPort+last, replayField))
+	switch setting, why := r.Problem(); setting {
+	case "":
+		return nil
+	case "data_parallel_size":
+		return invalid(field+".data_parallel_size", p.DataParallelSize, why)
+	default:
+		return invalid(field+"."+setting, p.KVReplay, why)
 	}
-	return nil
 }
 
 // dnsRankPorts checks the ports of the KV events of the ranks of the pods
