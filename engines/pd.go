@@ -23,6 +23,11 @@ type Protocol interface {
 	// generation_first); otherwise the decode leg waits for the prefill
 	// response (vLLM, TRT-LLM context_first), and DecodeBody needs it.
 	Concurrent() bool
+	// AwaitsPrefill says the engine's own disaggregated server relays a
+	// concurrent exchange's decode stream only once the prefill leg
+	// answered (TensorRT-LLM generation_first), not as it comes
+	// (SGLang's router).
+	AwaitsPrefill() bool
 	// Begin fills the exchange's engine-drawn values (x.ID) before either
 	// body is built.
 	Begin(x *Exchange)

@@ -482,6 +482,76 @@ func TestPDPrefillFailsAfterDecodeAnswer(t *testing.T) {
 	ledgerSettles(t, s)
 }
 
+// TestPDPrefillHangsAfterDecodeAnswer: a generation_first decode pod
+// fails the stream it opened as soon as the KV transfer is refused, while
+// the context leg hangs well past the moments a concurrent decode answer
+// waits for it, then fails. TensorRT-LLM's disaggregated server relays
+// the generation stream only once the context leg answered (it gathers
+// both legs' tasks first: openai_disagg_service.py,
+// _send_disagg_request_gen_first), so the client still gets the context
+// leg's error, not 200 and the decode pod's error event.
+func TestPDPrefillHangsAfterDecodeAnswer(t *testing.T) {
+	e := pdEngines[3]
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	info := fmt.Sprintf(`{"disaggregated_params":{"ctx_info_endpoint":"tcp://%s","ctx_dp_rank":0}}`, deadAddr(t))
+	preAddr := fakePod(t, func(c net.Conn, r *http.Request) {
+		if r.URL.Path == "/server_info" {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(info), info)
+			return
+		}
+		for deadline := time.Now().Add(testwait.Timeout); dec.Stats().KVPullFailures == 0 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		// Hung well past lb/pd's prefillGrace (250 ms), then closed
+		// unanswered.
+		time.Sleep(time.Second)
+	})
+	pre := pdPod(dec, preAddr, "rs0")
+	pre.Name, pre.Role = "pre", sim.RolePrefill
+	s := pdGateway(t, e, []config.Pod{pre, pdPod(dec, dec.Addr(), "rs0")}, nil)
+	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
+	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	ledgerSettles(t, s)
+}
+
+// TestPDClientLeavesWhileDecodeAnswerWaits: a client that leaves while
+// its generation_first decode answer waits for the hung context leg
+// (TestPDPrefillHangsAfterDecodeAnswer) cuts both legs: the context pod's
+// connection closes, and nothing stays charged or in flight.
+func TestPDClientLeavesWhileDecodeAnswerWaits(t *testing.T) {
+	e := pdEngines[3]
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	info := fmt.Sprintf(`{"disaggregated_params":{"ctx_info_endpoint":"tcp://%s","ctx_dp_rank":0}}`, deadAddr(t))
+	cut := make(chan struct{})
+	preAddr := fakePod(t, func(c net.Conn, r *http.Request) {
+		if r.URL.Path == "/server_info" {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(info), info)
+			return
+		}
+		_, _ = io.Copy(io.Discard, c) // until the gateway closes it
+		close(cut)
+	})
+	pre := pdPod(dec, preAddr, "rs0")
+	pre.Name, pre.Role = "pre", sim.RolePrefill
+	s := pdGateway(t, e, []config.Pod{pre, pdPod(dec, dec.Addr(), "rs0")}, nil)
+	body := pdBody("/v1/chat/completions", true, 8)
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	testwait.For(t, "the decode pod to fail the KV transfer", func() bool { return dec.Stats().KVPullFailures > 0 })
+	c.Close()
+	select {
+	case <-cut:
+	case <-time.After(testwait.Timeout):
+		t.Fatal("the context leg's connection stayed open after the client left")
+	}
+	waitIdle(t, s)
+}
+
 // stallProxy stands in front of addr: it relays requests whole, and of
 // each data-path connection (not the gateway's health checks) only the
 // response headers, then nothing: a decode pod whose answer hangs after it
@@ -967,16 +1037,16 @@ func TestPDLatePrefillLegKeepsRetryCharge(t *testing.T) {
 	}
 }
 
-// pickupPair starts a TensorRT-LLM generation_first pair whose prefill
-// pod (a sim) answers its leg only once a decode pod took the KV, which
-// the fake decode pod, decode, never does; edit adjusts the gateway.
-func pickupPair(t *testing.T, decode func(net.Conn, *http.Request), edit func(*config.Config)) *lb.Server {
+// pickupPair starts a concurrent pair of e (SGLang or TensorRT-LLM
+// generation_first) whose prefill pod (a sim) answers its leg only once a
+// decode pod took the KV, which the fake decode pod, decode, never does;
+// edit adjusts the gateway.
+func pickupPair(t *testing.T, e pdEngine, decode func(net.Conn, *http.Request), edit func(*config.Config)) *lb.Server {
 	t.Helper()
-	e := pdEngines[3]
 	pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) { c.KVTimeout = time.Hour })
 	dec := fakePod(t, decode)
 	return pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "rs0"),
-		{Name: "dec", Model: "m", Address: dec, Engine: "trtllm", Role: sim.RoleDecode, Roleset: "rs0"}},
+		{Name: "dec", Model: "m", Address: dec, Engine: string(e.engine), Role: sim.RoleDecode, Roleset: "rs0"}},
 		func(cfg *config.Config) {
 			cfg.Health.Interval = time.Hour
 			cfg.Health.EjectAfterFailures = 1
@@ -1022,7 +1092,7 @@ func TestPDAbandonedPrefillLegCountsNothing(t *testing.T) {
 		{"decode reset, short prefill timeout", reset, 300 * time.Millisecond, http.StatusBadGateway, "server closed connection"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := pickupPair(t, c.decode, func(cfg *config.Config) { cfg.PD.PrefillRequestTimeout = c.timeout })
+			s := pickupPair(t, pdEngines[3], c.decode, func(cfg *config.Config) { cfg.PD.PrefillRequestTimeout = c.timeout })
 			// A client that keeps its connection: closing it would cut the
 			// leg as a client that left.
 			kc := &http.Client{Timeout: 20 * time.Second}
@@ -1036,10 +1106,9 @@ func TestPDAbandonedPrefillLegCountsNothing(t *testing.T) {
 	}
 }
 
-// TestPDBrokenDecodeStreamGivesUpPrefillLeg: in a concurrent exchange the
+// TestPDBrokenDecodeStreamGivesUpPrefillLeg: in an SGLang exchange the
 // decode pod's 200 may reach the client while the prefill leg still runs
-// (SGLang's and generation_first's decode pods answer at once, then wait
-// for the KV). When that stream then breaks (the pod cuts it, the decode
+// (its decode pod answers at once, then waits for the KV). When that stream then breaks (the pod cuts it, the decode
 // watchdog finds it idle, the engine ends it with its error event, the
 // client leaves) no decode leg will take the KV: the prefill leg is given
 // up at once, as when the decode leg fails before its 200, on fasthttp
@@ -1110,7 +1179,9 @@ func TestPDBrokenDecodeStreamGivesUpPrefillLeg(t *testing.T) {
 		{"stream cut, short prefill timeout", cut, "gnet", 300 * time.Millisecond, ask(`data: {"error"`)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := pickupPair(t, c.decode, func(cfg *config.Config) {
+			// SGLang: a generation_first decode answer waits for its
+			// context leg (TestPDPrefillHangsAfterDecodeAnswer).
+			s := pickupPair(t, pdEngines[1], c.decode, func(cfg *config.Config) {
 				cfg.Frontend = c.frontend
 				cfg.PD.PrefillRequestTimeout = c.timeout
 				cfg.PD.DecodeStreamIdleTimeout = 300 * time.Millisecond
@@ -1134,7 +1205,7 @@ func TestPDWholeAnswerCutByPrefillSparesDecodePod(t *testing.T) {
 		io.Copy(io.Discard, c)
 	}
 	// The prefill leg times out: no decode pod takes its KV.
-	s := pickupPair(t, partial, func(cfg *config.Config) { cfg.PD.PrefillRequestTimeout = 300 * time.Millisecond })
+	s := pickupPair(t, pdEngines[3], partial, func(cfg *config.Config) { cfg.PD.PrefillRequestTimeout = 300 * time.Millisecond })
 	kc := &http.Client{Timeout: 20 * time.Second}
 	defer kc.CloseIdleConnections()
 	resp, b := postVia(t, kc, s, "/v1/completions", pdBody("/v1/completions", false, 2))

@@ -32,6 +32,11 @@ func (PD) Kind() engines.Kind { return engines.SGLang }
 // Concurrent implements engines.Protocol.
 func (PD) Concurrent() bool { return true }
 
+// AwaitsPrefill implements engines.Protocol: SGLang's router relays the
+// decode stream as it comes, reading the prefill leg's body only to merge
+// logprobs (sgl-model-gateway's src/routers/http/pd_router.rs).
+func (PD) AwaitsPrefill() bool { return false }
+
 // Begin implements engines.Protocol: draws the bootstrap room, a random
 // non-negative int63 (rand/v2's generator is per-goroutine-safe and
 // lock-free); a batch's prompts take it and the rooms after it, which

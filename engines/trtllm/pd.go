@@ -67,6 +67,12 @@ func (*PD) Kind() engines.Kind { return engines.TRTLLM }
 // Concurrent implements engines.Protocol.
 func (p *PD) Concurrent() bool { return p.style == GenerationFirst }
 
+// AwaitsPrefill implements engines.Protocol: trtllm-serve's disaggregated
+// server gathers both legs of a generation_first request before it
+// returns the generation stream (openai_disagg_service.py,
+// _send_disagg_request_gen_first).
+func (p *PD) AwaitsPrefill() bool { return p.style == GenerationFirst }
+
 // Begin implements engines.Protocol: draws the disagg_request_id.
 func (p *PD) Begin(x *engines.Exchange) { x.ID = p.ids.Next() }
 

@@ -25,6 +25,10 @@ func (PD) Kind() engines.Kind { return engines.VLLM }
 // response's kv_transfer_params.
 func (PD) Concurrent() bool { return false }
 
+// AwaitsPrefill implements engines.Protocol; vLLM's exchange is
+// sequential.
+func (PD) AwaitsPrefill() bool { return false }
+
 // Begin implements engines.Protocol; vLLM needs no exchange id.
 func (PD) Begin(*engines.Exchange) {}
 

@@ -13,7 +13,8 @@ import (
 )
 
 // prefillGrace is how long a concurrent decode leg's answer waits for
-// the prefill leg's outcome.
+// the prefill leg's outcome, unless the engine's server would wait for
+// it (engines.Protocol.AwaitsPrefill) and the answer is a stream's 200.
 const prefillGrace = 250 * time.Millisecond
 
 // runConcurrent sends both legs at once and waits for the one that
@@ -57,21 +58,25 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 				// A decode leg whose KV never came fails too, with an
 				// error status or, past a stream's head, an error event:
 				// when the prefill leg fails within moments, it names the
-				// cause, as TensorRT-LLM's disaggregated server relays a
-				// generation_first stream only once its context leg
-				// answered.
+				// cause. A 200 waits for the prefill leg's outcome itself
+				// where the engine's server relays nothing before it; an
+				// error status never does: its pod takes no KV, so a
+				// prefill leg that waits for the pickup would not end. The
+				// prefill leg's own timeout, or the client's leaving,
+				// ends the wait.
+				var grace <-chan time.Time
+				if resp.StatusCode() != fasthttp.StatusOK || !c.proto.AwaitsPrefill() {
+					grace = time.After(prefillGrace)
+				}
 				select {
 				case f := <-preDone:
 					preDone = nil
 					if f != nil {
-						upstream.CloseStream(resp, ErrAbandoned)
-						fasthttp.ReleaseResponse(resp)
-						c.Dec.Release()
+						c.dropDecode(resp, true)
 						return c.prefillFailed(f)
 					}
-				case <-time.After(prefillGrace):
+				case <-grace:
 					if resp.StatusCode() != fasthttp.StatusOK {
-						// A decode pod that answered an error takes no KV.
 						c.abandonPrefill()
 					}
 				}
@@ -146,7 +151,14 @@ func (c *Call) abandonDecode(resp *fasthttp.Response) {
 		close(l.Cut)
 		return
 	}
-	if err := <-l.DecDone; err == nil {
+	c.dropDecode(resp, <-l.DecDone == nil)
+}
+
+// dropDecode releases a concurrent decode leg's response that was
+// delivered to the request, which will not relay it; answered: its head
+// came, and its stream is closed.
+func (c *Call) dropDecode(resp *fasthttp.Response, answered bool) {
+	if answered {
 		upstream.CloseStream(resp, ErrAbandoned)
 	}
 	fasthttp.ReleaseResponse(resp)
