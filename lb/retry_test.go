@@ -595,6 +595,63 @@ func TestRetryReturnsToPodBackUp(t *testing.T) {
 	f("down again", 2, 0, http.StatusBadGateway)
 }
 
+// TestHedgeGoesBackToPodBackUp: an attempt whose model has no pod left
+// untried still gets the first-byte deadline when a pod the request left
+// (found dead while it held it) is healthy again: the hung attempt is
+// given up there and the request goes back to that pod. Pod a holds the
+// request and is found dead, so is b after it; a is back, and c, up by
+// then, takes the request and hangs.
+func TestHedgeGoesBackToPodBackUp(t *testing.T) {
+	names := []string{"a", "b", "c"}
+	down := make([]atomic.Bool, 3)
+	held := make([]atomic.Int32, 3)
+	var pods []config.Pod
+	for i, name := range names {
+		wedged := int32(1)
+		if name == "c" {
+			wedged = 1000 // hangs whatever it gets
+		}
+		pods = append(pods, config.Pod{Name: name, Model: "m", Address: wedgeFirst(t, &down[i], &held[i], wedged)})
+	}
+	down[1].Store(true)
+	down[2].Store(true)
+	s := testGateway(t, pods, func(c *config.Config) {
+		c.Health.Interval, c.Health.Timeout, c.Health.UnhealthyAfter = 20*time.Millisecond, 50*time.Millisecond, 2
+		c.Health.EjectAfterFailures = 1000
+		// Without the hedge, the hung attempt ends here, 504.
+		c.Upstream.ResponseTimeout = 5 * time.Second
+		c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 1, Floor: 200 * time.Millisecond}
+		c.Upstream.Retries = 1
+	})
+	healthy := func(i int, want bool) {
+		t.Helper()
+		down[i].Store(!want)
+		testwait.For(t, fmt.Sprintf("the checks to find %s healthy: %v", names[i], want), func() bool { return podCounts(t, s, names[i]).Healthy == want })
+	}
+	healthy(1, false)
+	healthy(2, false)
+	answer := postLater(s, `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":8,"stream":true}`)
+	holds := func(i int) {
+		t.Helper()
+		testwait.For(t, names[i]+" to hold the request", func() bool { return held[i].Load() == 1 })
+	}
+	holds(0)
+	healthy(1, true)
+	healthy(0, false)
+	holds(1)
+	healthy(0, true)
+	healthy(2, true)
+	healthy(1, false)
+	holds(2)
+	if a := <-answer; a.code != http.StatusOK || a.pod != "a" {
+		t.Fatalf("%d from %q, want 200 from a, the pod back up: %s", a.code, a.pod, a.body)
+	}
+	if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="hung"}`); n != 1 {
+		t.Fatalf("%v hedged retries, want 1", n)
+	}
+	waitIdle(t, s)
+}
+
 // TestRetryPDDecodeLeg: a decode pod that resets the decode leg before its
 // answer's first byte may have read the prefill's KV, so the whole pair is
 // retried: the client gets its answer from the other decode pod.
