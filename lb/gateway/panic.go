@@ -23,9 +23,13 @@ import (
 // lagging state but a reload's word: never a panic pick.
 
 // appendBack appends to cands a candidate for each combined pod of m in
-// back that is available at now, filled as pool.PodLoad.Fill does.
-func appendBack(m *pool.Model, cands []route.Candidate, now int64, back []int32, match *pool.Match) []route.Candidate {
-	return appendCombinedIf(m, cands, match, func(l *pool.PodLoad) bool { return l.Available(now) && slices.Contains(back, l.ID) })
+// back that is available at now (to a request answered beside the
+// engine's work when beside, as m.AppendCombined), filled as
+// pool.PodLoad.Fill does.
+func appendBack(m *pool.Model, cands []route.Candidate, now int64, back []int32, match *pool.Match, beside bool) []route.Candidate {
+	return appendCombinedIf(m, cands, match, func(l *pool.PodLoad) bool {
+		return l.AvailableBeside(now, beside) && slices.Contains(back, l.ID)
+	})
 }
 
 // appendPanic appends to cands a candidate for each combined pod of m not

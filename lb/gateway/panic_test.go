@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/admit"
+	"pdlb/lb/openai"
 )
 
 // TestPanicRetry: a retry that finds no untried pod available goes to an
@@ -49,4 +50,38 @@ func TestPanicRetry(t *testing.T) {
 	f("every pod ejected", []int{0, 1, 2}, nil, nil, 0, 503)
 	f("two pods left, reset", nil, []int{1, 2}, []error{reset, nil}, 1, 502)
 	f("one pod ejected, one left, reset, then answered", []int{1}, []int{2}, []error{reset, nil, nil}, 2, 200)
+}
+
+// TestRetryBackBesideProbe: a tokenization that goes back to a pod it
+// left (mayReturn) takes it while the pod is half-open with its one probe
+// out, as its first pick would (a tokenization is no probe: pool's
+// AppendCombined); a completion keeps off it, and finds no pod.
+func TestRetryBackBesideProbe(t *testing.T) {
+	f := func(kind openai.Kind, want string) {
+		t.Helper()
+		g, m := stagesGateway(t, 2, nil)
+		x, _ := startCompletion(t, g, m, &scripted{}, admit.Interactive)
+		defer g.leave(x)
+		if err := x.req.Parse(kind, []byte(`{"model":"m","prompt":"say something long enough to count"}`)); err != nil {
+			t.Fatal(err)
+		}
+		back := m.Combined[0]
+		back.Eject(g.ledger.Now(), 0)
+		back.Acquire() // the probe
+		defer back.Release()
+		for _, p := range m.Combined {
+			x.attempts++
+			x.tried = append(x.tried, p.ID)
+		}
+		x.back = append(x.back, back.ID)
+		got := ""
+		if pod := g.pick(m, x, ""); pod != nil {
+			got = pod.Config.Name
+		}
+		if got != want {
+			t.Errorf("kind %v: picked %q, want %q", kind, got, want)
+		}
+	}
+	f(openai.KindTokenizer, "p0")
+	f(openai.KindCompletion, "")
 }

@@ -84,11 +84,12 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 	now := g.ledger.Now()
 	x.routeReq = route.Request{PromptTokens: x.req.PromptTokens(), Keys: x.keys, BlockSize: m.BlockSize, Rand: rand.Uint64()}
 	match := matchOf(m, x)
-	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match, !x.reachesEngine())
+	beside := !x.reachesEngine()
+	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match, beside)
 	x.panicked = false
 	if len(x.cands) == 0 && x.attempts > 0 && !x.seeking {
 		// A retry with no untried pod available (panic.go).
-		if x.cands = appendBack(m, x.cands, now, x.back, &match); len(x.cands) == 0 {
+		if x.cands = appendBack(m, x.cands, now, x.back, &match, beside); len(x.cands) == 0 {
 			x.panicked = true
 			x.cands = appendPanic(m, x.cands, x.tried, &match)
 		}

@@ -177,6 +177,10 @@ func (l *podLoad) set(f uint32, on bool) bool {
 // (closed again) or fails (open again at once).
 func (l *podLoad) Available(now int64) bool { return l.available(now, false) }
 
+// AvailableBeside is Available for a request answered beside the engine's
+// work when beside (a tokenization), as AppendCombined picks it.
+func (l *podLoad) AvailableBeside(now int64, beside bool) bool { return l.available(now, beside) }
+
 // available is Available for a request answered beside the engine's work
 // (beside: a tokenization), which is no probe: a half-open pod's probe in
 // flight does not keep it off.
