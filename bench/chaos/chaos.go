@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -693,16 +694,20 @@ type erredRequest struct {
 
 // accessLine is the part of an access log line explainErrors reads.
 type accessLine struct {
-	RequestID string `json:"request_id"`
-	Status    int    `json:"status"`
-	Pod       string `json:"pod"`
-	Attempts  int    `json:"attempts"`
-	Error     string `json:"error"`
-	Retried   []struct {
-		Pod    string `json:"pod"`
-		Reason string `json:"reason"`
-		Error  string `json:"error"`
-	} `json:"retried"`
+	RequestID string           `json:"request_id"`
+	Status    int              `json:"status"`
+	Pod       string           `json:"pod"`
+	Attempts  int              `json:"attempts"`
+	Error     string           `json:"error"`
+	Retried   []retriedAttempt `json:"retried"`
+}
+
+// retriedAttempt is an attempt of an access log line's request that
+// failed and was retried.
+type retriedAttempt struct {
+	Pod    string `json:"pod"`
+	Reason string `json:"reason"`
+	Error  string `json:"error"`
 }
 
 // explainErrors reads the gateway's access log at path and counts each
@@ -749,19 +754,35 @@ func explainErrors(rep *Report, path string, erred map[string]erredRequest, f *f
 }
 
 // origin says where an error answer came from: the gateway found no pod
-// to try, a pod's own answer was relayed, every attempt the retries allow
-// failed, or the gateway did not retry (the retry budget, or a reason
-// upstream.retry_on leaves out).
+// to try, a pod's own answer was relayed, the request spent its retries,
+// or it had retries left: then no pod was left to try, or its last
+// failure was not retried (the retry budget, a reason upstream.retry_on
+// leaves out, a byte already sent), which the access log does not tell
+// apart.
 func origin(l accessLine, retries int) string {
 	switch {
 	case strings.HasPrefix(l.Error, "No healthy inference server"):
 		return "gateway: no pod available"
 	case l.Error == "":
 		return fmt.Sprintf("pod %s's own %d", l.Pod, l.Status)
-	case l.Attempts > retries:
+	case l.retriesSpent() >= retries:
 		return "retries spent"
 	}
-	return "not retried"
+	return "retries left: no pod left, or not retried"
+}
+
+// retriesSpent counts the request's retries as the gateway does: each
+// attempt after the first spends one, but a move off a pod found dead
+// ("down") on the request's first attempt there (its freeMove), which
+// the attempts count too.
+func (l *accessLine) retriesSpent() int {
+	spent := l.Attempts - 1
+	for i, r := range l.Retried {
+		if r.Reason == "down" && !slices.ContainsFunc(l.Retried[:i], func(e retriedAttempt) bool { return e.Pod == r.Pod }) {
+			spent--
+		}
+	}
+	return spent
 }
 
 // rss is the process's resident set in bytes (0 where /proc is missing).
