@@ -79,6 +79,12 @@ func (k Kind) RequiresModel() bool { return k == TRTLLM }
 // engine's StreamOptions in its OpenAI protocol module).
 func (k Kind) IncludeUsageDefault() bool { return k != SGLang }
 
+// ContinuousUsageAlone says whether engine k streams usage in every chunk
+// for stream_options.continuous_usage_stats even where include_usage is
+// false: SGLang does; vLLM and TensorRT-LLM need both (their
+// should_include_usage: include_usage and continuous_usage_stats).
+func (k Kind) ContinuousUsageAlone() bool { return k == SGLang }
+
 // DecodeServesPlain says whether a decode pod of engine k serves a request
 // that carries none of the prefill/decode exchange's fields by prefilling
 // it itself. vLLM's NixlConnector computes a request without

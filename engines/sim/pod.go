@@ -800,7 +800,7 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 		if o.IncludeUsage.set {
 			usage = o.IncludeUsage.val
 		}
-		continuous = bool(o.ContinuousUsageStats)
+		continuous = bool(o.ContinuousUsageStats) && (usage || p.cfg.Engine.ContinuousUsageAlone())
 	}
 	return newSSEWriter(isChat, id, created, model, usage, continuous, p.cfg.Engine == engines.TRTLLM, prompts, n)
 }

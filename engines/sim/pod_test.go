@@ -476,3 +476,24 @@ func TestErrorBodiesByEngine(t *testing.T) {
 		f("/v1/chat/completions", map[string]any{"model": "m1", "messages": []map[string]any{{"role": "user", "content": nil}}}, 400, "messages[0].content")
 	}
 }
+
+// TestContinuousUsageWithoutIncludeUsage: continuous_usage_stats puts
+// usage in every chunk only with include_usage on vLLM and TensorRT-LLM
+// (should_include_usage: include_usage and continuous_usage_stats), and
+// on its own on SGLang.
+func TestContinuousUsageWithoutIncludeUsage(t *testing.T) {
+	for _, tc := range []struct {
+		engine engines.Kind
+		usage  bool
+	}{{engines.VLLM, false}, {engines.SGLang, true}, {engines.TRTLLM, false}} {
+		p := testPod(t, Config{Speedup: fast, Engine: tc.engine})
+		_, events := stream(t, testClient(t), context.Background(), "http://"+p.Addr()+"/v1/completions",
+			map[string]any{"prompt": "stream me", "stream": true, "max_tokens": 3,
+				"stream_options": map[string]any{"include_usage": false, "continuous_usage_stats": true}})
+		for i, ch := range parseChunks(t, events) {
+			if got := ch.Usage != nil; got != tc.usage {
+				t.Errorf("%s: chunk %d has usage %v, want %v: %s", tc.engine, i, got, tc.usage, events[i].data)
+			}
+		}
+	}
+}
