@@ -463,6 +463,9 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 				x.modelStats.ttft.Update(t.first.Sub(x.start).Seconds())
 			}
 		}
+		if x.counted.UsageOnly() && x.req.UsageHidden() {
+			continue // the gateway asked for it (parse)
+		}
 		if _, err := w.Write(ev); err != nil {
 			return err
 		}

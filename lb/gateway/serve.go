@@ -64,6 +64,11 @@ func (g *Gateway) parse(x *completion, key *limits.Key, offLoop bool) bool {
 		g.fail(ctx, x, nil, answer(e))
 		return false
 	}
+	if x.req.UsageHidden() {
+		// The engine's usage counts the stream's output, which its events
+		// undercount where they hold several tokens; pass hides it.
+		ctx.Request.SetBody(x.req.WithUsage(ctx.PostBody()))
+	}
 	if !g.placeStored(ctx, x) {
 		return false
 	}

@@ -188,6 +188,12 @@ type Request struct {
 	HasStreamOptions bool
 	IncludeUsage     bool
 	HasIncludeUsage  bool
+	// continuousUsage says stream_options held a continuous_usage_stats
+	// that is not false or null (SGLang streams usage for it alone);
+	// optionsAt is where the stream_options value lies in the parsed body
+	// ([start, end) byte offsets; end 0: absent), for WithUsage.
+	continuousUsage bool
+	optionsAt       [2]int
 
 	// Prompt is the prompt rendered as the engine sees it. Chat: each
 	// message as tokenize.AppendTurn(role, content), then
@@ -577,7 +583,9 @@ func (r *Request) parse(s *scanner) error {
 		case "n":
 			err = r.parseChoices(s)
 		case "stream_options":
+			start := s.p
 			err = r.parseStreamOptions(s)
+			r.optionsAt = [2]int{start, s.p}
 		case "cache_salt":
 			err = r.parseCacheSalt(s)
 		case "truncate_prompt_tokens":
@@ -869,13 +877,51 @@ func (r *Request) parseString(s *scanner, dst []byte, param string) ([]byte, err
 // makes after it. r's model offsets move with the bytes after them. The
 // result is a new slice.
 func (r *Request) WithResponseID(body []byte, id string) []byte {
+	return r.withFirst(body, AppendJSONString([]byte(`"request_id":`), id))
+}
+
+// UsageHidden reports whether r, a chat or completion stream, gets no
+// usage from any engine: stream_options absent or null, or its
+// include_usage false or null, without continuous_usage_stats. The
+// gateway then asks the engine for usage (WithUsage), which counts the
+// stream's output exactly where its events may hold several tokens each,
+// and keeps the engine's usage chunk from the client.
+func (r *Request) UsageHidden() bool {
+	return r.Kind.Generates() && r.Stream && !r.IncludeUsage && (!r.HasStreamOptions || r.HasIncludeUsage && !r.continuousUsage)
+}
+
+// WithUsage returns body, the body r was parsed from, with
+// "stream_options": {"include_usage": true} in place of the client's (or
+// first in its object, where it had none): of a request UsageHidden, the
+// engines then add a usage chunk, and nothing else, to its stream. r's
+// model offsets move with the bytes after the change; it is to be
+// called before WithModel. The result is a new slice.
+func (r *Request) WithUsage(body []byte) []byte {
+	const options = `{"include_usage":true}`
+	start, end := r.optionsAt[0], r.optionsAt[1]
+	if end == 0 {
+		return r.withFirst(body, []byte(`"stream_options":`+options))
+	}
+	out := make([]byte, 0, len(body)-(end-start)+len(options))
+	out = append(append(append(out, body[:start]...), options...), body[end:]...)
+	if r.modelAt[0] >= end {
+		shift := len(out) - len(body)
+		r.modelAt[0] += shift
+		r.modelAt[1] += shift
+	}
+	return out
+}
+
+// withFirst returns body, the body r was parsed from, with member (a
+// key, ':' and a value) first in its object; r's model offsets move with
+// the bytes after it. The result is a new slice.
+func (r *Request) withFirst(body, member []byte) []byte {
 	open := bytes.IndexByte(body, '{') + 1
 	if open == 0 {
-		panic("BUG: openai: WithResponseID on a body that is no object")
+		panic("BUG: openai: a member added to a body that is no object")
 	}
-	out := make([]byte, 0, len(body)+len(id)+16)
-	out = append(append(out, body[:open]...), `"request_id":`...)
-	out = AppendJSONString(out, id)
+	out := make([]byte, 0, len(body)+len(member)+1)
+	out = append(append(out, body[:open]...), member...)
 	if rest := bytes.TrimLeft(body[open:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
 		out = append(out, ',')
 	}
@@ -998,7 +1044,7 @@ func (r *Request) parseChoices(s *scanner) error {
 // parseStreamOptions reads "stream_options": an object whose include_usage
 // is read and other keys skipped, or null.
 func (r *Request) parseStreamOptions(s *scanner) error {
-	r.HasStreamOptions, r.IncludeUsage, r.HasIncludeUsage = false, false, false
+	r.HasStreamOptions, r.IncludeUsage, r.HasIncludeUsage, r.continuousUsage = false, false, false, false
 	switch s.c() {
 	case 'n':
 		s.skip()
@@ -1010,13 +1056,19 @@ func (r *Request) parseStreamOptions(s *scanner) error {
 	r.HasStreamOptions = true
 	s.open()
 	for i := 0; s.more('}', i); i++ {
-		if b2s(s.key(&r.scratch)) == "include_usage" {
+		switch b2s(s.key(&r.scratch)) {
+		case "include_usage":
 			r.HasIncludeUsage = true
 			var err error
 			if r.IncludeUsage, err = r.parseBool(s, "stream_options.include_usage"); err != nil {
 				return err
 			}
-		} else {
+		case "continuous_usage_stats":
+			// A value the engine refuses counts as set: the body goes on
+			// as it came, for the engine to answer.
+			v, _, ok := r.laxBool(s)
+			r.continuousUsage = v || !ok
+		default:
 			s.skip()
 		}
 	}

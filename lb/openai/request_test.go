@@ -1188,3 +1188,43 @@ func TestParseTruncation(t *testing.T) {
 	// The last value of a repeated key wins.
 	f(KindCompletion, `{"model":"m","prompt":[1,2,3],"truncate_prompt_tokens":1,"truncate_prompt_tokens":null,"truncation_side":"right","truncation_side":"left"}`, []uint32{1, 2, 3})
 }
+
+// TestWithUsage: a stream that gets no usage from any engine is asked
+// for it, in place of its stream_options or first in the object, and a
+// later WithModel still finds the model.
+func TestWithUsage(t *testing.T) {
+	f := func(kind Kind, body string, hidden bool, want string) {
+		t.Helper()
+		var r Request
+		if err := r.Parse(kind, []byte(body)); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if r.UsageHidden() != hidden {
+			t.Fatalf("%s: UsageHidden %v, want %v", body, !hidden, hidden)
+		}
+		if !hidden {
+			return
+		}
+		if got := string(r.WithModel(r.WithUsage([]byte(body)), "n")); got != want {
+			t.Errorf("%s: WithUsage, then WithModel: %s, want %s", body, got, want)
+		}
+	}
+	const on = `{"include_usage":true}`
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`, true,
+		`{"stream_options":`+on+`,"model":"n","messages":[{"role":"user","content":"x"}],"stream":true}`)
+	f(KindCompletion, `{"stream_options" : null ,"model":"m","prompt":"x","stream":true}`, true,
+		`{"stream_options" : `+on+` ,"model":"n","prompt":"x","stream":true}`)
+	f(KindCompletion, `{"model":"m","stream_options":{"include_usage":false,"continuous_usage_stats":false},"prompt":"x","stream":true}`, true,
+		`{"model":"n","stream_options":`+on+`,"prompt":"x","stream":true}`)
+	// A repeated key: the last counts, as in Python's json.
+	f(KindCompletion, `{"stream_options":{},"prompt":"x","stream":true,"stream_options":{"include_usage":null},"model":"m"}`, true,
+		`{"stream_options":{},"prompt":"x","stream":true,"stream_options":`+on+`,"model":"n"}`)
+
+	// Usage on some engine, or no stream: as it came.
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}`, false, "")
+	f(KindCompletion, `{"model":"m","prompt":"x","stream":true,"stream_options":{}}`, false, "")
+	f(KindCompletion, `{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":"yes"}}`, false, "")
+	f(KindCompletion, `{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":7}}`, false, "")
+	f(KindCompletion, `{"model":"m","prompt":"x"}`, false, "")
+	f(KindResponses, `{"model":"m","input":"x","stream":true}`, false, "")
+}

@@ -307,8 +307,9 @@ func MessagesPath(path []byte) bool {
 // the decode ledger and TPOT metrics, scanning each event's bytes in place
 // (no JSON decoding, no allocation).
 //
-// Exact when the stream carries usage (stream_options.include_usage, or
-// vLLM's continuous usage stats): the last "completion_tokens" seen, or,
+// Exact when the stream carries usage (stream_options.include_usage, which
+// the gateway adds where the client did not ask for it: UsageHidden, or
+// continuous usage stats): the last "completion_tokens" seen, or,
 // once usage chunks without choices came, their sum: one sums the whole
 // stream on vLLM and SGLang, while TensorRT-LLM sends one per prompt of a
 // batch as that prompt finishes.
@@ -336,6 +337,8 @@ type TokenCounter struct {
 	// there were some.
 	final  int
 	finals bool
+	// usageOnly says the last event was such a usage chunk.
+	usageOnly bool
 	// errCode is the first error event's code, -1 when it had none that
 	// reads as a number; 0: no error event.
 	errCode int
@@ -457,6 +460,7 @@ func (c *TokenCounter) Observe(ev Event) {
 	if output {
 		c.deltas++
 	}
+	c.usageOnly = usage && noChoices
 	if usage {
 		// The figure counts its own event's output.
 		c.sinceUsage = c.deltas
@@ -674,6 +678,10 @@ func (c *TokenCounter) Tokens() int {
 // error event too; an Anthropic Messages stream's message_stop; or a
 // Responses API stream's response.completed (.incomplete, .failed).
 func (c *TokenCounter) Done() bool { return c.done }
+
+// UsageOnly says the event observed last was a usage chunk without
+// choices: what stream_options.include_usage adds to a stream.
+func (c *TokenCounter) UsageOnly() bool { return c.usageOnly }
 
 // Exact says Tokens comes from the engine's usage figure.
 func (c *TokenCounter) Exact() bool { return c.exact }
