@@ -481,3 +481,28 @@ func physicsPod(t *testing.T, name string, speedup float64, tune func(*sim.Physi
 	t.Cleanup(func() { pod.Close() })
 	return pod
 }
+
+// TestAdmissionCountsEveryChoice: a request's n choices of each of its
+// prompts join the decode batch as sequences of their own, each adding
+// to the step time: a TPOT target the step at one more sequence meets
+// may be missed at forty more.
+func TestAdmissionCountsEveryChoice(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
+		c.Admission.Enabled = true
+		// The untaught line: 10 ms a step and 0.2 ms a sequence, so
+		// 10.2 ms at one sequence and 18 ms at forty. Whole answers
+		// teach it nothing.
+		c.Admission.Interactive.TPOTSLO = 0.015
+	})
+	f := func(path, body string, status int) {
+		t.Helper()
+		resp, b := post(t, s, path, body)
+		if resp.StatusCode != status || status == 429 && !strings.Contains(b, "time per output token") {
+			t.Errorf("%s: %d %.120s, want %d", body, resp.StatusCode, b, status)
+		}
+	}
+	f("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, 200)
+	f("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"n":40}`, 429)
+	f("/v1/completions", `{"model":"m","prompt":["a","b","c","d","e","f","g","h","i","j"],"max_tokens":2,"n":4}`, 429)
+	f("/v1/completions", `{"model":"m","prompt":["a","b"],"max_tokens":2,"n":2}`, 200)
+}

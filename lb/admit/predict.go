@@ -195,16 +195,21 @@ type Path struct {
 	Batch   int
 	KVUsage float64
 	Line    *DecodeLine
+	// Sequences is the request's own that join the batch: n for each of
+	// its prompts, as engines run every choice as a sequence of its own
+	// (0 counts as 1).
+	Sequences int
 }
 
 // Predict is the request's predicted time to first token and time per
 // output token on p, in seconds: TTFT's prefill queue, uncached compute
 // and KV transfer, then the wait for a decode slot (and the first decode
 // step when FirstTokenOnDecode); TPOT is the decode pod's step with the
-// request added (DecodeLine.TPOT). The gateway and bench/cluster both call
-// it, so admission in the simulator is admission in the gateway.
+// request's sequences added (DecodeLine.TPOT, one fewer than them added
+// to Batch). The gateway and bench/cluster both call it, so admission in
+// the simulator is admission in the gateway.
 func Predict(p Path) (ttft, tpot float64) {
-	tpot = p.Line.TPOT(p.Batch, p.KVUsage)
+	tpot = p.Line.TPOT(p.Batch+max(p.Sequences, 1)-1, p.KVUsage)
 	ttft = TTFT(p.QueuedTokens, p.UncachedTokens, p.PrefillTokensPerSec, p.TransferSec) + p.SlotWaitSec
 	if p.FirstTokenOnDecode {
 		ttft += tpot

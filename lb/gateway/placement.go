@@ -263,15 +263,21 @@ func (g *Gateway) prefillDone(x *completion, pod *pool.Pod, at time.Time) {
 // predict is the TTFT of x on prefill pod pre, from its queue now (queued
 // uncached tokens / speed + this prompt's uncached tokens / speed), and the
 // TPOT on decode pod dec, from its learned step-time line
-// at its batch and KV usage with this request added. The queue is the
+// at its batch and KV usage with this request's sequences added (at most
+// plan.decode_max_batch of them run at once; the rest wait). The queue is the
 // fleet's: the other replicas' prompts queued on pre (addRemote) delay x
 // as much as this replica's.
 func (g *Gateway) predict(x *completion, pre, dec *pool.Pod) (ttft, tpot float64) {
 	batch, kv := g.decodeBatch(dec)
 	_, remote := g.ledger.Remote(pre.ID)
 	return admit.Predict(admit.Path{QueuedTokens: float64(pre.QueuedPrefill() + remote), UncachedTokens: float64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0)),
-		PrefillTokensPerSec: pre.Speed.TokensPerSec(), Batch: batch, KVUsage: kv, Line: dec.DecodeLine()})
+		PrefillTokensPerSec: pre.Speed.TokensPerSec(), Batch: batch, Sequences: min(x.sequences(), g.cfg.Plan.DecodeMaxBatch),
+		KVUsage: kv, Line: dec.DecodeLine()})
 }
+
+// sequences is how many sequences x runs on its decode pod: n for each
+// prompt of a completion batch, as the engine fans a request out.
+func (x *completion) sequences() int { return x.req.Choices * x.req.Batch() }
 
 // decodeBatch is the pod's decode batch as best known: the engine's
 // running count when scraped, at least the fleet's in-flight count (the

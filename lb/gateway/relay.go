@@ -312,7 +312,7 @@ func (g *Gateway) relayEnded(x *completion, pod *pool.Pod) int {
 	// The choices' tokens come interleaved, a step's worth at a time: n
 	// for each prompt of a completion batch, so each choice's count times
 	// the prompts times n.
-	if n := float64(x.counted.Tokens()) / float64(x.req.Choices*x.req.Batch()); n > 1 && x.req.Kind.Outputs() {
+	if n := float64(x.counted.Tokens()) / float64(x.sequences()); n > 1 && x.req.Kind.Outputs() {
 		tpot := t.last.Sub(t.first).Seconds() / (n - 1)
 		x.modelStats.tpot.Update(tpot)
 		// The pod's step time at its batch teaches its TPOT line, which

@@ -130,11 +130,9 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 	ttft, tpot := g.predict(x, pre, dec)
 	at := ttft
 	if !x.req.Stream {
-		// tpot is the step with one sequence of the request's added.
-		seqs, full := x.req.Choices*x.req.Batch(), g.cfg.Plan.DecodeMaxBatch
-		_, perSeq := dec.DecodeLine().Line()
-		step := tpot + perSeq*float64(min(seqs, full)-1)
-		at += float64(x.req.MaxTokens*((seqs+full-1)/full)) * step
+		// tpot is the step with a round of the request's sequences.
+		full := g.cfg.Plan.DecodeMaxBatch
+		at += float64(x.req.MaxTokens*((x.sequences()+full-1)/full)) * tpot
 	}
 	d := fb.Factor*at*float64(time.Second) + float64(fb.Floor)
 	if math.IsNaN(d) || d >= float64(limit) {
