@@ -213,8 +213,9 @@ type Request struct {
 	// Messages is the number of chat messages.
 	Messages int
 	// MediaBytes is the raw JSON size of the content parts that are not
-	// text (image_url, input_audio, ...): not rendered into Prompt, it lets
-	// a caller weigh multimodal requests (bytes, not tokens).
+	// text (image_url, input_audio, ...) and of a completion's
+	// prompt_embeds: not rendered into Prompt, it lets a caller weigh
+	// multimodal requests (bytes, not tokens).
 	MediaBytes int
 	// CacheSalt is "cache_salt" when it is a string (else empty): the
 	// engine keys the prompt's cached blocks apart from other salts'. salt
@@ -360,8 +361,8 @@ func (r *Request) KeySeed(model uint64) uint64 {
 }
 
 // Unindexed reports that the request's blocks cannot be keyed as the
-// engine keys them (it has non-text content parts): its keys match none
-// of the KV-event index, and it is routed without it.
+// engine keys them (it has non-text content parts, or prompt_embeds):
+// its keys match none of the KV-event index, and it is routed without it.
 func (r *Request) Unindexed() bool { return r.MediaBytes > 0 }
 
 // PromptTokens is the length in tokens of the prompt the engine keeps:
@@ -546,7 +547,7 @@ func (r *Request) parse(s *scanner) error {
 	}
 	s.open()
 	var maxTokens, maxCompletion = -1, -1
-	var seenPrompt bool
+	var seenPrompt, seenEmbeds bool
 	var instructions, input field // KindResponses, KindMessages: rendered once all is read
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
@@ -604,6 +605,12 @@ func (r *Request) parse(s *scanner) error {
 			} else {
 				s.skip()
 			}
+		case "prompt_embeds":
+			if r.Kind == KindCompletion {
+				seenEmbeds = r.parsePromptEmbeds(s)
+			} else {
+				s.skip()
+			}
 		default:
 			s.skip()
 		}
@@ -630,7 +637,7 @@ func (r *Request) parse(s *scanner) error {
 		r.MaxTokens = 0
 		return nil
 	}
-	if !seenPrompt {
+	if !seenPrompt && !seenEmbeds {
 		if r.Kind == KindChat {
 			return MissingParam("messages")
 		}
@@ -690,7 +697,7 @@ func (r *Request) responsesField(s *scanner, key []byte, instructions, input *fi
 			bit = priorMessages
 		}
 		r.prior &^= bit
-		if history(s.b[s.skip():s.p]) {
+		if nonEmpty(s.b[s.skip():s.p]) {
 			r.prior |= bit
 		}
 	case "request_id":
@@ -704,9 +711,9 @@ func (r *Request) responsesField(s *scanner, key []byte, instructions, input *fi
 	return err
 }
 
-// history says a JSON value v holds a history: it is neither null nor an
-// empty list (v may be cut short in a body that is no JSON).
-func history(v []byte) bool {
+// nonEmpty says a JSON value v is neither null nor an empty list (v may
+// be cut short in a body that is no JSON).
+func nonEmpty(v []byte) bool {
 	v = bytes.TrimSpace(v)
 	switch {
 	case len(v) == 0 || v[0] == 'n':
@@ -1398,6 +1405,22 @@ func (r *Request) parsePrompt(s *scanner) (seen bool, err error) {
 		}
 	}
 	return true, nil
+}
+
+// parsePromptEmbeds steps over vLLM's "prompt_embeds" (the base64 of a
+// tensor, or a list of them, a batch), which the engine prompts with
+// besides or instead of "prompt": seen when it is neither null nor an
+// empty list. Its bytes weigh the request as a media part's do, and make
+// it Unindexed: the gateway cannot tell the blocks its embeddings fill.
+func (r *Request) parsePromptEmbeds(s *scanner) (seen bool) {
+	start := s.skip()
+	v := s.b[start:s.p]
+	if !nonEmpty(v) {
+		return false
+	}
+	r.MediaBytes += len(v)
+	r.media = radix.Extend(r.media, xxhash.Sum64(v))
+	return true
 }
 
 // parseTokenID appends the token id at s.p to r.PromptIDs; j and k index it

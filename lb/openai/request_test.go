@@ -1228,3 +1228,25 @@ func TestWithUsage(t *testing.T) {
 	f(KindCompletion, `{"model":"m","prompt":"x"}`, false, "")
 	f(KindResponses, `{"model":"m","input":"x","stream":true}`, false, "")
 }
+
+// TestPromptEmbeds: a completion's prompt_embeds stand for its prompt
+// (or add to it), and make it Unindexed, its seed apart from the text's.
+func TestPromptEmbeds(t *testing.T) {
+	var plain, embeds Request
+	if err := plain.Parse(KindCompletion, []byte(`{"prompt":"a"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{`{"prompt_embeds":"QUJD"}`, `{"prompt":"a","prompt_embeds":["QUJD"]}`} {
+		if err := embeds.Parse(KindCompletion, []byte(body)); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if !embeds.Unindexed() || embeds.KeySeed(1) == plain.KeySeed(1) {
+			t.Errorf("%s: Unindexed %v, seed %x as the text's %x", body, embeds.Unindexed(), embeds.KeySeed(1), plain.KeySeed(1))
+		}
+	}
+	for _, body := range []string{`{"prompt_embeds":null}`, `{"prompt_embeds":[ ]}`} {
+		if err := embeds.Parse(KindCompletion, []byte(body)); err == nil || err.(*Error).Param != "prompt" {
+			t.Errorf("%s: %v, want prompt's 400", body, err)
+		}
+	}
+}
