@@ -246,7 +246,7 @@ func (l *churnLoad) one(hc *http.Client, s *lb.Server, conv int, stream bool) {
 		} else {
 			l.record(&l.lost, fmt.Sprintf("%d %s", resp.StatusCode, b))
 		}
-	case stream && !strings.HasSuffix(string(b), "data: [DONE]\n\n"), !stream && !strings.Contains(string(b), `"choices"`):
+	case stream && !streamWhole(string(b)), !stream && !strings.Contains(string(b), `"choices"`):
 		l.record(&l.lost, "incomplete answer: "+string(b))
 	default:
 		l.ok.Add(1)

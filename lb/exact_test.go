@@ -435,7 +435,7 @@ func TestLargeBodyReadOffTheLoop(t *testing.T) {
 	long := strings.Repeat("Summarise the design document below; keep every figure it gives. ", 1100)
 	for i, stream := range []bool{false, true} {
 		resp, b := post(t, s, "/v1/chat/completions", chat(long, "Begin.", 2, stream))
-		if resp.StatusCode != 200 || (stream && !strings.HasSuffix(strings.TrimSpace(b), "data: [DONE]")) || offLoop() != float64(i+1) {
+		if resp.StatusCode != 200 || (stream && !streamWhole(b)) || offLoop() != float64(i+1) {
 			t.Fatalf("stream %v: %d %.200s, %v read off the loop, want %d", stream, resp.StatusCode, b, offLoop(), i+1)
 		}
 	}
@@ -539,7 +539,7 @@ func TestLargePromptTokenizedOffTheLoop(t *testing.T) {
 			if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != home {
 				t.Fatalf("stream %v: on %s (%d %.200s), its prefix is on %s", stream, resp.Header.Get("x-pdlb-pod"), resp.StatusCode, b, home)
 			}
-			if stream && !strings.HasSuffix(strings.TrimSpace(b), "data: [DONE]") {
+			if stream && !streamWhole(b) {
 				t.Fatalf("the stream ends %q", b[max(len(b)-60, 0):])
 			}
 			if got := metricValue(t, s, `pdlb_prompt_tokens_total{model="m"}`) - before; got != float64(prompted) {

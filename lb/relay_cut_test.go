@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/testaudio"
 	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 )
@@ -127,6 +129,54 @@ func TestStreamEngineErrorEvent(t *testing.T) {
 	t.Run("fasthttp", func(t *testing.T) { check(t, "fasthttp", client) })
 	t.Run("gnet", func(t *testing.T) {
 		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
+	})
+}
+
+// TestStreamBrokenEndsAsEngine: a stream the gateway ends because its pod
+// broke ends as vLLM and SGLang end one whose generation failed (their
+// streaming generators): the error event, then "data: [DONE]", which
+// clients that read to it (async-openai, a curl user) stop at. On chat,
+// completions and transcriptions, on both front ends, both of gnet's
+// relays and HTTP/2.
+func TestStreamBrokenEndsAsEngine(t *testing.T) {
+	const first = `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+	cut := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+first+`data: {"choi`)
+	})
+	form, formType := testaudio.Form(testaudio.WAV(1, 0), "model", "m", "stream", "true")
+	requests := []struct{ path, body, contentType string }{
+		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`, "application/json"},
+		{"/v1/completions", `{"model":"m","prompt":"hi","stream":true}`, "application/json"},
+		{"/v1/audio/transcriptions", string(form), formType},
+	}
+	check := func(t *testing.T, frontend string, via *http.Client) {
+		s := testGateway(t, []config.Pod{{Model: "m", Address: cut}}, func(c *config.Config) { c.Frontend = frontend })
+		for _, r := range requests {
+			resp, b := send(t, via, s, "POST", r.path, r.body, "Content-Type", r.contentType)
+			events := strings.Split(strings.TrimSuffix(b, "\n\n"), "\n\n")
+			if resp.StatusCode != 200 || !strings.HasPrefix(b, first) || len(events) != 3 {
+				t.Errorf("%s: relayed as %d %q; want the pod's event, an error event and [DONE]", r.path, resp.StatusCode, b)
+				continue
+			}
+			var ev struct {
+				Error struct{ Message, Type string } `json:"error"`
+			}
+			if data, ok := strings.CutPrefix(events[1], "data: "); !ok || json.Unmarshal([]byte(data), &ev) != nil || ev.Error.Message == "" {
+				t.Errorf("%s: the pod's event is followed by %q, not an error event", r.path, events[1])
+			}
+			if events[2] != "data: [DONE]" {
+				t.Errorf("%s: the error event is followed by %q, not data: [DONE] as the engines' are", r.path, events[2])
+			}
+		}
+		waitIdle(t, s)
+	}
+	t.Run("fasthttp", func(t *testing.T) {
+		check(t, "fasthttp", client)
+		t.Run("h2", func(t *testing.T) { check(t, "fasthttp", h2cClient()) })
+	})
+	t.Run("gnet", func(t *testing.T) {
+		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
+		t.Run("h2", func(t *testing.T) { check(t, "gnet", h2cClient()) })
 	})
 }
 

@@ -57,7 +57,7 @@ func TestReloadSwapsPodsWithoutDroppingStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	rest, err := io.ReadAll(br)
-	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+	if err != nil || !streamWhole(string(rest)) {
 		t.Fatalf("the stream in flight did not finish whole: %v %q", err, rest)
 	}
 	served := map[string]int{}

@@ -86,7 +86,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 				for i, stream := range []bool{false, false, true, true} {
 					body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}],"max_tokens":8,"stream":%v}`, i, stream)
 					resp, b := postVia(t, patient, s, "/v1/chat/completions", body)
-					if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" || (stream && !strings.Contains(b, "[DONE]")) {
+					if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" || (stream && !streamWhole(b)) {
 						t.Fatalf("request %d (stream %v): %d from %q: %s", i, stream, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
 					}
 				}

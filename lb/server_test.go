@@ -156,6 +156,13 @@ func TestNonStreaming(t *testing.T) {
 	}
 }
 
+// streamWhole says the stream b ran to its end: its [DONE] with no error
+// event before it, which a stream that failed ends with as the engines'
+// do.
+func streamWhole(b string) bool {
+	return strings.HasSuffix(b, "data: [DONE]\n\n") && !strings.Contains(b, `data: {"error"`)
+}
+
 // readEvents reads an SSE stream, calling each for every data payload with
 // the time it arrived.
 func readEvents(t *testing.T, r io.Reader, each func(data string, at time.Time)) {

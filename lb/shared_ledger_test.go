@@ -91,7 +91,7 @@ func TestReplicasShareTheDecodeLedger(t *testing.T) {
 			}
 			defer r.Body.Close()
 			b, _ := io.ReadAll(r.Body)
-			if r.StatusCode != 200 || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+			if r.StatusCode != 200 || !streamWhole(string(b)) {
 				errs <- r.Status + " " + string(b[max(0, len(b)-120):])
 			}
 		}([]*lb.Server{a, b}[i%2])

@@ -234,19 +234,16 @@ func (e Event) IsError() bool {
 	return bytes.HasPrefix(skipWS(d[1:]), errorKey)
 }
 
-// AppendErrorEvent appends the event a broken stream ends with: e in
-// OpenAI's shape as one data event, `data: {"error":{...}}` and a blank
-// line. OpenAI's Python and Node clients raise an API error with e's
-// message on such an event, whatever follows it.
-//
-// No "data: [DONE]" follows. vLLM sends one after its error event, but a
-// client that does not look for "error" (many hand-written ones) then takes
-// the cut stream for a whole one; without [DONE] the connection closing
-// early tells it the stream is incomplete.
+// AppendErrorEvent appends the end of a broken stream: e in OpenAI's
+// shape as one data event, `data: {"error":{...}}`, then "data: [DONE]",
+// as vLLM and SGLang end a stream whose generation failed. OpenAI's
+// Python and Node clients raise an API error with e's message on the
+// event; clients that read to [DONE] (async-openai, a curl user) stop
+// there rather than report, or wait out, a stream without its end.
 func AppendErrorEvent(dst []byte, e *Error) []byte {
 	dst = append(dst, "data: "...)
 	dst = e.AppendJSON(dst)
-	return append(dst, "\n\n"...)
+	return append(dst, "\n\ndata: [DONE]\n\n"...)
 }
 
 // AppendResponsesErrorEvent appends e as the error event of a Responses

@@ -162,8 +162,8 @@ func TestAppendErrorEvent(t *testing.T) {
 	e := UpstreamError("pod \"p1\" reset the connection\n")
 	out := AppendErrorEvent([]byte("data: x\n\n"), e)
 	events, pending := split([]string{string(out)})
-	if len(events) != 2 || pending != "" {
-		t.Fatalf("AppendErrorEvent gave events %q pending %q", events, pending)
+	if len(events) != 3 || pending != "" || !Event(events[2]).Done() {
+		t.Fatalf("AppendErrorEvent gave events %q pending %q; want the error event, then [DONE]", events, pending)
 	}
 	ev := Event(events[1])
 	if !ev.IsError() || ev.Done() {
