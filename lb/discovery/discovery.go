@@ -49,7 +49,7 @@ type Source interface {
 func New(d spec.Discovery, log *slog.Logger) (Source, error) {
 	var sources []Source
 	for _, s := range d.DNS {
-		sources = append(sources, NewDNS(s, net.DefaultResolver, log))
+		sources = append(sources, NewDNS(s, nil, log))
 	}
 	if d.Kubernetes != nil {
 		pods, err := KubernetesPods(*d.Kubernetes)

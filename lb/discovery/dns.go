@@ -21,10 +21,17 @@ type DNS struct {
 	log      *slog.Logger
 }
 
-// NewDNS makes the source of s, which must have passed Validate, resolved
-// with r (net.DefaultResolver in the gateway; tests point one at a server
-// on loopback).
-func NewDNS(s spec.DNS, r *net.Resolver, log *slog.Logger) *DNS {
+// NewDNS makes the source of s, which must have passed Validate. Its
+// lookups go to the name servers of /etc/resolv.conf, or to the one that
+// dial connects to where it is not nil (tests point it at a server on
+// loopback).
+func NewDNS(s spec.DNS, dial func(ctx context.Context, network, address string) (net.Conn, error), log *slog.Logger) *DNS {
+	// StrictErrors: an A or AAAA query (or a name of the search list) that
+	// fails fails the lookup, which keeps the last pods; otherwise the
+	// other query's answer, or its "no such host", would stand for the
+	// name's records and shrink or empty the pool. It is a setting of the
+	// Go resolver, hence PreferGo.
+	r := &net.Resolver{PreferGo: true, StrictErrors: true, Dial: dial}
 	return &DNS{spec: s, resolver: r, log: log}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,8 +23,11 @@ type dnsServer struct {
 	mu       sync.Mutex
 	ips      map[string][]net.IP // by FQDN; IPv4 answer A, IPv6 AAAA
 	srvs     map[string][]net.SRV
-	servfail bool
-	failed   chan struct{} // one value per SERVFAIL answered
+	servfail []dnsmessage.Type // question types answered SERVFAIL
+	// failAfter delays each SERVFAIL, as a forwarder's comes once its
+	// upstream timed out while it answers from its cache at once.
+	failAfter time.Duration
+	failed    chan struct{} // one value per SERVFAIL answered
 }
 
 func startDNS(t *testing.T) *dnsServer {
@@ -42,12 +46,10 @@ func startDNS(t *testing.T) *dnsServer {
 	return s
 }
 
-// resolver sends every query to s, whatever the system's resolv.conf says.
-func (s *dnsServer) resolver() *net.Resolver {
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "udp", s.conn.LocalAddr().String())
-	}}
+// dial sends every query to s, whatever the system's resolv.conf says.
+func (s *dnsServer) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "udp", s.conn.LocalAddr().String())
 }
 
 func (s *dnsServer) set(f func()) {
@@ -63,21 +65,21 @@ func (s *dnsServer) serve() {
 		if err != nil {
 			return // closed
 		}
-		if resp, ok := s.answer(buf[:n]); ok {
-			s.conn.WriteTo(resp, from)
+		if resp, delay, ok := s.answer(buf[:n]); ok {
+			time.AfterFunc(delay, func() { s.conn.WriteTo(resp, from) })
 		}
 	}
 }
 
-func (s *dnsServer) answer(req []byte) ([]byte, bool) {
+func (s *dnsServer) answer(req []byte) (resp []byte, delay time.Duration, ok bool) {
 	var p dnsmessage.Parser
 	h, err := p.Start(req)
 	if err != nil {
-		return nil, false
+		return nil, 0, false
 	}
 	q, err := p.Question()
 	if err != nil {
-		return nil, false
+		return nil, 0, false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -86,8 +88,9 @@ func (s *dnsServer) answer(req []byte) ([]byte, bool) {
 	srvs, hasSRVs := s.srvs[name]
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true}
 	switch {
-	case s.servfail:
+	case slices.Contains(s.servfail, q.Type):
 		rh.RCode = dnsmessage.RCodeServerFailure
+		delay = s.failAfter
 		select {
 		case s.failed <- struct{}{}:
 		default:
@@ -122,9 +125,9 @@ func (s *dnsServer) answer(req []byte) ([]byte, bool) {
 			}
 		}
 	}
-	resp, err := b.Finish()
+	resp, err = b.Finish()
 	must(err)
-	return resp, true
+	return resp, delay, true
 }
 
 func dnsSource(t *testing.T, srv *dnsServer, s spec.DNS, log *slog.Logger) *DNS {
@@ -134,7 +137,7 @@ func dnsSource(t *testing.T, srv *dnsServer, s spec.DNS, log *slog.Logger) *DNS 
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	return NewDNS(d.DNS[0], srv.resolver(), log)
+	return NewDNS(d.DNS[0], srv.dial, log)
 }
 
 func TestDNSARecords(t *testing.T) {
@@ -163,7 +166,7 @@ func TestDNSARecords(t *testing.T) {
 	)
 	// A failing server keeps the last pods: the next report after it
 	// recovers is the new list, never an empty one.
-	srv.set(func() { srv.servfail = true })
+	srv.set(func() { srv.servfail = []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA} })
 	failureLogged := func() bool {
 		logMu.Lock()
 		defer logMu.Unlock()
@@ -173,7 +176,7 @@ func TestDNSARecords(t *testing.T) {
 		<-srv.failed
 	}
 	srv.set(func() {
-		srv.servfail = false
+		srv.servfail = nil
 		srv.ips[name] = []net.IP{net.ParseIP("127.0.0.13")}
 	})
 	if got := describe(w.next()); got != "127.0.0.13:8000 llama vllm combined  127.0.0.13:8000" {
@@ -187,6 +190,40 @@ func TestDNSARecords(t *testing.T) {
 	// The name is gone: no pods.
 	srv.set(func() { delete(srv.ips, name) })
 	w.expect()
+}
+
+// TestDNSOneQueryFails: a resolver that answers AAAA "no such records"
+// from its cache while its A query fails (the upstream behind it is down)
+// has not said the name is gone.
+func TestDNSOneQueryFails(t *testing.T) {
+	srv := startDNS(t)
+	const name = "llama.inference.test."
+	srv.set(func() { srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11")} })
+	var logged strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", Interval: 50 * time.Millisecond}, log))
+	w.expect("127.0.0.11:8000 llama vllm combined  127.0.0.11:8000")
+	srv.set(func() { srv.servfail, srv.failAfter = []dnsmessage.Type{dnsmessage.TypeA}, 5*time.Millisecond })
+	failureLogged := func() bool {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return strings.Contains(logged.String(), "DNS lookup failed")
+	}
+	for !failureLogged() {
+		select {
+		case <-srv.failed:
+		case pods := <-w.reports:
+			t.Fatalf("A query failing, AAAA answered with no records: reported %q", describe(pods))
+		}
+	}
+	srv.set(func() {
+		srv.servfail = nil
+		srv.ips[name] = []net.IP{net.ParseIP("127.0.0.12")}
+	})
+	if got := describe(w.next()); got != "127.0.0.12:8000 llama vllm combined  127.0.0.12:8000" {
+		t.Fatalf("after the failure: %q", got)
+	}
 }
 
 func TestDNSSRVRecords(t *testing.T) {
