@@ -195,3 +195,30 @@ func TestDiscoveredPodAtConfiguredAddressLeftOut(t *testing.T) {
 		t.Fatalf("no log line names the pod left out and the configured one:\n%s", l)
 	}
 }
+
+// TestDiscoveredPodTakingANameLeftOut: a discovered pod whose model is
+// the name of an alias is left out with a log line naming it; it must
+// not get the fleet it joins refused whole, discovery's updates and the
+// config file's reloads alike, for as long as it runs.
+func TestDiscoveredPodTakingANameLeftOut(t *testing.T) {
+	sims := testFleet(t, "m", 2, 100)
+	_, port, _ := net.SplitHostPort(sims[1].Addr())
+	p, _ := strconv.Atoi(port)
+	var logs testlog.Buffer
+	s := lbtest.StartGatewayLog(t, podsOf("m", sims[0]), func(c *config.Config) {
+		c.Aliases = []config.Alias{{Name: "chat", Targets: []config.AliasTarget{{Model: "m"}}}}
+		c.Discovery.DNS = []spec.DNS{{Name: "127.0.0.1", Port: p, Model: "chat", Interval: 50 * time.Millisecond}}
+	}, slog.New(slog.NewTextHandler(&logs, nil)))
+	testwait.For(t, "discovery's first report", func() bool {
+		return strings.Contains(logs.String(), "left out") || strings.Contains(logs.String(), "not applied")
+	})
+	if l := logs.String(); !strings.Contains(l, "discovered pod left out") || !strings.Contains(l, sims[1].Addr()) {
+		t.Errorf("no log line names the pod left out:\n%s", l)
+	}
+	// The file again, as SIGHUP reads it.
+	cfg := s.Gateway.Config()
+	cfg.Pods = podsOf("m", sims[0])
+	if err := s.Reload(cfg); err != nil {
+		t.Fatalf("the file's reload: %v", err)
+	}
+}

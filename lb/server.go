@@ -284,7 +284,9 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 			s.fleetMu.Lock()
 			defer s.fleetMu.Unlock()
 			s.found = pods
-			if err := s.Gateway.SetPods(withFound(s.static, pods, log)); err != nil {
+			cfg := s.Gateway.Config()
+			cfg.Pods = s.static
+			if err := s.Gateway.SetPods(withFound(cfg, pods, log)); err != nil {
 				log.Error("discovered fleet not applied", "err", err)
 			}
 		})
@@ -312,7 +314,7 @@ func (s *Server) Reload(cfg config.Config) error {
 	s.fleetMu.Lock()
 	defer s.fleetMu.Unlock()
 	static := cfg.Pods
-	cfg.Pods = withFound(static, s.found, s.log)
+	cfg.Pods = withFound(cfg, s.found, s.log)
 	err := s.tls.apply(cfg.TLS, func() error { return s.Gateway.Reload(cfg) })
 	if err == nil {
 		s.static = static
@@ -320,15 +322,19 @@ func (s *Server) Reload(cfg config.Config) error {
 	return err
 }
 
-// withFound is the configuration's pods, then the discovered ones whose
-// names no configured pod has (as discovery.Union keeps the first of two
-// pods with one name), whose engine no pod before them has (a Kubernetes
-// pod that a DNS name or the file lists too, under another name: counted
-// twice it would get twice its share) and that run their model's prefill
-// and decode engine where they play either role (config.PDEngines): each
-// pod left out is logged, and the rest serve. It runs again for each
-// reload, whose pods may change the engine a discovered pod must run.
-func withFound(static, found []config.Pod, log *slog.Logger) []config.Pod {
+// withFound is the configuration's pods (cfg.Pods), then the discovered
+// ones whose names no configured pod has (as discovery.Union keeps the
+// first of two pods with one name), whose engine no pod before them has (a
+// Kubernetes pod that a DNS name or the file lists too, under another
+// name: counted twice it would get twice its share), that run their
+// model's prefill and decode engine where they play either role
+// (config.PDEngines) and whose model and adapters take no name of cfg's
+// models, adapters and aliases, nor of the pods before them
+// (config.Config.ValidateNames): each pod left out is logged, and the rest
+// serve. It runs again for each reload, whose pods may change the engine
+// a discovered pod must run, and whose aliases the names it may take.
+func withFound(cfg config.Config, found []config.Pod, log *slog.Logger) []config.Pod {
+	static := cfg.Pods
 	names := map[string]bool{}
 	endpoints := map[string]string{} // endpoint → the name of its pod
 	pd := config.PDEngines{}
@@ -356,7 +362,26 @@ func withFound(static, found []config.Pod, log *slog.Logger) []config.Pod {
 		endpoints[p.Endpoint()] = p.Name
 		out = append(out, p)
 	}
-	return out
+	// One pod's clash would get the whole fleet refused, for as long as
+	// the pod runs. The fleet's names are checked whole, and pod by pod
+	// only where that fails.
+	cfg.Pods = out
+	if cfg.ValidateNames() == nil {
+		return out
+	}
+	if cfg.Pods = static; cfg.ValidateNames() != nil {
+		return out // the configuration's own clash, which Validate names
+	}
+	kept := slices.Clone(static)
+	for _, p := range out[len(static):] {
+		cfg.Pods = append(kept, p)
+		if err := cfg.ValidateNames(); err != nil {
+			log.Warn("discovered pod left out", "pod", p.Name, "address", p.Address, "err", err)
+			continue
+		}
+		kept = cfg.Pods
+	}
+	return kept
 }
 
 // ReopenLogs opens the access log's file anew, after rotation moved it.

@@ -750,7 +750,7 @@ func (c Config) Validate() error {
 		}
 		endpoints[p.Endpoint()] = i
 	}
-	if err := c.validateNames(); err != nil {
+	if err := c.ValidateNames(); err != nil {
 		return err
 	}
 	// Every listed model's profiles build, so a bad knob stops the start

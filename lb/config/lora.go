@@ -98,10 +98,12 @@ func (c *Config) provisionAliases() {
 	}
 }
 
-// validateNames checks adapters, aliases and fallbacks: every public name
+// ValidateNames checks adapters, aliases and fallbacks: every public name
 // is one model's, adapter's or alias's; every alias target and fallback
-// names a model (listed, or served by a pod) or an adapter.
-func (c *Config) validateNames() error {
+// names a model (listed, or served by a pod) or an adapter. Validate
+// calls it; so does the server for each pod discovery adds, whose model
+// or adapters may take a name.
+func (c *Config) ValidateNames() error {
 	owner := map[string]string{} // public name → the field that declares it
 	models := map[string]bool{}
 	for i := range c.Models {
