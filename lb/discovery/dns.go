@@ -46,17 +46,19 @@ func (d *DNS) Run(ctx context.Context, report func([]Pod)) error {
 	var lastErr string
 	for {
 		pods, err := d.resolve(ctx)
-		switch {
-		case err != nil:
-			// Logged once per distinct error, not once per interval.
+		if err != nil {
+			// Logged once per outage and distinct error, not once per
+			// interval.
 			if msg := err.Error(); msg != lastErr && ctx.Err() == nil {
 				d.log.Warn("discovery: DNS lookup failed, keeping the last pods", "name", d.spec.Name, "err", err)
 				lastErr = msg
 			}
-		case !reported || !slices.Equal(pods, last):
+		} else {
 			lastErr = ""
-			report(pods)
-			last, reported = pods, true
+			if !reported || !slices.Equal(pods, last) {
+				report(pods)
+				last, reported = pods, true
+			}
 		}
 		select {
 		case <-ctx.Done():

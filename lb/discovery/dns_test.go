@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"golang.org/x/net/dns/dnsmessage"
 
+	"pdlb/internal/testwait"
 	"pdlb/lb/discovery/spec"
 )
 
@@ -28,6 +30,7 @@ type dnsServer struct {
 	// upstream timed out while it answers from its cache at once.
 	failAfter time.Duration
 	failed    chan struct{} // one value per SERVFAIL answered
+	answered  int           // questions answered NOERROR
 }
 
 func startDNS(t *testing.T) *dnsServer {
@@ -97,6 +100,8 @@ func (s *dnsServer) answer(req []byte) (resp []byte, delay time.Duration, ok boo
 		}
 	case !hasIPs && !hasSRVs:
 		rh.RCode = dnsmessage.RCodeNameError
+	default:
+		s.answered++
 	}
 	b := dnsmessage.NewBuilder(nil, rh)
 	b.EnableCompression()
@@ -224,6 +229,40 @@ func TestDNSOneQueryFails(t *testing.T) {
 	if got := describe(w.next()); got != "127.0.0.12:8000 llama vllm combined  127.0.0.12:8000" {
 		t.Fatalf("after the failure: %q", got)
 	}
+}
+
+// TestDNSFailureLoggedEachOutage: each outage of the name server is
+// logged, not only the first, though the pods did not change in between.
+func TestDNSFailureLoggedEachOutage(t *testing.T) {
+	srv := startDNS(t)
+	const name = "llama.inference.test."
+	srv.set(func() { srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11")} })
+	var logged strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", Interval: 50 * time.Millisecond}, log))
+	w.expect("127.0.0.11:8000 llama vllm combined  127.0.0.11:8000")
+	failures := func() int {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return strings.Count(logged.String(), "DNS lookup failed")
+	}
+	outage := func(n int) {
+		t.Helper()
+		srv.set(func() { srv.servfail = []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA} })
+		testwait.For(t, fmt.Sprintf("outage %d logged", n), func() bool { return failures() == n })
+		// Recovered: four questions answered make at least one whole
+		// lookup that succeeds, and the same pods.
+		var answered int
+		srv.set(func() { srv.servfail, answered = nil, srv.answered })
+		testwait.For(t, "a lookup that succeeds", func() bool {
+			var now int
+			srv.set(func() { now = srv.answered })
+			return now >= answered+4
+		})
+	}
+	outage(1)
+	outage(2)
 }
 
 func TestDNSSRVRecords(t *testing.T) {
