@@ -263,7 +263,7 @@ func (s *Server) startDiscovery(cfg config.Config, log *slog.Logger) error {
 	// replaces them, and discovery reports only when its own list changes.
 	src, err := discovery.New(cfg.Discovery, log)
 	if err != nil {
-		return fmt.Errorf("discovery: %w", err)
+		return err // it says "discovery:" already
 	}
 	s.static, s.log = cfg.Pods, log
 	ctx, cancel := context.WithCancel(context.Background())

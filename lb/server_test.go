@@ -922,6 +922,19 @@ func TestStartRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// TestStartNamesDiscoveryErrorOnce: a discovery source that cannot start
+// stops the start with its error, which says "discovery" once.
+func TestStartNamesDiscoveryErrorOnce(t *testing.T) {
+	cfg := config.Default()
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", ""
+	cfg.Discovery.Kubernetes = &spec.Kubernetes{Kubeconfig: filepath.Join(t.TempDir(), "missing")}
+	cfg.Provision()
+	_, err := lb.Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err == nil || !strings.HasPrefix(err.Error(), "discovery: kubernetes: ") || strings.Count(err.Error(), "discovery") != 1 {
+		t.Fatalf("Start with a missing kubeconfig: %v", err)
+	}
+}
+
 func newPost(s *lb.Server, body string) (*http.Request, error) {
 	req, err := http.NewRequest("POST", "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(body))
 	if err == nil {
