@@ -84,6 +84,9 @@ func (d *DNS) resolve(ctx context.Context) ([]Pod, error) {
 			return nil, err
 		}
 		for _, s := range srvs {
+			if s.Target == "." {
+				continue // the service is not available there (RFC 2782)
+			}
 			hosts = append(hosts, strings.TrimSuffix(s.Target, "."))
 			ports = append(ports, int(s.Port))
 		}

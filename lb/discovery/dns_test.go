@@ -286,6 +286,11 @@ func TestDNSSRVRecords(t *testing.T) {
 		srv.srvs[name] = []net.SRV{{Target: "pod-c.sgl.test.", Port: 30002}}
 	})
 	w.expect("pod-c.sgl.test:30002 qwen sglang prefill g0 pod-c.sgl.test:30002")
+	// Target "." says the service is not available there (RFC 2782).
+	srv.set(func() { srv.srvs[name] = []net.SRV{{Target: ".", Port: 0}} })
+	if got := describe(w.next()); got != "" {
+		t.Fatalf("a record with target \".\" reported %q, want no pods", got)
+	}
 }
 
 type lockedWriter struct {
