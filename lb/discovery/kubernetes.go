@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -104,6 +105,10 @@ func NewKubernetes(pods PodClient, s spec.Kubernetes, log *slog.Logger) (*Kubern
 // rebuilds the whole list from the informer's cache: a burst of events (a
 // rollout) costs one rebuild, and the list cannot drift from the cache.
 func (k *Kubernetes) Run(ctx context.Context, report func([]Pod)) error {
+	// client-go logs through ctx's logger: the reflector's errors (an API
+	// server down, RBAC refusing the list) go to the gateway's log rather
+	// than klog's stderr.
+	ctx = logr.NewContext(ctx, logr.FromSlogHandler(k.log.Handler()).WithName("discovery"))
 	selector := k.selector.String()
 	// The wrapper lets a client that cannot stream a list's initial events
 	// (client-go's fake) say so; the reflector then lists and watches.

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"pdlb/internal/testwait"
 	"pdlb/lb/discovery/spec"
 )
 
@@ -334,26 +335,7 @@ func TestKubernetesPodsOverHTTP(t *testing.T) {
 		}
 	}))
 	t.Cleanup(api.Close)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters: [{name: test, cluster: {server: %q}}]
-users: [{name: test, user: {}}]
-contexts: [{name: test, context: {cluster: test, user: test}}]
-current-context: test
-`, api.URL), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := spec.Kubernetes{Namespace: "inference", Selector: spec.DefaultSelector, Kubeconfig: kubeconfig}
-	pods, err := KubernetesPods(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := NewKubernetes(pods, s, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := follow(t, k)
+	w := follow(t, overHTTP(t, api.URL, quiet))
 	w.expect("inference/p0 my-model vllm prefill g0 10.0.0.1:8000")
 	d0 := withKind(kpod("d0", "10.0.0.2", pdLabels("decode", "g0"), nil))
 	d0.ResourceVersion = "2"
@@ -362,4 +344,54 @@ current-context: test
 		"inference/d0 my-model vllm decode g0 10.0.0.2:8000",
 		"inference/p0 my-model vllm prefill g0 10.0.0.1:8000",
 	)
+}
+
+// overHTTP is the source of the pods of namespace "inference" that the
+// default selector picks, through the production client, from the API
+// server at url.
+func overHTTP(t *testing.T, url string, log *slog.Logger) *Kubernetes {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: test, cluster: {server: %q}}]
+users: [{name: test, user: {}}]
+contexts: [{name: test, context: {cluster: test, user: test}}]
+current-context: test
+`, url), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := spec.Kubernetes{Namespace: "inference", Selector: spec.DefaultSelector, Kubeconfig: kubeconfig}
+	pods, err := KubernetesPods(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := NewKubernetes(pods, s, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// TestKubernetesErrorsInTheLog: an API server that refuses the list (RBAC
+// without list on pods) is named in the gateway's log, where an operator
+// looks, not only on klog's stderr.
+func TestKubernetesErrorsInTheLog(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		json.NewEncoder(w).Encode(&metav1.Status{
+			TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure, Reason: metav1.StatusReasonForbidden, Code: http.StatusForbidden,
+			Message: `pods is forbidden: User "system:serviceaccount:inference:pdlb" cannot list resource "pods" in API group "" in the namespace "inference"`,
+		})
+	}))
+	t.Cleanup(api.Close)
+	var logged strings.Builder
+	var logMu sync.Mutex
+	follow(t, overHTTP(t, api.URL, slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))))
+	testwait.For(t, "the refusal in the log", func() bool {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return strings.Contains(logged.String(), `cannot list resource \"pods\"`)
+	})
 }
