@@ -30,9 +30,10 @@ import (
 // so a pod joins when its readiness probe passes and leaves as soon as it
 // fails or the pod is being deleted.
 type Kubernetes struct {
-	pods     PodClient
-	selector labels.Selector
-	log      *slog.Logger
+	pods      PodClient
+	namespace string
+	selector  labels.Selector
+	log       *slog.Logger
 }
 
 // PodClient lists and watches the pods of one namespace, or of all for
@@ -98,7 +99,7 @@ func NewKubernetes(pods PodClient, s spec.Kubernetes, log *slog.Logger) (*Kubern
 	if err != nil {
 		return nil, fmt.Errorf("%w: discovery.kubernetes.selector = %q: %v", spec.ErrInvalid, s.Selector, err)
 	}
-	return &Kubernetes{pods: pods, selector: sel, log: log}, nil
+	return &Kubernetes{pods: pods, namespace: s.Namespace, selector: sel, log: log}, nil
 }
 
 // Run watches the pods until ctx is done. Events only wake the loop, which
@@ -156,7 +157,13 @@ func (k *Kubernetes) Run(ctx context.Context, report func([]Pod)) error {
 	var last []Pod
 	reported := false
 	for {
-		pods := r.rebuild(informer.GetStore().List(), k.selector, k.log)
+		objs := informer.GetStore().List()
+		pods := r.rebuild(objs, k.selector, k.log)
+		if len(pods) == 0 && (!reported || len(last) > 0) {
+			// Pods selected tell a mistyped namespace or selector (none)
+			// from pods not ready yet.
+			k.log.Warn("discovery: no Kubernetes pod to route to", "namespace", k.namespace, "selector", selector, "selected", len(objs))
+		}
 		if !reported || !slices.Equal(pods, last) {
 			report(pods)
 			last, reported = pods, true

@@ -395,3 +395,46 @@ func TestKubernetesErrorsInTheLog(t *testing.T) {
 		return strings.Contains(logged.String(), `cannot list resource \"pods\"`)
 	})
 }
+
+// TestKubernetesNoPodLogged: a source with no pod to route to says so,
+// with how many pods its namespace and selector pick, so a mistyped
+// namespace or selector (none picked) tells itself from pods not ready
+// yet; once when it starts so, and again each time its last pod leaves.
+func TestKubernetesNoPodLogged(t *testing.T) {
+	ctx := context.Background()
+	starting := kpod("c0", "", map[string]string{spec.LabelModel: "my-model"}, nil)
+	starting.Status.Phase = corev1.PodPending
+	client := fake.NewClientset(starting)
+	var logged strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	k, err := NewKubernetes(fakePods{client.CoreV1().Pods("inference")}, spec.Kubernetes{Namespace: "inference", Selector: spec.DefaultSelector}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noPod := func(want int, selected string) {
+		t.Helper()
+		logMu.Lock()
+		defer logMu.Unlock()
+		line := `msg="discovery: no Kubernetes pod to route to" namespace=inference selector=model.aibrix.ai/name selected=` + selected
+		if n := strings.Count(logged.String(), "no Kubernetes pod"); n != want || !strings.Contains(logged.String(), line) {
+			t.Fatalf("want %d lines, the last with %s:\n%s", want, line, logged.String())
+		}
+	}
+	w := follow(t, k)
+	w.expect()
+	noPod(1, "1")
+	pods := client.CoreV1().Pods("inference")
+	if _, err := pods.Create(ctx, kpod("p0", "10.0.0.1", pdLabels("prefill", "g0"), nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.expect("inference/p0 my-model vllm prefill g0 10.0.0.1:8000")
+	// c0 first: the cache that lacks p0 lacks it too.
+	for _, name := range []string{"c0", "p0"} {
+		if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.expect()
+	noPod(2, "0")
+}
