@@ -16,6 +16,7 @@ import (
 	"pdlb/internal/lbtest"
 	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
+	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/discovery/spec"
 )
@@ -220,5 +221,34 @@ func TestDiscoveredPodTakingANameLeftOut(t *testing.T) {
 	cfg.Pods = podsOf("m", sims[0])
 	if err := s.Reload(cfg); err != nil {
 		t.Fatalf("the file's reload: %v", err)
+	}
+}
+
+// TestReloadValidatesAsStart: a reload is checked on the configuration's
+// own pods, as Start is: a fallback to a model that only discovered pods
+// serve is refused, as Start refuses it, rather than taken until those
+// pods leave, when every fleet, discovered or reloaded, would be refused
+// whole.
+func TestReloadValidatesAsStart(t *testing.T) {
+	sims := testFleet(t, "m", 2, 100)
+	_, port, _ := net.SplitHostPort(sims[1].Addr())
+	p, _ := strconv.Atoi(port)
+	static := podsOf("other", sims[0])
+	s := testGateway(t, static, func(c *config.Config) {
+		c.Discovery.DNS = []spec.DNS{{Name: "127.0.0.1", Port: p, Model: "m", Interval: 50 * time.Millisecond}}
+	})
+	testwait.For(t, "discovery to find the pod", func() bool {
+		r, _ := post(t, s, "/v1/chat/completions", chatBody)
+		return r.StatusCode == 200
+	})
+	cfg := s.Gateway.Config()
+	cfg.Pods = static
+	cfg.Models = []config.Model{{Name: "other", LoRA: config.LoRA{Fallback: []string{"m"}}}}
+	const want = `models[0].fallback[0] = "m" is not another model`
+	if err := s.Reload(cfg); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the reload: %v; want %s, as Start says", err, want)
+	}
+	if _, err := lb.Start(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Start: %v; want %s", err, want)
 	}
 }

@@ -311,6 +311,11 @@ func (s *Server) Reload(cfg config.Config) error {
 	if s.stopDiscovery == nil {
 		return s.tls.apply(cfg.TLS, func() error { return s.Gateway.Reload(cfg) })
 	}
+	// As Start, on its own pods: a name that only discovered pods serve
+	// (a fallback's model) would get every fleet refused once they leave.
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	s.fleetMu.Lock()
 	defer s.fleetMu.Unlock()
 	static := cfg.Pods
@@ -332,7 +337,9 @@ func (s *Server) Reload(cfg config.Config) error {
 // models, adapters and aliases, nor of the pods before them
 // (config.Config.ValidateNames): each pod left out is logged, and the rest
 // serve. It runs again for each reload, whose pods may change the engine
-// a discovered pod must run, and whose aliases the names it may take.
+// a discovered pod must run, and whose models the names it may take. cfg
+// is valid on its own pods (Start and Reload check that), so only a
+// discovered pod's claim on a name can fail ValidateNames.
 func withFound(cfg config.Config, found []config.Pod, log *slog.Logger) []config.Pod {
 	static := cfg.Pods
 	names := map[string]bool{}
@@ -368,9 +375,6 @@ func withFound(cfg config.Config, found []config.Pod, log *slog.Logger) []config
 	cfg.Pods = out
 	if cfg.ValidateNames() == nil {
 		return out
-	}
-	if cfg.Pods = static; cfg.ValidateNames() != nil {
-		return out // the configuration's own clash, which Validate names
 	}
 	kept := slices.Clone(static)
 	for _, p := range out[len(static):] {
