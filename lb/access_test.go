@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -104,5 +105,33 @@ func TestAPIKeysFromXAPIKey(t *testing.T) {
 	}
 	if resp, b := send(t, client, s, "GET", "/v1/models", "", "X-Api-Key", "sk-good"); resp.StatusCode != 200 {
 		t.Errorf("/v1/models with x-api-key: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestAccessLogNamesRefusedKey: the line of a request its key's limit
+// refused, or that failed after its key was found, names the key, as an
+// admitted request's does: a throttled tenant shows in the log.
+func TestAccessLogNamesRefusedKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
+		c.AccessLog = path
+		c.Access.APIKeys = []limits.APIKey{{Name: "team-a", SHA256: limits.HashKey("sk-good"), RequestsPerMinute: 1}}
+	})
+	for _, c := range []struct {
+		id, body string
+		status   int
+	}{
+		{"admitted", chatBody, 200},
+		{"limited", chatBody, 429},
+		{"unknown-model", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404},
+	} {
+		if resp, b := postWith(t, s, c.body, "Authorization", "Bearer sk-good", "X-Request-Id", c.id); resp.StatusCode != c.status {
+			t.Fatalf("%s: %d %s, want %d", c.id, resp.StatusCode, b, c.status)
+		}
+	}
+	for _, l := range readAccessLog(t, s, path) {
+		if l.str("api_key") != "team-a" {
+			t.Errorf("%s (%v): api_key %q, want team-a: %v", l.str("request_id"), l.num("status"), l.str("api_key"), l)
+		}
 	}
 }

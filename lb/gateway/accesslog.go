@@ -44,8 +44,8 @@ func (g *Gateway) logCompletion(ctx *fasthttp.RequestCtx, x *completion, pod *po
 		b = appendField(b, "served_model", x.served)
 	}
 	b = strconv.AppendBool(appendName(b, "stream"), x.req.Stream)
-	if x.key != nil {
-		b = appendField(b, "api_key", x.key.Name)
+	if x.found != nil {
+		b = appendField(b, "api_key", x.found.Name)
 	}
 	if pod != nil {
 		b = appendField(b, "pod", pod.Config.Name)

@@ -21,10 +21,10 @@ import (
 type completion struct {
 	req *openai.Request
 	hdr clientHeaders
-	// key is the client's API key, nil when keys are off; releasing the
-	// completion returns its concurrency slot and charges its output.
-	// found is the key of a request moved to a worker before the key
-	// admitted it (stageParse, stageTokenize).
+	// found is the client's API key, nil when keys are off: the access
+	// log names it, admitted or not. key is found once it admitted the
+	// request; releasing the completion returns its concurrency slot and
+	// charges its output.
 	key, found *limits.Key
 	// ticket names the request (ticket.ID) and holds its ledger charge.
 	ticket   ledger.Ticket

@@ -28,16 +28,16 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 		g.fail(ctx, x, nil, refused(d))
 		return
 	}
-	x.g, x.ctx, x.req.Kind = g, ctx, kind
+	x.g, x.ctx, x.req.Kind, x.found = g, ctx, kind, key
 	if l := frontend.LoopOf(ctx); l != nil && len(ctx.PostBody()) > readOnLoopMax {
 		// Read on a worker (stageParse): a large body's parse (the
 		// stand-in's rendering included) and its tokenization would
 		// hold up every connection of the loop.
-		x.found, x.stage = key, stageParse
+		x.stage = stageParse
 		l.Detach(x)
 		return
 	}
-	if g.parse(x, key, false) {
+	if g.parse(x, false) {
 		g.advance(x)
 	}
 }
@@ -45,7 +45,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 // parse reads x's request, resolves its model and begins it (begin); it
 // reports whether x goes on. offLoop says x came to a worker to be read,
 // which the model's off-loop counter counts for a generation's prompt.
-func (g *Gateway) parse(x *completion, key *limits.Key, offLoop bool) bool {
+func (g *Gateway) parse(x *completion, offLoop bool) bool {
 	ctx, kind := x.ctx, x.req.Kind
 	var err error
 	switch kind {
@@ -88,7 +88,7 @@ func (g *Gateway) parse(x *completion, key *limits.Key, offLoop bool) bool {
 		// embedding's input).
 		g.metrics.model(m).offLoop.Inc()
 	}
-	return g.begin(x, key)
+	return g.begin(x)
 }
 
 // settleHome keeps x's stored response's pod (x.home) where x, of model
@@ -109,21 +109,21 @@ func (g *Gateway) settleHome(x *completion, m *pool.Model) {
 
 // tokenizeLater moves x, whose tokenization would hold up loop l, to a
 // worker, which begins it (stageTokenize).
-func (g *Gateway) tokenizeLater(l *frontend.Loop, x *completion, key *limits.Key) {
+func (g *Gateway) tokenizeLater(l *frontend.Loop, x *completion) {
 	g.metrics.model(x.m).offLoop.Inc()
-	x.found, x.stage = key, stageTokenize
+	x.stage = stageTokenize
 	l.Detach(x)
 }
 
 // begin takes x, parsed and of model x.m, from its tokenization to its
 // first pick, and sets the transport it goes on with: false when x is
 // answered (refused) or moved to a worker.
-func (g *Gateway) begin(x *completion, key *limits.Key) bool {
-	ctx, m := x.ctx, x.m
+func (g *Gateway) begin(x *completion) bool {
+	ctx, m, key := x.ctx, x.m, x.found
 	// Tokenized before the key's token budget is charged, so the budget
 	// counts the engine's tokens.
 	if f, later := g.tokenizeHere(x, m); later {
-		g.tokenizeLater(frontend.LoopOf(ctx), x, key)
+		g.tokenizeLater(frontend.LoopOf(ctx), x)
 		return false
 	} else if f != nil {
 		g.fail(ctx, x, m, f)

@@ -75,9 +75,9 @@ func (g *Gateway) advance(x *completion) {
 			goOn := true
 			switch x.stage {
 			case stageParse:
-				goOn = g.parse(x, x.found, true)
+				goOn = g.parse(x, true)
 			case stageTokenize:
-				goOn = g.begin(x, x.found)
+				goOn = g.begin(x)
 			default:
 				g.retokenize(x)
 			}
