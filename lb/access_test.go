@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"bufio"
 	"io"
 	"net"
 	"net/http"
@@ -133,5 +134,66 @@ func TestAccessLogNamesRefusedKey(t *testing.T) {
 		if l.str("api_key") != "team-a" {
 			t.Errorf("%s (%v): api_key %q, want team-a: %v", l.str("request_id"), l.num("status"), l.str("api_key"), l)
 		}
+	}
+}
+
+// TestReloadChangesAPIKeys: a reload takes api_keys as it takes pods, so
+// a leaked key is revoked without a restart: a removed key is refused at
+// once while its stream in flight ends whole, a kept key keeps what it
+// used of its limits (raised, the new room is there at once), and an
+// added key is admitted.
+func TestReloadChangesAPIKeys(t *testing.T) {
+	keyA := limits.APIKey{Name: "a", SHA256: limits.HashKey("sk-a"), RequestsPerMinute: 2}
+	keyB := limits.APIKey{Name: "b", SHA256: limits.HashKey("sk-b"), MaxConcurrent: 1}
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 1)...), func(c *config.Config) {
+		c.Access.APIKeys = []limits.APIKey{keyA, keyB}
+	})
+	f := func(key string, status int) {
+		t.Helper()
+		if resp, b := postWith(t, s, chatBody, "Authorization", "Bearer "+key); resp.StatusCode != status {
+			t.Fatalf("%s: %d %s, want %d", key, resp.StatusCode, b, status)
+		}
+	}
+	f("sk-a", 200)
+	f("sk-a", 200)
+	f("sk-a", 429)
+	req, err := newPost(s, `{"model":"m","messages":[{"role":"user","content":"stream"}],"max_tokens":40,"stream":true}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer sk-b")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("b's stream: %d %v", resp.StatusCode, err)
+	}
+
+	cfg := s.Gateway.Config()
+	cfg.Access.APIKeys = []limits.APIKey{keyA, {Name: "c", SHA256: limits.HashKey("sk-c")}}
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	f("sk-b", 401)
+	f("sk-c", 200)
+	f("sk-a", 429) // its two requests of this minute are still spent
+	rest, err := io.ReadAll(br)
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("b's stream in flight did not end whole: %v %q", err, rest)
+	}
+
+	keyA.RequestsPerMinute = 3
+	cfg.Access.APIKeys = []limits.APIKey{keyA}
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	f("sk-a", 200)
+	f("sk-a", 429)
+	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
+	if strings.Contains(metrics, `key="b"`) || !strings.Contains(metrics, `pdlb_api_key_refused_total{key="a",limit="requests_per_minute"} 3`) {
+		t.Fatalf("the keys' series do not follow the reload, or a kept key's counts were lost:\n%s", metrics)
 	}
 }

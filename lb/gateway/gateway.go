@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -49,8 +50,9 @@ type Gateway struct {
 	checker *pool.Checker
 	metrics *gatewayMetrics
 	log     *slog.Logger
-	// keys are the clients' API keys and their limits (nil: none needed).
-	keys *limits.Keys
+	// keys are the clients' API keys and their limits (nil: none
+	// needed), replaced by a reload.
+	keys atomic.Pointer[limits.Keys]
 	// corsPolicy answers browsers' cross-origin calls (cors.go).
 	corsPolicy corsPolicy
 	// tokenizing holds a slot per request read or tokenized off the event
@@ -153,9 +155,11 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 			return nil, err
 		}
 	}
-	if g.keys, err = limits.NewKeys(cfg.Access.APIKeys); err != nil {
+	keys, err := limits.NewKeys(cfg.Access.APIKeys)
+	if err != nil {
 		return nil, err
 	}
+	g.keys.Store(keys)
 	g.ledger = ledger.New(cfg.TokenLoad, ledger.Env{Logger: log})
 	g.ledger.SetPods(ledgerMembers(snap))
 	if g.kv, err = startKVFeeds(snap, nil, log); err != nil {
@@ -179,7 +183,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	g.metrics.set.NewGauge("pdlb_responses_conversations", func() float64 { return float64(g.conversations.len()) })
 	g.metrics.addModels(snap)
 	g.ledger.RegisterMetrics(g.metrics.set)
-	g.metrics.set.RegisterMetricsWriter(g.keys.WritePrometheus)
+	g.metrics.set.RegisterMetricsWriter(func(w io.Writer) { g.keys.Load().WritePrometheus(w) })
 	g.metrics.set.RegisterMetricsWriter(g.conns.WritePrometheus)
 	g.metrics.set.RegisterMetricsWriter(g.fds.WritePrometheus)
 	g.metrics.set.RegisterMetricsWriter(g.writeDynamicMetrics)
@@ -213,13 +217,15 @@ func (g *Gateway) background(f func()) {
 	}()
 }
 
-// Reload applies a new fleet (pods and models) without dropping
-// connections or requests: pods whose configuration is unchanged keep their
-// state and connections, models keep their series, requests in flight
-// finish on the snapshot they started with. The listeners' certificate
-// lists are the server's to apply (lb.Server.Reload). Every other setting
-// is read on the request path and changes only on restart; Reload refuses
-// a configuration that changes one.
+// Reload applies a new fleet (pods and models) and API keys without
+// dropping connections or requests: pods whose configuration is unchanged
+// keep their state and connections, models keep their series, requests in
+// flight finish on the snapshot they started with, a key kept keeps its
+// counts, and one removed is refused from then on while its requests in
+// flight finish. The listeners' certificate lists are the server's to
+// apply (lb.Server.Reload). Every other setting is read on the request
+// path and changes only on restart; Reload refuses a configuration that
+// changes one.
 func (g *Gateway) Reload(cfg config.Config) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -258,10 +264,14 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 		return err
 	}
 	same := cfg
-	same.Pods, same.Models = g.cfg.Pods, g.cfg.Models
+	same.Pods, same.Models, same.Access.APIKeys = g.cfg.Pods, g.cfg.Models, g.cfg.Access.APIKeys
 	same.TLS.Certificates, same.TLS.AdminCertificates = g.cfg.TLS.Certificates, g.cfg.TLS.AdminCertificates
 	if d := config.Diff(g.cfg, same); d != "" {
-		return fmt.Errorf("%w: %s needs a restart (only pods, models and certificate lists change on reload)", config.ErrInvalid, d)
+		return fmt.Errorf("%w: %s needs a restart (only pods, models, api_keys and certificate lists change on reload)", config.ErrInvalid, d)
+	}
+	keys, err := g.keys.Load().Reload(cfg.Access.APIKeys)
+	if err != nil {
+		return err
 	}
 	prev := g.pool.Load()
 	snap, err := pool.Build(&cfg, g.dial, prev)
@@ -277,7 +287,9 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 	g.ledger.SetPods(ledgerMembers(snap))
 	g.metrics.addModels(snap)
 	g.pool.Publish(snap)
-	g.cfg.Pods, g.cfg.Models = cfg.Pods, cfg.Models
+	keys.Install(time.Now())
+	g.keys.Store(keys)
+	g.cfg.Pods, g.cfg.Models, g.cfg.Access.APIKeys = cfg.Pods, cfg.Models, cfg.Access.APIKeys
 	// The server serves cfg's certificate lists once this returns nil.
 	g.cfg.TLS.Certificates, g.cfg.TLS.AdminCertificates = cfg.TLS.Certificates, cfg.TLS.AdminCertificates
 	g.checker.Close()
@@ -514,7 +526,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		// Keys guard every API path, as OpenAI's: the list names the
 		// models and adapters served.
-		if _, d := g.keys.Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization), ctx.Request.Header.Peek("X-Api-Key")); !d.OK() {
+		if _, d := g.keys.Load().Lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization), ctx.Request.Header.Peek("X-Api-Key")); !d.OK() {
 			e = d.Error()
 			writeFailure(ctx, answer(e))
 			break

@@ -290,7 +290,7 @@ var (
 // its request to a pod: what the pod gets of them, as buildUpstream and
 // appendUpstream send it.
 func (g *Gateway) podHeaders() podHeaders {
-	return podHeaders{authorize: g.keys.Enabled(), forward: g.cfg.Upstream.XForwardedFor}
+	return podHeaders{authorize: g.keys.Load().Enabled(), forward: g.cfg.Upstream.XForwardedFor}
 }
 
 // podHeaders is what sort gathered of a client's header. The common

@@ -187,9 +187,10 @@ func TestAppendUpstreamAsBuild(t *testing.T) {
 	}
 	for _, authorize := range []bool{false, true} {
 		for _, forward := range []bool{true, false} {
-			g.keys, g.cfg.Upstream.XForwardedFor = nil, forward
+			g.keys.Store(nil)
+			g.cfg.Upstream.XForwardedFor = forward
 			if authorize {
-				g.keys = keys
+				g.keys.Store(keys)
 			}
 			for i := range len(heads) * len(spans) {
 				h := heads[i/len(spans)]
@@ -268,9 +269,10 @@ func FuzzAppendUpstream(f *testing.F) {
 		if req.Read(br) != nil || br.Buffered() > 0 {
 			return // not a request the front end takes whole
 		}
-		g.keys, g.cfg.Upstream.XForwardedFor = nil, forward
+		g.keys.Store(nil)
+		g.cfg.Upstream.XForwardedFor = forward
 		if authorize {
-			g.keys = keys
+			g.keys.Store(keys)
 		}
 		var ctx fasthttp.RequestCtx
 		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)

@@ -23,7 +23,7 @@ func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
 	x := acquireCompletion(ctx.Time())
 	x.hdr.read(&ctx.Request.Header)
 	x.reqID = requestIDOf(x.reqID[:0], ctx, x.hdr[hdrRequestID])
-	key, d := g.keys.Lookup(x.hdr[hdrAuthorization], x.hdr[hdrAPIKey])
+	key, d := g.keys.Load().Lookup(x.hdr[hdrAuthorization], x.hdr[hdrAPIKey])
 	if !d.OK() {
 		g.fail(ctx, x, nil, refused(d))
 		return

@@ -110,10 +110,11 @@ func bareGateway(tb testing.TB, cfg config.Config, dial pool.DialFunc) (*Gateway
 func testGateway(t *testing.T, cfg config.Config, dial pool.DialFunc, adm *admit.ClassConfig) (*Gateway, *pool.Model) {
 	t.Helper()
 	g, snap := bareGateway(t, cfg, dial)
-	var err error
-	if g.keys, err = limits.NewKeys(nil); err != nil {
+	keys, err := limits.NewKeys(nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	g.keys.Store(keys)
 	if adm != nil {
 		c := admit.DefaultConfig()
 		c.Classes[admit.Interactive], c.Classes[admit.Batch] = *adm, *adm

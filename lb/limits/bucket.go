@@ -12,11 +12,14 @@ import (
 // time tat — the instant (unix ns) at which the bucket will be full again.
 // Taking n units moves tat by n×interval; the bucket has room while tat
 // stays within one minute of now. One int64 is updated with compare-and-
-// swap, so a check is lock-free and allocates nothing.
-//
-// The zero bucket (interval 0) has no limit.
+// swap, so a check is lock-free and allocates nothing. Its rate is passed
+// in, so that a reload may change it under the units already taken.
 type bucket struct {
 	tat atomic.Int64
+}
+
+// rate is a bucket's allowance. The zero rate (interval 0) has no limit.
+type rate struct {
 	// interval is the time one unit takes to refill, ns: a minute divided
 	// by the per-minute allowance.
 	interval int64
@@ -28,38 +31,38 @@ type bucket struct {
 // allowance.
 const capacity = int64(time.Minute)
 
-func newBucket(perMinute int) bucket {
+func newRate(perMinute int) rate {
 	if perMinute <= 0 {
-		return bucket{}
+		return rate{}
 	}
-	return bucket{interval: max(capacity/int64(perMinute), 1), perMinute: int64(perMinute)}
+	return rate{interval: max(capacity/int64(perMinute), 1), perMinute: int64(perMinute)}
 }
 
-func (b *bucket) limited() bool { return b.interval != 0 }
+func (r rate) limited() bool { return r.interval != 0 }
 
 // cost is the time n units take to refill, saturated so a huge n cannot
 // overflow tat.
-func (b *bucket) cost(n int64) int64 {
+func (r rate) cost(n int64) int64 {
 	if n <= 0 {
 		return 0
 	}
-	if n > math.MaxInt64/4/b.interval {
+	if n > math.MaxInt64/4/r.interval {
 		return math.MaxInt64 / 4
 	}
-	return n * b.interval
+	return n * r.interval
 }
 
 // fits reports whether n units can ever be taken: no more than a minute's
 // allowance.
-func (b *bucket) fits(n int64) bool { return !b.limited() || b.cost(n) <= capacity }
+func (r rate) fits(n int64) bool { return !r.limited() || r.cost(n) <= capacity }
 
-// take takes n units at now (unix ns) if the bucket holds them, else
+// take takes n units at r and now (unix ns) if the bucket holds them, else
 // returns how long until it will.
-func (b *bucket) take(now, n int64) (ok bool, wait time.Duration) {
-	if !b.limited() {
+func (b *bucket) take(r rate, now, n int64) (ok bool, wait time.Duration) {
+	if !r.limited() {
 		return true, 0
 	}
-	c := b.cost(n)
+	c := r.cost(n)
 	for {
 		tat := b.tat.Load()
 		next := max(tat, now) + c
@@ -72,13 +75,13 @@ func (b *bucket) take(now, n int64) (ok bool, wait time.Duration) {
 	}
 }
 
-// charge takes n units whether or not the bucket holds them: usage that
-// already happened. The debt delays later takes.
-func (b *bucket) charge(now, n int64) {
-	if !b.limited() {
+// charge takes n units at r whether or not the bucket holds them: usage
+// that already happened. The debt delays later takes.
+func (b *bucket) charge(r rate, now, n int64) {
+	if !r.limited() {
 		return
 	}
-	c := b.cost(n)
+	c := r.cost(n)
 	for {
 		tat := b.tat.Load()
 		if b.tat.CompareAndSwap(tat, max(tat, now)+c) {
@@ -87,10 +90,30 @@ func (b *bucket) charge(now, n int64) {
 	}
 }
 
-// refund gives back n units taken by a request that was then refused by
-// another limit.
-func (b *bucket) refund(n int64) {
-	if b.limited() {
-		b.tat.Add(-b.cost(n))
+// refund gives back n units taken at r by a request that was then refused
+// by another limit.
+func (b *bucket) refund(r rate, n int64) {
+	if r.limited() {
+		b.tat.Add(-r.cost(n))
+	}
+}
+
+// rerate keeps the units taken by now at from for the bucket's new rate
+// to: a limit raised has its new room at once, one lowered is nearer to
+// full. Units taken with no limit were not counted: the bucket starts
+// empty.
+func (b *bucket) rerate(from, to rate, now int64) {
+	for {
+		tat := b.tat.Load()
+		next := int64(0)
+		if from.limited() && to.limited() && tat > now {
+			// In float64, saturated as cost: the product of two int64s
+			// may overflow.
+			d := float64(tat-now) / float64(from.interval) * float64(to.interval)
+			next = now + int64(min(d, math.MaxInt64/4))
+		}
+		if b.tat.CompareAndSwap(tat, next) {
+			return
+		}
 	}
 }

@@ -41,7 +41,8 @@ const (
 type Config struct {
 	// APIKeys, when not empty, makes every API request carry one of these
 	// keys, as "Authorization: Bearer <key>" or, as Anthropic's SDKs send
-	// it, "x-api-key: <key>" (default: none, no authentication).
+	// it, "x-api-key: <key>" (default: none, no authentication). A reload
+	// changes them (Keys.Reload).
 	APIKeys []APIKey `yaml:"api_keys"`
 	// Conns bounds client connections.
 	Conns ConnLimits `yaml:"limits"`

@@ -48,8 +48,10 @@ func (l Limit) String() string {
 type Decision struct {
 	Limit      Limit
 	RetryAfter time.Duration
-	// key is the key refused, for the error message (nil for key errors).
-	key *Key
+	// key is the key refused and limits its limits then, for the error
+	// message (nil for key errors).
+	key    *Key
+	limits *keyLimits
 	// requested is the prompt of a RequestTooLarge refusal, tokens.
 	requested int64
 }
@@ -90,53 +92,96 @@ func (d Decision) Error() *openai.Error {
 			Message: "Incorrect API key provided."}
 	case Concurrency:
 		return &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRequests, Code: openai.CodeRateLimited,
-			Message: fmt.Sprintf("Rate limit reached for key %s on concurrent requests: limit %d. Retry when one of them finishes.", d.key.Name, d.key.maxConcurrent)}
+			Message: fmt.Sprintf("Rate limit reached for key %s on concurrent requests: limit %d. Retry when one of them finishes.", d.key.Name, d.limits.maxConcurrent)}
 	case RequestsPerMinute:
-		return openai.RateLimited(fmt.Sprintf("key %s on requests per minute (RPM): limit %d. Please try again in %s.", d.key.Name, d.key.requests.perMinute, d.RetryAfter.Round(time.Millisecond)))
+		return openai.RateLimited(fmt.Sprintf("key %s on requests per minute (RPM): limit %d. Please try again in %s.", d.key.Name, d.limits.requests.perMinute, d.RetryAfter.Round(time.Millisecond)))
 	case TokensPerMinute:
-		e := openai.RateLimited(fmt.Sprintf("key %s on tokens per minute (TPM): limit %d. Please try again in %s.", d.key.Name, d.key.tokens.perMinute, d.RetryAfter.Round(time.Millisecond)))
+		e := openai.RateLimited(fmt.Sprintf("key %s on tokens per minute (TPM): limit %d. Please try again in %s.", d.key.Name, d.limits.tokens.perMinute, d.RetryAfter.Round(time.Millisecond)))
 		e.Type = typeTokens
 		return e
 	}
 	return &openai.Error{Status: http.StatusTooManyRequests, Type: typeTokens, Code: openai.CodeRateLimited,
-		Message: fmt.Sprintf("Request too large for key %s on tokens per minute (TPM): limit %d, requested %d. Send a shorter prompt.", d.key.Name, d.key.tokens.perMinute, d.requested)}
+		Message: fmt.Sprintf("Request too large for key %s on tokens per minute (TPM): limit %d, requested %d. Send a shorter prompt.", d.key.Name, d.limits.tokens.perMinute, d.requested)}
 }
 
 // Keys is the set of client API keys. A nil *Keys, or one built from no
 // keys, requires none: Lookup admits every request with a nil *Key.
 // Safe for concurrent use; the set itself is immutable (a reload builds a
-// new one).
+// new one, Reload).
 type Keys struct {
 	byHash map[[sha256.Size]byte]*Key
 	keys   []*Key
-	// refused counts MissingKey and UnknownKey answers.
-	refused [UnknownKey + 1]atomic.Uint64
+	// limits are keys[i]'s limits in this set, which Install gives them.
+	limits []*keyLimits
+	// refused counts MissingKey and UnknownKey answers, across reloads.
+	refused *[UnknownKey + 1]atomic.Uint64
 }
 
-// Key is one client key's state: its buckets and requests in flight. A nil
-// *Key (keys off) admits everything.
+// Key is one client key's state: its limits, buckets and requests in
+// flight. A nil *Key (keys off) admits everything. A key a reload keeps is
+// the same *Key, so its requests in flight end on it and its counts go on.
 type Key struct {
-	Name          string
-	requests      bucket
-	tokens        bucket
-	maxConcurrent int64
-	inFlight      atomic.Int64
-	limited       [numLimits]atomic.Uint64
+	Name     string
+	limits   atomic.Pointer[keyLimits]
+	requests bucket
+	tokens   bucket
+	inFlight atomic.Int64
+	limited  [numLimits]atomic.Uint64
+}
+
+// keyLimits are a key's limits, replaced whole by a reload.
+type keyLimits struct {
+	requests, tokens rate
+	maxConcurrent    int64
 }
 
 // NewKeys builds the key set of validated configuration entries.
 func NewKeys(cfg []APIKey) (*Keys, error) {
-	ks := &Keys{byHash: make(map[[sha256.Size]byte]*Key, len(cfg))}
+	ks, err := (*Keys)(nil).Reload(cfg)
+	if err == nil {
+		ks.Install(time.Now())
+	}
+	return ks, err
+}
+
+// Reload builds the key set of validated configuration entries that is to
+// follow ks (nil: none): a key of the same digest and name is ks's *Key,
+// to take its new limits from Install; others are new. ks is unchanged
+// until then, so a reload refused later leaves it whole.
+func (ks *Keys) Reload(cfg []APIKey) (*Keys, error) {
+	next := &Keys{byHash: make(map[[sha256.Size]byte]*Key, len(cfg)), refused: new([UnknownKey + 1]atomic.Uint64)}
+	if ks != nil {
+		next.refused = ks.refused
+	}
 	for i, c := range cfg {
 		sum, err := parseDigest(c.SHA256)
 		if err != nil {
 			return nil, invalid(fmt.Sprintf("api_keys[%d].sha256", i), c.SHA256, "must be 64 hex digits")
 		}
-		k := &Key{Name: c.Name, requests: newBucket(c.RequestsPerMinute), tokens: newBucket(c.TokensPerMinute), maxConcurrent: int64(c.MaxConcurrent)}
-		ks.byHash[sum] = k
-		ks.keys = append(ks.keys, k)
+		var k *Key
+		if ks != nil {
+			k = ks.byHash[sum]
+		}
+		if k == nil || k.Name != c.Name {
+			k = &Key{Name: c.Name}
+		}
+		next.byHash[sum] = k
+		next.keys = append(next.keys, k)
+		next.limits = append(next.limits, &keyLimits{requests: newRate(c.RequestsPerMinute), tokens: newRate(c.TokensPerMinute), maxConcurrent: int64(c.MaxConcurrent)})
 	}
-	return ks, nil
+	return next, nil
+}
+
+// Install gives ks's keys their limits at now: a kept key whose rate
+// changed keeps the units it took this minute (bucket.rerate).
+func (ks *Keys) Install(now time.Time) {
+	for i, k := range ks.keys {
+		to := ks.limits[i]
+		if from := k.limits.Swap(to); from != nil && *from != *to {
+			k.requests.rerate(from.requests, to.requests, now.UnixNano())
+			k.tokens.rerate(from.tokens, to.tokens, now.UnixNano())
+		}
+	}
 }
 
 // Enabled reports whether requests must carry a key.
@@ -185,25 +230,25 @@ func (k *Key) Admit(now time.Time, promptTokens int) Decision {
 	if k == nil {
 		return Decision{}
 	}
-	n := int64(promptTokens)
-	if !k.tokens.fits(n) {
-		return k.refuse(Decision{Limit: RequestTooLarge, requested: n})
+	lim, n := k.limits.Load(), int64(promptTokens)
+	if !lim.tokens.fits(n) {
+		return k.refuse(lim, Decision{Limit: RequestTooLarge, requested: n})
 	}
-	if c := k.inFlight.Add(1); k.maxConcurrent > 0 && c > k.maxConcurrent {
+	if c := k.inFlight.Add(1); lim.maxConcurrent > 0 && c > lim.maxConcurrent {
 		k.inFlight.Add(-1)
 		// When a slot frees is unknown; a second is a short, typical wait.
-		return k.refuse(Decision{Limit: Concurrency, RetryAfter: time.Second})
+		return k.refuse(lim, Decision{Limit: Concurrency, RetryAfter: time.Second})
 	}
 	ns := now.UnixNano()
-	ok, wait := k.requests.take(ns, 1)
+	ok, wait := k.requests.take(lim.requests, ns, 1)
 	if !ok {
 		k.release()
-		return k.refuse(Decision{Limit: RequestsPerMinute, RetryAfter: wait})
+		return k.refuse(lim, Decision{Limit: RequestsPerMinute, RetryAfter: wait})
 	}
-	if ok, wait = k.tokens.take(ns, n); !ok {
-		k.requests.refund(1)
+	if ok, wait = k.tokens.take(lim.tokens, ns, n); !ok {
+		k.requests.refund(lim.requests, 1)
 		k.release()
-		return k.refuse(Decision{Limit: TokensPerMinute, RetryAfter: wait})
+		return k.refuse(lim, Decision{Limit: TokensPerMinute, RetryAfter: wait})
 	}
 	return Decision{}
 }
@@ -214,15 +259,15 @@ func (k *Key) Done(now time.Time, completionTokens int) {
 	if k == nil {
 		return
 	}
-	k.tokens.charge(now.UnixNano(), int64(completionTokens))
+	k.tokens.charge(k.limits.Load().tokens, now.UnixNano(), int64(completionTokens))
 	k.release()
 }
 
 func (k *Key) release() { k.inFlight.Add(-1) }
 
-func (k *Key) refuse(d Decision) Decision {
+func (k *Key) refuse(lim *keyLimits, d Decision) Decision {
 	k.limited[d.Limit].Add(1)
-	d.key = k
+	d.key, d.limits = k, lim
 	return d
 }
 

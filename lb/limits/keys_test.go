@@ -291,3 +291,71 @@ func TestAdmitConcurrent(t *testing.T) {
 		t.Fatalf("admitted %d (want %d), peak in flight %d (cap %d), in flight at end %d", admitted, rpm, peak, maxConc, k.InFlight())
 	}
 }
+
+// TestReload: a key kept by a reload is the same *Key, keeping its
+// requests in flight and the units it took, counted at its new rate; a
+// renamed or new key starts anew, and a removed one is unknown.
+func TestReload(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	a := APIKey{Name: "a", SHA256: HashKey("sk-a"), RequestsPerMinute: 4, MaxConcurrent: 3}
+	b := APIKey{Name: "b", SHA256: HashKey("sk-b"), RequestsPerMinute: 1}
+	ks := newTestKeys(t, a, b)
+	ka, _ := ks.Lookup([]byte("Bearer sk-a"), nil)
+	kb, _ := ks.Lookup([]byte("Bearer sk-b"), nil)
+	for range 2 {
+		if d := ka.Admit(t0, 0); !d.OK() {
+			t.Fatal(d.Limit)
+		}
+	}
+	kb.Admit(t0, 0)
+	f := func(cfg []APIKey, want func(next *Keys)) {
+		t.Helper()
+		next, err := ks.Reload(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next.Install(t0)
+		want(next)
+		ks = next
+	}
+	// Halved: the two requests taken are the whole minute's.
+	a.RequestsPerMinute = 2
+	f([]APIKey{a, {Name: "b2", SHA256: b.SHA256, RequestsPerMinute: 1}}, func(next *Keys) {
+		if k, _ := next.Lookup([]byte("Bearer sk-a"), nil); k != ka || k.InFlight() != 2 {
+			t.Fatalf("a kept key is %p (was %p), %d in flight", k, ka, k.InFlight())
+		}
+		if d := ka.Admit(t0, 0); d.Limit != RequestsPerMinute || d.RetryAfter != 30*time.Second {
+			t.Fatalf("after halving: %v after %v", d.Limit, d.RetryAfter)
+		}
+		if k, d := next.Lookup([]byte("Bearer sk-b"), nil); k == kb || k.Name != "b2" || !k.Admit(t0, 0).OK() {
+			t.Fatalf("a renamed key: %v %v", k, d)
+		}
+	})
+	// Doubled twice: room for six more at once.
+	a.RequestsPerMinute = 8
+	f([]APIKey{a}, func(next *Keys) {
+		if _, d := next.Lookup([]byte("Bearer sk-b"), nil); d.Limit != UnknownKey {
+			t.Fatalf("a removed key: %v", d.Limit)
+		}
+		ka.Done(t0, 0)
+		ka.Done(t0, 0)
+		for i := range 7 {
+			d := ka.Admit(t0, 0)
+			if d.OK() != (i < 6) {
+				t.Fatalf("request %d after raising: %v", i, d.Limit)
+			}
+			if d.OK() {
+				ka.Done(t0, 0)
+			}
+		}
+	})
+	// Off, then on again: nothing counted while there was no limit.
+	a.RequestsPerMinute = 0
+	f([]APIKey{a}, func(*Keys) {})
+	a.RequestsPerMinute = 1
+	f([]APIKey{a}, func(*Keys) {
+		if d := ka.Admit(t0, 0); !d.OK() || ka.InFlight() != 1 {
+			t.Fatalf("limit back on: %v, %d in flight", d.Limit, ka.InFlight())
+		}
+	})
+}
