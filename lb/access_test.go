@@ -27,6 +27,9 @@ func TestAPIKeysAndTheirLimits(t *testing.T) {
 		if status == 429 && resp.Header.Get("Retry-After") == "" {
 			t.Fatal("429 without Retry-After")
 		}
+		if challenge := resp.Header.Get("WWW-Authenticate"); (status == 401) != strings.HasPrefix(challenge, "Bearer ") {
+			t.Fatalf("key %q: %d with WWW-Authenticate %q", key, resp.StatusCode, challenge)
+		}
 	}
 	f("", 401, "API key")
 	f("Bearer sk-bad", 401, "API key")
@@ -69,6 +72,9 @@ func TestAPIKeysGuardModels(t *testing.T) {
 				b, _ := io.ReadAll(resp.Body)
 				if resp.StatusCode != status || !strings.Contains(string(b), inBody) {
 					t.Fatalf("key %q: %d %s, want %d with %q", key, resp.StatusCode, b, status, inBody)
+				}
+				if challenge := resp.Header.Get("WWW-Authenticate"); (status == 401) != strings.HasPrefix(challenge, "Bearer ") {
+					t.Fatalf("key %q: %d with WWW-Authenticate %q", key, resp.StatusCode, challenge)
 				}
 			}
 			f("", 401, "API key")

@@ -31,6 +31,11 @@ func writeFailure(ctx *fasthttp.RequestCtx, f *failure) {
 	if f.PDHeader != "" {
 		ctx.Response.Header.Set(f.PDHeader, "true")
 	}
+	if f.E.Status == fasthttp.StatusUnauthorized {
+		// A 401 must name the scheme it wants (RFC 9110 11.6.1); the
+		// gateway's are its API keys' alone.
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="pdlb"`)
+	}
 	ctx.SetStatusCode(f.E.Status)
 	ctx.SetContentType("application/json")
 	if openai.MessagesPath(ctx.Path()) {
