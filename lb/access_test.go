@@ -2,14 +2,17 @@ package lb_test
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
+	"pdlb/internal/testwait"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
 )
@@ -201,5 +204,122 @@ func TestReloadChangesAPIKeys(t *testing.T) {
 	metrics := get(t, "http://"+s.AdminAddr()+"/metrics")
 	if strings.Contains(metrics, `key="b"`) || !strings.Contains(metrics, `pdlb_api_key_refused_total{key="a",limit="requests_per_minute"} 3`) {
 		t.Fatalf("the keys' series do not follow the reload, or a kept key's counts were lost:\n%s", metrics)
+	}
+}
+
+// TestAPIKeySlotsComeBack ends a key's requests every way at once (run
+// it with -race): answered whole or streamed, the client gone mid-stream
+// over HTTP/1.1 or resetting its HTTP/2 stream (mid-stream, or while the
+// pod has yet to answer), the pod resetting; each gives its
+// max_concurrent slot back exactly once, so the key ends with none in
+// flight and takes its whole max_concurrent again.
+func TestAPIKeySlotsComeBack(t *testing.T) {
+	const maxConcurrent, rounds = 64, 3
+	sims := testFleet(t, "m", 1, 1)
+	reset := fakePod(t, func(c net.Conn, _ *http.Request) {
+		c.(*net.TCPConn).SetLinger(0)
+	})
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			reached := make(chan struct{}, rounds)
+			hang := fakePod(t, func(c net.Conn, _ *http.Request) {
+				reached <- struct{}{}
+				_, _ = io.Copy(io.Discard, c) // until the gateway closes it
+			})
+			s := testGateway(t, append(podsOf("m", sims...), config.Pod{Name: "h", Model: "h", Address: hang}, config.Pod{Name: "r", Model: "r", Address: reset}), func(c *config.Config) {
+				c.Frontend = fe
+				c.Upstream.Retries = 0
+				c.Access.APIKeys = []limits.APIKey{{Name: "k", SHA256: limits.HashKey("sk-k"), MaxConcurrent: maxConcurrent}}
+			})
+			h2 := h2cClient()
+			do := func(c *http.Client, ctx context.Context, body string) (*http.Response, error) {
+				req, err := http.NewRequestWithContext(ctx, "POST", "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(body))
+				if err != nil {
+					return nil, err
+				}
+				req.Header.Set("Authorization", "Bearer sk-k")
+				return c.Do(req)
+			}
+			stream := `{"model":"m","messages":[{"role":"user","content":"go on"}],"max_tokens":500,"stream":true}`
+			// leave reads a stream's first line, then cuts it.
+			leave := func(c *http.Client) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				resp, err := do(c, ctx, stream)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+					t.Error(err)
+				}
+				cancel()
+				resp.Body.Close()
+			}
+			whole := func(c *http.Client, body string, status int) {
+				resp, err := do(c, context.Background(), body)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != status {
+					t.Errorf("%s: %d, want %d", body, resp.StatusCode, status)
+				}
+			}
+			// The requests to h are reset once all of them reached it.
+			hung, resetHung := context.WithCancel(context.Background())
+			endings := []func(){
+				func() { whole(client, chatBody, 200) },
+				func() {
+					whole(h2, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true}`, 200)
+				},
+				func() { leave(client) },
+				func() { leave(h2) },
+				func() {
+					if resp, err := do(h2, hung, `{"model":"h","messages":[{"role":"user","content":"hi"}]}`); err == nil {
+						resp.Body.Close()
+						t.Error("a request its client reset was answered")
+					}
+				},
+				func() { whole(client, `{"model":"r","messages":[{"role":"user","content":"hi"}]}`, 502) },
+			}
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				for range rounds {
+					<-reached
+				}
+				resetHung()
+			})
+			for range rounds {
+				for _, end := range endings {
+					wg.Go(end)
+				}
+			}
+			wg.Wait()
+			testwait.For(t, "the key's slots back", func() bool {
+				return metricValue(t, s, `pdlb_api_key_in_flight{key="k"}`) == 0 && metricValue(t, s, "pdlb_requests_in_flight") == 0
+			})
+			// All of max_concurrent at once: none was given back twice
+			// (the key would then admit more) nor kept.
+			var held []*http.Response
+			for range maxConcurrent {
+				resp, err := do(client, context.Background(), stream)
+				if err != nil || resp.StatusCode != 200 {
+					t.Fatalf("a slot of max_concurrent: %v %v", resp, err)
+				}
+				held = append(held, resp)
+			}
+			resp, err := do(client, context.Background(), chatBody)
+			if err != nil || resp.StatusCode != 429 {
+				t.Fatalf("over max_concurrent: %v %v", resp, err)
+			}
+			resp.Body.Close()
+			for _, r := range held {
+				r.Body.Close()
+			}
+			h2.CloseIdleConnections()
+		})
 	}
 }
