@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -398,13 +399,26 @@ func (s *GNet) closeIdle(now int64) {
 
 // checkIdleOnLoop closes an idle connection, unless the answer it sent is
 // still going out and the client took some of it since the last look: a
-// slow reader is idle only once it takes nothing for IdleTimeout.
+// slow reader is idle only once it takes nothing for IdleTimeout. One
+// holding part of a request is answered 408 first.
 func (gc *gconn) checkIdleOnLoop(context.Context) error {
 	if gc.closed {
 		return nil
 	}
 	if n := int64(gc.c.OutboundBuffered()); n > 0 && n != gc.pending.Swap(n) {
 		gc.lastRead.Store(gc.s.now.Load())
+		return nil
+	}
+	if gc.inbound() > 0 && !gc.stopped {
+		// A request partly read at ReadTimeout is answered by the error
+		// handler (the gateway's 408), as on fasthttp and HTTP/2; one
+		// that sent no byte of it (or only part of a TLS record) is not.
+		gc.stopped = true
+		gc.discard()
+		gc.partial.Store(false)
+		gc.unread.Store(false)
+		gc.s.serving.Add(1)
+		gc.enqueue(queued{ctx: acquireCtx(), err: os.ErrDeadlineExceeded})
 		return nil
 	}
 	return gc.c.Close()

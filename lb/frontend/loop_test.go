@@ -170,6 +170,7 @@ type idleConn struct {
 }
 
 func (c *idleConn) OutboundBuffered() int { return c.out }
+func (c *idleConn) InboundBuffered() int  { return 0 }
 func (c *idleConn) Close() error          { c.closed = true; return nil }
 func (c *idleConn) LocalAddr() net.Addr   { return &net.TCPAddr{} }
 func (c *idleConn) RemoteAddr() net.Addr  { return &net.TCPAddr{} }
