@@ -50,15 +50,15 @@ on (TTFT SLO 2 s, TPOT 0.1 s), and prints each phase's SLO attainment in
 both arms and the planner's switches.
 
 Example (prints the study's planner table): pdlb plan --phases seed --total 24 --static 12P12D`, stdout)
-	phasesArg := fs.String("phases", "", "phases file (YAML or JSON), or seed for the global-scheduling study's three phases")
-	total := fs.Int("total", 0, "instances in the pool")
+	phasesArg := fs.String("phases", "", "phases file (YAML or JSON), or seed for the global-scheduling study's three phases (required)")
+	total := fs.Int("total", 0, "instances in the pool (required, at least 2)")
 	staticArg := fs.String("static", "", "the static ratio to compare against, xPyD (default half and half)")
 	prefillCap := fs.Float64("prefill-cap", plan.SeedPrefillCap, "prompt tokens/s one prefill instance computes (P_cap)")
 	decodeCap := fs.Float64("decode-cap", plan.SeedDecodeCap, "tokens/s one decode instance outputs under the TPOT target (D_cap)")
 	asJSON := fs.Bool("json", false, `print a JSON list of {"phase", "prefill", "decode", "static_prefill_load", "static_decode_load"}`)
 	simulate := fs.Bool("simulate", false, "also play the phases on a simulated fleet, static against the planner")
 	phaseSec := fs.Float64("phase-sec", cluster.DefaultPhaseSec, "virtual seconds each phase lasts (--simulate)")
-	seed := fs.Uint64("seed", 0, "seed of the simulated workload and routers (--simulate)")
+	seed := fs.Uint64("seed", 0, "seed of the simulated workload and routers (--simulate; default 0)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -107,19 +107,20 @@ func TestUsageAligned(t *testing.T) {
 	}
 }
 
-// TestHelpShowsDefaults: the help of the commands that run a gateway or
-// pods says what leaving out a number or duration flag gives, which Go
-// prints only when it is not 0: a 0 is a setting too (no drain, no
-// limit), which a flag of a string or a bool is not.
+// TestHelpShowsDefaults: every command's help says what leaving out a
+// number or duration flag gives, which Go prints only when it is not 0: a
+// 0 is a setting too (no drain, no limit, a seed), which a flag of a
+// string or a bool is not.
 func TestHelpShowsDefaults(t *testing.T) {
-	for _, cmd := range []string{"serve", "demo", "fleet"} {
+	for _, c := range commands {
+		cmd := c.name
 		var stdout, stderr bytes.Buffer
 		run([]string{cmd, "--help"}, &stdout, &stderr)
 		lines := strings.Split(stdout.String(), "\n")
 		for i, l := range lines[:len(lines)-1] {
 			name, ok := strings.CutPrefix(l, "  -")
 			name, typ, _ := strings.Cut(name, " ")
-			if ok && (typ == "duration" || typ == "int" || typ == "float") && !strings.Contains(lines[i+1], "default") {
+			if ok && (typ == "duration" || typ == "int" || typ == "uint" || typ == "float") && !strings.Contains(lines[i+1], "default") && !strings.Contains(lines[i+1], "required") {
 				t.Errorf("pdlb %s --%s (%s): its help says no default:\n%s", cmd, name, typ, lines[i+1])
 			}
 		}
