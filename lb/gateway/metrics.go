@@ -238,7 +238,7 @@ func writePods(w io.Writer, s *pool.Snapshot, now int64) {
 // gateway). A series added without an entry here shows up there with an
 // empty HELP; writers that print their own HELP text need no entry.
 var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.MetricsDoc, accesslog.MetricsDoc, retryMetricsDoc, adapterMetricsDoc, promtext.Doc{
-	"pdlb_requests_total":                               {Help: "Requests answered, by model and HTTP status (model is empty where none applies: an unknown model, a request refused before its model was read, a path not served); the health checks, CORS preflights and the /v1/models list are not counted, a refusal of the list is."},
+	"pdlb_requests_total":                               {Help: "Requests answered, by model and HTTP status (model is empty where none applies: an unknown model, a request refused before its model was resolved (an API key refused, a body that does not parse, whatever model it names), a path not served); the health checks, CORS preflights and the /v1/models list are not counted, a refusal of the list is."},
 	"pdlb_requests_in_flight":                           {Help: "Requests the gateway is serving now."},
 	"pdlb_stored_responses":                             {Help: "Stored Responses API responses whose pod the gateway remembers (those of the last max_stored_responses made or found)."},
 	"pdlb_responses_conversations":                      {Help: "Responses API conversations (prompt_cache_key) whose last pod the gateway remembers (max_stored_responses bounds them)."},
