@@ -3,12 +3,15 @@ package config
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
 
+	"pdlb/internal/tokfiles"
 	"pdlb/internal/yamlkeys"
 )
 
@@ -75,4 +78,53 @@ func inner(t reflect.Type) reflect.Type {
 		t = t.Elem()
 	}
 	return t
+}
+
+// TestREADMEExamplesLoad: every YAML block of README.md and
+// docs/tuning.md is a configuration pdlb serve takes (decoded strictly,
+// provisioned, validated), once the files it names exist: its
+// placeholders become files made here, the tokenizer tests/tokref holds
+// and a digest. A block without pods, a fragment, gets one.
+func TestREADMEExamplesLoad(t *testing.T) {
+	dir := t.TempDir()
+	pem := filepath.Join(dir, "x.pem")
+	if err := os.WriteFile(pem, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range []string{"README.md", "docs/tuning.md"} {
+		data, err := os.ReadFile("../../" + doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks := strings.Split(string(data), "```yaml\n")[1:]
+		if doc == "README.md" && len(blocks) < 3 {
+			t.Fatalf("README.md: %d YAML blocks, want the Configuration, tokenizer and tracing ones", len(blocks))
+		}
+		for i, block := range blocks {
+			block, _, _ = strings.Cut(block, "```")
+			t.Run(doc+"#"+strconv.Itoa(i), func(t *testing.T) {
+				tokenizer := "/models/Qwen3-8B"
+				if strings.Contains(block, tokenizer) {
+					tokenizer = tokfiles.Dir(t, "qwen3")
+				}
+				block = strings.NewReplacer("/etc/pdlb/tls.crt", pem, "/etc/pdlb/tls.key", pem,
+					"/models/Qwen3-8B", tokenizer, "<hex digest>", strings.Repeat("ab", 32)).Replace(block)
+				c := Default()
+				if err := c.UnmarshalYAML([]byte(block)); err != nil {
+					t.Fatalf("%v in:\n%s", err, block)
+				}
+				if len(c.Pods) == 0 {
+					model := "m"
+					if len(c.Models) > 0 {
+						model = c.Models[0].Name
+					}
+					c.Pods = []Pod{{Model: model, Address: "10.0.0.5:8000"}}
+				}
+				c.Provision()
+				if err := c.Validate(); err != nil {
+					t.Fatalf("%v in:\n%s", err, block)
+				}
+			})
+		}
+	}
 }
