@@ -18,6 +18,7 @@ import (
 	"pdlb/engines/sim"
 	"pdlb/internal/testaudio"
 	"pdlb/internal/testwait"
+	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
@@ -124,6 +125,69 @@ func TestStreamEngineErrorEvent(t *testing.T) {
 		}
 		if n := metricValue(t, s, `pdlb_time_per_output_token_seconds_count{model="m"}`); n != 0 {
 			t.Errorf("a failed stream taught %v TPOT samples", n)
+		}
+	}
+	t.Run("fasthttp", func(t *testing.T) { check(t, "fasthttp", client) })
+	t.Run("gnet", func(t *testing.T) {
+		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
+	})
+}
+
+// TestTranscriptionStreamEnds: vLLM's speech-to-text streams end with
+// "data: [DONE]" as its completions' do, after its error event too
+// (speech_to_text.py's stream generator), so one closed cleanly without
+// it was cut and one carrying the error event failed with its code: the
+// relay judges them as a completion's, on both front ends and both of
+// gnet's relays. Their text is no output counted: vLLM's usage for them
+// is the audio's duration, or none.
+func TestTranscriptionStreamEnds(t *testing.T) {
+	chunk := func(object, text string) string {
+		return `data: {"id":"trsc-1","object":"` + object + `","created":1,"model":"m","choices":[{"delta":{"content":"` + text + `"}}]}` + "\n\n"
+	}
+	const errEvent = `data: {"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n"
+	cut := chunk("transcription.chunk", " Hello")
+	failed := chunk("translation.chunk", " Hello") + errEvent + "data: [DONE]\n\n"
+	whole := chunk("transcription.chunk", " Hello") + `data: {"id":"trsc-1","object":"transcription.chunk","created":1,"model":"m","choices":[{"delta":{"content":" world."},"finish_reason":"stop","stop_reason":null}]}` + "\n\n" + "data: [DONE]\n\n"
+	podFor := func(stream string) string {
+		return fakePod(t, func(c net.Conn, _ *http.Request) {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+stream)
+		})
+	}
+	pods := []config.Pod{{Model: "cut", Address: podFor(cut)}, {Model: "failed", Address: podFor(failed)}, {Model: "whole", Address: podFor(whole)}}
+	post := func(t *testing.T, via *http.Client, s *lb.Server, path, model string) string {
+		t.Helper()
+		form, formType := testaudio.Form(testaudio.WAV(1, 0), "model", model, "stream", "true")
+		resp, b := send(t, via, s, "POST", path, string(form), "Content-Type", formType)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %q", model, resp.StatusCode, b)
+		}
+		return b
+	}
+	check := func(t *testing.T, frontend string, via *http.Client) {
+		s := testGateway(t, pods, func(c *config.Config) { c.Frontend = frontend })
+		if b := post(t, via, s, "/v1/audio/transcriptions", "cut"); !strings.HasPrefix(b, cut) || !strings.Contains(b[len(cut):], `data: {"error"`) {
+			t.Errorf("a transcription stream closed without [DONE] relayed as %q; want its event, then an error event", b)
+		}
+		if b := post(t, via, s, "/v1/audio/translations", "failed"); b != failed {
+			t.Errorf("a translation stream the engine failed relayed as %q; want the pod's bytes", b)
+		}
+		if b := post(t, via, s, "/v1/audio/transcriptions", "whole"); b != whole {
+			t.Errorf("a whole transcription stream relayed as %q; want the pod's bytes", b)
+		}
+		waitIdle(t, s)
+		for _, c := range []struct {
+			series string
+			want   float64
+		}{
+			{`pdlb_requests_total{model="cut",code="200"}`, 0},
+			{`pdlb_requests_total{model="failed",code="200"}`, 0},
+			{`pdlb_requests_total{model="failed",code="500"}`, 1},
+			{`pdlb_requests_total{model="whole",code="200"}`, 1},
+			{`pdlb_completion_tokens_total{model="whole"}`, 0},
+		} {
+			if n := metricValue(t, s, c.series); n != c.want {
+				t.Errorf("%s = %v; want %v", c.series, n, c.want)
+			}
 		}
 	}
 	t.Run("fasthttp", func(t *testing.T) { check(t, "fasthttp", client) })

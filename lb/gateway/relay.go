@@ -265,16 +265,16 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 
 // cutShort says a stream whose body ended cleanly was cut all the same:
 // midway through an event, or before the [DONE] engines end every
-// completion's stream with, a Messages stream's message_stop or a
-// Responses API stream's response.completed (the kinds whose events the
-// counter sees), unless the engine's own error event ended it: vLLM's
-// Messages stream has no message_stop after one.
+// completion's and transcription's stream with, a Messages stream's
+// message_stop or a Responses API stream's response.completed (the kinds
+// whose events the counter sees: EndMarked), unless the engine's own error
+// event ended it: vLLM's Messages stream has no message_stop after one.
 func (x *completion) cutShort() bool {
 	if x.events.Cut() {
 		return true
 	}
 	_, failed := x.counted.EngineError()
-	return x.req.Kind.Outputs() && !x.counted.Done() && !failed
+	return x.req.Kind.EndMarked() && !x.counted.Done() && !failed
 }
 
 // relayBroke ends a stream that broke with err with an error event and
@@ -420,7 +420,8 @@ func (g *Gateway) readUpstream(stream io.Reader, b []byte, x *completion) (int, 
 // pass feeds the pod's bytes b to the stream's SSE splitter and writes every
 // event they complete, unchanged, counting tokens on the way (of the kinds
 // whose output is counted: a stored response's retrieval replays one
-// counted when it was made). It returns the client's write error.
+// counted when it was made) and noting the end marker and the engine's
+// error event (EndMarked). It returns the client's write error.
 func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *pool.Pod) error {
 	t := &x.times
 	if err := writeExplain(w, x); err != nil {
@@ -436,8 +437,11 @@ func (g *Gateway) pass(w *frontend.StreamWriter, b []byte, x *completion, pod *p
 		}
 		before := x.counted.Tokens()
 		_, failed := x.counted.EngineError()
-		if x.req.Kind.Outputs() {
+		switch {
+		case x.req.Kind.Outputs():
 			x.counted.Observe(ev)
+		case x.req.Kind.EndMarked():
+			x.counted.ObserveEnd(ev)
 		}
 		if status, now := x.counted.EngineError(); now && !failed {
 			x.failure = openai.EngineErrorEvent(ev, status)

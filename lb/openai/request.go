@@ -71,6 +71,13 @@ func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 // Responses API's and the Messages API's.
 func (k Kind) Outputs() bool { return k.Generates() || k == KindResponses || k == KindMessages }
 
+// EndMarked reports whether k's streams end with a marker ([DONE],
+// message_stop, response.completed) and may carry the engine's error
+// event, which the relay checks for: Outputs', and the speech-to-text
+// APIs', whose text is not counted as output (vLLM's usage for them is the
+// audio's duration, or none).
+func (k Kind) EndMarked() bool { return k.Outputs() || k == KindAudio }
+
 // StreamsResponses reports whether k's streams are a Responses API
 // response's events: KindResponses', and a stored response's retrieval.
 func (k Kind) StreamsResponses() bool { return k == KindResponses || k == KindStored }

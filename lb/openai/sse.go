@@ -412,7 +412,7 @@ func leadingInt(v []byte) (n int, ok bool) {
 	return n, k > 0
 }
 
-// Observe counts ev.
+// Observe counts ev, and notes what ObserveEnd notes.
 func (c *TokenCounter) Observe(ev Event) {
 	d := ev.Data()
 	output, noChoices, usage := false, false, false
@@ -462,6 +462,14 @@ func (c *TokenCounter) Observe(ev Event) {
 		// The figure counts its own event's output.
 		c.sinceUsage = c.deltas
 	}
+	c.ObserveEnd(ev)
+}
+
+// ObserveEnd notes whether ev is the engine's error event or its stream's
+// end marker, and counts nothing: Observe for a stream whose output is
+// not counted.
+func (c *TokenCounter) ObserveEnd(ev Event) {
+	d := ev.Data()
 	// An error event whose data has its "type" last (the Responses API's,
 	// from vLLM) shows by its name, as does response.failed, whose error
 	// is in its response.

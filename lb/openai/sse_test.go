@@ -306,15 +306,21 @@ func TestTokenCounterEngineError(t *testing.T) {
 		// One that ran out of output tokens is whole.
 		{"event: response.incomplete\ndata: {\"response\":{\"error\":null,\"incomplete_details\":{\"reason\":\"max_output_tokens\"},\"status\":\"incomplete\"},\"type\":\"response.incomplete\"}\n\n", 0, false, 0},
 	} {
-		var tc TokenCounter
+		var tc, end TokenCounter
 		for _, ev := range []string{token, c.event, "data: [DONE]\n\n"} {
 			tc.Observe(Event(ev))
+			end.ObserveEnd(Event(ev))
 		}
 		if status, ok := tc.EngineError(); status != c.status || ok != c.ok {
 			t.Errorf("EngineError after %q: %d %v, want %d %v", c.event, status, ok, c.status, c.ok)
 		}
 		if tc.Tokens() != 1+c.tokens {
 			t.Errorf("%d tokens counted with %q; want %d", tc.Tokens(), c.event, 1+c.tokens)
+		}
+		// ObserveEnd, for streams whose output is not counted, sees the
+		// same error and end, and counts nothing.
+		if status, ok := end.EngineError(); status != c.status || ok != c.ok || !end.Done() || end.Tokens() != 0 {
+			t.Errorf("ObserveEnd with %q: error %d %v, done %v, %d tokens; want %d %v, done, none", c.event, status, ok, end.Done(), end.Tokens(), c.status, c.ok)
 		}
 	}
 }
