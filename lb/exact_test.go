@@ -384,10 +384,10 @@ func truncatedPromptMatches(t *testing.T, engine engines.Kind) {
 
 // A completion batch runs on a vLLM pod as its prompts' own requests, each
 // cut to truncate_prompt_tokens and cached as its own chain of blocks. The
-// gateway keys the batch by its prompts' kept ids, the first prompt's
-// first, so a second batch that differs only in the parts the engine cuts
-// routes to the pod whose KV events reported the first batch, and that
-// pod finds every prompt's blocks cached.
+// gateway keys each prompt by its kept ids, from the root, so a second
+// batch that differs only in the parts the engine cuts is predicted
+// cached whole on the pod whose KV events reported the first batch, goes
+// there, and that pod finds every prompt's blocks cached.
 func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
 	_, _, pods, s := eventFleet(t, engines.VLLM, "llama3.1", "b")
 	const keep = 128
@@ -415,11 +415,48 @@ func TestBatchPromptsMatchTheEnginesEvents(t *testing.T) {
 		fmt.Sscanf(line, `pdlb_prompt_tokens_total{model="m"} %g`, &prompted)
 		fmt.Sscanf(line, `pdlb_prefix_cached_tokens_total{model="m"} %g`, &cached)
 	}
-	if prompted != 2*keep || cached < keep-16 {
+	if prompted != 2*keep || cached < 2*(keep-16) {
 		t.Fatalf("gateway counted %g prompt tokens and predicted %g cached; the engine keeps %d of each prompt", prompted, cached, keep)
 	}
 	if hit := adminMetric(t, home.Address, "vllm:prefix_cache_hits_total") - hits; hit < 2*(keep-16) {
 		t.Fatalf("the pod found %g tokens of the second batch cached; want most of both prompts' %d", hit, 2*keep)
+	}
+}
+
+// TestBatchPromptsEachMatchTheEnginesEvents: vLLM runs each prompt of a
+// completion batch as a request of its own and hashes its blocks from
+// the root, so a batch whose second prompt (as text, or as token ids) a
+// pod holds counts that prompt cached there, and goes there.
+func TestBatchPromptsEachMatchTheEnginesEvents(t *testing.T) {
+	_, m, pods, s := eventFleet(t, engines.VLLM, "llama3.1", "e")
+	const first = "First, a question of another kind."
+	held := strings.Repeat("A train leaves the harbour at dawn with coal, timber and letters. ", 20)
+	body := func(prompt any) string {
+		b, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "prompt": prompt})
+		return string(b)
+	}
+	home := pods[1]
+	n := direct(t, s, home, "/v1/completions", body(held))
+	ids := m.Completion(nil, []byte(held), true)
+	if len(ids) != n {
+		t.Fatalf("the pod counted %d prompt tokens, the tokenizer %d", n, len(ids))
+	}
+	full := n / 16 * 16 // the tokens of the held prompt's whole blocks
+	for _, batch := range []any{
+		[]string{first, held},
+		[][]uint32{m.Completion(nil, []byte(first), true), ids},
+	} {
+		before := metricValue(t, s, `pdlb_prefix_cached_tokens_total{model="m"}`)
+		resp, b := post(t, s, "/v1/completions", body(batch))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		if cached := metricValue(t, s, `pdlb_prefix_cached_tokens_total{model="m"}`) - before; cached < float64(full) {
+			t.Errorf("%T batch: predicted %v tokens cached; its second prompt's %d are on %s", batch, cached, full, home.Name)
+		}
+		if pod := resp.Header.Get("x-pdlb-pod"); pod != home.Name {
+			t.Errorf("%T batch went to %s; its second prompt is on %s", batch, pod, home.Name)
+		}
 	}
 }
 

@@ -45,6 +45,36 @@ func TestCacheAwareRoutingFollowsPrefixes(t *testing.T) {
 	}
 }
 
+// TestBatchPromptsKeyedEach: where the gateway sent a completion batch,
+// it records each prompt's blocks from the root, as the engine caches
+// them (without a tokenizer, from its own picks), so the batch's second
+// prompt sent alone later is predicted cached on the batch's pod, and
+// goes there.
+func TestBatchPromptsKeyedEach(t *testing.T) {
+	s := testGateway(t, podsOf("m", testFleet(t, "m", 2, 100)...), func(c *config.Config) {
+		c.Models = []config.Model{{Name: "m", Policy: "prefix_cache", BlockSize: 16}}
+	})
+	second, _ := json.Marshal(strings.Repeat("A train leaves the harbour at dawn with coal, timber and letters. ", 20))
+	resp, b := post(t, s, "/v1/completions", `{"model":"m","max_tokens":1,"prompt":["A question first.",`+string(second)+`]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	home := resp.Header.Get("x-pdlb-pod")
+	before := metricValue(t, s, `pdlb_prefix_cached_tokens_total{model="m"}`)
+	resp, b = post(t, s, "/v1/completions", `{"model":"m","max_tokens":1,"prompt":`+string(second)+`}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	// The stand-in's 4 bytes a token, in whole blocks of 16.
+	full := (len(second) - 2) / 4 / 16 * 16
+	if cached := metricValue(t, s, `pdlb_prefix_cached_tokens_total{model="m"}`) - before; cached < float64(full) {
+		t.Errorf("the batch's second prompt alone was predicted %v tokens cached; want its %d on %s", cached, full, home)
+	}
+	if pod := resp.Header.Get("x-pdlb-pod"); pod != home {
+		t.Errorf("the batch's second prompt alone went to %s; the batch went to %s", pod, home)
+	}
+}
+
 // TestPerRequestCachePolicyReadsTheIndex: a cache-aware policy that a
 // routing-strategy header or a profile chooses, on a model whose own
 // policy reads no prefixes, still finds what the pods hold.

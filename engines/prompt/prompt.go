@@ -271,19 +271,21 @@ func (m *Model) Completion(dst []uint32, prompt []byte, addSpecial bool) []uint3
 }
 
 // Batch appends the ids an engine prefills for a batch of n completion
-// prompts (prompt(i) is each): every prompt is the engine's own request,
-// tokenized on its own (as Completion) and, with keep > 0, cut to keep
-// tokens as vLLM's truncate_prompt_tokens cuts it (the first ones if
-// right; see hf.Tokenizer.Truncate).
-func (m *Model) Batch(dst []uint32, n int, prompt func(int) []byte, addSpecial bool, keep int, right bool) []uint32 {
+// prompts (prompt(i) is each) to dst, and where each prompt's ids end in
+// dst to ends: every prompt is the engine's own request, tokenized on its
+// own (as Completion) and, with keep > 0, cut to keep tokens as vLLM's
+// truncate_prompt_tokens cuts it (the first ones if right; see
+// hf.Tokenizer.Truncate).
+func (m *Model) Batch(dst []uint32, ends []int, n int, prompt func(int) []byte, addSpecial bool, keep int, right bool) ([]uint32, []int) {
 	for i := range n {
 		start := len(dst)
 		dst = m.Completion(dst, prompt(i), addSpecial)
 		if keep > 0 {
 			dst = dst[:start+len(m.tok.Truncate(dst[start:], keep, right, addSpecial))]
 		}
+		ends = append(ends, len(dst))
 	}
-	return dst
+	return dst, ends
 }
 
 func (m *Model) acquireText() *[]byte {

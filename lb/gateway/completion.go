@@ -102,11 +102,17 @@ type completion struct {
 	// The prompt as the prefix index sees it: its ids as the model's
 	// engine computes them (empty unless the model has a tokenizer; see
 	// tokenize), block keys, and each pod's matched depth in blocks (by
-	// pool.Pod.Slot).
-	ids    []uint32
-	keys   []uint64
-	depth  []int32
-	looked bool
+	// pool.Pod.Slot). A completion batch's prompts are the engine's
+	// requests of their own, each keyed from the root: idEnds and chains
+	// say where each prompt's ids and keys end (empty for one prompt),
+	// and depth sums their matches, chainDepth holding each in turn.
+	ids        []uint32
+	idEnds     []int
+	keys       []uint64
+	chains     []int
+	depth      []int32
+	chainDepth []int32
+	looked     bool
 
 	// The placement: the chosen candidate, the uncached tokens charged to
 	// its prefill queue, and whether that queue was empty (then the first
@@ -193,7 +199,7 @@ func releaseCompletion(x *completion) {
 	x.panicked, x.seeking, x.asked, x.admitted = false, false, false, false
 	x.within, x.hedged, x.budgetWait, x.primed = 0, false, false, 0
 	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false
-	x.ids, x.keys, x.looked = x.ids[:0], x.keys[:0], false
+	x.ids, x.idEnds, x.keys, x.chains, x.looked = x.ids[:0], x.idEnds[:0], x.keys[:0], x.chains[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
 	x.class = admit.Interactive
 	if x.key != nil {

@@ -59,7 +59,7 @@ func resolvedKeys(t *testing.T, g *Gateway, model, prompt string) ([]uint64, str
 	t.Helper()
 	x := resolved(t, g, model, prompt)
 	defer releaseCompletion(x)
-	return appendKeys(nil, x.m, x), string(x.ctx.Response.Header.Peek(headerModel))
+	return keysOf(x), string(x.ctx.Response.Header.Peek(headerModel))
 }
 
 // TestAdapterKeys: an adapter's request has keys of its own, as the
@@ -250,7 +250,7 @@ func TestFallbackRetokenizes(t *testing.T) {
 		if fmt.Sprint(x.ids) != fmt.Sprint(ids) || x.req.PromptTokens() != tokens {
 			t.Errorf("%s: ids %v (%d tokens), want %v (%d)", want, x.ids, x.req.PromptTokens(), ids, tokens)
 		}
-		if keys := appendKeys(nil, x.m, x); len(ids) > 0 && fmt.Sprint(keys) != fmt.Sprint(radix.AppendBlockKeys(nil, x.m.Seed, ids, x.m.BlockSize)) {
+		if keys := keysOf(x); len(ids) > 0 && fmt.Sprint(keys) != fmt.Sprint(radix.AppendBlockKeys(nil, x.m.Seed, ids, x.m.BlockSize)) {
 			t.Errorf("%s: keys not made of its ids", want)
 		}
 	}

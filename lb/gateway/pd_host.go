@@ -60,8 +60,8 @@ func (x *completion) placeDecode(dec *pool.Pod) {
 	if x.adapter != nil {
 		dec.UseAdapter(x.adapter, &x.m.LoRA)
 	}
-	if x.usesCache(x.m) && len(x.keys) > 0 {
-		x.m.Prefix.Insert(dec.PrefixID, x.keys)
+	if x.usesCache(x.m) {
+		x.insertKeys(x.m, dec.PrefixID)
 	}
 }
 

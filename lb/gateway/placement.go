@@ -43,12 +43,44 @@ func (g *Gateway) lookup(m *pool.Model, x *completion) {
 		return
 	}
 	x.looked = true
-	x.keys = appendKeys(x.keys[:0], m, x)
-	if cap(x.depth) < m.Slots {
-		x.depth = make([]int32, m.Slots)
+	x.keys, x.chains = appendKeys(x.keys[:0], x.chains[:0], m, x)
+	x.depth = slots(x.depth, m.Slots)
+	if len(x.chains) == 0 {
+		m.Prefix.Match(x.keys, x.depth)
+		return
 	}
-	x.depth = x.depth[:m.Slots]
-	m.Prefix.Match(x.keys, x.depth)
+	// A batch's cached blocks on a pod are each of its prompts' there.
+	clear(x.depth)
+	x.chainDepth = slots(x.chainDepth, m.Slots)
+	from := 0
+	for _, end := range x.chains {
+		m.Prefix.Match(x.keys[from:end], x.chainDepth)
+		for p, d := range x.chainDepth {
+			x.depth[p] += d
+		}
+		from = end
+	}
+}
+
+// slots returns d resized to n, its buffer reused where it fits.
+func slots(d []int32, n int) []int32 {
+	if cap(d) < n {
+		return make([]int32, n)
+	}
+	return d[:n]
+}
+
+// insertKeys records in m's index that the pod of prefix id holds x's
+// prompt: each of a batch's chains on its own.
+func (x *completion) insertKeys(m *pool.Model, id int32) {
+	from := 0
+	for _, end := range x.chains {
+		m.Prefix.Insert(id, x.keys[from:end])
+		from = end
+	}
+	if from < len(x.keys) {
+		m.Prefix.Insert(id, x.keys[from:])
+	}
 }
 
 // pick chooses an available combined pod of m that x has not tried yet, or
@@ -211,8 +243,8 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod, probe bool)
 	x.uncached = int64(max(x.routeReq.PromptTokens-x.chosen.CachedTokens, 0))
 	x.idleStart = pod.QueuedPrefill() == 0
 	pod.AddQueuedPrefill(x.uncached)
-	if x.usesCache(m) && len(x.keys) > 0 {
-		m.Prefix.Insert(pod.PrefixID, x.keys)
+	if x.usesCache(m) {
+		x.insertKeys(m, pod.PrefixID)
 	}
 	if stats := g.metrics.model(m); stats != x.countedOn {
 		// The planner reads these counters as a model's demand: a retry

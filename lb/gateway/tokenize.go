@@ -48,7 +48,7 @@ var tokenModeNames = [numTokenModes]string{"stand_in", "exact", "unindexed"}
 // the Jinja engine, or more than unseenOnLoopMax of its text is new to the
 // tokenizer), nothing counted, for a worker to tokenize whole.
 func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool) (f *failure, later bool) {
-	x.ids, x.req.Tokens, x.req.Engine = x.ids[:0], 0, m.Engine
+	x.ids, x.idEnds, x.req.Tokens, x.req.Engine = x.ids[:0], x.idEnds[:0], 0, m.Engine
 	if !x.req.Kind.Outputs() {
 		return nil, false // no prompt was read
 	}
@@ -100,7 +100,7 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool)
 		// A batch's prompts are the engine's separate requests: each is
 		// tokenized and cut on its own, and their ids are concatenated.
 		k, right := x.req.Truncation()
-		x.ids = m.Prompt.Batch(x.ids, x.req.Batch(), x.req.BatchPrompt, !x.req.SpecialTokensSet || x.req.SpecialTokens, k, right)
+		x.ids, x.idEnds = m.Prompt.Batch(x.ids, x.idEnds, x.req.Batch(), x.req.BatchPrompt, !x.req.SpecialTokensSet || x.req.SpecialTokens, k, right)
 	}
 	if len(x.ids) > 0 {
 		x.req.Tokens = len(x.ids)
@@ -139,18 +139,40 @@ func refusal(err error, m *pool.Model) *failure {
 		Param: refused.Param, Code: openai.CodeInvalidValue, Message: refused.Message}}
 }
 
-// appendKeys appends the block keys of x's prompt on m: from the ids
-// tokenize made, the client's ids, or the stand-in's rendering, cut as
-// the engine cuts them.
-func appendKeys(dst []uint64, m *pool.Model, x *completion) []uint64 {
+// appendKeys appends the block keys of x's prompt on m to dst, and for a
+// completion batch where each prompt's keys end to chains: each prompt is
+// the engine's request of its own, whose blocks it hashes from the root.
+func appendKeys(dst []uint64, chains []int, m *pool.Model, x *completion) ([]uint64, []int) {
 	seed := x.req.KeySeed(keySeed(m, x))
+	n := x.req.Batch()
+	if n == 1 {
+		return appendPromptKeys(dst, seed, m, x, 0), chains
+	}
+	for i := range n {
+		dst = appendPromptKeys(dst, seed, m, x, i)
+		chains = append(chains, len(dst))
+	}
+	return dst, chains
+}
+
+// appendPromptKeys appends the keys of prompt i of x's batch, from seed:
+// from the ids tokenize made, the client's ids, or the stand-in's
+// rendering, cut as the engine cuts them.
+func appendPromptKeys(dst []uint64, seed uint64, m *pool.Model, x *completion, i int) []uint64 {
 	switch {
 	case len(x.ids) > 0:
-		return radix.AppendBlockKeys(dst, seed, x.ids, m.BlockSize)
+		ids := x.ids
+		if len(x.idEnds) > 0 {
+			ids = ids[:x.idEnds[i]]
+			if i > 0 {
+				ids = ids[x.idEnds[i-1]:]
+			}
+		}
+		return radix.AppendBlockKeys(dst, seed, ids, m.BlockSize)
 	case x.req.TokenIDs:
-		return radix.AppendBlockKeys(dst, seed, x.req.PromptIDsKept(), m.BlockSize)
+		return radix.AppendBlockKeys(dst, seed, x.req.BatchIDsKept(i), m.BlockSize)
 	}
-	return tokenize.AppendBlockKeys(dst, seed, x.req.PromptKept(), m.BlockSize)
+	return tokenize.AppendBlockKeys(dst, seed, x.req.BatchPromptKept(i), m.BlockSize)
 }
 
 // serveIndexMatch is POST /admin/index/match: which pods hold the blocks

@@ -26,6 +26,13 @@ func tokenizedChat(t *testing.T, g *Gateway, body string) (*completion, error) {
 	return tokenizedAs(t, g, openai.KindChat, body)
 }
 
+// keysOf is x's block keys on its model, a batch's chains one after
+// another.
+func keysOf(x *completion) []uint64 {
+	keys, _ := appendKeys(nil, nil, x.m, x)
+	return keys
+}
+
 // tokenizedAs is tokenizedChat for a body of either kind.
 func tokenizedAs(t *testing.T, g *Gateway, kind openai.Kind, body string) (*completion, error) {
 	t.Helper()
@@ -112,7 +119,7 @@ func TestTruncatedPromptKeys(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
-		return keyed{fmt.Sprint(x.ids), fmt.Sprint(appendKeys(nil, x.m, x)), x.req.PromptTokens()}
+		return keyed{fmt.Sprint(x.ids), fmt.Sprint(keysOf(x)), x.req.PromptTokens()}
 	}
 	same := func(what string, got, want keyed) {
 		t.Helper()
@@ -249,7 +256,7 @@ func TestTruncationFollowsTheEngine(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
-		return fmt.Sprint(appendKeys(nil, x.m, x)), x.req.PromptTokens()
+		return fmt.Sprint(keysOf(x)), x.req.PromptTokens()
 	}
 	text := `"` + strings.Repeat("alpha beta ", 60) + `"`
 	ids := "[" + strings.Repeat("1000,", 99) + "1001]"

@@ -207,9 +207,9 @@ type Request struct {
 	// tokenize.GenerationPrompt; content given as a list of parts renders
 	// its text parts joined by "\n" (as vLLM and TensorRT-LLM join them) and
 	// skips other parts. Completion: the prompt string; a list of strings
-	// (a batch to the engine) renders as their concatenation, since routing
-	// needs the whole batch's tokens and one prefix (its first prompt's
-	// blocks are those a pod caches as a chain). Responses: the chat turns
+	// (a batch to the engine) renders as their concatenation, each one
+	// apart in BatchPrompt: the engine runs each prompt as a request of
+	// its own, its blocks a chain of their own. Responses: the chat turns
 	// vLLM makes of the instructions and input (renderResponses). Empty
 	// when the prompt is given as token ids.
 	Prompt []byte
@@ -406,9 +406,7 @@ func (r *Request) PromptIDsKept() []uint32 {
 	}
 	r.keptIDs = r.keptIDs[:0]
 	for i := range r.ends {
-		p := r.PromptIDs[r.start(i):r.ends[i]]
-		from, to := r.kept(len(p))
-		r.keptIDs = append(r.keptIDs, p[from:to]...)
+		r.keptIDs = append(r.keptIDs, r.BatchIDsKept(i)...)
 	}
 	return r.keptIDs
 }
@@ -424,7 +422,7 @@ func (r *Request) PromptKept() []byte {
 	}
 	r.keptText = r.keptText[:0]
 	for i := range r.ends {
-		r.keptText = append(r.keptText, keptText(r.Prompt[r.start(i):r.ends[i]], r)...)
+		r.keptText = append(r.keptText, r.BatchPromptKept(i)...)
 	}
 	return r.keptText
 }
@@ -445,6 +443,20 @@ func (r *Request) BatchPrompt(i int) []byte {
 		return r.Prompt
 	}
 	return r.Prompt[r.start(i):r.ends[i]]
+}
+
+// BatchPromptKept is BatchPrompt(i) cut as PromptKept cuts it.
+func (r *Request) BatchPromptKept(i int) []byte { return keptText(r.BatchPrompt(i), r) }
+
+// BatchIDsKept is the ids of prompt i of the Batch, a part of PromptIDs,
+// cut as TruncatePromptTokens asks: those the engine keeps.
+func (r *Request) BatchIDsKept(i int) []uint32 {
+	p := r.PromptIDs
+	if len(r.ends) > 0 {
+		p = p[r.start(i):r.ends[i]]
+	}
+	from, to := r.kept(len(p))
+	return p[from:to]
 }
 
 // start is where prompt i of the batch starts in Prompt or PromptIDs.

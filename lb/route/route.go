@@ -21,8 +21,9 @@ import (
 type Request struct {
 	// PromptTokens is the prompt's length in tokens (estimated or counted).
 	PromptTokens int
-	// Keys are the prompt's chained block keys (radix.AppendBlockKeys); empty
-	// when the gateway has no index for the model.
+	// Keys are the prompt's chained block keys (radix.AppendBlockKeys), a
+	// completion batch's prompts' chains one after another; empty when
+	// the gateway has no index for the model.
 	Keys []uint64
 	// BlockSize is the number of tokens one key covers.
 	BlockSize int

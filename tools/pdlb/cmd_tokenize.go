@@ -175,7 +175,7 @@ func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized,
 		// As the gateway keys it: each prompt of a batch on its own.
 		t.Prompt = string(r.Prompt)
 		k, right := r.Truncation()
-		t.IDs = m.Batch(nil, r.Batch(), r.BatchPrompt, !r.SpecialTokensSet || r.SpecialTokens, k, right)
+		t.IDs, _ = m.Batch(nil, nil, r.Batch(), r.BatchPrompt, !r.SpecialTokensSet || r.SpecialTokens, k, right)
 	}
 	for _, id := range t.IDs {
 		t.Tokens = append(t.Tokens, tokenText(m, id))
