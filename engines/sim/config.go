@@ -145,6 +145,11 @@ type Config struct {
 	// pod's memory, as VLLM_ENABLE_RESPONSES_API_STORE=1 does vLLM's
 	// (default false: nothing kept, follow-ups and retrievals get 404).
 	ResponsesStore bool
+	// APIKey, when set, must come as Authorization: Bearer on every path
+	// the engine guards with its --api-key (vLLM: all but /health, /ping,
+	// /load, /version, /metrics; SGLang: all but /health* and /metrics*),
+	// else 401 (default "": none). trtllm-serve has no such option.
+	APIKey string
 }
 
 var errConfig = errors.New("sim: invalid config")
@@ -269,6 +274,10 @@ func (c Config) Validate() error {
 	}
 	if len(c.RankKVEvents) >= c.DataParallelSize {
 		return bad("data_parallel_size", c.DataParallelSize, fmt.Sprintf("leaves no rank for RankKVEvents[%d]", c.DataParallelSize-1))
+	}
+	if c.APIKey != "" && c.Engine == engines.TRTLLM {
+		// The key itself is not printed.
+		return bad("api_key", "(set)", "must be empty for trtllm: trtllm-serve has no API key")
 	}
 	return c.validateLoRA(bad)
 }

@@ -337,6 +337,9 @@ func (p *Pod) serveHTTP(ctx *fasthttp.RequestCtx) {
 	if p.cfg.Engine != engines.TRTLLM && p.cors(ctx) {
 		return
 	}
+	if !p.authorized(ctx) {
+		return
+	}
 	if rest, ok := responsesRoute(string(ctx.Path())); ok && p.cfg.Engine == engines.VLLM {
 		p.serveStoredResponse(ctx, rest)
 		return
