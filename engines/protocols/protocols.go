@@ -72,8 +72,8 @@ type PrefillInfo struct {
 }
 
 // Get returns the answer of the pod at addr to GET path, asked through
-// client unless kept. The body is shared: callers must not modify it.
-func (p *PrefillInfo) Get(client *fasthttp.HostClient, addr, path string) ([]byte, error) {
+// client with auth as its Authorization (nil: none) unless kept. The body is shared: callers must not modify it.
+func (p *PrefillInfo) Get(client *fasthttp.HostClient, addr, path string, auth []byte) ([]byte, error) {
 	if e := p.entry.Load(); e != nil && time.Since(e.at) < prefillInfoTTL {
 		return e.body, nil
 	}
@@ -82,6 +82,9 @@ func (p *PrefillInfo) Get(client *fasthttp.HostClient, addr, path string) ([]byt
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(path)
 	req.SetHost(addr)
+	if auth != nil {
+		req.Header.SetBytesV(fasthttp.HeaderAuthorization, auth)
+	}
 	err := client.DoTimeout(req, resp, prefillInfoTimeout)
 	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
 		err = errors.New("status " + fasthttp.StatusMessage(resp.StatusCode()))

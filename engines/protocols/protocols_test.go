@@ -46,7 +46,7 @@ func TestPrefillInfo(t *testing.T) {
 	var p PrefillInfo
 	get := func(wantAsked int32) {
 		t.Helper()
-		b, err := p.Get(client, "pod", "/server_info")
+		b, err := p.Get(client, "pod", "/server_info", nil)
 		if err != nil || string(b) != "a" || asked.Load() != wantAsked {
 			t.Fatalf("Get: %q, %v after %d questions; want %q after %d", b, err, asked.Load(), "a", wantAsked)
 		}

@@ -336,6 +336,9 @@ type Model struct {
 	MessagesInlineSystem string `yaml:"messages_inline_system"`
 	// LoRA: the model's adapters, their slots and its fallbacks.
 	LoRA `yaml:",inline"`
+	// PodKey is the API key of the model's pods, discovered ones
+	// included, but those with their own.
+	PodKey `yaml:",inline"`
 }
 
 // Pod is one inference pod.
@@ -394,6 +397,8 @@ type Pod struct {
 	// ParseAdapters reads them: "name" or "name=path", comma-separated
 	// (default none). Only this pod, and pods that list them, serve them.
 	Adapters string `yaml:"adapters"`
+	// PodKey is the API key of the pod's engine (default: its model's).
+	PodKey `yaml:",inline"`
 }
 
 // Default returns a configuration with every default and no pods.
@@ -724,6 +729,11 @@ func (c Config) Validate() error {
 	if len(c.Pods) == 0 && !c.Discovery.Enabled() {
 		return fmt.Errorf("%w: pods: no pods configured (give a config file with pods or discovery, or --pod)", ErrInvalid)
 	}
+	for i := range c.Models {
+		if _, err := c.Models[i].PodKey.read(fmt.Sprintf("models[%d]", i), os.LookupEnv); err != nil {
+			return err
+		}
+	}
 	names := map[string]int{}
 	endpoints := map[string]int{}
 	pd := PDEngines{}
@@ -734,6 +744,9 @@ func (c Config) Validate() error {
 			return err
 		}
 		if err := pd.Check(field, *p); err != nil {
+			return err
+		}
+		if _, err := p.PodKey.read(field, os.LookupEnv); err != nil {
 			return err
 		}
 		name := cmp.Or(p.Name, p.Address)

@@ -16,7 +16,8 @@ func Diff(a, b Config) string {
 	if path == "" {
 		return ""
 	}
-	if !va.IsValid() || secret(path) {
+	// A list of models or pods holds their pods' API keys (PodKey).
+	if !va.IsValid() || secret(path) || path == "models" || path == "pods" {
 		return path
 	}
 	return fmt.Sprintf("%s: %s → %s", path, short(va), short(vb))
@@ -64,7 +65,7 @@ func diff(a, b reflect.Value, path string) (string, reflect.Value, reflect.Value
 // secret says the setting at path holds credentials, whose values are
 // not printed.
 func secret(path string) bool {
-	for _, s := range []string{"token", "api_keys", "password", "key_file"} {
+	for _, s := range []string{"token", "api_key", "password", "key_file"} {
 		if strings.Contains(path, s) {
 			return true
 		}

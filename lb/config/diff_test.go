@@ -23,4 +23,6 @@ func TestDiff(t *testing.T) {
 	f(func(c *Config) { c.ClientReadTimeout = time.Minute }, "client_read_timeout: 30s → 1m0s")
 	f(func(c *Config) { c.Upstream.Retry.FirstByte.Factor = 2 }, "upstream.first_byte.factor: 0 → 2")
 	f(func(c *Config) { c.Access.AdminToken = "s3cret" }, "admin_token")
+	f(func(c *Config) { c.Models = []Model{{Name: "m", PodKey: PodKey{APIKey: "sk-pod"}}} }, "models")
+	f(func(c *Config) { c.Pods = []Pod{{Model: "m", PodKey: PodKey{APIKeyEnv: "POD_KEY"}}} }, "pods")
 }

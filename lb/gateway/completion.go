@@ -142,6 +142,8 @@ type completion struct {
 	up   *fasthttp.Request
 	resp *fasthttp.Response
 	pod  *pool.Pod
+	// upAuth is the pod API key up carries (pool.Pod.Auth).
+	upAuth []byte
 	// head is the answer's header lines when the event loop scanned
 	// them (Raw), which resp's header then lacks; reqID is the
 	// request's X-Request-Id (requestIDOf).
@@ -210,7 +212,7 @@ func releaseCompletion(x *completion) {
 	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks, x.loads = nil, "", nil, [2]*pool.AdapterLoad{}
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]
-	x.g, x.ctx, x.m, x.snap, x.up, x.resp, x.pod, x.modelStats, x.countedOn = nil, nil, nil, nil, nil, nil, nil, nil, nil
+	x.g, x.ctx, x.m, x.snap, x.up, x.upAuth, x.resp, x.pod, x.modelStats, x.countedOn = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 	x.deferred, x.rejected, x.hdr, x.client.conn = false, false, clientHeaders{}, nil
 	if x.pd != nil {
 		x.pd.Release()
@@ -230,7 +232,7 @@ func (x *completion) AppendRequest(dst []byte) []byte { return x.g.appendUpstrea
 func (x *completion) dropRequest() {
 	if x.up != nil {
 		fasthttp.ReleaseRequest(x.up)
-		x.up = nil
+		x.up, x.upAuth = nil, nil
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"pdlb/internal/tracing"
 	"pdlb/lb/frontend"
+	"pdlb/lb/pool"
 	"pdlb/lb/route"
 )
 
@@ -132,14 +133,15 @@ func sessionOf(x *completion) string {
 	return string(v)
 }
 
-// buildUpstream copies the client's request into up: the body byte for
-// byte, the headers less hop-by-hop ones (the fixed names and those its
-// Connection header nominates) and any x-pdlb-* a client made up, one
-// X-Request-Id (generated when the client sent none), and the client's
-// address appended to X-Forwarded-For (upstream.x_forwarded_for). id is
-// the request's X-Request-Id (requestIDOf). appendUpstream renders the
-// same request as bytes.
-func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id []byte) {
+// buildUpstream copies the client's request into up, for pod: the body
+// byte for byte, the headers less hop-by-hop ones (the fixed names and
+// those its Connection header nominates) and any x-pdlb-* a client made
+// up, one X-Request-Id (generated when the client sent none), the
+// client's address appended to X-Forwarded-For
+// (upstream.x_forwarded_for), and the pod's API key in place of the
+// client's. id is the request's X-Request-Id (requestIDOf).
+// appendUpstream renders the same request as bytes.
+func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id []byte, pod *pool.Pod) {
 	// Copied whole, then what the pod must not get is deleted: adding
 	// header by header, fasthttp checked and normalised again every name
 	// and value its parser had checked, which cost an SDK's request of
@@ -159,7 +161,7 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 	up.Header.SetMethod(fasthttp.MethodPost)
 	up.SetRequestURIBytes(pathOf(ctx))
 	var buf [128]byte
-	p, chain := g.podHeaders(), buf[:0]
+	p, chain := g.podHeaders(pod), buf[:0]
 	for k, v := range ctx.Request.Header.All() {
 		// The client's names are in the copy as they are here; each
 		// write sets Content-Length from the body (render, fasthttp's),
@@ -184,6 +186,9 @@ func (g *Gateway) buildUpstream(ctx *fasthttp.RequestCtx, up *fasthttp.Request, 
 	// of every header already there for one to replace.
 	if p.forward {
 		up.Header.AddBytesV(fasthttp.HeaderXForwardedFor, appendClientAddr(chain, ctx))
+	}
+	if p.auth != nil {
+		up.Header.AddBytesKV(authorization, p.auth)
 	}
 	if p.ids != 1 || len(p.clientID) == 0 {
 		// Pods get one X-Request-Id, id: a client's lone one is it, and
@@ -230,7 +235,7 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	dst = append(dst, " HTTP/1.1\r\nHost: "...)
 	dst = append(append(dst, x.pod.Config.Address...), crlf...)
 	var buf [128]byte
-	p, chain, fields := g.podHeaders(), buf[:0], len(dst)
+	p, chain, fields := g.podHeaders(x.pod), buf[:0], len(dst)
 	// The attempt's trace context replaces the client's, as Inject does:
 	// a context that is not valid (tracing off) sends nothing, and the
 	// client's goes.
@@ -265,6 +270,9 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 		dst = append(dst, "X-Forwarded-For: "...)
 		dst = append(appendClientAddr(append(dst, chain...), ctx), crlf...)
 	}
+	if p.auth != nil {
+		dst = appendHeaderLine(dst, authorization, p.auth)
+	}
 	// The client's lone X-Request-Id, or its first, or one made up, as
 	// requestIDOf settled it: buildUpstream's one.
 	dst = appendHeaderLine(dst, requestID, x.reqID)
@@ -287,10 +295,11 @@ var (
 )
 
 // podHeaders reads a client's header fields, one at a time (sort), for
-// its request to a pod: what the pod gets of them, as buildUpstream and
+// its request to pod: what the pod gets of them, as buildUpstream and
 // appendUpstream send it.
-func (g *Gateway) podHeaders() podHeaders {
-	return podHeaders{authorize: g.keys.Load().Enabled(), forward: g.cfg.Upstream.XForwardedFor}
+func (g *Gateway) podHeaders(pod *pool.Pod) podHeaders {
+	auth := pod.Auth()
+	return podHeaders{dropKey: auth != nil || g.keys.Load().Enabled(), auth: auth, forward: g.cfg.Upstream.XForwardedFor}
 }
 
 // podHeaders is what sort gathered of a client's header. The common
@@ -298,10 +307,13 @@ func (g *Gateway) podHeaders() podHeaders {
 // and X-Request-Id are read on the way, not looked up again (fasthttp's
 // Peek normalizes the name each time).
 type podHeaders struct {
-	// authorize: the gateway checks API keys; forward: the pod gets the
-	// client's address in X-Forwarded-For; traceparent and tracestate: the
-	// request sends its own trace context's (appendUpstream).
-	authorize, forward, traceparent, tracestate bool
+	// dropKey: the client's Authorization and x-api-key stay here (the
+	// gateway checks API keys, or the pod gets its own, auth); forward:
+	// the pod gets the client's address in X-Forwarded-For; traceparent
+	// and tracestate: the request sends its own trace context's
+	// (appendUpstream).
+	dropKey, forward, traceparent, tracestate bool
+	auth                                      []byte
 	// nominated is the client's Connection values when they name other
 	// headers (rare), each followed by a comma; clientID its first
 	// X-Request-Id, and ids how many it sent.
@@ -336,7 +348,7 @@ func (p *podHeaders) sort(k, v, chain []byte) (fieldFate, []byte) {
 		}
 	case len(k) >= len(pdlbPrefix) && (k[0]|0x20) == 'x' && bytes.EqualFold(k[:len(pdlbPrefix)], pdlbPrefix):
 	// A client's key is the gateway's business, not the pods'.
-	case p.authorize && (len(k) == len(authorization) && bytes.EqualFold(k, authorization) || len(k) == len(xAPIKey) && bytes.EqualFold(k, xAPIKey)):
+	case p.dropKey && (len(k) == len(authorization) && bytes.EqualFold(k, authorization) || len(k) == len(xAPIKey) && bytes.EqualFold(k, xAPIKey)):
 	// Set whole by the request: the client's fields joined as one (RFC
 	// 9110 section 5.3), with its address added.
 	case p.forward && len(k) == len(forwardedFor) && bytes.EqualFold(k, forwardedFor):

@@ -71,7 +71,7 @@ func TestBuildUpstreamFromCopy(t *testing.T) {
 	var ctx fasthttp.RequestCtx
 	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
 	var up fasthttp.Request
-	g.buildUpstream(&ctx, &up, requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID)))
+	g.buildUpstream(&ctx, &up, requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID)), g.pool.Load().Pods[0])
 	up.Header.SetHost("127.0.0.1:10000")
 	up.Header.SetContentLength(len(up.Body()))
 	got := string(up.Header.Header())
@@ -113,7 +113,7 @@ func TestBuildUpstreamNominatedID(t *testing.T) {
 		ctx.Init(&req, nil, nil)
 		id := requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID))
 		var up fasthttp.Request
-		g.buildUpstream(&ctx, &up, id)
+		g.buildUpstream(&ctx, &up, id, g.pool.Load().Pods[0])
 		got := string(up.Header.Header())
 		if string(id) != "abc" || strings.Count(strings.ToLower(got), "x-request-id:") != 1 || !strings.Contains(got, "X-Request-Id: abc\r\n") {
 			t.Errorf("ids %q: the gateway's id %q; the pod's request:\n%s", ids, id, got)
@@ -153,9 +153,10 @@ func TestClientHeadersAsPeek(t *testing.T) {
 func TestAppendUpstreamAsBuild(t *testing.T) {
 	cfg := config.Default()
 	cfg.Models = []config.Model{{Name: "m"}}
-	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: "127.0.0.1:10000"}}
+	// q's API key replaces the client's Authorization and x-api-key.
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: "127.0.0.1:10000"},
+		{Name: "q", Model: "m", Address: "127.0.0.1:10001", PodKey: config.PodKey{APIKey: "sk-pod"}}}
 	g, snap := bareGateway(t, cfg, upstream.Dialer(nil))
-	pod := snap.Pods[0]
 	const body = `{"model":"m","messages":[]}`
 	heads := []string{
 		"Host: lb\r\nContent-Type: application/json\r\n",
@@ -185,40 +186,46 @@ func TestAppendUpstreamAsBuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, authorize := range []bool{false, true} {
-		for _, forward := range []bool{true, false} {
-			g.keys.Store(nil)
-			g.cfg.Upstream.XForwardedFor = forward
-			if authorize {
-				g.keys.Store(keys)
-			}
-			for i := range len(heads) * len(spans) {
-				h := heads[i/len(spans)]
-				var req fasthttp.Request
-				whole := "POST /v1/chat/completions HTTP/1.1\r\n" + h + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
-				if err := req.Read(bufio.NewReader(strings.NewReader(whole))); err != nil {
-					t.Fatal(err)
+	for _, pod := range snap.Pods {
+		for _, authorize := range []bool{false, true} {
+			for _, forward := range []bool{true, false} {
+				g.keys.Store(nil)
+				g.cfg.Upstream.XForwardedFor = forward
+				if authorize {
+					g.keys.Store(keys)
 				}
-				var ctx fasthttp.RequestCtx
-				ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
-				x := &completion{g: g, ctx: &ctx, pod: pod, reqID: requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID))}
-				x.tr.root = spans[i%len(spans)]
-				var up fasthttp.Request
-				g.buildUpstream(&ctx, &up, x.reqID)
-				up.Header.SetHost(pod.Config.Address)
-				inject(x.tr.attemptContext(), &up)
-				built := (*frontend.FastRequest)(&up).AppendRequest(nil)
-				rendered := x.AppendRequest(nil)
-				if b, r := sentAs(t, built), sentAs(t, rendered); b != r {
-					t.Errorf("authorize %v, forward %v, trace context %v, client's header\n%s\nbuilt:\n%s\nrendered:\n%s",
-						authorize, forward, x.tr.root != nil, h, b, r)
-				}
-				// Into a buffer of room (an upstream connection's), a
-				// request whose Connection nominates nothing allocates
-				// nothing.
-				if n := testing.AllocsPerRun(10, func() { rendered = x.AppendRequest(rendered[:0]) }); n != 0 && !strings.Contains(h, "Connection: ") &&
-					(x.tr.root == nil || x.tr.root.SpanContext().TraceState().Len() == 0) {
-					t.Errorf("client's header\n%s\nrendered with %.0f allocations", h, n)
+				for i := range len(heads) * len(spans) {
+					h := heads[i/len(spans)]
+					var req fasthttp.Request
+					whole := "POST /v1/chat/completions HTTP/1.1\r\n" + h + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+					if err := req.Read(bufio.NewReader(strings.NewReader(whole))); err != nil {
+						t.Fatal(err)
+					}
+					var ctx fasthttp.RequestCtx
+					ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
+					x := &completion{g: g, ctx: &ctx, pod: pod, reqID: requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID))}
+					x.tr.root = spans[i%len(spans)]
+					var up fasthttp.Request
+					g.buildUpstream(&ctx, &up, x.reqID, pod)
+					up.Header.SetHost(pod.Config.Address)
+					inject(x.tr.attemptContext(), &up)
+					built := (*frontend.FastRequest)(&up).AppendRequest(nil)
+					rendered := x.AppendRequest(nil)
+					if b, r := sentAs(t, built), sentAs(t, rendered); b != r {
+						t.Errorf("authorize %v, forward %v, trace context %v, client's header\n%s\nbuilt:\n%s\nrendered:\n%s",
+							authorize, forward, x.tr.root != nil, h, b, r)
+					}
+					if low := strings.ToLower(string(rendered)); pod.Auth() != nil && (strings.Count(low, "authorization:") != 1 ||
+						!strings.Contains(string(rendered), "\r\nAuthorization: Bearer sk-pod\r\n") || strings.Contains(low, "x-api-key:")) {
+						t.Errorf("client's header\n%s\nrendered for a pod with a key:\n%s", h, rendered)
+					}
+					// Into a buffer of room (an upstream connection's), a
+					// request whose Connection nominates nothing allocates
+					// nothing.
+					if n := testing.AllocsPerRun(10, func() { rendered = x.AppendRequest(rendered[:0]) }); n != 0 && !strings.Contains(h, "Connection: ") &&
+						(x.tr.root == nil || x.tr.root.SpanContext().TraceState().Len() == 0) {
+						t.Errorf("client's header\n%s\nrendered with %.0f allocations", h, n)
+					}
 				}
 			}
 		}
@@ -278,7 +285,7 @@ func FuzzAppendUpstream(f *testing.F) {
 		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 50000}, nil)
 		x := &completion{g: g, ctx: &ctx, pod: snap.Pods[0], reqID: requestIDOf(nil, &ctx, req.Header.Peek(headerRequestID))}
 		var up fasthttp.Request
-		g.buildUpstream(&ctx, &up, x.reqID)
+		g.buildUpstream(&ctx, &up, x.reqID, x.pod)
 		up.Header.SetHost(x.pod.Config.Address)
 		built := (*frontend.FastRequest)(&up).AppendRequest(nil)
 		if b, r := sentAs(t, built), sentAs(t, x.AppendRequest(nil)); b != r {

@@ -47,7 +47,7 @@ func BenchmarkHeaders(b *testing.B) {
 			for b.Loop() {
 				up.Reset()
 				id = requestIDOf(id[:0], &ctx, nil)
-				g.buildUpstream(&ctx, &up, id)
+				g.buildUpstream(&ctx, &up, id, snap.Pods[0])
 			}
 		})
 		b.Run(name+"/rendered", func(b *testing.B) {

@@ -34,7 +34,7 @@ func (f pdFleet) ResponseTimeout(stream bool) time.Duration { return f.g.respons
 
 func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up := fasthttp.AcquireRequest()
-	x.g.buildUpstream(x.ctx, up, x.reqID)
+	x.g.buildUpstream(x.ctx, up, x.reqID, pod)
 	up.SetHost(pod.Config.Address)
 	x.tr.leg(up, pod, pod == x.pd.Pre, x.attempts)
 	return up

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"math/rand/v2"
 	"slices"
@@ -284,10 +285,13 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		x.resp = fasthttp.AcquireResponse()
 	}
 	// The event loop renders a POST itself (appendUpstream); x.up, once
-	// made, serves the later attempts.
+	// made, serves the later attempts on pods of the same API key.
+	if x.up != nil && !bytes.Equal(x.upAuth, x.pod.Auth()) {
+		x.dropRequest()
+	}
 	if x.up == nil && !(x.via.renders() && x.req.Kind != openai.KindStored) {
-		x.up = fasthttp.AcquireRequest()
-		g.buildUpstream(x.ctx, x.up, x.reqID)
+		x.up, x.upAuth = fasthttp.AcquireRequest(), x.pod.Auth()
+		g.buildUpstream(x.ctx, x.up, x.reqID, x.pod)
 		if x.req.Kind == openai.KindStored {
 			// Its method, and its query (stream, starting_after, limit),
 			// on the path routed: the id escaped anew, dot segments

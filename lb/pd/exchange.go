@@ -67,7 +67,7 @@ func (c *Call) RunPair() *fail.Failure {
 	}
 	c.proto.Begin(&c.ex)
 	if path := c.proto.PrefillInfoPath(); path != "" {
-		info, err := pre.PrefillInfo.Get(pre.Client, pre.Config.Address, path)
+		info, err := pre.PrefillInfo.Get(pre.Client, pre.Config.Address, path, pre.Auth())
 		if err != nil {
 			fasthttp.ReleaseRequest(up)
 			// Nothing of the request went out: another pair may take it, as

@@ -32,6 +32,7 @@ func Abort(proto engines.Protocol, ex *engines.Exchange, pod *pool.Pod) {
 		req.Header.SetMethod(fasthttp.MethodPost)
 		req.SetRequestURI(path)
 		req.SetHost(pod.Config.Address)
+		pod.Authorize(req)
 		req.Header.SetContentType("application/json")
 		req.SetBodyRaw(body)
 		// What the pod answers changes nothing.

@@ -92,6 +92,7 @@ func (c *Checker) check(client *fasthttp.HostClient, p *Pod) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + p.Config.Address + "/health")
+	p.Authorize(req)
 	err := client.DoTimeout(req, resp, c.cfg.Timeout)
 	if limits.NoFDs(err) {
 		// The gateway's limit (limits.FDs): no word on the pod, which
@@ -137,6 +138,7 @@ func (c *Checker) scrape(client *fasthttp.HostClient, p *Pod) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + p.Config.Address + "/metrics")
+	p.Authorize(req)
 	if err := client.DoTimeout(req, resp, c.cfg.Timeout); err != nil || resp.StatusCode() != fasthttp.StatusOK {
 		return
 	}

@@ -160,7 +160,7 @@ func TestCheckFailForgetsPrefillInfo(t *testing.T) {
 	p.set(flagHealthy, true)
 	info := func(want int32) {
 		t.Helper()
-		if _, err := p.PrefillInfo.Get(client, client.Addr, "/server_info"); err != nil || infos.Load() != want {
+		if _, err := p.PrefillInfo.Get(client, client.Addr, "/server_info", nil); err != nil || infos.Load() != want {
 			t.Fatalf("asked %d times (%v), want %d", infos.Load(), err, want)
 		}
 	}

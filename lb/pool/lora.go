@@ -393,6 +393,7 @@ func (c *Checker) scrapeLoRA(client *fasthttp.HostClient, p *Pod, metrics []byte
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + p.Config.Address + "/v1/models")
+	p.Authorize(req)
 	var cards []engines.ModelCard
 	since := p.lora.marks.Load()
 	err := client.DoTimeout(req, resp, c.cfg.Timeout)
@@ -524,6 +525,7 @@ func (p *Pod) loadAdapter(a *Adapter, timeout time.Duration) error {
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.SetRequestURI("http://" + p.Config.Address + path)
+	p.Authorize(req)
 	req.Header.SetContentType("application/json")
 	req.SetBodyRaw(body)
 	if err := p.Client.DoTimeout(req, resp, timeout); err != nil {

@@ -52,7 +52,23 @@ type Pod struct {
 	// indexes its model's Rolesets (-1 for a combined pod).
 	Role    route.PDRole
 	Roleset int32
+	// auth is the Authorization value of the pod's API key ("Bearer "
+	// and the key, config.PodKey), nil when it has none; read anew by
+	// each snapshot, so a reload rotates it.
+	auth []byte
 	*podState
+}
+
+// Auth is the Authorization value every request to the pod carries, nil
+// when the pod has no API key: the client's then goes as it sent it.
+func (p *Pod) Auth() []byte { return p.auth }
+
+// Authorize gives req, one of the gateway's own requests to the pod, the
+// pod's API key when it has one.
+func (p *Pod) Authorize(req *fasthttp.Request) {
+	if p.auth != nil {
+		req.Header.SetBytesV(fasthttp.HeaderAuthorization, p.auth)
+	}
 }
 
 // podLoad is the part of a pod's state that a routing decision reads for
@@ -557,12 +573,19 @@ func Build(cfg *config.Config, dial DialFunc, prev *Snapshot) (*Snapshot, error)
 	// The pods of s that are pods of prev.
 	continued := map[*Pod]bool{}
 	connectTimeout := cfg.Upstream.ConnectTimeout
-	for _, pc := range pcs {
+	for i, pc := range pcs {
 		kind, err := engines.ParseKind(pc.Engine)
 		if err != nil {
 			return nil, err
 		}
 		pod := &Pod{Config: pc, Engine: kind}
+		key, err := cfg.PodKeyOf(i)
+		if err != nil {
+			return nil, err
+		}
+		if key != "" {
+			pod.auth = append([]byte("Bearer "), key...)
+		}
 		if o := old[identityOf(pc)]; stays[o] {
 			continued[pod] = true
 			pod.ID, pod.PrefixID, pod.podState = o.ID, o.PrefixID, o.podState
