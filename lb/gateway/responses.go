@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/lb/fail"
+	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
@@ -23,9 +24,11 @@ import (
 // cancel; any other pod answers 404. The gateway names each stored
 // response itself ("request_id", which vLLM names the response after,
 // added to the body when the client sent none) and remembers the pod
-// that answered it: requests naming it go to that pod alone. One it does
-// not know (made through another replica, or before a restart) is sought
-// on the model's pods (seekStored).
+// that answered it, and the API key that made it: requests naming it go
+// to that pod alone, and only for that key. One it does not know (made
+// through another replica, or before a restart) is sought on the model's
+// pods (seekStored), but for a gateway with api_keys: a pod's answer does
+// not say whose it is.
 
 // homes remembers the pod of each stored response (or conversation)
 // put within its last max puts: an id is forgotten once max puts came
@@ -53,8 +56,13 @@ type slotted struct {
 const maxRememberedID = 256
 
 // home is where a stored response lives: its model and pod, by name (a
-// reload may rebuild both).
-type home struct{ model, pod string }
+// reload may rebuild both), and the name of the API key that made it
+// ("" without api_keys).
+type home struct{ model, pod, owner string }
+
+// hiddenFrom reports whether h's response is another API key's than key
+// (nil: api_keys are off, and every response is anyone's).
+func (h home) hiddenFrom(key *limits.Key) bool { return key != nil && h.owner != key.Name }
 
 func newHomes(max int) *homes {
 	if max <= 0 {
@@ -153,13 +161,21 @@ func storedNotFound(id []byte) *openai.Error {
 // the stored response it names (x.home), when the gateway knows it, or
 // the pod its conversation went to (x.prefer). A KindStored request takes
 // its model from there, and streams when its query says stream=true (a
-// retrieval resumed as vLLM's); false when its response is unknown and
-// no one model of combined pods can be searched: it was answered 404.
+// retrieval resumed as vLLM's); false when it was answered 404: its
+// response is another API key's, or unknown while api_keys are set, or
+// unknown and no one model of combined pods can be searched.
 func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 	switch x.req.Kind {
 	case openai.KindStored:
 		id, _, _ := openai.StoredID(ctx.Path())
 		h, ok := g.homes.get(id)
+		if ok && h.hiddenFrom(x.found) || !ok && x.found != nil {
+			// Another key's answers as one no pod holds, so that ids do
+			// not leak; and one made elsewhere is not sought, as no pod
+			// says whose it is.
+			g.fail(ctx, x, nil, answer(storedNotFound(id)))
+			return false
+		}
 		if !ok {
 			// Unknown here (made through another replica, or before a
 			// restart): with one model the pods are asked in turn
@@ -176,7 +192,14 @@ func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 		x.req.Stream = ctx.QueryArgs().GetBool("stream")
 	case openai.KindResponses:
 		if len(x.req.Previous) > 0 {
-			x.home, _ = g.homes.get(x.req.Previous)
+			h, ok := g.homes.get(x.req.Previous)
+			if ok && h.hiddenFrom(x.found) || !ok && x.found != nil {
+				// As a retrieval's, and as vLLM answers a follow-up of
+				// a response it does not hold.
+				g.fail(ctx, x, nil, answer(storedNotFound(x.req.Previous)))
+				return false
+			}
+			x.home = h
 		}
 		if len(x.req.CacheKey) > 0 && x.home.pod == "" {
 			x.prefer, _ = g.conversations.get(x.req.CacheKey)
@@ -257,6 +280,9 @@ func (g *Gateway) stored(x *completion, m *pool.Model, pod *pool.Pod, status int
 		return
 	}
 	h, max := home{model: m.Name, pod: pod.Config.Name}, g.cfg.MaxStoredResponses
+	if x.found != nil {
+		h.owner = x.found.Name
+	}
 	if id := storedIDOf(x.ctx, x); id != nil && x.home.pod == "" && !(x.req.Kind == openai.KindStored && x.ctx.IsDelete()) {
 		// Found by seekStored, or by load.
 		g.homes.put(string(id), h, max)
