@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"slices"
@@ -27,8 +28,8 @@ import (
 // that answered it, and the API key that made it: requests naming it go
 // to that pod alone, and only for that key. One it does not know (made
 // through another replica, or before a restart) is sought on the model's
-// pods (seekStored), but for a gateway with api_keys: a pod's answer does
-// not say whose it is.
+// pods (seekStored); with api_keys, only one whose id the gateway made
+// for the asking key (madeFor): a pod's answer does not say whose it is.
 
 // homes remembers the pod of each stored response (or conversation)
 // put within its last max puts: an id is forgotten once max puts came
@@ -60,9 +61,35 @@ const maxRememberedID = 256
 // ("" without api_keys).
 type home struct{ model, pod, owner string }
 
-// hiddenFrom reports whether h's response is another API key's than key
-// (nil: api_keys are off, and every response is anyone's).
-func (h home) hiddenFrom(key *limits.Key) bool { return key != nil && h.owner != key.Name }
+// hiddenFrom reports whether response id, whose home is h when known,
+// is to be answered as unknown to key (nil: api_keys are off, and every
+// response is anyone's): a known one is another key's; an unknown one
+// (made through another replica, or before a restart) was not made for
+// key by a gateway (madeFor), since a pod's answer, were it sought,
+// would not say whose it is.
+func (h home) hiddenFrom(key *limits.Key, known bool, id []byte) bool {
+	if key == nil {
+		return false
+	}
+	if known {
+		return h.owner != key.Name
+	}
+	return !madeFor(id, key)
+}
+
+// madeFor reports whether id is one nameResponse made for key: resp_ and
+// 32 hex digits whose second half is key's tag of the first.
+func madeFor(id []byte, key *limits.Key) bool {
+	var b [16]byte
+	digits, ok := bytes.CutPrefix(id, []byte("resp_"))
+	if !ok || hex.DecodedLen(len(digits)) != len(b) {
+		return false
+	}
+	if _, err := hex.Decode(b[:], digits); err != nil {
+		return false
+	}
+	return key.TaggedID(b)
+}
 
 func newHomes(max int) *homes {
 	if max <= 0 {
@@ -162,17 +189,16 @@ func storedNotFound(id []byte) *openai.Error {
 // the pod its conversation went to (x.prefer). A KindStored request takes
 // its model from there, and streams when its query says stream=true (a
 // retrieval resumed as vLLM's); false when it was answered 404: its
-// response is another API key's, or unknown while api_keys are set, or
-// unknown and no one model of combined pods can be searched.
+// response is another API key's (home.hiddenFrom), or unknown and no
+// one model of combined pods can be searched.
 func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 	switch x.req.Kind {
 	case openai.KindStored:
 		id, _, _ := openai.StoredID(ctx.Path())
 		h, ok := g.homes.get(id)
-		if ok && h.hiddenFrom(x.found) || !ok && x.found != nil {
+		if h.hiddenFrom(x.found, ok, id) {
 			// Another key's answers as one no pod holds, so that ids do
-			// not leak; and one made elsewhere is not sought, as no pod
-			// says whose it is.
+			// not leak.
 			g.fail(ctx, x, nil, answer(storedNotFound(id)))
 			return false
 		}
@@ -193,7 +219,7 @@ func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 	case openai.KindResponses:
 		if len(x.req.Previous) > 0 {
 			h, ok := g.homes.get(x.req.Previous)
-			if ok && h.hiddenFrom(x.found) || !ok && x.found != nil {
+			if h.hiddenFrom(x.found, ok, x.req.Previous) {
 				// As a retrieval's, and as vLLM answers a follow-up of
 				// a response it does not hold.
 				g.fail(ctx, x, nil, answer(storedNotFound(x.req.Previous)))
@@ -222,9 +248,14 @@ func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
 		return
 	}
 	// As vLLM names one: resp_ and a random UUID's 32 hex digits, which
-	// no one can guess (a response's id is all it takes to read it).
+	// no one can guess (a response's id is all it takes to read it). For
+	// a key, the second half is its tag of the first, so any replica with
+	// the same api_keys can tell whose it is (madeFor).
 	var b [16]byte
 	_, _ = rand.Read(b[:])
+	if x.found != nil {
+		x.found.TagID(&b)
+	}
 	x.respID = hex.AppendEncode(append(x.respID[:0], "resp_"...), b[:])
 	ctx.Request.SetBody(x.req.WithResponseID(ctx.PostBody(), string(x.respID)))
 }

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"bytes"
+	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
 	"net/http"
@@ -121,7 +122,10 @@ type Keys struct {
 // flight. A nil *Key (keys off) admits everything. A key a reload keeps is
 // the same *Key, so its requests in flight end on it and its counts go on.
 type Key struct {
-	Name     string
+	Name string
+	// digest is the key's SHA-256, which only its holder and the
+	// gateway's api_keys know: it signs the ids made for the key (TagID).
+	digest   [sha256.Size]byte
 	limits   atomic.Pointer[keyLimits]
 	requests bucket
 	tokens   bucket
@@ -163,7 +167,7 @@ func (ks *Keys) Reload(cfg []APIKey) (*Keys, error) {
 			k = ks.byHash[sum]
 		}
 		if k == nil || k.Name != c.Name {
-			k = &Key{Name: c.Name}
+			k = &Key{Name: c.Name, digest: sum}
 		}
 		next.byHash[sum] = k
 		next.keys = append(next.keys, k)
@@ -182,6 +186,25 @@ func (ks *Keys) Install(now time.Time) {
 			k.tokens.rerate(from.tokens, to.tokens, now.UnixNano())
 		}
 	}
+}
+
+// TagID makes id k's: its second half becomes a tag of its first (an
+// HMAC-SHA256 under k's digest, cut to 8 bytes), which no other key's
+// holder can make and any gateway with the same api_keys can check
+// (TaggedID).
+func (k *Key) TagID(id *[16]byte) {
+	copy(id[8:], k.tag(id[:8]))
+}
+
+// TaggedID reports whether id was made k's by TagID.
+func (k *Key) TaggedID(id [16]byte) bool {
+	return hmac.Equal(id[8:], k.tag(id[:8]))
+}
+
+func (k *Key) tag(nonce []byte) []byte {
+	m := hmac.New(sha256.New, k.digest[:])
+	m.Write(nonce)
+	return m.Sum(nil)[:8]
 }
 
 // Enabled reports whether requests must carry a key.
