@@ -13,24 +13,25 @@ import (
 	"pdlb/lb/discovery/spec"
 )
 
-// DNS is a Source of the pods behind one name: its A and AAAA records with
-// a fixed port, or its SRV records, resolved every Interval.
+// DNS is a Source of the pods behind one name: its A or AAAA records (as
+// its Family says) with a fixed port, or its SRV records, resolved every
+// Interval.
 type DNS struct {
 	spec     spec.DNS
 	resolver *net.Resolver
 	log      *slog.Logger
 }
 
-// NewDNS makes the source of s, which must have passed Validate. Its
-// lookups go to the name servers of /etc/resolv.conf, or to the one that
-// dial connects to where it is not nil (tests point it at a server on
-// loopback).
+// NewDNS makes the source of s, which must have been provisioned and have
+// passed Validate. Its lookups go to the name servers of /etc/resolv.conf,
+// or to the one that dial connects to where it is not nil (tests point it
+// at a server on loopback).
 func NewDNS(s spec.DNS, dial func(ctx context.Context, network, address string) (net.Conn, error), log *slog.Logger) *DNS {
 	// StrictErrors: an A or AAAA query (or a name of the search list) that
 	// fails fails the lookup, which keeps the last pods; otherwise the
-	// other query's answer, or its "no such host", would stand for the
-	// name's records and shrink or empty the pool. It is a setting of the
-	// Go resolver, hence PreferGo.
+	// other query's answer (family all asks both at once), or its "no
+	// such host", would stand for the name's records and shrink or empty
+	// the pool. It is a setting of the Go resolver, hence PreferGo.
 	r := &net.Resolver{PreferGo: true, StrictErrors: true, Dial: dial}
 	return &DNS{spec: s, resolver: r, log: log}
 }
@@ -91,15 +92,15 @@ func (d *DNS) resolve(ctx context.Context) ([]Pod, error) {
 			ports = append(ports, int(s.Port))
 		}
 	} else {
-		ips, err := d.resolver.LookupIPAddr(ctx, d.spec.Name)
-		if notFound(err) {
+		ips, err := d.lookupFamily(ctx)
+		if noAddress(err) {
 			return nil, nil
 		}
 		if err != nil {
 			return nil, err
 		}
 		for _, ip := range ips {
-			hosts = append(hosts, ip.IP.String())
+			hosts = append(hosts, ip.String())
 			ports = append(ports, d.spec.Port)
 		}
 	}
@@ -131,6 +132,30 @@ func (d *DNS) resolve(ctx context.Context) ([]Pod, error) {
 	// A name may list one address twice (A records, or SRV records that
 	// differ only in priority or weight): one pod each.
 	return slices.CompactFunc(pods, func(a, b Pod) bool { return a.Name == b.Name }), nil
+}
+
+// lookupFamily resolves the name in the networks of its family in turn
+// and returns the addresses of the first that has any; a lookup that
+// fails ends it, so a failed A query never falls back to AAAA records.
+func (d *DNS) lookupFamily(ctx context.Context) ([]net.IP, error) {
+	var err error
+	for _, network := range d.spec.Networks() {
+		var ips []net.IP
+		ips, err = d.resolver.LookupIP(ctx, network, d.spec.Name)
+		if !noAddress(err) {
+			return ips, err
+		}
+	}
+	return nil, err
+}
+
+// noAddress reports whether err says the name has no address: no such
+// name or records, or, as an AddrError, none of the family asked for
+// (the name is a literal of the other family, or /etc/hosts lists it only
+// with one).
+func noAddress(err error) bool {
+	var ae *net.AddrError
+	return notFound(err) || errors.As(err, &ae)
 }
 
 func notFound(err error) bool {

@@ -154,7 +154,9 @@ func TestDNSARecords(t *testing.T) {
 	var logged strings.Builder
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
-	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", KVEventsPort: 5557, KVReplayPort: 5600, DataParallelSize: 2, Interval: 50 * time.Millisecond}, log))
+	// Family all: every address of both families is a pod.
+	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Family: spec.DNSFamilyAll, Port: 8000, Model: "llama", KVEventsPort: 5557, KVReplayPort: 5600,
+		DataParallelSize: 2, Interval: 50 * time.Millisecond}, log))
 	pods := w.expect(
 		"127.0.0.11:8000 llama vllm combined  127.0.0.11:8000",
 		"[fd00::1]:8000 llama vllm combined  [fd00::1]:8000",
@@ -290,6 +292,67 @@ func TestDNSSRVRecords(t *testing.T) {
 	srv.set(func() { srv.srvs[name] = []net.SRV{{Target: ".", Port: 0}} })
 	if got := describe(w.next()); got != "" {
 		t.Fatalf("a record with target \".\" reported %q, want no pods", got)
+	}
+}
+
+// TestDNSOneFamilyPerName: a dual-stack name (a headless Service of a
+// dual-stack cluster) lists each pod under an A and an AAAA record; they
+// are one engine, so one pod, not two that split its load and its KV
+// events between them. An SRV target is one pod whatever its records.
+func TestDNSOneFamilyPerName(t *testing.T) {
+	srv := startDNS(t)
+	const name = "llama.inference.test."
+	resolve := func(s spec.DNS) []string {
+		t.Helper()
+		s.Model, s.Interval = "llama", time.Second
+		pods, err := dnsSource(t, srv, s, quiet).resolve(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, p := range pods {
+			names = append(names, p.Name)
+		}
+		return names
+	}
+	f := func(family string, ips []string, want ...string) {
+		t.Helper()
+		srv.set(func() {
+			srv.ips[name] = nil
+			for _, ip := range ips {
+				srv.ips[name] = append(srv.ips[name], net.ParseIP(ip))
+			}
+		})
+		if got := resolve(spec.DNS{Name: name, Family: family, Port: 8000}); !slices.Equal(got, want) {
+			t.Errorf("family %q, %v: pods %q, want %q", family, ips, got, want)
+		}
+	}
+	dual := []string{"127.0.0.11", "fd00::11", "127.0.0.12", "fd00::12"}
+	v4 := []string{"127.0.0.11", "127.0.0.12"}
+	v6 := []string{"fd00::11", "fd00::12"}
+	f("", dual, "127.0.0.11:8000", "127.0.0.12:8000")
+	f("", v6, "[fd00::11]:8000", "[fd00::12]:8000")
+	f(spec.DNSFamilyV4Preferred, v4, "127.0.0.11:8000", "127.0.0.12:8000")
+	f(spec.DNSFamilyV6Preferred, dual, "[fd00::11]:8000", "[fd00::12]:8000")
+	f(spec.DNSFamilyV6Preferred, v4, "127.0.0.11:8000", "127.0.0.12:8000")
+	f(spec.DNSFamilyV4Only, dual, "127.0.0.11:8000", "127.0.0.12:8000")
+	f(spec.DNSFamilyV4Only, v6)
+	f(spec.DNSFamilyV6Only, dual, "[fd00::11]:8000", "[fd00::12]:8000")
+	f(spec.DNSFamilyV6Only, v4)
+	f(spec.DNSFamilyAll, dual, "127.0.0.11:8000", "127.0.0.12:8000", "[fd00::11]:8000", "[fd00::12]:8000")
+	// A literal is its own family's only address.
+	if got := resolve(spec.DNS{Name: "fd00::13", Port: 8000}); !slices.Equal(got, []string{"[fd00::13]:8000"}) {
+		t.Errorf("the literal fd00::13: pods %q", got)
+	}
+	if got := resolve(spec.DNS{Name: "fd00::13", Family: spec.DNSFamilyV4Only, Port: 8000}); got != nil {
+		t.Errorf("the literal fd00::13 with v4_only: pods %q, want none", got)
+	}
+	srv.set(func() {
+		srv.ips["pod-a.sgl.test."] = []net.IP{net.ParseIP("127.0.0.11"), net.ParseIP("fd00::11")}
+		srv.srvs["_http._tcp.sgl.test."] = []net.SRV{{Target: "pod-a.sgl.test.", Port: 30000}}
+	})
+	if got := resolve(spec.DNS{Name: "_http._tcp.sgl.test.", Type: spec.DNSTypeSRV}); !slices.Equal(got, []string{"pod-a.sgl.test:30000"}) {
+		t.Errorf("SRV target with A and AAAA records: pods %q", got)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"pdlb/engines"
@@ -19,6 +20,9 @@ import (
 const (
 	// DefaultDNSInterval is how often a DNS name is resolved again.
 	DefaultDNSInterval = 10 * time.Second
+	// DefaultDNSFamily is Envoy's default dns_lookup_family: a dual-stack
+	// name's pods are found once, at their IPv4 addresses.
+	DefaultDNSFamily = DNSFamilyV4Preferred
 	// DefaultSelector picks every pod that names its model, the label
 	// AIBrix's gateway plugin keys on, so an existing deployment is found
 	// unchanged.
@@ -33,6 +37,31 @@ const (
 	DNSTypeA   = "a"   // A and AAAA records of the name, with a fixed port
 	DNSTypeSRV = "srv" // SRV records: target and port from each record
 )
+
+// Address families a type "a" entry resolves, named after Envoy's
+// dns_lookup_family values.
+const (
+	DNSFamilyV4Preferred = "v4_preferred" // A records; AAAA where there are none
+	DNSFamilyV6Preferred = "v6_preferred" // AAAA records; A where there are none
+	DNSFamilyV4Only      = "v4_only"
+	DNSFamilyV6Only      = "v6_only"
+	DNSFamilyAll         = "all" // both: a pod with both is found twice
+)
+
+// dnsFamilies gives each family the networks, as net.Resolver.LookupIP
+// names them, to resolve in turn: the first that has addresses gives the
+// pods. One family per name, since a pod listed under an A and an AAAA
+// record is one engine, and two pods would split its load and KV events.
+var dnsFamilies = []struct {
+	name     string
+	networks []string
+}{
+	{DNSFamilyV4Preferred, []string{"ip4", "ip6"}},
+	{DNSFamilyV6Preferred, []string{"ip6", "ip4"}},
+	{DNSFamilyV4Only, []string{"ip4"}},
+	{DNSFamilyV6Only, []string{"ip6"}},
+	{DNSFamilyAll, []string{"ip"}},
+}
 
 // ErrInvalid wraps every validation error of this package.
 var ErrInvalid = errors.New("discovery: invalid")
@@ -82,9 +111,16 @@ type DNS struct {
 	// Name to resolve, e.g. "llama.inference.svc.cluster.local" (a headless
 	// Service) or "_http._tcp.llama.example.com" for SRV.
 	Name string `yaml:"name"`
-	// Type is "a" (default: A and AAAA records, every address with Port) or
-	// "srv" (each record's target and port).
+	// Type is "a" (default: A or AAAA records, as Family says, every
+	// address with Port) or "srv" (each record's target and port).
 	Type string `yaml:"type"`
+	// Family is the address family of a type "a" name (default
+	// v4_preferred: its A records, or its AAAA records where it has no A
+	// record; v6_preferred the other way round; v4_only; v6_only; all:
+	// both, for a name whose pods have one family each, since a pod with
+	// both becomes two pods). With "srv" it must be empty: a target is
+	// dialed by its name.
+	Family string `yaml:"family"`
 	// Port of the OpenAI API on every address; required with type "a",
 	// must be 0 with "srv".
 	Port int `yaml:"port"`
@@ -129,11 +165,15 @@ func (d *Discovery) Provision() {
 	}
 }
 
-// provision fills the entry's empty type (a), engine (vllm), role
-// (combined), ranks (1), interval and, for SGLang, bootstrap port.
+// provision fills the entry's empty type (a), family of type a
+// (v4_preferred), engine (vllm), role (combined), ranks (1), interval and,
+// for SGLang, bootstrap port.
 func (d *DNS) provision() {
 	if d.Type == "" {
 		d.Type = DNSTypeA
+	}
+	if d.Type == DNSTypeA && d.Family == "" {
+		d.Family = DefaultDNSFamily
 	}
 	k, err := engines.ParseKind(d.Engine)
 	if err == nil {
@@ -165,6 +205,18 @@ func (d Discovery) Validate() error {
 	return nil
 }
 
+// Networks lists the networks of net.Resolver.LookupIP that the entry's
+// Family resolves, in turn: the first that has addresses gives the pods.
+// It is nil for a family Validate refuses.
+func (d DNS) Networks() []string {
+	for _, f := range dnsFamilies {
+		if f.name == d.Family {
+			return f.networks
+		}
+	}
+	return nil
+}
+
 // Enabled reports whether any source is configured.
 func (d *Discovery) Enabled() bool { return d.Kubernetes != nil || len(d.DNS) > 0 }
 
@@ -177,9 +229,19 @@ func (d DNS) validate(field string) error {
 		if d.Port < 1 || d.Port > 65535 {
 			return invalid(field+".port", d.Port, "must be 1..65535 with type a")
 		}
+		if d.Family != "" && d.Networks() == nil {
+			known := make([]string, len(dnsFamilies))
+			for i, f := range dnsFamilies {
+				known[i] = f.name
+			}
+			return invalid(field+".family", d.Family, "is not an address family (known: "+strings.Join(known, ", ")+")")
+		}
 	case DNSTypeSRV:
 		if d.Port != 0 {
 			return invalid(field+".port", d.Port, "must be 0 with type srv (each record names its port)")
+		}
+		if d.Family != "" {
+			return invalid(field+".family", d.Family, "must be empty with type srv (each target is dialed by its name)")
 		}
 	default:
 		return invalid(field+".type", d.Type, "is not a record type (known: a, srv)")

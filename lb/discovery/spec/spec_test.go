@@ -37,6 +37,8 @@ func TestDiscoveryValidateRejects(t *testing.T) {
 	f("dns: [{name: a, port: 70000, model: m}]", "discovery.dns[0].port = 70000")
 	f("dns: [{name: a, type: srv, port: 80, model: m}]", "discovery.dns[0].port = 80 must be 0 with type srv")
 	f("dns: [{name: a, type: mx, model: m}]", `discovery.dns[0].type = "mx"`)
+	f("dns: [{name: a, port: 1, model: m, family: ipv6}]", `discovery.dns[0].family = "ipv6" is not an address family (known: v4_preferred, v6_preferred, v4_only, v6_only, all)`)
+	f("dns: [{name: a, type: srv, model: m, family: v6_only}]", `discovery.dns[0].family = "v6_only" must be empty with type srv`)
 	f("dns: [{name: a, port: 1}]", `discovery.dns[0].model = ""`)
 	f("dns: [{name: a, port: 1, model: m, engine: tgi}]", `discovery.dns[0].engine = "tgi"`)
 	f("dns: [{name: a, port: 1, model: m, role: both}]", `discovery.dns[0].role = "both"`)
@@ -68,10 +70,10 @@ dns:
 		t.Fatalf("kubernetes: %+v", d.Kubernetes)
 	}
 	a, srv := d.DNS[0], d.DNS[1]
-	if a.Type != DNSTypeA || a.Engine != "vllm" || a.Role != RoleCombined || a.Interval != DefaultDNSInterval || a.BootstrapPort != 0 {
+	if a.Type != DNSTypeA || a.Family != DefaultDNSFamily || a.Engine != "vllm" || a.Role != RoleCombined || a.Interval != DefaultDNSInterval || a.BootstrapPort != 0 {
 		t.Fatalf("a: %+v", a)
 	}
-	if srv.Type != DNSTypeSRV || srv.BootstrapPort != DefaultBootstrapPort || srv.Interval != 2*time.Second {
+	if srv.Type != DNSTypeSRV || srv.Family != "" || srv.BootstrapPort != DefaultBootstrapPort || srv.Interval != 2*time.Second {
 		t.Fatalf("srv: %+v", srv)
 	}
 	var none Discovery
