@@ -51,7 +51,12 @@ func (d *DNS) Run(ctx context.Context, report func([]Pod)) error {
 			// Logged once per outage and distinct error, not once per
 			// interval.
 			if msg := err.Error(); msg != lastErr && ctx.Err() == nil {
-				d.log.Warn("discovery: DNS lookup failed, keeping the last pods", "name", d.spec.Name, "err", err)
+				// Before any lookup succeeded there is no list to keep.
+				what := "discovery: DNS lookup failed, keeping the last pods"
+				if !reported {
+					what = "discovery: DNS lookup failed, no pods from this name until one succeeds"
+				}
+				d.log.Warn(what, "name", d.spec.Name, "pods", len(last), "err", err)
 				lastErr = msg
 			}
 		} else {

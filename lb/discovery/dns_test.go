@@ -193,6 +193,9 @@ func TestDNSARecords(t *testing.T) {
 	if n := strings.Count(logged.String(), "DNS lookup failed"); n != 1 {
 		t.Errorf("the failure must be logged once, not %d times:\n%s", n, logged.String())
 	}
+	if !strings.Contains(logged.String(), "keeping the last pods") {
+		t.Errorf("a failure after pods were found must say they are kept:\n%s", logged.String())
+	}
 	logMu.Unlock()
 	// The name is gone: no pods.
 	srv.set(func() { delete(srv.ips, name) })
@@ -265,6 +268,34 @@ func TestDNSFailureLoggedEachOutage(t *testing.T) {
 	}
 	outage(1)
 	outage(2)
+}
+
+// TestDNSFirstLookupFails: a lookup that fails before any succeeded has
+// no last pods to keep, and its log line must not say it keeps them.
+func TestDNSFirstLookupFails(t *testing.T) {
+	srv := startDNS(t)
+	const name = "llama.inference.test."
+	srv.set(func() {
+		srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11")}
+		srv.servfail = []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA}
+	})
+	var logged strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", Interval: 50 * time.Millisecond}, log))
+	logLine := func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logged.String()
+	}
+	for !strings.Contains(logLine(), "DNS lookup failed") {
+		<-srv.failed
+	}
+	if line := logLine(); strings.Contains(line, "keeping the last pods") || !strings.Contains(line, "no pods") {
+		t.Errorf("the first lookup failed, with no pods found yet; logged:\n%s", line)
+	}
+	srv.set(func() { srv.servfail = nil })
+	w.expect("127.0.0.11:8000 llama vllm combined  127.0.0.11:8000")
 }
 
 func TestDNSSRVRecords(t *testing.T) {
