@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -535,4 +536,36 @@ func TestAdmissionCountsEveryChoice(t *testing.T) {
 	f("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"n":40}`, 429)
 	f("/v1/completions", `{"model":"m","prompt":["a","b","c","d","e","f","g","h","i","j"],"max_tokens":2,"n":4}`, 429)
 	f("/v1/completions", `{"model":"m","prompt":["a","b"],"max_tokens":2,"n":2}`, 200)
+}
+
+// TestAdmissionCountsChoicesInFlight: the choices of a request already
+// running are sequences of the decode batch too, as the engine's running
+// gauge counts them; before the next scrape (none here) the gateway's own
+// count must say so.
+func TestAdmissionCountsChoicesInFlight(t *testing.T) {
+	sims := testFleet(t, "m", 1, 1)
+	s := testGateway(t, podsOf("m", sims...), func(c *config.Config) {
+		c.Admission.Enabled = true
+		c.Health.MetricsInterval = 0
+		// The untaught line (10 ms a step, 0.2 ms a sequence): 14 ms
+		// for the twenty choices alone, 15.2 ms with six more.
+		c.Admission.Interactive.TPOTSLO = 0.015
+	})
+	resp, err := client.Post("http://"+s.Addr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"long"}],"max_tokens":2000,"n":20,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("the twenty choices: %d, want 200", resp.StatusCode)
+	}
+	bufio.NewReader(resp.Body).ReadString('\n') // the stream is under way
+	if got := sims[0].Stats().Running; got != 20 {
+		t.Fatalf("the engine runs %d sequences, want 20", got)
+	}
+	over, b := post(t, s, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"n":6}`)
+	if over.StatusCode != 429 || !strings.Contains(b, "time per output token") {
+		t.Errorf("six more choices beside twenty: %d %.120s, want 429", over.StatusCode, b)
+	}
 }

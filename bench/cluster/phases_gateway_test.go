@@ -71,7 +71,7 @@ func (g *gatewayPD) decide(t *testing.T, rec *pdDecision, bs int) route.PDDecisi
 	for i, pod := range m.Pods {
 		sc := &rec.cands[i]
 		for range sc.InFlight {
-			pod.Acquire()
+			pod.Acquire(1)
 		}
 		q := int64(sc.QueuedPrefillTokens)
 		pod.AddQueuedPrefill(q)
@@ -81,7 +81,7 @@ func (g *gatewayPD) decide(t *testing.T, rec *pdDecision, bs int) route.PDDecisi
 		}
 		undo = append(undo, func() {
 			for range sc.InFlight {
-				pod.Release()
+				pod.Release(1)
 			}
 			pod.AddQueuedPrefill(-q)
 		})

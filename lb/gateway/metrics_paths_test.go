@@ -76,7 +76,7 @@ func TestPDProbeTakenRoutedOnce(t *testing.T) {
 		t.Fatalf("stage %d", x.stage)
 	}
 	taken := x.pd.Pre
-	if !taken.AcquireProbe() { // another request's
+	if !taken.AcquireProbe(1) { // another request's
 		t.Fatal("probe")
 	}
 	if !g.attemptStage(x) || x.stage != stagePick || x.attempts != 0 {
@@ -89,7 +89,7 @@ func TestPDProbeTakenRoutedOnce(t *testing.T) {
 		t.Errorf("one request decided twice: pdlb_pd_routed_total %v, pdlb_pd_decision_seconds_count %v; want 1 and 2", routed, timed)
 	}
 	g.fail(x.ctx, x, m, fail.ClientLeft)
-	taken.Release()
+	taken.Release(1)
 }
 
 // TestPDDeferredRoutedOnce: a PD request admission deferred is decided

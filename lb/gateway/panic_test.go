@@ -67,8 +67,8 @@ func TestRetryBackBesideProbe(t *testing.T) {
 		}
 		back := m.Combined[0]
 		back.Eject(g.ledger.Now(), 0)
-		back.Acquire() // the probe
-		defer back.Release()
+		back.Acquire(1) // the probe
+		defer back.Release(1)
 		for _, p := range m.Combined {
 			x.attempts++
 			x.tried = append(x.tried, p.ID)

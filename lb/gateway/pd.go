@@ -30,7 +30,7 @@ import (
 // pickPD routes x with its cascade, taking a pd.Call on its first pick.
 func (g *Gateway) pickPD(x *completion) error {
 	if x.pd == nil {
-		x.pd = pd.AcquireCall(x, pdFleet{g}, x.ctx, x.cascade.Options(), g.metrics.model(x.m).pd, x.req.Stream, x.req.Kind == openai.KindChat, x.req.Batch())
+		x.pd = pd.AcquireCall(x, pdFleet{g}, x.ctx, x.cascade.Options(), g.metrics.model(x.m).pd, x.req.Stream, x.req.Kind == openai.KindChat, x.req.Batch(), x.sequences())
 	}
 	// Each attempt places the prompt anew, and among available pods: a
 	// panic pick of another model's, before a fallback, is not this one.

@@ -121,12 +121,12 @@ func (x *completion) MoveDecode(f *failure) bool {
 func (x *completion) TakeDecode() {
 	for {
 		dec := x.pd.Dec
-		if dec.Available(x.g.ledger.Now()) && dec.AcquireProbe() {
+		if dec.Available(x.g.ledger.Now()) && dec.AcquireProbe(x.sequences()) {
 			return
 		}
 		next, pick := x.nextDecode()
 		if next == nil {
-			dec.Acquire()
+			dec.Acquire(x.sequences())
 			return
 		}
 		x.switchDecode(next, pick)

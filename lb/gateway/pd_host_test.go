@@ -232,11 +232,11 @@ func runPastTakenProbe(t *testing.T, g *Gateway, x *completion, kind route.PDKin
 		t.Fatalf("stage %d, decision %d", x.stage, x.pd.Decision.Kind)
 	}
 	taken := chosen(x)
-	if !taken.AcquireProbe() {
+	if !taken.AcquireProbe(1) {
 		t.Fatal("probe")
 	}
 	g.advance(x)
-	taken.Release()
+	taken.Release(1)
 	return taken
 }
 

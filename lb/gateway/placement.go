@@ -232,8 +232,8 @@ func tried(ids []int32, id int32) bool {
 func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod, probe bool) bool {
 	if x.reachesEngine() {
 		if !probe {
-			pod.Acquire()
-		} else if !pod.AcquireProbe() {
+			pod.Acquire(x.sequences())
+		} else if !pod.AcquireProbe(x.sequences()) {
 			return false
 		}
 		if x.adapter != nil {
@@ -261,7 +261,7 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod, probe bool)
 func (g *Gateway) unplace(x *completion, pod *pool.Pod) {
 	pod.AddQueuedPrefill(-x.uncached)
 	if x.reachesEngine() {
-		pod.Release()
+		pod.Release(x.sequences())
 	}
 	x.uncached = 0
 }
@@ -313,10 +313,12 @@ func (x *completion) sequences() int { return x.req.Choices * x.req.Batch() }
 
 // decodeBatch is the pod's decode batch as best known: the engine's
 // running count when scraped, at least the fleet's in-flight count (the
-// gateway's own and, shared, the other replicas'); and its KV usage.
+// gateway's own sequences and, shared, the other replicas' requests);
+// and its KV usage. The engines' running gauges count sequences (vLLM's
+// scheduler holds each of n child requests), as the own count does.
 func (g *Gateway) decodeBatch(p *pool.Pod) (batch int, kvUsage float64) {
 	remote, _ := g.ledger.Remote(p.ID)
-	batch = int(p.InFlight() + remote)
+	batch = int(p.Sequences() + remote)
 	if s := p.Scraped(); s != nil {
 		batch = max(batch, int(s.Running))
 		kvUsage = s.KVUsage

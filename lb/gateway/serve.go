@@ -229,7 +229,7 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	g.prefillDone(x, pod, now)
 	g.ledger.Finish(x.ticket)
 	if x.reachesEngine() {
-		pod.Release()
+		pod.Release(x.sequences())
 	}
 	g.leave(x)
 	stats := g.metrics.model(m)

@@ -499,7 +499,7 @@ func TestDeferredWaitersExpireTheirOwn(t *testing.T) {
 func TestProbeTakenRetry(t *testing.T) {
 	g, m := stagesGateway(t, 2, nil)
 	for _, i := range []int{1, 2} {
-		m.Pods[i].Acquire() // a request in flight on it
+		m.Pods[i].Acquire(1) // a request in flight on it
 		m.Pods[i].Eject(g.ledger.Now(), time.Minute)
 	}
 	s := &scripted{errs: []error{fasthttp.ErrConnectionClosed, nil}, blocks: true}
@@ -514,7 +514,7 @@ func TestProbeTakenRetry(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Errorf("the retry still looping after 2 s; sent to %v", s.sent)
 		for _, i := range []int{1, 2} {
-			m.Pods[i].Release()
+			m.Pods[i].Release(1)
 		}
 		<-done
 	}
@@ -534,7 +534,7 @@ func TestProbeTakenAdmittedOnce(t *testing.T) {
 		t.Fatalf("stage %d", x.stage)
 	}
 	taken := x.pod
-	if !taken.AcquireProbe() { // another loop's request
+	if !taken.AcquireProbe(1) { // another loop's request
 		t.Fatal("probe")
 	}
 	g.advance(x)
@@ -544,5 +544,5 @@ func TestProbeTakenAdmittedOnce(t *testing.T) {
 	if len(s.sent) != 1 || s.sent[0] == taken.Config.Name {
 		t.Errorf("sent to %v; %s was taken", s.sent, taken.Config.Name)
 	}
-	taken.Release()
+	taken.Release(1)
 }

@@ -111,6 +111,7 @@ type Call struct {
 	stream bool
 	chat   bool
 	batch  int
+	seqs   int // n for each prompt, which its legs count on their pods
 	proto  engines.Protocol
 	ex     engines.Exchange
 	// gone is closed when the client leaves (frontend.WatchClient), from
@@ -136,10 +137,11 @@ type Call struct {
 var callPool = sync.Pool{New: func() any { return new(Call) }}
 
 // AcquireCall returns a Call for the client's request ctx, routed with
-// opts; stream, chat and batch (its prompts) are the request's.
-func AcquireCall(h Host, f Fleet, ctx *fasthttp.RequestCtx, opts route.PDOptions, m *Metrics, stream, chat bool, batch int) *Call {
+// opts; stream, chat, batch (its prompts) and seqs (its sequences: n for
+// each prompt) are the request's.
+func AcquireCall(h Host, f Fleet, ctx *fasthttp.RequestCtx, opts route.PDOptions, m *Metrics, stream, chat bool, batch, seqs int) *Call {
 	c := callPool.Get().(*Call)
-	c.host, c.fleet, c.ctx, c.Opts, c.Metrics, c.stream, c.chat, c.batch = h, f, ctx, opts, m, stream, chat, batch
+	c.host, c.fleet, c.ctx, c.Opts, c.Metrics, c.stream, c.chat, c.batch, c.seqs = h, f, ctx, opts, m, stream, chat, batch, seqs
 	return c
 }
 

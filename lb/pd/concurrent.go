@@ -33,7 +33,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 	l.Hold()
 	l.PreCut = make(chan struct{})
 	go l.prefill(concurrentPrefill{
-		fleet: c.fleet, pre: c.Pre, up: up, timeout: c.Opts.PrefillRequestTimeout, uncached: uncached, ticket: ticket,
+		fleet: c.fleet, pre: c.Pre, seqs: c.seqs, up: up, timeout: c.Opts.PrefillRequestTimeout, uncached: uncached, ticket: ticket,
 		proto: c.proto, ex: c.ex, metrics: c.Metrics, limit: c.watchdogLimit(), start: c.legsStart,
 		gone: c.gone, drop: l.PreCut,
 	})
@@ -93,7 +93,7 @@ func (c *Call) runConcurrent(up *fasthttp.Request) *fail.Failure {
 				return nil
 			}
 			fasthttp.ReleaseResponse(resp)
-			c.Dec.Release()
+			c.Dec.Release(c.seqs)
 			if c.moveDecode(c.Dec, err) {
 				l.Dec.Store(c.Dec)
 				resp = c.sendConcurrentDecode()
@@ -124,11 +124,11 @@ func (c *Call) sendConcurrentDecode() *fasthttp.Response {
 	up.SetBody(c.decBody)
 	// Streamed even for a whole answer: the watchdog times its reads.
 	resp.StreamBody = true
-	c.Dec.Acquire()
+	c.Dec.Acquire(c.seqs)
 	l.DecState.Store(DecPending)
 	l.Hold()
 	l.Cut = make(chan struct{})
-	go l.decode(c.fleet, l.Cut, c.Dec, up, resp, c.decodeHeadersBy(), c.firstOf(l.First[:]))
+	go l.decode(c.fleet, l.Cut, c.Dec, c.seqs, up, resp, c.decodeHeadersBy(), c.firstOf(l.First[:]))
 	return resp
 }
 
@@ -162,7 +162,7 @@ func (c *Call) dropDecode(resp *fasthttp.Response, answered bool) {
 		upstream.CloseStream(resp, ErrAbandoned)
 	}
 	fasthttp.ReleaseResponse(resp)
-	c.Dec.Release()
+	c.Dec.Release(c.seqs)
 }
 
 // abandonPrefill gives up the prefill leg whose KV no decode leg will
@@ -190,6 +190,7 @@ func (c *Call) abandonPrefill() {
 type concurrentPrefill struct {
 	fleet    Fleet
 	pre      *pool.Pod
+	seqs     int // the request's, counted on pre
 	up       *fasthttp.Request
 	timeout  time.Duration
 	uncached int64
@@ -223,7 +224,7 @@ func (l *Link) prefill(c concurrentPrefill) {
 		c.metrics.Prefill.Update(end.Sub(c.start).Seconds())
 	}
 	c.pre.AddQueuedPrefill(-c.uncached)
-	c.pre.Release()
+	c.pre.Release(c.seqs)
 	c.fleet.ReleasePrefill(c.ticket)
 	select {
 	case <-c.drop:

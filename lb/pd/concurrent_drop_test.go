@@ -36,7 +36,7 @@ func TestDroppedPrefillLegCountsItsRefusal(t *testing.T) {
 	l.Hold()
 	drop := make(chan struct{})
 	close(drop)
-	pods[3].Acquire()
+	pods[3].Acquire(1)
 	l.prefill(concurrentPrefill{fleet: f, pre: pods[3], up: fasthttp.AcquireRequest(), timeout: time.Second,
 		proto: sglang.PD{}, metrics: NewMetrics(metrics.NewSet(), "m", []float64{1}), start: time.Now(), drop: drop})
 	l.Release()

@@ -148,7 +148,7 @@ func (c *Call) runSequential(up *fasthttp.Request) *fail.Failure {
 		return nil
 	}
 	fasthttp.ReleaseResponse(resp)
-	pre.Release()
+	pre.Release(c.seqs)
 	if f == nil && c.clientLeft() {
 		// No decode leg for a client that left during the prefill; the
 		// prefill pod drops its KV where the protocol can say so.
@@ -259,7 +259,7 @@ func (c *Call) sequentialDecode() *fail.Failure {
 			return nil
 		}
 		fasthttp.ReleaseResponse(resp)
-		dec.Release()
+		dec.Release(c.seqs)
 		if err == upstream.ErrCut {
 			return c.dropPair(nil, fail.ClientLeft)
 		}

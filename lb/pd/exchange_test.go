@@ -91,21 +91,21 @@ func (s *scriptedLegs) Upstream(pod *pool.Pod) *fasthttp.Request {
 	return up
 }
 func (s *scriptedLegs) RequestID() string                            { return "" }
-func (s *scriptedLegs) PlacePair(pre, _ *pool.Pod) bool              { pre.Acquire(); return true }
-func (s *scriptedLegs) Unplace(pre *pool.Pod)                        { pre.Release() }
+func (s *scriptedLegs) PlacePair(pre, _ *pool.Pod) bool              { pre.Acquire(1); return true }
+func (s *scriptedLegs) Unplace(pre *pool.Pod)                        { pre.Release(1) }
 func (s *scriptedLegs) PrefillDone(*pool.Pod, time.Time, bool, bool) {}
 func (s *scriptedLegs) HandOver() (int64, ledger.Ticket)             { return 0, ledger.Ticket{} }
 func (s *scriptedLegs) Respond(pod *pool.Pod, resp *fasthttp.Response, _ []byte) {
 	s.responded = pod
 	fasthttp.ReleaseResponse(resp)
-	pod.Release()
+	pod.Release(1)
 }
 func (s *scriptedLegs) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, _ []byte) {
 	s.responded = pre
 	fasthttp.ReleaseResponse(resp)
-	pre.Release()
+	pre.Release(1)
 }
-func (s *scriptedLegs) TakeDecode()         { s.c.Dec.Acquire() }
+func (s *scriptedLegs) TakeDecode()         { s.c.Dec.Acquire(1) }
 func (s *scriptedLegs) Tried(pod *pool.Pod) { s.tried = append(s.tried, pod.Config.Name) }
 func (s *scriptedLegs) MoveDecode(f *fail.Failure) bool {
 	if len(s.spare) == 0 || !f.MayRetry() || s.retries == 0 {
@@ -176,7 +176,7 @@ func TestRunPair(t *testing.T) {
 		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
 		opts := c.opts
 		opts.PrefillRequestTimeout = time.Second
-		call := AcquireCall(s, s, ctx, opts, m, c.stream, false, 1)
+		call := AcquireCall(s, s, ctx, opts, m, c.stream, false, 1, 1)
 		defer call.Release()
 		s.c, call.Pre, call.Dec = call, pods[c.pre], pods[c.dec]
 		before := m.Watchdog.Get()
@@ -289,7 +289,7 @@ func TestConcurrentPrefillCutTimesNothing(t *testing.T) {
 		req.SetBodyString(`{"model":"m","prompt":"hi"}`)
 		ctx := new(fasthttp.RequestCtx)
 		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 5555}, nil)
-		call := AcquireCall(s, s, ctx, route.PDOptions{PrefillRequestTimeout: time.Second}, m, false, false, 1)
+		call := AcquireCall(s, s, ctx, route.PDOptions{PrefillRequestTimeout: time.Second}, m, false, false, 1, 1)
 		s.c, call.Pre, call.Dec = call, pods[c.pre], pods[c.dec]
 		if f := call.RunPair(); f != fail.ClientLeft {
 			t.Fatalf("%s: %v, want the client left", c.name, f)

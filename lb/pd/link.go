@@ -118,8 +118,8 @@ func (l *Link) WithDecConn(f func(*upstream.Conn)) {
 
 // decode runs a concurrent decode leg until its response headers (and
 // first's bytes) and delivers them, or cleans up after a request that
-// left.
-func (l *Link) decode(fl Fleet, cut <-chan struct{}, dec *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, by time.Time, first []byte) {
+// left, taking its seqs off dec.
+func (l *Link) decode(fl Fleet, cut <-chan struct{}, dec *pool.Pod, seqs int, up *fasthttp.Request, resp *fasthttp.Response, by time.Time, first []byte) {
 	defer l.Release()
 	var err error
 	l.FirstN, err = fl.Send(cut, nil, dec, up, resp, by, first)
@@ -132,5 +132,5 @@ func (l *Link) decode(fl Fleet, cut <-chan struct{}, dec *pool.Pod, up *fasthttp
 		upstream.CloseStream(resp, ErrAbandoned)
 	}
 	fasthttp.ReleaseResponse(resp)
-	dec.Release()
+	dec.Release(seqs)
 }

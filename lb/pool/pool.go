@@ -142,6 +142,10 @@ type podState struct {
 	// PrefillInfo is the pod's answer to its engine's PrefillInfoPath, its
 	// process's: a pod that changes identity gets a podState of its own.
 	PrefillInfo protocols.PrefillInfo
+	// moreSeqs is the sequences of the requests in flight beyond one
+	// each (Acquire): kept apart from inFlight, which the policies and
+	// the half-open probe read as requests.
+	moreSeqs atomic.Int64
 }
 
 // UpstreamErrors counts the pod's failed exchanges.
@@ -259,24 +263,48 @@ func (p *Pod) EjectionsKept() int64 { return p.kept.Load() }
 // not yet seen finish.
 func (p *Pod) InFlight() int64 { return p.inFlight.Load() }
 
-// Acquire counts a request against the pod; pair it with Release.
-func (p *Pod) Acquire() { p.inFlight.Add(1) }
+// Sequences is the sequences of the requests in flight on the pod: an
+// engine runs each of a request's n choices of each prompt as one
+// (vLLM's child requests), and counts them so in its running gauge.
+func (p *Pod) Sequences() int64 { return p.inFlight.Load() + p.moreSeqs.Load() }
+
+// Acquire counts a request of seqs sequences against the pod; pair it
+// with Release(seqs).
+func (p *Pod) Acquire(seqs int) {
+	p.inFlight.Add(1)
+	p.addSeqs(seqs, 1)
+}
 
 // AcquireProbe is Acquire for a request picked while the pod was
 // available: false, counting nothing, when the pod is half-open and a
 // request counts on it already. A half-open pod takes one probe, and the
 // pick's look (available) and this count are two steps, which two picks
 // on two event loops can pass together.
-func (p *Pod) AcquireProbe() bool {
+func (p *Pod) AcquireProbe(seqs int) bool {
 	if p.has(flagHalfOpen) {
-		return p.inFlight.CompareAndSwap(0, 1)
+		if !p.inFlight.CompareAndSwap(0, 1) {
+			return false
+		}
+	} else {
+		p.inFlight.Add(1)
 	}
-	p.inFlight.Add(1)
+	p.addSeqs(seqs, 1)
 	return true
 }
 
-// Release ends a request counted by Acquire.
-func (p *Pod) Release() { p.inFlight.Add(-1) }
+// Release ends a request of seqs sequences counted by Acquire.
+func (p *Pod) Release(seqs int) {
+	p.inFlight.Add(-1)
+	p.addSeqs(seqs, -1)
+}
+
+// addSeqs adds (sign 1) or takes off (sign -1) a request's seqs beyond
+// its one: a request of one sequence touches no second counter.
+func (p *Pod) addSeqs(seqs int, sign int64) {
+	if seqs > 1 {
+		p.moreSeqs.Add(sign * int64(seqs-1))
+	}
+}
 
 // Scraped returns the last scrape, nil before the first.
 func (p *Pod) Scraped() *Scraped { return p.scraped.Load() }

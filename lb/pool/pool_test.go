@@ -9,6 +9,27 @@ import (
 	"pdlb/lb/route"
 )
 
+// TestSequences: a request's sequences count while it is in flight and
+// not when a half-open pod refuses it as a second probe.
+func TestSequences(t *testing.T) {
+	p := &Pod{podState: &podState{}}
+	p.set(flagHealthy, true)
+	p.Acquire(8)
+	p.Acquire(1)
+	if p.InFlight() != 2 || p.Sequences() != 9 {
+		t.Fatalf("%d requests, %d sequences in flight, want 2 and 9", p.InFlight(), p.Sequences())
+	}
+	p.Release(8)
+	p.set(flagHalfOpen, true)
+	if p.AcquireProbe(4) || p.Sequences() != 1 {
+		t.Fatalf("a refused probe: %d sequences in flight, want 1", p.Sequences())
+	}
+	p.Release(1)
+	if !p.AcquireProbe(4) || p.Sequences() != 4 {
+		t.Fatalf("the probe: %d sequences in flight, want 4", p.Sequences())
+	}
+}
+
 func TestCircuitBreaker(t *testing.T) {
 	p := &Pod{podState: &podState{}}
 	p.set(flagHealthy, true)
@@ -33,11 +54,11 @@ func TestCircuitBreaker(t *testing.T) {
 	f(5*sec, CircuitOpen, false)
 	// Then half-open: one probe at a time.
 	f(11*sec, CircuitHalfOpen, true)
-	if !p.AcquireProbe() {
+	if !p.AcquireProbe(1) {
 		t.Fatal("a half-open pod with nothing in flight refuses its probe")
 	}
 	// A second pick that saw it available before the probe was counted.
-	if p.AcquireProbe() || p.InFlight() != 1 {
+	if p.AcquireProbe(1) || p.InFlight() != 1 {
 		t.Fatalf("a half-open pod took a second probe: %d in flight", p.InFlight())
 	}
 	f(11*sec, CircuitHalfOpen, false)
@@ -46,7 +67,7 @@ func TestCircuitBreaker(t *testing.T) {
 		t.Fatal("a half-open pod with its probe in flight refuses a tokenization")
 	}
 	// A failed probe opens it again at once, without three failures.
-	p.Release()
+	p.Release(1)
 	if !p.ReportFailure(3) {
 		t.Fatal("a failed probe is not due to reopen the circuit")
 	}
@@ -56,7 +77,7 @@ func TestCircuitBreaker(t *testing.T) {
 	f(23*sec, CircuitHalfOpen, true)
 	p.ReportSuccess()
 	f(23*sec, CircuitClosed, true)
-	if !p.AcquireProbe() || !p.AcquireProbe() {
+	if !p.AcquireProbe(1) || !p.AcquireProbe(1) {
 		t.Fatal("a closed pod refused a request")
 	}
 	f(23*sec, CircuitClosed, true)
@@ -82,12 +103,12 @@ func TestAvailablePD(t *testing.T) {
 	if p.AvailablePD(0) {
 		t.Fatal("a half-open pod with a pending pick takes another")
 	}
-	p.Acquire() // the decode leg is sent, then its answer's head comes
+	p.Acquire(1) // the decode leg is sent, then its answer's head comes
 	pick.Done()
 	if p.AvailablePD(0) {
 		t.Fatal("a half-open pod with its probe in flight takes another")
 	}
-	p.Release()
+	p.Release(1)
 	if !p.AvailablePD(0) {
 		t.Fatal("an idle half-open pod refuses its probe")
 	}
@@ -115,7 +136,7 @@ func TestFill(t *testing.T) {
 	p := &Pod{ID: 7, Slot: 2, podState: &podState{}}
 	p.Speed.Init(5000, 0)
 	p.weight.Store(math.Float64bits(2))
-	p.Acquire()
+	p.Acquire(1)
 	p.AddQueuedPrefill(300)
 	l := p.Load()
 	match := Match{Depth: []int32{0, 0, 40}, BlockSize: 16, PromptTokens: 600}
