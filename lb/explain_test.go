@@ -107,9 +107,9 @@ func TestExplainStreamComment(t *testing.T) {
 
 func TestExplainAdminEndpoint(t *testing.T) {
 	s := explainGateway(t)
-	get := func(token string) (int, string) {
+	get := func(token, model string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, "http://"+s.AdminAddr()+"/admin/explain?model=m", nil)
+		req, _ := http.NewRequest(http.MethodGet, "http://"+s.AdminAddr()+"/admin/explain?model="+model, nil)
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
@@ -121,25 +121,29 @@ func TestExplainAdminEndpoint(t *testing.T) {
 		b, _ := io.ReadAll(bufio.NewReader(resp.Body))
 		return resp.StatusCode, string(b)
 	}
-	if code, _ := get(""); code != http.StatusUnauthorized {
+	if code, _ := get("", "m"); code != http.StatusUnauthorized {
 		t.Fatalf("without the token: %d", code)
 	}
 	// Nobody read before: nothing recorded. The read arms recording.
 	var view struct {
 		Decisions []explained `json:"decisions"`
 	}
-	code, out := get(adminToken)
+	code, out := get(adminToken, "m")
 	if err := json.Unmarshal([]byte(out), &view); code != http.StatusOK || err != nil || len(view.Decisions) != 0 {
 		t.Fatalf("first read: %d %v %s", code, err, out)
 	}
 	for range 3 {
 		post(t, s, "/v1/chat/completions", chatBody)
 	}
-	if _, out = get(adminToken); json.Unmarshal([]byte(out), &view) != nil || len(view.Decisions) != 3 {
+	if _, out = get(adminToken, "m"); json.Unmarshal([]byte(out), &view) != nil || len(view.Decisions) != 3 {
 		t.Fatalf("after 3 requests: %s", out)
 	}
 	for _, e := range view.Decisions {
 		e.check(t, "m-0", "m-1")
+	}
+	// A model the fleet does not serve has no decisions to wait for.
+	if code, out := get(adminToken, "nope"); code != http.StatusNotFound || !strings.Contains(out, "nope") {
+		t.Errorf("an unknown model: %d %q, want 404 naming it", code, out)
 	}
 }
 

@@ -26,6 +26,12 @@ func (g *Gateway) Admin() http.Handler {
 	return mux
 }
 
+// modelNotFound answers an admin request about a model the fleet does
+// not serve (an adapter's name counts as served) with a 404 naming it.
+func modelNotFound(w http.ResponseWriter, model string) {
+	http.Error(w, "no model "+model+" in the fleet", http.StatusNotFound)
+}
+
 // Metrics is the handler of the metrics listener: GET /metrics, the
 // admin listener's, and nothing else.
 func (g *Gateway) Metrics() http.Handler {

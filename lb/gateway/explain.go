@@ -325,12 +325,17 @@ func writeExplain(w *frontend.StreamWriter, x *completion) error {
 }
 
 // serveExplain is GET /admin/explain?model=M: M's recent decisions. It
-// arms recording, so a first read may find none.
+// arms recording, so a first read may find none; a model the fleet does
+// not serve gets a 404, not an empty list to wait on.
 func (g *Gateway) serveExplain(w http.ResponseWriter, r *http.Request) {
 	g.explain.armedUntil.Store(time.Now().Add(explainArmed).UnixNano())
 	model := r.URL.Query().Get("model")
 	if model == "" {
 		http.Error(w, "admin: explain needs ?model=", http.StatusBadRequest)
+		return
+	}
+	if m, _ := g.pool.Load().Resolve([]byte(model)); m == nil {
+		modelNotFound(w, model)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
