@@ -101,13 +101,15 @@ func TestAPIKeysFromXAPIKey(t *testing.T) {
 		c.Access.APIKeys = []limits.APIKey{{Name: "team-a", SHA256: limits.HashKey("sk-good")}}
 	})
 	const body = `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	// A Basic Authorization (a proxy's, say) holds no API key: it does
+	// not hide the x-api-key beside it.
 	for _, c := range []struct {
-		key    string
-		status int
-	}{{"sk-good", 200}, {"sk-bad", 401}, {"", 401}} {
-		resp, b := send(t, client, s, "POST", "/v1/messages", body, "X-Api-Key", c.key, "Anthropic-Version", "2023-06-01")
+		key, authorization string
+		status             int
+	}{{"sk-good", "", 200}, {"sk-bad", "", 401}, {"", "", 401}, {"sk-good", "Basic dXNlcjpwYXNz", 200}} {
+		resp, b := send(t, client, s, "POST", "/v1/messages", body, "X-Api-Key", c.key, "Authorization", c.authorization, "Anthropic-Version", "2023-06-01")
 		if resp.StatusCode != c.status {
-			t.Errorf("x-api-key %q: %d %s, want %d", c.key, resp.StatusCode, b, c.status)
+			t.Errorf("x-api-key %q, authorization %q: %d %s, want %d", c.key, c.authorization, resp.StatusCode, b, c.status)
 		}
 	}
 	if got, _ := seen.Load().(string); got != "|" {

@@ -213,9 +213,10 @@ func (ks *Keys) Enabled() bool { return ks != nil && len(ks.keys) > 0 }
 var bearer = []byte("bearer")
 
 // Lookup finds the key of a request from its Authorization header value
-// ("Bearer <key>", the scheme in any case), or, when it sent none, from
-// its x-api-key header's (apiKey: the key alone, as Anthropic's SDKs send
-// it). It allocates nothing: the
+// ("Bearer <key>", the scheme in any case), or, when that holds no bearer
+// key (none sent, or another scheme's credentials, a proxy's Basic say),
+// from its x-api-key header's (apiKey: the key alone, as Anthropic's SDKs
+// send it). It allocates nothing: the
 // token is hashed into an array on the stack and the map is keyed by the
 // digest.
 //
@@ -227,13 +228,13 @@ func (ks *Keys) Lookup(authorization, apiKey []byte) (*Key, Decision) {
 	if !ks.Enabled() {
 		return nil, Decision{}
 	}
+	// An HTTP/2 value is not trimmed: only spaces is none sent.
 	scheme, token, _ := bytes.Cut(bytes.TrimSpace(authorization), []byte{' '})
 	token = bytes.TrimSpace(token)
-	if len(bytes.TrimSpace(authorization)) == 0 {
-		// None sent, or only spaces (an HTTP/2 value is not trimmed).
-		scheme, token = bearer, bytes.TrimSpace(apiKey)
-	}
 	if len(token) == 0 || !bytes.EqualFold(scheme, bearer) {
+		token = bytes.TrimSpace(apiKey)
+	}
+	if len(token) == 0 {
 		ks.refused[MissingKey].Add(1)
 		return nil, Decision{Limit: MissingKey}
 	}

@@ -47,7 +47,8 @@ func TestLookup(t *testing.T) {
 	f("Bearer "+HashKey("sk-a"), "", UnknownKey) // the stored digest is not a key
 
 	// Anthropic's SDKs send the key alone in x-api-key; a request's
-	// Authorization, when it sends one, is the one read.
+	// bearer Authorization, when it sends one, is the one read, and one
+	// of another scheme holds no key.
 	for _, c := range []struct {
 		authorization, apiKey, want string
 		limit                       Limit
@@ -56,7 +57,9 @@ func TestLookup(t *testing.T) {
 		{" ", "sk-a", "a", None},
 		{"", " sk-b ", "b", None},
 		{"Bearer sk-a", "sk-b", "a", None},
-		{"Basic c2stYQ==", "sk-a", "", MissingKey},
+		{"Basic c2stYQ==", "sk-a", "a", None},
+		{"Bearer ", "sk-a", "a", None},
+		{"Bearer sk-c", "sk-a", "", UnknownKey},
 		{"", "sk-c", "", UnknownKey},
 		{"", "", "", MissingKey},
 	} {
