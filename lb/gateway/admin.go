@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"time"
 )
 
@@ -27,9 +28,14 @@ func (g *Gateway) Admin() http.Handler {
 }
 
 // modelNotFound answers an admin request about a model the fleet does
-// not serve (an adapter's name counts as served) with a 404 naming it.
-func modelNotFound(w http.ResponseWriter, model string) {
-	http.Error(w, "no model "+model+" in the fleet", http.StatusNotFound)
+// not serve (an adapter's name counts as served) with a 404 naming it
+// and the models it serves, one of which the caller may have meant.
+func (g *Gateway) modelNotFound(w http.ResponseWriter, model string) {
+	var served []string
+	for _, m := range g.pool.Load().Models {
+		served = append(served, m.Name)
+	}
+	http.Error(w, "no model "+model+" in the fleet; it serves: "+strings.Join(served, ", "), http.StatusNotFound)
 }
 
 // Metrics is the handler of the metrics listener: GET /metrics, the

@@ -335,7 +335,7 @@ func (g *Gateway) serveExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if m, _ := g.pool.Load().Resolve([]byte(model)); m == nil {
-		modelNotFound(w, model)
+		g.modelNotFound(w, model)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

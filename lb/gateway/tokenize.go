@@ -191,7 +191,7 @@ func (g *Gateway) serveIndexMatch(w http.ResponseWriter, r *http.Request) {
 	}
 	m, a := g.pool.Load().Resolve([]byte(q.Model))
 	if m == nil {
-		modelNotFound(w, q.Model)
+		g.modelNotFound(w, q.Model)
 		return
 	}
 	seed := m.Seed

@@ -108,18 +108,22 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 	for _, k := range radix.AppendBlockKeys(nil, t.seed, t.IDs, blockSize) {
 		t.Keys = append(t.Keys, strconv.FormatUint(k, 16))
 	}
+	// What was computed here is shown even when the gateway's lookup
+	// fails: the ids and blocks are what one compares with the gateway.
+	var asked error
 	if admin != "" {
-		if t.Pods, err = indexMatch(admin, token, t); err != nil {
-			return err
-		}
+		t.Pods, asked = indexMatch(admin, token, t)
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetEscapeHTML(false)
-		return enc.Encode(t)
+		if err := enc.Encode(t); err != nil {
+			return err
+		}
+		return asked
 	}
-	printTokenized(stdout, t, admin != "")
-	return nil
+	printTokenized(stdout, t, admin != "" && asked == nil)
+	return asked
 }
 
 // tokenizeBody renders and encodes body as the engine would (m non-nil)
@@ -212,7 +216,13 @@ func indexMatch(admin, token string, t tokenized) ([]podHit, error) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		// The gateway knows no model by the body's name (its answer
+		// lists those it serves): the index is keyed by the served name.
+		return nil, fmt.Errorf("--admin %q: %s: %s; set the request body's \"model\" (%q) to the name the gateway serves it by", admin, resp.Status, strings.TrimSpace(string(b)), t.Model)
+	default:
 		return nil, fmt.Errorf("--admin %q: %s: %s", admin, resp.Status, strings.TrimSpace(string(b)))
 	}
 	var out struct {

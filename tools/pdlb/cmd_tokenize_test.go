@@ -10,7 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"pdlb/engines/sim"
+	"pdlb/internal/lbtest"
 	"pdlb/internal/tokfiles"
+	"pdlb/lb/config"
 )
 
 // tokenizeRun runs pdlb tokenize with body on standard input.
@@ -137,5 +140,26 @@ func TestCmdTokenizeTruncates(t *testing.T) {
 	}
 	if _, err := tokenizeRun(t, cut, "--engine", "tgi"); err == nil || !strings.Contains(err.Error(), `--engine "tgi"`) {
 		t.Errorf("--engine tgi: %v", err)
+	}
+}
+
+// TestCmdTokenizeUnknownModel: when the gateway serves no model by the
+// body's name, the ids and blocks computed here still show, and the
+// error names the models it serves.
+func TestCmdTokenizeUnknownModel(t *testing.T) {
+	pod, err := sim.Start(sim.Config{Name: "m-0", Model: "m", Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	s := lbtest.StartGateway(t, []config.Pod{{Name: "m-0", Model: "m", Address: pod.Addr()}}, nil)
+	out, err := tokenizeRun(t, `{"model":"Qwen/Qwen3-8B","prompt":"hello there, all of you"}`, "--admin", s.AdminAddr())
+	if err == nil || !strings.Contains(err.Error(), "no model Qwen/Qwen3-8B in the fleet; it serves: m") || !strings.Contains(err.Error(), `"model"`) {
+		t.Errorf("error %v, want the model unknown, the served one named", err)
+	}
+	for _, want := range []string{"prompt:     23 bytes", "ids:        6", "blocks:     0 of 16 tokens"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("printed %q, want %q in it", out, want)
+		}
 	}
 }
