@@ -605,6 +605,11 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if !p.parseBody(ctx, &req) {
 		return
 	}
+	if !isChat {
+		// Chat's field alone: vLLM's and SGLang's CompletionRequest have
+		// none and ignore it (max_tokens, else the default, counts).
+		req.MaxCompletionTokens = nil
+	}
 	if p.cfg.Engine == engines.VLLM {
 		// Refused while parsing the body, before the model is looked up.
 		if err := checkStreamOptions(ctx.PostBody(), bool(req.Stream)); err != nil {

@@ -152,6 +152,8 @@ func TestStreamingChunks(t *testing.T) {
 	f("/v1/completions", map[string]any{"prompt": "stream me", "stream": true, "max_tokens": 12,
 		"stream_options": map[string]any{}}, false, true)
 	f("/v1/completions", map[string]any{"prompt": "stream me", "stream": true, "max_tokens": 12}, false, false)
+	// max_completion_tokens is chat's: a completion request ignores it.
+	f("/v1/completions", map[string]any{"prompt": "stream me", "stream": true, "max_tokens": 12, "max_completion_tokens": 3}, false, false)
 
 	// Streamed and whole answers agree.
 	_, body := post(t, c, base+"/v1/chat/completions", chatBody("stream me", map[string]any{"max_tokens": 12}))

@@ -179,9 +179,10 @@ type Request struct {
 	FormTextBytes int
 	// Stream is the "stream" field (default false).
 	Stream bool
-	// MaxTokens is the output budget in tokens: "max_completion_tokens" if
-	// present, else "max_tokens", else -1. vLLM gives
-	// max_completion_tokens the same precedence.
+	// MaxTokens is the output budget in tokens: on the chat path
+	// "max_completion_tokens" if present, else "max_tokens", else -1.
+	// vLLM gives max_completion_tokens the same precedence, and reads it
+	// only on the chat path.
 	MaxTokens int
 	// MaxCompletionTokens says MaxTokens came from "max_completion_tokens".
 	MaxCompletionTokens bool
@@ -599,7 +600,13 @@ func (r *Request) parse(s *scanner) error {
 		case "max_tokens":
 			maxTokens, err = r.parseCount(s, "max_tokens")
 		case "max_completion_tokens":
-			maxCompletion, err = r.parseCount(s, "max_completion_tokens")
+			// Chat's field alone: vLLM's and SGLang's completion requests
+			// have none, ignore it, and default max_tokens to 16.
+			if r.Kind == KindChat {
+				maxCompletion, err = r.parseCount(s, "max_completion_tokens")
+			} else {
+				s.skip()
+			}
 		case "n":
 			err = r.parseChoices(s)
 		case "stream_options":

@@ -136,6 +136,12 @@ func TestParseFields(t *testing.T) {
 		want{model: "m", maxTokens: -1})
 	f(KindCompletion, `{"model":"m","prompt":["ab","c\nd"],"max_tokens":3}`,
 		want{model: "m", maxTokens: 3, prompt: "abc\nd"})
+	// max_completion_tokens is chat's: vLLM's and SGLang's completion
+	// requests have no such field and ignore it, whatever its value
+	f(KindCompletion, `{"model":"m","prompt":"x","max_completion_tokens":3,"max_tokens":5}`,
+		want{model: "m", maxTokens: 5, prompt: "x"})
+	f(KindCompletion, `{"model":"m","prompt":"x","max_completion_tokens":[1]}`,
+		want{model: "m", maxTokens: -1, prompt: "x"})
 	f(KindCompletion, `{"model":"m","prompt":[1, 2 ,4294967295,0]}`,
 		want{model: "m", maxTokens: -1, ids: []uint32{1, 2, math.MaxUint32, 0}})
 	f(KindCompletion, `{"model":"m","prompt":["1",2,"3"]}`,
@@ -785,7 +791,10 @@ func referenceParse(kind Kind, body []byte) (ref reference, ok bool) {
 		return ref, false
 	}
 	maxTokens, ok1 := count(top["max_tokens"])
-	maxCompletion, ok2 := count(top["max_completion_tokens"])
+	maxCompletion, ok2 := -1, true // chat's field alone
+	if kind == KindChat {
+		maxCompletion, ok2 = count(top["max_completion_tokens"])
+	}
 	if !ok1 || !ok2 {
 		return ref, false
 	}
