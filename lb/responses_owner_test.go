@@ -1,8 +1,13 @@
 package lb_test
 
 import (
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -125,5 +130,67 @@ func TestResponsesOwnedAcrossReplicas(t *testing.T) {
 	}
 	if code, b := ask(other, "sk-a", "GET", "/v1/responses/"+named, ""); code != 404 || strings.TrimSpace(b) != unknown(named) {
 		t.Errorf("a's own name, through the other replica: %d %s, want 404 %s", code, b, unknown(named))
+	}
+}
+
+// TestStoredNotFoundAsPods: the gateway's own 404 for a stored response
+// it will not serve is a pod's for an id it does not hold: the body byte
+// for byte and its Content-Type, as the gateway relays one (for the key
+// an id was made for, sought on the pod) and as the pod sends it. On the
+// wire, another key's response and an id no one made get the same answer
+// but for the id, the Date and the X-Request-Id.
+func TestStoredNotFoundAsPods(t *testing.T) {
+	p, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	apiKeys := []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
+	s := testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = apiKeys })
+	resp, b := send(t, client, s, "POST", "/v1/responses", `{"model":"m","input":"hello"}`, "Content-Type", "application/json", "Authorization", "Bearer sk-a")
+	var made struct{ ID string }
+	if err := json.Unmarshal([]byte(b), &made); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("create: %d %s", resp.StatusCode, b)
+	}
+	// An id made for a that no pod holds: sought on the pod for a.
+	keys, err := limits.NewKeys(apiKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := keys.Lookup([]byte("Bearer sk-a"), nil)
+	var nonce [16]byte
+	a.TagID(&nonce)
+	never := "resp_" + hex.EncodeToString(nonce[:])
+	// get answers GET id from addr, its Date and X-Request-Id dropped and
+	// the id written as ID.
+	get := func(addr, key, id string) (head, body string) {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /v1/responses/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", id, key)
+		b, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, body, _ = strings.Cut(string(b), "\r\n\r\n")
+		head = regexp.MustCompile(`(?m)^(Date|X-Request-Id): .*\r\n`).ReplaceAllString(head+"\r\n", "")
+		return strings.ReplaceAll(head, id, "ID"), body
+	}
+	contentType := regexp.MustCompile(`(?m)^Content-Type: .*$`)
+	podHead, podBody := get(p.Addr(), "", never)
+	relayedHead, relayedBody := get(s.Addr(), "sk-a", never)
+	ownHead, ownBody := get(s.Addr(), "sk-b", never)
+	if ownBody != podBody || relayedBody != podBody {
+		t.Errorf("404 bodies:\n%s (the gateway's)\n%s (relayed)\nwant the pod's:\n%s", ownBody, relayedBody, podBody)
+	}
+	if want := contentType.FindString(podHead); contentType.FindString(ownHead) != want || contentType.FindString(relayedHead) != want {
+		t.Errorf("404 heads:\n%s(the gateway's)\n%s(relayed)\nwant the pod's %q", ownHead, relayedHead, want)
+	}
+	otherHead, otherBody := get(s.Addr(), "sk-b", made.ID)
+	if otherHead != ownHead || otherBody != strings.ReplaceAll(ownBody, never, made.ID) {
+		t.Errorf("another key's response:\n%s\n%s\nwant as an id no one made:\n%s\n%s", otherHead, otherBody, ownHead, ownBody)
 	}
 }

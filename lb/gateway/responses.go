@@ -178,10 +178,11 @@ func (g *Gateway) serveStored(ctx *fasthttp.RequestCtx, sub string) *openai.Erro
 	return nil
 }
 
-// storedNotFound is vLLM's 404 for a stored response id it does not hold.
+// storedNotFound is vLLM's 404 for a stored response id it does not hold
+// (its _make_not_found_error), byte for byte: the code is the status.
 func storedNotFound(id []byte) *openai.Error {
 	return &openai.Error{Status: fasthttp.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "response_id",
-		Message: "Response with id '" + string(id) + "' not found."}
+		Message: "Response with id '" + string(id) + "' not found.", CodeIsStatus: true}
 }
 
 // placeStored reads where x, a Responses API request, must go: the pod of

@@ -24,6 +24,9 @@ type Error struct {
 	Type    string
 	Param   string
 	Code    string
+	// CodeIsStatus renders code as Status, a number, as vLLM's ErrorInfo
+	// does (code: int): for the answers the gateway gives in a pod's stead.
+	CodeIsStatus bool
 }
 
 // Error implements error.
@@ -168,7 +171,11 @@ func (e *Error) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `,"param":`...)
 	dst = appendJSONStringOrNull(dst, e.Param)
 	dst = append(dst, `,"code":`...)
-	dst = appendJSONStringOrNull(dst, e.Code)
+	if e.CodeIsStatus {
+		dst = strconv.AppendInt(dst, int64(e.Status), 10)
+	} else {
+		dst = appendJSONStringOrNull(dst, e.Code)
+	}
 	return append(dst, "}}"...)
 }
 
