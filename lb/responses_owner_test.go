@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -29,9 +30,8 @@ func TestResponsesOwnedByKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	s := testGateway(t, podsOf("m", p), func(c *config.Config) {
-		c.Access.APIKeys = []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
-	})
+	apiKeys := []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
+	s := testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = apiKeys })
 	ask := func(key, method, path, body string) (int, string) {
 		t.Helper()
 		resp, b := send(t, client, s, method, path, body, "Content-Type", "application/json", "Authorization", "Bearer "+key)
@@ -47,7 +47,7 @@ func TestResponsesOwnedByKey(t *testing.T) {
 		return r.ID
 	}
 	id := create("sk-a", "")
-	named := create("sk-a", `,"request_id":"resp_guessable"`)
+	named := create("sk-a", `,"request_id":"`+taggedID(t, apiKeys, "sk-a")+`"`)
 	// What an id no one made gets, the id aside.
 	code, never := ask("sk-b", "GET", "/v1/responses/resp_never", "")
 	if code != 404 {
@@ -85,18 +85,17 @@ func TestResponsesOwnedByKey(t *testing.T) {
 
 // TestResponsesOwnedAcrossReplicas: with api_keys set, a replica that
 // does not remember a response (another replica made it) seeks it for
-// the key it was made for, whose tag its id carries, and for no other:
-// another key, and an id the client named, get the 404 of an id no pod
-// holds.
+// the key it was made for, whose tag its id carries (the gateway's, or
+// one the client named with its tag), and for no other: another key gets
+// the 404 of an id no pod holds.
 func TestResponsesOwnedAcrossReplicas(t *testing.T) {
 	p, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	keys := func(c *config.Config) {
-		c.Access.APIKeys = []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
-	}
+	apiKeys := []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
+	keys := func(c *config.Config) { c.Access.APIKeys = apiKeys }
 	made, other := testGateway(t, podsOf("m", p), keys), testGateway(t, podsOf("m", p), keys)
 	ask := func(s *lb.Server, key, method, path, body string) (int, string) {
 		t.Helper()
@@ -104,7 +103,7 @@ func TestResponsesOwnedAcrossReplicas(t *testing.T) {
 		return resp.StatusCode, b
 	}
 	var ids []string
-	for _, extra := range []string{"", `,"request_id":"resp_named"`} {
+	for _, extra := range []string{"", `,"request_id":"` + taggedID(t, apiKeys, "sk-a") + `"`} {
 		code, b := ask(made, "sk-a", "POST", "/v1/responses", `{"model":"m","input":"hello"`+extra+`}`)
 		var r struct{ ID string }
 		if err := json.Unmarshal([]byte(b), &r); code != 200 || err != nil || r.ID == "" {
@@ -128,8 +127,8 @@ func TestResponsesOwnedAcrossReplicas(t *testing.T) {
 	if code, b := ask(other, "sk-b", "GET", "/v1/responses/"+id, ""); code != 404 || strings.TrimSpace(b) != unknown(id) {
 		t.Errorf("b, once the other replica found it: %d %s, want 404 %s", code, b, unknown(id))
 	}
-	if code, b := ask(other, "sk-a", "GET", "/v1/responses/"+named, ""); code != 404 || strings.TrimSpace(b) != unknown(named) {
-		t.Errorf("a's own name, through the other replica: %d %s, want 404 %s", code, b, unknown(named))
+	if code, b := ask(other, "sk-a", "GET", "/v1/responses/"+named, ""); code != 200 || !strings.Contains(b, named) {
+		t.Errorf("a's own name, through the other replica: %d %s", code, b)
 	}
 }
 
@@ -153,14 +152,7 @@ func TestStoredNotFoundAsPods(t *testing.T) {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
 	// An id made for a that no pod holds: sought on the pod for a.
-	keys, err := limits.NewKeys(apiKeys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, _ := keys.Lookup([]byte("Bearer sk-a"), nil)
-	var nonce [16]byte
-	a.TagID(&nonce)
-	never := "resp_" + hex.EncodeToString(nonce[:])
+	never := taggedID(t, apiKeys, "sk-a")
 	// get answers GET id from addr, its Date and X-Request-Id dropped and
 	// the id written as ID.
 	get := func(addr, key, id string) (head, body string) {
@@ -193,4 +185,64 @@ func TestStoredNotFoundAsPods(t *testing.T) {
 	if otherHead != ownHead || otherBody != strings.ReplaceAll(ownBody, never, made.ID) {
 		t.Errorf("another key's response:\n%s\n%s\nwant as an id no one made:\n%s\n%s", otherHead, otherBody, ownHead, ownBody)
 	}
+}
+
+// TestResponsesIDOfAnotherKey: with api_keys set, a key cannot name its
+// response (request_id) after another key's, which would take that
+// response over (vLLM stores the new one in its place) through this
+// replica or another that does not remember it; nor learn whether the id
+// exists: every id not made for the key is refused alike.
+func TestResponsesIDOfAnotherKey(t *testing.T) {
+	p, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	apiKeys := []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
+	made, other := testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = apiKeys }), testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = apiKeys })
+	ask := func(s *lb.Server, key, method, path, body string) (int, string) {
+		t.Helper()
+		resp, b := send(t, client, s, method, path, body, "Content-Type", "application/json", "Authorization", "Bearer "+key)
+		return resp.StatusCode, b
+	}
+	code, answer := ask(made, "sk-a", "POST", "/v1/responses", `{"model":"m","input":"hello"}`)
+	var r struct{ ID string }
+	if err := json.Unmarshal([]byte(answer), &r); code != 200 || err != nil {
+		t.Fatalf("a: create: %d %s", code, answer)
+	}
+	never := taggedID(t, apiKeys, "sk-a") // a's, made by no one
+	taking := func(s *lb.Server, id string) (int, string) {
+		t.Helper()
+		code, b := ask(s, "sk-b", "POST", "/v1/responses", `{"model":"m","input":"mine now","request_id":"`+id+`"}`)
+		return code, strings.ReplaceAll(b, id, "ID")
+	}
+	wantCode, want := taking(made, never)
+	if wantCode != 400 {
+		t.Errorf("b names an id made for a: %d %s, want 400", wantCode, want)
+	}
+	for _, s := range []*lb.Server{made, other} {
+		if code, b := taking(s, r.ID); code != wantCode || b != want {
+			t.Errorf("b names a's response: %d %s, want %d %s", code, b, wantCode, want)
+		}
+	}
+	if code, b := ask(made, "sk-a", "GET", "/v1/responses/"+r.ID, ""); code != 200 || b != answer {
+		t.Errorf("a: GET its response: %d %s, want 200 %s", code, b, answer)
+	}
+}
+
+// taggedID is a response id made for key, one of apiKeys, as a gateway
+// (or the key's holder) makes one: a new one at each call.
+func taggedID(t *testing.T, apiKeys []limits.APIKey, key string) string {
+	t.Helper()
+	keys, err := limits.NewKeys(apiKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := keys.Lookup([]byte("Bearer "+key), nil)
+	var id [16]byte
+	if _, err := rand.Read(id[:8]); err != nil {
+		t.Fatal(err)
+	}
+	k.TagID(&id)
+	return "resp_" + hex.EncodeToString(id[:])
 }

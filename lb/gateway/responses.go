@@ -28,8 +28,9 @@ import (
 // that answered it, and the API key that made it: requests naming it go
 // to that pod alone, and only for that key. One it does not know (made
 // through another replica, or before a restart) is sought on the model's
-// pods (seekStored); with api_keys, only one whose id the gateway made
-// for the asking key (madeFor): a pod's answer does not say whose it is.
+// pods (seekStored); with api_keys, only one whose id was made for the
+// asking key (madeFor): a pod's answer does not say whose it is. So a
+// keyed client names its responses only with ids made for its key.
 
 // homes remembers the pod of each stored response (or conversation)
 // put within its last max puts: an id is forgotten once max puts came
@@ -65,8 +66,8 @@ type home struct{ model, pod, owner string }
 // is to be answered as unknown to key (nil: api_keys are off, and every
 // response is anyone's): a known one is another key's; an unknown one
 // (made through another replica, or before a restart) was not made for
-// key by a gateway (madeFor), since a pod's answer, were it sought,
-// would not say whose it is.
+// key (madeFor), since a pod's answer, were it sought, would not say
+// whose it is.
 func (h home) hiddenFrom(key *limits.Key, known bool, id []byte) bool {
 	if key == nil {
 		return false
@@ -77,8 +78,9 @@ func (h home) hiddenFrom(key *limits.Key, known bool, id []byte) bool {
 	return !madeFor(id, key)
 }
 
-// madeFor reports whether id is one nameResponse made for key: resp_ and
-// 32 hex digits whose second half is key's tag of the first.
+// madeFor reports whether id is one made for key, by nameResponse or by
+// the key's holder: resp_ and 32 hex digits whose second half is key's
+// tag of the first.
 func madeFor(id []byte, key *limits.Key) bool {
 	var b [16]byte
 	digits, ok := bytes.CutPrefix(id, []byte("resp_"))
@@ -185,13 +187,20 @@ func storedNotFound(id []byte) *openai.Error {
 		Message: "Response with id '" + string(id) + "' not found.", CodeIsStatus: true}
 }
 
+// foreignResponseID is the 400 for a stored response's request_id that
+// was not made for the request's API key (madeFor).
+func foreignResponseID() *openai.Error {
+	return openai.InvalidValue("request_id", "must be resp_ and 32 hex digits whose last 16 are the API key's tag of the first 16, as the gateway makes them; or absent")
+}
+
 // placeStored reads where x, a Responses API request, must go: the pod of
 // the stored response it names (x.home), when the gateway knows it, or
 // the pod its conversation went to (x.prefer). A KindStored request takes
 // its model from there, and streams when its query says stream=true (a
-// retrieval resumed as vLLM's); false when it was answered 404: its
+// retrieval resumed as vLLM's); false when it was answered: 404 when its
 // response is another API key's (home.hiddenFrom), or unknown and no
-// one model of combined pods can be searched.
+// one model of combined pods can be searched; 400 when it names the
+// response it makes with an id not made for its key.
 func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 	switch x.req.Kind {
 	case openai.KindStored:
@@ -218,6 +227,13 @@ func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 		x.req.Model = append(x.req.Model[:0], h.model...)
 		x.req.Stream = ctx.QueryArgs().GetBool("stream")
 	case openai.KindResponses:
+		if x.found != nil && x.req.ResponseIDSet && !x.req.NoStore && !madeFor(x.req.ResponseID, x.found) {
+			// vLLM stores a response in the place of one with its id: a
+			// name not the key's could take another key's over. Refused
+			// whether or not the id exists, which so stays unknown.
+			g.fail(ctx, x, nil, answer(foreignResponseID()))
+			return false
+		}
 		if len(x.req.Previous) > 0 {
 			h, ok := g.homes.get(x.req.Previous)
 			if h.hiddenFrom(x.found, ok, x.req.Previous) {
