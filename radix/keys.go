@@ -68,6 +68,25 @@ func AppendBlockKeys(dst []uint64, seed uint64, tokens []uint32, blockSize int) 
 	return appendChain(dst, seed, raw, blockSize*4)
 }
 
+// AppendBatchKeys appends the keys of each prompt of a completion batch,
+// whose tokens lie one after another, prompt i's ending at ends[i]: each
+// chained from seed, as the engine serves each prompt as a request of its
+// own. For two or more prompts, chains gets where each prompt's keys end
+// in dst; with fewer ends, tokens are one prompt, as AppendBlockKeys
+// keys them.
+func AppendBatchKeys(dst []uint64, chains []int, seed uint64, tokens []uint32, ends []int, blockSize int) ([]uint64, []int) {
+	if len(ends) < 2 {
+		return AppendBlockKeys(dst, seed, tokens, blockSize), chains
+	}
+	from := 0
+	for _, end := range ends {
+		dst = AppendBlockKeys(dst, seed, tokens[from:end], blockSize)
+		chains = append(chains, len(dst))
+		from = end
+	}
+	return dst, chains
+}
+
 // AppendByteBlockKeys is the byte mode: keys over the rendered prompt itself,
 // blockBytes per block, for engines whose tokenizer the gateway does not
 // share. Only relative matches between requests mean anything in this mode.

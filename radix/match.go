@@ -46,6 +46,26 @@ func (t *Tree) Match(keys []uint64, out []int32) {
 	}
 }
 
+// MatchChains is Match for the keys of a completion batch, prompt i's
+// ending at chains[i] (AppendBatchKeys; none: one prompt): out[p] is the
+// sum of the prompts' cached depths on p, as each is the engine's request
+// of its own. scratch, as long as out, holds one prompt's.
+func (t *Tree) MatchChains(keys []uint64, chains []int, out, scratch []int32) {
+	if len(chains) == 0 {
+		t.Match(keys, out)
+		return
+	}
+	clear(out)
+	from := 0
+	for _, end := range chains {
+		t.Match(keys[from:end], scratch)
+		for p, d := range scratch {
+			out[p] += d
+		}
+		from = end
+	}
+}
+
 // matchOnce writes every out[p] and reports whether no node it read
 // changed while it read; if one did, out may mix old and new states.
 func (t *Tree) matchOnce(keys []uint64, out []int32, st *matchState) bool {

@@ -3,6 +3,7 @@ package radix
 import (
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -583,4 +584,28 @@ func TestVacate(t *testing.T) {
 		}
 	}()
 	tr.Vacate(next, 3)
+}
+
+// TestMatchChains: a batch's prompts are keyed each from the seed, and a
+// pod's match is the sum of its matches of each prompt.
+func TestMatchChains(t *testing.T) {
+	seed := Seed("m")
+	a, b := seq(0, 40), seq(1000, 40) // 2 full blocks of 16 each
+	keys, chains := AppendBatchKeys(nil, nil, seed, cat(a, b), []int{40, 80}, 16)
+	if want := AppendBlockKeys(AppendBlockKeys(nil, seed, a, 16), seed, b, 16); !slices.Equal(keys, want) || !slices.Equal(chains, []int{2, 4}) {
+		t.Fatalf("keys %x chains %v, want %x [2 4]", keys, chains, want)
+	}
+	one := AppendBlockKeys(nil, seed, a, 16)
+	if got, c := AppendBatchKeys(nil, nil, seed, a, []int{40}, 16); !slices.Equal(got, one) || c != nil {
+		t.Errorf("one prompt: %x %v, want %x and no chains", got, c, one)
+	}
+	tr := newTree(t, Options{MaxPods: 4})
+	tr.Insert(0, keys[:3])                        // a whole, b's first block alone: not b's
+	tr.Insert(1, keys[2:])                        // b whole
+	tr.Insert(2, append(keys[:1:1], keys[2:]...)) // a's first, then b chained after it: not b's
+	out, scratch := make([]int32, 4), make([]int32, 4)
+	tr.MatchChains(keys, chains, out, scratch)
+	if !slices.Equal(out, []int32{2, 2, 1, 0}) {
+		t.Errorf("MatchChains: %v, want [2 2 1 0]", out)
+	}
 }

@@ -45,21 +45,10 @@ func (g *Gateway) lookup(m *pool.Model, x *completion) {
 	x.looked = true
 	x.keys, x.chains = appendKeys(x.keys[:0], x.chains[:0], m, x)
 	x.depth = slots(x.depth, m.Slots)
-	if len(x.chains) == 0 {
-		m.Prefix.Match(x.keys, x.depth)
-		return
+	if len(x.chains) > 0 {
+		x.chainDepth = slots(x.chainDepth, m.Slots)
 	}
-	// A batch's cached blocks on a pod are each of its prompts' there.
-	clear(x.depth)
-	x.chainDepth = slots(x.chainDepth, m.Slots)
-	from := 0
-	for _, end := range x.chains {
-		m.Prefix.Match(x.keys[from:end], x.chainDepth)
-		for p, d := range x.chainDepth {
-			x.depth[p] += d
-		}
-		from = end
-	}
+	m.Prefix.MatchChains(x.keys, x.chains, x.depth, x.chainDepth)
 }
 
 // slots returns d resized to n, its buffer reused where it fits.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"time"
 
 	"pdlb/engines/chat"
@@ -144,6 +145,10 @@ func refusal(err error, m *pool.Model) *failure {
 // the engine's request of its own, whose blocks it hashes from the root.
 func appendKeys(dst []uint64, chains []int, m *pool.Model, x *completion) ([]uint64, []int) {
 	seed := x.req.KeySeed(keySeed(m, x))
+	if len(x.ids) > 0 {
+		// The ids tokenize made.
+		return radix.AppendBatchKeys(dst, chains, seed, x.ids, x.idEnds, m.BlockSize)
+	}
 	n := x.req.Batch()
 	if n == 1 {
 		return appendPromptKeys(dst, seed, m, x, 0), chains
@@ -156,37 +161,34 @@ func appendKeys(dst []uint64, chains []int, m *pool.Model, x *completion) ([]uin
 }
 
 // appendPromptKeys appends the keys of prompt i of x's batch, from seed:
-// from the ids tokenize made, the client's ids, or the stand-in's
-// rendering, cut as the engine cuts them.
+// from the client's ids, or the stand-in's rendering, cut as the engine
+// cuts them.
 func appendPromptKeys(dst []uint64, seed uint64, m *pool.Model, x *completion, i int) []uint64 {
-	switch {
-	case len(x.ids) > 0:
-		ids := x.ids
-		if len(x.idEnds) > 0 {
-			ids = ids[:x.idEnds[i]]
-			if i > 0 {
-				ids = ids[x.idEnds[i-1]:]
-			}
-		}
-		return radix.AppendBlockKeys(dst, seed, ids, m.BlockSize)
-	case x.req.TokenIDs:
+	if x.req.TokenIDs {
 		return radix.AppendBlockKeys(dst, seed, x.req.BatchIDsKept(i), m.BlockSize)
 	}
 	return tokenize.AppendBlockKeys(dst, seed, x.req.BatchPromptKept(i), m.BlockSize)
 }
 
 // serveIndexMatch is POST /admin/index/match: which pods hold the blocks
-// of a prompt given as token ids ({"model", "ids", "cache_salt"}), as pdlb
-// tokenize --admin asks. model may name an adapter: its blocks are keyed
-// apart from its base model's.
+// of a prompt given as token ids ({"model", "ids", "ends", "cache_salt"}),
+// as pdlb tokenize --admin asks. ends, for a completion batch, is where
+// each prompt's ids end: each is keyed from the root and a pod's cached
+// tokens are the prompts' sum, as lookup counts them. model may name an
+// adapter: its blocks are keyed apart from its base model's.
 func (g *Gateway) serveIndexMatch(w http.ResponseWriter, r *http.Request) {
 	var q struct {
 		Model     string   `json:"model"`
 		IDs       []uint32 `json:"ids"`
+		Ends      []int    `json:"ends"`
 		CacheSalt string   `json:"cache_salt"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<20)).Decode(&q); err != nil {
-		http.Error(w, "the body must be {\"model\": ..., \"ids\": [...], \"cache_salt\": ...}: "+err.Error(), http.StatusBadRequest)
+		http.Error(w, "the body must be {\"model\": ..., \"ids\": [...], \"ends\": [...], \"cache_salt\": ...}: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if len(q.Ends) > 0 && (!slices.IsSorted(q.Ends) || q.Ends[0] < 0 || q.Ends[len(q.Ends)-1] != len(q.IDs)) {
+		http.Error(w, "ends must rise from 0 to the number of ids, where each prompt's ids end", http.StatusBadRequest)
 		return
 	}
 	m, a := g.pool.Load().Resolve([]byte(q.Model))
@@ -198,9 +200,9 @@ func (g *Gateway) serveIndexMatch(w http.ResponseWriter, r *http.Request) {
 	if a != nil {
 		seed = a.Seed
 	}
-	keys := radix.AppendBlockKeys(nil, radix.SeedWith(seed, "", q.CacheSalt), q.IDs, m.BlockSize)
+	keys, chains := radix.AppendBatchKeys(nil, nil, radix.SeedWith(seed, "", q.CacheSalt), q.IDs, q.Ends, m.BlockSize)
 	depth := make([]int32, m.Slots)
-	m.Prefix.Match(keys, depth)
+	m.Prefix.MatchChains(keys, chains, depth, make([]int32, m.Slots))
 	type hit struct {
 		Pod          string `json:"pod"`
 		CachedTokens int    `json:"cached_tokens"`

@@ -70,7 +70,7 @@ func TestParseLax(t *testing.T) {
 		body := `{"model":"m","prompt":"aaaabbbbcccc","truncate_prompt_tokens":` + v + `}`
 		if err := r.Parse(KindCompletion, []byte(body)); err != nil || r.TruncationError() != nil {
 			t.Errorf("Parse(%s): %v, %v; want it taken", body, err, r.TruncationError())
-		} else if got, want := len(r.AppendTokens(nil)), len(tokenize.Append(nil, []byte("aaaabbbbcccc"))); keep > 0 && got != keep || keep == 0 && got != want {
+		} else if got, want := len(tokensOf(r)), len(tokenize.Append(nil, []byte("aaaabbbbcccc"))); keep > 0 && got != keep || keep == 0 && got != want {
 			t.Errorf("Parse(%s): keeps %d tokens, want %d (0: all)", body, got, keep)
 		}
 		ReleaseRequest(r)

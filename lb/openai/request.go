@@ -386,16 +386,6 @@ func (r *Request) PromptTokens() int {
 	return tokenize.Count(r.PromptKept())
 }
 
-// AppendTokens appends the ids of the prompt the engine keeps to dst
-// (PromptIDsKept, or the shared tokenizer's ids of PromptKept) and
-// returns the extended slice.
-func (r *Request) AppendTokens(dst []uint32) []uint32 {
-	if r.TokenIDs {
-		return append(dst, r.PromptIDsKept()...)
-	}
-	return tokenize.Append(dst, r.PromptKept())
-}
-
 // PromptIDsKept is PromptIDs cut as TruncatePromptTokens asks: the ids
 // the engine keeps. A batch's prompts are cut one by one, as vLLM cuts
 // them, and concatenated (into a buffer r keeps: valid until the next

@@ -66,7 +66,7 @@ func TestParseFields(t *testing.T) {
 		if n := r.PromptTokens(); n != wantTokens {
 			t.Fatalf("PromptTokens() = %d, want %d", n, wantTokens)
 		}
-		if ids := r.AppendTokens(nil); len(ids) != wantTokens {
+		if ids := tokensOf(r); len(ids) != wantTokens {
 			t.Fatalf("AppendTokens gave %d ids, want %d", len(ids), wantTokens)
 		}
 	}
@@ -696,7 +696,7 @@ func FuzzParse(f *testing.F) {
 		if bad := r.CacheSaltError() != nil; bad != ref.badSalt {
 			t.Fatalf("Parse(%s): vLLM refuses its cache_salt: %v, want %v", body, bad, ref.badSalt)
 		}
-		if got, want := r.AppendTokens(nil), ref.kept(); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
+		if got, want := tokensOf(&r), ref.kept(); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
 			t.Fatalf("Parse(%s): kept tokens %v (PromptTokens %d), want %v", body, got, r.PromptTokens(), want)
 		}
 	})
@@ -1171,7 +1171,7 @@ func TestParseTruncation(t *testing.T) {
 		if err := r.Parse(kind, []byte(body)); err != nil {
 			t.Fatalf("Parse(%s): %v", body, err)
 		}
-		if got := r.AppendTokens(nil); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
+		if got := tokensOf(r); !slices.Equal(got, want) || r.PromptTokens() != len(want) {
 			t.Fatalf("Parse(%s): tokens %v (PromptTokens %d), want %v", body, got, r.PromptTokens(), want)
 		}
 	}
@@ -1258,4 +1258,13 @@ func TestPromptEmbeds(t *testing.T) {
 			t.Errorf("%s: %v, want prompt's 400", body, err)
 		}
 	}
+}
+
+// tokensOf is the ids of the prompt the engine keeps, as PromptTokens
+// counts them: PromptIDsKept, or the shared tokenizer's of PromptKept.
+func tokensOf(r *Request) []uint32 {
+	if r.TokenIDs {
+		return r.PromptIDsKept()
+	}
+	return tokenize.Append(nil, r.PromptKept())
 }

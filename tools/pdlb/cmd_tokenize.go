@@ -14,6 +14,7 @@ import (
 	"pdlb/engines"
 	"pdlb/engines/chat"
 	"pdlb/engines/prompt"
+	"pdlb/engines/tokenize"
 	"pdlb/lb/openai"
 	"pdlb/radix"
 )
@@ -29,9 +30,15 @@ type tokenized struct {
 	Exact     bool     `json:"exact"`     // ids as the engine computes them
 	Prompt    string   `json:"prompt"`    // the text encoded; "" for token-id prompts
 	IDs       []uint32 `json:"ids"`
+	// Ends, for a completion batch, is where each prompt's ids end: the
+	// engine serves each prompt as a request of its own.
+	Ends      []int    `json:"ends,omitempty"`
 	Tokens    []string `json:"tokens"`
 	BlockSize int      `json:"block_size"`
 	Keys      []string `json:"keys"` // the index's block keys, hex
+	// Chains, for a batch, is where each prompt's keys end in Keys: each
+	// chained from the root, as the gateway keys them.
+	Chains []int `json:"chains,omitempty"`
 	// Unindexed: the request has non-text content, whose blocks the
 	// engine keys by media hashes the gateway cannot compute; the gateway
 	// routes it without the index.
@@ -105,9 +112,11 @@ look low: the gateway, configured with the same files, computes the same.`, stdo
 		t.Tokenizer = dir
 	}
 	t.BlockSize = blockSize
-	for _, k := range radix.AppendBlockKeys(nil, t.seed, t.IDs, blockSize) {
+	keys, chains := radix.AppendBatchKeys(nil, nil, t.seed, t.IDs, t.Ends, blockSize)
+	for _, k := range keys {
 		t.Keys = append(t.Keys, strconv.FormatUint(k, 16))
 	}
+	t.Chains = chains
 	// What was computed here is shown even when the gateway's lookup
 	// fails: the ids and blocks are what one compares with the gateway.
 	var asked error
@@ -154,8 +163,17 @@ func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized,
 	t.seed, t.Unindexed, t.salt = r.KeySeed(radix.Seed(t.Model)), r.Unindexed(), string(r.CacheSalt)
 	switch {
 	case r.TokenIDs || m == nil:
-		// The client's own ids, or the stand-in's, cut as the engine cuts them.
-		t.IDs, t.Exact = r.AppendTokens(nil), t.Exact || r.TokenIDs
+		// The client's own ids, or the stand-in's, cut as the engine cuts
+		// them, each prompt of a batch on its own.
+		for i := range r.Batch() {
+			if r.TokenIDs {
+				t.IDs = append(t.IDs, r.BatchIDsKept(i)...)
+			} else {
+				t.IDs = tokenize.Append(t.IDs, r.BatchPromptKept(i))
+			}
+			t.Ends = append(t.Ends, len(t.IDs))
+		}
+		t.Exact = t.Exact || r.TokenIDs
 		if !r.TokenIDs {
 			t.Prompt = string(r.Prompt)
 		}
@@ -179,7 +197,10 @@ func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized,
 		// As the gateway keys it: each prompt of a batch on its own.
 		t.Prompt = string(r.Prompt)
 		k, right := r.Truncation()
-		t.IDs, _ = m.Batch(nil, nil, r.Batch(), r.BatchPrompt, !r.SpecialTokensSet || r.SpecialTokens, k, right)
+		t.IDs, t.Ends = m.Batch(nil, nil, r.Batch(), r.BatchPrompt, !r.SpecialTokensSet || r.SpecialTokens, k, right)
+	}
+	if len(t.Ends) < 2 {
+		t.Ends = nil // one prompt
 	}
 	for _, id := range t.IDs {
 		t.Tokens = append(t.Tokens, tokenText(m, id))
@@ -201,7 +222,7 @@ func tokenText(m *prompt.Model, id uint32) string {
 
 // indexMatch asks the gateway at admin which pods hold t's blocks.
 func indexMatch(admin, token string, t tokenized) ([]podHit, error) {
-	q, _ := json.Marshal(map[string]any{"model": t.Model, "ids": t.IDs, "cache_salt": t.salt})
+	q, _ := json.Marshal(map[string]any{"model": t.Model, "ids": t.IDs, "ends": t.Ends, "cache_salt": t.salt})
 	req, err := http.NewRequest(http.MethodPost, "http://"+admin+"/admin/index/match", bytes.NewReader(q))
 	if err != nil {
 		return nil, fmt.Errorf("--admin %q: %v", admin, err)
@@ -242,6 +263,9 @@ func printTokenized(w io.Writer, t tokenized, asked bool) {
 	fmt.Fprintf(w, "model:      %s\ntokenizer:  %s (%s)\n", t.Model, t.Tokenizer, how)
 	fmt.Fprintf(w, "prompt:     %d bytes\n%s\n", len(t.Prompt), t.Prompt)
 	fmt.Fprintf(w, "ids:        %d\n%v\n", len(t.IDs), t.IDs)
+	if len(t.Ends) > 0 {
+		fmt.Fprintf(w, "            %d prompts, each the engine's request of its own, ending at %v\n", len(t.Ends), t.Ends)
+	}
 	quoted := make([]string, len(t.Tokens))
 	for i, s := range t.Tokens {
 		quoted[i] = strconv.Quote(s)
@@ -251,11 +275,25 @@ func printTokenized(w io.Writer, t tokenized, asked bool) {
 	if t.Unindexed {
 		fmt.Fprintln(w, "            the request has non-text content: the engine keys its blocks by media hashes, so the gateway routes it without the index")
 	}
-	for i, k := range t.Keys {
-		fmt.Fprintf(w, "  %3d  %s\n", i, k)
+	chains, from := t.Chains, 0
+	if len(chains) == 0 {
+		chains = []int{len(t.Keys)}
+	}
+	for p, end := range chains {
+		if len(t.Chains) > 0 {
+			fmt.Fprintf(w, "  prompt %d, from the root:\n", p)
+		}
+		for i := from; i < end; i++ {
+			fmt.Fprintf(w, "  %3d  %s\n", i, t.Keys[i])
+		}
+		from = end
 	}
 	if asked {
-		fmt.Fprintln(w, "gateway index (cached tokens of this prompt, pod by pod):")
+		of := "this prompt"
+		if len(t.Ends) > 0 {
+			of = "the prompts, summed"
+		}
+		fmt.Fprintf(w, "gateway index (cached tokens of %s, pod by pod):\n", of)
 		if len(t.Pods) == 0 {
 			fmt.Fprintln(w, "  no pod of this model")
 		}

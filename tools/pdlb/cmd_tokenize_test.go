@@ -163,3 +163,45 @@ func TestCmdTokenizeUnknownModel(t *testing.T) {
 		}
 	}
 }
+
+// TestCmdTokenizeBatchAsTheGateway: a completion batch's prompts are the
+// engine's requests of their own, which the gateway keys each from the
+// root; pdlb tokenize keys them so, and the index's answer for them is a
+// pod's cached tokens of every prompt, summed: after the gateway served
+// the batch, its pod holds each prompt's full blocks.
+func TestCmdTokenizeBatchAsTheGateway(t *testing.T) {
+	s := lbtest.StartGateway(t, []config.Pod{{Name: "m-0", Model: "m", Address: modelPods(t, "m")["m"]}}, nil)
+	// 50 stand-in tokens each (4 bytes a token): 3 full blocks of 16.
+	a, b := strings.Repeat("alpha beta ", 20)[:200], strings.Repeat("gamma delta ", 20)[:200]
+	batch := `{"model":"m","prompt":["` + a + `","` + b + `"],"max_tokens":1}`
+	resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(batch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the batch: %s", resp.Status)
+	}
+	out, err := tokenizeRun(t, batch, "--admin", s.AdminAddr(), "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got tokenized
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("--json printed %q: %v", out, err)
+	}
+	if len(got.Keys) != 6 || len(got.Pods) != 1 || got.Pods[0].CachedTokens != 2*3*16 {
+		t.Errorf("keys %v, pods %+v; want 6 keys (3 a prompt) and m-0 holding 96 tokens", got.Keys, got.Pods)
+	}
+	// Ends that do not cut the ids into prompts are refused.
+	if resp, err = http.Post("http://"+s.AdminAddr()+"/admin/index/match", "application/json", strings.NewReader(`{"model":"m","ids":[1,2,3],"ends":[2]}`)); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("ends [2] of 3 ids: %s, want 400", resp.Status)
+	}
+	if out, err = tokenizeRun(t, batch, "--admin", s.AdminAddr()); err != nil || !strings.Contains(out, "prompt 1, from the root") || !strings.Contains(out, "m-0                      96") {
+		t.Errorf("%v\n%s", err, out)
+	}
+}
