@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -340,4 +341,25 @@ func TestFleetPublishesKVEvents(t *testing.T) {
 	f("pods:\n  - kv_replay: tcp://127.0.0.1:5558\n", `kv_replay = "tcp://127.0.0.1:5558" needs kv_events`)
 	f("pods:\n  - kv_events: 127.0.0.1:5557\n", `kv_events = "127.0.0.1:5557" must be tcp://host:port`)
 	f("pods:\n  - data_parallel_size: -1\n", "data_parallel_size = -1 must be at least 1")
+}
+
+// TestParseFleetAPIKey: a fleet's pods may require an API key (vLLM's and
+// SGLang's --api-key), from the defaults or their own entry, "" for
+// none; a trtllm pod's is refused by its path, the key not printed.
+func TestParseFleetAPIKey(t *testing.T) {
+	fc, err := ParseFleet([]byte("defaults: {api_key: sk-pods}\npods: [{name: a}, {name: b, engine: sglang, api_key: sk-b}, {name: c, api_key: ''}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := []string{fc.Pods[0].APIKey, fc.Pods[1].APIKey, fc.Pods[2].APIKey}; !slices.Equal(got, []string{"sk-pods", "sk-b", ""}) {
+		t.Errorf("keys %q, want [sk-pods sk-b \"\"]", got)
+	}
+	f := func(yml, want string) {
+		t.Helper()
+		if _, err := ParseFleet([]byte(yml)); err == nil || !errors.Is(err, errFleet) || err.Error() != want {
+			t.Errorf("%q: %v; want %q", yml, err, want)
+		}
+	}
+	f("pods: [{name: a, engine: trtllm, api_key: sk-t}]\n", `sim: invalid fleet: pods[0].api_key = "(set)" must be empty for trtllm: trtllm-serve has no API key`)
+	f("defaults: {api_key: sk-t}\npods: [{name: a, engine: trtllm}]\n", `sim: invalid fleet: defaults.api_key = "(set)" must be empty for trtllm: trtllm-serve has no API key`)
 }

@@ -48,6 +48,7 @@ import (
 //	  chat_template: ""       # a template file (or text) replacing the tokenizer's, as vLLM's --chat-template
 //	  chat_template_kwargs: {} # defaults under each request's, as vLLM's --default-chat-template-kwargs
 //	  responses_store: false  # keep the Responses API's stored responses (VLLM_ENABLE_RESPONSES_API_STORE=1)
+//	  api_key: ""             # require this key as Authorization: Bearer, as vLLM's and SGLang's --api-key ("" none; not trtllm)
 //	  physics:                # the global-scheduling study's timing model
 //	    prefill_tokens_per_sec: 20000
 //	    decode_base_sec: 0.010
@@ -96,6 +97,7 @@ type podFile struct {
 	LoRAModules      []LoRAModule   `yaml:"lora_modules"`
 	MaxLoras         int            `yaml:"max_loras"`
 	ResponsesStore   bool           `yaml:"responses_store"`
+	APIKey           string         `yaml:"api_key"`
 }
 
 // physicsFile is Physics with the snake_case names Physics.Validate uses.
@@ -138,7 +140,7 @@ func (p podFile) config() Config {
 			AdapterLoadSec: f.AdapterLoadSec,
 		},
 		EnableLoRA: p.EnableLoRA, LoRAModules: p.LoRAModules, MaxLoras: p.MaxLoras,
-		ResponsesStore: p.ResponsesStore,
+		ResponsesStore: p.ResponsesStore, APIKey: p.APIKey,
 	}
 }
 
