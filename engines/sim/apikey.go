@@ -32,12 +32,10 @@ func (p *Pod) authorized(ctx *fasthttp.RequestCtx) bool {
 	return false
 }
 
-// guarded reports whether the engine's API key guards path. The sim's
-// own /admin/role, no engine's API, stays open.
+// guarded reports whether the engine's API key guards path: the sim's
+// own /admin/role too, as the engine guards its admin endpoints (vLLM's
+// /sleep, /reset_prefix_cache, SGLang's /update_weights...).
 func (p *Pod) guarded(path string) bool {
-	if path == "/admin/role" {
-		return false
-	}
 	if p.cfg.Engine == engines.SGLang {
 		// Prefixes, not segments: /health_generate is open too.
 		return !strings.HasPrefix(path, "/health") && !strings.HasPrefix(path, "/metrics")

@@ -13,7 +13,7 @@ import (
 // guards with 401 {"error": "Unauthorized"} unless Authorization carries
 // the key as a bearer token (the scheme in any case), and leaves its
 // health and metrics open; vLLM guards /tokenize, SGLang /health_generate
-// not.
+// not, and both the sim's own /admin/role.
 func TestAPIKey(t *testing.T) {
 	c := testClient(t)
 	for _, e := range []engines.Kind{engines.VLLM, engines.SGLang} {
@@ -46,6 +46,11 @@ func TestAPIKey(t *testing.T) {
 			f("POST", "/v1/chat/completions", "", 401)
 			f("GET", "/health", "", 200)
 			f("GET", "/metrics", "", 200)
+			// The sim's role switch, an admin endpoint, as the engine
+			// guards its own (vLLM's /sleep, SGLang's /update_weights...).
+			f("GET", "/admin/role", "", 401)
+			f("POST", "/admin/role", "", 401)
+			f("GET", "/admin/role", "Bearer sk-pod", 200)
 			if e == engines.VLLM {
 				f("POST", "/tokenize", "", 401)
 				f("GET", "/version", "", 200)

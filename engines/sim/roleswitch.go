@@ -26,7 +26,8 @@ import (
 // Meanwhile /health answers 503 {"status":"draining"} or
 // {"status":"warming"}, so a gateway's health check routes around the pod
 // too. GET /admin/role shows the state. This endpoint is pdlb-sim's own:
-// the engines it imitates have none.
+// the engines it imitates have none. A pod's APIKey guards it, as the
+// engines' keys guard their admin endpoints.
 
 // States of a pod's role (RoleStatus.State).
 const (

@@ -43,7 +43,7 @@ func (f *planFleet) Instances(model string) []plan.Instance {
 	}
 	var out []plan.Instance
 	for _, p := range slices.Concat(m.Prefill, m.Decode) {
-		out = append(out, plan.Instance{Name: p.Config.Name, Address: p.Config.Address, Role: p.Config.Role,
+		out = append(out, plan.Instance{Name: p.Config.Name, Address: p.Config.Address, Auth: string(p.Auth()), Role: p.Config.Role,
 			Roleset: p.Config.Roleset, InFlight: p.InFlight()})
 	}
 	return out

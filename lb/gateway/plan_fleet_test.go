@@ -126,3 +126,22 @@ func TestAssignReturnsOnlyItsModelsPods(t *testing.T) {
 		t.Fatalf("after both Assigns: b-dec2 routable %v, %d pods held, want true and 0", routable("b-dec2"), len(g.held))
 	}
 }
+
+// TestInstancesCarryPodKeys: the planner's role switches go to a pod's
+// admin endpoint with the pod's API key, its model's for a pod of none.
+func TestInstancesCarryPodKeys(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", Policy: "least_request", PodKey: config.PodKey{APIKey: "sk-model"}}}
+	cfg.Pods = []config.Pod{
+		{Name: "pre", Model: "m", Address: "127.0.0.1:10001", Role: config.RolePrefill, Roleset: "a", PodKey: config.PodKey{APIKey: "sk-pre"}},
+		{Name: "dec", Model: "m", Address: "127.0.0.1:10002", Role: config.RoleDecode, Roleset: "a"},
+	}
+	f := &planFleet{g: started(t, cfg), loop: &planLoop{}}
+	var got []string
+	for _, in := range f.Instances("m") {
+		got = append(got, in.Name+" "+in.Auth)
+	}
+	if want := []string{"pre Bearer sk-pre", "dec Bearer sk-model"}; !slices.Equal(got, want) {
+		t.Errorf("instances %q, want %q", got, want)
+	}
+}

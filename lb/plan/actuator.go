@@ -209,15 +209,15 @@ func (s *RoleSwitcher) Apply(ctx context.Context, model string, d Decision) erro
 	if err := hold(ctx, s.Lease); err != nil {
 		return errors.Join(fmt.Errorf("plan: switching %v: %w", names, err), s.Fleet.Assign(model, nil))
 	}
-	addr := map[string]string{}
+	byName := map[string]Instance{}
 	for _, in := range pool {
-		addr[in.Name] = in.Address
+		byName[in.Name] = in
 	}
 	errs := make([]error, len(moving))
 	ends := make([]podRole, len(moving))
 	var wg sync.WaitGroup
 	for i, c := range moving {
-		wg.Go(func() { ends[i], errs[i] = s.switchPod(ctx, addr[c.Name], c.Role) })
+		wg.Go(func() { ends[i], errs[i] = s.switchPod(ctx, byName[c.Name], c.Role) })
 	}
 	wg.Wait()
 	// What happened, regrouped: pods that did not switch (and will not)
@@ -241,15 +241,15 @@ func (s *RoleSwitcher) Apply(ctx context.Context, model string, d Decision) erro
 	return errors.Join(errs...)
 }
 
-// switchPod asks the pod at addr to serve role and waits until it does.
+// switchPod asks pod in to serve role and waits until it does.
 // It returns the pod's state then or, when the switch timed out before the
 // pod finished, with Role set to the role it is switching to (the
 // gateway's health check keeps a switching pod out until it serves); Role
 // is "" when the pod never took the request.
-func (s *RoleSwitcher) switchPod(ctx context.Context, addr, role string) (podRole, error) {
+func (s *RoleSwitcher) switchPod(ctx context.Context, in Instance, role string) (podRole, error) {
 	body, _ := json.Marshal(map[string]any{"role": role, "warmup_s": s.WarmupSec})
 	var st podRole
-	if err := s.call(ctx, http.MethodPost, "http://"+addr+"/admin/role", body, &st); err != nil {
+	if err := s.call(ctx, http.MethodPost, in, body, &st); err != nil {
 		return podRole{}, err
 	}
 	tick := time.NewTicker(rolePoll)
@@ -260,7 +260,7 @@ func (s *RoleSwitcher) switchPod(ctx context.Context, addr, role string) (podRol
 		case <-ctx.Done():
 			err = fmt.Errorf("still %s after the switch timeout: %w", st.State, ctx.Err())
 		case <-tick.C:
-			err = s.call(ctx, http.MethodGet, "http://"+addr+"/admin/role", nil, &st)
+			err = s.call(ctx, http.MethodGet, in, nil, &st)
 		}
 		if err != nil {
 			return podRole{Role: st.Target}, err
@@ -275,10 +275,15 @@ func (s *RoleSwitcher) switchPod(ctx context.Context, addr, role string) (podRol
 // podServing is a sim pod's state when it is not switching.
 const podServing = "serving"
 
-func (s *RoleSwitcher) call(ctx context.Context, method, url string, body []byte, out *podRole) error {
+// call sends method to pod in's /admin/role, with its API key.
+func (s *RoleSwitcher) call(ctx context.Context, method string, in Instance, body []byte, out *podRole) error {
+	url := "http://" + in.Address + "/admin/role"
 	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
 	if err != nil {
 		return err
+	}
+	if in.Auth != "" {
+		req.Header.Set("Authorization", in.Auth)
 	}
 	client := s.Client
 	if client == nil {

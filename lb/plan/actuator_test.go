@@ -96,18 +96,28 @@ func (f *fakeFleet) Assign(_ string, changes []Change) error {
 }
 
 // The role switcher drains the pods it moves, has them switch through
-// their admin endpoint and assigns their new roles once they serve them.
+// their admin endpoint (with its key, on pods started with one) and
+// assigns their new roles once they serve them.
 func TestRoleSwitcherOnSimPods(t *testing.T) {
+	t.Run("open", func(t *testing.T) { testRoleSwitcherOnSimPods(t, "") })
+	t.Run("keyed", func(t *testing.T) { testRoleSwitcherOnSimPods(t, "sk-pod") })
+}
+
+func testRoleSwitcherOnSimPods(t *testing.T, key string) {
 	fleet := &fakeFleet{}
 	pods := map[string]*sim.Pod{}
 	for _, s := range []struct{ name, role, set string }{{"p0", RolePrefill, "A"}, {"d0", RoleDecode, "A"}, {"p1", RolePrefill, "B"}, {"d1", RoleDecode, "B"}} {
-		p, err := sim.Start(sim.Config{Name: s.name, Role: s.role, Speedup: 100})
+		p, err := sim.Start(sim.Config{Name: s.name, Role: s.role, Speedup: 100, APIKey: key})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer p.Close()
 		pods[s.name] = p
-		fleet.pods = append(fleet.pods, Instance{Name: s.name, Address: p.Addr(), Role: s.role, Roleset: s.set})
+		in := Instance{Name: s.name, Address: p.Addr(), Role: s.role, Roleset: s.set}
+		if key != "" {
+			in.Auth = "Bearer " + key
+		}
+		fleet.pods = append(fleet.pods, in)
 	}
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()

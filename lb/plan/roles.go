@@ -17,6 +17,9 @@ const (
 type Instance struct {
 	Name    string
 	Address string
+	// Auth is the Authorization value of the pod's API key, which its
+	// admin calls carry ("" when it has none).
+	Auth    string
 	Role    string // RolePrefill or RoleDecode
 	Roleset string
 	// InFlight is the requests the gateway has on the pod: moving a busy
