@@ -25,17 +25,10 @@ import (
 // as through another replica), which it does not seek; its own key gets
 // it.
 func TestResponsesOwnedByKey(t *testing.T) {
-	p, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	apiKeys := []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
-	s := testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = apiKeys })
+	p, gateways := keyedResponses(t, 1)
 	ask := func(key, method, path, body string) (int, string) {
 		t.Helper()
-		resp, b := send(t, client, s, method, path, body, "Content-Type", "application/json", "Authorization", "Bearer "+key)
-		return resp.StatusCode, b
+		return askAs(t, gateways[0], key, method, path, body)
 	}
 	create := func(key, extra string) string {
 		t.Helper()
@@ -47,7 +40,7 @@ func TestResponsesOwnedByKey(t *testing.T) {
 		return r.ID
 	}
 	id := create("sk-a", "")
-	named := create("sk-a", `,"request_id":"`+taggedID(t, apiKeys, "sk-a")+`"`)
+	named := create("sk-a", `,"request_id":"`+taggedID(t, "sk-a")+`"`)
 	// What an id no one made gets, the id aside.
 	code, never := ask("sk-b", "GET", "/v1/responses/resp_never", "")
 	if code != 404 {
@@ -89,22 +82,11 @@ func TestResponsesOwnedByKey(t *testing.T) {
 // one the client named with its tag), and for no other: another key gets
 // the 404 of an id no pod holds.
 func TestResponsesOwnedAcrossReplicas(t *testing.T) {
-	p, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	apiKeys := []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
-	keys := func(c *config.Config) { c.Access.APIKeys = apiKeys }
-	made, other := testGateway(t, podsOf("m", p), keys), testGateway(t, podsOf("m", p), keys)
-	ask := func(s *lb.Server, key, method, path, body string) (int, string) {
-		t.Helper()
-		resp, b := send(t, client, s, method, path, body, "Content-Type", "application/json", "Authorization", "Bearer "+key)
-		return resp.StatusCode, b
-	}
+	_, gateways := keyedResponses(t, 2)
+	made, other := gateways[0], gateways[1]
 	var ids []string
-	for _, extra := range []string{"", `,"request_id":"` + taggedID(t, apiKeys, "sk-a") + `"`} {
-		code, b := ask(made, "sk-a", "POST", "/v1/responses", `{"model":"m","input":"hello"`+extra+`}`)
+	for _, extra := range []string{"", `,"request_id":"` + taggedID(t, "sk-a") + `"`} {
+		code, b := askAs(t, made, "sk-a", "POST", "/v1/responses", `{"model":"m","input":"hello"`+extra+`}`)
 		var r struct{ ID string }
 		if err := json.Unmarshal([]byte(b), &r); code != 200 || err != nil || r.ID == "" {
 			t.Fatalf("create: %d %s", code, b)
@@ -112,22 +94,22 @@ func TestResponsesOwnedAcrossReplicas(t *testing.T) {
 		ids = append(ids, r.ID)
 	}
 	id, named := ids[0], ids[1]
-	_, never := ask(other, "sk-a", "GET", "/v1/responses/resp_never", "")
+	_, never := askAs(t, other, "sk-a", "GET", "/v1/responses/resp_never", "")
 	unknown := func(id string) string { return strings.ReplaceAll(strings.TrimSpace(never), "resp_never", id) }
 	// b first: a found response is remembered as a's.
-	if code, b := ask(other, "sk-b", "GET", "/v1/responses/"+id, ""); code != 404 || strings.TrimSpace(b) != unknown(id) {
+	if code, b := askAs(t, other, "sk-b", "GET", "/v1/responses/"+id, ""); code != 404 || strings.TrimSpace(b) != unknown(id) {
 		t.Errorf("b, through the other replica: %d %s, want 404 %s", code, b, unknown(id))
 	}
-	if code, b := ask(other, "sk-a", "GET", "/v1/responses/"+id, ""); code != 200 || !strings.Contains(b, id) {
+	if code, b := askAs(t, other, "sk-a", "GET", "/v1/responses/"+id, ""); code != 200 || !strings.Contains(b, id) {
 		t.Errorf("a, through the other replica: %d %s", code, b)
 	}
-	if code, b := ask(other, "sk-a", "POST", "/v1/responses", `{"model":"m","input":"more","previous_response_id":"`+id+`"}`); code != 200 {
+	if code, b := askAs(t, other, "sk-a", "POST", "/v1/responses", `{"model":"m","input":"more","previous_response_id":"`+id+`"}`); code != 200 {
 		t.Errorf("a's follow-up through the other replica: %d %s", code, b)
 	}
-	if code, b := ask(other, "sk-b", "GET", "/v1/responses/"+id, ""); code != 404 || strings.TrimSpace(b) != unknown(id) {
+	if code, b := askAs(t, other, "sk-b", "GET", "/v1/responses/"+id, ""); code != 404 || strings.TrimSpace(b) != unknown(id) {
 		t.Errorf("b, once the other replica found it: %d %s, want 404 %s", code, b, unknown(id))
 	}
-	if code, b := ask(other, "sk-a", "GET", "/v1/responses/"+named, ""); code != 200 || !strings.Contains(b, named) {
+	if code, b := askAs(t, other, "sk-a", "GET", "/v1/responses/"+named, ""); code != 200 || !strings.Contains(b, named) {
 		t.Errorf("a's own name, through the other replica: %d %s", code, b)
 	}
 }
@@ -139,20 +121,15 @@ func TestResponsesOwnedAcrossReplicas(t *testing.T) {
 // wire, another key's response and an id no one made get the same answer
 // but for the id, the Date and the X-Request-Id.
 func TestStoredNotFoundAsPods(t *testing.T) {
-	p, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	apiKeys := []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
-	s := testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = apiKeys })
+	p, gateways := keyedResponses(t, 1)
+	s := gateways[0]
 	resp, b := send(t, client, s, "POST", "/v1/responses", `{"model":"m","input":"hello"}`, "Content-Type", "application/json", "Authorization", "Bearer sk-a")
 	var made struct{ ID string }
 	if err := json.Unmarshal([]byte(b), &made); resp.StatusCode != 200 || err != nil {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
 	// An id made for a that no pod holds: sought on the pod for a.
-	never := taggedID(t, apiKeys, "sk-a")
+	never := taggedID(t, "sk-a")
 	// get answers GET id from addr, its Date and X-Request-Id dropped and
 	// the id written as ID.
 	get := func(addr, key, id string) (head, body string) {
@@ -193,27 +170,17 @@ func TestStoredNotFoundAsPods(t *testing.T) {
 // replica or another that does not remember it; nor learn whether the id
 // exists: every id not made for the key is refused alike.
 func TestResponsesIDOfAnotherKey(t *testing.T) {
-	p, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	apiKeys := []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
-	made, other := testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = apiKeys }), testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = apiKeys })
-	ask := func(s *lb.Server, key, method, path, body string) (int, string) {
-		t.Helper()
-		resp, b := send(t, client, s, method, path, body, "Content-Type", "application/json", "Authorization", "Bearer "+key)
-		return resp.StatusCode, b
-	}
-	code, answer := ask(made, "sk-a", "POST", "/v1/responses", `{"model":"m","input":"hello"}`)
+	_, gateways := keyedResponses(t, 2)
+	made, other := gateways[0], gateways[1]
+	code, answer := askAs(t, made, "sk-a", "POST", "/v1/responses", `{"model":"m","input":"hello"}`)
 	var r struct{ ID string }
 	if err := json.Unmarshal([]byte(answer), &r); code != 200 || err != nil {
 		t.Fatalf("a: create: %d %s", code, answer)
 	}
-	never := taggedID(t, apiKeys, "sk-a") // a's, made by no one
+	never := taggedID(t, "sk-a") // a's, made by no one
 	taking := func(s *lb.Server, id string) (int, string) {
 		t.Helper()
-		code, b := ask(s, "sk-b", "POST", "/v1/responses", `{"model":"m","input":"mine now","request_id":"`+id+`"}`)
+		code, b := askAs(t, s, "sk-b", "POST", "/v1/responses", `{"model":"m","input":"mine now","request_id":"`+id+`"}`)
 		return code, strings.ReplaceAll(b, id, "ID")
 	}
 	wantCode, want := taking(made, never)
@@ -225,16 +192,44 @@ func TestResponsesIDOfAnotherKey(t *testing.T) {
 			t.Errorf("b names a's response: %d %s, want %d %s", code, b, wantCode, want)
 		}
 	}
-	if code, b := ask(made, "sk-a", "GET", "/v1/responses/"+r.ID, ""); code != 200 || b != answer {
+	if code, b := askAs(t, made, "sk-a", "GET", "/v1/responses/"+r.ID, ""); code != 200 || b != answer {
 		t.Errorf("a: GET its response: %d %s, want 200 %s", code, b, answer)
 	}
 }
 
-// taggedID is a response id made for key, one of apiKeys, as a gateway
-// (or the key's holder) makes one: a new one at each call.
-func taggedID(t *testing.T, apiKeys []limits.APIKey, key string) string {
+// responseKeys are the API keys of the stored-response tests: a's
+// "sk-a", b's "sk-b".
+var responseKeys = []limits.APIKey{{Name: "a", SHA256: limits.HashKey("sk-a")}, {Name: "b", SHA256: limits.HashKey("sk-b")}}
+
+// keyedResponses starts a sim pod that stores responses and n gateways
+// (replicas) in front of it with responseKeys.
+func keyedResponses(t *testing.T, n int) (*sim.Pod, []*lb.Server) {
 	t.Helper()
-	keys, err := limits.NewKeys(apiKeys)
+	p, err := sim.Start(sim.Config{Name: "p", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DefaultMaxTokens: 4, ResponsesStore: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	gateways := make([]*lb.Server, n)
+	for i := range gateways {
+		gateways[i] = testGateway(t, podsOf("m", p), func(c *config.Config) { c.Access.APIKeys = responseKeys })
+	}
+	return p, gateways
+}
+
+// askAs sends a JSON request to s with key and returns the answer's
+// status and body.
+func askAs(t *testing.T, s *lb.Server, key, method, path, body string) (int, string) {
+	t.Helper()
+	resp, b := send(t, client, s, method, path, body, "Content-Type", "application/json", "Authorization", "Bearer "+key)
+	return resp.StatusCode, b
+}
+
+// taggedID is a response id made for key, one of responseKeys, as a
+// gateway (or the key's holder) makes one: a new one at each call.
+func taggedID(t *testing.T, key string) string {
+	t.Helper()
+	keys, err := limits.NewKeys(responseKeys)
 	if err != nil {
 		t.Fatal(err)
 	}
