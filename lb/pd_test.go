@@ -452,90 +452,68 @@ func TestPDPrefillKilledFailsFast(t *testing.T) {
 }
 
 // TestPDPrefillFailsAfterDecodeAnswer: a generation_first decode pod
-// fails the stream it opened as soon as the KV transfer is refused, an
-// instant before the prefill leg fails on the same dead pod. TensorRT-LLM's
-// own disaggregated server answers such a stream only once its context leg
-// succeeded (openai_disagg_service.py, _send_disagg_request_gen_first), so
-// the client gets the prefill's error, not the decode pod's error event.
+// fails the stream it opened as soon as the KV transfer is refused, while
+// the context leg on the same dead pod fails an instant later, or hangs
+// well past the moments a concurrent decode answer waits for it
+// (lb/pd's prefillGrace, 250 ms) and then fails. TensorRT-LLM's own
+// disaggregated server relays the generation stream only once its
+// context leg answered (it gathers both legs' tasks first:
+// openai_disagg_service.py, _send_disagg_request_gen_first), so the
+// client gets the context leg's error, not 200 and the decode pod's
+// error event.
 func TestPDPrefillFailsAfterDecodeAnswer(t *testing.T) {
-	e := pdEngines[3]
-	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-	info := fmt.Sprintf(`{"disaggregated_params":{"ctx_info_endpoint":"tcp://%s","ctx_dp_rank":0}}`, deadAddr(t))
-	preAddr := fakePod(t, func(c net.Conn, r *http.Request) {
-		if r.URL.Path == "/server_info" {
-			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(info), info)
-			return
-		}
-		// The context leg fails, closed unanswered, once the decode pod
-		// found its KV unreachable.
-		for deadline := time.Now().Add(testwait.Timeout); dec.Stats().KVPullFailures == 0 && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-		}
-	})
-	pre := pdPod(dec, preAddr, "rs0")
-	pre.Name, pre.Role = "pre", sim.RolePrefill
-	s := pdGateway(t, e, []config.Pod{pre, pdPod(dec, dec.Addr(), "rs0")}, nil)
-	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
-	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
-		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	for _, tc := range []struct {
+		name string
+		hang time.Duration
+	}{{"fails", 0}, {"hangs", time.Second}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dec := startSim(t, pdEngines[3], "dec", sim.RoleDecode, nil)
+			s := deadContextPair(t, dec, func(net.Conn) {
+				// Closed unanswered once the decode pod found its KV
+				// unreachable, and hang later.
+				for deadline := time.Now().Add(testwait.Timeout); dec.Stats().KVPullFailures == 0 && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
+				time.Sleep(tc.hang)
+			})
+			resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
+			if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
+				t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+			}
+			ledgerSettles(t, s)
+		})
 	}
-	ledgerSettles(t, s)
 }
 
-// TestPDPrefillHangsAfterDecodeAnswer: a generation_first decode pod
-// fails the stream it opened as soon as the KV transfer is refused, while
-// the context leg hangs well past the moments a concurrent decode answer
-// waits for it, then fails. TensorRT-LLM's disaggregated server relays
-// the generation stream only once the context leg answered (it gathers
-// both legs' tasks first: openai_disagg_service.py,
-// _send_disagg_request_gen_first), so the client still gets the context
-// leg's error, not 200 and the decode pod's error event.
-func TestPDPrefillHangsAfterDecodeAnswer(t *testing.T) {
-	e := pdEngines[3]
-	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+// deadContextPair is a gateway over a TensorRT-LLM generation_first pair
+// of dec and a context pod whose /server_info names a dead KV endpoint
+// (dec's pull of the KV fails) and whose context leg is leg.
+func deadContextPair(t *testing.T, dec *sim.Pod, leg func(net.Conn)) *lb.Server {
+	t.Helper()
 	info := fmt.Sprintf(`{"disaggregated_params":{"ctx_info_endpoint":"tcp://%s","ctx_dp_rank":0}}`, deadAddr(t))
 	preAddr := fakePod(t, func(c net.Conn, r *http.Request) {
 		if r.URL.Path == "/server_info" {
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(info), info)
 			return
 		}
-		for deadline := time.Now().Add(testwait.Timeout); dec.Stats().KVPullFailures == 0 && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-		}
-		// Hung well past lb/pd's prefillGrace (250 ms), then closed
-		// unanswered.
-		time.Sleep(time.Second)
+		leg(c)
 	})
 	pre := pdPod(dec, preAddr, "rs0")
 	pre.Name, pre.Role = "pre", sim.RolePrefill
-	s := pdGateway(t, e, []config.Pod{pre, pdPod(dec, dec.Addr(), "rs0")}, nil)
-	resp, b := post(t, s, "/v1/chat/completions", pdBody("/v1/chat/completions", true, 8))
-	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-error-pd-prefill") != "true" {
-		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
-	}
-	ledgerSettles(t, s)
+	return pdGateway(t, pdEngines[3], []config.Pod{pre, pdPod(dec, dec.Addr(), "rs0")}, nil)
 }
 
 // TestPDClientLeavesWhileDecodeAnswerWaits: a client that leaves while
 // its generation_first decode answer waits for the hung context leg
-// (TestPDPrefillHangsAfterDecodeAnswer) cuts both legs: the context pod's
+// (TestPDPrefillFailsAfterDecodeAnswer/hangs) cuts both legs: the context pod's
 // connection closes, and nothing stays charged or in flight.
 func TestPDClientLeavesWhileDecodeAnswerWaits(t *testing.T) {
-	e := pdEngines[3]
-	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-	info := fmt.Sprintf(`{"disaggregated_params":{"ctx_info_endpoint":"tcp://%s","ctx_dp_rank":0}}`, deadAddr(t))
+	dec := startSim(t, pdEngines[3], "dec", sim.RoleDecode, nil)
 	cut := make(chan struct{})
-	preAddr := fakePod(t, func(c net.Conn, r *http.Request) {
-		if r.URL.Path == "/server_info" {
-			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(info), info)
-			return
-		}
+	s := deadContextPair(t, dec, func(c net.Conn) {
 		_, _ = io.Copy(io.Discard, c) // until the gateway closes it
 		close(cut)
 	})
-	pre := pdPod(dec, preAddr, "rs0")
-	pre.Name, pre.Role = "pre", sim.RolePrefill
-	s := pdGateway(t, e, []config.Pod{pre, pdPod(dec, dec.Addr(), "rs0")}, nil)
 	body := pdBody("/v1/chat/completions", true, 8)
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
@@ -1180,7 +1158,7 @@ func TestPDBrokenDecodeStreamGivesUpPrefillLeg(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			// SGLang: a generation_first decode answer waits for its
-			// context leg (TestPDPrefillHangsAfterDecodeAnswer).
+			// context leg (TestPDPrefillFailsAfterDecodeAnswer/hangs).
 			s := pickupPair(t, pdEngines[1], c.decode, func(cfg *config.Config) {
 				cfg.Frontend = c.frontend
 				cfg.PD.PrefillRequestTimeout = c.timeout
