@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/net/dns/dnsmessage"
 
+	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
 	"pdlb/lb/discovery/spec"
 )
@@ -151,9 +152,8 @@ func TestDNSARecords(t *testing.T) {
 	srv.set(func() {
 		srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11"), net.ParseIP("fd00::1"), net.ParseIP("127.0.0.11")}
 	})
-	var logged strings.Builder
-	var logMu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	var logged testlog.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
 	// Family all: every address of both families is a pod.
 	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Family: spec.DNSFamilyAll, Port: 8000, Model: "llama", KVEventsPort: 5557, KVReplayPort: 5600,
 		DataParallelSize: 2, Interval: 50 * time.Millisecond}, log))
@@ -175,8 +175,6 @@ func TestDNSARecords(t *testing.T) {
 	// recovers is the new list, never an empty one.
 	srv.set(func() { srv.servfail = []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA} })
 	failureLogged := func() bool {
-		logMu.Lock()
-		defer logMu.Unlock()
 		return strings.Contains(logged.String(), "DNS lookup failed")
 	}
 	for !failureLogged() {
@@ -189,14 +187,12 @@ func TestDNSARecords(t *testing.T) {
 	if got := describe(w.next()); got != "127.0.0.13:8000 llama vllm combined  127.0.0.13:8000" {
 		t.Fatalf("after SERVFAIL: %q", got)
 	}
-	logMu.Lock()
 	if n := strings.Count(logged.String(), "DNS lookup failed"); n != 1 {
 		t.Errorf("the failure must be logged once, not %d times:\n%s", n, logged.String())
 	}
 	if !strings.Contains(logged.String(), "keeping the last pods") {
 		t.Errorf("a failure after pods were found must say they are kept:\n%s", logged.String())
 	}
-	logMu.Unlock()
 	// The name is gone: no pods.
 	srv.set(func() { delete(srv.ips, name) })
 	w.expect()
@@ -209,15 +205,12 @@ func TestDNSOneQueryFails(t *testing.T) {
 	srv := startDNS(t)
 	const name = "llama.inference.test."
 	srv.set(func() { srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11")} })
-	var logged strings.Builder
-	var logMu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	var logged testlog.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
 	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", Interval: 50 * time.Millisecond}, log))
 	w.expect("127.0.0.11:8000 llama vllm combined  127.0.0.11:8000")
 	srv.set(func() { srv.servfail, srv.failAfter = []dnsmessage.Type{dnsmessage.TypeA}, 5*time.Millisecond })
 	failureLogged := func() bool {
-		logMu.Lock()
-		defer logMu.Unlock()
 		return strings.Contains(logged.String(), "DNS lookup failed")
 	}
 	for !failureLogged() {
@@ -242,14 +235,11 @@ func TestDNSFailureLoggedEachOutage(t *testing.T) {
 	srv := startDNS(t)
 	const name = "llama.inference.test."
 	srv.set(func() { srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11")} })
-	var logged strings.Builder
-	var logMu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	var logged testlog.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
 	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", Interval: 50 * time.Millisecond}, log))
 	w.expect("127.0.0.11:8000 llama vllm combined  127.0.0.11:8000")
 	failures := func() int {
-		logMu.Lock()
-		defer logMu.Unlock()
 		return strings.Count(logged.String(), "DNS lookup failed")
 	}
 	outage := func(n int) {
@@ -279,13 +269,10 @@ func TestDNSFirstLookupFails(t *testing.T) {
 		srv.ips[name] = []net.IP{net.ParseIP("127.0.0.11")}
 		srv.servfail = []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA}
 	})
-	var logged strings.Builder
-	var logMu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	var logged testlog.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
 	w := follow(t, dnsSource(t, srv, spec.DNS{Name: name, Port: 8000, Model: "llama", Interval: 50 * time.Millisecond}, log))
 	logLine := func() string {
-		logMu.Lock()
-		defer logMu.Unlock()
 		return logged.String()
 	}
 	for !strings.Contains(logLine(), "DNS lookup failed") {
@@ -385,17 +372,6 @@ func TestDNSOneFamilyPerName(t *testing.T) {
 	if got := resolve(spec.DNS{Name: "_http._tcp.sgl.test.", Type: spec.DNSTypeSRV}); !slices.Equal(got, []string{"pod-a.sgl.test:30000"}) {
 		t.Errorf("SRV target with A and AAAA records: pods %q", got)
 	}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *strings.Builder
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // TestDiscoveredBootstrapPortReachesTheGateway: the gateway takes a

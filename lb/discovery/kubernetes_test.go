@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
 	"pdlb/lb/discovery/spec"
 )
@@ -234,9 +234,8 @@ func TestKubernetesAnnotations(t *testing.T) {
 			map[string]string{spec.AnnotationKVEventsPort: "5557", spec.AnnotationDataParallelSize: "2"}),
 		kpod("replay-alone", "10.0.0.15", map[string]string{spec.LabelModel: "m"}, map[string]string{spec.AnnotationKVReplayPort: "5600"}),
 	)
-	var logged strings.Builder
-	var logMu sync.Mutex
-	k, err := NewKubernetes(fakePods{client.CoreV1().Pods("")}, spec.Kubernetes{Selector: spec.DefaultSelector}, slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil)))
+	var logged testlog.Buffer
+	k, err := NewKubernetes(fakePods{client.CoreV1().Pods("")}, spec.Kubernetes{Selector: spec.DefaultSelector}, slog.New(slog.NewTextHandler(&logged, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,8 +267,6 @@ func TestKubernetesAnnotations(t *testing.T) {
 	if s0.BootstrapPort != 9001 || s0.ModelConfig != nil {
 		t.Errorf("sglang pod: %+v", s0)
 	}
-	logMu.Lock()
-	defer logMu.Unlock()
 	for _, want := range []string{
 		`pod=inference/bad-json err="discovery: invalid: model.aibrix.ai/config`,
 		`pod=inference/bad-port err="label model.aibrix.ai/port = \"http\" is not a port"`,
@@ -386,12 +383,9 @@ func TestKubernetesErrorsInTheLog(t *testing.T) {
 		})
 	}))
 	t.Cleanup(api.Close)
-	var logged strings.Builder
-	var logMu sync.Mutex
-	follow(t, overHTTP(t, api.URL, slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))))
+	var logged testlog.Buffer
+	follow(t, overHTTP(t, api.URL, slog.New(slog.NewTextHandler(&logged, nil))))
 	testwait.For(t, "the refusal in the log", func() bool {
-		logMu.Lock()
-		defer logMu.Unlock()
 		return strings.Contains(logged.String(), `cannot list resource \"pods\"`)
 	})
 }
@@ -405,17 +399,14 @@ func TestKubernetesNoPodLogged(t *testing.T) {
 	starting := kpod("c0", "", map[string]string{spec.LabelModel: "my-model"}, nil)
 	starting.Status.Phase = corev1.PodPending
 	client := fake.NewClientset(starting)
-	var logged strings.Builder
-	var logMu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil))
+	var logged testlog.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
 	k, err := NewKubernetes(fakePods{client.CoreV1().Pods("inference")}, spec.Kubernetes{Namespace: "inference", Selector: spec.DefaultSelector}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	noPod := func(want int, selected string) {
 		t.Helper()
-		logMu.Lock()
-		defer logMu.Unlock()
 		line := `msg="discovery: no Kubernetes pod to route to" namespace=inference selector=model.aibrix.ai/name selected=` + selected
 		if n := strings.Count(logged.String(), "no Kubernetes pod"); n != want || !strings.Contains(logged.String(), line) {
 			t.Fatalf("want %d lines, the last with %s:\n%s", want, line, logged.String())
