@@ -263,9 +263,21 @@ func TestStreamBatchTPOT(t *testing.T) {
 func streamTPOT(t *testing.T, path, body string, choices int) {
 	t.Helper()
 	const steps, step = 5, 20 * time.Millisecond
+	// The gateway times a token when it reads it, so a relay that read the
+	// first step late, together with the next, timed less than the pod's
+	// steps: the pod paces the rest only once the client has the first
+	// token, which the gateway timed before relaying it.
+	firstRead := make(chan struct{})
 	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
 		for i := range steps {
+			if i == 1 {
+				select {
+				case <-firstRead:
+				case <-t.Context().Done():
+					return
+				}
+			}
 			if i > 0 {
 				time.Sleep(step)
 			}
@@ -276,16 +288,30 @@ func streamTPOT(t *testing.T, path, body string, choices int) {
 		io.WriteString(c, "data: [DONE]\n\n")
 	})
 	s := testGateway(t, []config.Pod{{Model: "m", Address: pod}}, nil)
-	resp, _ := postVia(t, client, s, path, body)
+	resp, err := client.Post("http://"+s.Addr()+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
+	}
+	events := 0
+	readEvents(t, resp.Body, func(string, time.Time) {
+		if events++; events == 1 {
+			close(firstRead)
+		}
+	})
+	if want := steps*choices + 1; events != want {
+		t.Fatalf("%d events relayed; want %d", events, want)
 	}
 	waitIdle(t, s)
 	if n := metricValue(t, s, `pdlb_time_per_output_token_seconds_count{model="m"}`); n != 1 {
 		t.Fatalf("%v TPOT samples; want 1", n)
 	}
-	// The pod paced its steps at least step apart.
-	if tpot := metricValue(t, s, `pdlb_time_per_output_token_seconds_sum{model="m"}`); tpot < step.Seconds()*0.9 {
+	// Between the first token's timing and the last's the pod slept
+	// steps-1 times at least step.
+	if tpot := metricValue(t, s, `pdlb_time_per_output_token_seconds_sum{model="m"}`); tpot < step.Seconds() {
 		t.Errorf("TPOT %.1f ms of steps at least %v apart", tpot*1000, step)
 	}
 }
