@@ -42,18 +42,32 @@ func TestPrefixCacheHitShortensTTFT(t *testing.T) {
 	content := strings.Repeat("0123456789abcdef", 5000)
 	prompt := chatTokens(content)
 	body := chatBody(content, map[string]any{"stream": true, "max_tokens": 2})
-	ttft := func() time.Duration {
+	l := `{model_name="m",engine="0"}`
+	// ttft streams body and returns when its first token came and the sum
+	// of the pod's simulated TTFTs so far.
+	ttft := func() (time.Duration, float64) {
 		_, events := stream(t, c, context.Background(), "http://"+p.Addr()+"/v1/chat/completions", body)
 		parseChunks(t, events)
-		return events[0].at
+		_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+		return events[0].at, metricValue(t, text, "vllm:time_to_first_token_seconds_sum"+l)
 	}
-	cold, warm := ttft(), ttft()
-	if cold < 150*time.Millisecond || warm > cold/3 {
-		t.Fatalf("TTFT cold %v, warm %v: the cache did not help", cold, warm)
+	cold, coldSim := ttft()
+	_, sum := ttft()
+	// The pod paces a prefill in wall time, so the cold first token comes
+	// no sooner; a warm one comes as soon as the machine lets it, which
+	// under load is no measure of the cache: its simulated TTFT, exact
+	// whatever the load, is.
+	if cold < 150*time.Millisecond {
+		t.Fatalf("cold TTFT %v: the prefill was not paced", cold)
+	}
+	hits := len(prompt) / DefaultBlockSize * DefaultBlockSize
+	if want := DefaultPhysics().PrefillSec(len(prompt)); math.Abs(coldSim-want) > 1e-6 {
+		t.Fatalf("cold simulated TTFT %v s, want the whole prefill's %v s", coldSim, want)
+	}
+	if warmSim, want := sum-coldSim, DefaultPhysics().PrefillSec(len(prompt)-hits); math.Abs(warmSim-want) > 1e-6 {
+		t.Fatalf("warm simulated TTFT %v s, want the uncached %d tokens' %v s: the cache did not help", warmSim, len(prompt)-hits, want)
 	}
 	_, text := get(t, c, "http://"+p.Addr()+"/metrics")
-	l := `{model_name="m",engine="0"}`
-	hits := len(prompt) / DefaultBlockSize * DefaultBlockSize
 	if got := metricValue(t, text, "vllm:prefix_cache_hits_total"+l); got != float64(hits) {
 		t.Fatalf("prefix_cache_hits_total = %v, want %d", got, hits)
 	}
@@ -62,11 +76,6 @@ func TestPrefixCacheHitShortensTTFT(t *testing.T) {
 	}
 	if got := metricValue(t, text, "vllm:prompt_tokens_total"+l); got != float64(2*len(prompt)) {
 		t.Fatalf("prompt_tokens_total = %v, want %d", got, 2*len(prompt))
-	}
-	// Simulated TTFTs: the cold one is the whole prefill.
-	sum := metricValue(t, text, "vllm:time_to_first_token_seconds_sum"+l)
-	if want := DefaultPhysics().PrefillSec(len(prompt)); sum < want || sum > want+0.5 {
-		t.Fatalf("time_to_first_token_seconds_sum = %v, want about %v", sum, want)
 	}
 }
 
