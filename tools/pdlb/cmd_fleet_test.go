@@ -21,17 +21,7 @@ func TestRunFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out testlog.Buffer
-	stop := make(chan os.Signal, 1)
-	done := make(chan error, 1)
-	go func() { done <- runFleet(fc, &out, stop) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(out.String(), "Serving") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no pod listing: %q", out.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	out, stop := startFleet(t, fc)
 	lines := strings.Split(out.String(), "\n")
 	if !strings.HasPrefix(lines[0], "NAME") || len(lines) < 1+len(fc.Pods) {
 		t.Fatalf("listing:\n%s", out.String())
@@ -49,9 +39,25 @@ func TestRunFleet(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	stop <- syscall.SIGTERM
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	stop()
+}
+
+// startFleet runs fc's pods as pdlb fleet does until stop, which sends
+// it SIGTERM and waits for it; out holds what it printed, the pod
+// listing (its "Serving" line) already.
+func startFleet(t *testing.T, fc sim.FleetConfig) (out *testlog.Buffer, stop func()) {
+	t.Helper()
+	out = new(testlog.Buffer)
+	signals := make(chan os.Signal, 1)
+	done := make(chan error, 1)
+	go func() { done <- runFleet(fc, out, signals) }()
+	testwait.For(t, "the pod listing", func() bool { return strings.Contains(out.String(), "Serving") })
+	return out, func() {
+		t.Helper()
+		signals <- syscall.SIGTERM
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -96,15 +102,8 @@ func TestRunFleetListsDialableAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out testlog.Buffer
-	stop := make(chan os.Signal, 1)
-	done := make(chan error, 1)
-	go func() { done <- runFleet(fc, &out, stop) }()
-	testwait.For(t, "the pod listing", func() bool { return strings.Contains(out.String(), "Serving") })
-	stop <- syscall.SIGTERM
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	out, stop := startFleet(t, fc)
+	stop()
 	f := strings.Fields(strings.Split(out.String(), "\n")[1])
 	cfg := config.Default()
 	cfg.Pods = []config.Pod{{Model: "m", Address: f[3], KVEvents: f[5]}}
