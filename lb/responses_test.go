@@ -339,6 +339,46 @@ func TestResponsesPinnedHedge(t *testing.T) {
 	}
 }
 
+// TestResponsesSeekNotHedged: a follow-up naming a response the gateway
+// does not know seeks it on the model's pods in turn; each pod without
+// it answers 404 at once, as vLLM does, so the one slower than the
+// first-byte deadline is the one holding it: the seek waits for it, on
+// either front end, rather than giving it up for pods that can only
+// answer 404.
+func TestResponsesSeekNotHedged(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			var pods []config.Pod
+			for _, name := range []string{"a", "b", "c"} {
+				p := &responsesPod{stored: map[string]bool{"resp_on_" + name: true}}
+				pods = append(pods, config.Pod{Name: name, Model: "m", Address: fakePod(t, func(c net.Conn, r *http.Request) {
+					p.mu.Lock()
+					holds := r.ContentLength > 0 && p.stored["resp_on_"+name]
+					p.mu.Unlock()
+					if holds {
+						time.Sleep(400 * time.Millisecond) // its generation
+					}
+					p.serve(c, r)
+				})})
+			}
+			s := testGateway(t, pods, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 1, Floor: 100 * time.Millisecond}
+			})
+			for _, name := range []string{"a", "b", "c"} {
+				body := `{"model":"m","input":"x","stream":true,"previous_response_id":"resp_on_` + name + `"}`
+				if resp, b := post(t, s, "/v1/responses", body); resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != name {
+					t.Errorf("follow-up of a response on %s: %d from %q: %s", name, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				}
+			}
+			if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="hung"}`); n != 0 {
+				t.Errorf("%v seeks given up as hung", n)
+			}
+		})
+	}
+}
+
 // TestResponsesUsage: a Responses answer's output tokens (its usage,
 // whole or in response.completed) count as a completion's, and its
 // stream's first token is timed as a completion's.

@@ -146,12 +146,14 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 // the retry budget (held, or free now), and its model a pod available now
 // that could answer it and that it has not tried (a combined pod, or a
 // decode pod, alone or in a pair) or, off the PD path, may go back to (a
-// combined pod in x.back: panic.go), or a fallback model to go to, and it is
-// not bound to its stored response's pod (x.home). Else giving up at the
-// first-byte deadline only turns an answer on its way into a 504, or
-// sends it to a pod the checks found down (a panic pick), which fails it.
+// combined pod in x.back: panic.go), or a fallback model to go to, and it
+// names no stored response: bound to its pod (x.home), or seeking it
+// (seekStored), where the pods without it answer 404 at once, so a slow
+// one is the one holding it. Else giving up at the first-byte deadline
+// only turns an answer on its way into a 504 (or a 404), or sends it to a
+// pod the checks found down (a panic pick), which fails it.
 func (g *Gateway) mayHedge(x *completion) bool {
-	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) || x.home.pod != "" {
+	if x.attempts-x.downMoves > g.cfg.Upstream.Retries || !g.retryOn(fail.Hung) || storedIDOf(x.ctx, x) != nil {
 		return false
 	}
 	if !x.retrying && g.metrics.retry.inFlight.Load() >= g.retryLimit() {
