@@ -265,6 +265,52 @@ func TestFirstByteWithinTheRetryBudget(t *testing.T) {
 	}
 }
 
+// TestFirstByteBudgetAtTheDeadline: the retry budget is asked again as
+// the first-byte deadline passes. Two requests sent at once to two slow
+// pods each find room for a retry as they go out; with a budget of one
+// retry, only the first deadline to pass gives its pod up, and the other
+// request waits on for its pod's answer, as it would without the
+// deadline, rather than getting a 504 for a retry it had no place for.
+func TestFirstByteBudgetAtTheDeadline(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			slow := func(name string) config.Pod {
+				return config.Pod{Name: name, Model: "m", Address: slowPod(t, 1200*time.Millisecond)}
+			}
+			s := testGateway(t, []config.Pod{slow("a"), slow("b")}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+				c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+				c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 1, Floor: 300 * time.Millisecond}
+				c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1, MinRetries: 1}
+			})
+			// gnet's loop sweeps deadlines from the first exchange on.
+			if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+				t.Fatalf("%d: %s", resp.StatusCode, b)
+			}
+			const hung = `pdlb_upstream_retries_total{reason="hung"}`
+			before := metricValue(t, s, hung)
+			var wg sync.WaitGroup
+			for i := range 2 {
+				wg.Go(func() {
+					if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+						t.Errorf("request %d: %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+					}
+				})
+			}
+			wg.Wait()
+			if n := metricValue(t, s, hung) - before; n != 1 {
+				t.Errorf("%v attempts given up as hung, want the one the budget had room for", n)
+			}
+			if n := metricValue(t, s, "pdlb_upstream_retry_budget_exhausted_total"); n != 0 {
+				t.Errorf("%v retries refused by the budget after their pods were given up", n)
+			}
+			waitIdle(t, s)
+		})
+	}
+}
+
 // TestRetryBudgetBurst: a pod that fails a burst of requests at once
 // sends their retries together, more than a small budget holds, and every
 // client still gets its answer from the other pod. The retries over the

@@ -52,7 +52,9 @@ type RetryBudget struct {
 // the request's predicted time to it, plus Floor, capped by the response
 // timeout. Past it the attempt is given up (its connection is closed, so
 // the engine aborts the request), counted against the pod as a failure,
-// and retried as a "timeout". The predicted time is the time to first
+// and retried as a "timeout", when another pod is available then and the
+// retry budget has room; else it waits on for the pod's answer, up to the
+// response timeout. The predicted time is the time to first
 // token for a stream (whose first byte is its first event's: engines send
 // its head before the prefill) and to the whole answer otherwise, which
 // needs the request's max_tokens.

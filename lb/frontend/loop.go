@@ -41,6 +41,12 @@ type Task interface{ Run() }
 // served on the loop again: it may answer, Detach, or Send anew.
 type Done interface{ Answered(err error) }
 
+// Hedger is a Done that decides, as Upstream.FirstByte passes with no
+// byte of the answer, whether the exchange is given up then (true) or
+// waits on to Upstream.Timeout (false): the retry that giving up was for
+// may have no place by then. A Done that is no Hedger is given up.
+type Hedger interface{ GiveUp() bool }
+
 // LoopOf returns the loop ctx is served on, nil when ctx is served on a
 // goroutine that may block (fasthttp's, a gnet worker).
 func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
@@ -116,7 +122,8 @@ type Upstream struct {
 	// FirstByte, when set and shorter than Timeout, bounds the wait for
 	// the answer's first byte (a stream's first body byte: engines send
 	// its head before the prefill): past it the exchange ends with
-	// fasthttp.ErrTimeout, as past Timeout without a byte.
+	// fasthttp.ErrTimeout, as past Timeout without a byte, unless done,
+	// a Hedger, says to wait on.
 	FirstByte time.Duration
 	// Down, when set, holds when (unix ns) the pod was last found dead
 	// (pool.Pod.DownAt): an exchange sent before then with no byte of its
@@ -360,6 +367,8 @@ func (ls *loopState) sweepConns() {
 		case (uc.sink != nil || uc.done != nil) && ls.s.aborting.Load():
 			uc.aborted = true
 			_ = uc.c.Close()
+		case uc.done != nil && !uc.got && now > uc.firstBy && now <= uc.deadline && !giveUp(uc.done):
+			uc.firstBy = uc.deadline
 		case (uc.done != nil || uc.sink != nil) && (now > uc.deadline || (uc.done != nil && !uc.got && now > uc.firstBy)):
 			uc.timedOut = true
 			_ = uc.c.Close() // on a later turn of the loop: OnClose ends the exchange
@@ -370,6 +379,13 @@ func (ls *loopState) sweepConns() {
 			_ = uc.c.Close()
 		}
 	}
+}
+
+// giveUp says whether d's exchange is given up at its first-byte deadline
+// (Hedger).
+func giveUp(d Done) bool {
+	h, ok := d.(Hedger)
+	return !ok || h.GiveUp()
 }
 
 // upConn is a keep-alive connection to a pod, on one loop, carrying one

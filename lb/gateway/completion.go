@@ -66,6 +66,7 @@ type completion struct {
 	// worked: how many retries' answers had begun when x's was refused.
 	within     time.Duration
 	hedged     bool
+	hedge      hedgeCut // a worker's first-byte deadline (giveUp)
 	retrying   bool
 	budgetWait bool
 	worked     int64

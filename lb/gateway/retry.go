@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/fail"
 	"pdlb/lb/pool"
+	"pdlb/lb/upstream"
 	"pdlb/promtext"
 )
 
@@ -139,6 +141,56 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 		return limit, false
 	}
 	return time.Duration(d), true
+}
+
+// giveUp decides, as x's first-byte deadline passes with no byte of the
+// answer, whether the attempt is given up for a retry: mayHedge still
+// says so, and x takes a place in the retry budget now, which its retry
+// keeps. Else x waits on for the pod's answer, its best chance, as it
+// would without the deadline: up to the response timeout. Only x's
+// transport calls it, while x awaits its attempt's outcome.
+func (g *Gateway) giveUp(x *completion) bool {
+	if g.mayHedge(x) && g.takeRetry(x, false) {
+		return true
+	}
+	x.within, x.hedged = g.responseTimeout(x.req.Stream), false
+	return false
+}
+
+// GiveUp is giveUp on the event loop (frontend.Hedger).
+func (x *completion) GiveUp() bool { return x.g.giveUp(x) }
+
+// hedgeCut gives a worker's call up at x's first-byte deadline when
+// giveUp says so then; fired says it did.
+type hedgeCut struct {
+	x *completion
+	// mu orders the timer's giveUp with Unwatch: none runs after the
+	// call returned, when x's goroutine reads x again.
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+	fired   bool
+}
+
+func (h *hedgeCut) Watch(c upstream.Cutter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopped = false
+	h.timer = time.AfterFunc(h.x.within, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.stopped && h.x.g.giveUp(h.x) {
+			h.fired = true
+			c.Cut()
+		}
+	})
+}
+
+func (h *hedgeCut) Unwatch(upstream.Cutter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopped = true
+	h.timer.Stop()
 }
 
 // mayHedge says a hung attempt of x could go on elsewhere: retry_on lists

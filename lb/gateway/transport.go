@@ -68,19 +68,29 @@ func (workerTransport) send(x *completion) {
 	x.resp.StreamBody = x.req.Stream
 	now := time.Now()
 	// A stream's first body bytes are due with its head (within), and
-	// its relay begins with them.
-	n, err := x.g.callPod(clientCut(x.ctx), x.pod, x.up, x.resp, now, now.Add(x.within), now.Add(x.g.responseTimeout(x.req.Stream)), x.wait[:])
+	// its relay begins with them. A hedged attempt's are due by the
+	// response timeout, unless giveUp cuts it at within (x.hedge).
+	deadline := now.Add(x.g.responseTimeout(x.req.Stream))
+	headBy, hedge := now.Add(x.within), upstream.Cut(nil)
+	if x.hedged {
+		x.hedge.x, x.hedge.fired = x, false
+		headBy, hedge = deadline, &x.hedge
+	}
+	n, err := x.g.callPod(clientCut(x.ctx), x.pod, x.up, x.resp, now, headBy, deadline, x.wait[:], hedge)
+	if err == upstream.ErrCut && hedge != nil && x.hedge.fired {
+		err = fasthttp.ErrTimeout // no byte by the first-byte deadline
+	}
 	x.primed = n
 	x.answered(err)
 }
 
-// callPod is upstream.DoCut of up on pod, sent at now, cut by cut, when
-// the shutdown's grace is over and when health checks find the pod dead,
-// as the loops give such an exchange up (AbortRelays,
+// callPod is upstream.DoCut of up on pod, sent at now, cut by cut and
+// hedge, when the shutdown's grace is over and when health checks find
+// the pod dead, as the loops give such an exchange up (AbortRelays,
 // frontend.Upstream.Down); those end it with frontend.ErrAborted and
 // upstream.ErrPodDown.
-func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time, first []byte) (int, error) {
-	n, err := upstream.DoCut(pod.Client, up, resp, headBy, deadline, first, cut, pod.Down(), abortCut{g})
+func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time, first []byte, hedge upstream.Cut) (int, error) {
+	n, err := upstream.DoCut(pod.Client, up, resp, headBy, deadline, first, cut, pod.Down(), abortCut{g}, hedge)
 	if err == upstream.ErrCut {
 		switch {
 		case g.aborting.Load():
