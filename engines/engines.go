@@ -103,6 +103,18 @@ func (k Kind) DecodeServesPlain() bool { return k != SGLang }
 // disaggregated server refuses batches.
 func (k Kind) ExchangesBatch() bool { return k == SGLang }
 
+// CompletionMaxTokens is the output budget of each sequence engine k
+// gives a completion (not a chat) that leaves max_tokens out: 16 on vLLM
+// and SGLang (their CompletionRequest's default, OpenAI's), -1 (unknown)
+// on TensorRT-LLM, whose default of None lets the output run to the
+// context's end.
+func (k Kind) CompletionMaxTokens() int {
+	if k == TRTLLM {
+		return -1
+	}
+	return 16
+}
+
 // Load is what the gateway reads from a pod's /metrics scrape.
 type Load struct {
 	Running float64 // requests in the running batch

@@ -196,6 +196,38 @@ func TestFirstByteWholeBatch(t *testing.T) {
 	}
 }
 
+// TestFirstByteCompletionDefault: a whole completion that leaves
+// max_tokens out generates at most 16 tokens a sequence on vLLM (its
+// CompletionRequest's default), so its first-byte deadline is predicted
+// from them and a hung pod's attempt is given up for the other pod, as
+// one with max_tokens is; the gateway once took its budget for unknown
+// and waited out the minute's response timeout.
+func TestFirstByteCompletionDefault(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			good := testFleet(t, "m", 1, 100)[0]
+			s := testGateway(t, []config.Pod{{Name: "bad", Model: "m", Address: fakePod(t, hungPod)}, {Name: "good", Model: "m", Address: good.Addr()}},
+				func(c *config.Config) {
+					c.Frontend = fe
+					c.Health.Interval = time.Hour
+					c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+					c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = time.Minute, time.Minute
+					c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
+				})
+			patient := &http.Client{Timeout: 10 * time.Second}
+			for i := range 2 {
+				resp, b := postVia(t, patient, s, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"hello %d"}`, i))
+				if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" {
+					t.Fatalf("request %d: %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				}
+			}
+			if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="hung"}`); n == 0 {
+				t.Fatal("no attempt given up as hung: round robin sent none to the hung pod")
+			}
+		})
+	}
+}
+
 // TestFirstByteKeepsTheOnlyAvailablePod: a slow pod is not given up at
 // the first-byte deadline when every other pod of its model is down: the
 // retry would go to a dead pod (a panic pick, which comes before any

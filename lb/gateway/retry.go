@@ -120,13 +120,15 @@ func (g *Gateway) leaveRetry(x *completion) {
 // response timeout and the attempt could be retried (hedged); else the
 // response timeout. A stream's first byte is its first event's, with its
 // first token (engines send its head at once, before the prefill); a
-// whole answer comes after its last token, which needs max_tokens to
-// predict: max_tokens steps of the pod's batch with each choice (n) of
-// each prompt of the request in it, a sequence of its own, in rounds of
-// at most plan.decode_max_batch sequences (the rest wait).
+// whole answer comes after its last token, which needs its output budget
+// (max_tokens, or a completion's engine default) to predict: that many
+// steps of the pod's batch with each choice (n) of each prompt of the
+// request in it, a sequence of its own, in rounds of at most
+// plan.decode_max_batch sequences (the rest wait).
 func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within time.Duration, hedged bool) {
 	fb, limit := g.cfg.Upstream.Retry.FirstByte, g.responseTimeout(x.req.Stream)
-	if fb.Factor <= 0 || (!x.req.Stream && x.req.MaxTokens <= 0) || !g.mayHedge(x) {
+	budget := x.req.OutputBudget()
+	if fb.Factor <= 0 || (!x.req.Stream && budget <= 0) || !g.mayHedge(x) {
 		return limit, false
 	}
 	ttft, tpot := g.predict(x, pre, dec)
@@ -134,7 +136,7 @@ func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within tim
 	if !x.req.Stream {
 		// tpot is the step with a round of the request's sequences.
 		full := g.cfg.Plan.DecodeMaxBatch
-		at += float64(x.req.MaxTokens*((x.sequences()+full-1)/full)) * tpot
+		at += float64(budget*((x.sequences()+full-1)/full)) * tpot
 	}
 	d := fb.Factor*at*float64(time.Second) + float64(fb.Floor)
 	if math.IsNaN(d) || d >= float64(limit) {

@@ -186,6 +186,10 @@ type Request struct {
 	MaxTokens int
 	// MaxCompletionTokens says MaxTokens came from "max_completion_tokens".
 	MaxCompletionTokens bool
+	// engineBudget says a completion left max_tokens out, so the engine's
+	// default applies (OutputBudget); null is not absent: vLLM reads it
+	// as None, the context's rest.
+	engineBudget bool
 	// Choices is "n", the completions generated for the prompt (default
 	// 1): their tokens come interleaved in one stream, and usage counts
 	// them all.
@@ -557,7 +561,7 @@ func (r *Request) parse(s *scanner) error {
 	}
 	s.open()
 	var maxTokens, maxCompletion = -1, -1
-	var seenPrompt, seenEmbeds bool
+	var seenPrompt, seenEmbeds, seenMax bool
 	var instructions, input field // KindResponses, KindMessages: rendered once all is read
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
@@ -588,6 +592,7 @@ func (r *Request) parse(s *scanner) error {
 			r.SpecialTokensSet = s.c() != 'n'
 			r.SpecialTokens, err = r.parseBool(s, "add_special_tokens")
 		case "max_tokens":
+			seenMax = true
 			maxTokens, err = r.parseCount(s, "max_tokens")
 		case "max_completion_tokens":
 			// Chat's field alone: vLLM's and SGLang's completion requests
@@ -660,10 +665,22 @@ func (r *Request) parse(s *scanner) error {
 		return MissingParam("prompt")
 	}
 	r.MaxTokens, r.MaxCompletionTokens = maxTokens, false
+	r.engineBudget = r.Kind == KindCompletion && !seenMax
 	if maxCompletion >= 0 {
 		r.MaxTokens, r.MaxCompletionTokens = maxCompletion, true
 	}
 	return nil
+}
+
+// OutputBudget is the most tokens the engine generates for each of r's
+// sequences: MaxTokens, or for a completion without max_tokens its
+// engine's default (engines.Kind.CompletionMaxTokens); -1 when unknown,
+// as for a chat without one, which vLLM lets run to the context's end.
+func (r *Request) OutputBudget() int {
+	if r.engineBudget {
+		return r.Engine.CompletionMaxTokens()
+	}
+	return r.MaxTokens
 }
 
 // parseModel reads "model": a string, or null, which counts as absent.

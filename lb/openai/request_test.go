@@ -1159,6 +1159,35 @@ func TestParseChoices(t *testing.T) {
 	}
 }
 
+// TestOutputBudget: a completion that leaves max_tokens out gets its
+// engine's default (16 on vLLM and SGLang, unknown on TensorRT-LLM); one
+// that gives it, or null (vLLM's None: the context's rest), and a chat
+// without one (the context's rest) keep what they say.
+func TestOutputBudget(t *testing.T) {
+	f := func(kind Kind, body string, engine engines.Kind, want int) {
+		t.Helper()
+		r := AcquireRequest()
+		defer ReleaseRequest(r)
+		if err := r.Parse(kind, []byte(body)); err != nil {
+			t.Fatalf("Parse(%s): %v", body, err)
+		}
+		r.Engine = engine
+		if got := r.OutputBudget(); got != want {
+			t.Errorf("%s on %q: budget %d, want %d", body, engine, got, want)
+		}
+	}
+	const absent = `{"model":"m","prompt":"x"}`
+	f(KindCompletion, absent, "", 16)
+	f(KindCompletion, absent, engines.VLLM, 16)
+	f(KindCompletion, absent, engines.SGLang, 16)
+	f(KindCompletion, absent, engines.TRTLLM, -1)
+	f(KindCompletion, `{"model":"m","prompt":"x","max_tokens":null}`, engines.VLLM, -1)
+	f(KindCompletion, `{"model":"m","prompt":"x","max_tokens":200}`, engines.VLLM, 200)
+	f(KindCompletion, `{"model":"m","prompt":"x","max_completion_tokens":200}`, engines.VLLM, 16)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, engines.VLLM, -1)
+	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":7}`, engines.SGLang, 7)
+}
+
 // TestParseTruncation: a prompt is counted and tokenized as the engine
 // keeps it under truncate_prompt_tokens: its last k tokens, or its first
 // with truncation_side "right"; null, -1 (the context, unknown here) and
