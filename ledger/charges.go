@@ -13,6 +13,7 @@ type charge struct {
 	prefill, decode *podSlot // nil when that side was not charged
 	active, kv      int64    // tokens on prefill
 	decodeTokens    int64    // tokens on decode
+	seqs            int64    // sequences decoded (Prompt.Sequences, at least 1)
 	routedMs        int64    // decode routed_at, ledger-clock milliseconds
 	at              int64    // when charged, ledger-clock nanoseconds (TTL)
 }
@@ -24,9 +25,7 @@ func (c *charge) release() {
 		s.kv.Add(-c.kv)
 	}
 	if s := c.decode; s != nil {
-		s.decode.Add(-c.decodeTokens)
-		s.decodeReqs.Add(-1)
-		s.routedMs.Add(-c.routedMs)
+		s.addDecode(-c.decodeTokens, -c.seqs, c.routedMs)
 	}
 }
 
@@ -188,15 +187,11 @@ func (tab chargeTable) moveDecode(t Ticket, s *podSlot, routedMs int64) {
 	if i, ok := sh.find(id); ok {
 		c := &sh.slots[i].c
 		if old := c.decode; old != nil {
-			old.decode.Add(-c.decodeTokens)
-			old.decodeReqs.Add(-1)
-			old.routedMs.Add(-c.routedMs)
+			old.addDecode(-c.decodeTokens, -c.seqs, c.routedMs)
 		}
 		c.decode, c.routedMs = s, routedMs
 		if s != nil {
-			s.decode.Add(c.decodeTokens)
-			s.decodeReqs.Add(1)
-			s.routedMs.Add(routedMs)
+			s.addDecode(c.decodeTokens, c.seqs, routedMs)
 			s.touch()
 		}
 	}

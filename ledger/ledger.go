@@ -30,14 +30,18 @@ import (
 // pods never share a cache line, nor the adjacent-line pair x86 prefetches
 // together, and charges on different pods never contend.
 type podSlot struct {
-	active     atomic.Int64 // prefill tokens being computed (tokens)
-	kv         atomic.Int64 // prefill tokens whose KV is still resident (tokens)
-	decode     atomic.Int64 // prompt tokens held by decode requests (tokens)
-	decodeReqs atomic.Int64 // outstanding decode charges
-	// routedMs is Σ routed_at over the outstanding decode charges, in
-	// milliseconds of the ledger clock: the output-growth term needs
-	// Σ (now − routed_at) = decodeReqs × now − routedMs. Milliseconds keep
-	// the sum far from overflow (2^63 ms is 292 million years).
+	active atomic.Int64 // prefill tokens being computed (tokens)
+	kv     atomic.Int64 // prefill tokens whose KV is still resident (tokens)
+	decode atomic.Int64 // prompt tokens held by decode requests (tokens)
+	// decodeSeqs is the sequences of the outstanding decode charges: a
+	// request generates a token a step for each choice (n) of each of its
+	// prompts, and each of them holds its own output's KV.
+	decodeSeqs atomic.Int64
+	// routedMs is Σ seqs × routed_at over the outstanding decode charges,
+	// in milliseconds of the ledger clock: the output-growth term needs
+	// Σ seqs × (now − routed_at) = decodeSeqs × now − routedMs.
+	// Milliseconds keep the sum far from overflow (2^63 ms is 292 million
+	// years).
 	routedMs atomic.Int64
 	// ops counts charges, so the janitor can tell "untouched" without a
 	// clock read on the hot path. Releases need not count: a pod seen at zero
@@ -60,8 +64,8 @@ var _ [0]struct{} = [unsafe.Sizeof(podSlot{}) - 128]struct{}{}
 // flight and prefill tokens queued that their pods count.
 type remoteLoad struct {
 	tokens int64
-	reqs   int64
-	ageMs  int64 // Σ (asOf − routed_at) over their outstanding requests
+	seqs   int64 // decode sequences (an older replica's: requests)
+	ageMs  int64 // Σ seqs × (asOf − routed_at) over their decode charges
 	asOfMs int64
 	// active and kv are prefill charges (tokens), inFlight requests and
 	// queued uncached prompt tokens.
@@ -120,6 +124,9 @@ type pod struct {
 type Prompt struct {
 	// Tokens is prompt_tokens (tokens).
 	Tokens int64
+	// Sequences is how many sequences the request decodes, each growing
+	// its own output: n for each of its prompts (0 counts as 1).
+	Sequences int64
 	// Model and SessionKey key the session-delta rule; SessionKey is the
 	// caller-owned session header, "" for none. Both are copied when stored.
 	Model      string
@@ -316,6 +323,7 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 		t.home = uint8(uint32(max(prefill, decode, 0)&indexMask)%chargeShards) + 1
 	}
 	t.gen++
+	c.seqs = max(p.Sequences, 1)
 	if c.prefill != nil {
 		c.active = l.requestCost + l.newTokens(p, now)
 		c.kv = c.active
@@ -326,10 +334,7 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 	if c.decode != nil {
 		c.decodeTokens = p.Tokens
 		c.routedMs = now / int64(time.Millisecond)
-		s := c.decode
-		s.decode.Add(c.decodeTokens)
-		s.decodeReqs.Add(1)
-		s.routedMs.Add(c.routedMs)
+		c.decode.addDecode(c.decodeTokens, c.seqs, c.routedMs)
 	}
 	old, ok := l.charges.swap(*t, c)
 	if ok {
@@ -428,20 +433,21 @@ func (l *Ledger) Remote(pod int32) (inFlight, queued int64) {
 }
 
 // Decode returns pod's decode load at now (Now's clock): tokens is the
-// prompt tokens of its outstanding decode charges, ageSec is Σ (now −
-// routed_at) over them in seconds, the factor the output-growth term
-// multiplies by the pod's generation rate per request. Both include the
-// other replicas' charges when the ledger is shared.
+// prompt tokens of its outstanding decode charges, ageSec is Σ seqs ×
+// (now − routed_at) over them in seconds (Prompt.Sequences), the factor
+// the output-growth term multiplies by the pod's generation rate per
+// sequence. Both include the other replicas' charges when the ledger is
+// shared.
 func (l *Ledger) Decode(pod int32, now int64) (tokens, ageSec float64) {
 	s := lookup(*l.table.Load(), pod)
 	if s == nil {
 		return 0, 0
 	}
 	nowMs := now / int64(time.Millisecond)
-	t, ageMs := s.decode.Load(), s.decodeReqs.Load()*nowMs-s.routedMs.Load()
+	t, ageMs := s.decode.Load(), s.decodeSeqs.Load()*nowMs-s.routedMs.Load()
 	if r := s.remote.Load(); r != nil {
 		t += r.tokens
-		ageMs += r.ageMs + r.reqs*(nowMs-r.asOfMs)
+		ageMs += r.ageMs + r.seqs*(nowMs-r.asOfMs)
 	}
 	return float64(t), float64(ageMs) / 1000
 }
@@ -470,7 +476,15 @@ func (s *podSlot) touch() {
 	}
 }
 
+// addDecode adds a decode charge of tokens and seqs sequences routed at
+// routedMs to s; negative tokens and seqs take it off.
+func (s *podSlot) addDecode(tokens, seqs, routedMs int64) {
+	s.decode.Add(tokens)
+	s.decodeSeqs.Add(seqs)
+	s.routedMs.Add(seqs * routedMs)
+}
+
 // zero reports whether the slot holds no local charge.
 func (s *podSlot) zero() bool {
-	return s.active.Load() == 0 && s.kv.Load() == 0 && s.decode.Load() == 0 && s.decodeReqs.Load() == 0
+	return s.active.Load() == 0 && s.kv.Load() == 0 && s.decode.Load() == 0 && s.decodeSeqs.Load() == 0
 }

@@ -266,6 +266,32 @@ func TestDecodeChargeAndGrowthAge(t *testing.T) {
 	f(1, 0, 0)
 }
 
+// TestDecodeGrowthPerSequence: a request's output grows in each of its
+// sequences (n for each prompt), so its age counts once per sequence,
+// where it was routed and where it moves; its release takes all of them.
+func TestDecodeGrowthPerSequence(t *testing.T) {
+	tl := newTestLedger(t, DefaultConfig())
+	tk := tickets{}
+	f := func(pod int32, wantTokens, wantAgeSec float64) {
+		t.Helper()
+		if tok, age := tl.Decode(pod, tl.Now()); tok != wantTokens || age != wantAgeSec {
+			t.Fatalf("pod %d: decode %v tokens, age %v s; want %v, %v", pod, tok, age, wantTokens, wantAgeSec)
+		}
+	}
+	tl.Charge(tk.of(1), 0, 1, &Prompt{Tokens: 100, Sequences: 4}, tl.Now())
+	tl.Charge(tk.of(2), 0, 1, &Prompt{Tokens: 50}, tl.Now()) // 0: one sequence
+	tl.advance(2 * time.Second)
+	f(1, 150, 4*2+2)
+	tl.MoveDecode(*tk.of(1), 2, tl.Now())
+	f(1, 50, 2)
+	tl.advance(time.Second)
+	f(2, 100, 4*1)
+	tl.Finish(*tk.of(1))
+	tl.Finish(*tk.of(2))
+	f(1, 0, 0)
+	f(2, 0, 0)
+}
+
 func TestTTLForceRelease(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tk := tickets{}
@@ -435,8 +461,8 @@ func TestConcurrentChargesEndAtZero(t *testing.T) {
 	for pod := range int32(3) {
 		tl.prefill(t, pod, 0, 0)
 		s := (*tl.table.Load())[pod]
-		if s.decode.Load() != 0 || s.decodeReqs.Load() != 0 || s.routedMs.Load() != 0 {
-			t.Fatalf("pod %d decode counters %d %d %d, want 0", pod, s.decode.Load(), s.decodeReqs.Load(), s.routedMs.Load())
+		if s.decode.Load() != 0 || s.decodeSeqs.Load() != 0 || s.routedMs.Load() != 0 {
+			t.Fatalf("pod %d decode counters %d %d %d, want 0", pod, s.decode.Load(), s.decodeSeqs.Load(), s.routedMs.Load())
 		}
 	}
 }
@@ -510,8 +536,8 @@ func TestPodsBeyondTheLastSetPods(t *testing.T) {
 	l.mu.Lock()
 	d := l.byID[3].slot
 	l.mu.Unlock()
-	if d.active.Load() == 0 || d.decodeReqs.Load() != 2 {
-		t.Fatalf("the pod that left holds %d active tokens and %d decode requests, want its charges", d.active.Load(), d.decodeReqs.Load())
+	if d.active.Load() == 0 || d.decodeSeqs.Load() != 2 {
+		t.Fatalf("the pod that left holds %d active tokens and %d decode sequences, want its charges", d.active.Load(), d.decodeSeqs.Load())
 	}
 	for id := range uint64(4) {
 		l.Finish(*tk.of(id))

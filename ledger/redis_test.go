@@ -178,8 +178,8 @@ func TestParseRemote(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]remoteLoad{
-		"x": {tokens: 300, reqs: 3, ageMs: 50 + 300 + 2*100, asOfMs: 42, active: 10, kv: 20, inFlight: 3, queued: 40},
-		"y": {tokens: 7, reqs: 1, ageMs: 0, asOfMs: 42},
+		"x": {tokens: 300, seqs: 3, ageMs: 50 + 300 + 2*100, asOfMs: 42, active: 10, kv: 20, inFlight: 3, queued: 40},
+		"y": {tokens: 7, seqs: 1, ageMs: 0, asOfMs: 42},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)

@@ -20,7 +20,7 @@ import (
 // one clock, whatever the replicas' clocks say.
 //
 //	KEYS[1] replica set (sorted set, score = expiry ms)
-//	KEYS[2] this replica's hash: field pod key, value "tokens reqs ageMs
+//	KEYS[2] this replica's hash: field pod key, value "tokens seqs ageMs
 //	        active kv inFlight queued" (Shared.args);
 //	        field "@at" = Redis ms when written
 //	ARGV[1] replica id, ARGV[2] expiry ms, ARGV[3] hash key prefix,
@@ -175,14 +175,17 @@ func (s *Shared) sync(ctx context.Context) {
 }
 
 // args builds the script's ARGV: this replica's load per pod key as of
-// nowMs (ledger clock): "tokens reqs ageMs active kv inFlight queued", the
-// decode charges, the prefill charges and the pod's own counts.
+// nowMs (ledger clock): "tokens seqs ageMs active kv inFlight queued", the
+// decode charges, the prefill charges and the pod's own counts. Replicas
+// before seqs published requests there and ageMs summed over requests:
+// a reader extrapolates the age by the count beside it either way, so
+// mixed releases read each other, the older ones' growth per request.
 func (s *Shared) args(nowMs int64) []any {
 	args := []any{s.id, s.expiryMs, s.hashPre}
 	s.l.mu.Lock()
 	sums := s.l.sumBy(podKey, func(p *pod) (counters, bool) {
 		sl := p.slot
-		v := counters{sl.decode.Load(), sl.decodeReqs.Load(), 0, sl.active.Load(), sl.kv.Load()}
+		v := counters{sl.decode.Load(), sl.decodeSeqs.Load(), 0, sl.active.Load(), sl.kv.Load()}
 		v[2] = v[1]*nowMs - sl.routedMs.Load()
 		if p.load != nil {
 			v[5], v[6] = p.load.InFlight(), p.load.QueuedPrefill()
@@ -245,7 +248,7 @@ func parseRemote(res []any, asOfMs int64) (map[string]remoteLoad, error) {
 			}
 			r := out[key]
 			r.tokens += n[0]
-			r.reqs += n[1]
+			r.seqs += n[1]
 			r.ageMs += n[2] + n[1]*(now-at)
 			r.active += n[3]
 			r.kv += n[4]

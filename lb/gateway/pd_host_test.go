@@ -112,6 +112,41 @@ func TestPDAnswerLeavesTheCompletion(t *testing.T) {
 	}
 }
 
+// TestPDDecodeChargeCountsChoices: the decode pod's ledger charge of a
+// request of n choices grows as n sequences do, each generating its own
+// output into KV (ledger.Prompt.Sequences): a second after its pick, a
+// request of 8 choices weighs 8 s of output growth, not 1.
+func TestPDDecodeChargeCountsChoices(t *testing.T) {
+	var g *Gateway
+	var dec *pool.Pod
+	var ageSec float64
+	g, m := inMemoryPair(t, func(ctx *fasthttp.RequestCtx) {
+		if !bytes.Contains(ctx.PostBody(), []byte(`"do_remote_decode":true`)) {
+			_, ageSec = g.ledger.Decode(dec.ID, g.ledger.Now()+int64(time.Second))
+		}
+		answerPair(ctx)
+	})
+	dec = m.Decode[0]
+	r, err := route.NewPDRouter(route.DefaultPDOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, ctx := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+	body := `{"model":"m","prompt":"say something long enough to count","n":8}`
+	if err := x.req.Parse(openai.KindCompletion, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	ctx.Request.SetBodyString(body)
+	x.cascade = r
+	g.advance(x)
+	if ctx.Response.StatusCode() != 200 {
+		t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if ageSec < 8 {
+		t.Fatalf("decode charge aged %v s a second after its pick, want at least 8 (8 choices)", ageSec)
+	}
+}
+
 // TestPDStages runs the PD decisions that send the whole request to one
 // pod (here PDLocal: the decode pod prefills itself) through the plain
 // attempt's stages over a scripted transport: each case is how the

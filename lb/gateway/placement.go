@@ -168,7 +168,7 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 // promptOf is x's prompt as the ledger charges it, matched against the
 // chosen candidate's prefix.
 func promptOf(m *pool.Model, x *completion, session string) ledger.Prompt {
-	prompt := ledger.Prompt{Tokens: int64(x.routeReq.PromptTokens), Model: m.Name, SessionKey: session}
+	prompt := ledger.Prompt{Tokens: int64(x.routeReq.PromptTokens), Sequences: int64(x.sequences()), Model: m.Name, SessionKey: session}
 	if x.looked && x.routeReq.PromptTokens > 0 {
 		prompt.Matched = true
 		prompt.MatchPct = 100 * float64(x.chosen.CachedTokens) / float64(x.routeReq.PromptTokens)

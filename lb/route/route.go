@@ -70,7 +70,8 @@ type Candidate struct {
 	KVTokens     float64
 	// DecodeTokens and DecodeAgeSec are the decode token ledger's view of
 	// the pod (ledger.Decode): prompt tokens of its outstanding decode
-	// requests, and Σ (now − routed_at) over them in seconds.
+	// requests, and Σ sequences × (now − routed_at) over them in seconds
+	// (a request decodes n sequences for each of its prompts).
 	DecodeTokens float64
 	DecodeAgeSec float64
 	// AdapterSec is how long the pod takes to bring the request's LoRA
@@ -81,7 +82,7 @@ type Candidate struct {
 
 	// Scraped from the engine's /metrics.
 	HasMetrics bool
-	Running    int     // requests being decoded
+	Running    int     // sequences being decoded (each choice of a request is one)
 	Waiting    int     // requests queued in the engine
 	KVUsage    float64 // fraction of KV blocks in use, 0..1
 	// GenTokensPerSec is the pod's generation throughput (tokens/s).

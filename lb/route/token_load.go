@@ -57,11 +57,12 @@ func (p HybridCacheLoad) Score(req *Request, cands []Candidate, out []float64) {
 //
 // decode_tokens is the prompt KV the gateway sent the pod and not yet saw
 // finish; generated_tokens estimates the output those requests produced so
-// far, which sits in the same KV cache: Σ rate × (now − routed_at) =
-// rate × DecodeAgeSec, where rate is the pod's generation throughput per
-// running request, or the mean of the other pods' rates when it has none
-// yet (no scrape, or nothing running). Without DecodeOutputGrowth the score
-// counts prompts only.
+// far, which sits in the same KV cache: Σ rate × sequences × (now −
+// routed_at) = rate × DecodeAgeSec, where rate is the pod's generation
+// throughput per running sequence (the engines' running gauges count each
+// of a request's n choices), or the mean of the other pods' rates when it
+// has none yet (no scrape, or nothing running). Without DecodeOutputGrowth
+// the score counts prompts only.
 type DecodeTokenLoad struct{ Opts Options }
 
 // Score implements Scorer.
@@ -96,8 +97,8 @@ func (p DecodeTokenLoad) Score(_ *Request, cands []Candidate, out []float64) {
 	}
 }
 
-// genRate is c's generation rate per running request (tokens/s), -1 when
-// its metrics do not give one.
+// genRate is c's generation rate per running sequence (tokens/s), -1
+// when its metrics do not give one.
 func genRate(c *Candidate) float64 {
 	if !c.HasMetrics || c.Running <= 0 || !(c.GenTokensPerSec > 0) {
 		return -1

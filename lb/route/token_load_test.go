@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"pdlb/ledger"
 )
@@ -98,6 +99,35 @@ func TestDecodeTokenLoadScore(t *testing.T) {
 	fresh := Candidate{DecodeTokens: 4000, DecodeAgeSec: 0, HasMetrics: true, Running: 1, GenTokensPerSec: 50}
 	if got := p.Pick(&Request{}, []Candidate{old, fresh}, out); got != 1 {
 		t.Fatalf("picked %d, want the pod with the fresh prompt (1)", got)
+	}
+}
+
+// TestDecodeTokenLoadCountsSequences: a request of n choices generates
+// n tokens a step, each into KV of its own, and the engines' running
+// gauges (whose rate per sequence the growth term takes) count each
+// choice: the ledger's age term counts them too. Pod 0 decodes one
+// request of 8 choices on a 100-token prompt, pod 1 one of 1 on 300
+// tokens; after 10 s at 10 tokens/s a sequence, pod 0 holds 100 + 800
+// tokens and pod 1 300 + 100: the next request goes to pod 1.
+func TestDecodeTokenLoadCountsSequences(t *testing.T) {
+	var now int64
+	l := ledger.New(ledger.DefaultConfig(), ledger.Env{Now: func() int64 { return now }})
+	l.SetPods([]ledger.Member{{ID: 0, Name: "a"}, {ID: 1, Name: "b"}})
+	l.Charge(&ledger.Ticket{ID: 1}, -1, 0, &ledger.Prompt{Tokens: 100, Sequences: 8}, now)
+	l.Charge(&ledger.Ticket{ID: 2}, -1, 1, &ledger.Prompt{Tokens: 300, Sequences: 1}, now)
+	now += int64(10 * time.Second)
+	cands := []Candidate{
+		{HasMetrics: true, Running: 8, GenTokensPerSec: 80},
+		{HasMetrics: true, Running: 1, GenTokensPerSec: 10},
+	}
+	for i := range cands {
+		cands[i].DecodeTokens, cands[i].DecodeAgeSec = l.Decode(int32(i), now)
+	}
+	out := make([]float64, len(cands))
+	DecodeTokenLoad{DefaultOptions()}.Score(&Request{}, cands, out)
+	scoresNear(t, "scores", out, []float64{100 + 8*10*10, 300 + 10*10})
+	if got := (ScorePolicy{DecodeTokenLoad{DefaultOptions()}}).Pick(&Request{}, cands, out); got != 1 {
+		t.Fatalf("picked pod %d, want pod 1, which holds the less KV", got)
 	}
 }
 
