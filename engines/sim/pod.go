@@ -684,7 +684,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 				r.notify = rs[0].notify
 			}
 			r.tokens = tokens
-			if !p.setMaxTokens(ctx, r, &req) {
+			if !p.setMaxTokens(ctx, r, &req, isChat) {
 				return
 			}
 			if kind == legPrefill {
@@ -814,9 +814,17 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 }
 
 // setMaxTokens sets r's output length from the request, answering 400 as
-// vLLM does when it is not positive or the context cannot hold it.
-func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest) bool {
+// vLLM does when it is not positive or the context cannot hold it. A
+// request without one runs to its natural length (DefaultMaxTokens), but
+// a completion on vLLM or SGLang stops at their CompletionRequest's
+// default (16), as far as the context holds it (an explicit null, the
+// context's rest on vLLM, reads as absent here).
+func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest, isChat bool) bool {
 	prompt, limit := len(r.tokens), p.cfg.MaxModelLen
+	natural, reason := p.cfg.DefaultMaxTokens, finishStop
+	if d := p.cfg.Engine.CompletionMaxTokens(); !isChat && d > 0 && d < natural {
+		natural, reason = d, finishLength
+	}
 	mt := req.MaxCompletionTokens
 	if mt == nil {
 		mt = req.MaxTokens
@@ -836,10 +844,10 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 		return false
 	case mt != nil:
 		r.maxTokens, r.limitReason = int(*mt), finishLength
-	case prompt+p.cfg.DefaultMaxTokens > limit:
+	case prompt+natural > limit:
 		r.maxTokens, r.limitReason = limit-prompt, finishLength
 	default:
-		r.maxTokens, r.limitReason = p.cfg.DefaultMaxTokens, finishStop
+		r.maxTokens, r.limitReason = natural, reason
 	}
 	if p.cfg.Engine == engines.VLLM && req.MinTokens != nil {
 		// vLLM's SamplingParams._verify_args, against the max_tokens it

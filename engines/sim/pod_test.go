@@ -499,3 +499,41 @@ func TestContinuousUsageWithoutIncludeUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestCompletionDefaultMaxTokens: a completion without max_tokens stops
+// at 16 tokens ("length") on vLLM and SGLang, their CompletionRequest's
+// default, and runs to its natural length on TensorRT-LLM (None) and in a
+// chat.
+func TestCompletionDefaultMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		engine       engines.Kind
+		chat, length bool
+		want         int
+	}{
+		{engines.VLLM, false, true, 16},
+		{engines.SGLang, false, true, 16},
+		{engines.TRTLLM, false, false, 40},
+		{engines.VLLM, true, false, 40},
+	} {
+		p := testPod(t, Config{Model: "m", Engine: tc.engine, Speedup: 1000, DefaultMaxTokens: 40})
+		path, body := "/v1/completions", any(map[string]any{"model": "m", "prompt": "hello"})
+		if tc.chat {
+			path, body = "/v1/chat/completions", chatBody("hello", nil)
+		}
+		status, b := post(t, testClient(t), "http://"+p.Addr()+path, body)
+		var r struct {
+			Choices []struct {
+				FinishReason string `json:"finish_reason"`
+			}
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		if err := json.Unmarshal(b, &r); status != 200 || err != nil || len(r.Choices) != 1 {
+			t.Fatalf("%s %s: %d %s", tc.engine, path, status, b)
+		}
+		if r.Usage.CompletionTokens != tc.want || (r.Choices[0].FinishReason == "length") != tc.length {
+			t.Errorf("%s %s: %d tokens, finish %q; want %d, length %v", tc.engine, path, r.Usage.CompletionTokens, r.Choices[0].FinishReason, tc.want, tc.length)
+		}
+	}
+}
