@@ -168,10 +168,12 @@ func TestSharedPrefillLoadThroughRedis(t *testing.T) {
 func TestParseRemote(t *testing.T) {
 	// Two replicas' hashes for pod x; the second published 100 ms before the
 	// reply, so its 2 requests are 200 ms older now. The second is of an
-	// older release: decode charges only.
+	// older release: decode charges only. The third is of a later one,
+	// whose eighth field is not read.
 	res := []any{int64(10_000),
 		[]any{"@at", "10000", "x", "100 1 50 10 20 3 40", "y", "7 1 0 0 0 0 0"},
 		[]any{"x", "200 2 300", "@at", "9900"},
+		[]any{"@at", "10000", "y", "1 0 0 0 0 0 0 99"},
 	}
 	got, err := parseRemote(res, 42)
 	if err != nil {
@@ -179,7 +181,7 @@ func TestParseRemote(t *testing.T) {
 	}
 	want := map[string]remoteLoad{
 		"x": {tokens: 300, seqs: 3, ageMs: 50 + 300 + 2*100, asOfMs: 42, active: 10, kv: 20, inFlight: 3, queued: 40},
-		"y": {tokens: 7, seqs: 1, ageMs: 0, asOfMs: 42},
+		"y": {tokens: 8, seqs: 1, ageMs: 0, asOfMs: 42},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)

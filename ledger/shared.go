@@ -235,13 +235,14 @@ func parseRemote(res []any, asOfMs int64) (map[string]remoteLoad, error) {
 				continue
 			}
 			// A replica of an older release publishes the decode charges
-			// alone: the first three fields.
+			// alone: the first three fields; one of a later release may
+			// add fields after the seventh, which are not read here.
 			var n [7]int64
 			f := strings.Fields(v)
-			if len(f) != 3 && len(f) != len(n) {
+			if len(f) != 3 && len(f) < len(n) {
 				return nil, errBadReply
 			}
-			for j := range f {
+			for j := range min(len(f), len(n)) {
 				if n[j], ok = parseInt(f[j]); !ok {
 					return nil, errBadReply
 				}
