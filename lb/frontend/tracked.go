@@ -18,6 +18,10 @@ type tracked struct {
 	net.Listener
 	mu    sync.Mutex
 	conns map[*trackedConn]struct{}
+	// closed says closeAll ran: a connection Accept takes from the
+	// kernel after that (it was on its way out as closeAll looked) is
+	// closed at once, not left serving.
+	closed bool
 }
 
 func track(ln net.Listener) *tracked {
@@ -31,14 +35,23 @@ func (t *tracked) Accept() (net.Conn, error) {
 	}
 	tc := &trackedConn{Conn: c, t: t}
 	t.mu.Lock()
-	t.conns[tc] = struct{}{}
+	closed := t.closed
+	if !closed {
+		t.conns[tc] = struct{}{}
+	}
 	t.mu.Unlock()
+	if closed {
+		_ = c.Close()
+		return nil, net.ErrClosed
+	}
 	return tc, nil
 }
 
-// closeAll closes every connection still open.
+// closeAll closes every connection still open, and any Accept takes
+// after it.
 func (t *tracked) closeAll() {
 	t.mu.Lock()
+	t.closed = true
 	conns := slices.Collect(maps.Keys(t.conns))
 	t.mu.Unlock()
 	for _, c := range conns {
