@@ -66,6 +66,14 @@ func (tl *testLedger) prefill(t *testing.T, pod int32, wantActive, wantKV int64)
 	}
 }
 
+// decode checks pod's decode view at the fake clock's now.
+func (tl *testLedger) decode(t *testing.T, pod int32, wantTokens, wantAgeSec float64) {
+	t.Helper()
+	if tok, age := tl.Decode(pod, tl.Now()); tok != wantTokens || age != wantAgeSec {
+		t.Fatalf("pod %d: decode %v tokens, age %v s; want %v, %v", pod, tok, age, wantTokens, wantAgeSec)
+	}
+}
+
 func TestNewTokensRules(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MinMatchPct = 30
@@ -238,32 +246,25 @@ func TestMoveDecode(t *testing.T) {
 func TestDecodeChargeAndGrowthAge(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tk := tickets{}
-	// f checks pod's decode view at the fake clock's now.
-	f := func(pod int32, wantTokens, wantAgeSec float64) {
-		t.Helper()
-		if tok, age := tl.Decode(pod, tl.Now()); tok != wantTokens || age != wantAgeSec {
-			t.Fatalf("pod %d: decode %v tokens, age %v s; want %v, %v", pod, tok, age, wantTokens, wantAgeSec)
-		}
-	}
 	p := Prompt{Tokens: 3000, Matched: true, MatchPct: 90}
 	// Prefill on a, decode on b: b gets the whole prompt, no request cost.
 	c := tl.Charge(tk.of(1), 0, 1, &p, tl.Now())
 	tl.prefill(t, 0, c, c)
-	f(1, 3000, 0)
+	tl.decode(t, 1, 3000, 0)
 	tl.advance(2 * time.Second)
 	p.Tokens = 1000
 	tl.Charge(tk.of(2), -1, 1, &p, tl.Now()) // decode only
 	tl.prefill(t, 1, 0, 0)
-	f(1, 4000, 2)
+	tl.decode(t, 1, 4000, 2)
 	tl.advance(500 * time.Millisecond)
-	f(1, 4000, 2.5+0.5)
+	tl.decode(t, 1, 4000, 2.5+0.5)
 	tl.PrefillDone(*tk.of(1)) // the decode part stays until the request finishes
-	f(1, 4000, 3)
+	tl.decode(t, 1, 4000, 3)
 	tl.Finish(*tk.of(1))
 	tl.prefill(t, 0, 0, 0)
-	f(1, 1000, 0.5)
+	tl.decode(t, 1, 1000, 0.5)
 	tl.Finish(*tk.of(2))
-	f(1, 0, 0)
+	tl.decode(t, 1, 0, 0)
 }
 
 // TestDecodeGrowthPerSequence: a request's output grows in each of its
@@ -272,24 +273,18 @@ func TestDecodeChargeAndGrowthAge(t *testing.T) {
 func TestDecodeGrowthPerSequence(t *testing.T) {
 	tl := newTestLedger(t, DefaultConfig())
 	tk := tickets{}
-	f := func(pod int32, wantTokens, wantAgeSec float64) {
-		t.Helper()
-		if tok, age := tl.Decode(pod, tl.Now()); tok != wantTokens || age != wantAgeSec {
-			t.Fatalf("pod %d: decode %v tokens, age %v s; want %v, %v", pod, tok, age, wantTokens, wantAgeSec)
-		}
-	}
 	tl.Charge(tk.of(1), 0, 1, &Prompt{Tokens: 100, Sequences: 4}, tl.Now())
 	tl.Charge(tk.of(2), 0, 1, &Prompt{Tokens: 50}, tl.Now()) // 0: one sequence
 	tl.advance(2 * time.Second)
-	f(1, 150, 4*2+2)
+	tl.decode(t, 1, 150, 4*2+2)
 	tl.MoveDecode(*tk.of(1), 2, tl.Now())
-	f(1, 50, 2)
+	tl.decode(t, 1, 50, 2)
 	tl.advance(time.Second)
-	f(2, 100, 4*1)
+	tl.decode(t, 2, 100, 4*1)
 	tl.Finish(*tk.of(1))
 	tl.Finish(*tk.of(2))
-	f(1, 0, 0)
-	f(2, 0, 0)
+	tl.decode(t, 1, 0, 0)
+	tl.decode(t, 2, 0, 0)
 }
 
 func TestTTLForceRelease(t *testing.T) {
