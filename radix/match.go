@@ -66,6 +66,18 @@ func (t *Tree) MatchChains(keys []uint64, chains []int, out, scratch []int32) {
 	}
 }
 
+// InsertChains is Insert for the keys of a completion batch, prompt i's
+// ending at chains[i] (none: one prompt): each prompt's chain from the
+// root, as MatchChains reads them.
+func (t *Tree) InsertChains(id int32, keys []uint64, chains []int) {
+	from := 0
+	for _, end := range chains {
+		t.Insert(id, keys[from:end])
+		from = end
+	}
+	t.Insert(id, keys[from:])
+}
+
 // matchOnce writes every out[p] and reports whether no node it read
 // changed while it read; if one did, out may mix old and new states.
 func (t *Tree) matchOnce(keys []uint64, out []int32, st *matchState) bool {

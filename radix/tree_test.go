@@ -608,4 +608,16 @@ func TestMatchChains(t *testing.T) {
 	if !slices.Equal(out, []int32{2, 2, 1, 0}) {
 		t.Errorf("MatchChains: %v, want [2 2 1 0]", out)
 	}
+	// InsertChains records each prompt's chain from the root: pod 3 then
+	// holds both prompts whole, and a's keys chained before b's are not
+	// b's.
+	tr.InsertChains(3, keys, chains)
+	tr.MatchChains(keys, chains, out, scratch)
+	if !slices.Equal(out, []int32{2, 2, 1, 4}) {
+		t.Errorf("MatchChains after InsertChains: %v, want [2 2 1 4]", out)
+	}
+	tr.Match(keys, out)
+	if out[3] != 2 {
+		t.Errorf("the batch's keys as one chain: pod 3 holds %d, want 2 (a's alone)", out[3])
+	}
 }

@@ -61,7 +61,7 @@ func (x *completion) placeDecode(dec *pool.Pod) {
 		dec.UseAdapter(x.adapter, &x.m.LoRA)
 	}
 	if x.usesCache(x.m) {
-		x.insertKeys(x.m, dec.PrefixID)
+		x.m.Prefix.InsertChains(dec.PrefixID, x.keys, x.chains)
 	}
 }
 

@@ -59,19 +59,6 @@ func slots(d []int32, n int) []int32 {
 	return d[:n]
 }
 
-// insertKeys records in m's index that the pod of prefix id holds x's
-// prompt: each of a batch's chains on its own.
-func (x *completion) insertKeys(m *pool.Model, id int32) {
-	from := 0
-	for _, end := range x.chains {
-		m.Prefix.Insert(id, x.keys[from:end])
-		from = end
-	}
-	if from < len(x.keys) {
-		m.Prefix.Insert(id, x.keys[from:])
-	}
-}
-
 // pick chooses an available combined pod of m that x has not tried yet, or
 // nil if none is left, and charges it to the ledger. For a policy that
 // reads the ledger's counters (route.ReadsLedger) the charge is taken under
@@ -233,7 +220,7 @@ func (g *Gateway) place(m *pool.Model, x *completion, pod *pool.Pod, probe bool)
 	x.idleStart = pod.QueuedPrefill() == 0
 	pod.AddQueuedPrefill(x.uncached)
 	if x.usesCache(m) {
-		x.insertKeys(m, pod.PrefixID)
+		m.Prefix.InsertChains(pod.PrefixID, x.keys, x.chains)
 	}
 	if stats := g.metrics.model(m); stats != x.countedOn {
 		// The planner reads these counters as a model's demand: a retry
