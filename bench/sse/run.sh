@@ -97,12 +97,20 @@ fi
 # either run swung the difference by hundreds of µs, below zero at times).
 # lat_pair TAG URL ROUND PID... runs one round and adds its figures to
 # TAG's lists: direct and through p50/p99, their differences, and the CPU
-# the PIDs spent per relayed event.
+# the PIDs spent per relayed event, and the syscalls they made.
 LAT_ARGS="--streams $LAT_STREAMS --events $LAT_EVENTS --interval $LAT_INTERVAL"
-declare -A D50 D99 T50 T99 ADD50 ADD99 CPUEV USEREV SYSEV VCSEV ICSEV
+declare -A D50 D99 T50 T99 ADD50 ADD99 CPUEV USEREV SYSEV VCSEV ICSEV CALLSEV
 lat_pair() {
 	local tag=$1 url=$2 round=$3
 	shift 3
+	# The syscalls are counted over a run through the proxy alone before
+	# the round, not over the round: perf's counter adds kernel time to
+	# every call, which the round's CPU figures must not carry.
+	log "round $round: $LAT_ARGS through $tag, counting its syscalls"
+	syscalls_start "$@"
+	"$DIR/client" --url "$url" $LAT_ARGS >"$DIR/calls-$tag-$round.txt"
+	syscalls_stop
+	[ -n "$SYSCALLS" ] && CALLSEV[$tag]+="$(per_req 0 "$SYSCALLS" "$(field "$DIR/calls-$tag-$round.txt" events)") "
 	log "latency round $round: $LAT_ARGS, directly and through $tag at the same time"
 	"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct-$tag-$round.txt" &
 	local direct=$!
@@ -124,10 +132,13 @@ lat_pair() {
 	VCSEV[$tag]+="$(per_req "${cs0% *}" "${cs1% *}" "$events") " ICSEV[$tag]+="$(per_req "${cs0#* }" "${cs1#* }" "$events") "
 }
 # cost_cell TAG: "user µs / kernel µs / voluntary / involuntary context
-# switches" per relayed event, medians of TAG's rounds.
+# switches / syscalls" per relayed event, medians of TAG's rounds (the
+# syscalls left out where perf cannot count them).
 # shellcheck disable=SC2086 # lists of numbers
 cost_cell() {
-	echo "$(median %.1f ${USEREV[$1]}) / $(median %.1f ${SYSEV[$1]}) / $(median %.3f ${VCSEV[$1]}) / $(median %.3f ${ICSEV[$1]})"
+	local calls=
+	[ -n "${CALLSEV[$1]:-}" ] && calls=" / $(median %.2f ${CALLSEV[$1]})"
+	echo "$(median %.1f ${USEREV[$1]}) / $(median %.1f ${SYSEV[$1]}) / $(median %.3f ${VCSEV[$1]}) / $(median %.3f ${ICSEV[$1]})$calls"
 }
 for round in $(seq "$LAT_ROUNDS"); do
 	lat_pair pdlb "http://$PDLB$API" "$round" "$PDLB_PID"
@@ -187,13 +198,13 @@ echo "| event latency direct, p50 / p99 µs | $(lat_cell "${D50[pdlb]}" "${D99[p
 echo "| event latency through pdlb, p50 / p99 µs | $(lat_cell "${T50[pdlb]}" "${T99[pdlb]}") | | \`$CLIENT --url http://$PDLB$API $LAT_ARGS\`, at the same time as the row above |"
 # shellcheck disable=SC2086 # lists of numbers
 echo "| pdlb CPU per relayed event, µs | $(median %.1f ${CPUEV[pdlb]}) | | utime+stime from /proc/PID/stat over the runs above |"
-echo "| of which user / kernel µs, and voluntary / involuntary context switches per event | $(cost_cell pdlb) | | the same, switches summed over /proc/PID/task/TID/status |"
+echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell pdlb) | | the same, switches summed over /proc/PID/task/TID/status; syscalls: \`perf stat -e raw_syscalls:sys_enter -p PID\` over a run of the same load alone before each round |"
 echo "| relay adds, p50 / p99 µs | $(lat_cell "${ADD50[pdlb]}" "${ADD99[pdlb]}") | ≤ 50 µs p99 | the two rows above, each round's difference; p99 per round: ${ADD99[pdlb]% } |"
 if [ -n "$NGINX_ROW" ]; then
 	echo "| nginx's relay adds, p50 / p99 µs | $(lat_cell "${ADD50[nginx]}" "${ADD99[nginx]}") | (reference) | p99 per round: ${ADD99[nginx]% }; direct $(lat_cell "${D50[nginx]}" "${D99[nginx]}"), through nginx $(lat_cell "${T50[nginx]}" "${T99[nginx]}"), each round right after pdlb's: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
 	# shellcheck disable=SC2086
 	echo "| nginx CPU per relayed event, µs | $(median %.1f ${CPUEV[nginx]}) | (reference) | its master and workers, the same way |"
-	echo "| of which user / kernel µs, and voluntary / involuntary context switches per event | $(cost_cell nginx) | (reference) | the same |"
+	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell nginx) | (reference) | the same |"
 fi
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
 echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"
