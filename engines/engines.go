@@ -107,7 +107,8 @@ func (k Kind) ExchangesBatch() bool { return k == SGLang }
 // gives a completion (not a chat) that leaves max_tokens out: 16 on vLLM
 // and SGLang (their CompletionRequest's default, OpenAI's), -1 (unknown)
 // on TensorRT-LLM, whose default of None lets the output run to the
-// context's end.
+// context's end. An explicit null gets the same on vLLM (its
+// normalize_null_max_tokens) and TensorRT-LLM; SGLang refuses it.
 func (k Kind) CompletionMaxTokens() int {
 	if k == TRTLLM {
 		return -1

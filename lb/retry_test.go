@@ -197,11 +197,12 @@ func TestFirstByteWholeBatch(t *testing.T) {
 }
 
 // TestFirstByteCompletionDefault: a whole completion that leaves
-// max_tokens out generates at most 16 tokens a sequence on vLLM (its
-// CompletionRequest's default), so its first-byte deadline is predicted
-// from them and a hung pod's attempt is given up for the other pod, as
-// one with max_tokens is; the gateway once took its budget for unknown
-// and waited out the minute's response timeout.
+// max_tokens out, or sends it null, generates at most 16 tokens a
+// sequence on vLLM (its CompletionRequest's default, which its
+// normalize_null_max_tokens gives null too), so its first-byte deadline
+// is predicted from them and a hung pod's attempt is given up for the
+// other pod, as one with max_tokens is; the gateway once took either
+// budget for unknown and waited out the minute's response timeout.
 func TestFirstByteCompletionDefault(t *testing.T) {
 	for _, fe := range []string{"gnet", "fasthttp"} {
 		t.Run(fe, func(t *testing.T) {
@@ -215,14 +216,19 @@ func TestFirstByteCompletionDefault(t *testing.T) {
 					c.Upstream.Retry.FirstByte = config.FirstByte{Factor: 2, Floor: 200 * time.Millisecond}
 				})
 			patient := &http.Client{Timeout: 10 * time.Second}
-			for i := range 2 {
-				resp, b := postVia(t, patient, s, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"hello %d"}`, i))
-				if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" {
-					t.Fatalf("request %d: %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+			const hung = `pdlb_upstream_retries_total{reason="hung"}`
+			for _, budget := range []string{"", `,"max_tokens":null`} {
+				before := metricValue(t, s, hung)
+				for i := range 2 {
+					body := fmt.Sprintf(`{"model":"m","prompt":"hello %d"%s}`, i, budget)
+					resp, b := postVia(t, patient, s, "/v1/completions", body)
+					if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "good" {
+						t.Fatalf("%s: %d from %q: %s", body, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+					}
 				}
-			}
-			if n := metricValue(t, s, `pdlb_upstream_retries_total{reason="hung"}`); n == 0 {
-				t.Fatal("no attempt given up as hung: round robin sent none to the hung pod")
+				if metricValue(t, s, hung) == before {
+					t.Fatalf("max_tokens %q: no attempt given up as hung: round robin sent none to the hung pod", budget)
+				}
 			}
 		})
 	}

@@ -186,9 +186,9 @@ type Request struct {
 	MaxTokens int
 	// MaxCompletionTokens says MaxTokens came from "max_completion_tokens".
 	MaxCompletionTokens bool
-	// engineBudget says a completion left max_tokens out, so the engine's
-	// default applies (OutputBudget); null is not absent: vLLM reads it
-	// as None, the context's rest.
+	// engineBudget says a completion left max_tokens out or sent null, so
+	// the engine's default applies (OutputBudget): vLLM's
+	// normalize_null_max_tokens gives null the default too.
 	engineBudget bool
 	// Choices is "n", the completions generated for the prompt (default
 	// 1): their tokens come interleaved in one stream, and usage counts
@@ -561,7 +561,7 @@ func (r *Request) parse(s *scanner) error {
 	}
 	s.open()
 	var maxTokens, maxCompletion = -1, -1
-	var seenPrompt, seenEmbeds, seenMax bool
+	var seenPrompt, seenEmbeds bool
 	var instructions, input field // KindResponses, KindMessages: rendered once all is read
 	for i := 0; s.more('}', i); i++ {
 		key := s.key(&r.scratch)
@@ -592,7 +592,6 @@ func (r *Request) parse(s *scanner) error {
 			r.SpecialTokensSet = s.c() != 'n'
 			r.SpecialTokens, err = r.parseBool(s, "add_special_tokens")
 		case "max_tokens":
-			seenMax = true
 			maxTokens, err = r.parseCount(s, "max_tokens")
 		case "max_completion_tokens":
 			// Chat's field alone: vLLM's and SGLang's completion requests
@@ -665,7 +664,7 @@ func (r *Request) parse(s *scanner) error {
 		return MissingParam("prompt")
 	}
 	r.MaxTokens, r.MaxCompletionTokens = maxTokens, false
-	r.engineBudget = r.Kind == KindCompletion && !seenMax
+	r.engineBudget = r.Kind == KindCompletion && maxTokens < 0
 	if maxCompletion >= 0 {
 		r.MaxTokens, r.MaxCompletionTokens = maxCompletion, true
 	}
@@ -673,9 +672,10 @@ func (r *Request) parse(s *scanner) error {
 }
 
 // OutputBudget is the most tokens the engine generates for each of r's
-// sequences: MaxTokens, or for a completion without max_tokens its
-// engine's default (engines.Kind.CompletionMaxTokens); -1 when unknown,
-// as for a chat without one, which vLLM lets run to the context's end.
+// sequences: MaxTokens, or for a completion without max_tokens (or with
+// null) its engine's default (engines.Kind.CompletionMaxTokens); -1 when
+// unknown, as for a chat without one, which vLLM lets run to the
+// context's end.
 func (r *Request) OutputBudget() int {
 	if r.engineBudget {
 		return r.Engine.CompletionMaxTokens()

@@ -1159,10 +1159,10 @@ func TestParseChoices(t *testing.T) {
 	}
 }
 
-// TestOutputBudget: a completion that leaves max_tokens out gets its
-// engine's default (16 on vLLM and SGLang, unknown on TensorRT-LLM); one
-// that gives it, or null (vLLM's None: the context's rest), and a chat
-// without one (the context's rest) keep what they say.
+// TestOutputBudget: a completion that leaves max_tokens out, or sends it
+// null, gets its engine's default (16 on vLLM and SGLang, unknown on
+// TensorRT-LLM); one that gives it, and a chat without one (the
+// context's rest), keep what they say.
 func TestOutputBudget(t *testing.T) {
 	f := func(kind Kind, body string, engine engines.Kind, want int) {
 		t.Helper()
@@ -1181,7 +1181,8 @@ func TestOutputBudget(t *testing.T) {
 	f(KindCompletion, absent, engines.VLLM, 16)
 	f(KindCompletion, absent, engines.SGLang, 16)
 	f(KindCompletion, absent, engines.TRTLLM, -1)
-	f(KindCompletion, `{"model":"m","prompt":"x","max_tokens":null}`, engines.VLLM, -1)
+	f(KindCompletion, `{"model":"m","prompt":"x","max_tokens":null}`, engines.VLLM, 16)
+	f(KindCompletion, `{"model":"m","prompt":"x","max_tokens":null}`, engines.TRTLLM, -1)
 	f(KindCompletion, `{"model":"m","prompt":"x","max_tokens":200}`, engines.VLLM, 200)
 	f(KindCompletion, `{"model":"m","prompt":"x","max_completion_tokens":200}`, engines.VLLM, 16)
 	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, engines.VLLM, -1)
