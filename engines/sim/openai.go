@@ -327,6 +327,23 @@ func (r *genRequest) choices(k engines.Kind) (int, error) {
 	}
 }
 
+// completionBudget refuses a completion's max_tokens as SGLang's
+// CompletionRequest does: it types the field int = 16, so null is not
+// absent there, and checks that it is positive. The other engines' nulls
+// are absent (setMaxTokens); body is the request's.
+func (r *genRequest) completionBudget(k engines.Kind, body []byte) error {
+	if k != engines.SGLang {
+		return nil
+	}
+	if v, ok, _ := engines.Field(body, "max_tokens"); ok && v[0] == 'n' {
+		return badRequest("max_tokens: Input should be a valid integer")
+	}
+	if r.MaxTokens != nil && *r.MaxTokens < 1 {
+		return badRequest("max_tokens: Value error, max_tokens must be positive")
+	}
+	return nil
+}
+
 // truncation returns how many tokens engine k keeps of a prompt it cuts
 // (-1: all; Kind.TruncatesPrompt says which prompts it cuts) and whether
 // it keeps the first ones rather than the last, refusing what the engine

@@ -640,6 +640,9 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if err == nil {
 		n, err = req.choices(p.cfg.Engine)
 	}
+	if err == nil && !isChat {
+		err = req.completionBudget(p.cfg.Engine, ctx.PostBody())
+	}
 	if err == nil && n > 1 && legs[0].kind != legPlain {
 		err = badRequest("n = %d on a %s leg: the sim serves n above 1 on plain requests only", n, legNames[legs[0].kind])
 	}
@@ -815,10 +818,11 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 
 // setMaxTokens sets r's output length from the request, answering 400 as
 // vLLM does when it is not positive or the context cannot hold it. A
-// request without one runs to its natural length (DefaultMaxTokens), but
-// a completion on vLLM or SGLang stops at their CompletionRequest's
-// default (16), as far as the context holds it (an explicit null, the
-// context's rest on vLLM, reads as absent here).
+// request without one, or with null, runs to its natural length
+// (DefaultMaxTokens), but a completion on vLLM or SGLang stops at their
+// CompletionRequest's default (16), as far as the context holds it
+// (vLLM's normalize_null_max_tokens gives null the default too; SGLang
+// refused it in completionBudget).
 func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest, isChat bool) bool {
 	prompt, limit := len(r.tokens), p.cfg.MaxModelLen
 	natural, reason := p.cfg.DefaultMaxTokens, finishStop

@@ -537,3 +537,53 @@ func TestCompletionDefaultMaxTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestNullMaxTokens: an explicit null max_tokens (or
+// max_completion_tokens) is absent on every engine but a completion on
+// SGLang, whose CompletionRequest types it int = 16 and refuses null, as
+// it refuses a budget that is not positive in its own words; vLLM's
+// normalize_null_max_tokens gives a completion's null its default.
+func TestNullMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		engine engines.Kind
+		chat   bool
+		budget map[string]any
+		want   int    // tokens, when served
+		refuse string // in the 400's body, when refused
+	}{
+		{engine: engines.VLLM, budget: map[string]any{"max_tokens": nil}, want: 16},
+		{engine: engines.TRTLLM, budget: map[string]any{"max_tokens": nil}, want: 40},
+		{engine: engines.SGLang, budget: map[string]any{"max_tokens": nil}, refuse: "max_tokens: Input should be a valid integer"},
+		{engine: engines.SGLang, budget: map[string]any{"max_tokens": 0}, refuse: "max_tokens: Value error, max_tokens must be positive"},
+		{engine: engines.SGLang, budget: map[string]any{"max_tokens": -3}, refuse: "max_tokens: Value error, max_tokens must be positive"},
+		{engine: engines.VLLM, budget: map[string]any{"max_tokens": 0}, refuse: "max_tokens must be at least 1, got 0."},
+		{engine: engines.VLLM, chat: true, budget: map[string]any{"max_tokens": nil, "max_completion_tokens": nil}, want: 40},
+		{engine: engines.SGLang, chat: true, budget: map[string]any{"max_tokens": nil, "max_completion_tokens": nil}, want: 40},
+		{engine: engines.TRTLLM, chat: true, budget: map[string]any{"max_tokens": nil}, want: 40},
+		{engine: engines.SGLang, chat: true, budget: map[string]any{"max_completion_tokens": nil, "max_tokens": 5}, want: 5},
+	} {
+		p := testPod(t, Config{Model: "m", Engine: tc.engine, Speedup: 1000, DefaultMaxTokens: 40})
+		path, body := "/v1/completions", map[string]any{"model": "m", "prompt": "hello"}
+		for k, v := range tc.budget {
+			body[k] = v
+		}
+		if tc.chat {
+			path, body = "/v1/chat/completions", chatBody("hello", tc.budget)
+		}
+		status, b := post(t, testClient(t), "http://"+p.Addr()+path, body)
+		if tc.refuse != "" {
+			if status != 400 || !strings.Contains(string(b), tc.refuse) {
+				t.Errorf("%s %s %v: %d %s, want a 400 saying %q", tc.engine, path, tc.budget, status, b, tc.refuse)
+			}
+			continue
+		}
+		var r struct {
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		if err := json.Unmarshal(b, &r); status != 200 || err != nil || r.Usage.CompletionTokens != tc.want {
+			t.Errorf("%s %s %v: %d %s, want %d tokens", tc.engine, path, tc.budget, status, b, tc.want)
+		}
+	}
+}
