@@ -344,14 +344,30 @@ func (r *genRequest) completionBudget(k engines.Kind, body []byte) error {
 	return nil
 }
 
+// outputBudget is the output budget engine k holds r to before it looks
+// at the context: max_completion_tokens (a chat's alone), else
+// max_tokens, else a completion's default (engines.Kind
+// CompletionMaxTokens); -1 for none, the context's rest.
+func (r *genRequest) outputBudget(k engines.Kind, chat bool) int {
+	switch {
+	case r.MaxCompletionTokens != nil:
+		return int(*r.MaxCompletionTokens)
+	case r.MaxTokens != nil:
+		return int(*r.MaxTokens)
+	case chat:
+		return -1
+	}
+	return k.CompletionMaxTokens()
+}
+
 // truncation returns how many tokens engine k keeps of a prompt it cuts
 // (-1: all; Kind.TruncatesPrompt says which prompts it cuts) and whether
 // it keeps the first ones rather than the last, refusing what the engine
 // refuses. SGLang has neither field and ignores both.
-func (r *genRequest) truncation(k engines.Kind, body []byte, maxModelLen int) (keep int, right bool, err error) {
+func (r *genRequest) truncation(k engines.Kind, body []byte, maxModelLen int, chat bool) (keep int, right bool, err error) {
 	switch k {
 	case engines.VLLM:
-		return r.vllmTruncation(maxModelLen)
+		return r.vllmTruncation(maxModelLen - max(r.outputBudget(k, chat), 0))
 	case engines.TRTLLM:
 		return r.trtTruncation(body)
 	}
@@ -376,11 +392,11 @@ func (r *genRequest) trtTruncation(body []byte) (keep int, right bool, err error
 	}
 }
 
-// vllmTruncation is vLLM's: truncate_prompt_tokens -1 is the context
-// less the output budget (TokenizeParams.max_input_tokens); no value may
-// exceed that. Without truncation_side vLLM cuts on the tokenizer's side,
-// which it sets to the left for generative models.
-func (r *genRequest) vllmTruncation(maxModelLen int) (keep int, right bool, err error) {
+// vllmTruncation is vLLM's: truncate_prompt_tokens -1 is input, the
+// context less the output budget (TokenizeParams.max_input_tokens); no
+// value may exceed that. Without truncation_side vLLM cuts on the
+// tokenizer's side, which it sets to the left for generative models.
+func (r *genRequest) vllmTruncation(input int) (keep int, right bool, err error) {
 	if s := r.TruncationSide; s != nil && *s != "left" && *s != "right" {
 		return 0, false, badRequest("truncation_side must be 'left' or 'right', got %q.", *s)
 	}
@@ -389,14 +405,6 @@ func (r *genRequest) vllmTruncation(maxModelLen int) (keep int, right bool, err 
 		return -1, right, nil
 	}
 	k := int(*r.TruncatePromptTokens)
-	out := r.MaxCompletionTokens
-	if out == nil {
-		out = r.MaxTokens
-	}
-	input := maxModelLen
-	if out != nil {
-		input -= int(*out)
-	}
 	switch {
 	case k < -1:
 		return 0, false, badRequest("truncate_prompt_tokens must be greater than or equal to -1, got %d.", k)

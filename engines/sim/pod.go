@@ -484,7 +484,7 @@ func (p *Pod) parseBody(ctx *fasthttp.RequestCtx, v any) bool {
 // engine cuts such a prompt. Chat messages the engine would refuse are a
 // *chat.RequestError either way.
 func (p *Pod) requestTokens(body []byte, req *genRequest, isChat bool) ([][]uint32, error) {
-	keep, right, err := req.truncation(p.cfg.Engine, body, p.cfg.MaxModelLen)
+	keep, right, err := req.truncation(p.cfg.Engine, body, p.cfg.MaxModelLen, isChat)
 	if err != nil {
 		return nil, err
 	}
@@ -819,29 +819,27 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 // setMaxTokens sets r's output length from the request, answering 400 as
 // vLLM does when it is not positive or the context cannot hold it. A
 // request without one, or with null, runs to its natural length
-// (DefaultMaxTokens), but a completion on vLLM or SGLang stops at their
-// CompletionRequest's default (16), as far as the context holds it
-// (vLLM's normalize_null_max_tokens gives null the default too; SGLang
-// refused it in completionBudget).
+// (DefaultMaxTokens), but a completion on vLLM or SGLang is held to their
+// CompletionRequest's default (16) as to its own max_tokens (vLLM's
+// normalize_null_max_tokens gives null the default too; SGLang refused it
+// in completionBudget), and stops there unless it ends sooner.
 func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest, isChat bool) bool {
 	prompt, limit := len(r.tokens), p.cfg.MaxModelLen
-	natural, reason := p.cfg.DefaultMaxTokens, finishStop
-	if d := p.cfg.Engine.CompletionMaxTokens(); !isChat && d > 0 && d < natural {
-		natural, reason = d, finishLength
-	}
 	mt := req.MaxCompletionTokens
 	if mt == nil {
 		mt = req.MaxTokens
+	}
+	budget := req.outputBudget(p.cfg.Engine, isChat)
+	natural, reason := p.cfg.DefaultMaxTokens, finishStop
+	if budget > 0 && budget < natural {
+		natural, reason = budget, finishLength
 	}
 	switch {
 	case mt != nil && *mt < 1:
 		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", *mt))
 		return false
-	case mt != nil && prompt+int(*mt) > limit || prompt >= limit:
-		want := prompt
-		if mt != nil {
-			want += int(*mt)
-		}
+	case prompt+max(budget, 0) > limit || prompt >= limit:
+		want := prompt + max(budget, 0)
 		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 			limit, want, prompt, want-prompt))
@@ -855,10 +853,11 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 	}
 	if p.cfg.Engine == engines.VLLM && req.MinTokens != nil {
 		// vLLM's SamplingParams._verify_args, against the max_tokens it
-		// resolved: the request's, else what the context leaves.
+		// resolved: the request's (or a completion's default), else what
+		// the context leaves.
 		maxTokens := limit - prompt
-		if mt != nil {
-			maxTokens = int(*mt)
+		if budget >= 0 {
+			maxTokens = budget
 		}
 		var msg string
 		switch n := int(*req.MinTokens); {

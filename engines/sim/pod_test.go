@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -289,10 +290,18 @@ func TestErrors(t *testing.T) {
 	f("/v1/completions", map[string]any{"prompt": []any{}}, 400, "BadRequestError", "must not be empty")
 	f("/v1/chat/completions", map[string]any{"messages": []any{}}, 400, "BadRequestError", "messages")
 
-	// A default output length that would overflow the context is cut to
-	// fit, ending as vLLM's default max_tokens does.
-	status, body := post(t, c, base+"/v1/completions", map[string]any{"prompt": strings.Repeat("abcd", 90)})
-	if status != 200 || !strings.Contains(string(body), `"completion_tokens":10`) || !strings.Contains(string(body), `"finish_reason":"length"`) {
+	// A completion's default max_tokens (16) must fit the context as its
+	// own would; a chat's output without one is cut to fit, ending as
+	// vLLM's max_tokens of the context's rest does.
+	f("/v1/completions", map[string]any{"prompt": strings.Repeat("abcd", 90)}, 400, "BadRequestError", "you requested 106 tokens (90 in the messages, 16 in the completion)")
+	status, body := post(t, c, base+"/v1/chat/completions", chatBody(strings.Repeat("abcd", 80), nil))
+	var r struct {
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.Unmarshal(body, &r); status != 200 || err != nil || r.Usage.CompletionTokens != 100-r.Usage.PromptTokens || !strings.Contains(string(body), `"finish_reason":"length"`) {
 		t.Fatalf("status %d: %s", status, body)
 	}
 	if status, _ := get(t, c, base+"/nowhere"); status != 404 {
@@ -584,6 +593,58 @@ func TestNullMaxTokens(t *testing.T) {
 		}
 		if err := json.Unmarshal(b, &r); status != 200 || err != nil || r.Usage.CompletionTokens != tc.want {
 			t.Errorf("%s %s %v: %d %s, want %d tokens", tc.engine, path, tc.budget, status, b, tc.want)
+		}
+	}
+}
+
+// TestCompletionDefaultFillsContext: vLLM and SGLang take a completion's
+// default budget (16) for the request's own before they look at the
+// context, so a prompt that leaves less than 16 tokens of it is refused
+// as one asking max_tokens 16 is, and vLLM's truncate_prompt_tokens -1
+// keeps max_model_len - 16 tokens of the prompt; TensorRT-LLM (None) and
+// a chat run to the context's end.
+func TestCompletionDefaultFillsContext(t *testing.T) {
+	const limit, rest = 64, -1                        // rest: the context's, limit - prompt
+	long := chatBody(strings.Repeat("abcd", 40), nil) // about 45 tokens
+	for _, tc := range []struct {
+		engine engines.Kind
+		path   string
+		body   map[string]any
+		prompt int    // prompt tokens served, when served (0: any)
+		want   int    // tokens generated, when served
+		refuse string // in the 400's body, when refused
+	}{
+		{engine: engines.VLLM, body: map[string]any{"prompt": tokenRange(1000, 56)}, refuse: "However, you requested 72 tokens (56 in the messages, 16 in the completion)"},
+		{engine: engines.VLLM, body: map[string]any{"prompt": tokenRange(1000, 56), "max_tokens": nil}, refuse: "However, you requested 72 tokens"},
+		{engine: engines.SGLang, body: map[string]any{"prompt": tokenRange(1000, 56)}, refuse: "However, you requested 72 tokens"},
+		{engine: engines.TRTLLM, body: map[string]any{"prompt": tokenRange(1000, 56)}, prompt: 56, want: rest},
+		{engine: engines.VLLM, body: map[string]any{"prompt": tokenRange(1000, 100), "truncate_prompt_tokens": -1}, prompt: limit - 16, want: 16},
+		{engine: engines.VLLM, body: map[string]any{"prompt": tokenRange(1000, 100), "truncate_prompt_tokens": 50}, refuse: "truncate_prompt_tokens=50 cannot be greater than max_model_len - max_tokens = 48."},
+		{engine: engines.VLLM, path: "/v1/chat/completions", body: long, want: rest},
+		{engine: engines.SGLang, path: "/v1/chat/completions", body: long, want: rest},
+	} {
+		p := testPod(t, Config{Model: "m", Engine: tc.engine, Speedup: 1000, DefaultMaxTokens: 40, MaxModelLen: limit})
+		path := cmp.Or(tc.path, "/v1/completions")
+		status, b := post(t, testClient(t), "http://"+p.Addr()+path, tc.body)
+		if tc.refuse != "" {
+			if status != 400 || !strings.Contains(string(b), tc.refuse) {
+				t.Errorf("%s %s: %d %s, want a 400 saying %q", tc.engine, path, status, b, tc.refuse)
+			}
+			continue
+		}
+		var r struct {
+			Usage struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		err := json.Unmarshal(b, &r)
+		want := tc.want
+		if want == rest {
+			want = limit - r.Usage.PromptTokens
+		}
+		if status != 200 || err != nil || tc.prompt != 0 && r.Usage.PromptTokens != tc.prompt || r.Usage.CompletionTokens != want {
+			t.Errorf("%s %s: %d %s, want %d prompt tokens and %d generated", tc.engine, path, status, b, tc.prompt, want)
 		}
 	}
 }
