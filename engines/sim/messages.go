@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/engines"
 	chatpkg "pdlb/engines/chat"
 )
 
@@ -47,8 +48,17 @@ func (p *Pod) createMessage(ctx *fasthttp.RequestCtx) {
 	if !p.parseBody(ctx, &req) || !p.checkModel(ctx, req.Model) {
 		return
 	}
-	if req.MaxTokens == nil {
+	// vLLM's AnthropicMessagesRequest: max_tokens is a required int
+	// (null is not one) that its validator wants positive.
+	switch v, ok, _ := engines.Field(ctx.PostBody(), "max_tokens"); {
+	case !ok:
 		refuseMessage(ctx, "max_tokens: Field required")
+		return
+	case v[0] == 'n':
+		refuseMessage(ctx, "max_tokens: Input should be a valid integer")
+		return
+	case *req.MaxTokens < 1:
+		refuseMessage(ctx, "max_tokens: Value error, max_tokens must be positive")
 		return
 	}
 	if th := req.Thinking; th != nil && th.Type == "enabled" {

@@ -77,7 +77,10 @@ func TestMessages(t *testing.T) {
 		code int
 		want string
 	}{
-		{map[string]any{"model": "m", "messages": msgs}, 400, "max_tokens"},
+		{map[string]any{"model": "m", "messages": msgs}, 400, `"max_tokens: Field required"`},
+		{map[string]any{"model": "m", "max_tokens": nil, "messages": msgs}, 400, `"max_tokens: Input should be a valid integer"`},
+		{map[string]any{"model": "m", "max_tokens": 0, "messages": msgs}, 400, `"max_tokens: Value error, max_tokens must be positive"`},
+		{map[string]any{"model": "m", "max_tokens": -2, "messages": msgs}, 400, `"max_tokens: Value error, max_tokens must be positive"`},
 		{map[string]any{"model": "other", "max_tokens": 1, "messages": msgs}, 404, "does not exist"},
 		{map[string]any{"model": "m", "max_tokens": 1, "messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "document"}}}}}, 400, "messages[0].content[0].type"},
 		{map[string]any{"model": "m", "max_tokens": 1024, "thinking": map[string]any{"type": "enabled", "budget_tokens": 1024}, "messages": msgs}, 400, "budget_tokens must be less than max_tokens"},
