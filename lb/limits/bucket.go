@@ -91,10 +91,22 @@ func (b *bucket) charge(r rate, now, n int64) {
 }
 
 // refund gives back n units taken at r by a request that was then refused
-// by another limit.
-func (b *bucket) refund(r rate, n int64) {
-	if r.limited() {
-		b.tat.Add(-r.cost(n))
+// by another limit, while current reports r still the bucket's rate. A
+// reload's rerate since has rescaled them into the new rate's units,
+// which a refund at r would miscount (a raised limit would forgive other
+// requests' units): they stay taken then, the safe error of one unit.
+// current is checked between the load of tat and its swap, so a rerate
+// in between fails the swap and the loop checks again.
+func (b *bucket) refund(r rate, n int64, current func() bool) {
+	if !r.limited() {
+		return
+	}
+	c := r.cost(n)
+	for {
+		tat := b.tat.Load()
+		if !current() || b.tat.CompareAndSwap(tat, tat-c) {
+			return
+		}
 	}
 }
 

@@ -270,7 +270,7 @@ func (k *Key) Admit(now time.Time, promptTokens int) Decision {
 		return k.refuse(lim, Decision{Limit: RequestsPerMinute, RetryAfter: wait})
 	}
 	if ok, wait = k.tokens.take(lim.tokens, ns, n); !ok {
-		k.requests.refund(lim.requests, 1)
+		k.refundRequest(lim)
 		k.release()
 		return k.refuse(lim, Decision{Limit: TokensPerMinute, RetryAfter: wait})
 	}
@@ -288,6 +288,12 @@ func (k *Key) Done(now time.Time, completionTokens int) {
 }
 
 func (k *Key) release() { k.inFlight.Add(-1) }
+
+// refundRequest gives back the request Admit took at lim, unless a reload
+// has changed the key's request rate since (bucket.refund).
+func (k *Key) refundRequest(lim *keyLimits) {
+	k.requests.refund(lim.requests, 1, func() bool { return k.limits.Load().requests == lim.requests })
+}
 
 func (k *Key) refuse(lim *keyLimits, d Decision) Decision {
 	k.limited[d.Limit].Add(1)

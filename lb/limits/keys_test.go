@@ -362,3 +362,42 @@ func TestReload(t *testing.T) {
 		}
 	})
 }
+
+// TestRefundAcrossReload drives Admit's steps by hand with a reload in
+// between: the request taken at the old rate, the buckets rerated by
+// Install, then the refund of the token bucket's refusal. The refund
+// must never free units other requests took: 30 requests are in the
+// bucket besides the refused one.
+func TestRefundAcrossReload(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	ns := now.UnixNano()
+	f := func(from, to int) {
+		t.Helper()
+		cfg := APIKey{Name: "a", SHA256: HashKey("sk-a"), RequestsPerMinute: from, TokensPerMinute: 1}
+		ks := newTestKeys(t, cfg)
+		k := ks.keys[0]
+		lim := k.limits.Load()
+		for range 30 {
+			if d := k.Admit(now, 0); !d.OK() {
+				t.Fatal(d.Limit)
+			}
+		}
+		if ok, _ := k.requests.take(lim.requests, ns, 1); !ok {
+			t.Fatal("request bucket refused")
+		}
+		cfg.RequestsPerMinute = to
+		next, err := ks.Reload([]APIKey{cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next.Install(now)
+		k.refundRequest(lim)
+		interval := int64(time.Minute) / int64(to)
+		if got := k.requests.tat.Load() - ns; got < 30*interval || got > 31*interval {
+			t.Fatalf("%d to %d requests a minute: %v of requests left taken, want 30 or 31 of %v",
+				from, to, time.Duration(got), time.Duration(interval))
+		}
+	}
+	f(60, 6000)
+	f(6000, 60)
+}
