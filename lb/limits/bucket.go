@@ -75,6 +75,16 @@ func (b *bucket) take(r rate, now, n int64) (ok bool, wait time.Duration) {
 	}
 }
 
+// standing is what the bucket holds at now (unix ns) for r: the units it
+// could take now, remaining = (capacity - (tat - now)) / interval, floored
+// at 0 (a debt Done charged) and at most r's allowance; and the time until
+// it is full again, reset = tat - now, floored at 0: the reading of
+// OpenAI's x-ratelimit-remaining-* and x-ratelimit-reset-* headers.
+func (b *bucket) standing(r rate, now int64) (remaining int64, reset time.Duration) {
+	ahead := max(b.tat.Load()-now, 0)
+	return min(max((capacity-ahead)/r.interval, 0), r.perMinute), time.Duration(ahead)
+}
+
 // charge takes n units at r whether or not the bucket holds them: usage
 // that already happened. The debt delays later takes.
 func (b *bucket) charge(r rate, now, n int64) {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +56,11 @@ type Decision struct {
 	limits *keyLimits
 	// requested is the prompt of a RequestTooLarge refusal, tokens.
 	requested int64
+	// The key's standing when it was decided (bucket.standing), for its
+	// rate-limit headers: requests and tokens left, and the time until
+	// each bucket is full again; zero for a rate the key does not limit.
+	requestsLeft, tokensLeft   int64
+	requestsReset, tokensReset time.Duration
 }
 
 // OK reports whether the request is admitted.
@@ -69,6 +75,85 @@ func (d Decision) RetryAfterSeconds() int {
 		return 0
 	}
 	return max(int((d.RetryAfter+time.Second-1)/time.Second), 1)
+}
+
+// RateLimitHeaders are the names of the fields AppendHeaders writes, as
+// OpenAI's API spells them: limit, remaining and reset of its requests,
+// then of its tokens, then retry-after-ms.
+var RateLimitHeaders = [...]string{
+	"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
+	"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
+	"retry-after-ms",
+}
+
+// AppendHeaders appends the header lines ("name: value\r\n") that show a
+// keyed client its standing, as OpenAI's API does on every answer: for
+// each of requests_per_minute and tokens_per_minute the key has, its
+// allowance (x-ratelimit-limit-*), what is left after this request
+// (remaining) and the time until the bucket is full again (reset, as
+// time.Duration writes it: "1s", "6m0s", "20ms"). A refusal worth
+// retrying adds retry-after-ms, RetryAfter in milliseconds rounded up,
+// which the OpenAI SDKs read before Retry-After's whole seconds. A
+// decision without a key's limits (keys off, key errors, an admission
+// of a nil *Key) appends nothing. It allocates nothing when dst has room.
+func (d Decision) AppendHeaders(dst []byte) []byte {
+	if d.limits == nil {
+		return dst
+	}
+	dst = appendStanding(dst, RateLimitHeaders[0:3], d.limits.requests, d.requestsLeft, d.requestsReset)
+	dst = appendStanding(dst, RateLimitHeaders[3:6], d.limits.tokens, d.tokensLeft, d.tokensReset)
+	if d.RetryAfterSeconds() > 0 {
+		ms := (d.RetryAfter + time.Millisecond - 1) / time.Millisecond
+		dst = append(append(dst, RateLimitHeaders[6]...), ": "...)
+		dst = append(strconv.AppendInt(dst, int64(max(ms, 1)), 10), "\r\n"...)
+	}
+	return dst
+}
+
+// appendStanding appends the limit, remaining and reset lines, named
+// names, of a bucket at rate r (none when r has no limit).
+func appendStanding(dst []byte, names []string, r rate, left int64, reset time.Duration) []byte {
+	if !r.limited() {
+		return dst
+	}
+	dst = append(append(dst, names[0]...), ": "...)
+	dst = append(strconv.AppendInt(dst, r.perMinute, 10), "\r\n"...)
+	dst = append(append(dst, names[1]...), ": "...)
+	dst = append(strconv.AppendInt(dst, left, 10), "\r\n"...)
+	dst = append(append(dst, names[2]...), ": "...)
+	return append(appendDuration(dst, reset), "\r\n"...)
+}
+
+// appendDuration appends d rounded up to the millisecond as
+// time.Duration's String writes it ("0s", "20ms", "1.5s", "6m0s",
+// "1h0m0s"), without String's allocation. Rounded up, a client that
+// waits it finds its bucket full.
+func appendDuration(dst []byte, d time.Duration) []byte {
+	ms := int64((max(d, 0) + time.Millisecond - 1) / time.Millisecond)
+	switch {
+	case ms == 0:
+		return append(dst, "0s"...)
+	case ms < 1000:
+		return append(strconv.AppendInt(dst, ms, 10), "ms"...)
+	}
+	s, frac := ms/1000, ms%1000
+	if s >= 3600 {
+		dst = append(strconv.AppendInt(dst, s/3600, 10), 'h')
+	}
+	if s >= 60 {
+		dst = append(strconv.AppendInt(dst, s/60%60, 10), 'm')
+	}
+	dst = strconv.AppendInt(dst, s%60, 10)
+	if frac > 0 {
+		// Three digits less their trailing zeros: 1.5s, 1.05s, 1.005s.
+		digits := [3]byte{byte('0' + frac/100), byte('0' + frac/10%10), byte('0' + frac%10)}
+		n := 3
+		for digits[n-1] == '0' {
+			n--
+		}
+		dst = append(append(dst, '.'), digits[:n]...)
+	}
+	return append(dst, 's')
 }
 
 // OpenAI's error type for a token-rate limit and code for a bad key.
@@ -254,27 +339,26 @@ func (k *Key) Admit(now time.Time, promptTokens int) Decision {
 	if k == nil {
 		return Decision{}
 	}
-	lim, n := k.limits.Load(), int64(promptTokens)
+	lim, n, ns := k.limits.Load(), int64(promptTokens), now.UnixNano()
 	if !lim.tokens.fits(n) {
-		return k.refuse(lim, Decision{Limit: RequestTooLarge, requested: n})
+		return k.refuse(lim, ns, Decision{Limit: RequestTooLarge, requested: n})
 	}
 	if c := k.inFlight.Add(1); lim.maxConcurrent > 0 && c > lim.maxConcurrent {
 		k.inFlight.Add(-1)
 		// When a slot frees is unknown; a second is a short, typical wait.
-		return k.refuse(lim, Decision{Limit: Concurrency, RetryAfter: time.Second})
+		return k.refuse(lim, ns, Decision{Limit: Concurrency, RetryAfter: time.Second})
 	}
-	ns := now.UnixNano()
 	ok, wait := k.requests.take(lim.requests, ns, 1)
 	if !ok {
 		k.release()
-		return k.refuse(lim, Decision{Limit: RequestsPerMinute, RetryAfter: wait})
+		return k.refuse(lim, ns, Decision{Limit: RequestsPerMinute, RetryAfter: wait})
 	}
 	if ok, wait = k.tokens.take(lim.tokens, ns, n); !ok {
 		k.refundRequest(lim)
 		k.release()
-		return k.refuse(lim, Decision{Limit: TokensPerMinute, RetryAfter: wait})
+		return k.refuse(lim, ns, Decision{Limit: TokensPerMinute, RetryAfter: wait})
 	}
-	return Decision{}
+	return k.decided(lim, ns, Decision{})
 }
 
 // Done ends a request Admit admitted: it frees the concurrency slot and
@@ -295,9 +379,20 @@ func (k *Key) refundRequest(lim *keyLimits) {
 	k.requests.refund(lim.requests, 1, func() bool { return k.limits.Load().requests == lim.requests })
 }
 
-func (k *Key) refuse(lim *keyLimits, d Decision) Decision {
+func (k *Key) refuse(lim *keyLimits, now int64, d Decision) Decision {
 	k.limited[d.Limit].Add(1)
+	return k.decided(lim, now, d)
+}
+
+// decided is d, for k under lim, with k's standing at now (unix ns).
+func (k *Key) decided(lim *keyLimits, now int64, d Decision) Decision {
 	d.key, d.limits = k, lim
+	if lim.requests.limited() {
+		d.requestsLeft, d.requestsReset = k.requests.standing(lim.requests, now)
+	}
+	if lim.tokens.limited() {
+		d.tokensLeft, d.tokensReset = k.tokens.standing(lim.tokens, now)
+	}
 	return d
 }
 

@@ -236,6 +236,7 @@ func TestAdmitAllocs(t *testing.T) {
 	ks := newTestKeys(t, APIKey{Name: "a", SHA256: HashKey("sk-a"), RequestsPerMinute: 1 << 30, TokensPerMinute: 1 << 30, MaxConcurrent: 1})
 	header := []byte("Bearer sk-a")
 	now := time.Now()
+	lines := make([]byte, 0, 512)
 	if n := testing.AllocsPerRun(1000, func() {
 		k, d := ks.Lookup(header, nil)
 		if !d.OK() {
@@ -244,9 +245,11 @@ func TestAdmitAllocs(t *testing.T) {
 		if d = k.Admit(now, 100); !d.OK() {
 			t.Fatal(d.Limit)
 		}
+		lines = d.AppendHeaders(lines[:0])
 		if d = k.Admit(now, 100); d.OK() {
 			t.Fatal("concurrency cap not applied")
 		}
+		lines = d.AppendHeaders(lines[:0])
 		k.Done(now, 10)
 	}); n != 0 {
 		t.Fatalf("%v allocations per request", n)
@@ -400,4 +403,64 @@ func TestRefundAcrossReload(t *testing.T) {
 	}
 	f(60, 6000)
 	f(6000, 60)
+}
+
+func TestAppendHeaders(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	f := func(cfg APIKey, prompts []int, want string) {
+		t.Helper()
+		cfg.Name, cfg.SHA256 = "a", HashKey("sk-a")
+		k, _ := newTestKeys(t, cfg).Lookup([]byte("Bearer sk-a"), nil)
+		var d Decision
+		for _, n := range prompts {
+			d = k.Admit(t0, n)
+		}
+		if got := string(d.AppendHeaders(nil)); got != want {
+			t.Fatalf("%+v after %v:\n%s\nwant\n%s", cfg, prompts, got, want)
+		}
+	}
+	// Admitted: what is left after this request's take, and how long
+	// until the bucket is full again.
+	f(APIKey{RequestsPerMinute: 60, TokensPerMinute: 1000}, []int{0, 150},
+		"x-ratelimit-limit-requests: 60\r\nx-ratelimit-remaining-requests: 58\r\nx-ratelimit-reset-requests: 2s\r\n"+
+			"x-ratelimit-limit-tokens: 1000\r\nx-ratelimit-remaining-tokens: 850\r\nx-ratelimit-reset-tokens: 9s\r\n")
+	// The limits the key has, only.
+	f(APIKey{TokensPerMinute: 7}, []int{3},
+		"x-ratelimit-limit-tokens: 7\r\nx-ratelimit-remaining-tokens: 4\r\nx-ratelimit-reset-tokens: 25.715s\r\n")
+	// Refused: nothing taken, and retry-after-ms beside Retry-After.
+	f(APIKey{RequestsPerMinute: 1}, []int{0, 0},
+		"x-ratelimit-limit-requests: 1\r\nx-ratelimit-remaining-requests: 0\r\nx-ratelimit-reset-requests: 1m0s\r\nretry-after-ms: 60000\r\n")
+	f(APIKey{RequestsPerMinute: 2, TokensPerMinute: 600}, []int{550, 100},
+		"x-ratelimit-limit-requests: 2\r\nx-ratelimit-remaining-requests: 1\r\nx-ratelimit-reset-requests: 30s\r\n"+
+			"x-ratelimit-limit-tokens: 600\r\nx-ratelimit-remaining-tokens: 50\r\nx-ratelimit-reset-tokens: 55s\r\nretry-after-ms: 5000\r\n")
+	// Too large: no retry helps, no retry-after-ms.
+	f(APIKey{TokensPerMinute: 10}, []int{11},
+		"x-ratelimit-limit-tokens: 10\r\nx-ratelimit-remaining-tokens: 10\r\nx-ratelimit-reset-tokens: 0s\r\n")
+	// No rate limits, or none at all: no lines, as for keys off.
+	f(APIKey{MaxConcurrent: 1}, []int{0}, "")
+	f(APIKey{}, []int{0}, "")
+	if got := (Decision{}).AppendHeaders(nil); len(got) != 0 {
+		t.Fatalf("no key: %q", got)
+	}
+}
+
+// TestAppendDuration checks the reset format against time.Duration's
+// String, which OpenAI's values follow.
+func TestAppendDuration(t *testing.T) {
+	f := func(d time.Duration) {
+		t.Helper()
+		want := ((d + time.Millisecond - 1) / time.Millisecond * time.Millisecond).String()
+		if got := string(appendDuration(nil, d)); got != want {
+			t.Fatalf("%d ns: %q, want %q", int64(d), got, want)
+		}
+	}
+	for ms := range 130_000 {
+		f(time.Duration(ms) * time.Millisecond)
+	}
+	for _, d := range []time.Duration{1, 999_999, time.Millisecond + 1, 59*time.Second + 1, time.Hour, 25*time.Hour + 1500*time.Millisecond} {
+		f(d)
+	}
+	if got := string(appendDuration(nil, -time.Second)); got != "0s" {
+		t.Fatalf("negative: %q", got)
+	}
 }
