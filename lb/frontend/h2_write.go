@@ -3,6 +3,7 @@ package frontend
 import (
 	"bytes"
 	"io"
+	"net/textproto"
 	"runtime"
 	"strconv"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"pdlb/lb/limits"
 )
 
 // serveStream runs the Handler for st and sends its response.
@@ -318,13 +321,21 @@ func lowerName(k []byte) string {
 	return strings.ToLower(string(k))
 }
 
-// h2Names are the names the gateway's responses carry, lowered once.
-var h2Names = map[string]string{"Content-Type": "content-type", "Server": "server", "Date": "date",
-	"Cache-Control": "cache-control", "X-Request-Id": "x-request-id", "Retry-After": "retry-after",
-	"X-Pdlb-Model": "x-pdlb-model", "X-Pdlb-Pod": "x-pdlb-pod", "Vary": "vary",
-	"Access-Control-Allow-Origin": "access-control-allow-origin", "Access-Control-Allow-Credentials": "access-control-allow-credentials",
-	"Access-Control-Expose-Headers": "access-control-expose-headers", "Access-Control-Allow-Methods": "access-control-allow-methods",
-	"Access-Control-Allow-Headers": "access-control-allow-headers", "Access-Control-Max-Age": "access-control-max-age"}
+// h2Names are the names the gateway's responses carry, lowered once: by
+// fasthttp's spelling of them (that of textproto's canonical keys), which
+// the answer's header holds.
+var h2Names = func() map[string]string {
+	m := map[string]string{"Content-Type": "content-type", "Server": "server", "Date": "date",
+		"Cache-Control": "cache-control", "X-Request-Id": "x-request-id", "Retry-After": "retry-after",
+		"X-Pdlb-Model": "x-pdlb-model", "X-Pdlb-Pod": "x-pdlb-pod", "Vary": "vary",
+		"Access-Control-Allow-Origin": "access-control-allow-origin", "Access-Control-Allow-Credentials": "access-control-allow-credentials",
+		"Access-Control-Expose-Headers": "access-control-expose-headers", "Access-Control-Allow-Methods": "access-control-allow-methods",
+		"Access-Control-Allow-Headers": "access-control-allow-headers", "Access-Control-Max-Age": "access-control-max-age"}
+	for _, name := range limits.RateLimitHeaders {
+		m[textproto.CanonicalMIMEHeaderKey(name)] = name
+	}
+	return m
+}()
 
 // hopByHop reports the HTTP/1.1 connection headers HTTP/2 forbids.
 func hopByHop(k []byte) bool {

@@ -26,6 +26,10 @@ type completion struct {
 	// request; releasing the completion returns its concurrency slot and
 	// charges its output.
 	key, found *limits.Key
+	// rateHead is the header lines of found's standing at admission
+	// (limits.Decision.AppendHeaders), which every answer to x carries;
+	// empty when the key has no rate limit, or keys are off.
+	rateHead []byte
 	// ticket names the request (ticket.ID) and holds its ledger charge.
 	ticket   ledger.Ticket
 	class    admit.Class
@@ -209,7 +213,7 @@ func releaseCompletion(x *completion) {
 		x.key.Done(time.Now(), x.counted.Tokens())
 		x.key = nil
 	}
-	x.found = nil
+	x.found, x.rateHead = nil, x.rateHead[:0]
 	x.policy, x.policyCache, x.cascade = nil, false, nil
 	x.adapter, x.served, x.fallbacks, x.loads = nil, "", nil, [2]*pool.AdapterLoad{}
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]

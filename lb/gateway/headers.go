@@ -3,12 +3,14 @@ package gateway
 import (
 	"bytes"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"pdlb/internal/tracing"
 	"pdlb/lb/frontend"
+	"pdlb/lb/limits"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
 )
@@ -47,6 +49,17 @@ func isHopByHop(k []byte) bool {
 	}
 	for _, h := range hopByHopByLen[len(k)] {
 		if bytes.EqualFold(k, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// rateLimitField reports whether k names one of the rate-limit fields
+// of a keyed answer (limits.RateLimitHeaders), whatever its case.
+func rateLimitField(k []byte) bool {
+	for _, name := range limits.RateLimitHeaders {
+		if len(k) == len(name) && strings.EqualFold(string(k), name) {
 			return true
 		}
 	}

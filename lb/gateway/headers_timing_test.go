@@ -5,8 +5,10 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"pdlb/lb/config"
+	"pdlb/lb/limits"
 	"pdlb/lb/upstream"
 
 	"github.com/valyala/fasthttp"
@@ -71,5 +73,26 @@ func BenchmarkHeaders(b *testing.B) {
 				answerHead(&ctx, &resp, &x, "p")
 			}
 		})
+		// With a key's requests and tokens limits: its six rate-limit
+		// fields, made at admission.
+		b.Run(name+"/answer-keyed", func(b *testing.B) {
+			x := completion{g: g, rateHead: keyedDecision(b).AppendHeaders(nil)}
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx.Response.Reset()
+				answerHead(&ctx, &resp, &x, "p")
+			}
+		})
 	}
+}
+
+// keyedDecision is the admission of a request of 100 tokens by a key with
+// requests and tokens limits.
+func keyedDecision(b *testing.B) limits.Decision {
+	keys, err := limits.NewKeys([]limits.APIKey{{Name: "k", SHA256: limits.HashKey("sk-k"), RequestsPerMinute: 600, TokensPerMinute: 100_000}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	k, _ := keys.Lookup([]byte("Bearer sk-k"), nil)
+	return k.Admit(time.Now(), 100)
 }

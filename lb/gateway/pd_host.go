@@ -192,6 +192,7 @@ func (x *completion) AnswerFromPrefill(pre *pool.Pod, resp *fasthttp.Response, b
 	ctx.Response.Header.Set(headerPod, pre.Config.Name)
 	ctx.Response.Header.Set(pd.HeaderPrefillPod, pre.Config.Name)
 	ctx.Response.Header.SetBytesV(headerRequestID, x.reqID)
+	addFields(ctx, x.rateHead)
 	status := fasthttp.StatusOK
 	if !x.req.Stream {
 		ctx.SetContentType("application/json")

@@ -83,16 +83,16 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 	// Only the pod's Content-Type, as behind nginx: not fasthttp's
 	// default (text/plain) where the pod sent none.
 	ctx.Response.Header.SetNoDefaultContentType(true)
-	cors := x.g.corsPolicy.on
+	cors, keyed := x.g.corsPolicy.on, len(x.rateHead) > 0
 	if x.head.Raw {
-		passHead(ctx, &x.head, pod, x.reqID, cors)
+		passHead(ctx, &x.head, pod, x.reqID, x.rateHead, cors)
 		return
 	}
 	// Else its visit yields fasthttp's default Content-Type.
 	resp.Header.SetNoDefaultContentType(true)
 	var nominated []byte // as in buildUpstream
 	resp.Header.VisitAll(func(k, v []byte) {
-		if answerField(k, cors) {
+		if answerField(k, cors, keyed) {
 			ctx.Response.Header.AddBytesKV(k, v)
 		} else if nominatesIn(k, v) {
 			nominated = append(append(nominated, v...), ',')
@@ -102,23 +102,30 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 		eachNominated(nominated, func(k []byte) {
 			// The pod's fields only: what the gateway set stays, as on
 			// the loop, where the pod's lines are filtered apart.
-			if answerField(k, cors) {
+			if answerField(k, cors, keyed) {
 				ctx.Response.Header.DelBytes(k)
 			}
 		})
 	}
 	ctx.Response.Header.Set(headerPod, pod)
 	ctx.Response.Header.SetBytesV(headerRequestID, x.reqID)
+	addFields(ctx, x.rateHead)
+}
+
+// addFields adds header lines (name: value CRLF each) to ctx's answer.
+func addFields(ctx *fasthttp.RequestCtx, lines []byte) {
+	frontend.EachField(lines, func(k, v, _ []byte) { ctx.Response.Header.AddBytesKV(k, v) })
 }
 
 // passHead gives ctx's client the pod's header lines that answerField
-// (with cors) and the pod's Connection leave, byte for byte, then
-// x-pdlb-pod and X-Request-Id; head's lines are filtered in place.
-func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, id []byte, cors bool) {
-	kept := head.Lines[:0]
+// (with cors, and keyed when rate is not empty) and the pod's Connection
+// leave, byte for byte, then x-pdlb-pod, X-Request-Id and the lines of
+// rate (the key's rate-limit fields); head's lines are filtered in place.
+func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, id, rate []byte, cors bool) {
+	kept, keyed := head.Lines[:0], len(rate) > 0
 	var nominated []byte
 	frontend.EachField(head.Lines, func(k, v, line []byte) {
-		if answerField(k, cors) {
+		if answerField(k, cors, keyed) {
 			kept = append(kept, line...)
 		} else if nominatesIn(k, v) {
 			nominated = append(append(nominated, v...), ',')
@@ -135,9 +142,10 @@ func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, i
 	}
 	kept = append(append(append(kept, headerPod+": "...), pod...), "\r\n"...)
 	kept = append(append(append(kept, headerRequestID+": "...), id...), "\r\n"...)
+	kept = append(kept, rate...)
 	head.Lines = kept
 	if !frontend.PassHead(ctx, kept) {
-		frontend.EachField(kept, func(k, v, _ []byte) { ctx.Response.Header.AddBytesKV(k, v) })
+		addFields(ctx, kept)
 	}
 }
 
@@ -146,10 +154,13 @@ func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, i
 // vLLM and SGLang), which stays behind as nginx and Envoy keep their
 // upstreams' to themselves, nor the pod's Date (the answer's is the
 // gateway's, as behind nginx), nor those the gateway sets itself
-// (X-Request-Id, x-pdlb-*, and with cors on the Access-Control-* ones).
-func answerField(k []byte, cors bool) bool {
+// (X-Request-Id, x-pdlb-*, with cors on the Access-Control-* ones, and
+// when keyed, for a key with rate limits, the rate-limit fields).
+func answerField(k []byte, cors, keyed bool) bool {
 	switch {
 	case isHopByHop(k):
+		return false
+	case keyed && rateLimitField(k):
 		return false
 	case cors && len(k) > len(accessControl) && (k[0]|0x20) == 'a' && bytes.EqualFold(k[:len(accessControl)], accessControl):
 		return false

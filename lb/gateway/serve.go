@@ -129,7 +129,9 @@ func (g *Gateway) begin(x *completion) bool {
 		g.fail(ctx, x, m, f)
 		return false
 	}
-	if d := key.Admit(x.start, budgeted(x, ctx.PostBody())); !d.OK() {
+	d := key.Admit(x.start, budgeted(x, ctx.PostBody()))
+	x.rateHead = d.AppendHeaders(x.rateHead[:0])
+	if !d.OK() {
 		g.fail(ctx, x, m, refused(d))
 		return false
 	}
@@ -262,6 +264,7 @@ func (g *Gateway) fail(ctx *fasthttp.RequestCtx, x *completion, m *pool.Model, f
 	if f.Pod != nil {
 		ctx.Response.Header.Set(headerPod, f.Pod.Config.Name)
 	}
+	addFields(ctx, x.rateHead)
 	writeFailure(ctx, f)
 	g.logCompletion(ctx, x, f.Pod, f.E.Status, f.E)
 	g.observeEnd(x, nil, f.E.Status, f.E)

@@ -1,0 +1,164 @@
+package lb_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"pdlb/lb/config"
+	"pdlb/lb/limits"
+)
+
+// TestRateLimitHeaders: a keyed client sees its key's standing as
+// OpenAI's API shows it, on every answer (a whole 200, a streamed one,
+// the 429 that refuses it, with retry-after-ms beside Retry-After), on
+// both front ends, over HTTP/1.1 with a connection per request and a kept
+// one (the event loop writes the head itself), and over h2. A key with no
+// rate limit gets none of the fields.
+func TestRateLimitHeaders(t *testing.T) {
+	const stream = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":8,"stream":true}`
+	clients := []struct {
+		name string
+		c    *http.Client
+	}{{"close", client}, {"keepalive", &http.Client{Timeout: 20 * time.Second}}, {"h2", h2cClient()}}
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			keys := []limits.APIKey{{Name: "free", SHA256: limits.HashKey("sk-free"), MaxConcurrent: 10}}
+			for _, c := range clients {
+				keys = append(keys, limits.APIKey{Name: c.name, SHA256: limits.HashKey("sk-" + c.name), RequestsPerMinute: 3, TokensPerMinute: 100})
+			}
+			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
+				c.Frontend = fe
+				c.Access.APIKeys = keys
+			})
+			for _, via := range clients {
+				t.Run(via.name, func(t *testing.T) {
+					auth := "Bearer sk-" + via.name
+					// Each admitted request takes one of 3 requests a
+					// minute: 20s more until the bucket is full again.
+					for i, c := range []struct {
+						body   string
+						status int
+						left   int64
+					}{{chatBody, 200, 2}, {stream, 200, 1}, {chatBody, 200, 0}, {chatBody, 429, 0}} {
+						resp, b := send(t, via.c, s, "POST", "/v1/chat/completions", c.body, "Content-Type", "application/json", "Authorization", auth)
+						if resp.StatusCode != c.status {
+							t.Fatalf("request %d: %d %s, want %d", i, resp.StatusCode, b, c.status)
+						}
+						h := resp.Header
+						field := func(name string) string {
+							t.Helper()
+							if v := h.Values(name); len(v) != 1 {
+								t.Fatalf("request %d: %s %q, want one value", i, name, v)
+							}
+							return h.Get(name)
+						}
+						number := func(name string) int64 {
+							t.Helper()
+							n, err := strconv.ParseInt(field(name), 10, 64)
+							if err != nil {
+								t.Fatalf("request %d: %s: %v", i, name, err)
+							}
+							return n
+						}
+						duration := func(name string) time.Duration {
+							t.Helper()
+							d, err := time.ParseDuration(field(name))
+							if err != nil {
+								t.Fatalf("request %d: %s: %v", i, name, err)
+							}
+							return d
+						}
+						if number("x-ratelimit-limit-requests") != 3 || number("x-ratelimit-limit-tokens") != 100 {
+							t.Fatalf("request %d: limits %v", i, h)
+						}
+						if n := number("x-ratelimit-remaining-requests"); n != c.left {
+							t.Fatalf("request %d: %d requests left, want %d", i, n, c.left)
+						}
+						taken := min(i+1, 3)
+						if d := duration("x-ratelimit-reset-requests"); d > time.Duration(taken)*20*time.Second || d <= time.Duration(taken)*20*time.Second-5*time.Second {
+							t.Fatalf("request %d: requests reset in %v, want %d x 20s less the time the test took", i, d, taken)
+						}
+						// Prompts (and completions, charged at their end)
+						// of about 10 tokens, each 6s to refill: never
+						// the whole minute's, never full again.
+						if n, d := number("x-ratelimit-remaining-tokens"), duration("x-ratelimit-reset-tokens"); n < 0 || n >= 100 || d <= 0 || d > time.Minute {
+							t.Fatalf("request %d: %d tokens left, reset in %v", i, n, d)
+						}
+						if c.status == 200 {
+							if v := h.Values("retry-after-ms"); len(v) != 0 {
+								t.Fatalf("request %d: a 200 with retry-after-ms %q", i, v)
+							}
+							continue
+						}
+						// The next request frees 20s after the first was
+						// taken: Retry-After is its whole seconds.
+						ms := number("retry-after-ms")
+						if ms <= 0 || ms > 20_000 || h.Get("Retry-After") != strconv.FormatInt((ms+999)/1000, 10) {
+							t.Fatalf("refused: retry-after-ms %d, Retry-After %q", ms, h.Get("Retry-After"))
+						}
+					}
+					resp, b := send(t, via.c, s, "POST", "/v1/chat/completions", chatBody, "Content-Type", "application/json", "Authorization", "Bearer sk-free")
+					if resp.StatusCode != 200 {
+						t.Fatalf("a key without rate limits: %d %s", resp.StatusCode, b)
+					}
+					for name := range resp.Header {
+						if _, ok := rateLimitFields[http.CanonicalHeaderKey(name)]; ok {
+							t.Fatalf("a key without rate limits got %s: %q", name, resp.Header.Get(name))
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+var rateLimitFields = func() map[string]bool {
+	m := map[string]bool{}
+	for _, name := range limits.RateLimitHeaders {
+		m[http.CanonicalHeaderKey(name)] = true
+	}
+	return m
+}()
+
+// TestRateLimitHeadersReplacePods: the rate-limit fields of a pod (an
+// OpenAI-compatible proxy behind the gateway, say) give way to the
+// gateway's own for a key it limits, so the client reads one value; a
+// request its key does not limit gets the pod's, as it would without
+// the gateway.
+func TestRateLimitHeadersReplacePods(t *testing.T) {
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-RateLimit-Limit-Requests: 999\r\nx-ratelimit-remaining-tokens: 5\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+	})
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Access.APIKeys = []limits.APIKey{
+					{Name: "rated", SHA256: limits.HashKey("sk-rated"), RequestsPerMinute: 10},
+					{Name: "free", SHA256: limits.HashKey("sk-free")},
+				}
+			})
+			bothClients(t, func(t *testing.T, via *http.Client) {
+				f := func(key, limit, tokens string) {
+					t.Helper()
+					resp, b := send(t, via, s, "POST", "/v1/chat/completions", chatBody, "Content-Type", "application/json", "Authorization", "Bearer "+key)
+					if resp.StatusCode != 200 {
+						t.Fatalf("%s: %d %s", key, resp.StatusCode, b)
+					}
+					if got := resp.Header.Values("x-ratelimit-limit-requests"); len(got) != 1 || got[0] != limit {
+						t.Fatalf("%s: x-ratelimit-limit-requests %q, want %q", key, got, limit)
+					}
+					if got := resp.Header.Get("x-ratelimit-remaining-tokens"); got != tokens {
+						t.Fatalf("%s: x-ratelimit-remaining-tokens %q, want %q", key, got, tokens)
+					}
+				}
+				f("sk-rated", "10", "")
+				f("sk-free", "999", "5")
+			})
+		})
+	}
+}
