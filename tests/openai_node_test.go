@@ -17,6 +17,7 @@ import (
 	"pdlb/engines"
 	"pdlb/internal/certgen"
 	"pdlb/lb/config"
+	"pdlb/lb/limits"
 )
 
 // nodeDir holds the Node project of the official openai client test.
@@ -89,6 +90,11 @@ func runNodeClient(t *testing.T, node string, secure *nodeTLS) {
 	// makes the next request a 429.
 	slow := startGateway(t, []config.Pod{podConfig(startPod(t, "slow-0", "slow", engines.VLLM, 1))},
 		withTLS(func(c *config.Config) { c.MaxInFlight = 1 }))
+	// Gateway 3: the fast pods of "m" behind an API key of 2 requests a
+	// minute, whose rate-limit headers the client reads.
+	keyed := startGateway(t, fast[:2], withTLS(func(c *config.Config) {
+		c.Access.APIKeys = []limits.APIKey{{Name: "node", SHA256: limits.HashKey("sk-node"), RequestsPerMinute: 2, TokensPerMinute: 100_000}}
+	}))
 	waitStatus(t, c, url(main.Addr())+"/chat/completions", "", `{"model":"down","messages":[{"role":"user","content":"hi"}]}`, 503)
 
 	// The deadline only keeps a hung client from holding the test run.
@@ -99,6 +105,7 @@ func runNodeClient(t *testing.T, node string, secure *nodeTLS) {
 	cmd.Env = append(os.Environ(),
 		"PDLB_BASE_URL="+url(main.Addr()),
 		"PDLB_LIMITED_BASE_URL="+url(slow.Addr()),
+		"PDLB_KEYED_BASE_URL="+url(keyed.Addr()),
 		"NO_COLOR=1",
 	)
 	if secure != nil {

@@ -5,6 +5,9 @@
 //                          APIs) and model "down" (its only pod is gone)
 //   PDLB_LIMITED_BASE_URL  a gateway with max_in_flight 1 serving model
 //                          "slow" (a pod at real-time speed)
+//   PDLB_KEYED_BASE_URL    a gateway serving model "m" to the API key
+//                          sk-node, of 2 requests and 100000 tokens a
+//                          minute
 // Run: node test.mjs (node's own test runner; exit status 1 on a failure).
 import assert from 'node:assert/strict';
 import test from 'node:test';
@@ -12,14 +15,16 @@ import OpenAI, { toFile } from 'openai';
 
 const baseURL = process.env.PDLB_BASE_URL;
 const limitedURL = process.env.PDLB_LIMITED_BASE_URL;
-if (!baseURL || !limitedURL) {
-  throw new Error('PDLB_BASE_URL and PDLB_LIMITED_BASE_URL must be set (tests/openai_node_test.go sets them)');
+const keyedURL = process.env.PDLB_KEYED_BASE_URL;
+if (!baseURL || !limitedURL || !keyedURL) {
+  throw new Error('PDLB_BASE_URL, PDLB_LIMITED_BASE_URL and PDLB_KEYED_BASE_URL must be set (tests/openai_node_test.go sets them)');
 }
 
 // Retries off: an error must reach the caller with the gateway's status,
 // not be retried away (the client retries 429 and 5xx by default).
 const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 30_000 });
 const limited = new OpenAI({ baseURL: limitedURL, apiKey: 'unused', maxRetries: 0, timeout: 30_000 });
+const keyed = new OpenAI({ baseURL: keyedURL, apiKey: 'sk-node', maxRetries: 0, timeout: 30_000 });
 const messages = [{ role: 'user', content: 'hello there' }];
 
 test('models.list names the served models', async () => {
@@ -181,4 +186,29 @@ test('over max_in_flight: RateLimitError 429 with Retry-After', async () => {
   } finally {
     held.controller.abort();
   }
+});
+
+test('a keyed client reads its rate limits as from OpenAI', async () => {
+  // Each request takes one of 2 a minute: 30s more to refill.
+  // As Go writes a duration: 6ms, 29.994s, 1m0s.
+  const reset = /^(\d+ms|(\d+m)?\d+(\.\d+)?s)$/;
+  for (const left of ['1', '0']) {
+    const { response } = await keyed.chat.completions.create({ model: 'm', messages, max_tokens: 4 }).withResponse();
+    const h = response.headers;
+    assert.equal(h.get('x-ratelimit-limit-requests'), '2');
+    assert.equal(h.get('x-ratelimit-remaining-requests'), left);
+    assert.match(h.get('x-ratelimit-reset-requests'), reset);
+    assert.equal(h.get('x-ratelimit-limit-tokens'), '100000');
+    assert.ok(Number(h.get('x-ratelimit-remaining-tokens')) < 100000, h.get('x-ratelimit-remaining-tokens'));
+    assert.match(h.get('x-ratelimit-reset-tokens'), reset);
+  }
+  await assert.rejects(keyed.chat.completions.create({ model: 'm', messages, max_tokens: 4 }), (err) => {
+    assert.ok(err instanceof OpenAI.RateLimitError, `got ${err?.constructor?.name}: ${err?.message}`);
+    assert.equal(err.headers.get('x-ratelimit-remaining-requests'), '0');
+    // The SDK's retry waits retry-after-ms, read before Retry-After.
+    const ms = Number(err.headers.get('retry-after-ms'));
+    assert.ok(ms > 0 && ms <= 30_000, `retry-after-ms ${err.headers.get('retry-after-ms')}`);
+    assert.equal(err.headers.get('retry-after'), String(Math.ceil(ms / 1000)));
+    return true;
+  });
 });
