@@ -538,10 +538,11 @@ func TestResponsesStandInTokens(t *testing.T) {
 }
 
 // TestResponsesSeekEnds: the search for an unknown stored response asks
-// the available pods, each at once, and ends with vLLM's 404: not a dead
-// pod's 502 (a panic pick took it), nor after a retry's growing backoff
-// per pod asked (twelve pods took 6.6 s); and a model of prefill/decode
-// pods alone has no pod to ask: vLLM's 404, not a 400.
+// the available pods, each at once, and ends with 503 naming the dead pod
+// it could not ask, which may hold it: not the dead pod's 502 (a panic
+// pick took it), nor after a retry's growing backoff per pod asked
+// (twelve pods took 6.6 s); and a model of prefill/decode pods alone has
+// no pod to ask: vLLM's 404, not a 400.
 func TestResponsesSeekEnds(t *testing.T) {
 	dead := deadAddr(t)
 	var pods []config.Pod
@@ -551,14 +552,14 @@ func TestResponsesSeekEnds(t *testing.T) {
 	}
 	s := testGateway(t, append(pods, config.Pod{Name: "dead", Model: "m", Address: dead}), nil)
 	testwait.For(t, "the dead pod found dead", func() bool { return metricValue(t, s, `pdlb_pod_healthy{pod="dead"}`) == 0 })
-	notFound := "Response with id 'resp_none' not found."
+	unasked := "Response with id 'resp_none' is on none of the pods that answered; 1 of the model's 13 pods (pod `dead`) failed or are down, and may hold it."
 	for i := range 3 {
 		start := time.Now()
 		resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_none", "")
-		if resp.StatusCode != 404 || !strings.Contains(b, notFound) {
+		if resp.StatusCode != 503 || !strings.Contains(b, unasked) {
 			t.Errorf("retrieval %d: %d %s", i, resp.StatusCode, b)
 		}
-		if resp, b = post(t, s, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_none"}`); resp.StatusCode != 404 || !strings.Contains(b, notFound) {
+		if resp, b = post(t, s, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_none"}`); resp.StatusCode != 503 || !strings.Contains(b, unasked) {
 			t.Errorf("follow-up %d: %d %s", i, resp.StatusCode, b)
 		}
 		if d := time.Since(start); d > 2*time.Second {
@@ -568,7 +569,7 @@ func TestResponsesSeekEnds(t *testing.T) {
 	e := pdEngines[0]
 	pre, dec := startSim(t, e, "pre", sim.RolePrefill, nil), startSim(t, e, "dec", sim.RoleDecode, nil)
 	pd := testGateway(t, []config.Pod{pdPod(pre, pre.Addr(), "rs0"), pdPod(dec, dec.Addr(), "rs0")}, nil)
-	if resp, b := send(t, client, pd, http.MethodGet, "/v1/responses/resp_none", ""); resp.StatusCode != 404 || !strings.Contains(b, notFound) {
+	if resp, b := send(t, client, pd, http.MethodGet, "/v1/responses/resp_none", ""); resp.StatusCode != 404 || !strings.Contains(b, "Response with id 'resp_none' not found.") {
 		t.Errorf("prefill/decode pods alone: %d %s", resp.StatusCode, b)
 	}
 }
@@ -729,4 +730,73 @@ func TestResponsesStreamEnds(t *testing.T) {
 	t.Run("gnet", func(t *testing.T) {
 		bothClients(t, func(t *testing.T, via *http.Client) { check(t, "gnet", via) })
 	})
+}
+
+// TestResponsesSeekPodFails: a pod that fails during the search for a
+// stored response the gateway does not know (a reset, a refused
+// connection, a hang) may hold it: when every other pod answers 404 the
+// client gets 503 naming that pod, not a 404 that says the response does
+// not exist; when another pod holds it, 200 from there. The access log
+// lists each pod the search moved on from, the failed one with its
+// failure, and names no pod as the 503's.
+func TestResponsesSeekPodFails(t *testing.T) {
+	for _, bad := range []struct {
+		name string
+		addr func(t *testing.T) string
+	}{
+		{"reset", func(t *testing.T) string { return fakePod(t, resetPod) }},
+		{"refused", deadAddr},
+		{"hung", func(t *testing.T) string { return fakePod(t, hungPod) }},
+	} {
+		for _, fe := range []string{"gnet", "fasthttp"} {
+			t.Run(bad.name+"/"+fe, func(t *testing.T) {
+				var pods []config.Pod
+				for i := range 3 {
+					name := fmt.Sprint("p", i)
+					p := &responsesPod{stored: map[string]bool{"resp_on_" + name: true}}
+					pods = append(pods, config.Pod{Name: name, Model: "m", Address: fakePod(t, p.serve)})
+				}
+				pods = append(pods, config.Pod{Name: "bad", Model: "m", Address: bad.addr(t)})
+				path := filepath.Join(t.TempDir(), "access.log")
+				s := testGateway(t, pods, func(c *config.Config) {
+					c.Frontend = fe
+					c.AccessLog = path
+					c.Health.Interval = time.Hour
+					c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = 200*time.Millisecond, 200*time.Millisecond
+					c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+				})
+				for i := range 4 {
+					for _, r := range []struct{ method, path, body string }{
+						{http.MethodGet, "/v1/responses/resp_on_bad", ""},
+						{http.MethodPost, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_on_bad"}`},
+					} {
+						resp, b := send(t, client, s, r.method, r.path, r.body)
+						if resp.StatusCode != 503 || !strings.Contains(b, "pod `bad`") || !strings.Contains(b, "resp_on_bad") {
+							t.Errorf("round %d, %s %s: %d %s", i, r.method, r.path, resp.StatusCode, b)
+						}
+					}
+					if resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_on_p2", ""); resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "p2" {
+						t.Errorf("round %d, a response on p2: %d on %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+					}
+				}
+				if n := metricValue(t, s, `pdlb_requests_total{model="m",code="503"}`); n != 8 {
+					t.Errorf("pdlb_requests_total 503: %v, want 8", n)
+				}
+				for _, l := range readAccessLog(t, s, path) {
+					if l["status"] != 503.0 {
+						continue
+					}
+					r, _ := l["retried"].([]any)
+					if l["pod"] != nil || len(r) == 0 || len(r) != int(l.num("attempts")) {
+						t.Errorf("%v %v: pod %v, %v attempts, retried %v", l["method"], l["path"], l["pod"], l["attempts"], r)
+					}
+					for _, a := range r {
+						if a, _ := a.(map[string]any); (a["pod"] == "bad") == (a["reason"] == "404") {
+							t.Errorf("%v %v: retried %v: a 404 is another pod's, and bad's a failure", l["method"], l["path"], a)
+						}
+					}
+				}
+			})
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -281,8 +282,9 @@ func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
 // know (another replica, or this one before a restart, saw it made), on
 // to the model's next pod after its pod answered 404, as vLLM answers for
 // a response it does not hold (before any engine work); false leaves the
-// answer to be relayed: x names none, or no pod is left to ask. Each pod
-// is asked once, and the search spends no retry.
+// answer to be relayed: x names none, or every pod said it holds none.
+// Each pod is asked once, and the search spends no retry; once no pod is
+// left to ask, the pick answers unsought.
 func (g *Gateway) seekStored(x *completion) bool {
 	m := x.m
 	if s := g.pool.Load(); s != x.snap {
@@ -291,7 +293,10 @@ func (g *Gateway) seekStored(x *completion) bool {
 			return false
 		}
 	}
-	if x.home.pod != "" || storedIDOf(x.ctx, x) == nil || !slices.ContainsFunc(m.Combined, func(p *pool.Pod) bool { return !tried(x.tried, p.ID) }) {
+	if x.home.pod != "" || storedIDOf(x.ctx, x) == nil {
+		return false
+	}
+	if n, _ := unasked(x, m, x.pod); n == 0 {
 		return false
 	}
 	_ = x.resp.CloseBodyStream()
@@ -304,6 +309,39 @@ func (g *Gateway) seekStored(x *completion) bool {
 	x.retriedFrom = append(x.retriedFrom, &failure{E: e, Pod: x.pod, Reason: fail.NotFound})
 	x.stage, x.seeking, x.asked = stagePick, true, true
 	return true
+}
+
+// unsought is the answer to x's search for its stored response once no
+// pod of m is left to ask: nil when each of m's pods said it holds none
+// (vLLM's 404 stands), else 503 counting those that failed or are down,
+// any of which may hold it: a 404 would tell the client it is gone.
+func unsought(x *completion, m *pool.Model) *failure {
+	n, first := unasked(x, m, nil)
+	if n == 0 {
+		return nil
+	}
+	which := "pod `" + first.Config.Name + "`"
+	if n > 1 {
+		which += " among them"
+	}
+	return answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
+		Message: fmt.Sprintf("Response with id '%s' is on none of the pods that answered; %d of the model's %d pods (%s) failed or are down, and may hold it.",
+			storedIDOf(x.ctx, x), n, len(m.Combined), which)})
+}
+
+// unasked counts m's pods that did not answer x's search with 404 (nor
+// did last, when not nil, which just did), and returns the first of them.
+func unasked(x *completion, m *pool.Model, last *pool.Pod) (n int, first *pool.Pod) {
+	for _, p := range m.Combined {
+		if (last != nil && p.ID == last.ID) || slices.ContainsFunc(x.retriedFrom, func(f *failure) bool { return f.Reason == fail.NotFound && f.Pod.ID == p.ID }) {
+			continue
+		}
+		if n == 0 {
+			first = p
+		}
+		n++
+	}
+	return n, first
 }
 
 // storedIDOf is the stored response x, a request of ctx, names, nil when

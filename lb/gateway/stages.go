@@ -187,6 +187,17 @@ func (g *Gateway) pickStage(x *completion) bool {
 			Message: "The stored response this request names is on pod `" + x.home.pod + "`, which is not available now."}), stageFail
 	case x.last == nil:
 		x.last, x.stage = answer(openai.NoHealthyPod(x.req.Model)), stageFail
+	case x.seeking:
+		// The pods not asked may hold the stored response x seeks; when
+		// a reload left only pods that said 404, the last one's stands.
+		if f := unsought(x, x.m); f != nil {
+			if x.retryFrom != nil {
+				// Not x's answer now: the access log lists it.
+				x.retriedFrom, x.retryFrom = append(x.retriedFrom, x.retryFrom), nil
+			}
+			x.last = f
+		}
+		x.stage = stageFail
 	default:
 		x.stage = stageFail // the last attempt's failure says more
 	}
