@@ -734,7 +734,7 @@ func TestResponsesStreamEnds(t *testing.T) {
 
 // TestResponsesSeekPodFails: a pod that fails during the search for a
 // stored response the gateway does not know (a reset, a refused
-// connection, a hang) may hold it: when every other pod answers 404 the
+// connection, a hang, a 503 that upstream.retry_on lists) may hold it: when every other pod answers 404 the
 // client gets 503 naming that pod, not a 404 that says the response does
 // not exist; when another pod holds it, 200 from there. The access log
 // lists each pod the search moved on from, the failed one with its
@@ -747,6 +747,9 @@ func TestResponsesSeekPodFails(t *testing.T) {
 		{"reset", func(t *testing.T) string { return fakePod(t, resetPod) }},
 		{"refused", deadAddr},
 		{"hung", func(t *testing.T) string { return fakePod(t, hungPod) }},
+		{"503", func(t *testing.T) string {
+			return fakePod(t, func(c net.Conn, _ *http.Request) { answerJSON(c, 503, `{"error":{"message":"shed"}}`) })
+		}},
 	} {
 		for _, fe := range []string{"gnet", "fasthttp"} {
 			t.Run(bad.name+"/"+fe, func(t *testing.T) {
@@ -764,6 +767,7 @@ func TestResponsesSeekPodFails(t *testing.T) {
 					c.Health.Interval = time.Hour
 					c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = 200*time.Millisecond, 200*time.Millisecond
 					c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+					c.Upstream.Retry.On = append(c.Upstream.Retry.On, config.RetryOn503)
 				})
 				for i := range 4 {
 					for _, r := range []struct{ method, path, body string }{
