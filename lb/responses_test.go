@@ -804,3 +804,19 @@ func TestResponsesSeekPodFails(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesSeekOnePodDown: an unknown stored response on a model whose
+// one pod is down is not reported gone: 502 while the pod refuses the
+// connection, 503 once it is known down, never vLLM's 404.
+func TestResponsesSeekOnePodDown(t *testing.T) {
+	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: deadAddr(t)}}, func(c *config.Config) { c.Health.Interval = time.Hour })
+	for i, want := range []int{502, 503} {
+		resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_x", "")
+		if resp.StatusCode != want || strings.Contains(b, "not found") {
+			t.Errorf("retrieval %d: %d %s, want %d", i, resp.StatusCode, b, want)
+		}
+	}
+	if resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_x"}`); resp.StatusCode != 503 || strings.Contains(b, "not found") {
+		t.Errorf("follow-up: %d %s", resp.StatusCode, b)
+	}
+}
