@@ -40,8 +40,8 @@ func TestDataParallelPodRanks(t *testing.T) {
 				DataParallelSize: ranks}}, podsOf("m", testFleet(t, "m", 1, 100)...)...)
 			s := testGateway(t, pods, func(c *config.Config) { c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}} })
 
-			// Straight to the pod, whose ranks take requests in turn:
-			// the first prompt is rank 0's, the second rank 1's.
+			// Straight to the pod, whose idle ranks take requests in
+			// turn: the first prompt is rank 0's, the second rank 1's.
 			first, second := tokenIDs(1000, 256), tokenIDs(5000, 256)
 			for _, ids := range [][]int{first, second} {
 				resp, err := client.Post("http://"+dp.Addr()+"/v1/completions", "application/json", strings.NewReader(completionOfIDs(ids)))

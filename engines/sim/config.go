@@ -111,10 +111,12 @@ type Config struct {
 	KVTimeout time.Duration
 	// DataParallelSize is the number of engine ranks behind the pod's one
 	// API server, as vLLM's --data-parallel-size with its internal load
-	// balancer (default 1). Requests go to the ranks in turn; each rank
-	// has Physics.MaxBatch slots and a KV cache of Physics.CacheBlocks of
-	// its own, reports its own load gauges and publishes its own KV
-	// events. The ranks share the pod's timing: one prefill at a time,
+	// balancer (default 1). A request goes to the rank its
+	// X-Data-Parallel-Rank header names, else to the one the engine's API
+	// server picks: the least loaded on vLLM, the next in turn on SGLang
+	// and TensorRT-LLM. Each rank has Physics.MaxBatch slots and a KV
+	// cache of Physics.CacheBlocks of its own, reports its own load gauges
+	// and publishes its own KV events. The ranks share the pod's timing: one prefill at a time,
 	// one decode step.
 	DataParallelSize int
 	// KVEvents receives the prefix cache's stored, removed and cleared

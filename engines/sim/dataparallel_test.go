@@ -2,7 +2,9 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -216,4 +218,99 @@ func TestFleetRankPortsRefused(t *testing.T) {
 		`pods[0].kv_replay = "tcp://127.0.0.1:7001" puts the replay sockets of ranks 0 to 1 on ports 7001 to 7002`)
 	f("{kv_events: tcp://127.0.0.1:65535, kv_replay: tcp://127.0.0.1:6000, data_parallel_size: 2}",
 		"pods[0].data_parallel_size = 2 puts rank 1's KV events on port 65536")
+}
+
+// rankSeries is the label set of rank r's gauges on a pod of two ranks of
+// engine k whose model is "m".
+func rankSeries(k engines.Kind, r int) string {
+	if k == engines.SGLang {
+		return fmt.Sprintf(`{model_name="m",tp_rank="0",dp_rank="%d"}`, r)
+	}
+	return fmt.Sprintf(`{model_name="m",engine="%d"}`, r)
+}
+
+// rankRunning scrapes p's /metrics and returns the running requests of
+// each of its two ranks.
+func rankRunning(t *testing.T, c *http.Client, p *Pod) [2]float64 {
+	t.Helper()
+	name := "vllm:num_requests_running"
+	if p.Config().Engine == engines.SGLang {
+		name = "sglang:num_running_reqs"
+	}
+	_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+	return [2]float64{metricValue(t, text, name+rankSeries(p.Config().Engine, 0)), metricValue(t, text, name+rankSeries(p.Config().Engine, 1))}
+}
+
+// TestDataParallelRankChoice: a request goes to the rank the engine's API
+// server picks. vLLM's (DPLBAsyncMPClient.get_core_engine_for_request)
+// takes the rank of fewest waiting plus running requests, ties in turn;
+// SGLang's DataParallelController goes round robin by default. Rank 0
+// runs a long stream and rank 1 a request that ends at once: the third
+// request goes to the idle rank 1 on vLLM, to rank 0 on SGLang.
+func TestDataParallelRankChoice(t *testing.T) {
+	for _, tc := range []struct {
+		engine engines.Kind
+		want   [2]float64
+	}{
+		{engines.VLLM, [2]float64{1, 1}},
+		{engines.SGLang, [2]float64{2, 0}},
+	} {
+		t.Run(string(tc.engine), func(t *testing.T) {
+			p := dataParallelPod(t, tc.engine)
+			c := testClient(t)
+			startStream(t, c, p, tokenRange(1000, 40))
+			if status, b := post(t, c, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": tokenRange(2000, 40), "max_tokens": 1}); status != 200 {
+				t.Fatalf("%d %s", status, b)
+			}
+			startStream(t, c, p, tokenRange(3000, 40))
+			if got := rankRunning(t, c, p); got != tc.want {
+				t.Fatalf("running on ranks 0 and 1: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDataParallelRankHeader: X-Data-Parallel-Rank sends a request to the
+// rank it names, on vLLM (OpenAIServing._get_data_parallel_rank) and
+// SGLang (extract_routed_dp_rank_from_header). A rank the pod lacks is
+// refused as vLLM's input processor and SGLang's tokenizer manager refuse
+// it; a value that is no integer vLLM ignores and SGLang refuses.
+func TestDataParallelRankHeader(t *testing.T) {
+	for _, tc := range []struct {
+		engine             engines.Kind
+		outOfRange, notInt string // "" for no refusal
+	}{
+		{engines.VLLM, "data_parallel_rank 2 is out of range [0, 2).", ""},
+		{engines.SGLang, "routed_dp_rank=2 out of range [0, 2)", "Invalid X-Data-Parallel-Rank header: must be an integer, got 'one'"},
+	} {
+		t.Run(string(tc.engine), func(t *testing.T) {
+			p := dataParallelPod(t, tc.engine)
+			c := testClient(t)
+			for i := range 2 {
+				startStreamWith(t, c, p, tokenRange(1000*(i+1), 40), http.Header{"X-Data-Parallel-Rank": {"1"}})
+			}
+			if got := rankRunning(t, c, p); got != [2]float64{0, 2} {
+				t.Fatalf("running on ranks 0 and 1: %v, want [0 2]", got)
+			}
+			send := func(rank string) (int, string) {
+				t.Helper()
+				b, _ := json.Marshal(map[string]any{"prompt": tokenRange(5000, 40), "max_tokens": 1})
+				req, _ := http.NewRequest(http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
+				req.Header.Set("X-Data-Parallel-Rank", rank)
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				out, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, string(out)
+			}
+			for rank, want := range map[string]string{"2": tc.outOfRange, "one": tc.notInt} {
+				status, body := send(rank)
+				if want == "" && status != 200 || want != "" && (status != 400 || !strings.Contains(body, want)) {
+					t.Errorf("X-Data-Parallel-Rank: %s: %d %s; want %q", rank, status, body, cmp.Or(want, "200"))
+				}
+			}
+		})
+	}
 }

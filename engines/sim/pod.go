@@ -625,8 +625,12 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if err == nil {
 		legs, err = p.legsOf(&req, len(prompts))
 	}
+	rank, named := 0, false
+	if err == nil {
+		rank, named, err = p.namedRank(ctx)
+	}
 	switch {
-	case errors.Is(err, errNoBootstrapRoom):
+	case errors.Is(err, errNoBootstrapRoom), errors.As(err, new(rankRangeError)):
 		// The scheduler aborts it once it arrives, after a stream began.
 		p.failAccepted(ctx, bool(req.Stream), fasthttp.StatusBadRequest, "BadRequestError", err.Error())
 		return
@@ -687,6 +691,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 				r.notify = rs[0].notify
 			}
 			r.tokens = tokens
+			r.rank, r.named = rank, named
 			if !p.setMaxTokens(ctx, r, &req, isChat) {
 				return
 			}
@@ -799,6 +804,38 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		})
 		span.end(totals(outs))
 	})
+}
+
+// rankRangeError is SGLang's refusal of a data-parallel rank the pod
+// lacks, once it accepted the request (TokenizerManager.generate_request).
+type rankRangeError struct{ rank, size int }
+
+func (e rankRangeError) Error() string {
+	return fmt.Sprintf("routed_dp_rank=%d out of range [0, %d)", e.rank, e.size)
+}
+
+// namedRank reads the data-parallel rank a request names in its
+// X-Data-Parallel-Rank header, as vLLM (OpenAIServing._get_data_parallel_rank)
+// and SGLang (extract_routed_dp_rank_from_header) do; named is false
+// without one. vLLM ignores a value that is no integer, SGLang refuses it;
+// both refuse a rank the pod lacks. TensorRT-LLM reads no such header.
+func (p *Pod) namedRank(ctx *fasthttp.RequestCtx) (rank int, named bool, err error) {
+	v := ctx.Request.Header.Peek("X-Data-Parallel-Rank")
+	if v == nil || p.cfg.Engine == engines.TRTLLM {
+		return 0, false, nil
+	}
+	rank, err = strconv.Atoi(strings.TrimSpace(string(v)))
+	switch {
+	case err != nil && p.cfg.Engine == engines.SGLang:
+		return 0, false, badRequest("Invalid X-Data-Parallel-Rank header: must be an integer, got '%s'", v)
+	case err != nil:
+		return 0, false, nil
+	case rank >= 0 && rank < p.cfg.DataParallelSize:
+		return rank, true, nil
+	case p.cfg.Engine == engines.SGLang:
+		return 0, false, rankRangeError{rank, p.cfg.DataParallelSize}
+	}
+	return 0, false, badRequest("data_parallel_rank %d is out of range [0, %d).", rank, p.cfg.DataParallelSize)
 }
 
 // streamWriter is the SSE writer of a streamed answer to req, with usage

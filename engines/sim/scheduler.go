@@ -42,8 +42,11 @@ type request struct {
 	progress atomic.Uint64
 	notify   chan struct{} // capacity 1: progress changed
 
-	state     reqState
-	rank      int     // the data-parallel rank serving it
+	state reqState
+	// rank is the data-parallel rank serving it: the one the client named
+	// when named (set by the handler), else the scheduler's pick.
+	rank      int
+	named     bool
 	arrival   float64 // simulated seconds
 	generated int
 	hit       int // prompt blocks found cached when its prefill started
@@ -134,9 +137,12 @@ type scheduler struct {
 	tick    time.Duration
 	start   time.Time
 	ranks   []rankCache // one per data-parallel rank
-	next    int         // the rank of the next request
-	loads   []rankLoad  // publish's, one per rank
-	m       *podMetrics
+	// balance: ranks are picked by load as vLLM's API server picks them,
+	// else in turn (pickRank); pickFrom is where the next pick begins.
+	balance  bool
+	pickFrom int
+	loads    []rankLoad // countLoads', one per rank
+	m        *podMetrics
 
 	inbox  chan schedMsg
 	done   chan struct{} // closed by Pod.Close: abort everything and return
@@ -199,6 +205,7 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 		loads:   make([]rankLoad, cfg.DataParallelSize),
 		m:       m,
 		copies:  cfg.Engine == engines.VLLM,
+		balance: cfg.Engine == engines.VLLM,
 		vocab:   wordIDs(cfg.Prompt),
 		inbox:   make(chan schedMsg, inboxSize),
 		done:    make(chan struct{}),
@@ -318,7 +325,9 @@ func (s *scheduler) handle(m schedMsg) {
 		r := m.req
 		r.arrival = s.clock
 		r.state = stateWaiting
-		r.rank, s.next = s.next, (s.next+1)%len(s.ranks)
+		if !r.named {
+			r.rank = s.pickRank()
+		}
 		s.waiting = append(s.waiting, r)
 	case msgCancel:
 		s.cancel(m.req)
@@ -360,6 +369,37 @@ func (s *scheduler) handle(m schedMsg) {
 	}
 	s.admit()
 	s.kick()
+}
+
+// pickRank is the rank of an arriving request that names none. vLLM's API
+// server (DPLBAsyncMPClient.get_core_engine_for_request) takes the rank
+// of the least waiting plus running requests, a waiting one weighing up
+// to 3 more as its rank's KV usage goes from half to full; its stats are
+// the ranks' own, fresh here where vLLM's coordinator sends them every
+// 100 ms. Ties go to the first from a start that moves a rank each pick.
+// SGLang's DataParallelController (--load-balance-method round_robin, its
+// default) and the sim's TensorRT-LLM take the ranks in turn.
+func (s *scheduler) pickRank() int {
+	n := len(s.ranks)
+	first := s.pickFrom
+	s.pickFrom = (first + 1) % n
+	if !s.balance || n == 1 {
+		return first
+	}
+	s.countLoads()
+	best, bestScore := first, math.Inf(1)
+	for k := range n {
+		i := (first + k) % n
+		l := s.loads[i]
+		score := float64(l.waiting + l.running)
+		if usage := float64(l.usedBlocks) / float64(s.phys.CacheBlocks); l.waiting > 0 && usage > 0.5 {
+			score += float64(l.waiting) * 6 * (usage - 0.5)
+		}
+		if score < bestScore {
+			best, bestScore = i, score
+		}
+	}
+	return best
 }
 
 // admit moves waiting requests into the batch in FIFO order while a slot and
@@ -687,30 +727,34 @@ func (s *scheduler) setProgress(r *request, reason uint8) {
 	}
 }
 
+// countLoads sets s.loads to each rank's load now. Requests waiting for
+// their KV count as waiting, as vLLM's WAITING_FOR_REMOTE_KVS requests do,
+// though they hold a slot. A shared block counts once, as the engines hold
+// it (vLLM's ref_cnt, SGLang's radix node lock, TensorRT-LLM's block
+// reuse).
+func (s *scheduler) countLoads() {
+	for i, rc := range s.ranks {
+		s.loads[i] = rankLoad{usedBlocks: rc.held - rc.cache.Shared()}
+	}
+	for _, q := range [][]*request{s.prefill, s.decoding} {
+		for _, r := range q {
+			s.loads[r.rank].running++
+		}
+	}
+	for _, q := range [][]*request{s.waiting, s.receiving} {
+		for _, r := range q {
+			s.loads[r.rank].waiting++
+		}
+	}
+}
+
 // publish updates the gauges scrapes read, then wakes the handlers whose
 // requests progressed, once per wake-up however many tokens they got; in
 // that order, so a client that saw its request end sees it gone from the
 // gauges too.
 func (s *scheduler) publish() {
-	// Requests waiting for their KV count as waiting, as vLLM's
-	// WAITING_FOR_REMOTE_KVS requests do, though they hold a slot. A
-	// shared block counts once, as the engines hold it (vLLM's ref_cnt,
-	// SGLang's radix node lock, TensorRT-LLM's block reuse).
-	loads := s.loads
-	for i, rc := range s.ranks {
-		loads[i] = rankLoad{usedBlocks: rc.held - rc.cache.Shared()}
-	}
-	for _, q := range [][]*request{s.prefill, s.decoding} {
-		for _, r := range q {
-			loads[r.rank].running++
-		}
-	}
-	for _, q := range [][]*request{s.waiting, s.receiving} {
-		for _, r := range q {
-			loads[r.rank].waiting++
-		}
-	}
-	s.m.setLoads(loads)
+	s.countLoads()
+	s.m.setLoads(s.loads)
 	s.m.pinnedBlocks.Store(int64(s.pinned))
 	s.m.prefilling.Store(int64(len(s.prefill)))
 	if s.slots != nil {

@@ -42,8 +42,17 @@ func sharedPrefixPrompt(i int) []uint32 {
 // are then held.
 func startStream(t *testing.T, c *http.Client, p *Pod, prompt []uint32) {
 	t.Helper()
+	startStreamWith(t, c, p, prompt, nil)
+}
+
+// startStreamWith is startStream with the request's headers set to hdr.
+func startStreamWith(t *testing.T, c *http.Client, p *Pod, prompt []uint32, hdr http.Header) {
+	t.Helper()
 	b, _ := json.Marshal(map[string]any{"prompt": prompt, "stream": true, "max_tokens": 100})
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
 	first, done := make(chan string, 1), make(chan struct{})
 	go func() {
 		defer close(done)
