@@ -314,3 +314,73 @@ func TestDataParallelRankHeader(t *testing.T) {
 		})
 	}
 }
+
+// TestDataParallelRankCounters: vLLM's PrometheusStatLogger keeps every
+// counter and histogram per engine (labels model_name and engine), so a
+// request served by rank 1 counts under engine="1". SGLang's tokenizer
+// manager counts for the pod, while each rank's scheduler reports its own
+// cache hit rate and throughput under its dp_rank
+// (SchedulerMetricsCollector). The gateway's scraper adds the ranks'
+// generated tokens up.
+func TestDataParallelRankCounters(t *testing.T) {
+	for _, tc := range []struct {
+		engine engines.Kind
+		want   map[string]float64 // series: value
+	}{
+		{engines.VLLM, map[string]float64{
+			`vllm:prompt_tokens_total{model_name="m",engine="0"}`:                            40,
+			`vllm:prompt_tokens_total{model_name="m",engine="1"}`:                            2 * 48,
+			`vllm:prefix_cache_queries_total{model_name="m",engine="1"}`:                     2 * 48,
+			`vllm:prefix_cache_hits_total{model_name="m",engine="1"}`:                        32,
+			`vllm:generation_tokens_total{model_name="m",engine="0"}`:                        1,
+			`vllm:generation_tokens_total{model_name="m",engine="1"}`:                        2,
+			`vllm:request_success_total{model_name="m",engine="0",finished_reason="length"}`: 1,
+			`vllm:request_success_total{model_name="m",engine="1",finished_reason="length"}`: 2,
+			`vllm:time_to_first_token_seconds_count{model_name="m",engine="0"}`:              1,
+			`vllm:time_to_first_token_seconds_count{model_name="m",engine="1"}`:              2,
+			`vllm:e2e_request_latency_seconds_count{model_name="m",engine="1"}`:              2,
+			`vllm:nixl_num_failed_transfers_total{model_name="m",engine="1"}`:                0,
+		}},
+		{engines.SGLang, map[string]float64{
+			`sglang:prompt_tokens_total{model_name="m"}`:                    40 + 2*48,
+			`sglang:cached_tokens_total{model_name="m"}`:                    32,
+			`sglang:num_requests_total{model_name="m"}`:                     3,
+			`sglang:cache_hit_rate{model_name="m",tp_rank="0",dp_rank="0"}`: 0,
+			`sglang:cache_hit_rate{model_name="m",tp_rank="0",dp_rank="1"}`: 32.0 / (2 * 48),
+		}},
+	} {
+		t.Run(string(tc.engine), func(t *testing.T) {
+			p := dataParallelPod(t, tc.engine)
+			c := testClient(t)
+			// Rank 0 serves a prompt of 40 tokens, rank 1 one of 48
+			// twice, the second time with its two whole blocks cached.
+			for _, s := range []struct {
+				rank  string
+				first int
+				n     int
+			}{{"0", 1000, 40}, {"1", 2000, 48}, {"1", 2000, 48}} {
+				b, _ := json.Marshal(map[string]any{"prompt": tokenRange(s.first, s.n), "max_tokens": 1})
+				req, _ := http.NewRequest(http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
+				req.Header.Set("X-Data-Parallel-Rank", s.rank)
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("%d %s", resp.StatusCode, out)
+				}
+			}
+			_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+			for series, want := range tc.want {
+				if got := metricValue(t, text, series); got != want {
+					t.Errorf("%s = %v, want %v", series, got, want)
+				}
+			}
+			if load, _ := engines.ParseMetrics(tc.engine, text); load.GeneratedTokens != 3 {
+				t.Errorf("ParseMetrics: %v generated tokens, want 3", load.GeneratedTokens)
+			}
+		})
+	}
+}

@@ -54,41 +54,58 @@ type podMetrics struct {
 	// Gauges, published by the scheduler after each wake-up: the pod's,
 	// and each data-parallel rank's share.
 	running, waiting, prefilling, usedBlocks, pinnedBlocks atomic.Int64
-	ranks                                                  []rankGauges
-	// Counters, in tokens or requests.
-	promptTokens, generationTokens, queryTokens, hitTokens atomic.Int64
-	finished                                               [numFinish]atomic.Int64
-	steps                                                  atomic.Int64
-	lastStepNanos                                          atomic.Int64 // simulated
+	ranks                                                  []rankMetrics
+	// Counters, in tokens or requests: the pod's, the sums of its ranks'.
+	promptTokens  atomic.Int64
+	tokens        tokenCounts
+	finished      [numFinish]atomic.Int64
+	steps         atomic.Int64
+	lastStepNanos atomic.Int64 // simulated
 	// KV transfers: pulls done and failed on a decode pod, holds that
 	// expired unpicked on a prefill pod.
 	kvPulls, kvPullFailures, kvExpired atomic.Int64
 	// adapterLoads counts LoRA adapters brought into a slot.
 	adapterLoads atomic.Int64
 
-	set *metrics.Set // nil for trtllm, whose /metrics is JSON
-	// Prometheus series; nil when set is.
-	promptC, genC, queryC, hitC *metrics.Counter
-	successC                    [numFinish]*metrics.Counter
-	ttft, itl, e2e              *metrics.PrometheusHistogram
-	kvXfer                      *metrics.PrometheusHistogram
-	kvFailedC, kvExpiredC       *metrics.Counter
-
-	// gen_throughput is measured between scrapes (simulated seconds).
-	thrMu           sync.Mutex
-	thrAt, thrValue float64
-	thrTokens       int64
-	cacheBlocks     int // a rank's
-	blockSize       int
-	now             func() float64 // simulated seconds since start
+	set         *metrics.Set // nil for trtllm, whose /metrics is JSON
+	cacheBlocks int          // a rank's
+	blockSize   int
+	now         func() float64 // simulated seconds since start
 }
 
 // labelValue escapes a Prometheus label value. Config.Validate keeps quotes
 // and newlines out of model names, so only backslashes could need it.
 func labelValue(s string) string { return strings.ReplaceAll(s, `\`, `\\`) }
 
-// rankGauges are one data-parallel rank's gauges.
-type rankGauges struct{ running, waiting, usedBlocks atomic.Int64 }
+// rankMetrics are one data-parallel rank's gauges and token counts, and
+// the Prometheus series its requests are recorded to.
+type rankMetrics struct {
+	running, waiting, usedBlocks atomic.Int64
+	tokens                       tokenCounts
+	series                       *promSeries
+}
+
+// promSeries are the Prometheus counters and histograms of requests: each
+// rank's own on vLLM, whose PrometheusStatLogger labels every series with
+// the engine index; one for the pod on SGLang, whose tokenizer manager
+// counts them; on TensorRT-LLM none (nil fields record nothing).
+type promSeries struct {
+	promptC, genC, queryC, hitC *metrics.Counter
+	successC                    [numFinish]*metrics.Counter
+	ttft, itl, e2e              *metrics.PrometheusHistogram
+	kvXfer                      *metrics.PrometheusHistogram
+	kvFailedC, kvExpiredC       *metrics.Counter
+}
+
+// tokenCounts are the tokens generated, and the prompt tokens queried in
+// the prefix cache and found there, of a pod or a rank.
+type tokenCounts struct {
+	generated, queried, hit atomic.Int64
+	// gen_throughput is measured between reads (simulated seconds).
+	thrMu           sync.Mutex
+	thrAt, thrValue float64
+	thrTokens       int64
+}
 
 // rankLoad is what one rank's gauges are set to: requests running and
 // waiting, and KV blocks in use.
@@ -96,43 +113,54 @@ type rankLoad struct{ running, waiting, usedBlocks int }
 
 func newPodMetrics(cfg Config, now func() float64) *podMetrics {
 	m := &podMetrics{cacheBlocks: cfg.Physics.CacheBlocks, blockSize: cfg.Physics.BlockSize, now: now,
-		ranks: make([]rankGauges, cfg.DataParallelSize)}
+		ranks: make([]rankMetrics, cfg.DataParallelSize)}
 	model := labelValue(cfg.Model)
 	switch cfg.Engine {
 	case engines.VLLM:
 		// vLLM labels every series with the served model and the engine
-		// (data-parallel rank) index. The sim's ranks share one set of
-		// counters and histograms, rank 0's.
-		l := fmt.Sprintf(`{model_name=%q,engine="0"}`, model)
+		// (data-parallel rank) index.
 		s := metrics.NewSet()
 		for i := range m.ranks {
-			g, rl := &m.ranks[i], fmt.Sprintf(`{model_name=%q,engine="%d"}`, model, i)
-			s.NewGauge("vllm:num_requests_running"+rl, func() float64 { return float64(g.running.Load()) })
-			s.NewGauge("vllm:num_requests_waiting"+rl, func() float64 { return float64(g.waiting.Load()) })
-			s.NewGauge("vllm:kv_cache_usage_perc"+rl, func() float64 { return m.rankKVUsage(g) })
+			g, l := &m.ranks[i], fmt.Sprintf(`{model_name=%q,engine="%d"}`, model, i)
+			s.NewGauge("vllm:num_requests_running"+l, func() float64 { return float64(g.running.Load()) })
+			s.NewGauge("vllm:num_requests_waiting"+l, func() float64 { return float64(g.waiting.Load()) })
+			s.NewGauge("vllm:kv_cache_usage_perc"+l, func() float64 { return m.rankKVUsage(g) })
+			ps := &promSeries{
+				queryC:     s.NewCounter("vllm:prefix_cache_queries_total" + l),
+				hitC:       s.NewCounter("vllm:prefix_cache_hits_total" + l),
+				promptC:    s.NewCounter("vllm:prompt_tokens_total" + l),
+				genC:       s.NewCounter("vllm:generation_tokens_total" + l),
+				ttft:       s.NewPrometheusHistogramExt("vllm:time_to_first_token_seconds"+l, vllmTTFTBuckets),
+				itl:        s.NewPrometheusHistogramExt("vllm:inter_token_latency_seconds"+l, vllmITLBuckets),
+				e2e:        s.NewPrometheusHistogramExt("vllm:e2e_request_latency_seconds"+l, vllmE2EBuckets),
+				kvXfer:     s.NewPrometheusHistogramExt("vllm:nixl_xfer_time_seconds"+l, kvTransferBuckets),
+				kvFailedC:  s.NewCounter("vllm:nixl_num_failed_transfers_total" + l),
+				kvExpiredC: s.NewCounter("vllm:nixl_num_kv_expired_reqs_total" + l),
+			}
+			for r := finishStop; r < numFinish; r++ {
+				ps.successC[r] = s.NewCounter(fmt.Sprintf(`vllm:request_success_total{model_name=%q,engine="%d",finished_reason=%q}`, model, i, finishNames[r]))
+			}
+			g.series = ps
 		}
-		m.queryC = s.NewCounter("vllm:prefix_cache_queries_total" + l)
-		m.hitC = s.NewCounter("vllm:prefix_cache_hits_total" + l)
-		m.promptC = s.NewCounter("vllm:prompt_tokens_total" + l)
-		m.genC = s.NewCounter("vllm:generation_tokens_total" + l)
-		for r := finishStop; r < numFinish; r++ {
-			m.successC[r] = s.NewCounter(fmt.Sprintf(`vllm:request_success_total{model_name=%q,engine="0",finished_reason=%q}`, model, finishNames[r]))
-		}
-		m.ttft = s.NewPrometheusHistogramExt("vllm:time_to_first_token_seconds"+l, vllmTTFTBuckets)
-		m.itl = s.NewPrometheusHistogramExt("vllm:inter_token_latency_seconds"+l, vllmITLBuckets)
-		m.e2e = s.NewPrometheusHistogramExt("vllm:e2e_request_latency_seconds"+l, vllmE2EBuckets)
-		m.kvXfer = s.NewPrometheusHistogramExt("vllm:nixl_xfer_time_seconds"+l, kvTransferBuckets)
-		m.kvFailedC = s.NewCounter("vllm:nixl_num_failed_transfers_total" + l)
-		m.kvExpiredC = s.NewCounter("vllm:nixl_num_kv_expired_reqs_total" + l)
 		m.set = s
 	case engines.SGLang:
 		// The scheduler of each rank (dp_size > 1) labels its gauges
 		// with its tp_rank and dp_rank too (SchedulerMetricsCollector);
 		// the tokenizer manager's counters and histograms are the pod's.
-		// The sim's ranks share one decode loop: rank 0's throughput and
-		// hit rate are the pod's.
 		l := fmt.Sprintf(`{model_name=%q}`, model)
 		s := metrics.NewSet()
+		ps := &promSeries{
+			promptC: s.NewCounter("sglang:prompt_tokens_total" + l),
+			genC:    s.NewCounter("sglang:generation_tokens_total" + l),
+			hitC:    s.NewCounter("sglang:cached_tokens_total" + l),
+			ttft:    s.NewPrometheusHistogramExt("sglang:time_to_first_token_seconds"+l, sglangTTFTBuckets),
+			itl:     s.NewPrometheusHistogramExt("sglang:inter_token_latency_seconds"+l, sglangITLBuckets),
+			e2e:     s.NewPrometheusHistogramExt("sglang:e2e_request_latency_seconds"+l, sglangE2EBuckets),
+			kvXfer:  s.NewPrometheusHistogramExt("pdlb_sim_kv_transfer_seconds"+l, kvTransferBuckets),
+		}
+		ps.successC[finishStop] = s.NewCounter("sglang:num_requests_total" + l)
+		ps.successC[finishLength] = ps.successC[finishStop]
+		ps.successC[finishAbort] = s.NewCounter("sglang:num_aborted_requests_total" + l)
 		for i := range m.ranks {
 			g, rl := &m.ranks[i], l
 			if len(m.ranks) > 1 {
@@ -142,22 +170,15 @@ func newPodMetrics(cfg Config, now func() float64) *podMetrics {
 			s.NewGauge("sglang:num_queue_reqs"+rl, func() float64 { return float64(g.waiting.Load()) })
 			s.NewGauge("sglang:num_used_tokens"+rl, func() float64 { return float64(g.usedBlocks.Load()) * float64(m.blockSize) })
 			s.NewGauge("sglang:token_usage"+rl, func() float64 { return m.rankKVUsage(g) })
-			if i == 0 {
-				s.NewGauge("sglang:gen_throughput"+rl, m.genThroughput)
-				s.NewGauge("sglang:cache_hit_rate"+rl, m.cacheHitRate)
-			}
+			s.NewGauge("sglang:gen_throughput"+rl, func() float64 { return g.tokens.throughput(m.now()) })
+			s.NewGauge("sglang:cache_hit_rate"+rl, g.tokens.hitRate)
+			g.series = ps
 		}
-		m.promptC = s.NewCounter("sglang:prompt_tokens_total" + l)
-		m.genC = s.NewCounter("sglang:generation_tokens_total" + l)
-		m.hitC = s.NewCounter("sglang:cached_tokens_total" + l)
-		m.successC[finishStop] = s.NewCounter("sglang:num_requests_total" + l)
-		m.successC[finishLength] = m.successC[finishStop]
-		m.successC[finishAbort] = s.NewCounter("sglang:num_aborted_requests_total" + l)
-		m.ttft = s.NewPrometheusHistogramExt("sglang:time_to_first_token_seconds"+l, sglangTTFTBuckets)
-		m.itl = s.NewPrometheusHistogramExt("sglang:inter_token_latency_seconds"+l, sglangITLBuckets)
-		m.e2e = s.NewPrometheusHistogramExt("sglang:e2e_request_latency_seconds"+l, sglangE2EBuckets)
-		m.kvXfer = s.NewPrometheusHistogramExt("pdlb_sim_kv_transfer_seconds"+l, kvTransferBuckets)
 		m.set = s
+	default:
+		for i := range m.ranks {
+			m.ranks[i].series = &promSeries{}
+		}
 	}
 	return m
 }
@@ -187,34 +208,41 @@ func (m *podMetrics) kvUsage() float64 {
 }
 
 // rankKVUsage is the fraction of rank g's KV cache in use.
-func (m *podMetrics) rankKVUsage(g *rankGauges) float64 {
+func (m *podMetrics) rankKVUsage(g *rankMetrics) float64 {
 	return float64(g.usedBlocks.Load()) / float64(m.cacheBlocks)
 }
 
 // podBlocks is the KV capacity of all the pod's ranks, in blocks.
 func (m *podMetrics) podBlocks() int { return m.cacheBlocks * len(m.ranks) }
 
-// cacheHitRate is hit tokens over queried prompt tokens since start (SGLang
+// hitRate is hit tokens over queried prompt tokens since start (SGLang
 // reports it per logging interval; cumulative is steadier for a scraper).
-func (m *podMetrics) cacheHitRate() float64 {
-	q := m.queryTokens.Load()
+func (c *tokenCounts) hitRate() float64 {
+	q := c.queried.Load()
 	if q == 0 {
 		return 0
 	}
-	return float64(m.hitTokens.Load()) / float64(q)
+	return float64(c.hit.Load()) / float64(q)
 }
 
-// genThroughput is generated tokens per simulated second since the previous
-// scrape at least one simulated second ago.
-func (m *podMetrics) genThroughput() float64 {
-	m.thrMu.Lock()
-	defer m.thrMu.Unlock()
-	now, gen := m.now(), m.generationTokens.Load()
-	if dt := now - m.thrAt; dt >= 1 {
-		m.thrValue = float64(gen-m.thrTokens) / dt
-		m.thrAt, m.thrTokens = now, gen
+// throughput is generated tokens per simulated second since the previous
+// read at least one simulated second before now.
+func (c *tokenCounts) throughput(now float64) float64 {
+	c.thrMu.Lock()
+	defer c.thrMu.Unlock()
+	gen := c.generated.Load()
+	if dt := now - c.thrAt; dt >= 1 {
+		c.thrValue = float64(gen-c.thrTokens) / dt
+		c.thrAt, c.thrTokens = now, gen
 	}
-	return m.thrValue
+	return c.thrValue
+}
+
+// add counts tokens generated, queried and hit.
+func (c *tokenCounts) add(generated, queried, hit int) {
+	c.generated.Add(int64(generated))
+	c.queried.Add(int64(queried))
+	c.hit.Add(int64(hit))
 }
 
 func addCounter(c *metrics.Counter, n int) {
@@ -229,61 +257,73 @@ func observe(h *metrics.PrometheusHistogram, v float64) {
 	}
 }
 
+// The recorders below count an event of a request served by rank.
+
 // prefillStarted counts one prefix-cache lookup: prompt tokens queried and
 // the leading ones found cached, as vLLM counts at scheduling.
-func (m *podMetrics) prefillStarted(prompt, cached int) {
-	m.queryTokens.Add(int64(prompt))
-	m.hitTokens.Add(int64(cached))
-	addCounter(m.queryC, prompt)
-	addCounter(m.hitC, cached)
+func (m *podMetrics) prefillStarted(rank, prompt, cached int) {
+	m.tokens.add(0, prompt, cached)
+	m.ranks[rank].tokens.add(0, prompt, cached)
+	s := m.ranks[rank].series
+	addCounter(s.queryC, prompt)
+	addCounter(s.hitC, cached)
 }
 
 // firstToken records a finished prefill: the prompt processed and its first
 // output token, ttft simulated seconds after arrival.
-func (m *podMetrics) firstToken(prompt int, ttft float64) {
+func (m *podMetrics) firstToken(rank, prompt int, ttft float64) {
 	m.promptTokens.Add(int64(prompt))
-	m.generationTokens.Add(1)
-	addCounter(m.promptC, prompt)
-	addCounter(m.genC, 1)
-	observe(m.ttft, ttft)
+	m.tokens.add(1, 0, 0)
+	m.ranks[rank].tokens.add(1, 0, 0)
+	s := m.ranks[rank].series
+	addCounter(s.promptC, prompt)
+	addCounter(s.genC, 1)
+	observe(s.ttft, ttft)
 }
 
-// decodeStep records one step of batch sequences that took stepSec.
-func (m *podMetrics) decodeStep(batch int, stepSec float64) {
+// decodeStep records one decode step that took stepSec.
+func (m *podMetrics) decodeStep(stepSec float64) {
 	m.steps.Add(1)
 	m.lastStepNanos.Store(int64(stepSec * 1e9))
-	m.generationTokens.Add(int64(batch))
-	addCounter(m.genC, batch)
 }
 
-// token records one decoded token itl simulated seconds after the previous.
-func (m *podMetrics) token(itl float64) { observe(m.itl, itl) }
+// token records one decoded token, itl simulated seconds after the
+// previous.
+func (m *podMetrics) token(rank int, itl float64) {
+	m.tokens.add(1, 0, 0)
+	m.ranks[rank].tokens.add(1, 0, 0)
+	s := m.ranks[rank].series
+	addCounter(s.genC, 1)
+	observe(s.itl, itl)
+}
 
 // finish records a request leaving the pod after e2e simulated seconds.
-func (m *podMetrics) finish(reason uint8, e2e float64) {
+func (m *podMetrics) finish(rank int, reason uint8, e2e float64) {
 	m.finished[reason].Add(1)
-	addCounter(m.successC[reason], 1)
+	s := m.ranks[rank].series
+	addCounter(s.successC[reason], 1)
 	if reason != finishAbort {
-		observe(m.e2e, e2e)
+		observe(s.e2e, e2e)
 	}
 }
 
 // kvPulled records a decode pod's KV pull that took sec simulated seconds,
 // or failed.
-func (m *podMetrics) kvPulled(sec float64, ok bool) {
+func (m *podMetrics) kvPulled(rank int, sec float64, ok bool) {
+	s := m.ranks[rank].series
 	if !ok {
 		m.kvPullFailures.Add(1)
-		addCounter(m.kvFailedC, 1)
+		addCounter(s.kvFailedC, 1)
 		return
 	}
 	m.kvPulls.Add(1)
-	observe(m.kvXfer, sec)
+	observe(s.kvXfer, sec)
 }
 
 // kvHoldExpired records a prefill pod's KV that nobody picked up in time.
-func (m *podMetrics) kvHoldExpired() {
+func (m *podMetrics) kvHoldExpired(rank int) {
 	m.kvExpired.Add(1)
-	addCounter(m.kvExpiredC, 1)
+	addCounter(m.ranks[rank].series.kvExpiredC, 1)
 }
 
 // writePrometheus writes the text exposition with HELP and TYPE lines, as
@@ -377,7 +417,7 @@ type trtllmBatchingStats struct {
 // trtllm returns the pod's state as trtllm-serve's /metrics entry.
 func (m *podMetrics) trtllm(maxBatch int, timestamp string) trtllmStats {
 	running, prefilling, used := m.running.Load(), m.prefilling.Load(), m.usedBlocks.Load()
-	queried, hit := m.queryTokens.Load(), m.hitTokens.Load()
+	queried, hit := m.tokens.queried.Load(), m.tokens.hit.Load()
 	s := trtllmStats{
 		Timestamp:            timestamp,
 		Iter:                 m.steps.Load(),
@@ -394,7 +434,7 @@ func (m *podMetrics) trtllm(maxBatch int, timestamp string) trtllmStats {
 			TokensPerBlock: m.blockSize,
 			ReusedBlocks:   hit / int64(m.blockSize),
 			MissedBlocks:   (queried - hit) / int64(m.blockSize),
-			CacheHitRate:   m.cacheHitRate(),
+			CacheHitRate:   m.tokens.hitRate(),
 		},
 		InflightBatchingStats: trtllmBatchingStats{
 			NumScheduledRequests:       running,

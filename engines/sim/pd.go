@@ -307,7 +307,7 @@ func (p *Pod) receiveKV(conn net.Conn, rs []*request, legs []pdLeg) (bool, error
 			if err == nil {
 				tr, err = p.transport.Pull(pullCtx, legs[i].src, legs[i].wait)
 			}
-			p.m.kvPulled(tr.Elapsed.Seconds()*p.cfg.Speedup, err == nil)
+			p.m.kvPulled(r.rank, tr.Elapsed.Seconds()*p.cfg.Speedup, err == nil)
 			done <- pulled{i, err}
 		})
 	}
@@ -425,7 +425,7 @@ func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLe
 			Released: func(o kvxfer.Outcome) {
 				p.sched.send(schedMsg{kind: msgUnpin, req: r})
 				if o == kvxfer.Expired {
-					p.m.kvHoldExpired()
+					p.m.kvHoldExpired(r.rank)
 				}
 				picked <- o
 			},

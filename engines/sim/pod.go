@@ -277,9 +277,9 @@ func (p *Pod) Stats() Stats {
 		UsedBlocks:      int(m.usedBlocks.Load()),
 		KVUsage:         m.kvUsage(),
 		PromptTokens:    m.promptTokens.Load(),
-		GeneratedTokens: m.generationTokens.Load(),
-		QueriedTokens:   m.queryTokens.Load(),
-		HitTokens:       m.hitTokens.Load(),
+		GeneratedTokens: m.tokens.generated.Load(),
+		QueriedTokens:   m.tokens.queried.Load(),
+		HitTokens:       m.tokens.hit.Load(),
 		Aborted:         m.finished[finishAbort].Load(),
 		HeldKVBlocks:    int(m.pinnedBlocks.Load()),
 		KVPulls:         m.kvPulls.Load(),
@@ -1152,6 +1152,12 @@ func (p *Pod) bootstrapPort() int {
 func (p *Pod) serverInfo(ctx *fasthttp.RequestCtx) {
 	host, port, _ := net.SplitHostPort(p.Addr())
 	portN, _ := strconv.Atoi(port)
+	// One state a data-parallel rank, as its scheduler answers
+	// get_internal_state.
+	states := make([]map[string]any, len(p.m.ranks))
+	for i := range states {
+		states[i] = map[string]any{"last_gen_throughput": p.m.ranks[i].tokens.throughput(p.m.now())}
+	}
 	body, _ := json.Marshal(map[string]any{
 		"model_path":                    p.cfg.Model,
 		"served_model_name":             p.cfg.Model,
@@ -1164,7 +1170,7 @@ func (p *Pod) serverInfo(ctx *fasthttp.RequestCtx) {
 		"page_size":                     p.cfg.Physics.BlockSize,
 		"disaggregation_mode":           p.disaggregationMode(),
 		"disaggregation_bootstrap_port": p.bootstrapPort(),
-		"internal_states":               []map[string]any{{"last_gen_throughput": p.m.genThroughput()}},
+		"internal_states":               states,
 		"version":                       "pdlb-sim",
 	})
 	writeJSON(ctx, body)

@@ -488,7 +488,7 @@ func (s *scheduler) kick() {
 			s.prefillEnd += s.phys.AdapterLoadSec
 			s.m.adapterLoads.Add(1)
 		}
-		s.m.prefillStarted(prompt, cached)
+		s.m.prefillStarted(r.rank, prompt, cached)
 	}
 	if !s.stepping && len(s.decoding) > 0 {
 		s.batch = append(s.batch[:0], s.decoding...)
@@ -510,7 +510,7 @@ func (s *scheduler) endPrefill() {
 	s.storeBlocks(r, from)
 	r.generated = 1
 	r.lastToken = s.clock
-	s.m.firstToken(len(r.tokens), s.clock-r.arrival)
+	s.m.firstToken(r.rank, len(r.tokens), s.clock-r.arrival)
 	if r.generated >= r.maxTokens {
 		s.finish(r, r.limitReason)
 		return
@@ -522,15 +522,13 @@ func (s *scheduler) endPrefill() {
 
 func (s *scheduler) endStep() {
 	s.stepping = false
-	n := 0
 	for _, r := range s.batch {
 		if r.state != stateDecode {
 			continue // cancelled during the step
 		}
-		n++
 		r.generated++
 		s.setHeld(r, s.phys.Blocks(len(r.tokens)+r.generated))
-		s.m.token(s.clock - r.lastToken)
+		s.m.token(r.rank, s.clock-r.lastToken)
 		r.lastToken = s.clock
 		if s.copies {
 			// vLLM caches a block as soon as its tokens' KV is computed.
@@ -543,7 +541,7 @@ func (s *scheduler) endStep() {
 			s.setProgress(r, finishNone)
 		}
 	}
-	s.m.decodeStep(n, s.stepEnd-s.stepStart)
+	s.m.decodeStep(s.stepEnd - s.stepStart)
 	clear(s.batch)
 	s.batch = s.batch[:0]
 	s.decoding = slices.DeleteFunc(s.decoding, func(r *request) bool { return r.state != stateDecode })
@@ -677,7 +675,7 @@ func (s *scheduler) finish(r *request, reason uint8) {
 		s.release(r)
 	}
 	s.setProgress(r, reason)
-	s.m.finish(reason, s.clock-r.arrival)
+	s.m.finish(r.rank, reason, s.clock-r.arrival)
 }
 
 // unpin frees a finished prefill leg's pinned blocks; a no-op the second
