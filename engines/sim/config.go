@@ -114,10 +114,11 @@ type Config struct {
 	// balancer (default 1). A request goes to the rank its
 	// X-Data-Parallel-Rank header names, else to the one the engine's API
 	// server picks: the least loaded on vLLM, the next in turn on SGLang
-	// and TensorRT-LLM. Each rank has Physics.MaxBatch slots and a KV
-	// cache of Physics.CacheBlocks of its own, reports its own load gauges
-	// and publishes its own KV events. The ranks share the pod's timing: one prefill at a time,
-	// one decode step.
+	// and TensorRT-LLM. Each rank is an engine core of its own: it has
+	// Physics.MaxBatch slots and a KV cache of Physics.CacheBlocks,
+	// prefills one request at a time and decodes its own batch, at
+	// Physics' speeds, reports its own load and publishes its own KV
+	// events.
 	DataParallelSize int
 	// KVEvents receives the prefix cache's stored, removed and cleared
 	// blocks (default nil: no events); on a pod of several ranks, rank

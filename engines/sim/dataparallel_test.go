@@ -384,3 +384,59 @@ func TestDataParallelRankCounters(t *testing.T) {
 		})
 	}
 }
+
+// TestDataParallelRanksStepApart: each data-parallel rank is an engine
+// core of its own, with its own prefill and decode batch (vLLM's
+// EngineCore busy loop per DP rank, SGLang's scheduler per dp_rank). Rank
+// 0 decodes three requests and prefills a prompt of 2,000 tokens (2 s);
+// a request on rank 1 meanwhile prefills at once (TTFT 0.01 s) and
+// decodes alone, in steps of 0.11 s, not those of rank 0's batch.
+func TestDataParallelRanksStepApart(t *testing.T) {
+	phys := DefaultPhysics()
+	phys.BlockSize = 16
+	phys.PrefillTokensPerSec = 1000
+	phys.DecodeBaseSec = 0.01
+	phys.DecodePerSeqSec = 0.1
+	p := testPod(t, Config{Model: "m", Physics: phys, Speedup: 10, MaxModelLen: 4096, DataParallelSize: 2})
+	c := testClient(t)
+	on := func(rank string) http.Header { return http.Header{"X-Data-Parallel-Rank": {rank}} }
+	for i := range 3 {
+		startStreamWith(t, c, p, tokenRange(1000*(i+1), 10), on("0"))
+	}
+	b, _ := json.Marshal(map[string]any{"prompt": tokenRange(10000, 2000), "max_tokens": 1})
+	long, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
+	long.Header.Set("X-Data-Parallel-Rank", "0")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := c.Do(long); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	t.Cleanup(func() { <-done })
+	testwait.For(t, "rank 0's prefill", func() bool { return p.Stats().Running == 4 })
+
+	b, _ = json.Marshal(map[string]any{"prompt": tokenRange(50000, 10), "max_tokens": 10})
+	req, _ := http.NewRequest(http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
+	req.Header = on("1")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, out)
+	}
+	_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+	for series, want := range map[string]float64{
+		`vllm:time_to_first_token_seconds_bucket{model_name="m",engine="1",le="0.02"}`: 1,
+		`vllm:inter_token_latency_seconds_bucket{model_name="m",engine="1",le="0.15"}`: 9,
+		`vllm:inter_token_latency_seconds_count{model_name="m",engine="1"}`:            9,
+	} {
+		if got := metricValue(t, text, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+}

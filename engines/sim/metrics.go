@@ -281,21 +281,19 @@ func (m *podMetrics) firstToken(rank, prompt int, ttft float64) {
 	observe(s.ttft, ttft)
 }
 
-// decodeStep records one decode step that took stepSec.
-func (m *podMetrics) decodeStep(stepSec float64) {
+// decodeStep records one of rank's decode steps, of batch sequences, that
+// took stepSec.
+func (m *podMetrics) decodeStep(rank, batch int, stepSec float64) {
 	m.steps.Add(1)
 	m.lastStepNanos.Store(int64(stepSec * 1e9))
+	m.tokens.generated.Add(int64(batch))
+	m.ranks[rank].tokens.generated.Add(int64(batch))
+	addCounter(m.ranks[rank].series.genC, batch)
 }
 
-// token records one decoded token, itl simulated seconds after the
+// token records one decoded token itl simulated seconds after the
 // previous.
-func (m *podMetrics) token(rank int, itl float64) {
-	m.tokens.add(1, 0, 0)
-	m.ranks[rank].tokens.add(1, 0, 0)
-	s := m.ranks[rank].series
-	addCounter(s.genC, 1)
-	observe(s.itl, itl)
-}
+func (m *podMetrics) token(rank int, itl float64) { observe(m.ranks[rank].series.itl, itl) }
 
 // finish records a request leaving the pod after e2e simulated seconds.
 func (m *podMetrics) finish(rank int, reason uint8, e2e float64) {

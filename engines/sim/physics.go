@@ -34,8 +34,9 @@ const (
 // unless a field says otherwise. The zero value is not usable; start from
 // DefaultPhysics.
 type Physics struct {
-	// PrefillTokensPerSec is how fast the pod computes prompt tokens that
-	// missed its prefix cache (default 20,000).
+	// PrefillTokensPerSec is how fast the pod, or each of its
+	// data-parallel ranks, computes prompt tokens that missed its prefix
+	// cache (default 20,000).
 	PrefillTokensPerSec float64
 	// DecodeBaseSec is the time of one decode step with a batch of one
 	// (default 0.010).

@@ -113,9 +113,10 @@ type schedMsg struct {
 //
 // Requests wait in FIFO order until a batch slot (at most MaxBatch admitted)
 // and KV room for prompt plus max tokens are free on their data-parallel
-// rank, each rank having its own slots and KV cache as an engine core of
-// its own; the ranks share the timing below. Admitted requests prefill
-// one at a time in FIFO order, as the study's per-pod busy queue: the uncached
+// rank. Each rank is an engine core of its own (vLLM's EngineCore, SGLang's
+// Scheduler, per DP rank): its own slots, KV cache, prefill queue and
+// decode batch, timed as below. A rank's admitted requests prefill one at
+// a time in FIFO order, as the study's per-pod busy queue: the uncached
 // part, after a prefix-cache match at prefill start, at PrefillTokensPerSec.
 // A prefill's end produces the first token and stores the prompt's blocks in
 // the prefix cache. Decode runs beside prefill, in steps of
@@ -136,7 +137,7 @@ type scheduler struct {
 	speedup float64
 	tick    time.Duration
 	start   time.Time
-	ranks   []rankCache // one per data-parallel rank
+	ranks   []rankCore // one per data-parallel rank
 	// balance: ranks are picked by load as vLLM's API server picks them,
 	// else in turn (pickRank); pickFrom is where the next pick begins.
 	balance  bool
@@ -148,19 +149,11 @@ type scheduler struct {
 	done   chan struct{} // closed by Pod.Close: abort everything and return
 	exited chan struct{} // closed when run returns; progress is final then
 
-	clock       float64 // simulated time of the last event applied
-	waiting     []*request
-	receiving   []*request // admitted remote requests waiting for their KV
-	prefill     []*request // admitted, FIFO; the head computes while prefillBusy
-	prefillBusy bool
-	prefillEnd  float64
-	decoding    []*request
-	batch       []*request // sequences of the decode step in flight
-	stepping    bool
-	stepStart   float64
-	stepEnd     float64
-	pinned      int // KV blocks of finished prefill legs awaiting pickup
-	notifyQ     []*request
+	clock     float64 // simulated time of the last event applied
+	waiting   []*request
+	receiving []*request // admitted remote requests waiting for their KV
+	pinned    int        // KV blocks of finished prefill legs awaiting pickup
+	notifyQ   []*request
 
 	stored, evicted []uint64 // scratch for KV events
 	tokScratch      []uint32
@@ -177,10 +170,11 @@ type scheduler struct {
 	lora  atomic.Pointer[loraActive]
 }
 
-// rankCache is one data-parallel rank's prefix cache, where its changes
-// are published (nil: nowhere), and the KV blocks its requests and pinned
-// KV reserve and hold.
-type rankCache struct {
+// rankCore is one data-parallel rank: its prefix cache, where its changes
+// are published (nil: nowhere), the KV blocks its requests and pinned KV
+// reserve and hold, and its prefill queue and decode batch.
+type rankCore struct {
+	rank     int // its index
 	cache    *PrefixCache
 	sink     KVEventSink
 	held     int
@@ -189,6 +183,24 @@ type rankCache struct {
 	// whether its queue's head waits for room.
 	slots int
 	full  bool
+
+	prefill     []*request // admitted, FIFO; the head computes while prefillBusy
+	prefillBusy bool
+	prefillEnd  float64
+	decoding    []*request
+	batch       []*request // sequences of the decode step in flight
+	stepping    bool
+	stepStart   float64
+	stepEnd     float64
+}
+
+// active appends each rank's admitted requests that compute, prefilling
+// and decoding, to qs.
+func (s *scheduler) active(qs ...[]*request) [][]*request {
+	for i := range s.ranks {
+		qs = append(qs, s.ranks[i].prefill, s.ranks[i].decoding)
+	}
+	return qs
 }
 
 // inboxSize bounds the messages in flight to the scheduler; senders block
@@ -201,7 +213,7 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 		speedup: cfg.Speedup,
 		tick:    cfg.Tick,
 		start:   start,
-		ranks:   make([]rankCache, cfg.DataParallelSize),
+		ranks:   make([]rankCore, cfg.DataParallelSize),
 		loads:   make([]rankLoad, cfg.DataParallelSize),
 		m:       m,
 		copies:  cfg.Engine == engines.VLLM,
@@ -216,6 +228,7 @@ func newScheduler(cfg Config, m *podMetrics, start time.Time) *scheduler {
 	}
 	sinks := append([]KVEventSink{cfg.KVEvents}, cfg.RankKVEvents...)
 	for i := range s.ranks {
+		s.ranks[i].rank = i
 		s.ranks[i].cache = NewPrefixCache(cfg.Physics.CacheBlocks)
 		if i < len(sinks) && sinks[i] != nil {
 			s.ranks[i].sink = sinks[i]
@@ -253,9 +266,9 @@ func (s *scheduler) run() {
 		now := s.now()
 		s.advance(now)
 		s.publish()
-		if next := s.nextEvent(); !math.IsInf(next, 1) {
+		if next, rc, prefill := s.nextEvent(); rc != nil {
 			d := time.Duration((next - now) / s.speedup * float64(time.Second))
-			if !s.prefillBusy || s.prefillEnd != next {
+			if !prefill {
 				// Decode steps come every few milliseconds of wall time;
 				// waking for each would burn a core, so their tokens are
 				// delivered a tick at a time. A prefill's end, a first
@@ -286,31 +299,35 @@ func (s *scheduler) run() {
 	}
 }
 
-// nextEvent is the simulated time of the next prefill or step end, +Inf
-// when the pod is idle.
-func (s *scheduler) nextEvent() float64 {
-	t := math.Inf(1)
-	if s.prefillBusy {
-		t = s.prefillEnd
+// nextEvent is the simulated time of the next prefill or step end of any
+// rank, the rank, and whether it is a prefill's; rc is nil when the pod
+// is idle.
+func (s *scheduler) nextEvent() (t float64, rc *rankCore, prefill bool) {
+	t = math.Inf(1)
+	for i := range s.ranks {
+		c := &s.ranks[i]
+		if c.prefillBusy && c.prefillEnd < t {
+			t, rc, prefill = c.prefillEnd, c, true
+		}
+		if c.stepping && c.stepEnd < t {
+			t, rc, prefill = c.stepEnd, c, false
+		}
 	}
-	if s.stepping && s.stepEnd < t {
-		t = s.stepEnd
-	}
-	return t
+	return t, rc, prefill
 }
 
 // advance applies every event due by simulated time until, in time order.
 func (s *scheduler) advance(until float64) {
 	for {
-		t := s.nextEvent()
-		if t > until {
+		t, rc, prefill := s.nextEvent()
+		if rc == nil || t > until {
 			return
 		}
 		s.clock = t
-		if s.prefillBusy && s.prefillEnd == t {
-			s.endPrefill()
+		if prefill {
+			s.endPrefill(rc)
 		} else {
-			s.endStep()
+			s.endStep(rc)
 		}
 		s.admit()
 		s.kick()
@@ -337,7 +354,7 @@ func (s *scheduler) handle(m schedMsg) {
 		// scheduler then drops every request whose rid starts with it.
 		var hit []*request
 		held := false
-		for _, q := range [][]*request{s.waiting, s.receiving, s.prefill, s.decoding} {
+		for _, q := range s.active(s.waiting, s.receiving) {
 			for _, r := range q {
 				if strings.HasPrefix(r.rid, m.rid) {
 					hit, held = append(hit, r), held || r.rid == m.rid
@@ -355,7 +372,8 @@ func (s *scheduler) handle(m schedMsg) {
 		if r := m.req; r.state == stateReceiving {
 			s.receiving = slices.DeleteFunc(s.receiving, func(q *request) bool { return q == r })
 			r.state = statePrefill
-			s.prefill = append(s.prefill, r)
+			rc := &s.ranks[r.rank]
+			rc.prefill = append(rc.prefill, r)
 		}
 	case msgUnpin:
 		s.unpin(m.req)
@@ -408,12 +426,11 @@ func (s *scheduler) pickRank() int {
 // first-come-first-served scheduling; the other ranks go on.
 func (s *scheduler) admit() {
 	for i := range s.ranks {
-		s.ranks[i].slots, s.ranks[i].full = 0, false
+		rc := &s.ranks[i]
+		rc.slots, rc.full = len(rc.prefill)+len(rc.decoding), false
 	}
-	for _, q := range [][]*request{s.receiving, s.prefill, s.decoding} {
-		for _, r := range q {
-			s.ranks[r.rank].slots++
-		}
+	for _, r := range s.receiving {
+		s.ranks[r.rank].slots++
 	}
 	for i, full := 0, 0; i < len(s.waiting) && full < len(s.ranks); {
 		r := s.waiting[i]
@@ -450,7 +467,7 @@ func (s *scheduler) admit() {
 			continue
 		}
 		r.state = statePrefill
-		s.prefill = append(s.prefill, r)
+		rc.prefill = append(rc.prefill, r)
 	}
 }
 
@@ -460,10 +477,16 @@ func (s *scheduler) maxHit(r *request) int {
 	return min(len(r.keys), (len(r.tokens)-1)/s.phys.BlockSize)
 }
 
-// kick starts the head's prefill and a decode step when they are due.
+// kick starts each rank's head prefill and decode step when they are due.
 func (s *scheduler) kick() {
-	if !s.prefillBusy && len(s.prefill) > 0 {
-		r := s.prefill[0]
+	for i := range s.ranks {
+		s.kickRank(&s.ranks[i])
+	}
+}
+
+func (s *scheduler) kickRank(rc *rankCore) {
+	if !rc.prefillBusy && len(rc.prefill) > 0 {
+		r := rc.prefill[0]
 		prompt := len(r.tokens)
 		// The hit stops a token short of the prompt, whose last token
 		// must be computed for its logits, and counts whole blocks: vLLM's
@@ -472,7 +495,7 @@ func (s *scheduler) kick() {
 		// The hit blocks are in use from now on, before the prompt's own
 		// blocks are allocated, as vLLM's allocate_slots touches them.
 		// It holds the blocks admit found in use already.
-		cache := s.ranks[r.rank].cache
+		cache := rc.cache
 		lo := len(r.blocks)
 		r.hit = max(lo, min(cache.Match(r.keys), s.maxHit(r)))
 		r.blocks, _ = cache.Hold(r.keys[lo:r.hit], r.hit-lo, r.blocks, nil)
@@ -482,26 +505,26 @@ func (s *scheduler) kick() {
 			compute = 0 // the prefill pod computed it; the first token comes at once
 		}
 		s.setHeld(r, s.phys.Blocks(prompt))
-		s.prefillBusy = true
-		s.prefillEnd = s.clock + s.phys.PrefillSec(compute)
+		rc.prefillBusy = true
+		rc.prefillEnd = s.clock + s.phys.PrefillSec(compute)
 		if r.lora != "" && s.slots != nil && s.slots.Use(r.lora) {
-			s.prefillEnd += s.phys.AdapterLoadSec
+			rc.prefillEnd += s.phys.AdapterLoadSec
 			s.m.adapterLoads.Add(1)
 		}
 		s.m.prefillStarted(r.rank, prompt, cached)
 	}
-	if !s.stepping && len(s.decoding) > 0 {
-		s.batch = append(s.batch[:0], s.decoding...)
-		s.stepping = true
-		s.stepStart = s.clock
-		s.stepEnd = s.clock + s.phys.DecodeStepSec(len(s.batch))
+	if !rc.stepping && len(rc.decoding) > 0 {
+		rc.batch = append(rc.batch[:0], rc.decoding...)
+		rc.stepping = true
+		rc.stepStart = s.clock
+		rc.stepEnd = s.clock + s.phys.DecodeStepSec(len(rc.batch))
 	}
 }
 
-func (s *scheduler) endPrefill() {
-	r := s.prefill[0]
-	s.prefill = slices.Delete(s.prefill, 0, 1)
-	s.prefillBusy = false
+func (s *scheduler) endPrefill(rc *rankCore) {
+	r := rc.prefill[0]
+	rc.prefill = slices.Delete(rc.prefill, 0, 1)
+	rc.prefillBusy = false
 	from := len(r.keys)
 	if s.copies {
 		// vLLM caches every block it computed past its hit in a new block.
@@ -517,15 +540,17 @@ func (s *scheduler) endPrefill() {
 	}
 	s.setProgress(r, finishNone)
 	r.state = stateDecode
-	s.decoding = append(s.decoding, r)
+	rc.decoding = append(rc.decoding, r)
 }
 
-func (s *scheduler) endStep() {
-	s.stepping = false
-	for _, r := range s.batch {
+func (s *scheduler) endStep(rc *rankCore) {
+	rc.stepping = false
+	n := 0
+	for _, r := range rc.batch {
 		if r.state != stateDecode {
 			continue // cancelled during the step
 		}
+		n++
 		r.generated++
 		s.setHeld(r, s.phys.Blocks(len(r.tokens)+r.generated))
 		s.m.token(r.rank, s.clock-r.lastToken)
@@ -541,10 +566,10 @@ func (s *scheduler) endStep() {
 			s.setProgress(r, finishNone)
 		}
 	}
-	s.m.decodeStep(s.stepEnd - s.stepStart)
-	clear(s.batch)
-	s.batch = s.batch[:0]
-	s.decoding = slices.DeleteFunc(s.decoding, func(r *request) bool { return r.state != stateDecode })
+	s.m.decodeStep(rc.rank, n, rc.stepEnd-rc.stepStart)
+	clear(rc.batch)
+	rc.batch = rc.batch[:0]
+	rc.decoding = slices.DeleteFunc(rc.decoding, func(r *request) bool { return r.state != stateDecode })
 }
 
 // storeBlocks puts r's blocks past those it holds in its rank's prefix
@@ -642,12 +667,14 @@ func (s *scheduler) cancel(r *request) {
 		s.unpin(r)
 		return
 	case statePrefill:
-		if s.prefillBusy && s.prefill[0] == r {
-			s.prefillBusy = false
+		rc := &s.ranks[r.rank]
+		if rc.prefillBusy && rc.prefill[0] == r {
+			rc.prefillBusy = false
 		}
-		s.prefill = remove(s.prefill)
+		rc.prefill = remove(rc.prefill)
 	case stateDecode:
-		s.decoding = remove(s.decoding) // a step in flight skips it
+		rc := &s.ranks[r.rank]
+		rc.decoding = remove(rc.decoding) // a step in flight skips it
 	default:
 		return
 	}
@@ -693,7 +720,7 @@ func (s *scheduler) unpin(r *request) {
 
 // abortRunning aborts every request the pod holds, as SGLang's abort_all.
 func (s *scheduler) abortRunning() {
-	for _, q := range [][]*request{s.waiting, s.receiving, s.prefill, s.decoding} {
+	for _, q := range s.active(s.waiting, s.receiving) {
 		for _, r := range slices.Clone(q) {
 			s.cancel(r)
 		}
@@ -731,13 +758,9 @@ func (s *scheduler) setProgress(r *request, reason uint8) {
 // it (vLLM's ref_cnt, SGLang's radix node lock, TensorRT-LLM's block
 // reuse).
 func (s *scheduler) countLoads() {
-	for i, rc := range s.ranks {
-		s.loads[i] = rankLoad{usedBlocks: rc.held - rc.cache.Shared()}
-	}
-	for _, q := range [][]*request{s.prefill, s.decoding} {
-		for _, r := range q {
-			s.loads[r.rank].running++
-		}
+	for i := range s.ranks {
+		rc := &s.ranks[i]
+		s.loads[i] = rankLoad{running: len(rc.prefill) + len(rc.decoding), usedBlocks: rc.held - rc.cache.Shared()}
 	}
 	for _, q := range [][]*request{s.waiting, s.receiving} {
 		for _, r := range q {
@@ -754,9 +777,13 @@ func (s *scheduler) publish() {
 	s.countLoads()
 	s.m.setLoads(s.loads)
 	s.m.pinnedBlocks.Store(int64(s.pinned))
-	s.m.prefilling.Store(int64(len(s.prefill)))
+	prefilling := 0
+	for i := range s.ranks {
+		prefilling += len(s.ranks[i].prefill)
+	}
+	s.m.prefilling.Store(int64(prefilling))
 	if s.slots != nil {
-		s.lora.Store(&loraActive{running: activeAdapters(s.prefill, s.decoding), waiting: activeAdapters(s.waiting, s.receiving)})
+		s.lora.Store(&loraActive{running: activeAdapters(s.active()...), waiting: activeAdapters(s.waiting, s.receiving)})
 	}
 	for _, r := range s.notifyQ {
 		r.dirty = false
