@@ -114,7 +114,8 @@ type Config struct {
 	// balancer (default 1). A request goes to the rank its
 	// X-Data-Parallel-Rank header names, else to the one the engine's API
 	// server picks: the least loaded on vLLM, the next in turn on SGLang
-	// and TensorRT-LLM. Each rank is an engine core of its own: it has
+	// (a prefill pod: its bootstrap room's, modulo the ranks) and
+	// TensorRT-LLM. Each rank is an engine core of its own: it has
 	// Physics.MaxBatch slots and a KV cache of Physics.CacheBlocks,
 	// prefills one request at a time and decodes its own batch, at
 	// Physics' speeds, reports its own load and publishes its own KV

@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -438,5 +441,49 @@ func TestDataParallelRanksStepApart(t *testing.T) {
 		if got := metricValue(t, text, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
 		}
+	}
+}
+
+// TestSGLangPrefillRankFollowsRoom: an SGLang prefill pod's
+// DataParallelController sends a request to the rank of its bootstrap
+// room modulo the ranks (follow_bootstrap_room, the prefill default of
+// ServerArgs._handle_load_balance_method), so that its decode side knows
+// where the KV is; a request that names its rank goes there. The first
+// request, room 3, is rank 1's where round robin would give rank 0; the
+// second names rank 0.
+func TestSGLangPrefillRankFollowsRoom(t *testing.T) {
+	phys := DefaultPhysics()
+	phys.BlockSize = 16
+	p := testPod(t, Config{Engine: engines.SGLang, Model: "m", Physics: phys, Speedup: fast, Role: RolePrefill, DataParallelSize: 2})
+	c := testClient(t)
+	host, port, _ := net.SplitHostPort(p.KVXferAddr())
+	portN, _ := strconv.Atoi(port)
+	used := func(rank int) float64 {
+		_, text := get(t, c, "http://"+p.Addr()+"/metrics")
+		return metricValue(t, text, "sglang:num_used_tokens"+rankSeries(engines.SGLang, rank))
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	for i, s := range []struct {
+		room int
+		rank string
+	}{{3, ""}, {5, "0"}} {
+		b, _ := json.Marshal(map[string]any{"prompt": tokenRange(1000*(i+1), 40), "max_tokens": 1,
+			"bootstrap_host": host, "bootstrap_port": portN, "bootstrap_room": s.room})
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
+		if s.rank != "" {
+			req.Header.Set("X-Data-Parallel-Rank", s.rank)
+		}
+		// The answer waits for a decode pod's pickup, which never comes.
+		wg.Go(func() {
+			if resp, err := c.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+		testwait.For(t, "the prompt's KV held", func() bool { return p.Stats().HeldKVBlocks == 3*(i+1) })
+	}
+	if u0, u1 := used(0), used(1); u0 != 48 || u1 != 48 {
+		t.Fatalf("tokens in use on ranks 0 and 1: %v, %v; want 48 each", u0, u1)
 	}
 }

@@ -91,6 +91,8 @@ type pdLeg struct {
 	// server pick one), and whether to answer only after pickup.
 	handle string
 	push   bool
+	// room is an SGLang leg's bootstrap room.
+	room uint64
 	// Decode legs: where the KV is, and how long the source should wait
 	// for it to be held (0: it must be held already); unreachable, when
 	// set, is why the KV cannot be fetched at all.
@@ -194,7 +196,7 @@ func sglangLegs(req *genRequest, role string, prompts int, kvTimeout time.Durati
 		}
 		handle := strconv.FormatUint(n, 10)
 		if role == RolePrefill {
-			legs[i] = pdLeg{kind: legPrefill, handle: handle, push: true}
+			legs[i] = pdLeg{kind: legPrefill, handle: handle, push: true, room: n}
 			continue
 		}
 		portN := cmp.Or(ownPort, engines.DefaultBootstrapPort)

@@ -675,7 +675,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	}
 	rs := make([]*request, 0, len(prompts)*n)
 	texts := make([]textStream, 0, len(prompts)*n)
-	for _, tokens := range prompts {
+	for i, tokens := range prompts {
 		seed := radix.SeedWith(p.seed, lora, salt)
 		keys := radix.AppendBlockKeys(make([]uint64, 0, len(tokens)/p.cfg.Physics.BlockSize), seed, tokens, p.cfg.Physics.BlockSize)
 		text := newTextStream(p.cfg.Seed, tokens)
@@ -691,7 +691,13 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 				r.notify = rs[0].notify
 			}
 			r.tokens = tokens
-			r.rank, r.named = rank, named
+			r.rank, r.placed = rank, named
+			if !named && kind == legPrefill && p.cfg.Engine == engines.SGLang {
+				// SGLang's prefill default, follow_bootstrap_room
+				// (ServerArgs._handle_load_balance_method): its decode
+				// side finds the KV on the room's rank.
+				r.rank, r.placed = int(legs[i].room%uint64(p.cfg.DataParallelSize)), true
+			}
 			if !p.setMaxTokens(ctx, r, &req, isChat) {
 				return
 			}

@@ -43,10 +43,11 @@ type request struct {
 	notify   chan struct{} // capacity 1: progress changed
 
 	state reqState
-	// rank is the data-parallel rank serving it: the one the client named
-	// when named (set by the handler), else the scheduler's pick.
+	// rank is the data-parallel rank serving it: when placed, the one the
+	// handler set (named by the client, or by SGLang's bootstrap room),
+	// else the scheduler's pick.
 	rank      int
-	named     bool
+	placed    bool
 	arrival   float64 // simulated seconds
 	generated int
 	hit       int // prompt blocks found cached when its prefill started
@@ -342,7 +343,7 @@ func (s *scheduler) handle(m schedMsg) {
 		r := m.req
 		r.arrival = s.clock
 		r.state = stateWaiting
-		if !r.named {
+		if !r.placed {
 			r.rank = s.pickRank()
 		}
 		s.waiting = append(s.waiting, r)
@@ -396,7 +397,8 @@ func (s *scheduler) handle(m schedMsg) {
 // the ranks' own, fresh here where vLLM's coordinator sends them every
 // 100 ms. Ties go to the first from a start that moves a rank each pick.
 // SGLang's DataParallelController (--load-balance-method round_robin, its
-// default) and the sim's TensorRT-LLM take the ranks in turn.
+// default but on prefill pods) and the sim's TensorRT-LLM take the ranks
+// in turn.
 func (s *scheduler) pickRank() int {
 	n := len(s.ranks)
 	first := s.pickFrom
