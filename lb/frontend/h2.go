@@ -575,7 +575,7 @@ func (c *h2Conn) onHeaders(f *h2Block) error {
 		c.refuseLocked(id, http2.ErrCodeProtocol)
 		return nil
 	}
-	st := &h2Stream{parent: c.nc, c: c, id: id, done: make(chan struct{}), declared: declared,
+	st := &h2Stream{parent: c.nc, c: c, id: id, declared: declared,
 		sendWindow: c.initialWindow, recvWindow: h2StreamWindow, ctx: h2Ctxs.Get().(*fasthttp.RequestCtx)}
 	st.ctx.Init2(st, ctxLogger, false)
 	req := &st.ctx.Request
@@ -841,7 +841,9 @@ func (c *h2Conn) closeStreamLocked(st *h2Stream, err error) {
 		return
 	}
 	st.cut = err
-	close(st.done)
+	if st.done != nil {
+		close(st.done)
+	}
 	st.onCut.cut()
 	delete(c.streams, st.id)
 	if !st.started {
@@ -974,7 +976,6 @@ var h2Ctxs = sync.Pool{New: func() any { return new(fasthttp.RequestCtx) }}
 // no bytes.
 type h2Stream struct {
 	parent net.Conn
-	done   chan struct{} // closed when the stream is cut (reset, the connection ended)
 	c      *h2Conn
 	id     uint32
 	ctx    *fasthttp.RequestCtx
@@ -994,6 +995,22 @@ type h2Stream struct {
 	started     bool      // its handler runs
 	// onCut: the calls ClientCut's watchers cut when the stream is.
 	onCut cutters
+	// done is ClientGone's, made on first use (few requests wait on it);
+	// closed when the stream is cut (reset, the connection ended).
+	done chan struct{}
+}
+
+// gone is ClientGone's channel for st.
+func (st *h2Stream) gone() <-chan struct{} {
+	st.c.mu.Lock()
+	defer st.c.mu.Unlock()
+	if st.done == nil {
+		st.done = make(chan struct{})
+		if st.cut != nil {
+			close(st.done)
+		}
+	}
+	return st.done
 }
 
 // ClientCut is ClientGone for a caller that would rather not have a

@@ -65,7 +65,7 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 // its answer is written, or to a request that watches it (WatchClient).
 func ClientGone(ctx *fasthttp.RequestCtx) <-chan struct{} {
 	if st, ok := ctx.Conn().(*h2Stream); ok {
-		return st.done
+		return st.gone()
 	}
 	gc, ok := ctx.Conn().(*gconn)
 	if !ok {
