@@ -575,8 +575,9 @@ func (c *h2Conn) onHeaders(f *h2Block) error {
 		c.refuseLocked(id, http2.ErrCodeProtocol)
 		return nil
 	}
-	st := &h2Stream{parent: c.nc, c: c, id: id, declared: declared,
-		sendWindow: c.initialWindow, recvWindow: h2StreamWindow, ctx: h2Ctxs.Get().(*fasthttp.RequestCtx)}
+	st := h2Streams.Get().(*h2Stream)
+	*st = h2Stream{parent: c.nc, c: c, id: id, declared: declared,
+		sendWindow: c.initialWindow, recvWindow: h2StreamWindow, ctx: st.ctx}
 	st.ctx.Init2(st, ctxLogger, false)
 	req := &st.ctx.Request
 	req.Header.SetMethod(method)
@@ -969,7 +970,8 @@ func (c *h2Conn) end(err error) {
 	c.cond.Broadcast()
 }
 
-var h2Ctxs = sync.Pool{New: func() any { return new(fasthttp.RequestCtx) }}
+// h2Streams are streams released (release), each with its ctx.
+var h2Streams = sync.Pool{New: func() any { return &h2Stream{ctx: new(fasthttp.RequestCtx)} }}
 
 // h2Stream is one stream, and what ctx.Conn() is for its request: the
 // connection's addresses, and the stream's end for ClientGone. It carries
@@ -1049,12 +1051,14 @@ func (st *h2Stream) Unwatch(w upstream.Cutter) {
 	c.mu.Unlock()
 }
 
-// release returns the stream's ctx to the pool.
+// release returns the stream and its ctx to the pool, once neither its
+// connection nor its handler holds it.
 func (st *h2Stream) release() {
-	st.ctx.Request.Reset()
-	st.ctx.Response.Reset()
-	h2Ctxs.Put(st.ctx)
-	st.ctx = nil
+	ctx := st.ctx
+	ctx.Request.Reset()
+	ctx.Response.Reset()
+	*st = h2Stream{ctx: ctx}
+	h2Streams.Put(st)
 }
 
 var errStreamConn = errors.New("frontend: an HTTP/2 stream is not read or written as a connection")
