@@ -76,7 +76,7 @@ func BenchmarkHeaders(b *testing.B) {
 		// With a key's requests and tokens limits: its six rate-limit
 		// fields, made at admission.
 		b.Run(name+"/answer-keyed", func(b *testing.B) {
-			x := completion{g: g, rateHead: keyedDecision(b).AppendHeaders(nil)}
+			x := completion{g: g, rateHead: keyedDecision(b).AppendHeaders(nil, limits.OpenAI)}
 			b.ReportAllocs()
 			for b.Loop() {
 				ctx.Response.Reset()

@@ -130,7 +130,7 @@ func (g *Gateway) begin(x *completion) bool {
 		return false
 	}
 	d := key.Admit(x.start, budgeted(x, ctx.PostBody()))
-	x.rateHead = d.AppendHeaders(x.rateHead[:0])
+	x.rateHead = d.AppendHeaders(x.rateHead[:0], limits.OpenAI)
 	if !d.OK() {
 		g.fail(ctx, x, m, refused(d))
 		return false

@@ -61,6 +61,8 @@ type Decision struct {
 	// each bucket is full again; zero for a rate the key does not limit.
 	requestsLeft, tokensLeft   int64
 	requestsReset, tokensReset time.Duration
+	// at is when it was decided, unix ns: Anthropic's resets are moments.
+	at int64
 }
 
 // OK reports whether the request is admitted.
@@ -77,42 +79,62 @@ func (d Decision) RetryAfterSeconds() int {
 	return max(int((d.RetryAfter+time.Second-1)/time.Second), 1)
 }
 
-// RateLimitHeaders are the names of the fields AppendHeaders writes, as
-// OpenAI's API spells them: limit, remaining and reset of its requests,
-// then of its tokens, then retry-after-ms.
+// Dialect is the API whose rate-limit headers AppendHeaders writes.
+type Dialect uint8
+
+const (
+	// OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens}, the
+	// reset the time until the bucket is full again ("6m0s").
+	OpenAI Dialect = iota
+	// Anthropic: anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset},
+	// the reset the moment the bucket is full again, in RFC 3339.
+	Anthropic
+)
+
+// RateLimitHeaders are the names of the fields AppendHeaders writes: for
+// each Dialect, in its spelling, limit, remaining and reset of its
+// requests, then of its tokens; last retry-after-ms.
 var RateLimitHeaders = [...]string{
 	"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
 	"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
+	"anthropic-ratelimit-requests-limit", "anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset",
+	"anthropic-ratelimit-tokens-limit", "anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset",
 	"retry-after-ms",
 }
 
 // AppendHeaders appends the header lines ("name: value\r\n") that show a
-// keyed client its standing, as OpenAI's API does on every answer: for
-// each of requests_per_minute and tokens_per_minute the key has, its
-// allowance (x-ratelimit-limit-*), what is left after this request
-// (remaining) and the time until the bucket is full again (reset, as
-// time.Duration writes it: "1s", "6m0s", "20ms"). A refusal worth
-// retrying adds retry-after-ms, RetryAfter in milliseconds rounded up,
-// which the OpenAI SDKs read before Retry-After's whole seconds. A
-// decision without a key's limits (keys off, key errors, an admission
-// of a nil *Key) appends nothing. It allocates nothing when dst has room.
-func (d Decision) AppendHeaders(dst []byte) []byte {
+// keyed client its standing, as the API of dialect does on every answer:
+// for each of requests_per_minute and tokens_per_minute the key has, its
+// allowance (limit), what is left after this request (remaining) and when
+// the bucket is full again (reset). OpenAI's reset is the time until
+// then, as time.Duration writes it ("1s", "6m0s", "20ms"), Anthropic's
+// the moment, rounded up to the second in UTC ("2026-01-02T15:04:05Z").
+// Anthropic's tokens-* fields are its most restrictive token limit's,
+// which the key's one token bucket (prompts and completions) is. A
+// refusal worth retrying adds retry-after-ms, RetryAfter in milliseconds
+// rounded up, which the OpenAI and Anthropic SDKs read before
+// Retry-After's whole seconds. A decision without a key's limits (keys
+// off, key errors, an admission of a nil *Key) appends nothing. It
+// allocates nothing when dst has room.
+func (d Decision) AppendHeaders(dst []byte, dialect Dialect) []byte {
 	if d.limits == nil {
 		return dst
 	}
-	dst = appendStanding(dst, RateLimitHeaders[0:3], d.limits.requests, d.requestsLeft, d.requestsReset)
-	dst = appendStanding(dst, RateLimitHeaders[3:6], d.limits.tokens, d.tokensLeft, d.tokensReset)
+	names := RateLimitHeaders[6*int(dialect):]
+	dst = d.appendStanding(dst, dialect, names[0:3], d.limits.requests, d.requestsLeft, d.requestsReset)
+	dst = d.appendStanding(dst, dialect, names[3:6], d.limits.tokens, d.tokensLeft, d.tokensReset)
 	if d.RetryAfterSeconds() > 0 {
 		ms := (d.RetryAfter + time.Millisecond - 1) / time.Millisecond
-		dst = append(append(dst, RateLimitHeaders[6]...), ": "...)
+		dst = append(append(dst, RateLimitHeaders[len(RateLimitHeaders)-1]...), ": "...)
 		dst = append(strconv.AppendInt(dst, int64(max(ms, 1)), 10), "\r\n"...)
 	}
 	return dst
 }
 
 // appendStanding appends the limit, remaining and reset lines, named
-// names, of a bucket at rate r (none when r has no limit).
-func appendStanding(dst []byte, names []string, r rate, left int64, reset time.Duration) []byte {
+// names, of a bucket at rate r (none when r has no limit), the reset as
+// dialect writes it.
+func (d Decision) appendStanding(dst []byte, dialect Dialect, names []string, r rate, left int64, reset time.Duration) []byte {
 	if !r.limited() {
 		return dst
 	}
@@ -121,7 +143,14 @@ func appendStanding(dst []byte, names []string, r rate, left int64, reset time.D
 	dst = append(append(dst, names[1]...), ": "...)
 	dst = append(strconv.AppendInt(dst, left, 10), "\r\n"...)
 	dst = append(append(dst, names[2]...), ": "...)
-	return append(appendDuration(dst, reset), "\r\n"...)
+	if dialect == Anthropic {
+		// Rounded up, as the duration is: by then the bucket is full.
+		full := (d.at + int64(reset) + int64(time.Second) - 1) / int64(time.Second)
+		dst = time.Unix(full, 0).UTC().AppendFormat(dst, time.RFC3339)
+	} else {
+		dst = appendDuration(dst, reset)
+	}
+	return append(dst, "\r\n"...)
 }
 
 // appendDuration appends d rounded up to the millisecond as
@@ -386,7 +415,7 @@ func (k *Key) refuse(lim *keyLimits, now int64, d Decision) Decision {
 
 // decided is d, for k under lim, with k's standing at now (unix ns).
 func (k *Key) decided(lim *keyLimits, now int64, d Decision) Decision {
-	d.key, d.limits = k, lim
+	d.key, d.limits, d.at = k, lim, now
 	if lim.requests.limited() {
 		d.requestsLeft, d.requestsReset = k.requests.standing(lim.requests, now)
 	}

@@ -245,11 +245,11 @@ func TestAdmitAllocs(t *testing.T) {
 		if d = k.Admit(now, 100); !d.OK() {
 			t.Fatal(d.Limit)
 		}
-		lines = d.AppendHeaders(lines[:0])
+		lines = d.AppendHeaders(lines[:0], OpenAI)
 		if d = k.Admit(now, 100); d.OK() {
 			t.Fatal("concurrency cap not applied")
 		}
-		lines = d.AppendHeaders(lines[:0])
+		lines = d.AppendHeaders(lines[:0], Anthropic)
 		k.Done(now, 10)
 	}); n != 0 {
 		t.Fatalf("%v allocations per request", n)
@@ -407,7 +407,7 @@ func TestRefundAcrossReload(t *testing.T) {
 
 func TestAppendHeaders(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	f := func(cfg APIKey, prompts []int, want string) {
+	f := func(in Dialect, cfg APIKey, prompts []int, want string) {
 		t.Helper()
 		cfg.Name, cfg.SHA256 = "a", HashKey("sk-a")
 		k, _ := newTestKeys(t, cfg).Lookup([]byte("Bearer sk-a"), nil)
@@ -415,31 +415,43 @@ func TestAppendHeaders(t *testing.T) {
 		for _, n := range prompts {
 			d = k.Admit(t0, n)
 		}
-		if got := string(d.AppendHeaders(nil)); got != want {
+		if got := string(d.AppendHeaders(nil, in)); got != want {
 			t.Fatalf("%+v after %v:\n%s\nwant\n%s", cfg, prompts, got, want)
 		}
 	}
 	// Admitted: what is left after this request's take, and how long
 	// until the bucket is full again.
-	f(APIKey{RequestsPerMinute: 60, TokensPerMinute: 1000}, []int{0, 150},
+	f(OpenAI, APIKey{RequestsPerMinute: 60, TokensPerMinute: 1000}, []int{0, 150},
 		"x-ratelimit-limit-requests: 60\r\nx-ratelimit-remaining-requests: 58\r\nx-ratelimit-reset-requests: 2s\r\n"+
 			"x-ratelimit-limit-tokens: 1000\r\nx-ratelimit-remaining-tokens: 850\r\nx-ratelimit-reset-tokens: 9s\r\n")
 	// The limits the key has, only.
-	f(APIKey{TokensPerMinute: 7}, []int{3},
+	f(OpenAI, APIKey{TokensPerMinute: 7}, []int{3},
 		"x-ratelimit-limit-tokens: 7\r\nx-ratelimit-remaining-tokens: 4\r\nx-ratelimit-reset-tokens: 25.715s\r\n")
 	// Refused: nothing taken, and retry-after-ms beside Retry-After.
-	f(APIKey{RequestsPerMinute: 1}, []int{0, 0},
+	f(OpenAI, APIKey{RequestsPerMinute: 1}, []int{0, 0},
 		"x-ratelimit-limit-requests: 1\r\nx-ratelimit-remaining-requests: 0\r\nx-ratelimit-reset-requests: 1m0s\r\nretry-after-ms: 60000\r\n")
-	f(APIKey{RequestsPerMinute: 2, TokensPerMinute: 600}, []int{550, 100},
+	f(OpenAI, APIKey{RequestsPerMinute: 2, TokensPerMinute: 600}, []int{550, 100},
 		"x-ratelimit-limit-requests: 2\r\nx-ratelimit-remaining-requests: 1\r\nx-ratelimit-reset-requests: 30s\r\n"+
 			"x-ratelimit-limit-tokens: 600\r\nx-ratelimit-remaining-tokens: 50\r\nx-ratelimit-reset-tokens: 55s\r\nretry-after-ms: 5000\r\n")
 	// Too large: no retry helps, no retry-after-ms.
-	f(APIKey{TokensPerMinute: 10}, []int{11},
+	f(OpenAI, APIKey{TokensPerMinute: 10}, []int{11},
 		"x-ratelimit-limit-tokens: 10\r\nx-ratelimit-remaining-tokens: 10\r\nx-ratelimit-reset-tokens: 0s\r\n")
 	// No rate limits, or none at all: no lines, as for keys off.
-	f(APIKey{MaxConcurrent: 1}, []int{0}, "")
-	f(APIKey{}, []int{0}, "")
-	if got := (Decision{}).AppendHeaders(nil); len(got) != 0 {
+	f(OpenAI, APIKey{MaxConcurrent: 1}, []int{0}, "")
+	f(OpenAI, APIKey{}, []int{0}, "")
+	// Anthropic's names, each reset the moment the bucket is full again,
+	// rounded up to the second: t0 is 2023-11-14T22:13:20Z.
+	f(Anthropic, APIKey{RequestsPerMinute: 60, TokensPerMinute: 1000}, []int{0, 150},
+		"anthropic-ratelimit-requests-limit: 60\r\nanthropic-ratelimit-requests-remaining: 58\r\nanthropic-ratelimit-requests-reset: 2023-11-14T22:13:22Z\r\n"+
+			"anthropic-ratelimit-tokens-limit: 1000\r\nanthropic-ratelimit-tokens-remaining: 850\r\nanthropic-ratelimit-tokens-reset: 2023-11-14T22:13:29Z\r\n")
+	f(Anthropic, APIKey{TokensPerMinute: 7}, []int{3},
+		"anthropic-ratelimit-tokens-limit: 7\r\nanthropic-ratelimit-tokens-remaining: 4\r\nanthropic-ratelimit-tokens-reset: 2023-11-14T22:13:46Z\r\n")
+	f(Anthropic, APIKey{RequestsPerMinute: 1}, []int{0, 0},
+		"anthropic-ratelimit-requests-limit: 1\r\nanthropic-ratelimit-requests-remaining: 0\r\nanthropic-ratelimit-requests-reset: 2023-11-14T22:14:20Z\r\nretry-after-ms: 60000\r\n")
+	f(Anthropic, APIKey{TokensPerMinute: 10}, []int{11},
+		"anthropic-ratelimit-tokens-limit: 10\r\nanthropic-ratelimit-tokens-remaining: 10\r\nanthropic-ratelimit-tokens-reset: 2023-11-14T22:13:20Z\r\n")
+	f(Anthropic, APIKey{MaxConcurrent: 1}, []int{0}, "")
+	if got := (Decision{}).AppendHeaders(nil, Anthropic); len(got) != 0 {
 		t.Fatalf("no key: %q", got)
 	}
 }
