@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,6 +160,111 @@ func TestRateLimitHeadersReplacePods(t *testing.T) {
 				f("sk-rated", "10", "")
 				f("sk-free", "999", "5")
 			})
+		})
+	}
+}
+
+// TestRateLimitHeadersMessages: on Anthropic's Messages API a keyed
+// client sees its standing as Anthropic's API shows it, on every answer
+// and both front ends, over HTTP/1.1 and h2:
+// anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}, the
+// reset the whole second (RFC 3339, UTC) by which the bucket is full
+// again, and none of OpenAI's names; its 429 carries retry-after, and
+// retry-after-ms, which Anthropic's SDKs read first.
+func TestRateLimitHeadersMessages(t *testing.T) {
+	const (
+		body   = `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hello there"}]}`
+		stream = `{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hello there"}]}`
+	)
+	clients := []struct {
+		name string
+		c    *http.Client
+	}{{"close", client}, {"keepalive", &http.Client{Timeout: 20 * time.Second}}, {"h2", h2cClient()}}
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			var keys []limits.APIKey
+			for _, c := range clients {
+				keys = append(keys, limits.APIKey{Name: c.name, SHA256: limits.HashKey("sk-" + c.name), RequestsPerMinute: 3, TokensPerMinute: 100})
+			}
+			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
+				c.Frontend = fe
+				c.Access.APIKeys = keys
+			})
+			for _, via := range clients {
+				t.Run(via.name, func(t *testing.T) {
+					for i, c := range []struct {
+						body   string
+						status int
+						left   int64
+					}{{body, 200, 2}, {stream, 200, 1}, {body, 200, 0}, {body, 429, 0}} {
+						resp, b := send(t, via.c, s, "POST", "/v1/messages", c.body, "Content-Type", "application/json", "x-api-key", "sk-"+via.name, "anthropic-version", "2023-06-01")
+						now := time.Now()
+						if resp.StatusCode != c.status {
+							t.Fatalf("request %d: %d %s, want %d", i, resp.StatusCode, b, c.status)
+						}
+						h := resp.Header
+						field := func(name string) string {
+							t.Helper()
+							if v := h.Values(name); len(v) != 1 {
+								t.Fatalf("request %d: %s %q, want one value", i, name, v)
+							}
+							return h.Get(name)
+						}
+						number := func(name string) int64 {
+							t.Helper()
+							n, err := strconv.ParseInt(field(name), 10, 64)
+							if err != nil {
+								t.Fatalf("request %d: %s: %v", i, name, err)
+							}
+							return n
+						}
+						// As Anthropic's API writes it: 2025-08-21T12:40:59Z.
+						reset := func(name string) time.Duration {
+							t.Helper()
+							v := field(name)
+							at, err := time.Parse(time.RFC3339, v)
+							if err != nil || !strings.HasSuffix(v, "Z") || at.Nanosecond() != 0 {
+								t.Fatalf("request %d: %s %q, want a whole second in UTC (%v)", i, name, v, err)
+							}
+							return at.Sub(now)
+						}
+						if number("anthropic-ratelimit-requests-limit") != 3 || number("anthropic-ratelimit-tokens-limit") != 100 {
+							t.Fatalf("request %d: limits %v", i, h)
+						}
+						if n := number("anthropic-ratelimit-requests-remaining"); n != c.left {
+							t.Fatalf("request %d: %d requests left, want %d", i, n, c.left)
+						}
+						// Each admitted request takes 20s of the bucket;
+						// rounded up to the second, full again within
+						// a second past that, less the time the test took.
+						taken := time.Duration(min(i+1, 3)) * 20 * time.Second
+						if d := reset("anthropic-ratelimit-requests-reset"); d > taken+time.Second || d <= taken-5*time.Second {
+							t.Fatalf("request %d: requests full again in %v, want about %v", i, d, taken)
+						}
+						if n, d := number("anthropic-ratelimit-tokens-remaining"), reset("anthropic-ratelimit-tokens-reset"); n < 0 || n >= 100 || d <= -time.Second || d > time.Minute+time.Second {
+							t.Fatalf("request %d: %d tokens left, full again in %v", i, n, d)
+						}
+						for name := range h {
+							if strings.HasPrefix(strings.ToLower(name), "x-ratelimit-") {
+								t.Fatalf("request %d: OpenAI's %s on a Messages answer", i, name)
+							}
+						}
+						if c.status == 200 {
+							if v := h.Values("retry-after-ms"); len(v) != 0 {
+								t.Fatalf("request %d: a 200 with retry-after-ms %q", i, v)
+							}
+							continue
+						}
+						if !strings.Contains(b, `"rate_limit_error"`) {
+							t.Fatalf("refused: %s, want Anthropic's rate_limit_error", b)
+						}
+						ms := number("retry-after-ms")
+						if ms <= 0 || ms > 20_000 || h.Get("Retry-After") != strconv.FormatInt((ms+999)/1000, 10) {
+							t.Fatalf("refused: retry-after-ms %d, Retry-After %q", ms, h.Get("Retry-After"))
+						}
+					}
+				})
+			}
 		})
 	}
 }

@@ -130,7 +130,7 @@ func (g *Gateway) begin(x *completion) bool {
 		return false
 	}
 	d := key.Admit(x.start, budgeted(x, ctx.PostBody()))
-	x.rateHead = d.AppendHeaders(x.rateHead[:0], limits.OpenAI)
+	x.rateHead = d.AppendHeaders(x.rateHead[:0], rateDialect(ctx.Path()))
 	if !d.OK() {
 		g.fail(ctx, x, m, refused(d))
 		return false
@@ -246,6 +246,16 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 	stats.completionTokens.Add(x.counted.Tokens())
 	g.metrics.countRequest(m, status)
 	releaseCompletion(x)
+}
+
+// rateDialect is whose rate-limit headers a keyed answer on path carries:
+// Anthropic's on its Messages API, whose clients read its names (and its
+// errors, writeFailure), OpenAI's on the others.
+func rateDialect(path []byte) limits.Dialect {
+	if openai.MessagesPath(path) {
+		return limits.Anthropic
+	}
+	return limits.OpenAI
 }
 
 // refused is the failure for a request its API key does not allow now.
