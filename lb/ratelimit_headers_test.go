@@ -119,7 +119,7 @@ func TestRateLimitHeaders(t *testing.T) {
 
 var rateLimitFields = func() map[string]bool {
 	m := map[string]bool{}
-	for _, name := range limits.RateLimitHeaders {
+	for _, name := range append(limits.RateLimitHeaders[:], limits.RetryAfterMillis) {
 		m[http.CanonicalHeaderKey(name)] = true
 	}
 	return m
@@ -265,6 +265,34 @@ func TestRateLimitHeadersMessages(t *testing.T) {
 					}
 				})
 			}
+		})
+	}
+}
+
+// TestRateLimitHeadersKeepPodsRetry: a pod's 429 reaches a keyed client
+// with both of its waits, retry-after-ms and Retry-After: the gateway's
+// standing replaces the pod's, but an admitted request's has no wait of
+// its own to put in their place.
+func TestRateLimitHeadersKeepPodsRetry(t *testing.T) {
+	const refusal = `{"error":{"message":"busy","type":"requests","code":"rate_limit_exceeded"}}`
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 2\r\nretry-after-ms: 1500\r\nContent-Length: %d\r\n\r\n%s", len(refusal), refusal)
+	})
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Name: "p", Model: "m", Address: pod}}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Access.APIKeys = []limits.APIKey{{Name: "rated", SHA256: limits.HashKey("sk-rated"), RequestsPerMinute: 1000}}
+			})
+			bothClients(t, func(t *testing.T, via *http.Client) {
+				resp, b := send(t, via, s, "POST", "/v1/chat/completions", chatBody, "Content-Type", "application/json", "Authorization", "Bearer sk-rated")
+				if resp.StatusCode != 429 || resp.Header.Get("x-ratelimit-limit-requests") != "1000" {
+					t.Fatalf("%d %s %v, want the pod's 429 with the key's standing", resp.StatusCode, b, resp.Header)
+				}
+				if ms, s := resp.Header.Values("retry-after-ms"), resp.Header.Values("Retry-After"); len(ms) != 1 || ms[0] != "1500" || len(s) != 1 || s[0] != "2" {
+					t.Fatalf("retry-after-ms %q, Retry-After %q; want the pod's 1500 and 2", ms, s)
+				}
+			})
 		})
 	}
 }

@@ -91,16 +91,20 @@ const (
 	Anthropic
 )
 
-// RateLimitHeaders are the names of the fields AppendHeaders writes: for
-// each Dialect, in its spelling, limit, remaining and reset of its
-// requests, then of its tokens; last retry-after-ms.
+// RateLimitHeaders are the names of the fields of a key's standing that
+// AppendHeaders writes: for each Dialect, in its spelling, limit,
+// remaining and reset of its requests, then of its tokens.
 var RateLimitHeaders = [...]string{
 	"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
 	"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
 	"anthropic-ratelimit-requests-limit", "anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset",
 	"anthropic-ratelimit-tokens-limit", "anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset",
-	"retry-after-ms",
 }
+
+// RetryAfterMillis is the field AppendHeaders adds to a refusal: its wait
+// in milliseconds. Not one of RateLimitHeaders: an admitted request's
+// standing has no wait, so a pod's answer keeps its own.
+const RetryAfterMillis = "retry-after-ms"
 
 // AppendHeaders appends the header lines ("name: value\r\n") that show a
 // keyed client its standing, as the API of dialect does on every answer:
@@ -125,7 +129,7 @@ func (d Decision) AppendHeaders(dst []byte, dialect Dialect) []byte {
 	dst = d.appendStanding(dst, dialect, names[3:6], d.limits.tokens, d.tokensLeft, d.tokensReset)
 	if d.RetryAfterSeconds() > 0 {
 		ms := (d.RetryAfter + time.Millisecond - 1) / time.Millisecond
-		dst = append(append(dst, RateLimitHeaders[len(RateLimitHeaders)-1]...), ": "...)
+		dst = append(append(dst, RetryAfterMillis...), ": "...)
 		dst = append(strconv.AppendInt(dst, int64(max(ms, 1)), 10), "\r\n"...)
 	}
 	return dst
