@@ -17,7 +17,8 @@ import (
 // @anthropic-ai/sdk client against a live gateway with API keys, as
 // Claude Code reaches it with ANTHROPIC_BASE_URL: a tool loop whole and
 // streamed, count_tokens, and the gateway's and the engine's errors
-// surfacing as the client's error classes, typed as Anthropic types them.
+// surfacing as the client's error classes, typed as Anthropic types them,
+// and a rate-limited key's standing in Anthropic's headers.
 func TestAnthropicNodeClient(t *testing.T) {
 	const dir = "anthropic-node"
 	node := lookTool(t, "node", "the official Anthropic client test needs Node.js")
@@ -29,7 +30,11 @@ func TestAnthropicNodeClient(t *testing.T) {
 		{Name: "down-0", Model: "down", Address: closedAddr(t)},
 	}
 	s := startGateway(t, pods, func(c *config.Config) {
-		c.Access.APIKeys = []limits.APIKey{{Name: "claude-code", SHA256: limits.HashKey("sk-good")}}
+		c.Access.APIKeys = []limits.APIKey{
+			{Name: "claude-code", SHA256: limits.HashKey("sk-good")},
+			// Whose rate-limit headers the client reads.
+			{Name: "rated", SHA256: limits.HashKey("sk-rated"), RequestsPerMinute: 2, TokensPerMinute: 2000},
+		}
 	})
 	base := "http://" + s.Addr()
 	waitStatus(t, client, base+"/v1/messages", "sk-good", `{"model":"down","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, 503)

@@ -2,9 +2,10 @@
 // Claude Code reaches one with ANTHROPIC_BASE_URL. The gateway and the
 // simulated vLLM pods are started by tests/anthropic_node_test.go, which
 // passes:
-//   PDLB_ANTHROPIC_URL  a gateway taking the API key sk-good, serving
-//                       model "m" (two vLLM pods) and model "down" (its
-//                       only pod is gone)
+//   PDLB_ANTHROPIC_URL  a gateway taking the API keys sk-good and
+//                       sk-rated (2 requests and 2000 tokens a minute),
+//                       serving model "m" (two vLLM pods) and model
+//                       "down" (its only pod is gone)
 // Run: node test.mjs (node's own test runner; exit status 1 on a failure).
 import assert from 'node:assert/strict';
 import test from 'node:test';
@@ -102,4 +103,35 @@ test('a block vLLM refuses is the engine\'s BadRequestError', async () => {
     client.messages.create({ model: 'm', max_tokens: 1, messages: [{ role: 'user', content: [{ type: 'document', source: {} }] }] }),
     (err) => err instanceof Anthropic.BadRequestError && err.type === 'invalid_request_error' && /type/.test(err.apiMessage),
   );
+});
+
+test('a keyed client reads its rate limits as from Anthropic', async () => {
+  const rated = new Anthropic({ baseURL, apiKey: 'sk-rated', maxRetries: 0, timeout: 30_000 });
+  const hi = [{ role: 'user', content: 'hi' }];
+  // Each request takes one of 2 a minute: 30s more to refill.
+  for (const left of ['1', '0']) {
+    const { response } = await rated.messages.create({ model: 'm', max_tokens: 4, messages: hi }).withResponse();
+    const h = response.headers;
+    assert.equal(h.get('anthropic-ratelimit-requests-limit'), '2');
+    assert.equal(h.get('anthropic-ratelimit-requests-remaining'), left);
+    assert.equal(h.get('anthropic-ratelimit-tokens-limit'), '2000');
+    assert.ok(Number(h.get('anthropic-ratelimit-tokens-remaining')) < 2000, h.get('anthropic-ratelimit-tokens-remaining'));
+    for (const name of ['anthropic-ratelimit-requests-reset', 'anthropic-ratelimit-tokens-reset']) {
+      // A moment in RFC 3339, UTC, to the second: 2025-08-21T12:40:59Z.
+      assert.match(h.get(name), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
+      const in_ = Date.parse(h.get(name)) - Date.now();
+      assert.ok(in_ > -1000 && in_ <= 61_000, `${name}: ${h.get(name)}`);
+    }
+    assert.equal(h.get('x-ratelimit-limit-requests'), null, 'OpenAI\'s names on a Messages answer');
+  }
+  await assert.rejects(rated.messages.create({ model: 'm', max_tokens: 4, messages: hi }), (err) => {
+    assert.ok(err instanceof Anthropic.RateLimitError, `got ${err?.constructor?.name}: ${err?.message}`);
+    assert.equal(err.type, 'rate_limit_error');
+    assert.equal(err.headers.get('anthropic-ratelimit-requests-remaining'), '0');
+    // The SDK's retry waits retry-after-ms, read before retry-after.
+    const ms = Number(err.headers.get('retry-after-ms'));
+    assert.ok(ms > 0 && ms <= 30_000, `retry-after-ms ${err.headers.get('retry-after-ms')}`);
+    assert.equal(err.headers.get('retry-after'), String(Math.ceil(ms / 1000)));
+    return true;
+  });
 });
