@@ -331,7 +331,7 @@ var h2Names = func() map[string]string {
 		"Access-Control-Allow-Origin": "access-control-allow-origin", "Access-Control-Allow-Credentials": "access-control-allow-credentials",
 		"Access-Control-Expose-Headers": "access-control-expose-headers", "Access-Control-Allow-Methods": "access-control-allow-methods",
 		"Access-Control-Allow-Headers": "access-control-allow-headers", "Access-Control-Max-Age": "access-control-max-age"}
-	for _, name := range append(limits.RateLimitHeaders[:], limits.RetryAfterMillis) {
+	for _, name := range append(limits.RateLimitHeaders[:], limits.RetryAfterMillis, limits.ShouldRetry) {
 		m[textproto.CanonicalMIMEHeaderKey(name)] = name
 	}
 	return m

@@ -106,6 +106,10 @@ var RateLimitHeaders = [...]string{
 // standing has no wait, so a pod's answer keeps its own.
 const RetryAfterMillis = "retry-after-ms"
 
+// ShouldRetry is the field AppendHeaders sets to false on a refusal that
+// no retry gets past, which the SDKs obey over their own retry policy.
+const ShouldRetry = "x-should-retry"
+
 // AppendHeaders appends the header lines ("name: value\r\n") that show a
 // keyed client its standing, as the API of dialect does on every answer:
 // for each of requests_per_minute and tokens_per_minute the key has, its
@@ -117,9 +121,10 @@ const RetryAfterMillis = "retry-after-ms"
 // which the key's one token bucket (prompts and completions) is. A
 // refusal worth retrying adds retry-after-ms, RetryAfter in milliseconds
 // rounded up, which the OpenAI and Anthropic SDKs read before
-// Retry-After's whole seconds. A decision without a key's limits (keys
-// off, key errors, an admission of a nil *Key) appends nothing. It
-// allocates nothing when dst has room.
+// Retry-After's whole seconds; a RequestTooLarge refusal adds
+// x-should-retry: false. A decision without a key's limits (keys off,
+// key errors, an admission of a nil *Key) appends nothing. It allocates
+// nothing when dst has room.
 func (d Decision) AppendHeaders(dst []byte, dialect Dialect) []byte {
 	if d.limits == nil {
 		return dst
@@ -127,10 +132,15 @@ func (d Decision) AppendHeaders(dst []byte, dialect Dialect) []byte {
 	names := RateLimitHeaders[6*int(dialect):]
 	dst = d.appendStanding(dst, dialect, names[0:3], d.limits.requests, d.requestsLeft, d.requestsReset)
 	dst = d.appendStanding(dst, dialect, names[3:6], d.limits.tokens, d.tokensLeft, d.tokensReset)
-	if d.RetryAfterSeconds() > 0 {
+	switch {
+	case d.RetryAfterSeconds() > 0:
 		ms := (d.RetryAfter + time.Millisecond - 1) / time.Millisecond
 		dst = append(append(dst, RetryAfterMillis...), ": "...)
 		dst = append(strconv.AppendInt(dst, int64(max(ms, 1)), 10), "\r\n"...)
+	case d.Limit == RequestTooLarge:
+		// The OpenAI and Anthropic SDKs retry every 429 (twice, by
+		// default) unless it says otherwise; no wait lets this through.
+		dst = append(dst, ShouldRetry+": false\r\n"...)
 	}
 	return dst
 }

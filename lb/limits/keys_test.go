@@ -433,9 +433,12 @@ func TestAppendHeaders(t *testing.T) {
 	f(OpenAI, APIKey{RequestsPerMinute: 2, TokensPerMinute: 600}, []int{550, 100},
 		"x-ratelimit-limit-requests: 2\r\nx-ratelimit-remaining-requests: 1\r\nx-ratelimit-reset-requests: 30s\r\n"+
 			"x-ratelimit-limit-tokens: 600\r\nx-ratelimit-remaining-tokens: 50\r\nx-ratelimit-reset-tokens: 55s\r\nretry-after-ms: 5000\r\n")
-	// Too large: no retry helps, no retry-after-ms.
+	// Too large: no retry helps; no retry-after-ms, and the SDKs are told
+	// not to.
 	f(OpenAI, APIKey{TokensPerMinute: 10}, []int{11},
-		"x-ratelimit-limit-tokens: 10\r\nx-ratelimit-remaining-tokens: 10\r\nx-ratelimit-reset-tokens: 0s\r\n")
+		"x-ratelimit-limit-tokens: 10\r\nx-ratelimit-remaining-tokens: 10\r\nx-ratelimit-reset-tokens: 0s\r\nx-should-retry: false\r\n")
+	// A key with only a concurrency cap: its refusal's wait alone.
+	f(OpenAI, APIKey{MaxConcurrent: 1}, []int{0, 0}, "retry-after-ms: 1000\r\n")
 	// No rate limits, or none at all: no lines, as for keys off.
 	f(OpenAI, APIKey{MaxConcurrent: 1}, []int{0}, "")
 	f(OpenAI, APIKey{}, []int{0}, "")
@@ -449,7 +452,7 @@ func TestAppendHeaders(t *testing.T) {
 	f(Anthropic, APIKey{RequestsPerMinute: 1}, []int{0, 0},
 		"anthropic-ratelimit-requests-limit: 1\r\nanthropic-ratelimit-requests-remaining: 0\r\nanthropic-ratelimit-requests-reset: 2023-11-14T22:14:20Z\r\nretry-after-ms: 60000\r\n")
 	f(Anthropic, APIKey{TokensPerMinute: 10}, []int{11},
-		"anthropic-ratelimit-tokens-limit: 10\r\nanthropic-ratelimit-tokens-remaining: 10\r\nanthropic-ratelimit-tokens-reset: 2023-11-14T22:13:20Z\r\n")
+		"anthropic-ratelimit-tokens-limit: 10\r\nanthropic-ratelimit-tokens-remaining: 10\r\nanthropic-ratelimit-tokens-reset: 2023-11-14T22:13:20Z\r\nx-should-retry: false\r\n")
 	f(Anthropic, APIKey{MaxConcurrent: 1}, []int{0}, "")
 	if got := (Decision{}).AppendHeaders(nil, Anthropic); len(got) != 0 {
 		t.Fatalf("no key: %q", got)

@@ -135,3 +135,19 @@ test('a keyed client reads its rate limits as from Anthropic', async () => {
     return true;
   });
 });
+
+test('a prompt over the key\'s tokens a minute is refused once, not retried', async () => {
+  // The SDK retries a 429 by default; no wait lets this prompt through.
+  let calls = 0;
+  const counted = new Anthropic({
+    baseURL, apiKey: 'sk-rated', maxRetries: 2, timeout: 30_000,
+    fetch: (url, init) => { calls++; return fetch(url, init); },
+  });
+  const long = [{ role: 'user', content: 'hello '.repeat(3000) }];
+  await assert.rejects(counted.messages.create({ model: 'm', max_tokens: 4, messages: long }), (err) => {
+    assert.ok(err instanceof Anthropic.RateLimitError, `got ${err?.constructor?.name}: ${err?.message}`);
+    assert.match(err.apiMessage ?? err.message, /Request too large/);
+    return true;
+  });
+  assert.equal(calls, 1, 'requests sent');
+});
