@@ -38,12 +38,15 @@
 // (vLLM's --data-parallel-size) gets a feed per rank (Indexer.Ranks): each
 // rank has its own cache and events, and the pod holds a block while any
 // rank does. The feeds count the ranks' blocks behind each gateway key (one
-// map entry per key) and take a key out of the index only when its last
-// block goes.
+// map entry per key, with a bit for each rank holding it) and take a key
+// out of the index only when its last block goes. Pod.LongestRank tells
+// which rank holds the longest prefix of a prompt, for the gateway to send
+// the request there.
 package kvindex
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -139,32 +142,118 @@ func (ix *Indexer) Ranks(pod int32, model string, n int) []*Pod {
 	if n <= 1 {
 		return []*Pod{ix.Pod(pod, model)}
 	}
-	shared := &rankHolds{held: make(map[uint64]int32)}
+	shared := &rankHolds{held: make(map[uint64]keyHolds), more: make(map[rankKey]int32)}
+	if n <= MaxRankedRanks {
+		shared.all = 1<<n - 1 // n = 64 wraps to all ones
+	}
 	feeds := make([]*Pod, n)
 	for r := range feeds {
 		feeds[r] = ix.Pod(pod, model)
-		feeds[r].ranks = shared
+		feeds[r].ranks, feeds[r].rank = shared, r
 	}
 	return feeds
 }
 
+// MaxRankedRanks is the most ranks a pod may have for LongestRank to tell
+// them apart: a key's ranks are the bits of one word.
+const MaxRankedRanks = 64
+
 // rankHolds is what the feeds of one pod's ranks share: for each gateway
-// key, the number of live blocks of any rank holding it. Its mutex is held
-// through a feed's whole event, index writes included, so a key one rank
-// releases cannot leave the index after another rank stored it again.
+// key, the number of live blocks of any rank holding it and which ranks
+// those are. Its mutex is held through a feed's whole event, index writes
+// included, so a key one rank releases cannot leave the index after
+// another rank stored it again; LongestRank reads under it.
 type rankHolds struct {
-	mu   sync.Mutex
-	held map[uint64]int32
+	mu   sync.RWMutex
+	held map[uint64]keyHolds
+	// more counts a rank's blocks under a key beyond its first (blocks of
+	// different engine hashes with the same gateway key: rare), so that
+	// the rank's bit goes with its last.
+	more map[rankKey]int32
+	// all has a bit for each rank; 0 for a pod of more than
+	// MaxRankedRanks, whose ranks get no bits.
+	all uint64
 }
 
-// release drops one hold of key and reports whether it was the last.
-func (h *rankHolds) release(key uint64) bool {
-	if n := h.held[key] - 1; n > 0 {
-		h.held[key] = n
+// keyHolds are the holds of one gateway key: n blocks of ranks (bit r:
+// rank r holds one at least).
+type keyHolds struct {
+	n     int32
+	ranks uint64
+}
+
+type rankKey struct {
+	key  uint64
+	rank int
+}
+
+// hold counts one more block of rank holding key.
+func (h *rankHolds) hold(key uint64, rank int) {
+	k := h.held[key]
+	k.n++
+	if h.all != 0 {
+		if bit := uint64(1) << rank; k.ranks&bit == 0 {
+			k.ranks |= bit
+		} else {
+			h.more[rankKey{key, rank}]++
+		}
+	}
+	h.held[key] = k
+}
+
+// release drops one hold of key by rank and reports whether it was the
+// last of any rank.
+func (h *rankHolds) release(key uint64, rank int) bool {
+	k := h.held[key]
+	if h.all != 0 {
+		rk := rankKey{key, rank}
+		switch c := h.more[rk]; {
+		case c > 1:
+			h.more[rk] = c - 1
+		case c == 1:
+			delete(h.more, rk)
+		default:
+			k.ranks &^= 1 << rank
+		}
+	}
+	if k.n--; k.n > 0 {
+		h.held[key] = k
 		return false
 	}
 	delete(h.held, key)
 	return true
+}
+
+// LongestRank says which of the pod's data-parallel ranks holds the
+// longest prefix of chain (a prompt's gateway keys, chain[0] its first
+// block's): rank, holding blocks of them, where every other rank holds
+// next at most. rank is -1 when no rank holds more than all the others
+// (a tie, or nothing held), and for a pod of one rank or of more than
+// MaxRankedRanks. Safe to call from any goroutine; it allocates nothing.
+func (p *Pod) LongestRank(chain []uint64) (rank, blocks, next int) {
+	h := p.ranks
+	if h == nil || h.all == 0 {
+		return -1, 0, 0
+	}
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	// live: the ranks holding chain[:blocks]; next: the blocks held by
+	// the ranks that dropped out last.
+	live := h.all
+	for i, k := range chain {
+		m := h.held[k].ranks & live
+		if m == 0 {
+			break
+		}
+		if m != live {
+			live, next = m, i
+		}
+		blocks = i + 1
+	}
+	if blocks == 0 || bits.OnesCount64(live) != 1 {
+		return -1, 0, 0
+	}
+	return bits.TrailingZeros64(live), blocks, next
 }
 
 // PodCounters are a Pod's plain atomic counters, for the gateway to export.
@@ -197,8 +286,9 @@ type Pod struct {
 	id   int32
 	seed uint64
 	// ranks is shared by the feeds of the pod's data-parallel ranks; nil
-	// for a pod of one (see Indexer.Ranks).
+	// for a pod of one (see Indexer.Ranks); rank is this feed's.
 	ranks *rankHolds
+	rank  int
 
 	// blockSize is the engine's block size in tokens, fixed by the first
 	// BlockStored after a clear; 0 before it. perBlock is the number of
@@ -458,7 +548,7 @@ func (p *Pod) hold(s int32) {
 		return
 	}
 	for _, k := range p.keysOf(s) {
-		p.ranks.held[k]++
+		p.ranks.hold(k, p.rank)
 	}
 }
 
@@ -528,7 +618,7 @@ func (p *Pod) remove(chain []uint64, n int) {
 	}
 	run := 0 // released keys ending before chain[i]
 	for i := len(chain) - n; i < len(chain); i++ {
-		if p.ranks.release(chain[i]) {
+		if p.ranks.release(chain[i], p.rank) {
 			run++
 			continue
 		}

@@ -421,3 +421,38 @@ func TestRanksKeepEachOthersBlocks(t *testing.T) {
 	ranks[0].AllBlocksCleared()
 	match(shared, 0)
 }
+
+func TestLongestRank(t *testing.T) {
+	ix := newIndexer(t, newTree(t), Config{BlockSize: 4})
+	ranks := ix.Ranks(7, model, 3)
+	toks := prompt(16, 1)
+	keys := gatewayKeys(toks, 4)
+	want := func(rank, blocks, next int) {
+		t.Helper()
+		if r, b, n := ranks[2].LongestRank(keys); r != rank || b != blocks || n != next {
+			t.Fatalf("LongestRank = rank %d, %d blocks, next %d; want rank %d, %d, %d", r, b, n, rank, blocks, next)
+		}
+	}
+	want(-1, 0, 0)
+	ranks[0].BlockStored(0, false, []uint64{10, 11}, toks[:8], 4, engines.ExtraKeys{})
+	want(0, 2, 0)
+	ranks[1].BlockStored(0, false, []uint64{20, 21, 22}, toks[:12], 4, engines.ExtraKeys{})
+	want(1, 3, 2)
+	ranks[0].BlockStored(11, true, []uint64{12, 13}, toks[8:], 4, engines.ExtraKeys{})
+	want(0, 4, 3)
+	ranks[0].BlockRemoved([]uint64{13})
+	want(-1, 0, 0) // ranks 0 and 1 hold three blocks each
+	// The same tokens under other engine hashes: rank 1 holds its keys
+	// twice, and keeps them when one of its copies goes.
+	ranks[1].BlockStored(0, false, []uint64{30, 31, 32, 33}, toks, 4, engines.ExtraKeys{})
+	ranks[1].BlockRemoved([]uint64{20, 21, 22})
+	want(1, 4, 3)
+	ranks[1].AllBlocksCleared()
+	want(0, 3, 0)
+	if n := testing.AllocsPerRun(100, func() { ranks[0].LongestRank(keys) }); n != 0 {
+		t.Fatalf("LongestRank allocates %v times", n)
+	}
+	if r, _, _ := ix.Ranks(8, model, MaxRankedRanks+1)[0].LongestRank(keys); r != -1 {
+		t.Fatalf("a pod of %d ranks: LongestRank = rank %d, want -1", MaxRankedRanks+1, r)
+	}
+}
