@@ -2,10 +2,15 @@ package lb_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"pdlb/engines"
 	"pdlb/engines/sim"
 	"pdlb/engines/vllm"
 	"pdlb/internal/testwait"
@@ -119,4 +124,135 @@ func indexMatch(t *testing.T, s *lb.Server, model string, ids any) map[string]in
 		held[p.Pod] = p.CachedTokens
 	}
 	return held
+}
+
+// TestDataParallelRankFollowsPrefix: conversations of several turns on a
+// pod of two data-parallel ranks, each turn's prompt the last one's and
+// more. Left to the engine's balancer, which knows loads and no prefixes,
+// a turn finds the rank caching its conversation about half the time;
+// with X-Data-Parallel-Rank naming the rank the KV events show holding the
+// longest prefix, nearly always: the pod's prefix-cache hit rate, by its
+// own metrics, is far higher with data_parallel_routing "prefix" than with
+// "engine".
+func TestDataParallelRankFollowsPrefix(t *testing.T) {
+	for _, e := range []struct {
+		engine        engines.Kind
+		hits, queries string
+	}{
+		{engines.VLLM, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"},
+		{engines.SGLang, "sglang:cached_tokens_total", "sglang:prompt_tokens_total"},
+	} {
+		t.Run(string(e.engine), func(t *testing.T) {
+			bothClients(t, func(t *testing.T, via *http.Client) {
+				rates, pins := map[string]float64{}, map[string]float64{}
+				for _, routing := range []string{config.DataParallelByPrefix, config.DataParallelByEngine} {
+					rates[routing], pins[routing] = conversationHitRate(t, via, e.engine, routing, e.hits, e.queries)
+				}
+				t.Logf("prefix-cache hit rate: %.3f with data_parallel_routing prefix (%g requests named a rank), %.3f with engine",
+					rates["prefix"], pins["prefix"], rates["engine"])
+				if rates["prefix"] < rates["engine"]+0.2 {
+					t.Errorf("prefix-cache hit rate %.3f naming the rank, %.3f leaving it to the engine; want 0.2 more", rates["prefix"], rates["engine"])
+				}
+				if pins["prefix"] == 0 || pins["engine"] != 0 {
+					t.Errorf("requests that named a rank: %g with data_parallel_routing prefix, %g with engine; want some, none", pins["prefix"], pins["engine"])
+				}
+			})
+		})
+	}
+}
+
+// conversationHitRate runs conversations through a gateway over one pod of
+// engine with two data-parallel ranks routed as routing says, and returns
+// the pod's prefix-cache hit rate over them (its hits metric's growth
+// over its queries') and the requests the gateway sent to a rank it named.
+func conversationHitRate(t *testing.T, via *http.Client, engine engines.Kind, routing, hitsMetric, queriesMetric string) (rate, pins float64) {
+	t.Helper()
+	pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pubs {
+		t.Cleanup(func() { p.Close() })
+	}
+	dp, err := sim.Start(sim.Config{Name: "dp", Model: "m", Engine: engine, Listen: "127.0.0.1:0", Speedup: 100, DataParallelSize: 2,
+		KVEvents: pubs[0], RankKVEvents: []sim.KVEventSink{pubs[1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	s := testGateway(t, []config.Pod{{Name: "dp", Model: "m", Engine: string(engine), Address: dp.Addr(),
+		KVEvents: pubs[0].Endpoint(), KVReplay: pubs[0].ReplayEndpoint(), DataParallelSize: 2, DataParallelRouting: routing}},
+		func(c *config.Config) { c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}} })
+
+	// Both ranks' feeds follow before the conversations start: a prompt
+	// sent straight to each rank is in the index.
+	for rank := range 2 {
+		ids := tokenIDs(100_000+1000*rank, 64)
+		req, _ := http.NewRequest("POST", "http://"+dp.Addr()+"/v1/completions", strings.NewReader(completionOfIDs(ids)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		testwait.For(t, fmt.Sprintf("rank %d's blocks in the index", rank), func() bool {
+			for _, p := range pubs {
+				p.BlockRemoved([]uint64{1}) // a batch: a late subscriber catches up
+			}
+			time.Sleep(10 * time.Millisecond)
+			return indexMatch(t, s, "m", ids)["dp"] == len(ids)
+		})
+	}
+	hits0, queries0 := adminMetric(t, dp.Addr(), hitsMetric), adminMetric(t, dp.Addr(), queriesMetric)
+
+	// Four conversations of five turns, taken in an order drawn from a
+	// fixed seed; a turn adds 64 tokens to the last one's prompt.
+	const convs, turns = 4, 5
+	rng := rand.New(rand.NewPCG(1, 2))
+	var order []int
+	for c := range convs {
+		for range turns {
+			order = append(order, c)
+		}
+	}
+	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	prompts := make([][]int, convs)
+	for i, c := range order {
+		prompts[c] = append(prompts[c], tokenIDs(1000*(1+i), 64)...)
+		events := kvEventsReceived(t, s, "dp")
+		resp, b := postVia(t, via, s, "/v1/completions", completionOfIDs(prompts[c]))
+		if resp.StatusCode != 200 {
+			t.Fatalf("turn %d: %d %s", i, resp.StatusCode, b)
+		}
+		// The next turn is routed on this one's blocks.
+		testwait.For(t, "the turn's KV events", func() bool { return kvEventsReceived(t, s, "dp") > events })
+	}
+	queries := adminMetric(t, dp.Addr(), queriesMetric) - queries0
+	return (adminMetric(t, dp.Addr(), hitsMetric) - hits0) / queries, metricValue(t, s, "pdlb_data_parallel_rank_pins_total")
+}
+
+// kvEventsReceived is the events the gateway's feeds of pod received, all
+// its ranks' (GET /admin/index).
+func kvEventsReceived(t *testing.T, s *lb.Server, pod string) uint64 {
+	t.Helper()
+	var out struct {
+		Models []struct {
+			Pods []struct {
+				Pod            string
+				EventsReceived uint64 `json:"events_received"`
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(get(t, "http://"+s.AdminAddr()+"/admin/index")), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range out.Models {
+		for _, p := range m.Pods {
+			if p.Pod == pod {
+				return p.EventsReceived
+			}
+		}
+	}
+	return 0
 }

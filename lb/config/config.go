@@ -55,6 +55,9 @@ const (
 	DefaultBlockSize          = radix.DefaultBlockSize
 	DefaultPrefillSpeed       = 20000
 	DefaultDataParallelSize   = 1
+	// The values of Pod.DataParallelRouting.
+	DataParallelByPrefix      = "prefix"
+	DataParallelByEngine      = "engine"
 	DefaultConnectTimeout     = 2 * time.Second
 	DefaultResponseTimeout    = 60 * time.Second
 	DefaultWholeTimeout       = 10 * time.Minute
@@ -377,6 +380,12 @@ type Pod struct {
 	// KV events on kv_events' and kv_replay's ports + its rank; the
 	// gateway follows every rank, and a block any rank holds is the pod's.
 	DataParallelSize int `yaml:"data_parallel_size"`
+	// DataParallelRouting says how a request picks among the ranks of a
+	// vLLM or SGLang pod of several, when the pod publishes KV events:
+	// "prefix" (default) sends it to the rank holding strictly the
+	// longest prefix of its prompt (X-Data-Parallel-Rank), else leaves it
+	// to the engine's balancer; "engine" always leaves it to the engine.
+	DataParallelRouting string `yaml:"data_parallel_routing"`
 	// CacheBlocks bounds what the gateway assumes the pod caches, in
 	// blocks of the model's block_size (default 0: unlimited). Set it to
 	// the engine's KV capacity when the pod publishes no KV events, so the
@@ -552,6 +561,9 @@ func (p *Pod) Provision() {
 	}
 	if p.DataParallelSize == 0 {
 		p.DataParallelSize = DefaultDataParallelSize
+	}
+	if p.DataParallelRouting == "" {
+		p.DataParallelRouting = DataParallelByPrefix
 	}
 	if p.BootstrapPort == 0 && err == nil && k == engines.SGLang {
 		p.BootstrapPort = engines.DefaultBootstrapPort
@@ -825,6 +837,11 @@ func (p Pod) Validate(field string) error {
 	}
 	if p.DataParallelSize < 0 {
 		return invalid(field+".data_parallel_size", p.DataParallelSize, "must be at least 1 (default 1)")
+	}
+	switch p.DataParallelRouting {
+	case "", DataParallelByPrefix, DataParallelByEngine:
+	default:
+		return invalid(field+".data_parallel_routing", p.DataParallelRouting, fmt.Sprintf("must be %q (default) or %q", DataParallelByPrefix, DataParallelByEngine))
 	}
 	if p.KVEvents != "" {
 		if err := p.validateRankPorts(field, "kv_replay"); err != nil {

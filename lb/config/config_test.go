@@ -59,6 +59,7 @@ func TestValidateRejects(t *testing.T) {
 	f("pods: [{model: m, address: 'h:1', kv_events: 'h:5557'}]\n", `pods[0].kv_events = "h:5557"`)
 	f("pods: [{model: m, address: 'h:1', cache_blocks: -1}]\n", "pods[0].cache_blocks = -1")
 	f("pods: [{model: m, address: 'h:1', data_parallel_size: -1}]\n", "pods[0].data_parallel_size = -1 must be at least 1")
+	f("pods: [{model: m, address: 'h:1', data_parallel_routing: rank}]\n", `pods[0].data_parallel_routing = "rank" must be "prefix" (default) or "engine"`)
 	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:65534', kv_replay: 'tcp://h:5558', data_parallel_size: 4}]\n",
 		"pods[0].data_parallel_size = 4 puts rank 3's KV events on port 65537 (kv_events' port + 3), past 65535")
 	f("pods: [{model: m, address: 'h:1', kv_events: 'tcp://h:5557', kv_replay: 'tcp://h:65535', data_parallel_size: 2}]\n",

@@ -126,6 +126,10 @@ type completion struct {
 	uncached  int64
 	idleStart bool
 	firstSeen bool
+	// pin is the data-parallel rank of the attempt's pod that the attempt
+	// names (pinRank); rankOnUp says x.up carries it.
+	pin      rankPin
+	rankOnUp bool
 
 	// policy, when set, replaces the model's policy for this request (a
 	// routing-strategy header naming one), and policyCache says it reads
@@ -208,6 +212,7 @@ func releaseCompletion(x *completion) {
 	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false
 	x.ids, x.idEnds, x.keys, x.chains, x.looked = x.ids[:0], x.idEnds[:0], x.keys[:0], x.chains[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
+	x.pin, x.rankOnUp = rankPin{}, false
 	x.class = admit.Interactive
 	if x.key != nil {
 		x.key.Done(time.Now(), x.counted.Tokens())

@@ -144,8 +144,19 @@ type explanation struct {
 	Prefill string   `json:"prefill_pod,omitempty"`
 	Decode  string   `json:"decode_pod,omitempty"`
 	// PredictedTTFT is the chosen placement's (seconds).
-	PredictedTTFT float64         `json:"predicted_ttft_s"`
-	Candidates    []candidateView `json:"candidates"`
+	PredictedTTFT float64 `json:"predicted_ttft_s"`
+	// Rank is the data-parallel rank of the pod (the prefill pod) the
+	// request names, when it names one (rankFor).
+	Rank       *rankView       `json:"data_parallel_rank,omitempty"`
+	Candidates []candidateView `json:"candidates"`
+}
+
+// rankView is the rank a request names and why: it holds CachedTokens of
+// the prompt, every other rank of its pod OthersTokens at most.
+type rankView struct {
+	Rank         int `json:"rank"`
+	CachedTokens int `json:"cached_tokens"`
+	OthersTokens int `json:"others_cached_tokens"`
 }
 
 // candidateView is one pod of a decision.
@@ -202,6 +213,14 @@ func (g *Gateway) explainPick(x *completion) *explanation {
 	view := func(p *pool.Pod, c *route.Candidate) candidateView {
 		return candidateView{Pod: p.Config.Name, Role: p.Config.Role, CachedTokens: c.CachedTokens, InFlight: c.InFlight,
 			QueuedTokens: c.QueuedPrefillTokens, ActiveTokens: c.ActiveTokens, Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage}
+	}
+	pre := x.pod
+	if x.pd != nil {
+		pre, _ = placedPD(x)
+	}
+	if pin := g.rankFor(x, pre); pin.pinned {
+		bs := x.m.BlockSize
+		e.Rank = &rankView{Rank: int(pin.rank), CachedTokens: int(pin.blocks) * bs, OthersTokens: int(pin.next) * bs}
 	}
 	if x.pd != nil {
 		g.explainPD(x, e, view, uncached)

@@ -35,6 +35,7 @@ import (
 	"pdlb/lb/admit"
 	"pdlb/lb/config"
 	"pdlb/lb/frontend"
+	"pdlb/lb/kvindex"
 	"pdlb/lb/limits"
 	"pdlb/lb/openai"
 	"pdlb/lb/pool"
@@ -93,8 +94,10 @@ type Gateway struct {
 	// inexactLog spaces the warning for prompts routed without the index
 	// because they could not be tokenized as the engine would.
 	inexactLog spacedLog
-	// kv follows the pods' KV events into the models' prefix indexes.
-	kv *kvFeeds
+	// kv follows the pods' KV events into the models' prefix indexes;
+	// ranked is its kvFeeds.ranked, for requests to read without g.mu.
+	kv     *kvFeeds
+	ranked atomic.Pointer[map[int32]*kvindex.Pod]
 	// stop ends the background loops (ledger janitor, shared ledger).
 	stop context.CancelFunc
 	bg   sync.WaitGroup
@@ -165,6 +168,7 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if g.kv, err = startKVFeeds(snap, nil, log); err != nil {
 		return nil, err
 	}
+	g.ranked.Store(&g.kv.ranked)
 	if cfg.AccessLog != "" {
 		if g.access, err = accesslog.Open(cfg.AccessLog, log); err != nil {
 			g.kv.close(nil)
@@ -296,6 +300,7 @@ func (g *Gateway) reloadLocked(cfg config.Config) error {
 	g.checker = pool.StartChecker(snap, cfg.Health, cfg.Upstream.KeepaliveTimeout, g.log)
 	g.kv.close(kv)
 	g.kv = kv
+	g.ranked.Store(&kv.ranked)
 	// Pods that left keep their connections only as long as requests in
 	// flight use them, and are out of the picks of requests that still
 	// hold prev (a PD decode leg moved, a pick racing the reload): their

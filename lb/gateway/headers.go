@@ -289,6 +289,7 @@ func (g *Gateway) appendUpstream(dst []byte, x *completion) []byte {
 	// The client's lone X-Request-Id, or its first, or one made up, as
 	// requestIDOf settled it: buildUpstream's one.
 	dst = appendHeaderLine(dst, requestID, x.reqID)
+	dst = appendRank(dst, x.pin)
 	dst = tracing.AppendFields(dst, sc)
 	body := ctx.PostBody()
 	dst = append(dst, "Content-Length: "...)
@@ -436,21 +437,23 @@ const (
 	hdrSessionAIBrix
 	hdrRequestID
 	hdrTraceparent
+	hdrDataParallelRank
 	numClientHeaders
 )
 
 var clientHeaderNames = [numClientHeaders][]byte{
-	hdrAuthorization: authorization,
-	hdrAPIKey:        xAPIKey,
-	hdrPriority:      []byte(headerPriority),
-	hdrDebug:         []byte(headerDebug),
-	hdrAdminToken:    []byte(headerAdminToken),
-	hdrProfile:       []byte(route.HeaderConfigProfile),
-	hdrStrategy:      []byte(route.HeaderRoutingStrategy),
-	hdrSession:       []byte(headerSession),
-	hdrSessionAIBrix: []byte(headerSessionAIBrix),
-	hdrRequestID:     requestID,
-	hdrTraceparent:   []byte("traceparent"),
+	hdrAuthorization:    authorization,
+	hdrAPIKey:           xAPIKey,
+	hdrPriority:         []byte(headerPriority),
+	hdrDebug:            []byte(headerDebug),
+	hdrAdminToken:       []byte(headerAdminToken),
+	hdrProfile:          []byte(route.HeaderConfigProfile),
+	hdrStrategy:         []byte(route.HeaderRoutingStrategy),
+	hdrSession:          []byte(headerSession),
+	hdrSessionAIBrix:    []byte(headerSessionAIBrix),
+	hdrRequestID:        requestID,
+	hdrTraceparent:      []byte("traceparent"),
+	hdrDataParallelRank: dataParallelRank,
 }
 
 // clientHeaderLens has bit n set when a name in clientHeaderNames is n

@@ -17,12 +17,18 @@ type kvFeeds struct {
 	feeds []kvFeed
 	// indexers of the models some pod publishes for.
 	indexers map[*pool.Model]*kvindex.Indexer
+	// ranked is a feed of each pod of several data-parallel ranks, by
+	// pool.Pod.ID: any of its ranks' tells which rank holds a prompt
+	// (kvindex.Pod.LongestRank). Never written once published.
+	ranked map[int32]*kvindex.Pod
 }
 
 type kvFeed struct {
 	pod   *pool.Pod
 	model *pool.Model
 	subs  []*protocols.KVSubscriber // one per data-parallel rank
+	// ranks is rank 0's feed of a pod of several ranks, else nil.
+	ranks *kvindex.Pod
 }
 
 // feedCounts are a feed's subscriber counters, added up over its ranks.
@@ -50,7 +56,7 @@ func (f kvFeed) counts() feedCounts {
 // loses its blocks in the index (before its new feed starts). prev may be
 // nil; on error nothing of it is closed.
 func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, error) {
-	k := &kvFeeds{indexers: map[*pool.Model]*kvindex.Indexer{}}
+	k := &kvFeeds{indexers: map[*pool.Model]*kvindex.Indexer{}, ranked: map[int32]*kvindex.Pod{}}
 	kept := map[int32]kvFeed{}
 	if prev != nil {
 		for _, f := range prev.feeds {
@@ -64,7 +70,7 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 			if sameIndex && p.Config.KVEvents != "" && old.model.BlockSize == m.BlockSize &&
 				old.pod.Config.KVEvents == p.Config.KVEvents && old.pod.Config.KVReplay == p.Config.KVReplay &&
 				old.pod.Config.DataParallelSize == p.Config.DataParallelSize {
-				k.feeds = append(k.feeds, kvFeed{pod: p, model: m, subs: old.subs})
+				k.keep(kvFeed{pod: p, model: m, subs: old.subs, ranks: old.ranks})
 				continue
 			}
 			if sameIndex {
@@ -88,7 +94,11 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 			}
 			f := kvFeed{pod: p, model: m}
 			// A subscriber per rank: each numbers its batches, and replays, on its own.
-			for r, rank := range k.indexers[m].Ranks(p.PrefixID, m.Name, p.Config.DataParallelSize) {
+			ranks := k.indexers[m].Ranks(p.PrefixID, m.Name, p.Config.DataParallelSize)
+			if len(ranks) > 1 {
+				f.ranks = ranks[0]
+			}
+			for r, rank := range ranks {
 				sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, r, rank)
 				if err != nil {
 					k.feeds = append(k.feeds, f)
@@ -98,10 +108,18 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 				f.subs = append(f.subs, sub)
 			}
 			log.Info("following KV events", "pod", p.Config.Name, "endpoint", p.Config.KVEvents, "ranks", len(f.subs))
-			k.feeds = append(k.feeds, f)
+			k.keep(f)
 		}
 	}
 	return k, nil
+}
+
+// keep adds f to k's feeds.
+func (k *kvFeeds) keep(f kvFeed) {
+	k.feeds = append(k.feeds, f)
+	if f.ranks != nil {
+		k.ranked[f.pod.ID] = f.ranks
+	}
 }
 
 // close stops the feeds, but those next carries on (or, on a failed

@@ -36,6 +36,10 @@ func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up := fasthttp.AcquireRequest()
 	x.g.buildUpstream(x.ctx, up, x.reqID, pod)
 	up.SetHost(pod.Config.Address)
+	if pin := x.g.rankFor(x, pod); pin.pinned {
+		setRank(up, pin)
+		x.g.metrics.model(x.m).rankPins.Inc()
+	}
 	x.tr.leg(up, pod, pod == x.pd.Pre, x.attempts)
 	return up
 }

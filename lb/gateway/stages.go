@@ -311,6 +311,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 			x.up.SetRequestURIBytes(x.ctx.URI().RequestURI())
 		}
 	}
+	g.pinRank(x)
 	x.tried = append(x.tried, x.pod.ID)
 	x.back = slices.DeleteFunc(x.back, func(id int32) bool { return id == x.pod.ID })
 	if x.up != nil {

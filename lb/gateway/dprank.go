@@ -1,0 +1,89 @@
+package gateway
+
+import (
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"pdlb/engines"
+	"pdlb/lb/config"
+	"pdlb/lb/kvindex"
+	"pdlb/lb/pool"
+)
+
+// headerDataParallelRank names the rank of a pod of several data-parallel
+// ranks that is to serve the request. vLLM (OpenAIServing.
+// _get_data_parallel_rank) and SGLang (extract_routed_dp_rank_from_header)
+// honour it; trtllm-serve has no such header.
+const headerDataParallelRank = "X-Data-Parallel-Rank"
+
+var dataParallelRank = []byte(headerDataParallelRank)
+
+// rankPin is the data-parallel rank a request is sent to on a pod: rank
+// holds blocks of its prompt's blocks, every other rank next at most.
+// The zero value sends no rank.
+type rankPin struct {
+	pinned             bool
+	rank, blocks, next int32
+}
+
+// rankFor is the rank of pod that x's request names: the one holding
+// strictly the longest prefix of x's prompt, on a vLLM or SGLang pod of
+// several ranks whose events the gateway follows, unless the client named
+// one itself or the pod's data_parallel_routing is "engine". A batch of
+// prompts names none: each is a request of its own to the engine.
+func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
+	if pod.Config.DataParallelSize <= 1 || pod.Config.DataParallelRouting == config.DataParallelByEngine ||
+		(pod.Engine != engines.VLLM && pod.Engine != engines.SGLang) ||
+		x.hdr[hdrDataParallelRank] != nil || len(x.keys) == 0 || len(x.chains) > 0 {
+		return rankPin{}
+	}
+	var feed *kvindex.Pod
+	if ranked := g.ranked.Load(); ranked != nil { // nil on a gateway built without New, in tests
+		feed = (*ranked)[pod.ID]
+	}
+	if feed == nil {
+		return rankPin{}
+	}
+	rank, blocks, next := feed.LongestRank(x.keys)
+	if rank < 0 {
+		return rankPin{}
+	}
+	return rankPin{pinned: true, rank: int32(rank), blocks: int32(blocks), next: int32(next)}
+}
+
+// pinRank settles the rank of x's attempt on x.pod, counts it, and sets it
+// on x.up when the attempt has one: x.up serves the later attempts, so a
+// rank an earlier one set goes first.
+func (g *Gateway) pinRank(x *completion) {
+	x.pin = g.rankFor(x, x.pod)
+	if x.pin.pinned {
+		g.metrics.model(x.m).rankPins.Inc()
+	}
+	if x.up == nil {
+		return
+	}
+	if x.rankOnUp {
+		x.up.Header.DelBytes(dataParallelRank)
+		x.rankOnUp = false
+	}
+	if x.pin.pinned {
+		setRank(x.up, x.pin)
+		x.rankOnUp = true
+	}
+}
+
+// setRank adds pin's rank to up, which has none.
+func setRank(up *fasthttp.Request, pin rankPin) {
+	var buf [12]byte
+	up.Header.AddBytesKV(dataParallelRank, strconv.AppendInt(buf[:0], int64(pin.rank), 10))
+}
+
+// appendRank appends pin's rank as a header line, when pinned.
+func appendRank(dst []byte, pin rankPin) []byte {
+	if !pin.pinned {
+		return dst
+	}
+	var buf [12]byte
+	return appendHeaderLine(dst, dataParallelRank, strconv.AppendInt(buf[:0], int64(pin.rank), 10))
+}
