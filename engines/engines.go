@@ -128,7 +128,18 @@ type Load struct {
 	// Throughput is the engine's own generation-throughput gauge (tokens/s),
 	// negative if it has none (the scraper then derives one).
 	Throughput float64
+	// Ranks are Running and Waiting by data-parallel rank, where the
+	// engine exports them apart (vLLM's engine label, SGLang's dp_rank);
+	// nil otherwise.
+	Ranks []RankLoad
 }
+
+// RankLoad is one data-parallel rank's requests.
+type RankLoad struct{ Running, Waiting float64 }
+
+// maxRankLabel bounds the rank labels Load.Ranks takes: a larger value is
+// no rank of a real pod, and would only grow the slice.
+const maxRankLabel = 1 << 10
 
 // metricNames maps an engine's metric names to Load fields. breakdown
 // names a label whose non-empty values mark series that split a total
@@ -136,12 +147,13 @@ type Load struct {
 // to it. replica names a label whose values tell apart ranks that export
 // one group's counts each, the same; groups names the labels that tell
 // the groups apart. Only the lowest replica's series of a group is
-// counted.
+// counted. rank names the label of a series' data-parallel rank.
 type metricNames struct {
 	running, waiting, kvUsage, kvUsageOld, generated, throughput string
 	breakdown                                                    string
 	replica                                                      string
 	groups                                                       [2]string
+	rank                                                         string
 }
 
 var names = map[Kind]metricNames{
@@ -151,6 +163,7 @@ var names = map[Kind]metricNames{
 		kvUsage:    "vllm:kv_cache_usage_perc",
 		kvUsageOld: "vllm:gpu_cache_usage_perc", // before vLLM 0.10
 		generated:  "vllm:generation_tokens_total",
+		rank:       "engine",
 	},
 	SGLang: {
 		running:    "sglang:num_running_reqs",
@@ -169,6 +182,7 @@ var names = map[Kind]metricNames{
 		// DP attention a DP rank's first tp_rank is not 0.
 		replica: "tp_rank",
 		groups:  [2]string{"dp_rank", "pp_rank"},
+		rank:    "dp_rank",
 	},
 }
 
@@ -251,25 +265,34 @@ func ParseMetrics(k Kind, text []byte) (Load, bool) {
 		if n.replica != "" {
 			if rank, err := strconv.Atoi(string(labelValue(labels, n.replica))); err == nil {
 				group := [2]string{string(labelValue(labels, n.groups[0])), string(labelValue(labels, n.groups[1]))}
-				replicas = lowestReplica(replicas, replicaSeries{slot, group, rank, v})
+				replicas = lowestReplica(replicas, replicaSeries{slot, group, rank, rankOf(labelValue(labels, n.rank)), v})
 				continue
 			}
 		}
-		sum.add(slot, v)
+		sum.add(slot, v, rankOf(labelValue(labels, n.rank)))
 	}
 	for _, r := range replicas {
-		sum.add(r.slot, r.v)
+		sum.add(r.slot, r.v, r.dpRank)
 	}
 	return sum.load()
+}
+
+// rankOf is the data-parallel rank a label's value names, -1 for none.
+func rankOf(v []byte) int {
+	if r, err := strconv.Atoi(string(v)); err == nil && r >= 0 && r < maxRankLabel {
+		return r
+	}
+	return -1
 }
 
 // replicaSeries is the series of one metric and group that ParseMetrics
 // counts: the lowest replica's seen so far.
 type replicaSeries struct {
-	slot  metricSlot
-	group [2]string // the values of metricNames.groups
-	rank  int
-	v     float64
+	slot   metricSlot
+	group  [2]string // the values of metricNames.groups
+	rank   int
+	dpRank int // rankOf its rank label
+	v      float64
 }
 
 // lowestReplica keeps s in kept unless a series of its metric and group
@@ -294,13 +317,20 @@ type loadSum struct {
 	kvOldSum              float64
 }
 
-func (s *loadSum) add(slot metricSlot, v float64) {
+// add counts series v of slot, of data-parallel rank (-1: none).
+func (s *loadSum) add(slot metricSlot, v float64, rank int) {
 	switch slot {
 	case slotRunning:
 		s.l.Running += v
+		if r := s.rank(rank); r != nil {
+			r.Running += v
+		}
 		s.ok = true
 	case slotWaiting:
 		s.l.Waiting += v
+		if r := s.rank(rank); r != nil {
+			r.Waiting += v
+		}
 		s.ok = true
 	case slotKVUsage:
 		s.l.KVUsage += v
@@ -323,6 +353,17 @@ func (s *loadSum) add(slot metricSlot, v float64) {
 		}
 		s.l.Throughput += v
 	}
+}
+
+// rank is the RankLoad of rank, grown to it; nil for -1.
+func (s *loadSum) rank(rank int) *RankLoad {
+	if rank < 0 {
+		return nil
+	}
+	if rank >= len(s.l.Ranks) {
+		s.l.Ranks = append(s.l.Ranks, make([]RankLoad, rank+1-len(s.l.Ranks))...)
+	}
+	return &s.l.Ranks[rank]
 }
 
 // load is the Load the series added up to, and whether any load metric

@@ -1,12 +1,15 @@
 package engines
 
-import "testing"
+import (
+	"reflect"
+	"testing"
+)
 
 func TestParseMetrics(t *testing.T) {
 	f := func(k Kind, text string, want Load, wantOK bool) {
 		t.Helper()
 		got, ok := ParseMetrics(k, []byte(text))
-		if ok != wantOK || got != want {
+		if ok != wantOK || !reflect.DeepEqual(got, want) {
 			t.Fatalf("ParseMetrics(%s) = %+v, %v; want %+v, %v", k, got, ok, want, wantOK)
 		}
 	}
@@ -17,7 +20,7 @@ vllm:num_requests_running{engine="1",model_name="m"} 2.0
 vllm:num_requests_waiting{model_name="m"} 7
 vllm:kv_cache_usage_perc{model_name="m"} 0.25
 vllm:generation_tokens_total{model_name="m"} 1234
-`, Load{Running: 5, Waiting: 7, KVUsage: 0.25, GeneratedTokens: 1234, Throughput: -1}, true)
+`, Load{Running: 5, Waiting: 7, KVUsage: 0.25, GeneratedTokens: 1234, Throughput: -1, Ranks: []RankLoad{{Running: 3}, {Running: 2}}}, true)
 	f(VLLM, "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\n", Load{KVUsage: 0.5, GeneratedTokens: -1, Throughput: -1}, true)
 	// A data-parallel pod exports one series per engine, each the fraction
 	// of that engine's own KV cache: the pod's use is their mean.
@@ -45,7 +48,7 @@ sglang:num_queue_reqs{model_name="m",priority="",dp_rank="0"} 2
 sglang:num_queue_reqs{model_name="m",priority="7",dp_rank="0"} 2
 sglang:num_queue_reqs{model_name="m",priority="",dp_rank="1"} 1
 sglang:num_queue_reqs{model_name="m",dp_rank="1",priority="7"} 1
-`, Load{Running: 4, Waiting: 3, GeneratedTokens: -1, Throughput: -1}, true)
+`, Load{Running: 4, Waiting: 3, GeneratedTokens: -1, Throughput: -1, Ranks: []RankLoad{{Waiting: 2}, {Waiting: 1}}}, true)
 	// With --enable-metrics-for-all-schedulers every tensor-parallel rank
 	// of a data-parallel rank exports that rank's counts again under its
 	// own tp_rank (and moe_ep_rank): each is counted once, as its lowest
@@ -71,12 +74,12 @@ sglang:gen_throughput{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 100
 sglang:gen_throughput{dp_rank="0",model_name="m",pp_rank="0",tp_rank="1"} 100
 sglang:gen_throughput{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 50
 sglang:gen_throughput{dp_rank="1",model_name="m",pp_rank="0",tp_rank="3"} 50
-`, Load{Running: 8, KVUsage: 0.375, GeneratedTokens: -1, Throughput: 150}, true)
+`, Load{Running: 8, KVUsage: 0.375, GeneratedTokens: -1, Throughput: 150, Ranks: []RankLoad{{Running: 3}, {Running: 5}}}, true)
 	// Without the flag only each DP rank's first attention rank exports:
 	// under DP attention its tp_rank is not 0.
 	f(SGLang, `sglang:num_running_reqs{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 3.0
 sglang:num_running_reqs{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 5.0
-`, Load{Running: 8, GeneratedTokens: -1, Throughput: -1}, true)
+`, Load{Running: 8, GeneratedTokens: -1, Throughput: -1, Ranks: []RankLoad{{Running: 3}, {Running: 5}}}, true)
 	f(VLLM, "garbage\n{\nvllm:num_requests_running notanumber\n", Load{GeneratedTokens: -1, Throughput: -1}, false)
 	f(TRTLLM, `[{"iter":1}]`, Load{}, false)
 }
