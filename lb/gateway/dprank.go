@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -21,17 +22,41 @@ var dataParallelRank = []byte(headerDataParallelRank)
 
 // rankPin is the data-parallel rank a request is sent to on a pod: rank
 // holds blocks of its prompt's blocks, every other rank next at most.
-// The zero value sends no rank.
+// The zero value sends no rank; busy says rank was too busy to be sent
+// the request (rankBusy), which then names none.
 type rankPin struct {
-	pinned             bool
+	pinned, busy       bool
 	rank, blocks, next int32
+}
+
+// rankBusyFactor: a rank with requests waiting and more than this many
+// times the requests (waiting and running) of its pod's least busy other
+// rank is too busy to be named. A queued request waits for a batch slot
+// there, where a rank with room starts it at once and the prefix is one
+// prefill to recompute.
+const rankBusyFactor = 2
+
+// rankBusy says rank r of ranks (a pod's last scrape) is too busy to be
+// named; false when the scrape has no count of r.
+func rankBusy(ranks []engines.RankLoad, r int) bool {
+	if r >= len(ranks) || ranks[r].Waiting == 0 {
+		return false
+	}
+	least := math.Inf(1)
+	for o, l := range ranks {
+		if o != r {
+			least = min(least, l.Running+l.Waiting)
+		}
+	}
+	return ranks[r].Running+ranks[r].Waiting > rankBusyFactor*least
 }
 
 // rankFor is the rank of pod that x's request names: the one holding
 // strictly the longest prefix of x's prompt, on a vLLM or SGLang pod of
 // several ranks whose events the gateway follows, unless the client named
-// one itself or the pod's data_parallel_routing is "engine". A batch of
-// prompts names none: each is a request of its own to the engine.
+// one itself or the pod's data_parallel_routing is "engine", or the rank
+// is busy (rankBusy). A batch of prompts names none: each is a request of
+// its own to the engine.
 func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
 	if pod.Config.DataParallelSize <= 1 || pod.Config.DataParallelRouting == config.DataParallelByEngine ||
 		(pod.Engine != engines.VLLM && pod.Engine != engines.SGLang) ||
@@ -49,7 +74,11 @@ func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
 	if rank < 0 {
 		return rankPin{}
 	}
-	return rankPin{pinned: true, rank: int32(rank), blocks: int32(blocks), next: int32(next)}
+	pin := rankPin{pinned: true, rank: int32(rank), blocks: int32(blocks), next: int32(next)}
+	if sc := pod.Scraped(); sc != nil && rankBusy(sc.Ranks, rank) {
+		pin.pinned, pin.busy = false, true
+	}
+	return pin
 }
 
 // pinRank settles the rank of x's attempt on x.pod, counts it, and sets it

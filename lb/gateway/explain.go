@@ -146,17 +146,19 @@ type explanation struct {
 	// PredictedTTFT is the chosen placement's (seconds).
 	PredictedTTFT float64 `json:"predicted_ttft_s"`
 	// Rank is the data-parallel rank of the pod (the prefill pod) the
-	// request names, when it names one (rankFor).
+	// request names, when it names one or its rank was busy (rankFor).
 	Rank       *rankView       `json:"data_parallel_rank,omitempty"`
 	Candidates []candidateView `json:"candidates"`
 }
 
 // rankView is the rank a request names and why: it holds CachedTokens of
-// the prompt, every other rank of its pod OthersTokens at most.
+// the prompt, every other rank of its pod OthersTokens at most. Busy: the
+// rank was too busy (rankBusy), and the request names none.
 type rankView struct {
-	Rank         int `json:"rank"`
-	CachedTokens int `json:"cached_tokens"`
-	OthersTokens int `json:"others_cached_tokens"`
+	Rank         int  `json:"rank"`
+	CachedTokens int  `json:"cached_tokens"`
+	OthersTokens int  `json:"others_cached_tokens"`
+	Busy         bool `json:"busy,omitempty"`
 }
 
 // candidateView is one pod of a decision.
@@ -218,9 +220,9 @@ func (g *Gateway) explainPick(x *completion) *explanation {
 	if x.pd != nil {
 		pre, _ = placedPD(x)
 	}
-	if pin := g.rankFor(x, pre); pin.pinned {
+	if pin := g.rankFor(x, pre); pin.pinned || pin.busy {
 		bs := x.m.BlockSize
-		e.Rank = &rankView{Rank: int(pin.rank), CachedTokens: int(pin.blocks) * bs, OthersTokens: int(pin.next) * bs}
+		e.Rank = &rankView{Rank: int(pin.rank), CachedTokens: int(pin.blocks) * bs, OthersTokens: int(pin.next) * bs, Busy: pin.busy}
 	}
 	if x.pd != nil {
 		g.explainPD(x, e, view, uncached)
