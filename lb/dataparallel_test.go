@@ -161,49 +161,63 @@ func TestDataParallelRankFollowsPrefix(t *testing.T) {
 	}
 }
 
+// TestDataParallelRankNamed: a request names the rank holding its prefix,
+// which its explanation shows; a client's own X-Data-Parallel-Rank goes
+// to the pod as sent and decides.
+func TestDataParallelRankNamed(t *testing.T) {
+	dp, s := rankedPod(t, engines.VLLM, config.DataParallelByPrefix)
+	rankPrompts := func(rank int) float64 {
+		return adminMetric(t, dp.Addr(), fmt.Sprintf(`vllm:prompt_tokens_total{model_name="m",engine="%d"}`, rank))
+	}
+	turn := func(ids []int, wantRank int, headers ...string) *http.Response {
+		t.Helper()
+		before, events := rankPrompts(wantRank), kvEventsReceived(t, s, "dp")
+		resp, b := send(t, client, s, http.MethodPost, "/v1/completions", completionOfIDs(ids),
+			append([]string{"Content-Type", "application/json"}, headers...)...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		if got := rankPrompts(wantRank) - before; got != float64(len(ids)) {
+			t.Fatalf("rank %d got %g prompt tokens, want the request's %d", wantRank, got, len(ids))
+		}
+		testwait.For(t, "the request's KV events", func() bool { return kvEventsReceived(t, s, "dp") > events })
+		return resp
+	}
+	prompt := tokenIDs(7000, 128)
+	turn(prompt, 1, "X-Data-Parallel-Rank", "1")
+	if n := metricValue(t, s, "pdlb_data_parallel_rank_pins_total"); n != 0 {
+		t.Fatalf("%g requests named a rank; the client named its own", n)
+	}
+
+	resp := turn(append(prompt, tokenIDs(9000, 64)...), 1, "x-pdlb-debug", "explain")
+	var e struct {
+		Rank *struct {
+			Rank         int `json:"rank"`
+			CachedTokens int `json:"cached_tokens"`
+			OthersTokens int `json:"others_cached_tokens"`
+		} `json:"data_parallel_rank"`
+	}
+	if err := json.Unmarshal([]byte(resp.Header.Get("x-pdlb-explain")), &e); err != nil || e.Rank == nil ||
+		e.Rank.Rank != 1 || e.Rank.CachedTokens != len(prompt) || e.Rank.OthersTokens != 0 {
+		t.Fatalf("explained %s (%v); want rank 1 holding %d tokens, the others none", resp.Header.Get("x-pdlb-explain"), err, len(prompt))
+	}
+	if n := metricValue(t, s, "pdlb_data_parallel_rank_pins_total"); n != 1 {
+		t.Fatalf("%g requests named a rank, want 1", n)
+	}
+
+	turn(append(prompt, tokenIDs(11000, 64)...), 0, "X-Data-Parallel-Rank", "0")
+	if n := metricValue(t, s, "pdlb_data_parallel_rank_pins_total"); n != 1 {
+		t.Fatalf("%g requests named a rank, want 1: the client named its own", n)
+	}
+}
+
 // conversationHitRate runs conversations through a gateway over one pod of
 // engine with two data-parallel ranks routed as routing says, and returns
 // the pod's prefix-cache hit rate over them (its hits metric's growth
 // over its queries') and the requests the gateway sent to a rank it named.
 func conversationHitRate(t *testing.T, via *http.Client, engine engines.Kind, routing, hitsMetric, queriesMetric string) (rate, pins float64) {
 	t.Helper()
-	pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pubs {
-		t.Cleanup(func() { p.Close() })
-	}
-	dp, err := sim.Start(sim.Config{Name: "dp", Model: "m", Engine: engine, Listen: "127.0.0.1:0", Speedup: 100, DataParallelSize: 2,
-		KVEvents: pubs[0], RankKVEvents: []sim.KVEventSink{pubs[1]}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dp.Close() })
-	s := testGateway(t, []config.Pod{{Name: "dp", Model: "m", Engine: string(engine), Address: dp.Addr(),
-		KVEvents: pubs[0].Endpoint(), KVReplay: pubs[0].ReplayEndpoint(), DataParallelSize: 2, DataParallelRouting: routing}},
-		func(c *config.Config) { c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}} })
-
-	// Both ranks' feeds follow before the conversations start: a prompt
-	// sent straight to each rank is in the index.
-	for rank := range 2 {
-		ids := tokenIDs(100_000+1000*rank, 64)
-		req, _ := http.NewRequest("POST", "http://"+dp.Addr()+"/v1/completions", strings.NewReader(completionOfIDs(ids)))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		testwait.For(t, fmt.Sprintf("rank %d's blocks in the index", rank), func() bool {
-			for _, p := range pubs {
-				p.BlockRemoved([]uint64{1}) // a batch: a late subscriber catches up
-			}
-			time.Sleep(10 * time.Millisecond)
-			return indexMatch(t, s, "m", ids)["dp"] == len(ids)
-		})
-	}
+	dp, s := rankedPod(t, engine, routing)
 	hits0, queries0 := adminMetric(t, dp.Addr(), hitsMetric), adminMetric(t, dp.Addr(), queriesMetric)
 
 	// Four conversations of five turns, taken in an order drawn from a
@@ -230,6 +244,53 @@ func conversationHitRate(t *testing.T, via *http.Client, engine engines.Kind, ro
 	}
 	queries := adminMetric(t, dp.Addr(), queriesMetric) - queries0
 	return (adminMetric(t, dp.Addr(), hitsMetric) - hits0) / queries, metricValue(t, s, "pdlb_data_parallel_rank_pins_total")
+}
+
+// rankedPod starts a gateway over one sim pod of engine with two
+// data-parallel ranks, whose KV events it follows, routed among its ranks
+// as routing says; both ranks' feeds follow when it returns.
+func rankedPod(t *testing.T, engine engines.Kind, routing string) (*sim.Pod, *lb.Server) {
+	t.Helper()
+	pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pubs {
+		t.Cleanup(func() { p.Close() })
+	}
+	dp, err := sim.Start(sim.Config{Name: "dp", Model: "m", Engine: engine, Listen: "127.0.0.1:0", Speedup: 100, DataParallelSize: 2,
+		KVEvents: pubs[0], RankKVEvents: []sim.KVEventSink{pubs[1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	s := testGateway(t, []config.Pod{{Name: "dp", Model: "m", Engine: string(engine), Address: dp.Addr(),
+		KVEvents: pubs[0].Endpoint(), KVReplay: pubs[0].ReplayEndpoint(), DataParallelSize: 2, DataParallelRouting: routing}},
+		func(c *config.Config) {
+			c.Tracing.Explain = true // no token needed
+			c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}}
+		})
+
+	// A prompt sent straight to each rank is in the index.
+	for rank := range 2 {
+		ids := tokenIDs(100_000+1000*rank, 64)
+		req, _ := http.NewRequest("POST", "http://"+dp.Addr()+"/v1/completions", strings.NewReader(completionOfIDs(ids)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		testwait.For(t, fmt.Sprintf("rank %d's blocks in the index", rank), func() bool {
+			for _, p := range pubs {
+				p.BlockRemoved([]uint64{1}) // a batch: a late subscriber catches up
+			}
+			time.Sleep(10 * time.Millisecond)
+			return indexMatch(t, s, "m", ids)["dp"] == len(ids)
+		})
+	}
+	return dp, s
 }
 
 // kvEventsReceived is the events the gateway's feeds of pod received, all
