@@ -317,3 +317,55 @@ func kvEventsReceived(t *testing.T, s *lb.Server, pod string) uint64 {
 	}
 	return 0
 }
+
+// TestDataParallelPrefillRank: a prefill/decode pair whose prefill pod
+// runs two ranks. On vLLM the prefill leg names the rank holding its
+// prefix (the decode pulls the KV from the engine its kv_transfer_params
+// name, whichever rank that is). On SGLang it names none: the decode side
+// fetches from the prefill rank of the leg's bootstrap room, where the
+// prefill side sends a leg naming no rank.
+func TestDataParallelPrefillRank(t *testing.T) {
+	for _, e := range pdEngines[:2] {
+		t.Run(e.name, func(t *testing.T) {
+			pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range pubs {
+				t.Cleanup(func() { p.Close() })
+			}
+			pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) {
+				c.DataParallelSize, c.KVEvents, c.RankKVEvents = 2, pubs[0], []sim.KVEventSink{pubs[1]}
+			})
+			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+			prePod := pdPod(pre, pre.Addr(), "rs0")
+			prePod.KVEvents, prePod.KVReplay, prePod.DataParallelSize = pubs[0].Endpoint(), pubs[0].ReplayEndpoint(), 2
+			s := pdGateway(t, e, []config.Pod{prePod, pdPod(dec, dec.Addr(), "rs0")}, nil)
+
+			// Both ranks' feeds follow once they got every batch sent (a
+			// late subscriber catches up at its rank's next one).
+			sent := uint64(0)
+			testwait.For(t, "both ranks' feeds", func() bool {
+				for _, p := range pubs {
+					p.BlockRemoved([]uint64{1})
+				}
+				sent += 2
+				time.Sleep(10 * time.Millisecond)
+				return kvEventsReceived(t, s, "pre") == sent
+			})
+			prompt := tokenIDs(7000, 256)
+			for i, ids := range [][]int{prompt, append(prompt, tokenIDs(9000, 64)...)} {
+				events := kvEventsReceived(t, s, "pre")
+				resp, b := post(t, s, "/v1/completions", completionOfIDs(ids))
+				if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-prefill-pod") != "pre" {
+					t.Fatalf("request %d: %d, prefill on %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), b)
+				}
+				testwait.For(t, "the prefill's KV events", func() bool { return kvEventsReceived(t, s, "pre") > events })
+			}
+			want := map[engines.Kind]float64{engines.VLLM: 1, engines.SGLang: 0}[e.engine]
+			if n := metricValue(t, s, "pdlb_data_parallel_rank_pins_total"); n != want {
+				t.Fatalf("%g requests named a rank, want %g", n, want)
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"pdlb/lb/config"
 	"pdlb/lb/kvindex"
 	"pdlb/lb/pool"
+	"pdlb/lb/route"
 )
 
 // headerDataParallelRank names the rank of a pod of several data-parallel
@@ -55,12 +56,13 @@ func rankBusy(ranks []engines.RankLoad, r int) bool {
 // strictly the longest prefix of x's prompt, on a vLLM or SGLang pod of
 // several ranks whose events the gateway follows, unless the client named
 // one itself or the pod's data_parallel_routing is "engine", or the rank
-// is busy (rankBusy). A batch of prompts names none: each is a request of
-// its own to the engine.
+// is busy (rankBusy), or on an SGLang prefill/decode pair (sglangPairLeg).
+// A batch of prompts names none: each is a request of its own to the
+// engine.
 func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
 	if pod.Config.DataParallelSize <= 1 || pod.Config.DataParallelRouting == config.DataParallelByEngine ||
 		(pod.Engine != engines.VLLM && pod.Engine != engines.SGLang) ||
-		x.hdr[hdrDataParallelRank] != nil || len(x.keys) == 0 || len(x.chains) > 0 {
+		x.hdr[hdrDataParallelRank] != nil || len(x.keys) == 0 || len(x.chains) > 0 || sglangPairLeg(x, pod) {
 		return rankPin{}
 	}
 	var feed *kvindex.Pod
@@ -79,6 +81,16 @@ func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
 		pin.pinned, pin.busy = false, true
 	}
 	return pin
+}
+
+// sglangPairLeg says pod is SGLang and serves a leg of x's prefill/decode
+// pair. Its decode side fetches the KV from the prefill rank
+// bootstrap_room % the prefill's ranks (the KV receivers of
+// sglang/srt/disaggregation), where its prefill side sends a leg naming
+// no rank: a prefill leg named another rank would leave the KV where the
+// decode never looks.
+func sglangPairLeg(x *completion, pod *pool.Pod) bool {
+	return pod.Engine == engines.SGLang && x.pd != nil && x.pd.Decision.Kind == route.PDPair
 }
 
 // pinRank settles the rank of x's attempt on x.pod, counts it, and sets it
