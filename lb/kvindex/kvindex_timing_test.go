@@ -153,3 +153,29 @@ func benchEviction(b *testing.B, blocks int, joined bool) {
 		b.Fatalf("%d blocks left", p.Blocks())
 	}
 }
+
+// BenchmarkLongestRank is the gateway's question for a request to a pod
+// of 8 ranks: a prompt of 256 blocks (4k tokens), rank 3 holding all of
+// it, the others the first half.
+func BenchmarkLongestRank(b *testing.B) {
+	ranks := newIndexer(b, nopIndex{}, Config{}).Ranks(0, model, 8)
+	toks := prompt(256*radix.DefaultBlockSize, 1)
+	hashes := make([]uint64, 256)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	for r, feed := range ranks {
+		n := 128
+		if r == 3 {
+			n = 256
+		}
+		feed.BlockStored(0, false, hashes[:n], toks[:n*radix.DefaultBlockSize], radix.DefaultBlockSize, engines.ExtraKeys{})
+	}
+	keys := radix.AppendBlockKeys(nil, radix.Seed(model), toks, radix.DefaultBlockSize)
+	b.ReportAllocs()
+	for b.Loop() {
+		if r, n, _ := ranks[0].LongestRank(keys); r != 3 || n != 256 {
+			b.Fatalf("LongestRank = rank %d, %d blocks", r, n)
+		}
+	}
+}
