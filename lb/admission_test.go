@@ -161,6 +161,12 @@ func TestDeferredRepickWaitsForTheAdapter(t *testing.T) {
 					listed.Add(1)
 				}
 			}
+			// A pod answers once it has the body, maybe before the proxy
+			// has read its end: half duplex, net/http would close the body
+			// at the answer's head, and the proxy drop the connection.
+			if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+				t.Error(err)
+			}
 			proxy.ServeHTTP(w, r)
 		}))
 		t.Cleanup(f.Close)
