@@ -820,3 +820,44 @@ func TestResponsesSeekOnePodDown(t *testing.T) {
 		t.Errorf("follow-up: %d %s", resp.StatusCode, b)
 	}
 }
+
+// TestResponsesStoredCallsBounded: a retrieval, cancel, delete or
+// input_items call is a look-up a pod answers at once, so a pod that
+// takes the connection and never answers holds it for
+// upstream.response_timeout, not for whole_response_timeout (sized for a
+// whole generation): the search moves past that pod to the one holding
+// the response, and one no other pod holds gets 503 naming it.
+func TestResponsesStoredCallsBounded(t *testing.T) {
+	calls := []struct{ method, sub string }{
+		{http.MethodGet, ""}, {http.MethodPost, "/cancel"}, {http.MethodGet, "/input_items"}, {http.MethodDelete, ""},
+	}
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			p := &responsesPod{stored: map[string]bool{}}
+			for i := range 2 * len(calls) {
+				p.stored[fmt.Sprint("resp_on_p_", i)] = true
+			}
+			s := testGateway(t, []config.Pod{
+				{Name: "p", Model: "m", Address: fakePod(t, p.serve)},
+				{Name: "hung", Model: "m", Address: fakePod(t, hungPod)},
+			}, func(c *config.Config) {
+				c.Frontend = fe
+				c.Health.Interval = time.Hour
+				c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = 200*time.Millisecond, time.Hour
+				c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
+			})
+			// A new id each time: each call is a search, which round
+			// robin begins on either pod.
+			for i := range 2 * len(calls) {
+				c := calls[i%len(calls)]
+				resp, b := send(t, client, s, c.method, fmt.Sprint("/v1/responses/resp_on_p_", i, c.sub), "")
+				if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "p" {
+					t.Errorf("%s %s of resp_on_p_%d: %d on %q: %s", c.method, c.sub, i, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+				}
+			}
+			if resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_none", ""); resp.StatusCode != 503 || !strings.Contains(b, "pod `hung`") {
+				t.Errorf("a response no pod answered for: %d %s", resp.StatusCode, b)
+			}
+		})
+	}
+}

@@ -177,12 +177,15 @@ type Upstream struct {
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// ResponseTimeout bounds the wait for a stream's first event, its
 	// time to first token (default 60s): engines send its headers at
-	// once, before the prefill. Past it the client gets 504.
+	// once, before the prefill. Past it the client gets 504. It bounds
+	// the whole answer of a call about a stored response (retrieve,
+	// cancel, delete, input_items), a look-up engines answer at once.
 	ResponseTimeout time.Duration `yaml:"response_timeout"`
 	// WholeResponseTimeout bounds the wait for a non-streaming answer
-	// (default 10m). Engines send it only when the whole generation is
-	// done, so it must cover the longest max_tokens at the slowest decode:
-	// 4,000 tokens at 20 per second take 200 s.
+	// (default 10m), but a stored response's (ResponseTimeout). Engines
+	// send it only when the whole generation is done, so it must cover
+	// the longest max_tokens at the slowest decode: 4,000 tokens at 20
+	// per second take 200 s.
 	WholeResponseTimeout time.Duration `yaml:"whole_response_timeout"`
 	// MaxResponseBytes caps a non-streaming answer, which the gateway reads
 	// whole before it answers (default 64 MiB; a streamed one is relayed as

@@ -126,7 +126,7 @@ func (g *Gateway) leaveRetry(x *completion) {
 // request in it, a sequence of its own, in rounds of at most
 // plan.decode_max_batch sequences (the rest wait).
 func (g *Gateway) firstByteWithin(x *completion, pre, dec *pool.Pod) (within time.Duration, hedged bool) {
-	fb, limit := g.cfg.Upstream.Retry.FirstByte, g.responseTimeout(x.req.Stream)
+	fb, limit := g.cfg.Upstream.Retry.FirstByte, g.answerTimeout(x)
 	budget := x.req.OutputBudget()
 	if fb.Factor <= 0 || (!x.req.Stream && budget <= 0) || !g.mayHedge(x) {
 		return limit, false
@@ -155,7 +155,7 @@ func (g *Gateway) giveUp(x *completion) bool {
 	if g.mayHedge(x) && g.takeRetry(x, false) {
 		return true
 	}
-	x.within, x.hedged = g.responseTimeout(x.req.Stream), false
+	x.within, x.hedged = g.answerTimeout(x), false
 	return false
 }
 

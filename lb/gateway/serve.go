@@ -304,6 +304,15 @@ func (g *Gateway) responseTimeout(stream bool) time.Duration {
 	return g.cfg.Upstream.WholeResponseTimeout
 }
 
+// answerTimeout is responseTimeout for x's attempt. A call about a stored
+// response (retrieve, cancel, delete, input_items) is a look-up a pod
+// answers at once, however it is read: one held past response_timeout
+// is a pod that will not answer (a search moves past it), not a
+// generation still running.
+func (g *Gateway) answerTimeout(x *completion) time.Duration {
+	return g.responseTimeout(x.req.Stream || x.req.Kind == openai.KindStored)
+}
+
 // resolve resolves x's profile and strategy on m: a registry policy named
 // by the header is left in x.policy for the combined path, the cascade of a
 // "pd" strategy in x.cascade. Bad headers are answered, and resolve reports

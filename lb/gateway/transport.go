@@ -37,7 +37,7 @@ type loopTransport struct{ l *frontend.Loop }
 
 func (t loopTransport) send(x *completion) {
 	g, u := x.g, &x.g.cfg.Upstream
-	to := frontend.Upstream{Addr: x.pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: g.responseTimeout(x.req.Stream),
+	to := frontend.Upstream{Addr: x.pod.Config.Address, DialTimeout: u.ConnectTimeout, Timeout: g.answerTimeout(x),
 		Keepalive: u.KeepaliveTimeout, MaxConns: u.MaxConnsPerPod, MaxBody: u.MaxResponseBytes, FirstByte: x.within, Down: &x.pod.DownAt, Head: &x.head}
 	var req frontend.Request = x
 	if x.up != nil {
@@ -70,7 +70,7 @@ func (workerTransport) send(x *completion) {
 	// A stream's first body bytes are due with its head (within), and
 	// its relay begins with them. A hedged attempt's are due by the
 	// response timeout, unless giveUp cuts it at within (x.hedge).
-	deadline := now.Add(x.g.responseTimeout(x.req.Stream))
+	deadline := now.Add(x.g.answerTimeout(x))
 	headBy, hedge := now.Add(x.within), upstream.Cut(nil)
 	if x.hedged {
 		x.hedge.x, x.hedge.fired = x, false
