@@ -574,9 +574,11 @@ func TestResponsesSeekEnds(t *testing.T) {
 	}
 }
 
-// TestResponsesSeekBudget: a pod's failure in the middle of a search is
-// retried within the retry budget, as any other; the search's own steps
-// skipped the budget wait for the failure's retry too.
+// TestResponsesSeekBudget: a pod's failure in the middle of a search
+// takes no place in the retry budget: asking the next pod is the search,
+// which asks each pod once whatever failed, so with the budget shut every
+// search still asks them all and ends in 503 naming the failed pod (not
+// its 502, nor a 404), and the budget refused nothing.
 func TestResponsesSeekBudget(t *testing.T) {
 	for _, fe := range []string{"gnet", "fasthttp"} {
 		t.Run(fe, func(t *testing.T) {
@@ -592,13 +594,14 @@ func TestResponsesSeekBudget(t *testing.T) {
 				c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
 				c.Upstream.Retry.Budget = config.RetryBudget{Percent: 1, MinRetries: 0}
 			})
-			statuses := map[int]int{}
-			for range 8 {
-				resp, _ := send(t, client, s, http.MethodGet, "/v1/responses/resp_none", "")
-				statuses[resp.StatusCode]++
+			for i := range 8 {
+				resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_none", "")
+				if resp.StatusCode != 503 || !strings.Contains(b, "pod `bad`") {
+					t.Errorf("search %d, the retry budget shut: %d %s", i, resp.StatusCode, b)
+				}
 			}
-			if statuses[502] != 8 {
-				t.Errorf("the retry budget shut, yet %v: a search's retry went on outside it", statuses)
+			if n := metricValue(t, s, "pdlb_upstream_retry_budget_exhausted_total"); n != 0 {
+				t.Errorf("pdlb_upstream_retry_budget_exhausted_total %v: a search's step went to the budget", n)
 			}
 		})
 	}
@@ -734,11 +737,13 @@ func TestResponsesStreamEnds(t *testing.T) {
 
 // TestResponsesSeekPodFails: a pod that fails during the search for a
 // stored response the gateway does not know (a reset, a refused
-// connection, a hang, a 503 that upstream.retry_on lists) may hold it: when every other pod answers 404 the
-// client gets 503 naming that pod, not a 404 that says the response does
-// not exist; when another pod holds it, 200 from there. The access log
-// lists each pod the search moved on from, the failed one with its
-// failure, and names no pod as the 503's.
+// connection, a hang, a 503) may hold it: when every other pod answers
+// 404 the client gets 503 naming that pod, not a 404 that says the
+// response does not exist; when another pod holds it, 200 from there.
+// Asking the next pod is the search, not a retry: with retries 0 and
+// retry_on none, a failure early in it still leaves every pod asked. The
+// access log lists each pod the search moved on from, the failed one
+// with its failure, and names no pod as the 503's.
 func TestResponsesSeekPodFails(t *testing.T) {
 	for _, bad := range []struct {
 		name string
@@ -767,7 +772,7 @@ func TestResponsesSeekPodFails(t *testing.T) {
 					c.Health.Interval = time.Hour
 					c.Upstream.ResponseTimeout, c.Upstream.WholeResponseTimeout = 200*time.Millisecond, 200*time.Millisecond
 					c.Models = []config.Model{{Name: "m", Policy: "round_robin"}}
-					c.Upstream.Retry.On = append(c.Upstream.Retry.On, config.RetryOn503)
+					c.Upstream.Retries, c.Upstream.Retry.On = 0, []string{config.RetryOnNone}
 				})
 				for i := range 4 {
 					for _, r := range []struct{ method, path, body string }{
@@ -806,14 +811,14 @@ func TestResponsesSeekPodFails(t *testing.T) {
 }
 
 // TestResponsesSeekOnePodDown: an unknown stored response on a model whose
-// one pod is down is not reported gone: 502 while the pod refuses the
-// connection, 503 once it is known down, never vLLM's 404.
+// one pod is down is not reported gone: 503 while the pod refuses the
+// connection (naming it) and once it is known down, never vLLM's 404.
 func TestResponsesSeekOnePodDown(t *testing.T) {
 	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: deadAddr(t)}}, func(c *config.Config) { c.Health.Interval = time.Hour })
-	for i, want := range []int{502, 503} {
+	for i := range 2 {
 		resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_x", "")
-		if resp.StatusCode != want || strings.Contains(b, "not found") {
-			t.Errorf("retrieval %d: %d %s, want %d", i, resp.StatusCode, b, want)
+		if resp.StatusCode != 503 || strings.Contains(b, "not found") || (i == 0 && !strings.Contains(b, "pod `a`")) {
+			t.Errorf("retrieval %d: %d %s, want 503", i, resp.StatusCode, b)
 		}
 	}
 	if resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_x"}`); resp.StatusCode != 503 || strings.Contains(b, "not found") {

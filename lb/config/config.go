@@ -196,7 +196,8 @@ type Upstream struct {
 	// stream (default 120s); past it the stream is cut with an error event.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Retries is how many other pods a request may be retried on after a
-	// failure retry_on lists (default 1).
+	// failure retry_on lists (default 1). The search for a stored
+	// response asks each pod once whatever it says: no retry.
 	Retries int `yaml:"retries"`
 	// MaxConnsPerPod caps the keep-alive pool to one pod (default 1024).
 	MaxConnsPerPod int `yaml:"max_conns_per_pod"`

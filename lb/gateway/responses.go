@@ -283,17 +283,9 @@ func (g *Gateway) nameResponse(ctx *fasthttp.RequestCtx, x *completion) {
 // to the model's next pod after its pod answered 404, as vLLM answers for
 // a response it does not hold (before any engine work); false leaves the
 // answer to be relayed: x names none, or every pod said it holds none.
-// Each pod is asked once, and the search spends no retry; once no pod is
-// left to ask, the pick answers unsought.
 func (g *Gateway) seekStored(x *completion) bool {
-	m := x.m
-	if s := g.pool.Load(); s != x.snap {
-		// The search goes on among the model's pods as they are now (follow).
-		if m = x.modelIn(s); m == nil {
-			return false
-		}
-	}
-	if x.home.pod != "" || storedIDOf(x.ctx, x) == nil {
+	m := g.seeks(x)
+	if m == nil {
 		return false
 	}
 	if n, _ := unasked(x, m, x.pod); n == 0 {
@@ -302,13 +294,47 @@ func (g *Gateway) seekStored(x *completion) bool {
 	_ = x.resp.CloseBodyStream()
 	x.resp.Reset()
 	g.unplace(x, x.pod)
-	x.downMoves++ // as a move off a dead pod: no retry spent
 	e := storedNotFound(storedIDOf(x.ctx, x))
 	x.last = &failure{E: e, Pod: x.pod}
-	// An attempt x moved on from, as a retry's: the access log lists it.
-	x.retriedFrom = append(x.retriedFrom, &failure{E: e, Pod: x.pod, Reason: fail.NotFound})
-	x.stage, x.seeking, x.asked = stagePick, true, true
+	seekOn(x, &failure{E: e, Pod: x.pod, Reason: fail.NotFound})
 	return true
+}
+
+// seekPast moves x's search on past its pod, which failed with f before
+// any byte of its answer: the pod, which may hold the response, is asked
+// no more, and unsought names it. False when x seeks nothing.
+func (g *Gateway) seekPast(x *completion, f *failure) bool {
+	if g.seeks(x) == nil {
+		return false
+	}
+	x.last = f
+	seekOn(x, f)
+	return true
+}
+
+// seeks is the model whose pods x asks in turn for the stored response it
+// names, which the gateway does not know (the model's as the fleet is
+// now: follow); nil when x names none, or one whose pod is known.
+func (g *Gateway) seeks(x *completion) *pool.Model {
+	if x.home.pod != "" || storedIDOf(x.ctx, x) == nil {
+		return nil
+	}
+	if s := g.pool.Load(); s != x.snap {
+		return x.modelIn(s)
+	}
+	return x.m
+}
+
+// seekOn sends x's search to its next pod, after f on its last one. Each
+// pod is asked once, and asking the next is the search, not a retry:
+// whatever the retry budget, retry_on and retries, the pods without the
+// response answer 404 before any engine work. Once no pod is left to ask,
+// the pick answers unsought.
+func seekOn(x *completion, f *failure) {
+	x.downMoves++ // as a move off a dead pod: no retry spent
+	// An attempt x moved on from, as a retry's: the access log lists it.
+	x.retriedFrom = append(x.retriedFrom, f)
+	x.stage, x.seeking, x.asked = stagePick, true, true
 }
 
 // unsought is the answer to x's search for its stored response once no

@@ -388,23 +388,30 @@ func (x *completion) answered(err error) {
 		if f.Reason == fail.Timeout && x.hedged {
 			f.Reason = fail.Hung
 		}
-		g.failed(x, f)
+		if !g.seekPast(x, f) {
+			g.failed(x, f)
+		}
 	}
 }
 
 // shed moves x on to another pod after its pod answered 503, when
-// upstream.retry_on lists 503 and tryAgain allows it; false leaves the
-// answer to be relayed. The answer is whole (a 503 is never relayed as
-// a stream), and dropped.
+// upstream.retry_on lists 503 and tryAgain allows it, or x's search for
+// a stored response goes on (seekOn); false leaves the answer to be
+// relayed. The answer is whole (a 503 is never relayed as a stream), and
+// dropped.
 func (g *Gateway) shed(x *completion) bool {
 	f := podUnavailable(x.pod)
-	if !g.tryAgain(x, f) {
+	search := g.seeks(x) != nil
+	if !search && !g.tryAgain(x, f) {
 		return false
 	}
 	_ = x.resp.CloseBodyStream()
 	x.resp.Reset()
 	g.unplace(x, x.pod)
 	x.last, x.stage = f, stagePick
+	if search {
+		seekOn(x, f)
+	}
 	return true
 }
 
