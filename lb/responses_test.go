@@ -866,3 +866,39 @@ func TestResponsesStoredCallsBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestResponsesSeekModels: a call by a stored response id the gateway
+// does not know names no model, so with several models its search asks
+// the combined pods of each in turn: the response is found on another
+// model's pod, an id every pod said it does not hold gets vLLM's 404,
+// and one a pod that failed may hold gets 503 naming it, never a 404 at
+// once that tells the client its response is gone.
+func TestResponsesSeekModels(t *testing.T) {
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			var pods []config.Pod
+			for _, name := range []string{"a0", "a1", "b0", "b1"} {
+				p := &responsesPod{stored: map[string]bool{"resp_on_" + name: true}}
+				pods = append(pods, config.Pod{Name: name, Model: name[:1], Address: fakePod(t, p.serve)})
+			}
+			pods = append(pods, config.Pod{Name: "bad", Model: "c", Address: deadAddr(t)})
+			s := testGateway(t, pods, func(c *config.Config) { c.Frontend = fe; c.Health.Interval = time.Hour })
+			for _, name := range []string{"b1", "a1", "b0"} {
+				resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_on_"+name, "")
+				if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != name || resp.Header.Get("x-pdlb-model") != name[:1] {
+					t.Errorf("resp_on_%s: %d on %q of %q: %s", name, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), resp.Header.Get("x-pdlb-model"), b)
+				}
+			}
+			unasked := "Response with id 'resp_none' is on none of the pods that answered; 1 of the 5 pods of the models (pod `bad`) failed or are down, and may hold it."
+			if resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_none", ""); resp.StatusCode != 503 || !strings.Contains(b, unasked) {
+				t.Errorf("resp_none, pod bad refusing: %d %s", resp.StatusCode, b)
+			}
+			if err := s.Gateway.SetPods(pods[:4]); err != nil {
+				t.Fatal(err)
+			}
+			if resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_none", ""); resp.StatusCode != 404 || !strings.Contains(b, "Response with id 'resp_none' not found.") {
+				t.Errorf("resp_none, every pod asked: %d %s", resp.StatusCode, b)
+			}
+		})
+	}
+}

@@ -53,6 +53,10 @@ type completion struct {
 	// waits for the budget); admitted: admission let x through, so a
 	// pick again after a lost probe does not ask it anew.
 	panicked, seeking, asked, admitted bool
+	// seekAll: x is a call by an id the gateway does not know while it
+	// serves several models, which no request names: its search asks
+	// the combined pods of each model in turn (seekModel).
+	seekAll bool
 	// downMoves: attempts given up on pods found dead, which spend no
 	// retry (mayRetry).
 	downMoves int
@@ -207,7 +211,7 @@ func releaseCompletion(x *completion) {
 	clear(x.retriedFrom)
 	x.retriedFrom = x.retriedFrom[:0]
 	x.stage, x.via, x.attempts, x.downMoves, x.last, x.retryFrom = stagePick, nil, 0, 0, nil, nil
-	x.panicked, x.seeking, x.asked, x.admitted = false, false, false, false
+	x.panicked, x.seeking, x.asked, x.admitted, x.seekAll = false, false, false, false, false
 	x.within, x.hedged, x.budgetWait, x.primed = 0, false, false, 0
 	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false
 	x.ids, x.idEnds, x.keys, x.chains, x.looked = x.ids[:0], x.idEnds[:0], x.keys[:0], x.chains[:0], false

@@ -29,9 +29,10 @@ import (
 // that answered it, and the API key that made it: requests naming it go
 // to that pod alone, and only for that key. One it does not know (made
 // through another replica, or before a restart) is sought on the model's
-// pods (seekStored); with api_keys, only one whose id was made for the
-// asking key (madeFor): a pod's answer does not say whose it is. So a
-// keyed client names its responses only with ids made for its key.
+// pods (seekStored), or each model's for a call that names none; with
+// api_keys, only one whose id was made for the asking key (madeFor): a
+// pod's answer does not say whose it is. So a keyed client names its
+// responses only with ids made for its key.
 
 // homes remembers the pod of each stored response (or conversation)
 // put within its last max puts: an id is forgotten once max puts came
@@ -200,8 +201,8 @@ func foreignResponseID() *openai.Error {
 // its model from there, and streams when its query says stream=true (a
 // retrieval resumed as vLLM's); false when it was answered: 404 when its
 // response is another API key's (home.hiddenFrom), or unknown and no
-// one model of combined pods can be searched; 400 when it names the
-// response it makes with an id not made for its key.
+// model has combined pods to search; 400 when it names the response it
+// makes with an id not made for its key.
 func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 	switch x.req.Kind {
 	case openai.KindStored:
@@ -215,14 +216,16 @@ func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 		}
 		if !ok {
 			// Unknown here (made through another replica, or before a
-			// restart): with one model the pods are asked in turn
-			// (seekStored); with several, which one made it is unknown.
+			// restart): the pods are asked in turn (seekStored), of
+			// each model that has combined pods, as the call names none.
 			models := g.pool.Load().Models
-			if len(models) != 1 || len(models[0].Combined) == 0 {
+			i := slices.IndexFunc(models, hasCombined)
+			if i < 0 {
 				g.fail(ctx, x, nil, answer(storedNotFound(id)))
 				return false
 			}
-			h.model = models[0].Name
+			h.model = models[i].Name
+			x.seekAll = slices.ContainsFunc(models[i+1:], hasCombined)
 		}
 		x.home = h
 		x.req.Model = append(x.req.Model[:0], h.model...)
@@ -337,10 +340,40 @@ func seekOn(x *completion, f *failure) {
 	x.stage, x.seeking, x.asked = stagePick, true, true
 }
 
+// seekModel moves x's search (seekAll) on to the next model after x's,
+// in the fleet's order, that has combined pods: false when none is left.
+func (g *Gateway) seekModel(x *completion) bool {
+	if !x.seekAll {
+		return false
+	}
+	s := g.pool.Load()
+	// -1 when a reload took x's model away: the search goes on from the
+	// first model, whose pods it asked are not asked again.
+	i := slices.IndexFunc(s.Models, func(m *pool.Model) bool { return m.Name == x.m.Name })
+	for _, m := range s.Models[i+1:] {
+		if !hasCombined(m) {
+			continue
+		}
+		res, err := strategyFor(x, m)
+		if err != nil {
+			continue
+		}
+		x.req.Model = append(x.req.Model[:0], m.Name...)
+		x.ctx.Response.Header.Set(headerModel, m.Name)
+		x.rebind(s, m, res)
+		x.stage, x.asked = stagePick, true
+		return true
+	}
+	return false
+}
+
+func hasCombined(m *pool.Model) bool { return len(m.Combined) > 0 }
+
 // unsought is the answer to x's search for its stored response once no
-// pod of m is left to ask: nil when each of m's pods said it holds none
-// (vLLM's 404 stands), else 503 counting those that failed or are down,
-// any of which may hold it: a 404 would tell the client it is gone.
+// pod of m (or of any model, seekAll) is left to ask: nil when each pod
+// said it holds none (vLLM's 404 stands), else 503 counting those that
+// failed or are down, any of which may hold it: a 404 would tell the
+// client it is gone.
 func unsought(x *completion, m *pool.Model) *failure {
 	n, first := unasked(x, m, nil)
 	if n == 0 {
@@ -350,24 +383,44 @@ func unsought(x *completion, m *pool.Model) *failure {
 	if n > 1 {
 		which += " among them"
 	}
+	of := fmt.Sprintf("the model's %d pods", len(m.Combined))
+	if x.seekAll {
+		total := 0
+		for _, m := range searched(x, m) {
+			total += len(m.Combined)
+		}
+		of = fmt.Sprintf("the %d pods of the models", total)
+	}
 	return answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
-		Message: fmt.Sprintf("Response with id '%s' is on none of the pods that answered; %d of the model's %d pods (%s) failed or are down, and may hold it.",
-			storedIDOf(x.ctx, x), n, len(m.Combined), which)})
+		Message: fmt.Sprintf("Response with id '%s' is on none of the pods that answered; %d of %s (%s) failed or are down, and may hold it.",
+			storedIDOf(x.ctx, x), n, of, which)})
 }
 
-// unasked counts m's pods that did not answer x's search with 404 (nor
-// did last, when not nil, which just did), and returns the first of them.
+// unasked counts the pods of x's search (of m, or of every model:
+// searched) that did not answer it with 404 (nor did last, when not nil,
+// which just did), and returns the first of them.
 func unasked(x *completion, m *pool.Model, last *pool.Pod) (n int, first *pool.Pod) {
-	for _, p := range m.Combined {
-		if (last != nil && p.ID == last.ID) || slices.ContainsFunc(x.retriedFrom, func(f *failure) bool { return f.Reason == fail.NotFound && f.Pod.ID == p.ID }) {
-			continue
+	for _, m := range searched(x, m) {
+		for _, p := range m.Combined {
+			if (last != nil && p.ID == last.ID) || slices.ContainsFunc(x.retriedFrom, func(f *failure) bool { return f.Reason == fail.NotFound && f.Pod.ID == p.ID }) {
+				continue
+			}
+			if n == 0 {
+				first = p
+			}
+			n++
 		}
-		if n == 0 {
-			first = p
-		}
-		n++
 	}
 	return n, first
+}
+
+// searched is the models whose pods x's search asks: m, x's model, or
+// with seekAll each model of the fleet as it is now.
+func searched(x *completion, m *pool.Model) []*pool.Model {
+	if x.seekAll {
+		return x.g.pool.Load().Models
+	}
+	return []*pool.Model{m}
 }
 
 // storedIDOf is the stored response x, a request of ctx, names, nil when

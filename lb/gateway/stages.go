@@ -182,6 +182,8 @@ func (g *Gateway) pickStage(x *completion) bool {
 		// Not a passing state a retry would outlast: a 400 names it.
 		x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusBadRequest, Type: openai.TypeInvalidRequest,
 			Message: "The model `" + x.m.Name + "` is served by prefill and decode pods only; " + string(x.ctx.Path()) + " goes to a combined pod."}), stageFail
+	case g.seekModel(x):
+		// on to the next model's pods
 	case x.last == nil && x.home.pod != "":
 		x.last, x.stage = answer(&openai.Error{Status: fasthttp.StatusServiceUnavailable, Type: openai.TypeServer,
 			Message: "The stored response this request names is on pod `" + x.home.pod + "`, which is not available now."}), stageFail
