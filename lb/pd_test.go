@@ -20,6 +20,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/sim"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -490,7 +491,7 @@ func TestPDPrefillFailsAfterDecodeAnswer(t *testing.T) {
 // (dec's pull of the KV fails) and whose context leg is leg.
 func deadContextPair(t *testing.T, dec *sim.Pod, leg func(net.Conn)) *lb.Server {
 	t.Helper()
-	info := fmt.Sprintf(`{"disaggregated_params":{"ctx_info_endpoint":"tcp://%s","ctx_dp_rank":0}}`, deadAddr(t))
+	info := fmt.Sprintf(`{"disaggregated_params":{"ctx_info_endpoint":"tcp://%s","ctx_dp_rank":0}}`, testnet.Refusing(t))
 	preAddr := fakePod(t, func(c net.Conn, r *http.Request) {
 		if r.URL.Path == "/server_info" {
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(info), info)
@@ -1256,7 +1257,7 @@ func TestSGLangAbortFollowsMovedDecodeLeg(t *testing.T) {
 	// the decode leg, and the leg moves to dec1.
 	s := pdGateway(t, pdEngines[1], []config.Pod{
 		{Name: "pre", Model: "m", Address: pre, Engine: "sglang", Role: sim.RolePrefill, Roleset: "rs0"},
-		{Name: "dec", Model: "m", Address: deadAddr(t), Engine: "sglang", Role: sim.RoleDecode, Roleset: "rs0"},
+		{Name: "dec", Model: "m", Address: testnet.Refusing(t), Engine: "sglang", Role: sim.RoleDecode, Roleset: "rs0"},
 		{Name: "dec1", Model: "m", Address: dec1, Engine: "sglang", Role: sim.RoleDecode, Roleset: "rs1"}},
 		func(c *config.Config) {
 			c.Health.Interval = time.Hour

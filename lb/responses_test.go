@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -544,7 +545,7 @@ func TestResponsesStandInTokens(t *testing.T) {
 // (twelve pods took 6.6 s); and a model of prefill/decode pods alone has
 // no pod to ask: vLLM's 404, not a 400.
 func TestResponsesSeekEnds(t *testing.T) {
-	dead := deadAddr(t)
+	dead := testnet.Refusing(t)
 	var pods []config.Pod
 	for i := range 12 {
 		p := &responsesPod{stored: map[string]bool{}}
@@ -750,7 +751,7 @@ func TestResponsesSeekPodFails(t *testing.T) {
 		addr func(t *testing.T) string
 	}{
 		{"reset", func(t *testing.T) string { return fakePod(t, resetPod) }},
-		{"refused", deadAddr},
+		{"refused", func(t *testing.T) string { return testnet.Refusing(t) }},
 		{"hung", func(t *testing.T) string { return fakePod(t, hungPod) }},
 		{"503", func(t *testing.T) string {
 			return fakePod(t, func(c net.Conn, _ *http.Request) { answerJSON(c, 503, `{"error":{"message":"shed"}}`) })
@@ -814,7 +815,7 @@ func TestResponsesSeekPodFails(t *testing.T) {
 // one pod is down is not reported gone: 503 while the pod refuses the
 // connection (naming it) and once it is known down, never vLLM's 404.
 func TestResponsesSeekOnePodDown(t *testing.T) {
-	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: deadAddr(t)}}, func(c *config.Config) { c.Health.Interval = time.Hour })
+	s := testGateway(t, []config.Pod{{Name: "a", Model: "m", Address: testnet.Refusing(t)}}, func(c *config.Config) { c.Health.Interval = time.Hour })
 	for i := range 2 {
 		resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_x", "")
 		if resp.StatusCode != 503 || strings.Contains(b, "not found") || (i == 0 && !strings.Contains(b, "pod `a`")) {
@@ -881,7 +882,7 @@ func TestResponsesSeekModels(t *testing.T) {
 				p := &responsesPod{stored: map[string]bool{"resp_on_" + name: true}}
 				pods = append(pods, config.Pod{Name: name, Model: name[:1], Address: fakePod(t, p.serve)})
 			}
-			pods = append(pods, config.Pod{Name: "bad", Model: "c", Address: deadAddr(t)})
+			pods = append(pods, config.Pod{Name: "bad", Model: "c", Address: testnet.Refusing(t)})
 			s := testGateway(t, pods, func(c *config.Config) { c.Frontend = fe; c.Health.Interval = time.Hour })
 			for _, name := range []string{"b1", "a1", "b0"} {
 				resp, b := send(t, client, s, http.MethodGet, "/v1/responses/resp_on_"+name, "")

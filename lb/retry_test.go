@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"pdlb/engines/sim"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -240,7 +241,7 @@ func TestFirstByteCompletionDefault(t *testing.T) {
 // fallback model) and the client get its error, while the slow pod's
 // answer, 0.8 s away, was on its way.
 func TestFirstByteKeepsTheOnlyAvailablePod(t *testing.T) {
-	dead := deadAddr(t)
+	dead := testnet.Refusing(t)
 	for _, fe := range []string{"gnet", "fasthttp"} {
 		for _, fallback := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/fallback=%v", fe, fallback), func(t *testing.T) {
@@ -605,7 +606,7 @@ func TestRetryReturnsToPodBackUp(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			down := make([]atomic.Bool, 2)
 			held := make([]atomic.Int32, 2)
-			pods := []config.Pod{{Name: "refusing", Model: "m", Address: deadAddr(t)}}
+			pods := []config.Pod{{Name: "refusing", Model: "m", Address: testnet.Refusing(t)}}
 			for i := range down {
 				pods = append(pods, config.Pod{Name: fmt.Sprintf("w%d", i), Model: "m", Address: wedgeFirst(t, &down[i], &held[i], wedged)})
 			}
@@ -773,7 +774,7 @@ func TestRetryPDDecodeLeg(t *testing.T) {
 // request's retry goes on once its pod is found out; no retry was refused
 // by the budget, and pdlb_upstream_retry_budget_exhausted_total says so.
 func TestRetryPDDecodeRefusedOverBudget(t *testing.T) {
-	dead := deadAddr(t)
+	dead := testnet.Refusing(t)
 	e := pdEngines[0]
 	pre := startSim(t, e, "pre", sim.RolePrefill, nil)
 	dec := startSim(t, e, "dec", sim.RoleDecode, nil)

@@ -330,18 +330,6 @@ func slowPod(t *testing.T, d time.Duration) string {
 	})
 }
 
-// deadAddr is a loopback address nothing listens at: a connection to it
-// is refused.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // fakePodOn is fakePod on a listener of the test's.
 func fakePodOn(t *testing.T, ln net.Listener, serve func(c net.Conn, r *http.Request)) string {
 	t.Helper()

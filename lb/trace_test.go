@@ -24,6 +24,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/sim"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/internal/tracing"
 	"pdlb/lb"
@@ -340,7 +341,7 @@ func testTracePDRequest(t *testing.T, e pdEngine) {
 func TestTraceRetriesAreSiblings(t *testing.T) {
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
 	sink := startSink(t)
-	dead := deadAddr(t) // refuses: the request never reaches it, so it is retried
+	dead := testnet.Refusing(t) // refuses: the request never reaches it, so it is retried
 	live := tracedSim(t, sink, pdEngine{engine: engines.VLLM}, "live", sim.RoleCombined)
 	s := tracedGateway(t, sink, []config.Pod{{Name: "dead", Model: "m", Address: dead}, {Name: "live", Model: "m", Address: live.Addr()}}, "", func(c *config.Config) {
 		// Round robin sends the first request to the refusing pod.
