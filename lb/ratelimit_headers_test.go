@@ -50,33 +50,19 @@ func TestRateLimitHeaders(t *testing.T) {
 							t.Fatalf("request %d: %d %s, want %d", i, resp.StatusCode, b, c.status)
 						}
 						h := resp.Header
-						field := func(name string) string {
-							t.Helper()
-							if v := h.Values(name); len(v) != 1 {
-								t.Fatalf("request %d: %s %q, want one value", i, name, v)
-							}
-							return h.Get(name)
-						}
-						number := func(name string) int64 {
-							t.Helper()
-							n, err := strconv.ParseInt(field(name), 10, 64)
-							if err != nil {
-								t.Fatalf("request %d: %s: %v", i, name, err)
-							}
-							return n
-						}
+						f := answerFields{t: t, i: i, h: h}
 						duration := func(name string) time.Duration {
 							t.Helper()
-							d, err := time.ParseDuration(field(name))
+							d, err := time.ParseDuration(f.field(name))
 							if err != nil {
 								t.Fatalf("request %d: %s: %v", i, name, err)
 							}
 							return d
 						}
-						if number("x-ratelimit-limit-requests") != 3 || number("x-ratelimit-limit-tokens") != 100 {
+						if f.number("x-ratelimit-limit-requests") != 3 || f.number("x-ratelimit-limit-tokens") != 100 {
 							t.Fatalf("request %d: limits %v", i, h)
 						}
-						if n := number("x-ratelimit-remaining-requests"); n != c.left {
+						if n := f.number("x-ratelimit-remaining-requests"); n != c.left {
 							t.Fatalf("request %d: %d requests left, want %d", i, n, c.left)
 						}
 						taken := min(i+1, 3)
@@ -86,7 +72,7 @@ func TestRateLimitHeaders(t *testing.T) {
 						// Prompts (and completions, charged at their end)
 						// of about 10 tokens, each 6s to refill: never
 						// the whole minute's, never full again.
-						if n, d := number("x-ratelimit-remaining-tokens"), duration("x-ratelimit-reset-tokens"); n < 0 || n >= 100 || d <= 0 || d > time.Minute {
+						if n, d := f.number("x-ratelimit-remaining-tokens"), duration("x-ratelimit-reset-tokens"); n < 0 || n >= 100 || d <= 0 || d > time.Minute {
 							t.Fatalf("request %d: %d tokens left, reset in %v", i, n, d)
 						}
 						if c.status == 200 {
@@ -97,7 +83,7 @@ func TestRateLimitHeaders(t *testing.T) {
 						}
 						// The next request frees 20s after the first was
 						// taken: Retry-After is its whole seconds.
-						ms := number("retry-after-ms")
+						ms := f.number("retry-after-ms")
 						if ms <= 0 || ms > 20_000 || h.Get("Retry-After") != strconv.FormatInt((ms+999)/1000, 10) {
 							t.Fatalf("refused: retry-after-ms %d, Retry-After %q", ms, h.Get("Retry-After"))
 						}
@@ -203,35 +189,21 @@ func TestRateLimitHeadersMessages(t *testing.T) {
 							t.Fatalf("request %d: %d %s, want %d", i, resp.StatusCode, b, c.status)
 						}
 						h := resp.Header
-						field := func(name string) string {
-							t.Helper()
-							if v := h.Values(name); len(v) != 1 {
-								t.Fatalf("request %d: %s %q, want one value", i, name, v)
-							}
-							return h.Get(name)
-						}
-						number := func(name string) int64 {
-							t.Helper()
-							n, err := strconv.ParseInt(field(name), 10, 64)
-							if err != nil {
-								t.Fatalf("request %d: %s: %v", i, name, err)
-							}
-							return n
-						}
+						f := answerFields{t: t, i: i, h: h}
 						// As Anthropic's API writes it: 2025-08-21T12:40:59Z.
 						reset := func(name string) time.Duration {
 							t.Helper()
-							v := field(name)
+							v := f.field(name)
 							at, err := time.Parse(time.RFC3339, v)
 							if err != nil || !strings.HasSuffix(v, "Z") || at.Nanosecond() != 0 {
 								t.Fatalf("request %d: %s %q, want a whole second in UTC (%v)", i, name, v, err)
 							}
 							return at.Sub(now)
 						}
-						if number("anthropic-ratelimit-requests-limit") != 3 || number("anthropic-ratelimit-tokens-limit") != 100 {
+						if f.number("anthropic-ratelimit-requests-limit") != 3 || f.number("anthropic-ratelimit-tokens-limit") != 100 {
 							t.Fatalf("request %d: limits %v", i, h)
 						}
-						if n := number("anthropic-ratelimit-requests-remaining"); n != c.left {
+						if n := f.number("anthropic-ratelimit-requests-remaining"); n != c.left {
 							t.Fatalf("request %d: %d requests left, want %d", i, n, c.left)
 						}
 						// Each admitted request takes 20s of the bucket;
@@ -241,7 +213,7 @@ func TestRateLimitHeadersMessages(t *testing.T) {
 						if d := reset("anthropic-ratelimit-requests-reset"); d > taken+time.Second || d <= taken-5*time.Second {
 							t.Fatalf("request %d: requests full again in %v, want about %v", i, d, taken)
 						}
-						if n, d := number("anthropic-ratelimit-tokens-remaining"), reset("anthropic-ratelimit-tokens-reset"); n < 0 || n >= 100 || d <= -time.Second || d > time.Minute+time.Second {
+						if n, d := f.number("anthropic-ratelimit-tokens-remaining"), reset("anthropic-ratelimit-tokens-reset"); n < 0 || n >= 100 || d <= -time.Second || d > time.Minute+time.Second {
 							t.Fatalf("request %d: %d tokens left, full again in %v", i, n, d)
 						}
 						for name := range h {
@@ -258,7 +230,7 @@ func TestRateLimitHeadersMessages(t *testing.T) {
 						if !strings.Contains(b, `"rate_limit_error"`) {
 							t.Fatalf("refused: %s, want Anthropic's rate_limit_error", b)
 						}
-						ms := number("retry-after-ms")
+						ms := f.number("retry-after-ms")
 						if ms <= 0 || ms > 20_000 || h.Get("Retry-After") != strconv.FormatInt((ms+999)/1000, 10) {
 							t.Fatalf("refused: retry-after-ms %d, Retry-After %q", ms, h.Get("Retry-After"))
 						}
@@ -295,4 +267,29 @@ func TestRateLimitHeadersKeepPodsRetry(t *testing.T) {
 			})
 		})
 	}
+}
+
+// answerFields reads the fields of request i's answer, each of which must
+// come once.
+type answerFields struct {
+	t *testing.T
+	i int
+	h http.Header
+}
+
+func (a answerFields) field(name string) string {
+	a.t.Helper()
+	if v := a.h.Values(name); len(v) != 1 {
+		a.t.Fatalf("request %d: %s %q, want one value", a.i, name, v)
+	}
+	return a.h.Get(name)
+}
+
+func (a answerFields) number(name string) int64 {
+	a.t.Helper()
+	n, err := strconv.ParseInt(a.field(name), 10, 64)
+	if err != nil {
+		a.t.Fatalf("request %d: %s: %v", a.i, name, err)
+	}
+	return n
 }
