@@ -290,26 +290,14 @@ func TestDataParallelRankHeader(t *testing.T) {
 			p := dataParallelPod(t, tc.engine)
 			c := testClient(t)
 			for i := range 2 {
-				startStreamWith(t, c, p, tokenRange(1000*(i+1), 40), http.Header{"X-Data-Parallel-Rank": {"1"}})
+				startStreamWith(t, c, p, tokenRange(1000*(i+1), 40), onRank("1"))
 			}
 			if got := rankRunning(t, c, p); got != [2]float64{0, 2} {
 				t.Fatalf("running on ranks 0 and 1: %v, want [0 2]", got)
 			}
-			send := func(rank string) (int, string) {
-				t.Helper()
-				b, _ := json.Marshal(map[string]any{"prompt": tokenRange(5000, 40), "max_tokens": 1})
-				req, _ := http.NewRequest(http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
-				req.Header.Set("X-Data-Parallel-Rank", rank)
-				resp, err := c.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer resp.Body.Close()
-				out, _ := io.ReadAll(resp.Body)
-				return resp.StatusCode, string(out)
-			}
 			for rank, want := range map[string]string{"2": tc.outOfRange, "one": tc.notInt} {
-				status, body := send(rank)
+				status, out := postWith(t, c, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": tokenRange(5000, 40), "max_tokens": 1}, onRank(rank))
+				body := string(out)
 				if want == "" && status != 200 || want != "" && (status != 400 || !strings.Contains(body, want)) {
 					t.Errorf("X-Data-Parallel-Rank: %s: %d %s; want %q", rank, status, body, cmp.Or(want, "200"))
 				}
@@ -362,17 +350,8 @@ func TestDataParallelRankCounters(t *testing.T) {
 				first int
 				n     int
 			}{{"0", 1000, 40}, {"1", 2000, 48}, {"1", 2000, 48}} {
-				b, _ := json.Marshal(map[string]any{"prompt": tokenRange(s.first, s.n), "max_tokens": 1})
-				req, _ := http.NewRequest(http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
-				req.Header.Set("X-Data-Parallel-Rank", s.rank)
-				resp, err := c.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				out, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					t.Fatalf("%d %s", resp.StatusCode, out)
+				if status, out := postWith(t, c, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": tokenRange(s.first, s.n), "max_tokens": 1}, onRank(s.rank)); status != 200 {
+					t.Fatalf("%d %s", status, out)
 				}
 			}
 			_, text := get(t, c, "http://"+p.Addr()+"/metrics")
@@ -402,9 +381,8 @@ func TestDataParallelRanksStepApart(t *testing.T) {
 	phys.DecodePerSeqSec = 0.1
 	p := testPod(t, Config{Model: "m", Physics: phys, Speedup: 10, MaxModelLen: 4096, DataParallelSize: 2})
 	c := testClient(t)
-	on := func(rank string) http.Header { return http.Header{"X-Data-Parallel-Rank": {rank}} }
 	for i := range 3 {
-		startStreamWith(t, c, p, tokenRange(1000*(i+1), 10), on("0"))
+		startStreamWith(t, c, p, tokenRange(1000*(i+1), 10), onRank("0"))
 	}
 	b, _ := json.Marshal(map[string]any{"prompt": tokenRange(10000, 2000), "max_tokens": 1})
 	long, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
@@ -420,17 +398,8 @@ func TestDataParallelRanksStepApart(t *testing.T) {
 	t.Cleanup(func() { <-done })
 	testwait.For(t, "rank 0's prefill", func() bool { return p.Stats().Running == 4 })
 
-	b, _ = json.Marshal(map[string]any{"prompt": tokenRange(50000, 10), "max_tokens": 10})
-	req, _ := http.NewRequest(http.MethodPost, "http://"+p.Addr()+"/v1/completions", bytes.NewReader(b))
-	req.Header = on("1")
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("%d %s", resp.StatusCode, out)
+	if status, out := postWith(t, c, "http://"+p.Addr()+"/v1/completions", map[string]any{"prompt": tokenRange(50000, 10), "max_tokens": 10}, onRank("1")); status != 200 {
+		t.Fatalf("%d %s", status, out)
 	}
 	_, text := get(t, c, "http://"+p.Addr()+"/metrics")
 	for series, want := range map[string]float64{
@@ -487,3 +456,6 @@ func TestSGLangPrefillRankFollowsRoom(t *testing.T) {
 		t.Fatalf("tokens in use on ranks 0 and 1: %v, %v; want 48 each", u0, u1)
 	}
 }
+
+// onRank is the header that sends a request to a data-parallel rank.
+func onRank(rank string) http.Header { return http.Header{"X-Data-Parallel-Rank": {rank}} }

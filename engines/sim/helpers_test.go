@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -53,11 +54,23 @@ func testClient(t *testing.T) *http.Client {
 // post sends a JSON body and returns the status and response body.
 func post(t *testing.T, c *http.Client, url string, body any) (int, []byte) {
 	t.Helper()
+	return postWith(t, c, url, body, nil)
+}
+
+// postWith is post with the header fields of hdr.
+func postWith(t *testing.T, c *http.Client, url string, body any, hdr http.Header) (int, []byte) {
+	t.Helper()
 	b, err := json.Marshal(body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := c.Post(url, "application/json", bytes.NewReader(b))
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(req.Header, hdr)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
