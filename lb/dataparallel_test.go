@@ -297,25 +297,8 @@ func rankedPod(t *testing.T, engine engines.Kind, routing string) (*sim.Pod, *lb
 // its ranks' (GET /admin/index).
 func kvEventsReceived(t *testing.T, s *lb.Server, pod string) uint64 {
 	t.Helper()
-	var out struct {
-		Models []struct {
-			Pods []struct {
-				Pod            string
-				EventsReceived uint64 `json:"events_received"`
-			}
-		}
-	}
-	if err := json.Unmarshal([]byte(get(t, "http://"+s.AdminAddr()+"/admin/index")), &out); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range out.Models {
-		for _, p := range m.Pods {
-			if p.Pod == pod {
-				return p.EventsReceived
-			}
-		}
-	}
-	return 0
+	_, events := indexBlocks(t, s, pod)
+	return events
 }
 
 // TestDataParallelPrefillRank: a prefill/decode pair whose prefill pod
