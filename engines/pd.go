@@ -67,6 +67,11 @@ type Exchange struct {
 	// ID is the exchange's engine-level id, drawn by Begin: SGLang's
 	// bootstrap_room, TRT-LLM's disagg_request_id.
 	ID int64
+	// PrefillRank is the data-parallel rank, of the prefill pod's
+	// PrefillRanks, that the prompt is to be prefilled on, for an engine
+	// that picks the rank by ID (SGLang: bootstrap_room % ranks); 0 ranks:
+	// none chosen. vLLM's prefill leg names its rank in a header instead.
+	PrefillRank, PrefillRanks int
 	// PrefillInfo is the body the prefill pod answered PrefillInfoPath
 	// with (TRT-LLM generation_first: its /server_info).
 	PrefillInfo []byte

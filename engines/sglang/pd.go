@@ -40,8 +40,30 @@ func (PD) AwaitsPrefill() bool { return false }
 // Begin implements engines.Protocol: draws the bootstrap room, a random
 // non-negative int63 (rand/v2's generator is per-goroutine-safe and
 // lock-free); a batch's prompts take it and the rooms after it, which
-// stay int63s.
-func (PD) Begin(x *engines.Exchange) { x.ID = rand.Int64N(math.MaxInt64 - int64(max(x.Batch, 1)) + 1) }
+// stay int63s. With a prefill rank chosen, the room moves to the value
+// ≡ the rank modulo the prefill pod's ranks in its run of that many: the
+// prefill side runs the leg on rank room % ranks (the DataParallel-
+// Controller's follow_bootstrap_room, a prefill server's default) and the
+// decode side fetches the KV from that rank (target_dp_group in the KV
+// receivers of sglang/srt/disaggregation).
+func (PD) Begin(x *engines.Exchange) {
+	limit := math.MaxInt64 - int64(max(x.Batch, 1)) + 1
+	x.ID = rand.Int64N(limit)
+	if x.PrefillRanks > 1 {
+		x.ID = roomOnRank(x.ID, limit, int64(x.PrefillRank), int64(x.PrefillRanks))
+	}
+}
+
+// roomOnRank is the room ≡ rank (mod n) in room's run of n values, or in
+// the run before it where that value is not below limit (room < limit,
+// 0 <= rank < n, n <= limit).
+func roomOnRank(room, limit, rank, n int64) int64 {
+	run := room - room%n
+	if run >= limit-rank {
+		run -= n
+	}
+	return run + rank
+}
 
 // PrefillInfoPath implements engines.Protocol.
 func (PD) PrefillInfoPath() string { return "" }

@@ -50,6 +50,45 @@ func TestPDBodies(t *testing.T) {
 	}
 }
 
+// TestPDRoomOnRank: with a prefill rank chosen, Begin draws a room that
+// SGLang's prefill side runs on that rank (room % ranks), still a random
+// int63 a batch's rooms after it stay within.
+func TestPDRoomOnRank(t *testing.T) {
+	var p PD
+	for _, n := range []int{2, 3, 8} {
+		for rank := range n {
+			x := &engines.Exchange{PrefillRank: rank, PrefillRanks: n}
+			seen := map[int64]bool{}
+			for range 50 {
+				p.Begin(x)
+				if x.ID < 0 || x.ID%int64(n) != int64(rank) {
+					t.Fatalf("rank %d of %d: room %d", rank, n, x.ID)
+				}
+				seen[x.ID] = true
+			}
+			if len(seen) < 50 {
+				t.Fatalf("rank %d of %d: %d distinct rooms of 50", rank, n, len(seen))
+			}
+		}
+	}
+	// The edges: a room at 0, and rooms in the last run of values below
+	// the limit, which a rank past the limit moves back one run.
+	const limit = math.MaxInt64 - 2 // a batch of 3
+	f := func(room, rank, n, want int64) {
+		t.Helper()
+		if got := roomOnRank(room, limit, rank, n); got != want {
+			t.Errorf("roomOnRank(%d, rank %d of %d) = %d, want %d", room, rank, n, got, want)
+		}
+	}
+	f(0, 1, 2, 1)
+	f(5, 0, 4, 4)
+	const last int64 = limit - 5 // the last run of 8's first value: limit-1 ≡ 4 (mod 8)
+	f(limit-1, 0, 8, last)
+	f(limit-1, 4, 8, limit-1)
+	f(last, 5, 8, last-3)
+	f(limit-1, 7, 8, last-1)
+}
+
 // TestRIDsPrefixFree: SGLang aborts every request whose rid starts with
 // the one /abort_request names, so no exchange's rid may start with
 // another's, even where the request ids do (a client's job-1 and job-10,
