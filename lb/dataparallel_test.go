@@ -3,6 +3,7 @@ package lb_test
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -146,7 +147,8 @@ func TestDataParallelRankFollowsPrefix(t *testing.T) {
 			bothClients(t, func(t *testing.T, via *http.Client) {
 				rates, pins := map[string]float64{}, map[string]float64{}
 				for _, routing := range []string{config.DataParallelByPrefix, config.DataParallelByEngine} {
-					rates[routing], pins[routing] = conversationHitRate(t, via, e.engine, routing, e.hits, e.queries)
+					dp, s := rankedPod(t, e.engine, routing)
+					rates[routing], pins[routing] = conversationHitRate(t, via, dp, s, e.hits, e.queries)
 				}
 				t.Logf("prefix-cache hit rate: %.3f with data_parallel_routing prefix (%g requests named a rank), %.3f with engine",
 					rates["prefix"], pins["prefix"], rates["engine"])
@@ -211,13 +213,12 @@ func TestDataParallelRankNamed(t *testing.T) {
 	}
 }
 
-// conversationHitRate runs conversations through a gateway over one pod of
-// engine with two data-parallel ranks routed as routing says, and returns
-// the pod's prefix-cache hit rate over them (its hits metric's growth
-// over its queries') and the requests the gateway sent to a rank it named.
-func conversationHitRate(t *testing.T, via *http.Client, engine engines.Kind, routing, hitsMetric, queriesMetric string) (rate, pins float64) {
+// conversationHitRate runs conversations through gateway s, whose pod dp
+// (serving the prompts) has two data-parallel ranks, and returns dp's
+// prefix-cache hit rate over them (its hits metric's growth over its
+// queries') and the requests the gateway sent to a rank it named.
+func conversationHitRate(t *testing.T, via *http.Client, dp *sim.Pod, s *lb.Server, hitsMetric, queriesMetric string) (rate, pins float64) {
 	t.Helper()
-	dp, s := rankedPod(t, engine, routing)
 	hits0, queries0 := adminMetric(t, dp.Addr(), hitsMetric), adminMetric(t, dp.Addr(), queriesMetric)
 
 	// Four conversations of five turns, taken in an order drawn from a
@@ -302,53 +303,106 @@ func kvEventsReceived(t *testing.T, s *lb.Server, pod string) uint64 {
 }
 
 // TestDataParallelPrefillRank: a prefill/decode pair whose prefill pod
-// runs two ranks. On vLLM the prefill leg names the rank holding its
-// prefix (the decode pulls the KV from the engine its kv_transfer_params
-// name, whichever rank that is). On SGLang it names none: the decode side
-// fetches from the prefill rank of the leg's bootstrap room, where the
-// prefill side sends a leg naming no rank.
+// runs two ranks names the rank holding its prefix for the prefill leg,
+// which its explanation shows. On vLLM in X-Data-Parallel-Rank (the decode
+// pulls the KV from the engine its kv_transfer_params name, whichever rank
+// that is); on SGLang through the bootstrap room, which the decode side
+// fetches the KV by too. A client's own X-Data-Parallel-Rank decides.
 func TestDataParallelPrefillRank(t *testing.T) {
 	for _, e := range pdEngines[:2] {
 		t.Run(e.name, func(t *testing.T) {
-			pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, p := range pubs {
-				t.Cleanup(func() { p.Close() })
-			}
-			pre := startSim(t, e, "pre", sim.RolePrefill, func(c *sim.Config) {
-				c.DataParallelSize, c.KVEvents, c.RankKVEvents = 2, pubs[0], []sim.KVEventSink{pubs[1]}
-			})
-			dec := startSim(t, e, "dec", sim.RoleDecode, nil)
-			prePod := pdPod(pre, pre.Addr(), "rs0")
-			prePod.KVEvents, prePod.KVReplay, prePod.DataParallelSize = pubs[0].Endpoint(), pubs[0].ReplayEndpoint(), 2
-			s := pdGateway(t, e, []config.Pod{prePod, pdPod(dec, dec.Addr(), "rs0")}, nil)
-
-			// Both ranks' feeds follow once they got every batch sent (a
-			// late subscriber catches up at its rank's next one).
-			sent := uint64(0)
-			testwait.For(t, "both ranks' feeds", func() bool {
-				for _, p := range pubs {
-					p.BlockRemoved([]uint64{1})
+			_, s := rankedPair(t, e, config.DataParallelByPrefix)
+			turn := func(ids []int, headers ...string) *http.Response {
+				t.Helper()
+				events := kvEventsReceived(t, s, "dp")
+				resp, b := send(t, client, s, http.MethodPost, "/v1/completions", completionOfIDs(ids),
+					append([]string{"Content-Type", "application/json"}, headers...)...)
+				if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-prefill-pod") != "dp" {
+					t.Fatalf("%d, prefill on %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), b)
 				}
-				sent += 2
-				time.Sleep(10 * time.Millisecond)
-				return kvEventsReceived(t, s, "pre") == sent
-			})
+				testwait.For(t, "the prefill's KV events", func() bool { return kvEventsReceived(t, s, "dp") > events })
+				return resp
+			}
 			prompt := tokenIDs(7000, 256)
-			for i, ids := range [][]int{prompt, append(prompt, tokenIDs(9000, 64)...)} {
-				events := kvEventsReceived(t, s, "pre")
-				resp, b := post(t, s, "/v1/completions", completionOfIDs(ids))
-				if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-prefill-pod") != "pre" {
-					t.Fatalf("request %d: %d, prefill on %q: %s", i, resp.StatusCode, resp.Header.Get("x-pdlb-prefill-pod"), b)
-				}
-				testwait.For(t, "the prefill's KV events", func() bool { return kvEventsReceived(t, s, "pre") > events })
+			turn(prompt)
+			resp := turn(append(prompt, tokenIDs(9000, 64)...), "x-pdlb-debug", "explain")
+			var x struct {
+				Rank *struct {
+					CachedTokens int `json:"cached_tokens"`
+					OthersTokens int `json:"others_cached_tokens"`
+				} `json:"data_parallel_rank"`
 			}
-			want := map[engines.Kind]float64{engines.VLLM: 1, engines.SGLang: 0}[e.engine]
-			if n := metricValue(t, s, "pdlb_data_parallel_rank_pins_total"); n != want {
-				t.Fatalf("%g requests named a rank, want %g", n, want)
+			if err := json.Unmarshal([]byte(resp.Header.Get("x-pdlb-explain")), &x); err != nil || x.Rank == nil ||
+				x.Rank.CachedTokens != len(prompt) || x.Rank.OthersTokens != 0 {
+				t.Fatalf("explained %s (%v); want a rank holding %d tokens, the other none", resp.Header.Get("x-pdlb-explain"), err, len(prompt))
+			}
+			turn(append(prompt, tokenIDs(11000, 64)...), "X-Data-Parallel-Rank", "0")
+			if n := metricValue(t, s, "pdlb_data_parallel_rank_pins_total"); n != 1 {
+				t.Fatalf("%g requests named a rank, want 1: the client named its own", n)
 			}
 		})
 	}
+}
+
+// TestDataParallelPairRoom: conversations through an SGLang pair whose
+// prefill pod runs two ranks. SGLang's prefill side sends a leg to rank
+// bootstrap_room % its ranks (follow_bootstrap_room), so a random room
+// finds the rank caching the conversation about half the time; a room
+// drawn for the rank holding the longest prefix, every time: each turn
+// after a conversation's first finds its whole last prompt cached, 64 *
+// (0+1+2+3+4) of 64 * (1+2+3+4+5) tokens (conversationHitRate's), 2/3.
+// Random rooms reach that only if all 16 such turns draw the rank of the
+// turn before, 2^-16.
+func TestDataParallelPairRoom(t *testing.T) {
+	const best = 2.0 / 3
+	rates, pins := map[string]float64{}, map[string]float64{}
+	for _, routing := range []string{config.DataParallelByPrefix, config.DataParallelByEngine} {
+		dp, s := rankedPair(t, pdEngines[1], routing)
+		rates[routing], pins[routing] = conversationHitRate(t, client, dp, s, "sglang:cached_tokens_total", "sglang:prompt_tokens_total")
+	}
+	t.Logf("prefill pod's prefix-cache hit rate: %.4f with data_parallel_routing prefix (%g rooms chosen), %.4f with engine",
+		rates["prefix"], pins["prefix"], rates["engine"])
+	if math.Abs(rates["prefix"]-best) > 1e-9 || rates["engine"] >= best {
+		t.Errorf("prefix-cache hit rate %.4f choosing the room, %.4f with random rooms; want %.4f, less", rates["prefix"], rates["engine"], best)
+	}
+	if pins["prefix"] == 0 || pins["engine"] != 0 {
+		t.Errorf("requests pinned to a rank: %g with data_parallel_routing prefix, %g with engine; want some, none", pins["prefix"], pins["engine"])
+	}
+}
+
+// rankedPair starts a gateway over a pair of engine e: prefill pod dp of
+// two data-parallel ranks, whose KV events it follows, routed among its
+// ranks as routing says, and decode pod dec. Both ranks' feeds follow when
+// it returns.
+func rankedPair(t *testing.T, e pdEngine, routing string) (*sim.Pod, *lb.Server) {
+	t.Helper()
+	pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pubs {
+		t.Cleanup(func() { p.Close() })
+	}
+	pre := startSim(t, e, "dp", sim.RolePrefill, func(c *sim.Config) {
+		c.DataParallelSize, c.KVEvents, c.RankKVEvents = 2, pubs[0], []sim.KVEventSink{pubs[1]}
+	})
+	dec := startSim(t, e, "dec", sim.RoleDecode, nil)
+	prePod := pdPod(pre, pre.Addr(), "rs0")
+	prePod.KVEvents, prePod.KVReplay, prePod.DataParallelSize, prePod.DataParallelRouting = pubs[0].Endpoint(), pubs[0].ReplayEndpoint(), 2, routing
+	s := pdGateway(t, e, []config.Pod{prePod, pdPod(dec, dec.Addr(), "rs0")}, func(c *config.Config) {
+		c.Tracing.Explain = true // no token needed
+	})
+
+	// Both ranks' feeds follow once they got every batch sent (a late
+	// subscriber catches up at its rank's next one).
+	sent := uint64(0)
+	testwait.For(t, "both ranks' feeds", func() bool {
+		for _, p := range pubs {
+			p.BlockRemoved([]uint64{1})
+		}
+		sent += 2
+		time.Sleep(10 * time.Millisecond)
+		return kvEventsReceived(t, s, "dp") == sent
+	})
+	return pre, s
 }

@@ -387,8 +387,9 @@ type Pod struct {
 	// DataParallelRouting says how a request picks among the ranks of a
 	// vLLM or SGLang pod of several, when the pod publishes KV events:
 	// "prefix" (default) sends it to the rank holding strictly the
-	// longest prefix of its prompt (X-Data-Parallel-Rank), else leaves it
-	// to the engine's balancer; "engine" always leaves it to the engine.
+	// longest prefix of its prompt (X-Data-Parallel-Rank; an SGLang
+	// pair: its bootstrap room), else leaves it to the engine's
+	// balancer; "engine" always leaves it to the engine.
 	DataParallelRouting string `yaml:"data_parallel_routing"`
 	// CacheBlocks bounds what the gateway assumes the pod caches, in
 	// blocks of the model's block_size (default 0: unlimited). Set it to

@@ -56,13 +56,12 @@ func rankBusy(ranks []engines.RankLoad, r int) bool {
 // strictly the longest prefix of x's prompt, on a vLLM or SGLang pod of
 // several ranks whose events the gateway follows, unless the client named
 // one itself or the pod's data_parallel_routing is "engine", or the rank
-// is busy (rankBusy), or on an SGLang prefill/decode pair (sglangPairLeg).
-// A batch of prompts names none: each is a request of its own to the
-// engine.
+// is busy (rankBusy). A batch of prompts names none: each is a request of
+// its own to the engine.
 func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
 	if pod.Config.DataParallelSize <= 1 || pod.Config.DataParallelRouting == config.DataParallelByEngine ||
 		(pod.Engine != engines.VLLM && pod.Engine != engines.SGLang) ||
-		x.hdr[hdrDataParallelRank] != nil || len(x.keys) == 0 || len(x.chains) > 0 || sglangPairLeg(x, pod) {
+		x.hdr[hdrDataParallelRank] != nil || len(x.keys) == 0 || len(x.chains) > 0 {
 		return rankPin{}
 	}
 	var feed *kvindex.Pod
@@ -84,11 +83,11 @@ func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
 }
 
 // sglangPairLeg says pod is SGLang and serves a leg of x's prefill/decode
-// pair. Its decode side fetches the KV from the prefill rank
-// bootstrap_room % the prefill's ranks (the KV receivers of
-// sglang/srt/disaggregation), where its prefill side sends a leg naming
-// no rank: a prefill leg named another rank would leave the KV where the
-// decode never looks.
+// pair, which names no rank: the decode side fetches the KV from the
+// prefill rank bootstrap_room % the prefill's ranks (the KV receivers of
+// sglang/srt/disaggregation; a rank the decode leg names is taken as that
+// prefill rank), where the prefill side sends a leg naming none. The room
+// alone then chooses the prefill rank (PrefillRank).
 func sglangPairLeg(x *completion, pod *pool.Pod) bool {
 	return pod.Engine == engines.SGLang && x.pd != nil && x.pd.Decision.Kind == route.PDPair
 }

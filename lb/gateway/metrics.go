@@ -65,7 +65,8 @@ type modelMetrics struct {
 	// event loop they came on (stageParse, tokenizeHere).
 	offLoop *metrics.Counter
 	// rankPins counts the requests sent to a data-parallel rank the
-	// gateway named (rankFor), a PD pair's legs each.
+	// gateway named (rankFor), a PD pair's legs each, an SGLang pair by
+	// its bootstrap room (PrefillRank).
 	rankPins *metrics.Counter
 	// completionTokens adds up the output of the answers relayed, from
 	// their usage (a stream's events where it carries none).
@@ -257,7 +258,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_prompt_tokenized_total":                       {Help: "Requests by how their prompt's block keys were made: exact (the engine's tokenizer and template, or the client's token ids), stand_in (no tokenizer configured), unindexed (routed without the KV-event index)."},
 	"pdlb_prompt_tokenized_off_loop_total":              {Help: "Requests whose prompt was read or tokenized on a worker rather than the event loop they came on, on the gnet front end: a body over 64 KiB; over 16 KiB, on a model with a tokenizer, for the chat template's Jinja engine or with over 16 KiB of text new to the tokenizer."},
 	"pdlb_completion_tokens_total":                      {Help: "Output tokens of the answers relayed, by model (from its usage, which the gateway asks a stream's engine for where the client did not; a stream without any counted from its events)."},
-	"pdlb_data_parallel_rank_pins_total":                {Help: "Requests sent to the data-parallel rank of their pod holding strictly the longest prefix of their prompt (X-Data-Parallel-Rank), rather than left to the engine's balancer; a prefill/decode pair's legs count each."},
+	"pdlb_data_parallel_rank_pins_total":                {Help: "Requests sent to the data-parallel rank of their pod holding strictly the longest prefix of their prompt (X-Data-Parallel-Rank, or an SGLang pair's bootstrap room), rather than left to the engine's balancer; a prefill/decode pair's legs count each."},
 	"pdlb_fallback_requests_total":                      {Help: "Requests for another model that this model served, as the other's fallback (it had no available pod, shed the request, or its pod answered 503)."},
 	"pdlb_adapter_loads_total":                          {Help: "LoRA adapters the gateway loaded on the model's pods through the engine's API."},
 	"pdlb_upstream_errors_total":                        {Help: "Failed exchanges with a pod (refused, reset, timed out)."},

@@ -36,9 +36,12 @@ func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up := fasthttp.AcquireRequest()
 	x.g.buildUpstream(x.ctx, up, x.reqID, pod)
 	up.SetHost(pod.Config.Address)
-	if pin := x.g.rankFor(x, pod); pin.pinned {
-		setRank(up, pin)
-		x.g.metrics.model(x.m).rankPins.Inc()
+	// An SGLang pair's prefill rank goes in the exchange (PrefillRank).
+	if !sglangPairLeg(x, pod) {
+		if pin := x.g.rankFor(x, pod); pin.pinned {
+			setRank(up, pin)
+			x.g.metrics.model(x.m).rankPins.Inc()
+		}
 	}
 	x.tr.leg(up, pod, pod == x.pd.Pre, x.attempts)
 	return up
@@ -46,6 +49,18 @@ func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 
 func (x *completion) RequestID() string {
 	return string(x.reqID)
+}
+
+func (x *completion) PrefillRank(pre *pool.Pod) (rank, ranks int) {
+	if !sglangPairLeg(x, pre) {
+		return 0, 0
+	}
+	pin := x.g.rankFor(x, pre)
+	if !pin.pinned {
+		return 0, 0
+	}
+	x.g.metrics.model(x.m).rankPins.Inc()
+	return int(pin.rank), pre.Config.DataParallelSize
 }
 
 func (x *completion) PlacePair(pre, dec *pool.Pod) bool {

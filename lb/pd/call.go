@@ -23,6 +23,10 @@ type Host interface {
 	Upstream(pod *pool.Pod) *fasthttp.Request
 	// RequestID is the request id Upstream settled on.
 	RequestID() string
+	// PrefillRank is the data-parallel rank of pre, of ranks, to prefill
+	// the prompt on through the exchange (engines.Exchange.PrefillRank),
+	// counted as pinned; ranks 0 when there is none.
+	PrefillRank(pre *pool.Pod) (rank, ranks int)
 	// PlacePair commits the request to the prefill pod pre; the prefix
 	// index learns that dec will hold the prompt's KV too. False,
 	// committing nothing, when pre is half-open and another request took

@@ -65,6 +65,7 @@ func (c *Call) RunPair() *fail.Failure {
 		PrefillHost:   HostOf(pre.Config.Address),
 		BootstrapPort: pre.Config.BootstrapPort,
 	}
+	c.ex.PrefillRank, c.ex.PrefillRanks = h.PrefillRank(pre)
 	c.proto.Begin(&c.ex)
 	if path := c.proto.PrefillInfoPath(); path != "" {
 		info, err := pre.PrefillInfo.Get(pre.Client, pre.Config.Address, path, pre.Auth())

@@ -91,6 +91,7 @@ func (s *scriptedLegs) Upstream(pod *pool.Pod) *fasthttp.Request {
 	return up
 }
 func (s *scriptedLegs) RequestID() string                            { return "" }
+func (s *scriptedLegs) PrefillRank(*pool.Pod) (int, int)             { return 0, 0 }
 func (s *scriptedLegs) PlacePair(pre, _ *pool.Pod) bool              { pre.Acquire(1); return true }
 func (s *scriptedLegs) Unplace(pre *pool.Pod)                        { pre.Release(1) }
 func (s *scriptedLegs) PrefillDone(*pool.Pod, time.Time, bool, bool) {}
