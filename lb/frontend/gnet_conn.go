@@ -101,12 +101,14 @@ type gconn struct {
 	lastRead atomic.Int64
 	// partial: some of a request came (on TLS, maybe only part of a
 	// record); fresh: nothing came yet on this new connection, which owes
-	// its first request within ReadTimeout too. dueSince is the coarse
-	// unix nanoseconds since when a request is due (the connection's
-	// open, the first byte, or the end of the answer before it):
-	// ReadTimeout bounds a request's whole reading, however its bytes
-	// trickle in, as fasthttp's does (nginx's client_header_timeout);
-	// IdleTimeout the wait for one to begin.
+	// its first request within ReadTimeout too. dueSince is the unix
+	// nanoseconds since when a request is due (the connection's open, the
+	// first byte, or the end of the answer before it), read off the real
+	// clock: the coarse one lags by up to a tick, more than a ReadTimeout
+	// may be, and a request would be cut before its time. ReadTimeout
+	// bounds a request's whole reading, however its bytes trickle in, as
+	// fasthttp's does (nginx's client_header_timeout); IdleTimeout the
+	// wait for one to begin.
 	partial, fresh atomic.Bool
 	dueSince       atomic.Int64
 	// unread: read left bytes of a request it could not parse yet, which
@@ -166,12 +168,13 @@ type queued struct {
 func newGConn(s *GNet, c gnet.Conn) *gconn {
 	gc := &gconn{s: s, c: c, local: c.LocalAddr(), remote: c.RemoteAddr(), wrote: make(chan error, 1)}
 	gc.client, _ = addrPort(gc.remote)
-	gc.lastRead.Store(s.now.Load())
+	now := time.Now().UnixNano()
+	gc.lastRead.Store(now)
 	// A new connection owes its first request within ReadTimeout, as on
 	// fasthttp (nginx's client_header_timeout), not the keep-alive idle
 	// time.
 	gc.fresh.Store(true)
-	gc.dueSince.Store(s.now.Load())
+	gc.dueSince.Store(now)
 	// Bound once: a method value made per write would allocate.
 	gc.written = func(c gnet.Conn, err error) error { return gc.settle(c, err, maxOutbound) }
 	gc.checkIdle = gnet.RunnableFunc(gc.checkIdleOnLoop)
@@ -191,7 +194,7 @@ func (gc *gconn) arrived() {
 	if gc.fresh.Load() {
 		gc.fresh.Store(false) // due since the connection opened
 	} else {
-		gc.dueSince.Store(gc.s.now.Load())
+		gc.dueSince.Store(time.Now().UnixNano())
 	}
 	gc.partial.Store(true)
 }
@@ -200,10 +203,9 @@ func (gc *gconn) arrived() {
 // idle time, and the reading time of a request that came before it ended
 // (one that comes after starts its own, in arrived).
 func (gc *gconn) answered() {
-	now := gc.s.now.Load()
-	gc.lastRead.Store(now)
+	gc.lastRead.Store(gc.s.now.Load())
 	if gc.partial.Load() {
-		gc.dueSince.Store(now)
+		gc.dueSince.Store(time.Now().UnixNano())
 	}
 }
 
@@ -238,7 +240,7 @@ func (gc *gconn) read() gnet.Action {
 	n := gc.inbound()
 	if parsed {
 		if n > 0 {
-			gc.dueSince.Store(gc.s.now.Load())
+			gc.dueSince.Store(time.Now().UnixNano())
 		}
 		gc.partial.Store(n > 0)
 	}

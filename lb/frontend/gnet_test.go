@@ -389,3 +389,38 @@ func TestFirstExchangeSwept(t *testing.T) {
 		t.Fatalf("the first exchange, its first-byte deadline 0.1 s, its pod answering in 0.8 s: %d %q; want it given up", resp.StatusCode, b)
 	}
 }
+
+// TestFreshConnectionNotSweptEarly: the idle sweep gives a new connection
+// its whole ReadTimeout to send a request, counted from its accept. The
+// loops' coarse clock lags the real one by up to a tick (1 s), more than
+// a ReadTimeout may be; a connection accepted just before a tick, whose
+// request came just after it, was closed unanswered.
+func TestFreshConnectionNotSweptEarly(t *testing.T) {
+	h := Handler{Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
+	s := startGNet(t, h, Options{ReadTimeout: 500 * time.Millisecond})
+	// The clock as the loops see it just before a tick.
+	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testwait.For(t, "the connection's accept", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns) == 1
+	})
+	s.closeIdle(time.Now().UnixNano()) // the tick's sweep
+	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a request sent at once on a new connection: %v; want it answered", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request sent at once on a new connection: %d; want 200", resp.StatusCode)
+	}
+}
