@@ -29,13 +29,7 @@ import (
 func TestDataParallelPodRanks(t *testing.T) {
 	for _, ranks := range []int{2, 0} {
 		t.Run(map[int]string{2: "data_parallel_size=2", 0: "unset"}[ranks], func(t *testing.T) {
-			pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, p := range pubs {
-				t.Cleanup(func() { p.Close() })
-			}
+			pubs := rankPublishers(t)
 			dp, err := sim.Start(sim.Config{Name: "dp", Model: "m", Listen: "127.0.0.1:0", Speedup: 100, DataParallelSize: 2,
 				KVEvents: pubs[0], RankKVEvents: []sim.KVEventSink{pubs[1]}})
 			if err != nil {
@@ -252,13 +246,7 @@ func conversationHitRate(t *testing.T, via *http.Client, dp *sim.Pod, s *lb.Serv
 // as routing says; both ranks' feeds follow when it returns.
 func rankedPod(t *testing.T, engine engines.Kind, routing string) (*sim.Pod, *lb.Server) {
 	t.Helper()
-	pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pubs {
-		t.Cleanup(func() { p.Close() })
-	}
+	pubs := rankPublishers(t)
 	dp, err := sim.Start(sim.Config{Name: "dp", Model: "m", Engine: engine, Listen: "127.0.0.1:0", Speedup: 100, DataParallelSize: 2,
 		KVEvents: pubs[0], RankKVEvents: []sim.KVEventSink{pubs[1]}})
 	if err != nil {
@@ -292,6 +280,20 @@ func rankedPod(t *testing.T, engine engines.Kind, routing string) (*sim.Pod, *lb
 		})
 	}
 	return dp, s
+}
+
+// rankPublishers starts the KV-event publishers of a pod's two
+// data-parallel ranks, on loopback ports of their own.
+func rankPublishers(t *testing.T) []*vllm.Publisher {
+	t.Helper()
+	pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pubs {
+		t.Cleanup(func() { p.Close() })
+	}
+	return pubs
 }
 
 // kvEventsReceived is the events the gateway's feeds of pod received, all
@@ -376,13 +378,7 @@ func TestDataParallelPairRoom(t *testing.T) {
 // it returns.
 func rankedPair(t *testing.T, e pdEngine, routing string) (*sim.Pod, *lb.Server) {
 	t.Helper()
-	pubs, err := vllm.StartRanks(vllm.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pubs {
-		t.Cleanup(func() { p.Close() })
-	}
+	pubs := rankPublishers(t)
 	pre := startSim(t, e, "dp", sim.RolePrefill, func(c *sim.Config) {
 		c.DataParallelSize, c.KVEvents, c.RankKVEvents = 2, pubs[0], []sim.KVEventSink{pubs[1]}
 	})
