@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
 )
@@ -21,20 +22,10 @@ import (
 // rate limit gets none of the fields.
 func TestRateLimitHeaders(t *testing.T) {
 	const stream = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":8,"stream":true}`
-	clients := []struct {
-		name string
-		c    *http.Client
-	}{{"close", client}, {"keepalive", &http.Client{Timeout: 20 * time.Second}}, {"h2", h2cClient()}}
+	clients := rateClients()
 	for _, fe := range []string{"fasthttp", "gnet"} {
 		t.Run(fe, func(t *testing.T) {
-			keys := []limits.APIKey{{Name: "free", SHA256: limits.HashKey("sk-free"), MaxConcurrent: 10}}
-			for _, c := range clients {
-				keys = append(keys, limits.APIKey{Name: c.name, SHA256: limits.HashKey("sk-" + c.name), RequestsPerMinute: 3, TokensPerMinute: 100})
-			}
-			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
-				c.Frontend = fe
-				c.Access.APIKeys = keys
-			})
+			s := rateGateway(t, fe, clients, limits.APIKey{Name: "free", SHA256: limits.HashKey("sk-free"), MaxConcurrent: 10})
 			for _, via := range clients {
 				t.Run(via.name, func(t *testing.T) {
 					auth := "Bearer sk-" + via.name
@@ -162,20 +153,10 @@ func TestRateLimitHeadersMessages(t *testing.T) {
 		body   = `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hello there"}]}`
 		stream = `{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hello there"}]}`
 	)
-	clients := []struct {
-		name string
-		c    *http.Client
-	}{{"close", client}, {"keepalive", &http.Client{Timeout: 20 * time.Second}}, {"h2", h2cClient()}}
+	clients := rateClients()
 	for _, fe := range []string{"fasthttp", "gnet"} {
 		t.Run(fe, func(t *testing.T) {
-			var keys []limits.APIKey
-			for _, c := range clients {
-				keys = append(keys, limits.APIKey{Name: c.name, SHA256: limits.HashKey("sk-" + c.name), RequestsPerMinute: 3, TokensPerMinute: 100})
-			}
-			s := testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
-				c.Frontend = fe
-				c.Access.APIKeys = keys
-			})
+			s := rateGateway(t, fe, clients)
 			for _, via := range clients {
 				t.Run(via.name, func(t *testing.T) {
 					for i, c := range []struct {
@@ -292,4 +273,31 @@ func (a answerFields) number(name string) int64 {
 		a.t.Fatalf("request %d: %s: %v", a.i, name, err)
 	}
 	return n
+}
+
+// rateClient is a client the rate-limit tests send through, with a key of
+// its name.
+type rateClient struct {
+	name string
+	c    *http.Client
+}
+
+// rateClients are a connection per request, a kept one, and h2.
+func rateClients() []rateClient {
+	return []rateClient{{"close", client}, {"keepalive", &http.Client{Timeout: 20 * time.Second}}, {"h2", h2cClient()}}
+}
+
+// rateGateway is a gateway on front end fe over one sim pod of model m,
+// with a key "sk-NAME" of 3 requests and 100 tokens a minute for each of
+// clients, and the keys of more.
+func rateGateway(t *testing.T, fe string, clients []rateClient, more ...limits.APIKey) *lb.Server {
+	t.Helper()
+	keys := more
+	for _, c := range clients {
+		keys = append(keys, limits.APIKey{Name: c.name, SHA256: limits.HashKey("sk-" + c.name), RequestsPerMinute: 3, TokensPerMinute: 100})
+	}
+	return testGateway(t, podsOf("m", testFleet(t, "m", 1, 100)...), func(c *config.Config) {
+		c.Frontend = fe
+		c.Access.APIKeys = keys
+	})
 }
