@@ -4,9 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +12,7 @@ import (
 
 	"pdlb/engines"
 	"pdlb/engines/sim"
+	"pdlb/internal/lbtest"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -146,13 +144,12 @@ func TestDeferredRepickWaitsForTheAdapter(t *testing.T) {
 	var listed atomic.Int32 // n-0's /v1/models asked
 	release := make(chan struct{})
 	front := func(addr string) string {
-		proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: addr})
-		f := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		return lbtest.Proxy(t, addr, func(w http.ResponseWriter, r *http.Request) bool {
 			switch r.URL.Path {
 			case "/health":
 				if sick.Load() && addr == served.Addr() {
 					w.WriteHeader(http.StatusServiceUnavailable)
-					return
+					return true
 				}
 			case "/v1/load_lora_adapter":
 				<-release
@@ -161,16 +158,8 @@ func TestDeferredRepickWaitsForTheAdapter(t *testing.T) {
 					listed.Add(1)
 				}
 			}
-			// A pod answers once it has the body, maybe before the proxy
-			// has read its end: half duplex, net/http would close the body
-			// at the answer's head, and the proxy drop the connection.
-			if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
-				t.Error(err)
-			}
-			proxy.ServeHTTP(w, r)
-		}))
-		t.Cleanup(f.Close)
-		return strings.TrimPrefix(f.URL, "http://")
+			return false
+		})
 	}
 	servedCfg.Address = front(served.Addr())
 	s := testGateway(t, []config.Pod{servedCfg, {Name: "n-1", Model: "n", Address: front(bare.Addr())}}, func(c *config.Config) {

@@ -7,6 +7,11 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,4 +72,27 @@ func StartGatewayLog(t testing.TB, pods []config.Pod, edit func(*config.Config),
 		s.Shutdown(ctx)
 	})
 	return s
+}
+
+// Proxy serves a reverse proxy to the pod at addr on a loopback port until
+// t ends, and returns its address. Each request goes to hook first, when
+// set, which may answer it itself (true). The proxy reads a request's body
+// while it answers (full duplex): a pod answers once it has the body,
+// maybe before the proxy read its end, and half duplex net/http would
+// close the body at the answer's head, the proxy then dropping the pod's
+// answer.
+func Proxy(t testing.TB, addr string, hook func(w http.ResponseWriter, r *http.Request) bool) string {
+	t.Helper()
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: addr})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hook != nil && hook(w, r) {
+			return
+		}
+		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+			t.Error(err)
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
 }

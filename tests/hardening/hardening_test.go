@@ -11,8 +11,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -58,20 +56,12 @@ func startUpstream(t *testing.T) *upstream {
 	}
 	t.Cleanup(func() { pod.Close() })
 	u := &upstream{pod: pod}
-	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: pod.Addr()})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	u.addr = lbtest.Proxy(t, pod.Addr(), func(_ http.ResponseWriter, r *http.Request) bool {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			u.requests.Add(1)
 		}
-		proxy.ServeHTTP(w, r)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	u.addr = ln.Addr().String()
+		return false
+	})
 	return u
 }
 
