@@ -92,14 +92,21 @@ func sglangPairLeg(x *completion, pod *pool.Pod) bool {
 	return pod.Engine == engines.SGLang && x.pd != nil && x.pd.Decision.Kind == route.PDPair
 }
 
+// pinFor is rankFor, counted in pdlb_data_parallel_rank_pins_total when it
+// names a rank.
+func (g *Gateway) pinFor(x *completion, pod *pool.Pod) rankPin {
+	pin := g.rankFor(x, pod)
+	if pin.pinned {
+		g.metrics.model(x.m).rankPins.Inc()
+	}
+	return pin
+}
+
 // pinRank settles the rank of x's attempt on x.pod, counts it, and sets it
 // on x.up when the attempt has one: x.up serves the later attempts, so a
 // rank an earlier one set goes first.
 func (g *Gateway) pinRank(x *completion) {
-	x.pin = g.rankFor(x, x.pod)
-	if x.pin.pinned {
-		g.metrics.model(x.m).rankPins.Inc()
-	}
+	x.pin = g.pinFor(x, x.pod)
 	if x.up == nil {
 		return
 	}

@@ -38,9 +38,8 @@ func (x *completion) Upstream(pod *pool.Pod) *fasthttp.Request {
 	up.SetHost(pod.Config.Address)
 	// An SGLang pair's prefill rank goes in the exchange (PrefillRank).
 	if !sglangPairLeg(x, pod) {
-		if pin := x.g.rankFor(x, pod); pin.pinned {
+		if pin := x.g.pinFor(x, pod); pin.pinned {
 			setRank(up, pin)
-			x.g.metrics.model(x.m).rankPins.Inc()
 		}
 	}
 	x.tr.leg(up, pod, pod == x.pd.Pre, x.attempts)
@@ -55,11 +54,10 @@ func (x *completion) PrefillRank(pre *pool.Pod) (rank, ranks int) {
 	if !sglangPairLeg(x, pre) {
 		return 0, 0
 	}
-	pin := x.g.rankFor(x, pre)
+	pin := x.g.pinFor(x, pre)
 	if !pin.pinned {
 		return 0, 0
 	}
-	x.g.metrics.model(x.m).rankPins.Inc()
 	return int(pin.rank), pre.Config.DataParallelSize
 }
 
