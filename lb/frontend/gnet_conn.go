@@ -128,10 +128,10 @@ type gconn struct {
 
 	mu     sync.Mutex
 	queue  []queued
-	paused bool          // parsing stopped on a full queue; the worker wakes the loop
-	left   bool          // closed, or failed, for the workers (ClientGone)
-	gone   chan struct{} // ClientGone's, made on first use; closed by leave
-	onCut  cutters       // ClientCut's watchers, cut by leave
+	paused bool     // parsing stopped on a full queue; the worker wakes the loop
+	left   bool     // closed, or failed, for the workers (ClientGone)
+	gone   goneChan // ClientGone's; fired by leave
+	onCut  cutters  // ClientCut's watchers, cut by leave
 
 	// Owned by the queue's owner: the worker, or a stream's goroutine.
 	wrote   chan error // one result per AsyncWritev
@@ -639,9 +639,7 @@ func (gc *gconn) leave() {
 	gc.mu.Lock()
 	if !gc.left {
 		gc.left = true
-		if gc.gone != nil {
-			close(gc.gone)
-		}
+		gc.gone.fire()
 		gc.onCut.cut()
 	}
 	gc.mu.Unlock()

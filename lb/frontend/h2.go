@@ -842,9 +842,7 @@ func (c *h2Conn) closeStreamLocked(st *h2Stream, err error) {
 		return
 	}
 	st.cut = err
-	if st.done != nil {
-		close(st.done)
-	}
+	st.done.fire()
 	st.onCut.cut()
 	delete(c.streams, st.id)
 	if !st.started {
@@ -997,22 +995,16 @@ type h2Stream struct {
 	started     bool      // its handler runs
 	// onCut: the calls ClientCut's watchers cut when the stream is.
 	onCut cutters
-	// done is ClientGone's, made on first use (few requests wait on it);
-	// closed when the stream is cut (reset, the connection ended).
-	done chan struct{}
+	// done is ClientGone's, fired when the stream is cut (reset, the
+	// connection ended).
+	done goneChan
 }
 
 // gone is ClientGone's channel for st.
 func (st *h2Stream) gone() <-chan struct{} {
 	st.c.mu.Lock()
 	defer st.c.mu.Unlock()
-	if st.done == nil {
-		st.done = make(chan struct{})
-		if st.cut != nil {
-			close(st.done)
-		}
-	}
-	return st.done
+	return st.done.get(st.cut != nil)
 }
 
 // ClientCut is ClientGone for a caller that would rather not have a

@@ -73,13 +73,7 @@ func ClientGone(ctx *fasthttp.RequestCtx) <-chan struct{} {
 	}
 	gc.mu.Lock()
 	defer gc.mu.Unlock()
-	if gc.gone == nil {
-		gc.gone = make(chan struct{})
-		if gc.left {
-			close(gc.gone)
-		}
-	}
-	return gc.gone
+	return gc.gone.get(gc.left)
 }
 
 // ClientAddr is the address ctx's client connected from, IPv4 as such;

@@ -153,6 +153,28 @@ func (c *lingerConn) SetDeadline(t time.Time) error {
 	return c.TCPConn.SetDeadline(t)
 }
 
+// goneChan is ClientGone's channel of a connection or an HTTP/2 stream,
+// made on first use (few requests wait on it), under its owner's lock.
+type goneChan struct{ ch chan struct{} }
+
+// get returns the channel, closed already when the client is gone.
+func (g *goneChan) get(gone bool) <-chan struct{} {
+	if g.ch == nil {
+		g.ch = make(chan struct{})
+		if gone {
+			close(g.ch)
+		}
+	}
+	return g.ch
+}
+
+// fire closes the channel, if one was made; once, as the client leaves.
+func (g *goneChan) fire() {
+	if g.ch != nil {
+		close(g.ch)
+	}
+}
+
 // cutters is who a client's leaving cuts (ClientCut's watchers), under
 // the lock of the connection they watch. A request watches one call at a
 // time, so buf holds it without an allocation.
