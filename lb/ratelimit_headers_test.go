@@ -301,3 +301,34 @@ func rateGateway(t *testing.T, fe string, clients []rateClient, more ...limits.A
 		c.Access.APIKeys = keys
 	})
 }
+
+// TestTokenizerSpendsNoTokens: the tokenizer APIs (/tokenize, /detokenize,
+// /v1/messages/count_tokens), which the engine's API server answers
+// without the engine, spend a keyed client's request but none of its
+// tokens_per_minute: Anthropic's SDK counts a conversation's tokens before
+// sending it, and that must not halve what the key may send.
+func TestTokenizerSpendsNoTokens(t *testing.T) {
+	const (
+		count = `{"model":"m","messages":[{"role":"user","content":"` + "a fairly long message to count, the kind an agent sends before each turn of a long conversation" + `"}]}`
+		tok   = `{"model":"m","prompt":"` + "a fairly long message to count, the kind an agent sends before each turn of a long conversation" + `"}`
+	)
+	clients := rateClients()[1:2]
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			s := rateGateway(t, fe, clients)
+			for i, c := range []struct{ path, body, tokens string }{
+				{"/v1/messages/count_tokens", count, "anthropic-ratelimit-tokens-remaining"},
+				{"/tokenize", tok, "x-ratelimit-remaining-tokens"},
+			} {
+				resp, b := send(t, clients[0].c, s, "POST", c.path, c.body, "Content-Type", "application/json", "x-api-key", "sk-keepalive", "anthropic-version", "2023-06-01")
+				if resp.StatusCode != 200 {
+					t.Fatalf("%s: %d %s", c.path, resp.StatusCode, b)
+				}
+				f := answerFields{t: t, i: i, h: resp.Header}
+				if n := f.number(c.tokens); n != 100 {
+					t.Fatalf("%s: %s %d, want the whole 100: counting spends no tokens", c.path, c.tokens, n)
+				}
+			}
+		})
+	}
+}

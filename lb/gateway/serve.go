@@ -346,8 +346,13 @@ func resolveStrategy(x *completion, m *pool.Model) (route.Resolved, *failure) {
 // token; an audio form's text fields alone, so, since its audio is no
 // text (requests_per_minute and max_concurrent bound uploads). Only the
 // budget counts them so: a pod's ledger and queue, which they would hold
-// up as prefill work, get nothing.
+// up as prefill work, get nothing. A request the engine does not run
+// (reachesEngine: a tokenization, Anthropic's count_tokens) spends its
+// request alone: clients count a prompt's tokens before sending it.
 func budgeted(x *completion, body []byte) int {
+	if !x.reachesEngine() {
+		return 0
+	}
 	if x.req.Kind == openai.KindAudio {
 		return tokenize.CountLen(x.req.FormTextBytes)
 	}
