@@ -738,7 +738,7 @@ func TestResponsesStreamEnds(t *testing.T) {
 
 // TestResponsesSeekPodFails: a pod that fails during the search for a
 // stored response the gateway does not know (a reset, a refused
-// connection, a hang, a 503) may hold it: when every other pod answers
+// connection, a hang, a 5xx) may hold it: when every other pod answers
 // 404 the client gets 503 naming that pod, not a 404 that says the
 // response does not exist; when another pod holds it, 200 from there.
 // Asking the next pod is the search, not a retry: with retries 0 and
@@ -755,6 +755,16 @@ func TestResponsesSeekPodFails(t *testing.T) {
 		{"hung", func(t *testing.T) string { return fakePod(t, hungPod) }},
 		{"503", func(t *testing.T) string {
 			return fakePod(t, func(c net.Conn, _ *http.Request) { answerJSON(c, 503, `{"error":{"message":"shed"}}`) })
+		}},
+		// vLLM's answer to an exception in its handler, and a proxy's in
+		// front of a pod: neither says whether the pod holds the id.
+		{"500", func(t *testing.T) string {
+			return fakePod(t, func(c net.Conn, _ *http.Request) {
+				answerJSON(c, 500, `{"error":{"message":"EngineDeadError","type":"InternalServerError","code":500}}`)
+			})
+		}},
+		{"502", func(t *testing.T) string {
+			return fakePod(t, func(c net.Conn, _ *http.Request) { answerJSON(c, 502, `{"error":{"message":"bad gateway"}}`) })
 		}},
 	} {
 		for _, fe := range []string{"gnet", "fasthttp"} {
@@ -808,6 +818,52 @@ func TestResponsesSeekPodFails(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestResponsesSeekRelays4xx: a pod's 4xx but 404 during a search is its
+// word on the id, relayed: vLLM answers 400 for an id that does not begin
+// with "resp" (every pod alike, so one is asked) and for a cancel of a
+// response that is not running (its own pod, found after the others'
+// 404s).
+func TestResponsesSeekRelays4xx(t *testing.T) {
+	var mu sync.Mutex
+	asked := 0
+	var pods []config.Pod
+	for _, name := range []string{"p0", "p1", "p2"} {
+		pods = append(pods, config.Pod{Name: name, Model: "m", Address: fakePod(t, func(c net.Conn, r *http.Request) {
+			mu.Lock()
+			asked++
+			mu.Unlock()
+			id, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1/responses/"), "/")
+			switch {
+			case !strings.HasPrefix(id, "resp"):
+				answerJSON(c, 400, `{"error":{"message":"Invalid 'response_id': '`+id+`'. Expected an ID that begins with 'resp'.","type":"invalid_request_error","code":400}}`)
+			case id != "resp_on_"+name:
+				answerJSON(c, 404, `{"error":{"message":"Response with id '`+id+`' not found.","type":"invalid_request_error","param":"response_id","code":404}}`)
+			default:
+				answerJSON(c, 400, `{"error":{"message":"Cannot cancel a synchronous response.","type":"invalid_request_error","code":400}}`)
+			}
+		})})
+	}
+	for _, fe := range []string{"gnet", "fasthttp"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, pods, func(c *config.Config) { c.Frontend = fe; c.Health.Interval = time.Hour })
+			mu.Lock()
+			asked = 0
+			mu.Unlock()
+			resp, b := send(t, client, s, http.MethodGet, "/v1/responses/msg_1", "")
+			mu.Lock()
+			n := asked
+			mu.Unlock()
+			if resp.StatusCode != 400 || !strings.Contains(b, "Expected an ID that begins with 'resp'.") || n != 1 {
+				t.Errorf("an invalid id: %d after asking %d pods: %s", resp.StatusCode, n, b)
+			}
+			resp, b = send(t, client, s, http.MethodPost, "/v1/responses/resp_on_p2/cancel", "")
+			if resp.StatusCode != 400 || resp.Header.Get("x-pdlb-pod") != "p2" || !strings.Contains(b, "Cannot cancel") {
+				t.Errorf("cancel of a finished response: %d on %q: %s", resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+			}
+		})
 	}
 }
 

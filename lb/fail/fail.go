@@ -61,6 +61,10 @@ const (
 	// hold, and the request sought it on the next pod: no retry, so no
 	// series of pdlb_upstream_retries_total; the access log lists it.
 	NotFound Reason = "404"
+	// Fault: the pod answered a 5xx but 503 during the search for a
+	// stored response, which went on to the next pod as after NotFound;
+	// the access log lists it.
+	Fault Reason = "5xx"
 )
 
 func (f *Failure) Error() string { return f.E.Message }

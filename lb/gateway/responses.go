@@ -315,6 +315,28 @@ func (g *Gateway) seekPast(x *completion, f *failure) bool {
 	return true
 }
 
+// seekPastFault moves x's search on past its pod, which answered a 5xx
+// but 503 (vLLM's answer to an exception in its handler, or a proxy's in
+// front of the pod): vLLM answers a retrieval, cancel or follow-up of an
+// id it does not hold with 404, and of one it holds with 200 or a 4xx
+// (400: a bad id, a cancel of a finished response), so the 5xx says
+// nothing of the response, and the pod counts as one not asked
+// (unsought names it). False when x seeks nothing: the 5xx is relayed.
+func (g *Gateway) seekPastFault(x *completion) bool {
+	status := x.resp.StatusCode()
+	if !fail.IsFault(status) || g.seeks(x) == nil {
+		return false
+	}
+	_ = x.resp.CloseBodyStream()
+	x.resp.Reset()
+	g.unplace(x, x.pod)
+	if x.reachesEngine() {
+		g.podFailed(x.pod) // as respond counts a 5xx relayed
+	}
+	return g.seekPast(x, &failure{E: openai.UpstreamError(fmt.Sprintf("pod %s answered %d", x.pod.Config.Name, status)),
+		Pod: x.pod, Reason: fail.Fault})
+}
+
 // seeks is the model whose pods x asks in turn for the stored response it
 // names, which the gateway does not know (the model's as the fleet is
 // now: follow); nil when x names none, or one whose pod is known.

@@ -361,6 +361,8 @@ func (x *completion) answered(err error) {
 		// on a fallback model
 	case err == nil && x.resp.StatusCode() == fasthttp.StatusNotFound && g.seekStored(x):
 		// picked anew: another pod may hold the stored response
+	case err == nil && g.seekPastFault(x):
+		// picked anew: the pod could not say whether it holds it
 	case err == nil:
 		// Sent for good; x.resp stays: the relay finishes with it. A
 		// retry that got its answer's head retries no more (Envoy
