@@ -687,6 +687,49 @@ func TestResponsesPodRenamed(t *testing.T) {
 	}
 }
 
+// TestResponsesModelMoved: a reload that moves a stored response's pod to
+// another model, leaving its old model or taking it away, leaves the
+// calls by the response's id (which name no model) to that pod, under
+// its new model; one that renames the pod too leaves them to a search,
+// which finds it. Never the other pods' 404, nor an unknown model's.
+func TestResponsesModelMoved(t *testing.T) {
+	var pods []config.Pod
+	for _, name := range []string{"a", "b", "c"} {
+		p := &responsesPod{stored: map[string]bool{}}
+		pods = append(pods, config.Pod{Name: name, Model: map[string]string{"a": "m", "b": "m", "c": "n"}[name], Address: fakePod(t, p.serve)})
+	}
+	for i, step := range []struct {
+		what   string
+		reload func(home, other config.Pod) []config.Pod
+	}{
+		{"its pod moved to another model", func(home, other config.Pod) []config.Pod { return []config.Pod{home, other, pods[2]} }},
+		{"its model gone too", func(home, _ config.Pod) []config.Pod { return []config.Pod{home, pods[2]} }},
+		{"its pod renamed too", func(home, _ config.Pod) []config.Pod { home.Name = "renamed"; return []config.Pod{home, pods[2]} }},
+	} {
+		s := testGateway(t, pods, nil)
+		id := fmt.Sprint("resp_mv", i)
+		resp, b := post(t, s, "/v1/responses", `{"model":"m","input":"x","request_id":"`+id+`"}`)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		home, other := pods[0], pods[1]
+		if resp.Header.Get("x-pdlb-pod") == "b" {
+			home, other = other, home
+		}
+		home.Model = "m2"
+		fleet := step.reload(home, other)
+		if err := s.Gateway.SetPods(fleet); err != nil {
+			t.Fatal(err)
+		}
+		for _, sub := range []string{"/input_items", ""} {
+			resp, b := send(t, client, s, http.MethodGet, "/v1/responses/"+id+sub, "")
+			if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != fleet[0].Name || resp.Header.Get("x-pdlb-model") != "m2" {
+				t.Errorf("%s, GET %q: %d on %q of %q: %s", step.what, sub, resp.StatusCode, resp.Header.Get("x-pdlb-pod"), resp.Header.Get("x-pdlb-model"), b)
+			}
+		}
+	}
+}
+
 // TestResponsesStreamEnds: a Responses API stream's events have their
 // "type" last (vLLM writes the fields in the order OpenAI's types declare
 // them). One the engine ends with its own error event (named "error"),

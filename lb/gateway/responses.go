@@ -214,11 +214,22 @@ func (g *Gateway) placeStored(ctx *fasthttp.RequestCtx, x *completion) bool {
 			g.fail(ctx, x, nil, answer(storedNotFound(id)))
 			return false
 		}
+		models := g.pool.Load().Models
+		if ok {
+			// Its pod's model now: a reload may have moved the pod to
+			// another. One whose pod left, or was renamed, is sought.
+			i := slices.IndexFunc(models, func(m *pool.Model) bool { return combinedNamed(m, h.pod) >= 0 })
+			if i < 0 {
+				g.homes.forget(id)
+				h, ok = home{}, false
+			} else {
+				h.model = models[i].Name
+			}
+		}
 		if !ok {
 			// Unknown here (made through another replica, or before a
 			// restart): the pods are asked in turn (seekStored), of
 			// each model that has combined pods, as the call names none.
-			models := g.pool.Load().Models
 			i := slices.IndexFunc(models, hasCombined)
 			if i < 0 {
 				g.fail(ctx, x, nil, answer(storedNotFound(id)))
