@@ -579,18 +579,16 @@ func errorBody(k engines.Kind, code int, typ, param, msg string) []byte {
 	return b
 }
 
-// appendUsage appends vLLM's UsageInfo; non-streaming responses dump its
-// prompt_tokens_details too (null: the sim does not enable it).
-func appendUsage(dst []byte, prompt, completion int, details bool) []byte {
+// appendUsage appends a UsageInfo's counts, then tail, the rest of its
+// fields: whole answers dump them all (fullShape), stream chunks none.
+func appendUsage(dst []byte, prompt, completion int, tail string) []byte {
 	dst = append(dst, `{"prompt_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(prompt), 10)
 	dst = append(dst, `,"total_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(prompt+completion), 10)
 	dst = append(dst, `,"completion_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(completion), 10)
-	if details {
-		dst = append(dst, `,"prompt_tokens_details":null`...)
-	}
+	dst = append(dst, tail...)
 	return append(dst, '}')
 }
 
@@ -696,7 +694,7 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 func (w *sseWriter) closeChunk(dst []byte, prompt, completion int) []byte {
 	if w.continuous {
 		dst = append(dst, `,"usage":`...)
-		dst = appendUsage(dst, prompt, completion, false)
+		dst = appendUsage(dst, prompt, completion, "")
 	}
 	return append(dst, "}\n\n"...)
 }
@@ -708,7 +706,7 @@ func (w *sseWriter) appendUsage(dst []byte, prompt, completion int) []byte {
 	}
 	dst = append(dst, w.prefix...)
 	dst = append(dst, `],"usage":`...)
-	dst = appendUsage(dst, prompt, completion, false)
+	dst = appendUsage(dst, prompt, completion, "")
 	return append(dst, "}\n\n"...)
 }
 
@@ -732,19 +730,65 @@ type choice struct {
 	reason uint8
 }
 
-// appendFullResponse appends a non-streaming chat.completion or
-// text_completion body, every field vLLM's response model has (it dumps
-// them all, nulls included): n choices per prompt, and the usage of
-// them all.
+// fullShape is the text of an engine's whole answer around the sim's
+// values, every field its response models dump (nulls included):
+// vLLM's (which the sim answers for TensorRT-LLM too), or SGLang's, whose
+// choices carry matched_stop (null: SGLang names the stop string or
+// token matched, the sim's natural end has no token id) and whose
+// answer carries metadata (the weight version, "default" unless the
+// server is told another). SGLang drops hidden_states, token_ids,
+// prompt_token_ids, meta_info and sglext while unset
+// (sglang/srt/entrypoints/openai/protocol.py).
+type fullShape struct {
+	message string // after the content
+	// choice ends each choice, chat's and completion's, after its
+	// finish reason's closing quote.
+	choice, completionChoice string
+	// beforeUsage comes between the choices and the usage; usage ends
+	// the usage.
+	beforeUsage, usage string
+	// body ends the body after the usage, chat's and completion's.
+	body, completionBody string
+	// kvTransfer says the body ends with kv_transfer_params.
+	kvTransfer bool
+}
+
+var (
+	vllmShape = fullShape{
+		message:          `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null}`,
+		choice:           `,"stop_reason":null`,
+		completionChoice: `,"stop_reason":null,"prompt_logprobs":null`,
+		beforeUsage:      `,"service_tier":null,"system_fingerprint":null`,
+		usage:            `,"prompt_tokens_details":null`,
+		body:             `,"prompt_logprobs":null`,
+		kvTransfer:       true,
+	}
+	sglangShape = fullShape{
+		message:          `,"reasoning_content":null,"tool_calls":null}`,
+		choice:           `,"matched_stop":null`,
+		completionChoice: `,"matched_stop":null`,
+		usage:            `,"prompt_tokens_details":null,"reasoning_tokens":0`,
+		body:             `,"metadata":{"weight_version":"default"}`,
+		completionBody:   `,"metadata":{"weight_version":"default"}`,
+	}
+)
+
+// appendFullResponse appends engine k's non-streaming chat.completion or
+// text_completion body (fullShape): n choices per prompt, and the usage
+// of them all.
 //
 // pd, when not nil, adds a prefill leg's answer fields: vLLM's top-level
 // kv_transfer_params, TensorRT-LLM's choices[0].disaggregated_params and
 // top-level prompt_token_ids.
-func appendFullResponse(dst []byte, chat bool, id string, created int64, model string, choices []choice, prompt, completion int, pd *pdAnswer) []byte {
+func appendFullResponse(dst []byte, k engines.Kind, chat bool, id string, created int64, model string, choices []choice, prompt, completion int, pd *pdAnswer) []byte {
 	var disagg, kvParams []byte
 	var promptIDs []uint32
 	if pd != nil {
 		disagg, kvParams, promptIDs = pd.disaggParams, pd.kvTransferParams, pd.promptTokenIDs
+	}
+	shape := vllmShape
+	if k == engines.SGLang {
+		shape = sglangShape
 	}
 	dst = append(dst, `{"id":`...)
 	dst = appendJSONString(dst, id)
@@ -767,24 +811,30 @@ func appendFullResponse(dst []byte, chat bool, id string, created int64, model s
 		if chat {
 			dst = append(dst, `,"message":{"role":"assistant","content":`...)
 			dst = appendJSONBytes(dst, c.text)
-			dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"`...)
-			dst = append(dst, finishNames[c.reason]...)
-			dst = append(dst, `","stop_reason":null`...)
+			dst = append(dst, shape.message...)
 		} else {
 			dst = append(dst, `,"text":`...)
 			dst = appendJSONBytes(dst, c.text)
-			dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
-			dst = append(dst, finishNames[c.reason]...)
-			dst = append(dst, `","stop_reason":null,"prompt_logprobs":null`...)
+		}
+		dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
+		dst = append(dst, finishNames[c.reason]...)
+		dst = append(dst, '"')
+		if chat {
+			dst = append(dst, shape.choice...)
+		} else {
+			dst = append(dst, shape.completionChoice...)
 		}
 		dst = appendDisagg(dst, disagg)
 		dst = append(dst, '}')
 	}
 	dst = append(dst, ']')
-	dst = append(dst, `,"service_tier":null,"system_fingerprint":null,"usage":`...)
-	dst = appendUsage(dst, prompt, completion, true)
+	dst = append(dst, shape.beforeUsage...)
+	dst = append(dst, `,"usage":`...)
+	dst = appendUsage(dst, prompt, completion, shape.usage)
 	if chat {
-		dst = append(dst, `,"prompt_logprobs":null`...)
+		dst = append(dst, shape.body...)
+	} else {
+		dst = append(dst, shape.completionBody...)
 	}
 	if promptIDs != nil {
 		dst = append(dst, `,"prompt_token_ids":[`...)
@@ -796,11 +846,13 @@ func appendFullResponse(dst []byte, chat bool, id string, created int64, model s
 		}
 		dst = append(dst, ']')
 	}
-	dst = append(dst, `,"kv_transfer_params":`...)
-	if kvParams == nil {
-		kvParams = []byte("null")
+	if shape.kvTransfer {
+		dst = append(dst, `,"kv_transfer_params":`...)
+		if kvParams == nil {
+			kvParams = []byte("null")
+		}
+		dst = append(dst, kvParams...)
 	}
-	dst = append(dst, kvParams...)
 	return append(dst, '}')
 }
 

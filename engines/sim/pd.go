@@ -404,7 +404,7 @@ func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLe
 		for i, o := range outs {
 			choices[i] = choice{texts[i].appendText(nil, 0, o.produced), o.reason}
 		}
-		writeJSON(ctx, appendFullResponse(nil, chat, respID, created, model, choices, prompt, produced, pd))
+		writeJSON(ctx, appendFullResponse(nil, p.cfg.Engine, chat, respID, created, model, choices, prompt, produced, pd))
 	}
 	unpin := func(rs []*request) {
 		for _, r := range rs {

@@ -768,7 +768,7 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 			choices[i] = choice{texts[i].appendText(nil, 0, o.produced), o.reason}
 		}
 		produced, finished = totals(outs)
-		writeJSON(ctx, appendFullResponse(nil, isChat, respID, created, model, choices, promptTotal, produced, nil))
+		writeJSON(ctx, appendFullResponse(nil, p.cfg.Engine, isChat, respID, created, model, choices, promptTotal, produced, nil))
 		return
 	}
 	ctx.SetContentType(sseContentType)
