@@ -103,6 +103,12 @@ func (k Kind) DecodeServesPlain() bool { return k != SGLang }
 // disaggregated server refuses batches.
 func (k Kind) ExchangesBatch() bool { return k == SGLang }
 
+// ReadsMaxCompletionTokens says whether engine k holds a chat to the
+// max_completion_tokens v it was sent (not null) rather than to its
+// max_tokens: vLLM and TensorRT-LLM whatever v is; SGLang, which takes
+// max_completion_tokens or max_tokens (Python's or), unless v is 0.
+func (k Kind) ReadsMaxCompletionTokens(v int) bool { return v != 0 || k != SGLang }
+
 // CompletionMaxTokens is the output budget of each sequence engine k
 // gives a completion (not a chat) that leaves max_tokens out: 16 on vLLM
 // and SGLang (their CompletionRequest's default, OpenAI's), -1 (unknown)

@@ -605,9 +605,10 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if !p.parseBody(ctx, &req) {
 		return
 	}
-	if !isChat {
+	if mct := req.MaxCompletionTokens; !isChat || mct != nil && !p.cfg.Engine.ReadsMaxCompletionTokens(int(*mct)) {
 		// Chat's field alone: vLLM's and SGLang's CompletionRequest have
-		// none and ignore it (max_tokens, else the default, counts).
+		// none and ignore it (max_tokens, else the default, counts); an
+		// SGLang chat's 0 leaves max_tokens to count.
 		req.MaxCompletionTokens = nil
 	}
 	if p.cfg.Engine == engines.VLLM {

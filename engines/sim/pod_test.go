@@ -597,6 +597,43 @@ func TestNullMaxTokens(t *testing.T) {
 	}
 }
 
+// TestChatBudgetField: vLLM holds a chat to max_completion_tokens when it
+// is sent, 0 included, else to max_tokens; SGLang takes
+// max_completion_tokens or max_tokens (ChatCompletionRequest's
+// to_sampling_params), so its 0 falls through to max_tokens, or to no
+// budget (the context's rest) without one.
+func TestChatBudgetField(t *testing.T) {
+	for _, tc := range []struct {
+		engine engines.Kind
+		budget map[string]any
+		want   int    // tokens, when served
+		refuse string // in the 400's body, when refused
+	}{
+		{engine: engines.SGLang, budget: map[string]any{"max_completion_tokens": 0, "max_tokens": 5}, want: 5},
+		{engine: engines.SGLang, budget: map[string]any{"max_completion_tokens": 0}, want: 40},
+		{engine: engines.SGLang, budget: map[string]any{"max_completion_tokens": 3, "max_tokens": 5}, want: 3},
+		{engine: engines.VLLM, budget: map[string]any{"max_completion_tokens": 0, "max_tokens": 5}, refuse: "max_tokens must be at least 1, got 0."},
+		{engine: engines.VLLM, budget: map[string]any{"max_completion_tokens": 3, "max_tokens": 5}, want: 3},
+	} {
+		p := testPod(t, Config{Model: "m", Engine: tc.engine, Speedup: 1000, DefaultMaxTokens: 40})
+		status, b := post(t, testClient(t), "http://"+p.Addr()+"/v1/chat/completions", chatBody("hello", tc.budget))
+		if tc.refuse != "" {
+			if status != 400 || !strings.Contains(string(b), tc.refuse) {
+				t.Errorf("%s %v: %d %s, want a 400 saying %q", tc.engine, tc.budget, status, b, tc.refuse)
+			}
+			continue
+		}
+		var r struct {
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		if err := json.Unmarshal(b, &r); status != 200 || err != nil || r.Usage.CompletionTokens != tc.want {
+			t.Errorf("%s %v: %d %s, want %d tokens", tc.engine, tc.budget, status, b, tc.want)
+		}
+	}
+}
+
 // TestCompletionDefaultFillsContext: vLLM and SGLang take a completion's
 // default budget (16) for the request's own before they look at the
 // context, so a prompt that leaves less than 16 tokens of it is refused
