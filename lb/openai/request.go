@@ -186,6 +186,9 @@ type Request struct {
 	MaxTokens int
 	// MaxCompletionTokens says MaxTokens came from "max_completion_tokens".
 	MaxCompletionTokens bool
+	// chatMaxTokens is then the chat's "max_tokens" (-1: absent or
+	// null), which SGLang holds it to instead of a 0 (OutputBudget).
+	chatMaxTokens int
 	// engineBudget says a completion left max_tokens out or sent null, so
 	// the engine's default applies (OutputBudget): vLLM's
 	// normalize_null_max_tokens gives null the default too.
@@ -666,19 +669,24 @@ func (r *Request) parse(s *scanner) error {
 	r.MaxTokens, r.MaxCompletionTokens = maxTokens, false
 	r.engineBudget = r.Kind == KindCompletion && maxTokens < 0
 	if maxCompletion >= 0 {
-		r.MaxTokens, r.MaxCompletionTokens = maxCompletion, true
+		r.MaxTokens, r.MaxCompletionTokens, r.chatMaxTokens = maxCompletion, true, maxTokens
 	}
 	return nil
 }
 
 // OutputBudget is the most tokens the engine generates for each of r's
 // sequences: MaxTokens, or for a completion without max_tokens (or with
-// null) its engine's default (engines.Kind.CompletionMaxTokens); -1 when
+// null) its engine's default (engines.Kind.CompletionMaxTokens), or for
+// a chat whose max_completion_tokens the engine passes over
+// (engines.Kind.ReadsMaxCompletionTokens) its max_tokens; -1 when
 // unknown, as for a chat without one, which vLLM lets run to the
 // context's end.
 func (r *Request) OutputBudget() int {
-	if r.engineBudget {
+	switch {
+	case r.engineBudget:
 		return r.Engine.CompletionMaxTokens()
+	case r.MaxCompletionTokens && !r.Engine.ReadsMaxCompletionTokens(r.MaxTokens):
+		return r.chatMaxTokens
 	}
 	return r.MaxTokens
 }

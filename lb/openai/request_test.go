@@ -1162,7 +1162,9 @@ func TestParseChoices(t *testing.T) {
 // TestOutputBudget: a completion that leaves max_tokens out, or sends it
 // null, gets its engine's default (16 on vLLM and SGLang, unknown on
 // TensorRT-LLM); one that gives it, and a chat without one (the
-// context's rest), keep what they say.
+// context's rest), keep what they say. A chat's max_completion_tokens 0
+// is its budget on vLLM (which refuses it), but falls through to
+// max_tokens on SGLang (engines.Kind.ReadsMaxCompletionTokens).
 func TestOutputBudget(t *testing.T) {
 	f := func(kind Kind, body string, engine engines.Kind, want int) {
 		t.Helper()
@@ -1187,6 +1189,11 @@ func TestOutputBudget(t *testing.T) {
 	f(KindCompletion, `{"model":"m","prompt":"x","max_completion_tokens":200}`, engines.VLLM, 16)
 	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, engines.VLLM, -1)
 	f(KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":7}`, engines.SGLang, 7)
+	const zero = `{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":0`
+	f(KindChat, zero+`,"max_tokens":9}`, engines.VLLM, 0)
+	f(KindChat, zero+`,"max_tokens":9}`, engines.SGLang, 9)
+	f(KindChat, zero+`,"max_tokens":null}`, engines.SGLang, -1)
+	f(KindChat, zero+`}`, engines.SGLang, -1)
 }
 
 // TestParseTruncation: a prompt is counted and tokenized as the engine
