@@ -83,3 +83,70 @@ func TestAnswerFields(t *testing.T) {
 		}
 	}
 }
+
+// TestEcho: vLLM's completion echo puts the prompt's text before the
+// answer's, in the whole body and in a stream's first delta of each
+// choice; with max_tokens 0 (lm-eval's loglikelihood requests) it
+// generates one token (CompletionRequest.to_sampling_params), which usage
+// counts, and answers the prompt alone. Without echo, 0 is refused. The
+// sim cannot detokenize a prompt of ids, and says so.
+func TestEcho(t *testing.T) {
+	p := testPod(t, Config{Model: "m", Engine: engines.VLLM, Speedup: 1000, DefaultMaxTokens: 40})
+	url := "http://" + p.Addr() + "/v1/completions"
+	const prompt = "hello \"echo\"\nworld" // escaped in JSON
+	for _, tc := range []struct {
+		body   map[string]any
+		tokens int  // completion tokens counted
+		only   bool // the prompt's text alone
+	}{
+		{body: map[string]any{"echo": true, "max_tokens": 0, "logprobs": 1}, tokens: 1, only: true},
+		{body: map[string]any{"echo": true, "max_tokens": 3}, tokens: 3},
+		{body: map[string]any{"echo": true, "max_tokens": 2, "n": 2}, tokens: 4},
+	} {
+		body := map[string]any{"model": "m", "prompt": prompt}
+		maps.Copy(body, tc.body)
+		status, b := post(t, testClient(t), url, body)
+		var r struct {
+			Choices []struct {
+				Text         string
+				FinishReason string `json:"finish_reason"`
+			}
+			Usage usageJSON
+		}
+		if err := json.Unmarshal(b, &r); status != 200 || err != nil || len(r.Choices) == 0 {
+			t.Fatalf("%v: %d %s", tc.body, status, b)
+		}
+		for _, c := range r.Choices {
+			if !strings.HasPrefix(c.Text, prompt) || (c.Text == prompt) != tc.only || c.FinishReason != "length" {
+				t.Errorf("%v: text %q, finish %q; want the prompt %q (alone: %v), length", tc.body, c.Text, c.FinishReason, prompt, tc.only)
+			}
+		}
+		if r.Usage.CompletionTokens != tc.tokens {
+			t.Errorf("%v: %d completion tokens, want %d", tc.body, r.Usage.CompletionTokens, tc.tokens)
+		}
+		body["stream"] = true
+		_, events := stream(t, testClient(t), t.Context(), url, body)
+		streamed := make([]string, len(r.Choices))
+		for _, c := range parseChunks(t, events) {
+			for _, ch := range c.Choices {
+				if ch.Index >= len(streamed) || ch.Text == nil {
+					t.Fatalf("%v streamed: choice %d, text %v", tc.body, ch.Index, ch.Text)
+				}
+				streamed[ch.Index] += *ch.Text
+			}
+		}
+		for i, text := range streamed {
+			if !strings.HasPrefix(text, prompt) || (text == prompt) != tc.only {
+				t.Errorf("%v streamed: choice %d's text %q, want the prompt %q first (alone: %v)", tc.body, i, text, prompt, tc.only)
+			}
+		}
+	}
+	status, b := post(t, testClient(t), url, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 0})
+	if status != 400 || !strings.Contains(string(b), "max_tokens must be at least 1, got 0.") {
+		t.Errorf("max_tokens 0 without echo: %d %s, want a 400", status, b)
+	}
+	status, b = post(t, testClient(t), url, map[string]any{"model": "m", "prompt": []int{1, 2, 3}, "echo": true})
+	if status != 400 || !strings.Contains(string(b), "the sim echoes string prompts only") {
+		t.Errorf("echo of token ids: %d %s, want the sim's 400", status, b)
+	}
+}

@@ -30,6 +30,8 @@ type genRequest struct {
 	Temperature   *laxFloat      `json:"temperature"`
 	Stream        laxBool        `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
+	// Echo is a completion's echo (vLLM's: see echoTexts).
+	Echo laxBool `json:"echo"`
 	// RequestID is vLLM's request_id extra parameter; RID is SGLang's.
 	RequestID string `json:"request_id"`
 	RID       string `json:"rid"`
@@ -344,6 +346,25 @@ func (r *genRequest) completionBudget(k engines.Kind, body []byte) error {
 	return nil
 }
 
+// echoTexts is the text vLLM's completion echo puts before the answers
+// of each of r's prompts: the prompt as sent. vLLM detokenizes a prompt of
+// token ids; the sim, whose ids may be the stand-in's, refuses to.
+func (r *genRequest) echoTexts() ([]string, error) {
+	raws, err := completionPrompts(r.Prompt)
+	if err != nil {
+		return nil, err
+	}
+	texts := make([]string, len(raws))
+	for i, raw := range raws {
+		s, ok := promptString(raw)
+		if !ok {
+			return nil, badRequest("echo of prompt %d, token ids: the sim echoes string prompts only", i)
+		}
+		texts[i] = s
+	}
+	return texts, nil
+}
+
 // outputBudget is the output budget engine k holds r to before it looks
 // at the context: max_completion_tokens (a chat's alone), else
 // max_tokens, else a completion's default (engines.Kind
@@ -614,6 +635,13 @@ type sseWriter struct {
 	// running and the tokens of those that finished.
 	left, produced []int
 	sentRole       bool
+	// echo, when not nil, is each prompt's text, which a completion's
+	// first delta of each choice starts with (echoTexts); with echoOnly
+	// (max_tokens 0) the delta holds it alone. echoed marks the choices
+	// that sent it.
+	echo     []string
+	echoOnly bool
+	echoed   []bool
 }
 
 func newSSEWriter(chat bool, id string, created int64, model string, usage, continuous, perPrompt bool, prompts []int, n int) *sseWriter {
@@ -666,7 +694,12 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 		dst = append(dst, `},"logprobs":null,"finish_reason":`...)
 	} else {
 		dst = append(dst, `,"text":`...)
-		dst = appendJSONBytes(dst, text)
+		if w.echo != nil && !w.echoed[i] {
+			w.echoed[i] = true
+			dst = appendEchoed(dst, w.echo[prompt], text, w.echoOnly)
+		} else {
+			dst = appendJSONBytes(dst, text)
+		}
 		dst = append(dst, `,"logprobs":null,"finish_reason":`...)
 	}
 	if reason == finishNone {
@@ -724,10 +757,13 @@ func (w *sseWriter) appendEnd(dst []byte, completion int) []byte {
 	return append(dst, "data: [DONE]\n\n"...)
 }
 
-// choice is one answer of a response: its text and finish reason.
+// choice is one answer of a response: its text and finish reason, and
+// the echo that starts it (echoTexts), or with echoOnly is all of it.
 type choice struct {
-	text   []byte
-	reason uint8
+	text     []byte
+	reason   uint8
+	echo     string
+	echoOnly bool
 }
 
 // fullShape is the text of an engine's whole answer around the sim's
@@ -814,7 +850,7 @@ func appendFullResponse(dst []byte, k engines.Kind, chat bool, id string, create
 			dst = append(dst, shape.message...)
 		} else {
 			dst = append(dst, `,"text":`...)
-			dst = appendJSONBytes(dst, c.text)
+			dst = appendEchoed(dst, c.echo, c.text, c.echoOnly)
 		}
 		dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
 		dst = append(dst, finishNames[c.reason]...)
@@ -869,6 +905,20 @@ func appendDisagg(dst, disagg []byte) []byte {
 func appendJSONString(dst []byte, s string) []byte {
 	b, _ := json.Marshal(s) // a string always marshals
 	return append(dst, b...)
+}
+
+// appendEchoed appends echo, the client's text, then generated text
+// (unless only), as one JSON string.
+func appendEchoed(dst []byte, echo string, text []byte, only bool) []byte {
+	if only {
+		text = nil
+	}
+	if echo == "" {
+		return appendJSONBytes(dst, text)
+	}
+	b, _ := json.Marshal(echo) // a string always marshals
+	dst = append(dst, b[:len(b)-1]...)
+	return append(append(dst, text...), '"')
 }
 
 // appendJSONBytes appends generated text, which is ASCII letters and spaces

@@ -402,7 +402,7 @@ func (p *Pod) answerPrefill(ctx *fasthttp.RequestCtx, rs []*request, legs []pdLe
 		}
 		choices := make([]choice, len(outs))
 		for i, o := range outs {
-			choices[i] = choice{texts[i].appendText(nil, 0, o.produced), o.reason}
+			choices[i] = choice{text: texts[i].appendText(nil, 0, o.produced), reason: o.reason}
 		}
 		writeJSON(ctx, appendFullResponse(nil, p.cfg.Engine, chat, respID, created, model, choices, prompt, produced, pd))
 	}

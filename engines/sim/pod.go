@@ -648,6 +648,10 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	if err == nil && !isChat {
 		err = req.completionBudget(p.cfg.Engine, ctx.PostBody())
 	}
+	var echo []string
+	if err == nil && !isChat && p.cfg.Engine == engines.VLLM && bool(req.Echo) {
+		echo, err = req.echoTexts()
+	}
 	if err == nil && n > 1 && legs[0].kind != legPlain {
 		err = badRequest("n = %d on a %s leg: the sim serves n above 1 on plain requests only", n, legNames[legs[0].kind])
 	}
@@ -673,6 +677,13 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	lora := ""
 	if req.Model != p.cfg.Model {
 		lora = req.Model // checkModel let only an adapter's name through
+	}
+	// vLLM generates one token for an echo of max_tokens 0, and answers
+	// the prompt alone; its context check read the 0 (requestTokens).
+	echoOnly := echo != nil && req.MaxTokens != nil && *req.MaxTokens == 0
+	if echoOnly {
+		one := laxInt(1)
+		req.MaxTokens = &one
 	}
 	rs := make([]*request, 0, len(prompts)*n)
 	texts := make([]textStream, 0, len(prompts)*n)
@@ -748,6 +759,9 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 	var sse *sseWriter
 	if req.Stream {
 		sse = p.streamWriter(&req, isChat, respID, created, model, lengths, n)
+		if echo != nil {
+			sse.echo, sse.echoOnly, sse.echoed = echo, echoOnly, make([]bool, len(rs))
+		}
 	}
 	if kind == legPrefill {
 		produced, finished = len(rs), finishLength
@@ -766,7 +780,10 @@ func (p *Pod) generate(ctx *fasthttp.RequestCtx, isChat bool) {
 		}
 		choices := make([]choice, len(outs))
 		for i, o := range outs {
-			choices[i] = choice{texts[i].appendText(nil, 0, o.produced), o.reason}
+			choices[i] = choice{text: texts[i].appendText(nil, 0, o.produced), reason: o.reason}
+			if echo != nil {
+				choices[i].echo, choices[i].echoOnly = echo[i/n], echoOnly
+			}
 		}
 		produced, finished = totals(outs)
 		writeJSON(ctx, appendFullResponse(nil, p.cfg.Engine, isChat, respID, created, model, choices, promptTotal, produced, nil))
