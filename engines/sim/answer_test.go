@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -148,5 +150,51 @@ func TestEcho(t *testing.T) {
 	status, b = post(t, testClient(t), url, map[string]any{"model": "m", "prompt": []int{1, 2, 3}, "echo": true})
 	if status != 400 || !strings.Contains(string(b), "the sim echoes string prompts only") {
 		t.Errorf("echo of token ids: %d %s, want the sim's 400", status, b)
+	}
+}
+
+// TestTRTNonPositiveMaxTokens: trtllm-serve's request models take any
+// int for max_tokens, which only its executor's worker checks
+// (_deduce_max_tokens, in tensorrt_llm/executor/base_worker.py); the
+// server answers the error's text as a 400 BadRequestError
+// (create_error_response). null is absent: the context's rest.
+func TestTRTNonPositiveMaxTokens(t *testing.T) {
+	p := testPod(t, Config{Model: "m", Engine: engines.TRTLLM, Speedup: 1000, DefaultMaxTokens: 40})
+	for _, tc := range []struct {
+		chat   bool
+		budget map[string]any
+		tokens int // when served
+	}{
+		{budget: map[string]any{"max_tokens": 0}},
+		{budget: map[string]any{"max_tokens": -3}},
+		{budget: map[string]any{"max_tokens": nil}, tokens: 40},
+		{chat: true, budget: map[string]any{"max_tokens": 0}},
+		{chat: true, budget: map[string]any{"max_completion_tokens": -1}},
+		{chat: true, budget: map[string]any{"max_tokens": nil}, tokens: 40},
+	} {
+		path, body := "/v1/completions", map[string]any{"model": "m", "prompt": "hello"}
+		maps.Copy(body, tc.budget)
+		if tc.chat {
+			path, body = "/v1/chat/completions", chatBody("hello", map[string]any{"model": "m"})
+			maps.Copy(body, tc.budget)
+		}
+		status, b := post(t, testClient(t), "http://"+p.Addr()+path, body)
+		if tc.tokens > 0 {
+			var r struct{ Usage usageJSON }
+			if err := json.Unmarshal(b, &r); status != 200 || err != nil || r.Usage.CompletionTokens != tc.tokens {
+				t.Errorf("%s %v: %d %s, want %d tokens", path, tc.budget, status, b, tc.tokens)
+			}
+			continue
+		}
+		var e struct {
+			Object, Message, Type string
+			Param                 *string
+			Code                  int
+		}
+		want := fmt.Sprintf("`max_tokens` (%v) must be greater than 0", cmp.Or(tc.budget["max_tokens"], tc.budget["max_completion_tokens"]))
+		if err := json.Unmarshal(b, &e); status != 400 || err != nil || e.Object != "error" || e.Type != "BadRequestError" || e.Param != nil || e.Code != 400 ||
+			e.Message != want {
+			t.Errorf("%s %v: %d %s, want TensorRT-LLM's 400 saying %q", path, tc.budget, status, b, want)
+		}
 	}
 }

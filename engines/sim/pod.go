@@ -878,7 +878,8 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 }
 
 // setMaxTokens sets r's output length from the request, answering 400 as
-// vLLM does when it is not positive or the context cannot hold it. A
+// vLLM does when it is not positive (TensorRT-LLM in its own words) or
+// the context cannot hold it. A
 // request without one, or with null, runs to its natural length
 // (DefaultMaxTokens), but a completion on vLLM or SGLang is held to their
 // CompletionRequest's default (16) as to its own max_tokens (vLLM's
@@ -896,6 +897,12 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 		natural, reason = budget, finishLength
 	}
 	switch {
+	case mt != nil && *mt < 1 && p.cfg.Engine == engines.TRTLLM:
+		// trtllm-serve's models take any int; its executor's worker
+		// refuses it (_deduce_max_tokens), and the server answers the
+		// error's text.
+		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", fmt.Sprintf("`max_tokens` (%d) must be greater than 0", *mt))
+		return false
 	case mt != nil && *mt < 1:
 		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", *mt))
 		return false
