@@ -198,3 +198,35 @@ func TestTRTNonPositiveMaxTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestTRTBudgetOverContext: TensorRT-LLM's worker (_deduce_max_tokens)
+// holds a max_tokens above what the context leaves to that rest, with a
+// warning, where vLLM and SGLang refuse it; a prompt that leaves no room
+// it refuses, budget or none.
+func TestTRTBudgetOverContext(t *testing.T) {
+	const limit = 64
+	p := testPod(t, Config{Model: "m", Engine: engines.TRTLLM, Speedup: 1000, DefaultMaxTokens: 40, MaxModelLen: limit})
+	url := "http://" + p.Addr() + "/v1/completions"
+	status, b := post(t, testClient(t), url, map[string]any{"model": "m", "prompt": tokenRange(1000, 56), "max_tokens": 20})
+	var r struct {
+		Choices []struct {
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage usageJSON
+	}
+	if err := json.Unmarshal(b, &r); status != 200 || err != nil || len(r.Choices) != 1 || r.Usage.CompletionTokens != limit-56 || r.Choices[0].FinishReason != "length" {
+		t.Errorf("56 tokens and max_tokens 20: %d %s, want %d tokens, length", status, b, limit-56)
+	}
+	for _, body := range []map[string]any{
+		{"model": "m", "prompt": tokenRange(1000, limit), "max_tokens": 5},
+		{"model": "m", "prompt": tokenRange(1000, limit+2)},
+	} {
+		n := len(body["prompt"].([]uint32))
+		want := fmt.Sprintf("`default_max_tokens` (%d) must be greater than 0, `default_max_tokens` (%[1]d) = max_seq_len (%d) - `splited_prompt_len` (%d) - `query_token_len` (0)", limit-n, limit, n)
+		status, b := post(t, testClient(t), url, body)
+		var e struct{ Message, Type string }
+		if err := json.Unmarshal(b, &e); status != 400 || err != nil || e.Type != "BadRequestError" || e.Message != want {
+			t.Errorf("%d prompt tokens: %d %s, want a 400 saying %q", n, status, b, want)
+		}
+	}
+}

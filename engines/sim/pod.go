@@ -878,13 +878,14 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 }
 
 // setMaxTokens sets r's output length from the request, answering 400 as
-// vLLM does when it is not positive (TensorRT-LLM in its own words) or
-// the context cannot hold it. A
-// request without one, or with null, runs to its natural length
-// (DefaultMaxTokens), but a completion on vLLM or SGLang is held to their
-// CompletionRequest's default (16) as to its own max_tokens (vLLM's
-// normalize_null_max_tokens gives null the default too; SGLang refused it
-// in completionBudget), and stops there unless it ends sooner.
+// vLLM does when it is not positive or the context cannot hold it
+// (TensorRT-LLM in its own words, and it holds a budget over the
+// context's rest to that rest). A request without one, or with null,
+// runs to its natural length (DefaultMaxTokens), but a completion on
+// vLLM or SGLang is held to their CompletionRequest's default (16) as to
+// its own max_tokens (vLLM's normalize_null_max_tokens gives null the
+// default too; SGLang refused it in completionBudget), and stops there
+// unless it ends sooner.
 func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest, isChat bool) bool {
 	prompt, limit := len(r.tokens), p.cfg.MaxModelLen
 	mt := req.MaxCompletionTokens
@@ -896,8 +897,17 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 	if budget > 0 && budget < natural {
 		natural, reason = budget, finishLength
 	}
+	trt := p.cfg.Engine == engines.TRTLLM
 	switch {
-	case mt != nil && *mt < 1 && p.cfg.Engine == engines.TRTLLM:
+	case trt && prompt >= limit:
+		// TensorRT-LLM's worker (_deduce_max_tokens) first checks the
+		// room the prompt leaves, whatever the budget.
+		rest := limit - prompt
+		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
+			"`default_max_tokens` (%d) must be greater than 0, `default_max_tokens` (%d) = max_seq_len (%d) - `splited_prompt_len` (%d) - `query_token_len` (0)",
+			rest, rest, limit, prompt))
+		return false
+	case trt && mt != nil && *mt < 1:
 		// trtllm-serve's models take any int; its executor's worker
 		// refuses it (_deduce_max_tokens), and the server answers the
 		// error's text.
@@ -906,6 +916,9 @@ func (p *Pod) setMaxTokens(ctx *fasthttp.RequestCtx, r *request, req *genRequest
 	case mt != nil && *mt < 1:
 		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", *mt))
 		return false
+	case trt && prompt+max(budget, 0) > limit:
+		// It holds a larger budget to that room, with a warning.
+		r.maxTokens, r.limitReason = limit-prompt, finishLength
 	case prompt+max(budget, 0) > limit || prompt >= limit:
 		want := prompt + max(budget, 0)
 		p.writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
