@@ -41,8 +41,10 @@ type GNet struct {
 	failed  chan error
 
 	// now is a coarse clock (unix nanoseconds) that OnTick advances, so the
-	// loops stamp traffic without a clock read per event.
-	now atomic.Int64
+	// loops stamp traffic without a clock read per event. lag is how far
+	// behind the real time it may be (nanoseconds): the longest it went
+	// without advancing, between tick and twice that (expired).
+	now, lag atomic.Int64
 	// serving counts requests between parsing and their last byte written.
 	serving  atomic.Int64
 	shutdown atomic.Bool
@@ -83,6 +85,9 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1),
 		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	s.now.Store(time.Now().UnixNano())
+	// tick: the clock's period until a sweep period is set, and the sleep
+	// the ticker finishes when one is (noteTimeout).
+	s.lag.Store(int64(tick))
 	if o.UpstreamTimeout > 0 {
 		s.noteTimeout(o.UpstreamTimeout)
 	}
@@ -331,7 +336,12 @@ func (s *GNet) OnBoot(eng gnet.Engine) gnet.Action {
 // bound its listener.
 func (s *GNet) OnTick() (time.Duration, gnet.Action) {
 	now := time.Now().UnixNano()
-	s.now.Store(now)
+	// A gap past a tick is the ticker running late; one past two, a stall
+	// or a step of the clock, which lag does not follow: it would stretch
+	// every timeout for good.
+	if gap := min(now-s.now.Swap(now), int64(2*tick)); gap > s.lag.Load() {
+		s.lag.Store(gap)
+	}
 	s.once.Do(func() { close(s.ready) })
 	if now-s.lastIdle >= int64(tick) {
 		s.lastIdle = now
@@ -347,6 +357,14 @@ func (s *GNet) OnTick() (time.Duration, gnet.Action) {
 	}
 	s.mu.Unlock()
 	return every, gnet.None
+}
+
+// expired reports whether d has passed by now (unix nanoseconds, real; the
+// coarse clock's errs late) since an event stamped stamp off the coarse
+// clock, which trails the event by up to lag: never before d, at most lag
+// after it.
+func (s *GNet) expired(stamp int64, d time.Duration, now int64) bool {
+	return now-stamp > int64(d)+s.lag.Load()
 }
 
 // reading says a connection is reading a request (its ReadTimeout bounds
@@ -377,9 +395,12 @@ func (s *GNet) closeIdle(now int64) {
 			_ = gc.c.Close()
 			continue
 		}
-		since, limit := gc.lastRead.Load(), s.o.IdleTimeout
+		// dueSince is off the real clock, lastRead off the coarse one.
+		var over bool
 		if gc.partial.Load() || gc.fresh.Load() {
-			since, limit = gc.dueSince.Load(), s.o.ReadTimeout
+			over = now-gc.dueSince.Load() > int64(s.o.ReadTimeout)
+		} else {
+			over = s.expired(gc.lastRead.Load(), s.o.IdleTimeout, now)
 		}
 		switch {
 		case now == 0:
@@ -389,7 +410,7 @@ func (s *GNet) closeIdle(now int64) {
 			if !gc.unread.Load() {
 				_ = gc.c.Close()
 			}
-		case now-since > int64(limit):
+		case over:
 			// Closed on its loop unless the client is still reading
 			// an answer.
 			_ = gc.c.EventLoop().Execute(context.Background(), gc.checkIdle)

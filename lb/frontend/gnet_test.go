@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
 
@@ -422,5 +423,68 @@ func TestFreshConnectionNotSweptEarly(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("a request sent at once on a new connection: %d; want 200", resp.StatusCode)
+	}
+}
+
+// TestKeptConnectionNotSweptEarly: the idle sweep lets a keep-alive
+// connection wait its whole IdleTimeout for the next request, counted from
+// the answer before it. That stamp comes off the loops' coarse clock, up
+// to a tick (1 s) behind: a client that came back within IdleTimeout found
+// its connection closed under it, as nginx's keepalive_timeout never does.
+func TestKeptConnectionNotSweptEarly(t *testing.T) {
+	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
+	s := startGNet(t, h, Options{IdleTimeout: 500 * time.Millisecond})
+	// The clock as the loops see it just before a tick.
+	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
+	br := bufio.NewReader(c)
+	get := func(which string) {
+		t.Helper()
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatalf("%s: %v", which, err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v; want it answered", which, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d; want 200", which, resp.StatusCode)
+		}
+	}
+	get("the first request")
+	var gc *gconn
+	testwait.For(t, "the connection idle", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for gc = range s.conns {
+			return !gc.partial.Load() && !gc.held.Load()
+		}
+		return false
+	})
+	s.closeIdle(time.Now().UnixNano()) // the tick's sweep
+	// Its checkIdle, then the close that queues.
+	loopTurns(t, gc.c.EventLoop(), 2)
+	get("the next request, at once on the kept connection")
+}
+
+// loopTurns waits until el has run what was queued on it, and what that
+// queued in turn, n deep: a close the sweep asked for is done by then.
+func loopTurns(t *testing.T, el gnet.EventLoop, n int) {
+	t.Helper()
+	for range n {
+		ran := make(chan struct{})
+		if err := el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			close(ran)
+			return nil
+		})); err != nil {
+			t.Fatal(err)
+		}
+		<-ran
 	}
 }
