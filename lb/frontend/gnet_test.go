@@ -488,3 +488,51 @@ func loopTurns(t *testing.T, el gnet.EventLoop, n int) {
 		<-ran
 	}
 }
+
+// TestLingerNotCutEarly: a connection lingering after its last answer is
+// closed once its client sent nothing for lingerTimeout, not before: its
+// stamps come off the loops' coarse clock, up to a tick (1 s) behind.
+func TestLingerNotCutEarly(t *testing.T) {
+	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
+	s := startGNet(t, h, Options{IdleTimeout: time.Minute})
+	// The clock as the loops see it just before a tick.
+	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("after the last answer: %d bytes, %v; want EOF (a half-close)", n, err)
+	}
+	var gc *gconn
+	testwait.For(t, "the connection lingering", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for gc = range s.conns {
+			return gc.lingerSince.Load() != 0
+		}
+		return false
+	})
+	// The sweep of the tick that comes just short of lingerTimeout after
+	// the linger began.
+	s.closeIdle(time.Now().Add(lingerTimeout - 200*time.Millisecond).UnixNano())
+	loopTurns(t, gc.c.EventLoop(), 1) // the close, if the sweep asked for it
+	s.mu.Lock()
+	_, open := s.conns[gc]
+	s.mu.Unlock()
+	if !open {
+		t.Fatalf("a connection lingering for %v, its client silent, was closed; want it to linger %v", lingerTimeout-200*time.Millisecond, lingerTimeout)
+	}
+}

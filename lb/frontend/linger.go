@@ -133,10 +133,11 @@ func (gc *gconn) discard() {
 }
 
 // lingerOver reports whether a lingering connection is past its bounds at
-// now (unix nanoseconds); false for one that does not linger.
+// now (unix nanoseconds, real); false for one that does not linger. Both
+// stamps are coarse.
 func (gc *gconn) lingerOver(now int64) bool {
 	since := gc.lingerSince.Load()
-	return since != 0 && (now-since > int64(lingerTime) || now-gc.lastRead.Load() > int64(lingerTimeout))
+	return since != 0 && (gc.s.expired(since, lingerTime, now) || gc.s.expired(gc.lastRead.Load(), lingerTimeout, now))
 }
 
 // lingerClosed gives back a lingering connection's slot; from OnClose.
