@@ -363,7 +363,8 @@ func (ls *loopState) sweepConns() {
 			_ = uc.c.Close()
 		case uc.done != nil && !uc.got && now > uc.firstBy && now <= uc.deadline && !giveUp(uc.done):
 			uc.firstBy = uc.deadline
-		case (uc.done != nil || uc.sink != nil) && (now > uc.deadline || (uc.done != nil && !uc.got && now > uc.firstBy)):
+		case uc.done != nil && (now > uc.deadline || !uc.got && now > uc.firstBy),
+			uc.sink != nil && ls.s.expired(uc.fed, uc.idle, now):
 			uc.timedOut = true
 			_ = uc.c.Close() // on a later turn of the loop: OnClose ends the exchange
 		case uc.done != nil && !uc.got && uc.down != nil && uc.down.Load() > uc.sentAt:
@@ -417,9 +418,11 @@ type upConn struct {
 	maxConns    int           // Upstream.MaxConns of the exchange in flight
 
 	// The relay of a streamed answer (sink nil: none): the body decoder's
-	// state, the stream's writer, and the wait allowed for each next byte.
+	// state, the stream's writer, the wait allowed for each next byte, and
+	// when the last came (or the relay began), off the coarse clock.
 	sink       Sink
 	idle       time.Duration
+	fed        int64
 	w          StreamWriter
 	state      int
 	remain     int

@@ -61,7 +61,7 @@ func (l *Loop) Relay(idle time.Duration, sink Sink) {
 	gc := l.gc
 	uc := gc.relaying
 	uc.sink, uc.idle = sink, idle
-	uc.deadline = gc.s.now.Load() + int64(idle)
+	uc.fed = gc.s.now.Load()
 	gc.s.noteTimeout(idle)
 	uc.w = StreamWriter{chunks: &gc.lchunks}
 	ctx := gc.cur
@@ -209,7 +209,7 @@ func (uc *upConn) feed() gnet.Action {
 		// (handOff), with no byte to wait for.
 		return gnet.None
 	}
-	uc.deadline = uc.ls.s.now.Load() + int64(uc.idle)
+	uc.fed = uc.ls.s.now.Load()
 	buf, _ := c.Peek(n)
 	used, end, err := uc.decode(buf)
 	if used > 0 {

@@ -331,3 +331,84 @@ func (a *streamAnswer) Answered(err error) {
 	a.errs <- err
 	a.loopAnswer.Answered(err)
 }
+
+// relayAnswer relays a streamed answer on the loop, each next byte of the
+// pod's due within idle.
+type relayAnswer struct {
+	*loopAnswer
+	idle time.Duration
+}
+
+func (a *relayAnswer) Answered(err error) {
+	if err != nil {
+		a.loopAnswer.Answered(err)
+		return
+	}
+	a.ctx.SetContentType("text/event-stream")
+	LoopOf(a.ctx).Relay(a.idle, passSink{})
+}
+
+// passSink relays the pod's body as it comes.
+type passSink struct{}
+
+func (passSink) Body(w *StreamWriter, p []byte) error {
+	_, err := w.Write(p)
+	return err
+}
+
+func (passSink) End(*StreamWriter, error) {}
+
+// TestRelayNotCutEarly: a stream relayed on the loop waits its whole idle
+// time for the pod's next bytes, counted from the last ones. They were
+// stamped off the loops' coarse clock, which lags by up to a tick (1 s
+// before the first exchange sets a shorter sweep period): a pod whose
+// next event came well within the idle time had its stream cut.
+func TestRelayNotCutEarly(t *testing.T) {
+	next := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		<-next
+		io.WriteString(w, "data: 2\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	pod := srv.Listener.Addr().String()
+	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8}
+	s := sendingGNet(t, Options{}, pod, "/", u, true, func(a *loopAnswer) Done { return &relayAnswer{a, 500 * time.Millisecond} })
+	// The clock as the loops see it just before a tick.
+	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if ev, err := br.ReadString('\n'); ev != "data: 1\n" {
+		t.Fatalf("the first event: %q, %v", ev, err)
+	}
+	// The tick, and its sweep on every loop.
+	s.now.Store(time.Now().UnixNano())
+	s.mu.Lock()
+	loops := make([]*loopState, 0, len(s.loops))
+	for _, ls := range s.loops {
+		loops = append(loops, ls)
+	}
+	s.mu.Unlock()
+	for _, ls := range loops {
+		_ = ls.el.Execute(context.Background(), ls.sweep)
+		loopTurns(t, ls.el, 2) // the sweep, then the close it asks for
+	}
+	close(next)
+	rest, err := io.ReadAll(br)
+	if got := string(rest); err != nil || !strings.Contains(got, "data: 2") {
+		t.Fatalf("the stream after a sweep right after its first event (idle time 0.5 s): %q, %v; want its next event", got, err)
+	}
+}
