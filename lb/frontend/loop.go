@@ -298,8 +298,8 @@ func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
 // instead, and the older ones with it: the sweep that closes them runs on
 // the clock's ticks, which may lag (the first one after the loops start
 // comes up to a tick later), and a request must not go out on a
-// connection its pod may have closed. now is read fresh (unix ns);
-// idleSince, from the ticks' clock, errs towards older.
+// connection its pod may have closed. now and idleSince are off the real
+// clock (unix ns).
 func (ls *loopState) take(addr string, now int64) *upConn {
 	list := ls.idle[addr]
 	if list == nil || len(*list) == 0 {
@@ -320,8 +320,11 @@ func (ls *loopState) take(addr string, now int64) *upConn {
 	return uc
 }
 
+// park keeps uc for the next exchange to its pod. Its idle time is read
+// off the real clock: take must not count it shorter than the pod does,
+// nor, off the coarse one, up to a tick longer.
 func (ls *loopState) park(uc *upConn) {
-	uc.idleSince = ls.s.now.Load()
+	uc.idleSince = time.Now().UnixNano()
 	list := ls.idle[uc.addr]
 	if list == nil {
 		list = new([]*upConn)
@@ -428,7 +431,7 @@ type upConn struct {
 	remain     int
 	closeAfter bool // the pod answered Connection: close
 
-	idleSince int64
+	idleSince int64       // when it was parked, unix nanoseconds
 	keepalive int64       // nanoseconds it may idle (Upstream.Keepalive)
 	maxBody   int         // Upstream.MaxBody of the exchange in flight
 	head      *AnswerHead // Upstream.Head of the exchange in flight

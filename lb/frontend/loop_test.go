@@ -412,3 +412,46 @@ func TestRelayNotCutEarly(t *testing.T) {
 		t.Fatalf("the stream after a sweep right after its first event (idle time 0.5 s): %q, %v; want its next event", got, err)
 	}
 }
+
+// TestKeptPodConnectionReused: a connection to a pod is kept for the next
+// exchange for its whole Upstream.Keepalive, counted from the end of the
+// answer before it. That was stamped off the loops' coarse clock, which
+// lags by up to a tick (1 s): an exchange right after another found its
+// connection looking past Keepalive, and dialed a new one.
+func TestKeptPodConnectionReused(t *testing.T) {
+	var dials atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			dials.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, Keepalive: 500 * time.Millisecond, MaxConns: 8}
+	s := sendingGNet(t, Options{}, srv.Listener.Addr().String(), "/", u, false, nil)
+	// The clock as the loops see it just before a tick.
+	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	for i := range 2 {
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("exchange %d: %d %q", i+1, resp.StatusCode, b)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("two exchanges one after the other, Keepalive 0.5 s: %d connections to the pod; want the first one kept", n)
+	}
+}
