@@ -56,8 +56,8 @@ const (
 	DefaultPrefillSpeed       = 20000
 	DefaultDataParallelSize   = 1
 	// The values of Pod.DataParallelRouting.
-	DataParallelByPrefix      = "prefix"
-	DataParallelByEngine      = "engine"
+	DataParallelByPrefix      = spec.DataParallelByPrefix
+	DataParallelByEngine      = spec.DataParallelByEngine
 	DefaultConnectTimeout     = 2 * time.Second
 	DefaultResponseTimeout    = 60 * time.Second
 	DefaultWholeTimeout       = 10 * time.Minute
@@ -843,10 +843,8 @@ func (p Pod) Validate(field string) error {
 	if p.DataParallelSize < 0 {
 		return invalid(field+".data_parallel_size", p.DataParallelSize, "must be at least 1 (default 1)")
 	}
-	switch p.DataParallelRouting {
-	case "", DataParallelByPrefix, DataParallelByEngine:
-	default:
-		return invalid(field+".data_parallel_routing", p.DataParallelRouting, fmt.Sprintf("must be %q (default) or %q", DataParallelByPrefix, DataParallelByEngine))
+	if why := spec.DataParallelRoutingProblem(p.DataParallelRouting); why != "" {
+		return invalid(field+".data_parallel_routing", p.DataParallelRouting, why)
 	}
 	if p.KVEvents != "" {
 		if err := p.validateRankPorts(field, "kv_replay"); err != nil {

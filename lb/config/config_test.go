@@ -74,6 +74,8 @@ func TestValidateRejects(t *testing.T) {
 		`discovery.dns[0].kv_replay_port = "" puts the replay sockets of ranks 0 to 1 on ports 5558 to 5559 (the default port 5558 + rank), where their KV events are (5557 to 5558); set kv_replay_port apart`)
 	f("discovery: {dns: [{name: llama.test, port: 8000, model: m, kv_events_port: 65535, kv_replay_port: 5600, data_parallel_size: 2}]}\n",
 		"discovery.dns[0].data_parallel_size = 2 puts rank 1's KV events on port 65536")
+	f("discovery: {dns: [{name: llama.test, port: 8000, model: m, data_parallel_routing: none}]}\n",
+		`discovery.dns[0].data_parallel_routing = "none" must be "prefix" (default) or "engine"`)
 	f("discovery: {dns: [{name: llama.test, port: 8000, model: m, family: ipv4}]}\n",
 		`discovery.dns[0].family = "ipv4" is not an address family (known: v4_preferred, v6_preferred, v4_only, v6_only, all)`)
 	f("models: [{name: m, block_size: -16}]\n"+pod, "models[0].block_size = -16")

@@ -127,6 +127,7 @@ func (d *DNS) resolve(ctx context.Context) ([]Pod, error) {
 		if d.spec.KVEventsPort != 0 {
 			p.KVEvents = "tcp://" + hostPort(host, d.spec.KVEventsPort)
 			p.DataParallelSize = d.spec.DataParallelSize
+			p.DataParallelRouting = d.spec.DataParallelRouting
 		}
 		if d.spec.KVReplayPort != 0 {
 			p.KVReplay = "tcp://" + hostPort(host, d.spec.KVReplayPort)

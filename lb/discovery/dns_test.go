@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
+	"pdlb/lb/config"
 	"pdlb/lb/discovery/spec"
 )
 
@@ -404,4 +406,67 @@ func TestDiscoveredBootstrapPortReachesTheGateway(t *testing.T) {
 	}
 	f(pods[0], 9001)
 	f(dns[0], 9002)
+}
+
+// TestDiscoveredDataParallelRouting: a discovered pod set may leave its
+// data-parallel ranks to the engine, as a configured pod may
+// (data_parallel_routing: engine): by the Kubernetes annotation or the
+// DNS entry's setting; without either the gateway names ranks. An
+// annotation of no known value leaves the pod out, saying so.
+func TestDiscoveredDataParallelRouting(t *testing.T) {
+	k, err := NewKubernetes(nil, spec.Kubernetes{Selector: spec.DefaultSelector}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged testlog.Buffer
+	dp := map[string]string{spec.AnnotationKVEventsPort: "5557", spec.AnnotationKVReplayPort: "5600", spec.AnnotationDataParallelSize: "2"}
+	annotated := func(routing string) map[string]string {
+		a := maps.Clone(dp)
+		a[spec.AnnotationDataParallelRouting] = routing
+		return a
+	}
+	model := map[string]string{spec.LabelModel: "m"}
+	var r rebuilder
+	pods := r.rebuild([]any{
+		kpod("k-engine", "10.0.0.1", model, annotated("engine")),
+		kpod("k-prefix", "10.0.0.2", model, annotated("prefix")),
+		kpod("k-unset", "10.0.0.3", model, dp),
+		kpod("k-bad", "10.0.0.4", model, annotated("Engine")),
+	}, k.selector, slog.New(slog.NewTextHandler(&logged, nil)))
+	srv := startDNS(t)
+	srv.set(func() {
+		srv.ips["engine.test."] = []net.IP{net.ParseIP("127.0.0.21")}
+		srv.ips["unset.test."] = []net.IP{net.ParseIP("127.0.0.22")}
+	})
+	for _, d := range []spec.DNS{
+		{Name: "engine.test.", Port: 8000, Model: "m", KVEventsPort: 5557, KVReplayPort: 5600, DataParallelSize: 2,
+			DataParallelRouting: config.DataParallelByEngine, Interval: time.Second},
+		{Name: "unset.test.", Port: 8000, Model: "m", KVEventsPort: 5557, KVReplayPort: 5600, DataParallelSize: 2, Interval: time.Second},
+	} {
+		found, err := dnsSource(t, srv, d, quiet).resolve(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, found...)
+	}
+	got := map[string]string{}
+	for _, p := range pods {
+		c := p.Pod // as lb.Server takes it
+		c.Provision()
+		if err := c.Validate("pod"); err != nil {
+			t.Fatalf("pod %s: %v", c.Name, err)
+		}
+		got[c.Name] = c.DataParallelRouting
+	}
+	want := map[string]string{
+		"inference/k-engine": "engine", "inference/k-prefix": "prefix", "inference/k-unset": "prefix",
+		"127.0.0.21:8000": "engine", "127.0.0.22:8000": "prefix",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("data_parallel_routing by pod: %v, want %v", got, want)
+	}
+	const bad = `pod=inference/k-bad err="annotation pdlb/data-parallel-routing = \"Engine\" must be \"prefix\" (default) or \"engine\""`
+	if !strings.Contains(logged.String(), bad) {
+		t.Errorf("log lacks %s:\n%s", bad, logged.String())
+	}
 }

@@ -305,6 +305,12 @@ func (r *rebuilder) podFrom(kp *corev1.Pod, configs map[string]*spec.ModelConfig
 			return p, fmt.Errorf("annotations %s, %s and %s: %w", spec.AnnotationKVEventsPort, spec.AnnotationKVReplayPort, spec.AnnotationDataParallelSize, err)
 		}
 	}
+	if v, ok := ann[spec.AnnotationDataParallelRouting]; ok {
+		if why := spec.DataParallelRoutingProblem(v); why != "" {
+			return p, fmt.Errorf("annotation %s = %q %s", spec.AnnotationDataParallelRouting, v, why)
+		}
+		p.DataParallelRouting = v
+	}
 	if v, ok := ann[spec.AnnotationLoRAAdapters]; ok {
 		if _, err := config.ParseAdapters(v); err != nil {
 			return p, fmt.Errorf("annotation %s = %q: %v", spec.AnnotationLoRAAdapters, v, err)

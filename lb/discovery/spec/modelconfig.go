@@ -37,6 +37,9 @@ const (
 	// pod's API server (vLLM's --data-parallel-size, default 1); rank r
 	// publishes its KV events on both ports + r.
 	AnnotationDataParallelSize = "pdlb/data-parallel-size"
+	// AnnotationDataParallelRouting is pdlb's own: the pod's
+	// data_parallel_routing, "prefix" (default) or "engine".
+	AnnotationDataParallelRouting = "pdlb/data-parallel-routing"
 	// AnnotationLoRAAdapters is pdlb's own: the LoRA adapters the pod
 	// serves from its start (its --lora-modules), "name" or "name=path",
 	// comma-separated (config.ParseAdapters).

@@ -63,6 +63,23 @@ var dnsFamilies = []struct {
 	{DNSFamilyAll, []string{"ip"}},
 }
 
+// The values of a pod's data_parallel_routing (config.Pod's, DNS's, and
+// AnnotationDataParallelRouting).
+const (
+	DataParallelByPrefix = "prefix" // name the rank holding the longest prefix (default)
+	DataParallelByEngine = "engine" // name none: the engine's balancer picks
+)
+
+// DataParallelRoutingProblem says why v is no data_parallel_routing, ""
+// when it is one or empty (the default, prefix).
+func DataParallelRoutingProblem(v string) string {
+	switch v {
+	case "", DataParallelByPrefix, DataParallelByEngine:
+		return ""
+	}
+	return fmt.Sprintf("must be %q (default) or %q", DataParallelByPrefix, DataParallelByEngine)
+}
+
 // ErrInvalid wraps every validation error of this package.
 var ErrInvalid = errors.New("discovery: invalid")
 
@@ -142,6 +159,10 @@ type DNS struct {
 	// (vLLM's --data-parallel-size, default 1): rank r publishes on both
 	// ports + r.
 	DataParallelSize int `yaml:"data_parallel_size"`
+	// DataParallelRouting is each pod's choice of rank, as a configured
+	// pod's data_parallel_routing: "prefix" (default) names the rank
+	// holding a prompt's longest prefix, "engine" leaves it to the engine.
+	DataParallelRouting string `yaml:"data_parallel_routing"`
 	// BootstrapPort is each SGLang pod's PD bootstrap port (default 8998 for
 	// sglang). Other engines have none: leave it out (a written 0 is
 	// refused, so their 0 is not written back either).
@@ -166,7 +187,8 @@ func (d *Discovery) Provision() {
 }
 
 // provision fills the entry's empty type (a), family of type a
-// (v4_preferred), engine (vllm), role (combined), ranks (1), interval and,
+// (v4_preferred), engine (vllm), role (combined), ranks (1), their
+// routing (prefix), interval and,
 // for SGLang, bootstrap port.
 func (d *DNS) provision() {
 	if d.Type == "" {
@@ -184,6 +206,9 @@ func (d *DNS) provision() {
 	}
 	if d.DataParallelSize == 0 {
 		d.DataParallelSize = 1
+	}
+	if d.DataParallelRouting == "" {
+		d.DataParallelRouting = DataParallelByPrefix
 	}
 	if err == nil && k == engines.SGLang && d.BootstrapPort == 0 {
 		d.BootstrapPort = DefaultBootstrapPort
@@ -272,6 +297,9 @@ func (d DNS) validate(field string) error {
 		return invalid(field+".kv_replay_port", d.KVReplayPort, "needs kv_events_port beside it")
 	case d.DataParallelSize < 0:
 		return invalid(field+".data_parallel_size", d.DataParallelSize, "must be at least 1 (default 1)")
+	}
+	if why := DataParallelRoutingProblem(d.DataParallelRouting); why != "" {
+		return invalid(field+".data_parallel_routing", d.DataParallelRouting, why)
 	}
 	switch {
 	case k == engines.SGLang && (d.BootstrapPort < 0 || d.BootstrapPort > 65535):

@@ -47,6 +47,7 @@ func TestDiscoveryValidateRejects(t *testing.T) {
 	f("dns: [{name: a, port: 1, model: m, kv_replay_port: 5600}]", "discovery.dns[0].kv_replay_port = 5600 needs kv_events_port beside it")
 	f("dns: [{name: a, port: 1, model: m, kv_events_port: 5557, kv_replay_port: 70000}]", "discovery.dns[0].kv_replay_port = 70000")
 	f("dns: [{name: a, port: 1, model: m, data_parallel_size: -1}]", "discovery.dns[0].data_parallel_size = -1")
+	f("dns: [{name: a, port: 1, model: m, data_parallel_routing: rank}]", `discovery.dns[0].data_parallel_routing = "rank" must be "prefix" (default) or "engine"`)
 	f("dns: [{name: a, port: 1, model: m, bootstrap_port: 9000}]", "discovery.dns[0].bootstrap_port = 9000 is for sglang pods only")
 	f("dns: [{name: a, port: 1, model: m, engine: sglang, bootstrap_port: -3}]", "discovery.dns[0].bootstrap_port = -3")
 	f("dns: [{name: a, port: 1, model: m}, {name: b, port: 1, model: m, interval: -1s}]", `discovery.dns[1].interval = "-1s"`)
@@ -57,7 +58,7 @@ func TestDiscoveryProvisionFillsDefaults(t *testing.T) {
 kubernetes: {namespace: inference}
 dns:
   - {name: llama.inference.svc, port: 8000, model: llama}
-  - {name: _http._tcp.sgl, type: srv, model: qwen, engine: sglang, role: prefill, roleset: g0, interval: 2s}
+  - {name: _http._tcp.sgl, type: srv, model: qwen, engine: sglang, role: prefill, roleset: g0, interval: 2s, data_parallel_routing: engine}
 `)
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
@@ -70,10 +71,12 @@ dns:
 		t.Fatalf("kubernetes: %+v", d.Kubernetes)
 	}
 	a, srv := d.DNS[0], d.DNS[1]
-	if a.Type != DNSTypeA || a.Family != DefaultDNSFamily || a.Engine != "vllm" || a.Role != RoleCombined || a.Interval != DefaultDNSInterval || a.BootstrapPort != 0 {
+	if a.Type != DNSTypeA || a.Family != DefaultDNSFamily || a.Engine != "vllm" || a.Role != RoleCombined || a.Interval != DefaultDNSInterval || a.BootstrapPort != 0 ||
+		a.DataParallelRouting != DataParallelByPrefix {
 		t.Fatalf("a: %+v", a)
 	}
-	if srv.Type != DNSTypeSRV || srv.Family != "" || srv.BootstrapPort != DefaultBootstrapPort || srv.Interval != 2*time.Second {
+	if srv.Type != DNSTypeSRV || srv.Family != "" || srv.BootstrapPort != DefaultBootstrapPort || srv.Interval != 2*time.Second ||
+		srv.DataParallelRouting != DataParallelByEngine {
 		t.Fatalf("srv: %+v", srv)
 	}
 	var none Discovery
