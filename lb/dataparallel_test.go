@@ -1,13 +1,17 @@
 package lb_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,7 +145,7 @@ func TestDataParallelRankFollowsPrefix(t *testing.T) {
 			bothClients(t, func(t *testing.T, via *http.Client) {
 				rates, pins := map[string]float64{}, map[string]float64{}
 				for _, routing := range []string{config.DataParallelByPrefix, config.DataParallelByEngine} {
-					dp, s := rankedPod(t, e.engine, routing)
+					dp, s := rankedPod(t, e.engine, routing, nil)
 					rates[routing], pins[routing] = conversationHitRate(t, via, dp, s, e.hits, e.queries)
 				}
 				t.Logf("prefix-cache hit rate: %.3f with data_parallel_routing prefix (%g requests named a rank), %.3f with engine",
@@ -161,7 +165,7 @@ func TestDataParallelRankFollowsPrefix(t *testing.T) {
 // which its explanation shows; a client's own X-Data-Parallel-Rank goes
 // to the pod as sent and decides.
 func TestDataParallelRankNamed(t *testing.T) {
-	dp, s := rankedPod(t, engines.VLLM, config.DataParallelByPrefix)
+	dp, s := rankedPod(t, engines.VLLM, config.DataParallelByPrefix, nil)
 	rankPrompts := func(rank int) float64 {
 		return adminMetric(t, dp.Addr(), fmt.Sprintf(`vllm:prompt_tokens_total{model_name="m",engine="%d"}`, rank))
 	}
@@ -207,6 +211,81 @@ func TestDataParallelRankNamed(t *testing.T) {
 	}
 }
 
+// TestDataParallelBusyRankLeftToEngine: the rank holding a prompt's
+// prefix is not named while it has requests waiting and more than twice
+// the requests of the pod's other rank (rankBusy): the request goes
+// without X-Data-Parallel-Rank, and vLLM's balancer gives it to the idle
+// rank, where it starts at once rather than queueing behind a batch. Its
+// explanation says why; pdlb_data_parallel_rank_pins_total stays 0.
+func TestDataParallelBusyRankLeftToEngine(t *testing.T) {
+	// One sequence a rank, each decode step 0.2 s (at speedup 100): rank
+	// 1 runs a stream of 5,000 tokens while two more wait, until the test
+	// hangs up on them.
+	dp, s := rankedPod(t, engines.VLLM, config.DataParallelByPrefix, func(c *sim.Config) {
+		c.Physics = sim.DefaultPhysics()
+		c.Physics.MaxBatch, c.Physics.DecodeBaseSec = 1, 20
+	})
+	ctx, hangUp := context.WithCancel(context.Background())
+	var held sync.WaitGroup
+	t.Cleanup(func() { hangUp(); held.Wait() })
+	for i := range 3 {
+		body, _ := json.Marshal(map[string]any{"model": "m", "prompt": tokenIDs(200_000+1000*i, 64), "max_tokens": 5000, "stream": true})
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+dp.Addr()+"/v1/completions", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Data-Parallel-Rank", "1")
+		held.Add(1)
+		go func() {
+			defer held.Done()
+			if resp, err := client.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	// The gateway's last scrape shows them: rank 0 has none.
+	testwait.For(t, "rank 1's one running and two waiting in the gateway's scrape", func() bool {
+		var view struct {
+			Pods []struct {
+				Metrics *struct{ Running, Waiting float64 }
+			}
+		}
+		if err := json.Unmarshal([]byte(get(t, "http://"+s.AdminAddr()+"/admin/pods")), &view); err != nil {
+			t.Fatal(err)
+		}
+		m := view.Pods[0].Metrics
+		return m != nil && m.Running == 1 && m.Waiting == 2
+	})
+
+	rankPrompts := func(rank int) float64 {
+		return adminMetric(t, dp.Addr(), fmt.Sprintf(`vllm:prompt_tokens_total{model_name="m",engine="%d"}`, rank))
+	}
+	before0, before1 := rankPrompts(0), rankPrompts(1)
+	// Rank 1 holds the first 64 tokens (rankedPod's prompt for it).
+	ids := append(tokenIDs(101_000, 64), tokenIDs(9000, 64)...)
+	resp, b := send(t, client, s, http.MethodPost, "/v1/completions", completionOfIDs(ids),
+		"Content-Type", "application/json", "x-pdlb-debug", "explain")
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	var e struct {
+		Rank *struct {
+			Rank         int  `json:"rank"`
+			CachedTokens int  `json:"cached_tokens"`
+			Busy         bool `json:"busy"`
+		} `json:"data_parallel_rank"`
+	}
+	if err := json.Unmarshal([]byte(resp.Header.Get("x-pdlb-explain")), &e); err != nil || e.Rank == nil ||
+		e.Rank.Rank != 1 || e.Rank.CachedTokens != 64 || !e.Rank.Busy {
+		t.Fatalf("explained %s (%v); want rank 1, holding 64 tokens, busy", resp.Header.Get("x-pdlb-explain"), err)
+	}
+	if got0, got1 := rankPrompts(0)-before0, rankPrompts(1)-before1; got0 != float64(len(ids)) || got1 != 0 {
+		t.Fatalf("prompt tokens: rank 0 got %g, rank 1 %g; want the request's %d on rank 0, the idle one", got0, got1, len(ids))
+	}
+	if n := metricValue(t, s, "pdlb_data_parallel_rank_pins_total"); n != 0 {
+		t.Fatalf("%g requests named a rank; the rank holding the prefix was busy", n)
+	}
+}
+
 // conversationHitRate runs conversations through gateway s, whose pod dp
 // (serving the prompts) has two data-parallel ranks, and returns dp's
 // prefix-cache hit rate over them (its hits metric's growth over its
@@ -243,12 +322,17 @@ func conversationHitRate(t *testing.T, via *http.Client, dp *sim.Pod, s *lb.Serv
 
 // rankedPod starts a gateway over one sim pod of engine with two
 // data-parallel ranks, whose KV events it follows, routed among its ranks
-// as routing says; both ranks' feeds follow when it returns.
-func rankedPod(t *testing.T, engine engines.Kind, routing string) (*sim.Pod, *lb.Server) {
+// as routing says; both ranks' feeds follow when it returns. edit, when
+// not nil, changes the pod's config before it starts.
+func rankedPod(t *testing.T, engine engines.Kind, routing string, edit func(*sim.Config)) (*sim.Pod, *lb.Server) {
 	t.Helper()
 	pubs := rankPublishers(t)
-	dp, err := sim.Start(sim.Config{Name: "dp", Model: "m", Engine: engine, Listen: "127.0.0.1:0", Speedup: 100, DataParallelSize: 2,
-		KVEvents: pubs[0], RankKVEvents: []sim.KVEventSink{pubs[1]}})
+	cfg := sim.Config{Name: "dp", Model: "m", Engine: engine, Listen: "127.0.0.1:0", Speedup: 100, DataParallelSize: 2,
+		KVEvents: pubs[0], RankKVEvents: []sim.KVEventSink{pubs[1]}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	dp, err := sim.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
