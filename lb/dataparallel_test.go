@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,9 +20,12 @@ import (
 	"pdlb/engines"
 	"pdlb/engines/sim"
 	"pdlb/engines/vllm"
+	"pdlb/internal/lbtest"
+	"pdlb/internal/testlog"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
+	"pdlb/lb/discovery/spec"
 )
 
 // TestDataParallelPodRanks: a vLLM pod of two data-parallel ranks behind
@@ -283,6 +288,38 @@ func TestDataParallelBusyRankLeftToEngine(t *testing.T) {
 	}
 	if n := metricValue(t, s, "pdlb_data_parallel_rank_pins_total"); n != 0 {
 		t.Fatalf("%g requests named a rank; the rank holding the prefix was busy", n)
+	}
+}
+
+// TestDataParallelTooManyRanksLogged: the prefix index tells at most 64
+// ranks of a pod apart, so a pod of more never has a rank named. The
+// operator reads it once, when the gateway starts following the pod's
+// KV events, in a line naming the pod and its ranks; not for a pod of
+// 64, nor for one whose ranks are the engine's to pick anyway (here a
+// discovered one, data_parallel_routing engine on its DNS entry).
+func TestDataParallelTooManyRanksLogged(t *testing.T) {
+	sims := testFleet(t, "m", 3, 100)
+	// Nothing publishes on these ports: the feeds wait for the engines.
+	// They are below the ephemeral ports (Linux: 32768 on), where no
+	// test's listener lands: one that is no publisher would take a feed's
+	// dial and never greet it.
+	wide, edge := podsOf("m", sims[0])[0], podsOf("m", sims[1])[0]
+	wide.KVEvents, wide.KVReplay, wide.DataParallelSize = "tcp://127.0.0.1:1100", "tcp://127.0.0.1:1200", 65
+	edge.KVEvents, edge.KVReplay, edge.DataParallelSize = "tcp://127.0.0.1:1300", "tcp://127.0.0.1:1400", 64
+	host, port, _ := net.SplitHostPort(sims[2].Addr())
+	p, _ := strconv.Atoi(port)
+	var logs testlog.Buffer
+	lbtest.StartGatewayLog(t, []config.Pod{wide, edge}, func(c *config.Config) {
+		c.Discovery.DNS = []spec.DNS{{Name: host, Port: p, Model: "m", KVEventsPort: 1500, KVReplayPort: 1600, DataParallelSize: 65,
+			DataParallelRouting: config.DataParallelByEngine, Interval: 50 * time.Millisecond}}
+	}, slog.New(slog.NewTextHandler(&logs, nil)))
+	testwait.For(t, "the discovered pod's feed", func() bool {
+		return strings.Contains(logs.String(), fmt.Sprintf("following KV events\" pod=%s", sims[2].Addr()))
+	})
+	const tooMany = "ranks never named"
+	l := logs.String()
+	if n := strings.Count(l, tooMany); n != 1 || !strings.Contains(l, fmt.Sprintf("pod=%s ranks=65", wide.Name)) {
+		t.Fatalf("want one line saying pod %s's 65 ranks are never named (%q), got %d:\n%s", wide.Name, tooMany, n, l)
 	}
 }
 

@@ -59,9 +59,7 @@ func rankBusy(ranks []engines.RankLoad, r int) bool {
 // is busy (rankBusy). A batch of prompts names none: each is a request of
 // its own to the engine.
 func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
-	if pod.Config.DataParallelSize <= 1 || pod.Config.DataParallelRouting == config.DataParallelByEngine ||
-		(pod.Engine != engines.VLLM && pod.Engine != engines.SGLang) ||
-		x.hdr[hdrDataParallelRank] != nil || len(x.keys) == 0 || len(x.chains) > 0 {
+	if !namesRanks(pod) || x.hdr[hdrDataParallelRank] != nil || len(x.keys) == 0 || len(x.chains) > 0 {
 		return rankPin{}
 	}
 	var feed *kvindex.Pod
@@ -80,6 +78,14 @@ func (g *Gateway) rankFor(x *completion, pod *pool.Pod) rankPin {
 		pin.pinned, pin.busy = false, true
 	}
 	return pin
+}
+
+// namesRanks says the gateway names ranks of pod, where its KV events
+// tell them apart: a vLLM or SGLang pod of several ranks, routed among
+// them by prefix.
+func namesRanks(pod *pool.Pod) bool {
+	return pod.Config.DataParallelSize > 1 && pod.Config.DataParallelRouting != config.DataParallelByEngine &&
+		(pod.Engine == engines.VLLM || pod.Engine == engines.SGLang)
 }
 
 // sglangPairLeg says pod is SGLang and serves a leg of x's prefill/decode

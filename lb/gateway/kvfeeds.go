@@ -108,6 +108,10 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 				f.subs = append(f.subs, sub)
 			}
 			log.Info("following KV events", "pod", p.Config.Name, "endpoint", p.Config.KVEvents, "ranks", len(f.subs))
+			if namesRanks(p) && len(ranks) > kvindex.MaxRankedRanks {
+				log.Warn("data-parallel ranks never named: the prefix index tells this many apart at most; the engine picks them",
+					"pod", p.Config.Name, "ranks", len(ranks), "most", kvindex.MaxRankedRanks)
+			}
 			k.keep(f)
 		}
 	}
