@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"pdlb/engines/protocols"
 	"pdlb/lb/kvindex"
@@ -137,13 +138,18 @@ func (k *kvFeeds) close(next *kvFeeds) {
 			}
 		}
 	}
+	// A Close waits out its subscriber's pause between dials (250 ms)
+	// while the publisher is down: closed together, the feeds cost one
+	// pause, not one a rank.
+	var closing sync.WaitGroup
 	for _, f := range k.feeds {
 		for _, s := range f.subs {
 			if !carried[s] {
-				_ = s.Close()
+				closing.Go(func() { _ = s.Close() })
 			}
 		}
 	}
+	closing.Wait()
 	k.feeds = nil
 }
 
