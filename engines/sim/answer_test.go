@@ -230,3 +230,122 @@ func TestTRTBudgetOverContext(t *testing.T) {
 		}
 	}
 }
+
+// chunkFields is one stream chunk's field sets: the body's, its first
+// choice's, that choice's delta's and its usage's ("null" when the chunk
+// says usage null, "-" for none), and the choice's finish reason when
+// it has one.
+func chunkFields(t *testing.T, data []byte) string {
+	t.Helper()
+	var c struct {
+		Choices []json.RawMessage
+		Usage   json.RawMessage
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		t.Fatalf("chunk %s: %v", data, err)
+	}
+	parts := []string{keysOf(t, data), "-", "-", "-"}
+	if len(c.Choices) > 0 {
+		parts[1] = keysOf(t, c.Choices[0])
+		var ch struct {
+			Delta        json.RawMessage
+			FinishReason *string `json:"finish_reason"`
+		}
+		if err := json.Unmarshal(c.Choices[0], &ch); err != nil {
+			t.Fatal(err)
+		}
+		if ch.Delta != nil {
+			parts[2] = keysOf(t, ch.Delta)
+		}
+		if ch.FinishReason != nil {
+			parts = append(parts, *ch.FinishReason)
+		}
+	}
+	switch {
+	case string(c.Usage) == "null":
+		parts[3] = "null"
+	case c.Usage != nil:
+		parts[3] = keysOf(t, c.Usage)
+	}
+	return strings.Join(parts, " | ")
+}
+
+// TestStreamFields: a stream's chunks have the fields of their engine's
+// chunk models, as the engine dumps them, and end with [DONE]. vLLM dumps
+// with exclude_unset: a chat's finish rides on its last delta with
+// stop_reason, and usage only where sent. SGLang's chat chunks
+// (build_sse_content, sglang/srt/entrypoints/openai/sse_utils.py) omit
+// an unset usage, always carry the delta's reasoning_content and the
+// choice's matched_stop, and the finish comes in a chunk of its own once
+// every choice ended (serving_chat.py); its usage chunk dumps every
+// UsageInfo field. Its completion chunks dump everything, "usage": null
+// included, and its usage chunk drops nulls (serving_completions.py).
+// continuous_usage_stats puts usage in each content chunk. The pod may
+// send several tokens in one chunk, so runs of like chunks count as one.
+func TestStreamFields(t *testing.T) {
+	const (
+		body     = "choices created id model object"
+		bodyU    = body + " usage"
+		vllmU    = "completion_tokens prompt_tokens total_tokens"
+		sglangU  = "completion_tokens prompt_tokens prompt_tokens_details reasoning_tokens total_tokens"
+		sglangCU = "completion_tokens prompt_tokens reasoning_tokens total_tokens"
+	)
+	for _, tc := range []struct {
+		engine     engines.Kind
+		chat       bool
+		continuous bool
+		want       []string
+	}{
+		{engine: engines.VLLM, chat: true, want: []string{
+			body + " | delta finish_reason index logprobs | content role | -",
+			body + " | delta finish_reason index logprobs stop_reason | content | - | length",
+			bodyU + " | - | - | " + vllmU,
+		}},
+		{engine: engines.VLLM, chat: true, continuous: true, want: []string{
+			bodyU + " | delta finish_reason index logprobs | content role | " + vllmU,
+			bodyU + " | delta finish_reason index logprobs stop_reason | content | " + vllmU + " | length",
+			bodyU + " | - | - | " + vllmU,
+		}},
+		{engine: engines.VLLM, want: []string{
+			body + " | finish_reason index logprobs stop_reason text | - | - | length",
+			bodyU + " | - | - | " + vllmU,
+		}},
+		{engine: engines.SGLang, chat: true, want: []string{
+			body + " | delta finish_reason index logprobs matched_stop | content reasoning_content role | -",
+			body + " | delta finish_reason index logprobs matched_stop | content reasoning_content | -",
+			body + " | delta finish_reason index logprobs matched_stop | reasoning_content | - | length",
+			bodyU + " | - | - | " + sglangU,
+		}},
+		{engine: engines.SGLang, chat: true, continuous: true, want: []string{
+			body + " | delta finish_reason index logprobs matched_stop | content reasoning_content role | -",
+			bodyU + " | delta finish_reason index logprobs matched_stop | content reasoning_content | " + sglangU,
+			body + " | delta finish_reason index logprobs matched_stop | reasoning_content | - | length",
+			bodyU + " | - | - | " + sglangU,
+		}},
+		{engine: engines.SGLang, want: []string{
+			bodyU + " | finish_reason index logprobs matched_stop text | - | null | length",
+			bodyU + " | - | - | " + sglangCU,
+		}},
+		{engine: engines.SGLang, continuous: true, want: []string{
+			bodyU + " | finish_reason index logprobs matched_stop text | - | " + sglangU + " | length",
+			bodyU + " | - | - | " + sglangCU,
+		}},
+	} {
+		p := testPod(t, Config{Model: "m", Engine: tc.engine, Speedup: 1000})
+		opts := map[string]any{"include_usage": true, "continuous_usage_stats": tc.continuous}
+		path, req := "/v1/completions", map[string]any{"model": "m", "prompt": "hello", "max_tokens": 3, "stream": true, "stream_options": opts}
+		if tc.chat {
+			path, req = "/v1/chat/completions", chatBody("hello", map[string]any{"model": "m", "max_tokens": 3, "stream": true, "stream_options": opts})
+		}
+		_, events := stream(t, testClient(t), t.Context(), "http://"+p.Addr()+path, req)
+		parseChunks(t, events) // ends with [DONE]
+		var got []string
+		for _, e := range events[:len(events)-1] {
+			got = append(got, chunkFields(t, e.data))
+		}
+		got = slices.Compact(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s %s continuous %v: chunks\n%s\nwant\n%s", tc.engine, path, tc.continuous, strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+		}
+	}
+}

@@ -613,15 +613,15 @@ func appendUsage(dst []byte, prompt, completion int, tail string) []byte {
 	return append(dst, '}')
 }
 
-// sseWriter builds one response's SSE chunks in vLLM's shapes. vLLM streams
-// chunk models dumped with exclude_unset, so a chunk carries exactly the
-// fields it sets: the chat role chunk of each choice, then content
-// deltas, the last with finish_reason and stop_reason, then (with
-// include_usage) a chunk with empty choices and the usage, then [DONE].
-// The n choices of each prompt of a completion batch stream interleaved,
-// each chunk with its choice's index: prompt×n + the prompt's choice.
+// sseWriter builds one response's SSE chunks in its engine's shapes
+// (streamShape): the chat role chunk of each choice, then content deltas
+// and the finish, then (with include_usage) a chunk with empty choices
+// and the usage, then [DONE]. The n choices of each prompt of a
+// completion batch stream interleaved, each chunk with its choice's
+// index: prompt×n + the prompt's choice.
 type sseWriter struct {
 	chat       bool
+	shape      *streamShape
 	prefix     []byte // `data: {"id":…,"object":…,"created":…,"model":…,"choices":[`
 	usage      bool
 	continuous bool
@@ -635,6 +635,9 @@ type sseWriter struct {
 	// running and the tokens of those that finished.
 	left, produced []int
 	sentRole       bool
+	// finishes holds, with shape.finishDelta, the chat choices that
+	// ended, in order, for appendEnd to send.
+	finishes []finish
 	// echo, when not nil, is each prompt's text, which a completion's
 	// first delta of each choice starts with (echoTexts); with echoOnly
 	// (max_tokens 0) the delta holds it alone. echoed marks the choices
@@ -644,7 +647,64 @@ type sseWriter struct {
 	echoed   []bool
 }
 
-func newSSEWriter(chat bool, id string, created int64, model string, usage, continuous, perPrompt bool, prompts []int, n int) *sseWriter {
+// finish is a choice's index and the reason it ended.
+type finish struct {
+	index  int
+	reason uint8
+}
+
+// streamShape is the text of an engine's stream chunks around the sim's
+// values. vLLM dumps its chunk models with exclude_unset, so a chunk
+// carries exactly the fields it sets: a chat's finish rides on its last
+// delta with stop_reason, and usage only where sent. SGLang builds its
+// chat chunks with build_sse_content (sse_utils.py), whose delta always
+// has reasoning_content and whose chunk omits an unset usage; the
+// finish of each choice comes in a chunk of its own once all ended, and
+// the role chunk never carries usage (serving_chat.py). Its completion
+// chunks dump every field ("usage": null included), its closing usage
+// chunk drops nulls (serving_completions.py). SGLang's choices carry
+// matched_stop, null for the sim's ends (see fullShape).
+type streamShape struct {
+	role      string // a chat choice's first chunk after its index
+	roleUsage bool   // continuous usage rides on the role chunk
+	// delta is a chat delta before its text; chatEnd ends each chat
+	// choice and chatStop comes before it in a choice that finished.
+	delta, chatEnd, chatStop string
+	// finishDelta, when set, is the delta of the chunk that carries a
+	// chat choice's finish after every choice ended; content chunks then
+	// say finish_reason null.
+	finishDelta string
+	// completionEnd ends each completion choice; nullUsage says a
+	// completion chunk without usage says "usage": null.
+	completionEnd string
+	nullUsage     bool
+	// usage ends a usage in the content chunks (continuous_usage_stats);
+	// chatUsage and completionUsage end the closing chunk's.
+	usage, chatUsage, completionUsage string
+}
+
+var (
+	vllmStream = streamShape{
+		role:          `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`,
+		roleUsage:     true,
+		delta:         `,"delta":{"content":`,
+		chatStop:      `,"stop_reason":null`,
+		completionEnd: `,"stop_reason":null`,
+	}
+	sglangStream = streamShape{
+		role:            `,"delta":{"reasoning_content":null,"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"matched_stop":null}`,
+		delta:           `,"delta":{"reasoning_content":null,"content":`,
+		chatEnd:         `,"matched_stop":null`,
+		finishDelta:     `,"delta":{"reasoning_content":null}`,
+		completionEnd:   `,"matched_stop":null`,
+		nullUsage:       true,
+		usage:           sglangShape.usage,
+		chatUsage:       sglangShape.usage,
+		completionUsage: `,"reasoning_tokens":0`,
+	}
+)
+
+func newSSEWriter(k engines.Kind, chat bool, id string, created int64, model string, usage, continuous, perPrompt bool, prompts []int, n int) *sseWriter {
 	object := "text_completion"
 	if chat {
 		object = "chat.completion.chunk"
@@ -658,7 +718,11 @@ func newSSEWriter(chat bool, id string, created int64, model string, usage, cont
 	p = append(p, `,"model":`...)
 	p = appendJSONString(p, model)
 	p = append(p, `,"choices":[`...)
-	w := &sseWriter{chat: chat, prefix: p, usage: usage, continuous: continuous, perPrompt: perPrompt, prompts: prompts, n: n}
+	shape := &vllmStream
+	if k == engines.SGLang {
+		shape = &sglangStream
+	}
+	w := &sseWriter{chat: chat, shape: shape, prefix: p, usage: usage, continuous: continuous, perPrompt: perPrompt, prompts: prompts, n: n}
 	if perPrompt {
 		w.left, w.produced = make([]int, len(prompts)), make([]int, len(prompts))
 		for i := range w.left {
@@ -680,18 +744,24 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 			dst = append(dst, w.prefix...)
 			dst = append(dst, `{"index":`...)
 			dst = strconv.AppendInt(dst, int64(j), 10)
-			dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
-			dst = w.closeChunk(dst, w.prompts[0], 0)
+			dst = append(dst, w.shape.role...)
+			dst = append(dst, ']')
+			dst = w.closeChunk(dst, w.shape.roleUsage, w.prompts[0], 0)
 		}
 	}
 	prompt := i / w.n
 	dst = append(dst, w.prefix...)
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
+	shown := reason
 	if w.chat {
-		dst = append(dst, `,"delta":{"content":`...)
+		dst = append(dst, w.shape.delta...)
 		dst = appendJSONBytes(dst, text)
 		dst = append(dst, `},"logprobs":null,"finish_reason":`...)
+		if w.shape.finishDelta != "" && reason != finishNone {
+			w.finishes = append(w.finishes, finish{i, reason})
+			shown = finishNone
+		}
 	} else {
 		dst = append(dst, `,"text":`...)
 		if w.echo != nil && !w.echoed[i] {
@@ -702,18 +772,18 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 		}
 		dst = append(dst, `,"logprobs":null,"finish_reason":`...)
 	}
-	if reason == finishNone {
-		dst = append(dst, "null"...)
-	} else {
-		dst = append(dst, '"')
-		dst = append(dst, finishNames[reason]...)
-		dst = append(dst, '"')
-	}
-	if !w.chat || reason != finishNone {
-		dst = append(dst, `,"stop_reason":null`...)
+	dst = appendFinish(dst, shown)
+	switch {
+	case !w.chat:
+		dst = append(dst, w.shape.completionEnd...)
+	case shown != finishNone:
+		dst = append(dst, w.shape.chatStop...)
+		fallthrough
+	default:
+		dst = append(dst, w.shape.chatEnd...)
 	}
 	dst = append(dst, "}]"...)
-	dst = w.closeChunk(dst, w.prompts[prompt], completion)
+	dst = w.closeChunk(dst, true, w.prompts[prompt], completion)
 	if reason != finishNone && w.perPrompt {
 		w.left[prompt]--
 		w.produced[prompt] += completion
@@ -724,10 +794,25 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 	return dst
 }
 
-func (w *sseWriter) closeChunk(dst []byte, prompt, completion int) []byte {
-	if w.continuous {
+// appendFinish appends a finish reason's JSON value, null for none.
+func appendFinish(dst []byte, reason uint8) []byte {
+	if reason == finishNone {
+		return append(dst, "null"...)
+	}
+	dst = append(dst, '"')
+	dst = append(dst, finishNames[reason]...)
+	return append(dst, '"')
+}
+
+// closeChunk ends a chunk after its choices: with the usage so far where
+// continuous_usage_stats asks and usage allows it.
+func (w *sseWriter) closeChunk(dst []byte, usage bool, prompt, completion int) []byte {
+	switch {
+	case w.continuous && usage:
 		dst = append(dst, `,"usage":`...)
-		dst = appendUsage(dst, prompt, completion, "")
+		dst = appendUsage(dst, prompt, completion, w.shape.usage)
+	case w.shape.nullUsage && !w.chat:
+		dst = append(dst, `,"usage":null`...)
 	}
 	return append(dst, "}\n\n"...)
 }
@@ -737,16 +822,31 @@ func (w *sseWriter) appendUsage(dst []byte, prompt, completion int) []byte {
 	if !w.usage {
 		return dst
 	}
+	tail := w.shape.completionUsage
+	if w.chat {
+		tail = w.shape.chatUsage
+	}
 	dst = append(dst, w.prefix...)
 	dst = append(dst, `],"usage":`...)
-	dst = appendUsage(dst, prompt, completion, "")
+	dst = appendUsage(dst, prompt, completion, tail)
 	return append(dst, "}\n\n"...)
 }
 
-// appendEnd appends the usage chunk summing the prompts, each counted
-// once, unless each had its own, and [DONE]; completion is the tokens of
-// every choice.
+// appendEnd appends the finish chunks held back (streamShape.finishDelta),
+// the usage chunk summing the prompts, each counted once, unless each
+// had its own, and [DONE]; completion is the tokens of every choice.
 func (w *sseWriter) appendEnd(dst []byte, completion int) []byte {
+	for _, f := range w.finishes {
+		dst = append(dst, w.prefix...)
+		dst = append(dst, `{"index":`...)
+		dst = strconv.AppendInt(dst, int64(f.index), 10)
+		dst = append(dst, w.shape.finishDelta...)
+		dst = append(dst, `,"logprobs":null,"finish_reason":`...)
+		dst = appendFinish(dst, f.reason)
+		dst = append(dst, w.shape.chatEnd...)
+		dst = append(dst, "}]"...)
+		dst = w.closeChunk(dst, false, 0, 0)
+	}
 	if !w.perPrompt {
 		prompt := 0
 		for _, n := range w.prompts {

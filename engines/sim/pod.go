@@ -874,7 +874,7 @@ func (p *Pod) streamWriter(req *genRequest, isChat bool, id string, created int6
 		}
 		continuous = bool(o.ContinuousUsageStats) && (usage || p.cfg.Engine.ContinuousUsageAlone())
 	}
-	return newSSEWriter(isChat, id, created, model, usage, continuous, p.cfg.Engine == engines.TRTLLM, prompts, n)
+	return newSSEWriter(p.cfg.Engine, isChat, id, created, model, usage, continuous, p.cfg.Engine == engines.TRTLLM, prompts, n)
 }
 
 // setMaxTokens sets r's output length from the request, answering 400 as

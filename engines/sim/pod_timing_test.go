@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"pdlb/engines"
 )
 
 // cpuTime is the process's user plus system CPU time.
@@ -62,7 +64,7 @@ func BenchmarkStreams64(b *testing.B) {
 
 // BenchmarkAppendDelta is the per-delivery cost of building a chat chunk.
 func BenchmarkAppendDelta(b *testing.B) {
-	w := newSSEWriter(true, "chatcmpl-0123456789abcdef", 1700000000, "meta-llama/Llama-3.1-8B-Instruct", true, false, false, []int{100}, 1)
+	w := newSSEWriter(engines.VLLM, true, "chatcmpl-0123456789abcdef", 1700000000, "meta-llama/Llama-3.1-8B-Instruct", true, false, false, []int{100}, 1)
 	text := newTextStream(1, []uint32{1, 2, 3})
 	var buf, piece []byte
 	buf = w.appendDelta(buf, 0, nil, 0, finishNone) // the role chunk, once

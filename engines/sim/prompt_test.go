@@ -443,8 +443,9 @@ func TestPodAnswersNChoices(t *testing.T) {
 								t.Fatalf("%s: choice %d's role chunk after its text", tc.path, choice.Index)
 							}
 							roles[choice.Index]++
-						case d != nil:
+						case d != nil && d.Content != nil: // SGLang's finish chunk has none
 							texts[choice.Index] += *d.Content
+						case d != nil:
 						default:
 							texts[choice.Index] += *choice.Text
 						}
