@@ -663,13 +663,20 @@ type finish struct {
 // the role chunk never carries usage (serving_chat.py). Its completion
 // chunks dump every field ("usage": null included), its closing usage
 // chunk drops nulls (serving_completions.py). SGLang's choices carry
-// matched_stop, null for the sim's ends (see fullShape).
+// matched_stop, null for the sim's ends (see fullShape). TensorRT-LLM
+// dumps its chat chunks with exclude_none, so only a finished choice says
+// finish_reason, and writes each role chunk as "data: {...} \n\n"; its
+// completion and usage chunks dump every field (postprocess_handlers.py).
 type streamShape struct {
 	role      string // a chat choice's first chunk after its index
 	roleUsage bool   // continuous usage rides on the role chunk
-	// delta is a chat delta before its text; chatEnd ends each chat
-	// choice and chatStop comes before it in a choice that finished.
-	delta, chatEnd, chatStop string
+	roleSpace bool   // a space ends the role chunk's data line
+	// delta is a chat delta before its text, deltaEnd after it; chatEnd
+	// ends each chat choice and chatStop comes before it in a choice
+	// that finished. dropNull leaves out an unfinished chat choice's
+	// finish_reason.
+	delta, deltaEnd, chatEnd, chatStop string
+	dropNull                           bool
 	// finishDelta, when set, is the delta of the chunk that carries a
 	// chat choice's finish after every choice ended; content chunks then
 	// say finish_reason null.
@@ -688,12 +695,14 @@ var (
 		role:          `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`,
 		roleUsage:     true,
 		delta:         `,"delta":{"content":`,
+		deltaEnd:      `},"logprobs":null`,
 		chatStop:      `,"stop_reason":null`,
 		completionEnd: `,"stop_reason":null`,
 	}
 	sglangStream = streamShape{
 		role:            `,"delta":{"reasoning_content":null,"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"matched_stop":null}`,
 		delta:           `,"delta":{"reasoning_content":null,"content":`,
+		deltaEnd:        `},"logprobs":null`,
 		chatEnd:         `,"matched_stop":null`,
 		finishDelta:     `,"delta":{"reasoning_content":null}`,
 		completionEnd:   `,"matched_stop":null`,
@@ -701,6 +710,20 @@ var (
 		usage:           sglangShape.usage,
 		chatUsage:       sglangShape.usage,
 		completionUsage: `,"reasoning_tokens":0`,
+	}
+	trtStream = streamShape{
+		role:            `,"delta":{"role":"assistant"}}`,
+		roleUsage:       true,
+		roleSpace:       true,
+		delta:           `,"delta":{"content":`,
+		deltaEnd:        `,"reasoning_content":""}`,
+		chatEnd:         trtShape.choiceEnd,
+		dropNull:        true,
+		completionEnd:   `,"stop_reason":null,"token_ids":null` + trtShape.choiceEnd,
+		nullUsage:       true,
+		usage:           trtShape.usage,
+		chatUsage:       trtShape.usage,
+		completionUsage: trtShape.usage,
 	}
 )
 
@@ -719,8 +742,11 @@ func newSSEWriter(k engines.Kind, chat bool, id string, created int64, model str
 	p = appendJSONString(p, model)
 	p = append(p, `,"choices":[`...)
 	shape := &vllmStream
-	if k == engines.SGLang {
+	switch k {
+	case engines.SGLang:
 		shape = &sglangStream
+	case engines.TRTLLM:
+		shape = &trtStream
 	}
 	w := &sseWriter{chat: chat, shape: shape, prefix: p, usage: usage, continuous: continuous, perPrompt: perPrompt, prompts: prompts, n: n}
 	if perPrompt {
@@ -746,7 +772,11 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 			dst = strconv.AppendInt(dst, int64(j), 10)
 			dst = append(dst, w.shape.role...)
 			dst = append(dst, ']')
-			dst = w.closeChunk(dst, w.shape.roleUsage, w.prompts[0], 0)
+			end := chunkEnd
+			if w.shape.roleSpace {
+				end = "} \n\n"
+			}
+			dst = w.closeChunk(dst, w.shape.roleUsage, w.prompts[0], 0, end)
 		}
 	}
 	prompt := i / w.n
@@ -757,10 +787,13 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 	if w.chat {
 		dst = append(dst, w.shape.delta...)
 		dst = appendJSONBytes(dst, text)
-		dst = append(dst, `},"logprobs":null,"finish_reason":`...)
+		dst = append(dst, w.shape.deltaEnd...)
 		if w.shape.finishDelta != "" && reason != finishNone {
 			w.finishes = append(w.finishes, finish{i, reason})
 			shown = finishNone
+		}
+		if shown != finishNone || !w.shape.dropNull {
+			dst = append(dst, `,"finish_reason":`...)
 		}
 	} else {
 		dst = append(dst, `,"text":`...)
@@ -772,7 +805,9 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 		}
 		dst = append(dst, `,"logprobs":null,"finish_reason":`...)
 	}
-	dst = appendFinish(dst, shown)
+	if shown != finishNone || !w.chat || !w.shape.dropNull {
+		dst = appendFinish(dst, shown)
+	}
 	switch {
 	case !w.chat:
 		dst = append(dst, w.shape.completionEnd...)
@@ -783,7 +818,7 @@ func (w *sseWriter) appendDelta(dst []byte, i int, text []byte, completion int, 
 		dst = append(dst, w.shape.chatEnd...)
 	}
 	dst = append(dst, "}]"...)
-	dst = w.closeChunk(dst, true, w.prompts[prompt], completion)
+	dst = w.closeChunk(dst, true, w.prompts[prompt], completion, chunkEnd)
 	if reason != finishNone && w.perPrompt {
 		w.left[prompt]--
 		w.produced[prompt] += completion
@@ -804,9 +839,12 @@ func appendFinish(dst []byte, reason uint8) []byte {
 	return append(dst, '"')
 }
 
-// closeChunk ends a chunk after its choices: with the usage so far where
-// continuous_usage_stats asks and usage allows it.
-func (w *sseWriter) closeChunk(dst []byte, usage bool, prompt, completion int) []byte {
+// chunkEnd closes a chunk's JSON and its event.
+const chunkEnd = "}\n\n"
+
+// closeChunk ends a chunk after its choices with end: with the usage so
+// far where continuous_usage_stats asks and usage allows it.
+func (w *sseWriter) closeChunk(dst []byte, usage bool, prompt, completion int, end string) []byte {
 	switch {
 	case w.continuous && usage:
 		dst = append(dst, `,"usage":`...)
@@ -814,7 +852,7 @@ func (w *sseWriter) closeChunk(dst []byte, usage bool, prompt, completion int) [
 	case w.shape.nullUsage && !w.chat:
 		dst = append(dst, `,"usage":null`...)
 	}
-	return append(dst, "}\n\n"...)
+	return append(dst, end...)
 }
 
 // appendUsage appends a usage chunk, if asked for.
@@ -829,7 +867,7 @@ func (w *sseWriter) appendUsage(dst []byte, prompt, completion int) []byte {
 	dst = append(dst, w.prefix...)
 	dst = append(dst, `],"usage":`...)
 	dst = appendUsage(dst, prompt, completion, tail)
-	return append(dst, "}\n\n"...)
+	return append(dst, chunkEnd...)
 }
 
 // appendEnd appends the finish chunks held back (streamShape.finishDelta),
@@ -845,7 +883,7 @@ func (w *sseWriter) appendEnd(dst []byte, completion int) []byte {
 		dst = appendFinish(dst, f.reason)
 		dst = append(dst, w.shape.chatEnd...)
 		dst = append(dst, "}]"...)
-		dst = w.closeChunk(dst, false, 0, 0)
+		dst = w.closeChunk(dst, false, 0, 0, chunkEnd)
 	}
 	if !w.perPrompt {
 		prompt := 0
@@ -868,25 +906,34 @@ type choice struct {
 
 // fullShape is the text of an engine's whole answer around the sim's
 // values, every field its response models dump (nulls included):
-// vLLM's (which the sim answers for TensorRT-LLM too), or SGLang's, whose
+// vLLM's, or SGLang's, whose
 // choices carry matched_stop (null: SGLang names the stop string or
 // token matched, the sim's natural end has no token id) and whose
 // answer carries metadata (the weight version, "default" unless the
 // server is told another). SGLang drops hidden_states, token_ids,
 // prompt_token_ids, meta_info and sglext while unset
-// (sglang/srt/entrypoints/openai/protocol.py).
+// (sglang/srt/entrypoints/openai/protocol.py). TensorRT-LLM dumps all of
+// its models (tensorrt_llm/serve/openai_protocol.py): a chat message's
+// reasoning_content is "" without a reasoning parser; a choice's
+// avg_decoded_tokens_per_iter is 1.0 without speculative decoding; its
+// usage counts cached_tokens, 0 here.
 type fullShape struct {
 	message string // after the content
 	// choice ends each choice, chat's and completion's, after its
-	// finish reason's closing quote.
+	// finish reason's closing quote; disagg then says the choice has
+	// disaggregated_params (null unless a prefill leg's), choiceEnd
+	// comes last.
 	choice, completionChoice string
+	disagg                   bool
+	choiceEnd                string
 	// beforeUsage comes between the choices and the usage; usage ends
 	// the usage.
 	beforeUsage, usage string
 	// body ends the body after the usage, chat's and completion's.
 	body, completionBody string
-	// kvTransfer says the body ends with kv_transfer_params.
-	kvTransfer bool
+	// promptIDs says the body ends with prompt_token_ids (null unless
+	// a prefill leg's), kvTransfer with kv_transfer_params.
+	promptIDs, kvTransfer bool
 }
 
 var (
@@ -907,6 +954,16 @@ var (
 		body:             `,"metadata":{"weight_version":"default"}`,
 		completionBody:   `,"metadata":{"weight_version":"default"}`,
 	}
+	trtShape = fullShape{
+		message:          `,"reasoning_content":"","reasoning":null,"tool_calls":[]}`,
+		choice:           `,"stop_reason":null,"mm_embedding_handle":null`,
+		completionChoice: `,"stop_reason":null,"token_ids":null,"context_logits":null`,
+		disagg:           true,
+		choiceEnd:        `,"avg_decoded_tokens_per_iter":1.0`,
+		usage:            `,"prompt_tokens_details":{"cached_tokens":0}`,
+		body:             `,"prompt_token_ids_b64":null`,
+		promptIDs:        true,
+	}
 )
 
 // appendFullResponse appends engine k's non-streaming chat.completion or
@@ -923,8 +980,11 @@ func appendFullResponse(dst []byte, k engines.Kind, chat bool, id string, create
 		disagg, kvParams, promptIDs = pd.disaggParams, pd.kvTransferParams, pd.promptTokenIDs
 	}
 	shape := vllmShape
-	if k == engines.SGLang {
+	switch k {
+	case engines.SGLang:
 		shape = sglangShape
+	case engines.TRTLLM:
+		shape = trtShape
 	}
 	dst = append(dst, `{"id":`...)
 	dst = appendJSONString(dst, id)
@@ -960,7 +1020,11 @@ func appendFullResponse(dst []byte, k engines.Kind, chat bool, id string, create
 		} else {
 			dst = append(dst, shape.completionChoice...)
 		}
-		dst = appendDisagg(dst, disagg)
+		if shape.disagg {
+			dst = append(dst, `,"disaggregated_params":`...)
+			dst = appendOrNull(dst, disagg)
+		}
+		dst = append(dst, shape.choiceEnd...)
 		dst = append(dst, '}')
 	}
 	dst = append(dst, ']')
@@ -972,32 +1036,34 @@ func appendFullResponse(dst []byte, k engines.Kind, chat bool, id string, create
 	} else {
 		dst = append(dst, shape.completionBody...)
 	}
-	if promptIDs != nil {
-		dst = append(dst, `,"prompt_token_ids":[`...)
-		for i, t := range promptIDs {
-			if i > 0 {
-				dst = append(dst, ',')
+	if shape.promptIDs {
+		dst = append(dst, `,"prompt_token_ids":`...)
+		if promptIDs == nil {
+			dst = append(dst, "null"...)
+		} else {
+			dst = append(dst, '[')
+			for i, t := range promptIDs {
+				if i > 0 {
+					dst = append(dst, ',')
+				}
+				dst = strconv.AppendUint(dst, uint64(t), 10)
 			}
-			dst = strconv.AppendUint(dst, uint64(t), 10)
+			dst = append(dst, ']')
 		}
-		dst = append(dst, ']')
 	}
 	if shape.kvTransfer {
 		dst = append(dst, `,"kv_transfer_params":`...)
-		if kvParams == nil {
-			kvParams = []byte("null")
-		}
-		dst = append(dst, kvParams...)
+		dst = appendOrNull(dst, kvParams)
 	}
 	return append(dst, '}')
 }
 
-func appendDisagg(dst, disagg []byte) []byte {
-	if disagg == nil {
-		return dst
+// appendOrNull appends the JSON value v, null when it is nil.
+func appendOrNull(dst, v []byte) []byte {
+	if v == nil {
+		return append(dst, "null"...)
 	}
-	dst = append(dst, `,"disaggregated_params":`...)
-	return append(dst, disagg...)
+	return append(dst, v...)
 }
 
 // appendJSONString appends s as a JSON string. The sim's own text is plain
