@@ -1,12 +1,13 @@
 package limits
 
 import (
-	"math"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"pdlb/internal/mono"
 )
 
 // Conns counts client connections by address and enforces ConnLimits. A
@@ -109,10 +110,10 @@ func (cs *Conns) admit(c net.Conn) (net.Conn, bool) {
 		return nil, false
 	}
 	w := &conn{Conn: c, cs: cs}
-	w.read.caller.Store(noDeadline)
-	w.written.caller.Store(noDeadline)
-	w.read.armed.Store(noDeadline)
-	w.written.armed.Store(noDeadline)
+	w.read.caller.Store(mono.Never)
+	w.written.caller.Store(mono.Never)
+	w.read.armed.Store(mono.Never)
+	w.written.armed.Store(mono.Never)
 	return w, true
 }
 
@@ -176,7 +177,7 @@ type conn struct {
 }
 
 // deadlines are one direction's: the caller's and the one set on the
-// socket, in ns of the package's monotonic clock (noDeadline: none).
+// socket, on the monotonic clock (mono.Never: none).
 type deadlines struct {
 	caller, armed atomic.Int64
 }
@@ -213,53 +214,26 @@ func (c *conn) rearm(d *deadlines, set func(time.Time) error) error {
 	if idle <= 0 {
 		return nil
 	}
-	want := min(d.caller.Load(), monoNow()+idle)
+	want := min(d.caller.Load(), mono.Now()+idle)
 	if armed := d.armed.Load(); armed <= want && want-armed <= c.idleSlack() {
 		return nil
 	}
 	d.armed.Store(want)
-	return set(timeOf(want))
+	return set(mono.Time(want))
 }
 
 // arm records the caller's deadline t for d and sets the effective one:
 // t itself, or the idle limit when it is earlier, so that a read or write
 // already blocked also sees the new deadline.
 func (c *conn) arm(d *deadlines, t time.Time, set func(time.Time) error) error {
-	caller := monoOf(t)
+	caller := mono.Of(t)
 	d.caller.Store(caller)
 	eff := caller
 	if idle := int64(c.cs.limits.IdleTimeout); idle > 0 {
-		eff = min(caller, monoNow()+idle)
+		eff = min(caller, mono.Now()+idle)
 	}
 	d.armed.Store(eff)
-	return set(timeOf(eff))
-}
-
-// epoch is the origin of the package's monotonic clock.
-var epoch = time.Now()
-
-// noDeadline stands for the zero time.Time, which means no deadline.
-const noDeadline = math.MaxInt64
-
-// monoNow reads the monotonic clock: one clock read, where time.Now takes
-// two (wall and monotonic).
-func monoNow() int64 { return int64(time.Since(epoch)) }
-
-// monoOf is deadline t on the monotonic clock; Sub saturates, so a time
-// centuries away is never and one long past is long past.
-func monoOf(t time.Time) int64 {
-	if t.IsZero() {
-		return noDeadline
-	}
-	return int64(t.Sub(epoch))
-}
-
-// timeOf turns a monotonic deadline back into what net.Conn takes.
-func timeOf(mono int64) time.Time {
-	if mono == noDeadline {
-		return time.Time{}
-	}
-	return epoch.Add(time.Duration(mono))
+	return set(mono.Time(eff))
 }
 
 // NetConn is the connection c limits.

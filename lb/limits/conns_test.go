@@ -3,7 +3,6 @@ package limits
 import (
 	"errors"
 	"io"
-	"math"
 	"net"
 	"os"
 	"testing"
@@ -194,22 +193,5 @@ func TestWrapNoIdle(t *testing.T) {
 	go client.Write([]byte("hi"))
 	if _, err := io.ReadFull(server, make([]byte, 2)); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func TestMonoOf(t *testing.T) {
-	f := func(tm time.Time, want int64) {
-		t.Helper()
-		if got := monoOf(tm); got != want {
-			t.Fatalf("monoOf(%v) = %d, want %d", tm, got, want)
-		}
-	}
-	f(time.Time{}, noDeadline)
-	f(epoch, 0)
-	f(epoch.Add(time.Second), int64(time.Second))
-	f(time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), noDeadline) // saturates
-	f(time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC), math.MinInt64)
-	if got := timeOf(noDeadline); !got.IsZero() {
-		t.Fatalf("timeOf(noDeadline) = %v, want the zero time", got)
 	}
 }

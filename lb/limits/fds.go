@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"pdlb/internal/mono"
 )
 
 // FDs keeps the process's last file descriptors for accepting. With none
@@ -37,7 +39,7 @@ type FDs struct {
 	// open, if set, estimates the descriptors the process holds (SetOpen).
 	open atomic.Pointer[func() int]
 	log  *slog.Logger
-	// warned is when the last warning was logged (monoNow), 0 before.
+	// warned is when the last warning was logged (mono.Now), 0 before.
 	warned atomic.Int64
 }
 
@@ -194,7 +196,7 @@ func OutOfFDs(err error) error {
 }
 
 func (f *FDs) warn() {
-	now, last := monoNow(), f.warned.Load()
+	now, last := mono.Now(), f.warned.Load()
 	if f.log == nil || (last != 0 && now-last < int64(fdWarnEvery)) || !f.warned.CompareAndSwap(last, now) {
 		return
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
+	"pdlb/internal/mono"
 	"pdlb/lb/limits"
 	"pdlb/lb/pool"
 )
@@ -92,19 +93,15 @@ type podSocket struct {
 	readBy, writeBy deadline
 }
 
-// deadline is a socket deadline as last set: when it fires, in time
-// since epoch as the runtime counts it (the monotonic clock, so a step
-// of the wall clock moves nothing), and whether one is set. mu makes
-// setting and recording one step: a PD call tightens the read deadline
-// of a decode answer its relay is reading.
+// deadline is a socket deadline as last set: when it fires, on the
+// monotonic clock (mono, so a step of the wall clock moves nothing), and
+// whether one is set. mu makes setting and recording one step: a PD call
+// tightens the read deadline of a decode answer its relay is reading.
 type deadline struct {
 	mu    sync.Mutex
 	armed bool
 	at    time.Duration
 }
-
-// epoch is where deadline counts from.
-var epoch = time.Now()
 
 // set sets the deadline to t with set, or leaves it where it is when
 // that is no earlier than t and no later by more than a 64th of the time
@@ -127,7 +124,7 @@ func (d *deadline) set(t time.Time, set func(time.Time) error) error {
 		now := time.Now()
 		until := t.Sub(now)
 		slack := max(until/64, 0)
-		at = addSat(now.Sub(epoch), until)
+		at = addSat(time.Duration(mono.Of(now)), until)
 		if d.armed && d.at >= at && d.at <= addSat(at, slack) {
 			return nil
 		}
