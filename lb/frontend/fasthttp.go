@@ -64,6 +64,9 @@ type Options struct {
 	// Send, whose deadlines the ticker, a second between ticks until
 	// then and never woken early, may find that late).
 	UpstreamTimeout time.Duration
+	// clock is the gnet front end's time, in nanoseconds, for every stamp
+	// and deadline its sweeps compare; nil: the wall clock.
+	clock func() int64
 }
 
 // FastHTTP serves h on ln with fasthttp until ln is closed or Shutdown is
@@ -224,6 +227,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ReadTimeout == 0 {
 		o.ReadTimeout = DefaultReadTimeout
+	}
+	if o.clock == nil {
+		o.clock = func() int64 { return time.Now().UnixNano() }
 	}
 	return o
 }

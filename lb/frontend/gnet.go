@@ -84,7 +84,7 @@ const tick = time.Second
 func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1),
 		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
-	s.now.Store(time.Now().UnixNano())
+	s.now.Store(s.o.clock())
 	// tick: the clock's period until a sweep period is set, and the sleep
 	// the ticker finishes when one is (noteTimeout).
 	s.lag.Store(int64(tick))
@@ -335,7 +335,7 @@ func (s *GNet) OnBoot(eng gnet.Engine) gnet.Action {
 // OnTick runs on gnet's ticker goroutine, first right after every loop has
 // bound its listener.
 func (s *GNet) OnTick() (time.Duration, gnet.Action) {
-	now := time.Now().UnixNano()
+	now := s.o.clock()
 	// A gap past a tick is the ticker running late; one past two, a stall
 	// or a step of the clock, which lag does not follow: it would stretch
 	// every timeout for good.

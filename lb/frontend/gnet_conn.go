@@ -168,7 +168,7 @@ type queued struct {
 func newGConn(s *GNet, c gnet.Conn) *gconn {
 	gc := &gconn{s: s, c: c, local: c.LocalAddr(), remote: c.RemoteAddr(), wrote: make(chan error, 1)}
 	gc.client, _ = addrPort(gc.remote)
-	now := time.Now().UnixNano()
+	now := s.o.clock()
 	gc.lastRead.Store(now)
 	// A new connection owes its first request within ReadTimeout, as on
 	// fasthttp (nginx's client_header_timeout), not the keep-alive idle
@@ -194,7 +194,7 @@ func (gc *gconn) arrived() {
 	if gc.fresh.Load() {
 		gc.fresh.Store(false) // due since the connection opened
 	} else {
-		gc.dueSince.Store(time.Now().UnixNano())
+		gc.dueSince.Store(gc.s.o.clock())
 	}
 	gc.partial.Store(true)
 }
@@ -205,7 +205,7 @@ func (gc *gconn) arrived() {
 func (gc *gconn) answered() {
 	gc.lastRead.Store(gc.s.now.Load())
 	if gc.partial.Load() {
-		gc.dueSince.Store(time.Now().UnixNano())
+		gc.dueSince.Store(gc.s.o.clock())
 	}
 }
 
@@ -240,7 +240,7 @@ func (gc *gconn) read() gnet.Action {
 	n := gc.inbound()
 	if parsed {
 		if n > 0 {
-			gc.dueSince.Store(time.Now().UnixNano())
+			gc.dueSince.Store(gc.s.o.clock())
 		}
 		gc.partial.Store(n > 0)
 	}

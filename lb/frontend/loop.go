@@ -179,7 +179,7 @@ func (r *FastRequest) AppendRequest(dst []byte) []byte {
 func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Response, done Done) error {
 	gc := l.gc
 	ls := gc.ls
-	now := time.Now().UnixNano()
+	now := gc.s.o.clock()
 	uc := ls.take(u.Addr, now)
 	if uc == nil {
 		n := gc.s.upstreamCount(u.Addr)
@@ -324,7 +324,7 @@ func (ls *loopState) take(addr string, now int64) *upConn {
 // off the real clock: take must not count it shorter than the pod does,
 // nor, off the coarse one, up to a tick longer.
 func (ls *loopState) park(uc *upConn) {
-	uc.idleSince = time.Now().UnixNano()
+	uc.idleSince = ls.s.o.clock()
 	list := ls.idle[uc.addr]
 	if list == nil {
 		list = new([]*upConn)

@@ -191,7 +191,7 @@ func TestIdleFromTheLastWrite(t *testing.T) {
 	for _, by := range []string{"loop", "worker"} {
 		for _, took := range []int{0, 100} {
 			c := &idleConn{}
-			gc := newGConn(&GNet{}, c)
+			gc := newGConn(&GNet{o: Options{}.withDefaults()}, c)
 			if by == "loop" {
 				_ = gc.writev([][]byte{make([]byte, 1000)})
 			} else {
