@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/internal/mono"
 	"pdlb/lb/limits"
 )
 
@@ -65,7 +66,8 @@ type Options struct {
 	// then and never woken early, may find that late).
 	UpstreamTimeout time.Duration
 	// clock is the gnet front end's time, in nanoseconds, for every stamp
-	// and deadline its sweeps compare; nil: the wall clock.
+	// and deadline its sweeps compare; nil: mono.Now, which a step of the
+	// wall clock does not move (Upstream.Down's times are on it too).
 	clock func() int64
 }
 
@@ -229,7 +231,7 @@ func (o Options) withDefaults() Options {
 		o.ReadTimeout = DefaultReadTimeout
 	}
 	if o.clock == nil {
-		o.clock = func() int64 { return time.Now().UnixNano() }
+		o.clock = mono.Now
 	}
 	return o
 }

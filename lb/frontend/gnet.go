@@ -40,10 +40,11 @@ type GNet struct {
 	runErr  error
 	failed  chan error
 
-	// now is a coarse clock (unix nanoseconds) that OnTick advances, so the
-	// loops stamp traffic without a clock read per event. lag is how far
-	// behind the real time it may be (nanoseconds): the longest it went
-	// without advancing, between tick and twice that (expired).
+	// now is a coarse copy of the clock (Options.clock, nanoseconds) that
+	// OnTick advances, so the loops stamp traffic without a clock read per
+	// event. lag is how far behind the clock it may be (nanoseconds): the
+	// longest it went without advancing, between tick and twice that
+	// (expired).
 	now, lag atomic.Int64
 	// serving counts requests between parsing and their last byte written.
 	serving  atomic.Int64
@@ -63,7 +64,7 @@ type GNet struct {
 	// past their deadline, set from the shortest timeout a Send was
 	// given; 0 until the first.
 	sweepEvery atomic.Int64
-	lastIdle   int64 // OnTick's last idle sweep, unix nanoseconds
+	lastIdle   int64 // OnTick's last idle sweep, on the clock
 	// listeners are the loops' listening sockets (closeListeners).
 	listeners []listenerFD
 	// h2 serves the h2c connections the loops hand over (h2c.go), and
@@ -85,6 +86,8 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1),
 		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
 	s.now.Store(s.o.clock())
+	// The first tick sweeps, however young the process (and its clock).
+	s.lastIdle = s.now.Load() - int64(tick)
 	// tick: the clock's period until a sweep period is set, and the sleep
 	// the ticker finishes when one is (noteTimeout).
 	s.lag.Store(int64(tick))
@@ -336,9 +339,8 @@ func (s *GNet) OnBoot(eng gnet.Engine) gnet.Action {
 // bound its listener.
 func (s *GNet) OnTick() (time.Duration, gnet.Action) {
 	now := s.o.clock()
-	// A gap past a tick is the ticker running late; one past two, a stall
-	// or a step of the clock, which lag does not follow: it would stretch
-	// every timeout for good.
+	// A gap past a tick is the ticker running late; one past two, a stall,
+	// which lag does not follow: it would stretch every timeout for good.
 	if gap := min(now-s.now.Swap(now), int64(2*tick)); gap > s.lag.Load() {
 		s.lag.Store(gap)
 	}
@@ -359,8 +361,8 @@ func (s *GNet) OnTick() (time.Duration, gnet.Action) {
 	return every, gnet.None
 }
 
-// expired reports whether d has passed by now (unix nanoseconds, real; the
-// coarse clock's errs late) since an event stamped stamp off the coarse
+// expired reports whether d has passed by now (read off the clock; the
+// coarse copy's errs late) since an event stamped stamp off the coarse
 // clock, which trails the event by up to lag: never before d, at most lag
 // after it.
 func (s *GNet) expired(stamp int64, d time.Duration, now int64) bool {
@@ -395,7 +397,7 @@ func (s *GNet) closeIdle(now int64) {
 			_ = gc.c.Close()
 			continue
 		}
-		// dueSince is off the real clock, lastRead off the coarse one.
+		// dueSince is read off the clock, lastRead off its coarse copy.
 		var over bool
 		if gc.partial.Load() || gc.fresh.Load() {
 			over = now-gc.dueSince.Load() > int64(s.o.ReadTimeout)

@@ -96,16 +96,16 @@ type gconn struct {
 	lchunks  loopChunks
 
 	// Read by OnTick's idle sweep.
-	// lastRead is the coarse unix nanoseconds of the last traffic, or of
-	// the end of the last answer: a connection's idle time runs from both.
+	// lastRead is when (the coarse clock) the last traffic came, or the
+	// last answer ended: a connection's idle time runs from both.
 	lastRead atomic.Int64
 	// partial: some of a request came (on TLS, maybe only part of a
 	// record); fresh: nothing came yet on this new connection, which owes
-	// its first request within ReadTimeout too. dueSince is the unix
-	// nanoseconds since when a request is due (the connection's open, the
-	// first byte, or the end of the answer before it), read off the real
-	// clock: the coarse one lags by up to a tick, more than a ReadTimeout
-	// may be, and a request would be cut before its time. ReadTimeout
+	// its first request within ReadTimeout too. dueSince is since when a
+	// request is due (the connection's open, the first byte, or the end of
+	// the answer before it), read off the clock: its coarse copy lags by
+	// up to a tick, more than a ReadTimeout may be, and a request would be
+	// cut before its time. ReadTimeout
 	// bounds a request's whole reading, however its bytes trickle in, as
 	// fasthttp's does (nginx's client_header_timeout); IdleTimeout the
 	// wait for one to begin.

@@ -400,7 +400,7 @@ func TestFreshConnectionNotSweptEarly(t *testing.T) {
 	h := Handler{Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
 	s := startGNet(t, h, Options{ReadTimeout: 500 * time.Millisecond})
 	// The clock as the loops see it just before a tick.
-	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +411,7 @@ func TestFreshConnectionNotSweptEarly(t *testing.T) {
 		defer s.mu.Unlock()
 		return len(s.conns) == 1
 	})
-	s.closeIdle(time.Now().UnixNano()) // the tick's sweep
+	s.closeIdle(s.o.clock()) // the tick's sweep
 	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -435,7 +435,7 @@ func TestKeptConnectionNotSweptEarly(t *testing.T) {
 	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
 	s := startGNet(t, h, Options{IdleTimeout: 500 * time.Millisecond})
 	// The clock as the loops see it just before a tick.
-	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -443,34 +443,13 @@ func TestKeptConnectionNotSweptEarly(t *testing.T) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
 	br := bufio.NewReader(c)
-	get := func(which string) {
-		t.Helper()
-		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			t.Fatalf("%s: %v", which, err)
-		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("%s: %v; want it answered", which, err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: %d; want 200", which, resp.StatusCode)
-		}
-	}
-	get("the first request")
+	get(t, c, br, "the first request")
 	var gc *gconn
-	testwait.For(t, "the connection idle", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for gc = range s.conns {
-			return !gc.partial.Load() && !gc.held.Load()
-		}
-		return false
-	})
-	s.closeIdle(time.Now().UnixNano()) // the tick's sweep
+	testwait.For(t, "the connection idle", func() bool { gc = idleGConn(s); return gc != nil })
+	s.closeIdle(s.o.clock()) // the tick's sweep
 	// Its checkIdle, then the close that queues.
 	loopTurns(t, gc.c.EventLoop(), 2)
-	get("the next request, at once on the kept connection")
+	get(t, c, br, "the next request, at once on the kept connection")
 }
 
 // loopTurns waits until el has run what was queued on it, and what that
@@ -496,7 +475,7 @@ func TestLingerNotCutEarly(t *testing.T) {
 	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
 	s := startGNet(t, h, Options{IdleTimeout: time.Minute})
 	// The clock as the loops see it just before a tick.
-	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -527,7 +506,7 @@ func TestLingerNotCutEarly(t *testing.T) {
 	})
 	// The sweep of the tick that comes just short of lingerTimeout after
 	// the linger began.
-	s.closeIdle(time.Now().Add(lingerTimeout - 200*time.Millisecond).UnixNano())
+	s.closeIdle(s.o.clock() + int64(lingerTimeout-200*time.Millisecond))
 	loopTurns(t, gc.c.EventLoop(), 1) // the close, if the sweep asked for it
 	s.mu.Lock()
 	_, open := s.conns[gc]

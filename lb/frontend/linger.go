@@ -133,7 +133,7 @@ func (gc *gconn) discard() {
 }
 
 // lingerOver reports whether a lingering connection is past its bounds at
-// now (unix nanoseconds, real); false for one that does not linger. Both
+// now (read off the clock); false for one that does not linger. Both
 // stamps are coarse.
 func (gc *gconn) lingerOver(now int64) bool {
 	since := gc.lingerSince.Load()

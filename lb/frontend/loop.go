@@ -119,7 +119,7 @@ type Upstream struct {
 	// fasthttp.ErrTimeout, as past Timeout without a byte, unless done,
 	// a Hedger, says to wait on.
 	FirstByte time.Duration
-	// Down, when set, holds when (unix ns) the pod was last found dead
+	// Down, when set, holds when (mono.Now) the pod was last found dead
 	// (pool.Pod.DownAt): an exchange sent before then with no byte of its
 	// answer yet ends with upstream.ErrPodDown at the next sweep.
 	Down *atomic.Int64
@@ -205,8 +205,8 @@ func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Respons
 	gc.up = uc
 	// now, not after the write: an exchange the pod was found dead
 	// during is given up too. The deadlines run from now too, not from
-	// the ticks' clock, which lags by up to a sweep's period (a second
-	// before the first exchange): they would come that much early.
+	// the clock's coarse copy, which lags by up to a sweep's period (a
+	// second before the first exchange): they would come that much early.
 	uc.sentAt, uc.down = now, u.Down
 	uc.deadline = now + int64(u.Timeout)
 	if u.FirstByte > 0 && u.FirstByte < u.Timeout {
@@ -298,8 +298,8 @@ func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
 // instead, and the older ones with it: the sweep that closes them runs on
 // the clock's ticks, which may lag (the first one after the loops start
 // comes up to a tick later), and a request must not go out on a
-// connection its pod may have closed. now and idleSince are off the real
-// clock (unix ns).
+// connection its pod may have closed. now and idleSince are read off the
+// clock, not its coarse copy.
 func (ls *loopState) take(addr string, now int64) *upConn {
 	list := ls.idle[addr]
 	if list == nil || len(*list) == 0 {
@@ -321,8 +321,8 @@ func (ls *loopState) take(addr string, now int64) *upConn {
 }
 
 // park keeps uc for the next exchange to its pod. Its idle time is read
-// off the real clock: take must not count it shorter than the pod does,
-// nor, off the coarse one, up to a tick longer.
+// off the clock: take must not count it shorter than the pod does, nor,
+// off the coarse copy, up to a tick longer.
 func (ls *loopState) park(uc *upConn) {
 	uc.idleSince = ls.s.o.clock()
 	list := ls.idle[uc.addr]
@@ -394,13 +394,14 @@ type upConn struct {
 	count *atomic.Int32 // addr's open connections
 	c     gnet.Conn     // nil while dialing
 
-	// The exchange in flight (done nil: none).
+	// The exchange in flight (done nil: none). Its times, as every time
+	// of upConn's, are on the front end's clock (Options.clock).
 	gc       *gconn
 	resp     *fasthttp.Response
 	done     Done
-	deadline int64 // unix nanoseconds
+	deadline int64 // the whole answer's (Upstream.Timeout)
 	firstBy  int64 // the first byte's deadline (Upstream.FirstByte)
-	sentAt   int64 // unix nanoseconds, compared with down
+	sentAt   int64 // compared with down
 	down     *atomic.Int64
 	out      []byte
 	need     int // bytes the response needs before a reparse (0: unknown)
@@ -431,7 +432,7 @@ type upConn struct {
 	remain     int
 	closeAfter bool // the pod answered Connection: close
 
-	idleSince int64       // when it was parked, unix nanoseconds
+	idleSince int64       // when it was parked
 	keepalive int64       // nanoseconds it may idle (Upstream.Keepalive)
 	maxBody   int         // Upstream.MaxBody of the exchange in flight
 	head      *AnswerHead // Upstream.Head of the exchange in flight

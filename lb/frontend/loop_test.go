@@ -281,7 +281,7 @@ func TestFirstByteFromTheSend(t *testing.T) {
 	s := sendingGNet(t, Options{}, pod, "/", u, false, nil)
 	// The clock 0.8 s behind: its next tick is 0.2 s away, before the
 	// pod's answer and long before the deadline.
-	for time.Now().UnixNano()-s.now.Load() < int64(800*time.Millisecond) {
+	for s.o.clock()-s.now.Load() < int64(800*time.Millisecond) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	resp, err := http.Get("http://" + s.Addr() + "/")
@@ -377,7 +377,7 @@ func TestRelayNotCutEarly(t *testing.T) {
 	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8}
 	s := sendingGNet(t, Options{}, pod, "/", u, true, func(a *loopAnswer) Done { return &relayAnswer{a, 500 * time.Millisecond} })
 	// The clock as the loops see it just before a tick.
-	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -394,18 +394,7 @@ func TestRelayNotCutEarly(t *testing.T) {
 	if ev, err := br.ReadString('\n'); ev != "data: 1\n" {
 		t.Fatalf("the first event: %q, %v", ev, err)
 	}
-	// The tick, and its sweep on every loop.
-	s.now.Store(time.Now().UnixNano())
-	s.mu.Lock()
-	loops := make([]*loopState, 0, len(s.loops))
-	for _, ls := range s.loops {
-		loops = append(loops, ls)
-	}
-	s.mu.Unlock()
-	for _, ls := range loops {
-		_ = ls.el.Execute(context.Background(), ls.sweep)
-		loopTurns(t, ls.el, 2) // the sweep, then the close it asks for
-	}
+	tickNow(t, s)
 	close(next)
 	rest, err := io.ReadAll(br)
 	if got := string(rest); err != nil || !strings.Contains(got, "data: 2") {
@@ -431,7 +420,7 @@ func TestKeptPodConnectionReused(t *testing.T) {
 	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, Keepalive: 500 * time.Millisecond, MaxConns: 8}
 	s := sendingGNet(t, Options{}, srv.Listener.Addr().String(), "/", u, false, nil)
 	// The clock as the loops see it just before a tick.
-	s.now.Store(time.Now().Add(-900 * time.Millisecond).UnixNano())
+	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
 	c, err := net.Dial("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)

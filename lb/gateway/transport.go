@@ -6,6 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"pdlb/internal/mono"
 	"pdlb/lb/frontend"
 	"pdlb/lb/pool"
 	"pdlb/lb/upstream"
@@ -95,7 +96,7 @@ func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request,
 		switch {
 		case g.aborting.Load():
 			err = frontend.ErrAborted
-		case pod.DownAt.Load() > now.UnixNano():
+		case pod.DownAt.Load() > mono.Of(now):
 			err = upstream.ErrPodDown
 		}
 	}

@@ -2,7 +2,8 @@ package pool
 
 import (
 	"sync"
-	"time"
+
+	"pdlb/internal/mono"
 )
 
 // downHooks are the calls to cut when health checks find the pod dead
@@ -41,7 +42,7 @@ func (d DownCut) Unwatch(c interface{ Cut() }) {
 
 // markDown stamps DownAt and cuts the calls watching Down.
 func (p *Pod) markDown() {
-	p.DownAt.Store(time.Now().UnixNano())
+	p.DownAt.Store(mono.Now())
 	h := &p.down
 	h.mu.Lock()
 	hooks := h.hooks

@@ -128,7 +128,7 @@ type podState struct {
 	// answered says a request got the pod's answer since the last health
 	// check (Checker.check).
 	answered atomic.Bool
-	// DownAt is when (unix ns) health checks last found the pod dead,
+	// DownAt is when (mono.Now) health checks last found the pod dead,
 	// 0 never: the transports give up its attempts sent before then
 	// that have no byte of an answer yet (frontend.Upstream.Down on the
 	// event loops, Down on goroutines).
