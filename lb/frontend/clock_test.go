@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -60,41 +59,13 @@ func tickNow(t *testing.T, s *GNet) {
 // wall clock, a forward step of a minute cut every stream idle under a
 // minute mid-answer at the next sweep.
 func TestRelayOutlivesWallClockStep(t *testing.T) {
-	next := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: 1\n\n")
-		w.(http.Flusher).Flush()
-		<-next
-		io.WriteString(w, "data: 2\n\n")
-	}))
-	t.Cleanup(srv.Close)
 	var step wallStep
-	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8}
-	s := sendingGNet(t, Options{clock: step.clock()}, srv.Listener.Addr().String(), "/", u, true,
-		func(a *loopAnswer) Done { return &relayAnswer{a, 30 * time.Second} })
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
-	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if ev, err := br.ReadString('\n'); ev != "data: 1\n" {
-		t.Fatalf("the first event: %q, %v", ev, err)
-	}
-	step.by.Store(int64(time.Minute))
-	tickNow(t, s)
-	close(next)
-	rest, err := io.ReadAll(br)
-	if got := string(rest); err != nil || !strings.Contains(got, "data: 2") {
-		t.Fatalf("the stream (idle time 30 s) after the wall clock stepped a minute forward: %q, %v; want its next event", got, err)
+	rest, err := relayOfTwo(t, Options{clock: step.clock()}, 30*time.Second, func(*GNet) {}, func(s *GNet) {
+		step.by.Store(int64(time.Minute))
+		tickNow(t, s)
+	})
+	if err != nil || !strings.Contains(rest, "data: 2") {
+		t.Fatalf("the stream (idle time 30 s) after the wall clock stepped a minute forward: %q, %v; want its next event", rest, err)
 	}
 }
 
@@ -105,12 +76,7 @@ func TestKeptConnectionOutlivesWallClockStep(t *testing.T) {
 	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
 	var step wallStep
 	s := startGNet(t, h, Options{IdleTimeout: 30 * time.Second, clock: step.clock()})
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
+	c := dialGNet(t, s)
 	br := bufio.NewReader(c)
 	get(t, c, br, "the first request")
 	testwait.For(t, "the connection idle", func() bool { return idleGConn(s) != nil })
@@ -126,12 +92,7 @@ func TestIdleTimeoutAfterWallClockStepBack(t *testing.T) {
 	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
 	var step wallStep
 	s := startGNet(t, h, Options{IdleTimeout: 200 * time.Millisecond, clock: step.clock()})
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
+	c := dialGNet(t, s)
 	br := bufio.NewReader(c)
 	get(t, c, br, "the first request")
 	step.by.Store(-int64(time.Hour))

@@ -436,12 +436,7 @@ func TestKeptConnectionNotSweptEarly(t *testing.T) {
 	s := startGNet(t, h, Options{IdleTimeout: 500 * time.Millisecond})
 	// The clock as the loops see it just before a tick.
 	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
+	c := dialGNet(t, s)
 	br := bufio.NewReader(c)
 	get(t, c, br, "the first request")
 	var gc *gconn
@@ -476,12 +471,7 @@ func TestLingerNotCutEarly(t *testing.T) {
 	s := startGNet(t, h, Options{IdleTimeout: time.Minute})
 	// The clock as the loops see it just before a tick.
 	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
+	c := dialGNet(t, s)
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -514,4 +504,17 @@ func TestLingerNotCutEarly(t *testing.T) {
 	if !open {
 		t.Fatalf("a connection lingering for %v, its client silent, was closed; want it to linger %v", lingerTimeout-200*time.Millisecond, lingerTimeout)
 	}
+}
+
+// dialGNet connects to s; the connection is closed at the test's end,
+// and its reads and writes are bounded by testwait.Timeout.
+func dialGNet(t *testing.T, s *GNet) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
+	return c
 }

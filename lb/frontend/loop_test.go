@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,12 +105,7 @@ func TestSweptConnectionIsNotReused(t *testing.T) {
 	}}
 	s := startGNet(t, h, Options{})
 
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialGNet(t, s)
 	// /b, pipelined, is parsed once /a's answer is written, and goes out
 	// on the connection /a's answer left idle.
 	io.WriteString(c, "GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -364,6 +360,21 @@ func (passSink) End(*StreamWriter, error) {}
 // before the first exchange sets a shorter sweep period): a pod whose
 // next event came well within the idle time had its stream cut.
 func TestRelayNotCutEarly(t *testing.T) {
+	rest, err := relayOfTwo(t, Options{}, 500*time.Millisecond, func(s *GNet) {
+		// The clock as the loops see it just before a tick.
+		s.now.Store(s.o.clock() - int64(900*time.Millisecond))
+	}, func(s *GNet) { tickNow(t, s) })
+	if err != nil || !strings.Contains(rest, "data: 2") {
+		t.Fatalf("the stream after a sweep right after its first event (idle time 0.5 s): %q, %v; want its next event", rest, err)
+	}
+}
+
+// relayOfTwo relays, on a loop of a GNet of options o whose relays wait
+// idle for the pod's next bytes, a pod's stream of two events: the second
+// comes once between ran, after the first reached the client; before
+// runs once the GNet is up. It returns what came after the first event.
+func relayOfTwo(t *testing.T, o Options, idle time.Duration, before, between func(*GNet)) (string, error) {
+	t.Helper()
 	next := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -373,17 +384,13 @@ func TestRelayNotCutEarly(t *testing.T) {
 		io.WriteString(w, "data: 2\n\n")
 	}))
 	t.Cleanup(srv.Close)
-	pod := srv.Listener.Addr().String()
+	// Run first: Close waits for the handler.
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(next) }) })
 	u := Upstream{DialTimeout: time.Second, Timeout: time.Minute, Keepalive: time.Minute, MaxConns: 8}
-	s := sendingGNet(t, Options{}, pod, "/", u, true, func(a *loopAnswer) Done { return &relayAnswer{a, 500 * time.Millisecond} })
-	// The clock as the loops see it just before a tick.
-	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	s := sendingGNet(t, o, srv.Listener.Addr().String(), "/", u, true, func(a *loopAnswer) Done { return &relayAnswer{a, idle} })
+	before(s)
+	c := dialGNet(t, s)
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -394,12 +401,10 @@ func TestRelayNotCutEarly(t *testing.T) {
 	if ev, err := br.ReadString('\n'); ev != "data: 1\n" {
 		t.Fatalf("the first event: %q, %v", ev, err)
 	}
-	tickNow(t, s)
-	close(next)
+	between(s)
+	release.Do(func() { close(next) })
 	rest, err := io.ReadAll(br)
-	if got := string(rest); err != nil || !strings.Contains(got, "data: 2") {
-		t.Fatalf("the stream after a sweep right after its first event (idle time 0.5 s): %q, %v; want its next event", got, err)
-	}
+	return string(rest), err
 }
 
 // TestKeptPodConnectionReused: a connection to a pod is kept for the next
@@ -421,12 +426,7 @@ func TestKeptPodConnectionReused(t *testing.T) {
 	s := sendingGNet(t, Options{}, srv.Listener.Addr().String(), "/", u, false, nil)
 	// The clock as the loops see it just before a tick.
 	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialGNet(t, s)
 	br := bufio.NewReader(c)
 	for i := range 2 {
 		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
