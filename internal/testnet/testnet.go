@@ -5,6 +5,7 @@ package testnet
 import (
 	"net"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 )
@@ -29,6 +30,23 @@ func Serve(t testing.TB, ln net.Listener, serve func(net.Conn)) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// Mute serves ln as a peer that accepts connections, writes banner (if
+// any) on each and then neither reads nor closes them until t ends: a
+// frozen process, or another service behind the port than the one
+// dialed. It returns ln's address and the count of connections taken.
+func Mute(t testing.TB, ln net.Listener, banner []byte) (string, *atomic.Int32) {
+	var taken atomic.Int32
+	quit := make(chan struct{})
+	addr := Serve(t, ln, func(c net.Conn) {
+		taken.Add(1)
+		_, _ = c.Write(banner)
+		<-quit
+	})
+	// Registered after Serve's, so run before it: the connections close.
+	t.Cleanup(func() { close(quit) })
+	return addr, &taken
 }
 
 // Listen is a loopback listener on a port of the kernel's choosing.

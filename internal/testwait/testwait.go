@@ -4,6 +4,7 @@
 package testwait
 
 import (
+	"runtime"
 	"testing"
 	"time"
 )
@@ -23,5 +24,23 @@ func For(t testing.TB, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", Timeout, what)
 		}
+	}
+}
+
+// Returns calls f and fails t, with every goroutine's stack, if f has not
+// returned within Timeout: a hang fails its test and shows where it is.
+// The goroutine running f is left behind if it never returns.
+func Returns(t testing.TB, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(Timeout):
+		buf := make([]byte, 1<<20)
+		t.Fatalf("timed out after %v waiting for %s; goroutines:\n%s", Timeout, what, buf[:runtime.Stack(buf, true)])
 	}
 }
