@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"pdlb/engines"
 	"pdlb/engines/sim"
 	"pdlb/engines/vllm"
+	"pdlb/internal/testnet"
 	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
@@ -164,4 +166,38 @@ func TestRetryAfterReloadSeesTheNewFleet(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMuteKVPeerHoldsNothingUp: a pod whose kv_events and replay ports
+// accept connections and never speak ZeroMQ (a frozen engine, another
+// service on the port) must not hold up a reload that drops its feed
+// (which runs under the gateway's lock), nor the gateway's shutdown.
+func TestMuteKVPeerHoldsNothingUp(t *testing.T) {
+	addr, taken := testnet.Mute(t, testnet.Listen(t), nil)
+	replay, _ := testnet.Mute(t, testnet.Listen(t), nil)
+	sims := testFleet(t, "m", 1, 100)
+	kv := config.Pod{Name: "kv-0", Model: "m", Address: sims[0].Addr(), KVEvents: "tcp://" + addr, KVReplay: "tcp://" + replay}
+	s := testGateway(t, []config.Pod{kv}, func(c *config.Config) { c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}} })
+	testwait.For(t, "the feed's connection", func() bool { return taken.Load() > 0 })
+	cfg := s.Gateway.Config()
+	cfg.Pods[0].KVEvents, cfg.Pods[0].KVReplay = "", ""
+	testwait.Returns(t, "a reload dropping the feed", func() {
+		if err := s.Reload(cfg); err != nil {
+			t.Error(err)
+		}
+	})
+
+	cfg.Pods[0].KVEvents, cfg.Pods[0].KVReplay = kv.KVEvents, kv.KVReplay
+	before := taken.Load()
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the new feed's connection", func() bool { return taken.Load() > before })
+	testwait.Returns(t, "Shutdown", func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	})
 }

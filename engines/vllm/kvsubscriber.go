@@ -12,6 +12,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
 )
 
 // Subscriber defaults.
@@ -22,6 +23,57 @@ const (
 	// publisher is unreachable.
 	DefaultRedialInterval = 250 * time.Millisecond
 )
+
+// handshakeTimeout bounds the ZMTP handshake of a live connection: a
+// publisher greets at once (libzmq answers from its I/O thread, whatever
+// the engine's Python does), so a peer silent that long (a frozen engine,
+// another service on the port) is dropped and redialed. It is the
+// DefaultReplayTimeout a whole replay exchange has, handshake included;
+// libzmq's own limit (ZMQ_HANDSHAKE_IVL) is 30 s, which would leave the
+// index that long without a feed.
+const handshakeTimeout = DefaultReplayTimeout
+
+// guardedTCP is the zmq4 transport a Subscriber dials: TCP whose
+// connections close when their socket's context ends. zmq4 v0.17.0 reads
+// the peer's greeting with no deadline and without watching the context
+// (socket.go Dial, conn.go greet), and a socket's Close closes only the
+// connections whose handshake completed, so a peer that accepts and never
+// greets would hold Dial, and with it Subscriber.Close, forever.
+const guardedTCP = "pdlb-guarded-tcp"
+
+func init() {
+	if err := zmq4.RegisterTransport(guardedTCP, guardedTransport{transport.New("tcp")}); err != nil {
+		panic(err)
+	}
+}
+
+type guardedTransport struct{ transport.Transport }
+
+// handshakeKey keys a *handshake in a socket's context: its dials get a
+// deadline for the handshake, which the dialing goroutine clears once
+// Dial returns.
+type handshakeKey struct{}
+
+type handshake struct{ conn net.Conn }
+
+func (g guardedTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := g.Transport.Dial(ctx, d, addr)
+	if err != nil {
+		return nil, err
+	}
+	// Also closes what zmq4 leaves open when a handshake fails.
+	context.AfterFunc(ctx, func() { _ = c.Close() })
+	if h, ok := ctx.Value(handshakeKey{}).(*handshake); ok {
+		_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+		h.conn = c
+	}
+	return c, nil
+}
+
+// guarded is a tcp:// endpoint dialed through guardedTCP.
+func guarded(endpoint string) string {
+	return guardedTCP + "://" + strings.TrimPrefix(endpoint, "tcp://")
+}
 
 // SubscriberConfig says where a pod publishes its KV events.
 type SubscriberConfig struct {
@@ -163,14 +215,19 @@ func (s *Subscriber) Close() error {
 func (s *Subscriber) run() {
 	defer close(s.done)
 	for s.ctx.Err() == nil {
-		sub := zmq4.NewSub(s.ctx,
+		// zmq4 dials in this goroutine (Dial), so h is this goroutine's.
+		h := &handshake{}
+		sub := zmq4.NewSub(context.WithValue(s.ctx, handshakeKey{}, h),
 			zmq4.WithLogger(discardLog),
 			zmq4.WithDialerRetry(s.cfg.RedialInterval),
 			zmq4.WithDialerMaxRetries(-1)) // until the pod is up or Close
 		// The subscription is kept by the socket and sent on each
 		// connection it makes.
 		if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err == nil {
-			if err := sub.Dial(s.cfg.Endpoint); err == nil {
+			if err := sub.Dial(guarded(s.cfg.Endpoint)); err == nil {
+				// Greeted: the stream may now be idle for as long as
+				// the engine is.
+				_ = h.conn.SetDeadline(time.Time{})
 				if s.suspect {
 					s.recheck()
 				}
@@ -311,7 +368,8 @@ func (s *Subscriber) replay(start, seq int64) replayResult {
 	defer cancel()
 	d := zmq4.NewDealer(ctx, zmq4.WithLogger(discardLog), zmq4.WithDialerMaxRetries(0))
 	defer d.Close()
-	if err := d.Dial(s.cfg.ReplayEndpoint); err != nil {
+	// Through guardedTCP, ctx's end closes a connection still greeting.
+	if err := d.Dial(guarded(s.cfg.ReplayEndpoint)); err != nil {
 		return replayResult{err: err}
 	}
 	var startBytes [8]byte
