@@ -79,6 +79,9 @@ func TestDataParallelPodRanks(t *testing.T) {
 				return
 			}
 			testwait.For(t, "rank 1's blocks in the index", func() bool { return settled(second) })
+			if c := metricValue(t, s, `pdlb_kv_feed_connected_ranks{pod="dp"}`); c != 2 {
+				t.Fatalf("pdlb_kv_feed_connected_ranks of a pod of 2 ranks both followed = %v, want 2", c)
+			}
 			repeat := append(second, tokenIDs(9000, 32)...)
 			resp, b := post(t, s, "/v1/completions", completionOfIDs(repeat))
 			if resp.StatusCode != 200 || resp.Header.Get("x-pdlb-pod") != "dp" {

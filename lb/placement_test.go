@@ -197,6 +197,9 @@ func TestKVEventsKeepTheIndexExact(t *testing.T) {
 	if blocks, _ := indexBlocks(t, s, "kv-0"); blocks == 0 {
 		t.Fatal("index holds nothing after the pod stored blocks")
 	}
+	if c := metricValue(t, s, `pdlb_kv_feed_connected_ranks{pod="kv-0"}`); c != 1 {
+		t.Fatalf("pdlb_kv_feed_connected_ranks of a followed pod = %v, want 1", c)
+	}
 	// The engine drops its cache: the gateway must follow within 100 ms.
 	start := time.Now()
 	pod.ResetPrefixCache()

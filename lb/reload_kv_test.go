@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,6 +180,12 @@ func TestMuteKVPeerHoldsNothingUp(t *testing.T) {
 	kv := config.Pod{Name: "kv-0", Model: "m", Address: sims[0].Addr(), KVEvents: "tcp://" + addr, KVReplay: "tcp://" + replay}
 	s := testGateway(t, []config.Pod{kv}, func(c *config.Config) { c.Models = []config.Model{{Name: "m", Policy: "prefix_cache"}} })
 	testwait.For(t, "the feed's connection", func() bool { return taken.Load() > 0 })
+	if !strings.Contains(get(t, "http://"+s.AdminAddr()+"/metrics"), `pdlb_kv_feed_connected_ranks{pod="kv-0"} 0`+"\n") {
+		t.Fatal("no pdlb_kv_feed_connected_ranks 0 for a pod whose kv_events port never greets")
+	}
+	if !strings.Contains(get(t, "http://"+s.AdminAddr()+"/admin/index"), `"connected_ranks": 0`+"\n") {
+		t.Fatal("no connected_ranks 0 in /admin/index for a pod whose kv_events port never greets")
+	}
 	cfg := s.Gateway.Config()
 	cfg.Pods[0].KVEvents, cfg.Pods[0].KVReplay = "", ""
 	testwait.Returns(t, "a reload dropping the feed", func() {

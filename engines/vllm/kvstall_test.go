@@ -44,12 +44,15 @@ func TestSubscriberGivesUpAMuteHandshake(t *testing.T) {
 	}
 	defer testwait.Returns(t, "Subscriber.Close", func() { s.Close() })
 	testwait.For(t, "the connection", func() bool { return taken.Load() > 0 })
+	if s.Connected() {
+		t.Fatal("connected to a peer that never greeted")
+	}
 	ln.Close() // the connection it took stays open, unanswered
 	p := manualPublisher(t, "tcp://"+addr, "tcp://127.0.0.1:0", 0)
 	defer p.Close()
 	joined(t, p, rec)
-	if n := s.Counters.Reconnects.Load(); n == 0 {
-		t.Fatal("followed the publisher without a reconnection")
+	if n := s.Counters.Reconnects.Load(); n == 0 || !s.Connected() {
+		t.Fatalf("followed the publisher after %d reconnections, connected %v; want some, true", n, s.Connected())
 	}
 }
 

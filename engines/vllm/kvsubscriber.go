@@ -176,6 +176,9 @@ type Subscriber struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	// connected: the live socket holds a greeted connection (see Connected).
+	connected atomic.Bool
+
 	// Owned by the run goroutine.
 	last       int64  // seq of the last batch delivered; -1: none since the (re)start
 	lastDigest uint64 // xxhash of that batch's payload
@@ -204,6 +207,12 @@ func NewSubscriber(cfg SubscriberConfig, sink BlockEvents) (*Subscriber, error) 
 	return s, nil
 }
 
+// Connected says whether the Subscriber holds a connection to the pod's
+// publisher whose ZMTP handshake completed: not while the pod is down, nor
+// while its port accepts and never greets. An engine frozen after the
+// handshake still counts: an idle publisher sends nothing either.
+func (s *Subscriber) Connected() bool { return s.connected.Load() }
+
 // Close stops following the pod and waits for the Subscriber's goroutine;
 // no sink call happens after it returns.
 func (s *Subscriber) Close() error {
@@ -228,10 +237,12 @@ func (s *Subscriber) run() {
 				// Greeted: the stream may now be idle for as long as
 				// the engine is.
 				_ = h.conn.SetDeadline(time.Time{})
+				s.connected.Store(true)
 				if s.suspect {
 					s.recheck()
 				}
 				s.follow(sub)
+				s.connected.Store(false)
 			}
 		}
 		sub.Close()

@@ -32,8 +32,9 @@ type kvFeed struct {
 	ranks *kvindex.Pod
 }
 
-// feedCounts are a feed's subscriber counters, added up over its ranks.
-type feedCounts struct{ events, gaps, replayed, restarts uint64 }
+// feedCounts are a feed's subscriber counters, added up over its ranks;
+// connected counts the ranks whose publisher greeted.
+type feedCounts struct{ events, gaps, replayed, restarts, connected uint64 }
 
 func (f kvFeed) counts() feedCounts {
 	var c feedCounts
@@ -42,6 +43,9 @@ func (f kvFeed) counts() feedCounts {
 		c.gaps += s.Counters.Gaps.Load()
 		c.replayed += s.Counters.Replayed.Load()
 		c.restarts += s.Counters.Restarts.Load()
+		if s.Connected() {
+			c.connected++
+		}
 	}
 	return c
 }
@@ -165,6 +169,9 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 		Gaps           uint64 `json:"gaps,omitempty"`
 		Replayed       uint64 `json:"replayed_batches,omitempty"`
 		Restarts       uint64 `json:"restarts,omitempty"`
+		// ConnectedRanks is set for a pod with a feed: how many of its
+		// ranks (1 without) hold a greeted connection to its publisher.
+		ConnectedRanks *uint64 `json:"connected_ranks,omitempty"`
 	}
 	type modelIndex struct {
 		Model     string `json:"model"`
@@ -210,6 +217,7 @@ func (g *Gateway) serveIndex(w http.ResponseWriter, _ *http.Request) {
 				if f.pod.ID == p.ID {
 					c := f.counts()
 					pi.EventsReceived, pi.Gaps, pi.Replayed, pi.Restarts = c.events, c.gaps, c.replayed, c.restarts
+					pi.ConnectedRanks = &c.connected
 				}
 			}
 			mi.Pods = append(mi.Pods, pi)

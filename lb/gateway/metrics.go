@@ -319,6 +319,10 @@ func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 		for _, f := range feeds {
 			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().replayed)
 		}
+		fmt.Fprint(w, "# HELP pdlb_kv_feed_connected_ranks Ranks of a pod (1 without data-parallel ranks) whose KV-event feed holds a connection its publisher greeted; fewer while the publisher is down or its port never speaks ZeroMQ.\n# TYPE pdlb_kv_feed_connected_ranks gauge\n")
+		for _, f := range feeds {
+			fmt.Fprintf(w, "pdlb_kv_feed_connected_ranks{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().connected)
+		}
 	}
 	if g.admit != nil {
 		fmt.Fprint(w, "# HELP pdlb_admission_requests_total Admission decisions by priority class: each request's last, admitted or rejected (one rejected on its model counts by its fallback model's decision), and the deferrals on the way.\n# TYPE pdlb_admission_requests_total counter\n")
