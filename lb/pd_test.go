@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -510,8 +511,10 @@ func deadContextPair(t *testing.T, dec *sim.Pod, leg func(net.Conn)) *lb.Server 
 // connection closes, and nothing stays charged or in flight.
 func TestPDClientLeavesWhileDecodeAnswerWaits(t *testing.T) {
 	dec := startSim(t, pdEngines[3], "dec", sim.RoleDecode, nil)
+	var reached atomic.Bool
 	cut := make(chan struct{})
 	s := deadContextPair(t, dec, func(c net.Conn) {
+		reached.Store(true)
 		_, _ = io.Copy(io.Discard, c) // until the gateway closes it
 		close(cut)
 	})
@@ -521,7 +524,12 @@ func TestPDClientLeavesWhileDecodeAnswerWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	testwait.For(t, "the decode pod to fail the KV transfer", func() bool { return dec.Stats().KVPullFailures > 0 })
+	// The legs go at once and the decode pod's pull fails without the
+	// context leg: a client that left before that leg reached its pod
+	// would have it cut unsent, and the pod would see no leg to close.
+	testwait.For(t, "the context leg to reach its pod and the decode pod to fail the KV transfer", func() bool {
+		return reached.Load() && dec.Stats().KVPullFailures > 0
+	})
 	c.Close()
 	select {
 	case <-cut:
