@@ -7,6 +7,7 @@ package protocols
 
 import (
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -108,7 +109,8 @@ type KVSubscriber = vllm.Subscriber
 // SubscribeKVEvents follows a pod's ZMQ KV-event stream at endpoint (and
 // its replay endpoint, "" for the default) into sink until closed: that of
 // its data-parallel rank rank, on both ports + rank. Pods publish in
-// vLLM's event format (kv_events in the pod's configuration).
-func SubscribeKVEvents(endpoint, replay string, rank int, sink vllm.BlockEvents) (*KVSubscriber, error) {
-	return vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: endpoint, ReplayEndpoint: replay, DataParallelRank: int64(rank)}, sink)
+// vLLM's event format (kv_events in the pod's configuration). The feed's
+// changes of state go to log (nil: nowhere).
+func SubscribeKVEvents(endpoint, replay string, rank int, sink vllm.BlockEvents, log *slog.Logger) (*KVSubscriber, error) {
+	return vllm.NewSubscriber(vllm.SubscriberConfig{Endpoint: endpoint, ReplayEndpoint: replay, DataParallelRank: int64(rank), Log: log}, sink)
 }

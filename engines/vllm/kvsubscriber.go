@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -54,16 +55,26 @@ type guardedTransport struct{ transport.Transport }
 // Dial returns.
 type handshakeKey struct{}
 
-type handshake struct{ conn net.Conn }
+type handshake struct {
+	conn net.Conn
+	// failed is told each dial that failed, on the dialing goroutine:
+	// zmq4 retries those within Dial, which then never returns while the
+	// port refuses.
+	failed func(error)
+}
 
 func (g guardedTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	h, hooked := ctx.Value(handshakeKey{}).(*handshake)
 	c, err := g.Transport.Dial(ctx, d, addr)
 	if err != nil {
+		if hooked {
+			h.failed(err)
+		}
 		return nil, err
 	}
 	// Also closes what zmq4 leaves open when a handshake fails.
 	context.AfterFunc(ctx, func() { _ = c.Close() })
-	if h, ok := ctx.Value(handshakeKey{}).(*handshake); ok {
+	if hooked {
 		_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
 		h.conn = c
 	}
@@ -95,6 +106,10 @@ type SubscriberConfig struct {
 	// engine's rank r listens on Endpoint's and ReplayEndpoint's ports + r
 	// (see PublisherConfig.DataParallelRank).
 	DataParallelRank int64
+	// Log gets the feed's changes of state, each once (default: none):
+	// lost or unreachable, connected again, a replay that failed, a
+	// publisher restart.
+	Log *slog.Logger
 }
 
 func (c SubscriberConfig) withDefaults() SubscriberConfig {
@@ -108,6 +123,9 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	}
 	if c.RedialInterval == 0 {
 		c.RedialInterval = DefaultRedialInterval
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -186,7 +204,12 @@ type Subscriber struct {
 	// so its replay buffer is asked at once (recheck) and, if that fails,
 	// at the next batch even if its seq follows on.
 	suspect bool
-	removed []uint64 // scratch: a run of BlockRemoved events' hashes
+	// down: the feed's failure was logged, and no connection since; a
+	// pod that stays down logs nothing more.
+	down bool
+	// replayFailed: the last replay exchange failed, and was logged.
+	replayFailed bool
+	removed      []uint64 // scratch: a run of BlockRemoved events' hashes
 	// group is the KV-cache group the index follows, once a store named
 	// its kind (hasGroup); see forIndex.
 	group    int64
@@ -225,7 +248,7 @@ func (s *Subscriber) run() {
 	defer close(s.done)
 	for s.ctx.Err() == nil {
 		// zmq4 dials in this goroutine (Dial), so h is this goroutine's.
-		h := &handshake{}
+		h := &handshake{failed: func(err error) { s.failed("KV-event feed unreachable", err) }}
 		sub := zmq4.NewSub(context.WithValue(s.ctx, handshakeKey{}, h),
 			zmq4.WithLogger(discardLog),
 			zmq4.WithDialerRetry(s.cfg.RedialInterval),
@@ -238,11 +261,18 @@ func (s *Subscriber) run() {
 				// the engine is.
 				_ = h.conn.SetDeadline(time.Time{})
 				s.connected.Store(true)
+				if s.down {
+					s.down = false
+					s.cfg.Log.Info("KV-event feed connected", "endpoint", s.cfg.Endpoint)
+				}
 				if s.suspect {
 					s.recheck()
 				}
-				s.follow(sub)
+				err = s.follow(sub)
 				s.connected.Store(false)
+				s.failed("KV-event feed lost", err)
+			} else {
+				s.failed("KV-event feed unreachable", err)
 			}
 		}
 		sub.Close()
@@ -258,12 +288,22 @@ func (s *Subscriber) run() {
 	}
 }
 
-// follow handles live messages until the connection fails.
-func (s *Subscriber) follow(sub zmq4.Socket) {
+// failed logs the feed's failure as msg, unless it is down already or
+// closing.
+func (s *Subscriber) failed(msg string, err error) {
+	if s.down || s.ctx.Err() != nil {
+		return
+	}
+	s.down = true
+	s.cfg.Log.Warn(msg, "endpoint", s.cfg.Endpoint, "err", err)
+}
+
+// follow handles live messages until the connection fails, and returns why.
+func (s *Subscriber) follow(sub zmq4.Socket) error {
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
-			return
+			return err
 		}
 		f := msg.Frames
 		if len(f) != 3 || len(f[1]) != 8 {
@@ -284,7 +324,7 @@ func (s *Subscriber) onBatch(seq int64, payload []byte) {
 	if seq <= s.last {
 		// A publisher counts up from 0 when it starts: seq going back
 		// means a new one.
-		s.reset(&s.Counters.Restarts)
+		s.restarted()
 	}
 	if seq != s.last+1 || s.suspect {
 		if s.last >= 0 && seq > s.last+1 {
@@ -305,6 +345,12 @@ func (s *Subscriber) reset(c *atomic.Uint64) {
 	s.hasGroup = false
 }
 
+// restarted resets the pod, whose publisher started again.
+func (s *Subscriber) restarted() {
+	s.cfg.Log.Info("KV-event publisher restarted: the pod's blocks are cleared", "endpoint", s.cfg.Endpoint)
+	s.reset(&s.Counters.Restarts)
+}
+
 // recheck asks a publisher just reconnected to whether it still holds the
 // last batch delivered. An engine that restarted (its cache empty) and
 // then published nothing, as an idle one does, would otherwise keep the
@@ -319,7 +365,7 @@ func (s *Subscriber) recheck() {
 	case r.mismatch || !r.held && !r.newer:
 		// A different batch under seq last, or none that far: the
 		// publisher started again.
-		s.reset(&s.Counters.Restarts)
+		s.restarted()
 	case !r.held:
 		// It counted past last without holding it: history lost.
 		s.reset(&s.Counters.Lost)
@@ -343,7 +389,7 @@ func (s *Subscriber) catchUp(seq int64) {
 		r := s.replay(max(s.last, 0), seq)
 		switch {
 		case r.mismatch:
-			s.reset(&s.Counters.Restarts)
+			s.restarted()
 			continue
 		case r.gone:
 			s.reset(&s.Counters.Lost)
@@ -371,10 +417,24 @@ type replayResult struct {
 
 // replay asks the pod's ROUTER for its batches from start on and delivers
 // those that continue s.last, up to (not including) seq, the live batch in
-// hand; later ones will come live. It always reads to the end marker:
+// hand; later ones will come live. The first of a run of failed exchanges
+// is logged.
+func (s *Subscriber) replay(start, seq int64) replayResult {
+	r := s.exchange(start, seq)
+	switch {
+	case r.err == nil:
+		s.replayFailed = false
+	case !s.replayFailed && s.ctx.Err() == nil:
+		s.replayFailed = true
+		s.cfg.Log.Warn("KV-event replay failed", "endpoint", s.cfg.ReplayEndpoint, "err", r.err)
+	}
+	return r
+}
+
+// exchange is one replay exchange. It always reads to the end marker:
 // zmq4 sockets must be drained before they close, or their reader
 // goroutine blocks on a full queue forever.
-func (s *Subscriber) replay(start, seq int64) replayResult {
+func (s *Subscriber) exchange(start, seq int64) replayResult {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReplayTimeout)
 	defer cancel()
 	d := zmq4.NewDealer(ctx, zmq4.WithLogger(discardLog), zmq4.WithDialerMaxRetries(0))

@@ -104,7 +104,8 @@ func startKVFeeds(s *pool.Snapshot, prev *kvFeeds, log *slog.Logger) (*kvFeeds, 
 				f.ranks = ranks[0]
 			}
 			for r, rank := range ranks {
-				sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, r, rank)
+				sub, err := protocols.SubscribeKVEvents(p.Config.KVEvents, p.Config.KVReplay, r, rank,
+					log.With("pod", p.Config.Name, "rank", r))
 				if err != nil {
 					k.feeds = append(k.feeds, f)
 					k.close(prev)

@@ -1,0 +1,60 @@
+package vllm
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"pdlb/internal/testlog"
+	"pdlb/internal/testnet"
+	"pdlb/internal/testwait"
+)
+
+// TestSubscriberLogsFailuresOnce: a port that takes connections and never
+// greets fails one handshake after another, and a replay port that refuses
+// fails every gap's replay; each is logged once, not once per try.
+func TestSubscriberLogsFailuresOnce(t *testing.T) {
+	count := func(logged *testlog.Buffer, msg string) int {
+		return strings.Count(logged.String(), `msg="`+msg+`"`)
+	}
+	t.Run("handshake", func(t *testing.T) {
+		addr, taken := testnet.Mute(t, testnet.Listen(t), sshBanner)
+		var logged testlog.Buffer
+		s, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://" + addr, ReplayEndpoint: "tcp://" + testnet.Refusing(t),
+			RedialInterval: 5 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&logged, nil))}, &recorder{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer testwait.Returns(t, "Subscriber.Close", func() { s.Close() })
+		testwait.For(t, "a third handshake", func() bool { return taken.Load() >= 3 })
+		if n := count(&logged, "KV-event feed unreachable"); n != 1 || strings.Count(logged.String(), "\n") != 1 {
+			t.Fatalf("%d handshakes given up logged %d times, want once and nothing else:\n%s", taken.Load()-1, n, logged.String())
+		}
+	})
+	t.Run("replay", func(t *testing.T) {
+		p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
+		defer p.Close()
+		var logged testlog.Buffer
+		rec := &recorder{}
+		s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: "tcp://" + testnet.Refusing(t),
+			Log: slog.New(slog.NewTextHandler(&logged, nil))}, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer testwait.Returns(t, "Subscriber.Close", func() { s.Close() })
+		joined(t, p, rec)
+		for i := range 3 {
+			lost := s.Counters.Lost.Load()
+			p.dropSeq(p.nextSeq)
+			storeEvent(p, 2*i)
+			p.flush()
+			storeEvent(p, 2*i+1)
+			p.flush()
+			testwait.For(t, "the gap lost", func() bool { return s.Counters.Lost.Load() > lost })
+		}
+		if n := count(&logged, "KV-event replay failed"); n != 1 {
+			t.Fatalf("3 gaps whose replay failed logged %d times, want once:\n%s", n, logged.String())
+		}
+	})
+}
