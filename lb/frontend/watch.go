@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
+	"pdlb/internal/mono"
 	"pdlb/lb/upstream"
 )
 
@@ -70,8 +71,10 @@ type clientWatch struct {
 type watcher struct {
 	mu  sync.Mutex // held while a watch starts or ends
 	cur atomic.Pointer[clientWatch]
-	// readBy is the last read deadline set through the connection (unix
-	// ns, 0: none), which a watch lifts and its end puts back.
+	// readBy is the last read deadline set through the connection, on
+	// mono's clock so a step of the wall clock moves nothing (0: none;
+	// no deadline falls at the process's start). A watch lifts it and
+	// its end puts it back.
 	readBy atomic.Int64
 }
 
@@ -125,8 +128,8 @@ func (c *lingerConn) unwatch(restore bool) {
 	c.w.cur.Store(nil)
 	if restore {
 		var by time.Time
-		if ns := c.w.readBy.Load(); ns != 0 {
-			by = time.Unix(0, ns)
+		if n := c.w.readBy.Load(); n != 0 {
+			by = mono.Time(n)
 		}
 		_ = c.TCPConn.SetReadDeadline(by)
 	}
@@ -136,11 +139,11 @@ func (c *lingerConn) unwatch(restore bool) {
 // t for the next watch's end.
 func (c *lingerConn) setReadBy(t time.Time) {
 	c.unwatch(false)
-	var ns int64
+	var n int64
 	if !t.IsZero() {
-		ns = t.UnixNano()
+		n = mono.Of(t)
 	}
-	c.w.readBy.Store(ns)
+	c.w.readBy.Store(n)
 }
 
 func (c *lingerConn) SetReadDeadline(t time.Time) error {
