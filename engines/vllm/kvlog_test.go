@@ -13,7 +13,8 @@ import (
 
 // TestSubscriberLogsFailuresOnce: a port that takes connections and never
 // greets fails one handshake after another, and a replay port that refuses
-// fails every gap's replay; each is logged once, not once per try.
+// fails every gap's replay, each gap clearing the pod's blocks; each is
+// logged once, not once per try (the losses at most once a minute).
 func TestSubscriberLogsFailuresOnce(t *testing.T) {
 	count := func(logged *testlog.Buffer, msg string) int {
 		return strings.Count(logged.String(), `msg="`+msg+`"`)
@@ -55,6 +56,10 @@ func TestSubscriberLogsFailuresOnce(t *testing.T) {
 		}
 		if n := count(&logged, "KV-event replay failed"); n != 1 {
 			t.Fatalf("3 gaps whose replay failed logged %d times, want once:\n%s", n, logged.String())
+		}
+		// Each gap cleared the pod's blocks: said, once for the three.
+		if n := count(&logged, "KV-event batches lost: the pod's blocks are cleared"); n != 1 || !strings.Contains(logged.String(), "losses=1") {
+			t.Fatalf("3 gaps lost logged %d times, want once, naming one loss:\n%s", n, logged.String())
 		}
 	})
 }

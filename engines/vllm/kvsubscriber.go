@@ -209,7 +209,11 @@ type Subscriber struct {
 	down bool
 	// replayFailed: the last replay exchange failed, and was logged.
 	replayFailed bool
-	removed      []uint64 // scratch: a run of BlockRemoved events' hashes
+	// lostLogged is when batches lost were last logged; lostSince counts
+	// the losses since (lost).
+	lostLogged time.Time
+	lostSince  int
+	removed    []uint64 // scratch: a run of BlockRemoved events' hashes
 	// group is the KV-cache group the index follows, once a store named
 	// its kind (hasGroup); see forIndex.
 	group    int64
@@ -345,6 +349,22 @@ func (s *Subscriber) reset(c *atomic.Uint64) {
 	s.hasGroup = false
 }
 
+// lostLogEvery is the least time between two lines of batches lost: a
+// lossy feed, each gap clearing the pod, must not flood the log.
+const lostLogEvery = time.Minute
+
+// lost resets the pod after batches it cannot get back (why), and logs it
+// with the losses since the last line, at most once every lostLogEvery.
+func (s *Subscriber) lost(why string) {
+	s.reset(&s.Counters.Lost)
+	s.lostSince++
+	if now := time.Now(); now.Sub(s.lostLogged) >= lostLogEvery {
+		s.cfg.Log.Warn("KV-event batches lost: the pod's blocks are cleared", "endpoint", s.cfg.Endpoint,
+			"why", why, "losses", s.lostSince)
+		s.lostLogged, s.lostSince = now, 0
+	}
+}
+
 // restarted resets the pod, whose publisher started again.
 func (s *Subscriber) restarted() {
 	s.cfg.Log.Info("KV-event publisher restarted: the pod's blocks are cleared", "endpoint", s.cfg.Endpoint)
@@ -368,7 +388,7 @@ func (s *Subscriber) recheck() {
 		s.restarted()
 	case !r.held:
 		// It counted past last without holding it: history lost.
-		s.reset(&s.Counters.Lost)
+		s.lost("the publisher counted past the last batch held without keeping it")
 	}
 	s.suspect = false
 }
@@ -392,14 +412,12 @@ func (s *Subscriber) catchUp(seq int64) {
 			s.restarted()
 			continue
 		case r.gone:
-			s.reset(&s.Counters.Lost)
+			s.lost("the publisher's replay buffer no longer holds them")
 			continue
 		case r.err != nil && s.last >= 0 && seq > s.last+1:
-			// Replay unreachable: the gap cannot be filled.
-			s.reset(&s.Counters.Lost)
+			s.lost("the replay failed")
 		case r.err == nil && s.last >= 0 && seq > s.last+1:
-			// The buffer ended or had a hole before seq.
-			s.reset(&s.Counters.Lost)
+			s.lost("the publisher's replay buffer ended or had a hole before them")
 		}
 		return
 	}
