@@ -527,8 +527,10 @@ func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, re
 			c.Watch(w)
 		}
 	}
-	var err error
-	for {
+	// A call cut as it was watched (its client left already) is not made:
+	// fasthttp would dial, then see the cut only as it reads the body.
+	err := ErrCut
+	for w.state.Load() == watching {
 		// As doKept; the body is read anew, and records its new
 		// connection (begin).
 		w.off = 0

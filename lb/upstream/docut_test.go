@@ -223,3 +223,45 @@ func TestDoCutKeptClosed(t *testing.T) {
 		fasthttp.ReleaseResponse(resp)
 	}
 }
+
+// TestDoCutAlreadyCut: a call whose client left before it went is not
+// sent, and no connection is dialed for it: fasthttp dials before it
+// reads the body, where the cut showed.
+func TestDoCutAlreadyCut(t *testing.T) {
+	pod := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+		_, _ = http.ReadRequest(bufio.NewReader(c))
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	var dials atomic.Int32
+	client := &fasthttp.HostClient{Addr: pod, Dial: func(a string) (net.Conn, error) {
+		dials.Add(1)
+		return net.Dial("tcp", a)
+	}}
+	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(up)
+	defer fasthttp.ReleaseResponse(resp)
+	up.Header.SetMethod("POST")
+	up.SetRequestURI("http://pod/v1/completions")
+	up.SetBodyRaw([]byte(`{"prompt":"kv"}`))
+	deadline := time.Now().Add(5 * time.Second)
+	// Whole, and a stream whose first bytes are read with its head.
+	for _, first := range [][]byte{nil, make([]byte, 8)} {
+		resp.StreamBody = first != nil
+		if _, err := DoCut(client, up, resp, deadline, deadline, first, leftCut{}); err != ErrCut {
+			t.Fatalf("a call cut before it went (first %d bytes): %v, want ErrCut", len(first), err)
+		}
+	}
+	if n := dials.Load(); n != 0 {
+		t.Fatalf("a call cut before it went dialed the pod %d times, want none", n)
+	}
+	if string(up.Body()) != `{"prompt":"kv"}` {
+		t.Fatalf("the request's body after the cut: %q", up.Body())
+	}
+}
+
+// leftCut is the Cut of a client that left already: it cuts a watcher at
+// once, as the front ends' do.
+type leftCut struct{}
+
+func (leftCut) Watch(c Cutter) { c.Cut() }
+func (leftCut) Unwatch(Cutter) {}
