@@ -305,9 +305,7 @@ func (g *Gateway) seekStored(x *completion) bool {
 	if n, _ := unasked(x, m, x.pod); n == 0 {
 		return false
 	}
-	_ = x.resp.CloseBodyStream()
-	x.resp.Reset()
-	g.unplace(x, x.pod)
+	g.dropAnswer(x)
 	e := storedNotFound(storedIDOf(x.ctx, x))
 	x.last = &failure{E: e, Pod: x.pod}
 	seekOn(x, &failure{E: e, Pod: x.pod, Reason: fail.NotFound})
@@ -338,9 +336,7 @@ func (g *Gateway) seekPastFault(x *completion) bool {
 	if !fail.IsFault(status) || g.seeks(x) == nil {
 		return false
 	}
-	_ = x.resp.CloseBodyStream()
-	x.resp.Reset()
-	g.unplace(x, x.pod)
+	g.dropAnswer(x)
 	if x.reachesEngine() {
 		g.podFailed(x.pod) // as respond counts a 5xx relayed
 	}

@@ -398,6 +398,14 @@ func (x *completion) answered(err error) {
 	}
 }
 
+// dropAnswer lets go of the answer x's pod gave, which x passes over for
+// another pod, and of x's place on that pod.
+func (g *Gateway) dropAnswer(x *completion) {
+	_ = x.resp.CloseBodyStream()
+	x.resp.Reset()
+	g.unplace(x, x.pod)
+}
+
 // shed moves x on to another pod after its pod answered 503, when
 // upstream.retry_on lists 503 and tryAgain allows it, or x's search for
 // a stored response goes on (seekOn); false leaves the answer to be
@@ -409,9 +417,7 @@ func (g *Gateway) shed(x *completion) bool {
 	if !search && !g.tryAgain(x, f) {
 		return false
 	}
-	_ = x.resp.CloseBodyStream()
-	x.resp.Reset()
-	g.unplace(x, x.pod)
+	g.dropAnswer(x)
 	x.last, x.stage = f, stagePick
 	if search {
 		seekOn(x, f)
