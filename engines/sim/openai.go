@@ -741,13 +741,7 @@ func newSSEWriter(k engines.Kind, chat bool, id string, created int64, model str
 	p = append(p, `,"model":`...)
 	p = appendJSONString(p, model)
 	p = append(p, `,"choices":[`...)
-	shape := &vllmStream
-	switch k {
-	case engines.SGLang:
-		shape = &sglangStream
-	case engines.TRTLLM:
-		shape = &trtStream
-	}
+	_, shape := shapesOf(k)
 	w := &sseWriter{chat: chat, shape: shape, prefix: p, usage: usage, continuous: continuous, perPrompt: perPrompt, prompts: prompts, n: n}
 	if perPrompt {
 		w.left, w.produced = make([]int, len(prompts)), make([]int, len(prompts))
@@ -966,6 +960,17 @@ var (
 	}
 )
 
+// shapesOf is engine k's whole answer's shape and its stream's.
+func shapesOf(k engines.Kind) (*fullShape, *streamShape) {
+	switch k {
+	case engines.SGLang:
+		return &sglangShape, &sglangStream
+	case engines.TRTLLM:
+		return &trtShape, &trtStream
+	}
+	return &vllmShape, &vllmStream
+}
+
 // appendFullResponse appends engine k's non-streaming chat.completion or
 // text_completion body (fullShape): n choices per prompt, and the usage
 // of them all.
@@ -979,13 +984,7 @@ func appendFullResponse(dst []byte, k engines.Kind, chat bool, id string, create
 	if pd != nil {
 		disagg, kvParams, promptIDs = pd.disaggParams, pd.kvTransferParams, pd.promptTokenIDs
 	}
-	shape := vllmShape
-	switch k {
-	case engines.SGLang:
-		shape = sglangShape
-	case engines.TRTLLM:
-		shape = trtShape
-	}
+	shape, _ := shapesOf(k)
 	dst = append(dst, `{"id":`...)
 	dst = appendJSONString(dst, id)
 	if chat {
