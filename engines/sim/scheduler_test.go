@@ -143,12 +143,22 @@ func TestClientDisconnectFreesSlot(t *testing.T) {
 	if _, err := resp.Body.Read(make([]byte, 64)); err != nil {
 		t.Fatal(err)
 	}
-	// A non-streaming request queued behind it gives up too.
-	qctx, qcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	// A non-streaming request queued behind it gives up too: its client
+	// leaves once the pod has it waiting (a fixed timeout could pass
+	// before the pod read it, on a loaded machine, and nothing would be
+	// aborted).
+	qctx, qcancel := context.WithCancel(context.Background())
 	defer qcancel()
 	qb, _ := json.Marshal(map[string]any{"prompt": "queued", "max_tokens": 3})
 	qreq, _ := http.NewRequestWithContext(qctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(qb))
-	if _, err := c.Do(qreq); err == nil {
+	queued := make(chan error, 1)
+	go func() {
+		_, err := c.Do(qreq)
+		queued <- err
+	}()
+	testwait.For(t, "the request to queue", func() bool { return p.Stats().Waiting == 1 })
+	qcancel()
+	if err := <-queued; err == nil {
 		t.Fatal("queued request answered while the slot was taken")
 	}
 	testwait.For(t, "the queued request to be aborted", func() bool { return p.Stats().Aborted == 1 && p.Stats().Waiting == 0 })
