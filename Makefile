@@ -6,7 +6,7 @@ BIN      := bin/pdlb
 PKGS     := ./...
 FUZZTIME ?= 30s
 
-.PHONY: all build demo test test-deps vet fuzz bench clean
+.PHONY: all build demo test test-deps vet race fuzz bench clean
 
 all: build
 
@@ -41,6 +41,12 @@ vet:
 
 test: test-deps vet
 	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+# The whole suite under the race detector: about 15 minutes on two cores,
+# too long for CI's make test, so run it before a change to the loops,
+# the relays or the ledgers lands. Tests that count allocations skip.
+race: test-deps
+	$(GO) test -race -count=1 -timeout 60m $(PKGS)
 
 # Each fuzz target runs for FUZZTIME; a crasher lands in testdata/fuzz and
 # becomes a regression test of `make test`.
