@@ -216,13 +216,17 @@ var running struct {
 // blocked past one of its ticks and starts a spinning thread with it
 // (runtime.handoffp), a wake-up for each idle loop, more than the one
 // gnet's Gosched costs when a P is idle (runtime.goschedImpl's wakep).
-// While a gnet front end runs, GOMAXPROCS is raised by the loops' count,
-// which leaves goroutines the Ps they had.
+// While a gnet front end runs, GOMAXPROCS is raised by half the loops'
+// count, rounded up: not by all of it, as the Ps past the cores let more
+// threads run at once than there are cores whenever the loops idle (h2
+// streams on goroutines then had twice the cores' Ps, and the scheduler
+// churned), and the monitor hands an idle loop's P to goroutines anyway
+// once it blocked 10 ms.
 func eventLoops() int {
 	running.Lock()
 	defer running.Unlock()
 	if running.n == 0 {
-		running.before = runtime.GOMAXPROCS(2 * procs)
+		running.before = runtime.GOMAXPROCS(procs + (procs+1)/2)
 	}
 	running.n++
 	return procs
