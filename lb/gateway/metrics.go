@@ -307,21 +307,17 @@ func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 	feeds := g.kv.feeds
 	g.mu.Unlock()
 	if len(feeds) > 0 {
-		fmt.Fprint(w, "# HELP pdlb_kv_events_total KV events received from a pod.\n# TYPE pdlb_kv_events_total counter\n")
-		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_events_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().events)
+		// Each feed's counters are summed once, so a scrape's families
+		// agree with each other.
+		counts := make([]feedCounts, len(feeds))
+		for i, f := range feeds {
+			counts[i] = f.counts()
 		}
-		fmt.Fprint(w, "# HELP pdlb_kv_event_gaps_total Sequence gaps seen in a pod's KV events.\n# TYPE pdlb_kv_event_gaps_total counter\n")
-		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_event_gaps_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().gaps)
-		}
-		fmt.Fprint(w, "# HELP pdlb_kv_event_replayed_batches_total KV-event batches recovered through a pod's replay socket.\n# TYPE pdlb_kv_event_replayed_batches_total counter\n")
-		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_event_replayed_batches_total{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().replayed)
-		}
-		fmt.Fprint(w, "# HELP pdlb_kv_feed_connected_ranks Ranks of a pod (1 without data-parallel ranks) whose KV-event feed holds a connection its publisher greeted; fewer while the publisher is down or its port never speaks ZeroMQ.\n# TYPE pdlb_kv_feed_connected_ranks gauge\n")
-		for _, f := range feeds {
-			fmt.Fprintf(w, "pdlb_kv_feed_connected_ranks{pod=%s} %d\n", promtext.Label(f.pod.Config.Name), f.counts().connected)
+		for _, fam := range feedFamilies {
+			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", fam.name, fam.help, fam.name, fam.kind)
+			for i, f := range feeds {
+				fmt.Fprintf(w, "%s{pod=%s} %d\n", fam.name, promtext.Label(f.pod.Config.Name), fam.value(counts[i]))
+			}
 		}
 	}
 	if g.admit != nil {
@@ -341,4 +337,16 @@ func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 			fmt.Fprintf(w, "pdlb_slo_attainment_ratio{class=%q} %g\n", c, g.admit.Stats(c).Attainment())
 		}
 	}
+}
+
+// feedFamilies are the metric families of the KV-event feeds, a value of
+// feedCounts each.
+var feedFamilies = []struct {
+	name, help, kind string
+	value            func(feedCounts) uint64
+}{
+	{"pdlb_kv_events_total", "KV events received from a pod.", "counter", func(c feedCounts) uint64 { return c.events }},
+	{"pdlb_kv_event_gaps_total", "Sequence gaps seen in a pod's KV events.", "counter", func(c feedCounts) uint64 { return c.gaps }},
+	{"pdlb_kv_event_replayed_batches_total", "KV-event batches recovered through a pod's replay socket.", "counter", func(c feedCounts) uint64 { return c.replayed }},
+	{"pdlb_kv_feed_connected_ranks", "Ranks of a pod (1 without data-parallel ranks) whose KV-event feed holds a connection its publisher greeted; fewer while the publisher is down or its port never speaks ZeroMQ.", "gauge", func(c feedCounts) uint64 { return c.connected }},
 }
