@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"pdlb/internal/testwait"
 )
 
@@ -73,9 +71,8 @@ func TestRelayOutlivesWallClockStep(t *testing.T) {
 // its IdleTimeout for the next request on the monotonic clock; off the
 // wall clock, a forward step of a minute closed every idle one at once.
 func TestKeptConnectionOutlivesWallClockStep(t *testing.T) {
-	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
 	var step wallStep
-	s := startGNet(t, h, Options{IdleTimeout: 30 * time.Second, clock: step.clock()})
+	s := startOK(t, Options{IdleTimeout: 30 * time.Second, clock: step.clock()})
 	c := dialGNet(t, s)
 	br := bufio.NewReader(c)
 	get(t, c, br, "the first request")
@@ -89,9 +86,8 @@ func TestKeptConnectionOutlivesWallClockStep(t *testing.T) {
 // clock does not hold off IdleTimeout: off the wall clock, every idle
 // connection was kept until the clock caught up again.
 func TestIdleTimeoutAfterWallClockStepBack(t *testing.T) {
-	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
 	var step wallStep
-	s := startGNet(t, h, Options{IdleTimeout: 200 * time.Millisecond, clock: step.clock()})
+	s := startOK(t, Options{IdleTimeout: 200 * time.Millisecond, clock: step.clock()})
 	c := dialGNet(t, s)
 	br := bufio.NewReader(c)
 	get(t, c, br, "the first request")

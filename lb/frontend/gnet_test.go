@@ -397,22 +397,15 @@ func TestFirstExchangeSwept(t *testing.T) {
 // a ReadTimeout may be; a connection accepted just before a tick, whose
 // request came just after it, was closed unanswered.
 func TestFreshConnectionNotSweptEarly(t *testing.T) {
-	h := Handler{Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
-	s := startGNet(t, h, Options{ReadTimeout: 500 * time.Millisecond})
-	// The clock as the loops see it just before a tick.
-	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	s := startOK(t, Options{ReadTimeout: 500 * time.Millisecond})
+	beforeTick(s)
+	c := dialGNet(t, s)
 	testwait.For(t, "the connection's accept", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return len(s.conns) == 1
 	})
 	s.closeIdle(s.o.clock()) // the tick's sweep
-	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -432,10 +425,8 @@ func TestFreshConnectionNotSweptEarly(t *testing.T) {
 // to a tick (1 s) behind: a client that came back within IdleTimeout found
 // its connection closed under it, as nginx's keepalive_timeout never does.
 func TestKeptConnectionNotSweptEarly(t *testing.T) {
-	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
-	s := startGNet(t, h, Options{IdleTimeout: 500 * time.Millisecond})
-	// The clock as the loops see it just before a tick.
-	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
+	s := startOK(t, Options{IdleTimeout: 500 * time.Millisecond})
+	beforeTick(s)
 	c := dialGNet(t, s)
 	br := bufio.NewReader(c)
 	get(t, c, br, "the first request")
@@ -467,10 +458,8 @@ func loopTurns(t *testing.T, el gnet.EventLoop, n int) {
 // closed once its client sent nothing for lingerTimeout, not before: its
 // stamps come off the loops' coarse clock, up to a tick (1 s) behind.
 func TestLingerNotCutEarly(t *testing.T) {
-	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
-	s := startGNet(t, h, Options{IdleTimeout: time.Minute})
-	// The clock as the loops see it just before a tick.
-	s.now.Store(s.o.clock() - int64(900*time.Millisecond))
+	s := startOK(t, Options{IdleTimeout: time.Minute})
+	beforeTick(s)
 	c := dialGNet(t, s)
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -518,3 +507,15 @@ func dialGNet(t *testing.T, s *GNet) net.Conn {
 	_ = c.SetDeadline(time.Now().Add(testwait.Timeout))
 	return c
 }
+
+// startOK starts a gnet front end that answers every request 200 "ok" on
+// its loop, with o.
+func startOK(t *testing.T, o Options) *GNet {
+	t.Helper()
+	h := Handler{OnLoop: true, Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }, Error: func(*fasthttp.RequestCtx, error) {}}
+	return startGNet(t, h, o)
+}
+
+// beforeTick sets s's coarse clock where it stands just before a tick:
+// 0.9 s behind the clock.
+func beforeTick(s *GNet) { s.now.Store(s.o.clock() - int64(900*time.Millisecond)) }
