@@ -14,7 +14,8 @@ import (
 // TestSubscriberLogsFailuresOnce: a port that takes connections and never
 // greets fails one handshake after another, and a replay port that refuses
 // fails every gap's replay, each gap clearing the pod's blocks; each is
-// logged once, not once per try (the losses at most once a minute).
+// logged once, not once per try (the losses at most once a minute); a
+// publisher that restarts at every batch is logged once a minute too.
 func TestSubscriberLogsFailuresOnce(t *testing.T) {
 	count := func(logged *testlog.Buffer, msg string) int {
 		return strings.Count(logged.String(), `msg="`+msg+`"`)
@@ -60,6 +61,32 @@ func TestSubscriberLogsFailuresOnce(t *testing.T) {
 		// Each gap cleared the pod's blocks: said, once for the three.
 		if n := count(&logged, "KV-event batches lost: the pod's blocks are cleared"); n != 1 || !strings.Contains(logged.String(), "losses=1") {
 			t.Fatalf("3 gaps lost logged %d times, want once, naming one loss:\n%s", n, logged.String())
+		}
+	})
+	t.Run("restart", func(t *testing.T) {
+		p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
+		defer p.Close()
+		var logged testlog.Buffer
+		rec := &recorder{}
+		s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(),
+			Log: slog.New(slog.NewTextHandler(&logged, nil))}, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer testwait.Returns(t, "Subscriber.Close", func() { s.Close() })
+		joined(t, p, rec)
+		for i := range 3 {
+			restarts := s.Counters.Restarts.Load()
+			// A publisher counts from 0 again when it starts.
+			p.mu.Lock()
+			p.nextSeq = 0
+			p.mu.Unlock()
+			storeEvent(p, i)
+			p.flush()
+			testwait.For(t, "the restart seen", func() bool { return s.Counters.Restarts.Load() > restarts })
+		}
+		if n := count(&logged, "KV-event publisher restarted: the pod's blocks are cleared"); n != 1 || !strings.Contains(logged.String(), "restarts=1") {
+			t.Fatalf("3 restarts logged %d times, want once, naming one restart:\n%s", n, logged.String())
 		}
 	})
 }

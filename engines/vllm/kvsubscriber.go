@@ -14,6 +14,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
+
+	"pdlb/internal/mono"
+	"pdlb/internal/spaced"
 )
 
 // Subscriber defaults.
@@ -209,11 +212,12 @@ type Subscriber struct {
 	down bool
 	// replayFailed: the last replay exchange failed, and was logged.
 	replayFailed bool
-	// lostLogged is when batches lost were last logged; lostSince counts
-	// the losses since (lost).
-	lostLogged time.Time
-	lostSince  int
-	removed    []uint64 // scratch: a run of BlockRemoved events' hashes
+	// lostLog and restartLog space the lines of batches lost and of
+	// publisher restarts (feedLogEvery): a lossy feed, or a publisher
+	// restarting in a loop, resets the pod each time.
+	lostLog, restartLog spaced.Lines
+
+	removed []uint64 // scratch: a run of BlockRemoved events' hashes
 	// group is the KV-cache group the index follows, once a store named
 	// its kind (hasGroup); see forIndex.
 	group    int64
@@ -349,26 +353,28 @@ func (s *Subscriber) reset(c *atomic.Uint64) {
 	s.hasGroup = false
 }
 
-// lostLogEvery is the least time between two lines of batches lost: a
-// lossy feed, each gap clearing the pod, must not flood the log.
-const lostLogEvery = time.Minute
+// feedLogEvery is the least time between two lines of batches lost, or
+// of two publisher restarts, of one feed.
+const feedLogEvery = time.Minute
 
 // lost resets the pod after batches it cannot get back (why), and logs it
-// with the losses since the last line, at most once every lostLogEvery.
+// with the losses since the last line, at most once every feedLogEvery.
 func (s *Subscriber) lost(why string) {
 	s.reset(&s.Counters.Lost)
-	s.lostSince++
-	if now := time.Now(); now.Sub(s.lostLogged) >= lostLogEvery {
+	if held, ok := s.lostLog.Allow(mono.Now(), feedLogEvery); ok {
 		s.cfg.Log.Warn("KV-event batches lost: the pod's blocks are cleared", "endpoint", s.cfg.Endpoint,
-			"why", why, "losses", s.lostSince)
-		s.lostLogged, s.lostSince = now, 0
+			"why", why, "losses", held+1)
 	}
 }
 
-// restarted resets the pod, whose publisher started again.
+// restarted resets the pod, whose publisher started again, and logs it
+// with the restarts since the last line, at most once every feedLogEvery.
 func (s *Subscriber) restarted() {
-	s.cfg.Log.Info("KV-event publisher restarted: the pod's blocks are cleared", "endpoint", s.cfg.Endpoint)
 	s.reset(&s.Counters.Restarts)
+	if held, ok := s.restartLog.Allow(mono.Now(), feedLogEvery); ok {
+		s.cfg.Log.Info("KV-event publisher restarted: the pod's blocks are cleared", "endpoint", s.cfg.Endpoint,
+			"restarts", held+1)
+	}
 }
 
 // recheck asks a publisher just reconnected to whether it still holds the

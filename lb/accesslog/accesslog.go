@@ -21,6 +21,8 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"pdlb/internal/mono"
+	"pdlb/internal/spaced"
 	"pdlb/promtext"
 )
 
@@ -72,7 +74,7 @@ type Log struct {
 	closeOnce sync.Once
 
 	written, dropped atomic.Uint64
-	lastWarn         atomic.Int64 // unix nanoseconds
+	warned           spaced.Lines // on mono's clock
 }
 
 // Open opens the access log at path (appending; created 0644 when missing),
@@ -195,9 +197,7 @@ func (l *Log) flush() {
 // lost counts n lines lost, and warns at most once a warnEvery.
 func (l *Log) lost(n uint64, err error) {
 	l.dropped.Add(n)
-	now := time.Now().UnixNano()
-	last := l.lastWarn.Load()
-	if now-last < int64(warnEvery) || !l.lastWarn.CompareAndSwap(last, now) {
+	if _, ok := l.warned.Allow(mono.Now(), warnEvery); !ok {
 		return
 	}
 	if err == nil {

@@ -49,7 +49,7 @@ func (g *Gateway) podFailed(p *pool.Pod) {
 		p.KeepIn()
 		// When a whole model fails this comes with every few failures:
 		// one line per ejection time says it, the metric counts it.
-		if held, ok := g.keptLog.allow(now, h.EjectionTime); ok {
+		if held, ok := g.keptLog.Allow(now, h.EjectionTime); ok {
 			g.log.Warn("pod failing but kept in: health.max_ejected_percent of its model's pods are ejected (pdlb_pod_ejections_kept_total counts these)",
 				"pod", p.Config.Name, "model", p.Config.Model, "max_ejected_percent", h.MaxEjectedPercent, "suppressed", held)
 		}

@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
+	"pdlb/internal/spaced"
 	"pdlb/internal/tracing"
 	"pdlb/lb/accesslog"
 	"pdlb/lb/admit"
@@ -90,10 +91,10 @@ type Gateway struct {
 	ejectMu sync.Mutex
 	// keptLog and notSentLog space the lines of a pod kept in at the
 	// ejection cap and of a request moved to another pod.
-	keptLog, notSentLog spacedLog
+	keptLog, notSentLog spaced.Lines
 	// inexactLog spaces the warning for prompts routed without the index
 	// because they could not be tokenized as the engine would.
-	inexactLog spacedLog
+	inexactLog spaced.Lines
 	// kv follows the pods' KV events into the models' prefix indexes;
 	// ranked is its kvFeeds.ranked, for requests to read without g.mu.
 	kv     *kvFeeds

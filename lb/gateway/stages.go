@@ -564,7 +564,7 @@ func (g *Gateway) retried(x *completion) {
 	}
 	g.metrics.retry.byReason[f.Reason].Inc()
 	x.retriedFrom = append(x.retriedFrom, f)
-	if held, ok := g.notSentLog.allow(g.ledger.Now(), notSentLogEvery); ok {
+	if held, ok := g.notSentLog.Allow(g.ledger.Now(), notSentLogEvery); ok {
 		g.log.Warn("pod failed a request before answering; trying another", "pod", f.Pod.Config.Name, "reason", string(f.Reason), "err", f.E.Message, "suppressed", held)
 	}
 }

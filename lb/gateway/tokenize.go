@@ -88,7 +88,7 @@ func (g *Gateway) tokenize(x *completion, m *pool.Model, body []byte, fast bool)
 			// response, and a Messages request with system-role messages
 			// or images, are rendered by the engine alone, as expected.
 			if x.req.Kind == openai.KindChat {
-				if held, ok := g.inexactLog.allow(time.Now().UnixNano(), time.Second); ok {
+				if held, ok := g.inexactLog.Allow(time.Now().UnixNano(), time.Second); ok {
 					g.log.Warn("prompt not tokenized as the engine would; routed without the KV-event index",
 						"model", m.Name, "err", err, "suppressed", held)
 				}

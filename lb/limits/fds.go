@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"pdlb/internal/mono"
+	"pdlb/internal/spaced"
 )
 
 // FDs keeps the process's last file descriptors for accepting. With none
@@ -39,8 +40,8 @@ type FDs struct {
 	// open, if set, estimates the descriptors the process holds (SetOpen).
 	open atomic.Pointer[func() int]
 	log  *slog.Logger
-	// warned is when the last warning was logged (mono.Now), 0 before.
-	warned atomic.Int64
+	// warned spaces the warnings (fdWarnEvery, on mono's clock).
+	warned spaced.Lines
 }
 
 // fdWarnEvery spaces the warnings of a process at its limit.
@@ -196,12 +197,13 @@ func OutOfFDs(err error) error {
 }
 
 func (f *FDs) warn() {
-	now, last := mono.Now(), f.warned.Load()
-	if f.log == nil || (last != 0 && now-last < int64(fdWarnEvery)) || !f.warned.CompareAndSwap(last, now) {
+	if f.log == nil {
 		return
 	}
-	f.log.Warn("at the open-files limit: new client connections are closed and new upstream connections refused; raise the limit (systemd LimitNOFILE, ulimit -n)",
-		"limit", f.limit, "metric", MetricFDRefused)
+	if held, ok := f.warned.Allow(mono.Now(), fdWarnEvery); ok {
+		f.log.Warn("at the open-files limit: new client connections are closed and new upstream connections refused; raise the limit (systemd LimitNOFILE, ulimit -n)",
+			"limit", f.limit, "metric", MetricFDRefused, "suppressed", held)
+	}
 }
 
 // Limit is the open-files limit guarded.

@@ -1,4 +1,4 @@
-package gateway
+package spaced
 
 import (
 	"sync"
@@ -6,15 +6,15 @@ import (
 	"time"
 )
 
-// TestSpacedLog: one line per interval goes out, carrying the count of
+// TestLines: one line per interval goes out, carrying the count of
 // those held back since the one before; racing callers let exactly one
 // through.
-func TestSpacedLog(t *testing.T) {
-	var s spacedLog
+func TestLines(t *testing.T) {
+	var s Lines
 	sec := int64(time.Second)
 	step := func(now int64, wantOK bool, wantHeld int64) {
 		t.Helper()
-		if held, ok := s.allow(now, time.Second); ok != wantOK || held != wantHeld {
+		if held, ok := s.Allow(now, time.Second); ok != wantOK || held != wantHeld {
 			t.Fatalf("at %v: allow %v with %d held back, want %v with %d", time.Duration(now), ok, held, wantOK, wantHeld)
 		}
 	}
@@ -29,7 +29,7 @@ func TestSpacedLog(t *testing.T) {
 	through := 0
 	for range 64 {
 		passed.Go(func() {
-			if _, ok := s.allow(20*sec, time.Second); ok {
+			if _, ok := s.Allow(20*sec, time.Second); ok {
 				mu.Lock()
 				through++
 				mu.Unlock()
