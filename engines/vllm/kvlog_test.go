@@ -1,8 +1,12 @@
 package vllm
 
 import (
+	"io"
 	"log/slog"
+	"net"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,7 +19,8 @@ import (
 // greets fails one handshake after another, and a replay port that refuses
 // fails every gap's replay, each gap clearing the pod's blocks; each is
 // logged once, not once per try (the losses at most once a minute); a
-// publisher that restarts at every batch is logged once a minute too.
+// publisher that restarts at every batch is logged once a minute too, and
+// a replay port that works again says so, once.
 func TestSubscriberLogsFailuresOnce(t *testing.T) {
 	count := func(logged *testlog.Buffer, msg string) int {
 		return strings.Count(logged.String(), `msg="`+msg+`"`)
@@ -61,6 +66,55 @@ func TestSubscriberLogsFailuresOnce(t *testing.T) {
 		// Each gap cleared the pod's blocks: said, once for the three.
 		if n := count(&logged, "KV-event batches lost: the pod's blocks are cleared"); n != 1 || !strings.Contains(logged.String(), "losses=1") {
 			t.Fatalf("3 gaps lost logged %d times, want once, naming one loss:\n%s", n, logged.String())
+		}
+	})
+	t.Run("replay back", func(t *testing.T) {
+		p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
+		defer p.Close()
+		// The replay port as a proxy that, until up, closes each
+		// connection at once.
+		var up atomic.Bool
+		replay := strings.TrimPrefix(p.ReplayEndpoint(), "tcp://")
+		addr := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+			if !up.Load() {
+				return
+			}
+			pc, err := net.Dial("tcp", replay)
+			if err != nil {
+				return
+			}
+			defer pc.Close()
+			go func() { _, _ = io.Copy(pc, c); pc.Close() }()
+			_, _ = io.Copy(c, pc)
+		})
+		var logged testlog.Buffer
+		rec := &recorder{}
+		s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: "tcp://" + addr,
+			Log: slog.New(slog.NewTextHandler(&logged, nil))}, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer testwait.Returns(t, "Subscriber.Close", func() { s.Close() })
+		joined(t, p, rec)
+		// gap publishes a batch the subscriber misses and one after it,
+		// and waits for that one: delivered after the gap's replay.
+		gap := func(i int) {
+			p.dropSeq(p.nextSeq)
+			storeEvent(p, 2*i)
+			p.flush()
+			after := storeEvent(p, 2*i+1)
+			p.flush()
+			testwait.For(t, "the batch after the gap", func() bool { return slices.Contains(rec.snapshot(), after) })
+		}
+		gap(0)
+		up.Store(true)
+		gap(1)
+		gap(2)
+		if n := count(&logged, "KV-event replay failed"); n != 1 {
+			t.Fatalf("a failed replay logged %d times, want once:\n%s", n, logged.String())
+		}
+		if n := count(&logged, "KV-event replay works again"); n != 1 {
+			t.Fatalf("a replay port back after a failure logged %d times, want once:\n%s", n, logged.String())
 		}
 	})
 	t.Run("restart", func(t *testing.T) {

@@ -447,6 +447,9 @@ func (s *Subscriber) replay(start, seq int64) replayResult {
 	r := s.exchange(start, seq)
 	switch {
 	case r.err == nil:
+		if s.replayFailed {
+			s.cfg.Log.Info("KV-event replay works again", "endpoint", s.cfg.ReplayEndpoint)
+		}
 		s.replayFailed = false
 	case !s.replayFailed && s.ctx.Err() == nil:
 		s.replayFailed = true
