@@ -26,6 +26,7 @@ import (
 	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/discovery/spec"
+	"pdlb/lb/kvindex"
 )
 
 // TestDataParallelPodRanks: a vLLM pod of two data-parallel ranks behind
@@ -294,26 +295,28 @@ func TestDataParallelBusyRankLeftToEngine(t *testing.T) {
 	}
 }
 
-// TestDataParallelTooManyRanksLogged: the prefix index tells at most 64
-// ranks of a pod apart, so a pod of more never has a rank named. The
-// operator reads it once, when the gateway starts following the pod's
-// KV events, in a line naming the pod and its ranks; not for a pod of
-// 64, nor for one whose ranks are the engine's to pick anyway (here a
-// discovered one, data_parallel_routing engine on its DNS entry).
+// TestDataParallelTooManyRanksLogged: the prefix index tells at most
+// kvindex.MaxRankedRanks ranks of a pod apart, so a pod of more never has
+// a rank named. The operator reads it once, when the gateway starts
+// following the pod's KV events, in a line naming the pod and its ranks;
+// not for a pod of that many, nor for one whose ranks are the engine's to
+// pick anyway (here a discovered one, data_parallel_routing engine on its
+// DNS entry).
 func TestDataParallelTooManyRanksLogged(t *testing.T) {
 	sims := testFleet(t, "m", 3, 100)
 	// Nothing publishes on these ports: the feeds wait for the engines.
 	// They are below the ephemeral ports (Linux: 32768 on), where no
 	// test's listener lands: one that is no publisher would take a feed's
 	// dial and never greet it.
+	const most = kvindex.MaxRankedRanks
 	wide, edge := podsOf("m", sims[0])[0], podsOf("m", sims[1])[0]
-	wide.KVEvents, wide.KVReplay, wide.DataParallelSize = "tcp://127.0.0.1:1100", "tcp://127.0.0.1:1200", 65
-	edge.KVEvents, edge.KVReplay, edge.DataParallelSize = "tcp://127.0.0.1:1300", "tcp://127.0.0.1:1400", 64
+	wide.KVEvents, wide.KVReplay, wide.DataParallelSize = "tcp://127.0.0.1:20000", "tcp://127.0.0.1:21100", most+1
+	edge.KVEvents, edge.KVReplay, edge.DataParallelSize = "tcp://127.0.0.1:22200", "tcp://127.0.0.1:23300", most
 	host, port, _ := net.SplitHostPort(sims[2].Addr())
 	p, _ := strconv.Atoi(port)
 	var logs testlog.Buffer
 	lbtest.StartGatewayLog(t, []config.Pod{wide, edge}, func(c *config.Config) {
-		c.Discovery.DNS = []spec.DNS{{Name: host, Port: p, Model: "m", KVEventsPort: 1500, KVReplayPort: 1600, DataParallelSize: 65,
+		c.Discovery.DNS = []spec.DNS{{Name: host, Port: p, Model: "m", KVEventsPort: 24400, KVReplayPort: 25500, DataParallelSize: most + 1,
 			DataParallelRouting: config.DataParallelByEngine, Interval: 50 * time.Millisecond}}
 	}, slog.New(slog.NewTextHandler(&logs, nil)))
 	testwait.For(t, "the discovered pod's feed", func() bool {
@@ -321,8 +324,8 @@ func TestDataParallelTooManyRanksLogged(t *testing.T) {
 	})
 	const tooMany = "ranks never named"
 	l := logs.String()
-	if n := strings.Count(l, tooMany); n != 1 || !strings.Contains(l, fmt.Sprintf("pod=%s ranks=65", wide.Name)) {
-		t.Fatalf("want one line saying pod %s's 65 ranks are never named (%q), got %d:\n%s", wide.Name, tooMany, n, l)
+	if n := strings.Count(l, tooMany); n != 1 || !strings.Contains(l, fmt.Sprintf("pod=%s ranks=%d", wide.Name, most+1)) {
+		t.Fatalf("want one line saying pod %s's %d ranks are never named (%q), got %d:\n%s", wide.Name, most+1, tooMany, n, l)
 	}
 }
 

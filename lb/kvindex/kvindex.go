@@ -144,7 +144,10 @@ func (ix *Indexer) Ranks(pod int32, model string, n int) []*Pod {
 	}
 	shared := &rankHolds{held: make(map[uint64]keyHolds), more: make(map[rankKey]int32)}
 	if n <= MaxRankedRanks {
-		shared.all = 1<<n - 1 // n = 64 wraps to all ones
+		shared.words = (n + 63) / 64
+		for r := range n {
+			shared.all[r/64] |= 1 << (r % 64)
+		}
 	}
 	feeds := make([]*Pod, n)
 	for r := range feeds {
@@ -155,8 +158,11 @@ func (ix *Indexer) Ranks(pod int32, model string, n int) []*Pod {
 }
 
 // MaxRankedRanks is the most ranks a pod may have for LongestRank to tell
-// them apart: a key's ranks are the bits of one word.
-const MaxRankedRanks = 64
+// them apart: a key's ranks are the bits of a mask of rankWords words.
+const MaxRankedRanks = 64 * rankWords
+
+// rankWords is the widest rank mask, in 64-bit words.
+const rankWords = 16
 
 // rankHolds is what the feeds of one pod's ranks share: for each gateway
 // key, the number of live blocks of any rank holding it and which ranks
@@ -170,15 +176,24 @@ type rankHolds struct {
 	// different engine hashes with the same gateway key: rare), so that
 	// the rank's bit goes with its last.
 	more map[rankKey]int32
-	// all has a bit for each rank; 0 for a pod of more than
-	// MaxRankedRanks, whose ranks get no bits.
-	all uint64
+	// words is the width of a key's rank mask; 0 for a pod of more than
+	// MaxRankedRanks, whose ranks get no bits. all has a bit for each
+	// rank.
+	words int
+	all   [rankWords]uint64
+	// wide holds the words of the keys' masks past their first, for a pod
+	// of more than 64 ranks: words-1 of them from a key's slot times
+	// words-1; free lists the slots of keys gone, zeroed.
+	wide []uint64
+	free []int32
 }
 
-// keyHolds are the holds of one gateway key: n blocks of ranks (bit r:
-// rank r holds one at least).
+// keyHolds are the holds of one gateway key: n blocks of ranks (bit r of
+// the mask: rank r holds one at least), the mask's first word in ranks,
+// the others at slot of rankHolds.wide.
 type keyHolds struct {
 	n     int32
+	slot  int32
 	ranks uint64
 }
 
@@ -187,13 +202,39 @@ type rankKey struct {
 	rank int
 }
 
+// word is word w of k's rank mask.
+func (h *rankHolds) word(k *keyHolds, w int) *uint64 {
+	if w == 0 {
+		return &k.ranks
+	}
+	return &h.wideOf(*k)[w-1]
+}
+
+// wideOf is the words of k's rank mask past its first: none on a pod of
+// 64 ranks or fewer.
+func (h *rankHolds) wideOf(k keyHolds) []uint64 {
+	if h.words <= 1 {
+		return nil
+	}
+	at := int(k.slot) * (h.words - 1)
+	return h.wide[at : at+h.words-1]
+}
+
 // hold counts one more block of rank holding key.
 func (h *rankHolds) hold(key uint64, rank int) {
-	k := h.held[key]
+	k, ok := h.held[key]
+	if !ok && h.words > 1 {
+		if n := len(h.free); n > 0 {
+			k.slot, h.free = h.free[n-1], h.free[:n-1]
+		} else {
+			k.slot = int32(len(h.wide) / (h.words - 1))
+			h.wide = append(h.wide, make([]uint64, h.words-1)...)
+		}
+	}
 	k.n++
-	if h.all != 0 {
-		if bit := uint64(1) << rank; k.ranks&bit == 0 {
-			k.ranks |= bit
+	if h.words > 0 {
+		if w, bit := h.word(&k, rank/64), uint64(1)<<(rank%64); *w&bit == 0 {
+			*w |= bit
 		} else {
 			h.more[rankKey{key, rank}]++
 		}
@@ -205,7 +246,7 @@ func (h *rankHolds) hold(key uint64, rank int) {
 // last of any rank.
 func (h *rankHolds) release(key uint64, rank int) bool {
 	k := h.held[key]
-	if h.all != 0 {
+	if h.words > 0 {
 		rk := rankKey{key, rank}
 		switch c := h.more[rk]; {
 		case c > 1:
@@ -213,12 +254,16 @@ func (h *rankHolds) release(key uint64, rank int) bool {
 		case c == 1:
 			delete(h.more, rk)
 		default:
-			k.ranks &^= 1 << rank
+			*h.word(&k, rank/64) &^= 1 << (rank % 64)
 		}
 	}
 	if k.n--; k.n > 0 {
 		h.held[key] = k
 		return false
+	}
+	if h.words > 1 {
+		clear(h.wideOf(k))
+		h.free = append(h.free, k.slot)
 	}
 	delete(h.held, key)
 	return true
@@ -232,28 +277,49 @@ func (h *rankHolds) release(key uint64, rank int) bool {
 // MaxRankedRanks. Safe to call from any goroutine; it allocates nothing.
 func (p *Pod) LongestRank(chain []uint64) (rank, blocks, next int) {
 	h := p.ranks
-	if h == nil || h.all == 0 {
+	if h == nil || h.words == 0 {
 		return -1, 0, 0
 	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	// live: the ranks holding chain[:blocks]; next: the blocks held by
 	// the ranks that dropped out last.
+	words := h.words
 	live := h.all
-	for i, k := range chain {
-		m := h.held[k].ranks & live
-		if m == 0 {
+	for i, key := range chain {
+		k, ok := h.held[key]
+		if !ok {
 			break
 		}
-		if m != live {
-			live, next = m, i
+		wide := h.wideOf(k)
+		m := k.ranks & live[0]
+		some, same := m != 0, m == live[0]
+		for w, x := range wide {
+			m := x & live[w+1]
+			some, same = some || m != 0, same && m == live[w+1]
+		}
+		if !some {
+			break
+		}
+		if !same {
+			live[0] &= k.ranks
+			for w, x := range wide {
+				live[w+1] &= x
+			}
+			next = i
 		}
 		blocks = i + 1
 	}
-	if blocks == 0 || bits.OnesCount64(live) != 1 {
+	rank, ones := -1, 0
+	for w := range words {
+		if n := bits.OnesCount64(live[w]); n > 0 {
+			rank, ones = 64*w+bits.TrailingZeros64(live[w]), ones+n
+		}
+	}
+	if blocks == 0 || ones != 1 {
 		return -1, 0, 0
 	}
-	return bits.TrailingZeros64(live), blocks, next
+	return rank, blocks, next
 }
 
 // PodCounters are a Pod's plain atomic counters, for the gateway to export.

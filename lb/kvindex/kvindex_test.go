@@ -422,37 +422,49 @@ func TestRanksKeepEachOthersBlocks(t *testing.T) {
 	match(shared, 0)
 }
 
+// TestLongestRank: of a pod's ranks a and b, LongestRank names the one
+// holding the longest prefix, on a pod of three ranks and on one of 200,
+// whose ranks span words of the rank mask.
 func TestLongestRank(t *testing.T) {
-	ix := newIndexer(t, newTree(t), Config{BlockSize: 4})
-	ranks := ix.Ranks(7, model, 3)
-	toks := prompt(16, 1)
-	keys := gatewayKeys(toks, 4)
-	want := func(rank, blocks, next int) {
-		t.Helper()
-		if r, b, n := ranks[2].LongestRank(keys); r != rank || b != blocks || n != next {
-			t.Fatalf("LongestRank = rank %d, %d blocks, next %d; want rank %d, %d, %d", r, b, n, rank, blocks, next)
+	for _, c := range []struct{ n, a, b int }{{3, 0, 1}, {200, 70, 199}} {
+		ix := newIndexer(t, newTree(t), Config{BlockSize: 4})
+		ranks := ix.Ranks(7, model, c.n)
+		a, b := ranks[c.a], ranks[c.b]
+		toks := prompt(16, 1)
+		keys := gatewayKeys(toks, 4)
+		want := func(rank, blocks, next int) {
+			t.Helper()
+			if r, bl, n := ranks[2].LongestRank(keys); r != rank || bl != blocks || n != next {
+				t.Fatalf("%d ranks: LongestRank = rank %d, %d blocks, next %d; want rank %d, %d, %d", c.n, r, bl, n, rank, blocks, next)
+			}
+		}
+		want(-1, 0, 0)
+		a.BlockStored(0, false, []uint64{10, 11}, toks[:8], 4, engines.ExtraKeys{})
+		want(c.a, 2, 0)
+		b.BlockStored(0, false, []uint64{20, 21, 22}, toks[:12], 4, engines.ExtraKeys{})
+		want(c.b, 3, 2)
+		a.BlockStored(11, true, []uint64{12, 13}, toks[8:], 4, engines.ExtraKeys{})
+		want(c.a, 4, 3)
+		a.BlockRemoved([]uint64{13})
+		want(-1, 0, 0) // a and b hold three blocks each
+		// The same tokens under other engine hashes: b holds its keys
+		// twice, and keeps them when one of its copies goes.
+		b.BlockStored(0, false, []uint64{30, 31, 32, 33}, toks, 4, engines.ExtraKeys{})
+		b.BlockRemoved([]uint64{20, 21, 22})
+		want(c.b, 4, 3)
+		b.AllBlocksCleared()
+		want(c.a, 3, 0)
+		// Keys gone and held again (a wide mask's words reused).
+		a.AllBlocksCleared()
+		want(-1, 0, 0)
+		b.BlockStored(0, false, []uint64{40}, toks[:4], 4, engines.ExtraKeys{})
+		want(c.b, 1, 0)
+		if n := testing.AllocsPerRun(100, func() { a.LongestRank(keys) }); n != 0 {
+			t.Fatalf("%d ranks: LongestRank allocates %v times", c.n, n)
 		}
 	}
-	want(-1, 0, 0)
-	ranks[0].BlockStored(0, false, []uint64{10, 11}, toks[:8], 4, engines.ExtraKeys{})
-	want(0, 2, 0)
-	ranks[1].BlockStored(0, false, []uint64{20, 21, 22}, toks[:12], 4, engines.ExtraKeys{})
-	want(1, 3, 2)
-	ranks[0].BlockStored(11, true, []uint64{12, 13}, toks[8:], 4, engines.ExtraKeys{})
-	want(0, 4, 3)
-	ranks[0].BlockRemoved([]uint64{13})
-	want(-1, 0, 0) // ranks 0 and 1 hold three blocks each
-	// The same tokens under other engine hashes: rank 1 holds its keys
-	// twice, and keeps them when one of its copies goes.
-	ranks[1].BlockStored(0, false, []uint64{30, 31, 32, 33}, toks, 4, engines.ExtraKeys{})
-	ranks[1].BlockRemoved([]uint64{20, 21, 22})
-	want(1, 4, 3)
-	ranks[1].AllBlocksCleared()
-	want(0, 3, 0)
-	if n := testing.AllocsPerRun(100, func() { ranks[0].LongestRank(keys) }); n != 0 {
-		t.Fatalf("LongestRank allocates %v times", n)
-	}
-	if r, _, _ := ix.Ranks(8, model, MaxRankedRanks+1)[0].LongestRank(keys); r != -1 {
+	ix := newIndexer(t, newTree(t), Config{BlockSize: 4})
+	if r, _, _ := ix.Ranks(8, model, MaxRankedRanks+1)[0].LongestRank(gatewayKeys(prompt(16, 1), 4)); r != -1 {
 		t.Fatalf("a pod of %d ranks: LongestRank = rank %d, want -1", MaxRankedRanks+1, r)
 	}
 }
