@@ -41,16 +41,7 @@ func TestSubscriberLogsFailuresOnce(t *testing.T) {
 	})
 	t.Run("replay", func(t *testing.T) {
 		p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
-		defer p.Close()
-		var logged testlog.Buffer
-		rec := &recorder{}
-		s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: "tcp://" + testnet.Refusing(t),
-			Log: slog.New(slog.NewTextHandler(&logged, nil))}, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer testwait.Returns(t, "Subscriber.Close", func() { s.Close() })
-		joined(t, p, rec)
+		s, _, logged := followed(t, p, "tcp://"+testnet.Refusing(t))
 		for i := range 3 {
 			lost := s.Counters.Lost.Load()
 			p.dropSeq(p.nextSeq)
@@ -60,17 +51,16 @@ func TestSubscriberLogsFailuresOnce(t *testing.T) {
 			p.flush()
 			testwait.For(t, "the gap lost", func() bool { return s.Counters.Lost.Load() > lost })
 		}
-		if n := count(&logged, "KV-event replay failed"); n != 1 {
+		if n := count(logged, "KV-event replay failed"); n != 1 {
 			t.Fatalf("3 gaps whose replay failed logged %d times, want once:\n%s", n, logged.String())
 		}
 		// Each gap cleared the pod's blocks: said, once for the three.
-		if n := count(&logged, "KV-event batches lost: the pod's blocks are cleared"); n != 1 || !strings.Contains(logged.String(), "losses=1") {
+		if n := count(logged, "KV-event batches lost: the pod's blocks are cleared"); n != 1 || !strings.Contains(logged.String(), "losses=1") {
 			t.Fatalf("3 gaps lost logged %d times, want once, naming one loss:\n%s", n, logged.String())
 		}
 	})
 	t.Run("replay back", func(t *testing.T) {
 		p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
-		defer p.Close()
 		// The replay port as a proxy that, until up, closes each
 		// connection at once.
 		var up atomic.Bool
@@ -87,15 +77,7 @@ func TestSubscriberLogsFailuresOnce(t *testing.T) {
 			go func() { _, _ = io.Copy(pc, c); pc.Close() }()
 			_, _ = io.Copy(c, pc)
 		})
-		var logged testlog.Buffer
-		rec := &recorder{}
-		s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: "tcp://" + addr,
-			Log: slog.New(slog.NewTextHandler(&logged, nil))}, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer testwait.Returns(t, "Subscriber.Close", func() { s.Close() })
-		joined(t, p, rec)
+		_, rec, logged := followed(t, p, "tcp://"+addr)
 		// gap publishes a batch the subscriber misses and one after it,
 		// and waits for that one: delivered after the gap's replay.
 		gap := func(i int) {
@@ -110,25 +92,16 @@ func TestSubscriberLogsFailuresOnce(t *testing.T) {
 		up.Store(true)
 		gap(1)
 		gap(2)
-		if n := count(&logged, "KV-event replay failed"); n != 1 {
+		if n := count(logged, "KV-event replay failed"); n != 1 {
 			t.Fatalf("a failed replay logged %d times, want once:\n%s", n, logged.String())
 		}
-		if n := count(&logged, "KV-event replay works again"); n != 1 {
+		if n := count(logged, "KV-event replay works again"); n != 1 {
 			t.Fatalf("a replay port back after a failure logged %d times, want once:\n%s", n, logged.String())
 		}
 	})
 	t.Run("restart", func(t *testing.T) {
 		p := manualPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", 0)
-		defer p.Close()
-		var logged testlog.Buffer
-		rec := &recorder{}
-		s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(),
-			Log: slog.New(slog.NewTextHandler(&logged, nil))}, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer testwait.Returns(t, "Subscriber.Close", func() { s.Close() })
-		joined(t, p, rec)
+		s, _, logged := followed(t, p, p.ReplayEndpoint())
 		for i := range 3 {
 			restarts := s.Counters.Restarts.Load()
 			// A publisher counts from 0 again when it starts.
@@ -139,8 +112,25 @@ func TestSubscriberLogsFailuresOnce(t *testing.T) {
 			p.flush()
 			testwait.For(t, "the restart seen", func() bool { return s.Counters.Restarts.Load() > restarts })
 		}
-		if n := count(&logged, "KV-event publisher restarted: the pod's blocks are cleared"); n != 1 || !strings.Contains(logged.String(), "restarts=1") {
+		if n := count(logged, "KV-event publisher restarted: the pod's blocks are cleared"); n != 1 || !strings.Contains(logged.String(), "restarts=1") {
 			t.Fatalf("3 restarts logged %d times, want once, naming one restart:\n%s", n, logged.String())
 		}
 	})
+}
+
+// followed is a Subscriber of p's feed, asking replay for its replays and
+// logging to the buffer it returns, once p's batches reach its recorder;
+// it closes as t ends, and then p.
+func followed(t *testing.T, p *Publisher, replay string) (*Subscriber, *recorder, *testlog.Buffer) {
+	t.Helper()
+	t.Cleanup(func() { p.Close() })
+	logged, rec := &testlog.Buffer{}, &recorder{}
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: p.Endpoint(), ReplayEndpoint: replay,
+		Log: slog.New(slog.NewTextHandler(logged, nil))}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testwait.Returns(t, "Subscriber.Close", func() { s.Close() }) })
+	joined(t, p, rec)
+	return s, rec, logged
 }
