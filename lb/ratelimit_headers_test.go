@@ -1,6 +1,7 @@
 package lb_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -9,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"pdlb/internal/redistest"
+	"pdlb/internal/testwait"
 	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
@@ -330,5 +335,45 @@ func TestTokenizerSpendsNoTokens(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReplicasShareKeyLimits: two replicas sharing Redis limit a key as
+// one: after the key's 3 requests a minute went through one, the other
+// refuses it within a sync interval or two, where alone it would admit 3
+// more.
+func TestReplicasShareKeyLimits(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	pods := podsOf("m", testFleet(t, "m", 1, 100)...)
+	key := limits.APIKey{Name: "shared", SHA256: limits.HashKey("sk-shared"), RequestsPerMinute: 3}
+	replica := func(id string) *lb.Server {
+		return testGateway(t, pods, func(c *config.Config) {
+			c.Access.APIKeys = []limits.APIKey{key}
+			c.Redis.Address, c.Redis.ReplicaID = srv.Addr(), id
+			c.TokenLoad.SharedSyncIntervalMs = 10
+		})
+	}
+	a, b := replica("a"), replica("b")
+	ask := func(s *lb.Server) int {
+		resp, _ := send(t, client, s, "POST", "/v1/chat/completions", chat("", "hi", 1, false), "Content-Type", "application/json", "Authorization", "Bearer sk-shared")
+		return resp.StatusCode
+	}
+	for i := range 3 {
+		if code := ask(a); code != 200 {
+			t.Fatalf("request %d through a: %d", i, code)
+		}
+	}
+	testwait.For(t, "a's requests in Redis", func() bool {
+		keys, err := rdb.Keys(context.Background(), "{pdlb}:keys:*:requests").Result()
+		return err == nil && len(keys) == 1
+	})
+	admitted := 0
+	for ask(b) == 200 {
+		if admitted++; admitted == 3 {
+			t.Fatal("b admitted the key's 3 requests a minute after a took them")
+		}
+		time.Sleep(50 * time.Millisecond) // b's next exchange
 	}
 }

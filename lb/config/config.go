@@ -281,7 +281,8 @@ func (a Admission) AdmitConfig() admit.Config {
 
 // Redis locates the Redis server shared by gateway replicas.
 type Redis struct {
-	// Address is host:port; empty keeps every ledger local.
+	// Address is host:port; empty keeps every ledger, and the api_keys'
+	// rate limits, local to the replica.
 	Address string `yaml:"address"`
 	// ReplicaID names this replica in Redis (default: 16 random hex
 	// digits, new at each start). Replicas must not share one: each

@@ -210,6 +210,9 @@ func New(cfg config.Config, log *slog.Logger) (*Gateway, error) {
 	if cfg.Redis.Address != "" && cfg.TokenLoad.SharedLedger {
 		g.startSharedLedger(ctx)
 	}
+	if cfg.Redis.Address != "" {
+		g.shareKeyLimits(ctx)
+	}
 	g.startPlan(ctx)
 	return g, nil
 }

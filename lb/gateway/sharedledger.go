@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"pdlb/lb/limits"
 	"pdlb/lb/route"
 	"pdlb/ledger"
 )
@@ -25,6 +26,15 @@ func (g *Gateway) startSharedLedger(ctx context.Context) {
 		Logger:    g.log,
 	})
 	g.background(func() { sh.Run(ctx) })
+}
+
+// shareKeyLimits shares the api_keys' rate-limit buckets with the other
+// replicas through Redis until ctx ends, every shared_sync_interval_ms as
+// the ledger: a key gets its limits across the replicas, not at each.
+func (g *Gateway) shareKeyLimits(ctx context.Context) {
+	s := limits.NewSync(g.keys.Load, g.redis, g.cfg.Redis.KeyPrefix,
+		time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs)*time.Millisecond, g.log)
+	g.background(func() { s.Run(ctx) })
 }
 
 // newRedis is the client of redis.address that the loops exchanging with

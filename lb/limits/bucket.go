@@ -16,6 +16,10 @@ import (
 // in, so that a reload may change it under the units already taken.
 type bucket struct {
 	tat atomic.Int64
+	// unsynced is the cost (ns) taken, charged or refunded here since the
+	// last exchange with the other replicas (Sync), which adds it to the
+	// bucket they share.
+	unsynced atomic.Int64
 }
 
 // rate is a bucket's allowance. The zero rate (interval 0) has no limit.
@@ -70,6 +74,7 @@ func (b *bucket) take(r rate, now, n int64) (ok bool, wait time.Duration) {
 			return false, time.Duration(next - capacity - now)
 		}
 		if b.tat.CompareAndSwap(tat, next) {
+			b.unsynced.Add(c)
 			return true, 0
 		}
 	}
@@ -95,6 +100,7 @@ func (b *bucket) charge(r rate, now, n int64) {
 	for {
 		tat := b.tat.Load()
 		if b.tat.CompareAndSwap(tat, max(tat, now)+c) {
+			b.unsynced.Add(c)
 			return
 		}
 	}
@@ -114,7 +120,11 @@ func (b *bucket) refund(r rate, n int64, current func() bool) {
 	c := r.cost(n)
 	for {
 		tat := b.tat.Load()
-		if !current() || b.tat.CompareAndSwap(tat, tat-c) {
+		if !current() {
+			return
+		}
+		if b.tat.CompareAndSwap(tat, tat-c) {
+			b.unsynced.Add(-c)
 			return
 		}
 	}
@@ -135,6 +145,20 @@ func (b *bucket) rerate(from, to rate, now int64) {
 			next = now + int64(min(d, math.MaxInt64/4))
 		}
 		if b.tat.CompareAndSwap(tat, next) {
+			return
+		}
+	}
+}
+
+// adopt takes the shared bucket's tat (unix ns), which holds every
+// replica's units up to the last exchange, plus the units taken here since:
+// the other replicas' units now count here too. A local tat already ahead
+// of it stays.
+func (b *bucket) adopt(shared int64) {
+	for {
+		tat := b.tat.Load()
+		want := shared + b.unsynced.Load()
+		if want <= tat || b.tat.CompareAndSwap(tat, want) {
 			return
 		}
 	}

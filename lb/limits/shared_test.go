@@ -1,0 +1,70 @@
+package limits
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"pdlb/internal/redistest"
+	"pdlb/internal/testlog"
+)
+
+// TestSyncSharesBuckets: two replicas with the same key share its buckets
+// through a real Redis: the requests and tokens one takes count at the
+// other after an exchange each, its own are not counted twice, and what a
+// replica takes while Redis is down reaches the other once Redis is back.
+func TestSyncSharesBuckets(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	cfg := APIKey{Name: "k", SHA256: HashKey("sk-k"), RequestsPerMinute: 10, TokensPerMinute: 1000}
+	var logged testlog.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	replica := func() (*Key, *Sync) {
+		ks := newTestKeys(t, cfg)
+		k, _ := ks.Lookup([]byte("Bearer sk-k"), nil)
+		return k, NewSync(func() *Keys { return ks }, rdb, "t", time.Hour, log)
+	}
+	a, sa := replica()
+	b, sb := replica()
+	for i := range 10 {
+		if d := a.Admit(time.Now(), 10); !d.OK() {
+			t.Fatalf("request %d on a: %v", i, d.Limit)
+		}
+	}
+	sa.Exchange(ctx)
+	sb.Exchange(ctx)
+	d := b.Admit(time.Now(), 10)
+	if d.Limit != RequestsPerMinute {
+		t.Fatalf("b after a took the key's 10 requests: %v, want %v", d.Limit, RequestsPerMinute)
+	}
+	// 1,000 tokens a minute refill one every 60 ms: a few at most while
+	// the test runs.
+	if d.tokensLeft < 895 || d.tokensLeft > 905 {
+		t.Fatalf("b's tokens left after a's 100: %d, want 900", d.tokensLeft)
+	}
+	sa.Exchange(ctx)
+	if d := a.Admit(time.Now(), 10); d.Limit != RequestsPerMinute || d.tokensLeft < 895 || d.tokensLeft > 905 {
+		t.Fatalf("a after exchanging its own units again: %v, %d tokens left; want %v, 900", d.Limit, d.tokensLeft, RequestsPerMinute)
+	}
+
+	port := srv.Port
+	srv.Stop()
+	b.Done(time.Now(), 500) // a completion charged while Redis is down
+	sb.Exchange(ctx)
+	srv = redistest.Start(t, port) // back, empty
+	sb.Exchange(ctx)
+	sa.Exchange(ctx)
+	if d := a.Admit(time.Now(), 10); d.tokensLeft > 505 {
+		t.Fatalf("a's tokens left once b's 500 taken during the outage are shared: %d, want 500 at most", d.tokensLeft)
+	}
+	l := logged.String()
+	if strings.Count(l, "rate limits not shared") != 1 || strings.Count(l, "rate limits shared again") != 1 {
+		t.Fatalf("want the outage and the recovery logged once each:\n%s", l)
+	}
+}
