@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,28 +14,41 @@ import (
 
 // syncScript is one exchange of the keys' buckets with the other replicas:
 // it adds each bucket's cost taken on this replica since the last exchange
-// to the bucket the replicas share, and returns every shared bucket's tat.
+// to the bucket the replicas share, and returns the shared tat of every
+// bucket any replica took units from lately: the others are full.
 //
-//	KEYS[i]   bucket i's shared tat, unix µs (none: full)
+//	KEYS[1]   the buckets taken from lately (sorted set, score: when the
+//	          bucket is full and gone, unix µs)
 //	ARGV[1]   this replica's clock, unix µs
 //	ARGV[2]   how long a full bucket is kept, ms
-//	ARGV[2+i] bucket i's cost since the last exchange, µs (negative: a
-//	          refund)
+//	ARGV[3]   the buckets' key prefix
+//	ARGV[4..] pairs of a bucket's name and its cost since the last
+//	          exchange, µs (negative: a refund)
 //
-// Microseconds keep the values exact in Lua's doubles (2^53 µs is 285
-// years). A bucket expires once full for ARGV[2]: then it reads as full.
+// It returns {name, tat, name, tat, ...}. Microseconds keep the values
+// exact in Lua's doubles (2^53 µs is 285 years). Units taken from a full
+// bucket count from the exchange on, up to an interval after they were
+// taken: their refill starts that much late.
 var syncScript = redis.NewScript(`
-local now, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
-local out = {}
-for i, k in ipairs(KEYS) do
+local now, keep, pre = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+for i = 4, #ARGV, 2 do
+  local k, c = pre .. ARGV[i], tonumber(ARGV[i + 1])
   local tat = tonumber(redis.call('GET', k) or 0)
-  local c = tonumber(ARGV[2 + i])
-  if c ~= 0 then
-    if c > 0 then tat = math.max(tat, now) end
-    tat = tat + c
-    redis.call('SET', k, string.format('%.0f', tat), 'PX', math.floor(math.max(tat - now, 0) / 1000) + keep)
+  if c > 0 then tat = math.max(tat, now) end
+  tat = tat + c
+  local ttl = math.floor(math.max(tat - now, 0) / 1000) + keep
+  redis.call('SET', k, string.format('%.0f', tat), 'PX', ttl)
+  redis.call('ZADD', KEYS[1], now + ttl * 1000, ARGV[i])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], keep * 2)
+local out = {}
+for _, name in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local tat = redis.call('GET', pre .. name)
+  if tat then
+    out[#out + 1] = name
+    out[#out + 1] = tat
   end
-  out[i] = tat
 end
 return out
 `)
@@ -46,24 +60,35 @@ return out
 // replica admits on its own bucket, which lags the others' units by an
 // interval at most (behind N replicas a key may get N intervals of its
 // allowance more a minute); while Redis is unreachable each replica limits
-// alone, and the units it took then are shared once Redis is back.
+// alone, and the units it took then are shared once Redis is back. An
+// exchange reads only the buckets some replica took from in the last
+// minute, so a key set of thousands costs what its busy keys cost.
 // Replicas share a key's buckets by a hash of its digest, under the
 // prefix; give them the same api_keys.
 type Sync struct {
 	keys     func() *Keys
 	rdb      redis.UniversalClient
+	active   []string // the script's KEYS: the recently used buckets
 	prefix   string
 	interval time.Duration
 	log      *slog.Logger
 	down     bool // the last exchange failed; only Run's goroutine touches it
 
-	// The set last exchanged and its keys' names in Redis, made once a
-	// set; and the scratch of one exchange. Run's goroutine's.
-	set   *Keys
-	base  [][2]string // requests', tokens'
-	names []string
-	args  []any
-	sent  []sentCost
+	// The set last exchanged and its buckets by their names in Redis,
+	// made once a set; and the scratch of one exchange. Run's
+	// goroutine's.
+	set    *Keys
+	named  []namedBucket
+	byName map[string]*bucket
+	args   []any
+	sent   []sentCost
+	tats   []int64
+}
+
+// namedBucket is a limited bucket of the set and its name in Redis.
+type namedBucket struct {
+	b    *bucket
+	name string
 }
 
 type sentCost struct {
@@ -80,7 +105,8 @@ const keepFull = time.Minute
 // interval, under prefix (Redis's hash tag, as the shared ledger's). Give
 // rdb the short timeouts of the shared ledger's client.
 func NewSync(keys func() *Keys, rdb redis.UniversalClient, prefix string, interval time.Duration, log *slog.Logger) *Sync {
-	return &Sync{keys: keys, rdb: rdb, prefix: "{" + prefix + "}:keys:", interval: interval, log: log}
+	pre := "{" + prefix + "}:keys:"
+	return &Sync{keys: keys, rdb: rdb, active: []string{pre + "active"}, prefix: pre, interval: interval, log: log}
 }
 
 // Run exchanges every interval until ctx ends.
@@ -101,43 +127,39 @@ func (s *Sync) Run(ctx context.Context) {
 // tests at will); a failed one is logged once until one works.
 func (s *Sync) Exchange(ctx context.Context) {
 	ks := s.keys()
-	if !ks.Enabled() {
-		return
-	}
 	if ks != s.set {
-		s.set, s.base = ks, s.base[:0]
-		for _, k := range ks.keys {
-			name := s.prefix + sharedName(k)
-			s.base = append(s.base, [2]string{name + ":requests", name + ":tokens"})
-		}
+		s.name(ks)
 	}
-	s.names, s.sent = s.names[:0], s.sent[:0]
-	s.args = append(s.args[:0], time.Now().UnixMicro(), keepFull.Milliseconds())
-	for i, k := range ks.keys {
-		lim := k.limits.Load()
-		s.add(&k.requests, lim.requests, s.base[i][0])
-		s.add(&k.tokens, lim.tokens, s.base[i][1])
-	}
-	if len(s.names) == 0 {
+	if len(s.named) == 0 {
 		return
 	}
-	tats, err := syncScript.Run(ctx, s.rdb, s.names, s.args...).Int64Slice()
-	if err == nil && len(tats) != len(s.sent) {
-		err = errBadReply
+	s.sent = s.sent[:0]
+	s.args = append(s.args[:0], time.Now().UnixMicro(), keepFull.Milliseconds(), s.prefix)
+	for _, n := range s.named {
+		ns := n.b.unsynced.Swap(0)
+		us := ns / 1000
+		n.b.unsynced.Add(ns - us*1000) // the rest, for the next
+		if us == 0 {
+			continue
+		}
+		s.args = append(s.args, n.name, us)
+		s.sent = append(s.sent, sentCost{n.b, us})
+	}
+	res, err := syncScript.Run(ctx, s.rdb, s.active, s.args...).StringSlice()
+	if err != nil {
+		for _, c := range s.sent {
+			c.b.unsynced.Add(c.us * 1000) // shared at the next exchange that works
+		}
+	} else {
+		// The units reached Redis, whatever the reply.
+		err = s.adopt(res)
 	}
 	if err != nil {
-		// Shared at the next exchange that works.
-		for _, c := range s.sent {
-			c.b.unsynced.Add(c.us * 1000)
-		}
 		if !s.down && ctx.Err() == nil {
 			s.down = true
-			s.log.Warn("api_keys: rate limits not shared, Redis unreachable: each replica limits its keys alone", "err", err)
+			s.log.Warn("api_keys: rate limits not shared (Redis unreachable or failing): each replica limits its keys alone", "err", err)
 		}
 		return
-	}
-	for i, c := range s.sent {
-		c.b.adopt(tats[i] * 1000)
 	}
 	if s.down {
 		s.down = false
@@ -145,27 +167,52 @@ func (s *Sync) Exchange(ctx context.Context) {
 	}
 }
 
-var errBadReply = errors.New("malformed reply from Redis")
-
-// sharedName names k's buckets in Redis: a hash of its digest, not the
-// digest itself, which signs the ids made for k (TagID) and must not be
-// readable by whoever can read Redis.
-func sharedName(k *Key) string {
-	sum := sha256.Sum256(append([]byte("pdlb rate-limit buckets\x00"), k.digest[:]...))
-	return hex.EncodeToString(sum[:16])
-}
-
-// add puts bucket b, limited at r and named name in Redis, in the
-// exchange: its cost since the last one, in whole µs (the rest stays for
-// the next).
-func (s *Sync) add(b *bucket, r rate, name string) {
-	if !r.limited() {
+// name names the limited buckets of ks, the set to exchange from now on
+// (its limits installed): a bucket's name is a hash of its key's digest,
+// not the digest, which signs the ids made for the key (TagID) and must
+// not be readable by whoever can read Redis.
+func (s *Sync) name(ks *Keys) {
+	s.set, s.named, s.byName = ks, s.named[:0], map[string]*bucket{}
+	if ks == nil {
 		return
 	}
-	ns := b.unsynced.Swap(0)
-	us := ns / 1000
-	b.unsynced.Add(ns - us*1000)
-	s.names = append(s.names, name)
-	s.args = append(s.args, us)
-	s.sent = append(s.sent, sentCost{b, us})
+	for _, k := range ks.keys {
+		sum := sha256.Sum256(append([]byte("pdlb rate-limit buckets\x00"), k.digest[:]...))
+		base := hex.EncodeToString(sum[:16])
+		lim := k.limits.Load()
+		for _, b := range []struct {
+			b      *bucket
+			r      rate
+			suffix string
+		}{{&k.requests, lim.requests, ":requests"}, {&k.tokens, lim.tokens, ":tokens"}} {
+			if b.r.limited() {
+				s.named = append(s.named, namedBucket{b.b, base + b.suffix})
+				s.byName[base+b.suffix] = b.b
+			}
+		}
+	}
+}
+
+var errBadReply = errors.New("malformed reply from Redis")
+
+// adopt takes the shared buckets of an exchange's reply, {name, tat, ...}
+// (unix µs), into the set's.
+func (s *Sync) adopt(res []string) error {
+	if len(res)%2 != 0 {
+		return errBadReply
+	}
+	s.tats = s.tats[:0]
+	for i := 1; i < len(res); i += 2 {
+		tat, err := strconv.ParseInt(res[i], 10, 64)
+		if err != nil {
+			return errBadReply
+		}
+		s.tats = append(s.tats, tat)
+	}
+	for i, tat := range s.tats {
+		if b := s.byName[res[2*i]]; b != nil {
+			b.adopt(tat * 1000)
+		}
+	}
+	return nil
 }

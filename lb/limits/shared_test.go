@@ -2,6 +2,7 @@ package limits
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -66,5 +67,48 @@ func TestSyncSharesBuckets(t *testing.T) {
 	l := logged.String()
 	if strings.Count(l, "rate limits not shared") != 1 || strings.Count(l, "rate limits shared again") != 1 {
 		t.Fatalf("want the outage and the recovery logged once each:\n%s", l)
+	}
+}
+
+// TestSyncReadsBusyKeysOnly: an exchange touches in Redis only the buckets
+// some replica took from lately: 200 keys nobody uses write nothing, and
+// the one a uses is the one b reads.
+func TestSyncReadsBusyKeysOnly(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	cfg := make([]APIKey, 200)
+	for i := range cfg {
+		name := fmt.Sprint("sk-", i)
+		cfg[i] = APIKey{Name: name, SHA256: HashKey(name), RequestsPerMinute: 60}
+	}
+	log := slog.New(slog.DiscardHandler)
+	a, b := newTestKeys(t, cfg...), newTestKeys(t, cfg...)
+	sa := NewSync(func() *Keys { return a }, rdb, "t", time.Hour, log)
+	sb := NewSync(func() *Keys { return b }, rdb, "t", time.Hour, log)
+	sa.Exchange(ctx)
+	sb.Exchange(ctx)
+	if n := rdb.DBSize(ctx).Val(); n != 0 {
+		t.Fatalf("200 idle keys exchanged: %d keys in Redis, want none", n)
+	}
+	// The commands the scripts ran count in Redis's commandstats.
+	if stats := rdb.Info(ctx, "commandstats").Val(); strings.Contains(stats, "cmdstat_get:") {
+		t.Fatalf("200 idle keys exchanged: buckets read:\n%s", stats)
+	}
+	ka, _ := a.Lookup([]byte("Bearer sk-7"), nil)
+	for range 60 {
+		ka.Admit(time.Now(), 0)
+	}
+	sa.Exchange(ctx)
+	if n := rdb.DBSize(ctx).Val(); n != 2 {
+		t.Fatalf("one key used: %d keys in Redis, want its bucket and the set of busy ones", n)
+	}
+	sb.Exchange(ctx)
+	if kb, _ := b.Lookup([]byte("Bearer sk-7"), nil); kb.Admit(time.Now(), 0).Limit != RequestsPerMinute {
+		t.Fatal("b admits the key a spent")
+	}
+	if kb, _ := b.Lookup([]byte("Bearer sk-8"), nil); !kb.Admit(time.Now(), 0).OK() {
+		t.Fatal("b refuses a key nobody used")
 	}
 }
