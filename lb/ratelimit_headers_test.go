@@ -376,4 +376,21 @@ func TestReplicasShareKeyLimits(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // b's next exchange
 	}
+
+	// pdlb_redis_exchange_up says when the replicas stop sharing, and
+	// when they share again.
+	up := func(want float64) {
+		t.Helper()
+		for _, loop := range []string{"ledger", "api_keys"} {
+			testwait.For(t, fmt.Sprintf("b's %s exchange up=%v", loop, want), func() bool {
+				return metricValue(t, b, fmt.Sprintf(`pdlb_redis_exchange_up{loop=%q}`, loop)) == want
+			})
+		}
+	}
+	up(1)
+	port := srv.Port
+	srv.Stop()
+	up(0)
+	redistest.Start(t, port)
+	up(1)
 }

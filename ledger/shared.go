@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -88,7 +89,7 @@ type Shared struct {
 	interval time.Duration
 	expiryMs int64
 	log      *slog.Logger
-	down     bool // last round trip failed; only the loop goroutine touches it
+	down     atomic.Bool // the last round trip failed; written by the loop goroutine alone
 }
 
 // NewReplicaID returns a new replica id: 16 random hex digits.
@@ -156,8 +157,7 @@ func (s *Shared) sync(ctx context.Context) {
 		var remote map[string]remoteLoad
 		if remote, err = parseRemote(res, nowMs); err == nil {
 			s.l.setRemote(remote)
-			if s.down {
-				s.down = false
+			if s.down.Swap(false) {
 				s.log.Info("ledger: shared decode ledger reachable again", slog.String("replica", s.id))
 			}
 			return
@@ -167,12 +167,14 @@ func (s *Shared) sync(ctx context.Context) {
 		return
 	}
 	s.l.setRemote(nil)
-	if !s.down {
-		s.down = true
+	if !s.down.Swap(true) {
 		s.log.Warn("ledger: shared decode ledger unreachable, scoring with this replica's charges only",
 			slog.String("replica", s.id), slog.Any("err", err))
 	}
 }
+
+// Up reports whether the last round trip worked (true before the first).
+func (s *Shared) Up() bool { return !s.down.Load() }
 
 // args builds the script's ARGV: this replica's load per pod key as of
 // nowMs (ledger clock): "tokens seqs ageMs active kv inFlight queued", the

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"pdlb/engines"
+	"pdlb/internal/redistest"
 	"pdlb/lb/config"
 )
 
@@ -41,15 +42,19 @@ func TestGatewayMetricsPassPromtool(t *testing.T) {
 	v := startPod(t, "vllm-0", "mv", engines.VLLM, 100)
 	sg := startPod(t, "sglang-0", "ms", engines.SGLang, 100)
 	pods := []config.Pod{podConfig(v), podConfig(sg)}
-	// Admission, a KV-event feed and the planner (over a prefill/decode
-	// pair) on, so their series are linted too.
+	// Admission, a KV-event feed, the planner (over a prefill/decode
+	// pair) and Redis on, so their series are linted too.
 	pods[0].KVEvents = "tcp://" + closedAddr(t)
 	pods = append(pods, pdPair(t, "mpd")...)
-	s := startGateway(t, pods, func(c *config.Config) { c.Admission.Enabled, c.Plan.Enabled = true, true })
+	redis := redistest.Start(t, 0)
+	s := startGateway(t, pods, func(c *config.Config) {
+		c.Admission.Enabled, c.Plan.Enabled, c.Redis.Address = true, true, redis.Addr()
+	})
 	sendTraffic(t, s, "mv", "ms")
 	exposition := fetch(t, "http://"+s.AdminAddr()+"/metrics")
-	// The series docs/tuning.md's open-files alert divides.
-	for _, family := range []string{"\nprocess_open_fds ", "\nprocess_max_fds "} {
+	// The series docs/tuning.md's open-files alert divides, and one of
+	// the Redis exchanges'.
+	for _, family := range []string{"\nprocess_open_fds ", "\nprocess_max_fds ", "\npdlb_redis_exchange_up{loop=\"plan\"} "} {
 		if !bytes.Contains(exposition, []byte(family)) {
 			t.Errorf("no %s series on /metrics", strings.TrimSpace(family))
 		}

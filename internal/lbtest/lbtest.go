@@ -41,6 +41,10 @@ func LeakOptions() []goleak.Option {
 		// Its workers, which enroll the gnet front end's upstream
 		// connections on the loops and idle a while before they exit.
 		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
+		// go-redis's probe of a server its pool failed to dial, which
+		// sleeps a second between dials and ends at the first one after
+		// the client closed.
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
 	}
 }
 

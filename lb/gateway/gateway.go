@@ -127,6 +127,9 @@ type Gateway struct {
 	// (redis.replica_id, or a random one).
 	redis   *redis.Client
 	replica string
+	// exchanges are the loops that exchange with the other replicas
+	// through redis, for pdlb_redis_exchange_up; set up by New.
+	exchanges []exchange
 	// plan is the planning loop, nil when plan.enabled is off (plan.go).
 	plan *planLoop
 	// access is the access log, nil when access_log is off (accesslog.go).

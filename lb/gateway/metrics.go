@@ -291,6 +291,7 @@ func (m *gatewayMetrics) writePrometheus(w io.Writer) error {
 func (g *Gateway) writeDynamicMetrics(w io.Writer) {
 	snap := g.pool.Load()
 	writePods(w, snap, g.ledger.Now())
+	g.writeExchanges(w)
 	fmt.Fprint(w, "# HELP pdlb_prefix_index_blocks Blocks the prefix index believes a pod holds.\n# TYPE pdlb_prefix_index_blocks gauge\n")
 	stats := make([]radix.Stats, len(snap.Models))
 	for i, m := range snap.Models {

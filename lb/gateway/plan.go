@@ -139,6 +139,7 @@ func (g *Gateway) startPlan(ctx context.Context) {
 	if g.cfg.Redis.Address != "" {
 		l.share = newPlanShare(g)
 		lease = l.share
+		g.exchanges = append(g.exchanges, exchange{"plan", l.share.up})
 		// The first tick's reading is every model's baseline: without the
 		// fleet's counts it would set none, and the first window would
 		// end a window later. A Redis out of reach costs the start one

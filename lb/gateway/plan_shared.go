@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -138,10 +139,11 @@ type planShare struct {
 	// several replicas plan.
 	switchRoles bool
 	log         *slog.Logger
-	// down says the last exchange failed, warned that several replicas
-	// plan with switch_roles; only the exchanges, one at a time, touch
-	// them.
-	down, warned bool
+	// down says the last exchange failed (read by the metrics too),
+	// warned that several replicas plan with switch_roles; only the
+	// exchanges, one at a time, write them.
+	down   atomic.Bool
+	warned bool
 
 	// mu guards the last exchange: run writes it, the planning loop reads.
 	mu sync.Mutex
@@ -170,6 +172,9 @@ func newPlanShare(g *Gateway) *planShare {
 		log:         g.log,
 	}
 }
+
+// up reports whether the last exchange worked (true before the first).
+func (s *planShare) up() bool { return !s.down.Load() }
 
 // run exchanges own's counts every interval, the first exchange being
 // the caller's, until ctx ends, then releases the lease.
@@ -239,14 +244,12 @@ func (s *planShare) exchange(ctx context.Context, own map[string]plan.Counts) {
 		holder, replicas, fleet, err = parsePlanShare(models, res)
 	}
 	if err != nil {
-		if ctx.Err() == nil && !s.down {
-			s.down = true
+		if ctx.Err() == nil && !s.down.Swap(true) {
 			s.log.Warn("plan: Redis unreachable, the planner holds and acts on nothing until it reads the other replicas' counts again", slog.Any("err", err))
 		}
 		return
 	}
-	if s.down {
-		s.down = false
+	if s.down.Swap(false) {
 		s.log.Info("plan: Redis reachable again, the planner reads the other replicas' counts")
 	}
 	if s.switchRoles && replicas > 1 && !s.warned {

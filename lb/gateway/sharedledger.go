@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -25,6 +26,7 @@ func (g *Gateway) startSharedLedger(ctx context.Context) {
 		Expiry:    time.Duration(g.cfg.TokenLoad.SharedExpiryMs) * time.Millisecond,
 		Logger:    g.log,
 	})
+	g.exchanges = append(g.exchanges, exchange{"ledger", sh.Up})
 	g.background(func() { sh.Run(ctx) })
 }
 
@@ -34,7 +36,30 @@ func (g *Gateway) startSharedLedger(ctx context.Context) {
 func (g *Gateway) shareKeyLimits(ctx context.Context) {
 	s := limits.NewSync(g.keys.Load, g.redis, g.cfg.Redis.KeyPrefix,
 		time.Duration(g.cfg.TokenLoad.SharedSyncIntervalMs)*time.Millisecond, g.log)
+	g.exchanges = append(g.exchanges, exchange{"api_keys", s.Up})
 	g.background(func() { s.Run(ctx) })
+}
+
+// exchange is a loop that exchanges with the other replicas through Redis:
+// its name (the loop label) and whether its last exchange worked.
+type exchange struct {
+	loop string
+	up   func() bool
+}
+
+// writeExchanges writes pdlb_redis_exchange_up, nothing without Redis.
+func (g *Gateway) writeExchanges(w io.Writer) {
+	if len(g.exchanges) == 0 {
+		return
+	}
+	fmt.Fprint(w, "# HELP pdlb_redis_exchange_up 1 while this replica's last exchange with the others through Redis worked, 0 once one failed, by loop: ledger (the shared token ledger), api_keys (the keys' rate limits), plan (the planner's counts).\n# TYPE pdlb_redis_exchange_up gauge\n")
+	for _, e := range g.exchanges {
+		up := 0
+		if e.up() {
+			up = 1
+		}
+		fmt.Fprintf(w, "pdlb_redis_exchange_up{loop=%q} %d\n", e.loop, up)
+	}
 }
 
 // newRedis is the client of redis.address that the loops exchanging with

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -72,7 +73,7 @@ type Sync struct {
 	prefix   string
 	interval time.Duration
 	log      *slog.Logger
-	down     bool // the last exchange failed; only Run's goroutine touches it
+	down     atomic.Bool // the last exchange failed; written by Run's goroutine alone
 
 	// The set last exchanged and its buckets by their names in Redis,
 	// made once a set; and the scratch of one exchange. Run's
@@ -155,17 +156,18 @@ func (s *Sync) Exchange(ctx context.Context) {
 		err = s.adopt(res)
 	}
 	if err != nil {
-		if !s.down && ctx.Err() == nil {
-			s.down = true
+		if ctx.Err() == nil && !s.down.Swap(true) {
 			s.log.Warn("api_keys: rate limits not shared (Redis unreachable or failing): each replica limits its keys alone", "err", err)
 		}
 		return
 	}
-	if s.down {
-		s.down = false
+	if s.down.Swap(false) {
 		s.log.Info("api_keys: rate limits shared again")
 	}
 }
+
+// Up reports whether the last exchange worked (true before the first).
+func (s *Sync) Up() bool { return !s.down.Load() }
 
 // name names the limited buckets of ks, the set to exchange from now on
 // (its limits installed): a bucket's name is a hash of its key's digest,
