@@ -10,9 +10,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-
-	"pdlb/engines"
-	"pdlb/lb/config"
 )
 
 // dashboardFile is the Grafana dashboard this test keeps honest.
@@ -123,16 +120,7 @@ func exported(expositions ...[]byte) map[string]bool {
 func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	exprs, _ := readDashboard(t)
 
-	v := startPod(t, "vllm-0", "mv", engines.VLLM, 100)
-	sg := startPod(t, "sglang-0", "ms", engines.SGLang, 100)
-	pods := []config.Pod{podConfig(v), podConfig(sg)}
-	// A KV-event feed, so the gateway exports its per-feed series; no
-	// publisher needs to be there for them to exist. The planner plans
-	// the prefill/decode pair's model.
-	pods[0].KVEvents = "tcp://" + closedAddr(t)
-	pods = append(pods, pdPair(t, "mpd")...)
-	s := startGateway(t, pods, func(c *config.Config) { c.Admission.Enabled, c.Plan.Enabled = true, true })
-	sendTraffic(t, s, "mv", "ms")
+	s, v, sg := everySeriesGateway(t)
 	gateway := exported(fetch(t, "http://"+s.AdminAddr()+"/metrics"))
 	engine := exported(fetch(t, "http://"+v.Addr()+"/metrics"), fetch(t, "http://"+sg.Addr()+"/metrics"))
 

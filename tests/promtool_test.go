@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	"pdlb/engines"
+	"pdlb/engines/sim"
 	"pdlb/internal/redistest"
+	"pdlb/lb"
 	"pdlb/lb/config"
 )
 
@@ -39,18 +41,7 @@ func promtool(t *testing.T, exposition []byte) []string {
 // The gateway's admin /metrics, with every kind of series non-empty, passes
 // promtool's lint: help texts, types, unit and _total suffixes.
 func TestGatewayMetricsPassPromtool(t *testing.T) {
-	v := startPod(t, "vllm-0", "mv", engines.VLLM, 100)
-	sg := startPod(t, "sglang-0", "ms", engines.SGLang, 100)
-	pods := []config.Pod{podConfig(v), podConfig(sg)}
-	// Admission, a KV-event feed, the planner (over a prefill/decode
-	// pair) and Redis on, so their series are linted too.
-	pods[0].KVEvents = "tcp://" + closedAddr(t)
-	pods = append(pods, pdPair(t, "mpd")...)
-	redis := redistest.Start(t, 0)
-	s := startGateway(t, pods, func(c *config.Config) {
-		c.Admission.Enabled, c.Plan.Enabled, c.Redis.Address = true, true, redis.Addr()
-	})
-	sendTraffic(t, s, "mv", "ms")
+	s, _, _ := everySeriesGateway(t)
 	exposition := fetch(t, "http://"+s.AdminAddr()+"/metrics")
 	// The series docs/tuning.md's open-files alert divides, and one of
 	// the Redis exchanges'.
@@ -62,6 +53,25 @@ func TestGatewayMetricsPassPromtool(t *testing.T) {
 	if problems := promtool(t, exposition); len(problems) > 0 {
 		t.Fatalf("promtool check metrics on the gateway's /metrics:\n%s", strings.Join(problems, "\n"))
 	}
+}
+
+// everySeriesGateway is a gateway that has served traffic with every kind
+// of series on: admission, a KV-event feed (no publisher needs to be there
+// for its series to exist), the planner over a prefill/decode pair, and
+// Redis; and its vLLM and SGLang pods.
+func everySeriesGateway(t *testing.T) (s *lb.Server, vllm, sglang *sim.Pod) {
+	t.Helper()
+	vllm = startPod(t, "vllm-0", "mv", engines.VLLM, 100)
+	sglang = startPod(t, "sglang-0", "ms", engines.SGLang, 100)
+	pods := []config.Pod{podConfig(vllm), podConfig(sglang)}
+	pods[0].KVEvents = "tcp://" + closedAddr(t)
+	pods = append(pods, pdPair(t, "mpd")...)
+	redis := redistest.Start(t, 0)
+	s = startGateway(t, pods, func(c *config.Config) {
+		c.Admission.Enabled, c.Plan.Enabled, c.Redis.Address = true, true, redis.Addr()
+	})
+	sendTraffic(t, s, "mv", "ms")
+	return s, vllm, sglang
 }
 
 // The simulated engines' /metrics carry help texts and types as the real
