@@ -12,6 +12,7 @@ import (
 	"pdlb/lb/limits"
 	"pdlb/lb/route"
 	"pdlb/ledger"
+	"pdlb/promtext"
 )
 
 // startSharedLedger shares the ledger through Redis until ctx ends. Redis
@@ -58,13 +59,13 @@ func (g *Gateway) writeExchanges(w io.Writer) {
 		if e.up() {
 			up = 1
 		}
-		fmt.Fprintf(w, "pdlb_redis_exchange_up{loop=%q} %d\n", e.loop, up)
+		fmt.Fprintf(w, "pdlb_redis_exchange_up{loop=%s} %d\n", promtext.Label(e.loop), up)
 	}
 }
 
 // newRedis is the client of redis.address that the loops exchanging with
-// the other replicas every tick share (the shared ledger, the planner's
-// counts).
+// the other replicas every tick share (the shared ledger, the api_keys'
+// rate limits, the planner's counts).
 func newRedis(addr string, log *slog.Logger) *redis.Client {
 	// The loops log Redis going and coming back once each; the client's
 	// own line per failed dial would repeat every tick.

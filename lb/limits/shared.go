@@ -75,21 +75,14 @@ type Sync struct {
 	log      *slog.Logger
 	down     atomic.Bool // the last exchange failed; written by Run's goroutine alone
 
-	// The set last exchanged and its buckets by their names in Redis,
-	// made once a set; and the scratch of one exchange. Run's
+	// The set last exchanged and its limited buckets by their names in
+	// Redis, made once a set; and the scratch of one exchange. Run's
 	// goroutine's.
-	set    *Keys
-	named  []namedBucket
-	byName map[string]*bucket
-	args   []any
-	sent   []sentCost
-	tats   []int64
-}
-
-// namedBucket is a limited bucket of the set and its name in Redis.
-type namedBucket struct {
-	b    *bucket
-	name string
+	set     *Keys
+	buckets map[string]*bucket
+	args    []any
+	sent    []sentCost
+	tats    []int64
 }
 
 type sentCost struct {
@@ -131,20 +124,20 @@ func (s *Sync) Exchange(ctx context.Context) {
 	if ks != s.set {
 		s.name(ks)
 	}
-	if len(s.named) == 0 {
+	if len(s.buckets) == 0 {
 		return
 	}
 	s.sent = s.sent[:0]
 	s.args = append(s.args[:0], time.Now().UnixMicro(), keepFull.Milliseconds(), s.prefix)
-	for _, n := range s.named {
-		ns := n.b.unsynced.Swap(0)
+	for name, b := range s.buckets {
+		ns := b.unsynced.Swap(0)
 		us := ns / 1000
-		n.b.unsynced.Add(ns - us*1000) // the rest, for the next
+		b.unsynced.Add(ns - us*1000) // the rest, for the next
 		if us == 0 {
 			continue
 		}
-		s.args = append(s.args, n.name, us)
-		s.sent = append(s.sent, sentCost{n.b, us})
+		s.args = append(s.args, name, us)
+		s.sent = append(s.sent, sentCost{b, us})
 	}
 	res, err := syncScript.Run(ctx, s.rdb, s.active, s.args...).StringSlice()
 	if err != nil {
@@ -174,7 +167,7 @@ func (s *Sync) Up() bool { return !s.down.Load() }
 // not the digest, which signs the ids made for the key (TagID) and must
 // not be readable by whoever can read Redis.
 func (s *Sync) name(ks *Keys) {
-	s.set, s.named, s.byName = ks, s.named[:0], map[string]*bucket{}
+	s.set, s.buckets = ks, map[string]*bucket{}
 	if ks == nil {
 		return
 	}
@@ -188,8 +181,7 @@ func (s *Sync) name(ks *Keys) {
 			suffix string
 		}{{&k.requests, lim.requests, ":requests"}, {&k.tokens, lim.tokens, ":tokens"}} {
 			if b.r.limited() {
-				s.named = append(s.named, namedBucket{b.b, base + b.suffix})
-				s.byName[base+b.suffix] = b.b
+				s.buckets[base+b.suffix] = b.b
 			}
 		}
 	}
@@ -212,7 +204,7 @@ func (s *Sync) adopt(res []string) error {
 		s.tats = append(s.tats, tat)
 	}
 	for i, tat := range s.tats {
-		if b := s.byName[res[2*i]]; b != nil {
+		if b := s.buckets[res[2*i]]; b != nil {
 			b.adopt(tat * 1000)
 		}
 	}
