@@ -369,12 +369,15 @@ func TestReplicasShareKeyLimits(t *testing.T) {
 		keys, err := rdb.Keys(context.Background(), "{pdlb}:keys:*:requests").Result()
 		return err == nil && len(keys) == 1
 	})
-	admitted := 0
-	for ask(b) == 200 {
+	admitted, code := 0, ask(b)
+	for ; code == 200; code = ask(b) {
 		if admitted++; admitted == 3 {
 			t.Fatal("b admitted the key's 3 requests a minute after a took them")
 		}
 		time.Sleep(50 * time.Millisecond) // b's next exchange
+	}
+	if code != 429 {
+		t.Fatalf("b answered %d, want the key's 429", code)
 	}
 
 	// pdlb_redis_exchange_up says when the replicas stop sharing, and
