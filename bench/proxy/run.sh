@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proxy benchmark (issue 8, item 3b): wrk against a minimal fasthttp stub
 # upstream directly, then through pdlb (each front end, each of two routing
-# policies), nginx and HAProxy, all in one run on this machine, with the same
+# policies), nginx, HAProxy and a gnet TCP splice (bench/proxy/splice: the
+# floor of pdlb's stack), all in one run on this machine, with the same
 # 1 KB non-streaming chat completion. Every target runs from the start; the
 # measurements go round the targets ROUNDS times, so a burst of load from
 # the machine's neighbours lands on one target's sample, not its figure.
@@ -24,8 +25,8 @@
 # and after of a change), ENVS (space-separated environments, each
 # VAR=VALUE[,VAR=VALUE...]: one more gnet slo_cache row per environment,
 # pdlb run with it, e.g. ENVS=GOMAXPROCS=1 for one event loop), QUICK (1:
-# only direct, pdlb gnet slo_cache (and BASE's), nginx and HAProxy, for a
-# before and after in a third of the time).
+# only direct, pdlb gnet slo_cache (and BASE's), nginx, HAProxy and the
+# splice, for a before and after in a third of the time).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,6 +42,7 @@ BASE=${BASE:-}
 WORKERS=$(nproc)
 
 NAME=proxybench
+SPLICE_ROW="gnet TCP splice (no HTTP)"
 # shellcheck source=harness.sh
 . "$HERE/harness.sh"
 take_port STUB
@@ -224,7 +226,8 @@ start_pdlb() {
 install_missing
 command -v wrk >/dev/null || { log "wrk is required"; exit 1; }
 log "building pdlb and the stub"
-(cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub && go build -o "$DIR/otlpsink" ./bench/proxy/otlpsink)
+(cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub && go build -o "$DIR/otlpsink" ./bench/proxy/otlpsink &&
+	go build -o "$DIR/splice" ./bench/proxy/splice)
 if [ -n "$BASE" ]; then
 	log "building pdlb at $BASE"
 	(cd "$ROOT" && git worktree add -q --detach "$DIR/base" "$BASE" &&
@@ -300,6 +303,19 @@ if [ -x "$HAPROXY_BIN" ]; then
 	fi
 else
 	failed haproxy "not installed"
+fi
+
+# The floor: what the stack pdlb's gnet front end runs on costs a request
+# that passes through with no HTTP read at all (bench/proxy/splice), with
+# GOMAXPROCS as pdlb raises it for its loops.
+take_port SPLICE
+(cd "$ROOT" && exec env GOMAXPROCS=$((WORKERS + (WORKERS + 1) / 2)) "$DIR/splice" --listen "$SPLICE" --upstream "$STUB") 2>"$DIR/splice.log" &
+SPLICE_PID=$!
+started
+if wait_port "$SPLICE"; then
+	target "$SPLICE_ROW" "splice --listen $SPLICE --upstream $STUB  # bench/proxy/splice, GOMAXPROCS $((WORKERS + (WORKERS + 1) / 2))" "$SPLICE" "$SPLICE_PID"
+else
+	failed "$SPLICE_ROW" "failed to start: $(tail -1 "$DIR/splice.log")"
 fi
 
 for label in "${LABELS[@]}"; do
@@ -390,6 +406,19 @@ if [ "$best_pdlb" -gt 0 ] && [ "$best_other" -gt 0 ]; then
 	if [ -n "${USER_US_S[nginx]:-}" ]; then
 		# shellcheck disable=SC2086
 		echo "nginx, the same way: $(median %.1f ${USER_US_S[nginx]}) µs of user time and $(median %.1f ${SYS_US_S[nginx]}) µs of kernel time per request; with no user time it would serve about $(ceiling nginx) requests/s."
+	fi
+fi
+if [ "$best_pdlb" -gt 0 ] && [ -n "${USER_US_S[$SPLICE_ROW]:-}" ]; then
+	# shellcheck disable=SC2086 # lists of numbers
+	{
+		floor=$(median %.1f ${USER_US_S[$SPLICE_ROW]}) user=$(median %.1f ${USER_US_S[$best_label]})
+	}
+	echo
+	echo "The stack's floor: a request through the gnet TCP splice cost $floor µs of user time, against $user µs through $best_label:"\
+		"$(awk -v a="$user" -v b="$floor" 'BEGIN{printf "%.1f", a - b}') µs of it are pdlb's own work (parsing, routing, relaying), the rest the Go runtime's, gnet's and the socket calls'."
+	if [ -n "${USER_US_S[nginx]:-}" ]; then
+		# shellcheck disable=SC2086
+		echo "nginx's whole user time was $(median %.1f ${USER_US_S[nginx]}) µs a request: pdlb's user time meets it with its own work at $(awk -v n="$(median %.1f ${USER_US_S[nginx]})" -v b="$floor" 'BEGIN{printf "%.1f", n - b}') µs or less."
 	fi
 fi
 logged=${RPS["pdlb gnet, slo_cache, access log"]:-0} unlogged=${RPS["pdlb gnet, slo_cache"]:-0}

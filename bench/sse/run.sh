@@ -5,7 +5,8 @@
 #   - the relay latency each event gets, directly from the stub and through
 #     pdlb at a moderate load, and the difference (what pdlb adds): the
 #     median of LAT_ROUNDS rounds, each taking both at once, with nginx's
-#     round after pdlb's when it is installed;
+#     round after pdlb's when it is installed, then a gnet TCP splice's
+#     (bench/proxy/splice: what any proxy on pdlb's stack spends);
 #   - pdlb's resident memory per held stream, (VmRSS with N streams − idle
 #     VmRSS) / N, with the goroutine stacks and live heap behind it.
 # Progress goes to stderr.
@@ -59,7 +60,7 @@ fi
 
 log "building pdlb, the stub and the client"
 (cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub &&
-	go build -o "$DIR/client" ./bench/sse/client)
+	go build -o "$DIR/client" ./bench/sse/client && go build -o "$DIR/splice" ./bench/proxy/splice)
 
 "$DIR/stub" --listen "$STUB" 2>"$DIR/stub.log" &
 started
@@ -90,6 +91,17 @@ if [ -x "$NGINX_BIN" ]; then
 		NGINX_ROW=1
 	fi
 fi
+
+# The floor: a gnet TCP splice (bench/proxy/splice), which relays the
+# events as bytes, on the stack pdlb's gnet front end runs on, with
+# GOMAXPROCS as pdlb raises it for its loops.
+take_port SPLICE
+SPLICE_PROCS=$(($(nproc) + ($(nproc) + 1) / 2))
+(cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" --listen "$SPLICE" --upstream "$STUB") 2>"$DIR/splice.log" &
+SPLICE_PID=$!
+started
+SPLICE_ROW=
+wait_port "$SPLICE" && SPLICE_ROW=1
 
 # Latency: the same moderate load directly and through the proxy, both at
 # once, so the two see the same moments of the shared cores and their
@@ -143,7 +155,9 @@ cost_cell() {
 for round in $(seq "$LAT_ROUNDS"); do
 	lat_pair pdlb "http://$PDLB$API" "$round" "$PDLB_PID"
 	[ -n "$NGINX_ROW" ] && lat_pair nginx "http://$NGINX$API" "$round" "${NGINX_PIDS[@]}"
+	[ -n "$SPLICE_ROW" ] && lat_pair splice "http://$SPLICE$API" "$round" "$SPLICE_PID"
 done
+kill "$SPLICE_PID" 2>/dev/null || true
 if [ -n "${NGINX_PID:-}" ]; then
 	kill "$NGINX_PID" 2>/dev/null || true
 	wait "$NGINX_PID" 2>/dev/null || true
@@ -205,6 +219,11 @@ if [ -n "$NGINX_ROW" ]; then
 	# shellcheck disable=SC2086
 	echo "| nginx CPU per relayed event, µs | $(median %.1f ${CPUEV[nginx]}) | (reference) | its master and workers, the same way |"
 	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell nginx) | (reference) | the same |"
+fi
+if [ -n "$SPLICE_ROW" ]; then
+	# shellcheck disable=SC2086
+	echo "| gnet TCP splice CPU per relayed event, µs | $(median %.1f ${CPUEV[splice]}) | (the floor) | the least a proxy on pdlb's stack (Go, gnet) spends: bytes relayed unread, \`go run ./bench/proxy/splice --listen $SPLICE --upstream $STUB\` with GOMAXPROCS $SPLICE_PROCS, each round after nginx's; relay adds p50 / p99 µs $(lat_cell "${ADD50[splice]}" "${ADD99[splice]}") |"
+	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell splice) | (the floor) | the same |"
 fi
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
 echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"
