@@ -244,6 +244,41 @@ func (s *schedule) end(pod int, at time.Time) {
 	s.mu.Unlock()
 }
 
+// describeAt says what each pod was under at t and since when (after the
+// run's start), and for one without a fault which it came out of last:
+// how long the gateway had to see a pod back before an error.
+func (s *schedule) describeAt(t, start time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at := func(t time.Time) string { return t.Sub(start).Round(time.Millisecond).String() }
+	var b strings.Builder
+	for pod, spans := range s.spans {
+		if pod > 0 {
+			b.WriteString(", ")
+		}
+		var last *span
+		for i := range spans {
+			sp := &spans[i]
+			if sp.covers(t) {
+				last = sp
+				break
+			}
+			if !sp.from.After(t) && !sp.to.IsZero() && !sp.to.After(t) {
+				last = sp
+			}
+		}
+		switch {
+		case last == nil:
+			fmt.Fprintf(&b, "%d ok", pod)
+		case last.covers(t):
+			fmt.Fprintf(&b, "%d %s since %s", pod, last.kind, at(last.from))
+		default:
+			fmt.Fprintf(&b, "%d ok since %s (%s)", pod, at(last.to), last.kind)
+		}
+	}
+	return b.String()
+}
+
 // healthyAt is the pods no fault touched at t.
 func (s *schedule) healthyAt(t time.Time) []int {
 	s.mu.Lock()
@@ -392,7 +427,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			rep.Sent++
 			if len(healthy) > 0 {
 				rep.HealthyErrors[strconv.Itoa(h.status)]++
-				erred[requestID(i)] = erredRequest{healthy: healthy, after: h.at.Sub(start)}
+				erred[requestID(i)] = erredRequest{healthy: healthy, after: h.at.Sub(start), pods: f.schedule.describeAt(h.at, start)}
 			}
 			saw := "lost"
 			switch outcome {
@@ -690,6 +725,8 @@ func ledgerCharges(admin string, rep *Report) (int64, error) {
 type erredRequest struct {
 	healthy []int
 	after   time.Duration
+	// pods is the schedule then (schedule.describeAt).
+	pods string
 }
 
 // accessLine is the part of an access log line explainErrors reads.
@@ -742,8 +779,8 @@ func explainErrors(rep *Report, path string, erred map[string]erredRequest, f *f
 			for _, r := range l.Retried {
 				fmt.Fprintf(&tried, "; %s failed (%s): %s", r.Pod, r.Reason, r.Error)
 			}
-			rep.ErrorSamples = append(rep.ErrorSamples, fmt.Sprintf("%s at %s: %d (%s), %d attempts, on pods [%s], while pods %v were healthy%s; then %s: %s",
-				l.RequestID, e.after.Round(time.Millisecond), l.Status, o, l.Attempts, strings.Join(visits, ", "), e.healthy, tried.String(), l.Pod, l.Error))
+			rep.ErrorSamples = append(rep.ErrorSamples, fmt.Sprintf("%s at %s: %d (%s), %d attempts, on pods [%s], while pods %v were healthy (pods: %s)%s; then %s: %s",
+				l.RequestID, e.after.Round(time.Millisecond), l.Status, o, l.Attempts, strings.Join(visits, ", "), e.healthy, e.pods, tried.String(), l.Pod, l.Error))
 		}
 	}
 	rep.Origins["not in the access log"] += len(erred)

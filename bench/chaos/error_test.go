@@ -3,6 +3,7 @@ package chaos
 import (
 	"encoding/json"
 	"testing"
+	"time"
 )
 
 // TestIsOpenAIError: vLLM nests its error object under "error"; SGLang and
@@ -51,4 +52,20 @@ func TestOrigin(t *testing.T) {
 	f(`{"status":502,"attempts":4,`+failed+`,"retried":[{"pod":"m-0","reason":"down"},{"pod":"m-1","reason":"down"},{"pod":"m-2","reason":"refused"}]}`, 2, left)
 	// m-0 found dead again after the request went back to it: a retry.
 	f(`{"status":502,"attempts":4,`+failed+`,"retried":[{"pod":"m-0","reason":"down"},{"pod":"m-1","reason":"refused"},{"pod":"m-0","reason":"down"}]}`, 2, "retries spent")
+}
+
+// TestDescribeAt: an error sample names each pod's fault then, or how long
+// it had been back and from which fault.
+func TestDescribeAt(t *testing.T) {
+	start := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return start.Add(time.Duration(ms) * time.Millisecond) }
+	s := schedule{spans: make([][]span, 3)}
+	s.begin(0, "hang", at(100))
+	s.end(0, at(900))
+	s.begin(0, "kill", at(2000))
+	s.begin(1, "slow", at(500))
+	got := s.describeAt(at(1000), start)
+	if want := "0 ok since 900ms (hang), 1 slow since 500ms, 2 ok"; got != want {
+		t.Errorf("describeAt = %q, want %q", got, want)
+	}
 }
