@@ -17,6 +17,7 @@ import (
 	"pdlb/lb"
 	"pdlb/lb/config"
 	"pdlb/lb/limits"
+	"pdlb/lb/pool"
 )
 
 // answerJSON answers a fake pod's request with status and body, and
@@ -223,19 +224,16 @@ func TestOtherAPIsAccounting(t *testing.T) {
 		if resp, b := post(t, s, "/tokenize", `{"model":"m","prompt":"hi"}`); resp.StatusCode != 200 {
 			t.Fatalf("/tokenize: %d %s", resp.StatusCode, b)
 		}
-		// A half-open pod takes one of them, whose failure ejects it again.
-		var wg sync.WaitGroup
-		var reached atomic.Int32
-		for range 8 {
-			wg.Go(func() {
-				if resp, _ := post(t, s, "/v1/completions", completion); resp.StatusCode == 500 {
-					reached.Add(1)
-				}
-			})
+		// Still half-open: the next completion is its probe, whose failure
+		// ejects it again.
+		if n := metricValue(t, s, `pdlb_pod_circuit_state{pod="p0"}`); n != pool.CircuitHalfOpen {
+			t.Fatalf("circuit state %v after a /tokenize; want half-open (%d): a /tokenize ended the probe of a pod whose engine fails", n, pool.CircuitHalfOpen)
 		}
-		wg.Wait()
-		if n := reached.Load(); n > 1 {
-			t.Errorf("a /tokenize ended the probe of a pod whose engine fails: %d of 8 concurrent completions reached it", n)
+		if resp, _ := post(t, s, "/v1/completions", completion); resp.StatusCode != 500 {
+			t.Fatalf("the probe: %d, want the engine's 500", resp.StatusCode)
+		}
+		if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="p0"}`); n != 2 {
+			t.Fatalf("ejected %v times after its probe failed, want 2", n)
 		}
 	})
 	t.Run("tokenize drops", func(t *testing.T) {

@@ -45,8 +45,8 @@ type completion struct {
 	stage    stage
 	via      transport
 	attempts int
-	// panicked: the last pick took any untried pod, whatever its state
-	// (appendPanic), so its attempt claims no half-open probe; seeking:
+	// panicked: the last pick took a pod whatever its breaker's state
+	// (panic.go), so its attempt claims no half-open probe; seeking:
 	// x asks the pods in turn for a stored response (seekStored), which
 	// never panics, and asked: its last pod just said it has none, so
 	// the next pick goes at once (a failure's retry still backs off and

@@ -7,7 +7,18 @@ import (
 	"pdlb/lb/route"
 )
 
-// Panic routing for retries. A retry whose model has no pod left that is
+// Panic routing. A first attempt whose model has no pod available goes to
+// the pods whose active checks pass, whatever their breaker: ejected, or
+// half-open with its one probe out. The breaker is the gateway's inference
+// from requests that failed, and it lags a pod that recovered (the
+// ejection time runs on, a probe holds the pod for a whole generation);
+// it must not leave a model no pod, as Envoy's panic threshold routes
+// across every host once too few are healthy. A pod the checks find down
+// stays out: with none passing, "no healthy pod" is the fast and honest
+// answer. A request with a fallback model left moves there instead, as
+// its model's operator asked for a model without a pod.
+//
+// A retry whose model has no pod left that is
 // untried and available (healthy by the active checks, not ejected, not a
 // half-open pod busy with its probe) goes back to a pod it tried that
 // took none of it and is available again (mayReturn): a check found it
@@ -16,11 +27,18 @@ import (
 // to the untried pods whatever their state, as Envoy routes across every
 // host once too few are healthy: the checks and ejections lag a pod that
 // restarted or recovered, and a retry that finds no pod fails a request
-// another pod may answer. A first attempt keeps to the available pods:
-// until a pod failed the request, "no healthy pod" is the fast and honest
-// answer. Combined pods only: a PD retry still decides among the
-// available pods it has not tried. A pod that left the fleet is no
-// lagging state but a reload's word: never a panic pick.
+// another pod may answer. Combined pods only: a PD request still decides
+// among the available pods it has not tried. A pod that left the fleet is
+// no lagging state but a reload's word: never a panic pick.
+
+// appendChecked appends to cands a candidate for each combined pod of m
+// not in skip, still in the fleet and healthy by the active checks,
+// whatever its breaker, filled as pool.PodLoad.Fill does.
+func appendChecked(m *pool.Model, cands []route.Candidate, skip []int32, match *pool.Match) []route.Candidate {
+	return appendCombinedIf(m, cands, match, func(l *pool.PodLoad) bool {
+		return l.Healthy() && !l.Left() && !slices.Contains(skip, l.ID)
+	})
+}
 
 // appendBack appends to cands a candidate for each combined pod of m in
 // back that is available at now (to a request answered beside the

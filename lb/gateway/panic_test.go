@@ -8,48 +8,102 @@ import (
 
 	"pdlb/lb/admit"
 	"pdlb/lb/openai"
+	"pdlb/lb/pool"
 )
 
 // TestPanicRetry: a retry that finds no untried pod available goes to an
 // untried pod that is not (panic routing), but never to one that left the
 // fleet (a reload that raced the pick: the request still holds the
-// snapshot naming it); a first attempt with no pod available is answered
-// 503 without a send.
+// snapshot naming it); a first attempt with no pod available goes to a
+// pod the health checks pass, ejected or not, and is answered 503
+// without a send when the checks pass none.
 func TestPanicRetry(t *testing.T) {
-	f := func(name string, ejected, left []int, errs []error, sends, status int) {
-		t.Helper()
-		g, m := stagesGateway(t, 2, nil)
-		for _, i := range ejected {
-			m.Pods[i].Eject(g.ledger.Now(), time.Minute)
-		}
-		for _, i := range left {
-			m.Pods[i].Leave()
-		}
-		s := &scripted{errs: errs, blocks: true}
-		x, ctx := startCompletion(t, g, m, s, admit.Interactive)
-		g.advance(x)
-		if len(s.sent) != sends || counted(g, m) != status {
-			t.Errorf("%s: sent to %v, status %d; want %d sends, %d (%s)", name, s.sent, counted(g, m), sends, status, ctx.Response.Body())
-		}
-		for i, p := range s.sent {
-			for _, q := range s.sent[:i] {
-				if p == q {
-					t.Errorf("%s: sent to %v: a pod tried twice", name, s.sent)
-				}
+	reset := fasthttp.ErrConnectionClosed
+	for _, c := range []panicCase{
+		{"two pods ejected, reset, then answered", []int{1, 2}, nil, nil, []error{reset, nil}, 2, 200},
+		{"two pods ejected, reset everywhere", []int{1, 2}, nil, nil, []error{reset, reset, reset}, 3, 502},
+		{"every pod ejected, answered", []int{0, 1, 2}, nil, nil, []error{nil}, 1, 200},
+		{"every pod ejected, reset everywhere", []int{0, 1, 2}, nil, nil, []error{reset, reset, reset}, 3, 502},
+		{"two pods left, reset", nil, []int{1, 2}, nil, []error{reset, nil}, 1, 502},
+		{"one pod ejected, one left, reset, then answered", []int{1}, []int{2}, nil, []error{reset, nil, nil}, 2, 200},
+		{"every pod down", nil, nil, []int{0, 1, 2}, nil, 0, 503},
+		{"two pods down, one ejected, answered", []int{0}, nil, []int{1, 2}, []error{nil}, 1, 200},
+	} {
+		c.run(t)
+	}
+}
+
+// panicCase is a case of TestPanicRetry: the model's pods ejected, left
+// and down (their health checks failing) as listed, and the outcomes of
+// the sends (errs); the sends made and the status counted are as wanted.
+type panicCase struct {
+	name                string
+	ejected, left, down []int
+	errs                []error
+	sends, status       int
+}
+
+func (c panicCase) run(t *testing.T) {
+	t.Helper()
+	g, m := stagesGateway(t, 2, nil)
+	for _, i := range c.ejected {
+		m.Pods[i].Eject(g.ledger.Now(), time.Minute)
+	}
+	for _, i := range c.left {
+		m.Pods[i].Leave()
+	}
+	for _, i := range c.down {
+		m.Pods[i].Refused()
+	}
+	s := &scripted{errs: c.errs, blocks: true}
+	x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+	g.advance(x)
+	if len(s.sent) != c.sends || counted(g, m) != c.status {
+		t.Errorf("%s: sent to %v, status %d; want %d sends, %d (%s)", c.name, s.sent, counted(g, m), c.sends, c.status, ctx.Response.Body())
+	}
+	for i, p := range s.sent {
+		for _, q := range s.sent[:i] {
+			if p == q {
+				t.Errorf("%s: sent to %v: a pod tried twice", c.name, s.sent)
 			}
-			for _, j := range left {
-				if p == m.Pods[j].Config.Name {
-					t.Errorf("%s: sent to %v: %s left the fleet", name, s.sent, p)
-				}
+		}
+		for _, j := range c.left {
+			if p == m.Pods[j].Config.Name {
+				t.Errorf("%s: sent to %v: %s left the fleet", c.name, s.sent, p)
 			}
 		}
 	}
-	reset := fasthttp.ErrConnectionClosed
-	f("two pods ejected, reset, then answered", []int{1, 2}, nil, []error{reset, nil}, 2, 200)
-	f("two pods ejected, reset everywhere", []int{1, 2}, nil, []error{reset, reset, reset}, 3, 502)
-	f("every pod ejected", []int{0, 1, 2}, nil, nil, 0, 503)
-	f("two pods left, reset", nil, []int{1, 2}, []error{reset, nil}, 1, 502)
-	f("one pod ejected, one left, reset, then answered", []int{1}, []int{2}, []error{reset, nil, nil}, 2, 200)
+}
+
+// TestFirstAttemptBesideProbes: a first attempt while every pod is
+// half-open with its one probe out (each recovering from an ejection, its
+// probe a whole generation long) goes to one of them beside its probe,
+// rather than 503; a model with a fallback left moves there instead.
+func TestFirstAttemptBesideProbes(t *testing.T) {
+	probing := func() (*Gateway, *pool.Model) {
+		g, m := stagesGateway(t, 2, nil)
+		for _, p := range m.Combined {
+			p.Eject(g.ledger.Now(), 0)
+			p.Acquire(1) // the probe
+			t.Cleanup(func() { p.Release(1) })
+		}
+		return g, m
+	}
+	g, m := probing()
+	s := &scripted{errs: []error{nil}, blocks: true}
+	x, ctx := startCompletion(t, g, m, s, admit.Interactive)
+	g.advance(x)
+	if len(s.sent) != 1 || counted(g, m) != 200 {
+		t.Fatalf("sent to %v, status %d (%s); want one send beside a probe, 200", s.sent, counted(g, m), ctx.Response.Body())
+	}
+
+	g, m = probing()
+	x, _ = startCompletion(t, g, m, &scripted{}, admit.Interactive)
+	defer g.leave(x)
+	x.fallbacks = []string{"other"}
+	if pod := g.pick(m, x, ""); pod != nil {
+		t.Fatalf("picked %s beside its probe with a fallback model left", pod.Config.Name)
+	}
 }
 
 // TestRetryBackBesideProbe: a tokenization that goes back to a pod it

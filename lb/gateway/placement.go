@@ -95,7 +95,17 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 	beside := !x.reachesEngine()
 	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match, beside)
 	x.panicked = false
-	if len(x.cands) == 0 && x.attempts > 0 && !x.seeking {
+	switch {
+	case len(x.cands) > 0 || x.seeking:
+	case x.attempts == 0:
+		// A first attempt with no pod available: the breaker yields
+		// (panic.go), unless a fallback model may serve x.
+		if len(x.fallbacks) > 0 {
+			break
+		}
+		x.cands = appendChecked(m, x.cands, x.tried, &match)
+		x.panicked = len(x.cands) > 0
+	default:
 		// A retry with no untried pod available (panic.go).
 		if x.cands = appendBack(m, x.cands, now, x.back, &match, beside); len(x.cands) == 0 {
 			x.panicked = true

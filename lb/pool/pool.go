@@ -231,7 +231,7 @@ func (p *Pod) Circuit(now int64) int {
 }
 
 // Healthy reports the result of the pod's last active check.
-func (p *Pod) Healthy() bool { return p.has(flagHealthy) }
+func (l *podLoad) Healthy() bool { return l.has(flagHealthy) }
 
 // Refused takes the pod out as a health check refused would (nothing
 // listens at its address: it died or is draining) until a check passes
