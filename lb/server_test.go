@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -757,6 +758,39 @@ func TestEjectionCap(t *testing.T) {
 	}
 	if ejected != 2 || kept != 6 {
 		t.Fatalf("%d ejections and %d kept in; want 2 (half of 4 pods) and the 6 other failures", ejected, kept)
+	}
+}
+
+// TestLastPodServesWhileEjected: a model's only pod, ejected after its
+// engine failed twice and back since (its health checks pass throughout),
+// serves the next request at once, as nginx never takes a group's only
+// server out: not a 503 "no healthy pod" for the whole ejection time.
+func TestLastPodServesWhileEjected(t *testing.T) {
+	var n atomic.Int32
+	addr := fakePod(t, func(c net.Conn, _ *http.Request) {
+		if n.Add(1) <= 2 {
+			body := `{"error":{"message":"CUDA error","type":"InternalServerError","param":null,"code":500}}`
+			fmt.Fprintf(c, "HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			return
+		}
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(okAnswer), okAnswer)
+	})
+	s := testGateway(t, []config.Pod{{Name: "p0", Model: "m", Address: addr}}, func(c *config.Config) {
+		c.Health.Interval = time.Hour // the pod stays healthy by its checks
+		c.Health.EjectAfterFailures = 2
+		c.Health.EjectionTime = time.Hour
+		c.Upstream.Retries = 0
+	})
+	for i := 0; i < 2; i++ {
+		if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 500 {
+			t.Fatalf("request %d: %d %s; want the engine's 500", i, resp.StatusCode, b)
+		}
+	}
+	if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="p0"}`); n != 1 {
+		t.Fatalf("ejected %v times after two failures, want 1", n)
+	}
+	if resp, b := post(t, s, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+		t.Fatalf("the model's only pod, ejected and back: %d %s; want it served", resp.StatusCode, b)
 	}
 }
 
