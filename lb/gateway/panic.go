@@ -32,12 +32,12 @@ import (
 // no lagging state but a reload's word: never a panic pick.
 
 // appendChecked appends to cands a candidate for each combined pod of m
-// not in skip, still in the fleet and healthy by the active checks,
-// whatever its breaker, filled as pool.PodLoad.Fill does.
-func appendChecked(m *pool.Model, cands []route.Candidate, skip []int32, match *pool.Match) []route.Candidate {
-	return appendCombinedIf(m, cands, match, func(l *pool.PodLoad) bool {
-		return l.Healthy() && !l.Left() && !slices.Contains(skip, l.ID)
-	})
+// still in the fleet and healthy by the active checks, whatever its
+// breaker, filled as pool.PodLoad.Fill does. Tried or not: a first
+// attempt has tried a pod only when it lost the pod's half-open probe to
+// another request (pickAgain), and may go beside that probe now.
+func appendChecked(m *pool.Model, cands []route.Candidate, match *pool.Match) []route.Candidate {
+	return appendCombinedIf(m, cands, match, func(l *pool.PodLoad) bool { return l.Healthy() && !l.Left() })
 }
 
 // appendBack appends to cands a candidate for each combined pod of m in

@@ -78,7 +78,9 @@ func (c panicCase) run(t *testing.T) {
 // TestFirstAttemptBesideProbes: a first attempt while every pod is
 // half-open with its one probe out (each recovering from an ejection, its
 // probe a whole generation long) goes to one of them beside its probe,
-// rather than 503; a model with a fallback left moves there instead.
+// rather than 503, and so does one that lost its pod's probe to another
+// request between its pick and its send; a model with a fallback left
+// moves there instead.
 func TestFirstAttemptBesideProbes(t *testing.T) {
 	probing := func() (*Gateway, *pool.Model) {
 		g, m := stagesGateway(t, 2, nil)
@@ -95,6 +97,26 @@ func TestFirstAttemptBesideProbes(t *testing.T) {
 	g.advance(x)
 	if len(s.sent) != 1 || counted(g, m) != 200 {
 		t.Fatalf("sent to %v, status %d (%s); want one send beside a probe, 200", s.sent, counted(g, m), ctx.Response.Body())
+	}
+
+	// The one pod the checks pass, half-open and idle: x picks it, and
+	// another request takes its probe before x's attempt goes.
+	g, m = stagesGateway(t, 2, nil)
+	m.Pods[1].Refused()
+	m.Pods[2].Refused()
+	m.Pods[0].Eject(g.ledger.Now(), 0)
+	s = &scripted{errs: []error{nil}, blocks: true}
+	x, ctx = startCompletion(t, g, m, s, admit.Interactive)
+	if !g.pickStage(x) || !g.admitStage(x) || x.pod != m.Pods[0] {
+		t.Fatalf("stage %d, pod %v", x.stage, x.pod)
+	}
+	if !m.Pods[0].AcquireProbe(1) {
+		t.Fatal("probe")
+	}
+	defer m.Pods[0].Release(1)
+	g.advance(x)
+	if len(s.sent) != 1 || counted(g, m) != 200 {
+		t.Fatalf("after losing the probe: sent to %v, status %d (%s); want the pod beside its probe, 200", s.sent, counted(g, m), ctx.Response.Body())
 	}
 
 	g, m = probing()

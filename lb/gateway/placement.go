@@ -103,7 +103,7 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 		if len(x.fallbacks) > 0 {
 			break
 		}
-		x.cands = appendChecked(m, x.cands, x.tried, &match)
+		x.cands = appendChecked(m, x.cands, &match)
 		x.panicked = len(x.cands) > 0
 	default:
 		// A retry with no untried pod available (panic.go).
