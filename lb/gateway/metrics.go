@@ -80,8 +80,8 @@ type modelMetrics struct {
 	// cascade decided (pd.Kinds).
 	uncascaded atomic.Int64
 	// fallbacks counts requests for another model moved to this one
-	// (models.go).
-	fallbacks *metrics.Counter
+	// (models.go); panics the picks that found no pod available (panic.go).
+	fallbacks, panics *metrics.Counter
 	// adapterLoads counts the LoRA adapters the gateway loaded on pods;
 	// adapters the requests by adapter.
 	adapterLoads *metrics.Counter
@@ -190,6 +190,7 @@ func (m *gatewayMetrics) addModels(s *pool.Snapshot) {
 			cachedTokens:     m.set.NewCounter(fmt.Sprintf(`pdlb_prefix_cached_tokens_total{model=%s}`, promtext.Label(md.Name))),
 			completionTokens: m.set.NewCounter(fmt.Sprintf(`pdlb_completion_tokens_total{model=%s}`, promtext.Label(md.Name))),
 			fallbacks:        m.set.NewCounter(fmt.Sprintf(`pdlb_fallback_requests_total{model=%s}`, promtext.Label(md.Name))),
+			panics:           m.set.NewCounter(fmt.Sprintf(`pdlb_panic_picks_total{model=%s}`, promtext.Label(md.Name))),
 			offLoop:          m.set.NewCounter(fmt.Sprintf(`pdlb_prompt_tokenized_off_loop_total{model=%s}`, promtext.Label(md.Name))),
 			rankPins:         m.set.NewCounter(fmt.Sprintf(`pdlb_data_parallel_rank_pins_total{model=%s}`, promtext.Label(md.Name))),
 			adapterLoads:     m.set.NewCounter(fmt.Sprintf(`pdlb_adapter_loads_total{model=%s}`, promtext.Label(md.Name))),
@@ -260,6 +261,7 @@ var metricsDoc = promtext.Merge(promtext.ProcessDoc, pd.MetricsDoc, limits.Metri
 	"pdlb_completion_tokens_total":                      {Help: "Output tokens of the answers relayed, by model (from its usage, which the gateway asks a stream's engine for where the client did not; a stream without any counted from its events)."},
 	"pdlb_data_parallel_rank_pins_total":                {Help: "Requests sent to the data-parallel rank of their pod holding strictly the longest prefix of their prompt (X-Data-Parallel-Rank, or an SGLang pair's bootstrap room), rather than left to the engine's balancer; a prefill/decode pair's legs count each."},
 	"pdlb_fallback_requests_total":                      {Help: "Requests for another model that this model served, as the other's fallback (it had no available pod, shed the request, or its pod answered 503)."},
+	"pdlb_panic_picks_total":                            {Help: "Picks that found none of the model's pods available and took one anyway (panic routing): a first attempt's, a pod whose health checks pass whatever its breaker (ejected, or half-open with its probe out); a retry's, any pod it had not tried."},
 	"pdlb_adapter_loads_total":                          {Help: "LoRA adapters the gateway loaded on the model's pods through the engine's API."},
 	"pdlb_upstream_errors_total":                        {Help: "Failed exchanges with a pod (refused, reset, timed out)."},
 	"pdlb_pod_healthy":                                  {Help: "1 while the pod passes its health checks, else 0."},

@@ -20,14 +20,14 @@ import (
 func TestPanicRetry(t *testing.T) {
 	reset := fasthttp.ErrConnectionClosed
 	for _, c := range []panicCase{
-		{"two pods ejected, reset, then answered", []int{1, 2}, nil, nil, []error{reset, nil}, 2, 200},
-		{"two pods ejected, reset everywhere", []int{1, 2}, nil, nil, []error{reset, reset, reset}, 3, 502},
-		{"every pod ejected, answered", []int{0, 1, 2}, nil, nil, []error{nil}, 1, 200},
-		{"every pod ejected, reset everywhere", []int{0, 1, 2}, nil, nil, []error{reset, reset, reset}, 3, 502},
-		{"two pods left, reset", nil, []int{1, 2}, nil, []error{reset, nil}, 1, 502},
-		{"one pod ejected, one left, reset, then answered", []int{1}, []int{2}, nil, []error{reset, nil, nil}, 2, 200},
-		{"every pod down", nil, nil, []int{0, 1, 2}, nil, 0, 503},
-		{"two pods down, one ejected, answered", []int{0}, nil, []int{1, 2}, []error{nil}, 1, 200},
+		{"two pods ejected, reset, then answered", []int{1, 2}, nil, nil, []error{reset, nil}, 2, 200, 1},
+		{"two pods ejected, reset everywhere", []int{1, 2}, nil, nil, []error{reset, reset, reset}, 3, 502, 2},
+		{"every pod ejected, answered", []int{0, 1, 2}, nil, nil, []error{nil}, 1, 200, 1},
+		{"every pod ejected, reset everywhere", []int{0, 1, 2}, nil, nil, []error{reset, reset, reset}, 3, 502, 3},
+		{"two pods left, reset", nil, []int{1, 2}, nil, []error{reset, nil}, 1, 502, 0},
+		{"one pod ejected, one left, reset, then answered", []int{1}, []int{2}, nil, []error{reset, nil, nil}, 2, 200, 1},
+		{"every pod down", nil, nil, []int{0, 1, 2}, nil, 0, 503, 0},
+		{"two pods down, one ejected, answered", []int{0}, nil, []int{1, 2}, []error{nil}, 1, 200, 1},
 	} {
 		c.run(t)
 	}
@@ -35,12 +35,13 @@ func TestPanicRetry(t *testing.T) {
 
 // panicCase is a case of TestPanicRetry: the model's pods ejected, left
 // and down (their health checks failing) as listed, and the outcomes of
-// the sends (errs); the sends made and the status counted are as wanted.
+// the sends (errs); the sends made, the status counted and the panic
+// picks counted are as wanted.
 type panicCase struct {
-	name                string
-	ejected, left, down []int
-	errs                []error
-	sends, status       int
+	name                  string
+	ejected, left, down   []int
+	errs                  []error
+	sends, status, panics int
 }
 
 func (c panicCase) run(t *testing.T) {
@@ -60,6 +61,9 @@ func (c panicCase) run(t *testing.T) {
 	g.advance(x)
 	if len(s.sent) != c.sends || counted(g, m) != c.status {
 		t.Errorf("%s: sent to %v, status %d; want %d sends, %d (%s)", c.name, s.sent, counted(g, m), c.sends, c.status, ctx.Response.Body())
+	}
+	if n := g.metrics.model(m).panics.Get(); n != uint64(c.panics) {
+		t.Errorf("%s: pdlb_panic_picks_total %d, want %d", c.name, n, c.panics)
 	}
 	for i, p := range s.sent {
 		for _, q := range s.sent[:i] {
@@ -97,6 +101,9 @@ func TestFirstAttemptBesideProbes(t *testing.T) {
 	g.advance(x)
 	if len(s.sent) != 1 || counted(g, m) != 200 {
 		t.Fatalf("sent to %v, status %d (%s); want one send beside a probe, 200", s.sent, counted(g, m), ctx.Response.Body())
+	}
+	if n := g.metrics.model(m).panics.Get(); n != 1 {
+		t.Errorf("pdlb_panic_picks_total %d, want 1", n)
 	}
 
 	// The one pod the checks pass, half-open and idle: x picks it, and

@@ -159,6 +159,9 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 	}
 	prompt := promptOf(m, x, session)
 	g.ledger.Charge(&x.ticket, x.chosen.Pod, -1, &prompt, now)
+	if x.panicked {
+		g.metrics.model(m).panics.Inc()
+	}
 	return m.Combined[j], false
 }
 
