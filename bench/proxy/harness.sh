@@ -79,6 +79,11 @@ ctx_switches() {
 		END{print v + 0, n + 0}'
 }
 
+# SPLICE_PROCS is GOMAXPROCS as pdlb's gnet front end raises it for its
+# loops (lb/frontend's eventLoops: the cores plus half of them, rounded
+# up), which the splice (bench/proxy/splice) runs with.
+SPLICE_PROCS=$(($(nproc) + ($(nproc) + 1) / 2))
+
 # per_req prints (after - before) / requests with three decimals.
 per_req() {
 	awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN{ if (n > 0) printf "%.3f", (b - a) / n }'

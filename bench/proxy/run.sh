@@ -306,14 +306,13 @@ else
 fi
 
 # The floor: what the stack pdlb's gnet front end runs on costs a request
-# that passes through with no HTTP read at all (bench/proxy/splice), with
-# GOMAXPROCS as pdlb raises it for its loops.
+# that passes through with no HTTP read at all (bench/proxy/splice).
 take_port SPLICE
-(cd "$ROOT" && exec env GOMAXPROCS=$((WORKERS + (WORKERS + 1) / 2)) "$DIR/splice" --listen "$SPLICE" --upstream "$STUB") 2>"$DIR/splice.log" &
+(cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" --listen "$SPLICE" --upstream "$STUB") 2>"$DIR/splice.log" &
 SPLICE_PID=$!
 started
 if wait_port "$SPLICE"; then
-	target "$SPLICE_ROW" "splice --listen $SPLICE --upstream $STUB  # bench/proxy/splice, GOMAXPROCS $((WORKERS + (WORKERS + 1) / 2))" "$SPLICE" "$SPLICE_PID"
+	target "$SPLICE_ROW" "splice --listen $SPLICE --upstream $STUB  # bench/proxy/splice, GOMAXPROCS $SPLICE_PROCS" "$SPLICE" "$SPLICE_PID"
 else
 	failed "$SPLICE_ROW" "failed to start: $(tail -1 "$DIR/splice.log")"
 fi

@@ -93,10 +93,8 @@ if [ -x "$NGINX_BIN" ]; then
 fi
 
 # The floor: a gnet TCP splice (bench/proxy/splice), which relays the
-# events as bytes, on the stack pdlb's gnet front end runs on, with
-# GOMAXPROCS as pdlb raises it for its loops.
+# events as bytes, on the stack pdlb's gnet front end runs on.
 take_port SPLICE
-SPLICE_PROCS=$(($(nproc) + ($(nproc) + 1) / 2))
 (cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" --listen "$SPLICE" --upstream "$STUB") 2>"$DIR/splice.log" &
 SPLICE_PID=$!
 started
