@@ -47,7 +47,52 @@ type loopTLS struct {
 	plain []byte
 	off   int
 	held  *[]byte
+
+	// On the loop: the records that arrived whole, and how many of them
+	// the tls.Conn has decrypted at least (exact once synced, from the
+	// first Read that found no whole record on). pull reads while one
+	// waits, not on to the Read that says none does: that call costs
+	// crypto/tls an allocation and a record's parse.
+	frames recordFrames
+	used   int64
+	synced bool
 }
+
+// recordFrames counts the whole TLS records in a connection's bytes as
+// they arrive: a 5-byte header (type, version, length), then length
+// bytes.
+type recordFrames struct {
+	whole int64
+	head  int // header bytes of the current record seen, up to 5
+	size  int // its length, as far as the header came
+	left  int // its bytes still to come, once the header is whole
+}
+
+func (f *recordFrames) scan(b []byte) {
+	for len(b) > 0 {
+		if f.head < recordHeaderLen {
+			if f.head >= recordHeaderLen-2 {
+				f.size = f.size<<8 | int(b[0])
+			}
+			f.head++
+			b = b[1:]
+			if f.head == recordHeaderLen {
+				f.left, f.size = f.size, 0
+			}
+		} else {
+			n := min(f.left, len(b))
+			f.left -= n
+			b = b[n:]
+		}
+		if f.head == recordHeaderLen && f.left == 0 {
+			f.whole++
+			f.head = 0
+		}
+	}
+}
+
+// recordHeaderLen is a TLS record header's size.
+const recordHeaderLen = 5
 
 // loopWire is the net.Conn under a gnet connection's tls.Conn. It has
 // three lives, each switched to on the loop while the handshake's
@@ -247,6 +292,7 @@ func (s *GNet) startTLS(gc *gconn) {
 // handshake's goroutine reads the Finished, which junk fails at once.
 func (s *GNet) handshaking(gc *gconn, b []byte) gnet.Action {
 	w := gc.tls.w
+	gc.tls.frames.scan(b)
 	if !w.feed.push(b, s.o.MaxHeaderBytes+s.o.MaxBodyBytes+maxOutbound, lingerBytes) {
 		return gnet.Close
 	}
@@ -331,6 +377,7 @@ func (s *GNet) handshaken(gc *gconn, h2 bool) error {
 // before it is parsed.
 func (t *loopTLS) pull() error {
 	raw, _ := t.w.c.Next(-1)
+	t.frames.scan(raw)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.w.in) > 0 {
@@ -338,12 +385,15 @@ func (t *loopTLS) pull() error {
 		raw = append(t.w.in, raw...)
 	}
 	t.w.in = raw
-	if t.plain == nil {
-		t.held = plainBufs.Get().(*[]byte)
-		t.plain = *t.held
-	}
 	var err error
-	for err == nil {
+	// A Read takes what the wire holds whole (up to the room crypto/tls
+	// gives it), and decrypts one record or more; the rest of a partial
+	// record goes in with the Read that then finds no whole one.
+	for err == nil && (!t.synced || t.used < t.frames.whole || len(t.w.in) > 0) {
+		if t.plain == nil {
+			t.held = plainBufs.Get().(*[]byte)
+			t.plain = *t.held
+		}
 		if t.off > 0 && cap(t.plain)-len(t.plain) < maxRecord {
 			n := copy(t.plain, t.plain[t.off:])
 			t.plain, t.off = t.plain[:n], 0
@@ -352,12 +402,17 @@ func (t *loopTLS) pull() error {
 		var n int
 		n, err = t.tc.Read(t.plain[len(t.plain):cap(t.plain)])
 		t.plain = t.plain[:len(t.plain)+n]
+		if err == nil {
+			t.used++
+		}
 	}
 	t.w.in = nil
 	if serr := t.send(nil); serr != nil {
 		return serr
 	}
 	if errors.Is(err, errWouldBlock) {
+		// Every whole record is decrypted, and the wire is empty.
+		t.used, t.synced = t.frames.whole, true
 		return nil
 	}
 	return err
