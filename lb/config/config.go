@@ -253,6 +253,15 @@ type Health struct {
 	// 10%, but a model has a handful of pods, where 10% ejects one and
 	// keeps a second dead or hung pod in.
 	MaxEjectedPercent int `yaml:"max_ejected_percent"`
+	// PanicRouting (default true): a model left no pod available still
+	// serves, as Envoy's panic threshold routes across every host once
+	// too few are healthy: a first attempt goes to the pods whose checks
+	// pass, whatever their breaker; a retry to the pods it has not tried,
+	// whatever their state. false answers 503 then, as Envoy's
+	// healthy_panic_threshold of 0 does: an engine that fails every
+	// request while its /health passes gets no traffic for its ejection
+	// time.
+	PanicRouting bool `yaml:"panic_routing"`
 }
 
 // Admission configures early rejection: a request whose best pod's
@@ -466,6 +475,7 @@ func Default() Config {
 			EjectAfterFailures: DefaultEjectAfterFailures,
 			EjectionTime:       DefaultEjectionTime,
 			MaxEjectedPercent:  DefaultMaxEjectedPercent,
+			PanicRouting:       true,
 		},
 	}
 }

@@ -30,6 +30,11 @@ import (
 // another pod may answer. Combined pods only: a PD request still decides
 // among the available pods it has not tried. A pod that left the fleet is
 // no lagging state but a reload's word: never a panic pick.
+//
+// health.panic_routing false turns both off, as Envoy's
+// healthy_panic_threshold of 0 does: such a request is answered 503 (a
+// retry: with the last attempt's answer), and an engine that fails every
+// request while its checks pass gets none for its ejection time.
 
 // appendChecked appends to cands a candidate for each combined pod of m
 // still in the fleet and healthy by the active checks, whatever its

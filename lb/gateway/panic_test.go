@@ -29,14 +29,30 @@ func TestPanicRetry(t *testing.T) {
 		{"every pod down", nil, nil, []int{0, 1, 2}, nil, 0, 503, 0},
 		{"two pods down, one ejected, answered", []int{0}, nil, []int{1, 2}, []error{nil}, 1, 200, 1},
 	} {
-		c.run(t)
+		c.run(t, true)
+	}
+}
+
+// TestPanicRoutingOff: with health.panic_routing false, a first attempt
+// with no pod available is answered 503 without a send, whatever the
+// checks say, and a retry with no untried pod available ends with the
+// last attempt's answer; nothing counts as a panic pick.
+func TestPanicRoutingOff(t *testing.T) {
+	reset := fasthttp.ErrConnectionClosed
+	for _, c := range []panicCase{
+		{"every pod ejected", []int{0, 1, 2}, nil, nil, nil, 0, 503, 0},
+		{"two pods down, one ejected", []int{0}, nil, []int{1, 2}, nil, 0, 503, 0},
+		{"two pods ejected, reset", []int{1, 2}, nil, nil, []error{reset, nil}, 1, 502, 0},
+		{"one pod ejected, reset, then answered", []int{2}, nil, nil, []error{reset, nil}, 2, 200, 0},
+	} {
+		c.run(t, false)
 	}
 }
 
 // panicCase is a case of TestPanicRetry: the model's pods ejected, left
 // and down (their health checks failing) as listed, and the outcomes of
 // the sends (errs); the sends made, the status counted and the panic
-// picks counted are as wanted.
+// picks counted are as wanted, with health.panic_routing as run gets it.
 type panicCase struct {
 	name                  string
 	ejected, left, down   []int
@@ -44,9 +60,10 @@ type panicCase struct {
 	sends, status, panics int
 }
 
-func (c panicCase) run(t *testing.T) {
+func (c panicCase) run(t *testing.T, panicRouting bool) {
 	t.Helper()
 	g, m := stagesGateway(t, 2, nil)
+	g.cfg.Health.PanicRouting = panicRouting
 	for _, i := range c.ejected {
 		m.Pods[i].Eject(g.ledger.Now(), time.Minute)
 	}

@@ -100,16 +100,17 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 	case x.attempts == 0:
 		// A first attempt with no pod available: the breaker yields
 		// (panic.go), unless a fallback model may serve x.
-		if len(x.fallbacks) > 0 {
+		if len(x.fallbacks) > 0 || !g.cfg.Health.PanicRouting {
 			break
 		}
 		x.cands = appendChecked(m, x.cands, &match)
 		x.panicked = len(x.cands) > 0
 	default:
 		// A retry with no untried pod available (panic.go).
-		if x.cands = appendBack(m, x.cands, now, x.back, &match, beside); len(x.cands) == 0 {
-			x.panicked = true
+		x.cands = appendBack(m, x.cands, now, x.back, &match, beside)
+		if len(x.cands) == 0 && g.cfg.Health.PanicRouting {
 			x.cands = appendPanic(m, x.cands, x.tried, &match)
+			x.panicked = len(x.cands) > 0
 		}
 	}
 	if g.shared {
