@@ -255,9 +255,9 @@ type Health struct {
 	MaxEjectedPercent int `yaml:"max_ejected_percent"`
 	// PanicRouting (default true): a model left no pod available still
 	// serves, as Envoy's panic threshold routes across every host once
-	// too few are healthy: a first attempt goes to the pods whose checks
-	// pass, whatever their breaker; a retry to the pods it has not tried,
-	// whatever their state. false answers 503 then, as Envoy's
+	// too few are healthy: a first attempt (a prefill/decode pair's too)
+	// goes to the pods whose checks pass, whatever their breaker; a retry
+	// on combined pods to the pods it has not tried, whatever their state. false answers 503 then, as Envoy's
 	// healthy_panic_threshold of 0 does: an engine that fails every
 	// request while its /health passes gets no traffic for its ejection
 	// time.

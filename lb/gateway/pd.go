@@ -112,6 +112,11 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 		}
 		var err error
 		if d, err = r.Decide(&x.routeReq, p.Cands, &p.Scratch); err != nil {
+			if !x.panicked && g.mayPanicPD(x, err) {
+				// Once more among the pods the checks pass (panic.go).
+				x.panicked = true
+				continue
+			}
 			return d, err
 		}
 		preID, decID = -1, -1
@@ -141,6 +146,9 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 	if p.Dec != nil {
 		p.Ticket = p.Dec.Pending().Pick()
 	}
+	if x.panicked {
+		g.metrics.model(m).panics.Inc()
+	}
 	p.Metrics.Decided(d, time.Duration(g.ledger.Now()-now))
 	if pl := r.Planner(); p.Routed(d.Kind) && pl != nil {
 		// The prompts of requests, as the planner counts them: one
@@ -151,18 +159,23 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 }
 
 // pdCandidates fills x's PD call with a candidate for each pod of m at
-// now, down where unavailable or tried; the caller holds the ledger's
-// selection lock.
+// now, down where unavailable or tried, or on a panic pick (x.panicked)
+// where its checks fail or it left the fleet; the caller holds the
+// ledger's selection lock.
 func (g *Gateway) pdCandidates(m *pool.Model, x *completion, now int64) {
 	p := x.pd
 	p.Cands, p.Pods = p.Cands[:0], p.Pods[:0]
 	for _, pod := range m.Pods {
+		down := !pod.AvailablePD(now) || tried(x.tried, pod.ID)
+		if x.panicked {
+			down = !pod.Healthy() || pod.Left()
+		}
 		c := route.PDCandidate{
 			Role:      pod.Role,
 			Roleset:   max(pod.Roleset, 0),
 			BucketMin: pod.Config.BucketMin,
 			BucketMax: pod.Config.BucketMax,
-			Down:      !pod.AvailablePD(now) || tried(x.tried, pod.ID),
+			Down:      down,
 		}
 		g.candidate(&c.Candidate, m, x, pod)
 		if s := pod.Scraped(); s != nil {

@@ -63,8 +63,9 @@ func (x *completion) PrefillRank(pre *pool.Pod) (rank, ranks int) {
 
 func (x *completion) PlacePair(pre, dec *pool.Pod) bool {
 	// The pair is decided whole (pd) among available pods: its prefill
-	// pod is counted as picked, and takes a half-open pod's probe.
-	if !x.g.place(x.m, x, pre, true) {
+	// pod is counted as picked, and takes a half-open pod's probe; a
+	// panic pick goes beside the probe (panic.go).
+	if !x.g.place(x.m, x, pre, !x.panicked) {
 		return false
 	}
 	x.placeDecode(dec)

@@ -341,6 +341,9 @@ func TestPDCombinedProbeAfterPanic(t *testing.T) {
 // decision nor a decode leg moved off a refusing pod takes that pod.
 func TestPDDecodeProbePending(t *testing.T) {
 	g, m, r := onePrefillTwoDecode(t)
+	// Else a first attempt that finds no pair goes beside the probes
+	// (TestPDFirstAttemptPanics).
+	g.cfg.Health.PanicRouting = false
 	// Each decode pod half-open, idle, and picked by a pair whose prefill
 	// leg still runs.
 	held := make([]route.PendingTicket, len(m.Decode))
@@ -370,6 +373,71 @@ func TestPDDecodeProbePending(t *testing.T) {
 			t.Errorf("pod %s keeps %d pending, %d in flight", d.Config.Name, n, d.InFlight())
 		}
 	}
+}
+
+// TestPDFirstAttemptPanics: a PD request's first attempt that finds no
+// available pair (every decode pod ejected, or half-open with its probe
+// held; the prefill pod half-open with its probe out) is paired among the
+// pods whose checks pass, placed beside any probe, and counted as a panic
+// pick; not when the checks fail them too, nor with a fallback model
+// left, nor on a retry, nor with health.panic_routing off.
+func TestPDFirstAttemptPanics(t *testing.T) {
+	f := func(name string, prepare func(*Gateway, *pool.Model, *completion), pairs bool) {
+		t.Helper()
+		g, m, r := onePrefillTwoDecode(t)
+		x, _ := startCompletion(t, g, m, workerTransport{}, admit.Interactive)
+		defer g.leave(x)
+		x.cascade = r
+		prepare(g, m, x)
+		err := g.pickPD(x)
+		paired := err == nil && x.pd.Decision.Kind == route.PDPair
+		if paired != pairs {
+			t.Errorf("%s: paired %v (%v), want %v", name, paired, err, pairs)
+		}
+		if n := g.metrics.model(m).panics.Get(); n != map[bool]uint64{true: 1}[pairs] {
+			t.Errorf("%s: pdlb_panic_picks_total %d", name, n)
+		}
+		// The exchange places the pair beside a probe too.
+		if paired && !x.PlacePair(x.pd.Pre, x.pd.Dec) {
+			t.Errorf("%s: the pair was not placed", name)
+		}
+	}
+	ejected := func(g *Gateway, m *pool.Model, _ *completion) {
+		for _, d := range m.Decode {
+			d.Eject(g.ledger.Now(), time.Minute)
+		}
+	}
+	f("decode pods ejected", ejected, true)
+	f("decode pods half-open, probes held", func(g *Gateway, m *pool.Model, _ *completion) {
+		for _, d := range m.Decode {
+			d.Eject(g.ledger.Now(), 0)
+			held := d.Pending().Pick()
+			t.Cleanup(held.Done)
+		}
+	}, true)
+	f("prefill pod half-open, its probe out", func(g *Gateway, m *pool.Model, _ *completion) {
+		pre := m.Prefill[0]
+		pre.Eject(g.ledger.Now(), 0)
+		pre.Acquire(1) // the probe
+		t.Cleanup(func() { pre.Release(1) })
+	}, true)
+	f("decode pods down", func(_ *Gateway, m *pool.Model, _ *completion) {
+		for _, d := range m.Decode {
+			d.Refused()
+		}
+	}, false)
+	f("decode pods ejected, a fallback left", func(g *Gateway, m *pool.Model, x *completion) {
+		ejected(g, m, x)
+		x.fallbacks = []string{"other"}
+	}, false)
+	f("decode pods ejected, a retry", func(g *Gateway, m *pool.Model, x *completion) {
+		ejected(g, m, x)
+		x.attempts = 1
+	}, false)
+	f("decode pods ejected, panic routing off", func(g *Gateway, m *pool.Model, x *completion) {
+		ejected(g, m, x)
+		g.cfg.Health.PanicRouting = false
+	}, false)
 }
 
 // TestPDMoveDecodeIndexesTheNewPod: a decode leg moved off a refusing pod
