@@ -1412,3 +1412,52 @@ func TestPDPrefillSecondsTimesAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestPDLastDecodeServesWhileEjected: a 1P1D model's decode pod that
+// failed twice (two 500s, its checks passing) is ejected for an hour, and
+// the next request is paired with it at once (a panic pick) rather than
+// answered 503 "no healthy pod" for the ejection time.
+func TestPDLastDecodeServesWhileEjected(t *testing.T) {
+	e := pdEngines[0]
+	pre, dec := startSim(t, e, "pre", sim.RolePrefill, nil), startSim(t, e, "dec", sim.RoleDecode, nil)
+	target, err := url.Parse("http://" + dec.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass := httputil.NewSingleHostReverseProxy(target)
+	var failed atomic.Int32
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && failed.Add(1) <= 2 {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, `{"error":{"message":"CUDA error","type":"InternalServerError","code":500}}`)
+			return
+		}
+		pass.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	s := pdGateway(t, e, []config.Pod{pdPod(pre, pre.Addr(), "g"), pdPod(dec, front.Listener.Addr().String(), "g")}, func(c *config.Config) {
+		c.Health.Interval = time.Hour // the pods stay healthy by their checks
+		c.Health.EjectAfterFailures = 2
+		c.Health.EjectionTime = time.Hour
+		c.Upstream.Retries = 0
+	})
+	path := "/v1/chat/completions"
+	for i := range 2 {
+		if resp, b := post(t, s, path, pdBody(path, false, 8)); resp.StatusCode != http.StatusInternalServerError {
+			t.Fatalf("request %d: %d %s; want the decode pod's 500", i, resp.StatusCode, b)
+		}
+	}
+	if n := metricValue(t, s, `pdlb_pod_ejections_total{pod="dec"}`); n != 1 {
+		t.Fatalf("dec ejected %v times after two failures, want 1", n)
+	}
+	resp, b := post(t, s, path, pdBody(path, false, 8))
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-pdlb-pod") != "dec" {
+		t.Fatalf("the model's only decode pod, ejected and back: %d from %q %s; want it served", resp.StatusCode, resp.Header.Get("x-pdlb-pod"), b)
+	}
+	if n := metricValue(t, s, `pdlb_panic_picks_total{model="m"}`); n != 1 {
+		t.Fatalf("%v panic picks, want 1", n)
+	}
+	ledgerSettles(t, s)
+}
