@@ -41,8 +41,10 @@ func (s *scripted) send(x *completion) {
 	if s.async {
 		return
 	}
-	err := s.errs[0]
-	s.errs = s.errs[1:]
+	err := errUnscripted
+	if len(s.errs) > 0 {
+		err, s.errs = s.errs[0], s.errs[1:]
+	}
 	switch err {
 	case nil:
 		x.resp.SetStatusCode(fasthttp.StatusOK)
@@ -54,6 +56,11 @@ func (s *scripted) send(x *completion) {
 	}
 	x.answered(err)
 }
+
+// errUnscripted is the outcome of a send past the script's: the pod
+// reset the connection, as a test that sent more than it meant to counts
+// it (a failed attempt), rather than a panic.
+var errUnscripted = fmt.Errorf("scripted: a send past the script: %w", fasthttp.ErrConnectionClosed)
 
 func (s *scripted) relay(x *completion, pod *pool.Pod, resp *fasthttp.Response) {
 	s.relayed = true
