@@ -257,10 +257,10 @@ type Health struct {
 	// serves, as Envoy's panic threshold routes across every host once
 	// too few are healthy: a first attempt (a prefill/decode pair's too)
 	// goes to the pods whose checks pass, whatever their breaker; a retry
-	// on combined pods to the pods it has not tried, whatever their
-	// state. false answers 503 then, as Envoy's healthy_panic_threshold
-	// of 0 does: an engine that fails every request while its /health
-	// passes gets no traffic for its ejection time.
+	// to the pods it has not tried, whatever their state. false answers
+	// 503 then, as Envoy's healthy_panic_threshold of 0 does: an engine
+	// that fails every request while its /health passes gets no traffic
+	// for its ejection time.
 	PanicRouting bool `yaml:"panic_routing"`
 }
 

@@ -28,11 +28,11 @@ import (
 // to the untried pods whatever their state, as Envoy routes across every
 // host once too few are healthy: the checks and ejections lag a pod that
 // restarted or recovered, and a retry that finds no pod fails a request
-// another pod may answer. Combined pods only: a PD request's retry still
-// decides among the available pods it has not tried, while its first
-// attempt, finding no available pair (nor combined pod), decides once
-// more among the pods whose checks pass (mayPanicPD). A pod that left the
-// fleet is no lagging state but a reload's word: never a panic pick.
+// another pod may answer. A PD request that finds no available pair (nor
+// combined pod) decides once more the same way (mayPanicPD): its first
+// attempt among the pods whose checks pass, a retry among the pods it has
+// not tried, whatever their state. A pod that left the fleet is no
+// lagging state but a reload's word: never a panic pick.
 //
 // health.panic_routing false turns both off, as Envoy's
 // healthy_panic_threshold of 0 does: such a request is answered 503 (a
@@ -40,10 +40,10 @@ import (
 // request while its checks pass gets none for its ejection time.
 
 // mayPanicPD says whether x's PD decision, which found no pair or pod
-// (err), may be made again as a panic pick: on a first attempt, with no
-// fallback model left, while health.panic_routing is on.
+// (err), may be made again as a panic pick: while health.panic_routing is
+// on, on a retry, or on a first attempt with no fallback model left.
 func (g *Gateway) mayPanicPD(x *completion, err error) bool {
-	return errors.Is(err, route.ErrNoPDPair) && x.attempts == 0 && len(x.fallbacks) == 0 && g.cfg.Health.PanicRouting
+	return errors.Is(err, route.ErrNoPDPair) && (x.attempts > 0 || len(x.fallbacks) == 0) && g.cfg.Health.PanicRouting
 }
 
 // appendChecked appends to cands a candidate for each combined pod of m

@@ -159,16 +159,21 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 }
 
 // pdCandidates fills x's PD call with a candidate for each pod of m at
-// now, down where unavailable or tried, or on a panic pick (x.panicked)
-// where its checks fail or it left the fleet; the caller holds the
-// ledger's selection lock.
+// now, down where unavailable or tried; on a panic pick (x.panicked),
+// where it left the fleet, or on a first attempt where its checks fail,
+// on a retry where it was tried (panic.go). The caller holds the ledger's
+// selection lock.
 func (g *Gateway) pdCandidates(m *pool.Model, x *completion, now int64) {
 	p := x.pd
 	p.Cands, p.Pods = p.Cands[:0], p.Pods[:0]
 	for _, pod := range m.Pods {
 		down := !pod.AvailablePD(now) || tried(x.tried, pod.ID)
-		if x.panicked {
+		switch {
+		case !x.panicked:
+		case x.attempts == 0:
 			down = !pod.Healthy() || pod.Left()
+		default:
+			down = pod.Left() || tried(x.tried, pod.ID)
 		}
 		c := route.PDCandidate{
 			Role:      pod.Role,

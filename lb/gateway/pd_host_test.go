@@ -342,7 +342,7 @@ func TestPDCombinedProbeAfterPanic(t *testing.T) {
 func TestPDDecodeProbePending(t *testing.T) {
 	g, m, r := onePrefillTwoDecode(t)
 	// Else a first attempt that finds no pair goes beside the probes
-	// (TestPDFirstAttemptPanics).
+	// (TestPDPanics).
 	g.cfg.Health.PanicRouting = false
 	// Each decode pod half-open, idle, and picked by a pair whose prefill
 	// leg still runs.
@@ -375,13 +375,14 @@ func TestPDDecodeProbePending(t *testing.T) {
 	}
 }
 
-// TestPDFirstAttemptPanics: a PD request's first attempt that finds no
-// available pair (every decode pod ejected, or half-open with its probe
-// held; the prefill pod half-open with its probe out) is paired among the
-// pods whose checks pass, placed beside any probe, and counted as a panic
-// pick; not when the checks fail them too, nor with a fallback model
-// left, nor on a retry, nor with health.panic_routing off.
-func TestPDFirstAttemptPanics(t *testing.T) {
+// TestPDPanics: a PD request's first attempt that finds no available
+// pair (every decode pod ejected, or half-open with its probe held; the
+// prefill pod half-open with its probe out) is paired among the pods whose
+// checks pass, placed beside any probe, and counted as a panic pick; not
+// when the checks fail them too, nor with a fallback model left. A retry
+// is paired among the pods it has not tried, whatever their state. None
+// is with health.panic_routing off.
+func TestPDPanics(t *testing.T) {
 	f := func(name string, prepare func(*Gateway, *pool.Model, *completion), pairs bool) {
 		t.Helper()
 		g, m, r := onePrefillTwoDecode(t)
@@ -433,6 +434,19 @@ func TestPDFirstAttemptPanics(t *testing.T) {
 	f("decode pods ejected, a retry", func(g *Gateway, m *pool.Model, x *completion) {
 		ejected(g, m, x)
 		x.attempts = 1
+	}, true)
+	f("decode pods down, a retry", func(_ *Gateway, m *pool.Model, x *completion) {
+		for _, d := range m.Decode {
+			d.Refused()
+		}
+		x.attempts = 1
+	}, true)
+	f("decode pods ejected, a retry that tried them", func(g *Gateway, m *pool.Model, x *completion) {
+		ejected(g, m, x)
+		x.attempts = 1
+		for _, d := range m.Decode {
+			x.tried = append(x.tried, d.ID)
+		}
 	}, false)
 	f("decode pods ejected, panic routing off", func(g *Gateway, m *pool.Model, x *completion) {
 		ejected(g, m, x)
