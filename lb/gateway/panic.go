@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"errors"
 	"slices"
 
 	"pdlb/lb/pool"
@@ -19,40 +18,42 @@ import (
 // answer. A request with a fallback model left moves there instead, as
 // its model's operator asked for a model without a pod.
 //
-// A retry whose model has no pod left that is
-// untried and available (healthy by the active checks, not ejected, not a
-// half-open pod busy with its probe) goes back to a pod it tried that
-// took none of it and is available again (mayReturn): a check found it
-// healthy since it failed, as Envoy's previous_hosts predicate gives up
-// avoiding the hosts tried once none other is left. Failing that, it goes
-// to the untried pods whatever their state, as Envoy routes across every
-// host once too few are healthy: the checks and ejections lag a pod that
-// restarted or recovered, and a retry that finds no pod fails a request
-// another pod may answer. A PD request that finds no available pair (nor
-// combined pod) decides once more the same way (mayPanicPD): its first
-// attempt among the pods whose checks pass, a retry among the pods it has
-// not tried, whatever their state. A pod that left the fleet is no
-// lagging state but a reload's word: never a panic pick.
+// A retry whose model has no pod left that is untried and available
+// (healthy by the active checks, not ejected, not a half-open pod busy
+// with its probe) goes back to a pod it tried that took none of it and is
+// available again (mayReturn): a check found it healthy since it failed,
+// as Envoy's previous_hosts predicate gives up avoiding the hosts tried
+// once none other is left. Failing that, it goes to the untried pods
+// whatever their state, as Envoy routes across every host once too few
+// are healthy: the checks and ejections lag a pod that restarted or
+// recovered, and a retry that finds no pod fails a request another pod
+// may answer. A PD request that finds no available pair (nor combined
+// pod) decides once more among the same pods (panicPod). A pod that left
+// the fleet is no lagging state but a reload's word: never a panic pick.
 //
 // health.panic_routing false turns both off, as Envoy's
 // healthy_panic_threshold of 0 does: such a request is answered 503 (a
 // retry: with the last attempt's answer), and an engine that fails every
 // request while its checks pass gets none for its ejection time.
 
-// mayPanicPD says whether x's PD decision, which found no pair or pod
-// (err), may be made again as a panic pick: while health.panic_routing is
-// on, on a retry, or on a first attempt with no fallback model left.
-func (g *Gateway) mayPanicPD(x *completion, err error) bool {
-	return errors.Is(err, route.ErrNoPDPair) && (x.attempts > 0 || len(x.fallbacks) == 0) && g.cfg.Health.PanicRouting
+// mayPanic says whether x, which found no pod available, may take a
+// panic pick: while health.panic_routing is on, on a retry, or on a first
+// attempt with no fallback model left.
+func (g *Gateway) mayPanic(x *completion) bool {
+	return g.cfg.Health.PanicRouting && (x.attempts > 0 || len(x.fallbacks) == 0)
 }
 
-// appendChecked appends to cands a candidate for each combined pod of m
-// still in the fleet and healthy by the active checks, whatever its
-// breaker, filled as pool.PodLoad.Fill does. Tried or not: a first
-// attempt has tried a pod only when it lost the pod's half-open probe to
-// another request (pickAgain), and may go beside that probe now.
-func appendChecked(m *pool.Model, cands []route.Candidate, match *pool.Match) []route.Candidate {
-	return appendCombinedIf(m, cands, match, func(l *pool.PodLoad) bool { return l.Healthy() && !l.Left() })
+// panicPod says whether a pod (its checks passing: healthy; left the
+// fleet: left) may take x's panic pick: never one that left; on a first
+// attempt one whose checks pass, tried or not (a first attempt has tried
+// a pod only when it lost the pod's half-open probe to another request,
+// pickAgain, and may go beside that probe now); on a retry one it has not
+// tried, whatever its state.
+func panicPod(x *completion, id int32, healthy, left bool) bool {
+	if x.attempts == 0 {
+		return healthy && !left
+	}
+	return !left && !tried(x.tried, id)
 }
 
 // appendBack appends to cands a candidate for each combined pod of m in
@@ -65,11 +66,11 @@ func appendBack(m *pool.Model, cands []route.Candidate, now int64, back []int32,
 	})
 }
 
-// appendPanic appends to cands a candidate for each combined pod of m not
-// in skip and still in the fleet, available or not, filled as
-// pool.PodLoad.Fill does.
-func appendPanic(m *pool.Model, cands []route.Candidate, skip []int32, match *pool.Match) []route.Candidate {
-	return appendCombinedIf(m, cands, match, func(l *pool.PodLoad) bool { return !l.Left() && !slices.Contains(skip, l.ID) })
+// appendPanic appends to cands a candidate for each combined pod of m
+// that may take x's panic pick (panicPod), filled as pool.PodLoad.Fill
+// does.
+func appendPanic(m *pool.Model, cands []route.Candidate, x *completion, match *pool.Match) []route.Candidate {
+	return appendCombinedIf(m, cands, match, func(l *pool.PodLoad) bool { return panicPod(x, l.ID, l.Healthy(), l.Left()) })
 }
 
 // appendCombinedIf appends to cands a candidate for each combined pod of

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -112,7 +113,7 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 		}
 		var err error
 		if d, err = r.Decide(&x.routeReq, p.Cands, &p.Scratch); err != nil {
-			if !x.panicked && g.mayPanicPD(x, err) {
+			if !x.panicked && errors.Is(err, route.ErrNoPDPair) && g.mayPanic(x) {
 				// Once more among the pods the checks pass (panic.go).
 				x.panicked = true
 				continue
@@ -159,21 +160,16 @@ func (g *Gateway) decidePD(m *pool.Model, x *completion, r *route.PDRouter, sess
 }
 
 // pdCandidates fills x's PD call with a candidate for each pod of m at
-// now, down where unavailable or tried; on a panic pick (x.panicked),
-// where it left the fleet, or on a first attempt where its checks fail,
-// on a retry where it was tried (panic.go). The caller holds the ledger's
+// now, down where unavailable or tried, or on a panic pick (x.panicked)
+// where it may not take it (panicPod). The caller holds the ledger's
 // selection lock.
 func (g *Gateway) pdCandidates(m *pool.Model, x *completion, now int64) {
 	p := x.pd
 	p.Cands, p.Pods = p.Cands[:0], p.Pods[:0]
 	for _, pod := range m.Pods {
 		down := !pod.AvailablePD(now) || tried(x.tried, pod.ID)
-		switch {
-		case !x.panicked:
-		case x.attempts == 0:
-			down = !pod.Healthy() || pod.Left()
-		default:
-			down = pod.Left() || tried(x.tried, pod.ID)
+		if x.panicked {
+			down = !panicPod(x, pod.ID, pod.Healthy(), pod.Left())
 		}
 		c := route.PDCandidate{
 			Role:      pod.Role,

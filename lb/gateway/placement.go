@@ -95,21 +95,14 @@ func (g *Gateway) pickOnce(m *pool.Model, x *completion, session string) (pod *p
 	beside := !x.reachesEngine()
 	x.cands = m.AppendCombined(x.cands[:0], now, x.tried, &match, beside)
 	x.panicked = false
-	switch {
-	case len(x.cands) > 0 || x.seeking:
-	case x.attempts == 0:
-		// A first attempt with no pod available: the breaker yields
-		// (panic.go), unless a fallback model may serve x.
-		if len(x.fallbacks) > 0 || !g.cfg.Health.PanicRouting {
-			break
+	if len(x.cands) == 0 && !x.seeking {
+		// No pod available (panic.go): a retry goes back to a tried pod
+		// available again, else the breakers yield.
+		if x.attempts > 0 {
+			x.cands = appendBack(m, x.cands, now, x.back, &match, beside)
 		}
-		x.cands = appendChecked(m, x.cands, &match)
-		x.panicked = len(x.cands) > 0
-	default:
-		// A retry with no untried pod available (panic.go).
-		x.cands = appendBack(m, x.cands, now, x.back, &match, beside)
-		if len(x.cands) == 0 && g.cfg.Health.PanicRouting {
-			x.cands = appendPanic(m, x.cands, x.tried, &match)
+		if len(x.cands) == 0 && g.mayPanic(x) {
+			x.cands = appendPanic(m, x.cands, x, &match)
 			x.panicked = len(x.cands) > 0
 		}
 	}
