@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,8 +103,8 @@ func TestSyncReadsBusyKeysOnly(t *testing.T) {
 		ka.Admit(time.Now(), 0)
 	}
 	sa.Exchange(ctx)
-	if n := rdb.DBSize(ctx).Val(); n != 2 {
-		t.Fatalf("one key used: %d keys in Redis, want its bucket and the set of busy ones", n)
+	if n := rdb.DBSize(ctx).Val(); n != 3 {
+		t.Fatalf("one key used: %d keys in Redis, want its bucket, the set of busy ones and a's exchange number", n)
 	}
 	sb.Exchange(ctx)
 	if kb, _ := b.Lookup([]byte("Bearer sk-7"), nil); kb.Admit(time.Now(), 0).Limit != RequestsPerMinute {
@@ -111,4 +113,72 @@ func TestSyncReadsBusyKeysOnly(t *testing.T) {
 	if kb, _ := b.Lookup([]byte("Bearer sk-8"), nil); !kb.Admit(time.Now(), 0).OK() {
 		t.Fatal("b refuses a key nobody used")
 	}
+}
+
+// TestSyncLostReplyCountsOnce: an exchange Redis made whose reply did not
+// come back (a read timeout, a reset) is sent again, and its units count
+// once at the other replicas, not twice.
+func TestSyncLostReplyCountsOnce(t *testing.T) {
+	srv := redistest.Start(t, 0)
+	client := func() *redis.Client {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		return rdb
+	}
+	ra, rb := client(), client()
+	lose := &loseReplies{}
+	ra.AddHook(lose)
+	ctx := context.Background()
+	cfg := APIKey{Name: "k", SHA256: HashKey("sk-k"), TokensPerMinute: 1000}
+	log := slog.New(slog.DiscardHandler)
+	replica := func(rdb *redis.Client) (*Key, *Sync) {
+		ks := newTestKeys(t, cfg)
+		k, _ := ks.Lookup([]byte("Bearer sk-k"), nil)
+		return k, NewSync(func() *Keys { return ks }, rdb, "t", time.Hour, log)
+	}
+	a, sa := replica(ra)
+	b, sb := replica(rb)
+	a.Admit(time.Now(), 100)
+	lose.on.Store(true)
+	sa.Exchange(ctx)
+	lose.on.Store(false)
+	if sa.Up() || lose.lost.Load() != 1 {
+		t.Fatalf("the exchange whose reply was lost: up %v, %d replies lost; want down, 1", sa.Up(), lose.lost.Load())
+	}
+	sa.Exchange(ctx)
+	sb.Exchange(ctx)
+	// 1,000 tokens a minute refill one every 60 ms: a few at most while
+	// the test runs.
+	if d := b.Admit(time.Now(), 10); d.tokensLeft < 885 || d.tokensLeft > 895 {
+		t.Fatalf("b's tokens left after a's 100 (their exchange's reply lost once) and its own 10: %d, want 890", d.tokensLeft)
+	}
+	if !sa.Up() {
+		t.Fatal("a is not up again after an exchange that worked")
+	}
+}
+
+// loseReplies is a go-redis hook that, while on, lets a command run in
+// Redis and fails it as a lost reply does.
+type loseReplies struct {
+	on   atomic.Bool
+	lost atomic.Int32
+}
+
+func (h *loseReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *loseReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		// Only a script's reply is lost; a Redis error (the NOSCRIPT
+		// that has the script sent whole) is a reply.
+		if err := next(ctx, cmd); err != nil || cmd.Err() != nil || !h.on.Load() || !strings.HasPrefix(cmd.Name(), "eval") {
+			return err
+		}
+		h.lost.Add(1)
+		cmd.SetErr(os.ErrDeadlineExceeded)
+		return cmd.Err()
+	}
+}
+
+func (h *loseReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
