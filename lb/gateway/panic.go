@@ -48,11 +48,18 @@ func (g *Gateway) mayPanic(x *completion) bool {
 // attempt one whose checks pass, tried or not (a first attempt has tried
 // a pod only when it lost the pod's half-open probe to another request,
 // pickAgain, and may go beside that probe now); on a retry one it has not
-// tried, whatever its state.
+// tried, whatever its state (panicRetry).
 func panicPod(x *completion, id int32, healthy, left bool) bool {
 	if x.attempts == 0 {
 		return healthy && !left
 	}
+	return panicRetry(x, id, left)
+}
+
+// panicRetry says whether a pod may take the panic pick of x's retry, or
+// of its decode leg's move to another pod (MoveDecode, which spends a
+// retry): one x has not tried and that did not leave the fleet.
+func panicRetry(x *completion, id int32, left bool) bool {
 	return !left && !tried(x.tried, id)
 }
 

@@ -114,16 +114,28 @@ func (x *completion) Tried(pod *pool.Pod) { x.tried = append(x.tried, pod.ID) }
 // MoveDecode switches the pair's decode leg to another available decode
 // pod, its own roleset's first, after the leg could not be sent to the
 // chosen one (f), if tryAgain allows it: the new pod takes the KV the
-// prefill leg left. False when there is none, before tryAgain counts a
-// retry: the pair's own failure then decides the retry.
+// prefill leg left. With none available, it is a panic pick among the
+// decode pods not tried, whatever their state (panicRetry), as a retry's
+// would be: the retry of the whole pair would run the prefill again.
+// False when there is none, before tryAgain counts a retry: the pair's
+// own failure then decides the retry.
 func (x *completion) MoveDecode(f *failure) bool {
-	next, pick := x.nextDecode()
+	g := x.g
+	next, pick := x.nextDecode(x.availableUntried)
+	panicked := false
+	if next == nil && g.mayPanic(x) {
+		next, pick = x.nextDecode(func(d *pool.Pod, _ int64) bool { return panicRetry(x, d.ID, d.Left()) })
+		panicked = next != nil
+	}
 	// tryAgain, which logs, runs outside the selection lock.
-	if next == nil || !x.g.tryAgain(x, f) {
+	if next == nil || !g.tryAgain(x, f) {
 		pick.Done()
 		return false
 	}
-	x.g.retried(x)
+	if panicked {
+		g.metrics.model(x.m).panics.Inc()
+	}
+	g.retried(x)
 	x.switchDecode(next, pick)
 	// The move is an attempt: tryAgain's budget bounds it.
 	x.attempts++
@@ -142,7 +154,7 @@ func (x *completion) TakeDecode() {
 		if dec.Available(x.g.ledger.Now()) && dec.AcquireProbe(x.sequences()) {
 			return
 		}
-		next, pick := x.nextDecode()
+		next, pick := x.nextDecode(x.availableUntried)
 		if next == nil {
 			dec.Acquire(x.sequences())
 			return
@@ -151,18 +163,19 @@ func (x *completion) TakeDecode() {
 	}
 }
 
-// nextDecode is the available decode pod the pair's leg may move to, its
-// prefill pod's roleset's first, not tried, serving the request's adapter,
-// with its pending pick taken; nil when there is none. Chosen and counted
-// pending under the selection lock, as a decision is (pool.Pod.AvailablePD).
-func (x *completion) nextDecode() (*pool.Pod, route.PendingTicket) {
+// nextDecode is the decode pod the pair's leg may move to among those
+// may keeps (at now, the ledger's clock), its prefill pod's roleset's
+// first, serving the request's adapter, with its pending pick taken; nil
+// when there is none. Chosen and counted pending under the selection
+// lock, as a decision is (pool.Pod.AvailablePD).
+func (x *completion) nextDecode(may func(d *pool.Pod, now int64) bool) (*pool.Pod, route.PendingTicket) {
 	g, p := x.g, x.pd
 	g.ledger.LockSelection()
 	defer g.ledger.UnlockSelection()
 	now := g.ledger.Now()
 	var next *pool.Pod
 	for _, d := range x.m.Decode {
-		if !d.AvailablePD(now) || tried(x.tried, d.ID) || (x.adapter != nil && !d.Has(x.adapter)) {
+		if !may(d, now) || (x.adapter != nil && !d.Has(x.adapter)) {
 			continue
 		}
 		if next == nil || (d.Roleset == p.Pre.Roleset && next.Roleset != p.Pre.Roleset) {
@@ -173,6 +186,12 @@ func (x *completion) nextDecode() (*pool.Pod, route.PendingTicket) {
 		return nil, route.PendingTicket{}
 	}
 	return next, next.Pending().Pick()
+}
+
+// availableUntried keeps a decode pod available at now that x has not
+// tried.
+func (x *completion) availableUntried(d *pool.Pod, now int64) bool {
+	return d.AvailablePD(now) && !tried(x.tried, d.ID)
 }
 
 // switchDecode moves the pair's decode leg to next, whose pending pick is

@@ -481,6 +481,55 @@ func TestPDMoveDecodeIndexesTheNewPod(t *testing.T) {
 	g.fail(ctx, x, m, fail.ClientLeft)
 }
 
+// TestPDMoveDecodePanics: a decode leg the chosen pod refused moves to the
+// other decode pod when that one is ejected or found down too, a panic
+// pick (the pair's retry would run the prefill again), unless it was
+// tried, panic routing is off, or a first attempt has a fallback model
+// left: then the pair's own failure decides.
+func TestPDMoveDecodePanics(t *testing.T) {
+	f := func(name string, prepare func(*Gateway, *completion, *pool.Pod), moves bool) {
+		t.Helper()
+		g, m, r := onePrefillTwoDecode(t)
+		x, ctx := startLongStream(t, g, m)
+		defer g.fail(ctx, x, m, fail.ClientLeft)
+		x.cascade = r
+		if err := g.pickPD(x); err != nil || x.pd.Decision.Kind != route.PDPair || !x.PlacePair(x.pd.Pre, x.pd.Dec) {
+			t.Fatalf("%s: decision %d (%v), want a pair placed", name, x.pd.Decision.Kind, err)
+		}
+		refused := x.pd.Dec
+		other := m.Decode[0]
+		if other == refused {
+			other = m.Decode[1]
+		}
+		x.attempts = 1
+		x.tried = append(x.tried, refused.ID)
+		prepare(g, x, other)
+		moved := x.MoveDecode(&failure{E: openai.UpstreamError("refused"), Pod: refused, Reason: fail.Refused})
+		if moved != moves || (moved && x.pd.Dec != other) {
+			t.Errorf("%s: moved %v to %s, want %v", name, moved, x.pd.Dec.Config.Name, moves)
+		}
+		if n := g.metrics.model(m).panics.Get(); n != map[bool]uint64{true: 1}[moves] {
+			t.Errorf("%s: pdlb_panic_picks_total %d", name, n)
+		}
+	}
+	ejected := func(g *Gateway, _ *completion, d *pool.Pod) { d.Eject(g.ledger.Now(), time.Minute) }
+	f("the other ejected", ejected, true)
+	f("the other down", func(_ *Gateway, _ *completion, d *pool.Pod) { d.Refused() }, true)
+	f("the other ejected and tried", func(g *Gateway, x *completion, d *pool.Pod) {
+		ejected(g, x, d)
+		x.tried = append(x.tried, d.ID)
+	}, false)
+	f("the other ejected, panic routing off", func(g *Gateway, x *completion, d *pool.Pod) {
+		ejected(g, x, d)
+		g.cfg.Health.PanicRouting = false
+	}, false)
+	f("the other ejected, a first attempt with a fallback left", func(g *Gateway, x *completion, d *pool.Pod) {
+		ejected(g, x, d)
+		x.attempts = 0
+		x.fallbacks = []string{"other"}
+	}, false)
+}
+
 // onePrefillTwoDecode is an in-memory gateway over a prefill pod and two
 // decode pods of one roleset, and a PD router with AIBrix's defaults.
 func onePrefillTwoDecode(t *testing.T) (*Gateway, *pool.Model, *route.PDRouter) {
