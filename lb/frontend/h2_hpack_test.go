@@ -41,6 +41,9 @@ func TestHTTP2RequestIDNotIndexed(t *testing.T) {
 							if !hf.Sensitive {
 								t.Errorf("stream %d: x-request-id %q went indexed", id, hf.Value)
 							}
+							if want := "req-" + strconv.Itoa(int(id+1)/2); hf.Value != want {
+								t.Errorf("stream %d: x-request-id %q, want %q", id, hf.Value, want)
+							}
 						case "x-pdlb-pod":
 							if hf.Sensitive {
 								t.Errorf("stream %d: x-pdlb-pod went never indexed", id)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/net/http2"
@@ -131,11 +132,18 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 		if hopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) {
 			continue
 		}
-		name := lowerName(k)
-		// A value no later answer repeats is sent not indexed: indexed,
-		// each would evict another field from the table this connection
-		// and its client keep in step, a cost per answer on both sides.
-		_ = c.enc.WriteField(hpack.HeaderField{Name: name, Value: c.valueLocked(i, v), Sensitive: name == "x-request-id"})
+		f := hpack.HeaderField{Name: lowerName(k)}
+		if f.Name == "x-request-id" {
+			// A value no later answer repeats is sent not indexed:
+			// indexed, each would evict another field from the table
+			// this connection and its client keep in step, a cost per
+			// answer on both sides. The encoder keeps nothing of a field
+			// it does not index, so its bytes serve as they are.
+			f.Value, f.Sensitive = unsafe.String(unsafe.SliceData(v), len(v)), true
+		} else {
+			f.Value = c.valueLocked(i, v)
+		}
+		_ = c.enc.WriteField(f)
 		i++
 	}
 	if !stream {
