@@ -49,6 +49,10 @@ import (
 // gone refuses that dial, which the gateway retries on another pod. A close
 // that comes after the peek, crossing the request on the wire, fails the
 // call before a byte of the answer came: DoCut then sends it again (Stale).
+// A watched call (DoCut's, which sends again so) skips the peek, a system
+// call a request, on a connection whose pod answered within peekAfter:
+// no pod closes such a one as idle, or sends it what nobody asked for (a
+// 408) before its idle timeout.
 //
 // A pod dialed with TLS has the TLS session inside the Conn, over its
 // socket: the peek looks at the socket under it, where a pod's close
@@ -63,10 +67,14 @@ type Conn struct {
 	timeout time.Duration
 	tls     *tls.Config // nil: plain
 	// kept: a response was read, so the next write starts a request on a
-	// kept connection. Both it and writeDeadline belong to the goroutine
-	// that has the connection from the client's pool.
-	kept          bool
-	writeDeadline time.Time
+	// kept connection; answeredAt: when (mono.Now) that response's first
+	// bytes came; sendsAgain: the request about to go out is sent again
+	// should the connection prove Stale (watchedBody.begin). They, and
+	// writeDeadline, belong to the goroutine that has the connection from
+	// the client's pool.
+	kept, sendsAgain bool
+	answeredAt       int64
+	writeDeadline    time.Time
 	// sentKept: the request last written went out on a kept socket and
 	// no byte has come back since; stale: that socket then failed as a
 	// pod's close fails it (Stale). The same goroutine's as kept.
@@ -256,6 +264,9 @@ func (c *Conn) RemoteAddr() net.Addr { return c.cur.Load().RemoteAddr() }
 func (c *Conn) Read(p []byte) (int, error) {
 	n, err := c.cur.Load().rw.Read(p)
 	if n > 0 {
+		if !c.kept {
+			c.answeredAt = mono.Now()
+		}
 		c.kept, c.sentKept = true, false
 	} else if err != nil && c.sentKept {
 		c.stale = closedByPeer(err)
@@ -267,7 +278,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	s := c.cur.Load()
 	if c.kept {
 		c.sentKept = true
-		if s.peerDone() {
+		if !(c.sendsAgain && mono.Now()-c.answeredAt < int64(peekAfter)) && s.peerDone() {
 			var err error
 			if s, err = c.redial(s); err != nil {
 				return 0, err
@@ -275,13 +286,19 @@ func (c *Conn) Write(p []byte) (int, error) {
 			c.sentKept = false
 		}
 	}
-	c.kept = false
+	c.kept, c.sendsAgain = false, false
 	n, err := s.rw.Write(p)
 	if err != nil && c.sentKept {
 		c.stale = closedByPeer(err)
 	}
 	return n, err
 }
+
+// peekAfter is how long after a pod's answer began a watched call's
+// request goes out on its connection unlooked-at. The engines' HTTP
+// servers close a connection as idle after 5 s (uvicorn's
+// timeout_keep_alive, under vLLM, SGLang and TensorRT-LLM alike).
+const peekAfter = time.Second
 
 // Stale reports whether the last request on c went out on a kept
 // connection that then failed as the pod's close fails it (end of stream,
@@ -691,9 +708,14 @@ func (w *watchedBody) begin() error {
 	}
 	// Stored before the state is read, as the watcher sets the state
 	// before it loads the connection: one of the two sees the other.
-	w.conn.Store(ConnOf(w.resp))
+	c := ConnOf(w.resp)
+	w.conn.Store(c)
 	if w.state.Load() == left {
 		return ErrCut
+	}
+	if c != nil {
+		// doWatched sends a Stale call again.
+		c.sendsAgain = true
 	}
 	return nil
 }

@@ -148,6 +148,41 @@ func TestUpstreamConnRedials(t *testing.T) {
 	})
 }
 
+// TestUpstreamConnSkipsPeek: a request its caller sends again should the
+// connection prove stale (sendsAgain, as a watched call's) goes out on a
+// kept connection unlooked-at while its pod answered within peekAfter: a
+// close there fails it as Stale; once the answer is older, the
+// connection is looked at and dialed anew as any other.
+func TestUpstreamConnSkipsPeek(t *testing.T) {
+	p, c := dialEchoPod(t, "")
+	uc := c.(*Conn)
+	if got := exchangeLine(t, c, "a"); got != "1:a" {
+		t.Fatalf("got %q", got)
+	}
+	(<-p.conns).Close()
+	time.Sleep(50 * time.Millisecond) // the pod's FIN arrives
+	uc.sendsAgain = true
+	if _, err := io.WriteString(c, "b\n"); err != nil {
+		t.Fatalf("write: %v; want it sent on the kept socket, unlooked-at", err)
+	}
+	if n, err := c.Read(make([]byte, 8)); n != 0 || !closedByPeer(err) || !uc.Stale() {
+		t.Fatalf("read: %d bytes, %v, stale %v; want the pod's close, stale", n, err, uc.Stale())
+	}
+
+	p, c = dialEchoPod(t, "")
+	uc = c.(*Conn)
+	if got := exchangeLine(t, c, "a"); got != "1:a" {
+		t.Fatalf("got %q", got)
+	}
+	(<-p.conns).Close()
+	time.Sleep(50 * time.Millisecond)
+	uc.answeredAt -= int64(peekAfter)
+	uc.sendsAgain = true
+	if got := exchangeLine(t, c, "b"); got != "2:b" {
+		t.Fatalf("an answer peekAfter old: got %q, want 2:b (looked at, on a new connection)", got)
+	}
+}
+
 // TestUpstreamConnPeekAllocs: the look at a kept connection before each
 // request allocates nothing.
 func TestUpstreamConnPeekAllocs(t *testing.T) {

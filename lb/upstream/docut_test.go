@@ -224,6 +224,40 @@ func TestDoCutKeptClosed(t *testing.T) {
 	}
 }
 
+// TestDoCutClosedAfterAnswer: a pod that closes each connection as soon as
+// it answered gets a watched call, sent at once after the last answer
+// (unlooked-at, peekAfter), on a new connection, once: the write to the
+// closed one fails it as Stale, and DoCut sends it again.
+func TestDoCutClosedAfterAnswer(t *testing.T) {
+	var calls atomic.Int32
+	closes := testnet.Serve(t, testnet.Listen(t), func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		calls.Add(1)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	client := &fasthttp.HostClient{Addr: closes, MaxResponseBodySize: 1 << 20, Dial: func(a string) (net.Conn, error) { return Dialer(nil)(a, time.Second, nil) }}
+	up, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(up)
+	defer fasthttp.ReleaseResponse(resp)
+	up.Header.SetMethod("POST")
+	up.SetRequestURI("http://pod/v1/completions")
+	up.SetBodyString(`{"prompt":"hi"}`)
+	for i := range 3 {
+		deadline := time.Now().Add(5 * time.Second)
+		if _, err := DoCut(client, up, resp, deadline, deadline, nil, ChanCut(make(chan struct{}))); err != nil || string(resp.Body()) != "ok" {
+			t.Fatalf("call %d: %v %q", i, err, resp.Body())
+		}
+		if n := calls.Load(); n != int32(i+1) {
+			t.Fatalf("after call %d the pod took %d requests, want %d", i, n, i+1)
+		}
+		time.Sleep(20 * time.Millisecond) // the pod's FIN arrives
+	}
+}
+
 // TestDoCutAlreadyCut: a call whose client left before it went is not
 // sent, and no connection is dialed for it: fasthttp dials before it
 // reads the body, where the cut showed.
