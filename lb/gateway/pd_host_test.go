@@ -484,8 +484,8 @@ func TestPDMoveDecodeIndexesTheNewPod(t *testing.T) {
 // TestPDMoveDecodePanics: a decode leg the chosen pod refused moves to the
 // other decode pod when that one is ejected or found down too, a panic
 // pick (the pair's retry would run the prefill again), unless it was
-// tried, panic routing is off, or a first attempt has a fallback model
-// left: then the pair's own failure decides.
+// tried or panic routing is off: then the pair's own failure decides. The
+// exchange runs within its attempt (attemptStage counted it: attempts 1).
 func TestPDMoveDecodePanics(t *testing.T) {
 	f := func(name string, prepare func(*Gateway, *completion, *pool.Pod), moves bool) {
 		t.Helper()
@@ -523,11 +523,12 @@ func TestPDMoveDecodePanics(t *testing.T) {
 		ejected(g, x, d)
 		g.cfg.Health.PanicRouting = false
 	}, false)
-	f("the other ejected, a first attempt with a fallback left", func(g *Gateway, x *completion, d *pool.Pod) {
+	// The move spends a retry, and a retry panics before it falls back
+	// (mayPanic): the fallback model has none of the prefill's KV.
+	f("the other ejected, a fallback model left", func(g *Gateway, x *completion, d *pool.Pod) {
 		ejected(g, x, d)
-		x.attempts = 0
 		x.fallbacks = []string{"other"}
-	}, false)
+	}, true)
 }
 
 // onePrefillTwoDecode is an in-memory gateway over a prefill pod and two
