@@ -111,7 +111,8 @@ const (
 	keepSeq  = 24 * time.Hour
 )
 
-// syncHead is the count of syncScript's arguments before the costs.
+// syncHead is the count of syncScript's arguments before the costs (the
+// script's #ARGV > 5: an exchange that carries some).
 const syncHead = 5
 
 // NewSync shares the buckets of keys' current set (keys is called at every
