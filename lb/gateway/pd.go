@@ -167,9 +167,11 @@ func (g *Gateway) pdCandidates(m *pool.Model, x *completion, now int64) {
 	p := x.pd
 	p.Cands, p.Pods = p.Cands[:0], p.Pods[:0]
 	for _, pod := range m.Pods {
-		down := !pod.AvailablePD(now) || tried(x.tried, pod.ID)
+		var down bool
 		if x.panicked {
 			down = !panicPod(x, pod.ID, pod.Healthy(), pod.Left())
+		} else {
+			down = !pod.AvailablePD(now) || tried(x.tried, pod.ID)
 		}
 		c := route.PDCandidate{
 			Role:      pod.Role,
