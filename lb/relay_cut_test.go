@@ -349,6 +349,65 @@ func TestStreamChunkFramingSplit(t *testing.T) {
 	})
 }
 
+// TestStreamEventsLeaveTogether: events a pod sent together (one write,
+// a chunk each, as engines frame them) reach the client together, in one
+// chunk, when a goroutine relays them (fasthttp, and gnet for a client
+// that closes after the answer): the relay sends what it gathered when it
+// must read the pod again, not after every chunk it took from the pod.
+func TestStreamEventsLeaveTogether(t *testing.T) {
+	event := func(s string) string { return `data: {"choices":[{"delta":{"content":"` + s + `"}}]}` + "\n\n" }
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+	together := event("a") + event("b") + event("c")
+	release := make(chan struct{})
+	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+
+			chunk(event("a"))+chunk(event("b"))+chunk(event("c")))
+		<-release
+		io.WriteString(c, chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+	})
+	for _, fe := range []string{"fasthttp", "gnet"} {
+		t.Run(fe, func(t *testing.T) {
+			s := testGateway(t, []config.Pod{{Model: "m", Address: pod}}, func(c *config.Config) { c.Frontend = fe })
+			c, err := net.Dial("tcp", s.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			br := bufio.NewReader(c)
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 200 || resp.TransferEncoding == nil {
+				t.Fatalf("answer %d, transfer encoding %v", resp.StatusCode, resp.TransferEncoding)
+			}
+			// The raw chunks, not the body http would join up.
+			size, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			fmt.Sscanf(size, "%x", &n)
+			first := make([]byte, n)
+			if _, err := io.ReadFull(br, first); err != nil {
+				t.Fatal(err)
+			}
+			if string(first) != together {
+				t.Errorf("first chunk to the client %q, want the three events the pod sent together", first)
+			}
+			release <- struct{}{}
+			rest, _ := io.ReadAll(br)
+			if !strings.Contains(string(rest), "data: [DONE]") || !strings.HasSuffix(string(rest), "0\r\n\r\n") {
+				t.Errorf("the stream went on as %q", rest)
+			}
+			waitIdle(t, s)
+		})
+	}
+}
+
 // TestClientGoneBeforeStreamHead: a client that asked for a stream and
 // reset its connection before the pod's head came has the pod's call cut
 // and every charge given back, over HTTP/1.1 and HTTP/1.0 (on a new

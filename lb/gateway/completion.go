@@ -92,8 +92,10 @@ type completion struct {
 	// on first (workerTransport.send).
 	wait   [1]byte
 	primed int
-	// client wakes the relay's read when the client leaves.
+	// client wakes the relay's read when the client leaves; out is a
+	// worker relay's client writer, which BeforeRead flushes.
 	client  clientLeft
+	out     *frontend.StreamWriter
 	events  openai.Splitter
 	counted openai.TokenCounter
 	// nextSeq is the sequence number of a Responses API stream's next

@@ -209,22 +209,17 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 			client.Watch(&x.client)
 			defer client.Unwatch(&x.client)
 		}
+		// The events the pod's bytes made go out when its connection
+		// is read again (BeforeRead), not at every read of the stream:
+		// a read of the stream is one HTTP chunk, which an engine makes
+		// of each event.
+		x.out = w
+		conn.SetReadHook(x)
+		defer conn.SetReadHook(nil)
 	}
 	stream := resp.BodyStream()
-	idle := g.cfg.Upstream.StreamIdleTimeout
 	t := &x.times
 	for {
-		if conn != nil {
-			// Asked at every read, moved only now and then: the pod
-			// connection sets a deadline a 64th late and keeps it while
-			// later ones fit under it, so a stream is cut at most that
-			// late. A PD decode leg's deadline is its own.
-			deadline := time.Now().Add(idle)
-			if x.pd != nil {
-				deadline = x.pd.ReadDeadline(deadline, t.started)
-			}
-			_ = conn.SetReadDeadline(deadline)
-		}
 		n, err := x.primed, error(nil)
 		if n > 0 {
 			x.primed = 0
@@ -244,7 +239,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 				}
 				relayBufs.Put(buf)
 			}
-			if werr == nil {
+			if werr == nil && conn == nil {
 				werr = w.Flush()
 			}
 			if werr != nil {
@@ -265,13 +260,41 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 		}
 		if err != nil {
 			upstream.CloseStream(resp, err)
-			if x.client.left.Load() {
+			// The events gathered go out before the stream's end; a
+			// flush that failed (here or in BeforeRead) is the client's.
+			if x.client.left.Load() || w.Flush() != nil {
 				return fail.StatusClientClosed
 			}
 			return g.relayBroke(w, x, err)
 		}
 	}
 	return g.relayEnded(x, pod)
+}
+
+// BeforeRead runs before each read of a worker relay's pod connection
+// (upstream.ReadHook): what the bytes read so far made goes to the
+// client, and the pod's time to send more starts again. The deadline is
+// moved only now and then (the pod connection sets it a 64th late and
+// keeps it while later ones fit under it, so a stream is cut at most that
+// late); a PD decode leg's deadline is its own. Asked after the deadline
+// moved, as readUpstream asks before it: a cut since wakes the read.
+func (x *completion) BeforeRead() error {
+	if err := x.out.Flush(); err != nil {
+		return err
+	}
+	g := x.g
+	deadline := time.Now().Add(g.cfg.Upstream.StreamIdleTimeout)
+	if x.pd != nil {
+		deadline = x.pd.ReadDeadline(deadline, x.times.started)
+	}
+	_ = x.client.conn.SetReadDeadline(deadline)
+	if g.aborting.Load() {
+		return errShuttingDown
+	}
+	if x.client.left.Load() {
+		return frontend.ErrClientGone
+	}
+	return nil
 }
 
 // cutShort says a stream whose body ended cleanly was cut all the same:

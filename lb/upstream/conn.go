@@ -79,8 +79,23 @@ type Conn struct {
 	// no byte has come back since; stale: that socket then failed as a
 	// pod's close fails it (Stale). The same goroutine's as kept.
 	sentKept, stale bool
-	closed          atomic.Bool
+	// hook, when set, runs before each read of the socket; the same
+	// goroutine's as kept (SetReadHook).
+	hook   ReadHook
+	closed atomic.Bool
 }
+
+// A ReadHook is told before each read of a Conn's socket, which is when
+// its reader has used up every byte that came before: a relay sends its
+// client what those bytes made there, so events that came together leave
+// together, and moves its idle deadline only when it may wait. An error
+// fails that read.
+type ReadHook interface{ BeforeRead() error }
+
+// SetReadHook sets (nil: clears) what c's reads tell first. Called by the
+// goroutine that has c from the client's pool, which clears it before
+// giving c back.
+func (c *Conn) SetReadHook(h ReadHook) { c.hook = h }
 
 // podSocket is one socket of an Conn.
 type podSocket struct {
@@ -262,6 +277,11 @@ func (c *Conn) LocalAddr() net.Addr  { return &c.local }
 func (c *Conn) RemoteAddr() net.Addr { return c.cur.Load().RemoteAddr() }
 
 func (c *Conn) Read(p []byte) (int, error) {
+	if c.hook != nil {
+		if err := c.hook.BeforeRead(); err != nil {
+			return 0, err
+		}
+	}
 	n, err := c.cur.Load().rw.Read(p)
 	if n > 0 {
 		if !c.kept {
