@@ -2,6 +2,8 @@ package frontend_test
 
 import (
 	"bytes"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -104,6 +106,39 @@ func TestHTTP2WindowOpensDuringFlush(t *testing.T) {
 			})
 			if got != len(body) {
 				t.Errorf("%d bytes of the body came, want %d", got, len(body))
+			}
+		})
+	}
+}
+
+// TestHTTP2StreamEndsWithLastData: a streamed answer's last bytes go out
+// in a DATA frame that ends the stream, not followed by an empty one (a
+// frame, a flush and on TLS a record fewer a stream); bytes flushed
+// before stay in frames of their own that end nothing.
+func TestHTTP2StreamEndsWithLastData(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+				frontend.SetBodyStreamWriter(ctx, func(w *frontend.StreamWriter) {
+					_, _ = w.Write([]byte("data: 1\n\n"))
+					_ = w.Flush()
+					_, _ = w.Write([]byte("data: 2\n\n"))
+				})
+			}, Error: writeFrontError}
+			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+			h2Get(fr, 1, "/stream")
+			var frames []string
+			h2Until(t, fr, "the stream's end", func(f http2.Frame) bool {
+				d, ok := f.(*http2.DataFrame)
+				if !ok || d.StreamID != 1 {
+					return false
+				}
+				frames = append(frames, fmt.Sprintf("%q end=%v", d.Data(), d.StreamEnded()))
+				return d.StreamEnded()
+			})
+			want := []string{`"data: 1\n\n" end=false`, `"data: 2\n\n" end=true`}
+			if !slices.Equal(frames, want) {
+				t.Errorf("DATA frames %q, want %q", frames, want)
 			}
 		})
 	}

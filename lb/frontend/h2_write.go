@@ -72,7 +72,7 @@ func (c *h2Conn) writeResponse(st *h2Stream, resp *fasthttp.Response, head bool)
 		// what it holds, as the gateway's relay holds its request's
 		// charges, only its end gives back.
 		if _, sw := bs.(streamBody); (err == nil || sw) && !head {
-			w := h2Body{c: c, st: st}
+			w := &h2Body{c: c, st: st}
 			var werr error
 			if wt, ok := bs.(io.WriterTo); ok {
 				_, werr = wt.WriteTo(w)
@@ -82,7 +82,7 @@ func (c *h2Conn) writeResponse(st *h2Stream, resp *fasthttp.Response, head bool)
 			if err == nil {
 				err = werr
 			}
-			if err == nil {
+			if err == nil && !w.ended {
 				err = c.writeData(st, nil, true)
 			}
 		}
@@ -95,13 +95,15 @@ func (c *h2Conn) writeResponse(st *h2Stream, resp *fasthttp.Response, head bool)
 	return err
 }
 
-// h2Body sends each Write on its stream at once.
+// h2Body sends each Write on its stream at once; ended: WriteLast ended
+// the stream.
 type h2Body struct {
-	c  *h2Conn
-	st *h2Stream
+	c     *h2Conn
+	st    *h2Stream
+	ended bool
 }
 
-func (b h2Body) Write(p []byte) (int, error) {
+func (b *h2Body) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -109,6 +111,12 @@ func (b h2Body) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// WriteLast sends p in the stream's last DATA frames (lastWriter).
+func (b *h2Body) WriteLast(p []byte) error {
+	b.ended = true
+	return b.c.writeData(b.st, p, true)
 }
 
 // writeHeaders adds resp's status and header to out as HEADERS (and

@@ -122,6 +122,28 @@ func (w *StreamWriter) Flush() error {
 	return err
 }
 
+// flushLast is Flush for the stream's last bytes: a writer that can
+// (lastWriter) sends them with the stream's end.
+func (w *StreamWriter) flushLast() error {
+	lw, ok := w.chunks.(lastWriter)
+	if w.buf == nil || w.err != nil || !ok {
+		return w.Flush()
+	}
+	b := w.buf
+	w.buf = nil
+	w.err = lw.WriteLast(*b)
+	if w.err == nil {
+		w.n += int64(len(*b))
+	}
+	putBuf(b)
+	return w.err
+}
+
+// A lastWriter sends a stream's last bytes and its end together (on
+// HTTP/2, a DATA frame with END_STREAM), so that the end costs no write
+// of its own.
+type lastWriter interface{ WriteLast(p []byte) error }
+
 func (w *StreamWriter) send(p []byte) error {
 	if w.err != nil {
 		return w.err
@@ -158,7 +180,7 @@ func (f streamBody) WriteTo(chunks io.Writer) (int64, error) {
 func (f streamBody) run(w *StreamWriter) (err error) {
 	defer cutOnPanic(&err)
 	f(w)
-	return w.Flush()
+	return w.flushLast()
 }
 
 // cutOnPanic, deferred by what runs a stream's code (a stream writer, a
