@@ -218,7 +218,7 @@ func releaseCompletion(x *completion) {
 	x.logHead, x.times, x.reqID, x.head.Raw = x.logHead[:0], tokenTimes{}, x.reqID[:0], false
 	x.ids, x.idEnds, x.keys, x.chains, x.looked = x.ids[:0], x.idEnds[:0], x.keys[:0], x.chains[:0], false
 	x.uncached, x.idleStart, x.firstSeen, x.ticket = 0, false, false, ledger.Ticket{}
-	x.pin, x.rankOnUp = rankPin{}, false
+	x.pin, x.rankOnUp, x.hedge.timer = rankPin{}, false, nil
 	x.class = admit.Interactive
 	if x.key != nil {
 		x.key.Done(time.Now(), x.counted.Tokens())
@@ -229,7 +229,7 @@ func releaseCompletion(x *completion) {
 	x.adapter, x.served, x.fallbacks, x.loads = nil, "", nil, [2]*pool.AdapterLoad{}
 	x.home, x.prefer, x.respID = home{}, home{}, x.respID[:0]
 	x.g, x.ctx, x.m, x.snap, x.up, x.upAuth, x.resp, x.pod, x.modelStats, x.countedOn = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
-	x.deferred, x.rejected, x.hdr, x.client.conn = false, false, clientHeaders{}, nil
+	x.deferred, x.rejected, x.hdr, x.client.conn, x.out = false, false, clientHeaders{}, nil, nil
 	if x.pd != nil {
 		x.pd.Release()
 		x.pd = nil
