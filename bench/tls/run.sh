@@ -13,9 +13,9 @@
 #     them, events/s.
 # Targets take turns per row, ROUNDS times; each cell is the median of the
 # rounds, so a burst of load from the machine's neighbours moves one round,
-# not one target. Prints two markdown tables on stdout, the rates and the
-# CPU the server's processes spent per request (per event for SSE);
-# progress goes to stderr.
+# not one target. Prints three markdown tables on stdout: the rates, the
+# CPU the server's processes spent per request (per event for SSE), and
+# the kernel's part of that CPU; progress goes to stderr.
 #
 # Knobs (environment): CONNS (64), THREADS (2), DURATION (5s per sample),
 # H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (150000), SSE_STREAMS
@@ -119,10 +119,11 @@ pids() {
 }
 
 # measure LABEL ROW runs ROW's load against LABEL and prints its rate and
-# the target's CPU microseconds per request (per event for SSE).
+# the target's CPU microseconds per request (per event for SSE), all and
+# in the kernel.
 measure() {
-	local label=$1 row=$2 t0 t1 rate n
-	t0=$(cpu_ticks $(pids "$label"))
+	local label=$1 row=$2 t0 t1 k0 k1 rate n
+	t0=$(cpu_ticks $(pids "$label")) k0=$(kernel_ticks $(pids "$label"))
 	case $row in
 	ka | hs)
 		local extra=()
@@ -149,18 +150,18 @@ measure() {
 		n=$(awk -v per="$per" '/^requests:/ {print $8 * per}' "$DIR/h2load.txt")
 		;;
 	esac
-	t1=$(cpu_ticks $(pids "$label"))
-	echo "${rate:-0} $(cpu_us_per "$t0" "$t1" "${n:-0}")"
+	t1=$(cpu_ticks $(pids "$label")) k1=$(kernel_ticks $(pids "$label"))
+	echo "${rate:-0} $(cpu_us_per "$t0" "$t1" "${n:-0}") $(cpu_us_per "$k0" "$k1" "${n:-0}")"
 }
 
 read -ra ROWS <<<"${ROWS:-ka hs h2 sse}"
-declare -A RATES CPUS
+declare -A RATES CPUS KERNS
 for r in $(seq "$ROUNDS"); do
 	for row in "${ROWS[@]}"; do
 		for l in "${LABELS[@]}"; do
 			log "round $r: $l: $row"
-			read -r rate cpu < <(measure "$l" "$row")
-			RATES["$l/$row"]+=" $rate" CPUS["$l/$row"]+=" ${cpu:-0}"
+			read -r rate cpu kern < <(measure "$l" "$row")
+			RATES["$l/$row"]+=" $rate" CPUS["$l/$row"]+=" ${cpu:-0}" KERNS["$l/$row"]+=" ${kern:-0}"
 		done
 	done
 done
@@ -194,5 +195,9 @@ echo
 echo "CPU of the target's processes, microseconds per request (per event for SSE):"
 echo
 table CPU_TITLES '%.1f' CPUS
+echo
+echo "Of which in the kernel (the rest is the process's own work, user time):"
+echo
+table CPU_TITLES '%.1f' KERNS
 echo
 echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."
