@@ -193,7 +193,8 @@ func nominatesIn(k, v []byte) bool {
 // into the completion, and only when that byte begins an event does it take a
 // pooled relay buffer for the rest of what arrived, which goes back once
 // the events in it are written. The writer's buffer, likewise, is held only
-// from an event's Write to the Flush.
+// from an event's Write to the Flush, which comes before the relay waits
+// for the pod again (BeforeRead).
 //
 // client (frontend.ClientCut, nil where the front end has none) cuts the
 // wait for the pod when the client leaves: a pod still prefilling has
