@@ -225,7 +225,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 		if n > 0 {
 			x.primed = 0
 		} else {
-			n, err = g.readUpstream(stream, x.wait[:], x)
+			n, err = g.readUpstream(stream, x.wait[:])
 		}
 		if n > 0 {
 			t.started = true
@@ -235,7 +235,7 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 			// goes out first, and the relay waits bufferless again.
 			if werr == nil && err == nil && len(x.events.Pending()) > 0 {
 				buf := relayBufs.Get().(*[relayBufferBytes]byte)
-				if n, err = g.readUpstream(stream, buf[:], x); n > 0 {
+				if n, err = g.readUpstream(stream, buf[:]); n > 0 {
 					werr = g.pass(w, buf[:n], x, pod)
 				}
 				relayBufs.Put(buf)
@@ -277,8 +277,9 @@ func (g *Gateway) relay(w *frontend.StreamWriter, resp *fasthttp.Response, x *co
 // client, and the pod's time to send more starts again. The deadline is
 // moved only now and then (the pod connection sets it a 64th late and
 // keeps it while later ones fit under it, so a stream is cut at most that
-// late); a PD decode leg's deadline is its own. Asked after the deadline
-// moved, as readUpstream asks before it: a cut since wakes the read.
+// late); a PD decode leg's deadline is its own. The shutdown and the
+// client's leaving are asked after the deadline moved: a cut that came
+// before the move set a deadline the move undid.
 func (x *completion) BeforeRead() error {
 	if err := x.out.Flush(); err != nil {
 		return err
@@ -431,20 +432,12 @@ func (c *clientLeft) Cut() {
 	(*wakeRead)(c.conn).Cut()
 }
 
-// readUpstream reads the pod's next bytes into b for x's relay. Once
+// readUpstream reads the pod's next bytes into b for a relay. Once
 // Shutdown's grace is over it ends the stream instead, dropping what it
-// read, rather than let the stream run on or cut it mid-event; once x's
-// client left, it reads nothing more.
-func (g *Gateway) readUpstream(stream io.Reader, b []byte, x *completion) (int, error) {
-	// Asked before the read too: AbortStreams, or the client's leaving,
-	// may have woken the connection before the relay moved its deadline
-	// on again.
-	if g.aborting.Load() {
-		return 0, errShuttingDown
-	}
-	if x.client.left.Load() {
-		return 0, frontend.ErrClientGone
-	}
+// read, rather than let the stream run on or cut it mid-event. Before the
+// pod's socket is read, BeforeRead ends the stream once the grace is over
+// or the client left.
+func (g *Gateway) readUpstream(stream io.Reader, b []byte) (int, error) {
 	n, err := stream.Read(b)
 	if g.aborting.Load() {
 		return 0, errShuttingDown
