@@ -114,9 +114,12 @@ func (b *h2Body) Write(p []byte) (int, error) {
 }
 
 // WriteLast sends p in the stream's last DATA frames (lastWriter).
-func (b *h2Body) WriteLast(p []byte) error {
+func (b *h2Body) WriteLast(p []byte) (int, error) {
 	b.ended = true
-	return b.c.writeData(b.st, p, true)
+	if err := b.c.writeData(b.st, p, true); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // writeHeaders adds resp's status and header to out as HEADERS (and

@@ -101,7 +101,7 @@ func (w *StreamWriter) Write(p []byte) (int, error) {
 	}
 	if w.buf == nil {
 		if len(p) >= streamBufferBytes {
-			return len(p), w.send(p)
+			return len(p), w.send(p, false)
 		}
 		w.buf = getBuf(len(p))
 	}
@@ -111,47 +111,45 @@ func (w *StreamWriter) Write(p []byte) (int, error) {
 
 // Flush sends what was written since the last Flush as one chunk and
 // returns the buffer to the pool; with nothing written it sends nothing.
-func (w *StreamWriter) Flush() error {
+func (w *StreamWriter) Flush() error { return w.flush(false) }
+
+// flush is Flush; last: the bytes are the stream's last, which a writer
+// that can (lastWriter) sends with the stream's end.
+func (w *StreamWriter) flush(last bool) error {
 	if w.buf == nil {
 		return w.err
 	}
 	b := w.buf
 	w.buf = nil
-	err := w.send(*b)
+	err := w.send(*b, last)
 	putBuf(b)
 	return err
-}
-
-// flushLast is Flush for the stream's last bytes: a writer that can
-// (lastWriter) sends them with the stream's end.
-func (w *StreamWriter) flushLast() error {
-	lw, ok := w.chunks.(lastWriter)
-	if w.buf == nil || w.err != nil || !ok {
-		return w.Flush()
-	}
-	b := w.buf
-	w.buf = nil
-	w.err = lw.WriteLast(*b)
-	if w.err == nil {
-		w.n += int64(len(*b))
-	}
-	putBuf(b)
-	return w.err
 }
 
 // A lastWriter sends a stream's last bytes and its end together (on
 // HTTP/2, a DATA frame with END_STREAM), so that the end costs no write
 // of its own.
-type lastWriter interface{ WriteLast(p []byte) error }
+type lastWriter interface {
+	WriteLast(p []byte) (int, error)
+}
 
-func (w *StreamWriter) send(p []byte) error {
+func (w *StreamWriter) send(p []byte, last bool) error {
 	if w.err != nil {
 		return w.err
 	}
-	n, err := w.chunks.Write(p)
+	n, err := w.write(p, last)
 	w.n += int64(n)
 	w.err = err
 	return err
+}
+
+func (w *StreamWriter) write(p []byte, last bool) (int, error) {
+	if last {
+		if lw, ok := w.chunks.(lastWriter); ok {
+			return lw.WriteLast(p)
+		}
+	}
+	return w.chunks.Write(p)
 }
 
 // streamBody is a response body a StreamWriter function makes. Both front
@@ -180,7 +178,7 @@ func (f streamBody) WriteTo(chunks io.Writer) (int64, error) {
 func (f streamBody) run(w *StreamWriter) (err error) {
 	defer cutOnPanic(&err)
 	f(w)
-	return w.flushLast()
+	return w.flush(true)
 }
 
 // cutOnPanic, deferred by what runs a stream's code (a stream writer, a
