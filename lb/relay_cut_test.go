@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -358,7 +359,9 @@ func TestStreamEventsLeaveTogether(t *testing.T) {
 	event := func(s string) string { return `data: {"choices":[{"delta":{"content":"` + s + `"}}]}` + "\n\n" }
 	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
 	together := event("a") + event("b") + event("c")
-	release := make(chan struct{})
+	// A token per subtest, buffered: one that fails before it releases
+	// the pod still does (deferred), so the pod's cleanup does not wait.
+	release := make(chan struct{}, 2)
 	pod := fakePod(t, func(c net.Conn, _ *http.Request) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+
 			chunk(event("a"))+chunk(event("b"))+chunk(event("c")))
@@ -373,6 +376,8 @@ func TestStreamEventsLeaveTogether(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
+			free := sync.OnceFunc(func() { release <- struct{}{} })
+			defer free()
 			body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
 			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 			br := bufio.NewReader(c)
@@ -398,7 +403,7 @@ func TestStreamEventsLeaveTogether(t *testing.T) {
 			if string(first) != together {
 				t.Errorf("first chunk to the client %q, want the three events the pod sent together", first)
 			}
-			release <- struct{}{}
+			free()
 			rest, _ := io.ReadAll(br)
 			if !strings.Contains(string(rest), "data: [DONE]") || !strings.HasSuffix(string(rest), "0\r\n\r\n") {
 				t.Errorf("the stream went on as %q", rest)
