@@ -12,6 +12,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,11 @@ import (
 // no pod closes such a one as idle, or sends it what nobody asked for (a
 // 408) before its idle timeout.
 //
+// A plain connection holds the last write of a request (at most maxHeld
+// bytes) until its caller reads the answer, and that read writes it and
+// waits for the answer in one step (sendThenRead): a read of its own
+// right after the request would find nothing yet, a system call a call.
+//
 // A pod dialed with TLS has the TLS session inside the Conn, over its
 // socket: the peek looks at the socket under it, where a pod's close
 // (close_notify, then the end of the stream) or any record nobody asked
@@ -81,7 +87,19 @@ type Conn struct {
 	sentKept, stale bool
 	// hook, when set, runs before each read of the socket; the same
 	// goroutine's as kept (SetReadHook).
-	hook   ReadHook
+	hook ReadHook
+	// held is the last bytes of the request written, sent by the read of
+	// its answer (sendThenRead); nil when none wait. The same goroutine's
+	// as kept.
+	held *bytebufferpool.ByteBuffer
+	// heldIO is sendThenRead's state for heldStep, and heldFn that
+	// method's value, made once.
+	heldIO struct {
+		p      []byte
+		off, n int
+		err    error
+	}
+	heldFn func(fd uintptr) bool
 	closed atomic.Bool
 }
 
@@ -282,7 +300,13 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	n, err := c.cur.Load().rw.Read(p)
+	var n int
+	var err error
+	if s := c.cur.Load(); c.held != nil {
+		n, err = c.sendThenRead(s, p)
+	} else {
+		n, err = s.rw.Read(p)
+	}
 	if n > 0 {
 		if !c.kept {
 			c.answeredAt = mono.Now()
@@ -307,11 +331,120 @@ func (c *Conn) Write(p []byte) (int, error) {
 		}
 	}
 	c.kept, c.sendsAgain = false, false
+	if err := c.sendHeld(s); err != nil {
+		return 0, err
+	}
+	if s.tls == nil && len(p) <= maxHeld {
+		c.held = bytebufferpool.Get()
+		c.held.B = append(c.held.B[:0], p...)
+		return len(p), nil
+	}
 	n, err := s.rw.Write(p)
 	if err != nil && c.sentKept {
 		c.stale = closedByPeer(err)
 	}
 	return n, err
+}
+
+// maxHeld is the most bytes of a write a plain Conn holds back for the
+// read of the answer (sendThenRead): fasthttp's client writes a request
+// through a 4 KB buffer, and a body past it in one piece.
+const maxHeld = 16 << 10
+
+// sendHeld writes the bytes a write held back, if any, waiting for room
+// on the socket as a write does.
+func (c *Conn) sendHeld(s *podSocket) error {
+	b := c.held
+	if b == nil {
+		return nil
+	}
+	c.held = nil
+	_, err := s.rw.Write(b.B)
+	bytebufferpool.Put(b)
+	if err != nil && c.sentKept {
+		c.stale = closedByPeer(err)
+	}
+	return err
+}
+
+// sendThenRead writes the bytes the request's last write held back, then
+// waits for the answer and reads it into p. Done as a plain write and
+// read, the read would come before the pod could answer, a system call
+// that only ever says EAGAIN before the runtime's poller waits; within
+// one RawRead the poller's readiness is reset before the write, so the
+// answer's arrival, however soon, wakes the wait. When the socket takes
+// only part of the bytes, the rest is written as a write waits for room,
+// and the read follows as a plain one.
+func (c *Conn) sendThenRead(s *podSocket, p []byte) (int, error) {
+	h := &c.heldIO
+	h.p, h.off, h.n, h.err = p, 0, 0, nil
+	rerr := s.raw.Read(c.heldFn)
+	n, err, b := h.n, h.err, c.held
+	h.p = nil
+	sent := h.off == len(b.B)
+	if rerr == nil && err == nil && !sent {
+		b.B = b.B[:copy(b.B, b.B[h.off:])]
+		if err = c.sendHeld(s); err != nil {
+			return 0, err
+		}
+		return s.rw.Read(p)
+	}
+	c.held = nil
+	bytebufferpool.Put(b)
+	switch {
+	case rerr != nil:
+		// The deadline, or a Close: as a read fails then.
+		if oe, ok := rerr.(*net.OpError); ok {
+			oe.Op, oe.Source = "read", s.LocalAddr()
+		}
+		err = rerr
+	case err != io.EOF && err != nil:
+		// A system call's error, wrapped as net wraps it.
+		op := "read"
+		if !sent {
+			op = "write"
+		}
+		err = &net.OpError{Op: op, Net: "tcp", Source: s.LocalAddr(), Addr: s.RemoteAddr(), Err: os.NewSyscallError(op, err)}
+	}
+	return n, err
+}
+
+// heldStep is sendThenRead's step, called with the socket until it says
+// done: the held bytes' write first (done when the socket took only part
+// of them), then the read of the answer once the pod sent one. Made a
+// method value once per Conn, so the exchange allocates nothing.
+func (c *Conn) heldStep(fd uintptr) bool {
+	h := &c.heldIO
+	if b := c.held.B; h.off < len(b) {
+		m, err := syscall.Write(int(fd), b[h.off:])
+		for err == syscall.EINTR {
+			m, err = syscall.Write(int(fd), b[h.off:])
+		}
+		switch {
+		case err == syscall.EAGAIN:
+			return true
+		case err != nil:
+			h.err = err
+			return true
+		}
+		h.off += m
+		return h.off < len(b)
+	}
+	m, err := syscall.Read(int(fd), h.p)
+	for err == syscall.EINTR {
+		m, err = syscall.Read(int(fd), h.p)
+	}
+	switch {
+	case err == syscall.EAGAIN:
+		return false
+	case err != nil:
+		h.err = err
+	case m == 0 && len(h.p) > 0:
+		h.err = io.EOF
+	default:
+		h.n = m
+	}
+	return true
 }
 
 // peekAfter is how long after a pod's answer began a watched call's
@@ -386,6 +519,7 @@ func Dialer(fds *limits.FDs) pool.DialFunc {
 			return nil, err
 		}
 		uc := &Conn{fds: fds, addr: addr, timeout: timeout, tls: tc}
+		uc.heldFn = uc.heldStep
 		uc.cur.Store(s)
 		uc.local = connAddr{Addr: s.LocalAddr(), conn: uc}
 		return uc, nil
