@@ -130,7 +130,7 @@ func (g *Gateway) begin(x *completion) bool {
 		return false
 	}
 	d := key.Admit(x.start, budgeted(x, ctx.PostBody()))
-	x.rateHead = d.AppendHeaders(x.rateHead[:0], rateDialect(ctx.Path()))
+	x.rateHead = d.AppendHeaders(x.rateHead[:0], rateDialect(pathOf(ctx)))
 	if !d.OK() {
 		g.fail(ctx, x, m, refused(d))
 		return false
