@@ -13,13 +13,14 @@
 #     them, events/s.
 # Targets take turns per row, ROUNDS times; each cell is the median of the
 # rounds, so a burst of load from the machine's neighbours moves one round,
-# not one target. Prints three markdown tables on stdout: the rates, the
+# not one target; five, as a row moved 10-20% between runs of three on a
+# shared two-core machine. Prints three markdown tables on stdout: the rates, the
 # CPU the server's processes spent per request (per event for SSE), and
 # the kernel's part of that CPU; progress goes to stderr.
 #
 # Knobs (environment): CONNS (64), THREADS (2), DURATION (5s per sample),
 # H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (150000), SSE_STREAMS
-# (16000), SSE_EVENTS (50), ROUNDS (3), BASE (a git revision: pdlb built
+# (16000), SSE_EVENTS (50), ROUNDS (5), BASE (a git revision: pdlb built
 # from it runs beside this tree's, both front ends), ROWS (the rows to run,
 # of "ka hs h2 sse"). The h2 counts make samples of a few seconds, as the
 # wrk rows' DURATION: one-second samples move by a tenth from one round to
@@ -36,7 +37,7 @@ H2_STREAMS=${H2_STREAMS:-10}
 H2_REQUESTS=${H2_REQUESTS:-150000}
 SSE_STREAMS=${SSE_STREAMS:-16000}
 SSE_EVENTS=${SSE_EVENTS:-50}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 BASE=${BASE:-}
 WORKERS=$(nproc)
 
