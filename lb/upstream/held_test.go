@@ -15,6 +15,33 @@ import (
 	"pdlb/internal/racebuild"
 )
 
+// dialPod opens a pod connection to a listener whose first connection
+// serve has (nil: none is taken), and closes both when the test ends.
+func dialPod(t *testing.T, serve func(pod net.Conn)) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	if serve != nil {
+		go func() {
+			pod, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer pod.Close()
+			serve(pod)
+		}()
+	}
+	c, err := Dialer(nil)(ln.Addr().String(), time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // readLine reads c up to and with a newline.
 func readLine(t *testing.T, c net.Conn) string {
 	t.Helper()
@@ -55,52 +82,30 @@ func TestUpstreamConnHoldsLastWrite(t *testing.T) {
 	})
 
 	t.Run("not sent before the read", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		c, err := Dialer(nil)(ln.Addr().String(), time.Second, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		pod, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pod.Close()
-		if _, err := io.WriteString(c, "a\n"); err != nil {
-			t.Fatal(err)
-		}
-		_ = pod.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-		if n, err := pod.Read(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("the pod read %d bytes (%v) before the answer's read; want them held", n, err)
-		}
-		go func() {
+		early := make(chan error, 1)
+		c := dialPod(t, func(pod net.Conn) {
+			_ = pod.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			_, err := pod.Read(make([]byte, 8))
+			early <- err
 			_ = pod.SetReadDeadline(time.Time{})
 			line, _ := bufio.NewReader(pod).ReadString('\n')
 			io.WriteString(pod, "got "+line)
-		}()
+		})
+		if _, err := io.WriteString(c, "a\n"); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-early; !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the pod's read before the answer's read: %v; want the bytes held", err)
+		}
 		if got := readLine(t, c); got != "got a\n" {
 			t.Fatalf("got %q", got)
 		}
 	})
 
 	t.Run("more than the socket takes at once", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		go func() {
-			// A pod that reads only after a while, each line answered
-			// with its length.
-			pod, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer pod.Close()
+		c := dialPod(t, func(pod net.Conn) {
+			// Reads only after a while, each line answered with its
+			// length.
 			time.Sleep(50 * time.Millisecond)
 			br := bufio.NewReader(pod)
 			for {
@@ -110,12 +115,7 @@ func TestUpstreamConnHoldsLastWrite(t *testing.T) {
 				}
 				io.WriteString(pod, strconv.Itoa(len(line))+"\n")
 			}
-		}()
-		c, err := Dialer(nil)(ln.Addr().String(), time.Second, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		})
 		// The socket's buffers filled first, so the held bytes' write
 		// finds no room.
 		filled, fill := 0, []byte(strings.Repeat("x", 64<<10))
@@ -145,24 +145,7 @@ func TestUpstreamConnHoldsLastWrite(t *testing.T) {
 	})
 
 	t.Run("pod closed after the request", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		go func() {
-			pod, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			bufio.NewReader(pod).ReadString('\n')
-			pod.Close()
-		}()
-		c, err := Dialer(nil)(ln.Addr().String(), time.Second, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := dialPod(t, func(pod net.Conn) { bufio.NewReader(pod).ReadString('\n') })
 		io.WriteString(c, "a\n")
 		// io.EOF itself, as net returns it: fasthttp tells a pod's close
 		// by it.
@@ -172,16 +155,7 @@ func TestUpstreamConnHoldsLastWrite(t *testing.T) {
 	})
 
 	t.Run("deadline while waiting", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		c, err := Dialer(nil)(ln.Addr().String(), time.Second, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := dialPod(t, nil)
 		io.WriteString(c, "a\n")
 		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		n, err := c.Read(make([]byte, 8))
@@ -192,15 +166,7 @@ func TestUpstreamConnHoldsLastWrite(t *testing.T) {
 	})
 
 	t.Run("closed while waiting", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		c, err := Dialer(nil)(ln.Addr().String(), time.Second, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := dialPod(t, nil)
 		io.WriteString(c, "a\n")
 		time.AfterFunc(50*time.Millisecond, func() { c.Close() })
 		if n, err := c.Read(make([]byte, 8)); n != 0 || !errors.Is(err, net.ErrClosed) {
@@ -236,18 +202,8 @@ func TestUpstreamConnHeldAllocs(t *testing.T) {
 	if racebuild.Enabled {
 		t.Skip("allocation counts mean nothing under the race detector")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
+	c := dialPod(t, func(pod net.Conn) {
 		// An echo that allocates nothing per line, unlike echoPod.
-		pod, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer pod.Close()
 		b := make([]byte, 64)
 		for {
 			n, err := pod.Read(b)
@@ -256,12 +212,7 @@ func TestUpstreamConnHeldAllocs(t *testing.T) {
 			}
 			pod.Write(b[:n])
 		}
-	}()
-	c, err := Dialer(nil)(ln.Addr().String(), time.Second, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	})
 	line, b := []byte("a\n"), make([]byte, 64)
 	exchange := func() {
 		if _, err := c.Write(line); err != nil {
