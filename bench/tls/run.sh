@@ -14,9 +14,9 @@
 # Targets take turns per row, ROUNDS times; each cell is the median of the
 # rounds, so a burst of load from the machine's neighbours moves one round,
 # not one target; five, as a row moved 10-20% between runs of three on a
-# shared two-core machine. Prints three markdown tables on stdout: the rates, the
-# CPU the server's processes spent per request (per event for SSE), and
-# the kernel's part of that CPU; progress goes to stderr.
+# shared two-core machine. Prints three markdown tables on stdout: the
+# rates, the CPU the server's processes spent per request (per event for
+# SSE), and the kernel's part of that CPU; progress goes to stderr.
 #
 # Knobs (environment): CONNS (64), THREADS (2), DURATION (5s per sample),
 # H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (150000), SSE_STREAMS
