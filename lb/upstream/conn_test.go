@@ -19,7 +19,7 @@ import (
 
 // echoPod accepts connections and answers each line it reads with
 // "<n>:<line>", n counting its connections from 1; first, if set, is what
-// it sends on its first connection right after the first answer, unasked.
+// it sends on its first connection after the first answer, unasked.
 type echoPod struct {
 	ln    net.Listener
 	conns chan net.Conn
@@ -47,10 +47,14 @@ func startEchoPod(t *testing.T, first string) *echoPod {
 					if err != nil {
 						return
 					}
-					io.WriteString(c, strconv.Itoa(n)+":"+line)
-					if n == 1 && i == 0 && first != "" {
-						io.WriteString(c, first)
+					answer := strconv.Itoa(n) + ":" + line
+					if n == 1 && i == 0 {
+						// In the answer's write: the bytes are in the
+						// socket once the answer was read, before the
+						// next request's peek.
+						answer += first
 					}
+					io.WriteString(c, answer)
 				}
 			}(n)
 		}
@@ -118,7 +122,6 @@ func TestUpstreamConnRedials(t *testing.T) {
 		_, c := dialEchoPod(t, "HTTP/1.1 408 Request Timeout\r\n\r\n")
 		b := make([]byte, 64)
 		io.WriteString(c, "a\n")
-		time.Sleep(50 * time.Millisecond) // the answer and the extra bytes
 		n, err := c.Read(b[:4])
 		if err != nil || string(b[:n]) != "1:a\n" {
 			t.Fatalf("read %q, %v", b[:n], err)
