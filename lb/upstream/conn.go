@@ -312,10 +312,20 @@ func (c *Conn) Read(p []byte) (int, error) {
 			c.answeredAt = mono.Now()
 		}
 		c.kept, c.sentKept = true, false
-	} else if err != nil && c.sentKept {
-		c.stale = closedByPeer(err)
+	} else {
+		c.failed(err)
 	}
 	return n, err
+}
+
+// failed marks c Stale when err, which failed a request sent on a kept
+// socket or the read of its answer before a byte came, is the pod's
+// close; it returns err.
+func (c *Conn) failed(err error) error {
+	if err != nil && c.sentKept {
+		c.stale = closedByPeer(err)
+	}
+	return err
 }
 
 func (c *Conn) Write(p []byte) (int, error) {
@@ -332,7 +342,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	}
 	c.kept, c.sendsAgain = false, false
 	if err := c.sendHeld(s); err != nil {
-		return 0, err
+		return 0, c.failed(err)
 	}
 	if s.tls == nil && len(p) <= maxHeld {
 		c.held = bytebufferpool.Get()
@@ -340,10 +350,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	n, err := s.rw.Write(p)
-	if err != nil && c.sentKept {
-		c.stale = closedByPeer(err)
-	}
-	return n, err
+	return n, c.failed(err)
 }
 
 // maxHeld is the most bytes of a write a plain Conn holds back for the
@@ -361,9 +368,6 @@ func (c *Conn) sendHeld(s *podSocket) error {
 	c.held = nil
 	_, err := s.rw.Write(b.B)
 	bytebufferpool.Put(b)
-	if err != nil && c.sentKept {
-		c.stale = closedByPeer(err)
-	}
 	return err
 }
 
