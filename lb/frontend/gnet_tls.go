@@ -520,7 +520,7 @@ func (gc *gconn) writev(iov [][]byte) error {
 	if gc.tls != nil {
 		err = gc.tls.write(iov, nil)
 	} else {
-		_, err = gc.c.Writev(iov)
+		err = sendv(gc.c, iov, &gc.vec)
 	}
 	gc.pending.Store(int64(gc.c.OutboundBuffered())) // the idle sweep's baseline
 	return err

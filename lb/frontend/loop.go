@@ -197,7 +197,7 @@ func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Respons
 		// OnClose inside the write, while the exchange is not the
 		// connection's yet (done is set below): the pod closed it as it
 		// idled, and a new connection carries the request.
-		if _, err := uc.c.Write(uc.out); err != nil && !uc.redial() {
+		if err := send(uc.c, uc.out); err != nil && !uc.redial() {
 			return fasthttp.ErrNoFreeConns
 		}
 	}

@@ -158,7 +158,8 @@ func TestParseAllocatesNothing(t *testing.T) {
 	}
 }
 
-// idleConn is a gnet.Conn whose outbound buffer holds out bytes.
+// idleConn is a gnet.Conn whose outbound buffer holds out bytes. It has
+// no socket: a send to its Fd fails, and the bytes go to Writev.
 type idleConn struct {
 	gnet.Conn
 	out    int
@@ -167,6 +168,7 @@ type idleConn struct {
 
 func (c *idleConn) OutboundBuffered() int { return c.out }
 func (c *idleConn) InboundBuffered() int  { return 0 }
+func (c *idleConn) Fd() int               { return -1 }
 func (c *idleConn) Close() error          { c.closed = true; return nil }
 func (c *idleConn) LocalAddr() net.Addr   { return &net.TCPAddr{} }
 func (c *idleConn) RemoteAddr() net.Addr  { return &net.TCPAddr{} }
