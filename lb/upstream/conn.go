@@ -786,16 +786,17 @@ func readBodyWhole(resp *fasthttp.Response, limit int) error {
 		return err
 	}
 	_ = resp.CloseBodyStream()
-	// The body changes hands, not bytes; the pool gets the response's
-	// old buffer.
-	b.B = resp.SwapBody(b.B)
+	// Copied, not swapped in: the response's buffer goes back to
+	// fasthttp's pool at its release, which drops one larger than the
+	// sizes it has counted (this one is sized to the body and a byte),
+	// and a swap left bodyBufs the pool's small ones: a read in four
+	// allocated its buffer anew.
+	resp.SetBody(b.B)
 	return nil
 }
 
-// bodyBufs holds readBodyWhole's buffers. Not bytebufferpool's pool: what
-// goes back is the response's old buffer, empty, and that pool sizes itself
-// by the lengths put back, so it dropped every one once it had counted them
-// and each body was read into a new allocation.
+// bodyBufs holds readBodyWhole's buffers. Not bytebufferpool's pool: that
+// pool sizes itself by the lengths put back, and these go back empty.
 var bodyBufs sync.Pool
 
 // maxPooledBody caps the capacity of a buffer bodyBufs keeps, in bytes: a
