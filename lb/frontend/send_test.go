@@ -37,7 +37,7 @@ func (c *sockConn) Writev(bs [][]byte) (int, error) {
 
 // socketPair returns a non-blocking stream socket's fd wrapped as a
 // sockConn and its peer as a file, both closed when t ends.
-func socketPair(t testing.TB) (*sockConn, *os.File) {
+func socketPair(t *testing.T) (*sockConn, *os.File) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -117,41 +117,4 @@ func TestSendvRest(t *testing.T) {
 			t.Fatalf("gnet got %q, want every byte after the failed sends", c.rest)
 		}
 	})
-}
-
-// BenchmarkSendv: an answer's two buffers to a socket, with sendv's raw
-// sendmsg against the writev that gnet's Writev makes (through the
-// runtime's entersyscall and exitsyscall, and the kernel's VFS layer).
-// The peer is drained on the same goroutine every 16 sends, the same
-// reads for both.
-func BenchmarkSendv(b *testing.B) {
-	head, body := bytes.Repeat([]byte("h"), 200), bytes.Repeat([]byte("b"), 1024)
-	for _, name := range []string{"writev", "sendv"} {
-		b.Run(name, func(b *testing.B) {
-			c, peer := socketPair(b)
-			var vec []unix.Iovec
-			iov := make([][]byte, 2)
-			drain := make([]byte, 64<<10)
-			n := 0
-			for b.Loop() {
-				iov[0], iov[1] = head, body
-				var err error
-				if name == "writev" {
-					_, err = unix.Writev(c.fd, iov)
-				} else {
-					err = sendv(c, iov, &vec)
-				}
-				if err != nil || len(c.rest) > 0 {
-					b.Fatal(err, len(c.rest))
-				}
-				if n++; n%16 == 0 {
-					for {
-						if k, _ := unix.Read(int(peer.Fd()), drain); k <= 0 {
-							break
-						}
-					}
-				}
-			}
-		})
-	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"pdlb/internal/mono"
+	"pdlb/internal/rawio"
 	"pdlb/lb/limits"
 	"pdlb/lb/pool"
 )
@@ -420,10 +421,7 @@ func (c *Conn) sendThenRead(s *podSocket, p []byte) (int, error) {
 func (c *Conn) heldStep(fd uintptr) bool {
 	h := &c.heldIO
 	if b := c.held.B; h.off < len(b) {
-		m, err := syscall.Write(int(fd), b[h.off:])
-		for err == syscall.EINTR {
-			m, err = syscall.Write(int(fd), b[h.off:])
-		}
+		m, err := rawio.Send(int(fd), b[h.off:])
 		switch {
 		case err == syscall.EAGAIN:
 			return true
@@ -434,10 +432,7 @@ func (c *Conn) heldStep(fd uintptr) bool {
 		h.off += m
 		return h.off < len(b)
 	}
-	m, err := syscall.Read(int(fd), h.p)
-	for err == syscall.EINTR {
-		m, err = syscall.Read(int(fd), h.p)
-	}
+	m, err := rawio.Recv(int(fd), h.p)
 	switch {
 	case err == syscall.EAGAIN:
 		return false
