@@ -28,7 +28,8 @@ func Send(fd int, b []byte) (int, error) {
 }
 
 // Sendv sends iov's buffers with one sendmsg, as Send does; vec is the
-// caller's scratch for the iovecs, kept for the next call.
+// caller's scratch for the iovecs, kept for the next call and cleared
+// after this one, so that it holds no buffer alive.
 func Sendv(fd int, iov [][]byte, vec *[]unix.Iovec) (int, error) {
 	v := (*vec)[:0]
 	for _, b := range iov {
@@ -47,6 +48,7 @@ func Sendv(fd int, iov [][]byte, vec *[]unix.Iovec) (int, error) {
 	msg.Iov = &v[0]
 	msg.SetIovlen(len(v))
 	n, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&msg)), flags)
+	clear(v)
 	return result(n, errno)
 }
 

@@ -23,14 +23,20 @@ func pair(tb testing.TB) (a, b int) {
 	return fds[0], fds[1]
 }
 
-// TestSendRecv: what Send and Sendv send, Recv gets in order; a full
-// socket takes part, then says EAGAIN; empty buffers send nothing; a
-// closed peer reads as 0 bytes and a send to it fails with EPIPE.
+// TestSendRecv: what Send and Sendv send, Recv gets in order, and Sendv's
+// scratch keeps no buffer; a full socket takes part, then says EAGAIN;
+// empty buffers send nothing; a closed peer reads as 0 bytes and a send
+// to it fails with EPIPE.
 func TestSendRecv(t *testing.T) {
 	a, b := pair(t)
 	var vec []unix.Iovec
 	if n, err := Sendv(a, [][]byte{[]byte("he"), nil, []byte("llo")}, &vec); n != 5 || err != nil {
 		t.Fatalf("Sendv: %d, %v", n, err)
+	}
+	for _, e := range vec {
+		if e.Base != nil {
+			t.Fatal("Sendv's scratch holds a buffer after the call")
+		}
 	}
 	if n, err := Send(a, []byte(" world")); n != 6 || err != nil {
 		t.Fatalf("Send: %d, %v", n, err)

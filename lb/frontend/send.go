@@ -12,7 +12,8 @@ import (
 // (rawio): gnet's Writev would go through the runtime's entersyscall and
 // exitsyscall and the kernel's VFS layer. What the socket does not take
 // (or everything, after an error) goes to gnet's Writev, which buffers
-// the rest or closes c as before. vec is the caller's scratch, reused.
+// the rest or closes c as before; iov's first buffer may be left trimmed
+// of what was sent. vec is the caller's scratch, reused.
 func sendv(c gnet.Conn, iov [][]byte, vec *[]unix.Iovec) error {
 	if c.OutboundBuffered() == 0 {
 		n, err := rawio.Sendv(c.Fd(), iov, vec)
