@@ -195,20 +195,20 @@ type completion struct {
 	explained     *explanation
 }
 
-var completionPool = sync.Pool{New: func() any { return new(completion) }}
+// completionPool's completions keep their openai.Request (recycled with
+// them): one pool for both.
+var completionPool = sync.Pool{New: func() any { return &completion{req: openai.NewRequest()} }}
 
 // acquireCompletion takes the request's start, its RequestCtx's Time (set
 // as its head was read), so that no clock is read for it again.
 func acquireCompletion(start time.Time) *completion {
 	x := completionPool.Get().(*completion)
-	x.req = openai.AcquireRequest()
 	x.start = start
 	return x
 }
 
 func releaseCompletion(x *completion) {
-	openai.ReleaseRequest(x.req)
-	x.req = nil
+	x.req.Recycle()
 	x.cands, x.tried, x.back, x.failure = x.cands[:0], x.tried[:0], x.back[:0], nil
 	clear(x.retriedFrom)
 	x.retriedFrom = x.retriedFrom[:0]

@@ -106,7 +106,7 @@ func TestPDAnswerLeavesTheCompletion(t *testing.T) {
 		}
 		// releaseCompletion left it at stagePick; a stage written after
 		// the answer would show.
-		if x.stage != stagePick || x.req != nil {
+		if x.stage != stagePick || x.ctx != nil {
 			t.Errorf("kind %d: the completion was touched after it was released: stage %d", kind, x.stage)
 		}
 	}

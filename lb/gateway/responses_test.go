@@ -103,8 +103,7 @@ func TestKeepHomeOverloaded(t *testing.T) {
 // request's prompt tokens, or its body's size when its input cannot be
 // rendered (the engine judges it): never nothing.
 func TestBudgetedResponses(t *testing.T) {
-	x := &completion{req: openai.AcquireRequest()}
-	defer openai.ReleaseRequest(x.req)
+	x := &completion{req: openai.NewRequest()}
 	for body, rendered := range map[string]bool{
 		`{"model":"m","input":"a prompt of some words"}`:                              true,
 		`{"model":"m","input":[],"instructions":"` + strings.Repeat("x", 4000) + `"}`: false,
@@ -128,8 +127,7 @@ func TestBudgetedResponses(t *testing.T) {
 // previous_response, previous_input_messages); an API without a prompt
 // has none.
 func TestSessionOfResponses(t *testing.T) {
-	x := &completion{req: openai.AcquireRequest()}
-	defer openai.ReleaseRequest(x.req)
+	x := &completion{req: openai.NewRequest()}
 	x.hdr[hdrSession] = []byte("conv-7")
 	for kind, want := range map[openai.Kind]string{openai.KindResponses: "conv-7", openai.KindChat: "conv-7", openai.KindOther: ""} {
 		x.req.Kind = kind

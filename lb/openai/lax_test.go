@@ -19,8 +19,7 @@ func TestParseLax(t *testing.T) {
 	}
 	f := func(kind Kind, fields string, w want) {
 		t.Helper()
-		r := AcquireRequest()
-		defer ReleaseRequest(r)
+		r := NewRequest()
 		prompt := `"prompt":"x"`
 		if kind == KindChat {
 			prompt = `"messages":[{"role":"user","content":"x"}]`
@@ -66,13 +65,12 @@ func TestParseLax(t *testing.T) {
 
 	// truncate_prompt_tokens, too, is an integer to the engines that read it.
 	for v, keep := range map[string]int{`"2"`: 2, `2.0`: 2, `" 2 "`: 2, `"-1"`: 0, `-1.0`: 0} {
-		r := AcquireRequest()
+		r := NewRequest()
 		body := `{"model":"m","prompt":"aaaabbbbcccc","truncate_prompt_tokens":` + v + `}`
 		if err := r.Parse(KindCompletion, []byte(body)); err != nil || r.TruncationError() != nil {
 			t.Errorf("Parse(%s): %v, %v; want it taken", body, err, r.TruncationError())
 		} else if got, want := len(tokensOf(r)), len(tokenize.Append(nil, []byte("aaaabbbbcccc"))); keep > 0 && got != keep || keep == 0 && got != want {
 			t.Errorf("Parse(%s): keeps %d tokens, want %d (0: all)", body, got, keep)
 		}
-		ReleaseRequest(r)
 	}
 }

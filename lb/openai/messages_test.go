@@ -14,9 +14,7 @@ import (
 // blocks renders as its blocks' JSON, unchanged when a cache_control mark
 // moves off it; what the engine refuses renders nothing.
 func TestParseMessagesPrompt(t *testing.T) {
-	r, c := AcquireRequest(), AcquireRequest()
-	defer ReleaseRequest(r)
-	defer ReleaseRequest(c)
+	r, c := NewRequest(), NewRequest()
 	same := func(messages, chat string) {
 		t.Helper()
 		sameAsChat(t, r, c, KindMessages, messages, chat)
@@ -85,8 +83,7 @@ func TestParseMessagesPrompt(t *testing.T) {
 // as a chat's does (newer vLLM releases salt the chat they make of it),
 // and vLLM's 400 for a salt it refuses is the gateway's.
 func TestMessagesCacheSalt(t *testing.T) {
-	r := AcquireRequest()
-	defer ReleaseRequest(r)
+	r := NewRequest()
 	seed := func(kind Kind, body string) uint64 {
 		t.Helper()
 		if err := r.Parse(kind, []byte(body)); err != nil {

@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"math"
 	"strconv"
-	"sync"
 
 	"github.com/bytedance/sonic"
 	sonicutf8 "github.com/bytedance/sonic/utf8"
@@ -159,10 +158,10 @@ func StoredID(path []byte) (id []byte, sub string, ok bool) {
 // every other value.
 //
 // A Request holds no reference to the body: every field is a copy, so the
-// body buffer may be reused while the Request lives. Requests are pooled
-// (AcquireRequest / ReleaseRequest) and keep their buffers, so Parse
-// allocates nothing once they have grown to the workload's prompt size.
-// A Request is not safe for concurrent use.
+// body buffer may be reused while the Request lives. A Request is kept
+// for the next one (Recycle) with its buffers, so Parse allocates nothing
+// once they have grown to the workload's prompt size. A Request is not
+// safe for concurrent use.
 type Request struct {
 	Kind Kind
 	// Model is the "model" field, empty when absent, null or "": vLLM and
@@ -289,41 +288,34 @@ type Request struct {
 	keptIDs  []uint32
 }
 
-// maxPooledPrompt bounds the prompt buffer a pooled Request keeps (bytes), so
-// one huge request does not pin its buffer in the pool for good.
-const maxPooledPrompt = 1 << 20
+// maxKeptPrompt bounds the prompt buffer a recycled Request keeps (bytes),
+// so one huge request does not pin its buffer for good.
+const maxKeptPrompt = 1 << 20
 
-// maxPooledID bounds the buffers of a pooled Request's response ids and
+// maxKeptID bounds the buffers of a recycled Request's response ids and
 // conversation key together (bytes): vLLM's ids are 37 bytes, a client's
 // may be as long as a body.
-const maxPooledID = 4 << 10
+const maxKeptID = 4 << 10
 
-var requestPool sync.Pool
+// NewRequest returns an empty Request.
+func NewRequest() *Request { return &Request{MaxTokens: -1, Choices: 1} }
 
-// AcquireRequest returns an empty Request from the pool.
-func AcquireRequest() *Request {
-	if r, ok := requestPool.Get().(*Request); ok {
-		return r
-	}
-	return &Request{MaxTokens: -1, Choices: 1}
-}
-
-// ReleaseRequest returns r to the pool; r must not be used afterwards.
-func ReleaseRequest(r *Request) {
-	if cap(r.Prompt) > maxPooledPrompt {
+// Recycle empties r for its next Parse, as Reset does, and first drops
+// the buffers a huge request grew past what a kept Request holds.
+func (r *Request) Recycle() {
+	if cap(r.Prompt) > maxKeptPrompt {
 		r.Prompt = nil
 	}
-	if cap(r.PromptIDs)*4 > maxPooledPrompt {
+	if cap(r.PromptIDs)*4 > maxKeptPrompt {
 		r.PromptIDs = nil
 	}
-	if cap(r.keptText) > maxPooledPrompt || cap(r.keptIDs)*4 > maxPooledPrompt {
+	if cap(r.keptText) > maxKeptPrompt || cap(r.keptIDs)*4 > maxKeptPrompt {
 		r.keptText, r.keptIDs = nil, nil
 	}
-	if cap(r.Previous)+cap(r.ResponseID)+cap(r.CacheKey) > maxPooledID {
+	if cap(r.Previous)+cap(r.ResponseID)+cap(r.CacheKey) > maxKeptID {
 		r.Previous, r.ResponseID, r.CacheKey = nil, nil, nil
 	}
 	r.Reset()
-	requestPool.Put(r)
 }
 
 // Reset empties r and keeps its buffers. (Zeroing r and then putting the

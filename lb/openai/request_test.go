@@ -43,8 +43,7 @@ func TestParseFields(t *testing.T) {
 	}
 	f := func(kind Kind, body string, w want) {
 		t.Helper()
-		r := AcquireRequest()
-		defer ReleaseRequest(r)
+		r := NewRequest()
 		if err := r.Parse(kind, []byte(body)); err != nil {
 			t.Fatalf("Parse(%s): %v", body, err)
 		}
@@ -294,8 +293,7 @@ func TestParseGrammar(t *testing.T) {
 // TestParseReusesRequest checks that a parse leaves nothing behind for the
 // next one on the same Request.
 func TestParseReusesRequest(t *testing.T) {
-	r := AcquireRequest()
-	defer ReleaseRequest(r)
+	r := NewRequest()
 	if err := r.Parse(KindCompletion, []byte(`{"model":"long-model","prompt":[1,2,3],"stream":true,"max_tokens":9,"stream_options":{"include_usage":true},"cache_salt":"s","truncate_prompt_tokens":2,"truncation_side":"right"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -439,14 +437,13 @@ func TestParseAllocs(t *testing.T) {
 		if name == "ids" || name == "lax" {
 			kind = KindCompletion
 		}
-		r := AcquireRequest()
+		r := NewRequest()
 		if err := r.Parse(kind, body); err != nil {
 			t.Fatal(err)
 		}
 		if n := testing.AllocsPerRun(100, func() { _ = r.Parse(kind, body) }); n != 0 {
 			t.Errorf("%s: Parse allocates %.1f times per call once warm, want 0", name, n)
 		}
-		ReleaseRequest(r)
 	}
 }
 
@@ -492,8 +489,7 @@ func TestStoredID(t *testing.T) {
 // response first in the object, and a later WithModel still finds the
 // model.
 func TestParseResponses(t *testing.T) {
-	r := AcquireRequest()
-	defer ReleaseRequest(r)
+	r := NewRequest()
 	body := `{"input":[{"role":"user","content":"hi"}],"model":"m","stream":true,"store":false,"previous_response_id":"resp_\u0041","max_output_tokens":5}`
 	if err := r.Parse(KindResponses, []byte(body)); err != nil {
 		t.Fatal(err)
@@ -566,9 +562,7 @@ func sameAsChat(t *testing.T, r, c *Request, kind Kind, body, chat string) {
 // turns, so a conversation sent through either API keys its blocks
 // alike; an input the engine refuses renders no prompt.
 func TestParseResponsesPrompt(t *testing.T) {
-	r, c := AcquireRequest(), AcquireRequest()
-	defer ReleaseRequest(r)
-	defer ReleaseRequest(c)
+	r, c := NewRequest(), NewRequest()
 	same := func(responses, chat string) {
 		t.Helper()
 		sameAsChat(t, r, c, KindResponses, responses, chat)
@@ -608,8 +602,7 @@ func TestParseResponsesPrompt(t *testing.T) {
 // TestParsePriorCutShort: a body cut short in a stateless history's
 // value is refused as no JSON, not a panic.
 func TestParsePriorCutShort(t *testing.T) {
-	r := AcquireRequest()
-	defer ReleaseRequest(r)
+	r := NewRequest()
 	for _, body := range []string{`{"previous_response":`, `{"previous_input_messages":[`, `{"previous_input_messages":[ `, `{"previous_response":n`} {
 		if err := r.Parse(KindResponses, []byte(body)); err == nil {
 			t.Errorf("%s: accepted", body)
@@ -620,8 +613,7 @@ func TestParsePriorCutShort(t *testing.T) {
 // TestParseOther: another API's body gives its model alone, whatever else
 // it holds, and no output to charge; its JSON is still checked.
 func TestParseOther(t *testing.T) {
-	r := AcquireRequest()
-	defer ReleaseRequest(r)
+	r := NewRequest()
 	body := `{"input":["a",{"b":[1,2]}],"stream":"maybe","max_tokens":-5,"messages":7,"model":"emb","prompt":null}`
 	if err := r.Parse(KindTokenizer, []byte(body)); err != nil {
 		t.Fatal(err)
@@ -1151,11 +1143,10 @@ func TestParseChoices(t *testing.T) {
 		`{"model":"m","prompt":"x","n":1}`:    1,
 		`{"model":"m","prompt":"x","n":4}`:    4,
 	} {
-		r := AcquireRequest()
+		r := NewRequest()
 		if err := r.Parse(KindCompletion, []byte(body)); err != nil || r.Choices != want {
 			t.Errorf("Parse(%s): n %d, %v; want %d", body, r.Choices, err, want)
 		}
-		ReleaseRequest(r)
 	}
 }
 
@@ -1168,8 +1159,7 @@ func TestParseChoices(t *testing.T) {
 func TestOutputBudget(t *testing.T) {
 	f := func(kind Kind, body string, engine engines.Kind, want int) {
 		t.Helper()
-		r := AcquireRequest()
-		defer ReleaseRequest(r)
+		r := NewRequest()
 		if err := r.Parse(kind, []byte(body)); err != nil {
 			t.Fatalf("Parse(%s): %v", body, err)
 		}
@@ -1203,8 +1193,7 @@ func TestOutputBudget(t *testing.T) {
 func TestParseTruncation(t *testing.T) {
 	f := func(kind Kind, body string, want []uint32) {
 		t.Helper()
-		r := AcquireRequest()
-		defer ReleaseRequest(r)
+		r := NewRequest()
 		if err := r.Parse(kind, []byte(body)); err != nil {
 			t.Fatalf("Parse(%s): %v", body, err)
 		}
@@ -1304,4 +1293,20 @@ func tokensOf(r *Request) []uint32 {
 		return r.PromptIDsKept()
 	}
 	return tokenize.Append(nil, r.PromptKept())
+}
+
+// TestRecycleKeepsBuffers: a recycled Request keeps the prompt buffer a
+// usual request grew, empty, and drops one a huge request grew past
+// maxKeptPrompt, which would otherwise stay with it for good.
+func TestRecycleKeepsBuffers(t *testing.T) {
+	r := NewRequest()
+	for _, size := range []int{8 << 10, 2 * maxKeptPrompt} {
+		if err := r.Parse(KindChat, chatBody(size)); err != nil {
+			t.Fatal(err)
+		}
+		r.Recycle()
+		if kept := cap(r.Prompt) > 0; kept != (size < maxKeptPrompt) || len(r.Prompt) != 0 || len(r.Model) != 0 {
+			t.Errorf("a %d-byte request recycled: prompt %d of %d bytes, model %q", size, len(r.Prompt), cap(r.Prompt), r.Model)
+		}
+	}
 }

@@ -73,8 +73,7 @@ func BenchmarkExtract(b *testing.B) {
 	} {
 		name, body := c.name, c.body
 		b.Run(name+"/sonic", func(b *testing.B) {
-			r := AcquireRequest()
-			defer ReleaseRequest(r)
+			r := NewRequest()
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {

@@ -151,8 +151,7 @@ func tokenizeBody(m *prompt.Model, body []byte, engine engines.Kind) (tokenized,
 	if len(req.Messages) > 0 {
 		kind = openai.KindChat
 	}
-	r := openai.AcquireRequest()
-	defer openai.ReleaseRequest(r)
+	r := openai.NewRequest()
 	if err := r.Parse(kind, body); err != nil {
 		return t, err
 	}
