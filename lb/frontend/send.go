@@ -41,7 +41,8 @@ func send(c gnet.Conn, b []byte) error {
 	return err
 }
 
-// skip drops the first n bytes of iov, in place, and its empty buffers.
+// skip drops the first n bytes of iov: the buffers they fill (empty ones
+// among them) and the start of the next, trimmed in place.
 func skip(iov [][]byte, n int) [][]byte {
 	for len(iov) > 0 && n >= len(iov[0]) {
 		n -= len(iov[0])
