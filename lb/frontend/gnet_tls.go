@@ -459,8 +459,7 @@ func (t *loopTLS) send(cb gnet.AsyncCallback) error {
 		if t.queued.Load() == 0 {
 			// gnet copies what the socket does not take now.
 			t.w.out = out[:0]
-			_, err := t.w.c.Write(out)
-			return err
+			return send(t.w.c, out)
 		}
 	}
 	// The records go out after the callback, so they need a buffer of
