@@ -157,6 +157,12 @@ type completion struct {
 	up   *fasthttp.Request
 	resp *fasthttp.Response
 	pod  *pool.Pod
+	// own is the plain attempt's resp, kept with x for life with its body
+	// buffer (KeepBodyBuffer): taken from fasthttp's pools, a response
+	// and its body buffer cost four pool operations a request, and the
+	// body pool's size calibration counts every return on one counter
+	// that both event loops' cores share.
+	own fasthttp.Response
 	// upAuth is the pod API key up carries (pool.Pod.Auth).
 	upAuth []byte
 	// head is the answer's header lines when the event loop scanned
@@ -196,8 +202,23 @@ type completion struct {
 }
 
 // completionPool's completions keep their openai.Request (recycled with
-// them): one pool for both.
-var completionPool = sync.Pool{New: func() any { return &completion{req: openai.NewRequest()} }}
+// them) and their own response: one pool for all three.
+var completionPool = sync.Pool{New: func() any {
+	x := &completion{req: openai.NewRequest()}
+	x.own.KeepBodyBuffer = true
+	return x
+}}
+
+// maxKeptBody bounds the body buffer a completion's own response keeps
+// (bytes): a larger answer's goes to the collector, as fasthttp's body
+// pool drops buffers past the sizes it mostly sees.
+const maxKeptBody = 64 << 10
+
+// resetOwn readies x's own response for its next attempt or request.
+func (x *completion) resetOwn() {
+	x.own.ReleaseBody(maxKeptBody)
+	x.own.Reset()
+}
 
 // acquireCompletion takes the request's start, its RequestCtx's Time (set
 // as its head was read), so that no clock is read for it again.
@@ -209,6 +230,9 @@ func acquireCompletion(start time.Time) *completion {
 
 func releaseCompletion(x *completion) {
 	x.req.Recycle()
+	if x.resp != nil {
+		x.resetOwn()
+	}
 	x.cands, x.tried, x.back, x.failure = x.cands[:0], x.tried[:0], x.back[:0], nil
 	clear(x.retriedFrom)
 	x.retriedFrom = x.retriedFrom[:0]
@@ -256,7 +280,7 @@ func (x *completion) dropRequest() {
 func (x *completion) dropUpstream() {
 	x.dropRequest()
 	if x.resp != nil {
-		fasthttp.ReleaseResponse(x.resp)
+		x.resetOwn()
 		x.resp = nil
 	}
 }

@@ -221,7 +221,9 @@ func (g *Gateway) finish(x *completion, m *pool.Model, pod *pool.Pod, resp *fast
 		x.pd.End(pod, status)
 	}
 	_ = resp.CloseBodyStream()
-	fasthttp.ReleaseResponse(resp)
+	if resp != &x.own {
+		fasthttp.ReleaseResponse(resp) // a PD exchange's; x's own goes with x
+	}
 	// One clock read for both: under a VM's kvm-clock a read is a
 	// costly vDSO call.
 	now := time.Now()

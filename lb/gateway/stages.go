@@ -295,7 +295,7 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		}
 	}
 	if x.resp == nil {
-		x.resp = fasthttp.AcquireResponse()
+		x.resp = &x.own
 	}
 	// The event loop renders a POST itself (appendUpstream); x.up, once
 	// made, serves the later attempts on pods of the same API key.
