@@ -299,7 +299,7 @@ func (gc *gconn) afterLoop() {
 				_ = gc.c.Close()
 			}
 		}
-		gc.done(queued{ctx: ctx})
+		gc.doneOnLoop(ctx)
 	}
 }
 
@@ -312,7 +312,7 @@ func (gc *gconn) afterLoop() {
 func (gc *gconn) writeLast(ctx *fasthttp.RequestCtx) {
 	gc.stopped = true
 	if gc.closed {
-		gc.done(queued{ctx: ctx})
+		gc.doneOnLoop(ctx)
 		return
 	}
 	ctx.Response.SetConnectionClose()
@@ -327,7 +327,7 @@ func (gc *gconn) writeLast(ctx *fasthttp.RequestCtx) {
 		gc.enqueue(queued{ctx: ctx, served: true, written: true})
 		return
 	}
-	gc.done(queued{ctx: ctx})
+	gc.doneOnLoop(ctx)
 }
 
 // resume parses what the client sent while its request was served on the
@@ -398,10 +398,11 @@ func (gc *gconn) parse(buf []byte) (*fasthttp.RequestCtx, int, error) {
 	p.src = peekReader{b: buf}
 	p.br.Reset(&p.src)
 	if gc.next == nil {
-		gc.next = acquireCtx()
+		gc.next = gc.ls.takeCtx() // reset as it was released (resetCtx)
+	} else {
+		gc.next.Request.Reset() // what a read of part of it parsed
 	}
 	req := &gc.next.Request
-	req.Reset()
 
 	err := req.Header.Read(p.br)
 	// A head fasthttp took whole is checked too: its lines may end in one.
@@ -668,6 +669,13 @@ func (gc *gconn) Unwatch(w upstream.Cutter) {
 // done releases a served request.
 func (gc *gconn) done(q queued) {
 	releaseCtx(q.ctx)
+	gc.s.serving.Add(-1)
+}
+
+// doneOnLoop is done for a request served on the loop, whose context the
+// loop keeps for its next.
+func (gc *gconn) doneOnLoop(ctx *fasthttp.RequestCtx) {
+	gc.ls.giveCtx(ctx)
 	gc.s.serving.Add(-1)
 }
 
@@ -941,11 +949,15 @@ var ctxPool = sync.Pool{New: func() any { return new(fasthttp.RequestCtx) }}
 func acquireCtx() *fasthttp.RequestCtx { return ctxPool.Get().(*fasthttp.RequestCtx) }
 
 func releaseCtx(ctx *fasthttp.RequestCtx) {
+	resetCtx(ctx)
+	ctxPool.Put(ctx)
+}
+
+func resetCtx(ctx *fasthttp.RequestCtx) {
 	_ = ctx.Response.CloseBodyStream()
 	ctx.Request.Reset()
 	ctx.Response.Reset()
 	ctx.ResetUserValues()
-	ctxPool.Put(ctx)
 }
 
 // gconn is the net.Conn a RequestCtx reports (its addresses); the bytes

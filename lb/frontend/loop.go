@@ -270,6 +270,43 @@ type loopState struct {
 	// p parses the requests and answers read on the loop, one at a
 	// time: no parse calls out before it returns.
 	p *parser
+	// ctxs are request contexts the loop's requests served on it gave
+	// back, which its next requests take before the shared pool's: with
+	// more contexts in flight than a sync.Pool's one private slot, its
+	// Get and Put go through the pool's chain, locked operations both.
+	ctxs []*fasthttp.RequestCtx
+}
+
+// maxLoopCtxs bounds the contexts a loop keeps: about its connections'
+// requests in flight at once under load; the rest go to the pool.
+const maxLoopCtxs = 256
+
+// maxLoopCtxBody bounds the body buffers a context the loop keeps may
+// hold (bytes): the pool's go at a collection, the loop's would stay.
+const maxLoopCtxBody = 64 << 10
+
+// takeCtx is acquireCtx on the loop.
+func (ls *loopState) takeCtx() *fasthttp.RequestCtx {
+	n := len(ls.ctxs)
+	if n == 0 {
+		return acquireCtx()
+	}
+	ctx := ls.ctxs[n-1]
+	ls.ctxs[n-1] = nil
+	ls.ctxs = ls.ctxs[:n-1]
+	return ctx
+}
+
+// giveCtx is releaseCtx on the loop.
+func (ls *loopState) giveCtx(ctx *fasthttp.RequestCtx) {
+	if len(ls.ctxs) == maxLoopCtxs {
+		releaseCtx(ctx)
+		return
+	}
+	ctx.Request.ReleaseBody(maxLoopCtxBody)
+	ctx.Response.ReleaseBody(maxLoopCtxBody)
+	resetCtx(ctx)
+	ls.ctxs = append(ls.ctxs, ctx)
 }
 
 // parser is the loop's parser, made on first use.

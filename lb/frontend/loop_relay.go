@@ -66,7 +66,7 @@ func (l *Loop) Relay(idle time.Duration, sink Sink) {
 	uc.w = StreamWriter{chunks: &gc.lchunks}
 	ctx := gc.cur
 	gc.startChunked(ctx)
-	releaseCtx(ctx)
+	gc.ls.giveCtx(ctx)
 	gc.cur = nil
 }
 

@@ -446,3 +446,34 @@ func TestKeptPodConnectionReused(t *testing.T) {
 		t.Fatalf("two exchanges one after the other, Keepalive 0.5 s: %d connections to the pod; want the first one kept", n)
 	}
 }
+
+// TestLoopKeepsContexts: a context the loop gave back is the next one it
+// takes, reset, with no body buffer over maxLoopCtxBody; past
+// maxLoopCtxs kept, the loop gives them to the pool.
+func TestLoopKeepsContexts(t *testing.T) {
+	ls := &loopState{}
+	ctx := ls.takeCtx()
+	ctx.Init2(nil, ctxLogger, false) // as serveOnLoop does: buffers kept
+	ctx.Request.SetBody(make([]byte, 1<<10))
+	ctx.Response.SetBody(make([]byte, maxLoopCtxBody+1))
+	ctx.SetUserValue("k", 1)
+	ls.giveCtx(ctx)
+	if got := ls.takeCtx(); got != ctx {
+		t.Fatal("the loop took another context than the one it was given back")
+	}
+	if len(ctx.Request.Body()) != 0 || ctx.UserValue("k") != nil {
+		t.Error("a context the loop kept was not reset")
+	}
+	if cap(ctx.Request.Body()) == 0 {
+		t.Error("a 1 KB request body's buffer was not kept")
+	}
+	if cap(ctx.Response.Body()) != 0 {
+		t.Errorf("a %d-byte response body's buffer was kept", maxLoopCtxBody+1)
+	}
+	for range maxLoopCtxs + 1 {
+		ls.giveCtx(acquireCtx())
+	}
+	if len(ls.ctxs) != maxLoopCtxs {
+		t.Errorf("the loop keeps %d contexts, want at most %d", len(ls.ctxs), maxLoopCtxs)
+	}
+}
