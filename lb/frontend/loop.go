@@ -180,13 +180,14 @@ func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Respons
 	gc := l.gc
 	ls := gc.ls
 	now := gc.s.o.clock()
-	uc := ls.take(u.Addr, now)
+	idle := ls.idleOf(u.Addr)
+	uc := take(idle, now)
 	if uc == nil {
 		n := gc.s.upstreamCount(u.Addr)
 		if !reserveConn(n, u.MaxConns) {
 			return fasthttp.ErrNoFreeConns
 		}
-		uc = &upConn{ls: ls, addr: u.Addr, count: n}
+		uc = &upConn{ls: ls, addr: u.Addr, kept: idle, count: n}
 		uc.open(u.DialTimeout)
 	}
 	uc.dialTimeout, uc.maxConns = u.DialTimeout, u.MaxConns
@@ -263,7 +264,8 @@ type loopState struct {
 	s  *GNet
 	el gnet.EventLoop
 	// idle holds the keep-alive connections waiting, by address; a list
-	// is kept by pointer, so a request takes and parks with one lookup.
+	// is kept by pointer, which each of its connections holds: a request
+	// takes one with a lookup, and parks it with none.
 	idle  map[string]*[]*upConn
 	conns []*upConn // every upstream connection, for the sweep
 	sweep gnet.Runnable
@@ -330,16 +332,26 @@ func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
 	return ls
 }
 
-// take returns an idle connection to addr, the latest one parked (its
+// idleOf returns the loop's list of idle connections to addr, made on
+// first use.
+func (ls *loopState) idleOf(addr string) *[]*upConn {
+	list := ls.idle[addr]
+	if list == nil {
+		list = new([]*upConn)
+		ls.idle[addr] = list
+	}
+	return list
+}
+
+// take returns an idle connection of list, the latest one parked (its
 // socket is the warmest), or nil. One idle past its keep-alive is closed
 // instead, and the older ones with it: the sweep that closes them runs on
 // the clock's ticks, which may lag (the first one after the loops start
 // comes up to a tick later), and a request must not go out on a
 // connection its pod may have closed. now and idleSince are read off the
 // clock, not its coarse copy.
-func (ls *loopState) take(addr string, now int64) *upConn {
-	list := ls.idle[addr]
-	if list == nil || len(*list) == 0 {
+func take(list *[]*upConn, now int64) *upConn {
+	if len(*list) == 0 {
 		return nil
 	}
 	idle := *list
@@ -362,22 +374,16 @@ func (ls *loopState) take(addr string, now int64) *upConn {
 // off the coarse copy, up to a tick longer.
 func (ls *loopState) park(uc *upConn) {
 	uc.idleSince = ls.s.o.clock()
-	list := ls.idle[uc.addr]
-	if list == nil {
-		list = new([]*upConn)
-		ls.idle[uc.addr] = list
-	}
-	*list = append(*list, uc)
+	*uc.kept = append(*uc.kept, uc)
 }
 
 // forget drops a closed connection from the loop's lists.
 func (ls *loopState) forget(uc *upConn) {
-	if list := ls.idle[uc.addr]; list != nil {
-		for i, v := range *list {
-			if v == uc {
-				*list = append((*list)[:i], (*list)[i+1:]...)
-				break
-			}
+	list := uc.kept
+	for i, v := range *list {
+		if v == uc {
+			*list = append((*list)[:i], (*list)[i+1:]...)
+			break
 		}
 	}
 	for i, v := range ls.conns {
@@ -428,6 +434,7 @@ func giveUp(d Done) bool {
 type upConn struct {
 	ls    *loopState
 	addr  string
+	kept  *[]*upConn    // the loop's idle connections to addr (idleOf)
 	count *atomic.Int32 // addr's open connections
 	c     gnet.Conn     // nil while dialing
 
