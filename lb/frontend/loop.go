@@ -276,7 +276,12 @@ type loopState struct {
 	// back, which its next requests take before the shared pool's: with
 	// more contexts in flight than a sync.Pool's one private slot, its
 	// Get and Put go through the pool's chain, locked operations both.
-	ctxs []*fasthttp.RequestCtx
+	// ctxsLow is the fewest ctxs has held since trimmed (the coarse
+	// clock), when the sweep last gave the pool those the loop had not
+	// taken (trimCtxs).
+	ctxs    []*fasthttp.RequestCtx
+	ctxsLow int
+	trimmed int64
 }
 
 // maxLoopCtxs bounds the contexts a loop keeps: about its connections'
@@ -296,7 +301,25 @@ func (ls *loopState) takeCtx() *fasthttp.RequestCtx {
 	ctx := ls.ctxs[n-1]
 	ls.ctxs[n-1] = nil
 	ls.ctxs = ls.ctxs[:n-1]
+	ls.ctxsLow = min(ls.ctxsLow, n-1)
 	return ctx
+}
+
+// trimCtxs gives the pool, once a tick, the contexts the loop kept and
+// did not take since the last time (the oldest): a burst's contexts go
+// back to the collector with the pool's, not stay with the loop for good.
+func (ls *loopState) trimCtxs(now int64) {
+	if now-ls.trimmed < int64(tick) {
+		return
+	}
+	idle := ls.ctxsLow
+	for _, ctx := range ls.ctxs[:idle] {
+		ctxPool.Put(ctx)
+	}
+	n := copy(ls.ctxs, ls.ctxs[idle:])
+	clear(ls.ctxs[n:])
+	ls.ctxs = ls.ctxs[:n]
+	ls.ctxsLow, ls.trimmed = n, now
 }
 
 // giveCtx is releaseCtx on the loop.
@@ -397,10 +420,11 @@ func (ls *loopState) forget(uc *upConn) {
 	uc.count.Add(-1)
 }
 
-// sweepConns, on the loop, times out exchanges past their deadline and
-// closes connections idle too long.
+// sweepConns, on the loop, times out exchanges past their deadline,
+// closes connections idle too long and trims the loop's contexts.
 func (ls *loopState) sweepConns() {
 	now := ls.s.now.Load()
+	ls.trimCtxs(now)
 	for _, uc := range ls.conns {
 		switch {
 		case uc.c == nil:

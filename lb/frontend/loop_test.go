@@ -477,3 +477,26 @@ func TestLoopKeepsContexts(t *testing.T) {
 		t.Errorf("the loop keeps %d contexts, want at most %d", len(ls.ctxs), maxLoopCtxs)
 	}
 }
+
+// TestLoopTrimsContexts: once a tick, the contexts a loop kept and did not
+// take since the last trim go to the pool, the oldest first.
+func TestLoopTrimsContexts(t *testing.T) {
+	ls := &loopState{}
+	for range 4 {
+		ls.giveCtx(acquireCtx())
+	}
+	ls.trimCtxs(int64(tick)) // the first: nothing was counted before it
+	if len(ls.ctxs) != 4 {
+		t.Fatalf("the first trim left %d contexts of 4", len(ls.ctxs))
+	}
+	used := ls.takeCtx()
+	ls.giveCtx(used)
+	ls.trimCtxs(int64(tick) + int64(tick)/2)
+	if len(ls.ctxs) != 4 {
+		t.Fatalf("a trim within the tick left %d contexts of 4", len(ls.ctxs))
+	}
+	ls.trimCtxs(2 * int64(tick))
+	if len(ls.ctxs) != 1 || ls.ctxs[0] != used {
+		t.Errorf("after the tick %d contexts left, want the one taken", len(ls.ctxs))
+	}
+}
