@@ -276,9 +276,9 @@ type loopState struct {
 	// back, which its next requests take before the shared pool's: with
 	// more contexts in flight than a sync.Pool's one private slot, its
 	// Get and Put go through the pool's chain, locked operations both.
-	// ctxsLow is the fewest ctxs has held since trimmed (the coarse
-	// clock), when the sweep last gave the pool those the loop had not
-	// taken (trimCtxs).
+	// ctxsLow is the fewest contexts ctxs held since trimmed, the coarse
+	// clock's reading when the sweep last gave the pool those the loop
+	// had not taken (trimCtxs).
 	ctxs    []*fasthttp.RequestCtx
 	ctxsLow int
 	trimmed int64
