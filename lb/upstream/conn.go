@@ -781,11 +781,12 @@ func readBodyWhole(resp *fasthttp.Response, limit int) error {
 		return err
 	}
 	_ = resp.CloseBodyStream()
-	// Copied, not swapped in: the response's buffer goes back to
-	// fasthttp's pool at its release, which drops one larger than the
-	// sizes it has counted (this one is sized to the body and a byte),
-	// and a swap left bodyBufs the pool's small ones: a read in four
-	// allocated its buffer anew.
+	// Copied, not swapped in: a response from fasthttp's pool (a PD
+	// leg's) gives its buffer back to that pool at its release, which
+	// drops one larger than the sizes it has counted (this one is sized
+	// to the body and a byte), and a swap left bodyBufs the pool's small
+	// ones: a read in four allocated its buffer anew. A completion's own
+	// response keeps the buffer it is copied into.
 	resp.SetBody(b.B)
 	return nil
 }
