@@ -125,8 +125,8 @@ type Upstream struct {
 	Down *atomic.Int64
 	// Head, when set, takes the answer's header lines as the pod sent
 	// them, and the response's header then holds only its status, framing
-	// and Connection: close (AnswerHead).
-	Head *AnswerHead
+	// and Connection: close (upstream.AnswerHead).
+	Head *upstream.AnswerHead
 }
 
 // Request is a request Send sends: AppendRequest appends it whole, head
@@ -136,25 +136,9 @@ type Request interface{ AppendRequest(dst []byte) []byte }
 // FastRequest is a fasthttp request as Send sends it.
 type FastRequest fasthttp.Request
 
-// AppendRequest appends r as fasthttp's Request.Write would send it,
-// directly rather than through a pooled bufio.Writer: r's body is in
-// memory (the gateway's are) and it has no trailers. The Host header and
-// the request target go as r's header holds them; only a request without
-// a Host header takes both from its URI.
+// AppendRequest appends r as upstream.AppendRequest renders it.
 func (r *FastRequest) AppendRequest(dst []byte) []byte {
-	req := (*fasthttp.Request)(r)
-	h := &req.Header
-	if len(h.Host()) == 0 {
-		uri := req.URI()
-		uri.DisablePathNormalizing = true
-		h.SetHostBytes(uri.Host())
-		h.SetRequestURIBytes(uri.RequestURI())
-	}
-	body := req.Body()
-	if len(body) > 0 || !(h.IsGet() || h.IsHead()) {
-		h.SetContentLength(len(body))
-	}
-	return append(h.AppendBytes(dst), body...)
+	return upstream.AppendRequest(dst, (*fasthttp.Request)(r))
 }
 
 // Send sends req to the pod at u.Addr over an idle keep-alive
@@ -500,10 +484,10 @@ type upConn struct {
 	remain     int
 	closeAfter bool // the pod answered Connection: close
 
-	idleSince int64       // when it was parked
-	keepalive int64       // nanoseconds it may idle (Upstream.Keepalive)
-	maxBody   int         // Upstream.MaxBody of the exchange in flight
-	head      *AnswerHead // Upstream.Head of the exchange in flight
+	idleSince int64                // when it was parked
+	keepalive int64                // nanoseconds it may idle (Upstream.Keepalive)
+	maxBody   int                  // Upstream.MaxBody of the exchange in flight
+	head      *upstream.AnswerHead // Upstream.Head of the exchange in flight
 }
 
 // open starts a new connection for uc, counted in uc.count already; the
@@ -677,21 +661,21 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 	resp := uc.resp
 	resp.Reset()
 	var err error
-	h, plain := plainHead{}, false
+	h, plain := upstream.PlainHead{}, false
 	if uc.head != nil {
 		// A head longer than the parser's buffer goes to fasthttp, which
 		// refuses it, as it refuses one that arrives in pieces.
-		h, plain = scanHead(buf)
-		plain = plain && h.n <= s.o.MaxHeaderBytes
+		h, plain = upstream.ScanHead(buf)
+		plain = plain && h.N <= s.o.MaxHeaderBytes
 	}
 	if plain {
-		resp.SetStatusCode(h.status)
-		resp.Header.SetContentLength(h.length)
-		if h.close {
+		resp.SetStatusCode(h.Status)
+		resp.Header.SetContentLength(h.Length)
+		if h.Close {
 			resp.SetConnectionClose()
 		}
-		uc.head.Raw, uc.head.Lines = true, append(uc.head.Lines[:0], h.lines...)
-		p.src = peekReader{b: buf[h.n:], eof: eof}
+		uc.head.Raw, uc.head.Lines = true, append(uc.head.Lines[:0], h.Lines...)
+		p.src = peekReader{b: buf[h.N:], eof: eof}
 		p.br.Reset(&p.src)
 	} else {
 		if uc.head != nil {
@@ -699,15 +683,8 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 		}
 		p.src = peekReader{b: buf, eof: eof}
 		p.br.Reset(&p.src)
-		err = resp.Header.Read(p.br)
-		// Interim answers (103 Early Hints) are skipped to the final
-		// one, as fasthttp's whole read does: a stream's 200 comes
-		// after them.
-		for n := 0; err == nil && interim(resp.StatusCode()); n++ {
-			if n == maxInterim {
-				return 0, errTooManyInterim
-			}
-			err = resp.Header.Read(p.br)
+		if err = upstream.ReadHead(&resp.Header, p.br); err == upstream.ErrTooManyInterim {
+			return 0, err
 		}
 	}
 	if err == nil && uc.stream && resp.StatusCode() == fasthttp.StatusOK {
@@ -734,8 +711,8 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 		if plain && cl >= 0 && !resp.StreamBody {
 			// Whole in buf (checked above): copied once, not through
 			// the reader's buffer first.
-			resp.SetBody(buf[h.n : h.n+cl])
-			return h.n + cl, nil
+			resp.SetBody(buf[h.N : h.N+cl])
+			return h.N + cl, nil
 		}
 		// The body follows the header just read, which is not read
 		// again (as fasthttp's whole read would).
@@ -751,7 +728,7 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 		return 0, errNeedMore
 	}
 	if err != nil && !headed && !HeadTooLarge(err) {
-		err = errPodHead
+		err = upstream.ErrPodHead
 	}
 	return p.consumed(buf), err
 }
@@ -769,23 +746,6 @@ func HeadTooLarge(err error) bool {
 	var small *fasthttp.ErrSmallBuffer
 	return errors.As(err, &small)
 }
-
-// errPodHead fails an exchange whose answer's head does not parse. It names
-// no byte of the head, which fasthttp's error quotes: the client's error
-// says why the exchange failed, and the pod's fields are not its business.
-var errPodHead = errors.New("its answer's head does not parse as HTTP/1.1")
-
-// interim reports whether code is an interim answer's, which a final one
-// follows (101 Switching Protocols is final).
-func interim(code int) bool {
-	return code >= 100 && code < 200 && code != fasthttp.StatusSwitchingProtocols
-}
-
-// maxInterim bounds the interim answers before a final one (fasthttp's
-// bound).
-const maxInterim = 100
-
-var errTooManyInterim = errors.New("frontend: too many interim answers from the pod")
 
 // errGather: a whole answer's header is in, and its chunked body is not
 // all there yet (read gathers it).

@@ -15,6 +15,8 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
+
+	"pdlb/lb/upstream"
 )
 
 // loopAnswer answers a request served on the loop with its pod's answer,
@@ -145,7 +147,7 @@ func TestSweptConnectionIsNotReused(t *testing.T) {
 func TestParseAllocatesNothing(t *testing.T) {
 	s := &GNet{o: Options{}.withDefaults()}
 	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-	for _, head := range []*AnswerHead{nil, {}} {
+	for _, head := range []*upstream.AnswerHead{nil, {}} {
 		uc := &upConn{ls: &loopState{s: s}, resp: new(fasthttp.Response), head: head}
 		allocs := testing.AllocsPerRun(1000, func() {
 			if _, err := uc.parse(answer, false); err != nil {

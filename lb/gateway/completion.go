@@ -13,6 +13,7 @@ import (
 	"pdlb/lb/pd"
 	"pdlb/lb/pool"
 	"pdlb/lb/route"
+	"pdlb/lb/upstream"
 	"pdlb/ledger"
 )
 
@@ -168,7 +169,7 @@ type completion struct {
 	// head is the answer's header lines when the event loop scanned
 	// them (Raw), which resp's header then lacks; reqID is the
 	// request's X-Request-Id (requestIDOf).
-	head  frontend.AnswerHead
+	head  upstream.AnswerHead
 	reqID []byte
 	// A stream's: its model's metrics and its tokens' timing.
 	modelStats *modelMetrics

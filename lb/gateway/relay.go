@@ -114,17 +114,17 @@ func answerHead(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *completion
 
 // addFields adds header lines (name: value CRLF each) to ctx's answer.
 func addFields(ctx *fasthttp.RequestCtx, lines []byte) {
-	frontend.EachField(lines, func(k, v, _ []byte) { ctx.Response.Header.AddBytesKV(k, v) })
+	upstream.EachField(lines, func(k, v, _ []byte) { ctx.Response.Header.AddBytesKV(k, v) })
 }
 
 // passHead gives ctx's client the pod's header lines that answerField
 // (with cors, and keyed when rate is not empty) and the pod's Connection
 // leave, byte for byte, then x-pdlb-pod, X-Request-Id and the lines of
 // rate (the key's rate-limit fields); head's lines are filtered in place.
-func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, id, rate []byte, cors bool) {
+func passHead(ctx *fasthttp.RequestCtx, head *upstream.AnswerHead, pod string, id, rate []byte, cors bool) {
 	kept, keyed := head.Lines[:0], len(rate) > 0
 	var nominated []byte
-	frontend.EachField(head.Lines, func(k, v, line []byte) {
+	upstream.EachField(head.Lines, func(k, v, line []byte) {
 		if answerField(k, cors, keyed) {
 			kept = append(kept, line...)
 		} else if nominatesIn(k, v) {
@@ -134,7 +134,7 @@ func passHead(ctx *fasthttp.RequestCtx, head *frontend.AnswerHead, pod string, i
 	if nominated != nil {
 		rest := kept
 		kept = kept[:0]
-		frontend.EachField(rest, func(k, _, line []byte) {
+		upstream.EachField(rest, func(k, _, line []byte) {
 			if !namedIn(nominated, k) {
 				kept = append(kept, line...)
 			}

@@ -1,7 +1,9 @@
-package frontend
+package upstream
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
 
 	"github.com/valyala/fasthttp"
 )
@@ -9,14 +11,15 @@ import (
 // A pod's answer head, passed on as it came. fasthttp's parser checks,
 // normalises and stores every field of the pod's head, the gateway adds
 // each to the client's header, and the render writes each out again. The
-// loop scans a plain head itself instead: status, framing and Connection
+// event loop's exchange and a worker's whole-answer call scan a plain head
+// instead: status, framing and Connection
 // are read, and the other lines go to the client byte for byte, as nginx
 // and HAProxy pass an upstream's header. A head that is not plain (an
 // interim answer, HTTP/1.0, folded lines, framing fasthttp must judge) is
 // parsed by fasthttp.
 
-// AnswerHead is the header block of a pod's answer as the loop scanned it
-// (Upstream.Head).
+// AnswerHead is the header block of a pod's answer as it was scanned
+// (frontend.Upstream.Head, DoCut's head).
 type AnswerHead struct {
 	// Raw: Lines holds the head's header lines, each "name: value\r\n"
 	// as the pod sent it, and the response's header only its status,
@@ -26,23 +29,23 @@ type AnswerHead struct {
 	Lines []byte
 }
 
-// plainHead is what scanHead found in a plain head: its status, its
+// PlainHead is what ScanHead found in a plain head: its status, its
 // body's framing (ContentLength's convention: the length, -1 chunked, -2
 // until the pod closes), whether the pod closes the connection after it,
 // the header lines, and the head's whole length.
-type plainHead struct {
-	status, length int
-	close          bool
-	lines          []byte
-	n              int
+type PlainHead struct {
+	Status, Length int
+	Close          bool
+	Lines          []byte
+	N              int
 }
 
-// scanHead reads the head at the start of b when it is whole and plain:
+// ScanHead reads the head at the start of b when it is whole and plain:
 // "HTTP/1.1", a final status, CRLF line ends, field names of token
 // characters, values without control bytes, at most one Content-Length
 // (digits) or one Transfer-Encoding (chunked) and not both. ok false
 // leaves the head, whole or not, to fasthttp's parser.
-func scanHead(b []byte) (h plainHead, ok bool) {
+func ScanHead(b []byte) (h PlainHead, ok bool) {
 	const proto = "HTTP/1.1 "
 	if len(b) < len(proto)+5 || string(b[:len(proto)]) != proto {
 		return h, false
@@ -51,8 +54,8 @@ func scanHead(b []byte) (h plainHead, ok bool) {
 	if !isDigit(d[0]) || !isDigit(d[1]) || !isDigit(d[2]) {
 		return h, false
 	}
-	h.status = int(d[0]-'0')*100 + int(d[1]-'0')*10 + int(d[2]-'0')
-	if h.status < 200 {
+	h.Status = int(d[0]-'0')*100 + int(d[1]-'0')*10 + int(d[2]-'0')
+	if h.Status < 200 {
 		return h, false
 	}
 	line, rest, ok := cutLine(d[3:])
@@ -60,7 +63,7 @@ func scanHead(b []byte) (h plainHead, ok bool) {
 		return h, false
 	}
 	start := len(b) - len(rest)
-	h.length = -2
+	h.Length = -2
 	var sawLength, chunked bool
 	for {
 		// plainValue and token refuse a CR within the line too.
@@ -92,7 +95,7 @@ func scanHead(b []byte) (h plainHead, ok bool) {
 				}
 				n = n*10 + int(c-'0')
 			}
-			h.length, sawLength = n, true
+			h.Length, sawLength = n, true
 		case len(headerTransferEncoding):
 			if !bytes.EqualFold(name, headerTransferEncoding) {
 				break
@@ -100,18 +103,18 @@ func scanHead(b []byte) (h plainHead, ok bool) {
 			if chunked || !bytes.EqualFold(trimOWS(line[colon+1:]), chunkedToken) {
 				return h, false
 			}
-			h.length, chunked = -1, true
+			h.Length, chunked = -1, true
 		case len(headerConnection):
 			if bytes.EqualFold(name, headerConnection) {
-				h.close = h.close || hasToken(line[colon+1:], closeToken)
+				h.Close = h.Close || hasToken(line[colon+1:], closeToken)
 			}
 		}
 	}
 	if sawLength && chunked {
 		return h, false
 	}
-	h.n = len(b) - len(rest)
-	h.lines = b[start : h.n-2]
+	h.N = len(b) - len(rest)
+	h.Lines = b[start : h.N-2]
 	return h, true
 }
 
@@ -213,28 +216,36 @@ func EachField(lines []byte, f func(name, value, line []byte)) {
 	}
 }
 
-// PassHead gives ctx's answer lines, header lines each "name: value\r\n",
-// as they are, after the fields its header holds, when it is next
-// rendered; lines must not repeat those fields, and ctx's header must not
-// default its Content-Type (SetNoDefaultContentType). False when ctx's
-// front end cannot (HTTP/2, fasthttp's server): the caller adds them to
-// the header instead.
-func PassHead(ctx *fasthttp.RequestCtx, lines []byte) bool {
-	gc, ok := ctx.Conn().(*gconn)
-	if !ok {
-		return false
+// ReadHead reads an answer's head from br into h with fasthttp's parser,
+// skipping interim answers (103 Early Hints) to the final one, as
+// fasthttp's whole read does: a stream's 200 comes after them. At most
+// maxInterim of them: then ErrTooManyInterim.
+func ReadHead(h *fasthttp.ResponseHeader, br *bufio.Reader) error {
+	err := h.Read(br)
+	for n := 0; err == nil && interim(h.StatusCode()); n++ {
+		if n == maxInterim {
+			return ErrTooManyInterim
+		}
+		err = h.Read(br)
 	}
-	gc.pass, gc.passFor = append(gc.pass[:0], lines...), ctx
-	return true
+	return err
 }
 
-// appendHead renders ctx's header block into gc.out, with the lines
-// PassHead gave it.
-func (gc *gconn) appendHead(ctx *fasthttp.RequestCtx) {
-	gc.out = ctx.Response.Header.AppendBytes(gc.out[:0])
-	if gc.passFor == ctx {
-		// Before the blank line that ends the block.
-		gc.out = append(append(gc.out[:len(gc.out)-2], gc.pass...), crlf...)
-	}
-	gc.passFor = nil
+// interim reports whether code is an interim answer's, which a final one
+// follows (101 Switching Protocols is final).
+func interim(code int) bool {
+	return code >= 100 && code < 200 && code != fasthttp.StatusSwitchingProtocols
 }
+
+// maxInterim bounds the interim answers before a final one (fasthttp's
+// bound).
+const maxInterim = 100
+
+// ErrTooManyInterim fails an answer with more than maxInterim interim
+// answers before its final one.
+var ErrTooManyInterim = errors.New("upstream: too many interim answers from the pod")
+
+// ErrPodHead fails an exchange whose answer's head does not parse. It names
+// no byte of the head, which fasthttp's error quotes: the client's error
+// says why the exchange failed, and the pod's fields are not its business.
+var ErrPodHead = errors.New("its answer's head does not parse as HTTP/1.1")

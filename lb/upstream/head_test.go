@@ -1,4 +1,4 @@
-package frontend
+package upstream
 
 import (
 	"bufio"
@@ -14,9 +14,9 @@ import (
 // left to fasthttp's parser (ok false), whole or not.
 func TestScanHead(t *testing.T) {
 	const vllm = "HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 16:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}"
-	h, ok := scanHead([]byte(vllm))
-	if !ok || h.status != 200 || h.length != 2 || h.close || h.n != len(vllm)-2 ||
-		string(h.lines) != "date: Wed, 02 Dec 2026 16:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 2\r\ncontent-type: application/json\r\n" {
+	h, ok := ScanHead([]byte(vllm))
+	if !ok || h.Status != 200 || h.Length != 2 || h.Close || h.N != len(vllm)-2 ||
+		string(h.Lines) != "date: Wed, 02 Dec 2026 16:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 2\r\ncontent-type: application/json\r\n" {
 		t.Fatalf("vLLM's head: %+v %v", h, ok)
 	}
 	for _, c := range []struct {
@@ -29,8 +29,8 @@ func TestScanHead(t *testing.T) {
 		{"HTTP/1.1 200\r\nX-A:\r\nX-B:\tv\t\r\n\r\n", 200, -2, false},
 		{"HTTP/1.1 204 No Content\r\n\r\n", 204, -2, false},
 	} {
-		h, ok := scanHead([]byte(c.head))
-		if !ok || h.status != c.status || h.length != c.length || h.close != c.close || h.n != len(c.head) {
+		h, ok := ScanHead([]byte(c.head))
+		if !ok || h.Status != c.status || h.Length != c.length || h.Close != c.close || h.N != len(c.head) {
 			t.Errorf("%q: %+v %v", c.head, h, ok)
 		}
 	}
@@ -50,13 +50,13 @@ func TestScanHead(t *testing.T) {
 		"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",                // a coding
 		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
 	} {
-		if h, ok := scanHead([]byte(head)); ok {
+		if h, ok := ScanHead([]byte(head)); ok {
 			t.Errorf("%q taken as plain: %+v", head, h)
 		}
 	}
 }
 
-// FuzzScanHead: whatever scanHead takes as plain, fasthttp's parser takes
+// FuzzScanHead: whatever ScanHead takes as plain, fasthttp's parser takes
 // too, with the same status, framing, Connection: close, length and
 // field values.
 func FuzzScanHead(f *testing.F) {
@@ -69,27 +69,27 @@ func FuzzScanHead(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, ok := scanHead(b)
+		h, ok := ScanHead(b)
 		if !ok {
 			return
 		}
 		var fh fasthttp.ResponseHeader
 		br := bufio.NewReaderSize(bytes.NewReader(b), len(b)+16)
 		if err := fh.Read(br); err != nil {
-			t.Fatalf("plain to scanHead, refused by fasthttp: %v", err)
+			t.Fatalf("plain to ScanHead, refused by fasthttp: %v", err)
 		}
-		if used := len(b) - br.Buffered(); used != h.n {
-			t.Fatalf("head of %d bytes, fasthttp read %d", h.n, used)
+		if used := len(b) - br.Buffered(); used != h.N {
+			t.Fatalf("head of %d bytes, fasthttp read %d", h.N, used)
 		}
 		length := fh.ContentLength()
-		if fh.StatusCode() != h.status || length != h.length && !(h.status == 204 || h.status == 304) || fh.ConnectionClose() != h.close && h.length != -2 {
-			t.Fatalf("scanHead: %d %d close %v; fasthttp: %d %d close %v", h.status, h.length, h.close, fh.StatusCode(), length, fh.ConnectionClose())
+		if fh.StatusCode() != h.Status || length != h.Length && !(h.Status == 204 || h.Status == 304) || fh.ConnectionClose() != h.Close && h.Length != -2 {
+			t.Fatalf("ScanHead: %d %d close %v; fasthttp: %d %d close %v", h.Status, h.Length, h.Close, fh.StatusCode(), length, fh.ConnectionClose())
 		}
 		values := map[string][]string{}
 		for k, v := range fh.All() {
 			values[strings.ToLower(string(k))] = append(values[strings.ToLower(string(k))], string(v))
 		}
-		EachField(h.lines, func(name, value, _ []byte) {
+		EachField(h.Lines, func(name, value, _ []byte) {
 			k := strings.ToLower(string(name))
 			switch k {
 			case "content-length", "transfer-encoding", "connection", "set-cookie", "trailer":
@@ -123,11 +123,11 @@ func BenchmarkPodHead(b *testing.B) {
 		var lines []byte
 		buf := []byte(head)
 		for b.Loop() {
-			h, ok := scanHead(buf)
+			h, ok := ScanHead(buf)
 			if !ok {
 				b.Fatal("not plain")
 			}
-			lines = append(lines[:0], h.lines...)
+			lines = append(lines[:0], h.Lines...)
 		}
 	})
 }
