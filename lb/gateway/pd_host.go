@@ -22,7 +22,7 @@ import (
 type pdFleet struct{ g *Gateway }
 
 func (f pdFleet) Send(cut, drop <-chan struct{}, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, first []byte) (int, error) {
-	return f.g.callPod(upstream.ChansCut(cut, drop), pod, up, resp, time.Now(), deadline, deadline, first, nil)
+	return f.g.callPod(upstream.ChansCut(cut, drop), pod, up, resp, nil, time.Now(), deadline, deadline, first, nil)
 }
 func (f pdFleet) CallFailed(pod *pool.Pod, err error) { f.g.callFailed(pod, err, true) }
 func (f pdFleet) PodFailed(pod *pool.Pod)             { f.g.podFailed(pod) }

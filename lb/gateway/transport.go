@@ -77,7 +77,7 @@ func (workerTransport) send(x *completion) {
 		x.hedge.x, x.hedge.fired = x, false
 		headBy, hedge = deadline, &x.hedge
 	}
-	n, err := x.g.callPod(clientCut(x.ctx), x.pod, x.up, x.resp, now, headBy, deadline, x.wait[:], hedge)
+	n, err := x.g.callPod(clientCut(x.ctx), x.pod, x.up, x.resp, &x.head, now, headBy, deadline, x.wait[:], hedge)
 	if err == upstream.ErrCut && hedge != nil && x.hedge.fired {
 		err = fasthttp.ErrTimeout // no byte by the first-byte deadline
 	}
@@ -85,13 +85,13 @@ func (workerTransport) send(x *completion) {
 	x.answered(err)
 }
 
-// callPod is upstream.DoCut of up on pod, sent at now, cut by cut and
-// hedge, when the shutdown's grace is over and when health checks find
-// the pod dead, as the loops give such an exchange up (AbortRelays,
-// frontend.Upstream.Down); those end it with frontend.ErrAborted and
-// upstream.ErrPodDown.
-func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, now, headBy, deadline time.Time, first []byte, hedge upstream.Cut) (int, error) {
-	n, err := upstream.DoCut(pod.Client, up, resp, headBy, deadline, first, cut, pod.Down(), abortCut{g}, hedge)
+// callPod is upstream.DoCut of up on pod (head: DoCut's), sent at now,
+// cut by cut and hedge, when the shutdown's grace is over and when
+// health checks find the pod dead, as the loops give such an exchange up
+// (AbortRelays, frontend.Upstream.Down); those end it with
+// frontend.ErrAborted and upstream.ErrPodDown.
+func (g *Gateway) callPod(cut upstream.Cut, pod *pool.Pod, up *fasthttp.Request, resp *fasthttp.Response, head *upstream.AnswerHead, now, headBy, deadline time.Time, first []byte, hedge upstream.Cut) (int, error) {
+	n, err := upstream.DoCut(pod.Client, up, resp, head, headBy, deadline, first, cut, pod.Down(), abortCut{g}, hedge)
 	if err == upstream.ErrCut {
 		switch {
 		case g.aborting.Load():

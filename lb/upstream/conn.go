@@ -20,7 +20,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
 	"pdlb/internal/mono"
@@ -90,9 +89,10 @@ type Conn struct {
 	// goroutine's as kept (SetReadHook).
 	hook ReadHook
 	// held is the last bytes of the request written, sent by the read of
-	// its answer (sendThenRead); nil when none wait. The same goroutine's
-	// as kept.
-	held *bytebufferpool.ByteBuffer
+	// its answer (sendThenRead); nil when none wait. They live in
+	// heldBuf, kept for the next request (at most maxHeld bytes). The
+	// same goroutine's as kept.
+	held, heldBuf []byte
 	// heldIO is sendThenRead's state for heldStep, and heldFn that
 	// method's value, made once.
 	heldIO struct {
@@ -330,28 +330,58 @@ func (c *Conn) failed(err error) error {
 }
 
 func (c *Conn) Write(p []byte) (int, error) {
+	s, err := c.startWrite()
+	if err != nil {
+		return 0, err
+	}
+	if s.tls == nil && len(p) <= maxHeld {
+		c.held = append(c.heldBuf[:0], p...)
+		c.heldBuf = c.held
+		return len(p), nil
+	}
+	n, err := s.rw.Write(p)
+	return n, c.failed(err)
+}
+
+// writeRequest renders up (AppendRequest) and writes it as Write would,
+// rendered where Write would have copied it to when it is held.
+func (c *Conn) writeRequest(up *fasthttp.Request) error {
+	s, err := c.startWrite()
+	if err != nil {
+		return err
+	}
+	b := AppendRequest(c.heldBuf[:0], up)
+	if s.tls == nil && len(b) <= maxHeld {
+		c.held, c.heldBuf = b, b
+		return nil
+	}
+	if cap(b) <= maxHeld {
+		c.heldBuf = b
+	}
+	_, err = s.rw.Write(b)
+	return c.failed(err)
+}
+
+// startWrite readies c for a write: a kept socket the pod is done with
+// is dialed again first, and bytes an earlier write held go out. It
+// returns the socket the write goes to.
+func (c *Conn) startWrite() (*podSocket, error) {
 	s := c.cur.Load()
 	if c.kept {
 		c.sentKept = true
 		if !(c.sendsAgain && mono.Now()-c.answeredAt < int64(peekAfter)) && s.peerDone() {
 			var err error
 			if s, err = c.redial(s); err != nil {
-				return 0, err
+				return nil, err
 			}
 			c.sentKept = false
 		}
 	}
 	c.kept, c.sendsAgain = false, false
 	if err := c.sendHeld(s); err != nil {
-		return 0, c.failed(err)
+		return nil, c.failed(err)
 	}
-	if s.tls == nil && len(p) <= maxHeld {
-		c.held = bytebufferpool.Get()
-		c.held.B = append(c.held.B[:0], p...)
-		return len(p), nil
-	}
-	n, err := s.rw.Write(p)
-	return n, c.failed(err)
+	return s, nil
 }
 
 // maxHeld is the most bytes of a write a plain Conn holds back for the
@@ -367,8 +397,7 @@ func (c *Conn) sendHeld(s *podSocket) error {
 		return nil
 	}
 	c.held = nil
-	_, err := s.rw.Write(b.B)
-	bytebufferpool.Put(b)
+	_, err := s.rw.Write(b)
 	return err
 }
 
@@ -386,16 +415,15 @@ func (c *Conn) sendThenRead(s *podSocket, p []byte) (int, error) {
 	rerr := s.raw.Read(c.heldFn)
 	n, err, b := h.n, h.err, c.held
 	h.p = nil
-	sent := h.off == len(b.B)
+	sent := h.off == len(b)
 	if rerr == nil && err == nil && !sent {
-		b.B = b.B[:copy(b.B, b.B[h.off:])]
+		c.held = b[h.off:]
 		if err = c.sendHeld(s); err != nil {
 			return 0, err
 		}
 		return s.rw.Read(p)
 	}
 	c.held = nil
-	bytebufferpool.Put(b)
 	switch {
 	case rerr != nil:
 		// The deadline, or a Close: as a read fails then.
@@ -420,7 +448,7 @@ func (c *Conn) sendThenRead(s *podSocket, p []byte) (int, error) {
 // method value once per Conn, so the exchange allocates nothing.
 func (c *Conn) heldStep(fd uintptr) bool {
 	h := &c.heldIO
-	if b := c.held.B; h.off < len(b) {
+	if b := c.held; h.off < len(b) {
 		m, err := rawio.Send(int(fd), b[h.off:])
 		switch {
 		case err == syscall.EAGAIN:
@@ -602,64 +630,45 @@ func (k *chanCut) Unwatch(c Cutter) {
 // nil where the front end cannot tell; a request giving its leg up; the
 // pod found dead) closes the pod's connection, which is how an engine
 // learns to abort a request, and the call returns ErrCut. fasthttp's
-// client cannot cancel a call, and does not say which connection it took;
-// the request's body, handed over as a stream, learns it as the client
-// writes the body (ConnOf: the response records the connection before the
-// request goes out).
+// client cannot cancel a call, and does not say which connection it took.
 //
 // The connection is a pooled keep-alive one, so the cut must never reach
-// it once it is back in the pool, serving another request. The response is
-// therefore taken as a stream: fasthttp keeps the connection the call's
-// until its body stream is closed, which happens only after DoDeadline has
-// returned and the watch has ended (the state's compare-and-swap decides
-// which of the two, the cut or the answer, came first). A call that did
-// not ask for a stream gets its body read whole after that, unwatched: a
-// pod sends a whole answer's header with its body, at the end of the work.
+// it once it is back in the pool, serving another request. A whole answer
+// (resp.StreamBody unset) is read by callWhole, which holds the connection
+// until the watch ended. A stream is taken from fasthttp's client, which
+// keeps the connection the call's until its body stream is closed, after
+// DoDeadline has returned and the watch has ended; the request's body,
+// handed over as a stream, learns which connection the client took as the
+// client writes it (ConnOf: the response records the connection before
+// the request goes out). Either way the state's compare-and-swap decides
+// which of the two, the cut or the answer, came first.
 //
 // The answer's header is due by headBy (at the latest deadline), the rest
 // of a whole answer by deadline: a header that is late fails with
 // fasthttp.ErrTimeout, and the connection is closed, which aborts the
-// request on the engine. With first, a streamed 200 answer's first body
+// request on the engine. head, when set, takes a whole answer's plain
+// header lines (callWhole). With first, a streamed 200 answer's first body
 // bytes are due by headBy too, and read into first (n of them): engines
 // send a stream's head before its prefill (vLLM's and TensorRT-LLM's
 // OpenAI servers), so the head alone says nothing of its first token. A
 // stream with none by then fails as one without a head would,
 // fasthttp.ErrTimeout (fasthttp.ErrConnectionClosed when the pod closed
 // first), while the caller could still try another pod.
-func DoCut(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, headBy, deadline time.Time, first []byte, cuts ...Cut) (int, error) {
-	body := up.Body()
-	whole := !resp.StreamBody
+func DoCut(client *fasthttp.HostClient, up *fasthttp.Request, resp *fasthttp.Response, head *AnswerHead, headBy, deadline time.Time, first []byte, cuts ...Cut) (int, error) {
 	if !headBy.Before(deadline) {
 		headBy = deadline
 	}
-	split := whole && headBy.Before(deadline)
-	if whole {
-		first = nil
+	if !resp.StreamBody {
+		return 0, callWhole(client, up, resp, head, headBy, deadline, cuts)
 	}
-	watched := len(body) > 0 && slices.ContainsFunc(cuts, func(c Cut) bool { return c != nil })
-	if !watched && !split && first == nil {
-		return 0, doKept(client, up, resp, headBy)
-	}
-	resp.StreamBody = true
-	var n int
-	var err error
-	if !watched {
-		if err = doKept(client, up, resp, headBy); err == nil {
-			n, err = readFirst(resp, first, headBy)
+	if len(up.Body()) == 0 || !slices.ContainsFunc(cuts, func(c Cut) bool { return c != nil }) {
+		err := doKept(client, up, resp, headBy)
+		if err != nil {
+			return 0, err
 		}
-	} else if n, err = doWatched(cuts, client, up, resp, headBy, first); err == ErrCut {
-		return 0, err
+		return readFirst(resp, first, headBy)
 	}
-	if whole {
-		resp.StreamBody = false
-		if err == nil {
-			if c := ConnOf(resp); c != nil && split {
-				_ = c.SetReadDeadline(deadline)
-			}
-			err = readBodyWhole(resp, client.MaxResponseBodySize)
-		}
-	}
-	return n, err
+	return doWatched(cuts, client, up, resp, headBy, first)
 }
 
 // doKept is client.DoDeadline, made again while it fails on a kept
@@ -692,11 +701,7 @@ func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, re
 	keep := up.KeepBodyBuffer
 	up.KeepBodyBuffer = true
 	w := &watchedBody{resp: resp, body: body}
-	for _, c := range cuts {
-		if c != nil {
-			c.Watch(w)
-		}
-	}
+	w.watchAll(cuts)
 	// A call cut as it was watched (its client left already) is not made:
 	// fasthttp would dial, then see the cut only as it reads the body.
 	err := ErrCut
@@ -713,15 +718,11 @@ func doWatched(cuts []Cut, client *fasthttp.HostClient, up *fasthttp.Request, re
 	if err == nil {
 		n, err = readFirst(resp, first, deadline)
 	}
-	for _, c := range cuts {
-		if c != nil {
-			c.Unwatch(w)
-		}
-	}
+	w.unwatch(cuts)
 	// The stream is spent: a retry on another pod sends the same bytes.
 	up.SetBodyRaw(w.body)
 	up.KeepBodyBuffer = keep
-	if !w.state.CompareAndSwap(watching, answered) {
+	if !w.answered() {
 		// The connection is closed, or closing: whatever came is cut.
 		if err == nil {
 			CloseStream(resp, ErrCut)
@@ -757,55 +758,6 @@ func readFirst(resp *fasthttp.Response, first []byte, deadline time.Time) (int, 
 	return 0, err
 }
 
-// readBodyWhole reads the body of a response taken as a stream into the
-// response, as a call that asked for no stream has it, at most limit bytes;
-// the connection goes back to the pool (or is closed when the body breaks
-// off or runs over).
-func readBodyWhole(resp *fasthttp.Response, limit int) error {
-	s := resp.BodyStream()
-	if s == nil {
-		return nil
-	}
-	b, _ := bodyBufs.Get().(*bytebufferpool.ByteBuffer)
-	if b == nil {
-		b = new(bytebufferpool.ByteBuffer)
-	}
-	defer putBodyBuf(b)
-	if n := resp.Header.ContentLength(); n >= 0 && n < limit {
-		// Room for the body and the read that finds its end, or the
-		// buffer grows (doubling) when the body fills it exactly.
-		b.B = slices.Grow(b.B[:0], n+1)
-	}
-	if err := ReadWhole(b, s, limit, nil); err != nil {
-		CloseStream(resp, err)
-		return err
-	}
-	_ = resp.CloseBodyStream()
-	// Copied, not swapped in: a response from fasthttp's pool (a PD
-	// leg's) gives its buffer back to that pool at its release, which
-	// drops one larger than the sizes it has counted (this one is sized
-	// to the body and a byte), and a swap left bodyBufs the pool's small
-	// ones: a read in four allocated its buffer anew. A completion's own
-	// response keeps the buffer it is copied into.
-	resp.SetBody(b.B)
-	return nil
-}
-
-// bodyBufs holds readBodyWhole's buffers. Not bytebufferpool's pool: that
-// pool sizes itself by the lengths put back, and these go back empty.
-var bodyBufs sync.Pool
-
-// maxPooledBody caps the capacity of a buffer bodyBufs keeps, in bytes: a
-// rare large answer is not held for the next one.
-const maxPooledBody = 1 << 20
-
-func putBodyBuf(b *bytebufferpool.ByteBuffer) {
-	if cap(b.B) <= maxPooledBody {
-		b.Reset()
-		bodyBufs.Put(b)
-	}
-}
-
 // ErrCut is DoCut's error for a call given up (cut closed) before the pod
 // answered.
 var ErrCut = errors.New("upstream: the call was cut")
@@ -824,11 +776,10 @@ const (
 // watchedBody is a request body that records the connection it is
 // written to, for DoCut.
 type watchedBody struct {
-	resp  *fasthttp.Response
-	body  []byte
-	off   int
-	state atomic.Int32
-	conn  atomic.Pointer[Conn]
+	watch
+	resp *fasthttp.Response
+	body []byte
+	off  int
 }
 
 func (w *watchedBody) Read(p []byte) (int, error) {
@@ -861,26 +812,17 @@ func (w *watchedBody) begin() error {
 	if w.off > 0 {
 		return nil
 	}
-	// Stored before the state is read, as the watcher sets the state
-	// before it loads the connection: one of the two sees the other.
 	c := ConnOf(w.resp)
-	w.conn.Store(c)
-	if w.state.Load() == left {
+	if c == nil {
+		if w.state.Load() == left {
+			return ErrCut
+		}
+		return nil
+	}
+	if !w.on(c) {
 		return ErrCut
 	}
-	if c != nil {
-		// doWatched sends a Stale call again.
-		c.sendsAgain = true
-	}
+	// doWatched sends a Stale call again.
+	c.sendsAgain = true
 	return nil
-}
-
-// Cut closes the connection the body went out on, unless the call was
-// answered first; a body not yet sent learns it from the state.
-func (w *watchedBody) Cut() {
-	if w.state.CompareAndSwap(watching, left) {
-		if c := w.conn.Load(); c != nil {
-			_ = c.Close()
-		}
-	}
 }

@@ -59,7 +59,7 @@ func TestDoCutBody(t *testing.T) {
 			up.SetBody([]byte(body))
 		}
 		deadline := time.Now().Add(5 * time.Second)
-		if _, err := DoCut(client(fails), up, resp, deadline, deadline, nil, never); err == nil {
+		if _, err := DoCut(client(fails), up, resp, nil, deadline, deadline, nil, never); err == nil {
 			t.Fatal("a pod that closed the connection unanswered: no error")
 		}
 		// Another request on this goroutine takes a body buffer from the
@@ -70,7 +70,7 @@ func TestDoCutBody(t *testing.T) {
 			t.Fatalf("borrowed %v: after a failed call the body is %d bytes %.40q…, want the request's %d", borrowed, len(got), got, len(body))
 		}
 		resp.Reset()
-		if _, err := DoCut(client(echoes), up, resp, deadline, deadline, nil, never); err != nil {
+		if _, err := DoCut(client(echoes), up, resp, nil, deadline, deadline, nil, never); err != nil {
 			t.Fatalf("borrowed %v: retry: %v", borrowed, err)
 		}
 		if !bytes.Equal(resp.Body(), []byte(body)) || string(up.Body()) != body {
@@ -111,7 +111,7 @@ func TestDoCutBodyWrites(t *testing.T) {
 	up.SetRequestURI("http://pod/v1/completions")
 	up.SetBodyRaw([]byte(body))
 	deadline := time.Now().Add(5 * time.Second)
-	if _, err := DoCut(client, up, resp, deadline, deadline, nil, ChanCut(make(chan struct{}))); err != nil {
+	if _, err := DoCut(client, up, resp, nil, deadline, deadline, nil, ChanCut(make(chan struct{}))); err != nil {
 		t.Fatal(err)
 	}
 	if string(resp.Body()) != body || writes.n > 2 {
@@ -157,7 +157,7 @@ func TestDoCutStreamFirstByte(t *testing.T) {
 			up.SetBodyString(`{"stream":true}`)
 			resp.StreamBody = true
 			now := time.Now()
-			n, err := DoCut(client, up, resp, now.Add(200*time.Millisecond), now.Add(time.Minute), first, cut)
+			n, err := DoCut(client, up, resp, nil, now.Add(200*time.Millisecond), now.Add(time.Minute), first, cut)
 			return resp, n, err
 		}
 		var first [1]byte
@@ -208,7 +208,7 @@ func TestDoCutKeptClosed(t *testing.T) {
 		up.SetBodyString(`{"prompt":"hi"}`)
 		for i := range 3 {
 			deadline := time.Now().Add(5 * time.Second)
-			if _, err := DoCut(client, up, resp, deadline, deadline, nil, cut); err != nil || string(resp.Body()) != "ok" {
+			if _, err := DoCut(client, up, resp, nil, deadline, deadline, nil, cut); err != nil || string(resp.Body()) != "ok" {
 				t.Fatalf("watched %v, call %d: %v %q", cut != nil, i, err, resp.Body())
 			}
 		}
@@ -216,7 +216,7 @@ func TestDoCutKeptClosed(t *testing.T) {
 		calls.Store(0)
 		up.SetRequestURI("http://pod/fail")
 		deadline := time.Now().Add(5 * time.Second)
-		if _, err := DoCut(client, up, resp, deadline, deadline, nil, cut); err == nil || calls.Load() != 1 {
+		if _, err := DoCut(client, up, resp, nil, deadline, deadline, nil, cut); err == nil || calls.Load() != 1 {
 			t.Fatalf("watched %v: a new connection closed unanswered: %v after %d requests; want an error after 1", cut != nil, err, calls.Load())
 		}
 		fasthttp.ReleaseRequest(up)
@@ -248,7 +248,7 @@ func TestDoCutClosedAfterAnswer(t *testing.T) {
 	up.SetBodyString(`{"prompt":"hi"}`)
 	for i := range 3 {
 		deadline := time.Now().Add(5 * time.Second)
-		if _, err := DoCut(client, up, resp, deadline, deadline, nil, ChanCut(make(chan struct{}))); err != nil || string(resp.Body()) != "ok" {
+		if _, err := DoCut(client, up, resp, nil, deadline, deadline, nil, ChanCut(make(chan struct{}))); err != nil || string(resp.Body()) != "ok" {
 			t.Fatalf("call %d: %v %q", i, err, resp.Body())
 		}
 		if n := calls.Load(); n != int32(i+1) {
@@ -281,7 +281,7 @@ func TestDoCutAlreadyCut(t *testing.T) {
 	// Whole, and a stream whose first bytes are read with its head.
 	for _, first := range [][]byte{nil, make([]byte, 8)} {
 		resp.StreamBody = first != nil
-		if _, err := DoCut(client, up, resp, deadline, deadline, first, leftCut{}); err != ErrCut {
+		if _, err := DoCut(client, up, resp, nil, deadline, deadline, first, leftCut{}); err != ErrCut {
 			t.Fatalf("a call cut before it went (first %d bytes): %v, want ErrCut", len(first), err)
 		}
 	}
