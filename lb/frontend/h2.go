@@ -998,6 +998,12 @@ type h2Stream struct {
 	// done is ClientGone's, fired when the stream is cut (reset, the
 	// connection ended).
 	done goneChan
+
+	// The answer's header lines PassHead gave, and the ctx they are for
+	// (its answer's, until its header is written); the handler's. pass's
+	// buffer is kept for the stream's next use.
+	pass    []byte
+	passFor *fasthttp.RequestCtx
 }
 
 // gone is ClientGone's channel for st.
@@ -1049,7 +1055,7 @@ func (st *h2Stream) release() {
 	ctx := st.ctx
 	ctx.Request.Reset()
 	ctx.Response.Reset()
-	*st = h2Stream{ctx: ctx}
+	*st = h2Stream{ctx: ctx, pass: st.pass[:0]}
 	h2Streams.Put(st)
 }
 

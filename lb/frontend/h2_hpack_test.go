@@ -88,3 +88,60 @@ func TestHTTP2Date(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTP2PassHead: header lines PassHead gives go out in the answer's
+// HEADERS with the fields its header holds, names lowered, hop-by-hop
+// ones dropped, X-Request-Id never indexed; the next answer on the
+// connection, which gave none, carries none of them.
+func TestHTTP2PassHead(t *testing.T) {
+	for _, name := range frontEnds {
+		t.Run(name, func(t *testing.T) {
+			n := 0
+			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) {
+				n++
+				ctx.Response.Header.SetNoDefaultContentType(true)
+				ctx.Response.Header.Set("X-Gateway", "1")
+				if n == 1 && !frontend.PassHead(ctx, []byte("content-type: application/json\r\nX-Request-Id: req-1\r\nConnection: close\r\nx-pdlb-pod: pod-a\r\n")) {
+					t.Error("PassHead refused an HTTP/2 stream")
+				}
+				ctx.SetBodyString("{}")
+			}}
+			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
+			fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+			for id := uint32(1); id <= 3; id += 2 {
+				h2Open(fr, id, "GET", "/", true)
+				h2Until(t, fr, "the answer", func(f http2.Frame) bool {
+					mh, ok := f.(*http2.MetaHeadersFrame)
+					if !ok || mh.StreamID != id {
+						return false
+					}
+					got := map[string]string{}
+					for _, hf := range mh.Fields {
+						if _, dup := got[hf.Name]; dup {
+							t.Errorf("stream %d: %s twice", id, hf.Name)
+						}
+						got[hf.Name] = hf.Value
+						if hf.Name == "x-request-id" && !hf.Sensitive {
+							t.Errorf("stream %d: x-request-id went indexed", id)
+						}
+					}
+					want := map[string]string{"x-gateway": "1"}
+					if id == 1 {
+						want = map[string]string{"x-gateway": "1", "content-type": "application/json", "x-request-id": "req-1", "x-pdlb-pod": "pod-a"}
+					}
+					for k, v := range want {
+						if got[k] != v {
+							t.Errorf("stream %d: %s %q, want %q", id, k, got[k], v)
+						}
+					}
+					for _, k := range []string{"connection", "content-type", "x-pdlb-pod"} {
+						if _, ok := want[k]; !ok && got[k] != "" {
+							t.Errorf("stream %d: %s %q, want none", id, k, got[k])
+						}
+					}
+					return true
+				})
+			}
+		})
+	}
+}

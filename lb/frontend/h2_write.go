@@ -3,6 +3,7 @@ package frontend
 import (
 	"bytes"
 	"io"
+	"maps"
 	"net/textproto"
 	"runtime"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"pdlb/lb/limits"
+	"pdlb/lb/upstream"
 )
 
 // serveStream runs the Handler for st and sends its response.
@@ -139,9 +141,9 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 	var date [32]byte
 	field("date", c.valueLocked(1, fasthttp.AppendHTTPDate(date[:0], time.Now())))
 	i := 2
-	for k, v := range resp.Header.All() {
+	add := func(k, v []byte) {
 		if hopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) {
-			continue
+			return
 		}
 		f := hpack.HeaderField{Name: lowerName(k)}
 		if f.Name == "x-request-id" {
@@ -156,6 +158,13 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 		}
 		_ = c.enc.WriteField(f)
 		i++
+	}
+	for k, v := range resp.Header.All() {
+		add(k, v)
+	}
+	if st.passFor == st.ctx {
+		upstream.EachField(st.pass, func(k, v, _ []byte) { add(k, v) })
+		st.passFor = nil
 	}
 	if !stream {
 		field("content-length", c.valueLocked(i, strconv.AppendInt(num[:0], int64(len(resp.Body())), 10)))
@@ -342,7 +351,8 @@ func lowerName(k []byte) string {
 
 // h2Names are the names the gateway's responses carry, lowered once: by
 // fasthttp's spelling of them (that of textproto's canonical keys), which
-// the answer's header holds.
+// the answer's header holds, and by their lower case, which engines send
+// and the lines PassHead gives keep.
 var h2Names = func() map[string]string {
 	m := map[string]string{"Content-Type": "content-type", "Server": "server", "Date": "date",
 		"Cache-Control": "cache-control", "X-Request-Id": "x-request-id", "Retry-After": "retry-after",
@@ -352,6 +362,9 @@ var h2Names = func() map[string]string {
 		"Access-Control-Allow-Headers": "access-control-allow-headers", "Access-Control-Max-Age": "access-control-max-age"}
 	for _, name := range append(limits.RateLimitHeaders[:], limits.RetryAfterMillis, limits.ShouldRetry) {
 		m[textproto.CanonicalMIMEHeaderKey(name)] = name
+	}
+	for _, lower := range maps.Clone(m) {
+		m[lower] = lower
 	}
 	return m
 }()

@@ -8,14 +8,17 @@ import (
 // as they are, after the fields its header holds, when it is next
 // rendered; lines must not repeat those fields, and ctx's header must not
 // default its Content-Type (SetNoDefaultContentType). False when ctx's
-// front end cannot (HTTP/2, fasthttp's server): the caller adds them to
-// the header instead.
+// front end cannot (fasthttp's server): the caller adds them to the
+// header instead.
 func PassHead(ctx *fasthttp.RequestCtx, lines []byte) bool {
-	gc, ok := ctx.Conn().(*gconn)
-	if !ok {
+	switch c := ctx.Conn().(type) {
+	case *gconn:
+		c.pass, c.passFor = append(c.pass[:0], lines...), ctx
+	case *h2Stream:
+		c.pass, c.passFor = append(c.pass[:0], lines...), ctx
+	default:
 		return false
 	}
-	gc.pass, gc.passFor = append(gc.pass[:0], lines...), ctx
 	return true
 }
 
