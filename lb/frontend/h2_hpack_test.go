@@ -26,33 +26,42 @@ func TestHTTP2RequestIDNotIndexed(t *testing.T) {
 				ctx.Response.Header.Set("X-Pdlb-Pod", "pod-a")
 				ctx.SetBodyString("ok")
 			}}
-			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
-			fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-			for id := uint32(1); id <= 3; id += 2 {
-				h2Open(fr, id, "GET", "/", true)
-				h2Until(t, fr, "the answer", func(f http2.Frame) bool {
-					mh, ok := f.(*http2.MetaHeadersFrame)
-					if !ok || mh.StreamID != id {
-						return false
-					}
-					for _, hf := range mh.Fields {
-						switch hf.Name {
-						case "x-request-id":
-							if !hf.Sensitive {
-								t.Errorf("stream %d: x-request-id %q went indexed", id, hf.Value)
-							}
-							if want := "req-" + strconv.Itoa(int(id+1)/2); hf.Value != want {
-								t.Errorf("stream %d: x-request-id %q, want %q", id, hf.Value, want)
-							}
-						case "x-pdlb-pod":
-							if hf.Sensitive {
-								t.Errorf("stream %d: x-pdlb-pod went never indexed", id)
-							}
+			h2AnswerFields(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), 2, func(id uint32, fields []hpack.HeaderField) {
+				for _, hf := range fields {
+					switch hf.Name {
+					case "x-request-id":
+						if !hf.Sensitive {
+							t.Errorf("stream %d: x-request-id %q went indexed", id, hf.Value)
+						}
+						if want := "req-" + strconv.Itoa(int(id+1)/2); hf.Value != want {
+							t.Errorf("stream %d: x-request-id %q, want %q", id, hf.Value, want)
+						}
+					case "x-pdlb-pod":
+						if hf.Sensitive {
+							t.Errorf("stream %d: x-pdlb-pod went never indexed", id)
 						}
 					}
-					return true
-				})
+				}
+			})
+		})
+	}
+}
+
+// h2AnswerFields sends n GET requests over one HTTP/2 connection to
+// addr, one after the other on streams 1, 3, ..., and gives check each
+// answer's header fields as they were decoded.
+func h2AnswerFields(t *testing.T, addr string, n int, check func(id uint32, fields []hpack.HeaderField)) {
+	t.Helper()
+	fr := rawH2(t, addr, nil)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	for id := uint32(1); id < uint32(2*n); id += 2 {
+		h2Open(fr, id, "GET", "/", true)
+		h2Until(t, fr, "the answer", func(f http2.Frame) bool {
+			mh, ok := f.(*http2.MetaHeadersFrame)
+			if ok && mh.StreamID == id {
+				check(id, mh.Fields)
 			}
+			return ok && mh.StreamID == id
 		})
 	}
 }
@@ -63,16 +72,9 @@ func TestHTTP2Date(t *testing.T) {
 	for _, name := range frontEnds {
 		t.Run(name, func(t *testing.T) {
 			h := frontend.Handler{Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }}
-			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
-			fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-			h2Open(fr, 1, "GET", "/", true)
-			h2Until(t, fr, "the answer", func(f http2.Frame) bool {
-				mh, ok := f.(*http2.MetaHeadersFrame)
-				if !ok || mh.StreamID != 1 {
-					return false
-				}
+			h2AnswerFields(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), 1, func(_ uint32, fields []hpack.HeaderField) {
 				var dates []string
-				for _, hf := range mh.Fields {
+				for _, hf := range fields {
 					if hf.Name == "date" {
 						dates = append(dates, hf.Value)
 					}
@@ -83,7 +85,6 @@ func TestHTTP2Date(t *testing.T) {
 				if d, err := http.ParseTime(dates[0]); err != nil || time.Since(d).Abs() > time.Minute {
 					t.Errorf("date %q: %v", dates[0], err)
 				}
-				return true
 			})
 		})
 	}
@@ -106,42 +107,32 @@ func TestHTTP2PassHead(t *testing.T) {
 				}
 				ctx.SetBodyString("{}")
 			}}
-			fr := rawH2(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), nil)
-			fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-			for id := uint32(1); id <= 3; id += 2 {
-				h2Open(fr, id, "GET", "/", true)
-				h2Until(t, fr, "the answer", func(f http2.Frame) bool {
-					mh, ok := f.(*http2.MetaHeadersFrame)
-					if !ok || mh.StreamID != id {
-						return false
+			h2AnswerFields(t, serveWith(t, name, h, frontend.Options{MaxBodyBytes: testMaxBody}), 2, func(id uint32, fields []hpack.HeaderField) {
+				got := map[string]string{}
+				for _, hf := range fields {
+					if _, dup := got[hf.Name]; dup {
+						t.Errorf("stream %d: %s twice", id, hf.Name)
 					}
-					got := map[string]string{}
-					for _, hf := range mh.Fields {
-						if _, dup := got[hf.Name]; dup {
-							t.Errorf("stream %d: %s twice", id, hf.Name)
-						}
-						got[hf.Name] = hf.Value
-						if hf.Name == "x-request-id" && !hf.Sensitive {
-							t.Errorf("stream %d: x-request-id went indexed", id)
-						}
+					got[hf.Name] = hf.Value
+					if hf.Name == "x-request-id" && !hf.Sensitive {
+						t.Errorf("stream %d: x-request-id went indexed", id)
 					}
-					want := map[string]string{"x-gateway": "1"}
-					if id == 1 {
-						want = map[string]string{"x-gateway": "1", "content-type": "application/json", "x-request-id": "req-1", "x-pdlb-pod": "pod-a"}
+				}
+				want := map[string]string{"x-gateway": "1"}
+				if id == 1 {
+					want = map[string]string{"x-gateway": "1", "content-type": "application/json", "x-request-id": "req-1", "x-pdlb-pod": "pod-a"}
+				}
+				for k, v := range want {
+					if got[k] != v {
+						t.Errorf("stream %d: %s %q, want %q", id, k, got[k], v)
 					}
-					for k, v := range want {
-						if got[k] != v {
-							t.Errorf("stream %d: %s %q, want %q", id, k, got[k], v)
-						}
+				}
+				for _, k := range []string{"connection", "content-type", "x-pdlb-pod"} {
+					if _, ok := want[k]; !ok && got[k] != "" {
+						t.Errorf("stream %d: %s %q, want none", id, k, got[k])
 					}
-					for _, k := range []string{"connection", "content-type", "x-pdlb-pod"} {
-						if _, ok := want[k]; !ok && got[k] != "" {
-							t.Errorf("stream %d: %s %q, want none", id, k, got[k])
-						}
-					}
-					return true
-				})
-			}
+				}
+			})
 		})
 	}
 }
