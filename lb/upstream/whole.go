@@ -239,21 +239,9 @@ func (a *answer) readPlain(head *AnswerHead) (plain bool, err error) {
 		// No body, whatever the header says (RFC 9112 6.3).
 		return true, nil
 	}
-	if a.limit > 0 && h.Length > a.limit {
-		return true, fasthttp.ErrBodyTooLarge
-	}
-	for rest := h.Length; rest > 0; {
-		if br.Buffered() == 0 {
-			if _, err := br.Peek(1); err != nil {
-				return true, bodyError(err)
-			}
-		}
-		b, _ := br.Peek(min(rest, br.Buffered()))
-		resp.AppendBody(b)
-		_, _ = br.Discard(len(b))
-		rest -= len(b)
-	}
-	return true, nil
+	// Of the length set above: sized once, the part past the reader's
+	// buffer read straight into it.
+	return true, bodyError(resp.ReadBody(br, a.limit))
 }
 
 // readParsed reads the answer with fasthttp's parser, as its client

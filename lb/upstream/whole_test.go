@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -241,3 +242,23 @@ type nopCut struct{}
 
 func (nopCut) Watch(Cutter)   {}
 func (nopCut) Unwatch(Cutter) {}
+
+// TestWholeLargeBody: a body many times the reader's buffer comes back
+// whole, and the connection serves the next call.
+func TestWholeLargeBody(t *testing.T) {
+	body := strings.Repeat("0123456789abcdef", 20<<10)
+	client, conns := answersPod(t, func(string) (string, bool) {
+		return "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body, false
+	})
+	client.MaxResponseBodySize = 1 << 20
+	for i := range 2 {
+		var head AnswerHead
+		resp, err := callPath(client, "/v1/completions", &head, nil)
+		if err != nil || string(resp.Body()) != body || !head.Raw {
+			t.Fatalf("call %d: %v, %d bytes of %d, raw %v", i, err, len(resp.Body()), len(body), head.Raw)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("2 calls took %d connections, want 1", n)
+	}
+}
