@@ -999,11 +999,10 @@ type h2Stream struct {
 	// connection ended).
 	done goneChan
 
-	// The answer's header lines PassHead gave, and the ctx they are for
-	// (its answer's, until its header is written); the handler's. pass's
-	// buffer is kept for the stream's next use.
-	pass    []byte
-	passFor *fasthttp.RequestCtx
+	// pass holds the answer's header lines PassHead gave, until its
+	// header is written (empty: none); the handler's. Its buffer is kept
+	// for the stream's next use.
+	pass []byte
 }
 
 // gone is ClientGone's channel for st.

@@ -162,10 +162,8 @@ func (c *h2Conn) writeHeaders(st *h2Stream, resp *fasthttp.Response, stream, end
 	for k, v := range resp.Header.All() {
 		add(k, v)
 	}
-	if st.passFor == st.ctx {
-		upstream.EachField(st.pass, func(k, v, _ []byte) { add(k, v) })
-		st.passFor = nil
-	}
+	upstream.EachField(st.pass, func(k, v, _ []byte) { add(k, v) })
+	st.pass = st.pass[:0]
 	if !stream {
 		field("content-length", c.valueLocked(i, strconv.AppendInt(num[:0], int64(len(resp.Body())), 10)))
 	}

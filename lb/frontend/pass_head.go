@@ -15,7 +15,8 @@ func PassHead(ctx *fasthttp.RequestCtx, lines []byte) bool {
 	case *gconn:
 		c.pass, c.passFor = append(c.pass[:0], lines...), ctx
 	case *h2Stream:
-		c.pass, c.passFor = append(c.pass[:0], lines...), ctx
+		// A stream has one request: no ctx to tell apart.
+		c.pass = append(c.pass[:0], lines...)
 	default:
 		return false
 	}

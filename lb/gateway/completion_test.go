@@ -16,8 +16,8 @@ import (
 // key, pd), the completion itself (hedge.x, own.w.r: own's writer points
 // at own), what it keeps for its next request (own.body, the body buffer
 // of its own response; own.bodyStreamWriter, fasthttp's writer of a
-// sized body stream, which no Reset drops), what observeEnd clears at every request's end
-// (tr, explained), and times.
+// sized body stream, which no Reset drops), what observeEnd clears at
+// every request's end (tr, explained), and times.
 func TestReleaseCompletionDropsPointers(t *testing.T) {
 	skip := map[string]bool{"req": true, "key": true, "pd": true, "hedge.x": true, "own.w.r": true, "own.body": true, "own.bodyStreamWriter": true,
 		"tr": true, "explained": true}

@@ -278,7 +278,8 @@ func (g *Gateway) attemptStage(x *completion) bool {
 		return false // the loop's own connections speak no TLS: a worker dials
 	}
 	x.attempts++
-	// Only the loop's scan of this attempt's answer sets it (Send).
+	// Only the scan of this attempt's answer sets it (the loop's Send, a
+	// worker's DoCut).
 	x.head.Raw = false
 	if x.pd != nil && x.pd.Decision.Kind == route.PDPair {
 		// Held since an attempt on one pod failed; the legs build their
