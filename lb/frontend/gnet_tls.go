@@ -298,9 +298,19 @@ func (s *GNet) handshaking(gc *gconn, b []byte) gnet.Action {
 	}
 	if !w.started {
 		w.started = true
-		go s.handshake(gc)
+		s.workers.run((*tlsHandshake)(gc))
 	}
 	return gnet.None
+}
+
+// tlsHandshake is a connection whose handshake a worker runs: a goroutine
+// kept has grown its stack to crypto/tls's depth already, where a new one
+// per connection grew it again each time.
+type tlsHandshake gconn
+
+func (h *tlsHandshake) work() {
+	gc := (*gconn)(h)
+	gc.s.handshake(gc)
 }
 
 // handshake runs gc's TLS handshake within ReadTimeout, then hands the

@@ -209,6 +209,7 @@ type connServer struct {
 	conns       *tracked // every connection, handed off or not
 	shutting    atomic.Bool
 	down        fastShutdown
+	workers     *workers // run serveConn: a kept goroutine's stack has grown to a handshake's depth
 }
 
 // startConnServer serves ln with TLS when o.TLS is set, else plain with
@@ -216,7 +217,8 @@ type connServer struct {
 func startConnServer(ln *tracked, h Handler, o Options, lg *lingering) *connServer {
 	o = o.withDefaults()
 	s := &connServer{fast: FastHTTP(h, o), readTimeout: o.ReadTimeout, log: o.Log,
-		ln: newHandoff(ln), done: make(chan error, 1), stop: make(chan struct{}), linger: lg, conns: ln}
+		ln: newHandoff(ln), done: make(chan error, 1), stop: make(chan struct{}), linger: lg, conns: ln,
+		workers: newWorkers()}
 	if !o.HTTP2.Disabled {
 		s.h2 = newH2Server(h, o)
 	}
@@ -247,6 +249,7 @@ func (s *connServer) Done() <-chan error { return s.done }
 func (s *connServer) ShutdownWithContext(ctx context.Context) error {
 	first := !s.shutting.Swap(true)
 	s.stopOnce.Do(func() { close(s.stop) })
+	s.workers.stop()
 	// fasthttp's Shutdown closes only a listener its Serve has taken, which
 	// a Shutdown right after the start may precede.
 	_ = s.ln.Close()
@@ -265,8 +268,7 @@ func (s *connServer) ShutdownWithContext(ctx context.Context) error {
 	return err
 }
 
-// accept runs until the listener closes, each connection on a goroutine
-// of its own.
+// accept runs until the listener closes, each connection on a worker.
 func (s *connServer) accept(ln net.Listener) {
 	for {
 		c, err := ln.Accept()
@@ -281,9 +283,17 @@ func (s *connServer) accept(ln net.Listener) {
 			time.Sleep(time.Second)
 			continue
 		}
-		go s.serveConn(c)
+		s.workers.run(&accepted{s, c})
 	}
 }
+
+// accepted is a connection for serveConn, as a workers job.
+type accepted struct {
+	s *connServer
+	c net.Conn
+}
+
+func (a *accepted) work() { a.s.serveConn(a.c) }
 
 // serveConn runs the handshake, or reads the h2c preface, then serves c
 // with the HTTP/2 server or hands it to fasthttp.
