@@ -6,7 +6,11 @@
 #   - HTTPS keep-alive requests/s: wrk, THREADS threads, CONNS connections,
 #     the proxy benchmark's 1 KB chat completion (HTTP/1.1 over TLS);
 #   - new handshakes/s: the same with "Connection: close", so each request
-#     is a new connection and a full handshake (wrk resumes no session);
+#     is a new connection and a new handshake; wrk keeps one SSL object a
+#     connection slot (SSL_clear keeps its session), so each resumes the
+#     last session by its ticket (every target issues tickets): PSK with
+#     a fresh X25519 exchange, no certificate and no signature (a perf
+#     profile of pdlb under this load has no ECDSA signing in it);
 #   - h2 requests/s: h2load, H2_CLIENTS connections with H2_STREAMS
 #     streams each, the same body;
 #   - SSE over h2: h2load streams of SSE_EVENTS events, no gap between
@@ -201,4 +205,4 @@ echo "Of which in the kernel (the rest is the process's own work, user time):"
 echo
 table CPU_TITLES '%.1f' KERNS
 echo
-echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."
+echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes, which resume wrk's last session by its ticket); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."
