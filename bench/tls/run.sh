@@ -11,6 +11,9 @@
 #     last session by its ticket (every target issues tickets): PSK with
 #     a fresh X25519 exchange, no certificate and no signature (a perf
 #     profile of pdlb under this load has no ECDSA signing in it);
+#   - full handshakes/s: FULL_CLIENTS `openssl s_time -new` at once, each
+#     a new connection and a full handshake after another (no session
+#     offered: the certificate sent and signed for), no request;
 #   - h2 requests/s: h2load, H2_CLIENTS connections with H2_STREAMS
 #     streams each, the same body;
 #   - SSE over h2: h2load streams of SSE_EVENTS events, no gap between
@@ -23,10 +26,10 @@
 # SSE), and the kernel's part of that CPU; progress goes to stderr.
 #
 # Knobs (environment): CONNS (64), THREADS (2), DURATION (5s per sample),
-# H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (150000), SSE_STREAMS
-# (16000), SSE_EVENTS (50), ROUNDS (5), BASE (a git revision: pdlb built
-# from it runs beside this tree's, both front ends), ROWS (the rows to run,
-# of "ka hs h2 sse"). The h2 counts make samples of a few seconds, as the
+# FULL_CLIENTS (4), H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (150000),
+# SSE_STREAMS (16000), SSE_EVENTS (50), ROUNDS (5), BASE (a git revision:
+# pdlb built from it runs beside this tree's, both front ends), ROWS (the
+# rows to run, of "ka hs full h2 sse"). The h2 counts make samples of a few seconds, as the
 # wrk rows' DURATION: one-second samples move by a tenth from one round to
 # the next on a shared machine.
 set -euo pipefail
@@ -36,6 +39,7 @@ HERE=$ROOT/bench/tls
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
 DURATION=${DURATION:-5s}
+FULL_CLIENTS=${FULL_CLIENTS:-4}
 H2_CLIENTS=${H2_CLIENTS:-16}
 H2_STREAMS=${H2_STREAMS:-10}
 H2_REQUESTS=${H2_REQUESTS:-150000}
@@ -140,6 +144,19 @@ measure() {
 		rate=$(awk '/^Requests\/sec/ {printf "%.0f", $2}' "$DIR/wrk.txt")
 		n=$(awk '/requests in/ {print $1}' "$DIR/wrk.txt")
 		;;
+	full)
+		local secs=${DURATION%s} start i clients=()
+		start=$(date +%s.%N)
+		for i in $(seq "$FULL_CLIENTS"); do
+			openssl s_time -connect "${ADDR[$label]}" -new -tls1_3 -ciphersuites TLS_AES_128_GCM_SHA256 \
+				-time "$secs" >"$DIR/s_time.$i.txt" 2>&1 &
+			clients+=($!)
+		done
+		wait "${clients[@]}" || true
+		n=$(cat "$DIR"/s_time.*.txt | awk '/connections in .* real seconds/ {n += $1} END {print n + 0}')
+		rate=$(awk -v n="$n" -v t0="$start" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.0f", n / (t1 - t0)}')
+		rm -f "$DIR"/s_time.*.txt
+		;;
 	h2 | sse)
 		local args=(-n "$H2_REQUESTS" -c "$H2_CLIENTS" -m "$H2_STREAMS" -d "$DIR/body.json" -H 'content-type: application/json') per=1
 		if [ "$row" = sse ]; then
@@ -159,7 +176,7 @@ measure() {
 	echo "${rate:-0} $(cpu_us_per "$t0" "$t1" "${n:-0}") $(cpu_us_per "$k0" "$k1" "${n:-0}")"
 }
 
-read -ra ROWS <<<"${ROWS:-ka hs h2 sse}"
+read -ra ROWS <<<"${ROWS:-ka hs full h2 sse}"
 declare -A RATES CPUS KERNS
 for r in $(seq "$ROUNDS"); do
 	for row in "${ROWS[@]}"; do
@@ -192,12 +209,12 @@ table() {
 	done
 }
 # shellcheck disable=SC2034 # table's titles
-declare -A RATE_TITLES=([ka]="HTTPS keep-alive req/s" [hs]="new handshakes/s" [h2]="h2 req/s" [sse]="SSE over h2, events/s")
+declare -A RATE_TITLES=([ka]="HTTPS keep-alive req/s" [hs]="new handshakes/s" [full]="full handshakes/s" [h2]="h2 req/s" [sse]="SSE over h2, events/s")
 # shellcheck disable=SC2034
-declare -A CPU_TITLES=([ka]="HTTPS keep-alive" [hs]="new handshakes" [h2]="h2" [sse]="SSE over h2")
+declare -A CPU_TITLES=([ka]="HTTPS keep-alive" [hs]="new handshakes" [full]="full handshakes" [h2]="h2" [sse]="SSE over h2")
 table RATE_TITLES '%.0f' RATES
 echo
-echo "CPU of the target's processes, microseconds per request (per event for SSE):"
+echo "CPU of the target's processes, microseconds per request (per event for SSE, per handshake for full handshakes):"
 echo
 table CPU_TITLES '%.1f' CPUS
 echo
@@ -205,4 +222,4 @@ echo "Of which in the kernel (the rest is the process's own work, user time):"
 echo
 table CPU_TITLES '%.1f' KERNS
 echo
-echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes, which resume wrk's last session by its ticket); \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."
+echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes, which resume wrk's last session by its ticket); full handshakes: $FULL_CLIENTS \`openssl s_time -new -time ${DURATION%s}\` at once; \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."
