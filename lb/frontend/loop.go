@@ -669,12 +669,7 @@ func (uc *upConn) parse(buf []byte, eof bool) (int, error) {
 		plain = plain && h.N <= s.o.MaxHeaderBytes
 	}
 	if plain {
-		resp.SetStatusCode(h.Status)
-		resp.Header.SetContentLength(h.Length)
-		if h.Close {
-			resp.SetConnectionClose()
-		}
-		uc.head.Raw, uc.head.Lines = true, append(uc.head.Lines[:0], h.Lines...)
+		h.Into(resp, uc.head)
 		p.src = peekReader{b: buf[h.N:], eof: eof}
 		p.br.Reset(&p.src)
 	} else {

@@ -12,9 +12,9 @@ import (
 // normalises and stores every field of the pod's head, the gateway adds
 // each to the client's header, and the render writes each out again. The
 // event loop's exchange and a worker's whole-answer call scan a plain head
-// instead: status, framing and Connection
-// are read, and the other lines go to the client byte for byte, as nginx
-// and HAProxy pass an upstream's header. A head that is not plain (an
+// instead: status, framing and Connection are read, and the other lines
+// go to the client byte for byte, as nginx and HAProxy pass an upstream's
+// header. A head that is not plain (an
 // interim answer, HTTP/1.0, folded lines, framing fasthttp must judge) is
 // parsed by fasthttp.
 
@@ -38,6 +38,18 @@ type PlainHead struct {
 	Close          bool
 	Lines          []byte
 	N              int
+}
+
+// Into sets resp's status, framing and Connection: close from h, and
+// gives head h's lines (head.Raw): the response's header holds no other
+// field.
+func (h *PlainHead) Into(resp *fasthttp.Response, head *AnswerHead) {
+	resp.SetStatusCode(h.Status)
+	resp.Header.SetContentLength(h.Length)
+	if h.Close {
+		resp.SetConnectionClose()
+	}
+	head.Raw, head.Lines = true, append(head.Lines[:0], h.Lines...)
 }
 
 // ScanHead reads the head at the start of b when it is whole and plain:

@@ -227,12 +227,7 @@ func (a *answer) readPlain(head *AnswerHead) (plain bool, err error) {
 	if h.Length < 0 {
 		return false, nil
 	}
-	resp.SetStatusCode(h.Status)
-	resp.Header.SetContentLength(h.Length)
-	if h.Close {
-		resp.SetConnectionClose()
-	}
-	head.Raw, head.Lines = true, append(head.Lines[:0], h.Lines...)
+	h.Into(resp, head)
 	_, _ = br.Discard(h.N)
 	a.headed()
 	if h.Status == fasthttp.StatusNoContent || h.Status == fasthttp.StatusNotModified {
