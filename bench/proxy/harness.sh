@@ -80,8 +80,9 @@ ctx_switches() {
 }
 
 # SPLICE_PROCS is GOMAXPROCS as pdlb's gnet front end raises it for its
-# loops (lb/frontend's eventLoops: the cores plus half of them, rounded
-# up), which the splice (bench/proxy/splice) runs with.
+# loops while they hold connections (lb/frontend's busyLoops: the cores
+# plus half of them, rounded up), which the splice (bench/proxy/splice)
+# runs with.
 SPLICE_PROCS=$(($(nproc) + ($(nproc) + 1) / 2))
 
 # per_req prints (after - before) / requests with three decimals.

@@ -56,6 +56,10 @@ type GNet struct {
 	mu    sync.Mutex
 	conns map[*gconn]struct{} // open connections, for timeouts and Shutdown
 	loops map[gnet.EventLoop]*loopState
+	// busy: GOMAXPROCS is raised for the loops (busyLoops); settle gives
+	// it back once they hold no connection (settleLoops).
+	busy   bool
+	settle *time.Timer
 
 	// upstreams counts the open connections to each pod address (of
 	// *atomic.Int32), for Send's cap.
@@ -128,7 +132,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	go func() {
 		logger := &gnetLogger{}
 		s.runErr = gnet.Run(s, "tcp://"+s.addr,
-			gnet.WithNumEventLoop(eventLoops()),
+			gnet.WithNumEventLoop(procs),
 			gnet.WithReusePort(true),
 			// Without SO_REUSEADDR on the listeners, the connections
 			// they accepted and the gateway closed first wait out
@@ -157,7 +161,13 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 			}
 			s.runErr = fmt.Errorf("gnet: the engine stopped on its own: %s", why)
 		}
-		releaseLoops()
+		// Every connection is closed by now.
+		s.mu.Lock()
+		if s.settle != nil {
+			s.settle.Stop()
+		}
+		s.idleLoops()
+		s.mu.Unlock()
 		if s.runErr != nil {
 			s.failed <- s.runErr
 		}
@@ -200,44 +210,73 @@ func (s *GNet) sockets() int {
 // procs is GOMAXPROCS as the process started: the cores it may use.
 var procs = runtime.GOMAXPROCS(0)
 
-// running counts the gnet front ends running, which raised GOMAXPROCS
-// from before (see eventLoops).
-var running struct {
+// busyFronts counts the gnet front ends whose loops hold connections,
+// which raised GOMAXPROCS from before (see busyLoops).
+var busyFronts struct {
 	sync.Mutex
 	n      int
 	before int
 }
 
-// eventLoops is one loop per core, and it makes room for them: a loop
-// waits in a blocking epoll_wait that keeps its P, so were the loops to
-// take every P, goroutines (streams, PD exchanges, the workers) would only
-// run once the runtime's monitor took one back, after up to 10 ms. Nor would
+// idleLoopsAfter is how long the loops of a front end hold no connection
+// before it gives back the Ps it raised GOMAXPROCS by: long enough that
+// a client making a connection a request now and then does not stop the
+// world for each, short enough that a fleet of HTTP/2 clients, whose
+// connections leave the loops after their handshake, is soon served with
+// one P a core.
+const idleLoopsAfter = 100 * time.Millisecond
+
+// busyLoops makes room for the loops while they hold connections; s.mu
+// held. There is a loop per core, and a loop waits in a blocking
+// epoll_wait that keeps its P, so were the loops to take every P,
+// goroutines (HTTP/2 streams, PD exchanges, the workers) would only run
+// once the runtime's monitor took one back, after up to 10 ms. Nor would
 // the loops gain: with no P idle, the monitor takes the P of a loop that
 // blocked past one of its ticks and starts a spinning thread with it
 // (runtime.handoffp), a wake-up for each idle loop, more than the one
 // gnet's Gosched costs when a P is idle (runtime.goschedImpl's wakep).
-// While a gnet front end runs, GOMAXPROCS is raised by half the loops'
-// count, rounded up: not by all of it, as the Ps past the cores let more
-// threads run at once than there are cores whenever the loops idle (h2
-// streams on goroutines then had twice the cores' Ps, and the scheduler
-// churned), and the monitor hands an idle loop's P to goroutines anyway
-// once it blocked 10 ms.
-func eventLoops() int {
-	running.Lock()
-	defer running.Unlock()
-	if running.n == 0 {
-		running.before = runtime.GOMAXPROCS(procs + (procs+1)/2)
+// So GOMAXPROCS is raised by half the loops' count, rounded up: not by
+// all of it, as the Ps past the cores let more threads run at once than
+// there are cores whenever the loops idle, and the monitor hands an idle
+// loop's P to goroutines anyway once it blocked 10 ms. Even that half
+// costs goroutines when the loops hold nothing (HTTP/2 over TLS leaves
+// them for the HTTP/2 server): its streams then spent 7% more user and
+// 21% more kernel time an SSE event than on fasthttp's front end, as the
+// extra P's thread churned, so idleLoops gives it back.
+func (s *GNet) busyLoops() {
+	if s.busy {
+		return
 	}
-	running.n++
-	return procs
+	s.busy = true
+	busyFronts.Lock()
+	defer busyFronts.Unlock()
+	if busyFronts.n == 0 {
+		busyFronts.before = runtime.GOMAXPROCS(procs + (procs+1)/2)
+	}
+	busyFronts.n++
 }
 
-// releaseLoops gives GOMAXPROCS back once the last gnet front end stopped.
-func releaseLoops() {
-	running.Lock()
-	defer running.Unlock()
-	if running.n--; running.n == 0 {
-		runtime.GOMAXPROCS(running.before)
+// idleLoops gives GOMAXPROCS back once no front end's loops hold a
+// connection; s.mu held.
+func (s *GNet) idleLoops() {
+	if !s.busy {
+		return
+	}
+	s.busy = false
+	busyFronts.Lock()
+	defer busyFronts.Unlock()
+	if busyFronts.n--; busyFronts.n == 0 {
+		runtime.GOMAXPROCS(busyFronts.before)
+	}
+}
+
+// settleLoops runs idleLoopsAfter after the loops last let go of their
+// last connection: idleLoops, unless one came since.
+func (s *GNet) settleLoops() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.conns) == 0 {
+		s.idleLoops()
 	}
 }
 
@@ -474,6 +513,7 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	c.SetContext(gc)
 	s.mu.Lock()
 	s.conns[gc] = struct{}{}
+	s.busyLoops()
 	s.mu.Unlock()
 	if s.tls != nil {
 		s.startTLS(gc) // gnet_tls.go
@@ -494,6 +534,13 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 	}
 	s.mu.Lock()
 	delete(s.conns, gc)
+	if len(s.conns) == 0 && s.busy {
+		if s.settle == nil {
+			s.settle = time.AfterFunc(idleLoopsAfter, s.settleLoops)
+		} else {
+			s.settle.Reset(idleLoopsAfter)
+		}
+	}
 	s.mu.Unlock()
 	if s.o.Conns != nil && !gc.refused && !gc.handed {
 		s.o.Conns.Release(c.RemoteAddr())

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -189,6 +190,43 @@ func TestGNetCountsH2Sockets(t *testing.T) {
 	if got := s.sockets(); got != before+n {
 		t.Fatalf("%d sockets counted with %d h2c connections open, %d before; want %d", got, n, before, before+n)
 	}
+}
+
+// TestLoopsGiveProcsBack: GOMAXPROCS is raised for the loops while they
+// hold a connection, and given back once they hold none, an h2c
+// connection (which the loops hand to the HTTP/2 server) still open.
+func TestLoopsGiveProcsBack(t *testing.T) {
+	before := runtime.GOMAXPROCS(0)
+	raised := procs + (procs+1)/2
+	s := startGNet(t, Handler{Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }}, Options{})
+	if got := runtime.GOMAXPROCS(0); got != before {
+		t.Fatalf("GOMAXPROCS %d with no connection yet, want %d", got, before)
+	}
+	h1, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h1.Close()
+	if _, err := io.WriteString(h1, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.ReadResponse(bufio.NewReader(h1), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := runtime.GOMAXPROCS(0); got != raised {
+		t.Fatalf("GOMAXPROCS %d with a connection on the loops, want %d", got, raised)
+	}
+	h2c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2c.Close()
+	if _, err := io.WriteString(h2c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the h2c connection to reach the HTTP/2 server", func() bool { return s.h2.open.Load() == 1 })
+	h1.Close()
+	testwait.For(t, "GOMAXPROCS to be given back", func() bool { return runtime.GOMAXPROCS(0) == before })
 }
 
 // TestHandshakeFeedIsBounded: what a client sends while its handshake is

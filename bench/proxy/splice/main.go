@@ -7,9 +7,10 @@
 // proxy on this stack; the rest of pdlb's cost is its own work (parsing,
 // routing, relaying).
 //
-// Run it with GOMAXPROCS as pdlb's gnet front end raises it (the cores plus
-// half of them, rounded up), as the benchmarks do: the runtime then wakes
-// threads for idle loops as it does for pdlb's.
+// Run it with GOMAXPROCS as pdlb's gnet front end raises it while its loops
+// hold connections (the cores plus half of them, rounded up), as the
+// benchmarks do: the runtime then wakes threads for idle loops as it does
+// for pdlb's.
 package main
 
 import (
