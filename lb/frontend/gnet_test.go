@@ -198,15 +198,11 @@ func TestGNetCountsH2Sockets(t *testing.T) {
 func TestLoopsGiveProcsBack(t *testing.T) {
 	before := runtime.GOMAXPROCS(0)
 	raised := procs + (procs+1)/2
-	s := startGNet(t, Handler{Serve: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }}, Options{})
+	s := startOK(t, Options{})
 	if got := runtime.GOMAXPROCS(0); got != before {
 		t.Fatalf("GOMAXPROCS %d with no connection yet, want %d", got, before)
 	}
-	h1, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h1.Close()
+	h1 := dialGNet(t, s)
 	if _, err := io.WriteString(h1, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -216,12 +212,7 @@ func TestLoopsGiveProcsBack(t *testing.T) {
 	if got := runtime.GOMAXPROCS(0); got != raised {
 		t.Fatalf("GOMAXPROCS %d with a connection on the loops, want %d", got, raised)
 	}
-	h2c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h2c.Close()
-	if _, err := io.WriteString(h2c, http2.ClientPreface); err != nil {
+	if _, err := io.WriteString(dialGNet(t, s), http2.ClientPreface); err != nil {
 		t.Fatal(err)
 	}
 	testwait.For(t, "the h2c connection to reach the HTTP/2 server", func() bool { return s.h2.open.Load() == 1 })
