@@ -240,9 +240,8 @@ const idleLoopsAfter = 100 * time.Millisecond
 // there are cores whenever the loops idle, and the monitor hands an idle
 // loop's P to goroutines anyway once it blocked 10 ms. Even that half
 // costs goroutines when the loops hold nothing (HTTP/2 over TLS leaves
-// them for the HTTP/2 server): its streams then spent 7% more user and
-// 21% more kernel time an SSE event than on fasthttp's front end, as the
-// extra P's thread churned, so idleLoops gives it back.
+// them for the HTTP/2 server): the extra P's thread churns on cores the
+// goroutines alone fill, so idleLoops gives it back.
 func (s *GNet) busyLoops() {
 	if s.busy {
 		return
