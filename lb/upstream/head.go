@@ -14,9 +14,8 @@ import (
 // event loop's exchange and a worker's whole-answer call scan a plain head
 // instead: status, framing and Connection are read, and the other lines
 // go to the client byte for byte, as nginx and HAProxy pass an upstream's
-// header. A head that is not plain (an
-// interim answer, HTTP/1.0, folded lines, framing fasthttp must judge) is
-// parsed by fasthttp.
+// header. A head that is not plain (an interim answer, HTTP/1.0, folded
+// lines, framing fasthttp must judge) is parsed by fasthttp.
 
 // AnswerHead is the header block of a pod's answer as it was scanned
 // (frontend.Upstream.Head, DoCut's head).
