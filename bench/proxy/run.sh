@@ -2,7 +2,8 @@
 # Proxy benchmark (issue 8, item 3b): wrk against a minimal fasthttp stub
 # upstream directly, then through pdlb (each front end, each of two routing
 # policies), nginx, HAProxy and a gnet TCP splice (bench/proxy/splice: the
-# floor of pdlb's stack), all in one run on this machine, with the same
+# floor of pdlb's stack; and the same splice on loops of its own, without
+# gnet), all in one run on this machine, with the same
 # 1 KB non-streaming chat completion. Every target runs from the start; the
 # measurements go round the targets ROUNDS times, so a burst of load from
 # the machine's neighbours lands on one target's sample, not its figure.
@@ -43,6 +44,7 @@ WORKERS=$(nproc)
 
 NAME=proxybench
 SPLICE_ROW="gnet TCP splice (no HTTP)"
+EPOLL_ROW="Go epoll TCP splice (no HTTP, no gnet)"
 # shellcheck source=harness.sh
 . "$HERE/harness.sh"
 take_port STUB
@@ -305,17 +307,27 @@ else
 	failed haproxy "not installed"
 fi
 
+# splice starts bench/proxy/splice with FLAGS as the target ROW, logging to
+# LOG in the scratch directory: splice ROW LOG [FLAGS...].
+splice() {
+	local row=$1 log=$2 addr pid
+	shift 2
+	take_port addr
+	(cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" "$@" --listen "$addr" --upstream "$STUB") 2>"$DIR/$log" &
+	pid=$!
+	started
+	if wait_port "$addr"; then
+		target "$row" "splice ${*:+$* }--listen $addr --upstream $STUB  # bench/proxy/splice, GOMAXPROCS $SPLICE_PROCS" "$addr" "$pid"
+	else
+		failed "$row" "failed to start: $(tail -1 "$DIR/$log")"
+	fi
+}
 # The floor: what the stack pdlb's gnet front end runs on costs a request
-# that passes through with no HTTP read at all (bench/proxy/splice).
-take_port SPLICE
-(cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" --listen "$SPLICE" --upstream "$STUB") 2>"$DIR/splice.log" &
-SPLICE_PID=$!
-started
-if wait_port "$SPLICE"; then
-	target "$SPLICE_ROW" "splice --listen $SPLICE --upstream $STUB  # bench/proxy/splice, GOMAXPROCS $SPLICE_PROCS" "$SPLICE" "$SPLICE_PID"
-else
-	failed "$SPLICE_ROW" "failed to start: $(tail -1 "$DIR/splice.log")"
-fi
+# that passes through with no HTTP read at all; then the same splice on
+# event loops of its own that wait in raw epoll_pwait calls: the floor of
+# a Go proxy without gnet.
+splice "$SPLICE_ROW" splice.log
+splice "$EPOLL_ROW" epoll.log --poller epoll
 
 for label in "${LABELS[@]}"; do
 	[ -z "${FAILED[$label]:-}" ] && check "$label"
@@ -418,6 +430,14 @@ if [ "$best_pdlb" -gt 0 ] && [ -n "${USER_US_S[$SPLICE_ROW]:-}" ]; then
 	if [ -n "${USER_US_S[nginx]:-}" ]; then
 		# shellcheck disable=SC2086
 		echo "nginx's whole user time was $(median %.1f ${USER_US_S[nginx]}) µs a request: pdlb's user time meets it with its own work at $(awk -v n="$(median %.1f ${USER_US_S[nginx]})" -v b="$floor" 'BEGIN{printf "%.1f", n - b}') µs or less."
+	fi
+	if [ -n "${USER_US_S[$EPOLL_ROW]:-}" ]; then
+		# shellcheck disable=SC2086
+		{
+			bare=$(median %.1f ${USER_US_S[$EPOLL_ROW]})
+		}
+		echo "Without gnet, on loops that wait in raw epoll_pwait calls, the splice cost $bare µs of user time and $(median %.1f ${SYS_US_S[$EPOLL_ROW]}) µs of kernel time a request ($(median %.1f ${SYS_US_S[$SPLICE_ROW]}) through gnet's):"\
+			"$(awk -v a="$floor" -v b="$bare" 'BEGIN{printf "%.1f", a - b}') µs of user time of the floor are gnet's and the runtime's wake-ups around its waits."
 	fi
 fi
 logged=${RPS["pdlb gnet, slo_cache, access log"]:-0} unlogged=${RPS["pdlb gnet, slo_cache"]:-0}

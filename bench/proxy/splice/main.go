@@ -11,6 +11,9 @@
 // hold connections (the cores plus half of them, rounded up), as the
 // benchmarks do: the runtime then wakes threads for idle loops as it does
 // for pdlb's.
+//
+// With --poller epoll the loops are this command's own instead of gnet's
+// (epoll.go): the floor of a Go proxy without gnet.
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"flag"
 	"log"
 	"net"
+	"runtime"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -111,7 +115,24 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8090", "address to listen on")
 	upstream := flag.String("upstream", "127.0.0.1:8000", "address every connection is spliced to")
 	loops := flag.Int("loops", 0, "event loops (0: one per core, as pdlb's gnet front end)")
+	poller := flag.String("poller", "gnet", "event loops: gnet's, or epoll (this command's own, waiting in raw epoll_pwait calls)")
 	flag.Parse()
+	switch *poller {
+	case "gnet":
+	case "epoll":
+		n := *loops
+		if n == 0 {
+			n = runtime.NumCPU()
+		}
+		s, err := startEpoll(*listen, *upstream, n)
+		if err != nil {
+			log.Fatal(err)
+		}
+		s.wg.Wait()
+		return
+	default:
+		log.Fatalf("--poller %q: gnet or epoll", *poller)
+	}
 	opts := []gnet.Option{gnet.WithReusePort(true), gnet.WithReuseAddr(true), gnet.WithMulticore(*loops == 0)}
 	if *loops > 0 {
 		opts = append(opts, gnet.WithNumEventLoop(*loops))
