@@ -85,6 +85,18 @@ ctx_switches() {
 # runs with.
 SPLICE_PROCS=$(($(nproc) + ($(nproc) + 1) / 2))
 
+# start_splice VAR LOG [FLAGS...] starts the splice with FLAGS on a port of
+# its own, which it puts in VAR, with SPLICE_PROCS, logging to LOG in the
+# scratch directory; SPLICED_PID is its process.
+start_splice() {
+	local var=$1 log=$2
+	shift 2
+	take_port "$var"
+	(cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" "$@" --listen "${!var}" --upstream "$STUB") 2>"$DIR/$log" &
+	SPLICED_PID=$!
+	started
+}
+
 # per_req prints (after - before) / requests with three decimals.
 per_req() {
 	awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN{ if (n > 0) printf "%.3f", (b - a) / n }'

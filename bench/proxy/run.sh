@@ -310,14 +310,11 @@ fi
 # splice starts bench/proxy/splice with FLAGS as the target ROW, logging to
 # LOG in the scratch directory: splice ROW LOG [FLAGS...].
 splice() {
-	local row=$1 log=$2 addr pid
+	local row=$1 log=$2 addr
 	shift 2
-	take_port addr
-	(cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" "$@" --listen "$addr" --upstream "$STUB") 2>"$DIR/$log" &
-	pid=$!
-	started
+	start_splice addr "$log" "$@"
 	if wait_port "$addr"; then
-		target "$row" "splice ${*:+$* }--listen $addr --upstream $STUB  # bench/proxy/splice, GOMAXPROCS $SPLICE_PROCS" "$addr" "$pid"
+		target "$row" "splice ${*:+$* }--listen $addr --upstream $STUB  # bench/proxy/splice, GOMAXPROCS $SPLICE_PROCS" "$addr" "$SPLICED_PID"
 	else
 		failed "$row" "failed to start: $(tail -1 "$DIR/$log")"
 	fi
@@ -437,7 +434,7 @@ if [ "$best_pdlb" -gt 0 ] && [ -n "${USER_US_S[$SPLICE_ROW]:-}" ]; then
 			bare=$(median %.1f ${USER_US_S[$EPOLL_ROW]})
 		}
 		echo "Without gnet, on loops that wait in raw epoll_pwait calls, the splice cost $bare µs of user time and $(median %.1f ${SYS_US_S[$EPOLL_ROW]}) µs of kernel time a request ($(median %.1f ${SYS_US_S[$SPLICE_ROW]}) through gnet's):"\
-			"$(awk -v a="$floor" -v b="$bare" 'BEGIN{printf "%.1f", a - b}') µs of user time of the floor are gnet's and the runtime's wake-ups around its waits."
+			"$(awk -v a="$floor" -v b="$bare" 'BEGIN{printf "%.1f", a - b}') µs of user time of the floor are gnet's: its own work and the runtime's wake-ups around its waits."
 	fi
 fi
 logged=${RPS["pdlb gnet, slo_cache, access log"]:-0} unlogged=${RPS["pdlb gnet, slo_cache"]:-0}

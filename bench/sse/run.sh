@@ -95,18 +95,14 @@ fi
 
 # The floor: a gnet TCP splice (bench/proxy/splice), which relays the
 # events as bytes, on the stack pdlb's gnet front end runs on.
-take_port SPLICE
-(cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" --listen "$SPLICE" --upstream "$STUB") 2>"$DIR/splice.log" &
-SPLICE_PID=$!
-started
+start_splice SPLICE splice.log
+SPLICE_PID=$SPLICED_PID
 SPLICE_ROW=
 wait_port "$SPLICE" && SPLICE_ROW=1
 # And the same splice on loops of its own (raw epoll_pwait waits): the
 # floor of a Go proxy without gnet.
-take_port EPOLL
-(cd "$ROOT" && exec env GOMAXPROCS=$SPLICE_PROCS "$DIR/splice" --poller epoll --listen "$EPOLL" --upstream "$STUB") 2>"$DIR/epoll.log" &
-EPOLL_PID=$!
-started
+start_splice EPOLL epoll.log --poller epoll
+EPOLL_PID=$SPLICED_PID
 EPOLL_ROW=
 wait_port "$EPOLL" && EPOLL_ROW=1
 

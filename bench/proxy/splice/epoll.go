@@ -63,7 +63,9 @@ func startEpoll(listen, upstream string, loops int) (*epollSplice, error) {
 		l, err := newEpollLoop(&unix.SockaddrInet4{Port: int(la.Port()), Addr: la.Addr().As4()},
 			&unix.SockaddrInet4{Port: int(ua.Port()), Addr: ua.Addr().As4()})
 		if err != nil {
-			s.Close()
+			for _, l := range s.loops {
+				l.close() // none runs yet
+			}
 			return nil, err
 		}
 		s.loops = append(s.loops, l)
