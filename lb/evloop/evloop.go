@@ -1,0 +1,553 @@
+// Package evloop runs the gnet front end's event loops: one goroutine per
+// loop, each with its own epoll instance, eventfd for tasks and
+// SO_REUSEPORT listener, which accepts, reads and writes its connections
+// and calls the Handler for each event. Its API follows gnet's (v2), which
+// the front end ran on before: connection buffers read with Peek, Next and
+// Discard, writes that queue what the socket did not take, AsyncWrite and
+// Wake from other goroutines, tasks with Execute, sockets dialed elsewhere
+// enrolled on a loop.
+//
+// What it does differently is how a loop waits. A loop that holds
+// connections it accepted waits in epoll_pwait as a raw system call, which keeps its P
+// and skips the runtime's entersyscall and exitsyscall: the runtime's
+// monitor neither hands the P off while the loop waits nor, when every P
+// went idle, polls every 20 µs after the next system call wakes it; and
+// nothing yields after a batch, where gnet's Gosched woke a spinning
+// thread each time a P was idle. The loop still yields when a signal ends
+// the wait (the monitor's and the collector's preemption), and the caller
+// must leave Ps for goroutines: GOMAXPROCS above the loops that hold
+// accepted connections. A loop with none (idle, or holding only enrolled
+// ones, which wait for a client's request) waits as any system call does
+// and lends its P to goroutines.
+package evloop
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"pdlb/internal/rawio"
+)
+
+// Action is what a Handler asks of the loop after an event.
+type Action int
+
+const (
+	// None keeps the connection.
+	None Action = iota
+	// Close closes it (OnClose runs) before the loop goes on.
+	Close
+)
+
+// Handler handles a loop's events; every method but OnBoot and OnTick
+// runs on the connection's loop, one event at a time.
+type Handler interface {
+	// OnBoot runs once, before the loops start.
+	OnBoot(*Engine)
+	// OnOpen runs for a connection accepted or enrolled; out, if any, is
+	// written to it first.
+	OnOpen(c *Conn) (out []byte, a Action)
+	// OnTraffic runs when bytes arrived (they wait in the connection's
+	// buffer) and when Wake asks.
+	OnTraffic(c *Conn) Action
+	// OnClose runs once as the connection closes; err is why, nil when
+	// the Handler or the engine closed it.
+	OnClose(c *Conn, err error)
+	// OnTick runs on a goroutine of its own, first once every loop
+	// listens, then after the delay it returns.
+	OnTick() time.Duration
+}
+
+// Callback runs on the loop when an AsyncWrite, AsyncWritev or Wake is
+// done; err is net.ErrClosed on a connection closed before.
+type Callback func(c *Conn, err error)
+
+// ErrStopped is the answer to a call made to a loop that stopped.
+var ErrStopped = errors.New("evloop: the engine stopped")
+
+// Engine is the loops that Run started.
+type Engine struct {
+	h       Handler
+	loops   []*Loop
+	conns   atomic.Int32
+	errOnce sync.Once
+	err     error
+}
+
+// Run binds addr (an IP literal and port) with loops loops and serves h
+// until Stop, or until a loop fails; it returns the failure, nil after
+// Stop.
+func Run(h Handler, addr string, loops int) error {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return fmt.Errorf("evloop: listen address %q: %w", addr, err)
+	}
+	e := &Engine{h: h}
+	for i := range loops {
+		l, err := newLoop(e, ap)
+		if err != nil {
+			for _, l := range e.loops {
+				l.closeFDs()
+			}
+			return fmt.Errorf("evloop: loop %d on %s: %w", i, addr, err)
+		}
+		e.loops = append(e.loops, l)
+	}
+	h.OnBoot(e)
+	var wg sync.WaitGroup
+	for _, l := range e.loops {
+		wg.Go(l.run)
+	}
+	ticking, ticked := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ticked)
+		e.tick(ticking)
+	}()
+	wg.Wait()
+	close(ticking)
+	<-ticked // no OnTick runs once Run returned
+	return e.err
+}
+
+// tick runs OnTick until stop closes.
+func (e *Engine) tick(stop <-chan struct{}) {
+	t := time.NewTimer(e.h.OnTick())
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			t.Reset(e.h.OnTick())
+		}
+	}
+}
+
+// Stop asks every loop to close its connections and listener and return;
+// Run returns once they have.
+func (e *Engine) Stop() {
+	for _, l := range e.loops {
+		_ = l.trigger(task{kind: taskStop})
+	}
+}
+
+// fail stops the engine with err, the first of them Run returns.
+func (e *Engine) fail(err error) {
+	e.errOnce.Do(func() { e.err = err })
+	e.Stop()
+}
+
+// CountConnections is how many connections the loops hold, enrolled ones
+// included.
+func (e *Engine) CountConnections() int { return int(e.conns.Load()) }
+
+// Loop is one event loop. Its connections, buffers and listener are
+// touched only by its goroutine; other goroutines reach it through tasks.
+type Loop struct {
+	e      *Engine
+	ep     int // epoll instance
+	wakeFD int // eventfd, written when tasks wait
+	ln     int // the SO_REUSEPORT listener; -1 once closed
+	local  net.Addr
+	// conns are the open connections, by descriptor; accepted counts
+	// those the listener gave.
+	conns    []*Conn
+	accepted int
+	// buf is where a read lands when the connection holds no bytes
+	// already; OnTraffic then sees it in place.
+	buf    []byte
+	vec    []unix.Iovec // Writev's scratch
+	events []unix.EpollEvent
+	done   bool // a stop task ran
+
+	mu sync.Mutex
+	// tasks wait for the loop; woken: the eventfd was written for them
+	// and the loop did not yet find the queue empty. stopped: the loop
+	// returned, and takes no more.
+	tasks   []task
+	woken   bool
+	stopped bool
+	running []task // the loop's, swapped with tasks
+}
+
+// readSize is a loop's read buffer: the most a read takes at once.
+const readSize = 64 << 10
+
+func newLoop(e *Engine, ap netip.AddrPort) (*Loop, error) {
+	l := &Loop{e: e, ep: -1, wakeFD: -1, ln: -1, buf: make([]byte, readSize), events: make([]unix.EpollEvent, 128)}
+	var err error
+	if l.ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return nil, err
+	}
+	if l.wakeFD, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	if l.ln, err = listen(ap); err == nil {
+		// Edge-triggered: each write to the eventfd is an event, and the
+		// counter (2^64 writes) need not be read back.
+		err = errors.Join(l.ctl(unix.EPOLL_CTL_ADD, l.wakeFD, unix.EPOLLIN|unix.EPOLLET),
+			l.ctl(unix.EPOLL_CTL_ADD, l.ln, unix.EPOLLIN))
+	}
+	if err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	sa, err := unix.Getsockname(l.ln)
+	if err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	l.local = tcpAddr(sa)
+	return l, nil
+}
+
+// listen opens a listener on ap beside the other loops' (SO_REUSEPORT),
+// with SO_REUSEADDR (a restart does not wait out the TIME_WAIT of the
+// connections the last run closed first) and TCP_NODELAY, which the
+// connections it accepts inherit.
+func listen(ap netip.AddrPort) (int, error) {
+	var sa unix.Sockaddr
+	family := unix.AF_INET6
+	if ap.Addr().Is4() {
+		family = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	} else {
+		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		return -1, err
+	}
+	err = errors.Join(unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1),
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1),
+		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1))
+	if err == nil {
+		err = unix.Bind(fd, sa)
+	}
+	if err == nil {
+		err = unix.Listen(fd, unix.SOMAXCONN)
+	}
+	if err != nil {
+		_ = unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+func (l *Loop) ctl(op, fd int, events uint32) error {
+	return unix.EpollCtl(l.ep, op, fd, &unix.EpollEvent{Events: events, Fd: int32(fd)})
+}
+
+// closeFDs closes the loop's own descriptors.
+func (l *Loop) closeFDs() {
+	for _, fd := range []int{l.ln, l.wakeFD, l.ep} {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}
+	l.ln = -1
+}
+
+func (l *Loop) run() {
+	defer l.exit()
+	// more: tasks are left from the last round, run after a look at the
+	// sockets that does not wait.
+	more := false
+	for !l.done {
+		timeout := -1
+		if more {
+			timeout = 0
+		}
+		n, err := l.wait(timeout)
+		if err != nil {
+			l.e.fail(fmt.Errorf("evloop: epoll_wait: %w", err))
+			return
+		}
+		chores := more
+		for i := range n {
+			ev := &l.events[i]
+			switch fd := int(ev.Fd); {
+			case fd == l.wakeFD:
+				chores = true
+			case fd == l.ln:
+				if err := l.accept(); err != nil {
+					l.e.fail(err)
+					return
+				}
+			case fd < len(l.conns) && l.conns[fd] != nil:
+				l.serve(l.conns[fd], ev.Events)
+			}
+			// Else the event is for a connection an earlier one of the
+			// batch closed: nothing is left to act on.
+		}
+		more = chores && l.chores()
+	}
+}
+
+// wait waits up to timeout milliseconds (-1: no limit) for events: as a
+// raw system call while the loop holds accepted connections (see the
+// package comment), else as the runtime's syscall, which lends the P to
+// goroutines while it blocks.
+func (l *Loop) wait(timeout int) (int, error) {
+	for {
+		var n int
+		var err error
+		if l.accepted > 0 {
+			r, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), uintptr(timeout), 0, 0)
+			n = int(r)
+			if errno != 0 {
+				err = errno
+			}
+		} else {
+			n, err = unix.EpollWait(l.ep, l.events, timeout)
+		}
+		if err == unix.EINTR {
+			// Most likely the runtime's preemption signal: the raw
+			// call has no preemption point, this is one.
+			runtime.Gosched()
+			continue
+		}
+		return n, err
+	}
+}
+
+// accept takes the connections waiting on the listener, a batch at a
+// time: the listener is level-triggered, so what is left comes back.
+func (l *Loop) accept() error {
+	for range 32 {
+		fd, sa, err := unix.Accept4(l.ln, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		switch err {
+		case nil:
+		case unix.EAGAIN:
+			return nil
+		case unix.EINTR, unix.ECONNABORTED, unix.ECONNRESET:
+			// Reset while it waited in the queue.
+			continue
+		case unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM:
+			// Out of descriptors or memory: leave the connections in
+			// the queue, and stop watching the listener (level-
+			// triggered, it would spin) for a while.
+			l.pauseAccept()
+			return nil
+		default:
+			return fmt.Errorf("evloop: accept on %s: %w", l.local, err)
+		}
+		c := &Conn{loop: l, fd: fd, local: l.local, remote: tcpAddr(sa), accepted: true}
+		if err := l.register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// acceptPause is how long a loop that ran out of descriptors leaves its
+// listener before it tries again.
+const acceptPause = 10 * time.Millisecond
+
+func (l *Loop) pauseAccept() {
+	if err := l.ctl(unix.EPOLL_CTL_MOD, l.ln, 0); err != nil {
+		return
+	}
+	time.AfterFunc(acceptPause, func() {
+		_ = l.Execute(func() {
+			if l.ln >= 0 && !l.done {
+				_ = l.ctl(unix.EPOLL_CTL_MOD, l.ln, unix.EPOLLIN)
+			}
+		})
+	})
+}
+
+// register adds c to the loop and opens it: OnOpen, its out written.
+func (l *Loop) register(c *Conn) error {
+	if err := l.ctl(unix.EPOLL_CTL_ADD, c.fd, unix.EPOLLIN); err != nil {
+		_ = unix.Close(c.fd)
+		return fmt.Errorf("evloop: epoll_ctl add: %w", err)
+	}
+	if c.fd >= len(l.conns) {
+		l.conns = append(l.conns, make([]*Conn, c.fd+1-len(l.conns))...)
+	}
+	l.conns[c.fd] = c
+	if c.accepted {
+		l.accepted++
+	}
+	l.e.conns.Add(1)
+	c.opened = true
+	out, act := l.e.h.OnOpen(c)
+	if len(out) > 0 && c.opened {
+		_, _ = c.Write(out)
+	}
+	if act == Close {
+		l.close(c, nil)
+	}
+	return nil
+}
+
+// serve handles epoll's events for c: it writes what waits first (a
+// client that stopped reading gets nothing more read from it ahead of
+// what it owes), then reads.
+func (l *Loop) serve(c *Conn, events uint32) {
+	if events&(unix.EPOLLOUT|unix.EPOLLERR) != 0 && c.outOff < len(c.out) {
+		l.flush(c)
+	}
+	if events&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 && c.opened {
+		l.read(c)
+	}
+}
+
+// minRead is the least room a read into a connection's own buffer has.
+const minRead = 16 << 10
+
+// read reads what arrived on c once (the loop is level-triggered: what is
+// left comes back) and hands it to OnTraffic: in place in the loop's
+// buffer when c held nothing before, else after what c held.
+func (l *Loop) read(c *Conn) {
+	var n int
+	var err error
+	if len(c.in) == 0 {
+		n, err = rawio.Recv(c.fd, l.buf)
+		c.cur = l.buf[:n]
+	} else {
+		c.room()
+		n, err = rawio.Recv(c.fd, c.in[len(c.in):cap(c.in)])
+		c.in = c.in[:len(c.in)+n]
+	}
+	switch {
+	case err == unix.EAGAIN:
+		c.cur = nil
+		return
+	case err != nil:
+		c.cur = nil
+		l.close(c, fmt.Errorf("read: %w", err))
+		return
+	case n == 0:
+		c.cur = nil
+		l.close(c, io.EOF)
+		return
+	}
+	if l.e.h.OnTraffic(c) == Close {
+		c.cur = nil
+		l.close(c, nil)
+		return
+	}
+	if len(c.cur) > 0 && c.opened {
+		c.keep()
+	}
+	c.cur = nil
+}
+
+// flush writes c's queued bytes; on EPOLLOUT.
+func (l *Loop) flush(c *Conn) {
+	n, err := rawio.Send(c.fd, c.out[c.outOff:])
+	switch {
+	case err == unix.EAGAIN:
+		return
+	case err != nil:
+		l.close(c, fmt.Errorf("write: %w", err))
+		return
+	}
+	if c.outOff += n; c.outOff < len(c.out) {
+		return
+	}
+	c.drained()
+	if err := l.ctl(unix.EPOLL_CTL_MOD, c.fd, unix.EPOLLIN); err != nil {
+		l.close(c, fmt.Errorf("epoll_ctl mod: %w", err))
+	}
+}
+
+// close closes c, once: OnClose, then what waits to be written goes out
+// as far as the socket takes it now.
+func (l *Loop) close(c *Conn, err error) {
+	if !c.opened {
+		return
+	}
+	c.opened = false
+	l.conns[c.fd] = nil
+	if c.accepted {
+		l.accepted--
+	}
+	l.e.conns.Add(-1)
+	l.e.h.OnClose(c, err)
+	for c.outOff < len(c.out) {
+		n, err := rawio.Send(c.fd, c.out[c.outOff:])
+		if err != nil {
+			break
+		}
+		c.outOff += n
+	}
+	// Removed first: a duplicate of the socket (a connection handed
+	// over) would keep it registered past the close.
+	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
+	_ = unix.Close(c.fd)
+	c.in, c.store, c.out, c.outOff = nil, nil, nil, 0
+}
+
+// Close closes c now; on c's loop.
+func (l *Loop) Close(c *Conn) error {
+	l.close(c, nil)
+	return nil
+}
+
+// exit closes what the loop holds, once it stopped, and answers the
+// tasks that came too late.
+func (l *Loop) exit() {
+	for _, c := range l.conns {
+		if c != nil {
+			l.close(c, nil)
+		}
+	}
+	l.mu.Lock()
+	l.stopped = true
+	late := l.tasks
+	l.tasks = nil
+	l.mu.Unlock()
+	l.closeFDs() // no trigger writes to the eventfd now
+	for _, t := range late {
+		t.refuse()
+	}
+	l.e.Stop() // a loop that failed stops the others
+}
+
+// Execute runs fn on the loop, after what it was given before.
+func (l *Loop) Execute(fn func()) error {
+	return l.trigger(task{kind: taskRun, fn: fn})
+}
+
+// Enroll hands nc's socket to the loop, as a connection with context ctx
+// (a duplicate of the descriptor: nc is closed), and returns once OnOpen
+// ran, or with why it could not.
+func (l *Loop) Enroll(nc net.Conn, ctx any) error {
+	defer nc.Close()
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("evloop: a %T has no socket to enroll", nc)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	fd := -1
+	if cerr := rc.Control(func(s uintptr) { fd, err = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); cerr != nil {
+		return cerr
+	}
+	if err != nil {
+		return fmt.Errorf("evloop: dup: %w", err)
+	}
+	done := make(chan error, 1)
+	c := &Conn{loop: l, fd: fd, local: nc.LocalAddr(), remote: nc.RemoteAddr(), ctx: ctx}
+	if err := l.trigger(task{kind: taskEnroll, c: c, done: done}); err != nil {
+		_ = unix.Close(fd)
+		return err
+	}
+	return <-done
+}
