@@ -25,7 +25,7 @@ import (
 // goroutines that outlive any one server by design.
 func LeakOptions() []goleak.Option {
 	return []goleak.Option{
-		// Started when packages load (gnet's default ants pool).
+		// Started when packages load.
 		goleak.IgnoreCurrent(),
 		// fasthttp's package-level date ticker and client, dialer and
 		// worker-pool cleaners.
@@ -35,12 +35,6 @@ func LeakOptions() []goleak.Option {
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
 		// zmq4's PUB sockets never stop their writer (see engines/vllm).
 		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
-		// gnet's worker pool, when a test loads gnet after IgnoreCurrent ran.
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		// Its workers, which enroll the gnet front end's upstream
-		// connections on the loops and idle a while before they exit.
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
 		// go-redis's probe of a server its pool failed to dial, which
 		// sleeps a second between dials and ends at the first one after
 		// the client closed.

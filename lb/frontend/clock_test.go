@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -47,7 +46,7 @@ func tickNow(t *testing.T, s *GNet) {
 	}
 	s.mu.Unlock()
 	for _, ls := range loops {
-		_ = ls.el.Execute(context.Background(), ls.sweep)
+		_ = ls.el.Execute(ls.sweep)
 		loopTurns(t, ls.el, 2) // the sweep, then the close it asks for
 	}
 }

@@ -3,38 +3,37 @@ package frontend
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
+	"pdlb/lb/evloop"
 )
 
-// GNet is an HTTP/1.1 server on gnet's event loops: one loop per core, each
-// with its own SO_REUSEPORT listener. The loops only move bytes: they parse
+// GNet is an HTTP/1.1 server on event loops (lb/evloop; gnet's before,
+// whose name the front end keeps): one loop per core, each with its own
+// SO_REUSEPORT listener. The loops only move bytes: they parse
 // complete requests out of what arrived and hand them, in order, to one
 // goroutine per busy connection, which runs the Handler and writes the
 // response back with AsyncWrite. See gnet_conn.go for the connection's
 // life.
 type GNet struct {
-	gnet.BuiltinEventEngine
 	h    Handler
 	o    Options
 	addr string
 
 	workers *workers
 
-	eng      gnet.Engine
+	eng      *evloop.Engine
 	ready    chan struct{}
 	once     sync.Once
 	stopOnce sync.Once
-	// stopped is closed when gnet.Run returns, with its error in runErr;
+	// stopped is closed when evloop.Run returns, with its error in runErr;
 	// failed gets that error too when it is one.
 	stopped chan struct{}
 	runErr  error
@@ -55,7 +54,7 @@ type GNet struct {
 
 	mu    sync.Mutex
 	conns map[*gconn]struct{} // open connections, for timeouts and Shutdown
-	loops map[gnet.EventLoop]*loopState
+	loops map[*evloop.Loop]*loopState
 	// busy: GOMAXPROCS is raised for the loops (busyLoops); settle gives
 	// it back once they hold no connection (settleLoops).
 	busy   bool
@@ -88,7 +87,7 @@ const tick = time.Second
 // ShutdownWithContext. It returns once every loop listens.
 func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1),
-		conns: make(map[*gconn]struct{}), loops: make(map[gnet.EventLoop]*loopState)}
+		conns: make(map[*gconn]struct{}), loops: make(map[*evloop.Loop]*loopState)}
 	s.now.Store(s.o.clock())
 	// The first tick sweeps, however young the process (and its clock).
 	s.lastIdle = s.now.Load() - int64(tick)
@@ -130,36 +129,14 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 		s.tls = o.TLS.Config(protos, s.tlsStop)
 	}
 	go func() {
-		logger := &gnetLogger{}
-		s.runErr = gnet.Run(s, "tcp://"+s.addr,
-			gnet.WithNumEventLoop(procs),
-			gnet.WithReusePort(true),
-			// Without SO_REUSEADDR on the listeners, the connections
-			// they accepted and the gateway closed first wait out
-			// TIME_WAIT (60 s) without it too, and the kernel then
-			// refuses any listener on the port that does not also set
-			// SO_REUSEPORT: a restart on --frontend fasthttp, or a
-			// rollback to nginx, failed "address already in use".
-			gnet.WithReuseAddr(true),
-			gnet.WithTicker(true),
-			// Loops are not locked to their threads. gnet yields an idle
-			// loop with runtime.Gosched, and the runtime parks a locked
-			// thread that yields and wakes another to hand its goroutine
-			// back: two futex wakes and two context switches each time a
-			// loop goes idle, which a stream does after every event at a
-			// model's token rate.
-			gnet.WithLogger(logger))
+		// The loops wait in a raw system call that keeps their P while
+		// they hold connections: see busyLoops.
+		s.runErr = evloop.Run(s, s.addr, procs)
 		if s.runErr == nil && !s.shutdown.Load() {
-			// gnet.Run returns nil when an event loop's error stopped the
-			// engine (an accept that failed: limits.FDs keeps EMFILE
-			// away, not every error): the port is closed and every
-			// connection dropped, so the process must not run on as if
-			// it served.
-			why := "no error logged"
-			if first := logger.first.Load(); first != nil {
-				why = *first
-			}
-			s.runErr = fmt.Errorf("gnet: the engine stopped on its own: %s", why)
+			// Stopped, but not by a shutdown: the port is closed and
+			// every connection dropped, so the process must not run on
+			// as if it served.
+			s.runErr = errors.New("the engine stopped on its own")
 		}
 		// Every connection is closed by now.
 		s.mu.Lock()
@@ -192,13 +169,13 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 		if s.tlsStop != nil {
 			close(s.tlsStop)
 		}
-		return nil, fmt.Errorf("gnet: %w", s.runErr)
+		return nil, fmt.Errorf("frontend: %w", s.runErr)
 	}
 }
 
 // sockets counts the sockets the front end holds: the loops' connections,
 // clients' and pods' alike, and the HTTP/2 connections they handed over
-// (on a duplicate of the loop's socket, which gnet no longer counts).
+// (on a duplicate of the loop's socket, which the loops no longer count).
 func (s *GNet) sockets() int {
 	n := s.eng.CountConnections()
 	if s.h2 != nil {
@@ -211,7 +188,7 @@ func (s *GNet) sockets() int {
 var procs = runtime.GOMAXPROCS(0)
 
 // busyFronts counts the gnet front ends whose loops hold connections,
-// which raised GOMAXPROCS from before (see busyLoops).
+// each of which raised GOMAXPROCS from before by procs (see busyLoops).
 var busyFronts struct {
 	sync.Mutex
 	n      int
@@ -227,21 +204,14 @@ var busyFronts struct {
 const idleLoopsAfter = 100 * time.Millisecond
 
 // busyLoops makes room for the loops while they hold connections; s.mu
-// held. There is a loop per core, and a loop waits in a blocking
-// epoll_wait that keeps its P, so were the loops to take every P,
-// goroutines (HTTP/2 streams, PD exchanges, the workers) would only run
-// once the runtime's monitor took one back, after up to 10 ms. Nor would
-// the loops gain: with no P idle, the monitor takes the P of a loop that
-// blocked past one of its ticks and starts a spinning thread with it
-// (runtime.handoffp), a wake-up for each idle loop, more than the one
-// gnet's Gosched costs when a P is idle (runtime.goschedImpl's wakep).
-// So GOMAXPROCS is raised by half the loops' count, rounded up: not by
-// all of it, as the Ps past the cores let more threads run at once than
-// there are cores whenever the loops idle, and the monitor hands an idle
-// loop's P to goroutines anyway once it blocked 10 ms. Even that half
-// costs goroutines when the loops hold nothing (HTTP/2 over TLS leaves
-// them for the HTTP/2 server): the extra P's thread churns on cores the
-// goroutines alone fill, so idleLoops gives it back.
+// held. There is a loop per core, and a loop that holds connections waits
+// in a raw epoll_wait that keeps its P (lb/evloop), so were the loops to
+// take every P, goroutines (TLS handshakes, HTTP/2 streams, PD exchanges,
+// the workers) would only run once the runtime's monitor preempted a loop,
+// after up to 10 ms. So GOMAXPROCS is raised by the loops' count for each
+// front end whose loops hold connections: goroutines keep a P a core, and
+// the loops' Ps cost nothing while they wait (their threads sleep in the
+// kernel). idleLoops gives them back.
 func (s *GNet) busyLoops() {
 	if s.busy {
 		return
@@ -250,12 +220,13 @@ func (s *GNet) busyLoops() {
 	busyFronts.Lock()
 	defer busyFronts.Unlock()
 	if busyFronts.n == 0 {
-		busyFronts.before = runtime.GOMAXPROCS(procs + (procs+1)/2)
+		busyFronts.before = runtime.GOMAXPROCS(0)
 	}
 	busyFronts.n++
+	runtime.GOMAXPROCS(busyFronts.before + busyFronts.n*procs)
 }
 
-// idleLoops gives GOMAXPROCS back once no front end's loops hold a
+// idleLoops gives a front end's Ps back once its loops hold no
 // connection; s.mu held.
 func (s *GNet) idleLoops() {
 	if !s.busy {
@@ -264,9 +235,8 @@ func (s *GNet) idleLoops() {
 	s.busy = false
 	busyFronts.Lock()
 	defer busyFronts.Unlock()
-	if busyFronts.n--; busyFronts.n == 0 {
-		runtime.GOMAXPROCS(busyFronts.before)
-	}
+	busyFronts.n--
+	runtime.GOMAXPROCS(busyFronts.before + busyFronts.n*procs)
 }
 
 // settleLoops runs idleLoopsAfter after the loops last let go of their
@@ -334,7 +304,7 @@ func (s *GNet) AbortRelays() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ls := range s.loops {
-		_ = ls.el.Execute(context.Background(), ls.sweep)
+		_ = ls.el.Execute(ls.sweep)
 	}
 }
 
@@ -353,15 +323,11 @@ func (s *GNet) drain(ctx context.Context) error {
 	return nil
 }
 
-// stop stops the loops, once, and returns why gnet.Run ended.
+// stop stops the loops, once, and returns why evloop.Run ended.
 func (s *GNet) stop() error {
 	s.stopOnce.Do(func() {
-		// Engine.Stop polls for the end every 500 ms; gnet.Run returning
-		// is the same signal, sooner.
-		stopCtx, cancel := context.WithCancel(context.Background())
-		go func() { _ = s.eng.Stop(stopCtx) }()
+		s.eng.Stop()
 		<-s.stopped
-		cancel()
 		s.workers.stop()
 		s.linger.stop() // the HTTP/2 connections' (lingerConn)
 		if s.tlsStop != nil {
@@ -372,14 +338,11 @@ func (s *GNet) stop() error {
 }
 
 // OnBoot keeps the engine for Shutdown.
-func (s *GNet) OnBoot(eng gnet.Engine) gnet.Action {
-	s.eng = eng
-	return gnet.None
-}
+func (s *GNet) OnBoot(eng *evloop.Engine) { s.eng = eng }
 
-// OnTick runs on gnet's ticker goroutine, first right after every loop has
-// bound its listener.
-func (s *GNet) OnTick() (time.Duration, gnet.Action) {
+// OnTick runs on the engine's ticker goroutine, first right after every
+// loop has bound its listener.
+func (s *GNet) OnTick() time.Duration {
 	now := s.o.clock()
 	// A gap past a tick is the ticker running late; one past two, a stall,
 	// which lag does not follow: it would stretch every timeout for good.
@@ -393,14 +356,14 @@ func (s *GNet) OnTick() (time.Duration, gnet.Action) {
 	}
 	every := time.Duration(s.sweepEvery.Load())
 	if every == 0 {
-		return tick, gnet.None
+		return tick
 	}
 	s.mu.Lock()
 	for _, ls := range s.loops {
-		_ = ls.el.Execute(context.Background(), ls.sweep)
+		_ = ls.el.Execute(ls.sweep)
 	}
 	s.mu.Unlock()
-	return every, gnet.None
+	return every
 }
 
 // expired reports whether d has passed by now (read off the clock; the
@@ -457,7 +420,7 @@ func (s *GNet) closeIdle(now int64) {
 		case over:
 			// Closed on its loop unless the client is still reading
 			// an answer.
-			_ = gc.c.EventLoop().Execute(context.Background(), gc.checkIdle)
+			_ = gc.c.EventLoop().Execute(gc.checkIdle)
 		}
 	}
 }
@@ -466,13 +429,13 @@ func (s *GNet) closeIdle(now int64) {
 // still going out and the client took some of it since the last look: a
 // slow reader is idle only once it takes nothing for IdleTimeout. One
 // holding part of a request is answered 408 first.
-func (gc *gconn) checkIdleOnLoop(context.Context) error {
+func (gc *gconn) checkIdleOnLoop() {
 	if gc.closed {
-		return nil
+		return
 	}
 	if n := int64(gc.c.OutboundBuffered()); n > 0 && n != gc.pending.Swap(n) {
 		gc.lastRead.Store(gc.s.now.Load())
-		return nil
+		return
 	}
 	if gc.inbound() > 0 && !gc.stopped {
 		// A request partly read at ReadTimeout is answered by the error
@@ -484,25 +447,25 @@ func (gc *gconn) checkIdleOnLoop(context.Context) error {
 		gc.unread.Store(false)
 		gc.s.serving.Add(1)
 		gc.enqueue(queued{ctx: acquireCtx(), err: os.ErrDeadlineExceeded})
-		return nil
+		return
 	}
-	return gc.c.Close()
+	_ = gc.c.Close()
 }
 
 // OnOpen gives the connection its state; during Shutdown, or over its
 // address's connection cap, it is refused.
-func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+func (s *GNet) OnOpen(c *evloop.Conn) ([]byte, evloop.Action) {
 	if uc, ok := c.Context().(*upConn); ok {
 		return uc.opened(c)
 	}
 	if s.shutdown.Load() {
-		return nil, gnet.Close
+		return nil, evloop.Close
 	}
 	if !s.o.FDs.Accept(c.Fd()) {
 		// A reset: it frees the socket at once and tells the client
 		// plainly.
 		_ = c.SetLinger(0)
-		return nil, gnet.Close
+		return nil, evloop.Close
 	}
 	if s.o.Conns != nil && !s.o.Conns.Acquire(c.RemoteAddr()) {
 		return nil, s.refuse(c) // refuse.go
@@ -517,19 +480,19 @@ func (s *GNet) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.tls != nil {
 		s.startTLS(gc) // gnet_tls.go
 	}
-	return nil, gnet.None
+	return nil, evloop.None
 }
 
 // OnClose releases a writer waiting on the connection; its next write
 // fails.
-func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
+func (s *GNet) OnClose(c *evloop.Conn, _ error) {
 	if uc, ok := c.Context().(*upConn); ok {
 		uc.closed()
-		return gnet.None
+		return
 	}
 	gc, ok := c.Context().(*gconn)
 	if !ok {
-		return gnet.None
+		return
 	}
 	s.mu.Lock()
 	delete(s.conns, gc)
@@ -561,12 +524,11 @@ func (s *GNet) OnClose(c gnet.Conn, _ error) gnet.Action {
 		gc.stalled = false
 		gc.wrote <- net.ErrClosed
 	}
-	return gnet.None
 }
 
 // OnTraffic parses what arrived; it also runs on Wake, when a writer asks
 // whether the outbound buffer drained or the worker wants parsing resumed.
-func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
+func (s *GNet) OnTraffic(c *evloop.Conn) evloop.Action {
 	if uc, ok := c.Context().(*upConn); ok {
 		return uc.read()
 	}
@@ -593,39 +555,12 @@ func (s *GNet) OnTraffic(c gnet.Conn) gnet.Action {
 		b, _ := c.Next(-1)
 		return s.handshaking(gc, b) // gnet_tls.go
 	}
-	err := gc.tls.pull()
+	raw, _ := c.Next(-1)
+	err := gc.tls.pull(raw)
 	act := gc.read()
 	gc.tls.settle()
 	if err != nil {
-		return gnet.Close
+		return evloop.Close
 	}
 	return act
 }
-
-// gnetLogger sends gnet's warnings and errors to slog and drops the rest.
-// It keeps the first error: when the engine stops on its own, the errors
-// after it are its consequences.
-type gnetLogger struct{ first atomic.Pointer[string] }
-
-func (*gnetLogger) Debugf(string, ...any) {}
-func (*gnetLogger) Infof(string, ...any)  {}
-func (*gnetLogger) Warnf(format string, args ...any) {
-	// An epoll event for a connection that an earlier event of the same
-	// batch closed (a client leaving while its pod answers, a pod killed
-	// mid-stream): gnet drops it, and there is nothing to act on.
-	if strings.HasPrefix(format, staleEvent) {
-		return
-	}
-	slog.Warn(fmt.Sprintf(format, args...))
-}
-
-// staleEvent begins gnet's (v2.9) warning of an event for a closed
-// connection.
-const staleEvent = "received event[fd="
-
-func (l *gnetLogger) Errorf(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	l.first.CompareAndSwap(nil, &msg)
-	slog.Error(msg)
-}
-func (*gnetLogger) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }

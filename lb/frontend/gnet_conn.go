@@ -14,14 +14,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
+	"pdlb/lb/evloop"
 
 	"pdlb/lb/upstream"
 )
 
-// A gnet connection's life. The event loop parses complete requests out of
+// A gnet front end connection's life. The event loop parses complete requests out of
 // the inbound buffer and queues them; one worker goroutine per busy
 // connection serves the queue in order, so responses leave in request order
 // (pipelining), and exits when the queue is empty. A streamed response is
@@ -30,7 +30,7 @@ import (
 // the loop's callback before the next write, so the bytes it hands over
 // (response headers, the handler's body, a stream writer's pooled buffer)
 // go to the socket without a copy of ours, and at most maxOutbound bytes
-// wait in gnet's outbound buffer: past that the writer stays blocked until
+// wait in the loop's outbound buffer: past that the writer stays blocked until
 // the client reads, which in turn blocks the stream writer and so the
 // upstream reads.
 
@@ -39,11 +39,11 @@ const (
 	// maxQueued is how many parsed requests wait for the worker; the loop
 	// stops parsing (the bytes stay buffered) until it drains them.
 	maxQueued = 16
-	// maxOutbound is how many response bytes may wait in gnet's outbound
-	// buffer for a slow client before the writer blocks.
+	// maxOutbound is how many response bytes may wait in the loop's
+	// outbound buffer for a slow client before the writer blocks.
 	maxOutbound = 64 << 10
 	// maxPoll is the longest wait between two checks of whether a blocked
-	// writer's client has read enough; gnet reports no drained buffer, so
+	// writer's client has read enough; the loop reports no drained buffer, so
 	// the writer asks the loop again with Wake, backing off from 1 ms.
 	maxPoll = 20 * time.Millisecond
 )
@@ -65,7 +65,7 @@ var (
 
 type gconn struct {
 	s             *GNet
-	c             gnet.Conn
+	c             *evloop.Conn
 	local, remote net.Addr
 	client        netip.AddrPort // remote's, worked out once (ClientAddr)
 
@@ -120,9 +120,9 @@ type gconn struct {
 	// client, after a write or a look: a writer waiting on them (wait)
 	// and the idle sweep (checkIdle) take a change for progress.
 	pending   atomic.Int64
-	checkIdle gnet.Runnable // checkIdleOnLoop, bound once
-	busy      atomic.Bool   // a worker runs; changed under mu
-	held      atomic.Bool   // a request is served on the loop
+	checkIdle func()      // checkIdleOnLoop, bound once
+	busy      atomic.Bool // a worker runs; changed under mu
+	held      atomic.Bool // a request is served on the loop
 	// lingerSince is when the connection began to linger, 0 if it does
 	// not (linger.go); set on the loop.
 	lingerSince atomic.Int64
@@ -136,8 +136,8 @@ type gconn struct {
 
 	// Owned by the queue's owner: the worker, or a stream's goroutine.
 	wrote   chan error // one result per AsyncWritev
-	written gnet.AsyncCallback
-	drained gnet.AsyncCallback
+	written evloop.Callback
+	drained evloop.Callback
 	timer   *time.Timer
 	failed  bool   // a write failed: the rest of the queue is dropped
 	out     []byte // response header block
@@ -167,7 +167,7 @@ type queued struct {
 	written bool
 }
 
-func newGConn(s *GNet, c gnet.Conn) *gconn {
+func newGConn(s *GNet, c *evloop.Conn) *gconn {
 	gc := &gconn{s: s, c: c, local: c.LocalAddr(), remote: c.RemoteAddr(), wrote: make(chan error, 1)}
 	gc.client, _ = addrPort(gc.remote)
 	now := s.o.clock()
@@ -178,9 +178,9 @@ func newGConn(s *GNet, c gnet.Conn) *gconn {
 	gc.fresh.Store(true)
 	gc.dueSince.Store(now)
 	// Bound once: a method value made per write would allocate.
-	gc.written = func(c gnet.Conn, err error) error { return gc.settle(c, err, maxOutbound) }
-	gc.checkIdle = gnet.RunnableFunc(gc.checkIdleOnLoop)
-	gc.drained = func(c gnet.Conn, err error) error { return gc.settle(c, err, 0) }
+	gc.written = func(c *evloop.Conn, err error) { gc.settle(c, err, maxOutbound) }
+	gc.checkIdle = gc.checkIdleOnLoop
+	gc.drained = func(c *evloop.Conn, err error) { gc.settle(c, err, 0) }
 	gc.chunks.gc = gc
 	gc.loop.gc = gc
 	gc.lchunks.gc = gc
@@ -212,7 +212,7 @@ func (gc *gconn) answered() {
 }
 
 // read parses and queues every complete request buffered; on the loop.
-func (gc *gconn) read() gnet.Action {
+func (gc *gconn) read() evloop.Action {
 	c, parsed := gc.c, false
 	for {
 		n := gc.inbound()
@@ -252,9 +252,9 @@ func (gc *gconn) read() gnet.Action {
 	// A client pipelining past a full queue: what it sent beyond one
 	// largest request is refused.
 	if n > gc.s.o.MaxHeaderBytes+gc.s.o.MaxBodyBytes+maxOutbound {
-		return gnet.Close
+		return evloop.Close
 	}
-	return gnet.None
+	return evloop.None
 }
 
 // serveOnLoop runs the handler on the loop for a request that arrived on a
@@ -333,7 +333,7 @@ func (gc *gconn) writeLast(ctx *fasthttp.RequestCtx) {
 // resume parses what the client sent while its request was served on the
 // loop; Send's end calls it, from the upstream connection's event.
 func (gc *gconn) resume() {
-	if gc.cur == nil && gc.relaying == nil && !gc.closed && gc.read() == gnet.Close {
+	if gc.cur == nil && gc.relaying == nil && !gc.closed && gc.read() == evloop.Close {
 		_ = gc.c.Close()
 	}
 }
@@ -930,18 +930,17 @@ func (gc *gconn) wait() error {
 
 // settle runs on the loop after an AsyncWritev: it releases the writer, or
 // marks it stalled while more than limit bytes wait for the client.
-func (gc *gconn) settle(c gnet.Conn, err error, limit int) error {
+func (gc *gconn) settle(c *evloop.Conn, err error, limit int) {
 	if err == nil && gc.closed {
 		err = net.ErrClosed
 	}
 	n := c.OutboundBuffered()
 	if err == nil && n > limit {
 		gc.stalled, gc.stallLimit = true, limit
-		return nil
+		return
 	}
 	gc.pending.Store(int64(n)) // the idle sweep's baseline
 	gc.wrote <- err
-	return nil
 }
 
 var ctxPool = sync.Pool{New: func() any { return new(fasthttp.RequestCtx) }}

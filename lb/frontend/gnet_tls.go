@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -12,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
+	"pdlb/lb/evloop"
 )
 
 // TLS on the gnet front end. The loops accept a TLS connection as a plain
@@ -25,7 +24,7 @@ import (
 // its records into the bytes it parses, and encrypts what it or a worker
 // writes, with the tls.Conn the handshake made. That tls.Conn reads and
 // writes a loopWire, whose bytes come and go through the feed during the
-// handshake, gnet's buffers after it, or the duplicate socket for h2.
+// handshake, the loop's buffers after it, or the duplicate socket for h2.
 
 // loopTLS is a gnet connection's TLS state.
 type loopTLS struct {
@@ -102,7 +101,7 @@ const recordHeaderLen = 5
 // h2 on a duplicate socket (nc, which first gives what the feed still
 // held).
 type loopWire struct {
-	c        gnet.Conn
+	c        *evloop.Conn
 	feed     handshakeFeed
 	started  bool // the handshake's goroutine runs; on the loop
 	enrolled bool
@@ -134,11 +133,11 @@ func (w *loopWire) Write(p []byte) (int, error) {
 		return w.nc.Write(p)
 	}
 	w.feed.answer()
-	// gnet writes it after the call returns, and crypto/tls reuses p.
+	// The loop writes it after the call returns, and crypto/tls reuses p.
 	return len(p), w.c.AsyncWrite(bytes.Clone(p), nil)
 }
 
-// Close closes the connection; gnet's close writes what AsyncWrite
+// Close closes the connection; the loop's close writes what AsyncWrite
 // queued first.
 func (w *loopWire) Close() error {
 	if w.nc != nil {
@@ -290,17 +289,17 @@ func (s *GNet) startTLS(gc *gconn) {
 // over MaxBodyBytes too, which the loop, once it has the connection,
 // answers 413 and discards), and those bytes wait only until the
 // handshake's goroutine reads the Finished, which junk fails at once.
-func (s *GNet) handshaking(gc *gconn, b []byte) gnet.Action {
+func (s *GNet) handshaking(gc *gconn, b []byte) evloop.Action {
 	w := gc.tls.w
 	gc.tls.frames.scan(b)
 	if !w.feed.push(b, s.o.MaxHeaderBytes+s.o.MaxBodyBytes+maxOutbound, lingerBytes) {
-		return gnet.Close
+		return evloop.Close
 	}
 	if !w.started {
 		w.started = true
 		s.workers.run((*tlsHandshake)(gc))
 	}
-	return gnet.None
+	return evloop.None
 }
 
 // tlsHandshake is a connection whose handshake a worker runs: a goroutine
@@ -331,13 +330,12 @@ func (s *GNet) handshake(gc *gconn) {
 	if h2 {
 		done = make(chan error, 1)
 	}
-	err = gc.c.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	err = gc.c.EventLoop().Execute(func() {
 		err := s.handshaken(gc, h2)
 		if done != nil {
 			done <- err
 		}
-		return nil
-	}))
+	})
 	if err == nil && done != nil {
 		// A task queued as the engine stops is never run.
 		select {
@@ -356,7 +354,7 @@ func (s *GNet) handshake(gc *gconn) {
 }
 
 // handshaken switches gc's wire from the feed, on the loop: an h2
-// connection to a duplicate of its socket, which gnet then closes its
+// connection to a duplicate of its socket, which the loop then closes its
 // own descriptor of; an HTTP/1.1 one to the loop's buffers, whose bytes
 // it then parses (what the handshake's last read took beyond it, sent
 // with the client's Finished, included).
@@ -382,11 +380,10 @@ func (s *GNet) handshaken(gc *gconn, h2 bool) error {
 	return nil
 }
 
-// pull decrypts what arrived; on the loop. An error (the client's
+// pull decrypts raw, what arrived; on the loop. An error (the client's
 // close_notify, a bad record) ends the connection once what was decrypted
 // before it is parsed.
-func (t *loopTLS) pull() error {
-	raw, _ := t.w.c.Next(-1)
+func (t *loopTLS) pull(raw []byte) error {
 	t.frames.scan(raw)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -444,7 +441,7 @@ func (t *loopTLS) settle() {
 // write seals iov as one record (or as many as its size needs) and sends
 // it: from the loop with cb nil, else from the queue's owner, cb called on
 // the loop once gnet took the bytes.
-func (t *loopTLS) write(iov [][]byte, cb gnet.AsyncCallback) error {
+func (t *loopTLS) write(iov [][]byte, cb evloop.Callback) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.flat = t.flat[:0]
@@ -457,31 +454,31 @@ func (t *loopTLS) write(iov [][]byte, cb gnet.AsyncCallback) error {
 	return t.send(cb)
 }
 
-// send hands the records sealed since the last send to gnet, with mu
+// send hands the records sealed since the last send to the loop, with mu
 // held: written at once on the loop when nothing is queued before them,
 // else queued.
-func (t *loopTLS) send(cb gnet.AsyncCallback) error {
+func (t *loopTLS) send(cb evloop.Callback) error {
 	out := t.w.out
 	if cb == nil {
 		if len(out) == 0 {
 			return nil
 		}
 		if t.queued.Load() == 0 {
-			// gnet copies what the socket does not take now.
+			// The loop copies what the socket does not take now.
 			t.w.out = out[:0]
-			return send(t.w.c, out)
+			_, err := t.w.c.Write(out)
+			return err
 		}
 	}
 	// The records go out after the callback, so they need a buffer of
 	// their own.
 	t.w.out = nil
 	t.queued.Add(1)
-	return t.w.c.AsyncWrite(out, func(c gnet.Conn, err error) error {
+	return t.w.c.AsyncWrite(out, func(c *evloop.Conn, err error) {
 		t.queued.Add(-1)
 		if cb != nil {
-			return cb(c, err)
+			cb(c, err)
 		}
-		return nil
 	})
 }
 
@@ -495,7 +492,7 @@ func (t *loopTLS) closeNotify() {
 	}
 }
 
-// The bytes a gconn parses and writes: gnet's, or through its TLS.
+// The bytes a gconn parses and writes: the loop's, or through its TLS.
 
 // inbound is how many bytes wait to be parsed.
 func (gc *gconn) inbound() int {
@@ -529,14 +526,14 @@ func (gc *gconn) writev(iov [][]byte) error {
 	if gc.tls != nil {
 		err = gc.tls.write(iov, nil)
 	} else {
-		err = sendv(gc.c, iov, &gc.vec)
+		_, err = gc.c.Writev(iov)
 	}
 	gc.pending.Store(int64(gc.c.OutboundBuffered())) // the idle sweep's baseline
 	return err
 }
 
 // asyncWritev hands iov to the loop, cb called there once written.
-func (gc *gconn) asyncWritev(iov [][]byte, cb gnet.AsyncCallback) error {
+func (gc *gconn) asyncWritev(iov [][]byte, cb evloop.Callback) error {
 	if gc.tls != nil {
 		return gc.tls.write(iov, cb)
 	}

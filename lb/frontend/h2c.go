@@ -5,9 +5,9 @@ import (
 	"net"
 	"os"
 
-	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
+	"pdlb/lb/evloop"
 )
 
 // h2cOnLoop looks, on the loop, at a new connection's first bytes for
@@ -18,27 +18,27 @@ import (
 //
 // HTTP/2 multiplexes streams, each served on a goroutine that may block,
 // over one connection whose reads and writes the HTTP/2 server owns
-// (h2.go); serving it on a loop would mean driving that server from
-// gnet's buffers. So the socket
-// is duplicated into a net.Conn on Go's poller, served on a goroutine like
-// the TLS front end's h2 connections, and gnet closes its own descriptor
-// (after taking it off its poller, so the duplicate is left alone).
-func (s *GNet) h2cOnLoop(gc *gconn) (act gnet.Action, done bool) {
+// (h2.go); serving it on a loop would mean driving that server from the
+// loop's buffers. So the socket is duplicated into a net.Conn on Go's
+// poller, served on a goroutine like the TLS front end's h2 connections,
+// and the loop closes its own descriptor (after taking it off its epoll
+// instance, so the duplicate is left alone).
+func (s *GNet) h2cOnLoop(gc *gconn) (act evloop.Action, done bool) {
 	c := gc.c
 	buf, _ := c.Peek(c.InboundBuffered())
 	preface := []byte(http2.ClientPreface)
 	if !bytes.HasPrefix(preface, buf[:min(len(buf), len(preface))]) {
 		gc.sniffed = true
-		return gnet.None, false
+		return evloop.None, false
 	}
 	if len(buf) < len(preface) {
-		return gnet.None, true
+		return evloop.None, true
 	}
 	gc.sniffed = true
 	nc, err := s.dupConn(c.Fd())
 	if err != nil {
 		s.logDebug("frontend: h2c connection not taken over", err)
-		return gnet.Close, true
+		return evloop.Close, true
 	}
 	early := bytes.Clone(buf)
 	_, _ = c.Discard(len(buf))
@@ -47,7 +47,7 @@ func (s *GNet) h2cOnLoop(gc *gconn) (act gnet.Action, done bool) {
 	// client at its cap would be refused.
 	gc.handed = true
 	go s.serveH2(c.RemoteAddr(), &prefixedConn{Conn: nc, early: early}, nc, true)
-	return gnet.Close, true
+	return evloop.Close, true
 }
 
 // serveH2 serves an HTTP/2 connection a loop handed over, conn over the

@@ -1,13 +1,11 @@
 package frontend
 
 import (
-	"context"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,7 +42,7 @@ type lingering struct {
 	n atomic.Int32
 
 	// The fasthttp front end's lingering connections, so Shutdown can
-	// end them (gnet's are among its connections).
+	// end them (gnet's are among its loops' connections).
 	mu      sync.Mutex
 	conns   map[*lingerConn]struct{}
 	stopped bool
@@ -61,7 +59,7 @@ func (l *lingering) take() bool {
 
 func (l *lingering) release() { l.n.Add(-1) }
 
-// On gnet, a connection lingers once its last answer has left gnet's
+// On gnet, a connection lingers once its last answer has left the loop's
 // buffer (writeLast on the loop, flush on a worker): the loop half-closes
 // the socket and its read discards what comes (the connection is
 // stopped). OnTraffic counts the bytes, OnTick's sweep enforces the
@@ -69,10 +67,7 @@ func (l *lingering) release() { l.n.Add(-1) }
 
 // closeLast ends a connection after its last answer; from the worker.
 func (gc *gconn) closeLast() {
-	err := gc.c.EventLoop().Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		gc.lingerOrClose()
-		return nil
-	}))
+	err := gc.c.EventLoop().Execute(gc.lingerOrClose)
 	if err != nil {
 		_ = gc.c.Close()
 	}

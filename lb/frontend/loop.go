@@ -3,7 +3,6 @@ package frontend
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,8 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
+	"pdlb/lb/evloop"
 
 	"pdlb/lb/upstream"
 )
@@ -178,11 +177,11 @@ func (l *Loop) Send(u Upstream, stream bool, req Request, resp *fasthttp.Respons
 	uc.out = req.AppendRequest(uc.out[:0])
 	uc.need, uc.got, uc.headIn, uc.clientGone, uc.reused = 0, false, false, false, uc.c != nil
 	if uc.c != nil {
-		// A write that fails closes the connection, and gnet runs
+		// A write that fails closes the connection, and the loop runs
 		// OnClose inside the write, while the exchange is not the
 		// connection's yet (done is set below): the pod closed it as it
 		// idled, and a new connection carries the request.
-		if err := send(uc.c, uc.out); err != nil && !uc.redial() {
+		if _, err := uc.c.Write(uc.out); err != nil && !uc.redial() {
 			return fasthttp.ErrNoFreeConns
 		}
 	}
@@ -246,13 +245,13 @@ func (s *GNet) noteTimeout(timeout time.Duration) {
 // touches it.
 type loopState struct {
 	s  *GNet
-	el gnet.EventLoop
+	el *evloop.Loop
 	// idle holds the keep-alive connections waiting, by address; a list
 	// is kept by pointer, which each of its connections holds: a request
 	// takes one with a lookup, and parks it with none.
 	idle  map[string]*[]*upConn
 	conns []*upConn // every upstream connection, for the sweep
-	sweep gnet.Runnable
+	sweep func()
 	// p parses the requests and answers read on the loop, one at a
 	// time: no parse calls out before it returns.
 	p *parser
@@ -327,13 +326,13 @@ func (ls *loopState) parser() *parser {
 }
 
 // loopOf returns el's state, made on first use.
-func (s *GNet) loopOf(el gnet.EventLoop) *loopState {
+func (s *GNet) loopOf(el *evloop.Loop) *loopState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ls := s.loops[el]
 	if ls == nil {
 		ls = &loopState{s: s, el: el, idle: make(map[string]*[]*upConn)}
-		ls.sweep = gnet.RunnableFunc(func(context.Context) error { ls.sweepConns(); return nil })
+		ls.sweep = ls.sweepConns
 		s.loops[el] = ls
 	}
 	return ls
@@ -444,7 +443,7 @@ type upConn struct {
 	addr  string
 	kept  *[]*upConn    // the loop's idle connections to addr (idleOf)
 	count *atomic.Int32 // addr's open connections
-	c     gnet.Conn     // nil while dialing
+	c     *evloop.Conn  // nil while dialing
 
 	// The exchange in flight (done nil: none). Its times, as every time
 	// of upConn's, are on the front end's clock (Options.clock).
@@ -517,26 +516,20 @@ func (uc *upConn) redial() bool {
 // exchange on the loop.
 func (uc *upConn) dial(timeout time.Duration) {
 	err := uc.ls.s.o.FDs.DialThen(uc.addr, timeout, func(c net.Conn) error {
-		// Once Enroll took c, gnet keeps a copy of its socket and closes
-		// c; the result comes after OnOpen ran, or with why it could not.
-		enrolled, err := uc.ls.el.Enroll(gnet.NewContext(context.Background(), uc), c)
-		if err != nil {
-			_ = c.Close()
-			return err
-		}
-		return (<-enrolled).Err
+		// Enroll keeps a copy of c's socket and closes c; it returns
+		// after OnOpen ran, or with why it could not.
+		return uc.ls.el.Enroll(c, uc)
 	})
 	if err == nil {
 		return
 	}
-	if xerr := uc.ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	if xerr := uc.ls.el.Execute(func() {
 		uc.ls.forget(uc)
 		if uc.clientGone {
 			err = ErrClientGone
 		}
 		uc.finish(err)
-		return nil
-	})); xerr != nil && uc.ls.s.o.Log != nil {
+	}); xerr != nil && uc.ls.s.o.Log != nil {
 		// The loop is gone (shutdown): so is the client's connection.
 		uc.ls.s.o.Log.Debug("frontend: upstream dial result dropped", "pod", uc.addr, "err", err)
 	}
@@ -545,19 +538,19 @@ func (uc *upConn) dial(timeout time.Duration) {
 // opened is OnOpen of a dialed connection: the request waiting for it goes
 // out as OnOpen's answer, so a write that fails closes it after OnOpen. A
 // request whose client left while it dialed is not sent.
-func (uc *upConn) opened(c gnet.Conn) ([]byte, gnet.Action) {
+func (uc *upConn) opened(c *evloop.Conn) ([]byte, evloop.Action) {
 	uc.c = c
 	switch {
 	case uc.clientGone:
-		return nil, gnet.Close
+		return nil, evloop.Close
 	case uc.done == nil:
-		return nil, gnet.None
+		return nil, evloop.None
 	}
-	return uc.out, gnet.None
+	return uc.out, evloop.None
 }
 
-// closing reports whether a close of ours is on its way (gnet runs it on a
-// later turn of the loop): an answer that came first is taken, but the
+// closing reports whether a close of ours is on its way (Conn.Close runs
+// it on a later turn of the loop): an answer that came first is taken, but the
 // connection must not be parked, or the close would end the next
 // exchange on it.
 func (uc *upConn) closing() bool { return uc.timedOut || uc.podDown || uc.clientGone }
@@ -573,7 +566,7 @@ func (uc *upConn) abandon() {
 }
 
 // read parses the response of the exchange in flight once it is whole.
-func (uc *upConn) read() gnet.Action {
+func (uc *upConn) read() evloop.Action {
 	if uc.sink != nil {
 		return uc.feed()
 	}
@@ -581,10 +574,10 @@ func (uc *upConn) read() gnet.Action {
 	n := c.InboundBuffered()
 	if uc.done == nil {
 		// Bytes nobody asked for: the connection is out of step.
-		return gnet.Close
+		return evloop.Close
 	}
 	if n == 0 || n < uc.need {
-		return gnet.None
+		return evloop.None
 	}
 	uc.got = true
 	if uc.headIn {
@@ -593,8 +586,7 @@ func (uc *upConn) read() gnet.Action {
 	var buf []byte
 	if uc.gathered != nil {
 		// A chunked answer has no length to wait for, and parsing it
-		// whole at every read (gnet's Peek copies all that is buffered,
-		// each time) cost the square of its size: a 32 MiB answer held
+		// whole at every read cost the square of its size: a 32 MiB answer held
 		// the loop and its clients 3.5 s. Its bytes are gathered here as
 		// they come and parsed when they may end it.
 		b, _ := c.Next(n)
@@ -603,10 +595,10 @@ func (uc *upConn) read() gnet.Action {
 			// Far past the cap, framing included: no need to parse it.
 			uc.gathered = nil
 			uc.finish(fasthttp.ErrBodyTooLarge)
-			return gnet.Close
+			return evloop.Close
 		}
 		if !bytes.HasSuffix(uc.gathered, crlf2) {
-			return gnet.None
+			return evloop.None
 		}
 		buf = uc.gathered
 	} else {
@@ -617,9 +609,9 @@ func (uc *upConn) read() gnet.Action {
 	case err == errGather && uc.gathered == nil:
 		b, _ := c.Next(n)
 		uc.gathered = append(make([]byte, 0, 2*n), b...)
-		return gnet.None
+		return evloop.None
 	case err == errGather || err == errNeedMore:
-		return gnet.None
+		return evloop.None
 	}
 	rest := len(buf) - used
 	if uc.gathered != nil {
@@ -633,13 +625,13 @@ func (uc *upConn) read() gnet.Action {
 			// Engines send a stream's head before its prefill: its
 			// first byte is its first body byte, not yet here.
 			uc.got, uc.headIn = false, true
-			return gnet.None
+			return evloop.None
 		}
 		return uc.handOff()
 	}
 	if err != nil {
 		uc.finish(err)
-		return gnet.Close
+		return evloop.Close
 	}
 	keep := !uc.resp.ConnectionClose() && rest == 0 && !uc.closing()
 	if keep {
@@ -647,9 +639,9 @@ func (uc *upConn) read() gnet.Action {
 	}
 	uc.finish(nil)
 	if !keep {
-		return gnet.Close
+		return evloop.Close
 	}
-	return gnet.None
+	return evloop.None
 }
 
 // parse reads the whole response at the head of buf into uc.resp:
@@ -812,7 +804,7 @@ var errStreamHead = errors.New("frontend: a streamed answer's header")
 // handOff ends the exchange once its streamed answer's head and first
 // body bytes are in: Answered starts the relay, which takes the body
 // from here.
-func (uc *upConn) handOff() gnet.Action {
+func (uc *upConn) handOff() evloop.Action {
 	gc, done := uc.gc, uc.done
 	uc.resp, uc.done = nil, nil
 	gc.up = nil
@@ -823,7 +815,7 @@ func (uc *upConn) handOff() gnet.Action {
 		gc.relaying, uc.gc = nil, nil
 		gc.afterLoop()
 		gc.resume()
-		return gnet.Close
+		return evloop.Close
 	}
 	return uc.feed()
 }

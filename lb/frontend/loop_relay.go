@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
+	"pdlb/lb/evloop"
 )
 
 // Streams on the event loop. An answer streamed on a goroutine crosses
@@ -40,7 +40,7 @@ var ErrClientGone = errors.New("frontend: the client went away")
 var ErrAborted = errors.New("frontend: the relay was aborted")
 
 // maxStreamBacklog is how far a client may fall behind a stream relayed on
-// the loop (bytes waiting in gnet's outbound buffer) before it is cut: the
+// the loop (bytes waiting in the loop's outbound buffer) before it is cut: the
 // loop reads the pod as its events come and cannot pause it.
 const maxStreamBacklog = 256 << 10
 
@@ -71,7 +71,7 @@ func (l *Loop) Relay(idle time.Duration, sink Sink) {
 }
 
 // loopChunks frames what a relay's StreamWriter flushes as one HTTP chunk
-// and writes it on the loop (gnet keeps what the socket does not take).
+// and writes it on the loop (which keeps what the socket does not take).
 type loopChunks struct{ gc *gconn }
 
 func (w *loopChunks) Write(p []byte) (int, error) {
@@ -201,13 +201,13 @@ func (uc *upConn) end(sink Sink, err error) (out error) {
 }
 
 // feed relays what the pod sent, on the loop.
-func (uc *upConn) feed() gnet.Action {
+func (uc *upConn) feed() evloop.Action {
 	c := uc.c
 	n := c.InboundBuffered()
 	if n == 0 && (uc.state != bodyFixed || uc.remain > 0) {
 		// Nothing to relay yet; a Content-Length: 0 body ends here
 		// (handOff), with no byte to wait for.
-		return gnet.None
+		return evloop.None
 	}
 	uc.fed = uc.ls.s.now.Load()
 	buf, _ := c.Peek(n)
@@ -232,17 +232,17 @@ func (uc *upConn) feed() gnet.Action {
 		}
 		uc.endRelay(nil)
 		if keep {
-			return gnet.None
+			return evloop.None
 		}
-		return gnet.Close
+		return evloop.Close
 	case gc.c.OutboundBuffered() > maxStreamBacklog:
 		err = ErrClientGone
 		_ = gc.c.Close()
 	default:
-		return gnet.None
+		return evloop.None
 	}
 	uc.endRelay(err)
-	return gnet.Close
+	return evloop.Close
 }
 
 // endRelay ends the relay: the sink's End, then the stream's last chunk

@@ -3,19 +3,23 @@ package frontend
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
 
+	"pdlb/internal/testwait"
 	"pdlb/lb/upstream"
 )
 
@@ -113,12 +117,12 @@ func TestSweptConnectionIsNotReused(t *testing.T) {
 	io.WriteString(c, "GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
 	<-gotA
 	ls := onA.Load()
-	noop := gnet.RunnableFunc(func(context.Context) error { return nil })
-	_ = ls.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	noop := func() {}
+	_ = ls.el.Execute(func() {
 		// A backlog that leaves the sweep's close for a later turn of
 		// the loop than the pod's answer.
 		for range 2 * 1024 {
-			_ = ls.el.Execute(context.Background(), noop)
+			_ = ls.el.Execute(noop)
 		}
 		for _, uc := range ls.conns {
 			uc.deadline = 0
@@ -126,8 +130,7 @@ func TestSweptConnectionIsNotReused(t *testing.T) {
 		ls.sweepConns()
 		close(answerA)
 		time.Sleep(100 * time.Millisecond) // the answer reaches the socket
-		return nil
-	}))
+	})
 	br := bufio.NewReader(c)
 	for _, want := range []string{"a!", "b!"} {
 		resp, err := http.ReadResponse(br, nil)
@@ -160,52 +163,84 @@ func TestParseAllocatesNothing(t *testing.T) {
 	}
 }
 
-// idleConn is a gnet.Conn whose outbound buffer holds out bytes. It has
-// no socket: a send to its Fd fails, and the bytes go to Writev.
-type idleConn struct {
-	gnet.Conn
-	out    int
-	closed bool
-}
-
-func (c *idleConn) OutboundBuffered() int { return c.out }
-func (c *idleConn) InboundBuffered() int  { return 0 }
-func (c *idleConn) Fd() int               { return -1 }
-func (c *idleConn) Close() error          { c.closed = true; return nil }
-func (c *idleConn) LocalAddr() net.Addr   { return &net.TCPAddr{} }
-func (c *idleConn) RemoteAddr() net.Addr  { return &net.TCPAddr{} }
-func (c *idleConn) Writev(bs [][]byte) (int, error) {
-	n := 0
-	for _, b := range bs {
-		n += len(b)
-	}
-	c.out += n
-	return n, nil
-}
-
 // TestIdleFromTheLastWrite: the idle sweep closes a connection whose
 // client took nothing of its answer since the answer was written (by the
 // loop, or by a worker whose last write was taken), and keeps one whose
 // client took some.
 func TestIdleFromTheLastWrite(t *testing.T) {
-	for _, by := range []string{"loop", "worker"} {
-		for _, took := range []int{0, 100} {
-			c := &idleConn{}
-			gc := newGConn(&GNet{o: Options{}.withDefaults()}, c)
-			if by == "loop" {
-				_ = gc.writev([][]byte{make([]byte, 1000)})
-			} else {
-				c.out = 1000
-				_ = gc.settle(c, nil, maxOutbound)
-				<-gc.wrote
-			}
-			c.out -= took
-			_ = gc.checkIdleOnLoop(context.Background())
-			if c.closed != (took == 0) {
-				t.Errorf("written by the %s, %d bytes taken since: closed %v", by, took, c.closed)
-			}
+	for _, onLoop := range []bool{true, false} {
+		for _, take := range []bool{false, true} {
+			name := map[bool]string{true: "loop", false: "worker"}[onLoop] + map[bool]string{true: "/took"}[take]
+			t.Run(name, func(t *testing.T) {
+				h := Handler{OnLoop: onLoop, Error: func(*fasthttp.RequestCtx, error) {}, Serve: func(ctx *fasthttp.RequestCtx) {
+					ctx.SetBody(make([]byte, 48<<10))
+				}}
+				s := startGNet(t, h, Options{IdleTimeout: time.Hour})
+				// Small socket buffers both sides: part of the answer
+				// waits in the loop's queue, less than a worker's
+				// write leaves queued before it returns (maxOutbound).
+				d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+					return rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
+				}}
+				c, err := d.Dial("tcp", s.Addr())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				gc := onlyConn(t, s)
+				onLoopOf(t, gc, func() { _ = unix.SetsockoptInt(gc.c.Fd(), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
+				io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+				// Written: the answer waits in the loop's queue, and the
+				// worker (if any) is done with it.
+				var queued int64
+				testwait.For(t, "the answer queued", func() bool {
+					onLoopOf(t, gc, func() { queued = int64(gc.c.OutboundBuffered()) })
+					return queued > 0 && !gc.busy.Load() && gc.pending.Load() == queued
+				})
+				if take {
+					if _, err := io.ReadFull(c, make([]byte, 16<<10)); err != nil {
+						t.Fatal(err)
+					}
+					testwait.For(t, "the loop to send more", func() bool {
+						onLoopOf(t, gc, func() { queued = int64(gc.c.OutboundBuffered()) })
+						return queued < gc.pending.Load()
+					})
+				}
+				onLoopOf(t, gc, gc.checkIdleOnLoop)
+				loopTurns(t, gc.c.EventLoop(), 1) // the close it queued
+				var closed bool
+				onLoopOf(t, gc, func() { closed = gc.closed })
+				if closed == take {
+					t.Errorf("client took some since the write: %v; closed: %v", take, closed)
+				}
+			})
 		}
 	}
+}
+
+// onlyConn waits for s's one client connection.
+func onlyConn(t *testing.T, s *GNet) *gconn {
+	t.Helper()
+	var gc *gconn
+	testwait.For(t, "the connection", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for c := range s.conns {
+			gc = c
+		}
+		return gc != nil
+	})
+	return gc
+}
+
+// onLoopOf runs fn on gc's loop and waits for it.
+func onLoopOf(t *testing.T, gc *gconn, fn func()) {
+	t.Helper()
+	ran := make(chan struct{})
+	if err := gc.c.EventLoop().Execute(func() { fn(); close(ran) }); err != nil {
+		t.Fatal(err)
+	}
+	<-ran
 }
 
 // taskFunc is a Task.
@@ -220,9 +255,9 @@ func (f taskFunc) Run() { f() }
 // nothing written: each holds what its request took (an in-flight slot,
 // a pod's charge), which only its end gives back.
 func TestFailedConnEndsWhatItHolds(t *testing.T) {
-	// Its AsyncWritev is the nil gnet.Conn's: a write would panic.
-	c := &idleConn{}
-	gc := newGConn(&GNet{o: Options{}.withDefaults()}, c)
+	s := startOK(t, Options{})
+	c := dialGNet(t, s)
+	gc := onlyConn(t, s)
 	gc.failed = true
 	ran, gone, streamed := false, false, make(chan error, 1)
 	stream := acquireCtx()
@@ -246,7 +281,7 @@ func TestFailedConnEndsWhatItHolds(t *testing.T) {
 	gc.queue = []queued{{ctx: acquireCtx()}, {ctx: detached, task: taskFunc(task)}, {ctx: acquireCtx()}, {ctx: stream, served: true}}
 	gc.s.serving.Add(int64(len(gc.queue)))
 	gc.busy.Store(true)
-	gc.work() // the handler is nil: a plain request served would panic
+	gc.work() // a plain request served would write its answer
 	if !ran || !gone {
 		t.Errorf("the detached task ran %v, and found its client gone %v", ran, gone)
 	}
@@ -261,8 +296,11 @@ func TestFailedConnEndsWhatItHolds(t *testing.T) {
 	if n := gc.s.serving.Load(); n != 0 {
 		t.Errorf("%d requests still counted as served", n)
 	}
-	if c.out != 0 || c.closed {
-		t.Errorf("%d bytes written, closed %v: a failed connection takes no more", c.out, c.closed)
+	var closed bool
+	onLoopOf(t, gc, func() { closed = gc.closed })
+	_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) || closed {
+		t.Errorf("read %d bytes (%v), closed %v: a failed connection takes no more", n, err, closed)
 	}
 }
 

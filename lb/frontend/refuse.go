@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/panjf2000/gnet/v2"
+	"pdlb/lb/evloop"
 
 	"pdlb/lb/openai"
 )
@@ -31,10 +31,10 @@ var refusal = func() []byte {
 // lingering slot is left or c is a TLS client, which could not read the
 // plain answer; on the loop, from OnOpen. The connection counts toward no
 // cap (refused) and serves no request (stopped).
-func (s *GNet) refuse(c gnet.Conn) gnet.Action {
+func (s *GNet) refuse(c *evloop.Conn) evloop.Action {
 	if s.tls != nil || !s.linger.take() {
 		_ = c.SetLinger(0)
-		return gnet.Close
+		return evloop.Close
 	}
 	gc := newGConn(s, c)
 	gc.refused, gc.stopped, gc.sniffed = true, true, true
@@ -42,14 +42,11 @@ func (s *GNet) refuse(c gnet.Conn) gnet.Action {
 	s.mu.Lock()
 	s.conns[gc] = struct{}{}
 	s.mu.Unlock()
-	err := c.AsyncWrite(refusal, func(gnet.Conn, error) error {
-		gc.startLinger()
-		return nil
-	})
+	err := c.AsyncWrite(refusal, func(*evloop.Conn, error) { gc.startLinger() })
 	if err != nil {
 		s.linger.release()
 		_ = c.SetLinger(0)
-		return gnet.Close
+		return evloop.Close
 	}
-	return gnet.None
+	return evloop.None
 }

@@ -14,22 +14,22 @@ import (
 )
 
 // FDs keeps the process's last file descriptors for accepting. With none
-// left, accept fails with EMFILE, and gnet (v2.9) stops its whole engine on
-// any accept error: every client connection dropped and the port closed,
-// while the process runs on. So a client connection given one of the last
-// FDReserve descriptors is closed at once (a reset, as over
-// max_conns_per_ip), and an upstream dial is refused before it connects
-// when its socket is one of the last FDReserve/2 (less two for each other
-// dial in progress, see DialThen): requests on open
+// left, accept fails with EMFILE, and the front ends stop accepting for a
+// while (fasthttp a second, the gnet front end's loops 10 ms) while
+// connections wait in the queue and clients time out. So a client
+// connection given one of the last FDReserve descriptors is closed at once
+// (a reset, as over max_conns_per_ip), and an upstream dial is refused
+// before it connects when its socket is one of the last FDReserve/2 (less
+// two for each other dial in progress, see DialThen): requests on open
 // connections still reach their pods, and what stays free covers a few
-// accepts at a time and the descriptors nothing here counts (health
-// checks, scrapes, event loops). The kernel gives out the lowest free
-// descriptor, so a socket's number says how full the table is below it, at
-// no cost; it says nothing of the descriptors in use above it, which
-// connections closed low in the table leave behind (a flood's resets, its
-// 503s). A front end that can count its sockets (SetOpen) makes the guard
-// take the larger of the two: on gnet, a table filled through such holes
-// let an accept fail with EMFILE, which stopped the engine.
+// accepts at a time and the descriptors nothing here counts (health checks,
+// scrapes, event loops). The kernel gives out the lowest free descriptor,
+// so a socket's number says how full the table is below it, at no cost; it
+// says nothing of the descriptors in use above it, which connections closed
+// low in the table leave behind (a flood's resets, its 503s). A front end
+// that can count its sockets (SetOpen) makes the guard take the larger of
+// the two: on gnet, a table filled through such holes let an accept fail
+// with EMFILE.
 // A nil *FDs guards nothing.
 type FDs struct {
 	limit                int
@@ -115,7 +115,7 @@ func (f *FDs) Dial(addr string, timeout time.Duration) (net.Conn, error) {
 }
 
 // DialThen is Dial handing the connection to then, which may take one
-// more descriptor (gnet's Enroll dups the socket); its error is
+// more descriptor (the gnet front end's Enroll dups the socket); its error is
 // DialThen's. Until then returns, the dial counts as in progress: dials at
 // once each hold a socket while they connect and may take another after,
 // so a socket is refused when its number plus two for each dial in
@@ -209,8 +209,8 @@ func (f *FDs) warn() {
 // Limit is the open-files limit guarded.
 func (f *FDs) Limit() int { return f.limit }
 
-// Wrap returns ln resetting the connections Accept refuses, as gnet's
-// OnOpen does: fasthttp survives EMFILE (it waits a second and accepts
+// Wrap returns ln resetting the connections Accept refuses, as the gnet
+// front end's OnOpen does: fasthttp survives EMFILE (it waits a second and accepts
 // again), but accepts nothing meanwhile.
 func (f *FDs) Wrap(ln net.Listener) net.Listener {
 	if f == nil {
