@@ -80,10 +80,9 @@ ctx_switches() {
 }
 
 # SPLICE_PROCS is GOMAXPROCS as pdlb's gnet front end raises it for its
-# loops while they hold connections (lb/frontend's busyLoops: the cores
-# plus half of them, rounded up), which the splice (bench/proxy/splice)
-# runs with.
-SPLICE_PROCS=$(($(nproc) + ($(nproc) + 1) / 2))
+# loops while they hold connections (lb/frontend's busyLoops: by a P a
+# loop, one loop a core), which the splice (bench/proxy/splice) runs with.
+SPLICE_PROCS=$((2 * $(nproc)))
 
 # start_splice VAR LOG [FLAGS...] starts the splice with FLAGS on a port of
 # its own, which it puts in VAR, with SPLICE_PROCS, logging to LOG in the

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Proxy benchmark (issue 8, item 3b): wrk against a minimal fasthttp stub
 # upstream directly, then through pdlb (each front end, each of two routing
-# policies), nginx, HAProxy and a gnet TCP splice (bench/proxy/splice: the
-# floor of pdlb's stack; and the same splice on loops of its own, without
-# gnet), all in one run on this machine, with the same
-# 1 KB non-streaming chat completion. Every target runs from the start; the
+# policies), nginx, HAProxy and a TCP splice on pdlb's event loops
+# (bench/proxy/splice: the floor of pdlb's stack), all in one run on this
+# machine, with the same 1 KB non-streaming chat completion. Every target runs from the start; the
 # measurements go round the targets ROUNDS times, so a burst of load from
 # the machine's neighbours lands on one target's sample, not its figure.
 # Prints one markdown table on stdout: per target the median over the rounds
@@ -43,8 +42,7 @@ BASE=${BASE:-}
 WORKERS=$(nproc)
 
 NAME=proxybench
-SPLICE_ROW="gnet TCP splice (no HTTP)"
-EPOLL_ROW="Go epoll TCP splice (no HTTP, no gnet)"
+SPLICE_ROW="TCP splice on pdlb's loops (no HTTP)"
 # shellcheck source=harness.sh
 . "$HERE/harness.sh"
 take_port STUB
@@ -319,12 +317,9 @@ splice() {
 		failed "$row" "failed to start: $(tail -1 "$DIR/$log")"
 	fi
 }
-# The floor: what the stack pdlb's gnet front end runs on costs a request
-# that passes through with no HTTP read at all; then the same splice on
-# event loops of its own that wait in raw epoll_pwait calls: the floor of
-# a Go proxy without gnet.
+# The floor: what the stack pdlb's gnet front end runs on (Go, lb/evloop,
+# the kernel) costs a request that passes through with no HTTP read at all.
 splice "$SPLICE_ROW" splice.log
-splice "$EPOLL_ROW" epoll.log --poller epoll
 
 for label in "${LABELS[@]}"; do
 	[ -z "${FAILED[$label]:-}" ] && check "$label"
@@ -422,19 +417,11 @@ if [ "$best_pdlb" -gt 0 ] && [ -n "${USER_US_S[$SPLICE_ROW]:-}" ]; then
 		floor=$(median %.1f ${USER_US_S[$SPLICE_ROW]}) user=$(median %.1f ${USER_US_S[$best_label]})
 	}
 	echo
-	echo "The stack's floor: a request through the gnet TCP splice cost $floor µs of user time, against $user µs through $best_label:"\
-		"$(awk -v a="$user" -v b="$floor" 'BEGIN{printf "%.1f", a - b}') µs of it are pdlb's own work (parsing, routing, relaying), the rest the Go runtime's, gnet's and the socket calls'."
+	echo "The stack's floor: a request through the TCP splice on pdlb's loops cost $floor µs of user time, against $user µs through $best_label:"\
+		"$(awk -v a="$user" -v b="$floor" 'BEGIN{printf "%.1f", a - b}') µs of it are pdlb's own work (parsing, routing, relaying), the rest the Go runtime's, the loops' and the socket calls'."
 	if [ -n "${USER_US_S[nginx]:-}" ]; then
 		# shellcheck disable=SC2086
 		echo "nginx's whole user time was $(median %.1f ${USER_US_S[nginx]}) µs a request: pdlb's user time meets it with its own work at $(awk -v n="$(median %.1f ${USER_US_S[nginx]})" -v b="$floor" 'BEGIN{printf "%.1f", n - b}') µs or less."
-	fi
-	if [ -n "${USER_US_S[$EPOLL_ROW]:-}" ]; then
-		# shellcheck disable=SC2086
-		{
-			bare=$(median %.1f ${USER_US_S[$EPOLL_ROW]})
-		}
-		echo "Without gnet, on loops that wait in raw epoll_pwait calls, the splice cost $bare µs of user time and $(median %.1f ${SYS_US_S[$EPOLL_ROW]}) µs of kernel time a request ($(median %.1f ${SYS_US_S[$SPLICE_ROW]}) through gnet's):"\
-			"$(awk -v a="$floor" -v b="$bare" 'BEGIN{printf "%.1f", a - b}') µs of user time of the floor are gnet's: its own work and the runtime's wake-ups around its waits."
 	fi
 fi
 logged=${RPS["pdlb gnet, slo_cache, access log"]:-0} unlogged=${RPS["pdlb gnet, slo_cache"]:-0}

@@ -5,9 +5,9 @@
 #   - the relay latency each event gets, directly from the stub and through
 #     pdlb at a moderate load, and the difference (what pdlb adds): the
 #     median of LAT_ROUNDS rounds, each taking both at once, with nginx's
-#     round after pdlb's when it is installed, then a gnet TCP splice's
-#     (bench/proxy/splice: what any proxy on pdlb's stack spends) and the
-#     same splice's on loops of its own (what Go spends without gnet);
+#     round after pdlb's when it is installed, then a TCP splice's on
+#     pdlb's event loops (bench/proxy/splice: what any proxy on pdlb's
+#     stack spends);
 #   - pdlb's resident memory per held stream, (VmRSS with N streams − idle
 #     VmRSS) / N, with the goroutine stacks and live heap behind it.
 # Progress goes to stderr.
@@ -93,18 +93,13 @@ if [ -x "$NGINX_BIN" ]; then
 	fi
 fi
 
-# The floor: a gnet TCP splice (bench/proxy/splice), which relays the
-# events as bytes, on the stack pdlb's gnet front end runs on.
+# The floor: a TCP splice on pdlb's event loops (bench/proxy/splice),
+# which relays the events as bytes, on the stack pdlb's gnet front end
+# runs on.
 start_splice SPLICE splice.log
 SPLICE_PID=$SPLICED_PID
 SPLICE_ROW=
 wait_port "$SPLICE" && SPLICE_ROW=1
-# And the same splice on loops of its own (raw epoll_pwait waits): the
-# floor of a Go proxy without gnet.
-start_splice EPOLL epoll.log --poller epoll
-EPOLL_PID=$SPLICED_PID
-EPOLL_ROW=
-wait_port "$EPOLL" && EPOLL_ROW=1
 
 # Latency: the same moderate load directly and through the proxy, both at
 # once, so the two see the same moments of the shared cores and their
@@ -159,9 +154,8 @@ for round in $(seq "$LAT_ROUNDS"); do
 	lat_pair pdlb "http://$PDLB$API" "$round" "$PDLB_PID"
 	[ -n "$NGINX_ROW" ] && lat_pair nginx "http://$NGINX$API" "$round" "${NGINX_PIDS[@]}"
 	[ -n "$SPLICE_ROW" ] && lat_pair splice "http://$SPLICE$API" "$round" "$SPLICE_PID"
-	[ -n "$EPOLL_ROW" ] && lat_pair epoll "http://$EPOLL$API" "$round" "$EPOLL_PID"
 done
-kill "$SPLICE_PID" "$EPOLL_PID" 2>/dev/null || true
+kill "$SPLICE_PID" 2>/dev/null || true
 if [ -n "${NGINX_PID:-}" ]; then
 	kill "$NGINX_PID" 2>/dev/null || true
 	wait "$NGINX_PID" 2>/dev/null || true
@@ -226,13 +220,8 @@ if [ -n "$NGINX_ROW" ]; then
 fi
 if [ -n "$SPLICE_ROW" ]; then
 	# shellcheck disable=SC2086
-	echo "| gnet TCP splice CPU per relayed event, µs | $(median %.1f ${CPUEV[splice]}) | (the floor) | the least a proxy on pdlb's stack (Go, gnet) spends: bytes relayed unread, \`go run ./bench/proxy/splice --listen $SPLICE --upstream $STUB\` with GOMAXPROCS $SPLICE_PROCS, each round after nginx's; relay adds p50 / p99 µs $(lat_cell "${ADD50[splice]}" "${ADD99[splice]}") |"
+	echo "| TCP splice CPU per relayed event, µs | $(median %.1f ${CPUEV[splice]}) | (the floor) | the least a proxy on pdlb's stack (Go, lb/evloop) spends: bytes relayed unread, \`go run ./bench/proxy/splice --listen $SPLICE --upstream $STUB\` with GOMAXPROCS $SPLICE_PROCS, each round after nginx's; relay adds p50 / p99 µs $(lat_cell "${ADD50[splice]}" "${ADD99[splice]}") |"
 	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell splice) | (the floor) | the same |"
-fi
-if [ -n "$EPOLL_ROW" ]; then
-	# shellcheck disable=SC2086
-	echo "| Go epoll TCP splice CPU per relayed event, µs | $(median %.1f ${CPUEV[epoll]}) | (without gnet) | the same splice on loops of its own that wait in raw epoll_pwait calls: \`go run ./bench/proxy/splice --poller epoll --listen $EPOLL --upstream $STUB\` with GOMAXPROCS $SPLICE_PROCS, each round after the gnet splice's; relay adds p50 / p99 µs $(lat_cell "${ADD50[epoll]}" "${ADD99[epoll]}") |"
-	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell epoll) | (without gnet) | the same |"
 fi
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
 echo "| event latency while holding them, p50 / p99 µs | $(us "$h50") / $(us "$h99") ($hold_events events, $hold_failed streams failed) | | same |"

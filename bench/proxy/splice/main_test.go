@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
@@ -11,19 +10,24 @@ import (
 	"testing"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
+	"pdlb/lb/evloop"
 )
 
-// TestSplice: on either poller, requests on kept connections reach the
-// upstream and their answers come back whole, and a client's close closes
-// its upstream connection.
-func TestSplice(t *testing.T) {
-	for _, poller := range []string{"gnet", "epoll"} {
-		t.Run(poller, func(t *testing.T) { testSplice(t, poller) })
-	}
+// booting is the splice, handing its engine over once it boots.
+type booting struct {
+	*splice
+	booted chan<- *evloop.Engine
 }
 
-func testSplice(t *testing.T, poller string) {
+func (b *booting) OnBoot(e *evloop.Engine) { b.booted <- e }
+
+// TestSplice: requests on kept connections reach the upstream and their
+// answers come back whole, and a client's close closes its upstream
+// connection.
+func TestSplice(t *testing.T) {
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("the loop's wait would hold the only P")
+	}
 	closed := make(chan struct{}, 1)
 	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -46,30 +50,21 @@ func testSplice(t *testing.T, poller string) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	if poller == "epoll" && runtime.GOMAXPROCS(0) < 2 {
-		t.Skip("the loop's wait would hold the only P")
-	}
-	if poller == "epoll" {
-		// One loop: its wait holds a P, and the upstream and the client
-		// need the other.
-		s, err := startEpoll(addr, up.Listener.Addr().String(), 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-	} else {
-		ran := make(chan error, 1)
-		go func() {
-			ran <- gnet.Run(&splice{upstream: up.Listener.Addr().String()}, "tcp://"+addr, gnet.WithNumEventLoop(2), gnet.WithReusePort(true))
-		}()
+	// One loop: while it holds connections its wait holds a P, and the
+	// upstream and the client need the other.
+	s := &splice{upstream: up.Listener.Addr().String()}
+	booted, ran := make(chan *evloop.Engine, 1), make(chan error, 1)
+	go func() { ran <- evloop.Run(&booting{s, booted}, addr, 1) }()
+	select {
+	case eng := <-booted:
 		defer func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := gnet.Stop(ctx, "tcp://"+addr); err != nil {
+			eng.Stop()
+			if err := <-ran; err != nil {
 				t.Error(err)
 			}
-			<-ran
 		}()
+	case err := <-ran:
+		t.Fatal(err)
 	}
 	for i := 0; ; i++ {
 		c, err := net.Dial("tcp", addr)
