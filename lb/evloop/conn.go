@@ -21,6 +21,7 @@ type Conn struct {
 	ctx           any
 	opened        bool // between OnOpen and OnClose
 	accepted      bool // by the loop's listener; not enrolled
+	shared        bool // Dup made a duplicate of the socket
 
 	// The bytes that arrived and are not consumed yet are cur, in the
 	// loop's buffer during the OnTraffic of the read that brought them,
@@ -49,6 +50,16 @@ func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
 // EventLoop is the loop the connection is on.
 func (c *Conn) EventLoop() *Loop { return c.loop }
+
+// Dup returns a duplicate of the socket (close-on-exec), which outlives
+// the connection's close; on the loop.
+func (c *Conn) Dup() (int, error) {
+	fd, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err == nil {
+		c.shared = true
+	}
+	return fd, err
+}
 
 // SetLinger sets SO_LINGER: 0 resets the connection as it closes.
 func (c *Conn) SetLinger(sec int) error {

@@ -169,6 +169,8 @@ type Loop struct {
 	vec    []unix.Iovec // Writev's scratch
 	events []unix.EpollEvent
 	done   bool // a stop task ran
+	lull   bool // the last raw wait was preempted: the next is plain
+	yield  bool // Yield: the loop yields its P before it next waits
 
 	mu sync.Mutex
 	// tasks wait for the loop; woken: the eventfd was written for them
@@ -292,18 +294,34 @@ func (l *Loop) run() {
 			// batch closed: nothing is left to act on.
 		}
 		more = chores && l.chores()
+		if l.yield && !more {
+			l.yield = false
+			runtime.Gosched()
+		}
 	}
 }
+
+// Yield makes the loop yield its P before it next waits; on the loop,
+// after it readied a goroutine (a channel send, a job for a worker). The
+// runtime puts that goroutine next on the loop's P, and a loop that
+// blocked holding the P would leave it for another thread to take, after
+// a wake-up and a 3 µs pause to be sure the P is not about to run it;
+// yielded, the P runs it at once.
+func (l *Loop) Yield() { l.yield = true }
 
 // wait waits up to timeout milliseconds (-1: no limit) for events: as a
 // raw system call while the loop holds accepted connections (see the
 // package comment), else as the runtime's syscall, which lends the P to
-// goroutines while it blocks.
+// goroutines while it blocks. A raw wait that a signal ended (the
+// monitor preempts a goroutine that held its P for 10 ms: the loop was
+// idle that long) is followed by a plain one, so that an idle loop with
+// connections open neither takes a signal every 10 ms nor keeps its P.
 func (l *Loop) wait(timeout int) (int, error) {
 	for {
 		var n int
 		var err error
-		if l.accepted > 0 {
+		raw := l.accepted > 0 && !l.lull
+		if raw {
 			r, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), uintptr(timeout), 0, 0)
 			n = int(r)
 			if errno != 0 {
@@ -313,42 +331,37 @@ func (l *Loop) wait(timeout int) (int, error) {
 			n, err = unix.EpollWait(l.ep, l.events, timeout)
 		}
 		if err == unix.EINTR {
-			// Most likely the runtime's preemption signal: the raw
-			// call has no preemption point, this is one.
+			// The raw call has no preemption point: this is one.
+			l.lull = raw
 			runtime.Gosched()
 			continue
 		}
+		l.lull = false
 		return n, err
 	}
 }
 
-// accept takes the connections waiting on the listener, a batch at a
-// time: the listener is level-triggered, so what is left comes back.
+// accept takes a connection waiting on the listener: one an event, as
+// the listener is level-triggered and what is left comes back, where a
+// loop until EAGAIN would spend a failed call on nearly every accept.
 func (l *Loop) accept() error {
-	for range 32 {
-		fd, sa, err := unix.Accept4(l.ln, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-		switch err {
-		case nil:
-		case unix.EAGAIN:
-			return nil
-		case unix.EINTR, unix.ECONNABORTED, unix.ECONNRESET:
-			// Reset while it waited in the queue.
-			continue
-		case unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM:
-			// Out of descriptors or memory: leave the connections in
-			// the queue, and stop watching the listener (level-
-			// triggered, it would spin) for a while.
-			l.pauseAccept()
-			return nil
-		default:
-			return fmt.Errorf("evloop: accept on %s: %w", l.local, err)
-		}
-		c := &Conn{loop: l, fd: fd, local: l.local, remote: tcpAddr(sa), accepted: true}
-		if err := l.register(c); err != nil {
-			return err
-		}
+	fd, sa, err := unix.Accept4(l.ln, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+	switch err {
+	case nil:
+	case unix.EAGAIN, unix.EINTR, unix.ECONNABORTED, unix.ECONNRESET:
+		// Taken by another loop's listener, or reset while it waited in
+		// the queue.
+		return nil
+	case unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM:
+		// Out of descriptors or memory: leave the connections in the
+		// queue, and stop watching the listener (level-triggered, it
+		// would spin) for a while.
+		l.pauseAccept()
+		return nil
+	default:
+		return fmt.Errorf("evloop: accept on %s: %w", l.local, err)
 	}
-	return nil
+	return l.register(&Conn{loop: l, fd: fd, local: l.local, remote: tcpAddr(sa), accepted: true})
 }
 
 // acceptPause is how long a loop that ran out of descriptors leaves its
@@ -485,9 +498,11 @@ func (l *Loop) close(c *Conn, err error) {
 		}
 		c.outOff += n
 	}
-	// Removed first: a duplicate of the socket (a connection handed
-	// over) would keep it registered past the close.
-	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
+	if c.shared {
+		// A duplicate of the socket (Dup) would keep it registered past
+		// the close; without one, the close takes it off.
+		_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
+	}
 	_ = unix.Close(c.fd)
 	c.in, c.store, c.out, c.outOff = nil, nil, nil, 0
 }

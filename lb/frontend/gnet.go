@@ -544,6 +544,7 @@ func (s *GNet) OnTraffic(c *evloop.Conn) evloop.Action {
 		if n := c.OutboundBuffered(); n <= gc.stallLimit {
 			gc.stalled = false
 			gc.wrote <- nil
+			c.EventLoop().Yield()
 		} else {
 			gc.pending.Store(int64(n))
 		}

@@ -354,6 +354,7 @@ func (gc *gconn) enqueue(q queued) {
 	gc.mu.Unlock()
 	if start {
 		gc.s.workers.run(gc)
+		gc.c.EventLoop().Yield()
 	}
 }
 
@@ -941,6 +942,7 @@ func (gc *gconn) settle(c *evloop.Conn, err error, limit int) {
 	}
 	gc.pending.Store(int64(n)) // the idle sweep's baseline
 	gc.wrote <- err
+	c.EventLoop().Yield()
 }
 
 var ctxPool = sync.Pool{New: func() any { return new(fasthttp.RequestCtx) }}

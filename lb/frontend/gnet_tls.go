@@ -299,6 +299,8 @@ func (s *GNet) handshaking(gc *gconn, b []byte) evloop.Action {
 		w.started = true
 		s.workers.run((*tlsHandshake)(gc))
 	}
+	// The handshake's goroutine, started or fed.
+	gc.c.EventLoop().Yield()
 	return evloop.None
 }
 
@@ -365,7 +367,7 @@ func (s *GNet) handshaken(gc *gconn, h2 bool) error {
 	w := gc.tls.w
 	early := w.feed.rest()
 	if h2 {
-		nc, err := s.dupConn(gc.c.Fd())
+		nc, err := s.dupConn(gc.c)
 		if err != nil {
 			return err
 		}

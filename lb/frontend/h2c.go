@@ -6,7 +6,6 @@ import (
 	"os"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/sys/unix"
 	"pdlb/lb/evloop"
 )
 
@@ -35,7 +34,7 @@ func (s *GNet) h2cOnLoop(gc *gconn) (act evloop.Action, done bool) {
 		return evloop.None, true
 	}
 	gc.sniffed = true
-	nc, err := s.dupConn(c.Fd())
+	nc, err := s.dupConn(c)
 	if err != nil {
 		s.logDebug("frontend: h2c connection not taken over", err)
 		return evloop.Close, true
@@ -65,20 +64,20 @@ func (s *GNet) serveH2(remote net.Addr, conn, nc net.Conn, held bool) {
 	s.h2.serve(conn)
 }
 
-// dupConn is a net.Conn on a duplicate of the socket fd, whose close
+// dupConn is a net.Conn on a duplicate of c's socket, whose close
 // lingers as the loops' own do.
-func (s *GNet) dupConn(fd int) (net.Conn, error) {
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+func (s *GNet) dupConn(c *evloop.Conn) (net.Conn, error) {
+	dup, err := c.Dup()
 	if err != nil {
 		return nil, err
 	}
 	f := os.NewFile(uintptr(dup), "h2c")
 	defer f.Close()
-	c, err := net.FileConn(f)
+	nc, err := net.FileConn(f)
 	if err != nil {
 		return nil, err
 	}
-	return &lingerConn{TCPConn: c.(*net.TCPConn), l: &s.linger}, nil
+	return &lingerConn{TCPConn: nc.(*net.TCPConn), l: &s.linger}, nil
 }
 
 func (s *GNet) logDebug(msg string, err error) {
