@@ -361,7 +361,10 @@ func (l *Loop) accept() error {
 	default:
 		return fmt.Errorf("evloop: accept on %s: %w", l.local, err)
 	}
-	return l.register(&Conn{loop: l, fd: fd, local: l.local, remote: tcpAddr(sa), accepted: true})
+	// A connection epoll would not take (ENOSPC: fs.epoll.max_user_watches)
+	// is closed, and the loop goes on with the others.
+	_ = l.register(&Conn{loop: l, fd: fd, local: l.local, remote: tcpAddr(sa), accepted: true})
+	return nil
 }
 
 // acceptPause is how long a loop that ran out of descriptors leaves its
