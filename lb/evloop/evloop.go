@@ -234,6 +234,11 @@ func listen(ap netip.AddrPort) (int, error) {
 	err = errors.Join(unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1),
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1),
 		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1))
+	if err == nil && family == unix.AF_INET6 && ap.Addr().IsUnspecified() {
+		// "[::]:port" takes IPv4 clients too, as Go's listeners do,
+		// whatever net.ipv6.bindv6only says.
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
+	}
 	if err == nil {
 		err = unix.Bind(fd, sa)
 	}

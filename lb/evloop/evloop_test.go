@@ -131,9 +131,18 @@ type server struct {
 // every connection opened closed once.
 func start(t *testing.T, h *handler, loops int) *server {
 	t.Helper()
+	return startAt(t, h, loops, "")
+}
+
+// startAt is start on at, unless it is empty.
+func startAt(t *testing.T, h *handler, loops int, at string) *server {
+	t.Helper()
 	for try := 0; ; try++ {
-		addr := "127.0.0.1:0"
-		if loops > 1 {
+		addr := at
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		if at == "" && loops > 1 {
 			// Each loop binds the address: the port must be known.
 			addr = freeAddr(t)
 		}
@@ -146,7 +155,7 @@ func start(t *testing.T, h *handler, loops int) *server {
 		select {
 		case s.e = <-h.booted:
 		case <-s.ran:
-			if try < 3 && errors.Is(s.err, unix.EADDRINUSE) {
+			if at == "" && try < 3 && errors.Is(s.err, unix.EADDRINUSE) {
 				continue // someone took the free port meanwhile
 			}
 			t.Fatalf("Run(%s): %v", addr, s.err)
@@ -1051,6 +1060,17 @@ func TestTick(t *testing.T) {
 	time.Sleep(30 * time.Millisecond)
 	if n := calls.Load(); n != 5 {
 		t.Fatalf("%d OnTicks with the fifth's delay an hour", n)
+	}
+}
+
+// TestDualStack: a loop listening on "[::]" takes IPv4 clients too, as
+// Go's listeners do.
+func TestDualStack(t *testing.T) {
+	s := startAt(t, newHandler(t), 1, "[::]:0")
+	_, port, _ := net.SplitHostPort(s.addr)
+	c := mustDial(t, net.JoinHostPort("127.0.0.1", port))
+	if err := roundTrip(c, "over IPv4", "over IPv4"); err != nil {
+		t.Fatal(err)
 	}
 }
 
