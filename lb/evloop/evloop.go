@@ -169,7 +169,7 @@ type Loop struct {
 	vec    []unix.Iovec // Writev's scratch
 	events []unix.EpollEvent
 	done   bool // a stop task ran
-	lull   bool // the last raw wait was preempted: the next is plain
+	idle   int  // raw waits in a row the monitor's preemption ended
 	yield  bool // Yield: the loop yields its P before it next waits
 
 	mu sync.Mutex
@@ -317,15 +317,17 @@ func (l *Loop) Yield() { l.yield = true }
 // wait waits up to timeout milliseconds (-1: no limit) for events: as a
 // raw system call while the loop holds accepted connections (see the
 // package comment), else as the runtime's syscall, which lends the P to
-// goroutines while it blocks. A raw wait that a signal ended (the
-// monitor preempts a goroutine that held its P for 10 ms: the loop was
-// idle that long) is followed by a plain one, so that an idle loop with
-// connections open neither takes a signal every 10 ms nor keeps its P.
+// goroutines while it blocks. The runtime's monitor preempts a goroutine
+// every 10 ms it runs without a reschedule, which ends a raw wait with
+// EINTR, busy or not; two in a row with no event between mean the loop
+// idled a whole period, and it waits plainly until the next event, so
+// that an idle loop with connections open neither takes a signal every
+// 10 ms nor keeps its P.
 func (l *Loop) wait(timeout int) (int, error) {
 	for {
 		var n int
 		var err error
-		raw := l.accepted > 0 && !l.lull
+		raw := l.accepted > 0 && l.idle < 2
 		if raw {
 			r, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), uintptr(timeout), 0, 0)
 			n = int(r)
@@ -336,12 +338,14 @@ func (l *Loop) wait(timeout int) (int, error) {
 			n, err = unix.EpollWait(l.ep, l.events, timeout)
 		}
 		if err == unix.EINTR {
+			if raw {
+				l.idle++
+			}
 			// The raw call has no preemption point: this is one.
-			l.lull = raw
 			runtime.Gosched()
 			continue
 		}
-		l.lull = false
+		l.idle = 0
 		return n, err
 	}
 }
