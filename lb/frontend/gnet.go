@@ -83,7 +83,7 @@ type GNet struct {
 // the timeouts are that much coarse.
 const tick = time.Second
 
-// StartGNet binds addr and serves h on gnet event loops until
+// StartGNet binds addr and serves h on the gnet front end's loops until
 // ShutdownWithContext. It returns once every loop listens.
 func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	s := &GNet{h: h, o: o.withDefaults(), ready: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1),

@@ -304,9 +304,10 @@ func (gc *gconn) afterLoop() {
 }
 
 // writeLast writes the connection's last answer on the loop, then lets
-// the connection linger (linger.go) once gnet holds none of it: at once
-// when the socket took it all, as it mostly does; else a worker waits for
-// the rest to drain, since gnet drops what it still holds when it closes.
+// the connection linger (linger.go) once the loop holds none of it: at
+// once when the socket took it all, as it mostly does; else a worker
+// waits for the rest to drain, since the loop drops what the socket does
+// not take as it closes.
 // Handing the answer to a worker instead cost four thread handoffs per
 // connection (to the worker, its write, the write's callback, the close).
 func (gc *gconn) writeLast(ctx *fasthttp.RequestCtx) {
@@ -886,8 +887,8 @@ func (w *chunkWriter) Write(p []byte) (int, error) {
 
 // flush hands gc.iov to the loop and waits until the loop wrote it or
 // copied it into the outbound buffer, and that buffer is below its bound:
-// maxOutbound, or empty for the last response before a close (gnet drops
-// what it cannot write at once when it closes).
+// maxOutbound, or empty for the last response before a close (the loop
+// drops what it cannot write at once when it closes).
 func (gc *gconn) flush(last bool) error {
 	cb := gc.written
 	if last {

@@ -442,7 +442,7 @@ func (t *loopTLS) settle() {
 
 // write seals iov as one record (or as many as its size needs) and sends
 // it: from the loop with cb nil, else from the queue's owner, cb called on
-// the loop once gnet took the bytes.
+// the loop once it took the bytes.
 func (t *loopTLS) write(iov [][]byte, cb evloop.Callback) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
