@@ -171,7 +171,13 @@ func (w *lateWatch) Watch(c upstream.Cutter) {
 		}
 		select {
 		case <-gone:
-			c.Cut()
+			// Both may be ready, and select picks either: once Unwatch
+			// ran, the call's state (c's) may be released already.
+			w.mu.Lock()
+			if !w.stopped {
+				c.Cut()
+			}
+			w.mu.Unlock()
 		case <-w.stop:
 		}
 	})
