@@ -28,6 +28,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -400,7 +401,8 @@ func (l *Loop) register(c *Conn) error {
 		return fmt.Errorf("evloop: epoll_ctl add: %w", err)
 	}
 	if c.fd >= len(l.conns) {
-		l.conns = append(l.conns, make([]*Conn, c.fd+1-len(l.conns))...)
+		// Past the old length nothing was ever stored: nil.
+		l.conns = slices.Grow(l.conns, c.fd+1-len(l.conns))[:c.fd+1]
 	}
 	l.conns[c.fd] = c
 	if c.accepted {

@@ -3,7 +3,6 @@ package frontend
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -131,13 +130,10 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 	go func() {
 		// The loops wait in a raw system call that keeps their P while
 		// they hold connections: see busyLoops.
+		// Its error (a loop that failed) closed the port and dropped
+		// every connection, and goes to Done: the process must not run
+		// on as if it served. It returns nil only after Stop.
 		s.runErr = evloop.Run(s, s.addr, procs)
-		if s.runErr == nil && !s.shutdown.Load() {
-			// Stopped, but not by a shutdown: the port is closed and
-			// every connection dropped, so the process must not run on
-			// as if it served.
-			s.runErr = errors.New("the engine stopped on its own")
-		}
 		// Every connection is closed by now.
 		s.mu.Lock()
 		if s.settle != nil {

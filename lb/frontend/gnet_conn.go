@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"golang.org/x/sys/unix"
 	"pdlb/lb/evloop"
 
 	"pdlb/lb/upstream"
@@ -145,12 +144,11 @@ type gconn struct {
 	// loop while the request is served there, read when it is rendered.
 	pass     []byte
 	passFor  *fasthttp.RequestCtx
-	head     []byte       // a stream's header block, sent with its first chunk
-	raw      bool         // the stream goes out unframed, ended by the close (HTTP/1.0)
-	bodyless bool         // the stream answers HEAD: its header alone goes out
-	iov      [][]byte     // what the next AsyncWritev sends
-	vec      []unix.Iovec // sendv's scratch, on the loop
-	size     [20]byte     // a chunk's size line
+	head     []byte   // a stream's header block, sent with its first chunk
+	raw      bool     // the stream goes out unframed, ended by the close (HTTP/1.0)
+	bodyless bool     // the stream answers HEAD: its header alone goes out
+	iov      [][]byte // what the next AsyncWritev sends
+	size     [20]byte // a chunk's size line
 	chunks   chunkWriter
 }
 
