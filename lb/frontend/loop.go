@@ -265,6 +265,9 @@ type loopState struct {
 	ctxs    []*fasthttp.RequestCtx
 	ctxsLow int
 	trimmed int64
+	// gather is where the loop's relays gather a chunk (StreamWriter.loop),
+	// written and emptied before the loop turns to another connection.
+	gather []byte
 }
 
 // maxLoopCtxs bounds the contexts a loop keeps: about its connections'
@@ -331,7 +334,7 @@ func (s *GNet) loopOf(el *evloop.Loop) *loopState {
 	defer s.mu.Unlock()
 	ls := s.loops[el]
 	if ls == nil {
-		ls = &loopState{s: s, el: el, idle: make(map[string]*[]*upConn)}
+		ls = &loopState{s: s, el: el, idle: make(map[string]*[]*upConn), gather: make([]byte, 0, streamBufferBytes)}
 		ls.sweep = ls.sweepConns
 		s.loops[el] = ls
 	}

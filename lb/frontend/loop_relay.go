@@ -63,7 +63,7 @@ func (l *Loop) Relay(idle time.Duration, sink Sink) {
 	uc.sink, uc.idle = sink, idle
 	uc.fed = gc.s.now.Load()
 	gc.s.noteTimeout(idle)
-	uc.w = StreamWriter{chunks: &gc.lchunks}
+	uc.w = StreamWriter{chunks: &gc.lchunks, loop: &gc.ls.gather}
 	ctx := gc.cur
 	gc.startChunked(ctx)
 	gc.ls.giveCtx(ctx)

@@ -34,10 +34,13 @@ func setUnframed(h *fasthttp.ResponseHeader) {
 // StreamWriter gathers a streamed body's bytes between two Flushes, which
 // then leave as one HTTP chunk. Its buffer comes from a pool at the first
 // Write after a Flush and goes back at the Flush, so a stream waiting for
-// its next event holds none. Not safe for concurrent use.
+// its next event holds none; a stream relayed on an event loop borrows
+// the loop's instead, as every Flush comes in the same turn of the loop
+// as the Writes before it. Not safe for concurrent use.
 type StreamWriter struct {
 	chunks io.Writer // sends each Write as one chunk, at once
 	buf    *[]byte   // nil between a Flush and the next Write
+	loop   *[]byte   // the loop's buffer (cap streamBufferBytes), or nil
 	n      int64     // bytes handed to chunks
 	err    error     // the first failed write; every later one fails with it
 }
@@ -100,10 +103,14 @@ func (w *StreamWriter) Write(p []byte) (int, error) {
 		return 0, w.err
 	}
 	if w.buf == nil {
-		if len(p) >= streamBufferBytes {
+		switch {
+		case len(p) >= streamBufferBytes:
 			return len(p), w.send(p, false)
+		case w.loop != nil:
+			w.buf = w.loop
+		default:
+			w.buf = getBuf(len(p))
 		}
-		w.buf = getBuf(len(p))
 	}
 	*w.buf = append(*w.buf, p...)
 	return len(p), nil
@@ -122,7 +129,11 @@ func (w *StreamWriter) flush(last bool) error {
 	b := w.buf
 	w.buf = nil
 	err := w.send(*b, last)
-	putBuf(b)
+	if b == w.loop {
+		*b = (*b)[:0]
+	} else {
+		putBuf(b)
+	}
 	return err
 }
 
