@@ -30,14 +30,18 @@ func (c *charge) release() {
 }
 
 // chargeShards spreads the charge table over independent locks. A charge
-// lives in the shard of the pod it charged (see Ticket), so requests on
-// different pods touch different cache lines: hashing by request id would
+// lives in the shard of the pod it charged and the lane that charged it
+// (see Ticket), so requests on different pods, or charged by different
+// event loops, touch different cache lines: hashing by request id would
 // send every core to every shard and bounce their lines between cores.
 const (
 	chargeShardBits = 6
 	chargeShards    = 1 << chargeShardBits
 	// minSlots is a shard's initial size (a power of two).
 	minSlots = 16
+	// laneStride spaces the lanes of one pod over the shards: odd, so
+	// that 64 lanes of a pod take 64 shards.
+	laneStride = 37
 )
 
 // chargeTable maps request id → charge. Each shard is a linear-probing

@@ -76,3 +76,35 @@ func TestChargeTableAgainstMap(t *testing.T) {
 	}
 	f(-2)
 }
+
+// TestLanesOfOnePodTakeTheirOwnShards: charges of one pod from different
+// lanes (event loops) live in different shards, each lane's in one, and
+// each is released from its own.
+func TestLanesOfOnePodTakeTheirOwnShards(t *testing.T) {
+	l := New(DefaultConfig(), Env{})
+	l.SetPods(members("ns/a", "ns/b"))
+	p := Prompt{Tokens: 100}
+	seen := map[int]uint8{}
+	var tickets []Ticket
+	for lane := range uint8(chargeShards) {
+		for i := range 3 {
+			tk := Ticket{ID: uint64(lane)<<8 | uint64(i), Lane: lane}
+			l.Charge(&tk, 1, -1, &p, 0)
+			if other, ok := seen[tk.shard()]; ok && other != lane {
+				t.Fatalf("lanes %d and %d of one pod share shard %d", other, lane, tk.shard())
+			}
+			seen[tk.shard()] = lane
+			tickets = append(tickets, tk)
+		}
+	}
+	if active, _ := l.Prefill(1); active == 0 {
+		t.Fatal("nothing charged")
+	}
+	for _, tk := range tickets {
+		l.PrefillDone(tk)
+		l.Finish(tk)
+	}
+	if active, kv := l.Prefill(1); active != 0 || kv != 0 {
+		t.Fatalf("after every release the pod holds active %d, kv %d; want 0, 0", active, kv)
+	}
+}

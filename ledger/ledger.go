@@ -296,6 +296,11 @@ type Ticket struct {
 	// ID names the request; unique among the charges outstanding. Set it
 	// before the first Charge.
 	ID uint64
+	// Lane is the caller's lane (an event loop) that charges and releases
+	// the request, set before the first Charge: a pod's charges from
+	// different lanes live in different shards, so cores serving their
+	// own loops do not pass a shard's lock and lines between them.
+	Lane uint8
 	// home is the charge's shard + 1; 0 until the first Charge.
 	home uint8
 	// gen counts the Charges of the ticket, which mark their charge with it.
@@ -320,7 +325,7 @@ func (l *Ledger) Charge(t *Ticket, prefill, decode int32, p *Prompt, now int64) 
 	tab := *l.table.Load()
 	c := charge{at: now, prefill: l.charged(tab, prefill), decode: l.charged(tab, decode)}
 	if t.home == 0 {
-		t.home = uint8(uint32(max(prefill, decode, 0)&indexMask)%chargeShards) + 1
+		t.home = uint8((uint32(max(prefill, decode, 0)&indexMask)+laneStride*uint32(t.Lane))%chargeShards) + 1
 	}
 	t.gen++
 	c.seqs = max(p.Sequences, 1)

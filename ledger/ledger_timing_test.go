@@ -101,3 +101,33 @@ func BenchmarkDecodeView(b *testing.B) {
 	}
 	_ = sink
 }
+
+// BenchmarkChargeReleaseOnePod runs BenchmarkChargeRelease's loop on every
+// P, all on one pod, as a gateway with more event loops than pods charges:
+// every goroutine in one lane (every charge in the pod's shard), then
+// each in a lane of its own.
+func BenchmarkChargeReleaseOnePod(b *testing.B) {
+	for _, lanes := range []string{"one lane", "a lane each"} {
+		b.Run(lanes, func(b *testing.B) {
+			l := benchLedger(b, 8)
+			var next atomic.Int32
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				g := next.Add(1) - 1
+				lane := uint8(0)
+				if lanes != "one lane" {
+					lane = uint8(g)
+				}
+				p := Prompt{Tokens: 2000}
+				id := uint64(g) << 40
+				for pb.Next() {
+					id++
+					t := Ticket{ID: id, Lane: lane}
+					l.Charge(&t, 3, -1, &p, int64(id))
+					l.PrefillDone(t)
+					l.Finish(t)
+				}
+			})
+		})
+	}
+}

@@ -56,6 +56,10 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 	return &gc.loop
 }
 
+// Lane numbers l's loop among the front end's: requests served on one
+// loop share a lane.
+func (l *Loop) Lane() uint8 { return l.gc.ls.lane }
+
 // ClientGone returns a channel that is closed once the client of ctx has
 // closed its connection, for a request served on a worker that waits (an
 // admission deferral, a prefill/decode exchange). On gnet, whose loop
@@ -265,6 +269,8 @@ type loopState struct {
 	ctxs    []*fasthttp.RequestCtx
 	ctxsLow int
 	trimmed int64
+	// lane numbers the loop among the front end's (wrapping past 255).
+	lane uint8
 	// gather is where the loop's relays gather a chunk (StreamWriter.loop),
 	// written and emptied before the loop turns to another connection.
 	gather []byte
@@ -334,7 +340,7 @@ func (s *GNet) loopOf(el *evloop.Loop) *loopState {
 	defer s.mu.Unlock()
 	ls := s.loops[el]
 	if ls == nil {
-		ls = &loopState{s: s, el: el, idle: make(map[string]*[]*upConn), gather: make([]byte, 0, streamBufferBytes)}
+		ls = &loopState{lane: uint8(len(s.loops)), s: s, el: el, idle: make(map[string]*[]*upConn), gather: make([]byte, 0, streamBufferBytes)}
 		ls.sweep = ls.sweepConns
 		s.loops[el] = ls
 	}

@@ -149,13 +149,17 @@ func (g *Gateway) begin(x *completion) bool {
 		return false
 	}
 	x.ticket = ledger.Ticket{ID: g.nextID.Add(1)}
+	l := frontend.LoopOf(ctx)
+	if l != nil {
+		x.ticket.Lane = l.Lane()
+	}
 	if !g.resolve(ctx, x, m) {
 		return false
 	}
 	x.explain = g.explain.asked(x.hdr[hdrDebug], x.hdr[hdrAdminToken])
 	g.startTrace(x)
 	x.stage = stagePick
-	if l := frontend.LoopOf(ctx); l != nil {
+	if l != nil {
 		x.via = loopTransport{l}
 		if x.req.Stream && !l.CanRelay() {
 			// A stream that is the connection's last answer is written
