@@ -171,6 +171,7 @@ type Loop struct {
 	events []unix.EpollEvent
 	done   bool // a stop task ran
 	idle   int  // raw waits in a row the monitor's preemption ended
+	turn   uint64
 	yield  bool // Yield: the loop yields its P before it next waits
 
 	mu sync.Mutex
@@ -347,9 +348,15 @@ func (l *Loop) wait(timeout int) (int, error) {
 			continue
 		}
 		l.idle = 0
+		l.turn++
 		return n, err
 	}
 }
+
+// Turn counts the loop's waits that returned: all that runs on the loop
+// between two of them (a batch of events, the tasks) is one turn. From
+// 1; on the loop.
+func (l *Loop) Turn() uint64 { return l.turn }
 
 // accept takes a connection waiting on the listener: one an event, as
 // the listener is level-triggered and what is left comes back, where a

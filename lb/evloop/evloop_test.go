@@ -771,6 +771,28 @@ func TestExecute(t *testing.T) {
 	}
 }
 
+// TestTurn: funcs given to the loop at once run in one turn, and a func
+// given after a turn ended runs in a later one.
+func TestTurn(t *testing.T) {
+	h := newHandler(t)
+	s := start(t, h, 1)
+	l := s.e.loops[0]
+	var first, second, third uint64
+	runOn(t, l, func() {
+		first = l.Turn()
+		if err := l.Execute(func() { second = l.Turn() }); err != nil {
+			t.Error(err)
+		}
+	})
+	runOn(t, l, func() { third = l.Turn() })
+	if first < 1 {
+		t.Fatalf("a func ran in turn %d; turns count from 1", first)
+	}
+	if second <= first || third <= first {
+		t.Fatalf("turns %d, then %d and %d: later funcs ran in the same turn", first, second, third)
+	}
+}
+
 // TestClose: Conn.Close from another goroutine, Close from OnTraffic
 // (after a reply, which the client still gets), SO_LINGER 0 and the
 // client's close or reset each close the connection once, with OnClose's

@@ -194,7 +194,7 @@ func (gc *gconn) arrived() {
 	if gc.fresh.Load() {
 		gc.fresh.Store(false) // due since the connection opened
 	} else {
-		gc.dueSince.Store(gc.s.o.clock())
+		gc.dueSince.Store(gc.ls.clock())
 	}
 	gc.partial.Store(true)
 }
@@ -240,7 +240,7 @@ func (gc *gconn) read() evloop.Action {
 	n := gc.inbound()
 	if parsed {
 		if n > 0 {
-			gc.dueSince.Store(gc.s.o.clock())
+			gc.dueSince.Store(gc.ls.clock())
 		}
 		gc.partial.Store(n > 0)
 	}
