@@ -262,7 +262,8 @@ func (x *completion) reachesEngine() bool {
 // prefillDone runs once per request when its first token is out (or the
 // whole response, for a non-streaming one): the prompt has left the pod's
 // prefill queue, and the ledger releases the active part of the charge. A
-// request that found the queue empty also times the pod's prefill speed.
+// stream that found the queue empty also times the pod's prefill speed by
+// at, its first token's arrival (unused otherwise).
 func (g *Gateway) prefillDone(x *completion, pod *pool.Pod, at time.Time) {
 	if x.firstSeen {
 		return
