@@ -20,7 +20,42 @@ import (
 // completion is the state of one completion request, pooled so a request
 // allocates nothing the next one could reuse.
 type completion struct {
-	req *openai.Request
+	// First the fields each event of a relayed stream reads, together:
+	// its events come milliseconds apart, when x has left the caches, and
+	// each cache line they span is a miss an event.
+	//
+	// The request's own, for its parts that run as a frontend.Task or
+	// frontend.Done: the gateway, the parsed body, a plain attempt's pod,
+	// the PD exchange of a request cascade routes, the client's context,
+	// the model and the snapshot it is of (a pick on another follows the
+	// fleet: follow), a plain attempt's upstream request and response.
+	g    *Gateway
+	req  *openai.Request
+	pod  *pool.Pod
+	pd   *pd.Call
+	ctx  *fasthttp.RequestCtx
+	m    *pool.Model
+	snap *pool.Snapshot
+	up   *fasthttp.Request
+	resp *fasthttp.Response
+	// failure is the error the gateway answered with itself after the
+	// request reached a pod (a stream that broke), for the access log.
+	failure *openai.Error
+	// A stream's: its model's metrics and its tokens' timing.
+	modelStats *modelMetrics
+	times      tokenTimes
+	events     openai.Splitter
+	counted    openai.TokenCounter
+	// nextSeq is the sequence number of a Responses API stream's next
+	// event: the gateway's own error event, should the stream break.
+	nextSeq int
+	// explain says the client asked for its decision, explained is the
+	// explanation still to send (explain.go); tr is the request's spans
+	// (trace.go).
+	explain   bool
+	explained *explanation
+	tr        reqTrace
+
 	hdr clientHeaders
 	// found is the client's API key, nil when keys are off: the access
 	// log names it, admitted or not. key is found once it admitted the
@@ -81,9 +116,6 @@ type completion struct {
 	worked     int64
 	// inFlight: the request holds one of max_in_flight (enter, leave).
 	inFlight bool
-	// failure is the error the gateway answered with itself after the
-	// request reached a pod (a stream that broke), for the access log.
-	failure *openai.Error
 	// logHead is what the access log line needs of the request, kept
 	// before a stream's relay (keepLogHead).
 	logHead []byte
@@ -95,13 +127,8 @@ type completion struct {
 	primed int
 	// client wakes the relay's read when the client leaves; out is a
 	// worker relay's client writer, which BeforeRead flushes.
-	client  clientLeft
-	out     *frontend.StreamWriter
-	events  openai.Splitter
-	counted openai.TokenCounter
-	// nextSeq is the sequence number of a Responses API stream's next
-	// event: the gateway's own error event, should the stream break.
-	nextSeq int
+	client clientLeft
+	out    *frontend.StreamWriter
 	// home is the pod of the stored response x names, when the gateway
 	// knows it: x goes there alone; prefer the pod its conversation
 	// (prompt_cache_key) went to last, which x goes to while it is
@@ -140,24 +167,12 @@ type completion struct {
 
 	// policy, when set, replaces the model's policy for this request (a
 	// routing-strategy header naming one), and policyCache says it reads
-	// prefix matches; cascade routes a request whose strategy is "pd", and
-	// pd is its prefill/decode exchange.
+	// prefix matches; cascade routes a request whose strategy is "pd" (pd
+	// is its prefill/decode exchange).
 	policy      route.Policy
 	policyCache bool
 	cascade     *route.PDRouter
-	pd          *pd.Call
 
-	// The request's own, for its parts that run as a frontend.Task or
-	// frontend.Done: the gateway, the client's context, the model and the
-	// snapshot it is of (a pick on another follows the fleet: follow); a
-	// plain attempt's upstream request, response and pod.
-	g    *Gateway
-	ctx  *fasthttp.RequestCtx
-	m    *pool.Model
-	snap *pool.Snapshot
-	up   *fasthttp.Request
-	resp *fasthttp.Response
-	pod  *pool.Pod
 	// own is the plain attempt's resp, kept with x for life with its body
 	// buffer (KeepBodyBuffer): taken from fasthttp's pools, a response
 	// and its body buffer cost four pool operations a request, and the
@@ -171,12 +186,9 @@ type completion struct {
 	// request's X-Request-Id (requestIDOf).
 	head  upstream.AnswerHead
 	reqID []byte
-	// A stream's: its model's metrics and its tokens' timing.
-	modelStats *modelMetrics
 	// countedOn: the model whose prompt token counters counted x last
 	// (place), so that each model counts a request once.
 	countedOn *modelMetrics
-	times     tokenTimes
 	// deferred: admission deferred x before it moved to a worker, as
 	// deferral says; rejected: its last decision rejected x, counted when
 	// x is answered (fail) unless a fallback model's decision replaces it.
@@ -192,14 +204,9 @@ type completion struct {
 	// are the adapter loads the pick's pods wait for (loadAdapter).
 	tiers []uint8
 	loads [2]*pool.AdapterLoad
-	// tr is the request's spans, predictedTTFT its pick's prediction
-	// (seconds; 0 when nothing reads it); explain says the client asked
-	// for its decision, explained is the explanation still to send
-	// (trace.go, explain.go).
-	tr            reqTrace
+	// predictedTTFT is its pick's prediction (seconds; 0 when nothing
+	// reads it).
 	predictedTTFT float64
-	explain       bool
-	explained     *explanation
 }
 
 // completionPool's completions keep their openai.Request (recycled with

@@ -60,15 +60,15 @@ func (g *Gateway) stopTracing() {
 // reqTrace is one request's spans; the zero value traces nothing. Only
 // the request's own goroutine (or its relay's) touches it.
 type reqTrace struct {
-	tracer *tracing.Tracer
 	// ctx carries root, the request's span, when rec: the sampler kept it.
 	// sc is the request's span context, the root's or, not sampled, the
 	// one it would have had, which still tells the pods not to sample;
-	// zero when tracing is off.
-	ctx  context.Context
-	root trace.Span
-	sc   trace.SpanContext
-	rec  bool
+	// zero when tracing is off. rec first: each relayed event reads it.
+	rec    bool
+	tracer *tracing.Tracer
+	ctx    context.Context
+	root   trace.Span
+	sc     trace.SpanContext
 	// The spans still open: sent, the attempt on one pod, a PD pair's legs and
 	// the relay.
 	sent, prefill, decode, relay trace.Span
