@@ -44,8 +44,6 @@ type GNet struct {
 	// longest it went without advancing, between tick and twice that
 	// (expired).
 	now, lag atomic.Int64
-	// serving counts requests between parsing and their last byte written.
-	serving  atomic.Int64
 	shutdown atomic.Bool
 	// aborting: AbortRelays asked the loops to end their relays.
 	aborting atomic.Bool
@@ -307,7 +305,7 @@ func (s *GNet) AbortRelays() {
 // drain waits until nothing is served, the engine stopped (on its own:
 // what it served went with its connections), or ctx ends.
 func (s *GNet) drain(ctx context.Context) error {
-	for s.serving.Load() > 0 || s.reading() {
+	for s.serving() > 0 || s.reading() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -441,7 +439,7 @@ func (gc *gconn) checkIdleOnLoop() {
 		gc.discard()
 		gc.partial.Store(false)
 		gc.unread.Store(false)
-		gc.s.serving.Add(1)
+		gc.ls.serving.Add(1)
 		gc.enqueue(queued{ctx: acquireCtx(), err: os.ErrDeadlineExceeded})
 		return
 	}
@@ -529,7 +527,7 @@ func (s *GNet) OnTraffic(c *evloop.Conn) evloop.Action {
 		return uc.read()
 	}
 	gc := c.Context().(*gconn)
-	gc.lastRead.Store(s.now.Load())
+	refresh(&gc.lastRead, s.now.Load())
 	gc.arrived()
 	if !gc.sniffed && s.h2 != nil {
 		if act, done := s.h2cOnLoop(gc); done {

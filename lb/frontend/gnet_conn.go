@@ -203,9 +203,18 @@ func (gc *gconn) arrived() {
 // idle time, and the reading time of a request that came before it ended
 // (one that comes after starts its own, in arrived).
 func (gc *gconn) answered() {
-	gc.lastRead.Store(gc.s.now.Load())
+	refresh(&gc.lastRead, gc.s.now.Load())
 	if gc.partial.Load() {
 		gc.dueSince.Store(gc.s.o.clock())
+	}
+}
+
+// refresh stores v in a unless a holds it already: where each request
+// passes and the value mostly stands (the coarse clock, an empty outbound
+// buffer), a load instead of the store's xchg, a full barrier on amd64.
+func refresh(a *atomic.Int64, v int64) {
+	if a.Load() != v {
+		a.Store(v)
 	}
 }
 
@@ -230,7 +239,7 @@ func (gc *gconn) read() evloop.Action {
 		if err != nil || ctx.Request.ConnectionClose() || gc.s.shutdown.Load() {
 			gc.stopped = true
 		}
-		gc.s.serving.Add(1)
+		gc.ls.serving.Add(1)
 		if err == nil && gc.s.h.OnLoop && !gc.busy.Load() && c.OutboundBuffered() <= maxOutbound {
 			gc.serveOnLoop(ctx)
 			continue
@@ -669,14 +678,14 @@ func (gc *gconn) Unwatch(w upstream.Cutter) {
 // done releases a served request.
 func (gc *gconn) done(q queued) {
 	releaseCtx(q.ctx)
-	gc.s.serving.Add(-1)
+	gc.ls.serving.Add(-1)
 }
 
 // doneOnLoop is done for a request served on the loop, whose context the
 // loop keeps for its next.
 func (gc *gconn) doneOnLoop(ctx *fasthttp.RequestCtx) {
 	gc.ls.giveCtx(ctx)
-	gc.s.serving.Add(-1)
+	gc.ls.serving.Add(-1)
 }
 
 // fail closes the connection after a failed write; the requests still
@@ -758,7 +767,7 @@ func (gc *gconn) stream(q queued, last bool) {
 	releaseCtx(q.ctx)
 	_, err := body.WriteTo(&gc.chunks)
 	gc.wrapUp(gc.endChunked(err, last), last)
-	gc.s.serving.Add(-1)
+	gc.ls.serving.Add(-1)
 	if !gc.rest() {
 		gc.s.workers.run(gc)
 	}

@@ -530,7 +530,7 @@ func (gc *gconn) writev(iov [][]byte) error {
 	} else {
 		_, err = gc.c.Writev(iov)
 	}
-	gc.pending.Store(int64(gc.c.OutboundBuffered())) // the idle sweep's baseline
+	refresh(&gc.pending, int64(gc.c.OutboundBuffered())) // the idle sweep's baseline
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/cpu"
 	"pdlb/lb/evloop"
 
 	"pdlb/lb/upstream"
@@ -271,6 +272,13 @@ type loopState struct {
 	trimmed int64
 	// lane numbers the loop among the front end's (wrapping past 255).
 	lane uint8
+	// serving counts the loop's requests between parsing and their last
+	// byte written (GNet.serving sums them): a counter a loop, on a line
+	// of its own, so that the loops do not pass one between their cores
+	// twice a request. Workers add to it too.
+	_       cpu.CacheLinePad
+	serving atomic.Int64
+	_       cpu.CacheLinePad
 	// now is the clock's reading in the loop's turn numbered turn (see
 	// clock).
 	now  int64
@@ -336,6 +344,18 @@ func (ls *loopState) parser() *parser {
 		ls.p = &parser{br: bufio.NewReaderSize(nil, ls.s.o.MaxHeaderBytes)}
 	}
 	return ls.p
+}
+
+// serving counts the requests between parsing and their last byte
+// written, on every loop.
+func (s *GNet) serving() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := int64(0)
+	for _, ls := range s.loops {
+		n += ls.serving.Load()
+	}
+	return n
 }
 
 // loopOf returns el's state, made on first use.

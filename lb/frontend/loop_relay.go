@@ -267,7 +267,7 @@ func (uc *upConn) endRelay(err error) {
 	gc.relaying = nil
 	gc.answered() // idle from here (see afterLoop)
 	gc.held.Store(false)
-	gc.s.serving.Add(-1)
+	gc.ls.serving.Add(-1)
 	gc.resume()
 }
 

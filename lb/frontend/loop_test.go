@@ -279,7 +279,7 @@ func TestFailedConnEndsWhatItHolds(t *testing.T) {
 		}
 	}
 	gc.queue = []queued{{ctx: acquireCtx()}, {ctx: detached, task: taskFunc(task)}, {ctx: acquireCtx()}, {ctx: stream, served: true}}
-	gc.s.serving.Add(int64(len(gc.queue)))
+	gc.ls.serving.Add(int64(len(gc.queue)))
 	gc.busy.Store(true)
 	gc.work() // a plain request served would write its answer
 	if !ran || !gone {
@@ -293,7 +293,7 @@ func TestFailedConnEndsWhatItHolds(t *testing.T) {
 	default:
 		t.Error("the started stream's writer did not run")
 	}
-	if n := gc.s.serving.Load(); n != 0 {
+	if n := gc.s.serving(); n != 0 {
 		t.Errorf("%d requests still counted as served", n)
 	}
 	var closed bool
