@@ -69,6 +69,14 @@ type Handler interface {
 	OnTick() time.Duration
 }
 
+// An AcceptWatcher is a Handler told, on the loop, of each accept the
+// kernel refused for want of descriptors or memory (err): the loop then
+// leaves its listener alone for pause, and the connection waits in the
+// listen queue meanwhile.
+type AcceptWatcher interface {
+	OnAcceptPause(err error, pause time.Duration)
+}
+
 // Callback runs on the loop when an AsyncWrite, AsyncWritev or Wake is
 // done; err is net.ErrClosed on a connection closed before.
 type Callback func(c *Conn, err error)
@@ -374,6 +382,9 @@ func (l *Loop) accept() error {
 		// queue, and stop watching the listener (level-triggered, it
 		// would spin) for a while.
 		l.pauseAccept()
+		if w, ok := l.e.h.(AcceptWatcher); ok {
+			w.OnAcceptPause(err, acceptPause)
+		}
 		return nil
 	default:
 		return fmt.Errorf("evloop: accept on %s: %w", l.local, err)

@@ -50,6 +50,7 @@ type handler struct {
 	traffic func(c *Conn) Action
 	closed  func(c *Conn, err error)
 	tick    func() time.Duration
+	pause   func(err error, pause time.Duration)
 
 	mu     sync.Mutex
 	opened map[*Conn]bool
@@ -101,6 +102,12 @@ func (h *handler) OnClose(c *Conn, err error) {
 	}
 	if h.closed != nil {
 		h.closed(c, err)
+	}
+}
+
+func (h *handler) OnAcceptPause(err error, pause time.Duration) {
+	if h.pause != nil {
+		h.pause(err, pause)
 	}
 }
 
@@ -1239,10 +1246,21 @@ func TestOutboundQueueCompacts(t *testing.T) {
 }
 
 // TestAcceptOutOfDescriptors: an accept that fails for want of a
-// descriptor does not stop the engine; the connection is served once
-// descriptors are free again.
+// descriptor does not stop the engine, and the handler is told of it
+// (AcceptWatcher); the connection is served once descriptors are free
+// again.
 func TestAcceptOutOfDescriptors(t *testing.T) {
 	h := newHandler(t)
+	paused := make(chan error, 100)
+	h.pause = func(err error, pause time.Duration) {
+		if pause <= 0 {
+			t.Errorf("the listener paused for %v", pause)
+		}
+		select {
+		case paused <- err:
+		default:
+		}
+	}
 	s := start(t, h, 1)
 	c1 := mustDial(t, s.addr) // the runtime's poller opens its descriptors here
 	if err := roundTrip(c1, "one", "one"); err != nil {
@@ -1299,5 +1317,13 @@ func TestAcceptOutOfDescriptors(t *testing.T) {
 	defer c2.Close()
 	if err := roundTrip(c2, "two", "two"); err != nil {
 		t.Fatalf("the connection accepted once descriptors were free: %v (Run: %v)", err, runErr)
+	}
+	select {
+	case err := <-paused:
+		if !errors.Is(err, unix.EMFILE) {
+			t.Errorf("OnAcceptPause told %v; want EMFILE", err)
+		}
+	default:
+		t.Error("the handler was not told of the accept that failed")
 	}
 }

@@ -334,6 +334,12 @@ func (s *GNet) stop() error {
 // OnBoot keeps the engine for Shutdown.
 func (s *GNet) OnBoot(eng *evloop.Engine) { s.eng = eng }
 
+// OnAcceptPause counts and logs an accept the kernel refused for want of
+// descriptors or memory, which the open-files guard did not forestall
+// (evloop.AcceptWatcher): the client waits in the listen queue while the
+// loop rests its listener.
+func (s *GNet) OnAcceptPause(err error, _ time.Duration) { s.o.FDs.AcceptFailed(err) }
+
 // OnTick runs on the engine's ticker goroutine, first right after every
 // loop has bound its listener.
 func (s *GNet) OnTick() time.Duration {

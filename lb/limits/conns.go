@@ -123,11 +123,13 @@ func (cs *Conns) admit(c net.Conn) (net.Conn, bool) {
 // the close goes is the wrapped listener's (the front ends' linger, so the
 // client reads the answer). Without a refusal, or when it cannot be
 // written at once, SO_LINGER 0 makes the close a reset, which frees the
-// socket at once instead of holding it in TIME_WAIT.
+// socket at once instead of holding it in TIME_WAIT. failed, if set, is
+// told of each accept that failed.
 type refusing struct {
 	net.Listener
 	admit   func(net.Conn) (net.Conn, bool)
 	refusal []byte
+	failed  func(error)
 }
 
 // refusalWriteTimeout bounds the write of a refusal, which Accept makes:
@@ -138,6 +140,9 @@ func (l *refusing) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
+			if l.failed != nil {
+				l.failed(err)
+			}
 			return nil, err
 		}
 		if w, ok := l.admit(c); ok {

@@ -35,6 +35,8 @@ type FDs struct {
 	limit                int
 	acceptLine, dialLine int
 	shed, refused        atomic.Uint64
+	// unaccepted counts the accepts the kernel refused (AcceptFailed).
+	unaccepted atomic.Uint64
 	// dialing counts the dials admitted and not yet done (DialThen).
 	dialing atomic.Int64
 	// open, if set, estimates the descriptors the process holds (SetOpen).
@@ -206,17 +208,41 @@ func (f *FDs) warn() {
 	}
 }
 
+// AcceptFailed counts an accept the kernel refused for want of
+// descriptors or memory (err: EMFILE, ENFILE, ENOBUFS, ENOMEM), which the
+// guard's line did not keep from happening (descriptors it does not see,
+// the system's own limit): the front end rests its listener and the
+// client waits in the listen queue. It warns as the guard's refusals do.
+func (f *FDs) AcceptFailed(err error) {
+	if f == nil {
+		return
+	}
+	f.unaccepted.Add(1)
+	if f.log == nil {
+		return
+	}
+	if held, ok := f.warned.Allow(mono.Now(), fdWarnEvery); ok {
+		f.log.Warn("accept failed: new client connections wait in the listen queue; raise the open-files limit (systemd LimitNOFILE, ulimit -n) or fs.file-max",
+			"err", err, "limit", f.limit, "metric", MetricFDRefused, "suppressed", held)
+	}
+}
+
 // Limit is the open-files limit guarded.
 func (f *FDs) Limit() int { return f.limit }
 
 // Wrap returns ln resetting the connections Accept refuses, as the gnet
 // front end's OnOpen does: fasthttp survives EMFILE (it waits a second and accepts
-// again), but accepts nothing meanwhile.
+// again), but accepts nothing meanwhile; each such failure (NoFDs) is
+// AcceptFailed's.
 func (f *FDs) Wrap(ln net.Listener) net.Listener {
 	if f == nil {
 		return ln
 	}
-	return &refusing{Listener: ln, admit: f.admit}
+	return &refusing{Listener: ln, admit: f.admit, failed: func(err error) {
+		if NoFDs(err) {
+			f.AcceptFailed(err)
+		}
+	}}
 }
 
 // admit is Accept for a connection of a net.Listener.

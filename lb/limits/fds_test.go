@@ -164,3 +164,35 @@ func TestFDsWrap(t *testing.T) {
 }
 
 func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
+
+// An accept the kernel refused for want of descriptors is counted under
+// at="listen" and warned of, once a minute; a nil guard takes it too.
+func TestFDsAcceptFailed(t *testing.T) {
+	var log strings.Builder
+	f := FDsFor(1024, slogTo(&log))
+	emfile := &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	f.AcceptFailed(emfile)
+	// fasthttp's listener: Wrap tells the guard of a failed accept.
+	if _, err := f.Wrap(failingListener{emfile}).Accept(); err != emfile {
+		t.Fatalf("Accept returned %v, want the listener's error", err)
+	}
+	if _, err := f.Wrap(failingListener{net.ErrClosed}).Accept(); err != net.ErrClosed {
+		t.Fatalf("Accept returned %v, want the listener's error", err)
+	}
+	(*FDs)(nil).AcceptFailed(emfile)
+	var out strings.Builder
+	f.WritePrometheus(&out)
+	if !strings.Contains(out.String(), MetricFDRefused+`{at="listen"} 2`) {
+		t.Fatalf("want 2 accepts counted at listen in:\n%s", out.String())
+	}
+	if n := strings.Count(log.String(), "accept failed"); n != 1 || !strings.Contains(log.String(), "too many open files") {
+		t.Fatalf("want one warning naming the error, got %d:\n%s", n, log.String())
+	}
+}
+
+// failingListener's Accept fails with err.
+type failingListener struct{ err error }
+
+func (l failingListener) Accept() (net.Conn, error) { return nil, l.err }
+func (failingListener) Close() error                { return nil }
+func (failingListener) Addr() net.Addr              { return &net.TCPAddr{} }

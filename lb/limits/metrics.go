@@ -29,7 +29,7 @@ var MetricsDoc = promtext.Doc{
 	MetricAuthFailed:   {Help: "Requests refused for a missing or unknown API key, by reason."},
 	MetricConnsOpen:    {Help: "Client connections open."},
 	MetricConnsRefused: {Help: "Client connections answered 429 (reset over TLS) and closed at accept because their address had max_conns_per_ip open."},
-	MetricFDRefused:    {Help: "Client connections closed at accept (at=accept) and upstream connections not opened (at=dial) because the process was at its open-files limit."},
+	MetricFDRefused:    {Help: "Client connections closed at accept (at=accept) and upstream connections not opened (at=dial) because the process was at its open-files limit, and accepts the kernel refused for want of descriptors or memory, the connection left waiting in the listen queue (at=listen)."},
 }
 
 var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
@@ -72,4 +72,5 @@ func (f *FDs) WritePrometheus(w io.Writer) {
 	metrics.WriteMetadataIfNeeded(w, MetricFDRefused, "counter")
 	fmt.Fprintf(w, "%s{at=\"accept\"} %d\n", MetricFDRefused, f.shed.Load())
 	fmt.Fprintf(w, "%s{at=\"dial\"} %d\n", MetricFDRefused, f.refused.Load())
+	fmt.Fprintf(w, "%s{at=\"listen\"} %d\n", MetricFDRefused, f.unaccepted.Load())
 }
