@@ -19,7 +19,9 @@ import (
 
 // Sink takes a streamed answer on the loop, for Loop.Relay. Neither method
 // may touch the request's context, which is recycled once the answer's
-// header is rendered (as with SetBodyStreamWriter), nor block.
+// header is rendered (as with SetBodyStreamWriter), nor block, nor keep w
+// past the call: what it wrote is flushed from the loop's own buffer
+// before the loop turns to another connection.
 type Sink interface {
 	// Body gets the next bytes of the pod's body, decoded, and writes what
 	// it relays to w; an error ends the stream (and closes the pod's
