@@ -103,7 +103,7 @@ func (f *FDs) Accept(fd int) bool {
 		return true
 	}
 	f.shed.Add(1)
-	f.warn()
+	f.warn(refusedWarning)
 	return false
 }
 
@@ -178,7 +178,7 @@ func (f *FDs) control(c syscall.RawConn) error {
 	}
 	f.dialing.Add(-1)
 	f.refused.Add(1)
-	f.warn()
+	f.warn(refusedWarning)
 	return ErrOutOfFDs
 }
 
@@ -198,13 +198,17 @@ func OutOfFDs(err error) error {
 	return &net.OpError{Op: "dial", Net: "tcp", Err: fmt.Errorf("%w (%w)", ErrOutOfFDs, err)}
 }
 
-func (f *FDs) warn() {
+// refusedWarning is the guard's own refusals' warning.
+const refusedWarning = "at the open-files limit: new client connections are closed and new upstream connections refused; raise the limit (systemd LimitNOFILE, ulimit -n)"
+
+// warn logs msg with args, the limit and the metric, once a minute
+// (fdWarnEvery) whatever the message: they are one trouble.
+func (f *FDs) warn(msg string, args ...any) {
 	if f.log == nil {
 		return
 	}
 	if held, ok := f.warned.Allow(mono.Now(), fdWarnEvery); ok {
-		f.log.Warn("at the open-files limit: new client connections are closed and new upstream connections refused; raise the limit (systemd LimitNOFILE, ulimit -n)",
-			"limit", f.limit, "metric", MetricFDRefused, "suppressed", held)
+		f.log.Warn(msg, append(args, "limit", f.limit, "metric", MetricFDRefused, "suppressed", held)...)
 	}
 }
 
@@ -218,13 +222,7 @@ func (f *FDs) AcceptFailed(err error) {
 		return
 	}
 	f.unaccepted.Add(1)
-	if f.log == nil {
-		return
-	}
-	if held, ok := f.warned.Allow(mono.Now(), fdWarnEvery); ok {
-		f.log.Warn("accept failed: new client connections wait in the listen queue; raise the open-files limit (systemd LimitNOFILE, ulimit -n) or fs.file-max",
-			"err", err, "limit", f.limit, "metric", MetricFDRefused, "suppressed", held)
-	}
+	f.warn("accept failed: new client connections wait in the listen queue; raise the open-files limit (systemd LimitNOFILE, ulimit -n) or fs.file-max", "err", err)
 }
 
 // Limit is the open-files limit guarded.
