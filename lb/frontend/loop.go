@@ -279,10 +279,10 @@ type loopState struct {
 	_       cpu.CacheLinePad
 	serving atomic.Int64
 	_       cpu.CacheLinePad
-	// now is the clock's reading in the loop's turn numbered turn (see
-	// clock).
-	now  int64
-	turn uint64
+	// turnNow is the clock's reading in the loop's turn numbered turn
+	// (see clock; not GNet.now, the coarse copy the ticks keep).
+	turnNow int64
+	turn    uint64
 	// gather is where the loop's relays gather a chunk (StreamWriter.loop),
 	// written and emptied before the loop turns to another connection.
 	gather []byte
@@ -414,9 +414,9 @@ func take(list *[]*upConn, now int64) *upConn {
 // the heaviest batch), which timeouts of seconds do not feel. On the loop.
 func (ls *loopState) clock() int64 {
 	if t := ls.el.Turn(); t != ls.turn {
-		ls.turn, ls.now = t, ls.s.o.clock()
+		ls.turn, ls.turnNow = t, ls.s.o.clock()
 	}
-	return ls.now
+	return ls.turnNow
 }
 
 // park keeps uc for the next exchange to its pod. Its idle time is read
