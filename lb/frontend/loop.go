@@ -57,6 +57,20 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 	return &gc.loop
 }
 
+// TakeSpare returns a value the loop's requests gave back with
+// GiveSpare, the last first, nil if none: the handler's own per-request
+// state (one kind of it), reused on the loop without a sync.Pool's locked
+// operations. On the loop only; one not taken for a tick is left to the
+// collector.
+func (l *Loop) TakeSpare() any {
+	v, _ := l.gc.ls.spare.take()
+	return v
+}
+
+// GiveSpare keeps v for the loop's next TakeSpare; false when the loop
+// keeps its most already, and v is the caller's to pool. On the loop only.
+func (l *Loop) GiveSpare(v any) bool { return l.gc.ls.spare.give(v) }
+
 // Lane numbers l's loop among the front end's: requests served on one
 // loop share a lane.
 func (l *Loop) Lane() uint8 { return l.gc.ls.lane }
@@ -260,16 +274,10 @@ type loopState struct {
 	// p parses the requests and answers read on the loop, one at a
 	// time: no parse calls out before it returns.
 	p *parser
-	// ctxs are request contexts the loop's requests served on it gave
-	// back, which its next requests take before the shared pool's: with
-	// more contexts in flight than a sync.Pool's one private slot, its
-	// Get and Put go through the pool's chain, locked operations both.
-	// ctxsLow is the fewest contexts ctxs held since trimmed, the coarse
-	// clock's reading when the sweep last gave the pool those the loop
-	// had not taken (trimCtxs).
-	ctxs    []*fasthttp.RequestCtx
-	ctxsLow int
-	trimmed int64
+	// ctxs are the request contexts the loop's requests gave back, spare
+	// the handler's own per-request values (Loop.TakeSpare).
+	ctxs  spares[*fasthttp.RequestCtx]
+	spare spares[any]
 	// lane numbers the loop among the front end's (wrapping past 255).
 	lane uint8
 	// serving counts the loop's requests between parsing and their last
@@ -288,54 +296,26 @@ type loopState struct {
 	gather []byte
 }
 
-// maxLoopCtxs bounds the contexts a loop keeps: about its connections'
-// requests in flight at once under load; the rest go to the pool.
-const maxLoopCtxs = 256
-
 // maxLoopCtxBody bounds the body buffers a context the loop keeps may
 // hold (bytes): the pool's go at a collection, the loop's would stay.
 const maxLoopCtxBody = 64 << 10
 
 // takeCtx is acquireCtx on the loop.
 func (ls *loopState) takeCtx() *fasthttp.RequestCtx {
-	n := len(ls.ctxs)
-	if n == 0 {
-		return acquireCtx()
+	if ctx, ok := ls.ctxs.take(); ok {
+		return ctx
 	}
-	ctx := ls.ctxs[n-1]
-	ls.ctxs[n-1] = nil
-	ls.ctxs = ls.ctxs[:n-1]
-	ls.ctxsLow = min(ls.ctxsLow, n-1)
-	return ctx
-}
-
-// trimCtxs gives the pool, once a tick, the contexts the loop kept and
-// did not take since the last time (the oldest): a burst's contexts go
-// back to the collector with the pool's, not stay with the loop for good.
-func (ls *loopState) trimCtxs(now int64) {
-	if now-ls.trimmed < int64(tick) {
-		return
-	}
-	idle := ls.ctxsLow
-	for _, ctx := range ls.ctxs[:idle] {
-		ctxPool.Put(ctx)
-	}
-	n := copy(ls.ctxs, ls.ctxs[idle:])
-	clear(ls.ctxs[n:])
-	ls.ctxs = ls.ctxs[:n]
-	ls.ctxsLow, ls.trimmed = n, now
+	return acquireCtx()
 }
 
 // giveCtx is releaseCtx on the loop.
 func (ls *loopState) giveCtx(ctx *fasthttp.RequestCtx) {
-	if len(ls.ctxs) == maxLoopCtxs {
-		releaseCtx(ctx)
-		return
-	}
 	ctx.Request.ReleaseBody(maxLoopCtxBody)
 	ctx.Response.ReleaseBody(maxLoopCtxBody)
 	resetCtx(ctx)
-	ls.ctxs = append(ls.ctxs, ctx)
+	if !ls.ctxs.give(ctx) {
+		ctxPool.Put(ctx)
+	}
 }
 
 // parser is the loop's parser, made on first use.
@@ -451,7 +431,8 @@ func (ls *loopState) forget(uc *upConn) {
 // closes connections idle too long and trims the loop's contexts.
 func (ls *loopState) sweepConns() {
 	now := ls.s.now.Load()
-	ls.trimCtxs(now)
+	ls.ctxs.trim(now, func(ctx *fasthttp.RequestCtx) { ctxPool.Put(ctx) })
+	ls.spare.trim(now, func(any) {})
 	for _, uc := range ls.conns {
 		switch {
 		case uc.c == nil:

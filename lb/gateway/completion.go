@@ -236,7 +236,22 @@ func acquireCompletion(start time.Time) *completion {
 	return x
 }
 
+// takeCompletion is acquireCompletion for ctx, with one its loop kept
+// (releaseCompletion) when ctx is served on one.
+func takeCompletion(ctx *fasthttp.RequestCtx) *completion {
+	if l := frontend.LoopOf(ctx); l != nil {
+		if x, ok := l.TakeSpare().(*completion); ok {
+			x.start = ctx.Time()
+			return x
+		}
+	}
+	return acquireCompletion(ctx.Time())
+}
+
+// releaseCompletion gives x back: to the loop it was served on, if it
+// was (then this runs there), which the loop's next request takes.
 func releaseCompletion(x *completion) {
+	via := x.via
 	x.req.Recycle()
 	if x.resp != nil {
 		x.resetOwn()
@@ -269,6 +284,9 @@ func releaseCompletion(x *completion) {
 	x.events.Reset()
 	x.counted.Reset()
 	x.nextSeq = 0
+	if t, ok := via.(loopTransport); ok && t.l.GiveSpare(x) {
+		return
+	}
 	completionPool.Put(x)
 }
 

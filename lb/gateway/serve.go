@@ -20,7 +20,7 @@ import (
 // serveCompletion is the request path of /v1/chat/completions and
 // /v1/completions.
 func (g *Gateway) serveCompletion(ctx *fasthttp.RequestCtx, kind openai.Kind) {
-	x := acquireCompletion(ctx.Time())
+	x := takeCompletion(ctx)
 	x.hdr.read(&ctx.Request.Header)
 	x.reqID = requestIDOf(x.reqID[:0], ctx, x.hdr[hdrRequestID])
 	key, d := g.keys.Load().Lookup(x.hdr[hdrAuthorization], x.hdr[hdrAPIKey])
