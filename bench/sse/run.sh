@@ -28,7 +28,7 @@ DIAL_RATE=${DIAL_RATE:-2000}
 LAT_STREAMS=${LAT_STREAMS:-64}
 LAT_EVENTS=${LAT_EVENTS:-200}
 LAT_INTERVAL=${LAT_INTERVAL:-10ms}
-LAT_ROUNDS=${LAT_ROUNDS:-3}
+LAT_ROUNDS=${LAT_ROUNDS:-5}
 FRONTEND=${FRONTEND:-}
 
 NAME=ssebench
@@ -125,10 +125,10 @@ lat_pair() {
 	"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/lat-direct-$tag-$round.txt" &
 	local direct=$!
 	started
-	local t0 t1 k0 k1 cs0 cs1
-	t0=$(cpu_ticks "$@") k0=$(kernel_ticks "$@") cs0=$(ctx_switches "$@")
+	local t0 t1 k0 k1 cs0 cs1 n0 n1
+	t0=$(cpu_ticks "$@") k0=$(kernel_ticks "$@") cs0=$(ctx_switches "$@") n0=$(cpu_ns "$@")
 	"$DIR/client" --url "$url" $LAT_ARGS >"$DIR/lat-$tag-$round.txt"
-	t1=$(cpu_ticks "$@") k1=$(kernel_ticks "$@") cs1=$(ctx_switches "$@")
+	n1=$(cpu_ns "$@") t1=$(cpu_ticks "$@") k1=$(kernel_ticks "$@") cs1=$(ctx_switches "$@")
 	wait "$direct"
 	local d50 d99 p50 p99
 	d50=$(field "$DIR/lat-direct-$tag-$round.txt" p50_us) d99=$(field "$DIR/lat-direct-$tag-$round.txt" p99_us)
@@ -137,7 +137,7 @@ lat_pair() {
 	ADD50[$tag]+="$(diff_us "$d50" "$p50") " ADD99[$tag]+="$(diff_us "$d99" "$p99") "
 	local events
 	events=$(field "$DIR/lat-$tag-$round.txt" events)
-	CPUEV[$tag]+="$(cpu_us_per "$t0" "$t1" "$events") "
+	CPUEV[$tag]+="$(ns_us_per "$n0" "$n1" "$events") "
 	USEREV[$tag]+="$(cpu_us_per $((t0 - k0)) $((t1 - k1)) "$events") " SYSEV[$tag]+="$(cpu_us_per "$k0" "$k1" "$events") "
 	VCSEV[$tag]+="$(per_req "${cs0% *}" "${cs1% *}" "$events") " ICSEV[$tag]+="$(per_req "${cs0#* }" "${cs1#* }" "$events") "
 }
@@ -209,18 +209,18 @@ echo "| --- | ---: | --- | --- |"
 echo "| event latency direct, p50 / p99 µs | $(lat_cell "${D50[pdlb]}" "${D99[pdlb]}") | | \`$CLIENT --url http://$STUB$API $LAT_ARGS\`; median of $LAT_ROUNDS rounds |"
 echo "| event latency through pdlb, p50 / p99 µs | $(lat_cell "${T50[pdlb]}" "${T99[pdlb]}") | | \`$CLIENT --url http://$PDLB$API $LAT_ARGS\`, at the same time as the row above |"
 # shellcheck disable=SC2086 # lists of numbers
-echo "| pdlb CPU per relayed event, µs | $(median %.1f ${CPUEV[pdlb]}) | | utime+stime from /proc/PID/stat over the runs above |"
-echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell pdlb) | | the same, switches summed over /proc/PID/task/TID/status; syscalls: \`perf stat -e raw_syscalls:sys_enter -p PID\` over a run of the same load alone before each round |"
+echo "| pdlb CPU per relayed event, µs | $(median %.2f ${CPUEV[pdlb]}) | | the time its threads ran, from /proc/PID/task/TID/schedstat, over the runs above |"
+echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell pdlb) | | user and kernel from /proc/PID/stat's utime and stime (10 ms ticks: coarse), switches summed over /proc/PID/task/TID/status; syscalls: \`perf stat -e raw_syscalls:sys_enter -p PID\` over a run of the same load alone before each round |"
 echo "| relay adds, p50 / p99 µs | $(lat_cell "${ADD50[pdlb]}" "${ADD99[pdlb]}") | ≤ 50 µs p99 | the two rows above, each round's difference; p99 per round: ${ADD99[pdlb]% } |"
 if [ -n "$NGINX_ROW" ]; then
 	echo "| nginx's relay adds, p50 / p99 µs | $(lat_cell "${ADD50[nginx]}" "${ADD99[nginx]}") | (reference) | p99 per round: ${ADD99[nginx]% }; direct $(lat_cell "${D50[nginx]}" "${D99[nginx]}"), through nginx $(lat_cell "${T50[nginx]}" "${T99[nginx]}"), each round right after pdlb's: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
 	# shellcheck disable=SC2086
-	echo "| nginx CPU per relayed event, µs | $(median %.1f ${CPUEV[nginx]}) | (reference) | its master and workers, the same way |"
+	echo "| nginx CPU per relayed event, µs | $(median %.2f ${CPUEV[nginx]}) | (reference) | its master and workers, the same way |"
 	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell nginx) | (reference) | the same |"
 fi
 if [ -n "$SPLICE_ROW" ]; then
 	# shellcheck disable=SC2086
-	echo "| TCP splice CPU per relayed event, µs | $(median %.1f ${CPUEV[splice]}) | (the floor) | the least a proxy on pdlb's stack (Go, lb/evloop) spends: bytes relayed unread, \`go run ./bench/proxy/splice --listen $SPLICE --upstream $STUB\` with GOMAXPROCS $SPLICE_PROCS, each round after nginx's; relay adds p50 / p99 µs $(lat_cell "${ADD50[splice]}" "${ADD99[splice]}") |"
+	echo "| TCP splice CPU per relayed event, µs | $(median %.2f ${CPUEV[splice]}) | (the floor) | the least a proxy on pdlb's stack (Go, lb/evloop) spends: bytes relayed unread, \`go run ./bench/proxy/splice --listen $SPLICE --upstream $STUB\` with GOMAXPROCS $SPLICE_PROCS, each round after nginx's; relay adds p50 / p99 µs $(lat_cell "${ADD50[splice]}" "${ADD99[splice]}") |"
 	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell splice) | (the floor) | the same |"
 fi
 echo "| streams held through pdlb | $HELD of $N (failed $HELD_FAILED) | 10,000 | \`$CLIENT --url http://$PDLB$API $HOLD_ARGS\` |"
