@@ -557,6 +557,12 @@ func (s *GNet) OnTraffic(c *evloop.Conn) evloop.Action {
 		return s.handshaking(gc, b) // gnet_tls.go
 	}
 	raw, _ := c.Next(-1)
+	return s.tlsTraffic(gc, raw)
+}
+
+// tlsTraffic decrypts raw, what came on gc once its handshake was done,
+// and parses it.
+func (s *GNet) tlsTraffic(gc *gconn, raw []byte) evloop.Action {
 	err := gc.tls.pull(raw)
 	act := gc.read()
 	gc.tls.settle()

@@ -1,10 +1,10 @@
 package frontend
 
 import (
-	"bytes"
 	"crypto/tls"
 	"errors"
 	"io"
+	"iter"
 	"net"
 	"slices"
 	"sync"
@@ -15,13 +15,14 @@ import (
 )
 
 // TLS on the gnet front end. The loops accept a TLS connection as a plain
-// one; its handshake (a few hundred microseconds of public-key work that
-// would stall every other connection of the loop) runs on a goroutine of
-// its own, which reads what the loop hands it (handshakeFeed) and writes
-// with AsyncWrite. Then a client that negotiated h2 leaves the loop for
-// the HTTP/2 server, on a duplicate of the socket (as h2c's connections
-// do); one that speaks HTTP/1.1 stays, and from then on the loop decrypts
-// its records into the bytes it parses, and encrypts what it or a worker
+// one; its handshake runs on the loop, as nginx's and HAProxy's do, in a
+// coroutine (iter.Pull) that the loop resumes with the bytes that came
+// (handshakeFeed) and that yields back when it needs more: crypto/tls's
+// blocking Handshake, with no goroutine to wake and no handoff between
+// threads. Then a client that negotiated h2 leaves the loop for the
+// HTTP/2 server, on a duplicate of the socket (as h2c's connections do);
+// one that speaks HTTP/1.1 stays, and from then on the loop decrypts its
+// records into the bytes it parses, and encrypts what it or a worker
 // writes, with the tls.Conn the handshake made. That tls.Conn reads and
 // writes a loopWire, whose bytes come and go through the feed during the
 // handshake, the loop's buffers after it, or the duplicate socket for h2.
@@ -94,8 +95,8 @@ func (f *recordFrames) scan(b []byte) {
 const recordHeaderLen = 5
 
 // loopWire is the net.Conn under a gnet connection's tls.Conn. It has
-// three lives, each switched to on the loop while the handshake's
-// goroutine waits: the handshake (feed), HTTP/1.1 on the loop (enrolled:
+// three lives, each switched to on the loop between two resumptions of
+// the handshake: the handshake (feed), HTTP/1.1 on the loop (enrolled:
 // Read gives what the loop put in in and then says it would block, Write
 // collects sealed records in out for the loop or a worker to send), and
 // h2 on a duplicate socket (nc, which first gives what the feed still
@@ -103,7 +104,6 @@ const recordHeaderLen = 5
 type loopWire struct {
 	c        *evloop.Conn
 	feed     handshakeFeed
-	started  bool // the handshake's goroutine runs; on the loop
 	enrolled bool
 	in, out  []byte
 	nc       net.Conn
@@ -132,9 +132,12 @@ func (w *loopWire) Write(p []byte) (int, error) {
 	case w.nc != nil:
 		return w.nc.Write(p)
 	}
-	w.feed.answer()
-	// The loop writes it after the call returns, and crypto/tls reuses p.
-	return len(p), w.c.AsyncWrite(bytes.Clone(p), nil)
+	// The handshake's flight, on the loop (which copies what the socket
+	// does not take now).
+	if _, err := w.c.Write(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // Close closes the connection; the loop's close writes what AsyncWrite
@@ -150,8 +153,8 @@ func (w *loopWire) LocalAddr() net.Addr  { return w.c.LocalAddr() }
 func (w *loopWire) RemoteAddr() net.Addr { return w.c.RemoteAddr() }
 
 // Deadlines are the duplicate socket's for h2; the handshake has its
-// timer, and the loop its timeouts (crypto/tls sets one around
-// close_notify).
+// timer (handshakeFeed.limit), and the loop its timeouts (crypto/tls sets
+// one around close_notify).
 func (w *loopWire) SetDeadline(t time.Time) error {
 	if w.nc != nil {
 		return w.nc.SetDeadline(t)
@@ -173,79 +176,53 @@ func (w *loopWire) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// handshakeFeed carries what a connection sends during its handshake
-// from the loop to the handshake's goroutine.
+// handshakeFeed carries what a connection sends during its handshake to
+// the handshake's coroutine, and holds the coroutine; on the loop, all of
+// it (the coroutine runs there while the loop waits for it to yield).
 type handshakeFeed struct {
-	mu       sync.Mutex
-	buf      []byte
-	closed   bool
-	answered bool          // the server sent its flight: the client's Finished, then its data, may come
-	more     chan struct{} // holds one wake-up when buf grew or closed
+	buf    []byte
+	closed bool
+
+	// resume runs the handshake until it waits for bytes (true) or ends
+	// (false; err is then its outcome); nil before the first bytes came
+	// and after it ended. stop ends a waiting one (its read says EOF);
+	// running says it runs now, when OnClose must not stop it but leave
+	// it to see closed. limit closes the connection at ReadTimeout.
+	resume  func() (struct{}, bool)
+	stop    func()
+	yield   func(struct{}) bool
+	running bool
+	err     error
+	limit   *time.Timer
 }
 
-// push adds what arrived and reports whether it may wait: before the
-// server's flight, up to before bytes (a ClientHello); after it, up to
-// after, as the client may send its data right behind its Finished and
-// it waits until the handshake's goroutine has read the Finished and the
-// loop took the connection back; on the loop.
-func (f *handshakeFeed) push(b []byte, before, after int) bool {
-	f.mu.Lock()
-	f.buf = append(f.buf, b...)
-	limit := before
-	if f.answered {
-		limit = after
-	}
-	ok := len(f.buf) <= limit
-	f.mu.Unlock()
-	f.wake()
-	return ok
-}
-
-// answer notes the server's flight; on the handshake's goroutine.
-func (f *handshakeFeed) answer() {
-	f.mu.Lock()
-	f.answered = true
-	f.mu.Unlock()
-}
-
-// close makes read return io.EOF once buf is empty; from OnClose.
+// close makes read return io.EOF once buf is empty, and ends a handshake
+// that waits; from OnClose.
 func (f *handshakeFeed) close() {
-	f.mu.Lock()
 	f.closed = true
-	f.mu.Unlock()
-	f.wake()
-}
-
-func (f *handshakeFeed) wake() {
-	select {
-	case f.more <- struct{}{}:
-	default:
+	if f.limit != nil {
+		f.limit.Stop()
+	}
+	if f.stop != nil && !f.running {
+		f.stop()
 	}
 }
 
-// read waits for bytes; on the handshake's goroutine.
+// read gives what came, or yields to the loop until more does; in the
+// handshake's coroutine.
 func (f *handshakeFeed) read(p []byte) (int, error) {
-	for {
-		f.mu.Lock()
-		if len(f.buf) > 0 {
-			n := copy(p, f.buf)
-			f.buf = f.buf[n:]
-			f.mu.Unlock()
-			return n, nil
-		}
-		closed := f.closed
-		f.mu.Unlock()
-		if closed {
+	for len(f.buf) == 0 {
+		if f.closed || !f.yield(struct{}{}) {
 			return 0, io.EOF
 		}
-		<-f.more
 	}
+	n := copy(p, f.buf)
+	f.buf = f.buf[n:]
+	return n, nil
 }
 
-// rest takes what the handshake left unread; on the loop, after it.
+// rest takes what the handshake left unread, after it.
 func (f *handshakeFeed) rest() []byte {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	b := f.buf
 	f.buf = nil
 	return b
@@ -270,11 +247,11 @@ var plainBufs = sync.Pool{New: func() any { return new([]byte) }}
 const maxRecord = 16 << 10
 
 // startTLS gives a new connection its TLS state; from OnOpen. Its
-// handshake starts with its first bytes (handshaking): a goroutine
-// started now would only wait for them. Until then the idle sweep holds
-// the connection to ReadTimeout, as a plain one before its first request.
+// handshake starts with its first bytes (handshaking). Until then the
+// idle sweep holds the connection to ReadTimeout, as a plain one before
+// its first request.
 func (s *GNet) startTLS(gc *gconn) {
-	w := &loopWire{c: gc.c, feed: handshakeFeed{more: make(chan struct{}, 1)}}
+	w := &loopWire{c: gc.c}
 	gc.tls = &loopTLS{tc: tls.Server(w, s.tls), w: w}
 	// Its h2 comes by ALPN: the cleartext preface is plain HTTP on the
 	// TLS port, which the handshake refuses.
@@ -282,88 +259,57 @@ func (s *GNet) startTLS(gc *gconn) {
 }
 
 // handshaking feeds b, which arrived before the loop took gc back from
-// its handshake, to the handshake, and starts it on the first; on the
-// loop. Before the server's flight a client may send a request's worth;
-// after it, what a lingering connection would discard (lingerBytes): a
-// client may send its request and body right behind its Finished (a body
-// over MaxBodyBytes too, which the loop, once it has the connection,
-// answers 413 and discards), and those bytes wait only until the
-// handshake's goroutine reads the Finished, which junk fails at once.
+// its handshake, to the handshake, starts it on the first and runs it
+// until it waits for more or ends; on the loop. The handshake takes what
+// came at once (crypto/tls reads it whole, and bounds a handshake
+// message), so no more than a read's bytes wait in the feed. Once it
+// ends, gc goes to the HTTP/2 server, on a goroutine of its own, or is
+// the loop's for HTTP/1.1, which then parses what came behind the
+// client's Finished.
 func (s *GNet) handshaking(gc *gconn, b []byte) evloop.Action {
-	w := gc.tls.w
-	gc.tls.frames.scan(b)
-	if !w.feed.push(b, s.o.MaxHeaderBytes+s.o.MaxBodyBytes+maxOutbound, lingerBytes) {
+	t := gc.tls
+	f := &t.w.feed
+	t.frames.scan(b)
+	f.buf = append(f.buf, b...)
+	if f.resume == nil {
+		f.limit = time.AfterFunc(s.o.ReadTimeout, func() { _ = gc.c.Close() })
+		f.resume, f.stop = iter.Pull(func(yield func(struct{}) bool) {
+			f.yield = yield
+			f.err = t.tc.Handshake()
+		})
+	}
+	f.running = true
+	_, waits := f.resume()
+	f.running = false
+	if waits {
+		return evloop.None
+	}
+	f.limit.Stop()
+	f.resume, f.stop, f.yield = nil, nil, nil
+	switch {
+	case gc.closed:
+		return evloop.None
+	case f.err != nil:
+		refuseHandshake(t.w, f.err)
 		return evloop.Close
 	}
-	if !w.started {
-		w.started = true
-		s.workers.run((*tlsHandshake)(gc))
-	}
-	// The handshake's goroutine, started or fed.
-	gc.c.EventLoop().Yield()
-	return evloop.None
-}
-
-// tlsHandshake is a connection whose handshake a worker runs: a goroutine
-// kept has grown its stack to crypto/tls's depth already, where a new one
-// per connection grew it again each time.
-type tlsHandshake gconn
-
-func (h *tlsHandshake) work() {
-	gc := (*gconn)(h)
-	gc.s.handshake(gc)
-}
-
-// handshake runs gc's TLS handshake within ReadTimeout, then hands the
-// connection to the loop (HTTP/1.1) or the HTTP/2 server (h2).
-func (s *GNet) handshake(gc *gconn) {
-	t := gc.tls
-	limit := time.AfterFunc(s.o.ReadTimeout, func() { _ = gc.c.Close() })
-	err := t.tc.Handshake()
-	limit.Stop()
-	if err != nil {
-		refuseHandshake(t.w, err)
-		return
-	}
 	h2 := t.tc.ConnectionState().NegotiatedProtocol == protoH2
-	// HTTP/1.1 is the loop's from the task on, and nothing waits for it
-	// here; h2 comes back for the HTTP/2 server.
-	var done chan error
-	if h2 {
-		done = make(chan error, 1)
-	}
-	err = gc.c.EventLoop().Execute(func() {
-		err := s.handshaken(gc, h2)
-		if done != nil {
-			done <- err
-		}
-	})
-	if err == nil && done != nil {
-		// A task queued as the engine stops is never run.
-		select {
-		case err = <-done:
-		case <-s.stopped:
-			err = net.ErrClosed
-		}
-	}
-	if err != nil {
-		_ = gc.c.Close()
-		return
+	if err := s.handshaken(gc, h2); err != nil {
+		return evloop.Close
 	}
 	if h2 {
-		s.serveH2(gc.remote, t.tc, t.w.nc, false)
+		go s.serveH2(gc.remote, t.tc, t.w.nc, false)
+		return evloop.None
 	}
+	return s.tlsTraffic(gc, nil)
 }
 
 // handshaken switches gc's wire from the feed, on the loop: an h2
 // connection to a duplicate of its socket, which the loop then closes its
-// own descriptor of; an HTTP/1.1 one to the loop's buffers, whose bytes
-// it then parses (what the handshake's last read took beyond it, sent
-// with the client's Finished, included).
+// own descriptor of; an HTTP/1.1 one to the loop's buffers, with what the
+// handshake's last read took beyond it (sent with the client's Finished)
+// in first.
 func (s *GNet) handshaken(gc *gconn, h2 bool) error {
-	if gc.closed {
-		return net.ErrClosed
-	}
 	w := gc.tls.w
 	early := w.feed.rest()
 	if h2 {
@@ -378,7 +324,6 @@ func (s *GNet) handshaken(gc *gconn, h2 bool) error {
 		return nil
 	}
 	w.enrolled, w.in = true, early
-	_ = gc.c.Wake(nil)
 	return nil
 }
 
