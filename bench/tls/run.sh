@@ -17,7 +17,12 @@
 #   - h2 requests/s: h2load, H2_CLIENTS connections with H2_STREAMS
 #     streams each, the same body;
 #   - SSE over h2: h2load streams of SSE_EVENTS events, no gap between
-#     them, events/s.
+#     them, events/s;
+#   - keep-alive latency under a handshake storm (STORM=1): 8 HTTPS
+#     keep-alive connections sending the body every 5 ms each
+#     (bench/tls/latency), alone and then while FULL_CLIENTS `openssl
+#     s_time -new` make full handshakes: what handshakes on the server's
+#     event loops cost the connections already open.
 # Targets take turns per row, ROUNDS times; each cell is the median of the
 # rounds, so a burst of load from the machine's neighbours moves one round,
 # not one target; five, as a row moved 10-20% between runs of three on a
@@ -29,7 +34,7 @@
 # FULL_CLIENTS (4), H2_CLIENTS (16), H2_STREAMS (10), H2_REQUESTS (150000),
 # SSE_STREAMS (16000), SSE_EVENTS (50), ROUNDS (5), BASE (a git revision:
 # pdlb built from it runs beside this tree's, both front ends), ROWS (the
-# rows to run, of "ka hs full h2 sse"). The h2 counts make samples of a few seconds, as the
+# rows to run, of "ka hs full h2 sse"), STORM (0: no latency table). The h2 counts make samples of a few seconds, as the
 # wrk rows' DURATION: one-second samples move by a tenth from one round to
 # the next on a shared machine.
 set -euo pipefail
@@ -46,6 +51,7 @@ H2_REQUESTS=${H2_REQUESTS:-150000}
 SSE_STREAMS=${SSE_STREAMS:-16000}
 SSE_EVENTS=${SSE_EVENTS:-50}
 ROUNDS=${ROUNDS:-5}
+STORM=${STORM:-1}
 BASE=${BASE:-}
 WORKERS=$(nproc)
 
@@ -70,7 +76,8 @@ install_missing() {
 install_missing
 
 log "building pdlb and the stub"
-(cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub)
+(cd "$ROOT" && go build -o "$DIR/pdlb" ./tools/pdlb && go build -o "$DIR/stub" ./bench/proxy/stub &&
+	go build -o "$DIR/latency" ./bench/tls/latency)
 if [ -n "$BASE" ]; then
 	log "building pdlb at $BASE"
 	(cd "$ROOT" && git worktree add -q --detach "$DIR/base" "$BASE" &&
@@ -188,6 +195,34 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 
+# storm LABEL prints the keep-alive latency p50 and p99 (µs) against
+# LABEL alone, then while FULL_CLIENTS openssl s_time -new make full
+# handshakes against it, and the requests that failed then.
+storm() {
+	local label=$1 url="https://${ADDR[$1]}$API" alone during i clients=()
+	alone=$("$DIR/latency" --url "$url" --body "$DIR/body.json" --duration "$DURATION")
+	for i in $(seq "$FULL_CLIENTS"); do
+		openssl s_time -connect "${ADDR[$label]}" -new -tls1_3 -ciphersuites TLS_AES_128_GCM_SHA256 \
+			-time $((${DURATION%s} + 1)) >/dev/null 2>&1 &
+		clients+=($!)
+	done
+	sleep 0.5
+	during=$("$DIR/latency" --url "$url" --body "$DIR/body.json" --duration "$DURATION")
+	wait "${clients[@]}" || true
+	echo "$(json_field "$alone" p50_us) $(json_field "$alone" p99_us) $(json_field "$during" p50_us) $(json_field "$during" p99_us) $(json_field "$during" errors)"
+}
+json_field() { sed -n "s/^result .*\"$2\":\([0-9]*\).*/\1/p" <<<"$1"; }
+declare -A ALONE50 ALONE99 STORM50 STORM99 STORMERR
+if [ "$STORM" != 0 ]; then
+	for r in $(seq "$ROUNDS"); do
+		for l in "${LABELS[@]}"; do
+			log "round $r: $l: keep-alive latency, alone and under full handshakes"
+			read -r a50 a99 s50 s99 serr < <(storm "$l")
+			ALONE50[$l]+=" ${a50:-0}" ALONE99[$l]+=" ${a99:-0}" STORM50[$l]+=" ${s50:-0}" STORM99[$l]+=" ${s99:-0}" STORMERR[$l]+=" ${serr:-0}"
+		done
+	done
+fi
+
 # table TITLES FORMAT CELLS prints a markdown table, one line per target of
 # the medians in the associative array named CELLS, per row, in printf's
 # FORMAT, under the row titles in the associative array named TITLES.
@@ -222,4 +257,15 @@ echo "Of which in the kernel (the rest is the process's own work, user time):"
 echo
 table CPU_TITLES '%.1f' KERNS
 echo
+if [ "$STORM" != 0 ]; then
+	echo "Keep-alive latency, µs to the whole answer, 8 HTTPS connections each sending every 5 ms (\`go run ./bench/tls/latency\`), alone and while $FULL_CLIENTS \`openssl s_time -new\` make full handshakes (medians of the rounds):"
+	echo
+	echo "| target | alone, p50 / p99 | under handshakes, p50 / p99 | failed under handshakes |"
+	echo "| --- | --- | --- | --- |"
+	for l in "${LABELS[@]}"; do
+		# shellcheck disable=SC2086 # lists of numbers
+		echo "| $l | $(median %.0f ${ALONE50[$l]}) / $(median %.0f ${ALONE99[$l]}) | $(median %.0f ${STORM50[$l]}) / $(median %.0f ${STORM99[$l]}) | $(median %.0f ${STORMERR[$l]}) |"
+	done
+	echo
+fi
 echo "Medians of $ROUNDS interleaved rounds. Machine: $(machine). Loads: \`wrk -t$THREADS -c$CONNS -d$DURATION -s bench/proxy/post.lua https://ADDR$API\` (with \`-H 'Connection: close'\` for handshakes, which resume wrk's last session by its ticket); full handshakes: $FULL_CLIENTS \`openssl s_time -new -time ${DURATION%s}\` at once; \`h2load -n $H2_REQUESTS -c $H2_CLIENTS -m $H2_STREAMS -d BODY\`; SSE: \`h2load -n $SSE_STREAMS -c $H2_CLIENTS -m $H2_STREAMS\` with $SSE_EVENTS events a stream. Certificate: ECDSA P-256; TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 on every target."
