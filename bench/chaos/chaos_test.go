@@ -71,8 +71,13 @@ func TestKillAfterFailedRestart(t *testing.T) {
 	if f.pods[0] != nil || f.restartsFailed.Load() != 1 {
 		t.Fatalf("pod %v, %d restarts failed; want none and 1", f.pods[0], f.restartsFailed.Load())
 	}
-	fault(context.Background(), f, 0, "kill", time.Millisecond, log)
-	if f.pods[0] == nil || f.restartsFailed.Load() != 1 {
+	// The port is free again, but under go test ./... another package's
+	// dial may take it before the restart binds it (fault's comment), so
+	// the next kill may fail too; one of a few must bring the pod back.
+	for try := 0; try < 5 && f.pods[0] == nil; try++ {
+		fault(context.Background(), f, 0, "kill", time.Millisecond, log)
+	}
+	if f.pods[0] == nil {
 		t.Fatalf("the pod was not restarted (%d restarts failed)", f.restartsFailed.Load())
 	}
 }
