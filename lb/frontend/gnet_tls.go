@@ -179,6 +179,10 @@ func (w *loopWire) SetWriteDeadline(t time.Time) error {
 // handshakeFeed carries what a connection sends during its handshake to
 // the handshake's coroutine, and holds the coroutine; on the loop, all of
 // it (the coroutine runs there while the loop waits for it to yield).
+// crypto/tls holds the tls.Conn's handshake mutex across a yield: until
+// the handshake ends, nothing on the loop may call a method of it that
+// takes the mutex (ConnectionState, Read, Write), or the loop would wait
+// for itself.
 type handshakeFeed struct {
 	buf    []byte
 	closed bool
