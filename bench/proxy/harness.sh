@@ -68,9 +68,6 @@ stat_ticks() {
 	echo "$total"
 }
 
-# ctx_switches prints the voluntary and involuntary context switches of the
-# given processes, every thread summed: /proc/PID/status counts the main
-# thread alone, so each /proc/PID/task/TID/status is read.
 # cpu_ns sums the nanoseconds the processes' threads have run (the first
 # field of /proc/PID/task/TID/schedstat): exact, where /proc/PID/stat
 # counts 10 ms ticks, as coarse as 0.8 us an event over a 12,800-event
@@ -85,6 +82,9 @@ cpu_ns() {
 # ns_us_per A B N: the microseconds from nanoseconds A to B, per one of N.
 ns_us_per() { awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN{ if (n > 0) printf "%.2f", (b - a) / 1e3 / n }'; }
 
+# ctx_switches prints the voluntary and involuntary context switches of the
+# given processes, every thread summed: /proc/PID/status counts the main
+# thread alone, so each /proc/PID/task/TID/status is read.
 ctx_switches() {
 	local pid
 	for pid in "$@"; do

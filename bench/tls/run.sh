@@ -134,6 +134,19 @@ pids() {
 	echo "${PID[$1]}" $(pgrep -P "${PID[$1]}" || true)
 }
 
+# handshakers LABEL SECS starts FULL_CLIENTS `openssl s_time -new` against
+# LABEL for SECS seconds, each a full handshake after another, writing
+# $DIR/s_time.N.txt; their pids go in HANDSHAKERS.
+handshakers() {
+	local i
+	HANDSHAKERS=()
+	for i in $(seq "$FULL_CLIENTS"); do
+		openssl s_time -connect "${ADDR[$1]}" -new -tls1_3 -ciphersuites TLS_AES_128_GCM_SHA256 \
+			-time "$2" >"$DIR/s_time.$i.txt" 2>&1 &
+		HANDSHAKERS+=($!)
+	done
+}
+
 # measure LABEL ROW runs ROW's load against LABEL and prints its rate and
 # the target's CPU microseconds per request (per event for SSE), all and
 # in the kernel.
@@ -152,14 +165,10 @@ measure() {
 		n=$(awk '/requests in/ {print $1}' "$DIR/wrk.txt")
 		;;
 	full)
-		local secs=${DURATION%s} start i clients=()
+		local start
 		start=$(date +%s.%N)
-		for i in $(seq "$FULL_CLIENTS"); do
-			openssl s_time -connect "${ADDR[$label]}" -new -tls1_3 -ciphersuites TLS_AES_128_GCM_SHA256 \
-				-time "$secs" >"$DIR/s_time.$i.txt" 2>&1 &
-			clients+=($!)
-		done
-		wait "${clients[@]}" || true
+		handshakers "$label" "${DURATION%s}"
+		wait "${HANDSHAKERS[@]}" || true
 		n=$(cat "$DIR"/s_time.*.txt | awk '/connections in .* real seconds/ {n += $1} END {print n + 0}')
 		rate=$(awk -v n="$n" -v t0="$start" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.0f", n / (t1 - t0)}')
 		rm -f "$DIR"/s_time.*.txt
@@ -199,16 +208,13 @@ done
 # LABEL alone, then while FULL_CLIENTS openssl s_time -new make full
 # handshakes against it, and the requests that failed then.
 storm() {
-	local label=$1 url="https://${ADDR[$1]}$API" alone during i clients=()
+	local url="https://${ADDR[$1]}$API" alone during
 	alone=$("$DIR/latency" --url "$url" --body "$DIR/body.json" --duration "$DURATION")
-	for i in $(seq "$FULL_CLIENTS"); do
-		openssl s_time -connect "${ADDR[$label]}" -new -tls1_3 -ciphersuites TLS_AES_128_GCM_SHA256 \
-			-time $((${DURATION%s} + 1)) >/dev/null 2>&1 &
-		clients+=($!)
-	done
+	handshakers "$1" $((${DURATION%s} + 1))
 	sleep 0.5
 	during=$("$DIR/latency" --url "$url" --body "$DIR/body.json" --duration "$DURATION")
-	wait "${clients[@]}" || true
+	wait "${HANDSHAKERS[@]}" || true
+	rm -f "$DIR"/s_time.*.txt
 	echo "$(json_field "$alone" p50_us) $(json_field "$alone" p99_us) $(json_field "$during" p50_us) $(json_field "$during" p99_us) $(json_field "$during" errors)"
 }
 json_field() { sed -n "s/^result .*\"$2\":\([0-9]*\).*/\1/p" <<<"$1"; }
