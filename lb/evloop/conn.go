@@ -22,6 +22,9 @@ type Conn struct {
 	opened        bool // between OnOpen and OnClose
 	accepted      bool // by the loop's listener; not enrolled
 	shared        bool // Dup made a duplicate of the socket
+	// pend: out holds bytes written this turn, which the loop's ring
+	// sends with the others' at the turn's end (flushPending).
+	pend bool
 
 	// The bytes that arrived and are not consumed yet are cur, in the
 	// loop's buffer during the OnTraffic of the read that brought them,
@@ -32,8 +35,12 @@ type Conn struct {
 	outOff int
 }
 
-// Fd is the connection's socket.
-func (c *Conn) Fd() int { return c.fd }
+// Fd is the connection's socket, with what was written sent first (as
+// far as it takes it): a caller's own calls on it come after.
+func (c *Conn) Fd() int {
+	c.sendPending()
+	return c.fd
+}
 
 // Context is what SetContext set (for an enrolled connection, what
 // Enroll was given).
@@ -54,6 +61,7 @@ func (c *Conn) EventLoop() *Loop { return c.loop }
 // Dup returns a duplicate of the socket (close-on-exec), which outlives
 // the connection's close; on the loop.
 func (c *Conn) Dup() (int, error) {
+	c.sendPending()
 	fd, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err == nil {
 		c.shared = true
@@ -63,6 +71,7 @@ func (c *Conn) Dup() (int, error) {
 
 // SetLinger sets SO_LINGER: 0 resets the connection as it closes.
 func (c *Conn) SetLinger(sec int) error {
+	c.sendPending()
 	return unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: int32(sec)})
 }
 
@@ -134,21 +143,25 @@ func (c *Conn) keep() {
 	c.in = c.store
 }
 
-// room makes room for a read of minRead after the bytes c holds.
-func (c *Conn) room() {
-	if cap(c.in)-len(c.in) >= minRead {
+// room makes room for n bytes after those c holds.
+func (c *Conn) room(n int) {
+	if cap(c.in)-len(c.in) >= n {
 		return
 	}
 	store := c.store[:cap(c.store)]
-	if len(store)-len(c.in) < minRead {
-		store = make([]byte, max(2*len(store), len(c.in)+minRead))
+	if len(store)-len(c.in) < n {
+		store = make([]byte, max(2*len(store), len(c.in)+n))
 	}
-	n := copy(store, c.in) // may overlap: copy moves
-	c.store, c.in = store[:0], store[:n]
+	held := copy(store, c.in) // may overlap: copy moves
+	c.store, c.in = store[:0], store[:held]
 }
 
-// OutboundBuffered is how many bytes wait for the socket to take them.
-func (c *Conn) OutboundBuffered() int { return len(c.out) - c.outOff }
+// OutboundBuffered is how many bytes wait for the socket to take them:
+// those it had no room for, after an attempt to send what this turn wrote.
+func (c *Conn) OutboundBuffered() int {
+	c.sendPending()
+	return len(c.out) - c.outOff
+}
 
 // Write writes b, queueing what the socket does not take now: it goes out
 // when the socket has room, before anything written after it. An error
@@ -159,6 +172,11 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	if c.outOff < len(c.out) {
 		c.queue(b)
+		return len(b), nil
+	}
+	if c.loop.defers(len(b)) {
+		c.out = append(c.out, b...)
+		c.loop.pend(c)
 		return len(b), nil
 	}
 	n, err := rawio.Send(c.fd, b)
@@ -183,6 +201,11 @@ func (c *Conn) Writev(bs [][]byte) (int, error) {
 	}
 	if c.outOff < len(c.out) {
 		c.queue(bs...)
+		return total, nil
+	}
+	if c.loop.defers(total) {
+		c.queue(bs...)
+		c.loop.pend(c)
 		return total, nil
 	}
 	n, err := rawio.Sendv(c.fd, bs, &c.loop.vec)
@@ -223,6 +246,30 @@ func (c *Conn) queue(bs ...[]byte) {
 	}
 	for _, b := range bs {
 		c.out = append(c.out, b...)
+	}
+}
+
+// sendPending sends what c's out holds for the turn's end now, as a
+// Write without the ring would have.
+func (c *Conn) sendPending() {
+	if !c.pend {
+		return
+	}
+	c.pend = false
+	n, err := rawio.Send(c.fd, c.out[c.outOff:])
+	c.outOff += n
+	c.settle(err)
+}
+
+// settle settles a send of out's waiting bytes that counted what it
+// took in outOff, or failed with err: the rest waits for EPOLLOUT.
+func (c *Conn) settle(err error) {
+	switch {
+	case c.sent(err) != nil:
+	case c.outOff < len(c.out):
+		c.watchOut()
+	default:
+		c.drained()
 	}
 }
 

@@ -91,18 +91,36 @@ type Engine struct {
 	conns   atomic.Int32
 	errOnce sync.Once
 	err     error
+	ringErr error // why the loops make their calls one by one; nil: in rings
 }
 
-// Run binds addr (an IP literal and port) with loops loops and serves h
-// until Stop, or until a loop fails; it returns the failure, nil after
+// Options are Run's.
+type Options struct {
+	// Loops is how many loops serve the address.
+	Loops int
+	// NoRing makes each send and receive a system call of its own. Else,
+	// where the kernel has io_uring (5.18 or later, not turned off), a
+	// loop reads every connection its wait found ready with one call, and
+	// what a turn wrote goes out with one more at its end.
+	NoRing bool
+}
+
+// ErrNoRing is Engine.Ring's answer when Options.NoRing was set.
+var ErrNoRing = errors.New("evloop: io_uring turned off")
+
+// Run binds addr (an IP literal and port) with o.Loops loops and serves
+// h until Stop, or until a loop fails; it returns the failure, nil after
 // Stop.
-func Run(h Handler, addr string, loops int) error {
+func Run(h Handler, addr string, o Options) error {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return fmt.Errorf("evloop: listen address %q: %w", addr, err)
 	}
 	e := &Engine{h: h}
-	for i := range loops {
+	if o.NoRing {
+		e.ringErr = ErrNoRing
+	}
+	for i := range o.Loops {
 		l, err := newLoop(e, ap)
 		if err != nil {
 			for _, l := range e.loops {
@@ -156,6 +174,11 @@ func (e *Engine) fail(err error) {
 	e.Stop()
 }
 
+// Ring says whether the loops batch their sends and receives with
+// io_uring: nil when they do, else why not (ErrNoRing, or the kernel's
+// refusal). From OnBoot on.
+func (e *Engine) Ring() error { return e.ringErr }
+
 // CountConnections is how many connections the loops hold, enrolled ones
 // included.
 func (e *Engine) CountConnections() int { return int(e.conns.Load()) }
@@ -174,13 +197,22 @@ type Loop struct {
 	accepted int
 	// buf is where a read lands when the connection holds no bytes
 	// already; OnTraffic then sees it in place.
-	buf    []byte
-	vec    []unix.Iovec // Writev's scratch
-	events []unix.EpollEvent
-	done   bool // a stop task ran
-	idle   int  // raw waits in a row the monitor's preemption ended
-	turn   uint64
-	yield  bool // Yield: the loop yields its P before it next waits
+	buf []byte
+	vec []unix.Iovec // Writev's scratch
+	// ring, where the kernel has io_uring, sends what the turn wrote in
+	// one call at its end: pending are the connections with bytes for it,
+	// in the order they were written; flushing is flushPending's scratch.
+	ring              *rawio.Ring
+	pending, flushing []*Conn
+	// reading are the connections with bytes to read this turn, for
+	// readBatch; readOf its scratch.
+	reading []*Conn
+	readOf  []int
+	events  []unix.EpollEvent
+	done    bool // a stop task ran
+	idle    int  // raw waits in a row the monitor's preemption ended
+	turn    uint64
+	yield   bool // Yield: the loop yields its P before it next waits
 
 	mu sync.Mutex
 	// tasks wait for the loop; woken: the eventfd was written for them
@@ -195,9 +227,19 @@ type Loop struct {
 // readSize is a loop's read buffer: the most a read takes at once.
 const readSize = 64 << 10
 
+// batchSize is a loop's read buffer with a ring, which the reads of a
+// batch share: readSize each for four, minRead each for sixteen.
+const batchSize = 256 << 10
+
 func newLoop(e *Engine, ap netip.AddrPort) (*Loop, error) {
 	l := &Loop{e: e, ep: -1, wakeFD: -1, ln: -1, buf: make([]byte, readSize), events: make([]unix.EpollEvent, 128)}
 	var err error
+	if e.ringErr == nil {
+		// After one loop's refusal the others do not ask.
+		if l.ring, e.ringErr = rawio.NewRing(len(l.events)); l.ring != nil {
+			l.buf = make([]byte, batchSize)
+		}
+	}
 	if l.ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return nil, err
 	}
@@ -268,6 +310,10 @@ func (l *Loop) ctl(op, fd int, events uint32) error {
 
 // closeFDs closes the loop's own descriptors.
 func (l *Loop) closeFDs() {
+	if l.ring != nil {
+		l.ring.Close()
+		l.ring = nil
+	}
 	for _, fd := range []int{l.ln, l.wakeFD, l.ep} {
 		if fd >= 0 {
 			_ = unix.Close(fd)
@@ -308,11 +354,61 @@ func (l *Loop) run() {
 			// Else the event is for a connection an earlier one of the
 			// batch closed: nothing is left to act on.
 		}
+		l.readBatch()
 		more = chores && l.chores()
+		l.flushPending()
 		if l.yield && !more {
 			l.yield = false
 			runtime.Gosched()
 		}
+	}
+}
+
+// maxDeferred is the most a write leaves for the turn's end; a larger
+// one is sent at once, as the socket takes it, not copied whole first.
+const maxDeferred = 16 << 10
+
+// defers says whether a write of n bytes to a connection with none
+// waiting goes out at the turn's end.
+func (l *Loop) defers(n int) bool { return l.ring != nil && n <= maxDeferred }
+
+// pend has c's out sent at the turn's end.
+func (l *Loop) pend(c *Conn) {
+	c.pend = true
+	l.pending = append(l.pending, c)
+}
+
+// flushPending sends what the turn wrote, a ring's batch at a time; what
+// a socket does not take waits for EPOLLOUT, and a send's error closes
+// its connection, whose OnClose may write to others: they go in the next
+// batch.
+func (l *Loop) flushPending() {
+	for len(l.pending) > 0 {
+		l.flushing, l.pending = l.pending, l.flushing[:0]
+		sent := l.flushing[:0] // those whose out is in the batch, in its order
+		for i, c := range l.flushing {
+			if c.pend && c.opened {
+				c.pend = false
+				l.ring.Send(c.fd, c.out[c.outOff:])
+				sent = append(sent, c)
+			}
+			if l.ring.Len() < l.ring.Cap() && i < len(l.flushing)-1 {
+				continue
+			}
+			res := l.ring.Submit()
+			// Every count first: an error's OnClose may close another
+			// of the batch, which then sends only what is left.
+			for j, r := range res {
+				sent[j].outOff += r.N
+			}
+			for j, r := range res {
+				if c := sent[j]; c.opened {
+					c.settle(r.Err)
+				}
+			}
+			sent = sent[:0]
+		}
+		clear(l.flushing)
 	}
 }
 
@@ -440,12 +536,17 @@ func (l *Loop) register(c *Conn) error {
 
 // serve handles epoll's events for c: it writes what waits first (a
 // client that stopped reading gets nothing more read from it ahead of
-// what it owes), then reads.
+// what it owes), then reads, or with a ring has readBatch read once the
+// turn's events are all seen.
 func (l *Loop) serve(c *Conn, events uint32) {
 	if events&(unix.EPOLLOUT|unix.EPOLLERR) != 0 && c.outOff < len(c.out) {
 		l.flush(c)
 	}
 	if events&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 && c.opened {
+		if l.ring != nil {
+			l.reading = append(l.reading, c)
+			return
+		}
 		l.read(c)
 	}
 }
@@ -463,10 +564,57 @@ func (l *Loop) read(c *Conn) {
 		n, err = rawio.Recv(c.fd, l.buf)
 		c.cur = l.buf[:n]
 	} else {
-		c.room()
+		c.room(minRead)
 		n, err = rawio.Recv(c.fd, c.in[len(c.in):cap(c.in)])
 		c.in = c.in[:len(c.in)+n]
 	}
+	l.received(c, n, err)
+}
+
+// readBatch reads what arrived on the connections serve listed, a ring's
+// batch at a time into slices of the loop's buffer, then hands each its
+// bytes in the order of their events, as read does: in place when it
+// held nothing before, else copied after what it held. One whose read
+// found it closed (an earlier OnTraffic of the batch closed it) is
+// skipped, its bytes dropped.
+func (l *Loop) readBatch() {
+	for start := 0; start < len(l.reading); {
+		batch := l.reading[start:min(len(l.reading), start+min(l.ring.Cap(), len(l.buf)/minRead))]
+		start += len(batch)
+		size := min(readSize, len(l.buf)/len(batch))
+		read := l.readOf[:0]
+		for i, c := range batch {
+			// Open now, none of the batch's handlers having run: the
+			// descriptor is c's, not a new connection's.
+			if c.opened {
+				l.ring.Recv(c.fd, l.buf[i*size:(i+1)*size])
+				read = append(read, i)
+			}
+		}
+		for j, r := range l.ring.Submit() {
+			i := read[j]
+			c := batch[i]
+			if !c.opened {
+				continue
+			}
+			got := l.buf[i*size : i*size+r.N]
+			if len(c.in) == 0 {
+				c.cur = got
+			} else {
+				c.room(len(got))
+				c.in = append(c.in, got...)
+			}
+			l.received(c, r.N, r.Err)
+		}
+		l.readOf = read
+	}
+	clear(l.reading)
+	l.reading = l.reading[:0]
+}
+
+// received hands c what a read of n bytes (or err) left in c.cur or
+// c.in.
+func (l *Loop) received(c *Conn, n int, err error) {
 	switch {
 	case err == unix.EAGAIN:
 		c.cur = nil

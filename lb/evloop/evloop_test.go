@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"runtime"
 	"strconv"
 	"sync"
@@ -20,6 +21,8 @@ import (
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
+
+	"pdlb/internal/rawio"
 )
 
 func TestMain(m *testing.M) {
@@ -29,6 +32,46 @@ func TestMain(m *testing.M) {
 		runtime.GOMAXPROCS(8)
 	}
 	goleak.VerifyTestMain(m)
+}
+
+// noRing: the tests run on loops that make a system call per send and
+// receive; TestWithoutRing sets it for a run of them all.
+var noRing = os.Getenv(noRingEnv) == "1"
+
+const noRingEnv = "EVLOOP_TEST_NO_RING"
+
+// TestWithoutRing runs the package's other tests again on loops without
+// io_uring (Options.NoRing), in a copy of the test binary: both ways of
+// making the loops' socket calls pass the same tests.
+func TestWithoutRing(t *testing.T) {
+	if noRing {
+		t.Skip("the copy itself")
+	}
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	cmd := exec.Command(os.Args[0], "-test.count=1", "-test.timeout=5m", "-test.skip=^TestWithoutRing$")
+	cmd.Env = append(os.Environ(), noRingEnv+"=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the tests without io_uring: %v\n%s", err, out)
+	}
+}
+
+// TestRingInUse: where the kernel has io_uring, the loops batch with it
+// unless told not to, and Ring says which.
+func TestRingInUse(t *testing.T) {
+	if r, err := rawio.NewRing(8); err != nil {
+		t.Skipf("no io_uring here: %v", err)
+	} else {
+		r.Close()
+	}
+	s := start(t, newHandler(t), 1)
+	if err := s.e.Ring(); (err == nil) == noRing {
+		t.Fatalf("Ring() = %v with NoRing %v", err, noRing)
+	}
+	if noRing && !errors.Is(s.e.Ring(), ErrNoRing) {
+		t.Fatalf("Ring() = %v, want ErrNoRing", s.e.Ring())
+	}
 }
 
 // goid is the calling goroutine's id, to tell that a callback runs on
@@ -156,7 +199,7 @@ func startAt(t *testing.T, h *handler, loops int, at string) *server {
 		s := &server{h: h, ran: make(chan struct{})}
 		h.booted = make(chan *Engine, 1)
 		go func() {
-			s.err = Run(h, addr, loops)
+			s.err = Run(h, addr, Options{Loops: loops, NoRing: noRing})
 			close(s.ran)
 		}()
 		select {
@@ -344,10 +387,8 @@ func TestEcho(t *testing.T) {
 	for _, c := range conns {
 		_ = c.Close()
 	}
-	waitFor(t, "every connection closed", func() bool { return s.e.CountConnections() == 0 })
-	if n := eofs.Load(); n != clients {
-		t.Errorf("OnClose with EOF %d times, want %d", n, clients)
-	}
+	// The count drops before OnClose runs: wait for the calls.
+	waitFor(t, "every connection closed", func() bool { return s.e.CountConnections() == 0 && eofs.Load() == clients })
 }
 
 // TestPartialLines: a handler that consumes only whole lines gets the
@@ -1114,7 +1155,7 @@ func TestRunErrors(t *testing.T) {
 	for _, addr := range []string{"localhost:80", ln.Addr().String()} {
 		h := newHandler(t)
 		h.booted = make(chan *Engine, 1)
-		if err := Run(h, addr, 2); err == nil {
+		if err := Run(h, addr, Options{Loops: 2}); err == nil {
 			t.Errorf("Run(%q) returned nil", addr)
 		}
 		if len(h.booted) != 0 {

@@ -131,7 +131,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 		// Its error (a loop that failed) closed the port and dropped
 		// every connection, and goes to Done: the process must not run
 		// on as if it served. It returns nil only after Stop.
-		s.runErr = evloop.Run(s, s.addr, procs)
+		s.runErr = evloop.Run(s, s.addr, evloop.Options{Loops: procs})
 		// Every connection is closed by now.
 		s.mu.Lock()
 		if s.settle != nil {

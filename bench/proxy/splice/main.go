@@ -107,10 +107,11 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8090", "address to listen on (an IP literal and port)")
 	upstream := flag.String("upstream", "127.0.0.1:8000", "address every connection is spliced to")
 	loops := flag.Int("loops", 0, "event loops (0: one per core, as pdlb's gnet front end)")
+	noRing := flag.Bool("no-ring", false, "a system call per send and receive, not io_uring batches (as pdlb's io_uring: false)")
 	flag.Parse()
 	n := *loops
 	if n == 0 {
 		n = runtime.NumCPU()
 	}
-	log.Fatal(evloop.Run(&splice{upstream: *upstream}, *listen, n))
+	log.Fatal(evloop.Run(&splice{upstream: *upstream}, *listen, evloop.Options{Loops: n, NoRing: *noRing}))
 }

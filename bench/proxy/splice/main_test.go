@@ -54,7 +54,7 @@ func TestSplice(t *testing.T) {
 	// upstream and the client need the other.
 	s := &splice{upstream: up.Listener.Addr().String()}
 	booted, ran := make(chan *evloop.Engine, 1), make(chan error, 1)
-	go func() { ran <- evloop.Run(&booting{s, booted}, addr, 1) }()
+	go func() { ran <- evloop.Run(&booting{s, booted}, addr, evloop.Options{Loops: 1}) }()
 	select {
 	case eng := <-booted:
 		defer func() {
