@@ -132,6 +132,7 @@ func start(cfg config.Config, log *slog.Logger, g *gateway.Gateway, lns httpList
 		HTTP2:          http2Options(cfg.HTTP2),
 		// A reload's shorter ones are swept for from their first Send.
 		UpstreamTimeout: loopTimeout(cfg.Upstream),
+		NoRing:          !cfg.IOURing,
 	})
 	if err != nil {
 		lt.close()

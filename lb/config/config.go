@@ -100,6 +100,12 @@ type Config struct {
 	// event loop per core, completions served on the loops) or
 	// fasthttp (a goroutine per connection).
 	Frontend string `yaml:"frontend"`
+	// IOURing (default true) has gnet's loops batch their sends and
+	// receives with io_uring where the kernel allows (Linux 5.18 or
+	// later, not turned off by kernel.io_uring_disabled or a seccomp
+	// profile; else they make a system call each, and say so at the
+	// start); false makes a system call each always.
+	IOURing bool `yaml:"io_uring"`
 	// AccessLog is where one JSON line per request goes: a file path
 	// (appended to; reopened on SIGUSR1 for rotation), "-" for standard
 	// output, or "" (default) for none.
@@ -431,6 +437,7 @@ func Default() Config {
 		Listen:             DefaultListen,
 		Admin:              DefaultAdmin,
 		Frontend:           DefaultFrontend,
+		IOURing:            true,
 		MaxBodyBytes:       DefaultMaxBodyBytes,
 		MaxHeaderBytes:     DefaultMaxHeaderBytes,
 		MaxHeaders:         DefaultMaxHeaders,

@@ -65,6 +65,9 @@ type Options struct {
 	// Send, whose deadlines the ticker, a second between ticks until
 	// then and never woken early, may find that late).
 	UpstreamTimeout time.Duration
+	// NoRing makes gnet's loops send and receive with a system call each,
+	// not in io_uring batches (see evloop.Options).
+	NoRing bool
 	// clock is the gnet front end's time, in nanoseconds, for every stamp
 	// and deadline its sweeps compare; nil: mono.Now, which a step of the
 	// wall clock does not move (Upstream.Down's times are on it too).

@@ -131,7 +131,7 @@ func StartGNet(addr string, h Handler, o Options) (*GNet, error) {
 		// Its error (a loop that failed) closed the port and dropped
 		// every connection, and goes to Done: the process must not run
 		// on as if it served. It returns nil only after Stop.
-		s.runErr = evloop.Run(s, s.addr, evloop.Options{Loops: procs})
+		s.runErr = evloop.Run(s, s.addr, evloop.Options{Loops: procs, NoRing: s.o.NoRing})
 		// Every connection is closed by now.
 		s.mu.Lock()
 		if s.settle != nil {
@@ -331,8 +331,19 @@ func (s *GNet) stop() error {
 	return s.runErr
 }
 
-// OnBoot keeps the engine for Shutdown.
-func (s *GNet) OnBoot(eng *evloop.Engine) { s.eng = eng }
+// OnBoot keeps the engine for Shutdown, and says how its loops make
+// their socket calls.
+func (s *GNet) OnBoot(eng *evloop.Engine) {
+	s.eng = eng
+	if s.o.Log == nil {
+		return
+	}
+	if err := eng.Ring(); err != nil {
+		s.o.Log.Info("frontend: the event loops make a system call per send and receive", "io_uring", false, "why", err.Error())
+	} else {
+		s.o.Log.Info("frontend: the event loops batch their sends and receives with io_uring", "io_uring", true)
+	}
+}
 
 // OnAcceptPause counts and logs an accept the kernel refused for want of
 // descriptors or memory, which the open-files guard did not forestall

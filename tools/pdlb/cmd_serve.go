@@ -36,6 +36,7 @@ type gatewayFlags struct {
 	listen, admin, metrics, frontend, accessLog string
 	shutdown, delay                             time.Duration
 	tlsCert, tlsKey                             string
+	ioURing                                     bool
 	// fs says which flags were given: an empty --admin, --metrics or
 	// --access-log turns off what the config file turned on.
 	fs *flag.FlagSet
@@ -44,15 +45,16 @@ type gatewayFlags struct {
 // register adds the flags to fs; withConfig says the command also reads a
 // config file, whose settings are then the defaults the flags override.
 func (f *gatewayFlags) register(fs *flag.FlagSet, withConfig bool) {
-	orFile := ""
+	orFile, ifFile := "", ""
 	if withConfig {
-		orFile = ", or the config file's"
+		orFile, ifFile = ", or the config file's", " (unset: the config file's io_uring)"
 	}
 	fs.StringVar(&f.listen, "listen", "", "address of the OpenAI API (default "+config.DefaultListen+orFile+")")
 	f.fs = fs
 	fs.StringVar(&f.admin, "admin", "", "address of /metrics, /debug/pprof and /admin, \"\" for none (default "+config.DefaultAdmin+orFile+")")
 	fs.StringVar(&f.metrics, "metrics", "", "address of a listener with /metrics only, for anyone: for scrapers that cannot send admin_token, with --admin kept on loopback, \"\" for none (default none"+orFile+")")
 	fs.StringVar(&f.frontend, "frontend", "", "client-facing server: fasthttp or gnet (default "+config.DefaultFrontend+orFile+")")
+	fs.BoolVar(&f.ioURing, "io-uring", true, "on gnet, batch the event loops' sends and receives with io_uring where the kernel allows; --io-uring=false makes a system call each"+ifFile)
 	fs.StringVar(&f.accessLog, "access-log", "", "one JSON line per request to this file (\"-\": standard output, \"\": none; reopened on SIGUSR1; default none"+orFile+")")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long streams in flight may run on before they are cut")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve the API over TLS with this PEM certificate chain (with --tls-key; reloaded on SIGHUP and when it changes)")
@@ -86,6 +88,9 @@ func (f *gatewayFlags) apply(cfg *config.Config) {
 	}
 	if f.frontend != "" {
 		cfg.Frontend = f.frontend
+	}
+	if f.given("io-uring") {
+		cfg.IOURing = f.ioURing
 	}
 	if f.given("access-log") {
 		cfg.AccessLog = f.accessLog

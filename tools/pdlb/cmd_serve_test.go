@@ -219,8 +219,11 @@ func TestEmptyFlagsTurnOff(t *testing.T) {
 	if c := parse("--admin", "", "--metrics=", "--access-log", ""); c.Admin != "" || c.Metrics != "" || c.AccessLog != "" {
 		t.Errorf("empty flags: admin %q, metrics %q, access log %q; want all off", c.Admin, c.Metrics, c.AccessLog)
 	}
-	if c, f := parse("--listen", "127.0.0.1:8000"), file(); c.Admin != f.Admin || c.Metrics != f.Metrics || c.AccessLog != f.AccessLog {
-		t.Errorf("flags not given: admin %q, metrics %q, access log %q; want the file's", c.Admin, c.Metrics, c.AccessLog)
+	if c, f := parse("--listen", "127.0.0.1:8000"), file(); c.Admin != f.Admin || c.Metrics != f.Metrics || c.AccessLog != f.AccessLog || !c.IOURing {
+		t.Errorf("flags not given: admin %q, metrics %q, access log %q, io_uring %v; want the file's", c.Admin, c.Metrics, c.AccessLog, c.IOURing)
+	}
+	if c := parse("--io-uring=false"); c.IOURing {
+		t.Error("--io-uring=false left io_uring on")
 	}
 }
 
