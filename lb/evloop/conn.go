@@ -156,6 +156,10 @@ func (c *Conn) room(n int) {
 	c.store, c.in = store[:0], store[:held]
 }
 
+// Backlog is how many bytes wait to go out: those the turn's end sends
+// too, and it sends none now (OutboundBuffered does).
+func (c *Conn) Backlog() int { return len(c.out) - c.outOff }
+
 // OutboundBuffered is how many bytes wait for the socket to take them:
 // those it had no room for, after an attempt to send what this turn wrote.
 func (c *Conn) OutboundBuffered() int {
@@ -175,7 +179,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	if c.loop.defers(len(b)) {
-		c.out = append(c.out, b...)
+		c.out = append(c.loop.takeOut(), b...)
 		c.loop.pend(c)
 		return len(b), nil
 	}
@@ -204,6 +208,7 @@ func (c *Conn) Writev(bs [][]byte) (int, error) {
 		return total, nil
 	}
 	if c.loop.defers(total) {
+		c.out = c.loop.takeOut()
 		c.queue(bs...)
 		c.loop.pend(c)
 		return total, nil
@@ -290,12 +295,11 @@ func (c *Conn) watchOut() {
 	}
 }
 
-// drained empties the outbound queue, which the socket took.
+// drained empties the outbound queue, which the socket took; its buffer
+// goes back to the loop, so that a connection that waits keeps none.
 func (c *Conn) drained() {
-	c.out, c.outOff = c.out[:0], 0
-	if cap(c.out) > maxStore {
-		c.out = nil
-	}
+	c.loop.giveOut(c.out)
+	c.out, c.outOff = nil, 0
 }
 
 // AsyncWrite writes b on the loop, then calls cb (if not nil) there. b

@@ -208,11 +208,13 @@ type Loop struct {
 	// readBatch; readOf its scratch.
 	reading []*Conn
 	readOf  []int
-	events  []unix.EpollEvent
-	done    bool // a stop task ran
-	idle    int  // raw waits in a row the monitor's preemption ended
-	turn    uint64
-	yield   bool // Yield: the loop yields its P before it next waits
+	// outs are drained outbound queues' buffers, for the next writes.
+	outs   [][]byte
+	events []unix.EpollEvent
+	done   bool // a stop task ran
+	idle   int  // raw waits in a row the monitor's preemption ended
+	turn   uint64
+	yield  bool // Yield: the loop yields its P before it next waits
 
 	mu sync.Mutex
 	// tasks wait for the loop; woken: the eventfd was written for them
@@ -372,6 +374,27 @@ const maxDeferred = 16 << 10
 // waiting goes out at the turn's end.
 func (l *Loop) defers(n int) bool { return l.ring != nil && n <= maxDeferred }
 
+// takeOut is an empty buffer for a connection's outbound queue: one a
+// drained queue gave back, else nil (append makes one).
+func (l *Loop) takeOut() []byte {
+	if n := len(l.outs); n > 0 {
+		b := l.outs[n-1]
+		l.outs[n-1] = nil
+		l.outs = l.outs[:n-1]
+		return b
+	}
+	return nil
+}
+
+// giveOut keeps a drained queue's buffer for takeOut, unless it is past a
+// read's worth (a burst's) or the loop keeps enough: as many as one
+// wait's events.
+func (l *Loop) giveOut(b []byte) {
+	if b != nil && cap(b) <= maxStore && len(l.outs) < len(l.events) {
+		l.outs = append(l.outs, b[:0])
+	}
+}
+
 // pend has c's out sent at the turn's end.
 func (l *Loop) pend(c *Conn) {
 	c.pend = true
@@ -384,6 +407,13 @@ func (l *Loop) pend(c *Conn) {
 // batch.
 func (l *Loop) flushPending() {
 	for len(l.pending) > 0 {
+		if len(l.pending) == 1 {
+			// One send costs more through the ring than as sendto.
+			c := l.pending[0]
+			l.pending[0], l.pending = nil, l.pending[:0]
+			c.sendPending()
+			continue
+		}
 		l.flushing, l.pending = l.pending, l.flushing[:0]
 		sent := l.flushing[:0] // those whose out is in the batch, in its order
 		for i, c := range l.flushing {
@@ -561,7 +591,7 @@ func (l *Loop) read(c *Conn) {
 	var n int
 	var err error
 	if len(c.in) == 0 {
-		n, err = rawio.Recv(c.fd, l.buf)
+		n, err = rawio.Recv(c.fd, l.buf[:readSize])
 		c.cur = l.buf[:n]
 	} else {
 		c.room(minRead)
@@ -581,6 +611,13 @@ func (l *Loop) readBatch() {
 	for start := 0; start < len(l.reading); {
 		batch := l.reading[start:min(len(l.reading), start+min(l.ring.Cap(), len(l.buf)/minRead))]
 		start += len(batch)
+		if len(batch) == 1 {
+			// One read costs more through the ring than as recvfrom.
+			if c := batch[0]; c.opened {
+				l.read(c)
+			}
+			continue
+		}
 		size := min(readSize, len(l.buf)/len(batch))
 		read := l.readOf[:0]
 		for i, c := range batch {

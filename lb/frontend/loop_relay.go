@@ -237,7 +237,7 @@ func (uc *upConn) feed() evloop.Action {
 			return evloop.None
 		}
 		return evloop.Close
-	case gc.c.OutboundBuffered() > maxStreamBacklog:
+	case gc.c.Backlog() > maxStreamBacklog:
 		err = ErrClientGone
 		_ = gc.c.Close()
 	default:
