@@ -189,7 +189,7 @@ profile_pdlb() {
 # own, and with "access" as a third argument its access log on (to a file
 # in the scratch directory), with a fourth the binary (pdlb-base for BASE's)
 # and with a fifth a note for its label; EXTRA_ENV (VAR=VALUE words) is
-# added to its environment. The default front end and policy's admin
+# added to its environment, EXTRA_ARGS (words) to its flags. The default front end and policy's admin
 # address goes in PROFILED_ADMIN.
 start_pdlb() {
 	local frontend=$1 policy=$2 access=${3:-} bin=${4:-pdlb} note=${5:-} listen admin
@@ -209,6 +209,8 @@ start_pdlb() {
 		name+=-base
 	fi
 	[ -z "$note" ] || { label+=", $note"; name+=-${note//[^a-z0-9]/}; }
+	# shellcheck disable=SC2206 # flags, one a word
+	args+=(${EXTRA_ARGS:-})
 	# shellcheck disable=SC2086 # one word per variable
 	(cd "$ROOT" && exec env ${EXTRA_ENV:-} "$DIR/$bin" "${args[@]}") 2>"$DIR/pdlb-$name.log" &
 	local pid=$!
@@ -258,6 +260,8 @@ for env in ${ENVS:-}; do
 	EXTRA_ENV=${env//,/ } start_pdlb gnet slo_cache "" pdlb "$env"
 done
 if [ -z "$QUICK" ]; then
+	# What io_uring's batches save: a system call per send and receive.
+	EXTRA_ARGS=--io-uring=false start_pdlb gnet slo_cache "" pdlb "io_uring off"
 	# What the access log costs (nginx and HAProxy run without one).
 	start_pdlb gnet slo_cache access
 	# What tracing costs: spans to a local OTLP sink that drops them

@@ -17,7 +17,8 @@
 # per held stream, DIAL_RATE (2000 streams/s), LAT_STREAMS (64), LAT_EVENTS
 # (200), LAT_INTERVAL (10ms) and LAT_ROUNDS (3) for the latency runs
 # (through pdlb, and through nginx when it is installed, for reference), FRONTEND (pdlb's
-# --frontend; empty: its default), KEEP (1: keep the scratch directory).
+# --frontend; empty: its default), PDLB_ARGS (more of pdlb's flags, e.g.
+# --io-uring=false), KEEP (1: keep the scratch directory).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -67,6 +68,8 @@ log "building pdlb, the stub and the client"
 started
 PDLB_CMD=(serve --config bench/sse/pdlb.yaml --pod "model=bench,address=$STUB" --listen "$PDLB" --admin "$PDLB_ADMIN")
 [ -n "$FRONTEND" ] && PDLB_CMD+=(--frontend "$FRONTEND")
+# shellcheck disable=SC2206 # flags, split on spaces
+PDLB_CMD+=(${PDLB_ARGS:-})
 (cd "$ROOT" && exec "$DIR/pdlb" "${PDLB_CMD[@]}") 2>"$DIR/pdlb.log" &
 PDLB_PID=$!
 started
