@@ -30,7 +30,8 @@ type Conn struct {
 	// loop's buffer during the OnTraffic of the read that brought them,
 	// or in, in store, the connection's own buffer; one of them is empty.
 	cur, in, store []byte
-	// out[outOff:] waits for the socket to take it (EPOLLOUT).
+	// out[outOff:] waits for the socket to take it (EPOLLOUT), or for the
+	// turn's end (pend).
 	out    []byte
 	outOff int
 }
@@ -169,7 +170,10 @@ func (c *Conn) OutboundBuffered() int {
 
 // Write writes b, queueing what the socket does not take now: it goes out
 // when the socket has room, before anything written after it. An error
-// closes the connection (OnClose runs first).
+// closes the connection (OnClose runs first). With a ring, b (up to 16
+// KiB, to a connection with nothing waiting) is copied and goes out with
+// the turn's other writes at its end, where an error closes the
+// connection instead.
 func (c *Conn) Write(b []byte) (int, error) {
 	if !c.opened {
 		return 0, net.ErrClosed

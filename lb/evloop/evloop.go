@@ -19,6 +19,12 @@
 // accepted connections. A loop with none (idle, or holding only enrolled
 // ones, which wait for a client's request) waits as any system call does
 // and lends its P to goroutines.
+//
+// And how it reads and writes: where the kernel has io_uring, a turn's
+// reads (one for each connection its wait found readable) go to the
+// kernel in one io_uring_enter, and so do its writes, at its end
+// (internal/rawio's Ring); a turn with one of either makes the plain
+// call.
 package evloop
 
 import (
@@ -701,7 +707,7 @@ func (l *Loop) close(c *Conn, err error) {
 	if !c.opened {
 		return
 	}
-	c.opened = false
+	c.opened, c.pend = false, false // what waits goes out below
 	l.conns[c.fd] = nil
 	if c.accepted {
 		l.accepted--

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -389,6 +390,48 @@ func TestEcho(t *testing.T) {
 	}
 	// The count drops before OnClose runs: wait for the calls.
 	waitFor(t, "every connection closed", func() bool { return s.e.CountConnections() == 0 && eofs.Load() == clients })
+}
+
+// TestTurnBatch: what several clients sent while their loop was busy is
+// read in one turn, and the echoes written in it go out at its end (with
+// a ring, one io_uring_enter for the reads and one for the writes), each
+// whole to its own client; a larger message than a batch's slice of the
+// loop's buffer comes whole over the turns after.
+func TestTurnBatch(t *testing.T) {
+	h := newHandler(t)
+	s := start(t, h, 1)
+	const clients = 20 // more than a batch's 16 reads
+	conns := make([]*net.TCPConn, clients)
+	for i := range conns {
+		conns[i] = mustDial(t, s.addr)
+	}
+	waitFor(t, "every client open", func() bool { return s.e.CountConnections() == clients })
+	for round := range 3 {
+		held, release := make(chan struct{}), make(chan struct{})
+		if err := s.e.loops[0].Execute(func() { close(held); <-release }); err != nil {
+			t.Fatal(err)
+		}
+		<-held
+		msgs := make([]string, clients)
+		for i, c := range conns {
+			msgs[i] = fmt.Sprintf("round %d client %d\n", round, i)
+			if round == 2 && i%5 == 0 {
+				// Past the 16 KiB a read of a batch of 16 gets.
+				msgs[i] = strings.Repeat(msgs[i], 40<<10/len(msgs[i]))
+			}
+			if _, err := c.Write([]byte(msgs[i])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // in the loop's sockets, not on their way
+		close(release)
+		for i, c := range conns {
+			got := make([]byte, len(msgs[i]))
+			if n, err := io.ReadFull(c, got); err != nil || string(got) != msgs[i] {
+				t.Fatalf("round %d client %d: %d bytes back, %v; want its %d, the same", round, i, n, err, len(msgs[i]))
+			}
+		}
+	}
 }
 
 // TestPartialLines: a handler that consumes only whole lines gets the
