@@ -479,7 +479,7 @@ func (gc *gconn) writev(iov [][]byte) error {
 	} else {
 		_, err = gc.c.Writev(iov)
 	}
-	refresh(&gc.pending, int64(gc.c.OutboundBuffered())) // the idle sweep's baseline
+	refresh(&gc.pending, int64(gc.c.Backlog())) // the idle sweep's baseline; no send now
 	return err
 }
 
