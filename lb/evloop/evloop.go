@@ -44,6 +44,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"pdlb/internal/rawio"
+	"pdlb/internal/spares"
 )
 
 // Action is what a Handler asks of the loop after an event.
@@ -215,7 +216,7 @@ type Loop struct {
 	reading []*Conn
 	readOf  []int
 	// outs are drained outbound queues' buffers, for the next writes.
-	outs   [][]byte
+	outs   spares.List[[]byte]
 	events []unix.EpollEvent
 	done   bool // a stop task ran
 	idle   int  // raw waits in a row the monitor's preemption ended
@@ -383,21 +384,15 @@ func (l *Loop) defers(n int) bool { return l.ring != nil && n <= maxDeferred }
 // takeOut is an empty buffer for a connection's outbound queue: one a
 // drained queue gave back, else nil (append makes one).
 func (l *Loop) takeOut() []byte {
-	if n := len(l.outs); n > 0 {
-		b := l.outs[n-1]
-		l.outs[n-1] = nil
-		l.outs = l.outs[:n-1]
-		return b
-	}
-	return nil
+	b, _ := l.outs.Take()
+	return b
 }
 
 // giveOut keeps a drained queue's buffer for takeOut, unless it is past a
-// read's worth (a burst's) or the loop keeps enough: as many as one
-// wait's events.
+// deferred write's size (a backlog's): up to spares.Max of them, 4 MiB.
 func (l *Loop) giveOut(b []byte) {
-	if b != nil && cap(b) <= maxStore && len(l.outs) < len(l.events) {
-		l.outs = append(l.outs, b[:0])
+	if b != nil && cap(b) <= maxDeferred {
+		l.outs.Give(b[:0])
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/cpu"
+	"pdlb/internal/spares"
 	"pdlb/lb/evloop"
 
 	"pdlb/lb/upstream"
@@ -63,13 +64,13 @@ func LoopOf(ctx *fasthttp.RequestCtx) *Loop {
 // operations. On the loop only; one not taken for a tick is left to the
 // collector.
 func (l *Loop) TakeSpare() any {
-	v, _ := l.gc.ls.spare.take()
+	v, _ := l.gc.ls.spare.Take()
 	return v
 }
 
 // GiveSpare keeps v for the loop's next TakeSpare; false when the loop
 // keeps its most already, and v is the caller's to pool. On the loop only.
-func (l *Loop) GiveSpare(v any) bool { return l.gc.ls.spare.give(v) }
+func (l *Loop) GiveSpare(v any) bool { return l.gc.ls.spare.Give(v) }
 
 // Lane numbers l's loop among the front end's: requests served on one
 // loop share a lane.
@@ -276,8 +277,8 @@ type loopState struct {
 	p *parser
 	// ctxs are the request contexts the loop's requests gave back, spare
 	// the handler's own per-request values (Loop.TakeSpare).
-	ctxs  spares[*fasthttp.RequestCtx]
-	spare spares[any]
+	ctxs  spares.List[*fasthttp.RequestCtx]
+	spare spares.List[any]
 	// lane numbers the loop among the front end's (wrapping past 255).
 	lane uint8
 	// serving counts the loop's requests between parsing and their last
@@ -302,7 +303,7 @@ const maxLoopCtxBody = 64 << 10
 
 // takeCtx is acquireCtx on the loop.
 func (ls *loopState) takeCtx() *fasthttp.RequestCtx {
-	if ctx, ok := ls.ctxs.take(); ok {
+	if ctx, ok := ls.ctxs.Take(); ok {
 		return ctx
 	}
 	return acquireCtx()
@@ -313,7 +314,7 @@ func (ls *loopState) giveCtx(ctx *fasthttp.RequestCtx) {
 	ctx.Request.ReleaseBody(maxLoopCtxBody)
 	ctx.Response.ReleaseBody(maxLoopCtxBody)
 	resetCtx(ctx)
-	if !ls.ctxs.give(ctx) {
+	if !ls.ctxs.Give(ctx) {
 		ctxPool.Put(ctx)
 	}
 }
@@ -431,8 +432,8 @@ func (ls *loopState) forget(uc *upConn) {
 // closes connections idle too long and trims the loop's contexts.
 func (ls *loopState) sweepConns() {
 	now := ls.s.now.Load()
-	ls.ctxs.trim(now, func(ctx *fasthttp.RequestCtx) { ctxPool.Put(ctx) })
-	ls.spare.trim(now, func(any) {})
+	ls.ctxs.Trim(now, int64(tick), func(ctx *fasthttp.RequestCtx) { ctxPool.Put(ctx) })
+	ls.spare.Trim(now, int64(tick), func(any) {})
 	for _, uc := range ls.conns {
 		switch {
 		case uc.c == nil:

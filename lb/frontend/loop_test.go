@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
+	"pdlb/internal/spares"
 	"pdlb/internal/testwait"
 	"pdlb/lb/upstream"
 )
@@ -490,7 +490,7 @@ func TestKeptPodConnectionReused(t *testing.T) {
 
 // TestLoopKeepsContexts: a context the loop gave back is the next one it
 // takes, reset, with no body buffer over maxLoopCtxBody; past
-// maxSpares kept, the loop gives them to the pool.
+// spares.Max kept, the loop gives them to the pool.
 func TestLoopKeepsContexts(t *testing.T) {
 	ls := &loopState{}
 	ctx := ls.takeCtx()
@@ -511,16 +511,16 @@ func TestLoopKeepsContexts(t *testing.T) {
 	if cap(ctx.Response.Body()) != 0 {
 		t.Errorf("a %d-byte response body's buffer was kept", maxLoopCtxBody+1)
 	}
-	for range maxSpares + 1 {
+	for range spares.Max + 1 {
 		ls.giveCtx(acquireCtx())
 	}
-	if len(ls.ctxs.list) != maxSpares {
-		t.Errorf("the loop keeps %d contexts, want at most %d", len(ls.ctxs.list), maxSpares)
+	if ls.ctxs.Len() != spares.Max {
+		t.Errorf("the loop keeps %d contexts, want at most %d", ls.ctxs.Len(), spares.Max)
 	}
 }
 
 // TestLoopSpares: what a loop's request gave back is what its next one
-// takes, the last first; past maxSpares the loop keeps no more.
+// takes, the last first; past spares.Max the loop keeps no more.
 func TestLoopSpares(t *testing.T) {
 	l := &Loop{gc: &gconn{ls: &loopState{}}}
 	if v := l.TakeSpare(); v != nil {
@@ -532,37 +532,9 @@ func TestLoopSpares(t *testing.T) {
 	if l.TakeSpare() != b || l.TakeSpare() != a || l.TakeSpare() != nil {
 		t.Error("the loop did not give its spares back last first, then none")
 	}
-	for i := range maxSpares + 1 {
-		if kept := l.GiveSpare(i); kept != (i < maxSpares) {
-			t.Fatalf("spare %d: kept %v with maxSpares %d", i, kept, maxSpares)
+	for i := range spares.Max + 1 {
+		if kept := l.GiveSpare(i); kept != (i < spares.Max) {
+			t.Fatalf("spare %d: kept %v with spares.Max %d", i, kept, spares.Max)
 		}
-	}
-}
-
-// TestSparesTrim: once a tick, the spares a loop kept and did not take
-// since the last trim are let go, the oldest first.
-func TestSparesTrim(t *testing.T) {
-	var s spares[int]
-	for i := range 4 {
-		s.give(i)
-	}
-	var dropped []int
-	drop := func(v int) { dropped = append(dropped, v) }
-	s.trim(int64(tick), drop) // the first: nothing was counted before it
-	if len(s.list) != 4 {
-		t.Fatalf("the first trim left %d spares of 4", len(s.list))
-	}
-	used, _ := s.take()
-	s.give(used)
-	s.trim(int64(tick)+int64(tick)/2, drop)
-	if len(s.list) != 4 {
-		t.Fatalf("a trim within the tick left %d spares of 4", len(s.list))
-	}
-	s.trim(2*int64(tick), drop)
-	if len(s.list) != 1 || s.list[0] != used {
-		t.Errorf("after the tick %v spares left, want the one taken (%d)", s.list, used)
-	}
-	if !slices.Equal(dropped, []int{0, 1, 2}) {
-		t.Errorf("let go of %v, want the three not taken, oldest first", dropped)
 	}
 }
