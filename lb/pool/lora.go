@@ -267,8 +267,9 @@ const (
 // adapterFit is p's tier for a request of a, and its AdapterSec.
 func (p *Pod) adapterFit(a *Adapter, l *config.LoRA) (tier uint8, sec float64) {
 	sec = p.AdapterSec(a, l)
+	load, serves := p.adapterState(a)
 	switch {
-	case p.Has(a) || p.pendingLoad(a) != nil:
+	case serves || load != nil:
 		return fitServes, sec
 	case a.Path == "" || !l.LoadAdapters:
 		return fitNever, sec
