@@ -5,9 +5,9 @@
 #   - the relay latency each event gets, directly from the stub and through
 #     pdlb at a moderate load, and the difference (what pdlb adds): the
 #     median of LAT_ROUNDS rounds, each taking both at once, with nginx's
-#     round after pdlb's when it is installed, then a TCP splice's on
-#     pdlb's event loops (bench/proxy/splice: what any proxy on pdlb's
-#     stack spends);
+#     round after pdlb's when it is installed, then all three at once (the
+#     head to head p99), then a TCP splice's on pdlb's event loops
+#     (bench/proxy/splice: what any proxy on pdlb's stack spends);
 #   - pdlb's resident memory per held stream, (VmRSS with N streams − idle
 #     VmRSS) / N, with the goroutine stacks and live heap behind it.
 # Progress goes to stderr.
@@ -153,9 +153,32 @@ cost_cell() {
 	[ -n "${CALLSEV[$1]:-}" ] && calls=" / $(median %.2f ${CALLSEV[$1]})"
 	echo "$(median %.1f ${USEREV[$1]}) / $(median %.1f ${SYSEV[$1]}) / $(median %.3f ${VCSEV[$1]}) / $(median %.3f ${ICSEV[$1]})$calls"
 }
+# Head to head: the same load directly, through pdlb and through nginx,
+# all three at once, so that pdlb's and nginx's p99 come from the same
+# moments of the shared cores (each proxy's round against its own direct
+# run swings by a millisecond, below zero at times, and cannot rank them).
+# lat_race ROUND adds the three p99s to RACE_D99, RACE_P99 and RACE_N99.
+RACE_D99= RACE_P99= RACE_N99= RACE_WON=0
+lat_race() {
+	log "latency round $1: $LAT_ARGS directly, through pdlb and through nginx at the same time"
+	"$DIR/client" --url "http://$STUB$API" $LAT_ARGS >"$DIR/race-direct-$1.txt" &
+	local direct=$!
+	started
+	"$DIR/client" --url "http://$NGINX$API" $LAT_ARGS >"$DIR/race-nginx-$1.txt" &
+	local nginx=$!
+	started
+	"$DIR/client" --url "http://$PDLB$API" $LAT_ARGS >"$DIR/race-pdlb-$1.txt"
+	wait "$direct" "$nginx"
+	local d p n
+	d=$(field "$DIR/race-direct-$1.txt" p99_us) p=$(field "$DIR/race-pdlb-$1.txt" p99_us) n=$(field "$DIR/race-nginx-$1.txt" p99_us)
+	RACE_D99+="$(us "$d") " RACE_P99+="$(us "$p") " RACE_N99+="$(us "$n") "
+	awk -v p="$p" -v n="$n" 'BEGIN{exit !(p <= n)}' && RACE_WON=$((RACE_WON + 1))
+	return 0
+}
 for round in $(seq "$LAT_ROUNDS"); do
 	lat_pair pdlb "http://$PDLB$API" "$round" "$PDLB_PID"
 	[ -n "$NGINX_ROW" ] && lat_pair nginx "http://$NGINX$API" "$round" "${NGINX_PIDS[@]}"
+	[ -n "$NGINX_ROW" ] && lat_race "$round"
 	[ -n "$SPLICE_ROW" ] && lat_pair splice "http://$SPLICE$API" "$round" "$SPLICE_PID"
 done
 kill "$SPLICE_PID" 2>/dev/null || true
@@ -219,6 +242,8 @@ if [ -n "$NGINX_ROW" ]; then
 	echo "| nginx's relay adds, p50 / p99 µs | $(lat_cell "${ADD50[nginx]}" "${ADD99[nginx]}") | (reference) | p99 per round: ${ADD99[nginx]% }; direct $(lat_cell "${D50[nginx]}" "${D99[nginx]}"), through nginx $(lat_cell "${T50[nginx]}" "${T99[nginx]}"), each round right after pdlb's: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
 	# shellcheck disable=SC2086
 	echo "| nginx CPU per relayed event, µs | $(median %.2f ${CPUEV[nginx]}) | (reference) | its master and workers, the same way |"
+	# shellcheck disable=SC2086
+	echo "| **event latency p99 head to head, through pdlb / through nginx, µs** | **$(median %.0f $RACE_P99) / $(median %.0f $RACE_N99)** | pdlb ≤ nginx | directly, through pdlb and through nginx all at once, median of $LAT_ROUNDS rounds; pdlb's p99 at or under nginx's in $RACE_WON of them; per round pdlb / nginx / direct: $(paste -d/ <(tr ' ' '\n' <<<"${RACE_P99% }") <(tr ' ' '\n' <<<"${RACE_N99% }") <(tr ' ' '\n' <<<"${RACE_D99% }") | paste -sd' ') |"
 	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell nginx) | (reference) | the same |"
 fi
 if [ -n "$SPLICE_ROW" ]; then
