@@ -242,9 +242,9 @@ if [ -n "$NGINX_ROW" ]; then
 	echo "| nginx's relay adds, p50 / p99 µs | $(lat_cell "${ADD50[nginx]}" "${ADD99[nginx]}") | (reference) | p99 per round: ${ADD99[nginx]% }; direct $(lat_cell "${D50[nginx]}" "${D99[nginx]}"), through nginx $(lat_cell "${T50[nginx]}" "${T99[nginx]}"), each round right after pdlb's: \`$CLIENT --url http://$NGINX$API $LAT_ARGS\`, nginx $(nproc) workers, \`proxy_buffering off\` (bench/proxy/nginx.conf.tmpl) |"
 	# shellcheck disable=SC2086
 	echo "| nginx CPU per relayed event, µs | $(median %.2f ${CPUEV[nginx]}) | (reference) | its master and workers, the same way |"
+	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell nginx) | (reference) | the same |"
 	# shellcheck disable=SC2086
 	echo "| **event latency p99 head to head, through pdlb / through nginx, µs** | **$(median %.0f $RACE_P99) / $(median %.0f $RACE_N99)** | pdlb ≤ nginx | directly, through pdlb and through nginx all at once, median of $LAT_ROUNDS rounds; pdlb's p99 at or under nginx's in $RACE_WON of them; per round pdlb / nginx / direct: $(paste -d/ <(tr ' ' '\n' <<<"${RACE_P99% }") <(tr ' ' '\n' <<<"${RACE_N99% }") <(tr ' ' '\n' <<<"${RACE_D99% }") | paste -sd' ') |"
-	echo "| of which user / kernel µs, voluntary / involuntary context switches and syscalls per event | $(cost_cell nginx) | (reference) | the same |"
 fi
 if [ -n "$SPLICE_ROW" ]; then
 	# shellcheck disable=SC2086
