@@ -128,6 +128,43 @@ func TestScrapeKeepsALoadItRaced(t *testing.T) {
 	}
 }
 
+// TestFitSeesALoadEnd: while a load of fin runs on p, p fits a request
+// for fin as serving it at every moment, the one its load ends in
+// included; else a pick then would begin a second load elsewhere. The
+// moment is a few instructions wide: the test watches many loads end.
+func TestFitSeesALoadEnd(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "Success: LoRA adapter 'fin' added successfully.")
+	}))
+	defer srv.Close()
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 2, LoadAdapters: true, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}}}}}
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
+	snap := buildDialing(t, cfg)
+	m, p := snap.Models[0], snap.Pods[0]
+	_, fin := snap.Resolve([]byte("fin"))
+	for i := range 300 {
+		p.lora.view.Store(nil) // p serves fin no more: the next pick loads it
+		loads, started, ok := m.LoadAdapter(fin, [2]*Pod{p, p}, m.LoadsBegun(), 5*time.Second)
+		if !ok || !started[0] {
+			t.Fatalf("load %d: ok %v started %v", i, ok, started)
+		}
+		for done := false; !done; {
+			select {
+			case <-loads[0].Done():
+				done = true
+			default:
+			}
+			if tier, _ := p.adapterFit(fin, &m.LoRA); tier != fitServes {
+				t.Fatalf("load %d: p fits fin as tier %d while loading it, want %d (serves)", i, tier, fitServes)
+			}
+		}
+		if err := loads[0].Err(); err != nil {
+			t.Fatalf("load %d: %v", i, err)
+		}
+	}
+}
+
 // loraSnapshot builds, without dialing, a snapshot of model m with one
 // slot a pod and adapters fin and sql the gateway loads, over pods with the given
 // roles (named by their initial and index), and resolves the adapters.
