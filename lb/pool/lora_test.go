@@ -99,12 +99,7 @@ func TestScrapeKeepsALoadItRaced(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	cfg := config.Default()
-	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 2, LoadAdapters: true, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}}}}}
-	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
-	snap := buildDialing(t, cfg)
-	m, p := snap.Models[0], snap.Pods[0]
-	_, fin := snap.Resolve([]byte("fin"))
+	m, p, fin := finPod(t, srv)
 	c := &Checker{cfg: config.Health{Timeout: 5 * time.Second}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	client := &fasthttp.HostClient{Addr: p.Config.Address}
 	defer client.CloseIdleConnections()
@@ -137,12 +132,7 @@ func TestFitSeesALoadEnd(t *testing.T) {
 		io.WriteString(w, "Success: LoRA adapter 'fin' added successfully.")
 	}))
 	defer srv.Close()
-	cfg := config.Default()
-	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 2, LoadAdapters: true, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}}}}}
-	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
-	snap := buildDialing(t, cfg)
-	m, p := snap.Models[0], snap.Pods[0]
-	_, fin := snap.Resolve([]byte("fin"))
+	m, p, fin := finPod(t, srv)
 	for i := range 300 {
 		p.lora.view.Store(nil) // p serves fin no more: the next pick loads it
 		loads, started, ok := m.LoadAdapter(fin, [2]*Pod{p, p}, m.LoadsBegun(), 5*time.Second)
@@ -163,6 +153,18 @@ func TestFitSeesALoadEnd(t *testing.T) {
 			t.Fatalf("load %d: %v", i, err)
 		}
 	}
+}
+
+// finPod builds, dialing, a snapshot of model m, which may load adapter
+// fin, with its one pod p at srv.
+func finPod(t *testing.T, srv *httptest.Server) (*Model, *Pod, *Adapter) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Models = []config.Model{{Name: "m", LoRA: config.LoRA{MaxLoras: 2, LoadAdapters: true, Adapters: []config.Adapter{{Name: "fin", Path: "/l/fin"}}}}}
+	cfg.Pods = []config.Pod{{Name: "p", Model: "m", Address: strings.TrimPrefix(srv.URL, "http://")}}
+	snap := buildDialing(t, cfg)
+	_, fin := snap.Resolve([]byte("fin"))
+	return snap.Models[0], snap.Pods[0], fin
 }
 
 // loraSnapshot builds, without dialing, a snapshot of model m with one
