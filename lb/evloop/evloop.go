@@ -389,12 +389,18 @@ func (l *Loop) takeOut() []byte {
 }
 
 // giveOut keeps a drained queue's buffer for takeOut, unless it is past a
-// deferred write's size (a backlog's): up to spares.Max of them, 4 MiB.
+// deferred write's size (a backlog's): up to spares.Max of them, 4 MiB,
+// until TrimSpares lets go of those a burst left unused.
 func (l *Loop) giveOut(b []byte) {
 	if b != nil && cap(b) <= maxDeferred {
 		l.outs.Give(b[:0])
 	}
 }
+
+// TrimSpares lets go of the outbound buffers the loop kept and did not
+// take since the last trim, once every period of now's clock (the
+// caller's, as spares.List.Trim); on the loop.
+func (l *Loop) TrimSpares(now, every int64) { l.outs.Trim(now, every, func([]byte) {}) }
 
 // pend has c's out sent at the turn's end.
 func (l *Loop) pend(c *Conn) {

@@ -434,6 +434,37 @@ func TestTurnBatch(t *testing.T) {
 	}
 }
 
+// TestTrimSpares: the buffers a loop's drained outbound queues gave back
+// (with a ring, every echo's) stay for its next writes until a period
+// passes with them unused; then TrimSpares lets them go.
+func TestTrimSpares(t *testing.T) {
+	s := start(t, newHandler(t), 1)
+	conns := make([]*net.TCPConn, 4)
+	for i := range conns {
+		conns[i] = mustDial(t, s.addr)
+		if err := roundTrip(conns[i], "ping\n", "ping\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := s.e.loops[0]
+	kept := make(chan [2]int, 1)
+	if err := l.Execute(func() {
+		before := l.outs.Len()
+		l.TrimSpares(100, 100) // the first: nothing was counted unused before it
+		l.TrimSpares(200, 100)
+		kept <- [2]int{before, l.outs.Len()}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := <-kept
+	if l.ring != nil && got[0] == 0 {
+		t.Error("the loop kept no buffer of its echoes for its next writes")
+	}
+	if got[1] != 0 {
+		t.Errorf("%d of %d buffers kept after a period unused, want none", got[1], got[0])
+	}
+}
+
 // TestPartialLines: a handler that consumes only whole lines gets the
 // rest back, after the next read, in order: lines split across writes
 // that arrive apart, several in one write, and lines longer than the

@@ -429,11 +429,13 @@ func (ls *loopState) forget(uc *upConn) {
 }
 
 // sweepConns, on the loop, times out exchanges past their deadline,
-// closes connections idle too long and trims the loop's contexts.
+// closes connections idle too long and trims the loop's contexts and
+// outbound buffers.
 func (ls *loopState) sweepConns() {
 	now := ls.s.now.Load()
 	ls.ctxs.Trim(now, int64(tick), func(ctx *fasthttp.RequestCtx) { ctxPool.Put(ctx) })
 	ls.spare.Trim(now, int64(tick), func(any) {})
+	ls.el.TrimSpares(now, int64(tick))
 	for _, uc := range ls.conns {
 		switch {
 		case uc.c == nil:
