@@ -399,6 +399,13 @@ func TestEcho(t *testing.T) {
 // loop's buffer comes whole over the turns after.
 func TestTurnBatch(t *testing.T) {
 	h := newHandler(t)
+	var turns map[uint64]bool // the turns that read a round's messages; on the loop
+	h.traffic = func(c *Conn) Action {
+		turns[c.EventLoop().Turn()] = true
+		b, _ := c.Next(-1)
+		_, _ = c.Write(b)
+		return None
+	}
 	s := start(t, h, 1)
 	const clients = 20 // more than a batch's 16 reads
 	conns := make([]*net.TCPConn, clients)
@@ -408,7 +415,7 @@ func TestTurnBatch(t *testing.T) {
 	waitFor(t, "every client open", func() bool { return s.e.CountConnections() == clients })
 	for round := range 3 {
 		held, release := make(chan struct{}), make(chan struct{})
-		if err := s.e.loops[0].Execute(func() { close(held); <-release }); err != nil {
+		if err := s.e.loops[0].Execute(func() { turns = map[uint64]bool{}; close(held); <-release }); err != nil {
 			t.Fatal(err)
 		}
 		<-held
@@ -430,6 +437,13 @@ func TestTurnBatch(t *testing.T) {
 			if n, err := io.ReadFull(c, got); err != nil || string(got) != msgs[i] {
 				t.Fatalf("round %d client %d: %d bytes back, %v; want its %d, the same", round, i, n, err, len(msgs[i]))
 			}
+		}
+		read := make(chan int, 1)
+		if err := s.e.loops[0].Execute(func() { read <- len(turns) }); err != nil {
+			t.Fatal(err)
+		}
+		if n := <-read; round < 2 && n != 1 {
+			t.Errorf("round %d: the %d clients' messages were read in %d turns, want one", round, clients, n)
 		}
 	}
 }
